@@ -1,0 +1,126 @@
+// Instruction-set descriptors derived from isa.def, and the decoded instruction form shared by
+// the assembler, the verifier and the simulator.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace npusim::isa {
+
+// Pipes of a DaVinci-style AI core. SYNC marks instructions whose pipe is an operand.
+enum class Pipe : uint8_t { S, MTE1, MTE2, MTE3, M, V, FIX, ALL, SYNC };
+inline constexpr int kNumExecPipes = 7;  // S..FIX: the pipes that own a queue
+const char* pipe_name(Pipe p);           // lower case: "s", "mte1", ...
+std::optional<Pipe> pipe_from_name(std::string_view s);
+
+// Element types. Sizes in bytes via dtype_size().
+enum class Dtype : uint8_t { F32, F16, BF16, S32, S16, S8, U8, U16, S64, NONE };
+const char* dtype_name(Dtype t);  // "f32", "f16", "bf16", "s32", "s16", "s8", "u8", "u16", "s64"
+std::optional<Dtype> dtype_from_name(std::string_view s);
+int dtype_size(Dtype t);
+bool dtype_is_float(Dtype t);
+
+// On-chip buffers and global memory.
+enum class Buf : uint8_t { GM, L1, L0A, L0B, L0C, UB, BT, FB };
+inline constexpr int kNumBufs = 8;
+const char* buf_name(Buf b);  // "gm", "l1", ...
+std::optional<Buf> buf_from_name(std::string_view s);
+
+enum class Cmp : uint8_t { EQ, NE, LT, GT, LE, GE };
+const char* cmp_name(Cmp c);
+std::optional<Cmp> cmp_from_name(std::string_view s);
+
+enum class FieldKind : uint8_t {
+  Reg, RU8, RU12, RU16, RU32, U1, U2, U3, U4, U8, U16, I64, Dt, Cmp, Pipe, Buf, Label
+};
+// Encoded width in bits of one field of this kind (including the register/immediate flag).
+int field_bits(FieldKind k);
+// True for kinds written as a ".suffix" of the mnemonic (Dt, Cmp).
+bool field_is_suffix(FieldKind k);
+// True for RU* kinds (a register or an immediate).
+bool field_is_reg_or_imm(FieldKind k);
+// Largest immediate value a field of this kind can hold (for U*, RU*).
+uint64_t field_imm_max(FieldKind k);
+
+struct FieldDesc {
+  FieldKind kind;
+  const char* name;
+};
+
+inline constexpr int kMaxFields = 14;
+inline constexpr int kNumRegs = 32;
+
+enum class Opcode : uint8_t {
+#define F(kind, name)
+#define INSN(mn, pipe, ...) mn,
+#include "isa/isa.def"
+#undef INSN
+#undef F
+  COUNT
+};
+inline constexpr int kNumOpcodes = static_cast<int>(Opcode::COUNT);
+
+struct InstrDesc {
+  const char* mnemonic;
+  Pipe pipe;
+  std::vector<FieldDesc> fields;
+};
+const InstrDesc& describe(Opcode op);
+std::optional<Opcode> opcode_from_mnemonic(std::string_view mn);
+// Index of the field called `name` in op's field list, or -1.
+int field_index(Opcode op, std::string_view name);
+
+// One operand as written: for RU* kinds, is_reg says whether `value` is a register number.
+struct Operand {
+  bool is_reg = false;
+  int64_t value = 0;
+};
+
+// A decoded instruction. src_line/src_col locate it in the assembly text (0 if unknown).
+struct Instruction {
+  Opcode op = Opcode::nop;
+  std::array<Operand, kMaxFields> ops{};
+  uint32_t src_line = 0;
+  uint32_t src_col = 0;
+  const InstrDesc& desc() const { return describe(op); }
+  // The pipe whose queue executes this instruction (resolves SYNC from the operand).
+  Pipe exec_pipe() const;
+};
+
+// Which kind of core a program section runs on.
+enum class CoreKind : uint8_t { AIC, AIV, AICORE };
+const char* core_kind_name(CoreKind k);  // "aic", "aiv", "aicore"
+std::optional<CoreKind> core_kind_from_name(std::string_view s);
+
+// A kernel: one instruction stream per core kind it runs on. A kernel with only an "aicore"
+// section runs on coupled cores; "aic" and/or "aiv" sections run on a split chip's cube /
+// vector cores (both together: a mix kernel, one cube core with two vector cores per block).
+struct Section {
+  CoreKind kind = CoreKind::AICORE;
+  std::vector<Instruction> code;
+  std::map<std::string, uint32_t> labels;  // label -> instruction index (for disassembly)
+};
+struct Program {
+  std::string name;    // kernel name (.kernel directive) or file stem
+  std::string source;  // file name the program came from, for error messages
+  std::vector<Section> sections;
+  std::vector<std::string> arg_names;  // .arg directives: ldarg index i names arg_names[i]
+  const Section* find(CoreKind k) const;
+};
+
+// 128-bit binary encoding of one instruction.
+struct EncodedWord {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const EncodedWord& o) const { return lo == o.lo && hi == o.hi; }
+};
+// Throws IsaError if an operand does not fit its field.
+EncodedWord encode(const Instruction& in);
+// Throws IsaError on an unknown opcode.
+Instruction decode(const EncodedWord& w);
+
+}  // namespace npusim::isa

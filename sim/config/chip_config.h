@@ -1,0 +1,113 @@
+// A chip description, loaded from configs/chips/<name>.yaml plus overrides. All hardware numbers
+// of the model come from here; units are in the field names (bytes, cycles, MHz, GB/s).
+// The simulator's time unit is one AI-core clock cycle; bandwidths given in GB/s are converted to
+// bytes per core cycle with clock_mhz.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "isa/isa.h"
+
+namespace npusim {
+
+// Per core kind (aic, aiv or aicore): which pipes and buffers it has.
+struct CoreKindConfig {
+  isa::CoreKind kind = isa::CoreKind::AICORE;
+  int count = 0;                                // number of cores of this kind
+  std::vector<isa::Pipe> pipes;                 // pipes present (S always)
+  std::map<isa::Buf, uint64_t> buffer_bytes;    // on-chip buffers present and their capacity
+  bool has(isa::Pipe p) const;
+  bool has(isa::Buf b) const;
+  uint64_t capacity(isa::Buf b) const;          // 0 if absent
+};
+
+struct ChipConfig {
+  std::string name;         // preset name, e.g. "910b"
+  std::string source_file;  // YAML file it came from (for error messages)
+
+  // chip
+  double clock_mhz = 0;     // AI core clock
+  bool split = false;       // split cube (aic) and vector (aiv) cores, else coupled (aicore)
+  std::vector<CoreKindConfig> core_kinds;  // split: {aic, aiv}; coupled: {aicore}
+  int aiv_per_aic = 2;      // split chips: vector cores per cube core in a mix group
+
+  // buffer alignment requirements in bytes
+  std::map<isa::Buf, uint32_t> align_bytes;
+
+  // UB banking: banks, bank groups, bytes per bank row; one read or one write per group per cycle
+  int ub_banks = 0, ub_bank_groups = 0, ub_bank_width_bytes = 0;
+
+  // cube
+  int cube_m = 16, cube_k = 16, cube_n = 16;  // fp16 MACs per cycle = m*k*n
+  int cube_int8_k = 32;                       // int8 k per cycle (16x32x16)
+  int cube_fp32_rate_divisor = 0;             // fp32 on the cube at 1/N rate; 0 = not supported
+  bool cube_bf16 = true;
+  int cube_latency_cycles = 0;                // pipeline fill per mmad
+
+  // vector
+  int vector_bytes_per_cycle = 256;           // one repeat (256 B) per cycle
+  int vector_latency_cycles = 0;              // pipeline fill per instruction
+  int vector_reduce_factor = 2;               // reductions take N x an element-wise repeat
+  int vector_transcendental_factor = 1;       // exp/ln/sqrt/div take N x an add repeat
+
+  // scalar
+  int scalar_cycles_per_insn = 1;
+  int issue_queue_depth = 32;                 // per-pipe instruction queue capacity
+
+  // data paths: bytes per cycle per core for "src->dst" (e.g. "gm->l1", "l1->l0a"), and their
+  // fixed start latency in cycles. A path absent here is illegal on this chip.
+  std::map<std::pair<isa::Buf, isa::Buf>, double> path_bytes_per_cycle;
+  std::map<std::pair<isa::Buf, isa::Buf>, int> path_latency_cycles;
+  bool has_path(isa::Buf src, isa::Buf dst) const;
+  double path_rate(isa::Buf src, isa::Buf dst) const;   // throws ConfigError if absent
+  int path_latency(isa::Buf src, isa::Buf dst) const;
+
+  // memory system (shared by all cores)
+  uint64_t hbm_bytes = 0;           // device memory capacity
+  double hbm_gbps = 0;              // HBM bandwidth, GB/s (10^9 B/s)
+  uint64_t l2_bytes = 0;            // L2 capacity
+  double l2_gbps = 0;               // L2 bandwidth, GB/s
+  uint32_t l2_line_bytes = 512;
+  int l2_ways = 16;
+  int hbm_latency_cycles = 0;       // added once per GM transfer that misses L2
+  int l2_latency_cycles = 0;        // added once per GM transfer that hits L2
+
+  // host-device link (HDC over PCIe)
+  double hdc_gbps = 0;              // GB/s per direction
+  double hdc_latency_us = 0;        // per transfer
+
+  // synchronisation
+  int flag_ids = 8;                 // event ids per pipe pair
+  int cross_core_flag_ids = 11;     // cross-core flag ids (split chips)
+  int cross_core_max_pending = 15;
+
+  // derived helpers
+  double hbm_bytes_per_cycle() const { return hbm_gbps * 1e3 / clock_mhz; }
+  double l2_bytes_per_cycle() const { return l2_gbps * 1e3 / clock_mhz; }
+  double hdc_bytes_per_cycle() const { return hdc_gbps * 1e3 / clock_mhz; }
+  double cycles_to_us(double cycles) const { return cycles / clock_mhz; }
+  const CoreKindConfig* core_kind(isa::CoreKind k) const;  // nullptr if the chip has none
+  int total_cores() const;
+};
+
+// Loads a preset by name (looked up in configs/chips/) or a YAML file path, then applies
+// overrides: each "dotted.key=value" replaces one key of the YAML tree before it is parsed.
+// Errors (missing file, unknown/missing key, bad value, inconsistent values) throw ConfigError
+// naming the file and the key.
+ChipConfig load_chip_config(const std::string& name_or_path,
+                            const std::vector<std::string>& overrides = {});
+
+// The directory that holds the chip presets (NPUSIM_CONFIG_DIR or the source tree's configs/chips).
+std::string chip_config_dir();
+// Names of all presets found in chip_config_dir().
+std::vector<std::string> list_chip_presets();
+
+// The resolved configuration as YAML text (written next to every result).
+std::string dump_chip_config_yaml(const ChipConfig& cfg);
+
+}  // namespace npusim

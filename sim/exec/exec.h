@@ -1,0 +1,106 @@
+// The functional and cost model of every pipe instruction (everything but the scalar unit's own
+// instructions, which the core executes itself). This layer has no SystemC in it: the core model
+// calls plan() when an instruction reaches the head of its pipe, waits the returned cost
+// (timing the GM part through the memory system), then calls execute() unless the run is
+// timing-only. plan() depends only on operand values and the config, never on buffer contents,
+// so timing-only and functional runs take identical cycles.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+#include "sim/memory/device_memory.h"
+
+namespace npusim {
+
+// Special registers captured by the scalar unit when it issues an instruction to a pipe.
+struct VectorMask {
+  uint64_t hi = ~0ull, lo = ~0ull;  // normal mode: lane i enabled if bit i of (hi:lo) is set
+  bool counter_mode = false;        // counter mode: the first `count` elements over all repeats
+  uint64_t count = 0;
+};
+struct FMatrix {  // load3d feature map geometry (set_fmatrix)
+  int64_t h = 0, w = 0;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+};
+struct L3dGeom {  // load3d kernel geometry (set_l3d_geom)
+  int kh = 1, kw = 1, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
+};
+
+// An instruction as issued: every operand resolved to a value (register contents read at issue).
+struct IssuedOp {
+  const isa::Instruction* insn = nullptr;
+  uint32_t pc = 0;
+  std::array<int64_t, isa::kMaxFields> v{};  // operand values, in table order
+  VectorMask mask;
+  FMatrix fmatrix;
+  L3dGeom l3d;
+  isa::Opcode op() const { return insn->op; }
+  int64_t operator[](int i) const { return v[i]; }
+};
+
+// A core's private buffers (L1, L0A, L0B, L0C, UB, BT, FB), sized from its CoreKindConfig.
+class CoreMemory {
+ public:
+  explicit CoreMemory(const CoreKindConfig& kind);
+  // Pointer to [addr, addr+n) of buffer b; throws KernelFault naming buffer and range if the
+  // core has no such buffer or the range is out of bounds.
+  uint8_t* at(isa::Buf b, uint64_t addr, uint64_t n);
+  uint64_t capacity(isa::Buf b) const { return m_bufs[static_cast<int>(b)].size(); }
+  void clear();  // zero all buffers
+
+ private:
+  std::array<std::vector<uint8_t>, isa::kNumBufs> m_bufs;
+};
+
+struct ExecContext {
+  const ChipConfig& cfg;
+  const CoreKindConfig& core;
+  CoreMemory& local;
+  DeviceMemory& gm;
+};
+
+// One contiguous GM range an instruction reads or writes.
+struct GmAccess {
+  uint64_t addr = 0;
+  uint64_t bytes = 0;
+  bool write = false;
+};
+
+struct ExecCost {
+  // Pipe-busy cycles excluding GM transfer time (for GM instructions: the fixed path latency).
+  uint64_t cycles = 0;
+  // Part of `cycles` caused by UB bank conflicts.
+  uint64_t bank_conflict_cycles = 0;
+  // The data path used and the bytes it carried (for counters); src == dst == GM if none.
+  isa::Buf path_src = isa::Buf::GM, path_dst = isa::Buf::GM;
+  uint64_t bytes = 0;
+  // GM ranges touched; the memory system times them (L2/HBM, shared bandwidth) at up to
+  // gm_core_rate bytes per cycle (the core's own port rate for this path).
+  std::vector<GmAccess> gm;
+  double gm_core_rate = 0;
+  // Cube work: multiply-accumulates performed (for utilisation), in units of the chip's peak
+  // fp16 MAC/cycle-equivalents (an int8 MAC counts 1/2, an fp32 MAC counts divisor).
+  uint64_t macs = 0;
+  // Vector work: number of repeats executed.
+  uint64_t vector_repeats = 0;
+};
+
+// Checks the operands (bounds, alignment, legal path and dtype for this chip) and returns the
+// cost. Throws KernelFault with a message naming the buffer/operand on any violation.
+ExecCost plan(const IssuedOp& op, const ExecContext& ctx);
+// Applies the functional effect (bit-accurate). Precondition: plan() succeeded for op.
+void execute(const IssuedOp& op, ExecContext& ctx);
+
+// Families (one file each), dispatched by plan()/execute() on the instruction's pipe.
+ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx);
+void execute_vector(const IssuedOp& op, ExecContext& ctx);
+ExecCost plan_cube(const IssuedOp& op, const ExecContext& ctx);
+void execute_cube(const IssuedOp& op, ExecContext& ctx);
+ExecCost plan_mte(const IssuedOp& op, const ExecContext& ctx);  // MTE1/2/3 and FIXPIPE
+void execute_mte(const IssuedOp& op, ExecContext& ctx);
+
+}  // namespace npusim

@@ -1,0 +1,79 @@
+// The chip model's public face: elaborate a chip once per process, then run kernels on it and
+// move data over the host-device link. Not thread-safe: one thread (the runtime's driver thread)
+// owns a Simulator. SystemC elaborates once per process, so at most one Simulator may ever be
+// constructed in a process; constructing a second throws npusim::Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+#include "sim/memory/device_memory.h"
+
+namespace npusim {
+
+struct SimOptions {
+  bool functional = true;  // false: timing-only (no functional effect; identical cycle counts)
+  bool trace = false;      // record a Chrome-trace timeline of every instruction
+  uint64_t trace_max_events = 2'000'000;  // past this, further instruction events are dropped
+};
+
+struct KernelLaunch {
+  const isa::Program* program = nullptr;
+  std::vector<uint64_t> args;  // read by ldarg i (GM addresses or scalar parameters)
+  int block_dim = 1;           // number of blocks; block i sees get_block_id == i
+};
+
+struct KernelResult {
+  bool ok = false;
+  std::string error;            // on failure: "core <name> pc <n> (<file:line>): <insn>: <what>"
+  uint64_t start_cycle = 0;     // simulated cycle the launch began
+  uint64_t cycles = 0;          // simulated duration in AI-core cycles
+  double time_us = 0;           // the same in microseconds at the configured clock
+  nlohmann::json counters;      // counter tree of this launch (see Simulator::counters)
+};
+
+struct HdcResult {
+  uint64_t start_cycle = 0;
+  uint64_t cycles = 0;
+  double time_us = 0;
+};
+
+class Simulator {
+ public:
+  Simulator(const ChipConfig& cfg, const SimOptions& opts);
+  ~Simulator();
+  Simulator(const Simulator&) = delete;
+  Simulator& operator=(const Simulator&) = delete;
+
+  const ChipConfig& config() const;
+  DeviceMemory& gm();
+
+  // Runs one kernel to completion (or to its first fault or deadlock) and returns its timing
+  // and counters. Never throws for faults inside the kernel: they come back in KernelResult.
+  // Throws npusim::Error only for a malformed launch (no program, no section for this chip).
+  KernelResult run(const KernelLaunch& launch);
+
+  // Host <-> device copy over the HDC link model. Functional: copies the bytes.
+  HdcResult copy_host_to_device(uint64_t dev_addr, const void* src, uint64_t bytes);
+  HdcResult copy_device_to_host(void* dst, uint64_t dev_addr, uint64_t bytes);
+
+  // Counters accumulated since construction (or reset_counters()): a JSON tree named after the
+  // module hierarchy; each leaf is {"value": v, "unit": "...", "desc": "..."}.
+  nlohmann::json counters() const;
+  void reset_counters();
+  // Chrome-trace JSON ({"traceEvents": [...]}) of everything run since construction.
+  nlohmann::json trace() const;
+  uint64_t now_cycles() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> m_impl;
+};
+
+}  // namespace npusim
