@@ -55,9 +55,10 @@ struct FieldDesc {
 inline constexpr int kMaxFields = 14;
 inline constexpr int kNumRegs = 32;
 
+// Enumerators are op_<mnemonic> (some mnemonics, e.g. "and", are C++ keywords).
 enum class Opcode : uint8_t {
 #define F(kind, name)
-#define INSN(mn, pipe, ...) mn,
+#define INSN(mn, pipe, ...) op_##mn,
 #include "isa/isa.def"
 #undef INSN
 #undef F
@@ -83,7 +84,7 @@ struct Operand {
 
 // A decoded instruction. src_line/src_col locate it in the assembly text (0 if unknown).
 struct Instruction {
-  Opcode op = Opcode::nop;
+  Opcode op = Opcode::op_nop;
   std::array<Operand, kMaxFields> ops{};
   uint32_t src_line = 0;
   uint32_t src_col = 0;
