@@ -75,6 +75,11 @@ struct ChipConfig {
   uint32_t l2_line_bytes = 512;
   int l2_ways = 16;
   int hbm_latency_cycles = 0;       // added once per GM transfer that misses L2
+  // Per-core port rates into the memory system, bytes per cycle: GM traffic that hits in L2
+  // moves at up to l2_*_bytes_per_cycle per core; traffic that misses goes to HBM at up to the
+  // core's GM path rate (path_bytes_per_cycle of gm->l1 / gm->ub / ub->gm / l0c->gm).
+  double l2_read_bytes_per_cycle = 0;
+  double l2_write_bytes_per_cycle = 0;
   int l2_latency_cycles = 0;        // added once per GM transfer that hits L2
 
   // host-device link (HDC over PCIe)

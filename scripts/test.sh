@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs every npusim test after setting everything up: C++ unit and SystemC tests and the
+# command-line tests (ctest).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${NPUSIM_BUILD_DIR:-$ROOT/build}"
+"$ROOT/scripts/setup.sh"
+export PATH="$ROOT/.venv/bin:$PATH"
+cd "$BUILD"
+ctest --output-on-failure -j "${NPUSIM_JOBS:-$(nproc)}"
