@@ -152,6 +152,33 @@ const Section* Program::find(CoreKind k) const {
   return nullptr;
 }
 
+std::optional<std::string> illegal_operand(const Instruction& in) {
+  const InstrDesc& d = in.desc();
+  for (size_t i = 0; i < d.fields.size(); ++i) {
+    const FieldDesc& f = d.fields[i];
+    const Operand& o = in.ops[i];
+    uint64_t v = static_cast<uint64_t>(o.value);
+    if (f.kind == FieldKind::I64) continue;
+    uint64_t limit = field_imm_max(f.kind);  // largest legal value
+    const char* what = "value";
+    if (f.kind == FieldKind::Reg || (field_is_reg_or_imm(f.kind) && o.is_reg)) {
+      limit = kNumRegs - 1, what = "register number";
+    } else if (f.kind == FieldKind::Dt) {
+      limit = static_cast<uint64_t>(Dtype::NONE) - 1, what = "data type code";
+    } else if (f.kind == FieldKind::Cmp) {
+      limit = static_cast<uint64_t>(Cmp::GE), what = "comparison code";
+    } else if (f.kind == FieldKind::Pipe) {
+      limit = static_cast<uint64_t>(Pipe::ALL), what = "pipe code";
+    } else if (f.kind == FieldKind::Buf) {
+      limit = kNumBufs - 1, what = "buffer code";
+    }
+    if (v > limit)
+      return fmt::format("{} operand {}: {} {} is out of range 0..{}", d.mnemonic, f.name, what,
+                         o.value, limit);
+  }
+  return std::nullopt;
+}
+
 EncodedWord encode(const Instruction& in) {
   const InstrDesc& d = in.desc();
   EncodedWord w;

@@ -114,6 +114,12 @@ struct Program {
   const Section* find(CoreKind k) const;
 };
 
+// Why an operand of `in` is illegal for its field (a register above x31, an immediate wider
+// than its field, a Dt/Cmp/Pipe/Buf code naming no type, comparison, pipe or buffer), naming
+// the field; nullopt if every operand is legal. decode() accepts any bit pattern; loaders of
+// binary kernels call this on every decoded instruction.
+std::optional<std::string> illegal_operand(const Instruction& in);
+
 // 128-bit binary encoding of one instruction.
 struct EncodedWord {
   uint64_t lo = 0, hi = 0;

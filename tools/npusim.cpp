@@ -1,1 +1,225 @@
-int main() { return 0; }
+// The npusim command line: assemble, inspect, verify and run kernels on a chip model.
+//   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy:f16:64x64 --arg n=64 ...
+//   npusim demo | asm | disasm | verify | chips | config
+// Exit codes: 0 ok, 1 bad input (usage, files, config, assembly), 3 the kernel faulted.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include "common/error.h"
+#include "common/npy.h"
+#include "isa/disassembler.h"
+#include "isa/kernel_file.h"
+#include "isa/verifier/verifier.h"
+#include "sim/simulator.h"
+#include "tools/demo.h"
+#include "tools/device_buffers.h"
+#include "tools/kernel_io.h"
+#include "tools/summary.h"
+
+using namespace npusim;
+
+namespace {
+
+constexpr int kExitBadInput = 1;
+constexpr int kExitKernelFault = 3;
+
+struct ChipOptions {
+  std::string chip = "910b";
+  std::vector<std::string> overrides;
+  void add(CLI::App* app) {
+    app->add_option("--chip", chip, "chip preset name or YAML file")->capture_default_str();
+    app->add_option("--set", overrides, "override a chip key: dotted.key=value (repeatable)");
+  }
+};
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write '" + path + "'");
+  out << j.dump(1) << "\n";
+}
+
+// "name=value" -> (name, value); `what` names the option for errors.
+std::pair<std::string, std::string> split_assignment(const std::string& s, const std::string& what) {
+  auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error(fmt::format("{} '{}': expected NAME=VALUE", what, s));
+  return {s.substr(0, eq), s.substr(eq + 1)};
+}
+
+struct RunOptions {
+  ChipOptions chip;
+  std::string kernel;
+  std::vector<std::string> inputs, outputs, scalars;
+  int blocks = 0;
+  std::string counters_path, trace_path, config_out;
+  bool timing_only = false;
+  bool quiet = false;
+};
+
+int cmd_run(const RunOptions& o) {
+  ChipConfig cfg = cli::load_chip(o.chip.chip, o.chip.overrides);
+  isa::Program prog = cli::load_kernel(o.kernel);
+  isa::verify_or_throw(prog, cfg);
+  SimOptions so;
+  so.functional = !o.timing_only;
+  so.trace = !o.trace_path.empty();
+  Simulator sim(cfg, so);
+  cli::DeviceArena arena(sim);
+
+  std::map<std::string, uint64_t> arg_values;
+  std::vector<cli::DeviceTensor> outs;
+  for (const auto& spec : o.inputs) {
+    auto [name, file] = split_assignment(spec, "--in");
+    NpyArray a = read_npy(file);
+    arg_values[name] = arena.upload(a, "--in " + name);
+  }
+  for (const auto& spec : o.outputs) {
+    auto [name, rest] = split_assignment(spec, "--out");
+    auto colon = rest.find(':');
+    if (colon == std::string::npos)
+      throw Error(fmt::format("--out {}: expected FILE.npy:DTYPE:SHAPE, e.g. c.npy:f16:64x64", spec));
+    cli::DeviceTensor t;
+    t.name = rest.substr(0, colon);  // the file
+    t.host = cli::parse_tensor_spec(rest.substr(colon + 1), "--out " + name);
+    t.addr = arena.allocate(static_cast<uint64_t>(t.host.elements()) * t.host.item_size(), "--out " + name);
+    arg_values[name] = t.addr;
+    outs.push_back(std::move(t));
+  }
+  for (const auto& spec : o.scalars) {
+    auto [name, value] = split_assignment(spec, "--arg");
+    try {
+      arg_values[name] = std::stoull(value, nullptr, 0);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--arg {}: '{}' is not an integer", name, value));
+    }
+  }
+  KernelLaunch launch;
+  launch.program = &prog;
+  for (const auto& name : prog.arg_names) {
+    auto it = arg_values.find(name);
+    if (it == arg_values.end())
+      throw Error(fmt::format("kernel '{}' needs argument '{}': give it with --in, --out or --arg",
+                              prog.name, name));
+    launch.args.push_back(it->second);
+    arg_values.erase(it);
+  }
+  if (!arg_values.empty())
+    throw Error(fmt::format("kernel '{}' has no argument '{}' (it declares: {})", prog.name,
+                            arg_values.begin()->first, fmt::join(prog.arg_names, ", ")));
+  launch.block_dim = o.blocks > 0 ? o.blocks : cli::default_block_dim(prog, cfg);
+
+  KernelResult r = sim.run(launch);
+  if (!r.ok) {
+    std::cerr << "npusim: kernel " << prog.name << " failed: " << r.error << "\n";
+    return kExitKernelFault;
+  }
+  for (auto& t : outs) {
+    arena.download(t.addr, t.host);
+    write_npy(t.name, t.host);
+  }
+  nlohmann::json meta = {{"kernel", prog.name}, {"chip", cfg.name}, {"block_dim", launch.block_dim},
+                         {"cycles", r.cycles}, {"time_us", r.time_us},
+                         {"functional", !o.timing_only}};
+  if (!o.counters_path.empty()) write_json(o.counters_path, {{"run", meta}, {"counters", r.counters}});
+  if (!o.trace_path.empty()) write_json(o.trace_path, sim.trace());
+  if (!o.config_out.empty()) {
+    std::ofstream out(o.config_out);
+    out << dump_chip_config_yaml(cfg);
+  }
+  if (!o.quiet) cli::print_summary(std::cout, cfg, prog.name, launch.block_dim, r);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"npusim: an Ascend-class NPU model - assemble, verify and run kernels"};
+  app.require_subcommand(1);
+
+  RunOptions run;
+  auto* c_run = app.add_subcommand("run", "run a kernel on a chip model");
+  c_run->add_option("kernel", run.kernel, "kernel: assembly (.s) or binary (.npuk)")->required();
+  run.chip.add(c_run);
+  c_run->add_option("--in", run.inputs, "input argument NAME=FILE.npy (copied to device memory)");
+  c_run->add_option("--out", run.outputs, "output argument NAME=FILE.npy:DTYPE:SHAPE");
+  c_run->add_option("--arg", run.scalars, "scalar argument NAME=INTEGER");
+  c_run->add_option("--blocks", run.blocks, "block_dim (default: every core the kernel runs on)");
+  c_run->add_option("--counters", run.counters_path, "write the counter tree as JSON");
+  c_run->add_option("--trace", run.trace_path, "write a Chrome-trace timeline (Perfetto)");
+  c_run->add_option("--config-out", run.config_out, "write the resolved chip config as YAML");
+  c_run->add_flag("--timing-only", run.timing_only, "skip functional effects (same cycles)");
+  c_run->add_flag("--quiet", run.quiet, "no summary");
+
+  cli::DemoOptions demo;
+  auto* c_demo = app.add_subcommand("demo", "run the built-in GEMM and vector-add kernels and print counters");
+  c_demo->add_option("--chip", demo.chip, "chip preset or YAML file")->capture_default_str();
+  c_demo->add_option("--set", demo.overrides, "override a chip key: dotted.key=value");
+  c_demo->add_option("--counters", demo.counters_path, "write both kernels' counters as JSON");
+  c_demo->add_option("--trace", demo.trace_path, "write a Chrome-trace timeline (Perfetto)");
+  c_demo->add_flag("--timing-only", demo.timing_only, "skip functional effects and the result check");
+
+  std::string asm_in, asm_out;
+  auto* c_asm = app.add_subcommand("asm", "assemble to a binary kernel (.npuk)");
+  c_asm->add_option("input", asm_in, "assembly file")->required();
+  c_asm->add_option("-o,--output", asm_out, "output .npuk")->required();
+
+  std::string dis_in;
+  auto* c_dis = app.add_subcommand("disasm", "disassemble a kernel (.npuk or .s)");
+  c_dis->add_option("input", dis_in, "kernel file")->required();
+
+  std::string ver_in;
+  ChipOptions ver_chip;
+  auto* c_ver = app.add_subcommand("verify", "check a kernel against a chip without running it");
+  c_ver->add_option("kernel", ver_in, "kernel file")->required();
+  ver_chip.add(c_ver);
+
+  auto* c_chips = app.add_subcommand("chips", "list the chip presets");
+
+  ChipOptions cfg_chip;
+  auto* c_cfg = app.add_subcommand("config", "print a resolved chip config (YAML)");
+  cfg_chip.add(c_cfg);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (c_run->parsed()) return cmd_run(run);
+    if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
+    if (c_asm->parsed()) {
+      isa::Program p = cli::load_kernel(asm_in);
+      std::vector<uint8_t> bytes = isa::write_kernel(p);
+      std::ofstream out(asm_out, std::ios::binary);
+      if (!out) throw Error("cannot write '" + asm_out + "'");
+      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      std::cout << fmt::format("{}: {} sections, {} bytes\n", asm_out, p.sections.size(), bytes.size());
+      return 0;
+    }
+    if (c_dis->parsed()) {
+      std::cout << isa::disassemble(cli::load_kernel(dis_in));
+      return 0;
+    }
+    if (c_ver->parsed()) {
+      ChipConfig cfg = cli::load_chip(ver_chip.chip, ver_chip.overrides);
+      isa::verify_or_throw(cli::load_kernel(ver_in), cfg);
+      std::cout << ver_in << ": ok for chip " << cfg.name << "\n";
+      return 0;
+    }
+    if (c_chips->parsed()) {
+      for (const auto& name : list_chip_presets()) {
+        ChipConfig c = load_chip_config(name);
+        std::cout << fmt::format("{:<6} {}\n", name, cli::describe_chip(c));
+      }
+      return 0;
+    }
+    if (c_cfg->parsed()) {
+      std::cout << dump_chip_config_yaml(cli::load_chip(cfg_chip.chip, cfg_chip.overrides));
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "npusim: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  return 0;
+}

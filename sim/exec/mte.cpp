@@ -1,7 +1,454 @@
-// placeholder until the MTE family lands
-#include "sim/exec/exec.h"
+// The data-movement instructions: MTE2 (copy_gm2l1, copy_gm2ub, nd2nz), MTE1 (load2d, load3d,
+// copy_l12ub, copy_l12bt), MTE3 (copy_ub2gm, copy_ub2l1) and FIXPIPE (fixpipe). Each instruction
+// is decoded into a small descriptor whose constructor makes every check plan() promises
+// (path, buffers, alignment, bounds, dtypes, parameters); plan() turns it into a cost and
+// execute() applies it. Layouts: sim/exec/layout.h and docs/helper_brief.md "Data layouts".
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "common/error.h"
+#include "common/numeric.h"
+#include "sim/exec/exec.h"
+#include "sim/exec/layout.h"
+#include "sim/exec/mte_common.h"
+
 namespace npusim {
-ExecCost plan_mte(const IssuedOp& op, const ExecContext&) { throw KernelFault("MTE not implemented yet"); }
-void execute_mte(const IssuedOp&, ExecContext&) {}
+namespace {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using layout::ceil_div;
+using layout::kBlockBytes;
+using layout::kFractalBytes;
+using layout::kFractalRows;
+using mte::Operands;
+
+// Element size of a type that can live in a fractal (1, 2 or 4 bytes); faults otherwise.
+uint64_t fractal_elem_bytes(const Operands& o, const char* operand, Dtype t) {
+  int s = isa::dtype_size(t);
+  if (s != 1 && s != 2 && s != 4)
+    o.fault(fmt::format("{} = {} is not a 1-, 2- or 4-byte type", operand, isa::dtype_name(t)));
+  return static_cast<uint64_t>(s);
 }
+
+// ---- burst copies: copy_gm2l1, copy_gm2ub, copy_l12ub, copy_ub2gm, copy_ub2l1, copy_l12bt ----
+// nburst bursts of burst_bytes; burst i reads src + i*src_pitch and writes dst + i*dst_pitch,
+// pitch = (burst_len + gap) * 32 bytes.
+struct BurstCopy {
+  Buf src, dst;
+  uint64_t xsrc, xdst, nburst, burst_bytes, src_pitch, dst_pitch;
+
+  BurstCopy(const Operands& o, const ExecContext& ctx, Buf src_buf, Buf dst_buf)
+      : src(src_buf), dst(dst_buf) {
+    mte::require_path(o, ctx.cfg, src, dst);
+    xsrc = o.addr("xsrc");
+    xdst = o.addr("xdst");
+    if (dst == Buf::BT) {  // copy_l12bt: one burst of len blocks
+      nburst = 1;
+      burst_bytes = o.count("len", 1) * kBlockBytes;
+      src_pitch = dst_pitch = burst_bytes;
+    } else {
+      nburst = o.count("nburst", 1);
+      uint64_t len = o.count("burst_len", 1);
+      burst_bytes = len * kBlockBytes;
+      src_pitch = (len + o.count("src_gap", 0)) * kBlockBytes;
+      dst_pitch = (len + o.count("dst_gap", 0)) * kBlockBytes;
+    }
+    mte::check_range(o, ctx, "xsrc", src, xsrc, (nburst - 1) * src_pitch + burst_bytes);
+    mte::check_range(o, ctx, "xdst", dst, xdst, (nburst - 1) * dst_pitch + burst_bytes);
+  }
+
+  ExecCost cost(const ChipConfig& cfg) const {
+    ExecCost c = mte::path_cost(cfg, src, dst, nburst * burst_bytes);
+    for (uint64_t i = 0; i < nburst; ++i) {
+      if (src == Buf::GM) mte::add_gm_range(c.gm, xsrc + i * src_pitch, burst_bytes, false);
+      if (dst == Buf::GM) mte::add_gm_range(c.gm, xdst + i * dst_pitch, burst_bytes, true);
+    }
+    return c;
+  }
+
+  void run(ExecContext& ctx) const {
+    for (uint64_t i = 0; i < nburst; ++i)
+      mte::copy_bytes(ctx, src, xsrc + i * src_pitch, dst, xdst + i * dst_pitch, burst_bytes);
+  }
+};
+
+// ---- nd2nz: ND rows x cols (row pitch src_stride elements) in GM -> NZ in L1 ----------------
+// Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
+struct Nd2Nz {
+  uint64_t size, c0, xsrc, xdst, rows, cols, src_stride, dst_rows;
+
+  Nd2Nz(const Operands& o, const ExecContext& ctx) {
+    mte::require_path(o, ctx.cfg, Buf::GM, Buf::L1);
+    size = fractal_elem_bytes(o, "type", o.dtype("type"));
+    c0 = layout::c0_of(size);
+    xsrc = o.addr("xsrc");
+    xdst = o.addr("xdst");
+    rows = o.count("rows", 1);
+    cols = o.count("cols", 1);
+    src_stride = o.count("src_stride", 1);
+    dst_rows = o.count("dst_rows", 1);
+    if (src_stride < cols)
+      o.fault(fmt::format("src_stride = {} elements is less than cols = {}", src_stride, cols));
+    if (dst_rows < rows || dst_rows % kFractalRows != 0)
+      o.fault(fmt::format("dst_rows = {} must be a multiple of {} and >= rows = {}", dst_rows,
+                          kFractalRows, rows));
+    mte::check_gm(o, ctx, "xsrc", xsrc, ((rows - 1) * src_stride + cols) * size);
+    mte::check_local(o, ctx, "xdst", Buf::L1, xdst, dst_bytes());
+  }
+
+  uint64_t dst_bytes() const { return ceil_div(cols, c0) * dst_rows * c0 * size; }
+
+  // bytes = the GM bytes read (rows * cols elements); one GM range per row unless contiguous.
+  ExecCost cost(const ChipConfig& cfg) const {
+    ExecCost c = mte::path_cost(cfg, Buf::GM, Buf::L1, rows * cols * size);
+    for (uint64_t r = 0; r < rows; ++r)
+      mte::add_gm_range(c.gm, xsrc + r * src_stride * size, cols * size, false);
+    return c;
+  }
+
+  void run(ExecContext& ctx) const {
+    uint8_t* out = ctx.local.at(Buf::L1, xdst, dst_bytes());
+    std::memset(out, 0, dst_bytes());
+    std::vector<uint8_t> row(cols * size);
+    const uint64_t block_bytes = c0 * size;
+    for (uint64_t r = 0; r < rows; ++r) {
+      ctx.gm.read(xsrc + r * src_stride * size, row.data(), row.size());
+      for (uint64_t j = 0; j * c0 < cols; ++j) {
+        uint64_t n = std::min(c0, cols - j * c0) * size;
+        std::memcpy(out + (j * dst_rows + r) * block_bytes, row.data() + j * block_bytes, n);
+      }
+    }
+  }
+};
+
+// ---- load2d: nfrac fractals L1 -> L0A/L0B, optional 16x16 transpose (16-bit types) ----------
+struct Load2d {
+  Buf dst;
+  uint64_t xsrc, xdst, nfrac, src_stride;
+  bool transpose;
+
+  Load2d(const Operands& o, const ExecContext& ctx) {
+    Dtype t = o.dtype("type");
+    uint64_t size = fractal_elem_bytes(o, "type", t);
+    dst = o.buf("dst");
+    if (dst != Buf::L0A && dst != Buf::L0B)
+      o.fault(fmt::format("dst = {} must be l0a or l0b", isa::buf_name(dst)));
+    mte::require_path(o, ctx.cfg, Buf::L1, dst);
+    xsrc = o.addr("xsrc");
+    xdst = o.addr("xdst");
+    nfrac = o.count("nfrac", 1);
+    src_stride = o.count("src_stride", 0);
+    transpose = o.count("transpose", 0) != 0;
+    if (transpose && size != 2)
+      o.fault(fmt::format("transpose needs a 16-bit type, not {}", isa::dtype_name(t)));
+    mte::check_local(o, ctx, "xsrc", Buf::L1, xsrc, ((nfrac - 1) * src_stride + 1) * kFractalBytes);
+    mte::check_local(o, ctx, "xdst", dst, xdst, nfrac * kFractalBytes);
+  }
+
+  ExecCost cost(const ChipConfig& cfg) const {
+    return mte::path_cost(cfg, Buf::L1, dst, nfrac * kFractalBytes);
+  }
+
+  void run(ExecContext& ctx) const {
+    uint8_t* out = ctx.local.at(dst, xdst, nfrac * kFractalBytes);
+    for (uint64_t f = 0; f < nfrac; ++f) {
+      const uint8_t* in = ctx.local.at(Buf::L1, xsrc + f * src_stride * kFractalBytes,
+                                       kFractalBytes);
+      uint8_t* o = out + f * kFractalBytes;
+      if (!transpose) {
+        std::memcpy(o, in, kFractalBytes);
+        continue;
+      }
+      // A 16x16 fractal of 2-byte elements: (r, c) -> (c, r).
+      for (uint64_t r = 0; r < kFractalRows; ++r)
+        for (uint64_t c = 0; c < kFractalRows; ++c)
+          std::memcpy(o + (c * kFractalRows + r) * 2, in + (r * kFractalRows + c) * 2, 2);
+    }
+  }
+};
+
+// ---- load3d: img2col of an L1 feature map [C1][H][W][C0] into L0A (Zz) ----------------------
+// Row m = oh*OW + ow (rows >= OH*OW read zero), column k = ((c1*KH + kh)*KW + kw)*C0 + c0.
+// Taps outside the (unpadded) image and channels >= `channels` read zero.
+struct Load3d {
+  uint64_t size, c0, xsrc, xdst, channels, m_start, m_ext, k_start, k_ext;
+  int64_t h, w, oh_count, ow_count;
+  FMatrix fm;
+  L3dGeom g;
+
+  Load3d(const Operands& o, const ExecContext& ctx, const IssuedOp& op) : fm(op.fmatrix), g(op.l3d) {
+    Dtype t = o.dtype("type");
+    if (t != Dtype::F16 && t != Dtype::BF16 && t != Dtype::F32 && t != Dtype::S8)
+      o.fault(fmt::format("type = {} is not a cube input type (f16, bf16, f32, s8)",
+                          isa::dtype_name(t)));
+    size = static_cast<uint64_t>(isa::dtype_size(t));
+    c0 = layout::c0_of(size);
+    mte::require_path(o, ctx.cfg, Buf::L1, Buf::L0A);
+    xsrc = o.addr("xsrc");
+    xdst = o.addr("xdst");
+    channels = o.count("channels", 1);
+    m_start = o.count("m_start", 0);
+    m_ext = o.count("m_ext", 1);
+    k_start = o.count("k_start", 0);
+    k_ext = o.count("k_ext", 1);
+    if (m_ext % kFractalRows != 0)
+      o.fault(fmt::format("m_ext = {} is not a multiple of {}", m_ext, kFractalRows));
+    if (k_ext % c0 != 0 || k_start % c0 != 0)
+      o.fault(fmt::format("k_start = {} and k_ext = {} must be multiples of C0 = {}", k_start,
+                          k_ext, c0));
+    if (g.kh < 1 || g.kw < 1 || g.stride_h < 1 || g.stride_w < 1 || g.dilation_h < 1 ||
+        g.dilation_w < 1)
+      o.fault(fmt::format("set_l3d_geom kh={} kw={} stride={}x{} dilation={}x{}: all must be >= 1",
+                          g.kh, g.kw, g.stride_h, g.stride_w, g.dilation_h, g.dilation_w));
+    h = fm.h;
+    w = fm.w;
+    if (h < 1 || w < 1 || fm.pad_top < 0 || fm.pad_bottom < 0 || fm.pad_left < 0 ||
+        fm.pad_right < 0)
+      o.fault(fmt::format("set_fmatrix h={} w={} must be >= 1 with non-negative pads", h, w));
+    int64_t span_h = h + fm.pad_top + fm.pad_bottom - int64_t(g.dilation_h) * (g.kh - 1) - 1;
+    int64_t span_w = w + fm.pad_left + fm.pad_right - int64_t(g.dilation_w) * (g.kw - 1) - 1;
+    if (span_h < 0 || span_w < 0)
+      o.fault(fmt::format("the {}x{} kernel (dilation {}x{}) does not fit the padded {}x{} map",
+                          g.kh, g.kw, g.dilation_h, g.dilation_w,
+                          h + fm.pad_top + fm.pad_bottom, w + fm.pad_left + fm.pad_right));
+    oh_count = span_h / g.stride_h + 1;
+    ow_count = span_w / g.stride_w + 1;
+    uint64_t c1_count = ceil_div(channels, c0);
+    if (k_start + k_ext > c1_count * k_per_c1())
+      o.fault(fmt::format("columns [{}, {}) exceed the img2col width {} (C1={} x {}x{} x C0={})",
+                          k_start, k_start + k_ext, c1_count * k_per_c1(), c1_count, g.kh, g.kw,
+                          c0));
+    // The feature map up to the last channel block c1 the column range touches (each block a
+    // full H x W x C0 plane).
+    uint64_t plane = uint64_t(h) * uint64_t(w) * c0 * size;
+    mte::check_local(o, ctx, "xsrc", Buf::L1, xsrc, (last_c1() + 1) * plane);
+    mte::check_local(o, ctx, "xdst", Buf::L0A, xdst, dst_bytes());
+  }
+
+  uint64_t dst_bytes() const { return m_ext * k_ext * size; }
+  uint64_t k_per_c1() const { return uint64_t(g.kh) * uint64_t(g.kw) * c0; }
+  uint64_t last_c1() const { return (k_start + k_ext - 1) / k_per_c1(); }
+
+  ExecCost cost(const ChipConfig& cfg) const {
+    return mte::path_cost(cfg, Buf::L1, Buf::L0A, dst_bytes());
+  }
+
+  void run(ExecContext& ctx) const {
+    const uint64_t block = c0 * size;  // one C0 run of one tap: 32 bytes
+    const uint64_t k_blocks = k_ext / c0;
+    const uint64_t kc1 = k_per_c1();
+    const uint8_t* fmap = ctx.local.at(Buf::L1, xsrc, (last_c1() + 1) * h * w * block);
+    uint8_t* out = ctx.local.at(Buf::L0A, xdst, dst_bytes());
+    std::memset(out, 0, dst_bytes());
+    const int64_t rows_total = oh_count * ow_count;
+    for (uint64_t rr = 0; rr < m_ext; ++rr) {
+      int64_t m = int64_t(m_start + rr);
+      if (m >= rows_total) continue;
+      int64_t oh = m / ow_count, ow = m % ow_count;
+      for (uint64_t kb = 0; kb < k_blocks; ++kb) {
+        uint64_t k = k_start + kb * c0;
+        uint64_t c1 = k / kc1, tap = (k % kc1) / c0;
+        int64_t kh = int64_t(tap) / g.kw, kw = int64_t(tap) % g.kw;
+        int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
+        int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
+        if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+        uint64_t valid_c0 = std::min(c0, channels - std::min(channels, c1 * c0));
+        uint8_t* dst = out + layout::zz_offset(rr, kb * c0, k_blocks, c0) * size;
+        std::memcpy(dst, fmap + ((c1 * h + ih) * w + iw) * block, valid_c0 * size);
+      }
+    }
+  }
+};
+
+// ---- fixpipe: L0C (NZ, f32/s32) -> GM / L1 / UB with conversion, ReLU and NZ->ND -----------
+enum class FixConv { F32_F32, F32_F16, F32_BF16, F32_S8, S32_S32, S32_F16, S32_S8 };
+
+// Quantisation to s8: round to nearest even, saturate to [-128, 127]; NaN -> 0.
+inline int8_t quantise_s8(float v) {
+  if (std::isnan(v)) return 0;
+  float r = std::nearbyint(std::clamp(v, -128.0f, 127.0f));  // default FP env: nearest even
+  return static_cast<int8_t>(r);
+}
+
+// Converts one row of n L0C values (raw 32-bit words) into dst elements. Order of operations:
+// value (* scale for quantising conversions, in fp32) -> ReLU (v < 0 ? 0 : v) -> narrow.
+template <FixConv kConv>
+void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool relu) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if constexpr (kConv == FixConv::S32_S32) {
+      int32_t v = static_cast<int32_t>(in[i]);
+      if (relu && v < 0) v = 0;
+      std::memcpy(out + i * 4, &v, 4);
+    } else {
+      float v;
+      if constexpr (kConv == FixConv::S32_F16 || kConv == FixConv::S32_S8)
+        v = static_cast<float>(static_cast<int32_t>(in[i])) * scale;  // s32->fp32 rounds RNE
+      else if constexpr (kConv == FixConv::F32_S8)
+        v = bits_to_f32(in[i]) * scale;
+      else
+        v = bits_to_f32(in[i]);
+      if (relu && v < 0) v = 0;
+      if constexpr (kConv == FixConv::F32_F32) {
+        std::memcpy(out + i * 4, &v, 4);
+      } else if constexpr (kConv == FixConv::F32_F16 || kConv == FixConv::S32_F16) {
+        uint16_t b = f32_to_f16(v);
+        std::memcpy(out + i * 2, &b, 2);
+      } else if constexpr (kConv == FixConv::F32_BF16) {
+        uint16_t b = f32_to_bf16(v);
+        std::memcpy(out + i * 2, &b, 2);
+      } else {
+        out[i] = static_cast<uint8_t>(quantise_s8(v));
+      }
+    }
+  }
+}
+
+struct Fixpipe {
+  Buf dst;
+  Dtype src_type, dst_type;
+  FixConv conv;
+  uint64_t dsize, c0, xsrc, xdst, m, n, dst_stride;
+  bool nz2nd, relu;
+  float scale;
+
+  Fixpipe(const Operands& o, const ExecContext& ctx) {
+    src_type = o.dtype("src_type");
+    dst_type = o.dtype("dst_type");
+    dst = o.buf("dst");
+    if (dst != Buf::GM && dst != Buf::L1 && dst != Buf::UB)
+      o.fault(fmt::format("dst = {} must be gm, l1 or ub", isa::buf_name(dst)));
+    mte::require_path(o, ctx.cfg, Buf::L0C, dst);
+    conv = conversion(o);
+    dsize = static_cast<uint64_t>(isa::dtype_size(dst_type));
+    c0 = layout::c0_of(dsize);
+    xsrc = o.addr("xsrc");
+    xdst = o.addr("xdst");
+    m = o.count("m", 1);
+    n = o.count("n", 1);
+    dst_stride = o.count("dst_stride", 1);
+    nz2nd = o.count("nz2nd", 0) != 0;
+    relu = o.count("relu", 0) != 0;
+    scale = bits_to_f32(static_cast<uint32_t>(o.raw("xscale")));
+    if (nz2nd && dst_stride < n)
+      o.fault(fmt::format("dst_stride = {} elements is less than n = {}", dst_stride, n));
+    if (!nz2nd && dst_stride < m)
+      o.fault(fmt::format("dst_stride = {} rows is less than m = {}", dst_stride, m));
+    mte::check_local(o, ctx, "xsrc", Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
+    mte::check_range(o, ctx, "xdst", dst, xdst, dst_extent());
+  }
+
+  FixConv conversion(const Operands& o) const {
+    using D = Dtype;
+    if (src_type == D::F32) {
+      if (dst_type == D::F32) return FixConv::F32_F32;
+      if (dst_type == D::F16) return FixConv::F32_F16;
+      if (dst_type == D::BF16) return FixConv::F32_BF16;
+      if (dst_type == D::S8) return FixConv::F32_S8;
+    } else if (src_type == D::S32) {
+      if (dst_type == D::S32) return FixConv::S32_S32;
+      if (dst_type == D::F16) return FixConv::S32_F16;
+      if (dst_type == D::S8) return FixConv::S32_S8;
+    }
+    o.fault(fmt::format("conversion {} -> {} is not supported (f32 -> f32/f16/bf16/s8, "
+                        "s32 -> s32/f16/s8)",
+                        isa::dtype_name(src_type), isa::dtype_name(dst_type)));
+  }
+
+  // Bytes from xdst to the end of the last element written. ND: m rows of n elements at a pitch
+  // of dst_stride elements. NZ: the whole [ceil(n/C0)][dst_stride][C0] region (padding zeroed).
+  uint64_t dst_extent() const {
+    if (nz2nd) return ((m - 1) * dst_stride + n) * dsize;
+    return ceil_div(n, c0) * dst_stride * c0 * dsize;
+  }
+
+  // bytes = the bytes written at the destination (for NZ including the zero padding).
+  ExecCost cost(const ChipConfig& cfg) const {
+    uint64_t bytes = nz2nd ? m * n * dsize : dst_extent();
+    ExecCost c = mte::path_cost(cfg, Buf::L0C, dst, bytes);
+    if (dst == Buf::GM) {
+      if (nz2nd)
+        for (uint64_t r = 0; r < m; ++r)
+          mte::add_gm_range(c.gm, xdst + r * dst_stride * dsize, n * dsize, true);
+      else
+        mte::add_gm_range(c.gm, xdst, dst_extent(), true);
+    }
+    return c;
+  }
+
+  void run(ExecContext& ctx) const {
+    const uint64_t m16 = layout::round_up(m, kFractalRows);
+    const uint8_t* l0c = ctx.local.at(Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
+    std::vector<uint32_t> row_in(n);
+    std::vector<uint8_t> out(m * n * dsize);
+    for (uint64_t r = 0; r < m; ++r) {
+      for (uint64_t c = 0; c < n; c += kFractalRows) {
+        uint64_t cnt = std::min<uint64_t>(kFractalRows, n - c);
+        std::memcpy(&row_in[c], l0c + layout::l0c_offset(r, c, m16) * 4, cnt * 4);
+      }
+      convert(row_in.data(), out.data() + r * n * dsize);
+    }
+    if (nz2nd) {
+      for (uint64_t r = 0; r < m; ++r)
+        mte::write_bytes(ctx, dst, xdst + r * dst_stride * dsize, out.data() + r * n * dsize,
+                         n * dsize);
+      return;
+    }
+    std::vector<uint8_t> nz(dst_extent(), 0);
+    for (uint64_t r = 0; r < m; ++r)
+      for (uint64_t c = 0; c < n; c += c0) {
+        uint64_t cnt = std::min(c0, n - c);
+        std::memcpy(nz.data() + layout::nz_offset(r, c, dst_stride, c0) * dsize,
+                    out.data() + (r * n + c) * dsize, cnt * dsize);
+      }
+    mte::write_bytes(ctx, dst, xdst, nz.data(), nz.size());
+  }
+
+  void convert(const uint32_t* in, uint8_t* out) const {
+    switch (conv) {
+      case FixConv::F32_F32: return convert_row<FixConv::F32_F32>(in, out, n, scale, relu);
+      case FixConv::F32_F16: return convert_row<FixConv::F32_F16>(in, out, n, scale, relu);
+      case FixConv::F32_BF16: return convert_row<FixConv::F32_BF16>(in, out, n, scale, relu);
+      case FixConv::F32_S8: return convert_row<FixConv::F32_S8>(in, out, n, scale, relu);
+      case FixConv::S32_S32: return convert_row<FixConv::S32_S32>(in, out, n, scale, relu);
+      case FixConv::S32_F16: return convert_row<FixConv::S32_F16>(in, out, n, scale, relu);
+      case FixConv::S32_S8: return convert_row<FixConv::S32_S8>(in, out, n, scale, relu);
+    }
+  }
+};
+
+// Decodes (and so checks) op, then hands the descriptor to f.
+template <typename F>
+auto with_descriptor(const IssuedOp& op, const ExecContext& ctx, F&& f) {
+  Operands o(op);
+  switch (op.op()) {
+    case Opcode::op_copy_gm2l1: return f(BurstCopy(o, ctx, Buf::GM, Buf::L1));
+    case Opcode::op_copy_gm2ub: return f(BurstCopy(o, ctx, Buf::GM, Buf::UB));
+    case Opcode::op_copy_l12ub: return f(BurstCopy(o, ctx, Buf::L1, Buf::UB));
+    case Opcode::op_copy_l12bt: return f(BurstCopy(o, ctx, Buf::L1, Buf::BT));
+    case Opcode::op_copy_ub2gm: return f(BurstCopy(o, ctx, Buf::UB, Buf::GM));
+    case Opcode::op_copy_ub2l1: return f(BurstCopy(o, ctx, Buf::UB, Buf::L1));
+    case Opcode::op_nd2nz: return f(Nd2Nz(o, ctx));
+    case Opcode::op_load2d: return f(Load2d(o, ctx));
+    case Opcode::op_load3d: return f(Load3d(o, ctx, op));
+    case Opcode::op_fixpipe: return f(Fixpipe(o, ctx));
+    default: o.fault("not an MTE or FIXPIPE instruction");
+  }
+}
+
+}  // namespace
+
+ExecCost plan_mte(const IssuedOp& op, const ExecContext& ctx) {
+  return with_descriptor(op, ctx, [&](const auto& d) { return d.cost(ctx.cfg); });
+}
+
+void execute_mte(const IssuedOp& op, ExecContext& ctx) {
+  with_descriptor(op, ctx, [&](const auto& d) { d.run(ctx); });
+}
+
+}  // namespace npusim

@@ -1,0 +1,68 @@
+// Operand access and checks shared by the MTE, cube and FIXPIPE instruction families: reading
+// named operands with their range, and the checks every plan() makes (buffer present, data path
+// present, alignment, bounds) with faults that name the instruction, operand and range.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/exec/exec.h"
+
+namespace npusim::mte {
+
+// Named operands of one issued instruction. Field names are the ones in isa/isa.def.
+class Operands {
+ public:
+  explicit Operands(const IssuedOp& op) : m_op(op) {}
+  const char* mnemonic() const { return m_op.insn->desc().mnemonic; }
+  // The operand's raw value (register contents or immediate).
+  int64_t raw(const char* name) const;
+  // A byte address (register contents reinterpreted as unsigned).
+  uint64_t addr(const char* name) const { return static_cast<uint64_t>(raw(name)); }
+  // A count or size in [min, the field's immediate maximum]; a register operand holding a value
+  // the field could not encode faults like an immediate would.
+  uint64_t count(const char* name, uint64_t min) const;
+  isa::Dtype dtype(const char* name) const;
+  isa::Buf buf(const char* name) const;
+  // Throws KernelFault "<mnemonic>: <what>".
+  [[noreturn]] void fault(const std::string& what) const;
+
+ private:
+  int index(const char* name) const;
+  const IssuedOp& m_op;
+};
+
+// Faults unless the chip has the data path src->dst ("no data path l0c->ub on chip X").
+void require_path(const Operands& o, const ChipConfig& cfg, isa::Buf src, isa::Buf dst);
+
+// Faults unless the core has buffer b, addr meets cfg.align_bytes[b] and [addr, addr+bytes) lies
+// inside the buffer. `operand` names the address operand in the message.
+void check_local(const Operands& o, const ExecContext& ctx, const char* operand, isa::Buf b,
+                 uint64_t addr, uint64_t bytes);
+
+// Faults unless addr meets cfg.align_bytes[GM] and [addr, addr+bytes) lies in device memory.
+void check_gm(const Operands& o, const ExecContext& ctx, const char* operand, uint64_t addr,
+              uint64_t bytes);
+
+// check_local or check_gm according to b.
+void check_range(const Operands& o, const ExecContext& ctx, const char* operand, isa::Buf b,
+                 uint64_t addr, uint64_t bytes);
+
+// Appends a GM range, merging it into the previous one when contiguous and of the same direction.
+void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write);
+
+// Cost of moving `bytes` over the path src->dst (contract in exec.h):
+//   a path touching GM: cycles = path_latency (fixed start latency); the GM ranges are timed by
+//     the memory system at up to gm_core_rate = path_rate bytes per cycle (the caller fills gm);
+//   a local path: cycles = path_latency + ceil(bytes / path_rate).
+ExecCost path_cost(const ChipConfig& cfg, isa::Buf src, isa::Buf dst, uint64_t bytes);
+
+// Copies n bytes between any two of GM / the core's local buffers.
+void copy_bytes(ExecContext& ctx, isa::Buf src, uint64_t src_addr, isa::Buf dst,
+                uint64_t dst_addr, uint64_t n);
+// Reads n bytes from GM or a local buffer into out / writes them from in.
+void read_bytes(ExecContext& ctx, isa::Buf b, uint64_t addr, void* out, uint64_t n);
+void write_bytes(ExecContext& ctx, isa::Buf b, uint64_t addr, const void* in, uint64_t n);
+
+}  // namespace npusim::mte

@@ -1,0 +1,150 @@
+"""End-to-end checks of the `npusim` command line against numpy references.
+
+Usage: cli_checks.py NPUSIM_BINARY SOURCE_DIR. Prints 'N passed, N failed' and exits non-zero
+on any failure.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+NPUSIM, ROOT = sys.argv[1], sys.argv[2]
+KERNELS = os.path.join(ROOT, "kernels")
+results = []
+
+
+def run(*args, expect_rc=0):
+    p = subprocess.run([NPUSIM, *args], capture_output=True, text=True, timeout=600)
+    if p.returncode != expect_rc:
+        raise AssertionError(f"npusim {' '.join(args)}: exit {p.returncode}, wanted {expect_rc}\n"
+                             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def check(name):
+    def wrap(fn):
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                fn(d)
+            results.append((name, None))
+            print(f"PASS {name}")
+        except Exception as e:  # noqa: BLE001 - report every failure and go on
+            results.append((name, e))
+            print(f"FAIL {name}: {e}")
+        return fn
+    return wrap
+
+
+@check("vadd on the tiny chip matches numpy, with counters and trace")
+def _(d):
+    rng = np.random.default_rng(1)
+    n = 3 * 8192 + 48  # several tiles per block and a partial last tile
+    x = rng.uniform(-4, 4, n).astype(np.float16)
+    y = rng.uniform(-4, 4, n).astype(np.float16)
+    np.save(f"{d}/x.npy", x)
+    np.save(f"{d}/y.npy", y)
+    run("run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in", f"x={d}/x.npy",
+        "--in", f"y={d}/y.npy", "--out", f"z={d}/z.npy:f16:{n}", "--arg", f"n={n}",
+        "--counters", f"{d}/c.json", "--trace", f"{d}/t.json")
+    z = np.load(f"{d}/z.npy")
+    # numpy adds float16 by rounding the exact sum once, as the vector unit does.
+    assert z.dtype == np.float16 and z.shape == (n,)
+    assert np.array_equal(z, x + y), "vadd result differs from numpy"
+    counters = json.load(open(f"{d}/c.json"))
+    assert counters["run"]["cycles"] > 0
+    trace = json.load(open(f"{d}/t.json"))
+    assert len(trace["traceEvents"]) > 0
+
+
+@check("gemm on the tiny chip matches numpy")
+def _(d):
+    rng = np.random.default_rng(2)
+    M, N, K = 256, 512, 512
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    b = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+    np.save(f"{d}/a.npy", a)
+    np.save(f"{d}/b.npy", b)
+    run("run", f"{KERNELS}/gemm_f16.s", "--chip", "tiny", "--in", f"a={d}/a.npy",
+        "--in", f"b={d}/b.npy", "--out", f"c={d}/c.npy:f16:{M}x{N}",
+        "--arg", f"M={M}", "--arg", f"N={N}", "--arg", f"K={K}")
+    c = np.load(f"{d}/c.npy").astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    # fp32 accumulation then one rounding to fp16: relative error about 2^-11.
+    err = np.abs(c - ref)
+    assert np.all(err <= 1e-3 + 1e-3 * np.abs(ref)), f"max error {err.max()}"
+
+
+@check("timing-only mode gives the same cycles as functional mode")
+def _(d):
+    n = 8192
+    np.save(f"{d}/x.npy", np.ones(n, np.float16))
+    common = ["run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in", f"x={d}/x.npy",
+              "--in", f"y={d}/x.npy", "--out", f"z={d}/z.npy:f16:{n}", "--arg", f"n={n}"]
+    run(*common, "--counters", f"{d}/f.json")
+    run(*common, "--counters", f"{d}/t.json", "--timing-only")
+    f, t = json.load(open(f"{d}/f.json")), json.load(open(f"{d}/t.json"))
+    assert f["run"]["cycles"] == t["run"]["cycles"]
+
+
+@check("bad inputs give clear errors and exit 1")
+def _(d):
+    p = run("run", f"{d}/missing.s", "--chip", "tiny", expect_rc=1)
+    assert "missing.s" in p.stderr
+    with open(f"{d}/bad.s", "w") as f:
+        f.write(".section aiv\n    movi x1, 5\n    vbogus x1\n    end\n")
+    p = run("run", f"{d}/bad.s", "--chip", "tiny", expect_rc=1)
+    assert "bad.s:3:" in p.stderr, p.stderr
+    p = run("config", "--chip", "tiny", "--set", "cores.aic.cuont=3", expect_rc=1)
+    assert "cuont" in p.stderr, p.stderr
+    p = run("run", f"{KERNELS}/vadd_f16.s", "--chip", "nosuchchip", expect_rc=1)
+    assert "nosuchchip" in p.stderr
+    np.save(f"{d}/x.npy", np.ones(16, np.float16))
+    p = run("run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in", f"x={d}/x.npy",
+            "--in", f"y={d}/x.npy", "--out", f"z={d}/z.npy:f16:16", expect_rc=1)
+    assert "'n'" in p.stderr, p.stderr  # the missing argument is named
+
+
+@check("a faulting kernel exits 3 naming core, pc and instruction")
+def _(d):
+    with open(f"{d}/oob.s", "w") as f:
+        f.write(".section aiv\n    movi x1, 0x7fffffff\n    movi x2, 0\n"
+                "    copy_gm2ub x1, x2, 1, 1, 0, 0\n    end\n")
+    p = run("run", f"{d}/oob.s", "--chip", "tiny", "--blocks", "1", expect_rc=3)
+    assert "pc 2" in p.stderr and "copy_gm2ub" in p.stderr, p.stderr
+
+
+@check("asm, disasm and verify round trip")
+def _(d):
+    run("asm", f"{KERNELS}/gemm_f16.s", "-o", f"{d}/g.npuk")
+    text = run("disasm", f"{d}/g.npuk").stdout
+    assert "mmad.f16" in text
+    with open(f"{d}/g2.s", "w") as f:
+        f.write(text)
+    run("asm", f"{d}/g2.s", "-o", f"{d}/g2.npuk")
+    assert open(f"{d}/g.npuk", "rb").read()[:16] == open(f"{d}/g2.npuk", "rb").read()[:16]
+    run("verify", f"{KERNELS}/gemm_f16.s", "--chip", "910b")
+    p = run("verify", f"{KERNELS}/gemm_f16.s", "--chip", "910b", "--set", "cores.aic.buffers.l1=256 KiB",
+            expect_rc=1)
+    assert "gemm_f16.s:" in p.stderr, p.stderr
+
+
+@check("every preset runs the vector-add smoke kernel")
+def _(d):
+    out = run("chips").stdout
+    presets = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert {"910b", "910", "310p", "tiny"} <= set(presets), presets
+    n = 4096
+    x = np.arange(n, dtype=np.float16) / 64
+    np.save(f"{d}/x.npy", x)
+    for chip in presets:
+        run("run", f"{KERNELS}/vadd_f16.s", "--chip", chip, "--in", f"x={d}/x.npy",
+            "--in", f"y={d}/x.npy", "--out", f"z={d}/z.npy:f16:{n}", "--arg", f"n={n}", "--quiet")
+        assert np.array_equal(np.load(f"{d}/z.npy"), x + x), chip
+
+
+failed = sum(1 for _, e in results if e is not None)
+print(f"{len(results) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)

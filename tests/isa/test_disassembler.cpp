@@ -1,0 +1,176 @@
+// The disassembler: exact text of single instructions, and listings that re-assemble to the
+// identical program.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+
+#include "isa/assembler.h"
+#include "isa/disassembler.h"
+
+using namespace npusim::isa;
+
+namespace {
+
+// Same name, arguments, sections, labels and instruction words (src positions may differ).
+void require_same_program(const Program& a, const Program& b) {
+  CHECK(a.name == b.name);
+  CHECK(a.arg_names == b.arg_names);
+  REQUIRE(a.sections.size() == b.sections.size());
+  for (size_t s = 0; s < a.sections.size(); ++s) {
+    CHECK(a.sections[s].kind == b.sections[s].kind);
+    CHECK(a.sections[s].labels == b.sections[s].labels);
+    REQUIRE(a.sections[s].code.size() == b.sections[s].code.size());
+    for (size_t i = 0; i < a.sections[s].code.size(); ++i) {
+      INFO("section " << s << " instruction " << i << ": "
+                      << disassemble(a.sections[s].code[i]));
+      CHECK(encode(a.sections[s].code[i]) == encode(b.sections[s].code[i]));
+    }
+  }
+}
+
+void check_round_trip(const std::string& text) {
+  Program p = assemble(text, "orig.s");
+  std::string listing = disassemble(p);
+  INFO(listing);
+  Program q = assemble(listing, "listing.s");
+  require_same_program(p, q);
+  CHECK(disassemble(q) == listing);  // the listing is a fixed point
+}
+
+}  // namespace
+
+TEST_CASE("disassembler: single instructions in assembler syntax") {
+  Program p = assemble(R"(
+top: vadd.f16 x3, x4, x5, 8, 1, 1, 1, 8, 8, 8
+     vconv.f32.bf16 x3, x4, x2, 1, 1, 8, 4, 3
+     vcmp.s32.ge x6, x4, x5, x7, 1, 1, 8, 8
+     movi x1, -1
+     movi x1, f32(1.0)
+     movi x1, 65536
+     set_flag mte2, v, 3
+     pipe_barrier all
+     load2d.f16 l0b, x1, x2, 4, 2, 1
+     fixpipe.f32.f16 gm, x1, x2, 16, 32, x9, 1, 0, x3
+     bne x2, 0, top
+     end
+)", "t.s");
+  const Section& s = p.sections[0];
+  CHECK(disassemble(s.code[0]) == "vadd.f16 x3, x4, x5, 8, 1, 1, 1, 8, 8, 8");
+  CHECK(disassemble(s.code[1]) == "vconv.f32.bf16 x3, x4, x2, 1, 1, 8, 4, 3");
+  CHECK(disassemble(s.code[2]) == "vcmp.s32.ge x6, x4, x5, x7, 1, 1, 8, 8");
+  CHECK(disassemble(s.code[3]) == "movi x1, -1");
+  CHECK(disassemble(s.code[4]) == "movi x1, 0x3f800000");  // 1.0f = 0 01111111 0...0
+  CHECK(disassemble(s.code[5]) == "movi x1, 0x10000");  // |v| >= 2^16 prints in hex
+  CHECK(disassemble(s.code[6]) == "set_flag mte2, v, 3");
+  CHECK(disassemble(s.code[7]) == "pipe_barrier all");
+  CHECK(disassemble(s.code[8]) == "load2d.f16 l0b, x1, x2, 4, 2, 1");
+  CHECK(disassemble(s.code[9]) == "fixpipe.f32.f16 gm, x1, x2, 16, 32, x9, 1, 0, x3");
+  CHECK(disassemble(s.code[10]) == "bne x2, 0, @0");
+  CHECK(disassemble(s.code[10], &s) == "bne x2, 0, top");
+  CHECK(disassemble(s.code[11]) == "end");
+}
+
+TEST_CASE("disassembler: codes that name nothing are marked") {
+  Instruction in;
+  in.op = Opcode::op_load2d;
+  in.ops[0] = {false, 12};  // type: no such dtype
+  in.ops[1] = {false, 9};   // dst: no such buffer
+  CHECK(disassemble(in) == "load2d.?dt12 ?buf9, x0, x0, 0, 0, 0");
+  CHECK(illegal_operand(in).value() == "load2d operand type: data type code 12 is out of range 0..8");
+  in.ops[0] = {false, int64_t(Dtype::F16)};
+  CHECK(illegal_operand(in).value() == "load2d operand dst: buffer code 9 is out of range 0..7");
+  in.ops[1] = {false, int64_t(Buf::L0A)};
+  CHECK_FALSE(illegal_operand(in).has_value());
+}
+
+TEST_CASE("disassembler: listings re-assemble to the identical program") {
+  check_round_trip(R"(
+.kernel add_two
+.arg src
+.arg dst
+.arg n
+.equ BLK, 32
+    ldarg x1, src
+    ldarg x2, dst
+    ldarg x3, n
+    movi x4, 0
+loop:
+    copy_gm2ub x4, x1, 1, BLK / 32 * 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vadds.f32 x4, x4, x5, 4, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x2, x4, 1, 8, 0, 0
+    add x1, x1, 256
+    sub x3, x3, 1
+    blt x4, x3, loop
+    bge x3, x4, out
+out: exit2:
+    end
+tail:
+)");
+  check_round_trip(R"(
+.kernel mix
+.section aic
+    copy_gm2l1 x1, x2, 1, 16, 0, 0
+    load2d.bf16 l0a, x3, x1, 4, 1, 0
+    mmad.bf16 x5, x3, x4, 16, 64, 16, 0, x0
+    fixpipe.f32.bf16 gm, x6, x5, 16, 16, 16, 1, 1, x0
+    cc_set fix, 2, 1
+    end
+.section aiv
+    cc_wait v, 1
+    movi x1, 0xdeadbeefcafef00d
+    movi x2, -123456789
+    set_mask x1, x2
+    set_mask_count x3
+    vconv.s8.f16 x1, x2, 1, 1, 1, 4, 8, 4
+    vsel.f16 x1, x2, x3, x4, 1, 1, 1, 1, 8, 8, 8
+    vcmax.f32 x1, x2, 3, 1, 8
+    vtranspose x1, x2
+    jmp @3
+)");
+  // Empty sections, a kernel without arguments, absolute targets without labels.
+  check_round_trip(".kernel k\n.section aiv\n.section aic\njmp @0\n");
+}
+
+TEST_CASE("disassembler: random operands of every instruction round-trip") {
+  std::mt19937_64 rng(12345);
+  Program p;
+  p.name = "random";
+  p.arg_names = {"a", "b"};
+  Section s;
+  for (int rep = 0; rep < 4; ++rep) {
+    for (int i = 0; i < kNumOpcodes; ++i) {
+      Instruction in;
+      in.op = static_cast<Opcode>(i);
+      const auto& fields = in.desc().fields;
+      for (size_t j = 0; j < fields.size(); ++j) {
+        FieldKind k = fields[j].kind;
+        uint64_t r = rng();
+        Operand& o = in.ops[j];
+        switch (k) {
+          case FieldKind::Reg: o = {true, int64_t(r % kNumRegs)}; break;
+          case FieldKind::Dt: o = {false, int64_t(r % int(Dtype::NONE))}; break;
+          case FieldKind::Cmp: o = {false, int64_t(r % (int(Cmp::GE) + 1))}; break;
+          case FieldKind::Pipe: o = {false, int64_t(r % (int(Pipe::ALL) + 1))}; break;
+          case FieldKind::Buf: o = {false, int64_t(r % kNumBufs)}; break;
+          case FieldKind::Label: o = {false, int64_t(r % (kNumOpcodes * 4))}; break;
+          case FieldKind::I64: o = {false, int64_t(r)}; break;
+          default:
+            if (field_is_reg_or_imm(k) && (r & 1)) o = {true, int64_t((r >> 1) % kNumRegs)};
+            else o = {false, int64_t((r >> 1) % (field_imm_max(k) + 1))};
+        }
+      }
+      s.code.push_back(in);
+    }
+  }
+  s.labels = {{"first", 0}, {"middle", 77}, {"also_middle", 77}, {"end_of_code",
+                                                                   uint32_t(s.code.size())}};
+  p.sections.push_back(s);
+  std::string listing = disassemble(p);
+  Program q = assemble(listing, "listing.s");
+  require_same_program(p, q);
+}

@@ -1,0 +1,41 @@
+#include "tools/kernel_io.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "common/error.h"
+#include "isa/assembler.h"
+#include "isa/kernel_file.h"
+
+#ifndef NPUSIM_SOURCE_DIR
+#define NPUSIM_SOURCE_DIR "."
+#endif
+
+namespace npusim::cli {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+isa::Program load_kernel(const std::string& path) {
+  if (!ends_with(path, ".npuk")) return isa::assemble_file(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open kernel binary '" + path + "'");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return isa::read_kernel(bytes, path);
+}
+
+ChipConfig load_chip(const std::string& chip, const std::vector<std::string>& overrides) {
+  return load_chip_config(chip, overrides);
+}
+
+std::string builtin_kernel_path(const std::string& file) {
+  const char* env = std::getenv("NPUSIM_SOURCE_DIR");
+  std::string root = env ? env : NPUSIM_SOURCE_DIR;
+  return root + "/kernels/" + file;
+}
+
+}  // namespace npusim::cli
