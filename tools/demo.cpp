@@ -26,7 +26,7 @@ std::vector<uint16_t> random_f16(size_t n, std::mt19937& rng) {
 
 NpyArray f16_array(std::vector<int64_t> shape, const std::vector<uint16_t>& data) {
   NpyArray a;
-  a.dtype = npy_descr_for(isa::Dtype::F16);
+  a.dtype = npy_dtype(isa::Dtype::F16);
   a.shape = std::move(shape);
   a.data.resize(data.size() * 2);
   std::memcpy(a.data.data(), data.data(), a.data.size());

@@ -36,7 +36,7 @@ NpyArray parse_tensor_spec(const std::string& spec, const std::string& where) {
   auto dtype = isa::dtype_from_name(dt);
   if (!dtype) throw Error(fmt::format("{}: unknown dtype '{}'", where, dt));
   NpyArray a;
-  a.dtype = npy_descr_for(*dtype);
+  a.dtype = npy_dtype(*dtype);
   size_t pos = 0;
   while (pos <= shape.size()) {
     size_t x = shape.find('x', pos);

@@ -110,9 +110,11 @@ def _(d):
 @check("a faulting kernel exits 3 naming core, pc and instruction")
 def _(d):
     with open(f"{d}/oob.s", "w") as f:
-        f.write(".section aiv\n    movi x1, 0x7fffffff\n    movi x2, 0\n"
+        # the UB address comes from an argument, so only the running kernel can see it is bad
+        f.write(".arg where\n.section aiv\n    ldarg x1, where\n    movi x2, 0\n"
                 "    copy_gm2ub x1, x2, 1, 1, 0, 0\n    end\n")
-    p = run("run", f"{d}/oob.s", "--chip", "tiny", "--blocks", "1", expect_rc=3)
+    p = run("run", f"{d}/oob.s", "--chip", "tiny", "--blocks", "1", "--arg", "where=0x7fffffe0",
+            expect_rc=3)
     assert "pc 2" in p.stderr and "copy_gm2ub" in p.stderr, p.stderr
 
 
@@ -126,9 +128,13 @@ def _(d):
     run("asm", f"{d}/g2.s", "-o", f"{d}/g2.npuk")
     assert open(f"{d}/g.npuk", "rb").read()[:16] == open(f"{d}/g2.npuk", "rb").read()[:16]
     run("verify", f"{KERNELS}/gemm_f16.s", "--chip", "910b")
-    p = run("verify", f"{KERNELS}/gemm_f16.s", "--chip", "910b", "--set", "cores.aic.buffers.l1=256 KiB",
+    with open(f"{d}/big.s", "w") as f:  # an L1 destination past 256 KiB, known statically
+        f.write(".section aic\n    movi x1, 300000\n    movi x2, 0\n"
+                "    copy_gm2l1 x1, x2, 1, 1, 0, 0\n    end\n")
+    run("verify", f"{d}/big.s", "--chip", "910b")
+    p = run("verify", f"{d}/big.s", "--chip", "910b", "--set", "cores.aic.buffers.l1=256 KiB",
             expect_rc=1)
-    assert "gemm_f16.s:" in p.stderr, p.stderr
+    assert "big.s:4:" in p.stderr, p.stderr
 
 
 @check("every preset runs the vector-add smoke kernel")

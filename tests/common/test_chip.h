@@ -51,6 +51,8 @@ inline ChipConfig coupled_test_chip() {
   c.hbm_gbps = 1800;
   c.l2_bytes = 8ull << 20;
   c.l2_gbps = 5000;
+  c.l2_read_bytes_per_cycle = 110;
+  c.l2_write_bytes_per_cycle = 86;
   c.hdc_gbps = 64;
   c.hdc_latency_us = 2;
   return c;

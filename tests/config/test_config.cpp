@@ -1,0 +1,478 @@
+// Chip configurations: every preset loads and matches the reference figures
+// (/work/shared/reference/ascend-architecture.md), overrides and `extends` change exactly the
+// keys they name, every error names the file and the key, and the resolved dump reads back to an
+// equal config.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+#include "common/error.h"
+#include "sim/config/chip_config.h"
+#include "tests/common/test_chip.h"
+
+using namespace npusim;
+using isa::Buf;
+using isa::CoreKind;
+using isa::Pipe;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory for the files one test writes, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "npusim_cfg_XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path operator/(const std::string& name) const { return path / name; }
+};
+
+std::string write_file(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// Runs f, which must throw ConfigError, and returns the message.
+template <typename F>
+std::string config_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  FAIL("no ConfigError thrown");
+  return "";
+}
+
+// Peak dense fp16 rate: cube cores x m*k*n MACs x 2 FLOP x clock.
+double peak_fp16_flops(const ChipConfig& c) {
+  const CoreKindConfig* cube = c.core_kind(c.split ? CoreKind::AIC : CoreKind::AICORE);
+  REQUIRE(cube != nullptr);
+  return cube->count * double(c.cube_m * c.cube_k * c.cube_n) * 2 * c.clock_mhz * 1e6;
+}
+
+// Field-by-field equality of two configs (source_file excepted: it says where each came from).
+void check_same(const ChipConfig& a, const ChipConfig& b) {
+  CHECK(a.name == b.name);
+  CHECK(a.clock_mhz == b.clock_mhz);
+  CHECK(a.split == b.split);
+  REQUIRE(a.core_kinds.size() == b.core_kinds.size());
+  for (size_t i = 0; i < a.core_kinds.size(); ++i) {
+    CHECK(a.core_kinds[i].kind == b.core_kinds[i].kind);
+    CHECK(a.core_kinds[i].count == b.core_kinds[i].count);
+    CHECK(a.core_kinds[i].pipes == b.core_kinds[i].pipes);
+    CHECK(a.core_kinds[i].buffer_bytes == b.core_kinds[i].buffer_bytes);
+  }
+  CHECK(a.aiv_per_aic == b.aiv_per_aic);
+  CHECK(a.align_bytes == b.align_bytes);
+  CHECK(a.ub_banks == b.ub_banks);
+  CHECK(a.ub_bank_groups == b.ub_bank_groups);
+  CHECK(a.ub_bank_width_bytes == b.ub_bank_width_bytes);
+  CHECK(a.cube_m == b.cube_m);
+  CHECK(a.cube_k == b.cube_k);
+  CHECK(a.cube_n == b.cube_n);
+  CHECK(a.cube_int8_k == b.cube_int8_k);
+  CHECK(a.cube_fp32_rate_divisor == b.cube_fp32_rate_divisor);
+  CHECK(a.cube_bf16 == b.cube_bf16);
+  CHECK(a.cube_latency_cycles == b.cube_latency_cycles);
+  CHECK(a.vector_bytes_per_cycle == b.vector_bytes_per_cycle);
+  CHECK(a.vector_latency_cycles == b.vector_latency_cycles);
+  CHECK(a.vector_reduce_factor == b.vector_reduce_factor);
+  CHECK(a.vector_transcendental_factor == b.vector_transcendental_factor);
+  CHECK(a.scalar_cycles_per_insn == b.scalar_cycles_per_insn);
+  CHECK(a.issue_queue_depth == b.issue_queue_depth);
+  CHECK(a.path_bytes_per_cycle == b.path_bytes_per_cycle);
+  CHECK(a.path_latency_cycles == b.path_latency_cycles);
+  CHECK(a.hbm_bytes == b.hbm_bytes);
+  CHECK(a.hbm_gbps == b.hbm_gbps);
+  CHECK(a.l2_bytes == b.l2_bytes);
+  CHECK(a.l2_gbps == b.l2_gbps);
+  CHECK(a.l2_line_bytes == b.l2_line_bytes);
+  CHECK(a.l2_ways == b.l2_ways);
+  CHECK(a.hbm_latency_cycles == b.hbm_latency_cycles);
+  CHECK(a.l2_latency_cycles == b.l2_latency_cycles);
+  CHECK(a.l2_read_bytes_per_cycle == b.l2_read_bytes_per_cycle);
+  CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
+  CHECK(a.hdc_gbps == b.hdc_gbps);
+  CHECK(a.hdc_latency_us == b.hdc_latency_us);
+  CHECK(a.flag_ids == b.flag_ids);
+  CHECK(a.cross_core_flag_ids == b.cross_core_flag_ids);
+  CHECK(a.cross_core_max_pending == b.cross_core_max_pending);
+}
+
+// Writes the dump to a file and loads it back.
+ChipConfig reload_dump(const ChipConfig& c) {
+  TempDir dir;
+  return load_chip_config(write_file(dir / "resolved.yaml", dump_chip_config_yaml(c)));
+}
+
+const std::vector<std::string> kPresets = {"310p", "910", "910b", "tiny"};
+
+}  // namespace
+
+TEST_CASE("the preset directory holds exactly the known presets") {
+  CHECK(list_chip_presets() == kPresets);
+}
+
+TEST_CASE("every preset loads and is self-consistent") {
+  for (const auto& name : kPresets) {
+    INFO("preset " << name);
+    ChipConfig c = load_chip_config(name);
+    CHECK(c.name == name);
+    CHECK(c.source_file == (fs::path(chip_config_dir()) / (name + ".yaml")).string());
+    CHECK(c.core_kinds.size() == (c.split ? 2u : 1u));
+    for (const auto& k : c.core_kinds) {
+      CHECK(k.count > 0);
+      CHECK(k.has(Pipe::S));
+      for (const auto& [buf, bytes] : k.buffer_bytes) {
+        REQUIRE(c.align_bytes.count(buf));
+        CHECK(bytes % c.align_bytes.at(buf) == 0);
+      }
+    }
+    // Every path joins GM or buffers of one core kind.
+    for (const auto& [path, rate] : c.path_bytes_per_cycle) {
+      CHECK(rate > 0);
+      bool ok = false;
+      for (const auto& k : c.core_kinds)
+        ok |= (path.first == Buf::GM || k.has(path.first)) &&
+              (path.second == Buf::GM || k.has(path.second));
+      CHECK(ok);
+    }
+    CHECK(c.l2_bytes <= c.hbm_bytes);
+    CHECK(c.issue_queue_depth >= 1);
+  }
+}
+
+TEST_CASE("910b: split 24 aic + 48 aiv at 1850 MHz, 363.7 TFLOPS fp16") {
+  ChipConfig c = load_chip_config("910b");
+  REQUIRE(c.split);
+  const CoreKindConfig* aic = c.core_kind(CoreKind::AIC);
+  const CoreKindConfig* aiv = c.core_kind(CoreKind::AIV);
+  REQUIRE(aic);
+  REQUIRE(aiv);
+  CHECK(aic->count == 24);
+  CHECK(aiv->count == 48);
+  CHECK(c.aiv_per_aic == 2);
+  CHECK(aic->pipes == std::vector<Pipe>{Pipe::S, Pipe::MTE1, Pipe::MTE2, Pipe::M, Pipe::FIX});
+  CHECK(aiv->pipes == std::vector<Pipe>{Pipe::S, Pipe::MTE2, Pipe::MTE3, Pipe::V});
+  CHECK(aic->buffer_bytes == std::map<Buf, uint64_t>{{Buf::L1, 512 * 1024},
+                                                     {Buf::L0A, 64 * 1024},
+                                                     {Buf::L0B, 64 * 1024},
+                                                     {Buf::L0C, 128 * 1024},
+                                                     {Buf::BT, 1024},
+                                                     {Buf::FB, 7 * 1024}});
+  CHECK(aiv->buffer_bytes == std::map<Buf, uint64_t>{{Buf::UB, 192 * 1024}});
+  // UB: 48 banks x 128 rows x 32 B = 192 KiB (reference, D S2).
+  CHECK(uint64_t(c.ub_banks) * 128 * c.ub_bank_width_bytes == aiv->capacity(Buf::UB));
+  // Reference: 24 x 4096 MAC x 2 x 1.85 GHz = 363.7 TFLOPS.
+  CHECK(peak_fp16_flops(c) == Approx(363.7e12).epsilon(0.001));
+  // int8: 2x the fp16 rate (16x32x16).
+  CHECK(c.cube_int8_k == 2 * c.cube_k);
+  // Legal 910B paths (reference, D S1) and no L1<->UB path between the split cores.
+  for (auto [s, d] : {std::pair{Buf::GM, Buf::UB}, {Buf::UB, Buf::GM}, {Buf::GM, Buf::L1},
+                      {Buf::L1, Buf::L0A}, {Buf::L1, Buf::L0B}, {Buf::L1, Buf::BT},
+                      {Buf::L1, Buf::FB}, {Buf::L0C, Buf::GM}, {Buf::L0C, Buf::L1}})
+    CHECK(c.has_path(s, d));
+  CHECK_FALSE(c.has_path(Buf::UB, Buf::L1));
+  CHECK_FALSE(c.has_path(Buf::L1, Buf::UB));
+  CHECK(c.path_rate(Buf::GM, Buf::L1) == 32);
+  CHECK(c.path_rate(Buf::L1, Buf::L0A) == 512);
+  CHECK(c.path_rate(Buf::L1, Buf::L0B) == 256);
+  CHECK(c.path_rate(Buf::UB, Buf::GM) == 64);
+  CHECK(c.hbm_bytes == 64ull << 30);
+  CHECK(c.l2_bytes == 192ull << 20);
+  // 1800 GB/s at 1850 MHz = 1800e9 / 1850e6 bytes per cycle.
+  CHECK(c.hbm_bytes_per_cycle() == Approx(1800e9 / 1850e6));
+  CHECK(c.flag_ids == 8);
+  CHECK(c.cross_core_flag_ids == 11);
+  CHECK(c.cross_core_max_pending == 15);
+}
+
+TEST_CASE("910 and 310p: coupled cores near their published peak rates") {
+  ChipConfig c910 = load_chip_config("910");
+  CHECK_FALSE(c910.split);
+  REQUIRE(c910.core_kind(CoreKind::AICORE));
+  CHECK(c910.core_kind(CoreKind::AICORE)->count == 32);
+  // Reference: 256 TFLOPS fp16 (D S7); the clock is the estimate derived from it.
+  CHECK(peak_fp16_flops(c910) == Approx(256e12).epsilon(0.03));
+  CHECK(c910.flag_ids == 4);
+  CHECK(c910.cube_fp32_rate_divisor == 0);
+
+  ChipConfig c310 = load_chip_config("310p");
+  CHECK_FALSE(c310.split);
+  REQUIRE(c310.core_kind(CoreKind::AICORE));
+  CHECK(c310.core_kind(CoreKind::AICORE)->count == 8);
+  // Reference: ~70 TFLOPS fp16 (E).
+  CHECK(peak_fp16_flops(c310) == Approx(70e12).epsilon(0.02));
+  for (const ChipConfig* c : {&c910, &c310}) {
+    INFO(c->name);
+    const CoreKindConfig& k = *c->core_kind(CoreKind::AICORE);
+    CHECK(k.capacity(Buf::L1) == 1u << 20);
+    CHECK(k.capacity(Buf::L0C) == 256u << 10);
+    CHECK(k.capacity(Buf::UB) == 256u << 10);
+    CHECK_FALSE(k.has(Buf::BT));
+    CHECK(c->has_path(Buf::L0C, Buf::UB));  // L0C leaves through the UB (D S2)
+    CHECK_FALSE(c->has_path(Buf::L0C, Buf::GM));
+    CHECK(c->cross_core_flag_ids == 0);
+  }
+}
+
+TEST_CASE("tiny: the 910b core with few cores and small memories") {
+  ChipConfig t = load_chip_config("tiny");
+  ChipConfig b = load_chip_config("910b");
+  CHECK(t.name == "tiny");
+  CHECK(t.core_kind(CoreKind::AIC)->count == 2);
+  CHECK(t.core_kind(CoreKind::AIV)->count == 4);
+  CHECK(t.hbm_bytes == 1ull << 30);
+  CHECK(t.l2_bytes == 8ull << 20);
+  // Everything else is the 910b's: make the differing fields equal and compare all.
+  t.name = b.name;
+  t.core_kinds[0].count = b.core_kinds[0].count;
+  t.core_kinds[1].count = b.core_kinds[1].count;
+  t.hbm_bytes = b.hbm_bytes;
+  t.l2_bytes = b.l2_bytes;
+  check_same(t, b);
+}
+
+TEST_CASE("command-line overrides replace one key each") {
+  const ChipConfig base = load_chip_config("910b");
+  SECTION("scalar") {
+    ChipConfig c = load_chip_config("910b", {"clock_mhz=1000", "cube.bf16=false"});
+    CHECK(c.clock_mhz == 1000);
+    CHECK_FALSE(c.cube_bf16);
+    CHECK(c.cube_m == base.cube_m);
+  }
+  SECTION("size with a unit, and later overrides win") {
+    ChipConfig c = load_chip_config("910b", {"memory.l2.bytes=16 MiB", "memory.l2.bytes=32MiB"});
+    CHECK(c.l2_bytes == 32ull << 20);
+  }
+  SECTION("list") {
+    ChipConfig c = load_chip_config("910b", {"cores.aiv.pipes=[v, s, mte2, mte3]"});
+    CHECK(c.core_kind(CoreKind::AIV)->pipes ==
+          std::vector<Pipe>{Pipe::S, Pipe::MTE2, Pipe::MTE3, Pipe::V});
+  }
+  SECTION("a map, a nested key, and deleting a key with ~") {
+    ChipConfig c = load_chip_config(
+        "910b", {"paths.gm->l1={bytes_per_cycle: 64, latency_cycles: 3}",
+                 "paths.gm->ub.latency_cycles=7", "paths.l1->fb=~", "cores.aic.buffers.fb=~",
+                 "alignment.fb=~"});
+    CHECK(c.path_rate(Buf::GM, Buf::L1) == 64);
+    CHECK(c.path_latency(Buf::GM, Buf::L1) == 3);
+    CHECK(c.path_rate(Buf::GM, Buf::UB) == base.path_rate(Buf::GM, Buf::UB));
+    CHECK(c.path_latency(Buf::GM, Buf::UB) == 7);
+    CHECK_FALSE(c.has_path(Buf::L1, Buf::FB));
+    CHECK_FALSE(c.core_kind(CoreKind::AIC)->has(Buf::FB));
+  }
+}
+
+TEST_CASE("a user file extends a preset and changes a few keys") {
+  TempDir dir;
+  std::string file = write_file(dir / "my_chip.yaml",
+                                "extends: 910b\n"
+                                "clock_mhz: 1500\n"
+                                "cores:\n"
+                                "  aic: {count: 20}\n"
+                                "  aiv: {count: 40}\n"
+                                "paths:\n"
+                                "  l0c->l1: ~\n");
+  ChipConfig c = load_chip_config(file);
+  ChipConfig b = load_chip_config("910b");
+  CHECK(c.name == "my_chip");  // the name is the file's own, not the base's
+  CHECK(c.source_file == file);
+  CHECK(c.clock_mhz == 1500);
+  CHECK(c.core_kind(CoreKind::AIC)->count == 20);
+  CHECK(c.core_kind(CoreKind::AIV)->count == 40);
+  CHECK(c.core_kind(CoreKind::AIC)->buffer_bytes == b.core_kind(CoreKind::AIC)->buffer_bytes);
+  CHECK_FALSE(c.has_path(Buf::L0C, Buf::L1));
+  CHECK(c.path_bytes_per_cycle.size() == b.path_bytes_per_cycle.size() - 1);
+  CHECK(c.hbm_bytes == b.hbm_bytes);
+
+  // A file extending a file by relative path, plus overrides on top.
+  std::string second = write_file(dir / "second.yaml",
+                                  "extends: my_chip.yaml\nname: second\nhdc: {gbps: 16}\n");
+  ChipConfig s = load_chip_config(second, {"hdc.latency_us=1.5"});
+  CHECK(s.name == "second");
+  CHECK(s.clock_mhz == 1500);
+  CHECK(s.hdc_gbps == 16);
+  CHECK(s.hdc_latency_us == 1.5);
+}
+
+TEST_CASE("chip_config_dir follows NPUSIM_CONFIG_DIR") {
+  const char* old = std::getenv("NPUSIM_CONFIG_DIR");
+  const std::string saved = old ? old : "";
+  const std::string real_dir = chip_config_dir();
+  TempDir dir;
+  fs::copy_file(fs::path(real_dir) / "910b.yaml", dir / "mine.yaml");
+  setenv("NPUSIM_CONFIG_DIR", dir.path.c_str(), 1);
+  CHECK(chip_config_dir() == dir.path.string());
+  CHECK(list_chip_presets() == std::vector<std::string>{"mine"});
+  CHECK(load_chip_config("mine").name == "910b");  // the file says name: 910b
+  if (old)
+    setenv("NPUSIM_CONFIG_DIR", saved.c_str(), 1);
+  else
+    unsetenv("NPUSIM_CONFIG_DIR");
+}
+
+TEST_CASE("errors name the file and the key") {
+  TempDir dir;
+  const std::string preset_file = (fs::path(chip_config_dir()) / "910b.yaml").string();
+  auto contains = [](const std::string& msg, std::initializer_list<const char*> parts) {
+    INFO(msg);
+    for (const char* p : parts) CHECK(msg.find(p) != std::string::npos);
+  };
+
+  SECTION("unknown preset lists the available ones") {
+    contains(config_error([] { load_chip_config("910c"); }), {"910c", "310p, 910, 910b, tiny"});
+    contains(config_error([&] { load_chip_config((dir / "absent.yaml").string()); }),
+             {"absent.yaml", "not found", "910b"});
+  }
+  SECTION("YAML syntax error: file and line") {
+    std::string f = write_file(dir / "bad.yaml", "name: x\nclock_mhz: 1000\ncores: [a, b\n");
+    contains(config_error([&] { load_chip_config(f); }), {"bad.yaml:", "YAML syntax error"});
+    std::string g = write_file(dir / "dup.yaml", "extends: 910b\nclock_mhz: 1\nclock_mhz: 2\n");
+    contains(config_error([&] { load_chip_config(g); }), {"dup.yaml:3", "'clock_mhz'", "twice"});
+  }
+  SECTION("unknown key: file, line, full key and the nearest known key") {
+    std::string f = write_file(dir / "typo.yaml", "extends: 910b\nmemory:\n  l2:\n    wayz: 8\n");
+    contains(config_error([&] { load_chip_config(f); }),
+             {"typo.yaml:4", "unknown key 'memory.l2.wayz'", "did you mean 'memory.l2.ways'"});
+    std::string g = write_file(dir / "typo2.yaml", "extends: 910b\nclock_mz: 1000\n");
+    contains(config_error([&] { load_chip_config(g); }),
+             {"typo2.yaml:2", "'clock_mz'", "did you mean 'clock_mhz'"});
+    std::string h = write_file(dir / "typo3.yaml", "extends: 910b\ncube: 16\n");
+    contains(config_error([&] { load_chip_config(h); }), {"typo3.yaml:2", "'cube'", "map"});
+  }
+  SECTION("override of a key that does not exist") {
+    contains(config_error([] { load_chip_config("910b", {"cube.mm=4"}); }),
+             {"910b.yaml", "cube.mm=4", "does not exist", "did you mean 'cube.m'"});
+    contains(config_error([] { load_chip_config("910b", {"clock_mhz"}); }),
+             {"910b.yaml", "'clock_mhz'", "dotted.key=value"});
+  }
+  SECTION("missing required key") {
+    contains(config_error([] { load_chip_config("910b", {"memory.hbm.gbps=~"}); }),
+             {preset_file.c_str(), "missing required key 'memory.hbm.gbps'"});
+    std::string f = write_file(dir / "nosync.yaml", "extends: 910b\nsync: ~\n");
+    contains(config_error([&] { load_chip_config(f); }),
+             {"nosync.yaml", "missing required key 'sync.flag_ids'"});
+  }
+  SECTION("wrong type, negative and zero values") {
+    contains(config_error([] { load_chip_config("910b", {"clock_mhz=fast"}); }),
+             {"910b.yaml", "override 'clock_mhz=fast'", "key 'clock_mhz'", "number"});
+    contains(config_error([] { load_chip_config("910b", {"cube.latency_cycles=-1"}); }),
+             {"key 'cube.latency_cycles'", "'-1'"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aic.count=0"}); }),
+             {"key 'cores.aic.count'", "'0'"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aic.count=2.5"}); }),
+             {"key 'cores.aic.count'", "integer"});
+    contains(config_error([] { load_chip_config("910b", {"memory.hbm.bytes=64 GB"}); }),
+             {"key 'memory.hbm.bytes'", "KiB"});
+    contains(config_error([] { load_chip_config("910b", {"cube.bf16=2"}); }),
+             {"key 'cube.bf16'", "true or false"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aic.pipes=[s, mte9]"}); }),
+             {"key 'cores.aic.pipes'", "mte9"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aic.pipes=s"}); }),
+             {"key 'cores.aic.pipes'", "list"});
+    std::string f = write_file(dir / "neg.yaml", "extends: tiny\nhdc:\n  gbps: -64\n");
+    contains(config_error([&] { load_chip_config(f); }), {"neg.yaml:3", "key 'hdc.gbps'"});
+  }
+  SECTION("inconsistent values") {
+    contains(config_error([] { load_chip_config("910b", {"cores.aiv=~"}); }),
+             {"910b.yaml", "cores.aiv", "split"});
+    contains(config_error([] { load_chip_config("910b", {"organisation=coupled"}); }),
+             {"key 'cores.aic'", "coupled"});
+    contains(config_error([] { load_chip_config("tiny", {"memory.l2.bytes=2 GiB"}); }),
+             {"override 'memory.l2.bytes=2 GiB'", "key 'memory.l2.bytes'", "larger"});
+    contains(config_error([] { load_chip_config("910b", {"issue_queue_depth=0"}); }),
+             {"key 'issue_queue_depth'"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aiv.count=40"}); }),
+             {"key 'cores.aiv.count'", "24 x 2"});
+    contains(config_error([] { load_chip_config("910b", {"alignment.l0a=500"}); }),
+             {"key 'alignment.l0a'", "power of two"});
+    contains(config_error([] { load_chip_config("910b", {"cores.aic.buffers.l0c=~"}); }),
+             {"key 'cores.aic.pipes'", "'m' needs buffer 'l0c'"});
+    contains(config_error([] { load_chip_config("910", {"sync.flag_ids=17"}); }),
+             {"910.yaml", "key 'sync.flag_ids'", "17"});
+    std::string f = write_file(dir / "bt.yaml",
+                               "extends: 310p\npaths:\n  l1->bt: {bytes_per_cycle: 64, "
+                               "latency_cycles: 1}\n");
+    contains(config_error([&] { load_chip_config(f); }),
+             {"bt.yaml:3", "key 'paths.l1->bt'", "'bt'", "no core kind"});
+    std::string g = write_file(dir / "ubl1.yaml",
+                               "extends: 910b\npaths:\n  ub->l1: {bytes_per_cycle: 128, "
+                               "latency_cycles: 1}\n");
+    contains(config_error([&] { load_chip_config(g); }),
+             {"ubl1.yaml:3", "key 'paths.ub->l1'", "no core kind has both"});
+  }
+  SECTION("an extends cycle") {
+    write_file(dir / "a.yaml", "extends: b.yaml\n");
+    std::string b = write_file(dir / "b.yaml", "extends: a.yaml\n");
+    contains(config_error([&] { load_chip_config(b); }), {"b.yaml", "cycle"});
+  }
+}
+
+TEST_CASE("the dump reads back to an equal config") {
+  for (const auto& name : kPresets) {
+    INFO("preset " << name);
+    ChipConfig c = load_chip_config(name);
+    check_same(reload_dump(c), c);
+  }
+  SECTION("with overrides applied") {
+    ChipConfig c = load_chip_config(
+        "910b", {"clock_mhz=1234.5", "hdc.latency_us=0.25", "memory.hbm.bytes=3000000000",
+                 "paths.l1->l0a.bytes_per_cycle=333.3"});
+    ChipConfig r = reload_dump(c);
+    check_same(r, c);
+    CHECK(r.hbm_bytes == 3000000000ull);
+    CHECK(r.path_rate(Buf::L1, Buf::L0A) == 333.3);
+  }
+  SECTION("the unit-test chip built in code") {
+    ChipConfig c = test::coupled_test_chip();
+    check_same(reload_dump(c), c);
+  }
+}
+
+TEST_CASE("docs/configs.md documents every key of the schema") {
+  // ctest sets NPUSIM_SOURCE_DIR; run by hand, the presets' directory is <source>/configs/chips.
+  const char* src = std::getenv("NPUSIM_SOURCE_DIR");
+  fs::path root = src ? fs::path(src) : fs::path(chip_config_dir()).parent_path().parent_path();
+  fs::path docs = root / "docs" / "configs.md";
+  std::ifstream in(docs);
+  REQUIRE(in);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Collect every dotted key of the resolved 910b and 910 (split and coupled) in schema form.
+  std::set<std::string> keys;
+  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
+                                                                        const std::string& pre) {
+    for (const auto& kv : n) {
+      std::string k = kv.first.Scalar();
+      if (pre == "cores") k = "<kind>";
+      if (pre == "cores.<kind>.buffers" || pre == "alignment") k = "<buf>";
+      if (pre == "paths") k = "<src>-><dst>";
+      std::string full = pre.empty() ? k : pre + "." + k;
+      if (kv.second.IsMap())
+        walk(kv.second, full);
+      else
+        keys.insert(full);
+    }
+  };
+  walk(YAML::Load(dump_chip_config_yaml(load_chip_config("910b"))), "");
+  walk(YAML::Load(dump_chip_config_yaml(load_chip_config("910"))), "");
+  CHECK(keys.size() > 30);
+  for (const auto& k : keys) {
+    INFO("key " << k);
+    CHECK(text.find("`" + k + "`") != std::string::npos);
+  }
+}
