@@ -188,9 +188,10 @@ class Assembler {
       check_new_symbol(name, args.col);
       for (const auto& a : m_prog.arg_names)
         if (a == name) fail(args.col, fmt::format("duplicate argument '{}'", name));
-      if (m_prog.arg_names.size() > field_imm_max(FieldKind::U8))
-        fail(args.col, fmt::format("too many arguments (ldarg index is at most {})",
-                                   field_imm_max(FieldKind::U8)));
+      const InstrDesc& ldarg = describe(Opcode::op_ldarg);
+      uint64_t max_index = field_imm_max(ldarg.fields[field_index(Opcode::op_ldarg, "index")].kind);
+      if (m_prog.arg_names.size() > max_index)
+        fail(args.col, fmt::format("too many arguments (ldarg index is at most {})", max_index));
       m_prog.arg_names.push_back(name);
     } else if (d == ".equ") {
       std::vector<Piece> ops = split_operands(args);
@@ -228,7 +229,8 @@ class Assembler {
     size_t start = 0;
     for (size_t i = 0; i <= word.text.size(); ++i) {
       if (i == word.text.size() || word.text[i] == '.') {
-        parts.push_back({word.text.substr(start, i - start), word.col + static_cast<uint32_t>(start)});
+        parts.push_back(
+            {word.text.substr(start, i - start), word.col + static_cast<uint32_t>(start)});
         start = i + 1;
       }
     }
@@ -341,7 +343,9 @@ class Assembler {
           return;
         }
         int64_t v;
-        if (in.op == Opcode::op_ldarg && is_identifier(p.text) && !m_constants.count(std::string(p.text)))
+        bool arg_name = in.op == Opcode::op_ldarg && is_identifier(p.text) &&
+                        !m_constants.count(std::string(p.text));
+        if (arg_name)
           v = arg_index(p, where);
         else
           v = eval(p);
@@ -510,7 +514,8 @@ class Assembler {
         size_t b = i;
         while (i < p.text.size() && is_ident_char(p.text[i])) ++i;
         std::string name(p.text.substr(b, i - b));
-        if ((name == "f32" || name == "f16" || name == "bf16") && peek("(")) return float_bits(name);
+        if ((name == "f32" || name == "f16" || name == "bf16") && peek("("))
+          return float_bits(name);
         auto it = as.m_constants.find(name);
         if (it == as.m_constants.end()) {
           i = b;

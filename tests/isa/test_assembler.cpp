@@ -334,6 +334,16 @@ TEST_CASE("assembler: errors name file, line, column and what") {
   }
 }
 
+TEST_CASE("assembler: argument count is bounded by ldarg's index field") {
+  std::string text;
+  for (int i = 0; i < 256; ++i) text += ".arg a" + std::to_string(i) + "\n";
+  Program p = assemble(text + "ldarg x1, a255\n", "t.s");
+  CHECK(p.sections[0].code[0].ops[1].value == 255);
+  CHECK_THAT(error_of(text + ".arg one_more\n"),
+             Catch::StartsWith("t.s:257:6: too many arguments (ldarg index is at most 255)"));
+  CHECK_THAT(error_of(".kernel a b"), Catch::StartsWith("t.s:1:9: .kernel takes one name"));
+}
+
 TEST_CASE("assembler: comments, blank lines and CRLF line ends") {
   Program p = assemble("// header\r\n\r\n  nop ; trailing\r\n\tend // done\r\n", "t.s");
   REQUIRE(p.sections[0].code.size() == 2);
@@ -357,7 +367,10 @@ TEST_CASE("assembler: every instruction of the table assembles from its descript
       switch (k) {
         case FieldKind::Dt: line += ".bf16"; expect[j] = {false, int64_t(Dtype::BF16)}; continue;
         case FieldKind::Cmp: line += ".ge"; expect[j] = {false, int64_t(Cmp::GE)}; continue;
-        case FieldKind::Reg: text = "x" + std::to_string(j + 1); expect[j] = {true, int64_t(j + 1)}; break;
+        case FieldKind::Reg:
+          text = "x" + std::to_string(j + 1);
+          expect[j] = {true, int64_t(j + 1)};
+          break;
         case FieldKind::Pipe: text = "fix"; expect[j] = {false, int64_t(Pipe::FIX)}; break;
         case FieldKind::Buf: text = "l0c"; expect[j] = {false, int64_t(Buf::L0C)}; break;
         case FieldKind::Label: text = "here"; expect[j] = {false, 0}; break;

@@ -77,7 +77,8 @@ TEST_CASE("disassembler: codes that name nothing are marked") {
   in.ops[0] = {false, 12};  // type: no such dtype
   in.ops[1] = {false, 9};   // dst: no such buffer
   CHECK(disassemble(in) == "load2d.?dt12 ?buf9, x0, x0, 0, 0, 0");
-  CHECK(illegal_operand(in).value() == "load2d operand type: data type code 12 is out of range 0..8");
+  CHECK(illegal_operand(in).value() ==
+        "load2d operand type: data type code 12 is out of range 0..8");
   in.ops[0] = {false, int64_t(Dtype::F16)};
   CHECK(illegal_operand(in).value() == "load2d operand dst: buffer code 9 is out of range 0..7");
   in.ops[1] = {false, int64_t(Buf::L0A)};
