@@ -136,6 +136,7 @@ int cmd_run(const RunOptions& o) {
 
 }  // namespace
 
+
 int main(int argc, char** argv) {
   CLI::App app{"npusim: an Ascend-class NPU model - assemble, verify and run kernels"};
   app.require_subcommand(1);

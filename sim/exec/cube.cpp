@@ -1,7 +1,274 @@
-// placeholder until the cube family lands
-#include "sim/exec/exec.h"
+// The cube instruction mmad: C[m,n] (L0C, NZ) = init + A[m,k] (L0A, Zz) * B[k,n] (L0B, Zn).
+// Layouts: sim/exec/layout.h. Only elements r < m, c < k (A), c < k, n' < n (B) are read and only
+// C[r < m][n' < n] is written, so partially used fractals are fine.
+//
+// Arithmetic (bit-accurate contract):
+//   f16 / bf16 / f32 inputs, fp32 accumulator: every input is widened to fp32 exactly; each
+//   product a*b is formed in fp32 (exact for f16 and bf16 inputs unless it leaves the fp32
+//   range; rounded to nearest even for f32 inputs) and added to the accumulator in fp32,
+//   rounding to nearest even after every addition. Summation order per output element:
+//     C[r][c] = (((init + A[r][0]*B[0][c]) + A[r][1]*B[1][c]) + ...) + A[r][k-1]*B[k-1][c]
+//   i.e. strictly sequential in k, starting from init (0, the L0C value, or bias[c]).
+//   s8 inputs, s32 accumulator: exact integer sums, wrapping modulo 2^32 on overflow.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "common/error.h"
+#include "common/numeric.h"
+#include "sim/exec/exec.h"
+#include "sim/exec/layout.h"
+#include "sim/exec/mte_common.h"
+
 namespace npusim {
-ExecCost plan_cube(const IssuedOp& op, const ExecContext&) { throw KernelFault("mmad not implemented yet"); }
-void execute_cube(const IssuedOp&, ExecContext&) {}
+namespace {
+
+using isa::Buf;
+using isa::Dtype;
+using layout::ceil_div;
+using layout::kFractalRows;
+using layout::round_up;
+using mte::Operands;
+
+// The inner product kernel. A register tile of MR rows x NR columns of C is held in
+// accumulators while k runs, so every element still sums in sequential k order and the result
+// does not depend on the tile shape or the instruction set. Variants for AVX-512 / AVX2 hosts
+// are picked at run time; none may fuse the multiply and the add (FMA would round once instead
+// of twice), hence fp-contract=off for this file (GCC contracts by default in C++ modes).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+// Scratch matrices are padded to these multiples so every variant's tile divides them.
+constexpr uint64_t kRowPad = 8;
+constexpr uint64_t kColPad = 32;
+
+// c[r][j] += sum over kk in order of a[r][kk] * b[kk][j], for an mp x np tile (multiples of
+// MR / NR), a row-major mp x k, b row-major k x np, c row-major mp x np. T = float (fp32
+// arithmetic) or uint32_t (integer arithmetic modulo 2^32).
+template <typename T, uint64_t MR, uint64_t NR>
+inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
+                                                        const T* __restrict b, T* __restrict c,
+                                                        uint64_t mp, uint64_t k, uint64_t np) {
+  for (uint64_t r = 0; r < mp; r += MR) {
+    for (uint64_t j = 0; j < np; j += NR) {
+      T acc[MR][NR];
+#pragma GCC unroll 8
+      for (uint64_t i = 0; i < MR; ++i)
+#pragma GCC unroll 32
+        for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] = c[(r + i) * np + j + jj];
+      for (uint64_t kk = 0; kk < k; ++kk) {
+        const T* brow = b + kk * np + j;
+#pragma GCC unroll 8
+        for (uint64_t i = 0; i < MR; ++i) {
+          const T av = a[(r + i) * k + kk];
+#pragma GCC unroll 32
+          for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] += av * brow[jj];
+        }
+      }
+#pragma GCC unroll 8
+      for (uint64_t i = 0; i < MR; ++i)
+#pragma GCC unroll 32
+        for (uint64_t jj = 0; jj < NR; ++jj) c[(r + i) * np + j + jj] = acc[i][jj];
+    }
+  }
 }
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define NPUSIM_CUBE_X86_VARIANTS 1
+template <typename T>
+__attribute__((target("avx512f"))) void tile_product_avx512(const T* a, const T* b, T* c,
+                                                            uint64_t mp, uint64_t k, uint64_t np) {
+  tile_product<T, 8, 32>(a, b, c, mp, k, np);  // 16 zmm accumulators
+}
+template <typename T>
+__attribute__((target("avx2"))) void tile_product_avx2(const T* a, const T* b, T* c, uint64_t mp,
+                                                       uint64_t k, uint64_t np) {
+  tile_product<T, 4, 16>(a, b, c, mp, k, np);  // 8 ymm accumulators
+}
+#endif
+
+template <typename T>
+void run_tile_product(const T* a, const T* b, T* c, uint64_t mp, uint64_t k, uint64_t np) {
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+  static const int isa_level = __builtin_cpu_supports("avx512f") ? 2
+                               : __builtin_cpu_supports("avx2")  ? 1
+                                                                 : 0;
+  if (isa_level == 2) return tile_product_avx512<T>(a, b, c, mp, k, np);
+  if (isa_level == 1) return tile_product_avx2<T>(a, b, c, mp, k, np);
+#endif
+  tile_product<T, 4, 8>(a, b, c, mp, k, np);  // 8 xmm accumulators (SSE2)
+}
+
+template <typename U>
+U bits(const uint8_t* p) {
+  U v;
+  std::memcpy(&v, p, sizeof(U));
+  return v;
+}
+
+// Widening of one stored input element (at p, any alignment) to the arithmetic type.
+template <Dtype kType>
+struct Input;
+template <>
+struct Input<Dtype::F16> {
+  using Arith = float;
+  static float load(const uint8_t* p) { return f16_to_f32(bits<uint16_t>(p)); }
+};
+template <>
+struct Input<Dtype::BF16> {
+  using Arith = float;
+  static float load(const uint8_t* p) { return bf16_to_f32(bits<uint16_t>(p)); }
+};
+template <>
+struct Input<Dtype::F32> {
+  using Arith = float;
+  static float load(const uint8_t* p) { return bits_to_f32(bits<uint32_t>(p)); }
+};
+template <>
+struct Input<Dtype::S8> {
+  using Arith = uint32_t;  // two's complement arithmetic modulo 2^32
+  static uint32_t load(const uint8_t* p) {
+    return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(*p)));
+  }
+};
+
+struct Mmad {
+  Dtype type;
+  uint64_t size, k0, xa, xb, xc, xbias, m, k, n, init;
+
+  Mmad(const Operands& o, const ExecContext& ctx) {
+    const ChipConfig& cfg = ctx.cfg;
+    type = o.dtype("type");
+    bool legal = type == Dtype::F16 || type == Dtype::S8 ||
+                 (type == Dtype::BF16 && cfg.cube_bf16) ||
+                 (type == Dtype::F32 && cfg.cube_fp32_rate_divisor > 0);
+    if (!legal)
+      o.fault(fmt::format("type = {} is not supported by the cube of chip {}",
+                          isa::dtype_name(type), cfg.name));
+    size = static_cast<uint64_t>(isa::dtype_size(type));
+    k0 = layout::c0_of(size);
+    xa = o.addr("xa");
+    xb = o.addr("xb");
+    xc = o.addr("xc");
+    xbias = o.addr("xbias");
+    m = o.count("m", 1);
+    k = o.count("k", 1);
+    n = o.count("n", 1);
+    init = o.count("init", 0);
+    if (init > 2)
+      o.fault(fmt::format("init = {} must be 0 (zero), 1 (accumulate) or 2 (bias)", init));
+    mte::check_local(o, ctx, "xa", Buf::L0A, xa, layout::zz_extent(m, k, k0) * size);
+    mte::check_local(o, ctx, "xb", Buf::L0B, xb, layout::zn_extent(k, n, k0) * size);
+    mte::check_local(o, ctx, "xc", Buf::L0C, xc, layout::l0c_extent(m, n) * layout::kL0cElemBytes);
+    if (init == 2) mte::check_local(o, ctx, "xbias", Buf::BT, xbias, n * layout::kL0cElemBytes);
+  }
+
+  // cycles = cube_latency_cycles + ceil(m/cube_m) * ceil(k/K) * ceil(n/cube_n) * R, where
+  //   f16/bf16: K = cube_k,      R = 1
+  //   s8:       K = cube_int8_k, R = 1
+  //   f32:      K = cube_k,      R = cube_fp32_rate_divisor (fp32 runs at 1/R of the fp16 MAC
+  //             rate cube_m*cube_k*cube_n per cycle, as the config documents)
+  // macs in fp16 MAC-equivalents (exec.h): f16/bf16 m*k*n; s8 m*k*n*cube_k/cube_int8_k;
+  // f32 m*k*n*cube_fp32_rate_divisor. A kernel that keeps the cube busy with full blocks thus
+  // reaches cube_m*cube_k*cube_n macs per cycle for every type.
+  ExecCost cost(const ChipConfig& cfg) const {
+    uint64_t kdim = type == Dtype::S8 ? uint64_t(cfg.cube_int8_k) : uint64_t(cfg.cube_k);
+    uint64_t rate_div = type == Dtype::F32 ? uint64_t(cfg.cube_fp32_rate_divisor) : 1;
+    ExecCost c;
+    c.cycles = uint64_t(cfg.cube_latency_cycles) +
+               ceil_div(m, cfg.cube_m) * ceil_div(k, kdim) * ceil_div(n, cfg.cube_n) * rate_div;
+    uint64_t macs = m * k * n;
+    if (type == Dtype::S8) c.macs = macs * uint64_t(cfg.cube_k) / uint64_t(cfg.cube_int8_k);
+    else c.macs = macs * rate_div;
+    return c;
+  }
+
+  void run(ExecContext& ctx) const {
+    switch (type) {
+      case Dtype::F16: return run_typed<Dtype::F16>(ctx);
+      case Dtype::BF16: return run_typed<Dtype::BF16>(ctx);
+      case Dtype::F32: return run_typed<Dtype::F32>(ctx);
+      case Dtype::S8: return run_typed<Dtype::S8>(ctx);
+      default: throw KernelFault("mmad: execute() without a successful plan()");
+    }
+  }
+
+  template <Dtype kType>
+  void run_typed(ExecContext& ctx) const {
+    using In = Input<kType>;
+    using T = typename In::Arith;
+    static_assert(sizeof(T) == layout::kL0cElemBytes, "accumulators are 32-bit");
+    const uint64_t mp = round_up(m, kRowPad), np = round_up(n, kColPad);
+    const uint64_t k_blocks = ceil_div(k, k0), n_blocks = ceil_div(n, kFractalRows);
+    const uint64_t m16 = round_up(m, kFractalRows);
+
+    // Scratch reused across calls: A as mp x k, B as k x np, C as mp x np, all row-major and
+    // zero outside the m x k / k x n / m x n parts.
+    thread_local std::vector<T> a_buf, b_buf, c_buf;
+    a_buf.assign(mp * k, T(0));
+    b_buf.assign(k * np, T(0));
+    c_buf.assign(mp * np, T(0));
+
+    const uint8_t* a = ctx.local.at(Buf::L0A, xa, layout::zz_extent(m, k, k0) * size);
+    for (uint64_t r = 0; r < m; ++r)
+      for (uint64_t kb = 0; kb < k_blocks; ++kb) {
+        const uint8_t* src = a + layout::zz_offset(r, kb * k0, k_blocks, k0) * size;
+        T* dst = &a_buf[r * k + kb * k0];
+        for (uint64_t e = 0, cnt = std::min(k0, k - kb * k0); e < cnt; ++e)
+          dst[e] = In::load(src + e * size);
+      }
+
+    const uint8_t* b = ctx.local.at(Buf::L0B, xb, layout::zn_extent(k, n, k0) * size);
+    for (uint64_t kb = 0; kb < k_blocks; ++kb)
+      for (uint64_t nb = 0; nb < n_blocks; ++nb) {
+        const uint8_t* frac =
+            b + layout::zn_offset(kb * k0, nb * kFractalRows, n_blocks, k0) * size;
+        uint64_t n_cnt = std::min<uint64_t>(kFractalRows, n - nb * kFractalRows);
+        uint64_t k_cnt = std::min(k0, k - kb * k0);
+        for (uint64_t nn = 0; nn < n_cnt; ++nn)
+          for (uint64_t kk = 0; kk < k_cnt; ++kk)
+            b_buf[(kb * k0 + kk) * np + nb * kFractalRows + nn] =
+                In::load(frac + (nn * k0 + kk) * size);
+      }
+
+    uint8_t* l0c = ctx.local.at(Buf::L0C, xc, layout::l0c_extent(m, n) * layout::kL0cElemBytes);
+    // Copies the valid m x n part between c_buf and L0C, one fractal row (<= 16 values) at a time.
+    auto for_each_c_run = [&](auto&& f) {
+      for (uint64_t r = 0; r < m; ++r)
+        for (uint64_t nb = 0; nb < n_blocks; ++nb)
+          f(&c_buf[r * np + nb * kFractalRows],
+            l0c + layout::l0c_offset(r, nb * kFractalRows, m16) * layout::kL0cElemBytes,
+            std::min<uint64_t>(kFractalRows, n - nb * kFractalRows) * layout::kL0cElemBytes);
+    };
+    if (init == 1) {
+      for_each_c_run([](T* cb, const uint8_t* l0, uint64_t bytes) { std::memcpy(cb, l0, bytes); });
+    } else if (init == 2) {
+      const uint8_t* bias = ctx.local.at(Buf::BT, xbias, n * layout::kL0cElemBytes);
+      for (uint64_t r = 0; r < m; ++r) std::memcpy(&c_buf[r * np], bias, n * layout::kL0cElemBytes);
+    }
+
+    run_tile_product<T>(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
+
+    for_each_c_run([](const T* cb, uint8_t* l0, uint64_t bytes) { std::memcpy(l0, cb, bytes); });
+  }
+};
+
+}  // namespace
+
+ExecCost plan_cube(const IssuedOp& op, const ExecContext& ctx) {
+  Operands o(op);
+  if (op.op() != isa::Opcode::op_mmad) o.fault("not a cube instruction");
+  return Mmad(o, ctx).cost(ctx.cfg);
+}
+
+void execute_cube(const IssuedOp& op, ExecContext& ctx) {
+  Operands o(op);
+  Mmad(o, ctx).run(ctx);
+}
+
+}  // namespace npusim

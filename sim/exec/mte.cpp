@@ -36,7 +36,7 @@ uint64_t fractal_elem_bytes(const Operands& o, const char* operand, Dtype t) {
   return static_cast<uint64_t>(s);
 }
 
-// ---- burst copies: copy_gm2l1, copy_gm2ub, copy_l12ub, copy_ub2gm, copy_ub2l1, copy_l12bt ----
+// Burst copies: copy_gm2l1, copy_gm2ub, copy_l12ub, copy_ub2gm, copy_ub2l1, copy_l12bt
 // nburst bursts of burst_bytes; burst i reads src + i*src_pitch and writes dst + i*dst_pitch,
 // pitch = (burst_len + gap) * 32 bytes.
 struct BurstCopy {
@@ -78,7 +78,7 @@ struct BurstCopy {
   }
 };
 
-// ---- nd2nz: ND rows x cols (row pitch src_stride elements) in GM -> NZ in L1 ----------------
+// nd2nz: ND rows x cols (row pitch src_stride elements) in GM -> NZ in L1
 // Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
 struct Nd2Nz {
   uint64_t size, c0, xsrc, xdst, rows, cols, src_stride, dst_rows;
@@ -127,7 +127,7 @@ struct Nd2Nz {
   }
 };
 
-// ---- load2d: nfrac fractals L1 -> L0A/L0B, optional 16x16 transpose (16-bit types) ----------
+// load2d: nfrac fractals L1 -> L0A/L0B, optional 16x16 transpose (16-bit types)
 struct Load2d {
   Buf dst;
   uint64_t xsrc, xdst, nfrac, src_stride;
@@ -173,7 +173,7 @@ struct Load2d {
   }
 };
 
-// ---- load3d: img2col of an L1 feature map [C1][H][W][C0] into L0A (Zz) ----------------------
+// load3d: img2col of an L1 feature map [C1][H][W][C0] into L0A (Zz)
 // Row m = oh*OW + ow (rows >= OH*OW read zero), column k = ((c1*KH + kh)*KW + kw)*C0 + c0.
 // Taps outside the (unpadded) image and channels >= `channels` read zero.
 struct Load3d {
@@ -182,7 +182,8 @@ struct Load3d {
   FMatrix fm;
   L3dGeom g;
 
-  Load3d(const Operands& o, const ExecContext& ctx, const IssuedOp& op) : fm(op.fmatrix), g(op.l3d) {
+  Load3d(const Operands& o, const ExecContext& ctx, const IssuedOp& op)
+      : fm(op.fmatrix), g(op.l3d) {
     Dtype t = o.dtype("type");
     if (t != Dtype::F16 && t != Dtype::BF16 && t != Dtype::F32 && t != Dtype::S8)
       o.fault(fmt::format("type = {} is not a cube input type (f16, bf16, f32, s8)",
@@ -208,9 +209,11 @@ struct Load3d {
                           g.kh, g.kw, g.stride_h, g.stride_w, g.dilation_h, g.dilation_w));
     h = fm.h;
     w = fm.w;
-    if (h < 1 || w < 1 || fm.pad_top < 0 || fm.pad_bottom < 0 || fm.pad_left < 0 ||
-        fm.pad_right < 0)
-      o.fault(fmt::format("set_fmatrix h={} w={} must be >= 1 with non-negative pads", h, w));
+    const int64_t hw_max = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+    if (h < 1 || w < 1 || h > hw_max || w > hw_max || fm.pad_top < 0 || fm.pad_bottom < 0 ||
+        fm.pad_left < 0 || fm.pad_right < 0)
+      o.fault(fmt::format("set_fmatrix h={} w={} must be in [1, {}] with non-negative pads", h, w,
+                          hw_max));
     int64_t span_h = h + fm.pad_top + fm.pad_bottom - int64_t(g.dilation_h) * (g.kh - 1) - 1;
     int64_t span_w = w + fm.pad_left + fm.pad_right - int64_t(g.dilation_w) * (g.kw - 1) - 1;
     if (span_h < 0 || span_w < 0)
@@ -266,13 +269,15 @@ struct Load3d {
   }
 };
 
-// ---- fixpipe: L0C (NZ, f32/s32) -> GM / L1 / UB with conversion, ReLU and NZ->ND -----------
+// fixpipe: L0C (NZ, f32/s32) -> GM / L1 / UB with conversion, ReLU and NZ->ND
 enum class FixConv { F32_F32, F32_F16, F32_BF16, F32_S8, S32_S32, S32_F16, S32_S8 };
 
 // Quantisation to s8: round to nearest even, saturate to [-128, 127]; NaN -> 0.
 inline int8_t quantise_s8(float v) {
   if (std::isnan(v)) return 0;
-  float r = std::nearbyint(std::clamp(v, -128.0f, 127.0f));  // default FP env: nearest even
+  v = std::clamp(v, -128.0f, 127.0f);
+  float r = std::floor(v), frac = v - r;  // exact for |v| <= 128
+  if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0)) r += 1;  // independent of fenv
   return static_cast<int8_t>(r);
 }
 
@@ -309,6 +314,12 @@ void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool
   }
 }
 
+// Reads C (m x n) from L0C at xsrc (NZ with M16 = round_up(m, 16), as mmad wrote it). Output
+// nz2nd=1: m rows of n elements at a pitch of dst_stride elements (the gaps are not written);
+// nz2nd=0: the whole [ceil(n/C0)][dst_stride][C0] region of the dst type (C0 = 32 / size),
+// rows >= m and columns >= n zero-filled, like nd2nz's output. Conversions: f32 -> f32 / f16 /
+// bf16 (RNE, scale ignored), f32 -> s8 and s32 -> s8 / f16 (value * scale in fp32, then RNE,
+// s8 saturating), s32 -> s32 (scale ignored).
 struct Fixpipe {
   Buf dst;
   Dtype src_type, dst_type;

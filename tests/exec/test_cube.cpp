@@ -1,0 +1,289 @@
+// mmad through the full chain ND A, B in GM -> nd2nz -> load2d -> mmad -> fixpipe nz2nd -> GM,
+// against a reference matmul written here: fp32 sums in sequential k order for float inputs
+// (the order cube.cpp documents), exact integer sums for s8. Also accumulate and bias modes,
+// cycle costs and faults.
+#include <catch2/catch.hpp>
+
+#include "common/error.h"
+#include "tests/exec/test_mte_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using Catch::Contains;
+
+namespace {
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int round16(int a) { return ceil_div(a, 16) * 16; }
+
+// A matrix of one cube input type: its stored bytes and the exact value of every element.
+struct Matrix {
+  int rows = 0, cols = 0;
+  std::vector<uint8_t> bytes;  // row-major, dtype_size bytes per element
+  std::vector<double> value;   // row-major
+  Matrix transposed(int size) const {
+    Matrix t{cols, rows, std::vector<uint8_t>(bytes.size()), std::vector<double>(value.size())};
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        t.value[size_t(c) * rows + r] = value[size_t(r) * cols + c];
+        std::memcpy(&t.bytes[(size_t(c) * rows + r) * size], &bytes[(size_t(r) * cols + c) * size],
+                    size);
+      }
+    return t;
+  }
+};
+
+Matrix random_matrix(Dtype type, int rows, int cols, Rand& rnd) {
+  const int size = isa::dtype_size(type);
+  Matrix mtx{rows, cols, std::vector<uint8_t>(size_t(rows) * cols * size),
+             std::vector<double>(size_t(rows) * cols)};
+  for (size_t i = 0; i < mtx.value.size(); ++i) {
+    uint8_t* p = &mtx.bytes[i * size];
+    switch (type) {
+      case Dtype::F16: {
+        uint16_t h = ref_f32_to_f16(rnd.uniform(-4, 4));
+        std::memcpy(p, &h, 2);
+        mtx.value[i] = ref_f16_to_f32(h);
+        break;
+      }
+      case Dtype::BF16: {
+        uint16_t h = ref_f32_to_bf16(rnd.uniform(-4, 4));
+        std::memcpy(p, &h, 2);
+        mtx.value[i] = ref_bf16_to_f32(h);
+        break;
+      }
+      case Dtype::F32: {
+        float f = rnd.uniform(-4, 4);
+        std::memcpy(p, &f, 4);
+        mtx.value[i] = f;
+        break;
+      }
+      default: {  // s8
+        int8_t v = static_cast<int8_t>(rnd.integer(-128, 127));
+        *p = static_cast<uint8_t>(v);
+        mtx.value[i] = v;
+      }
+    }
+  }
+  return mtx;
+}
+
+constexpr uint64_t kGmA = 0x10000, kGmB = 0x40000, kGmC = 0x80000;
+constexpr uint64_t kL1A = 0, kL1B = 0x20000;
+constexpr uint64_t kL0C = 0x1000;
+
+// Loads A into L0A and B into L0B following the recipes of the layout contract: A through nd2nz
+// (dst_rows = M16) and one load2d per row block; B for 16-bit types as k x n through nd2nz
+// (dst_rows = K16) and transposing load2d per k block, for other types as B^T (n x k) through
+// nd2nz (dst_rows = N16) and plain load2d per k block.
+void load_operands(ExecBench& t, Dtype type, const Matrix& a, const Matrix& b) {
+  const int size = isa::dtype_size(type), k0 = 32 / size;
+  const int m = a.rows, k = a.cols, n = b.cols;
+  const int m16 = round16(m), k16 = round16(k), n16 = round16(n);
+  const int kb = ceil_div(k, k0), nb = ceil_div(n, 16);
+  t.put_gm(kGmA, a.bytes);
+  t.run(Opcode::op_nd2nz, {{"type", dt(type)}, {"xdst", kL1A}, {"xsrc", kGmA}, {"rows", m},
+                           {"cols", k}, {"src_stride", k}, {"dst_rows", m16}});
+  for (int i = 0; i < m16 / 16; ++i)
+    t.run(Opcode::op_load2d, {{"type", dt(type)}, {"dst", bf(Buf::L0A)}, {"xdst", i * kb * 512},
+                              {"xsrc", kL1A + i * 512}, {"nfrac", kb}, {"src_stride", m16 / 16}});
+  if (size == 2) {
+    t.put_gm(kGmB, b.bytes);
+    t.run(Opcode::op_nd2nz, {{"type", dt(type)}, {"xdst", kL1B}, {"xsrc", kGmB}, {"rows", k},
+                             {"cols", n}, {"src_stride", n}, {"dst_rows", k16}});
+    for (int i = 0; i < kb; ++i)
+      t.run(Opcode::op_load2d, {{"type", dt(type)}, {"dst", bf(Buf::L0B)}, {"xdst", i * nb * 512},
+                                {"xsrc", kL1B + i * 512}, {"nfrac", nb}, {"src_stride", k16 / 16},
+                                {"transpose", 1}});
+  } else {
+    t.put_gm(kGmB, b.transposed(size).bytes);
+    t.run(Opcode::op_nd2nz, {{"type", dt(type)}, {"xdst", kL1B}, {"xsrc", kGmB}, {"rows", n},
+                             {"cols", k}, {"src_stride", k}, {"dst_rows", n16}});
+    for (int i = 0; i < kb; ++i)
+      t.run(Opcode::op_load2d, {{"type", dt(type)}, {"dst", bf(Buf::L0B)}, {"xdst", i * nb * 512},
+                                {"xsrc", kL1B + i * n16 * 32}, {"nfrac", nb}, {"src_stride", 1}});
+  }
+}
+
+ExecCost mmad(ExecBench& t, Dtype type, int m, int k, int n, int init, uint64_t xbias = 0) {
+  return t.run(Opcode::op_mmad, {{"type", dt(type)}, {"xc", kL0C}, {"xa", 0}, {"xb", 0},
+                                 {"m", m}, {"k", k}, {"n", n}, {"init", init}, {"xbias", xbias}});
+}
+
+// fixpipe L0C -> GM as ND, no conversion; returns the m x n raw 32-bit results.
+std::vector<uint32_t> fetch_c(ExecBench& t, Dtype type, int m, int n) {
+  Dtype acc = type == Dtype::S8 ? Dtype::S32 : Dtype::F32;
+  t.run(Opcode::op_fixpipe, {{"src_type", dt(acc)}, {"dst_type", dt(acc)}, {"dst", bf(Buf::GM)},
+                             {"xdst", kGmC}, {"xsrc", kL0C}, {"m", m}, {"n", n},
+                             {"dst_stride", n}, {"nz2nd", 1}});
+  return t.get_gm<uint32_t>(kGmC, size_t(m) * n);
+}
+
+// Reference: acc[r][c] += A[r][kk] * B[kk][c] for kk = 0..k-1 in order, in fp32 (float types)
+// or int32 (s8); acc holds raw 32-bit words.
+void ref_accumulate(Dtype type, const Matrix& a, const Matrix& b, std::vector<uint32_t>& acc) {
+  const int m = a.rows, k = a.cols, n = b.cols;
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < n; ++c) {
+      uint32_t& word = acc[size_t(r) * n + c];
+      if (type == Dtype::S8) {
+        int64_t s = static_cast<int32_t>(word);
+        for (int kk = 0; kk < k; ++kk)
+          s += int64_t(a.value[size_t(r) * k + kk]) * int64_t(b.value[size_t(kk) * n + c]);
+        word = static_cast<uint32_t>(static_cast<int32_t>(s));
+      } else {
+        float s = bits_float(word);
+        for (int kk = 0; kk < k; ++kk) {
+          float p = float(a.value[size_t(r) * k + kk]) * float(b.value[size_t(kk) * n + c]);
+          s = s + p;
+        }
+        word = float_bits(s);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("mmad chain matches a reference matmul for odd shapes in every cube type") {
+  struct Case {
+    Dtype type;
+    int m, k, n;
+  };
+  for (Case c : {Case{Dtype::F16, 20, 40, 24}, Case{Dtype::BF16, 20, 40, 24},
+                 Case{Dtype::S8, 20, 40, 24}, Case{Dtype::F32, 20, 40, 24},
+                 Case{Dtype::F16, 33, 17, 50}, Case{Dtype::S8, 7, 70, 3},
+                 Case{Dtype::F32, 1, 13, 17}, Case{Dtype::BF16, 64, 96, 48}}) {
+    INFO(isa::dtype_name(c.type) << " m=" << c.m << " k=" << c.k << " n=" << c.n);
+    ExecBench t;
+    Rand rnd(c.m * 1000 + c.k * 10 + c.n);
+    Matrix a = random_matrix(c.type, c.m, c.k, rnd), b = random_matrix(c.type, c.k, c.n, rnd);
+    load_operands(t, c.type, a, b);
+    mmad(t, c.type, c.m, c.k, c.n, 0);
+    std::vector<uint32_t> want(size_t(c.m) * c.n, 0);
+    ref_accumulate(c.type, a, b, want);
+    CHECK(fetch_c(t, c.type, c.m, c.n) == want);
+  }
+}
+
+TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
+  for (Dtype type : {Dtype::F16, Dtype::S8}) {
+    INFO(isa::dtype_name(type));
+    const int m = 20, k = 40, n = 24;
+    ExecBench t;
+    Rand rnd(7);
+    Matrix a = random_matrix(type, m, k, rnd), b = random_matrix(type, k, n, rnd);
+    load_operands(t, type, a, b);
+
+    // Bias: n 32-bit accumulator values placed in L1, then copy_l12bt (3 blocks = 24 x 4 bytes).
+    std::vector<uint32_t> bias(n);
+    for (int c = 0; c < n; ++c)
+      bias[c] = type == Dtype::S8 ? uint32_t(rnd.integer(-100000, 100000))
+                                  : float_bits(rnd.uniform(-50, 50));
+    t.put_local(Buf::L1, 0x60000, bias);
+    t.run(Opcode::op_copy_l12bt, {{"xdst", 128}, {"xsrc", 0x60000}, {"len", n * 4 / 32}});
+
+    mmad(t, type, m, k, n, 2, 128);
+    std::vector<uint32_t> want(size_t(m) * n);
+    for (int r = 0; r < m; ++r)
+      for (int c = 0; c < n; ++c) want[size_t(r) * n + c] = bias[c];
+    ref_accumulate(type, a, b, want);
+    CHECK(fetch_c(t, type, m, n) == want);
+
+    mmad(t, type, m, k, n, 1);  // C += A * B, continuing the sequential sum
+    ref_accumulate(type, a, b, want);
+    CHECK(fetch_c(t, type, m, n) == want);
+
+    mmad(t, type, m, k, n, 0);  // back to zero
+    std::fill(want.begin(), want.end(), 0);
+    ref_accumulate(type, a, b, want);
+    CHECK(fetch_c(t, type, m, n) == want);
+  }
+}
+
+TEST_CASE("mmad writes only the m x n elements of C in L0C's NZ layout") {
+  // m = 20, n = 24: C occupies [2][M16 = 32][16] words; rows 20..31 of each column block and the
+  // words after the last element must keep their old contents.
+  const int m = 20, k = 16, n = 24, m16 = 32;
+  ExecBench t;
+  Rand rnd(3);
+  Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
+  load_operands(t, Dtype::F16, a, b);
+  const size_t words = 2 * m16 * 16 + 64;
+  t.put_local(Buf::L0C, kL0C, std::vector<uint32_t>(words, 0xDEADBEEF));
+  mmad(t, Dtype::F16, m, k, n, 0);
+  std::vector<uint32_t> c(size_t(m) * n, 0);
+  ref_accumulate(Dtype::F16, a, b, c);
+  auto l0c = t.get_local<uint32_t>(Buf::L0C, kL0C, words);
+  std::vector<uint32_t> want(words, 0xDEADBEEF);
+  for (int r = 0; r < m; ++r)
+    for (int col = 0; col < n; ++col) want[((col / 16) * m16 + r) * 16 + col % 16] = c[r * n + col];
+  CHECK(l0c == want);
+}
+
+TEST_CASE("mmad cycles: latency plus one cycle per cube block, derived from the config") {
+  ExecBench t;
+  auto cost = [&](Dtype type, int m, int k, int n) {
+    return plan(t.op(Opcode::op_mmad, {{"type", dt(type)}, {"xc", 0}, {"xa", 0}, {"xb", 0},
+                                       {"m", m}, {"k", k}, {"n", n}}),
+                t.ctx);
+  };
+  // Test chip: cube 16x16x16, int8 k 32, fp32 at 1/4 rate, cube_latency_cycles 8.
+  // f16 20x40x24: 8 + ceil(20/16) * ceil(40/16) * ceil(24/16) = 8 + 2*3*2 = 20.
+  ExecCost c = cost(Dtype::F16, 20, 40, 24);
+  CHECK(c.cycles == 20);
+  CHECK(c.macs == 20 * 40 * 24);
+  CHECK(c.gm.empty());
+  CHECK(cost(Dtype::BF16, 16, 16, 16).cycles == 8 + 1);
+  // s8: k blocks of cube_int8_k = 32: 8 + 2 * ceil(40/32) * 2 = 16; macs in fp16 equivalents
+  // m*k*n * cube_k / cube_int8_k = 19200 / 2.
+  c = cost(Dtype::S8, 20, 40, 24);
+  CHECK(c.cycles == 16);
+  CHECK(c.macs == 20 * 40 * 24 / 2);
+  // f32: 1/cube_fp32_rate_divisor of the fp16 rate: 8 + 2*3*2 * 4 = 56; macs m*k*n * 4.
+  c = cost(Dtype::F32, 20, 40, 24);
+  CHECK(c.cycles == 56);
+  CHECK(c.macs == 20 * 40 * 24 * 4);
+  // A 128 x 256 x 64 tile keeps the cube busy: 8 + 8 * 16 * 4 = 520.
+  CHECK(cost(Dtype::F16, 128, 256, 64).cycles == 520);
+}
+
+TEST_CASE("mmad faults") {
+  ExecBench t;
+  auto fails = [&](std::initializer_list<std::pair<const char*, int64_t>> ops) {
+    try {
+      plan(t.op(Opcode::op_mmad, ops), t.ctx);
+    } catch (const KernelFault& e) {
+      return std::string(e.what());
+    }
+    return std::string("no fault");
+  };
+  const int64_t f16 = dt(Dtype::F16);
+  CHECK_THAT(fails({{"type", dt(Dtype::S32)}, {"m", 16}, {"k", 16}, {"n", 16}}),
+             Contains("mmad") && Contains("type = s32"));
+  CHECK_THAT(fails({{"type", f16}, {"m", 0}, {"k", 16}, {"n", 16}}), Contains("m = 0"));
+  CHECK_THAT(fails({{"type", f16}, {"m", 16}, {"k", 16}, {"n", 16}, {"init", 3}}),
+             Contains("init = 3"));
+  CHECK_THAT(fails({{"type", f16}, {"xa", 100}, {"m", 16}, {"k", 16}, {"n", 16}}),
+             Contains("xa = 0x64") && Contains("l0a"));
+  // L0C is 128 KiB: 128 x 256 f32 from 0x10000 needs 128 KiB more.
+  CHECK_THAT(fails({{"type", f16}, {"xc", 0x10000}, {"m", 128}, {"k", 16}, {"n", 256}}),
+             Contains("xc range [0x10000, 0x30000)") && Contains("l0c"));
+  // L0A is 64 KiB: A of 256 x 256 f16 is 128 KiB.
+  CHECK_THAT(fails({{"type", f16}, {"m", 256}, {"k", 256}, {"n", 16}}),
+             Contains("xa range") && Contains("l0a"));
+  CHECK_THAT(fails({{"type", f16}, {"m", 16}, {"k", 16}, {"n", 512}, {"init", 2}}),
+             Contains("xbias range") && Contains("bt"));
+
+  ChipConfig cfg = coupled_test_chip();
+  cfg.cube_fp32_rate_divisor = 0;
+  cfg.cube_bf16 = false;
+  ExecBench u(cfg);
+  for (Dtype type : {Dtype::F32, Dtype::BF16})
+    CHECK_THROWS_WITH(plan(u.op(Opcode::op_mmad, {{"type", dt(type)}, {"m", 16}, {"k", 16},
+                                                  {"n", 16}}),
+                           u.ctx),
+                      Contains("not supported by the cube of chip unit-test"));
+}

@@ -1,0 +1,257 @@
+// MTE1/MTE2/MTE3 data movement: burst copies with gaps, copy_l12bt, nd2nz, load2d; their costs
+// and faults. References are plain loops over the layouts as docs/helper_brief.md defines them.
+#include <catch2/catch.hpp>
+
+#include "common/error.h"
+#include "tests/exec/test_mte_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using Catch::Contains;
+
+namespace {
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return v;
+}
+
+// Reference burst copy on byte images of source and destination.
+void ref_bursts(const std::vector<uint8_t>& src, uint64_t src_off, std::vector<uint8_t>& dst,
+                uint64_t dst_off, int nburst, int len, int src_gap, int dst_gap) {
+  for (int i = 0; i < nburst; ++i)
+    for (int b = 0; b < len * 32; ++b)
+      dst[dst_off + i * (len + dst_gap) * 32 + b] = src[src_off + i * (len + src_gap) * 32 + b];
+}
+
+}  // namespace
+
+TEST_CASE("burst copies move nburst x burst_len blocks with source and destination gaps") {
+  ExecBench t;
+  const int nburst = 3, len = 2, src_gap = 1, dst_gap = 2;
+  const uint64_t span = 4096;
+  struct Case {
+    Opcode op;
+    Buf src, dst;
+  };
+  for (Case c : {Case{Opcode::op_copy_gm2l1, Buf::GM, Buf::L1},
+                 Case{Opcode::op_copy_gm2ub, Buf::GM, Buf::UB},
+                 Case{Opcode::op_copy_l12ub, Buf::L1, Buf::UB},
+                 Case{Opcode::op_copy_ub2gm, Buf::UB, Buf::GM},
+                 Case{Opcode::op_copy_ub2l1, Buf::UB, Buf::L1}}) {
+    INFO(isa::describe(c.op).mnemonic);
+    const uint64_t src_addr = c.src == Buf::GM ? 0x10000 + 4 : 0x400;  // GM: any byte address
+    const uint64_t dst_addr = c.dst == Buf::GM ? 0x20000 + 3 : 0x800;
+    auto src_img = pattern(span, 11);
+    auto dst_img = pattern(span, 200);  // the gaps must keep these bytes
+    auto put = [&](Buf b, uint64_t a, const std::vector<uint8_t>& v) {
+      b == Buf::GM ? t.put_gm(a, v) : t.put_local(b, a, v);
+    };
+    put(c.src, src_addr, src_img);
+    put(c.dst, dst_addr, dst_img);
+    t.run(c.op, {{"xdst", int64_t(dst_addr)}, {"xsrc", int64_t(src_addr)}, {"nburst", nburst},
+                 {"burst_len", len}, {"src_gap", src_gap}, {"dst_gap", dst_gap}});
+    ref_bursts(src_img, 0, dst_img, 0, nburst, len, src_gap, dst_gap);
+    auto got = c.dst == Buf::GM ? t.get_gm<uint8_t>(dst_addr, span)
+                                : t.get_local<uint8_t>(c.dst, dst_addr, span);
+    CHECK(got == dst_img);
+  }
+}
+
+TEST_CASE("copy_l12bt copies len blocks from L1 to the bias table") {
+  ExecBench t;
+  auto src = pattern(96, 3);
+  t.put_local(Buf::L1, 0x200, src);
+  t.run(Opcode::op_copy_l12bt, {{"xdst", 64}, {"xsrc", 0x200}, {"len", 3}});
+  CHECK(t.get_local<uint8_t>(Buf::BT, 64, 96) == src);
+}
+
+TEST_CASE("nd2nz writes [ceil(cols/C0)][dst_rows][C0] with zero padding") {
+  ExecBench t;
+  struct Case {
+    Dtype type;
+    int rows, cols, src_stride, dst_rows;
+  };
+  for (Case c : {Case{Dtype::F16, 20, 37, 40, 32}, Case{Dtype::S8, 5, 70, 70, 16},
+                 Case{Dtype::F32, 17, 9, 11, 48}}) {
+    const int size = isa::dtype_size(c.type), c0 = 32 / size;
+    INFO(isa::dtype_name(c.type) << " rows " << c.rows << " cols " << c.cols);
+    auto nd = pattern(size_t(c.rows) * c.src_stride * size, 1);
+    const uint64_t gsrc = 0x3000, l1 = 0x1000;
+    t.put_gm(gsrc, nd);
+    const int col_blocks = (c.cols + c0 - 1) / c0;
+    const size_t nz_bytes = size_t(col_blocks) * c.dst_rows * 32;
+    t.put_local(Buf::L1, l1, std::vector<uint8_t>(nz_bytes + 64, 0xEE));  // stale contents
+    t.run(Opcode::op_nd2nz, {{"type", dt(c.type)}, {"xdst", l1}, {"xsrc", gsrc},
+                             {"rows", c.rows}, {"cols", c.cols}, {"src_stride", c.src_stride},
+                             {"dst_rows", c.dst_rows}});
+    std::vector<uint8_t> want(nz_bytes + 64, 0xEE);
+    for (int j = 0; j < col_blocks; ++j)
+      for (int r = 0; r < c.dst_rows; ++r)
+        for (int e = 0; e < c0; ++e) {
+          int col = j * c0 + e;
+          for (int b = 0; b < size; ++b)
+            want[((size_t(j) * c.dst_rows + r) * c0 + e) * size + b] =
+                r < c.rows && col < c.cols ? nd[(size_t(r) * c.src_stride + col) * size + b] : 0;
+        }
+    CHECK(t.get_local<uint8_t>(Buf::L1, l1, want.size()) == want);
+  }
+}
+
+TEST_CASE("load2d copies strided fractals, transposing 16x16 fractals of 16-bit elements") {
+  ExecBench t;
+  auto l1 = pattern(8 * 512, 5);
+  t.put_local(Buf::L1, 0x800, l1);
+  const int nfrac = 3, stride = 2;
+  SECTION("plain copy to l0a") {
+    t.run(Opcode::op_load2d, {{"type", dt(Dtype::S8)}, {"dst", bf(Buf::L0A)}, {"xdst", 1024},
+                              {"xsrc", 0x800}, {"nfrac", nfrac}, {"src_stride", stride}});
+    std::vector<uint8_t> want;
+    for (int f = 0; f < nfrac; ++f)
+      want.insert(want.end(), l1.begin() + f * stride * 512, l1.begin() + f * stride * 512 + 512);
+    CHECK(t.get_local<uint8_t>(Buf::L0A, 1024, want.size()) == want);
+  }
+  SECTION("transposed copy to l0b") {
+    t.run(Opcode::op_load2d, {{"type", dt(Dtype::BF16)}, {"dst", bf(Buf::L0B)}, {"xdst", 0},
+                              {"xsrc", 0x800}, {"nfrac", nfrac}, {"src_stride", stride},
+                              {"transpose", 1}});
+    std::vector<uint8_t> want(nfrac * 512);
+    for (int f = 0; f < nfrac; ++f)
+      for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c)
+          for (int b = 0; b < 2; ++b)
+            want[f * 512 + (c * 16 + r) * 2 + b] = l1[f * stride * 512 + (r * 16 + c) * 2 + b];
+    CHECK(t.get_local<uint8_t>(Buf::L0B, 0, want.size()) == want);
+  }
+}
+
+TEST_CASE("GM paths cost the start latency and list the GM ranges; local paths add bytes/rate") {
+  ExecBench t;
+  SECTION("gaps on the GM side give one range per burst") {
+    // cycles = path_latency(gm, l1) = 20 (test chip); rate = path_rate(gm, l1) = 32 B/cycle.
+    ExecCost c = plan(t.op(Opcode::op_copy_gm2l1, {{"xdst", 0}, {"xsrc", 0x1000}, {"nburst", 3},
+                                                   {"burst_len", 2}, {"src_gap", 1}}),
+                      t.ctx);
+    CHECK(c.cycles == 20);
+    CHECK(c.gm_core_rate == 32);
+    CHECK(c.bytes == 3 * 2 * 32);
+    CHECK(c.path_src == Buf::GM);
+    CHECK(c.path_dst == Buf::L1);
+    REQUIRE(c.gm.size() == 3);
+    for (int i = 0; i < 3; ++i) {  // burst i at 0x1000 + i * (2 + 1) * 32, 64 bytes, a read
+      CHECK(c.gm[i].addr == 0x1000 + uint64_t(i) * 96);
+      CHECK(c.gm[i].bytes == 64);
+      CHECK_FALSE(c.gm[i].write);
+    }
+  }
+  SECTION("contiguous bursts merge into one range") {
+    ExecCost c = plan(t.op(Opcode::op_copy_ub2gm, {{"xdst", 0x1000}, {"xsrc", 0}, {"nburst", 4},
+                                                   {"burst_len", 2}, {"src_gap", 3}}),
+                      t.ctx);
+    CHECK(c.cycles == 20);        // path_latency(ub, gm)
+    CHECK(c.gm_core_rate == 64);  // path_rate(ub, gm)
+    REQUIRE(c.gm.size() == 1);
+    CHECK(c.gm[0].addr == 0x1000);
+    CHECK(c.gm[0].bytes == 4 * 64);
+    CHECK(c.gm[0].write);
+  }
+  SECTION("nd2nz reads one range per row unless the rows are contiguous") {
+    auto nd2nz = [&](int src_stride) {
+      return plan(t.op(Opcode::op_nd2nz, {{"type", dt(Dtype::F16)}, {"xdst", 0}, {"xsrc", 0x100},
+                                          {"rows", 5}, {"cols", 24}, {"src_stride", src_stride},
+                                          {"dst_rows", 16}}),
+                  t.ctx);
+    };
+    ExecCost strided = nd2nz(32);
+    REQUIRE(strided.gm.size() == 5);
+    CHECK(strided.gm[4].addr == 0x100 + 4 * 32 * 2);
+    CHECK(strided.gm[4].bytes == 48);
+    CHECK(strided.bytes == 5 * 24 * 2);
+    ExecCost dense = nd2nz(24);
+    REQUIRE(dense.gm.size() == 1);
+    CHECK(dense.gm[0].bytes == 5 * 48);
+  }
+  SECTION("local paths") {
+    // copy_l12ub: 2 x 5 blocks = 320 B; path_latency(l1, ub) = 4, rate 128 B/cycle:
+    // 4 + ceil(320 / 128) = 7.
+    ExecCost c = plan(t.op(Opcode::op_copy_l12ub, {{"xdst", 0}, {"xsrc", 0}, {"nburst", 2},
+                                                   {"burst_len", 5}}),
+                      t.ctx);
+    CHECK(c.cycles == 7);
+    CHECK(c.gm.empty());
+    CHECK(c.bytes == 320);
+    // load2d of 3 fractals to l0b: 1536 B at 256 B/cycle after 4 cycles latency: 4 + 6 = 10.
+    c = plan(t.op(Opcode::op_load2d, {{"type", dt(Dtype::F16)}, {"dst", bf(Buf::L0B)},
+                                      {"xdst", 0}, {"xsrc", 0}, {"nfrac", 3}, {"src_stride", 1}}),
+             t.ctx);
+    CHECK(c.cycles == 10);
+    CHECK(c.path_src == Buf::L1);
+    CHECK(c.path_dst == Buf::L0B);
+    // copy_l12bt of 3 blocks: 96 B at 64 B/cycle after 4: 4 + ceil(96 / 64) = 6.
+    c = plan(t.op(Opcode::op_copy_l12bt, {{"xdst", 0}, {"xsrc", 0}, {"len", 3}}), t.ctx);
+    CHECK(c.cycles == 6);
+  }
+}
+
+TEST_CASE("MTE faults name the instruction, operand and range") {
+  ExecBench t;
+  auto fails = [&](Opcode code, std::initializer_list<std::pair<const char*, int64_t>> ops) {
+    const IssuedOp& o = t.op(code, ops);
+    try {
+      plan(o, t.ctx);
+    } catch (const KernelFault& e) {
+      return std::string(e.what());
+    }
+    return std::string("no fault");
+  };
+  // L1 is 512 KiB (0x80000): 2 bursts of 64 blocks with a 1-block gap from 0x7f000 end at
+  // 0x7f000 + (64 + 1) * 32 + 64 * 32 = 0x80020.
+  CHECK_THAT(fails(Opcode::op_copy_gm2l1, {{"xdst", 0x7f000}, {"xsrc", 0}, {"nburst", 2},
+                                           {"burst_len", 64}, {"dst_gap", 1}}),
+             Contains("copy_gm2l1") && Contains("xdst") && Contains("0x7f000") &&
+                 Contains("0x80020") && Contains("l1"));
+  CHECK_THAT(fails(Opcode::op_copy_gm2ub, {{"xdst", 16}, {"xsrc", 0}, {"nburst", 1},
+                                           {"burst_len", 1}}),
+             Contains("xdst") && Contains("aligned to 32") && Contains("ub"));
+  CHECK_THAT(fails(Opcode::op_copy_ub2gm, {{"xdst", (64ll << 20) - 32}, {"xsrc", 0}, {"nburst", 2},
+                                           {"burst_len", 1}}),
+             Contains("xdst") && Contains("device memory"));
+  CHECK_THAT(fails(Opcode::op_copy_gm2l1, {{"xdst", 0}, {"xsrc", 0}, {"nburst", 0},
+                                           {"burst_len", 1}}),
+             Contains("nburst = 0"));
+  CHECK_THAT(fails(Opcode::op_load2d, {{"type", dt(Dtype::F16)}, {"dst", bf(Buf::L0A)},
+                                       {"xdst", 256}, {"xsrc", 0}, {"nfrac", 1}}),
+             Contains("load2d") && Contains("xdst = 0x100") && Contains("512"));
+  CHECK_THAT(fails(Opcode::op_load2d, {{"type", dt(Dtype::F16)}, {"dst", bf(Buf::UB)},
+                                       {"xdst", 0}, {"xsrc", 0}, {"nfrac", 1}}),
+             Contains("dst = ub") && Contains("l0a or l0b"));
+  CHECK_THAT(fails(Opcode::op_load2d, {{"type", dt(Dtype::S8)}, {"dst", bf(Buf::L0B)},
+                                       {"xdst", 0}, {"xsrc", 0}, {"nfrac", 1}, {"transpose", 1}}),
+             Contains("transpose") && Contains("s8"));
+  CHECK_THAT(fails(Opcode::op_load2d, {{"type", dt(Dtype::F16)}, {"dst", bf(Buf::L0A)},
+                                       {"xdst", 63 * 1024}, {"xsrc", 0}, {"nfrac", 3}}),
+             Contains("xdst range") && Contains("l0a"));
+  CHECK_THAT(fails(Opcode::op_nd2nz, {{"type", dt(Dtype::F16)}, {"xdst", 0}, {"xsrc", 0},
+                                      {"rows", 20}, {"cols", 16}, {"src_stride", 16},
+                                      {"dst_rows", 24}}),
+             Contains("dst_rows = 24"));
+  CHECK_THAT(fails(Opcode::op_nd2nz, {{"type", dt(Dtype::S64)}, {"xdst", 0}, {"xsrc", 0},
+                                      {"rows", 1}, {"cols", 1}, {"src_stride", 1},
+                                      {"dst_rows", 16}}),
+             Contains("type = s64"));
+
+  SECTION("a path or buffer the chip lacks") {
+    ChipConfig cfg = coupled_test_chip();
+    cfg.path_bytes_per_cycle.erase({Buf::UB, Buf::L1});
+    cfg.core_kinds[0].buffer_bytes.erase(Buf::BT);
+    ExecBench u(cfg);
+    CHECK_THROWS_WITH(plan(u.op(Opcode::op_copy_ub2l1, {{"nburst", 1}, {"burst_len", 1}}), u.ctx),
+                      Contains("no data path ub->l1 on chip unit-test"));
+    CHECK_THROWS_WITH(plan(u.op(Opcode::op_copy_l12bt, {{"len", 1}}), u.ctx),
+                      Contains("has no bt buffer"));
+  }
+}
