@@ -26,11 +26,13 @@ double round_to_integral(double x, RoundMode m) {
   double r = x;
   switch (m) {
     case RoundMode::kRint: {
-      // Ties to even, independent of the host's current rounding mode.
-      double f = std::floor(x);
-      double frac = x - f;  // exact: x and f are within one unit of each other
+      // Ties to even, independent of the host's current rounding mode. a - floor(a) is exact
+      // for a >= 0 (Sterbenz for a >= 1; floor is 0 below).
+      double a = std::fabs(x);
+      double f = std::floor(a);
+      double frac = a - f;
       if (frac > 0.5 || (frac == 0.5 && std::fmod(f, 2.0) != 0.0)) f += 1.0;
-      r = f;
+      r = std::copysign(f, x);
       break;
     }
     case RoundMode::kFloor: r = std::floor(x); break;

@@ -79,10 +79,13 @@ inline uint16_t narrow_f16_rne(float v) {
   uint32_t sub = f32_to_bits(bits_to_f32(u) + bits_to_f32(denorm_magic_bits)) - denorm_magic_bits;
   // Normal result: rebias the exponent, add half an ulp minus one plus the kept lsb, truncate.
   uint32_t norm = (u + ((15u - 127u) << 23) + 0xfffu + ((u >> 13) & 1u)) >> 13;
-  uint32_t r = u < (113u << 23) ? sub : norm;
-  r = u >= f16_overflow ? 0x7c00u : r;
-  r |= sign;
-  return static_cast<uint16_t>(u > f32_inf ? kF16CanonicalNan : r);
+  // Selections as masks: GCC at -O2 does not if-convert the equivalent ?: chain.
+  uint32_t use_sub = 0u - static_cast<uint32_t>(u < (113u << 23));
+  uint32_t overflow = 0u - static_cast<uint32_t>(u >= f16_overflow);
+  uint32_t nan = 0u - static_cast<uint32_t>(u > f32_inf);
+  uint32_t r = (sub & use_sub) | (norm & ~use_sub);
+  r = ((0x7c00u & overflow) | (r & ~overflow)) | sign;
+  return static_cast<uint16_t>((kF16CanonicalNan & nan) | (r & ~nan));
 }
 
 // f32 -> bf16, round to nearest even; NaN -> canonical NaN.

@@ -1,7 +1,296 @@
-// placeholder until the vector family lands
-#include "sim/exec/exec.h"
+// The vector unit (pipe V): plan_vector() decodes, checks and costs a V instruction
+// (vector_insn.cpp); execute_vector() applies it to the UB, bit-accurately, with the element
+// functions of vector_ops.h. Semantics are documented in vector_ops.h (arithmetic, types) and
+// vector_insn.h (operand geometry); the mask rules follow the brief's data-layout contract:
+// inactive destination lanes are left unchanged, vcmp writes 0 bits for inactive lanes,
+// reductions see only active lanes.
+//
+// Execution order: repeats in order; element-wise families read all sources of a run (the
+// whole repeat when every operand's blocks are adjacent, else one block) before writing its
+// destination, so a fully overlapping (in-place) operand is exact. Hardware requires a repeat's
+// source and destination to overlap fully or not at all; for partial overlaps the result is
+// this order's.
+//
+// Speed: the op and data type are resolved once per instruction (templates); per repeat the
+// lanes that are contiguous in every operand (the whole repeat when all block strides are one
+// block, else one block of the widest operand) are processed as one run, with a mask-free loop
+// when all its lanes are active.
+#include <array>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/convert.h"
 #include "common/error.h"
+#include "sim/exec/exec.h"
+#include "sim/exec/vector_insn.h"
+#include "sim/exec/vector_ops.h"
+
 namespace npusim {
-ExecCost plan_vector(const IssuedOp& op, const ExecContext&) { throw KernelFault("vector not implemented yet"); }
-void execute_vector(const IssuedOp&, ExecContext&) {}
+namespace {
+
+using isa::Dtype;
+using vec::Family;
+using vec::kBlockBytes;
+using vec::Lanes;
+using vec::VecInsn;
+using vec::VecOperand;
+
+// Storage-only access (bits moved unchanged).
+template <class S>
+struct Raw {
+  using storage = S;
+  using compute = S;
+  static S load(const uint8_t* p) { return load_bits<S>(p); }
+  static S from_compute(S v) { return v; }
+};
+template <int Size>
+using RawOfSize = Raw<std::conditional_t<Size == 4, uint32_t, uint16_t>>;
+
+// Calls body(r, p, first, run, active) for each run of lanes [first, first + run) of repeat r
+// that is contiguous in each of the N operands; p[k] points at lane `first` of operand k, `run`
+// is a std::integral_constant (the whole repeat when every operand's blocks are adjacent, else
+// one 32-byte block of the widest operand, whose element size is Widest).
+template <int Widest, size_t N, class Body>
+void for_each_run(const VecInsn& vi, uint8_t* ub, std::array<const VecOperand*, N> ops,
+                  Body&& body) {
+  bool contiguous = true;
+  for (const VecOperand* o : ops)
+    if (o->blocks_per_repeat() > 1 && o->blk_bytes != static_cast<uint64_t>(kBlockBytes))
+      contiguous = false;
+  auto runs = [&](auto run) {
+    for (uint64_t r = 0; r < vi.repeats; ++r) {
+      const Lanes active = vi.active(r);
+      for (int first = 0; first < vi.lanes; first += run) {
+        std::array<uint8_t*, N> p;
+        for (size_t k = 0; k < N; ++k) p[k] = ub + ops[k]->lane_addr(r, first);
+        body(r, p, first, run, active);
+      }
+    }
+  };
+  if (contiguous)
+    runs(std::integral_constant<int, vec::kRepeatBytes / Widest>{});
+  else
+    runs(std::integral_constant<int, kBlockBytes / Widest>{});
 }
+
+// dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
+// Raw<S>). A run's results are computed into a local buffer first (all its sources are read
+// before its destination is written), which lets the compiler vectorise the element loop.
+template <class Dst, class F, class... Src>
+struct Elementwise {
+  F f;
+  template <size_t N, class Run>
+  void operator()(uint64_t, const std::array<uint8_t*, N>& p, int first, Run,
+                  const Lanes& active) {
+    split<Run::value>(p, first, active, std::make_index_sequence<N - 1>{});
+  }
+  template <int Run, size_t N, size_t... I>
+  void split(const std::array<uint8_t*, N>& p, int first, const Lanes& active,
+             std::index_sequence<I...>) {
+    lanes<Run>(first, active, p[0], static_cast<const uint8_t*>(p[1 + I])...);
+  }
+  template <int Run, class... P>
+  void lanes(int first, const Lanes& active, uint8_t* d, P... s) {
+    using DS = typename Dst::storage;
+    constexpr int dsize = sizeof(DS);
+    DS out[Run];
+    for (int i = 0; i < Run; ++i)
+      out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
+    if (active.all(first, Run)) {
+      std::memcpy(d, out, sizeof(out));
+    } else {
+      for (int i = 0; i < Run; ++i)
+        if (active.test(first + i)) std::memcpy(d + i * dsize, &out[i], dsize);
+    }
+  }
+};
+template <class Dst, class... Src, class F>
+void elementwise(const VecInsn& vi, uint8_t* ub, F f) {
+  constexpr size_t N = 1 + sizeof...(Src);
+  constexpr int widest = std::max({int(sizeof(typename Dst::storage)),
+                                   int(sizeof(typename Src::storage))...});
+  std::array<const VecOperand*, N> ops{};
+  for (size_t k = 0; k < N; ++k) ops[k] = &vi.operand[k];  // dst, src0, src1 slots
+  for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Src...>{f});
+}
+
+// The scalar operand as a compute value: fp32 bits rounded to nearest even for float types,
+// the register's low bits for integer types.
+template <Dtype D>
+typename Elem<D>::compute scalar_value(int64_t reg) {
+  using E = Elem<D>;
+  if constexpr (E::is_float)
+    return E::to_compute(E::from_compute(bits_to_f32(static_cast<uint32_t>(reg))));
+  else
+    return static_cast<typename E::compute>(reg);
+}
+
+template <isa::Cmp C, class T>
+bool compare(T a, T b) {
+  switch (C) {
+    case isa::Cmp::EQ: return a == b;
+    case isa::Cmp::NE: return a != b;
+    case isa::Cmp::LT: return a < b;
+    case isa::Cmp::GT: return a > b;
+    case isa::Cmp::LE: return a <= b;
+    case isa::Cmp::GE: return a >= b;
+  }
+  return false;
+}
+
+template <Dtype D, isa::Cmp C>
+void run_compare_as(const VecInsn& vi, uint8_t* ub) {
+  using E = Elem<D>;
+  constexpr int size = sizeof(typename E::storage);
+  const VecOperand& dst = vi.operand[vec::kDst];
+  std::array<const VecOperand*, 2> ops{&vi.operand[vec::kSrc0], &vi.operand[vec::kSrc1]};
+  Lanes bits;
+  for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 2> p, int first,
+                                      int n, const Lanes& active) {
+    if (first == 0) bits = Lanes{};
+    for (int i = 0; i < n; ++i)
+      if (active.test(first + i) && compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
+        bits.set(first + i);
+    if (first + n == vi.lanes) {
+      // Lane i is bit i % 8 of byte i / 8 of the repeat's row.
+      uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
+      for (int byte = 0; byte < dst.bytes_per_repeat; ++byte)
+        row[byte] = static_cast<uint8_t>((byte < 8 ? bits.lo >> (8 * byte)
+                                                   : bits.hi >> (8 * (byte - 8))) & 0xffu);
+    }
+  });
+}
+
+template <Dtype D>
+void run_compare(const VecInsn& vi, uint8_t* ub) {
+  switch (vi.cmp) {
+    case isa::Cmp::EQ: return run_compare_as<D, isa::Cmp::EQ>(vi, ub);
+    case isa::Cmp::NE: return run_compare_as<D, isa::Cmp::NE>(vi, ub);
+    case isa::Cmp::LT: return run_compare_as<D, isa::Cmp::LT>(vi, ub);
+    case isa::Cmp::GT: return run_compare_as<D, isa::Cmp::GT>(vi, ub);
+    case isa::Cmp::LE: return run_compare_as<D, isa::Cmp::LE>(vi, ub);
+    case isa::Cmp::GE: return run_compare_as<D, isa::Cmp::GE>(vi, ub);
+  }
+}
+
+template <class Op, Dtype D>
+void run_typed(const VecInsn& vi, uint8_t* ub) {
+  using E = Elem<D>;
+  using T = typename E::compute;
+  if constexpr (Op::family == Family::kBinary) {
+    using Fn = typename Op::Elementwise;
+    elementwise<E, E, E>(vi, ub, [](T a, T b) { return Fn::apply(a, b); });
+  } else if constexpr (Op::family == Family::kUnary) {
+    if constexpr (Op::kMove) {
+      using R = RawOfSize<sizeof(typename E::storage)>;
+      elementwise<R, R>(vi, ub, [](typename R::storage a) { return a; });
+    } else {
+      using Fn = typename Op::Elementwise;
+      elementwise<E, E>(vi, ub, [](T a) { return Fn::apply(a); });
+    }
+  } else if constexpr (Op::family == Family::kScalar) {
+    using Fn = typename Op::Elementwise;
+    const T s = scalar_value<D>(vi.scalar);
+    elementwise<E, E>(vi, ub, [s](T a) { return Fn::apply(a, s); });
+  } else if constexpr (Op::family == Family::kDup) {
+    using R = RawOfSize<sizeof(typename E::storage)>;
+    typename R::storage bits;
+    if constexpr (D == Dtype::F32)
+      bits = static_cast<uint32_t>(vi.scalar);  // the fp32 bits themselves
+    else
+      bits = E::from_compute(scalar_value<D>(vi.scalar));
+    elementwise<R>(vi, ub, [bits]() { return bits; });
+  } else if constexpr (Op::family == Family::kSelect) {
+    using R = RawOfSize<sizeof(typename E::storage)>;
+    constexpr int size = sizeof(typename R::storage);
+    const VecOperand& sel = vi.operand[vec::kSel];
+    std::array<const VecOperand*, 3> ops{&vi.operand[vec::kDst], &vi.operand[vec::kSrc0],
+                                         &vi.operand[vec::kSrc1]};
+    for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 3> p, int first,
+                                        int n, const Lanes& active) {
+      const uint8_t* bits = ub + sel.addr + r * sel.rep_bytes;
+      for (int i = 0; i < n; ++i) {
+        int lane = first + i;
+        if (!active.test(lane)) continue;
+        bool take0 = (bits[lane / 8] >> (lane % 8)) & 1u;
+        std::memcpy(p[0] + i * size, (take0 ? p[1] : p[2]) + i * size, size);
+      }
+    });
+  } else if constexpr (Op::family == Family::kCompare) {
+    run_compare<D>(vi, ub);
+  } else if constexpr (Op::family == Family::kReduce) {
+    const VecOperand& dst = vi.operand[vec::kDst];
+    std::array<const VecOperand*, 1> ops{&vi.operand[vec::kSrc0]};
+    constexpr int size = sizeof(typename E::storage);
+    T acc = Op::template identity<T>();
+    for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 1> p, int first,
+                                        int n, const Lanes& active) {
+      if (first == 0) acc = Op::template identity<T>();  // a new repeat
+      for (int i = 0; i < n; ++i)
+        if (active.test(first + i)) acc = Op::combine(acc, E::load(p[0] + i * size));
+      if (first + n == vi.lanes) E::store(ub + dst.addr + r * dst.rep_bytes, acc);
+    });
+  }
+}
+
+template <Dtype To, Dtype From>
+void run_convert(const VecInsn& vi, uint8_t* ub) {
+  using DR = Raw<typename Elem<To>::storage>;
+  using SR = Raw<typename Elem<From>::storage>;
+  const RoundMode m = vi.round;
+  elementwise<DR, SR>(vi, ub,
+                      [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
+}
+
+void run_transpose(const VecInsn& vi, uint8_t* ub) {
+  constexpr int n = vec::kTransposeSide;
+  std::array<uint16_t, n * n> m;  // copied first, so src and dst may overlap
+  std::memcpy(m.data(), ub + vi.operand[vec::kSrc0].addr, sizeof(m));
+  uint8_t* dst = ub + vi.operand[vec::kDst].addr;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) store_bits<uint16_t>(dst + (j * n + i) * 2, m[i * n + j]);
+}
+
+// Calls f(std::integral_constant<Dtype, t>{}) if t is in Types (plan() rejects other types).
+template <vec::TypeSet Types, class F>
+void visit_supported(Dtype t, F&& f) {
+  visit_elem_dtype(t, [&](auto d) {
+    if constexpr ((Types & vec::type_bit(decltype(d)::value)) != 0) f(d);
+  });
+}
+
+}  // namespace
+
+ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx) {
+  if (!ctx.core.has(isa::Pipe::V))
+    throw KernelFault(fmt::format("{}: this core has no vector pipe", op.insn->desc().mnemonic));
+  VecInsn vi = vec::decode_vector(op, ctx.cfg);
+  vec::check_vector_bounds(vi, ctx.local);
+  return vec::vector_cost(vi, ctx.cfg);
+}
+
+void execute_vector(const IssuedOp& op, ExecContext& ctx) {
+  const VecInsn vi = vec::decode_vector(op, ctx.cfg);
+  if (vi.repeats == 0) return;
+  uint8_t* ub = ctx.local.at(isa::Buf::UB, 0, ctx.local.capacity(isa::Buf::UB));
+  vec::visit_vector_op(vi.op, [&](auto o) {
+    using Op = decltype(o);
+    if constexpr (Op::family == Family::kTranspose) {
+      run_transpose(vi, ub);
+    } else if constexpr (Op::family == Family::kConvert) {
+      visit_supported<Op::types>(vi.type, [&](auto to) {
+        visit_supported<Op::types>(vi.src_type, [&](auto from) {
+          run_convert<decltype(to)::value, decltype(from)::value>(vi, ub);
+        });
+      });
+    } else {
+      visit_supported<Op::types>(vi.type,
+                                 [&](auto d) { run_typed<Op, decltype(d)::value>(vi, ub); });
+    }
+  });
+}
+
+}  // namespace npusim

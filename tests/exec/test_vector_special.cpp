@@ -1,0 +1,339 @@
+// vcmp, vsel, vcadd/vcmax/vcmin, vconv, vdup and vtranspose against references written here
+// (brief's lane addressing and masks; _Float16 / hand-rounded bf16; test_convert_ref.h for
+// conversions). Whole-UB comparisons check that nothing else is written.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tests/exec/test_convert_ref.h"
+#include "tests/exec/test_vector_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+constexpr uint64_t kDst = 0x0000, kSrc0 = 0x8000, kSrc1 = 0x10000, kSel = 0x18000;
+const Dtype kArith[] = {Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::S32, Dtype::S16, Dtype::U16};
+
+struct Layout {
+  std::string name;
+  int64_t repeat;
+  int64_t dst_blk, src0_blk, src1_blk, dst_rep, src0_rep, src1_rep;
+  VectorMask mask;
+};
+std::vector<Layout> layouts(int lanes) {
+  return {
+      {"contiguous, full mask, 3 repeats", 3, 1, 1, 1, 8, 8, 8, VectorMask{}},
+      {"strided, partial mask, 5 repeats", 5, 3, 2, 1, 24, 17, 9,
+       normal_mask(0x0123456789abcdefull, 0xfedcba9876543210ull)},
+      {"counter mode", 7, 1, 1, 1, 8, 8, 8, counter_mask(2 * lanes + 5)},
+  };
+}
+uint64_t repeats_of(const Layout& l, int lanes) {
+  return l.mask.counter_mode ? (l.mask.count + lanes - 1) / lanes : l.repeat;
+}
+
+void check_image(VecHarness& h, const std::vector<uint8_t>& expected, const std::string& what) {
+  const std::vector<uint8_t> after = h.snapshot();
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < after.size(); ++i)
+    if (after[i] != expected[i] && mismatches++ == 0) first = i;
+  INFO(what);
+  INFO("first mismatching UB byte " << first << ": got " << int(after[first]) << ", want "
+                                    << int(expected[first]));
+  CHECK(mismatches == 0);
+}
+
+bool ref_compare(isa::Cmp c, Dtype t, uint32_t a, uint32_t b) {
+  double x, y;  // exact for every type
+  if (isa::dtype_is_float(t)) x = ref_float_of(t, a), y = ref_float_of(t, b);
+  else x = static_cast<double>(ref_int_of(t, a)), y = static_cast<double>(ref_int_of(t, b));
+  switch (c) {
+    case isa::Cmp::EQ: return x == y;
+    case isa::Cmp::NE: return x != y;
+    case isa::Cmp::LT: return x < y;
+    case isa::Cmp::GT: return x > y;
+    case isa::Cmp::LE: return x <= y;
+    case isa::Cmp::GE: return x >= y;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("vcmp: one bit per active lane, 0 for inactive lanes, every comparison and type") {
+  uint32_t seed = 1;
+  for (Dtype t : kArith) {
+    const int size = isa::dtype_size(t), lanes = 256 / size;
+    for (const Layout& l : layouts(lanes)) {
+      for (int c = 0; c <= static_cast<int>(isa::Cmp::GE); ++c) {
+        VecHarness h;
+        h.randomize(seed);
+        ValuePool pool(t, seed++);
+        const uint64_t repeats = repeats_of(l, lanes);
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int lane = 0; lane < lanes; ++lane) {
+            uint32_t a = pool.next();
+            // Every third lane compares equal values (NaN included).
+            uint32_t b = lane % 3 == 0 ? a : pool.next();
+            h.put_elem(ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, lane), size, a);
+            h.put_elem(ref_lane_addr(kSrc1, l.src1_blk, l.src1_rep, size, r, lane), size, b);
+          }
+        std::vector<uint8_t> expected = h.snapshot();
+        VecOp o(Opcode::op_vcmp,
+                {{"type", dt(t)}, {"cmp", c}, {"xdst", kDst}, {"xsrc0", kSrc0}, {"xsrc1", kSrc1},
+                 {"repeat", l.repeat}, {"src0_blk", l.src0_blk}, {"src1_blk", l.src1_blk},
+                 {"src0_rep", l.src0_rep}, {"src1_rep", l.src1_rep}},
+                l.mask);
+        ExecCost cost = h.run(o);
+        // Repeat r's bits at dst + r*lanes/8: lane i is bit i%8 of byte i/8.
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int lane = 0; lane < lanes; ++lane) {
+            uint64_t byte = kDst + r * lanes / 8 + lane / 8;
+            if (lane % 8 == 0) expected[byte] = 0;
+            uint64_t a_at = ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, lane);
+            uint64_t b_at = ref_lane_addr(kSrc1, l.src1_blk, l.src1_rep, size, r, lane);
+            uint32_t a = element_from(expected, a_at, size), b = element_from(expected, b_at, size);
+            if (ref_lane_active(l.mask, r, lanes, lane) &&
+                ref_compare(static_cast<isa::Cmp>(c), t, a, b))
+              expected[byte] |= static_cast<uint8_t>(1u << (lane % 8));
+          }
+        check_image(h, expected,
+                    std::string("vcmp.") + isa::cmp_name(static_cast<isa::Cmp>(c)) + "." +
+                        isa::dtype_name(t) + ", " + l.name);
+        CHECK(cost.bytes == repeats * lanes / 8);
+      }
+    }
+  }
+}
+
+TEST_CASE("vcmp of NaN: only ne is true") {
+  VecHarness h;
+  h.put<uint16_t>(kSrc0, 0x7e01);  // f16 NaN
+  h.put<uint16_t>(kSrc1, 0x7e01);
+  for (int c = 0; c <= static_cast<int>(isa::Cmp::GE); ++c) {
+    VecOp o(Opcode::op_vcmp,
+            {{"type", dt(Dtype::F16)}, {"cmp", c}, {"xdst", kDst}, {"xsrc0", kSrc0},
+             {"xsrc1", kSrc1}, {"repeat", 1}, {"src0_blk", 1}, {"src1_blk", 1}, {"src0_rep", 8},
+             {"src1_rep", 8}},
+            normal_mask(0, 1));
+    h.run(o);
+    CHECK(h.get<uint8_t>(kDst) == (static_cast<isa::Cmp>(c) == isa::Cmp::NE ? 1 : 0));
+  }
+}
+
+TEST_CASE("vsel: dst = selector bit ? src0 : src1 on active lanes, bits kept") {
+  uint32_t seed = 50;
+  for (Dtype t : kArith) {
+    const int size = isa::dtype_size(t), lanes = 256 / size;
+    for (const Layout& l : layouts(lanes)) {
+      VecHarness h;
+      h.randomize(seed++);  // random selector bits at kSel and random (NaN-rich) sources
+      const std::vector<uint8_t> before = h.snapshot();
+      VecOp o(Opcode::op_vsel,
+              {{"type", dt(t)}, {"xdst", kDst}, {"xsrc0", kSrc0}, {"xsrc1", kSrc1},
+               {"xsel", kSel}, {"repeat", l.repeat}, {"dst_blk", l.dst_blk},
+               {"src0_blk", l.src0_blk}, {"src1_blk", l.src1_blk}, {"dst_rep", l.dst_rep},
+               {"src0_rep", l.src0_rep}, {"src1_rep", l.src1_rep}},
+              l.mask);
+      h.run(o);
+      std::vector<uint8_t> expected = before;
+      const uint64_t repeats = repeats_of(l, lanes);
+      for (uint64_t r = 0; r < repeats; ++r)
+        for (int lane = 0; lane < lanes; ++lane) {
+          if (!ref_lane_active(l.mask, r, lanes, lane)) continue;
+          bool bit = (before[kSel + r * lanes / 8 + lane / 8] >> (lane % 8)) & 1;
+          uint64_t src = bit ? ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, lane)
+                             : ref_lane_addr(kSrc1, l.src1_blk, l.src1_rep, size, r, lane);
+          element_to(expected, ref_lane_addr(kDst, l.dst_blk, l.dst_rep, size, r, lane), size,
+                     element_from(before, src, size));
+        }
+      check_image(h, expected, std::string("vsel.") + isa::dtype_name(t) + ", " + l.name);
+    }
+  }
+}
+
+namespace {
+
+// Reference reductions: active lanes in lane order, accumulated in fp32 (floats) or wrapping
+// int64 (integers), the result rounded once; identities for repeats without active lanes.
+uint32_t ref_reduce(Opcode op, Dtype t, const std::vector<uint32_t>& active_values) {
+  const int size = isa::dtype_size(t);
+  if (isa::dtype_is_float(t)) {
+    float acc = op == Opcode::op_vcadd ? 0.0f : op == Opcode::op_vcmax ? -INFINITY : INFINITY;
+    bool nan = false;
+    for (uint32_t v : active_values) {
+      float x = ref_float_of(t, v);
+      if (op == Opcode::op_vcadd) acc += x;
+      else if (std::isnan(x)) nan = true;
+      else acc = op == Opcode::op_vcmax ? std::max(acc, x) : std::min(acc, x);
+    }
+    return ref_float_bits(t, nan ? NAN : acc);
+  }
+  int64_t lo = t == Dtype::S32 ? INT32_MIN : t == Dtype::S16 ? INT16_MIN : 0;
+  int64_t hi = t == Dtype::S32 ? INT32_MAX : t == Dtype::S16 ? INT16_MAX : UINT16_MAX;
+  int64_t acc = op == Opcode::op_vcadd ? 0 : op == Opcode::op_vcmax ? lo : hi;
+  for (uint32_t v : active_values) {
+    int64_t x = ref_int_of(t, v);
+    acc = op == Opcode::op_vcadd ? acc + x : op == Opcode::op_vcmax ? std::max(acc, x)
+                                                                     : std::min(acc, x);
+  }
+  return static_cast<uint32_t>(acc) & elem_mask(size);
+}
+
+}  // namespace
+
+TEST_CASE("vcadd vcmax vcmin: one result per repeat over the active lanes") {
+  uint32_t seed = 70;
+  for (Opcode op : {Opcode::op_vcadd, Opcode::op_vcmax, Opcode::op_vcmin}) {
+    for (Dtype t : kArith) {
+      const int size = isa::dtype_size(t), lanes = 256 / size;
+      std::vector<Layout> ls = layouts(lanes);
+      ls.push_back({"no active lane (identity results)", 2, 1, 1, 1, 8, 8, 8, normal_mask(0, 0)});
+      for (const Layout& l : ls) {
+        for (bool tame : {false, true}) {  // tame: finite moderate values, so sums are tested
+          VecHarness h;
+          h.randomize(seed);
+          ValuePool pool(t, seed++);
+          const uint64_t repeats = repeats_of(l, lanes);
+          for (uint64_t r = 0; r < repeats; ++r)
+            for (int lane = 0; lane < lanes; ++lane) {
+              uint32_t v = pool.next();
+              if (tame && isa::dtype_is_float(t))
+                v = ref_float_bits(t, static_cast<float>((lane * 37 + r * 11) % 101) / 8 - 6);
+              h.put_elem(ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, lane), size, v);
+            }
+          std::vector<uint8_t> expected = h.snapshot();
+          VecOp o(op, {{"type", dt(t)}, {"xdst", kDst}, {"xsrc", kSrc0}, {"repeat", l.repeat},
+                       {"src_blk", l.src0_blk}, {"src_rep", l.src0_rep}},
+                  l.mask);
+          ExecCost cost = h.run(o);
+          for (uint64_t r = 0; r < repeats; ++r) {
+            std::vector<uint32_t> values;
+            for (int lane = 0; lane < lanes; ++lane)
+              if (ref_lane_active(l.mask, r, lanes, lane))
+                values.push_back(element_from(
+                    expected, ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, lane), size));
+            element_to(expected, kDst + r * size, size, ref_reduce(op, t, values));
+          }
+          check_image(h, expected,
+                      std::string(isa::describe(op).mnemonic) + "." + isa::dtype_name(t) + ", " +
+                          l.name + (tame ? ", moderate values" : ", random values"));
+          CHECK(cost.bytes == repeats * size);
+        }
+      }
+    }
+  }
+  // Identities by hand: f16 vcmax of nothing is -inf (0xfc00), s16 vcmin is 32767, vcadd 0.
+  CHECK(ref_reduce(Opcode::op_vcmax, Dtype::F16, {}) == 0xfc00);
+  CHECK(ref_reduce(Opcode::op_vcmin, Dtype::S16, {}) == 0x7fff);
+}
+
+TEST_CASE("vconv: every type pair and rounding mode, lanes = 256 / wider size") {
+  const Dtype types[] = {Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::S32,
+                         Dtype::S16, Dtype::S8,  Dtype::U8,   Dtype::U16};
+  uint32_t seed = 300;
+  for (Dtype to : types)
+    for (Dtype from : types) {
+      const int dsize = isa::dtype_size(to), ssize = isa::dtype_size(from);
+      if (dsize == 1 && ssize == 1) continue;  // unsupported (fault test elsewhere)
+      const int lanes = 256 / std::max(dsize, ssize);
+      for (int mode = 0; mode < 5; ++mode) {
+        // Contiguous layouts: each operand's repeat stride is its bytes per repeat in blocks.
+        // Odd modes also use block strides 2 / 1 and a partial mask; mode 4 counter mode.
+        const bool strided = mode % 2 == 1;
+        const int64_t dst_blk = strided ? 2 : 1, src_blk = 1;
+        const int64_t dst_rep = lanes * dsize / 32 * dst_blk, src_rep = lanes * ssize / 32;
+        VectorMask mask = strided ? normal_mask(0xaaaa5555aaaa5555ull, 0x0123456789abcdefull)
+                                  : mode == 4 ? counter_mask(2 * lanes + 3) : VectorMask{};
+        const int64_t repeat = 3;
+        const uint64_t repeats = mask.counter_mode ? 3 : repeat;
+        VecHarness h;
+        h.randomize(seed);
+        ValuePool pool(from, seed++);
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int lane = 0; lane < lanes; ++lane)
+            h.put_elem(ref_lane_addr(kSrc0, src_blk, src_rep, ssize, r, lane), ssize, pool.next());
+        const std::vector<uint8_t> before = h.snapshot();
+        VecOp o(Opcode::op_vconv,
+                {{"dst_type", dt(to)}, {"src_type", dt(from)}, {"xdst", kDst}, {"xsrc", kSrc0},
+                 {"repeat", repeat}, {"dst_blk", dst_blk}, {"src_blk", src_blk},
+                 {"dst_rep", dst_rep}, {"src_rep", src_rep}, {"round", mode}},
+                mask);
+        ExecCost cost = h.run(o);
+        std::vector<uint8_t> expected = before;
+        uint64_t active = 0;
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int lane = 0; lane < lanes; ++lane) {
+            if (!ref_lane_active(mask, r, lanes, lane)) continue;
+            ++active;
+            uint32_t s = element_from(
+                before, ref_lane_addr(kSrc0, src_blk, src_rep, ssize, r, lane), ssize);
+            element_to(expected, ref_lane_addr(kDst, dst_blk, dst_rep, dsize, r, lane), dsize,
+                       ref_convert(to, from, s, static_cast<RefRound>(mode)));
+          }
+        check_image(h, expected,
+                    std::string("vconv ") + isa::dtype_name(from) + " -> " + isa::dtype_name(to) +
+                        " round " + std::to_string(mode));
+        CHECK(cost.bytes == active * dsize);
+      }
+    }
+}
+
+TEST_CASE("vdup: the scalar, rounded to the type, on active lanes") {
+  uint32_t seed = 500;
+  const float fval = 0.1f;  // inexact in f16 and bf16
+  for (Dtype t : kArith) {
+    const int size = isa::dtype_size(t), lanes = 256 / size;
+    for (const Layout& l : layouts(lanes)) {
+      const int64_t reg = isa::dtype_is_float(t) ? int64_t{ref_f32_bits(fval)} : int64_t{-70001};
+      const uint32_t value = isa::dtype_is_float(t) ? ref_float_bits(t, fval)
+                                                    : static_cast<uint32_t>(reg) & elem_mask(size);
+      VecHarness h;
+      h.randomize(seed++);
+      std::vector<uint8_t> expected = h.snapshot();
+      VecOp o(Opcode::op_vdup,
+              {{"type", dt(t)}, {"xdst", kDst}, {"xscalar", reg}, {"repeat", l.repeat},
+               {"dst_blk", l.dst_blk}, {"dst_rep", l.dst_rep}},
+              l.mask);
+      h.run(o);
+      for (uint64_t r = 0; r < repeats_of(l, lanes); ++r)
+        for (int lane = 0; lane < lanes; ++lane)
+          if (ref_lane_active(l.mask, r, lanes, lane))
+            element_to(expected, ref_lane_addr(kDst, l.dst_blk, l.dst_rep, size, r, lane), size,
+                       value);
+      check_image(h, expected, std::string("vdup.") + isa::dtype_name(t) + ", " + l.name);
+    }
+  }
+  // f32 vdup keeps the register's bits, even a NaN payload.
+  VecHarness h;
+  VecOp o(Opcode::op_vdup, {{"type", dt(Dtype::F32)}, {"xdst", kDst}, {"xscalar", 0x7f800001},
+                            {"repeat", 1}, {"dst_blk", 1}, {"dst_rep", 8}});
+  h.run(o);
+  CHECK(h.get<uint32_t>(kDst + 4 * 63) == 0x7f800001u);
+}
+
+TEST_CASE("vtranspose: 16x16 two-byte elements, also in place, mask ignored") {
+  for (bool in_place : {false, true}) {
+    VecHarness h;
+    h.randomize(in_place ? 2 : 1);
+    const uint64_t src = kSrc0, dst = in_place ? kSrc0 : kDst;
+    std::vector<uint8_t> expected = h.snapshot();
+    const std::vector<uint8_t> before = expected;
+    VecOp o(Opcode::op_vtranspose, {{"xdst", dst}, {"xsrc", src}}, normal_mask(0, 1));
+    ExecCost cost = h.run(o);
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j)
+        element_to(expected, dst + (j * 16 + i) * 2, 2,
+                   element_from(before, src + (i * 16 + j) * 2, 2));
+    check_image(h, expected, in_place ? "in place" : "separate");
+    CHECK(cost.bytes == 512);
+    CHECK(cost.vector_repeats == 2);
+  }
+}
