@@ -1,0 +1,102 @@
+// The chip top: the AI cores (aic/aiv on a split chip, aicore on a coupled one), the task
+// scheduler, the memory system (L2 + HBM) behind every core's GM port, and the HDC link. It
+// implements the cores' environment (faults, aborts, block completion, cross-core flags) and the
+// launch protocol the Simulator drives between sc_start() calls:
+//   begin_launch(); sc_start(); outcome(); [deadlock: abort(); sc_start();] end_launch().
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <systemc>
+
+#include "isa/isa.h"
+#include "sim/chip/hdc_link.h"
+#include "sim/chip/memory_system.h"
+#include "sim/chip/task_scheduler.h"
+#include "sim/core/ai_core.h"
+#include "sim/core/core_env.h"
+#include "sim/counters/counters.h"
+
+namespace npusim {
+
+class Chip : public sc_core::sc_module, public CoreEnv {
+ public:
+  SC_HAS_PROCESS(Chip);
+  enum class Outcome { Done, Fault, Deadlock };
+
+  // Counters register under "chip."; `observers` are called at every probe point.
+  Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm,
+       CounterRegistry& counters, std::vector<ChipObserver*> observers);
+  ~Chip() override;
+
+  // Prepares a launch and dispatches its first blocks (they start when the simulation runs).
+  // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
+  void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
+                    int block_dim, bool functional);
+  // After sc_start() returned: how the launch ended.
+  Outcome outcome() const;
+  const std::string& fault_message() const { return m_fault; }
+  // "deadlock: core aic0 pc 12 (k.s:30) wait_flag mte2, m, 1 never set; ..."
+  std::string deadlock_report() const;
+  // Aborts the launch from outside the simulation (after a deadlock); sc_start() then unwinds
+  // every process.
+  void abort();
+  // Simulated time the launch ended: its last block's end, its fault, or (deadlock) the last
+  // activity.
+  sc_core::sc_time end_time() const;
+  // Ends the launch: resets cores, scheduler and abort signal so the next launch starts clean;
+  // accounts the launch's cycles.
+  void end_launch(bool ok);
+
+  HdcLink& hdc() { return *m_hdc; }
+  const std::vector<std::unique_ptr<AiCore>>& cores() const { return m_cores; }
+
+  // CoreEnv
+  const ChipConfig& config() const override { return m_cfg; }
+  DeviceMemory& gm() override { return m_gm; }
+  const LaunchInfo& launch() const override { return m_launch; }
+  AbortSignal& abort_signal() override { return m_abort; }
+  const std::vector<ChipObserver*>& observers() const override { return m_observers; }
+  uint64_t new_flow_id() override { return ++m_flow_ids; }
+  void fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
+             const std::string& what) override;
+  void block_done(AiCore& core) override;
+  void cross_core_set(AiCore& core, Lane lane, int mode, int id) override;
+
+ private:
+  std::vector<TaskScheduler::Worker> make_workers(const isa::Program& program);
+  const SectionRun& prepare_section(const isa::Section& s);
+  void post(AiCore& from, Lane lane, AiCore& to, int id);
+  void raise_abort();
+  void dispatch_blocks();  // method: hands blocks to the workers freed in the last delta cycle
+
+  const ChipConfig& m_cfg;
+  DeviceMemory& m_gm;
+  std::vector<ChipObserver*> m_observers;
+  AbortSignal m_abort;
+  std::vector<std::unique_ptr<AiCore>> m_cores;  // chip index order: aic..., aiv... (or aicore)
+  std::unique_ptr<MemorySystem> m_memory;
+  std::unique_ptr<HdcLink> m_hdc;
+  TaskScheduler m_scheduler;
+  sc_core::sc_event m_worker_freed;
+
+  // The launch in progress.
+  LaunchInfo m_launch;
+  std::vector<std::unique_ptr<SectionRun>> m_runs;
+  std::string m_fault;
+  sc_core::sc_time m_start, m_end;
+  bool m_mix = false;
+  // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
+  std::map<std::pair<int, int>, int> m_cc_arrivals;
+  uint64_t m_flow_ids = 0;
+
+  Counter& m_total_cycles;
+  Counter& m_launches;
+  Counter& m_failed_launches;
+};
+
+}  // namespace npusim

@@ -1,0 +1,49 @@
+// The core -> memory system interface: a TLM-2.0 generic payload per GM instruction, sent by
+// blocking transport with the instruction's own (non-memory) cycles as annotated delay. The
+// payload carries this extension with the instruction's GM ranges and the core's port rate; the
+// memory system returns when the data has moved, filling in the result fields.
+// Data itself is not carried: the functional copy is the instruction's execute() on the
+// simulator's DeviceMemory after the transfer, so payload data pointers are null.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <systemc>
+#include <tlm>
+
+#include "sim/exec/exec.h"
+
+namespace npusim {
+
+class GmTransfer : public tlm::tlm_extension<GmTransfer> {
+ public:
+  // Request.
+  const std::vector<GmAccess>* ranges = nullptr;
+  double port_rate = 0;  // bytes per cycle this core's path can move; 0 = not limited by the core
+  // Result.
+  sc_core::sc_time transfer_time;  // time in the bandwidth-shared phase (after latency)
+  double alone_cycles = 0;         // what that phase takes with no other transfer active
+  uint64_t hit_bytes = 0, miss_bytes = 0;
+
+  // Memory-system state while the transfer is in flight (one per initiating pipe thread).
+  // phase 0 moves the L2-missing bytes over HBM, phase 1 the hitting bytes over L2.
+  double remaining[2] = {0, 0};
+  int phase = 0;
+  double port[2] = {0, 0};  // the core's port rate in each phase (0: not limited by the core)
+  double rate = 0;          // current bytes per cycle
+  sc_core::sc_event done;
+
+  tlm::tlm_extension_base* clone() const override {
+    auto* e = new GmTransfer;
+    e->copy_from(*this);
+    return e;
+  }
+  void copy_from(const tlm::tlm_extension_base& other) override {
+    const auto& o = static_cast<const GmTransfer&>(other);
+    ranges = o.ranges;
+    port_rate = o.port_rate;
+  }
+};
+
+}  // namespace npusim

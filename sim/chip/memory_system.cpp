@@ -1,0 +1,183 @@
+#include "sim/chip/memory_system.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace npusim {
+
+using sc_core::sc_time;
+using sc_core::SC_ZERO_TIME;
+
+namespace {
+constexpr uint64_t kPsPerCycle = 1000;
+}
+
+MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
+                           AbortSignal& abort, const CounterGroup& chip_counters)
+    : sc_module(name),
+      port("port"),
+      m_cfg(cfg),
+      m_abort(abort),
+      m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways),
+      m_l2_hits(chip_counters.add("l2.hits", "lines", "GM line accesses that hit in L2")),
+      m_l2_misses(chip_counters.add("l2.misses", "lines", "GM line accesses that missed L2")),
+      m_l2_read_bytes(chip_counters.add("l2.read_bytes", "bytes", "GM bytes read from L2 (hits)")),
+      m_l2_write_bytes(chip_counters.add("l2.write_bytes", "bytes",
+                                         "GM bytes written into lines present in L2")),
+      m_l2_busy(chip_counters.add("l2.busy_cycles", "cycles",
+                                  "cycles with at least one transfer moving data over L2",
+                                  kPsPerCycle)),
+      m_hbm_read_bytes(chip_counters.add("hbm.read_bytes", "bytes",
+                                         "GM bytes read from HBM (L2 misses)")),
+      m_hbm_write_bytes(chip_counters.add("hbm.write_bytes", "bytes",
+                                          "GM bytes written to HBM (lines missing in L2)")),
+      m_hbm_busy(chip_counters.add("hbm.busy_cycles", "cycles",
+                                   "cycles with at least one transfer moving data over HBM",
+                                   kPsPerCycle)),
+      m_transfers(chip_counters.add("gm.transfers", "transfers",
+                                    "GM instructions timed by the memory system")) {
+  if (!(cfg.hbm_gbps > 0) || !(cfg.clock_mhz > 0))
+    throw ConfigError(fmt::format("{}: memory.hbm.gbps ({}) and clock_mhz ({}) must be positive",
+                                  cfg.source_file, cfg.hbm_gbps, cfg.clock_mhz));
+  if (cfg.l2_bytes > 0 && !(cfg.l2_gbps > 0))
+    throw ConfigError(fmt::format("{}: memory.l2.gbps ({}) must be positive when the chip has "
+                                  "an L2", cfg.source_file, cfg.l2_gbps));
+  m_bandwidth[kHbm] = cfg.hbm_bytes_per_cycle();
+  m_bandwidth[kL2] = cfg.l2_bytes > 0 ? cfg.l2_bytes_per_cycle() : m_bandwidth[kHbm];
+  port.register_b_transport(this, &MemorySystem::b_transport);
+  SC_METHOD(on_rate_change);
+  sensitive << m_rate_change;
+  dont_initialize();
+}
+
+void MemorySystem::begin_launch() { m_l2.invalidate_all(); }
+
+void MemorySystem::abort_transfers() {
+  m_active.clear();
+  m_users[kHbm] = m_users[kL2] = 0;
+  m_rate_change.cancel();
+}
+
+void MemorySystem::b_transport(int, tlm::tlm_generic_payload& p, sc_time& delay) {
+  GmTransfer* t = p.get_extension<GmTransfer>();
+  if (!t || !t->ranges) {
+    p.set_response_status(tlm::TLM_GENERIC_ERROR_RESPONSE);
+    return;
+  }
+  // 1. L2 lookup, line by line.
+  uint64_t hit = 0, miss = 0;
+  const uint64_t line = m_l2.line_bytes();
+  for (const GmAccess& r : *t->ranges) {
+    uint64_t addr = r.addr;
+    const uint64_t end = r.addr + r.bytes;
+    while (addr < end) {
+      const uint64_t n = std::min(end, (addr / line + 1) * line) - addr;
+      if (m_l2.access(addr)) {
+        hit += n;
+        m_l2_hits.inc();
+        (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(n);
+      } else {
+        miss += n;
+        m_l2_misses.inc();
+        (r.write ? m_hbm_write_bytes : m_hbm_read_bytes).add(n);
+      }
+      addr += n;
+    }
+  }
+  m_transfers.inc();
+  t->hit_bytes = hit;
+  t->miss_bytes = miss;
+  // 2. Annotated delay plus the access latency.
+  const int latency = hit + miss == 0 ? 0 : miss > 0 ? m_cfg.hbm_latency_cycles
+                                                     : m_cfg.l2_latency_cycles;
+  const sc_time wait_time = delay + cycles_to_time(latency);
+  delay = SC_ZERO_TIME;
+  m_abort.check();
+  if (wait_time != SC_ZERO_TIME) wait(wait_time, m_abort.event());
+  m_abort.check();
+  // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
+  // the core's L2 port rate for the direction (the path rate if the chip gives none).
+  const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
+  const double l2_port = write ? m_cfg.l2_write_bytes_per_cycle : m_cfg.l2_read_bytes_per_cycle;
+  t->port[kHbm] = t->port_rate;
+  t->port[kL2] = l2_port > 0 ? l2_port : t->port_rate;
+  t->alone_cycles = 0;
+  for (int r : {kHbm, kL2}) {
+    const double bytes = static_cast<double>(r == kHbm ? miss : hit);
+    const double alone_rate =
+        t->port[r] > 0 ? std::min(t->port[r], m_bandwidth[r]) : m_bandwidth[r];
+    t->alone_cycles += bytes / alone_rate;
+  }
+  const sc_time start = sc_core::sc_time_stamp();
+  if (hit + miss > 0) {
+    advance();
+    t->remaining[kHbm] = static_cast<double>(miss);
+    t->remaining[kL2] = static_cast<double>(hit);
+    t->phase = miss > 0 ? kHbm : kL2;
+    t->rate = 0;
+    m_active.push_back(t);
+    settle();
+    while (t->phase < 2) {
+      wait(t->done | m_abort.event());
+      m_abort.check();
+    }
+  }
+  t->transfer_time = sc_core::sc_time_stamp() - start;
+  p.set_response_status(tlm::TLM_OK_RESPONSE);
+}
+
+void MemorySystem::on_rate_change() {
+  advance();
+  settle();
+}
+
+void MemorySystem::advance() {
+  const uint64_t now = now_ps();
+  if (now == m_last_ps) return;
+  const uint64_t dt_ps = now - m_last_ps;
+  const double dt = static_cast<double>(dt_ps) / kPsPerCycle;
+  for (GmTransfer* t : m_active) t->remaining[t->phase] -= t->rate * dt;
+  if (m_users[kHbm] > 0) m_hbm_busy.add(dt_ps);
+  if (m_users[kL2] > 0) m_l2_busy.add(dt_ps);
+  m_last_ps = now;
+}
+
+void MemorySystem::settle() {
+  // Complete the phases that have (to within a picosecond of their rate) no bytes left.
+  for (size_t i = 0; i < m_active.size();) {
+    GmTransfer* t = m_active[i];
+    const double eps = std::max(t->rate / kPsPerCycle, 1e-9);
+    while (t->phase < 2 && t->remaining[t->phase] <= eps) {
+      ++t->phase;
+      t->rate = 0;
+    }
+    if (t->phase == 2) {
+      t->done.notify(SC_ZERO_TIME);
+      m_active.erase(m_active.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  // Rates: each transfer gets min(its port rate, resource bandwidth / users of the resource).
+  m_users[kHbm] = m_users[kL2] = 0;
+  for (const GmTransfer* t : m_active) ++m_users[t->phase];
+  double next = std::numeric_limits<double>::infinity();
+  for (GmTransfer* t : m_active) {
+    const double share = m_bandwidth[t->phase] / m_users[t->phase];
+    const double port = t->port[t->phase];
+    t->rate = port > 0 ? std::min(port, share) : share;
+    next = std::min(next, t->remaining[t->phase] / t->rate);
+  }
+  m_rate_change.cancel();
+  if (!m_active.empty()) {
+    sc_time dt = cycles_to_time(next);
+    if (dt == SC_ZERO_TIME) dt = sc_time::from_value(1);
+    m_rate_change.notify(dt);
+  }
+}
+
+}  // namespace npusim

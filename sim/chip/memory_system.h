@@ -1,0 +1,77 @@
+// The chip's shared memory system behind every core's GM port: L2 (tags only, set-associative
+// LRU) in front of HBM, each a bandwidth resource shared among the transfers using it.
+//
+// Timing of one GM instruction (a TLM blocking transport, annotated delay = the instruction's
+// own cycles):
+//   1. classify its bytes line by line: hit bytes H (served by L2), miss bytes M (served by HBM,
+//      filling L2);
+//   2. wait the annotated delay plus one latency: hbm_latency_cycles if M > 0, else
+//      l2_latency_cycles;
+//   3. move M bytes over HBM, then H bytes over L2, as a fluid flow: while n transfers are
+//      active on a resource of bandwidth B bytes/cycle, each moves at
+//      rate = min(port, B / n), recomputed whenever a transfer starts or ends (one simulation
+//      event per change, never per byte or burst). port is the core's GM path rate
+//      (ExecCost::gm_core_rate) for the HBM phase and the core's L2 port rate for the direction
+//      (l2_read/write_bytes_per_cycle; the path rate if 0) for the L2 phase.
+// Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
+// are written to HBM and allocated). The full derivation is in docs/chip_model.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <systemc>
+#include <tlm>
+#include <tlm_utils/multi_passthrough_target_socket.h>
+
+#include "sim/chip/gm_transfer.h"
+#include "sim/chip/l2_tags.h"
+#include "sim/config/chip_config.h"
+#include "sim/core/core_env.h"
+#include "sim/counters/counters.h"
+
+namespace npusim {
+
+class MemorySystem : public sc_core::sc_module {
+ public:
+  SC_HAS_PROCESS(MemorySystem);
+  MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg, AbortSignal& abort,
+               const CounterGroup& chip_counters);
+
+  // Target of every core's GM port.
+  tlm_utils::multi_passthrough_target_socket<MemorySystem> port;
+
+  // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones.
+  void begin_launch();
+  // Abort: drops the transfers in flight (their initiators unwind on the abort signal) and the
+  // pending rate-change event, so simulated time stops at the fault.
+  void abort_transfers();
+
+ private:
+  enum Resource { kHbm = 0, kL2 = 1 };
+  void b_transport(int id, tlm::tlm_generic_payload& p, sc_core::sc_time& delay);
+  void on_rate_change();  // method: a transfer's current phase may have completed
+  void advance();         // bring every active transfer's remaining bytes to now
+  void settle();          // complete finished phases, recompute rates, schedule next change
+
+  const ChipConfig& m_cfg;
+  AbortSignal& m_abort;
+  L2Tags m_l2;
+  double m_bandwidth[2];  // bytes per cycle of HBM and L2
+  std::vector<GmTransfer*> m_active;
+  int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)
+  uint64_t m_last_ps = 0;
+  sc_core::sc_event m_rate_change;
+
+  Counter& m_l2_hits;
+  Counter& m_l2_misses;
+  Counter& m_l2_read_bytes;
+  Counter& m_l2_write_bytes;
+  Counter& m_l2_busy;
+  Counter& m_hbm_read_bytes;
+  Counter& m_hbm_write_bytes;
+  Counter& m_hbm_busy;
+  Counter& m_transfers;
+};
+
+}  // namespace npusim

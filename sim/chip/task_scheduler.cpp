@@ -1,0 +1,54 @@
+#include "sim/chip/task_scheduler.h"
+
+namespace npusim {
+
+void TaskScheduler::start(std::vector<Worker> workers, int block_dim, int num_cores) {
+  m_workers = std::move(workers);
+  m_worker_of_core.assign(static_cast<size_t>(num_cores), -1);
+  for (size_t w = 0; w < m_workers.size(); ++w)
+    for (const Member& m : m_workers[w].members)
+      m_worker_of_core[static_cast<size_t>(m.core->chip_index())] = static_cast<int>(w);
+  m_next = m_done = 0;
+  m_block_dim = block_dim;
+  for (Worker& w : m_workers) {
+    if (m_next >= m_block_dim) break;
+    dispatch(w);
+  }
+}
+
+void TaskScheduler::dispatch(Worker& w) {
+  w.block = m_next++;
+  w.pending = static_cast<int>(w.members.size());
+  for (const Member& m : w.members) m.core->assign_block(*m.run, w.block, m.subblock);
+}
+
+bool TaskScheduler::core_done(AiCore& core) {
+  const int wi = m_worker_of_core[static_cast<size_t>(core.chip_index())];
+  if (wi < 0) return false;
+  Worker& w = m_workers[static_cast<size_t>(wi)];
+  if (--w.pending > 0) return false;
+  ++m_done;
+  w.block = -1;
+  return true;
+}
+
+void TaskScheduler::dispatch_free() {
+  for (Worker& w : m_workers) {
+    if (m_next >= m_block_dim) return;
+    if (w.block < 0) dispatch(w);
+  }
+}
+
+const TaskScheduler::Worker* TaskScheduler::worker_of(const AiCore& core) const {
+  const size_t i = static_cast<size_t>(core.chip_index());
+  if (i >= m_worker_of_core.size() || m_worker_of_core[i] < 0) return nullptr;
+  return &m_workers[static_cast<size_t>(m_worker_of_core[i])];
+}
+
+void TaskScheduler::clear() {
+  m_workers.clear();
+  m_worker_of_core.clear();
+  m_next = m_done = m_block_dim = 0;
+}
+
+}  // namespace npusim

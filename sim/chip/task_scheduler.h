@@ -1,0 +1,49 @@
+// The chip's task scheduler: hands the blocks 0..block_dim-1 of a launch to workers in order.
+// A worker is one core, or for a mix kernel one cube core with its vector cores (all members
+// run the same block). Initially worker i gets block i; a worker whose members have all
+// finished takes the next block, so block_dim may exceed the number of workers. Workers that
+// become free together (in the same delta cycle) take the next blocks in worker order.
+#pragma once
+
+#include <vector>
+
+#include "sim/core/ai_core.h"
+
+namespace npusim {
+
+class TaskScheduler {
+ public:
+  struct Member {
+    AiCore* core = nullptr;
+    const SectionRun* run = nullptr;
+    int subblock = 0;  // get_subblock_id
+  };
+  struct Worker {
+    std::vector<Member> members;
+    int pending = 0;  // members still running the current block
+    int block = -1;
+  };
+
+  // Starts a launch: dispatches blocks to the workers in order. `num_cores` bounds the cores'
+  // chip indices.
+  void start(std::vector<Worker> workers, int block_dim, int num_cores);
+  // A member core finished its block. Returns true if that freed its worker (then call
+  // dispatch_free() once the other cores finishing at the same instant have reported too).
+  bool core_done(AiCore& core);
+  // Hands the next blocks to the free workers, in worker order.
+  void dispatch_free();
+  bool all_done() const { return m_done == m_block_dim; }
+  int blocks_done() const { return m_done; }
+  const std::vector<Worker>& workers() const { return m_workers; }
+  // The worker a core belongs to in this launch, or nullptr.
+  const Worker* worker_of(const AiCore& core) const;
+  void clear();
+
+ private:
+  void dispatch(Worker& w);
+  std::vector<Worker> m_workers;
+  std::vector<int> m_worker_of_core;  // by chip index, -1 if not in the launch
+  int m_next = 0, m_done = 0, m_block_dim = 0;
+};
+
+}  // namespace npusim

@@ -1,0 +1,647 @@
+#define SC_INCLUDE_DYNAMIC_PROCESSES
+#include "sim/core/ai_core.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "isa/disassembler.h"
+#include "sim/core/scalar_unit.h"
+
+namespace npusim {
+
+using isa::Opcode;
+using isa::Pipe;
+using sc_core::sc_time;
+using sc_core::sc_time_stamp;
+using sc_core::SC_ZERO_TIME;
+
+namespace {
+
+// Coroutine stacks: pipe processes run plan()/execute() and the memory system's transport on
+// their own stack, so they get more room than the scalar unit.
+constexpr size_t kScalarStackBytes = 256 * 1024;
+constexpr size_t kPipeStackBytes = 512 * 1024;
+constexpr uint64_t kPsPerCycle = 1000;
+
+bool has_pipe_operands(Opcode op) {
+  return op == Opcode::op_set_flag || op == Opcode::op_wait_flag;
+}
+
+}  // namespace
+
+struct AiCore::PipeUnit {
+  PipeUnit(Pipe p, const CounterGroup& g, const AbortSignal& abort)
+      : pipe(p), lane(lane_of(p)), counters(g),
+        busy(g.add("busy_cycles", "cycles",
+                   "cycles the pipe executed instructions (GM transfer time included)",
+                   kPsPerCycle)),
+        stall_flag(g.add("stall.flag_wait", "cycles", "cycles blocked in wait_flag", kPsPerCycle)),
+        stall_cross_core(g.add("stall.cross_core_wait", "cycles", "cycles blocked in cc_wait",
+                               kPsPerCycle)),
+        stall_mem(g.add("stall.mem_contention", "cycles",
+                        "GM transfer cycles beyond bytes / port rate (shared L2/HBM bandwidth)",
+                        kPsPerCycle)),
+        stall_bank(g.add("stall.bank_conflict", "cycles",
+                         "busy cycles caused by UB bank conflicts", kPsPerCycle)) {
+    if (p == Pipe::M)
+      macs = &g.add("macs", "MACs", "cube multiply-accumulates, in fp16-MAC equivalents");
+    if (p == Pipe::V) repeats = &g.add("repeats", "repeats", "vector repeats executed");
+    popped_or_abort |= popped;
+    popped_or_abort |= abort.event();
+    drained_or_abort |= drained;
+    drained_or_abort |= abort.event();
+    transfer = new GmTransfer;
+    payload.set_extension(transfer);  // owned (and freed) by the payload
+  }
+
+  const Pipe pipe;
+  const Lane lane;
+  std::deque<IssuedOp> queue;  // issued, not yet started
+  bool executing = false;      // an instruction has left the queue and is running
+  sc_core::sc_event pushed, popped, drained;
+  sc_core::sc_event_or_list popped_or_abort, drained_or_abort;
+  Blocked blocked;
+  tlm::tlm_generic_payload payload;
+  GmTransfer* transfer;
+
+  CounterGroup counters;
+  Counter& busy;
+  Counter& stall_flag;
+  Counter& stall_cross_core;
+  Counter& stall_mem;
+  Counter& stall_bank;
+  Counter* macs = nullptr;
+  Counter* repeats = nullptr;
+  std::array<Counter*, isa::kNumOpcodes> insn{};
+  std::map<std::pair<isa::Buf, isa::Buf>, Counter*> path_bytes;
+};
+
+AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
+               const CoreKindConfig& kind, CoreEnv& env, const CounterGroup& counters)
+    : sc_module(name),
+      gm_port("gm_port"),
+      m_chip_index(chip_index),
+      m_kind_index(kind_index),
+      m_kind(kind),
+      m_env(env),
+      m_cfg(env.config()),
+      m_abort(env.abort_signal()),
+      m_name(basename()),
+      m_local(std::make_unique<CoreMemory>(kind)),
+      m_counters(counters),
+      m_scalar_counters(counters.sub("s")),
+      m_active_cycles(counters.add("active_cycles", "cycles",
+                                   "cycles the core ran blocks (first fetch to last pipe drained)",
+                                   kPsPerCycle)),
+      m_blocks(counters.add("blocks", "blocks", "blocks the core completed")),
+      m_scalar_busy(m_scalar_counters.add("busy_cycles", "cycles",
+                                          "cycles the scalar unit spent fetching and issuing",
+                                          kPsPerCycle)),
+      m_scalar_issued(m_scalar_counters.add("issued", "instructions",
+                                            "instructions issued to pipe queues")),
+      m_stall_queue_full(m_scalar_counters.add("stall.queue_full", "cycles",
+                                               "cycles the scalar unit waited for queue space",
+                                               kPsPerCycle)),
+      m_stall_scalar_flag(m_scalar_counters.add("stall.flag_wait", "cycles",
+                                                "cycles the scalar unit blocked in wait_flag",
+                                                kPsPerCycle)),
+      m_stall_scalar_cross_core(m_scalar_counters.add(
+          "stall.cross_core_wait", "cycles", "cycles the scalar unit blocked in cc_wait",
+          kPsPerCycle)),
+      m_stall_barrier(m_scalar_counters.add("stall.barrier", "cycles",
+                                            "cycles the scalar unit waited in pipe_barrier",
+                                            kPsPerCycle)) {
+  m_flag_or_abort |= m_flag_event;
+  m_flag_or_abort |= m_abort.event();
+  sc_core::sc_spawn_options scalar_opts;
+  scalar_opts.set_stack_size(kScalarStackBytes);
+  sc_core::sc_spawn([this] { scalar_thread(); }, "scalar", &scalar_opts);
+  for (Pipe p : kind.pipes) {
+    if (p == Pipe::S) continue;
+    if (static_cast<int>(p) >= isa::kNumExecPipes)
+      throw ConfigError(fmt::format("{}: core kind {} lists pipe '{}', which has no queue",
+                                    m_cfg.source_file, isa::core_kind_name(kind.kind),
+                                    isa::pipe_name(p)));
+    auto unit = std::make_unique<PipeUnit>(p, counters.sub(isa::pipe_name(p)), m_abort);
+    PipeUnit* u = unit.get();
+    m_pipes[static_cast<int>(p)] = std::move(unit);
+    m_pipe_list.push_back(u);
+    sc_core::sc_spawn_options opts;
+    opts.set_stack_size(kPipeStackBytes);
+    sc_core::sc_spawn([this, u] { pipe_thread(*u); }, isa::pipe_name(p), &opts);
+  }
+}
+
+AiCore::~AiCore() = default;
+
+void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
+  m_run = &run;
+  m_block = block;
+  m_subblock = subblock;
+  m_assigned = true;
+  m_assign_event.notify(SC_ZERO_TIME);
+}
+
+void AiCore::reset() {
+  for (PipeUnit* u : m_pipe_list) {
+    u->queue.clear();
+    u->executing = false;
+    u->blocked = {};
+  }
+  for (auto& by_dst : m_flags)
+    for (auto& by_id : by_dst) by_id.fill(Flag{});
+  for (auto& f : m_cross_core) f.flows.clear();
+  m_assigned = m_running = false;
+  m_scalar_blocked = {};
+  m_local_time = SC_ZERO_TIME;
+}
+
+// ---- waiting ----
+
+void AiCore::wait_abortable(const sc_core::sc_event_or_list& events) {
+  m_abort.check();
+  wait(events);
+  m_abort.check();
+}
+
+void AiCore::wait_abortable(const sc_time& t) {
+  m_abort.check();
+  if (t == SC_ZERO_TIME) return;
+  wait(t, m_abort.event());
+  m_abort.check();
+}
+
+void AiCore::sync_local() {
+  if (m_local_time == SC_ZERO_TIME) return;
+  const sc_time t = m_local_time;
+  m_local_time = SC_ZERO_TIME;
+  wait_abortable(t);
+}
+
+void AiCore::wait_drained(PipeUnit& u) {
+  while (!u.queue.empty() || u.executing) wait_abortable(u.drained_or_abort);
+}
+
+void AiCore::wait_all_drained() {
+  for (PipeUnit* u : m_pipe_list) wait_drained(*u);
+}
+
+// ---- scalar unit ----
+
+void AiCore::scalar_thread() {
+  for (;;) {
+    while (!m_assigned) wait(m_assign_event);
+    m_assigned = false;
+    m_running = true;
+    const sc_time start = sc_time_stamp();
+    bool completed = false, faulted = false;
+    std::string what;
+    try {
+      run_block();
+      completed = true;
+    } catch (const Aborted&) {
+    } catch (const std::exception& e) {
+      faulted = true;
+      what = e.what();
+    }
+    // A fault happens at the faulting instruction's time: spend the scalar time run ahead.
+    if (faulted && m_local_time != SC_ZERO_TIME && !m_abort.active()) wait(m_local_time);
+    m_local_time = SC_ZERO_TIME;
+    m_scalar_blocked = {};
+    m_running = false;
+    m_active_cycles.add(time_ps(sc_time_stamp() - start));
+    if (faulted) {
+      const auto& code = m_run->section->code;
+      m_env.fault(*this, m_pc, m_pc < code.size() ? &code[m_pc] : nullptr, what);
+    }
+    if (completed) {
+      m_blocks.inc();
+      m_env.block_done(*this);
+    }
+  }
+}
+
+void AiCore::run_block() {
+  m_regs.fill(0);
+  m_mask = VectorMask{};
+  m_fmatrix = FMatrix{};
+  m_l3d = L3dGeom{};
+  m_local_time = SC_ZERO_TIME;
+  for (auto& by_dst : m_flags)
+    for (auto& by_id : by_dst) by_id.fill(Flag{});
+  const isa::Section& section = *m_run->section;
+  const auto& code = section.code;
+  const sc_time issue_time = cycles_to_time(m_cfg.scalar_cycles_per_insn);
+  const uint64_t issue_ps = time_ps(issue_time);
+  const auto& observers = m_env.observers();
+  uint32_t pc = 0;
+  for (;;) {
+    m_pc = pc;
+    if (pc >= code.size())
+      throw KernelFault(fmt::format("pc out of range: section {} has {} instructions",
+                                    isa::core_kind_name(section.kind), code.size()));
+    if (!m_run->illegal[pc].empty())
+      throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
+    const isa::Instruction& in = code[pc];
+    const sc_time begin = sc_time_stamp() + m_local_time;
+    uint32_t next = pc + 1;
+    if (in.op == Opcode::op_end) {
+      // The block ends when every pipe has drained; `end` itself takes no issue slot.
+      sync_local();
+      wait_all_drained();
+      insn_counter(m_scalar_counters, m_scalar_insn, in.op).inc();
+      if (!observers.empty()) notify_instruction(Lane::SCALAR, begin, sc_time_stamp(), pc, in);
+      return;
+    }
+    const Pipe pipe = in.exec_pipe();
+    if (pipe == Pipe::S) {
+      next = exec_scalar(in, pc);
+      insn_counter(m_scalar_counters, m_scalar_insn, in.op).inc();
+    } else {
+      issue(in, pc, pipe);
+      m_scalar_issued.inc();
+    }
+    m_local_time += issue_time;
+    m_scalar_busy.add(issue_ps);
+    if (!observers.empty() && pipe == Pipe::S)
+      notify_instruction(Lane::SCALAR, begin, sc_time_stamp() + m_local_time, pc, in);
+    pc = next;
+  }
+}
+
+int64_t AiCore::operand(const isa::Instruction& in, int field) const {
+  const isa::Operand& o = in.ops[field];
+  const isa::FieldKind k = in.desc().fields[field].kind;
+  if (k == isa::FieldKind::Reg || (isa::field_is_reg_or_imm(k) && o.is_reg))
+    return m_regs[static_cast<size_t>(o.value)];
+  return o.value;
+}
+
+uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
+  auto dst = [&]() -> int64_t& { return m_regs[static_cast<size_t>(in.ops[0].value)]; };
+  auto target = [&](int field) {
+    const int64_t t = in.ops[field].value;
+    const size_t n = m_run->section->code.size();
+    if (t < 0 || static_cast<uint64_t>(t) >= n)
+      throw KernelFault(fmt::format("branch target {} is outside the section ({} instructions)",
+                                    t, n));
+    return static_cast<uint32_t>(t);
+  };
+  const Opcode op = in.op;
+  if (is_scalar_alu(op)) {
+    dst() = scalar_alu(op, operand(in, 1), operand(in, 2));
+    return pc + 1;
+  }
+  if (is_conditional_branch(op))
+    return branch_taken(op, operand(in, 0), operand(in, 1)) ? target(2) : pc + 1;
+  switch (op) {
+    case Opcode::op_nop:
+      break;
+    case Opcode::op_jmp:
+      return target(0);
+    case Opcode::op_movi:
+      dst() = in.ops[1].value;
+      break;
+    case Opcode::op_mov:
+      dst() = operand(in, 1);
+      break;
+    case Opcode::op_ldarg: {
+      const auto& args = *m_env.launch().args;
+      const int64_t index = in.ops[1].value;
+      if (index < 0 || static_cast<uint64_t>(index) >= args.size())
+        throw KernelFault(fmt::format("ldarg index {} out of range: the launch passes {} "
+                                      "argument(s)", index, args.size()));
+      dst() = static_cast<int64_t>(args[static_cast<size_t>(index)]);
+      break;
+    }
+    case Opcode::op_get_block_id:
+      dst() = m_block;
+      break;
+    case Opcode::op_get_block_num:
+      dst() = m_env.launch().block_dim;
+      break;
+    case Opcode::op_get_subblock_id:
+      dst() = m_subblock;
+      break;
+    case Opcode::op_get_core_id:
+      dst() = m_kind_index;
+      break;
+    case Opcode::op_ld:
+    case Opcode::op_st: {
+      // 8 bytes, little endian, at a GM byte address. Timing-only runs check the address but
+      // move no data: ld reads 0 there.
+      const uint64_t addr = static_cast<uint64_t>(operand(in, 1));
+      if (!m_env.gm().in_bounds(addr, 8))
+        throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
+                                      "bytes", addr, addr + 8, m_env.gm().capacity()));
+      sync_local();  // the access happens at this instruction's time
+      if (op == Opcode::op_ld) {
+        int64_t v = 0;
+        if (m_env.launch().functional) m_env.gm().read(addr, &v, 8);
+        dst() = v;
+      } else if (m_env.launch().functional) {
+        const int64_t v = operand(in, 0);
+        m_env.gm().write(addr, &v, 8);
+      }
+      break;
+    }
+    case Opcode::op_set_mask:
+      m_mask = VectorMask{static_cast<uint64_t>(operand(in, 0)),
+                          static_cast<uint64_t>(operand(in, 1)), false, 0};
+      break;
+    case Opcode::op_set_mask_count:
+      m_mask.counter_mode = true;
+      m_mask.count = static_cast<uint64_t>(operand(in, 0));
+      break;
+    case Opcode::op_set_fmatrix:
+      m_fmatrix = FMatrix{operand(in, 0),
+                          operand(in, 1),
+                          static_cast<int>(in.ops[2].value),
+                          static_cast<int>(in.ops[3].value),
+                          static_cast<int>(in.ops[4].value),
+                          static_cast<int>(in.ops[5].value)};
+      break;
+    case Opcode::op_set_l3d_geom:
+      m_l3d = L3dGeom{static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),
+                      static_cast<int>(in.ops[2].value), static_cast<int>(in.ops[3].value),
+                      static_cast<int>(in.ops[4].value), static_cast<int>(in.ops[5].value)};
+      break;
+    case Opcode::op_set_flag: {  // src is the scalar unit: set now
+      const int src = static_cast<int>(in.ops[0].value);
+      const int dst_pipe = static_cast<int>(in.ops[1].value);
+      const int id = static_cast<int>(in.ops[2].value);
+      check_flag_operands(src, dst_pipe, id);
+      sync_local();
+      set_flag(Lane::SCALAR, src, dst_pipe, id);
+      break;
+    }
+    case Opcode::op_wait_flag: {  // dst is the scalar unit: block it
+      const int src = static_cast<int>(in.ops[0].value);
+      const int dst_pipe = static_cast<int>(in.ops[1].value);
+      const int id = static_cast<int>(in.ops[2].value);
+      check_flag_operands(src, dst_pipe, id);
+      sync_local();
+      wait_flag(Lane::SCALAR, src, dst_pipe, id, m_scalar_blocked, pc, in, m_stall_scalar_flag);
+      break;
+    }
+    case Opcode::op_cc_set:
+      sync_local();
+      m_env.cross_core_set(*this, Lane::SCALAR, static_cast<int>(in.ops[1].value),
+                           static_cast<int>(in.ops[2].value));
+      break;
+    case Opcode::op_cc_wait:
+      sync_local();
+      wait_cross_core(Lane::SCALAR, static_cast<int>(in.ops[1].value), m_scalar_blocked, pc, in,
+                      m_stall_scalar_cross_core);
+      break;
+    case Opcode::op_pipe_barrier: {
+      const Pipe p = static_cast<Pipe>(in.ops[0].value);
+      if (p != Pipe::ALL && p != Pipe::S) check_pipe_operand(p, "pipe_barrier");
+      sync_local();
+      const sc_time t0 = sc_time_stamp();
+      if (p == Pipe::ALL) wait_all_drained();
+      else if (p != Pipe::S) wait_drained(*pipe_unit(p));
+      m_stall_barrier.add(time_ps(sc_time_stamp() - t0));
+      break;
+    }
+    default:
+      throw KernelFault(fmt::format("illegal instruction: {} is not executed by the scalar unit",
+                                    in.desc().mnemonic));
+  }
+  return pc + 1;
+}
+
+void AiCore::check_pipe_operand(Pipe p, const char* what) const {
+  if (static_cast<int>(p) >= isa::kNumExecPipes)
+    throw KernelFault(fmt::format("illegal instruction: {} names pipe {}, which is not one pipe",
+                                  what, isa::pipe_name(p)));
+  if (!pipe_unit(p))
+    throw KernelFault(fmt::format("illegal instruction: {} names pipe {}, which {} cores do not "
+                                  "have", what, isa::pipe_name(p),
+                                  isa::core_kind_name(m_kind.kind)));
+}
+
+void AiCore::check_flag_operands(int src, int dst, int id) const {
+  for (int p : {src, dst})
+    if (static_cast<Pipe>(p) != Pipe::S) check_pipe_operand(static_cast<Pipe>(p), "the flag");
+  if (id >= m_cfg.flag_ids || id >= kMaxFlagIds)
+    throw KernelFault(fmt::format("flag id {} out of range: the chip has ids 0..{}", id,
+                                  m_cfg.flag_ids - 1));
+}
+
+void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
+  check_pipe_operand(pipe, in.desc().mnemonic);
+  if (has_pipe_operands(in.op))
+    check_flag_operands(static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),
+                        static_cast<int>(in.ops[2].value));
+  IssuedOp op;
+  op.insn = &in;
+  op.pc = pc;
+  const size_t nfields = in.desc().fields.size();
+  for (size_t i = 0; i < nfields; ++i) op.v[i] = operand(in, static_cast<int>(i));
+  op.mask = m_mask;
+  op.fmatrix = m_fmatrix;
+  op.l3d = m_l3d;
+  sync_local();
+  PipeUnit& u = *pipe_unit(pipe);
+  const size_t depth = static_cast<size_t>(std::max(1, m_cfg.issue_queue_depth));
+  if (u.queue.size() >= depth) {
+    const sc_time t0 = sc_time_stamp();
+    while (u.queue.size() >= depth) wait_abortable(u.popped_or_abort);
+    m_stall_queue_full.add(time_ps(sc_time_stamp() - t0));
+  }
+  u.queue.push_back(op);
+  u.pushed.notify(SC_ZERO_TIME);
+}
+
+// ---- flags ----
+
+void AiCore::set_flag(Lane lane, int src, int dst, int id) {
+  Flag& f = m_flags[src][dst][id];
+  if (f.set)
+    throw KernelFault(fmt::format("flag {}->{} id {} is already set (set twice without a "
+                                  "wait_flag in between)", isa::pipe_name(Pipe(src)),
+                                  isa::pipe_name(Pipe(dst)), id));
+  f.set = true;
+  f.flow = m_env.new_flow_id();
+  m_flag_event.notify(SC_ZERO_TIME);
+  for (ChipObserver* o : m_env.observers()) o->on_flow_begin(m_chip_index, lane, now_ps(), f.flow);
+}
+
+void AiCore::wait_flag(Lane lane, int src, int dst, int id, Blocked& blocked, uint32_t pc,
+                       const isa::Instruction& in, Counter& stall) {
+  Flag& f = m_flags[src][dst][id];
+  if (!f.set) {
+    const sc_time t0 = sc_time_stamp();
+    blocked = {&in, pc};
+    while (!f.set) wait_abortable(m_flag_or_abort);
+    blocked = {};
+    stall.add(time_ps(sc_time_stamp() - t0));
+  }
+  f.set = false;
+  for (ChipObserver* o : m_env.observers()) o->on_flow_end(m_chip_index, lane, now_ps(), f.flow);
+}
+
+void AiCore::post_cross_core(int id, uint64_t flow) {
+  m_cross_core[static_cast<size_t>(id)].flows.push_back(flow);
+  m_flag_event.notify(SC_ZERO_TIME);
+}
+
+int AiCore::cross_core_pending(int id) const {
+  return static_cast<int>(m_cross_core[static_cast<size_t>(id)].flows.size());
+}
+
+void AiCore::wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
+                             const isa::Instruction& in, Counter& stall) {
+  if (id >= m_cfg.cross_core_flag_ids || id >= kMaxFlagIds)
+    throw KernelFault(fmt::format("cross-core flag id {} out of range: the chip has ids 0..{}",
+                                  id, m_cfg.cross_core_flag_ids - 1));
+  auto& flows = m_cross_core[static_cast<size_t>(id)].flows;
+  if (flows.empty()) {
+    const sc_time t0 = sc_time_stamp();
+    blocked = {&in, pc};
+    while (flows.empty()) wait_abortable(m_flag_or_abort);
+    blocked = {};
+    stall.add(time_ps(sc_time_stamp() - t0));
+  }
+  const uint64_t flow = flows.front();
+  flows.pop_front();
+  for (ChipObserver* o : m_env.observers()) o->on_flow_end(m_chip_index, lane, now_ps(), flow);
+}
+
+// ---- pipes ----
+
+void AiCore::pipe_thread(PipeUnit& u) {
+  for (;;) {
+    // Idle until work arrives. After an abort the queue is dropped by reset(), not executed.
+    while (u.queue.empty() || m_abort.active()) wait(u.pushed);
+    const IssuedOp op = u.queue.front();
+    u.queue.pop_front();
+    u.executing = true;
+    u.popped.notify(SC_ZERO_TIME);
+    bool faulted = false;
+    std::string what;
+    try {
+      run_pipe_op(u, op);
+    } catch (const Aborted&) {
+    } catch (const std::exception& e) {
+      faulted = true;
+      what = e.what();
+    }
+    u.executing = false;
+    u.blocked = {};
+    if (faulted) m_env.fault(*this, op.pc, op.insn, what);
+    if (u.queue.empty()) u.drained.notify(SC_ZERO_TIME);
+  }
+}
+
+void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
+  const isa::Instruction& in = *op.insn;
+  const sc_time start = sc_time_stamp();
+  switch (in.op) {
+    case Opcode::op_set_flag:
+      set_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]));
+      break;
+    case Opcode::op_wait_flag:
+      wait_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]),
+                u.blocked, op.pc, in, u.stall_flag);
+      break;
+    case Opcode::op_cc_set:
+      m_env.cross_core_set(*this, u.lane, static_cast<int>(op[1]), static_cast<int>(op[2]));
+      break;
+    case Opcode::op_cc_wait:
+      wait_cross_core(u.lane, static_cast<int>(op[1]), u.blocked, op.pc, in, u.stall_cross_core);
+      break;
+    default: {
+      ExecContext ctx{m_cfg, m_kind, *m_local, m_env.gm()};
+      const ExecCost cost = plan(op, ctx);
+      if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
+      else run_gm_transfer(u, cost);
+      if (m_env.launch().functional) execute(op, ctx);
+      u.busy.add(time_ps(sc_time_stamp() - start));
+      u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
+      if (cost.path_src != cost.path_dst && cost.bytes) {
+        Counter*& c = u.path_bytes[{cost.path_src, cost.path_dst}];
+        if (!c) {
+          const std::string path = fmt::format("{}->{}", isa::buf_name(cost.path_src),
+                                               isa::buf_name(cost.path_dst));
+          c = &u.counters.get_or_add(fmt::format("bytes.{}_to_{}", isa::buf_name(cost.path_src),
+                                                 isa::buf_name(cost.path_dst)),
+                                     "bytes", "bytes moved over the " + path + " data path");
+        }
+        c->add(cost.bytes);
+      }
+      if (u.macs) u.macs->add(cost.macs);
+      if (u.repeats) u.repeats->add(cost.vector_repeats);
+    }
+  }
+  insn_counter(u.counters, u.insn, in.op).inc();
+  if (!m_env.observers().empty())
+    notify_instruction(u.lane, start, sc_time_stamp(), op.pc, in);
+}
+
+void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
+  GmTransfer& t = *u.transfer;
+  t.ranges = &cost.gm;
+  t.port_rate = cost.gm_core_rate;
+  uint64_t bytes = 0;
+  for (const GmAccess& a : cost.gm) bytes += a.bytes;
+  tlm::tlm_generic_payload& p = u.payload;
+  p.set_command(cost.gm.front().write ? tlm::TLM_WRITE_COMMAND : tlm::TLM_READ_COMMAND);
+  p.set_address(cost.gm.front().addr);
+  p.set_data_ptr(nullptr);
+  p.set_data_length(static_cast<unsigned int>(std::min<uint64_t>(bytes, UINT32_MAX)));
+  p.set_streaming_width(p.get_data_length());
+  p.set_byte_enable_ptr(nullptr);
+  p.set_dmi_allowed(false);
+  p.set_response_status(tlm::TLM_INCOMPLETE_RESPONSE);
+  sc_time delay = cycles_to_time(static_cast<double>(cost.cycles));
+  gm_port->b_transport(p, delay);
+  wait_abortable(delay);  // whatever the target left unspent (it spends it all)
+  if (p.is_response_error())
+    throw KernelFault("GM transfer failed: " + p.get_response_string());
+  // Contention: time beyond what the transfer takes alone at the core's port rates.
+  const double alone_ps = t.alone_cycles * kPsPerCycle;
+  const double actual_ps = static_cast<double>(time_ps(t.transfer_time));
+  if (actual_ps > alone_ps) u.stall_mem.add(static_cast<uint64_t>(actual_ps - alone_ps + 0.5));
+}
+
+// ---- reporting ----
+
+Counter& AiCore::insn_counter(const CounterGroup& group,
+                              std::array<Counter*, isa::kNumOpcodes>& cache, Opcode op) {
+  Counter*& c = cache[static_cast<size_t>(op)];
+  if (!c) {
+    const char* mn = isa::describe(op).mnemonic;
+    c = &group.get_or_add(fmt::format("insn.{}", mn), "instructions",
+                          fmt::format("{} instructions executed", mn));
+  }
+  return *c;
+}
+
+void AiCore::notify_instruction(Lane lane, const sc_time& start, const sc_time& end, uint32_t pc,
+                                const isa::Instruction& in) {
+  for (ChipObserver* o : m_env.observers())
+    o->on_instruction(m_chip_index, lane, time_ps(start), time_ps(end), pc, in, *m_run->section);
+}
+
+std::string AiCore::where(uint32_t pc, const isa::Instruction* in) const {
+  const isa::Program* prog = m_env.launch().program;
+  std::string source = prog ? (prog->source.empty() ? prog->name : prog->source) : "?";
+  if (in && in->src_line) return fmt::format("pc {} ({}:{})", pc, source, in->src_line);
+  return fmt::format("pc {} ({})", pc, source);
+}
+
+std::vector<std::string> AiCore::blocked_waits() const {
+  std::vector<std::string> out;
+  auto describe = [&](const Blocked& b) {
+    if (b.insn)
+      out.push_back(fmt::format("core {} {} {} never set", m_name, where(b.pc, b.insn),
+                                isa::disassemble(*b.insn, m_run ? m_run->section : nullptr)));
+  };
+  describe(m_scalar_blocked);
+  for (const PipeUnit* u : m_pipe_list) describe(u->blocked);
+  return out;
+}
+
+}  // namespace npusim

@@ -1,0 +1,156 @@
+// One AI core (aic, aiv or coupled aicore): a scalar unit that fetches the block's instructions
+// in program order, and one process per pipe (MTE1, MTE2, MTE3, M, V, FIX, those the core kind
+// has), each popping its bounded instruction queue in order. Pipes run concurrently and are
+// ordered only by flags (set_flag / wait_flag), barriers and cross-core flags. The contract and
+// the timing equations are in docs/chip_model.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <systemc>
+#include <tlm>
+#include <tlm_utils/simple_initiator_socket.h>
+
+#include "isa/isa.h"
+#include "sim/chip/gm_transfer.h"
+#include "sim/core/core_env.h"
+#include "sim/counters/counters.h"
+#include "sim/exec/exec.h"
+
+namespace npusim {
+
+class AiCore : public sc_core::sc_module {
+ public:
+  // chip_index: position among all cores of the chip; kind_index: position among cores of its
+  // kind (what get_core_id returns). Counters register under `counters` (e.g. "chip.aic0").
+  AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
+         const CoreKindConfig& kind, CoreEnv& env, const CounterGroup& counters);
+  ~AiCore() override;
+
+  // GM port: bound to the memory system.
+  tlm_utils::simple_initiator_socket<AiCore> gm_port;
+
+  int chip_index() const { return m_chip_index; }
+  int kind_index() const { return m_kind_index; }
+  isa::CoreKind core_kind() const { return m_kind.kind; }
+  const std::string& core_name() const { return m_name; }
+  // The section of the block being (or last) run; nullptr before the first block.
+  const isa::Section* current_section() const { return m_run ? m_run->section : nullptr; }
+
+  // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
+  void assign_block(const SectionRun& run, int block, int subblock);
+  bool idle() const { return !m_assigned && !m_running; }
+
+  // Between launches, with every process idle: clears queues, flags, cross-core counts and all
+  // per-block state, so the next launch starts clean.
+  void reset();
+
+  // Cross-core flag `id` posted to this core by a cc_set; `flow` links it in the trace.
+  void post_cross_core(int id, uint64_t flow);
+  int cross_core_pending(int id) const;
+
+  // For the deadlock report: one line per flag / cross-core wait a process of this core is
+  // blocked in, e.g. "core aic0 pc 12 (k.s:30) wait_flag mte2, m, 1 never set".
+  std::vector<std::string> blocked_waits() const;
+  // "pc 12 (k.s:30)" for this core's current section.
+  std::string where(uint32_t pc, const isa::Instruction* in) const;
+
+ private:
+  // What a process is blocked on (for the deadlock report).
+  struct Blocked {
+    const isa::Instruction* insn = nullptr;  // nullptr: not blocked on a flag
+    uint32_t pc = 0;
+  };
+  struct PipeUnit;
+  struct Flag {
+    bool set = false;
+    uint64_t flow = 0;
+  };
+  struct CrossCoreFlag {
+    std::deque<uint64_t> flows;  // one entry per pending set (its trace flow id)
+  };
+  static constexpr int kMaxFlagIds = 16;  // the U4 id field
+
+  void scalar_thread();
+  void pipe_thread(PipeUnit& u);
+  void run_block();
+  // Executes scalar-unit instruction `in` at `pc`; returns the next pc.
+  uint32_t exec_scalar(const isa::Instruction& in, uint32_t pc);
+  void issue(const isa::Instruction& in, uint32_t pc, isa::Pipe pipe);
+  void run_pipe_op(PipeUnit& u, const IssuedOp& op);
+  void run_gm_transfer(PipeUnit& u, const ExecCost& cost);
+  int64_t operand(const isa::Instruction& in, int field) const;
+
+  // Flags. set_flag faults if the flag is already set; wait_flag blocks until set, then clears.
+  void check_flag_operands(int src, int dst, int id) const;
+  void set_flag(Lane lane, int src, int dst, int id);
+  void wait_flag(Lane lane, int src, int dst, int id, Blocked& blocked, uint32_t pc,
+                 const isa::Instruction& in, Counter& stall);
+  void wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
+                       const isa::Instruction& in, Counter& stall);
+  void check_pipe_operand(isa::Pipe p, const char* what) const;
+
+  // Scalar time not yet spent in simulated time (the scalar unit runs ahead of sc_time between
+  // instructions that interact with other processes); sync_local() spends it.
+  void sync_local();
+  void wait_drained(PipeUnit& u);
+  void wait_all_drained();
+  void wait_abortable(const sc_core::sc_event_or_list& events);
+  void wait_abortable(const sc_core::sc_time& t);
+  PipeUnit* pipe_unit(isa::Pipe p) const { return m_pipes[static_cast<int>(p)].get(); }
+  void notify_instruction(Lane lane, const sc_core::sc_time& start, const sc_core::sc_time& end,
+                          uint32_t pc, const isa::Instruction& in);
+  Counter& insn_counter(const CounterGroup& group, std::array<Counter*, isa::kNumOpcodes>& cache,
+                        isa::Opcode op);
+
+  const int m_chip_index, m_kind_index;
+  const CoreKindConfig& m_kind;
+  CoreEnv& m_env;
+  const ChipConfig& m_cfg;
+  AbortSignal& m_abort;
+  const std::string m_name;
+  std::unique_ptr<CoreMemory> m_local;  // L1/L0/UB/BT/FB, allocated in functional mode
+
+  // Pipes present, indexed by isa::Pipe (S and absent pipes are null).
+  std::array<std::unique_ptr<PipeUnit>, isa::kNumExecPipes> m_pipes;
+  std::vector<PipeUnit*> m_pipe_list;
+
+  // Block state.
+  const SectionRun* m_run = nullptr;
+  int m_block = 0, m_subblock = 0;
+  bool m_assigned = false, m_running = false;
+  sc_core::sc_event m_assign_event;
+  std::array<int64_t, isa::kNumRegs> m_regs{};
+  VectorMask m_mask;
+  FMatrix m_fmatrix;
+  L3dGeom m_l3d;
+  sc_core::sc_time m_local_time;
+  uint32_t m_pc = 0;
+  Blocked m_scalar_blocked;
+
+  // Flags [src pipe][dst pipe][id], and cross-core flags by id.
+  std::array<std::array<std::array<Flag, kMaxFlagIds>, isa::kNumExecPipes>, isa::kNumExecPipes>
+      m_flags{};
+  std::array<CrossCoreFlag, kMaxFlagIds> m_cross_core{};
+  sc_core::sc_event m_flag_event;  // any flag or cross-core flag of this core became set
+  sc_core::sc_event_or_list m_flag_or_abort;
+
+  // Counters.
+  CounterGroup m_counters, m_scalar_counters;
+  Counter& m_active_cycles;
+  Counter& m_blocks;
+  Counter& m_scalar_busy;
+  Counter& m_scalar_issued;
+  Counter& m_stall_queue_full;
+  Counter& m_stall_scalar_flag;
+  Counter& m_stall_scalar_cross_core;
+  Counter& m_stall_barrier;
+  std::array<Counter*, isa::kNumOpcodes> m_scalar_insn{};
+};
+
+}  // namespace npusim

@@ -1,0 +1,88 @@
+// What an AI core needs from the chip around it: the launch being run, the abort signal, fault
+// and block-completion reporting, cross-core flags and the observers. The chip implements it;
+// the core knows nothing else of the chip.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <systemc>
+
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+#include "sim/counters/observer.h"
+#include "sim/memory/device_memory.h"
+
+namespace npusim {
+
+class AiCore;
+
+// Simulated time: one AI-core cycle is 1 ns of sc_time; the time resolution is 1 ps, so
+// fractional cycles (from bandwidth sharing) are kept to the picosecond.
+inline sc_core::sc_time cycles_to_time(double cycles) {
+  return sc_core::sc_time(cycles, sc_core::SC_NS);
+}
+inline uint64_t time_ps(const sc_core::sc_time& t) { return t.value(); }
+inline uint64_t now_ps() { return sc_core::sc_time_stamp().value(); }
+inline double time_to_cycles(const sc_core::sc_time& t) { return t.value() / 1000.0; }
+
+// Thrown inside the model's threads to unwind them after the kernel was aborted.
+struct Aborted {};
+
+// Raised on the first fault of a launch (or by the driver after a deadlock): every blocking wait
+// of every model thread also waits on event() and throws Aborted once active().
+class AbortSignal {
+ public:
+  bool active() const { return m_active; }
+  const sc_core::sc_event& event() const { return m_event; }
+  void raise() {
+    if (m_active) return;
+    m_active = true;
+    m_event.notify(sc_core::SC_ZERO_TIME);
+  }
+  void clear() { m_active = false; }
+  void check() const {
+    if (m_active) throw Aborted{};
+  }
+
+ private:
+  bool m_active = false;
+  sc_core::sc_event m_event;
+};
+
+// One section of the running program as a core executes it, with the per-instruction legality
+// checks done once per launch (empty string: legal).
+struct SectionRun {
+  const isa::Section* section = nullptr;
+  std::vector<std::string> illegal;  // per pc: why the instruction is illegal, or ""
+};
+
+struct LaunchInfo {
+  const isa::Program* program = nullptr;
+  const std::vector<uint64_t>* args = nullptr;
+  int block_dim = 0;
+  bool functional = true;
+};
+
+class CoreEnv {
+ public:
+  virtual ~CoreEnv() = default;
+  virtual const ChipConfig& config() const = 0;
+  virtual DeviceMemory& gm() = 0;
+  virtual const LaunchInfo& launch() const = 0;
+  virtual AbortSignal& abort_signal() = 0;
+  virtual const std::vector<ChipObserver*>& observers() const = 0;
+  // A fresh id for a flow (flag edge) in the trace.
+  virtual uint64_t new_flow_id() = 0;
+  // Records the launch's first fault (later ones are ignored) and aborts every core.
+  virtual void fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
+                     const std::string& what) = 0;
+  // The core finished its block (all its pipes drained). Zero time; may assign the next block.
+  virtual void block_done(AiCore& core) = 0;
+  // cc_set from `core` (executed on `lane`) with `mode` and flag `id`: posts the flag to the
+  // cores the mode names. Throws KernelFault naming what is illegal.
+  virtual void cross_core_set(AiCore& core, Lane lane, int mode, int id) = 0;
+};
+
+}  // namespace npusim

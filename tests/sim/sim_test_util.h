@@ -1,0 +1,61 @@
+// Helpers shared by the SystemC scenario tests (each test_sim_*.cpp is its own executable with
+// one Simulator, because SystemC elaborates once per process).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "isa/assembler.h"
+#include "sim/simulator.h"
+
+namespace npusim::test {
+
+// The repository root (NPUSIM_SOURCE_DIR when ctest runs us, else derived from this file).
+inline std::string source_dir() {
+  if (const char* d = std::getenv("NPUSIM_SOURCE_DIR")) return d;
+  std::string f = __FILE__;  // <root>/tests/sim/sim_test_util.h
+  return f.substr(0, f.rfind("/tests/sim/"));
+}
+
+// The value of counter `path` ("chip.aic0.mte2.busy_cycles") in a counter tree; 0 if absent
+// (counters such as insn.<mnemonic> appear on first use).
+inline uint64_t counter(const nlohmann::json& tree, const std::string& path) {
+  const nlohmann::json* node = &tree;
+  size_t start = 0;
+  for (;;) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot - start);
+    if (!node->is_object() || !node->contains(part)) return 0;
+    node = &(*node)[part];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node->at("value").get<uint64_t>();
+}
+
+inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,
+                           int block_dim) {
+  KernelLaunch l;
+  l.program = &prog;
+  l.args = std::move(args);
+  l.block_dim = block_dim;
+  return sim.run(l);
+}
+
+template <typename T>
+std::vector<T> read_gm(Simulator& sim, uint64_t addr, size_t n) {
+  std::vector<T> v(n);
+  sim.gm().read(addr, v.data(), n * sizeof(T));
+  return v;
+}
+
+template <typename T>
+void write_gm(Simulator& sim, uint64_t addr, const std::vector<T>& v) {
+  sim.gm().write(addr, v.data(), v.size() * sizeof(T));
+}
+
+}  // namespace npusim::test

@@ -1,0 +1,56 @@
+// The counter registry: a tree named after the module hierarchy, each counter with unit and
+// description; duplicate or conflicting names are rejected; reset and dump (also as growth since
+// a snapshot) are functions of the registry.
+#include <catch2/catch.hpp>
+
+#include "common/error.h"
+#include "sim/counters/counters.h"
+
+using namespace npusim;
+
+TEST_CASE("counters form a tree of {value, unit, desc} leaves") {
+  CounterRegistry reg;
+  CounterGroup chip(reg, "chip");
+  Counter& busy = chip.sub("aic0").sub("mte2").add("busy_cycles", "cycles", "busy", 1000);
+  Counter& hits = chip.add("l2.hits", "lines", "L2 hits");
+  busy.add(2500);  // 2.5 cycles in picoseconds: reported rounded to nearest, 3
+  hits.add(7);
+  nlohmann::json t = reg.dump();
+  CHECK(t["chip"]["aic0"]["mte2"]["busy_cycles"] ==
+        nlohmann::json({{"value", 3}, {"unit", "cycles"}, {"desc", "busy"}}));
+  CHECK(t["chip"]["l2"]["hits"]["value"] == 7);
+  CHECK(reg.size() == 2);
+  CHECK(reg.find("chip.l2.hits") == &hits);
+  CHECK(reg.find("chip.l2") == nullptr);
+}
+
+TEST_CASE("duplicate and conflicting names are rejected") {
+  CounterRegistry reg;
+  reg.add("chip.l2.hits", "lines", "");
+  CHECK_THROWS_AS(reg.add("chip.l2.hits", "lines", ""), Error);
+  CHECK_THROWS_AS(reg.add("chip.l2", "x", ""), Error);            // would contain a counter
+  CHECK_THROWS_AS(reg.add("chip.l2.hits.more", "x", ""), Error);  // inside a counter
+  CHECK_THROWS_AS(reg.add("chip..x", "x", ""), Error);
+  CHECK_THROWS_AS(reg.add("", "x", ""), Error);
+  CHECK_NOTHROW(reg.add("chip.l2.hitsx", "lines", ""));  // a sibling sharing a prefix is fine
+  CounterGroup g(reg, "chip");
+  Counter& a = g.get_or_add("hbm.read_bytes", "bytes", "");
+  CHECK(&g.get_or_add("hbm.read_bytes", "bytes", "") == &a);
+}
+
+TEST_CASE("dump_since reports growth after a snapshot; reset zeroes") {
+  CounterRegistry reg;
+  Counter& c = reg.add("chip.launches", "launches", "");
+  c.add(5);
+  auto base = reg.snapshot();
+  c.add(2);
+  Counter& later = reg.add("chip.new", "x", "");  // registered after the snapshot
+  later.add(4);
+  nlohmann::json d = reg.dump_since(base);
+  CHECK(d["chip"]["launches"]["value"] == 2);
+  CHECK(d["chip"]["new"]["value"] == 4);
+  CHECK(reg.dump()["chip"]["launches"]["value"] == 7);
+  reg.reset();
+  CHECK(reg.dump()["chip"]["launches"]["value"] == 0);
+  CHECK(reg.dump_since(base)["chip"]["launches"]["value"] == 0);
+}

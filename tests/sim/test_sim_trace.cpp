@@ -1,0 +1,150 @@
+// The Chrome-trace timeline (opts.trace): one process per core with a lane per pipe, complete
+// events per instruction with pc, source line and text, flow events from each set_flag to the
+// wait_flag it releases, and the event cap.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "isa/assembler.h"
+#include "sim/config/chip_config.h"
+#include "tests/sim/sim_test_util.h"
+
+using namespace npusim;
+using nlohmann::json;
+using npusim::test::launch;
+
+namespace {
+
+constexpr uint64_t kMaxEvents = 400;
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny", {"clock_mhz=1000"}), [] {
+    SimOptions o;
+    o.trace = true;
+    o.trace_max_events = kMaxEvents;
+    return o;
+  }());
+  return s;
+}
+
+const char* kPipeline = R"(
+.arg x
+.arg y
+.section aiv
+    ldarg x1, x
+    ldarg x2, y
+    movi x3, 0
+    movi x4, 1024
+    copy_gm2ub x3, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vadds.f16 x4, x3, x0, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x2, x4, 1, 8, 0, 0
+    end
+)";
+
+// Names of the processes (by pid) and threads (by pid, tid) from the metadata events.
+struct Names {
+  std::map<int64_t, std::string> process;
+  std::map<std::pair<int64_t, int64_t>, std::string> thread;
+};
+Names names_of(const json& trace) {
+  Names n;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] != "M") continue;
+    if (e["name"] == "process_name") n.process[e["pid"]] = e["args"]["name"];
+    if (e["name"] == "thread_name") n.thread[{e["pid"], e["tid"]}] = e["args"]["name"];
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("trace: lanes per core, instruction slices with source, flows from set to wait") {
+  isa::Program p = isa::assemble(kPipeline, "pipe.s");
+  KernelResult r = launch(sim(), p, {0x100000, 0x200000}, 1);
+  REQUIRE(r.ok);
+  json t = sim().trace();
+  REQUIRE(t["traceEvents"].is_array());
+  Names n = names_of(t);
+
+  // One process per core, named after it, each with the seven lanes.
+  std::map<std::string, int64_t> pid_of;
+  for (const auto& [pid, name] : n.process) pid_of[name] = pid;
+  for (const char* core : {"aic0", "aic1", "aiv0", "aiv1", "aiv2", "aiv3"}) {
+    INFO(core);
+    REQUIRE(pid_of.count(core));
+    std::set<std::string> lanes;
+    for (const auto& [key, name] : n.thread)
+      if (key.first == pid_of[core]) lanes.insert(name);
+    CHECK(lanes == std::set<std::string>{"SCALAR", "MTE1", "MTE2", "MTE3", "CUBE", "VECTOR",
+                                         "FIXP"});
+  }
+  const int64_t aiv0 = pid_of["aiv0"];
+  auto lane = [&](int64_t tid) { return n.thread[{aiv0, tid}]; };
+
+  // Complete events: the copy on MTE2 with its pc, source line and text; its duration in us
+  // at the 1000 MHz clock: (32 + 500 + 256 / 32) cycles = 0.54 us.
+  std::map<std::string, json> by_insn;
+  std::map<int64_t, std::pair<std::string, double>> flow_begin, flow_end;  // id -> lane, ts
+  for (const json& e : t["traceEvents"]) {
+    if (e["pid"] != aiv0) continue;
+    if (e["ph"] == "X") by_insn[e["args"]["insn"]] = e;
+    if (e["ph"] == "s") flow_begin[e["id"]] = {lane(e["tid"]), e["ts"]};
+    if (e["ph"] == "f") flow_end[e["id"]] = {lane(e["tid"]), e["ts"]};
+  }
+  REQUIRE(by_insn.count("copy_gm2ub x3, x1, 1, 8, 0, 0"));
+  const json& copy = by_insn["copy_gm2ub x3, x1, 1, 8, 0, 0"];
+  CHECK(lane(copy["tid"]) == "MTE2");
+  CHECK(copy["args"]["pc"] == 4);
+  CHECK(copy["args"]["line"] == "pipe.s:9");
+  CHECK(copy["ts"].get<double>() == Approx(4 / 1000.0));  // issued after 4 scalar cycles
+  CHECK(copy["dur"].get<double>() == Approx((32 + 500 + 8) / 1000.0));
+  CHECK(lane(by_insn["vadds.f16 x4, x3, x0, 1, 1, 1, 8, 8"]["tid"]) == "VECTOR");
+  CHECK(lane(by_insn["copy_ub2gm x2, x4, 1, 8, 0, 0"]["tid"]) == "MTE3");
+  CHECK(lane(by_insn["ldarg x1, 0"]["tid"]) == "SCALAR");
+  CHECK(lane(by_insn["wait_flag mte2, v, 0"]["tid"]) == "VECTOR");
+
+  // Flows: mte2 -> v and v -> mte3, each from the set's lane to the released wait's lane,
+  // never backwards in time.
+  REQUIRE(flow_begin.size() == 2);
+  std::set<std::pair<std::string, std::string>> edges;
+  for (const auto& [id, begin] : flow_begin) {
+    REQUIRE(flow_end.count(id));
+    CHECK(begin.second <= flow_end[id].second);
+    edges.insert({begin.first, flow_end[id].first});
+  }
+  CHECK(edges == std::set<std::pair<std::string, std::string>>{{"MTE2", "VECTOR"},
+                                                               {"VECTOR", "MTE3"}});
+  // The wait on V lasts until the copy is done; the flow ends at its end.
+  const json& wait = by_insn["wait_flag mte2, v, 0"];
+  CHECK(wait["ts"].get<double>() + wait["dur"].get<double>() ==
+        Approx(copy["ts"].get<double>() + copy["dur"].get<double>()));
+
+  // The launch as a slice on the chip's kernels lane.
+  bool kernel_slice = false;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "X" && e.value("cat", "") == "kernel" && e["name"] == "pipe")
+      kernel_slice = e["dur"].get<double>() == Approx(r.time_us);
+  CHECK(kernel_slice);
+}
+
+TEST_CASE("trace: events past trace_max_events are dropped and counted") {
+  std::string text = ".section aiv\n";
+  for (int i = 0; i < 300; ++i) text += "    add x1, x1, 1\n";
+  text += "    end\n";
+  isa::Program p = isa::assemble(text, "many.s");
+  KernelResult r = launch(sim(), p, {}, 2);  // 600 scalar slices on two cores
+  REQUIRE(r.ok);
+  json t = sim().trace();
+  uint64_t recorded = 0;
+  for (const json& e : t["traceEvents"])
+    if ((e["ph"] == "X" && e.value("cat", "") != "kernel") || e["ph"] == "s" || e["ph"] == "f")
+      ++recorded;
+  CHECK(recorded == kMaxEvents);
+  CHECK(t["otherData"]["dropped_events"].get<uint64_t>() > 0);
+}
