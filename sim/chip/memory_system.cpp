@@ -94,10 +94,10 @@ void MemorySystem::b_transport(int, tlm::tlm_generic_payload& p, sc_time& delay)
   // 2. Annotated delay plus the access latency.
   const int latency = hit + miss == 0 ? 0 : miss > 0 ? m_cfg.hbm_latency_cycles
                                                      : m_cfg.l2_latency_cycles;
-  const sc_time wait_time = delay + cycles_to_time(latency);
-  delay = SC_ZERO_TIME;
-  m_abort.check();
-  if (wait_time != SC_ZERO_TIME) wait(wait_time, m_abort.event());
+  // The fixed latencies (the instruction's own, in `delay`, plus the memory access) are returned
+  // to the initiator in `delay`: the initiator's pipe is occupied only by the bandwidth phase and
+  // the data lands `delay` after it (requests stay in flight while the pipe moves on).
+  delay += cycles_to_time(latency);
   m_abort.check();
   // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
   // the core's L2 port rate for the direction (the path rate if the chip gives none).

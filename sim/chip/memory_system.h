@@ -5,8 +5,13 @@
 // own cycles):
 //   1. classify its bytes line by line: hit bytes H (served by L2), miss bytes M (served by HBM,
 //      filling L2);
-//   2. wait the annotated delay plus one latency: hbm_latency_cycles if M > 0, else
-//      l2_latency_cycles;
+//   2. the fixed latency — the annotated delay (the instruction's own start latency) plus one
+//      memory latency (hbm_latency_cycles if M > 0, else l2_latency_cycles) — is NOT waited
+//      here: it is returned in the annotated delay, and the initiating pipe counts the data as
+//      landed that long after the bandwidth phase. The pipe itself moves on to its next
+//      instruction at once (a DMA engine keeps requests in flight), so back-to-back transfers
+//      of one pipe overlap their latencies; set_flag/cc_set from that pipe and draining it wait
+//      for the landing;
 //   3. move M bytes over HBM, then H bytes over L2, as a fluid flow: while n transfers are
 //      active on a resource of bandwidth B bytes/cycle, each moves at
 //      rate = min(port, B / n), recomputed whenever a transfer starts or ends (one simulation

@@ -33,7 +33,7 @@ struct AiCore::PipeUnit {
   PipeUnit(Pipe p, const CounterGroup& g, const AbortSignal& abort)
       : pipe(p), lane(lane_of(p)), counters(g),
         busy(g.add("busy_cycles", "cycles",
-                   "cycles the pipe executed instructions (GM transfer time included)",
+                   "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
         stall_flag(g.add("stall.flag_wait", "cycles", "cycles blocked in wait_flag", kPsPerCycle)),
         stall_cross_core(g.add("stall.cross_core_wait", "cycles", "cycles blocked in cc_wait",
@@ -58,6 +58,11 @@ struct AiCore::PipeUnit {
   const Lane lane;
   std::deque<IssuedOp> queue;  // issued, not yet started
   bool executing = false;      // an instruction has left the queue and is running
+  // When the GM transfers this pipe has issued are complete. A GM instruction occupies the pipe
+  // for its bandwidth-limited transfer only; its fixed latency (path start + memory access)
+  // overlaps the pipe's next instructions, as a DMA engine keeps requests in flight, and delays
+  // only what must observe completion: set_flag / cc_set from this pipe and draining it.
+  sc_core::sc_time complete_at = sc_core::SC_ZERO_TIME;
   sc_core::sc_event pushed, popped, drained;
   sc_core::sc_event_or_list popped_or_abort, drained_or_abort;
   Blocked blocked;
@@ -147,6 +152,7 @@ void AiCore::reset() {
     u->queue.clear();
     u->executing = false;
     u->blocked = {};
+    u->complete_at = SC_ZERO_TIME;
   }
   for (auto& by_dst : m_flags)
     for (auto& by_id : by_dst) by_id.fill(Flag{});
@@ -176,6 +182,10 @@ void AiCore::sync_local() {
   const sc_time t = m_local_time;
   m_local_time = SC_ZERO_TIME;
   wait_abortable(t);
+}
+
+void AiCore::wait_transfers_complete(PipeUnit& u) {
+  if (u.complete_at > sc_time_stamp()) wait_abortable(u.complete_at - sc_time_stamp());
 }
 
 void AiCore::wait_drained(PipeUnit& u) {
@@ -528,6 +538,12 @@ void AiCore::pipe_thread(PipeUnit& u) {
       faulted = true;
       what = e.what();
     }
+    if (!faulted && u.queue.empty()) {
+      try {
+        wait_transfers_complete(u);
+      } catch (const Aborted&) {
+      }
+    }
     u.executing = false;
     u.blocked = {};
     if (faulted) m_env.fault(*this, op.pc, op.insn, what);
@@ -540,6 +556,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
   const sc_time start = sc_time_stamp();
   switch (in.op) {
     case Opcode::op_set_flag:
+      wait_transfers_complete(u);
       set_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]));
       break;
     case Opcode::op_wait_flag:
@@ -547,6 +564,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
                 u.blocked, op.pc, in, u.stall_flag);
       break;
     case Opcode::op_cc_set:
+      wait_transfers_complete(u);
       m_env.cross_core_set(*this, u.lane, static_cast<int>(op[1]), static_cast<int>(op[2]));
       break;
     case Opcode::op_cc_wait:
@@ -597,7 +615,9 @@ void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
   p.set_response_status(tlm::TLM_INCOMPLETE_RESPONSE);
   sc_time delay = cycles_to_time(static_cast<double>(cost.cycles));
   gm_port->b_transport(p, delay);
-  wait_abortable(delay);  // whatever the target left unspent (it spends it all)
+  // The target returns after the bandwidth phase; `delay` is then the latency still to elapse
+  // before the data has landed, which overlaps this pipe's next instructions.
+  u.complete_at = std::max(u.complete_at, sc_time_stamp() + delay);
   if (p.is_response_error())
     throw KernelFault("GM transfer failed: " + p.get_response_string());
   // Contention: time beyond what the transfer takes alone at the core's port rates.

@@ -99,6 +99,8 @@ class AiCore : public sc_core::sc_module {
   // instructions that interact with other processes); sync_local() spends it.
   void sync_local();
   void wait_drained(PipeUnit& u);
+  // Until every GM transfer issued by u has landed (its latency tail elapsed).
+  void wait_transfers_complete(PipeUnit& u);
   void wait_all_drained();
   void wait_abortable(const sc_core::sc_event_or_list& events);
   void wait_abortable(const sc_core::sc_time& t);

@@ -61,4 +61,19 @@ void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
   }
 }
 
+void DeviceMemory::discard(uint64_t addr, uint64_t n) {
+  check(addr, n);
+  while (n > 0) {
+    uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
+    uint64_t len = std::min(n, kPageBytes - off);
+    auto it = m_pages.find(page);
+    if (it != m_pages.end()) {
+      if (len == kPageBytes) m_pages.erase(it);
+      else std::memset(it->second.get() + off, 0, len);
+    }
+    addr += len;
+    n -= len;
+  }
+}
+
 }  // namespace npusim

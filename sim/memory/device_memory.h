@@ -18,6 +18,9 @@ class DeviceMemory {
   void read(uint64_t addr, void* dst, uint64_t n) const;
   void write(uint64_t addr, const void* src, uint64_t n);
   void fill(uint64_t addr, uint8_t value, uint64_t n);
+  // Returns [addr, addr+n) to the never-written state (reads as zero): pages wholly inside the
+  // range are released, the covered parts of other pages are zeroed. Throws like write().
+  void discard(uint64_t addr, uint64_t n);
   bool in_bounds(uint64_t addr, uint64_t n) const { return n <= m_capacity && addr <= m_capacity - n; }
   uint64_t resident_bytes() const { return m_pages.size() * kPageBytes; }
   void clear() { m_pages.clear(); }

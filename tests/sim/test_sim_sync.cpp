@@ -31,7 +31,8 @@ Simulator& sim() {
 constexpr uint64_t kIn = 0x100000, kOut = 0x200000;
 
 // y = 2 * x over 128 fp16 (one repeat): MTE2 loads x, V scales, MTE3 stores. V first fills its
-// source buffer with zeros, so if it does not wait for MTE2 it deterministically reads zeros.
+// source buffer with zeros, so if it does not wait for MTE2 it deterministically reads zeros
+// (the load's data lands only after its 64-cycle bandwidth phase).
 std::string scale_kernel(bool wait_for_load) {
   return fmt::format(R"(
 .arg x
@@ -44,8 +45,10 @@ std::string scale_kernel(bool wait_for_load) {
     movi x5, f32(2.0)
     movi x6, 0
     vdup.f16 x3, x6, 1, 1, 8
-    copy_gm2ub x3, x1, 1, 8, 0, 0
-    set_flag mte2, v, 0
+    set_flag v, mte2, 1     ; the load may only overwrite the zeros once vdup is done
+    wait_flag v, mte2, 1
+    copy_gm2ub x3, x1, 1, 64, 0, 0   ; 2 KiB (x is the first 256 B): 64 cycles at 32 B/cycle,
+    set_flag mte2, v, 0              ; longer than vmuls, so an unsynchronised V reads zeros
 {}
     vmuls.f16 x4, x3, x5, 1, 1, 1, 8, 8
     set_flag v, mte3, 0
