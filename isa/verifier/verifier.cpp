@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "sim/exec/scalar_alu.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/vector_ops.h"
 
@@ -78,30 +79,11 @@ struct Known {
   }
 };
 
-// The scalar ALU on known values, with the semantics of sim/core/scalar_unit.h (64-bit two's
-// complement; div/rem signed, truncating; shr logical; shifts outside [0, 63] give 0; min/max
-// signed). That implementation lives in the SystemC library, which the verifier cannot link.
-// nullopt for div/rem by zero, which faults at run time (the caller reports it).
+// The scalar ALU on known values (sim/exec/scalar_alu.h); nullopt for div/rem by zero, which
+// faults at run time (the caller reports it).
 std::optional<int64_t> fold_alu(Opcode op, int64_t a, int64_t b) {
-  const uint64_t ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
-  switch (op) {
-    case Opcode::op_add: return static_cast<int64_t>(ua + ub);
-    case Opcode::op_sub: return static_cast<int64_t>(ua - ub);
-    case Opcode::op_mul: return static_cast<int64_t>(ua * ub);
-    case Opcode::op_div: case Opcode::op_rem:
-      if (b == 0) return std::nullopt;
-      if (a == std::numeric_limits<int64_t>::min() && b == -1)
-        return op == Opcode::op_div ? a : 0;
-      return op == Opcode::op_div ? a / b : a % b;
-    case Opcode::op_and: return a & b;
-    case Opcode::op_or: return a | b;
-    case Opcode::op_xor: return a ^ b;
-    case Opcode::op_shl: return b < 0 || b > 63 ? 0 : static_cast<int64_t>(ua << b);
-    case Opcode::op_shr: return b < 0 || b > 63 ? 0 : static_cast<int64_t>(ua >> b);
-    case Opcode::op_min: return std::min(a, b);
-    case Opcode::op_max: return std::max(a, b);
-    default: return std::nullopt;
-  }
+  if ((op == Opcode::op_div || op == Opcode::op_rem) && b == 0) return std::nullopt;
+  return scalar_alu(op, a, b);
 }
 
 class SectionCheck {

@@ -5,7 +5,7 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
-#include "sim/core/scalar_unit.h"
+#include "sim/exec/scalar_alu.h"
 
 namespace npusim {
 

@@ -1,4 +1,4 @@
-#include "sim/core/scalar_unit.h"
+#include "sim/exec/scalar_alu.h"
 
 #include <algorithm>
 #include <limits>

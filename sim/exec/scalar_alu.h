@@ -1,5 +1,6 @@
 // Integer semantics of the scalar unit's arithmetic and branch instructions (isa.def, section
-// "scalar unit"). Registers are 64-bit two's complement.
+// "scalar unit"). Registers are 64-bit two's complement. Used by the core model and by the
+// verifier's constant propagation, so both fold arithmetic the same way.
 #pragma once
 
 #include <cstdint>
