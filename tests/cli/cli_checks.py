@@ -59,22 +59,55 @@ def _(d):
     assert len(trace["traceEvents"]) > 0
 
 
-@check("gemm on the tiny chip matches numpy")
-def _(d):
-    rng = np.random.default_rng(2)
-    M, N, K = 256, 512, 512
+def gemm_matches_numpy(d, chip, M, N, K, seed):
+    rng = np.random.default_rng(seed)
     a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
     b = rng.uniform(-1, 1, (K, N)).astype(np.float16)
     np.save(f"{d}/a.npy", a)
     np.save(f"{d}/b.npy", b)
-    run("run", f"{KERNELS}/gemm_f16.s", "--chip", "tiny", "--in", f"a={d}/a.npy",
+    run("run", f"{KERNELS}/gemm_f16.s", "--chip", chip, "--in", f"a={d}/a.npy",
         "--in", f"b={d}/b.npy", "--out", f"c={d}/c.npy:f16:{M}x{N}",
-        "--arg", f"M={M}", "--arg", f"N={N}", "--arg", f"K={K}")
+        "--arg", f"M={M}", "--arg", f"N={N}", "--arg", f"K={K}", "--counters", f"{d}/k.json")
     c = np.load(f"{d}/c.npy").astype(np.float64)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     # fp32 accumulation then one rounding to fp16: relative error about 2^-11.
     err = np.abs(c - ref)
     assert np.all(err <= 1e-3 + 1e-3 * np.abs(ref)), f"max error {err.max()}"
+    return json.load(open(f"{d}/k.json"))
+
+
+def blocks_run(counters, kind):
+    """Cores of a kind ('aic', 'aiv') that completed at least one block."""
+    chip = counters["counters"]["chip"]
+    return sum(1 for name, node in chip.items()
+               if name.startswith(kind) and node.get("blocks", {}).get("value", 0) > 0)
+
+
+@check("gemm on the tiny chip matches numpy")
+def _(d):
+    gemm_matches_numpy(d, "tiny", 256, 512, 512, 2)
+
+
+@check("gemm on the 910B-like chip matches numpy, every cube core busy")
+def _(d):
+    # 768 x 1024 is 6 x 4 = 24 output tiles of 128 x 256: one per cube core.
+    counters = gemm_matches_numpy(d, "910b", 768, 1024, 256, 3)
+    assert blocks_run(counters, "aic") == 24
+
+
+@check("vadd on the 910B-like chip matches numpy, every vector core busy")
+def _(d):
+    rng = np.random.default_rng(4)
+    n = 48 * 4096 + 16 * 7
+    x = rng.uniform(-8, 8, n).astype(np.float16)
+    y = rng.uniform(-8, 8, n).astype(np.float16)
+    np.save(f"{d}/x.npy", x)
+    np.save(f"{d}/y.npy", y)
+    run("run", f"{KERNELS}/vadd_f16.s", "--chip", "910b", "--in", f"x={d}/x.npy",
+        "--in", f"y={d}/y.npy", "--out", f"z={d}/z.npy:f16:{n}", "--arg", f"n={n}",
+        "--counters", f"{d}/k.json")
+    assert np.array_equal(np.load(f"{d}/z.npy"), x + y)
+    assert blocks_run(json.load(open(f"{d}/k.json")), "aiv") == 48
 
 
 @check("timing-only mode gives the same cycles as functional mode")
