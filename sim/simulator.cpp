@@ -126,7 +126,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   Impl& I = *m_impl;
   const std::vector<uint64_t> base = I.counters.snapshot();
   const sc_time start = sc_time_stamp();
-  I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional);
+  I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
+                         I.opts.max_insns_per_block);
   run_to_quiescence();
 
   KernelResult r;

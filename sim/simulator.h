@@ -21,6 +21,10 @@ struct SimOptions {
   bool functional = true;  // false: timing-only (no functional effect; identical cycle counts)
   bool trace = false;      // record a Chrome-trace timeline of every instruction
   uint64_t trace_max_events = 2'000'000;  // past this, further instruction events are dropped
+  // Watchdog: a block that executes more scalar-unit instructions than this (issued pipe
+  // instructions included) faults, so an endless loop in a kernel is an error, not a hang.
+  // The 4096^3 GEMM needs about 10^5 per block. 0 disables the watchdog.
+  uint64_t max_insns_per_block = 100'000'000;
 };
 
 struct KernelLaunch {

@@ -36,7 +36,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Prepares a launch and dispatches its first blocks (they start when the simulation runs).
   // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
-                    int block_dim, bool functional);
+                    int block_dim, bool functional, uint64_t max_insns_per_block);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }

@@ -245,8 +245,15 @@ void AiCore::run_block() {
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_env.observers();
   uint32_t pc = 0;
+  const uint64_t budget = m_env.launch().max_insns_per_block;
+  uint64_t executed = 0;
   for (;;) {
     m_pc = pc;
+    if (budget && ++executed > budget)
+      throw KernelFault(fmt::format(
+          "watchdog: the block executed more than {} instructions (an endless loop?); raise "
+          "SimOptions::max_insns_per_block if the kernel really needs more",
+          budget));
     if (pc >= code.size())
       throw KernelFault(fmt::format("pc out of range: section {} has {} instructions",
                                     isa::core_kind_name(section.kind), code.size()));

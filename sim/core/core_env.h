@@ -63,6 +63,7 @@ struct LaunchInfo {
   const std::vector<uint64_t>* args = nullptr;
   int block_dim = 0;
   bool functional = true;
+  uint64_t max_insns_per_block = 0;  // watchdog (0: none), SimOptions::max_insns_per_block
 };
 
 class CoreEnv {

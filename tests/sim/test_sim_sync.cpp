@@ -23,8 +23,16 @@ using npusim::test::write_gm;
 
 namespace {
 
+// The watchdog budget is small here so the endless-loop test ends fast; every other kernel in
+// this file needs a few dozen instructions per block.
+constexpr uint64_t kWatchdog = 100'000;
+
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config("tiny"), [] {
+    SimOptions o;
+    o.max_insns_per_block = kWatchdog;
+    return o;
+  }());
   return s;
 }
 
@@ -202,6 +210,17 @@ bad:
   const ChipConfig& cfg = sim().config();
   CHECK(c.cycles == static_cast<uint64_t>(2 + cfg.path_latency(isa::Buf::GM, isa::Buf::UB) +
                                          cfg.hbm_latency_cycles + 8192 / 32));
+}
+
+TEST_CASE("an endless loop trips the watchdog instead of hanging, and the next run works") {
+  isa::Program p = isa::assemble(".section aiv\nspin:\n    add x1, x1, 1\n    jmp spin\n    end\n",
+                                 "spin.s");
+  KernelResult r = launch(sim(), p, {}, 2);
+  CHECK_FALSE(r.ok);
+  CHECK_THAT(r.error, Catch::Contains("watchdog") &&
+                          Catch::Contains("more than " + std::to_string(kWatchdog)) &&
+                          Catch::Contains("spin.s:"));
+  expect_healthy_run();
 }
 
 TEST_CASE("deadlock: a wait that is never set is reported, and the next run works") {
