@@ -3,6 +3,7 @@
 // forward references work; .equ constants must be defined before they are used.
 #include "isa/assembler.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -98,6 +99,7 @@ class Assembler {
       parse_line(m_text.substr(pos, nl - pos));
       pos = nl + 1;
     }
+    resolve_arg_dims();
     resolve_labels();
     if (!m_kernel_named) m_prog.name = std::filesystem::path(m_source).stem().string();
     return std::move(m_prog);
@@ -108,6 +110,12 @@ class Assembler {
     size_t section, insn;
     int field;
     std::string label;
+    uint32_t line, col;
+  };
+  // A dimension of argument m_prog.args[arg] that names an argument, and where it was written.
+  struct DimRef {
+    size_t arg;
+    std::string name;
     uint32_t line, col;
   };
 
@@ -184,15 +192,8 @@ class Assembler {
       m_prog.name = name;
       m_kernel_named = true;
     } else if (d == ".arg") {
-      std::string name = need_name("argument name");
-      check_new_symbol(name, args.col);
-      for (const auto& a : m_prog.arg_names)
-        if (a == name) fail(args.col, fmt::format("duplicate argument '{}'", name));
-      const InstrDesc& ldarg = describe(Opcode::op_ldarg);
-      uint64_t max_index = field_imm_max(ldarg.fields[field_index(Opcode::op_ldarg, "index")].kind);
-      if (m_prog.arg_names.size() > max_index)
-        fail(args.col, fmt::format("too many arguments (ldarg index is at most {})", max_index));
-      m_prog.arg_names.push_back(name);
+      need_name("argument name");
+      parse_arg(args);
     } else if (d == ".equ") {
       std::vector<Piece> ops = split_operands(args);
       if (ops.size() != 2 || ops[0].text.empty())
@@ -214,6 +215,94 @@ class Assembler {
       m_prog.sections.push_back(Section{*kind, {}, {}});
     } else {
       fail(word.col, fmt::format("unknown directive '{}'", d));
+    }
+  }
+
+  // ".arg NAME", ".arg NAME, DTYPE" or ".arg NAME, DTYPE[DIM, ...]" (args: the text after
+  // ".arg"). Dimensions naming arguments are checked once every .arg is known
+  // (resolve_arg_dims), so they may name arguments declared later.
+  void parse_arg(Piece args) {
+    size_t comma = args.text.find(',');
+    Piece name_p = trim({args.text.substr(0, comma), args.col});
+    std::string name(name_p.text);
+    if (name.empty()) fail(args.col, "expected '.arg NAME' or '.arg NAME, DTYPE[DIMS]'");
+    check_new_symbol(name, name_p.col);
+    for (const auto& a : m_prog.arg_names)
+      if (a == name) fail(name_p.col, fmt::format("duplicate argument '{}'", name));
+    const InstrDesc& ldarg = describe(Opcode::op_ldarg);
+    uint64_t max_index = field_imm_max(ldarg.fields[field_index(Opcode::op_ldarg, "index")].kind);
+    if (m_prog.arg_names.size() > max_index)
+      fail(name_p.col, fmt::format("too many arguments (ldarg index is at most {})", max_index));
+    ArgInfo info;
+    info.name = name;
+    if (comma != std::string_view::npos)
+      parse_arg_type(trim({args.text.substr(comma + 1),
+                           args.col + static_cast<uint32_t>(comma + 1)}),
+                     info);
+    m_prog.arg_names.push_back(name);
+    m_prog.args.push_back(std::move(info));
+  }
+
+  // "DTYPE" or "DTYPE[DIM, ...]" of argument info.name.
+  void parse_arg_type(Piece t, ArgInfo& info) {
+    if (t.text.empty())
+      fail(t.col, fmt::format("argument '{}': expected a data type after ','", info.name));
+    size_t open = t.text.find('[');
+    Piece dt = trim({t.text.substr(0, open), t.col});
+    auto dtype = dtype_from_name(dt.text);
+    if (!dtype)
+      fail(dt.col, fmt::format("argument '{}': unknown data type '{}' (expected f32, f16, bf16, "
+                               "s32, s16, s8, u8, u16, s64)",
+                               info.name, dt.text));
+    info.dtype = *dtype;
+    if (open == std::string_view::npos) return;  // any shape
+    if (t.text.back() != ']')
+      fail(t.col + static_cast<uint32_t>(t.text.size()),
+           fmt::format("argument '{}': expected ']' at the end of the shape", info.name));
+    Piece inside = {t.text.substr(open + 1, t.text.size() - open - 2),
+                    t.col + static_cast<uint32_t>(open + 1)};
+    if (trim(inside).text.empty())
+      fail(inside.col, fmt::format("argument '{}': empty shape (write '.arg {}, {}' for a "
+                                   "tensor of any shape)",
+                                   info.name, info.name, dt.text));
+    for (const Piece& dim : split_operands(inside)) {
+      auto bad = [&](const std::string& why) {
+        fail(dim.col, fmt::format("argument '{}': bad dimension '{}' ({})", info.name, dim.text,
+                                  why));
+      };
+      if (dim.text.empty()) bad("missing dimension");
+      bool word = std::all_of(dim.text.begin(), dim.text.end(), is_ident_char);
+      if (word && std::isdigit(static_cast<unsigned char>(dim.text[0]))) {
+        Expr e{*this, dim};
+        int64_t v = e.number();  // fails on a malformed or over-long literal
+        if (e.i != dim.text.size()) bad("expected an integer literal");
+        if (v < 0) bad("does not fit 63 bits");
+        info.dims.push_back(std::to_string(v));
+      } else if (word && parse_register(dim.text) == -1) {
+        info.dims.push_back(std::string(dim.text));
+        m_dim_refs.push_back({m_prog.args.size(), std::string(dim.text), m_line, dim.col});
+      } else {
+        bad("expected an integer literal or the name of an untyped argument");
+      }
+    }
+  }
+
+  // Every dimension that names an argument names an untyped one.
+  void resolve_arg_dims() {
+    for (const DimRef& r : m_dim_refs) {
+      const std::string& owner = m_prog.args[r.arg].name;
+      auto it = std::find(m_prog.arg_names.begin(), m_prog.arg_names.end(), r.name);
+      if (it == m_prog.arg_names.end())
+        fail_at(r.line, r.col, fmt::format("argument '{}': dimension '{}' names no argument{}",
+                                           owner, r.name,
+                                           m_constants.count(r.name)
+                                               ? " (a dimension cannot be an .equ constant)"
+                                               : ""));
+      const ArgInfo& target = m_prog.args[it - m_prog.arg_names.begin()];
+      if (target.typed())
+        fail_at(r.line, r.col, fmt::format("argument '{}': dimension '{}' names a tensor "
+                                           "argument (a dimension names an untyped argument)",
+                                           owner, r.name));
     }
   }
 
@@ -605,6 +694,7 @@ class Assembler {
   std::map<std::string, int64_t> m_constants;
   std::map<std::pair<size_t, std::string>, uint32_t> m_label_lines;
   std::vector<Fixup> m_fixups;
+  std::vector<DimRef> m_dim_refs;
 };
 
 }  // namespace

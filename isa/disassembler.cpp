@@ -4,6 +4,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace npusim::isa {
 namespace {
@@ -52,10 +53,21 @@ std::string disassemble(const Instruction& in, const Section* section) {
   return text + operands;
 }
 
+std::string arg_type_text(const ArgInfo& a) {
+  if (!a.typed()) return "";
+  std::string t = code_name(static_cast<int64_t>(a.dtype), Dtype::NONE, dtype_name, "dt");
+  if (!a.dims.empty()) t += fmt::format("[{}]", fmt::join(a.dims, ", "));
+  return t;
+}
+
 std::string disassemble(const Program& p) {
   std::string out;
   if (!p.name.empty()) out += fmt::format(".kernel {}\n", p.name);
-  for (const auto& a : p.arg_names) out += fmt::format(".arg {}\n", a);
+  for (size_t i = 0; i < p.arg_names.size(); ++i) {
+    ArgInfo a = p.arg(i);
+    out += a.typed() ? fmt::format(".arg {}, {}\n", p.arg_names[i], arg_type_text(a))
+                     : fmt::format(".arg {}\n", p.arg_names[i]);
+  }
   for (const Section& s : p.sections) {
     out += fmt::format(".section {}\n", core_kind_name(s.kind));
     std::multimap<uint32_t, const std::string*> by_index;

@@ -15,7 +15,10 @@ namespace npusim::isa {
 // "?<kind><value>", which does not re-assemble.
 std::string disassemble(const Instruction& in, const Section* section = nullptr);
 
-// The full listing: .kernel, .arg and .section directives, labels and instructions. Assembling
+// An argument's type as written after ".arg NAME, ": "f16", "f16[M, K]"; "" if untyped.
+std::string arg_type_text(const ArgInfo& a);
+
+// The full listing: .kernel, .arg (with types) and .section directives, labels and instructions. Assembling
 // it gives the same program (name, arguments, sections, labels and instruction words; src_line
 // and src_col then refer to the listing).
 std::string disassemble(const Program& p);

@@ -106,12 +106,51 @@ struct Section {
   std::vector<Instruction> code;
   std::map<std::string, uint32_t> labels;  // label -> instruction index (for disassembly)
 };
+// A kernel argument as declared by `.arg` (docs/assembly.md). Untyped (dtype NONE): a scalar or
+// a raw address. Typed: the GM address of a tensor of `dtype` elements, of any shape if `dims` is
+// empty, else of shape dims, each a decimal integer literal or the name of an untyped argument
+// of the same kernel (whose value is that dimension).
+struct ArgInfo {
+  std::string name;
+  Dtype dtype = Dtype::NONE;
+  std::vector<std::string> dims;
+  bool typed() const { return dtype != Dtype::NONE; }
+  bool operator==(const ArgInfo& o) const {
+    return name == o.name && dtype == o.dtype && dims == o.dims;
+  }
+  bool operator!=(const ArgInfo& o) const { return !(*this == o); }
+};
+
+// The value of a dimension written as a decimal literal (digits only, at most INT64_MAX), or
+// nullopt if `dim` is not one (then it names an argument).
+inline std::optional<int64_t> dim_literal(std::string_view dim) {
+  if (dim.empty()) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : dim) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (v > (uint64_t(INT64_MAX) - uint64_t(c - '0')) / 10) return std::nullopt;
+    v = v * 10 + uint64_t(c - '0');
+  }
+  return static_cast<int64_t>(v);
+}
+
 struct Program {
   std::string name;    // kernel name (.kernel directive) or file stem
   std::string source;  // file name the program came from, for error messages
   std::vector<Section> sections;
   std::vector<std::string> arg_names;  // .arg directives: ldarg index i names arg_names[i]
+  // The arguments' declarations, parallel to arg_names (same order and names). The assembler
+  // and read_kernel fill it; a Program built in code may leave it empty, meaning every argument
+  // is untyped. Read it through arg().
+  std::vector<ArgInfo> args;
   const Section* find(CoreKind k) const;
+  // Argument i (i < arg_names.size()): args[i] if args is filled, else untyped.
+  ArgInfo arg(size_t i) const {
+    if (i < args.size()) return args[i];
+    ArgInfo a;
+    a.name = arg_names.at(i);
+    return a;
+  }
 };
 
 // Why an operand of `in` is illegal for its field (a register above x31, an immediate wider

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -88,12 +89,55 @@ struct StringTable {
   }
 };
 
+// Why dimension `dim` of argument `owner` is illegal among `args` (a dimension is a decimal
+// literal or the name of an untyped argument), or nullopt.
+std::optional<std::string> dim_problem(const std::vector<ArgInfo>& args, const ArgInfo& owner,
+                                       const std::string& dim) {
+  if (dim_literal(dim)) return std::nullopt;
+  for (const ArgInfo& a : args)
+    if (a.name == dim) {
+      if (!a.typed()) return std::nullopt;
+      return fmt::format("argument '{}': dimension '{}' names a tensor argument", owner.name,
+                         dim);
+    }
+  return fmt::format("argument '{}': dimension '{}' is neither a decimal literal nor an argument",
+                     owner.name, dim);
+}
+
+// The arguments of p as written: p.args, or all untyped if p.args is empty. Throws IsaError
+// naming p.source if they disagree with p.arg_names or a dimension is illegal.
+std::vector<ArgInfo> checked_args(const Program& p) {
+  std::vector<ArgInfo> args;
+  for (size_t i = 0; i < p.arg_names.size(); ++i) args.push_back(p.arg(i));
+  if (!p.args.empty() && p.args.size() != p.arg_names.size())
+    throw IsaError(fmt::format("{}: {} argument declarations for {} argument names", p.source,
+                               p.args.size(), p.arg_names.size()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name != p.arg_names[i])
+      throw IsaError(fmt::format("{}: argument {} is declared as '{}' but named '{}'", p.source,
+                                 i, args[i].name, p.arg_names[i]));
+    if (!args[i].typed() && !args[i].dims.empty())
+      throw IsaError(fmt::format("{}: untyped argument '{}' has dimensions", p.source,
+                                 args[i].name));
+    if (args[i].dims.size() > 0xFFFF)
+      throw IsaError(fmt::format("{}: argument '{}' has {} dimensions (at most 65535)", p.source,
+                                 args[i].name, args[i].dims.size()));
+    for (const auto& d : args[i].dims)
+      if (auto why = dim_problem(args, args[i], d))
+        throw IsaError(fmt::format("{}: {}", p.source, *why));
+  }
+  return args;
+}
+
 }  // namespace
 
 std::vector<uint8_t> write_kernel(const Program& p) {
+  const std::vector<ArgInfo> args = checked_args(p);
   StringTable strings;
   strings.strings = {p.name, p.source};  // fixed entries 0 and 1, even if equal
   for (const auto& a : p.arg_names) strings.add(a);
+  for (const auto& a : args)
+    for (const auto& d : a.dims) strings.add(d);
   for (const auto& s : p.sections)
     for (const auto& [name, at] : s.labels) strings.add(name);
 
@@ -110,6 +154,12 @@ std::vector<uint8_t> write_kernel(const Program& p) {
     w.bytes(s.data(), s.size());
   }
   for (const auto& a : p.arg_names) w.u32(strings.index.at(a));
+  for (const auto& a : args) {
+    w.u8(a.typed() ? static_cast<uint8_t>(a.dtype) : kUntypedArgCode);
+    w.u8(0);
+    w.u16(static_cast<uint16_t>(a.dims.size()));
+    for (const auto& d : a.dims) w.u32(strings.index.at(d));
+  }
   for (const auto& s : p.sections) {
     w.u8(static_cast<uint8_t>(s.kind));
     w.u8(0), w.u8(0), w.u8(0);
@@ -137,6 +187,40 @@ std::vector<uint8_t> write_kernel(const Program& p) {
   return w.take();
 }
 
+namespace {
+
+// Version 2's argument type table, one entry per argument of p (whose args hold the names):
+// u8 type code, u8 zero, u16 rank, rank x u32 dimension string index.
+template <typename StringAt>
+void read_arg_types(Reader& r, Program& p, StringAt& string_at) {
+  std::vector<std::vector<size_t>> dim_offsets(p.args.size());
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    ArgInfo& a = p.args[i];
+    size_t at = r.pos();
+    uint8_t code = r.u8("argument type code");
+    r.u8("argument type padding");
+    uint16_t rank = r.u16("argument rank");
+    if (code != kUntypedArgCode && code >= static_cast<uint8_t>(Dtype::NONE))
+      r.fail(at, fmt::format("argument '{}': bad type code {} (0..{} data types, {} untyped)",
+                             a.name, code, static_cast<int>(Dtype::NONE) - 1, kUntypedArgCode));
+    if (code == kUntypedArgCode && rank != 0)
+      r.fail(at + 2, fmt::format("argument '{}' is untyped but has {} dimensions", a.name, rank));
+    if (code != kUntypedArgCode) a.dtype = static_cast<Dtype>(code);
+    r.need(uint64_t(rank) * 4, "argument dimensions");
+    for (uint16_t d = 0; d < rank; ++d) {
+      dim_offsets[i].push_back(r.pos());
+      a.dims.push_back(string_at("argument dimension string index"));
+    }
+  }
+  // Dimensions may name any argument, so they are checked once all types are known.
+  for (size_t i = 0; i < p.args.size(); ++i)
+    for (size_t d = 0; d < p.args[i].dims.size(); ++d)
+      if (auto why = dim_problem(p.args, p.args[i], p.args[i].dims[d]))
+        r.fail(dim_offsets[i][d], *why);
+}
+
+}  // namespace
+
 Program read_kernel(const std::vector<uint8_t>& bytes, const std::string& source_name) {
   Reader r(bytes, source_name);
   if (bytes.size() < 4 || std::memcmp(bytes.data(), kKernelMagic, 4) != 0) {
@@ -149,9 +233,9 @@ Program read_kernel(const std::vector<uint8_t>& bytes, const std::string& source
   r.str(4, "magic");
   size_t at = r.pos();
   uint16_t version = r.u16("version");
-  if (version != kKernelVersion)
-    r.fail(at, fmt::format("unsupported version {} (this reader supports {})", version,
-                           kKernelVersion));
+  if (version < kKernelOldestVersion || version > kKernelVersion)
+    r.fail(at, fmt::format("unsupported version {} (this reader supports {} to {})", version,
+                           kKernelOldestVersion, kKernelVersion));
   uint16_t nsections = r.u16("section count");
   at = r.pos();
   uint32_t nstrings = r.u32("string count");
@@ -179,7 +263,17 @@ Program read_kernel(const std::vector<uint8_t>& bytes, const std::string& source
   p.name = strings[kKernelNameString];
   p.source = strings[kSourceNameString].empty() ? source_name : strings[kSourceNameString];
   r.need(uint64_t(nargs) * 4, "argument table");
-  for (uint32_t i = 0; i < nargs; ++i) p.arg_names.push_back(string_at("argument name index"));
+  for (uint32_t i = 0; i < nargs; ++i) {
+    at = r.pos();
+    const std::string& name = string_at("argument name index");
+    for (const auto& a : p.arg_names)
+      if (a == name) r.fail(at, fmt::format("duplicate argument '{}'", name));
+    p.arg_names.push_back(name);
+    ArgInfo info;
+    info.name = name;
+    p.args.push_back(std::move(info));
+  }
+  if (version >= 2) read_arg_types(r, p, string_at);
 
   for (uint16_t s = 0; s < nsections; ++s) {
     Section sec;

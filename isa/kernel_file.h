@@ -12,15 +12,23 @@
 namespace npusim::isa {
 
 inline constexpr char kKernelMagic[4] = {'N', 'P', 'U', 'K'};
-inline constexpr uint16_t kKernelVersion = 1;
+// Version written. 2 added argument types; read_kernel still reads version 1 (whose arguments
+// are all untyped).
+inline constexpr uint16_t kKernelVersion = 2;
+inline constexpr uint16_t kKernelOldestVersion = 1;
+// Argument type table: the code of an untyped argument (typed ones use the Dt field codes).
+inline constexpr uint8_t kUntypedArgCode = 255;
 
-// Serialises p. Throws IsaError "source:line:col: ..." if an operand does not fit its field.
+// Serialises p. Throws IsaError "source:line:col: ..." if an operand does not fit its field, and
+// "source: ..." if p.args does not match p.arg_names or a dimension is neither a decimal literal
+// nor the name of an untyped argument.
 std::vector<uint8_t> write_kernel(const Program& p);
 
 // Parses a binary kernel. source_name (the binary's own name) is used in error messages; the
 // Program's source is the assembly file name stored in the binary (source_name if none was
 // stored). Throws IsaError "source_name: byte offset N: what" on a bad magic or version,
-// truncation, an illegal opcode or operand, a bad string or label index, or trailing bytes.
+// truncation, an illegal opcode or operand, a bad string or label index, a duplicate argument,
+// a bad argument type or dimension, or trailing bytes.
 Program read_kernel(const std::vector<uint8_t>& bytes, const std::string& source_name);
 
 // File helpers; an unreadable or unwritable file throws IsaError naming it.

@@ -14,9 +14,9 @@
 ; full", m->mte1 "L0 step free", m->fix "L0C tile done", fix->m "L0C free". Flag ids are
 ; immediates, so each wait/set on a buffer parity is a two-way branch.
 .kernel gemm_f16
-.arg a
-.arg b
-.arg c
+.arg a, f16[M, K]
+.arg b, f16[K, N]
+.arg c, f16[M, N]
 .arg M
 .arg N
 .arg K

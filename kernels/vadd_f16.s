@@ -1,14 +1,14 @@
 ; z = x + y over n fp16 elements, on every vector core.
-; Arguments: x, y, z (GM addresses), n (element count, a multiple of 16 so every GM transfer is
-; whole 32-byte blocks).
+; Arguments: x, y, z (GM addresses of n fp16 elements), n (element count, a multiple of 16 so
+; every GM transfer is whole 32-byte blocks).
 ; Block b of B takes the slice [b*per, min(n, (b+1)*per)), per = ceil(n/16/B)*16, and streams it
 ; through the UB in tiles of up to TILE elements, double-buffered: while V adds tile t, MTE2 loads
 ; tile t+1 and MTE3 stores tile t-1. The ping (buffers 0, flag id 0) and pong (buffers 1, flag
 ; id 1) halves of the loop differ only in those numbers: flag ids are immediates in the ISA.
 .kernel vadd_f16
-.arg x
-.arg y
-.arg z
+.arg x, f16[n]
+.arg y, f16[n]
+.arg z, f16[n]
 .arg n
 .equ TILE, 8192                  ; elements per tile: 16 KiB of fp16
 .equ TILE_BYTES, TILE * 2

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,41 @@ class DeviceArena {
   double m_hdc_us = 0;
 };
 
-// Parses "f16:256x256" (dtype name from the ISA, dims separated by x) into an empty array.
-NpyArray parse_tensor_spec(const std::string& spec, const std::string& where);
+// An element type and shape as the command line writes them: "f16:256x256".
+struct TensorSpec {
+  isa::Dtype dtype = isa::Dtype::NONE;
+  std::vector<int64_t> shape;
+};
+// Parses "DTYPE:SHAPE" (dtype name from the ISA, dims separated by x); errors start with `where`.
+TensorSpec parse_tensor_spec(const std::string& spec, const std::string& where);
+// An empty array of that type and shape (bf16 as "u2", common/npy.h).
+NpyArray empty_array(const TensorSpec& t);
+
+// A typed kernel argument with its dimensions resolved for one launch: a literal dimension is
+// known; one naming a scalar argument is known if that argument was given with --arg.
+struct ArgShape {
+  isa::ArgInfo arg;
+  std::vector<std::optional<int64_t>> dims;  // empty if the argument takes any shape
+  bool all_known() const;
+  // "f16[M, K] with M=64, K=32" ("f16 of any shape"; unknown dims "(M not given)").
+  std::string describe() const;
+  // The shape if all_known(), else what is known, e.g. "(M, 32)" (names for unknown dims).
+  std::string shape_text() const;
+};
+ArgShape resolve_arg_shape(const isa::ArgInfo& arg, const std::map<std::string, uint64_t>& scalars);
+
+// Checks an --in array against its typed argument: the .npy dtype must be the argument's element
+// type (bf16 as "u2") and, for a shaped argument, the rank and every known dimension must match.
+// Throws npusim::Error starting with `where` and naming the argument, the file, what was
+// expected and what was found.
+void check_input(const ArgShape& s, const NpyArray& a, const std::string& file,
+                 const std::string& where);
+
+// The array to allocate for an --out argument. `spec` is the optional ":DTYPE:SHAPE" part
+// without its colon ("" if absent). Untyped arguments need the spec; typed ones need it only if
+// a dimension is unknown or they take any shape, and a given spec must agree with the type and
+// every known dimension. Throws npusim::Error starting with `where` otherwise.
+NpyArray output_array(const ArgShape& s, const std::string& spec, const std::string& file,
+                      const std::string& where);
 
 }  // namespace npusim::cli

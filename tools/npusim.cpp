@@ -1,10 +1,11 @@
 // The npusim command line: assemble, inspect, verify and run kernels on a chip model.
-//   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy:f16:64x64 --arg n=64 ...
+//   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy --arg M=64 ...
 //   npusim demo | asm | disasm | verify | chips | config
 // Exit codes: 0 ok, 1 bad input (usage, files, config, assembly), 3 the kernel faulted.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -60,56 +61,93 @@ struct RunOptions {
   bool quiet = false;
 };
 
+// How the command line gives one kernel argument: the option ("--in", "--out", "--arg") and
+// what follows "NAME=".
+struct GivenArg {
+  std::string option, value;
+  std::string where(const std::string& name) const {
+    return fmt::format("{} {}={}", option, name, value);
+  }
+};
+
+// Collects --in, --out and --arg by argument name. Each must name an argument of the kernel, and
+// each argument must be given exactly once.
+std::map<std::string, GivenArg> given_args(const RunOptions& o, const isa::Program& prog) {
+  std::map<std::string, GivenArg> given;
+  auto collect = [&](const std::vector<std::string>& specs, const char* option) {
+    for (const auto& spec : specs) {
+      auto [name, value] = split_assignment(spec, option);
+      if (std::find(prog.arg_names.begin(), prog.arg_names.end(), name) == prog.arg_names.end())
+        throw Error(fmt::format("kernel '{}' has no argument '{}' (it declares: {})", prog.name,
+                                name, fmt::join(prog.arg_names, ", ")));
+      auto [it, inserted] = given.emplace(name, GivenArg{option, value});
+      if (!inserted)
+        throw Error(fmt::format("{} {}: argument '{}' is already given by {}", option, spec,
+                                name, it->second.where(name)));
+    }
+  };
+  collect(o.inputs, "--in");
+  collect(o.outputs, "--out");
+  collect(o.scalars, "--arg");
+  for (const auto& name : prog.arg_names)
+    if (!given.count(name))
+      throw Error(fmt::format("kernel '{}' needs argument '{}': give it with --in, --out or --arg",
+                              prog.name, name));
+  return given;
+}
+
 int cmd_run(const RunOptions& o) {
   ChipConfig cfg = cli::load_chip(o.chip.chip, o.chip.overrides);
   isa::Program prog = cli::load_kernel(o.kernel);
   isa::verify_or_throw(prog, cfg);
+  const std::map<std::string, GivenArg> given = given_args(o, prog);
+  std::map<std::string, uint64_t> scalars;  // --arg values, which also give dimensions
+  for (const auto& [name, g] : given) {
+    if (g.option != "--arg") continue;
+    try {
+      scalars[name] = std::stoull(g.value, nullptr, 0);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--arg {}: '{}' is not an integer", name, g.value));
+    }
+  }
+
   SimOptions so;
   so.functional = !o.timing_only;
   so.trace = !o.trace_path.empty();
   Simulator sim(cfg, so);
   cli::DeviceArena arena(sim);
-
-  std::map<std::string, uint64_t> arg_values;
-  std::vector<cli::DeviceTensor> outs;
-  for (const auto& spec : o.inputs) {
-    auto [name, file] = split_assignment(spec, "--in");
-    NpyArray a = read_npy(file);
-    arg_values[name] = arena.upload(a, "--in " + name);
-  }
-  for (const auto& spec : o.outputs) {
-    auto [name, rest] = split_assignment(spec, "--out");
-    auto colon = rest.find(':');
-    if (colon == std::string::npos)
-      throw Error(fmt::format("--out {}: expected FILE.npy:DTYPE:SHAPE, e.g. c.npy:f16:64x64", spec));
-    cli::DeviceTensor t;
-    t.name = rest.substr(0, colon);  // the file
-    t.host = cli::parse_tensor_spec(rest.substr(colon + 1), "--out " + name);
-    t.addr = arena.allocate(static_cast<uint64_t>(t.host.elements()) * t.host.item_size(), "--out " + name);
-    arg_values[name] = t.addr;
-    outs.push_back(std::move(t));
-  }
-  for (const auto& spec : o.scalars) {
-    auto [name, value] = split_assignment(spec, "--arg");
-    try {
-      arg_values[name] = std::stoull(value, nullptr, 0);
-    } catch (const std::exception&) {
-      throw Error(fmt::format("--arg {}: '{}' is not an integer", name, value));
-    }
-  }
   KernelLaunch launch;
   launch.program = &prog;
-  for (const auto& name : prog.arg_names) {
-    auto it = arg_values.find(name);
-    if (it == arg_values.end())
-      throw Error(fmt::format("kernel '{}' needs argument '{}': give it with --in, --out or --arg",
-                              prog.name, name));
-    launch.args.push_back(it->second);
-    arg_values.erase(it);
+  std::vector<cli::DeviceTensor> outs;
+  for (size_t i = 0; i < prog.arg_names.size(); ++i) {
+    const std::string& name = prog.arg_names[i];
+    const GivenArg& g = given.at(name);
+    const std::string where = g.where(name);
+    if (g.option == "--arg") {
+      launch.args.push_back(scalars.at(name));
+      continue;
+    }
+    cli::ArgShape shape = cli::resolve_arg_shape(prog.arg(i), scalars);
+    if (g.option == "--in") {
+      NpyArray a;
+      try {
+        a = read_npy(g.value);
+      } catch (const Error& e) {
+        throw Error(fmt::format("{}: {}", where, e.what()));
+      }
+      cli::check_input(shape, a, g.value, where);
+      launch.args.push_back(arena.upload(a, where));
+    } else {  // --out FILE.npy[:DTYPE:SHAPE]
+      auto colon = g.value.find(':');
+      cli::DeviceTensor t;
+      t.name = g.value.substr(0, colon);  // the file
+      t.host = cli::output_array(shape, colon == std::string::npos ? "" : g.value.substr(colon + 1),
+                                 t.name, where);
+      t.addr = arena.allocate(static_cast<uint64_t>(t.host.elements()) * t.host.item_size(), where);
+      launch.args.push_back(t.addr);
+      outs.push_back(std::move(t));
+    }
   }
-  if (!arg_values.empty())
-    throw Error(fmt::format("kernel '{}' has no argument '{}' (it declares: {})", prog.name,
-                            arg_values.begin()->first, fmt::join(prog.arg_names, ", ")));
   launch.block_dim = o.blocks > 0 ? o.blocks : cli::default_block_dim(prog, cfg);
 
   KernelResult r = sim.run(launch);
@@ -146,7 +184,9 @@ int main(int argc, char** argv) {
   c_run->add_option("kernel", run.kernel, "kernel: assembly (.s) or binary (.npuk)")->required();
   run.chip.add(c_run);
   c_run->add_option("--in", run.inputs, "input argument NAME=FILE.npy (copied to device memory)");
-  c_run->add_option("--out", run.outputs, "output argument NAME=FILE.npy:DTYPE:SHAPE");
+  c_run->add_option("--out", run.outputs,
+                    "output argument NAME=FILE.npy[:DTYPE:SHAPE] (the type is optional for "
+                    "typed kernel arguments)");
   c_run->add_option("--arg", run.scalars, "scalar argument NAME=INTEGER");
   c_run->add_option("--blocks", run.blocks, "block_dim (default: every core the kernel runs on)");
   c_run->add_option("--counters", run.counters_path, "write the counter tree as JSON");

@@ -59,16 +59,20 @@ def _(d):
     assert len(trace["traceEvents"]) > 0
 
 
-def gemm_matches_numpy(d, chip, M, N, K, seed):
+def gemm_matches_numpy(d, chip, M, N, K, seed, out_spec=True):
+    """out_spec: spell out c's type (--out c=c.npy:f16:MxN) or let the kernel's .arg give it."""
     rng = np.random.default_rng(seed)
     a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
     b = rng.uniform(-1, 1, (K, N)).astype(np.float16)
     np.save(f"{d}/a.npy", a)
     np.save(f"{d}/b.npy", b)
+    out = f"c={d}/c.npy:f16:{M}x{N}" if out_spec else f"c={d}/c.npy"
     run("run", f"{KERNELS}/gemm_f16.s", "--chip", chip, "--in", f"a={d}/a.npy",
-        "--in", f"b={d}/b.npy", "--out", f"c={d}/c.npy:f16:{M}x{N}",
+        "--in", f"b={d}/b.npy", "--out", out,
         "--arg", f"M={M}", "--arg", f"N={N}", "--arg", f"K={K}", "--counters", f"{d}/k.json")
-    c = np.load(f"{d}/c.npy").astype(np.float64)
+    c = np.load(f"{d}/c.npy")
+    assert c.dtype == np.float16 and c.shape == (M, N), (c.dtype, c.shape)
+    c = c.astype(np.float64)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     # fp32 accumulation then one rounding to fp16: relative error about 2^-11.
     err = np.abs(c - ref)
@@ -83,9 +87,9 @@ def blocks_run(counters, kind):
                if name.startswith(kind) and node.get("blocks", {}).get("value", 0) > 0)
 
 
-@check("gemm on the tiny chip matches numpy")
+@check("gemm on the tiny chip matches numpy, --out typed by the kernel")
 def _(d):
-    gemm_matches_numpy(d, "tiny", 256, 512, 512, 2)
+    gemm_matches_numpy(d, "tiny", 256, 512, 512, 2, out_spec=False)
 
 
 @check("gemm on the 910B-like chip matches numpy, every cube core busy")
@@ -140,6 +144,97 @@ def _(d):
     assert "'n'" in p.stderr, p.stderr  # the missing argument is named
 
 
+@check("vadd with --out typed by the kernel (no :DTYPE:SHAPE) matches numpy")
+def _(d):
+    rng = np.random.default_rng(5)
+    n = 8192 + 32
+    x = rng.uniform(-4, 4, n).astype(np.float16)
+    y = rng.uniform(-4, 4, n).astype(np.float16)
+    np.save(f"{d}/x.npy", x)
+    np.save(f"{d}/y.npy", y)
+    run("run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in", f"x={d}/x.npy",
+        "--in", f"y={d}/y.npy", "--out", f"z={d}/z.npy", "--arg", f"n={n}", "--quiet")
+    z = np.load(f"{d}/z.npy")
+    assert z.dtype == np.float16 and z.shape == (n,), (z.dtype, z.shape)
+    assert np.array_equal(z, x + y)
+
+
+def vadd_args(d, x="x.npy", y="y.npy", z="z.npy", n=64):
+    return ["run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in", f"x={d}/{x}",
+            "--in", f"y={d}/{y}", "--out", f"z={d}/{z}", "--arg", f"n={n}", "--quiet"]
+
+
+@check("an --in .npy of the wrong dtype exits 1 naming argument, file and both dtypes")
+def _(d):
+    np.save(f"{d}/x.npy", np.ones(64, np.float16))
+    np.save(f"{d}/y.npy", np.ones(64, np.float32))
+    p = run(*vadd_args(d), expect_rc=1)
+    assert "argument 'y'" in p.stderr and f"{d}/y.npy" in p.stderr, p.stderr
+    assert "float16" in p.stderr and "float32" in p.stderr, p.stderr
+    assert not os.path.exists(f"{d}/z.npy")
+
+
+@check("an --in .npy of the wrong shape exits 1 naming argument, file and both shapes")
+def _(d):
+    np.save(f"{d}/x.npy", np.ones(64, np.float16))
+    np.save(f"{d}/y.npy", np.ones(64, np.float16))
+    p = run(*vadd_args(d, n=48), expect_rc=1)  # n disagrees with the arrays
+    assert "argument 'x'" in p.stderr and "(48,)" in p.stderr and "(64,)" in p.stderr, p.stderr
+    np.save(f"{d}/y.npy", np.ones((8, 8), np.float16))  # right size, wrong rank
+    p = run(*vadd_args(d), expect_rc=1)
+    assert "argument 'y'" in p.stderr and "(8, 8)" in p.stderr, p.stderr
+    # gemm: b is K x N, given N x K.
+    M, N, K = 128, 256, 512
+    np.save(f"{d}/a.npy", np.ones((M, K), np.float16))
+    np.save(f"{d}/b.npy", np.ones((N, K), np.float16))
+    p = run("run", f"{KERNELS}/gemm_f16.s", "--chip", "tiny", "--in", f"a={d}/a.npy",
+            "--in", f"b={d}/b.npy", "--out", f"c={d}/c.npy", "--arg", f"M={M}",
+            "--arg", f"N={N}", "--arg", f"K={K}", expect_rc=1)
+    assert "argument 'b'" in p.stderr and f"{d}/b.npy" in p.stderr, p.stderr
+    assert f"({K}, {N})" in p.stderr and f"({N}, {K})" in p.stderr, p.stderr
+
+
+@check("--out specs must agree with typed arguments; untyped ones need a spec")
+def _(d):
+    np.save(f"{d}/x.npy", np.ones(64, np.float16))
+    np.save(f"{d}/y.npy", np.ones(64, np.float16))
+    run(*vadd_args(d, z="z.npy:f16:64"))  # a spec that agrees is fine
+    p = run(*vadd_args(d, z="z.npy:f32:64"), expect_rc=1)
+    assert "argument 'z'" in p.stderr and "f32" in p.stderr, p.stderr
+    p = run(*vadd_args(d, z="z.npy:f16:32"), expect_rc=1)
+    assert "argument 'z'" in p.stderr and "(32,)" in p.stderr, p.stderr
+    with open(f"{d}/raw.s", "w") as f:
+        f.write(".arg dst\n.section aiv\n    end\n")
+    p = run("run", f"{d}/raw.s", "--chip", "tiny", "--out", f"dst={d}/o.npy", expect_rc=1)
+    assert "argument 'dst'" in p.stderr and "untyped" in p.stderr, p.stderr
+    run("run", f"{d}/raw.s", "--chip", "tiny", "--out", f"dst={d}/o.npy:s8:3x5", "--quiet")
+    assert np.load(f"{d}/o.npy").shape == (3, 5)
+    p = run(*vadd_args(d), "--arg", "n=64", expect_rc=1)
+    assert "already given" in p.stderr, p.stderr
+
+
+@check("bf16 arguments take uint16 .npy files; literal and any-shape dims")
+def _(d):
+    with open(f"{d}/t.s", "w") as f:
+        f.write(".arg src, bf16[R, 4]\n.arg any, s8\n.arg dst, bf16[R, 4]\n.arg R\n"
+                ".section aiv\n    end\n")
+    np.save(f"{d}/src.npy", np.zeros((2, 4), np.uint16))
+    np.save(f"{d}/any.npy", np.zeros((3, 1, 7), np.int8))
+    run("run", f"{d}/t.s", "--chip", "tiny", "--in", f"src={d}/src.npy", "--in",
+        f"any={d}/any.npy", "--out", f"dst={d}/dst.npy", "--arg", "R=2", "--quiet")
+    out = np.load(f"{d}/dst.npy")
+    assert out.dtype == np.uint16 and out.shape == (2, 4), (out.dtype, out.shape)
+    np.save(f"{d}/src.npy", np.zeros((2, 4), np.float16))
+    p = run("run", f"{d}/t.s", "--chip", "tiny", "--in", f"src={d}/src.npy", "--in",
+            f"any={d}/any.npy", "--out", f"dst={d}/dst.npy", "--arg", "R=2", expect_rc=1)
+    assert "argument 'src'" in p.stderr and "uint16" in p.stderr and "bf16" in p.stderr, p.stderr
+    np.save(f"{d}/src.npy", np.zeros((2, 4), np.uint16))
+    np.save(f"{d}/any.npy", np.zeros(4, np.uint8))
+    p = run("run", f"{d}/t.s", "--chip", "tiny", "--in", f"src={d}/src.npy", "--in",
+            f"any={d}/any.npy", "--out", f"dst={d}/dst.npy", "--arg", "R=2", expect_rc=1)
+    assert "argument 'any'" in p.stderr and "int8" in p.stderr, p.stderr
+
+
 @check("a faulting kernel exits 3 naming core, pc and instruction")
 def _(d):
     with open(f"{d}/oob.s", "w") as f:
@@ -156,6 +251,7 @@ def _(d):
     run("asm", f"{KERNELS}/gemm_f16.s", "-o", f"{d}/g.npuk")
     text = run("disasm", f"{d}/g.npuk").stdout
     assert "mmad.f16" in text
+    assert ".arg a, f16[M, K]\n" in text and ".arg M\n" in text, text  # types survive the binary
     with open(f"{d}/g2.s", "w") as f:
         f.write(text)
     run("asm", f"{d}/g2.s", "-o", f"{d}/g2.npuk")

@@ -317,6 +317,30 @@ TEST_CASE("assembler: errors name file, line, column and what") {
       {".equ A, 1\n.equ A, 2", "t.s:2:6: duplicate constant 'A'"},
       {".equ x3, 1", "t.s:1:6: name 'x3' is a register"},
       {".arg a\n.arg a", "t.s:2:6: duplicate argument 'a'"},
+      {".arg a\n.arg a, f16", "t.s:2:6: duplicate argument 'a'"},
+      {".arg , f16", "t.s:1:6: expected '.arg NAME' or '.arg NAME, DTYPE[DIMS]'"},
+      {".arg x,", "t.s:1:8: argument 'x': expected a data type after ','"},
+      {".arg x, f17", "t.s:1:9: argument 'x': unknown data type 'f17' (expected f32, f16"},
+      {".arg x, f16 [4] 2", "t.s:1:18: argument 'x': expected ']' at the end of the shape"},
+      {".arg x, f16[4", "t.s:1:14: argument 'x': expected ']' at the end of the shape"},
+      {".arg x, [4]", "t.s:1:9: argument 'x': unknown data type ''"},
+      {".arg x, f16[ ]", "t.s:1:13: argument 'x': empty shape (write '.arg x, f16' for a "
+                         "tensor of any shape)"},
+      {".arg x, f16[4,,4]", "t.s:1:15: argument 'x': bad dimension '' (missing dimension)"},
+      {".arg x, f16[-1]", "t.s:1:13: argument 'x': bad dimension '-1' (expected an integer "
+                          "literal or the name of an untyped argument)"},
+      {".arg x, f16[2.5]", "t.s:1:13: argument 'x': bad dimension '2.5'"},
+      {".arg x, f16[n + 1]", "t.s:1:13: argument 'x': bad dimension 'n + 1'"},
+      {".arg x, f16[x1]", "t.s:1:13: argument 'x': bad dimension 'x1'"},
+      {".arg x, f16[16x]", "t.s:1:13: bad number '16x'"},
+      {".arg x, f16[9223372036854775808]",
+       "t.s:1:13: argument 'x': bad dimension '9223372036854775808' (does not fit 63 bits)"},
+      {".arg x, f16[4, q]\n.arg n", "t.s:1:16: argument 'x': dimension 'q' names no argument"},
+      {".equ Q, 4\n.arg x, f16[Q]", "t.s:2:13: argument 'x': dimension 'Q' names no argument "
+                                     "(a dimension cannot be an .equ constant)"},
+      {".arg x, f16[y]\n.arg y, s8", "t.s:1:13: argument 'x': dimension 'y' names a tensor "
+                                     "argument (a dimension names an untyped argument)"},
+      {".arg x, f16[x]", "t.s:1:13: argument 'x': dimension 'x' names a tensor argument"},
       {".kernel a\n.kernel b", "t.s:2:1: duplicate .kernel directive"},
       {".section gpu", "t.s:1:10: unknown section 'gpu' (expected aic, aiv or aicore)"},
       {".section aic\nend\n.section aic", "t.s:3:10: section aic appears twice"},
@@ -332,6 +356,49 @@ TEST_CASE("assembler: errors name file, line, column and what") {
     INFO(c.text);
     CHECK_THAT(error_of(c.text), Catch::StartsWith(c.message));
   }
+}
+
+TEST_CASE("assembler: typed arguments") {
+  const char* text = R"(
+.arg x                          ; untyped: a scalar or a raw address
+.arg t, bf16                    ; a tensor of any shape
+.arg a, f16[ M , 0x10, 1_000 ]  ; dims: a later argument, literals in any base
+.arg M
+.arg y,s32[7]
+.section aiv
+    ldarg x1, a
+    ldarg x2, M
+    end
+)";
+  Program p = assemble(text, "t.s");
+  REQUIRE(p.arg_names == std::vector<std::string>{"x", "t", "a", "M", "y"});
+  REQUIRE(p.args.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(p.args[i].name == p.arg_names[i]);
+  CHECK_FALSE(p.args[0].typed());
+  CHECK(p.args[0].dims.empty());
+  CHECK(p.args[1].dtype == Dtype::BF16);
+  CHECK(p.args[1].dims.empty());
+  CHECK(p.args[2].dtype == Dtype::F16);
+  CHECK(p.args[2].dims == std::vector<std::string>{"M", "16", "1000"});  // literals in decimal
+  CHECK_FALSE(p.args[3].typed());
+  CHECK(p.args[4].dtype == Dtype::S32);
+  CHECK(p.args[4].dims == std::vector<std::string>{"7"});
+  // A typed argument is still an ldarg index.
+  CHECK(imm(p.sections[0].code[0], "index") == 2);
+  CHECK(imm(p.sections[0].code[1], "index") == 3);
+
+  // Every ISA data type names an element type.
+  for (int t = 0; t < int(Dtype::NONE); ++t) {
+    Dtype d = static_cast<Dtype>(t);
+    Program q = assemble(std::string(".arg v, ") + dtype_name(d) + "[3]\nend\n", "t.s");
+    CHECK(q.arg(0).dtype == d);
+  }
+
+  // arg() reads a Program built in code with arg_names only as untyped arguments.
+  Program bare;
+  bare.arg_names = {"u"};
+  CHECK(bare.arg(0).name == "u");
+  CHECK_FALSE(bare.arg(0).typed());
 }
 
 TEST_CASE("assembler: argument count is bounded by ldarg's index field") {

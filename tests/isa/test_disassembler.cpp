@@ -16,6 +16,7 @@ namespace {
 void require_same_program(const Program& a, const Program& b) {
   CHECK(a.name == b.name);
   CHECK(a.arg_names == b.arg_names);
+  for (size_t i = 0; i < a.arg_names.size(); ++i) CHECK(a.arg(i) == b.arg(i));
   REQUIRE(a.sections.size() == b.sections.size());
   for (size_t s = 0; s < a.sections.size(); ++s) {
     CHECK(a.sections[s].kind == b.sections[s].kind);
@@ -133,8 +134,33 @@ tail:
     vtranspose x1, x2
     jmp @3
 )");
+  // Typed arguments, dimensions naming arguments declared before and after.
+  check_round_trip(R"(
+.kernel typed
+.arg n
+.arg a, f16[M, 0x20]
+.arg t, u8
+.arg b,bf16[ 3 ,n,M ]
+.arg M
+.section aiv
+    ldarg x1, b
+    end
+)");
   // Empty sections, a kernel without arguments, absolute targets without labels.
   check_round_trip(".kernel k\n.section aiv\n.section aic\njmp @0\n");
+}
+
+TEST_CASE("disassembler: arguments print in the form they were declared") {
+  Program p = assemble(".arg n\n.arg a, f16[n, 16]\n.arg t, s64\nend\n", "t.s");
+  CHECK(disassemble(p) == ".kernel t\n.arg n\n.arg a, f16[n, 16]\n.arg t, s64\n"
+                          ".section aicore\n    end\n");
+  CHECK(arg_type_text(p.arg(0)).empty());
+  CHECK(arg_type_text(p.arg(1)) == "f16[n, 16]");
+  CHECK(arg_type_text(p.arg(2)) == "s64");
+  // A Program built in code with only arg_names lists untyped arguments.
+  Program bare;
+  bare.arg_names = {"u", "v"};
+  CHECK(disassemble(bare) == ".arg u\n.arg v\n");
 }
 
 TEST_CASE("disassembler: random operands of every instruction round-trip") {

@@ -51,9 +51,9 @@ uint32_t le32(const std::vector<uint8_t>& b, size_t at) {
 TEST_CASE("kernel file: layout follows docs/assembly.md") {
   Program p = assemble(kText, "scale.s");
   std::vector<uint8_t> b = write_kernel(p);
-  // Header: magic, version 1, 2 sections, strings {scale, scale.s, src, dst, start, loop}, 2 args.
+  // Header: magic, version 2, 2 sections, strings {scale, scale.s, src, dst, start, loop}, 2 args.
   CHECK(std::string(b.begin(), b.begin() + 4) == "NPUK");
-  CHECK((b[4] | b[5] << 8) == 1);
+  CHECK((b[4] | b[5] << 8) == 2);
   CHECK((b[6] | b[7] << 8) == 2);
   CHECK(le32(b, 8) == 6);
   CHECK(le32(b, 12) == 2);
@@ -64,8 +64,12 @@ TEST_CASE("kernel file: layout follows docs/assembly.md") {
   size_t args = 16 + strings;
   CHECK(le32(b, args) == 2);      // .arg src -> string 2
   CHECK(le32(b, args + 4) == 3);  // .arg dst -> string 3
+  // Argument types: both untyped (code 255, zero, rank 0).
+  size_t types = args + 8;
+  CHECK(le32(b, types) == 0xFF);
+  CHECK(le32(b, types + 4) == 0xFF);
   // Section aic: kind, 3 pad bytes, 3 instructions, 1 label; then words, line table, labels.
-  size_t aic = args + 8;
+  size_t aic = types + 8;
   CHECK(b[aic] == uint8_t(CoreKind::AIC));
   CHECK(le32(b, aic + 4) == 3);
   CHECK(le32(b, aic + 8) == 1);
@@ -110,10 +114,116 @@ TEST_CASE("kernel file: write/read round-trips names, code, lines and labels") {
   CHECK(read_kernel(write_kernel(anon), "x.npuk").source == "x.npuk");
 }
 
+TEST_CASE("kernel file: typed arguments are stored and read back") {
+  Program p = assemble(".arg n\n.arg a, f16[n, 16]\n.arg t, bf16\nend\n", "t.s");
+  std::vector<uint8_t> b = write_kernel(p);
+  // Strings {t, t.s, n, a, t, 16}: the fixed kernel and source names, the argument names, then
+  // dimensions not already there.
+  CHECK(le32(b, 8) == 6);
+  size_t types = 16 + (4 + 1) + (4 + 3) + (4 + 1) + (4 + 1) + (4 + 1) + (4 + 2) + 3 * 4;
+  CHECK(le32(b, 16 + 5 + 7 + 5 + 5 + 5) == 2);  // the last string, "16", is 2 bytes long
+  // n: untyped, rank 0.
+  CHECK(b[types] == 0xFF);
+  CHECK(b[types + 1] == 0);
+  CHECK((b[types + 2] | b[types + 3] << 8) == 0);
+  // a: f16 (the Dt code), rank 2, dims "n" (string 2) and "16" (string 5).
+  CHECK(b[types + 4] == uint8_t(Dtype::F16));
+  CHECK((b[types + 6] | b[types + 7] << 8) == 2);
+  CHECK(le32(b, types + 8) == 2);
+  CHECK(le32(b, types + 12) == 5);
+  // t: bf16, any shape (rank 0).
+  CHECK(b[types + 16] == uint8_t(Dtype::BF16));
+  CHECK((b[types + 18] | b[types + 19] << 8) == 0);
+  CHECK(b[types + 20] == uint8_t(CoreKind::AICORE));  // the section follows
+
+  Program q = read_kernel(b, "t.npuk");
+  REQUIRE(q.args.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(q.args[i] == p.args[i]);
+  CHECK(q.arg_names == p.arg_names);
+  CHECK(disassemble(q) == disassemble(p));
+
+  auto error_at = [&](size_t at, uint8_t v) {
+    auto c = b;
+    c[at] = v;
+    return error_of(c);
+  };
+  CHECK(error_at(types + 4, 9) ==
+        fmt::format("k.npuk: byte offset {}: argument 'a': bad type code 9 (0..8 data types, "
+                    "255 untyped)",
+                    types + 4));
+  CHECK(error_at(types + 2, 1) ==
+        fmt::format("k.npuk: byte offset {}: argument 'n' is untyped but has 1 dimensions",
+                    types + 2));
+  CHECK(error_at(types + 8, 3) ==  // dim "a": a tensor
+        fmt::format("k.npuk: byte offset {}: argument 'a': dimension 'a' names a tensor argument",
+                    types + 8));
+  CHECK(error_at(types + 8, 4) ==  // dim "t": a tensor (string 4; string 0 is the kernel)
+        fmt::format("k.npuk: byte offset {}: argument 'a': dimension 't' names a tensor argument",
+                    types + 8));
+  CHECK(error_at(types + 12, 1) ==  // dim "t.s": neither
+        fmt::format("k.npuk: byte offset {}: argument 'a': dimension 't.s' is neither a decimal "
+                    "literal nor an argument",
+                    types + 12));
+  CHECK(error_at(types + 12, 9) ==
+        fmt::format("k.npuk: byte offset {}: argument dimension string index 9 is not in the "
+                    "string table of 6 strings",
+                    types + 12));
+  // Argument 2 named like argument 0.
+  CHECK(error_at(types - 4, 2) ==
+        fmt::format("k.npuk: byte offset {}: duplicate argument 'n'", types - 4));
+
+  // The writer refuses what the reader would refuse, naming the source.
+  Program bad = p;
+  bad.args[1].dims[0] = "t";
+  CHECK_THROWS_WITH(write_kernel(bad), "t.s: argument 'a': dimension 't' names a tensor argument");
+  bad = p;
+  bad.args[1].dims[1] = "-16";
+  CHECK_THROWS_WITH(write_kernel(bad), "t.s: argument 'a': dimension '-16' is neither a decimal "
+                                       "literal nor an argument");
+  bad = p;
+  bad.args[0].dims = {"4"};
+  CHECK_THROWS_WITH(write_kernel(bad), "t.s: untyped argument 'n' has dimensions");
+  bad = p;
+  bad.args.pop_back();
+  CHECK_THROWS_WITH(write_kernel(bad), "t.s: 2 argument declarations for 3 argument names");
+  bad = p;
+  bad.arg_names[2] = "u";
+  CHECK_THROWS_WITH(write_kernel(bad), "t.s: argument 2 is declared as 't' but named 'u'");
+  // A Program built in code with arg_names only is stored with untyped arguments.
+  Program bare = p;
+  bare.args.clear();
+  Program r = read_kernel(write_kernel(bare), "bare.npuk");
+  REQUIRE(r.args.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(r.args[i] == bare.arg(i));
+}
+
+TEST_CASE("kernel file: version 1 files load with untyped arguments") {
+  Program p = assemble(kText, "scale.s");
+  std::vector<uint8_t> v2 = write_kernel(p);
+  // Version 1 is version 2 without the argument type table (2 untyped entries of 4 bytes).
+  size_t types = 16 + 9 + 11 + 7 + 7 + 9 + 8 + 8;
+  std::vector<uint8_t> v1 = v2;
+  v1[4] = 1;
+  v1.erase(v1.begin() + types, v1.begin() + types + 8);
+  Program q = read_kernel(v1, "old.npuk");
+  CHECK(q.arg_names == p.arg_names);
+  REQUIRE(q.args.size() == 2);
+  CHECK_FALSE(q.args[0].typed());
+  CHECK(q.args[1].name == "dst");
+  CHECK(disassemble(q) == disassemble(p));
+  // A version 2 file read as version 1 has 8 stray bytes where the section should start.
+  auto wrong = v2;
+  wrong[4] = 1;
+  CHECK_THAT(error_of(wrong), Catch::StartsWith(fmt::format("k.npuk: byte offset {}: bad core kind "
+                                                            "255",
+                                                            types)));
+}
+
 TEST_CASE("kernel file: corrupt input is rejected with what and where") {
   Program p = assemble(kText, "scale.s");
   const std::vector<uint8_t> good = write_kernel(p);
-  size_t aic = 16 + 9 + 11 + 7 + 7 + 9 + 8 + 8;  // header + strings + args (layout test above)
+  // header + strings + argument names + argument types (layout test above)
+  size_t aic = 16 + 9 + 11 + 7 + 7 + 9 + 8 + 8 + 8;
   size_t word0 = aic + 12;
 
   auto with = [&](size_t at, uint8_t v) {
@@ -124,8 +234,10 @@ TEST_CASE("kernel file: corrupt input is rejected with what and where") {
   CHECK_THAT(error_of(with(0, 'X')),
              Catch::StartsWith("k.npuk: byte offset 0: bad magic 0x5850554b"));
   CHECK_THAT(error_of({}), Catch::Contains("byte offset 0: bad magic (empty file)"));
-  CHECK(error_of(with(4, 2)) ==
-        "k.npuk: byte offset 4: unsupported version 2 (this reader supports 1)");
+  CHECK(error_of(with(4, 3)) ==
+        "k.npuk: byte offset 4: unsupported version 3 (this reader supports 1 to 2)");
+  CHECK(error_of(with(4, 0)) ==
+        "k.npuk: byte offset 4: unsupported version 0 (this reader supports 1 to 2)");
   CHECK(error_of(with(aic, 7)) == fmt::format("k.npuk: byte offset {}: bad core kind 7 in "
                                               "section 0 (0 aic, 1 aiv, 2 aicore)",
                                               aic));

@@ -360,7 +360,7 @@ again:
                {{7, 5, "load3d: xdst range [0xfe00, 0x11000) is outside l0a"}});
 }
 
-TEST_CASE("verifier: constant folding follows the scalar unit (sim/core/scalar_unit.h)") {
+TEST_CASE("verifier: constant folding follows the scalar unit (sim/exec/scalar_alu.h)") {
   check_issues(issues_of(R"(
     movi x2, -2
     shr x2, x2, 63                      ; logical shift: 1 (arithmetic would give -1)

@@ -1,0 +1,397 @@
+#include "adapter/runtime/device.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "adapter/runtime/driver.h"
+#include "isa/verifier/verifier.h"
+
+namespace npusim::rt {
+
+namespace {
+
+// The one device a process may have (SystemC elaborates once per process).
+struct DeviceRegistry {
+  std::mutex mutex;
+  std::weak_ptr<Device> device;
+  bool opened = false;       // a device was opened in this process (it may be gone now)
+  std::string identity;      // config and options of that device, compared on reopen
+  std::string description;   // the same for messages
+};
+
+DeviceRegistry& registry() {
+  static DeviceRegistry r;
+  return r;
+}
+
+std::string options_text(const SimOptions& s, const RuntimeOptions& r) {
+  return fmt::format("functional={} trace={} trace_max_events={} discard_freed_memory={} "
+                     "record_launches={}",
+                     s.functional, s.trace, s.trace_max_events, r.discard_freed_memory,
+                     r.record_launches);
+}
+
+std::string describe_device(const ChipConfig& cfg, const SimOptions& s, const RuntimeOptions& r) {
+  return fmt::format("chip '{}' (config {} from {}; {})", cfg.name, chip_config_identity(cfg),
+                     cfg.source_file, options_text(s, r));
+}
+
+// invalid_argument when an output pointer is null (the API never dereferences one).
+Status null_output(const char* what) {
+  return Status(StatusCode::invalid_argument,
+                fmt::format("{}: the output pointer is null", what));
+}
+
+Status prefixed(const Status& s, const std::string& where) {
+  return s.ok() ? s : Status(s.code(), where + ": " + s.message());
+}
+
+}  // namespace
+
+Device::Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts,
+               const RuntimeOptions& rt_opts)
+    : m_cfg(cfg),
+      m_rt_opts(rt_opts),
+      m_allocator(kHbmBase, cfg.hbm_bytes),
+      m_cache(cfg),
+      m_driver(std::make_unique<Driver>(cfg, sim_opts, rt_opts.record_launches)) {}
+
+Device::~Device() = default;
+
+Status Device::open(const ChipConfig& cfg, const SimOptions& sim_opts,
+                    const RuntimeOptions& rt_opts, std::shared_ptr<Device>* out) {
+  return guard("open device on chip '" + cfg.name + "'", [&]() -> Status {
+    DeviceRegistry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    const std::string identity = dump_chip_config_yaml(cfg) + options_text(sim_opts, rt_opts);
+    const std::string wanted = describe_device(cfg, sim_opts, rt_opts);
+    if (std::shared_ptr<Device> dev = reg.device.lock()) {
+      if (reg.identity == identity) {
+        *out = dev;
+        return Status();
+      }
+      return Status(StatusCode::failed_precondition,
+                    fmt::format("cannot open a device on {}: this process already has a device "
+                                "on {}, and the chip config is fixed at the first open (SystemC "
+                                "elaborates one chip per process; run another configuration in "
+                                "another process)",
+                                wanted, reg.description));
+    }
+    if (reg.opened)
+      return Status(StatusCode::failed_precondition,
+                    fmt::format("cannot open a device on {}: the device of this process (on {}) "
+                                "was closed, and SystemC elaborates one chip per process, so no "
+                                "device can be opened again in this process",
+                                wanted, reg.description));
+    if (cfg.hbm_bytes <= kHbmBase)
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("chip '{}': memory.hbm.bytes ({}) must exceed the {} bytes the "
+                                "runtime reserves below its first allocation",
+                                cfg.name, cfg.hbm_bytes, kHbmBase));
+    auto dev = std::make_shared<Device>(Key{}, cfg, sim_opts, rt_opts);
+    if (Status st = dev->m_driver->start_status(); !st.ok()) return st;
+    reg.device = dev;
+    reg.opened = true;
+    reg.identity = identity;
+    reg.description = wanted;
+    *out = std::move(dev);
+    return Status();
+  });
+}
+
+Status Device::open(const std::string& chip, const std::vector<std::string>& overrides,
+                    const SimOptions& sim_opts, const RuntimeOptions& rt_opts,
+                    std::shared_ptr<Device>* out) {
+  ChipConfig cfg;
+  Status st = guard("open device: loading chip config '" + chip + "'", [&] {
+    cfg = load_chip_config(chip, overrides);
+    return Status();
+  });
+  if (!st.ok()) return st;
+  return open(cfg, sim_opts, rt_opts, out);
+}
+
+Status Device::malloc(uint64_t bytes, uint64_t* dev_addr) {
+  if (!dev_addr) return null_output("malloc");
+  return guard("malloc", [&] {
+    return prefixed(m_allocator.allocate(bytes, dev_addr),
+                    fmt::format("malloc of {} bytes on chip '{}'", bytes, m_cfg.name));
+  });
+}
+
+Status Device::free(uint64_t dev_addr) {
+  const std::string where = fmt::format("free of device address {:#x}", dev_addr);
+  return guard(where, [&]() -> Status {
+    if (dev_addr == 0) return Status();
+    uint64_t size = 0;
+    if (Status st = m_allocator.begin_release(dev_addr, &size); !st.ok())
+      return prefixed(st, "free");
+    Status st;
+    if (m_rt_opts.discard_freed_memory)
+      st = m_driver->run_task([&](Simulator& sim) {
+        sim.gm().discard(dev_addr, size);
+        return Status();
+      });
+    m_allocator.finish_release(dev_addr);
+    return prefixed(st, where);
+  });
+}
+
+AllocatorStats Device::memory_stats() const { return m_allocator.stats(); }
+
+Status Device::resident_bytes(uint64_t* bytes) {
+  if (!bytes) return null_output("resident_bytes");
+  return guard("resident_bytes", [&] {
+    return m_driver->run_task([&](Simulator& sim) {
+      *bytes = sim.gm().resident_bytes();
+      return Status();
+    });
+  });
+}
+
+Status Device::create_stream(Stream* out) {
+  if (!out) return null_output("create_stream");
+  return guard("create_stream", [&] { return m_driver->create_stream(out); });
+}
+Status Device::destroy_stream(Stream s) {
+  return guard("destroy_stream", [&] { return m_driver->destroy_stream(s); });
+}
+Status Device::synchronize_stream(Stream s) {
+  return guard("synchronize_stream", [&] { return m_driver->synchronize_stream(s); });
+}
+Status Device::query_stream(Stream s, bool* idle) {
+  if (!idle) return null_output("query_stream");
+  return guard("query_stream", [&] { return m_driver->query_stream(s, idle); });
+}
+Status Device::stream_status(Stream s) {
+  return guard("stream_status", [&] { return m_driver->stream_error(s); });
+}
+Status Device::synchronize_device() {
+  return guard("synchronize_device", [&] { return m_driver->synchronize_all(); });
+}
+
+Status Device::create_event(Event* out) {
+  if (!out) return null_output("create_event");
+  return guard("create_event", [&] { return m_driver->create_event(out); });
+}
+Status Device::destroy_event(Event e) {
+  return guard("destroy_event", [&] { return m_driver->destroy_event(e); });
+}
+Status Device::record_event(Event e, Stream s) {
+  DeviceOp op;
+  op.kind = OpKind::record_event;
+  op.event = e.id;
+  return enqueue(s, std::move(op));
+}
+Status Device::stream_wait_event(Stream s, Event e) {
+  DeviceOp op;
+  op.kind = OpKind::wait_event;
+  op.event = e.id;
+  return enqueue(s, std::move(op));
+}
+Status Device::stream_wait_stream(Stream waiter, Stream other) {
+  return guard("stream_wait_stream", [&]() -> Status {
+    Event e;
+    if (Status st = m_driver->create_event(&e); !st.ok()) return st;
+    Status st = record_event(e, other);
+    if (st.ok()) st = stream_wait_event(waiter, e);
+    Status destroyed = m_driver->destroy_event(e);  // a pending record still runs
+    return st.ok() ? destroyed : st;
+  });
+}
+Status Device::query_event(Event e, bool* complete) {
+  if (!complete) return null_output("query_event");
+  return guard("query_event", [&] { return m_driver->query_event(e, complete); });
+}
+Status Device::synchronize_event(Event e) {
+  return guard("synchronize_event", [&] { return m_driver->synchronize_event(e); });
+}
+Status Device::event_elapsed_us(Event start, Event end, double* us) {
+  if (!us) return null_output("event_elapsed_us");
+  return guard("event_elapsed_us", [&] { return m_driver->elapsed_us(start, end, us); });
+}
+
+Status Device::check_range(const char* what, const char* which, uint64_t addr,
+                           uint64_t bytes) const {
+  if (bytes == 0 || m_allocator.contains(addr, bytes)) return Status();
+  return Status(StatusCode::invalid_argument,
+                fmt::format("{}: {} device range [{:#x}, {:#x}) ({} bytes) is not inside one "
+                            "live allocation", what, which, addr, addr + bytes, bytes));
+}
+
+Status Device::enqueue(Stream s, DeviceOp op) {
+  return guard(op_kind_name(op.kind), [&] { return m_driver->submit(s, std::move(op)); });
+}
+
+Status Device::submit_transfer(const Stream* s, DeviceOp op) {
+  const char* what = op_kind_name(op.kind);
+  return guard(what, [&]() -> Status {
+    auto null_host = [&](const char* which) {
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("{}: the host {} pointer is null", what, which));
+    };
+    if (op.kind == OpKind::memcpy_h2d && op.bytes && !op.host_src) return null_host("source");
+    if (op.kind == OpKind::memcpy_d2h && op.bytes && !op.host_dst) return null_host("destination");
+    if (op.kind == OpKind::memset32 && (op.dst % 4 || op.bytes % 4))
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("memset32: device address {:#x} and size {} bytes must be "
+                                "multiples of 4", op.dst, op.bytes));
+    if (op.kind != OpKind::memcpy_d2h)
+      if (Status st = check_range(what, "destination", op.dst, op.bytes); !st.ok()) return st;
+    if (op.kind == OpKind::memcpy_d2h || op.kind == OpKind::memcpy_d2d)
+      if (Status st = check_range(what, "source", op.src, op.bytes); !st.ok()) return st;
+    if (s) return m_driver->submit(*s, std::move(op));
+    return m_driver->submit_sync(std::move(op));
+  });
+}
+
+namespace {
+
+DeviceOp transfer_op(OpKind kind, uint64_t dst, uint64_t src, uint64_t bytes) {
+  DeviceOp op;
+  op.kind = kind;
+  op.dst = dst;
+  op.src = src;
+  op.bytes = bytes;
+  return op;
+}
+
+DeviceOp h2d_op(uint64_t dst, const void* src, uint64_t bytes) {
+  DeviceOp op = transfer_op(OpKind::memcpy_h2d, dst, 0, bytes);
+  op.host_src = src;
+  return op;
+}
+
+DeviceOp d2h_op(void* dst, uint64_t src, uint64_t bytes) {
+  DeviceOp op = transfer_op(OpKind::memcpy_d2h, 0, src, bytes);
+  op.host_dst = dst;
+  return op;
+}
+
+DeviceOp memset_op(OpKind kind, uint64_t dst, uint32_t pattern, uint64_t bytes) {
+  DeviceOp op = transfer_op(kind, dst, 0, bytes);
+  op.pattern = pattern;
+  return op;
+}
+
+}  // namespace
+
+Status Device::memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes) {
+  return submit_transfer(&s, h2d_op(dst, src, bytes));
+}
+Status Device::memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes) {
+  return submit_transfer(&s, d2h_op(dst, src, bytes));
+}
+Status Device::memcpy_d2d_async(Stream s, uint64_t dst, uint64_t src, uint64_t bytes) {
+  return submit_transfer(&s, transfer_op(OpKind::memcpy_d2d, dst, src, bytes));
+}
+Status Device::memset8_async(Stream s, uint64_t dst, uint8_t value, uint64_t bytes) {
+  return submit_transfer(&s, memset_op(OpKind::memset8, dst, value, bytes));
+}
+Status Device::memset32_async(Stream s, uint64_t dst, uint32_t pattern, uint64_t bytes) {
+  return submit_transfer(&s, memset_op(OpKind::memset32, dst, pattern, bytes));
+}
+Status Device::memcpy_h2d(uint64_t dst, const void* src, uint64_t bytes) {
+  return submit_transfer(nullptr, h2d_op(dst, src, bytes));
+}
+Status Device::memcpy_d2h(void* dst, uint64_t src, uint64_t bytes) {
+  return submit_transfer(nullptr, d2h_op(dst, src, bytes));
+}
+Status Device::memcpy_d2d(uint64_t dst, uint64_t src, uint64_t bytes) {
+  return submit_transfer(nullptr, transfer_op(OpKind::memcpy_d2d, dst, src, bytes));
+}
+Status Device::memset8(uint64_t dst, uint8_t value, uint64_t bytes) {
+  return submit_transfer(nullptr, memset_op(OpKind::memset8, dst, value, bytes));
+}
+Status Device::memset32(uint64_t dst, uint32_t pattern, uint64_t bytes) {
+  return submit_transfer(nullptr, memset_op(OpKind::memset32, dst, pattern, bytes));
+}
+
+Status Device::check_launch(const std::shared_ptr<const isa::Program>& program,
+                            const std::vector<uint64_t>& args, int block_dim) {
+  if (!program) return Status(StatusCode::invalid_argument, "launch_kernel: no program");
+  const isa::Program& p = *program;
+  if (block_dim < 1)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("launch_kernel: kernel '{}': block_dim {} must be at least 1",
+                              p.name, block_dim));
+  if (!p.arg_names.empty() && args.size() != p.arg_names.size())
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("launch_kernel: kernel '{}' declares {} arguments ({}) but the "
+                              "launch passes {}",
+                              p.name, p.arg_names.size(), fmt::join(p.arg_names, ", "),
+                              args.size()));
+  {
+    std::lock_guard<std::mutex> lock(m_verified_mutex);
+    auto it = m_verified.find(&p);
+    if (it != m_verified.end() && it->second.lock() == program) return Status();
+  }
+  try {
+    isa::verify_or_throw(p, m_cfg);
+  } catch (const IsaError& e) {
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("launch_kernel: kernel '{}' fails verification on chip '{}':\n{}",
+                              p.name, m_cfg.name, e.what()));
+  }
+  std::lock_guard<std::mutex> lock(m_verified_mutex);
+  if (m_verified.size() >= 1024)  // drop programs that no longer exist
+    for (auto it = m_verified.begin(); it != m_verified.end();)
+      it = it->second.expired() ? m_verified.erase(it) : std::next(it);
+  m_verified[&p] = program;
+  return Status();
+}
+
+Status Device::launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
+                             std::vector<uint64_t> args, int block_dim) {
+  return guard("launch_kernel", [&]() -> Status {
+    if (Status st = check_launch(program, args, block_dim); !st.ok()) return st;
+    DeviceOp op;
+    op.kind = OpKind::launch;
+    op.program = std::move(program);
+    op.args = std::move(args);
+    op.block_dim = block_dim;
+    return m_driver->submit(s, std::move(op));
+  });
+}
+
+Status Device::launch_callback(Stream s, HostCallback callback) {
+  DeviceOp op;
+  op.kind = OpKind::host_callback;
+  op.callback = std::move(callback);
+  return enqueue(s, std::move(op));
+}
+
+std::vector<LaunchRecord> Device::launch_records() const { return m_driver->launch_records(); }
+void Device::clear_launch_records() { m_driver->clear_launch_records(); }
+
+Status Device::device_time_cycles(uint64_t* cycles) {
+  if (!cycles) return null_output("device_time_cycles");
+  return guard("device_time_cycles", [&] {
+    return m_driver->run_task([&](Simulator&) {
+      *cycles = m_driver->device_cycles();
+      return Status();
+    });
+  });
+}
+
+Status Device::counters(nlohmann::json* tree) {
+  if (!tree) return null_output("counters");
+  return guard("counters", [&] {
+    return m_driver->run_task([&](Simulator& sim) {
+      *tree = sim.counters();
+      return Status();
+    });
+  });
+}
+
+Status Device::trace(nlohmann::json* chrome_trace) {
+  if (!chrome_trace) return null_output("trace");
+  return guard("trace", [&] {
+    return m_driver->run_task([&](Simulator& sim) {
+      *chrome_trace = sim.trace();
+      return Status();
+    });
+  });
+}
+
+}  // namespace npusim::rt

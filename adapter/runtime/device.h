@@ -1,0 +1,188 @@
+// The host runtime's device: an ACL-like API (aclrtSetDevice, aclrtMalloc, aclrtMemcpyAsync,
+// aclrtCreateStream, aclrtRecordEvent, ...) over one simulated chip. Every call returns a Status
+// and never throws; after any failure (out of memory, a faulting kernel, a bad argument) the
+// device stays usable. docs/runtime.md describes the model; this header states the contracts.
+//
+// Threading. Any number of host threads may call any method at once. Operations queued on one
+// stream run in queue order; a single driver thread (driver.h) runs all operations on the
+// Simulator, one at a time. Async calls return once the operation is queued; their errors
+// surface at the stream's next synchronize_stream (or synchronize_device).
+//
+// Host callbacks run on the driver thread, in stream order, while no other operation runs. A
+// callback may queue work, allocate and free memory, and record events; calls that wait for the
+// device (synchronize_*, the synchronous memcpy/memset) return failed_precondition there. The
+// last reference to the Device must not be dropped inside a callback.
+//
+// Simulated time. The device timeline (AI-core cycles) is the simulator's clock plus the
+// durations of device-to-device copies and memsets, which the runtime models itself: each is one
+// HBM access plus its bytes at the full HBM bandwidth, a d2d copy's bytes counted twice (read and
+// write): cycles = ceil(hbm_latency_cycles + k * bytes / hbm_bytes_per_cycle), k = 2 for d2d,
+// 1 for memset. Operations run one after another, so kernels of different streams
+// do not overlap on the chip (concurrent kernels are not modelled yet) and the timeline does not
+// advance while the device is idle. Host<->device copies are timed by the simulator's HDC link.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "adapter/runtime/allocator.h"
+#include "adapter/runtime/kernel_cache.h"
+#include "adapter/runtime/status.h"
+#include "adapter/runtime/stream.h"
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+#include "sim/simulator.h"
+
+namespace npusim::rt {
+
+class Driver;
+
+struct RuntimeOptions {
+  // free() returns the block's simulated pages to the never-written state (pages wholly inside
+  // are released, so freed memory costs no host RAM; the next owner reads zeros). Off: freed
+  // bytes keep their contents and pages stay resident until overwritten.
+  bool discard_freed_memory = true;
+  // Keep a LaunchRecord (with its counter tree) for every launch until clear_launch_records().
+  bool record_launches = true;
+};
+
+class Device {
+ public:
+  // Device memory handed out starts at this address; [0, kHbmBase) is never allocated, so 0 is
+  // never a valid allocation (one DeviceMemory page).
+  static constexpr uint64_t kHbmBase = 64 * 1024;
+
+  // Opens the process's device on `cfg` (aclrtSetDevice). SystemC elaborates one chip per
+  // process, so the chip config is fixed at the first open: while that device is alive, opening
+  // with the same config and options returns the same Device; another config or options, or any
+  // open after the device was destroyed, is failed_precondition naming both configs.
+  static Status open(const ChipConfig& cfg, const SimOptions& sim_opts,
+                     const RuntimeOptions& rt_opts, std::shared_ptr<Device>* out);
+  // The same, loading the config with load_chip_config(chip, overrides) (errors:
+  // invalid_argument naming the file and key).
+  static Status open(const std::string& chip, const std::vector<std::string>& overrides,
+                     const SimOptions& sim_opts, const RuntimeOptions& rt_opts,
+                     std::shared_ptr<Device>* out);
+
+  // Drains every queued operation, then stops the driver thread and the chip model.
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const ChipConfig& config() const { return m_cfg; }
+  const std::string& chip_identity() const { return m_cache.chip_identity(); }
+
+  // ---- Memory (aclrtMalloc / aclrtFree / aclrtGetMemInfo)
+  // A block of at least `bytes` bytes, aligned to HbmAllocator::kAlignment (512).
+  Status malloc(uint64_t bytes, uint64_t* dev_addr);
+  // Frees a block returned by malloc (0 is a no-op). Synchronous: returns after the block is
+  // back in the free list (and its pages discarded, see RuntimeOptions). Operations still queued
+  // that use the block must have run first (as with aclrtFree); the runtime does not wait.
+  Status free(uint64_t dev_addr);
+  AllocatorStats memory_stats() const;
+  // Host bytes the simulated device memory occupies now (touched pages).
+  Status resident_bytes(uint64_t* bytes);
+
+  // ---- Streams and events (aclrtCreateStream, aclrtRecordEvent, aclrtStreamWaitEvent, ...)
+  Status create_stream(Stream* out);
+  // Queued operations still run; the handle is invalid at once.
+  Status destroy_stream(Stream s);
+  // Waits until the operations queued on s before the call have run; returns the first failure
+  // among them (kernel_fault, ...) and clears it, so the next synchronize is ok.
+  Status synchronize_stream(Stream s);
+  // idle: every queued operation has run.
+  Status query_stream(Stream s, bool* idle);
+  // The failure synchronize_stream would return now (not cleared); ok if none.
+  Status stream_status(Stream s);
+  // Waits for every operation queued on any stream before the call; returns and clears every
+  // stream's failure.
+  Status synchronize_device();
+
+  Status create_event(Event* out);
+  Status destroy_event(Event e);  // a pending record still runs
+  // Completes once the operations queued on s before it have run; stamps the device time.
+  Status record_event(Event e, Stream s);
+  // Operations queued on s after this wait run only after the event's latest record (at the
+  // time of this call) has completed. An event never recorded is no dependency.
+  Status stream_wait_event(Stream s, Event e);
+  // Operations queued on `waiter` after this call run only after those queued on `other` before
+  // it (TF's create_stream_dependency): an internal event recorded on other and waited for.
+  Status stream_wait_stream(Stream waiter, Stream other);
+  // complete: its latest record has run (true for an event never recorded).
+  Status query_event(Event e, bool* complete);
+  Status synchronize_event(Event e);  // blocks the calling host thread until query is true
+  // Device time between two completed records, microseconds at the chip clock (end - start).
+  // failed_precondition if either was never recorded or has not completed.
+  Status event_elapsed_us(Event start, Event end, double* us);
+
+  // ---- Copies and fills. Device ranges must lie inside one live allocation; host pointers of
+  // async copies must stay valid until the copy has run. h2d/d2h move over the HDC link model;
+  // d2d and memset are timed as in "Simulated time" above. Zero bytes is a no-op.
+  Status memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes);
+  Status memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes);
+  Status memcpy_d2d_async(Stream s, uint64_t dst, uint64_t src, uint64_t bytes);  // memmove
+  Status memset8_async(Stream s, uint64_t dst, uint8_t value, uint64_t bytes);
+  // Fills with a little-endian 32-bit pattern; dst and bytes must be multiples of 4.
+  Status memset32_async(Stream s, uint64_t dst, uint32_t pattern, uint64_t bytes);
+  // Synchronous forms: run after every operation queued before the call on any stream (like
+  // CUDA's legacy default stream), wait for the copy, and return its own status.
+  Status memcpy_h2d(uint64_t dst, const void* src, uint64_t bytes);
+  Status memcpy_d2h(void* dst, uint64_t src, uint64_t bytes);
+  Status memcpy_d2d(uint64_t dst, uint64_t src, uint64_t bytes);
+  Status memset8(uint64_t dst, uint8_t value, uint64_t bytes);
+  Status memset32(uint64_t dst, uint32_t pattern, uint64_t bytes);
+
+  // ---- Kernels (aclrtLaunchKernel)
+  // Queues one launch. Checked before queueing, each failure invalid_argument naming the kernel:
+  // a program, block_dim >= 1, as many args as the program's .arg directives (when it declares
+  // any), and isa::verify_or_throw on this chip (once per program object). A fault or deadlock
+  // on the chip is kernel_fault at the stream's next synchronize, naming the kernel, the core,
+  // pc and instruction.
+  Status launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
+                       std::vector<uint64_t> args, int block_dim);
+  // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
+  Status launch_callback(Stream s, HostCallback callback);
+
+  // ---- Profiling
+  std::vector<LaunchRecord> launch_records() const;
+  void clear_launch_records();
+  Status device_time_cycles(uint64_t* cycles);    // the device timeline now
+  Status counters(nlohmann::json* tree);          // Simulator::counters() since open
+  Status trace(nlohmann::json* chrome_trace);     // Simulator::trace() (SimOptions::trace)
+
+  KernelCache& kernel_cache() { return m_cache; }
+
+ private:
+  struct Key {};  // restricts construction to open()
+
+ public:
+  Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts, const RuntimeOptions& rt_opts);
+
+ private:
+  // `which` ("source", "destination") of `what` must lie inside one live allocation.
+  Status check_range(const char* what, const char* which, uint64_t addr, uint64_t bytes) const;
+  Status check_launch(const std::shared_ptr<const isa::Program>& program,
+                      const std::vector<uint64_t>& args, int block_dim);
+  Status enqueue(Stream s, DeviceOp op);
+  // Checks a copy or fill (host pointers, ranges, alignment) and queues it on *s, or, with s
+  // null, runs it synchronously.
+  Status submit_transfer(const Stream* s, DeviceOp op);
+
+  const ChipConfig m_cfg;
+  const RuntimeOptions m_rt_opts;
+  HbmAllocator m_allocator;
+  KernelCache m_cache;
+  // Programs that passed the verifier: the weak pointer proves the address still names the
+  // same program object.
+  std::mutex m_verified_mutex;
+  std::unordered_map<const isa::Program*, std::weak_ptr<const isa::Program>> m_verified;
+  std::unique_ptr<Driver> m_driver;  // last: stopped first
+};
+
+}  // namespace npusim::rt

@@ -1,0 +1,485 @@
+#include "adapter/runtime/driver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "sim/memory/device_memory.h"
+
+namespace npusim::rt {
+
+namespace {
+
+// Host staging buffer for copies inside the device memory, bytes.
+constexpr uint64_t kStagingBytes = 1 << 20;
+
+// memmove within the device memory, staged through host memory: forward when the destination
+// lies below the source, backward otherwise, so overlapping ranges copy correctly.
+void move_within_gm(DeviceMemory& gm, uint64_t dst, uint64_t src, uint64_t bytes) {
+  std::vector<uint8_t> staging(std::min(bytes, kStagingBytes));
+  const bool forward = dst <= src;
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t len = std::min<uint64_t>(bytes - done, staging.size());
+    const uint64_t off = forward ? done : bytes - done - len;
+    gm.read(src + off, staging.data(), len);
+    gm.write(dst + off, staging.data(), len);
+    done += len;
+  }
+}
+
+// Fills [dst, dst+bytes) with the little-endian 32-bit pattern (bytes a multiple of 4).
+void fill32_gm(DeviceMemory& gm, uint64_t dst, uint32_t pattern, uint64_t bytes) {
+  uint8_t b[4];
+  std::memcpy(b, &pattern, 4);
+  if (b[0] == b[1] && b[1] == b[2] && b[2] == b[3]) {
+    gm.fill(dst, b[0], bytes);  // keeps untouched pages sparse for a zero pattern
+    return;
+  }
+  std::vector<uint32_t> staging(std::min(bytes, kStagingBytes) / 4, pattern);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t len = std::min<uint64_t>(bytes - done, staging.size() * 4);
+    gm.write(dst + done, staging.data(), len);
+    done += len;
+  }
+}
+
+// Simulated duration of moving `bytes` across the HBM interface: one HBM latency plus the bytes
+// at the full HBM bandwidth (docs/runtime.md, "Timing").
+uint64_t hbm_transfer_cycles(const ChipConfig& cfg, uint64_t bytes) {
+  if (bytes == 0) return 0;
+  return static_cast<uint64_t>(std::ceil(cfg.hbm_latency_cycles +
+                                         static_cast<double>(bytes) / cfg.hbm_bytes_per_cycle()));
+}
+
+}  // namespace
+
+Driver::Driver(const ChipConfig& cfg, const SimOptions& opts, bool record_launches)
+    : m_record_launches(record_launches) {
+  m_streams[0];  // the internal stream of synchronous operations
+  m_thread = std::thread([this, cfg, opts] { thread_main(cfg, opts); });
+  std::unique_lock<std::mutex> lock(m_mutex);
+  m_done.wait(lock, [&] { return m_started; });
+  if (!m_start_status.ok()) {
+    lock.unlock();
+    m_thread.join();
+  }
+}
+
+Driver::~Driver() {
+  if (!m_thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_stop = true;
+  }
+  m_work.notify_all();
+  m_thread.join();
+}
+
+void Driver::thread_main(const ChipConfig& cfg, const SimOptions& opts) {
+  Status st;
+  try {
+    m_sim = std::make_unique<Simulator>(cfg, opts);
+    m_cfg = &m_sim->config();
+    m_functional = opts.functional;
+  } catch (const ConfigError& e) {
+    st = Status(StatusCode::invalid_argument,
+                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+  } catch (const Error& e) {
+    // The Simulator refuses a second construction in the process (SystemC elaborates once).
+    st = Status(StatusCode::failed_precondition,
+                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+  } catch (const std::exception& e) {
+    st = Status(StatusCode::internal,
+                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_driver_id = std::this_thread::get_id();
+    m_start_status = st;
+    m_started = true;
+  }
+  m_done.notify_all();
+  if (!st.ok()) return;
+  loop();
+  try {
+    m_sim.reset();
+  } catch (...) {
+    // Destroying the chip model at shutdown must not take the process down.
+  }
+}
+
+void Driver::loop() {
+  std::unique_lock<std::mutex> lock(m_mutex);
+  for (;;) {
+    if (!m_tasks.empty()) {
+      Task task = std::move(m_tasks.front());
+      m_tasks.pop_front();
+      lock.unlock();
+      Status st = guard("driver task", [&] { return task.fn(*m_sim); });
+      lock.lock();
+      task.completion->status = std::move(st);
+      task.completion->done = true;
+      m_done.notify_all();
+      continue;
+    }
+    uint64_t id = 0;
+    if (StreamState* s = pick_ready_locked(&id)) {
+      DeviceOp op = std::move(s->queue.front());
+      s->queue.pop_front();
+      s->executing = true;
+      m_last_served = id;
+      lock.unlock();
+      uint64_t event_cycle = 0;
+      Status st = execute(id, op, &event_cycle);
+      lock.lock();
+      finish_locked(id, *s, op, std::move(st), event_cycle);  // map nodes are stable
+      m_done.notify_all();
+      continue;
+    }
+    if (m_stop) return;  // nothing left that can run
+    m_work.wait(lock);
+  }
+}
+
+bool Driver::head_ready_locked(uint64_t id, const StreamState& s) const {
+  if (s.queue.empty() || s.executing) return false;
+  const DeviceOp& op = s.queue.front();
+  if (op.kind == OpKind::wait_event) {
+    auto e = m_events.find(op.event);
+    if (e != m_events.end() && e->second.completed < op.event_generation) return false;
+  }
+  if (op.barrier) {
+    for (const auto& [other_id, other] : m_streams)
+      if (other_id != id && !other.queue.empty() && other.queue.front().seq < op.seq)
+        return false;
+  }
+  return true;
+}
+
+Driver::StreamState* Driver::pick_ready_locked(uint64_t* id) {
+  for (auto it = m_streams.upper_bound(m_last_served); it != m_streams.end(); ++it)
+    if (head_ready_locked(it->first, it->second)) return *id = it->first, &it->second;
+  for (auto it = m_streams.begin(); it != m_streams.end() && it->first <= m_last_served; ++it)
+    if (head_ready_locked(it->first, it->second)) return *id = it->first, &it->second;
+  return nullptr;
+}
+
+uint64_t Driver::device_cycles() const { return m_sim->now_cycles() + m_extra_cycles; }
+
+Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
+  const std::string where = stream == 0 ? "synchronous " + op.describe()
+                                         : fmt::format("stream {}: {}", stream, op.describe());
+  return guard(where, [&]() -> Status {
+    DeviceMemory& gm = m_sim->gm();
+    switch (op.kind) {
+      case OpKind::memcpy_h2d:
+        if (op.bytes) m_sim->copy_host_to_device(op.dst, op.host_src, op.bytes);
+        return Status();
+      case OpKind::memcpy_d2h:
+        if (op.bytes) m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
+        return Status();
+      case OpKind::memcpy_d2d:
+        if (m_functional && op.bytes && op.dst != op.src)
+          move_within_gm(gm, op.dst, op.src, op.bytes);
+        m_extra_cycles += hbm_transfer_cycles(*m_cfg, 2 * op.bytes);  // read + write
+        return Status();
+      case OpKind::memset8:
+        if (m_functional && op.bytes) gm.fill(op.dst, static_cast<uint8_t>(op.pattern), op.bytes);
+        m_extra_cycles += hbm_transfer_cycles(*m_cfg, op.bytes);
+        return Status();
+      case OpKind::memset32:
+        if (m_functional && op.bytes) fill32_gm(gm, op.dst, op.pattern, op.bytes);
+        m_extra_cycles += hbm_transfer_cycles(*m_cfg, op.bytes);
+        return Status();
+      case OpKind::launch:
+        return run_launch(stream, op);
+      case OpKind::record_event:
+        *event_cycle = device_cycles();
+        return Status();
+      case OpKind::wait_event:
+        return Status();  // its readiness was the whole effect
+      case OpKind::host_callback: {
+        Status st = op.callback ? op.callback() : Status();
+        if (!st.ok()) return Status(st.code(), where + ": " + st.message());
+        return st;
+      }
+    }
+    return Status(StatusCode::internal, where + ": unknown operation");
+  });
+}
+
+Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
+  KernelLaunch launch;
+  launch.program = op.program.get();
+  launch.args = op.args;
+  launch.block_dim = op.block_dim;
+  const uint64_t extra = m_extra_cycles;
+  KernelResult r = m_sim->run(launch);
+  const uint64_t index = m_launch_count++;
+  const std::string& name = op.program->name;
+  if (m_record_launches) {
+    LaunchRecord rec;
+    rec.index = index;
+    rec.kernel = name;
+    rec.stream = stream;
+    rec.block_dim = op.block_dim;
+    rec.start_cycle = r.start_cycle + extra;
+    rec.cycles = r.cycles;
+    rec.time_us = r.time_us;
+    rec.ok = r.ok;
+    rec.error = r.error;
+    rec.counters = std::move(r.counters);
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_records.push_back(std::move(rec));
+  }
+  if (r.ok) return Status();
+  return Status(StatusCode::kernel_fault,
+                fmt::format("kernel '{}' (stream {}, block_dim {}, launch #{}) failed: {}", name,
+                            stream, op.block_dim, index, r.error));
+}
+
+void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
+                           uint64_t event_cycle) {
+  s.executing = false;
+  s.completed++;
+  if (op.kind == OpKind::record_event) {
+    auto e = m_events.find(op.event);
+    if (e != m_events.end()) {
+      EventState& ev = e->second;
+      if (op.event_generation > ev.completed) {
+        ev.completed = op.event_generation;
+        ev.cycle = event_cycle;
+      }
+      if (ev.destroyed && ev.completed >= ev.recorded) m_events.erase(e);
+    }
+  }
+  if (op.completion) {
+    op.completion->status = std::move(st);
+    op.completion->done = true;
+  } else if (!st.ok()) {
+    if (s.error.ok()) s.error = std::move(st);
+    else s.more_errors++;
+  }
+  if (s.destroyed && s.queue.empty()) m_streams.erase(stream_id);
+}
+
+Status Driver::not_on_driver_thread(const char* what) const {
+  return Status(StatusCode::failed_precondition,
+                fmt::format("{} was called from a host callback: it waits for the driver thread, "
+                            "which runs the callback; queue the work instead", what));
+}
+
+Status Driver::find_stream_locked(Stream s, const char* what, StreamState** out) {
+  if (s.id == 0)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("{}: stream 0 is not a stream (create one with create_stream)",
+                              what));
+  auto it = m_streams.find(s.id);
+  if (it == m_streams.end() || it->second.destroyed)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("{}: stream {} does not exist (never created, or destroyed)", what,
+                              s.id));
+  *out = &it->second;
+  return Status();
+}
+
+Status Driver::find_event_locked(Event e, const char* what, EventState** out) {
+  auto it = m_events.find(e.id);
+  if (it == m_events.end() || it->second.destroyed)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("{}: event {} does not exist (never created, or destroyed)", what,
+                              e.id));
+  *out = &it->second;
+  return Status();
+}
+
+Status Driver::create_stream(Stream* out) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  out->id = m_next_stream++;
+  m_streams[out->id];
+  return Status();
+}
+
+Status Driver::destroy_stream(Stream s) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  StreamState* st = nullptr;
+  if (Status r = find_stream_locked(s, "destroy_stream", &st); !r.ok()) return r;
+  st->destroyed = true;
+  if (st->queue.empty() && !st->executing) m_streams.erase(s.id);
+  return Status();
+}
+
+Status Driver::submit(Stream s, DeviceOp op) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  StreamState* st = nullptr;
+  if (Status r = find_stream_locked(s, op_kind_name(op.kind), &st); !r.ok()) return r;
+  if (op.kind == OpKind::record_event || op.kind == OpKind::wait_event) {
+    EventState* ev = nullptr;
+    if (Status r = find_event_locked(Event{op.event}, op_kind_name(op.kind), &ev); !r.ok())
+      return r;
+    // A wait on an event never recorded waits for nothing (as cudaStreamWaitEvent).
+    op.event_generation = op.kind == OpKind::record_event ? ++ev->recorded : ev->recorded;
+  }
+  op.seq = m_next_seq++;
+  st->queue.push_back(std::move(op));
+  st->submitted++;
+  m_work.notify_one();
+  return Status();
+}
+
+Status Driver::submit_sync(DeviceOp op) {
+  if (on_driver_thread()) return not_on_driver_thread(op_kind_name(op.kind));
+  auto completion = std::make_shared<OpCompletion>();
+  op.completion = completion;
+  op.barrier = true;
+  std::unique_lock<std::mutex> lock(m_mutex);
+  op.seq = m_next_seq++;
+  StreamState& internal = m_streams[0];
+  internal.queue.push_back(std::move(op));
+  internal.submitted++;
+  m_work.notify_one();
+  m_done.wait(lock, [&] { return completion->done; });
+  return completion->status;
+}
+
+Status Driver::run_task(const std::function<Status(Simulator&)>& fn) {
+  if (on_driver_thread()) return guard("driver task", [&] { return fn(*m_sim); });
+  auto completion = std::make_shared<OpCompletion>();
+  std::unique_lock<std::mutex> lock(m_mutex);
+  m_tasks.push_back(Task{fn, completion});
+  m_work.notify_one();
+  m_done.wait(lock, [&] { return completion->done; });
+  return completion->status;
+}
+
+Status Driver::take_error_locked(uint64_t id, StreamState& s) {
+  Status err = std::move(s.error);
+  s.error = Status();
+  if (err.ok() || s.more_errors == 0) return err;
+  const uint64_t more = s.more_errors;
+  s.more_errors = 0;
+  return Status(err.code(), fmt::format("{} (and {} later failure(s) on stream {})", err.message(),
+                                        more, id));
+}
+
+Status Driver::synchronize_stream(Stream s) {
+  if (on_driver_thread()) return not_on_driver_thread("synchronize_stream");
+  std::unique_lock<std::mutex> lock(m_mutex);
+  StreamState* st = nullptr;
+  if (Status r = find_stream_locked(s, "synchronize_stream", &st); !r.ok()) return r;
+  const uint64_t target = st->submitted;
+  m_done.wait(lock, [&] {
+    auto it = m_streams.find(s.id);
+    return it == m_streams.end() || it->second.completed >= target;
+  });
+  auto it = m_streams.find(s.id);
+  if (it == m_streams.end()) return Status();
+  return take_error_locked(s.id, it->second);
+}
+
+Status Driver::query_stream(Stream s, bool* idle) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  StreamState* st = nullptr;
+  if (Status r = find_stream_locked(s, "query_stream", &st); !r.ok()) return r;
+  *idle = st->completed == st->submitted;
+  return Status();
+}
+
+Status Driver::stream_error(Stream s) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  StreamState* st = nullptr;
+  if (Status r = find_stream_locked(s, "stream_error", &st); !r.ok()) return r;
+  return st->error;
+}
+
+Status Driver::synchronize_all() {
+  if (on_driver_thread()) return not_on_driver_thread("synchronize_device");
+  std::unique_lock<std::mutex> lock(m_mutex);
+  std::map<uint64_t, uint64_t> targets;
+  for (const auto& [id, st] : m_streams) targets[id] = st.submitted;
+  m_done.wait(lock, [&] {
+    for (const auto& [id, target] : targets) {
+      auto it = m_streams.find(id);
+      if (it != m_streams.end() && it->second.completed < target) return false;
+    }
+    return true;
+  });
+  Status first;
+  std::string all;
+  for (auto& [id, st] : m_streams) {
+    if (st.error.ok()) continue;
+    Status e = take_error_locked(id, st);
+    if (first.ok()) first = e;
+    all += (all.empty() ? "" : "; ") + e.message();
+  }
+  if (first.ok()) return first;
+  return Status(first.code(), all);
+}
+
+Status Driver::create_event(Event* out) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  out->id = m_next_event++;
+  m_events[out->id];
+  return Status();
+}
+
+Status Driver::destroy_event(Event e) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  EventState* ev = nullptr;
+  if (Status r = find_event_locked(e, "destroy_event", &ev); !r.ok()) return r;
+  if (ev->completed >= ev->recorded) m_events.erase(e.id);
+  else ev->destroyed = true;  // erased when its last record has run
+  return Status();
+}
+
+Status Driver::query_event(Event e, bool* complete) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  EventState* ev = nullptr;
+  if (Status r = find_event_locked(e, "query_event", &ev); !r.ok()) return r;
+  *complete = ev->completed >= ev->recorded;
+  return Status();
+}
+
+Status Driver::synchronize_event(Event e) {
+  if (on_driver_thread()) return not_on_driver_thread("synchronize_event");
+  std::unique_lock<std::mutex> lock(m_mutex);
+  EventState* ev = nullptr;
+  if (Status r = find_event_locked(e, "synchronize_event", &ev); !r.ok()) return r;
+  const uint64_t target = ev->recorded;
+  m_done.wait(lock, [&] {
+    auto it = m_events.find(e.id);
+    return it == m_events.end() || it->second.completed >= target;
+  });
+  return Status();
+}
+
+Status Driver::elapsed_us(Event start, Event end, double* us) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  EventState *a = nullptr, *b = nullptr;
+  if (Status r = find_event_locked(start, "event_elapsed_us", &a); !r.ok()) return r;
+  if (Status r = find_event_locked(end, "event_elapsed_us", &b); !r.ok()) return r;
+  for (auto [id, ev] : {std::pair{start.id, a}, std::pair{end.id, b}}) {
+    if (ev->recorded == 0)
+      return Status(StatusCode::failed_precondition,
+                    fmt::format("event_elapsed_us: event {} was never recorded", id));
+    if (ev->completed < ev->recorded)
+      return Status(StatusCode::failed_precondition,
+                    fmt::format("event_elapsed_us: event {} has not completed yet", id));
+  }
+  *us = m_cfg->cycles_to_us(static_cast<double>(b->cycle) - static_cast<double>(a->cycle));
+  return Status();
+}
+
+std::vector<LaunchRecord> Driver::launch_records() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_records;
+}
+
+void Driver::clear_launch_records() {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_records.clear();
+}
+
+}  // namespace npusim::rt

@@ -1,0 +1,133 @@
+// The driver thread: the only thread that touches the Simulator (SystemC is single-threaded and
+// elaborates once per process). Host threads hand it work through queues guarded by one mutex:
+//   - tasks: short jobs on the simulator state (scrub freed memory, read counters), run at the
+//     next operation boundary, before any stream operation;
+//   - streams: in-order queues of DeviceOps. Among streams whose head operation is ready the
+//     driver serves them round-robin in id order (the first ready stream after the one served
+//     last), so the choice depends only on the queue contents. A head is ready unless it is a
+//     wait_event whose record has not run, or a barrier with an earlier op still queued.
+// One operation runs at a time, to completion; a failed one sets its stream's error and the
+// driver carries on (later operations of that stream still run).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "adapter/runtime/status.h"
+#include "adapter/runtime/stream.h"
+#include "sim/config/chip_config.h"
+#include "sim/simulator.h"
+
+namespace npusim::rt {
+
+class Driver {
+ public:
+  // Starts the driver thread, which elaborates the chip; returns once the Simulator is built
+  // (or failed: the status says why and the thread has ended).
+  Driver(const ChipConfig& cfg, const SimOptions& opts, bool record_launches);
+  // Runs every queued operation that can still run, then ends the thread (which destroys the
+  // Simulator). Must not run on the driver thread (i.e. not from a host callback).
+  ~Driver();
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  const Status& start_status() const { return m_start_status; }
+  bool on_driver_thread() const { return std::this_thread::get_id() == m_driver_id; }
+
+  Status create_stream(Stream* out);
+  Status destroy_stream(Stream s);  // queued operations still run; the id becomes invalid
+  // Queues op on s and returns at once (record/wait events get their generation here).
+  Status submit(Stream s, DeviceOp op);
+  // Queues op as a barrier on the driver's internal stream and waits for it: it runs after
+  // every op submitted before it on any stream. Returns the op's own status.
+  Status submit_sync(DeviceOp op);
+  // Runs fn on the driver thread at the next operation boundary and waits for it (runs it
+  // directly when called on the driver thread).
+  Status run_task(const std::function<Status(Simulator&)>& fn);
+
+  // Waits for the ops queued on s before the call; returns the stream's error and clears it.
+  Status synchronize_stream(Stream s);
+  Status query_stream(Stream s, bool* idle);
+  Status stream_error(Stream s);  // the pending error, not cleared
+  // Waits for the ops queued on every stream before the call; returns (and clears) the errors
+  // of all streams, combined into one status (code of the lowest stream id's error).
+  Status synchronize_all();
+
+  Status create_event(Event* out);
+  Status destroy_event(Event e);
+  Status query_event(Event e, bool* complete);
+  Status synchronize_event(Event e);
+  Status elapsed_us(Event start, Event end, double* us);
+
+  std::vector<LaunchRecord> launch_records() const;
+  void clear_launch_records();
+
+  // Driver thread only: simulated time of the device timeline, AI-core cycles.
+  uint64_t device_cycles() const;
+
+ private:
+  struct StreamState {
+    std::deque<DeviceOp> queue;
+    uint64_t submitted = 0, completed = 0;  // ops ever queued / finished
+    bool executing = false;
+    bool destroyed = false;
+    Status error;                   // first unreported failure
+    uint64_t more_errors = 0;       // failures after it, before it was reported
+  };
+  struct EventState {
+    uint64_t recorded = 0;   // records queued (generation of the latest)
+    uint64_t completed = 0;  // generation of the latest record that ran
+    uint64_t cycle = 0;      // device_cycles() when that record ran
+    bool destroyed = false;
+  };
+  struct Task {
+    std::function<Status(Simulator&)> fn;
+    std::shared_ptr<OpCompletion> completion;
+  };
+
+  void thread_main(const ChipConfig& cfg, const SimOptions& opts);
+  void loop();
+  StreamState* pick_ready_locked(uint64_t* id);
+  bool head_ready_locked(uint64_t id, const StreamState& s) const;
+  // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
+  Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
+  Status run_launch(uint64_t stream, const DeviceOp& op);
+  void finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
+                     uint64_t event_cycle);
+  Status find_stream_locked(Stream s, const char* what, StreamState** out);
+  Status find_event_locked(Event e, const char* what, EventState** out);
+  Status take_error_locked(uint64_t id, StreamState& s);
+  Status not_on_driver_thread(const char* what) const;
+
+  const bool m_record_launches;
+  std::unique_ptr<Simulator> m_sim;  // driver thread only
+  const ChipConfig* m_cfg = nullptr; // the simulator's copy
+  bool m_functional = true;
+  uint64_t m_extra_cycles = 0;       // driver thread only: d2d/memset time (see device.h)
+  uint64_t m_launch_count = 0;       // driver thread only
+
+  mutable std::mutex m_mutex;
+  std::condition_variable m_work;  // driver waits: new op, task, or stop
+  std::condition_variable m_done;  // host threads wait: an op or task finished
+  std::map<uint64_t, StreamState> m_streams;  // id -> stream; 0 is the internal sync stream
+  std::map<uint64_t, EventState> m_events;
+  std::deque<Task> m_tasks;
+  std::vector<LaunchRecord> m_records;
+  uint64_t m_next_stream = 1, m_next_event = 1, m_next_seq = 1;
+  uint64_t m_last_served = 0;
+  bool m_started = false, m_stop = false;
+  Status m_start_status;
+  std::thread::id m_driver_id;  // set before the constructor returns
+  std::thread m_thread;
+};
+
+}  // namespace npusim::rt

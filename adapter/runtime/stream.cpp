@@ -1,0 +1,49 @@
+#include "adapter/runtime/stream.h"
+
+#include <fmt/format.h>
+
+namespace npusim::rt {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::memcpy_h2d: return "memcpy_h2d";
+    case OpKind::memcpy_d2h: return "memcpy_d2h";
+    case OpKind::memcpy_d2d: return "memcpy_d2d";
+    case OpKind::memset8: return "memset8";
+    case OpKind::memset32: return "memset32";
+    case OpKind::launch: return "launch";
+    case OpKind::record_event: return "record_event";
+    case OpKind::wait_event: return "wait_event";
+    case OpKind::host_callback: return "host_callback";
+  }
+  return "unknown";
+}
+
+std::string DeviceOp::describe() const {
+  switch (kind) {
+    case OpKind::memcpy_h2d:
+      return fmt::format("memcpy_h2d of {} bytes to device [{:#x}, {:#x})", bytes, dst,
+                         dst + bytes);
+    case OpKind::memcpy_d2h:
+      return fmt::format("memcpy_d2h of {} bytes from device [{:#x}, {:#x})", bytes, src,
+                         src + bytes);
+    case OpKind::memcpy_d2d:
+      return fmt::format("memcpy_d2d of {} bytes from device [{:#x}, {:#x}) to [{:#x}, {:#x})",
+                         bytes, src, src + bytes, dst, dst + bytes);
+    case OpKind::memset8:
+      return fmt::format("memset8 of {} bytes at device [{:#x}, {:#x}) to {:#04x}", bytes, dst,
+                         dst + bytes, pattern & 0xff);
+    case OpKind::memset32:
+      return fmt::format("memset32 of {} bytes at device [{:#x}, {:#x}) to {:#010x}", bytes, dst,
+                         dst + bytes, pattern);
+    case OpKind::launch:
+      return fmt::format("launch of kernel '{}' (block_dim {})", program ? program->name : "",
+                         block_dim);
+    case OpKind::record_event: return fmt::format("record_event {}", event);
+    case OpKind::wait_event: return fmt::format("wait_event {}", event);
+    case OpKind::host_callback: return "host_callback";
+  }
+  return "unknown op";
+}
+
+}  // namespace npusim::rt

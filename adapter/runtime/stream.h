@@ -1,0 +1,90 @@
+// Streams, events and the operations a stream queues (aclrtStream / aclrtEvent terms). The
+// handles are plain ids: a stale or foreign handle is reported as invalid_argument, never
+// undefined behaviour. DeviceOp is the runtime's internal description of one queued operation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "adapter/runtime/status.h"
+#include "isa/isa.h"
+
+namespace npusim::rt {
+
+// An in-order queue of device operations. Ids start at 1 and are never reused in a process.
+struct Stream {
+  uint64_t id = 0;
+};
+
+// A marker recorded into a stream; complete when every operation queued on that stream before
+// the record has run. Ids start at 1 and are never reused.
+struct Event {
+  uint64_t id = 0;
+};
+
+// Runs on the driver thread, in stream order (see device.h for what it may call). A non-ok
+// result becomes the stream's error.
+using HostCallback = std::function<Status()>;
+
+// One kernel launch as the chip ran it; the profiler reads these.
+struct LaunchRecord {
+  uint64_t index = 0;        // 0-based position among this device's launches
+  std::string kernel;        // isa::Program::name
+  uint64_t stream = 0;       // Stream::id it was queued on
+  int block_dim = 0;
+  uint64_t start_cycle = 0;  // AI-core cycles on the device timeline (device.h, "Simulated time")
+  uint64_t cycles = 0;       // duration, AI-core cycles
+  double time_us = 0;        // duration at the chip's clock_mhz
+  bool ok = false;
+  std::string error;         // on failure: the simulator's fault or deadlock report
+  nlohmann::json counters;   // counter tree of this launch (Simulator::counters layout)
+};
+
+enum class OpKind {
+  memcpy_h2d,
+  memcpy_d2h,
+  memcpy_d2d,
+  memset8,
+  memset32,
+  launch,
+  record_event,
+  wait_event,
+  host_callback,
+};
+const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
+
+// Where the driver delivers the status of a synchronous op (instead of the stream's error).
+struct OpCompletion {
+  bool done = false;
+  Status status;
+};
+
+struct DeviceOp {
+  OpKind kind = OpKind::memcpy_h2d;
+  uint64_t dst = 0, src = 0;        // device byte addresses (as applicable)
+  uint64_t bytes = 0;
+  const void* host_src = nullptr;   // memcpy_h2d: must stay valid until the op has run
+  void* host_dst = nullptr;         // memcpy_d2h: likewise
+  uint32_t pattern = 0;             // memset8 (low byte) / memset32
+  std::shared_ptr<const isa::Program> program;  // launch
+  std::vector<uint64_t> args;
+  int block_dim = 1;
+  uint64_t event = 0;               // record_event / wait_event: Event::id
+  HostCallback callback;
+
+  // Filled in by the driver at submission.
+  uint64_t seq = 0;                 // device-wide submission order
+  uint64_t event_generation = 0;    // record: this record's number; wait: the record awaited
+  bool barrier = false;             // runs after every op submitted before it, on any stream
+  std::shared_ptr<OpCompletion> completion;  // synchronous ops only
+
+  // One line naming the op and its operands, for error messages.
+  std::string describe() const;
+};
+
+}  // namespace npusim::rt
