@@ -1,0 +1,91 @@
+#include "adapter/compiler/compiler.h"
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler {
+
+namespace {
+
+struct ModeName {
+  PrecisionMode mode;
+  const char* name;
+};
+constexpr ModeName kModeNames[] = {
+    {PrecisionMode::kKeepFp32, "must_keep_origin_dtype"},
+    {PrecisionMode::kAllowFp32ToFp16, "allow_fp32_to_fp16"},
+    {PrecisionMode::kAllowMixPrecision, "allow_mix_precision"},
+};
+
+}  // namespace
+
+const char* precision_mode_name(PrecisionMode m) {
+  for (const ModeName& n : kModeNames)
+    if (n.mode == m) return n.name;
+  return "?";
+}
+
+std::optional<PrecisionMode> precision_mode_from_name(const std::string& s) {
+  for (const ModeName& n : kModeNames)
+    if (s == n.name) return n.mode;
+  return std::nullopt;
+}
+
+std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
+                                   const std::vector<uint64_t>& outputs,
+                                   uint64_t workspace) const {
+  std::vector<uint64_t> v;
+  v.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgRef& a = args[i];
+    const std::string& name = kernel.program.arg_names.at(i);
+    auto pick = [&](const std::vector<uint64_t>& list, const char* what) {
+      if (a.index < 0 || static_cast<size_t>(a.index) >= list.size())
+        throw Error(fmt::format("kernel {}: argument {} is {} {}, but {} were given",
+                                kernel.program.name, name, what, a.index, list.size()));
+      return list[static_cast<size_t>(a.index)];
+    };
+    switch (a.kind) {
+      case ArgRef::Kind::kInput: v.push_back(pick(inputs, "input")); break;
+      case ArgRef::Kind::kOutput: v.push_back(pick(outputs, "output")); break;
+      case ArgRef::Kind::kWorkspace: v.push_back(workspace + a.value); break;
+      case ArgRef::Kind::kScalar: v.push_back(a.value); break;
+    }
+  }
+  return v;
+}
+
+std::string kernel_cache_key(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision) {
+  return fmt::format("{}|{}|{}", op.key(), precision_mode_name(precision), cfg.name);
+}
+
+std::vector<std::string> supported_ops() {
+  std::vector<std::string> names;
+  for (const ops::OpEntry& e : ops::op_table()) names.emplace_back(e.tf_op);
+  return names;
+}
+
+CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision) {
+  const ops::OpEntry* entry = nullptr;
+  for (const ops::OpEntry& e : ops::op_table())
+    if (op.type == e.tf_op) entry = &e;
+  if (!entry)
+    op.fail(fmt::format("op {} is not supported by the kernel compiler (supported: {})", op.type,
+                        fmt::join(supported_ops(), ", ")));
+  for (const TensorDesc& t : op.inputs)
+    for (int64_t d : t.shape)
+      if (d < 0) op.fail(fmt::format("input {} has a negative dimension", t.str()));
+  CompiledKernel k = entry->compile(ops::CompileContext{op, cfg, precision});
+  k.key = op.key() + "|" + precision_mode_name(precision);
+  k.precision = precision;
+  if (!op.outputs.empty() && op.outputs != k.outputs) {
+    std::string want, got;
+    for (const TensorDesc& t : op.outputs) want += (want.empty() ? "" : ", ") + t.str();
+    for (const TensorDesc& t : k.outputs) got += (got.empty() ? "" : ", ") + t.str();
+    op.fail(fmt::format("the caller expects outputs ({}) but the op produces ({})", want, got));
+  }
+  return k;
+}
+
+}  // namespace npusim::compiler

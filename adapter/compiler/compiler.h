@@ -1,0 +1,83 @@
+// The kernel compiler: one TF op (OpDesc) -> kernels in npusim's instruction set, tiled for the
+// loaded chip config (buffer sizes, cube shape, core counts), each verified by
+// isa::verify_or_throw before it is returned.
+//
+// How a caller (the runtime / TF plugin) runs a CompiledKernel:
+//   1. allocate the outputs (CompiledKernel::outputs; device_buffer_bytes() each, see
+//      op_desc.h for the buffer contract) and, if workspace_bytes > 0, one GM workspace;
+//   2. for each Launch in order, on one stream: args = launch.bind(input addrs, output addrs,
+//      workspace addr), then run {program, args, block_dim};
+//   3. launches.empty() means there is nothing to run: every output has zero elements.
+// The op table is in ops/registry.cpp; docs/compiler.md explains how to add an op.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/op_desc.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::compiler {
+
+// Precision modes after CANN's precision_mode option. They decide how fp32 ops use the cube
+// (vector ops always compute in their own dtype):
+enum class PrecisionMode {
+  // CANN "must_keep_origin_dtype": fp32 stays fp32. Cube ops run fp32 on the cube where the chip
+  // supports it (cube_fp32_rate_divisor > 0) and the operand layout allows; otherwise
+  // compile() fails naming the reason.
+  kKeepFp32,
+  // CANN "allow_fp32_to_fp16" (CANN's default for training): fp32 inputs of cube ops are cast
+  // to fp16 (round to nearest even) on the way in; the cube accumulates in fp32 and the output
+  // stays fp32.
+  kAllowFp32ToFp16,
+  // CANN "allow_mix_precision": cube ops run in fp16 end to end: inputs cast to fp16, fp32
+  // accumulation, the result rounded to fp16 and widened back to the op's fp32 output.
+  kAllowMixPrecision,
+};
+const char* precision_mode_name(PrecisionMode m);  // the CANN name
+std::optional<PrecisionMode> precision_mode_from_name(const std::string& s);
+
+// Where one kernel argument comes from.
+struct ArgRef {
+  enum class Kind { kInput, kOutput, kWorkspace, kScalar };
+  Kind kind = Kind::kInput;
+  int index = 0;       // kInput / kOutput: which tensor of the op
+  uint64_t value = 0;  // kWorkspace: byte offset into the workspace; kScalar: the value itself
+};
+
+// One kernel launch of a compiled op.
+struct Launch {
+  BuiltKernel kernel;         // verified program + listing with origin comments
+  int block_dim = 1;          // blocks to launch (at most the cores the program runs on)
+  std::vector<ArgRef> args;   // in ldarg order (kernel.program.arg_names names them)
+  std::string summary;        // what it does and how it is tiled, for logs and tests
+  // The argument values for this launch.
+  std::vector<uint64_t> bind(const std::vector<uint64_t>& inputs,
+                             const std::vector<uint64_t>& outputs, uint64_t workspace) const;
+};
+
+struct CompiledKernel {
+  std::string key;                   // OpDesc::key() + precision mode
+  PrecisionMode precision = PrecisionMode::kAllowFp32ToFp16;
+  std::vector<TensorDesc> outputs;   // the op's outputs (shape inference)
+  std::vector<Launch> launches;      // run in order; empty: nothing to run
+  uint64_t workspace_bytes = 0;      // GM scratch shared by the launches (0: none)
+};
+
+// Compiles `op` for chip `cfg`. Throws CompileError naming the op and the reason for an unknown
+// op, an unsupported dtype/attribute/shape, or a tile that does not fit; never returns an
+// unverified kernel.
+CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg,
+                       PrecisionMode precision = PrecisionMode::kAllowFp32ToFp16);
+
+// The kernel cache key: OpDesc::key(), the precision mode and the chip's name. (The chip config
+// is fixed once a device opens, so its name identifies it within a process.)
+std::string kernel_cache_key(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision);
+
+// Every TF op name compile() accepts, in table order.
+std::vector<std::string> supported_ops();
+
+}  // namespace npusim::compiler

@@ -1,0 +1,115 @@
+// Cast (TF attrs SrcT, DstT, Truncate) between f32, f16, bf16, s32, and to/from bool, as one
+// vconv per tile with TF's rounding:
+//   float -> float    round to nearest even (Truncate=true: toward zero)
+//   float -> integer  toward zero (C++ static_cast, as TF); the vector unit saturates values
+//                     outside the integer range and maps NaN to 0, where TF's result is
+//                     undefined behaviour (x86 gives INT_MIN)
+//   integer -> float  round to nearest even, once (TF's s32 -> f16 goes through f32 and may
+//                     round twice: it differs for |x| > 2048 in rare ties)
+//   bool -> any       0 / 1 (bool bytes are u8)
+//   any -> bool       x != 0: vcmp against zero, then 1 / 0 bytes
+// Same type: a copy. Integer -> narrower integer is rejected: TF wraps, the vector unit
+// saturates. S64 has no vector arithmetic and is rejected.
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+bool castable(DataType t) {
+  return data_type_is_float(t) || t == DataType::S32 || t == DataType::BOOL ||
+         t == DataType::S16 || t == DataType::S8 || t == DataType::U8 || t == DataType::U16;
+}
+
+enum CastToBoolTemp { kBits, kHalf, kOnes, kZeros, kZeroIn };
+constexpr uint64_t kRepeat = 256;  // one vector repeat of constants
+
+}  // namespace
+
+// A stream spec converting `src` elements to `dst` (no checks beyond the vector unit's).
+StreamSpec cast_spec(DataType src, DataType dst, bool truncate, const std::vector<int64_t>& shape) {
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("Cast_{}_{}", data_type_name(src), data_type_name(dst));
+  spec.inputs = {StreamInput{device_dtype(src), broadcast_view(shape, shape), shape}};
+  spec.out_type = device_dtype(dst);
+  spec.out_shape = shape;
+  const Dtype s = device_dtype(src), d = device_dtype(dst);
+  if (src == dst) {
+    spec.compute = [size = data_type_bytes(src)](KernelBuilder& b, const TileOperands& t) {
+      vec_copy_bits(b, size, t.out, t.in[0], *t.count);
+    };
+  } else if (dst == DataType::BOOL) {
+    // x != 0 -> 1 / 0. vcmp needs a 16- or 32-bit type; an 8-bit source is widened first.
+    const Dtype cmp_type = isa::dtype_size(s) == 1 ? Dtype::F16 : s;
+    spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"f16 values", 2, 0},
+                  TempSpec{"f16 ones", 0, kRepeat}, TempSpec{"f16 zeros", 0, kRepeat},
+                  TempSpec{"zero of the source type", 0, kRepeat}};
+    spec.prologue = [cmp_type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+      Reg bits = b.reg("constant");
+      Reg count = b.reg_imm("constant lanes", 128);
+      b.emit(Opcode::op_set_mask_count, {count});
+      b.movi(bits, vector_scalar_bits(Dtype::F16, 1.0));
+      b.emit(Opcode::op_vdup, {Dtype::F16, temp[kOnes], bits, 0, 1, 8}, "f16 ones");
+      b.movi(bits, 0);
+      b.emit(Opcode::op_vdup, {Dtype::F16, temp[kZeros], bits, 0, 1, 8}, "f16 zeros");
+      b.emit(Opcode::op_vdup, {cmp_type, temp[kZeroIn], bits, 0, 1, 8}, "source-type zeros");
+    };
+    spec.compute = [s, cmp_type](KernelBuilder& b, const TileOperands& t) {
+      const Reg& count = *t.count;
+      uint64_t x = t.in[0];
+      if (cmp_type != s) {
+        vec_convert(b, cmp_type, s, t.temp[kHalf], x, RoundMode::kRint, count);
+        x = t.temp[kHalf];
+      }
+      b.emit(Opcode::op_set_mask_count, {count});
+      b.emit(Opcode::op_vcmp, {cmp_type, isa::Cmp::NE, t.temp[kBits], x, t.temp[kZeroIn], 0, 1,
+                               1, 8, 0},
+             "x != 0");
+      b.emit(Opcode::op_vsel, {Dtype::F16, t.temp[kHalf], t.temp[kOnes], t.temp[kZeros],
+                               t.temp[kBits], 0, 1, 1, 1, 8, 0, 0});
+      vec_convert(b, Dtype::U8, Dtype::F16, t.out, t.temp[kHalf], RoundMode::kRint, count);
+    };
+  } else {
+    RoundMode round = RoundMode::kRint;
+    if (data_type_is_float(src) && !data_type_is_float(dst)) round = RoundMode::kTrunc;
+    if (data_type_is_float(src) && data_type_is_float(dst) && truncate) round = RoundMode::kTrunc;
+    spec.compute = [s, d, round](KernelBuilder& b, const TileOperands& t) {
+      vec_convert(b, d, s, t.out, t.in[0], round, *t.count);
+    };
+  }
+  return spec;
+}
+
+CompiledKernel compile_cast(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 1) op.fail(fmt::format("takes 1 input, {} given", op.inputs.size()));
+  const DataType src = op.inputs[0].dtype;
+  auto src_attr = op.attr_type("SrcT");
+  auto dst_attr = op.attr_type("DstT");
+  if (!dst_attr) op.fail("attribute DstT is missing");
+  if (src_attr && *src_attr != src)
+    op.fail(fmt::format("attribute SrcT = {} does not match the input's {}",
+                        data_type_name(*src_attr), data_type_name(src)));
+  const DataType dst = *dst_attr;
+  for (DataType t : {src, dst})
+    if (!castable(t))
+      op.fail(fmt::format("cast {} -> {}: {} is not supported", data_type_name(src),
+                          data_type_name(dst), data_type_name(t)));
+  const bool src_int = !data_type_is_float(src) && src != DataType::BOOL;
+  const bool dst_int = !data_type_is_float(dst) && dst != DataType::BOOL;
+  if (src_int && dst_int && src != dst && data_type_bytes(dst) <= data_type_bytes(src))
+    op.fail(fmt::format("cast {} -> {}: TF wraps out-of-range integers, the vector unit "
+                        "saturates; not supported",
+                        data_type_name(src), data_type_name(dst)));
+  const TensorDesc out{dst, op.inputs[0].shape};
+  return stream_kernel(ctx, out, cast_spec(src, dst, op.attr_bool("Truncate", false), out.shape));
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,118 @@
+// The streaming element-wise kernel shared by the binary, unary and cast families (and by any
+// later op that maps each output element to input elements at the same broadcast position):
+// the flat output is split over the vector cores, each core streams its range through the UB
+// in tiles, double-buffered (MTE2 loads tile t+1 and MTE3 stores tile t-1 while V computes
+// tile t), and the family only supplies the vector instructions of one tile.
+//
+// Tiling (all from the config): tile elements T = the UB capacity of the vector core divided by
+// the bytes each element needs in all buffers (two tiles per streamed input and for the
+// output, one per resident input, a gather scratch, the family's temporaries), rounded down to
+// a multiple of 128 elements and of the broadcast period; blocks = min(vector cores, work);
+// each block takes a range of whole 32-byte output blocks, so no two cores write the same
+// block (only the last block of the tensor is partial; see the buffer contract in op_desc.h).
+//
+// How an input reaches the UB tile for output positions [pos, pos + cnt):
+//   kFlat     same shape as the output: one contiguous copy_gm2ub per tile.
+//   kResident the same values for every tile, built once before the loop: a scalar (vdup), or
+//             a block repeated along broadcast outer dims (e.g. the [N] of [M,N] + [N]) whose
+//             period divides the tile; the tile is built for one period then doubled.
+//   kGather   anything else (general broadcasting): per tile, the output range is cut at the
+//             input's innermost broadcast boundary into pieces; each piece is a contiguous run
+//             of the input (copy_gm2ub into a scratch at the piece's phase within a 32-byte
+//             block, then vcopy into place) or one broadcast element (ld + vdup). Pieces are
+//             written last-to-first, each from its block-aligned start with an exact end, so
+//             the head of a piece's first block, written with foreign values, is rewritten by
+//             the pieces before it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/registry.h"
+#include "common/convert.h"
+
+namespace npusim::compiler::ops {
+
+// An input's elements as seen from the output (numpy broadcasting), with adjacent dimensions
+// merged where the input is contiguous in both or broadcast in both.
+struct BroadcastView {
+  std::vector<int64_t> dims;     // output dims, outer to inner (size-1 dims dropped)
+  std::vector<int64_t> strides;  // input element stride per dim; 0 = broadcast
+  bool identity() const;         // the input has the output's elements in the output's order
+  bool splat() const;            // one element broadcast to every position
+  // P if the input is a contiguous block of P elements repeated along broadcast outer dims
+  // (dims [R, P], strides [0, 1]); 0 otherwise.
+  int64_t period() const;
+};
+BroadcastView broadcast_view(const std::vector<int64_t>& in_shape,
+                             const std::vector<int64_t>& out_shape);
+
+struct StreamInput {
+  isa::Dtype type;              // device type of the input
+  BroadcastView view;           // from broadcast_view(input shape, output shape)
+  std::vector<int64_t> shape;   // for the kernel's typed argument; empty: any shape
+};
+
+// A temporary UB buffer of the compute step: bytes = ceil(T * bytes_per_element) + fixed_bytes.
+struct TempSpec {
+  std::string name;
+  double bytes_per_element = 0;
+  uint64_t fixed_bytes = 0;
+};
+
+// The UB operands of one tile, all contiguous (element i at addr + i * size).
+struct TileOperands {
+  std::vector<uint64_t> in;    // per input
+  uint64_t out = 0;
+  std::vector<uint64_t> temp;  // per StreamSpec::temps
+  const Reg* count = nullptr;  // elements in this tile, 1..tile_elems (a register)
+  int64_t tile_elems = 0;
+};
+
+struct StreamSpec {
+  std::string kernel_name;
+  std::vector<StreamInput> inputs;
+  isa::Dtype out_type = isa::Dtype::F32;
+  std::vector<int64_t> out_shape;  // at least one element
+  std::vector<TempSpec> temps;
+  // Optional, emitted once before the tile loop (e.g. to fill constant temporaries).
+  std::function<void(KernelBuilder&, const std::vector<uint64_t>& temp)> prologue;
+  // Emits the vector instructions computing one tile.
+  std::function<void(KernelBuilder&, const TileOperands&)> compute;
+};
+
+// Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0).
+Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
+
+// The CompiledKernel of a one-launch element-wise op with output `out`: no launch when `out`
+// has no elements (nothing to compute), else build_stream_kernel(spec).
+CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
+                             const StreamSpec& spec);
+
+// The StreamInputs of an op's inputs broadcast to out_shape.
+std::vector<StreamInput> stream_inputs(const std::vector<TensorDesc>& inputs,
+                                       const std::vector<int64_t>& out_shape);
+
+// ---- vector instruction helpers over `count` contiguous elements (counter mode) ----
+void vec_binary(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src0, Opnd src1,
+                const Reg& count);
+void vec_unary(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src,
+               const Reg& count);
+// VSCL family (vadds, vmuls, ...): scalar is a register holding vector_scalar_bits().
+void vec_scalar(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src,
+                const Reg& scalar, const Reg& count);
+void vec_convert(KernelBuilder& b, isa::Dtype dst_type, isa::Dtype src_type, Opnd dst, Opnd src,
+                 RoundMode round, const Reg& count);
+// dst = bits of a 2- or 4-byte element, `count` times (vdup of the u16 / s32 view).
+void vec_dup_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd bits, Opnd count);
+// dst = src (bits), `count` elements of elem_bytes (1, 2 or 4) each.
+void vec_copy_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd src, Opnd count);
+// The register value a VSCL instruction or vdup needs for `value` in type t: fp32 bits for
+// float types, the integer for integer types.
+int64_t vector_scalar_bits(isa::Dtype t, double value);
+
+}  // namespace npusim::compiler::ops

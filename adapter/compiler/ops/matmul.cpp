@@ -1,0 +1,699 @@
+// MatMul (attrs transpose_a, transpose_b, T) on the cube:
+//   f16 -> f16 and bf16 -> bf16 (bf16 where the cube has it): fp32 accumulation in L0C, the
+//     result rounded once by FIXPIPE;
+//   f32 under the precision modes (compiler.h): cast to f16 by a vector launch into the GM
+//     workspace (allow_fp32_to_fp16, allow_mix_precision; the latter also rounds the result to
+//     f16 and widens it back by a last vector launch), or fp32 on the cube
+//     (must_keep_origin_dtype) where cube_fp32_rate_divisor > 0.
+//
+// The cube kernel (one block per cube core, blocks take output tiles round-robin):
+//   for every (tile, k chunk) step of the block, software-pipelined by one step:
+//     MTE2   nd2nz A and B chunks from GM (ND, any M/N/K: rows and columns past the matrix are
+//            zero-filled) into L1 buffer step&1
+//     MTE1   per mmad step (tk_l0 of k): load2d A into L0A (Zz) and B into L0B (Zn), buffer
+//            l0_step&1; transposes come from load2d's 16x16 transpose where the stored layout
+//            needs one
+//     M      mmad into the tile's L0C buffer (init 0 on the tile's first step, else accumulate)
+//     FIX    after the tile's last chunk: L0C -> GM (ND, exactly m x n elements, converted);
+//            on chips without an l0c->gm path (coupled 910/310P-like cores) L0C -> UB, then
+//            MTE3 UB -> GM row by row. UB -> GM moves whole 32-byte blocks, so when a row of C
+//            is not a whole number of blocks the cube kernel writes C with rows padded to
+//            32 bytes into the workspace and a vector launch copies it to the output.
+//   Flags: L1 full/free (mte2 <-> mte1), L0 full/free (mte1 <-> m), L0C full/free (m <-> fix),
+//   a ping/pong pair each; parities are run-time values, so each flag instruction is a two-way
+//   branch (KernelBuilder::set_flag/wait_flag with a parity register).
+// Layouts: docs/helper_brief.md "Data layouts" and sim/exec/layout.h.
+//
+// Not supported yet: f32 on the cube with transpose_a or without transpose_b (load2d
+// transposes only 16-bit fractals; needs a 32-bit transpose), s32, bias and batch.
+#include "adapter/compiler/ops/matmul.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+using layout::kFractalBytes;
+
+constexpr int64_t kFractalRows = static_cast<int64_t>(layout::kFractalRows);
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+namespace {
+
+constexpr int64_t kTileCandidates[] = {16, 32, 64, 128, 256};  // output tile sides
+constexpr int64_t kKStep = 16;  // k granularity of mmad steps and L1 chunks (a 16-bit fractal)
+constexpr int64_t kL0cElemBytes = 4;
+
+int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm_max(k)); }
+
+}  // namespace
+
+std::string MatmulTiling::str() const {
+  return fmt::format("{}x{}x{} {}{} {}->{}: tiles {}x{} ({}x{} = {} over {} blocks), k {} per "
+                     "mmad, {} per L1 chunk, {} L0C buffer(s)",
+                     m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B",
+                     isa::dtype_name(in_type), isa::dtype_name(out_type), tm, tn, tiles_m,
+                     tiles_n, tiles_m * tiles_n, block_dim, tk_l0, tk_l1, l0c_buffers);
+}
+
+MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                                Dtype in_type, Dtype out_type, const ChipConfig& cfg,
+                                const std::string& op) {
+  const isa::CoreKind kind = cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE;
+  const CoreKindConfig* core = cfg.core_kind(kind);
+  if (!core || !core->has(Pipe::M))
+    throw CompileError(fmt::format("{}: chip {} has no cube cores", op, cfg.name));
+  const int64_t isz = isa::dtype_size(in_type);
+  const int64_t l1 = static_cast<int64_t>(core->capacity(Buf::L1));
+  const int64_t l0a = static_cast<int64_t>(core->capacity(Buf::L0A));
+  const int64_t l0b = static_cast<int64_t>(core->capacity(Buf::L0B));
+  const int64_t l0c = static_cast<int64_t>(core->capacity(Buf::L0C));
+  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
+  const int64_t ub = static_cast<int64_t>(core->capacity(Buf::UB));
+  const int64_t osz = isa::dtype_size(out_type);
+  if (via_ub && !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) &&
+                  core->has(Pipe::MTE3)))
+    throw CompileError(fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
+                                   "ub->gm on its cube cores",
+                                   op, cfg.name));
+  const int64_t k16 = round_up(k, kKStep);
+  // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
+  // moves (tm + tn) * isz bytes per k over gm->l1 and keeps the cube busy
+  // ceil(tm/cube_m) * ceil(tn/cube_n) / cube_k cycles per k (times the fp32 rate divisor);
+  // with double buffering the slower of the two dominates.
+  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
+  MatmulTiling best;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (int64_t tm : kTileCandidates) {
+    for (int64_t tn : kTileCandidates) {
+      // Sides past the matrix (rounded to 16) only waste work, except the smallest that covers it.
+      if (tm > 16 && tm / 2 >= round_up(m, kFractalRows)) continue;
+      if (tn > 16 && tn / 2 >= round_up(n, kFractalRows)) continue;
+      const int64_t tile_c = tm * tn * kL0cElemBytes;
+      if (via_ub && tm * tn * osz > ub) continue;  // the C tile passes through the UB
+      const int l0c_buffers = 2 * tile_c <= l0c ? 2 : tile_c <= l0c ? 1 : 0;
+      if (!l0c_buffers) continue;
+      // Largest k per mmad with two L0A and two L0B buffers.
+      int64_t tk0 = std::min({l0a / (2 * tm * isz), l0b / (2 * tn * isz), k16,
+                              field_max(isa::FieldKind::RU12)});
+      tk0 = tk0 / kKStep * kKStep;
+      if (tk0 < kKStep) continue;
+      // Largest L1 chunk (a multiple of tk0) with two buffers of A and B.
+      int64_t tk1 = std::min(l1 / (2 * (tm + tn) * isz), round_up(k, tk0));
+      tk1 = std::min(tk1, field_max(isa::FieldKind::RU16) / tk0 * tk0);
+      tk1 = tk1 / tk0 * tk0;
+      if (tk1 < tk0) {
+        // L1 cannot hold two chunks of this k step: shrink the step to what fits.
+        tk0 = std::min(tk0, l1 / (2 * (tm + tn) * isz) / kKStep * kKStep);
+        if (tk0 < kKStep) continue;
+        tk1 = tk0;
+      }
+      const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn);
+      const int64_t blocks = std::min<int64_t>(core->count, tiles);
+      const double waves = static_cast<double>(ceil_div(tiles, blocks));
+      const double load = static_cast<double>((tm + tn) * isz) / gm_rate;
+      const double cube = static_cast<double>(ceil_div(tm, cfg.cube_m) * ceil_div(tn, cfg.cube_n)) /
+                          cfg.cube_k * cube_div;
+      const double cost = waves * std::max(load, cube);
+      // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
+      const bool tie = cost <= best_cost * (1 + 1e-9);
+      const bool better = cost < best_cost * (1 - 1e-9) ||
+                          (tie && (tm * tn > best.tm * best.tn ||
+                                   (tm * tn == best.tm * best.tn && tk1 > best.tk_l1)));
+      if (!better) continue;
+      best_cost = std::min(best_cost, cost);
+      best.tm = tm;
+      best.tn = tn;
+      best.tk_l0 = tk0;
+      best.tk_l1 = tk1;
+      best.l0c_buffers = l0c_buffers;
+      best.tiles_m = ceil_div(m, tm);
+      best.tiles_n = ceil_div(n, tn);
+      best.block_dim = static_cast<int>(blocks);
+    }
+  }
+  if (best.tm == 0)
+    throw CompileError(fmt::format(
+        "{}: no MatMul tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, L0C {} B; "
+        "the smallest tile needs 16x16 outputs with k 16, double-buffered)",
+        op, cfg.name, l1, l0a, l0b, l0c));
+  best.m = m;
+  best.n = n;
+  best.k = k;
+  best.trans_a = trans_a;
+  best.trans_b = trans_b;
+  best.in_type = in_type;
+  best.out_type = out_type;
+  best.via_ub = via_ub;
+  // Through the UB, C's rows must be whole 32-byte blocks in GM: pad them if they are not.
+  const int64_t per_block = layout::kBlockBytes / osz;
+  best.c_pitch = via_ub ? round_up(n, per_block) : n;
+  return best;
+}
+
+namespace {
+
+// Emits the cube kernel of a tiling. Arguments: a, b, c.
+class MatmulEmitter {
+ public:
+  MatmulEmitter(const MatmulTiling& t, const ChipConfig& cfg, const std::string& op)
+      : m_t(t),
+        m_b(fmt::format("MatMul_{}_{}", isa::dtype_name(t.in_type), isa::dtype_name(t.out_type)),
+            op, cfg),
+        m_isz(isa::dtype_size(t.in_type)),
+        m_osz(isa::dtype_size(t.out_type)),
+        m_c0(static_cast<int64_t>(layout::c0_of(static_cast<uint64_t>(m_isz)))),
+        m_chunks(ceil_div(t.k, t.tk_l1)) {}
+
+  BuiltKernel emit() {
+    KernelBuilder& b = m_b;
+    b.begin_section(b.cube_core_kind());
+    allocate();
+    const int64_t am = m_t.trans_a ? m_t.k : m_t.m, ak = m_t.trans_a ? m_t.m : m_t.k;
+    const int64_t bk = m_t.trans_b ? m_t.n : m_t.k, bn = m_t.trans_b ? m_t.k : m_t.n;
+    b.declare_arg("a", m_t.in_type, {am, ak});
+    b.declare_arg("b", m_t.in_type, {bk, bn});
+    b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
+    Reg steps = b.reg("steps of this block: tiles x k chunks");
+    {
+      KernelBuilder::Origin o(b, fmt::format("my tiles = ceil(({} tiles - block) / blocks), "
+                                             "{} k chunks each",
+                                             m_t.tiles_m * m_t.tiles_n, m_chunks));
+      Reg blk = b.reg("block id"), nblk = b.reg("block count");
+      b.emit(Opcode::op_get_block_id, {blk});
+      b.emit(Opcode::op_get_block_num, {nblk});
+      b.movi(steps, m_t.tiles_m * m_t.tiles_n);
+      b.sub(steps, steps, blk);
+      b.add(steps, steps, nblk);
+      b.sub(steps, steps, 1);
+      b.div(steps, steps, nblk);
+      b.mul(steps, steps, m_chunks);
+    }
+    m_l1_full = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "L1 chunk loaded");
+    m_l1_free = b.flag_pair(Pipe::MTE1, Pipe::MTE2, "L1 chunk free");
+    m_l0_full = b.flag_pair(Pipe::MTE1, Pipe::M, "L0 step loaded");
+    m_l0_free = b.flag_pair(Pipe::M, Pipe::MTE1, "L0 step free");
+    m_l0c_full = b.flag_pair(Pipe::M, Pipe::FIX, "L0C tile computed");
+    m_l0c_free = b.flag_pair(Pipe::FIX, Pipe::M, "L0C tile stored");
+    if (m_t.via_ub) {
+      m_ub_full = b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
+      m_ub_free = b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    }
+    {
+      KernelBuilder::Origin o(b, "all buffers start free");
+      for (int q = 0; q < 2; ++q) {
+        b.set_flag(m_l1_free, q);
+        b.set_flag(m_l0_free, q);
+        if (q < m_t.l0c_buffers) b.set_flag(m_l0c_free, q);
+      }
+      if (m_t.via_ub) b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    }
+    Reg l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
+    m_l0_steps = &l0_steps;
+    Reg t = b.reg_imm("pipeline iteration t: load step t, compute step t-1", 0);
+    Label done = b.label("done");
+    b.branch(eq(steps, 0), done);
+    Label top = b.label("step_loop");
+    b.bind(top);
+    b.if_(lt(t, steps), [&] { load_step(t); });
+    b.if_(ne(t, 0), [&] {
+      Reg s = b.reg("step being computed");
+      b.sub(s, t, 1);
+      compute_step(s);
+    });
+    b.add(t, t, 1);
+    b.branch(ge(steps, t), top);
+    b.bind(done);
+    {
+      KernelBuilder::Origin o(b, "drain: consume the free flags");
+      for (int q = 0; q < 2; ++q) {
+        b.wait_flag(m_l1_free, q);
+        b.wait_flag(m_l0_free, q);
+        if (q < m_t.l0c_buffers) b.wait_flag(m_l0c_free, q);
+      }
+      if (m_t.via_ub) b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    }
+    b.end();
+    return b.finish();
+  }
+
+ private:
+  void allocate() {
+    const uint64_t a_bytes = static_cast<uint64_t>(m_t.tm * m_t.tk_l1 * m_isz);
+    const uint64_t b_bytes = static_cast<uint64_t>(m_t.tn * m_t.tk_l1 * m_isz);
+    for (int q = 0; q < 2; ++q) {
+      m_l1a[q] = m_b.alloc(Buf::L1, a_bytes, fmt::format("A chunk {}", q));
+      m_l1b[q] = m_b.alloc(Buf::L1, b_bytes, fmt::format("B chunk {}", q));
+      m_l0a[q] = m_b.alloc(Buf::L0A, static_cast<uint64_t>(m_t.tm * m_t.tk_l0 * m_isz),
+                           fmt::format("A step {}", q));
+      m_l0b[q] = m_b.alloc(Buf::L0B, static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz),
+                           fmt::format("B step {}", q));
+    }
+    for (int q = 0; q < m_t.l0c_buffers; ++q)
+      m_l0c[q] = m_b.alloc(Buf::L0C, static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+                           fmt::format("C tile {}", q));
+    if (m_t.l0c_buffers == 1) m_l0c[1] = m_l0c[0];
+    if (m_t.via_ub)
+      m_ub_c = m_b.alloc(Buf::UB, static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz), "C tile (UB)");
+  }
+
+  // d = base[0] + parity * (base[1] - base[0])
+  void select(const Reg& d, const Reg& parity, const uint64_t base[2]) {
+    m_b.mul(d, parity, static_cast<int64_t>(base[1] - base[0]));
+    m_b.add(d, d, static_cast<int64_t>(base[0]));
+  }
+
+  void round16(const Reg& d, const Reg& x) {
+    m_b.add(d, x, kFractalRows - 1);
+    m_b.shr(d, d, 4);
+    m_b.shl(d, d, 4);
+  }
+
+  // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks.
+  // Sets j (tile index within the block) and ch, and the sizes m_act, n_act, kc; returns m0,
+  // n0, k0 through the given registers.
+  void coords(const Reg& s, const Reg& j, const Reg& ch, const Reg& m0, const Reg& n0,
+              const Reg& k0, const Reg& m_act, const Reg& n_act, const Reg& kc) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "step -> tile and k chunk");
+    b.div(j, s, m_chunks);
+    b.rem(ch, s, m_chunks);
+    b.emit(Opcode::op_get_block_num, {m0});
+    b.mul(m0, m0, j);
+    b.emit(Opcode::op_get_block_id, {n0});
+    b.add(m0, m0, n0, "tile = block + j * blocks");
+    b.rem(n0, m0, m_t.tiles_n);
+    b.div(m0, m0, m_t.tiles_n);
+    b.mul(m0, m0, m_t.tm, "first row");
+    b.mul(n0, n0, m_t.tn, "first column");
+    b.mul(k0, ch, m_t.tk_l1, "first k");
+    b.movi(m_act, m_t.m);
+    b.sub(m_act, m_act, m0);
+    b.min(m_act, m_act, m_t.tm, "rows in the tile");
+    b.movi(n_act, m_t.n);
+    b.sub(n_act, n_act, n0);
+    b.min(n_act, n_act, m_t.tn, "columns in the tile");
+    b.movi(kc, m_t.k);
+    b.sub(kc, kc, k0);
+    b.min(kc, kc, m_t.tk_l1, "k in the chunk");
+  }
+
+  // MTE2: the A and B chunks of step s into L1 buffer s & 1.
+  void load_step(const Reg& s) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "load: A and B chunks into L1");
+    Reg j = b.reg("load: tile index"), ch = b.reg("load: chunk"), m0 = b.reg("load: m0"),
+        n0 = b.reg("load: n0"), k0 = b.reg("load: k0"), m_act = b.reg("load: rows"),
+        n_act = b.reg("load: columns"), kc = b.reg("load: k");
+    coords(s, j, ch, m0, n0, k0, m_act, n_act, kc);
+    Reg p = b.reg("load: L1 parity");
+    b.and_(p, s, 1);
+    b.wait_flag(m_l1_free, p, "L1 buffer free");
+    Reg dst = b.reg("load: L1 address"), src = b.reg("load: GM address"),
+        rows = b.reg("load: padded rows");
+    const Dtype type = m_t.in_type;
+    // A: ND rows x cols with row pitch `stride`; NZ in L1 with rows padded to 16.
+    select(dst, p, m_l1a);
+    if (!m_t.trans_a) {  // A stored m x k
+      b.mul(src, m0, m_t.k);
+      b.add(src, src, k0);
+      round16(rows, m_act);
+      finish_src(src, "a");
+      b.emit(Opcode::op_nd2nz, {type, dst, src, m_act, kc, m_t.k, rows}, "A chunk (m x k)");
+    } else {  // A stored k x m
+      b.mul(src, k0, m_t.m);
+      b.add(src, src, m0);
+      round16(rows, kc);
+      finish_src(src, "a");
+      b.emit(Opcode::op_nd2nz, {type, dst, src, kc, m_act, m_t.m, rows}, "A^T chunk (k x m)");
+    }
+    select(dst, p, m_l1b);
+    if (!m_t.trans_b) {  // B stored k x n
+      b.mul(src, k0, m_t.n);
+      b.add(src, src, n0);
+      round16(rows, kc);
+      finish_src(src, "b");
+      b.emit(Opcode::op_nd2nz, {type, dst, src, kc, n_act, m_t.n, rows}, "B chunk (k x n)");
+    } else {  // B stored n x k
+      b.mul(src, n0, m_t.k);
+      b.add(src, src, k0);
+      round16(rows, n_act);
+      finish_src(src, "b");
+      b.emit(Opcode::op_nd2nz, {type, dst, src, n_act, kc, m_t.k, rows}, "B^T chunk (n x k)");
+    }
+    b.set_flag(m_l1_full, p, "L1 chunk loaded");
+  }
+
+  // src = argument `arg` + src * element size.
+  void finish_src(const Reg& src, const char* arg) {
+    m_b.mul(src, src, m_isz);
+    Reg base = m_b.load_arg(arg);
+    m_b.add(src, src, base);
+  }
+
+  // MTE1 + M (+ FIX after a tile's last chunk) for step s.
+  void compute_step(const Reg& s) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "compute: L1 -> L0 -> cube");
+    Reg ch = b.reg("compute: chunk"), m_act = b.reg("compute: rows"),
+        n_act = b.reg("compute: columns"), kc = b.reg("compute: k"),
+        cdst = b.reg("compute: C address"), pt = b.reg("compute: L0C parity");
+    {
+      Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
+          k0 = b.reg("compute: k0");
+      coords(s, j, ch, m0, n0, k0, m_act, n_act, kc);
+      b.mul(cdst, m0, m_t.c_pitch);
+      b.add(cdst, cdst, n0);
+      b.mul(cdst, cdst, m_osz);
+      Reg c = b.load_arg("c");
+      b.add(cdst, cdst, c, "C tile address");
+      if (m_t.l0c_buffers == 2) b.and_(pt, j, 1, "L0C buffer: tile index & 1");
+      else b.movi(pt, 0);
+    }
+    Reg p = b.reg("compute: L1 parity");
+    b.and_(p, s, 1);
+    b.wait_flag(m_l1_full, p, "L1 chunk loaded");
+    Reg kk = b.reg("compute: k within the chunk");
+    b.for_range(kk, 0, kc, m_t.tk_l0, [&] { mmad_step(p, pt, ch, kk, kc, m_act, n_act); });
+    b.set_flag(m_l1_free, p, "L1 chunk read");
+    b.if_(eq(ch, m_chunks - 1), [&] {
+      KernelBuilder::Origin f(b, "store: L0C -> C");
+      b.set_flag(m_l0c_full, pt);
+      b.wait_flag(m_l0c_full, pt);
+      Reg l0c = b.reg("store: L0C address");
+      select(l0c, pt, m_l0c);
+      if (!m_t.via_ub) {
+        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act,
+                                    m_t.c_pitch, 1, 0, 0},
+               "C tile to GM (ND)");
+        b.set_flag(m_l0c_free, pt);
+        return;
+      }
+      // L0C -> UB (ND, rows of whole 32-byte blocks), then UB -> GM.
+      Reg row = b.reg("store: UB row in elements"), blocks = b.reg("store: blocks per row");
+      const int64_t per_block = layout::kBlockBytes / m_osz;
+      b.add(row, n_act, per_block - 1);
+      b.div(row, row, per_block);
+      b.mul(blocks, row, 1, "blocks per row");
+      b.mul(row, row, per_block, "UB row pitch");
+      b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
+      b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act,
+                                  row, 1, 0, 0},
+             "C tile to UB (ND)");
+      b.set_flag(m_l0c_free, pt);
+      b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+      b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+      b.movi(row, m_t.c_pitch * m_osz / layout::kBlockBytes);
+      b.sub(row, row, blocks, "GM gap between rows in blocks");
+      b.emit(Opcode::op_copy_ub2gm, {cdst, m_ub_c, m_act, blocks, 0, row}, "C tile rows to GM");
+      b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    });
+  }
+
+  // One mmad step: k [kk, kk + ks) of the chunk in L1 buffer p, into L0C buffer pt.
+  void mmad_step(const Reg& p, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
+                 const Reg& m_act, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "mmad step");
+    Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
+    b.sub(ks, kc, kk);
+    b.min(ks, ks, m_t.tk_l0, "k in this step");
+    b.and_(q, *m_l0_steps, 1);
+    b.wait_flag(m_l0_free, q, "L0 buffers free");
+    load_l0a(p, q, kk, ks, kc, m_act);
+    load_l0b(p, q, kk, ks, kc, n_act);
+    b.set_flag(m_l0_full, q, "L0 step loaded");
+    b.wait_flag(m_l0_full, q);
+    {
+      Reg l0a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
+          l0c = b.reg("step: L0C address");
+      select(l0a, q, m_l0a);
+      select(l0b, q, m_l0b);
+      select(l0c, pt, m_l0c);
+      Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
+      b.branch(ne(ch, 0), acc);
+      b.branch(ne(kk, 0), acc);
+      b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
+      b.emit(Opcode::op_mmad, {m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act, 0, 0},
+             "C = A * B");
+      b.jmp(issued);
+      b.bind(acc);
+      b.emit(Opcode::op_mmad, {m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act, 1, 0},
+             "C += A * B");
+      b.bind(issued);
+    }
+    b.set_flag(m_l0_free, q, "L0 buffers read");
+    b.add(*m_l0_steps, *m_l0_steps, 1);
+  }
+
+  // L0A (Zz) for k [kk, kk + ks): one load2d per 16-row block of A.
+  void load_l0a(const Reg& p, const Reg& q, const Reg& kk, const Reg& ks, const Reg& kc,
+                const Reg& m_act) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "L0A: one load2d per 16-row block");
+    Reg src = b.reg("L0A: source"), dst = b.reg("L0A: destination"),
+        nfrac = b.reg("L0A: fractals per row block"), step = b.reg("L0A: source step"),
+        blocks = b.reg("L0A: row blocks");
+    select(dst, q, m_l0a);
+    select(src, p, m_l1a);
+    if (!m_t.trans_a) {
+      // NZ A (m x kc, rows padded to R = round16(m)): k block j of row block i at
+      // j*R*32 + i*512 bytes; one row block = ceil(ks/C0) fractals at a stride of R/16.
+      round16(step, m_act);
+      b.mul(blocks, kk, m_isz);
+      b.mul(blocks, blocks, step);
+      b.add(src, src, blocks, "k block kk/C0: kk * size * R bytes");
+      b.shr(step, step, 4, "source stride R/16 fractals");
+      emit_ceil_div(nfrac, ks, m_c0);
+      Reg i = b.reg("L0A: row block");
+      round16(blocks, m_act);
+      b.shr(blocks, blocks, 4);
+      b.for_range(i, 0, blocks, 1, [&] {
+        b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0A, dst, src, nfrac, step, 0});
+        b.add(src, src, static_cast<int64_t>(kFractalBytes));
+        Reg t = b.reg("L0A: destination step");
+        b.mul(t, nfrac, static_cast<int64_t>(kFractalBytes));
+        b.add(dst, dst, t);
+      });
+    } else {
+      // NZ A^T (kc x m, rows padded to K = round16(kc)): fractal (k block j, m block i) at
+      // i*K*32 + j*512; transposing each gives A's fractal (i, j). Stride 1 along k.
+      round16(step, kc);
+      b.mul(step, step, 32, "row block step K*32 bytes");
+      b.mul(blocks, kk, 32);
+      b.add(src, src, blocks, "k block kk/16: kk*32 bytes");
+      emit_ceil_div(nfrac, ks, kFractalRows);
+      Reg i = b.reg("L0A: row block");
+      round16(blocks, m_act);
+      b.shr(blocks, blocks, 4);
+      b.for_range(i, 0, blocks, 1, [&] {
+        b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0A, dst, src, nfrac, 1, 1});
+        b.add(src, src, step);
+        Reg t = b.reg("L0A: destination step");
+        b.mul(t, nfrac, static_cast<int64_t>(kFractalBytes));
+        b.add(dst, dst, t);
+      });
+    }
+  }
+
+  // L0B (Zn) for k [kk, kk + ks): one load2d per k block of B.
+  void load_l0b(const Reg& p, const Reg& q, const Reg& kk, const Reg& ks, const Reg& kc,
+                const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "L0B: one load2d per k block");
+    Reg src = b.reg("L0B: source"), dst = b.reg("L0B: destination"),
+        nfrac = b.reg("L0B: fractals per k block"), step = b.reg("L0B: source step"),
+        blocks = b.reg("L0B: k blocks");
+    select(dst, q, m_l0b);
+    select(src, p, m_l1b);
+    emit_ceil_div(nfrac, n_act, kFractalRows);
+    Reg i = b.reg("L0B: k block");
+    if (!m_t.trans_b) {
+      // NZ B (kc x n, rows padded to K = round16(kc)): fractal (k block i, n block j) at
+      // j*K*32 + i*512; transposed (16-bit) it is the Zn fractal. Stride K/16 along n.
+      round16(step, kc);
+      b.shr(step, step, 4, "source stride K/16 fractals");
+      b.mul(blocks, kk, 32);
+      b.add(src, src, blocks, "k block kk/16: kk*32 bytes");
+      emit_ceil_div(blocks, ks, kFractalRows);
+      b.for_range(i, 0, blocks, 1, [&] {
+        b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0B, dst, src, nfrac, step, 1});
+        b.add(src, src, static_cast<int64_t>(kFractalBytes));
+        Reg t = b.reg("L0B: destination step");
+        b.mul(t, nfrac, static_cast<int64_t>(kFractalBytes));
+        b.add(dst, dst, t);
+      });
+    } else {
+      // NZ B^T (n x kc, rows padded to R = round16(n)): fractal (n block j, k block i of C0)
+      // at i*R*32 + j*512, already column-major (Zn). Stride 1 along n.
+      round16(step, n_act);
+      b.mul(blocks, kk, m_isz);
+      b.mul(blocks, blocks, step);
+      b.add(src, src, blocks, "k block kk/C0: kk * size * R bytes");
+      b.mul(step, step, 32, "k block step R*32 bytes");
+      emit_ceil_div(blocks, ks, m_c0);
+      b.for_range(i, 0, blocks, 1, [&] {
+        b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0B, dst, src, nfrac, 1, 0});
+        b.add(src, src, step);
+        Reg t = b.reg("L0B: destination step");
+        b.mul(t, nfrac, static_cast<int64_t>(kFractalBytes));
+        b.add(dst, dst, t);
+      });
+    }
+  }
+
+  void emit_ceil_div(const Reg& d, const Reg& x, int64_t by) {
+    m_b.add(d, x, by - 1);
+    m_b.div(d, d, by);
+  }
+
+  const MatmulTiling& m_t;
+  KernelBuilder m_b;
+  const int64_t m_isz, m_osz, m_c0, m_chunks;
+  uint64_t m_l1a[2] = {0, 0}, m_l1b[2] = {0, 0}, m_l0a[2] = {0, 0}, m_l0b[2] = {0, 0},
+           m_l0c[2] = {0, 0}, m_ub_c = 0;
+  int m_ub_full = -1, m_ub_free = -1;
+  const Reg* m_l0_steps = nullptr;
+  FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
+};
+
+// A launch writing zeros to the output (MatMul with k = 0).
+Launch zero_fill(const OpDesc& op, const TensorDesc& out, const ChipConfig& cfg) {
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("Fill0_{}", data_type_name(out.dtype));
+  spec.out_type = device_dtype(out.dtype);
+  spec.out_shape = out.shape;
+  spec.compute = [size = data_type_bytes(out.dtype)](KernelBuilder& b, const TileOperands& t) {
+    vec_dup_bits(b, size, t.out, 0, *t.count);  // x0 = 0
+  };
+  return build_stream_kernel(op.str(), spec, cfg);
+}
+
+uint64_t workspace_align(uint64_t bytes) { return layout::round_up(bytes, 512); }
+
+}  // namespace
+
+CompiledKernel compile_matmul(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const TensorDesc& a = op.inputs[0];
+  const TensorDesc& b = op.inputs[1];
+  const DataType dt = a.dtype;
+  if (b.dtype != dt)
+    op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
+                        data_type_name(b.dtype)));
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
+                        data_type_name(dt)));
+  if (a.shape.size() != 2 || b.shape.size() != 2)
+    op.fail("inputs must be matrices (rank 2); batched products are BatchMatMul");
+  const bool ta = op.attr_bool("transpose_a", false), tb = op.attr_bool("transpose_b", false);
+  const int64_t m = ta ? a.shape[1] : a.shape[0], k = ta ? a.shape[0] : a.shape[1];
+  const int64_t kb = tb ? b.shape[1] : b.shape[0], n = tb ? b.shape[0] : b.shape[1];
+  if (k != kb)
+    op.fail(fmt::format("inner dimensions differ: A gives k = {}, B gives k = {}", k, kb));
+  CompiledKernel out;
+  const TensorDesc c{dt, {m, n}};
+  out.outputs = {c};
+  if (dt != DataType::F16 && dt != DataType::BF16 && dt != DataType::F32)
+    op.fail(fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)",
+                        data_type_name(dt)));
+  if (m == 0 || n == 0) return out;  // nothing to compute
+  if (k == 0) {
+    out.launches.push_back(zero_fill(op, c, cfg));
+    return out;
+  }
+
+  // Cube input type, FIXPIPE output type, and the casts around the cube kernel.
+  Dtype cube_in = device_dtype(dt), fix_out = device_dtype(dt);
+  bool cast_inputs = false, cast_output = false;
+  if (dt == DataType::BF16 && !cfg.cube_bf16)
+    op.fail(fmt::format("bf16 is not supported by the cube of chip {}", cfg.name));
+  if (dt == DataType::F32) {
+    switch (ctx.precision) {
+      case PrecisionMode::kKeepFp32:
+        if (cfg.cube_fp32_rate_divisor <= 0)
+          op.fail(fmt::format("precision mode {}: the cube of chip {} has no fp32 "
+                              "(cube.fp32_rate_divisor = 0)",
+                              precision_mode_name(ctx.precision), cfg.name));
+        if (ta || !tb)
+          op.fail(fmt::format("precision mode {}: fp32 on the cube needs transpose_a = false and "
+                              "transpose_b = true (load2d transposes only 16-bit fractals); "
+                              "use allow_fp32_to_fp16",
+                              precision_mode_name(ctx.precision)));
+        break;
+      case PrecisionMode::kAllowFp32ToFp16:
+        cube_in = Dtype::F16;
+        cast_inputs = true;
+        break;
+      case PrecisionMode::kAllowMixPrecision:
+        cube_in = Dtype::F16;
+        fix_out = Dtype::F16;
+        cast_inputs = cast_output = true;
+        break;
+    }
+  }
+  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str());
+
+  // Workspace: the f16 copies of A and B, and the f16 result before widening.
+  ArgRef a_arg{ArgRef::Kind::kInput, 0, 0}, b_arg{ArgRef::Kind::kInput, 1, 0};
+  ArgRef c_arg{ArgRef::Kind::kOutput, 0, 0};
+  if (cast_inputs) {
+    for (int i = 0; i < 2; ++i) {
+      const TensorDesc& in = op.inputs[static_cast<size_t>(i)];
+      Launch l = build_stream_kernel(op.str(), cast_spec(dt, DataType::F16, false, in.shape), cfg);
+      const ArgRef ws{ArgRef::Kind::kWorkspace, 0, out.workspace_bytes};
+      l.args = {ArgRef{ArgRef::Kind::kInput, i, 0}, ws};
+      l.summary = fmt::format("{} -> f16 workspace at {} ({})", i ? "B" : "A",
+                              out.workspace_bytes, l.summary);
+      (i ? b_arg : a_arg) = ws;
+      out.workspace_bytes += workspace_align(device_buffer_bytes(
+          static_cast<uint64_t>(in.num_elements()) * 2));
+      out.launches.push_back(std::move(l));
+    }
+  }
+  // The cube's C goes to the workspace when it is widened afterwards or has padded rows.
+  const bool c_in_workspace = cast_output || tiling.c_pitch != n;
+  if (c_in_workspace) {
+    c_arg = ArgRef{ArgRef::Kind::kWorkspace, 0, out.workspace_bytes};
+    out.workspace_bytes += workspace_align(device_buffer_bytes(
+        static_cast<uint64_t>(m * tiling.c_pitch * isa::dtype_size(fix_out))));
+  }
+  Launch mm;
+  mm.kernel = MatmulEmitter(tiling, cfg, op.str()).emit();
+  mm.block_dim = tiling.block_dim;
+  mm.args = {a_arg, b_arg, c_arg};
+  mm.summary = "cube: " + tiling.str();
+  out.launches.push_back(std::move(mm));
+  if (c_in_workspace) {
+    // Workspace C (m x c_pitch, of the FIXPIPE type) -> the output (m x n, dt): a copy or the
+    // f16 -> f32 widening, reading rows at the workspace pitch.
+    StreamSpec spec = cast_spec(from_device_dtype(fix_out), dt, false, c.shape);
+    if (tiling.c_pitch != n && m > 1) {
+      spec.inputs[0].view = BroadcastView{{m, n}, {tiling.c_pitch, 1}};
+      spec.inputs[0].shape = {m, tiling.c_pitch};
+    }
+    Launch l = build_stream_kernel(op.str(), spec, cfg);
+    l.args = {c_arg, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+    l.summary = fmt::format("workspace C ({} x {} {}) -> output ({})", m, tiling.c_pitch,
+                            isa::dtype_name(fix_out), l.summary);
+    out.launches.push_back(std::move(l));
+  }
+  return out;
+}
+
+}  // namespace npusim::compiler::ops

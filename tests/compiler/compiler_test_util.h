@@ -1,0 +1,267 @@
+// Helpers for the kernel compiler's tests: typed host tensors, an independent reference in
+// plain C++ (double arithmetic rounded to the output type; GCC's _Float16 for fp16, bf16 rounded
+// by hand), and a runner that places tensors in the simulator's device memory the way the
+// runtime must (op_desc.h buffer contract), runs every launch of a CompiledKernel in order and
+// checks that nothing outside the output buffers changed.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/simulator.h"
+
+namespace npusim::test {
+
+using compiler::CompiledKernel;
+using compiler::DataType;
+using compiler::OpDesc;
+using compiler::TensorDesc;
+
+// ---- element conversions (independent of the model's own converters) ----
+
+inline uint16_t to_f16_bits(double v) {
+  _Float16 h = static_cast<_Float16>(static_cast<float>(v));  // RNE via fp32 (exact for fp32 v)
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+// Rounds a double straight to fp16 (no intermediate fp32 rounding).
+inline uint16_t to_f16_bits_direct(double v) {
+  _Float16 h = static_cast<_Float16>(v);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+inline double from_f16_bits(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<double>(h);
+}
+// fp32 -> bf16 with round to nearest even, by hand (NaN not handled: tests use finite values).
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7fffu + lsb;
+  return static_cast<uint16_t>(u >> 16);
+}
+inline double from_bf16_bits(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A host tensor: values as doubles (exactly representable in dtype) plus its desc.
+struct HostTensor {
+  TensorDesc desc;
+  std::vector<double> values;
+};
+
+// Rounds v to the storage type (RNE for floats, truncation toward zero for integers).
+inline double round_to(DataType t, double v) {
+  switch (t) {
+    case DataType::F32: return static_cast<float>(v);
+    case DataType::F16: return from_f16_bits(to_f16_bits_direct(v));
+    case DataType::BF16: return from_bf16_bits(to_bf16_bits(static_cast<float>(v)));
+    case DataType::S32: return static_cast<double>(static_cast<int32_t>(v));
+    case DataType::BOOL: return v != 0 ? 1 : 0;
+    default: return v;
+  }
+}
+
+inline std::vector<uint8_t> encode(const HostTensor& t) {
+  const int size = compiler::data_type_bytes(t.desc.dtype);
+  std::vector<uint8_t> out(t.values.size() * static_cast<size_t>(size));
+  for (size_t i = 0; i < t.values.size(); ++i) {
+    uint8_t* p = out.data() + i * size;
+    double v = t.values[i];
+    switch (t.desc.dtype) {
+      case DataType::F32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DataType::F16: { uint16_t b = to_f16_bits_direct(v); std::memcpy(p, &b, 2); break; }
+      case DataType::BF16: {
+        uint16_t b = to_bf16_bits(static_cast<float>(v));
+        std::memcpy(p, &b, 2);
+        break;
+      }
+      case DataType::S32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::S16: { int16_t x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); break; }
+      case DataType::S8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
+      case DataType::U8: case DataType::BOOL: *p = static_cast<uint8_t>(v); break;
+      default: FAIL("encode: unsupported dtype");
+    }
+  }
+  return out;
+}
+
+inline std::vector<double> decode(DataType t, const std::vector<uint8_t>& bytes) {
+  const int size = compiler::data_type_bytes(t);
+  std::vector<double> v(bytes.size() / static_cast<size_t>(size));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint8_t* p = bytes.data() + i * size;
+    switch (t) {
+      case DataType::F32: { float f; std::memcpy(&f, p, 4); v[i] = f; break; }
+      case DataType::F16: { uint16_t b; std::memcpy(&b, p, 2); v[i] = from_f16_bits(b); break; }
+      case DataType::BF16: { uint16_t b; std::memcpy(&b, p, 2); v[i] = from_bf16_bits(b); break; }
+      case DataType::S32: { int32_t x; std::memcpy(&x, p, 4); v[i] = x; break; }
+      case DataType::S16: { int16_t x; std::memcpy(&x, p, 2); v[i] = x; break; }
+      case DataType::S8: { int8_t x; std::memcpy(&x, p, 1); v[i] = x; break; }
+      case DataType::U8: case DataType::BOOL: v[i] = *p; break;
+      default: FAIL("decode: unsupported dtype");
+    }
+  }
+  return v;
+}
+
+// Deterministic random values in [lo, hi], rounded to the dtype (integers for S32).
+inline HostTensor random_tensor(DataType t, std::vector<int64_t> shape, double lo, double hi,
+                                uint32_t seed) {
+  HostTensor h{TensorDesc{t, std::move(shape)}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  h.values.resize(static_cast<size_t>(h.desc.num_elements()));
+  for (double& v : h.values) {
+    v = dist(rng);
+    v = t == DataType::S32 ? std::round(v) : round_to(t, v);
+  }
+  return h;
+}
+
+// Device memory for one test: a bump allocator over the simulator's GM.
+class GmArena {
+ public:
+  static constexpr uint64_t kBase = 1 << 20;
+  static constexpr uint64_t kGuard = 256;  // bytes checked around every buffer
+  uint64_t alloc(uint64_t bytes) {
+    uint64_t a = m_next + kGuard;
+    m_next = (a + compiler::device_buffer_bytes(bytes) + kGuard + 511) / 512 * 512;
+    return a;
+  }
+  void reset() { m_next = kBase; }
+
+ private:
+  uint64_t m_next = kBase;
+};
+
+struct RunResult {
+  std::vector<HostTensor> outputs;
+  uint64_t cycles = 0;
+};
+
+// Runs every launch of k on sim with the given inputs. Checks: each launch succeeds, the
+// program's block_dim and arguments bind, no byte of device memory outside the outputs'
+// (rounded-up) buffers and the workspace changes.
+inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
+                              const std::vector<HostTensor>& inputs) {
+  constexpr uint8_t kPoison = 0xA5;
+  GmArena arena;
+  DeviceMemory& gm = sim.gm();
+  std::vector<uint64_t> in_addr, out_addr;
+  std::vector<std::pair<uint64_t, uint64_t>> guards;  // ranges that must stay kPoison
+  auto place = [&](uint64_t bytes) {
+    uint64_t a = arena.alloc(bytes);
+    uint64_t lo = a - GmArena::kGuard, hi = a + compiler::device_buffer_bytes(bytes);
+    gm.fill(lo, kPoison, GmArena::kGuard);
+    gm.fill(hi, kPoison, GmArena::kGuard);
+    guards.emplace_back(lo, GmArena::kGuard);
+    guards.emplace_back(hi, GmArena::kGuard);
+    return a;
+  };
+  for (const HostTensor& t : inputs) {
+    std::vector<uint8_t> bytes = encode(t);
+    uint64_t a = place(bytes.size());
+    if (!bytes.empty()) gm.write(a, bytes.data(), bytes.size());
+    in_addr.push_back(a);
+  }
+  for (const TensorDesc& t : k.outputs) {
+    uint64_t a = place(t.bytes());
+    gm.fill(a, kPoison, compiler::device_buffer_bytes(t.bytes()));
+    out_addr.push_back(a);
+  }
+  uint64_t ws = k.workspace_bytes ? place(k.workspace_bytes) : 0;
+  RunResult r;
+  for (const compiler::Launch& l : k.launches) {
+    KernelLaunch kl;
+    kl.program = &l.kernel.program;
+    kl.args = l.bind(in_addr, out_addr, ws);
+    kl.block_dim = l.block_dim;
+    KernelResult kr = sim.run(kl);
+    INFO(l.summary);
+    INFO(kr.error);
+    REQUIRE(kr.ok);
+    r.cycles += kr.cycles;
+  }
+  for (auto [lo, n] : guards) {
+    std::vector<uint8_t> g(n);
+    gm.read(lo, g.data(), n);
+    for (uint64_t i = 0; i < n; ++i)
+      if (g[i] != kPoison) FAIL("a kernel wrote outside its buffers at " << lo + i);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<uint8_t> want = encode(inputs[i]), got(want.size());
+    if (!got.empty()) gm.read(in_addr[i], got.data(), got.size());
+    if (got != want) FAIL("input " << i << " was modified");
+  }
+  for (size_t i = 0; i < k.outputs.size(); ++i) {
+    std::vector<uint8_t> bytes(k.outputs[i].bytes());
+    if (!bytes.empty()) gm.read(out_addr[i], bytes.data(), bytes.size());
+    r.outputs.push_back(HostTensor{k.outputs[i], decode(k.outputs[i].dtype, bytes)});
+  }
+  return r;
+}
+
+// Relative/absolute comparison: |got - want| <= atol + rtol * |want| for every element
+// (NaN matches NaN). Reports the first mismatches.
+inline void check_close(const std::vector<double>& got, const std::vector<double>& want,
+                        double rtol, double atol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool ok = (std::isnan(got[i]) && std::isnan(want[i])) ||
+              std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]);
+    if (!ok && bad++ < 5)
+      UNSCOPED_INFO(what << ": element " << i << " got " << got[i] << " want " << want[i]);
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements differ");
+  CHECK(bad == 0);
+}
+
+// Flat index of each output element's source in an input of in_shape broadcast to out_shape.
+inline std::vector<size_t> broadcast_index(const std::vector<int64_t>& in_shape,
+                                           const std::vector<int64_t>& out_shape) {
+  const size_t rank = out_shape.size();
+  std::vector<int64_t> in(rank - in_shape.size(), 1);
+  in.insert(in.end(), in_shape.begin(), in_shape.end());
+  int64_t n = 1;
+  for (int64_t d : out_shape) n *= d;
+  std::vector<size_t> idx(static_cast<size_t>(n));
+  for (int64_t f = 0; f < n; ++f) {
+    int64_t rest = f, src = 0, stride = 1;
+    for (size_t d = rank; d-- > 0;) {
+      int64_t i = rest % out_shape[d];
+      rest /= out_shape[d];
+      if (in[d] != 1) src += i * stride;
+      stride *= in[d];
+    }
+    idx[static_cast<size_t>(f)] = static_cast<size_t>(src);
+  }
+  return idx;
+}
+
+inline OpDesc make_op(const std::string& type, std::vector<TensorDesc> inputs,
+                      std::map<std::string, compiler::AttrValue> attrs = {}) {
+  OpDesc op;
+  op.type = type;
+  op.inputs = std::move(inputs);
+  op.attrs = std::move(attrs);
+  return op;
+}
+
+}  // namespace npusim::test

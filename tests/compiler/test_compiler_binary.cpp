@@ -1,0 +1,197 @@
+// Element-wise binary ops compiled for the tiny chip and run on the chip model, against a
+// reference in plain C++: each element computed in double from the (exactly representable)
+// inputs and rounded once to the output type. The vector unit computes f32 in fp32 and
+// f16/bf16 in fp32 rounded once to the type, so for +, -, *, /, max, min the result is the
+// correctly rounded value: tolerance 0 for f32 and s32, and 0 for f16/bf16 except
+// SquaredDifference, which rounds the difference first (TF does the same): there the
+// reference rounds the difference to the type too.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+using Fn = std::function<double(double, double)>;
+
+struct Case {
+  const char* op;
+  Fn fn;
+  bool compare;
+};
+
+const Case kCases[] = {
+    {"AddV2", [](double a, double b) { return a + b; }, false},
+    {"Sub", [](double a, double b) { return a - b; }, false},
+    {"Mul", [](double a, double b) { return a * b; }, false},
+    {"RealDiv", [](double a, double b) { return a / b; }, false},
+    {"Maximum", [](double a, double b) { return std::max(a, b); }, false},
+    {"Minimum", [](double a, double b) { return std::min(a, b); }, false},
+    {"SquaredDifference", [](double a, double b) { return (a - b) * (a - b); }, false},
+    {"Less", [](double a, double b) { return a < b ? 1.0 : 0.0; }, true},
+    {"Equal", [](double a, double b) { return a == b ? 1.0 : 0.0; }, true},
+    {"GreaterEqual", [](double a, double b) { return a >= b ? 1.0 : 0.0; }, true},
+};
+
+const Case& find_case(const std::string& op) {
+  for (const Case& c : kCases)
+    if (op == c.op) return c;
+  FAIL("no case " << op);
+  return kCases[0];
+}
+
+// Compiles op(a, b) for tiny, runs it and compares with the reference.
+void check_binary(const std::string& op_name, DataType dt, const std::vector<int64_t>& sa,
+                  const std::vector<int64_t>& sb, uint32_t seed) {
+  const Case& c = find_case(op_name);
+  INFO(op_name << " " << compiler::data_type_name(dt) << " " << compiler::shape_str(sa) << " op "
+               << compiler::shape_str(sb));
+  // Operands in [-4, 4] (b away from 0 for RealDiv); few distinct values make ties for the
+  // comparisons likely.
+  const bool div = op_name == "RealDiv";
+  HostTensor a = random_tensor(dt, sa, -4, 4, seed);
+  HostTensor b = random_tensor(dt, sb, div ? 0.5 : -4, div ? 4 : 4, seed + 1);
+  if (c.compare)
+    for (size_t i = 0; i < b.values.size(); ++i)
+      if (i % 3 == 0 && !a.values.empty()) b.values[i] = a.values[i % a.values.size()];
+  compiler::OpDesc op = make_op(op_name, {a.desc, b.desc});
+  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  RunResult r = run_compiled(sim(), k, {a, b});
+  auto shape = compiler::broadcast_shapes(sa, sb);
+  REQUIRE(shape);
+  REQUIRE(r.outputs.size() == 1);
+  CHECK(r.outputs[0].desc.shape == *shape);
+  CHECK(r.outputs[0].desc.dtype == (c.compare ? DataType::BOOL : dt));
+  auto ia = broadcast_index(sa, *shape), ib = broadcast_index(sb, *shape);
+  std::vector<double> want(ia.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    double x = a.values[ia[i]], y = b.values[ib[i]];
+    if (op_name == "SquaredDifference") {
+      double d = round_to(dt, x - y);
+      want[i] = round_to(dt, d * d);
+    } else {
+      want[i] = c.compare ? c.fn(x, y) : round_to(dt, c.fn(x, y));
+    }
+  }
+  check_close(r.outputs[0].values, want, 0, 0, op_name);
+  if (shape->size() && ia.empty()) CHECK(k.launches.empty());
+}
+
+}  // namespace
+
+TEST_CASE("same-shape binary ops, f32 and f16, odd sizes") {
+  for (const char* op : {"AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
+                         "SquaredDifference"}) {
+    check_binary(op, DataType::F32, {3, 37}, {3, 37}, 1);
+    check_binary(op, DataType::F16, {5, 40}, {5, 40}, 2);
+  }
+}
+
+TEST_CASE("s32 and bf16") {
+  for (const char* op : {"AddV2", "Sub", "Mul", "Maximum", "Minimum", "SquaredDifference"})
+    check_binary(op, DataType::S32, {2, 45}, {45}, 3);
+  for (const char* op : {"AddV2", "Mul", "RealDiv", "Minimum"})
+    check_binary(op, DataType::BF16, {33, 7}, {33, 1}, 4);
+}
+
+TEST_CASE("comparisons give bool") {
+  for (const char* op : {"Less", "Equal", "GreaterEqual"}) {
+    check_binary(op, DataType::F32, {4, 50}, {4, 50}, 5);
+    check_binary(op, DataType::F16, {3, 17}, {17}, 6);
+    check_binary(op, DataType::S32, {9}, {}, 7);
+  }
+}
+
+TEST_CASE("broadcasting patterns") {
+  check_binary("AddV2", DataType::F32, {4, 5}, {}, 10);           // scalar right
+  check_binary("Sub", DataType::F16, {}, {7, 9}, 11);             // scalar left
+  check_binary("Mul", DataType::F32, {6, 33}, {33}, 12);          // row vector
+  check_binary("RealDiv", DataType::F32, {6, 33}, {6, 1}, 13);    // column vector
+  check_binary("Maximum", DataType::F16, {3, 1, 5}, {4, 1}, 14);  // both broadcast
+  check_binary("SquaredDifference", DataType::F32, {2, 3, 4, 5}, {3, 1, 5}, 15);
+  check_binary("Sub", DataType::F32, {1, 16}, {16, 1}, 16);       // outer product shape
+  check_binary("AddV2", DataType::F16, {5, 1, 48}, {1, 7, 1}, 17);
+  check_binary("Mul", DataType::F32, {1}, {1}, 18);               // one element
+  check_binary("AddV2", DataType::F32, {}, {}, 19);               // scalars
+  check_binary("Minimum", DataType::F32, {2, 1, 3, 1}, {1, 4, 1, 5}, 20);
+}
+
+TEST_CASE("shape grid: multiples and non-multiples of 16, size-1 dims") {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{16}, {16}},          {{15}, {15}},         {{17}, {1}},          {{1, 128}, {128}},
+      {{129, 1}, {129, 3}},  {{2, 16, 16}, {16}},  {{3, 1, 31}, {3, 5, 31}},
+      {{8, 1}, {1, 24}},     {{1, 1, 1}, {2, 1, 65}},
+  };
+  uint32_t seed = 30;
+  for (const auto& [sa, sb] : shapes) {
+    check_binary("AddV2", DataType::F32, sa, sb, seed++);
+    check_binary("Mul", DataType::F16, sb, sa, seed++);
+  }
+}
+
+TEST_CASE("large shapes: several tiles per core, resident and gathered operands") {
+  check_binary("AddV2", DataType::F32, {70000}, {70000}, 40);        // flat, 4 blocks
+  check_binary("Mul", DataType::F32, {300, 130}, {130}, 41);         // periodic, resident
+  check_binary("Sub", DataType::F16, {200, 3, 70}, {200, 1, 70}, 42);  // contiguous pieces
+  check_binary("RealDiv", DataType::F32, {1000, 37}, {1000, 1}, 43);   // one element per row
+  check_binary("Maximum", DataType::F16, {1000, 3}, {3}, 44);        // short period
+}
+
+TEST_CASE("zero-size outputs compile to no launch") {
+  const ChipConfig& cfg = sim().config();
+  for (auto [sa, sb] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{0}, {0}}, {{3, 0}, {1}}, {{0, 5}, {1, 5}}, {{2, 0, 4}, {4}}}) {
+    auto k = compiler::compile(make_op("AddV2", {{DataType::F32, sa}, {DataType::F32, sb}}), cfg);
+    CHECK(k.launches.empty());
+    CHECK(k.outputs[0].num_elements() == 0);
+    CHECK(k.outputs[0].shape == *compiler::broadcast_shapes(sa, sb));
+  }
+}
+
+TEST_CASE("the kernel follows the config: UB size and vector core count") {
+  const compiler::OpDesc op =
+      make_op("AddV2", {{DataType::F32, {100000}}, {DataType::F32, {100000}}});
+  auto k_tiny = compiler::compile(op, sim().config());
+  auto k_ub = compiler::compile(op, load_chip_config("tiny", {"cores.aiv.buffers.ub=96 KiB"}));
+  auto k_cores = compiler::compile(
+      op, load_chip_config("tiny", {"cores.aic.count=1", "cores.aiv.count=2"}));
+  INFO(k_tiny.launches[0].summary << "\n" << k_ub.launches[0].summary << "\n"
+                                   << k_cores.launches[0].summary);
+  // f32 AddV2 with two streamed inputs: 6 tiles of 4-byte elements in the UB (in0, in1, out,
+  // each ping and pong) plus 32 bytes of alignment slack each, rounded down to 128 elements:
+  //   192 KiB: floor((196608 - 6*32) / 24 / 128) * 128 = 8064
+  //    96 KiB: floor((98304 - 6*32) / 24 / 128) * 128 = 3968
+  CHECK(k_tiny.launches[0].summary.find("tile 8064 elements") != std::string::npos);
+  CHECK(k_ub.launches[0].summary.find("tile 3968 elements") != std::string::npos);
+  CHECK(k_tiny.launches[0].block_dim == 4);
+  CHECK(k_cores.launches[0].block_dim == 2);
+}
+
+TEST_CASE("binary op errors name the op and the reason") {
+  const ChipConfig& cfg = sim().config();
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("AddV2", {{DataType::F32, {3, 4}}, {DataType::F32, {5}}}), cfg),
+      Catch::Contains("AddV2(f32[3,4], f32[5])") && Catch::Contains("not broadcast-compatible"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("RealDiv", {{DataType::S32, {3}}, {DataType::S32, {3}}}), cfg),
+      Catch::Contains("dtype s32 is not supported"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Mul", {{DataType::F32, {3}}, {DataType::F16, {3}}}), cfg),
+      Catch::Contains("different dtypes"));
+  compiler::OpDesc op = make_op("Sub", {{DataType::F32, {3}}, {DataType::F32, {3}}});
+  op.outputs = {{DataType::F32, {4}}};
+  CHECK_THROWS_WITH(compiler::compile(op, cfg), Catch::Contains("expects outputs (f32[4])"));
+}

@@ -1,0 +1,181 @@
+// MatMul compiled for the tiny chip (2 cube cores, 910B cube buffers) and run on the chip
+// model, against a reference in plain C++: C = A x B summed in double from the exact inputs.
+//
+// Tolerance per element, with S = sum_k |a_ik * b_kj| and K the inner dimension:
+//   accumulation: the cube adds in fp32, sequentially in k: at most K * 2^-24 * S (one fp32
+//     rounding per addition, each at most 2^-24 relative to the partial sum, bounded by S),
+//     and fp32 products of f32 inputs add another 2^-24 * S;
+//   output rounding: half an ulp of the output type: 2^-11 |c| for f16, 2^-8 |c| for bf16,
+//     2^-24 |c| for f32;
+//   f32 inputs cast to f16 (allow_fp32_to_fp16, allow_mix_precision): each input rounded to
+//     f16 (relative 2^-11), so a product is off by at most (2 * 2^-11 + 2^-22) relative: 2^-10 S.
+// Each bound is doubled for slack; reference values are exact doubles.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/matmul.h"
+#include "isa/disassembler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::PrecisionMode;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+double out_half_ulp(DataType t) {
+  switch (t) {
+    case DataType::F16: return std::ldexp(1.0, -11);
+    case DataType::BF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+struct MatmulCase {
+  int64_t m, k, n;
+  bool ta, tb;
+};
+
+// Runs MatMul(a, b) and checks every element against the double reference.
+void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed) {
+  INFO(compiler::data_type_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n
+                                    << " ta=" << c.ta << " tb=" << c.tb << " mode "
+                                    << compiler::precision_mode_name(mode));
+  std::vector<int64_t> sa = c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k};
+  std::vector<int64_t> sb = c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n};
+  HostTensor a = random_tensor(dt, sa, -2, 2, seed), b = random_tensor(dt, sb, -2, 2, seed + 7);
+  compiler::OpDesc op = make_op("MatMul", {a.desc, b.desc},
+                                {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
+  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  for (const compiler::Launch& l : k.launches) INFO(l.summary);
+  RunResult r = run_compiled(sim(), k, {a, b});
+  REQUIRE(r.outputs[0].desc.shape == std::vector<int64_t>{c.m, c.n});
+  REQUIRE(r.outputs[0].desc.dtype == dt);
+  auto at = [&](int64_t i, int64_t kk) {
+    return a.values[static_cast<size_t>(c.ta ? kk * c.m + i : i * c.k + kk)];
+  };
+  auto bt = [&](int64_t kk, int64_t j) {
+    return b.values[static_cast<size_t>(c.tb ? j * c.k + kk : kk * c.n + j)];
+  };
+  const bool f16_inputs = dt == DataType::F32 && mode != PrecisionMode::kKeepFp32;
+  const DataType rounded_out =
+      dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt;
+  int bad = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0, s_abs = 0;
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        sum += at(i, kk) * bt(kk, j);
+        s_abs += std::fabs(at(i, kk) * bt(kk, j));
+      }
+      double tol = static_cast<double>(c.k + 1) * std::ldexp(1.0, -24) * s_abs +
+                   out_half_ulp(rounded_out) * std::fabs(sum);
+      if (f16_inputs) tol += std::ldexp(1.0, -10) * s_abs;
+      tol *= 2;
+      double got = r.outputs[0].values[static_cast<size_t>(i * c.n + j)];
+      if (!(std::fabs(got - sum) <= tol) && bad++ < 5)
+        UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << sum << " +- " << tol);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("MatMul f16: sizes that are and are not multiples of 16, all transposes") {
+  const MatmulCase cases[] = {
+      {1, 1, 1, false, false},   {16, 16, 16, false, false}, {17, 33, 5, false, false},
+      {40, 70, 24, true, false}, {33, 20, 47, false, true},  {20, 45, 30, true, true},
+      {64, 300, 48, false, false},
+      // Several tiles per cube core with one L0C buffer (128x256 tiles), and several L1
+      // chunks per tile with a partial last chunk (see the launch summaries).
+      {200, 100, 300, false, false}, {200, 100, 300, true, true},
+      {96, 700, 80, false, true},
+  };
+  uint32_t seed = 100;
+  for (const MatmulCase& c : cases)
+    check_matmul(DataType::F16, c, PrecisionMode::kKeepFp32, seed++);
+}
+
+TEST_CASE("MatMul bf16 and f32 under the precision modes") {
+  check_matmul(DataType::BF16, {24, 40, 18, false, true}, PrecisionMode::kKeepFp32, 200);
+  // fp32 on the cube (the tiny chip's cube has fp32 at 1/4 rate): A x B^T only.
+  check_matmul(DataType::F32, {19, 37, 21, false, true}, PrecisionMode::kKeepFp32, 201);
+  // fp32 cast to fp16 by a vector launch, fp32 accumulation and output.
+  check_matmul(DataType::F32, {19, 37, 21, false, false}, PrecisionMode::kAllowFp32ToFp16, 202);
+  check_matmul(DataType::F32, {21, 16, 35, true, true}, PrecisionMode::kAllowFp32ToFp16, 203);
+  // Mixed: the result is rounded to fp16 too.
+  check_matmul(DataType::F32, {30, 50, 10, false, false}, PrecisionMode::kAllowMixPrecision, 204);
+}
+
+TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k = 0") {
+  const ChipConfig& cfg = sim().config();
+  compiler::TensorDesc a{DataType::F32, {8, 4}}, b{DataType::F32, {4, 8}};
+  auto k16 = compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kAllowFp32ToFp16);
+  // A and B cast to f16 into the workspace, then the cube kernel.
+  REQUIRE(k16.launches.size() == 3);
+  CHECK(k16.workspace_bytes > 0);
+  auto mix = compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kAllowMixPrecision);
+  CHECK(mix.launches.size() == 4);  // + the f16 -> f32 widening of the result
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kKeepFp32),
+                    Catch::Contains("transpose_b = true"));
+
+  // M = 0: an empty output and nothing to run.
+  compiler::TensorDesc e{DataType::F16, {0, 5}}, f{DataType::F16, {5, 3}};
+  auto empty = compiler::compile(make_op("MatMul", {e, f}), cfg);
+  CHECK(empty.launches.empty());
+  CHECK(empty.outputs[0].shape == std::vector<int64_t>{0, 3});
+
+  // K = 0: C is all zeros.
+  HostTensor z1{compiler::TensorDesc{DataType::F16, {3, 0}}, {}};
+  HostTensor z2{compiler::TensorDesc{DataType::F16, {0, 7}}, {}};
+  auto kz = compiler::compile(make_op("MatMul", {z1.desc, z2.desc}), cfg);
+  REQUIRE(kz.launches.size() == 1);
+  RunResult r = run_compiled(sim(), kz, {z1, z2});
+  CHECK(r.outputs[0].values == std::vector<double>(21, 0.0));
+
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMul", {f, f}), cfg),
+                    Catch::Contains("inner dimensions differ"));
+}
+
+TEST_CASE("MatMul tiling follows the config's L1/L0 sizes") {
+  // The same op for the tiny chip and for a variant with a quarter of its L0A/L0B and L1:
+  // k per mmad and per L1 chunk shrink with the buffers, so the programs differ. Only the
+  // tiny chip is run (one SystemC elaboration per process); its numbers are checked above.
+  ChipConfig small = load_chip_config(
+      "tiny", {"cores.aic.buffers.l0a=16 KiB", "cores.aic.buffers.l0b=16 KiB",
+               "cores.aic.buffers.l1=128 KiB"});
+  const ChipConfig& tiny = sim().config();
+  auto t_big = compiler::ops::plan_matmul_tiling(128, 128, 1024, false, false, isa::Dtype::F16,
+                                                 isa::Dtype::F16, tiny, "test");
+  auto t_small = compiler::ops::plan_matmul_tiling(128, 128, 1024, false, false, isa::Dtype::F16,
+                                                   isa::Dtype::F16, small, "test");
+  INFO(t_big.str() << "\n" << t_small.str());
+  // Two L0A buffers of tm x tk_l0 f16 must fit: 2 * tm * tk_l0 * 2 <= L0A.
+  CHECK(2 * t_big.tm * t_big.tk_l0 * 2 <= 64 * 1024);
+  CHECK(2 * t_small.tm * t_small.tk_l0 * 2 <= 16 * 1024);
+  CHECK(2 * (t_small.tm + t_small.tn) * t_small.tk_l1 * 2 <= 128 * 1024);
+  CHECK(t_small.tk_l0 < t_big.tk_l0);
+  CHECK(t_small.tk_l1 < t_big.tk_l1);
+  compiler::TensorDesc a{DataType::F16, {128, 1024}}, b{DataType::F16, {1024, 128}};
+  auto k_big = compiler::compile(make_op("MatMul", {a, b}), tiny);
+  auto k_small = compiler::compile(make_op("MatMul", {a, b}), small);
+  CHECK(isa::disassemble(k_big.launches[0].kernel.program) !=
+        isa::disassemble(k_small.launches[0].kernel.program));
+  // Core count: tiles are spread over the cube cores.
+  ChipConfig one_core = load_chip_config("tiny", {"cores.aic.count=1", "cores.aiv.count=2"});
+  auto k1 = compiler::compile(make_op("MatMul", {a, b}), one_core);
+  CHECK(k1.launches[0].block_dim == 1);
+  CHECK(k_big.launches[0].block_dim == 2);
+  // And this tiling runs correctly on the tiny chip.
+  check_matmul(DataType::F16, {128, 1024, 128, false, false}, PrecisionMode::kKeepFp32, 300);
+}
