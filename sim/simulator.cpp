@@ -182,6 +182,11 @@ nlohmann::json Simulator::trace() const {
 
 uint64_t Simulator::now_cycles() const { return time_ps(sc_time_stamp()) / kPsPerCycle; }
 
+void Simulator::add_observer(ChipObserver* observer) { m_impl->chip->add_observer(observer); }
+void Simulator::remove_observer(ChipObserver* observer) {
+  m_impl->chip->remove_observer(observer);
+}
+
 }  // namespace npusim
 
 // libsystemc.so defines main() calling sc_main(); npusim executables have their own main() and

@@ -17,6 +17,8 @@
 
 namespace npusim {
 
+class ChipObserver;  // sim/counters/observer.h
+
 struct SimOptions {
   bool functional = true;  // false: timing-only (no functional effect; identical cycle counts)
   bool trace = false;      // record a Chrome-trace timeline of every instruction
@@ -74,6 +76,15 @@ class Simulator {
   // Chrome-trace JSON ({"traceEvents": [...]}) of everything run since construction.
   nlohmann::json trace() const;
   uint64_t now_cycles() const;
+
+  // Attaches an observer of the chip (sim/counters/observer.h), e.g. a profiler, between
+  // launches: it is told about every core (on_core) at once, then sees every later launch,
+  // instruction, flow and HDC copy. The caller keeps ownership; the observer must stay alive
+  // until it is removed or the Simulator is destroyed. Attaching one twice is a no-op. With no
+  // observer attached the model does no observer work.
+  void add_observer(ChipObserver* observer);
+  // Detaches it (a no-op if it is not attached).
+  void remove_observer(ChipObserver* observer);
 
  private:
   struct Impl;

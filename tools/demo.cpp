@@ -8,10 +8,12 @@
 
 #include "common/error.h"
 #include "common/numeric.h"
+#include "adapter/profiler/instruction_profiler.h"
 #include "isa/verifier/verifier.h"
 #include "sim/simulator.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/report_cli.h"
 #include "tools/summary.h"
 
 namespace npusim::cli {
@@ -62,7 +64,19 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   SimOptions so;
   so.functional = !o.timing_only;
   so.trace = !o.trace_path.empty();
+  prof::InstructionProfiler profiler(cfg);  // outlives the Simulator it observes
   Simulator sim(cfg, so);
+  if (!o.report_dir.empty()) sim.add_observer(&profiler);
+  std::vector<prof::OpRecord> ops;  // for the report
+  // The report's record of a launch: its tensors (f16, ND) and the profiler's instruction table.
+  auto record = [&](const isa::Program& prog, int block_dim, const KernelResult& r,
+                    const std::vector<const NpyArray*>& inputs, const NpyArray& output) {
+    prof::OpRecord op = op_record(prog, cfg, block_dim, r);
+    for (const NpyArray* a : inputs) op.inputs.push_back(tensor_desc(*a, isa::Dtype::F16));
+    op.outputs.push_back(tensor_desc(output, isa::Dtype::F16));
+    if (!profiler.launches().empty()) op.instructions = profiler.launches().back();
+    ops.push_back(std::move(op));
+  };
   DeviceArena arena(sim);
   std::mt19937 rng(2026);
   out << fmt::format("npusim demo on chip '{}': {}\n", cfg.name, describe_chip(cfg));
@@ -75,8 +89,9 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   int cube_blocks = default_block_dim(gemm, cfg);
   const int64_t N = 1024, K = 1024, M = 128 * ((cube_blocks + 1) / 2);
   auto a = random_f16(M * K, rng), b = random_f16(K * N, rng);
-  uint64_t da = arena.upload(f16_array({M, K}, a), "gemm a");
-  uint64_t db = arena.upload(f16_array({K, N}, b), "gemm b");
+  const NpyArray a_array = f16_array({M, K}, a), b_array = f16_array({K, N}, b);
+  uint64_t da = arena.upload(a_array, "gemm a");
+  uint64_t db = arena.upload(b_array, "gemm b");
   NpyArray c = f16_array({M, N}, std::vector<uint16_t>(M * N));
   uint64_t dc = arena.allocate(c.data.size(), "gemm c");
   out << fmt::format("\n== gemm_f16: C[{}x{}] = A[{}x{}] x B[{}x{}], fp16 in, fp32 accumulate, {} blocks\n",
@@ -84,6 +99,7 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   KernelResult r = launch(sim, gemm, {da, db, dc, uint64_t(M), uint64_t(N), uint64_t(K)}, cube_blocks);
   if (!r.ok) throw Error("gemm_f16 failed: " + r.error);
   print_summary(out, cfg, "gemm_f16", cube_blocks, r);
+  record(gemm, cube_blocks, r, {&a_array, &b_array}, c);
   all["gemm_f16"] = r.counters;
   if (!o.timing_only) {
     arena.download(dc, c);
@@ -111,14 +127,16 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   int vec_blocks = default_block_dim(vadd, cfg);
   const int64_t n = int64_t(1) << 22;
   auto x = random_f16(n, rng), y = random_f16(n, rng);
-  uint64_t dx = arena.upload(f16_array({n}, x), "vadd x");
-  uint64_t dy = arena.upload(f16_array({n}, y), "vadd y");
+  const NpyArray x_array = f16_array({n}, x), y_array = f16_array({n}, y);
+  uint64_t dx = arena.upload(x_array, "vadd x");
+  uint64_t dy = arena.upload(y_array, "vadd y");
   NpyArray z = f16_array({n}, std::vector<uint16_t>(n));
   uint64_t dz = arena.allocate(z.data.size(), "vadd z");
   out << fmt::format("\n== vadd_f16: z = x + y over {} fp16 elements, {} blocks\n", n, vec_blocks);
   r = launch(sim, vadd, {dx, dy, dz, uint64_t(n)}, vec_blocks);
   if (!r.ok) throw Error("vadd_f16 failed: " + r.error);
   print_summary(out, cfg, "vadd_f16", vec_blocks, r);
+  record(vadd, vec_blocks, r, {&x_array, &y_array}, z);
   all["vadd_f16"] = r.counters;
   if (!o.timing_only) {
     arena.download(dz, z);
@@ -134,9 +152,24 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
     std::ofstream f(o.counters_path);
     f << all.dump(1) << "\n";
   }
+  nlohmann::json trace;
+  if (so.trace) trace = sim.trace();
   if (!o.trace_path.empty()) {
     std::ofstream f(o.trace_path);
-    f << sim.trace().dump() << "\n";
+    f << trace.dump() << "\n";
+  }
+  if (!o.report_dir.empty()) {
+    prof::ReportInput report;
+    report.title = fmt::format("npusim demo (chip {}{})", cfg.name,
+                               o.timing_only ? ", timing-only" : "");
+    report.config = &cfg;
+    report.ops = std::move(ops);
+    prof::set_wait_cycles(report.ops);
+    report.session_counters = sim.counters();
+    report.end_cycle = sim.now_cycles();
+    if (so.trace) report.trace = &trace;
+    out << "\n";
+    write_cli_report(o.report_dir, report, out);
   }
   return status;
 }

@@ -13,6 +13,7 @@ struct DemoOptions {
   std::string chip = "910b";
   std::vector<std::string> overrides;
   std::string counters_path, trace_path;
+  std::string report_dir;  // write the report folder (docs/reports.md), the two kernels as two ops
   bool timing_only = false;
 };
 

@@ -32,10 +32,13 @@ ChipConfig load_chip(const std::string& chip, const std::vector<std::string>& ov
   return load_chip_config(chip, overrides);
 }
 
-std::string builtin_kernel_path(const std::string& file) {
+std::string source_dir() {
   const char* env = std::getenv("NPUSIM_SOURCE_DIR");
-  std::string root = env ? env : NPUSIM_SOURCE_DIR;
-  return root + "/kernels/" + file;
+  return env ? env : NPUSIM_SOURCE_DIR;
+}
+
+std::string builtin_kernel_path(const std::string& file) {
+  return source_dir() + "/kernels/" + file;
 }
 
 }  // namespace npusim::cli

@@ -15,10 +15,12 @@
 #include "isa/disassembler.h"
 #include "isa/kernel_file.h"
 #include "isa/verifier/verifier.h"
+#include "adapter/profiler/instruction_profiler.h"
 #include "sim/simulator.h"
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/report_cli.h"
 #include "tools/summary.h"
 
 using namespace npusim;
@@ -56,7 +58,7 @@ struct RunOptions {
   std::string kernel;
   std::vector<std::string> inputs, outputs, scalars;
   int blocks = 0;
-  std::string counters_path, trace_path, config_out;
+  std::string counters_path, trace_path, config_out, report_dir;
   bool timing_only = false;
   bool quiet = false;
 };
@@ -114,11 +116,13 @@ int cmd_run(const RunOptions& o) {
   SimOptions so;
   so.functional = !o.timing_only;
   so.trace = !o.trace_path.empty();
+  prof::InstructionProfiler profiler(cfg);  // outlives the Simulator it observes
   Simulator sim(cfg, so);
   cli::DeviceArena arena(sim);
   KernelLaunch launch;
   launch.program = &prog;
   std::vector<cli::DeviceTensor> outs;
+  prof::OpRecord op;  // for --report-dir: the tensors, in argument order
   for (size_t i = 0; i < prog.arg_names.size(); ++i) {
     const std::string& name = prog.arg_names[i];
     const GivenArg& g = given.at(name);
@@ -137,6 +141,7 @@ int cmd_run(const RunOptions& o) {
       }
       cli::check_input(shape, a, g.value, where);
       launch.args.push_back(arena.upload(a, where));
+      op.inputs.push_back(cli::tensor_desc(a, shape.arg.dtype));
     } else {  // --out FILE.npy[:DTYPE:SHAPE]
       auto colon = g.value.find(':');
       cli::DeviceTensor t;
@@ -145,11 +150,13 @@ int cmd_run(const RunOptions& o) {
                                  t.name, where);
       t.addr = arena.allocate(static_cast<uint64_t>(t.host.elements()) * t.host.item_size(), where);
       launch.args.push_back(t.addr);
+      op.outputs.push_back(cli::tensor_desc(t.host, shape.arg.dtype));
       outs.push_back(std::move(t));
     }
   }
   launch.block_dim = o.blocks > 0 ? o.blocks : cli::default_block_dim(prog, cfg);
 
+  if (!o.report_dir.empty()) sim.add_observer(&profiler);
   KernelResult r = sim.run(launch);
   if (!r.ok) {
     std::cerr << "npusim: kernel " << prog.name << " failed: " << r.error << "\n";
@@ -169,6 +176,26 @@ int cmd_run(const RunOptions& o) {
     out << dump_chip_config_yaml(cfg);
   }
   if (!o.quiet) cli::print_summary(std::cout, cfg, prog.name, launch.block_dim, r);
+  if (!o.report_dir.empty()) {
+    prof::OpRecord rec = cli::op_record(prog, cfg, launch.block_dim, r);
+    rec.inputs = std::move(op.inputs);
+    rec.outputs = std::move(op.outputs);
+    rec.instructions = profiler.launches().back();
+    prof::ReportInput report;
+    report.title = fmt::format("npusim run {} (chip {}{})", o.kernel, cfg.name,
+                               o.timing_only ? ", timing-only" : "");
+    report.config = &cfg;
+    report.ops.push_back(std::move(rec));
+    prof::set_wait_cycles(report.ops);
+    report.session_counters = sim.counters();
+    report.end_cycle = sim.now_cycles();
+    nlohmann::json trace;
+    if (so.trace) {
+      trace = sim.trace();
+      report.trace = &trace;
+    }
+    cli::write_cli_report(o.report_dir, report, std::cout);
+  }
   return 0;
 }
 
@@ -192,6 +219,8 @@ int main(int argc, char** argv) {
   c_run->add_option("--counters", run.counters_path, "write the counter tree as JSON");
   c_run->add_option("--trace", run.trace_path, "write a Chrome-trace timeline (Perfetto)");
   c_run->add_option("--config-out", run.config_out, "write the resolved chip config as YAML");
+  c_run->add_option("--report-dir", run.report_dir,
+                    "write an msprof-style report folder (docs/reports.md)");
   c_run->add_flag("--timing-only", run.timing_only, "skip functional effects (same cycles)");
   c_run->add_flag("--quiet", run.quiet, "no summary");
 
@@ -201,6 +230,8 @@ int main(int argc, char** argv) {
   c_demo->add_option("--set", demo.overrides, "override a chip key: dotted.key=value");
   c_demo->add_option("--counters", demo.counters_path, "write both kernels' counters as JSON");
   c_demo->add_option("--trace", demo.trace_path, "write a Chrome-trace timeline (Perfetto)");
+  c_demo->add_option("--report-dir", demo.report_dir,
+                     "write an msprof-style report folder, the two kernels as two ops");
   c_demo->add_flag("--timing-only", demo.timing_only, "skip functional effects and the result check");
 
   std::string asm_in, asm_out;

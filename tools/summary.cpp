@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "adapter/profiler/counter_view.h"
+
 namespace npusim::cli {
 namespace {
 
@@ -24,15 +26,6 @@ uint64_t leaf(const json& node, const std::string& dotted) {
 }
 
 bool is_leaf(const json& n) { return n.is_object() && n.contains("value") && n.contains("unit"); }
-
-// Sums every leaf under `node` into `out` by its dotted path relative to node.
-void flatten(const json& node, const std::string& prefix, std::map<std::string, uint64_t>& out) {
-  for (auto it = node.begin(); it != node.end(); ++it) {
-    std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (is_leaf(*it)) out[name] += it->at("value").get<uint64_t>();
-    else if (it->is_object()) flatten(*it, name, out);
-  }
-}
 
 const char* kPipeLabels[][2] = {{"s", "scalar"}, {"mte1", "MTE1"}, {"mte2", "MTE2"},
                                 {"mte3", "MTE3"}, {"m", "cube"},   {"v", "vector"},
@@ -79,7 +72,7 @@ void print_summary(std::ostream& out, const ChipConfig& cfg, const std::string& 
       std::string kind = it.key().substr(0, it.key().find_first_of("0123456789"));
       cores_by_kind[kind].push_back(&*it);
     } else if (it->is_object() && !is_leaf(*it)) {
-      flatten(*it, it.key(), chip_level);
+      prof::flatten_counters(*it, it.key(), chip_level);
     }
   }
   std::map<std::string, uint64_t> paths, stalls;
@@ -100,7 +93,7 @@ void print_summary(std::ostream& out, const ChipConfig& cfg, const std::string& 
     for (const json* c : cores) {
       macs += leaf(*c, "m.macs");
       std::map<std::string, uint64_t> flat;
-      flatten(*c, "", flat);
+      prof::flatten_counters(*c, "", flat);
       for (const auto& [name, v] : flat) {
         auto b = name.find("bytes.");
         if (b != std::string::npos) paths[name.substr(b + 6)] += v;

@@ -54,6 +54,17 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
   dont_initialize();
 }
 
+void Chip::add_observer(ChipObserver* observer) {
+  if (std::find(m_observers.begin(), m_observers.end(), observer) != m_observers.end()) return;
+  m_observers.push_back(observer);
+  for (const auto& core : m_cores) observer->on_core(core->chip_index(), core->basename());
+}
+
+void Chip::remove_observer(ChipObserver* observer) {
+  m_observers.erase(std::remove(m_observers.begin(), m_observers.end(), observer),
+                    m_observers.end());
+}
+
 void Chip::dispatch_blocks() {
   if (!m_abort.active()) m_scheduler.dispatch_free();
 }

@@ -1,0 +1,425 @@
+#include "adapter/profiler/report_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "adapter/profiler/counter_view.h"
+#include "common/error.h"
+
+namespace npusim::prof {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kNa = "N/A";  // msprof's cell for a figure that does not apply
+
+std::string us_text(double us) { return fmt::format("{:.3f}", us); }
+std::string ratio_text(double r) { return fmt::format("{:.4f}", r); }
+std::string opt_text(const std::optional<double>& v) { return v ? ratio_text(*v) : kNa; }
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+// msprof lists tensors separated by ';', dimensions by ','.
+std::string shapes_text(const std::vector<TensorDesc>& ts) {
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : ts) {
+    std::vector<std::string> dims;
+    for (int64_t d : t.shape) dims.push_back(std::to_string(d));
+    parts.push_back(join(dims, ","));
+  }
+  return join(parts, ";");
+}
+std::string dtypes_text(const std::vector<TensorDesc>& ts) {
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : ts) parts.push_back(t.dtype);
+  return join(parts, ";");
+}
+std::string formats_text(const std::vector<TensorDesc>& ts) {
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : ts) parts.push_back(t.format);
+  return join(parts, ";");
+}
+
+class CsvFile {
+ public:
+  explicit CsvFile(const std::string& path) : m_path(path), m_out(path) {
+    if (!m_out) throw Error("report: cannot write '" + path + "'");
+  }
+  void row(const std::vector<std::string>& cells) {
+    for (size_t i = 0; i < cells.size(); ++i) m_out << (i ? "," : "") << csv_field(cells[i]);
+    m_out << "\n";
+  }
+  void close() {
+    m_out.close();
+    if (!m_out) throw Error("report: writing '" + m_path + "' failed");
+  }
+
+ private:
+  std::string m_path;
+  std::ofstream m_out;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  if (!out) throw Error("report: cannot write '" + path + "'");
+  out << text;
+  out.close();
+  if (!out) throw Error("report: writing '" + path + "' failed");
+}
+
+template <size_t N>
+void side_cells(std::vector<std::string>& row, const SideMetrics& s, const UnitRatio (&units)[N]) {
+  if (!s.present) {
+    row.insert(row.end(), 2 + N, kNa);
+    return;
+  }
+  row.push_back(us_text(s.time_us));
+  row.push_back(std::to_string(s.total_cycles));
+  for (const UnitRatio& u : units) row.push_back(ratio_text(s.ratio.at(u.name)));
+}
+
+void write_op_summary(const std::string& path, const ReportInput& in,
+                      const std::vector<OpMetrics>& ms, const std::set<std::string>& stalls) {
+  CsvFile f(path);
+  std::vector<std::string> head = {
+      "Task ID", "Stream ID", "Op Name", "OP Type", "Task Type", "Task Start Time(us)",
+      "Task Duration(us)", "Task Wait Time(us)", "Block Dim", "Mix Block Dim", "Input Shapes",
+      "Input Data Types", "Input Formats", "Output Shapes", "Output Data Types", "Output Formats",
+      "aic_time(us)", "aic_total_cycles"};
+  for (const UnitRatio& u : kCubeSideUnits) head.push_back(fmt::format("aic_{}_ratio", u.name));
+  head.insert(head.end(), {"aiv_time(us)", "aiv_total_cycles"});
+  for (const UnitRatio& u : kVectorSideUnits) head.push_back(fmt::format("aiv_{}_ratio", u.name));
+  head.insert(head.end(),
+              {"cube_utilization(%)", "memory_bound", "task_start_cycles", "task_duration_cycles",
+               "task_wait_cycles", "cube_macs", "vector_repeats", "roofline_bound(us)",
+               "duration/bound", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes",
+               "hbm_write_bytes", "l2_hit_rate"});
+  for (const std::string& s : stalls) head.push_back("stall_" + s + "(cycles)");
+  f.row(head);
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    const OpRecord& op = in.ops[i];
+    const OpMetrics& m = ms[i];
+    std::vector<std::string> row = {
+        std::to_string(i), std::to_string(op.stream), op.op_name, op.op_type, op.task_type,
+        us_text(m.start_us), us_text(m.duration_us), us_text(m.wait_us),
+        std::to_string(op.block_dim), std::to_string(op.mix_block_dim), shapes_text(op.inputs),
+        dtypes_text(op.inputs), formats_text(op.inputs), shapes_text(op.outputs),
+        dtypes_text(op.outputs), formats_text(op.outputs)};
+    side_cells(row, m.aic, kCubeSideUnits);
+    side_cells(row, m.aiv, kVectorSideUnits);
+    row.push_back(fmt::format("{:.4f}", m.cube_utilization_pct));
+    row.push_back(opt_text(m.memory_bound));
+    row.push_back(std::to_string(op.start_cycle));
+    row.push_back(std::to_string(op.cycles));
+    row.push_back(std::to_string(op.wait_cycles));
+    row.push_back(std::to_string(m.macs));
+    row.push_back(std::to_string(m.vector_repeats));
+    row.push_back(us_text(m.roofline_bound_us));
+    row.push_back(opt_text(m.roofline_ratio));
+    row.push_back(std::to_string(m.gm_read_bytes));
+    row.push_back(std::to_string(m.gm_write_bytes));
+    row.push_back(std::to_string(m.hbm_read_bytes));
+    row.push_back(std::to_string(m.hbm_write_bytes));
+    row.push_back(opt_text(m.l2_hit_rate));
+    for (const std::string& s : stalls) {
+      auto it = m.stall_cycles.find(s);
+      row.push_back(std::to_string(it == m.stall_cycles.end() ? 0 : it->second));
+    }
+    f.row(row);
+  }
+  f.close();
+}
+
+struct TypeStats {
+  std::string op_type, task_type;
+  uint64_t count = 0;
+  double total_us = 0, min_us = 0, max_us = 0;
+};
+
+// Per (op type, task type), by total time, longest first (ties by name).
+std::vector<TypeStats> op_type_stats(const ReportInput& in, const std::vector<OpMetrics>& ms) {
+  std::map<std::pair<std::string, std::string>, TypeStats> by;
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    TypeStats& t = by[{in.ops[i].op_type, in.ops[i].task_type}];
+    const double us = ms[i].duration_us;
+    if (t.count == 0) {
+      t.op_type = in.ops[i].op_type;
+      t.task_type = in.ops[i].task_type;
+      t.min_us = t.max_us = us;
+    }
+    ++t.count;
+    t.total_us += us;
+    t.min_us = std::min(t.min_us, us);
+    t.max_us = std::max(t.max_us, us);
+  }
+  std::vector<TypeStats> out;
+  for (auto& [k, t] : by) out.push_back(t);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TypeStats& a, const TypeStats& b) { return a.total_us > b.total_us; });
+  return out;
+}
+
+void write_op_statistic(const std::string& path, const std::vector<TypeStats>& stats) {
+  double all = 0;
+  for (const TypeStats& t : stats) all += t.total_us;
+  CsvFile f(path);
+  f.row({"OP Type", "Core Type", "Count", "Total Time(us)", "Min Time(us)", "Avg Time(us)",
+         "Max Time(us)", "Ratio(%)"});
+  for (const TypeStats& t : stats)
+    f.row({t.op_type, t.task_type, std::to_string(t.count), us_text(t.total_us),
+           us_text(t.min_us), us_text(t.total_us / t.count), us_text(t.max_us),
+           fmt::format("{:.3f}", all > 0 ? 100.0 * t.total_us / all : 0.0)});
+  f.close();
+}
+
+void write_instructions(const std::string& path, const ReportInput& in) {
+  CsvFile f(path);
+  f.row({"Task ID", "Op Name", "Core Type", "PC", "Source", "Instruction", "Pipe", "Call Count",
+         "Total Cycles", "Avg Cycles", "Wait Cycles"});
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    const OpRecord& op = in.ops[i];
+    if (!op.instructions) continue;
+    for (const InstructionStat& r : op.instructions->rows)
+      f.row({std::to_string(i), op.op_name, isa::core_kind_name(r.section), std::to_string(r.pc),
+             r.location, r.text, lane_name(r.lane), std::to_string(r.calls),
+             cycles_text(r.busy_ps),
+             fmt::format("{:.3f}", static_cast<double>(r.busy_ps) / 1000.0 /
+                                       static_cast<double>(std::max<uint64_t>(1, r.calls))),
+             cycles_text(r.wait_ps)});
+  }
+  f.close();
+}
+
+json counters_document(const ReportInput& in) {
+  json ops = json::array();
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    const OpRecord& op = in.ops[i];
+    ops.push_back({{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
+                   {"task_type", op.task_type}, {"start_cycle", op.start_cycle},
+                   {"cycles", op.cycles}, {"block_dim", op.block_dim},
+                   {"counters", op.counters}});
+  }
+  json doc = {{"chip", in.config->name}, {"clock_mhz", in.config->clock_mhz}, {"ops", ops}};
+  if (!in.session_counters.is_null()) doc["session"] = in.session_counters;
+  return doc;
+}
+
+std::string bytes_text(double b) {
+  if (b >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= double(1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (b >= 1024) return fmt::format("{:.2f} KiB", b / 1024);
+  return fmt::format("{:.0f} B", b);
+}
+
+std::string pct(double r) { return fmt::format("{:.1f}%", 100.0 * r); }
+
+std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms,
+                         const std::vector<TypeStats>& stats) {
+  const ChipConfig& cfg = *in.config;
+  const ChipPeaks peaks = chip_peaks(cfg);
+  std::ostringstream o;
+  o << in.title << "\n";
+  o << fmt::format("chip {}: {} MHz, {} cube cores ({:.1f} TFLOPS fp16 peak), {} vector cores, "
+                   "HBM {:.0f} GB/s\n",
+                   cfg.name, cfg.clock_mhz, peaks.cube_cores,
+                   2.0 * peaks.macs_per_cycle * cfg.clock_mhz * 1e6 / 1e12, peaks.vector_cores,
+                   cfg.hbm_gbps);
+  uint64_t task_cycles = 0, wait_cycles = 0, last_end = 0;
+  for (const OpRecord& op : in.ops) {
+    task_cycles += op.cycles;
+    wait_cycles += op.wait_cycles;
+    last_end = std::max(last_end, op.start_cycle + op.cycles);
+  }
+  const uint64_t end = std::max(in.end_cycle, last_end);
+  o << fmt::format("{} ops: task time {:.3f} us, waits {:.3f} us, simulated time {:.3f} us\n",
+                   in.ops.size(), cfg.cycles_to_us(double(task_cycles)),
+                   cfg.cycles_to_us(double(wait_cycles)), cfg.cycles_to_us(double(end)));
+
+  o << "\nTop ops by time:\n";
+  std::vector<size_t> order(in.ops.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return in.ops[a].cycles > in.ops[b].cycles; });
+  o << fmt::format("  {:>4} {:<24} {:<16} {:>12} {:>7} {:>12} {:>9} {:>8}\n", "task", "op",
+                   "task type", "time(us)", "share", "bound(us)", "x bound", "cube %");
+  const size_t top = std::min<size_t>(order.size(), 20);
+  for (size_t k = 0; k < top; ++k) {
+    const size_t i = order[k];
+    const OpMetrics& m = ms[i];
+    o << fmt::format("  {:>4} {:<24} {:<16} {:>12.3f} {:>7} {:>12.3f} {:>9} {:>8.2f}\n", i,
+                     in.ops[i].op_name, in.ops[i].task_type, m.duration_us,
+                     task_cycles ? pct(double(in.ops[i].cycles) / double(task_cycles)) : "-",
+                     m.roofline_bound_us,
+                     m.roofline_ratio ? fmt::format("{:.2f}", *m.roofline_ratio) : "-",
+                     m.cube_utilization_pct);
+  }
+  if (order.size() > top) o << fmt::format("  ... {} more in op_summary.csv\n", order.size() - top);
+
+  o << "\nBy op type:\n";
+  for (const TypeStats& t : stats)
+    o << fmt::format("  {:<24} {:<16} x{:<5} total {:.3f} us, avg {:.3f} us\n", t.op_type,
+                     t.task_type, t.count, t.total_us, t.total_us / t.count);
+
+  o << "\nUtilisation per unit (busy / active cycles over the cores that ran):\n";
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    const OpMetrics& m = ms[i];
+    std::string line = fmt::format("  {:>4} {:<24}", i, in.ops[i].op_name);
+    auto side = [&](const char* label, const SideMetrics& s, const auto& units) {
+      if (!s.present) return;
+      line += fmt::format(" {} x{}:", label, s.cores);
+      for (const UnitRatio& u : units)
+        line += fmt::format(" {} {}", u.name, pct(s.ratio.at(u.name)));
+    };
+    side(cfg.split ? "aic" : "aicore", m.aic, kCubeSideUnits);
+    if (cfg.split) side("aiv", m.aiv, kVectorSideUnits);
+    else if (m.aiv.present)  // coupled: the same cores; add the vector-side units only
+      line += fmt::format(" vec {} mte3 {}", pct(m.aiv.ratio.at("vec")),
+                          pct(m.aiv.ratio.at("mte3")));
+    if (m.memory_bound) line += fmt::format("  memory_bound {:.2f}", *m.memory_bound);
+    o << line << "\n";
+  }
+
+  o << "\nBytes moved (all ops):\n";
+  std::map<std::string, uint64_t> paths;
+  uint64_t gm_r = 0, gm_w = 0, hbm_r = 0, hbm_w = 0, hits = 0, misses = 0;
+  std::map<std::string, uint64_t> stalls;
+  for (const OpMetrics& m : ms) {
+    for (const auto& [p, b] : m.path_bytes) paths[p] += b;
+    for (const auto& [s, c] : m.stall_cycles) stalls[s] += c;
+    gm_r += m.gm_read_bytes;
+    gm_w += m.gm_write_bytes;
+    hbm_r += m.hbm_read_bytes;
+    hbm_w += m.hbm_write_bytes;
+    hits += m.l2_hits;
+    misses += m.l2_misses;
+  }
+  for (const auto& [p, b] : paths)
+    if (b) o << fmt::format("  {:<12} {}\n", p, bytes_text(double(b)));
+  o << fmt::format("  GM read {}, written {}; HBM read {}, written {}; L2 hit rate {}\n",
+                   bytes_text(double(gm_r)), bytes_text(double(gm_w)), bytes_text(double(hbm_r)),
+                   bytes_text(double(hbm_w)),
+                   hits + misses ? pct(double(hits) / double(hits + misses)) : "-");
+  std::string sl = "  stall cycles (all ops, sum over cores and units):";
+  for (const auto& [s, c] : stalls)
+    if (c) sl += fmt::format(" {} {}", s, c);
+  o << sl << "\n";
+
+  if (!in.session_counters.is_null()) {
+    const LaunchCounters session = read_launch_counters(in.session_counters);
+    o << "\nHDC link (host <-> device, whole run):\n";
+    for (const char* dir : {"h2d", "d2h"}) {
+      const uint64_t bytes = session.chip_value(fmt::format("hdc.{}_bytes", dir));
+      const uint64_t busy = session.chip_value(fmt::format("hdc.{}_busy_cycles", dir));
+      const uint64_t copies = session.chip_value(fmt::format("hdc.{}_copies", dir));
+      const double us = cfg.cycles_to_us(double(busy));
+      o << fmt::format("  {}: {} copies, {}, busy {:.3f} us ({:.1f} GB/s achieved, {} of the "
+                       "simulated time)\n",
+                       dir, copies, bytes_text(double(bytes)), us,
+                       us > 0 ? double(bytes) / (us * 1e-6) / 1e9 : 0.0,
+                       end ? pct(double(busy) / double(end)) : "-");
+    }
+  }
+  return o.str();
+}
+
+// Single-quotes a word for /bin/sh.
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",;\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string cycles_text(uint64_t ps) {
+  const uint64_t whole = ps / 1000, frac = ps % 1000;
+  if (frac == 0) return std::to_string(whole);
+  std::string f = fmt::format("{:03d}", frac);
+  while (f.back() == '0') f.pop_back();
+  return fmt::format("{}.{}", whole, f);
+}
+
+std::vector<std::string> write_report(const std::string& dir, const ReportInput& in) {
+  if (!in.config) throw Error("report: no chip config given");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error(fmt::format("report: cannot create the folder '{}': {}", dir, ec.message()));
+  std::vector<OpMetrics> ms;
+  std::set<std::string> stalls;
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    try {
+      ms.push_back(compute_op_metrics(in.ops[i], *in.config));
+    } catch (const Error& e) {
+      throw Error(fmt::format("report: op {} ('{}'): {}", i, in.ops[i].op_name, e.what()));
+    }
+    for (const auto& [cause, v] : ms.back().stall_cycles) stalls.insert(cause);
+  }
+  const std::vector<TypeStats> stats = op_type_stats(in, ms);
+  std::vector<std::string> written;
+  auto path = [&](const char* name) {
+    written.push_back((fs::path(dir) / name).string());
+    return written.back();
+  };
+  write_op_summary(path("op_summary.csv"), in, ms, stalls);
+  write_op_statistic(path("op_statistic.csv"), stats);
+  write_instructions(path("instructions.csv"), in);
+  write_text(path("counters.json"), counters_document(in).dump(1) + "\n");
+  write_text(path("chip.yaml"), dump_chip_config_yaml(*in.config));
+  if (in.trace) write_text(path("trace.json"), in.trace->dump() + "\n");
+  write_text(path("summary.txt"), summary_text(in, ms, stats));
+  return written;
+}
+
+PlotResult run_plot_script(const std::string& dir, const std::string& python,
+                           const std::string& script) {
+  PlotResult r;
+  if (python.empty()) {
+    r.output = "no Python found (set NPUSIM_PYTHON or create .venv with scripts/setup.sh)";
+    return r;
+  }
+  const std::string cmd =
+      shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(dir) + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    r.output = "cannot start: " + cmd;
+    return r;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.ok = status == 0;
+  if (!r.ok && r.output.empty()) r.output = "failed: " + cmd;
+  return r;
+}
+
+std::string find_report_python(const std::string& source_dir) {
+  if (const char* env = std::getenv("NPUSIM_PYTHON"); env && *env) return env;
+  const std::string venv = (fs::path(source_dir) / ".venv" / "bin" / "python").string();
+  if (access(venv.c_str(), X_OK) == 0) return venv;
+  return "";
+}
+
+}  // namespace npusim::prof

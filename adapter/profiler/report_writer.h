@@ -1,0 +1,57 @@
+// The report folder of a run, in the formats Ascend users know from msprof (docs/reports.md):
+//   op_summary.csv    one row per op (kernel launch): msprof's columns plus npusim's roofline,
+//                     GM/HBM bytes, L2 hit rate and stall cycles by cause
+//   op_statistic.csv  per op type and task type: count, total/min/avg/max time, share
+//   instructions.csv  per op, section and pc: calls, busy and wait cycles (InstructionProfiler)
+//   counters.json     every op's counter tree (and the whole run's, if given)
+//   chip.yaml         the resolved chip config
+//   trace.json        the Chrome-trace timeline, if the run traced
+//   summary.txt       top ops by time, utilisation per unit, bytes moved, memory, HDC link
+// All files are computed from the same OpMetrics. The plots (roofline.png, op_time.png) come from
+// tools/npusim_report_plots.py, which reads op_summary.csv, op_statistic.csv and chip.yaml.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "adapter/profiler/op_metrics.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::prof {
+
+struct ReportInput {
+  std::string title;               // summary.txt's heading, e.g. "npusim run kernels/vadd_f16.s"
+  const ChipConfig* config = nullptr;
+  std::vector<OpRecord> ops;       // in launch order, wait_cycles set (set_wait_cycles)
+  // Simulator::counters() at the end of the run (whole-run totals: HDC link); null if unknown.
+  nlohmann::json session_counters;
+  uint64_t end_cycle = 0;          // the device timeline at the end of the run (0: last op's end)
+  const nlohmann::json* trace = nullptr;  // Simulator::trace(), when the run traced
+};
+
+// Writes the folder (created if missing; files of the same names are replaced) and returns the
+// paths written. Throws npusim::Error naming the file that cannot be written, or the op whose
+// counters are malformed.
+std::vector<std::string> write_report(const std::string& dir, const ReportInput& in);
+
+// One CSV field: quoted (with "" for ") if it holds a comma, semicolon, quote or line break.
+std::string csv_field(const std::string& s);
+
+// Cycles given in picoseconds as decimal text with up to three decimals ("12", "12.5").
+std::string cycles_text(uint64_t ps);
+
+// The plots. `python` runs `script DIR`; returns whether it succeeded and its output (or why it
+// could not run). Never throws.
+struct PlotResult {
+  bool ok = false;
+  std::string output;
+};
+PlotResult run_plot_script(const std::string& dir, const std::string& python,
+                           const std::string& script);
+// The Python to run the plot script with: $NPUSIM_PYTHON if set, else <source_dir>/.venv/bin/python
+// if it is executable, else "".
+std::string find_report_python(const std::string& source_dir);
+
+}  // namespace npusim::prof
