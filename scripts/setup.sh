@@ -30,13 +30,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
 fi
-REQ="$ROOT/requirements.txt"
+# requirements-tf.txt: TensorFlow for the adapter (adapter/tf) and its tests.
+REQS=("$ROOT/requirements.txt" "$ROOT/requirements-tf.txt")
 STAMP="$VENV/.requirements.sha"
-if [ ! -f "$STAMP" ] || ! sha1sum -c --status "$STAMP" 2>/dev/null; then
-  echo "setup: installing Python packages from requirements.txt"
+if [ ! -f "$STAMP" ] || [ "$(sha1sum "${REQS[@]}")" != "$(cat "$STAMP")" ]; then
+  echo "setup: installing Python packages from requirements.txt, requirements-tf.txt"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r "$REQ"
-  sha1sum "$REQ" > "$STAMP"
+  "$VENV/bin/python" -m pip install -q -r "${REQS[0]}" -r "${REQS[1]}"
+  sha1sum "${REQS[@]}" > "$STAMP"
 fi
 
 # Build (Debian's cmake and ninja; whatever is first on PATH also works).
@@ -46,4 +47,8 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 cmake --build "$BUILD" -j "$JOBS"
+# The TensorFlow plugin (built when the venv has tensorflow): the npusim package in develop mode.
+if [ -f "$BUILD/libnpusim_tf_plugin.so" ]; then
+  "$VENV/bin/python" "$ROOT/adapter/tf/python/install_dev.py" "$BUILD/libnpusim_tf_plugin.so" >/dev/null
+fi
 echo "setup: done (binary: $BUILD/npusim)"

@@ -1,0 +1,207 @@
+#include "adapter/tf/plugin/compiled_op_kernel.h"
+
+#include "adapter/tf/plugin/plugin_device.h"
+
+namespace npusim::tf {
+
+// ---- CompiledOpCache
+
+CompiledOpCache& CompiledOpCache::instance() {
+  static CompiledOpCache* cache = new CompiledOpCache();  // lives as long as the device
+  return *cache;
+}
+
+rt::Status CompiledOpCache::get_or_compile(const compiler::OpDesc& op, const ChipConfig& cfg,
+                                           compiler::PrecisionMode precision,
+                                           std::shared_ptr<const CompiledOp>* out) {
+  const std::string key = compiler::kernel_cache_key(op, cfg, precision);
+  std::shared_ptr<Entry> entry;
+  {
+    std::unique_lock<std::mutex> lock(m_mutex);
+    auto it = m_entries.find(key);
+    if (it != m_entries.end()) {
+      entry = it->second;
+      ++m_stats.hits;
+      m_compiled.wait(lock, [&] { return entry->done; });
+      if (!entry->status.ok()) return entry->status;
+      *out = entry->op;
+      return rt::ok_status();
+    }
+    entry = std::make_shared<Entry>();
+    m_entries[key] = entry;
+    ++m_stats.misses;
+  }
+  // Compile outside the lock.
+  auto compiled = std::make_shared<CompiledOp>();
+  rt::Status st = rt::guard("compiling " + op.str(), [&]() -> rt::Status {
+    try {
+      compiled->kernel = compiler::compile(op, cfg, precision);
+    } catch (const compiler::CompileError& e) {
+      return rt::Status(rt::StatusCode::unsupported, e.what());
+    }
+    for (const compiler::Launch& l : compiled->kernel.launches)
+      compiled->programs.push_back(std::make_shared<const isa::Program>(l.kernel.program));
+    return rt::ok_status();
+  });
+  std::lock_guard<std::mutex> lock(m_mutex);
+  entry->done = true;
+  entry->status = st;
+  if (st.ok()) {
+    entry->op = compiled;
+    *out = compiled;
+  } else {
+    ++m_stats.failed_compiles;
+    m_entries.erase(key);
+  }
+  m_compiled.notify_all();
+  return st;
+}
+
+CompiledOpCacheStats CompiledOpCache::stats() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  CompiledOpCacheStats s = m_stats;
+  s.entries = 0;
+  for (const auto& [key, e] : m_entries) s.entries += e->done && e->status.ok();
+  return s;
+}
+
+std::vector<std::string> CompiledOpCache::keys() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  std::vector<std::string> k;
+  for (const auto& [key, e] : m_entries)
+    if (e->done && e->status.ok()) k.push_back(key);
+  return k;
+}
+
+// ---- CompiledOpKernel
+
+CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs)
+    : m_type(ctx->type_string()) {
+  for (const AttrSpec& a : attrs) {
+    if (!ctx->HasAttr(a.name)) continue;
+    rt::Status st;
+    switch (a.kind) {
+      case AttrSpec::Kind::kType: {
+        TF_DataType t;
+        st = ctx->GetAttr(a.name, &t);
+        if (!st.ok()) break;
+        auto dt = from_tf_dtype(t);
+        if (!dt) {
+          st = rt::Status(rt::StatusCode::invalid_argument,
+                          m_type + ": attribute " + a.name + " = " + tf_dtype_name(t) +
+                              " cannot live on the NPU");
+          break;
+        }
+        m_attrs[a.name] = std::string(compiler::data_type_name(*dt));
+        break;
+      }
+      case AttrSpec::Kind::kBool: {
+        bool v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = v;
+        break;
+      }
+      case AttrSpec::Kind::kInt: {
+        int64_t v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = v;
+        break;
+      }
+      case AttrSpec::Kind::kFloat: {
+        float v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = static_cast<double>(v);
+        break;
+      }
+      case AttrSpec::Kind::kString: {
+        std::string v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = v;
+        break;
+      }
+      case AttrSpec::Kind::kInts: {
+        std::vector<int64_t> v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = v;
+        break;
+      }
+    }
+    if (!st.ok()) {
+      ctx->CtxFailure(st);
+      return;
+    }
+  }
+}
+
+void CompiledOpKernel::Compute(OpKernelContext* ctx) {
+  std::shared_ptr<rt::Device> device;
+  NPU_OP_REQUIRES_OK(ctx, open_device(&device));
+
+  compiler::OpDesc op;
+  op.type = m_type;
+  op.attrs = m_attrs;
+  std::vector<Tensor> inputs(static_cast<size_t>(ctx->num_inputs()));
+  std::vector<uint64_t> input_addrs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    NPU_OP_REQUIRES_OK(ctx, ctx->input(static_cast<int>(i), &inputs[i]));
+    compiler::TensorDesc d;
+    NPU_OP_REQUIRES_OK(ctx, inputs[i].desc(&d));
+    op.inputs.push_back(std::move(d));
+    input_addrs.push_back(inputs[i].device_address());
+  }
+
+  std::shared_ptr<const CompiledOp> compiled;
+  NPU_OP_REQUIRES_OK(ctx, CompiledOpCache::instance().get_or_compile(
+                              op, device->config(), opened_settings().precision, &compiled));
+  const compiler::CompiledKernel& k = compiled->kernel;
+  if (static_cast<int>(k.outputs.size()) != ctx->num_outputs()) {
+    ctx->CtxFailure(rt::Status(
+        rt::StatusCode::internal, op.str() + ": the compiler gives " +
+                                      std::to_string(k.outputs.size()) +
+                                      " outputs, TensorFlow expects " +
+                                      std::to_string(ctx->num_outputs())));
+    return;
+  }
+
+  std::vector<Tensor> outputs(k.outputs.size());
+  std::vector<uint64_t> output_addrs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TF_DataType t = to_tf_dtype(k.outputs[i].dtype);
+    TF_DataType expected = ctx->expected_output_dtype(static_cast<int>(i));
+    if (t != expected) {
+      ctx->CtxFailure(rt::Status(rt::StatusCode::internal,
+                                 op.str() + ": output " + std::to_string(i) + " compiled as " +
+                                     tf_dtype_name(t) + ", TensorFlow expects " +
+                                     tf_dtype_name(expected)));
+      return;
+    }
+    NPU_OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(i), t, k.outputs[i].shape,
+                                                 &outputs[i]));
+    output_addrs.push_back(outputs[i].device_address());
+  }
+  if (k.launches.empty()) return;  // every output is empty
+
+  Tensor workspace;
+  uint64_t workspace_addr = 0;
+  if (k.workspace_bytes > 0) {
+    NPU_OP_REQUIRES_OK(ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(k.workspace_bytes)},
+                                               &workspace));
+    workspace_addr = workspace.device_address();
+  }
+
+  rt::Stream stream;
+  NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
+  rt::Status st;
+  for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
+    const compiler::Launch& l = k.launches[i];
+    st = device->launch_kernel(stream, compiled->programs[i],
+                               l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim);
+  }
+  // Always wait, also after a failed launch: launches already queued use the inputs, outputs
+  // and workspace, which TensorFlow may reuse once Compute returns.
+  rt::Status sync = device->synchronize_stream(stream);
+  if (st.ok()) st = sync;
+  if (!st.ok()) ctx->CtxFailure(rt::Status(st.code(), op.str() + " on the NPU: " + st.message()));
+}
+
+}  // namespace npusim::tf

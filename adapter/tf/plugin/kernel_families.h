@@ -1,0 +1,15 @@
+// The NPU kernel families, one file each (kernels_<family>.cpp). TF_InitKernel (init_kernels.cpp)
+// calls every register function listed here; a new family adds its function here and there.
+#pragma once
+
+#include "adapter/runtime/status.h"
+
+namespace npusim::tf {
+
+rt::Status register_binary_kernels();    // element-wise binary ops and comparisons
+rt::Status register_unary_kernels();     // element-wise unary ops
+rt::Status register_cast_kernels();      // Cast between floating-point types
+rt::Status register_matmul_kernels();    // MatMul on the cube
+rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEFAULT variable ops
+
+}  // namespace npusim::tf

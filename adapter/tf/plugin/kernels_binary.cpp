@@ -1,0 +1,30 @@
+// Element-wise binary ops with numpy broadcasting (compiled by adapter/compiler/ops/binary.cpp):
+// arithmetic on f32/f16/bf16, and comparisons producing bool.
+#include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/kernel_families.h"
+
+namespace npusim::tf {
+namespace {
+
+class BinaryOp : public CompiledOpKernel {
+ public:
+  explicit BinaryOp(OpKernelConstruction* ctx)
+      : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType}}) {}
+};
+
+const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
+
+}  // namespace
+
+rt::Status register_binary_kernels() {
+  for (const char* op : {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
+                         "SquaredDifference", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
+                         "GreaterEqual"}) {
+    rt::Status st =
+        register_kernel<BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
+    if (!st.ok()) return st;
+  }
+  return rt::ok_status();
+}
+
+}  // namespace npusim::tf

@@ -1,0 +1,26 @@
+// Element-wise unary ops on f32/f16/bf16 (compiled by adapter/compiler/ops/unary.cpp).
+#include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/kernel_families.h"
+
+namespace npusim::tf {
+namespace {
+
+class UnaryOp : public CompiledOpKernel {
+ public:
+  explicit UnaryOp(OpKernelConstruction* ctx)
+      : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType}}) {}
+};
+
+}  // namespace
+
+rt::Status register_unary_kernels() {
+  for (const char* op :
+       {"Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Relu"}) {
+    rt::Status st = register_kernel<UnaryOp>(
+        KernelDefBuilder(op).TypeConstraint("T", {TF_FLOAT, TF_HALF, TF_BFLOAT16}));
+    if (!st.ok()) return st;
+  }
+  return rt::ok_status();
+}
+
+}  // namespace npusim::tf

@@ -1,0 +1,149 @@
+#include "adapter/tf/plugin/plugin_device.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace npusim::tf {
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+struct OpenState {
+  std::mutex mutex;
+  bool attempted = false;
+  rt::Status status;
+  PluginSettings settings;
+  // Never deleted: see plugin_device.h.
+  std::shared_ptr<rt::Device>* device = nullptr;
+};
+
+OpenState& open_state() {
+  static OpenState* state = new OpenState();  // leaked on purpose, like the device
+  return *state;
+}
+
+}  // namespace
+
+rt::Status settings_from_env(PluginSettings* out) {
+  PluginSettings s;
+  s.chip = env_or("NPUSIM_CHIP", s.chip);
+  std::string list = env_or("NPUSIM_CHIP_OVERRIDES", "");
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find_first_of(";\n", start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = trim(list.substr(start, end - start));
+    if (!item.empty()) {
+      if (item.find('=') == std::string::npos)
+        return rt::Status(rt::StatusCode::invalid_argument,
+                          "NPUSIM_CHIP_OVERRIDES: '" + item + "' is not of the form key=value");
+      s.overrides.push_back(item);
+    }
+    start = end + 1;
+  }
+  std::string mode = env_or("NPUSIM_PRECISION_MODE", "");
+  if (!mode.empty()) {
+    auto m = compiler::precision_mode_from_name(mode);
+    if (!m)
+      return rt::Status(rt::StatusCode::invalid_argument,
+                        "NPUSIM_PRECISION_MODE: unknown precision mode '" + mode +
+                            "' (must_keep_origin_dtype, allow_fp32_to_fp16, "
+                            "allow_mix_precision)");
+    s.precision = *m;
+  }
+  std::string record = env_or("NPUSIM_RECORD_LAUNCHES", "1");
+  if (record != "0" && record != "1")
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      "NPUSIM_RECORD_LAUNCHES: '" + record + "' is not 0 or 1");
+  s.record_launches = record == "1";
+  *out = std::move(s);
+  return rt::ok_status();
+}
+
+const PluginSettings& opened_settings() { return open_state().settings; }
+
+rt::Status open_device(std::shared_ptr<rt::Device>* out) {
+  OpenState& st = open_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!st.attempted) {
+    st.attempted = true;
+    st.status = settings_from_env(&st.settings);
+    if (st.status.ok()) {
+      auto* dev = new std::shared_ptr<rt::Device>();
+      rt::RuntimeOptions rt_opts;
+      rt_opts.record_launches = st.settings.record_launches;
+      st.status = rt::Device::open(st.settings.chip, st.settings.overrides, SimOptions{}, rt_opts,
+                                   dev);
+      if (st.status.ok()) {
+        st.device = dev;
+      } else {
+        delete dev;
+      }
+    }
+    if (!st.status.ok())
+      st.status = rt::Status(st.status.code(),
+                             "opening the NPU (NPUSIM_CHIP='" + st.settings.chip +
+                                 "'): " + st.status.message());
+  }
+  if (!st.status.ok()) return st.status;
+  *out = *st.device;
+  return rt::ok_status();
+}
+
+std::shared_ptr<rt::Device> device_if_open() {
+  OpenState& st = open_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.device ? *st.device : nullptr;
+}
+
+TF_Code tf_code(rt::StatusCode code) {
+  switch (code) {
+    case rt::StatusCode::ok: return TF_OK;
+    case rt::StatusCode::invalid_argument: return TF_INVALID_ARGUMENT;
+    case rt::StatusCode::out_of_memory: return TF_RESOURCE_EXHAUSTED;
+    case rt::StatusCode::kernel_fault: return TF_INTERNAL;
+    case rt::StatusCode::unsupported: return TF_UNIMPLEMENTED;
+    case rt::StatusCode::failed_precondition: return TF_FAILED_PRECONDITION;
+    case rt::StatusCode::internal: return TF_INTERNAL;
+  }
+  return TF_UNKNOWN;
+}
+
+void set_tf_status(const rt::Status& st, TF_Status* tf) {
+  if (!tf) return;
+  TF_SetStatus(tf, tf_code(st.code()), st.ok() ? "" : st.message().c_str());
+}
+
+rt::Status from_tf_status(const TF_Status* tf, const std::string& where) {
+  switch (TF_GetCode(tf)) {
+    case TF_OK: return rt::ok_status();
+    case TF_INVALID_ARGUMENT:
+      return rt::Status(rt::StatusCode::invalid_argument, where + ": " + TF_Message(tf));
+    case TF_RESOURCE_EXHAUSTED:
+      return rt::Status(rt::StatusCode::out_of_memory, where + ": " + TF_Message(tf));
+    case TF_UNIMPLEMENTED:
+      return rt::Status(rt::StatusCode::unsupported, where + ": " + TF_Message(tf));
+    case TF_FAILED_PRECONDITION:
+      return rt::Status(rt::StatusCode::failed_precondition, where + ": " + TF_Message(tf));
+    default:
+      return rt::Status(rt::StatusCode::internal, where + ": " + TF_Message(tf));
+  }
+}
+
+void log_error(const std::string& message) {
+  std::fprintf(stderr, "npusim: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace npusim::tf

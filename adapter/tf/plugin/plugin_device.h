@@ -1,0 +1,59 @@
+// The process's NPU as the TensorFlow plugin sees it: the settings read from the environment, the
+// one runtime device (adapter/runtime) that every StreamExecutor callback and every kernel uses,
+// and the conversion of runtime statuses into TF_Status.
+//
+// Settings (read when TensorFlow creates the device, i.e. at its first op or
+// list_logical_devices(), not when the plugin is loaded; npusim.configure() sets them):
+//   NPUSIM_CHIP             preset name or YAML path (default "910b")
+//   NPUSIM_CHIP_OVERRIDES   "dotted.key=value" overrides separated by ';' or newlines
+//   NPUSIM_PRECISION_MODE   CANN precision mode for cube ops (default allow_fp32_to_fp16)
+//   NPUSIM_RECORD_LAUNCHES  "0" turns off the runtime's per-launch records (default on; each
+//                           holds the launch's counter tree, some 20 KB of JSON on tiny)
+// SystemC elaborates one chip per process, so the device opens once and stays open until the
+// process exits (it is deliberately never destroyed: its driver thread must not be joined during
+// static destruction, after SystemC's own statics are gone).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/runtime/device.h"
+#include "adapter/runtime/status.h"
+#include "tensorflow/c/tf_status.h"
+
+namespace npusim::tf {
+
+struct PluginSettings {
+  std::string chip = "910b";
+  std::vector<std::string> overrides;
+  compiler::PrecisionMode precision = compiler::PrecisionMode::kAllowFp32ToFp16;
+  bool record_launches = true;
+};
+
+// Reads the NPUSIM_* variables above; an unknown precision mode is invalid_argument.
+rt::Status settings_from_env(PluginSettings* out);
+
+// The settings the device was opened with (valid once device_if_open() is non-null).
+const PluginSettings& opened_settings();
+
+// Opens the device with settings_from_env() on first call; later calls return the same device.
+// A failed open is returned to every caller (the chip cannot be elaborated twice).
+rt::Status open_device(std::shared_ptr<rt::Device>* out);
+
+// The device if it has been opened, else null.
+std::shared_ptr<rt::Device> device_if_open();
+
+// TF status code for a runtime status code (docs/runtime.md, "How the TensorFlow plugin maps").
+TF_Code tf_code(rt::StatusCode code);
+// Copies st into tf (TF_OK and an empty message when st is ok).
+void set_tf_status(const rt::Status& st, TF_Status* tf);
+// The runtime status for a TF_Status (used for host callbacks' results).
+rt::Status from_tf_status(const TF_Status* tf, const std::string& where);
+
+// Writes "npusim: <message>" to stderr: for errors TensorFlow gives no way to report (a stream
+// error is fatal to TensorFlow, so the StreamExecutor callbacks log them instead).
+void log_error(const std::string& message);
+
+}  // namespace npusim::tf

@@ -1,0 +1,423 @@
+// SE_InitPlugin: registers platform "NPU" (device type "NPU") with TensorFlow's StreamExecutor C
+// API. Each SP_StreamExecutor callback is one call of the host runtime (docs/runtime.md, "How the
+// TensorFlow plugin maps onto it"); the opaque pointer of an SP_DeviceMemoryBase is the device
+// byte address itself.
+//
+// Error policy. TensorFlow treats a non-ok stream status as fatal (LOG(FATAL)), so the
+// callbacks that report a stream's state (get_stream_status, block_host_until_done,
+// synchronize_all_activity) always succeed and log the runtime's pending error instead; kernels
+// synchronise their own launches and report failures through their TF_Status (kernel.h). Errors
+// found when an operation is queued (a bad range, an unknown handle) are returned, as TensorFlow
+// expects from the copy and event callbacks.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "adapter/compiler/op_desc.h"
+#include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/se_handles.h"
+
+namespace npusim::tf {
+namespace {
+
+constexpr char kPlatformName[] = "NPU";
+constexpr char kDeviceType[] = "NPU";
+constexpr char kVendor[] = "npusim";
+
+// What SP_Device::device_handle points to.
+struct DeviceHandle {
+  std::shared_ptr<rt::Device> device;
+  std::string hardware_name;  // "npusim <chip>", printed by TensorFlow
+};
+
+rt::Device& dev(const SP_Device* d) {
+  return *static_cast<DeviceHandle*>(d->device_handle)->device;
+}
+
+uint64_t addr(const SP_DeviceMemoryBase* m) { return reinterpret_cast<uint64_t>(m->opaque); }
+
+// ---- platform
+
+void get_device_count(const SP_Platform*, int* count, TF_Status* status) {
+  // SystemC elaborates one chip per process: one device.
+  *count = 1;
+  TF_SetStatus(status, TF_OK, "");
+}
+
+void create_device(const SP_Platform*, SE_CreateDeviceParams* params, TF_Status* status) {
+  if (params->ordinal != 0) {
+    TF_SetStatus(status, TF_INVALID_ARGUMENT,
+                 ("NPU ordinal " + std::to_string(params->ordinal) + " does not exist (one chip)")
+                     .c_str());
+    return;
+  }
+  auto handle = std::make_unique<DeviceHandle>();
+  rt::Status st = open_device(&handle->device);
+  if (!st.ok()) {
+    set_tf_status(st, status);
+    return;
+  }
+  handle->hardware_name = "npusim " + handle->device->config().name;
+  SP_Device* d = params->device;
+  d->struct_size = SP_DEVICE_STRUCT_SIZE;
+  d->ext = nullptr;
+  d->ordinal = params->ordinal;
+  d->hardware_name = handle->hardware_name.c_str();
+  d->device_vendor = kVendor;
+  d->pci_bus_id = nullptr;
+  d->device_handle = handle.release();
+  TF_SetStatus(status, TF_OK, "");
+}
+
+// Releases the handle only: the runtime device stays open (plugin_device.h).
+void destroy_device(const SP_Platform*, SP_Device* device) {
+  delete static_cast<DeviceHandle*>(device->device_handle);
+  device->device_handle = nullptr;
+}
+
+int32_t get_numa_node(const SP_Device*) { return -1; }
+
+int64_t get_memory_bandwidth(const SP_Device* d) {
+  return static_cast<int64_t>(dev(d).config().hbm_gbps * 1e9);  // GB/s = 10^9 B/s
+}
+
+void create_device_fns(const SP_Platform*, SE_CreateDeviceFnsParams* params, TF_Status* status) {
+  SP_DeviceFns* fns = params->device_fns;
+  fns->struct_size = SP_DEVICE_FNS_STRUCT_SIZE;
+  fns->get_numa_node = get_numa_node;
+  fns->get_memory_bandwidth = get_memory_bandwidth;
+  fns->get_gflops = nullptr;  // optional; no single figure for cube vs vector work
+  TF_SetStatus(status, TF_OK, "");
+}
+
+void destroy_device_fns(const SP_Platform*, SP_DeviceFns*) {}
+
+// ---- memory
+
+// Every block gets kDeviceBufferAlign spare bytes at its end that TensorFlow never sees:
+// compiled kernels may read up to that many bytes past an input (op_desc.h buffer contract),
+// and with this padding no buffer can end within that distance of the end of device memory.
+void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
+              SP_DeviceMemoryBase* mem) {
+  mem->struct_size = SP_DEVICE_MEMORY_BASE_STRUCT_SIZE;
+  mem->opaque = nullptr;
+  mem->size = 0;
+  mem->payload = 0;
+  if (size == 0) return;
+  uint64_t a = 0;
+  rt::Status st = dev(d).malloc(size + compiler::kDeviceBufferAlign, &a);
+  if (!st.ok()) return;  // a null opaque pointer is TensorFlow's out-of-memory signal
+  mem->opaque = reinterpret_cast<void*>(a);
+  mem->size = size;
+}
+
+void deallocate(const SP_Device* d, SP_DeviceMemoryBase* mem) {
+  if (!mem->opaque) return;
+  rt::Status st = dev(d).free(addr(mem));
+  if (!st.ok()) log_error("deallocate: " + st.message());
+  mem->opaque = nullptr;
+  mem->size = 0;
+}
+
+// Host staging memory needs no registration with the simulated link.
+void* host_memory_allocate(const SP_Device*, uint64_t size) {
+  constexpr uint64_t kAlign = 64;
+  if (size == 0) return nullptr;
+  return std::aligned_alloc(kAlign, (size + kAlign - 1) / kAlign * kAlign);
+}
+
+void host_memory_deallocate(const SP_Device*, void* mem) { std::free(mem); }
+
+TF_Bool get_allocator_stats(const SP_Device* d, SP_AllocatorStats* stats) {
+  rt::AllocatorStats s = dev(d).memory_stats();
+  stats->struct_size = SP_ALLOCATORSTATS_STRUCT_SIZE;
+  stats->num_allocs = static_cast<int64_t>(s.total_allocs);
+  stats->bytes_in_use = static_cast<int64_t>(s.bytes_in_use);
+  stats->peak_bytes_in_use = static_cast<int64_t>(s.peak_bytes_in_use);
+  stats->largest_alloc_size = static_cast<int64_t>(s.largest_alloc_size);
+  stats->has_bytes_limit = 1;
+  stats->bytes_limit = static_cast<int64_t>(s.bytes_limit);
+  stats->bytes_reserved = 0;
+  stats->peak_bytes_reserved = 0;
+  stats->has_bytes_reservable_limit = 0;
+  stats->bytes_reservable_limit = 0;
+  stats->largest_free_block_bytes = static_cast<int64_t>(s.largest_free_block);
+  return 1;
+}
+
+TF_Bool device_memory_usage(const SP_Device* d, int64_t* free, int64_t* total) {
+  rt::AllocatorStats s = dev(d).memory_stats();
+  *free = static_cast<int64_t>(s.bytes_free);
+  *total = static_cast<int64_t>(s.bytes_limit);
+  return 1;
+}
+
+// ---- streams
+
+void create_stream(const SP_Device* d, SP_Stream* stream, TF_Status* status) {
+  auto s = std::make_unique<SP_Stream_st>();
+  rt::Status st = dev(d).create_stream(&s->stream);
+  set_tf_status(st, status);
+  *stream = st.ok() ? s.release() : nullptr;
+}
+
+void destroy_stream(const SP_Device* d, SP_Stream stream) {
+  if (!stream) return;
+  rt::Status st = dev(d).destroy_stream(stream->stream);
+  if (!st.ok()) log_error("destroy_stream: " + st.message());
+  delete stream;
+}
+
+void create_stream_dependency(const SP_Device* d, SP_Stream dependent, SP_Stream other,
+                              TF_Status* status) {
+  set_tf_status(dev(d).stream_wait_stream(dependent->stream, other->stream), status);
+}
+
+// Always ok (see the error policy above); a pending error is left for the stream's kernels.
+void get_stream_status(const SP_Device*, SP_Stream, TF_Status* status) {
+  TF_SetStatus(status, TF_OK, "");
+}
+
+// Waits for the stream; its pending error is logged, not returned (error policy above).
+void block_host_until_done(const SP_Device* d, SP_Stream stream, TF_Status* status) {
+  rt::Status st = dev(d).synchronize_stream(stream->stream);
+  if (!st.ok()) log_error("stream " + std::to_string(stream->stream.id) + ": " + st.message());
+  TF_SetStatus(status, TF_OK, "");
+}
+
+void synchronize_all_activity(const SP_Device* d, TF_Status* status) {
+  rt::Status st = dev(d).synchronize_device();
+  if (!st.ok()) log_error("synchronize_all_activity: " + st.message());
+  TF_SetStatus(status, TF_OK, "");
+}
+
+// ---- events
+
+void create_event(const SP_Device* d, SP_Event* event, TF_Status* status) {
+  auto e = std::make_unique<SP_Event_st>();
+  rt::Status st = dev(d).create_event(&e->event);
+  set_tf_status(st, status);
+  *event = st.ok() ? e.release() : nullptr;
+}
+
+void destroy_event(const SP_Device* d, SP_Event event) {
+  if (!event) return;
+  rt::Status st = dev(d).destroy_event(event->event);
+  if (!st.ok()) log_error("destroy_event: " + st.message());
+  delete event;
+}
+
+SE_EventStatus get_event_status(const SP_Device* d, SP_Event event) {
+  bool complete = false;
+  rt::Status st = dev(d).query_event(event->event, &complete);
+  if (!st.ok()) {
+    log_error("get_event_status: " + st.message());
+    return SE_EVENT_ERROR;
+  }
+  return complete ? SE_EVENT_COMPLETE : SE_EVENT_PENDING;
+}
+
+void record_event(const SP_Device* d, SP_Stream stream, SP_Event event, TF_Status* status) {
+  set_tf_status(dev(d).record_event(event->event, stream->stream), status);
+}
+
+void wait_for_event(const SP_Device* const d, SP_Stream stream, SP_Event event,
+                    TF_Status* const status) {
+  set_tf_status(dev(d).stream_wait_event(stream->stream, event->event), status);
+}
+
+void block_host_for_event(const SP_Device* d, SP_Event event, TF_Status* status) {
+  set_tf_status(dev(d).synchronize_event(event->event), status);
+}
+
+// ---- timers (device time between two events, as aclrtEventElapsedTime)
+
+void create_timer(const SP_Device* d, SP_Timer* timer, TF_Status* status) {
+  auto t = std::make_unique<SP_Timer_st>();
+  t->device = &dev(d);
+  rt::Status st = t->device->create_event(&t->start);
+  if (st.ok()) {
+    st = t->device->create_event(&t->stop);
+    if (!st.ok()) (void)t->device->destroy_event(t->start);
+  }
+  set_tf_status(st, status);
+  *timer = st.ok() ? t.release() : nullptr;
+}
+
+void destroy_timer(const SP_Device* d, SP_Timer timer) {
+  if (!timer) return;
+  (void)dev(d).destroy_event(timer->start);
+  (void)dev(d).destroy_event(timer->stop);
+  delete timer;
+}
+
+void start_timer(const SP_Device* d, SP_Stream stream, SP_Timer timer, TF_Status* status) {
+  set_tf_status(dev(d).record_event(timer->start, stream->stream), status);
+}
+
+void stop_timer(const SP_Device* d, SP_Stream stream, SP_Timer timer, TF_Status* status) {
+  set_tf_status(dev(d).record_event(timer->stop, stream->stream), status);
+}
+
+// Simulated nanoseconds between start and stop; waits for the stop record. 0 on error.
+uint64_t timer_nanoseconds(SP_Timer timer) {
+  rt::Status st = timer->device->synchronize_event(timer->stop);
+  double us = 0;
+  if (st.ok()) st = timer->device->event_elapsed_us(timer->start, timer->stop, &us);
+  if (!st.ok()) {
+    log_error("timer: " + st.message());
+    return 0;
+  }
+  return static_cast<uint64_t>(us * 1000.0 + 0.5);
+}
+
+void create_timer_fns(const SP_Platform*, SP_TimerFns* fns, TF_Status* status) {
+  fns->struct_size = SP_TIMER_FNS_STRUCT_SIZE;
+  fns->nanoseconds = timer_nanoseconds;
+  TF_SetStatus(status, TF_OK, "");
+}
+
+void destroy_timer_fns(const SP_Platform*, SP_TimerFns*) {}
+
+// ---- copies and fills
+
+void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
+                 const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_d2h_async(stream->stream, host_dst, addr(src), size), status);
+}
+
+void memcpy_htod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
+                 const void* host_src, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_h2d_async(stream->stream, addr(dst), host_src, size), status);
+}
+
+void memcpy_dtod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
+                 const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_d2d_async(stream->stream, addr(dst), addr(src), size), status);
+}
+
+void sync_memcpy_dtoh(const SP_Device* d, void* host_dst, const SP_DeviceMemoryBase* src,
+                      uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_d2h(host_dst, addr(src), size), status);
+}
+
+void sync_memcpy_htod(const SP_Device* d, SP_DeviceMemoryBase* dst, const void* host_src,
+                      uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_h2d(addr(dst), host_src, size), status);
+}
+
+void sync_memcpy_dtod(const SP_Device* d, SP_DeviceMemoryBase* dst,
+                      const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memcpy_d2d(addr(dst), addr(src), size), status);
+}
+
+void mem_zero(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* location, uint64_t size,
+              TF_Status* status) {
+  set_tf_status(dev(d).memset8_async(stream->stream, addr(location), 0, size), status);
+}
+
+void memset8(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* location,
+             uint8_t pattern, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memset8_async(stream->stream, addr(location), pattern, size), status);
+}
+
+void memset32(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* location,
+              uint32_t pattern, uint64_t size, TF_Status* status) {
+  set_tf_status(dev(d).memset32_async(stream->stream, addr(location), pattern, size), status);
+}
+
+// Runs callback_fn on the runtime's driver thread in stream order; its TF_Status becomes the
+// stream's error (logged by the next block_host_until_done).
+TF_Bool host_callback(const SP_Device* d, SP_Stream stream, SE_StatusCallbackFn callback_fn,
+                      void* callback_arg) {
+  rt::Status st = dev(d).launch_callback(stream->stream, [callback_fn, callback_arg]() {
+    TF_Status* tf = TF_NewStatus();
+    callback_fn(callback_arg, tf);
+    rt::Status result = from_tf_status(tf, "host callback");
+    TF_DeleteStatus(tf);
+    return result;
+  });
+  if (!st.ok()) log_error("host_callback: " + st.message());
+  return st.ok() ? 1 : 0;
+}
+
+void create_stream_executor(const SP_Platform*, SE_CreateStreamExecutorParams* params,
+                            TF_Status* status) {
+  SP_StreamExecutor* se = params->stream_executor;
+  se->struct_size = SP_STREAMEXECUTOR_STRUCT_SIZE;
+  se->allocate = allocate;
+  se->deallocate = deallocate;
+  se->host_memory_allocate = host_memory_allocate;
+  se->host_memory_deallocate = host_memory_deallocate;
+  se->unified_memory_allocate = nullptr;  // supports_unified_memory is false
+  se->unified_memory_deallocate = nullptr;
+  se->get_allocator_stats = get_allocator_stats;
+  se->device_memory_usage = device_memory_usage;
+  se->create_stream = create_stream;
+  se->destroy_stream = destroy_stream;
+  se->create_stream_dependency = create_stream_dependency;
+  se->get_stream_status = get_stream_status;
+  se->create_event = create_event;
+  se->destroy_event = destroy_event;
+  se->get_event_status = get_event_status;
+  se->record_event = record_event;
+  se->wait_for_event = wait_for_event;
+  se->create_timer = create_timer;
+  se->destroy_timer = destroy_timer;
+  se->start_timer = start_timer;
+  se->stop_timer = stop_timer;
+  se->memcpy_dtoh = memcpy_dtoh;
+  se->memcpy_htod = memcpy_htod;
+  se->memcpy_dtod = memcpy_dtod;
+  se->sync_memcpy_dtoh = sync_memcpy_dtoh;
+  se->sync_memcpy_htod = sync_memcpy_htod;
+  se->sync_memcpy_dtod = sync_memcpy_dtod;
+  se->block_host_for_event = block_host_for_event;
+  se->block_host_until_done = block_host_until_done;
+  se->synchronize_all_activity = synchronize_all_activity;
+  se->mem_zero = mem_zero;
+  se->memset = memset8;
+  se->memset32 = memset32;
+  se->host_callback = host_callback;
+  TF_SetStatus(status, TF_OK, "");
+}
+
+void destroy_stream_executor(const SP_Platform*, SP_StreamExecutor*) {}
+void destroy_platform(SP_Platform*) {}
+void destroy_platform_fns(SP_PlatformFns*) {}
+
+}  // namespace
+}  // namespace npusim::tf
+
+extern "C" __attribute__((visibility("default"))) void SE_InitPlugin(
+    SE_PlatformRegistrationParams* params, TF_Status* status) {
+  using namespace npusim::tf;
+  SP_Platform* p = params->platform;
+  p->struct_size = SP_PLATFORM_STRUCT_SIZE;
+  p->ext = nullptr;
+  p->name = kPlatformName;
+  p->type = kDeviceType;
+  p->supports_unified_memory = 0;
+  // TensorFlow's BFC allocator on top of the runtime's: tensors are carved from a few large
+  // blocks, as on a GPU. Sparse device memory makes a large reserved region cost nothing.
+  p->use_bfc_allocator = 1;
+  p->force_memory_growth = 0;
+
+  SP_PlatformFns* f = params->platform_fns;
+  f->struct_size = SP_PLATFORM_FNS_STRUCT_SIZE;
+  f->ext = nullptr;
+  f->get_device_count = get_device_count;
+  f->create_device = create_device;
+  f->destroy_device = destroy_device;
+  f->create_device_fns = create_device_fns;
+  f->destroy_device_fns = destroy_device_fns;
+  f->create_stream_executor = create_stream_executor;
+  f->destroy_stream_executor = destroy_stream_executor;
+  f->create_timer_fns = create_timer_fns;
+  f->destroy_timer_fns = destroy_timer_fns;
+
+  params->destroy_platform = destroy_platform;
+  params->destroy_platform_fns = destroy_platform_fns;
+  TF_SetStatus(status, TF_OK, "");
+}

@@ -1,0 +1,173 @@
+"""npusim: TensorFlow on an emulated Ascend-class NPU.
+
+    import npusim              # one line: TensorFlow now has a device /NPU:0
+    import tensorflow as tf
+    tf.config.list_physical_devices("NPU")
+
+`import npusim` loads the PluggableDevice plugin (libnpusim_tf_plugin.so) into TensorFlow. It
+works whether tensorflow was imported before or after, as long as TensorFlow has not yet created
+its devices: that happens at the first op (or tf.config.list_logical_devices()), and a device
+registered later never appears in the process. Importing npusim too late raises NpusimError
+saying so.
+
+The chip is chosen when TensorFlow creates the device, from NPUSIM_CHIP (default 910b),
+NPUSIM_CHIP_OVERRIDES and NPUSIM_PRECISION_MODE; configure() sets them. NPUSIM_RECORD_LAUNCHES=0
+turns off the per-launch records (launch_records()), which otherwise grow with every kernel.
+One process runs one chip config (SystemC elaborates one chip per process).
+
+Keras 3: jit_compile="auto" would turn on XLA because a non-CPU device exists, and XLA cannot
+compile for the NPU; importing npusim makes "auto" resolve to False (see _keras.py).
+"""
+
+import atexit
+import json
+import os
+
+from . import _keras, _plugin
+from ._plugin import NpusimError
+
+__all__ = [
+    "NpusimError",
+    "clear_launch_records",
+    "compiled_ops",
+    "configure",
+    "device_info",
+    "launch_records",
+    "plugin_path",
+    "write_report",
+]
+
+PRECISION_MODES = ("must_keep_origin_dtype", "allow_fp32_to_fp16", "allow_mix_precision")
+DEFAULT_CHIP = "910b"
+DEFAULT_PRECISION_MODE = "allow_fp32_to_fp16"
+
+_PLUGIN_PATH = _plugin.find_plugin()
+_plugin.load(_PLUGIN_PATH)
+_hooks = _plugin.Hooks(_PLUGIN_PATH)
+_keras.install()
+
+
+def plugin_path():
+    """The loaded plugin library."""
+    return _PLUGIN_PATH
+
+
+def _overrides_list(overrides):
+    if isinstance(overrides, dict):
+        return [f"{k}={v}" for k, v in overrides.items()]
+    if isinstance(overrides, str):
+        raise TypeError("overrides: give a dict {key: value} or a list of 'key=value' strings")
+    items = [str(o).strip() for o in overrides]
+    for o in items:
+        if "=" not in o:
+            raise ValueError(f"override '{o}' is not of the form key=value")
+        if ";" in o or "\n" in o:
+            raise ValueError(f"override '{o}' must not contain ';' or a newline")
+    return items
+
+
+def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
+    """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
+
+    chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
+    overrides: {"dotted.key": value} or ["dotted.key=value", ...] applied to the chip config
+        ([] or {} clears them).
+    report_dir: where write_report() writes at interpreter exit (launch records with counters,
+        the resolved chip config, the compiled ops).
+    precision_mode: how fp32 cube ops run (CANN names): must_keep_origin_dtype,
+        allow_fp32_to_fp16 (default), allow_mix_precision.
+
+    Call it before the first TensorFlow op. Once the device exists its config is fixed:
+    asking for another one raises NpusimError (the same config again is fine). A chip or
+    override that does not load raises NpusimError at once, naming the file and key.
+    """
+    env = {}
+    if chip is not None:
+        env["NPUSIM_CHIP"] = str(chip)
+    if overrides is not None:
+        env["NPUSIM_CHIP_OVERRIDES"] = ";".join(_overrides_list(overrides))
+    if precision_mode is not None:
+        if precision_mode not in PRECISION_MODES:
+            raise ValueError(f"precision_mode '{precision_mode}' is not one of {PRECISION_MODES}")
+        env["NPUSIM_PRECISION_MODE"] = precision_mode
+
+    info = _hooks.device()
+    if info["open"] and env:
+        current = info["settings"]
+        wanted = dict(
+            current,
+            chip=env.get("NPUSIM_CHIP", current["chip"]),
+            overrides=(_overrides_list(overrides) if overrides is not None
+                       else current["overrides"]),
+            precision_mode=env.get("NPUSIM_PRECISION_MODE", current["precision_mode"]),
+        )
+        if wanted != current:
+            raise NpusimError(
+                f"the NPU is already in use with {json.dumps(current)}; this process cannot "
+                f"switch to {json.dumps(wanted)} (one chip config per process: start a new "
+                "process, e.g. one per config in a sweep)")
+    elif env:
+        previous = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        error = _hooks.check_env_settings()
+        if error is not None:
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            raise NpusimError(f"configure: {error}")
+    if report_dir is not None:
+        os.environ["NPUSIM_REPORT_DIR"] = os.fspath(report_dir)
+
+
+def device_info():
+    """{"open": bool, "settings": {"chip", "overrides", "precision_mode"}, ...}; when open also
+    "chip_identity", "hbm_bytes" and the runtime allocator's "memory" figures."""
+    return _hooks.device()
+
+
+def launch_records(with_counters=False):
+    """Every kernel the chip ran, oldest first: dicts with kernel, stream, block_dim,
+    start_cycle, cycles, time_us, ok, error (and the launch's counter tree if asked)."""
+    return _hooks.launch_records(with_counters)
+
+
+def clear_launch_records():
+    _hooks.clear_launch_records()
+
+
+def compiled_ops():
+    """The plugin's compiled-op cache: hits, misses, failed_compiles, entries, keys."""
+    return _hooks.compiled_ops()
+
+
+def write_report(directory=None):
+    """Writes device.json, chip.yaml, launches.json (with counters) and compiled_ops.json to
+    `directory` (default: NPUSIM_REPORT_DIR). Returns the directory, or None if the device was
+    never opened (nothing ran on the NPU)."""
+    directory = directory or os.environ.get("NPUSIM_REPORT_DIR")
+    if not directory:
+        raise NpusimError("write_report: no directory given and NPUSIM_REPORT_DIR is not set")
+    info = _hooks.device()
+    if not info["open"]:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    files = {
+        "device.json": json.dumps(info, indent=1),
+        "chip.yaml": _hooks.chip_config_yaml() or "",
+        "launches.json": json.dumps(_hooks.launch_records(True)),
+        "compiled_ops.json": json.dumps(_hooks.compiled_ops(), indent=1),
+    }
+    for name, text in files.items():
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    return directory
+
+
+def _report_at_exit():
+    if os.environ.get("NPUSIM_REPORT_DIR"):
+        write_report()
+
+
+atexit.register(_report_at_exit)

@@ -1,0 +1,81 @@
+"""Shared setup of the TensorFlow adapter tests (tests/tf).
+
+Every test here needs tensorflow; without it the whole folder is skipped. The plugin is taken
+from NPUSIM_TF_PLUGIN, else $NPUSIM_BUILD_DIR/libnpusim_tf_plugin.so (default build/); the
+npusim package from the repository (adapter/tf/python). All tests of one pytest process share
+one TensorFlow and one emulated chip: the tiny preset (NPUSIM_CHIP=tiny), which keeps kernels
+fast. Tests that need a fresh process (import order, configure before the device exists) run
+a child Python (run_child).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_DIR = os.path.join(ROOT, "adapter", "tf", "python")
+
+
+# Settings the tests expect at their defaults, whatever the caller's environment holds.
+RESET_VARIABLES = ("NPUSIM_CHIP_OVERRIDES", "NPUSIM_REPORT_DIR", "NPUSIM_PRECISION_MODE",
+                   "NPUSIM_RECORD_LAUNCHES")
+
+
+def _plugin_from_build():
+    build = os.environ.get("NPUSIM_BUILD_DIR", os.path.join(ROOT, "build"))
+    return os.path.join(build, "libnpusim_tf_plugin.so")
+
+
+def child_env():
+    """Environment of a child process: the plugin and package of this test run, chip tiny."""
+    env = dict(os.environ)
+    env.setdefault("NPUSIM_TF_PLUGIN", _plugin_from_build())
+    env["PYTHONPATH"] = PACKAGE_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env["NPUSIM_CHIP"] = "tiny"
+    for name in RESET_VARIABLES:
+        env.pop(name, None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def run_child(code, timeout=120):
+    """Runs `code` in a fresh Python; returns the CompletedProcess (text output)."""
+    return subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+# Quiet TensorFlow's C++ logging (set before any test module imports tensorflow). Test modules
+# start with pytest.importorskip("tensorflow"), so without it every module is reported skipped.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def npusim():
+    os.environ.update({k: v for k, v in child_env().items()
+                       if k in ("NPUSIM_TF_PLUGIN", "NPUSIM_CHIP", "TF_CPP_MIN_LOG_LEVEL")})
+    for name in RESET_VARIABLES:
+        os.environ.pop(name, None)
+    if PACKAGE_DIR not in sys.path:
+        sys.path.insert(0, PACKAGE_DIR)
+    import npusim as module  # pylint: disable=import-outside-toplevel
+
+    module.configure(chip="tiny")
+    return module
+
+
+@pytest.fixture(scope="session")
+def tf(npusim):  # pylint: disable=redefined-outer-name,unused-argument
+    import tensorflow as module  # pylint: disable=import-outside-toplevel
+
+    return module
+
+
+@pytest.fixture
+def strict_placement(tf):  # pylint: disable=redefined-outer-name
+    """Soft placement off for one test: an op without an NPU kernel fails instead of moving."""
+    previous = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(False)
+    yield
+    tf.config.set_soft_device_placement(previous)

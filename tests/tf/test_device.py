@@ -1,0 +1,121 @@
+"""The NPU as a TensorFlow device: listed, memory figures, tensors copied there and back,
+configure() rules, import order (child processes)."""
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("tensorflow")
+
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_npu_is_listed_once(tf):
+    devices = tf.config.list_physical_devices("NPU")
+    assert [d.device_type for d in devices] == ["NPU"]
+    assert devices[0].name.endswith("NPU:0")
+    assert any(d.name.endswith("NPU:0") for d in tf.config.list_logical_devices("NPU"))
+
+
+def test_device_runs_the_configured_chip(npusim, tf):
+    with tf.device("/NPU:0"):
+        tf.identity(tf.zeros([4]))  # make sure the device exists
+    info = npusim.device_info()
+    assert info["open"]
+    assert info["settings"]["chip"] == "tiny"
+    assert info["chip_identity"].startswith("tiny:")
+    # configs/chips/tiny.yaml: memory.hbm.bytes = 1 GiB
+    assert info["hbm_bytes"] == 1 << 30
+
+
+def test_memory_info_counts_a_tensor_on_the_npu(tf):
+    before = tf.config.experimental.get_memory_info("NPU:0")
+    assert set(before) >= {"current", "peak"}
+    with tf.device("/NPU:0"):
+        t = tf.identity(tf.ones([256, 1024], dtype=tf.float32))  # 1 MiB
+    during = tf.config.experimental.get_memory_info("NPU:0")
+    assert during["current"] - before["current"] >= 256 * 1024 * 4
+    assert during["peak"] >= during["current"]
+    del t
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8, np.int64, np.bool_])
+def test_tensor_round_trip_through_npu_memory(tf, dtype):
+    rng = np.random.default_rng(7)
+    host = (rng.standard_normal((33, 17)) * 50).astype(dtype)
+    with tf.device("/NPU:0"):
+        on_npu = tf.identity(tf.constant(host))
+    assert on_npu.device.endswith("device:NPU:0")
+    back = on_npu.numpy()
+    assert back.dtype == host.dtype
+    np.testing.assert_array_equal(back, host)
+
+
+def test_large_tensor_round_trip(tf):
+    host = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: several BFC chunks, many pages
+    with tf.device("/NPU:0"):
+        on_npu = tf.identity(tf.constant(host))
+    np.testing.assert_array_equal(on_npu.numpy(), host)
+
+
+def test_configure_cannot_change_an_open_device(npusim, tf):
+    with tf.device("/NPU:0"):
+        tf.identity(tf.zeros([1]))
+    npusim.configure(chip="tiny")  # the same config: fine
+    with pytest.raises(npusim.NpusimError, match="already in use"):
+        npusim.configure(chip="910b")
+    with pytest.raises(npusim.NpusimError, match="already in use"):
+        npusim.configure(overrides={"memory.hbm.gbps": 900})
+    assert npusim.device_info()["settings"]["chip"] == "tiny"
+
+
+@pytest.mark.parametrize("imports", ["import tensorflow as tf\nimport npusim",
+                                     "import npusim\nimport tensorflow as tf"],
+                         ids=["tensorflow_first", "npusim_first"])
+def test_import_order_and_configure_before_first_op(imports):
+    # Either import order works; configure() checks the chip at once and applies overrides.
+    result = run_child(imports + textwrap.dedent("""
+        try:
+            npusim.configure(chip="no_such_chip")
+        except npusim.NpusimError as e:
+            print("BAD_CHIP", "no_such_chip" in str(e))
+        npusim.configure(chip="tiny", overrides={"memory.hbm.bytes": "512 MiB"})
+        assert not npusim.device_info()["open"]
+        with tf.device("/NPU:0"):
+            x = tf.identity(tf.constant([1.0, 2.0]))
+        print("VALUES", x.numpy().tolist())
+        info = npusim.device_info()
+        print("HBM", info["hbm_bytes"], info["settings"]["overrides"])
+    """))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BAD_CHIP True" in result.stdout
+    assert "VALUES [1.0, 2.0]" in result.stdout
+    assert f"HBM {512 << 20} ['memory.hbm.bytes=512 MiB']" in result.stdout
+
+
+def test_import_after_the_first_op_is_a_clear_error():
+    result = run_child(textwrap.dedent("""
+        import tensorflow as tf
+        tf.constant(1.0) + 1.0  # TensorFlow creates its devices here
+        try:
+            import npusim
+        except Exception as e:
+            print(type(e).__name__, str(e))
+    """))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NpusimError" in result.stdout
+    assert "before `import npusim`" in result.stdout
+
+
+def test_write_report(npusim, tf, tmp_path):
+    with tf.device("/NPU:0"):
+        (tf.constant(np.ones(64, np.float32)) * 2.0).numpy()
+    assert npusim.write_report(tmp_path) == tmp_path
+    assert yaml.safe_load((tmp_path / "chip.yaml").read_text())["name"] == "tiny"
+    launches = json.loads((tmp_path / "launches.json").read_text())
+    assert launches and all("counters" in r for r in launches)
+    assert json.loads((tmp_path / "device.json").read_text())["open"]
+    assert json.loads((tmp_path / "compiled_ops.json").read_text())["entries"] >= 1

@@ -1,0 +1,210 @@
+"""NPU kernels under TensorFlow: with soft placement off, each registered op runs on /NPU:0,
+gives numpy's result, and the runtime's launch records show its kernels ran on the chip. An op
+without an NPU kernel fails with TensorFlow's placement error, or falls back to the CPU with
+soft placement on.
+
+References are numpy computations written here: element-wise f16/bf16 ops compute in fp32 and
+round once to the type (adapter/compiler/ops/binary.cpp, unary.cpp state this is what the NPU
+and TF's CPU kernels do); MatMul inputs are small integers, so the product is exact under every
+precision mode."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import ml_dtypes  # noqa: E402  (a tensorflow dependency)
+
+BF16 = ml_dtypes.bfloat16
+FLOAT_TYPES = [np.float32, np.float16, BF16]
+
+
+def _on_npu(npusim, tf, fn, *inputs):
+    """Runs fn on /NPU:0; returns (result as numpy, the launch records it added)."""
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        tensors = [tf.constant(x) for x in inputs]
+        out = fn(*tensors)
+    assert out.device.endswith("device:NPU:0"), out.device
+    records = npusim.launch_records()
+    return out.numpy(), records
+
+
+def _assert_ran_on_chip(records, op):
+    """The op's kernel (named after it, e.g. AddV2_f32) ran on the chip, and every launch of
+    the op (f32 MatMul also casts its inputs to fp16 first) completed."""
+    assert any(r["kernel"].startswith(op) for r in records), (op, records)
+    for r in records:
+        assert r["ok"], r["error"]
+        assert r["cycles"] > 0
+
+
+def _random(shape, dtype, seed, lo=-4.0, hi=4.0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(lo, hi, size=shape).astype(np.float32).astype(dtype)
+
+
+BINARY = {
+    "AddV2": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "RealDiv": np.divide,
+    "Maximum": np.maximum,
+    "Minimum": np.minimum,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_op_runs_on_npu(npusim, tf, strict_placement, op, dtype):
+    a = _random((5, 37), dtype, 1)
+    b = _random((5, 37), dtype, 2, lo=0.5, hi=4.0)  # no division by ~0
+    got, records = _on_npu(npusim, tf, lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y), a, b)
+    want = BINARY[op](a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+    _assert_ran_on_chip(records, op)
+
+
+def test_broadcast_add_of_a_bias_row(npusim, tf, strict_placement):
+    # Keras Dense adds its bias like this (AddV2 of [batch, units] and [units]).
+    x = _random((8, 40), np.float32, 3)
+    bias = _random((40,), np.float32, 4)
+    got, records = _on_npu(npusim, tf, lambda p, q: p + q, x, bias)
+    np.testing.assert_array_equal(got, x + bias)
+    _assert_ran_on_chip(records, "AddV2")
+
+
+def test_squared_difference_and_comparisons(npusim, tf, strict_placement):
+    a = _random((3, 50), np.float32, 5)
+    b = _random((3, 50), np.float32, 6)
+    b[0, :10] = a[0, :10]  # some equal elements
+    got, records = _on_npu(npusim, tf, tf.math.squared_difference, a, b)
+    np.testing.assert_array_equal(got, np.square(a - b))
+    _assert_ran_on_chip(records, "SquaredDifference")
+    for op, ref in [("Equal", np.equal), ("NotEqual", np.not_equal), ("Less", np.less),
+                    ("LessEqual", np.less_equal), ("Greater", np.greater),
+                    ("GreaterEqual", np.greater_equal)]:
+        got, records = _on_npu(npusim, tf, lambda x, y, o=op: getattr(tf.raw_ops, o)(x=x, y=y),
+                               a, b)
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, ref(a, b), err_msg=op)
+        _assert_ran_on_chip(records, op)
+
+
+# op -> (reference, largest error in units of the last place of fp32, input range). Exact ops
+# are computed in fp32 (one IEEE rounding, as on the chip). Exp, Log and Rsqrt are compared with
+# the correctly rounded value (computed in fp64, rounded once): the chip's expf/logf are
+# faithful (within 1 ulp), and 1/sqrt(x) rounds twice in fp32.
+UNARY = {
+    "Neg": (np.negative, 0, (-4, 4)),
+    "Abs": (np.abs, 0, (-4, 4)),
+    "Square": (np.square, 0, (-4, 4)),
+    "Relu": (lambda x: np.maximum(x, np.float32(0)), 0, (-4, 4)),
+    "Sqrt": (np.sqrt, 0, (0.1, 9)),
+    "Reciprocal": (lambda x: np.float32(1) / x, 0, (0.5, 4)),
+    "Rsqrt": (lambda x: 1.0 / np.sqrt(x.astype(np.float64)), 1, (0.1, 9)),
+    "Exp": (lambda x: np.exp(x.astype(np.float64)), 1, (-4, 4)),
+    "Log": (lambda x: np.log(x.astype(np.float64)), 1, (0.1, 9)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_op_runs_on_npu(npusim, tf, strict_placement, op, dtype):
+    ref, ulps, (lo, hi) = UNARY[op]
+    x = _random((4, 45), dtype, 7, lo, hi)
+    arg = "features" if op == "Relu" else "x"
+    got, records = _on_npu(npusim, tf, lambda t: getattr(tf.raw_ops, op)(**{arg: t}), x)
+    want = ref(x.astype(np.float32)).astype(np.float32)
+    if dtype == np.float32:
+        if ulps == 0:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_array_max_ulp(got, want, maxulp=ulps)
+    else:
+        # Rounded once from fp32; a 1-ulp fp32 difference can flip the fp16 rounding by 1 ulp.
+        np.testing.assert_array_max_ulp(got, want.astype(dtype), maxulp=0 if ulps == 0 else 1)
+    _assert_ran_on_chip(records, op)
+
+
+@pytest.mark.parametrize("src,dst", [(np.float32, np.float16), (np.float16, np.float32),
+                                     (np.float32, BF16), (BF16, np.float32)],
+                         ids=lambda t: np.dtype(t).name)
+def test_cast_runs_on_npu(npusim, tf, strict_placement, src, dst):
+    x = _random((6, 33), np.float32, 8, -1000, 1000).astype(src)
+    got, records = _on_npu(npusim, tf, lambda t: tf.cast(t, tf.as_dtype(np.dtype(dst))), x)
+    assert got.dtype == np.dtype(dst)
+    np.testing.assert_array_equal(got, x.astype(np.float32).astype(dst))
+    _assert_ran_on_chip(records, "Cast")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matmul_runs_on_the_cube(npusim, tf, strict_placement, dtype, transpose_b):
+    rng = np.random.default_rng(9)
+    m, k, n = 24, 40, 20
+    a = rng.integers(-4, 5, size=(m, k)).astype(dtype)
+    b = rng.integers(-4, 5, size=(n, k) if transpose_b else (k, n)).astype(dtype)
+    got, records = _on_npu(npusim, tf, lambda x, y: tf.matmul(x, y, transpose_b=transpose_b),
+                           a, b)
+    b_kn = b.T if transpose_b else b
+    # |sum| <= 40 * 16: exact in fp16 and fp32 whatever the accumulation order.
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ b_kn.astype(np.int64)).astype(dtype))
+    _assert_ran_on_chip(records, "MatMul")
+
+
+def test_compiled_ops_are_cached(npusim, tf, strict_placement):
+    x = _random((16, 16), np.float32, 10)
+    _on_npu(npusim, tf, lambda t: t * t, x)
+    before = npusim.compiled_ops()
+    _on_npu(npusim, tf, lambda t: t * t, x)
+    after = npusim.compiled_ops()
+    assert after["misses"] == before["misses"]
+    assert after["hits"] == before["hits"] + 1
+    assert any(key.startswith("Mul(f32[16,16],f32[16,16])") for key in after["keys"])
+
+
+def test_op_without_npu_kernel_fails_without_soft_placement(tf, strict_placement):
+    x = np.linspace(0, 1, 8, dtype=np.float32)
+    with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.NotFoundError),
+                       match="Sin.*NPU|NPU.*Sin"):
+        with tf.device("/NPU:0"):
+            tf.math.sin(tf.constant(x))
+
+
+def test_op_without_npu_kernel_falls_back_to_cpu_with_soft_placement(tf):
+    previous = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(True)
+    try:
+        x = np.linspace(0, 1, 8, dtype=np.float32)
+        with tf.device("/NPU:0"):
+            y = tf.math.sin(tf.constant(x))
+        assert y.device.endswith("device:CPU:0")
+        np.testing.assert_allclose(y.numpy(), np.sin(x), rtol=1e-6)
+    finally:
+        tf.config.set_soft_device_placement(previous)
+
+
+def test_kernel_failure_is_an_op_error_not_a_crash(tf, strict_placement):
+    # Incompatible shapes pass TensorFlow's eager checks for AddV2 only at run time: the NPU
+    # kernel must report the compiler's error through the op's status.
+    a = np.ones((3, 4), dtype=np.float32)
+    b = np.ones((5,), dtype=np.float32)
+    with pytest.raises(tf.errors.OpError):
+        with tf.device("/NPU:0"):
+            tf.raw_ops.AddV2(x=tf.constant(a), y=tf.constant(b))
+    with tf.device("/NPU:0"):  # and the device still works
+        np.testing.assert_array_equal((tf.constant(a) + 1.0).numpy(), a + 1.0)
+
+
+def test_variable_update_on_the_npu_is_refused_not_a_crash(tf):
+    # TensorFlow's DEVICE_DEFAULT AssignAddVariableOp is CPU code; on the NPU it would read
+    # device addresses as host pointers. The plugin's NPU kernel refuses instead.
+    with tf.device("/NPU:0"):
+        v = tf.Variable(np.ones(3, dtype=np.float32))
+        assert v.device.endswith("device:NPU:0")
+        with pytest.raises(tf.errors.UnimplementedError, match="AssignAddVariableOp"):
+            v.assign_add(np.ones(3, dtype=np.float32))
+        v.assign(np.full(3, 5.0, dtype=np.float32))  # DEVICE_DEFAULT: passes the buffer
+    np.testing.assert_array_equal(v.numpy(), np.full(3, 5.0, dtype=np.float32))
