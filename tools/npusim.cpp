@@ -20,6 +20,7 @@
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/op_cli.h"
 #include "tools/report_cli.h"
 #include "tools/summary.h"
 
@@ -234,6 +235,24 @@ int main(int argc, char** argv) {
                      "write an msprof-style report folder, the two kernels as two ops");
   c_demo->add_flag("--timing-only", demo.timing_only, "skip functional effects and the result check");
 
+  cli::OpOptions op;
+  auto* c_op = app.add_subcommand(
+      "op", "compile one TensorFlow op with the kernel compiler and run it on a chip");
+  c_op->add_option("op", op.op, "TF op type, e.g. MatMul, AddV2, Conv2D")->required();
+  c_op->add_option("--input", op.inputs,
+                   "input tensor: DTYPE:SHAPE (random data, e.g. f16:64x128) or FILE.npy (repeat)");
+  c_op->add_option("--output", op.outputs, "write output i to FILE.npy (repeat, in order)");
+  c_op->add_option("--attr", op.attrs, "attribute NAME=VALUE: int, float, true/false, [1,2], text");
+  c_op->add_option("--chip", op.chip, "chip preset or YAML file")->capture_default_str();
+  c_op->add_option("--set", op.overrides, "override a chip key: dotted.key=value");
+  c_op->add_option("--precision", op.precision,
+                   "allow_fp32_to_fp16 | must_keep_origin_dtype | allow_mix_precision")
+      ->capture_default_str();
+  c_op->add_flag("--timing-only", op.timing_only, "skip functional effects (same cycles)");
+  c_op->add_flag("--listing", op.listing, "print the generated assembly of each launch");
+  c_op->add_option("--report-dir", op.report_dir, "write the msprof-style report folder");
+  c_op->add_option("--json", op.json_path, "write the figures as JSON");
+
   std::string asm_in, asm_out;
   auto* c_asm = app.add_subcommand("asm", "assemble to a binary kernel (.npuk)");
   c_asm->add_option("input", asm_in, "assembly file")->required();
@@ -258,6 +277,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (c_run->parsed()) return cmd_run(run);
+    if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);

@@ -80,6 +80,18 @@ ChipPeaks chip_peaks(const ChipConfig& cfg) {
   return p;
 }
 
+double roofline_cycles(const ChipPeaks& peaks, uint64_t macs, uint64_t vector_repeats,
+                             uint64_t hbm_bytes) {
+  double bound = 0;
+  if (peaks.macs_per_cycle > 0) bound = std::max(bound, macs / peaks.macs_per_cycle);
+  if (peaks.vector_bytes_per_cycle > 0)
+    bound = std::max(bound, static_cast<double>(vector_repeats) * vec::kRepeatBytes /
+                                peaks.vector_bytes_per_cycle);
+  if (peaks.hbm_bytes_per_cycle > 0)
+    bound = std::max(bound, static_cast<double>(hbm_bytes) / peaks.hbm_bytes_per_cycle);
+  return bound;
+}
+
 OpMetrics compute_op_metrics(const OpRecord& op, const ChipConfig& cfg) {
   OpMetrics m;
   m.start_us = cfg.cycles_to_us(static_cast<double>(op.start_cycle));
@@ -123,14 +135,8 @@ OpMetrics compute_op_metrics(const OpRecord& op, const ChipConfig& cfg) {
     m.l2_hit_rate = static_cast<double>(m.l2_hits) / static_cast<double>(m.l2_hits + m.l2_misses);
   m.stall_cycles = lc.by_suffix("stall");
 
-  double bound = 0;
-  if (peaks.macs_per_cycle > 0) bound = std::max(bound, m.macs / peaks.macs_per_cycle);
-  if (peaks.vector_bytes_per_cycle > 0)
-    bound = std::max(bound, static_cast<double>(m.vector_repeats) * vec::kRepeatBytes /
-                                peaks.vector_bytes_per_cycle);
-  if (peaks.hbm_bytes_per_cycle > 0)
-    bound = std::max(bound, static_cast<double>(m.hbm_read_bytes + m.hbm_write_bytes) /
-                                peaks.hbm_bytes_per_cycle);
+  const double bound =
+      roofline_cycles(peaks, m.macs, m.vector_repeats, m.hbm_read_bytes + m.hbm_write_bytes);
   m.roofline_bound_cycles = bound;
   m.roofline_bound_us = cfg.cycles_to_us(bound);
   if (bound > 0) m.roofline_ratio = static_cast<double>(op.cycles) / bound;

@@ -115,4 +115,9 @@ struct OpMetrics {
 
 OpMetrics compute_op_metrics(const OpRecord& op, const ChipConfig& cfg);
 
+// The roofline bound in cycles of work that does `macs` cube MACs (fp16 equivalents),
+// `vector_repeats` vector repeats and moves `hbm_bytes` to or from HBM (formula above).
+double roofline_cycles(const ChipPeaks& peaks, uint64_t macs, uint64_t vector_repeats,
+                             uint64_t hbm_bytes);
+
 }  // namespace npusim::prof

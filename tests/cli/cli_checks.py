@@ -280,6 +280,35 @@ def _(d):
         assert np.array_equal(np.load(f"{d}/z.npy"), x + x), chip
 
 
+@check("npusim op runs compiled TF ops on the chip, matching numpy")
+def _(d):
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, (37, 50)).astype(np.float32)
+    y = rng.uniform(-2, 2, (50,)).astype(np.float32)
+    np.save(f"{d}/x.npy", x)
+    np.save(f"{d}/y.npy", y)
+    out = run("op", "AddV2", "--input", f"{d}/x.npy", "--input", f"{d}/y.npy",
+              "--output", f"{d}/z.npy", "--chip", "tiny", "--json", f"{d}/op.json").stdout
+    assert "op total" in out, out
+    assert np.array_equal(np.load(f"{d}/z.npy"), x + y)  # fp32 add: exact
+    a = rng.uniform(-1, 1, (40, 72)).astype(np.float16)
+    b = rng.uniform(-1, 1, (72, 24)).astype(np.float16)
+    np.save(f"{d}/a.npy", a)
+    np.save(f"{d}/b.npy", b)
+    run("op", "MatMul", "--input", f"{d}/a.npy", "--input", f"{d}/b.npy",
+        "--output", f"{d}/c.npy", "--chip", "tiny", "--json", f"{d}/mm.json",
+        "--report-dir", f"{d}/rep")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    c = np.load(f"{d}/c.npy").astype(np.float64)
+    # fp32 accumulation of exact fp16 products, one rounding to fp16 (2^-11 relative)
+    assert np.all(np.abs(c - ref) <= 1e-3 + 1e-3 * np.abs(ref)), np.abs(c - ref).max()
+    figures = json.load(open(f"{d}/mm.json"))
+    assert figures["cycles"] > 0 and figures["cube_utilization_pct"] > 0
+    assert os.path.exists(f"{d}/rep/op_summary.csv")
+    p = run("op", "NoSuchOp", "--input", "f32:4", "--chip", "tiny", expect_rc=1)
+    assert "NoSuchOp" in p.stderr and "not supported" in p.stderr, p.stderr
+
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,0 +1,233 @@
+#include "tools/op_cli.h"
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/profiler/op_metrics.h"
+#include "common/error.h"
+#include "common/npy.h"
+#include "common/numeric.h"
+#include "sim/simulator.h"
+#include "tools/device_buffers.h"
+#include "tools/kernel_io.h"
+#include "tools/report_cli.h"
+#include "tools/summary.h"
+
+namespace npusim::cli {
+namespace {
+
+using compiler::DataType;
+
+bool is_npy(const std::string& s) { return s.size() > 4 && s.compare(s.size() - 4, 4, ".npy") == 0; }
+
+// The compiler's type of a .npy array (bool arrays are "b1").
+DataType npy_data_type(const NpyArray& a, const std::string& where) {
+  if (a.dtype == "b1") return DataType::BOOL;
+  auto t = isa_dtype_of_npy(a.dtype);
+  auto d = t ? compiler::data_type_from_name(isa::dtype_name(*t)) : std::nullopt;
+  if (!d) throw Error(fmt::format("{}: numpy dtype '{}' has no device type", where, a.dtype));
+  return *d;
+}
+
+// "f32:8x3" -> TensorDesc; an empty shape ("f32:") is a scalar.
+compiler::TensorDesc parse_input(const std::string& spec, int index) {
+  const std::string where = fmt::format("--input {} ('{}')", index, spec);
+  auto colon = spec.find(':');
+  if (colon == std::string::npos)
+    throw Error(where + ": expected DTYPE:SHAPE, e.g. f16:64x128 (f32:, for a scalar)");
+  auto dtype = compiler::data_type_from_name(spec.substr(0, colon));
+  if (!dtype) throw Error(fmt::format("{}: unknown dtype '{}'", where, spec.substr(0, colon)));
+  compiler::TensorDesc t;
+  t.dtype = *dtype;
+  std::string shape = spec.substr(colon + 1);
+  if (!shape.empty()) t.shape = parse_tensor_spec("f32:" + shape, where).shape;
+  return t;
+}
+
+// NAME=VALUE with VALUE an int, a float, true/false, an int list "[1,2]" or a string.
+std::pair<std::string, compiler::AttrValue> parse_attr(const std::string& s) {
+  auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error(fmt::format("--attr '{}': expected NAME=VALUE", s));
+  std::string name = s.substr(0, eq), v = s.substr(eq + 1);
+  if (v == "true" || v == "false") return {name, v == "true"};
+  if (!v.empty() && v.front() == '[' && v.back() == ']') {
+    std::vector<int64_t> list;
+    std::string body = v.substr(1, v.size() - 2);
+    size_t pos = 0;
+    while (pos < body.size()) {
+      size_t comma = body.find(',', pos);
+      std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      try {
+        list.push_back(std::stoll(item));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("--attr {}: '{}' in the list is not an integer", name, item));
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    return {name, list};
+  }
+  try {
+    size_t used = 0;
+    long long i = std::stoll(v, &used);
+    if (used == v.size()) return {name, static_cast<int64_t>(i)};
+    double d = std::stod(v, &used);
+    if (used == v.size()) return {name, d};
+  } catch (const std::exception&) {
+  }
+  return {name, v};
+}
+
+// Deterministic input data: floats uniform in [-1, 1], integers in [-8, 8], bools 0/1.
+std::vector<uint8_t> random_bytes(const compiler::TensorDesc& t, std::mt19937& rng) {
+  const int64_t n = t.num_elements();
+  std::vector<uint8_t> bytes(compiler::device_buffer_bytes(t.bytes()));
+  std::uniform_real_distribution<float> real(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> small(-8, 8);
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* p = bytes.data() + i * compiler::data_type_bytes(t.dtype);
+    switch (t.dtype) {
+      case DataType::F32: { float f = real(rng); std::memcpy(p, &f, 4); break; }
+      case DataType::F16: { uint16_t h = f32_to_f16(real(rng)); std::memcpy(p, &h, 2); break; }
+      case DataType::BF16: { uint16_t h = f32_to_bf16(real(rng)); std::memcpy(p, &h, 2); break; }
+      case DataType::BOOL: *p = static_cast<uint8_t>(rng() & 1); break;
+      default: {
+        int64_t v = small(rng);
+        std::memcpy(p, &v, compiler::data_type_bytes(t.dtype));  // little-endian truncation
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int run_op(const OpOptions& o, std::ostream& out) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  ChipConfig cfg = load_chip(o.chip, o.overrides);
+  auto precision = compiler::precision_mode_from_name(o.precision);
+  if (!precision) throw Error(fmt::format("--precision '{}': unknown mode", o.precision));
+  compiler::OpDesc desc;
+  desc.type = o.op;
+  std::vector<NpyArray> given(o.inputs.size());  // arrays of inputs given as .npy files
+  for (size_t i = 0; i < o.inputs.size(); ++i) {
+    if (is_npy(o.inputs[i])) {
+      given[i] = read_npy(o.inputs[i]);
+      desc.inputs.push_back({npy_data_type(given[i], "--input " + o.inputs[i]), given[i].shape});
+    } else {
+      desc.inputs.push_back(parse_input(o.inputs[i], int(i)));
+    }
+  }
+  for (const auto& a : o.attrs) desc.attrs.insert(parse_attr(a));
+
+  const auto c0 = std::chrono::steady_clock::now();
+  compiler::CompiledKernel k = compiler::compile(desc, cfg, *precision);
+  const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  out << fmt::format("{} on chip '{}' ({}): {} launch(es), workspace {} bytes, compiled in {:.1f} ms\n",
+                     desc.str(), cfg.name, compiler::precision_mode_name(*precision),
+                     k.launches.size(), k.workspace_bytes, compile_s * 1e3);
+
+  SimOptions so;
+  so.functional = !o.timing_only;
+  Simulator sim(cfg, so);
+  DeviceArena arena(sim);
+  std::mt19937 rng(7);
+  std::vector<uint64_t> in_addrs, out_addrs;
+  for (size_t i = 0; i < desc.inputs.size(); ++i) {
+    std::vector<uint8_t> bytes = given[i].dtype.empty() ? random_bytes(desc.inputs[i], rng)
+                                                        : given[i].data;
+    bytes.resize(compiler::device_buffer_bytes(bytes.size()));
+    uint64_t addr = arena.allocate(bytes.size(), fmt::format("input {}", i));
+    if (!bytes.empty()) sim.copy_host_to_device(addr, bytes.data(), bytes.size());
+    in_addrs.push_back(addr);
+  }
+  for (size_t i = 0; i < k.outputs.size(); ++i)
+    out_addrs.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
+                                       fmt::format("output {}", i)));
+  const uint64_t workspace = k.workspace_bytes ? arena.allocate(k.workspace_bytes, "workspace") : 0;
+
+  const prof::ChipPeaks peaks = prof::chip_peaks(cfg);
+  prof::ReportInput report;
+  report.config = &cfg;
+  report.title = "npusim op " + desc.str();
+  uint64_t cycles = 0, macs = 0, repeats = 0, hbm = 0;
+  nlohmann::json launches = nlohmann::json::array();
+  for (size_t i = 0; i < k.launches.size(); ++i) {
+    const compiler::Launch& l = k.launches[i];
+    if (o.listing) out << l.kernel.listing << "\n";
+    KernelLaunch kl;
+    kl.program = &l.kernel.program;
+    kl.args = l.bind(in_addrs, out_addrs, workspace);
+    kl.block_dim = l.block_dim;
+    KernelResult r = sim.run(kl);
+    if (!r.ok) {
+      out << fmt::format("launch {} ({}) failed: {}\n", i, l.kernel.program.name, r.error);
+      return 3;
+    }
+    prof::OpRecord rec = op_record(l.kernel.program, cfg, l.block_dim, r);
+    rec.op_type = desc.type;
+    const prof::OpMetrics m = prof::compute_op_metrics(rec, cfg);
+    cycles += r.cycles;
+    macs += m.macs;
+    repeats += m.vector_repeats;
+    hbm += m.hbm_read_bytes + m.hbm_write_bytes;
+    out << fmt::format("  launch {}: {} ({})\n", i, l.kernel.program.name, l.summary);
+    print_summary(out, cfg, l.kernel.program.name, l.block_dim, r);
+    launches.push_back({{"kernel", l.kernel.program.name}, {"cycles", r.cycles},
+                        {"time_us", r.time_us}, {"cube_utilization_pct", m.cube_utilization_pct},
+                        {"roofline_bound_us", m.roofline_bound_us}});
+    report.ops.push_back(std::move(rec));
+  }
+  if (o.outputs.size() > k.outputs.size())
+    throw Error(fmt::format("{} has {} output(s), {} --output files given", desc.str(),
+                            k.outputs.size(), o.outputs.size()));
+  for (size_t i = 0; i < o.outputs.size(); ++i) {
+    const compiler::TensorDesc& t = k.outputs[i];
+    NpyArray a;
+    a.dtype = t.dtype == DataType::BOOL
+                  ? "b1"
+                  : npy_dtype(*isa::dtype_from_name(compiler::data_type_name(t.dtype)));
+    a.shape = t.shape;
+    a.data.resize(t.bytes());
+    if (!a.data.empty()) sim.copy_device_to_host(a.data.data(), out_addrs[i], a.data.size());
+    write_npy(o.outputs[i], a);
+  }
+  const double bound = prof::roofline_cycles(peaks, macs, repeats, hbm);
+  const double cube_pct = peaks.macs_per_cycle > 0 && cycles
+                              ? 100.0 * double(macs) / (peaks.macs_per_cycle * double(cycles)) : 0;
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  out << fmt::format(
+      "op total: {} cycles = {:.2f} us; cube {:.1f}% of chip peak; HBM {:.1f} GB/s; roofline bound "
+      "{:.2f} us (x{:.2f}); compile {:.3f} s, wall {:.2f} s\n",
+      cycles, cfg.cycles_to_us(double(cycles)), cube_pct,
+      cycles ? double(hbm) / (cfg.cycles_to_us(double(cycles)) * 1e-6) / 1e9 : 0.0,
+      cfg.cycles_to_us(bound), bound > 0 ? double(cycles) / bound : 0.0, compile_s, wall_s);
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    if (!f) throw Error("cannot write '" + o.json_path + "'");
+    f << nlohmann::json{{"op", desc.str()}, {"chip", cfg.name},
+                        {"precision", compiler::precision_mode_name(*precision)},
+                        {"functional", !o.timing_only}, {"cycles", cycles},
+                        {"time_us", cfg.cycles_to_us(double(cycles))},
+                        {"cube_utilization_pct", cube_pct}, {"hbm_bytes", hbm},
+                        {"roofline_bound_us", cfg.cycles_to_us(bound)},
+                        {"roofline_ratio", bound > 0 ? double(cycles) / bound : 0.0},
+                        {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches}}
+                             .dump(1)
+      << "\n";
+  }
+  if (!o.report_dir.empty()) {
+    prof::set_wait_cycles(report.ops);
+    write_cli_report(o.report_dir, report, out);
+  }
+  return 0;
+}
+
+}  // namespace npusim::cli

@@ -1,0 +1,30 @@
+// `npusim op`: compile one TensorFlow op with the kernel compiler (no TensorFlow needed) and run
+// it on a chip: per-launch figures, the op's roofline bound, compile and wall time.
+//   npusim op MatMul --input f16:4096x4096 --input f16:4096x4096 --chip 910b --timing-only
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace npusim::cli {
+
+struct OpOptions {
+  std::string op;                      // TF op type, e.g. "MatMul"
+  // Per input: DTYPE:SHAPE (random data, e.g. "f32:8x3"; "s32:" is a scalar) or a .npy file.
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;    // .npy files the op's outputs are written to, in order
+  std::vector<std::string> attrs;      // NAME=VALUE (int, float, true/false, [1,2], or a string)
+  std::string chip = "910b";
+  std::vector<std::string> overrides;
+  std::string precision = "allow_fp32_to_fp16";
+  bool timing_only = false;
+  bool listing = false;                // print each launch's generated assembly
+  std::string report_dir;
+  std::string json_path;               // write the figures as JSON (benchmarks read it)
+};
+
+// Returns the exit code. Throws npusim::Error for bad options (unknown op, bad spec, ...).
+int run_op(const OpOptions& o, std::ostream& out);
+
+}  // namespace npusim::cli
