@@ -19,7 +19,9 @@ namespace npusim::compiler {
 // BOOL is TensorFlow's bool. Device storage (what a GM buffer holds, little-endian):
 //   F32 F16 BF16 S32 S16 S8 U8 U16: the ISA type of the same name.
 //   S64:  8-byte two's complement (TF int64). Stored and moved, but no vector or cube
-//         instruction computes on it, so ops taking or producing S64 are rejected for now.
+//         instruction computes on it: ops that take or produce S64 move it as bytes or convert
+//         it to / from s32 with the scalar unit (ops/int64.h: ArgMax's output_type, int64
+//         labels); the others reject it.
 //   BOOL: one byte per element, 0 = false, 1 = true (TF's own layout); kernels read and write
 //         it as U8.
 enum class DataType : uint8_t { F32, F16, BF16, S32, S16, S8, U8, U16, S64, BOOL };

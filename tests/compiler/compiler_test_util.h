@@ -95,6 +95,8 @@ inline std::vector<uint8_t> encode(const HostTensor& t) {
       case DataType::S16: { int16_t x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); break; }
       case DataType::S8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
       case DataType::U8: case DataType::BOOL: *p = static_cast<uint8_t>(v); break;
+      case DataType::U16: { uint16_t x = static_cast<uint16_t>(v); std::memcpy(p, &x, 2); break; }
+      case DataType::S64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
       default: FAIL("encode: unsupported dtype");
     }
   }
@@ -114,6 +116,13 @@ inline std::vector<double> decode(DataType t, const std::vector<uint8_t>& bytes)
       case DataType::S16: { int16_t x; std::memcpy(&x, p, 2); v[i] = x; break; }
       case DataType::S8: { int8_t x; std::memcpy(&x, p, 1); v[i] = x; break; }
       case DataType::U8: case DataType::BOOL: v[i] = *p; break;
+      case DataType::U16: { uint16_t x; std::memcpy(&x, p, 2); v[i] = x; break; }
+      case DataType::S64: {
+        int64_t x;
+        std::memcpy(&x, p, 8);
+        v[i] = static_cast<double>(x);
+        break;
+      }
       default: FAIL("decode: unsupported dtype");
     }
   }
@@ -129,7 +138,7 @@ inline HostTensor random_tensor(DataType t, std::vector<int64_t> shape, double l
   h.values.resize(static_cast<size_t>(h.desc.num_elements()));
   for (double& v : h.values) {
     v = dist(rng);
-    v = t == DataType::S32 ? std::round(v) : round_to(t, v);
+    v = compiler::data_type_is_float(t) || t == DataType::BOOL ? round_to(t, v) : std::round(v);
   }
   return h;
 }

@@ -24,8 +24,12 @@
 //   branch (KernelBuilder::set_flag/wait_flag with a parity register).
 // Layouts: docs/helper_brief.md "Data layouts" and sim/exec/layout.h.
 //
+// Batched products (BatchMatMulV2, ops/batch_matmul.cpp) run the same kernel over the tiles of
+// every product (MatmulTiling's batch fields).
+//
 // Not supported yet: f32 on the cube with transpose_a or without transpose_b (load2d
-// transposes only 16-bit fractals; needs a 32-bit transpose), s32, bias and batch.
+// transposes only 16-bit fractals; the vector-side transposer of ops/transpose.h could
+// pre-transpose the operand into the workspace), s32, bias.
 #include "adapter/compiler/ops/matmul.h"
 
 #include <algorithm>
@@ -65,12 +69,14 @@ std::string MatmulTiling::str() const {
                      "mmad, {} per L1 chunk, {} L0C buffer(s)",
                      m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B",
                      isa::dtype_name(in_type), isa::dtype_name(out_type), tm, tn, tiles_m,
-                     tiles_n, tiles_m * tiles_n, block_dim, tk_l0, tk_l1, l0c_buffers);
+                     tiles_n, tiles_m * tiles_n, block_dim, tk_l0, tk_l1, l0c_buffers) +
+         (batch > 1 ? fmt::format("; batch {} ({} tiles)", batch, batch * tiles_m * tiles_n)
+                    : std::string());
 }
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op) {
+                                const std::string& op, int64_t batch) {
   const isa::CoreKind kind = cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE;
   const CoreKindConfig* core = cfg.core_kind(kind);
   if (!core || !core->has(Pipe::M))
@@ -121,7 +127,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
         if (tk0 < kKStep) continue;
         tk1 = tk0;
       }
-      const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn);
+      const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       const int64_t blocks = std::min<int64_t>(core->count, tiles);
       const double waves = static_cast<double>(ceil_div(tiles, blocks));
       const double load = static_cast<double>((tm + tn) * isz) / gm_rate;
@@ -158,6 +164,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   best.in_type = in_type;
   best.out_type = out_type;
   best.via_ub = via_ub;
+  best.batch = batch;
   // Through the UB, C's rows must be whole 32-byte blocks in GM: pad them if they are not.
   const int64_t per_block = layout::kBlockBytes / osz;
   best.c_pitch = via_ub ? round_up(n, per_block) : n;
@@ -184,18 +191,24 @@ class MatmulEmitter {
     allocate();
     const int64_t am = m_t.trans_a ? m_t.k : m_t.m, ak = m_t.trans_a ? m_t.m : m_t.k;
     const int64_t bk = m_t.trans_b ? m_t.n : m_t.k, bn = m_t.trans_b ? m_t.k : m_t.n;
-    b.declare_arg("a", m_t.in_type, {am, ak});
-    b.declare_arg("b", m_t.in_type, {bk, bn});
-    b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
+    if (m_t.batch > 1) {
+      b.declare_arg("a", m_t.in_type, {m_t.a_count, am, ak});
+      b.declare_arg("b", m_t.in_type, {m_t.b_count, bk, bn});
+      b.declare_arg("c", m_t.out_type, {m_t.batch, m_t.m, m_t.c_pitch});
+    } else {
+      b.declare_arg("a", m_t.in_type, {am, ak});
+      b.declare_arg("b", m_t.in_type, {bk, bn});
+      b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
+    }
     Reg steps = b.reg("steps of this block: tiles x k chunks");
     {
       KernelBuilder::Origin o(b, fmt::format("my tiles = ceil(({} tiles - block) / blocks), "
                                              "{} k chunks each",
-                                             m_t.tiles_m * m_t.tiles_n, m_chunks));
+                                             m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks));
       Reg blk = b.reg("block id"), nblk = b.reg("block count");
       b.emit(Opcode::op_get_block_id, {blk});
       b.emit(Opcode::op_get_block_num, {nblk});
-      b.movi(steps, m_t.tiles_m * m_t.tiles_n);
+      b.movi(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n);
       b.sub(steps, steps, blk);
       b.add(steps, steps, nblk);
       b.sub(steps, steps, 1);
@@ -284,9 +297,11 @@ class MatmulEmitter {
 
   // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks.
   // Sets j (tile index within the block) and ch, and the sizes m_act, n_act, kc; returns m0,
-  // n0, k0 through the given registers.
+  // n0, k0 through the given registers, and for a batched tiling the product index (tiles of
+  // product b are b * tiles_m * tiles_n ...) through *bidx.
   void coords(const Reg& s, const Reg& j, const Reg& ch, const Reg& m0, const Reg& n0,
-              const Reg& k0, const Reg& m_act, const Reg& n_act, const Reg& kc) {
+              const Reg& k0, const Reg& m_act, const Reg& n_act, const Reg& kc,
+              const Reg* bidx = nullptr) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "step -> tile and k chunk");
     b.div(j, s, m_chunks);
@@ -295,6 +310,10 @@ class MatmulEmitter {
     b.mul(m0, m0, j);
     b.emit(Opcode::op_get_block_id, {n0});
     b.add(m0, m0, n0, "tile = block + j * blocks");
+    if (bidx) {
+      b.div(*bidx, m0, m_t.tiles_m * m_t.tiles_n, "product of the tile");
+      b.rem(m0, m0, m_t.tiles_m * m_t.tiles_n);
+    }
     b.rem(n0, m0, m_t.tiles_n);
     b.div(m0, m0, m_t.tiles_n);
     b.mul(m0, m0, m_t.tm, "first row");
@@ -318,7 +337,9 @@ class MatmulEmitter {
     Reg j = b.reg("load: tile index"), ch = b.reg("load: chunk"), m0 = b.reg("load: m0"),
         n0 = b.reg("load: n0"), k0 = b.reg("load: k0"), m_act = b.reg("load: rows"),
         n_act = b.reg("load: columns"), kc = b.reg("load: k");
-    coords(s, j, ch, m0, n0, k0, m_act, n_act, kc);
+    Reg bi;
+    if (m_t.batch > 1) bi = b.reg("load: product");
+    coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
     Reg p = b.reg("load: L1 parity");
     b.and_(p, s, 1);
     b.wait_flag(m_l1_free, p, "L1 buffer free");
@@ -331,12 +352,14 @@ class MatmulEmitter {
       b.mul(src, m0, m_t.k);
       b.add(src, src, k0);
       round16(rows, m_act);
+      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.a_batch_strides);
       finish_src(src, "a");
       b.emit(Opcode::op_nd2nz, {type, dst, src, m_act, kc, m_t.k, rows}, "A chunk (m x k)");
     } else {  // A stored k x m
       b.mul(src, k0, m_t.m);
       b.add(src, src, m0);
       round16(rows, kc);
+      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.a_batch_strides);
       finish_src(src, "a");
       b.emit(Opcode::op_nd2nz, {type, dst, src, kc, m_act, m_t.m, rows}, "A^T chunk (k x m)");
     }
@@ -345,16 +368,33 @@ class MatmulEmitter {
       b.mul(src, k0, m_t.n);
       b.add(src, src, n0);
       round16(rows, kc);
+      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.b_batch_strides);
       finish_src(src, "b");
       b.emit(Opcode::op_nd2nz, {type, dst, src, kc, n_act, m_t.n, rows}, "B chunk (k x n)");
     } else {  // B stored n x k
       b.mul(src, n0, m_t.k);
       b.add(src, src, k0);
       round16(rows, n_act);
+      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.b_batch_strides);
       finish_src(src, "b");
       b.emit(Opcode::op_nd2nz, {type, dst, src, n_act, kc, m_t.k, rows}, "B^T chunk (n x k)");
     }
     b.set_flag(m_l1_full, p, "L1 chunk loaded");
+  }
+
+  // d += the element offset of product bidx in an operand with the given batch strides.
+  void add_batch_offset(const Reg& d, const Reg& bidx, const std::vector<int64_t>& strides) {
+    KernelBuilder& b = m_b;
+    Reg i = b.reg("batch index"), t = b.reg("batch offset");
+    int64_t below = m_t.batch;
+    for (size_t dim = 0; dim < m_t.batch_dims.size(); ++dim) {
+      below /= m_t.batch_dims[dim];
+      if (strides[dim] == 0) continue;
+      b.div(i, bidx, below);
+      b.rem(i, i, m_t.batch_dims[dim]);
+      b.mul(t, i, strides[dim]);
+      b.add(d, d, t);
+    }
   }
 
   // src = argument `arg` + src * element size.
@@ -374,9 +414,16 @@ class MatmulEmitter {
     {
       Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
           k0 = b.reg("compute: k0");
-      coords(s, j, ch, m0, n0, k0, m_act, n_act, kc);
+      Reg bi;
+      if (m_t.batch > 1) bi = b.reg("compute: product");
+      coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
       b.mul(cdst, m0, m_t.c_pitch);
       b.add(cdst, cdst, n0);
+      if (m_t.batch > 1) {
+        b.mul(j, bi, m_t.m * m_t.c_pitch);
+        b.add(cdst, cdst, j, "C of the product");
+        b.div(j, s, m_chunks, "tile index within the block (again)");
+      }
       b.mul(cdst, cdst, m_osz);
       Reg c = b.load_arg("c");
       b.add(cdst, cdst, c, "C tile address");
@@ -570,6 +617,18 @@ class MatmulEmitter {
   FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
 };
 
+}  // namespace
+
+Launch build_matmul_launch(const MatmulTiling& t, const ChipConfig& cfg, const std::string& op) {
+  Launch l;
+  l.kernel = MatmulEmitter(t, cfg, op).emit();
+  l.block_dim = t.block_dim;
+  l.summary = "cube: " + t.str();
+  return l;
+}
+
+namespace {
+
 // A launch writing zeros to the output (MatMul with k = 0).
 Launch zero_fill(const OpDesc& op, const TensorDesc& out, const ChipConfig& cfg) {
   StreamSpec spec;
@@ -588,7 +647,6 @@ uint64_t workspace_align(uint64_t bytes) { return layout::round_up(bytes, 512); 
 
 CompiledKernel compile_matmul(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const ChipConfig& cfg = ctx.cfg;
   if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
   const TensorDesc& a = op.inputs[0];
   const TensorDesc& b = op.inputs[1];
@@ -606,13 +664,29 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   const int64_t kb = tb ? b.shape[1] : b.shape[0], n = tb ? b.shape[0] : b.shape[1];
   if (k != kb)
     op.fail(fmt::format("inner dimensions differ: A gives k = {}, B gives k = {}", k, kb));
+  MatmulProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.trans_a = ta;
+  p.trans_b = tb;
+  return matmul_launches(ctx, dt, p, TensorDesc{dt, {m, n}});
+}
+
+CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
+                               const TensorDesc& c) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  const int64_t m = p.m, n = p.n, k = p.k;
+  const bool ta = p.trans_a, tb = p.trans_b;
+  int64_t batch = 1;
+  for (int64_t d : p.batch_dims) batch *= d;
   CompiledKernel out;
-  const TensorDesc c{dt, {m, n}};
   out.outputs = {c};
   if (dt != DataType::F16 && dt != DataType::BF16 && dt != DataType::F32)
     op.fail(fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)",
                         data_type_name(dt)));
-  if (m == 0 || n == 0) return out;  // nothing to compute
+  if (m == 0 || n == 0 || batch == 0) return out;  // nothing to compute
   if (k == 0) {
     out.launches.push_back(zero_fill(op, c, cfg));
     return out;
@@ -647,7 +721,13 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
         break;
     }
   }
-  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str());
+  MatmulTiling tiling =
+      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
+  tiling.batch_dims = p.batch_dims;
+  tiling.a_batch_strides = p.a_batch_strides;
+  tiling.b_batch_strides = p.b_batch_strides;
+  tiling.a_count = p.a_count;
+  tiling.b_count = p.b_count;
 
   // Workspace: the f16 copies of A and B, and the f16 result before widening.
   ArgRef a_arg{ArgRef::Kind::kInput, 0, 0}, b_arg{ArgRef::Kind::kInput, 1, 0};
@@ -671,7 +751,7 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   if (c_in_workspace) {
     c_arg = ArgRef{ArgRef::Kind::kWorkspace, 0, out.workspace_bytes};
     out.workspace_bytes += workspace_align(device_buffer_bytes(
-        static_cast<uint64_t>(m * tiling.c_pitch * isa::dtype_size(fix_out))));
+        static_cast<uint64_t>(batch * m * tiling.c_pitch * isa::dtype_size(fix_out))));
   }
   Launch mm;
   mm.kernel = MatmulEmitter(tiling, cfg, op.str()).emit();
@@ -680,16 +760,16 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   mm.summary = "cube: " + tiling.str();
   out.launches.push_back(std::move(mm));
   if (c_in_workspace) {
-    // Workspace C (m x c_pitch, of the FIXPIPE type) -> the output (m x n, dt): a copy or the
-    // f16 -> f32 widening, reading rows at the workspace pitch.
+    // Workspace C (batch * m x c_pitch, of the FIXPIPE type) -> the output (batch * m x n,
+    // dt): a copy or the f16 -> f32 widening, reading rows at the workspace pitch.
     StreamSpec spec = cast_spec(from_device_dtype(fix_out), dt, false, c.shape);
-    if (tiling.c_pitch != n && m > 1) {
-      spec.inputs[0].view = BroadcastView{{m, n}, {tiling.c_pitch, 1}};
-      spec.inputs[0].shape = {m, tiling.c_pitch};
+    if (tiling.c_pitch != n && batch * m > 1) {
+      spec.inputs[0].view = BroadcastView{{batch * m, n}, {tiling.c_pitch, 1}};
+      spec.inputs[0].shape = {batch * m, tiling.c_pitch};
     }
     Launch l = build_stream_kernel(op.str(), spec, cfg);
     l.args = {c_arg, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
-    l.summary = fmt::format("workspace C ({} x {} {}) -> output ({})", m, tiling.c_pitch,
+    l.summary = fmt::format("workspace C ({} x {} {}) -> output ({})", batch * m, tiling.c_pitch,
                             isa::dtype_name(fix_out), l.summary);
     out.launches.push_back(std::move(l));
   }

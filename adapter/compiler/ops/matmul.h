@@ -3,7 +3,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 
@@ -25,6 +28,13 @@ struct MatmulTiling {
   bool via_ub = false;      // no l0c->gm path: C leaves L0C through the UB (coupled chips)
   int64_t c_pitch = 0;      // elements per row of C as the cube kernel writes it (n, or n
                             // padded to 32 bytes via the UB; the caller then unpads)
+  // Batched products (BatchMatMul): `batch` products; product b (row-major over batch_dims)
+  // reads A at element offset sum_d idx_d * a_batch_strides[d] (0 where A broadcasts the dim),
+  // B likewise, and writes C at b * m * c_pitch. The tiles of all products are spread over the
+  // cube cores together. a_count / b_count: products stored in A / B (typed arguments).
+  int64_t batch = 1;
+  std::vector<int64_t> batch_dims, a_batch_strides, b_batch_strides;
+  int64_t a_count = 1, b_count = 1;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
 };
@@ -32,8 +42,27 @@ struct MatmulTiling {
 // Chooses the tiling for the cube cores of cfg (sizes from their L1/L0A/L0B/L0C capacities,
 // core count, cube shape and the gm->l1 rate). op names the op in errors (CompileError when no
 // tile fits).
+// batch: independent products of this size (BatchMatMul), counted in the cost model's waves.
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op);
+                                const std::string& op, int64_t batch = 1);
+
+// The cube kernel of a tiling, for families that multiply operands they prepared themselves
+// (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is
+// written with rows of t.c_pitch elements.
+Launch build_matmul_launch(const MatmulTiling& t, const ChipConfig& cfg, const std::string& op);
+
+// C = op(A) x op(B), optionally batched, as MatMul compiles it (precision modes, f32 input
+// casts into the workspace, FIXPIPE output type, C through the workspace where its rows are
+// padded, zeros for k = 0), shared by MatMul and BatchMatMulV2. The batch fields are those of
+// MatmulTiling (empty batch_dims: one product).
+struct MatmulProblem {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  std::vector<int64_t> batch_dims, a_batch_strides, b_batch_strides;
+  int64_t a_count = 1, b_count = 1;
+};
+CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
+                               const TensorDesc& c);
 
 }  // namespace npusim::compiler::ops

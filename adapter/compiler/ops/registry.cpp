@@ -35,6 +35,89 @@ const std::vector<OpEntry>& op_table() {
       {"Cast", "cast", compile_cast},
       // cube (ops/matmul.cpp)
       {"MatMul", "matmul", compile_matmul},
+      // data movement: strided copies assembled in the UB (ops/layout.cpp)
+      {"Transpose", "layout", compile_layout},
+      {"ConcatV2", "layout", compile_layout},
+      {"Pack", "layout", compile_layout},
+      {"Unpack", "layout", compile_layout},
+      {"Split", "layout", compile_layout},
+      {"SplitV", "layout", compile_layout},
+      {"Slice", "layout", compile_layout},
+      {"StridedSlice", "layout", compile_layout},
+      {"StridedSliceGrad", "layout", compile_layout},
+      {"Pad", "layout", compile_layout},
+      {"PadV2", "layout", compile_layout},
+      {"MirrorPad", "layout", compile_layout},
+      {"Tile", "layout", compile_layout},
+      {"BroadcastTo", "layout", compile_layout},
+      // index-driven data movement (ops/gather.cpp)
+      {"GatherV2", "gather", compile_gather},
+      {"UnsortedSegmentSum", "gather", compile_gather},
+      {"OneHot", "gather", compile_gather},
+      // generators (ops/fill.cpp)
+      {"Fill", "fill", compile_fill},
+      {"ZerosLike", "fill", compile_fill},
+      {"OnesLike", "fill", compile_fill},
+      {"Range", "fill", compile_fill},
+      // selection and clipping, streamed element-wise (ops/select.cpp)
+      {"Select", "select", compile_select},
+      {"SelectV2", "select", compile_select},
+      {"ClipByValue", "select", compile_select},
+      // scans (ops/scan.cpp)
+      {"Cumsum", "scan", compile_scan},
+      // batched products on the cube, Einsum as BatchMatMul + transposes (ops/batch_matmul.cpp)
+      {"BatchMatMulV2", "batch_matmul", compile_batch_matmul},
+      {"BatchMatMul", "batch_matmul", compile_batch_matmul},
+      {"Einsum", "batch_matmul", compile_batch_matmul},
+      // reductions over any set of axes (ops/reduce.cpp)
+      {"Sum", "reduce", compile_reduce},
+      {"Mean", "reduce", compile_reduce},
+      {"Max", "reduce", compile_reduce},
+      {"Min", "reduce", compile_reduce},
+      {"Prod", "reduce", compile_reduce},
+      {"ArgMax", "reduce", compile_reduce},
+      {"ArgMin", "reduce", compile_reduce},
+      // softmax over the last axis and the cross-entropy losses (ops/softmax.cpp)
+      {"Softmax", "softmax", compile_softmax},
+      {"LogSoftmax", "softmax", compile_softmax},
+      {"SoftmaxCrossEntropyWithLogits", "softmax", compile_softmax},
+      {"SparseSoftmaxCrossEntropyWithLogits", "softmax", compile_softmax},
+      // activations, their gradients and L2Loss (ops/activation.cpp)
+      {"Relu6", "activation", compile_activation},
+      {"Elu", "activation", compile_activation},
+      {"Selu", "activation", compile_activation},
+      {"Sigmoid", "activation", compile_activation},
+      {"Tanh", "activation", compile_activation},
+      {"Softplus", "activation", compile_activation},
+      {"Gelu", "activation", compile_activation},
+      {"ReluGrad", "activation", compile_activation},
+      {"Relu6Grad", "activation", compile_activation},
+      {"EluGrad", "activation", compile_activation},
+      {"SeluGrad", "activation", compile_activation},
+      {"SigmoidGrad", "activation", compile_activation},
+      {"TanhGrad", "activation", compile_activation},
+      {"SoftplusGrad", "activation", compile_activation},
+      {"L2Loss", "activation", compile_activation},
+      // bias (ops/bias.cpp)
+      {"BiasAdd", "bias", compile_bias},
+      {"BiasAddV1", "bias", compile_bias},
+      {"BiasAddGrad", "bias", compile_bias},
+      // convolutions on the cube, NHWC (ops/conv2d.cpp, kernels in ops/conv_cube.cpp)
+      {"Conv2D", "conv2d", compile_conv2d},
+      {"Conv2DBackpropInput", "conv2d", compile_conv2d},
+      {"Conv2DBackpropFilter", "conv2d", compile_conv2d},
+      {"DepthwiseConv2dNative", "conv2d", compile_conv2d},
+      {"DepthwiseConv2dNativeBackpropInput", "conv2d", compile_conv2d},
+      {"DepthwiseConv2dNativeBackpropFilter", "conv2d", compile_conv2d},
+      // pooling on the vector cores (ops/pool.cpp)
+      {"MaxPool", "pool", compile_pool},
+      {"AvgPool", "pool", compile_pool},
+      {"MaxPoolGrad", "pool", compile_pool},
+      {"AvgPoolGrad", "pool", compile_pool},
+      // batch normalisation: per-channel sums (ops/channel.cpp) + streamed passes
+      // (ops/batchnorm.cpp)
+      {"FusedBatchNormV3", "batchnorm", compile_batchnorm},
+      {"FusedBatchNormGradV3", "batchnorm", compile_batchnorm},
   };
   return table;
 }

@@ -34,5 +34,22 @@ CompiledKernel compile_binary(const CompileContext& ctx);  // ops/binary.cpp
 CompiledKernel compile_unary(const CompileContext& ctx);   // ops/unary.cpp
 CompiledKernel compile_cast(const CompileContext& ctx);    // ops/cast.cpp
 CompiledKernel compile_matmul(const CompileContext& ctx);  // ops/matmul.cpp
+// Data movement, gathers, generators, selection, scans, batched products (docs/compiler.md
+// "Data movement ops"):
+CompiledKernel compile_layout(const CompileContext& ctx);        // ops/layout.cpp
+CompiledKernel compile_fill(const CompileContext& ctx);          // ops/fill.cpp
+CompiledKernel compile_select(const CompileContext& ctx);        // ops/select.cpp
+CompiledKernel compile_scan(const CompileContext& ctx);          // ops/scan.cpp
+CompiledKernel compile_gather(const CompileContext& ctx);        // ops/gather.cpp
+CompiledKernel compile_batch_matmul(const CompileContext& ctx);  // ops/batch_matmul.cpp
+// Reductions, softmax, activations (docs/compiler.md):
+CompiledKernel compile_reduce(const CompileContext& ctx);      // ops/reduce.cpp
+CompiledKernel compile_softmax(const CompileContext& ctx);     // ops/softmax.cpp
+CompiledKernel compile_activation(const CompileContext& ctx);  // ops/activation.cpp
+CompiledKernel compile_bias(const CompileContext& ctx);        // ops/bias.cpp
+// Convolutions, pooling, batch normalisation (docs/compiler.md "Convolutions"):
+CompiledKernel compile_conv2d(const CompileContext& ctx);     // ops/conv2d.cpp
+CompiledKernel compile_pool(const CompileContext& ctx);       // ops/pool.cpp
+CompiledKernel compile_batchnorm(const CompileContext& ctx);  // ops/batchnorm.cpp
 
 }  // namespace npusim::compiler::ops

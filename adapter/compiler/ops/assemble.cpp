@@ -1,0 +1,764 @@
+#include "adapter/compiler/ops/assemble.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/elementwise.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+using layout::ceil_div;
+using layout::kBlockBytes;
+using layout::round_up;
+
+namespace {
+
+constexpr int64_t kTileQuantum = 128;    // tiles are whole multiples of 128 elements
+constexpr uint64_t kRepeatSlack = 256;   // a counter-mode repeat may span 256 bytes past a buffer
+constexpr uint64_t kPatternBytes = 512;  // s64 splat pattern: two repeats of lo/hi lanes
+constexpr int64_t kMinRunElems = 4;      // shorter runs go element by element (ld + vdup)
+constexpr int kLog2Block = 5;
+
+int log2_exact(int64_t v) {
+  int l = 0;
+  while ((int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+Opnd zero_reg() { return Opnd::reg_number(0); }
+
+}  // namespace
+
+// ---- TileKernel ----
+
+TileKernel::TileKernel(const std::string& op, Options options, const ChipConfig& cfg)
+    : m_b(options.kernel_name, op, cfg), m_opt(std::move(options)), m_cfg(cfg) {
+  m_esize = data_type_bytes(m_opt.dtype);
+  switch (m_esize) {
+    case 1: m_wide = true; m_unit = Dtype::U16; m_ubytes = 2; break;
+    case 2: m_unit = Dtype::U16; m_ubytes = 2; break;
+    case 4: m_unit = Dtype::S32; m_ubytes = 4; break;
+    case 8: m_unit = Dtype::S32; m_ubytes = 4; m_units = 2; break;
+    default: m_b.fail(fmt::format("no data movement for {}-byte elements", m_esize));
+  }
+}
+
+Reg TileKernel::input_addr(int i) { return m_b.load_arg(fmt::format("in{}", i)); }
+
+void TileKernel::load_element(const Reg& value, const Reg& addr) {
+  m_b.emit(Opcode::op_ld, {value, addr}, "load one element (scalar unit)");
+}
+
+void TileKernel::load_index(const Reg& value, const Reg& addr, DataType t) {
+  KernelBuilder& b = m_b;
+  load_element(value, addr);
+  // Sign extension of a w-bit value v: ((v & (2^w - 1)) ^ 2^(w-1)) - 2^(w-1).
+  switch (t) {
+    case DataType::S64: return;
+    case DataType::S32:
+      b.and_(value, value, 0xffffffffLL, "sign-extend the s32 index");
+      b.emit(Opcode::op_xor, {value, value, 0x80000000LL});
+      b.sub(value, value, 0x80000000LL);
+      return;
+    case DataType::S8:
+      b.and_(value, value, 0xff, "sign-extend the s8 index");
+      b.emit(Opcode::op_xor, {value, value, 0x80});
+      b.sub(value, value, 0x80);
+      return;
+    case DataType::U8:
+      b.and_(value, value, 0xff, "the u8 index");
+      return;
+    default:
+      b.fail(fmt::format("index type {} is not supported (s32, s64, u8, s8)", data_type_name(t)));
+  }
+}
+
+void TileKernel::unit_offset(const Reg& off_u, const Reg& off) {
+  if (m_units == 1) m_b.mov(off_u, off);
+  else m_b.mul(off_u, off, m_units);
+}
+
+// dst lanes [off_u, off_u + len_u) of the current tile = op(src lanes at the same positions
+// relative to the 32-byte block of off_u). The first block is written under a mask of exactly
+// the piece's lanes, the rest in counter mode, so no other lane changes. src is the UB address
+// holding the block-aligned data (src_pattern: a pattern buffer read with repeat stride 0).
+void TileKernel::exact(Opcode op, Dtype type, const Reg& off_u, const Reg& len_u, const Reg& src,
+                       bool src_pattern) {
+  KernelBuilder& b = m_b;
+  const int64_t epb = kBlockBytes / m_ubytes;  // lanes per 32-byte block
+  const int src_rep = src_pattern ? 0 : 8;
+  Reg d = b.reg("exact: destination block");
+  Reg p = b.reg("exact: phase in the block");
+  Reg t = b.reg("exact: mask / rest");
+  Reg u = b.reg("exact: mask temporary");
+  b.shr(d, off_u, log2_exact(epb));
+  b.shl(d, d, kLog2Block);
+  b.add(d, d, static_cast<int64_t>(m_current_tile), "block of the first lane");
+  b.and_(p, off_u, epb - 1, "phase of the first lane");
+  auto issue = [&](const Reg& dst, Opnd s, Opnd repeat) {
+    switch (op) {
+      case Opcode::op_vcopy:
+        b.emit(op, {type, dst, s, repeat, 1, 1, 8, src_rep});
+        break;
+      case Opcode::op_vdup:
+        b.emit(op, {type, dst, s, repeat, 1, 8});
+        break;
+      default:  // a VBIN accumulation: dst = dst op src
+        b.emit(op, {type, dst, dst, s, repeat, 1, 1, 1, 8, 8, src_rep});
+        break;
+    }
+  };
+  // mask = (1 << min(p + len, epb)) - (1 << p)
+  b.add(t, p, len_u);
+  b.min(t, t, epb);
+  b.movi(u, 1);
+  b.shl(t, u, t);
+  b.shl(u, u, p);
+  b.sub(t, t, u, "lanes of the piece in its first block");
+  b.emit(Opcode::op_set_mask, {zero_reg(), t});
+  issue(d, src, 1);
+  b.add(t, p, len_u);
+  b.sub(t, t, epb, "lanes after the first block");
+  b.if_(ge(t, 1), [&] {
+    b.emit(Opcode::op_set_mask_count, {t});
+    b.add(d, d, kBlockBytes);
+    if (op == Opcode::op_vdup) {
+      issue(d, src, 0);
+    } else {
+      b.add(u, src, kBlockBytes);
+      issue(d, u, 0);
+    }
+  });
+}
+
+void TileKernel::splat(const Reg& off, const Reg& len, const Reg& value) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "splat");
+  Reg off_u = b.reg("splat: first lane"), len_u = b.reg("splat: lanes");
+  unit_offset(off_u, off);
+  unit_offset(len_u, len);
+  if (m_units == 1) {
+    if (m_wide) {
+      Reg v = b.reg("splat: byte");
+      b.and_(v, value, 0xff);
+      exact(Opcode::op_vdup, m_unit, off_u, len_u, v, false);
+    } else {
+      exact(Opcode::op_vdup, m_unit, off_u, len_u, value, false);
+    }
+    return;
+  }
+  // 8-byte elements: a two-repeat pattern lo, hi, lo, hi, ... then an exact copy of it.
+  Reg t = b.reg("splat: pattern");
+  Reg a = b.reg_imm("splat: pattern address", static_cast<int64_t>(m_pattern));
+  b.emit(Opcode::op_set_mask_count, {static_cast<int64_t>(kPatternBytes / 4)});
+  b.emit(Opcode::op_vdup, {Dtype::S32, a, value, 0, 1, 8}, "pattern: low words");
+  b.movi(t, static_cast<int64_t>(0xAAAAAAAAAAAAAAAAull));
+  b.emit(Opcode::op_set_mask, {zero_reg(), t});
+  b.shr(t, value, 32);
+  b.emit(Opcode::op_vdup, {Dtype::S32, a, t, 2, 1, 8}, "pattern: high words (odd lanes)");
+  exact(Opcode::op_vcopy, Dtype::S32, off_u, len_u, a, true);
+}
+
+void TileKernel::place(const Reg& off, const Reg& value) {
+  KernelBuilder& b = m_b;
+  const int64_t epb = kBlockBytes / m_ubytes;
+  Reg d = b.reg("place: block"), p = b.reg("place: lane mask"), v = b.reg("place: value");
+  b.mul(d, off, m_units);
+  b.and_(p, d, epb - 1);
+  b.shr(d, d, log2_exact(epb));
+  b.shl(d, d, kLog2Block);
+  b.add(d, d, static_cast<int64_t>(m_current_tile));
+  b.movi(v, 1);
+  b.shl(p, v, p, "one-lane mask");
+  b.emit(Opcode::op_set_mask, {zero_reg(), p});
+  if (m_wide) {
+    b.and_(v, value, 0xff);
+    b.emit(Opcode::op_vdup, {m_unit, d, v, 1, 1, 8}, "one element");
+  } else {
+    b.emit(Opcode::op_vdup, {m_unit, d, value, 1, 1, 8}, "one element");
+  }
+  if (m_units == 2) {
+    b.shl(p, p, 1, "the high word's lane");
+    b.emit(Opcode::op_set_mask, {zero_reg(), p});
+    b.shr(v, value, 32);
+    b.emit(Opcode::op_vdup, {m_unit, d, v, 1, 1, 8}, "high word");
+  }
+}
+
+void TileKernel::run_piece(const Reg& off, const Reg& len, const Reg& src, bool accumulate) {
+  KernelBuilder& b = m_b;
+  if (!m_opt.runs) b.fail("internal: TileKernel built without run buffers");
+  const int64_t epb = kBlockBytes / m_ubytes;
+  const int src_unit = m_wide ? 1 : m_ubytes;  // GM bytes per lane
+  Reg off_u = b.reg("run: first lane"), len_u = b.reg("run: lanes");
+  unit_offset(off_u, off);
+  unit_offset(len_u, len);
+  {
+    Reg p = b.reg("run: phase"), s = b.reg("run: load source"), n = b.reg("run: blocks"),
+        a = b.reg("run: scratch");
+    b.and_(p, off_u, epb - 1);
+    b.mul(s, p, src_unit);
+    b.sub(s, src, s, "load from the run's block phase before it");
+    b.add(n, p, len_u);
+    b.mul(n, n, src_unit);
+    b.add(n, n, kBlockBytes - 1);
+    b.shr(n, n, kLog2Block);
+    b.mul(a, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
+    b.add(a, a, static_cast<int64_t>(m_scratch[0]));
+    b.wait_flag(m_scratch_free, *m_sp, "scratch free");
+    b.emit(Opcode::op_copy_gm2ub, {a, s, 1, n, 0, 0}, "load the run");
+    b.set_flag(m_scratch_ready, *m_sp);
+    b.wait_flag(m_scratch_ready, *m_sp, "run loaded");
+    if (m_wide) {
+      b.add(n, p, len_u);
+      vec_convert(b, Dtype::U16, Dtype::U8, static_cast<int64_t>(m_widened), a, RoundMode::kRint,
+                  n);
+      b.movi(a, static_cast<int64_t>(m_widened));
+    }
+    if (accumulate) exact(Opcode::op_vadd, device_dtype(m_opt.dtype), off_u, len_u, a, false);
+    else exact(Opcode::op_vcopy, m_unit, off_u, len_u, a, false);
+  }
+  b.set_flag(m_scratch_free, *m_sp, "scratch read");
+  b.emit(Opcode::op_xor, {*m_sp, *m_sp, 1});
+}
+
+void TileKernel::direct_piece(const Reg& off, const Reg& len, const Reg& src) {
+  KernelBuilder& b = m_b;
+  Reg d = b.reg("direct: tile address"), n = b.reg("direct: blocks");
+  b.mul(d, off, m_esize);
+  b.add(d, d, static_cast<int64_t>(m_current_tile));
+  b.mul(n, len, m_esize);
+  b.add(n, n, kBlockBytes - 1);
+  b.shr(n, n, kLog2Block);
+  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, n, 0, 0}, "whole blocks straight into the tile");
+}
+
+void TileKernel::copy_run(const Reg& off, const Reg& len, const Reg& src) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "run");
+  if (!m_direct) {
+    run_piece(off, len, src, false);
+    return;
+  }
+  // Split: head [off, a) and tail [e, off + len) through the scratch, [a, e) direct, where a
+  // and e are the block boundaries inside the run (e = the run's end when it ends the tile:
+  // lanes past the tile's count are never stored as data).
+  const int64_t epb = kBlockBytes / m_esize;  // elements per block
+  Reg a = b.reg("run: first whole block"), e = b.reg("run: end of whole blocks"),
+      end = b.reg("run: end");
+  b.add(end, off, len);
+  b.add(a, off, epb - 1);
+  b.shr(a, a, log2_exact(epb));
+  b.shl(a, a, log2_exact(epb));
+  Label partial = b.label("run_end_partial"), split = b.label("run_split"),
+        done = b.label("run_done");
+  b.mov(e, end);
+  b.branch(eq(end, cnt()), partial);
+  b.shr(e, e, log2_exact(epb));
+  b.shl(e, e, log2_exact(epb));
+  b.bind(partial);
+  {
+    Reg t = b.reg("run: whole-block length");
+    b.sub(t, e, a);
+    b.branch(ge(t, epb), split);
+  }
+  run_piece(off, len, src, false);  // no whole block inside: all through the scratch
+  b.jmp(done);
+  b.bind(split);
+  {
+    Reg t = b.reg("run: piece length"), s = b.reg("run: piece source");
+    b.sub(t, a, off);
+    b.if_(ne(t, 0), [&] { run_piece(off, t, src, false); });
+    b.sub(t, e, a);
+    b.sub(s, a, off);
+    b.mul(s, s, m_esize);
+    b.add(s, s, src);
+    direct_piece(a, t, s);
+    b.sub(t, end, e);
+    b.if_(ne(t, 0), [&] {
+      b.sub(s, e, off);
+      b.mul(s, s, m_esize);
+      b.add(s, s, src);
+      run_piece(e, t, s, false);
+    });
+  }
+  b.bind(done);
+}
+
+void TileKernel::vector_before_direct() {
+  if (!m_direct) return;
+  m_b.set_flag(m_vector_done, m_q, "vector writes done");
+  m_b.wait_flag(m_vector_done, m_q, "before direct loads");
+}
+
+void TileKernel::accumulate_run(const Reg& off, const Reg& len, const Reg& src) {
+  KernelBuilder::Origin o(m_b, "accumulate a run");
+  run_piece(off, len, src, true);
+}
+
+Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
+                         const std::function<void(TileKernel&)>& prologue) {
+  KernelBuilder& b = m_b;
+  const isa::CoreKind kind = b.vector_core_kind();
+  const CoreKindConfig& core = *m_cfg.core_kind(kind);
+  int64_t n = 1;
+  for (int64_t d : m_opt.out_shape) n *= d;
+  if (n <= 0) b.fail("internal: TileKernel needs a non-empty output");
+  const int64_t granule = std::max<int64_t>(1, kBlockBytes / m_esize);  // elements per block
+
+  // Tile: two lane tiles, (wide) two narrow tiles, (runs) two scratch buffers and the widened
+  // buffer, per element; fixed: alignment and phase slack, the s64 pattern, repeat overrun.
+  const uint64_t ub = core.capacity(isa::Buf::UB);
+  double per_elem = 2.0 * m_units * m_ubytes;
+  uint64_t fixed = kRepeatSlack + 4 * kBlockBytes;
+  if (m_wide) per_elem += 2;
+  if (m_opt.runs) {
+    per_elem += 2.0 * m_esize;
+    fixed += 4 * kBlockBytes;
+    if (m_wide) {
+      per_elem += 2;
+      fixed += 2 * kBlockBytes;
+    }
+  }
+  if (m_units == 2) fixed += kPatternBytes + kBlockBytes;
+  for (const auto& t : m_opt.temps) {
+    per_elem += t.second;
+    fixed += kBlockBytes;
+  }
+  int64_t tile = fixed < ub ? static_cast<int64_t>(static_cast<double>(ub - fixed) / per_elem) : 0;
+  tile = tile / kTileQuantum * kTileQuantum;
+  if (tile == 0)
+    b.fail(fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum,
+                       ub));
+  const int64_t per = round_up(ceil_div(n, static_cast<int64_t>(core.count)), granule);
+  const int block_dim = static_cast<int>(ceil_div(n, per));
+  m_tile = std::min(tile, per);
+
+  b.begin_section(kind);
+  for (int q = 0; q < 2; ++q)
+    m_out[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * m_units * m_ubytes),
+                       fmt::format("out tile {}", q));
+  if (m_wide)
+    for (int q = 0; q < 2; ++q)
+      m_narrow[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile),
+                            fmt::format("u8 out tile {}", q));
+  if (m_opt.runs) {
+    for (int q = 0; q < 2; ++q)
+      m_scratch[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * m_esize) + kBlockBytes,
+                             fmt::format("run scratch {}", q));
+    if (m_wide)
+      m_widened = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * 2) + kBlockBytes,
+                          "widened run");
+  }
+  if (m_units == 2) m_pattern = b.alloc(isa::Buf::UB, kPatternBytes, "s64 splat pattern");
+  for (const auto& t : m_opt.temps)
+    m_temps.push_back(b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * t.second) + kBlockBytes,
+                              t.first));
+  b.alloc(isa::Buf::UB, kRepeatSlack, "repeat overrun slack");
+
+  Launch launch;
+  for (size_t i = 0; i < m_opt.inputs.size(); ++i) {
+    b.declare_arg(fmt::format("in{}", i), device_dtype(m_opt.inputs[i].dtype),
+                  m_opt.inputs[i].shape);
+    launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
+  }
+  b.declare_arg("out", device_dtype(m_opt.dtype), m_opt.out_shape);
+  launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+
+  Reg pos = b.reg("tile start"), end = b.reg("end of this block's range"),
+      cnt = b.reg("tile elements");
+  {
+    KernelBuilder::Origin o(b, fmt::format("block range: {} elements per block", per));
+    b.emit(Opcode::op_get_block_id, {pos});
+    b.mul(pos, pos, per);
+    b.add(end, pos, per);
+    b.min(end, end, n);
+  }
+  FlagPair out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output tile assembled");
+  FlagPair out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
+  if (m_opt.runs) {
+    m_scratch_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "run loaded");
+    m_scratch_free = b.flag_pair(Pipe::V, Pipe::MTE2, "run scratch free");
+  }
+  m_direct = m_opt.runs && m_opt.direct && !m_wide;
+  if (m_direct) {
+    m_tile_free_mte2 = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "output tile stored (direct loads)");
+    m_tile_loaded = b.flag_pair(Pipe::MTE2, Pipe::MTE3, "direct loads done");
+    m_vector_done = b.flag_pair(Pipe::V, Pipe::MTE2, "vector writes before direct loads");
+  }
+  Reg sp = b.reg_imm("run scratch parity", 0);
+  {
+    KernelBuilder::Origin o(b, "all buffers start free");
+    for (int q = 0; q < 2; ++q) {
+      b.set_flag(out_free, q);
+      if (m_opt.runs) b.set_flag(m_scratch_free, q);
+      if (m_direct) b.set_flag(m_tile_free_mte2, q);
+    }
+  }
+  m_pos = &pos;
+  m_cnt = &cnt;
+  m_sp = &sp;
+  if (prologue) {
+    KernelBuilder::Origin o(b, "prologue");
+    prologue(*this);
+  }
+  Label loop = b.label("tile_loop"), drain = b.label("drain");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) {
+    KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+    b.branch(ge(pos, end), drain);
+    b.sub(cnt, end, pos);
+    b.min(cnt, cnt, m_tile, "elements in this tile");
+    b.wait_flag(out_free, q);
+    if (m_direct) b.wait_flag(m_tile_free_mte2, q, "tile free for direct loads");
+    m_current_tile = m_out[q];
+    m_q = q;
+    body(*this);
+    if (m_wide) vec_convert(b, Dtype::U8, Dtype::U16, m_narrow[q], m_out[q], RoundMode::kRint, cnt);
+    b.set_flag(out_ready, q);
+    b.wait_flag(out_ready, q);
+    if (m_direct) {
+      b.set_flag(m_tile_loaded, q);
+      b.wait_flag(m_tile_loaded, q);
+    }
+    {
+      Reg dst = b.load_arg("out");
+      Reg blocks = b.reg("output tile blocks");
+      b.mul(blocks, pos, m_esize);
+      b.add(dst, dst, blocks);
+      b.mul(blocks, cnt, m_esize);
+      b.add(blocks, blocks, kBlockBytes - 1);
+      b.shr(blocks, blocks, kLog2Block);
+      b.emit(Opcode::op_copy_ub2gm, {dst, m_wide ? m_narrow[q] : m_out[q], 1, blocks, 0, 0},
+             "store the output tile");
+    }
+    b.set_flag(out_free, q);
+    if (m_direct) b.set_flag(m_tile_free_mte2, q);
+    b.add(pos, pos, cnt);
+  }
+  b.jmp(loop);
+  b.bind(drain);
+  {
+    KernelBuilder::Origin o(b, "drain: consume the free flags");
+    for (int q = 0; q < 2; ++q) {
+      b.wait_flag(out_free, q);
+      if (m_opt.runs) b.wait_flag(m_scratch_free, q);
+      if (m_direct) b.wait_flag(m_tile_free_mte2, q);
+    }
+  }
+  b.end();
+  m_pos = m_cnt = m_sp = nullptr;
+  launch.summary = fmt::format("{}: {} elements of {}, {} blocks of {}, tile {} elements",
+                               m_opt.kernel_name, n, data_type_name(m_opt.dtype), block_dim, per,
+                               m_tile);
+  launch.block_dim = block_dim;
+  launch.kernel = b.finish();
+  return launch;
+}
+
+// ---- views ----
+
+int64_t dims_product(const std::vector<int64_t>& shape, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, shape.size()); ++i) p *= shape[i];
+  return p;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+void StridedView::simplify() {
+  std::vector<int64_t> d, s;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == 1) continue;
+    if (!d.empty() && s.back() == strides[i] * dims[i]) {
+      d.back() *= dims[i];
+      s.back() = strides[i];
+      continue;
+    }
+    d.push_back(dims[i]);
+    s.push_back(strides[i]);
+  }
+  if (d.empty()) {
+    d = {1};
+    s = {1};
+  }
+  dims = std::move(d);
+  strides = std::move(s);
+}
+
+AsmRegion full_region(const AssembleSpec& spec, int input, int64_t offset,
+                      const std::vector<int64_t>& row_strides, int64_t col_stride) {
+  AsmRegion r;
+  for (size_t d = 0; d < spec.rows.size(); ++d) {
+    AsmRowMap m;
+    m.hi = spec.rows[d];
+    m.stride = d < row_strides.size() ? row_strides[d] : 0;
+    r.rows.push_back(m);
+  }
+  r.col_hi = spec.width;
+  r.col_stride = col_stride;
+  r.input = input;
+  r.offset = offset;
+  return r;
+}
+
+AssembleSpec view_spec(const std::string& kernel_name, DataType dtype,
+                       const std::vector<int64_t>& in_shape,
+                       const std::vector<int64_t>& out_shape, StridedView view) {
+  view.simplify();
+  AssembleSpec spec;
+  spec.kernel_name = kernel_name;
+  spec.dtype = dtype;
+  spec.inputs = {TensorDesc{dtype, in_shape}};
+  spec.out_shape = out_shape;
+  spec.rows.assign(view.dims.begin(), view.dims.end() - 1);
+  spec.width = view.dims.back();
+  std::vector<int64_t> row_strides(view.strides.begin(), view.strides.end() - 1);
+  spec.regions.push_back(full_region(spec, 0, view.offset, row_strides, view.strides.back()));
+  return spec;
+}
+
+// ---- the assembly kernel ----
+
+namespace {
+
+class Assembler {
+ public:
+  Assembler(const AssembleSpec& spec, TileKernel& k) : m_spec(spec), m_k(k) {
+    const size_t rank = spec.rows.size();
+    m_rows = spec.rows;
+    m_below.assign(rank, 1);
+    for (size_t d = rank; d-- > 1;) m_below[d - 1] = m_below[d] * m_rows[d];
+  }
+
+  void tile() {
+    KernelBuilder& b = m_k.b();
+    if (m_spec.background) {
+      KernelBuilder::Origin o(b, "background fill");
+      Reg v = fill_value(*m_spec.background);
+      Reg zero = b.reg_imm("tile start", 0);
+      m_k.splat(zero, m_k.cnt(), v);
+      m_k.vector_before_direct();
+    }
+    const int64_t w = m_spec.width;
+    Reg row = b.reg("row"), row_end = b.reg("end row"), rs = b.reg("row start in the tile");
+    b.div(row, m_k.pos(), w, "first row of the tile");
+    b.add(row_end, m_k.pos(), m_k.cnt());
+    b.add(row_end, row_end, w - 1);
+    b.div(row_end, row_end, w, "end row of the tile");
+    Label top = b.label("row_loop");
+    b.bind(top);
+    b.mul(rs, row, w);
+    b.sub(rs, rs, m_k.pos(), "row start relative to the tile");
+    for (size_t r = 0; r < m_spec.regions.size(); ++r) region(r, row, rs);
+    b.add(row, row, 1);
+    b.branch(lt(row, row_end), top);
+  }
+
+ private:
+  Reg fill_value(const AsmFill& f) {
+    KernelBuilder& b = m_k.b();
+    Reg v = b.reg("fill value");
+    if (f.input >= 0) {
+      Reg a = m_k.input_addr(f.input);
+      m_k.load_element(v, a);
+    } else {
+      b.movi(v, static_cast<int64_t>(f.bits));
+    }
+    return v;
+  }
+
+  void region(size_t ri, const Reg& row, const Reg& rs) {
+    KernelBuilder& b = m_k.b();
+    const AsmRegion& r = m_spec.regions[ri];
+    KernelBuilder::Origin o(b, fmt::format("region {}", ri));
+    const int esize = m_k.elem_bytes();
+    Label skip = b.label("region_skip");
+    bool gathers = false;
+    for (const AsmRowMap& m : r.rows) gathers = gathers || m.index >= 0;
+    Reg src = b.reg_imm("region: source element", r.offset);
+    Reg bad;
+    if (gathers) bad = b.reg_imm("region: an index is out of range", 0);
+    {
+      Reg i = b.reg("region: row index"), t = b.reg("region: temporary");
+      for (size_t d = 0; d < m_rows.size(); ++d) {
+        const AsmRowMap& m = r.rows[d];
+        const bool restricted = m.lo > 0 || m.hi < m_rows[d] || m.step > 1;
+        if (!restricted && m.stride == 0 && m.index < 0) continue;
+        if (m_below[d] == 1) b.mov(i, row);
+        else b.div(i, row, m_below[d]);
+        if (d > 0) b.rem(i, i, m_rows[d], fmt::format("index in row dim {}", d));
+        if (restricted) {
+          if (m.lo > 0) b.branch(lt(i, m.lo), skip);
+          if (m.hi < m_rows[d]) b.branch(ge(i, m.hi), skip);
+          if (m.lo > 0) b.sub(i, i, m.lo);
+          if (m.step > 1) {
+            b.rem(t, i, m.step);
+            b.branch(ne(t, 0), skip);
+            b.div(i, i, m.step);
+          }
+        }
+        if (m.index >= 0) {
+          const TensorDesc& idx = m_spec.inputs[static_cast<size_t>(m.index)];
+          Reg a = m_k.input_addr(m.index);
+          b.mul(t, i, data_type_bytes(idx.dtype));
+          b.add(t, t, a);
+          m_k.load_index(i, t, idx.dtype);
+          Label ok = b.label("index_ok"), out = b.label("index_out_of_range");
+          b.branch(lt(i, 0), out);
+          b.branch(lt(i, m.index_bound), ok);
+          b.bind(out);
+          b.movi(bad, 1);
+          b.movi(i, 0);
+          b.bind(ok);
+        }
+        if (m.stride != 0) {
+          b.mul(t, i, m.stride);
+          b.add(src, src, t);
+        }
+      }
+    }
+    // Columns of this row inside the tile: [cl, ch) of the region's [col_lo, col_hi).
+    Reg cl = b.reg("region: first column"), ch = b.reg("region: end column");
+    b.emit(Opcode::op_sub, {cl, zero_reg(), rs});
+    b.max(cl, cl, r.col_lo);
+    b.sub(ch, m_k.cnt(), rs);
+    b.min(ch, ch, r.col_hi);
+    if (r.col_step > 1) {
+      Reg t = b.reg("region: column step");
+      b.sub(t, cl, r.col_lo);
+      b.add(t, t, r.col_step - 1);
+      b.div(t, t, r.col_step);
+      b.mul(t, t, r.col_step);
+      b.add(cl, t, r.col_lo, "first column on the step");
+    }
+    b.branch(ge(cl, ch), skip);
+    Reg off = b.reg("region: tile offset");
+    b.add(off, rs, cl);
+    if (r.input >= 0 && r.col_stride != 0) {
+      Reg t = b.reg("region: column term");
+      b.sub(t, cl, r.col_lo);
+      if (r.col_step > 1) b.div(t, t, r.col_step);
+      b.mul(t, t, r.col_stride);
+      b.add(src, src, t);
+    }
+    if (gathers) {
+      Label normal = b.label("index_in_range");
+      b.branch(eq(bad, 0), normal);
+      fill_piece(r, r.fill, off, cl, ch);
+      b.jmp(skip);
+      b.bind(normal);
+    }
+    if (r.input < 0) {
+      fill_piece(r, r.fill, off, cl, ch);
+    } else {
+      Reg a = m_k.input_addr(r.input);
+      b.mul(src, src, esize);
+      b.add(src, src, a, "source byte address");
+      source_piece(r, off, cl, ch, src);
+    }
+    b.bind(skip);
+  }
+
+  void fill_piece(const AsmRegion& r, const AsmFill& f, const Reg& off, const Reg& cl,
+                  const Reg& ch) {
+    KernelBuilder& b = m_k.b();
+    Reg v = fill_value(f);
+    if (r.col_step == 1) {
+      Reg len = b.reg("fill: length");
+      b.sub(len, ch, cl);
+      m_k.splat(off, len, v);
+      return;
+    }
+    Reg e = b.reg("fill: end offset"), o = b.reg("fill: offset");
+    b.sub(e, ch, cl);
+    b.add(e, e, off);
+    b.mov(o, off);
+    Label top = b.label("fill_elements");
+    b.bind(top);
+    m_k.place(o, v);
+    b.add(o, o, r.col_step);
+    b.branch(lt(o, e), top);
+  }
+
+  void source_piece(const AsmRegion& r, const Reg& off, const Reg& cl, const Reg& ch,
+                    const Reg& src) {
+    KernelBuilder& b = m_k.b();
+    const int esize = m_k.elem_bytes();
+    if (r.col_step == 1 && r.col_stride == 1 && r.col_hi - r.col_lo >= kMinRunElems) {
+      Reg len = b.reg("run: length");
+      b.sub(len, ch, cl);
+      m_k.copy_run(off, len, src);
+      return;
+    }
+    if (r.col_step == 1 && r.col_stride == 0) {
+      KernelBuilder::Origin o(b, "broadcast element");
+      Reg v = b.reg("broadcast value"), len = b.reg("broadcast length");
+      m_k.load_element(v, src);
+      b.sub(len, ch, cl);
+      m_k.splat(off, len, v);
+      return;
+    }
+    KernelBuilder::Origin o(b, "element by element");
+    Reg e = b.reg("elements: end offset"), v = b.reg("elements: value");
+    Reg step = b.reg_imm("elements: source step in bytes", r.col_stride * esize);
+    b.sub(e, ch, cl);
+    b.add(e, e, off);
+    Label top = b.label("elements");
+    b.bind(top);
+    m_k.load_element(v, src);
+    m_k.place(off, v);
+    b.add(src, src, step);
+    b.add(off, off, r.col_step);
+    b.branch(lt(off, e), top);
+  }
+
+  const AssembleSpec& m_spec;
+  TileKernel& m_k;
+  std::vector<int64_t> m_rows, m_below;
+};
+
+bool spec_uses_runs(const AssembleSpec& spec) {
+  for (const AsmRegion& r : spec.regions)
+    if (r.input >= 0 && r.col_step == 1 && r.col_stride == 1 && r.col_hi - r.col_lo >= kMinRunElems)
+      return true;
+  return false;
+}
+
+}  // namespace
+
+Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
+                             const ChipConfig& cfg) {
+  if (spec.width <= 0) throw CompileError(op + ": internal: assemble width must be positive");
+  for (const AsmRegion& r : spec.regions)
+    if (r.rows.size() != spec.rows.size())
+      throw CompileError(op + ": internal: a region's row maps do not match the rows");
+  TileKernel::Options opt;
+  opt.kernel_name = spec.kernel_name;
+  opt.dtype = spec.dtype;
+  opt.inputs = spec.inputs;
+  opt.out_shape = spec.out_shape;
+  opt.runs = spec_uses_runs(spec);
+  TileKernel k(op, opt, cfg);
+  AssembleSpec normalized = spec;
+  if (normalized.rows.empty()) {
+    normalized.rows = {1};
+    for (AsmRegion& r : normalized.regions) r.rows = {AsmRowMap{0, 1, 1, 0, -1, 0}};
+  }
+  Launch l = k.build([&](TileKernel& tk) {
+    Assembler a(normalized, tk);
+    a.tile();
+  });
+  return l;
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,412 @@
+// Batch normalisation, NHWC (data_format NHWC), x of type T in {f32, f16, bf16}, the
+// per-channel tensors of type U = f32, as TensorFlow's CPU kernels
+// (tensorflow/core/kernels/fused_batch_norm_op.cc) compute them, in f32:
+//
+// FusedBatchNormV3(x, scale, offset, mean, variance; epsilon, exponential_avg_factor,
+//                  is_training) -> y, batch_mean, batch_variance, reserve_space_1,
+//                                  reserve_space_2, reserve_space_3
+//   training:  m = sum(x) * (1/R), v = sum((x - m)^2) * (1/R) (R = N*H*W, two passes),
+//              y = (x - m) * (rsqrt(v + eps) * scale) + offset,
+//              batch_mean = m, batch_variance = v * R/(R-1) (Bessel; with f = exponential_avg_
+//              factor != 1 both blended with the inputs: (1-f) * old + f * new),
+//              reserve_space_1 = m, reserve_space_2 = v (biased).
+//   inference: y with the given mean and variance; batch_mean / batch_variance and the reserve
+//              spaces are copies of them (TF leaves the reserve spaces unspecified).
+//   reserve_space_3: a scalar 0 (TF's CPU kernel's dummy).
+// FusedBatchNormGradV3(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+//                      reserve_space_3; epsilon, is_training)
+//   -> x_backprop, scale_backprop, offset_backprop, reserve_space_4 [0], reserve_space_5 [0]
+//   r = rsqrt(var + eps), Sdy = sum(dy), Sdyx = sum(dy * (x - mean)),
+//   scale_backprop = Sdyx * r, offset_backprop = Sdy,
+//   training:  x_backprop = scale*r * ((dy - Sdy/R) - (x - mean) * r^2 * Sdyx/R),
+//   inference: x_backprop = dy * (scale * r).
+//
+// Launches: per-channel sums on the vector cores (ops/channel.h: each block sums a range of
+// pixels, an epilogue kernel adds the blocks' partials and does the per-channel math), then
+// the element-wise pass (the streaming kernel, per-channel vectors resident in the UB). Sums
+// are formed in a different order than Eigen's (see channel.h), so results agree within f32
+// rounding, not bit for bit. Channels whose C * sizeof(T) is not a multiple of 32 are summed
+// from a channel-padded copy of the tensors in the workspace.
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+int64_t rup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// The tensors a channel sum reads, with C padded to whole blocks.
+struct Padded {
+  ArgRef ref;
+  int64_t cp = 0;
+};
+
+// [pixels, c] tensor `src` of type dt in the layout the channel sums need (a padded copy in the
+// workspace unless c * size is whole blocks).
+Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pixels, int64_t c,
+              DataType dt, const ChipConfig& cfg) {
+  const int64_t size = data_type_bytes(dt), cp = rup(c, std::max<int64_t>(8, 32 / size));
+  if (cp == c) return {src, c};
+  ArgRef ws = workspace_take(k, static_cast<uint64_t>(pixels * cp * size));
+  append_channel_pad(k, op, src, ws, pixels, c, cp, dt, cfg);
+  return {ws, cp};
+}
+
+// Appends a channel sum; returns the partials' workspace ref and block count.
+std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSumSpec s,
+                                  std::vector<ArgRef> ins, const ChipConfig& cfg) {
+  ChannelSumLaunch cs = build_channel_sum(s, cfg, op.str());
+  const ArgRef partials =
+      workspace_take(k, static_cast<uint64_t>(s.batch * cs.blocks * s.cp) * 4);
+  ins.push_back(partials);
+  k.launches.push_back(with_args(std::move(cs.launch), ins));
+  return {partials, cs.blocks};
+}
+
+// A vector launch writing f32 `value` to every element of the output `out` (index).
+void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc& desc,
+                 double value, const ChipConfig& cfg) {
+  if (desc.num_elements() == 0) return;
+  StreamSpec spec;
+  spec.kernel_name = "FillF32";
+  spec.out_type = Dtype::F32;
+  spec.out_shape = desc.shape;
+  const int64_t bits = vector_scalar_bits(Dtype::F32, value);
+  spec.compute = [bits](KernelBuilder& b, const TileOperands& t) {
+    Reg v = b.reg_imm("value", bits);
+    vec_dup_bits(b, 4, t.out, v, *t.count);
+  };
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, cfg), {output_ref(out)}));
+}
+
+// The element-wise pass: out = f(tensors, per-channel vectors), computed in f32.
+void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& name,
+                        const std::vector<int64_t>& shape, DataType dt,
+                        const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
+                        const ArgRef& out, int temps,
+                        std::function<void(KernelBuilder&, const TileOperands&,
+                                           const std::vector<uint64_t>& f32_tensors)>
+                            compute,
+                        const ChipConfig& cfg) {
+  const int64_t c = shape.back();
+  StreamSpec spec;
+  spec.kernel_name = name;
+  spec.out_type = device_dtype(dt);
+  spec.out_shape = shape;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spec.inputs.push_back(StreamInput{device_dtype(dt), broadcast_view(shape, shape), shape});
+  for (size_t i = 0; i < vectors.size(); ++i)
+    spec.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}});
+  const bool widen = dt != DataType::F32;
+  const size_t nt = tensors.size();
+  for (size_t i = 0; i < (widen ? nt : 0) + static_cast<size_t>(temps); ++i)
+    spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0});
+  spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
+    std::vector<uint64_t> f32;
+    for (size_t i = 0; i < nt; ++i) {
+      if (widen) {
+        vec_convert(b, Dtype::F32, device_dtype(dt), t.temp[i], t.in[i], RoundMode::kRint,
+                    *t.count);
+        f32.push_back(t.temp[i]);
+      } else {
+        f32.push_back(t.in[i]);
+      }
+    }
+    TileOperands u = t;
+    u.temp.assign(t.temp.begin() + (widen ? static_cast<long>(nt) : 0), t.temp.end());
+    u.in.assign(t.in.begin() + static_cast<long>(nt), t.in.end());  // the vectors
+    compute(b, u, f32);
+  };
+  std::vector<ArgRef> args = tensors;
+  args.insert(args.end(), vectors.begin(), vectors.end());
+  args.push_back(out);
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, cfg), args));
+}
+
+// Writes f32 result `r` to the output tile in the output type.
+void store_f32(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt) {
+  if (dt == DataType::F32) {
+    if (r != t.out) vec_copy_bits(b, 4, t.out, r, *t.count);
+  } else {
+    vec_convert(b, device_dtype(dt), Dtype::F32, t.out, r, RoundMode::kRint, *t.count);
+  }
+}
+
+DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
+                  std::initializer_list<size_t> vectors, int64_t* c) {
+  DataType dt = op.inputs[*tensors.begin()].dtype;
+  const std::vector<int64_t>& shape = op.inputs[*tensors.begin()].shape;
+  if (shape.size() != 4)
+    op.fail(fmt::format("x must have rank 4 (NHWC), got {}", shape_str(shape)));
+  for (size_t i : tensors)
+    if (op.inputs[i].dtype != dt || op.inputs[i].shape != shape)
+      op.fail(fmt::format("input {} is {}, expected {}", i, op.inputs[i].str(),
+                          TensorDesc{dt, shape}.str()));
+  if (dt != DataType::F32 && dt != DataType::F16 && dt != DataType::BF16)
+    op.fail(fmt::format("T = {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match x's {}", data_type_name(*t),
+                        data_type_name(dt)));
+  if (auto u = op.attr_type("U"); u && *u != DataType::F32)
+    op.fail(fmt::format("U = {} is not supported (f32)", data_type_name(*u)));
+  const std::string f = op.attr_string("data_format", "NHWC");
+  if (f != "NHWC") op.fail(fmt::format("data_format {} is not supported (NHWC only)", f));
+  *c = shape[3];
+  for (size_t i : vectors)
+    if (op.inputs[i].dtype != DataType::F32 || op.inputs[i].shape != std::vector<int64_t>{*c})
+      op.fail(fmt::format("input {} must be f32[{}], got {}", i, *c, op.inputs[i].str()));
+  return dt;
+}
+
+CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  if (op.inputs.size() != 5) op.fail(fmt::format("takes 5 inputs, {} given", op.inputs.size()));
+  const bool training = op.attr_bool("is_training", true);
+  const double eps = op.attr_float("epsilon", 0.0001);
+  const double factor = op.attr_float("exponential_avg_factor", 1.0);
+  int64_t c = 0;
+  const DataType dt = training && factor == 1.0 ? bn_dtype(op, {0}, {1, 2}, &c)
+                                                : bn_dtype(op, {0}, {1, 2, 3, 4}, &c);
+  const std::vector<int64_t>& shape = op.inputs[0].shape;
+  const int64_t pixels = shape[0] * shape[1] * shape[2];
+  const TensorDesc vec{DataType::F32, {c}};
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, shape}, vec, vec, vec, vec, TensorDesc{DataType::F32, {}}};
+  const bool blend = training && factor != 1.0;
+  if (pixels == 0 || c == 0) {  // TF: NaN statistics for an empty batch
+    for (int o = 1; o <= 4; ++o) append_fill(k, op, o, vec, NAN, cfg);
+    append_fill(k, op, 5, k.outputs[5], 0, cfg);
+    return k;
+  }
+  const ArgRef scale = input_ref(1), offset = input_ref(2);
+  ArgRef mean = input_ref(3), a = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  if (training) {
+    const Padded x = padded(k, op, input_ref(0), pixels, c, dt, cfg);
+    const ArgRef mean_ws = workspace_take(k, static_cast<uint64_t>(x.cp) * 4);
+    ChannelSumSpec s;
+    s.a_type = device_dtype(dt);
+    s.pixels = pixels;
+    s.cp = x.cp;
+    auto [s1, b1] = append_sum(k, op, s, {x.ref}, cfg);
+    ChannelEpilogueSpec e1;
+    e1.name = "BatchNormMean";
+    e1.c = c;
+    e1.partial_cp = x.cp;
+    e1.partial_blocks = {b1};
+    e1.outputs = 1;
+    const double inv = static_cast<float>(1.0f / static_cast<float>(pixels));
+    e1.compute = [inv](KernelBuilder& b, const EpilogueOperands& o) {
+      f32_scalar(b, Opcode::op_vmuls, o.outputs[0], o.sums[0], inv, *o.count);  // sum * (1/R)
+    };
+    k.launches.push_back(with_args(build_channel_epilogue(e1, cfg, op.str()), {s1, mean_ws}));
+    s.kind = ChannelSumSpec::Kind::kSumSquares;
+    s.centered = true;
+    auto [s2, b2] = append_sum(k, op, s, {x.ref, mean_ws}, cfg);
+    ChannelEpilogueSpec e2;
+    e2.name = "BatchNormVariance";
+    e2.c = c;
+    e2.partial_cp = x.cp;
+    e2.partial_blocks = {b2};
+    e2.vectors = blend ? 4 : 2;  // scale, mean (, old mean, old variance)
+    e2.outputs = 5;              // batch_mean, batch_variance, reserve 1, reserve 2, a
+    e2.temps = 1;
+    const double adjust = static_cast<float>(static_cast<float>(pixels) /
+                                             static_cast<float>(std::max<int64_t>(pixels - 1, 1)));
+    e2.compute = [=](KernelBuilder& b, const EpilogueOperands& o) {
+      const Reg& n = *o.count;
+      const uint64_t var = o.outputs[3], m = o.vectors[1];
+      f32_scalar(b, Opcode::op_vmuls, var, o.sums[0], inv, n);  // v = sum * (1/R)
+      f32_copy(b, o.outputs[2], m, n);
+      // a = rsqrt(v + eps) * scale
+      f32_scalar(b, Opcode::op_vadds, o.temps[0], var, eps, n);
+      f32_unary(b, Opcode::op_vrsqrt, o.temps[0], o.temps[0], n);
+      f32_binary(b, Opcode::op_vmul, o.outputs[4], o.temps[0], o.vectors[0], n);
+      if (!blend) {
+        f32_copy(b, o.outputs[0], m, n);
+        f32_scalar(b, Opcode::op_vmuls, o.outputs[1], var, adjust, n);
+        return;
+      }
+      // (1 - f) * old + f * new (the variance's new value with Bessel's correction)
+      f32_scalar(b, Opcode::op_vmuls, o.outputs[0], o.vectors[2],
+                 static_cast<float>(1.0f - static_cast<float>(factor)), n);
+      f32_scalar(b, Opcode::op_vmuls, o.temps[0], m, static_cast<float>(factor), n);
+      f32_binary(b, Opcode::op_vadd, o.outputs[0], o.outputs[0], o.temps[0], n);
+      f32_scalar(b, Opcode::op_vmuls, o.outputs[1], o.vectors[3],
+                 static_cast<float>(1.0f - static_cast<float>(factor)), n);
+      f32_scalar(b, Opcode::op_vmuls, o.temps[0], var,
+                 static_cast<float>(static_cast<float>(factor) * static_cast<float>(adjust)), n);
+      f32_binary(b, Opcode::op_vadd, o.outputs[1], o.outputs[1], o.temps[0], n);
+    };
+    std::vector<ArgRef> args = {s2, scale, mean_ws};
+    if (blend) {
+      args.push_back(input_ref(3));
+      args.push_back(input_ref(4));
+    }
+    for (int i = 1; i <= 4; ++i) args.push_back(output_ref(i));
+    args.push_back(a);
+    k.launches.push_back(with_args(build_channel_epilogue(e2, cfg, op.str()), args));
+    mean = mean_ws;
+  } else {
+    ChannelEpilogueSpec e;
+    e.name = "BatchNormInference";
+    e.c = c;
+    e.vectors = 3;  // scale, mean, variance
+    e.outputs = 5;  // batch_mean, batch_variance, reserve 1, reserve 2, a
+    e.compute = [eps](KernelBuilder& b, const EpilogueOperands& o) {
+      const Reg& n = *o.count;
+      f32_copy(b, o.outputs[0], o.vectors[1], n);
+      f32_copy(b, o.outputs[2], o.vectors[1], n);
+      f32_copy(b, o.outputs[1], o.vectors[2], n);
+      f32_copy(b, o.outputs[3], o.vectors[2], n);
+      f32_scalar(b, Opcode::op_vadds, o.outputs[4], o.vectors[2], eps, n);
+      f32_unary(b, Opcode::op_vrsqrt, o.outputs[4], o.outputs[4], n);
+      f32_binary(b, Opcode::op_vmul, o.outputs[4], o.outputs[4], o.vectors[0], n);
+    };
+    k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
+                                   {scale, input_ref(3), input_ref(4), output_ref(1),
+                                    output_ref(2), output_ref(3), output_ref(4), a}));
+  }
+  // y = (x - mean) * a + offset
+  append_elementwise(k, op, fmt::format("BatchNorm_{}", data_type_name(dt)), shape, dt,
+                     {input_ref(0)}, {mean, a, offset}, output_ref(0), 1,
+                     [dt](KernelBuilder& b, const TileOperands& t,
+                          const std::vector<uint64_t>& x) {
+                       const uint64_t r = t.temp[0];
+                       vec_binary(b, Opcode::op_vsub, Dtype::F32, r, x[0], t.in[0], *t.count);
+                       vec_binary(b, Opcode::op_vmul, Dtype::F32, r, r, t.in[1], *t.count);
+                       vec_binary(b, Opcode::op_vadd, Dtype::F32, r, r, t.in[2], *t.count);
+                       store_f32(b, t, r, dt);
+                     },
+                     cfg);
+  append_fill(k, op, 5, k.outputs[5], 0, cfg);
+  return k;
+}
+
+CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  if (op.inputs.size() != 6) op.fail(fmt::format("takes 6 inputs, {} given", op.inputs.size()));
+  const bool training = op.attr_bool("is_training", true);
+  const double eps = op.attr_float("epsilon", 0.0001);
+  int64_t c = 0;
+  const DataType dt = bn_dtype(op, {0, 1}, {2, 3, 4}, &c);
+  const std::vector<int64_t>& shape = op.inputs[0].shape;
+  const int64_t pixels = shape[0] * shape[1] * shape[2];
+  const TensorDesc vec{DataType::F32, {c}}, none{DataType::F32, {0}};
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, shape}, vec, vec, none, none};
+  if (c == 0) return k;
+  if (pixels == 0) {  // TF: zero scale / offset gradients
+    append_fill(k, op, 1, vec, 0, cfg);
+    append_fill(k, op, 2, vec, 0, cfg);
+    return k;
+  }
+  const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
+  const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
+  // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
+  const ArgRef mean_p = workspace_take(k, static_cast<uint64_t>(x.cp) * 4);
+  {
+    ChannelEpilogueSpec e;
+    e.name = "BatchNormGradMean";
+    e.c = c;
+    e.vectors = 1;
+    e.outputs = 1;
+    e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+      f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
+    };
+    k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
+                                   {input_ref(3), mean_p}));
+  }
+  ChannelSumSpec s;
+  s.a_type = s.b_type = device_dtype(dt);
+  s.pixels = pixels;
+  s.cp = x.cp;
+  auto [sdy, bdy] = append_sum(k, op, s, {dy.ref}, cfg);
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  auto [sdx, bdx] = append_sum(k, op, s, {x.ref, dy.ref, mean_p}, cfg);
+  // Coefficients: c1 = scale * r, mdy = Sdy / R, c2 = r^2 * Sdyx / R.
+  const ArgRef c1 = workspace_take(k, static_cast<uint64_t>(c) * 4),
+               mdy = workspace_take(k, static_cast<uint64_t>(c) * 4),
+               c2 = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  ChannelEpilogueSpec e;
+  e.name = "BatchNormGradCoefficients";
+  e.c = c;
+  e.partial_cp = x.cp;
+  e.partial_blocks = {bdy, bdx};
+  e.vectors = 2;  // scale, variance
+  e.outputs = training ? 5 : 3;
+  e.temps = 1;
+  const double r_count = static_cast<double>(pixels);
+  e.compute = [=](KernelBuilder& b, const EpilogueOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t r = o.temps[0];
+    f32_scalar(b, Opcode::op_vadds, r, o.vectors[1], eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.sums[1], r, n);  // scale_backprop
+    f32_copy(b, o.outputs[1], o.sums[0], n);                        // offset_backprop
+    f32_binary(b, Opcode::op_vmul, o.outputs[2], o.vectors[0], r, n);  // c1
+    if (!training) return;
+    f32_scalar(b, Opcode::op_vmuls, o.outputs[3], o.sums[0],
+               static_cast<float>(1.0f / static_cast<float>(r_count)), n);  // mdy
+    f32_binary(b, Opcode::op_vmul, o.outputs[4], r, r, n);
+    f32_binary(b, Opcode::op_vmul, o.outputs[4], o.outputs[4], o.sums[1], n);
+    f32_scalar(b, Opcode::op_vmuls, o.outputs[4], o.outputs[4],
+               static_cast<float>(1.0f / static_cast<float>(r_count)), n);  // c2
+  };
+  std::vector<ArgRef> args = {sdy, sdx, input_ref(2), input_ref(4), output_ref(1),
+                              output_ref(2), c1};
+  if (training) {
+    args.push_back(mdy);
+    args.push_back(c2);
+  }
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), args));
+  const std::string name = fmt::format("BatchNormGrad_{}", data_type_name(dt));
+  if (training) {
+    // dx = c1 * ((dy - mdy) - (x - mean) * c2)
+    append_elementwise(
+        k, op, name, shape, dt, {input_ref(0), input_ref(1)}, {mdy, input_ref(3), c2, c1},
+        output_ref(0), 1,
+        [dt](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
+          const Reg& n = *t.count;
+          const uint64_t u = t.temp[0];
+          vec_binary(b, Opcode::op_vsub, Dtype::F32, u, f[0], t.in[0], n);
+          vec_binary(b, Opcode::op_vsub, Dtype::F32, f[1], f[1], t.in[1], n);
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, f[1], f[1], t.in[2], n);
+          vec_binary(b, Opcode::op_vsub, Dtype::F32, u, u, f[1], n);
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, u, t.in[3], n);
+          store_f32(b, t, u, dt);
+        },
+        cfg);
+  } else {
+    append_elementwise(k, op, name, shape, dt, {input_ref(0)}, {c1}, output_ref(0), 1,
+                       [dt](KernelBuilder& b, const TileOperands& t,
+                            const std::vector<uint64_t>& f) {
+                         vec_binary(b, Opcode::op_vmul, Dtype::F32, t.temp[0], f[0], t.in[0],
+                                    *t.count);
+                         store_f32(b, t, t.temp[0], dt);
+                       },
+                       cfg);
+  }
+  return k;
+}
+
+}  // namespace
+
+CompiledKernel compile_batchnorm(const CompileContext& ctx) {
+  if (ctx.op.type == "FusedBatchNormV3") return compile_fused_batch_norm(ctx);
+  if (ctx.op.type == "FusedBatchNormGradV3") return compile_fused_batch_norm_grad(ctx);
+  ctx.op.fail("not a batch-normalisation op");
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,89 @@
+// BiasAdd (and the legacy BiasAddV1) and BiasAddGrad, attr data_format "NHWC" (default: the
+// channel is the last dim) or "NCHW" (the channel is dim 1); value of rank >= 2, bias [C].
+//   BiasAdd      value + bias broadcast along the channel: the element-wise stream kernel
+//                (NHWC: the bias is resident in the UB, one period of C; NCHW: gathered per
+//                piece of H*W elements). f32/f16/bf16 as AddV2 (one rounding, TF's result bit
+//                for bit), s32 wrapping.
+//   BiasAddGrad  the sum of out_backprop over every dim but the channel, by the reduction
+//                engine (ops/reduce.h): f16/bf16 accumulate in f32 (as TF's AccumulatorType),
+//                rounded once.
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/reduce.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+namespace {
+
+// The channel dim of a value of `rank` under the op's data_format.
+size_t channel_dim(const OpDesc& op, size_t rank) {
+  const std::string fmt_attr = op.attr_string("data_format", "NHWC");
+  if (rank < 2) op.fail("the value must have at least 2 dimensions");
+  if (fmt_attr == "NHWC" || op.type == "BiasAddV1") return rank - 1;
+  if (fmt_attr == "NCHW") return 1;
+  op.fail(fmt::format("data_format '{}' is not supported (NHWC, NCHW)", fmt_attr));
+}
+
+void check_dtype(const OpDesc& op, DataType dt) {
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
+                        data_type_name(dt)));
+  if (!data_type_is_float(dt) && dt != DataType::S32)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
+}
+
+CompiledKernel compile_bias_add(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const TensorDesc& value = op.inputs[0];
+  const TensorDesc& bias = op.inputs[1];
+  check_dtype(op, value.dtype);
+  if (bias.dtype != value.dtype)
+    op.fail(fmt::format("bias ({}) and value ({}) have different dtypes",
+                        data_type_name(bias.dtype), data_type_name(value.dtype)));
+  const size_t c = channel_dim(op, value.shape.size());
+  if (bias.shape.size() != 1 || bias.shape[0] != value.shape[c])
+    op.fail(fmt::format("bias {} must be a vector of the {} channels of dim {}",
+                        shape_str(bias.shape), value.shape[c], c));
+  // The bias as a tensor broadcastable to the value: [C] (NHWC) or [C, 1, ..., 1] (NCHW).
+  std::vector<int64_t> bshape{value.shape[c]};
+  bshape.resize(value.shape.size() - c, 1);
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("BiasAdd_{}", data_type_name(value.dtype));
+  spec.inputs = stream_inputs({value, TensorDesc{bias.dtype, bshape}}, value.shape);
+  spec.inputs[1].shape = bias.shape;
+  spec.out_type = device_dtype(value.dtype);
+  spec.out_shape = value.shape;
+  spec.compute = [t = device_dtype(value.dtype)](KernelBuilder& b, const TileOperands& tile) {
+    vec_binary(b, isa::Opcode::op_vadd, t, tile.out, tile.in[0], tile.in[1], *tile.count);
+  };
+  return stream_kernel(ctx, value, spec);
+}
+
+CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 1) op.fail(fmt::format("takes 1 input, {} given", op.inputs.size()));
+  const TensorDesc& g = op.inputs[0];
+  check_dtype(op, g.dtype);
+  const size_t c = channel_dim(op, g.shape.size());
+  ReduceRequest req;
+  req.kind = ReduceKind::kSum;
+  req.input = g;
+  req.reduced.assign(g.shape.size(), true);
+  req.reduced[c] = false;
+  req.out_type = g.dtype;
+  LaunchPlan plan({TensorDesc{g.dtype, {g.shape[c]}}});
+  append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
+  return std::move(plan).finish();
+}
+
+}  // namespace
+
+CompiledKernel compile_bias(const CompileContext& ctx) {
+  if (ctx.op.type == "BiasAddGrad") return compile_bias_add_grad(ctx);
+  return compile_bias_add(ctx);
+}
+
+}  // namespace npusim::compiler::ops

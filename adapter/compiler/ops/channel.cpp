@@ -1,0 +1,316 @@
+#include "adapter/compiler/ops/channel.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/pixel_ops.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+
+constexpr int64_t kMaxTilePixels = 128;  // a power of two <= PixelOps::kPixChunk
+constexpr int64_t kF32Tile = 64;         // epilogue channel tiles: whole f32 repeats
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+void f32_binary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, uint64_t c,
+                const Reg& count) {
+  vec_binary(b, op, Dtype::F32, d, a, c, count);
+}
+void f32_unary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, const Reg& count) {
+  vec_unary(b, op, Dtype::F32, d, a, count);
+}
+void f32_scalar(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, double v,
+                const Reg& count) {
+  Reg s = b.reg_imm("scalar (f32 bits)", vector_scalar_bits(Dtype::F32, v));
+  vec_scalar(b, op, Dtype::F32, d, a, s, count);
+}
+void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count) {
+  vec_copy_bits(b, 4, d, a, count);
+}
+void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count) {
+  Reg s = b.reg_imm("fill (f32 bits)", vector_scalar_bits(Dtype::F32, v));
+  vec_dup_bits(b, 4, d, s, count);
+}
+
+ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
+                                   const std::string& op) {
+  using Kind = ChannelSumSpec::Kind;
+  KernelBuilder b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const CoreKindConfig& core = *cfg.core_kind(kind);
+  const bool has_b = s.kind == Kind::kSumProduct;
+  const int64_t sa = isa::dtype_size(s.a_type), sb = has_b ? isa::dtype_size(s.b_type) : 0;
+  if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
+    b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
+  // Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (raw + f32),
+  // b (raw + f32), the accumulator.
+  const uint64_t ub = core.capacity(Buf::UB);
+  const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
+  auto need = [&](int64_t t, int64_t ct) {
+    const uint64_t per = static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4);
+    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
+           6 * (PixelOps::kPixelSlack + 32);
+  };
+  int64_t tp = std::min<int64_t>(kMaxTilePixels, 1);
+  while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
+  int64_t ct = 0;
+  for (;;) {
+    for (int64_t c = unit; c <= s.cp; c += unit)
+      if (s.cp % c == 0 && need(tp, c) <= ub) ct = c;
+    if (ct || tp == 1) break;
+    tp /= 2;
+  }
+  if (!ct) b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
+  const int64_t per = cdiv(s.pixels, std::min<int64_t>(core.count, s.pixels));
+  const int blocks = static_cast<int>(cdiv(s.pixels, per));
+  const int64_t groups = s.cp / ct;
+
+  b.begin_section(kind);
+  const uint64_t slack = PixelOps::kPixelSlack;
+  const uint64_t tile = static_cast<uint64_t>(tp * ct);
+  const uint64_t a_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(sa) + slack, "a (raw)");
+  const uint64_t a32 = sa == 4 ? a_raw : b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
+  uint64_t b_raw = 0, b32 = 0, m = 0;
+  if (has_b) {
+    b_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(sb) + slack, "b (raw)");
+    b32 = sb == 4 ? b_raw : b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
+  }
+  if (s.centered) m = b.alloc(Buf::UB, static_cast<uint64_t>(ct) * 4 + slack, "m");
+  const uint64_t acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
+  PixelOps px(b, ct);
+
+  ChannelSumLaunch out;
+  b.declare_arg("a", s.a_type, {});
+  out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
+  if (has_b) {
+    b.declare_arg("b", s.b_type, {});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
+  }
+  if (s.centered) {
+    b.declare_arg("m", Dtype::F32, {s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
+  }
+  b.declare_arg("partials", Dtype::F32, {s.batch, blocks, s.cp});
+  out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+
+  const int in_free = b.flag(Pipe::V, Pipe::MTE2, "tile free");
+  const int in_ready = b.flag(Pipe::MTE2, Pipe::V, "tile loaded");
+  const int acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
+  const int acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
+  b.set_flag(Pipe::V, Pipe::MTE2, in_free);
+  b.set_flag(Pipe::MTE3, Pipe::V, acc_free);
+  Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
+  b.emit(Opcode::op_get_block_id, {blk});
+  b.mul(p0, blk, per);
+  b.add(p1, p0, per);
+  b.min(p1, p1, s.pixels);
+  Reg item = b.reg("item"), g = b.reg("channel group");
+  b.for_range(item, 0, s.batch, 1, [&] {
+    b.for_range(g, 0, groups, 1, [&] {
+      KernelBuilder::Origin o(b, "one item and channel group: tiles of pixels");
+      b.wait_flag(Pipe::MTE3, Pipe::V, acc_free);
+      {
+        Reg n = b.reg_imm("elements", static_cast<int64_t>(tile));
+        vec_dup_bits(b, 4, acc, 0, n);
+      }
+      if (s.centered) {
+        // m's channel group, once per group (MTE2 and V are in order through the flags).
+        b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
+        Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m));
+        b.mul(t, g, ct * 4);
+        b.add(src, src, t);
+        b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
+        b.set_flag(Pipe::MTE2, Pipe::V, in_ready);
+        b.wait_flag(Pipe::MTE2, Pipe::V, in_ready);
+        b.set_flag(Pipe::V, Pipe::MTE2, in_free);
+      }
+      Reg t0 = b.reg("tile start");
+      b.for_range(t0, p0, p1, tp, [&] {
+        Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
+        b.sub(n, p1, t0);
+        b.min(n, n, tp);
+        b.mul(cnt, n, ct);
+        b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
+        auto load = [&](const char* arg, uint64_t dst, int64_t size, int64_t bstride) {
+          // a + (item * batch stride + t0 * cp + g * ct) * size
+          Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("tile", int64_t(dst));
+          Reg q = b.reg("offset");
+          b.mul(q, item, bstride);
+          b.mul(t, t0, s.cp);
+          b.add(q, q, t);
+          b.mul(t, g, ct);
+          b.add(q, q, t);
+          b.mul(q, q, size);
+          b.add(src, src, q);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, n, ct * size / 32, (s.cp - ct) * size / 32, 0},
+                 fmt::format("{}: tile pixels, the group's channels", arg));
+        };
+        load("a", a_raw, sa, s.a_batch_stride);
+        if (has_b) load("b", b_raw, sb, s.b_batch_stride);
+        b.set_flag(Pipe::MTE2, Pipe::V, in_ready);
+        b.wait_flag(Pipe::MTE2, Pipe::V, in_ready);
+        px.widen(a32, a_raw, s.a_type, cnt);
+        if (has_b) px.widen(b32, b_raw, s.b_type, cnt);
+        if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m, 0, n);
+        if (s.kind == Kind::kSumSquares) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, a32, cnt);
+        if (has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, b32, cnt);
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, acc, acc, a32, cnt);
+        b.set_flag(Pipe::V, Pipe::MTE2, in_free);
+      });
+      // Fold the tp running sums pairwise.
+      for (int64_t h = tp / 2; h >= 1; h /= 2) {
+        Reg n = b.reg_imm("elements", h * ct);
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, acc, acc, acc + static_cast<uint64_t>(h * ct) * 4, n);
+      }
+      b.set_flag(Pipe::V, Pipe::MTE3, acc_ready);
+      b.wait_flag(Pipe::V, Pipe::MTE3, acc_ready);
+      {
+        Reg dst = b.load_arg("partials"), q = b.reg("offset"), sacc = b.reg_imm("sums", int64_t(acc));
+        b.mul(q, item, blocks);
+        b.add(q, q, blk);
+        b.mul(q, q, s.cp);
+        Reg t = b.reg("temp");
+        b.mul(t, g, ct);
+        b.add(q, q, t);
+        b.mul(q, q, 4);
+        b.add(dst, dst, q);
+        b.emit(Opcode::op_copy_ub2gm, {dst, sacc, 1, ct * 4 / 32, 0, 0}, "partial sums");
+      }
+      b.set_flag(Pipe::MTE3, Pipe::V, acc_free);
+    });
+  });
+  b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
+  b.wait_flag(Pipe::MTE3, Pipe::V, acc_free);
+  b.end();
+  out.launch.kernel = b.finish();
+  out.launch.block_dim = blocks;
+  out.blocks = blocks;
+  out.launch.summary = fmt::format("channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
+                                   "tiles of {} pixels x {} channels",
+                                   s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), blocks,
+                                   per, tp, ct);
+  return out;
+}
+
+Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
+                              const std::string& op) {
+  KernelBuilder b(s.name.empty() ? "ChannelEpilogue" : s.name, op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const uint64_t ub = cfg.core_kind(kind)->capacity(Buf::UB);
+  int max_blocks = 1;
+  for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
+  const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
+  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
+  int64_t ct = kF32Tile;
+  auto need = [&](int64_t c) {
+    return static_cast<uint64_t>(c) * 4 *
+               (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
+           static_cast<uint64_t>(nbuf + 1) * 64;
+  };
+  while (ct * 2 <= static_cast<int64_t>(layout::round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
+         need(ct * 2) <= ub)
+    ct *= 2;
+  if (need(ct) > ub) b.fail("the channel epilogue does not fit the UB");
+  b.begin_section(kind);
+  const uint64_t row = static_cast<uint64_t>(ct) * 4;
+  EpilogueOperands ops;
+  const uint64_t partial = b.alloc(Buf::UB, row * static_cast<uint64_t>(max_blocks), "partials");
+  for (size_t i = 0; i < s.partial_blocks.size(); ++i)
+    ops.sums.push_back(b.alloc(Buf::UB, row, fmt::format("sum {}", i)));
+  for (int i = 0; i < s.vectors; ++i)
+    ops.vectors.push_back(b.alloc(Buf::UB, row, fmt::format("vector {}", i)));
+  for (int i = 0; i < s.outputs; ++i)
+    ops.outputs.push_back(b.alloc(Buf::UB, row, fmt::format("output {}", i)));
+  for (int i = 0; i < s.temps; ++i)
+    ops.temps.push_back(b.alloc(Buf::UB, row, fmt::format("temp {}", i)));
+  Launch l;
+  for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+    b.declare_arg(fmt::format("partials{}", i), Dtype::F32,
+                  {s.batch, s.partial_blocks[i], s.partial_cp});
+    l.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
+  }
+  for (int i = 0; i < s.vectors; ++i) {
+    b.declare_arg(fmt::format("vector{}", i), Dtype::F32, {s.c});
+    l.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(s.partial_blocks.size()) + i, 0});
+  }
+  for (int i = 0; i < s.outputs; ++i) {
+    b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, i, 0});
+  }
+  const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
+  const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
+  const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
+  const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
+  Reg item = b.reg("item");
+  b.for_range(item, 0, s.batch, 1, [&] {
+    for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
+      KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
+      const int64_t cn = std::min(ct, s.c - c0);
+      const int64_t blocks = cdiv(cn * 4, 32);
+      for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+        const int nb = s.partial_blocks[i];
+        Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
+            d = b.reg_imm("partials", int64_t(partial));
+        b.mul(t, item, nb * s.partial_cp * 4);
+        b.add(src, src, t);
+        b.add(src, src, c0 * 4);
+        b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
+                                       ct * 4 / 32 - blocks},
+               "the blocks' partial sums");
+        b.set_flag(Pipe::MTE2, Pipe::V, ready);
+        b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+        Reg n = b.reg_imm("channels", cn);
+        f32_copy(b, ops.sums[i], partial, n);
+        for (int k = 1; k < nb; ++k)
+          f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                     partial + static_cast<uint64_t>(k) * row, n);
+        // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+        b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+        b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+      }
+      for (int i = 0; i < s.vectors; ++i) {
+        Reg src = b.load_arg(fmt::format("vector{}", i)),
+            d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+        b.add(src, src, c0 * 4);
+        b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+      }
+      b.set_flag(Pipe::MTE2, Pipe::V, ready);
+      b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+      Reg n = b.reg_imm("channels", cn);
+      ops.count = &n;
+      s.compute(b, ops);
+      b.set_flag(Pipe::V, Pipe::MTE3, done);
+      b.wait_flag(Pipe::V, Pipe::MTE3, done);
+      for (int i = 0; i < s.outputs; ++i) {
+        Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
+            src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
+        b.mul(t, item, s.out_pitch * 4);
+        b.add(dst, dst, t);
+        b.add(dst, dst, c0 * 4);
+        b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
+      }
+      // The next tile's loads overwrite buffers the stores read.
+      b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
+      b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
+    }
+  });
+  b.end();
+  l.kernel = b.finish();
+  l.block_dim = 1;
+  l.summary = fmt::format("{}: {} channels x {} items, tiles of {}", s.name, s.c, s.batch, ct);
+  return l;
+}
+
+}  // namespace npusim::compiler::ops

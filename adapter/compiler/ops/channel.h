@@ -1,0 +1,87 @@
+// Per-channel statistics of NHWC tensors on the vector cores (ops/channel.cpp), for batch
+// normalisation (ops/batchnorm.cpp) and the depthwise filter gradient (ops/conv2d.cpp):
+//
+//   build_channel_sum:      partial sums over pixels, per channel, in f32:
+//                             kSum         sum a
+//                             kSumSquares  sum (a - m)^2      (m = 0 unless centered)
+//                             kSumProduct  sum (a - m) * b
+//                           of tensors laid out [pixels][cp] with cp * element size a multiple
+//                           of 32 bytes (callers copy other channel counts to a padded layout).
+//                           Block k of the launch sums pixels [k * per, (k+1) * per) and writes
+//                           partials[item][k][0..cp) (f32), item < batch (independent sums:
+//                           a advances a_batch_stride elements per item, b b_batch_stride).
+//   build_channel_epilogue: one vector kernel over channels that first sums the partials of
+//                           each channel_sum over its blocks, then runs the caller's f32 vector
+//                           code (e.g. mean, variance, rsqrt) and writes f32 [c] outputs.
+//
+// Accumulation order (what the tolerances of callers rest on): within a block, a tile of T
+// pixels at a time is added lane-wise into T running sums, the T sums are folded pairwise at
+// the end (log2 T levels), and the epilogue adds the blocks' partials one after another. All in
+// f32; f16/bf16 inputs are widened exactly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/kernel_builder.h"
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::compiler::ops {
+
+struct ChannelSumSpec {
+  enum class Kind { kSum, kSumSquares, kSumProduct };
+  Kind kind = Kind::kSum;
+  isa::Dtype a_type = isa::Dtype::F32, b_type = isa::Dtype::F32;
+  int64_t batch = 1;
+  int64_t pixels = 0, cp = 0;
+  int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
+  bool centered = false;  // subtract m (f32 [cp], argument "m") from a
+};
+
+struct ChannelSumLaunch {
+  Launch launch;   // arguments (rebind them): a, then b (kSumProduct), then m (centered), then
+                   // partials
+  int blocks = 0;  // partials are [batch][blocks][cp] f32
+};
+ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
+                                   const std::string& op);
+
+// The UB operands of one channel tile of the epilogue (all f32, `count` channels).
+struct EpilogueOperands {
+  std::vector<uint64_t> sums;     // per partial set: the sum over its blocks
+  std::vector<uint64_t> vectors;  // per input vector
+  std::vector<uint64_t> outputs;  // per output, stored after compute
+  std::vector<uint64_t> temps;
+  const Reg* count = nullptr;
+};
+
+struct ChannelEpilogueSpec {
+  std::string name;
+  int64_t c = 0;                 // channels computed and written
+  int64_t batch = 1;             // items: partial sets advance blocks * cp, outputs out_pitch
+  int64_t partial_cp = 0;        // channel pitch of the partials
+  std::vector<int> partial_blocks;  // per partial set: its block count
+  int vectors = 0;               // input vectors, f32 [c] (the same for every item)
+  int outputs = 0;               // outputs, f32 [c] per item
+  int64_t out_pitch = 0;         // elements between items' outputs (batch > 1)
+  int temps = 0;
+  std::function<void(KernelBuilder&, const EpilogueOperands&)> compute;
+};
+// Arguments (rebind them): the partial sets, then the vectors, then the outputs.
+Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
+                              const std::string& op);
+
+// Counter-mode helpers over `count` f32 lanes for epilogue code.
+void f32_binary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, uint64_t c,
+                const Reg& count);
+void f32_unary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, const Reg& count);
+void f32_scalar(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, double v,
+                const Reg& count);
+void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count);
+void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count);
+
+}  // namespace npusim::compiler::ops

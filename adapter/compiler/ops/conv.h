@@ -1,0 +1,179 @@
+// The convolution family's shared pieces (ops/conv2d.cpp compiles the TF ops, ops/pool.cpp and
+// ops/batchnorm.cpp use the window geometry and the launch helpers):
+//   - ConvWindow: TF's window attributes (strides, dilations, padding SAME/VALID/EXPLICIT,
+//     data_format) resolved for one spatial input size;
+//   - the cube convolution kernel (ops/conv_cube.cpp): img2col by load3d from an NHWC tensor in
+//     GM, weights from any strided layout, grouped convolutions, zero insertion between input
+//     pixels (for the input gradient of strided convolutions), tiled from the config;
+//   - the cube img2col kernel: the img2col matrix written to GM (for the filter gradients);
+//   - launch helpers: casts into the workspace, the strided -> dense copy.
+// Layouts: docs/helper_brief.md "Data layouts", sim/exec/layout.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/registry.h"
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::compiler::ops {
+
+// ---- window geometry (TF conventions) ----
+
+// One spatial dimension of a window op: input size, window size, stride, dilation, padding and
+// the output size, after TF (tensorflow/core/framework/kernel_shape_util.cc):
+//   VALID:    out = ceil((in - dk + 1) / s), no padding (dk = (k - 1) * d + 1)
+//   SAME:     out = ceil(in / s), pad_total = max((out - 1) * s + dk - in, 0),
+//             before = pad_total / 2, after = pad_total - before
+//   EXPLICIT: out = (in + before + after - dk) / s + 1
+struct WindowDim {
+  int64_t in = 0, k = 1, s = 1, d = 1, before = 0, after = 0, out = 0;
+  int64_t extent() const { return (k - 1) * d + 1; }  // dilated window size
+};
+
+struct ConvWindow {
+  WindowDim h, w;
+  std::string padding;  // "SAME", "VALID" or "EXPLICIT"
+};
+
+// Reads strides, dilations (unless `pooling`: then ksize and no dilations), padding,
+// explicit_paddings and data_format (NHWC only) from op for an input of in_h x in_w and a
+// window of kh x kw (pooling: read from ksize; pass 0). Fails naming the attribute on anything
+// unsupported: strides or dilations on N or C, a window larger than the padded input, ...
+ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh, int64_t kw,
+                       bool pooling);
+
+// ---- the cube convolution kernel ----
+
+// What the kernel computes, for every image i, group g and output position m = oh * OW + ow:
+//   y[i][m][g * cg_out + n] = sum_k img2col(x[i], channels of group g)[m][k] * B_g[k][n]
+// with k = ((c1 * KH + kh) * KW + kw) * 16 + c0 over the group's input channels
+// c = c1 * 16 + c0 (load3d's column order) and n < cg_out. The feature map is x, NHWC
+// [images][hs][ws][cs] in GM; with zero insertion (up_h, up_w > 1) the kernel convolves the
+// virtual map of (hs - 1) * up_h + 1 rows and (ws - 1) * up_w + 1 columns holding x[u / up_h]
+// [v / up_w] where both divide and 0 elsewhere, followed by ext_h zero rows and ext_w zero
+// columns. Geometry (kh .. pr) is over that virtual map.
+struct CubeConvSpec {
+  isa::Dtype in_type = isa::Dtype::F16;   // cube input: f16 or bf16 (x and w)
+  isa::Dtype out_type = isa::Dtype::F16;  // FIXPIPE output: f32, f16 or bf16
+  int64_t images = 1, hs = 1, ws = 1, cs = 1;
+  int64_t up_h = 1, up_w = 1;
+  int64_t ext_h = 0, ext_w = 0;  // zero rows / columns appended to the virtual map
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
+  int64_t groups = 1;
+  int64_t cg_in = 1;   // input channels per group (group g: [g * cg_in, min(cs, ...)))
+  int64_t cg_out = 1;  // output channels per group
+  int64_t cy = 1;      // output channels in total (y's row pitch); the last group may be partial
+  // Weights B_g[k][n] for k-block (c1, kh, kw), element c0 of the block, column n: the weight
+  // element at w + g * b_group + tap * b_tap + ... (elements), tap = kh * KW + kw, or the
+  // flipped tap (KH-1-kh) * KW + (KW-1-kw) when b_flip. Either
+  //   kRowsK: ... + (c1 * 16 + c0) * b_row + n  (rows are input channels, e.g. HWIO), or
+  //   kRowsN: ... + n * b_row + c1 * 16 + c0    (rows are output channels, e.g. HWIO read as
+  //                                              the transposed filter of the input gradient).
+  enum class BMode { kRowsK, kRowsN };
+  BMode b_mode = BMode::kRowsK;
+  bool b_flip = false;
+  int64_t b_group = 0, b_tap = 0, b_row = 0;
+  std::string name;  // kernel name
+
+  int64_t hv() const { return (hs - 1) * up_h + 1 + ext_h; }
+  int64_t wv() const { return (ws - 1) * up_w + 1 + ext_w; }
+  int64_t oh() const { return (hv() + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
+  int64_t ow() const { return (wv() + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
+  int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
+};
+
+// The tiling: tiles of tm output positions (within one image) x tn output channels (within one
+// group); k in chunks of kc1 channel blocks (all taps); one L0C buffer per tile.
+struct CubeConvTiling {
+  int64_t tm = 0, tn = 0;     // output tile (multiples of 16)
+  int64_t tk0 = 0;            // k per mmad (multiple of 16); two L0A and two L0B buffers
+  int64_t kc1 = 0;            // channel blocks per k chunk
+  int64_t chunks = 0;         // k chunks per tile
+  bool resident = false;      // the whole B of a (group, n tile) stays in L1 (loaded chunk by
+                              // chunk during the first tile that needs it); else each step
+                              // streams its chunk of B with the slab
+  int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * images * m_tiles
+  int64_t slab_rows = 0;      // the most input rows one tile's feature-map slab spans
+  int64_t slab_bytes = 0;     // one slab buffer in L1 (two are allocated)
+  int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two)
+  int l0c_buffers = 1;
+  int block_dim = 0;
+  int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))
+  double est_cycles = 0;      // the planner's estimate for the busiest core
+  std::string str() const;
+};
+
+// Chooses the tiling for the cube cores of cfg; CompileError (naming op) if nothing fits or a
+// geometry field exceeds the ISA (kernel > 255, stride or dilation > 15, padding > 255).
+CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
+                              const std::string& op);
+
+// The tiling t with kc1 channel blocks per k chunk and resident or streamed weights (sizes
+// and k per mmad recomputed); CompileError if it does not fit. For tests and tools that
+// exercise a particular kernel shape.
+CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_t kc1,
+                                 bool resident, const ChipConfig& cfg, const std::string& op);
+
+// The kernel. Arguments: x (the feature map), w (the weights), y (the output).
+Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
+                       const std::string& op);
+
+// ---- the cube img2col kernel ----
+
+// Writes the img2col matrix of x (NHWC, geometry as above without zero insertion, groups of
+// 16 channels) to GM: for image i, position m, tap (kh, kw) and channel c, the values
+// x[i][oh*sh - pt + kh*dh][ow*sw - pl + kw*dw][c] (0 in the padding), each repeated `rep`
+// times, at
+//   out + ((i * OH*OW + m) * row_stride + tap * tap_stride + c * rep + r)  (elements).
+// It runs load3d (one tap, one 16-channel block at a time) and multiplies by a 16 x 16*rep
+// 0/1 matrix on the cube (the only way from L0A back to GM), so the values are exact; FIXPIPE
+// writes them as out_type. Arguments: x, out.
+struct Img2colSpec {
+  isa::Dtype in_type = isa::Dtype::F16, out_type = isa::Dtype::F16;
+  int64_t images = 1, h = 1, w = 1, c = 1;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
+  int64_t rep = 1;
+  int64_t row_stride = 0, tap_stride = 0;
+  int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
+  int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
+};
+Launch build_img2col(const Img2colSpec& s, const ChipConfig& cfg, const std::string& op);
+
+// ---- launch helpers ----
+
+// Workspace offsets are rounded to this (keeps every workspace tensor 512-byte aligned).
+uint64_t workspace_align(uint64_t bytes);
+
+// Reserves `bytes` of the op's workspace; returns the ArgRef of its start.
+ArgRef workspace_take(CompiledKernel& k, uint64_t bytes);
+
+// Appends a launch converting `src` (a tensor of shape/dtype `from`) to dtype `to` (RNE) into a
+// new workspace tensor; returns the workspace ArgRef.
+ArgRef cast_to_workspace(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
+                         const TensorDesc& from, DataType to, const ChipConfig& cfg);
+
+// Appends a launch copying a rows x cols matrix stored at src with a row pitch of `pitch`
+// elements (type from) densely to dst (type to, converted with RNE when it differs).
+void append_strided_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
+                         const ArgRef& dst, int64_t rows, int64_t cols, int64_t pitch,
+                         DataType from, DataType to, const ChipConfig& cfg);
+
+// Appends a launch copying a [pixels, c] tensor at src to [pixels, cp] at dst (cp >= c, type
+// dt). The extra channels of a pixel hold the next pixel's first values (the last pixel's up
+// to 30 bytes past the tensor, which kernels may read): layouts where every pixel is whole
+// 32-byte blocks, for kernels that keep channels apart and drop the extra ones.
+void append_channel_pad(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
+                        const ArgRef& dst, int64_t pixels, int64_t c, int64_t cp, DataType dt,
+                        const ChipConfig& cfg);
+
+// Rebinds a launch's arguments (in declaration order).
+Launch with_args(Launch l, std::vector<ArgRef> args);
+
+inline ArgRef input_ref(int i) { return ArgRef{ArgRef::Kind::kInput, i, 0}; }
+inline ArgRef output_ref(int i) { return ArgRef{ArgRef::Kind::kOutput, i, 0}; }
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,698 @@
+// Convolutions, NHWC as TensorFlow gives them, on the cube (kernels in ops/conv_cube.cpp):
+//
+//   Conv2D(x [N,H,W,C], filter [KH,KW,Cin,Cout]) -> y [N,OH,OW,Cout]
+//     the cube convolution kernel: img2col by load3d from NHWC slabs, B = the HWIO filter read
+//     as (kh, kw, cin) rows, k-block by k-block (kRowsK). C = G * Cin gives G groups.
+//   Conv2DBackpropInput(input_sizes, filter, dy) -> dx [N,H,W,C]
+//     dx = a stride-1 convolution of dy with zeros inserted between its pixels (sh - 1 rows,
+//     sw - 1 columns), padded by ((KH-1)*dh - pt) above and (H - Hv + pt) below (Hv =
+//     (OH-1)*sh + 1; the part of that beyond (KH-1)*dh - 1 appended as zero rows), the same
+//     for W, dilation (dh, dw), and the filter flipped and transposed:
+//     B[(kh, kw, cout)][cin] = filter[KH-1-kh][KW-1-kw][cin][cout] (kRowsN, flipped).
+//   Conv2DBackpropFilter(x, filter_sizes, dy) -> dW [KH,KW,Cin,Cout]
+//     dW = img2col(x)^T * dy: the cube img2col kernel writes img2col(x) [N*OH*OW][KH*KW*Cin]
+//     (columns in HWIO row order) to the workspace, then the MatMul kernel with transpose_a.
+//   DepthwiseConv2dNative(x [N,H,W,C], filter [KH,KW,C,M]) -> y [N,OH,OW,C*M]
+//     a grouped convolution: groups of 16 input channels, 16*M outputs each, with the
+//     block-diagonal filter Wbd[g][kh][kw][c0][c0'*M + q] = filter[kh][kw][16g + c0'][q] if
+//     c0 == c0' (built in the workspace by a vector kernel). The cube does 16x the MACs of the
+//     depthwise product, still several times the vector unit's rate.
+//   DepthwiseConv2dNativeBackpropInput(input_sizes, filter, dy) -> dx
+//     as Conv2DBackpropInput over the same groups (16*M dy channels -> 16 dx channels), B read
+//     from Wbd transposed and flipped.
+//   DepthwiseConv2dNativeBackpropFilter(x, filter_sizes, dy) -> dF [KH,KW,C,M]
+//     dF[kh][kw][c][q] = sum_p img2col(x)[p][(kh, kw, c)] * dy[p][c*M + q]: the img2col kernel
+//     writes img2col with each channel repeated M times, tap-major ([KH*KW][P][C*M]), then a
+//     vector channel reduction (ops/channel.h) sums the products over p for each tap.
+//
+// Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
+// f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
+// (allow_fp32_to_fp16) or rounded to f16 and widened (allow_mix_precision). must_keep_origin_
+// dtype is rejected: the cube's fp32 L0B fractals cannot be built from these layouts (load2d
+// transposes 16-bit fractals only).
+//
+// Numerics vs TF's CPU kernels: products of the (rounded) inputs are exact in fp32 and summed
+// in fp32 in img2col k order (TF sums in double-free Eigen order); the result is rounded once.
+// The shape operands (input_sizes, filter_sizes) are host tensors in TF: as for the data
+// movement ops (docs/compiler.md), the compiler takes their values as an attribute of the same
+// name (list(int)) or else from OpDesc::outputs[0]; `inputs` holds the data tensors, or TF's
+// full input list (the shape tensor is then checked and ignored).
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/matmul.h"
+#include "adapter/compiler/ops/registry.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+
+// The cube types of an op of dtype dt under the precision mode.
+struct CubeTypes {
+  DataType cube = DataType::F16;  // what the cube multiplies
+  Dtype fix_out = Dtype::F16;     // what FIXPIPE writes
+  bool cast_inputs = false;       // f32 tensors cast to f16 first
+  bool widen = false;             // FIXPIPE writes f16, a vector launch widens it to f32
+};
+
+CubeTypes cube_types(const CompileContext& ctx, DataType dt) {
+  const OpDesc& op = ctx.op;
+  CubeTypes t;
+  switch (dt) {
+    case DataType::F16: t.cube = DataType::F16; t.fix_out = Dtype::F16; break;
+    case DataType::BF16:
+      if (!ctx.cfg.cube_bf16)
+        op.fail(fmt::format("bf16 is not supported by the cube of chip {}", ctx.cfg.name));
+      t.cube = DataType::BF16;
+      t.fix_out = Dtype::BF16;
+      break;
+    case DataType::F32:
+      switch (ctx.precision) {
+        case PrecisionMode::kKeepFp32:
+          op.fail(fmt::format("precision mode {}: fp32 convolutions on the cube need fp32 L0B "
+                              "fractals in the transposed layout, which load2d cannot build; "
+                              "use allow_fp32_to_fp16",
+                              precision_mode_name(ctx.precision)));
+        case PrecisionMode::kAllowFp32ToFp16:
+          t.cube = DataType::F16;
+          t.fix_out = Dtype::F32;
+          t.cast_inputs = true;
+          break;
+        case PrecisionMode::kAllowMixPrecision:
+          t.cube = DataType::F16;
+          t.fix_out = Dtype::F16;
+          t.cast_inputs = t.widen = true;
+          break;
+      }
+      break;
+    default:
+      op.fail(fmt::format("dtype {} is not supported (f16, bf16, f32)", data_type_name(dt)));
+  }
+  return t;
+}
+
+// All float inputs of the op share one dtype (and the T attribute).
+DataType common_dtype(const OpDesc& op, std::initializer_list<size_t> inputs) {
+  DataType dt = op.inputs[*inputs.begin()].dtype;
+  for (size_t i : inputs)
+    if (op.inputs[i].dtype != dt)
+      op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
+                          data_type_name(op.inputs[i].dtype)));
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
+                        data_type_name(dt)));
+  return dt;
+}
+
+void require_rank4(const OpDesc& op, size_t i, const char* what) {
+  if (op.inputs[i].shape.size() != 4)
+    op.fail(fmt::format("{} must have rank 4, got {}", what, shape_str(op.inputs[i].shape)));
+}
+
+// TF's shape operands (input_sizes, filter_sizes) as the compiler takes them: the values as an
+// attribute of the same name (docs/compiler.md), or else the caller's expected output.
+std::vector<int64_t> shape_attr(const OpDesc& op, const char* name) {
+  std::vector<int64_t> v = op.attr_ints(name);
+  if (v.empty() && !op.outputs.empty()) v = op.outputs[0].shape;
+  if (v.empty())
+    op.fail(fmt::format("the value of {} is needed at compile time: pass it as attribute {} "
+                        "(or the expected output in OpDesc::outputs)",
+                        name, name));
+  if (v.size() != 4) op.fail(fmt::format("{} = {} must have 4 entries", name, shape_str(v)));
+  for (int64_t d : v)
+    if (d < 0) op.fail(fmt::format("{} = {} has a negative entry", name, shape_str(v)));
+  return v;
+}
+
+// When TF's full input list is given, the shape tensor at `i` must be an int32/int64 [4].
+void check_shape_tensor(const OpDesc& op, size_t i, const char* name) {
+  const TensorDesc& t = op.inputs[i];
+  if (t.shape != std::vector<int64_t>{4} || (t.dtype != DataType::S32 && t.dtype != DataType::S64))
+    op.fail(fmt::format("{} must be an int32[4] shape tensor, got {}", name, t.str()));
+}
+
+// A launch writing zeros to output 0 (a product over an empty k).
+void append_zero_output(CompiledKernel& k, const OpDesc& op, const TensorDesc& out,
+                        const ChipConfig& cfg) {
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("Fill0_{}", data_type_name(out.dtype));
+  spec.out_type = device_dtype(out.dtype);
+  spec.out_shape = out.shape;
+  spec.compute = [size = data_type_bytes(out.dtype)](KernelBuilder& b, const TileOperands& t) {
+    vec_dup_bits(b, size, t.out, 0, *t.count);
+  };
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, cfg), {output_ref(0)}));
+}
+
+// The cube operands after the precision casts: ref of each float input as the cube reads it.
+ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                    size_t input) {
+  if (!ct.cast_inputs) return input_ref(static_cast<int>(input));
+  return cast_to_workspace(k, ctx.op, input_ref(static_cast<int>(input)),
+                           ctx.op.inputs[input], ct.cube, ctx.cfg);
+}
+
+// Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
+void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                      CubeConvSpec spec, const ArgRef& x, const ArgRef& w) {
+  const TensorDesc& out = k.outputs[0];
+  spec.in_type = device_dtype(ct.cube);
+  spec.out_type = ct.fix_out;
+  const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
+  ArgRef y = output_ref(0);
+  if (ct.widen) y = workspace_take(k, static_cast<uint64_t>(out.num_elements()) * 2);
+  k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), {x, w, y}));
+  if (ct.widen)
+    append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
+                        DataType::F16, out.dtype, ctx.cfg);
+}
+
+// The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks
+// the forward output size against [OH, OW] when given (the gradients' dy).
+ConvWindow forward_window(const OpDesc& op, const std::vector<int64_t>& in, int64_t kh,
+                          int64_t kw, const std::vector<int64_t>* dy) {
+  ConvWindow cw = conv_window(op, in[1], in[2], kh, kw, false);
+  if (dy && ((*dy)[1] != cw.h.out || (*dy)[2] != cw.w.out))
+    op.fail(fmt::format("out_backprop {} does not match the forward output {}x{} of input {} "
+                        "with a {}x{} filter",
+                        shape_str(*dy), cw.h.out, cw.w.out, shape_str(in), kh, kw));
+  return cw;
+}
+
+void set_window(CubeConvSpec& s, const ConvWindow& cw) {
+  s.kh = cw.h.k;
+  s.kw = cw.w.k;
+  s.sh = cw.h.s;
+  s.sw = cw.w.s;
+  s.dh = cw.h.d;
+  s.dw = cw.w.d;
+  s.pt = cw.h.before;
+  s.pb = cw.h.after;
+  s.pl = cw.w.before;
+  s.pr = cw.w.after;
+}
+
+// The input-gradient convolution of a forward window: dy with zeros inserted (stride - 1),
+// padded so that the output has the forward input's size (see the file comment).
+void set_transposed_window(CubeConvSpec& s, const ConvWindow& cw, const OpDesc& op) {
+  auto dim = [&](const WindowDim& d, int64_t& up, int64_t& ext, int64_t& before,
+                 int64_t& after) {
+    const int64_t ek = d.extent();
+    if (d.before > ek - 1 || d.after > ek - 1)
+      op.fail(fmt::format("padding {}/{} larger than the dilated window {} is not supported for "
+                          "the input gradient",
+                          d.before, d.after, ek));
+    const int64_t vin = (d.out - 1) * d.s + 1;
+    up = d.s;
+    before = ek - 1 - d.before;
+    after = d.in - vin + d.before;  // so that the output has d.in elements
+    ext = std::max<int64_t>(0, after - (ek - 1));
+    after -= ext;
+  };
+  s.kh = cw.h.k;
+  s.kw = cw.w.k;
+  s.sh = s.sw = 1;
+  s.dh = cw.h.d;
+  s.dw = cw.w.d;
+  dim(cw.h, s.up_h, s.ext_h, s.pt, s.pb);
+  dim(cw.w, s.up_w, s.ext_w, s.pl, s.pr);
+}
+
+CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  require_rank4(op, 0, "input");
+  require_rank4(op, 1, "filter");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t>& x = op.inputs[0].shape;
+  const std::vector<int64_t>& f = op.inputs[1].shape;
+  const int64_t c = x[3], cin = f[2], cout = f[3];
+  if (cin == 0 ? c != 0 : c % cin != 0)
+    op.fail(fmt::format("input channels {} are not a multiple of the filter's {}", c, cin));
+  const int64_t groups = cin ? c / cin : 1;
+  if (cout % groups != 0)
+    op.fail(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, {x[0], cw.h.out, cw.w.out, cout}}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  if (c == 0 || f[0] * f[1] == 0) {
+    append_zero_output(k, op, k.outputs[0], ctx.cfg);
+    return k;
+  }
+  CubeConvSpec s;
+  s.name = fmt::format("Conv2D_{}", data_type_name(dt));
+  s.images = x[0];
+  s.hs = x[1];
+  s.ws = x[2];
+  s.cs = c;
+  set_window(s, cw);
+  s.groups = groups;
+  s.cg_in = cin;
+  s.cg_out = cout / groups;
+  s.cy = cout;
+  s.b_mode = CubeConvSpec::BMode::kRowsK;
+  s.b_group = cout / groups;  // group g's columns start at g * cout / groups
+  s.b_tap = cin * cout;
+  s.b_row = cout;
+  const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
+  append_cube_conv(k, ctx, ct, s, xr, wr);
+  return k;
+}
+
+// Data inputs: filter, out_backprop (input_sizes as an attribute).
+CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2)
+    op.fail(fmt::format("takes filter and out_backprop, {} inputs given", op.inputs.size()));
+  require_rank4(op, 0, "filter");
+  require_rank4(op, 1, "out_backprop");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t> x = shape_attr(op, "input_sizes");
+  const std::vector<int64_t>& f = op.inputs[0].shape;
+  const std::vector<int64_t>& dy = op.inputs[1].shape;
+  if (x[3] != f[2])
+    op.fail(fmt::format("input channels {} differ from the filter's {} (grouped input gradients "
+                        "are not supported)",
+                        x[3], f[2]));
+  if (dy[0] != x[0] || dy[3] != f[3])
+    op.fail(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
+                        shape_str(dy), x[0], f[3]));
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, x}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  if (op.inputs[1].num_elements() == 0 || f[0] * f[1] == 0) {
+    append_zero_output(k, op, k.outputs[0], ctx.cfg);
+    return k;
+  }
+  CubeConvSpec s;
+  s.name = fmt::format("Conv2DBackpropInput_{}", data_type_name(dt));
+  s.images = dy[0];
+  s.hs = dy[1];
+  s.ws = dy[2];
+  s.cs = dy[3];
+  set_transposed_window(s, cw, op);
+  s.cg_in = dy[3];
+  s.cg_out = s.cy = x[3];
+  s.b_mode = CubeConvSpec::BMode::kRowsN;
+  s.b_flip = true;
+  s.b_tap = f[2] * f[3];
+  s.b_row = f[3];
+  const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
+  append_cube_conv(k, ctx, ct, s, dyr, wr);
+  return k;
+}
+
+// img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
+ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                      const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
+                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements) {
+  Img2colSpec s;
+  s.in_type = s.out_type = device_dtype(cube);
+  s.images = xs[0];
+  s.h = xs[1];
+  s.w = xs[2];
+  s.c = xs[3];
+  s.kh = cw.h.k;
+  s.kw = cw.w.k;
+  s.sh = cw.h.s;
+  s.sw = cw.w.s;
+  s.dh = cw.h.d;
+  s.dw = cw.w.d;
+  s.pt = cw.h.before;
+  s.pb = cw.h.after;
+  s.pl = cw.w.before;
+  s.pr = cw.w.after;
+  s.rep = rep;
+  s.row_stride = row_stride;
+  s.tap_stride = tap_stride;
+  const ArgRef cols = workspace_take(k, static_cast<uint64_t>(elements) * data_type_bytes(cube));
+  const ArgRef rep_ws = workspace_take(k, 512 * static_cast<uint64_t>(rep));
+  k.launches.push_back(
+      with_args(build_img2col(s, ctx.cfg, ctx.op.str()), {x, cols, rep_ws}));
+  return cols;
+}
+
+// Data inputs: input, out_backprop (filter_sizes as an attribute).
+CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2)
+    op.fail(fmt::format("takes input and out_backprop, {} inputs given", op.inputs.size()));
+  require_rank4(op, 0, "input");
+  require_rank4(op, 1, "out_backprop");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t>& x = op.inputs[0].shape;
+  const std::vector<int64_t> f = shape_attr(op, "filter_sizes");
+  const std::vector<int64_t>& dy = op.inputs[1].shape;
+  if (x[3] != f[2])
+    op.fail(fmt::format("input channels {} differ from the filter's {} (grouped filter "
+                        "gradients are not supported)",
+                        x[3], f[2]));
+  if (dy[0] != x[0] || dy[3] != f[3])
+    op.fail(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
+                        shape_str(dy), x[0], f[3]));
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, f}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  const int64_t positions = dy[0] * dy[1] * dy[2], taps_c = f[0] * f[1] * f[2];
+  if (positions == 0) {
+    append_zero_output(k, op, k.outputs[0], ctx.cfg);
+    return k;
+  }
+  const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
+  const ArgRef cols =
+      append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps_c, f[2], positions * taps_c);
+  const MatmulTiling t = plan_matmul_tiling(taps_c, f[3], positions, true, false,
+                                            device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
+  if (t.c_pitch != f[3])
+    op.fail(fmt::format("chip {} writes MatMul results through the UB; not supported here",
+                        ctx.cfg.name));
+  ArgRef out = output_ref(0);
+  if (ct.widen) out = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 2);
+  Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, out});
+  mm.summary = "img2col^T x dy: " + mm.summary;
+  k.launches.push_back(std::move(mm));
+  if (ct.widen)
+    append_strided_copy(k, op, out, output_ref(0), 1, k.outputs[0].num_elements(),
+                        k.outputs[0].num_elements(), DataType::F16, dt, ctx.cfg);
+  return k;
+}
+
+// ---- depthwise ----
+
+// The block-diagonal filter of the depthwise convolutions, written by the vector cores:
+//   Wbd[g][tap][c0][c0' * M + q] = filter[tap][16g + c0'][q] if c0 == c0' and 16g + c0 < C,
+//   0 otherwise (g < ceil(C / 16), 16-bit elements).
+// One item per (g, tap): the group's 16 * M filter values are loaded, the 16 x 16M block is
+// zeroed and row c0 receives lanes [c0 * M, c0 * M + M) by a masked vcopy (source and
+// destination lanes coincide: row c0 starts at c0 * 16M elements, a whole number of blocks).
+Launch build_blockdiag(Dtype type, int64_t taps, int64_t c, int64_t m, const ChipConfig& cfg,
+                       const std::string& op) {
+  KernelBuilder b(fmt::format("DepthwiseBlockDiag_{}", isa::dtype_name(type)), op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const CoreKindConfig& core = *cfg.core_kind(kind);
+  const int64_t groups = (c + 15) / 16, items = groups * taps;
+  const int64_t per = (items + core.count - 1) / core.count;
+  const int block_dim = static_cast<int>((items + per - 1) / per);
+  constexpr int64_t kLanes16 = 128;  // 16-bit lanes of one repeat
+  b.begin_section(kind);
+  const uint64_t vbytes = layout::round_up(static_cast<uint64_t>(32 * m), 256);
+  const uint64_t v = b.alloc(Buf::UB, vbytes, "filter values of the group");
+  const uint64_t t = b.alloc(Buf::UB, static_cast<uint64_t>(512 * m) + 256, "block");
+  b.declare_arg("filter", type, {taps, c, m});
+  b.declare_arg("wbd", type, {groups, taps, 16, 16 * m});
+  const int v_free = b.flag(Pipe::V, Pipe::MTE2, "values read");
+  const int v_ready = b.flag(Pipe::MTE2, Pipe::V, "values loaded");
+  const int t_ready = b.flag(Pipe::V, Pipe::MTE3, "block built");
+  const int t_free = b.flag(Pipe::MTE3, Pipe::V, "block stored");
+  b.set_flag(Pipe::V, Pipe::MTE2, v_free);
+  b.set_flag(Pipe::MTE3, Pipe::V, t_free);
+  Reg item = b.reg("item"), end = b.reg("end item");
+  b.emit(Opcode::op_get_block_id, {item});
+  b.mul(item, item, per);
+  b.add(end, item, per);
+  b.min(end, end, items);
+  b.for_range(item, item, end, 1, [&] {
+    Reg valid = b.reg("channels of the group"), src = b.reg("source"), tmp = b.reg("temp");
+    // g = item / taps, tap = item % taps; valid = min(16, C - 16g)
+    b.div(valid, item, taps);
+    b.mul(valid, valid, 16);
+    b.movi(tmp, c);
+    b.sub(valid, tmp, valid);
+    b.min(valid, valid, 16);
+    // src = filter + (tap * C + 16g) * M * 2
+    b.rem(src, item, taps);
+    b.mul(src, src, c);
+    b.div(tmp, item, taps);
+    b.mul(tmp, tmp, 16);
+    b.add(src, src, tmp);
+    b.mul(src, src, m * 2);
+    {
+      Reg f = b.load_arg("filter");
+      b.add(src, src, f);
+    }
+    b.mul(tmp, valid, m);
+    b.add(tmp, tmp, 15);
+    b.shr(tmp, tmp, 4, "blocks of the valid values");
+    b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
+    {
+      Reg d = b.reg_imm("values", static_cast<int64_t>(v));
+      b.emit(Opcode::op_copy_gm2ub, {d, src, 1, tmp, 0, 0});
+    }
+    b.set_flag(Pipe::MTE2, Pipe::V, v_ready);
+    b.wait_flag(Pipe::MTE2, Pipe::V, v_ready);
+    b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
+    vec_dup_bits(b, 2, t, 0, 256 * m);
+    for (int64_t c0 = 0; c0 < 16; ++c0) {
+      b.if_(ge(valid, c0 + 1), [&] {
+        const int64_t e0 = c0 * m, e1 = c0 * m + m;
+        for (int64_t r = e0 / kLanes16; r * kLanes16 < e1; ++r) {
+          const int64_t lo = std::max(e0, r * kLanes16) - r * kLanes16;
+          const int64_t hi = std::min(e1, (r + 1) * kLanes16) - r * kLanes16;
+          auto bits = [](int64_t a, int64_t z) {  // lanes [a, z) of 64
+            const uint64_t top = z >= 64 ? ~uint64_t{0} : (uint64_t{1} << z) - 1;
+            return static_cast<int64_t>(top & ~((uint64_t{1} << a) - 1));
+          };
+          Reg mlo = b.reg_imm("mask lo", lo < 64 ? bits(lo, std::min<int64_t>(hi, 64)) : 0);
+          Reg mhi = b.reg_imm("mask hi", hi > 64 ? bits(std::max<int64_t>(lo, 64) - 64, hi - 64)
+                                                 : 0);
+          b.emit(Opcode::op_set_mask, {mhi, mlo});
+          b.emit(Opcode::op_vcopy,
+                 {Dtype::U16, static_cast<int64_t>(t) + c0 * 32 * m + r * 256,
+                  static_cast<int64_t>(v) + r * 256, 1, 1, 1, 8, 8},
+                 fmt::format("row {}: its {} values on the diagonal block", c0, m));
+        }
+      });
+    }
+    b.set_flag(Pipe::V, Pipe::MTE2, v_free);
+    b.set_flag(Pipe::V, Pipe::MTE3, t_ready);
+    b.wait_flag(Pipe::V, Pipe::MTE3, t_ready);
+    {
+      Reg dst = b.load_arg("wbd"), s = b.reg_imm("block", static_cast<int64_t>(t));
+      b.mul(tmp, item, 512 * m);
+      b.add(dst, dst, tmp);
+      b.emit(Opcode::op_copy_ub2gm, {dst, s, 1, 16 * m, 0, 0});
+    }
+    b.set_flag(Pipe::MTE3, Pipe::V, t_free);
+  });
+  b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
+  b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
+  b.end();
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = block_dim;
+  l.summary = fmt::format("block-diagonal depthwise filter: {} groups x {} taps, multiplier {}",
+                          groups, taps, m);
+  return l;
+}
+
+struct DepthwiseShapes {
+  int64_t c = 0, m = 0, groups = 0;
+};
+
+DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f, int64_t c) {
+  if (f[2] != c)
+    op.fail(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
+  if (f[3] > 16)
+    op.fail(fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
+                        "group must fit one n tile)",
+                        f[3]));
+  return DepthwiseShapes{c, f[3], (c + 15) / 16};
+}
+
+// The block-diagonal filter in the workspace from filter input `input` (cube type).
+ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                        size_t input, const std::vector<int64_t>& f) {
+  const ArgRef w = cube_operand(k, ctx, ct, input);
+  const int64_t taps = f[0] * f[1], groups = (f[2] + 15) / 16;
+  const ArgRef wbd = workspace_take(k, static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2);
+  k.launches.push_back(with_args(
+      build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()),
+      {w, wbd}));
+  return wbd;
+}
+
+CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  require_rank4(op, 0, "input");
+  require_rank4(op, 1, "filter");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t>& x = op.inputs[0].shape;
+  const std::vector<int64_t>& f = op.inputs[1].shape;
+  const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, {x[0], cw.h.out, cw.w.out, d.c * d.m}}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  const ArgRef xr = cube_operand(k, ctx, ct, 0);
+  const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
+  CubeConvSpec s;
+  s.name = fmt::format("DepthwiseConv2dNative_{}", data_type_name(dt));
+  s.images = x[0];
+  s.hs = x[1];
+  s.ws = x[2];
+  s.cs = d.c;
+  set_window(s, cw);
+  s.groups = d.groups;
+  s.cg_in = 16;
+  s.cg_out = 16 * d.m;
+  s.cy = d.c * d.m;
+  s.b_mode = CubeConvSpec::BMode::kRowsK;
+  s.b_tap = 256 * d.m;
+  s.b_group = f[0] * f[1] * s.b_tap;
+  s.b_row = 16 * d.m;
+  append_cube_conv(k, ctx, ct, s, xr, wbd);
+  return k;
+}
+
+// Data inputs: filter, out_backprop (input_sizes as an attribute).
+CompiledKernel compile_depthwise_backprop_input(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2)
+    op.fail(fmt::format("takes filter and out_backprop, {} inputs given", op.inputs.size()));
+  require_rank4(op, 0, "filter");
+  require_rank4(op, 1, "out_backprop");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t> x = shape_attr(op, "input_sizes");
+  const std::vector<int64_t>& f = op.inputs[0].shape;
+  const std::vector<int64_t>& dy = op.inputs[1].shape;
+  const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
+  if (dy[0] != x[0] || dy[3] != d.c * d.m)
+    op.fail(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
+                        shape_str(dy), x[0], d.c, d.m));
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, x}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  if (op.inputs[1].num_elements() == 0) {
+    append_zero_output(k, op, k.outputs[0], ctx.cfg);
+    return k;
+  }
+  const ArgRef dyr = cube_operand(k, ctx, ct, 1);
+  const ArgRef wbd = append_blockdiag(k, ctx, ct, 0, f);
+  CubeConvSpec s;
+  s.name = fmt::format("DepthwiseConv2dNativeBackpropInput_{}", data_type_name(dt));
+  s.images = dy[0];
+  s.hs = dy[1];
+  s.ws = dy[2];
+  s.cs = dy[3];
+  set_transposed_window(s, cw, op);
+  s.groups = d.groups;
+  s.cg_in = 16 * d.m;
+  s.cg_out = 16;
+  s.cy = d.c;
+  s.b_mode = CubeConvSpec::BMode::kRowsN;
+  s.b_flip = true;
+  s.b_tap = 256 * d.m;
+  s.b_group = f[0] * f[1] * s.b_tap;
+  s.b_row = 16 * d.m;
+  append_cube_conv(k, ctx, ct, s, dyr, wbd);
+  return k;
+}
+
+// Data inputs: input, out_backprop (filter_sizes as an attribute).
+CompiledKernel compile_depthwise_backprop_filter(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2)
+    op.fail(fmt::format("takes input and out_backprop, {} inputs given", op.inputs.size()));
+  require_rank4(op, 0, "input");
+  require_rank4(op, 1, "out_backprop");
+  const DataType dt = common_dtype(op, {0, 1});
+  const std::vector<int64_t>& x = op.inputs[0].shape;
+  const std::vector<int64_t> f = shape_attr(op, "filter_sizes");
+  const std::vector<int64_t>& dy = op.inputs[1].shape;
+  const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
+  const int64_t cm = d.c * d.m;
+  if (dy[0] != x[0] || dy[3] != cm)
+    op.fail(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
+                        shape_str(dy), x[0], d.c, d.m));
+  const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, f}};
+  const CubeTypes ct = cube_types(ctx, dt);
+  if (k.outputs[0].num_elements() == 0) return k;
+  const int64_t pixels = dy[0] * dy[1] * dy[2], taps = f[0] * f[1];
+  if (pixels == 0) {
+    append_zero_output(k, op, k.outputs[0], ctx.cfg);
+    return k;
+  }
+  // img2col(x) with each channel repeated M times, tap-major [taps][P][cp], cp = CM padded to
+  // whole blocks of both operand types; dy in the same channel layout.
+  const int64_t cp = (cm + 15) / 16 * 16;
+  const ArgRef xr = cube_operand(k, ctx, ct, 0);
+  const ArgRef cols =
+      append_img2col(k, ctx, xr, x, ct.cube, cw, d.m, cp, pixels * cp, taps * pixels * cp);
+  ArgRef dyp = input_ref(1);
+  if (cp != cm) {
+    dyp = workspace_take(k, static_cast<uint64_t>(pixels * cp * data_type_bytes(dt)));
+    append_channel_pad(k, op, input_ref(1), dyp, pixels, cm, cp, dt, ctx.cfg);
+  }
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.a_type = device_dtype(ct.cube);
+  s.b_type = device_dtype(dt);
+  s.batch = taps;
+  s.pixels = pixels;
+  s.cp = cp;
+  s.a_batch_stride = pixels * cp;
+  ChannelSumLaunch sum = build_channel_sum(s, ctx.cfg, op.str());
+  const ArgRef partials =
+      workspace_take(k, static_cast<uint64_t>(taps * sum.blocks * cp) * 4);
+  k.launches.push_back(with_args(std::move(sum.launch), {cols, dyp, partials}));
+  ChannelEpilogueSpec e;
+  e.name = "DepthwiseFilterGrad";
+  e.c = cm;
+  e.batch = taps;
+  e.partial_cp = cp;
+  e.partial_blocks = {sum.blocks};
+  e.outputs = 1;
+  e.out_pitch = cp;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+  };
+  const ArgRef df = workspace_take(k, static_cast<uint64_t>(taps * cp) * 4);
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, df}));
+  append_strided_copy(k, op, df, output_ref(0), taps, cm, cp, DataType::F32, dt, ctx.cfg);
+  return k;
+}
+
+}  // namespace
+
+CompiledKernel compile_conv2d(const CompileContext& ctx) {
+  const std::string& t = ctx.op.type;
+  // TF's full input list: the shape tensor is checked and dropped (its value is an attribute).
+  const bool grad_input = t == "Conv2DBackpropInput" || t == "DepthwiseConv2dNativeBackpropInput";
+  const bool grad_filter =
+      t == "Conv2DBackpropFilter" || t == "DepthwiseConv2dNativeBackpropFilter";
+  if ((grad_input || grad_filter) && ctx.op.inputs.size() == 3) {
+    const size_t i = grad_input ? 0 : 1;
+    check_shape_tensor(ctx.op, i, grad_input ? "input_sizes" : "filter_sizes");
+    return compile_without_inputs(ctx, {i}, compile_conv2d);
+  }
+  if (t == "Conv2D") return compile_conv2d_forward(ctx);
+  if (t == "Conv2DBackpropInput") return compile_conv2d_backprop_input(ctx);
+  if (t == "Conv2DBackpropFilter") return compile_conv2d_backprop_filter(ctx);
+  if (t == "DepthwiseConv2dNative") return compile_depthwise_forward(ctx);
+  if (t == "DepthwiseConv2dNativeBackpropInput") return compile_depthwise_backprop_input(ctx);
+  if (t == "DepthwiseConv2dNativeBackpropFilter") return compile_depthwise_backprop_filter(ctx);
+  ctx.op.fail("not a conv2d-family op");
+}
+
+}  // namespace npusim::compiler::ops

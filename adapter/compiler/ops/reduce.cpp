@@ -1,0 +1,1126 @@
+// Reductions: Sum, Mean, Max, Min, Prod, ArgMax, ArgMin over any set of axes, and the reduction
+// engine (append_reduce) that BiasAddGrad and L2Loss use too.
+//
+// OpDesc contract (TF passes the axes as a const input tensor, whose VALUES the compiler cannot
+// see): the axes come as attributes, filled by the caller from the const tensor --
+//   Sum Mean Max Min Prod: attr "axes" (list(int) or int; negative from the end, duplicates
+//     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
+//   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64).
+// The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
+// it is not read by any kernel.
+//
+// Types: f32, f16, bf16 and s32 (Mean: floats only: TF's integer Mean sums in int64 and
+// divides with truncation; the vector unit has neither). Arg* take the same types.
+//
+// Numerics: f16/bf16 are widened to f32 and everything accumulates in f32 (s32 in s32,
+// wrapping as TF's int32 sums do); the result is rounded once to the output type. Mean is the
+// f32 sum divided (vdiv) by the element count, rounded once. Max/Min propagate NaN (TF 2.x's
+// reducers use Eigen's PropagateNaN). ArgMax/ArgMin return the first index of the largest /
+// smallest value and ignore NaN (an all-NaN row gives 0), as TF's CPU kernels do. Reducing an
+// empty axis gives the identity (0, 1, -inf, +inf; s32: INT_MIN / INT_MAX) and Mean NaN;
+// ArgMax/ArgMin over an empty axis are rejected (TF fails too). The summation order is not
+// TF's (vcadd lane order, tree folds), so sums differ from TF's in the last bits.
+//
+// How (after dropping size-1 dims and merging adjacent dims of the same kind the tensor is
+// [K0, R1, K1, R2, ...]): each group of reduced dims is one STAGE, innermost first, a reduction
+// over the middle dim of [outer, R, inner]; intermediate results stay in f32/s32 in the GM
+// workspace and only the last stage converts (and divides, for Mean). Per stage one of three
+// vector kernels:
+//   rows (inner == 1, R short enough that 16 rows fit in the UB): groups of super-rows
+//     (vector_rows.h) loaded in one copy, reduced through the lane accumulator, one value per
+//     row stored per group;
+//   streamed rows (inner == 1, long rows): each row streamed through the UB in chunks, each
+//     chunk folded in halves (counter mode) to 64 lanes and combined into the row's lane slot
+//     (Arg: 64 lanes at a time, keeping the first strictly better lane); a group of rows' slots
+//     reduced and stored like the above;
+//   columns (inner > 1): the output is cut into staging tiles of whole 32-byte blocks; a tile
+//     holds pieces (one outer index, a range of inner), computed last to first. For a piece,
+//     groups of its R rows are loaded at the phase the piece has in its output block (MTE2
+//     reads GM at any byte address; rows whose starts share a phase are one strided copy),
+//     widened, folded in halves across rows (Arg: row after row), and combined into the
+//     piece's accumulator, which is converted and copied into the tile from its block-aligned
+//     start with an exact end (the head block's foreign lanes are rewritten by the piece before
+//     it, which is computed next).
+// Few outputs and a long R: R is split into parts over the cores (first pass: partial results
+// of every (output, part) in f32/s32 in the workspace, and for Arg their indices), then the
+// columns kernel reduces the parts. Arg with output_type s64: the indices are computed as s32
+// into the workspace and widened by the scalar unit (ops/int64.h).
+#include "adapter/compiler/ops/reduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
+#include "adapter/compiler/ops/vector_rows.h"
+#include "common/convert.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kLaneBytes = 4;
+constexpr int64_t kMaxBurst = 65535;      // RU16 burst / gap fields
+constexpr int64_t kStagingMax = 2048;     // columns kernel: output elements per staging tile
+constexpr int64_t kSplitMinElems = 4096;  // a split part reduces at least this many elements
+constexpr uint64_t kSlack = 32;           // per UB buffer: alignment
+
+int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
+int log2i(int64_t v) {
+  int l = 0;
+  while ((int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+// One stage's kernel: reduce the middle dim of [outer, R, inner] (R split into `split` parts of
+// split_len when split > 1; the output then has outer * split * inner partial results).
+struct KernelSpec {
+  std::string name;
+  Combine combine = Combine::kSum;
+  bool arg = false, is_max = false;
+  Dtype in_type = Dtype::F32;   // input values
+  Dtype ct = Dtype::F32;        // compute type: f32 or s32
+  Dtype out_type = Dtype::F32;  // what output 0 holds (Arg: the s32 indices)
+  bool idx_input = false;       // columns kernel: input 1 holds the s32 indices of the values
+  bool partial_idx = false;     // Arg first pass of a split: output 0 holds the parts' best
+                                // values (ct), output 1 their s32 indices
+  bool square = false;
+  double divisor = 0;           // > 0: divide the result by it
+  double scale = 1;
+  int64_t outer = 1, R = 1, inner = 1;
+  int64_t split = 1, split_len = 0;
+  std::string op;               // for errors
+};
+
+int64_t out_elems(const KernelSpec& s) { return s.outer * s.split * s.inner; }
+int isz(Dtype t) { return isa::dtype_size(t); }
+// The type each output of the kernel holds (output 0; output 1 = s32 indices when partial_idx).
+Dtype value_out_type(const KernelSpec& s) { return s.partial_idx ? s.ct : s.out_type; }
+
+// Builder, arguments and the pieces every reduction kernel shares.
+class ReduceKernel {
+ public:
+  ReduceKernel(const KernelSpec& s, const ChipConfig& cfg)
+      : m_s(s), m_b(s.name, s.op, cfg), m_kind(m_b.vector_core_kind()),
+        m_core(*cfg.core_kind(m_kind)) {}
+
+  KernelBuilder& b() { return m_b; }
+
+  // Declares in0 [, in1], out [, out1] and loads their addresses.
+  void begin() {
+    m_b.begin_section(m_kind);
+    const int64_t n_in = m_s.outer * m_s.R * m_s.inner;
+    m_b.declare_arg("in0", m_s.in_type, {n_in});
+    m_launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
+    if (m_s.idx_input) {
+      m_b.declare_arg("in1", Dtype::S32, {n_in});
+      m_launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
+    }
+    m_b.declare_arg("out", value_out_type(m_s), {out_elems(m_s)});
+    m_launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    if (m_s.partial_idx) {
+      m_b.declare_arg("out1", Dtype::S32, {out_elems(m_s)});
+      m_launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
+    }
+    m_in = m_b.load_arg("in0");
+    if (m_s.idx_input) m_idx_in = m_b.load_arg("in1");
+    m_out = m_b.load_arg("out");
+    if (m_s.partial_idx) m_out1 = m_b.load_arg("out1");
+  }
+
+  // [start, end) of this block's range of `unit`s, `per` per block.
+  void block_range(const Reg& start, const Reg& end, int64_t per, int64_t total) {
+    KernelBuilder::Origin o(m_b, fmt::format("block range: {} per block", per));
+    m_b.emit(Opcode::op_get_block_id, {start});
+    m_b.mul(start, start, per);
+    m_b.add(end, start, per);
+    m_b.min(end, end, total);
+  }
+
+  // Constant buffers (allocated by the kernel, filled in the prologue).
+  void prologue(uint64_t divvec, int64_t div_lanes, const ArgScratch* arg, uint64_t iota64,
+                int64_t max_rows) {
+    KernelBuilder::Origin o(m_b, "constants");
+    if (m_s.divisor > 0)
+      vec_fill32(m_b, divvec, f32_to_bits(static_cast<float>(m_s.divisor)), div_lanes);
+    if (arg) {
+      vec_fill32(m_b, arg->big64, std::numeric_limits<int32_t>::max(), kLanes32);
+      fill_alt_pattern(m_b, arg->alt, max_rows);
+    }
+    if (iota64) fill_iota64(m_b, iota64);
+  }
+
+  // Widens `count` input elements at src to the compute type at dst (no-op when the same).
+  void widen(uint64_t dst, uint64_t src, const Reg& count) {
+    if (m_s.in_type != m_s.ct) {
+      vec_convert(m_b, m_s.ct, m_s.in_type, dst, src, RoundMode::kRint, count);
+      src = dst;
+    }
+    if (m_s.square) vec_binary(m_b, Opcode::op_vmul, m_s.ct, dst, src, src, count);
+  }
+  bool converts() const { return m_s.in_type != m_s.ct; }
+
+  // Final values of `count` results at vals (ct, modified) -> the output type at out_tmp.
+  // Returns the UB address holding the values to store.
+  uint64_t finalize(uint64_t vals, const Reg& count, uint64_t divvec, uint64_t out_tmp) {
+    KernelBuilder::Origin o(m_b, "final values");
+    if (m_s.divisor > 0) vec_binary(m_b, Opcode::op_vdiv, m_s.ct, vals, vals, divvec, count);
+    if (m_s.scale != 1) {
+      Reg sc = m_b.reg_imm("scale", vector_scalar_bits(m_s.ct, m_s.scale));
+      vec_scalar(m_b, Opcode::op_vmuls, m_s.ct, vals, vals, sc, count);
+    }
+    const Dtype ot = value_out_type(m_s);
+    if (ot == m_s.ct) return vals;
+    vec_convert(m_b, ot, m_s.ct, out_tmp, vals, RoundMode::kRint, count);
+    return out_tmp;
+  }
+
+  // Stores `count` elements of `size` bytes from UB src to GM dst_base + index * size.
+  void store(const Reg& dst_base, const Reg& index, uint64_t src, const Reg& count, int size) {
+    Reg dst = m_b.reg("store destination"), blocks = m_b.reg("store blocks");
+    m_b.mul_add(dst, index, size, dst_base);
+    count_blocks(m_b, blocks, count, size);
+    m_b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "store");
+  }
+
+  // The results of `count` outputs from `index` on: values (ct, dense) and, for Arg, indices
+  // (s32, dense). Between sync.wait_out_free() (before the values were computed) and the
+  // stores: finalises, then stores what the kernel outputs.
+  void store_results(StepSync& sync, const Reg& index, const Reg& count, uint64_t vals,
+                     uint64_t idx, uint64_t divvec, uint64_t out_tmp) {
+    if (!m_s.arg) {
+      const uint64_t v = finalize(vals, count, divvec, out_tmp);
+      sync.out_ready();
+      store(m_out, index, v, count, isz(value_out_type(m_s)));
+    } else if (m_s.partial_idx) {
+      sync.out_ready();
+      store(m_out, index, vals, count, isz(m_s.ct));
+      store(m_out1, index, idx, count, isz(Dtype::S32));
+    } else {
+      sync.out_ready();
+      store(m_out, index, idx, count, isz(Dtype::S32));
+    }
+    sync.stored();
+  }
+
+  Launch finish(int block_dim, std::string summary) {
+    m_b.end();
+    m_launch.block_dim = block_dim;
+    m_launch.summary = std::move(summary);
+    m_launch.kernel = m_b.finish();
+    return std::move(m_launch);
+  }
+
+  const Reg& in() const { return m_in; }
+  const Reg& idx_in() const { return m_idx_in; }
+  const Reg& out() const { return m_out; }
+  const Reg& out1() const { return m_out1; }
+
+ private:
+  const KernelSpec& m_s;
+  KernelBuilder m_b;
+  isa::CoreKind m_kind;
+  const CoreKindConfig& m_core;
+  Launch m_launch;
+  Reg m_in, m_idx_in, m_out, m_out1;
+};
+
+// UB budget: sizes in bytes, each padded for alignment.
+struct Budget {
+  uint64_t total = 0;
+  void add(int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; }
+};
+
+// The Arg scratch of a lane-accumulator kernel for up to `rows` rows.
+void arg_budget(Budget& u, int64_t rows) {
+  u.add(rows * kSlotBytes);                                  // index slots
+  u.add(rows * kLaneBytes);                                  // dense values
+  u.add(rows * kBlock);                                      // replicated values
+  u.add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
+  u.add(static_cast<int64_t>(alt_pattern_bytes(rows)));
+  u.add(kSlotBytes * 3);                                     // iota64, t64, big64
+  u.add(rows * 8);                                           // compare bits
+}
+
+struct ArgBuffers {
+  uint64_t acc_idx = 0, dense_val = 0, iota64 = 0, t64 = 0;
+  ArgScratch s;
+};
+
+ArgBuffers alloc_arg(KernelBuilder& b, int64_t rows) {
+  ArgBuffers a;
+  a.acc_idx = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kSlotBytes), "index slots");
+  a.dense_val = b.alloc(Buf::UB, static_cast<uint64_t>(rnd(rows * kLaneBytes)), "row maxima");
+  a.s.rep = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kBlock), "replicated row values");
+  a.s.replicate = b.alloc(Buf::UB, replicate_scratch_bytes(rows), "replicate scratch");
+  a.s.alt = b.alloc(Buf::UB, alt_pattern_bytes(rows), "alternating pattern");
+  a.iota64 = b.alloc(Buf::UB, kSlotBytes, "iota 0..63");
+  a.t64 = b.alloc(Buf::UB, kSlotBytes, "lane indices");
+  a.s.big64 = b.alloc(Buf::UB, kSlotBytes, "INT_MAX lanes");
+  a.s.bits = b.alloc(Buf::UB, static_cast<uint64_t>(rnd(rows * 8)), "compare bits");
+  return a;
+}
+
+// ---- rows kernel: inner == 1, groups of super-rows resident in the UB ----
+
+struct RowsPlan {
+  SuperRowLayout layout;
+  int64_t group = 0;  // rows per group (multiple of q)
+  int64_t per = 0;    // rows per block
+  int block_dim = 0;
+};
+
+std::optional<RowsPlan> plan_rows(const KernelSpec& s, uint64_t ub, int64_t cores) {
+  if (s.split != 1) return std::nullopt;
+  const int64_t granule = kBlock / std::min(isz(s.in_type), isz(s.out_type));
+  RowsPlan p;
+  p.layout = SuperRowLayout::make(s.R, granule);
+  const int64_t g = p.layout.rows;
+  const int64_t q = std::max<int64_t>(g, kBlock / isz(s.out_type));  // rows per step
+  p.per = round_up(ceil_div(s.outer, cores), q);
+  p.block_dim = static_cast<int>(ceil_div(s.outer, p.per));
+  auto bytes = [&](int64_t rows) {
+    Budget u;
+    u.add(rows * s.R * isz(s.in_type));                     // input rows
+    if (s.in_type != s.ct || s.square) u.add(rows * s.R * kLaneBytes);  // widened
+    u.add(rows * kSlotBytes);                               // lane slots
+    u.add(rows * kLaneBytes * 2);                           // dense, product scratch / indices
+    u.add(rows * isz(s.out_type));                          // converted output
+    if (s.divisor > 0) u.add(rows * kLaneBytes);
+    if (s.arg) arg_budget(u, rows);
+    return u.total;
+  };
+  for (int64_t rows = std::min(kMaxGroupRows / q * q, p.per); rows >= q; rows -= q)
+    if (bytes(rows) <= ub) {
+      p.group = rows;
+      return p;
+    }
+  return std::nullopt;
+}
+
+Launch build_rows(const KernelSpec& s, const RowsPlan& p, const ChipConfig& cfg) {
+  ReduceKernel k(s, cfg);
+  KernelBuilder& b = k.b();
+  const SuperRowLayout& L = p.layout;
+  const int64_t G = p.group, g = L.rows;
+  k.begin();
+  const bool separate_x = s.in_type != s.ct || s.square;
+  const uint64_t in_buf = b.alloc(Buf::UB, rnd(G * s.R * isz(s.in_type)), "input rows");
+  const uint64_t x = separate_x ? b.alloc(Buf::UB, rnd(G * s.R * kLaneBytes), "widened rows")
+                                : in_buf;
+  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
+  const uint64_t dense = b.alloc(Buf::UB, rnd(G * kLaneBytes), "one value per row");
+  const uint64_t tmp = b.alloc(Buf::UB, rnd(G * kLaneBytes), "product lanes / indices");
+  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(G * isz(s.out_type)), "output values");
+  const uint64_t divvec =
+      s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
+  ArgBuffers ab;
+  if (s.arg) ab = alloc_arg(b, G);
+  k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
+  StepSync sync(b);
+
+  Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
+  k.block_range(r, end, p.per, s.outer);
+  Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), rows_s = b.reg("slots");
+  Label top = b.label("group"), done = b.label("groups_done");
+  b.bind(top);
+  b.branch(ge(r, end), done);
+  {
+    KernelBuilder::Origin o(b, "load a group of rows");
+    b.sub(rows, end, r);
+    b.min(rows, rows, G);
+    b.add(supers, rows, g - 1);
+    b.shr(supers, supers, log2i(g));
+    b.mul(rows_s, supers, g);
+    sync.wait_load_free();
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    b.mul_add(src, r, s.R * isz(s.in_type), k.in());
+    count_blocks(b, blocks, rows, s.R * isz(s.in_type));
+    b.emit(Opcode::op_copy_gm2ub, {in_buf, src, 1, blocks, 0, 0}, "load the group's rows");
+    sync.loaded();
+  }
+  {
+    Reg n = b.reg("lanes");
+    b.mul(n, supers, L.lanes);
+    k.widen(x, in_buf, n);
+  }
+  if (separate_x) sync.release_load();
+  const RowGroup grp{&L, x, &supers, &rows_s};
+  if (s.arg) {
+    rows_to_lanes_arg(b, grp, s.is_max, s.ct, acc, ab.acc_idx, ab.iota64, ab.t64, ab.s.bits);
+    if (!separate_x) sync.release_load();
+    sync.wait_out_free();
+    lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, rows_s, ab.dense_val, tmp, ab.s);
+    k.store_results(sync, r, rows, ab.dense_val, tmp, divvec, out_tmp);
+  } else {
+    rows_to_lanes(b, grp, s.combine, s.ct, acc);
+    if (!separate_x) sync.release_load();
+    sync.wait_out_free();
+    lanes_reduce(b, s.combine, s.ct, acc, rows_s, dense, tmp);
+    k.store_results(sync, r, rows, dense, 0, divvec, out_tmp);
+  }
+  b.add(r, r, G);
+  b.jmp(top);
+  b.bind(done);
+  sync.drain();
+  return k.finish(p.block_dim,
+                  fmt::format("{}: rows {} x {} of {}, {} blocks of {} rows, groups of {} rows "
+                              "({} per super-row)",
+                              s.name, s.outer, s.R, isa::dtype_name(s.in_type), p.block_dim,
+                              p.per, G, g));
+}
+
+// ---- streamed rows: inner == 1, each row (or part of a row) streamed in chunks ----
+
+struct StreamPlan {
+  int64_t group = 0;  // units (rows or parts) per group, one lane slot each
+  int64_t chunk = 0;  // elements per chunk (multiple of 64)
+  int64_t per = 0;    // units per block
+  int block_dim = 0;
+};
+
+int64_t part_len(const KernelSpec& s) { return s.split > 1 ? s.split_len : s.R; }
+
+StreamPlan plan_stream(const KernelSpec& s, uint64_t ub, int64_t cores) {
+  StreamPlan p;
+  const int64_t units = s.outer * s.split;
+  const int64_t q = kBlock / isz(value_out_type(s));
+  p.per = round_up(ceil_div(units, cores), q);
+  p.block_dim = static_cast<int>(ceil_div(units, p.per));
+  p.group = std::min(kMaxGroupRows / q * q, p.per);
+  Budget u;
+  u.add(p.group * kSlotBytes);
+  u.add(p.group * kLaneBytes * 2);
+  u.add(p.group * isz(s.out_type));
+  if (s.divisor > 0) u.add(p.group * kLaneBytes);
+  if (s.arg) arg_budget(u, p.group);
+  const bool separate_x = s.in_type != s.ct || s.square;
+  const int64_t per_elem = isz(s.in_type) + (separate_x ? kLaneBytes : 0);
+  const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
+                       2 * static_cast<int64_t>(kSlack);
+  p.chunk = std::min(left / per_elem / kLanes32 * kLanes32, round_up(part_len(s), kLanes32));
+  p.chunk = std::min(p.chunk, kMaxBurst * kBlock / isz(s.in_type) / kLanes32 * kLanes32);
+  if (p.chunk < kLanes32)
+    throw CompileError(fmt::format("{}: the reduction's buffers do not fit in the {} bytes of UB",
+                                   s.op, ub));
+  return p;
+}
+
+Launch build_stream(const KernelSpec& s, const StreamPlan& p, const ChipConfig& cfg) {
+  ReduceKernel k(s, cfg);
+  KernelBuilder& b = k.b();
+  const int64_t G = p.group, T = p.chunk;
+  k.begin();
+  const bool separate_x = s.in_type != s.ct || s.square;
+  const uint64_t in_buf = b.alloc(Buf::UB, rnd(T * isz(s.in_type)), "input chunk");
+  const uint64_t x = separate_x ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened chunk") : in_buf;
+  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
+  const uint64_t dense = b.alloc(Buf::UB, rnd(G * kLaneBytes), "one value per row");
+  const uint64_t tmp = b.alloc(Buf::UB, rnd(G * kLaneBytes), "product lanes / indices");
+  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(G * isz(s.out_type)), "output values");
+  const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
+  ArgBuffers ab;
+  if (s.arg) ab = alloc_arg(b, G);
+  k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
+  StepSync sync(b);
+
+  Reg u0 = b.reg("first unit of the group"), end = b.reg("end of this block's units");
+  k.block_range(u0, end, p.per, s.outer * s.split);
+  Reg ug = b.reg("units in the group");
+  Label top = b.label("group"), done = b.label("groups_done");
+  b.bind(top);
+  b.branch(ge(u0, end), done);
+  b.sub(ug, end, u0);
+  b.min(ug, ug, G);
+  {
+    Reg n = b.reg("slot lanes");
+    b.mul(n, ug, kLanes32);
+    if (s.arg) {
+      vec_fill32(b, acc, combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct),
+                 n);
+      vec_fill32(b, ab.acc_idx, 0, n);
+    } else {
+      vec_fill32(b, acc, combine_identity_bits(s.combine, s.ct), n);
+    }
+  }
+  {
+    Reg j = b.reg("unit in the group");
+    b.for_range(j, 0, ug, 1, [&] {
+      KernelBuilder::Origin o(b, "one row (or part of a row)");
+      Reg start = b.reg("first element"), len = b.reg("elements"), off = b.reg("part offset");
+      {
+        // unit u = u0 + j: row u / split, part u % split.
+        Reg u = b.reg("unit"), row = b.reg("row");
+        b.add(u, u0, j);
+        b.div(row, u, s.split);
+        b.mul(off, row, s.split);
+        b.sub(off, u, off);
+        b.mul(off, off, part_len(s));
+        b.movi(len, s.R);
+        b.sub(len, len, off);
+        b.min(len, len, part_len(s));
+        b.mul(start, row, s.R);
+        b.add(start, start, off);
+      }
+      Reg slot = b.reg("lane slot"), islot = b.reg("index slot");
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
+      if (s.arg) b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(ab.acc_idx));
+      Reg c = b.reg("chunk start");
+      b.for_range(c, 0, len, T, [&] {
+        Reg n = b.reg("chunk elements");
+        b.sub(n, len, c);
+        b.min(n, n, T);
+        sync.wait_load_free();
+        {
+          Reg src = b.reg("source"), blocks = b.reg("blocks");
+          b.add(src, start, c);
+          b.mul_add(src, src, isz(s.in_type), k.in());
+          count_blocks(b, blocks, n, isz(s.in_type));
+          b.emit(Opcode::op_copy_gm2ub, {in_buf, src, 1, blocks, 0, 0}, "load a chunk");
+        }
+        sync.loaded();
+        k.widen(x, in_buf, n);
+        if (s.arg) {
+          KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
+          Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
+          Reg src = b.reg("lanes address");
+          b.for_range(kk, 0, n, kLanes32, [&] {
+            b.sub(cnt, n, kk);
+            b.min(cnt, cnt, kLanes32);
+            b.add(i0, off, c);
+            b.add(i0, i0, kk);
+            b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
+            lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, ab.iota64, ab.t64,
+                           ab.s.bits);
+          });
+        } else {
+          fold_into_slot(b, s.combine, s.ct, x, n, slot);
+        }
+        sync.release_load();
+      });
+    });
+  }
+  sync.wait_out_free();
+  if (s.arg) {
+    lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, ug, ab.dense_val, tmp, ab.s);
+    k.store_results(sync, u0, ug, ab.dense_val, tmp, divvec, out_tmp);
+  } else {
+    lanes_reduce(b, s.combine, s.ct, acc, ug, dense, tmp);
+    k.store_results(sync, u0, ug, dense, 0, divvec, out_tmp);
+  }
+  b.add(u0, u0, G);
+  b.jmp(top);
+  b.bind(done);
+  sync.drain();
+  return k.finish(p.block_dim,
+                  fmt::format("{}: {} rows of {} of {}{}, {} blocks of {}, chunks of {}, groups "
+                              "of {}",
+                              s.name, s.outer, s.R, isa::dtype_name(s.in_type),
+                              s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
+                                          : std::string(),
+                              p.block_dim, p.per, T, G));
+}
+
+// ---- columns: inner > 1 (or the parts of a split reduction) ----
+
+struct ColumnPlan {
+  int64_t per = 0;    // output elements per block (whole 32-byte blocks)
+  int64_t width = 0;  // output elements per staging tile
+  int64_t pitch = 0;  // lanes per loaded row (>= any piece's phase + width)
+  int64_t rows = 0;   // rows per load group
+  int64_t classes = 1;  // rows loaded per strided copy are `classes` apart
+  bool row_loads = false;  // one copy per row instead
+  int block_dim = 0;
+};
+
+bool separate_x(const KernelSpec& s) { return s.in_type != s.ct || s.square; }
+
+ColumnPlan plan_columns(const KernelSpec& s, uint64_t ub, int64_t cores) {
+  ColumnPlan p;
+  const int64_t og = kBlock / isz(value_out_type(s));
+  const int64_t total = out_elems(s);
+  p.per = round_up(ceil_div(total, cores), og);
+  p.block_dim = static_cast<int>(ceil_div(total, p.per));
+  const int64_t gin = kBlock / isz(s.in_type);
+  const int64_t rows_max = part_len(s);
+  for (p.width = std::min(p.per, kStagingMax); p.width >= og;
+       p.width = round_up(p.width / 2, og)) {
+    p.pitch = round_up(p.width, std::max<int64_t>(gin, kBlockLanes32));
+    Budget u;
+    u.add(p.width * isz(value_out_type(s)));
+    if (s.partial_idx) u.add(p.width * kLaneBytes);
+    u.add(p.pitch * kLaneBytes);                       // accumulator
+    if (s.arg) {
+      u.add(p.pitch * kLaneBytes * 2);                 // index accumulator, row indices
+      u.add(p.pitch / 8);                              // compare bits
+    }
+    u.add(p.pitch * isz(s.out_type));
+    if (s.divisor > 0) u.add(p.pitch * kLaneBytes);
+    const int64_t per_row = p.pitch * (isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
+                                       (s.idx_input ? kLaneBytes : 0));
+    const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
+                         3 * static_cast<int64_t>(kSlack);
+    p.rows = std::min(left / per_row, rows_max);
+    if (p.rows >= 1) break;
+    if (p.width == og)
+      throw CompileError(fmt::format("{}: the reduction's buffers do not fit in the {} bytes "
+                                     "of UB",
+                                     s.op, ub));
+  }
+  // Rows whose starts are `classes` apart share their phase in a block: one strided copy.
+  const int64_t row_bytes = s.inner * isz(s.in_type);
+  const int64_t max_lanes = std::min(p.width, og - 1 + s.inner);
+  const int64_t max_burst = ceil_div(max_lanes * isz(s.in_type), kBlock);
+  const int64_t g0 = kBlock / std::gcd(row_bytes, kBlock);
+  p.classes = g0 * ceil_div(kBlock * max_burst, g0 * row_bytes);
+  p.row_loads = p.classes * row_bytes / kBlock > kMaxBurst ||
+                p.classes * p.pitch * isz(s.in_type) / kBlock > kMaxBurst || p.classes > 32;
+  return p;
+}
+
+Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg) {
+  ReduceKernel k(s, cfg);
+  KernelBuilder& b = k.b();
+  const int64_t W = p.width, Pc = p.pitch, Gr = p.rows;
+  const int osz = isz(value_out_type(s)), is = isz(s.in_type);
+  const int64_t og = kBlock / osz;
+  const int64_t plen = part_len(s);
+  k.begin();
+  const uint64_t staging = b.alloc(Buf::UB, rnd(W * osz), "output tile");
+  const uint64_t staging_idx =
+      s.partial_idx ? b.alloc(Buf::UB, rnd(W * kLaneBytes), "index tile") : 0;
+  const uint64_t in_buf = b.alloc(Buf::UB, rnd(Gr * Pc * is), "input rows");
+  const uint64_t idx_buf =
+      s.idx_input ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "input indices") : 0;
+  const uint64_t x =
+      separate_x(s) ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "widened rows") : in_buf;
+  const uint64_t acc = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "accumulator");
+  uint64_t acc_idx = 0, rvec = 0, bits = 0;
+  if (s.arg) {
+    acc_idx = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "index accumulator");
+    rvec = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "row index");
+    bits = b.alloc(Buf::UB, rnd(Pc / 8), "compare bits");
+  }
+  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(Pc * isz(s.out_type)), "output values");
+  const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "divisor") : 0;
+  k.prologue(divvec, Pc, nullptr, 0, 0);
+  StepSync sync(b);
+
+  Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
+  k.block_range(q0, qend, p.per, out_elems(s));
+  Reg c0 = b.reg("tile start"), c1 = b.reg("tile end");
+  b.for_range(c0, q0, qend, W, [&] {
+    b.add(c1, c0, W);
+    b.min(c1, c1, qend);
+    sync.wait_out_free();
+    Reg u = b.reg("piece: unit (outer index, part)"), ulo = b.reg("first unit of the tile");
+    b.sub(u, c1, 1);
+    b.div(u, u, s.inner);
+    b.div(ulo, c0, s.inner);
+    Label top = b.label("piece"), done = b.label("pieces_done");
+    b.bind(top);
+    b.branch(lt(u, ulo), done);
+    {
+      KernelBuilder::Origin op(b, "one piece: a unit's range of inner positions");
+      Reg a = b.reg("piece start"), w = b.reg("piece end / width"), ph = b.reg("phase");
+      Reg lanes = b.reg("lanes (phase + width)"), base = b.reg("row 0 window (bytes)");
+      Reg row0 = b.reg("first row of the part"), nrows = b.reg("rows of the part");
+      Reg burst = b.reg("blocks per row");
+      {
+        Reg t = b.reg("temporary");
+        b.mul(t, u, s.inner);
+        b.max(a, c0, t);
+        b.add(w, t, s.inner);
+        b.min(w, w, c1);
+        b.sub(w, w, a);
+        b.sub(ph, a, c0);
+        b.and_(ph, ph, og - 1);
+        b.add(lanes, ph, w);
+        // unit u: outer index u / split, part u % split (rows row0 .. row0 + nrows).
+        Reg o = b.reg("outer index");
+        b.div(o, u, s.split);
+        b.mul(row0, o, s.split);
+        b.sub(row0, u, row0);
+        b.mul(row0, row0, plen);
+        b.movi(nrows, s.R);
+        b.sub(nrows, nrows, row0);
+        b.min(nrows, nrows, plen);
+        // window start (elements): (o * R + row0) * inner + (a - u * inner) - ph
+        b.mul(base, o, s.R);
+        b.add(base, base, row0);
+        b.mul(base, base, s.inner);
+        b.sub(t, a, t);
+        b.add(base, base, t);
+        b.sub(base, base, ph);
+        count_blocks(b, burst, lanes, is);
+      }
+      if (s.arg) {
+        vec_fill32(b, acc, combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct),
+                   lanes);
+        vec_fill32(b, acc_idx, 0, lanes);
+      } else {
+        vec_fill32(b, acc, combine_identity_bits(s.combine, s.ct), lanes);
+      }
+      Reg r = b.reg("row group");
+      b.for_range(r, 0, nrows, Gr, [&] {
+        Reg n = b.reg("rows in the group");
+        b.sub(n, nrows, r);
+        b.min(n, n, Gr);
+        sync.wait_load_free();
+        // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements, into
+        // buf + kk * Pc elements.
+        auto load = [&](uint64_t buf, const Reg& gm, int esz) {
+          KernelBuilder::Origin ol(b, "load the rows of the piece");
+          Reg src = b.reg("source"), dst = b.reg("destination");
+          Reg win = b.reg("window");
+          b.mul_add(win, base, esz, gm);
+          if (p.row_loads) {
+            Reg kk = b.reg("row");
+            b.for_range(kk, 0, n, 1, [&] {
+              b.add(src, r, kk);
+              b.mul_add(src, src, s.inner * esz, win);
+              b.mul_add(dst, kk, Pc * esz, static_cast<int64_t>(buf));
+              b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, burst, 0, 0});
+            });
+            return;
+          }
+          Reg nb = b.reg("rows of the class"), sgap = b.reg("source gap");
+          Reg dgap = b.reg("destination gap");
+          b.movi(sgap, p.classes * s.inner * esz / kBlock);
+          b.sub(sgap, sgap, burst);
+          b.movi(dgap, p.classes * Pc * esz / kBlock);
+          b.sub(dgap, dgap, burst);
+          for (int64_t cls = 0; cls < p.classes; ++cls) {
+            b.if_(ge(n, cls + 1), [&] {
+              b.sub(nb, n, cls);
+              b.add(nb, nb, p.classes - 1);
+              b.div(nb, nb, p.classes);
+              b.add(src, r, cls);
+              b.mul_add(src, src, s.inner * esz, win);
+              b.emit(Opcode::op_copy_gm2ub, {static_cast<int64_t>(buf) + cls * Pc * esz, src, nb,
+                                             burst, sgap, dgap},
+                     fmt::format("rows {} mod {}", cls, p.classes));
+            });
+          }
+        };
+        load(in_buf, k.in(), is);
+        if (s.idx_input) load(idx_buf, k.idx_in(), kLaneBytes);
+        sync.loaded();
+        {
+          Reg cnt = b.reg("lanes of the group");
+          b.mul(cnt, n, Pc);
+          k.widen(x, in_buf, cnt);
+        }
+        if (s.arg) {
+          KernelBuilder::Origin oa(b, "rows in order into the accumulator");
+          Reg kk = b.reg("row"), row = b.reg("row lanes"), rv = b.reg("row index lanes");
+          Reg ri = b.reg("row index");
+          b.for_range(kk, 0, n, 1, [&] {
+            b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
+            if (s.idx_input) {
+              b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf));
+            } else {
+              b.add(ri, row0, r);
+              b.add(ri, ri, kk);
+              b.emit(Opcode::op_set_mask_count, {lanes});
+              b.emit(Opcode::op_vdup, {Dtype::S32, rvec, ri, 0, 1, 8});
+              b.movi(rv, static_cast<int64_t>(rvec));
+            }
+            b.emit(Opcode::op_set_mask_count, {lanes});
+            vec_compare_strided(b, s.ct, s.is_max ? isa::Cmp::GT : isa::Cmp::LT, bits,
+                                VOperand(row), VOperand(acc), 0);
+            vec_select_strided(b, s.ct, VOperand(acc), VOperand(row), VOperand(acc), bits, 0);
+            vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(rv), VOperand(acc_idx),
+                               bits, 0);
+          });
+        } else {
+          // Fold the rows in halves: rows [0, m - h) op= rows [h, m), h = ceil(m / 2).
+          KernelBuilder::Origin of(b, "fold the rows in halves");
+          Reg m = b.reg("rows left"), h = b.reg("half"), cnt = b.reg("lanes"), hi = b.reg("rows h..");
+          b.mov(m, n);
+          Label fold = b.label("fold"), folded = b.label("folded");
+          b.bind(fold);
+          b.branch(lt(m, 2), folded);
+          b.add(h, m, 1);
+          b.shr(h, h, 1);
+          b.sub(cnt, m, h);
+          b.mul(cnt, cnt, Pc);
+          b.mul_add(hi, h, Pc * kLaneBytes, static_cast<int64_t>(x));
+          vec_binary(b, combine_opcode(s.combine), s.ct, x, x, hi, cnt);
+          b.mov(m, h);
+          b.jmp(fold);
+          b.bind(folded);
+          vec_binary(b, combine_opcode(s.combine), s.ct, acc, acc, x, lanes);
+        }
+        sync.release_load();
+      });
+      // The piece into the tile: from its block-aligned start, exact end.
+      Reg dst = b.reg("tile position");
+      b.sub(dst, a, c0);
+      b.sub(dst, dst, ph);
+      if (s.arg && !s.partial_idx) {
+        Reg d = b.reg("address");
+        b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging));
+        vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
+      } else {
+        const uint64_t v = s.arg ? acc : k.finalize(acc, lanes, divvec, out_tmp);
+        Reg d = b.reg("address");
+        b.mul_add(d, dst, osz, static_cast<int64_t>(staging));
+        vec_copy_bits(b, osz, d, v, lanes);
+        if (s.partial_idx) {
+          b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging_idx));
+          vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
+        }
+      }
+    }
+    b.sub(u, u, 1);
+    b.jmp(top);
+    b.bind(done);
+    sync.out_ready();
+    Reg cnt = b.reg("tile elements");
+    b.sub(cnt, c1, c0);
+    k.store(k.out(), c0, staging, cnt, osz);
+    if (s.partial_idx) k.store(k.out1(), c0, staging_idx, cnt, kLaneBytes);
+    sync.stored();
+  });
+  sync.drain();
+  return k.finish(p.block_dim,
+                  fmt::format("{}: [{}, {}, {}] of {} over the middle dim{}, {} blocks of {} "
+                              "outputs, tiles of {}, {} rows x {} lanes per load{}",
+                              s.name, s.outer, s.R, s.inner, isa::dtype_name(s.in_type),
+                              s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
+                                          : std::string(),
+                              p.block_dim, p.per, W, Gr, Pc,
+                              p.row_loads ? ", row by row"
+                                          : fmt::format(", strided copies of every {}th row",
+                                                        p.classes)));
+}
+
+}  // namespace
+
+// ---- stages and the public entry points ----
+
+namespace {
+
+Combine combine_of(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::kMax: return Combine::kMax;
+    case ReduceKind::kMin: return Combine::kMin;
+    case ReduceKind::kProd: return Combine::kProd;
+    default: return Combine::kSum;
+  }
+}
+
+const char* kind_name(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::kSum: return "Sum";
+    case ReduceKind::kMean: return "Mean";
+    case ReduceKind::kMax: return "Max";
+    case ReduceKind::kMin: return "Min";
+    case ReduceKind::kProd: return "Prod";
+    case ReduceKind::kArgMax: return "ArgMax";
+    case ReduceKind::kArgMin: return "ArgMin";
+  }
+  return "?";
+}
+
+// The bits of `value` in a float type (f32, f16, bf16) or of an integer in s32.
+uint64_t value_bits(DataType t, double value) {
+  switch (t) {
+    case DataType::F32: return f32_to_bits(static_cast<float>(value));
+    case DataType::F16: return narrow_f16_rne(static_cast<float>(value));
+    case DataType::BF16: return narrow_bf16_rne(static_cast<float>(value));
+    default: return static_cast<uint32_t>(static_cast<int32_t>(value));
+  }
+}
+
+// The result of reducing no elements: the identity, NaN for Mean.
+uint64_t empty_result_bits(ReduceKind k, DataType t) {
+  const bool f = data_type_is_float(t);
+  const double inf = std::numeric_limits<double>::infinity();
+  switch (k) {
+    case ReduceKind::kSum: return 0;
+    case ReduceKind::kProd: return value_bits(t, 1);
+    case ReduceKind::kMean: return value_bits(t, std::numeric_limits<double>::quiet_NaN());
+    case ReduceKind::kMax:
+      return f ? value_bits(t, -inf) : value_bits(t, std::numeric_limits<int32_t>::min());
+    case ReduceKind::kMin:
+      return f ? value_bits(t, inf) : value_bits(t, std::numeric_limits<int32_t>::max());
+    default: return 0;
+  }
+}
+
+// A launch writing `n` elements of `size` bytes (2 or 4) with `bits`; argument out (kOutput 0).
+Launch fill_launch(const std::string& op, int64_t n, int size, uint64_t bits,
+                   const ChipConfig& cfg) {
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("Fill_{}", size * 8);
+  spec.out_type = size == 2 ? Dtype::U16 : Dtype::S32;
+  spec.out_shape = {n};
+  spec.compute = [size, bits](KernelBuilder& b, const TileOperands& t) {
+    vec_dup_bits(b, size, t.out, static_cast<int64_t>(bits), *t.count);
+  };
+  return build_stream_kernel(op, spec, cfg);
+}
+
+// No dim left to reduce (they were all of size 1): element-wise y = x (x * x * scale for L2Loss).
+Launch elementwise_result(const std::string& op, const ReduceRequest& req, const ChipConfig& cfg) {
+  const DataType dt = req.input.dtype;
+  const std::vector<int64_t> shape{req.input.num_elements()};
+  if (!req.square && req.scale == 1) return build_stream_kernel(op, cast_spec(dt, dt, false, shape), cfg);
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("Square_{}", data_type_name(dt));
+  spec.inputs = {StreamInput{device_dtype(dt), broadcast_view(shape, shape), shape}};
+  spec.out_type = device_dtype(dt);
+  spec.out_shape = shape;
+  spec.temps = {TempSpec{"f32 values", 4, 0}};
+  const Dtype t = device_dtype(dt);
+  spec.compute = [t, req](KernelBuilder& b, const TileOperands& tile) {
+    const uint64_t f = t == Dtype::F32 ? tile.out : tile.temp[0];
+    if (t != Dtype::F32) vec_convert(b, Dtype::F32, t, f, tile.in[0], RoundMode::kRint, *tile.count);
+    const uint64_t src = t == Dtype::F32 ? tile.in[0] : f;
+    if (req.square) vec_binary(b, Opcode::op_vmul, Dtype::F32, f, src, src, *tile.count);
+    Reg sc = b.reg_imm("scale", vector_scalar_bits(Dtype::F32, req.scale));
+    vec_scalar(b, Opcode::op_vmuls, Dtype::F32, f, req.square ? f : src, sc, *tile.count);
+    if (t != Dtype::F32) vec_convert(b, t, Dtype::F32, tile.out, f, RoundMode::kRint, *tile.count);
+  };
+  return build_stream_kernel(op, spec, cfg);
+}
+
+// Splits R into parts when the stage has few outputs for the cores and a long R: the number of
+// parts (1: no split).
+int64_t split_parts(const KernelSpec& s, int64_t cores) {
+  const int64_t outputs = s.outer * s.inner;
+  const int64_t og = kBlock / isz(s.out_type);
+  if (ceil_div(outputs, og) >= cores) return 1;
+  const int64_t want = ceil_div(cores * kBlockLanes32, outputs);
+  return std::max<int64_t>(1, std::min({want, s.R * s.inner / kSplitMinElems, s.R}));
+}
+
+// Appends the launch(es) of one stage: spec s (outer, R, inner, types, final settings) from
+// `in` to `out`.
+void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec& s, ArgRef in,
+                  ArgRef out) {
+  const ChipConfig& cfg = ctx.cfg;
+  const CoreKindConfig& core = *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const uint64_t ub = core.capacity(Buf::UB);
+  const int64_t cores = core.count;
+  if (s.inner == 1) {
+    if (auto rp = plan_rows(s, ub, cores)) {
+      plan.add(build_rows(s, *rp, cfg), {in, out});
+      return;
+    }
+  }
+  int64_t parts = split_parts(s, cores);
+  if (parts <= 1) {
+    if (s.inner == 1) plan.add(build_stream(s, plan_stream(s, ub, cores), cfg), {in, out});
+    else plan.add(build_columns(s, plan_columns(s, ub, cores), cfg), {in, out});
+    return;
+  }
+  // First pass: partial results of every (outer, part, inner) in the compute type.
+  KernelSpec first = s;
+  first.split_len = ceil_div(s.R, parts);
+  first.split = ceil_div(s.R, first.split_len);
+  first.name = s.name + "_parts";
+  first.divisor = 0;
+  first.scale = 1;
+  if (s.arg) first.partial_idx = true;
+  else first.out_type = s.ct;
+  const uint64_t partial_bytes = static_cast<uint64_t>(out_elems(first) * kLaneBytes);
+  const ArgRef vals = plan.workspace(partial_bytes);
+  const ArgRef idx = s.arg ? plan.workspace(partial_bytes) : ArgRef{};
+  std::vector<ArgRef> first_args{in, vals};
+  if (s.arg) first_args.push_back(idx);
+  if (s.inner == 1) plan.add(build_stream(first, plan_stream(first, ub, cores), cfg), first_args);
+  else plan.add(build_columns(first, plan_columns(first, ub, cores), cfg), first_args);
+  // Second pass: reduce the parts (in order, so Arg keeps the first index).
+  KernelSpec second = s;
+  second.name = s.name + "_combine";
+  second.in_type = s.ct;
+  second.square = false;
+  second.idx_input = s.arg;
+  second.R = first.split;
+  std::vector<ArgRef> second_args{vals};
+  if (s.arg) second_args.push_back(idx);
+  second_args.push_back(out);
+  plan.add(build_columns(second, plan_columns(second, ub, cores), cfg), second_args);
+}
+
+}  // namespace
+
+std::vector<bool> reduction_axes(const OpDesc& op, const std::vector<int64_t>& axes,
+                                 size_t rank) {
+  std::vector<bool> reduced(rank, false);
+  const int64_t r = static_cast<int64_t>(rank);
+  for (int64_t a : axes) {
+    if (a < -r || a >= r)
+      op.fail(fmt::format("reduction axis {} is out of range for a tensor of rank {}", a, r));
+    reduced[static_cast<size_t>(a < 0 ? a + r : a)] = true;
+  }
+  return reduced;
+}
+
+void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequest& req,
+                   ArgRef in, ArgRef out) {
+  const OpDesc& op = ctx.op;
+  const DataType dt = req.input.dtype;
+  const bool arg = req.kind == ReduceKind::kArgMax || req.kind == ReduceKind::kArgMin;
+  if (!data_type_is_float(dt) && dt != DataType::S32)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
+  if (req.kind == ReduceKind::kMean && !data_type_is_float(dt))
+    op.fail(fmt::format("Mean of {} is not supported: TF sums integers in int64 and divides "
+                        "with truncation, and the vector unit has neither (f32, f16, bf16)",
+                        data_type_name(dt)));
+  if ((req.square || req.scale != 1) && !data_type_is_float(dt))
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  const std::vector<int64_t>& shape = req.input.shape;
+  if (req.reduced.size() != shape.size()) op.fail("internal: reduced flags do not match the rank");
+  int64_t n_out = 1, n_red = 1;
+  for (size_t i = 0; i < shape.size(); ++i) (req.reduced[i] ? n_red : n_out) *= shape[i];
+  if (n_out == 0) return;  // nothing to write
+  const std::string name = fmt::format("{}_{}", kind_name(req.kind), data_type_name(dt));
+  if (n_red == 0) {
+    if (arg) op.fail("the reduction axis is empty (TF fails too)");
+    plan.add(fill_launch(op.str(), n_out, data_type_bytes(dt), empty_result_bits(req.kind, dt),
+                         ctx.cfg),
+             {out}, "empty reduction");
+    return;
+  }
+  // Drop size-1 dims, merge neighbours of the same kind: [K0, R1, K1, R2, ...].
+  std::vector<std::pair<int64_t, bool>> dims;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 1) continue;
+    if (!dims.empty() && dims.back().second == req.reduced[i]) dims.back().first *= shape[i];
+    else dims.emplace_back(shape[i], req.reduced[i]);
+  }
+  const bool any_reduced =
+      std::any_of(dims.begin(), dims.end(), [](const auto& d) { return d.second; });
+  if (!any_reduced) {
+    if (arg) {  // every index is 0
+      const int64_t words = req.out_type == DataType::S64 ? 2 * n_out : n_out;
+      plan.add(fill_launch(op.str(), words, 4, 0, ctx.cfg), {out}, "reduced dims of size 1");
+    } else {
+      plan.add(elementwise_result(op.str(), req, ctx.cfg), {in, out}, "reduced dims of size 1");
+    }
+    return;
+  }
+  const Dtype ct = dt == DataType::S32 ? Dtype::S32 : Dtype::F32;
+  const bool widen_idx = arg && req.out_type == DataType::S64;
+  const ArgRef idx32 = widen_idx ? plan.workspace(static_cast<uint64_t>(n_out) * 4) : ArgRef{};
+  ArgRef cur = in;
+  for (int stage = 0;; ++stage) {
+    size_t i = dims.size();
+    while (i-- > 0 && !dims[i].second) {}
+    int64_t outer = 1, inner = 1;
+    for (size_t j = 0; j < i; ++j) outer *= dims[j].first;
+    for (size_t j = i + 1; j < dims.size(); ++j) inner *= dims[j].first;
+    KernelSpec s;
+    s.op = op.str();
+    s.name = fmt::format("{}_{}", name, inner == 1 ? "rows" : "columns");
+    s.combine = combine_of(req.kind);
+    s.arg = arg;
+    s.is_max = req.kind == ReduceKind::kArgMax;
+    s.in_type = stage == 0 ? device_dtype(dt) : ct;
+    s.ct = ct;
+    s.outer = outer;
+    s.R = dims[i].first;
+    s.inner = inner;
+    s.square = req.square && stage == 0;
+    dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(i));
+    if (i > 0 && i < dims.size()) {  // the kept dims around it become one
+      dims[i - 1].first *= dims[i].first;
+      dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    const bool last = std::none_of(dims.begin(), dims.end(), [](const auto& d) { return d.second; });
+    if (last) {
+      s.out_type = arg ? Dtype::S32 : device_dtype(dt);
+      s.divisor = req.kind == ReduceKind::kMean ? static_cast<double>(n_red) : 0;
+      s.scale = req.scale;
+      append_stage(plan, ctx, s, cur, widen_idx ? idx32 : out);
+      break;
+    }
+    s.out_type = ct;
+    const ArgRef next = plan.workspace(static_cast<uint64_t>(outer * inner) * kLaneBytes);
+    append_stage(plan, ctx, s, cur, next);
+    cur = next;
+  }
+  if (widen_idx) plan.add(build_widen_s32_to_s64(op.str(), n_out, ctx.cfg), {idx32, out});
+}
+
+CompiledKernel compile_reduce(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  static const std::pair<const char*, ReduceKind> kKinds[] = {
+      {"Sum", ReduceKind::kSum},       {"Mean", ReduceKind::kMean},
+      {"Max", ReduceKind::kMax},       {"Min", ReduceKind::kMin},
+      {"Prod", ReduceKind::kProd},     {"ArgMax", ReduceKind::kArgMax},
+      {"ArgMin", ReduceKind::kArgMin}};
+  ReduceRequest req;
+  bool found = false;
+  for (const auto& [name, kind] : kKinds)
+    if (op.type == name) {
+      req.kind = kind;
+      found = true;
+    }
+  if (!found) op.fail("internal: not a reduction");
+  const bool arg = req.kind == ReduceKind::kArgMax || req.kind == ReduceKind::kArgMin;
+  if (op.inputs.empty() || op.inputs.size() > 2)
+    op.fail(fmt::format("takes the input and optionally its axes tensor, {} inputs given",
+                        op.inputs.size()));
+  if (op.inputs.size() == 2) {
+    const TensorDesc& ax = op.inputs[1];
+    if ((ax.dtype != DataType::S32 && ax.dtype != DataType::S64) || ax.shape.size() > 1)
+      op.fail(fmt::format("input 1 ({}) is not an axes tensor (s32 or s64, rank <= 1)", ax.str()));
+  }
+  req.input = op.inputs[0];
+  const DataType dt = req.input.dtype;
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
+                        data_type_name(dt)));
+  const std::vector<int64_t>& shape = req.input.shape;
+  std::vector<int64_t> out_shape;
+  if (arg) {
+    if (!op.attrs.count("axis"))
+      op.fail("attribute 'axis' (the value of the dimension input) is missing");
+    req.reduced = reduction_axes(op, {op.attr_int("axis", 0)}, shape.size());
+    req.out_type = op.attr_type("output_type").value_or(DataType::S64);
+    if (req.out_type != DataType::S32 && req.out_type != DataType::S64)
+      op.fail(fmt::format("output_type {} is not supported (s32, s64)",
+                          data_type_name(req.out_type)));
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (!req.reduced[i]) out_shape.push_back(shape[i]);
+      else if (shape[i] == 0) op.fail(fmt::format("reduction axis {} is empty", i));
+    }
+  } else {
+    auto it = op.attrs.find("axes");
+    if (it == op.attrs.end())
+      op.fail("attribute 'axes' (the values of the reduction_indices input) is missing");
+    std::vector<int64_t> axes;
+    if (const int64_t* one = std::get_if<int64_t>(&it->second)) axes = {*one};
+    else axes = op.attr_ints("axes");
+    req.reduced = reduction_axes(op, axes, shape.size());
+    req.out_type = dt;
+    const bool keep = op.attr_bool("keep_dims", false);
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (!req.reduced[i]) out_shape.push_back(shape[i]);
+      else if (keep) out_shape.push_back(1);
+  }
+  LaunchPlan plan({TensorDesc{req.out_type, out_shape}});
+  append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
+  return std::move(plan).finish();
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,276 @@
+// Cumsum (input x; attrs axis, exclusive, reverse), types f32, f16, bf16, s32.
+//
+// The scan runs along rows: for x seen as [outer, N, inner] (N = the scanned axis), a work
+// tensor [N, M] (M >= outer * inner columns, a multiple of 32 bytes per row) is scanned by the
+// vector cores, each owning a range of whole 32-byte column blocks: row by row, out_row =
+// previous out_row + x_row (vadd), so every column is accumulated sequentially in the element
+// type exactly as TF's CPU kernel (Eigen's scan with a sum reducer, one rounding per add): f16,
+// bf16 and f32 results are bit-identical, s32 wraps. Rows go round a ring of four x and four
+// out buffers (each add reads the previous out row while it is stored), so four row loads and
+// stores are in flight.
+// When x is already [N, M] with M a multiple of 32 bytes (axis 0 of a suitable shape) the scan
+// reads x and writes the output directly. The last axis of [outer, N] goes to [N, outer] and
+// back by the vtranspose block transposer (ops/transpose.h). Otherwise a copy kernel
+// (ops/assemble.h) moves x into a padded [N, M] workspace (the axis outermost; padding either
+// the outer dims or the inner block, whichever wastes less) and another copies the result back.
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/assemble.h"
+#include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/transpose.h"
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+
+constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
+
+// The scan kernel over x [n, m] (m * esize a multiple of 32 bytes) into out [n, m]. Rows are
+// processed kSlots at a time round a ring of x and out buffers (unrolled, so every flag id is
+// an immediate): out[s] = out[s - 1] + x[s]; up to kSlots loads and stores are in flight.
+constexpr int kSlots = 4;
+
+Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t m, bool exclusive,
+                         bool reverse, const ChipConfig& cfg) {
+  const int esize = data_type_bytes(dt);
+  const Dtype type = device_dtype(dt);
+  const int64_t epb = kBlock / esize;
+  const int64_t blocks = m / epb;  // column blocks
+  KernelBuilder b(fmt::format("Cumsum_{}", data_type_name(dt)), op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const CoreKindConfig& core = *cfg.core_kind(kind);
+  const int64_t per = layout::ceil_div(blocks, static_cast<int64_t>(core.count));
+  const int block_dim = static_cast<int>(layout::ceil_div(blocks, per));
+  // Chunk of columns per pass: kSlots x rows and kSlots out rows of `cw` blocks in the UB.
+  const int64_t ub = static_cast<int64_t>(core.capacity(isa::Buf::UB));
+  const int64_t burst_max = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  const int64_t cw = std::min({per, (ub - 512) / (2 * kSlots * kBlock), burst_max});
+  b.begin_section(kind);
+  uint64_t xb[kSlots], ob[kSlots];
+  int x_ready[kSlots], x_free[kSlots], o_ready[kSlots], o_free[kSlots];
+  for (int q = 0; q < kSlots; ++q) {
+    xb[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(cw * kBlock), fmt::format("x row {}", q));
+    ob[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(cw * kBlock), fmt::format("out row {}", q));
+    x_ready[q] = b.flag(Pipe::MTE2, Pipe::V, "x row loaded");
+    x_free[q] = b.flag(Pipe::V, Pipe::MTE2, "x row free");
+    o_ready[q] = b.flag(Pipe::V, Pipe::MTE3, "out row computed");
+    o_free[q] = b.flag(Pipe::MTE3, Pipe::V, "out row stored");
+  }
+  b.alloc(isa::Buf::UB, 256, "repeat overrun slack");
+  b.declare_arg("in0", type, {n, m});
+  b.declare_arg("out", type, {n, m});
+  for (int q = 0; q < kSlots; ++q) {
+    b.set_flag(Pipe::V, Pipe::MTE2, x_free[q]);
+    b.set_flag(Pipe::MTE3, Pipe::V, o_free[q]);
+  }
+  Reg c = b.reg("column block"), c_end = b.reg("end column block"), w = b.reg("chunk blocks"),
+      cnt = b.reg("chunk elements"), k = b.reg("step");
+  b.emit(Opcode::op_get_block_id, {c});
+  b.mul(c, c, per);
+  b.add(c_end, c, per);
+  b.min(c_end, c_end, blocks);
+  Label chunks = b.label("chunk_loop"), done = b.label("done");
+  b.bind(chunks);
+  b.branch(ge(c, c_end), done);
+  b.sub(w, c_end, c);
+  b.min(w, w, cw, "blocks in this chunk");
+  b.mul(cnt, w, epb);
+  {
+    const int last = kSlots - 1;
+    KernelBuilder::Origin o(b, "the out row before the first = 0");
+    b.wait_flag(Pipe::MTE3, Pipe::V, o_free[last]);
+    vec_dup_bits(b, esize, ob[last], 0, cnt);
+    b.set_flag(Pipe::V, Pipe::MTE3, o_ready[last]);
+    b.wait_flag(Pipe::V, Pipe::MTE3, o_ready[last]);
+    b.set_flag(Pipe::MTE3, Pipe::V, o_free[last]);
+  }
+  // A group of up to kSlots rows (slot q = row k + q of the scan order): first every load, then
+  // the ready flags (a set_flag waits for all of its pipe's transfers, so the loads' latencies
+  // overlap), then per row out[q] = out[q - 1] + x[q] (or zeros: exclusive, k = 0) and its
+  // store, then the stores' free flags.
+  Reg g = b.reg("rows in this group"), r = b.reg("row"), a = b.reg("address");
+  auto row_of = [&](int q, bool x_row) {  // r = the output (or x) row of slot q
+    if (reverse) {
+      b.movi(r, n - 1 - q);
+      b.sub(r, r, k);
+    } else {
+      b.add(r, k, q);
+    }
+    if (x_row && exclusive) b.add(r, r, reverse ? 1 : -1);
+  };
+  auto address = [&](const char* arg) {  // a = arg + (r * m + c * epb) * esize
+    Reg base = b.load_arg(arg), t = b.reg("column");
+    b.mul(a, r, m);
+    b.mul(t, c, epb);
+    b.add(a, a, t);
+    b.mul(a, a, esize);
+    b.add(a, a, base);
+  };
+  b.movi(k, 0);
+  Label rows = b.label("row_loop");
+  b.bind(rows);
+  b.movi(g, n);
+  b.sub(g, g, k);
+  b.min(g, g, kSlots, "rows in this group");
+  auto slot = [&](int q, bool needs_x, const std::function<void()>& body) {
+    Label skip = b.label("slot_skip");
+    Reg qq = b.reg_imm("slot", q);
+    b.branch(ge(qq, g), skip);
+    if (needs_x && exclusive && q == 0) b.branch(eq(k, 0), skip);  // the zero row: no x
+    body();
+    b.bind(skip);
+  };
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, true, [&] {
+      KernelBuilder::Origin o(b, fmt::format("load x (slot {})", q));
+      b.wait_flag(Pipe::V, Pipe::MTE2, x_free[q]);
+      row_of(q, true);
+      address("in0");
+      b.emit(Opcode::op_copy_gm2ub, {xb[q], a, 1, w, 0, 0}, "load the x row chunk");
+    });
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, true, [&] { b.set_flag(Pipe::MTE2, Pipe::V, x_ready[q], "x row loaded"); });
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, false, [&] {
+      KernelBuilder::Origin o(b, fmt::format("scan step (slot {})", q));
+      const int prev = (q + kSlots - 1) % kSlots;
+      b.wait_flag(Pipe::MTE3, Pipe::V, o_free[q]);
+      Label zero = b.label("exclusive_first"), computed = b.label("computed");
+      if (exclusive && q == 0) b.branch(eq(k, 0), zero);
+      b.wait_flag(Pipe::MTE2, Pipe::V, x_ready[q]);
+      vec_binary(b, Opcode::op_vadd, type, ob[q], ob[prev], xb[q], cnt);
+      b.set_flag(Pipe::V, Pipe::MTE2, x_free[q]);
+      if (exclusive && q == 0) {
+        b.jmp(computed);
+        b.bind(zero);
+        vec_dup_bits(b, esize, ob[q], 0, cnt);
+        b.bind(computed);
+      }
+      b.set_flag(Pipe::V, Pipe::MTE3, o_ready[q]);
+      b.wait_flag(Pipe::V, Pipe::MTE3, o_ready[q]);
+      row_of(q, false);
+      address("out");
+      b.emit(Opcode::op_copy_ub2gm, {a, ob[q], 1, w, 0, 0}, "store the out row chunk");
+    });
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, false, [&] { b.set_flag(Pipe::MTE3, Pipe::V, o_free[q], "out row stored"); });
+  b.add(k, k, kSlots);
+  b.branch(lt(k, n), rows);
+  b.add(c, c, w);
+  b.jmp(chunks);
+  b.bind(done);
+  for (int q = 0; q < kSlots; ++q) {
+    b.wait_flag(Pipe::V, Pipe::MTE2, x_free[q]);
+    b.wait_flag(Pipe::MTE3, Pipe::V, o_free[q]);
+  }
+  b.end();
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  l.summary = fmt::format("Cumsum_{}: {} rows x {} columns{}{}, {} blocks of {} column blocks, "
+                          "chunks of {}, {} rows in flight",
+                          data_type_name(dt), n, m, exclusive ? ", exclusive" : "",
+                          reverse ? ", reverse" : "", block_dim, per, cw, kSlots);
+  return l;
+}
+
+}  // namespace
+
+CompiledKernel compile_scan(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() == 2)  // TF's (x, axis): the axis is an attribute here
+    return compile_without_inputs(ctx, {1}, compile_scan);
+  if (op.inputs.size() != 1)
+    op.fail(fmt::format("takes 1 input (axis is an attribute), {} given", op.inputs.size()));
+  const TensorDesc& x = op.inputs[0];
+  const DataType dt = x.dtype;
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
+                        data_type_name(dt)));
+  if (!data_type_is_float(dt) && dt != DataType::S32)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  if (rank == 0) op.fail("x must have rank >= 1");
+  if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
+  int64_t axis = op.attr_int("axis", 0);
+  if (axis < -rank || axis >= rank)
+    op.fail(fmt::format("axis = {} is out of range for rank {}", axis, rank));
+  if (axis < 0) axis += rank;
+  const bool exclusive = op.attr_bool("exclusive", false), reverse = op.attr_bool("reverse", false);
+  LaunchPlan plan({x});
+  if (x.num_elements() == 0) return std::move(plan).finish();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<size_t>(d)];
+  for (int64_t d = axis + 1; d < rank; ++d) inner *= x.shape[static_cast<size_t>(d)];
+  const int64_t n = x.shape[static_cast<size_t>(axis)];
+  const int esize = data_type_bytes(dt);
+  const int64_t epb = kBlock / esize;
+  if (outer == 1 && inner % epb == 0) {
+    plan.add(build_scan_kernel(op.str(), dt, n, inner, exclusive, reverse, ctx.cfg),
+             {LaunchPlan::input(0), LaunchPlan::output(0)});
+    return std::move(plan).finish();
+  }
+  if (inner == 1 && block_transpose_applies(dt, outer) && block_transpose_applies(dt, n)) {
+    // The scanned axis is the last: [outer, N] -> [N, m] (rows padded to whole blocks) and
+    // back by the vtranspose block transposer.
+    const int64_t m = layout::round_up(outer, epb);
+    const uint64_t bytes = static_cast<uint64_t>(n * m * esize);
+    const ArgRef w1 = plan.workspace(bytes), w2 = plan.workspace(bytes);
+    append_block_transpose(plan, op.str(), ctx.cfg, dt, 1, outer, n, n, LaunchPlan::input(0), w1,
+                           "axis to rows", m);
+    plan.add(build_scan_kernel(op.str(), dt, n, m, exclusive, reverse, ctx.cfg), {w1, w2});
+    append_block_transpose(plan, op.str(), ctx.cfg, dt, 1, n, outer, m, w2, LaunchPlan::output(0),
+                           "rows back to the axis");
+    return std::move(plan).finish();
+  }
+  // Work layout [N][rows_p][width]: either [N][outer_p][inner] (outer padded so that a row of
+  // the work tensor is whole blocks) or [N][outer][inner_p] (each inner block padded).
+  const int64_t outer_p = layout::round_up(outer, epb / std::gcd(inner, epb));
+  const int64_t inner_p = layout::round_up(inner, epb);
+  const bool pad_outer = outer_p * inner <= outer * inner_p;
+  const int64_t rows_p = pad_outer ? outer_p : outer, width = pad_outer ? inner : inner_p;
+  const int64_t m = rows_p * width;
+  const TensorDesc work{dt, {n, rows_p, width}};
+  AssembleSpec in;
+  in.kernel_name = fmt::format("Cumsum_{}_to_rows", data_type_name(dt));
+  in.dtype = dt;
+  in.inputs = {x};
+  in.out_shape = work.shape;
+  in.rows = {n, rows_p};
+  in.width = width;
+  AsmRegion src = full_region(in, 0, 0, {inner, n * inner}, 1);
+  src.rows[1].hi = outer;
+  src.col_hi = inner;
+  in.regions.push_back(src);
+  if (pad_outer && outer_p > outer) {
+    AsmRegion pad = full_region(in, -1, 0, {}, 0);
+    pad.rows[1].lo = outer;
+    in.regions.push_back(pad);
+  } else if (!pad_outer && inner_p > inner) {
+    AsmRegion pad = full_region(in, -1, 0, {}, 0);
+    pad.col_lo = inner;
+    in.regions.push_back(pad);
+  }
+  const ArgRef w1 = plan.workspace(work.bytes()), w2 = plan.workspace(work.bytes());
+  plan.add(build_assemble_kernel(op.str(), in, ctx.cfg), {LaunchPlan::input(0), w1},
+           "axis to rows");
+  plan.add(build_scan_kernel(op.str(), dt, n, m, exclusive, reverse, ctx.cfg), {w1, w2});
+  StridedView back{{outer, n, inner}, {width, m, 1}, 0};
+  AssembleSpec out = view_spec(fmt::format("Cumsum_{}_from_rows", data_type_name(dt)), dt,
+                               work.shape, x.shape, back);
+  plan.add(build_assemble_kernel(op.str(), out, ctx.cfg), {w2, LaunchPlan::output(0)},
+           "rows back to the axis");
+  return std::move(plan).finish();
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,847 @@
+// Softmax, LogSoftmax (over the last axis, any rank >= 1), SoftmaxCrossEntropyWithLogits
+// (features and labels [N, C], broadcastable to each other) and
+// SparseSoftmaxCrossEntropyWithLogits (features [N, C], labels [N] of s32 or s64).
+//
+// Formulas (TF's CPU kernels, tensorflow/core/kernels/softmax_op_functor.h, xent_op.h,
+// sparse_xent_op.h), per row x with shifted = x - max(x):
+//   Softmax     exp(shifted) / sum(exp(shifted))
+//   LogSoftmax  shifted - log(sum(exp(shifted)))
+//   Xent        loss = sum(labels * (log(sum(exp(shifted))) - shifted)),
+//               backprop = exp(shifted) / sum(exp(shifted)) - labels
+//   SparseXent  loss = log(sum(exp(shifted))) - shifted[label],
+//               backprop = exp(shifted) / sum(exp(shifted)) - onehot(label)
+// A label outside [0, C) makes its row's loss and backprop NaN (TF's GPU kernels do this; the
+// CPU kernel fails the step, which a kernel cannot do). int64 labels are clamped to s32 by a
+// scalar launch first (ops/int64.h), keeping out-of-range values out of range.
+//
+// Numerics: f16/bf16 are widened to f32, everything is computed in f32 (exp/ln from the vector
+// unit, correctly rounded in fp32 in practice; sums in lane / fold order) and rounded once to
+// the output type; TF's half kernels round after each Eigen op, so f16 results may differ from
+// TF's by an ulp or two (closer to the exact value).
+//
+// Kernel: rows grouped into super-rows (vector_rows.h) resident in the UB: one copy per group
+// in, max / sum per row through the lane accumulator, per-row values replicated back onto the
+// row's lanes, one copy out. Rows too long for a group of 16 in the UB are streamed instead
+// (three passes over GM per row: max, sum of exponentials, outputs), each core taking a range of
+// rows whose first row starts on a 32-byte block in every tensor; output rows that start inside
+// a block get the block's head (the end of the previous row, kept from that row) copied in
+// before the block is written, so every block is written once and whole.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
+#include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/vector_rows.h"
+#include "common/convert.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kLaneBytes = 4;
+constexpr uint64_t kSlack = 32;
+constexpr int64_t kF32One = 0x3f800000;
+constexpr int64_t kF32Nan = 0x7fc00000;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
+int log2i(int64_t v) {
+  int l = 0;
+  while ((int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+enum class Kind { kSoftmax, kLogSoftmax, kXent, kSparseXent };
+
+struct Spec {
+  Kind kind = Kind::kSoftmax;
+  Dtype t = Dtype::F32;  // features, labels (Xent), outputs
+  int64_t rows = 0, C = 0;
+  std::string op;
+  bool xent() const { return kind == Kind::kXent || kind == Kind::kSparseXent; }
+  int size() const { return isa::dtype_size(t); }
+};
+
+// Kernel arguments: in0 features [, in1 labels], out [, out1]: Softmax/LogSoftmax out = y;
+// the Xent ops out = loss [rows], out1 = backprop [rows, C].
+struct Args {
+  Reg x, labels, y, loss;
+};
+
+Args declare_args(KernelBuilder& b, const Spec& s, Launch& l) {
+  b.declare_arg("in0", s.t, {s.rows, s.C});
+  l.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
+  if (s.kind == Kind::kXent) b.declare_arg("in1", s.t, {s.rows, s.C});
+  if (s.kind == Kind::kSparseXent) b.declare_arg("in1", Dtype::S32, {s.rows});
+  if (s.xent()) {
+    l.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
+    b.declare_arg("out", s.t, {s.rows});
+    b.declare_arg("out1", s.t, {s.rows, s.C});
+    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
+  } else {
+    b.declare_arg("out", s.t, {s.rows, s.C});
+    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+  }
+  Args a;
+  a.x = b.load_arg("in0");
+  if (s.xent()) {
+    a.labels = b.load_arg("in1");
+    a.loss = b.load_arg("out");
+    a.y = b.load_arg("out1");
+  } else {
+    a.y = b.load_arg("out");
+  }
+  return a;
+}
+
+// Constants of the sparse labels: lane indices, zeros, NaNs, C.
+struct SparseConsts {
+  uint64_t iota64 = 0, t64 = 0, zero64 = 0, nan64 = 0, c64 = 0;
+};
+
+SparseConsts alloc_sparse_consts(KernelBuilder& b, int64_t C) {
+  SparseConsts k;
+  k.iota64 = b.alloc(Buf::UB, kSlotBytes, "iota 0..63");
+  k.t64 = b.alloc(Buf::UB, kSlotBytes, "column indices");
+  k.zero64 = b.alloc(Buf::UB, kSlotBytes, "zeros");
+  k.nan64 = b.alloc(Buf::UB, kSlotBytes, "NaNs");
+  k.c64 = b.alloc(Buf::UB, kSlotBytes, "C");
+  fill_iota64(b, k.iota64);
+  vec_fill32(b, k.zero64, 0, kLanes32);
+  vec_fill32(b, k.nan64, kF32Nan, kLanes32);
+  vec_fill32(b, k.c64, C, kLanes32);
+  return k;
+}
+
+// addv[r] = 0 if 0 <= label[r] < C else NaN, for `count` dense labels.
+void label_validity(KernelBuilder& b, const SparseConsts& k, uint64_t labels, const Reg& count,
+                    uint64_t bits, uint64_t bits2, uint64_t addv) {
+  KernelBuilder::Origin o(b, "labels outside [0, C): NaN");
+  b.emit(Opcode::op_set_mask_count, {count});
+  vec_compare_strided(b, Dtype::S32, isa::Cmp::GE, bits, VOperand(labels), VOperand(k.zero64, 1, 0),
+                      0);
+  vec_compare_strided(b, Dtype::S32, isa::Cmp::LT, bits2, VOperand(labels), VOperand(k.c64, 1, 0),
+                      0);
+  Reg words = b.reg("u16 words of bits");
+  b.add(words, count, kLanes32 - 1);
+  b.shr(words, words, 6);
+  b.shl(words, words, 2);  // 8 bytes per 64 lanes
+  vec_binary(b, Opcode::op_vand, Dtype::U16, bits, bits, bits2, words);
+  b.emit(Opcode::op_set_mask_count, {count});
+  vec_select_strided(b, Dtype::F32, VOperand(addv), VOperand(k.zero64, 1, 0),
+                     VOperand(k.nan64, 1, 0), bits, 0);
+}
+
+// ---- rows resident in the UB (super-row groups) ----
+
+struct RowsPlan {
+  SuperRowLayout layout;
+  int64_t group = 0, per = 0;
+  int block_dim = 0;
+};
+
+// UB bytes of a group of `rows` rows.
+uint64_t rows_bytes(const Spec& s, int64_t rows) {
+  uint64_t total = 0;
+  auto add = [&](int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
+  const int64_t n = rows * s.C;
+  const bool conv = s.t != Dtype::F32;
+  add(n * s.size());                     // features as loaded
+  if (conv) add(n * kLaneBytes);         // widened
+  add(n * s.size());                     // output rows
+  if (s.kind != Kind::kSoftmax) add(n * kLaneBytes);  // exponentials
+  if (s.kind == Kind::kXent) {
+    add(n * s.size());
+    if (conv) add(n * kLaneBytes);
+  }
+  add(rows * kSlotBytes);                // lane slots
+  add(rows * kLaneBytes * 3);            // dense values
+  add(rows * kBlock);                    // replicated
+  add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
+  add(static_cast<int64_t>(alt_pattern_bytes(rows)));
+  if (s.xent()) add(rows * s.size());    // loss
+  if (s.kind == Kind::kSparseXent) {
+    add(rows * kLaneBytes);              // labels
+    add(rows * kBlock);                  // replicated labels
+    add(rows * kSlotBytes);              // span scratch
+    add(rows * 8 * 2);                   // compare bits
+    add(5 * kSlotBytes);
+  }
+  return total;
+}
+
+std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
+  RowsPlan p;
+  const int64_t granule = kBlock / s.size();
+  p.layout = SuperRowLayout::make(s.C, granule);
+  const int64_t q = std::max<int64_t>(p.layout.rows, granule);  // also the s32 labels' 8
+  p.per = round_up(ceil_div(s.rows, cores), q);
+  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
+  for (int64_t g = std::min(kMaxGroupRows / q * q, p.per); g >= q; g -= q)
+    if (rows_bytes(s, g) <= ub) {
+      p.group = g;
+      return p;
+    }
+  return std::nullopt;
+}
+
+Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
+  KernelBuilder b(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const SuperRowLayout& L = p.layout;
+  const int64_t G = p.group, g = L.rows, n = G * s.C;
+  const bool conv = s.t != Dtype::F32;
+  const int sz = s.size();
+  b.begin_section(kind);
+  Launch launch;
+  Args args = declare_args(b, s, launch);
+  const uint64_t raw_x = b.alloc(Buf::UB, rnd(n * sz), "features");
+  const uint64_t x = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened features") : raw_x;
+  const uint64_t out = b.alloc(Buf::UB, rnd(n * sz), "output rows");
+  const uint64_t e =
+      s.kind != Kind::kSoftmax ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "exponentials") : 0;
+  uint64_t raw_y = 0, y = 0;
+  if (s.kind == Kind::kXent) {
+    raw_y = b.alloc(Buf::UB, rnd(n * sz), "labels");
+    y = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened labels") : raw_y;
+  }
+  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
+  const uint64_t d0 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
+  const uint64_t d1 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 2");
+  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 3");
+  const uint64_t rep = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated");
+  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
+  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
+  const uint64_t loss_out = s.xent() ? b.alloc(Buf::UB, rnd(G * sz), "loss") : 0;
+  uint64_t lbl = 0, rep_lbl = 0, span = 0, bits = 0, bits2 = 0;
+  SparseConsts k;
+  if (s.kind == Kind::kSparseXent) {
+    lbl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "labels");
+    rep_lbl = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated labels");
+    span = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "span scratch");
+    bits = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
+    bits2 = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
+    k = alloc_sparse_consts(b, s.C);
+  }
+  fill_alt_pattern(b, alt, G);
+  StepSync sync(b);
+
+  Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
+  {
+    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
+    b.emit(Opcode::op_get_block_id, {r});
+    b.mul(r, r, p.per);
+    b.add(end, r, p.per);
+    b.min(end, end, s.rows);
+  }
+  Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), slots = b.reg("slots");
+  Reg lanes = b.reg("lanes of the group");
+  Label top = b.label("group"), done = b.label("groups_done");
+  b.bind(top);
+  b.branch(ge(r, end), done);
+  b.sub(rows, end, r);
+  b.min(rows, rows, G);
+  b.add(supers, rows, g - 1);
+  b.shr(supers, supers, log2i(g));
+  b.mul(slots, supers, g);
+  b.mul(lanes, supers, L.lanes);
+  {
+    KernelBuilder::Origin o(b, "load the group");
+    sync.wait_load_free();
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    count_blocks(b, blocks, rows, s.C * sz);
+    b.mul_add(src, r, s.C * sz, args.x);
+    b.emit(Opcode::op_copy_gm2ub, {raw_x, src, 1, blocks, 0, 0}, "features");
+    if (s.kind == Kind::kXent) {
+      b.mul_add(src, r, s.C * sz, args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {raw_y, src, 1, blocks, 0, 0}, "labels");
+    }
+    if (s.kind == Kind::kSparseXent) {
+      count_blocks(b, blocks, rows, kLaneBytes);
+      b.mul_add(src, r, kLaneBytes, args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {lbl, src, 1, blocks, 0, 0}, "labels");
+    }
+    sync.loaded();
+  }
+  if (conv) {
+    vec_convert(b, Dtype::F32, s.t, x, raw_x, RoundMode::kRint, lanes);
+    if (s.kind == Kind::kXent) vec_convert(b, Dtype::F32, s.t, y, raw_y, RoundMode::kRint, lanes);
+  }
+  const RowGroup gx{&L, x, &supers, &slots};
+  const uint64_t ex = s.kind == Kind::kSoftmax ? x : e;
+  const RowGroup ge_{&L, ex, &supers, &slots};
+  // Row sums / maxima into dense d: rows_to_lanes + lanes_reduce.
+  auto row_reduce = [&](const RowGroup& grp, Combine c, uint64_t d) {
+    rows_to_lanes(b, grp, c, Dtype::F32, acc);
+    lanes_reduce(b, c, Dtype::F32, acc, slots, d, d2);
+  };
+  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, slots, to, scratch, alt); };
+  // shifted = x - max; e = exp(shifted); sum = d0.
+  row_reduce(gx, Combine::kMax, d0);
+  replicate(d0, rep);
+  rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep);
+  vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
+  row_reduce(ge_, Combine::kSum, d0);
+  sync.wait_out_free();
+  const uint64_t result = conv ? x : out;  // where the f32 output rows are computed
+  switch (s.kind) {
+    case Kind::kSoftmax:
+      replicate(d0, rep);
+      rows_bcast(b, gx, Opcode::op_vdiv, Dtype::F32, rep, false, result);
+      break;
+    case Kind::kLogSoftmax:
+      vec_unary(b, Opcode::op_vln, Dtype::F32, d0, d0, slots);
+      replicate(d0, rep);
+      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, false, result);
+      break;
+    case Kind::kXent: {
+      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
+      replicate(d0, rep);
+      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
+      vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, lanes);
+      // loss = sum(labels * (log(sum) - shifted)), in x.
+      replicate(d1, rep);
+      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, true);
+      vec_binary(b, Opcode::op_vmul, Dtype::F32, x, x, y, lanes);
+      row_reduce(gx, Combine::kSum, d1);
+      break;
+    }
+    case Kind::kSparseXent: {
+      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
+      replicate(d0, rep);
+      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
+      // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
+      replicate_rows(b, lbl, slots, rep_lbl, scratch, alt);
+      {
+        KernelBuilder::Origin o(b, "one-hot of the labels");
+        Reg n64 = b.reg("slot lanes");
+        b.mul(n64, slots, kLanes32);
+        vec_fill32(b, acc, 0, n64);
+        Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+        Reg lanes64 = b.reg_imm("64", kLanes32), col = b.reg("column of lane 0");
+        const int64_t slot_rep = g * (kSlotBytes / kBlock);
+        for_superrow_batches(b, gx, [&](const Reg& first, Opnd count, int64_t xrep) {
+          Reg xa = b.reg("shifted span"), ea = b.reg("backprop span"), la = b.reg("label");
+          Reg aa = b.reg("slot");
+          for (int64_t j = 0; j < g; ++j) {
+            b.mul_add(la, first, g * kBlock, static_cast<int64_t>(rep_lbl) + j * kBlock);
+            b.mul_add(aa, first, g * kSlotBytes, static_cast<int64_t>(acc) + j * kSlotBytes);
+            for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
+              b.movi(col, sp.offset - j * s.C);
+              vec_scalar(b, Opcode::op_vadds, Dtype::S32, k.t64, k.iota64, col, lanes64);
+              set_mask_lanes(b, sp.mask);
+              b.mul_add(xa, first, L.lanes * kLaneBytes,
+                        static_cast<int64_t>(x) + sp.offset * kLaneBytes);
+              b.mul_add(ea, first, L.lanes * kLaneBytes,
+                        static_cast<int64_t>(e) + sp.offset * kLaneBytes);
+              const VOperand xs(xa, 1, xrep), es(ea, 1, xrep), sc(span, 1, 8);
+              vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(k.t64, 1, 0),
+                                  VOperand(la, 0, g), count);
+              vec_scalar_strided(b, Opcode::op_vadds, Dtype::F32, sc, es, minus1, count);
+              vec_select_strided(b, Dtype::F32, es, sc, es, bits, count);
+              vec_select_strided(b, Dtype::F32, sc, xs, VOperand(k.zero64, 1, 0), bits, count);
+              vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, VOperand(aa, 1, slot_rep),
+                                 VOperand(aa, 1, slot_rep), sc, count);
+            }
+          }
+        });
+      }
+      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, d0, d2);
+      vec_binary(b, Opcode::op_vsub, Dtype::F32, d1, d1, d0, slots);  // loss
+      label_validity(b, k, lbl, slots, bits, bits2, d0);
+      vec_binary(b, Opcode::op_vadd, Dtype::F32, d1, d1, d0, slots);
+      replicate(d0, rep);
+      rows_bcast(b, ge_, Opcode::op_vadd, Dtype::F32, rep);
+      break;
+    }
+  }
+  sync.release_load();
+  // Output rows (and loss) in the output type.
+  const uint64_t rows_f32 = s.xent() ? e : result;
+  if (conv || s.xent()) {
+    if (conv) vec_convert(b, s.t, Dtype::F32, out, rows_f32, RoundMode::kRint, lanes);
+    else vec_copy_bits(b, kLaneBytes, out, rows_f32, lanes);
+  }
+  if (s.xent()) {
+    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out, d1, RoundMode::kRint, slots);
+    else vec_copy_bits(b, kLaneBytes, loss_out, d1, slots);
+  }
+  sync.out_ready();
+  {
+    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+    b.mul_add(dst, r, s.C * sz, args.y);
+    count_blocks(b, blocks, rows, s.C * sz);
+    b.emit(Opcode::op_copy_ub2gm, {dst, out, 1, blocks, 0, 0}, "output rows");
+    if (s.xent()) {
+      b.mul_add(dst, r, sz, args.loss);
+      count_blocks(b, blocks, rows, sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out, 1, blocks, 0, 0}, "loss");
+    }
+  }
+  sync.stored();
+  b.add(r, r, G);
+  b.jmp(top);
+  b.bind(done);
+  sync.drain();
+  b.end();
+  launch.block_dim = p.block_dim;
+  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
+                               "super-row)",
+                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, G, g);
+  launch.kernel = b.finish();
+  return launch;
+}
+
+// ---- long rows, streamed (three passes per row) ----
+
+struct StreamPlan {
+  int64_t group = 0;  // rows per group (whole loss blocks)
+  int64_t chunk = 0;  // lanes per chunk / window (multiple of 64)
+  int64_t per = 0;
+  int block_dim = 0;
+};
+
+std::optional<StreamPlan> plan_stream(const Spec& s, uint64_t ub, int64_t cores) {
+  StreamPlan p;
+  const int64_t granule = kBlock / s.size();
+  const int64_t g = SuperRowLayout::make(s.C, granule).rows;
+  const int64_t q = std::max<int64_t>(g, granule);
+  p.per = round_up(ceil_div(s.rows, cores), q);
+  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
+  p.group = q;
+  uint64_t fixed = 0;
+  auto add = [&](int64_t bytes) { fixed += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
+  const int64_t G = p.group;
+  add(G * kSlotBytes);
+  add(G * kLaneBytes * 4);
+  add(G * kBlock * 4);
+  add(static_cast<int64_t>(replicate_scratch_bytes(G)));
+  add(static_cast<int64_t>(alt_pattern_bytes(G)));
+  add(G * s.size());
+  add(kBlock);
+  if (s.kind == Kind::kSparseXent) add(5 * kSlotBytes + 2 * G * 8);
+  // Per lane: features as loaded, widened, exponentials, output; labels; loss terms; indices.
+  int64_t per_lane = s.size() + 3 * kLaneBytes + s.size();
+  if (s.kind == Kind::kXent) per_lane += s.size() + 2 * kLaneBytes;
+  if (s.kind == Kind::kSparseXent) per_lane += 2 * kLaneBytes + 1;
+  const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(fixed) -
+                       8 * static_cast<int64_t>(kSlack);
+  p.chunk = std::min(left / per_lane / kLanes32 * kLanes32, round_up(s.C + granule, kLanes32));
+  if (p.chunk < kLanes32) return std::nullopt;
+  return p;
+}
+
+Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
+  KernelBuilder b(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  const int64_t G = p.group, T = p.chunk;
+  const int sz = s.size();
+  const int64_t og = kBlock / sz;
+  const bool conv = s.t != Dtype::F32;
+  b.begin_section(b.vector_core_kind());
+  Launch launch;
+  Args args = declare_args(b, s, launch);
+  const uint64_t raw_x = b.alloc(Buf::UB, rnd(T * sz), "features chunk");
+  const uint64_t x = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened") : raw_x;
+  const uint64_t e = b.alloc(Buf::UB, rnd(T * kLaneBytes), "exponentials / results");
+  const uint64_t out_w = b.alloc(Buf::UB, rnd(T * sz), "output window");
+  uint64_t raw_y = 0, y = 0, t = 0, iota = 0, bits = 0;
+  if (s.kind == Kind::kXent) {
+    raw_y = b.alloc(Buf::UB, rnd(T * sz), "labels window");
+    y = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened labels") : raw_y;
+  }
+  if (s.xent()) t = b.alloc(Buf::UB, rnd(T * kLaneBytes), "loss terms");
+  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
+  const uint64_t dm = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row maxima");
+  const uint64_t ds = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row sums");
+  const uint64_t dl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "log of the row sums");
+  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
+  const uint64_t rep_m = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "maxima blocks");
+  const uint64_t rep_s = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "sum blocks");
+  const uint64_t rep_l = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "log-sum blocks");
+  const uint64_t rep_a = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "label blocks");
+  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
+  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
+  const uint64_t loss_out = b.alloc(Buf::UB, rnd(G * sz), "loss");
+  const uint64_t carry = b.alloc(Buf::UB, kBlock, "previous row's last block");
+  uint64_t lbl = 0, bits_a = 0, bits_b = 0, addv = 0, rep_v = 0;
+  SparseConsts k;
+  if (s.kind == Kind::kSparseXent) {
+    lbl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "labels");
+    bits_a = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
+    bits_b = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
+    addv = b.alloc(Buf::UB, rnd(G * kLaneBytes), "NaN for invalid labels");
+    rep_v = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "NaN blocks");
+    iota = b.alloc(Buf::UB, rnd(T * kLaneBytes), "lane indices");
+    bits = b.alloc(Buf::UB, rnd(T / 8), "one-hot bits");
+    k = alloc_sparse_consts(b, s.C);
+    KernelBuilder::Origin o(b, "lane indices 0..T-1");
+    vec_copy_bits(b, kLaneBytes, iota, k.iota64, kLanes32);
+    for (int64_t h = kLanes32; h < T; h *= 2) {
+      Reg v = b.reg_imm("offset", h), cnt = b.reg_imm("lanes", std::min(h, T - h));
+      vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota + static_cast<uint64_t>(h * kLaneBytes),
+                 iota, v, cnt);
+    }
+  }
+  fill_alt_pattern(b, alt, G);
+  StepSync sync(b);
+
+  Reg r0 = b.reg("first row of the group"), rend = b.reg("end of this block's rows");
+  {
+    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
+    b.emit(Opcode::op_get_block_id, {r0});
+    b.mul(r0, r0, p.per);
+    b.add(rend, r0, p.per);
+    b.min(rend, rend, s.rows);
+  }
+  Reg rows = b.reg("rows in the group");
+  const Reg& slots = rows;
+  Label top = b.label("group"), done = b.label("groups_done");
+  b.bind(top);
+  b.branch(ge(r0, rend), done);
+  b.sub(rows, rend, r0);
+  b.min(rows, rows, G);
+  auto fill_slots = [&](int64_t bits32) {
+    Reg n = b.reg("slot lanes");
+    b.mul(n, rows, kLanes32);
+    vec_fill32(b, acc, bits32, n);
+  };
+  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, rows, to, scratch, alt); };
+  // x (f32) = the n features at GM element `elem` (loaded at the UB block start).
+  auto load = [&](const Reg& elem, const Reg& n, bool labels_too) {
+    sync.wait_load_free();
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    count_blocks(b, blocks, n, sz);
+    b.mul_add(src, elem, sz, args.x);
+    b.emit(Opcode::op_copy_gm2ub, {raw_x, src, 1, blocks, 0, 0}, "features");
+    if (labels_too) {
+      b.mul_add(src, elem, sz, args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {raw_y, src, 1, blocks, 0, 0}, "labels");
+    }
+    sync.loaded();
+    if (conv) {
+      vec_convert(b, Dtype::F32, s.t, x, raw_x, RoundMode::kRint, n);
+      if (labels_too) vec_convert(b, Dtype::F32, s.t, y, raw_y, RoundMode::kRint, n);
+    }
+  };
+  // lanes [0, n) op= the row's replicated value (block at rep + j * 32).
+  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
+                            const Reg& n, bool rep_first = false) {
+    Reg ra = b.reg("row value block");
+    b.mul_add(ra, j, kBlock, static_cast<int64_t>(rep));
+    b.emit(Opcode::op_set_mask_count, {n});
+    const VOperand v(ra, 0, 0), a(src);
+    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v, 0);
+  };
+  // Passes 1 and 2: per row, chunks from the row's first element.
+  auto row_pass = [&](Combine c, const std::function<void(const Reg& j, const Reg& n)>& chunk) {
+    Reg j = b.reg("row of the group");
+    b.for_range(j, 0, rows, 1, [&] {
+      Reg start = b.reg("row start"), cpos = b.reg("chunk"), n = b.reg("chunk lanes");
+      Reg slot = b.reg("slot"), elem = b.reg("element");
+      b.add(start, r0, j);
+      b.mul(start, start, s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
+      b.for_range(cpos, 0, s.C, T, [&] {
+        b.movi(n, s.C);
+        b.sub(n, n, cpos);
+        b.min(n, n, T);
+        b.add(elem, start, cpos);
+        load(elem, n, false);
+        chunk(j, n);
+        fold_into_slot(b, c, Dtype::F32, x, n, slot);
+        sync.release_load();
+      });
+    });
+  };
+  {
+    KernelBuilder::Origin o(b, "pass 1: row maxima");
+    fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
+    row_pass(Combine::kMax, [](const Reg&, const Reg&) {});
+    lanes_reduce(b, Combine::kMax, Dtype::F32, acc, slots, dm, d2);
+    replicate(dm, rep_m);
+  }
+  {
+    KernelBuilder::Origin o(b, "pass 2: sums of exp(x - max)");
+    fill_slots(0);
+    row_pass(Combine::kSum, [&](const Reg& j, const Reg& n) {
+      with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);
+      vec_unary(b, Opcode::op_vexp, Dtype::F32, x, x, n);
+    });
+    lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, ds, d2);
+    vec_unary(b, Opcode::op_vln, Dtype::F32, dl, ds, slots);
+    replicate(ds, rep_s);
+    replicate(dl, rep_l);
+  }
+  if (s.kind == Kind::kSparseXent) {
+    KernelBuilder::Origin o(b, "labels of the group");
+    sync.wait_load_free();
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    count_blocks(b, blocks, rows, kLaneBytes);
+    b.mul_add(src, r0, kLaneBytes, args.labels);
+    b.emit(Opcode::op_copy_gm2ub, {lbl, src, 1, blocks, 0, 0}, "labels");
+    sync.loaded();
+    replicate(lbl, rep_a);
+    label_validity(b, k, lbl, rows, bits_a, bits_b, addv);
+    replicate(addv, rep_v);
+    sync.release_load();
+  }
+  {
+    KernelBuilder::Origin o(b, "pass 3: outputs, window by window");
+    if (s.xent()) fill_slots(0);
+    Reg j = b.reg("row of the group");
+    b.for_range(j, 0, rows, 1, [&] {
+      Reg start = b.reg("row start"), w = b.reg("window"), rowend = b.reg("row end");
+      Reg a = b.reg("row's first lane in the window"), n = b.reg("window lanes");
+      Reg slot = b.reg("slot"), last_row = b.reg("last row of the block");
+      b.add(start, r0, j);
+      b.add(last_row, start, 1);
+      b.sub(last_row, last_row, rend);  // 0 for the block's last row
+      b.mul(start, start, s.C);
+      b.add(rowend, start, s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
+      b.and_(w, start, -og);
+      b.for_range(w, w, rowend, T, [&] {
+        b.sub(a, start, w);
+        b.max(a, a, 0);
+        b.sub(n, rowend, w);
+        b.min(n, n, T);
+        load(w, n, s.kind == Kind::kXent);
+        with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);  // shifted
+        switch (s.kind) {
+          case Kind::kSoftmax:
+            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
+            break;
+          case Kind::kLogSoftmax:
+            with_row_value(Opcode::op_vsub, e, x, j, rep_l, n);
+            break;
+          case Kind::kXent:
+            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
+            vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, n);
+            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
+            vec_binary(b, Opcode::op_vmul, Dtype::F32, t, t, y, n);
+            break;
+          case Kind::kSparseXent: {
+            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
+            Reg col = b.reg("column of lane 0"), la = b.reg("label block");
+            b.sub(col, w, start);
+            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, col, n);
+            b.mul_add(la, j, kBlock, static_cast<int64_t>(rep_a));
+            b.emit(Opcode::op_set_mask_count, {n});
+            vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(iota),
+                                VOperand(la, 0, 0), 0);
+            Reg neg = b.reg_imm("minus the column of lane 0", 0);
+            b.sub(neg, neg, col);
+            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, neg, n);
+            // backprop - 1 and the loss term ln(sum) - shifted on the label's lane.
+            Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+            vec_scalar(b, Opcode::op_vadds, Dtype::F32, t, e, minus1, n);
+            vec_select_strided(b, Dtype::F32, VOperand(e), VOperand(t), VOperand(e), bits, 0);
+            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
+            b.emit(Opcode::op_set_mask_count, {n});
+            vec_select_strided(b, Dtype::F32, VOperand(t), VOperand(t), VOperand(k.zero64, 1, 0),
+                               bits, 0);
+            with_row_value(Opcode::op_vadd, e, e, j, rep_v, n);  // NaN rows
+            break;
+          }
+        }
+        if (s.xent()) {
+          vec_fill32(b, t, 0, a);  // lanes of the previous row
+          fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, slot);
+        }
+        sync.wait_out_free();
+        if (conv) vec_convert(b, s.t, Dtype::F32, out_w, e, RoundMode::kRint, n);
+        else vec_copy_bits(b, kLaneBytes, out_w, e, n);
+        sync.release_load();
+        // The window's head lanes belong to the previous row: its last block, kept in carry.
+        vec_copy_bits(b, sz, out_w, carry, a);
+        Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
+        count_blocks(b, blocks, n, sz);
+        b.sub(rest, rowend, w);
+        b.if_(lt(rest, T + 1), [&] {
+          b.if_(ne(last_row, 0), [&] {
+            // The row's last block is shared with the next row: keep it, store the rest.
+            KernelBuilder::Origin oc(b, "keep the row's last partial block");
+            Reg src = b.reg("last block");
+            b.shr(blocks, n, log2i(og));
+            b.mul_add(src, blocks, kBlock, static_cast<int64_t>(out_w));
+            vec_copy_bits(b, sz, carry, src, og);
+          });
+        });
+        sync.out_ready();
+        b.if_(ge(blocks, 1), [&] {
+          Reg dst = b.reg("destination");
+          b.mul_add(dst, w, sz, args.y);
+          b.emit(Opcode::op_copy_ub2gm, {dst, out_w, 1, blocks, 0, 0}, "output window");
+        });
+        sync.stored();
+      });
+    });
+  }
+  if (s.xent()) {
+    KernelBuilder::Origin o(b, "loss of the group's rows");
+    sync.wait_out_free();
+    lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, dm, d2);
+    if (s.kind == Kind::kSparseXent) vec_binary(b, Opcode::op_vadd, Dtype::F32, dm, dm, addv, rows);
+    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out, dm, RoundMode::kRint, rows);
+    else vec_copy_bits(b, kLaneBytes, loss_out, dm, rows);
+    sync.out_ready();
+    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+    b.mul_add(dst, r0, sz, args.loss);
+    count_blocks(b, blocks, rows, sz);
+    b.emit(Opcode::op_copy_ub2gm, {dst, loss_out, 1, blocks, 0, 0}, "loss");
+    sync.stored();
+  }
+  b.add(r0, r0, G);
+  b.jmp(top);
+  b.bind(done);
+  sync.drain();
+  b.end();
+  launch.block_dim = p.block_dim;
+  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
+                               "groups of {} rows",
+                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, T, G);
+  launch.kernel = b.finish();
+  return launch;
+}
+
+// The launches of one softmax-family op on [rows, C] tensors at the given arguments (features,
+// labels as the kernel takes them; outputs).
+void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
+                    const std::vector<ArgRef>& args) {
+  const ChipConfig& cfg = ctx.cfg;
+  const CoreKindConfig& core =
+      *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  if (auto p = plan_rows(s, core.capacity(Buf::UB), core.count)) {
+    plan.add(build_rows(s, *p, cfg), args);
+    return;
+  }
+  if (auto p = plan_stream(s, core.capacity(Buf::UB), core.count)) {
+    plan.add(build_stream(s, *p, cfg), args);
+    return;
+  }
+  ctx.op.fail(fmt::format("the buffers for rows of {} classes do not fit in the UB", s.C));
+}
+
+// A stream kernel copying `in` broadcast to `shape` (for Xent operands of different shapes).
+Launch broadcast_copy(const std::string& op, const TensorDesc& in,
+                      const std::vector<int64_t>& shape, const ChipConfig& cfg) {
+  StreamSpec spec = cast_spec(in.dtype, in.dtype, false, shape);
+  spec.kernel_name = fmt::format("BroadcastTo_{}", data_type_name(in.dtype));
+  spec.inputs[0].view = broadcast_view(in.shape, shape);
+  spec.inputs[0].shape = in.shape;
+  return build_stream_kernel(op, spec, cfg);
+}
+
+}  // namespace
+
+CompiledKernel compile_softmax(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  Spec s;
+  s.op = op.str();
+  if (op.type == "Softmax") s.kind = Kind::kSoftmax;
+  else if (op.type == "LogSoftmax") s.kind = Kind::kLogSoftmax;
+  else if (op.type == "SoftmaxCrossEntropyWithLogits") s.kind = Kind::kXent;
+  else if (op.type == "SparseSoftmaxCrossEntropyWithLogits") s.kind = Kind::kSparseXent;
+  else op.fail("internal: not a softmax op");
+  const size_t want_inputs = s.xent() ? 2 : 1;
+  if (op.inputs.size() != want_inputs)
+    op.fail(fmt::format("takes {} input(s), {} given", want_inputs, op.inputs.size()));
+  const TensorDesc& x = op.inputs[0];
+  const DataType dt = x.dtype;
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
+                        data_type_name(dt)));
+  if (!data_type_is_float(dt))
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  s.t = device_dtype(dt);
+  const ArgRef in0 = LaunchPlan::input(0), in1 = LaunchPlan::input(1);
+  const ArgRef out0 = LaunchPlan::output(0), out1 = LaunchPlan::output(1);
+  if (!s.xent()) {
+    if (x.shape.empty()) op.fail("logits must have at least one dimension");
+    s.C = x.shape.back();
+    s.rows = s.C ? x.num_elements() / s.C : 0;
+    LaunchPlan plan({x});
+    if (x.num_elements() > 0) append_softmax(plan, ctx, s, {in0, out0});
+    return std::move(plan).finish();
+  }
+  const TensorDesc& labels = op.inputs[1];
+  if (x.shape.size() != 2) op.fail("features must be 2-dimensional [batch, classes]");
+  if (s.kind == Kind::kXent) {
+    if (labels.dtype != dt)
+      op.fail(fmt::format("labels ({}) and features ({}) have different dtypes",
+                          data_type_name(labels.dtype), data_type_name(dt)));
+    if (labels.shape.size() != 2) op.fail("labels must be 2-dimensional [batch, classes]");
+    auto shape = broadcast_shapes(x.shape, labels.shape);
+    if (!shape)
+      op.fail(fmt::format("features {} and labels {} are not broadcast-compatible",
+                          shape_str(x.shape), shape_str(labels.shape)));
+    s.rows = (*shape)[0];
+    s.C = (*shape)[1];
+    LaunchPlan plan({TensorDesc{dt, {s.rows}}, TensorDesc{dt, {s.rows, s.C}}});
+    if (s.rows == 0) return std::move(plan).finish();
+    if (s.C == 0) {  // sum over no classes: loss 0, empty backprop
+      StreamSpec fill;
+      fill.kernel_name = "Fill_0";
+      fill.out_type = s.t;
+      fill.out_shape = {s.rows};
+      fill.compute = [sz = s.size()](KernelBuilder& b, const TileOperands& t) {
+        vec_dup_bits(b, sz, t.out, 0, *t.count);
+      };
+      plan.add(build_stream_kernel(op.str(), fill, ctx.cfg), {out0}, "no classes");
+      return std::move(plan).finish();
+    }
+    std::vector<ArgRef> ins{in0, in1};
+    for (int i = 0; i < 2; ++i) {
+      const TensorDesc& t = op.inputs[static_cast<size_t>(i)];
+      if (t.shape == *shape) continue;
+      ins[static_cast<size_t>(i)] = plan.workspace(static_cast<uint64_t>(s.rows * s.C) *
+                                                   static_cast<uint64_t>(s.size()));
+      plan.add(broadcast_copy(op.str(), t, *shape, ctx.cfg),
+               {LaunchPlan::input(i), ins[static_cast<size_t>(i)]},
+               i ? "labels broadcast" : "features broadcast");
+    }
+    append_softmax(plan, ctx, s, {ins[0], ins[1], out0, out1});
+    return std::move(plan).finish();
+  }
+  // Sparse labels.
+  if (labels.dtype != DataType::S32 && labels.dtype != DataType::S64)
+    op.fail(fmt::format("labels dtype {} is not supported (s32, s64)",
+                        data_type_name(labels.dtype)));
+  if (auto t = op.attr_type("Tlabels"); t && *t != labels.dtype)
+    op.fail(fmt::format("attribute Tlabels = {} does not match the labels' {}",
+                        data_type_name(*t), data_type_name(labels.dtype)));
+  s.rows = x.shape[0];
+  s.C = x.shape[1];
+  if (labels.shape != std::vector<int64_t>{s.rows})
+    op.fail(fmt::format("labels {} must be [batch] = [{}]", shape_str(labels.shape), s.rows));
+  if (s.C == 0) op.fail("must have at least one class (TF fails too)");
+  LaunchPlan plan({TensorDesc{dt, {s.rows}}, TensorDesc{dt, {s.rows, s.C}}});
+  if (s.rows == 0) return std::move(plan).finish();
+  ArgRef lbl = in1;
+  if (labels.dtype == DataType::S64) {
+    lbl = plan.workspace(static_cast<uint64_t>(s.rows) * 4);
+    plan.add(build_narrow_s64_to_s32(op.str(), s.rows, -1, s.C, ctx.cfg), {in1, lbl},
+             "labels s64 -> s32");
+  }
+  append_softmax(plan, ctx, s, {in0, lbl, out0, out1});
+  return std::move(plan).finish();
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,335 @@
+// Activations and their gradients, L2Loss, BiasAdd and BiasAddGrad compiled for the tiny chip
+// and run on the chip model, against references computed here in double precision from the
+// (exactly representable) inputs.
+//
+// Tolerances: u = 2^-24; every op is evaluated in f32 and rounded once to the output type
+// (u_t = 2^-24 f32, 2^-11 f16, 2^-8 bf16; s = half the f16 subnormal spacing, 2^-25, for f16
+// results below 2^-14, 0 otherwise). Each f32 rounding (+, *, /, vexp, vln, vrec: correctly
+// rounded or within an ulp) contributes u relative to the value it produces, so:
+//   Relu6, ReluGrad, Relu6Grad, BiasAdd: exact (one comparison / one rounded add).
+//   Elu x < 0: exp(x) <= 1 is within u, minus 1 adds u |y|: absolute 2u + u |y|. Selu: times
+//     scale_alpha < 1.76: 4u + 2u |y|.
+//   Sigmoid 1 / (1 + exp(-x)): three roundings, 4u relative.
+//   Tanh: expm1 by Kahan's formula is within a few ulp (Goldberg, "What every computer scientist
+//     should know about floating-point arithmetic", thm. 4's relative), then +, /, and a sign:
+//     16u relative.
+//   Softplus: log1p by Kahan's formula (same argument), exp, a product and a quotient: 16u
+//     relative; the reference applies TF's thresholds, computed here in the type (_Float16 for
+//     f16, bf16 rounded by hand).
+//   Gelu exact: the erfcc approximation is within 1.2e-7 relative (Numerical Recipes 6.2); its
+//     exp argument -z^2 + P(t) carries absolute error ~ (z^2 + 2) 4u, which exp turns into
+//     relative error: 1.2e-7 + (x^2 / 2 + 3) 8u relative, plus u for 0.5 x *.
+//   Gelu approximate x / (1 + exp(-2y)): y has 4 roundings (relative 4u), exp turns its absolute
+//     error |2y| 4u into relative error; then +, /: (|2y| + 1) 4u + 3u relative.
+//   EluGrad, SeluGrad, SoftplusGrad: 2 to 4 roundings: 4u relative (SoftplusGrad 5u).
+//   SigmoidGrad dy * y * (1 - y): 3 roundings, 3u relative.
+//   TanhGrad dy * (1 - y * y): y * y is within u, so 1 - y * y within u absolute (it cancels as
+//     y -> 1, as TF's does): |dy| 2u + 2u |ref|.
+//   L2Loss sum(x * x) / 2: n squares and n - 1 additions: (n + 1) u sum(x * x) / 2.
+//   BiasAddGrad: a Sum (see test_compiler_reduce.cpp): n u S, then the output rounding.
+// f16/bf16 add u_t |ref| + s for the final rounding.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+constexpr double kU = 5.9604644775390625e-08;  // 2^-24
+constexpr double kSeluScale = 1.0507009873554804934193349852946;
+constexpr double kSeluAlpha = 1.6732632423543772848170429916717;
+
+double unit(DataType t) {
+  switch (t) {
+    case DataType::F16: return std::ldexp(1.0, -11);
+    case DataType::BF16: return std::ldexp(1.0, -8);
+    case DataType::S32: return 0;
+    default: return kU;
+  }
+}
+double sub_half(DataType t) { return t == DataType::F16 ? std::ldexp(1.0, -25) : 0; }
+
+// TF's Softplus threshold ln(eps) + 2, each step in the type.
+double softplus_threshold(DataType t) {
+  if (t == DataType::F16) {
+    _Float16 l = static_cast<_Float16>(std::log(std::ldexp(1.0, -10)));
+    return static_cast<double>(static_cast<_Float16>(l + static_cast<_Float16>(2)));
+  }
+  if (t == DataType::BF16) {
+    double l = round_to(DataType::BF16, std::log(std::ldexp(1.0, -7)));
+    return round_to(DataType::BF16, l + 2);
+  }
+  return static_cast<float>(static_cast<float>(std::log(std::ldexp(1.0, -23))) + 2.0f);
+}
+
+struct Ref {
+  double value, tol;  // tol: the f32 evaluation's error bound (before the output rounding)
+};
+using RefFn = std::function<Ref(const std::vector<double>& in, DataType t)>;
+
+struct ActCase {
+  const char* op;
+  int inputs;
+  double lo, hi;  // input range (all inputs)
+  bool ints;
+  RefFn ref;
+};
+
+Ref exact(double v) { return {v, 0}; }
+
+const ActCase kCases[] = {
+    {"Relu6", 1, -3, 9, true, [](auto& x, DataType) { return exact(std::min(std::max(x[0], 0.0), 6.0)); }},
+    {"Elu", 1, -5, 3, false,
+     [](auto& x, DataType) {
+       double y = x[0] < 0 ? std::exp(x[0]) - 1 : x[0];
+       return Ref{y, 2 * kU + kU * std::fabs(y)};
+     }},
+    {"Selu", 1, -5, 3, false,
+     [](auto& x, DataType) {
+       double y = x[0] < 0 ? kSeluScale * kSeluAlpha * (std::exp(x[0]) - 1) : kSeluScale * x[0];
+       return Ref{y, 4 * kU + 2 * kU * std::fabs(y)};
+     }},
+    {"Sigmoid", 1, -12, 12, false,
+     [](auto& x, DataType) {
+       double y = 1 / (1 + std::exp(-x[0]));
+       return Ref{y, 4 * kU * y};
+     }},
+    {"Tanh", 1, -6, 6, false,
+     [](auto& x, DataType) {
+       double y = std::tanh(x[0]);
+       return Ref{y, 16 * kU * std::fabs(y)};
+     }},
+    {"Softplus", 1, -20, 20, false,
+     [](auto& x, DataType t) {
+       const double th = softplus_threshold(t), v = x[0];
+       double y = v > -th ? v : v < th ? std::exp(v) : std::log1p(std::exp(v));
+       return Ref{y, 16 * kU * std::fabs(y)};
+     }},
+    {"ReluGrad", 2, -3, 3, true, [](auto& x, DataType) { return exact(x[1] > 0 ? x[0] : 0); }},
+    {"Relu6Grad", 2, -2, 8, true,
+     [](auto& x, DataType) { return exact(x[1] > 0 && x[1] < 6 ? x[0] : 0); }},
+    {"EluGrad", 2, -1, 3, false,
+     [](auto& x, DataType) {
+       double y = x[1] < 0 ? (x[1] + 1) * x[0] : x[0];
+       return Ref{y, 4 * kU * std::fabs(y)};
+     }},
+    {"SeluGrad", 2, -1.7, 3, false,
+     [](auto& x, DataType) {
+       double y = x[1] < 0 ? x[0] * (x[1] + kSeluScale * kSeluAlpha) : x[0] * kSeluScale;
+       return Ref{y, 4 * kU * std::fabs(y)};
+     }},
+    {"SigmoidGrad", 2, 0, 1, false,
+     [](auto& x, DataType) {
+       double y = x[1] * x[0] * (1 - x[0]);
+       return Ref{y, 3 * kU * std::fabs(y)};
+     }},
+    {"TanhGrad", 2, -1, 1, false,
+     [](auto& x, DataType) {
+       double y = x[1] * (1 - x[0] * x[0]);
+       return Ref{y, 2 * kU * std::fabs(x[1]) + 2 * kU * std::fabs(y)};
+     }},
+    {"SoftplusGrad", 2, -8, 8, false,
+     [](auto& x, DataType) {
+       double y = x[0] / (std::exp(-x[1]) + 1);
+       return Ref{y, 5 * kU * std::fabs(y)};
+     }},
+};
+
+const ActCase gelu_exact{"Gelu", 1, -8, 5, false, [](auto& x, DataType) {
+                           double v = x[0], y = 0.5 * v * std::erfc(-v / std::sqrt(2.0));
+                           return Ref{y, (1.2e-7 + (v * v / 2 + 3) * 8 * kU + kU) * std::fabs(y)};
+                         }};
+const ActCase gelu_tanh{"Gelu", 1, -8, 5, false, [](auto& x, DataType) {
+                          double v = x[0];
+                          double yy = std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v);
+                          double y = v / (1 + std::exp(-2 * yy));  // = 0.5 v (1 + tanh yy)
+                          return Ref{y, ((2 * std::fabs(yy) + 1) * 4 * kU + 3 * kU) * std::fabs(y)};
+                        }};
+
+void check_act(const ActCase& c, DataType dt, const std::vector<int64_t>& shape, uint32_t seed,
+               compiler::OpDesc* custom = nullptr) {
+  INFO(c.op << " " << compiler::data_type_name(dt) << compiler::shape_str(shape));
+  std::vector<HostTensor> in;
+  std::vector<compiler::TensorDesc> descs;
+  for (int i = 0; i < c.inputs; ++i) {
+    in.push_back(random_tensor(dt, shape, c.lo, c.hi, seed + static_cast<uint32_t>(i)));
+    descs.push_back(in.back().desc);
+  }
+  compiler::OpDesc op = custom ? *custom : make_op(c.op, descs);
+  op.inputs = descs;
+  auto k = compiler::compile(op, sim().config());
+  RunResult r = run_compiled(sim(), k, in);
+  REQUIRE(r.outputs[0].desc == in[0].desc);
+  const double ut = unit(dt);
+  std::vector<double> want(in[0].values.size()), tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    std::vector<double> x;
+    for (const HostTensor& t : in) x.push_back(t.values[i]);
+    Ref ref = c.ref(x, dt);
+    want[i] = ref.value;
+    tol[i] = ref.tol + ut * std::fabs(ref.value) + sub_half(dt);
+    if (dt == DataType::S32) tol[i] = 0;
+  }
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double got = r.outputs[0].values[i];
+    bool ok = std::fabs(got - want[i]) <= tol[i] || (std::isnan(got) && std::isnan(want[i]));
+    if (!ok && bad++ < 5) {
+      std::string ins;
+      for (const HostTensor& t : in) ins += " " + std::to_string(t.values[i]);
+      UNSCOPED_INFO("element " << i << " in" << ins << " got " << got << " want " << want[i]
+                               << " tol " << tol[i]);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("activations and gradients: f32 / f16 / bf16 / s32, odd and size-1 shapes") {
+  uint32_t seed = 1;
+  for (const ActCase& c : kCases) {
+    check_act(c, DataType::F32, {3, 41}, seed += 2);
+    check_act(c, DataType::F16, {7, 1, 19}, seed += 2);
+    check_act(c, DataType::BF16, {130}, seed += 2);
+    if (c.ints) check_act(c, DataType::S32, {2, 77}, seed += 2);
+  }
+  check_act(kCases[3], DataType::F32, {}, seed += 2);   // a scalar
+  check_act(kCases[4], DataType::F32, {70000}, seed += 2);  // many tiles, all cores
+}
+
+TEST_CASE("Gelu: exact (erf) and approximate (tanh)") {
+  uint32_t seed = 50;
+  for (bool approx : {false, true}) {
+    compiler::OpDesc op = make_op("Gelu", {}, {{"approximate", approx}});
+    const ActCase& c = approx ? gelu_tanh : gelu_exact;
+    check_act(c, DataType::F32, {5, 200}, seed++, &op);
+    check_act(c, DataType::F16, {33}, seed++, &op);
+    check_act(c, DataType::BF16, {4, 4}, seed++, &op);
+  }
+}
+
+TEST_CASE("activations: zero-size, dtype and shape errors") {
+  const ChipConfig& cfg = sim().config();
+  auto k = compiler::compile(make_op("Tanh", {{DataType::F32, {4, 0}}}), cfg);
+  CHECK(k.launches.empty());
+  CHECK_THROWS_WITH(compiler::compile(make_op("Sigmoid", {{DataType::S32, {4}}}), cfg),
+                    Catch::Contains("dtype s32"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("ReluGrad", {{DataType::F32, {4}},
+                                                           {DataType::F32, {5}}}),
+                                      cfg),
+                    Catch::Contains("same shape"));
+}
+
+namespace {
+
+void check_l2loss(DataType dt, const std::vector<int64_t>& shape, uint32_t seed) {
+  INFO("L2Loss " << compiler::data_type_name(dt) << compiler::shape_str(shape));
+  HostTensor x = random_tensor(dt, shape, -2, 2, seed);
+  auto k = compiler::compile(make_op("L2Loss", {x.desc}), sim().config());
+  RunResult r = run_compiled(sim(), k, {x});
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {}}));
+  double sum = 0;
+  for (double v : x.values) sum += v * v;
+  const double want = sum / 2, n = static_cast<double>(x.values.size());
+  const double tol = (n + 1) * kU * want + unit(dt) * want;
+  CHECK(std::fabs(r.outputs[0].values[0] - want) <= tol);
+}
+
+void check_bias_add(DataType dt, const std::vector<int64_t>& shape, bool nchw, uint32_t seed) {
+  INFO("BiasAdd " << compiler::data_type_name(dt) << compiler::shape_str(shape)
+                  << (nchw ? " NCHW" : " NHWC"));
+  const size_t c = nchw ? 1 : shape.size() - 1;
+  HostTensor v = random_tensor(dt, shape, -100, 100, seed);
+  HostTensor b = random_tensor(dt, {shape[c]}, -100, 100, seed + 1);
+  auto k = compiler::compile(
+      make_op("BiasAdd", {v.desc, b.desc}, {{"data_format", std::string(nchw ? "NCHW" : "NHWC")}}),
+      sim().config());
+  RunResult r = run_compiled(sim(), k, {v, b});
+  REQUIRE(r.outputs[0].desc == v.desc);
+  int64_t inner = 1;
+  for (size_t d = c + 1; d < shape.size(); ++d) inner *= shape[d];
+  std::vector<double> want(v.values.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = round_to(dt, v.values[i] + b.values[(i / static_cast<size_t>(inner)) %
+                                                  static_cast<size_t>(shape[c])]);
+  check_close(r.outputs[0].values, want, 0, 0, "BiasAdd");
+}
+
+void check_bias_grad(DataType dt, const std::vector<int64_t>& shape, bool nchw, uint32_t seed) {
+  INFO("BiasAddGrad " << compiler::data_type_name(dt) << compiler::shape_str(shape)
+                      << (nchw ? " NCHW" : " NHWC"));
+  const size_t c = nchw ? 1 : shape.size() - 1;
+  HostTensor g = random_tensor(dt, shape, -4, 4, seed);
+  auto k = compiler::compile(
+      make_op("BiasAddGrad", {g.desc}, {{"data_format", std::string(nchw ? "NCHW" : "NHWC")}}),
+      sim().config());
+  RunResult r = run_compiled(sim(), k, {g});
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {shape[c]}}));
+  int64_t inner = 1;
+  for (size_t d = c + 1; d < shape.size(); ++d) inner *= shape[d];
+  const size_t C = static_cast<size_t>(shape[c]);
+  std::vector<double> sum(C, 0), sabs(C, 0), n(C, 0);
+  for (size_t i = 0; i < g.values.size(); ++i) {
+    size_t ch = (i / static_cast<size_t>(inner)) % C;
+    sum[ch] += g.values[i];
+    sabs[ch] += std::fabs(g.values[i]);
+    n[ch] += 1;
+  }
+  std::vector<double> tol(C);
+  for (size_t i = 0; i < C; ++i) {
+    double e = n[i] * kU * sabs[i];
+    tol[i] = e + unit(dt) * (std::fabs(sum[i]) + e);
+  }
+  int bad = 0;
+  for (size_t i = 0; i < C; ++i)
+    if (!(std::fabs(r.outputs[0].values[i] - sum[i]) <= tol[i]) && bad++ < 5)
+      UNSCOPED_INFO("channel " << i << " got " << r.outputs[0].values[i] << " want " << sum[i]);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("L2Loss") {
+  check_l2loss(DataType::F32, {3, 41}, 1);
+  check_l2loss(DataType::F16, {1000}, 2);
+  check_l2loss(DataType::BF16, {2, 2, 2}, 3);
+  check_l2loss(DataType::F32, {}, 4);
+  check_l2loss(DataType::F32, {5, 0}, 5);  // empty: 0
+  check_l2loss(DataType::F32, {300000}, 6);
+}
+
+TEST_CASE("BiasAdd and BiasAddGrad, NHWC and NCHW") {
+  uint32_t seed = 10;
+  check_bias_add(DataType::F32, {2, 3, 4, 5}, false, seed += 2);
+  check_bias_add(DataType::F32, {2, 3, 4, 5}, true, seed += 2);
+  check_bias_add(DataType::F16, {37, 33}, false, seed += 2);
+  check_bias_add(DataType::BF16, {3, 17, 9}, true, seed += 2);
+  check_bias_add(DataType::S32, {6, 10}, false, seed += 2);
+  check_bias_grad(DataType::F32, {2, 3, 4, 5}, false, seed += 2);
+  check_bias_grad(DataType::F32, {2, 3, 4, 5}, true, seed += 2);
+  check_bias_grad(DataType::F16, {100, 7}, false, seed += 2);
+  check_bias_grad(DataType::BF16, {4, 16, 3, 3}, true, seed += 2);
+  check_bias_grad(DataType::F32, {512, 64}, false, seed += 2);
+  check_bias_grad(DataType::S32, {9, 1}, false, seed += 2);
+  CHECK_THROWS_WITH(compiler::compile(make_op("BiasAdd", {{DataType::F32, {4, 3}},
+                                                          {DataType::F32, {4}}}),
+                                      sim().config()),
+                    Catch::Contains("channels"));
+}

@@ -1,0 +1,456 @@
+// Conv2D, Conv2DBackpropInput, Conv2DBackpropFilter and the depthwise convolutions compiled for
+// the tiny chip (2 cube cores, 4 vector cores, 910B core buffers) and run on the chip model,
+// against direct convolutions written here in double from the exact (rounded) inputs.
+//
+// Tolerance per output element, with S = the sum of |products| it adds up and K their count:
+//   cube accumulation: products of f16/bf16 values are exact in fp32 (11 + 11 significand
+//     bits); each of the K fp32 additions errs by at most 2^-24 of a partial sum, itself at
+//     most S: K * 2^-24 * S;
+//   output rounding: half an ulp, 2^-11 |y| (f16), 2^-8 |y| (bf16), 2^-24 |y| (f32);
+//   f32 inputs cast to f16 (allow_fp32_to_fp16): each factor off by 2^-11 relative, a product
+//     by 2 * 2^-11 + 2^-22 < 2^-10: 2^-10 * S.
+// The bound is doubled for slack. Padding taps and the zeros inserted for strided input
+// gradients contribute exact zeros.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/conv.h"
+#include "isa/disassembler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::PrecisionMode;
+using compiler::TensorDesc;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+double half_ulp(DataType t) {
+  switch (t) {
+    case DataType::F16: return std::ldexp(1.0, -11);
+    case DataType::BF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+// One spatial dimension, padded as TF does (independent of the compiler's conv_window).
+struct Dim {
+  int64_t in, k, s, d, before, after, out;
+};
+Dim tf_dim(int64_t in, int64_t k, int64_t s, int64_t d, const std::string& padding,
+           int64_t ex_before = 0, int64_t ex_after = 0) {
+  const int64_t ek = (k - 1) * d + 1;
+  Dim r{in, k, s, d, 0, 0, 0};
+  if (padding == "VALID") {
+    r.out = (in - ek + s) / s;
+  } else if (padding == "SAME") {
+    r.out = (in + s - 1) / s;
+    const int64_t total = std::max<int64_t>((r.out - 1) * s + ek - in, 0);
+    r.before = total / 2;
+    r.after = total - r.before;
+  } else {
+    r.before = ex_before;
+    r.after = ex_after;
+    r.out = (in + ex_before + ex_after - ek) / s + 1;
+  }
+  return r;
+}
+
+// A convolution case: x [n, h, w, c], filter [kh, kw, c / groups, cout].
+struct ConvCase {
+  int64_t n, h, w, c, kh, kw, cout;
+  int64_t sh = 1, sw = 1, dh = 1, dw = 1;
+  std::string padding = "SAME";
+  std::vector<int64_t> explicit_pads = {};  // top, bottom, left, right for EXPLICIT
+  int64_t groups = 1;
+  Dim dim_h() const {
+    return tf_dim(h, kh, sh, dh, padding, explicit_pads.empty() ? 0 : explicit_pads[0],
+                  explicit_pads.empty() ? 0 : explicit_pads[1]);
+  }
+  Dim dim_w() const {
+    return tf_dim(w, kw, sw, dw, padding, explicit_pads.empty() ? 0 : explicit_pads[2],
+                  explicit_pads.empty() ? 0 : explicit_pads[3]);
+  }
+  std::map<std::string, compiler::AttrValue> attrs() const {
+    std::map<std::string, compiler::AttrValue> a = {
+        {"strides", std::vector<int64_t>{1, sh, sw, 1}},
+        {"dilations", std::vector<int64_t>{1, dh, dw, 1}},
+        {"padding", padding},
+        {"data_format", std::string("NHWC")}};
+    if (padding == "EXPLICIT")
+      a["explicit_paddings"] = std::vector<int64_t>{0, 0, explicit_pads[0], explicit_pads[1],
+                                                    explicit_pads[2], explicit_pads[3], 0, 0};
+    return a;
+  }
+};
+
+// Visits every (output position, tap, input channel, output channel) product of the forward
+// convolution: f(x index, filter index, y index).
+template <typename F>
+void for_each_product(const ConvCase& c, F&& f) {
+  const Dim dh = c.dim_h(), dw = c.dim_w();
+  const int64_t cin = c.c / c.groups, cg_out = c.cout / c.groups;
+  for (int64_t n = 0; n < c.n; ++n)
+    for (int64_t oh = 0; oh < dh.out; ++oh)
+      for (int64_t ow = 0; ow < dw.out; ++ow)
+        for (int64_t kh = 0; kh < c.kh; ++kh)
+          for (int64_t kw = 0; kw < c.kw; ++kw) {
+            const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
+            const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
+            if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
+            for (int64_t co = 0; co < c.cout; ++co) {
+              const int64_t g = co / cg_out;
+              for (int64_t ci = 0; ci < cin; ++ci)
+                f(((n * c.h + ih) * c.w + iw) * c.c + g * cin + ci,
+                  ((kh * c.kw + kw) * cin + ci) * c.cout + co,
+                  ((n * dh.out + oh) * dw.out + ow) * c.cout + co);
+            }
+          }
+}
+
+struct Reference {
+  std::vector<double> value, abs_sum;
+  std::vector<int64_t> terms;
+};
+
+// Checks got against the reference with the tolerance of the file comment.
+void check_against(const std::vector<double>& got, const Reference& r, DataType out, bool cast16,
+                   const std::string& what) {
+  REQUIRE(got.size() == r.value.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double tol = static_cast<double>(r.terms[i] + 1) * std::ldexp(1.0, -24) * r.abs_sum[i] +
+                 half_ulp(out) * std::fabs(r.value[i]);
+    if (cast16) tol += std::ldexp(1.0, -10) * r.abs_sum[i];
+    tol *= 2;
+    if (!(std::fabs(got[i] - r.value[i]) <= tol) && bad++ < 5)
+      UNSCOPED_INFO(what << "[" << i << "] = " << got[i] << ", want " << r.value[i] << " +- "
+                         << tol);
+  }
+  CHECK(bad == 0);
+}
+
+std::vector<int64_t> filter_shape(const ConvCase& c) {
+  return {c.kh, c.kw, c.c / c.groups, c.cout};
+}
+std::vector<int64_t> y_shape(const ConvCase& c) {
+  return {c.n, c.dim_h().out, c.dim_w().out, c.cout};
+}
+
+void summarize(const compiler::CompiledKernel& k) {
+  for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
+}
+
+void check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
+                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
+                  const ChipConfig* cfg = nullptr) {
+  INFO(compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << "," << c.w << "," << c.c
+                                    << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
+                                    << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
+                                    << "x" << c.dw << " " << c.padding << " groups " << c.groups);
+  HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed + 1);
+  auto op = make_op("Conv2D", {x.desc, f.desc}, c.attrs());
+  compiler::CompiledKernel k = compiler::compile(op, cfg ? *cfg : sim().config(), mode);
+  summarize(k);
+  REQUIRE(k.outputs[0] == (TensorDesc{dt, y_shape(c)}));
+  RunResult r = run_compiled(sim(), k, {x, f});
+  Reference ref;
+  const size_t ny = static_cast<size_t>(k.outputs[0].num_elements());
+  ref.value.assign(ny, 0);
+  ref.abs_sum.assign(ny, 0);
+  ref.terms.assign(ny, 0);
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    const double p = x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)];
+    ref.value[static_cast<size_t>(yi)] += p;
+    ref.abs_sum[static_cast<size_t>(yi)] += std::fabs(p);
+    ++ref.terms[static_cast<size_t>(yi)];
+  });
+  const DataType rounded = dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision
+                               ? DataType::F16
+                               : dt;
+  check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "y");
+}
+
+Reference new_reference(size_t n) {
+  Reference r;
+  r.value.assign(n, 0);
+  r.abs_sum.assign(n, 0);
+  r.terms.assign(n, 0);
+  return r;
+}
+void accumulate(Reference& r, int64_t i, double p) {
+  r.value[static_cast<size_t>(i)] += p;
+  r.abs_sum[static_cast<size_t>(i)] += std::fabs(p);
+  ++r.terms[static_cast<size_t>(i)];
+}
+
+// Conv2DBackpropInput: dx[x index] += dy[y index] * f[filter index] over the forward's products.
+// TF's full input list (input_sizes, filter, out_backprop) with input_sizes also as an
+// attribute, or (data_only) just filter and out_backprop.
+void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t seed,
+                                 PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
+                                 bool data_only = false) {
+  INFO("BackpropInput " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
+                        << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
+                        << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
+                        << "x" << c.dw << " " << c.padding);
+  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {double(c.n), double(c.h), double(c.w),
+                                                    double(c.c)}};
+  HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed);
+  HostTensor dy = random_tensor(dt, y_shape(c), -2, 2, seed + 1);
+  auto op = data_only ? make_op("Conv2DBackpropInput", {f.desc, dy.desc}, c.attrs())
+                      : make_op("Conv2DBackpropInput", {sizes.desc, f.desc, dy.desc}, c.attrs());
+  op.attrs["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
+  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  summarize(k);
+  REQUIRE(k.outputs[0] == (TensorDesc{dt, {c.n, c.h, c.w, c.c}}));
+  RunResult r = data_only ? run_compiled(sim(), k, {f, dy}) : run_compiled(sim(), k, {sizes, f, dy});
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dx");
+}
+
+// Conv2DBackpropFilter: dW[filter index] += x[x index] * dy[y index].
+void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_t seed,
+                                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+  INFO("BackpropFilter " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
+                         << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
+                         << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
+                         << "x" << c.dw << " " << c.padding);
+  HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {double(c.kh), double(c.kw), double(c.c),
+                                                    double(c.cout)}};
+  HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 1);
+  auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
+  op.outputs = {TensorDesc{dt, filter_shape(c)}};
+  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  summarize(k);
+  RunResult r = run_compiled(sim(), k, {x, sizes, dy});
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dW");
+}
+
+// Depthwise: x [n, h, w, c], filter [kh, kw, c, m] (the case's cout = c * m, groups unused);
+// f(x index, filter index, y index) for every product.
+template <typename F>
+void for_each_depthwise_product(const ConvCase& c, int64_t m, F&& f) {
+  const Dim dh = c.dim_h(), dw = c.dim_w();
+  for (int64_t n = 0; n < c.n; ++n)
+    for (int64_t oh = 0; oh < dh.out; ++oh)
+      for (int64_t ow = 0; ow < dw.out; ++ow)
+        for (int64_t kh = 0; kh < c.kh; ++kh)
+          for (int64_t kw = 0; kw < c.kw; ++kw) {
+            const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
+            const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
+            if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
+            for (int64_t ch = 0; ch < c.c; ++ch)
+              for (int64_t q = 0; q < m; ++q)
+                f(((n * c.h + ih) * c.w + iw) * c.c + ch, ((kh * c.kw + kw) * c.c + ch) * m + q,
+                  ((n * dh.out + oh) * dw.out + ow) * c.c * m + ch * m + q);
+          }
+}
+
+// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter.
+void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32_t seed) {
+  c.cout = c.c * m;
+  const char* names[] = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                         "DepthwiseConv2dNativeBackpropFilter"};
+  INFO(names[kind] << " " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
+                   << c.w << "," << c.c << "] x " << m << " filter " << c.kh << "x" << c.kw
+                   << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh << "x" << c.dw
+                   << " " << c.padding);
+  const std::vector<int64_t> xs{c.n, c.h, c.w, c.c}, fs{c.kh, c.kw, c.c, m};
+  HostTensor x = random_tensor(dt, xs, -2, 2, seed);
+  HostTensor f = random_tensor(dt, fs, -1, 1, seed + 1);
+  HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 2);
+  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {}};
+  compiler::OpDesc op;
+  std::vector<HostTensor> ins;
+  if (kind == 0) {
+    op = make_op(names[0], {x.desc, f.desc}, c.attrs());
+    ins = {x, f};
+  } else if (kind == 1) {
+    sizes.values = {double(c.n), double(c.h), double(c.w), double(c.c)};
+    op = make_op(names[1], {sizes.desc, f.desc, dy.desc}, c.attrs());
+    op.attrs["input_sizes"] = xs;
+    ins = {sizes, f, dy};
+  } else {
+    sizes.values = {double(c.kh), double(c.kw), double(c.c), double(m)};
+    op = make_op(names[2], {x.desc, sizes.desc, dy.desc}, c.attrs());
+    op.attrs["filter_sizes"] = fs;
+    ins = {x, sizes, dy};
+  }
+  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  summarize(k);
+  RunResult r = run_compiled(sim(), k, ins);
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  for_each_depthwise_product(c, m, [&](int64_t xi, int64_t fi, int64_t yi) {
+    const size_t xq = static_cast<size_t>(xi), fq = static_cast<size_t>(fi),
+                 yq = static_cast<size_t>(yi);
+    if (kind == 0) accumulate(ref, yi, x.values[xq] * f.values[fq]);
+    if (kind == 1) accumulate(ref, xi, dy.values[yq] * f.values[fq]);
+    if (kind == 2) accumulate(ref, fi, x.values[xq] * dy.values[yq]);
+  });
+  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, names[kind]);
+}
+
+}  // namespace
+
+TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch > 1") {
+  ConvCase a{2, 7, 6, 5, 3, 3, 7};  // SAME 3x3, channels not multiples of 16
+  check_conv2d(DataType::F16, a, 1);
+  ConvCase b{1, 9, 8, 20, 3, 2, 9};
+  b.sh = 2;
+  b.dw = 2;
+  b.padding = "VALID";
+  check_conv2d(DataType::F16, b, 2);
+  ConvCase c{2, 8, 7, 3, 2, 3, 18};
+  c.sh = c.sw = 2;
+  c.dh = 2;
+  c.padding = "EXPLICIT";
+  c.explicit_pads = {1, 2, 2, 0};
+  check_conv2d(DataType::F16, c, 3);
+  ConvCase d{3, 5, 5, 17, 1, 1, 33};  // 1x1
+  check_conv2d(DataType::F16, d, 4);
+}
+
+TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
+  ConvCase a{2, 6, 5, 3, 5, 5, 17};  // a first layer: 3 channels, 5x5
+  check_conv2d(DataType::F32, a, 10);
+  ConvCase b{1, 5, 6, 9, 3, 3, 6};
+  b.padding = "VALID";
+  check_conv2d(DataType::F32, b, 11, PrecisionMode::kAllowMixPrecision);
+  check_conv2d(DataType::BF16, b, 12);
+  ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups of 6 -> 5
+  g.groups = 2;
+  check_conv2d(DataType::F16, g, 13);
+  HostTensor x = random_tensor(DataType::F32, {1, 4, 4, 3}, -1, 1, 14);
+  HostTensor f = random_tensor(DataType::F32, {3, 3, 3, 4}, -1, 1, 15);
+  CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x.desc, f.desc}, a.attrs()),
+                                      sim().config(), PrecisionMode::kKeepFp32),
+                    Catch::Contains("allow_fp32_to_fp16"));
+}
+
+TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {
+  // Several m and n tiles per image (launch summaries).
+  ConvCase a{2, 14, 14, 40, 3, 3, 70};
+  check_conv2d(DataType::F16, a, 20);
+  // 16 images of 12x11 share each core's weights (3*3*48 x 80 f16, 69 KB): on the tiny chip
+  // (L1 512 KB) they stay resident; a 64 KB L1 cannot hold them, so the plan changes (narrower
+  // n tiles or streamed weights) and what it allocates fits.
+  compiler::ops::CubeConvSpec s;
+  s.images = 16;
+  s.hs = 12;
+  s.ws = 11;
+  s.cs = 48;
+  s.kh = s.kw = 3;
+  s.pt = s.pb = s.pl = s.pr = 1;
+  s.cg_in = 48;
+  s.cg_out = s.cy = 80;
+  s.b_tap = 48 * 80;
+  s.b_row = 80;
+  ChipConfig small = load_chip_config("tiny", {"cores.aic.buffers.l1=64 KiB"});
+  const auto t_tiny = compiler::ops::plan_cube_conv(s, sim().config(), "test");
+  const auto t_small = compiler::ops::plan_cube_conv(s, small, "test");
+  INFO(t_tiny.str() << "\n" << t_small.str());
+  CHECK(t_tiny.resident);
+  CHECK(t_tiny.tn == 128);
+  CHECK(2 * t_small.slab_bytes + (t_small.resident ? 1 : 2) * t_small.b_bytes <= 64 * 1024);
+  CHECK((t_small.tn < t_tiny.tn || !t_small.resident));
+  ConvCase b{16, 12, 11, 48, 3, 3, 80};
+  check_conv2d(DataType::F16, b, 21, PrecisionMode::kAllowFp32ToFp16, &small);
+  // The kernel in each weight mode (forced tilings): resident in one chunk, resident arriving
+  // in 3 chunks, streamed in one chunk and in 3. All must give the direct convolution.
+  s.images = b.n = 3;
+  HostTensor x = random_tensor(DataType::F16, {b.n, b.h, b.w, b.c}, -2, 2, 22);
+  HostTensor f = random_tensor(DataType::F16, filter_shape(b), -1, 1, 23);
+  Reference ref = new_reference(static_cast<size_t>(b.n * 12 * 11 * 80));
+  for_each_product(b, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  const auto base = compiler::ops::plan_cube_conv(s, sim().config(), "test");
+  for (auto [kc1, resident] : {std::pair<int64_t, bool>{3, true}, {1, true}, {3, false},
+                               {1, false}}) {
+    const auto t = compiler::ops::rechunk_cube_conv(s, base, kc1, resident, sim().config(), "t");
+    INFO(t.str());
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F16, y_shape(b)}};
+    k.launches = {compiler::ops::build_cube_conv(s, t, sim().config(), "test")};
+    RunResult r = run_compiled(sim(), k, {x, f});
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+  }
+}
+
+TEST_CASE("Conv2DBackpropInput: strides (zero insertion), dilation, paddings") {
+  ConvCase a{2, 7, 6, 5, 3, 3, 7};
+  check_conv2d_backprop_input(DataType::F16, a, 30);
+  ConvCase b{1, 9, 8, 20, 3, 2, 9};
+  b.sh = 2;
+  b.dw = 2;
+  b.padding = "VALID";
+  check_conv2d_backprop_input(DataType::F16, b, 31);
+  ConvCase c{2, 8, 7, 3, 2, 3, 18};
+  c.sh = c.sw = 2;
+  c.dh = 2;
+  c.padding = "EXPLICIT";
+  c.explicit_pads = {1, 2, 2, 0};
+  check_conv2d_backprop_input(DataType::F16, c, 32);
+  ConvCase d{2, 8, 8, 4, 3, 3, 6};  // stride 2 VALID: the last input row gets no gradient
+  d.sh = d.sw = 2;
+  d.padding = "VALID";
+  check_conv2d_backprop_input(DataType::F32, d, 33);
+  ConvCase e{1, 7, 9, 17, 3, 3, 5};
+  e.sw = 2;
+  check_conv2d_backprop_input(DataType::BF16, e, 34);
+  // The data inputs only (input_sizes as the attribute alone).
+  check_conv2d_backprop_input(DataType::F16, e, 35, PrecisionMode::kAllowFp32ToFp16, true);
+}
+
+TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
+  ConvCase a{2, 7, 6, 5, 3, 3, 7};
+  check_conv2d_backprop_filter(DataType::F16, a, 40);
+  ConvCase b{1, 9, 8, 20, 3, 2, 9};
+  b.sh = 2;
+  b.dw = 2;
+  b.padding = "VALID";
+  check_conv2d_backprop_filter(DataType::F32, b, 41);
+  ConvCase c{3, 8, 7, 3, 2, 3, 18};
+  c.sh = c.sw = 2;
+  c.dh = 2;
+  c.padding = "EXPLICIT";
+  c.explicit_pads = {1, 2, 2, 0};
+  check_conv2d_backprop_filter(DataType::F16, c, 42);
+}
+
+TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {
+  ConvCase a{2, 7, 6, 5, 3, 3, 0};  // 5 channels, multiplier 1
+  ConvCase b{1, 9, 8, 20, 3, 2, 0};  // 2 groups, the second partial; stride, dilation
+  b.sh = 2;
+  b.dw = 2;
+  b.padding = "VALID";
+  ConvCase c{2, 6, 7, 17, 2, 3, 0};
+  c.sw = 2;
+  c.padding = "EXPLICIT";
+  c.explicit_pads = {1, 0, 2, 1};
+  for (int kind = 0; kind < 3; ++kind) {
+    check_depthwise(kind, DataType::F16, a, 1, 50 + kind);
+    check_depthwise(kind, DataType::F16, b, 2, 60 + kind);
+    check_depthwise(kind, DataType::F32, c, 3, 70 + kind);
+  }
+  check_depthwise(0, DataType::BF16, a, 2, 80);
+}

@@ -1,0 +1,210 @@
+// Index-driven ops (ops/gather.cpp) compiled for the tiny chip and run on the chip model,
+// against references computed here from TF's definitions:
+//   GatherV2 and OneHot move data: exact (tolerance 0).
+//   UnsortedSegmentSum adds the rows of each segment in row order, rounding to the element type
+//   after every addition, as TF's CPU kernel does; the reference does the same additions in
+//   double rounded to the type after each one (round_to), so it is exact (tolerance 0) for f32,
+//   f16 and bf16 (a sum of two values of a type, rounded once, is the correctly rounded sum).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::TensorDesc;
+using Shape = std::vector<int64_t>;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+HostTensor values(DataType dt, Shape shape, uint32_t seed) {
+  if (dt == DataType::BOOL) {
+    HostTensor t{TensorDesc{dt, std::move(shape)}, {}};
+    for (int64_t i = 0; i < t.desc.num_elements(); ++i) t.values.push_back((i * 7 + seed) % 3 == 0);
+    return t;
+  }
+  if (dt == DataType::S64) {
+    HostTensor t{TensorDesc{dt, std::move(shape)}, {}};
+    for (int64_t i = 0; i < t.desc.num_elements(); ++i)
+      t.values.push_back((i % 2 ? -1.0 : 1.0) * (static_cast<double>(i + seed) * 8589934592.0 + i));
+    return t;
+  }
+  return random_tensor(dt, std::move(shape), -100, 100, seed);
+}
+
+HostTensor index_tensor(DataType dt, Shape shape, int64_t lo, int64_t hi, uint32_t seed) {
+  HostTensor t{TensorDesc{dt, std::move(shape)}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> dist(lo, hi);
+  for (int64_t i = 0; i < t.desc.num_elements(); ++i)
+    t.values.push_back(static_cast<double>(dist(rng)));
+  return t;
+}
+
+void check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
+           const HostTensor& want) {
+  INFO(op.str());
+  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
+  RunResult r = run_compiled(sim(), k, inputs);
+  REQUIRE(r.outputs.size() == 1);
+  CHECK(r.outputs[0].desc == want.desc);
+  check_close(r.outputs[0].values, want.values, 0, 0, op.type);
+}
+
+// GatherV2(params, indices, axis): out[o, i, in] = params[o, idx[i], in], zeros out of range.
+void check_gather(DataType dt, const Shape& ps, DataType it, const Shape& is, int64_t axis,
+                  uint32_t seed, int64_t lo_index = 0) {
+  const int64_t rank = static_cast<int64_t>(ps.size());
+  const size_t a = static_cast<size_t>(axis < 0 ? axis + rank : axis);
+  HostTensor p = values(dt, ps, seed);
+  HostTensor idx = index_tensor(it, is, lo_index, ps[a] - 1 + (lo_index < 0 ? 2 : 0), seed + 1);
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < a; ++d) outer *= ps[d];
+  for (size_t d = a + 1; d < ps.size(); ++d) inner *= ps[d];
+  Shape os(ps.begin(), ps.begin() + static_cast<int64_t>(a));
+  os.insert(os.end(), is.begin(), is.end());
+  os.insert(os.end(), ps.begin() + static_cast<int64_t>(a) + 1, ps.end());
+  HostTensor want{TensorDesc{dt, os}, {}};
+  const int64_t ni = numel(is);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < ni; ++i)
+      for (int64_t j = 0; j < inner; ++j) {
+        const int64_t v = static_cast<int64_t>(idx.values[static_cast<size_t>(i)]);
+        want.values.push_back(v < 0 || v >= ps[a]
+                                  ? 0.0
+                                  : p.values[static_cast<size_t>((o * ps[a] + v) * inner + j)]);
+      }
+  check(make_op("GatherV2", {p.desc, idx.desc}, {{"axis", axis}}), {p, idx}, want);
+}
+
+}  // namespace
+
+TEST_CASE("GatherV2: axes, index types, element sizes") {
+  uint32_t seed = 1;
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32, DataType::BOOL,
+                      DataType::S64}) {
+    check_gather(dt, {20, 33}, DataType::S32, {7}, 0, seed++);           // rows of 33
+    check_gather(dt, {4, 10, 3}, DataType::S64, {2, 5}, -2, seed++);     // runs of 3: elements
+    check_gather(dt, {3, 17}, DataType::S32, {6}, 1, seed++);            // single elements
+  }
+  check_gather(DataType::F32, {50, 40}, DataType::S32, {30}, 0, seed++, -5);  // out of range: 0
+  check_gather(DataType::F16, {1, 9}, DataType::S32, {0}, 0, seed++);         // no indices
+  check_gather(DataType::F32, {300, 129}, DataType::S64, {260}, 0, seed++);   // several tiles
+}
+
+TEST_CASE("UnsortedSegmentSum adds rows in order") {
+  uint32_t seed = 30;
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
+    for (auto [ds, ids_shape, segs] : std::vector<std::tuple<Shape, Shape, int64_t>>{
+             {{40, 19}, {40}, 7}, {{6, 5, 3}, {6, 5}, 4}, {{33}, {33}, 40}, {{0, 4}, {0}, 3}}) {
+      HostTensor data = values(dt, ds, seed++);
+      HostTensor ids = index_tensor(DataType::S32, ids_shape, -2, segs, seed++);  // some dropped
+      const int64_t rows = numel(ids_shape), inner = numel(ds) / std::max<int64_t>(rows, 1);
+      Shape os = {segs};
+      os.insert(os.end(), ds.begin() + static_cast<int64_t>(ids_shape.size()), ds.end());
+      HostTensor want{TensorDesc{dt, os}, std::vector<double>(static_cast<size_t>(numel(os)), 0)};
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t s = static_cast<int64_t>(ids.values[static_cast<size_t>(r)]);
+        if (s < 0 || s >= segs) continue;
+        for (int64_t j = 0; j < inner; ++j) {
+          double& w = want.values[static_cast<size_t>(s * inner + j)];
+          const double x = data.values[static_cast<size_t>(r * inner + j)];
+          w = dt == DataType::S32 ? static_cast<double>(static_cast<int32_t>(
+                                        static_cast<int64_t>(w) + static_cast<int64_t>(x)))
+                                  : round_to(dt, w + x);
+        }
+      }
+      check(make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", segs}}),
+            {data, ids}, want);
+    }
+  }
+  // s64 ids, several tiles of output.
+  HostTensor data = values(DataType::F32, {500, 70}, 99);
+  HostTensor ids = index_tensor(DataType::S64, {500}, 0, 299, 98);
+  HostTensor want{TensorDesc{DataType::F32, {300, 70}}, std::vector<double>(300 * 70, 0)};
+  for (int64_t r = 0; r < 500; ++r)
+    for (int64_t j = 0; j < 70; ++j) {
+      double& w = want.values[static_cast<size_t>(ids.values[static_cast<size_t>(r)] * 70 + j)];
+      w = round_to(DataType::F32, w + data.values[static_cast<size_t>(r * 70 + j)]);
+    }
+  check(make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", int64_t{300}}}),
+        {data, ids}, want);
+}
+
+TEST_CASE("OneHot: axes, dtypes, out-of-range indices") {
+  uint32_t seed = 60;
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::S32, DataType::BOOL,
+                      DataType::S64}) {
+    for (int64_t axis : {-1, 0, 1}) {
+      const Shape is = {5, 7};
+      const int64_t depth = 11;
+      HostTensor idx = index_tensor(DataType::S32, is, -1, depth, seed++);  // -1 and 11: off rows
+      const double on_value = dt == DataType::BOOL ? 1.0 : dt == DataType::S64 ? -3e12 : 3;
+      HostTensor on{TensorDesc{dt, {}}, {on_value}};
+      HostTensor off{TensorDesc{dt, {}}, {dt == DataType::BOOL ? 0.0 : -1}};
+      const size_t a = static_cast<size_t>(axis < 0 ? 2 : axis);
+      Shape os = is;
+      os.insert(os.begin() + static_cast<int64_t>(a), depth);
+      HostTensor want{TensorDesc{dt, os}, {}};
+      for (int64_t f = 0; f < numel(os); ++f) {
+        // output index -> (indices index, d)
+        int64_t rest = f;
+        std::vector<int64_t> oi(os.size());
+        for (size_t d = os.size(); d-- > 0;) {
+          oi[d] = rest % os[d];
+          rest /= os[d];
+        }
+        const int64_t dv = oi[a];
+        oi.erase(oi.begin() + static_cast<int64_t>(a));
+        const double v = idx.values[static_cast<size_t>(oi[0] * is[1] + oi[1])];
+        want.values.push_back(static_cast<int64_t>(v) == dv ? on.values[0] : off.values[0]);
+      }
+      check(make_op("OneHot", {idx.desc, on.desc, off.desc},
+                    {{"depth", depth}, {"axis", axis}}),
+            {idx, on, off}, want);
+    }
+  }
+  // Large depth (several tiles), s64 indices.
+  HostTensor idx = index_tensor(DataType::S64, {40}, 0, 999, 7);
+  HostTensor on{TensorDesc{DataType::F32, {}}, {1}}, off{TensorDesc{DataType::F32, {}}, {0}};
+  HostTensor want{TensorDesc{DataType::F32, {40, 1000}}, std::vector<double>(40000, 0)};
+  for (int64_t i = 0; i < 40; ++i)
+    want.values[static_cast<size_t>(i * 1000 + idx.values[static_cast<size_t>(i)])] = 1;
+  check(make_op("OneHot", {idx.desc, on.desc, off.desc}, {{"depth", int64_t{1000}}}),
+        {idx, on, off}, want);
+}
+
+TEST_CASE("gather op errors") {
+  const ChipConfig& cfg = sim().config();
+  TensorDesc p{DataType::F32, {3, 4}}, i{DataType::F32, {2}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i}, {{"axis", int64_t{0}}}), cfg),
+                    Catch::Contains("must be s32 or s64"));
+  TensorDesc i32{DataType::S32, {2}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i32}, {{"axis", int64_t{2}}}), cfg),
+                    Catch::Contains("axis = 2 is out of range"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i32},
+                                              {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
+                                      cfg),
+                    Catch::Contains("batch_dims = 1 is not supported"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("UnsortedSegmentSum", {p, TensorDesc{DataType::S32, {4}}},
+                                {{"num_segments", int64_t{2}}}),
+                        cfg),
+      Catch::Contains("must be a prefix"));
+}

@@ -1,0 +1,258 @@
+// MaxPool, AvgPool, MaxPoolGrad and AvgPoolGrad compiled for the tiny chip and run on the chip
+// model, against direct references written here in double from the exact inputs.
+//
+// Tolerances (the kernels compute in f32, f16/bf16 widened exactly and rounded once at the end):
+//   MaxPool: the result is one of the inputs: exact.
+//   MaxPoolGrad: each input gets the sum of the dy values routed to it (first maximum of each
+//     window in scan order, TF's CPU rule): T f32 additions, T * 2^-24 * S with S = sum |dy|,
+//     plus half an ulp of the output type.
+//   AvgPool: y = sum(x) * r_h * r_w with r_h, r_w the f32-rounded reciprocals of the valid rows
+//     and columns: K additions (K * 2^-24 * S, S = sum |x| / count) and two rounded reciprocals
+//     and products (4 * 2^-24 * S), plus half an ulp of the output type.
+//   AvgPoolGrad: dx = sum over windows of dy * r_h * r_w: per term 4 * 2^-24 relative, T
+//     additions: (T + 4) * 2^-24 * S with S = sum |dy| / count, plus half an ulp.
+// Each bound is doubled for slack.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::TensorDesc;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+double half_ulp(DataType t) {
+  switch (t) {
+    case DataType::F16: return std::ldexp(1.0, -11);
+    case DataType::BF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+struct PoolCase {
+  int64_t n, h, w, c, kh, kw, sh, sw;
+  std::string padding;
+  // TF padding (tensorflow/core/framework/kernel_shape_util.cc), written out independently.
+  int64_t out(int64_t in, int64_t k, int64_t s) const {
+    return padding == "VALID" ? (in - k + s) / s : (in + s - 1) / s;
+  }
+  int64_t before(int64_t in, int64_t k, int64_t s) const {
+    if (padding == "VALID") return 0;
+    return std::max<int64_t>((out(in, k, s) - 1) * s + k - in, 0) / 2;
+  }
+  int64_t oh() const { return out(h, kh, sh); }
+  int64_t ow() const { return out(w, kw, sw); }
+  int64_t pt() const { return before(h, kh, sh); }
+  int64_t pl() const { return before(w, kw, sw); }
+  std::vector<int64_t> x_shape() const { return {n, h, w, c}; }
+  std::vector<int64_t> y_shape() const { return {n, oh(), ow(), c}; }
+  std::map<std::string, compiler::AttrValue> attrs() const {
+    return {{"ksize", std::vector<int64_t>{1, kh, kw, 1}},
+            {"strides", std::vector<int64_t>{1, sh, sw, 1}},
+            {"padding", padding},
+            {"data_format", std::string("NHWC")}};
+  }
+  // Visits the valid taps of every window: f(window flat index without channel, x flat index
+  // without channel), windows in order and taps in scan order (rows, then columns).
+  template <typename F>
+  void for_each_tap(F&& f) const {
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t y = 0; y < oh(); ++y)
+        for (int64_t x = 0; x < ow(); ++x)
+          for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j) {
+              const int64_t r = y * sh - pt() + i, q = x * sw - pl() + j;
+              if (r < 0 || r >= h || q < 0 || q >= w) continue;
+              f((b * oh() + y) * ow() + x, (b * h + r) * w + q);
+            }
+  }
+  std::string str() const {
+    return "[" + std::to_string(n) + "," + std::to_string(h) + "," + std::to_string(w) + "," +
+           std::to_string(c) + "] window " + std::to_string(kh) + "x" + std::to_string(kw) +
+           " stride " + std::to_string(sh) + "x" + std::to_string(sw) + " " + padding;
+  }
+};
+
+struct Ref {
+  std::vector<double> v, s;
+  std::vector<int64_t> t;
+  explicit Ref(size_t size) : v(size, 0), s(size, 0), t(size, 0) {}
+};
+
+void check(const std::vector<double>& got, const Ref& r, DataType dt, double extra_terms,
+           bool exact, const std::string& what) {
+  REQUIRE(got.size() == r.v.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double want = exact ? r.v[i] : r.v[i];
+    double tol = exact ? 0
+                       : 2 * ((static_cast<double>(r.t[i]) + extra_terms) * std::ldexp(1.0, -24) *
+                                  r.s[i] +
+                              half_ulp(dt) * std::fabs(want));
+    if (!(std::fabs(got[i] - want) <= tol) && bad++ < 5)
+      UNSCOPED_INFO(what << "[" << i << "] = " << got[i] << ", want " << want << " +- " << tol);
+  }
+  CHECK(bad == 0);
+}
+
+compiler::CompiledKernel compile_op(const compiler::OpDesc& op) {
+  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
+  return k;
+}
+
+void check_forward(bool is_max, DataType dt, const PoolCase& p, uint32_t seed) {
+  INFO((is_max ? "MaxPool " : "AvgPool ") << compiler::data_type_name(dt) << " " << p.str());
+  // Values on a coarse grid so that windows contain ties (MaxPool picks any of them).
+  HostTensor x = random_tensor(dt, p.x_shape(), -4, 4, seed);
+  for (double& v : x.values) v = std::round(v * 4) / 4;
+  auto k = compile_op(make_op(is_max ? "MaxPool" : "AvgPool", {x.desc}, p.attrs()));
+  REQUIRE(k.outputs[0] == (TensorDesc{dt, p.y_shape()}));
+  RunResult r = run_compiled(sim(), k, {x});
+  Ref ref(static_cast<size_t>(k.outputs[0].num_elements()));
+  std::vector<double> mx(ref.v.size(), -INFINITY);
+  std::vector<int64_t> count(ref.v.size() / static_cast<size_t>(p.c), 0);
+  p.for_each_tap([&](int64_t yo, int64_t xi) {
+    ++count[static_cast<size_t>(yo)];
+    for (int64_t c = 0; c < p.c; ++c) {
+      const size_t o = static_cast<size_t>(yo * p.c + c);
+      const double v = x.values[static_cast<size_t>(xi * p.c + c)];
+      mx[o] = std::max(mx[o], v);
+      ref.v[o] += v;
+      ref.s[o] += std::fabs(v);
+      ++ref.t[o];
+    }
+  });
+  for (size_t o = 0; o < ref.v.size(); ++o) {
+    const double cnt = static_cast<double>(count[o / static_cast<size_t>(p.c)]);
+    if (is_max) {
+      ref.v[o] = mx[o];
+    } else {
+      ref.v[o] = round_to(dt, ref.v[o] / cnt);
+      ref.s[o] /= cnt;
+    }
+  }
+  check(r.outputs[0].values, ref, dt, 4, is_max, "y");
+}
+
+void check_max_grad(DataType dt, const PoolCase& p, uint32_t seed) {
+  INFO("MaxPoolGrad " << compiler::data_type_name(dt) << " " << p.str());
+  HostTensor x = random_tensor(dt, p.x_shape(), -2, 2, seed);
+  for (double& v : x.values) v = std::round(v * 2) / 2;  // ties: the first maximum wins
+  HostTensor dy = random_tensor(dt, p.y_shape(), -1, 1, seed + 1);
+  // orig_output = MaxPool(x), computed here.
+  HostTensor y{TensorDesc{dt, p.y_shape()}, std::vector<double>(dy.values.size(), -INFINITY)};
+  p.for_each_tap([&](int64_t yo, int64_t xi) {
+    for (int64_t c = 0; c < p.c; ++c) {
+      double& m = y.values[static_cast<size_t>(yo * p.c + c)];
+      m = std::max(m, x.values[static_cast<size_t>(xi * p.c + c)]);
+    }
+  });
+  auto k = compile_op(make_op("MaxPoolGrad", {x.desc, y.desc, dy.desc}, p.attrs()));
+  REQUIRE(k.outputs[0] == x.desc);
+  RunResult r = run_compiled(sim(), k, {x, y, dy});
+  Ref ref(x.values.size());
+  std::vector<bool> done(dy.values.size(), false);
+  p.for_each_tap([&](int64_t yo, int64_t xi) {
+    for (int64_t c = 0; c < p.c; ++c) {
+      const size_t o = static_cast<size_t>(yo * p.c + c), i = static_cast<size_t>(xi * p.c + c);
+      if (done[o] || x.values[i] != y.values[o]) continue;
+      done[o] = true;
+      ref.v[i] += dy.values[o];
+      ref.s[i] += std::fabs(dy.values[o]);
+      ++ref.t[i];
+    }
+  });
+  for (double& v : ref.v) v = round_to(dt, v);
+  check(r.outputs[0].values, ref, dt, 0, false, "dx");
+}
+
+void check_avg_grad(DataType dt, const PoolCase& p, uint32_t seed) {
+  INFO("AvgPoolGrad " << compiler::data_type_name(dt) << " " << p.str());
+  HostTensor sizes{TensorDesc{DataType::S32, {4}},
+                   {double(p.n), double(p.h), double(p.w), double(p.c)}};
+  HostTensor dy = random_tensor(dt, p.y_shape(), -1, 1, seed);
+  auto op = make_op("AvgPoolGrad", {sizes.desc, dy.desc}, p.attrs());
+  op.attrs["orig_input_shape"] = p.x_shape();
+  auto k = compile_op(op);
+  REQUIRE(k.outputs[0] == (TensorDesc{dt, p.x_shape()}));
+  RunResult r = run_compiled(sim(), k, {sizes, dy});
+  std::vector<int64_t> count(dy.values.size() / static_cast<size_t>(p.c), 0);
+  p.for_each_tap([&](int64_t yo, int64_t) { ++count[static_cast<size_t>(yo)]; });
+  Ref ref(static_cast<size_t>(k.outputs[0].num_elements()));
+  p.for_each_tap([&](int64_t yo, int64_t xi) {
+    for (int64_t c = 0; c < p.c; ++c) {
+      const double v = dy.values[static_cast<size_t>(yo * p.c + c)] /
+                       static_cast<double>(count[static_cast<size_t>(yo)]);
+      const size_t i = static_cast<size_t>(xi * p.c + c);
+      ref.v[i] += v;
+      ref.s[i] += std::fabs(v);
+      ++ref.t[i];
+    }
+  });
+  for (double& v : ref.v) v = round_to(dt, v);
+  check(r.outputs[0].values, ref, dt, 4, false, "dx");
+}
+
+const PoolCase kCases[] = {
+    {2, 7, 6, 5, 3, 3, 2, 2, "SAME"},    // channels not whole blocks (padded copy)
+    {1, 9, 8, 16, 3, 2, 1, 2, "VALID"},  // f16: one block per pixel
+    {2, 5, 7, 24, 2, 2, 2, 1, "SAME"},
+    {1, 6, 6, 8, 6, 6, 1, 1, "VALID"},   // global pooling
+    {1, 8, 9, 136, 3, 3, 2, 2, "SAME"},  // 136 channels: two 64-lane parts per pixel in f32
+};
+
+}  // namespace
+
+TEST_CASE("MaxPool and AvgPool: f32, f16, bf16, SAME/VALID, strides, odd sizes") {
+  uint32_t seed = 1;
+  for (const PoolCase& p : kCases) {
+    check_forward(true, DataType::F32, p, seed++);
+    check_forward(false, DataType::F32, p, seed++);
+  }
+  check_forward(true, DataType::F16, kCases[0], seed++);
+  check_forward(false, DataType::F16, kCases[1], seed++);
+  check_forward(true, DataType::BF16, kCases[2], seed++);
+  check_forward(false, DataType::BF16, kCases[0], seed++);
+}
+
+TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum") {
+  uint32_t seed = 100;
+  for (const PoolCase& p : kCases) check_max_grad(DataType::F32, p, seed++);
+  check_max_grad(DataType::F16, kCases[0], seed++);
+  check_max_grad(DataType::BF16, kCases[2], seed++);
+}
+
+TEST_CASE("AvgPoolGrad spreads dy / count over each window") {
+  uint32_t seed = 200;
+  for (const PoolCase& p : kCases) check_avg_grad(DataType::F32, p, seed++);
+  check_avg_grad(DataType::F16, kCases[0], seed++);
+  check_avg_grad(DataType::BF16, kCases[1], seed++);
+}
+
+TEST_CASE("Pooling: empty outputs, errors") {
+  HostTensor x = random_tensor(DataType::F32, {1, 2, 2, 3}, -1, 1, 7);
+  PoolCase big{1, 2, 2, 3, 3, 3, 1, 1, "VALID"};  // the window does not fit: empty output
+  auto k = compiler::compile(make_op("MaxPool", {x.desc}, big.attrs()), sim().config());
+  CHECK(k.launches.empty());
+  CHECK(k.outputs[0].shape == std::vector<int64_t>{1, 0, 0, 3});
+  auto bad = big.attrs();
+  bad["data_format"] = std::string("NCHW");
+  CHECK_THROWS_WITH(compiler::compile(make_op("MaxPool", {x.desc}, bad), sim().config()),
+                    Catch::Contains("NCHW"));
+  bad = big.attrs();
+  bad["ksize"] = std::vector<int64_t>{2, 1, 1, 1};
+  CHECK_THROWS_WITH(compiler::compile(make_op("AvgPool", {x.desc}, bad), sim().config()),
+                    Catch::Contains("ksize"));
+}

@@ -1,0 +1,257 @@
+// Softmax, LogSoftmax, SoftmaxCrossEntropyWithLogits and SparseSoftmaxCrossEntropyWithLogits
+// compiled for the tiny chip and run on the chip model, against references computed here in
+// double precision from the (exactly representable) inputs.
+//
+// Tolerances (u = 2^-24, u_t = the output type's unit roundoff: 2^-24 f32, 2^-11 f16, 2^-8
+// bf16; C classes; inputs in [-4, 4], so |x - max| <= 8):
+//   The kernels compute in f32: shifted = x - max (one rounding, relative u), e = exp(shifted)
+//   (expf within an ulp, and the shifted error scaled by |shifted| <= 8: relative (8 + 2) u),
+//   S = sum of C positive terms (relative C u more), then one more operation and the output
+//   rounding. So
+//   Softmax e / S:            relative (C + 24) u + u_t;
+//   LogSoftmax shifted - ln S: absolute (C + 32) u (ln of a relative error is that absolute
+//                              error, plus the ln's and subtraction's own roundings) + u_t |y|;
+//   backprop e / S - label:   absolute (C + 24) u * e / S + (u + u_t) |y|;
+//   Xent loss sum(label * (ln S - shifted)): absolute (C + 32) u * sum|label| + C u *
+//                              sum|terms| (the sum's own roundings) + u_t |loss|;
+//   Sparse loss ln S - shifted[label]: absolute (C + 32) u + u_t |loss|.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  return s;
+}
+
+constexpr double kU = 5.9604644775390625e-08;  // 2^-24
+
+// Half the spacing of the output type's subnormals: the absolute part of its rounding.
+double sub_half(DataType t) { return t == DataType::F16 ? std::ldexp(1.0, -25) : 0; }
+
+double unit(DataType t) {
+  switch (t) {
+    case DataType::F16: return std::ldexp(1.0, -11);
+    case DataType::BF16: return std::ldexp(1.0, -8);
+    default: return kU;
+  }
+}
+
+// Checks |got - want| <= tol elementwise (NaN matches NaN).
+void check_tol(const std::vector<double>& got, const std::vector<double>& want,
+               const std::vector<double>& tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool ok = (std::isnan(got[i]) && std::isnan(want[i])) ||
+              std::fabs(got[i] - want[i]) <= tol[i];
+    if (!ok && bad++ < 5)
+      UNSCOPED_INFO(what << ": element " << i << " got " << got[i] << " want " << want[i]
+                         << " tol " << tol[i]);
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements differ");
+  CHECK(bad == 0);
+}
+
+struct RowRef {
+  double max = 0, sum = 0;  // of the row; sum = sum(exp(x - max))
+};
+
+RowRef row_ref(const std::vector<double>& x, int64_t r, int64_t C) {
+  RowRef rr;
+  rr.max = -std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < C; ++c) rr.max = std::max(rr.max, x[static_cast<size_t>(r * C + c)]);
+  for (int64_t c = 0; c < C; ++c) rr.sum += std::exp(x[static_cast<size_t>(r * C + c)] - rr.max);
+  return rr;
+}
+
+void check_softmax(const std::string& op, DataType dt, const std::vector<int64_t>& shape,
+                   uint32_t seed) {
+  INFO(op << " " << compiler::data_type_name(dt) << compiler::shape_str(shape));
+  HostTensor x = random_tensor(dt, shape, -4, 4, seed);
+  auto k = compiler::compile(make_op(op, {x.desc}), sim().config());
+  for (const auto& l : k.launches) INFO(l.summary);
+  RunResult r = run_compiled(sim(), k, {x});
+  REQUIRE(r.outputs[0].desc == x.desc);
+  const int64_t C = shape.back(), rows = C ? x.desc.num_elements() / C : 0;
+  const double ut = unit(dt);
+  std::vector<double> want(x.values.size()), tol(x.values.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    const RowRef rr = row_ref(x.values, i, C);
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t f = static_cast<size_t>(i * C + c);
+      if (op == "Softmax") {
+        want[f] = std::exp(x.values[f] - rr.max) / rr.sum;
+        tol[f] = ((C + 24) * kU + ut) * want[f] + sub_half(dt);
+      } else {
+        want[f] = x.values[f] - rr.max - std::log(rr.sum);
+        tol[f] = (C + 32) * kU + ut * std::fabs(want[f]);
+      }
+    }
+  }
+  check_tol(r.outputs[0].values, want, tol, op);
+}
+
+void check_xent(DataType dt, const std::vector<int64_t>& xs, const std::vector<int64_t>& ls,
+                uint32_t seed) {
+  INFO("SoftmaxCrossEntropyWithLogits " << compiler::data_type_name(dt)
+                                        << compiler::shape_str(xs) << compiler::shape_str(ls));
+  HostTensor x = random_tensor(dt, xs, -4, 4, seed);
+  HostTensor y = random_tensor(dt, ls, 0, 1, seed + 1);
+  auto k = compiler::compile(make_op("SoftmaxCrossEntropyWithLogits", {x.desc, y.desc}),
+                             sim().config());
+  for (const auto& l : k.launches) INFO(l.summary);
+  RunResult r = run_compiled(sim(), k, {x, y});
+  const int64_t N = std::max(xs[0], ls[0]), C = std::max(xs[1], ls[1]);
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {N}}));
+  REQUIRE(r.outputs[1].desc == (compiler::TensorDesc{dt, {N, C}}));
+  const auto xi = broadcast_index(xs, {N, C}), yi = broadcast_index(ls, {N, C});
+  std::vector<double> xb(static_cast<size_t>(N * C)), yb(xb.size());
+  for (size_t i = 0; i < xb.size(); ++i) xb[i] = x.values[xi[i]], yb[i] = y.values[yi[i]];
+  const double ut = unit(dt);
+  std::vector<double> loss(static_cast<size_t>(N)), ltol(loss.size());
+  std::vector<double> bp(xb.size()), btol(xb.size());
+  for (int64_t i = 0; i < N; ++i) {
+    const RowRef rr = row_ref(xb, i, C);
+    double sum_y = 0, sum_t = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t f = static_cast<size_t>(i * C + c);
+      const double sm = std::exp(xb[f] - rr.max) / rr.sum;
+      const double term = yb[f] * (std::log(rr.sum) - (xb[f] - rr.max));
+      loss[static_cast<size_t>(i)] += term;
+      sum_y += std::fabs(yb[f]);
+      sum_t += std::fabs(term);
+      bp[f] = sm - yb[f];
+      btol[f] = (C + 24) * kU * sm + (kU + ut) * std::fabs(bp[f]) + sub_half(dt) + 1e-30;
+    }
+    ltol[static_cast<size_t>(i)] =
+        (C + 32) * kU * sum_y + C * kU * sum_t + ut * std::fabs(loss[static_cast<size_t>(i)]);
+  }
+  check_tol(r.outputs[0].values, loss, ltol, "loss");
+  check_tol(r.outputs[1].values, bp, btol, "backprop");
+}
+
+void check_sparse(DataType dt, int64_t N, int64_t C, DataType label_type, uint32_t seed,
+                  bool invalid = false) {
+  INFO("SparseSoftmaxCrossEntropyWithLogits " << compiler::data_type_name(dt) << " [" << N
+                                              << "," << C << "] labels "
+                                              << compiler::data_type_name(label_type));
+  HostTensor x = random_tensor(dt, {N, C}, -4, 4, seed);
+  HostTensor lbl = random_tensor(DataType::S32, {N}, 0, static_cast<double>(C) - 1, seed + 1);
+  lbl.desc.dtype = label_type;
+  if (invalid && N > 3) {
+    lbl.values[1] = -1;
+    lbl.values[3] = static_cast<double>(C);
+    if (label_type == DataType::S64) lbl.values[2] = 4294967296.0 + 1;  // 2^32 + 1
+  }
+  auto k = compiler::compile(make_op("SparseSoftmaxCrossEntropyWithLogits", {x.desc, lbl.desc}),
+                             sim().config());
+  for (const auto& l : k.launches) INFO(l.summary);
+  RunResult r = run_compiled(sim(), k, {x, lbl});
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {N}}));
+  REQUIRE(r.outputs[1].desc == (compiler::TensorDesc{dt, {N, C}}));
+  const double ut = unit(dt), nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> loss(static_cast<size_t>(N)), ltol(loss.size());
+  std::vector<double> bp(static_cast<size_t>(N * C)), btol(bp.size());
+  for (int64_t i = 0; i < N; ++i) {
+    const RowRef rr = row_ref(x.values, i, C);
+    const double label = lbl.values[static_cast<size_t>(i)];
+    const bool valid = label >= 0 && label < C;
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t f = static_cast<size_t>(i * C + c);
+      const double sm = std::exp(x.values[f] - rr.max) / rr.sum;
+      bp[f] = valid ? sm - (c == label ? 1 : 0) : nan;
+      btol[f] = (C + 24) * kU * sm + (kU + ut) * std::fabs(bp[f]) + sub_half(dt) + 1e-30;
+    }
+    const size_t li = static_cast<size_t>(i);
+    loss[li] = valid ? std::log(rr.sum) -
+                           (x.values[static_cast<size_t>(i * C + static_cast<int64_t>(label))] -
+                            rr.max)
+                     : nan;
+    ltol[li] = (C + 32) * kU + ut * std::fabs(loss[li]);
+  }
+  check_tol(r.outputs[0].values, loss, ltol, "loss");
+  check_tol(r.outputs[1].values, bp, btol, "backprop");
+}
+
+}  // namespace
+
+TEST_CASE("Softmax and LogSoftmax over the last axis, rows resident in the UB") {
+  uint32_t seed = 1;
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    check_softmax(op, DataType::F32, {5, 10}, seed++);
+    check_softmax(op, DataType::F32, {3, 1}, seed++);
+    check_softmax(op, DataType::F16, {7, 33}, seed++);
+    check_softmax(op, DataType::BF16, {2, 3, 100}, seed++);
+    check_softmax(op, DataType::F32, {1000}, seed++);
+    check_softmax(op, DataType::F32, {300, 10}, seed++);
+    check_softmax(op, DataType::F16, {16, 1000}, seed++);
+    check_softmax(op, DataType::F32, {17, 64}, seed++);
+    check_softmax(op, DataType::F32, {9, 1, 2047}, seed++);
+  }
+}
+
+TEST_CASE("long rows streamed through the UB (rows starting inside a block)") {
+  uint32_t seed = 50;
+  check_softmax("Softmax", DataType::F32, {3, 20000}, seed++);
+  check_softmax("LogSoftmax", DataType::F16, {5, 30001}, seed++);
+  check_softmax("Softmax", DataType::BF16, {40, 7001}, seed++);
+  check_xent(DataType::F32, {4, 12345}, {4, 12345}, seed++);
+  check_xent(DataType::F16, {18, 9999}, {18, 9999}, seed++);
+  check_sparse(DataType::BF16, 6, 30522, DataType::S32, seed++);
+  check_sparse(DataType::F32, 37, 8191, DataType::S64, seed++, true);
+}
+
+TEST_CASE("Softmax: zero-size and bad inputs") {
+  const ChipConfig& cfg = sim().config();
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{4, 0}, std::vector<int64_t>{0, 5}}) {
+    auto k = compiler::compile(make_op("Softmax", {{DataType::F32, shape}}), cfg);
+    CHECK(k.launches.empty());
+  }
+  CHECK_THROWS_WITH(compiler::compile(make_op("Softmax", {{DataType::S32, {4, 3}}}), cfg),
+                    Catch::Contains("dtype s32"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("LogSoftmax", {{DataType::F32, {}}}), cfg),
+                    Catch::Contains("at least one dimension"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("SparseSoftmaxCrossEntropyWithLogits",
+                                              {{DataType::F32, {4, 0}}, {DataType::S32, {4}}}),
+                                      cfg),
+                    Catch::Contains("at least one class"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("SoftmaxCrossEntropyWithLogits",
+                                              {{DataType::F32, {4, 3}}, {DataType::F32, {2, 3}}}),
+                                      cfg),
+                    Catch::Contains("not broadcast-compatible"));
+}
+
+TEST_CASE("SoftmaxCrossEntropyWithLogits") {
+  uint32_t seed = 100;
+  check_xent(DataType::F32, {37, 10}, {37, 10}, seed++);
+  check_xent(DataType::F16, {8, 100}, {8, 100}, seed++);
+  check_xent(DataType::BF16, {5, 3}, {5, 3}, seed++);
+  check_xent(DataType::F32, {6, 10}, {1, 10}, seed++);  // labels broadcast over the batch
+  check_xent(DataType::F32, {1, 7}, {5, 7}, seed++);    // features broadcast
+  check_xent(DataType::F32, {4, 0}, {4, 0}, seed++);    // no classes: loss 0
+}
+
+TEST_CASE("SparseSoftmaxCrossEntropyWithLogits: s32 and s64 labels, invalid labels") {
+  uint32_t seed = 200;
+  check_sparse(DataType::F32, 37, 10, DataType::S32, seed++);
+  check_sparse(DataType::F16, 20, 1000, DataType::S64, seed++);
+  check_sparse(DataType::BF16, 9, 3, DataType::S32, seed++);
+  check_sparse(DataType::F32, 8, 50, DataType::S32, seed++, true);
+  check_sparse(DataType::F32, 8, 50, DataType::S64, seed++, true);
+  check_sparse(DataType::F32, 1, 1, DataType::S32, seed++);
+}
