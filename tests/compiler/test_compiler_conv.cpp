@@ -327,6 +327,13 @@ TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch 
   check_conv2d(DataType::F16, c, 3);
   ConvCase d{3, 5, 5, 17, 1, 1, 33};  // 1x1
   check_conv2d(DataType::F16, d, 4);
+  ConvCase e{2, 9, 7, 300, 1, 1, 20};  // 1x1 stride 2, 19 channel blocks
+  e.sh = e.sw = 2;
+  check_conv2d(DataType::F16, e, 5);
+  ConvCase g{3, 1, 1, 7, 3, 3, 5};  // 1x1 images, a 3x3 window: only the centre tap
+  check_conv2d(DataType::F16, g, 6);
+  ConvCase h{2, 2, 3, 6, 5, 4, 9};  // SAME with the window larger than the image
+  check_conv2d(DataType::F16, h, 7);
 }
 
 TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
@@ -419,6 +426,11 @@ TEST_CASE("Conv2DBackpropInput: strides (zero insertion), dilation, paddings") {
   check_conv2d_backprop_input(DataType::BF16, e, 34);
   // The data inputs only (input_sizes as the attribute alone).
   check_conv2d_backprop_input(DataType::F16, e, 35, PrecisionMode::kAllowFp32ToFp16, true);
+  ConvCase g{2, 9, 7, 30, 1, 1, 20};  // 1x1 stride 2: zero insertion, appended zero rows
+  g.sh = g.sw = 2;
+  check_conv2d_backprop_input(DataType::F16, g, 36);
+  ConvCase h{2, 2, 3, 6, 5, 4, 9};
+  check_conv2d_backprop_input(DataType::F16, h, 37);
 }
 
 TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
@@ -435,6 +447,8 @@ TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
   c.padding = "EXPLICIT";
   c.explicit_pads = {1, 2, 2, 0};
   check_conv2d_backprop_filter(DataType::F16, c, 42);
+  ConvCase h{2, 2, 3, 6, 5, 4, 9};
+  check_conv2d_backprop_filter(DataType::F16, h, 43);
 }
 
 TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {

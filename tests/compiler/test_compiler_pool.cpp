@@ -211,6 +211,8 @@ const PoolCase kCases[] = {
     {2, 5, 7, 24, 2, 2, 2, 1, "SAME"},
     {1, 6, 6, 8, 6, 6, 1, 1, "VALID"},   // global pooling
     {1, 8, 9, 136, 3, 3, 2, 2, "SAME"},  // 136 channels: two 64-lane parts per pixel in f32
+    {2, 1, 1, 5, 3, 3, 1, 1, "SAME"},    // the window larger than the image
+    {1, 5, 8, 40, 2, 2, 2, 3, "VALID"},  // stride > window: some inputs get no gradient
 };
 
 }  // namespace

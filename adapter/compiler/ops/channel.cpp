@@ -63,7 +63,7 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
            6 * (PixelOps::kPixelSlack + 32);
   };
-  int64_t tp = std::min<int64_t>(kMaxTilePixels, 1);
+  int64_t tp = 1;
   while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
   int64_t ct = 0;
   for (;;) {

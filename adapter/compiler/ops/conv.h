@@ -131,7 +131,9 @@ Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const Chi
 //   out + ((i * OH*OW + m) * row_stride + tap * tap_stride + c * rep + r)  (elements).
 // It runs load3d (one tap, one 16-channel block at a time) and multiplies by a 16 x 16*rep
 // 0/1 matrix on the cube (the only way from L0A back to GM), so the values are exact; FIXPIPE
-// writes them as out_type. Arguments: x, out.
+// writes them as out_type. Arguments (bind them): x, out, rep (512 * rep bytes of workspace
+// the kernel fills with the 0/1 matrix by scalar stores). Output columns of a position that no
+// channel maps to are not written.
 struct Img2colSpec {
   isa::Dtype in_type = isa::Dtype::F16, out_type = isa::Dtype::F16;
   int64_t images = 1, h = 1, w = 1, c = 1;

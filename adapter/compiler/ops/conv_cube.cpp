@@ -9,16 +9,17 @@
 //         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
 //         zero); with zero insertion the slab is zeroed first (an nd2nz whose zero-filled
 //         padding covers it) and the stored pixels are copied into place (nd2nz per row when
-//         up_w = 1, else copy_gm2l1 per pixel over all planes). Chunked weights: the chunk's
+//         up_w = 1, else copy_gm2l1 per pixel over all planes). Streamed weights: the chunk's
 //         B in L1 too, one nd2nz per k-block (16 input channels, one tap) straight from the
 //         weight layout, so L1 holds B's L0B image (kRowsN) or its fractal transpose (kRowsK).
 //   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
 //         load2d of B into L0B (transposing each fractal for kRowsK);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
 //         and channels, so NHWC outputs with any channel count are written in place).
-//   Resident weights (one k chunk): B is loaded when the tile's (group, n tile) differs from
-//   the previous step's, after MTE1 has drained (an mte1 -> mte2 flag), at the start of the
-//   step that first needs it; blocks change weights rarely since their tiles are contiguous.
+//   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
+//   block that needs it loads it chunk by chunk, each chunk in the compute step that first
+//   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
+//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
 // load3d's set_fmatrix takes the paddings as immediates; a tile's slab starts at the first
 // input row it needs (top padding only for the first output rows, bottom only for the last),
 // so the kernel selects among the few (top, bottom) pairs the tiling produces.
@@ -363,19 +364,36 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
         const int64_t blocks0 = std::min<int64_t>(core->count, tiles);
         const int64_t per = cdiv(tiles, blocks0);
         const int64_t blocks = cdiv(tiles, per);
+        // The busiest block, exactly: tile t has m tile t % MT and weight key t / (MT * images);
+        // within one key the costs repeat with period MT (prefix sums), and the first tile of
+        // each key in a block also loads the weights.
+        const int64_t mt_count = static_cast<int64_t>(mts.size()), per_key = mt_count * s.images;
+        const int64_t n_last = s.cg_out - (n_tiles - 1) * tn;
+        std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
+        for (int64_t i = 0; i < mt_count; ++i) {
+          pre_full[static_cast<size_t>(i + 1)] =
+              pre_full[static_cast<size_t>(i)] + tile_cost(mts[static_cast<size_t>(i)], tn, false);
+          pre_last[static_cast<size_t>(i + 1)] =
+              pre_last[static_cast<size_t>(i)] +
+              tile_cost(mts[static_cast<size_t>(i)], n_last, false);
+        }
+        auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
+          return static_cast<double>(x / mt_count) * p.back() +
+                 p[static_cast<size_t>(x % mt_count)];
+        };
         double worst = 0;
         for (int64_t b = 0; b < blocks; ++b) {
           double c = 0;
-          int64_t prev_key = -1;
-          for (int64_t t = b * per; t < std::min(tiles, (b + 1) * per); ++t) {
-            const int64_t mt = t % static_cast<int64_t>(mts.size());
-            const int64_t key = t / (static_cast<int64_t>(mts.size()) * s.images);
-            const int64_t nt = key % n_tiles;
-            const int64_t n_act = std::min(tn, s.cg_out - nt * tn);
-            c += tile_cost(mts[static_cast<size_t>(mt)], n_act, key != prev_key);
-            if (resident && key != prev_key)  // the first chunk's weights are not overlapped
+          for (int64_t t = b * per, hi = std::min(tiles, (b + 1) * per); t < hi;) {
+            const int64_t key = t / per_key, end = std::min(hi, (key + 1) * per_key);
+            const int64_t n_act = key % n_tiles == n_tiles - 1 ? n_last : tn;
+            const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
+            c += prefix(p, end - key * per_key) - prefix(p, t - key * per_key);
+            const SlabGeom& g = mts[static_cast<size_t>(t % mt_count)];
+            c += tile_cost(g, n_act, true) - tile_cost(g, n_act, false);
+            if (resident)  // the first chunk's weights are not overlapped
               c += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / gm_rate + gm_lat;
-            prev_key = key;
+            t = end;
           }
           worst = std::max(worst, c);
         }
