@@ -133,10 +133,48 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
   }
 }
 
-void CompiledOpKernel::Compute(OpKernelContext* ctx) {
-  std::shared_ptr<rt::Device> device;
-  NPU_OP_REQUIRES_OK(ctx, open_device(&device));
+// ---- compiling and launching
 
+rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
+                      std::shared_ptr<const CompiledOp>* out) {
+  rt::Status st = open_device(device);
+  if (!st.ok()) return st;
+  return CompiledOpCache::instance().get_or_compile(op, (*device)->config(),
+                                                    opened_settings().precision, out);
+}
+
+rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const compiler::OpDesc& op,
+                              const CompiledOp& compiled, const std::vector<uint64_t>& input_addrs,
+                              const std::vector<uint64_t>& output_addrs) {
+  const compiler::CompiledKernel& k = compiled.kernel;
+  if (k.launches.empty()) return rt::ok_status();  // every output is empty
+
+  Tensor workspace;
+  uint64_t workspace_addr = 0;
+  if (k.workspace_bytes > 0) {
+    rt::Status st = ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(k.workspace_bytes)},
+                                       &workspace);
+    if (!st.ok()) return st;
+    workspace_addr = workspace.device_address();
+  }
+
+  rt::Stream stream;
+  rt::Status st = ctx->npu_stream(&stream);
+  if (!st.ok()) return st;
+  for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
+    const compiler::Launch& l = k.launches[i];
+    st = device.launch_kernel(stream, compiled.programs[i],
+                              l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim);
+  }
+  // Always wait, also after a failed launch: launches already queued use the inputs, outputs
+  // and workspace, which TensorFlow may reuse once Compute returns.
+  rt::Status sync = device.synchronize_stream(stream);
+  if (st.ok()) st = sync;
+  if (!st.ok()) return rt::Status(st.code(), op.str() + " on the NPU: " + st.message());
+  return rt::ok_status();
+}
+
+void CompiledOpKernel::Compute(OpKernelContext* ctx) {
   compiler::OpDesc op;
   op.type = m_type;
   op.attrs = m_attrs;
@@ -150,9 +188,9 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
     input_addrs.push_back(inputs[i].device_address());
   }
 
+  std::shared_ptr<rt::Device> device;
   std::shared_ptr<const CompiledOp> compiled;
-  NPU_OP_REQUIRES_OK(ctx, CompiledOpCache::instance().get_or_compile(
-                              op, device->config(), opened_settings().precision, &compiled));
+  NPU_OP_REQUIRES_OK(ctx, compile_op(op, &device, &compiled));
   const compiler::CompiledKernel& k = compiled->kernel;
   if (static_cast<int>(k.outputs.size()) != ctx->num_outputs()) {
     ctx->CtxFailure(rt::Status(
@@ -179,29 +217,8 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
                                                  &outputs[i]));
     output_addrs.push_back(outputs[i].device_address());
   }
-  if (k.launches.empty()) return;  // every output is empty
-
-  Tensor workspace;
-  uint64_t workspace_addr = 0;
-  if (k.workspace_bytes > 0) {
-    NPU_OP_REQUIRES_OK(ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(k.workspace_bytes)},
-                                               &workspace));
-    workspace_addr = workspace.device_address();
-  }
-
-  rt::Stream stream;
-  NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
-  rt::Status st;
-  for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
-    const compiler::Launch& l = k.launches[i];
-    st = device->launch_kernel(stream, compiled->programs[i],
-                               l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim);
-  }
-  // Always wait, also after a failed launch: launches already queued use the inputs, outputs
-  // and workspace, which TensorFlow may reuse once Compute returns.
-  rt::Status sync = device->synchronize_stream(stream);
-  if (st.ok()) st = sync;
-  if (!st.ok()) ctx->CtxFailure(rt::Status(st.code(), op.str() + " on the NPU: " + st.message()));
+  NPU_OP_REQUIRES_OK(ctx, launch_compiled_op(ctx, *device, op, *compiled, input_addrs,
+                                             output_addrs));
 }
 
 }  // namespace npusim::tf

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/runtime/device.h"
 #include "adapter/tf/plugin/kernel.h"
 
 namespace npusim::tf {
@@ -61,6 +62,20 @@ class CompiledOpCache {
   std::map<std::string, std::shared_ptr<Entry>> m_entries;
   CompiledOpCacheStats m_stats;
 };
+
+// The compiled op for `op` on the process's NPU (opened if needed), from CompiledOpCache or the
+// compiler; a compile error is `unsupported` naming the op. `device` receives the device.
+rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
+                      std::shared_ptr<const CompiledOp>* out);
+
+// Runs a compiled op for the kernel running in `ctx`: allocates its workspace (if any) through
+// TensorFlow, queues every launch on the op's NPU stream with the inputs and outputs at the given
+// device addresses (buffers the caller allocated to the compiled op's output shapes), and waits
+// for the stream, so a failed launch or a fault on the chip is returned here (naming op.str())
+// rather than left as a stream error.
+rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const compiler::OpDesc& op,
+                              const CompiledOp& compiled, const std::vector<uint64_t>& input_addrs,
+                              const std::vector<uint64_t>& output_addrs);
 
 // The attributes an op family passes to the compiler, and their TF types.
 struct AttrSpec {

@@ -11,5 +11,8 @@ rt::Status register_unary_kernels();     // element-wise unary ops
 rt::Status register_cast_kernels();      // Cast between floating-point types
 rt::Status register_matmul_kernels();    // MatMul on the cube
 rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEFAULT variable ops
+// AssignAdd/AssignSubVariableOp on the chip (TensorFlow's C++ kernel API; the only family not
+// built on kernel.h: kernels_resource_variables.cpp says why).
+rt::Status register_resource_variable_kernels();
 
 }  // namespace npusim::tf

@@ -1,15 +1,15 @@
-// Resource-variable ops whose DEVICE_DEFAULT kernels TensorFlow would otherwise run on the NPU.
+// Sparse resource-variable ops refused on the NPU instead of running TensorFlow's CPU code there.
 //
-// TensorFlow 2.21 registers AssignAddVariableOp, AssignSubVariableOp, ResourceGather and
-// ResourceScatterUpdate for DEVICE_DEFAULT with its CPU implementation (Eigen on the host), and a
-// pluggable device inherits them: they would dereference NPU device addresses as host pointers
-// and crash the process. A kernel registered for "NPU" takes precedence over DEVICE_DEFAULT, so
-// these NPU kernels replace them and fail with an explicit error instead. Real implementations
-// need the variable helpers of kernels_experimental.h (TF_AssignUpdateVariable,
-// TF_GetInputTensorFromVariable, ...), which TensorFlow 2.20 and 2.21 declare but do not export
-// (tensorflow issue #126374; docs/tf_plugin.md), or TensorFlow's C++ kernel API.
-// AssignVariableOp, ReadVariableOp and VarHandleOp keep TensorFlow's DEVICE_DEFAULT kernels:
-// they only pass buffers around, which is correct for device memory.
+// TensorFlow 2.21 registers ResourceGather and ResourceScatterUpdate for DEVICE_DEFAULT (for
+// variant variables) with its CPU implementation, and a pluggable device inherits them: they
+// would dereference NPU device addresses as host pointers. Sparse access would also put the
+// variable in copy-on-read mode, in which TensorFlow's DEVICE_DEFAULT AssignVariableOp copies
+// with CPU code. A kernel registered for "NPU" takes precedence over DEVICE_DEFAULT, so these NPU
+// kernels (no type constraint: every dtype) replace them and fail with an explicit error. They
+// would need gather/scatter kernels in the compiler and the variable lookup of
+// kernels_resource_variables.cpp; a Dense model does not use them (an Embedding layer does).
+// The dense updates (AssignAddVariableOp, AssignSubVariableOp) run on the chip:
+// kernels_resource_variables.cpp.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
@@ -23,9 +23,8 @@ class UnsupportedVariableOp : public OpKernel {
     ctx->CtxFailure(rt::Status(
         rt::StatusCode::unsupported,
         m_type + " '" + ctx->op_name() +
-            "' on the NPU is not implemented yet: updating a resource variable in place needs "
-            "TensorFlow's variable helpers (TF_AssignUpdateVariable, ...), which TensorFlow 2.21 "
-            "does not export (see docs/tf_plugin.md). Keep the variable on the CPU "
+            "' on the NPU is not implemented yet: sparse access to a resource variable has no "
+            "NPU kernel (see docs/tf_plugin.md). Keep the variable on the CPU "
             "(with tf.device('/CPU:0')) meanwhile."));
   }
 
@@ -38,8 +37,6 @@ class UnsupportedVariableOp : public OpKernel {
 rt::Status register_variable_kernels() {
   // No type constraint: these NPU kernels cover every dtype DEVICE_DEFAULT would.
   for (auto [op, host_args] : std::vector<std::pair<const char*, std::vector<const char*>>>{
-           {"AssignAddVariableOp", {"resource"}},
-           {"AssignSubVariableOp", {"resource"}},
            {"ResourceGather", {"resource", "indices"}},
            {"ResourceScatterUpdate", {"resource", "indices"}}}) {
     KernelDefBuilder def(op);

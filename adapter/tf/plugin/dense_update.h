@@ -1,0 +1,36 @@
+// The chip side of the resource-variable kernels (kernels_resource_variables.cpp): the element-wise
+// arithmetic of a variable update, run as a compiled op on the op's NPU stream.
+//
+// kernels_resource_variables.cpp is written against TensorFlow's C++ kernel API and compiled with
+// TensorFlow's headers (its own Eigen, abseil, ...), while the rest of the plugin uses the C API
+// and npusim's headers. This header is the only thing both sides include, so it uses nothing but
+// the C API and the standard library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensorflow/c/kernels.h"
+#include "tensorflow/c/tf_datatype.h"
+#include "tensorflow/c/tf_status.h"
+
+namespace npusim::tf {
+
+struct DenseUpdateStatus {
+  TF_Code code = TF_OK;  // TF_Code values are abseil's status codes
+  std::string message;
+  bool ok() const { return code == TF_OK; }
+};
+
+// out = lhs <binary_op> rhs on the chip, where binary_op is an op of the compiler's binary family
+// ("AddV2", "Sub", ...) and lhs, rhs, out are `dtype` tensors of `shape` at device addresses
+// (out a distinct buffer: compiled kernels never write over their inputs). `ctx` is the running
+// kernel's context: the launches go on its NPU stream, the workspace comes from its allocator,
+// and the stream is synchronised before returning. A dtype or shape the compiler does not handle
+// is TF_UNIMPLEMENTED naming the op; a fault on the chip is TF_INTERNAL. Never throws.
+DenseUpdateStatus run_dense_update(TF_OpKernelContext* ctx, const char* binary_op,
+                                   TF_DataType dtype, const std::vector<int64_t>& shape,
+                                   uint64_t lhs, uint64_t rhs, uint64_t out);
+
+}  // namespace npusim::tf
