@@ -1,12 +1,25 @@
 // Element-wise binary ops with numpy/TF broadcasting: AddV2, Add, Sub, Mul, RealDiv, Maximum,
-// Minimum, SquaredDifference, and the comparisons Equal, NotEqual, Less, LessEqual, Greater,
-// GreaterEqual (bool output). Streamed by ops/elementwise (tiling, broadcasting, double
-// buffering, core split); this file only says which vector instructions compute a tile.
+// Minimum, SquaredDifference, DivNoNan, Pow, LogicalAnd, LogicalOr (bool), and the comparisons
+// Equal, NotEqual, Less, LessEqual, Greater, GreaterEqual (bool output). Streamed by
+// ops/elementwise (tiling, broadcasting, double buffering, core split); this file only says
+// which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): f16/bf16 are computed in fp32 and rounded once per instruction, as
 // TF's CPU kernels do for Eigen::half/bfloat16, so Add/Sub/Mul/RealDiv/Maximum/Minimum match TF
 // bit for bit; SquaredDifference rounds the difference, then the square (as TF's half kernel).
 // s32 wraps on overflow (as TF). Maximum/Minimum propagate NaN (TF >= 2.x on CPU).
+// DivNoNan: x / y, then 0 where y == 0 (also for x NaN, as TF); bit-exact with TF.
+// Pow (float): f16/bf16 widened to f32; exp(y * log|x|), negated for a negative base with an
+// odd integer exponent, NaN for a negative base with a non-integer one, then 1 where y == 0 or
+// x == 1 (TF / C pow special cases). x = 0 gives 0 (y > 0) / inf (y < 0), x = inf gives inf / 0,
+// both as pow. Relative error grows with |y * log(x)|: about (2 + |y log x|) f32 ulp (the
+// rounding of y * log(x) is amplified by exp); f16/bf16 are within 1 ulp. Differs from TF:
+// x = -0 is treated as +0 (pow(-0, -1) gives +inf, TF -inf); a negative base with |y| >= 2^31
+// gives NaN (TF: |x|^y, such y being even); s32 Pow is not supported.
+// LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; same shapes
+// only (the streaming kernel does not broadcast 1-byte inputs yet).
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/elementwise.h"
@@ -19,31 +32,37 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kArith, kSquaredDifference, kCompare };
+enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical };
+enum class Types { kFloat, kFloatS32, kBool };
 
 struct BinaryOp {
   const char* tf_op;
   Kind kind;
-  Opcode vop;     // kArith: the vector instruction
+  Opcode vop;     // kArith, kLogical: the vector instruction
   isa::Cmp cmp;   // kCompare
-  bool float_only;
+  Types types;
 };
 
 const BinaryOp kOps[] = {
-    {"AddV2", Kind::kArith, Opcode::op_vadd, isa::Cmp::EQ, false},
-    {"Add", Kind::kArith, Opcode::op_vadd, isa::Cmp::EQ, false},
-    {"Sub", Kind::kArith, Opcode::op_vsub, isa::Cmp::EQ, false},
-    {"Mul", Kind::kArith, Opcode::op_vmul, isa::Cmp::EQ, false},
-    {"RealDiv", Kind::kArith, Opcode::op_vdiv, isa::Cmp::EQ, true},
-    {"Maximum", Kind::kArith, Opcode::op_vmax, isa::Cmp::EQ, false},
-    {"Minimum", Kind::kArith, Opcode::op_vmin, isa::Cmp::EQ, false},
-    {"SquaredDifference", Kind::kSquaredDifference, Opcode::op_vsub, isa::Cmp::EQ, false},
-    {"Equal", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::EQ, false},
-    {"NotEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::NE, false},
-    {"Less", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::LT, false},
-    {"LessEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::LE, false},
-    {"Greater", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::GT, false},
-    {"GreaterEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::GE, false},
+    {"AddV2", Kind::kArith, Opcode::op_vadd, isa::Cmp::EQ, Types::kFloatS32},
+    {"Add", Kind::kArith, Opcode::op_vadd, isa::Cmp::EQ, Types::kFloatS32},
+    {"Sub", Kind::kArith, Opcode::op_vsub, isa::Cmp::EQ, Types::kFloatS32},
+    {"Mul", Kind::kArith, Opcode::op_vmul, isa::Cmp::EQ, Types::kFloatS32},
+    {"RealDiv", Kind::kArith, Opcode::op_vdiv, isa::Cmp::EQ, Types::kFloat},
+    {"Maximum", Kind::kArith, Opcode::op_vmax, isa::Cmp::EQ, Types::kFloatS32},
+    {"Minimum", Kind::kArith, Opcode::op_vmin, isa::Cmp::EQ, Types::kFloatS32},
+    {"SquaredDifference", Kind::kSquaredDifference, Opcode::op_vsub, isa::Cmp::EQ,
+     Types::kFloatS32},
+    {"Equal", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::EQ, Types::kFloatS32},
+    {"NotEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::NE, Types::kFloatS32},
+    {"Less", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::LT, Types::kFloatS32},
+    {"LessEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::LE, Types::kFloatS32},
+    {"Greater", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::GT, Types::kFloatS32},
+    {"GreaterEqual", Kind::kCompare, Opcode::op_vcmp, isa::Cmp::GE, Types::kFloatS32},
+    {"DivNoNan", Kind::kDivNoNan, Opcode::op_vdiv, isa::Cmp::EQ, Types::kFloat},
+    {"Pow", Kind::kPow, Opcode::op_vexp, isa::Cmp::EQ, Types::kFloat},
+    {"LogicalAnd", Kind::kLogical, Opcode::op_vand, isa::Cmp::EQ, Types::kBool},
+    {"LogicalOr", Kind::kLogical, Opcode::op_vor, isa::Cmp::EQ, Types::kBool},
 };
 
 // Comparisons: vcmp writes one bit per element; vsel turns bits into f16 1.0 / 0.0 (from two
@@ -73,6 +92,91 @@ void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp 
   vec_convert(b, Dtype::U8, Dtype::F16, t.out, t.temp[kHalf], RoundMode::kRint, count);
 }
 
+constexpr uint64_t kConst = 256;  // one repeat of constants
+
+// DivNoNan: q = x / y, then zeros where y == 0.
+void div_no_nan_spec(StreamSpec& spec, Dtype type) {
+  enum { kBits, kZeros };
+  spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"zeros", 0, kConst}};
+  spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, type, temp[kZeros], 0);
+  };
+  spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    vec_compare(b, type, isa::Cmp::EQ, t.temp[kBits], t.in[1], t.temp[kZeros], n, true);
+    vec_binary(b, Opcode::op_vdiv, type, t.out, t.in[0], t.in[1], n);
+    vec_select(b, type, t.out, t.temp[kZeros], t.out, t.temp[kBits], n, true, false);
+  };
+}
+
+// Pow in f32 (see the header comment): m = exp(y * log|x|); for x < 0, m where y is an even
+// integer, -m where odd, NaN otherwise (integer: y == f32(s32(y)); odd: floor(y/2) != y/2);
+// then 1 where y == 0 or x == 1.
+void pow_spec(StreamSpec& spec, Dtype type) {
+  enum { kBits, kOnes, kZeros, kNaN, kInt, kRound, kHalf, kNegBase, kX, kY, kOut };
+  const bool widen = type != Dtype::F32;
+  spec.temps = {TempSpec{"bits", 1.0 / 8, 32},        TempSpec{"f32 ones", 0, kConst},
+                TempSpec{"f32 zeros", 0, kConst},     TempSpec{"f32 NaN", 0, kConst},
+                TempSpec{"s32 rounded", 4, 0},        TempSpec{"rounded in f32", 4, 0},
+                TempSpec{"y / 2, then -result", 4, 0}, TempSpec{"negative-base result", 4, 0}};
+  if (widen)
+    for (const char* name : {"x in f32", "y in f32", "result in f32"})
+      spec.temps.push_back(TempSpec{name, 4, 0});
+  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, Dtype::F32, temp[kOnes], 1);
+    vec_fill_repeat(b, Dtype::F32, temp[kZeros], 0);
+    vec_fill_repeat(b, Dtype::F32, temp[kNaN], std::numeric_limits<double>::quiet_NaN());
+  };
+  spec.compute = [type, widen](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t x = widen ? t.temp[kX] : t.in[0], y = widen ? t.temp[kY] : t.in[1];
+    const uint64_t out = widen ? t.temp[kOut] : t.out, bits = t.temp[kBits];
+    const uint64_t ones = t.temp[kOnes], rounded = t.temp[kRound], half = t.temp[kHalf];
+    const uint64_t neg = t.temp[kNegBase];
+    const Dtype f = Dtype::F32;
+    if (widen) {
+      vec_convert(b, f, type, x, t.in[0], RoundMode::kRint, n);
+      vec_convert(b, f, type, y, t.in[1], RoundMode::kRint, n);
+    }
+    vec_unary(b, Opcode::op_vabs, f, out, x, n);
+    vec_unary(b, Opcode::op_vln, f, out, out, n);
+    vec_binary(b, Opcode::op_vmul, f, out, y, out, n);
+    vec_unary(b, Opcode::op_vexp, f, out, out, n);
+    // Negative bases.
+    vec_convert(b, Dtype::S32, f, t.temp[kInt], y, RoundMode::kRint, n);
+    vec_convert(b, f, Dtype::S32, rounded, t.temp[kInt], RoundMode::kRint, n);
+    vec_compare(b, f, isa::Cmp::EQ, bits, rounded, y, n);
+    vec_select(b, f, neg, out, t.temp[kNaN], bits, n, false, true);
+    Reg half_scalar = b.reg_imm("0.5f", vector_scalar_bits(f, 0.5));
+    vec_scalar(b, Opcode::op_vmuls, f, half, y, half_scalar, n);
+    vec_convert(b, Dtype::S32, f, t.temp[kInt], half, RoundMode::kFloor, n);
+    vec_convert(b, f, Dtype::S32, rounded, t.temp[kInt], RoundMode::kRint, n);
+    vec_compare(b, f, isa::Cmp::NE, bits, rounded, half, n);
+    Reg minus_one = b.reg_imm("-1.0f", vector_scalar_bits(f, -1.0));
+    vec_scalar(b, Opcode::op_vmuls, f, half, neg, minus_one, n);
+    vec_select(b, f, neg, half, neg, bits, n);
+    vec_compare(b, f, isa::Cmp::LT, bits, x, t.temp[kZeros], n, true);
+    vec_select(b, f, out, neg, out, bits, n);
+    // Special cases.
+    vec_compare(b, f, isa::Cmp::EQ, bits, y, t.temp[kZeros], n, true);
+    vec_select(b, f, out, ones, out, bits, n, true, false);
+    vec_compare(b, f, isa::Cmp::EQ, bits, x, ones, n, true);
+    vec_select(b, f, out, ones, out, bits, n, true, false);
+    if (widen) vec_convert(b, type, f, t.out, out, RoundMode::kRint, n);
+  };
+}
+
+// LogicalAnd / LogicalOr: the bitwise op on byte pairs (an odd count computes one byte past the
+// tile's last element, inside the tile buffers, as vec_copy_bits).
+void logical_spec(StreamSpec& spec, Opcode vop) {
+  spec.compute = [vop](KernelBuilder& b, const TileOperands& t) {
+    Reg pairs = b.reg("byte pairs");
+    b.emit(Opcode::op_add, {pairs, *t.count, 1});
+    b.shr(pairs, pairs, 1);
+    vec_binary(b, vop, Dtype::U16, t.out, t.in[0], t.in[1], pairs);
+  };
+}
+
 }  // namespace
 
 CompiledKernel compile_binary(const CompileContext& ctx) {
@@ -90,12 +194,15 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
                         data_type_name(dt)));
-  const bool is_float = data_type_is_float(dt);
-  if (!is_float && dt != DataType::S32)
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16{})", data_type_name(dt),
-                        kind->float_only ? "" : ", s32"));
-  if (kind->float_only && !is_float)
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  const bool ok = kind->types == Types::kBool
+                      ? dt == DataType::BOOL
+                      : data_type_is_float(dt) || (kind->types == Types::kFloatS32 &&
+                                                   dt == DataType::S32);
+  if (!ok)
+    op.fail(fmt::format("dtype {} is not supported ({})", data_type_name(dt),
+                        kind->types == Types::kBool      ? "bool"
+                        : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
+                                                          : "f32, f16, bf16"));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
     op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
@@ -131,6 +238,9 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
         compare_tile(b, t, type, cmp);
       };
       break;
+    case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
+    case Kind::kPow: pow_spec(spec, type); break;
+    case Kind::kLogical: logical_spec(spec, kind->vop); break;
   }
   return stream_kernel(ctx, out, spec);
 }

@@ -132,6 +132,27 @@ void vec_copy_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd src, Opnd co
   b.emit(Opcode::op_vcopy, {bits_type(elem_bytes), dst, src, 0, 1, 1, 8, 8});
 }
 
+void vec_compare(KernelBuilder& b, Dtype t, isa::Cmp cmp, Opnd bits, Opnd src0, Opnd src1,
+                 const Reg& count, bool src1_const) {
+  b.emit(Opcode::op_set_mask_count, {count});
+  b.emit(Opcode::op_vcmp, {t, cmp, bits, src0, src1, 0, 1, 1, 8, src1_const ? 0 : 8});
+}
+
+void vec_select(KernelBuilder& b, Dtype t, Opnd dst, Opnd src0, Opnd src1, Opnd bits,
+                const Reg& count, bool src0_const, bool src1_const) {
+  b.emit(Opcode::op_set_mask_count, {count});
+  b.emit(Opcode::op_vsel, {t, dst, src0, src1, bits, 0, 1, 1, 1, 8, src0_const ? 0 : 8,
+                           src1_const ? 0 : 8});
+}
+
+void vec_fill_repeat(KernelBuilder& b, Dtype t, uint64_t dst, double value) {
+  Reg bits = b.reg("constant");
+  Reg count = b.reg_imm("constant lanes", kRepeatBytes / isa::dtype_size(t));
+  b.movi(bits, vector_scalar_bits(t, value));
+  b.emit(Opcode::op_set_mask_count, {count});
+  b.emit(Opcode::op_vdup, {t, dst, bits, 0, 1, 8});
+}
+
 int64_t vector_scalar_bits(Dtype t, double value) {
   if (isa::dtype_is_float(t)) return static_cast<int64_t>(f32_to_bits(static_cast<float>(value)));
   return static_cast<int64_t>(value);

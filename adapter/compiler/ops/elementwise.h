@@ -111,6 +111,15 @@ void vec_convert(KernelBuilder& b, isa::Dtype dst_type, isa::Dtype src_type, Opn
 void vec_dup_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd bits, Opnd count);
 // dst = src (bits), `count` elements of elem_bytes (1, 2 or 4) each.
 void vec_copy_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd src, Opnd count);
+// bits = cmp(src0, src1), one bit per element, dense (vcmp). src1_const: src1 is one repeat
+// of constants read for every repeat (repeat stride 0, see vec_fill_repeat).
+void vec_compare(KernelBuilder& b, isa::Dtype t, isa::Cmp cmp, Opnd bits, Opnd src0, Opnd src1,
+                 const Reg& count, bool src1_const = false);
+// dst = bit ? src0 : src1 per element (vsel); *_const as for vec_compare.
+void vec_select(KernelBuilder& b, isa::Dtype t, Opnd dst, Opnd src0, Opnd src1, Opnd bits,
+                const Reg& count, bool src0_const = false, bool src1_const = false);
+// One repeat (256 bytes) of `value` in type t at dst, for the *_const operands above.
+void vec_fill_repeat(KernelBuilder& b, isa::Dtype t, uint64_t dst, double value);
 // The register value a VSCL instruction or vdup needs for `value` in type t: fp32 bits for
 // float types, the integer for integer types.
 int64_t vector_scalar_bits(isa::Dtype t, double value);

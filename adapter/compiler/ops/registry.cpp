@@ -21,6 +21,10 @@ const std::vector<OpEntry>& op_table() {
       {"LessEqual", "binary", compile_binary},
       {"Greater", "binary", compile_binary},
       {"GreaterEqual", "binary", compile_binary},
+      {"DivNoNan", "binary", compile_binary},
+      {"Pow", "binary", compile_binary},
+      {"LogicalAnd", "binary", compile_binary},
+      {"LogicalOr", "binary", compile_binary},
       // element-wise unary (ops/unary.cpp)
       {"Neg", "unary", compile_unary},
       {"Abs", "unary", compile_unary},
@@ -31,6 +35,12 @@ const std::vector<OpEntry>& op_table() {
       {"Square", "unary", compile_unary},
       {"Reciprocal", "unary", compile_unary},
       {"Relu", "unary", compile_unary},
+      {"Floor", "unary", compile_unary},
+      {"Ceil", "unary", compile_unary},
+      {"Round", "unary", compile_unary},
+      {"Sign", "unary", compile_unary},
+      {"Log1p", "unary", compile_unary},
+      {"LogicalNot", "unary", compile_unary},
       // dtype conversion (ops/cast.cpp)
       {"Cast", "cast", compile_cast},
       // cube (ops/matmul.cpp)

@@ -1,10 +1,21 @@
-// Element-wise unary ops: Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Reciprocal, Relu. Streamed
-// by ops/elementwise; this file only says which vector instructions compute a tile.
+// Element-wise unary ops: Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Reciprocal, Relu, Floor,
+// Ceil, Round, Sign, Log1p, LogicalNot. Streamed by ops/elementwise; this file only says which
+// vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): each instruction computes in fp32 and rounds once to the type.
 // Neg is x * -1 (exact, keeps -0 for +0 as TF). Exp/Log use the host libm's expf/logf
 // (correctly rounded in practice); TF's CPU kernels use Eigen's vectorised approximations,
 // which differ by a few ulp. Rsqrt and Reciprocal are 1/sqrt(x) and 1/x evaluated in fp32.
+// Floor/Ceil/Round (Round: half to even, as TF): vconv to s32 with the rounding mode and back,
+// exact; |x| >= 2^23 (already integral, or beyond s32), inf and NaN pass through unchanged by a
+// select on |x| < 2^23. Differs from TF only in the sign of a zero result (Ceil(-0.5) and
+// Round(-0.4) give +0, TF -0).
+// Sign: (x > 0) - (x < 0), NaN -> NaN (float), also s32; Sign(-0) = +0.
+// Log1p: f16/bf16 are widened to f32, computed, rounded once. log(1 + x) loses all precision for
+// |x| near the fp32 epsilon, so it uses log(u) * x / (u - 1) with u = 1 + x rounded (exact
+// compensation, Goldberg 1991), x where u == 1, and log(u) for x >= 2^24 or inf/NaN;
+// within 4 ulp of the exact result for x > -1 (tested from 1e-7 to 1e3).
+// LogicalNot (bool): ~x & 0x0101 on byte pairs (bool bytes are 0 / 1).
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/elementwise.h"
@@ -17,26 +28,130 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kUnary, kNeg, kSquare };
+enum class Kind { kUnary, kNeg, kSquare, kRound, kSign, kLog1p, kLogicalNot };
+enum class Types { kFloat, kFloatS32, kBool };
 
 struct UnaryOp {
   const char* tf_op;
   Kind kind;
   Opcode vop;
-  bool float_only;  // else f32/f16/bf16 and s32
+  Types types;
+  RoundMode round = RoundMode::kRint;  // kRound
 };
 
 const UnaryOp kOps[] = {
-    {"Neg", Kind::kNeg, Opcode::op_vmuls, false},
-    {"Abs", Kind::kUnary, Opcode::op_vabs, false},
-    {"Exp", Kind::kUnary, Opcode::op_vexp, true},
-    {"Log", Kind::kUnary, Opcode::op_vln, true},
-    {"Sqrt", Kind::kUnary, Opcode::op_vsqrt, true},
-    {"Rsqrt", Kind::kUnary, Opcode::op_vrsqrt, true},
-    {"Square", Kind::kSquare, Opcode::op_vmul, false},
-    {"Reciprocal", Kind::kUnary, Opcode::op_vrec, true},
-    {"Relu", Kind::kUnary, Opcode::op_vrelu, false},
+    {"Neg", Kind::kNeg, Opcode::op_vmuls, Types::kFloatS32},
+    {"Abs", Kind::kUnary, Opcode::op_vabs, Types::kFloatS32},
+    {"Exp", Kind::kUnary, Opcode::op_vexp, Types::kFloat},
+    {"Log", Kind::kUnary, Opcode::op_vln, Types::kFloat},
+    {"Sqrt", Kind::kUnary, Opcode::op_vsqrt, Types::kFloat},
+    {"Rsqrt", Kind::kUnary, Opcode::op_vrsqrt, Types::kFloat},
+    {"Square", Kind::kSquare, Opcode::op_vmul, Types::kFloatS32},
+    {"Reciprocal", Kind::kUnary, Opcode::op_vrec, Types::kFloat},
+    {"Relu", Kind::kUnary, Opcode::op_vrelu, Types::kFloatS32},
+    {"Floor", Kind::kRound, Opcode::op_vconv, Types::kFloat, RoundMode::kFloor},
+    {"Ceil", Kind::kRound, Opcode::op_vconv, Types::kFloat, RoundMode::kCeil},
+    {"Round", Kind::kRound, Opcode::op_vconv, Types::kFloat, RoundMode::kRint},
+    {"Sign", Kind::kSign, Opcode::op_vcmp, Types::kFloatS32},
+    {"Log1p", Kind::kLog1p, Opcode::op_vln, Types::kFloat},
+    {"LogicalNot", Kind::kLogicalNot, Opcode::op_vnot, Types::kBool},
 };
+
+constexpr uint64_t kConst = 256;        // one repeat of constants
+constexpr double kIntegral = 8388608;   // 2^23: every f32 of at least this magnitude is integral
+constexpr double kLog1pLarge = 16777216;  // 2^24: 1 + x rounds to x, log(u) is log1p(x)
+
+// Floor / Ceil / Round: x -> s32 (mode) -> x's type, kept where |x| < 2^23 (f16: all finite).
+void round_spec(StreamSpec& spec, Dtype type, RoundMode mode) {
+  enum { kInt, kAbs, kBits, kLimit };
+  spec.temps = {TempSpec{"s32 values", 4, 0}, TempSpec{"|x|", double(isa::dtype_size(type)), 0},
+                TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"2^23", 0, kConst}};
+  spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, type, temp[kLimit], kIntegral);
+  };
+  spec.compute = [type, mode](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    vec_convert(b, Dtype::S32, type, t.temp[kInt], t.in[0], mode, n);
+    vec_convert(b, type, Dtype::S32, t.out, t.temp[kInt], RoundMode::kRint, n);
+    vec_unary(b, Opcode::op_vabs, type, t.temp[kAbs], t.in[0], n);
+    vec_compare(b, type, isa::Cmp::LT, t.temp[kBits], t.temp[kAbs], t.temp[kLimit], n, true);
+    vec_select(b, type, t.out, t.out, t.in[0], t.temp[kBits], n);
+  };
+}
+
+// Sign: (x > 0 ? 1 : 0) - (x < 0 ? 1 : 0); float NaN kept by a select on x == x.
+void sign_spec(StreamSpec& spec, Dtype type) {
+  enum { kBits, kNeg, kOnes, kZeros };
+  spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"x < 0", double(isa::dtype_size(type)), 0},
+                TempSpec{"ones", 0, kConst}, TempSpec{"zeros", 0, kConst}};
+  spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, type, temp[kOnes], 1);
+    vec_fill_repeat(b, type, temp[kZeros], 0);
+  };
+  spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t x = t.in[0], bits = t.temp[kBits];
+    vec_compare(b, type, isa::Cmp::GT, bits, x, t.temp[kZeros], n, true);
+    vec_select(b, type, t.out, t.temp[kOnes], t.temp[kZeros], bits, n, true, true);
+    vec_compare(b, type, isa::Cmp::LT, bits, x, t.temp[kZeros], n, true);
+    vec_select(b, type, t.temp[kNeg], t.temp[kOnes], t.temp[kZeros], bits, n, true, true);
+    vec_binary(b, Opcode::op_vsub, type, t.out, t.out, t.temp[kNeg], n);
+    if (isa::dtype_is_float(type)) {
+      vec_compare(b, type, isa::Cmp::EQ, bits, x, x, n);
+      vec_select(b, type, t.out, t.out, x, bits, n);
+    }
+  };
+}
+
+// Log1p in f32 (see the header comment).
+void log1p_spec(StreamSpec& spec, Dtype type) {
+  enum { kU, kD, kBits, kZeros, kLarge, kX, kOut };
+  const bool widen = type != Dtype::F32;
+  spec.temps = {TempSpec{"u = 1 + x, then log(u)", 4, 0}, TempSpec{"u - 1", 4, 0},
+                TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"f32 zeros", 0, kConst},
+                TempSpec{"2^24", 0, kConst}};
+  if (widen) spec.temps.push_back(TempSpec{"x in f32", 4, 0});
+  if (widen) spec.temps.push_back(TempSpec{"result in f32", 4, 0});
+  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, Dtype::F32, temp[kZeros], 0);
+    vec_fill_repeat(b, Dtype::F32, temp[kLarge], kLog1pLarge);
+  };
+  spec.compute = [type, widen](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t x = widen ? t.temp[kX] : t.in[0], out = widen ? t.temp[kOut] : t.out;
+    const uint64_t u = t.temp[kU], d = t.temp[kD], bits = t.temp[kBits];
+    if (widen) vec_convert(b, Dtype::F32, type, x, t.in[0], RoundMode::kRint, n);
+    Reg one = b.reg_imm("1.0f", vector_scalar_bits(Dtype::F32, 1.0));
+    Reg minus_one = b.reg_imm("-1.0f", vector_scalar_bits(Dtype::F32, -1.0));
+    vec_scalar(b, Opcode::op_vadds, Dtype::F32, u, x, one, n);
+    vec_scalar(b, Opcode::op_vadds, Dtype::F32, d, u, minus_one, n);
+    vec_unary(b, Opcode::op_vln, Dtype::F32, u, u, n);
+    vec_compare(b, Dtype::F32, isa::Cmp::NE, bits, d, t.temp[kZeros], n, true);
+    vec_binary(b, Opcode::op_vdiv, Dtype::F32, d, x, d, n);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, d, u, d, n);
+    vec_select(b, Dtype::F32, out, d, x, bits, n);
+    vec_compare(b, Dtype::F32, isa::Cmp::LT, bits, x, t.temp[kLarge], n, true);
+    vec_select(b, Dtype::F32, out, out, u, bits, n);
+    if (widen) vec_convert(b, type, Dtype::F32, t.out, out, RoundMode::kRint, n);
+  };
+}
+
+// LogicalNot on byte pairs: ~x & 0x0101 (an odd count computes one byte past the tile's last
+// element, inside the tile buffer, as vec_copy_bits).
+void logical_not_spec(StreamSpec& spec) {
+  enum { kMask };
+  spec.temps = {TempSpec{"0x0101", 0, kConst}};
+  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, Dtype::U16, temp[kMask], 0x0101);
+  };
+  spec.compute = [](KernelBuilder& b, const TileOperands& t) {
+    Reg pairs = b.reg("byte pairs");
+    b.emit(Opcode::op_add, {pairs, *t.count, 1});
+    b.shr(pairs, pairs, 1);
+    vec_unary(b, Opcode::op_vnot, Dtype::U16, t.out, t.in[0], pairs);
+    b.emit(Opcode::op_vand, {Dtype::U16, t.out, t.out, t.temp[kMask], 0, 1, 1, 1, 8, 8, 0});
+  };
+}
 
 }  // namespace
 
@@ -51,10 +166,15 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
                         data_type_name(dt)));
-  const bool ok = data_type_is_float(dt) || (!kind->float_only && dt == DataType::S32);
+  const bool ok = kind->types == Types::kBool
+                      ? dt == DataType::BOOL
+                      : data_type_is_float(dt) || (kind->types == Types::kFloatS32 &&
+                                                   dt == DataType::S32);
   if (!ok)
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16{})", data_type_name(dt),
-                        kind->float_only ? "" : ", s32"));
+    op.fail(fmt::format("dtype {} is not supported ({})", data_type_name(dt),
+                        kind->types == Types::kBool      ? "bool"
+                        : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
+                                                          : "f32, f16, bf16"));
   const TensorDesc out = op.inputs[0];
 
   StreamSpec spec;
@@ -80,6 +200,10 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
         vec_binary(b, Opcode::op_vmul, type, t.out, t.in[0], t.in[0], *t.count);
       };
       break;
+    case Kind::kRound: round_spec(spec, type, kind->round); break;
+    case Kind::kSign: sign_spec(spec, type); break;
+    case Kind::kLog1p: log1p_spec(spec, type); break;
+    case Kind::kLogicalNot: logical_not_spec(spec); break;
   }
   return stream_kernel(ctx, out, spec);
 }

@@ -75,8 +75,9 @@ std::vector<std::string> CompiledOpCache::keys() const {
 
 // ---- CompiledOpKernel
 
-CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs)
-    : m_type(ctx->type_string()) {
+CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs,
+                                   std::vector<HostAttrInput> host_attrs)
+    : m_type(ctx->type_string()), m_host_attrs(std::move(host_attrs)) {
   for (const AttrSpec& a : attrs) {
     if (!ctx->HasAttr(a.name)) continue;
     rt::Status st;
@@ -135,6 +136,32 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
 
 // ---- compiling and launching
 
+namespace {
+
+// The values of host-memory input `index` (int32 or int64, rank <= 1) as a list(int).
+rt::Status read_host_ints(const std::string& op_type, const Tensor& t, int index,
+                          std::vector<int64_t>* out) {
+  const int64_t n = t.NumElements();
+  if (t.shape().size() > 1)
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      op_type + ": input " + std::to_string(index) + " must have rank <= 1");
+  out->clear();
+  if (t.dtype() == TF_INT32) {
+    const auto* v = static_cast<const int32_t*>(t.host_data());
+    out->assign(v, v + n);
+  } else if (t.dtype() == TF_INT64) {
+    const auto* v = static_cast<const int64_t*>(t.host_data());
+    out->assign(v, v + n);
+  } else {
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      op_type + ": input " + std::to_string(index) + " is " +
+                          tf_dtype_name(t.dtype()) + ", expected int32 or int64");
+  }
+  return rt::ok_status();
+}
+
+}  // namespace
+
 rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
                       std::shared_ptr<const CompiledOp>* out) {
   rt::Status st = open_device(device);
@@ -186,6 +213,13 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
     NPU_OP_REQUIRES_OK(ctx, inputs[i].desc(&d));
     op.inputs.push_back(std::move(d));
     input_addrs.push_back(inputs[i].device_address());
+  }
+  for (const HostAttrInput& h : m_host_attrs) {
+    if (h.input >= static_cast<int>(inputs.size())) continue;
+    std::vector<int64_t> values;
+    NPU_OP_REQUIRES_OK(ctx, read_host_ints(m_type, inputs[h.input], h.input, &values));
+    op.attrs[h.attr] = std::move(values);
+    input_addrs[h.input] = 0;  // host memory: no kernel on the chip may read it
   }
 
   std::shared_ptr<rt::Device> device;

@@ -84,15 +84,26 @@ struct AttrSpec {
   Kind kind;
 };
 
+// An int32/int64 input that TF passes as a tensor but the compiler takes as a list(int)
+// attribute (reduction axes, Tile multiples, ...): registered HostMemory, so Compute reads its
+// values on the host into attribute `attr`. The input stays in the OpDesc's inputs (the
+// compiler ignores it; docs/compiler.md).
+struct HostAttrInput {
+  int input;
+  const char* attr;
+};
+
 class CompiledOpKernel : public OpKernel {
  public:
   // Reads `attrs` (those present on the node) into the compiler's attribute map.
-  CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs);
+  CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs,
+                   std::vector<HostAttrInput> host_attrs = {});
   void Compute(OpKernelContext* ctx) override;
 
  private:
   std::string m_type;
   std::map<std::string, compiler::AttrValue> m_attrs;
+  std::vector<HostAttrInput> m_host_attrs;
 };
 
 }  // namespace npusim::tf

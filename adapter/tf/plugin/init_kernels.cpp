@@ -9,7 +9,8 @@ extern "C" __attribute__((visibility("default"))) void TF_InitKernel() {
   using namespace npusim::tf;
   using Register = npusim::rt::Status (*)();
   for (Register r : {register_binary_kernels, register_unary_kernels, register_cast_kernels,
-                     register_matmul_kernels, register_variable_kernels,
+                     register_matmul_kernels, register_nn_kernels, register_reduce_kernels,
+                     register_variable_kernels,
                      register_resource_variable_kernels}) {
     npusim::rt::Status st = r();
     // TF_InitKernel cannot fail; a family that did not register is reported and skipped, and

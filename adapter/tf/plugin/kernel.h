@@ -45,6 +45,8 @@ class Tensor {
   uint64_t device_address() const {
     return reinterpret_cast<uint64_t>(TF_TensorData(m_tensor.get()));
   }
+  // The buffer as a host pointer: only for an input the kernel declared HostMemory.
+  const void* host_data() const { return TF_TensorData(m_tensor.get()); }
   // dtype and shape as the compiler describes them; invalid_argument for an unsupported dtype.
   rt::Status desc(compiler::TensorDesc* out) const;
 

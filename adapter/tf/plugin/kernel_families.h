@@ -10,6 +10,9 @@ rt::Status register_binary_kernels();    // element-wise binary ops and comparis
 rt::Status register_unary_kernels();     // element-wise unary ops
 rt::Status register_cast_kernels();      // Cast between floating-point types
 rt::Status register_matmul_kernels();    // MatMul on the cube
+rt::Status register_nn_kernels();        // bias add, softmax, cross entropy, activations, grads
+// reductions and Tile/BroadcastTo/StridedSlice (shape-like arguments read from host memory)
+rt::Status register_reduce_kernels();
 rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEFAULT variable ops
 // AssignAdd/AssignSubVariableOp on the chip (TensorFlow's C++ kernel API; the only family not
 // built on kernel.h: kernels_resource_variables.cpp says why).
