@@ -1,7 +1,7 @@
 """Keras 3 with the NPU present: jit_compile="auto" stays off XLA (which cannot compile for the
 NPU), and a Dense layer's inference (model.predict, a tf.function) runs its MatMul on the chip.
-Keras 3.15's Dense adds its bias with BiasAdd, which has no NPU kernel yet and runs on the CPU
-under soft placement (TensorFlow's default)."""
+Keras 3.15's Dense adds its bias with BiasAdd, which also has an NPU kernel (see
+test_kernels_nn.py)."""
 
 import numpy as np
 import pytest
