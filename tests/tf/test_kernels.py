@@ -92,6 +92,17 @@ def test_squared_difference_and_comparisons(npusim, tf, strict_placement):
         _assert_ran_on_chip(records, op)
 
 
+def test_div_no_nan_gives_zero_where_the_divisor_is_zero(npusim, tf, strict_placement):
+    # Adam's bias correction uses DivNoNan; x / 0 must be 0, not inf or nan.
+    a = _random((4, 33), np.float32, 11)
+    b = _random((4, 33), np.float32, 12, lo=0.5, hi=4.0)
+    b[1, ::3] = 0
+    got, records = _on_npu(npusim, tf, lambda x, y: tf.raw_ops.DivNoNan(x=x, y=y), a, b)
+    want = np.where(b == 0, np.float32(0), a / np.where(b == 0, np.float32(1), b))
+    np.testing.assert_array_equal(got, want)
+    _assert_ran_on_chip(records, "DivNoNan")
+
+
 # op -> (reference, largest error in units of the last place of fp32, input range). Exact ops
 # are computed in fp32 (one IEEE rounding, as on the chip). Exp, Log and Rsqrt are compared with
 # the correctly rounded value (computed in fp64, rounded once): the chip's expf/logf are
@@ -106,6 +117,10 @@ UNARY = {
     "Rsqrt": (lambda x: 1.0 / np.sqrt(x.astype(np.float64)), 1, (0.1, 9)),
     "Exp": (lambda x: np.exp(x.astype(np.float64)), 1, (-4, 4)),
     "Log": (lambda x: np.log(x.astype(np.float64)), 1, (0.1, 9)),
+    "Floor": (np.floor, 0, (-4, 4)),
+    "Ceil": (np.ceil, 0, (-4, 4)),
+    "Round": (np.round, 0, (-4, 4)),  # half to even, as TF's Round
+    "Sign": (np.sign, 0, (-4, 4)),
 }
 
 

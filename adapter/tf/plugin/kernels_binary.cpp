@@ -19,7 +19,7 @@ const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
 rt::Status register_binary_kernels() {
   for (const char* op : {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
                          "SquaredDifference", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
-                         "GreaterEqual"}) {
+                         "GreaterEqual", "DivNoNan"}) {
     rt::Status st =
         register_kernel<BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
     if (!st.ok()) return st;

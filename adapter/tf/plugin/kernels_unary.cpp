@@ -15,7 +15,8 @@ class UnaryOp : public CompiledOpKernel {
 
 rt::Status register_unary_kernels() {
   for (const char* op :
-       {"Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Relu"}) {
+       {"Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Relu", "Floor", "Ceil",
+        "Round", "Sign"}) {
     rt::Status st = register_kernel<UnaryOp>(
         KernelDefBuilder(op).TypeConstraint("T", {TF_FLOAT, TF_HALF, TF_BFLOAT16}));
     if (!st.ok()) return st;
