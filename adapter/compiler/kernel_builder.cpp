@@ -358,6 +358,25 @@ void KernelBuilder::if_(const Cond& c, const std::function<void()>& body) {
   bind(skip);
 }
 
+void KernelBuilder::pipelined_steps(const Reg& steps,
+                                   const std::function<void(const Reg&)>& load,
+                                   const std::function<void(const Reg&)>& compute) {
+  Reg t = reg_imm("pipeline iteration t: load step t, compute step t-1", 0);
+  Label done = label("done");
+  branch(eq(steps, 0), done);
+  Label top = label("step_loop");
+  bind(top);
+  if_(lt(t, steps), [&] { load(t); });
+  if_(ne(t, 0), [&] {
+    Reg s = reg("step being computed");
+    sub(s, t, 1);
+    compute(s);
+  });
+  add(t, t, 1);
+  branch(ge(steps, t), top);
+  bind(done);
+}
+
 void KernelBuilder::for_range(const Reg& i, Opnd begin, Opnd end, Opnd step,
                               const std::function<void()>& body) {
   Label top = label("loop"), exit = label("loop_end");

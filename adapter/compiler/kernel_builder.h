@@ -185,6 +185,11 @@ class KernelBuilder {
   // for (i = begin; i < end; i += step) body(); i must stay unmodified by body.
   void for_range(const Reg& i, Opnd begin, Opnd end, Opnd step,
                  const std::function<void()>& body);
+  // A software pipeline over `steps` steps (a register): iteration t runs load(t) if t < steps,
+  // then compute(t - 1) if t >= 1, so step t+1's loads are issued before step t's compute and
+  // the pipes overlap. Nothing is emitted into the loop when steps is 0.
+  void pipelined_steps(const Reg& steps, const std::function<void(const Reg&)>& load,
+                       const std::function<void(const Reg&)>& compute);
   // Emits body(0) and body(1) as the two arms of a branch on `parity` (0 or 1 at run time).
   void by_parity(const Reg& parity, const std::function<void(int)>& body);
 

@@ -764,20 +764,8 @@ class ConvEmitter {
                              "(-2: none)",
                              -2);
     m_prev_key = &prev_key;
-    Reg t = b.reg_imm("pipeline iteration t: load step t, compute step t-1", 0);
-    Label done = b.label("done");
-    b.branch(eq(steps, 0), done);
-    Label top = b.label("step_loop");
-    b.bind(top);
-    b.if_(lt(t, steps), [&] { load_step(t); });
-    b.if_(ne(t, 0), [&] {
-      Reg s = b.reg("step being computed");
-      b.sub(s, t, 1);
-      compute_step(s);
-    });
-    b.add(t, t, 1);
-    b.branch(ge(steps, t), top);
-    b.bind(done);
+    b.pipelined_steps(steps, [&](const Reg& t) { load_step(t); },
+                      [&](const Reg& s) { compute_step(s); });
     {
       KernelBuilder::Origin o(b, "drain: consume the free flags");
       for (int q = 0; q < 2; ++q) {
@@ -1282,19 +1270,8 @@ class Img2colEmitter {
     Reg l0n = b.reg_imm("A loads so far", 0), cn = b.reg_imm("C tiles so far", 0);
     m_l0n = &l0n;
     m_cn = &cn;
-    Reg t = b.reg_imm("iteration", 0);
-    Label done = b.label("done"), top = b.label("step_loop");
-    b.branch(eq(steps, 0), done);
-    b.bind(top);
-    b.if_(lt(t, steps), [&] { load_step(t); });
-    b.if_(ne(t, 0), [&] {
-      Reg s = b.reg("step");
-      b.sub(s, t, 1);
-      compute_step(s);
-    });
-    b.add(t, t, 1);
-    b.branch(ge(steps, t), top);
-    b.bind(done);
+    b.pipelined_steps(steps, [&](const Reg& t) { load_step(t); },
+                      [&](const Reg& s) { compute_step(s); });
     for (int q = 0; q < 2; ++q) {
       b.wait_flag(m_l1_free, q);
       b.wait_flag(m_l0_free, q);

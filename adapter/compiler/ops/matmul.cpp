@@ -236,20 +236,8 @@ class MatmulEmitter {
     }
     Reg l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
     m_l0_steps = &l0_steps;
-    Reg t = b.reg_imm("pipeline iteration t: load step t, compute step t-1", 0);
-    Label done = b.label("done");
-    b.branch(eq(steps, 0), done);
-    Label top = b.label("step_loop");
-    b.bind(top);
-    b.if_(lt(t, steps), [&] { load_step(t); });
-    b.if_(ne(t, 0), [&] {
-      Reg s = b.reg("step being computed");
-      b.sub(s, t, 1);
-      compute_step(s);
-    });
-    b.add(t, t, 1);
-    b.branch(ge(steps, t), top);
-    b.bind(done);
+    b.pipelined_steps(steps, [&](const Reg& t) { load_step(t); },
+                      [&](const Reg& s) { compute_step(s); });
     {
       KernelBuilder::Origin o(b, "drain: consume the free flags");
       for (int q = 0; q < 2; ++q) {
