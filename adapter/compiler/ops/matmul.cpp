@@ -333,41 +333,37 @@ class MatmulEmitter {
     b.wait_flag(m_l1_free, p, "L1 buffer free");
     Reg dst = b.reg("load: L1 address"), src = b.reg("load: GM address"),
         rows = b.reg("load: padded rows");
-    const Dtype type = m_t.in_type;
-    // A: ND rows x cols with row pitch `stride`; NZ in L1 with rows padded to 16.
     select(dst, p, m_l1a);
-    if (!m_t.trans_a) {  // A stored m x k
-      b.mul(src, m0, m_t.k);
-      b.add(src, src, k0);
-      round16(rows, m_act);
-      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.a_batch_strides);
-      finish_src(src, "a");
-      b.emit(Opcode::op_nd2nz, {type, dst, src, m_act, kc, m_t.k, rows}, "A chunk (m x k)");
-    } else {  // A stored k x m
-      b.mul(src, k0, m_t.m);
-      b.add(src, src, m0);
-      round16(rows, kc);
-      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.a_batch_strides);
-      finish_src(src, "a");
-      b.emit(Opcode::op_nd2nz, {type, dst, src, kc, m_act, m_t.m, rows}, "A^T chunk (k x m)");
-    }
+    if (!m_t.trans_a)  // A stored m x k
+      load_nd_chunk(dst, src, rows, m0, k0, m_act, kc, m_t.k, m_t.a_batch_strides, bi, "a",
+                    "A chunk (m x k)");
+    else  // A stored k x m
+      load_nd_chunk(dst, src, rows, k0, m0, kc, m_act, m_t.m, m_t.a_batch_strides, bi, "a",
+                    "A^T chunk (k x m)");
     select(dst, p, m_l1b);
-    if (!m_t.trans_b) {  // B stored k x n
-      b.mul(src, k0, m_t.n);
-      b.add(src, src, n0);
-      round16(rows, kc);
-      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.b_batch_strides);
-      finish_src(src, "b");
-      b.emit(Opcode::op_nd2nz, {type, dst, src, kc, n_act, m_t.n, rows}, "B chunk (k x n)");
-    } else {  // B stored n x k
-      b.mul(src, n0, m_t.k);
-      b.add(src, src, k0);
-      round16(rows, n_act);
-      if (m_t.batch > 1) add_batch_offset(src, bi, m_t.b_batch_strides);
-      finish_src(src, "b");
-      b.emit(Opcode::op_nd2nz, {type, dst, src, n_act, kc, m_t.k, rows}, "B^T chunk (n x k)");
-    }
+    if (!m_t.trans_b)  // B stored k x n
+      load_nd_chunk(dst, src, rows, k0, n0, kc, n_act, m_t.n, m_t.b_batch_strides, bi, "b",
+                    "B chunk (k x n)");
+    else  // B stored n x k
+      load_nd_chunk(dst, src, rows, n0, k0, n_act, kc, m_t.k, m_t.b_batch_strides, bi, "b",
+                    "B^T chunk (n x k)");
     b.set_flag(m_l1_full, p, "L1 chunk loaded");
+  }
+
+  // MTE2: the row_act x col_act block at (r0, c0) of an ND operand with `pitch` elements per row
+  // (of product bi when batched) -> NZ at dst in L1, rows padded to 16. src and rows are
+  // scratch registers.
+  void load_nd_chunk(const Reg& dst, const Reg& src, const Reg& rows, const Reg& r0,
+                     const Reg& c0, const Reg& row_act, const Reg& col_act, int64_t pitch,
+                     const std::vector<int64_t>& batch_strides, const Reg& bi, const char* arg,
+                     const char* what) {
+    KernelBuilder& b = m_b;
+    b.mul(src, r0, pitch);
+    b.add(src, src, c0);
+    round16(rows, row_act);
+    if (m_t.batch > 1) add_batch_offset(src, bi, batch_strides);
+    finish_src(src, arg);
+    b.emit(Opcode::op_nd2nz, {m_t.in_type, dst, src, row_act, col_act, pitch, rows}, what);
   }
 
   // d += the element offset of product bidx in an operand with the given batch strides.
