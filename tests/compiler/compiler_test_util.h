@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -15,9 +16,23 @@
 #include <catch2/catch.hpp>
 
 #include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
 #include "sim/simulator.h"
 
 namespace npusim::test {
+
+// The chip a compiler test executable runs its kernels on: $NPUSIM_TEST_CHIP, default "tiny".
+// CMakeLists.txt registers every tests/compiler executable for tiny and again as <name>_910b
+// with NPUSIM_TEST_CHIP=910b (one SystemC elaboration per process). Expectations that depend
+// on the chip derive them from sim().config(); tiny-specific tiling numbers compile for
+// load_chip_config("tiny") explicitly.
+inline std::string test_chip_name() {
+  const char* c = std::getenv("NPUSIM_TEST_CHIP");
+  return c && *c ? std::string(c) : std::string("tiny");
+}
+// Tests tagged heavy run on tiny only: the 910b pass (48 vector / 24 cube cores to simulate)
+// runs a representative subset.
+inline bool test_chip_is_tiny() { return test_chip_name() == "tiny"; }
 
 using compiler::CompiledKernel;
 using compiler::DataType;
@@ -61,8 +76,14 @@ inline double from_bf16_bits(uint16_t b) {
 
 // A host tensor: values as doubles (exactly representable in dtype) plus its desc.
 struct HostTensor {
+  HostTensor() = default;
+  HostTensor(TensorDesc d, std::vector<double> v, std::vector<int64_t> exact = {})
+      : desc(std::move(d)), values(std::move(v)), s64(std::move(exact)) {}
   TensorDesc desc;
   std::vector<double> values;
+  // S64 only, optional: the exact values (doubles hold integers up to 2^53); encode() stores
+  // these when present.
+  std::vector<int64_t> s64;
 };
 
 // Rounds v to the storage type (RNE for floats, truncation toward zero for integers).
@@ -96,7 +117,11 @@ inline std::vector<uint8_t> encode(const HostTensor& t) {
       case DataType::S8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
       case DataType::U8: case DataType::BOOL: *p = static_cast<uint8_t>(v); break;
       case DataType::U16: { uint16_t x = static_cast<uint16_t>(v); std::memcpy(p, &x, 2); break; }
-      case DataType::S64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::S64: {
+        int64_t x = t.s64.empty() ? static_cast<int64_t>(v) : t.s64[i];
+        std::memcpy(p, &x, 8);
+        break;
+      }
       default: FAIL("encode: unsupported dtype");
     }
   }
@@ -160,9 +185,16 @@ class GmArena {
 };
 
 struct RunResult {
-  std::vector<HostTensor> outputs;
+  std::vector<HostTensor> outputs;   // S64 outputs carry their exact values in HostTensor::s64
   uint64_t cycles = 0;
 };
+
+// The exact values of an S64 tensor's bytes.
+inline std::vector<int64_t> decode_s64(const std::vector<uint8_t>& bytes) {
+  std::vector<int64_t> v(bytes.size() / 8);
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * 8);
+  return v;
+}
 
 // Runs every launch of k on sim with the given inputs. Checks: each launch succeeds, the
 // program's block_dim and arguments bind, no byte of device memory outside the outputs'
@@ -222,6 +254,7 @@ inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
     std::vector<uint8_t> bytes(k.outputs[i].bytes());
     if (!bytes.empty()) gm.read(out_addr[i], bytes.data(), bytes.size());
     r.outputs.push_back(HostTensor{k.outputs[i], decode(k.outputs[i].dtype, bytes)});
+    if (k.outputs[i].dtype == DataType::S64) r.outputs.back().s64 = decode_s64(bytes);
   }
   return r;
 }

@@ -47,7 +47,7 @@ using compiler::DataType;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -162,6 +162,36 @@ const ActCase gelu_tanh{"Gelu", 1, -8, 5, false, [](auto& x, DataType) {
                           return Ref{y, ((2 * std::fabs(yy) + 1) * 4 * kU + 3 * kU) * std::fabs(y)};
                         }};
 
+// GeluGrad(g, x) = g * d, d = gelu'(x), from the terms of d in double:
+//   exact: d = Phi(x) + x phi(x). Phi as Gelu exact: (1.2e-7 + (x^2/2 + 3) 8u + 2u) relative;
+//     x phi(x): exp of -x^2/2 (argument within x^2/2 u absolute) and four roundings:
+//     (x^2/2 + 5) u relative; the sum and the product with g: 2u |g d|. Tolerances are on the
+//     terms' magnitudes: the terms cancel near x = -0.75.
+//   approximate: d = s + 2 x y' q, s = 1 / (1 + e), q = e / (1 + e)^2, e = exp(-2y): -2y has
+//     4 roundings (|2y| 4u absolute), so s is within (|2y| 4u + 3u), q within 2 (|2y| 4u + 2u)
+//     + 3u, and the second term (3 more roundings for y', then x, 2) within (|2y| 8u + 12u)
+//     relative. Where (1 + e)^2 overflows f32 (e > 1.8e19) the kernel's q is 0 and the term
+//     (< 2 |x| y' / e) is allowed absolutely.
+const ActCase gelu_grad_exact{"GeluGrad", 2, -8, 5, false, [](auto& in, DataType) {
+  const double g = in[0], x = in[1];
+  const double phi_big = 0.5 * std::erfc(-x / std::sqrt(2.0));
+  const double xphi = x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+  const double d = phi_big + xphi;
+  const double tol = (1.2e-7 + (x * x / 2 + 3) * 8 * kU + 2 * kU) * phi_big +
+                     (x * x / 2 + 5) * kU * std::fabs(xphi);
+  return Ref{g * d, std::fabs(g) * tol + 2 * kU * std::fabs(g * d)};
+}};
+const ActCase gelu_grad_tanh{"GeluGrad", 2, -8, 5, false, [](auto& in, DataType) {
+  const double g = in[0], x = in[1], c = std::sqrt(2 / M_PI);
+  const double y = c * (x + 0.044715 * x * x * x), yd = c * (1 + 3 * 0.044715 * x * x);
+  const double e = std::exp(-2 * y), s = 1 / (1 + e), q = e / ((1 + e) * (1 + e));
+  const double t2 = 2 * x * yd * q, d = s + t2;
+  double tol = s * (std::fabs(2 * y) * 4 * kU + 3 * kU) +
+               std::fabs(t2) * (std::fabs(2 * y) * 8 * kU + 12 * kU);
+  if (e > 1.8e19) tol += std::fabs(t2);
+  return Ref{g * d, std::fabs(g) * tol + 2 * kU * std::fabs(g * d)};
+}};
+
 void check_act(const ActCase& c, DataType dt, const std::vector<int64_t>& shape, uint32_t seed,
                compiler::OpDesc* custom = nullptr) {
   INFO(c.op << " " << compiler::data_type_name(dt) << compiler::shape_str(shape));
@@ -222,6 +252,19 @@ TEST_CASE("Gelu: exact (erf) and approximate (tanh)") {
     check_act(c, DataType::F32, {5, 200}, seed++, &op);
     check_act(c, DataType::F16, {33}, seed++, &op);
     check_act(c, DataType::BF16, {4, 4}, seed++, &op);
+  }
+}
+
+TEST_CASE("GeluGrad: exact (erf) and approximate (tanh)") {
+  uint32_t seed = 70;
+  for (bool approx : {false, true}) {
+    compiler::OpDesc op = make_op("GeluGrad", {}, {{"approximate", approx}});
+    const ActCase& c = approx ? gelu_grad_tanh : gelu_grad_exact;
+    check_act(c, DataType::F32, {5, 200}, seed++, &op);
+    check_act(c, DataType::F16, {33}, seed++, &op);
+    check_act(c, DataType::BF16, {4, 4}, seed++, &op);
+    check_act(c, DataType::F32, {1}, seed++, &op);
+    check_act(c, DataType::F32, {0, 7}, seed++, &op);
   }
 }
 

@@ -33,7 +33,7 @@ namespace {
 constexpr double kE = 1.0 / (1 << 24);
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 

@@ -21,7 +21,7 @@ using compiler::DataType;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -164,7 +164,7 @@ TEST_CASE("zero-size outputs compile to no launch") {
 TEST_CASE("the kernel follows the config: UB size and vector core count") {
   const compiler::OpDesc op =
       make_op("AddV2", {{DataType::F32, {100000}}, {DataType::F32, {100000}}});
-  auto k_tiny = compiler::compile(op, sim().config());
+  auto k_tiny = compiler::compile(op, load_chip_config("tiny"));
   auto k_ub = compiler::compile(op, load_chip_config("tiny", {"cores.aiv.buffers.ub=96 KiB"}));
   auto k_cores = compiler::compile(
       op, load_chip_config("tiny", {"cores.aic.count=1", "cores.aiv.count=2"}));

@@ -30,7 +30,7 @@ using compiler::TensorDesc;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -372,7 +372,7 @@ TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the 
   s.b_tap = 48 * 80;
   s.b_row = 80;
   ChipConfig small = load_chip_config("tiny", {"cores.aic.buffers.l1=64 KiB"});
-  const auto t_tiny = compiler::ops::plan_cube_conv(s, sim().config(), "test");
+  const auto t_tiny = compiler::ops::plan_cube_conv(s, load_chip_config("tiny"), "test");
   const auto t_small = compiler::ops::plan_cube_conv(s, small, "test");
   INFO(t_tiny.str() << "\n" << t_small.str());
   CHECK(t_tiny.resident);

@@ -31,7 +31,7 @@ using compiler::DataType;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -170,6 +170,33 @@ TEST_CASE("LogicalNot / LogicalAnd / LogicalOr on bool, odd sizes") {
   check_binary("LogicalOr", a, b, [](double p, double q) { return p != 0 || q != 0; }, 0);
   check_binary("LogicalOr", x, bool_tensor({3, 37}, 44),
                [](double p, double q) { return p != 0 || q != 0; }, 0);
+}
+
+TEST_CASE("LogicalAnd / LogicalOr broadcast bool inputs") {
+  auto logical_and = [](double p, double q) -> double { return p != 0 && q != 0; };
+  auto logical_or = [](double p, double q) -> double { return p != 0 || q != 0; };
+  using S = std::vector<int64_t>;
+  const std::pair<S, S> shapes[] = {
+      {{3, 37}, {37}},  {{3, 37}, {}},     {{}, {5, 33}},    {{4, 1}, {1, 17}},
+      {{2, 1, 5}, {3, 1}}, {{1}, {1}},     {{0, 3}, {3}},    {{1}, {70}}};
+  uint32_t seed = 400;
+  for (const auto& [sa, sb] : shapes) {
+    check_binary("LogicalAnd", bool_tensor(sa, seed), bool_tensor(sb, seed + 1), logical_and, 0);
+    check_binary("LogicalOr", bool_tensor(sa, seed + 2), bool_tensor(sb, seed + 3), logical_or, 0);
+    seed += 4;
+  }
+  // Equal / NotEqual of bool (scalar unit), broadcasting too.
+  auto equal = [](double p, double q) -> double { return p == q; };
+  auto not_equal = [](double p, double q) -> double { return p != q; };
+  for (const auto& [sa, sb] : {shapes[0], shapes[3], shapes[6]}) {
+    check_binary("Equal", bool_tensor(sa, seed), bool_tensor(sb, seed + 1), equal, 0);
+    check_binary("NotEqual", bool_tensor(sa, seed + 2), bool_tensor(sb, seed + 3), not_equal, 0);
+    seed += 4;
+  }
+  CHECK_THROWS_WITH(compiler::compile(make_op("Less", {{DataType::BOOL, {4}},
+                                                       {DataType::BOOL, {4}}}),
+                                      sim().config()),
+                    Catch::Contains("dtype bool is not supported"));
 }
 
 TEST_CASE("DivNoNan: 0 where y == 0, with broadcasting") {

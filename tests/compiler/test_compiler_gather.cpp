@@ -22,7 +22,7 @@ using Shape = std::vector<int64_t>;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -93,7 +93,75 @@ void check_gather(DataType dt, const Shape& ps, DataType it, const Shape& is, in
   check(make_op("GatherV2", {p.desc, idx.desc}, {{"axis", axis}}), {p, idx}, want);
 }
 
+// GatherV2 with batch_dims = B: out[b, o, j, in] = params[b, o, idx[b, j], in] (b over the B
+// batch dims, o over params' dims between them and axis, j over indices' other dims), zeros
+// out of range.
+void check_gather_batched(DataType dt, const Shape& ps, DataType it, const Shape& is,
+                          int64_t axis, int64_t batch_dims, uint32_t seed, int64_t lo_index = 0) {
+  const size_t a = static_cast<size_t>(axis), bd = static_cast<size_t>(batch_dims);
+  HostTensor p = values(dt, ps, seed);
+  HostTensor idx = index_tensor(it, is, lo_index, ps[a] - 1 + (lo_index < 0 ? 2 : 0), seed + 1);
+  int64_t bt = 1, outer = 1, inner = 1, nj = 1;
+  for (size_t d = 0; d < bd; ++d) bt *= ps[d];
+  for (size_t d = bd; d < a; ++d) outer *= ps[d];
+  for (size_t d = a + 1; d < ps.size(); ++d) inner *= ps[d];
+  for (size_t d = bd; d < is.size(); ++d) nj *= is[d];
+  Shape os(ps.begin(), ps.begin() + static_cast<int64_t>(a));
+  os.insert(os.end(), is.begin() + batch_dims, is.end());
+  os.insert(os.end(), ps.begin() + static_cast<int64_t>(a) + 1, ps.end());
+  HostTensor want{TensorDesc{dt, os}, {}};
+  for (int64_t b = 0; b < bt; ++b)
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < nj; ++j)
+        for (int64_t e = 0; e < inner; ++e) {
+          const int64_t v = static_cast<int64_t>(idx.values[static_cast<size_t>(b * nj + j)]);
+          want.values.push_back(
+              v < 0 || v >= ps[a]
+                  ? 0.0
+                  : p.values[static_cast<size_t>(((b * outer + o) * ps[a] + v) * inner + e)]);
+        }
+  check(make_op("GatherV2", {p.desc, idx.desc}, {{"axis", axis}, {"batch_dims", batch_dims}}),
+        {p, idx}, want);
+}
+
 }  // namespace
+
+TEST_CASE("GatherV2 with batch_dims") {
+  uint32_t seed = 500;
+  // batch_dims = 1, axis 1 (embedding lookups per example), runs of 33 / 3 / single elements.
+  check_gather_batched(DataType::F32, {3, 20, 33}, DataType::S32, {3, 7}, 1, 1, seed++);
+  check_gather_batched(DataType::F16, {4, 10, 3}, DataType::S64, {4, 2, 5}, 1, 1, seed++);
+  check_gather_batched(DataType::S32, {5, 17}, DataType::S32, {5, 6}, 1, 1, seed++);
+  // Dims between the batch dims and axis; two batch dims; indices without further dims.
+  check_gather_batched(DataType::F32, {2, 3, 9, 5}, DataType::S32, {2, 4}, 2, 1, seed++);
+  check_gather_batched(DataType::BF16, {2, 3, 8, 4}, DataType::S64, {2, 3, 5}, 2, 2, seed++);
+  check_gather_batched(DataType::F32, {6, 11}, DataType::S32, {6}, 1, 1, seed++);
+  // Out-of-range indices give zeros (not rows of the neighbouring batch); size-1 batch.
+  check_gather_batched(DataType::F32, {3, 8, 16}, DataType::S32, {3, 9}, 1, 1, seed++, -3);
+  check_gather_batched(DataType::F16, {1, 5, 2}, DataType::S32, {1, 3}, 1, 1, seed++);
+  // Negative batch_dims counts from the indices' rank.
+  {
+    HostTensor p = values(DataType::F32, {2, 6, 4}, seed++);
+    HostTensor idx = index_tensor(DataType::S32, {2, 3}, 0, 5, seed++);
+    auto k1 = compiler::compile(make_op("GatherV2", {p.desc, idx.desc},
+                                        {{"axis", int64_t{1}}, {"batch_dims", int64_t{-1}}}),
+                                sim().config());
+    CHECK(k1.outputs[0].shape == Shape{2, 3, 4});
+  }
+  // Zero-size indices: nothing to run.
+  auto k0 = compiler::compile(make_op("GatherV2", {TensorDesc{DataType::F32, {2, 5, 3}},
+                                                   TensorDesc{DataType::S32, {2, 0}}},
+                                      {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
+                              sim().config());
+  CHECK(k0.outputs[0].shape == Shape{2, 0, 3});
+  CHECK(k0.launches.empty());
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("GatherV2", {TensorDesc{DataType::F32, {2, 5}},
+                                             TensorDesc{DataType::S32, {3, 2}}},
+                                {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
+                        sim().config()),
+      Catch::Contains("batch dim 0"));
+}
 
 TEST_CASE("GatherV2: axes, index types, element sizes") {
   uint32_t seed = 1;
@@ -199,9 +267,9 @@ TEST_CASE("gather op errors") {
   CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i32}, {{"axis", int64_t{2}}}), cfg),
                     Catch::Contains("axis = 2 is out of range"));
   CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i32},
-                                              {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
+                                              {{"axis", int64_t{1}}, {"batch_dims", int64_t{2}}}),
                                       cfg),
-                    Catch::Contains("batch_dims = 1 is not supported"));
+                    Catch::Contains("batch_dims = 2 must be in [-1, 1]"));
   CHECK_THROWS_WITH(
       compiler::compile(make_op("UnsortedSegmentSum", {p, TensorDesc{DataType::S32, {4}}},
                                 {{"num_segments", int64_t{2}}}),

@@ -23,7 +23,7 @@ using Index = std::vector<int64_t>;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -506,6 +506,12 @@ TEST_CASE("Cumsum: axes, exclusive, reverse; sequential rounding as TF") {
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
     for (const Case& c : cases) {
       for (int mode = 0; mode < 4; ++mode) {
+        // Heavy on 910b (48 vector cores to simulate): there the four modes run for f32 only,
+        // the other types run the inclusive forward scan.
+        if (!test_chip_is_tiny() && dt != DataType::F32 && mode != 0) {
+          ++seed;
+          continue;
+        }
         const bool exclusive = mode & 1, reverse = mode & 2;
         HostTensor x = random_tensor(dt, c.s, -4, 4, seed++);
         const size_t a = static_cast<size_t>(c.axis < 0 ? c.axis + 3 - (c.s.size() == 2) : c.axis);
@@ -608,7 +614,7 @@ TEST_CASE("large shapes: several tiles per core, direct and scratch runs") {
 
 TEST_CASE("data movement tiles follow the config: UB size and vector core count") {
   const compiler::OpDesc op = make_op("ZerosLike", {TensorDesc{DataType::F32, {100000}}});
-  auto k_tiny = compiler::compile(op, sim().config());
+  auto k_tiny = compiler::compile(op, load_chip_config("tiny"));
   auto k_ub = compiler::compile(op, load_chip_config("tiny", {"cores.aiv.buffers.ub=96 KiB"}));
   auto k_cores = compiler::compile(
       op, load_chip_config("tiny", {"cores.aic.count=1", "cores.aiv.count=2"}));

@@ -28,7 +28,7 @@ using compiler::TensorDesc;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 

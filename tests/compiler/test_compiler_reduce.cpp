@@ -34,7 +34,7 @@ using compiler::DataType;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 
@@ -252,8 +252,10 @@ TEST_CASE("empty reductions and zero-size outputs") {
                     Catch::Contains("'axes'"));
   CHECK_THROWS_WITH(compile_reduce("Sum", {DataType::F32, {4, 2}}, {2}, false),
                     Catch::Contains("axis 2 is out of range"));
-  CHECK_THROWS_WITH(compile_reduce("Mean", {DataType::S32, {4, 2}}, {1}, false),
-                    Catch::Contains("Mean of s32"));
+  // s32 Mean runs on the scalar unit (test_compiler_int64.cpp); over an empty axis TF divides
+  // by zero.
+  CHECK_THROWS_WITH(compile_reduce("Mean", {DataType::S32, {4, 0}}, {1}, false),
+                    Catch::Contains("divides by zero"));
   CHECK_THROWS_WITH(
       compiler::compile(make_op("ArgMax", {{DataType::F32, {4, 0}}}, {{"axis", int64_t{1}}}), cfg),
       Catch::Contains("axis 1 is empty"));

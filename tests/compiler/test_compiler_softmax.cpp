@@ -34,7 +34,7 @@ using compiler::DataType;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny"), SimOptions{});
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
   return s;
 }
 

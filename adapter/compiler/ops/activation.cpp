@@ -24,6 +24,7 @@
 //                stays accurate for large negative x where 1 + erf cancels;
 //                approximate = true: 0.5 x (1 + tanh(y)), y = sqrt(2/pi) (x + 0.044715 x^3),
 //                evaluated as x / (1 + exp(-2 y)) (the same value, no cancellation)
+//   GeluGrad     g * gelu'(x)   (g, x = gradients, features; attr approximate; see gelu_grad_*)
 //   ReluGrad     g * (x > 0)          (g, x = gradients, features; a product, as TF, so
 //   Relu6Grad    g * (0 < x < 6)       g = inf or NaN gives NaN where the factor is 0)
 //   EluGrad      y < 0 ? (y + 1) * g : g                  (g, y = gradients, outputs)
@@ -299,6 +300,54 @@ void gelu_tanh(Lanes& l, DataType) {
   l.bin(Opcode::op_vdiv, l.out, x, l.tmp[0]);
 }
 
+// GeluGrad (inputs gradients g, features x; attr approximate as Gelu): g * d gelu(x) / dx.
+//   exact:       Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi), Phi(x) = 0.5 erfc(-x / sqrt 2)
+//   approximate: 0.5 (1 + t) + 0.5 x (1 - t^2) y', t = tanh(y), y = c (x + 0.044715 x^3),
+//                y' = c (1 + 3 * 0.044715 x^2), c = sqrt(2 / pi); evaluated with
+//                e = exp(-2y) (clamped to exp(80)): 0.5 (1 + t) = 1 / (1 + e) and
+//                0.5 (1 - t^2) = 2 e / (1 + e)^2, so no 1 - t^2 cancellation.
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+
+void gelu_grad_exact(Lanes& l, DataType) {
+  const uint64_t g = l.in[0], x = l.in[1];
+  erfc_half_sqrt2(l, l.tmp[0], x);                          // erfc(|x| / sqrt 2)
+  l.muls(l.tmp[1], l.tmp[0], -1);
+  l.adds(l.tmp[1], l.tmp[1], 2);                            // 2 - erfc: x >= 0
+  l.cmp(isa::Cmp::LT, l.bits, x, kZero);
+  l.sel(l.tmp[0], l.bits, VOperand(l.tmp[0]), VOperand(l.tmp[1]));
+  l.muls(l.tmp[0], l.tmp[0], 0.5);                          // Phi(x)
+  l.bin(Opcode::op_vmul, l.tmp[1], x, x);
+  l.muls(l.tmp[1], l.tmp[1], -0.5);
+  l.un(Opcode::op_vexp, l.tmp[1], l.tmp[1]);
+  l.muls(l.tmp[1], l.tmp[1], kInvSqrt2Pi);                  // phi(x)
+  l.bin(Opcode::op_vmul, l.tmp[1], l.tmp[1], x);
+  l.bin(Opcode::op_vadd, l.tmp[0], l.tmp[0], l.tmp[1]);
+  l.bin(Opcode::op_vmul, l.out, g, l.tmp[0]);
+}
+
+void gelu_grad_tanh(Lanes& l, DataType) {
+  const uint64_t g = l.in[0], x = l.in[1];
+  l.bin(Opcode::op_vmul, l.tmp[0], x, x);                   // x^2
+  l.muls(l.tmp[1], l.tmp[0], kGeluTanhCubic);
+  l.adds(l.tmp[1], l.tmp[1], 1);
+  l.bin(Opcode::op_vmul, l.tmp[1], l.tmp[1], x);
+  l.muls(l.tmp[1], l.tmp[1], -2 * kGeluTanhC);              // -2 y
+  l.sc(Opcode::op_vmins, l.tmp[1], l.tmp[1], 80);
+  l.un(Opcode::op_vexp, l.tmp[1], l.tmp[1]);                // e
+  l.muls(l.tmp[0], l.tmp[0], 3 * kGeluTanhCubic);
+  l.adds(l.tmp[0], l.tmp[0], 1);
+  l.muls(l.tmp[0], l.tmp[0], kGeluTanhC);                   // y'
+  l.adds(l.tmp[2], l.tmp[1], 1);                            // 1 + e
+  l.un(Opcode::op_vrec, l.tmp[3], l.tmp[2]);                // 0.5 (1 + t)
+  l.bin(Opcode::op_vmul, l.tmp[2], l.tmp[2], l.tmp[2]);
+  l.bin(Opcode::op_vdiv, l.tmp[2], l.tmp[1], l.tmp[2]);     // e / (1 + e)^2 (0 when it overflows)
+  l.bin(Opcode::op_vmul, l.tmp[2], l.tmp[2], l.tmp[0]);
+  l.bin(Opcode::op_vmul, l.tmp[2], l.tmp[2], x);
+  l.muls(l.tmp[2], l.tmp[2], 2);                            // 0.5 x (1 - t^2) y'
+  l.bin(Opcode::op_vadd, l.tmp[2], l.tmp[2], l.tmp[3]);
+  l.bin(Opcode::op_vmul, l.out, g, l.tmp[2]);
+}
+
 int64_t const_bits(Dtype t, double v) {
   return t == Dtype::F32 ? static_cast<int64_t>(f32_to_bits(static_cast<float>(v)))
                          : static_cast<int64_t>(v);
@@ -336,7 +385,9 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   if (op.type == "L2Loss") return compile_l2loss(ctx);
   ActOp gelu{"Gelu", 1, false, op.attr_bool("approximate", false) ? gelu_tanh : gelu_exact};
-  const ActOp* kind = op.type == "Gelu" ? &gelu : nullptr;
+  ActOp gelu_grad{"GeluGrad", 2, false,
+                  op.attr_bool("approximate", false) ? gelu_grad_tanh : gelu_grad_exact};
+  const ActOp* kind = op.type == "Gelu" ? &gelu : op.type == "GeluGrad" ? &gelu_grad : nullptr;
   for (const ActOp& k : kOps)
     if (op.type == k.tf_op) kind = &k;
   if (!kind) op.fail("internal: not an activation op");

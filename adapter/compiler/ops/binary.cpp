@@ -7,7 +7,9 @@
 // Numerics (vector_ops.h): f16/bf16 are computed in fp32 and rounded once per instruction, as
 // TF's CPU kernels do for Eigen::half/bfloat16, so Add/Sub/Mul/RealDiv/Maximum/Minimum match TF
 // bit for bit; SquaredDifference rounds the difference, then the square (as TF's half kernel).
-// s32 wraps on overflow (as TF). Maximum/Minimum propagate NaN (TF >= 2.x on CPU).
+// s32 wraps on overflow (as TF). s64 inputs (the arithmetic ops and comparisons, not the
+// divisions or Pow) run on the scalar unit, wrapping as TF (ops/int64.h); so do Equal /
+// NotEqual of bool inputs. Maximum/Minimum propagate NaN (TF >= 2.x on CPU).
 // DivNoNan: x / y, then 0 where y == 0 (also for x NaN, as TF); bit-exact with TF.
 // Pow (float): f16/bf16 widened to f32; exp(y * log|x|), negated for a negative base with an
 // odd integer exponent, NaN for a negative base with a non-integer one, then 1 where y == 0 or
@@ -16,13 +18,16 @@
 // rounding of y * log(x) is amplified by exp); f16/bf16 are within 1 ulp. Differs from TF:
 // x = -0 is treated as +0 (pow(-0, -1) gives +inf, TF -inf); a negative base with |y| >= 2^31
 // gives NaN (TF: |x|^y, such y being even); s32 Pow is not supported.
-// LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; same shapes
-// only (the streaming kernel does not broadcast 1-byte inputs yet).
+// LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; broadcast
+// inputs are first expanded by a BroadcastTo launch (the streaming kernel does not broadcast
+// 1-byte inputs).
 #include <limits>
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler::ops {
@@ -177,6 +182,36 @@ void logical_spec(StreamSpec& spec, Opcode vop) {
   };
 }
 
+// LogicalAnd / LogicalOr of broadcast bool inputs: the streaming kernel does not broadcast
+// 1-byte inputs, so each input of another shape is first expanded to the output's shape by a
+// BroadcastTo (ops/layout.cpp, bytes assembled as u16 lanes) into a workspace slice, then the
+// same-shape op runs on the expanded operands. Costs one extra copy kernel per broadcast input.
+CompiledKernel logical_broadcast(const CompileContext& ctx, const TensorDesc& out) {
+  const OpDesc& op = ctx.op;
+  LaunchPlan plan({out});
+  std::vector<ArgRef> ins;
+  OpDesc same = op;
+  same.outputs.clear();
+  for (int i = 0; i < 2; ++i) {
+    const TensorDesc& in = op.inputs[static_cast<size_t>(i)];
+    same.inputs[static_cast<size_t>(i)] = out;
+    if (in.shape == out.shape) {
+      ins.push_back(LaunchPlan::input(i));
+      continue;
+    }
+    OpDesc bcast;
+    bcast.type = "BroadcastTo";
+    bcast.inputs = {in};
+    bcast.attrs = {{"shape", out.shape}};
+    ArgRef ws = plan.workspace(out.bytes());
+    plan.add(compile(bcast, ctx.cfg, ctx.precision), {LaunchPlan::input(i)}, {ws},
+             fmt::format("broadcast in{}", i));
+    ins.push_back(ws);
+  }
+  plan.add(compile(same, ctx.cfg, ctx.precision), ins, {LaunchPlan::output(0)});
+  return std::move(plan).finish();
+}
+
 }  // namespace
 
 CompiledKernel compile_binary(const CompileContext& ctx) {
@@ -194,6 +229,9 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
                         data_type_name(dt)));
+  if (dt == DataType::S64 && kind->types == Types::kFloatS32) return compile_s64_binary(ctx);
+  if (dt == DataType::BOOL && (op.type == "Equal" || op.type == "NotEqual"))
+    return compile_s64_binary(ctx);  // the scalar unit compares the 0 / 1 bytes
   const bool ok = kind->types == Types::kBool
                       ? dt == DataType::BOOL
                       : data_type_is_float(dt) || (kind->types == Types::kFloatS32 &&
@@ -208,6 +246,9 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
     op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
                         shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   const TensorDesc out{kind->kind == Kind::kCompare ? DataType::BOOL : dt, *shape};
+  if (kind->kind == Kind::kLogical && out.num_elements() > 0 &&
+      (op.inputs[0].shape != out.shape || op.inputs[1].shape != out.shape))
+    return logical_broadcast(ctx, out);
 
   StreamSpec spec;
   spec.kernel_name = fmt::format("{}_{}", op.type, data_type_name(dt));

@@ -9,11 +9,15 @@
 //   bool -> any       0 / 1 (bool bytes are u8)
 //   any -> bool       x != 0: vcmp against zero, then 1 / 0 bytes
 // Same type: a copy. Integer -> narrower integer is rejected: TF wraps, the vector unit
-// saturates. S64 has no vector arithmetic and is rejected.
+// saturates. S64 (either side) runs on the scalar unit (ops/int64.h): s64 -> narrower integers
+// wrap and s64 -> bool is x != 0 (as TF); s64 <-> f32 by integer arithmetic (round to nearest
+// even / toward zero, NaN and out-of-range f32 give INT64_MIN as x86); s64 <-> f16 / bf16
+// through f32, as TF (Eigen converts int64 to half through float).
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler::ops {
@@ -98,6 +102,8 @@ CompiledKernel compile_cast(const CompileContext& ctx) {
     op.fail(fmt::format("attribute SrcT = {} does not match the input's {}",
                         data_type_name(*src_attr), data_type_name(src)));
   const DataType dst = *dst_attr;
+  if ((src == DataType::S64) != (dst == DataType::S64)) return compile_s64_cast(ctx, src, dst);
+  if (src == DataType::S64) return compile_s64_cast(ctx, src, DataType::S64);
   for (DataType t : {src, dst})
     if (!castable(t))
       op.fail(fmt::format("cast {} -> {}: {} is not supported", data_type_name(src),

@@ -2,7 +2,7 @@
 //   Fill (attr dims; input value, a scalar): the output filled with value's bits (any dtype).
 //   ZerosLike / OnesLike (input x): x's shape and dtype, all 0 / all 1 (bool true).
 //     All three are splats into UB tiles (ops/assemble.h), stored block by block.
-//   Range (attrs start, limit, delta: numbers; Tidx: s32 or f32, default s32 when all three
+//   Range (attrs start, limit, delta: numbers; Tidx: s32, s64 (scalar unit, ops/int64.h) or f32, default s32 when all three
 //     are integers, else f32): size as TF (integers: ceil(|limit - start| / |delta|); floats:
 //     ceil(|(limit - start) / delta|) in the type). TF's CPU kernel accumulates, out[i] =
 //     out[i-1] + delta, rounding each step. The vector kernel computes
@@ -22,6 +22,7 @@
 #include "adapter/compiler/ops/assemble.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/convert.h"
 
@@ -111,8 +112,23 @@ CompiledKernel compile_range(const CompileContext& ctx) {
                     ? DataType::S32
                     : DataType::F32;
   if (auto t = op.attr_type("Tidx")) dt = *t;
+  if (dt == DataType::S64) {
+    // Exact in int64 (the attributes may exceed 2^53): the scalar unit (ops/int64.h).
+    for (const char* a : {"start", "limit", "delta"})
+      if (!is_int_attr(op, a)) op.fail(fmt::format("s64 Range needs an integer attribute {}", a));
+    const int64_t s = op.attr_int("start", 0), l = op.attr_int("limit", 0),
+                  d = op.attr_int("delta", 0);
+    if (d == 0) op.fail("delta must not be 0");
+    if (d > 0 ? s > l : s < l)
+      op.fail(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", s, l,
+                          d));
+    const uint64_t span = d > 0 ? static_cast<uint64_t>(l) - static_cast<uint64_t>(s)
+                                : static_cast<uint64_t>(s) - static_cast<uint64_t>(l);
+    const uint64_t step = d > 0 ? static_cast<uint64_t>(d) : 0 - static_cast<uint64_t>(d);
+    return s64_range(ctx, s, d, static_cast<int64_t>((span + step - 1) / step));
+  }
   if (dt != DataType::S32 && dt != DataType::F32)
-    op.fail(fmt::format("Tidx = {} is not supported (s32, f32)", data_type_name(dt)));
+    op.fail(fmt::format("Tidx = {} is not supported (s32, s64, f32)", data_type_name(dt)));
   if (delta == 0) op.fail("delta must not be 0");
   if (delta > 0 ? start > limit : start < limit)
     op.fail(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", start,

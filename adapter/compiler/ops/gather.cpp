@@ -1,7 +1,8 @@
 // Index-driven data movement on the vector cores (tiles assembled in the UB, ops/assemble.h);
 // the indices are read by the scalar unit (ld, sign-extended):
 //   GatherV2 (inputs params, indices; attrs axis, batch_dims = 0): output
-//     params.shape[:axis] + indices.shape + params.shape[axis+1:]; each output row of
+//     params.shape[:axis] + indices.shape[batch_dims:] + params.shape[axis+1:]; batch_dims > 0
+//     rewrites the indices into flat row numbers first (gather_batched); each output row of
 //     prod(params.shape[axis+1:]) elements is one run of params (copy_gm2ub + vcopy; short rows
 //     element by element). An index outside [0, params.shape[axis]) gives zeros, as TF's GPU
 //     kernel (TF's CPU kernel fails the op).
@@ -10,7 +11,8 @@
 //     vadd under the exact-lane mask), in order of the rows: the same sequence of roundings as
 //     TF's CPU kernel (output += data row by row, in the element type), so f16/bf16/f32
 //     results are bit-identical and s32 wraps as TF. Negative ids are dropped (as TF); ids >=
-//     num_segments are dropped too (TF fails the op). Types f32, f16, bf16, s32. Every tile
+//     num_segments are dropped too (TF fails the op). Types f32, f16, bf16, s32; s64 by the
+//     scalar unit (build_s64_segment_sum, ops/int64.h: wrapping, same id rules). Every tile
 //     reads every segment id (scalar ld): cost ~ tiles x rows.
 //   OneHot (inputs indices, on_value, off_value; attrs depth, axis = -1): each tile is filled
 //     with off_value, then on_value is placed (one-lane vdup) for every index that lands in
@@ -20,6 +22,7 @@
 
 #include "adapter/compiler/ops/assemble.h"
 #include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler::ops {
@@ -37,6 +40,52 @@ void check_t_attr(const OpDesc& op, const char* attr, DataType dt) {
                         data_type_name(*t), data_type_name(dt)));
 }
 
+// GatherV2 with batch_dims = B > 0, as a gather on axis 0: params seen as
+// [Bt * O * N, inner] (Bt = prod(shape[:B]), O = prod(shape[B:axis]), N = shape[axis]), and
+// the indices rewritten by a scalar-unit launch (ops/int64.h) to
+//   idx'[b, o, j] = (b * O + o) * N + idx[b, j]   (-1 where idx is outside [0, N): zeros)
+// in a workspace slice of shape [Bt, O, J] (J = prod(indices.shape[B:])); the gather of those
+// rows is the output [Bt, O, J, inner] as it is laid out.
+CompiledKernel gather_batched(const CompileContext& ctx, const TensorDesc& out, size_t axis,
+                              size_t batch_dims) {
+  const OpDesc& op = ctx.op;
+  const TensorDesc& params = op.inputs[0];
+  const TensorDesc& indices = op.inputs[1];
+  const int64_t bt = dims_product(params.shape, 0, batch_dims);
+  const int64_t o = dims_product(params.shape, batch_dims, axis);
+  const int64_t n = params.shape[axis];
+  const int64_t inner = dims_product(params.shape, axis + 1, params.shape.size());
+  const int64_t j = dims_product(indices.shape, batch_dims, indices.shape.size());
+  const DataType it = bt * o * n > (int64_t{1} << 31) - 1 ? DataType::S64 : indices.dtype;
+  LaunchPlan plan({out});
+  ScalarMapSpec spec;
+  spec.kernel_name = fmt::format("GatherV2_batch_indices_{}", data_type_name(indices.dtype));
+  spec.inputs = {{indices.dtype, {bt, 1, j}}};
+  spec.out_type = it;
+  spec.out_shape = {bt, o, j};
+  spec.compute = [n, j](KernelBuilder& b, const Reg& d, const std::vector<Reg>& in,
+                        const Reg& index) {
+    b.movi(d, -1);
+    b.if_(ge(in[0], 0), [&] {
+      b.if_(lt(in[0], n), [&] {
+        b.div(d, index, j);
+        b.mul_add(d, d, n, in[0]);
+      });
+    });
+  };
+  const TensorDesc flat_idx{it, {bt * o * j}};
+  ArgRef ws = plan.workspace(flat_idx.bytes());
+  plan.add(build_scalar_map(op.str(), spec, ctx.cfg), {LaunchPlan::input(1), ws},
+           "batch indices to rows");
+  OpDesc g;
+  g.type = "GatherV2";
+  g.inputs = {TensorDesc{params.dtype, {bt * o * n, inner}}, flat_idx};
+  g.attrs = {{"axis", int64_t{0}}};
+  plan.add(compile(g, ctx.cfg, ctx.precision), {LaunchPlan::input(0), ws},
+           {LaunchPlan::output(0)});
+  return std::move(plan).finish();
+}
+
 CompiledKernel compile_gather_v2(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   if (op.inputs.size() != 2)
@@ -48,23 +97,32 @@ CompiledKernel compile_gather_v2(const CompileContext& ctx) {
   check_t_attr(op, "Tparams", dt);
   if (!index_type(indices.dtype, false))
     op.fail(fmt::format("indices {} must be s32 or s64", indices.str()));
-  if (op.attr_int("batch_dims", 0) != 0)
-    op.fail(fmt::format("batch_dims = {} is not supported (only 0)", op.attr_int("batch_dims", 0)));
   if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
   const int64_t rank = static_cast<int64_t>(params.shape.size());
+  const int64_t irank = static_cast<int64_t>(indices.shape.size());
   if (rank == 0) op.fail("params must have rank >= 1");
   int64_t axis = op.attr_int("axis", 0);
   if (axis < -rank || axis >= rank)
     op.fail(fmt::format("axis = {} is out of range for params of rank {}", axis, rank));
   if (axis < 0) axis += rank;
+  int64_t batch_dims = op.attr_int("batch_dims", 0);
+  if (batch_dims < 0) batch_dims += irank;
+  if (batch_dims < 0 || batch_dims > irank || batch_dims > axis)
+    op.fail(fmt::format("batch_dims = {} must be in [-{}, {}] and at most axis = {}",
+                        op.attr_int("batch_dims", 0), irank, irank, axis));
+  for (int64_t d = 0; d < batch_dims; ++d)
+    if (params.shape[static_cast<size_t>(d)] != indices.shape[static_cast<size_t>(d)])
+      op.fail(fmt::format("params {} and indices {} differ in batch dim {}",
+                          shape_str(params.shape), shape_str(indices.shape), d));
   const size_t a = static_cast<size_t>(axis);
   std::vector<int64_t> out_shape(params.shape.begin(), params.shape.begin() + axis);
-  out_shape.insert(out_shape.end(), indices.shape.begin(), indices.shape.end());
+  out_shape.insert(out_shape.end(), indices.shape.begin() + batch_dims, indices.shape.end());
   out_shape.insert(out_shape.end(), params.shape.begin() + axis + 1, params.shape.end());
   const TensorDesc out{dt, out_shape};
   CompiledKernel k;
   k.outputs = {out};
   if (out.num_elements() == 0) return k;
+  if (batch_dims > 0) return gather_batched(ctx, out, a, static_cast<size_t>(batch_dims));
   const int64_t outer = dims_product(params.shape, 0, a);
   const int64_t n = params.shape[a];
   const int64_t inner = dims_product(params.shape, a + 1, params.shape.size());
@@ -95,8 +153,9 @@ CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
   const TensorDesc& ids = op.inputs[1];
   const DataType dt = data.dtype;
   check_t_attr(op, "T", dt);
-  if (!data_type_is_float(dt) && dt != DataType::S32)
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
+  if (!data_type_is_float(dt) && dt != DataType::S32 && dt != DataType::S64)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32, s64)",
+                        data_type_name(dt)));
   if (!index_type(ids.dtype, false))
     op.fail(fmt::format("segment_ids {} must be s32 or s64", ids.str()));
   if (!op.attrs.count("num_segments")) op.fail("attribute num_segments is missing");
@@ -115,6 +174,11 @@ CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
   if (out.num_elements() == 0) return k;
   const int64_t inner = dims_product(data.shape, ids.shape.size(), data.shape.size());
   const int64_t rows = ids.num_elements();
+  if (dt == DataType::S64) {  // the scalar unit (ops/int64.h)
+    k.launches.push_back(build_s64_segment_sum(op.str(), rows, inner, segments, ids.dtype,
+                                               ctx.cfg));
+    return k;
+  }
   const int esize = data_type_bytes(dt);
   const int isize = data_type_bytes(ids.dtype);
   TileKernel::Options opt;

@@ -9,8 +9,9 @@
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
 // it is not read by any kernel.
 //
-// Types: f32, f16, bf16 and s32 (Mean: floats only: TF's integer Mean sums in int64 and
-// divides with truncation; the vector unit has neither). Arg* take the same types.
+// Types: f32, f16, bf16 and s32 on the vector unit; Mean of s32 (TF: the int64 sum divided by
+// the count with truncation) and Sum / Mean / Max / Min / Prod of s64 run on the scalar unit
+// (append_scalar_reduce, ops/int64.h). Arg* take the vector types.
 //
 // Numerics: f16/bf16 are widened to f32 and everything accumulates in f32 (s32 in s32,
 // wrapping as TF's int32 sums do); the result is rounded once to the output type. Mean is the
@@ -979,12 +980,13 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
   const OpDesc& op = ctx.op;
   const DataType dt = req.input.dtype;
   const bool arg = req.kind == ReduceKind::kArgMax || req.kind == ReduceKind::kArgMin;
+  if (!arg && !req.square && req.scale == 1 &&
+      (dt == DataType::S64 || (dt == DataType::S32 && req.kind == ReduceKind::kMean))) {
+    append_scalar_reduce(plan, ctx, kind_name(req.kind), req.input, req.reduced, in, out);
+    return;
+  }
   if (!data_type_is_float(dt) && dt != DataType::S32)
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
-  if (req.kind == ReduceKind::kMean && !data_type_is_float(dt))
-    op.fail(fmt::format("Mean of {} is not supported: TF sums integers in int64 and divides "
-                        "with truncation, and the vector unit has neither (f32, f16, bf16)",
-                        data_type_name(dt)));
   if ((req.square || req.scale != 1) && !data_type_is_float(dt))
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
   const std::vector<int64_t>& shape = req.input.shape;

@@ -100,6 +100,7 @@ const std::vector<OpEntry>& op_table() {
       {"Tanh", "activation", compile_activation},
       {"Softplus", "activation", compile_activation},
       {"Gelu", "activation", compile_activation},
+      {"GeluGrad", "activation", compile_activation},
       {"ReluGrad", "activation", compile_activation},
       {"Relu6Grad", "activation", compile_activation},
       {"EluGrad", "activation", compile_activation},
@@ -128,6 +129,13 @@ const std::vector<OpEntry>& op_table() {
       // (ops/batchnorm.cpp)
       {"FusedBatchNormV3", "batchnorm", compile_batchnorm},
       {"FusedBatchNormGradV3", "batchnorm", compile_batchnorm},
+      // fused optimizer updates, the new values as outputs (ops/optimizer.cpp)
+      {"ResourceApplyGradientDescent", "optimizer", compile_optimizer},
+      {"ResourceApplyMomentum", "optimizer", compile_optimizer},
+      {"ResourceApplyAdam", "optimizer", compile_optimizer},
+      {"ApplyGradientDescent", "optimizer", compile_optimizer},
+      {"ApplyMomentum", "optimizer", compile_optimizer},
+      {"ApplyAdam", "optimizer", compile_optimizer},
   };
   return table;
 }

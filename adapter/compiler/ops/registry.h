@@ -51,5 +51,7 @@ CompiledKernel compile_bias(const CompileContext& ctx);        // ops/bias.cpp
 CompiledKernel compile_conv2d(const CompileContext& ctx);     // ops/conv2d.cpp
 CompiledKernel compile_pool(const CompileContext& ctx);       // ops/pool.cpp
 CompiledKernel compile_batchnorm(const CompileContext& ctx);  // ops/batchnorm.cpp
+// Fused optimizer updates (docs/compiler.md "Optimizer updates"):
+CompiledKernel compile_optimizer(const CompileContext& ctx);  // ops/optimizer.cpp
 
 }  // namespace npusim::compiler::ops

@@ -1,4 +1,5 @@
-// Cumsum (input x; attrs axis, exclusive, reverse), types f32, f16, bf16, s32.
+// Cumsum (input x; attrs axis, exclusive, reverse), types f32, f16, bf16, s32, and s64 (a
+// sequential scan per column on the scalar unit, wrapping: ops/int64.h).
 //
 // The scan runs along rows: for x seen as [outer, N, inner] (N = the scanned axis), a work
 // tensor [N, M] (M >= outer * inner columns, a multiple of 32 bytes per row) is scanned by the
@@ -20,6 +21,7 @@
 #include "adapter/compiler/ops/assemble.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/transpose.h"
 #include "sim/exec/layout.h"
@@ -197,8 +199,9 @@ CompiledKernel compile_scan(const CompileContext& ctx) {
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
                         data_type_name(dt)));
-  if (!data_type_is_float(dt) && dt != DataType::S32)
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32)", data_type_name(dt)));
+  if (!data_type_is_float(dt) && dt != DataType::S32 && dt != DataType::S64)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32, s64)",
+                        data_type_name(dt)));
   const int64_t rank = static_cast<int64_t>(x.shape.size());
   if (rank == 0) op.fail("x must have rank >= 1");
   if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
@@ -213,6 +216,11 @@ CompiledKernel compile_scan(const CompileContext& ctx) {
   for (int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<size_t>(d)];
   for (int64_t d = axis + 1; d < rank; ++d) inner *= x.shape[static_cast<size_t>(d)];
   const int64_t n = x.shape[static_cast<size_t>(axis)];
+  if (dt == DataType::S64) {  // the scalar unit (ops/int64.h)
+    plan.add(build_s64_cumsum(op.str(), outer, n, inner, exclusive, reverse, ctx.cfg),
+             {LaunchPlan::input(0), LaunchPlan::output(0)});
+    return std::move(plan).finish();
+  }
   const int esize = data_type_bytes(dt);
   const int64_t epb = kBlock / esize;
   if (outer == 1 && inner % epb == 0) {
