@@ -5,7 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -16,6 +21,7 @@
 #include "isa/kernel_file.h"
 #include "isa/verifier/verifier.h"
 #include "adapter/profiler/instruction_profiler.h"
+#include "adapter/profiler/op_metrics.h"
 #include "sim/simulator.h"
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
@@ -59,7 +65,7 @@ struct RunOptions {
   std::string kernel;
   std::vector<std::string> inputs, outputs, scalars;
   int blocks = 0;
-  std::string counters_path, trace_path, config_out, report_dir;
+  std::string counters_path, trace_path, config_out, report_dir, json_path;
   bool timing_only = false;
   bool quiet = false;
 };
@@ -97,6 +103,22 @@ std::map<std::string, GivenArg> given_args(const RunOptions& o, const isa::Progr
       throw Error(fmt::format("kernel '{}' needs argument '{}': give it with --in, --out or --arg",
                               prog.name, name));
   return given;
+}
+
+// The figures of `npusim run --json`: `meta` plus cube and vector utilisation (of the whole
+// chip's peak), GM and HBM bytes and the buffer high-water marks (bytes, max over cores).
+nlohmann::json run_figures(nlohmann::json meta, const ChipConfig& cfg, const isa::Program& prog,
+                           int block_dim, const KernelResult& r) {
+  const prof::OpMetrics m = prof::compute_op_metrics(cli::op_record(prog, cfg, block_dim, r), cfg);
+  std::map<std::string, uint64_t> high_water;
+  cli::merge_buffer_high_water(r.counters, high_water);
+  meta["cube_utilization_pct"] = m.cube_utilization_pct;
+  meta["vector_utilization_pct"] = cli::vector_utilization_pct(cfg, m.vector_repeats, r.cycles);
+  meta["hbm_bytes"] = m.hbm_read_bytes + m.hbm_write_bytes;
+  meta["gm_bytes"] = m.gm_read_bytes + m.gm_write_bytes;
+  meta["roofline_bound_us"] = m.roofline_bound_us;
+  meta["buffer_high_water_bytes"] = high_water;
+  return meta;
 }
 
 int cmd_run(const RunOptions& o) {
@@ -171,6 +193,7 @@ int cmd_run(const RunOptions& o) {
                          {"cycles", r.cycles}, {"time_us", r.time_us},
                          {"functional", !o.timing_only}};
   if (!o.counters_path.empty()) write_json(o.counters_path, {{"run", meta}, {"counters", r.counters}});
+  if (!o.json_path.empty()) write_json(o.json_path, run_figures(meta, cfg, prog, launch.block_dim, r));
   if (!o.trace_path.empty()) write_json(o.trace_path, sim.trace());
   if (!o.config_out.empty()) {
     std::ofstream out(o.config_out);
@@ -200,6 +223,41 @@ int cmd_run(const RunOptions& o) {
   return 0;
 }
 
+// `npusim sweep`: hands over (exec) to tools/npusim_sweep.py, run with the Python the report
+// plots use (prof::find_report_python; else python3 on PATH), passing this binary as --npusim.
+struct SweepOptions {
+  std::string grid, out;
+  int jobs = 0;  // 0: the script's default (the CPU count)
+  bool resume = true, dry_run = false, no_plots = false, retry_errors = false;
+};
+
+std::string this_executable() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error("sweep: cannot find this executable's path (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+int cmd_sweep(const SweepOptions& o) {
+  const std::string script = cli::source_dir() + "/tools/npusim_sweep.py";
+  std::string python = prof::find_report_python(cli::source_dir());
+  if (python.empty()) python = "python3";
+  std::vector<std::string> args = {python, script, o.grid, "--npusim", this_executable()};
+  if (!o.out.empty()) args.insert(args.end(), {"--out", o.out});
+  if (o.jobs > 0) args.insert(args.end(), {"--jobs", std::to_string(o.jobs)});
+  args.push_back(o.resume ? "--resume" : "--no-resume");
+  if (o.dry_run) args.push_back("--dry-run");
+  if (o.no_plots) args.push_back("--no-plots");
+  if (o.retry_errors) args.push_back("--retry-errors");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  execvp(argv[0], argv.data());
+  throw Error(fmt::format("sweep: cannot run '{} {}': {} (set NPUSIM_PYTHON or create .venv "
+                          "with scripts/setup.sh)", python, script, std::strerror(errno)));
+}
+
 }  // namespace
 
 
@@ -222,6 +280,8 @@ int main(int argc, char** argv) {
   c_run->add_option("--config-out", run.config_out, "write the resolved chip config as YAML");
   c_run->add_option("--report-dir", run.report_dir,
                     "write an msprof-style report folder (docs/reports.md)");
+  c_run->add_option("--json", run.json_path,
+                    "write the figures as JSON (time, utilisation, bytes, buffer high-water marks)");
   c_run->add_flag("--timing-only", run.timing_only, "skip functional effects (same cycles)");
   c_run->add_flag("--quiet", run.quiet, "no summary");
 
@@ -268,6 +328,19 @@ int main(int argc, char** argv) {
   c_ver->add_option("kernel", ver_in, "kernel file")->required();
   ver_chip.add(c_ver);
 
+  SweepOptions sweep;
+  auto* c_sweep = app.add_subcommand(
+      "sweep", "architecture exploration: run a grid of chip configs x workloads (docs/sweep.md)");
+  c_sweep->add_option("grid", sweep.grid, "grid file (YAML)")->required();
+  c_sweep->add_option("--out", sweep.out, "output folder (default: <grid name>_sweep)");
+  c_sweep->add_option("--jobs", sweep.jobs, "points run in parallel (default: the CPU count)");
+  c_sweep->add_flag("--resume,!--no-resume", sweep.resume,
+                    "skip points stored in OUT/points (default) or rerun them");
+  c_sweep->add_flag("--dry-run", sweep.dry_run, "check the grid and list the points; run nothing");
+  c_sweep->add_flag("--no-plots", sweep.no_plots, "write the CSV files only");
+  c_sweep->add_flag("--retry-errors", sweep.retry_errors,
+                    "run stored points that failed again (not rejected configs)");
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -279,6 +352,7 @@ int main(int argc, char** argv) {
     if (c_run->parsed()) return cmd_run(run);
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
+    if (c_sweep->parsed()) return cmd_sweep(sweep);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -157,7 +158,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
   prof::ReportInput report;
   report.config = &cfg;
   report.title = "npusim op " + desc.str();
-  uint64_t cycles = 0, macs = 0, repeats = 0, hbm = 0;
+  uint64_t cycles = 0, macs = 0, repeats = 0, hbm = 0, gm = 0;
+  std::map<std::string, uint64_t> high_water;  // buffer -> bytes, over launches and cores
   nlohmann::json launches = nlohmann::json::array();
   for (size_t i = 0; i < k.launches.size(); ++i) {
     const compiler::Launch& l = k.launches[i];
@@ -178,6 +180,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
     macs += m.macs;
     repeats += m.vector_repeats;
     hbm += m.hbm_read_bytes + m.hbm_write_bytes;
+    gm += m.gm_read_bytes + m.gm_write_bytes;
+    merge_buffer_high_water(r.counters, high_water);
     out << fmt::format("  launch {}: {} ({})\n", i, l.kernel.program.name, l.summary);
     print_summary(out, cfg, l.kernel.program.name, l.block_dim, r);
     launches.push_back({{"kernel", l.kernel.program.name}, {"cycles", r.cycles},
@@ -202,6 +206,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   const double bound = prof::roofline_cycles(peaks, macs, repeats, hbm);
   const double cube_pct = peaks.macs_per_cycle > 0 && cycles
                               ? 100.0 * double(macs) / (peaks.macs_per_cycle * double(cycles)) : 0;
+  const double vector_pct = vector_utilization_pct(cfg, repeats, cycles);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   out << fmt::format(
       "op total: {} cycles = {:.2f} us; cube {:.1f}% of chip peak; HBM {:.1f} GB/s; roofline bound "
@@ -217,6 +222,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         {"functional", !o.timing_only}, {"cycles", cycles},
                         {"time_us", cfg.cycles_to_us(double(cycles))},
                         {"cube_utilization_pct", cube_pct}, {"hbm_bytes", hbm},
+                        {"vector_utilization_pct", vector_pct}, {"gm_bytes", gm},
+                        {"buffer_high_water_bytes", high_water},
                         {"roofline_bound_us", cfg.cycles_to_us(bound)},
                         {"roofline_ratio", bound > 0 ? double(cycles) / bound : 0.0},
                         {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches}}

@@ -1,10 +1,13 @@
 #include "tools/summary.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "adapter/profiler/counter_view.h"
+#include "adapter/profiler/op_metrics.h"
+#include "sim/exec/vector_insn.h"
 
 namespace npusim::cli {
 namespace {
@@ -32,6 +35,25 @@ const char* kPipeLabels[][2] = {{"s", "scalar"}, {"mte1", "MTE1"}, {"mte2", "MTE
                                 {"fix", "FIXPIPE"}};
 
 }  // namespace
+
+double vector_utilization_pct(const ChipConfig& cfg, uint64_t vector_repeats, uint64_t cycles) {
+  const prof::ChipPeaks peaks = prof::chip_peaks(cfg);
+  if (peaks.vector_bytes_per_cycle <= 0 || cycles == 0) return 0;
+  return 100.0 * double(vector_repeats) * vec::kRepeatBytes /
+         (peaks.vector_bytes_per_cycle * double(cycles));
+}
+
+void merge_buffer_high_water(const json& counters, std::map<std::string, uint64_t>& marks) {
+  const json& chip = counters.contains("chip") ? counters["chip"] : counters;
+  for (auto core = chip.begin(); core != chip.end(); ++core) {
+    if (!core->is_object() || !core->contains("buffer")) continue;
+    const json& bufs = (*core)["buffer"];
+    for (auto b = bufs.begin(); b != bufs.end(); ++b) {
+      uint64_t& m = marks[b.key()];
+      m = std::max(m, leaf(*b, "high_water"));
+    }
+  }
+}
 
 int default_block_dim(const isa::Program& prog, const ChipConfig& cfg) {
   if (!cfg.split) {

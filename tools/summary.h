@@ -1,6 +1,8 @@
 // Human-readable summaries of a kernel run, computed from its counter tree.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <ostream>
 #include <string>
 
@@ -21,5 +23,15 @@ std::string describe_chip(const ChipConfig& cfg);
 // cube MAC utilisation, bytes per data path, stalls by cause, L2 and HBM traffic.
 void print_summary(std::ostream& out, const ChipConfig& cfg, const std::string& kernel,
                    int block_dim, const KernelResult& r);
+
+// 100 x vector repeats x 256 B / (vector bytes per cycle x vector cores x cycles): the share of
+// the whole chip's vector peak used over `cycles` (0 if the chip has no vector unit or cycles 0).
+double vector_utilization_pct(const ChipConfig& cfg, uint64_t vector_repeats, uint64_t cycles);
+
+// Merges the buffer high-water marks of a counter tree (chip.<core>.buffer.<buf>.high_water, the
+// highest byte offset any instruction touched) into `marks`: per buffer name ("l1", "l0a", "ub",
+// ...), the maximum over the cores and over every tree merged so far, in bytes.
+void merge_buffer_high_water(const nlohmann::json& counters,
+                             std::map<std::string, uint64_t>& marks);
 
 }  // namespace npusim::cli

@@ -116,6 +116,12 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
       m_stall_barrier(m_scalar_counters.add("stall.barrier", "cycles",
                                             "cycles the scalar unit waited in pipe_barrier",
                                             kPsPerCycle)) {
+  for (const auto& [buf, bytes] : kind.buffer_bytes)
+    m_buffer_high_water[static_cast<int>(buf)] = &counters.add(
+        fmt::format("buffer.{}.high_water", isa::buf_name(buf)), "bytes",
+        fmt::format("highest byte offset (addr + bytes) any instruction touched in {} ({} bytes)",
+                    isa::buf_name(buf), bytes),
+        1, CounterKind::kHighWater);
   m_flag_or_abort |= m_flag_event;
   m_flag_or_abort |= m_abort.event();
   sc_core::sc_spawn_options scalar_opts;
@@ -148,6 +154,9 @@ void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
 }
 
 void AiCore::reset() {
+  for (int b = 0; b < isa::kNumBufs; ++b)
+    if (Counter* c = m_buffer_high_water[b]) c->raise_to(m_local->high_water(isa::Buf(b)));
+  m_local->reset_high_water();
   for (PipeUnit* u : m_pipe_list) {
     u->queue.clear();
     u->executing = false;

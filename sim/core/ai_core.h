@@ -46,8 +46,9 @@ class AiCore : public sc_core::sc_module {
   void assign_block(const SectionRun& run, int block, int subblock);
   bool idle() const { return !m_assigned && !m_running; }
 
-  // Between launches, with every process idle: clears queues, flags, cross-core counts and all
-  // per-block state, so the next launch starts clean.
+  // Between launches, with every process idle: raises the buffer high-water counters to this
+  // launch's marks, then clears queues, flags, cross-core counts, the marks and all per-block
+  // state, so the next launch starts clean.
   void reset();
 
   // Cross-core flag `id` posted to this core by a cc_set; `flow` links it in the trace.
@@ -153,6 +154,9 @@ class AiCore : public sc_core::sc_module {
   Counter& m_stall_scalar_cross_core;
   Counter& m_stall_barrier;
   std::array<Counter*, isa::kNumOpcodes> m_scalar_insn{};
+  // "buffer.<buf>.high_water" per buffer the core has (null for absent buffers): the highest
+  // byte offset (addr + bytes) any instruction touched in it, in bytes (a high-water counter).
+  std::array<Counter*, isa::kNumBufs> m_buffer_high_water{};
 };
 
 }  // namespace npusim

@@ -23,7 +23,7 @@ std::vector<std::string> split_path(const std::string& name) {
 }  // namespace
 
 Counter& CounterRegistry::add(const std::string& name, const std::string& unit,
-                              const std::string& desc, uint64_t scale) {
+                              const std::string& desc, uint64_t scale, CounterKind kind) {
   std::vector<std::string> path = split_path(name);
   for (const std::string& part : path)
     if (part.empty()) throw Error(fmt::format("counter name '{}' has an empty component", name));
@@ -39,7 +39,7 @@ Counter& CounterRegistry::add(const std::string& name, const std::string& unit,
       throw Error(fmt::format("counter '{}' would be inside counter '{}'", name,
                               name.substr(0, dot)));
   m_index[name] = m_counters.size();
-  m_counters.emplace_back(name, unit, desc, scale);
+  m_counters.emplace_back(name, unit, desc, scale, kind);
   m_paths.push_back(std::move(path));
   return m_counters.back();
 }
@@ -50,13 +50,16 @@ Counter* CounterRegistry::find(const std::string& name) {
 }
 
 void CounterRegistry::reset() {
-  for (Counter& c : m_counters) c.m_raw = 0;
+  for (Counter& c : m_counters) c.m_raw = c.m_window = 0;
 }
 
 std::vector<uint64_t> CounterRegistry::snapshot() const {
   std::vector<uint64_t> raw;
   raw.reserve(m_counters.size());
-  for (const Counter& c : m_counters) raw.push_back(c.m_raw);
+  for (const Counter& c : m_counters) {
+    raw.push_back(c.m_raw);
+    c.m_window = 0;
+  }
   return raw;
 }
 
@@ -68,10 +71,12 @@ nlohmann::json CounterRegistry::dump_since(const std::vector<uint64_t>& base) co
     const Counter& c = m_counters[i];
     // After a reset() the raw value may be below the base: count from zero then.
     uint64_t from = i < base.size() && base[i] <= c.m_raw ? base[i] : 0;
+    uint64_t raw = c.m_raw - from;
+    if (c.m_kind == CounterKind::kHighWater) raw = base.empty() ? c.m_raw : c.m_window;
     nlohmann::json* node = &tree;
     for (const std::string& part : m_paths[i]) node = &(*node)[part];
     nlohmann::json& leaf = *node;
-    leaf["value"] = c.report(c.m_raw - from);
+    leaf["value"] = c.report(raw);
     leaf["unit"] = c.m_unit;
     leaf["desc"] = c.m_desc;
   }

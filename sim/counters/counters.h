@@ -14,15 +14,26 @@
 
 namespace npusim {
 
+// How a counter combines what it is given: a sum (add/inc), or a high-water mark (raise_to: the
+// largest value seen, e.g. the highest byte offset of a buffer any instruction touched).
+enum class CounterKind { kSum, kHighWater };
+
 // One counter. It accumulates a raw integer; the reported value is raw / scale rounded to the
 // nearest integer (time counters accumulate picoseconds and report cycles, scale 1000).
 class Counter {
  public:
-  Counter(std::string name, std::string unit, std::string desc, uint64_t scale)
+  Counter(std::string name, std::string unit, std::string desc, uint64_t scale,
+          CounterKind kind = CounterKind::kSum)
       : m_name(std::move(name)), m_unit(std::move(unit)), m_desc(std::move(desc)),
-        m_scale(scale) {}
+        m_scale(scale), m_kind(kind) {}
   void add(uint64_t raw) { m_raw += raw; }
   void inc() { ++m_raw; }
+  // High-water counters: raw = max(raw, v); also raises the maximum since the last snapshot.
+  void raise_to(uint64_t v) {
+    if (v > m_raw) m_raw = v;
+    if (v > m_window) m_window = v;
+  }
+  CounterKind kind() const { return m_kind; }
   uint64_t raw() const { return m_raw; }
   // The reported value of a raw amount of this counter.
   uint64_t report(uint64_t raw) const { return (raw + m_scale / 2) / m_scale; }
@@ -35,7 +46,10 @@ class Counter {
   friend class CounterRegistry;
   std::string m_name, m_unit, m_desc;
   uint64_t m_scale;
+  CounterKind m_kind;
   uint64_t m_raw = 0;
+  // High-water counters: the maximum since the registry's last snapshot() (which restarts it).
+  mutable uint64_t m_window = 0;
 };
 
 class CounterRegistry {
@@ -44,19 +58,22 @@ class CounterRegistry {
   // make a counter an interior node of the tree (or the reverse). The reference stays valid for
   // the registry's lifetime.
   Counter& add(const std::string& name, const std::string& unit, const std::string& desc,
-               uint64_t scale = 1);
+               uint64_t scale = 1, CounterKind kind = CounterKind::kSum);
   // The counter of that name, or nullptr.
   Counter* find(const std::string& name);
   size_t size() const { return m_counters.size(); }
 
   // Zeroes every counter.
   void reset();
-  // Raw values of all counters, in registration order (for dump_since).
+  // Raw values of all counters, in registration order (for dump_since). Also starts a new window
+  // for every high-water counter (see dump_since).
   std::vector<uint64_t> snapshot() const;
   // The tree: {"chip": {"aic0": {"mte2": {"busy_cycles": {"value", "unit", "desc"}}}}}.
+  // A high-water counter reports its maximum since construction or reset().
   nlohmann::json dump() const;
   // The same tree with each counter's growth since `base` (a snapshot; counters registered after
-  // it count from zero).
+  // it count from zero). A high-water counter reports the maximum it was raised to since the
+  // latest snapshot() instead, so `base` must be that latest snapshot for the two to agree.
   nlohmann::json dump_since(const std::vector<uint64_t>& base) const;
 
  private:
@@ -72,8 +89,8 @@ class CounterGroup {
       : m_reg(&reg), m_prefix(std::move(prefix)) {}
   CounterGroup sub(const std::string& name) const { return {*m_reg, m_prefix + "." + name}; }
   Counter& add(const std::string& name, const std::string& unit, const std::string& desc,
-               uint64_t scale = 1) const {
-    return m_reg->add(m_prefix + "." + name, unit, desc, scale);
+               uint64_t scale = 1, CounterKind kind = CounterKind::kSum) const {
+    return m_reg->add(m_prefix + "." + name, unit, desc, scale, kind);
   }
   // The counter `name` under this group, registering it on first use (for counters created
   // lazily, e.g. one per opcode actually executed).

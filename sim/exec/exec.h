@@ -51,9 +51,19 @@ class CoreMemory {
   uint8_t* at(isa::Buf b, uint64_t addr, uint64_t n);
   uint64_t capacity(isa::Buf b) const { return m_bufs[static_cast<int>(b)].size(); }
   void clear();  // zero all buffers
+  // High-water mark of buffer b: the largest end offset (addr + bytes) of any range plan()
+  // checked in it (note_access), in functional and timing-only runs alike. The core reports it
+  // as a counter and restarts it between launches (reset_high_water).
+  void note_access(isa::Buf b, uint64_t end) {
+    uint64_t& h = m_high_water[static_cast<int>(b)];
+    if (end > h) h = end;
+  }
+  uint64_t high_water(isa::Buf b) const { return m_high_water[static_cast<int>(b)]; }
+  void reset_high_water() { m_high_water.fill(0); }
 
  private:
   std::array<std::vector<uint8_t>, isa::kNumBufs> m_bufs;
+  std::array<uint64_t, isa::kNumBufs> m_high_water{};
 };
 
 struct ExecContext {

@@ -67,6 +67,7 @@ void check_local(const Operands& o, const ExecContext& ctx, const char* operand,
   if (bytes > cap || addr > cap - bytes)
     o.fault(fmt::format("{} range [{:#x}, {:#x}) is outside {} ({} bytes)", operand, addr,
                         addr + bytes, isa::buf_name(b), cap));
+  if (bytes) ctx.local.note_access(b, addr + bytes);
 }
 
 void check_gm(const Operands& o, const ExecContext& ctx, const char* operand, uint64_t addr,

@@ -292,6 +292,7 @@ void check_vector_bounds(const VecInsn& vi, CoreMemory& local) {
       throw KernelFault(fmt::format("{}: operand {} ({} repeats): {}", vi.mnemonic, o.field,
                                     vi.repeats, e.what()));
     }
+    local.note_access(isa::Buf::UB, last);
   }
 }
 
