@@ -1,0 +1,116 @@
+"""Model registry of the TensorFlow adapter's demos, tests and benchmarks.
+
+    import models
+    model = models.build("cnn")                       # a keras.Model, not compiled
+    x, y = models.synthetic_data("cnn", batch=8)      # deterministic numpy inputs and labels
+    model.compile(optimizer="adam", loss=models.loss("cnn"))
+
+Every model takes `input_size` (one integer: the image side of the image models, the feature
+count of the MLP, the sequence length of the sequence models) and `classes` where it has a
+classifier. Nothing is downloaded: keras.applications models are built with weights=None.
+Building does not choose a device: build under `tf.device("/NPU:0")` to put the weights there.
+"""
+
+import numpy as np
+
+from . import applications, cnn, lstm_attention, mlp, transformer
+from ._common import ModelSpec
+
+
+REGISTRY = {spec.name: spec for spec in (mlp.SPEC, cnn.SPEC, applications.RESNET50_SPEC,
+                                         applications.MOBILENETV2_SPEC, lstm_attention.SPEC,
+                                         transformer.SPEC)}
+
+
+def names():
+    return list(REGISTRY)
+
+
+def spec(name):
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown model '{name}'; known: {', '.join(REGISTRY)}") from None
+
+
+def input_shape(name, input_size=None):
+    """The model's input shape without the batch dimension (default input_size if None)."""
+    s = spec(name)
+    return tuple(s.input_shape(input_size or s.default_input_size))
+
+
+def build(name, input_size=None, classes=None, seed=None, **kw):
+    """A new keras.Model `name`. seed: keras.utils.set_random_seed(seed) first, so two builds
+    with the same seed have the same initial weights. Other keywords go to the model; every
+    model takes output_activation (default "softmax", lstm_attention "sigmoid"; None gives the
+    logits)."""
+    s = spec(name)
+    if seed is not None:
+        import keras  # pylint: disable=import-outside-toplevel
+
+        keras.utils.set_random_seed(seed)
+    if classes is not None and s.default_classes is None:
+        raise ValueError(f"model '{name}' has no classes")
+    return s.build(input_size or s.default_input_size,
+                   classes if classes is not None else s.default_classes, **kw)
+
+
+def synthetic_data(name, batch, input_size=None, classes=None, seed=0):
+    """(x, y): a deterministic batch of inputs and training targets for `name` (numpy, from
+    np.random.default_rng(seed))."""
+    s = spec(name)
+    rng = np.random.default_rng(seed)
+    return s.data(rng, batch, input_size or s.default_input_size,
+                  classes if classes is not None else s.default_classes)
+
+
+def loss(name):
+    """A new keras loss instance for training `name` on synthetic_data's targets."""
+    return spec(name).make_loss()
+
+
+def calibrate_batchnorm(model, x):
+    """Sets every BatchNormalization layer's moving mean and variance to the statistics of
+    batch `x` (one eager forward pass in training mode with momentum 0), as a trained model would
+    have them. Without it a randomly initialised deep model in inference mode (moving mean 0,
+    variance 1) scales its activations by whatever its random weights give: MobileNetV2 at
+    32x32 ends near 1e-12, below fp16's smallest subnormal (6e-8), where an fp16 cube op
+    rightly returns 0. Returns the number of layers calibrated. Run it on the device that holds
+    the model's variables."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    every = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+    layers = [l for l in every if isinstance(l, keras.layers.BatchNormalization)]
+    momenta = [l.momentum for l in layers]
+    try:
+        for l in layers:
+            l.momentum = 0.0
+        model(x, training=True)
+    finally:
+        for l, m in zip(layers, momenta):
+            l.momentum = m
+    return len(layers)
+
+
+def npu_workarounds(tf):
+    """Applies the TensorFlow settings the NPU plugin still needs to run these models; returns
+    their names (empty when none is needed). Call before the first tf.function runs.
+
+    - "no_arithmetic_optimization": grappler's arithmetic optimizer rewrites chains of adds
+      (ResNet's residual adds, LayerNormalization, the gradients of a shared tensor) into AddN
+      after placement, on the device of the adds, and the plugin has no AddN kernel for the NPU
+      (soft placement does not apply after grappler): the function fails with "No registered
+      'AddN' OpKernel for 'NPU' devices". Turned off only while the plugin lacks AddN.
+    """
+    from tensorflow.python.framework import kernels  # pylint: disable=import-outside-toplevel
+
+    applied = []
+    addn = {k.device_type for k in kernels.get_registered_kernels_for_op("AddN").kernel}
+    if "NPU" not in addn:
+        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+        applied.append("no_arithmetic_optimization")
+    return applied
+
+
+__all__ = ["ModelSpec", "REGISTRY", "build", "calibrate_batchnorm", "input_shape", "loss",
+           "names", "npu_workarounds", "spec", "synthetic_data"]

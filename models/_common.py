@@ -1,0 +1,46 @@
+"""What every model module provides (ModelSpec), and synthetic data and losses they share."""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How to build, feed and train one model.
+
+    input_shape(input_size) -> the input shape without the batch dimension;
+    build(input_size, classes, **kw) -> keras.Model (not compiled);
+    data(rng, batch, input_size, classes) -> (x, y) numpy arrays;
+    make_loss() -> a keras loss for the model's output (every classifier here ends in softmax,
+    the risk score in a sigmoid). default_classes is None for a model without classes."""
+
+    name: str
+    description: str
+    default_input_size: int
+    input_shape: object
+    default_classes: object
+    build: object
+    data: object
+    make_loss: object
+
+
+def images(rng, batch, shape, classes):
+    """Standard-normal float32 inputs of `shape` and int32 class labels in [0, classes)."""
+    x = rng.standard_normal((batch,) + tuple(shape)).astype(np.float32)
+    y = rng.integers(0, classes, batch).astype(np.int32)
+    return x, y
+
+
+def sparse_categorical_loss():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    # The classifiers end in softmax; Keras' TensorFlow backend then computes the loss from
+    # the softmax's logits (SparseSoftmaxCrossEntropyWithLogits), not from log(probabilities).
+    return keras.losses.SparseCategoricalCrossentropy()
+
+
+def binary_loss():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    return keras.losses.BinaryCrossentropy()

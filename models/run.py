@@ -1,0 +1,328 @@
+"""Runs one model of the registry for a few steps on the emulated NPU (or TensorFlow's CPU) and
+writes its figures as JSON: the runner of the main job, the benchmarks and `npusim sweep`.
+
+    python -m models.run --model NAME --mode infer|train --batch B --steps S
+        [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
+        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--quiet]
+
+(from the repository root). One process runs one chip config (SystemC elaborates one chip per
+process): a sweep starts one runner per config.
+
+What it does: imports npusim (not with --device CPU) and calls npusim.configure(chip, overrides,
+precision_mode, report_dir) with the options given (an option left out keeps the environment's
+setting: NPUSIM_CHIP, default 910b, ...); builds the model under tf.device (seed 0, so the
+initial weights do not depend on the device); runs one warm-up step, not measured (it traces the
+tf.function and compiles the NPU kernels), then S measured steps:
+
+- infer: `model(x, training=False)` inside a tf.function;
+- train: `model.train_on_batch(x, y)`, compiled with Adam (lr 1e-3) and the registry's loss
+  (jit_compile=False on both devices: XLA cannot compile for the NPU).
+
+Every step ends with the result copied to the host, so it has finished on the device.
+
+The JSON (printed as the last line of stdout, and written to --json OUT if given):
+
+  model, mode, batch, steps, input_size, device ("NPU" or "CPU"), ok (true),
+  chip, overrides, precision_mode   the device's settings as the plugin reports them (NPU;
+                                    null on the CPU)
+  wall_s_per_step                   mean host wall time of a measured step (s)
+  warmup_wall_s                     wall time of the warm-up step (s)
+  loss                              train: the loss of the last measured step
+  workarounds                       NPU: TensorFlow settings applied because the plugin still
+                                    lacks a kernel (models.npu_workarounds), e.g.
+                                    "no_arithmetic_optimization"
+  NPU only, from npusim.launch_records():
+  simulated_us_per_step             device timeline of the measured steps / S: end of the last
+                                    launch (start_cycle + cycles) minus start of the first launch,
+                                    in us at the chip clock; includes the device's idle gaps
+                                    between kernels (host copies, ops that ran on the CPU)
+  kernel_us_per_step                sum of the launches' durations / S (no gaps)
+  samples_per_s                     batch / (simulated_us_per_step / 1e6)
+  kernels_per_step                  launches / S
+  from the launch counters of the LAST measured step (steps are identical; fetching every
+  step's counter trees costs ~350 KB of JSON per launch on the 910b), see launch_counters():
+  cube_utilization_pct              100 x cube MACs / (cube m*k*n x cube cores x span cycles)
+  vector_utilization_pct            100 x vector repeats x 256 B / (vector bytes_per_cycle x
+                                    vector cores x span cycles)
+  hbm_bytes_per_step                HBM read + write bytes
+  (span = that step's device timeline, first launch start to last launch end; the utilisations
+  are left out if the chip config cannot be read)
+  device_peak_bytes                 TensorFlow's allocator peak on the NPU
+                                    (tf.config.experimental.get_memory_info)
+  cpu_fallback_ops                  npusim.cpu_fallback_ops(), if npusim has it
+  CPU only:
+  samples_per_s                     batch / wall_s_per_step (no simulated time on the CPU)
+
+On any error: exit code 1 and {"ok": false, "error": "<type>: <message>", plus the request's
+fields}. --report-dir DIR: npusim writes its report there at exit; its launch records are the
+measured steps' (the warm-up's are cleared).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m models.run",
+                                 description="Run a registry model on the emulated NPU.")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", choices=("infer", "train"), required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--input-size", type=int, default=None,
+                    help="image side / feature count / sequence length (default: the model's)")
+    ap.add_argument("--classes", type=int, default=None)
+    ap.add_argument("--chip", default=None, help="preset or YAML file (default: NPUSIM_CHIP "
+                    "or 910b)")
+    ap.add_argument("--set", dest="overrides", action="append", default=None,
+                    metavar="dotted.key=value", help="chip config override (repeatable)")
+    ap.add_argument("--precision", default=None,
+                    help="must_keep_origin_dtype | allow_fp32_to_fp16 | allow_mix_precision")
+    ap.add_argument("--report-dir", default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--device", choices=("NPU", "CPU"), default="NPU")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    if a.batch < 1 or a.steps < 1:
+        ap.error("--batch and --steps must be at least 1")
+    return a
+
+
+def chip_peaks(npusim):
+    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle} of the whole chip, from the
+    resolved chip config the plugin loaded; None if it cannot be read."""
+    try:
+        import yaml  # pylint: disable=import-outside-toplevel
+
+        text = npusim._hooks.chip_config_yaml()  # pylint: disable=protected-access
+        cfg = yaml.safe_load(text) if text else None
+    except Exception:  # pylint: disable=broad-except
+        return None
+    if not cfg:
+        return None
+    cores = cfg["cores"]
+    # Split chip: cube cores (aic) and vector cores (aiv); coupled: every aicore has both.
+    cube_cores = cores["aic"]["count"] if "aic" in cores else cores["aicore"]["count"]
+    vector_cores = cores["aiv"]["count"] if "aiv" in cores else cores["aicore"]["count"]
+    cube = cfg["cube"]
+    return {
+        "clock_mhz": float(cfg["clock_mhz"]),
+        "cube_macs_per_cycle": cube["m"] * cube["k"] * cube["n"] * cube_cores,
+        # One repeat is 256 bytes (docs/reports.md's roofline: repeats x 256 B / bytes_per_cycle).
+        "vector_repeats_per_cycle": cfg["vector"]["bytes_per_cycle"] / 256.0 * vector_cores,
+    }
+
+
+def _sum_leaves(tree, totals, path=()):
+    """Adds every counter leaf ({"value", "unit", ...}) of a launch's counter tree to `totals`,
+    keyed by its path with the core name (aic0, aiv3, aicore7, ...) replaced by '*'."""
+    if isinstance(tree, dict) and "value" in tree and "unit" in tree:
+        key = ".".join(path)
+        totals[key] = totals.get(key, 0) + tree["value"]
+        return
+    if isinstance(tree, dict):
+        for name, sub in tree.items():
+            if name.startswith(("aic", "aiv")) and name[-1].isdigit():
+                name = "*"
+            _sum_leaves(sub, totals, path + (name,))
+
+
+def timeline(records):
+    """(first start cycle, last end cycle, sum of durations in cycles) of launch records."""
+    if not records:
+        return None
+    first = min(r["start_cycle"] for r in records)
+    last = max(r["start_cycle"] + r["cycles"] for r in records)
+    return first, last, sum(r["cycles"] for r in records)
+
+
+def launch_counters(records, peaks):
+    """Figures of one step from its launch records with counters: cube_macs (fp16-MAC
+    equivalents), vector_repeats, hbm_bytes (read + write), and cube_utilization_pct /
+    vector_utilization_pct over the step's device timeline against the whole chip's peak
+    (chip_peaks; left out when peaks is None). The one place that reads the counter trees."""
+    totals = {}
+    for r in records:
+        _sum_leaves(r.get("counters", {}), totals)
+    span = timeline(records)
+    out = {
+        "cube_macs": totals.get("chip.*.m.macs", 0),
+        "vector_repeats": totals.get("chip.*.v.repeats", 0),
+        "hbm_bytes": totals.get("chip.hbm.read_bytes", 0) + totals.get("chip.hbm.write_bytes", 0),
+    }
+    if peaks and span and span[1] > span[0]:
+        cycles = span[1] - span[0]
+        out["cube_utilization_pct"] = 100.0 * out["cube_macs"] / (
+            peaks["cube_macs_per_cycle"] * cycles)
+        out["vector_utilization_pct"] = 100.0 * out["vector_repeats"] / (
+            peaks["vector_repeats_per_cycle"] * cycles)
+    return out
+
+
+def _clock_mhz(records, peaks):
+    if peaks:
+        return peaks["clock_mhz"]
+    for r in records:  # time_us = cycles / clock_mhz
+        if r["cycles"] and r["time_us"]:
+            return r["cycles"] / r["time_us"]
+    return None
+
+
+def run(a, log):
+    """Runs the request `a` (parse_args); returns the result dict."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import models  # pylint: disable=import-outside-toplevel
+
+    models.spec(a.model)  # an unknown model fails here, before TensorFlow loads
+    npusim = None
+    if a.device == "NPU":
+        import npusim  # pylint: disable=import-outside-toplevel,redefined-outer-name
+
+        npusim.configure(chip=a.chip, overrides=a.overrides, precision_mode=a.precision,
+                         report_dir=a.report_dir)
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import keras  # pylint: disable=import-outside-toplevel
+
+    result = {"model": a.model, "mode": a.mode, "batch": a.batch, "steps": a.steps,
+              "input_size": a.input_size or models.spec(a.model).default_input_size,
+              "device": a.device, "chip": None, "overrides": None, "precision_mode": None}
+    device = "/NPU:0" if a.device == "NPU" else "/CPU:0"
+    if npusim is not None:
+        result["workarounds"] = models.npu_workarounds(tf)
+    x, y = models.synthetic_data(a.model, a.batch, a.input_size, a.classes, seed=0)
+    with tf.device(device):
+        model = models.build(a.model, a.input_size, a.classes, seed=0)
+        xt = tf.constant(x)
+        yt = tf.constant(y)
+        if a.mode == "train":
+            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=models.loss(a.model),
+                          jit_compile=False)
+
+            def step():
+                return float(model.train_on_batch(xt, yt))
+        else:
+            forward = tf.function(lambda inputs: model(inputs, training=False))
+
+            def step():
+                return forward(xt).numpy()
+
+        if npusim is not None:
+            info = npusim.device_info()["settings"]
+            result.update(chip=info["chip"], overrides=info["overrides"],
+                          precision_mode=info["precision_mode"])
+        log(f"{a.model} {a.mode} batch {a.batch} on {a.device}"
+            + (f" (chip {result['chip']})" if npusim else "") + ": warm-up step")
+        t0 = time.perf_counter()
+        step()
+        result["warmup_wall_s"] = time.perf_counter() - t0
+
+        walls, out, earlier, with_counters = time_steps(step, a.steps, npusim, log,
+                                                        keep_all=bool(a.report_dir))
+
+    result["wall_s_per_step"] = float(np.mean(walls))
+    if a.mode == "train":
+        result["loss"] = out
+    if npusim is None:
+        result["samples_per_s"] = a.batch / result["wall_s_per_step"]
+        return result
+    result.update(npu_figures(npusim, a.batch, a.steps, earlier, with_counters))
+    try:
+        result["device_peak_bytes"] = tf.config.experimental.get_memory_info("NPU:0")["peak"]
+    except Exception:  # pylint: disable=broad-except
+        pass
+    if hasattr(npusim, "cpu_fallback_ops"):
+        result["cpu_fallback_ops"] = npusim.cpu_fallback_ops()
+    return result
+
+
+def time_steps(step, steps, npusim=None, log=None, keep_all=False, counters=True):
+    """Runs step() `steps` times after the warm-up (which the caller ran). Returns (wall seconds
+    per step, the last step's result, the launch records of steps 1..S-1 without counters, the
+    last step's records with counters). With npusim the records are cleared first; keep_all:
+    they are not cleared before the last step either (a report then holds every measured step)
+    and the records returned split at the last step. counters=False fetches no counter trees
+    (the last list is then without counters too)."""
+    if npusim is not None:
+        npusim.clear_launch_records()
+    earlier, walls, out = [], [], None
+    for i in range(steps):
+        if npusim is not None and i == steps - 1:
+            earlier = npusim.launch_records()
+            if not keep_all:
+                npusim.clear_launch_records()
+        t0 = time.perf_counter()
+        out = step()
+        walls.append(time.perf_counter() - t0)
+        if log:
+            log(f"  step {i + 1}/{steps}: {walls[-1]:.2f} s wall")
+    last = []
+    if npusim is not None:
+        last = npusim.launch_records(with_counters=counters)
+        if keep_all:
+            last = last[len(earlier):]
+    return walls, out, earlier, last
+
+
+def npu_figures(npusim, batch, steps, earlier, last):
+    """The simulated figures of the contract from time_steps' records (the module docstring):
+    simulated_us_per_step, kernel_us_per_step, samples_per_s, kernels_per_step, and from the
+    last step's counters (when fetched) hbm_bytes_per_step and the utilisations."""
+    records = earlier + [{k: v for k, v in r.items() if k != "counters"} for r in last]
+    failed = [r for r in records if not r["ok"]]
+    if failed:
+        raise RuntimeError(f"{len(failed)} launches failed on the NPU, first: "
+                           f"{failed[0]['kernel']}: {failed[0]['error']}")
+    out = {}
+    peaks = chip_peaks(npusim)
+    span = timeline(records)
+    clock = _clock_mhz(records, peaks)
+    if span and clock:
+        out["simulated_us_per_step"] = (span[1] - span[0]) / clock / steps
+        out["kernel_us_per_step"] = span[2] / clock / steps
+        out["samples_per_s"] = batch / (out["simulated_us_per_step"] / 1e6)
+    out["kernels_per_step"] = len(records) / steps
+    if last and "counters" in last[0]:
+        figures = launch_counters(last, peaks)
+        out["hbm_bytes_per_step"] = figures["hbm_bytes"]
+        for key in ("cube_utilization_pct", "vector_utilization_pct"):
+            if key in figures:
+                out[key] = figures[key]
+    return out
+
+
+def main(argv=None):
+    a = parse_args(argv)
+
+    def log(msg):
+        if not a.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    request = {"model": a.model, "mode": a.mode, "batch": a.batch, "steps": a.steps,
+               "device": a.device, "chip": a.chip, "overrides": a.overrides}
+    try:
+        result = dict(run(a, log), ok=True)
+        code = 0
+    except Exception as e:  # pylint: disable=broad-except
+        if not a.quiet:
+            traceback.print_exc()
+        result = dict(request, ok=False, error=f"{type(e).__name__}: {e}")
+        code = 1
+    text = json.dumps(result)
+    if a.json_out:
+        with open(a.json_out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
