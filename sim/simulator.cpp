@@ -149,7 +149,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   r.start_cycle = time_ps(start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);
   r.time_us = I.cfg.cycles_to_us(static_cast<double>(duration_ps) / kPsPerCycle);
-  r.counters = I.counters.dump_since(base);
+  r.counters = I.counters.dump_since(base, /*changed_only=*/true);
+  if (!r.counters.contains("chip")) r.counters["chip"] = nlohmann::json::object();
   return r;
 }
 

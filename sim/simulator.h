@@ -41,7 +41,9 @@ struct KernelResult {
   uint64_t start_cycle = 0;     // simulated cycle the launch began
   uint64_t cycles = 0;          // simulated duration in AI-core cycles
   double time_us = 0;           // the same in microseconds at the configured clock
-  nlohmann::json counters;      // counter tree of this launch (see Simulator::counters)
+  // Counter tree of this launch (see Simulator::counters) with only the counters that changed:
+  // a counter missing from it is 0 (cores that ran no block, idle units, absent stall causes).
+  nlohmann::json counters;
 };
 
 struct HdcResult {

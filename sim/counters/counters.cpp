@@ -65,7 +65,8 @@ std::vector<uint64_t> CounterRegistry::snapshot() const {
 
 nlohmann::json CounterRegistry::dump() const { return dump_since({}); }
 
-nlohmann::json CounterRegistry::dump_since(const std::vector<uint64_t>& base) const {
+nlohmann::json CounterRegistry::dump_since(const std::vector<uint64_t>& base,
+                                           bool changed_only) const {
   nlohmann::json tree = nlohmann::json::object();
   for (size_t i = 0; i < m_counters.size(); ++i) {
     const Counter& c = m_counters[i];
@@ -73,10 +74,12 @@ nlohmann::json CounterRegistry::dump_since(const std::vector<uint64_t>& base) co
     uint64_t from = i < base.size() && base[i] <= c.m_raw ? base[i] : 0;
     uint64_t raw = c.m_raw - from;
     if (c.m_kind == CounterKind::kHighWater) raw = base.empty() ? c.m_raw : c.m_window;
+    const uint64_t value = c.report(raw);
+    if (changed_only && value == 0) continue;
     nlohmann::json* node = &tree;
     for (const std::string& part : m_paths[i]) node = &(*node)[part];
     nlohmann::json& leaf = *node;
-    leaf["value"] = c.report(raw);
+    leaf["value"] = value;
     leaf["unit"] = c.m_unit;
     leaf["desc"] = c.m_desc;
   }

@@ -74,7 +74,10 @@ class CounterRegistry {
   // The same tree with each counter's growth since `base` (a snapshot; counters registered after
   // it count from zero). A high-water counter reports the maximum it was raised to since the
   // latest snapshot() instead, so `base` must be that latest snapshot for the two to agree.
-  nlohmann::json dump_since(const std::vector<uint64_t>& base) const;
+  // changed_only: leave out the counters whose reported value is 0 (a launch's tree then holds
+  // only the cores and units that worked: a few hundred leaves instead of thousands on a large
+  // chip, which is most of a small launch's wall time). Readers treat a missing counter as 0.
+  nlohmann::json dump_since(const std::vector<uint64_t>& base, bool changed_only = false) const;
 
  private:
   std::deque<Counter> m_counters;                   // stable addresses
