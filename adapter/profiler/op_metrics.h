@@ -33,6 +33,9 @@ struct OpRecord {
   std::string op_name;    // msprof "Op Name": the kernel, or the TF node name
   std::string op_type;    // msprof "OP Type": the kernel name for hand-written kernels, TF op type
   std::string task_type;  // "AI_CORE", "AI_VECTOR_CORE" or "MIX_AIC" (task_type_of)
+  // The kernel (isa::Program::name) when it differs from op_name: a TF op's launches; op_summary
+  // then has a `kernel` column. "" for the CLI's ops.
+  std::string kernel;
   uint64_t stream = 0;
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration

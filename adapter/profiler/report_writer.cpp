@@ -109,6 +109,12 @@ void write_op_summary(const std::string& path, const ReportInput& in,
                "duration/bound", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes",
                "hbm_write_bytes", "l2_hit_rate"});
   for (const std::string& s : stalls) head.push_back("stall_" + s + "(cycles)");
+  // The kernel column only when an op names its kernel apart (a TF run), so the CLI's table
+  // keeps its columns.
+  const bool kernel_column = std::any_of(in.ops.begin(), in.ops.end(), [](const OpRecord& op) {
+    return !op.kernel.empty() && op.kernel != op.op_name;
+  });
+  if (kernel_column) head.push_back("kernel");
   f.row(head);
   for (size_t i = 0; i < in.ops.size(); ++i) {
     const OpRecord& op = in.ops[i];
@@ -139,6 +145,7 @@ void write_op_summary(const std::string& path, const ReportInput& in,
       auto it = m.stall_cycles.find(s);
       row.push_back(std::to_string(it == m.stall_cycles.end() ? 0 : it->second));
     }
+    if (kernel_column) row.push_back(op.kernel.empty() ? op.op_name : op.kernel);
     f.row(row);
   }
   f.close();
@@ -227,6 +234,13 @@ std::string bytes_text(double b) {
 
 std::string pct(double r) { return fmt::format("{:.1f}%", 100.0 * r); }
 
+// A name for a summary table: at most 40 characters, keeping the end of a long TF node name
+// ("...dense_1/MatMul/MatMul"); op_summary.csv has it in full.
+std::string short_name(const std::string& s) {
+  constexpr size_t kMax = 40;
+  return s.size() <= kMax ? s : "..." + s.substr(s.size() - (kMax - 3));
+}
+
 std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms,
                          const std::vector<TypeStats>& stats) {
   const ChipConfig& cfg = *in.config;
@@ -244,7 +258,7 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
     wait_cycles += op.wait_cycles;
     last_end = std::max(last_end, op.start_cycle + op.cycles);
   }
-  const uint64_t end = std::max(in.end_cycle, last_end);
+  const uint64_t end = std::max({in.end_cycle, last_end, in.origin_cycle}) - in.origin_cycle;
   o << fmt::format("{} ops: task time {:.3f} us, waits {:.3f} us, simulated time {:.3f} us\n",
                    in.ops.size(), cfg.cycles_to_us(double(task_cycles)),
                    cfg.cycles_to_us(double(wait_cycles)), cfg.cycles_to_us(double(end)));
@@ -261,7 +275,7 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
     const size_t i = order[k];
     const OpMetrics& m = ms[i];
     o << fmt::format("  {:>4} {:<24} {:<16} {:>12.3f} {:>7} {:>12.3f} {:>9} {:>8.2f}\n", i,
-                     in.ops[i].op_name, in.ops[i].task_type, m.duration_us,
+                     short_name(in.ops[i].op_name), in.ops[i].task_type, m.duration_us,
                      task_cycles ? pct(double(in.ops[i].cycles) / double(task_cycles)) : "-",
                      m.roofline_bound_us,
                      m.roofline_ratio ? fmt::format("{:.2f}", *m.roofline_ratio) : "-",
@@ -274,8 +288,9 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
     o << fmt::format("  {:<24} {:<16} x{:<5} total {:.3f} us, avg {:.3f} us\n", t.op_type,
                      t.task_type, t.count, t.total_us, t.total_us / t.count);
 
-  o << "\nUtilisation per unit (busy / active cycles over the cores that ran):\n";
-  for (size_t i = 0; i < in.ops.size(); ++i) {
+  if (in.per_op_utilisation)
+    o << "\nUtilisation per unit (busy / active cycles over the cores that ran):\n";
+  for (size_t i = 0; in.per_op_utilisation && i < in.ops.size(); ++i) {
     const OpMetrics& m = ms[i];
     std::string line = fmt::format("  {:>4} {:<24}", i, in.ops[i].op_name);
     auto side = [&](const char* label, const SideMetrics& s, const auto& units) {
@@ -333,6 +348,7 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
                        end ? pct(double(busy) / double(end)) : "-");
     }
   }
+  o << in.summary_appendix;
   return o.str();
 }
 

@@ -28,7 +28,14 @@ struct ReportInput {
   // Simulator::counters() at the end of the run (whole-run totals: HDC link); null if unknown.
   nlohmann::json session_counters;
   uint64_t end_cycle = 0;          // the device timeline at the end of the run (0: last op's end)
+  // Where the report's window starts on the device timeline (a TF profile() block); the
+  // simulated time is end - origin, the first op's wait is measured from it.
+  uint64_t origin_cycle = 0;
   const nlohmann::json* trace = nullptr;  // Simulator::trace(), when the run traced
+  // summary.txt: one utilisation line per op (off for a TF run's many ops, whose summary gives
+  // it per op type in summary_appendix instead).
+  bool per_op_utilisation = true;
+  std::string summary_appendix;    // appended to summary.txt (a TF run's model-level sections)
 };
 
 // Writes the folder (created if missing; files of the same names are replaced) and returns the

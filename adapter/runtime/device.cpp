@@ -343,11 +343,18 @@ Status Device::check_launch(const std::shared_ptr<const isa::Program>& program,
 
 Status Device::launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
                              std::vector<uint64_t> args, int block_dim) {
+  return launch_kernel(s, std::move(program), std::move(args), block_dim, nullptr);
+}
+
+Status Device::launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
+                             std::vector<uint64_t> args, int block_dim,
+                             std::shared_ptr<const LaunchLabel> label) {
   return guard("launch_kernel", [&]() -> Status {
     if (Status st = check_launch(program, args, block_dim); !st.ok()) return st;
     DeviceOp op;
     op.kind = OpKind::launch;
     op.program = std::move(program);
+    op.label = std::move(label);
     op.args = std::move(args);
     op.block_dim = block_dim;
     return m_driver->submit(s, std::move(op));
@@ -362,7 +369,29 @@ Status Device::launch_callback(Stream s, HostCallback callback) {
 }
 
 std::vector<LaunchRecord> Device::launch_records() const { return m_driver->launch_records(); }
+std::vector<CopyRecord> Device::copy_records() const { return m_driver->copy_records(); }
 void Device::clear_launch_records() { m_driver->clear_launch_records(); }
+
+Status Device::add_observer(ChipObserver* observer) {
+  if (!observer) return Status(StatusCode::invalid_argument, "add_observer: no observer given");
+  return guard("add_observer", [&] {
+    return m_driver->run_task([&](Simulator& sim) {
+      sim.add_observer(observer);
+      return Status();
+    });
+  });
+}
+
+Status Device::remove_observer(ChipObserver* observer) {
+  if (!observer)
+    return Status(StatusCode::invalid_argument, "remove_observer: no observer given");
+  return guard("remove_observer", [&] {
+    return m_driver->run_task([&](Simulator& sim) {
+      sim.remove_observer(observer);
+      return Status();
+    });
+  });
+}
 
 Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");

@@ -48,7 +48,8 @@ struct RuntimeOptions {
   // are released, so freed memory costs no host RAM; the next owner reads zeros). Off: freed
   // bytes keep their contents and pages stay resident until overwritten.
   bool discard_freed_memory = true;
-  // Keep a LaunchRecord (with its counter tree) for every launch until clear_launch_records().
+  // Keep a LaunchRecord (with its counter tree) for every launch, and a CopyRecord for every
+  // copy and fill, until clear_launch_records().
   bool record_launches = true;
 };
 
@@ -146,12 +147,25 @@ class Device {
   // pc and instruction.
   Status launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
                        std::vector<uint64_t> args, int block_dim);
+  // The same, with what the launch is for (kept in its LaunchRecord; null: none).
+  Status launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
+                       std::vector<uint64_t> args, int block_dim,
+                       std::shared_ptr<const LaunchLabel> label);
   // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
   Status launch_callback(Stream s, HostCallback callback);
 
   // ---- Profiling
   std::vector<LaunchRecord> launch_records() const;
+  // Copies and fills run since open or the last clear_launch_records() (with record_launches).
+  std::vector<CopyRecord> copy_records() const;
+  // Clears the launch records and the copy records.
   void clear_launch_records();
+  // Attaches / detaches a ChipObserver (Simulator::add_observer) between operations, on the
+  // driver thread. Its callbacks then run on the driver thread, in simulator time
+  // (LaunchRecord::sim_start_cycle). The caller keeps ownership; the observer must stay alive
+  // until removed or the device is destroyed.
+  Status add_observer(ChipObserver* observer);
+  Status remove_observer(ChipObserver* observer);
   Status device_time_cycles(uint64_t* cycles);    // the device timeline now
   Status counters(nlohmann::json* tree);          // Simulator::counters() since open
   Status trace(nlohmann::json* chrome_trace);     // Simulator::trace() (SimOptions::trace)

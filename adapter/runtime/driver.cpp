@@ -175,23 +175,29 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
     DeviceMemory& gm = m_sim->gm();
     switch (op.kind) {
       case OpKind::memcpy_h2d:
-        if (op.bytes) m_sim->copy_host_to_device(op.dst, op.host_src, op.bytes);
+        if (op.bytes) {
+          HdcResult r = m_sim->copy_host_to_device(op.dst, op.host_src, op.bytes);
+          record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
+        }
         return Status();
       case OpKind::memcpy_d2h:
-        if (op.bytes) m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
+        if (op.bytes) {
+          HdcResult r = m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
+          record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
+        }
         return Status();
       case OpKind::memcpy_d2d:
         if (m_functional && op.bytes && op.dst != op.src)
           move_within_gm(gm, op.dst, op.src, op.bytes);
-        m_extra_cycles += hbm_transfer_cycles(*m_cfg, 2 * op.bytes);  // read + write
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, 2 * op.bytes));  // read+write
         return Status();
       case OpKind::memset8:
         if (m_functional && op.bytes) gm.fill(op.dst, static_cast<uint8_t>(op.pattern), op.bytes);
-        m_extra_cycles += hbm_transfer_cycles(*m_cfg, op.bytes);
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
         return Status();
       case OpKind::memset32:
         if (m_functional && op.bytes) fill32_gm(gm, op.dst, op.pattern, op.bytes);
-        m_extra_cycles += hbm_transfer_cycles(*m_cfg, op.bytes);
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
         return Status();
       case OpKind::launch:
         return run_launch(stream, op);
@@ -208,6 +214,24 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
     }
     return Status(StatusCode::internal, where + ": unknown operation");
   });
+}
+
+void Driver::record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cycle,
+                         uint64_t cycles) {
+  if (!m_record_launches || op.bytes == 0) return;
+  CopyRecord rec;
+  rec.kind = op.kind;
+  rec.stream = stream;
+  rec.bytes = op.bytes;
+  rec.start_cycle = start_cycle;
+  rec.cycles = cycles;
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_copy_records.push_back(rec);
+}
+
+void Driver::add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles) {
+  record_copy(stream, op, device_cycles(), cycles);
+  m_extra_cycles += cycles;
 }
 
 Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
@@ -231,6 +255,9 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counters = std::move(r.counters);
+    rec.sim_start_cycle = r.start_cycle;
+    rec.program = op.program;
+    rec.label = op.label;
     std::lock_guard<std::mutex> lock(m_mutex);
     m_records.push_back(std::move(rec));
   }
@@ -477,9 +504,15 @@ std::vector<LaunchRecord> Driver::launch_records() const {
   return m_records;
 }
 
+std::vector<CopyRecord> Driver::copy_records() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_copy_records;
+}
+
 void Driver::clear_launch_records() {
   std::lock_guard<std::mutex> lock(m_mutex);
   m_records.clear();
+  m_copy_records.clear();
 }
 
 }  // namespace npusim::rt

@@ -69,7 +69,8 @@ class Driver {
   Status elapsed_us(Event start, Event end, double* us);
 
   std::vector<LaunchRecord> launch_records() const;
-  void clear_launch_records();
+  std::vector<CopyRecord> copy_records() const;
+  void clear_launch_records();  // and the copy records
 
   // Driver thread only: simulated time of the device timeline, AI-core cycles.
   uint64_t device_cycles() const;
@@ -101,6 +102,10 @@ class Driver {
   // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op);
+  // Keeps a CopyRecord of a copy or fill of `bytes` over [start_cycle, +cycles) (if recording).
+  void record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cycle, uint64_t cycles);
+  // A d2d copy or fill the runtime times itself: records it and advances m_extra_cycles.
+  void add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles);
   void finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
                      uint64_t event_cycle);
   Status find_stream_locked(Stream s, const char* what, StreamState** out);
@@ -122,6 +127,7 @@ class Driver {
   std::map<uint64_t, EventState> m_events;
   std::deque<Task> m_tasks;
   std::vector<LaunchRecord> m_records;
+  std::vector<CopyRecord> m_copy_records;
   uint64_t m_next_stream = 1, m_next_event = 1, m_next_seq = 1;
   uint64_t m_last_served = 0;
   bool m_started = false, m_stop = false;

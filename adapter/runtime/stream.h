@@ -31,6 +31,24 @@ struct Event {
 // result becomes the stream's error.
 using HostCallback = std::function<Status()>;
 
+// One tensor of a labelled launch (LaunchLabel), as the launcher names it.
+struct LaunchTensor {
+  std::vector<int64_t> shape;
+  std::string dtype;  // free text; the TF plugin gives msprof names ("DT_FLOAT16", "DT_FLOAT")
+};
+
+// What a launch was for, given by the launcher (launch_kernel's `label` overload) and kept in
+// its LaunchRecord: the TF plugin gives the TF op's node name and type and its tensors. Several
+// launches may share one label (a TF op compiled into several kernels).
+struct LaunchLabel {
+  std::string op_name;  // e.g. the TF node name "sequential/dense/MatMul"
+  std::string op_type;  // e.g. the TF op type "MatMul"
+  std::vector<LaunchTensor> inputs, outputs;
+  // Nonzero: launches with the same value came from one dispatch of the op (one TF Compute
+  // call); 0: unknown.
+  uint64_t dispatch = 0;
+};
+
 // One kernel launch as the chip ran it; the profiler reads these.
 struct LaunchRecord {
   uint64_t index = 0;        // 0-based position among this device's launches
@@ -43,6 +61,11 @@ struct LaunchRecord {
   bool ok = false;
   std::string error;         // on failure: the simulator's fault or deadlock report
   nlohmann::json counters;   // counter tree of this launch (Simulator::counters layout)
+  // The simulator's own clock at the start: start_cycle minus the d2d/memset time the runtime
+  // models itself (device.h, "Simulated time"). ChipObservers see this clock (in ps).
+  uint64_t sim_start_cycle = 0;
+  std::shared_ptr<const isa::Program> program;  // the program launched
+  std::shared_ptr<const LaunchLabel> label;      // null unless the launcher gave one
 };
 
 enum class OpKind {
@@ -58,6 +81,17 @@ enum class OpKind {
 };
 const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 
+// One copy or fill as the device ran it (kinds memcpy_h2d, memcpy_d2h, memcpy_d2d, memset8,
+// memset32), recorded with the launches (RuntimeOptions::record_launches). Zero-byte ones are
+// not recorded.
+struct CopyRecord {
+  OpKind kind = OpKind::memcpy_h2d;
+  uint64_t stream = 0;       // Stream::id, 0 for a synchronous copy
+  uint64_t bytes = 0;
+  uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
+  uint64_t cycles = 0;       // duration: the HDC link's time, or the HBM model of device.h
+};
+
 // Where the driver delivers the status of a synchronous op (instead of the stream's error).
 struct OpCompletion {
   bool done = false;
@@ -72,6 +106,7 @@ struct DeviceOp {
   void* host_dst = nullptr;         // memcpy_d2h: likewise
   uint32_t pattern = 0;             // memset8 (low byte) / memset32
   std::shared_ptr<const isa::Program> program;  // launch
+  std::shared_ptr<const LaunchLabel> label;      // launch: optional, into its LaunchRecord
   std::vector<uint64_t> args;
   int block_dim = 1;
   uint64_t event = 0;               // record_event / wait_event: Event::id

@@ -1,0 +1,436 @@
+#include "adapter/profiler/runtime_report.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "adapter/profiler/counter_view.h"
+#include "adapter/profiler/report_writer.h"
+#include "common/error.h"
+
+namespace npusim::prof {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kRepeatBytes = 256;  // one vector repeat: 8 blocks of 32 bytes (docs/assembly.md)
+
+// Trace ids: host and chip processes first; cores from pid 100 (pipe_trace.cpp).
+constexpr uint32_t kHostPid = 1, kChipPid = 2;
+constexpr uint32_t kTfOpsTid = 1, kH2dTid = 2, kD2hTid = 3, kDeviceCopyTid = 4, kKernelTid = 1;
+
+json meta(const char* what, uint32_t pid, int64_t tid, const char* key, json value) {
+  json e = {{"ph", "M"}, {"name", what}, {"pid", pid}, {"args", {{key, value}}}};
+  if (tid >= 0) e["tid"] = tid;
+  return e;
+}
+
+// Without a program: the task type from the kinds of the cores that ran.
+std::string task_type_from_counters(const json& counters, const ChipConfig& cfg) {
+  if (!cfg.split) return "AI_CORE";
+  bool cube = false, vector = false;
+  for (const CoreCounters& c : read_launch_counters(counters).cores) {
+    cube |= c.kind == isa::CoreKind::AIC;
+    vector |= c.kind == isa::CoreKind::AIV;
+  }
+  if (cube && vector) return "MIX_AIC";
+  return cube ? "AI_CORE" : "AI_VECTOR_CORE";
+}
+
+std::vector<TensorDesc> tensor_descs(const std::vector<rt::LaunchTensor>& ts) {
+  std::vector<TensorDesc> out;
+  for (const rt::LaunchTensor& t : ts) out.push_back({t.shape, t.dtype, "ND"});
+  return out;
+}
+
+const char* copy_lane_name(rt::OpKind k) {
+  switch (k) {
+    case rt::OpKind::memcpy_h2d: return "h2d";
+    case rt::OpKind::memcpy_d2h: return "d2h";
+    default: return "d2d/memset";
+  }
+}
+
+const char* copy_name(rt::OpKind k) {
+  switch (k) {
+    case rt::OpKind::memcpy_h2d: return "memcpy_h2d";
+    case rt::OpKind::memcpy_d2h: return "memcpy_d2h";
+    case rt::OpKind::memcpy_d2d: return "memcpy_d2d";
+    case rt::OpKind::memset8: return "memset8";
+    case rt::OpKind::memset32: return "memset32";
+    default: return "copy";
+  }
+}
+
+uint32_t copy_tid(rt::OpKind k) {
+  switch (k) {
+    case rt::OpKind::memcpy_h2d: return kH2dTid;
+    case rt::OpKind::memcpy_d2h: return kD2hTid;
+    default: return kDeviceCopyTid;
+  }
+}
+
+std::string bytes_text(double b) {
+  if (b >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= double(1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (b >= 1024) return fmt::format("{:.2f} KiB", b / 1024);
+  return fmt::format("{:.0f} B", b);
+}
+
+std::string pct(double part, double whole) {
+  return whole > 0 ? fmt::format("{:.1f}%", 100.0 * part / whole) : std::string("-");
+}
+
+// The overlap of [a0, a1) and [b0, b1).
+uint64_t overlap(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) {
+  const uint64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
+  return hi > lo ? hi - lo : 0;
+}
+
+// Busy-cycle sums per unit of one side over several ops, for a weighted ratio.
+struct SideSums {
+  uint64_t total = 0;
+  std::map<std::string, double> busy;
+  void add(const SideMetrics& s) {
+    if (!s.present) return;
+    total += s.total_cycles;
+    for (const auto& [unit, r] : s.ratio) busy[unit] += r * static_cast<double>(s.total_cycles);
+  }
+  template <size_t N>
+  std::string text(const char* label, const UnitRatio (&units)[N]) const {
+    if (total == 0) return "";
+    std::string line = fmt::format(" {}:", label);
+    for (const UnitRatio& u : units) {
+      auto it = busy.find(u.name);
+      line += fmt::format(" {} {}", u.name, pct(it == busy.end() ? 0 : it->second, double(total)));
+    }
+    return line;
+  }
+};
+
+std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& ops,
+                     const std::vector<OpMetrics>& ms) {
+  const ChipConfig& cfg = *in.config;
+  std::ostringstream o;
+  uint64_t last_end = in.origin_cycle;
+  for (const OpRecord& op : ops) last_end = std::max(last_end, op.start_cycle + op.cycles);
+  const double span = double(last_end - in.origin_cycle);
+
+  const std::vector<OpTypeSummary> types = op_type_summary(in.launches, cfg);
+  double all_us = 0;
+  for (const OpTypeSummary& t : types) all_us += t.time_us;
+  o << "\nTF ops by op type (runs = TF op executions; tasks = their kernel launches):\n";
+  o << fmt::format("  {:<28} {:>6} {:>6} {:>12} {:>7} {:>8} {:>9}\n", "op type", "runs", "tasks",
+                   "time(us)", "share", "cube %", "vector %");
+  for (const OpTypeSummary& t : types)
+    o << fmt::format("  {:<28} {:>6} {:>6} {:>12.3f} {:>7} {:>8.2f} {:>9.2f}\n", t.op_type,
+                     t.count, t.tasks, t.time_us, pct(t.time_us, all_us),
+                     t.cube_utilization_pct, t.vector_utilization_pct);
+
+  o << "\nUtilisation per unit by op type (busy / active cycles, summed over the ops' cores):\n";
+  std::map<std::string, std::pair<SideSums, SideSums>> by_type;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    by_type[ops[i].op_type].first.add(ms[i].aic);
+    by_type[ops[i].op_type].second.add(ms[i].aiv);
+  }
+  for (const OpTypeSummary& t : types) {
+    const auto& [aic, aiv] = by_type[t.op_type];
+    std::string line = fmt::format("  {:<28}", t.op_type);
+    line += aic.text(cfg.split ? "aic" : "aicore", kCubeSideUnits);
+    line += aiv.text(cfg.split ? "aiv" : "aicore vector side", kVectorSideUnits);
+    o << line << "\n";
+  }
+
+  o << "\nHDC link and device copies (runtime records in the report's window):\n";
+  struct CopySums {
+    uint64_t n = 0, bytes = 0, cycles = 0;
+  };
+  std::map<std::string, CopySums> copies;
+  for (const rt::CopyRecord& c : in.copies) {
+    CopySums& s = copies[copy_lane_name(c.kind)];
+    ++s.n;
+    s.bytes += c.bytes;
+    s.cycles += c.cycles;
+  }
+  for (const char* lane : {"h2d", "d2h", "d2d/memset"}) {
+    const CopySums& s = copies[lane];
+    const double us = cfg.cycles_to_us(double(s.cycles));
+    o << fmt::format("  {:<10} {} copies, {}, busy {:.3f} us", lane, s.n,
+                     bytes_text(double(s.bytes)), us);
+    if (us > 0) o << fmt::format(" ({:.2f} GB/s achieved)", double(s.bytes) / (us * 1e-6) / 1e9);
+    o << "\n";
+  }
+
+  const WaitBreakdown w = wait_breakdown(ops, in.copies, in.origin_cycle);
+  const uint64_t other = w.wait_cycles > w.h2d_cycles + w.d2h_cycles + w.device_cycles
+                             ? w.wait_cycles - w.h2d_cycles - w.d2h_cycles - w.device_cycles
+                             : 0;
+  o << fmt::format(
+      "\nWaits between kernels: {:.3f} us ({} of the simulated time; task time + waits = "
+      "simulated time)\n",
+      cfg.cycles_to_us(double(w.wait_cycles)), pct(double(w.wait_cycles), span));
+  o << fmt::format("  waiting for data (host->device copies before a kernel): {:.3f} us ({})\n",
+                   cfg.cycles_to_us(double(w.h2d_cycles)), pct(double(w.h2d_cycles), span));
+  o << fmt::format("  device->host copies: {:.3f} us; d2d copies and memsets: {:.3f} us; "
+                   "other: {:.3f} us\n",
+                   cfg.cycles_to_us(double(w.d2h_cycles)),
+                   cfg.cycles_to_us(double(w.device_cycles)), cfg.cycles_to_us(double(other)));
+  if (w.after_last_copies)
+    o << fmt::format("  after the last kernel (not in the simulated time): {} copies, {:.3f} us\n",
+                     w.after_last_copies, cfg.cycles_to_us(double(w.after_last_cycles)));
+
+  o << "\nCPU-fallback ops (TF ops of the run placed on the CPU):";
+  const json fallback = in.extra.is_object() && in.extra.contains("cpu_fallback_ops")
+                            ? in.extra["cpu_fallback_ops"]
+                            : json();
+  if (fallback.is_null()) {
+    o << " not available\n";
+  } else if (fallback.empty()) {
+    o << " none\n";
+  } else if (fallback.is_object()) {
+    o << "\n";
+    for (auto it = fallback.begin(); it != fallback.end(); ++it)
+      o << "  " << it.key() << ": "
+        << (it->is_string() ? it->get<std::string>() : it->dump()) << "\n";
+  } else if (fallback.is_array()) {
+    o << "\n";
+    for (const json& e : fallback) o << "  " << (e.is_string() ? e.get<std::string>() : e.dump()) << "\n";
+  } else {
+    o << " " << fallback.dump() << "\n";
+  }
+
+  if (in.pipe_trace) {
+    const PipeTraceCollector::Stats s = in.pipe_trace->stats();
+    const PipeTraceOptions opt = in.pipe_trace->options();
+    o << fmt::format(
+        "\nTrace (trace.json): instruction detail for the first {} of {} launches seen since "
+        "profiling started ({} events{}); later launches as kernel and TF op spans only. Limits: "
+        "{} launches, {} events (NPUSIM_TRACE_DETAIL_LAUNCHES, NPUSIM_TRACE_MAX_EVENTS, or "
+        "npusim.profile(trace_launches=, trace_max_events=)).\n",
+        s.launches_detailed, s.launches_seen, s.events,
+        s.dropped_events ? fmt::format(", {} dropped at the event limit", s.dropped_events) : "",
+        opt.detail_launches, opt.max_events);
+  } else {
+    o << "\nTrace (trace.json): kernel and TF op spans only (no instruction detail collected).\n";
+  }
+  return o.str();
+}
+
+// The launches as report rows, in order. The runtime runs one operation at a time, but a record
+// gives the start rounded down and the duration rounded up to whole cycles, so a task may seem
+// to end up to a cycle after the next operation began; such an end is cut to that start.
+std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
+                                 const ChipConfig& cfg) {
+  std::vector<OpRecord> ops;
+  for (const rt::LaunchRecord& l : launches) ops.push_back(op_record(l, cfg));
+  for (size_t i = 0; i + 1 < ops.size(); ++i) {
+    const uint64_t end = ops[i].start_cycle + ops[i].cycles, next = ops[i + 1].start_cycle;
+    if (end > next && end - next <= 1 && next >= ops[i].start_cycle)
+      ops[i].cycles = next - ops[i].start_cycle;
+  }
+  return ops;
+}
+
+}  // namespace
+
+OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
+  OpRecord op;
+  if (r.label) {
+    op.op_name = r.label->op_name.empty() ? r.kernel : r.label->op_name;
+    op.op_type = r.label->op_type.empty() ? r.kernel : r.label->op_type;
+    op.inputs = tensor_descs(r.label->inputs);
+    op.outputs = tensor_descs(r.label->outputs);
+  } else {
+    op.op_name = op.op_type = r.kernel;
+  }
+  op.kernel = r.kernel;
+  op.task_type = r.program ? task_type_of(*r.program, cfg)
+                           : task_type_from_counters(r.counters, cfg);
+  op.stream = r.stream;
+  op.start_cycle = r.start_cycle;
+  op.cycles = r.cycles;
+  op.block_dim = r.block_dim;
+  op.mix_block_dim =
+      op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic) : 0;
+  op.counters = r.counters;
+  return op;
+}
+
+std::vector<OpTypeSummary> op_type_summary(const std::vector<rt::LaunchRecord>& launches,
+                                           const ChipConfig& cfg, size_t top) {
+  struct Acc {
+    OpTypeSummary s;
+    std::set<uint64_t> dispatches;
+    uint64_t undispatched = 0, cycles = 0, macs = 0, repeats = 0;
+  };
+  std::map<std::string, Acc> by;
+  const std::vector<OpRecord> ops = op_records(launches, cfg);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const rt::LaunchRecord& r = launches[i];
+    const OpRecord& op = ops[i];
+    const LaunchCounters lc = read_launch_counters(op.counters);
+    Acc& a = by[op.op_type];
+    a.s.op_type = op.op_type;
+    ++a.s.tasks;
+    if (r.label && r.label->dispatch) a.dispatches.insert(r.label->dispatch);
+    else ++a.undispatched;
+    a.cycles += op.cycles;
+    a.macs += lc.sum("m.macs");
+    a.repeats += lc.sum("v.repeats");
+  }
+  const ChipPeaks peaks = chip_peaks(cfg);
+  std::vector<OpTypeSummary> out;
+  for (auto& [type, a] : by) {
+    a.s.count = a.dispatches.size() + a.undispatched;
+    a.s.time_us = cfg.cycles_to_us(double(a.cycles));
+    if (a.cycles && peaks.macs_per_cycle > 0)
+      a.s.cube_utilization_pct = 100.0 * double(a.macs) / (peaks.macs_per_cycle * double(a.cycles));
+    if (a.cycles && peaks.vector_bytes_per_cycle > 0)
+      a.s.vector_utilization_pct = 100.0 * double(a.repeats) * kRepeatBytes /
+                                   (peaks.vector_bytes_per_cycle * double(a.cycles));
+    out.push_back(a.s);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const OpTypeSummary& a, const OpTypeSummary& b) {
+    return a.time_us > b.time_us;
+  });
+  if (top > 0 && out.size() > top) out.resize(top);
+  return out;
+}
+
+WaitBreakdown wait_breakdown(const std::vector<OpRecord>& ops,
+                             const std::vector<rt::CopyRecord>& copies, uint64_t origin_cycle) {
+  WaitBreakdown w;
+  uint64_t prev_end = origin_cycle;
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;  // [prev_end, start) of each wait
+  for (const OpRecord& op : ops) {
+    if (op.start_cycle > prev_end) gaps.emplace_back(prev_end, op.start_cycle);
+    w.wait_cycles += op.start_cycle > prev_end ? op.start_cycle - prev_end : 0;
+    prev_end = std::max(prev_end, op.start_cycle + op.cycles);
+  }
+  // Copies and gaps are both in timeline order: walk them together.
+  size_t g = 0;
+  for (const rt::CopyRecord& c : copies) {
+    const uint64_t c0 = c.start_cycle, c1 = c.start_cycle + c.cycles;
+    while (g < gaps.size() && gaps[g].second <= c0) ++g;
+    uint64_t in_gaps = 0;
+    for (size_t k = g; k < gaps.size() && gaps[k].first < c1; ++k)
+      in_gaps += overlap(c0, c1, gaps[k].first, gaps[k].second);
+    if (c.kind == rt::OpKind::memcpy_h2d) w.h2d_cycles += in_gaps;
+    else if (c.kind == rt::OpKind::memcpy_d2h) w.d2h_cycles += in_gaps;
+    else w.device_cycles += in_gaps;
+    if (c0 + 1 >= prev_end) {  // (starts are rounded down: a cycle's tolerance)
+      ++w.after_last_copies;
+      w.after_last_cycles += c.cycles;
+    }
+  }
+  return w;
+}
+
+json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops) {
+  const ChipConfig& cfg = *in.config;
+  auto us = [&](uint64_t cycles) { return cfg.cycles_to_us(double(cycles)); };
+  json ev = json::array();
+  ev.push_back(meta("process_name", kHostPid, -1, "name", "host"));
+  ev.push_back(meta("process_sort_index", kHostPid, -1, "sort_index", 0));
+  const std::pair<uint32_t, const char*> host_lanes[] = {
+      {kTfOpsTid, "TF ops"}, {kH2dTid, "h2d"}, {kD2hTid, "d2h"}, {kDeviceCopyTid, "d2d/memset"}};
+  for (const auto& [tid, name] : host_lanes) {
+    ev.push_back(meta("thread_name", kHostPid, tid, "name", name));
+    ev.push_back(meta("thread_sort_index", kHostPid, tid, "sort_index", tid));
+  }
+  ev.push_back(meta("process_name", kChipPid, -1, "name", "chip"));
+  ev.push_back(meta("process_sort_index", kChipPid, -1, "sort_index", 1));
+  ev.push_back(meta("thread_name", kChipPid, kKernelTid, "name", "kernels"));
+
+  // TF op dispatch spans: the first launch's start to the last launch's end of each run.
+  struct Span {
+    uint64_t start = 0, end = 0;
+    size_t first = 0;
+    std::vector<std::string> kernels;
+  };
+  std::map<uint64_t, Span> spans;  // by dispatch id, which grows with dispatch order
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const rt::LaunchRecord& r = in.launches[i];
+    if (!r.label || !r.label->dispatch) continue;
+    auto [it, fresh] = spans.try_emplace(r.label->dispatch);
+    Span& s = it->second;
+    if (fresh) {
+      s.start = ops[i].start_cycle;
+      s.first = i;
+    }
+    s.start = std::min(s.start, ops[i].start_cycle);
+    s.end = std::max(s.end, ops[i].start_cycle + ops[i].cycles);
+    s.kernels.push_back(r.kernel);
+  }
+  for (const auto& [id, s] : spans) {
+    const OpRecord& op = ops[s.first];
+    ev.push_back({{"ph", "X"}, {"pid", kHostPid}, {"tid", kTfOpsTid}, {"ts", us(s.start)},
+                  {"dur", us(s.end - s.start)}, {"name", op.op_name}, {"cat", "tf_op"},
+                  {"args", {{"op_type", op.op_type}, {"first_task_id", s.first},
+                            {"kernels", s.kernels}}}});
+  }
+  for (const rt::CopyRecord& c : in.copies)
+    ev.push_back({{"ph", "X"}, {"pid", kHostPid}, {"tid", copy_tid(c.kind)},
+                  {"ts", us(c.start_cycle)}, {"dur", us(c.cycles)},
+                  {"name", copy_name(c.kind)}, {"cat", "copy"},
+                  {"args", {{"bytes", c.bytes}, {"stream", c.stream}}}});
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpRecord& op = ops[i];
+    ev.push_back({{"ph", "X"}, {"pid", kChipPid}, {"tid", kKernelTid}, {"ts", us(op.start_cycle)},
+                  {"dur", us(op.cycles)}, {"name", op.kernel.empty() ? op.op_name : op.kernel},
+                  {"cat", "kernel"},
+                  {"args", {{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
+                            {"task_type", op.task_type}, {"block_dim", op.block_dim},
+                            {"ok", in.launches[i].ok}}}});
+  }
+
+  json other = {{"clock_mhz", cfg.clock_mhz}, {"launches", ops.size()}};
+  if (in.pipe_trace) {
+    // Each detailed launch moves by the runtime's modelled time before it (LaunchRecord:
+    // start_cycle - sim_start_cycle); the collector saw it begin at sim_start_cycle.
+    std::unordered_map<uint64_t, int64_t> offset_by_sim_start;
+    for (const rt::LaunchRecord& r : in.launches)
+      offset_by_sim_start[r.sim_start_cycle] =
+          static_cast<int64_t>(r.start_cycle - r.sim_start_cycle) * 1000;
+    in.pipe_trace->append_events(ev, cfg.clock_mhz, [&](uint64_t begin_ps) -> int64_t {
+      auto it = offset_by_sim_start.find(begin_ps / 1000);
+      return it == offset_by_sim_start.end() ? -1 : it->second;
+    });
+    const PipeTraceCollector::Stats s = in.pipe_trace->stats();
+    other["detail_launches"] = s.launches_detailed;
+    other["launches_seen"] = s.launches_seen;
+    other["instruction_events"] = s.events;
+    other["dropped_events"] = s.dropped_events;
+  }
+  return {{"traceEvents", std::move(ev)}, {"displayTimeUnit", "ns"}, {"otherData", other}};
+}
+
+std::vector<std::string> write_runtime_report(const std::string& dir,
+                                              const RuntimeReportInput& in) {
+  if (!in.config) throw Error("report: no chip config given");
+  ReportInput r;
+  r.title = in.title;
+  r.config = in.config;
+  r.ops = op_records(in.launches, *in.config);
+  set_wait_cycles(r.ops, in.origin_cycle);
+  r.origin_cycle = in.origin_cycle;
+  r.per_op_utilisation = false;
+  std::vector<OpMetrics> ms;
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    try {
+      ms.push_back(compute_op_metrics(r.ops[i], *in.config));
+    } catch (const Error& e) {
+      throw Error(fmt::format("report: op {} ('{}'): {}", i, r.ops[i].op_name, e.what()));
+    }
+  }
+  r.summary_appendix = appendix(in, r.ops, ms);
+  const json trace = runtime_trace(in, r.ops);
+  r.trace = &trace;
+  return write_report(dir, r);
+}
+
+}  // namespace npusim::prof

@@ -1,0 +1,86 @@
+// The report folder of a run through the host runtime (a TF program on the NPU): the same files
+// as the command line's (report_writer.h, docs/reports.md) from the runtime's records, plus what
+// only a model-level run has: TF op names and types on every task, a host lane in the trace (HDC
+// copies, TF op dispatch spans), a trimmed per-pipe instruction timeline, and summary sections
+// for op types, HDC link use, the time the chip waited for data and CPU-fallback ops.
+//
+// Uses only the plain record structs of adapter/runtime/stream.h, not the runtime library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "adapter/profiler/op_metrics.h"
+#include "adapter/profiler/pipe_trace.h"
+#include "adapter/runtime/stream.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::prof {
+
+// One launch as a report row: op name and type and tensors from its label (without one: the
+// kernel name for both), task type from its program (without one: from the cores that ran),
+// start and duration on the device timeline, counters. wait_cycles is left 0 (set_wait_cycles).
+OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg);
+
+// Per op type, over a set of launches (launches of one label = one TF op run).
+struct OpTypeSummary {
+  std::string op_type;
+  uint64_t count = 0;   // runs of the op (distinct LaunchLabel::dispatch; unlabelled: launches)
+  uint64_t tasks = 0;   // kernel launches
+  double time_us = 0;   // sum of the tasks' durations
+  // 100 x cube MACs / (chip cube peak per cycle x task cycles): as op_summary's
+  // cube_utilization(%), over all the type's tasks.
+  double cube_utilization_pct = 0;
+  // 100 x vector repeats x 256 B / (chip vector bytes per cycle, all vector cores x task cycles):
+  // the vector unit's share of the whole chip's vector peak.
+  double vector_utilization_pct = 0;
+};
+// Longest total time first (ties by name); `top` > 0 keeps that many.
+std::vector<OpTypeSummary> op_type_summary(const std::vector<rt::LaunchRecord>& launches,
+                                           const ChipConfig& cfg, size_t top = 0);
+
+// Time between kernels on the device timeline, by what filled it. A launch's wait is its start
+// minus the previous launch's end (the first: minus the window's origin); the runtime runs one
+// operation at a time and its timeline does not advance while idle, so a wait is filled by the
+// copies and fills that ran in it. The chip "waited for data" for the host->device copies in
+// the waits: they ran after the previous kernel and before the next one started.
+struct WaitBreakdown {
+  uint64_t wait_cycles = 0;       // sum of the launches' waits
+  uint64_t h2d_cycles = 0;        // host->device copy time inside the waits (waiting for data)
+  uint64_t d2h_cycles = 0;        // device->host copy time inside the waits
+  uint64_t device_cycles = 0;     // d2d copies and memsets inside the waits
+  uint64_t after_last_cycles = 0; // copies and fills after the last launch (not in any wait)
+  uint64_t after_last_copies = 0;
+};
+WaitBreakdown wait_breakdown(const std::vector<OpRecord>& ops,
+                             const std::vector<rt::CopyRecord>& copies, uint64_t origin_cycle);
+
+struct RuntimeReportInput {
+  std::string title;
+  const ChipConfig* config = nullptr;
+  std::vector<rt::LaunchRecord> launches;  // the window's launches, in launch order
+  std::vector<rt::CopyRecord> copies;      // the window's copies and fills, in order
+  uint64_t origin_cycle = 0;               // the window's start on the device timeline
+  const PipeTraceCollector* pipe_trace = nullptr;  // instruction detail; null: none
+  // Model-level facts from the caller: "cpu_fallback_ops" (any JSON; null or absent: "not
+  // available").
+  nlohmann::json extra;
+};
+
+// The Chrome trace: a "host" process (lanes "TF ops": one slice per TF op run, spanning its
+// launches; "h2d", "d2h", "d2d/memset": the copies), a "chip" process ("kernels": one slice per
+// launch) and the collector's cores with one lane per pipe.
+nlohmann::json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops);
+
+// Writes the folder (write_report's files, trace.json included) and returns the paths written.
+// Records give starts rounded down and durations rounded up to whole cycles; a task that so
+// seems to end up to one cycle after the next launch's start is cut to that start (the runtime
+// runs one operation at a time), so the durations add up to the simulated time minus the waits.
+// op_type_summary does the same.
+// Throws npusim::Error as write_report does.
+std::vector<std::string> write_runtime_report(const std::string& dir, const RuntimeReportInput& in);
+
+}  // namespace npusim::prof
