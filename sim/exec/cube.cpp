@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/numeric.h"
 #include "sim/exec/exec.h"
+#include "sim/exec/f16_bulk.h"
 #include "sim/exec/layout.h"
 #include "sim/exec/mte_common.h"
 
@@ -111,29 +112,32 @@ U bits(const uint8_t* p) {
   return v;
 }
 
-// Widening of one stored input element (at p, any alignment) to the arithmetic type.
+// Widening of n stored input elements (at src, any alignment) to the arithmetic type.
 template <Dtype kType>
 struct Input;
 template <>
 struct Input<Dtype::F16> {
   using Arith = float;
-  static float load(const uint8_t* p) { return f16_to_f32(bits<uint16_t>(p)); }
+  static void widen(const uint8_t* src, float* dst, uint64_t n) { f16_to_f32_n(src, dst, n); }
 };
 template <>
 struct Input<Dtype::BF16> {
   using Arith = float;
-  static float load(const uint8_t* p) { return bf16_to_f32(bits<uint16_t>(p)); }
+  static void widen(const uint8_t* src, float* dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(bits<uint16_t>(src + 2 * i));
+  }
 };
 template <>
 struct Input<Dtype::F32> {
   using Arith = float;
-  static float load(const uint8_t* p) { return bits_to_f32(bits<uint32_t>(p)); }
+  static void widen(const uint8_t* src, float* dst, uint64_t n) { std::memcpy(dst, src, 4 * n); }
 };
 template <>
 struct Input<Dtype::S8> {
   using Arith = uint32_t;  // two's complement arithmetic modulo 2^32
-  static uint32_t load(const uint8_t* p) {
-    return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(*p)));
+  static void widen(const uint8_t* src, uint32_t* dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(src[i])));
   }
 };
 
@@ -208,32 +212,37 @@ struct Mmad {
     const uint64_t m16 = round_up(m, kFractalRows);
 
     // Scratch reused across calls: A as mp x k, B as k x np, C as mp x np, all row-major and
-    // zero outside the m x k / k x n / m x n parts.
+    // zero outside the m x k / k x n / m x n parts (the m x k and k x n parts are written below).
     thread_local std::vector<T> a_buf, b_buf, c_buf;
-    a_buf.assign(mp * k, T(0));
-    b_buf.assign(k * np, T(0));
+    a_buf.resize(mp * k);
+    std::fill(a_buf.begin() + m * k, a_buf.end(), T(0));
+    b_buf.resize(k * np);
+    if (np != n)
+      for (uint64_t kk = 0; kk < k; ++kk)
+        std::fill(b_buf.begin() + kk * np + n, b_buf.begin() + (kk + 1) * np, T(0));
     c_buf.assign(mp * np, T(0));
 
-    const uint8_t* a = ctx.local.at(Buf::L0A, xa, layout::zz_extent(m, k, k0) * size);
-    for (uint64_t r = 0; r < m; ++r)
-      for (uint64_t kb = 0; kb < k_blocks; ++kb) {
-        const uint8_t* src = a + layout::zz_offset(r, kb * k0, k_blocks, k0) * size;
-        T* dst = &a_buf[r * k + kb * k0];
-        for (uint64_t e = 0, cnt = std::min(k0, k - kb * k0); e < cnt; ++e)
-          dst[e] = In::load(src + e * size);
-      }
+    // Each operand is widened in one pass in its buffer layout, then rearranged.
+    thread_local std::vector<T> a_wide, b_wide;
+    const uint64_t a_elems = layout::zz_extent(m, k, k0), b_elems = layout::zn_extent(k, n, k0);
+    a_wide.resize(a_elems);
+    b_wide.resize(b_elems);
+    In::widen(ctx.local.at(Buf::L0A, xa, a_elems * size), a_wide.data(), a_elems);
+    In::widen(ctx.local.at(Buf::L0B, xb, b_elems * size), b_wide.data(), b_elems);
 
-    const uint8_t* b = ctx.local.at(Buf::L0B, xb, layout::zn_extent(k, n, k0) * size);
+    for (uint64_t r = 0; r < m; ++r)
+      for (uint64_t kb = 0; kb < k_blocks; ++kb)
+        std::memcpy(&a_buf[r * k + kb * k0], &a_wide[layout::zz_offset(r, kb * k0, k_blocks, k0)],
+                    std::min(k0, k - kb * k0) * sizeof(T));
+
     for (uint64_t kb = 0; kb < k_blocks; ++kb)
       for (uint64_t nb = 0; nb < n_blocks; ++nb) {
-        const uint8_t* frac =
-            b + layout::zn_offset(kb * k0, nb * kFractalRows, n_blocks, k0) * size;
+        const T* frac = &b_wide[layout::zn_offset(kb * k0, nb * kFractalRows, n_blocks, k0)];
         uint64_t n_cnt = std::min<uint64_t>(kFractalRows, n - nb * kFractalRows);
         uint64_t k_cnt = std::min(k0, k - kb * k0);
         for (uint64_t nn = 0; nn < n_cnt; ++nn)
           for (uint64_t kk = 0; kk < k_cnt; ++kk)
-            b_buf[(kb * k0 + kk) * np + nb * kFractalRows + nn] =
-                In::load(frac + (nn * k0 + kk) * size);
+            b_buf[(kb * k0 + kk) * np + nb * kFractalRows + nn] = frac[nn * k0 + kk];
       }
 
     uint8_t* l0c = ctx.local.at(Buf::L0C, xc, layout::l0c_extent(m, n) * layout::kL0cElemBytes);

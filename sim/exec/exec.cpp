@@ -2,6 +2,8 @@
 #include "sim/exec/exec.h"
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -10,21 +12,28 @@
 namespace npusim {
 
 CoreMemory::CoreMemory(const CoreKindConfig& kind) {
-  for (const auto& [buf, bytes] : kind.buffer_bytes) m_bufs[static_cast<int>(buf)].resize(bytes);
+  for (const auto& [buf, bytes] : kind.buffer_bytes) {
+    if (bytes == 0) continue;
+    Buffer& v = m_bufs[static_cast<int>(buf)];
+    v.data.reset(static_cast<uint8_t*>(std::calloc(bytes, 1)));
+    if (!v.data) throw std::bad_alloc();
+    v.size = bytes;
+  }
 }
 
 uint8_t* CoreMemory::at(isa::Buf b, uint64_t addr, uint64_t n) {
-  auto& v = m_bufs[static_cast<int>(b)];
-  if (v.empty())
+  const Buffer& v = m_bufs[static_cast<int>(b)];
+  if (v.size == 0)
     throw KernelFault(fmt::format("this core has no {} buffer", isa::buf_name(b)));
-  if (n > v.size() || addr > v.size() - n)
+  if (n > v.size || addr > v.size - n)
     throw KernelFault(fmt::format("{} access [{:#x}, {:#x}) is outside the buffer of {} bytes",
-                                  isa::buf_name(b), addr, addr + n, v.size()));
-  return v.data() + addr;
+                                  isa::buf_name(b), addr, addr + n, v.size));
+  return v.data.get() + addr;
 }
 
 void CoreMemory::clear() {
-  for (auto& v : m_bufs) std::fill(v.begin(), v.end(), 0);
+  for (Buffer& v : m_bufs)
+    if (v.size) std::memset(v.data.get(), 0, v.size);
 }
 
 ExecCost plan(const IssuedOp& op, const ExecContext& ctx) {

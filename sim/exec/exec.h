@@ -8,6 +8,8 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "isa/isa.h"
@@ -49,7 +51,7 @@ class CoreMemory {
   // Pointer to [addr, addr+n) of buffer b; throws KernelFault naming buffer and range if the
   // core has no such buffer or the range is out of bounds.
   uint8_t* at(isa::Buf b, uint64_t addr, uint64_t n);
-  uint64_t capacity(isa::Buf b) const { return m_bufs[static_cast<int>(b)].size(); }
+  uint64_t capacity(isa::Buf b) const { return m_bufs[static_cast<int>(b)].size; }
   void clear();  // zero all buffers
   // High-water mark of buffer b: the largest end offset (addr + bytes) of any range plan()
   // checked in it (note_access), in functional and timing-only runs alike. The core reports it
@@ -62,7 +64,16 @@ class CoreMemory {
   void reset_high_water() { m_high_water.fill(0); }
 
  private:
-  std::array<std::vector<uint8_t>, isa::kNumBufs> m_bufs;
+  // Zero-initialised by calloc: the host supplies zero pages on first touch, so a chip's cores
+  // (tens of MB of buffers) cost no memory writes until a kernel uses them.
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  struct Buffer {
+    std::unique_ptr<uint8_t[], FreeDeleter> data;
+    uint64_t size = 0;
+  };
+  std::array<Buffer, isa::kNumBufs> m_bufs;
   std::array<uint64_t, isa::kNumBufs> m_high_water{};
 };
 

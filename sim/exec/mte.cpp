@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/numeric.h"
 #include "sim/exec/exec.h"
+#include "sim/exec/f16_bulk.h"
 #include "sim/exec/layout.h"
 #include "sim/exec/mte_common.h"
 
@@ -249,21 +250,27 @@ struct Load3d {
     const uint8_t* fmap = ctx.local.at(Buf::L1, xsrc, (last_c1() + 1) * h * w * block);
     uint8_t* out = ctx.local.at(Buf::L0A, xdst, dst_bytes());
     std::memset(out, 0, dst_bytes());
-    const int64_t rows_total = oh_count * ow_count;
-    for (uint64_t rr = 0; rr < m_ext; ++rr) {
-      int64_t m = int64_t(m_start + rr);
-      if (m >= rows_total) continue;
-      int64_t oh = m / ow_count, ow = m % ow_count;
-      for (uint64_t kb = 0; kb < k_blocks; ++kb) {
-        uint64_t k = k_start + kb * c0;
-        uint64_t c1 = k / kc1, tap = (k % kc1) / c0;
-        int64_t kh = int64_t(tap) / g.kw, kw = int64_t(tap) % g.kw;
+    // Rows at or past rows_total are not output positions and stay zero.
+    const uint64_t rows_total = uint64_t(oh_count * ow_count);
+    const uint64_t rows = m_start >= rows_total ? 0 : std::min(m_ext, rows_total - m_start);
+    for (uint64_t kb = 0; kb < k_blocks; ++kb) {
+      // The column block's channel block c1 and tap (kh, kw), then its rows in order.
+      const uint64_t k = k_start + kb * c0;
+      const uint64_t c1 = k / kc1, tap = (k % kc1) / c0;
+      const int64_t kh = int64_t(tap) / g.kw, kw = int64_t(tap) % g.kw;
+      const uint64_t valid_c0 = std::min(c0, channels - std::min(channels, c1 * c0));
+      const uint8_t* plane = fmap + c1 * h * w * block;
+      int64_t oh = int64_t(m_start) / ow_count, ow = int64_t(m_start) % ow_count;
+      for (uint64_t rr = 0; rr < rows; ++rr) {
         int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
         int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
-        if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-        uint64_t valid_c0 = std::min(c0, channels - std::min(channels, c1 * c0));
-        uint8_t* dst = out + layout::zz_offset(rr, kb * c0, k_blocks, c0) * size;
-        std::memcpy(dst, fmap + ((c1 * h + ih) * w + iw) * block, valid_c0 * size);
+        if (ih >= 0 && ih < h && iw >= 0 && iw < w)
+          std::memcpy(out + layout::zz_offset(rr, kb * c0, k_blocks, c0) * size,
+                      plane + (ih * w + iw) * block, valid_c0 * size);
+        if (++ow == ow_count) {
+          ow = 0;
+          ++oh;
+        }
       }
     }
   }
@@ -281,29 +288,43 @@ inline int8_t quantise_s8(float v) {
   return static_cast<int8_t>(r);
 }
 
-// Converts one row of n L0C values (raw 32-bit words) into dst elements. Order of operations:
-// value (* scale for quantising conversions, in fp32) -> ReLU (v < 0 ? 0 : v) -> narrow.
+// One L0C value (raw 32-bit word) of a float-producing conversion, before narrowing. Order of
+// operations: value (* scale for quantising conversions, in fp32) -> ReLU (v < 0 ? 0 : v).
+template <FixConv kConv>
+inline float fix_value(uint32_t word, float scale, bool relu) {
+  float v;
+  if constexpr (kConv == FixConv::S32_F16 || kConv == FixConv::S32_S8)
+    v = static_cast<float>(static_cast<int32_t>(word)) * scale;  // s32->fp32 rounds RNE
+  else if constexpr (kConv == FixConv::F32_S8)
+    v = bits_to_f32(word) * scale;
+  else
+    v = bits_to_f32(word);
+  if (relu && v < 0) v = 0;
+  return v;
+}
+
+// Converts one row of n L0C values (raw 32-bit words) into dst elements: fix_value, then narrow.
 template <FixConv kConv>
 void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool relu) {
+  if constexpr (kConv == FixConv::F32_F16 || kConv == FixConv::S32_F16) {
+    constexpr uint64_t kChunk = 256;  // values narrowed per bulk call
+    float v[kChunk];
+    for (uint64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const uint64_t cnt = std::min(kChunk, n - i0);
+      for (uint64_t i = 0; i < cnt; ++i) v[i] = fix_value<kConv>(in[i0 + i], scale, relu);
+      f32_to_f16_n(v, out + i0 * 2, cnt);
+    }
+    return;
+  }
   for (uint64_t i = 0; i < n; ++i) {
     if constexpr (kConv == FixConv::S32_S32) {
       int32_t v = static_cast<int32_t>(in[i]);
       if (relu && v < 0) v = 0;
       std::memcpy(out + i * 4, &v, 4);
     } else {
-      float v;
-      if constexpr (kConv == FixConv::S32_F16 || kConv == FixConv::S32_S8)
-        v = static_cast<float>(static_cast<int32_t>(in[i])) * scale;  // s32->fp32 rounds RNE
-      else if constexpr (kConv == FixConv::F32_S8)
-        v = bits_to_f32(in[i]) * scale;
-      else
-        v = bits_to_f32(in[i]);
-      if (relu && v < 0) v = 0;
+      float v = fix_value<kConv>(in[i], scale, relu);
       if constexpr (kConv == FixConv::F32_F32) {
         std::memcpy(out + i * 4, &v, 4);
-      } else if constexpr (kConv == FixConv::F32_F16 || kConv == FixConv::S32_F16) {
-        uint16_t b = f32_to_f16(v);
-        std::memcpy(out + i * 2, &b, 2);
       } else if constexpr (kConv == FixConv::F32_BF16) {
         uint16_t b = f32_to_bf16(v);
         std::memcpy(out + i * 2, &b, 2);

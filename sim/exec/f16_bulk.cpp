@@ -1,0 +1,95 @@
+// Bulk f16 <-> f32 conversions (sim/exec/f16_bulk.h). On x86-64 hosts with F16C (and AVX) the
+// hardware converters do eight values at a time; they round like the scalar functions (IEEE
+// round to nearest even, subnormals kept; the rounding mode is given in the instruction, not
+// taken from MXCSR) and differ only on NaNs: vcvtph2ps quiets a signalling f16 NaN and vcvtps2ph
+// keeps the top payload bits, where the scalar functions keep the f16 payload and produce the
+// canonical f16 NaN. Groups holding a NaN are therefore redone with the scalar functions, so the
+// bulk results are bit-identical to them for every input (tests/exec/test_f16_bulk.cpp).
+#include "sim/exec/f16_bulk.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/numeric.h"
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define NPUSIM_NUMERIC_F16C 1
+#endif
+
+namespace npusim {
+namespace {
+
+void f16_to_f32_scalar(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * i, 2);
+    dst[i] = f16_to_f32(h);
+  }
+}
+
+void f32_to_f16_scalar(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h = f32_to_f16(src[i]);
+    std::memcpy(d + 2 * i, &h, 2);
+  }
+}
+
+#ifdef NPUSIM_NUMERIC_F16C
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i)));
+    _mm256_storeu_ps(dst + i, f);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)))
+      f16_to_f32_scalar(s + 2 * i, dst + i, 8);
+  }
+  f16_to_f32_scalar(s + 2 * i, dst + i, n - i);
+}
+
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_loadu_ps(src + i);
+    __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i), h);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)))
+      f32_to_f16_scalar(src + i, d + 2 * i, 8);
+  }
+  f32_to_f16_scalar(src + i, d + 2 * i, n - i);
+}
+
+bool host_has_f16c() { return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"); }
+#endif
+
+}  // namespace
+
+void f16_to_f32_n(const void* src, float* dst, size_t n, bool allow_hw) {
+#ifdef NPUSIM_NUMERIC_F16C
+  static const bool f16c = host_has_f16c();
+  if (f16c && allow_hw) return f16_to_f32_f16c(src, dst, n);
+#endif
+  f16_to_f32_scalar(src, dst, n);
+}
+
+void f32_to_f16_n(const float* src, void* dst, size_t n, bool allow_hw) {
+#ifdef NPUSIM_NUMERIC_F16C
+  static const bool f16c = host_has_f16c();
+  if (f16c && allow_hw) return f32_to_f16_f16c(src, dst, n);
+#endif
+  f32_to_f16_scalar(src, dst, n);
+}
+
+bool f16_bulk_uses_hardware() {
+#ifdef NPUSIM_NUMERIC_F16C
+  return host_has_f16c();
+#else
+  return false;
+#endif
+}
+
+}  // namespace npusim
