@@ -30,13 +30,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
 fi
-# requirements-tf.txt: TensorFlow for the adapter (adapter/tf) and its tests.
-REQS=("$ROOT/requirements.txt" "$ROOT/requirements-tf.txt")
+# requirements-tf.txt: TensorFlow for the adapter (adapter/tf) and its tests;
+# requirements-tf-nodeps.txt: packages installed without their declared dependencies (tf-keras
+# would pull the full `tensorflow` wheel over tensorflow-cpu).
+REQS=("$ROOT/requirements.txt" "$ROOT/requirements-tf.txt" "$ROOT/requirements-tf-nodeps.txt")
 STAMP="$VENV/.requirements.sha"
 if [ ! -f "$STAMP" ] || [ "$(sha1sum "${REQS[@]}")" != "$(cat "$STAMP")" ]; then
-  echo "setup: installing Python packages from requirements.txt, requirements-tf.txt"
+  echo "setup: installing Python packages from requirements*.txt"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "${REQS[0]}" -r "${REQS[1]}"
+  "$VENV/bin/python" -m pip install -q --no-deps -r "${REQS[2]}"
   sha1sum "${REQS[@]}" > "$STAMP"
 fi
 

@@ -1,5 +1,8 @@
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 
+#include <cstdlib>
+
+#include "adapter/profiler/op_metrics.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 namespace npusim::tf {
@@ -138,34 +141,129 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
 
 namespace {
 
-// The values of host-memory input `index` (int32 or int64, rank <= 1) as a list(int).
-rt::Status read_host_ints(const std::string& op_type, const Tensor& t, int index,
-                          std::vector<int64_t>* out) {
+// The value of host-memory input `index` as the attribute `kind` describes (HostAttrInput).
+rt::Status read_host_attr(const std::string& op_type, const Tensor& t, int index,
+                          HostAttrInput::Kind kind, compiler::AttrValue* out) {
+  using Kind = HostAttrInput::Kind;
+  const std::string what = op_type + ": input " + std::to_string(index);
   const int64_t n = t.NumElements();
-  if (t.shape().size() > 1)
+  if (kind == Kind::kInts && t.shape().size() > 1)
+    return rt::Status(rt::StatusCode::invalid_argument, what + " must have rank <= 1");
+  if ((kind == Kind::kInt || kind == Kind::kNumber) && n != 1)
     return rt::Status(rt::StatusCode::invalid_argument,
-                      op_type + ": input " + std::to_string(index) + " must have rank <= 1");
-  out->clear();
+                      what + " must have one element, has " + std::to_string(n));
+  if (kind == Kind::kNumber && t.dtype() == TF_FLOAT) {
+    *out = static_cast<double>(*static_cast<const float*>(t.host_data()));
+    return rt::ok_status();
+  }
+  std::vector<int64_t> values;
   if (t.dtype() == TF_INT32) {
     const auto* v = static_cast<const int32_t*>(t.host_data());
-    out->assign(v, v + n);
+    values.assign(v, v + n);
   } else if (t.dtype() == TF_INT64) {
     const auto* v = static_cast<const int64_t*>(t.host_data());
-    out->assign(v, v + n);
+    values.assign(v, v + n);
   } else {
     return rt::Status(rt::StatusCode::invalid_argument,
-                      op_type + ": input " + std::to_string(index) + " is " +
-                          tf_dtype_name(t.dtype()) + ", expected int32 or int64");
+                      what + " is " + tf_dtype_name(t.dtype()) + ", expected int32 or int64" +
+                          (kind == Kind::kNumber ? " or float32" : ""));
+  }
+  if (kind == Kind::kInt || kind == Kind::kNumber) *out = values[0];
+  else *out = std::move(values);
+  return rt::ok_status();
+}
+
+rt::LaunchTensor launch_tensor(const compiler::TensorDesc& t) {
+  return {t.shape, msprof_dtype_name(t.dtype)};
+}
+
+// What the launches of one run of `op` are for (compiled_op_kernel.h, launch_compiled_op).
+std::shared_ptr<const rt::LaunchLabel> launch_label(OpKernelContext* ctx,
+                                                    const compiler::OpDesc& op,
+                                                    const compiler::CompiledKernel& k) {
+  static std::atomic<uint64_t> next_dispatch{1};
+  auto label = std::make_shared<rt::LaunchLabel>();
+  label->op_name = ctx->op_name();
+  label->op_type = op.type;
+  for (const compiler::TensorDesc& t : op.inputs) label->inputs.push_back(launch_tensor(t));
+  for (const compiler::TensorDesc& t : k.outputs) label->outputs.push_back(launch_tensor(t));
+  label->dispatch = next_dispatch.fetch_add(1, std::memory_order_relaxed);
+  return label;
+}
+
+}  // namespace
+
+// ---- ReportProfiler
+
+ReportProfiler& ReportProfiler::instance() {
+  static ReportProfiler* p = new ReportProfiler();  // attached to the device, which is never closed
+  return *p;
+}
+
+namespace {
+
+uint64_t env_count(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  return end && *end == '\0' ? n : fallback;
+}
+
+}  // namespace
+
+prof::PipeTraceOptions ReportProfiler::options_from_env() {
+  prof::PipeTraceOptions o;
+  o.detail_launches = env_count("NPUSIM_TRACE_DETAIL_LAUNCHES", o.detail_launches);
+  o.max_events = env_count("NPUSIM_TRACE_MAX_EVENTS", o.max_events);
+  return o;
+}
+
+rt::Status ReportProfiler::start(const prof::PipeTraceOptions& opts) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_requested = true;
+  m_collector.reset(opts);
+  if (m_attached) return rt::ok_status();
+  if (std::shared_ptr<rt::Device> dev = device_if_open()) {
+    rt::Status st = dev->add_observer(&m_collector);
+    if (!st.ok()) return st;
+    m_attached = true;
+  } else {
+    m_settled = false;  // attach at the device's first op
   }
   return rt::ok_status();
 }
 
-}  // namespace
+void ReportProfiler::attach_if_requested(rt::Device& device) {
+  if (m_settled.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(m_mutex);
+  if (m_settled.load()) return;
+  if (!m_requested) {
+    const char* dir = std::getenv("NPUSIM_REPORT_DIR");
+    if (dir && *dir) {
+      m_requested = true;
+      m_collector.reset(options_from_env());
+    }
+  }
+  if (m_requested && !m_attached) m_attached = device.add_observer(&m_collector).ok();
+  m_settled.store(true, std::memory_order_release);
+}
+
+const prof::PipeTraceCollector* ReportProfiler::collector() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_requested ? &m_collector : nullptr;
+}
+
+std::string msprof_dtype_name(compiler::DataType t) {
+  if (t == compiler::DataType::BOOL) return "DT_BOOL";
+  return prof::msprof_dtype(compiler::device_dtype(t));
+}
 
 rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
                       std::shared_ptr<const CompiledOp>* out) {
   rt::Status st = open_device(device);
   if (!st.ok()) return st;
+  ReportProfiler::instance().attach_if_requested(**device);
   return CompiledOpCache::instance().get_or_compile(op, (*device)->config(),
                                                     opened_settings().precision, out);
 }
@@ -188,10 +286,12 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const co
   rt::Stream stream;
   rt::Status st = ctx->npu_stream(&stream);
   if (!st.ok()) return st;
+  const std::shared_ptr<const rt::LaunchLabel> label = launch_label(ctx, op, k);
   for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
     const compiler::Launch& l = k.launches[i];
     st = device.launch_kernel(stream, compiled.programs[i],
-                              l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim);
+                              l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim,
+                              label);
   }
   // Always wait, also after a failed launch: launches already queued use the inputs, outputs
   // and workspace, which TensorFlow may reuse once Compute returns.
@@ -215,11 +315,11 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
     input_addrs.push_back(inputs[i].device_address());
   }
   for (const HostAttrInput& h : m_host_attrs) {
-    if (h.input >= static_cast<int>(inputs.size())) continue;
-    std::vector<int64_t> values;
-    NPU_OP_REQUIRES_OK(ctx, read_host_ints(m_type, inputs[h.input], h.input, &values));
-    op.attrs[h.attr] = std::move(values);
-    input_addrs[h.input] = 0;  // host memory: no kernel on the chip may read it
+    const int index = h.input < 0 ? static_cast<int>(inputs.size()) + h.input : h.input;
+    if (index < 0 || index >= static_cast<int>(inputs.size())) continue;
+    NPU_OP_REQUIRES_OK(ctx,
+                       read_host_attr(m_type, inputs[index], index, h.kind, &op.attrs[h.attr]));
+    input_addrs[index] = 0;  // host memory: no kernel on the chip may read it
   }
 
   std::shared_ptr<rt::Device> device;

@@ -12,6 +12,7 @@
 // A compile error (an unsupported shape or attribute) is TF_UNIMPLEMENTED naming the op.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/profiler/pipe_trace.h"
 #include "adapter/runtime/device.h"
 #include "adapter/tf/plugin/kernel.h"
 
@@ -72,10 +74,41 @@ rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* d
 // TensorFlow, queues every launch on the op's NPU stream with the inputs and outputs at the given
 // device addresses (buffers the caller allocated to the compiled op's output shapes), and waits
 // for the stream, so a failed launch or a fault on the chip is returned here (naming op.str())
-// rather than left as a stream error.
+// rather than left as a stream error. Every launch carries an rt::LaunchLabel for reports: the
+// node name (ctx->op_name()), op.type, the OpDesc's input and the compiled output tensors, and
+// one dispatch id per call (so the launches of one run of the op share it).
 rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const compiler::OpDesc& op,
                               const CompiledOp& compiled, const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs);
+
+// The msprof name of a compiler data type ("DT_FLOAT16", "DT_BOOL").
+std::string msprof_dtype_name(compiler::DataType t);
+
+// Collects the per-pipe instruction detail of the NPU's launches for reports (python_hooks.cpp,
+// adapter/profiler/runtime_report.h). Profiling starts when the Python package asks
+// (npusim.profile) or, at the device's opening, when NPUSIM_REPORT_DIR is set; the collector is
+// attached to the device once it is open. Thread-safe.
+class ReportProfiler {
+ public:
+  static ReportProfiler& instance();
+  // Starts collecting again from the next launch with `opts` (attaching now if the device is
+  // open, else at its first op).
+  rt::Status start(const prof::PipeTraceOptions& opts);
+  // After the device opened (every compile_op; cheap once settled): attaches the collector if
+  // profiling was asked for, or NPUSIM_REPORT_DIR is set.
+  void attach_if_requested(rt::Device& device);
+  // The collector if profiling ever started, else null.
+  const prof::PipeTraceCollector* collector() const;
+  // Limits from NPUSIM_TRACE_DETAIL_LAUNCHES and NPUSIM_TRACE_MAX_EVENTS (defaults:
+  // PipeTraceOptions').
+  static prof::PipeTraceOptions options_from_env();
+
+ private:
+  mutable std::mutex m_mutex;
+  std::atomic<bool> m_settled{false};  // nothing to do in attach_if_requested
+  bool m_requested = false, m_attached = false;
+  prof::PipeTraceCollector m_collector;
+};
 
 // The attributes an op family passes to the compiler, and their TF types.
 struct AttrSpec {
@@ -84,13 +117,21 @@ struct AttrSpec {
   Kind kind;
 };
 
-// An int32/int64 input that TF passes as a tensor but the compiler takes as a list(int)
-// attribute (reduction axes, Tile multiples, ...): registered HostMemory, so Compute reads its
-// values on the host into attribute `attr`. The input stays in the OpDesc's inputs (the
-// compiler ignores it; docs/compiler.md).
+// An input that TF passes as a tensor but the compiler takes as an attribute (reduction axes,
+// Tile multiples, a concat axis, Range's bounds, ...): registered HostMemory, so Compute reads
+// its values on the host into attribute `attr`. The input stays in the OpDesc's inputs (the
+// compiler ignores it; docs/compiler.md). `input` < 0 counts from the end (-1: ConcatV2's axis,
+// after its N values).
 struct HostAttrInput {
+  enum class Kind {
+    kInts,      // int32/int64 of rank <= 1 -> list(int)
+    kFlatInts,  // int32/int64 of any rank, row-major -> list(int) (Pad's [rank, 2] paddings)
+    kInt,       // int32/int64 with one element -> int
+    kNumber,    // one element -> int (int32/int64) or float (float32)
+  };
   int input;
   const char* attr;
+  Kind kind = Kind::kInts;
 };
 
 class CompiledOpKernel : public OpKernel {

@@ -5,41 +5,67 @@
 
 namespace npusim::tf {
 
-DenseUpdateStatus run_dense_update(TF_OpKernelContext* tf_ctx, const char* binary_op,
-                                   TF_DataType dtype, const std::vector<int64_t>& shape,
-                                   uint64_t lhs, uint64_t rhs, uint64_t out) {
+DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::string& op_type,
+                                      const std::vector<std::pair<std::string, bool>>& bool_attrs,
+                                      const std::vector<UpdateTensor>& inputs,
+                                      const std::vector<UpdateTensor>& outputs) {
   OpKernelContext ctx(tf_ctx);
   // Every message starts with `where` (rt::guard adds it to exceptions).
-  const std::string where = ctx.op_name() + " (" + binary_op + " on the NPU)";
+  const std::string where = ctx.op_name() + " (" + op_type + " on the NPU)";
   auto in_context = [&](const rt::Status& s) {
     return s.ok() ? s : rt::Status(s.code(), where + ": " + s.message());
   };
   rt::Status st = rt::guard(where, [&]() -> rt::Status {
-    auto dt = from_tf_dtype(dtype);
-    if (!dt)
-      return in_context(rt::Status(rt::StatusCode::unsupported,
-                                   "dtype " + tf_dtype_name(dtype) + " cannot live on the NPU"));
+    if (inputs.empty())
+      return in_context(rt::Status(rt::StatusCode::internal, "no inputs"));
     compiler::OpDesc op;
-    op.type = binary_op;
-    // The attributes the binary family's kernels pass (kernels_binary.cpp), so an update shares
-    // its compiled op with a plain AddV2/Sub of the same shape.
-    op.attrs["T"] = std::string(compiler::data_type_name(*dt));
-    op.inputs = {{*dt, shape}, {*dt, shape}};
+    op.type = op_type;
+    std::vector<uint64_t> input_addrs, output_addrs;
+    for (const UpdateTensor& t : inputs) {
+      auto dt = from_tf_dtype(t.dtype);
+      if (!dt)
+        return in_context(rt::Status(rt::StatusCode::unsupported,
+                                     "dtype " + tf_dtype_name(t.dtype) +
+                                         " cannot live on the NPU"));
+      op.inputs.push_back({*dt, t.shape});
+      input_addrs.push_back(t.address);
+    }
+    // The attributes the compiled-op kernels pass (T first), so an update shares its compiled
+    // op with a plain op of the same signature.
+    op.attrs["T"] = std::string(compiler::data_type_name(op.inputs[0].dtype));
+    for (const auto& [name, value] : bool_attrs) op.attrs[name] = value;
 
     std::shared_ptr<rt::Device> device;
     std::shared_ptr<const CompiledOp> compiled;
     rt::Status s = compile_op(op, &device, &compiled);
     if (!s.ok()) return in_context(s);
     const std::vector<compiler::TensorDesc>& outs = compiled->kernel.outputs;
-    if (outs.size() != 1 || outs[0].dtype != *dt || outs[0].shape != shape)
+    if (outs.size() != outputs.size())
       return in_context(rt::Status(rt::StatusCode::internal,
-                                   op.str() + ": the compiler's output is not one " +
-                                       compiler::data_type_name(*dt) +
-                                       " tensor of the inputs' shape"));
-    return in_context(launch_compiled_op(&ctx, *device, op, *compiled, {lhs, rhs}, {out}));
+                                   op.str() + ": the compiler gives " +
+                                       std::to_string(outs.size()) + " outputs, expected " +
+                                       std::to_string(outputs.size())));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      auto dt = from_tf_dtype(outputs[i].dtype);
+      if (!dt || outs[i].dtype != *dt || outs[i].shape != outputs[i].shape)
+        return in_context(rt::Status(rt::StatusCode::internal,
+                                     op.str() + ": the compiler's output " + std::to_string(i) +
+                                         " is not a " + tf_dtype_name(outputs[i].dtype) +
+                                         " tensor of the variable's shape"));
+      output_addrs.push_back(outputs[i].address);
+    }
+    return in_context(launch_compiled_op(&ctx, *device, op, *compiled, input_addrs, output_addrs));
   });
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};
+}
+
+DenseUpdateStatus run_dense_update(TF_OpKernelContext* ctx, const char* binary_op,
+                                   TF_DataType dtype, const std::vector<int64_t>& shape,
+                                   uint64_t lhs, uint64_t rhs, uint64_t out) {
+  // The binary family's kernels pass only T (kernels_binary.cpp), as run_compiled_update does.
+  return run_compiled_update(ctx, binary_op, {}, {{dtype, shape, lhs}, {dtype, shape, rhs}},
+                             {{dtype, shape, out}});
 }
 
 }  // namespace npusim::tf

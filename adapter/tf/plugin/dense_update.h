@@ -1,7 +1,8 @@
-// The chip side of the resource-variable kernels (kernels_resource_variables.cpp): the element-wise
-// arithmetic of a variable update, run as a compiled op on the op's NPU stream.
+// The chip side of the resource-variable kernels (kernels_resource_variables.cpp,
+// kernels_optimizer.cpp): the arithmetic of a variable update, run as a compiled op on the op's
+// NPU stream.
 //
-// kernels_resource_variables.cpp is written against TensorFlow's C++ kernel API and compiled with
+// Those files are written against TensorFlow's C++ kernel API and compiled with
 // TensorFlow's headers (its own Eigen, abseil, ...), while the rest of the plugin uses the C API
 // and npusim's headers. This header is the only thing both sides include, so it uses nothing but
 // the C API and the standard library.
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/c/kernels.h"
@@ -32,5 +34,22 @@ struct DenseUpdateStatus {
 DenseUpdateStatus run_dense_update(TF_OpKernelContext* ctx, const char* binary_op,
                                    TF_DataType dtype, const std::vector<int64_t>& shape,
                                    uint64_t lhs, uint64_t rhs, uint64_t out);
+
+// A tensor of a compiled update: dtype, shape and device address.
+struct UpdateTensor {
+  TF_DataType dtype;
+  std::vector<int64_t> shape;
+  uint64_t address;
+};
+
+// Runs the compiler's op `op_type` (e.g. "ResourceApplyAdam") with attribute T = inputs[0]'s
+// dtype, the boolean attributes `bool_attrs` (e.g. {"use_nesterov", false}), the given inputs,
+// and outputs at the given addresses, whose dtypes and shapes must be what the compiler
+// produces (checked: TF_INTERNAL otherwise). Same stream, workspace, error and no-throw rules as
+// run_dense_update.
+DenseUpdateStatus run_compiled_update(TF_OpKernelContext* ctx, const std::string& op_type,
+                                      const std::vector<std::pair<std::string, bool>>& bool_attrs,
+                                      const std::vector<UpdateTensor>& inputs,
+                                      const std::vector<UpdateTensor>& outputs);
 
 }  // namespace npusim::tf

@@ -10,8 +10,10 @@ extern "C" __attribute__((visibility("default"))) void TF_InitKernel() {
   using Register = npusim::rt::Status (*)();
   for (Register r : {register_binary_kernels, register_unary_kernels, register_cast_kernels,
                      register_matmul_kernels, register_nn_kernels, register_reduce_kernels,
-                     register_variable_kernels,
-                     register_resource_variable_kernels}) {
+                     register_variable_kernels, register_conv_kernels, register_layout_kernels,
+                     register_composed_kernels,
+                     register_resource_variable_kernels, register_optimizer_kernels,
+                     register_int64_kernels, register_host_routed_kernels}) {
     npusim::rt::Status st = r();
     // TF_InitKernel cannot fail; a family that did not register is reported and skipped, and
     // its ops then fall back to the CPU under soft placement.

@@ -1,5 +1,6 @@
 // Element-wise binary ops with numpy broadcasting (compiled by adapter/compiler/ops/binary.cpp):
-// arithmetic on f32/f16/bf16, and comparisons producing bool.
+// arithmetic (Pow included) on f32/f16/bf16, comparisons producing bool, LogicalAnd/LogicalOr
+// on bool.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
@@ -19,9 +20,14 @@ const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
 rt::Status register_binary_kernels() {
   for (const char* op : {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
                          "SquaredDifference", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
-                         "GreaterEqual", "DivNoNan"}) {
+                         "GreaterEqual", "DivNoNan", "Pow"}) {
     rt::Status st =
         register_kernel<BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
+    if (!st.ok()) return st;
+  }
+  // bool only: the op has no type attribute.
+  for (const char* op : {"LogicalAnd", "LogicalOr"}) {
+    rt::Status st = register_kernel<BinaryOp>(KernelDefBuilder(op));
     if (!st.ok()) return st;
   }
   return rt::ok_status();

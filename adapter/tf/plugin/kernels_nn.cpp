@@ -1,6 +1,8 @@
 // Neural-network ops of a Keras train step on f32/f16/bf16: bias add and its gradient, ReLU's
-// gradient, softmax and the sparse softmax cross entropy, and activations with their gradients
-// (compiled by adapter/compiler/ops/bias.cpp, activation.cpp, softmax.cpp).
+// gradient, softmax and the (sparse) softmax cross entropy, activations (Relu6, Elu, Selu,
+// Softplus, Sigmoid, Tanh) with their gradients, L2Loss (compiled by adapter/compiler/ops/
+// bias.cpp, activation.cpp, softmax.cpp). TF has no Gelu op: tf.nn.gelu and Keras' gelu are
+// compositions of element-wise ops (Erf, Tanh, Pow, ...), which run op by op.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
@@ -22,8 +24,10 @@ const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
 }  // namespace
 
 rt::Status register_nn_kernels() {
-  for (const char* op : {"BiasAdd", "BiasAddGrad", "ReluGrad", "Softmax", "LogSoftmax",
-                         "Sigmoid", "Tanh", "SigmoidGrad", "TanhGrad"}) {
+  for (const char* op :
+       {"BiasAdd", "BiasAddGrad", "ReluGrad", "Softmax", "LogSoftmax", "Sigmoid", "Tanh",
+        "SigmoidGrad", "TanhGrad", "Relu6", "Relu6Grad", "Elu", "EluGrad", "Selu", "SeluGrad",
+        "Softplus", "SoftplusGrad", "L2Loss", "SoftmaxCrossEntropyWithLogits"}) {
     rt::Status st = register_kernel<NnOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
     if (!st.ok()) return st;
   }

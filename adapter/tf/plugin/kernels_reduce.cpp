@@ -1,10 +1,12 @@
-// Reductions (Sum, Mean, Max, Min, Prod; adapter/compiler/ops/reduce.cpp) and the layout ops
-// Tile, BroadcastTo, StridedSlice (ops/layout.cpp) on f32/f16/bf16. TF gives their shape-like
+// Reductions (Sum, Mean, Max, Min, Prod, ArgMax, ArgMin on f32/f16/bf16, all but Mean on s32;
+// adapter/compiler/ops/reduce.cpp) and the layout ops Tile, BroadcastTo, StridedSlice
+// (ops/layout.cpp) on every type the chip holds. TF gives their shape-like
 // arguments (reduction axes, multiples, shape, begin/end/strides) as int32/int64 tensors, the
 // compiler as list(int) attributes: the arguments are registered HostMemory and read into the
 // attributes named in docs/compiler.md at Compute (CompiledOpKernel's HostAttrInput). Each
 // distinct value compiles once (the attributes are part of the cache key).
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
 namespace npusim::tf {
@@ -42,25 +44,39 @@ class StridedSliceOp : public CompiledOpKernel {
                          {{1, "begin"}, {2, "end"}, {3, "strides"}}) {}
 };
 
-const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
-
 }  // namespace
 
 rt::Status register_reduce_kernels() {
+  // int32 sums wrap as TF's; the compiler has no int32 Mean (TF divides int64 sums).
   for (const char* op : {"Sum", "Mean", "Max", "Min", "Prod"}) {
+    const bool s32 = std::string(op) != "Mean";
     rt::Status st = register_kernel<ReduceOp>(KernelDefBuilder(op)
-                                                  .TypeConstraint("T", kFloatTypes)
+                                                  .TypeConstraint("T", s32 ? kFloatS32Types
+                                                                           : kFloatTypes)
                                                   .HostMemory("reduction_indices"));
     if (!st.ok()) return st;
   }
+  // The movers copy any type bit-exactly; int32 included (TF has no DEVICE_DEFAULT int32 kernel
+  // for them: shape arithmetic in a graph placed on the NPU needs them there).
   rt::Status st = register_kernel<TileOp>(
-      KernelDefBuilder("Tile").TypeConstraint("T", kFloatTypes).HostMemory("multiples"));
+      KernelDefBuilder("Tile").TypeConstraint("T", kMoveTypes).HostMemory("multiples"));
   if (!st.ok()) return st;
   st = register_kernel<BroadcastToOp>(
-      KernelDefBuilder("BroadcastTo").TypeConstraint("T", kFloatTypes).HostMemory("shape"));
+      KernelDefBuilder("BroadcastTo").TypeConstraint("T", kMoveTypes).HostMemory("shape"));
+  if (!st.ok()) return st;
+  // ArgMax/ArgMin: the dimension input read into `axis`; output_type int32 or int64.
+  using K = AttrSpec::Kind;
+  st = register_compiled_ops({
+      {"ArgMax", {{"T", kFloatS32Types}, {"output_type", kIndexTypes}},
+       {{"T", K::kType}, {"output_type", K::kType}},
+       {{"dimension", {1, "axis", HostAttrInput::Kind::kInt}}}},
+      {"ArgMin", {{"T", kFloatS32Types}, {"output_type", kIndexTypes}},
+       {{"T", K::kType}, {"output_type", K::kType}},
+       {{"dimension", {1, "axis", HostAttrInput::Kind::kInt}}}},
+  });
   if (!st.ok()) return st;
   return register_kernel<StridedSliceOp>(KernelDefBuilder("StridedSlice")
-                                             .TypeConstraint("T", kFloatTypes)
+                                             .TypeConstraint("T", kMoveTypes)
                                              .HostMemory("begin")
                                              .HostMemory("end")
                                              .HostMemory("strides"));

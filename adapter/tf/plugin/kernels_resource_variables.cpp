@@ -26,8 +26,9 @@
 // tensor. Always writing a new buffer is TensorFlow's copy-on-write path (taken whenever the old
 // buffer is shared); compiled kernels may not write over their inputs, so it is the only path
 // here. Readers holding the old buffer keep the old value, as in TensorFlow. dtypes the compiler
-// has no AddV2/Sub for (int64, float64, ...) fail with UnimplementedError naming the op; the
-// variable is then unchanged.
+// has no AddV2/Sub for (float64, int8, ...) fail with UnimplementedError naming the op; the
+// variable is then unchanged. int64 (Keras' iteration counter) runs on the scalar unit
+// (the compiler's s64 AddV2/Sub).
 //
 // Not replaced, because TensorFlow's DEVICE_DEFAULT kernels are correct on device memory:
 // VarHandleOp, ReadVariableOp (shares the buffer, or copies it with the device's
@@ -35,36 +36,17 @@
 // copies with CPU code only in copy-on-read mode, which only sparse access turns on, and the
 // sparse ops are refused on the NPU: kernels_variables.cpp), VarIsInitializedOp and
 // DestroyResourceOp (host memory only).
-#include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
-// TensorFlow's headers are not warning-clean under -Wall -Wextra: abseil's CHECK_LT instantiated
-// by shape_inference.h compares int with size_t, Eigen's RunQueue.h aligns to
-// std::hardware_destructive_interference_size. (Their deprecated tsl::mutex is what Var::mu()
-// returns: CMakeLists.txt adds -Wno-deprecated-declarations for this file.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Winterference-size"
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "tensorflow/core/framework/kernel_def_builder.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
-#include "tensorflow/core/framework/tensor.h"
-#pragma GCC diagnostic pop
-
-#include "adapter/tf/plugin/dense_update.h"
 #include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/tf_cc_kernel_util.h"
 
 namespace npusim::tf {
 namespace {
 
-namespace tfc = ::tensorflow;
-
-uint64_t device_address(const tfc::Tensor& t) { return reinterpret_cast<uint64_t>(t.data()); }
+using namespace cc;  // NOLINT: tfc, device_address, register_npu_kernel, ...
 
 // AssignAddVariableOp (binary_op "AddV2") and AssignSubVariableOp ("Sub").
 template <const char* kBinaryOp>
@@ -100,10 +82,7 @@ class AssignUpdateVariableOp : public tfc::OpKernel {
       return absl::InvalidArgumentError("DType of variable handle and value does not match.");
 
     tfc::Tensor updated;
-    tfc::AllocatorAttributes attr;
-    attr.set_gpu_compatible(true);
-    attr.set_nic_compatible(true);
-    st = ctx->allocate_temp(var->dtype(), var->shape(), &updated, attr);
+    st = allocate_like(ctx, *var, &updated);
     if (!st.ok()) return st;
     if (var->NumElements() > 0) {
       const auto dims = var->shape().dim_sizes();
@@ -114,7 +93,7 @@ class AssignUpdateVariableOp : public tfc::OpKernel {
                                              kBinaryOp, static_cast<TF_DataType>(var->dtype()),
                                              shape, device_address(*var), device_address(value),
                                              device_address(updated));
-      if (!u.ok()) return absl::Status(static_cast<absl::StatusCode>(u.code), u.message);
+      if (!u.ok()) return to_absl(u);
     }
     *var = updated;
     return absl::OkStatus();
@@ -125,22 +104,18 @@ constexpr char kAddV2[] = "AddV2";
 constexpr char kSub[] = "Sub";
 
 template <typename Kernel>
-void register_npu_kernel(const char* op) {
-  // What REGISTER_KERNEL_BUILDER expands to, done when TF_InitKernel runs rather than at load
-  // time (init_kernels.cpp keeps the list of families explicit). The registrar takes ownership
-  // of the KernelDef.
-  tfc::kernel_factory::OpKernelRegistrar registrar(
-      tfc::KernelDefBuilder(op).Device("NPU").HostMemory("resource").Build(),
-      absl::StrCat("npusim::", op),
-      [](tfc::OpKernelConstruction* c) -> tfc::OpKernel* { return new Kernel(c); });
+void register_update_kernel(const char* op) {
+  tfc::KernelDefBuilder builder(op);
+  builder.Device("NPU").HostMemory("resource");
+  register_npu_kernel<Kernel>(builder, op);
 }
 
 }  // namespace
 
 rt::Status register_resource_variable_kernels() {
   return rt::guard("registering the NPU's resource-variable kernels", [] {
-    register_npu_kernel<AssignUpdateVariableOp<kAddV2>>("AssignAddVariableOp");
-    register_npu_kernel<AssignUpdateVariableOp<kSub>>("AssignSubVariableOp");
+    register_update_kernel<AssignUpdateVariableOp<kAddV2>>("AssignAddVariableOp");
+    register_update_kernel<AssignUpdateVariableOp<kSub>>("AssignSubVariableOp");
     return rt::ok_status();
   });
 }

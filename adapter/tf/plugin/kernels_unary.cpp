@@ -1,4 +1,5 @@
-// Element-wise unary ops on f32/f16/bf16 (compiled by adapter/compiler/ops/unary.cpp).
+// Element-wise unary ops on f32/f16/bf16, LogicalNot on bool (compiled by
+// adapter/compiler/ops/unary.cpp).
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
@@ -16,12 +17,12 @@ class UnaryOp : public CompiledOpKernel {
 rt::Status register_unary_kernels() {
   for (const char* op :
        {"Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Relu", "Floor", "Ceil",
-        "Round", "Sign"}) {
+        "Round", "Sign", "Log1p"}) {
     rt::Status st = register_kernel<UnaryOp>(
         KernelDefBuilder(op).TypeConstraint("T", {TF_FLOAT, TF_HALF, TF_BFLOAT16}));
     if (!st.ok()) return st;
   }
-  return rt::ok_status();
+  return register_kernel<UnaryOp>(KernelDefBuilder("LogicalNot"));  // bool, no type attribute
 }
 
 }  // namespace npusim::tf

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 
 namespace npusim::tf {
@@ -67,6 +68,21 @@ rt::Status settings_from_env(PluginSettings* out) {
     return rt::Status(rt::StatusCode::invalid_argument,
                       "NPUSIM_RECORD_LAUNCHES: '" + record + "' is not 0 or 1");
   s.record_launches = record == "1";
+  std::string watchdog = env_or("NPUSIM_MAX_INSNS_PER_BLOCK", "");
+  if (!watchdog.empty()) {
+    size_t used = 0;
+    unsigned long long n = 0;
+    try {
+      n = std::stoull(watchdog, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != watchdog.size() || watchdog[0] == '-')
+      return rt::Status(rt::StatusCode::invalid_argument,
+                        "NPUSIM_MAX_INSNS_PER_BLOCK: '" + watchdog +
+                            "' is not a non-negative integer");
+    s.max_insns_per_block = n;
+  }
   *out = std::move(s);
   return rt::ok_status();
 }
@@ -83,7 +99,9 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
       auto* dev = new std::shared_ptr<rt::Device>();
       rt::RuntimeOptions rt_opts;
       rt_opts.record_launches = st.settings.record_launches;
-      st.status = rt::Device::open(st.settings.chip, st.settings.overrides, SimOptions{}, rt_opts,
+      SimOptions sim_opts;
+      sim_opts.max_insns_per_block = st.settings.max_insns_per_block;
+      st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,
                                    dev);
       if (st.status.ok()) {
         st.device = dev;
@@ -143,6 +161,11 @@ rt::Status from_tf_status(const TF_Status* tf, const std::string& where) {
 
 void log_error(const std::string& message) {
   std::fprintf(stderr, "npusim: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+void log_warning(const std::string& message) {
+  std::fprintf(stderr, "npusim: warning: %s\n", message.c_str());
   std::fflush(stderr);
 }
 

@@ -9,6 +9,9 @@
 //   NPUSIM_PRECISION_MODE   CANN precision mode for cube ops (default allow_fp32_to_fp16)
 //   NPUSIM_RECORD_LAUNCHES  "0" turns off the runtime's per-launch records (default on; each
 //                           holds the launch's counter tree, some 20 KB of JSON on tiny)
+//   NPUSIM_MAX_INSNS_PER_BLOCK  the simulator's watchdog (SimOptions::max_insns_per_block): a
+//                           block executing more scalar-unit instructions faults (default
+//                           SimOptions' 10^8; 0 disables it)
 // SystemC elaborates one chip per process, so the device opens once and stays open until the
 // process exits (it is deliberately never destroyed: its driver thread must not be joined during
 // static destruction, after SystemC's own statics are gone).
@@ -30,6 +33,7 @@ struct PluginSettings {
   std::vector<std::string> overrides;
   compiler::PrecisionMode precision = compiler::PrecisionMode::kAllowFp32ToFp16;
   bool record_launches = true;
+  uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;
 };
 
 // Reads the NPUSIM_* variables above; an unknown precision mode is invalid_argument.
@@ -55,5 +59,8 @@ rt::Status from_tf_status(const TF_Status* tf, const std::string& where);
 // Writes "npusim: <message>" to stderr: for errors TensorFlow gives no way to report (a stream
 // error is fatal to TensorFlow, so the StreamExecutor callbacks log them instead).
 void log_error(const std::string& message);
+// Writes "npusim: warning: <message>" to stderr: for what works but the user should know
+// (an op falling back to the CPU, cpu_fallbacks.h).
+void log_warning(const std::string& message);
 
 }  // namespace npusim::tf

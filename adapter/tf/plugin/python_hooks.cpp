@@ -8,7 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/profiler/report_writer.h"
+#include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 #define NPUSIM_TF_EXPORT extern "C" __attribute__((visibility("default")))
@@ -25,7 +28,8 @@ nlohmann::json settings_json(const npusim::tf::PluginSettings& s) {
   return {{"chip", s.chip},
           {"overrides", s.overrides},
           {"precision_mode", npusim::compiler::precision_mode_name(s.precision)},
-          {"record_launches", s.record_launches}};
+          {"record_launches", s.record_launches},
+          {"max_insns_per_block", s.max_insns_per_block}};
 }
 
 }  // namespace
@@ -57,8 +61,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
 }
 
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
-// "block_dim", "start_cycle", "cycles", "time_us", "ok", "error"[, "counters"]}]. [] if the
-// device is not open.
+// "block_dim", "start_cycle", "cycles", "time_us", "ok", "error"[, "op_name", "op_type"]
+// [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
   using namespace npusim;
   nlohmann::json j = nlohmann::json::array();
@@ -69,6 +73,10 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
                           {"start_cycle", r.start_cycle}, {"cycles", r.cycles},
                           {"time_us", r.time_us},     {"ok", r.ok},
                           {"error", r.error}};
+      if (r.label) {
+        e["op_name"] = r.label->op_name;
+        e["op_type"] = r.label->op_type;
+      }
       if (with_counters) e["counters"] = r.counters;
       j.push_back(std::move(e));
     }
@@ -120,4 +128,137 @@ NPUSIM_TF_EXPORT char* npusim_tf_counters_json() {
   nlohmann::json tree;
   if (!dev->counters(&tree).ok()) return nullptr;
   return to_c_string(tree.dump());
+}
+
+// Ops soft placement ran on the CPU for want of an NPU kernel, as recorded by the graph optimizer
+// (graph_optimizer.cpp): {"op type": nodes}.
+NPUSIM_TF_EXPORT char* npusim_tf_cpu_fallback_ops_json() {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [op, nodes] : npusim::tf::cpu_fallback_counts()) j[op] = nodes;
+  return to_c_string(j.dump());
+}
+
+NPUSIM_TF_EXPORT void npusim_tf_clear_cpu_fallback_ops() { npusim::tf::clear_cpu_fallback_counts(); }
+
+// ---- Reports (adapter/profiler/runtime_report.h, docs/reports.md "From TensorFlow")
+
+namespace {
+
+nlohmann::json parse_or_empty(const char* text) {
+  if (!text || !*text) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+uint64_t json_u64(const nlohmann::json& j, const char* key, uint64_t fallback) {
+  return j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : fallback;
+}
+
+// The launches and copies that started in [origin_cycle, end_cycle) on the device timeline
+// (end_cycle 0: no end).
+void window_records(npusim::rt::Device& dev, uint64_t origin_cycle, uint64_t end_cycle,
+                    std::vector<npusim::rt::LaunchRecord>* launches,
+                    std::vector<npusim::rt::CopyRecord>* copies) {
+  auto inside = [&](uint64_t t) { return t >= origin_cycle && (end_cycle == 0 || t < end_cycle); };
+  for (npusim::rt::LaunchRecord& r : dev.launch_records())
+    if (inside(r.start_cycle)) launches->push_back(std::move(r));
+  if (copies)
+    for (const npusim::rt::CopyRecord& c : dev.copy_records())
+      if (inside(c.start_cycle)) copies->push_back(c);
+}
+
+}  // namespace
+
+// Starts a report window (npusim.profile): instruction detail is collected from the next launch
+// on, with options {"trace_launches", "trace_max_events"} (absent: NPUSIM_TRACE_* or the
+// defaults). Returns {"origin_cycle": the device timeline now (0 if the device is not open yet),
+// "device_open"} or {"error"}.
+NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
+  using namespace npusim;
+  nlohmann::json j;
+  rt::Status st = rt::guard("npusim.profile", [&]() -> rt::Status {
+    const nlohmann::json o = parse_or_empty(options_json);
+    prof::PipeTraceOptions opts = tf::ReportProfiler::options_from_env();
+    opts.detail_launches = json_u64(o, "trace_launches", opts.detail_launches);
+    opts.max_events = json_u64(o, "trace_max_events", opts.max_events);
+    uint64_t now = 0;
+    std::shared_ptr<rt::Device> dev = tf::device_if_open();
+    if (dev) {
+      rt::Status s = dev->device_time_cycles(&now);
+      if (!s.ok()) return s;
+    }
+    j = {{"origin_cycle", now}, {"device_open", dev != nullptr}};
+    return tf::ReportProfiler::instance().start(opts);
+  });
+  if (!st.ok()) j = {{"error", st.message()}};
+  return to_c_string(j.dump());
+}
+
+// Writes the report folder of the launches since {"origin_cycle"} (default 0: the whole run) to
+// `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
+// trace.json, summary.txt, and the plots when {"python", "plot_script"} are given. Other keys of
+// extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available). Returns
+// {"files": [...], "window": {"origin_cycle", "end_cycle": the device timeline now},
+// "plots": {"ok", "output"}} or {"error"}; {"files": []} if the device never opened.
+NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra_json) {
+  using namespace npusim;
+  nlohmann::json j;
+  rt::Status st = rt::guard("npusim.write_report", [&]() -> rt::Status {
+    if (!dir || !*dir) return rt::Status(rt::StatusCode::invalid_argument, "no directory given");
+    const nlohmann::json extra = parse_or_empty(extra_json);
+    std::shared_ptr<rt::Device> dev = tf::device_if_open();
+    if (!dev) {
+      j = {{"files", nlohmann::json::array()}};
+      return rt::ok_status();
+    }
+    prof::RuntimeReportInput in;
+    in.title = extra.value("title", std::string("npusim TensorFlow run"));
+    in.config = &dev->config();
+    in.origin_cycle = json_u64(extra, "origin_cycle", 0);
+    uint64_t now = 0;
+    if (rt::Status s = dev->device_time_cycles(&now); !s.ok()) return s;
+    window_records(*dev, in.origin_cycle, 0, &in.launches, &in.copies);
+    j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
+    in.pipe_trace = tf::ReportProfiler::instance().collector();
+    in.extra = extra;
+    j["files"] = prof::write_runtime_report(dir, in);
+    const std::string python = extra.value("python", std::string());
+    const std::string script = extra.value("plot_script", std::string());
+    if (!python.empty() && !script.empty()) {
+      const prof::PlotResult plots = prof::run_plot_script(dir, python, script);
+      j["plots"] = {{"ok", plots.ok}, {"output", plots.output}};
+    }
+    return rt::ok_status();
+  });
+  if (!st.ok()) j = {{"error", st.message()}};
+  return to_c_string(j.dump());
+}
+
+// Per op type over the launches that started in [{"origin_cycle"}, {"end_cycle"}) (defaults 0:
+// from the start, no end), longest first, at most
+// {"top"} (0: all): [{"op_type", "count", "tasks", "time_us", "cube_utilization_pct",
+// "vector_utilization_pct"}] (adapter/profiler/runtime_report.h, OpTypeSummary). [] if the
+// device is not open; {"error"} on failure.
+NPUSIM_TF_EXPORT char* npusim_tf_op_summary_json(const char* options_json) {
+  using namespace npusim;
+  nlohmann::json j = nlohmann::json::array();
+  rt::Status st = rt::guard("npusim.op_summary", [&]() -> rt::Status {
+    const nlohmann::json o = parse_or_empty(options_json);
+    std::shared_ptr<rt::Device> dev = tf::device_if_open();
+    if (!dev) return rt::ok_status();
+    std::vector<rt::LaunchRecord> launches;
+    window_records(*dev, json_u64(o, "origin_cycle", 0), json_u64(o, "end_cycle", 0), &launches,
+                   nullptr);
+    for (const prof::OpTypeSummary& t :
+         prof::op_type_summary(launches, dev->config(), json_u64(o, "top", 0)))
+      j.push_back({{"op_type", t.op_type},
+                   {"count", t.count},
+                   {"tasks", t.tasks},
+                   {"time_us", t.time_us},
+                   {"cube_utilization_pct", t.cube_utilization_pct},
+                   {"vector_utilization_pct", t.vector_utilization_pct}});
+    return rt::ok_status();
+  });
+  if (!st.ok()) j = {{"error", st.message()}};
+  return to_c_string(j.dump());
 }

@@ -23,17 +23,23 @@ import atexit
 import json
 import os
 
-from . import _keras, _plugin
+from . import _keras, _plugin, _report
 from ._plugin import NpusimError
+from ._report import format_op_summary, op_summary, profile
 
 __all__ = [
     "NpusimError",
     "clear_launch_records",
     "compiled_ops",
+    "clear_cpu_fallback_ops",
     "configure",
+    "cpu_fallback_ops",
     "device_info",
+    "format_op_summary",
     "launch_records",
+    "op_summary",
     "plugin_path",
+    "profile",
     "write_report",
 ]
 
@@ -72,8 +78,8 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
     overrides: {"dotted.key": value} or ["dotted.key=value", ...] applied to the chip config
         ([] or {} clears them).
-    report_dir: where write_report() writes at interpreter exit (launch records with counters,
-        the resolved chip config, the compiled ops).
+    report_dir: where write_report() writes the whole run's report folder at interpreter exit
+        (op_summary.csv, trace.json, summary.txt, ...: docs/reports.md, "From TensorFlow").
     precision_mode: how fp32 cube ops run (CANN names): must_keep_origin_dtype,
         allow_fp32_to_fp16 (default), allow_mix_precision.
 
@@ -142,10 +148,27 @@ def compiled_ops():
     return _hooks.compiled_ops()
 
 
+def cpu_fallback_ops():
+    """{op type: nodes} of the ops TensorFlow ran on the CPU because the NPU has no kernel for
+    them (soft placement), as found in every placed tf.function graph (model.fit's steps
+    included) by the plugin's graph optimizer; each op type is also warned about once on stderr.
+    Host-side ops (tf.data, function arguments, constants, control flow, int32 shape arithmetic)
+    are not counted, nor are eager ops outside a tf.function (docs/tf_plugin.md, "CPU
+    fallbacks")."""
+    return _hooks.cpu_fallback_ops()
+
+
+def clear_cpu_fallback_ops():
+    """Resets the cpu_fallback_ops() counts (the once-per-op-type warnings stay given)."""
+    _hooks.clear_cpu_fallback_ops()
+
+
 def write_report(directory=None):
-    """Writes device.json, chip.yaml, launches.json (with counters) and compiled_ops.json to
-    `directory` (default: NPUSIM_REPORT_DIR). Returns the directory, or None if the device was
-    never opened (nothing ran on the NPU)."""
+    """Writes the report folder of every NPU launch since the device opened to `directory`
+    (default: NPUSIM_REPORT_DIR): the command line's files (op_summary.csv, op_statistic.csv,
+    counters.json, chip.yaml, trace.json, summary.txt, plots; docs/reports.md and _report.py),
+    plus the raw device.json, launches.json (with counters) and compiled_ops.json. Returns the
+    directory, or None if the device was never opened (nothing ran on the NPU)."""
     directory = directory or os.environ.get("NPUSIM_REPORT_DIR")
     if not directory:
         raise NpusimError("write_report: no directory given and NPUSIM_REPORT_DIR is not set")
@@ -158,10 +181,12 @@ def write_report(directory=None):
         "chip.yaml": _hooks.chip_config_yaml() or "",
         "launches.json": json.dumps(_hooks.launch_records(True)),
         "compiled_ops.json": json.dumps(_hooks.compiled_ops(), indent=1),
+        "cpu_fallback_ops.json": json.dumps(_hooks.cpu_fallback_ops(), indent=1),
     }
     for name, text in files.items():
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
             f.write(text)
+    _report.write_report_folder(directory)
     return directory
 
 

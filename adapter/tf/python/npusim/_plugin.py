@@ -102,12 +102,14 @@ class Hooks:
         self._lib = ctypes.CDLL(path)
         for name in ("npusim_tf_device_json", "npusim_tf_launch_records_json",
                      "npusim_tf_compiled_ops_json", "npusim_tf_chip_config_yaml",
-                     "npusim_tf_counters_json", "npusim_tf_check_env_settings"):
+                     "npusim_tf_counters_json", "npusim_tf_check_env_settings",
+                     "npusim_tf_cpu_fallback_ops_json"):
             getattr(self._lib, name).restype = ctypes.c_void_p
         self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int]
         self._lib.npusim_tf_free.argtypes = [ctypes.c_void_p]
         self._lib.npusim_tf_free.restype = None
         self._lib.npusim_tf_clear_launch_records.restype = None
+        self._lib.npusim_tf_clear_cpu_fallback_ops.restype = None
 
     def _text(self, ptr):
         if not ptr:
@@ -142,3 +144,10 @@ class Hooks:
 
     def counters(self):
         return self._json(self._lib.npusim_tf_counters_json())
+
+    def cpu_fallback_ops(self):
+        """{op type: nodes} soft placement put on the CPU for want of an NPU kernel."""
+        return self._json(self._lib.npusim_tf_cpu_fallback_ops_json())
+
+    def clear_cpu_fallback_ops(self):
+        self._lib.npusim_tf_clear_cpu_fallback_ops()

@@ -1,0 +1,220 @@
+// TF_InitGraph: a graph optimizer plugin (TensorFlow's grappler C API,
+// tensorflow/c/experimental/grappler/grappler.h) that changes nothing and records the ops soft
+// placement put on the CPU because the NPU has no kernel for them (cpu_fallbacks.h).
+//
+// Why a graph optimizer: TensorFlow places a tf.function's graph (model.fit's train step is one)
+// before grappler runs on it (ProcessFunctionLibraryRuntime: placer, then the meta-optimizer,
+// then partitioning), and soft placement moves an op to the CPU without any callback a plugin
+// could hook. The meta-optimizer runs every registered plugin optimizer on every function graph it
+// optimizes, with each node's assigned device in NodeDef.device, so this optimizer sees where
+// every node of every tf.function landed. Eager ops (outside any tf.function) never pass through
+// grappler: they are not seen here (docs/tf_plugin.md, "CPU fallbacks").
+//
+// What counts as a fallback: a node assigned to the CPU, in a graph that also has NPU nodes other
+// than its arguments and results (a graph entirely on the CPU is host code, e.g. a tf.data function or code under
+// tf.device("/CPU:0")), for which TensorFlow's registry has no NPU kernel matching its attributes
+// (FindKernelDef: the NPU's own kernels and DEVICE_DEFAULT ones), and that is not host-side by
+// nature (is_host_side below). A node with an NPU kernel that still sits on the CPU was put there
+// by an explicit device request or colocation, not by a missing kernel.
+//
+// The meta-optimizer passes each graph several times (meta_optimizer_iterations, default 2) with
+// the same GrapplerItem; nodes are counted once per item id (GrapplerItem::id, the function's
+// name for a function graph) and node name, so the counts are nodes of distinct function graphs,
+// not executions.
+//
+// Like kernels_resource_variables.cpp this file is compiled against TensorFlow's C++ headers
+// (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2) and includes no npusim
+// header but the standard-library-only cpu_fallbacks.h.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Winterference-size"
+#include "tensorflow/c/experimental/grappler/grappler.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/grappler/grappler_item.h"
+#pragma GCC diagnostic pop
+
+#include "adapter/tf/plugin/cpu_fallbacks.h"
+
+namespace npusim::tf {
+namespace {
+
+namespace tfc = ::tensorflow;
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// Assigned devices are full names: "/job:localhost/replica:0/task:0/device:CPU:0".
+bool on_device_type(const std::string& device, const char* type) {
+  return contains(device, (std::string("/device:") + type + ":").c_str());
+}
+
+// A function's arguments and results: they sit where the caller's tensors are.
+bool is_arg_or_retval(const std::string& op) {
+  return op == "_Arg" || op == "_Retval" || op == "_DeviceArg" || op == "_DeviceRetval";
+}
+
+// Ops that belong on the host whatever devices exist, so a CPU placement is not a fallback:
+//  - function plumbing: _Arg/_Retval (and device variants), Send/Recv between partitions,
+//    function calls (their bodies are graphs of their own, seen separately), NoOp;
+//  - Const/HostConst on the host (constants feeding host-side ops);
+//  - control flow (Switch/Merge/Enter/Exit/NextIteration/LoopCond, If/While/Case): they route
+//    tensors, the work is in the ops they route to;
+//  - the input pipeline: tf.data's datasets, iterators and optionals (a host-side queue;
+//    IteratorGetNext hands the batch to the step);
+//  - int32-only ops: TensorFlow keeps int32 tensors (shapes, indices) in host memory by
+//    convention, and shape arithmetic (Shape, Prod, StridedSlice on int32 ...) runs on the host
+//    for GPUs too (their int32 kernels are HostMemory CPU code).
+bool is_host_side(const tfc::NodeDef& node) {
+  static const std::set<std::string> kHostOps = {
+      "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "_Send", "_Recv", "_HostSend",
+      "_HostRecv", "NoOp", "Const", "HostConst", "Placeholder", "PlaceholderWithDefault",
+      "PartitionedCall", "StatefulPartitionedCall", "Switch", "RefSwitch", "Merge", "RefMerge",
+      "Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond",
+      "ControlTrigger", "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"};
+  const std::string& op = node.op();
+  if (kHostOps.count(op)) return true;
+  if (contains(op, "Dataset") || contains(op, "Iterator") || op.rfind("Optional", 0) == 0)
+    return true;
+  int types = 0, int32s = 0;
+  for (const auto& [name, value] : node.attr()) {
+    if (value.value_case() == tfc::AttrValue::kType) {
+      ++types;
+      int32s += value.type() == tfc::DT_INT32;
+    } else if (value.value_case() == tfc::AttrValue::kList) {
+      for (int t : value.list().type()) {
+        ++types;
+        int32s += t == tfc::DT_INT32;
+      }
+    }
+  }
+  return types > 0 && types == int32s;
+}
+
+bool has_npu_kernel(const tfc::NodeDef& node) {
+  tfc::NodeDef probe = node;
+  probe.set_device("");  // FindKernelDef checks attributes against the NPU's registrations only
+  return tfc::FindKernelDef(tfc::DeviceType("NPU"), probe, nullptr, nullptr).ok();
+}
+
+// "AddV2 'Adam/add' (T=int64)": an example for the warning.
+std::string describe(const tfc::NodeDef& node) {
+  std::string types;
+  for (const auto& [name, value] : node.attr()) {
+    if (value.value_case() != tfc::AttrValue::kType) continue;
+    types += (types.empty() ? "" : ", ") + name + "=" + tfc::DataTypeString(value.type());
+  }
+  return node.op() + " '" + node.name() + "'" + (types.empty() ? "" : " (" + types + ")");
+}
+
+// Nodes already counted, per GrapplerItem id (the meta-optimizer's iterations reuse the item);
+// the last kItems ids are remembered.
+class SeenNodes {
+ public:
+  // True the first time (item, node) is seen.
+  bool first_time(const std::string& item, const std::string& node) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    auto it = m_items.find(item);
+    if (it == m_items.end()) {
+      if (m_order.size() >= kItems) {
+        m_items.erase(m_order.front());
+        m_order.pop_front();
+      }
+      m_order.push_back(item);
+      it = m_items.emplace(item, std::set<std::string>()).first;
+    }
+    return it->second.insert(node).second;
+  }
+
+ private:
+  static constexpr size_t kItems = 256;
+  std::mutex m_mutex;
+  std::map<std::string, std::set<std::string>> m_items;
+  std::deque<std::string> m_order;
+};
+
+SeenNodes& seen_nodes() {
+  static SeenNodes* s = new SeenNodes();
+  return *s;
+}
+
+void record_fallbacks(const tfc::GraphDef& graph, const std::string& item) {
+  bool any_npu = false;
+  for (const tfc::NodeDef& node : graph.node())
+    any_npu |= on_device_type(node.device(), "NPU") && !is_arg_or_retval(node.op());
+  if (!any_npu) return;
+  std::map<std::string, std::pair<int64_t, std::string>> found;  // op -> (nodes, example)
+  for (const tfc::NodeDef& node : graph.node()) {
+    if (!on_device_type(node.device(), "CPU") || is_host_side(node) || has_npu_kernel(node))
+      continue;
+    if (!seen_nodes().first_time(item, node.name())) continue;
+    auto& f = found[node.op()];
+    if (f.first++ == 0) f.second = describe(node);
+  }
+  for (const auto& [op, f] : found) record_cpu_fallback(op, f.first, f.second);
+}
+
+// TF_GrapplerItem is TensorFlow's grappler::GrapplerItem behind a C name (grappler.cc casts it).
+// Items without an id (none seen in practice) fall back to their address.
+std::string item_id(const TF_GrapplerItem* item) {
+  const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+  if (!cc_item->id.empty()) return cc_item->id;
+  return "item@" + std::to_string(reinterpret_cast<uintptr_t>(item));
+}
+
+void free_buffer(void* data, size_t) { std::free(data); }
+
+// The optimizer's output is its input: it only looks.
+void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
+              TF_Buffer* optimized_graph_buf, TF_Status* status) {
+  void* copy = std::malloc(graph_buf->length ? graph_buf->length : 1);
+  if (!copy) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "npusim graph optimizer: out of host memory");
+    return;
+  }
+  std::memcpy(copy, graph_buf->data, graph_buf->length);
+  optimized_graph_buf->data = copy;
+  optimized_graph_buf->length = graph_buf->length;
+  optimized_graph_buf->data_deallocator = free_buffer;
+  TF_SetStatus(status, TF_OK, "");
+  try {
+    tfc::GraphDef graph;
+    if (graph.ParseFromArray(graph_buf->data, static_cast<int>(graph_buf->length)))
+      record_fallbacks(graph, item_id(item));
+  } catch (const std::exception&) {
+    // Counting is best effort; the graph is returned unchanged either way.
+  }
+}
+
+}  // namespace
+}  // namespace npusim::tf
+
+// TensorFlow calls this when the plugin is loaded as a pluggable device library. Every default
+// grappler pass keeps its setting (TP_OptimizerConfigs left at TF_TriState_Default).
+extern "C" __attribute__((visibility("default"))) void TF_InitGraph(
+    TP_OptimizerRegistrationParams* params, TF_Status* status) {
+  params->struct_size = TP_OPTIMIZER_REGISTRATION_PARAMS_STRUCT_SIZE;
+  params->major_version = GO_MAJOR;
+  params->minor_version = GO_MINOR;
+  params->patch_version = GO_PATCH;
+  params->device_type = "NPU";
+  params->optimizer_configs->struct_size = TP_OPTIMIZER_CONFIGS_STRUCT_SIZE;
+  params->optimizer->struct_size = TP_OPTIMIZER_STRUCT_SIZE;
+  params->optimizer->create_func = nullptr;
+  params->optimizer->optimize_func = npusim::tf::optimize;
+  params->optimizer->destroy_func = nullptr;
+  TF_SetStatus(status, TF_OK, "");
+}

@@ -1,0 +1,198 @@
+// The fused optimizer updates of TF1 and tf-keras' legacy optimizers on the NPU:
+// ResourceApplyGradientDescent, ResourceApplyMomentum, ResourceApplyAdam,
+// ResourceApplyKerasMomentum (types f32, f16, bf16), written on TensorFlow's C++ kernel API like
+// kernels_resource_variables.cpp (which says why).
+//
+// TensorFlow registers these ops for the CPU and GPU only, and a resource input pins an op to its
+// variable's device, so without an NPU kernel an NPU variable's update fails at placement, soft
+// placement or not. The arithmetic is the compiler's (adapter/compiler/ops/optimizer.cpp,
+// docs/compiler.md): the op's inputs with each resource replaced by its variable's tensor, and
+// the new values of the variables as outputs (var; var, accum; var, m, v).
+// ResourceApplyKerasMomentum (tf-keras' legacy SGD with momentum), which the compiler has no op
+// for, is composed of the compiler's binary ops in TensorFlow's functor order (keras_momentum).
+//
+// Compute follows TensorFlow's training_ops.cc: look up the variables, lock them in address
+// order (always, whatever use_locking says: the variables get new buffers, which must not race
+// with another update), check they are initialized and of type T, check the shapes (TensorFlow's
+// messages), allocate a new buffer per variable, run the compiled update on the op's stream, and
+// make the new buffers the variables' tensors. New buffers rather than in-place updates: a
+// tensor read from a variable before the step keeps its value (TensorFlow's copy-on-write
+// semantics). On any error no variable changes.
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/tf_cc_kernel_util.h"
+
+namespace npusim::tf {
+namespace {
+
+using namespace cc;  // NOLINT: tfc, LockedVariables, update_tensor, ...
+
+// One fused update op: its resource inputs (the first inputs, in order), the input of the
+// variables' shape, whether it has use_nesterov, and whether it is composed of binary ops
+// (else it is one compiled op of the same name). Every other input is a scalar.
+struct ApplyOpDef {
+  const char* op;
+  std::vector<const char*> variables;
+  int grad_input;
+  bool has_nesterov;
+  bool composed = false;
+};
+
+const std::vector<ApplyOpDef>& apply_ops() {
+  static const std::vector<ApplyOpDef> ops = {
+      {"ResourceApplyGradientDescent", {"var"}, 2, false},
+      {"ResourceApplyMomentum", {"var", "accum"}, 3, true},
+      {"ResourceApplyAdam", {"var", "m", "v"}, 9, true},
+      {"ResourceApplyKerasMomentum", {"var", "accum"}, 3, true, true},
+  };
+  return ops;
+}
+
+// ResourceApplyKerasMomentum (inputs var, accum, lr, grad, momentum; outputs var', accum') as
+// the compiler's binary ops, each rounding to T like TensorFlow's Eigen functor
+// (training_ops.cc, ApplyKerasMomentum), whose expression order it follows:
+//   accum' = accum * momentum - grad * lr
+//   var'   = var + accum'                                   (use_nesterov = false)
+//   var'   = var + (accum' * momentum - grad * lr)          (use_nesterov = true)
+// The scalars broadcast (binary ops broadcast as numpy). Temporaries come from TensorFlow's
+// allocator; outputs never alias inputs.
+absl::Status keras_momentum(tfc::OpKernelContext* ctx, const tfc::Tensor& like, bool nesterov,
+                            const std::vector<UpdateTensor>& in,
+                            const std::vector<UpdateTensor>& out) {
+  const UpdateTensor &var = in[0], &accum = in[1], &lr = in[2], &grad = in[3],
+                     &momentum = in[4];
+  tfc::Tensor temps[3];
+  for (tfc::Tensor& t : temps) {
+    absl::Status st = allocate_like(ctx, like, &t);
+    if (!st.ok()) return st;
+  }
+  const UpdateTensor scaled = update_tensor(temps[0]), step = update_tensor(temps[1]),
+                     nesterov_step = update_tensor(temps[2]);
+  auto binary = [&](const char* op, const UpdateTensor& a, const UpdateTensor& b,
+                    const UpdateTensor& o) {
+    // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+    return to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx), op, {},
+                                       {a, b}, {o}));
+  };
+  absl::Status st = binary("Mul", accum, momentum, scaled);
+  if (st.ok()) st = binary("Mul", grad, lr, step);
+  if (st.ok()) st = binary("Sub", scaled, step, out[1]);
+  if (!st.ok()) return st;
+  if (!nesterov) return binary("AddV2", var, out[1], out[0]);
+  st = binary("Mul", out[1], momentum, scaled);
+  if (st.ok()) st = binary("Sub", scaled, step, nesterov_step);
+  if (st.ok()) st = binary("AddV2", var, nesterov_step, out[0]);
+  return st;
+}
+
+const ApplyOpDef& apply_op(const std::string& type) {
+  for (const ApplyOpDef& d : apply_ops())
+    if (type == d.op) return d;
+  return apply_ops().front();  // unreachable: registered for these ops only
+}
+
+class ResourceApplyOp : public tfc::OpKernel {
+ public:
+  explicit ResourceApplyOp(tfc::OpKernelConstruction* c)
+      : OpKernel(c), m_def(apply_op(c->def().op())) {
+    OP_REQUIRES_OK(c, c->GetAttr("T", &m_dtype));
+    if (m_def.has_nesterov) OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &m_nesterov));
+  }
+
+  void Compute(tfc::OpKernelContext* ctx) override {
+    // No exception may reach TensorFlow (only std::bad_alloc could come from here).
+    try {
+      ctx->SetStatus(update(ctx));
+    } catch (const std::exception& e) {
+      ctx->SetStatus(absl::InternalError(absl::StrCat(name(), " on the NPU: ", e.what())));
+    }
+  }
+
+ private:
+  absl::Status update(tfc::OpKernelContext* ctx) {
+    const int n = static_cast<int>(m_def.variables.size());
+    LockedVariables vars;
+    absl::Status st = vars.lock(ctx, n);
+    if (!st.ok()) return st;
+    for (int i = 0; i < n; ++i) {
+      const tfc::Tensor* t = vars[i]->tensor();
+      if (!vars[i]->is_initialized)
+        return absl::FailedPreconditionError(
+            absl::StrCat("Attempting to use uninitialized variables: ", m_def.variables[i],
+                         " of ", name()));
+      if (t->dtype() != m_dtype)
+        return absl::InvalidArgumentError(absl::StrCat(
+            name(), ": ", m_def.variables[i], " is ", tfc::DataTypeString(t->dtype()),
+            ", the op's T is ", tfc::DataTypeString(m_dtype)));
+      if (!t->shape().IsSameSize(vars[0]->tensor()->shape()))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "var and ", m_def.variables[i], " do not have the same shape",
+            vars[0]->tensor()->shape().DebugString(), " ", t->shape().DebugString()));
+    }
+    const tfc::Tensor& var = *vars[0]->tensor();
+    std::vector<UpdateTensor> inputs;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      if (i < n) {
+        inputs.push_back(update_tensor(*vars[i]->tensor()));
+        continue;
+      }
+      const tfc::Tensor& in = ctx->input(i);
+      if (i == m_def.grad_input) {
+        if (!var.shape().IsSameSize(in.shape()))
+          return absl::InvalidArgumentError(
+              absl::StrCat("var and grad do not have the same shape", var.shape().DebugString(),
+                           " ", in.shape().DebugString()));
+      } else if (!tfc::TensorShapeUtils::IsScalar(in.shape())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name(), ": input ", i, " is not a scalar: ", in.shape().DebugString()));
+      }
+      inputs.push_back(update_tensor(in));
+    }
+
+    std::vector<tfc::Tensor> updated(n);
+    std::vector<UpdateTensor> outputs;
+    for (int i = 0; i < n; ++i) {
+      st = allocate_like(ctx, var, &updated[i]);
+      if (!st.ok()) return st;
+      outputs.push_back(update_tensor(updated[i]));
+    }
+    if (var.NumElements() > 0) {
+      if (m_def.composed) {
+        st = keras_momentum(ctx, var, m_nesterov, inputs, outputs);
+      } else {
+        std::vector<std::pair<std::string, bool>> attrs;
+        if (m_def.has_nesterov) attrs.emplace_back("use_nesterov", m_nesterov);
+        // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+        st = to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx), m_def.op,
+                                         attrs, inputs, outputs));
+      }
+      if (!st.ok()) return st;
+    }
+    for (int i = 0; i < n; ++i) *vars[i]->tensor() = updated[i];
+    return absl::OkStatus();
+  }
+
+  const ApplyOpDef& m_def;
+  tfc::DataType m_dtype = tfc::DT_INVALID;
+  bool m_nesterov = false;
+};
+
+}  // namespace
+
+rt::Status register_optimizer_kernels() {
+  return rt::guard("registering the NPU's fused optimizer kernels", [] {
+    for (const ApplyOpDef& d : apply_ops()) {
+      tfc::KernelDefBuilder builder(d.op);
+      builder.Device("NPU").TypeConstraint("T", {tfc::DT_FLOAT, tfc::DT_HALF, tfc::DT_BFLOAT16});
+      for (const char* v : d.variables) builder.HostMemory(v);
+      register_npu_kernel<ResourceApplyOp>(builder, d.op);
+    }
+    return rt::ok_status();
+  });
+}
+
+}  // namespace npusim::tf

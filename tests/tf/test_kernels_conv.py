@@ -1,0 +1,353 @@
+"""NPU kernels of the convolution family (adapter/tf/plugin/kernels_conv.cpp): Conv2D,
+DepthwiseConv2dNative, MaxPool, AvgPool, FusedBatchNormV3, forward and gradients through
+tf.GradientTape (Conv2DBackpropInput/Filter, the depthwise gradients, MaxPoolGrad, AvgPoolGrad,
+FusedBatchNormGradV3), each with soft placement off on /NPU:0 against the same computation by
+TensorFlow on the CPU; a small Keras CNN trained by SGD steps on the NPU tracking the CPU; and
+the blocks MobileNetV2 and ResNet-50 are built from (depthwise, ReLU6, padding, residual adds,
+3x3/2 max pooling), forward and backward, nothing left on the CPU.
+
+Tolerances. The default precision mode (allow_fp32_to_fp16, docs/compiler.md) rounds fp32
+inputs of cube ops (convolutions) to fp16 and accumulates in fp32:
+- "exact" tests use values that are multiples of 1/4 in [-2, 2] (exact in fp16); every product
+  is a multiple of 1/16 and every sum of at most a few hundred of them is exact in fp32, so the
+  NPU must equal the CPU bit for bit (in any summation order);
+- "random" tests compare with the CPU run on inputs rounded to fp16 first: what remains is the
+  fp32 summation order, below K * 2^-24 * sum|x w| (K terms); rtol/atol 1e-5 cover it for the
+  K <= 100 here.
+Pooling and batch normalisation run on the vector unit in fp32: MaxPool and MaxPoolGrad are
+exact; AvgPool multiplies by a reciprocal where TF divides (1 ulp); batch normalisation's
+per-channel statistics sum in another order and use the vector unit's rsqrt (rtol 1e-5 /
+1e-4 for the gradients, whose terms cancel)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from test_kernels import BF16  # noqa: E402
+
+
+def _quarters(shape, seed, lo=-8, hi=8):
+    """Multiples of 1/4 in [lo/4, hi/4]: exact in fp16, bf16 and fp32."""
+    return np.random.default_rng(seed).integers(lo, hi + 1, size=shape).astype(np.float32) / 4
+
+
+def _uniform(shape, seed, lo=-1.0, hi=1.0):
+    return np.random.default_rng(seed).uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def _to_f16(x):
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _run(tf, device, fn, inputs, grads):
+    """fn(*inputs) on `device`; with grads, also d(sum(y^2))/d(inputs) by GradientTape."""
+    with tf.device(device):
+        ts = [tf.constant(x) for x in inputs]
+        if not grads:
+            y = fn(*ts)
+            return [y]
+        with tf.GradientTape() as tape:
+            for t in ts:
+                tape.watch(t)
+            y = fn(*ts)
+            loss = tf.reduce_sum(tf.square(y))
+        return [y] + tape.gradient(loss, ts)
+
+
+def _compare(npusim, tf, fn, inputs, kernels, grads=True, rtol=0.0, atol=0.0, cpu_inputs=None):
+    """Runs fn (and its gradients) on the NPU and the CPU; checks every result is on the NPU
+    and matches, and that each name in `kernels` prefixes a launched kernel."""
+    npusim.clear_launch_records()
+    got = _run(tf, "/NPU:0", fn, inputs, grads)
+    records = npusim.launch_records()
+    want = _run(tf, "/CPU:0", fn, cpu_inputs if cpu_inputs is not None else inputs, grads)
+    for g, w in zip(got, want):
+        assert g.device.endswith("device:NPU:0"), g.device
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g.numpy().astype(np.float64), w.numpy().astype(np.float64),
+                                   rtol=rtol, atol=atol)
+    names = [r["kernel"] for r in records]
+    for k in kernels:
+        assert any(n.startswith(k) for n in names), (k, names)
+    assert all(r["ok"] and r["cycles"] > 0 for r in records), records
+    return got
+
+
+# (input NHWC, filter HWIO, strides, padding, dilations): odd sizes, channel counts that are
+# not multiples of 16, size-1 batch / spatial / channel dims, stride 2, dilation 2.
+CONV_CASES = [
+    ((2, 7, 9, 3), (3, 3, 3, 5), 1, "SAME", 1),
+    ((1, 8, 6, 17), (3, 1, 17, 4), 2, "VALID", 1),
+    ((1, 1, 5, 1), (1, 3, 1, 2), 1, "SAME", 1),
+    ((2, 9, 9, 4), (3, 3, 4, 3), 1, "VALID", 2),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation", CONV_CASES, ids=str)
+def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_shape, stride,
+                                    padding, dilation):
+    x = _quarters(x_shape, 1)
+    w = _quarters(w_shape, 2)
+
+    def conv(a, b):
+        return tf.nn.conv2d(a, b, strides=stride, padding=padding, dilations=dilation)
+
+    _compare(npusim, tf, conv, [x, w],
+             ["Conv2D_", "Conv2DBackpropInput_", "Img2col_", "MatMul_"])
+
+
+def test_conv2d_random_fp32_rounds_inputs_to_fp16(npusim, tf, strict_placement):
+    x = _uniform((2, 6, 5, 20), 3)
+    w = _uniform((3, 3, 20, 18), 4)
+    conv = lambda a, b: tf.nn.conv2d(a, b, strides=1, padding="SAME")  # noqa: E731
+    # K = 3 * 3 * 20 = 180 products of |x w| <= 1: atol 180 * 2^-24 * 2 < 3e-5.
+    _compare(npusim, tf, conv, [x, w], ["Conv2D_"], grads=False, rtol=1e-5, atol=3e-5,
+             cpu_inputs=[_to_f16(x), _to_f16(w)])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda t: np.dtype(t).name)
+def test_conv2d_half_types(npusim, tf, strict_placement, dtype):
+    x = _quarters((1, 5, 7, 6), 5).astype(dtype)
+    w = _quarters((3, 3, 6, 8), 6).astype(dtype)
+    conv = lambda a, b: tf.nn.conv2d(a, b, strides=1, padding="SAME")  # noqa: E731
+    # Exact sums (multiples of 1/16, |y| <= 54 * 4 = 216) rounded once to the type; TF's CPU
+    # kernel also accumulates in fp32 for half types.
+    _compare(npusim, tf, conv, [x, w], ["Conv2D_"], grads=False)
+
+
+@pytest.mark.parametrize("x_shape,multiplier,stride", [
+    ((2, 7, 6, 3), 1, 1), ((1, 9, 8, 18), 2, 2), ((1, 5, 5, 1), 3, 1)], ids=str)
+def test_depthwise_conv2d_and_gradients(npusim, tf, strict_placement, x_shape, multiplier,
+                                        stride):
+    x = _quarters(x_shape, 7)
+    w = _quarters((3, 3, x_shape[3], multiplier), 8)
+
+    def depthwise(a, b):
+        return tf.nn.depthwise_conv2d(a, b, strides=[1, stride, stride, 1], padding="SAME")
+
+    _compare(npusim, tf, depthwise, [x, w],
+             ["DepthwiseConv2dNative_", "DepthwiseConv2dNativeBackpropInput_"])
+
+
+@pytest.mark.parametrize("x_shape,ksize,stride,padding", [
+    ((2, 7, 9, 3), 2, 2, "VALID"), ((1, 6, 5, 20), 3, 2, "SAME"), ((1, 1, 4, 1), 1, 1, "SAME")],
+    ids=str)
+def test_max_pool_and_gradient(npusim, tf, strict_placement, x_shape, ksize, stride, padding):
+    # Distinct values: the gradient goes to the unique maximum of each window.
+    n = int(np.prod(x_shape))
+    x = (np.random.default_rng(9).permutation(n).reshape(x_shape) / 8).astype(np.float32)
+    pool = lambda a: tf.nn.max_pool2d(a, ksize, stride, padding)  # noqa: E731
+    _compare(npusim, tf, pool, [x], ["MaxPool_", "MaxPoolGrad_"])
+
+
+@pytest.mark.parametrize("x_shape,ksize,stride,padding", [
+    ((2, 7, 9, 3), 2, 2, "VALID"), ((1, 6, 5, 20), 3, 2, "SAME")], ids=str)
+def test_avg_pool_and_gradient(npusim, tf, strict_placement, x_shape, ksize, stride, padding):
+    x = _uniform(x_shape, 10)
+    pool = lambda a: tf.nn.avg_pool2d(a, ksize, stride, padding)  # noqa: E731
+    # The NPU multiplies by f32 reciprocals of the valid window sizes, TF divides: 2 ulp.
+    _compare(npusim, tf, pool, [x], ["AvgPool_", "AvgPoolGrad_"], rtol=1e-6, atol=1e-7)
+
+
+def test_pooling_half(npusim, tf, strict_placement):
+    x = _uniform((1, 6, 6, 5), 11).astype(np.float16)
+    _compare(npusim, tf, lambda a: tf.nn.max_pool2d(a, 2, 2, "VALID"), [x], ["MaxPool_"],
+             grads=False)
+
+
+def _fused_bn(tf, training, mean=None, var=None, factor=1.0):
+    def fn(x, scale, offset):
+        c = x.shape[-1]
+        m = tf.constant(mean if mean is not None else np.zeros(c, np.float32))
+        v = tf.constant(var if var is not None else np.ones(c, np.float32))
+        y, batch_mean, batch_var, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=scale, offset=offset, mean=m, variance=v, epsilon=1e-3,
+            exponential_avg_factor=factor, data_format="NHWC", is_training=training)
+        # Every output is checked through y: the statistics feed the comparison too.
+        return y + tf.reduce_sum(batch_mean) + tf.reduce_sum(batch_var)
+    return fn
+
+
+@pytest.mark.parametrize("x_shape", [(2, 5, 3, 7), (4, 1, 1, 17), (1, 6, 6, 1)], ids=str)
+def test_fused_batch_norm_training_and_gradient(npusim, tf, strict_placement, x_shape):
+    c = x_shape[-1]
+    x = _uniform(x_shape, 12, -2.0, 2.0)
+    scale = _uniform((c,), 13, 0.5, 1.5)
+    offset = _uniform((c,), 14)
+    _compare(npusim, tf, _fused_bn(tf, True), [x, scale, offset],
+             ["BatchNorm_", "BatchNormGrad_"], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_batch_norm_inference_and_moving_average(npusim, tf, strict_placement):
+    x = _uniform((2, 4, 3, 9), 15, -2.0, 2.0)
+    scale = _uniform((9,), 16, 0.5, 1.5)
+    offset = _uniform((9,), 17)
+    mean = _uniform((9,), 18, -0.5, 0.5)
+    var = _uniform((9,), 19, 0.5, 2.0)
+    _compare(npusim, tf, _fused_bn(tf, False, mean, var), [x, scale, offset], ["BatchNorm_"],
+             rtol=1e-5, atol=1e-5)
+    # Training with exponential averaging: the running statistics are outputs 1 and 2.
+    _compare(npusim, tf, _fused_bn(tf, True, mean, var, factor=0.25), [x, scale, offset],
+             ["BatchNorm_"], grads=False, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_batch_norm_outputs_as_tensorflow_expects(npusim, tf, strict_placement):
+    x = _uniform((2, 3, 3, 5), 20)
+    with tf.device("/NPU:0"):
+        outs = tf.raw_ops.FusedBatchNormV3(
+            x=tf.constant(x), scale=tf.ones([5]), offset=tf.zeros([5]), mean=tf.zeros([0]),
+            variance=tf.zeros([0]), epsilon=1e-3, is_training=True)
+    assert [o.shape.as_list() for o in outs] == [[2, 3, 3, 5], [5], [5], [5], [5], []]
+    np.testing.assert_allclose(outs[1].numpy(), x.mean(axis=(0, 1, 2)), rtol=1e-5, atol=1e-6)
+    # TF's running variance is Bessel-corrected (n / (n - 1)), the reserve space is not.
+    n = 18
+    np.testing.assert_allclose(outs[2].numpy(), x.var(axis=(0, 1, 2)) * n / (n - 1), rtol=1e-5)
+    np.testing.assert_allclose(outs[4].numpy(), x.var(axis=(0, 1, 2)), rtol=1e-5)
+
+
+# Inside a tf.function, TensorFlow's placer puts a node without an NPU kernel on the CPU even
+# with soft placement off (only explicitly placed nodes must match); the plugin's graph pass
+# counts such nodes (npusim.cpu_fallback_ops, where this build has it).
+def _clear_fallbacks(npusim):
+    if hasattr(npusim, "clear_cpu_fallback_ops"):
+        npusim.clear_cpu_fallback_ops()
+
+
+def _assert_no_fallbacks(npusim):
+    if hasattr(npusim, "cpu_fallback_ops"):
+        assert npusim.cpu_fallback_ops() == {}, npusim.cpu_fallback_ops()
+
+
+def _cnn(keras, seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((9, 9, 2)),
+        keras.layers.Conv2D(6, 3, padding="same", use_bias=False),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.MaxPool2D(2),
+        keras.layers.Conv2D(5, 3, padding="valid"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(4),
+    ])
+
+
+def _train(tf, keras, device, x, labels, weights, steps, lr=0.02):
+    """SGD steps of a tf.function GradientTape train step on `device`; returns the losses."""
+    with tf.device(device):
+        # Building runs Keras' initializers (seeded random ops, an int32 -> int64 Cast), which
+        # have no NPU kernel: soft placement is on while building, off for the train steps.
+        strict = not tf.config.get_soft_device_placement()
+        tf.config.set_soft_device_placement(True)
+        model = _cnn(keras, 0)
+        model.set_weights(weights)
+        tf.config.set_soft_device_placement(not strict)
+        xs, ys = tf.constant(x), tf.constant(labels)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                logits = model(xs, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=ys, logits=logits))
+            grads = tape.gradient(loss, model.trainable_variables)
+            for v, g in zip(model.trainable_variables, grads):
+                v.assign_sub(lr * g)
+            return loss
+
+        return [float(step().numpy()) for _ in range(steps)], model
+
+
+def test_keras_cnn_sgd_steps_track_the_cpu(npusim, tf, strict_placement):
+    keras = pytest.importorskip("keras")
+    rng = np.random.default_rng(21)
+    x = rng.uniform(-1, 1, (8, 9, 9, 2)).astype(np.float32)
+    labels = rng.integers(0, 4, 8).astype(np.int32)
+    with tf.device("/CPU:0"):
+        weights = _cnn(keras, 0).get_weights()
+    _clear_fallbacks(npusim)
+    npusim.clear_launch_records()
+    losses, model = _train(tf, keras, "/NPU:0", x, labels, weights, steps=6)
+    _assert_no_fallbacks(npusim)
+    kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
+    assert all(v.value.device.endswith("device:NPU:0") for v in model.variables)
+    # Keras 3's BatchNormalization computes moments (Mean, SquaredDifference) and normalises
+    # with Rsqrt and arithmetic, not with FusedBatchNormV3.
+    assert {"Conv2D", "Conv2DBackpropInput", "Img2col", "MaxPool", "MaxPoolGrad", "Mean",
+            "SquaredDifference", "Rsqrt", "MatMul", "SparseSoftmaxCrossEntropyWithLogits"} \
+        <= kernels, kernels
+    losses_cpu, _ = _train(tf, keras, "/CPU:0", x, labels, weights, steps=6)
+    assert losses_cpu[-1] < losses_cpu[0] / 2
+    # Convolutions and the Dense MatMul see fp16-rounded inputs (relative 2^-11 = 4.9e-4
+    # each), so each step's gradients differ by about 1e-3 relative and the weights drift
+    # apart; over 6 steps (loss 3.2 -> 0.94) the losses stayed within 2e-3 relative: 5e-3.
+    np.testing.assert_allclose(losses, losses_cpu, rtol=5e-3)
+
+
+def _blocks(keras):
+    """The layers MobileNetV2 and ResNet-50 are made of, in two small residual blocks: an
+    inverted residual (1x1 expand, ZeroPadding2D + stride-2 DepthwiseConv2D, ReLU6, 1x1
+    project) and a bottleneck (Conv2D with bias, MaxPool 3x3/2, residual Add), global average
+    pooling and a Dense head."""
+    layers = keras.layers
+    inp = keras.Input((10, 10, 3))
+    x = layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU(6.0)(x)
+    x = layers.ZeroPadding2D(((0, 1), (0, 1)))(x)
+    x = layers.DepthwiseConv2D(3, strides=2, padding="valid", use_bias=False)(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU(6.0)(x)
+    shortcut = layers.Conv2D(6, 1)(x)
+    y = layers.Conv2D(6, 3, padding="same")(x)
+    y = layers.BatchNormalization()(y)
+    x = layers.Activation("relu")(layers.Add()([shortcut, y]))
+    x = layers.MaxPool2D(3, strides=2, padding="same")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, layers.Dense(4)(x))
+
+
+def test_mobilenet_and_resnet_blocks_forward_and_backward(npusim, tf, strict_placement):
+    keras = pytest.importorskip("keras")
+    rng = np.random.default_rng(22)
+    x = rng.uniform(-1, 1, (4, 10, 10, 3)).astype(np.float32)
+    labels = rng.integers(0, 4, 4).astype(np.int32)
+    with tf.device("/CPU:0"):
+        keras.utils.set_random_seed(1)
+        weights = _blocks(keras).get_weights()
+    results = {}
+    for device in ("/NPU:0", "/CPU:0"):
+        with tf.device(device):
+            tf.config.set_soft_device_placement(True)  # building: see _train
+            model = _blocks(keras)
+            model.set_weights(weights)
+            tf.config.set_soft_device_placement(False)
+
+            @tf.function
+            def loss_and_grads(xs, ys):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                        labels=ys, logits=model(xs, training=True)))
+                return loss, tape.gradient(loss, model.trainable_variables)
+
+            _clear_fallbacks(npusim)
+            npusim.clear_launch_records()
+            loss, grads = loss_and_grads(tf.constant(x), tf.constant(labels))
+            _assert_no_fallbacks(npusim)
+            results[device] = (loss, grads, npusim.launch_records())
+    loss, grads, records = results["/NPU:0"]
+    kernels = {r["kernel"].split("_")[0] for r in records}
+    assert {"Conv2D", "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+            "DepthwiseFilterGrad", "Relu6", "Relu6Grad", "Pad", "MaxPool", "MaxPoolGrad",
+            "Img2col"} <= kernels, kernels
+    assert all(g.device.endswith("device:NPU:0") for g in grads), [g.device for g in grads]
+    # fp16 rounding of the cube ops' inputs (2^-11 relative), through about 10 layers forward
+    # and back, with BatchNormalization on 16..400 values per channel: gradients within 2e-2
+    # of their norm (seen: below 1e-2), the loss within 1e-3.
+    np.testing.assert_allclose(loss.numpy(), results["/CPU:0"][0].numpy(), rtol=1e-3)
+    # The bias of the convolution feeding a BatchNormalization has a zero gradient (the batch
+    # mean is subtracted): both devices give rounding noise there, hence the absolute 1e-5.
+    for v, g, g_cpu in zip(model.trainable_variables, grads, results["/CPU:0"][1]):
+        diff = np.linalg.norm(g.numpy() - g_cpu.numpy())
+        assert diff <= 2e-2 * np.linalg.norm(g_cpu.numpy()) + 1e-5, (v.path, diff)

@@ -1,0 +1,254 @@
+"""NPU kernels of data movement, generators and the remaining element-wise / NN / reduction ops
+(adapter/tf/plugin/kernels_layout.cpp, kernels_matmul.cpp's BatchMatMulV2 / Einsum,
+kernels_nn.cpp's activations, kernels_reduce.cpp's ArgMax / ArgMin, Pow, Log1p, the logical
+ops, and kernels_composed.cpp's AddN and RsqrtGrad): with soft placement off each runs on /NPU:0
+and matches TensorFlow on the CPU.
+
+Data movement, selection, one-hot, gather, fill and integer ops are bit-exact (assert_equal).
+Sums in a fixed order (UnsortedSegmentSum, Cumsum) follow TF's order, so they are exact too
+(ops/gather.cpp, ops/scan.cpp). Transcendental activations are computed in f32 with the chip's
+exp/log, a few ulp from libm: rtol 1e-5 for f32 (Pow: (2 + |y log x|) ulp, docs/compiler.md).
+Batched products: inputs are multiples of 1/4, exact under the fp16 rounding of the default
+precision mode and in every summation order."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from test_kernels import BF16  # noqa: E402
+
+
+def _ints(shape, seed, lo=-50, hi=50, dtype=np.int32):
+    return np.random.default_rng(seed).integers(lo, hi, size=shape).astype(dtype)
+
+
+def _floats(shape, seed, lo=-4.0, hi=4.0, dtype=np.float32):
+    return np.random.default_rng(seed).uniform(lo, hi, size=shape).astype(np.float32).astype(dtype)
+
+
+def _both(npusim, tf, fn, inputs):
+    """fn on /NPU:0 and /CPU:0 -> (NPU results, CPU results, NPU launch records); every NPU
+    result must be on the NPU."""
+    def run(device):
+        with tf.device(device):
+            out = fn(*[tf.constant(x) for x in inputs])
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+    npusim.clear_launch_records()
+    got = run("/NPU:0")
+    records = npusim.launch_records()
+    want = run("/CPU:0")
+    for g in got:
+        assert g.device.endswith("device:NPU:0"), g.device
+    assert records and all(r["ok"] and r["cycles"] > 0 for r in records), records
+    return got, want, records
+
+
+def _check(npusim, tf, fn, inputs, kernel=None, rtol=0.0, atol=0.0):
+    got, want, records = _both(npusim, tf, fn, inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        if rtol or atol:
+            np.testing.assert_allclose(g.numpy().astype(np.float64),
+                                       w.numpy().astype(np.float64), rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    if kernel:
+        names = [r["kernel"] for r in records]
+        assert any(n.startswith(kernel) for n in names), (kernel, names)
+
+
+DTYPES = [np.float32, np.float16, BF16, np.int32, np.int64, np.bool_]
+
+
+def _data(shape, dtype, seed):
+    if dtype == np.bool_:
+        return _ints(shape, seed, 0, 2).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        return _ints(shape, seed, dtype=dtype)
+    return _floats(shape, seed, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_transpose(npusim, tf, strict_placement, dtype):
+    x = _data((3, 1, 17, 5), dtype, 1)
+    _check(npusim, tf, lambda t: tf.transpose(t, [2, 0, 3, 1]), [x], "Transpose")
+    _check(npusim, tf, lambda t: tf.transpose(t, [0, 1, 3, 2]), [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_],
+                         ids=lambda t: np.dtype(t).name)
+def test_concat_pack_unpack(npusim, tf, strict_placement, dtype):
+    a, b = _data((3, 17), dtype, 2), _data((3, 5), dtype, 3)
+    _check(npusim, tf, lambda p, q: tf.concat([p, q], axis=1), [a, b], "ConcatV2")
+    _check(npusim, tf, lambda p, q: tf.concat([p, q], axis=-1), [a, b])
+    c = _data((3, 17), dtype, 4)
+    _check(npusim, tf, lambda p, q: tf.stack([p, q], axis=1), [a, c], "Pack")
+    _check(npusim, tf, lambda p: tf.unstack(p, axis=1)[:3], [b], "Unpack")
+
+
+def test_pack_int32_stays_on_the_npu(npusim, tf, strict_placement):
+    # Pack has no DEVICE_DEFAULT int32 kernel; shape vectors built with tf.stack need this one.
+    a, b = _ints((4,), 5), _ints((4,), 6)
+    _check(npusim, tf, lambda p, q: tf.stack([p, q]), [a, b], "Pack")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64],
+                         ids=lambda t: np.dtype(t).name)
+def test_split_splitv_slice(npusim, tf, strict_placement, dtype):
+    x = _data((6, 19), dtype, 7)
+    _check(npusim, tf, lambda t: tf.split(t, 3, axis=0), [x], "Split")
+    _check(npusim, tf, lambda t: tf.split(t, [4, -1, 7], axis=1), [x], "SplitV")
+    if dtype != np.int32:  # TF's DEVICE_DEFAULT int32 Slice runs on the host
+        _check(npusim, tf, lambda t: tf.slice(t, [1, 3], [4, -1]), [x], "Slice")
+
+
+def test_strided_slice_and_its_gradient(npusim, tf, strict_placement):
+    x = _floats((5, 7, 3), 8)
+    _check(npusim, tf, lambda t: t[1:4, ::-2, 1], [x], "StridedSlice")
+    _check(npusim, tf, lambda t: t[..., None, :2], [x])
+    dy = _floats((3, 4), 9)
+    _check(npusim, tf,
+           lambda g: tf.raw_ops.StridedSliceGrad(shape=[5, 7, 3], begin=[1, 6, 1], end=[4, -8, 2],
+                                                 strides=[1, -2, 1], dy=g, shrink_axis_mask=4),
+           [dy], "StridedSliceGrad")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32],
+                         ids=lambda t: np.dtype(t).name)
+def test_pads(npusim, tf, strict_placement, dtype):
+    x = _data((2, 5, 3), dtype, 10)
+    pads = [[0, 1], [2, 3], [1, 0]]
+    _check(npusim, tf, lambda t: tf.pad(t, pads), [x], "Pad")
+    _check(npusim, tf, lambda t: tf.pad(t, pads, constant_values=7), [x], "PadV2")
+    _check(npusim, tf, lambda t: tf.pad(t, [[1, 1], [2, 2], [0, 1]], mode="REFLECT"), [x],
+           "MirrorPad")
+    _check(npusim, tf, lambda t: tf.pad(t, [[1, 0], [3, 2], [1, 1]], mode="SYMMETRIC"), [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64],
+                         ids=lambda t: np.dtype(t).name)
+def test_select_and_clip(npusim, tf, strict_placement, dtype):
+    cond = _ints((4, 19), 11, 0, 2).astype(np.bool_)
+    a, b = _data((4, 19), dtype, 12), _data((4, 19), dtype, 13)
+    _check(npusim, tf, lambda c, p, q: tf.raw_ops.Select(condition=c, x=p, y=q), [cond, a, b],
+           "Select")
+    _check(npusim, tf, lambda c, p, q: tf.where(c[:1], p, q), [cond, a, b], "SelectV2")
+    if dtype != np.int64:
+        lo, hi = np.array(-2, dtype), np.array(3, dtype)
+        _check(npusim, tf,  # tf.clip_by_value composes Minimum and Maximum
+               lambda t, p, q: tf.raw_ops.ClipByValue(t=t, clip_value_min=p, clip_value_max=q),
+               [a, lo, hi], "ClipByValue")
+
+
+def test_fill_zeros_ones_range(npusim, tf, strict_placement):
+    _check(npusim, tf, lambda v: tf.fill([3, 17], v), [np.float32(2.5)], "Fill")
+    _check(npusim, tf, lambda v: tf.fill([2, 1, 5], v), [np.int64(-3)])
+    x = _floats((5, 33), 14, dtype=np.float16)
+    # Eager tf.zeros_like / ones_like of a known shape are Fill ops: the raw ops here.
+    _check(npusim, tf, lambda t: tf.raw_ops.ZerosLike(x=t), [x], "ZerosLike")
+    _check(npusim, tf, lambda t: tf.raw_ops.OnesLike(x=t), [x], "OnesLike")
+    _check(npusim, tf, lambda s, lim, d: tf.range(s, lim, d),
+           [np.float32(-1.5), np.float32(7.0), np.float32(0.25)], "Range")
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64], ids=lambda t: np.dtype(t).name)
+def test_gather_segment_sum_one_hot(npusim, tf, strict_placement, index_dtype):
+    params = _floats((7, 19), 15)
+    idx = _ints((5,), 16, 0, 7, index_dtype)
+    _check(npusim, tf, lambda p, i: tf.gather(p, i, axis=0), [params, idx], "GatherV2")
+    idx2 = _ints((2, 3), 17, 0, 19, index_dtype)
+    _check(npusim, tf, lambda p, i: tf.gather(p, i, axis=1), [params, idx2])
+    seg = _ints((7,), 18, 0, 4, index_dtype)
+    _check(npusim, tf, lambda d, s: tf.math.unsorted_segment_sum(d, s, 4), [params, seg],
+           "UnsortedSegmentSum")
+    labels = _ints((6,), 19, 0, 10, index_dtype)
+    _check(npusim, tf, lambda i: tf.one_hot(i, 10), [labels], "OneHot")
+    _check(npusim, tf, lambda i: tf.one_hot(i, 3, on_value=5, off_value=-1, axis=0), [labels])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda t: np.dtype(t).name)
+def test_cumsum(npusim, tf, strict_placement, dtype):
+    x = _data((4, 21), dtype, 20)
+    _check(npusim, tf, lambda t: tf.cumsum(t, axis=1), [x], "Cumsum")
+    _check(npusim, tf, lambda t: tf.cumsum(t, axis=0, exclusive=True, reverse=True), [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda t: np.dtype(t).name)
+def test_argmax_argmin(npusim, tf, strict_placement, dtype):
+    x = _data((5, 23), dtype, 21)
+    _check(npusim, tf, lambda t: tf.argmax(t, axis=1), [x], "ArgMax")
+    _check(npusim, tf, lambda t: tf.argmin(t, axis=0, output_type=tf.int32), [x], "ArgMin")
+
+
+def test_batch_matmul_and_einsum(npusim, tf, strict_placement):
+    rng = np.random.default_rng(22)
+    a = rng.integers(-8, 9, (3, 5, 17)).astype(np.float32) / 4
+    b = rng.integers(-8, 9, (1, 17, 6)).astype(np.float32) / 4
+    _check(npusim, tf, tf.matmul, [a, b], "MatMul")
+    _check(npusim, tf, lambda p, q: tf.matmul(q, p, adjoint_a=True, adjoint_b=True), [a, b])
+    c = rng.integers(-8, 9, (3, 6, 17)).astype(np.float32) / 4
+    _check(npusim, tf, lambda p, q: tf.einsum("bij,bkj->bik", p, q), [a, c])
+    _check(npusim, tf, lambda p: tf.einsum("bij->bji", p), [a])
+
+
+ACTIVATIONS = ["Relu6", "Elu", "Selu", "Softplus"]
+
+
+@pytest.mark.parametrize("op", ACTIVATIONS)
+def test_activations_and_gradients(npusim, tf, strict_placement, op):
+    x = _floats((3, 37), 23, -8.0, 8.0)
+    x[0, :4] = [0.0, 6.0, -1e-3, 30.0]  # the kinks and Softplus' thresholds
+    fn = getattr(tf.raw_ops, op)
+    _check(npusim, tf, lambda t: fn(features=t), [x], op, rtol=1e-5, atol=1e-6)
+    dy = _floats((3, 37), 24)
+    grad = getattr(tf.raw_ops, op + "Grad")
+    if op in ("Elu", "Selu"):  # their gradients take the forward output
+        _check(npusim, tf, lambda g, t: grad(gradients=g, outputs=fn(features=t)), [dy, x],
+               op + "Grad", rtol=1e-5, atol=1e-6)
+    else:
+        _check(npusim, tf, lambda g, t: grad(gradients=g, features=t), [dy, x], op + "Grad",
+               rtol=1e-5, atol=1e-6)
+
+
+def test_l2loss_and_softmax_cross_entropy(npusim, tf, strict_placement):
+    x = _floats((6, 29), 25)
+    # L2Loss compiles to a squaring sum (its kernel is named Sum_...).
+    _check(npusim, tf, tf.nn.l2_loss, [x], "Sum", rtol=1e-5)
+    logits = _floats((6, 11), 26)
+    labels = np.random.default_rng(27).dirichlet(np.ones(11), 6).astype(np.float32)
+    _check(npusim, tf,
+           lambda f, lab: tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=f, labels=lab),
+           [logits, labels], "SoftmaxCrossEntropyWithLogits", rtol=1e-5, atol=1e-6)
+
+
+def test_pow_log1p_and_logical_ops(npusim, tf, strict_placement):
+    x = _floats((4, 33), 28, 0.1, 4.0)
+    y = _floats((4, 33), 29, -3.0, 3.0)
+    _check(npusim, tf, tf.pow, [x, y], "Pow", rtol=2e-5)
+    _check(npusim, tf, tf.math.log1p, [_floats((4, 33), 30, -0.9, 5.0)], "Log1p", rtol=1e-6)
+    a = _ints((4, 33), 31, 0, 2).astype(np.bool_)
+    b = _ints((4, 33), 32, 0, 2).astype(np.bool_)
+    _check(npusim, tf, tf.logical_and, [a, b], "LogicalAnd")
+    _check(npusim, tf, tf.logical_or, [a, b], "LogicalOr")
+    _check(npusim, tf, tf.logical_not, [a], "LogicalNot")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+def test_add_n(npusim, tf, strict_placement, n, dtype):
+    # N-1 compiled AddV2 launches, left to right, each rounded to the type: the CPU kernel's
+    # order may differ, so values are multiples of 1/4 below 64 (every partial sum exact).
+    xs = [(_ints((3, 37), 40 + i, -64, 64) / 4).astype(dtype) for i in range(n)]
+    _check(npusim, tf, lambda *t: tf.raw_ops.AddN(inputs=list(t)), xs,
+           "BroadcastTo" if n == 1 else "AddV2")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
+def test_rsqrt_grad(npusim, tf, strict_placement, dtype):
+    # -0.5 * (dy * y) * (y * y) as compiled Mul launches, in the order of TF's CPU kernel, each
+    # product rounded to the type as TF's: bit-exact.
+    y = _floats((5, 37), 50, 0.1, 3.0, dtype=dtype)
+    dy = _floats((5, 37), 51, dtype=dtype)
+    _check(npusim, tf, lambda a, b: tf.raw_ops.RsqrtGrad(y=a, dy=b), [y, dy], "Mul")
