@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job on a built-in default: sets everything up, then runs the demo kernels (a
-# double-buffered fp16 GEMM on all cube cores and a vector add on all vector cores) on the
-# default 910B-like chip, checks their results against a host reference, and prints the counter
-# summary. Extra arguments go to `npusim demo` (e.g. --chip tiny, --report-dir out/).
+# The main job on a built-in default: sets everything up, then trains the Keras MLP (784-128-10
+# with Dropout) for one epoch of synthetic data on the emulated 910B-like chip through the
+# TensorFlow plugin (`import npusim`), with Keras' progress bar, and prints the final loss and a
+# per-op summary from the chip's counters; the msprof-style report goes to out/mlp_910b/.
+# Extra arguments go to models/train_demo.py (e.g. --chip tiny, --set memory.hbm.gbps=900,
+# --epochs 2, --report-dir DIR). The hand-written kernel demo is `build/npusim demo`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD="${NPUSIM_BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/setup.sh" >/dev/null
-exec "$BUILD/npusim" demo "$@"
+cd "$ROOT"
+exec "$ROOT/.venv/bin/python" -m models.train_demo "$@"

@@ -40,21 +40,45 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+# Above this many ops (a TF training run has thousands) the roofline labels one point per op
+# type (its totals) and draws the single ops as small unlabelled dots.
+MAX_LABELLED_OPS = 40
+
+
+def op_work(r):
+    """(operations, HBM bytes, seconds, 'cube' or 'vector') of one op_summary row."""
+    seconds = float(r["Task Duration(us)"]) * 1e-6
+    hbm = int(r["hbm_read_bytes"]) + int(r["hbm_write_bytes"])
+    macs = int(r["cube_macs"])
+    if macs:
+        return 2.0 * macs, hbm, seconds, "cube"
+    return int(r["vector_repeats"]) * REPEAT_BYTES / FP16_BYTES, hbm, seconds, "vector"
+
+
 def op_points(rows):
     """(label, ops per HBM byte, ops per second, 'cube' or 'vector') per op with HBM traffic."""
     points = []
     for r in rows:
-        seconds = float(r["Task Duration(us)"]) * 1e-6
-        hbm = int(r["hbm_read_bytes"]) + int(r["hbm_write_bytes"])
-        macs = int(r["cube_macs"])
-        if macs:
-            ops, unit = 2.0 * macs, "cube"
-        else:
-            ops, unit = int(r["vector_repeats"]) * REPEAT_BYTES / FP16_BYTES, "vector"
+        ops, hbm, seconds, unit = op_work(r)
         if seconds <= 0 or hbm <= 0 or ops <= 0:
             continue
         points.append((f"{r['Task ID']}:{r['Op Name']}", ops / hbm, ops / seconds, unit))
     return points
+
+
+def op_type_points(rows):
+    """The same per OP Type, from its ops' summed operations, bytes and time ("MatMul x320")."""
+    totals = {}
+    for r in rows:
+        ops, hbm, seconds, unit = op_work(r)
+        t = totals.setdefault((r["OP Type"], unit), [0.0, 0, 0.0, 0])
+        t[0] += ops
+        t[1] += hbm
+        t[2] += seconds
+        t[3] += 1
+    return [(f"{op_type} x{n}", ops / hbm, ops / seconds, unit)
+            for (op_type, unit), (ops, hbm, seconds, n) in sorted(totals.items())
+            if seconds > 0 and hbm > 0 and ops > 0]
 
 
 def plot_roofline(plt, cfg, rows, out):
@@ -74,7 +98,15 @@ def plot_roofline(plt, cfg, rows, out):
     x_label = (lo * cube_flops / hbm) ** 0.5  # halfway up the bandwidth slope (log scale)
     ax.annotate(f"HBM {hbm / 1e9:.0f} GB/s", (x_label, hbm * x_label * 2.5), ha="right",
                 fontsize=8)
-    for label, x, y, unit in points:
+    labelled = points
+    if len(points) > MAX_LABELLED_OPS:
+        for unit, color in (("cube", "tab:red"), ("vector", "tab:blue")):
+            dots = [(x, y) for _, x, y, u in points if u == unit]
+            if dots:
+                ax.scatter([d[0] for d in dots], [d[1] for d in dots], s=4, color=color,
+                           alpha=0.25, linewidths=0)
+        labelled = op_type_points(rows)
+    for label, x, y, unit in labelled:
         ax.plot([x], [y], "o" if unit == "cube" else "s", ms=7,
                 color="tab:red" if unit == "cube" else "tab:blue")
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)

@@ -215,12 +215,15 @@ json counters_document(const ReportInput& in) {
   json ops = json::array();
   for (size_t i = 0; i < in.ops.size(); ++i) {
     const OpRecord& op = in.ops[i];
-    ops.push_back({{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
-                   {"task_type", op.task_type}, {"start_cycle", op.start_cycle},
-                   {"cycles", op.cycles}, {"block_dim", op.block_dim},
-                   {"counters", op.counters}});
+    json entry = {{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
+                  {"task_type", op.task_type}, {"start_cycle", op.start_cycle},
+                  {"cycles", op.cycles}, {"block_dim", op.block_dim}};
+    if (i < in.counter_detail_ops) entry["counters"] = op.counters;
+    ops.push_back(std::move(entry));
   }
   json doc = {{"chip", in.config->name}, {"clock_mhz", in.config->clock_mhz}, {"ops", ops}};
+  if (in.ops.size() > in.counter_detail_ops)
+    doc["counter_trees_omitted_after_task"] = in.counter_detail_ops;
   if (!in.session_counters.is_null()) doc["session"] = in.session_counters;
   return doc;
 }

@@ -36,6 +36,10 @@ struct ReportInput {
   // it per op type in summary_appendix instead).
   bool per_op_utilisation = true;
   std::string summary_appendix;    // appended to summary.txt (a TF run's model-level sections)
+  // counters.json keeps the counter trees of the first `counter_detail_ops` ops; later ops are
+  // listed without theirs (a TF training run has thousands of launches, ~100 KB of tree each).
+  // The session totals are always complete.
+  uint64_t counter_detail_ops = UINT64_MAX;
 };
 
 // Writes the folder (created if missing; files of the same names are replaced) and returns the

@@ -419,6 +419,10 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
   set_wait_cycles(r.ops, in.origin_cycle);
   r.origin_cycle = in.origin_cycle;
   r.per_op_utilisation = false;
+  // Per-launch counter trees for as many launches as the trace details (the pipe collector's
+  // detail_launches, default 50), so counters.json stays small for a whole training run.
+  r.counter_detail_ops =
+      in.pipe_trace ? in.pipe_trace->options().detail_launches : PipeTraceOptions{}.detail_launches;
   std::vector<OpMetrics> ms;
   for (size_t i = 0; i < r.ops.size(); ++i) {
     try {
