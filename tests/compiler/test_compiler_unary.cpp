@@ -9,6 +9,7 @@
 //   Rsqrt: 2 ulp (1/sqrt(x) rounds twice in fp32).
 #include <catch2/catch.hpp>
 
+#include <cfloat>
 #include <cmath>
 #include <functional>
 
@@ -109,7 +110,50 @@ void check_cast(DataType src, DataType dst, std::vector<int64_t> shape, uint32_t
   check_close(r.outputs[0].values, want, 0, 0, "Cast");
 }
 
+// IsFinite on the edge values of `dt` (zeros, NaN, +-Inf, the largest finite values, the smallest
+// normal and denormal values) repeated over `shape`, against std::isfinite.
+void check_is_finite(DataType dt, std::vector<int64_t> shape) {
+  INFO("IsFinite " << compiler::data_type_name(dt) << " " << compiler::shape_str(shape));
+  const double inf = HUGE_VAL, nan = std::nan("");
+  double max = FLT_MAX, min_normal = FLT_MIN, denormal = FLT_TRUE_MIN;
+  if (dt == DataType::F16) {
+    max = 65504, min_normal = std::ldexp(1.0, -14), denormal = std::ldexp(1.0, -24);
+  } else if (dt == DataType::BF16) {
+    max = from_bf16_bits(0x7f7f), min_normal = from_bf16_bits(0x0080);
+    denormal = from_bf16_bits(0x0001);
+  }
+  const double edges[] = {0,   -0.0, 1,        -1.5,       nan,       inf,      -inf,
+                          max, -max, min_normal, -min_normal, denormal, -denormal, -nan};
+  HostTensor x{TensorDesc{dt, std::move(shape)}, {}};
+  x.values.resize(static_cast<size_t>(x.desc.num_elements()));
+  for (size_t i = 0; i < x.values.size(); ++i)
+    x.values[i] = edges[(i * 5 + i / 14) % std::size(edges)];  // every edge at every lane phase
+  auto k = compiler::compile(make_op("IsFinite", {x.desc}), sim().config());
+  REQUIRE(k.outputs[0] == TensorDesc{DataType::BOOL, x.desc.shape});
+  if (x.values.empty()) {
+    CHECK(k.launches.empty());
+    return;
+  }
+  RunResult r = run_compiled(sim(), k, {x});
+  std::vector<double> want(x.values.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = std::isfinite(x.values[i]) ? 1 : 0;
+  check_close(r.outputs[0].values, want, 0, 0, "IsFinite");
+}
+
 }  // namespace
+
+TEST_CASE("IsFinite on NaN, Inf, denormals and the largest values, f32 / f16 / bf16") {
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16}) {
+    check_is_finite(dt, {14});
+    check_is_finite(dt, {1});
+    check_is_finite(dt, {5, 19});
+    check_is_finite(dt, {3, 0});
+  }
+  check_is_finite(DataType::F32, {2, 4099});  // several tiles, a partial last repeat
+  check_is_finite(DataType::F16, {20011});
+  CHECK_THROWS_WITH(compiler::compile(make_op("IsFinite", {{DataType::S32, {4}}}), sim().config()),
+                    Catch::Contains("dtype s32"));
+}
 
 TEST_CASE("unary ops, f32 / f16 / bf16 / s32, odd and size-1 shapes") {
   uint32_t seed = 1;

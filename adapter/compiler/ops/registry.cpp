@@ -40,6 +40,7 @@ const std::vector<OpEntry>& op_table() {
       {"Round", "unary", compile_unary},
       {"Sign", "unary", compile_unary},
       {"Log1p", "unary", compile_unary},
+      {"IsFinite", "unary", compile_unary},
       {"LogicalNot", "unary", compile_unary},
       // dtype conversion (ops/cast.cpp)
       {"Cast", "cast", compile_cast},

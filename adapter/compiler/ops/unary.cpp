@@ -1,6 +1,6 @@
 // Element-wise unary ops: Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Reciprocal, Relu, Floor,
-// Ceil, Round, Sign, Log1p, LogicalNot. Streamed by ops/elementwise; this file only says which
-// vector instructions compute a tile.
+// Ceil, Round, Sign, Log1p, IsFinite, LogicalNot. Streamed by ops/elementwise; this file only
+// says which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): each instruction computes in fp32 and rounds once to the type.
 // Neg is x * -1 (exact, keeps -0 for +0 as TF). Exp/Log use the host libm's expf/logf
@@ -15,6 +15,8 @@
 // |x| near the fp32 epsilon, so it uses log(u) * x / (u - 1) with u = 1 + x rounded (exact
 // compensation, Goldberg 1991), x where u == 1, and log(u) for x >= 2^24 or inf/NaN;
 // within 4 ulp of the exact result for x > -1 (tested from 1e-7 to 1e3).
+// IsFinite (f32/f16/bf16 -> bool): x - x == 0, computed in the input's type; false exactly for
+// NaN and +-Inf (Inf - Inf and NaN - NaN are NaN), true for denormals and the largest values.
 // LogicalNot (bool): ~x & 0x0101 on byte pairs (bool bytes are 0 / 1).
 #include <fmt/format.h>
 
@@ -28,7 +30,7 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kUnary, kNeg, kSquare, kRound, kSign, kLog1p, kLogicalNot };
+enum class Kind { kUnary, kNeg, kSquare, kRound, kSign, kLog1p, kIsFinite, kLogicalNot };
 enum class Types { kFloat, kFloatS32, kBool };
 
 struct UnaryOp {
@@ -54,6 +56,7 @@ const UnaryOp kOps[] = {
     {"Round", Kind::kRound, Opcode::op_vconv, Types::kFloat, RoundMode::kRint},
     {"Sign", Kind::kSign, Opcode::op_vcmp, Types::kFloatS32},
     {"Log1p", Kind::kLog1p, Opcode::op_vln, Types::kFloat},
+    {"IsFinite", Kind::kIsFinite, Opcode::op_vsub, Types::kFloat},
     {"LogicalNot", Kind::kLogicalNot, Opcode::op_vnot, Types::kBool},
 };
 
@@ -136,6 +139,29 @@ void log1p_spec(StreamSpec& spec, Dtype type) {
   };
 }
 
+// IsFinite: bits = (x - x == 0), selected into f16 ones / zeros and converted to u8 (bool bytes
+// are 0 / 1), as Cast to bool does.
+void is_finite_spec(StreamSpec& spec, Dtype type) {
+  enum { kDiff, kBits, kHalf, kZeros, kOnes16, kZeros16 };
+  spec.temps = {TempSpec{"x - x", double(isa::dtype_size(type)), 0},
+                TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"f16 result", 2, 0},
+                TempSpec{"zeros", 0, kConst}, TempSpec{"f16 ones", 0, kConst},
+                TempSpec{"f16 zeros", 0, kConst}};
+  spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, type, temp[kZeros], 0);
+    vec_fill_repeat(b, Dtype::F16, temp[kOnes16], 1);
+    vec_fill_repeat(b, Dtype::F16, temp[kZeros16], 0);
+  };
+  spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    vec_binary(b, Opcode::op_vsub, type, t.temp[kDiff], t.in[0], t.in[0], n);
+    vec_compare(b, type, isa::Cmp::EQ, t.temp[kBits], t.temp[kDiff], t.temp[kZeros], n, true);
+    vec_select(b, Dtype::F16, t.temp[kHalf], t.temp[kOnes16], t.temp[kZeros16], t.temp[kBits], n,
+               true, true);
+    vec_convert(b, Dtype::U8, Dtype::F16, t.out, t.temp[kHalf], RoundMode::kRint, n);
+  };
+}
+
 // LogicalNot on byte pairs: ~x & 0x0101 (an odd count computes one byte past the tile's last
 // element, inside the tile buffer, as vec_copy_bits).
 void logical_not_spec(StreamSpec& spec) {
@@ -175,12 +201,13 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
                         kind->types == Types::kBool      ? "bool"
                         : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
                                                           : "f32, f16, bf16"));
-  const TensorDesc out = op.inputs[0];
+  TensorDesc out = op.inputs[0];
+  if (kind->kind == Kind::kIsFinite) out.dtype = DataType::BOOL;
 
   StreamSpec spec;
   spec.kernel_name = fmt::format("{}_{}", op.type, data_type_name(dt));
   spec.inputs = stream_inputs(op.inputs, out.shape);
-  spec.out_type = device_dtype(dt);
+  spec.out_type = device_dtype(out.dtype);
   spec.out_shape = out.shape;
   const Dtype type = device_dtype(dt);
   switch (kind->kind) {
@@ -203,6 +230,7 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
     case Kind::kRound: round_spec(spec, type, kind->round); break;
     case Kind::kSign: sign_spec(spec, type); break;
     case Kind::kLog1p: log1p_spec(spec, type); break;
+    case Kind::kIsFinite: is_finite_spec(spec, type); break;
     case Kind::kLogicalNot: logical_not_spec(spec); break;
   }
   return stream_kernel(ctx, out, spec);

@@ -4,8 +4,8 @@
 // 8-byte integers; adapter/compiler/ops/int64.h gives the cost model), so these kernels are
 // correct but slow for large tensors; the tensors they see in training have a few elements.
 //
-// Registered apart from the float families (kernels_binary.cpp, kernels_cast.cpp) with type
-// constraints that do not overlap theirs: T = int64 only, and Cast with int64 on one side.
+// Registered apart from the float families (kernels_binary.cpp) with type constraints that do not
+// overlap theirs: T = int64 only. Cast with int64 on either side is in kernels_cast.cpp's table.
 // int32 is not registered: TensorFlow keeps int32 tensors (shapes, indices) in host memory, and
 // shape arithmetic stays on the host (docs/tf_plugin.md).
 #include "adapter/tf/plugin/compiled_op_kernel.h"
@@ -20,14 +20,6 @@ class Int64BinaryOp : public CompiledOpKernel {
       : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType}}) {}
 };
 
-class Int64CastOp : public CompiledOpKernel {
- public:
-  explicit Int64CastOp(OpKernelConstruction* ctx)
-      : CompiledOpKernel(ctx, {{"SrcT", AttrSpec::Kind::kType},
-                               {"DstT", AttrSpec::Kind::kType},
-                               {"Truncate", AttrSpec::Kind::kBool}}) {}
-};
-
 }  // namespace
 
 rt::Status register_int64_kernels() {
@@ -39,13 +31,7 @@ rt::Status register_int64_kernels() {
         register_kernel<Int64BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", {TF_INT64}));
     if (!st.ok()) return st;
   }
-  // Cast between int64 and the floating-point types, both ways (ops/cast.cpp).
-  const std::vector<TF_DataType> floats = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
-  rt::Status st = register_kernel<Int64CastOp>(
-      KernelDefBuilder("Cast").TypeConstraint("SrcT", {TF_INT64}).TypeConstraint("DstT", floats));
-  if (!st.ok()) return st;
-  return register_kernel<Int64CastOp>(
-      KernelDefBuilder("Cast").TypeConstraint("SrcT", floats).TypeConstraint("DstT", {TF_INT64}));
+  return rt::ok_status();
 }
 
 }  // namespace npusim::tf

@@ -1,4 +1,4 @@
-// Element-wise unary ops on f32/f16/bf16, LogicalNot on bool (compiled by
+// Element-wise unary ops on f32/f16/bf16 (IsFinite: to bool), LogicalNot on bool (compiled by
 // adapter/compiler/ops/unary.cpp).
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/kernel_families.h"
@@ -17,7 +17,7 @@ class UnaryOp : public CompiledOpKernel {
 rt::Status register_unary_kernels() {
   for (const char* op :
        {"Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Relu", "Floor", "Ceil",
-        "Round", "Sign", "Log1p"}) {
+        "Round", "Sign", "Log1p", "IsFinite"}) {
     rt::Status st = register_kernel<UnaryOp>(
         KernelDefBuilder(op).TypeConstraint("T", {TF_FLOAT, TF_HALF, TF_BFLOAT16}));
     if (!st.ok()) return st;
