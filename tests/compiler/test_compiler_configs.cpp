@@ -6,9 +6,6 @@
 // sends its outputs and cycles back through a pipe.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -16,6 +13,7 @@
 
 #include "adapter/compiler/compiler.h"
 #include "sim/config/chip_config.h"
+#include "tests/common/child_process.h"
 #include "tests/compiler/compiler_test_util.h"
 
 using namespace npusim;
@@ -117,46 +115,10 @@ std::string run_config(const std::vector<std::string>& overrides) {
   return msg;
 }
 
-std::vector<Report> run_in_child(const std::vector<std::string>& overrides) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(fds[0]);
-    std::string text;
-    try {
-      text = "K" + run_config(overrides);
-    } catch (const std::exception& e) {
-      text = std::string("E") + e.what();
-    }
-    size_t done = 0;
-    while (done < text.size()) {
-      ssize_t w = write(fds[1], text.data() + done, text.size() - done);
-      if (w <= 0) break;
-      done += static_cast<size_t>(w);
-    }
-    close(fds[1]);
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  REQUIRE(!text.empty());
-  INFO(text.substr(1, 2000));
-  REQUIRE(text[0] == 'K');
+std::vector<Report> run_config_in_child(const std::vector<std::string>& overrides) {
+  const std::string text = test::run_in_child([&] { return run_config(overrides); });
   std::vector<Report> reports;
-  size_t at = 1;
+  size_t at = 0;
   while (at < text.size()) {
     Report r;
     r.summaries = get_blob(text, at);
@@ -172,8 +134,8 @@ std::vector<Report> run_in_child(const std::vector<std::string>& overrides) {
 }  // namespace
 
 TEST_CASE("two configs with different buffer sizes: same numbers, other tiles and cycles") {
-  const std::vector<Report> base = run_in_child({});
-  const std::vector<Report> small = run_in_child(kSmallBuffers);
+  const std::vector<Report> base = run_config_in_child({});
+  const std::vector<Report> small = run_config_in_child(kSmallBuffers);
   const std::vector<OpRun> ops = workload();
   REQUIRE(base.size() == ops.size());
   REQUIRE(small.size() == ops.size());
