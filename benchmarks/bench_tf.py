@@ -112,11 +112,10 @@ def main():
     import models
     from models import run
 
-    workarounds = models.npu_workarounds(tf)
     names = [n for n in ("resnet50_infer", "mlp_train")
              if a.only is None or n.startswith(a.only)]
     rss_start = maxrss_mib()
-    results = {"chip": a.chip, "steps": a.steps, "workarounds": workarounds,
+    results = {"chip": a.chip, "steps": a.steps,
                "launch_records": not a.no_records,
                "maxrss_start_mib": rss_start, "workloads": {}}
     for name in names:  # TF on the CPU first, before any kernel runs on the NPU
@@ -150,8 +149,6 @@ def main():
         results["target"] = {"resnet50_infer_ratio_max": TARGET_RATIO, "met": met}
         print(f"target ResNet-50 inference within {TARGET_RATIO:.0f}x of TF-CPU wall: "
               f"{ratio:.1f}x -> {'MET' if met else 'MISS'}")
-    if workarounds:
-        print(f"workarounds applied: {workarounds}")
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

@@ -92,25 +92,5 @@ def calibrate_batchnorm(model, x):
     return len(layers)
 
 
-def npu_workarounds(tf):
-    """Applies the TensorFlow settings the NPU plugin still needs to run these models; returns
-    their names (empty when none is needed). Call before the first tf.function runs.
-
-    - "no_arithmetic_optimization": grappler's arithmetic optimizer rewrites chains of adds
-      (ResNet's residual adds, LayerNormalization, the gradients of a shared tensor) into AddN
-      after placement, on the device of the adds, and the plugin has no AddN kernel for the NPU
-      (soft placement does not apply after grappler): the function fails with "No registered
-      'AddN' OpKernel for 'NPU' devices". Turned off only while the plugin lacks AddN.
-    """
-    from tensorflow.python.framework import kernels  # pylint: disable=import-outside-toplevel
-
-    applied = []
-    addn = {k.device_type for k in kernels.get_registered_kernels_for_op("AddN").kernel}
-    if "NPU" not in addn:
-        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
-        applied.append("no_arithmetic_optimization")
-    return applied
-
-
 __all__ = ["ModelSpec", "REGISTRY", "build", "calibrate_batchnorm", "input_shape", "loss",
-           "names", "npu_workarounds", "spec", "synthetic_data"]
+           "names", "spec", "synthetic_data"]

@@ -28,9 +28,6 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
   wall_s_per_step                   mean host wall time of a measured step (s)
   warmup_wall_s                     wall time of the warm-up step (s)
   loss                              train: the loss of the last measured step
-  workarounds                       NPU: TensorFlow settings applied because the plugin still
-                                    lacks a kernel (models.npu_workarounds), e.g.
-                                    "no_arithmetic_optimization"
   NPU only, from npusim.launch_records():
   simulated_us_per_step             device timeline of the measured steps / S: end of the last
                                     launch (start_cycle + cycles) minus start of the first launch,
@@ -196,8 +193,6 @@ def run(a, log):
               "input_size": a.input_size or models.spec(a.model).default_input_size,
               "device": a.device, "chip": None, "overrides": None, "precision_mode": None}
     device = "/NPU:0" if a.device == "NPU" else "/CPU:0"
-    if npusim is not None:
-        result["workarounds"] = models.npu_workarounds(tf)
     x, y = models.synthetic_data(a.model, a.batch, a.input_size, a.classes, seed=0)
     with tf.device(device):
         model = models.build(a.model, a.input_size, a.classes, seed=0)

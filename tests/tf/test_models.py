@@ -76,16 +76,6 @@ def rel_error(actual, expected):
     return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def workarounds(tf):  # pylint: disable=redefined-outer-name
-    """The TensorFlow settings the plugin still needs (models.npu_workarounds), for this module
-    only: grappler's options are restored afterwards for the other test modules."""
-    previous = tf.config.optimizer.get_experimental_options()
-    yield models.npu_workarounds(tf)
-    tf.config.optimizer.set_experimental_options(
-        {"arithmetic_optimization": previous.get("arithmetic_optimization", True)})
-
-
 def fp16_round(a):
     return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
 
