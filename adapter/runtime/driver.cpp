@@ -1,6 +1,7 @@
 #include "adapter/runtime/driver.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -240,7 +241,10 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   launch.args = op.args;
   launch.block_dim = op.block_dim;
   const uint64_t extra = m_extra_cycles;
+  const auto wall_start = std::chrono::steady_clock::now();
   KernelResult r = m_sim->run(launch);
+  const double wall_us = std::chrono::duration<double, std::micro>(
+      std::chrono::steady_clock::now() - wall_start).count();
   const uint64_t index = m_launch_count++;
   const std::string& name = op.program->name;
   if (m_record_launches) {
@@ -252,6 +256,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.start_cycle = r.start_cycle + extra;
     rec.cycles = r.cycles;
     rec.time_us = r.time_us;
+    rec.wall_us = wall_us;
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counters = std::move(r.counters);

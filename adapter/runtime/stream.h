@@ -58,6 +58,7 @@ struct LaunchRecord {
   uint64_t start_cycle = 0;  // AI-core cycles on the device timeline (device.h, "Simulated time")
   uint64_t cycles = 0;       // duration, AI-core cycles
   double time_us = 0;        // duration at the chip's clock_mhz
+  double wall_us = 0;        // host wall time the simulator took to run it (emulation cost)
   bool ok = false;
   std::string error;         // on failure: the simulator's fault or deadlock report
   nlohmann::json counters;   // counter tree of this launch (Simulator::counters layout)
