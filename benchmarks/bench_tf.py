@@ -6,6 +6,8 @@ emulated NPU (910b by default), and prints per workload:
 - wall time per step on each device and the ratio NPU-emulation / TF-CPU;
 - the simulated device time per step on the NPU (device timeline of one step, from the launch
   records: models.run's simulated_us_per_step) and the kernels per step;
+- where the emulator's wall time goes: the kernel launches' own wall time per step (launch
+  records' wall_us), by TF op type;
 - peak memory: the process's maximum resident set (resource.getrusage ru_maxrss) after each
   phase, the runtime's device memory (npusim.device_info()["memory"]) and TensorFlow's
   allocator peak on the NPU.
@@ -137,6 +139,13 @@ def main():
         kernels = f"{npu['kernels_per_step']:8.0f}" if sim.strip() != "n/a" else f"{'n/a':>8}"
         print(f"{name:16} {cpu['wall_s_per_step']:10.3f} {npu['wall_s_per_step']:10.3f} "
               f"{r['ratio_npu_over_cpu']:8.1f} {sim} {kernels} {npu['maxrss_mib']:10.0f}")
+    for name, r in results["workloads"].items():
+        npu = r["npu"]
+        if "emulator_wall_s_by_op_type" in npu:
+            top = list(npu["emulator_wall_s_by_op_type"].items())[:6]
+            print(f"{name}: emulator wall in kernel launches {npu['emulator_wall_s_per_step']:.3f}"
+                  " s/step; by op type: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in top))
     last_npu = results["workloads"][names[-1]]["npu"]
     print(f"\npeak memory: maxrss {maxrss_mib():.0f} MiB (at start {rss_start:.0f} MiB, after "
           "the CPU runs "

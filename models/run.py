@@ -285,6 +285,14 @@ def npu_figures(npusim, batch, steps, earlier, last):
         out["kernel_us_per_step"] = span[2] / clock / steps
         out["samples_per_s"] = batch / (out["simulated_us_per_step"] / 1e6)
     out["kernels_per_step"] = len(records) / steps
+    # Where the emulator's own wall time goes (launch records' wall_us): seconds per step by op
+    # type, largest first; what is left of the step's wall time is TensorFlow, Python and copies.
+    by_type = {}
+    for r in records:
+        key = r.get("op_type") or r["kernel"]
+        by_type[key] = by_type.get(key, 0.0) + r.get("wall_us", 0.0) / 1e6 / steps
+    out["emulator_wall_s_per_step"] = sum(by_type.values())
+    out["emulator_wall_s_by_op_type"] = dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
     if last and "counters" in last[0]:
         figures = launch_counters(last, peaks)
         out["hbm_bytes_per_step"] = figures["hbm_bytes"]
