@@ -468,3 +468,105 @@ TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on 
   }
   check_depthwise(0, DataType::BF16, a, 2, 80);
 }
+
+TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
+  // Tilings forced to stack 2..4 images into one tall map (CubeConvTiling): image positions
+  // not a multiple of 16, the batch not a multiple of the stack (the last stack is partial),
+  // strides (the period a multiple of sh), asymmetric paddings, (L0A cut to 4 KiB, so tiles
+  // of at most 64 positions) several m tiles per tall map, tiles starting in the rows between
+  // images, and one L0C buffer (the FIX of a tile before the next tile's first mmad). Each
+  // against the direct convolution.
+  struct Forced {
+    ConvCase c;
+    int64_t stack;
+    const char* set;  // a chip override for the planner ("" = the test chip as it is)
+    bool one_l0c = false;
+  };
+  const char* l0a_4k = "cores.aic.buffers.l0a=4 KiB";
+  std::vector<Forced> cases;
+  cases.push_back({ConvCase{5, 5, 5, 40, 3, 3, 24}, 2, ""});  // 25 positions, 5 = 2 + 2 + 1
+  cases.push_back({ConvCase{5, 5, 5, 40, 3, 3, 24}, 3, ""});
+  ConvCase s2{3, 7, 6, 20, 3, 3, 18};
+  s2.sh = s2.sw = 2;
+  cases.push_back({s2, 2, ""});
+  ConvCase ex{4, 6, 5, 17, 3, 2, 33};
+  ex.padding = "EXPLICIT";
+  ex.explicit_pads = {2, 0, 1, 1};
+  ex.dh = 2;
+  cases.push_back({ex, 3, ""});
+  cases.push_back({ConvCase{7, 6, 6, 24, 3, 3, 20}, 4, l0a_4k});
+  ConvCase v{3, 6, 7, 16, 2, 2, 16};
+  v.padding = "VALID";
+  cases.push_back({v, 3, l0a_4k});
+  cases.push_back({ConvCase{5, 5, 5, 40, 3, 3, 48}, 2, "", true});
+  uint32_t seed = 90;
+  for (const Forced& fc : cases) {
+    const ConvCase& c = fc.c;
+    const Dim dh = c.dim_h(), dw = c.dim_w();
+    compiler::ops::CubeConvSpec s;
+    s.images = c.n;
+    s.hs = c.h;
+    s.ws = c.w;
+    s.cs = c.c;
+    s.kh = c.kh;
+    s.kw = c.kw;
+    s.sh = c.sh;
+    s.sw = c.sw;
+    s.dh = c.dh;
+    s.dw = c.dw;
+    s.pt = dh.before;
+    s.pb = dh.after;
+    s.pl = dw.before;
+    s.pr = dw.after;
+    s.cg_in = c.c;
+    s.cg_out = s.cy = c.cout;
+    s.b_tap = c.c * c.cout;
+    s.b_row = c.cout;
+    const ChipConfig plan_cfg =
+        *fc.set ? load_chip_config(test_chip_name(), {fc.set}) : sim().config();
+    auto t = compiler::ops::plan_cube_conv(s, plan_cfg, "test", fc.stack);
+    if (fc.one_l0c) t.l0c_buffers = 1;
+    INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] " << c.kh << "x" << c.kw
+               << " -> " << c.cout << ": " << t.str());
+    REQUIRE(t.stack == fc.stack);
+    if (fc.set == l0a_4k) CHECK(t.m_tiles > 1);
+    HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, seed++);
+    HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed++);
+    Reference ref = new_reference(static_cast<size_t>(c.n * dh.out * dw.out * c.cout));
+    for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+      accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+    });
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F16, y_shape(c)}};
+    k.launches = {compiler::ops::build_cube_conv(s, t, plan_cfg, "test")};
+    RunResult r = run_compiled(sim(), k, {x, f});
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+  }
+  // Zero insertion cannot be stacked.
+  compiler::ops::CubeConvSpec z;
+  z.images = 2;
+  z.hs = z.ws = 4;
+  z.up_h = 2;
+  z.cg_out = z.cy = 16;
+  z.b_tap = z.b_row = 16;
+  CHECK_THROWS_WITH(compiler::ops::plan_cube_conv(z, sim().config(), "zi", 2),
+                    Catch::Contains("cannot stack"));
+}
+
+TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 910b)") {
+  // 7x7 images: one image per map rounds its 49 positions to 64 rows of the cube (77 %); two
+  // stacked with one zero row between them take 105 positions, 112 rows (87.5 %).
+  compiler::ops::CubeConvSpec s;
+  s.images = 32;
+  s.hs = s.ws = 7;
+  s.cs = s.cg_in = 512;
+  s.kh = s.kw = 3;
+  s.pt = s.pb = s.pl = s.pr = 1;
+  s.cg_out = s.cy = 512;
+  s.b_tap = 512 * 512;
+  s.b_row = 512;
+  const auto t = compiler::ops::plan_cube_conv(s, load_chip_config("910b"), "res5");
+  INFO(t.str());
+  CHECK(t.stack > 1);
+  CHECK(t.period == 8);
+}

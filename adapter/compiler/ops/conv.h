@@ -86,9 +86,20 @@ struct CubeConvSpec {
   int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
 };
 
-// The tiling: tiles of tm output positions (within one image) x tn output channels (within one
-// group); k in chunks of kc1 channel blocks (all taps); one L0C buffer per tile.
+// The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
+// of kc1 channel blocks (all taps); one L0C buffer per tile.
+// Stacking (stack > 1, convolutions without zero insertion): `stack` consecutive images form one
+// tall map, image j's rows at j * period (period = Hv + gap zero rows, a multiple of sh, the gap
+// covering the window's overhang past an image on both sides), so a tile's positions run across
+// images and only the boundary between images (period / sh - OH output rows) is padding, not
+// every image's positions rounded up to 16. Output row j * period / sh + oh of the tall map is
+// row oh of image j; the rows between images are computed and dropped. The last stack may hold
+// fewer images (missing images read zeros, their rows are dropped).
 struct CubeConvTiling {
+  int64_t stack = 1;          // images per tall map
+  int64_t period = 0;         // tall map rows per image (Hv when stack == 1)
+  int64_t stacks = 0;         // ceil(images / stack)
+  int64_t tall_oh = 0;        // output rows of one tall map
   int64_t tm = 0, tn = 0;     // output tile (multiples of 16)
   int64_t tk0 = 0;            // k per mmad (multiple of 16); two L0A and two L0B buffers
   int64_t kc1 = 0;            // channel blocks per k chunk
@@ -96,7 +107,7 @@ struct CubeConvTiling {
   bool resident = false;      // the whole B of a (group, n tile) stays in L1 (loaded chunk by
                               // chunk during the first tile that needs it); else each step
                               // streams its chunk of B with the slab
-  int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * images * m_tiles
+  int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * stacks * m_tiles
   int64_t slab_rows = 0;      // the most input rows one tile's feature-map slab spans
   int64_t slab_bytes = 0;     // one slab buffer in L1 (two are allocated)
   int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two)
@@ -109,8 +120,10 @@ struct CubeConvTiling {
 
 // Chooses the tiling for the cube cores of cfg; CompileError (naming op) if nothing fits or a
 // geometry field exceeds the ISA (kernel > 255, stride or dilation > 15, padding > 255).
+// stack > 0 restricts the choice to tilings stacking that many images (for tests and tools;
+// CompileError if that stacking is impossible: zero insertion, or more than the images).
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
-                              const std::string& op);
+                              const std::string& op, int64_t stack = 0);
 
 // The tiling t with kc1 channel blocks per k chunk and resident or streamed weights (sizes
 // and k per mmad recomputed); CompileError if it does not fit. For tests and tools that

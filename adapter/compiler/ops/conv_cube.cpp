@@ -2,8 +2,11 @@
 // the family's launch helpers.
 //
 // Convolution kernel, one block per cube core; block b takes a contiguous range of tiles, tile
-// index = ((g * n_tiles + nt) * images + image) * m_tiles + mt, so consecutive tiles of a block
-// share their weights. For every (tile, k chunk) step, software-pipelined by one step:
+// index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
+// share their weights. A stack is one image, or with stacking (CubeConvTiling::stack > 1)
+// several images placed one above the other with zero rows between them (one tall map whose
+// m tiles run across images: small images are not each rounded up to 16 positions). For
+// every (tile, k chunk) step, software-pipelined by one step:
 //   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
 //         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
 //         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
@@ -15,7 +18,10 @@
 //   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
 //         load2d of B into L0B (transposing each fractal for kRowsK);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
-//         and channels, so NHWC outputs with any channel count are written in place).
+//         and channels, so NHWC outputs with any channel count are written in place; stacked:
+//         per image of the tile and 16 channels, dropping the rows between images).
+//   Stacked slabs are zeroed first (one nd2nz whose zero padding covers them), then each
+//   image's rows are copied into each plane.
 //   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
 //   block that needs it loads it chunk by chunk, each chunk in the compute step that first
 //   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
@@ -89,6 +95,23 @@ std::vector<SlabGeom> m_tiles(int64_t positions, int64_t tm, int64_t ow, int64_t
   for (int64_t m0 = 0; m0 < positions; m0 += tm)
     v.push_back(slab_geom(m0, std::min(tm, positions - m0), ow, hv, kh, sh, dh, pt));
   return v;
+}
+
+// Stacking (CubeConvTiling): the rows per image `period` (Hv and a gap of zero rows at least the
+// window's overhang before an image (pt) and after it, rounded up so that sh divides the
+// period), the tall map's rows `ht` (no gap after the last image) and output rows `tall_oh`.
+struct StackGeom {
+  int64_t period, ht, tall_oh;
+};
+
+StackGeom stack_geom(const CubeConvSpec& s, int64_t stack) {
+  const int64_t hv = s.hv(), oh = s.oh(), ekh = (s.kh - 1) * s.dh + 1;
+  if (stack == 1) return StackGeom{hv, hv, oh};
+  const int64_t after = std::max<int64_t>(0, (oh - 1) * s.sh - s.pt + ekh - hv);
+  int64_t gap = std::max(s.pt, after);
+  gap += (s.sh - (hv + gap) % s.sh) % s.sh;
+  const int64_t period = hv + gap;
+  return StackGeom{period, stack * period - gap, (stack - 1) * period / s.sh + oh};
 }
 
 // Geometry limits of load3d / set_fmatrix / set_l3d_geom (isa.def field widths) and of the
@@ -242,16 +265,19 @@ void append_channel_pad(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
 // ---- the convolution tiling ----
 
 std::string CubeConvTiling::str() const {
-  return fmt::format("tiles {}x{} ({} m x {} n per image/group, {} tiles over {} blocks of {}), "
+  return fmt::format("tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
                      "k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
                      "({} B), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
-                     tm, tn, m_tiles, n_tiles, tiles, block_dim, tiles_per_block, tk0, kc1,
+                     tm, tn, m_tiles, n_tiles,
+                     stack == 1 ? std::string("image")
+                                : fmt::format("stack of {} images (period {} rows)", stack, period),
+                     tiles, block_dim, tiles_per_block, tk0, kc1,
                      chunks, resident ? ", weights resident" : "", slab_rows, slab_bytes,
                      b_bytes, l0c_buffers, est_cycles);
 }
 
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
-                              const std::string& op) {
+                              const std::string& op, int64_t stack) {
   const isa::CoreKind kind = cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE;
   const CoreKindConfig* core = cfg.core_kind(kind);
   if (!core || !core->has(Pipe::M))
@@ -263,7 +289,6 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   const int64_t hv = s.hv(), wv = s.wv(), oh = s.oh(), ow = s.ow();
   check_geometry(op, hv, wv, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
   if (oh < 1 || ow < 1) throw CompileError(fmt::format("{}: empty output", op));
-  const int64_t positions = oh * ow;
   const int64_t taps = s.kh * s.kw;
   const int64_t c1_in = s.c1_in();
   const int64_t l1 = static_cast<int64_t>(core->capacity(Buf::L1));
@@ -273,6 +298,13 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   const int64_t osz = isa::dtype_size(s.out_type);
   const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
   const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  // Data read again (a slab once per n tile, streamed weights once per stack of images) comes
+  // from L2 after its first read: at the core's L2 read port or its share of L2's bandwidth
+  // (docs/chip_model.md), not slower than the GM path.
+  double l2_rate = gm_rate;
+  if (cfg.l2_read_bytes_per_cycle > 0 && cfg.l2_gbps > 0)
+    l2_rate = std::max(gm_rate, std::min(cfg.l2_read_bytes_per_cycle,
+                                         cfg.l2_bytes_per_cycle() / core->count));
   const double l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A);
   const double l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
   const double fix_rate = cfg.path_rate(Buf::L0C, Buf::GM);
@@ -284,13 +316,9 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   // start latency once (GM -> L1, L1 -> L0A and L0B, the cube's pipeline).
   const double step_overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * l1_lat + cube_lat;
 
-  // Output tile heights: every multiple of 16 up to 256, and the balanced height for each count
-  // of tiles per image (784 positions -> 7 tiles of 112 rather than 6 of 128 and one of 16).
-  std::set<int64_t> tms;
-  for (int64_t tm = kBlk; tm <= kMaxTile; tm += kBlk) {
-    tms.insert(std::min(tm, rup(positions, kBlk)));
-    tms.insert(rup(cdiv(positions, cdiv(positions, tm)), kBlk));
-  }
+  // Output tile widths: powers of two from 16 to 256 and, for each count of n tiles per group,
+  // the balanced width (512 channels -> 3 tiles of 176, 176, 160: the cores' work comes in finer
+  // steps).
   std::vector<int64_t> tns;
   for (int64_t tn : {16, 32, 64, 128, 256}) {
     if (s.cy < s.groups * s.cg_out) {  // a partial last group: one n tile per group
@@ -299,138 +327,204 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
       tns.push_back(tn);
     }
   }
+  if (s.cy >= s.groups * s.cg_out) {
+    for (int64_t parts = 1; parts <= cdiv(s.cg_out, kBlk); ++parts) {
+      const int64_t tn = rup(cdiv(s.cg_out, parts), kBlk);
+      if (tn <= kMaxTile && std::find(tns.begin(), tns.end(), tn) == tns.end())
+        tns.push_back(tn);
+    }
+  }
   if (tns.empty())
     throw CompileError(fmt::format("{}: {} output channels per group exceed one {}-wide tile",
                                    op, s.cg_out, kMaxTile));
   std::set<int64_t> kc1s;
   for (int64_t parts = 1; parts <= c1_in; ++parts) kc1s.insert(cdiv(c1_in, parts));
 
-  // The blocks' tiles: a tile's cost depends on its m tile (rows, slab) and its n tile.
+  // Stackings: one image per map, and (without zero insertion) every count of images whose
+  // tall map fits one m tile (at most kMaxTile output positions).
+  const bool zero_insertion = s.up_h > 1 || s.up_w > 1 || s.ext_h > 0 || s.ext_w > 0;
+  std::vector<int64_t> stack_counts;
+  if (stack > 0) {
+    if (stack > 1 && (zero_insertion || stack > s.images))
+      throw CompileError(fmt::format("{}: cannot stack {} images ({} images{})", op, stack,
+                                     s.images, zero_insertion ? ", zero insertion" : ""));
+    stack_counts.push_back(stack);
+  } else {
+    stack_counts.push_back(1);
+    for (int64_t st = 2; !zero_insertion && st <= s.images; ++st) {
+      if (stack_geom(s, st).tall_oh * ow > kMaxTile) break;
+      stack_counts.push_back(st);
+    }
+  }
   CubeConvTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
-  for (int64_t tm : tms) {
-    const std::vector<SlabGeom> mts = m_tiles(positions, tm, ow, hv, s.kh, s.sh, s.dh, s.pt);
-    int64_t slab_rows = 0;
-    for (const SlabGeom& g : mts) slab_rows = std::max(slab_rows, g.h);
-    if (slab_rows * wv > ru16 - kBlk) continue;  // nd2nz rows / dst_rows
-    for (int64_t tn : tns) {
-      const int64_t tn16 = rup(std::min(tn, s.cg_out), kBlk);
-      const int l0c_buffers = 2 * tm * tn16 * kL0cBytes <= l0c ? 2
-                              : tm * tn16 * kL0cBytes <= l0c ? 1
-                                                              : 0;
-      if (!l0c_buffers) continue;
-      const int64_t n_tiles = cdiv(s.cg_out, tn);
-      for (int64_t kc1 : kc1s) for (bool resident : {true, false}) {
-        const int64_t chunks = cdiv(c1_in, kc1);
-        const int64_t kchunk = kc1 * taps * kBlk;
-        if (kchunk > ru16) continue;  // load3d k_start
-        int64_t tk0 = std::min({l0a / (2 * tm * 2), l0b / (2 * tn16 * 2), kchunk, ru12});
-        tk0 = tk0 / kBlk * kBlk;
-        if (tk0 < kBlk) continue;
-        const int64_t slab_bytes = slab_buffer_bytes(kc1, slab_rows, wv);
-        const int64_t k_total = c1_in * taps * kBlk;
-        // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
-        const int64_t b_bytes = weight_buffer_bytes(resident ? k_total : kchunk, tn16);
-        const int64_t l1_need = 2 * slab_bytes + (resident ? 1 : 2) * b_bytes;
-        if (l1_need > l1) continue;
-        // Cost of each tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE
-        // with one L0C buffer), MTE2 (slab + streamed weights, or resident weights arriving
-        // chunk by chunk during the first tile of a (group, n tile)), MTE1, FIXPIPE.
-        // Per step (one chunk of one tile): the slowest of cube, MTE2 (the chunk's slab and
-        // weights, plus the GM latency: a step's data must land within the previous step, the
-        // buffers being double), MTE1 and the scalar unit (~60 instructions per mmad step and
-        // ~200 per step, one cycle each); FIXPIPE once per tile, hidden behind the next
-        // tile's steps with two L0C buffers.
-        const int64_t steps_mmad = cdiv(kchunk, tk0);
-        auto tile_cost = [&](const SlabGeom& g, int64_t n_act, bool first) {
-          const double n16 = static_cast<double>(cdiv(n_act, cfg.cube_n));
-          const double cube = static_cast<double>(steps_mmad) * cube_lat +
-                              static_cast<double>(cdiv(g.m_act, cfg.cube_m)) * n16 *
-                                  static_cast<double>(kchunk / cfg.cube_k);
-          const double fix = static_cast<double>(g.m_act * n_act * osz) / fix_rate;
-          double load = static_cast<double>(kc1 * g.h * wv * kBlkBytes) / gm_rate + gm_lat;
-          if (!resident || first)
-            load += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / gm_rate;
-          const double mte1 =
-              static_cast<double>(rup(g.m_act, kBlk) * kchunk * 2) / l0a_rate +
-              static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l0b_rate +
-              2.0 * static_cast<double>(steps_mmad) * l1_lat;
-          const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad);
-          const double step = std::max({cube, load, mte1, scalar}) + step_overhead;
-          return static_cast<double>(chunks) * step + (l0c_buffers == 1 ? fix : 0) +
-                 std::max(0.0, fix - static_cast<double>(chunks) * step);
-        };
-        const int64_t tiles = s.groups * n_tiles * s.images * static_cast<int64_t>(mts.size());
-        const int64_t blocks0 = std::min<int64_t>(core->count, tiles);
-        const int64_t per = cdiv(tiles, blocks0);
-        const int64_t blocks = cdiv(tiles, per);
-        // The busiest block, exactly: tile t has m tile t % MT and weight key t / (MT * images);
-        // within one key the costs repeat with period MT (prefix sums), and the first tile of
-        // each key in a block also loads the weights.
-        const int64_t mt_count = static_cast<int64_t>(mts.size()), per_key = mt_count * s.images;
-        const int64_t n_last = s.cg_out - (n_tiles - 1) * tn;
-        std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
-        for (int64_t i = 0; i < mt_count; ++i) {
-          pre_full[static_cast<size_t>(i + 1)] =
-              pre_full[static_cast<size_t>(i)] + tile_cost(mts[static_cast<size_t>(i)], tn, false);
-          pre_last[static_cast<size_t>(i + 1)] =
-              pre_last[static_cast<size_t>(i)] +
-              tile_cost(mts[static_cast<size_t>(i)], n_last, false);
-        }
-        auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
-          return static_cast<double>(x / mt_count) * p.back() +
-                 p[static_cast<size_t>(x % mt_count)];
-        };
-        double worst = 0;
-        for (int64_t b = 0; b < blocks; ++b) {
-          double c = 0;
-          for (int64_t t = b * per, hi = std::min(tiles, (b + 1) * per); t < hi;) {
-            const int64_t key = t / per_key, end = std::min(hi, (key + 1) * per_key);
-            const int64_t n_act = key % n_tiles == n_tiles - 1 ? n_last : tn;
-            const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
-            c += prefix(p, end - key * per_key) - prefix(p, t - key * per_key);
-            const SlabGeom& g = mts[static_cast<size_t>(t % mt_count)];
-            c += tile_cost(g, n_act, true) - tile_cost(g, n_act, false);
-            if (resident)  // the first chunk's weights are not overlapped
-              c += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / gm_rate + gm_lat;
-            t = end;
+  for (int64_t st : stack_counts) {
+    const StackGeom sg = stack_geom(s, st);
+    const int64_t positions = sg.tall_oh * ow, stacks = cdiv(s.images, st);
+    const int64_t ht = sg.ht;
+    // Output tile heights: every multiple of 16 up to 256, and the balanced height for each count
+    // of tiles per image (784 positions -> 7 tiles of 112 rather than 6 of 128 and one of 16).
+    std::set<int64_t> tms;
+    for (int64_t tm = kBlk; tm <= kMaxTile; tm += kBlk) {
+      tms.insert(std::min(tm, rup(positions, kBlk)));
+      tms.insert(rup(cdiv(positions, cdiv(positions, tm)), kBlk));
+    }
+    // The blocks' tiles: a tile's cost depends on its m tile (rows, slab) and its n tile.
+    for (int64_t tm : tms) {
+      const std::vector<SlabGeom> mts = m_tiles(positions, tm, ow, ht, s.kh, s.sh, s.dh, s.pt);
+      // The planner makes a stack one m tile (stacking serves images smaller than a tile;
+      // several m tiles per tall map measured slower than the model predicts, e.g. 11 images
+      // of 7x7 in 208-row tiles); a forced stacking may take several.
+      if (st > 1 && mts.size() > 1 && stack == 0) continue;
+      int64_t slab_rows = 0;
+      for (const SlabGeom& g : mts) slab_rows = std::max(slab_rows, g.h);
+      if (slab_rows * wv > ru16 - kBlk) continue;  // nd2nz rows / dst_rows
+      for (int64_t tn : tns) {
+        const int64_t tn16 = rup(std::min(tn, s.cg_out), kBlk);
+        const int l0c_buffers = 2 * tm * tn16 * kL0cBytes <= l0c ? 2
+                                : tm * tn16 * kL0cBytes <= l0c ? 1
+                                                                : 0;
+        if (!l0c_buffers) continue;
+        const int64_t n_tiles = cdiv(s.cg_out, tn);
+        for (int64_t kc1 : kc1s) for (bool resident : {true, false}) {
+          const int64_t chunks = cdiv(c1_in, kc1);
+          const int64_t kchunk = kc1 * taps * kBlk;
+          if (kchunk > ru16) continue;  // load3d k_start
+          int64_t tk0 = std::min({l0a / (2 * tm * 2), l0b / (2 * tn16 * 2), kchunk, ru12});
+          tk0 = tk0 / kBlk * kBlk;
+          if (tk0 < kBlk) continue;
+          // A stacked slab is zeroed by one nd2nz (dst_rows: its pixels + 16).
+          if (st > 1 && kc1 * slab_rows * wv + kBlk > ru16) continue;
+          const int64_t slab_bytes = slab_buffer_bytes(kc1, slab_rows, wv);
+          const int64_t k_total = c1_in * taps * kBlk;
+          // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk
+          // buffers.
+          const int64_t b_bytes = weight_buffer_bytes(resident ? k_total : kchunk, tn16);
+          const int64_t l1_need = 2 * slab_bytes + (resident ? 1 : 2) * b_bytes;
+          if (l1_need > l1) continue;
+          // Cost of each tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE
+          // with one L0C buffer), MTE2 (slab + streamed weights, or resident weights arriving
+          // chunk by chunk during the first tile of a (group, n tile)), MTE1, FIXPIPE.
+          // Per step (one chunk of one tile): the slowest of cube, MTE2 (the chunk's slab and
+          // weights, plus the GM latency: a step's data must land within the previous step, the
+          // buffers being double), MTE1 and the scalar unit (~60 instructions per mmad step and
+          // ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15
+          // per k-block of weights loaded);
+          // FIXPIPE once per tile, hidden behind the next tile's steps with two L0C buffers.
+          const int64_t steps_mmad = cdiv(kchunk, tk0);
+          auto tile_cost = [&](const SlabGeom& g, int64_t n_act, bool first) {
+            const double n16 = static_cast<double>(cdiv(n_act, cfg.cube_n));
+            const double cube = static_cast<double>(steps_mmad) * cube_lat +
+                                static_cast<double>(cdiv(g.m_act, cfg.cube_m)) * n16 *
+                                    static_cast<double>(kchunk / cfg.cube_k);
+            const double fix = static_cast<double>(g.m_act * n_act * osz) / fix_rate;
+            double load = static_cast<double>(kc1 * g.h * wv * kBlkBytes) / l2_rate + gm_lat;
+            if (!resident || first)
+              load += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l2_rate;
+            const double mte1 =
+                static_cast<double>(rup(g.m_act, kBlk) * kchunk * 2) / l0a_rate +
+                static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l0b_rate +
+                2.0 * static_cast<double>(steps_mmad) * l1_lat;
+            const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
+                                  (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
+                                  (!resident ? 15.0 * static_cast<double>(kc1 * taps) : 0.0);
+            // MTE2 instructions of the step: an nd2nz per plane (per plane and image when
+            // stacked, and the zeroing), one per k-block of weights loaded. Past the issue
+            // queue's depth the scalar unit waits for MTE2 to drain them, holding back the
+            // step's other instructions.
+            const double mte2_insns =
+                static_cast<double>(kc1 * st + (st > 1 ? 1 : 0) + (!resident ? kc1 * taps : 0));
+            const double queue_wait =
+                std::max(0.0, mte2_insns - cfg.issue_queue_depth) * load / mte2_insns;
+            const double step =
+                std::max({cube, load, mte1, scalar}) + step_overhead + queue_wait;
+            return static_cast<double>(chunks) * step + (l0c_buffers == 1 ? fix : 0) +
+                   std::max(0.0, fix - static_cast<double>(chunks) * step);
+          };
+          const int64_t tiles = s.groups * n_tiles * stacks * static_cast<int64_t>(mts.size());
+          const int64_t blocks0 = std::min<int64_t>(core->count, tiles);
+          const int64_t per = cdiv(tiles, blocks0);
+          const int64_t blocks = cdiv(tiles, per);
+          // The busiest block, exactly: tile t has m tile t % MT and weight key
+          // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and
+          // the first tile of each key in a block also loads the weights.
+          const int64_t mt_count = static_cast<int64_t>(mts.size()), per_key = mt_count * stacks;
+          const int64_t n_last = s.cg_out - (n_tiles - 1) * tn;
+          std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
+          for (int64_t i = 0; i < mt_count; ++i) {
+            pre_full[static_cast<size_t>(i + 1)] =
+                pre_full[static_cast<size_t>(i)] +
+                tile_cost(mts[static_cast<size_t>(i)], tn, false);
+            pre_last[static_cast<size_t>(i + 1)] =
+                pre_last[static_cast<size_t>(i)] +
+                tile_cost(mts[static_cast<size_t>(i)], n_last, false);
           }
-          worst = std::max(worst, c);
+          auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
+            return static_cast<double>(x / mt_count) * p.back() +
+                   p[static_cast<size_t>(x % mt_count)];
+          };
+          double worst = 0;
+          for (int64_t b = 0; b < blocks; ++b) {
+            double c = 0;
+            for (int64_t t = b * per, hi = std::min(tiles, (b + 1) * per); t < hi;) {
+              const int64_t key = t / per_key, end = std::min(hi, (key + 1) * per_key);
+              const int64_t n_act = key % n_tiles == n_tiles - 1 ? n_last : tn;
+              const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
+              c += prefix(p, end - key * per_key) - prefix(p, t - key * per_key);
+              const SlabGeom& g = mts[static_cast<size_t>(t % mt_count)];
+              c += tile_cost(g, n_act, true) - tile_cost(g, n_act, false);
+              if (resident)  // the first chunk's weights are not overlapped
+                c += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l2_rate + gm_lat;
+              t = end;
+            }
+            if (!resident) {  // the block's first step waits for its slab and weights, cold
+              const SlabGeom& g = mts[static_cast<size_t>((b * per) % mt_count)];
+              c += static_cast<double>(kc1 * g.h * wv * kBlkBytes + kchunk * rup(tn, kBlk) * 2) /
+                       gm_rate +
+                   gm_lat;
+            }
+            worst = std::max(worst, c);
+          }
+          const bool tie = worst <= best_cost * (1 + 1e-9);
+          const bool better = worst < best_cost * (1 - 1e-9) ||
+                              (tie && (tm * tn > best.tm * best.tn ||
+                                       (tm * tn == best.tm * best.tn && kc1 > best.kc1) ||
+                                       (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
+                                        resident && !best.resident)));
+          if (!better) continue;
+          best_cost = std::min(best_cost, worst);
+          best.stack = st;
+          best.period = sg.period;
+          best.stacks = stacks;
+          best.tall_oh = sg.tall_oh;
+          best.tm = tm;
+          best.tn = tn;
+          best.tk0 = tk0;
+          best.kc1 = kc1;
+          best.chunks = chunks;
+          best.resident = resident;
+          best.m_tiles = static_cast<int64_t>(mts.size());
+          best.n_tiles = n_tiles;
+          best.tiles = tiles;
+          best.slab_rows = slab_rows;
+          best.slab_bytes = slab_bytes;
+          best.b_bytes = b_bytes;
+          best.l0c_buffers = l0c_buffers;
+          best.block_dim = static_cast<int>(blocks);
+          best.tiles_per_block = per;
+          best.est_cycles = worst;
         }
-        const bool tie = worst <= best_cost * (1 + 1e-9);
-        const bool better = worst < best_cost * (1 - 1e-9) ||
-                            (tie && (tm * tn > best.tm * best.tn ||
-                                     (tm * tn == best.tm * best.tn && kc1 > best.kc1) ||
-                                     (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
-                                      resident && !best.resident)));
-        if (!better) continue;
-        best_cost = std::min(best_cost, worst);
-        best.tm = tm;
-        best.tn = tn;
-        best.tk0 = tk0;
-        best.kc1 = kc1;
-        best.chunks = chunks;
-        best.resident = resident;
-        best.m_tiles = static_cast<int64_t>(mts.size());
-        best.n_tiles = n_tiles;
-        best.tiles = tiles;
-        best.slab_rows = slab_rows;
-        best.slab_bytes = slab_bytes;
-        best.b_bytes = b_bytes;
-        best.l0c_buffers = l0c_buffers;
-        best.block_dim = static_cast<int>(blocks);
-        best.tiles_per_block = per;
-        best.est_cycles = worst;
       }
     }
   }
+
   if (best.tm == 0)
     throw CompileError(fmt::format(
         "{}: no convolution tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, "
         "L0C {} B; the smallest needs a 16-position slab of {} rows x {} columns x 16 channels "
         "and 16x16 outputs, double-buffered)",
         op, cfg.name, l1, l0a, l0b, l0c,
-        m_tiles(positions, kBlk, ow, hv, s.kh, s.sh, s.dh, s.pt).front().h, wv));
+        m_tiles(oh * ow, kBlk, ow, hv, s.kh, s.sh, s.dh, s.pt).front().h, wv));
   return best;
 }
 
@@ -453,6 +547,12 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
 
 namespace {
 
+void round16(KernelBuilder& b, const Reg& d, const Reg& x) {
+  b.add(d, x, kBlk - 1);
+  b.shr(d, d, 4);
+  b.shl(d, d, 4);
+}
+
 // What the convolution and img2col kernels share: the slab geometry at run time, loading a
 // slab into L1, and set_fmatrix for a slab.
 class SlabEmitter {
@@ -461,7 +561,8 @@ class SlabEmitter {
     Dtype type = Dtype::F16;
     int64_t images = 1, hs = 1, ws = 1, cs = 1, up_h = 1, up_w = 1, ext_h = 0, ext_w = 0;
     int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
-    int64_t oh = 1, ow = 1, tm = 16;
+    int64_t oh = 1, ow = 1, tm = 16;  // oh: output rows of the (tall) map
+    int64_t stack = 1, period = 0;     // images per tall map, rows per image (CubeConvTiling)
   };
 
   SlabEmitter(KernelBuilder& b, const Geometry& g)
@@ -470,7 +571,11 @@ class SlabEmitter {
       m_pads.insert({t.ptl, t.pbl});
   }
 
-  int64_t hv() const { return (m_g.hs - 1) * m_g.up_h + 1 + m_g.ext_h; }
+  // Rows of one image's (virtual) map and of the map the tiles cover (tall when stacked).
+  int64_t image_hv() const { return (m_g.hs - 1) * m_g.up_h + 1 + m_g.ext_h; }
+  int64_t hv() const {
+    return m_g.stack == 1 ? image_hv() : m_g.stack * m_g.period - (m_g.period - image_hv());
+  }
   int64_t wv() const { return (m_g.ws - 1) * m_g.up_w + 1 + m_g.ext_w; }
   int64_t ekh() const { return (m_g.kh - 1) * m_g.dh + 1; }
   bool zero_insertion() const {
@@ -545,10 +650,11 @@ class SlabEmitter {
     b.bind(done);
   }
 
-  // MTE2: channel blocks [c1a, c1a + ncb) (counted from channel cbase of the map) of image img,
-  // rows [r0, r0 + h), into L1 at dst as [ncb][h][Wv][16]; channels >= cvalid (counted from
-  // cbase) are zero. The slab's last plane may be followed by up to 15 pixels of zeros, and
-  // with zero insertion the 32 bytes before dst are written too (see plan_cube_conv's sizes).
+  // MTE2: channel blocks [c1a, c1a + ncb) (counted from channel cbase of the map) of image img
+  // (stacked: of the tall map whose first image is img), rows [r0, r0 + h), into L1 at dst as
+  // [ncb][h][Wv][16]; channels >= cvalid (counted from cbase) are zero. The slab's last plane
+  // may be followed by up to 15 pixels of zeros, and with zero insertion or stacking the 32
+  // bytes before dst are written too (see plan_cube_conv's sizes).
   void load_slab(const Reg& dst, const Reg& x, const Reg& img, const Reg& r0, const Reg& h,
                  const Reg& cbase, const Reg& c1a, const Reg& ncb, const Reg& cvalid) {
     KernelBuilder& b = m_b;
@@ -557,6 +663,59 @@ class SlabEmitter {
     b.mul(plane, h, wv());
     Reg src = b.reg("slab: source"), c = b.reg("slab: channel block"),
         t = b.reg("slab: temp"), d = b.reg("slab: destination"), end = b.reg("slab: end");
+    if (m_g.stack > 1) {
+      zero_slab(dst, x, ncb, plane, t, d);
+      // Per plane, per image j of the stack (unrolled): its rows [j * period, j * period + Hv)
+      // within the slab, one nd2nz (padding to 16 pixels spills zeros into pixels written
+      // afterwards: the gap, the next image's rows or the next plane). Images past the last
+      // one stay zero.
+      Reg sc = b.reg("slab: the plane's source (image img, row 0)"), dc = b.reg("slab: plane"),
+          u0 = b.reg("slab: first row of the image"), u1 = b.reg("slab: end row of the image"),
+          chans = b.reg("slab: channels from the plane's first");
+      b.mul(sc, img, m_g.hs * m_g.ws * m_g.cs);
+      b.add(sc, sc, cbase);
+      b.mul(t, c1a, kBlk);
+      b.add(sc, sc, t);
+      b.mul(sc, sc, m_isz);
+      b.add(sc, sc, x);
+      b.mov(dc, dst);
+      b.mul(chans, c1a, kBlk);
+      b.sub(chans, cvalid, chans);
+      b.add(end, c1a, ncb);
+      b.for_range(c, c1a, end, 1, [&] {
+        Label planed = b.label("slab_plane_done");
+        for (int64_t j = 0; j < m_g.stack; ++j) {
+          const int64_t top = j * m_g.period;
+          Label skip = b.label("slab_image_skipped");
+          if (j > 0) b.branch(ge(img, m_g.images - j), planed);  // no image j
+          b.movi(u0, top);
+          b.max(u0, u0, r0, "first row of the image in the slab");
+          b.add(u1, r0, h);
+          b.min(u1, u1, top + m_g.hs, "end row of the image in the slab");
+          b.branch(ge(u0, u1), skip);
+          // src = sc + (u0 + j * (hs - period)) * ws * cs * size (row u0 - top of image j)
+          b.add(src, u0, j * (m_g.hs - m_g.period));
+          b.mul(src, src, m_g.ws * m_g.cs * m_isz);
+          b.add(src, src, sc);
+          b.sub(d, u0, r0);
+          b.mul(d, d, wv() * kBlkBytes);
+          b.add(d, d, dc);
+          b.sub(u1, u1, u0);
+          b.mul(u1, u1, m_g.ws, "pixels");
+          round16(b, u0, u1);
+          b.min(t, chans, kBlk, "channels in the block");
+          b.emit(Opcode::op_nd2nz, {m_g.type, d, src, u1, t, m_g.cs, u0},
+                 "the image's rows of one plane");
+          b.bind(skip);
+        }
+        b.bind(planed);
+        b.add(sc, sc, kBlk * m_isz);
+        b.mul(t, plane, kBlkBytes);
+        b.add(dc, dc, t);
+        b.sub(chans, chans, kBlk);
+      });
+      return;
+    }
     if (!zero_insertion()) {
       // Per plane: nd2nz of the h * ws pixels (padding rows up to a multiple of 16 spill zeros
       // into the next plane, which is written afterwards).
@@ -586,14 +745,7 @@ class SlabEmitter {
       });
       return;
     }
-    // Zero the planes: an nd2nz of one element to the block before dst, whose zero-filled
-    // padding rows cover [dst, dst + (ncb * plane + 15) * 32).
-    b.mul(t, ncb, plane);
-    b.add(t, t, kBlk);
-    b.shr(t, t, 4);
-    b.shl(t, t, 4);
-    b.sub(d, dst, kBlkBytes);
-    b.emit(Opcode::op_nd2nz, {m_g.type, d, x, 1, 1, 1, t}, "zero the slab");
+    zero_slab(dst, x, ncb, plane, t, d);
     // Stored rows: virtual rows u = srow * up_h in [r0, r0 + h).
     Reg u = b.reg("slab: first stored row"), uend = b.reg("slab: end row");
     b.add(u, r0, m_g.up_h - 1);
@@ -657,6 +809,19 @@ class SlabEmitter {
   }
 
  private:
+  // Zeroes the slab's planes: an nd2nz of one element to the block before dst, whose
+  // zero-filled padding rows cover [dst, dst + (ncb * plane + 15) * 32). t, d: scratch.
+  void zero_slab(const Reg& dst, const Reg& x, const Reg& ncb, const Reg& plane, const Reg& t,
+                 const Reg& d) {
+    KernelBuilder& b = m_b;
+    b.mul(t, ncb, plane);
+    b.add(t, t, kBlk);
+    b.shr(t, t, 4);
+    b.shl(t, t, 4);
+    b.sub(d, dst, kBlkBytes);
+    b.emit(Opcode::op_nd2nz, {m_g.type, d, x, 1, 1, 1, t}, "zero the slab");
+  }
+
   KernelBuilder& m_b;
   Geometry m_g;
   int64_t m_isz;
@@ -669,13 +834,7 @@ void select(KernelBuilder& b, const Reg& d, const Reg& parity, const uint64_t ba
   b.add(d, d, static_cast<int64_t>(base[0]));
 }
 
-void round16(KernelBuilder& b, const Reg& d, const Reg& x) {
-  b.add(d, x, kBlk - 1);
-  b.shr(d, d, 4);
-  b.shl(d, d, 4);
-}
-
-SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, int64_t tm) {
+SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling& t) {
   SlabEmitter::Geometry g;
   g.type = s.in_type;
   g.images = s.images;
@@ -696,9 +855,11 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, int64_t tm) {
   g.pb = s.pb;
   g.pl = s.pl;
   g.pr = s.pr;
-  g.oh = s.oh();
+  g.oh = t.tall_oh;
   g.ow = s.ow();
-  g.tm = tm;
+  g.tm = t.tm;
+  g.stack = t.stack;
+  g.period = t.period;
   return g;
 }
 
@@ -713,7 +874,7 @@ class ConvEmitter {
                                          isa::dtype_name(s.out_type))
                            : s.name,
             op, cfg),
-        m_slab(m_b, slab_geometry(s, t.tm)),
+        m_slab(m_b, slab_geometry(s, t)),
         m_isz(isa::dtype_size(s.in_type)),
         m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw) {}
@@ -804,17 +965,21 @@ class ConvEmitter {
     if (m_t.l0c_buffers == 1) m_l0c[1] = m_l0c[0];
   }
 
-  // Step s -> chunk ch, m tile mt, image img, weight key (group * n_tiles + n tile).
+  bool stacked() const { return m_t.stack > 1; }
+
+  // Step s -> chunk ch, m tile mt, image img (stacked: the stack's first image), weight key
+  // (group * n_tiles + n tile).
   void decompose(const Reg& s, const Reg& ch, const Reg& mt, const Reg& img, const Reg& key) {
     KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, "step -> tile (group, n tile, image, m tile) and chunk");
+    KernelBuilder::Origin o(b, "step -> tile (group, n tile, stack, m tile) and chunk");
     b.rem(ch, s, m_t.chunks);
     b.div(key, s, m_t.chunks);
     b.add(key, key, *m_tbeg, "tile");
     b.rem(mt, key, m_t.m_tiles);
     b.div(key, key, m_t.m_tiles);
-    b.rem(img, key, m_s.images);
-    b.div(key, key, m_s.images);
+    b.rem(img, key, m_t.stacks);
+    b.div(key, key, m_t.stacks);
+    if (stacked()) b.mul(img, img, m_t.stack, "first image of the stack");
   }
 
   // Group values of key: the channel base cbase = g * cg_in and the group's valid input
@@ -975,10 +1140,15 @@ class ConvEmitter {
         b.mul(msl, msl, m_s.ow());
         b.sub(msl, m0, msl, "m0 - oh0 * OW");
         n_range(key, n0, n_act);
-        // y + ((img * OH*OW + m0) * cy + g * cg_out + n0) * size
-        b.mul(cdst, img, m_s.oh() * m_s.ow());
-        b.add(cdst, cdst, m0);
-        b.mul(cdst, cdst, m_s.cy);
+        // y + ((img * OH*OW + m0) * cy + g * cg_out + n0) * size (stacked: without the
+        // position, added per image when storing)
+        if (stacked()) {
+          b.movi(cdst, 0);
+        } else {
+          b.mul(cdst, img, m_s.oh() * m_s.ow());
+          b.add(cdst, cdst, m0);
+          b.mul(cdst, cdst, m_s.cy);
+        }
         b.div(m0, key, m_t.n_tiles);
         b.mul(m0, m0, m_s.cg_out);
         b.add(cdst, cdst, m0);
@@ -1047,15 +1217,83 @@ class ConvEmitter {
     b.for_range(kk, 0, kc, m_t.tk0,
                 [&] { mmad_step(p, pt, ch, kk, kc, msl, chan, m_act, n_act, bbase); });
     b.set_flag(m_l1_free, p, "L1 buffers read");
+    p.release();
+    kc.release();
+    msl.release();
+    chan.release();
+    bbase.release();
     b.if_(eq(ch, m_t.chunks - 1), [&] {
       KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
       b.set_flag(m_l0c_full, pt);
       b.wait_flag(m_l0c_full, pt);
       Reg l0c = b.reg("store: L0C address");
       select(b, l0c, pt, m_l0c);
-      b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, cdst, l0c, m_act, n_act,
-                                  m_s.cy, 1, 0, 0});
+      if (stacked())
+        store_stacked(s, l0c, cdst, m_act, n_act);
+      else
+        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, cdst, l0c, m_act, n_act,
+                                    m_s.cy, 1, 0, 0});
       b.set_flag(m_l0c_free, pt);
+    });
+  }
+
+  // FIX of a stacked tile (step s; C m_act x n_act at l0c, NZ with M16 = round16(m_act)): per
+  // image j of the stack, its positions [j * P * OW, (j * P + OH) * OW) (P = period / sh) that
+  // the tile covers, one fixpipe per 16 output channels (a 16-column block of L0C is
+  // [M16][16]: any first row works), to y + (((img + j) * OH*OW + position) * cy) * size +
+  // cdst (cdst: y and the tile's first channel).
+  void store_stacked(const Reg& s, const Reg& l0c, const Reg& cdst, const Reg& m_act,
+                     const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    const int64_t positions = m_s.oh() * m_s.ow();
+    const int64_t pitch = m_t.period / m_s.sh * m_s.ow();  // tall positions per image
+    Reg img = b.reg("store: first image"), m0 = b.reg("store: m0");
+    {
+      Reg ch = b.reg("store: chunk"), mt = b.reg("store: m tile"), key = b.reg("store: key");
+      decompose(s, ch, mt, img, key);
+      m_slab.tile_positions(mt, m0, ch);
+    }
+    Reg j = b.reg("store: image in the stack"), jend = b.reg("store: images in the stack"),
+        a = b.reg("store: first position"), e = b.reg("store: end position"),
+        src = b.reg("store: L0C rows"), dst = b.reg("store: destination"),
+        cb = b.reg("store: column block"), t = b.reg("store: temp");
+    b.movi(jend, m_s.images);
+    b.sub(jend, jend, img);
+    b.min(jend, jend, m_t.stack, "images of this stack");
+    Reg nb = b.reg("store: column blocks"), m16 = b.reg("store: L0C column block bytes");
+    b.add(nb, n_act, kBlk - 1);
+    b.shr(nb, nb, 4);
+    round16(b, m16, m_act);
+    b.mul(m16, m16, kBlk * kL0cBytes);
+    b.for_range(j, 0, jend, 1, [&] {
+      // The image's tall positions [pj, pj + OH*OW) within [m0, m0 + m_act).
+      b.mul(t, j, pitch, "pj: the image's first tall position");
+      b.max(a, t, m0, "first position");
+      b.add(e, t, positions);
+      b.add(dst, m0, m_act);
+      b.min(e, e, dst, "end position");
+      b.if_(lt(a, e), [&] {
+        b.sub(dst, a, t, "position in the image");
+        b.add(t, img, j);
+        b.mul(t, t, positions);
+        b.add(dst, dst, t);
+        b.mul(dst, dst, m_s.cy * m_osz);
+        b.add(dst, dst, cdst, "first row of the image's part");
+        b.sub(src, a, m0);
+        b.mul(src, src, kBlk * kL0cBytes);
+        b.add(src, src, l0c, "its first L0C row");
+        b.sub(e, e, a, "rows");
+        b.for_range(cb, 0, nb, 1, [&] {
+          b.mul(t, cb, kBlk);
+          b.sub(t, n_act, t);
+          b.min(t, t, kBlk, "channels of the block");
+          b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, dst, src, e, t,
+                                      m_s.cy, 1, 0, 0},
+                 "the image's rows, 16 channels");
+          b.add(dst, dst, kBlk * m_osz);
+          b.add(src, src, m16);
+        });
+      });
     });
   }
 
