@@ -317,6 +317,13 @@ void KernelBuilder::max(const Reg& d, const Reg& a, Opnd b, const std::string& c
   emit(Opcode::op_max, {d, a, b}, c);
 }
 void KernelBuilder::mul_add(const Reg& d, const Reg& a, Opnd m, Opnd b, const std::string& c) {
+  if (b.kind() == Opnd::Kind::kReg && b.value() == d.id() && d.id() != 0) {
+    // d is also the addend: the product must not overwrite it before the add reads it.
+    Reg t = reg("mul_add product");
+    mul(t, a, m, c);
+    add(d, t, b, c);
+    return;
+  }
   mul(d, a, m, c);
   add(d, d, b, c);
 }

@@ -170,7 +170,8 @@ class KernelBuilder {
   void shr(const Reg& d, const Reg& a, Opnd b, const std::string& c = {});
   void min(const Reg& d, const Reg& a, Opnd b, const std::string& c = {});
   void max(const Reg& d, const Reg& a, Opnd b, const std::string& c = {});
-  // d = a * m + b (two instructions; m and b immediates or registers).
+  // d = a * m + b (two instructions; m and b immediates or registers; any of a, m, b may be d:
+  // when b is d the product goes through a temporary register).
   void mul_add(const Reg& d, const Reg& a, Opnd m, Opnd b, const std::string& c = {});
   void end();
 

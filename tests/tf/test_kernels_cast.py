@@ -44,9 +44,8 @@ def _registered_pairs():
         if dst in FLOATS or dst in (np.bool_, np.int64):
             srcs = ALL
         else:
-            # bool -> 8-bit integers is not registered (the compiler's u8 -> 8-bit vconv).
-            srcs = FLOATS + [np.int64, dst] + _int_sources(dst)
-            srcs += [np.bool_] if np.dtype(dst).itemsize > 1 else []
+            # bool -> every integer (to int8 / uint8 the compiler copies the 0 / 1 bytes).
+            srcs = FLOATS + [np.int64, dst] + _int_sources(dst) + [np.bool_]
         pairs += [(s, dst) for s in srcs]
     return pairs
 

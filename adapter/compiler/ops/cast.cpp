@@ -6,7 +6,7 @@
 //                     undefined behaviour (x86 gives INT_MIN)
 //   integer -> float  round to nearest even, once (TF's s32 -> f16 goes through f32 and may
 //                     round twice: it differs for |x| > 2048 in rare ties)
-//   bool -> any       0 / 1 (bool bytes are u8)
+//   bool -> any       0 / 1 (bool bytes are u8; to s8 / u8 a byte copy)
 //   any -> bool       x != 0: vcmp against zero, then 1 / 0 bytes
 // Same type: a copy. Integer -> narrower integer is rejected: TF wraps, the vector unit
 // saturates. S64 (either side) runs on the scalar unit (ops/int64.h): s64 -> narrower integers
@@ -45,7 +45,9 @@ StreamSpec cast_spec(DataType src, DataType dst, bool truncate, const std::vecto
   spec.out_type = device_dtype(dst);
   spec.out_shape = shape;
   const Dtype s = device_dtype(src), d = device_dtype(dst);
-  if (src == dst) {
+  // Same type, or bool -> s8 / u8: the bytes as they are (bool bytes are 0 / 1, the s8 / u8
+  // values TF gives; a vconv between two 8-bit types is refused by the vector unit).
+  if (src == dst || (src == DataType::BOOL && data_type_bytes(dst) == 1)) {
     spec.compute = [size = data_type_bytes(src)](KernelBuilder& b, const TileOperands& t) {
       vec_copy_bits(b, size, t.out, t.in[0], *t.count);
     };

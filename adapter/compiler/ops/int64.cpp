@@ -406,6 +406,44 @@ CompiledKernel compile_s64_binary(const CompileContext& ctx) {
   return one_launch(ctx, TensorDesc{spec.out_type, *shape}, spec);
 }
 
+CompiledKernel compile_s64_floor(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const std::string& t = op.type;
+  if (t != "FloorMod" && t != "FloorDiv") op.fail("internal: not FloorMod / FloorDiv");
+  if (op.inputs.size() != 2) op.fail("expects two inputs");
+  for (const TensorDesc& in : op.inputs)
+    if (in.dtype != DataType::S64)
+      op.fail(fmt::format("dtype {} is not supported (s64 only; int32 stays on TensorFlow's "
+                          "host kernels)", data_type_name(in.dtype)));
+  auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
+  if (!shape)
+    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
+                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+  ScalarMapSpec spec;
+  spec.kernel_name = fmt::format("{}_s64", t);
+  spec.inputs = {{DataType::S64, op.inputs[0].shape}, {DataType::S64, op.inputs[1].shape}};
+  spec.out_type = DataType::S64;
+  spec.out_shape = *shape;
+  const bool mod = t == "FloorMod";
+  // r = x rem y (truncating); r != 0 with a sign other than y's means the truncated quotient
+  // is one above the floor: FloorMod = r + y, FloorDiv = x / y - 1 (TF's floor_mod /
+  // floor_div for signed integers). y == 0 faults on the scalar unit ("division by zero").
+  spec.compute = [mod](KernelBuilder& b, const Reg& d, const std::vector<Reg>& in, const Reg&) {
+    Reg r = b.reg("truncated remainder"), s = b.reg("r ^ y: sign differs when negative");
+    b.rem(r, in[0], in[1]);
+    if (mod) b.mov(d, r);
+    else b.div(d, in[0], in[1]);
+    b.emit(Opcode::op_xor, {s, r, in[1]});
+    b.if_(lt(s, 0), [&] {
+      b.if_(ne(r, 0), [&] {
+        if (mod) b.add(d, d, in[1]);
+        else b.sub(d, d, 1);
+      });
+    });
+  };
+  return one_launch(ctx, TensorDesc{DataType::S64, *shape}, spec);
+}
+
 CompiledKernel compile_s64_cast(const CompileContext& ctx, DataType src, DataType dst) {
   const OpDesc& op = ctx.op;
   const std::vector<int64_t>& shape = op.inputs[0].shape;

@@ -83,6 +83,11 @@ void emit_f32_bits_to_s64(KernelBuilder& b, const Reg& dst, const Reg& src);
 // GreaterEqual (bool out). Called by compile_binary for S64 inputs (types already checked),
 // and for Equal / NotEqual of BOOL inputs (the 0 / 1 bytes compared).
 CompiledKernel compile_s64_binary(const CompileContext& ctx);
+// FloorMod and FloorDiv of s64 with broadcasting (registered ops; TF's floor semantics for
+// signed integers: the remainder takes the divisor's sign, the quotient rounds toward -inf). A
+// zero divisor faults on the scalar unit ("division by zero": the op fails, as TF's CPU kernel
+// fails with "Integer division by zero"). Other dtypes are rejected.
+CompiledKernel compile_s64_floor(const CompileContext& ctx);
 // Cast with S64 on either side (src != dst), called by compile_cast: s64 <-> any integer type
 // and bool, s64 <-> f32 on the scalar unit, s64 <-> f16/bf16 through f32 (a vector Cast launch
 // and a workspace slice).

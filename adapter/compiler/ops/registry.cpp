@@ -2,6 +2,9 @@
 // op = adding a row here (and its code in the family's file); see docs/compiler.md.
 #include "adapter/compiler/ops/registry.h"
 
+#include "adapter/compiler/ops/int64.h"
+#include "adapter/compiler/ops/random.h"
+
 namespace npusim::compiler::ops {
 
 const std::vector<OpEntry>& op_table() {
@@ -74,6 +77,12 @@ const std::vector<OpEntry>& op_table() {
       {"Select", "select", compile_select},
       {"SelectV2", "select", compile_select},
       {"ClipByValue", "select", compile_select},
+      // s64 floor division on the scalar unit (ops/int64.cpp)
+      {"FloorMod", "int64", compile_s64_floor},
+      {"FloorDiv", "int64", compile_s64_floor},
+      // stateless random numbers, Philox4x32-10 as TF (ops/random.cpp)
+      {"StatelessRandomGetKeyCounter", "random", compile_random},
+      {"StatelessRandomUniformV2", "random", compile_random},
       // scans (ops/scan.cpp)
       {"Cumsum", "scan", compile_scan},
       // batched products on the cube, Einsum as BatchMatMul + transposes (ops/batch_matmul.cpp)

@@ -13,7 +13,8 @@ extern "C" __attribute__((visibility("default"))) void TF_InitKernel() {
                      register_variable_kernels, register_conv_kernels, register_layout_kernels,
                      register_composed_kernels,
                      register_resource_variable_kernels, register_optimizer_kernels,
-                     register_int64_kernels, register_host_routed_kernels}) {
+                     register_int64_kernels, register_host_routed_kernels,
+                     register_random_kernels, register_bitcast_kernels}) {
     npusim::rt::Status st = r();
     // TF_InitKernel cannot fail; a family that did not register is reported and skipped, and
     // its ops then fall back to the CPU under soft placement.

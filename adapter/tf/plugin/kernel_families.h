@@ -27,6 +27,10 @@ rt::Status register_resource_variable_kernels();
 rt::Status register_optimizer_kernels();
 // int64 element-wise arithmetic, comparisons and Cast to/from floats (the scalar unit)
 rt::Status register_int64_kernels();
+// StatelessRandomGetKeyCounter / StatelessRandomUniformV2 (Philox on the scalar unit)
+rt::Status register_random_kernels();
+// Bitcast: the output aliases the input's buffer (kernels_bitcast.cpp, kernel C API directly)
+rt::Status register_bitcast_kernels();
 // the tf.data Optional ops, TensorFlow's CPU kernels on host-memory arguments (kernels_host_ops.cpp)
 rt::Status register_host_routed_kernels();
 

@@ -5,7 +5,7 @@
 // (tests/tf/test_kernels_cast.py checks every pair on edge values):
 //   - between the floats, and float <-> int32/int16/uint16/int8/uint8 (to integers: values in
 //     range; TF's out-of-range and NaN results are undefined behaviour, the vector unit saturates);
-//   - everything to bool (x != 0); bool to everything but int8 / uint8 (0 / 1);
+//   - everything to bool (x != 0); bool to everything (0 / 1; to int8 / uint8 a byte copy);
 //   - integer -> wider integer of the same signedness, or unsigned -> wider signed (widening
 //     keeps the value); not integer -> narrower or same-width (TF wraps, the vector unit
 //     saturates) nor signed -> unsigned (TF wraps negative values);
@@ -38,8 +38,8 @@ const std::vector<CastRow>& cast_rows() {
                                           TF_UINT16, TF_INT8, TF_UINT8,    TF_BOOL,  TF_INT64};
     // Into a float or bool: from everything.
     // Into an integer: from the floats, int64, itself and the narrower types (bool included)
-    // that widen to it without changing the value. Not bool -> int8 / uint8: the compiler's
-    // kernel converts the bool bytes with a u8 -> 8-bit vconv, which the vector unit refuses.
+    // that widen to it without changing the value (bool -> int8 / uint8: the compiler copies
+    // the 0 / 1 bytes).
     auto into_int = [](TF_DataType self, std::vector<TF_DataType> narrower) {
       std::vector<TF_DataType> v = {TF_FLOAT, TF_HALF, TF_BFLOAT16, TF_INT64, self};
       v.insert(v.end(), narrower.begin(), narrower.end());
@@ -54,8 +54,8 @@ const std::vector<CastRow>& cast_rows() {
         {TF_INT32, into_int(TF_INT32, {TF_INT16, TF_UINT16, TF_INT8, TF_UINT8, TF_BOOL})},
         {TF_INT16, into_int(TF_INT16, {TF_INT8, TF_UINT8, TF_BOOL})},
         {TF_UINT16, into_int(TF_UINT16, {TF_UINT8, TF_BOOL})},
-        {TF_INT8, into_int(TF_INT8, {})},
-        {TF_UINT8, into_int(TF_UINT8, {})},
+        {TF_INT8, into_int(TF_INT8, {TF_BOOL})},
+        {TF_UINT8, into_int(TF_UINT8, {TF_BOOL})},
     };
   }();
   return *rows;

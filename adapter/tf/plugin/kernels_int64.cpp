@@ -23,10 +23,12 @@ class Int64BinaryOp : public CompiledOpKernel {
 }  // namespace
 
 rt::Status register_int64_kernels() {
-  // The compiler's s64 binary ops (ops/binary.cpp: arithmetic and comparisons; not the
-  // divisions or Pow).
+  // The compiler's s64 binary ops (ops/binary.cpp: arithmetic and comparisons; not RealDiv,
+  // DivNoNan or Pow).
+  // FloorMod / FloorDiv: ops/int64.h's compile_s64_floor (Keras 3's SeedGenerator reduces its
+  // int64 seed state with FloorMod before Dropout's stateless random ops).
   for (const char* op : {"AddV2", "Add", "Sub", "Mul", "Maximum", "Minimum", "Equal", "NotEqual",
-                         "Less", "LessEqual", "Greater", "GreaterEqual"}) {
+                         "Less", "LessEqual", "Greater", "GreaterEqual", "FloorMod", "FloorDiv"}) {
     rt::Status st =
         register_kernel<Int64BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", {TF_INT64}));
     if (!st.ok()) return st;

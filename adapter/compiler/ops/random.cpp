@@ -1,0 +1,310 @@
+// StatelessRandomGetKeyCounter and StatelessRandomUniformV2 on the scalar unit (random.h says
+// what they compute and what it costs).
+#include "adapter/compiler/ops/random.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "sim/exec/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+constexpr int64_t kLow32 = 0xffffffff;
+// Philox4x32 constants (philox_random.h): round multipliers and the key schedule's increments.
+constexpr int64_t kPhiloxM0 = 0xD2511F53;
+constexpr int64_t kPhiloxM1 = 0xCD9E8D57;
+constexpr int64_t kPhiloxW0 = 0x9E3779B9;
+constexpr int64_t kPhiloxW1 = 0xBB67AE85;
+constexpr int kPhiloxRounds = 10;
+// TF's seed scrambling key (GenerateKey in stateless_random_ops.cc).
+constexpr int64_t kSeedKey0 = 0x3ec8f720;
+constexpr int64_t kSeedKey1 = 0x02461e29;
+constexpr int64_t kGroup = 4;  // outputs per Philox call
+
+constexpr int kAlgPhilox = 1, kAlgThreeFry = 2, kAlgAutoSelect = 3;  // TF's rng_alg.h
+
+// One output type of the uniform distribution: the value (u & (2^W - 1)) * 2^-W as a float with
+// `mantissa_bits` W and exponent bias `bias`.
+struct UnitFloat {
+  int mantissa_bits;
+  int64_t bias;
+  int bytes;
+};
+
+UnitFloat unit_float(DataType t) {
+  switch (t) {
+    case DataType::F16: return {10, 15, 2};
+    case DataType::BF16: return {7, 127, 2};
+    default: return {23, 127, 4};
+  }
+}
+
+// dst = the bits of (sample & (2^W - 1)) * 2^-W. m is scratch (clobbered), e scratch. A
+// leading-zero count by binary search over the W+1-bit word: steps 16, 8, 4, 2, 1 (those up to
+// W: fewer than 2s leading zeros remain before step s), each shifting m left when its top `s`
+// bits are zero; m then has bit W set and the value
+// is 1.f * 2^-k with k the total shift, so the exponent field is bias - k.
+void emit_unit_float_bits(KernelBuilder& b, const Reg& dst, const Reg& sample, const Reg& m,
+                          const Reg& e, const UnitFloat& f) {
+  const int w = f.mantissa_bits;
+  const int64_t mask = (int64_t{1} << w) - 1;
+  b.and_(m, sample, mask, "mantissa bits of the sample");
+  b.movi(dst, 0, "sample mantissa 0: +0.0");
+  b.if_(ne(m, 0), [&] {
+    b.movi(e, f.bias);
+    for (int s = 16; s >= 1; s /= 2) {
+      if (s > w) continue;  // the leading zeros are at most W: steps up to W suffice
+      b.if_(lt(m, int64_t{1} << (w + 1 - s)), [&] {
+        b.shl(m, m, s);
+        b.sub(e, e, s);
+      });
+    }
+    b.shl(dst, e, w, "exponent field");
+    b.and_(m, m, mask, "drop the leading one");
+    b.emit(Opcode::op_or, {dst, dst, m});
+  });
+}
+
+// The vector cores' block split of `groups` Philox groups.
+struct GroupSplit {
+  int64_t per = 0;
+  int block_dim = 0;
+};
+
+GroupSplit split_groups(int64_t groups, const KernelBuilder& b) {
+  const int64_t cores = b.config().core_kind(b.vector_core_kind())->count;
+  GroupSplit s;
+  s.per = std::min(groups, std::max<int64_t>(kRandomMinGroupsPerBlock,
+                                            static_cast<int64_t>(layout::ceil_div(groups, cores))));
+  s.block_dim = static_cast<int>(layout::ceil_div(groups, s.per));
+  return s;
+}
+
+// Splits a 64-bit word into its two u32 halves (low first, TF's Uint64ToUint32s).
+void split_u64(KernelBuilder& b, const Reg& lo, const Reg& hi, const Reg& v) {
+  b.and_(lo, v, kLow32);
+  b.shr(hi, v, 32);
+}
+
+// dst = lo | hi << 32 (lo, hi u32 words; hi is clobbered).
+void join_u64(KernelBuilder& b, const Reg& dst, const Reg& lo, const Reg& hi) {
+  b.shl(hi, hi, 32);
+  b.emit(Opcode::op_or, {dst, lo, hi});
+}
+
+void check_key_counter(const OpDesc& op, const TensorDesc& key, const TensorDesc& counter) {
+  if (key.dtype != DataType::S64 || key.shape != std::vector<int64_t>{1})
+    op.fail(fmt::format("key must be uint64 [1] (s64 bits), got {}", key.str()));
+  if (counter.dtype != DataType::S64 || counter.shape.size() != 1 || counter.shape[0] < 2)
+    op.fail(fmt::format("counter must be uint64 [n >= 2] (s64 bits) for Philox, got {}",
+                        counter.str()));
+}
+
+CompiledKernel compile_get_key_counter(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 1) op.fail("expects one input (seed)");
+  const TensorDesc& seed = op.inputs[0];
+  if ((seed.dtype != DataType::S32 && seed.dtype != DataType::S64) ||
+      seed.shape != std::vector<int64_t>{2})
+    op.fail(fmt::format("seed must be int32 or int64 [2], got {}", seed.str()));
+  KernelBuilder b("RandomKeyCounter", op.str(), ctx.cfg);
+  b.begin_section(b.vector_core_kind());
+  b.declare_arg("seed", device_dtype(seed.dtype), seed.shape);
+  b.declare_arg("key", Dtype::S64, {1});
+  b.declare_arg("counter", Dtype::S64, {2});
+  Reg seed_addr = b.load_arg("seed"), key_addr = b.load_arg("key");
+  Reg counter_addr = b.load_arg("counter");
+  Reg s0 = b.reg("seed 0"), s1 = b.reg("seed 1");
+  {
+    KernelBuilder::Origin o(b, "seeds, sign-extended to 64 bits");
+    if (seed.dtype == DataType::S64) {
+      b.emit(Opcode::op_ld, {s0, seed_addr});
+      b.add(seed_addr, seed_addr, 8);
+      b.emit(Opcode::op_ld, {s1, seed_addr});
+    } else {
+      const int64_t sign = int64_t{1} << 31;
+      b.emit(Opcode::op_ld, {s0, seed_addr}, "both int32 seeds");
+      b.shr(s1, s0, 32);
+      for (const Reg* s : {&s0, &s1}) {
+        b.and_(*s, *s, kLow32);
+        b.emit(Opcode::op_xor, {*s, *s, sign});
+        b.sub(*s, *s, sign);
+      }
+    }
+  }
+  Reg c0 = b.reg("c0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
+  split_u64(b, c0, c1, s0);
+  split_u64(b, c2, c3, s1);
+  Reg k0 = b.reg_imm("key 0", kSeedKey0), k1 = b.reg_imm("key 1", kSeedKey1);
+  emit_philox4x32_10(b, {&c0, &c1, &c2, &c3}, k0, k1);
+  {
+    KernelBuilder::Origin o(b, "key = mix0 | mix1 << 32, counter = {0, mix2 | mix3 << 32}");
+    join_u64(b, s0, c0, c1);
+    b.emit(Opcode::op_st, {s0, key_addr});
+    b.emit(Opcode::op_st, {Opnd::reg_number(0), counter_addr});
+    join_u64(b, s1, c2, c3);
+    b.add(counter_addr, counter_addr, 8);
+    b.emit(Opcode::op_st, {s1, counter_addr});
+  }
+  b.end();
+  CompiledKernel k;
+  k.outputs = {TensorDesc{DataType::S64, {1}}, TensorDesc{DataType::S64, {2}}};
+  Launch l;
+  l.block_dim = 1;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0},
+            ArgRef{ArgRef::Kind::kOutput, 1, 0}};
+  l.summary = "scalar unit: one Philox4x32-10 call (TF's seed scrambling)";
+  l.kernel = b.finish();
+  k.launches.push_back(std::move(l));
+  return k;
+}
+
+CompiledKernel compile_uniform(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 4) op.fail("expects 4 inputs (shape, key, counter, alg)");
+  check_key_counter(op, op.inputs[1], op.inputs[2]);
+  const int64_t alg = op.attr_int("alg", kAlgPhilox);
+  if (alg == kAlgThreeFry)
+    op.fail("alg 2 (ThreeFry) is not supported (neither is it by TensorFlow's CPU kernel)");
+  if (alg != kAlgPhilox && alg != kAlgAutoSelect)
+    op.fail(fmt::format("unsupported algorithm id {} (1: Philox, 3: auto-select)", alg));
+  const DataType dtype = op.attr_type("dtype").value_or(DataType::F32);
+  if (dtype != DataType::F32 && dtype != DataType::F16 && dtype != DataType::BF16)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dtype)));
+  std::vector<int64_t> shape;
+  if (op.attrs.count("shape")) shape = op.attr_ints("shape");
+  else if (!op.outputs.empty()) shape = op.outputs[0].shape;
+  else op.fail("needs attribute 'shape' (the values of the shape input)");
+  for (int64_t d : shape)
+    if (d < 0) op.fail(fmt::format("negative dimension in shape {}", shape_str(shape)));
+  const TensorDesc out{dtype, shape};
+  CompiledKernel k;
+  k.outputs = {out};
+  const int64_t n = out.num_elements();
+  if (n == 0) return k;
+
+  const UnitFloat f = unit_float(dtype);
+  const int64_t groups = static_cast<int64_t>(layout::ceil_div(n, kGroup));
+  KernelBuilder b(fmt::format("RandomUniform_{}", data_type_name(dtype)), op.str(), ctx.cfg);
+  const GroupSplit split = split_groups(groups, b);
+  b.begin_section(b.vector_core_kind());
+  b.declare_arg("key", Dtype::S64, op.inputs[1].shape);
+  b.declare_arg("counter", Dtype::S64, op.inputs[2].shape);
+  b.declare_arg("out", device_dtype(dtype), shape);
+  Reg lo = b.reg("counter low 64 bits"), hi = b.reg("counter high 64 bits");
+  Reg key0 = b.reg("key word 0"), key1 = b.reg("key word 1");
+  Reg out_addr = b.load_arg("out");
+  Reg g = b.reg("group"), end = b.reg("end of this block's groups");
+  {
+    KernelBuilder::Origin o(b, "this block's groups and their first counter");
+    {
+      Reg a = b.load_arg("key");
+      b.emit(Opcode::op_ld, {lo, a});
+      split_u64(b, key0, key1, lo);
+    }
+    Reg a = b.load_arg("counter");
+    b.emit(Opcode::op_ld, {lo, a});
+    b.add(a, a, 8);
+    b.emit(Opcode::op_ld, {hi, a});
+    b.emit(Opcode::op_get_block_id, {g});
+    b.mul(g, g, split.per);
+    b.add(end, g, split.per);
+    b.min(end, end, groups);
+    // counter += g (128-bit): carry into the high word when the low word wraps, i.e. when the
+    // new low word is below g as unsigned numbers (compared as signed after flipping the sign).
+    b.add(lo, lo, g);
+    Reg x = b.reg("lo ^ sign"), y = b.reg("g ^ sign");
+    Reg sign = b.reg_imm("sign bit", std::numeric_limits<int64_t>::min());
+    b.emit(Opcode::op_xor, {x, lo, sign});
+    b.emit(Opcode::op_xor, {y, g, sign});
+    b.if_(lt(x, y), [&] { b.add(hi, hi, 1); });
+  }
+  Reg c0 = b.reg("c0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
+  Reg k0 = b.reg("round key 0"), k1 = b.reg("round key 1");
+  Reg m = b.reg("mantissa"), e = b.reg("exponent"), v0 = b.reg("value bits"),
+      v1 = b.reg("value bits"), word = b.reg("packed word"), addr = b.reg("address");
+  const Reg* c[4] = {&c0, &c1, &c2, &c3};
+  b.for_range(g, g, end, 1, [&] {
+    split_u64(b, c0, c1, lo);
+    split_u64(b, c2, c3, hi);
+    b.mov(k0, key0);
+    b.mov(k1, key1);
+    emit_philox4x32_10(b, {&c0, &c1, &c2, &c3}, k0, k1);
+    KernelBuilder::Origin o(b, "float bits of the group's four samples, packed and stored");
+    b.mul_add(addr, g, kGroup * f.bytes, out_addr);
+    if (f.bytes == 4) {
+      for (int w = 0; w < 2; ++w) {
+        emit_unit_float_bits(b, word, *c[2 * w], m, e, f);
+        emit_unit_float_bits(b, v1, *c[2 * w + 1], m, e, f);
+        b.shl(v1, v1, 32);
+        b.emit(Opcode::op_or, {word, word, v1});
+        b.emit(Opcode::op_st, {word, addr});
+        if (w == 0) b.add(addr, addr, 8);
+      }
+    } else {
+      emit_unit_float_bits(b, word, *c[0], m, e, f);
+      for (int j = 1; j < 4; ++j) {
+        emit_unit_float_bits(b, v0, *c[j], m, e, f);
+        b.shl(v0, v0, 16 * j);
+        b.emit(Opcode::op_or, {word, word, v0});
+      }
+      b.emit(Opcode::op_st, {word, addr});
+    }
+    // next group: counter + 1 (128-bit)
+    b.add(lo, lo, 1);
+    b.if_(eq(lo, 0), [&] { b.add(hi, hi, 1); });
+  });
+  b.end();
+  Launch l;
+  l.block_dim = split.block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 1, 0}, ArgRef{ArgRef::Kind::kInput, 2, 0},
+            ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  l.summary = fmt::format("scalar unit: {} Philox groups, {} blocks of {}", groups,
+                          split.block_dim, split.per);
+  l.kernel = b.finish();
+  k.launches.push_back(std::move(l));
+  return k;
+}
+
+}  // namespace
+
+void emit_philox4x32_10(KernelBuilder& b, const std::array<const Reg*, 4>& c, const Reg& k0,
+                        const Reg& k1) {
+  Reg p0 = b.reg("M0 * c0"), p1 = b.reg("M1 * c2");
+  for (int r = 0; r < kPhiloxRounds; ++r) {
+    KernelBuilder::Origin o(b, fmt::format("Philox round {}", r));
+    if (r > 0) {
+      b.add(k0, k0, kPhiloxW0, "raise the key");
+      b.and_(k0, k0, kLow32);
+      b.add(k1, k1, kPhiloxW1);
+      b.and_(k1, k1, kLow32);
+    }
+    // (hi0, lo0) = M0 * c0, (hi1, lo1) = M1 * c2: the exact 64-bit products of u32 words.
+    b.mul(p0, *c[0], kPhiloxM0);
+    b.mul(p1, *c[2], kPhiloxM1);
+    // c' = {hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0}
+    b.shr(*c[0], p1, 32);
+    b.emit(Opcode::op_xor, {*c[0], *c[0], *c[1]});
+    b.emit(Opcode::op_xor, {*c[0], *c[0], k0});
+    b.and_(*c[1], p1, kLow32);
+    b.shr(*c[2], p0, 32);
+    b.emit(Opcode::op_xor, {*c[2], *c[2], *c[3]});
+    b.emit(Opcode::op_xor, {*c[2], *c[2], k1});
+    b.and_(*c[3], p0, kLow32);
+  }
+}
+
+CompiledKernel compile_random(const CompileContext& ctx) {
+  if (ctx.op.type == "StatelessRandomGetKeyCounter") return compile_get_key_counter(ctx);
+  if (ctx.op.type == "StatelessRandomUniformV2") return compile_uniform(ctx);
+  ctx.op.fail("not a random op");
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,50 @@
+// Stateless random numbers with TensorFlow's bits: Philox4x32-10 (Salmon et al., "Parallel
+// random numbers: as easy as 1, 2, 3", SC'11) as TF implements it (tsl/lib/random/
+// philox_random.h: 128-bit counter as four u32 words, 64-bit key as two u32 words, ten rounds,
+// the key raised by (0x9E3779B9, 0xBB67AE85) between rounds, multipliers 0xD2511F53 and
+// 0xCD9E8D57), and TF's uniform distributions (random_distributions.h).
+//
+// The ops (registered in ops/registry.cpp):
+// - StatelessRandomGetKeyCounter: inputs seed (s32 or s64 [2]); outputs key (s64[1]) and
+//   counter (s64[2]), TF's uint64 tensors stored as s64 (same bits). TF's scrambling: the seeds,
+//   sign-extended to 64 bits, are the counter (seed0 low word first), the key is (0x3ec8f720,
+//   0x02461e29); one Philox call gives mix[0..3]; key = mix[0] | mix[1] << 32, counter =
+//   {0, mix[2] | mix[3] << 32}.
+// - StatelessRandomUniformV2: inputs (shape, key s64[1], counter s64[>= 2], alg s32[]), the
+//   shape and alg tensors in host memory (their values come as attributes "shape" (list(int);
+//   else OpDesc::outputs[0] gives the shape) and "alg" (int, default 1); no kernel reads those
+//   inputs); attribute "dtype" f32 (default), f16 or bf16. alg 1 (Philox) and 3 (auto-select:
+//   Philox, as TF); 2 (ThreeFry) is rejected, as TF's CPU kernel does.
+//   Output element i = TF's UniformDistribution of sample i % 4 of group g = i / 4, group g
+//   being Philox of counter + g (128-bit add; TF's FillPhiloxRandom skips the generator by g):
+//   f32: (u & 0x7fffff) * 2^-23, f16: (u & 0x3ff) * 2^-10, bf16: (u & 0x7f) * 2^-7 (TF builds
+//   1.mantissa and subtracts 1, which is exact, so these are its values bit for bit).
+//
+// Both run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers; a 64-bit `mul` of two
+// zero-extended u32 words is the exact 32x32->64 product Philox needs; the vector unit has no
+// widening 32-bit multiply). Cost: ~14 scalar instructions per Philox round, ~140 per group of
+// four outputs, ~15 per output to build its float bits (no scalar float unit: a leading-zero
+// count by binary search), ~55 scalar instructions per f32 output in all (measured: 4096 f32 in
+// 54 k cycles on tiny's 4 vector cores); groups are spread over the vector cores (at least
+// kRandomMinGroupsPerBlock per block). Large random tensors are slow.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+inline constexpr int64_t kRandomMinGroupsPerBlock = 64;
+
+// Philox4x32-10 in place on the scalar unit: c[0..3] (u32 words, zero-extended in 64-bit
+// registers) become the generator's output for counter c and key (k0, k1) (u32 words); k0, k1
+// are clobbered (raised nine times, kept to 32 bits).
+void emit_philox4x32_10(KernelBuilder& b, const std::array<const Reg*, 4>& c, const Reg& k0,
+                        const Reg& k1);
+
+CompiledKernel compile_random(const CompileContext& ctx);
+
+}  // namespace npusim::compiler::ops
