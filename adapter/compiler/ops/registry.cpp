@@ -146,6 +146,9 @@ const std::vector<OpEntry>& op_table() {
       {"ApplyGradientDescent", "optimizer", compile_optimizer},
       {"ApplyMomentum", "optimizer", compile_optimizer},
       {"ApplyAdam", "optimizer", compile_optimizer},
+      // Inference fusions made by the TF plugin's graph pass (ops/fused.cpp)
+      {"BatchNormInference", "fused", compile_fused},
+      {"AddRelu", "fused", compile_fused},
   };
   return table;
 }

@@ -53,5 +53,7 @@ CompiledKernel compile_pool(const CompileContext& ctx);       // ops/pool.cpp
 CompiledKernel compile_batchnorm(const CompileContext& ctx);  // ops/batchnorm.cpp
 // Fused optimizer updates (docs/compiler.md "Optimizer updates"):
 CompiledKernel compile_optimizer(const CompileContext& ctx);  // ops/optimizer.cpp
+// Inference fusions of the TF plugin's graph pass (BatchNormInference, AddRelu):
+CompiledKernel compile_fused(const CompileContext& ctx);  // ops/fused.cpp
 
 }  // namespace npusim::compiler::ops

@@ -1,6 +1,8 @@
 // TF_InitGraph: a graph optimizer plugin (TensorFlow's grappler C API,
-// tensorflow/c/experimental/grappler/grappler.h) that changes nothing and records the ops soft
-// placement put on the CPU because the NPU has no kernel for them (cpu_fallbacks.h).
+// tensorflow/c/experimental/grappler/grappler.h) that records the ops soft placement put on the
+// CPU because the NPU has no kernel for them (cpu_fallbacks.h), then applies the inference
+// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none; the graph is then
+// returned unchanged).
 //
 // Why a graph optimizer: TensorFlow places a tf.function's graph (model.fit's train step is one)
 // before grappler runs on it (ProcessFunctionLibraryRuntime: placer, then the meta-optimizer,
@@ -24,8 +26,9 @@
 //
 // Like kernels_resource_variables.cpp this file is compiled against TensorFlow's C++ headers
 // (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2) and includes no npusim
-// header but the standard-library-only cpu_fallbacks.h.
+// header but the standard-library-only cpu_fallbacks.h and graph_fusion.h.
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -49,6 +52,7 @@
 #pragma GCC diagnostic pop
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
+#include "adapter/tf/plugin/graph_fusion.h"
 
 namespace npusim::tf {
 namespace {
@@ -177,33 +181,63 @@ std::string item_id(const TF_GrapplerItem* item) {
 
 void free_buffer(void* data, size_t) { std::free(data); }
 
-// The optimizer's output is its input: it only looks.
-void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
-              TF_Buffer* optimized_graph_buf, TF_Status* status) {
-  void* copy = std::malloc(graph_buf->length ? graph_buf->length : 1);
+void log_fusion_error(const char* what) {
+  std::fprintf(stderr, "npusim: graph fusion skipped: %s\n", what);
+}
+
+// Hands `length` bytes at `data` to TensorFlow as the optimizer's output.
+bool set_output(TF_Buffer* out, const void* data, size_t length, TF_Status* status) {
+  void* copy = std::malloc(length ? length : 1);
   if (!copy) {
     TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "npusim graph optimizer: out of host memory");
-    return;
+    return false;
   }
-  std::memcpy(copy, graph_buf->data, graph_buf->length);
-  optimized_graph_buf->data = copy;
-  optimized_graph_buf->length = graph_buf->length;
-  optimized_graph_buf->data_deallocator = free_buffer;
+  if (length) std::memcpy(copy, data, length);
+  out->data = copy;
+  out->length = length;
+  out->data_deallocator = free_buffer;
+  return true;
+}
+
+// Records the CPU fallbacks, then applies the inference fusions (graph_fusion.h); the output is
+// the input unless a fusion changed the graph.
+void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
+              TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
+  tfc::GraphDef graph;
+  bool parsed = false;
   try {
-    tfc::GraphDef graph;
-    if (graph.ParseFromArray(graph_buf->data, static_cast<int>(graph_buf->length)))
-      record_fallbacks(graph, item_id(item));
+    parsed = graph.ParseFromArray(graph_buf->data, static_cast<int>(graph_buf->length));
+    if (parsed) record_fallbacks(graph, item_id(item));
   } catch (const std::exception&) {
-    // Counting is best effort; the graph is returned unchanged either way.
+    // Counting is best effort.
   }
+  if (parsed && fusion_enabled()) {
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const FusionCounts counts = fuse_npu_graph(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG"))
+        std::fprintf(stderr, "npusim: fusion in %s: %d BatchNormInference, %d AddRelu\n",
+                     item_id(item).c_str(), counts.batch_norm, counts.add_relu);
+      if (counts.total() > 0) {
+        const std::string out = graph.SerializeAsString();
+        set_output(optimized_graph_buf, out.data(), out.size(), status);
+        return;
+      }
+    } catch (const std::exception& e) {
+      // A graph the fusion cannot handle is returned unchanged.
+      log_fusion_error(e.what());
+    }
+  }
+  set_output(optimized_graph_buf, graph_buf->data, graph_buf->length, status);
 }
 
 }  // namespace
 }  // namespace npusim::tf
 
 // TensorFlow calls this when the plugin is loaded as a pluggable device library. Every default
-// grappler pass keeps its setting (TP_OptimizerConfigs left at TF_TriState_Default).
+// grappler pass keeps its setting (TP_OptimizerConfigs left at TF_TriState_Default), except the
+// arithmetic optimizer while the fusion is requested (graph_fusion.h).
 extern "C" __attribute__((visibility("default"))) void TF_InitGraph(
     TP_OptimizerRegistrationParams* params, TF_Status* status) {
   params->struct_size = TP_OPTIMIZER_REGISTRATION_PARAMS_STRUCT_SIZE;
@@ -212,6 +246,10 @@ extern "C" __attribute__((visibility("default"))) void TF_InitGraph(
   params->patch_version = GO_PATCH;
   params->device_type = "NPU";
   params->optimizer_configs->struct_size = TP_OPTIMIZER_CONFIGS_STRUCT_SIZE;
+  // The arithmetic optimizer's add re-association would break the fusion's chains
+  // (graph_fusion.h).
+  if (npusim::tf::fusion_requested())
+    params->optimizer_configs->arithmetic_optimization = TF_TriState_Off;
   params->optimizer->struct_size = TP_OPTIMIZER_STRUCT_SIZE;
   params->optimizer->create_func = nullptr;
   params->optimizer->optimize_func = npusim::tf::optimize;

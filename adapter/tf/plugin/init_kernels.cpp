@@ -2,6 +2,7 @@
 // statics), so a family that is not registered is visible here.
 #include <string>
 
+#include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
@@ -14,7 +15,8 @@ extern "C" __attribute__((visibility("default"))) void TF_InitKernel() {
                      register_composed_kernels,
                      register_resource_variable_kernels, register_optimizer_kernels,
                      register_int64_kernels, register_host_routed_kernels,
-                     register_random_kernels, register_bitcast_kernels}) {
+                     register_random_kernels, register_bitcast_kernels,
+                     register_fused_kernels}) {
     npusim::rt::Status st = r();
     // TF_InitKernel cannot fail; a family that did not register is reported and skipped, and
     // its ops then fall back to the CPU under soft placement.

@@ -1,0 +1,164 @@
+// Fused inference ops, produced by the TensorFlow plugin's graph fusion
+// (adapter/tf/plugin/graph_fusion.cpp) from chains of small ops; TensorFlow has no such ops, the
+// plugin registers their definitions (kernels_fused.cpp). Like CANN's graph engine fusions, each
+// runs as at most two launches instead of one per op of the chain.
+//
+// BatchNormInference(x, scale, offset, mean, variance[, bias]; epsilon, relu) -> y
+//   x: f32 [..., C] (channel last: NHWC feature maps, Dense outputs); the others f32 [C] (or
+//   [1, ..., 1, C] of at most x's rank: Keras reshapes them so for a positive channel axis). The
+//   optional sixth input is the bias of a BiasAdd that produced x (the fused chain is then
+//   BiasAdd(x, bias) -> batch norm -> Relu). Keras 3's BatchNormalization at inference computes
+//     a = rsqrt(variance + epsilon) * scale,  y = x * a + (offset - mean * a)
+//   as separate ops; here:
+//     launch 1 (BatchNormInferenceFold, per-channel epilogue kernel, ops/channel.h):
+//       a = rsqrt(variance + epsilon) * scale
+//       shift = offset - mean * a                 (no bias: the chain's own rounding steps)
+//       shift = offset + (bias - mean) * a        (with bias)
+//     launch 2 (streaming kernel, a and shift resident in the UB):
+//       y = x * a + shift, then max(y, 0) when relu.
+//   Numerics: without a bias each step is the f32 operation TF's kernels run, so y matches the
+//   unfused chain bit for bit wherever vrsqrt matches TF's Rsqrt. With a bias the fold reorders
+//   (x + bias) * a + (offset - mean * a) into x * a + (offset + (bias - mean) * a): a few f32
+//   ulp of the larger terms apart.
+//
+// AddRelu(x, y) -> max(x + y, 0)
+//   f32, f16, bf16 with numpy broadcasting (ops/elementwise.h). The sum is rounded to T (one
+//   vadd, as AddV2), then vrelu: bit for bit AddV2 followed by Relu.
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+// The per-channel inputs of BatchNormInference, in input order after x.
+constexpr const char* kBatchNormVectors[] = {"scale", "offset", "mean", "variance", "bias"};
+
+CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 5 && op.inputs.size() != 6)
+    op.fail(fmt::format("takes 5 inputs (x, scale, offset, mean, variance) or 6 (and bias), {} "
+                        "given",
+                        op.inputs.size()));
+  const TensorDesc& x = op.inputs[0];
+  if (x.dtype != DataType::F32)
+    op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(x.dtype)));
+  if (auto t = op.attr_type("T"); t && *t != x.dtype)
+    op.fail(fmt::format("attribute T = {} does not match x's {}", data_type_name(*t),
+                        data_type_name(x.dtype)));
+  if (x.shape.empty()) op.fail("x must have rank >= 1 (channels last)");
+  const int64_t c = x.shape.back();
+  const bool has_bias = op.inputs.size() == 6;
+  for (size_t i = 1; i < op.inputs.size(); ++i) {
+    const TensorDesc& v = op.inputs[i];
+    bool channel_last = v.dtype == DataType::F32 && !v.shape.empty() && v.shape.back() == c &&
+                        v.shape.size() <= x.shape.size();
+    for (size_t d = 0; channel_last && d + 1 < v.shape.size(); ++d)
+      channel_last = v.shape[d] == 1;
+    if (!channel_last)
+      op.fail(fmt::format("{} (input {}) must be f32[{}] (x's last dimension; leading 1s "
+                          "allowed), got {}",
+                          kBatchNormVectors[i - 1], i, c, v.str()));
+  }
+  const double eps = op.attr_float("epsilon", 0.001);
+  const bool relu = op.attr_bool("relu", false);
+
+  CompiledKernel k;
+  k.outputs = {x};
+  if (x.num_elements() == 0) return k;
+
+  const ArgRef a = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  const ArgRef shift = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  ChannelEpilogueSpec e;
+  e.name = "BatchNormInferenceFold";
+  e.c = c;
+  e.vectors = has_bias ? 5 : 4;  // scale, offset, mean, variance (, bias)
+  e.outputs = 2;                 // a, shift
+  e.temps = 1;
+  e.compute = [eps, has_bias](KernelBuilder& b, const EpilogueOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t scale = o.vectors[0], offset = o.vectors[1], mean = o.vectors[2],
+                   variance = o.vectors[3], av = o.outputs[0], sv = o.outputs[1],
+                   t = o.temps[0];
+    f32_scalar(b, Opcode::op_vadds, av, variance, eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, av, av, n);
+    f32_binary(b, Opcode::op_vmul, av, av, scale, n);
+    if (has_bias) {
+      f32_binary(b, Opcode::op_vsub, t, o.vectors[4], mean, n);
+      f32_binary(b, Opcode::op_vmul, t, t, av, n);
+      f32_binary(b, Opcode::op_vadd, sv, offset, t, n);
+    } else {
+      f32_binary(b, Opcode::op_vmul, t, mean, av, n);
+      f32_binary(b, Opcode::op_vsub, sv, offset, t, n);
+    }
+  };
+  std::vector<ArgRef> fold_args;
+  for (int i = 1; i < static_cast<int>(op.inputs.size()); ++i) fold_args.push_back(input_ref(i));
+  fold_args.push_back(a);
+  fold_args.push_back(shift);
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), fold_args));
+
+  StreamSpec spec;
+  spec.kernel_name = relu ? "BatchNormInferenceRelu_f32" : "BatchNormInference_f32";
+  spec.out_type = Dtype::F32;
+  spec.out_shape = x.shape;
+  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(x.shape, x.shape), x.shape},
+                 StreamInput{Dtype::F32, broadcast_view({c}, x.shape), {c}},
+                 StreamInput{Dtype::F32, broadcast_view({c}, x.shape), {c}}};
+  spec.compute = [relu](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, t.out, t.in[0], t.in[1], n);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, t.out, t.out, t.in[2], n);
+    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, t.out, t.out, n);
+  };
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, ctx.cfg),
+                                 {input_ref(0), a, shift, output_ref(0)}));
+  return k;
+}
+
+CompiledKernel compile_add_relu(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const DataType dt = op.inputs[0].dtype;
+  if (op.inputs[1].dtype != dt)
+    op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
+                        data_type_name(op.inputs[1].dtype)));
+  if (dt != DataType::F32 && dt != DataType::F16 && dt != DataType::BF16)
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
+                        data_type_name(dt)));
+  auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
+  if (!shape)
+    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
+                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+  const TensorDesc out{dt, *shape};
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("AddRelu_{}", data_type_name(dt));
+  spec.inputs = stream_inputs(op.inputs, out.shape);
+  spec.out_type = device_dtype(dt);
+  spec.out_shape = out.shape;
+  const Dtype type = device_dtype(dt);
+  spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+    vec_binary(b, Opcode::op_vadd, type, t.out, t.in[0], t.in[1], *t.count);
+    vec_unary(b, Opcode::op_vrelu, type, t.out, t.out, *t.count);
+  };
+  return stream_kernel(ctx, out, spec);
+}
+
+}  // namespace
+
+CompiledKernel compile_fused(const CompileContext& ctx) {
+  if (ctx.op.type == "BatchNormInference") return compile_batch_norm_inference(ctx);
+  if (ctx.op.type == "AddRelu") return compile_add_relu(ctx);
+  ctx.op.fail("internal: not a fused op");
+}
+
+}  // namespace npusim::compiler::ops

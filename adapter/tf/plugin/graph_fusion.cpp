@@ -1,0 +1,446 @@
+// The inference fusions (graph_fusion.h says what is matched and when a chain is left alone).
+//
+// Built on TensorFlow's GraphDef protobuf classes (exported by libtensorflow_framework.so.2)
+// like graph_optimizer.cpp; CMakeLists.txt compiles both with TensorFlow's -D flags and NDEBUG.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+#include "tensorflow/core/framework/types.pb.h"
+#pragma GCC diagnostic pop
+
+#include "adapter/tf/plugin/graph_fusion.h"
+
+namespace npusim::tf {
+namespace {
+
+namespace tfc = ::tensorflow;
+
+// "name:port" / "name" / "^name" (a control input).
+struct InputRef {
+  std::string node;
+  int port = 0;
+  bool control = false;
+};
+
+InputRef parse_input(const std::string& s) {
+  InputRef r;
+  size_t start = 0;
+  if (!s.empty() && s[0] == '^') {
+    r.control = true;
+    start = 1;
+  }
+  const size_t colon = s.rfind(':');
+  if (colon != std::string::npos && colon > start) {
+    r.node = s.substr(start, colon - start);
+    r.port = std::atoi(s.c_str() + colon + 1);
+  } else {
+    r.node = s.substr(start);
+  }
+  return r;
+}
+
+// Nodes by name, and per node its data consumers (one entry per consuming input) and whether
+// anything depends on it by a control edge.
+class GraphView {
+ public:
+  explicit GraphView(tfc::GraphDef& graph) : m_graph(graph) {
+    for (int i = 0; i < graph.node_size(); ++i) m_index[graph.node(i).name()] = i;
+    for (int i = 0; i < graph.node_size(); ++i)
+      for (const std::string& in : graph.node(i).input()) {
+        const InputRef r = parse_input(in);
+        if (r.control) {
+          m_control_targets.insert(r.node);
+        } else {
+          m_consumers[r.node].push_back(i);
+        }
+      }
+  }
+
+  tfc::NodeDef* node(const std::string& name) {
+    auto it = m_index.find(name);
+    return it == m_index.end() ? nullptr : m_graph.mutable_node(it->second);
+  }
+
+  // The node producing data input `i` of `n` if it is output 0 of a node of type `op`.
+  tfc::NodeDef* producer(const tfc::NodeDef& n, int i, const char* op) {
+    if (i >= n.input_size()) return nullptr;
+    const InputRef r = parse_input(n.input(i));
+    if (r.control || r.port != 0) return nullptr;
+    tfc::NodeDef* p = node(r.node);
+    return p && p->op() == op ? p : nullptr;
+  }
+
+  // Data inputs of n referring to output 0 of `name`.
+  static bool reads(const tfc::NodeDef& n, int i, const std::string& name) {
+    if (i >= n.input_size()) return false;
+    const InputRef r = parse_input(n.input(i));
+    return !r.control && r.port == 0 && r.node == name;
+  }
+
+  size_t consumers(const std::string& name) const {
+    auto it = m_consumers.find(name);
+    return it == m_consumers.end() ? 0 : it->second.size();
+  }
+  // The single data consumer of `name`, if it has exactly one.
+  tfc::NodeDef* only_consumer(const std::string& name) {
+    auto it = m_consumers.find(name);
+    if (it == m_consumers.end() || it->second.size() != 1) return nullptr;
+    return m_graph.mutable_node(it->second[0]);
+  }
+  bool control_target(const std::string& name) const { return m_control_targets.count(name); }
+
+ private:
+  tfc::GraphDef& m_graph;
+  std::unordered_map<std::string, int> m_index;
+  std::unordered_map<std::string, std::vector<int>> m_consumers;
+  std::unordered_set<std::string> m_control_targets;
+};
+
+bool on_npu(const tfc::NodeDef& n) {
+  return n.device().find("/device:NPU:") != std::string::npos;
+}
+
+std::optional<tfc::DataType> type_attr(const tfc::NodeDef& n, const char* name = "T") {
+  auto it = n.attr().find(name);
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kType)
+    return std::nullopt;
+  return it->second.type();
+}
+
+bool has_control_inputs(const tfc::NodeDef& n) {
+  for (const std::string& in : n.input())
+    if (!in.empty() && in[0] == '^') return true;
+  return false;
+}
+
+// The value of a float32 Const holding one element.
+std::optional<float> scalar_float_const(const tfc::NodeDef& n) {
+  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
+  auto it = n.attr().find("value");
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = it->second.tensor();
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
+  if (elements != 1) return std::nullopt;
+  if (t.float_val_size() >= 1) return t.float_val(0);
+  if (t.tensor_content().size() == sizeof(float)) {
+    float v;
+    std::memcpy(&v, t.tensor_content().data(), sizeof v);
+    return v;
+  }
+  return std::nullopt;
+}
+
+// `elements` integers from a TensorProto's repeated field (one value: a splat) or its
+// tensor_content of `Int`s.
+template <typename Int, typename Field>
+std::optional<std::vector<int64_t>> tensor_ints(const tfc::TensorProto& t, const Field& field,
+                                                int64_t elements) {
+  std::vector<int64_t> v;
+  if (field.size() > 0) {
+    for (int64_t i = 0; i < elements; ++i)
+      v.push_back(field.Get(static_cast<int>(std::min<int64_t>(i, field.size() - 1))));
+    return v;
+  }
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(Int));
+  if (static_cast<int64_t>(t.tensor_content().size()) != bytes)
+    return std::nullopt;
+  for (int64_t i = 0; i < elements; ++i) {
+    Int x;
+    std::memcpy(&x, t.tensor_content().data() + i * sizeof(Int), sizeof(Int));
+    v.push_back(x);
+  }
+  return v;
+}
+
+// The values of an int32/int64 Const.
+std::optional<std::vector<int64_t>> const_ints(const tfc::NodeDef& n) {
+  if (n.op() != "Const") return std::nullopt;
+  auto it = n.attr().find("value");
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = it->second.tensor();
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
+  if (t.dtype() == tfc::DT_INT32) return tensor_ints<int32_t>(t, t.int_val(), elements);
+  if (t.dtype() == tfc::DT_INT64) return tensor_ints<int64_t>(t, t.int64_val(), elements);
+  return std::nullopt;
+}
+
+// A per-channel parameter must run along x's last axis (the fused kernel applies it there):
+// produced by anything but ExpandDims, or by a Reshape to [1, ..., 1, C] (Keras' reshape for a
+// positive channel axis, e.g. keras.applications' axis=3); a known rank other than 1 of another
+// producer is refused. Other shape mismatches fail at compile time, naming the input.
+bool channel_vector(GraphView& g, const std::string& input) {
+  const InputRef r = parse_input(input);
+  const tfc::NodeDef* p = g.node(r.node);
+  if (!p || p->op() == "ExpandDims") return false;
+  if (p->op() == "Reshape") {
+    const InputRef s = p->input_size() >= 2 ? parse_input(p->input(1)) : InputRef{};
+    const tfc::NodeDef* shape = s.control || s.port != 0 ? nullptr : g.node(s.node);
+    std::optional<std::vector<int64_t>> dims = shape ? const_ints(*shape) : std::nullopt;
+    if (!dims || dims->empty()) return false;
+    for (size_t d = 0; d + 1 < dims->size(); ++d)
+      if ((*dims)[d] != 1) return false;
+    return true;
+  }
+  auto it = p->attr().find("_output_shapes");
+  if (it != p->attr().end() && r.port < it->second.list().shape_size()) {
+    const tfc::TensorShapeProto& s = it->second.list().shape(r.port);
+    if (!s.unknown_rank() && s.dim_size() != 1) return false;
+  }
+  return true;
+}
+
+// Tracks the nodes a pass removes; each node belongs to at most one chain.
+class Removal {
+ public:
+  Removal(GraphView& g, const std::unordered_set<std::string>& preserve)
+      : m_graph(g), m_preserve(preserve) {}
+
+  // n can disappear: on the NPU, not preserved, no control edges in or out, `consumers`
+  // data consumers, not claimed by another chain.
+  bool removable(const tfc::NodeDef& n, size_t consumers) const {
+    return on_npu(n) && !m_preserve.count(n.name()) && !m_graph.control_target(n.name()) &&
+           !has_control_inputs(n) && m_graph.consumers(n.name()) == consumers &&
+           !m_claimed.count(n.name());
+  }
+  bool claimed(const std::string& name) const { return m_claimed.count(name); }
+  void claim(const std::string& name) { m_claimed.insert(name); }
+  void remove(const std::string& name) {
+    m_claimed.insert(name);
+    m_removed.insert(name);
+  }
+  const std::set<std::string>& removed() const { return m_removed; }
+
+ private:
+  GraphView& m_graph;
+  const std::unordered_set<std::string>& m_preserve;
+  std::set<std::string> m_claimed, m_removed;
+};
+
+// The fused node replacing `last` in place: same name and device, last's control inputs and
+// its internal ("_"-prefixed) attributes kept.
+void rewrite_as(tfc::NodeDef& last, const char* op, const std::vector<std::string>& inputs,
+                const std::map<std::string, tfc::AttrValue>& attrs) {
+  tfc::NodeDef fused;
+  fused.set_name(last.name());
+  fused.set_op(op);
+  fused.set_device(last.device());
+  for (const std::string& in : inputs) fused.add_input(in);
+  for (const std::string& in : last.input())
+    if (!in.empty() && in[0] == '^') fused.add_input(in);
+  for (const auto& [name, value] : last.attr())
+    if (!name.empty() && name[0] == '_') (*fused.mutable_attr())[name] = value;
+  for (const auto& [name, value] : attrs) (*fused.mutable_attr())[name] = value;
+  if (last.has_experimental_debug_info())
+    *fused.mutable_experimental_debug_info() = last.experimental_debug_info();
+  last = std::move(fused);
+}
+
+tfc::AttrValue type_value(tfc::DataType t) {
+  tfc::AttrValue v;
+  v.set_type(t);
+  return v;
+}
+
+bool float_node(const tfc::NodeDef& n) { return type_attr(n) == tfc::DT_FLOAT; }
+
+// A matched batch-norm chain, ending at add_1 (and relu, if fused).
+struct BatchNormChain {
+  tfc::NodeDef *add_1 = nullptr, *eps_const = nullptr;
+  std::vector<tfc::NodeDef*> inner;  // add, rsqrt, mul, mul_1, mul_2, sub
+  std::string x, scale, offset, mean, variance, bias;
+  float epsilon = 0;
+};
+
+// Matches the chain ending at AddV2 node add_1 (graph_fusion.h), without checking consumers.
+std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1) {
+  if (add_1.op() != "AddV2" || !float_node(add_1) || !on_npu(add_1)) return std::nullopt;
+  for (int o = 0; o < 2; ++o) {
+    tfc::NodeDef* mul_1 = g.producer(add_1, o, "Mul");
+    tfc::NodeDef* sub = g.producer(add_1, 1 - o, "Sub");
+    if (!mul_1 || !sub) continue;
+    tfc::NodeDef* mul_2 = g.producer(*sub, 1, "Mul");
+    if (!mul_2) continue;
+    for (int j = 0; j < 2; ++j) {
+      tfc::NodeDef* mul = g.producer(*mul_1, j, "Mul");
+      if (!mul) continue;
+      int k = GraphView::reads(*mul_2, 0, mul->name()) ? 0
+              : GraphView::reads(*mul_2, 1, mul->name()) ? 1
+                                                         : -1;
+      if (k < 0) continue;
+      for (int q = 0; q < 2; ++q) {
+        tfc::NodeDef* rs = g.producer(*mul, q, "Rsqrt");
+        if (!rs) continue;
+        tfc::NodeDef* add = g.producer(*rs, 0, "AddV2");
+        if (!add) continue;
+        for (int r = 0; r < 2; ++r) {
+          tfc::NodeDef* eps = g.producer(*add, r, "Const");
+          if (!eps) continue;
+          std::optional<float> e = scalar_float_const(*eps);
+          if (!e) continue;
+          BatchNormChain c;
+          c.add_1 = &add_1;
+          c.eps_const = eps;
+          c.inner = {add, rs, mul, mul_1, mul_2, sub};
+          c.x = mul_1->input(1 - j);
+          c.scale = mul->input(1 - q);
+          c.offset = sub->input(0);
+          c.mean = mul_2->input(1 - k);
+          c.variance = add->input(1 - r);
+          c.epsilon = *e;
+          for (const tfc::NodeDef* n : c.inner)
+            if (!float_node(*n)) return std::nullopt;
+          return c;
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  struct Rewrite {
+    tfc::NodeDef* last;
+    std::vector<std::string> inputs;
+    std::map<std::string, tfc::AttrValue> attrs;
+  };
+  std::vector<Rewrite> rewrites;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& add_1 = *graph.mutable_node(i);
+    if (rm.claimed(add_1.name())) continue;
+    std::optional<BatchNormChain> c = match_batch_norm(g, add_1);
+    if (!c) continue;
+    // Consumers inside the chain: add -> rsqrt -> mul -> (mul_1, mul_2); mul_1, sub -> add_1;
+    // mul_2 -> sub.
+    const size_t expected[] = {1, 1, 2, 1, 1, 1};
+    bool ok = true;
+    for (size_t n = 0; n < c->inner.size(); ++n)
+      ok = ok && rm.removable(*c->inner[n], expected[n]);
+    for (const std::string* p : {&c->scale, &c->offset, &c->mean, &c->variance})
+      ok = ok && channel_vector(g, *p);
+    if (!ok || rm.claimed(add_1.name())) continue;
+    // A Relu that is add_1's only consumer becomes the fused node.
+    tfc::NodeDef* last = &add_1;
+    bool relu = false;
+    if (tfc::NodeDef* r = g.only_consumer(add_1.name());
+        r && r->op() == "Relu" && on_npu(*r) && float_node(*r) &&
+        GraphView::reads(*r, 0, add_1.name()) && rm.removable(add_1, 1) &&
+        !rm.claimed(r->name())) {
+      last = r;
+      relu = true;
+    }
+    // A BiasAdd (NHWC) whose only consumer is mul_1 is folded in.
+    std::vector<std::string> inputs = {c->x, c->scale, c->offset, c->mean, c->variance};
+    const InputRef xr = parse_input(c->x);
+    tfc::NodeDef* bias_add = xr.port == 0 ? g.node(xr.node) : nullptr;
+    if (bias_add && bias_add->op() == "BiasAdd" && float_node(*bias_add) &&
+        rm.removable(*bias_add, 1) && bias_add->input_size() >= 2) {
+      auto f = bias_add->attr().find("data_format");
+      if (f == bias_add->attr().end() || f->second.s() == "NHWC") {
+        inputs[0] = bias_add->input(0);
+        inputs.push_back(bias_add->input(1));
+        rm.remove(bias_add->name());
+      }
+    }
+    for (tfc::NodeDef* n : c->inner) rm.remove(n->name());
+    if (relu) rm.remove(add_1.name());
+    rm.claim(last->name());
+    // The epsilon Const goes when the chain was its only consumer (wherever it was placed).
+    const tfc::NodeDef& eps = *c->eps_const;
+    if (g.consumers(eps.name()) == 1 && !preserve.count(eps.name()) &&
+        !g.control_target(eps.name()) && !has_control_inputs(eps) && !rm.claimed(eps.name()))
+      rm.remove(eps.name());
+    Rewrite w{last, inputs, {}};
+    w.attrs["T"] = type_value(tfc::DT_FLOAT);
+    w.attrs["N"].set_i(static_cast<int64_t>(inputs.size()) - 5);
+    w.attrs["epsilon"].set_f(c->epsilon);
+    w.attrs["relu"].set_b(relu);
+    rewrites.push_back(std::move(w));
+  }
+  for (Rewrite& w : rewrites) rewrite_as(*w.last, "BatchNormInference", w.inputs, w.attrs);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return static_cast<int>(rewrites.size());
+}
+
+int fuse_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                   std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& relu = *graph.mutable_node(i);
+    if (relu.op() != "Relu" || !on_npu(relu) || removed->count(relu.name())) continue;
+    const std::optional<tfc::DataType> t = type_attr(relu);
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) continue;
+    tfc::NodeDef* add = g.producer(relu, 0, "AddV2");
+    if (!add || removed->count(add->name()) || type_attr(*add) != t || add->input_size() != 2 ||
+        !rm.removable(*add, 1))
+      continue;
+    const std::vector<std::string> inputs = {add->input(0), add->input(1)};
+    rm.remove(add->name());
+    rewrite_as(relu, "AddRelu", inputs, {{"T", type_value(*t)}});
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
+  if (names.empty()) return;
+  auto* nodes = graph.mutable_node();
+  int kept = 0;
+  for (int i = 0; i < nodes->size(); ++i) {
+    if (names.count(nodes->Get(i).name())) continue;
+    if (kept != i) nodes->SwapElements(kept, i);
+    ++kept;
+  }
+  while (nodes->size() > kept) nodes->RemoveLast();
+}
+
+}  // namespace
+
+bool fusion_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_FUSION");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
+
+FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  FusionCounts counts;
+  std::set<std::string> removed;
+  counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  counts.add_relu = fuse_add_relus(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return counts;
+}
+
+}  // namespace npusim::tf

@@ -1,0 +1,62 @@
+// Inference fusions on NPU graphs, run by the plugin's grappler optimizer (graph_optimizer.cpp)
+// on every graph TensorFlow optimizes for the NPU; the fused ops' definitions and kernels are in
+// kernels_fused.cpp, their compiled kernels in adapter/compiler/ops/fused.cpp.
+//
+// Rewrites (every node on the NPU, rewritten in place: the chain's last node keeps its name,
+// device and control inputs and becomes the fused op; the chain's other nodes are removed):
+//   1. BatchNormInference: Keras 3's BatchNormalization at inference,
+//        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
+//        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
+//        add_1 = AddV2(mul_1, sub)
+//      (Mul and AddV2 operands in either order), T = float, with an optional BiasAdd (NHWC)
+//      producing x and an optional Relu consuming add_1.
+//   2. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
+//      BatchNormInference feeding a residual add is seen as x or y).
+// A chain is fused only if each node it removes has exactly the consumers of the pattern (no
+// other data or control consumers), has no control inputs, and is not a node TensorFlow must
+// preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
+//
+// NPUSIM_FUSION=0 in the environment (read once per process) turns the rewrites off.
+//
+// Grappler's arithmetic optimizer runs before plugin optimizers and re-associates add trees
+// (AddOpsRewrite: a batch norm's final AddV2 and a residual Add become one tree of adds grouped
+// by shape), which breaks the chains above. While the fusion is requested, TF_InitGraph
+// therefore turns the arithmetic optimizer off (TP_OptimizerConfigs; TensorFlow applies plugin
+// configs to every graph of the process, CPU ones included).
+#pragma once
+
+#include <string>
+#include <unordered_set>
+
+namespace tensorflow {
+class GraphDef;
+}
+// adapter/runtime/status.h; this header stays standard-library only (graph_optimizer.cpp and
+// graph_fusion.cpp are built against TensorFlow's C++ headers).
+namespace npusim::rt {
+class Status;
+}
+
+namespace npusim::tf {
+
+struct FusionCounts {
+  int batch_norm = 0;  // BatchNormInference nodes created
+  int add_relu = 0;    // AddRelu nodes created
+  int total() const { return batch_norm + add_relu; }
+};
+
+// False when NPUSIM_FUSION is "0" (read once).
+bool fusion_requested();
+// fusion_requested() and the fused ops are registered.
+bool fusion_enabled();
+
+// Applies the rewrites to `graph`; returns how many fused nodes were created (0: unchanged).
+FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
+                            const std::unordered_set<std::string>& preserve);
+
+// kernels_fused.cpp: registers the fused ops' definitions and NPU kernels (TF_InitKernel), and
+// whether that succeeded.
+rt::Status register_fused_kernels();
+bool fused_ops_registered();
+
+}  // namespace npusim::tf

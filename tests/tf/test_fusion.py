@@ -1,0 +1,177 @@
+"""The plugin's inference fusions (adapter/tf/plugin/graph_fusion.h, docs/tf_plugin.md
+"Inference fusions"): a Keras Conv2D + BatchNormalization + ReLU block with a residual
+Add + ReLU, called with training=False in a tf.function on the NPU.
+
+- the NPU output matches TensorFlow on the CPU (same weights) within the precision mode's
+  tolerance: allow_fp32_to_fp16 rounds each convolution's operands to fp16 (relative error
+  <= u = 2^-11 each, fp32 accumulation), so a layer carries about 2u ~ 1e-3 relative error at
+  worst; the block has 2 convolutions on its longest path, and the fused batch norm adds only
+  f32 rounding: the shallow-model bound of tests/tf/test_models.py, 1e-2 of the whole tensor's
+  norm;
+- the launch records show BatchNormInference and AddRelu launches carrying the fused node's
+  name (the chain's last node: the Relu), and fewer launches than the same model run with
+  NPUSIM_FUSION=0 (a child process: the switch is read once per process);
+- training=True (batch statistics; Keras' moments path) still matches the CPU, moving
+  statistics included.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+RTOL = 1e-2
+
+# Builds the model and input (also run in the child, so both processes see the same graph).
+MODEL_CODE = r'''
+import numpy as np
+import keras
+
+def build_block():
+    keras.utils.set_random_seed(7)
+    inp = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(16, 3, padding="same")(inp)
+    h = keras.layers.BatchNormalization()(h)
+    a = keras.layers.Activation("relu")(h)
+    h = keras.layers.Conv2D(16, 3, padding="same")(a)
+    # axis=3 as keras.applications' ResNet-50: Keras reshapes the parameters to [1, 1, 1, C]
+    h = keras.layers.BatchNormalization(axis=3, epsilon=1.001e-5)(h)
+    h = keras.layers.Add()([h, a])
+    out = keras.layers.Activation("relu")(h)
+    model = keras.Model(inp, out)
+    rng = np.random.default_rng(5)
+    for layer in model.layers:  # non-trivial moving statistics and affine parameters
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, c).astype(np.float32))
+            layer.beta.assign(rng.uniform(-0.5, 0.5, c).astype(np.float32))
+            layer.moving_mean.assign(rng.uniform(-0.3, 0.3, c).astype(np.float32))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
+    x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    return model, x
+'''
+
+CHILD_CODE = MODEL_CODE + r'''
+import json
+import npusim
+import tensorflow as tf
+model, x = build_block()
+with tf.device("/NPU:0"):
+    f = tf.function(lambda t: model(t, training=False))
+    xt = tf.constant(x)
+    f(xt).numpy()
+    n0 = len(npusim.launch_records())
+    f(xt).numpy()
+    recs = npusim.launch_records()[n0:]
+print("RESULT " + json.dumps({"launches": len(recs),
+                              "op_types": sorted({r["op_type"] for r in recs})}))
+'''
+
+exec(MODEL_CODE)  # pylint: disable=exec-used
+
+
+def rel_error(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+@pytest.fixture(scope="module")
+def inference(npusim, tf):
+    model, x = build_block()  # pylint: disable=undefined-variable
+    with tf.device("/CPU:0"):
+        want = model(tf.constant(x), training=False).numpy()
+    with tf.device("/NPU:0"):
+        f = tf.function(lambda t: model(t, training=False))
+        xt = tf.constant(x)
+        f(xt).numpy()  # trace, optimize (fusion), compile
+        n0 = len(npusim.launch_records())
+        got = f(xt).numpy()
+        recs = npusim.launch_records()[n0:]
+    return {"want": want, "got": got, "records": recs}
+
+
+def test_fused_inference_matches_cpu(inference):
+    assert inference["got"].shape == inference["want"].shape
+    assert rel_error(inference["got"], inference["want"]) < RTOL
+    assert (inference["got"] >= 0).all()
+
+
+def test_launch_records_show_fused_ops_under_the_relu_names(inference):
+    recs = inference["records"]
+    by_type = {}
+    for r in recs:
+        by_type.setdefault(r["op_type"], []).append(r)
+    assert "BatchNormInference" in by_type and "AddRelu" in by_type, sorted(by_type)
+    # Two batch norms (the first with its Relu, the second without), two launches each: the
+    # fold and the element-wise pass; the residual Add + Relu is one launch.
+    bn_nodes = {r["op_name"] for r in by_type["BatchNormInference"]}
+    assert len(bn_nodes) == 2
+    assert len(by_type["BatchNormInference"]) == 4
+    assert len(by_type["AddRelu"]) == 1
+    assert all(r["op_name"].endswith("/Relu") for r in by_type["AddRelu"])
+    assert any(n.endswith("/Relu") for n in bn_nodes)  # the chain's last node kept its name
+    for unfused in ("Rsqrt", "Sub", "Mul", "BiasAdd", "Relu", "AddV2"):
+        assert unfused not in by_type, f"{unfused} was not fused: {sorted(by_type)}"
+
+
+def test_fewer_launches_than_with_fusion_off(inference):
+    proc = run_child("import os\nos.environ['NPUSIM_FUSION'] = '0'\n" + CHILD_CODE, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    off = json.loads(line[len("RESULT "):])
+    assert "BatchNormInference" not in off["op_types"] and "AddRelu" not in off["op_types"]
+    assert {"Rsqrt", "Mul", "Sub", "Relu", "BiasAdd"} <= set(off["op_types"])
+    # Per batch norm: BiasAdd, AddV2, Rsqrt, 3 Mul, Sub, AddV2 (and Relu) -> 2 launches;
+    # the residual AddV2 + Relu -> 1.
+    assert len(inference["records"]) < off["launches"]
+    assert off["launches"] - len(inference["records"]) >= 2 * (8 - 2) + 1
+
+
+def test_training_mode_is_unaffected(npusim, tf):
+    model_cpu, x = build_block()  # pylint: disable=undefined-variable
+    model_npu, _ = build_block()  # pylint: disable=undefined-variable
+    with tf.device("/CPU:0"):
+        want = model_cpu(tf.constant(x), training=True).numpy()
+    with tf.device("/NPU:0"):
+        f = tf.function(lambda t: model_npu(t, training=True))
+        got = f(tf.constant(x)).numpy()
+    assert rel_error(got, want) < RTOL
+    for lc, ln in zip(model_cpu.layers, model_npu.layers):
+        if isinstance(lc, keras.layers.BatchNormalization):
+            for vc, vn in ((lc.moving_mean, ln.moving_mean),
+                           (lc.moving_variance, ln.moving_variance)):
+                np.testing.assert_allclose(vn.numpy(), vc.numpy(), rtol=RTOL, atol=1e-3)
+
+
+def test_a_chain_node_that_is_also_an_output_is_kept(npusim, tf):
+    """The batch norm's result is a second model output: add_1 has another consumer, so the
+    Relu is not folded into it (add_1 becomes the fused node under its own name, the Relu
+    stays), and both outputs match the CPU."""
+    keras.utils.set_random_seed(11)
+    inp = keras.Input((6, 6, 4))
+    bn = keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 3, padding="same")(inp))
+    model = keras.Model(inp, [bn, keras.layers.Activation("relu")(bn)])
+    x = np.random.default_rng(2).standard_normal((1, 6, 6, 4)).astype(np.float32)
+    with tf.device("/CPU:0"):
+        want = [t.numpy() for t in model(tf.constant(x), training=False)]
+    with tf.device("/NPU:0"):
+        f = tf.function(lambda t: model(t, training=False))
+        xt = tf.constant(x)
+        f(xt)
+        n0 = len(npusim.launch_records())
+        got = [t.numpy() for t in f(xt)]
+        recs = npusim.launch_records()[n0:]
+    for g, w in zip(got, want):
+        assert rel_error(g, w) < RTOL
+    types = {r["op_type"] for r in recs}
+    assert "BatchNormInference" in types and "Relu" in types, sorted(types)
+    bn_names = {r["op_name"] for r in recs if r["op_type"] == "BatchNormInference"}
+    assert all(n.endswith("batchnorm/add_1") for n in bn_names), bn_names
