@@ -1,6 +1,8 @@
 // Descriptors, names and the 128-bit encoding, all derived from isa.def.
 #include "isa/isa.h"
 
+#include <stdexcept>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -113,14 +115,66 @@ int field_bits(FieldKind k) {
 }
 bool field_is_suffix(FieldKind k) { return k == FieldKind::Dt || k == FieldKind::Cmp; }
 bool field_is_reg_or_imm(FieldKind k) {
-  return k == FieldKind::RU8 || k == FieldKind::RU12 || k == FieldKind::RU16 || k == FieldKind::RU32;
+  // RU8, RU12, RU16, RU32 are consecutive enumerators: one unsigned range compare (this runs
+  // for every operand the scalar unit resolves).
+  static_assert(static_cast<int>(FieldKind::RU12) == static_cast<int>(FieldKind::RU8) + 1 &&
+                    static_cast<int>(FieldKind::RU16) == static_cast<int>(FieldKind::RU8) + 2 &&
+                    static_cast<int>(FieldKind::RU32) == static_cast<int>(FieldKind::RU8) + 3,
+                "RU* field kinds must be consecutive");
+  return static_cast<unsigned>(k) - static_cast<unsigned>(FieldKind::RU8) <= 3u;
 }
 uint64_t field_imm_max(FieldKind k) {
   int w = imm_width(k);
   return w >= 64 ? ~0ull : (1ull << w) - 1;
 }
 
-const InstrDesc& describe(Opcode op) { return table().at(static_cast<size_t>(op)); }
+namespace {
+
+// The table's storage, resolved once: set while the library loads (g_table_ready), or by the
+// first lookup if another translation unit's static initialiser gets there first. A plain
+// pointer rather than a function-local static, so the lookups below (each runs several times per
+// simulated instruction) need no guard and no stack frame.
+const InstrDesc* g_table_data = nullptr;
+__attribute__((noinline)) const InstrDesc* init_table_data() {
+  return g_table_data = table().data();
+}
+inline const InstrDesc* table_data() {
+  const InstrDesc* d = g_table_data;
+  return d ? d : init_table_data();
+}
+const bool g_table_ready = init_table_data() != nullptr;
+
+// Per opcode, its field names with their lengths, so field_index compares lengths first.
+struct FieldNames {
+  std::array<std::string_view, kMaxFields> names;
+  int count = 0;
+};
+const std::array<FieldNames, kNumOpcodes>& field_names() {
+  static const std::array<FieldNames, kNumOpcodes> all = [] {
+    std::array<FieldNames, kNumOpcodes> a{};
+    const auto& t = table();
+    for (size_t op = 0; op < t.size(); ++op) {
+      if (t[op].fields.size() > static_cast<size_t>(kMaxFields))
+        throw IsaError(fmt::format("{} has more than {} fields", t[op].mnemonic, kMaxFields));
+      a[op].count = static_cast<int>(t[op].fields.size());
+      for (size_t i = 0; i < t[op].fields.size(); ++i) a[op].names[i] = t[op].fields[i].name;
+    }
+    return a;
+  }();
+  return all;
+}
+
+[[noreturn]] __attribute__((noinline, cold)) void bad_opcode(const char* where, size_t i) {
+  throw std::out_of_range(fmt::format("{}: opcode {} is not in the instruction set", where, i));
+}
+
+}  // namespace
+
+const InstrDesc& describe(Opcode op) {
+  const auto i = static_cast<size_t>(op);
+  if (i >= static_cast<size_t>(kNumOpcodes)) bad_opcode("describe", i);
+  return table_data()[i];
+}
 
 std::optional<Opcode> opcode_from_mnemonic(std::string_view mn) {
   const auto& t = table();
@@ -130,15 +184,19 @@ std::optional<Opcode> opcode_from_mnemonic(std::string_view mn) {
 }
 
 int field_index(Opcode op, std::string_view name) {
-  const auto& f = describe(op).fields;
-  for (size_t i = 0; i < f.size(); ++i)
-    if (name == f[i].name) return static_cast<int>(i);
+  const auto i = static_cast<size_t>(op);
+  if (i >= static_cast<size_t>(kNumOpcodes)) bad_opcode("field_index", i);
+  const FieldNames& f = field_names()[i];
+  for (int j = 0; j < f.count; ++j)
+    if (f.names[j] == name) return j;
   return -1;
 }
 
 Pipe Instruction::exec_pipe() const {
-  const InstrDesc& d = desc();
-  if (d.pipe != Pipe::SYNC) return d.pipe;
+  const auto i = static_cast<size_t>(op);
+  if (i >= static_cast<size_t>(kNumOpcodes)) bad_opcode("exec_pipe", i);
+  const Pipe pipe = table_data()[i].pipe;
+  if (pipe != Pipe::SYNC) return pipe;
   switch (op) {
     case Opcode::op_set_flag: return static_cast<Pipe>(ops[0].value);   // runs in src's queue
     case Opcode::op_wait_flag: return static_cast<Pipe>(ops[1].value);  // blocks dst's queue

@@ -12,6 +12,7 @@
 //   s8 inputs, s32 accumulator: exact integer sums, wrapping modulo 2^32 on overflow.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -117,11 +118,13 @@ template <Dtype kType>
 struct Input;
 template <>
 struct Input<Dtype::F16> {
+  using Storage = uint16_t;  // one stored element
   using Arith = float;
   static void widen(const uint8_t* src, float* dst, uint64_t n) { f16_to_f32_n(src, dst, n); }
 };
 template <>
 struct Input<Dtype::BF16> {
+  using Storage = uint16_t;  // one stored element
   using Arith = float;
   static void widen(const uint8_t* src, float* dst, uint64_t n) {
     for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(bits<uint16_t>(src + 2 * i));
@@ -129,11 +132,13 @@ struct Input<Dtype::BF16> {
 };
 template <>
 struct Input<Dtype::F32> {
+  using Storage = float;  // one stored element
   using Arith = float;
   static void widen(const uint8_t* src, float* dst, uint64_t n) { std::memcpy(dst, src, 4 * n); }
 };
 template <>
 struct Input<Dtype::S8> {
+  using Storage = int8_t;  // one stored element
   using Arith = uint32_t;  // two's complement arithmetic modulo 2^32
   static void widen(const uint8_t* src, uint32_t* dst, uint64_t n) {
     for (uint64_t i = 0; i < n; ++i)
@@ -207,12 +212,17 @@ struct Mmad {
     using In = Input<kType>;
     using T = typename In::Arith;
     static_assert(sizeof(T) == layout::kL0cElemBytes, "accumulators are 32-bit");
+    // K0 elements of the input type fill one 32-byte block (= k0, known here at compile time so
+    // the full-block copies below are fixed-size).
+    constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename In::Storage);
     const uint64_t mp = round_up(m, kRowPad), np = round_up(n, kColPad);
-    const uint64_t k_blocks = ceil_div(k, k0), n_blocks = ceil_div(n, kFractalRows);
+    const uint64_t k_blocks = ceil_div(k, K0), n_blocks = ceil_div(n, kFractalRows);
     const uint64_t m16 = round_up(m, kFractalRows);
 
     // Scratch reused across calls: A as mp x k, B as k x np, C as mp x np, all row-major and
-    // zero outside the m x k / k x n / m x n parts (the m x k and k x n parts are written below).
+    // zero outside the m x k / k x n parts (the m x k and k x n parts are written below). C's
+    // m x n part is set from init below; outside it C is zero, so the padding the tile kernel
+    // computes stays finite (it is never copied out).
     thread_local std::vector<T> a_buf, b_buf, c_buf;
     a_buf.resize(mp * k);
     std::fill(a_buf.begin() + m * k, a_buf.end(), T(0));
@@ -220,7 +230,15 @@ struct Mmad {
     if (np != n)
       for (uint64_t kk = 0; kk < k; ++kk)
         std::fill(b_buf.begin() + kk * np + n, b_buf.begin() + (kk + 1) * np, T(0));
-    c_buf.assign(mp * np, T(0));
+    c_buf.resize(mp * np);
+    if (init == 0) {
+      std::fill(c_buf.begin(), c_buf.end(), T(0));
+    } else {
+      if (np != n)
+        for (uint64_t r = 0; r < m; ++r)
+          std::fill(c_buf.begin() + r * np + n, c_buf.begin() + (r + 1) * np, T(0));
+      std::fill(c_buf.begin() + m * np, c_buf.end(), T(0));
+    }
 
     // Each operand is widened in one pass in its buffer layout, then rearranged.
     thread_local std::vector<T> a_wide, b_wide;
@@ -230,32 +248,54 @@ struct Mmad {
     In::widen(ctx.local.at(Buf::L0A, xa, a_elems * size), a_wide.data(), a_elems);
     In::widen(ctx.local.at(Buf::L0B, xb, b_elems * size), b_wide.data(), b_elems);
 
-    for (uint64_t r = 0; r < m; ++r)
-      for (uint64_t kb = 0; kb < k_blocks; ++kb)
-        std::memcpy(&a_buf[r * k + kb * k0], &a_wide[layout::zz_offset(r, kb * k0, k_blocks, k0)],
-                    std::min(k0, k - kb * k0) * sizeof(T));
+    // Full blocks are fixed-size copies; only a last partial k block copies fewer values.
+    const uint64_t k_full = k / K0;
+    for (uint64_t r = 0; r < m; ++r) {
+      T* row = &a_buf[r * k];
+      for (uint64_t kb = 0; kb < k_full; ++kb)
+        std::memcpy(row + kb * K0, &a_wide[layout::zz_offset(r, kb * K0, k_blocks, K0)],
+                    K0 * sizeof(T));
+      if (k_full != k_blocks)
+        std::memcpy(row + k_full * K0, &a_wide[layout::zz_offset(r, k_full * K0, k_blocks, K0)],
+                    (k - k_full * K0) * sizeof(T));
+    }
 
     for (uint64_t kb = 0; kb < k_blocks; ++kb)
       for (uint64_t nb = 0; nb < n_blocks; ++nb) {
-        const T* frac = &b_wide[layout::zn_offset(kb * k0, nb * kFractalRows, n_blocks, k0)];
+        const T* frac = &b_wide[layout::zn_offset(kb * K0, nb * kFractalRows, n_blocks, K0)];
         uint64_t n_cnt = std::min<uint64_t>(kFractalRows, n - nb * kFractalRows);
-        uint64_t k_cnt = std::min(k0, k - kb * k0);
-        for (uint64_t nn = 0; nn < n_cnt; ++nn)
+        uint64_t k_cnt = std::min(K0, k - kb * K0);
+        T* dst = &b_buf[kb * K0 * np + nb * kFractalRows];
+        if (n_cnt == kFractalRows && k_cnt == K0) {
+          for (uint64_t kk = 0; kk < K0; ++kk)
+            for (uint64_t nn = 0; nn < kFractalRows; ++nn) dst[kk * np + nn] = frac[nn * K0 + kk];
+        } else {
           for (uint64_t kk = 0; kk < k_cnt; ++kk)
-            b_buf[(kb * k0 + kk) * np + nb * kFractalRows + nn] = frac[nn * k0 + kk];
+            for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * np + nn] = frac[nn * K0 + kk];
+        }
       }
 
     uint8_t* l0c = ctx.local.at(Buf::L0C, xc, layout::l0c_extent(m, n) * layout::kL0cElemBytes);
-    // Copies the valid m x n part between c_buf and L0C, one fractal row (<= 16 values) at a time.
-    auto for_each_c_run = [&](auto&& f) {
-      for (uint64_t r = 0; r < m; ++r)
-        for (uint64_t nb = 0; nb < n_blocks; ++nb)
-          f(&c_buf[r * np + nb * kFractalRows],
-            l0c + layout::l0c_offset(r, nb * kFractalRows, m16) * layout::kL0cElemBytes,
-            std::min<uint64_t>(kFractalRows, n - nb * kFractalRows) * layout::kL0cElemBytes);
+    // Copies the valid m x n part between c_buf and L0C, one fractal row (<= 16 values) at a
+    // time: f(c_buf row, L0C row, values) with values == kFractalRows except in a last partial
+    // column block.
+    constexpr uint64_t kRowBytes = kFractalRows * layout::kL0cElemBytes;
+    const uint64_t n_full = n / kFractalRows;
+    const uint64_t tail_bytes = (n - n_full * kFractalRows) * layout::kL0cElemBytes;
+    auto for_each_c_run = [&](auto&& copy) {
+      for (uint64_t r = 0; r < m; ++r) {
+        for (uint64_t nb = 0; nb < n_full; ++nb)
+          copy(&c_buf[r * np + nb * kFractalRows],
+               l0c + layout::l0c_offset(r, nb * kFractalRows, m16) * layout::kL0cElemBytes,
+               std::integral_constant<uint64_t, kRowBytes>{});
+        if (tail_bytes)
+          copy(&c_buf[r * np + n_full * kFractalRows],
+               l0c + layout::l0c_offset(r, n_full * kFractalRows, m16) * layout::kL0cElemBytes,
+               tail_bytes);
+      }
     };
     if (init == 1) {
-      for_each_c_run([](T* cb, const uint8_t* l0, uint64_t bytes) { std::memcpy(cb, l0, bytes); });
+      for_each_c_run([](T* cb, const uint8_t* l0, auto bytes) { std::memcpy(cb, l0, bytes); });
     } else if (init == 2) {
       const uint8_t* bias = ctx.local.at(Buf::BT, xbias, n * layout::kL0cElemBytes);
       for (uint64_t r = 0; r < m; ++r) std::memcpy(&c_buf[r * np], bias, n * layout::kL0cElemBytes);
@@ -263,7 +303,7 @@ struct Mmad {
 
     run_tile_product<T>(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
 
-    for_each_c_run([](const T* cb, uint8_t* l0, uint64_t bytes) { std::memcpy(l0, cb, bytes); });
+    for_each_c_run([](const T* cb, uint8_t* l0, auto bytes) { std::memcpy(l0, cb, bytes); });
   }
 };
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/convert.h"
 #include "common/numeric.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -35,6 +36,21 @@ void f32_to_f16_scalar(const float* src, void* dst, size_t n) {
     uint16_t h = f32_to_f16(src[i]);
     std::memcpy(d + 2 * i, &h, 2);
   }
+}
+
+void f32_to_f16_canonical_scalar(const void* src, void* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i)
+    store_bits<uint16_t>(d + 2 * i, narrow_f16_rne(bits_to_f32(load_bits<uint32_t>(s + 4 * i))));
+}
+
+void f16_to_f32_canonical_scalar(const void* src, void* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i)
+    store_bits<uint32_t>(d + 4 * i,
+                         f32_to_bits(canonical_f32(widen_f16(load_bits<uint16_t>(s + 2 * i)))));
 }
 
 #ifdef NPUSIM_NUMERIC_F16C
@@ -63,6 +79,39 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, void*
   f32_to_f16_scalar(src + i, d + 2 * i, n - i);
 }
 
+// vcvtps2ph rounds like narrow_f16_rne; its NaN results (payload kept) become the canonical NaN.
+__attribute__((target("avx,f16c"))) void f32_to_f16_canonical_f16c(const void* src, void* dst,
+                                                                   size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  const __m128i canonical = _mm_set1_epi16(static_cast<short>(kF16CanonicalNan));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(s + 4 * i));
+    __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extractf128_si256(nan, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i), _mm_blendv_epi8(h, canonical, nan16));
+  }
+  f32_to_f16_canonical_scalar(s + 4 * i, d + 2 * i, n - i);
+}
+
+// vcvtph2ps widens exactly (a NaN keeps its payload, quieted); NaNs become the canonical NaN.
+__attribute__((target("avx,f16c"))) void f16_to_f32_canonical_f16c(const void* src, void* dst,
+                                                                   size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  const __m256 canonical =
+      _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kF32CanonicalNan)));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i)));
+    f = _mm256_blendv_ps(f, canonical, _mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    _mm256_storeu_ps(reinterpret_cast<float*>(d + 4 * i), f);
+  }
+  f16_to_f32_canonical_scalar(s + 2 * i, d + 4 * i, n - i);
+}
+
 bool host_has_f16c() { return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"); }
 #endif
 
@@ -82,6 +131,22 @@ void f32_to_f16_n(const float* src, void* dst, size_t n, bool allow_hw) {
   if (f16c && allow_hw) return f32_to_f16_f16c(src, dst, n);
 #endif
   f32_to_f16_scalar(src, dst, n);
+}
+
+void f32_to_f16_canonical_n(const void* src, void* dst, size_t n, bool allow_hw) {
+#ifdef NPUSIM_NUMERIC_F16C
+  static const bool f16c = host_has_f16c();
+  if (f16c && allow_hw) return f32_to_f16_canonical_f16c(src, dst, n);
+#endif
+  f32_to_f16_canonical_scalar(src, dst, n);
+}
+
+void f16_to_f32_canonical_n(const void* src, void* dst, size_t n, bool allow_hw) {
+#ifdef NPUSIM_NUMERIC_F16C
+  static const bool f16c = host_has_f16c();
+  if (f16c && allow_hw) return f16_to_f32_canonical_f16c(src, dst, n);
+#endif
+  f16_to_f32_canonical_scalar(src, dst, n);
 }
 
 bool f16_bulk_uses_hardware() {

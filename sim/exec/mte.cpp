@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -116,14 +117,17 @@ struct Nd2Nz {
   void run(ExecContext& ctx) const {
     uint8_t* out = ctx.local.at(Buf::L1, xdst, dst_bytes());
     std::memset(out, 0, dst_bytes());
-    std::vector<uint8_t> row(cols * size);
-    const uint64_t block_bytes = c0 * size;
+    thread_local std::vector<uint8_t> row;  // one GM row, reused across instructions
+    row.resize(cols * size);
+    const uint64_t full_blocks = cols / c0, tail = (cols % c0) * size;
     for (uint64_t r = 0; r < rows; ++r) {
       ctx.gm.read(xsrc + r * src_stride * size, row.data(), row.size());
-      for (uint64_t j = 0; j * c0 < cols; ++j) {
-        uint64_t n = std::min(c0, cols - j * c0) * size;
-        std::memcpy(out + (j * dst_rows + r) * block_bytes, row.data() + j * block_bytes, n);
-      }
+      for (uint64_t j = 0; j < full_blocks; ++j)
+        std::memcpy(out + (j * dst_rows + r) * kBlockBytes, row.data() + j * kBlockBytes,
+                    kBlockBytes);
+      if (tail)
+        std::memcpy(out + (full_blocks * dst_rows + r) * kBlockBytes,
+                    row.data() + full_blocks * kBlockBytes, tail);
     }
   }
 };
@@ -260,18 +264,27 @@ struct Load3d {
       const int64_t kh = int64_t(tap) / g.kw, kw = int64_t(tap) % g.kw;
       const uint64_t valid_c0 = std::min(c0, channels - std::min(channels, c1 * c0));
       const uint8_t* plane = fmap + c1 * h * w * block;
-      int64_t oh = int64_t(m_start) / ow_count, ow = int64_t(m_start) % ow_count;
-      for (uint64_t rr = 0; rr < rows; ++rr) {
-        int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
-        int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
-        if (ih >= 0 && ih < h && iw >= 0 && iw < w)
-          std::memcpy(out + layout::zz_offset(rr, kb * c0, k_blocks, c0) * size,
-                      plane + (ih * w + iw) * block, valid_c0 * size);
-        if (++ow == ow_count) {
-          ow = 0;
-          ++oh;
+      // Row rr of this column block lands at Zz element offset
+      // ((rr / 16) * k_blocks + kb) * 16 * c0 + (rr % 16) * c0, i.e. one 32-byte block.
+      auto dst_of = [&](uint64_t rr) {
+        return out + (((rr / kFractalRows) * k_blocks + kb) * kFractalRows + rr % kFractalRows) *
+                         kBlockBytes;
+      };
+      auto copy_rows = [&](auto bytes) {
+        int64_t oh = int64_t(m_start) / ow_count, ow = int64_t(m_start) % ow_count;
+        for (uint64_t rr = 0; rr < rows; ++rr) {
+          int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
+          int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
+          if (ih >= 0 && ih < h && iw >= 0 && iw < w)
+            std::memcpy(dst_of(rr), plane + (ih * w + iw) * block, bytes);
+          if (++ow == ow_count) {
+            ow = 0;
+            ++oh;
+          }
         }
-      }
+      };
+      if (valid_c0 == c0) copy_rows(std::integral_constant<uint64_t, kBlockBytes>{});
+      else copy_rows(valid_c0 * size);
     }
   }
 };
@@ -413,32 +426,64 @@ struct Fixpipe {
     return c;
   }
 
+  // Rows are converted one at a time into the destination (L0C is never a destination, so the
+  // source cannot change while it is read). A local destination is written in place; a GM one
+  // through a staging buffer (ND: one row, NZ: the whole region, written with one GM write).
   void run(ExecContext& ctx) const {
     const uint64_t m16 = layout::round_up(m, kFractalRows);
     const uint8_t* l0c = ctx.local.at(Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
-    std::vector<uint32_t> row_in(n);
-    std::vector<uint8_t> out(m * n * dsize);
-    for (uint64_t r = 0; r < m; ++r) {
-      for (uint64_t c = 0; c < n; c += kFractalRows) {
-        uint64_t cnt = std::min<uint64_t>(kFractalRows, n - c);
-        std::memcpy(&row_in[c], l0c + layout::l0c_offset(r, c, m16) * 4, cnt * 4);
-      }
-      convert(row_in.data(), out.data() + r * n * dsize);
-    }
+    thread_local std::vector<uint32_t> row_in;  // one row of C as L0C words
+    thread_local std::vector<uint8_t> staging;  // converted values on their way to GM / NZ
+    row_in.resize(n);
+    const uint64_t n_full = n / kFractalRows * kFractalRows;
+    auto gather_row = [&](uint64_t r) {
+      for (uint64_t c = 0; c < n_full; c += kFractalRows)
+        std::memcpy(&row_in[c], l0c + layout::l0c_offset(r, c, m16) * 4, kFractalRows * 4);
+      if (n_full != n)
+        std::memcpy(&row_in[n_full], l0c + layout::l0c_offset(r, n_full, m16) * 4,
+                    (n - n_full) * 4);
+    };
+    const uint64_t row_bytes = n * dsize;
     if (nz2nd) {
-      for (uint64_t r = 0; r < m; ++r)
-        mte::write_bytes(ctx, dst, xdst + r * dst_stride * dsize, out.data() + r * n * dsize,
-                         n * dsize);
+      if (dst != Buf::GM) {
+        for (uint64_t r = 0; r < m; ++r) {
+          gather_row(r);
+          convert(row_in.data(), ctx.local.at(dst, xdst + r * dst_stride * dsize, row_bytes));
+        }
+        return;
+      }
+      staging.resize(row_bytes);
+      for (uint64_t r = 0; r < m; ++r) {
+        gather_row(r);
+        convert(row_in.data(), staging.data());
+        ctx.gm.write(xdst + r * dst_stride * dsize, staging.data(), row_bytes);
+      }
       return;
     }
-    std::vector<uint8_t> nz(dst_extent(), 0);
-    for (uint64_t r = 0; r < m; ++r)
-      for (uint64_t c = 0; c < n; c += c0) {
-        uint64_t cnt = std::min(c0, n - c);
-        std::memcpy(nz.data() + layout::nz_offset(r, c, dst_stride, c0) * dsize,
-                    out.data() + (r * n + c) * dsize, cnt * dsize);
-      }
-    mte::write_bytes(ctx, dst, xdst, nz.data(), nz.size());
+    // NZ: [ceil(n/C0)][dst_stride][C0], zero outside the m x n values.
+    const uint64_t extent = dst_extent();
+    uint8_t* nz;
+    if (dst == Buf::GM) {
+      staging.assign(extent + row_bytes, 0);  // the region, then one converted row
+      nz = staging.data();
+    } else {
+      nz = ctx.local.at(dst, xdst, extent);
+      std::memset(nz, 0, extent);
+      staging.resize(row_bytes);
+    }
+    uint8_t* row_out = dst == Buf::GM ? staging.data() + extent : staging.data();
+    const uint64_t c_full = n / c0 * c0;
+    for (uint64_t r = 0; r < m; ++r) {
+      gather_row(r);
+      convert(row_in.data(), row_out);
+      for (uint64_t c = 0; c < c_full; c += c0)
+        std::memcpy(nz + layout::nz_offset(r, c, dst_stride, c0) * dsize, row_out + c * dsize,
+                    kBlockBytes);
+      if (c_full != n)
+        std::memcpy(nz + layout::nz_offset(r, c_full, dst_stride, c0) * dsize,
+                    row_out + c_full * dsize, (n - c_full) * dsize);
+    }
+    if (dst == Buf::GM) ctx.gm.write(xdst, nz, extent);
   }
 
   void convert(const uint32_t* in, uint8_t* out) const {

@@ -1,5 +1,6 @@
 #include "sim/exec/mte_common.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -9,10 +10,35 @@
 
 namespace npusim::mte {
 
-int Operands::index(const char* name) const {
+Operands::Operands(const IssuedOp& op) : m_op(op), m_desc(op.insn->desc()) {
+  using Row = std::array<CachedField, isa::kMaxFields>;
+  thread_local std::array<Row, isa::kNumOpcodes> cache;
+  m_cache = cache[static_cast<size_t>(op.op())].data();
+}
+
+int Operands::lookup(const char* name) const {
   int i = isa::field_index(m_op.op(), name);
   if (i < 0) fault(fmt::format("internal error: no operand named {}", name));
   return i;
+}
+
+int Operands::index(const char* name) const {
+  // An entry is used only if its field still has this name, so a caller passing a name that is
+  // not a literal (an address later reused for other text) gets a fresh lookup, never a wrong
+  // field.
+  for (int s = 0; s < isa::kMaxFields; ++s) {
+    CachedField& c = m_cache[s];
+    if (c.name == name) {
+      if (std::strcmp(m_desc.fields[c.index].name, name) == 0) return c.index;
+      return c.index = lookup(name);
+    }
+    if (c.name == nullptr) {
+      c.index = lookup(name);
+      c.name = name;
+      return c.index;
+    }
+  }
+  return lookup(name);  // more distinct addresses than fields: no caching
 }
 
 int64_t Operands::raw(const char* name) const { return m_op[index(name)]; }
@@ -20,7 +46,7 @@ int64_t Operands::raw(const char* name) const { return m_op[index(name)]; }
 uint64_t Operands::count(const char* name, uint64_t min) const {
   int i = index(name);
   int64_t v = m_op[i];
-  uint64_t max = isa::field_imm_max(m_op.insn->desc().fields[i].kind);
+  uint64_t max = isa::field_imm_max(m_desc.fields[i].kind);
   if (v < 0 || static_cast<uint64_t>(v) < min || static_cast<uint64_t>(v) > max)
     fault(fmt::format("{} = {} is outside [{}, {}]", name, v, min, max));
   return static_cast<uint64_t>(v);

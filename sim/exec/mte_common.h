@@ -11,11 +11,13 @@
 
 namespace npusim::mte {
 
-// Named operands of one issued instruction. Field names are the ones in isa/isa.def.
+// Named operands of one issued instruction. Field names are the ones in isa/isa.def, passed as
+// string literals: a name's field index is looked up once per opcode and thread, then found by
+// the literal's address (every plan() and execute() reads its operands by name).
 class Operands {
  public:
-  explicit Operands(const IssuedOp& op) : m_op(op) {}
-  const char* mnemonic() const { return m_op.insn->desc().mnemonic; }
+  explicit Operands(const IssuedOp& op);
+  const char* mnemonic() const { return m_desc.mnemonic; }
   // The operand's raw value (register contents or immediate).
   int64_t raw(const char* name) const;
   // A byte address (register contents reinterpreted as unsigned).
@@ -29,8 +31,15 @@ class Operands {
   [[noreturn]] void fault(const std::string& what) const;
 
  private:
+  struct CachedField {
+    const char* name = nullptr;  // the address of the name the caller passed
+    int index = -1;
+  };
   int index(const char* name) const;
+  int lookup(const char* name) const;
   const IssuedOp& m_op;
+  const isa::InstrDesc& m_desc;
+  CachedField* m_cache;  // this opcode's row of the thread's lookup cache, kMaxFields entries
 };
 
 // Faults unless the chip has the data path src->dst ("no data path l0c->ub on chip X").

@@ -2,12 +2,24 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "common/error.h"
 
 namespace npusim {
 
 using isa::Opcode;
+
+namespace {
+// The fault paths, out of line so the hot paths (run for every scalar instruction) need no
+// stack frame for building a message.
+[[noreturn]] __attribute__((noinline, cold)) void fault_not(Opcode op, const char* what) {
+  throw KernelFault(std::string(isa::describe(op).mnemonic) + " is not " + what);
+}
+[[noreturn]] __attribute__((noinline, cold)) void fault_division_by_zero() {
+  throw KernelFault("division by zero");
+}
+}  // namespace
 
 bool is_scalar_alu(Opcode op) {
   switch (op) {
@@ -33,7 +45,7 @@ int64_t scalar_alu(Opcode op, int64_t a, int64_t b) {
     case Opcode::op_mul: return static_cast<int64_t>(ua * ub);
     case Opcode::op_div:
     case Opcode::op_rem: {
-      if (b == 0) throw KernelFault("division by zero");
+      if (b == 0) fault_division_by_zero();
       if (a == std::numeric_limits<int64_t>::min() && b == -1) return op == Opcode::op_div ? a : 0;
       return op == Opcode::op_div ? a / b : a % b;
     }
@@ -45,8 +57,7 @@ int64_t scalar_alu(Opcode op, int64_t a, int64_t b) {
     case Opcode::op_min: return std::min(a, b);
     case Opcode::op_max: return std::max(a, b);
     default:
-      throw KernelFault(std::string(isa::describe(op).mnemonic) +
-                        " is not a scalar ALU instruction");
+      fault_not(op, "a scalar ALU instruction");
   }
 }
 
@@ -57,7 +68,7 @@ bool branch_taken(Opcode op, int64_t a, int64_t b) {
     case Opcode::op_blt: return a < b;
     case Opcode::op_bge: return a >= b;
     default:
-      throw KernelFault(std::string(isa::describe(op).mnemonic) + " is not a conditional branch");
+      fault_not(op, "a conditional branch");
   }
 }
 

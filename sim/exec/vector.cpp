@@ -25,6 +25,7 @@
 #include "common/convert.h"
 #include "common/error.h"
 #include "sim/exec/exec.h"
+#include "sim/exec/f16_bulk.h"
 #include "sim/exec/vector_insn.h"
 #include "sim/exec/vector_ops.h"
 
@@ -76,6 +77,13 @@ void for_each_run(const VecInsn& vi, uint8_t* ub, std::array<const VecOperand*, 
     runs(std::integral_constant<int, kBlockBytes / Widest>{});
 }
 
+// Whether an element function also converts whole runs: F::bulk(src, out, n) writes
+// out[i] = f(element i at src) for i < n (one source operand only).
+template <class F, class = void>
+struct HasBulk : std::false_type {};
+template <class F>
+struct HasBulk<F, std::void_t<decltype(&F::bulk)>> : std::true_type {};
+
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
 // before its destination is written), which lets the compiler vectorise the element loop.
@@ -97,8 +105,13 @@ struct Elementwise {
     using DS = typename Dst::storage;
     constexpr int dsize = sizeof(DS);
     DS out[Run];
-    for (int i = 0; i < Run; ++i)
-      out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
+    if constexpr (HasBulk<F>::value) {
+      static_assert(sizeof...(P) == 1, "bulk element functions take one source");
+      F::bulk(s..., out, Run);
+    } else {
+      for (int i = 0; i < Run; ++i)
+        out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
+    }
     if (active.all(first, Run)) {
       std::memcpy(d, out, sizeof(out));
     } else {
@@ -236,11 +249,36 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
   }
 }
 
+// The f32 <-> f16 conversions of casts, whole runs at a time (f16_bulk.h); element for element
+// the same as convert_element (f32 -> f16 with RoundMode::kRint; f16 -> f32 is exact in every
+// mode).
+struct F32ToF16Rint {
+  uint16_t operator()(uint32_t s) const {
+    return convert_element<Dtype::F16, Dtype::F32>(s, RoundMode::kRint);
+  }
+  static void bulk(const uint8_t* src, uint16_t* out, int n) {
+    f32_to_f16_canonical_n(src, out, static_cast<size_t>(n));
+  }
+};
+struct F16ToF32 {
+  uint32_t operator()(uint16_t s) const {
+    return convert_element<Dtype::F32, Dtype::F16>(s, RoundMode::kRint);
+  }
+  static void bulk(const uint8_t* src, uint32_t* out, int n) {
+    f16_to_f32_canonical_n(src, out, static_cast<size_t>(n));
+  }
+};
+
 template <Dtype To, Dtype From>
 void run_convert(const VecInsn& vi, uint8_t* ub) {
   using DR = Raw<typename Elem<To>::storage>;
   using SR = Raw<typename Elem<From>::storage>;
   const RoundMode m = vi.round;
+  if constexpr (To == Dtype::F16 && From == Dtype::F32) {
+    if (m == RoundMode::kRint) return elementwise<DR, SR>(vi, ub, F32ToF16Rint{});
+  } else if constexpr (To == Dtype::F32 && From == Dtype::F16) {
+    return elementwise<DR, SR>(vi, ub, F16ToF32{});
+  }
   elementwise<DR, SR>(vi, ub,
                       [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
 }

@@ -330,13 +330,18 @@ BankCycles ub_bank_cycles(const VecInsn& vi, const ChipConfig& cfg, uint64_t c, 
   const uint64_t evaluated = std::min(vi.repeats, period);
   const uint64_t full_periods = vi.repeats / period, remainder = vi.repeats % period;
 
-  std::vector<uint32_t> accesses(banks);
+  // Access counts per bank: on the stack for the usual bank counts (plan() runs per instruction).
+  constexpr uint64_t kStackBanks = 128;
+  std::array<uint32_t, kStackBanks> stack_counts;
+  std::vector<uint32_t> heap_counts;
+  if (banks > kStackBanks) heap_counts.resize(banks);
+  uint32_t* const accesses = banks > kStackBanks ? heap_counts.data() : stack_counts.data();
   auto touch = [&](uint64_t a, uint64_t n) {
     for (uint64_t row = a / width; row <= (a + n - 1) / width; ++row) ++accesses[row % banks];
   };
   uint64_t sum_all = 0, sum_remainder = 0;
   for (uint64_t r = 0; r < evaluated; ++r) {
-    std::fill(accesses.begin(), accesses.end(), 0);
+    std::fill(accesses, accesses + banks, 0);
     for (int i = 0; i < vi.num_operands; ++i) {
       const VecOperand& o = vi.operand[i];
       if (o.dense) {
@@ -346,7 +351,7 @@ BankCycles ub_bank_cycles(const VecInsn& vi, const ChipConfig& cfg, uint64_t c, 
           touch(o.addr + r * o.rep_bytes + b * o.blk_bytes, kBlockBytes);
       }
     }
-    uint64_t worst = *std::max_element(accesses.begin(), accesses.end());
+    uint64_t worst = *std::max_element(accesses, accesses + banks);
     uint64_t cycles = factor * std::max<uint64_t>(c, worst);
     sum_all += cycles;
     if (r < remainder) sum_remainder += cycles;
