@@ -22,6 +22,7 @@ using sc_core::sc_time_stamp;
 namespace {
 
 bool g_elaborated = false;  // SystemC elaborates once per process
+constexpr const char* kChipName = "chip";  // the chip module: root of the counter tree
 constexpr uint64_t kPsPerCycle = 1000;
 
 uint64_t ceil_cycles(uint64_t ps) { return (ps + kPsPerCycle - 1) / kPsPerCycle; }
@@ -67,6 +68,7 @@ struct Simulator::Impl {
   SimOptions opts;
   DeviceMemory gm;
   CounterRegistry counters;
+  std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Chip> chip;
 
@@ -107,7 +109,7 @@ Simulator::Simulator(const ChipConfig& cfg, const SimOptions& opts) {
     observers.push_back(m_impl->trace.get());
   }
   try {
-    m_impl->chip = std::make_unique<Chip>("chip", m_impl->cfg, m_impl->gm, m_impl->counters,
+    m_impl->chip = std::make_unique<Chip>(kChipName, m_impl->cfg, m_impl->gm, m_impl->counters,
                                           observers);
     // End elaboration now so that elaboration errors surface here, not in the first run.
     sc_core::sc_start(sc_core::SC_ZERO_TIME);
@@ -124,7 +126,7 @@ DeviceMemory& Simulator::gm() { return m_impl->gm; }
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   Impl& I = *m_impl;
-  const std::vector<uint64_t> base = I.counters.snapshot();
+  I.counters.snapshot(I.launch_base);
   const sc_time start = sc_time_stamp();
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                          I.opts.max_insns_per_block);
@@ -149,8 +151,9 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   r.start_cycle = time_ps(start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);
   r.time_us = I.cfg.cycles_to_us(static_cast<double>(duration_ps) / kPsPerCycle);
-  r.counters = I.counters.dump_since(base, /*changed_only=*/true);
-  if (!r.counters.contains("chip")) r.counters["chip"] = nlohmann::json::object();
+  r.counter_delta = I.counters.delta_since(I.launch_base);
+  r.counter_delta.set_root(kChipName);
+  if (launch.counter_tree) r.counters = r.counter_delta.tree();
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
+#include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
 
 namespace npusim {
@@ -33,6 +34,10 @@ struct KernelLaunch {
   const isa::Program* program = nullptr;
   std::vector<uint64_t> args;  // read by ldarg i (GM addresses or scalar parameters)
   int block_dim = 1;           // number of blocks; block i sees get_block_id == i
+  // Build KernelResult::counters (the JSON tree). false: it stays null and only
+  // KernelResult::counter_delta is filled (what a caller that keeps many launches wants: the
+  // tree of a 72-core chip costs more than a small launch's simulation).
+  bool counter_tree = true;
 };
 
 struct KernelResult {
@@ -43,7 +48,9 @@ struct KernelResult {
   double time_us = 0;           // the same in microseconds at the configured clock
   // Counter tree of this launch (see Simulator::counters) with only the counters that changed:
   // a counter missing from it is 0 (cores that ran no block, idle units, absent stall causes).
+  // Built only if KernelLaunch::counter_tree; counter_delta.tree() gives the same tree.
   nlohmann::json counters;
+  CounterDelta counter_delta;  // the same counters, flat
 };
 
 struct HdcResult {

@@ -249,14 +249,14 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   }
   op.kernel = r.kernel;
   op.task_type = r.program ? task_type_of(*r.program, cfg)
-                           : task_type_from_counters(r.counters, cfg);
+                           : task_type_from_counters(r.counters(), cfg);
   op.stream = r.stream;
   op.start_cycle = r.start_cycle;
   op.cycles = r.cycles;
   op.block_dim = r.block_dim;
   op.mix_block_dim =
       op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic) : 0;
-  op.counters = r.counters;
+  op.counters = r.counters();
   return op;
 }
 

@@ -240,6 +240,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   launch.program = op.program.get();
   launch.args = op.args;
   launch.block_dim = op.block_dim;
+  launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
   const uint64_t extra = m_extra_cycles;
   const auto wall_start = std::chrono::steady_clock::now();
   KernelResult r = m_sim->run(launch);
@@ -259,7 +260,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.wall_us = wall_us;
     rec.ok = r.ok;
     rec.error = r.error;
-    rec.counters = std::move(r.counters);
+    rec.counter_delta = std::move(r.counter_delta);
     rec.sim_start_cycle = r.start_cycle;
     rec.program = op.program;
     rec.label = op.label;

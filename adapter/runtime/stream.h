@@ -13,6 +13,7 @@
 
 #include "adapter/runtime/status.h"
 #include "isa/isa.h"
+#include "sim/counters/counters.h"
 
 namespace npusim::rt {
 
@@ -61,7 +62,10 @@ struct LaunchRecord {
   double wall_us = 0;        // host wall time the simulator took to run it (emulation cost)
   bool ok = false;
   std::string error;         // on failure: the simulator's fault or deadlock report
-  nlohmann::json counters;   // counter tree of this launch (Simulator::counters layout)
+  // Counters of this launch (KernelResult::counter_delta), kept flat; counters() builds the
+  // tree (Simulator::counters layout, only the counters that changed).
+  CounterDelta counter_delta;
+  nlohmann::json counters() const { return counter_delta.tree(); }
   // The simulator's own clock at the start: start_cycle minus the d2d/memset time the runtime
   // models itself (device.h, "Simulated time"). ChipObservers see this clock (in ps).
   uint64_t sim_start_cycle = 0;

@@ -75,7 +75,9 @@ const SectionRun& Chip::prepare_section(const isa::Section& s) {
   auto run = std::make_unique<SectionRun>();
   run->section = &s;
   run->illegal.reserve(s.code.size());
-  for (const isa::Instruction& in : s.code) {
+  run->decoded.assign(s.code.size(), DecodedInsn{});
+  for (size_t pc = 0; pc < s.code.size(); ++pc) {
+    const isa::Instruction& in = s.code[pc];
     if (static_cast<int>(in.op) >= isa::kNumOpcodes) {
       run->illegal.push_back(fmt::format("opcode {} is not in the instruction set",
                                          static_cast<int>(in.op)));
@@ -83,6 +85,16 @@ const SectionRun& Chip::prepare_section(const isa::Section& s) {
     }
     auto why = isa::illegal_operand(in);
     run->illegal.push_back(why ? *why : std::string());
+    if (why) continue;
+    DecodedInsn& d = run->decoded[pc];
+    d.legal = true;
+    d.pipe = in.exec_pipe();
+    const auto& fields = in.desc().fields;
+    for (size_t f = 0; f < fields.size(); ++f) {
+      const isa::FieldKind k = fields[f].kind;
+      if (k == isa::FieldKind::Reg || (isa::field_is_reg_or_imm(k) && in.ops[f].is_reg))
+        d.reg_fields |= 1u << f;
+    }
   }
   m_runs.push_back(std::move(run));
   return *m_runs.back();

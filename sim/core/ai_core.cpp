@@ -1,6 +1,10 @@
 #define SC_INCLUDE_DYNAMIC_PROCESSES
 #include "sim/core/ai_core.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -27,11 +31,44 @@ bool has_pipe_operands(Opcode op) {
   return op == Opcode::op_set_flag || op == Opcode::op_wait_flag;
 }
 
+// A FIFO of at most `capacity` entries in one allocation: a pipe's issue queue never holds more
+// than issue_queue_depth instructions, so pushing and popping need no allocation (a std::deque
+// of IssuedOp allocates a block every few instructions).
+template <typename T>
+class BoundedQueue {
+ public:
+  explicit BoundedQueue(size_t capacity) : m_slots(std::max<size_t>(1, capacity)) {}
+  bool empty() const { return m_size == 0; }
+  size_t size() const { return m_size; }
+  const T& front() const { return m_slots[m_head]; }
+  void push_back(const T& v) {
+    if (m_size == m_slots.size())
+      throw std::logic_error(fmt::format("pipe queue overflow: {} entries", m_size));
+    size_t tail = m_head + m_size;
+    if (tail >= m_slots.size()) tail -= m_slots.size();
+    m_slots[tail] = v;
+    ++m_size;
+  }
+  void pop_front() {
+    if (++m_head == m_slots.size()) m_head = 0;
+    --m_size;
+  }
+  void clear() { m_head = m_size = 0; }
+
+ private:
+  std::vector<T> m_slots;
+  size_t m_head = 0, m_size = 0;
+};
+
+size_t queue_depth(const ChipConfig& cfg) {
+  return static_cast<size_t>(std::max(1, cfg.issue_queue_depth));
+}
+
 }  // namespace
 
 struct AiCore::PipeUnit {
-  PipeUnit(Pipe p, const CounterGroup& g, const AbortSignal& abort)
-      : pipe(p), lane(lane_of(p)), counters(g),
+  PipeUnit(Pipe p, const CounterGroup& g, const AbortSignal& abort, size_t depth)
+      : pipe(p), lane(lane_of(p)), queue(depth), counters(g),
         busy(g.add("busy_cycles", "cycles",
                    "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
@@ -56,7 +93,7 @@ struct AiCore::PipeUnit {
 
   const Pipe pipe;
   const Lane lane;
-  std::deque<IssuedOp> queue;  // issued, not yet started
+  BoundedQueue<IssuedOp> queue;  // issued, not yet started (at most queue_depth())
   bool executing = false;      // an instruction has left the queue and is running
   // When the GM transfers this pipe has issued are complete. A GM instruction occupies the pipe
   // for its bandwidth-limited transfer only; its fixed latency (path start + memory access)
@@ -78,7 +115,8 @@ struct AiCore::PipeUnit {
   Counter* macs = nullptr;
   Counter* repeats = nullptr;
   std::array<Counter*, isa::kNumOpcodes> insn{};
-  std::map<std::pair<isa::Buf, isa::Buf>, Counter*> path_bytes;
+  // "bytes.<src>_to_<dst>" by [src][dst] buffer, registered on first use.
+  std::array<std::array<Counter*, isa::kNumBufs>, isa::kNumBufs> path_bytes{};
 };
 
 AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
@@ -122,6 +160,7 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
         fmt::format("highest byte offset (addr + bytes) any instruction touched in {} ({} bytes)",
                     isa::buf_name(buf), bytes),
         1, CounterKind::kHighWater);
+  for (size_t op = 0; op < m_desc.size(); ++op) m_desc[op] = &isa::describe(Opcode(op));
   m_flag_or_abort |= m_flag_event;
   m_flag_or_abort |= m_abort.event();
   sc_core::sc_spawn_options scalar_opts;
@@ -133,7 +172,8 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
       throw ConfigError(fmt::format("{}: core kind {} lists pipe '{}', which has no queue",
                                     m_cfg.source_file, isa::core_kind_name(kind.kind),
                                     isa::pipe_name(p)));
-    auto unit = std::make_unique<PipeUnit>(p, counters.sub(isa::pipe_name(p)), m_abort);
+    auto unit = std::make_unique<PipeUnit>(p, counters.sub(isa::pipe_name(p)), m_abort,
+                                           queue_depth(m_cfg));
     PipeUnit* u = unit.get();
     m_pipes[static_cast<int>(p)] = std::move(unit);
     m_pipe_list.push_back(u);
@@ -150,10 +190,13 @@ void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_block = block;
   m_subblock = subblock;
   m_assigned = true;
+  m_touched = true;
   m_assign_event.notify(SC_ZERO_TIME);
 }
 
 void AiCore::reset() {
+  if (!m_touched) return;  // nothing ran here since the last reset: the state is still clean
+  m_touched = false;
   for (int b = 0; b < isa::kNumBufs; ++b)
     if (Counter* c = m_buffer_high_water[b]) c->raise_to(m_local->high_water(isa::Buf(b)));
   m_local->reset_high_water();
@@ -163,8 +206,7 @@ void AiCore::reset() {
     u->blocked = {};
     u->complete_at = SC_ZERO_TIME;
   }
-  for (auto& by_dst : m_flags)
-    for (auto& by_id : by_dst) by_id.fill(Flag{});
+  clear_flags();
   for (auto& f : m_cross_core) f.flows.clear();
   m_assigned = m_running = false;
   m_scalar_blocked = {};
@@ -246,10 +288,10 @@ void AiCore::run_block() {
   m_fmatrix = FMatrix{};
   m_l3d = L3dGeom{};
   m_local_time = SC_ZERO_TIME;
-  for (auto& by_dst : m_flags)
-    for (auto& by_id : by_dst) by_id.fill(Flag{});
+  clear_flags();
   const isa::Section& section = *m_run->section;
   const auto& code = section.code;
+  const std::vector<DecodedInsn>& decoded = m_run->decoded;
   const sc_time issue_time = cycles_to_time(m_cfg.scalar_cycles_per_insn);
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_env.observers();
@@ -266,23 +308,25 @@ void AiCore::run_block() {
     if (pc >= code.size())
       throw KernelFault(fmt::format("pc out of range: section {} has {} instructions",
                                     isa::core_kind_name(section.kind), code.size()));
-    if (!m_run->illegal[pc].empty())
-      throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
+    const DecodedInsn& d = decoded[pc];
+    if (!d.legal) throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
     const isa::Instruction& in = code[pc];
-    const sc_time begin = sc_time_stamp() + m_local_time;
+    m_reg_fields = d.reg_fields;
+    // The instruction's start, for observers only (reading the time costs a call).
+    const sc_time begin = observers.empty() ? SC_ZERO_TIME : sc_time_stamp() + m_local_time;
     uint32_t next = pc + 1;
     if (in.op == Opcode::op_end) {
       // The block ends when every pipe has drained; `end` itself takes no issue slot.
       sync_local();
       wait_all_drained();
-      insn_counter(m_scalar_counters, m_scalar_insn, in.op).inc();
+      count_insn(m_scalar_counters, m_scalar_insn, in.op);
       if (!observers.empty()) notify_instruction(Lane::SCALAR, begin, sc_time_stamp(), pc, in);
       return;
     }
-    const Pipe pipe = in.exec_pipe();
+    const Pipe pipe = d.pipe;
     if (pipe == Pipe::S) {
       next = exec_scalar(in, pc);
-      insn_counter(m_scalar_counters, m_scalar_insn, in.op).inc();
+      count_insn(m_scalar_counters, m_scalar_insn, in.op);
     } else {
       issue(in, pc, pipe);
       m_scalar_issued.inc();
@@ -296,11 +340,8 @@ void AiCore::run_block() {
 }
 
 int64_t AiCore::operand(const isa::Instruction& in, int field) const {
-  const isa::Operand& o = in.ops[field];
-  const isa::FieldKind k = in.desc().fields[field].kind;
-  if (k == isa::FieldKind::Reg || (isa::field_is_reg_or_imm(k) && o.is_reg))
-    return m_regs[static_cast<size_t>(o.value)];
-  return o.value;
+  const int64_t v = in.ops[field].value;
+  return (m_reg_fields >> field) & 1u ? m_regs[static_cast<size_t>(v)] : v;
 }
 
 uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
@@ -456,21 +497,22 @@ void AiCore::check_flag_operands(int src, int dst, int id) const {
 }
 
 void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
-  check_pipe_operand(pipe, in.desc().mnemonic);
+  const isa::InstrDesc& desc = *m_desc[static_cast<size_t>(in.op)];
+  check_pipe_operand(pipe, desc.mnemonic);
   if (has_pipe_operands(in.op))
     check_flag_operands(static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),
                         static_cast<int>(in.ops[2].value));
   IssuedOp op;
   op.insn = &in;
   op.pc = pc;
-  const size_t nfields = in.desc().fields.size();
+  const size_t nfields = desc.fields.size();
   for (size_t i = 0; i < nfields; ++i) op.v[i] = operand(in, static_cast<int>(i));
   op.mask = m_mask;
   op.fmatrix = m_fmatrix;
   op.l3d = m_l3d;
   sync_local();
   PipeUnit& u = *pipe_unit(pipe);
-  const size_t depth = static_cast<size_t>(std::max(1, m_cfg.issue_queue_depth));
+  const size_t depth = queue_depth(m_cfg);
   if (u.queue.size() >= depth) {
     const sc_time t0 = sc_time_stamp();
     while (u.queue.size() >= depth) wait_abortable(u.popped_or_abort);
@@ -482,6 +524,13 @@ void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
 
 // ---- flags ----
 
+void AiCore::clear_flags() {
+  if (m_flags_set == 0) return;
+  for (auto& by_dst : m_flags)
+    for (auto& by_id : by_dst) by_id.fill(Flag{});
+  m_flags_set = 0;
+}
+
 void AiCore::set_flag(Lane lane, int src, int dst, int id) {
   Flag& f = m_flags[src][dst][id];
   if (f.set)
@@ -489,6 +538,7 @@ void AiCore::set_flag(Lane lane, int src, int dst, int id) {
                                   "wait_flag in between)", isa::pipe_name(Pipe(src)),
                                   isa::pipe_name(Pipe(dst)), id));
   f.set = true;
+  ++m_flags_set;
   f.flow = m_env.new_flow_id();
   m_flag_event.notify(SC_ZERO_TIME);
   for (ChipObserver* o : m_env.observers()) o->on_flow_begin(m_chip_index, lane, now_ps(), f.flow);
@@ -505,10 +555,12 @@ void AiCore::wait_flag(Lane lane, int src, int dst, int id, Blocked& blocked, ui
     stall.add(time_ps(sc_time_stamp() - t0));
   }
   f.set = false;
+  --m_flags_set;
   for (ChipObserver* o : m_env.observers()) o->on_flow_end(m_chip_index, lane, now_ps(), f.flow);
 }
 
 void AiCore::post_cross_core(int id, uint64_t flow) {
+  m_touched = true;
   m_cross_core[static_cast<size_t>(id)].flows.push_back(flow);
   m_flag_event.notify(SC_ZERO_TIME);
 }
@@ -595,7 +647,8 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
       if (cost.path_src != cost.path_dst && cost.bytes) {
-        Counter*& c = u.path_bytes[{cost.path_src, cost.path_dst}];
+        Counter*& c = u.path_bytes[static_cast<size_t>(cost.path_src)]
+                                  [static_cast<size_t>(cost.path_dst)];
         if (!c) {
           const std::string path = fmt::format("{}->{}", isa::buf_name(cost.path_src),
                                                isa::buf_name(cost.path_dst));
@@ -609,7 +662,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       if (u.repeats) u.repeats->add(cost.vector_repeats);
     }
   }
-  insn_counter(u.counters, u.insn, in.op).inc();
+  count_insn(u.counters, u.insn, in.op);
   if (!m_env.observers().empty())
     notify_instruction(u.lane, start, sc_time_stamp(), op.pc, in);
 }

@@ -85,6 +85,8 @@ class AiCore : public sc_core::sc_module {
   void issue(const isa::Instruction& in, uint32_t pc, isa::Pipe pipe);
   void run_pipe_op(PipeUnit& u, const IssuedOp& op);
   void run_gm_transfer(PipeUnit& u, const ExecCost& cost);
+  // Operand `field` of `in`, the instruction the scalar unit is executing: a register's value or
+  // the immediate (m_reg_fields, decoded once per launch, says which).
   int64_t operand(const isa::Instruction& in, int field) const;
 
   // Flags. set_flag faults if the flag is already set; wait_flag blocks until set, then clears.
@@ -95,6 +97,8 @@ class AiCore : public sc_core::sc_module {
   void wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
                        const isa::Instruction& in, Counter& stall);
   void check_pipe_operand(isa::Pipe p, const char* what) const;
+  // Clears every flag (those set are counted in m_flags_set).
+  void clear_flags();
 
   // Scalar time not yet spent in simulated time (the scalar unit runs ahead of sc_time between
   // instructions that interact with other processes); sync_local() spends it.
@@ -110,6 +114,12 @@ class AiCore : public sc_core::sc_module {
                           uint32_t pc, const isa::Instruction& in);
   Counter& insn_counter(const CounterGroup& group, std::array<Counter*, isa::kNumOpcodes>& cache,
                         isa::Opcode op);
+  // Counts one `op` in its insn.<mnemonic> counter (registered on first use).
+  void count_insn(const CounterGroup& group, std::array<Counter*, isa::kNumOpcodes>& cache,
+                  isa::Opcode op) {
+    Counter* c = cache[static_cast<size_t>(op)];
+    (c ? *c : insn_counter(group, cache, op)).inc();
+  }
 
   const int m_chip_index, m_kind_index;
   const CoreKindConfig& m_kind;
@@ -117,6 +127,9 @@ class AiCore : public sc_core::sc_module {
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
   const std::string m_name;
+  // isa::describe(op) by opcode, looked up once (operand resolution reads it per field).
+  // Indexed only by opcodes SectionRun found legal, which are inside the table.
+  std::array<const isa::InstrDesc*, isa::kNumOpcodes> m_desc{};
   std::unique_ptr<CoreMemory> m_local;  // L1/L0/UB/BT/FB, allocated in functional mode
 
   // Pipes present, indexed by isa::Pipe (S and absent pipes are null).
@@ -134,12 +147,17 @@ class AiCore : public sc_core::sc_module {
   L3dGeom m_l3d;
   sc_core::sc_time m_local_time;
   uint32_t m_pc = 0;
+  uint32_t m_reg_fields = 0;  // DecodedInsn::reg_fields of the instruction being executed
   Blocked m_scalar_blocked;
 
   // Flags [src pipe][dst pipe][id], and cross-core flags by id.
   std::array<std::array<std::array<Flag, kMaxFlagIds>, isa::kNumExecPipes>, isa::kNumExecPipes>
       m_flags{};
   std::array<CrossCoreFlag, kMaxFlagIds> m_cross_core{};
+  int m_flags_set = 0;  // flags in m_flags now set: clearing them is skipped when 0
+  // The core got a block or a cross-core flag since the last reset(): only then has it state
+  // to clear (a launch with few blocks leaves most cores of a large chip untouched).
+  bool m_touched = false;
   sc_core::sc_event m_flag_event;  // any flag or cross-core flag of this core became set
   sc_core::sc_event_or_list m_flag_or_abort;
 

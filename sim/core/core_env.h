@@ -51,11 +51,20 @@ class AbortSignal {
   sc_core::sc_event m_event;
 };
 
+// What the scalar unit needs of one legal instruction, decoded once per launch instead of per
+// execution (the scalar loop of a conv kernel runs millions of instructions).
+struct DecodedInsn {
+  bool legal = false;             // SectionRun::illegal[pc] is ""
+  isa::Pipe pipe = isa::Pipe::S;  // Instruction::exec_pipe()
+  uint32_t reg_fields = 0;        // bit i: field i names a register to read (else an immediate)
+};
+
 // One section of the running program as a core executes it, with the per-instruction legality
-// checks done once per launch (empty string: legal).
+// checks and decoding done once per launch.
 struct SectionRun {
   const isa::Section* section = nullptr;
   std::vector<std::string> illegal;  // per pc: why the instruction is illegal, or ""
+  std::vector<DecodedInsn> decoded;  // per pc; meaningful only where illegal[pc] is ""
 };
 
 struct LaunchInfo {

@@ -20,7 +20,27 @@ std::vector<std::string> split_path(const std::string& name) {
   return parts;
 }
 
+// Writes one leaf {"value", "unit", "desc"} at the counter's path in `tree`.
+void add_leaf(nlohmann::json& tree, const CounterInfo& info, uint64_t value) {
+  nlohmann::json* node = &tree;
+  for (const std::string& part : info.path) node = &(*node)[part];
+  nlohmann::json& leaf = *node;
+  leaf["value"] = value;
+  leaf["unit"] = info.unit;
+  leaf["desc"] = info.desc;
+}
+
 }  // namespace
+
+nlohmann::json CounterDelta::tree() const {
+  if (m_tree) return *m_tree;
+  nlohmann::json tree = nlohmann::json::object();
+  for (const auto& [info, value] : m_values) add_leaf(tree, *info, value);
+  if (!m_root.empty() && !tree.contains(m_root)) tree[m_root] = nlohmann::json::object();
+  return tree;
+}
+
+CounterRegistry::CounterRegistry() : m_info(std::make_shared<std::deque<CounterInfo>>()) {}
 
 Counter& CounterRegistry::add(const std::string& name, const std::string& unit,
                               const std::string& desc, uint64_t scale, CounterKind kind) {
@@ -39,8 +59,8 @@ Counter& CounterRegistry::add(const std::string& name, const std::string& unit,
       throw Error(fmt::format("counter '{}' would be inside counter '{}'", name,
                               name.substr(0, dot)));
   m_index[name] = m_counters.size();
-  m_counters.emplace_back(name, unit, desc, scale, kind);
-  m_paths.push_back(std::move(path));
+  m_info->push_back(CounterInfo{name, std::move(path), unit, desc});
+  m_counters.emplace_back(m_info->back(), scale, kind);
   return m_counters.back();
 }
 
@@ -55,12 +75,25 @@ void CounterRegistry::reset() {
 
 std::vector<uint64_t> CounterRegistry::snapshot() const {
   std::vector<uint64_t> raw;
-  raw.reserve(m_counters.size());
+  snapshot(raw);
+  return raw;
+}
+
+void CounterRegistry::snapshot(std::vector<uint64_t>& raw) const {
+  raw.resize(m_counters.size());
+  size_t i = 0;
   for (const Counter& c : m_counters) {
-    raw.push_back(c.m_raw);
+    raw[i++] = c.m_raw;
     c.m_window = 0;
   }
-  return raw;
+}
+
+uint64_t CounterRegistry::reported_since(size_t i, const std::vector<uint64_t>& base) const {
+  const Counter& c = m_counters[i];
+  if (c.m_kind == CounterKind::kHighWater) return c.report(base.empty() ? c.m_raw : c.m_window);
+  // After a reset() the raw value may be below the base: count from zero then.
+  const uint64_t from = i < base.size() && base[i] <= c.m_raw ? base[i] : 0;
+  return c.report(c.m_raw - from);
 }
 
 nlohmann::json CounterRegistry::dump() const { return dump_since({}); }
@@ -69,21 +102,28 @@ nlohmann::json CounterRegistry::dump_since(const std::vector<uint64_t>& base,
                                            bool changed_only) const {
   nlohmann::json tree = nlohmann::json::object();
   for (size_t i = 0; i < m_counters.size(); ++i) {
-    const Counter& c = m_counters[i];
-    // After a reset() the raw value may be below the base: count from zero then.
-    uint64_t from = i < base.size() && base[i] <= c.m_raw ? base[i] : 0;
-    uint64_t raw = c.m_raw - from;
-    if (c.m_kind == CounterKind::kHighWater) raw = base.empty() ? c.m_raw : c.m_window;
-    const uint64_t value = c.report(raw);
+    const uint64_t value = reported_since(i, base);
     if (changed_only && value == 0) continue;
-    nlohmann::json* node = &tree;
-    for (const std::string& part : m_paths[i]) node = &(*node)[part];
-    nlohmann::json& leaf = *node;
-    leaf["value"] = value;
-    leaf["unit"] = c.m_unit;
-    leaf["desc"] = c.m_desc;
+    add_leaf(tree, (*m_info)[i], value);
   }
   return tree;
+}
+
+CounterDelta CounterRegistry::delta_since(const std::vector<uint64_t>& base) const {
+  CounterDelta d;
+  d.m_keep = m_info;
+  // Most counters of a large chip did not move in a launch: test the raw growth first and
+  // compute the reported value (a division) only for those that did.
+  auto info = m_info->cbegin();
+  size_t i = 0;
+  for (auto c = m_counters.cbegin(); c != m_counters.cend(); ++c, ++info, ++i) {
+    const bool moved = c->m_kind == CounterKind::kHighWater
+                           ? (base.empty() ? c->m_raw : c->m_window) != 0
+                           : c->m_raw != (i < base.size() ? base[i] : 0);
+    if (!moved) continue;
+    if (const uint64_t value = reported_since(i, base)) d.m_values.emplace_back(&*info, value);
+  }
+  return d;
 }
 
 Counter& CounterGroup::get_or_add(const std::string& name, const std::string& unit,

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,14 +20,21 @@ namespace npusim {
 // largest value seen, e.g. the highest byte offset of a buffer any instruction touched).
 enum class CounterKind { kSum, kHighWater };
 
+// What a counter is, apart from its value: its name (and the name split at '.'), its unit and
+// description. Immutable once registered; Counter and CounterDelta refer to it.
+struct CounterInfo {
+  std::string name;
+  std::vector<std::string> path;
+  std::string unit, desc;
+};
+
 // One counter. It accumulates a raw integer; the reported value is raw / scale rounded to the
 // nearest integer (time counters accumulate picoseconds and report cycles, scale 1000).
 class Counter {
  public:
-  Counter(std::string name, std::string unit, std::string desc, uint64_t scale,
-          CounterKind kind = CounterKind::kSum)
-      : m_name(std::move(name)), m_unit(std::move(unit)), m_desc(std::move(desc)),
-        m_scale(scale), m_kind(kind) {}
+  // `info` is owned by the registry and outlives the counter.
+  Counter(const CounterInfo& info, uint64_t scale, CounterKind kind = CounterKind::kSum)
+      : m_info(&info), m_scale(scale), m_kind(kind) {}
   void add(uint64_t raw) { m_raw += raw; }
   void inc() { ++m_raw; }
   // High-water counters: raw = max(raw, v); also raises the maximum since the last snapshot.
@@ -38,13 +47,15 @@ class Counter {
   // The reported value of a raw amount of this counter.
   uint64_t report(uint64_t raw) const { return (raw + m_scale / 2) / m_scale; }
   uint64_t value() const { return report(m_raw); }
-  const std::string& name() const { return m_name; }
-  const std::string& unit() const { return m_unit; }
-  const std::string& desc() const { return m_desc; }
+  const std::string& name() const { return m_info->name; }
+  const std::string& unit() const { return m_info->unit; }
+  const std::string& desc() const { return m_info->desc; }
 
  private:
   friend class CounterRegistry;
-  std::string m_name, m_unit, m_desc;
+  // Only the value and what reporting it needs live here: a registry scans every counter per
+  // launch (snapshot, delta_since), so counters are kept small and dense.
+  const CounterInfo* m_info;
   uint64_t m_scale;
   CounterKind m_kind;
   uint64_t m_raw = 0;
@@ -52,8 +63,37 @@ class Counter {
   mutable uint64_t m_window = 0;
 };
 
+// A launch's counter growth stored flat: (counter, reported value) for each counter whose
+// reported value is nonzero, in registration order. tree() builds the JSON tree that
+// CounterRegistry::dump_since(base, changed_only = true) gives, so a launch pays for the tree
+// only when someone reads it. A delta keeps the counters' descriptions alive by itself: it may be
+// copied to and read on any thread, also after the registry is gone (the registry only appends
+// descriptions, never moves or changes them).
+class CounterDelta {
+ public:
+  CounterDelta() = default;
+  // A delta that is a ready tree (records built by hand, e.g. in tests); tree() returns it.
+  explicit CounterDelta(nlohmann::json tree)
+      : m_tree(std::make_shared<const nlohmann::json>(std::move(tree))) {}
+  // {"chip": {"aic0": {"mte2": {"busy_cycles": {"value", "unit", "desc"}}}}}; with a root set
+  // (set_root), that top-level group is present even if empty.
+  nlohmann::json tree() const;
+  // The top-level group tree() always contains (the Simulator's "chip").
+  void set_root(std::string root) { m_root = std::move(root); }
+  // Number of counters that changed (of a ready tree: 0).
+  size_t size() const { return m_values.size(); }
+
+ private:
+  friend class CounterRegistry;
+  std::shared_ptr<const void> m_keep;  // the registry's description store
+  std::vector<std::pair<const CounterInfo*, uint64_t>> m_values;
+  std::shared_ptr<const nlohmann::json> m_tree;
+  std::string m_root;
+};
+
 class CounterRegistry {
  public:
+  CounterRegistry();
   // Registers a counter; throws npusim::Error on an empty or duplicate name, or one that would
   // make a counter an interior node of the tree (or the reverse). The reference stays valid for
   // the registry's lifetime.
@@ -68,6 +108,8 @@ class CounterRegistry {
   // Raw values of all counters, in registration order (for dump_since). Also starts a new window
   // for every high-water counter (see dump_since).
   std::vector<uint64_t> snapshot() const;
+  // The same into `raw` (reusing its storage: no allocation once it has grown).
+  void snapshot(std::vector<uint64_t>& raw) const;
   // The tree: {"chip": {"aic0": {"mte2": {"busy_cycles": {"value", "unit", "desc"}}}}}.
   // A high-water counter reports its maximum since construction or reset().
   nlohmann::json dump() const;
@@ -78,10 +120,16 @@ class CounterRegistry {
   // only the cores and units that worked: a few hundred leaves instead of thousands on a large
   // chip, which is most of a small launch's wall time). Readers treat a missing counter as 0.
   nlohmann::json dump_since(const std::vector<uint64_t>& base, bool changed_only = false) const;
+  // dump_since(base, true) as a flat delta: the same counters and values, no tree built.
+  CounterDelta delta_since(const std::vector<uint64_t>& base) const;
 
  private:
+  // Counter i's growth since base, as reported (dump_since's rules).
+  uint64_t reported_since(size_t i, const std::vector<uint64_t>& base) const;
+
   std::deque<Counter> m_counters;                   // stable addresses
-  std::deque<std::vector<std::string>> m_paths;     // each counter's name split at '.'
+  // Each counter's description, in registration order; shared with the deltas that name it.
+  std::shared_ptr<std::deque<CounterInfo>> m_info;
   std::map<std::string, size_t> m_index;            // name -> position
 };
 

@@ -69,7 +69,7 @@ rt::LaunchRecord launch(const std::string& kernel, uint64_t start, uint64_t cycl
   r.sim_start_cycle = start;
   r.cycles = cycles;
   r.ok = true;
-  r.counters = {{"chip", std::move(chip)}};
+  r.counter_delta = CounterDelta(json{{"chip", std::move(chip)}});
   r.label = std::move(l);
   return r;
 }

@@ -147,8 +147,8 @@ TEST_CASE("a faulting kernel returns kernel_fault naming it; the stream and devi
       CHECK(r.cycles > 0);
       CHECK(r.time_us == Approx(r.cycles / dev->config().clock_mhz).epsilon(1e-3));
       CHECK(r.block_dim == 4);
-      CHECK(r.counters.is_object());
-      CHECK(r.counters.contains("chip"));
+      CHECK(r.counters().is_object());
+      CHECK(r.counters().contains("chip"));
     }
   }
   CHECK(faults == 1);

@@ -54,3 +54,66 @@ TEST_CASE("dump_since reports growth after a snapshot; reset zeroes") {
   CHECK(reg.dump()["chip"]["launches"]["value"] == 0);
   CHECK(reg.dump_since(base)["chip"]["launches"]["value"] == 0);
 }
+
+TEST_CASE("delta_since holds the changed counters flat; its tree is dump_since's") {
+  CounterRegistry reg;
+  Counter& busy = reg.add("chip.aic0.mte2.busy_cycles", "cycles", "busy", 1000);
+  Counter& idle = reg.add("chip.aic1.mte2.busy_cycles", "cycles", "busy", 1000);
+  Counter& tiny = reg.add("chip.aic0.m.busy_cycles", "cycles", "busy", 1000);
+  Counter& hwm =
+      reg.add("chip.aic0.buffer.ub.high_water", "bytes", "hwm", 1, CounterKind::kHighWater);
+  Counter& launches = reg.add("chip.launches", "launches", "launches");
+  busy.add(1000);
+  idle.add(3000);
+  hwm.raise_to(512);
+  std::vector<uint64_t> base;
+  reg.snapshot(base);
+  CHECK(base == std::vector<uint64_t>{1000, 3000, 0, 512, 0});
+  busy.add(2500);     // 2.5 cycles: reported 3
+  tiny.add(400);      // 0.4 cycles: reported 0, so left out like an unchanged counter
+  hwm.raise_to(256);  // the window since the snapshot: 256
+  launches.inc();
+  Counter& later = reg.add("chip.hbm.read_bytes", "bytes", "read");  // after the snapshot
+  later.add(64);
+  const CounterDelta d = reg.delta_since(base);
+  CHECK(d.size() == 4);  // busy, hwm, launches, later; not idle (unchanged) nor tiny (0)
+  const nlohmann::json expected = {
+      {"chip",
+       {{"aic0",
+         {{"mte2", {{"busy_cycles", {{"value", 3}, {"unit", "cycles"}, {"desc", "busy"}}}}},
+          {"buffer",
+           {{"ub", {{"high_water", {{"value", 256}, {"unit", "bytes"}, {"desc", "hwm"}}}}}}}}},
+        {"launches", {{"value", 1}, {"unit", "launches"}, {"desc", "launches"}}},
+        {"hbm", {{"read_bytes", {{"value", 64}, {"unit", "bytes"}, {"desc", "read"}}}}}}}};
+  CHECK(d.tree() == expected);
+  CHECK(reg.dump_since(base, /*changed_only=*/true) == expected);
+}
+
+TEST_CASE("a delta outlives its registry") {
+  CounterDelta kept;
+  {
+    CounterRegistry scoped;
+    Counter& c = scoped.add("chip.launches", "launches", "launches run");
+    const auto base = scoped.snapshot();
+    c.inc();
+    kept = scoped.delta_since(base);
+  }
+  CHECK(kept.tree() ==
+        nlohmann::json({{"chip",
+                         {{"launches",
+                           {{"value", 1}, {"unit", "launches"}, {"desc", "launches run"}}}}}}));
+}
+
+TEST_CASE("a delta's root group is present even when nothing changed") {
+  CounterRegistry reg;
+  reg.add("chip.launches", "launches", "");
+  const auto base = reg.snapshot();
+  CounterDelta d = reg.delta_since(base);
+  CHECK(d.size() == 0);
+  CHECK(d.tree() == nlohmann::json::object());
+  d.set_root("chip");
+  CHECK(d.tree() == nlohmann::json({{"chip", nlohmann::json::object()}}));
+  // A delta made from a ready tree returns it as is.
+  const nlohmann::json t = {{"chip", {{"x", 1}}}};
+  CHECK(CounterDelta(t).tree() == t);
+}

@@ -77,7 +77,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
       }
-      if (with_counters) e["counters"] = r.counters;
+      if (with_counters) e["counters"] = r.counters();
       j.push_back(std::move(e));
     }
   }
