@@ -1,13 +1,17 @@
 """Benchmark of compiled TensorFlow ops on the 910B-like chip (issue: "Kernel compiler and host
 runtime"), as op calls through `npusim op` (no TensorFlow needed).
 
-Runs MatMul 4096^3 fp16, the Conv2D layers of ResNet-50 at batch 32 (NHWC, fp16) and a large
-element-wise op, in timing-only mode by default, and prints per op: simulated time, cube
-utilisation, achieved HBM bandwidth, the op's roofline bound from the config, the ratio
-simulated / roofline, compile time and wall time. Writes benchmarks/results/ops.json.
+Runs MatMul 4096^3 fp16, the Conv2D layers of ResNet-50 at batch 32 (NHWC, fp16), a large
+element-wise op and large reductions / softmax, in timing-only mode by default, and prints per
+op: simulated time, cube utilisation, achieved HBM bandwidth, the op's roofline bound from the
+config, the ratio simulated / roofline, compile time and wall time. Writes
+benchmarks/results/ops.json.
 
 Targets (printed as PASS/MISS, not asserted): MatMul and the 3x3 convolutions reach at least
-70 % of cube peak; element-wise ops reach at least 70 % of the HBM bound (roofline ratio <= 1/0.7).
+70 % of cube peak; element-wise ops reach at least 70 % of the HBM bound (roofline ratio <=
+1/0.7). Reductions and softmax are memory-bound too; their fraction of the HBM bound is printed
+(INFO) against the same 70 %, which the issue does not set for them (docs/compiler.md says what
+holds them back).
 
 Usage: .venv/bin/python benchmarks/bench_ops.py [--npusim build/npusim] [--chip 910b]
        [--functional] [--only NAME_SUBSTRING] [--out FILE]
@@ -43,6 +47,14 @@ WORKLOADS = [
     conv("res5 3x3 512->512 @7", 32, 7, 7, 512, 3, 512, 1),
     {"name": "AddV2 f16 8192x8192", "op": "AddV2", "kind": "elementwise",
      "inputs": ["f16:8192x8192", "f16:8192x8192"], "attrs": []},
+    # Reductions and row kernels are memory-bound like element-wise ops: one HBM read of the
+    # input dominates; measured against the same roofline.
+    {"name": "Sum f16 8192x8192 axis1", "op": "Sum", "kind": "memory_bound",
+     "inputs": ["f16:8192x8192"], "attrs": ["axes=[1]"]},
+    {"name": "Sum f16 8192x8192 axis0", "op": "Sum", "kind": "memory_bound",
+     "inputs": ["f16:8192x8192"], "attrs": ["axes=[0]"]},
+    {"name": "Softmax f16 8192x8192", "op": "Softmax", "kind": "memory_bound",
+     "inputs": ["f16:8192x8192"], "attrs": []},
 ]
 
 
@@ -92,10 +104,11 @@ def main():
             ok = r["cube_utilization_pct"] >= 70
             print(f"{'PASS' if ok else 'MISS'} {r['workload']}: cube {r['cube_utilization_pct']:.1f}% "
                   f"(target >= 70%)")
-        if r["kind"] == "elementwise":
+        if r["kind"] in ("elementwise", "memory_bound"):
             frac = 1 / r["roofline_ratio"] if r["roofline_ratio"] else 0
-            print(f"{'PASS' if frac >= 0.7 else 'MISS'} {r['workload']}: {100 * frac:.0f}% of the "
-                  f"roofline (HBM) bound (target >= 70%)")
+            verdict = ("PASS" if frac >= 0.7 else "MISS") if r["kind"] == "elementwise" else "INFO"
+            print(f"{verdict} {r['workload']}: {100 * frac:.0f}% of the roofline (HBM) bound "
+                  f"({'target' if verdict != 'INFO' else 'element-wise target'} >= 70%)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -183,6 +185,23 @@ void check_arg(const std::string& op, DataType dt, const std::vector<int64_t>& s
   check_close(r.outputs[0].values, want, 0, 0, op);
 }
 
+// The integer after `phrase` in the summary of the kernel launch whose name contains `kernel`
+// (-1 if absent): the tiling the compiler chose, to check that a case really runs several
+// steps per core.
+int64_t plan_number(const std::string& op, DataType dt, const std::vector<int64_t>& shape,
+                    const std::map<std::string, compiler::AttrValue>& attrs, const std::string& kernel,
+                    const std::string& phrase) {
+  auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, shape}}, attrs),
+                             sim().config());
+  for (const auto& l : k.launches) {
+    if (l.summary.find(kernel) == std::string::npos) continue;
+    std::smatch m;
+    if (std::regex_search(l.summary, m, std::regex(phrase + " ([0-9]+)")))
+      return std::stoll(m[1].str());
+  }
+  return -1;
+}
+
 }  // namespace
 
 TEST_CASE("reductions over the trailing axis (rows)") {
@@ -235,6 +254,50 @@ TEST_CASE("long reductions: streamed rows and parts over the cores") {
   // Rows 8 MiB apart: farther than a strided copy's gap reaches, loaded one by one.
   check_reduce("Sum", DataType::F32, {2, 2097160}, {0}, false, seed++);
   check_reduce("Sum", DataType::F16, {32, 45000}, {1}, false, seed++);  // two chunks per row
+}
+
+// The kernels are double-buffered (ping/pong UB copies, vector_rows.h PingPong): cases with many
+// groups, chunks or row loads per core and odd remainders, so that both copies are used, a
+// copy is reused after the other, and the last step is partial.
+TEST_CASE("double-buffered reductions: many steps per core, odd remainders") {
+  uint32_t seed = 400;
+  const std::map<std::string, compiler::AttrValue> rows_axis{{"axes", std::vector<int64_t>{1}}};
+  // Rows kernel: each core's rows take three groups of 16 rows of 1000 (checked from the plan),
+  // the last core's rows are a partial group.
+  const ChipConfig& cfg = sim().config();
+  const int64_t cores =
+      cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count;
+  const std::vector<int64_t> rows_shape{40 * cores + 7, 1000};
+  const int64_t per = plan_number("Sum", DataType::F16, rows_shape, rows_axis, "rows", "blocks of");
+  const int64_t group =
+      plan_number("Sum", DataType::F16, rows_shape, rows_axis, "rows", "groups of");
+  INFO("rows per core " << per << ", rows per group " << group);
+  REQUIRE(group > 0);
+  CHECK(per > 2 * group);
+  check_reduce("Sum", DataType::F16, rows_shape, {1}, false, seed++);
+  check_reduce("Mean", DataType::F32, {1001, 77}, {1}, false, seed++);
+  check_reduce("Max", DataType::BF16, {613, 250}, {-1}, true, seed++);
+  check_reduce("Prod", DataType::F32, {501, 37}, {1}, false, seed++);
+  check_arg("ArgMax", DataType::F16, {777, 250}, 1, DataType::S32, seed++, 40);
+  check_arg("ArgMin", DataType::F32, {333, 129}, 1, DataType::S64, seed++, 40);
+  // Streamed rows: many chunks per row (odd count, partial last chunk), several rows per core.
+  const std::vector<int64_t> long_shape{9, 100003};
+  const int64_t chunk =
+      plan_number("Sum", DataType::F16, long_shape, rows_axis, "", "chunks of");
+  INFO("chunk " << chunk);
+  REQUIRE(chunk > 0);
+  CHECK(100003 / chunk >= 3);
+  check_reduce("Sum", DataType::F16, long_shape, {1}, false, seed++);
+  check_reduce("Min", DataType::F32, {7, 40001}, {1}, false, seed++);
+  check_arg("ArgMax", DataType::BF16, {5, 30007}, 1, DataType::S32, seed++, 1000);
+  // Columns: many row loads per output tile and several tiles per core.
+  check_reduce("Sum", DataType::F16, {3001, 517}, {0}, false, seed++);
+  check_reduce("Mean", DataType::F32, {2999, 130}, {0}, false, seed++);
+  check_reduce("Max", DataType::F32, {5, 1999, 67}, {1}, false, seed++);
+  check_arg("ArgMin", DataType::F16, {3001, 45}, 0, DataType::S32, seed++, 500);
+  // Split over the cores: parts (with indices for Arg), then a columns launch combines them.
+  check_reduce("Sum", DataType::F32, {200001}, {0}, false, seed++);
+  check_arg("ArgMax", DataType::F32, {150001}, 0, DataType::S32, seed++, 100000);
 }
 
 TEST_CASE("empty reductions and zero-size outputs") {

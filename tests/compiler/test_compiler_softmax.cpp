@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
@@ -214,6 +215,43 @@ TEST_CASE("long rows streamed through the UB (rows starting inside a block)") {
   check_xent(DataType::F16, {18, 9999}, {18, 9999}, seed++);
   check_sparse(DataType::BF16, 6, 30522, DataType::S32, seed++);
   check_sparse(DataType::F32, 37, 8191, DataType::S64, seed++, true);
+}
+
+// The kernels are double-buffered (ping/pong UB copies, vector_rows.h PingPong): several groups
+// (or windows) per core with odd remainders, so both copies are used and reused.
+TEST_CASE("double-buffered softmax family: many groups and windows per core") {
+  uint32_t seed = 300;
+  // Resident groups: 200 rows of 500 bf16 are several groups of 16 rows per core on tiny.
+  {
+    auto k = compiler::compile(
+        make_op("Softmax", {compiler::TensorDesc{DataType::BF16, {203, 500}}}), sim().config());
+    REQUIRE(k.launches.size() == 1);
+    INFO(k.launches[0].summary);
+    CHECK(k.launches[0].summary.find("groups of") != std::string::npos);  // resident
+    CHECK(k.launches[0].summary.find("windows of") == std::string::npos);  // not streamed
+    CHECK(k.launches[0].summary.find("double-buffered") != std::string::npos);
+  }
+  // Rows of whole blocks too long for 16 at a time but fitting alone: one row resident per step
+  // (~10 rows per core on tiny, so both copies are used and reused).
+  using Case = std::tuple<const char*, DataType, int64_t>;
+  for (const auto& [op, dt, C] : {Case{"Softmax", DataType::F16, 8192},
+                                  Case{"LogSoftmax", DataType::F32, 4096}}) {
+    auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, {37, C}}}), sim().config());
+    REQUIRE(k.launches.size() == 1);
+    INFO(k.launches[0].summary);
+    CHECK(k.launches[0].summary.find("one row resident") != std::string::npos);
+  }
+  check_softmax("Softmax", DataType::F16, {37, 8192}, seed++);
+  check_softmax("LogSoftmax", DataType::F32, {37, 4096}, seed++);
+  check_softmax("Softmax", DataType::BF16, {3, 2048}, seed++);  // fewer rows than cores
+  check_softmax("LogSoftmax", DataType::F32, {61, 3001}, seed++);
+  check_softmax("Softmax", DataType::BF16, {203, 500}, seed++);
+  check_softmax("LogSoftmax", DataType::F16, {1001, 33}, seed++);
+  check_xent(DataType::F16, {99, 1000}, {99, 1000}, seed++);
+  check_sparse(DataType::F32, 45, 999, DataType::S32, seed++, true);
+  // Streamed: many windows per row and rows per core.
+  check_softmax("Softmax", DataType::F32, {6, 70001}, seed++);
+  check_xent(DataType::BF16, {5, 40003}, {5, 40003}, seed++);
 }
 
 TEST_CASE("Softmax: zero-size and bad inputs") {

@@ -42,6 +42,9 @@
 //     piece's accumulator, which is converted and copied into the tile from its block-aligned
 //     start with an exact end (the head block's foreign lanes are rewritten by the piece before
 //     it, which is computed next).
+// All three are double-buffered (vector_rows.h PingPong): two UB copies of what MTE2 loads and
+// of what MTE3 stores, so loads of the next group / chunk / row group and the store of the last
+// results overlap the vector work; rows and streamed chunks are also software-pipelined.
 // Few outputs and a long R: R is split into parts over the cores (first pass: partial results
 // of every (output, part) in f32/s32 in the workspace, and for Arg their indices), then the
 // columns kernel reduces the parts. Arg with output_type s64: the indices are computed as s32
@@ -199,23 +202,23 @@ class ReduceKernel {
   }
 
   // The results of `count` outputs from `index` on: values (ct, dense) and, for Arg, indices
-  // (s32, dense). Between sync.wait_out_free() (before the values were computed) and the
-  // stores: finalises, then stores what the kernel outputs.
-  void store_results(StepSync& sync, const Reg& index, const Reg& count, uint64_t vals,
+  // (s32, dense), in output copy q. Between sync.wait_out_free(q) (before the values were
+  // computed) and the stores: finalises, then stores what the kernel outputs.
+  void store_results(PingPong& sync, int q, const Reg& index, const Reg& count, uint64_t vals,
                      uint64_t idx, uint64_t divvec, uint64_t out_tmp) {
     if (!m_s.arg) {
       const uint64_t v = finalize(vals, count, divvec, out_tmp);
-      sync.out_ready();
+      sync.out_ready(q);
       store(m_out, index, v, count, isz(value_out_type(m_s)));
     } else if (m_s.partial_idx) {
-      sync.out_ready();
+      sync.out_ready(q);
       store(m_out, index, vals, count, isz(m_s.ct));
       store(m_out1, index, idx, count, isz(Dtype::S32));
     } else {
-      sync.out_ready();
+      sync.out_ready(q);
       store(m_out, index, idx, count, isz(Dtype::S32));
     }
-    sync.stored();
+    sync.stored(q);
   }
 
   Launch finish(int block_dim, std::string summary) {
@@ -249,7 +252,6 @@ struct Budget {
 // The Arg scratch of a lane-accumulator kernel for up to `rows` rows.
 void arg_budget(Budget& u, int64_t rows) {
   u.add(rows * kSlotBytes);                                  // index slots
-  u.add(rows * kLaneBytes);                                  // dense values
   u.add(rows * kBlock);                                      // replicated values
   u.add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
   u.add(static_cast<int64_t>(alt_pattern_bytes(rows)));
@@ -258,14 +260,13 @@ void arg_budget(Budget& u, int64_t rows) {
 }
 
 struct ArgBuffers {
-  uint64_t acc_idx = 0, dense_val = 0, iota64 = 0, t64 = 0;
+  uint64_t acc_idx = 0, iota64 = 0, t64 = 0;  // dense values: the kernel's ping/pong copies
   ArgScratch s;
 };
 
 ArgBuffers alloc_arg(KernelBuilder& b, int64_t rows) {
   ArgBuffers a;
   a.acc_idx = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kSlotBytes), "index slots");
-  a.dense_val = b.alloc(Buf::UB, static_cast<uint64_t>(rnd(rows * kLaneBytes)), "row maxima");
   a.s.rep = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kBlock), "replicated row values");
   a.s.replicate = b.alloc(Buf::UB, replicate_scratch_bytes(rows), "replicate scratch");
   a.s.alt = b.alloc(Buf::UB, alt_pattern_bytes(rows), "alternating pattern");
@@ -296,11 +297,13 @@ std::optional<RowsPlan> plan_rows(const KernelSpec& s, uint64_t ub, int64_t core
   p.block_dim = static_cast<int>(ceil_div(s.outer, p.per));
   auto bytes = [&](int64_t rows) {
     Budget u;
-    u.add(rows * s.R * isz(s.in_type));                     // input rows
+    for (int q = 0; q < 2; ++q) {                           // ping and pong copies
+      u.add(rows * s.R * isz(s.in_type));                   // input rows
+      u.add(rows * kLaneBytes * 2);                         // dense, product scratch / indices
+      u.add(rows * isz(s.out_type));                        // converted output
+    }
     if (s.in_type != s.ct || s.square) u.add(rows * s.R * kLaneBytes);  // widened
     u.add(rows * kSlotBytes);                               // lane slots
-    u.add(rows * kLaneBytes * 2);                           // dense, product scratch / indices
-    u.add(rows * isz(s.out_type));                          // converted output
     if (s.divisor > 0) u.add(rows * kLaneBytes);
     if (s.arg) arg_budget(u, rows);
     return u.total;
@@ -320,67 +323,81 @@ Launch build_rows(const KernelSpec& s, const RowsPlan& p, const ChipConfig& cfg)
   const int64_t G = p.group, g = L.rows;
   k.begin();
   const bool separate_x = s.in_type != s.ct || s.square;
-  const uint64_t in_buf = b.alloc(Buf::UB, rnd(G * s.R * isz(s.in_type)), "input rows");
-  const uint64_t x = separate_x ? b.alloc(Buf::UB, rnd(G * s.R * kLaneBytes), "widened rows")
-                                : in_buf;
+  // Double-buffered: the input rows, and everything MTE3 stores (dense values, Arg indices,
+  // converted outputs), have a ping and a pong copy; the widened rows and the lane slots are
+  // V's alone.
+  const Twin in_buf = alloc_twin(b, rnd(G * s.R * isz(s.in_type)), "input rows");
+  const uint64_t xw = separate_x ? b.alloc(Buf::UB, rnd(G * s.R * kLaneBytes), "widened rows") : 0;
   const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t dense = b.alloc(Buf::UB, rnd(G * kLaneBytes), "one value per row");
-  const uint64_t tmp = b.alloc(Buf::UB, rnd(G * kLaneBytes), "product lanes / indices");
-  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(G * isz(s.out_type)), "output values");
+  const Twin dense = alloc_twin(b, rnd(G * kLaneBytes), "one value per row");
+  const Twin tmp = alloc_twin(b, rnd(G * kLaneBytes), "product lanes / indices");
+  const Twin out_tmp = alloc_twin(b, rnd(G * isz(s.out_type)), "output values");
   const uint64_t divvec =
       s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
   ArgBuffers ab;
   if (s.arg) ab = alloc_arg(b, G);
   k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
-  StepSync sync(b);
+  PingPong sync(b);
 
-  Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
-  k.block_range(r, end, p.per, s.outer);
-  Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), rows_s = b.reg("slots");
-  Label top = b.label("group"), done = b.label("groups_done");
-  b.bind(top);
-  b.branch(ge(r, end), done);
-  {
-    KernelBuilder::Origin o(b, "load a group of rows");
+  Reg r0 = b.reg("first row of the block"), end = b.reg("end of this block's rows");
+  k.block_range(r0, end, p.per, s.outer);
+  Reg steps = b.reg("groups of this block");
+  b.sub(steps, end, r0);
+  b.add(steps, steps, G - 1);
+  b.div(steps, steps, G);
+  // Group t: rows r .. r + rows - 1 (r = r0 + t * G), in whole super-rows.
+  Reg r = b.reg("first row of the group"), rows = b.reg("rows in the group");
+  Reg supers = b.reg("super-rows"), rows_s = b.reg("slots");
+  auto group = [&](const Reg& t) {
+    b.mul_add(r, t, G, r0);
     b.sub(rows, end, r);
     b.min(rows, rows, G);
     b.add(supers, rows, g - 1);
     b.shr(supers, supers, log2i(g));
     b.mul(rows_s, supers, g);
-    sync.wait_load_free();
-    Reg src = b.reg("source"), blocks = b.reg("blocks");
-    b.mul_add(src, r, s.R * isz(s.in_type), k.in());
-    count_blocks(b, blocks, rows, s.R * isz(s.in_type));
-    b.emit(Opcode::op_copy_gm2ub, {in_buf, src, 1, blocks, 0, 0}, "load the group's rows");
-    sync.loaded();
-  }
-  {
-    Reg n = b.reg("lanes");
-    b.mul(n, supers, L.lanes);
-    k.widen(x, in_buf, n);
-  }
-  if (separate_x) sync.release_load();
-  const RowGroup grp{&L, x, &supers, &rows_s};
-  if (s.arg) {
-    rows_to_lanes_arg(b, grp, s.is_max, s.ct, acc, ab.acc_idx, ab.iota64, ab.t64, ab.s.bits);
-    if (!separate_x) sync.release_load();
-    sync.wait_out_free();
-    lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, rows_s, ab.dense_val, tmp, ab.s);
-    k.store_results(sync, r, rows, ab.dense_val, tmp, divvec, out_tmp);
-  } else {
-    rows_to_lanes(b, grp, s.combine, s.ct, acc);
-    if (!separate_x) sync.release_load();
-    sync.wait_out_free();
-    lanes_reduce(b, s.combine, s.ct, acc, rows_s, dense, tmp);
-    k.store_results(sync, r, rows, dense, 0, divvec, out_tmp);
-  }
-  b.add(r, r, G);
-  b.jmp(top);
-  b.bind(done);
+  };
+  sync.pipeline(
+      steps,
+      [&](const Reg& t, int q) {
+        KernelBuilder::Origin o(b, "load a group of rows");
+        group(t);
+        sync.wait_load_free(q);
+        Reg src = b.reg("source"), blocks = b.reg("blocks");
+        b.mul_add(src, r, s.R * isz(s.in_type), k.in());
+        count_blocks(b, blocks, rows, s.R * isz(s.in_type));
+        b.emit(Opcode::op_copy_gm2ub, {in_buf[q], src, 1, blocks, 0, 0}, "load the group's rows");
+        sync.load_done(q);
+      },
+      [&](const Reg& t, int q) {
+        const uint64_t x = separate_x ? xw : in_buf[q];
+        group(t);
+        sync.wait_loaded(q);
+        {
+          Reg n = b.reg("lanes");
+          b.mul(n, supers, L.lanes);
+          k.widen(x, in_buf[q], n);
+        }
+        if (separate_x) sync.release_load(q);
+        const RowGroup grp{&L, x, &supers, &rows_s};
+        if (s.arg) {
+          rows_to_lanes_arg(b, grp, s.is_max, s.ct, acc, ab.acc_idx, ab.iota64, ab.t64,
+                            ab.s.bits);
+          if (!separate_x) sync.release_load(q);
+          sync.wait_out_free(q);
+          lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, rows_s, dense[q], tmp[q], ab.s);
+          k.store_results(sync, q, r, rows, dense[q], tmp[q], divvec, out_tmp[q]);
+        } else {
+          rows_to_lanes(b, grp, s.combine, s.ct, acc);
+          if (!separate_x) sync.release_load(q);
+          sync.wait_out_free(q);
+          lanes_reduce(b, s.combine, s.ct, acc, rows_s, dense[q], tmp[q]);
+          k.store_results(sync, q, r, rows, dense[q], 0, divvec, out_tmp[q]);
+        }
+      });
   sync.drain();
   return k.finish(p.block_dim,
                   fmt::format("{}: rows {} x {} of {}, {} blocks of {} rows, groups of {} rows "
-                              "({} per super-row)",
+                              "({} per super-row), double-buffered",
                               s.name, s.outer, s.R, isa::dtype_name(s.in_type), p.block_dim,
                               p.per, G, g));
 }
@@ -405,14 +422,17 @@ StreamPlan plan_stream(const KernelSpec& s, uint64_t ub, int64_t cores) {
   p.group = std::min(kMaxGroupRows / q * q, p.per);
   Budget u;
   u.add(p.group * kSlotBytes);
-  u.add(p.group * kLaneBytes * 2);
-  u.add(p.group * isz(s.out_type));
+  for (int q = 0; q < 2; ++q) {  // ping and pong copies of what MTE3 stores
+    u.add(p.group * kLaneBytes * 2);
+    u.add(p.group * isz(s.out_type));
+  }
   if (s.divisor > 0) u.add(p.group * kLaneBytes);
   if (s.arg) arg_budget(u, p.group);
   const bool separate_x = s.in_type != s.ct || s.square;
-  const int64_t per_elem = isz(s.in_type) + (separate_x ? kLaneBytes : 0);
+  // Per chunk element: two copies of the loaded chunk, one widened.
+  const int64_t per_elem = 2 * isz(s.in_type) + (separate_x ? kLaneBytes : 0);
   const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
-                       2 * static_cast<int64_t>(kSlack);
+                       3 * static_cast<int64_t>(kSlack);
   p.chunk = std::min(left / per_elem / kLanes32 * kLanes32, round_up(part_len(s), kLanes32));
   p.chunk = std::min(p.chunk, kMaxBurst * kBlock / isz(s.in_type) / kLanes32 * kLanes32);
   if (p.chunk < kLanes32)
@@ -427,17 +447,19 @@ Launch build_stream(const KernelSpec& s, const StreamPlan& p, const ChipConfig& 
   const int64_t G = p.group, T = p.chunk;
   k.begin();
   const bool separate_x = s.in_type != s.ct || s.square;
-  const uint64_t in_buf = b.alloc(Buf::UB, rnd(T * isz(s.in_type)), "input chunk");
-  const uint64_t x = separate_x ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened chunk") : in_buf;
+  // Double-buffered: chunks alternate between two input copies (load parity), groups between
+  // two copies of what MTE3 stores (output parity).
+  const Twin in_buf = alloc_twin(b, rnd(T * isz(s.in_type)), "input chunk");
+  const uint64_t xw = separate_x ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened chunk") : 0;
   const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t dense = b.alloc(Buf::UB, rnd(G * kLaneBytes), "one value per row");
-  const uint64_t tmp = b.alloc(Buf::UB, rnd(G * kLaneBytes), "product lanes / indices");
-  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(G * isz(s.out_type)), "output values");
+  const Twin dense = alloc_twin(b, rnd(G * kLaneBytes), "one value per row");
+  const Twin tmp = alloc_twin(b, rnd(G * kLaneBytes), "product lanes / indices");
+  const Twin out_tmp = alloc_twin(b, rnd(G * isz(s.out_type)), "output values");
   const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
   ArgBuffers ab;
   if (s.arg) ab = alloc_arg(b, G);
   k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
-  StepSync sync(b);
+  PingPong sync(b);
 
   Reg u0 = b.reg("first unit of the group"), end = b.reg("end of this block's units");
   k.block_range(u0, end, p.per, s.outer * s.split);
@@ -459,70 +481,89 @@ Launch build_stream(const KernelSpec& s, const StreamPlan& p, const ChipConfig& 
     }
   }
   {
-    Reg j = b.reg("unit in the group");
-    b.for_range(j, 0, ug, 1, [&] {
-      KernelBuilder::Origin o(b, "one row (or part of a row)");
-      Reg start = b.reg("first element"), len = b.reg("elements"), off = b.reg("part offset");
-      {
-        // unit u = u0 + j: row u / split, part u % split.
-        Reg u = b.reg("unit"), row = b.reg("row");
-        b.add(u, u0, j);
-        b.div(row, u, s.split);
-        b.mul(off, row, s.split);
-        b.sub(off, u, off);
-        b.mul(off, off, part_len(s));
-        b.movi(len, s.R);
-        b.sub(len, len, off);
-        b.min(len, len, part_len(s));
-        b.mul(start, row, s.R);
-        b.add(start, start, off);
-      }
-      Reg slot = b.reg("lane slot"), islot = b.reg("index slot");
-      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-      if (s.arg) b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(ab.acc_idx));
-      Reg c = b.reg("chunk start");
-      b.for_range(c, 0, len, T, [&] {
-        Reg n = b.reg("chunk elements");
-        b.sub(n, len, c);
-        b.min(n, n, T);
-        sync.wait_load_free();
-        {
-          Reg src = b.reg("source"), blocks = b.reg("blocks");
-          b.add(src, start, c);
-          b.mul_add(src, src, isz(s.in_type), k.in());
-          count_blocks(b, blocks, n, isz(s.in_type));
-          b.emit(Opcode::op_copy_gm2ub, {in_buf, src, 1, blocks, 0, 0}, "load a chunk");
-        }
-        sync.loaded();
-        k.widen(x, in_buf, n);
-        if (s.arg) {
-          KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
-          Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
-          Reg src = b.reg("lanes address");
-          b.for_range(kk, 0, n, kLanes32, [&] {
-            b.sub(cnt, n, kk);
-            b.min(cnt, cnt, kLanes32);
-            b.add(i0, off, c);
-            b.add(i0, i0, kk);
-            b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
-            lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, ab.iota64, ab.t64,
-                           ab.s.bits);
+    // Steps: (unit j of the group, chunk c of its row or part), cpu chunks per unit (a part
+    // shorter than part_len, the row's last, skips its missing chunks on both sides).
+    const int64_t cpu = ceil_div(part_len(s), T);
+    Reg steps = b.reg("chunks of the group");
+    b.mul(steps, ug, cpu);
+    Reg j = b.reg("unit in the group"), c = b.reg("chunk start"), n = b.reg("chunk elements");
+    Reg start = b.reg("first element"), off = b.reg("part offset");
+    auto chunk = [&](const Reg& t) {
+      KernelBuilder::Origin o(b, "one chunk of a row (or part of a row)");
+      Reg u = b.reg("unit"), row = b.reg("row");
+      b.div(j, t, cpu);
+      b.mul(c, j, cpu);
+      b.sub(c, t, c);
+      b.mul(c, c, T);
+      // unit u = u0 + j: row u / split, part u % split; n = min(len - c, T).
+      b.add(u, u0, j);
+      b.div(row, u, s.split);
+      b.mul(off, row, s.split);
+      b.sub(off, u, off);
+      b.mul(off, off, part_len(s));
+      b.movi(n, s.R);
+      b.sub(n, n, off);
+      b.min(n, n, part_len(s));
+      b.sub(n, n, c);
+      b.min(n, n, T);
+      b.mul(start, row, s.R);
+      b.add(start, start, off);
+    };
+    sync.pipeline(
+        steps,
+        [&](const Reg& t, int q) {
+          chunk(t);
+          b.if_(ge(n, 1), [&] {
+            sync.wait_load_free(q);
+            Reg src = b.reg("source"), blocks = b.reg("blocks");
+            b.add(src, start, c);
+            b.mul_add(src, src, isz(s.in_type), k.in());
+            count_blocks(b, blocks, n, isz(s.in_type));
+            b.emit(Opcode::op_copy_gm2ub, {in_buf[q], src, 1, blocks, 0, 0}, "load a chunk");
+            sync.load_done(q);
           });
-        } else {
-          fold_into_slot(b, s.combine, s.ct, x, n, slot);
-        }
-        sync.release_load();
-      });
-    });
+        },
+        [&](const Reg& t, int q) {
+          chunk(t);
+          b.if_(ge(n, 1), [&] {
+            const uint64_t x = separate_x ? xw : in_buf[q];
+            Reg slot = b.reg("lane slot");
+            b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
+            sync.wait_loaded(q);
+            k.widen(x, in_buf[q], n);
+            if (separate_x) sync.release_load(q);
+            if (s.arg) {
+              KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
+              Reg islot = b.reg("index slot");
+              b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(ab.acc_idx));
+              Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
+              Reg src = b.reg("lanes address");
+              b.for_range(kk, 0, n, kLanes32, [&] {
+                b.sub(cnt, n, kk);
+                b.min(cnt, cnt, kLanes32);
+                b.add(i0, off, c);
+                b.add(i0, i0, kk);
+                b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
+                lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, ab.iota64, ab.t64,
+                               ab.s.bits);
+              });
+            } else {
+              fold_into_slot(b, s.combine, s.ct, x, n, slot);
+            }
+            if (!separate_x) sync.release_load(q);
+          });
+        });
   }
-  sync.wait_out_free();
-  if (s.arg) {
-    lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, ug, ab.dense_val, tmp, ab.s);
-    k.store_results(sync, u0, ug, ab.dense_val, tmp, divvec, out_tmp);
-  } else {
-    lanes_reduce(b, s.combine, s.ct, acc, ug, dense, tmp);
-    k.store_results(sync, u0, ug, dense, 0, divvec, out_tmp);
-  }
+  sync.out_step([&](int q) {
+    sync.wait_out_free(q);
+    if (s.arg) {
+      lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, ug, dense[q], tmp[q], ab.s);
+      k.store_results(sync, q, u0, ug, dense[q], tmp[q], divvec, out_tmp[q]);
+    } else {
+      lanes_reduce(b, s.combine, s.ct, acc, ug, dense[q], tmp[q]);
+      k.store_results(sync, q, u0, ug, dense[q], 0, divvec, out_tmp[q]);
+    }
+  });
   b.add(u0, u0, G);
   b.jmp(top);
   b.bind(done);
@@ -562,8 +603,10 @@ ColumnPlan plan_columns(const KernelSpec& s, uint64_t ub, int64_t cores) {
        p.width = round_up(p.width / 2, og)) {
     p.pitch = round_up(p.width, std::max<int64_t>(gin, kBlockLanes32));
     Budget u;
-    u.add(p.width * isz(value_out_type(s)));
-    if (s.partial_idx) u.add(p.width * kLaneBytes);
+    for (int q = 0; q < 2; ++q) {  // ping and pong output tiles
+      u.add(p.width * isz(value_out_type(s)));
+      if (s.partial_idx) u.add(p.width * kLaneBytes);
+    }
     u.add(p.pitch * kLaneBytes);                       // accumulator
     if (s.arg) {
       u.add(p.pitch * kLaneBytes * 2);                 // index accumulator, row indices
@@ -571,10 +614,11 @@ ColumnPlan plan_columns(const KernelSpec& s, uint64_t ub, int64_t cores) {
     }
     u.add(p.pitch * isz(s.out_type));
     if (s.divisor > 0) u.add(p.pitch * kLaneBytes);
-    const int64_t per_row = p.pitch * (isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
-                                       (s.idx_input ? kLaneBytes : 0));
+    // Per loaded row: two copies of the input (and index) lanes, one widened.
+    const int64_t per_row = p.pitch * (2 * isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
+                                       (s.idx_input ? 2 * kLaneBytes : 0));
     const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
-                         3 * static_cast<int64_t>(kSlack);
+                         5 * static_cast<int64_t>(kSlack);
     p.rows = std::min(left / per_row, rows_max);
     if (p.rows >= 1) break;
     if (p.width == og)
@@ -601,14 +645,14 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
   const int64_t og = kBlock / osz;
   const int64_t plen = part_len(s);
   k.begin();
-  const uint64_t staging = b.alloc(Buf::UB, rnd(W * osz), "output tile");
-  const uint64_t staging_idx =
-      s.partial_idx ? b.alloc(Buf::UB, rnd(W * kLaneBytes), "index tile") : 0;
-  const uint64_t in_buf = b.alloc(Buf::UB, rnd(Gr * Pc * is), "input rows");
-  const uint64_t idx_buf =
-      s.idx_input ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "input indices") : 0;
-  const uint64_t x =
-      separate_x(s) ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "widened rows") : in_buf;
+  // Double-buffered: output tiles alternate between two staging copies (output parity), row
+  // groups between two input copies (load parity); the widened rows and accumulators are V's.
+  const Twin staging = alloc_twin(b, rnd(W * osz), "output tile");
+  const Twin staging_idx = alloc_twin(b, s.partial_idx ? rnd(W * kLaneBytes) : 0, "index tile");
+  const Twin in_buf = alloc_twin(b, rnd(Gr * Pc * is), "input rows");
+  const Twin idx_buf = alloc_twin(b, s.idx_input ? rnd(Gr * Pc * kLaneBytes) : 0, "input indices");
+  const uint64_t xw =
+      separate_x(s) ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "widened rows") : 0;
   const uint64_t acc = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "accumulator");
   uint64_t acc_idx = 0, rvec = 0, bits = 0;
   if (s.arg) {
@@ -619,7 +663,7 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
   const uint64_t out_tmp = b.alloc(Buf::UB, rnd(Pc * isz(s.out_type)), "output values");
   const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "divisor") : 0;
   k.prologue(divvec, Pc, nullptr, 0, 0);
-  StepSync sync(b);
+  PingPong sync(b);
 
   Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
   k.block_range(q0, qend, p.per, out_elems(s));
@@ -627,7 +671,8 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
   b.for_range(c0, q0, qend, W, [&] {
     b.add(c1, c0, W);
     b.min(c1, c1, qend);
-    sync.wait_out_free();
+    sync.out_step([&](int oq) {
+    sync.wait_out_free(oq);
     Reg u = b.reg("piece: unit (outer index, part)"), ulo = b.reg("first unit of the tile");
     b.sub(u, c1, 1);
     b.div(u, u, s.inner);
@@ -681,7 +726,9 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
         Reg n = b.reg("rows in the group");
         b.sub(n, nrows, r);
         b.min(n, n, Gr);
-        sync.wait_load_free();
+        sync.load_step([&](int q) {
+        const uint64_t x = separate_x(s) ? xw : in_buf[q];
+        sync.wait_load_free(q);
         // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements, into
         // buf + kk * Pc elements.
         auto load = [&](uint64_t buf, const Reg& gm, int esz) {
@@ -718,13 +765,13 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
             });
           }
         };
-        load(in_buf, k.in(), is);
-        if (s.idx_input) load(idx_buf, k.idx_in(), kLaneBytes);
-        sync.loaded();
+        load(in_buf[q], k.in(), is);
+        if (s.idx_input) load(idx_buf[q], k.idx_in(), kLaneBytes);
+        sync.loaded(q);
         {
           Reg cnt = b.reg("lanes of the group");
           b.mul(cnt, n, Pc);
-          k.widen(x, in_buf, cnt);
+          k.widen(x, in_buf[q], cnt);
         }
         if (s.arg) {
           KernelBuilder::Origin oa(b, "rows in order into the accumulator");
@@ -733,7 +780,7 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
           b.for_range(kk, 0, n, 1, [&] {
             b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
             if (s.idx_input) {
-              b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf));
+              b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf[q]));
             } else {
               b.add(ri, row0, r);
               b.add(ri, ri, kk);
@@ -767,7 +814,8 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
           b.bind(folded);
           vec_binary(b, combine_opcode(s.combine), s.ct, acc, acc, x, lanes);
         }
-        sync.release_load();
+        sync.release_load(q);
+        });
       });
       // The piece into the tile: from its block-aligned start, exact end.
       Reg dst = b.reg("tile position");
@@ -775,15 +823,15 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
       b.sub(dst, dst, ph);
       if (s.arg && !s.partial_idx) {
         Reg d = b.reg("address");
-        b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging));
+        b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging[oq]));
         vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
       } else {
         const uint64_t v = s.arg ? acc : k.finalize(acc, lanes, divvec, out_tmp);
         Reg d = b.reg("address");
-        b.mul_add(d, dst, osz, static_cast<int64_t>(staging));
+        b.mul_add(d, dst, osz, static_cast<int64_t>(staging[oq]));
         vec_copy_bits(b, osz, d, v, lanes);
         if (s.partial_idx) {
-          b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging_idx));
+          b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging_idx[oq]));
           vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
         }
       }
@@ -791,12 +839,13 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
     b.sub(u, u, 1);
     b.jmp(top);
     b.bind(done);
-    sync.out_ready();
+    sync.out_ready(oq);
     Reg cnt = b.reg("tile elements");
     b.sub(cnt, c1, c0);
-    k.store(k.out(), c0, staging, cnt, osz);
-    if (s.partial_idx) k.store(k.out1(), c0, staging_idx, cnt, kLaneBytes);
-    sync.stored();
+    k.store(k.out(), c0, staging[oq], cnt, osz);
+    if (s.partial_idx) k.store(k.out1(), c0, staging_idx[oq], cnt, kLaneBytes);
+    sync.stored(oq);
+    });
   });
   sync.drain();
   return k.finish(p.block_dim,
@@ -806,8 +855,9 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
                               s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
                                           : std::string(),
                               p.block_dim, p.per, W, Gr, Pc,
-                              p.row_loads ? ", row by row"
-                                          : fmt::format(", strided copies of every {}th row",
+                              p.row_loads ? ", row by row, double-buffered"
+                                          : fmt::format(", strided copies of every {}th row, "
+                                                            "double-buffered",
                                                         p.classes)));
 }
 

@@ -21,11 +21,13 @@
 //
 // Kernel: rows grouped into super-rows (vector_rows.h) resident in the UB: one copy per group
 // in, max / sum per row through the lane accumulator, per-row values replicated back onto the
-// row's lanes, one copy out. Rows too long for a group of 16 in the UB are streamed instead
-// (three passes over GM per row: max, sum of exponentials, outputs), each core taking a range of
-// rows whose first row starts on a 32-byte block in every tensor; output rows that start inside
-// a block get the block's head (the end of the previous row, kept from that row) copied in
-// before the block is written, so every block is written once and whole.
+// row's lanes, one copy out; double-buffered (vector_rows.h PingPong: the next group loads
+// while this one computes, and is stored while the next computes). A group is whole super-rows
+// and whole 32-byte blocks of rows (8 or 16). Rows too long for that are streamed instead, also
+// double-buffered (three passes over GM per row: max, sum of exponentials, outputs), each core
+// taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
+// that start inside a block get the block's head (the end of the previous row, kept from that
+// row) copied in before the block is written, so every block is written once and whole.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -160,22 +162,22 @@ uint64_t rows_bytes(const Spec& s, int64_t rows) {
   auto add = [&](int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
   const int64_t n = rows * s.C;
   const bool conv = s.t != Dtype::F32;
-  add(n * s.size());                     // features as loaded
-  if (conv) add(n * kLaneBytes);         // widened
-  add(n * s.size());                     // output rows
-  if (s.kind != Kind::kSoftmax) add(n * kLaneBytes);  // exponentials
-  if (s.kind == Kind::kXent) {
-    add(n * s.size());
-    if (conv) add(n * kLaneBytes);
+  for (int q = 0; q < 2; ++q) {          // ping and pong copies (PingPong)
+    add(n * s.size());                   // features as loaded
+    add(n * s.size());                   // output rows
+    if (s.kind == Kind::kXent) add(n * s.size());  // labels as loaded
+    if (s.xent()) add(rows * s.size());  // loss
+    if (s.kind == Kind::kSparseXent) add(rows * kLaneBytes);  // labels
   }
+  if (conv) add(n * kLaneBytes);         // widened
+  if (s.kind != Kind::kSoftmax) add(n * kLaneBytes);  // exponentials
+  if (s.kind == Kind::kXent && conv) add(n * kLaneBytes);
   add(rows * kSlotBytes);                // lane slots
   add(rows * kLaneBytes * 3);            // dense values
   add(rows * kBlock);                    // replicated
   add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
   add(static_cast<int64_t>(alt_pattern_bytes(rows)));
-  if (s.xent()) add(rows * s.size());    // loss
   if (s.kind == Kind::kSparseXent) {
-    add(rows * kLaneBytes);              // labels
     add(rows * kBlock);                  // replicated labels
     add(rows * kSlotBytes);              // span scratch
     add(rows * 8 * 2);                   // compare bits
@@ -188,7 +190,11 @@ std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
   RowsPlan p;
   const int64_t granule = kBlock / s.size();
   p.layout = SuperRowLayout::make(s.C, granule);
-  const int64_t q = std::max<int64_t>(p.layout.rows, granule);  // also the s32 labels' 8
+  // Rows per step: whole super-rows and whole 32-byte blocks of a per-row output (the loss; also
+  // the s32 labels' 8). Softmax / LogSoftmax would only need whole super-rows, but a group of
+  // very few long rows costs one instruction per 64-lane span and pass (rows_to_lanes,
+  // rows_bcast): such rows are faster streamed (a few counter-mode instructions per chunk).
+  const int64_t q = std::max<int64_t>(p.layout.rows, granule);
   p.per = round_up(ceil_div(s.rows, cores), q);
   p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
   for (int64_t g = std::min(kMaxGroupRows / q * q, p.per); g >= q; g -= q)
@@ -209,15 +215,19 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
   b.begin_section(kind);
   Launch launch;
   Args args = declare_args(b, s, launch);
-  const uint64_t raw_x = b.alloc(Buf::UB, rnd(n * sz), "features");
-  const uint64_t x = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened features") : raw_x;
-  const uint64_t out = b.alloc(Buf::UB, rnd(n * sz), "output rows");
+  // Double-buffered (PingPong, loads and stores in lockstep): what MTE2 loads (features,
+  // labels) and what MTE3 stores (output rows, loss) have a ping and a pong copy; the widened
+  // rows, exponentials and per-row values are V's alone.
+  const Twin raw_x = alloc_twin(b, rnd(n * sz), "features");
+  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened features") : 0;
+  const Twin out = alloc_twin(b, rnd(n * sz), "output rows");
   const uint64_t e =
       s.kind != Kind::kSoftmax ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "exponentials") : 0;
-  uint64_t raw_y = 0, y = 0;
+  Twin raw_y;
+  uint64_t yw = 0;
   if (s.kind == Kind::kXent) {
-    raw_y = b.alloc(Buf::UB, rnd(n * sz), "labels");
-    y = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened labels") : raw_y;
+    raw_y = alloc_twin(b, rnd(n * sz), "labels");
+    yw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened labels") : 0;
   }
   const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
   const uint64_t d0 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
@@ -226,11 +236,12 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
   const uint64_t rep = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated");
   const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
   const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const uint64_t loss_out = s.xent() ? b.alloc(Buf::UB, rnd(G * sz), "loss") : 0;
-  uint64_t lbl = 0, rep_lbl = 0, span = 0, bits = 0, bits2 = 0;
+  const Twin loss_out = alloc_twin(b, s.xent() ? rnd(G * sz) : 0, "loss");
+  uint64_t rep_lbl = 0, span = 0, bits = 0, bits2 = 0;
+  Twin lbl;
   SparseConsts k;
   if (s.kind == Kind::kSparseXent) {
-    lbl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "labels");
+    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
     rep_lbl = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated labels");
     span = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "span scratch");
     bits = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
@@ -238,7 +249,7 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
     k = alloc_sparse_consts(b, s.C);
   }
   fill_alt_pattern(b, alt, G);
-  StepSync sync(b);
+  PingPong sync(b);
 
   Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
   {
@@ -249,38 +260,52 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
     b.min(end, end, s.rows);
   }
   Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), slots = b.reg("slots");
-  Reg lanes = b.reg("lanes of the group");
-  Label top = b.label("group"), done = b.label("groups_done");
-  b.bind(top);
-  b.branch(ge(r, end), done);
-  b.sub(rows, end, r);
-  b.min(rows, rows, G);
-  b.add(supers, rows, g - 1);
-  b.shr(supers, supers, log2i(g));
-  b.mul(slots, supers, g);
-  b.mul(lanes, supers, L.lanes);
-  {
+  Reg lanes = b.reg("lanes of the group"), r0 = b.reg("first row of the block");
+  Reg steps = b.reg("groups of this block");
+  b.mov(r0, r);
+  b.sub(steps, end, r0);
+  b.add(steps, steps, G - 1);
+  b.div(steps, steps, G);
+  // Group t: rows r .. r + rows - 1, r = r0 + t * G.
+  auto group = [&](const Reg& t) {
+    b.mul_add(r, t, G, r0);
+    b.sub(rows, end, r);
+    b.min(rows, rows, G);
+    b.add(supers, rows, g - 1);
+    b.shr(supers, supers, log2i(g));
+    b.mul(slots, supers, g);
+    b.mul(lanes, supers, L.lanes);
+  };
+  sync.pipeline(steps, [&](const Reg& t, int q) {
     KernelBuilder::Origin o(b, "load the group");
-    sync.wait_load_free();
+    group(t);
+    sync.wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
     count_blocks(b, blocks, rows, s.C * sz);
     b.mul_add(src, r, s.C * sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x, src, 1, blocks, 0, 0}, "features");
+    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
     if (s.kind == Kind::kXent) {
       b.mul_add(src, r, s.C * sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y, src, 1, blocks, 0, 0}, "labels");
+      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
     if (s.kind == Kind::kSparseXent) {
       count_blocks(b, blocks, rows, kLaneBytes);
       b.mul_add(src, r, kLaneBytes, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {lbl, src, 1, blocks, 0, 0}, "labels");
+      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
     }
-    sync.loaded();
-  }
+    sync.load_done(q);
+  }, [&](const Reg& t, int q) {
+  const uint64_t x = conv ? xw : raw_x[q];
+  const uint64_t y = s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q];
+  group(t);
+  sync.wait_loaded(q);
   if (conv) {
-    vec_convert(b, Dtype::F32, s.t, x, raw_x, RoundMode::kRint, lanes);
-    if (s.kind == Kind::kXent) vec_convert(b, Dtype::F32, s.t, y, raw_y, RoundMode::kRint, lanes);
+    vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, lanes);
+    if (s.kind == Kind::kXent) vec_convert(b, Dtype::F32, s.t, y, raw_y[q], RoundMode::kRint, lanes);
   }
+  // The load copy is free once widened (sparse labels are read to the end).
+  const bool early_release = conv && s.kind != Kind::kSparseXent;
+  if (early_release) sync.release_load(q);
   const RowGroup gx{&L, x, &supers, &slots};
   const uint64_t ex = s.kind == Kind::kSoftmax ? x : e;
   const RowGroup ge_{&L, ex, &supers, &slots};
@@ -296,8 +321,8 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
   rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep);
   vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
   row_reduce(ge_, Combine::kSum, d0);
-  sync.wait_out_free();
-  const uint64_t result = conv ? x : out;  // where the f32 output rows are computed
+  sync.wait_out_free(q);
+  const uint64_t result = conv ? x : out[q];  // where the f32 output rows are computed
   switch (s.kind) {
     case Kind::kSoftmax:
       replicate(d0, rep);
@@ -325,7 +350,7 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
       replicate(d0, rep);
       rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
       // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
-      replicate_rows(b, lbl, slots, rep_lbl, scratch, alt);
+      replicate_rows(b, lbl[q], slots, rep_lbl, scratch, alt);
       {
         KernelBuilder::Origin o(b, "one-hot of the labels");
         Reg n64 = b.reg("slot lanes");
@@ -362,46 +387,181 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
       }
       lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, d0, d2);
       vec_binary(b, Opcode::op_vsub, Dtype::F32, d1, d1, d0, slots);  // loss
-      label_validity(b, k, lbl, slots, bits, bits2, d0);
+      label_validity(b, k, lbl[q], slots, bits, bits2, d0);
       vec_binary(b, Opcode::op_vadd, Dtype::F32, d1, d1, d0, slots);
       replicate(d0, rep);
       rows_bcast(b, ge_, Opcode::op_vadd, Dtype::F32, rep);
       break;
     }
   }
-  sync.release_load();
+  if (!early_release) sync.release_load(q);
   // Output rows (and loss) in the output type.
   const uint64_t rows_f32 = s.xent() ? e : result;
   if (conv || s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, out, rows_f32, RoundMode::kRint, lanes);
-    else vec_copy_bits(b, kLaneBytes, out, rows_f32, lanes);
+    if (conv) vec_convert(b, s.t, Dtype::F32, out[q], rows_f32, RoundMode::kRint, lanes);
+    else vec_copy_bits(b, kLaneBytes, out[q], rows_f32, lanes);
   }
   if (s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out, d1, RoundMode::kRint, slots);
-    else vec_copy_bits(b, kLaneBytes, loss_out, d1, slots);
+    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[q], d1, RoundMode::kRint, slots);
+    else vec_copy_bits(b, kLaneBytes, loss_out[q], d1, slots);
   }
-  sync.out_ready();
+  sync.out_ready(q);
   {
     Reg dst = b.reg("destination"), blocks = b.reg("blocks");
     b.mul_add(dst, r, s.C * sz, args.y);
     count_blocks(b, blocks, rows, s.C * sz);
-    b.emit(Opcode::op_copy_ub2gm, {dst, out, 1, blocks, 0, 0}, "output rows");
+    b.emit(Opcode::op_copy_ub2gm, {dst, out[q], 1, blocks, 0, 0}, "output rows");
     if (s.xent()) {
       b.mul_add(dst, r, sz, args.loss);
       count_blocks(b, blocks, rows, sz);
-      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out, 1, blocks, 0, 0}, "loss");
+      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[q], 1, blocks, 0, 0}, "loss");
     }
   }
-  sync.stored();
-  b.add(r, r, G);
-  b.jmp(top);
-  b.bind(done);
+  sync.stored(q);
+  });
   sync.drain();
   b.end();
   launch.block_dim = p.block_dim;
   launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
-                               "super-row)",
+                               "super-row), double-buffered",
                                b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, G, g);
+  launch.kernel = b.finish();
+  return launch;
+}
+
+// ---- long rows resident one at a time (Softmax, LogSoftmax) ----
+
+// A row of whole 32-byte blocks that fits the UB on its own (with both copies) but not 16 at a
+// time: one GM read and one write per row instead of the streamed kernel's three reads. Per row
+// (one PingPong step): load, widen, max and sum folded in halves into one 64-lane slot
+// (fold_into_slot: a few counter-mode instructions, not one per 64-lane span), the per-row
+// values replicated to a block and applied with block stride 0 over the whole row.
+struct LongRowPlan {
+  int64_t per = 0;
+  int block_dim = 0;
+};
+
+// UB bytes per lane: features as loaded (ping, pong), widened (f16/bf16), exponentials,
+// output (ping, pong).
+int64_t long_row_lane_bytes(const Spec& s) {
+  return 2 * s.size() + (s.t != Dtype::F32 ? kLaneBytes : 0) + kLaneBytes + 2 * s.size();
+}
+
+std::optional<LongRowPlan> plan_long_rows(const Spec& s, uint64_t ub, int64_t cores) {
+  if (s.xent() || (s.C * s.size()) % kBlock != 0) return std::nullopt;
+  const int64_t fixed = kSlotBytes + 3 * kBlock + static_cast<int64_t>(replicate_scratch_bytes(1)) +
+                        static_cast<int64_t>(alt_pattern_bytes(1)) + 10 * static_cast<int64_t>(kSlack);
+  if (s.C * long_row_lane_bytes(s) + fixed > static_cast<int64_t>(ub)) return std::nullopt;
+  LongRowPlan p;
+  p.per = ceil_div(s.rows, cores);
+  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
+  return p;
+}
+
+Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
+  KernelBuilder b(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  const int64_t C = s.C;
+  const int sz = s.size();
+  const bool conv = s.t != Dtype::F32;
+  b.begin_section(b.vector_core_kind());
+  Launch launch;
+  Args args = declare_args(b, s, launch);
+  // Double-buffered (PingPong, one step per row): the loaded row and the output row have a ping
+  // and a pong copy; x (widened, or the loaded copy itself for f32) and e are V's.
+  const Twin raw_x = alloc_twin(b, rnd(C * sz), "features row");
+  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(C * kLaneBytes), "widened row") : 0;
+  const uint64_t e = b.alloc(Buf::UB, rnd(C * kLaneBytes), "exponentials / fold scratch");
+  const Twin out = alloc_twin(b, rnd(C * sz), "output row");
+  const uint64_t acc = b.alloc(Buf::UB, kSlotBytes, "lane slot");
+  const uint64_t d = b.alloc(Buf::UB, kBlock, "row value");
+  const uint64_t d2 = b.alloc(Buf::UB, kBlock, "lanes_reduce scratch");
+  const uint64_t rep = b.alloc(Buf::UB, kBlock, "replicated row value");
+  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(1), "replicate scratch");
+  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(1), "alternating pattern");
+  fill_alt_pattern(b, alt, 1);
+  PingPong sync(b);
+
+  Reg r = b.reg("row"), end = b.reg("end of this block's rows");
+  {
+    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
+    b.emit(Opcode::op_get_block_id, {r});
+    b.mul(r, r, p.per);
+    b.add(end, r, p.per);
+    b.min(end, end, s.rows);
+  }
+  Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
+  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per repeat).
+  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src) {
+    b.emit(Opcode::op_set_mask_count, {n});
+    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(rep, 0, 0), 0);
+  };
+  // The row's combination of lanes [0, C) of buf (overwritten) -> d, replicated into rep.
+  auto row_value = [&](Combine c, uint64_t buf) {
+    vec_fill32(b, acc, combine_identity_bits(c, Dtype::F32), kLanes32);
+    fold_into_slot(b, c, Dtype::F32, buf, n, acc);
+    lanes_reduce(b, c, Dtype::F32, acc, one, d, d2);
+  };
+  Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
+  Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
+  b.sub(steps, end, r);
+  // Step t: row r + t.
+  sync.pipeline(
+      steps,
+      [&](const Reg& t, int q) {
+        b.add(gm, r, t);
+        b.mul_add(gm, gm, C * sz, args.x);
+        sync.wait_load_free(q);
+        b.emit(Opcode::op_copy_gm2ub, {raw_x[q], gm, 1, blocks, 0, 0}, "features row");
+        sync.load_done(q);
+      },
+      [&](const Reg& t, int q) {
+      const uint64_t x = conv ? xw : raw_x[q];
+      sync.wait_loaded(q);
+      if (conv) {
+        vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, n);
+        sync.release_load(q);
+      }
+      {
+        KernelBuilder::Origin o(b, "row maximum");
+        vec_copy_bits(b, kLaneBytes, e, x, n);
+        row_value(Combine::kMax, e);
+        replicate_rows(b, d, one, rep, scratch, alt);
+      }
+      uint64_t result = 0;
+      {
+        KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
+        with_row_value(Opcode::op_vsub, x, x);
+        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+        if (s.kind == Kind::kSoftmax) {
+          vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
+          row_value(Combine::kSum, x);
+          replicate_rows(b, d, one, rep, scratch, alt);
+          with_row_value(Opcode::op_vdiv, e, e);
+          result = e;
+        } else {
+          row_value(Combine::kSum, e);
+          vec_unary(b, Opcode::op_vln, Dtype::F32, d, d, one);
+          replicate_rows(b, d, one, rep, scratch, alt);
+          with_row_value(Opcode::op_vsub, x, x);
+          result = x;
+        }
+      }
+      sync.wait_out_free(q);
+      if (conv) vec_convert(b, s.t, Dtype::F32, out[q], result, RoundMode::kRint, n);
+      else vec_copy_bits(b, kLaneBytes, out[q], result, n);
+      if (!conv) sync.release_load(q);
+      sync.out_ready(q);
+      b.add(gm, r, t);
+      b.mul_add(gm, gm, C * sz, args.y);
+      b.emit(Opcode::op_copy_ub2gm, {gm, out[q], 1, blocks, 0, 0}, "output row");
+      sync.stored(q);
+      });
+  sync.drain();
+  b.end();
+  launch.block_dim = p.block_dim;
+  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident at "
+                               "a time, double-buffered",
+                               b.op(), s.rows, C, isa::dtype_name(s.t), p.block_dim, p.per);
   launch.kernel = b.finish();
   return launch;
 }
@@ -432,11 +592,13 @@ std::optional<StreamPlan> plan_stream(const Spec& s, uint64_t ub, int64_t cores)
   add(static_cast<int64_t>(replicate_scratch_bytes(G)));
   add(static_cast<int64_t>(alt_pattern_bytes(G)));
   add(G * s.size());
+  add(G * s.size());  // loss: ping and pong
   add(kBlock);
-  if (s.kind == Kind::kSparseXent) add(5 * kSlotBytes + 2 * G * 8);
-  // Per lane: features as loaded, widened, exponentials, output; labels; loss terms; indices.
-  int64_t per_lane = s.size() + 3 * kLaneBytes + s.size();
-  if (s.kind == Kind::kXent) per_lane += s.size() + 2 * kLaneBytes;
+  if (s.kind == Kind::kSparseXent) add(5 * kSlotBytes + 2 * G * 8 + 2 * G * kLaneBytes);
+  // Per lane: features as loaded (ping, pong), widened, exponentials, output (ping, pong);
+  // labels (ping, pong); loss terms; indices.
+  int64_t per_lane = 2 * s.size() + 3 * kLaneBytes + 2 * s.size();
+  if (s.kind == Kind::kXent) per_lane += 2 * s.size() + 2 * kLaneBytes;
   if (s.kind == Kind::kSparseXent) per_lane += 2 * kLaneBytes + 1;
   const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(fixed) -
                        8 * static_cast<int64_t>(kSlack);
@@ -454,15 +616,21 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
   b.begin_section(b.vector_core_kind());
   Launch launch;
   Args args = declare_args(b, s, launch);
-  const uint64_t raw_x = b.alloc(Buf::UB, rnd(T * sz), "features chunk");
-  const uint64_t x = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened") : raw_x;
+  // Double-buffered (PingPong): chunks / windows alternate between two copies of what MTE2
+  // loads (load parity), output windows and losses between two copies of what MTE3 stores
+  // (output parity). x / y: the widened copies (V's), or the loaded copy q itself for f32.
+  const Twin raw_x = alloc_twin(b, rnd(T * sz), "features chunk");
+  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened") : 0;
   const uint64_t e = b.alloc(Buf::UB, rnd(T * kLaneBytes), "exponentials / results");
-  const uint64_t out_w = b.alloc(Buf::UB, rnd(T * sz), "output window");
-  uint64_t raw_y = 0, y = 0, t = 0, iota = 0, bits = 0;
+  const Twin out_w = alloc_twin(b, rnd(T * sz), "output window");
+  Twin raw_y;
+  uint64_t yw = 0, t = 0, iota = 0, bits = 0;
   if (s.kind == Kind::kXent) {
-    raw_y = b.alloc(Buf::UB, rnd(T * sz), "labels window");
-    y = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened labels") : raw_y;
+    raw_y = alloc_twin(b, rnd(T * sz), "labels window");
+    yw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened labels") : 0;
   }
+  auto x_of = [&](int q) { return conv ? xw : raw_x[q]; };
+  auto y_of = [&](int q) { return s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q]; };
   if (s.xent()) t = b.alloc(Buf::UB, rnd(T * kLaneBytes), "loss terms");
   const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
   const uint64_t dm = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row maxima");
@@ -475,12 +643,13 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
   const uint64_t rep_a = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "label blocks");
   const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
   const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const uint64_t loss_out = b.alloc(Buf::UB, rnd(G * sz), "loss");
+  const Twin loss_out = alloc_twin(b, rnd(G * sz), "loss");
   const uint64_t carry = b.alloc(Buf::UB, kBlock, "previous row's last block");
-  uint64_t lbl = 0, bits_a = 0, bits_b = 0, addv = 0, rep_v = 0;
+  uint64_t bits_a = 0, bits_b = 0, addv = 0, rep_v = 0;
+  Twin lbl;
   SparseConsts k;
   if (s.kind == Kind::kSparseXent) {
-    lbl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "labels");
+    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
     bits_a = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
     bits_b = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
     addv = b.alloc(Buf::UB, rnd(G * kLaneBytes), "NaN for invalid labels");
@@ -497,7 +666,7 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
     }
   }
   fill_alt_pattern(b, alt, G);
-  StepSync sync(b);
+  PingPong sync(b);
 
   Reg r0 = b.reg("first row of the group"), rend = b.reg("end of this block's rows");
   {
@@ -520,22 +689,27 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
     vec_fill32(b, acc, bits32, n);
   };
   auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, rows, to, scratch, alt); };
-  // x (f32) = the n features at GM element `elem` (loaded at the UB block start).
-  auto load = [&](const Reg& elem, const Reg& n, bool labels_too) {
-    sync.wait_load_free();
+  // x_of(q) (f32) = the n features at GM element `elem` (loaded into copy q at the UB block
+  // start). With widening, copy q is released here (done: whether it was).
+  auto load = [&](int q, const Reg& elem, const Reg& n, bool labels_too) {
+    sync.wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
     count_blocks(b, blocks, n, sz);
     b.mul_add(src, elem, sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x, src, 1, blocks, 0, 0}, "features");
+    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
     if (labels_too) {
       b.mul_add(src, elem, sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y, src, 1, blocks, 0, 0}, "labels");
+      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
-    sync.loaded();
+    sync.loaded(q);
     if (conv) {
-      vec_convert(b, Dtype::F32, s.t, x, raw_x, RoundMode::kRint, n);
-      if (labels_too) vec_convert(b, Dtype::F32, s.t, y, raw_y, RoundMode::kRint, n);
+      vec_convert(b, Dtype::F32, s.t, xw, raw_x[q], RoundMode::kRint, n);
+      if (labels_too) vec_convert(b, Dtype::F32, s.t, yw, raw_y[q], RoundMode::kRint, n);
+      sync.release_load(q);
     }
+  };
+  auto release = [&](int q) {
+    if (!conv) sync.release_load(q);
   };
   // lanes [0, n) op= the row's replicated value (block at rep + j * 32).
   auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
@@ -547,7 +721,8 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
     vec_binary_strided(b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v, 0);
   };
   // Passes 1 and 2: per row, chunks from the row's first element.
-  auto row_pass = [&](Combine c, const std::function<void(const Reg& j, const Reg& n)>& chunk) {
+  auto row_pass = [&](Combine c,
+                      const std::function<void(uint64_t x, const Reg& j, const Reg& n)>& chunk) {
     Reg j = b.reg("row of the group");
     b.for_range(j, 0, rows, 1, [&] {
       Reg start = b.reg("row start"), cpos = b.reg("chunk"), n = b.reg("chunk lanes");
@@ -560,24 +735,26 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
         b.sub(n, n, cpos);
         b.min(n, n, T);
         b.add(elem, start, cpos);
-        load(elem, n, false);
-        chunk(j, n);
-        fold_into_slot(b, c, Dtype::F32, x, n, slot);
-        sync.release_load();
+        sync.load_step([&](int q) {
+          load(q, elem, n, false);
+          chunk(x_of(q), j, n);
+          fold_into_slot(b, c, Dtype::F32, x_of(q), n, slot);
+          release(q);
+        });
       });
     });
   };
   {
     KernelBuilder::Origin o(b, "pass 1: row maxima");
     fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
-    row_pass(Combine::kMax, [](const Reg&, const Reg&) {});
+    row_pass(Combine::kMax, [](uint64_t, const Reg&, const Reg&) {});
     lanes_reduce(b, Combine::kMax, Dtype::F32, acc, slots, dm, d2);
     replicate(dm, rep_m);
   }
   {
     KernelBuilder::Origin o(b, "pass 2: sums of exp(x - max)");
     fill_slots(0);
-    row_pass(Combine::kSum, [&](const Reg& j, const Reg& n) {
+    row_pass(Combine::kSum, [&](uint64_t x, const Reg& j, const Reg& n) {
       with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);
       vec_unary(b, Opcode::op_vexp, Dtype::F32, x, x, n);
     });
@@ -588,16 +765,18 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
   }
   if (s.kind == Kind::kSparseXent) {
     KernelBuilder::Origin o(b, "labels of the group");
-    sync.wait_load_free();
-    Reg src = b.reg("source"), blocks = b.reg("blocks");
-    count_blocks(b, blocks, rows, kLaneBytes);
-    b.mul_add(src, r0, kLaneBytes, args.labels);
-    b.emit(Opcode::op_copy_gm2ub, {lbl, src, 1, blocks, 0, 0}, "labels");
-    sync.loaded();
-    replicate(lbl, rep_a);
-    label_validity(b, k, lbl, rows, bits_a, bits_b, addv);
-    replicate(addv, rep_v);
-    sync.release_load();
+    sync.load_step([&](int q) {
+      sync.wait_load_free(q);
+      Reg src = b.reg("source"), blocks = b.reg("blocks");
+      count_blocks(b, blocks, rows, kLaneBytes);
+      b.mul_add(src, r0, kLaneBytes, args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
+      sync.loaded(q);
+      replicate(lbl[q], rep_a);
+      label_validity(b, k, lbl[q], rows, bits_a, bits_b, addv);
+      replicate(addv, rep_v);
+      sync.release_load(q);
+    });
   }
   {
     KernelBuilder::Origin o(b, "pass 3: outputs, window by window");
@@ -619,7 +798,9 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
         b.max(a, a, 0);
         b.sub(n, rowend, w);
         b.min(n, n, T);
-        load(w, n, s.kind == Kind::kXent);
+        sync.load_step([&](int q) {
+        const uint64_t x = x_of(q), y = y_of(q);
+        load(q, w, n, s.kind == Kind::kXent);
         with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);  // shifted
         switch (s.kind) {
           case Kind::kSoftmax:
@@ -665,12 +846,15 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
           vec_fill32(b, t, 0, a);  // lanes of the previous row
           fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, slot);
         }
-        sync.wait_out_free();
-        if (conv) vec_convert(b, s.t, Dtype::F32, out_w, e, RoundMode::kRint, n);
-        else vec_copy_bits(b, kLaneBytes, out_w, e, n);
-        sync.release_load();
+        release(q);
+        });
+        sync.out_step([&](int oq) {
+        sync.wait_out_free(oq);
+        const uint64_t ow = out_w[oq];
+        if (conv) vec_convert(b, s.t, Dtype::F32, ow, e, RoundMode::kRint, n);
+        else vec_copy_bits(b, kLaneBytes, ow, e, n);
         // The window's head lanes belong to the previous row: its last block, kept in carry.
-        vec_copy_bits(b, sz, out_w, carry, a);
+        vec_copy_bits(b, sz, ow, carry, a);
         Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
         count_blocks(b, blocks, n, sz);
         b.sub(rest, rowend, w);
@@ -680,33 +864,37 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
             KernelBuilder::Origin oc(b, "keep the row's last partial block");
             Reg src = b.reg("last block");
             b.shr(blocks, n, log2i(og));
-            b.mul_add(src, blocks, kBlock, static_cast<int64_t>(out_w));
+            b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
             vec_copy_bits(b, sz, carry, src, og);
           });
         });
-        sync.out_ready();
+        sync.out_ready(oq);
         b.if_(ge(blocks, 1), [&] {
           Reg dst = b.reg("destination");
           b.mul_add(dst, w, sz, args.y);
-          b.emit(Opcode::op_copy_ub2gm, {dst, out_w, 1, blocks, 0, 0}, "output window");
+          b.emit(Opcode::op_copy_ub2gm, {dst, ow, 1, blocks, 0, 0}, "output window");
         });
-        sync.stored();
+        sync.stored(oq);
+        });
       });
     });
   }
   if (s.xent()) {
     KernelBuilder::Origin o(b, "loss of the group's rows");
-    sync.wait_out_free();
-    lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, dm, d2);
-    if (s.kind == Kind::kSparseXent) vec_binary(b, Opcode::op_vadd, Dtype::F32, dm, dm, addv, rows);
-    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out, dm, RoundMode::kRint, rows);
-    else vec_copy_bits(b, kLaneBytes, loss_out, dm, rows);
-    sync.out_ready();
-    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
-    b.mul_add(dst, r0, sz, args.loss);
-    count_blocks(b, blocks, rows, sz);
-    b.emit(Opcode::op_copy_ub2gm, {dst, loss_out, 1, blocks, 0, 0}, "loss");
-    sync.stored();
+    sync.out_step([&](int oq) {
+      sync.wait_out_free(oq);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, dm, d2);
+      if (s.kind == Kind::kSparseXent)
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, dm, dm, addv, rows);
+      if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[oq], dm, RoundMode::kRint, rows);
+      else vec_copy_bits(b, kLaneBytes, loss_out[oq], dm, rows);
+      sync.out_ready(oq);
+      Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+      b.mul_add(dst, r0, sz, args.loss);
+      count_blocks(b, blocks, rows, sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[oq], 1, blocks, 0, 0}, "loss");
+      sync.stored(oq);
+    });
   }
   b.add(r0, r0, G);
   b.jmp(top);
@@ -715,7 +903,7 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
   b.end();
   launch.block_dim = p.block_dim;
   launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
-                               "groups of {} rows",
+                               "groups of {} rows, double-buffered",
                                b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, T, G);
   launch.kernel = b.finish();
   return launch;
@@ -730,6 +918,10 @@ void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
       *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
   if (auto p = plan_rows(s, core.capacity(Buf::UB), core.count)) {
     plan.add(build_rows(s, *p, cfg), args);
+    return;
+  }
+  if (auto p = plan_long_rows(s, core.capacity(Buf::UB), core.count)) {
+    plan.add(build_long_rows(s, *p, cfg), args);
     return;
   }
   if (auto p = plan_stream(s, core.capacity(Buf::UB), core.count)) {

@@ -368,35 +368,74 @@ void fill_alt_pattern(KernelBuilder& b, uint64_t alt, int64_t max_rows) {
   b.emit(Opcode::op_vdup, {Dtype::U16, alt, kAltPattern, 0, 1, 8});
 }
 
-// ---- StepSync ----
+// ---- PingPong ----
 
-StepSync::StepSync(KernelBuilder& b)
+PingPong::PingPong(KernelBuilder& b)
     : m_b(b),
-      m_load_free(b.flag(Pipe::V, Pipe::MTE2, "load buffers free")),
-      m_load_ready(b.flag(Pipe::MTE2, Pipe::V, "loads landed")),
-      m_out_free(b.flag(Pipe::MTE3, Pipe::V, "output buffer stored")),
-      m_out_ready(b.flag(Pipe::V, Pipe::MTE3, "output buffer computed")) {
-  KernelBuilder::Origin o(b, "buffers start free");
-  b.set_flag(Pipe::V, Pipe::MTE2, m_load_free);
-  b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
+      m_load_free(b.flag_pair(Pipe::V, Pipe::MTE2, "load copy free")),
+      m_load_ready(b.flag_pair(Pipe::MTE2, Pipe::V, "load copy landed")),
+      m_out_free(b.flag_pair(Pipe::MTE3, Pipe::V, "output copy stored")),
+      m_out_ready(b.flag_pair(Pipe::V, Pipe::MTE3, "output copy computed")),
+      m_load_parity(b.reg_imm("load parity (ping 0 / pong 1)", 0)),
+      m_out_parity(b.reg_imm("output parity (ping 0 / pong 1)", 0)) {
+  KernelBuilder::Origin o(b, "both copies start free");
+  for (int q = 0; q < 2; ++q) {
+    b.set_flag(m_load_free, q);
+    b.set_flag(m_out_free, q);
+  }
 }
 
-void StepSync::wait_load_free() { m_b.wait_flag(Pipe::V, Pipe::MTE2, m_load_free); }
-void StepSync::loaded() {
-  m_b.set_flag(Pipe::MTE2, Pipe::V, m_load_ready);
-  m_b.wait_flag(Pipe::MTE2, Pipe::V, m_load_ready);
+void PingPong::flip(const Reg& parity) {
+  m_b.add(parity, parity, 1);
+  m_b.and_(parity, parity, 1, "next copy");
 }
-void StepSync::release_load() { m_b.set_flag(Pipe::V, Pipe::MTE2, m_load_free); }
-void StepSync::wait_out_free() { m_b.wait_flag(Pipe::MTE3, Pipe::V, m_out_free); }
-void StepSync::out_ready() {
-  m_b.set_flag(Pipe::V, Pipe::MTE3, m_out_ready);
-  m_b.wait_flag(Pipe::V, Pipe::MTE3, m_out_ready);
+void PingPong::load_step(const std::function<void(int)>& body) {
+  m_b.by_parity(m_load_parity, body);
+  flip(m_load_parity);
 }
-void StepSync::stored() { m_b.set_flag(Pipe::MTE3, Pipe::V, m_out_free); }
-void StepSync::drain() {
-  KernelBuilder::Origin o(m_b, "drain: consume the free flags");
-  m_b.wait_flag(Pipe::V, Pipe::MTE2, m_load_free);
-  m_b.wait_flag(Pipe::MTE3, Pipe::V, m_out_free);
+void PingPong::out_step(const std::function<void(int)>& body) {
+  m_b.by_parity(m_out_parity, body);
+  flip(m_out_parity);
+}
+void PingPong::pipeline(const Reg& steps, const std::function<void(const Reg&, int)>& load,
+                        const std::function<void(const Reg&, int)>& compute) {
+  auto by_step_parity = [&](const Reg& t, const std::function<void(const Reg&, int)>& body) {
+    Reg q = m_b.reg("copy of the step (t & 1)");
+    m_b.and_(q, t, 1);
+    m_b.by_parity(q, [&](int p) { body(t, p); });
+  };
+  m_b.pipelined_steps(
+      steps, [&](const Reg& t) { by_step_parity(t, load); },
+      [&](const Reg& t) { by_step_parity(t, compute); });
+}
+void PingPong::load_done(int q) { m_b.set_flag(m_load_ready, q); }
+void PingPong::wait_loaded(int q) { m_b.wait_flag(m_load_ready, q); }
+void PingPong::wait_load_free(int q) { m_b.wait_flag(m_load_free, q); }
+void PingPong::loaded(int q) {
+  m_b.set_flag(m_load_ready, q);
+  m_b.wait_flag(m_load_ready, q);
+}
+void PingPong::release_load(int q) { m_b.set_flag(m_load_free, q); }
+void PingPong::wait_out_free(int q) { m_b.wait_flag(m_out_free, q); }
+void PingPong::out_ready(int q) {
+  m_b.set_flag(m_out_ready, q);
+  m_b.wait_flag(m_out_ready, q);
+}
+void PingPong::stored(int q) { m_b.set_flag(m_out_free, q); }
+void PingPong::drain() {
+  KernelBuilder::Origin o(m_b, "drain: consume the free flags of both copies");
+  for (int q = 0; q < 2; ++q) {
+    m_b.wait_flag(m_load_free, q);
+    m_b.wait_flag(m_out_free, q);
+  }
+}
+
+Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name) {
+  Twin t;
+  if (bytes == 0) return t;
+  t.a[0] = b.alloc(isa::Buf::UB, bytes, name + " (ping)");
+  t.a[1] = b.alloc(isa::Buf::UB, bytes, name + " (pong)");
+  return t;
 }
 
 }  // namespace npusim::compiler::ops

@@ -1,6 +1,6 @@
 // Vector building blocks for row-wise kernels (ops/reduce.cpp, ops/softmax.cpp): per-row
-// reductions, turning one value per row back into a value per lane, and the synchronisation of
-// one-step-at-a-time kernels.
+// reductions, turning one value per row back into a value per lane, and the double buffering
+// (PingPong) of their loads and stores.
 //
 // Compute type: all row-wise math runs on 4-byte lanes (f32 for float tensors, s32 for s32), 64
 // lanes per 256-byte repeat, 8 per 32-byte block. f16/bf16 are widened with vconv first.
@@ -180,25 +180,59 @@ void rows_bcast(KernelBuilder& b, const RowGroup& g, isa::Opcode op, isa::Dtype 
 void fill_iota64(KernelBuilder& b, uint64_t iota64);                  // s32 0..63
 void fill_alt_pattern(KernelBuilder& b, uint64_t alt, int64_t max_rows);  // 0x55 bytes
 
-// ---- one step at a time: loads (MTE2) -> vector (V) -> stores (MTE3) ----
+// ---- double buffering: loads (MTE2) -> vector (V) -> stores (MTE3) overlapped ----
 
-// Flags for kernels that alternate: load inputs, compute, (sometimes) store an output buffer.
-// Per load step: wait_load_free, the loads, loaded, V work, release_load. Per store: wait
-// out_free before V writes the output buffer, out_ready, the store, stored. drain() before end.
-class StepSync {
+// Two copies (ping q = 0, pong q = 1) of a kernel's load buffers and of its output buffers, each
+// guarded by its own flags (as the element-wise kernel's tiles), so that MTE2 fills copy 1 - q
+// while V works on copy q, and MTE3 stores one output copy while V computes into the other.
+// Loads and outputs each have a run-time parity register (a kernel may load several times per
+// output, as the streamed and columns reductions do); flag ids are immediates, so a step's code
+// is emitted once per parity (KernelBuilder::by_parity) with the parity as a constant.
+//   load_step(body):  body(q) = wait_load_free(q), loads into copy q, loaded(q), V work on copy
+//                     q, release_load(q); then the load parity flips.
+//   out_step(body):   body(q) = wait_out_free(q), V writes output copy q, out_ready(q), the
+//                     stores, stored(q); then the output parity flips.
+// V waits for a copy's loads only after issuing the previous step's work, so the loads of step
+// i + 1 run under step i's vector work; MTE3 likewise. drain() before end consumes the free
+// flags of both copies.
+class PingPong {
  public:
-  explicit StepSync(KernelBuilder& b);
-  void wait_load_free();  // MTE2 waits until V released the load buffers
-  void loaded();          // V waits for the loads
-  void release_load();    // V is done with the load buffers
-  void wait_out_free();   // V waits until MTE3 stored the output buffer
-  void out_ready();       // MTE3 waits for V
-  void stored();          // MTE3 is done with the output buffer
+  explicit PingPong(KernelBuilder& b);
+  void load_step(const std::function<void(int q)>& body);
+  void out_step(const std::function<void(int q)>& body);
+  // Software-pipelined steps 0 .. steps-1 (steps a register; step t uses copy q = t & 1 for
+  // its loads and, if it stores, its outputs): in program order step t + 1's loads are issued
+  // before step t's vector work (KernelBuilder::pipelined_steps), so they reach MTE2 even while
+  // the scalar unit waits on a full vector queue. load(t, q): wait_load_free(q), the loads,
+  // load_done(q). compute(t, q): wait_loaded(q), V work, release_load(q) [, wait_out_free(q),
+  // ..., stored(q)]. The copy comes from t, not from the parity registers: a kernel drives its
+  // load (output) flags either through pipeline or through load_step (out_step), not both (the
+  // streamed reduction pipelines its loads and stores per group through out_step).
+  void pipeline(const Reg& steps, const std::function<void(const Reg& t, int q)>& load,
+                const std::function<void(const Reg& t, int q)>& compute);
+  void wait_load_free(int q);  // MTE2 waits until V released load copy q
+  void loaded(int q);          // MTE2 signals, V waits for the loads into copy q
+  void load_done(int q);       // MTE2 signals the loads into copy q (pipeline: load side)
+  void wait_loaded(int q);     // V waits for them (pipeline: compute side)
+  void release_load(int q);    // V is done with load copy q
+  void wait_out_free(int q);   // V waits until MTE3 stored output copy q
+  void out_ready(int q);       // V signals, MTE3 waits for output copy q
+  void stored(int q);          // MTE3 is done with output copy q
   void drain();
 
  private:
+  void flip(const Reg& parity);
   KernelBuilder& m_b;
-  int m_load_free, m_load_ready, m_out_free, m_out_ready;
+  FlagPair m_load_free, m_load_ready, m_out_free, m_out_ready;
+  Reg m_load_parity, m_out_parity;
 };
+
+// Two copies of a buffer (ping / pong), indexed by parity.
+struct Twin {
+  uint64_t a[2] = {0, 0};
+  uint64_t operator[](int q) const { return a[q]; }
+};
+// Allocates two UB copies of `bytes` (0 bytes: both 0, nothing allocated).
+Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name);
 
 }  // namespace npusim::compiler::ops
