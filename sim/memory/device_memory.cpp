@@ -36,9 +36,7 @@ void DeviceMemory::write(uint64_t addr, const void* src, uint64_t n) {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    auto& p = m_pages[page];
-    if (!p) p.reset(new uint8_t[kPageBytes]());  // zero-initialised on first touch
-    std::memcpy(p.get() + off, in, len);
+    std::memcpy(page_for_write(page, len == kPageBytes) + off, in, len);
     in += len;
     addr += len;
     n -= len;
@@ -52,9 +50,7 @@ void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
     uint64_t len = std::min(n, kPageBytes - off);
     auto it = m_pages.find(page);
     if (it != m_pages.end() || value != 0) {
-      auto& p = m_pages[page];
-      if (!p) p.reset(new uint8_t[kPageBytes]());
-      std::memset(p.get() + off, value, len);
+      std::memset(page_for_write(page, len == kPageBytes) + off, value, len);
     }
     addr += len;
     n -= len;
@@ -68,12 +64,30 @@ void DeviceMemory::discard(uint64_t addr, uint64_t n) {
     uint64_t len = std::min(n, kPageBytes - off);
     auto it = m_pages.find(page);
     if (it != m_pages.end()) {
-      if (len == kPageBytes) m_pages.erase(it);
+      if (len == kPageBytes) release(it);
       else std::memset(it->second.get() + off, 0, len);
     }
     addr += len;
     n -= len;
   }
+}
+
+uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
+  Page& p = m_pages[page];
+  if (p) return p.get();
+  if (m_spare.empty()) {
+    p.reset(new uint8_t[kPageBytes]());  // zero-initialised: unwritten bytes read as zero
+  } else {
+    p = std::move(m_spare.back());
+    m_spare.pop_back();
+    if (!whole) std::memset(p.get(), 0, kPageBytes);
+  }
+  return p.get();
+}
+
+void DeviceMemory::release(std::unordered_map<uint64_t, Page>::iterator it) {
+  if (m_spare.size() < kMaxSparePages) m_spare.push_back(std::move(it->second));
+  m_pages.erase(it);
 }
 
 }  // namespace npusim

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 namespace npusim {
 
@@ -26,9 +27,19 @@ class DeviceMemory {
   void clear() { m_pages.clear(); }
 
  private:
+  using Page = std::unique_ptr<uint8_t[]>;
+  // Released pages kept for reuse, at most this many (64 KiB each: 256 MiB). A framework frees
+  // and reallocates its buffers every step; without the pool each step paid a fresh host
+  // allocation, heap growth and page faults per page.
+  static constexpr size_t kMaxSparePages = 4096;
   void check(uint64_t addr, uint64_t n) const;
+  // The page at index `page`, allocated if it was never written: zero-filled, unless `whole`
+  // (the caller overwrites all of it).
+  uint8_t* page_for_write(uint64_t page, bool whole);
+  void release(std::unordered_map<uint64_t, Page>::iterator it);
   uint64_t m_capacity;
-  std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> m_pages;  // page index -> page
+  std::unordered_map<uint64_t, Page> m_pages;  // page index -> page
+  std::vector<Page> m_spare;                   // released pages, contents undefined
 };
 
 }  // namespace npusim

@@ -210,6 +210,18 @@ TEST_CASE("device: free discards the block's pages; the next owner reads zeros")
   std::vector<uint8_t> host(n, 1);
   REQUIRE(dev->memcpy_d2h(host.data(), b, n).ok());
   CHECK(std::all_of(host.begin(), host.end(), [](uint8_t v) { return v == 0; }));
+  // Released pages are recycled: a partial write into one (here 100 bytes in the middle of the
+  // block's 9th page) must still leave the rest of the page reading zero.
+  const uint64_t at = b + 8 * DeviceMemory::kPageBytes + 1000;
+  std::vector<uint8_t> bytes(100, 0x5a);
+  REQUIRE(dev->free(b).ok());
+  REQUIRE(dev->malloc(n, &b).ok());
+  REQUIRE(dev->memcpy_h2d(at, bytes.data(), bytes.size()).ok());
+  REQUIRE(dev->memcpy_d2h(host.data(), b, n).ok());
+  for (uint64_t i = 0; i < n; ++i) {
+    const bool inside = b + i >= at && b + i < at + bytes.size();
+    if (host[i] != (inside ? 0x5a : 0)) FAIL("byte " << i << " reads " << int(host[i]));
+  }
   REQUIRE(dev->free(b).ok());
 }
 
