@@ -3,9 +3,9 @@ runtime"), as op calls through `npusim op` (no TensorFlow needed).
 
 Runs MatMul 4096^3 fp16, the Conv2D layers of ResNet-50 at batch 32 (NHWC, fp16), a large
 element-wise op and large reductions / softmax, in timing-only mode by default, and prints per
-op: simulated time, cube utilisation, achieved HBM bandwidth, the op's roofline bound from the
-config, the ratio simulated / roofline, compile time and wall time. Writes
-benchmarks/results/ops.json.
+op: simulated time, cube and vector utilisation (of the whole chip's peak), achieved HBM
+bandwidth, the op's roofline bound from the config, the ratio simulated / roofline, compile
+time and wall time. Writes benchmarks/results/ops.json.
 
 Targets (printed as PASS/MISS, not asserted): MatMul and the 3x3 convolutions reach at least
 70 % of cube peak; element-wise ops reach at least 70 % of the HBM bound (roofline ratio <=
@@ -67,8 +67,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "ops.json"))
     a = ap.parse_args()
     results = []
-    print(f"{'workload':28} {'sim us':>10} {'cube %':>7} {'HBM GB/s':>9} {'bound us':>9} "
-          f"{'x bound':>8} {'compile s':>9} {'wall s':>7}")
+    print(f"{'workload':28} {'sim us':>10} {'cube %':>7} {'vec %':>6} {'HBM GB/s':>9} "
+          f"{'bound us':>9} {'x bound':>8} {'compile s':>9} {'wall s':>7}")
     with tempfile.TemporaryDirectory() as d:
         for w in WORKLOADS:
             if a.only and a.only not in w["name"]:
@@ -91,6 +91,7 @@ def main():
             r.update({"workload": w["name"], "kind": w["kind"], "hbm_gbps": hbm_gbps})
             results.append(r)
             print(f"{w['name']:28} {r['time_us']:10.1f} {r['cube_utilization_pct']:7.1f} "
+                  f"{r.get('vector_utilization_pct', 0.0):6.1f} "
                   f"{hbm_gbps:9.0f} {r['roofline_bound_us']:9.1f} {r['roofline_ratio']:8.2f} "
                   f"{r['compile_s']:9.3f} {r['wall_s']:7.2f}", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
