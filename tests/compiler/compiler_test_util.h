@@ -24,7 +24,7 @@ namespace npusim::test {
 // The chip a compiler test executable runs its kernels on: $NPUSIM_TEST_CHIP, default "tiny".
 // CMakeLists.txt registers every tests/compiler executable for tiny and again as <name>_910b
 // with NPUSIM_TEST_CHIP=910b (one SystemC elaboration per process). Expectations that depend
-// on the chip derive them from sim().config(); tiny-specific tiling numbers compile for
+// on the chip derive them from test_sim().config(); tiny-specific tiling numbers compile for
 // load_chip_config("tiny") explicitly.
 inline std::string test_chip_name() {
   const char* c = std::getenv("NPUSIM_TEST_CHIP");
@@ -33,6 +33,13 @@ inline std::string test_chip_name() {
 // Tests tagged heavy run on tiny only: the 910b pass (48 vector / 24 cube cores to simulate)
 // runs a representative subset.
 inline bool test_chip_is_tiny() { return test_chip_name() == "tiny"; }
+
+// The executable's simulator of the test chip, functional (one per process: SystemC elaborates
+// one chip per process).
+inline Simulator& test_sim() {
+  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
+  return s;
+}
 
 using compiler::CompiledKernel;
 using compiler::DataType;

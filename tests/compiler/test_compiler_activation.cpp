@@ -46,11 +46,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 constexpr double kSeluScale = 1.0507009873554804934193349852946;
 constexpr double kSeluAlpha = 1.6732632423543772848170429916717;
@@ -203,8 +198,8 @@ void check_act(const ActCase& c, DataType dt, const std::vector<int64_t>& shape,
   }
   compiler::OpDesc op = custom ? *custom : make_op(c.op, descs);
   op.inputs = descs;
-  auto k = compiler::compile(op, sim().config());
-  RunResult r = run_compiled(sim(), k, in);
+  auto k = compiler::compile(op, test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, in);
   REQUIRE(r.outputs[0].desc == in[0].desc);
   const double ut = unit(dt);
   std::vector<double> want(in[0].values.size()), tol(want.size());
@@ -269,7 +264,7 @@ TEST_CASE("GeluGrad: exact (erf) and approximate (tanh)") {
 }
 
 TEST_CASE("activations: zero-size, dtype and shape errors") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   auto k = compiler::compile(make_op("Tanh", {{DataType::F32, {4, 0}}}), cfg);
   CHECK(k.launches.empty());
   CHECK_THROWS_WITH(compiler::compile(make_op("Sigmoid", {{DataType::S32, {4}}}), cfg),
@@ -285,8 +280,8 @@ namespace {
 void check_l2loss(DataType dt, const std::vector<int64_t>& shape, uint32_t seed) {
   INFO("L2Loss " << compiler::data_type_name(dt) << compiler::shape_str(shape));
   HostTensor x = random_tensor(dt, shape, -2, 2, seed);
-  auto k = compiler::compile(make_op("L2Loss", {x.desc}), sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+  auto k = compiler::compile(make_op("L2Loss", {x.desc}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {}}));
   double sum = 0;
   for (double v : x.values) sum += v * v;
@@ -303,8 +298,8 @@ void check_bias_add(DataType dt, const std::vector<int64_t>& shape, bool nchw, u
   HostTensor b = random_tensor(dt, {shape[c]}, -100, 100, seed + 1);
   auto k = compiler::compile(
       make_op("BiasAdd", {v.desc, b.desc}, {{"data_format", std::string(nchw ? "NCHW" : "NHWC")}}),
-      sim().config());
-  RunResult r = run_compiled(sim(), k, {v, b});
+      test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {v, b});
   REQUIRE(r.outputs[0].desc == v.desc);
   int64_t inner = 1;
   for (size_t d = c + 1; d < shape.size(); ++d) inner *= shape[d];
@@ -322,8 +317,8 @@ void check_bias_grad(DataType dt, const std::vector<int64_t>& shape, bool nchw, 
   HostTensor g = random_tensor(dt, shape, -4, 4, seed);
   auto k = compiler::compile(
       make_op("BiasAddGrad", {g.desc}, {{"data_format", std::string(nchw ? "NCHW" : "NHWC")}}),
-      sim().config());
-  RunResult r = run_compiled(sim(), k, {g});
+      test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {g});
   REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {shape[c]}}));
   int64_t inner = 1;
   for (size_t d = c + 1; d < shape.size(); ++d) inner *= shape[d];
@@ -373,6 +368,6 @@ TEST_CASE("BiasAdd and BiasAddGrad, NHWC and NCHW") {
   check_bias_grad(DataType::S32, {9, 1}, false, seed += 2);
   CHECK_THROWS_WITH(compiler::compile(make_op("BiasAdd", {{DataType::F32, {4, 3}},
                                                           {DataType::F32, {4}}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("channels"));
 }

@@ -26,11 +26,6 @@ using Shape = std::vector<int64_t>;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double out_half_ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -83,13 +78,13 @@ void check_bmm(const char* op_name, DataType dt, Shape bx, Shape by, int64_t m, 
                << compiler::precision_mode_name(mode));
   HostTensor x = random_tensor(dt, xs, -2, 2, seed), y = random_tensor(dt, ys, -2, 2, seed + 1);
   auto op = make_op(op_name, {x.desc, y.desc}, {{"adj_x", adj_x}, {"adj_y", adj_y}});
-  compiler::CompiledKernel kern = compiler::compile(op, sim().config(), mode);
+  compiler::CompiledKernel kern = compiler::compile(op, test_sim().config(), mode);
   for (const compiler::Launch& l : kern.launches) UNSCOPED_INFO(l.summary);
   Shape batch = *compiler::broadcast_shapes(bx, by);
   Shape out = batch;
   out.insert(out.end(), {m, n});
   REQUIRE(kern.outputs[0] == TensorDesc{dt, out});
-  RunResult r = run_compiled(sim(), kern, {x, y});
+  RunResult r = run_compiled(test_sim(), kern, {x, y});
   auto ix = broadcast_index(bx, batch), iy = broadcast_index(by, batch);
   check_products(r, dt, mode, k, [&](int64_t f, int64_t kk) {
     const int64_t b = f / (m * n), i = f / n % m, j = f % n;
@@ -116,10 +111,10 @@ void check_einsum(const std::string& eq, DataType dt, const std::map<char, int64
   HostTensor x = random_tensor(dt, shape_of(lx), -2, 2, seed);
   HostTensor y = random_tensor(dt, shape_of(ly), -2, 2, seed + 1);
   compiler::CompiledKernel kern = compiler::compile(
-      make_op("Einsum", {x.desc, y.desc}, {{"equation", eq}}), sim().config(), mode);
+      make_op("Einsum", {x.desc, y.desc}, {{"equation", eq}}), test_sim().config(), mode);
   for (const compiler::Launch& l : kern.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(kern.outputs[0] == TensorDesc{dt, shape_of(lo)});
-  RunResult r = run_compiled(sim(), kern, {x, y});
+  RunResult r = run_compiled(test_sim(), kern, {x, y});
   std::string contracted;
   for (char c : lx)
     if (ly.find(c) != std::string::npos && lo.find(c) == std::string::npos) contracted += c;
@@ -172,7 +167,7 @@ TEST_CASE("BatchMatMulV2 bf16 and f32 under the precision modes") {
 }
 
 TEST_CASE("BatchMatMulV2: empty batches and k = 0") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   auto empty = compiler::compile(
       make_op("BatchMatMulV2", {TensorDesc{DataType::F16, {0, 4, 5}}, {DataType::F16, {5, 3}}}),
       cfg);
@@ -181,7 +176,7 @@ TEST_CASE("BatchMatMulV2: empty batches and k = 0") {
   HostTensor x{TensorDesc{DataType::F16, {2, 3, 0}}, {}};
   HostTensor y{TensorDesc{DataType::F16, {2, 0, 4}}, {}};
   auto kz = compiler::compile(make_op("BatchMatMulV2", {x.desc, y.desc}), cfg);
-  RunResult r = run_compiled(sim(), kz, {x, y});
+  RunResult r = run_compiled(test_sim(), kz, {x, y});
   CHECK(r.outputs[0].values == std::vector<double>(24, 0.0));
   const TensorDesc x234{DataType::F16, {2, 3, 4}};
   CHECK_THROWS_WITH(
@@ -208,14 +203,14 @@ TEST_CASE("Einsum as BatchMatMul plus transposes") {
 }
 
 TEST_CASE("Einsum: ellipsis, single-operand permutation, unsupported equations") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   // "...ij,...jk->...ik" with broadcast leading dims: x [2, 3, 5, 7], y [3, 7, 4].
   HostTensor x = random_tensor(DataType::F16, {2, 3, 5, 7}, -2, 2, 1);
   HostTensor y = random_tensor(DataType::F16, {3, 7, 4}, -2, 2, 2);
   auto k = compiler::compile(
       make_op("Einsum", {x.desc, y.desc}, {{"equation", std::string("...ij,...jk->...ik")}}), cfg);
   REQUIRE(k.outputs[0] == TensorDesc{DataType::F16, {2, 3, 5, 4}});
-  RunResult r = run_compiled(sim(), k, {x, y});
+  RunResult r = run_compiled(test_sim(), k, {x, y});
   check_products(r, DataType::F16, PrecisionMode::kKeepFp32, 7, [&](int64_t f, int64_t kk) {
     const int64_t j = f % 4, i = f / 4 % 5, b1 = f / 20 % 3, b0 = f / 60;
     return std::make_pair(x.values[static_cast<size_t>(((b0 * 3 + b1) * 5 + i) * 7 + kk)],
@@ -225,7 +220,7 @@ TEST_CASE("Einsum: ellipsis, single-operand permutation, unsupported equations")
   HostTensor t = random_tensor(DataType::F32, {3, 4, 5}, -2, 2, 3);
   auto kt = compiler::compile(
       make_op("Einsum", {t.desc}, {{"equation", std::string("abc->cab")}}), cfg);
-  RunResult rt = run_compiled(sim(), kt, {t});
+  RunResult rt = run_compiled(test_sim(), kt, {t});
   std::vector<double> want;
   for (int64_t c = 0; c < 5; ++c)
     for (int64_t a = 0; a < 3; ++a)

@@ -32,11 +32,6 @@ namespace {
 
 constexpr double kE = 1.0 / (1 << 24);
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double half_ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -110,11 +105,11 @@ void check_forward(const BnCase& bc, uint32_t seed) {
                     {{"epsilon", bc.eps}, {"is_training", bc.training},
                      {"exponential_avg_factor", bc.factor},
                      {"data_format", std::string("NHWC")}});
-  auto k = compiler::compile(op, sim().config());
+  auto k = compiler::compile(op, test_sim().config());
   for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == 6);
   CHECK(k.outputs[5] == (TensorDesc{DataType::F32, {}}));
-  RunResult res = run_compiled(sim(), k, {x, scale, offset, mean, var});
+  RunResult res = run_compiled(test_sim(), k, {x, scale, offset, mean, var});
   Stats s;
   if (bc.training) {
     s = batch_stats(x, r, c);
@@ -173,11 +168,11 @@ void check_grad(const BnCase& bc, uint32_t seed) {
                                              r3.desc},
                     {{"epsilon", bc.eps}, {"is_training", bc.training},
                      {"data_format", std::string("NHWC")}});
-  auto k = compiler::compile(op, sim().config());
+  auto k = compiler::compile(op, test_sim().config());
   for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == 5);
   CHECK(k.outputs[3] == (TensorDesc{DataType::F32, {0}}));
-  RunResult res = run_compiled(sim(), k, {dy, x, scale, mean, var, r3});
+  RunResult res = run_compiled(test_sim(), k, {dy, x, scale, mean, var, r3});
   const double kk = static_cast<double>(r + 16);
   std::vector<double> dx(x.values.size()), tdx(x.values.size()), sb(static_cast<size_t>(c)),
       tsb(static_cast<size_t>(c)), ob(static_cast<size_t>(c)), tob(static_cast<size_t>(c));
@@ -248,18 +243,18 @@ TEST_CASE("FusedBatchNorm: empty batch, errors") {
   HostTensor v = random_tensor(DataType::F32, {4}, 0.5, 1, 30);
   auto k = compiler::compile(make_op("FusedBatchNormV3", {x.desc, v.desc, v.desc, v.desc, v.desc},
                                      {{"is_training", true}}),
-                             sim().config());
-  RunResult r = run_compiled(sim(), k, {x, v, v, v, v});
+                             test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x, v, v, v, v});
   for (double m : r.outputs[1].values) CHECK(std::isnan(m));
   TensorDesc bad{DataType::F32, {1, 2, 2, 4}};
   CHECK_THROWS_WITH(compiler::compile(make_op("FusedBatchNormV3",
                                               {bad, v.desc, v.desc, v.desc, v.desc},
                                               {{"data_format", std::string("NCHW")}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("NCHW"));
   CHECK_THROWS_WITH(compiler::compile(make_op("FusedBatchNormV3",
                                               {bad, TensorDesc{DataType::F32, {3}}, v.desc,
                                                v.desc, v.desc}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("f32[4]"));
 }

@@ -20,11 +20,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 using Fn = std::function<double(double, double)>;
 
 struct Case {
@@ -68,8 +63,8 @@ void check_binary(const std::string& op_name, DataType dt, const std::vector<int
     for (size_t i = 0; i < b.values.size(); ++i)
       if (i % 3 == 0 && !a.values.empty()) b.values[i] = a.values[i % a.values.size()];
   compiler::OpDesc op = make_op(op_name, {a.desc, b.desc});
-  compiler::CompiledKernel k = compiler::compile(op, sim().config());
-  RunResult r = run_compiled(sim(), k, {a, b});
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {a, b});
   auto shape = compiler::broadcast_shapes(sa, sb);
   REQUIRE(shape);
   REQUIRE(r.outputs.size() == 1);
@@ -151,7 +146,7 @@ TEST_CASE("large shapes: several tiles per core, resident and gathered operands"
 }
 
 TEST_CASE("zero-size outputs compile to no launch") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   for (auto [sa, sb] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
            {{0}, {0}}, {{3, 0}, {1}}, {{0, 5}, {1, 5}}, {{2, 0, 4}, {4}}}) {
     auto k = compiler::compile(make_op("AddV2", {{DataType::F32, sa}, {DataType::F32, sb}}), cfg);
@@ -181,7 +176,7 @@ TEST_CASE("the kernel follows the config: UB size and vector core count") {
 }
 
 TEST_CASE("binary op errors name the op and the reason") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   CHECK_THROWS_WITH(
       compiler::compile(make_op("AddV2", {{DataType::F32, {3, 4}}, {DataType::F32, {5}}}), cfg),
       Catch::Contains("AddV2(f32[3,4], f32[5])") && Catch::Contains("not broadcast-compatible"));

@@ -14,15 +14,6 @@ using namespace npusim::test;
 using compiler::DataType;
 using compiler::TensorDesc;
 
-namespace {
-
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
-}  // namespace
-
 TEST_CASE("Cast bool -> s8 / u8 runs on the chip and gives 0 / 1") {
   std::mt19937 rng(11);
   // Odd sizes, one element, a tile's worth and more (several blocks), an empty tensor.
@@ -33,13 +24,13 @@ TEST_CASE("Cast bool -> s8 / u8 runs on the chip and gives 0 / 1") {
       INFO(compiler::data_type_name(dst) << " " << compiler::shape_str(shape));
       OpDesc op = make_op("Cast", {x.desc}, {{"SrcT", std::string("bool")},
                                              {"DstT", std::string(compiler::data_type_name(dst))}});
-      CompiledKernel k = compiler::compile(op, sim().config());
+      CompiledKernel k = compiler::compile(op, test_sim().config());
       REQUIRE(k.outputs[0] == TensorDesc{dst, shape});
       if (x.desc.num_elements() == 0) {
         CHECK(k.launches.empty());
         continue;
       }
-      RunResult r = run_compiled(sim(), k, {x});
+      RunResult r = run_compiled(test_sim(), k, {x});
       CHECK(r.outputs[0].values == x.values);
     }
   }

@@ -29,11 +29,6 @@ using compiler::TensorDesc;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double half_ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -160,10 +155,10 @@ void check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
   HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed + 1);
   auto op = make_op("Conv2D", {x.desc, f.desc}, c.attrs());
-  compiler::CompiledKernel k = compiler::compile(op, cfg ? *cfg : sim().config(), mode);
+  compiler::CompiledKernel k = compiler::compile(op, cfg ? *cfg : test_sim().config(), mode);
   summarize(k);
   REQUIRE(k.outputs[0] == (TensorDesc{dt, y_shape(c)}));
-  RunResult r = run_compiled(sim(), k, {x, f});
+  RunResult r = run_compiled(test_sim(), k, {x, f});
   Reference ref;
   const size_t ny = static_cast<size_t>(k.outputs[0].num_elements());
   ref.value.assign(ny, 0);
@@ -211,10 +206,10 @@ void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t seed,
   auto op = data_only ? make_op("Conv2DBackpropInput", {f.desc, dy.desc}, c.attrs())
                       : make_op("Conv2DBackpropInput", {sizes.desc, f.desc, dy.desc}, c.attrs());
   op.attrs["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
-  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
   summarize(k);
   REQUIRE(k.outputs[0] == (TensorDesc{dt, {c.n, c.h, c.w, c.c}}));
-  RunResult r = data_only ? run_compiled(sim(), k, {f, dy}) : run_compiled(sim(), k, {sizes, f, dy});
+  RunResult r = data_only ? run_compiled(test_sim(), k, {f, dy}) : run_compiled(test_sim(), k, {sizes, f, dy});
   Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
@@ -235,9 +230,9 @@ void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_t seed,
   HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 1);
   auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
   op.outputs = {TensorDesc{dt, filter_shape(c)}};
-  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
   summarize(k);
-  RunResult r = run_compiled(sim(), k, {x, sizes, dy});
+  RunResult r = run_compiled(test_sim(), k, {x, sizes, dy});
   Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
@@ -295,9 +290,9 @@ void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32_t seed
     op.attrs["filter_sizes"] = fs;
     ins = {x, sizes, dy};
   }
-  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   summarize(k);
-  RunResult r = run_compiled(sim(), k, ins);
+  RunResult r = run_compiled(test_sim(), k, ins);
   Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
   for_each_depthwise_product(c, m, [&](int64_t xi, int64_t fi, int64_t yi) {
     const size_t xq = static_cast<size_t>(xi), fq = static_cast<size_t>(fi),
@@ -349,7 +344,7 @@ TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
   HostTensor x = random_tensor(DataType::F32, {1, 4, 4, 3}, -1, 1, 14);
   HostTensor f = random_tensor(DataType::F32, {3, 3, 3, 4}, -1, 1, 15);
   CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x.desc, f.desc}, a.attrs()),
-                                      sim().config(), PrecisionMode::kKeepFp32),
+                                      test_sim().config(), PrecisionMode::kKeepFp32),
                     Catch::Contains("allow_fp32_to_fp16"));
 }
 
@@ -390,15 +385,15 @@ TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the 
   for_each_product(b, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
   });
-  const auto base = compiler::ops::plan_cube_conv(s, sim().config(), "test");
+  const auto base = compiler::ops::plan_cube_conv(s, test_sim().config(), "test");
   for (auto [kc1, resident] : {std::pair<int64_t, bool>{3, true}, {1, true}, {3, false},
                                {1, false}}) {
-    const auto t = compiler::ops::rechunk_cube_conv(s, base, kc1, resident, sim().config(), "t");
+    const auto t = compiler::ops::rechunk_cube_conv(s, base, kc1, resident, test_sim().config(), "t");
     INFO(t.str());
     compiler::CompiledKernel k;
     k.outputs = {TensorDesc{DataType::F16, y_shape(b)}};
-    k.launches = {compiler::ops::build_cube_conv(s, t, sim().config(), "test")};
-    RunResult r = run_compiled(sim(), k, {x, f});
+    k.launches = {compiler::ops::build_cube_conv(s, t, test_sim().config(), "test")};
+    RunResult r = run_compiled(test_sim(), k, {x, f});
     check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
   }
 }
@@ -523,7 +518,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
     s.b_tap = c.c * c.cout;
     s.b_row = c.cout;
     const ChipConfig plan_cfg =
-        *fc.set ? load_chip_config(test_chip_name(), {fc.set}) : sim().config();
+        *fc.set ? load_chip_config(test_chip_name(), {fc.set}) : test_sim().config();
     auto t = compiler::ops::plan_cube_conv(s, plan_cfg, "test", fc.stack);
     if (fc.one_l0c) t.l0c_buffers = 1;
     INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] " << c.kh << "x" << c.kw
@@ -539,7 +534,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
     compiler::CompiledKernel k;
     k.outputs = {TensorDesc{DataType::F16, y_shape(c)}};
     k.launches = {compiler::ops::build_cube_conv(s, t, plan_cfg, "test")};
-    RunResult r = run_compiled(sim(), k, {x, f});
+    RunResult r = run_compiled(test_sim(), k, {x, f});
     check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
   }
   // Zero insertion cannot be stacked.
@@ -549,7 +544,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   z.up_h = 2;
   z.cg_out = z.cy = 16;
   z.b_tap = z.b_row = 16;
-  CHECK_THROWS_WITH(compiler::ops::plan_cube_conv(z, sim().config(), "zi", 2),
+  CHECK_THROWS_WITH(compiler::ops::plan_cube_conv(z, test_sim().config(), "zi", 2),
                     Catch::Contains("cannot stack"));
 }
 

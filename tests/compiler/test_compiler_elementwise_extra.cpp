@@ -30,11 +30,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -10);
@@ -65,8 +60,8 @@ void check_unary(const std::string& op, const HostTensor& x,
                  const std::function<double(double)>& fn, double ulps) {
   const DataType dt = x.desc.dtype;
   INFO(op << " " << compiler::data_type_name(dt) << " " << compiler::shape_str(x.desc.shape));
-  auto k = compiler::compile(make_op(op, {x.desc}), sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+  auto k = compiler::compile(make_op(op, {x.desc}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs[0].desc == x.desc);
   std::vector<double> want(x.values.size());
   for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(dt, fn(x.values[i]));
@@ -78,8 +73,8 @@ void check_binary(const std::string& op, const HostTensor& a, const HostTensor& 
   const DataType dt = a.desc.dtype;
   INFO(op << " " << compiler::data_type_name(dt) << " " << compiler::shape_str(a.desc.shape)
           << " op " << compiler::shape_str(b.desc.shape));
-  auto k = compiler::compile(make_op(op, {a.desc, b.desc}), sim().config());
-  RunResult r = run_compiled(sim(), k, {a, b});
+  auto k = compiler::compile(make_op(op, {a.desc, b.desc}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {a, b});
   auto shape = compiler::broadcast_shapes(a.desc.shape, b.desc.shape);
   REQUIRE(shape);
   CHECK(r.outputs[0].desc.shape == *shape);
@@ -195,7 +190,7 @@ TEST_CASE("LogicalAnd / LogicalOr broadcast bool inputs") {
   }
   CHECK_THROWS_WITH(compiler::compile(make_op("Less", {{DataType::BOOL, {4}},
                                                        {DataType::BOOL, {4}}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("dtype bool is not supported"));
 }
 
@@ -239,7 +234,7 @@ TEST_CASE("Pow: positive bases, negative bases with integer exponents, specials,
 }
 
 TEST_CASE("extra element-wise ops reject unsupported dtypes naming the op") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   CHECK_THROWS_WITH(
       compiler::compile(make_op("LogicalAnd", {{DataType::F32, {4}}, {DataType::F32, {4}}}), cfg),
       Catch::Contains("dtype f32 is not supported (bool)"));

@@ -26,11 +26,6 @@ namespace {
 
 constexpr double kE = 1.0 / (1 << 24);
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 struct BnCase {
   std::vector<int64_t> shape;  // channels last
   bool bias;
@@ -56,7 +51,7 @@ void check_batch_norm_inference(const BnCase& bc, uint32_t seed) {
   for (const HostTensor& t : inputs) descs.push_back(t.desc);
   auto op = make_op("BatchNormInference", descs,
                     {{"epsilon", bc.eps}, {"relu", bc.relu}, {"T", std::string("f32")}});
-  auto k = compiler::compile(op, sim().config());
+  auto k = compiler::compile(op, test_sim().config());
   for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == 1);
   CHECK(k.outputs[0] == x.desc);
@@ -65,7 +60,7 @@ void check_batch_norm_inference(const BnCase& bc, uint32_t seed) {
     return;
   }
   CHECK(k.launches.size() == 2);  // the per-channel fold, then the element-wise pass
-  RunResult res = run_compiled(sim(), k, inputs);
+  RunResult res = run_compiled(test_sim(), k, inputs);
   const double ea = 3 * kE;
   std::vector<double> want(static_cast<size_t>(n)), tol(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -100,7 +95,7 @@ void check_add_relu(DataType dt, const std::vector<int64_t>& xs, const std::vect
   HostTensor y = random_tensor(dt, ys, -4, 4, seed + 1);
   auto out_shape = compiler::broadcast_shapes(xs, ys);
   REQUIRE(out_shape);
-  auto k = compiler::compile(make_op("AddRelu", {x.desc, y.desc}), sim().config());
+  auto k = compiler::compile(make_op("AddRelu", {x.desc, y.desc}), test_sim().config());
   REQUIRE(k.outputs.size() == 1);
   CHECK(k.outputs[0] == (TensorDesc{dt, *out_shape}));
   int64_t n = 1;
@@ -110,7 +105,7 @@ void check_add_relu(DataType dt, const std::vector<int64_t>& xs, const std::vect
     return;
   }
   CHECK(k.launches.size() == 1);
-  RunResult res = run_compiled(sim(), k, {x, y});
+  RunResult res = run_compiled(test_sim(), k, {x, y});
   const auto xi = broadcast_index(xs, *out_shape), yi = broadcast_index(ys, *out_shape);
   std::vector<double> want(static_cast<size_t>(n));
   for (size_t i = 0; i < want.size(); ++i)
@@ -136,19 +131,19 @@ TEST_CASE("BatchNormInference rejects per-channel inputs that are not [C]") {
   const TensorDesc x{DataType::F32, {1, 4, 4, 8}}, v{DataType::F32, {8}},
       nchw{DataType::F32, {1, 8, 1, 1}}, f16{DataType::F16, {1, 4, 4, 8}};
   CHECK_THROWS_WITH(compiler::compile(make_op("BatchNormInference", {x, v, v, nchw, v}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("mean (input 3) must be f32[8]"));
   const TensorDesc ones_c{DataType::F32, {1, 1, 1, 8}}, too_deep{DataType::F32, {1, 1, 1, 1, 8}};
   CHECK_NOTHROW(compiler::compile(make_op("BatchNormInference", {x, ones_c, v, ones_c, v}),
-                                  sim().config()));
+                                  test_sim().config()));
   CHECK_THROWS_WITH(compiler::compile(make_op("BatchNormInference", {x, v, too_deep, v, v}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("offset (input 2) must be f32[8]"));
   CHECK_THROWS_WITH(compiler::compile(make_op("BatchNormInference", {x, v, v, v}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("takes 5 inputs"));
   CHECK_THROWS_WITH(compiler::compile(make_op("BatchNormInference", {f16, v, v, v, v}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("only f32"));
 }
 
@@ -162,6 +157,6 @@ TEST_CASE("AddRelu: max(x + y, 0) rounded as AddV2 then Relu") {
   }
   CHECK_THROWS_WITH(compiler::compile(make_op("AddRelu", {TensorDesc{DataType::S32, {4}},
                                                           TensorDesc{DataType::S32, {4}}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("not supported"));
 }

@@ -21,11 +21,6 @@ using Shape = std::vector<int64_t>;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
@@ -59,9 +54,9 @@ HostTensor index_tensor(DataType dt, Shape shape, int64_t lo, int64_t hi, uint32
 void check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
            const HostTensor& want) {
   INFO(op.str());
-  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
-  RunResult r = run_compiled(sim(), k, inputs);
+  RunResult r = run_compiled(test_sim(), k, inputs);
   REQUIRE(r.outputs.size() == 1);
   CHECK(r.outputs[0].desc == want.desc);
   check_close(r.outputs[0].values, want.values, 0, 0, op.type);
@@ -145,21 +140,21 @@ TEST_CASE("GatherV2 with batch_dims") {
     HostTensor idx = index_tensor(DataType::S32, {2, 3}, 0, 5, seed++);
     auto k1 = compiler::compile(make_op("GatherV2", {p.desc, idx.desc},
                                         {{"axis", int64_t{1}}, {"batch_dims", int64_t{-1}}}),
-                                sim().config());
+                                test_sim().config());
     CHECK(k1.outputs[0].shape == Shape{2, 3, 4});
   }
   // Zero-size indices: nothing to run.
   auto k0 = compiler::compile(make_op("GatherV2", {TensorDesc{DataType::F32, {2, 5, 3}},
                                                    TensorDesc{DataType::S32, {2, 0}}},
                                       {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
-                              sim().config());
+                              test_sim().config());
   CHECK(k0.outputs[0].shape == Shape{2, 0, 3});
   CHECK(k0.launches.empty());
   CHECK_THROWS_WITH(
       compiler::compile(make_op("GatherV2", {TensorDesc{DataType::F32, {2, 5}},
                                              TensorDesc{DataType::S32, {3, 2}}},
                                 {{"axis", int64_t{1}}, {"batch_dims", int64_t{1}}}),
-                        sim().config()),
+                        test_sim().config()),
       Catch::Contains("batch dim 0"));
 }
 
@@ -259,7 +254,7 @@ TEST_CASE("OneHot: axes, dtypes, out-of-range indices") {
 }
 
 TEST_CASE("gather op errors") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   TensorDesc p{DataType::F32, {3, 4}}, i{DataType::F32, {2}};
   CHECK_THROWS_WITH(compiler::compile(make_op("GatherV2", {p, i}, {{"axis", int64_t{0}}}), cfg),
                     Catch::Contains("must be s32 or s64"));

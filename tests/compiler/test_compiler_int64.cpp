@@ -23,11 +23,6 @@ using compiler::TensorDesc;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
@@ -84,8 +79,8 @@ void check_s64_binary(const BinCase& c, const std::vector<int64_t>& sa,
                       const std::vector<int64_t>& sb, uint32_t seed) {
   INFO(c.op << " s64 " << compiler::shape_str(sa) << " op " << compiler::shape_str(sb));
   HostTensor a = s64_tensor(sa, seed), b = s64_tensor(sb, seed + 1);
-  auto k = compiler::compile(make_op(c.op, {a.desc, b.desc}), sim().config());
-  RunResult r = run_compiled(sim(), k, {a, b});
+  auto k = compiler::compile(make_op(c.op, {a.desc, b.desc}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {a, b});
   auto shape = compiler::broadcast_shapes(sa, sb);
   REQUIRE(shape);
   REQUIRE(r.outputs.size() == 1);
@@ -119,7 +114,7 @@ TEST_CASE("s64 element-wise arithmetic and comparisons, with broadcasting") {
 
 TEST_CASE("s64 AddV2 over several blocks") {
   // More elements than kScalarMapMinPerBlock per core: every core takes a range.
-  const int64_t n = 300 * sim().config().core_kind(isa::CoreKind::AIV) ->count + 5;
+  const int64_t n = 300 * test_sim().config().core_kind(isa::CoreKind::AIV) ->count + 5;
   check_s64_binary(kBin[0], {n}, {n}, 100);
   check_s64_binary(kBin[6], {n}, {1}, 101);  // Equal: bool words across block boundaries
 }
@@ -139,8 +134,8 @@ void check_cast(const HostTensor& x, DataType dst, const std::vector<int64_t>& w
       make_op("Cast", {x.desc},
               {{"SrcT", std::string(compiler::data_type_name(x.desc.dtype))},
                {"DstT", std::string(compiler::data_type_name(dst))}}),
-      sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+      test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs.size() == 1);
   CHECK(r.outputs[0].desc == TensorDesc{dst, x.desc.shape});
   if (dst == DataType::S64) {
@@ -237,8 +232,8 @@ TEST_CASE("Range of s64") {
     INFO("Range " << c.start << " " << c.limit << " " << c.delta);
     auto op = make_op("Range", {}, {{"start", c.start}, {"limit", c.limit}, {"delta", c.delta},
                                     {"Tidx", std::string("s64")}});
-    auto k = compiler::compile(op, sim().config());
-    RunResult r = run_compiled(sim(), k, {});
+    auto k = compiler::compile(op, test_sim().config());
+    RunResult r = run_compiled(test_sim(), k, {});
     std::vector<int64_t> want;
     for (int64_t v = c.start; c.delta > 0 ? v < c.limit : v > c.limit; v += c.delta)
       want.push_back(v);
@@ -249,7 +244,7 @@ TEST_CASE("Range of s64") {
 }
 
 TEST_CASE("s64 ops that are not supported say so") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   CHECK_THROWS_WITH(compiler::compile(make_op("RealDiv", {{DataType::S64, {3}},
                                                           {DataType::S64, {3}}}),
                                       cfg),
@@ -308,8 +303,8 @@ void check_reduce(const std::string& kind, DataType dt, const std::vector<int64_
   }
   std::vector<bool> reduced(shape.size(), false);
   for (int64_t a : axes) reduced[static_cast<size_t>(a < 0 ? a + static_cast<int64_t>(shape.size()) : a)] = true;
-  auto k = compiler::compile(make_op(kind, {x.desc}, {{"axes", axes}}), sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+  auto k = compiler::compile(make_op(kind, {x.desc}, {{"axes", axes}}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   std::vector<int64_t> want = reduce_ref(kind, x.s64, shape, reduced);
   REQUIRE(r.outputs.size() == 1);
   std::vector<int64_t> got;
@@ -334,7 +329,7 @@ TEST_CASE("Mean of s32: int64 sum, truncating division (TF)") {
   check_reduce("Mean", DataType::S32, {4, 0}, {0}, seed++);     // empty output
   CHECK_THROWS_WITH(compiler::compile(make_op("Mean", {TensorDesc{DataType::S32, {4, 0}}},
                                               {{"axes", std::vector<int64_t>{1}}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("divides by zero"));
 }
 
@@ -383,8 +378,8 @@ TEST_CASE("Cumsum of s64: axes, exclusive, reverse, wrapping") {
       auto k = compiler::compile(make_op("Cumsum", {x.desc},
                                          {{"axis", c.axis}, {"exclusive", exclusive},
                                           {"reverse", reverse}}),
-                                 sim().config());
-      RunResult r = run_compiled(sim(), k, {x});
+                                 test_sim().config());
+      RunResult r = run_compiled(test_sim(), k, {x});
       REQUIRE(r.outputs.size() == 1);
       CHECK(r.outputs[0].desc == x.desc);
       CHECK(r.outputs[0].s64 == want);
@@ -422,8 +417,8 @@ TEST_CASE("UnsortedSegmentSum of s64: rows in any order, ids out of range droppe
     }
     auto k = compiler::compile(make_op("UnsortedSegmentSum", {x.desc, ids.desc},
                                        {{"num_segments", c.segments}}),
-                               sim().config());
-    RunResult r = run_compiled(sim(), k, {x, ids});
+                               test_sim().config());
+    RunResult r = run_compiled(test_sim(), k, {x, ids});
     REQUIRE(r.outputs.size() == 1);
     CHECK(r.outputs[0].desc == TensorDesc{DataType::S64, [&] {
             std::vector<int64_t> s = {c.segments};

@@ -22,11 +22,6 @@ using Index = std::vector<int64_t>;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
@@ -77,10 +72,10 @@ HostTensor distinct(DataType dt, Shape shape, uint32_t seed) {
 void check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
            const std::vector<HostTensor>& want) {
   INFO(op.str());
-  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == want.size());
-  RunResult r = run_compiled(sim(), k, inputs);
+  RunResult r = run_compiled(test_sim(), k, inputs);
   for (size_t i = 0; i < want.size(); ++i) {
     INFO("output " << i);
     CHECK(r.outputs[i].desc == want[i].desc);
@@ -116,7 +111,7 @@ void check_transpose(DataType dt, const Shape& shape, const Index& perm, uint32_
   check(op, {x}, {want});
   if (strategy) {
     std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, sim().config()).launches)
+    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
       all += l.summary + "\n";
     INFO(all);
     CHECK(all.find(strategy) != std::string::npos);
@@ -357,7 +352,7 @@ TEST_CASE("Tile and BroadcastTo") {
 }
 
 TEST_CASE("layout op errors name the operand") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   TensorDesc x{DataType::F32, {3, 4}};
   CHECK_THROWS_WITH(compiler::compile(make_op("Transpose", {x}, {{"perm", Index{0, 0}}}), cfg),
                     Catch::Contains("not a permutation"));
@@ -434,7 +429,7 @@ TEST_CASE("Range: TF's sequence, integers and floats") {
       DataType::S32, {});
   CHECK_THROWS_WITH(compiler::compile(make_op("Range", {}, {{"start", 0.0}, {"limit", 1e6},
                                                             {"delta", 0.1}}),
-                                      sim().config()),
+                                      test_sim().config()),
                     Catch::Contains("limited to 4096 elements"));
 }
 

@@ -27,11 +27,6 @@ using compiler::PrecisionMode;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double out_half_ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -55,9 +50,9 @@ void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed) 
   HostTensor a = random_tensor(dt, sa, -2, 2, seed), b = random_tensor(dt, sb, -2, 2, seed + 7);
   compiler::OpDesc op = make_op("MatMul", {a.desc, b.desc},
                                 {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
-  compiler::CompiledKernel k = compiler::compile(op, sim().config(), mode);
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
   for (const compiler::Launch& l : k.launches) INFO(l.summary);
-  RunResult r = run_compiled(sim(), k, {a, b});
+  RunResult r = run_compiled(test_sim(), k, {a, b});
   REQUIRE(r.outputs[0].desc.shape == std::vector<int64_t>{c.m, c.n});
   REQUIRE(r.outputs[0].desc.dtype == dt);
   auto at = [&](int64_t i, int64_t kk) {
@@ -118,7 +113,7 @@ TEST_CASE("MatMul bf16 and f32 under the precision modes") {
 }
 
 TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k = 0") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   compiler::TensorDesc a{DataType::F32, {8, 4}}, b{DataType::F32, {4, 8}};
   auto k16 = compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kAllowFp32ToFp16);
   // A and B cast to f16 into the workspace, then the cube kernel.
@@ -140,7 +135,7 @@ TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k 
   HostTensor z2{compiler::TensorDesc{DataType::F16, {0, 7}}, {}};
   auto kz = compiler::compile(make_op("MatMul", {z1.desc, z2.desc}), cfg);
   REQUIRE(kz.launches.size() == 1);
-  RunResult r = run_compiled(sim(), kz, {z1, z2});
+  RunResult r = run_compiled(test_sim(), kz, {z1, z2});
   CHECK(r.outputs[0].values == std::vector<double>(21, 0.0));
 
   CHECK_THROWS_WITH(compiler::compile(make_op("MatMul", {f, f}), cfg),

@@ -20,11 +20,6 @@ using compiler::TensorDesc;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 // One operation's result: computed in float, rounded to the type.
 struct Arith {
   DataType dt;
@@ -47,13 +42,13 @@ std::vector<std::vector<double>> run(const compiler::CompiledKernel& k,
                                      const std::vector<HostTensor>& inputs,
                                      const std::vector<int>& alias, bool in_place) {
   if (!in_place) {
-    RunResult r = run_compiled(sim(), k, inputs);
+    RunResult r = run_compiled(test_sim(), k, inputs);
     std::vector<std::vector<double>> v;
     for (const HostTensor& t : r.outputs) v.push_back(t.values);
     return v;
   }
   GmArena arena;
-  DeviceMemory& gm = sim().gm();
+  DeviceMemory& gm = test_sim().gm();
   std::vector<uint64_t> in_addr, out_addr;
   for (const HostTensor& t : inputs) {
     std::vector<uint8_t> bytes = encode(t);
@@ -68,7 +63,7 @@ std::vector<std::vector<double>> run(const compiler::CompiledKernel& k,
     kl.program = &l.kernel.program;
     kl.args = l.bind(in_addr, out_addr, ws);
     kl.block_dim = l.block_dim;
-    KernelResult kr = sim().run(kl);
+    KernelResult kr = test_sim().run(kl);
     INFO(kr.error);
     REQUIRE(kr.ok);
   }
@@ -91,7 +86,7 @@ void check(const std::string& type, const std::vector<HostTensor>& inputs,
   for (const HostTensor& t : inputs) descs.push_back(t.desc);
   compiler::OpDesc op = make_op(type, descs);
   if (type != "ResourceApplyGradientDescent") op.attrs["use_nesterov"] = nesterov;
-  auto k = compiler::compile(op, sim().config());
+  auto k = compiler::compile(op, test_sim().config());
   REQUIRE(k.outputs.size() == want.size());
   for (const TensorDesc& o : k.outputs) CHECK(o == inputs[0].desc);
   if (inputs[0].desc.num_elements() == 0) CHECK(k.launches.empty());
@@ -181,7 +176,7 @@ TEST_CASE("ResourceApplyAdam, plain and Nesterov") {
 }
 
 TEST_CASE("optimizer errors name the operand") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   const TensorDesc v{DataType::F32, {4}}, s{DataType::F32, {}};
   CHECK_THROWS_WITH(compiler::compile(make_op("ResourceApplyGradientDescent",
                                               {v, TensorDesc{DataType::F32, {2}}, v}),

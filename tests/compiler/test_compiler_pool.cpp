@@ -27,11 +27,6 @@ using compiler::TensorDesc;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double half_ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -107,7 +102,7 @@ void check(const std::vector<double>& got, const Ref& r, DataType dt, double ext
 }
 
 compiler::CompiledKernel compile_op(const compiler::OpDesc& op) {
-  compiler::CompiledKernel k = compiler::compile(op, sim().config());
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
   return k;
 }
@@ -119,7 +114,7 @@ void check_forward(bool is_max, DataType dt, const PoolCase& p, uint32_t seed) {
   for (double& v : x.values) v = std::round(v * 4) / 4;
   auto k = compile_op(make_op(is_max ? "MaxPool" : "AvgPool", {x.desc}, p.attrs()));
   REQUIRE(k.outputs[0] == (TensorDesc{dt, p.y_shape()}));
-  RunResult r = run_compiled(sim(), k, {x});
+  RunResult r = run_compiled(test_sim(), k, {x});
   Ref ref(static_cast<size_t>(k.outputs[0].num_elements()));
   std::vector<double> mx(ref.v.size(), -INFINITY);
   std::vector<int64_t> count(ref.v.size() / static_cast<size_t>(p.c), 0);
@@ -161,7 +156,7 @@ void check_max_grad(DataType dt, const PoolCase& p, uint32_t seed) {
   });
   auto k = compile_op(make_op("MaxPoolGrad", {x.desc, y.desc, dy.desc}, p.attrs()));
   REQUIRE(k.outputs[0] == x.desc);
-  RunResult r = run_compiled(sim(), k, {x, y, dy});
+  RunResult r = run_compiled(test_sim(), k, {x, y, dy});
   Ref ref(x.values.size());
   std::vector<bool> done(dy.values.size(), false);
   p.for_each_tap([&](int64_t yo, int64_t xi) {
@@ -187,7 +182,7 @@ void check_avg_grad(DataType dt, const PoolCase& p, uint32_t seed) {
   op.attrs["orig_input_shape"] = p.x_shape();
   auto k = compile_op(op);
   REQUIRE(k.outputs[0] == (TensorDesc{dt, p.x_shape()}));
-  RunResult r = run_compiled(sim(), k, {sizes, dy});
+  RunResult r = run_compiled(test_sim(), k, {sizes, dy});
   std::vector<int64_t> count(dy.values.size() / static_cast<size_t>(p.c), 0);
   p.for_each_tap([&](int64_t yo, int64_t) { ++count[static_cast<size_t>(yo)]; });
   Ref ref(static_cast<size_t>(k.outputs[0].num_elements()));
@@ -246,15 +241,15 @@ TEST_CASE("AvgPoolGrad spreads dy / count over each window") {
 TEST_CASE("Pooling: empty outputs, errors") {
   HostTensor x = random_tensor(DataType::F32, {1, 2, 2, 3}, -1, 1, 7);
   PoolCase big{1, 2, 2, 3, 3, 3, 1, 1, "VALID"};  // the window does not fit: empty output
-  auto k = compiler::compile(make_op("MaxPool", {x.desc}, big.attrs()), sim().config());
+  auto k = compiler::compile(make_op("MaxPool", {x.desc}, big.attrs()), test_sim().config());
   CHECK(k.launches.empty());
   CHECK(k.outputs[0].shape == std::vector<int64_t>{1, 0, 0, 3});
   auto bad = big.attrs();
   bad["data_format"] = std::string("NCHW");
-  CHECK_THROWS_WITH(compiler::compile(make_op("MaxPool", {x.desc}, bad), sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(make_op("MaxPool", {x.desc}, bad), test_sim().config()),
                     Catch::Contains("NCHW"));
   bad = big.attrs();
   bad["ksize"] = std::vector<int64_t>{2, 1, 1, 1};
-  CHECK_THROWS_WITH(compiler::compile(make_op("AvgPool", {x.desc}, bad), sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(make_op("AvgPool", {x.desc}, bad), test_sim().config()),
                     Catch::Contains("ksize"));
 }

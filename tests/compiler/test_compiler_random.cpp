@@ -23,11 +23,6 @@ using compiler::TensorDesc;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 using Words = std::array<uint32_t, 4>;
 using Key = std::array<uint32_t, 2>;
 
@@ -79,7 +74,7 @@ void check_uniform(DataType t, std::vector<int64_t> shape, Words counter, Key ke
                        TensorDesc{DataType::S64, {2}}, TensorDesc{DataType::S32, {}}},
                       {{"shape", shape}, {"alg", int64_t{1}},
                        {"dtype", std::string(compiler::data_type_name(t))}});
-  CompiledKernel k = compiler::compile(op, sim().config());
+  CompiledKernel k = compiler::compile(op, test_sim().config());
   REQUIRE(k.outputs.size() == 1);
   CHECK(k.outputs[0] == TensorDesc{t, shape});
   if (n == 0) {
@@ -88,7 +83,7 @@ void check_uniform(DataType t, std::vector<int64_t> shape, Words counter, Key ke
   }
   std::vector<double> shape_values(shape.begin(), shape.end());
   RunResult r = run_compiled(
-      sim(), k,
+      test_sim(), k,
       {HostTensor{TensorDesc{DataType::S32, {rank}}, shape_values},
        s64_host({1}, {join(key[0], key[1])}),
        s64_host({2}, {join(counter[0], counter[1]), join(counter[2], counter[3])}),
@@ -144,7 +139,7 @@ TEST_CASE("StatelessRandomUniformV2 rejects ThreeFry, bad keys and integer dtype
   auto fails = [&](std::vector<TensorDesc> inputs, std::map<std::string, compiler::AttrValue> a,
                    const char* what) {
     OpDesc op = make_op("StatelessRandomUniformV2", std::move(inputs), std::move(a));
-    CHECK_THROWS_WITH(compiler::compile(op, sim().config()), Catch::Contains(what));
+    CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()), Catch::Contains(what));
   };
   fails(in, {{"shape", std::vector<int64_t>{4}}, {"alg", int64_t{2}}}, "ThreeFry");
   fails(in, {{"shape", std::vector<int64_t>{4}}, {"dtype", std::string("s32")}}, "dtype s32");
@@ -162,7 +157,7 @@ TEST_CASE("StatelessRandomGetKeyCounter scrambles the seed as TF's GenerateKey")
       if (st == DataType::S64 && seed[0] == 1337) seed = {int64_t{1} << 40, -(int64_t{3} << 50)};
       INFO(compiler::data_type_name(st) << " seed " << seed[0] << ", " << seed[1]);
       OpDesc op = make_op("StatelessRandomGetKeyCounter", {TensorDesc{st, {2}}});
-      CompiledKernel k = compiler::compile(op, sim().config());
+      CompiledKernel k = compiler::compile(op, test_sim().config());
       REQUIRE(k.outputs.size() == 2);
       CHECK(k.outputs[0] == TensorDesc{DataType::S64, {1}});
       CHECK(k.outputs[1] == TensorDesc{DataType::S64, {2}});
@@ -171,7 +166,7 @@ TEST_CASE("StatelessRandomGetKeyCounter scrambles the seed as TF's GenerateKey")
                               : HostTensor{TensorDesc{st, {2}},
                                            {static_cast<double>(seed[0]),
                                             static_cast<double>(seed[1])}};
-      RunResult r = run_compiled(sim(), k, {seed_t});
+      RunResult r = run_compiled(test_sim(), k, {seed_t});
       const uint64_t s0 = static_cast<uint64_t>(seed[0]), s1 = static_cast<uint64_t>(seed[1]);
       const Words mix = philox({static_cast<uint32_t>(s0), static_cast<uint32_t>(s0 >> 32),
                                 static_cast<uint32_t>(s1), static_cast<uint32_t>(s1 >> 32)},
@@ -197,9 +192,9 @@ TEST_CASE("FloorMod and FloorDiv of s64 follow floor semantics, with broadcastin
     INFO(name);
     // [37, 1] against [4]: a [37, 4] output
     OpDesc op = make_op(name, {TensorDesc{DataType::S64, {37, 1}}, TensorDesc{DataType::S64, {4}}});
-    CompiledKernel k = compiler::compile(op, sim().config());
+    CompiledKernel k = compiler::compile(op, test_sim().config());
     REQUIRE(k.outputs[0] == TensorDesc{DataType::S64, {37, 4}});
-    RunResult r = run_compiled(sim(), k, {s64_host({37, 1}, a), s64_host({4}, bv)});
+    RunResult r = run_compiled(test_sim(), k, {s64_host({37, 1}, a), s64_host({4}, bv)});
     for (size_t i = 0; i < a.size(); ++i)
       for (size_t j = 0; j < bv.size(); ++j) {
         int64_t q = a[i] / bv[j], m = a[i] % bv[j];
@@ -212,5 +207,5 @@ TEST_CASE("FloorMod and FloorDiv of s64 follow floor semantics, with broadcastin
       }
   }
   OpDesc f32 = make_op("FloorMod", {TensorDesc{DataType::F32, {3}}, TensorDesc{DataType::F32, {3}}});
-  CHECK_THROWS_WITH(compiler::compile(f32, sim().config()), Catch::Contains("s64 only"));
+  CHECK_THROWS_WITH(compiler::compile(f32, test_sim().config()), Catch::Contains("s64 only"));
 }

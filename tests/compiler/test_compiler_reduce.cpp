@@ -35,11 +35,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double unit(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -11);
@@ -78,7 +73,7 @@ std::vector<bool> flags(size_t rank, const std::vector<int64_t>& axes) {
 compiler::CompiledKernel compile_reduce(const std::string& op, const compiler::TensorDesc& x,
                                         const std::vector<int64_t>& axes, bool keep) {
   return compiler::compile(
-      make_op(op, {x}, {{"axes", axes}, {"keep_dims", keep}}), sim().config());
+      make_op(op, {x}, {{"axes", axes}, {"keep_dims", keep}}), test_sim().config());
 }
 
 void check_reduce(const std::string& op, DataType dt, const std::vector<int64_t>& shape,
@@ -94,7 +89,7 @@ void check_reduce(const std::string& op, DataType dt, const std::vector<int64_t>
   if (dt == DataType::S32 && !prod) lo = -1000, hi = 1000;
   HostTensor x = random_tensor(dt, shape, lo, hi, seed);
   auto k = compile_reduce(op, x.desc, axes, keep);
-  RunResult r = run_compiled(sim(), k, {x});
+  RunResult r = run_compiled(test_sim(), k, {x});
   const std::vector<bool> red = flags(shape.size(), axes);
   std::vector<int64_t> out_shape;
   for (size_t d = 0; d < shape.size(); ++d)
@@ -157,8 +152,8 @@ void check_arg(const std::string& op, DataType dt, const std::vector<int64_t>& s
   auto k = compiler::compile(
       make_op(op, {x.desc},
               {{"axis", axis}, {"output_type", std::string(compiler::data_type_name(out_type))}}),
-      sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+      test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   const size_t rank = shape.size();
   const size_t ax = static_cast<size_t>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
   std::vector<int64_t> out_shape;
@@ -192,7 +187,7 @@ int64_t plan_number(const std::string& op, DataType dt, const std::vector<int64_
                     const std::map<std::string, compiler::AttrValue>& attrs, const std::string& kernel,
                     const std::string& phrase) {
   auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, shape}}, attrs),
-                             sim().config());
+                             test_sim().config());
   for (const auto& l : k.launches) {
     if (l.summary.find(kernel) == std::string::npos) continue;
     std::smatch m;
@@ -264,7 +259,7 @@ TEST_CASE("double-buffered reductions: many steps per core, odd remainders") {
   const std::map<std::string, compiler::AttrValue> rows_axis{{"axes", std::vector<int64_t>{1}}};
   // Rows kernel: each core's rows take three groups of 16 rows of 1000 (checked from the plan),
   // the last core's rows are a partial group.
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   const int64_t cores =
       cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count;
   const std::vector<int64_t> rows_shape{40 * cores + 7, 1000};
@@ -301,7 +296,7 @@ TEST_CASE("double-buffered reductions: many steps per core, odd remainders") {
 }
 
 TEST_CASE("empty reductions and zero-size outputs") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   // A zero-size reduced dim: the identity (Mean: NaN).
   for (const char* op : {"Sum", "Prod", "Max", "Mean"}) check_reduce(op, DataType::F32, {3, 0}, {1}, false, 7);
   check_reduce("Min", DataType::F16, {0, 4}, {0}, true, 8);
@@ -350,7 +345,7 @@ TEST_CASE("NaN: Max/Min propagate it, ArgMax/ArgMin ignore it (all-NaN rows give
     for (const char* op : {"Max", "Min"}) {
       INFO(op << " axis " << axis);
       auto k = compile_reduce(op, x.desc, {axis}, false);
-      RunResult r = run_compiled(sim(), k, {x});
+      RunResult r = run_compiled(test_sim(), k, {x});
       for (int64_t i = 0; i < 9; ++i) {
         double want = op[1] == 'a' ? -1e300 : 1e300;
         for (int64_t j = 0; j < 9; ++j) {
@@ -367,8 +362,8 @@ TEST_CASE("NaN: Max/Min propagate it, ArgMax/ArgMin ignore it (all-NaN rows give
       INFO(op << " axis " << axis);
       auto k = compiler::compile(
           make_op(op, {x.desc}, {{"axis", axis}, {"output_type", std::string("s32")}}),
-          sim().config());
-      RunResult r = run_compiled(sim(), k, {x});
+          test_sim().config());
+      RunResult r = run_compiled(test_sim(), k, {x});
       for (int64_t i = 0; i < 9; ++i) {
         int64_t best = -1;
         for (int64_t j = 0; j < 9; ++j) {

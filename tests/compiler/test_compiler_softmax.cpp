@@ -34,11 +34,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 
 // Half the spacing of the output type's subnormals: the absolute part of its rounding.
@@ -84,9 +79,9 @@ void check_softmax(const std::string& op, DataType dt, const std::vector<int64_t
                    uint32_t seed) {
   INFO(op << " " << compiler::data_type_name(dt) << compiler::shape_str(shape));
   HostTensor x = random_tensor(dt, shape, -4, 4, seed);
-  auto k = compiler::compile(make_op(op, {x.desc}), sim().config());
+  auto k = compiler::compile(make_op(op, {x.desc}), test_sim().config());
   for (const auto& l : k.launches) INFO(l.summary);
-  RunResult r = run_compiled(sim(), k, {x});
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs[0].desc == x.desc);
   const int64_t C = shape.back(), rows = C ? x.desc.num_elements() / C : 0;
   const double ut = unit(dt);
@@ -114,9 +109,9 @@ void check_xent(DataType dt, const std::vector<int64_t>& xs, const std::vector<i
   HostTensor x = random_tensor(dt, xs, -4, 4, seed);
   HostTensor y = random_tensor(dt, ls, 0, 1, seed + 1);
   auto k = compiler::compile(make_op("SoftmaxCrossEntropyWithLogits", {x.desc, y.desc}),
-                             sim().config());
+                             test_sim().config());
   for (const auto& l : k.launches) INFO(l.summary);
-  RunResult r = run_compiled(sim(), k, {x, y});
+  RunResult r = run_compiled(test_sim(), k, {x, y});
   const int64_t N = std::max(xs[0], ls[0]), C = std::max(xs[1], ls[1]);
   REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {N}}));
   REQUIRE(r.outputs[1].desc == (compiler::TensorDesc{dt, {N, C}}));
@@ -160,9 +155,9 @@ void check_sparse(DataType dt, int64_t N, int64_t C, DataType label_type, uint32
     if (label_type == DataType::S64) lbl.values[2] = 4294967296.0 + 1;  // 2^32 + 1
   }
   auto k = compiler::compile(make_op("SparseSoftmaxCrossEntropyWithLogits", {x.desc, lbl.desc}),
-                             sim().config());
+                             test_sim().config());
   for (const auto& l : k.launches) INFO(l.summary);
-  RunResult r = run_compiled(sim(), k, {x, lbl});
+  RunResult r = run_compiled(test_sim(), k, {x, lbl});
   REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, {N}}));
   REQUIRE(r.outputs[1].desc == (compiler::TensorDesc{dt, {N, C}}));
   const double ut = unit(dt), nan = std::numeric_limits<double>::quiet_NaN();
@@ -224,7 +219,7 @@ TEST_CASE("double-buffered softmax family: many groups and windows per core") {
   // Resident groups: 200 rows of 500 bf16 are several groups of 16 rows per core on tiny.
   {
     auto k = compiler::compile(
-        make_op("Softmax", {compiler::TensorDesc{DataType::BF16, {203, 500}}}), sim().config());
+        make_op("Softmax", {compiler::TensorDesc{DataType::BF16, {203, 500}}}), test_sim().config());
     REQUIRE(k.launches.size() == 1);
     INFO(k.launches[0].summary);
     CHECK(k.launches[0].summary.find("groups of") != std::string::npos);  // resident
@@ -236,7 +231,7 @@ TEST_CASE("double-buffered softmax family: many groups and windows per core") {
   using Case = std::tuple<const char*, DataType, int64_t>;
   for (const auto& [op, dt, C] : {Case{"Softmax", DataType::F16, 8192},
                                   Case{"LogSoftmax", DataType::F32, 4096}}) {
-    auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, {37, C}}}), sim().config());
+    auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, {37, C}}}), test_sim().config());
     REQUIRE(k.launches.size() == 1);
     INFO(k.launches[0].summary);
     CHECK(k.launches[0].summary.find("one row resident") != std::string::npos);
@@ -255,7 +250,7 @@ TEST_CASE("double-buffered softmax family: many groups and windows per core") {
 }
 
 TEST_CASE("Softmax: zero-size and bad inputs") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   for (std::vector<int64_t> shape : {std::vector<int64_t>{4, 0}, std::vector<int64_t>{0, 5}}) {
     auto k = compiler::compile(make_op("Softmax", {{DataType::F32, shape}}), cfg);
     CHECK(k.launches.empty());

@@ -23,11 +23,6 @@ using compiler::DataType;
 
 namespace {
 
-Simulator& sim() {
-  static Simulator s(load_chip_config(test_chip_name()), SimOptions{});
-  return s;
-}
-
 double ulp(DataType t) {
   switch (t) {
     case DataType::F16: return std::ldexp(1.0, -10);
@@ -59,8 +54,8 @@ const UnaryCase kUnary[] = {
 void check_unary(const UnaryCase& c, DataType dt, std::vector<int64_t> shape, uint32_t seed) {
   INFO(c.op << " " << compiler::data_type_name(dt) << " " << compiler::shape_str(shape));
   HostTensor x = random_tensor(dt, shape, c.lo, c.hi, seed);
-  auto k = compiler::compile(make_op(c.op, {x.desc}), sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+  auto k = compiler::compile(make_op(c.op, {x.desc}), test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs[0].desc == x.desc);
   std::vector<double> want(x.values.size());
   for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(dt, c.fn(x.values[i]));
@@ -102,8 +97,8 @@ void check_cast(DataType src, DataType dst, std::vector<int64_t> shape, uint32_t
                                      {{"SrcT", std::string(compiler::data_type_name(src))},
                                       {"DstT", std::string(compiler::data_type_name(dst))},
                                       {"Truncate", truncate}}),
-                             sim().config());
-  RunResult r = run_compiled(sim(), k, {x});
+                             test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
   REQUIRE(r.outputs[0].desc.dtype == dst);
   std::vector<double> want(x.values.size());
   for (size_t i = 0; i < want.size(); ++i) want[i] = cast_ref(x.values[i], dst, truncate);
@@ -128,13 +123,13 @@ void check_is_finite(DataType dt, std::vector<int64_t> shape) {
   x.values.resize(static_cast<size_t>(x.desc.num_elements()));
   for (size_t i = 0; i < x.values.size(); ++i)
     x.values[i] = edges[(i * 5 + i / 14) % std::size(edges)];  // every edge at every lane phase
-  auto k = compiler::compile(make_op("IsFinite", {x.desc}), sim().config());
+  auto k = compiler::compile(make_op("IsFinite", {x.desc}), test_sim().config());
   REQUIRE(k.outputs[0] == TensorDesc{DataType::BOOL, x.desc.shape});
   if (x.values.empty()) {
     CHECK(k.launches.empty());
     return;
   }
-  RunResult r = run_compiled(sim(), k, {x});
+  RunResult r = run_compiled(test_sim(), k, {x});
   std::vector<double> want(x.values.size());
   for (size_t i = 0; i < want.size(); ++i) want[i] = std::isfinite(x.values[i]) ? 1 : 0;
   check_close(r.outputs[0].values, want, 0, 0, "IsFinite");
@@ -151,7 +146,7 @@ TEST_CASE("IsFinite on NaN, Inf, denormals and the largest values, f32 / f16 / b
   }
   check_is_finite(DataType::F32, {2, 4099});  // several tiles, a partial last repeat
   check_is_finite(DataType::F16, {20011});
-  CHECK_THROWS_WITH(compiler::compile(make_op("IsFinite", {{DataType::S32, {4}}}), sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(make_op("IsFinite", {{DataType::S32, {4}}}), test_sim().config()),
                     Catch::Contains("dtype s32"));
 }
 
@@ -175,7 +170,7 @@ TEST_CASE("unary op over many tiles and all vector cores") {
 
 TEST_CASE("zero-size unary op: no launch") {
   compiler::TensorDesc x{DataType::F32, {4, 0, 3}};
-  auto k = compiler::compile(make_op("Exp", {x}), sim().config());
+  auto k = compiler::compile(make_op("Exp", {x}), test_sim().config());
   CHECK(k.launches.empty());
   CHECK(k.outputs[0] == x);
 }
@@ -201,7 +196,7 @@ TEST_CASE("Cast between f32, f16, bf16, s32 and bool") {
 }
 
 TEST_CASE("unsupported unary ops, dtypes and casts are errors naming the op") {
-  const ChipConfig& cfg = sim().config();
+  const ChipConfig& cfg = test_sim().config();
   CHECK_THROWS_WITH(compiler::compile(make_op("Exp", {{DataType::S32, {4}}}), cfg),
                     Catch::Contains("Exp(s32[4])") && Catch::Contains("dtype s32"));
   CHECK_THROWS_WITH(compiler::compile(make_op("Cast", {{DataType::S32, {4}}},
