@@ -1,0 +1,11 @@
+"""compare_launches.py A.json B.json (written by launch_cycles.py): exits 1 unless both runs
+launched the same kernels with identical block_dim and cycles; prints the first differences."""
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+la, lb = a["launches"], b["launches"]
+if len(la) != len(lb):
+    print(f"DIFFERENT: {len(la)} vs {len(lb)} launches"); sys.exit(1)
+diff = [(i, x, y) for i, (x, y) in enumerate(zip(la, lb)) if x != y]
+for d in diff[:10]: print("DIFF", d)
+print(f"{len(la)} launches, {len(diff)} differ; total cycles {sum(x[2] for x in la)} vs {sum(x[2] for x in lb)}; output sums {a['output_sum']} vs {b['output_sum']}")
+sys.exit(1 if diff else 0)

@@ -1,0 +1,43 @@
+"""Emulator-speed check for simulator and compiler work: runs a model's inference (default
+ResNet-50, batch 1) through TensorFlow on the NPU (910b, or $CHIP), one warm-up step and STEPS
+measured steps; prints s/step, the launches and the emulator's wall time per op type (launch
+records' wall_us); with OUT=file.json writes every launch of the last step as (kernel,
+block_dim, cycles). benchmarks/compare_launches.py A.json B.json then checks that a change
+meant to make the emulator faster left every simulated cycle alone.
+
+Usage: [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
+       .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
+"""
+import collections, json, os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import npusim
+npusim.configure(chip=os.environ.get("CHIP", "910b"))
+import tensorflow as tf
+import models
+name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+steps = int(os.environ.get("STEPS", "2"))
+x, _ = models.synthetic_data(name, 1, seed=0)
+with tf.device("/NPU:0"):
+    model = models.build(name, seed=0)
+    xt = tf.constant(x)
+    f = tf.function(lambda t: model(t, training=False))
+    f(xt).numpy()
+    for _ in range(steps):
+        n0 = len(npusim.launch_records())
+        t0 = time.perf_counter()
+        y = f(xt).numpy()
+        dt = time.perf_counter() - t0
+        print(f"s/step {dt:.3f}", flush=True)
+recs = npusim.launch_records()[n0:]
+w = collections.defaultdict(lambda: [0, 0.0])
+for r in recs:
+    e = w[r["op_type"]]; e[0] += 1; e[1] += r["wall_us"]
+print(f"launches {len(recs)}  emulator wall in launches {sum(e[1] for e in w.values())/1e3:.1f} ms")
+for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
+    print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms")
+out = os.environ.get("OUT")
+if out:
+    json.dump({"launches": [[r["kernel"], r["block_dim"], r["cycles"]] for r in recs],
+               "output_sum": float(abs(y).sum())}, open(out, "w"))
+    print("wrote", out)
