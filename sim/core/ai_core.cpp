@@ -160,7 +160,6 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
         fmt::format("highest byte offset (addr + bytes) any instruction touched in {} ({} bytes)",
                     isa::buf_name(buf), bytes),
         1, CounterKind::kHighWater);
-  for (size_t op = 0; op < m_desc.size(); ++op) m_desc[op] = &isa::describe(Opcode(op));
   m_flag_or_abort |= m_flag_event;
   m_flag_or_abort |= m_abort.event();
   sc_core::sc_spawn_options scalar_opts;
@@ -497,7 +496,7 @@ void AiCore::check_flag_operands(int src, int dst, int id) const {
 }
 
 void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
-  const isa::InstrDesc& desc = *m_desc[static_cast<size_t>(in.op)];
+  const isa::InstrDesc& desc = in.desc();
   check_pipe_operand(pipe, desc.mnemonic);
   if (has_pipe_operands(in.op))
     check_flag_operands(static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),

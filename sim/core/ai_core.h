@@ -127,9 +127,6 @@ class AiCore : public sc_core::sc_module {
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
   const std::string m_name;
-  // isa::describe(op) by opcode, looked up once (operand resolution reads it per field).
-  // Indexed only by opcodes SectionRun found legal, which are inside the table.
-  std::array<const isa::InstrDesc*, isa::kNumOpcodes> m_desc{};
   std::unique_ptr<CoreMemory> m_local;  // L1/L0/UB/BT/FB, allocated in functional mode
 
   // Pipes present, indexed by isa::Pipe (S and absent pipes are null).
