@@ -2,17 +2,23 @@
 // is one or more sc_start() runs to quiescence; simulated time only moves forward.
 #include "sim/simulator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <systemc>
 
 #include "common/error.h"
 #include "sim/chip/chip.h"
+#include "sim/counters/observer.h"
 #include "sim/counters/counters.h"
 #include "sim/counters/trace.h"
+#include "sim/replay/launch_replay.h"
+#include "sim/replay/worker_pool.h"
 
 namespace npusim {
 
@@ -60,17 +66,95 @@ void run_to_quiescence() {
   }
 }
 
+// SimOptions with the environment's overrides (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS) applied.
+SimOptions with_environment(SimOptions o) {
+  if (const char* v = std::getenv("NPUSIM_REPLAY"); v && *v) {
+    if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) o.replay = SimOptions::Replay::on;
+    else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) o.replay = SimOptions::Replay::off;
+    else if (!std::strcmp(v, "check")) o.replay = SimOptions::Replay::check;
+    else
+      throw ConfigError(fmt::format("NPUSIM_REPLAY='{}': expected on, off or check", v));
+  }
+  if (const char* v = std::getenv("NPUSIM_REPLAY_THREADS"); v && *v) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (!end || *end || n < 0 || n > 256)
+      throw ConfigError(fmt::format("NPUSIM_REPLAY_THREADS='{}': expected a number of threads "
+                                    "from 0 (all the host has) to 256", v));
+    o.replay_threads = static_cast<int>(n);
+  }
+  return o;
+}
+
+int replay_thread_count(const SimOptions& o) {
+  if (o.replay_threads > 0) return o.replay_threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
 }  // namespace
 
 struct Simulator::Impl {
-  Impl(const ChipConfig& c, const SimOptions& o) : cfg(c), opts(o), gm(c.hbm_bytes) {}
+  Impl(const ChipConfig& c, const SimOptions& o)
+      : cfg(c), opts(o), gm(c.hbm_bytes), memo(o.replay_memo_launches),
+        pool(o.replay == SimOptions::Replay::off ? 1 : replay_thread_count(o)) {}
   ChipConfig cfg;
   SimOptions opts;
   DeviceMemory gm;
+  LaunchMemo memo;
+  WorkerPool pool;
   CounterRegistry counters;
   std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Chip> chip;
+
+  // The result of a replayed launch: simulated time moves on as it did when the launch was
+  // simulated, and the counters move by what it counted then.
+  KernelResult replayed_result(const isa::Program& program, int block_dim,
+                               const RecordedLaunch& rec, const sc_time& start,
+                               bool counter_tree) {
+    const uint64_t start_ps = time_ps(start);
+    for (ChipObserver* o : chip->observers()) o->on_kernel_begin(program, block_dim, start_ps);
+    try {
+      sc_core::sc_start(sc_time(static_cast<double>(rec.quiescent_ps), sc_core::SC_PS));
+    } catch (const sc_core::sc_report& e) {
+      throw Error(std::string("SystemC: ") + e.what());
+    }
+    for (ChipObserver* o : chip->observers())
+      o->on_kernel_end(program, start_ps + rec.duration_ps, true);
+    counters.apply(rec.counters);
+    KernelResult r;
+    r.ok = true;
+    r.replayed = true;
+    r.start_cycle = time_ps(start) / kPsPerCycle;
+    r.cycles = ceil_cycles(rec.duration_ps);
+    r.time_us = cfg.cycles_to_us(static_cast<double>(rec.duration_ps) / kPsPerCycle);
+    r.counter_delta = counters.delta_since(launch_base);
+    r.counter_delta.set_root(kChipName);
+    if (counter_tree) r.counters = r.counter_delta.tree();
+    return r;
+  }
+
+  // Replay check (SimOptions::Replay::check): the launch was replayed into `replayed`, then
+  // simulated from the same memory into `r`. Throws npusim::Error naming the first difference.
+  void check_replay(const isa::Program& program, const RecordedLaunch& rec,
+                    const std::string& replay_error, const DeviceMemory::Snapshot& replayed,
+                    const KernelResult& r, uint64_t duration_ps, uint64_t quiescent_ps) {
+    const std::string what = fmt::format("replay check of kernel '{}'", program.name);
+    if (!r.ok || !replay_error.empty())
+      throw Error(fmt::format("{}: simulated: {}; replayed: {}", what, r.ok ? "ok" : r.error,
+                              replay_error.empty() ? "ok" : replay_error));
+    if (duration_ps != rec.duration_ps || quiescent_ps != rec.quiescent_ps)
+      throw Error(fmt::format("{}: simulated {} ps (idle after {} ps), recorded {} ps ({} ps)",
+                              what, duration_ps, quiescent_ps, rec.duration_ps,
+                              rec.quiescent_ps));
+    const CounterRegistry::RawDelta now = counters.raw_delta_since(launch_base);
+    if (now != rec.counters)
+      throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved)",
+                              what, now.size(), rec.counters.size()));
+    if (auto addr = gm.first_difference(replayed))
+      throw Error(fmt::format("{}: device memory differs at {:#x} between the simulated and the "
+                              "replayed launch", what, *addr));
+  }
 
   HdcResult hdc_copy(bool host_to_device, uint64_t bytes) {
     HdcLink::Copy copy;
@@ -102,10 +186,10 @@ Simulator::Simulator(const ChipConfig& cfg, const SimOptions& opts) {
   }
   if (sc_core::sc_get_time_resolution() != sc_time(1, sc_core::SC_PS))
     throw Error("the SystemC time resolution is not 1 ps");
-  m_impl = std::make_unique<Impl>(cfg, opts);
+  m_impl = std::make_unique<Impl>(cfg, with_environment(opts));
   std::vector<ChipObserver*> observers;
-  if (opts.trace) {
-    m_impl->trace = std::make_unique<TraceRecorder>(cfg.clock_mhz, opts.trace_max_events);
+  if (m_impl->opts.trace) {
+    m_impl->trace = std::make_unique<TraceRecorder>(cfg.clock_mhz, m_impl->opts.trace_max_events);
     observers.push_back(m_impl->trace.get());
   }
   try {
@@ -128,8 +212,51 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   Impl& I = *m_impl;
   I.counters.snapshot(I.launch_base);
   const sc_time start = sc_time_stamp();
+  // A launch run before is replayed unless an observer wants to see its instructions.
+  LaunchKey key;
+  const bool replayable = I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
+                          replay_key(*launch.program, launch.args, launch.block_dim, &key);
+  RecordedLaunch* found = replayable ? I.memo.find(key) : nullptr;
+  const auto& observers = I.chip->observers();
+  const bool detail = std::any_of(observers.begin(), observers.end(),
+                                  [](const ChipObserver* o) { return o->wants_launch_detail(); });
+  RecordedLaunch* recorded = detail ? nullptr : found;
+  DeviceMemory::Snapshot before, replayed;
+  std::string replay_error;
+  if (recorded) {
+    const bool check = I.opts.replay == SimOptions::Replay::check;
+    // The check replays, then simulates the same launch from the same state: device memory
+    // and the buffers of the cores it runs on (a kernel may store bytes it never wrote).
+    std::vector<std::vector<std::vector<uint8_t>>> buffers;
+    if (check) {
+      before = I.gm.snapshot();
+      for (const RecordedLaunch::CoreBlocks& cb : recorded->cores)
+        buffers.push_back(I.chip->cores()[static_cast<size_t>(cb.core)]->local().save());
+    }
+    replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
+                                 I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+    if (!check) {
+      if (!replay_error.empty()) {
+        // Cannot happen for a launch that ran cleanly with the same operands; report it as the
+        // kernel's fault rather than pretend, and simulate the launch next time.
+        I.memo.erase(key);
+        KernelResult r;
+        r.error = "replay: " + replay_error;
+        r.start_cycle = time_ps(start) / kPsPerCycle;
+        return r;
+      }
+      return I.replayed_result(*launch.program, launch.block_dim, *recorded, start,
+                               launch.counter_tree);
+    }
+    replayed = I.gm.snapshot();
+    I.gm.restore(before);
+    for (size_t i = 0; i < buffers.size(); ++i)
+      I.chip->cores()[static_cast<size_t>(recorded->cores[i].core)]->local().restore(buffers[i]);
+  }
+
+  const bool record = replayable && !found;
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
-                         I.opts.max_insns_per_block);
+                       I.opts.max_insns_per_block, record);
   run_to_quiescence();
 
   KernelResult r;
@@ -147,6 +274,9 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
       break;
   }
   const uint64_t duration_ps = time_ps(I.chip->end_time() - start);
+  RecordedLaunch rec;
+  const bool keep = record && r.ok && !I.chip->mix() &&
+                    record_blocks(*launch.program, I.chip->cores(), &rec);
   I.chip->end_launch(r.ok);
   r.start_cycle = time_ps(start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);
@@ -154,6 +284,15 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   r.counter_delta = I.counters.delta_since(I.launch_base);
   r.counter_delta.set_root(kChipName);
   if (launch.counter_tree) r.counters = r.counter_delta.tree();
+  r.replayed = recorded != nullptr;  // check mode: replayed, then verified by simulating
+  if (recorded) I.check_replay(*launch.program, *recorded, replay_error, replayed, r,
+                               duration_ps, time_ps(sc_time_stamp() - start));
+  if (keep) {
+    rec.duration_ps = duration_ps;
+    rec.quiescent_ps = time_ps(sc_time_stamp() - start);
+    rec.counters = I.counters.raw_delta_since(I.launch_base);
+    I.memo.insert(std::move(key), std::move(rec));
+  }
   return r;
 }
 

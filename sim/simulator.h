@@ -28,6 +28,18 @@ struct SimOptions {
   // instructions included) faults, so an endless loop in a kernel is an error, not a hang.
   // The 4096^3 GEMM needs about 10^5 per block. 0 disables the watchdog.
   uint64_t max_insns_per_block = 100'000'000;
+  // Launch replay (sim/replay/launch_replay.h): a launch identical to one already simulated
+  // (program, arguments, block count) is carried out without simulating time again and gets
+  // the recorded cycles and counters. on: replay; off: simulate every launch; check: replay,
+  // then also simulate it and throw npusim::Error if memory, cycles or counters differ.
+  // The environment variable NPUSIM_REPLAY (on|off|check) overrides this.
+  enum class Replay { on, off, check };
+  Replay replay = Replay::on;
+  // Host threads a replayed launch's cores run on; 0: the host's hardware threads (at most 8).
+  // NPUSIM_REPLAY_THREADS overrides it.
+  int replay_threads = 0;
+  // Recorded launches kept for replay (least recently used dropped first).
+  size_t replay_memo_launches = 4096;
 };
 
 struct KernelLaunch {
@@ -42,6 +54,9 @@ struct KernelLaunch {
 
 struct KernelResult {
   bool ok = false;
+  // Carried out as a replay of an identical earlier launch (SimOptions::replay): same cycles
+  // and counters as simulating it, without simulating time again.
+  bool replayed = false;
   std::string error;            // on failure: "core <name> pc <n> (<file:line>): <insn>: <what>"
   uint64_t start_cycle = 0;     // simulated cycle the launch began
   uint64_t cycles = 0;          // simulated duration in AI-core cycles

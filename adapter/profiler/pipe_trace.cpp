@@ -70,6 +70,11 @@ void PipeTraceCollector::on_core(int core, const std::string& name) {
   m_cores.emplace_back(core, name);
 }
 
+bool PipeTraceCollector::wants_launch_detail() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_stats.launches_detailed < m_opts.detail_launches && m_stats.events < m_opts.max_events;
+}
+
 void PipeTraceCollector::on_kernel_begin(const isa::Program& prog, int, uint64_t t_ps) {
   std::lock_guard<std::mutex> lock(m_mutex);
   ++m_stats.launches_seen;

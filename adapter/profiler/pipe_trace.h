@@ -59,6 +59,8 @@ class PipeTraceCollector : public ChipObserver {
   void on_flow_begin(int core, Lane lane, uint64_t t_ps, uint64_t flow) override;
   void on_flow_end(int core, Lane lane, uint64_t t_ps, uint64_t flow) override;
   void on_hdc(bool host_to_device, uint64_t start_ps, uint64_t end_ps, uint64_t bytes) override {}
+  // True while the next launch would be recorded in detail.
+  bool wants_launch_detail() const override;
 
  private:
   enum class Kind : uint8_t { Slice, FlowBegin, FlowEnd };

@@ -153,7 +153,8 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& progra
 }
 
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
-                        int block_dim, bool functional, uint64_t max_insns_per_block) {
+                        int block_dim, bool functional, uint64_t max_insns_per_block,
+                        bool record) {
   if (block_dim < 1)
     throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
                             block_dim));
@@ -161,7 +162,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_fault.clear();
   m_cc_arrivals.clear();
   std::vector<TaskScheduler::Worker> workers = make_workers(program);
-  m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block};
+  m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record};
   m_memory->begin_launch();
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));

@@ -36,7 +36,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Prepares a launch and dispatches its first blocks (they start when the simulation runs).
   // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
-                    int block_dim, bool functional, uint64_t max_insns_per_block);
+                    int block_dim, bool functional, uint64_t max_insns_per_block,
+                    bool record = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }
@@ -58,6 +59,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void add_observer(ChipObserver* observer);
   void remove_observer(ChipObserver* observer);
   const std::vector<std::unique_ptr<AiCore>>& cores() const { return m_cores; }
+  // The launch in progress (or last begun) is a mix kernel: aic and aiv cores in groups.
+  bool mix() const { return m_mix; }
 
   // CoreEnv
   const ChipConfig& config() const override { return m_cfg; }

@@ -9,7 +9,6 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
-#include "sim/exec/scalar_alu.h"
 
 namespace npusim {
 
@@ -188,6 +187,7 @@ void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_run = &run;
   m_block = block;
   m_subblock = subblock;
+  m_assigned_blocks.push_back({&run, block, subblock});
   m_assigned = true;
   m_touched = true;
   m_assign_event.notify(SC_ZERO_TIME);
@@ -208,6 +208,9 @@ void AiCore::reset() {
   clear_flags();
   for (auto& f : m_cross_core) f.flows.clear();
   m_assigned = m_running = false;
+  m_assigned_blocks.clear();
+  m_exec_order.clear();
+  m_gm_accesses.clear();
   m_scalar_blocked = {};
   m_local_time = SC_ZERO_TIME;
 }
@@ -282,10 +285,7 @@ void AiCore::scalar_thread() {
 }
 
 void AiCore::run_block() {
-  m_regs.fill(0);
-  m_mask = VectorMask{};
-  m_fmatrix = FMatrix{};
-  m_l3d = L3dGeom{};
+  m_scalar.reset();
   m_local_time = SC_ZERO_TIME;
   clear_flags();
   const isa::Section& section = *m_run->section;
@@ -310,7 +310,7 @@ void AiCore::run_block() {
     const DecodedInsn& d = decoded[pc];
     if (!d.legal) throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
     const isa::Instruction& in = code[pc];
-    m_reg_fields = d.reg_fields;
+    m_scalar.reg_fields = d.reg_fields;
     // The instruction's start, for observers only (reading the time costs a call).
     const sc_time begin = observers.empty() ? SC_ZERO_TIME : sc_time_stamp() + m_local_time;
     uint32_t next = pc + 1;
@@ -338,65 +338,19 @@ void AiCore::run_block() {
   }
 }
 
-int64_t AiCore::operand(const isa::Instruction& in, int field) const {
-  const int64_t v = in.ops[field].value;
-  return (m_reg_fields >> field) & 1u ? m_regs[static_cast<size_t>(v)] : v;
-}
-
 uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
-  auto dst = [&]() -> int64_t& { return m_regs[static_cast<size_t>(in.ops[0].value)]; };
-  auto target = [&](int field) {
-    const int64_t t = in.ops[field].value;
-    const size_t n = m_run->section->code.size();
-    if (t < 0 || static_cast<uint64_t>(t) >= n)
-      throw KernelFault(fmt::format("branch target {} is outside the section ({} instructions)",
-                                    t, n));
-    return static_cast<uint32_t>(t);
-  };
+  const BlockIdentity id{m_env.launch().args, m_block, m_env.launch().block_dim, m_subblock,
+                         m_kind_index};
+  const uint32_t local = exec_scalar_local(m_scalar, in, pc, m_run->section->code.size(), id);
+  if (local != kNotLocal) return local;
+  auto dst = [&]() -> int64_t& { return m_scalar.regs[static_cast<size_t>(in.ops[0].value)]; };
   const Opcode op = in.op;
-  if (is_scalar_alu(op)) {
-    dst() = scalar_alu(op, operand(in, 1), operand(in, 2));
-    return pc + 1;
-  }
-  if (is_conditional_branch(op))
-    return branch_taken(op, operand(in, 0), operand(in, 1)) ? target(2) : pc + 1;
   switch (op) {
-    case Opcode::op_nop:
-      break;
-    case Opcode::op_jmp:
-      return target(0);
-    case Opcode::op_movi:
-      dst() = in.ops[1].value;
-      break;
-    case Opcode::op_mov:
-      dst() = operand(in, 1);
-      break;
-    case Opcode::op_ldarg: {
-      const auto& args = *m_env.launch().args;
-      const int64_t index = in.ops[1].value;
-      if (index < 0 || static_cast<uint64_t>(index) >= args.size())
-        throw KernelFault(fmt::format("ldarg index {} out of range: the launch passes {} "
-                                      "argument(s)", index, args.size()));
-      dst() = static_cast<int64_t>(args[static_cast<size_t>(index)]);
-      break;
-    }
-    case Opcode::op_get_block_id:
-      dst() = m_block;
-      break;
-    case Opcode::op_get_block_num:
-      dst() = m_env.launch().block_dim;
-      break;
-    case Opcode::op_get_subblock_id:
-      dst() = m_subblock;
-      break;
-    case Opcode::op_get_core_id:
-      dst() = m_kind_index;
-      break;
     case Opcode::op_ld:
     case Opcode::op_st: {
       // 8 bytes, little endian, at a GM byte address. Timing-only runs check the address but
       // move no data: ld reads 0 there.
-      const uint64_t addr = static_cast<uint64_t>(operand(in, 1));
+      const uint64_t addr = static_cast<uint64_t>(m_scalar.operand(in, 1));
       if (!m_env.gm().in_bounds(addr, 8))
         throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
                                       "bytes", addr, addr + 8, m_env.gm().capacity()));
@@ -405,33 +359,16 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         int64_t v = 0;
         if (m_env.launch().functional) m_env.gm().read(addr, &v, 8);
         dst() = v;
-      } else if (m_env.launch().functional) {
-        const int64_t v = operand(in, 0);
-        m_env.gm().write(addr, &v, 8);
+      } else {
+        if (m_env.launch().functional) {
+          const int64_t v = m_scalar.operand(in, 0);
+          m_env.gm().write(addr, &v, 8);
+        }
+        m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
+        if (m_env.launch().record) m_gm_accesses.push_back({addr, 8, true});
       }
       break;
     }
-    case Opcode::op_set_mask:
-      m_mask = VectorMask{static_cast<uint64_t>(operand(in, 0)),
-                          static_cast<uint64_t>(operand(in, 1)), false, 0};
-      break;
-    case Opcode::op_set_mask_count:
-      m_mask.counter_mode = true;
-      m_mask.count = static_cast<uint64_t>(operand(in, 0));
-      break;
-    case Opcode::op_set_fmatrix:
-      m_fmatrix = FMatrix{operand(in, 0),
-                          operand(in, 1),
-                          static_cast<int>(in.ops[2].value),
-                          static_cast<int>(in.ops[3].value),
-                          static_cast<int>(in.ops[4].value),
-                          static_cast<int>(in.ops[5].value)};
-      break;
-    case Opcode::op_set_l3d_geom:
-      m_l3d = L3dGeom{static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),
-                      static_cast<int>(in.ops[2].value), static_cast<int>(in.ops[3].value),
-                      static_cast<int>(in.ops[4].value), static_cast<int>(in.ops[5].value)};
-      break;
     case Opcode::op_set_flag: {  // src is the scalar unit: set now
       const int src = static_cast<int>(in.ops[0].value);
       const int dst_pipe = static_cast<int>(in.ops[1].value);
@@ -501,14 +438,7 @@ void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
   if (has_pipe_operands(in.op))
     check_flag_operands(static_cast<int>(in.ops[0].value), static_cast<int>(in.ops[1].value),
                         static_cast<int>(in.ops[2].value));
-  IssuedOp op;
-  op.insn = &in;
-  op.pc = pc;
-  const size_t nfields = desc.fields.size();
-  for (size_t i = 0; i < nfields; ++i) op.v[i] = operand(in, static_cast<int>(i));
-  op.mask = m_mask;
-  op.fmatrix = m_fmatrix;
-  op.l3d = m_l3d;
+  const IssuedOp op = m_scalar.issued(in, pc);
   sync_local();
   PipeUnit& u = *pipe_unit(pipe);
   const size_t depth = queue_depth(m_cfg);
@@ -640,9 +570,12 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
     default: {
       ExecContext ctx{m_cfg, m_kind, *m_local, m_env.gm()};
       const ExecCost cost = plan(op, ctx);
+      if (m_env.launch().record)
+        m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
       if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
       else run_gm_transfer(u, cost);
       if (m_env.launch().functional) execute(op, ctx);
+      m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
       if (cost.path_src != cost.path_dst && cost.bytes) {

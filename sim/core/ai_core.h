@@ -19,6 +19,7 @@
 #include "isa/isa.h"
 #include "sim/chip/gm_transfer.h"
 #include "sim/core/core_env.h"
+#include "sim/core/scalar_state.h"
 #include "sim/counters/counters.h"
 #include "sim/exec/exec.h"
 
@@ -41,6 +42,25 @@ class AiCore : public sc_core::sc_module {
   const std::string& core_name() const { return m_name; }
   // The section of the block being (or last) run; nullptr before the first block.
   const isa::Section* current_section() const { return m_run ? m_run->section : nullptr; }
+
+  const CoreKindConfig& kind_config() const { return m_kind; }
+  // The core's buffers (L1, L0A/B/C, UB, ...). The launch replay runs blocks on them directly
+  // between launches, so buffer contents carry over from block to block as in a simulated run.
+  CoreMemory& local() { return *m_local; }
+  // The blocks this core was given in the launch now ending, in order: what the launch replay
+  // records (cleared by reset()).
+  struct AssignedBlock {
+    const SectionRun* run;
+    int block, subblock;
+  };
+  const std::vector<AssignedBlock>& assigned_blocks() const { return m_assigned_blocks; }
+  // The order in which instructions took effect on this core in the launch now ending: one
+  // entry per pipe instruction executed (its pipe) or scalar st (isa::Pipe::S), sync
+  // instructions left out. The launch replay executes in this order (cleared by reset()).
+  const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
+  // The GM ranges this core's instructions touched in the launch now ending, if the launch is
+  // being recorded (LaunchInfo::record; cleared by reset()).
+  const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
 
   // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
   void assign_block(const SectionRun& run, int block, int subblock);
@@ -85,9 +105,6 @@ class AiCore : public sc_core::sc_module {
   void issue(const isa::Instruction& in, uint32_t pc, isa::Pipe pipe);
   void run_pipe_op(PipeUnit& u, const IssuedOp& op);
   void run_gm_transfer(PipeUnit& u, const ExecCost& cost);
-  // Operand `field` of `in`, the instruction the scalar unit is executing: a register's value or
-  // the immediate (m_reg_fields, decoded once per launch, says which).
-  int64_t operand(const isa::Instruction& in, int field) const;
 
   // Flags. set_flag faults if the flag is already set; wait_flag blocks until set, then clears.
   void check_flag_operands(int src, int dst, int id) const;
@@ -137,14 +154,13 @@ class AiCore : public sc_core::sc_module {
   const SectionRun* m_run = nullptr;
   int m_block = 0, m_subblock = 0;
   bool m_assigned = false, m_running = false;
+  std::vector<AssignedBlock> m_assigned_blocks;  // this launch's blocks, in order
+  std::vector<uint8_t> m_exec_order;              // see exec_order()
+  std::vector<GmAccess> m_gm_accesses;            // see gm_accesses()
   sc_core::sc_event m_assign_event;
-  std::array<int64_t, isa::kNumRegs> m_regs{};
-  VectorMask m_mask;
-  FMatrix m_fmatrix;
-  L3dGeom m_l3d;
+  ScalarState m_scalar;  // registers and special registers of the running block
   sc_core::sc_time m_local_time;
   uint32_t m_pc = 0;
-  uint32_t m_reg_fields = 0;  // DecodedInsn::reg_fields of the instruction being executed
   Blocked m_scalar_blocked;
 
   // Flags [src pipe][dst pipe][id], and cross-core flags by id.

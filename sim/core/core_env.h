@@ -73,6 +73,8 @@ struct LaunchInfo {
   int block_dim = 0;
   bool functional = true;
   uint64_t max_insns_per_block = 0;  // watchdog (0: none), SimOptions::max_insns_per_block
+  // The launch will be recorded for replay: cores keep the GM ranges they touch (gm_accesses).
+  bool record = false;
 };
 
 class CoreEnv {

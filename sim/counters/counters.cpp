@@ -126,6 +126,29 @@ CounterDelta CounterRegistry::delta_since(const std::vector<uint64_t>& base) con
   return d;
 }
 
+CounterRegistry::RawDelta CounterRegistry::raw_delta_since(
+    const std::vector<uint64_t>& base) const {
+  RawDelta d;
+  uint32_t i = 0;
+  for (auto c = m_counters.cbegin(); c != m_counters.cend(); ++c, ++i) {
+    if (c->m_kind == CounterKind::kHighWater) {
+      if (c->m_window) d.emplace_back(i, c->m_window);
+      continue;
+    }
+    const uint64_t from = i < base.size() && base[i] <= c->m_raw ? base[i] : 0;
+    if (c->m_raw != from) d.emplace_back(i, c->m_raw - from);
+  }
+  return d;
+}
+
+void CounterRegistry::apply(const RawDelta& delta) {
+  for (const auto& [i, raw] : delta) {
+    Counter& c = m_counters.at(i);
+    if (c.m_kind == CounterKind::kHighWater) c.raise_to(raw);
+    else c.add(raw);
+  }
+}
+
 Counter& CounterGroup::get_or_add(const std::string& name, const std::string& unit,
                                   const std::string& desc, uint64_t scale) const {
   if (Counter* c = m_reg->find(m_prefix + "." + name)) return *c;

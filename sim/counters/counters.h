@@ -123,6 +123,15 @@ class CounterRegistry {
   // dump_since(base, true) as a flat delta: the same counters and values, no tree built.
   CounterDelta delta_since(const std::vector<uint64_t>& base) const;
 
+  // A launch's raw growth, to be applied again later (the launch replay, sim/replay/): for each
+  // counter that moved since `base` (the latest snapshot), its index and its raw growth (sums)
+  // or its maximum since the snapshot (high-water counters).
+  using RawDelta = std::vector<std::pair<uint32_t, uint64_t>>;
+  RawDelta raw_delta_since(const std::vector<uint64_t>& base) const;
+  // Applies a RawDelta of this registry: sums grow by it, high-water counters are raised to it,
+  // exactly as if the recorded launch had run again.
+  void apply(const RawDelta& delta);
+
  private:
   // Counter i's growth since base, as reported (dump_since's rules).
   uint64_t reported_since(size_t i, const std::vector<uint64_t>& base) const;

@@ -34,6 +34,11 @@ class ChipObserver {
   virtual void on_flow_end(int core, Lane lane, uint64_t t_ps, uint64_t flow) = 0;
   // A host-device copy over the HDC link.
   virtual void on_hdc(bool host_to_device, uint64_t start_ps, uint64_t end_ps, uint64_t bytes) = 0;
+  // Whether this observer needs the instructions and flag edges of the next launch. If no
+  // attached observer does, the Simulator may replay a launch it has run before
+  // (sim/replay/launch_replay.h): the observers then see only on_kernel_begin / on_kernel_end
+  // of it, at the times the simulated run had.
+  virtual bool wants_launch_detail() const { return true; }
 };
 
 }  // namespace npusim

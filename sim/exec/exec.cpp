@@ -36,6 +36,19 @@ void CoreMemory::clear() {
     if (v.size) std::memset(v.data.get(), 0, v.size);
 }
 
+std::vector<std::vector<uint8_t>> CoreMemory::save() const {
+  std::vector<std::vector<uint8_t>> out(m_bufs.size());
+  for (size_t b = 0; b < m_bufs.size(); ++b)
+    out[b].assign(m_bufs[b].data.get(), m_bufs[b].data.get() + m_bufs[b].size);
+  return out;
+}
+
+void CoreMemory::restore(const std::vector<std::vector<uint8_t>>& saved) {
+  for (size_t b = 0; b < m_bufs.size() && b < saved.size(); ++b)
+    if (m_bufs[b].size == saved[b].size() && m_bufs[b].size)
+      std::memcpy(m_bufs[b].data.get(), saved[b].data(), m_bufs[b].size);
+}
+
 ExecCost plan(const IssuedOp& op, const ExecContext& ctx) {
   switch (op.insn->desc().pipe) {
     case isa::Pipe::V: return plan_vector(op, ctx);

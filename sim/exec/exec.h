@@ -53,6 +53,9 @@ class CoreMemory {
   uint8_t* at(isa::Buf b, uint64_t addr, uint64_t n);
   uint64_t capacity(isa::Buf b) const { return m_bufs[static_cast<int>(b)].size; }
   void clear();  // zero all buffers
+  // Every buffer's contents, and putting them back (the replay check, sim/replay/).
+  std::vector<std::vector<uint8_t>> save() const;
+  void restore(const std::vector<std::vector<uint8_t>>& saved);
   // High-water mark of buffer b: the largest end offset (addr + bytes) of any range plan()
   // checked in it (note_access), in functional and timing-only runs alike. The core reports it
   // as a counter and restarts it between launches (reset_high_water).

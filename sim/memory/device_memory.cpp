@@ -9,10 +9,33 @@
 
 namespace npusim {
 
+DeviceMemory::DeviceMemory(uint64_t capacity_bytes) : m_capacity(capacity_bytes) {
+  const uint64_t pages = (capacity_bytes + kPageBytes - 1) / kPageBytes;
+  m_dir_size = (pages + kTablePages - 1) / kTablePages;
+  m_dir = std::make_unique<std::atomic<Table*>[]>(m_dir_size);
+  for (uint64_t i = 0; i < m_dir_size; ++i) m_dir[i].store(nullptr);
+}
+
+DeviceMemory::~DeviceMemory() {
+  clear();
+  for (uint8_t* p : m_spare) delete[] p;
+  for (uint64_t i = 0; i < m_dir_size; ++i) delete m_dir[i].load();
+}
+
 void DeviceMemory::check(uint64_t addr, uint64_t n) const {
   if (!in_bounds(addr, n))
     throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} bytes",
                                   addr, addr + n, m_capacity));
+}
+
+template <typename F>
+void DeviceMemory::for_each_page(F&& f) const {
+  for (uint64_t t = 0; t < m_dir_size; ++t) {
+    const Table* table = m_dir[t].load(std::memory_order_acquire);
+    if (!table) continue;
+    for (uint64_t i = 0; i < kTablePages; ++i)
+      if (uint8_t* p = table->pages[i].load(std::memory_order_acquire)) f(t * kTablePages + i, p);
+  }
 }
 
 void DeviceMemory::read(uint64_t addr, void* dst, uint64_t n) const {
@@ -21,9 +44,9 @@ void DeviceMemory::read(uint64_t addr, void* dst, uint64_t n) const {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    auto it = m_pages.find(page);
-    if (it == m_pages.end()) std::memset(out, 0, len);
-    else std::memcpy(out, it->second.get() + off, len);
+    const uint8_t* p = find_page(page);
+    if (!p) std::memset(out, 0, len);
+    else std::memcpy(out, p + off, len);
     out += len;
     addr += len;
     n -= len;
@@ -48,10 +71,8 @@ void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    auto it = m_pages.find(page);
-    if (it != m_pages.end() || value != 0) {
+    if (value != 0 || find_page(page))
       std::memset(page_for_write(page, len == kPageBytes) + off, value, len);
-    }
     addr += len;
     n -= len;
   }
@@ -62,10 +83,9 @@ void DeviceMemory::discard(uint64_t addr, uint64_t n) {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    auto it = m_pages.find(page);
-    if (it != m_pages.end()) {
-      if (len == kPageBytes) release(it);
-      else std::memset(it->second.get() + off, 0, len);
+    if (uint8_t* p = find_page(page)) {
+      if (len == kPageBytes) release(page);
+      else std::memset(p + off, 0, len);
     }
     addr += len;
     n -= len;
@@ -73,21 +93,74 @@ void DeviceMemory::discard(uint64_t addr, uint64_t n) {
 }
 
 uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
-  Page& p = m_pages[page];
-  if (p) return p.get();
-  if (m_spare.empty()) {
-    p.reset(new uint8_t[kPageBytes]());  // zero-initialised: unwritten bytes read as zero
-  } else {
-    p = std::move(m_spare.back());
-    m_spare.pop_back();
-    if (!whole) std::memset(p.get(), 0, kPageBytes);
+  if (uint8_t* p = find_page(page)) return p;
+  std::lock_guard<std::mutex> lock(m_alloc);
+  std::atomic<Table*>& slot = m_dir[page / kTablePages];
+  Table* table = slot.load(std::memory_order_acquire);
+  if (!table) {
+    table = new Table;
+    for (auto& e : table->pages) e.store(nullptr, std::memory_order_relaxed);
+    slot.store(table, std::memory_order_release);
   }
-  return p.get();
+  std::atomic<uint8_t*>& entry = table->pages[page % kTablePages];
+  if (uint8_t* p = entry.load(std::memory_order_acquire)) return p;  // another thread's
+  uint8_t* p;
+  if (m_spare.empty()) {
+    p = new uint8_t[kPageBytes]();  // zero-initialised: unwritten bytes read as zero
+  } else {
+    p = m_spare.back();
+    m_spare.pop_back();
+    if (!whole) std::memset(p, 0, kPageBytes);
+  }
+  entry.store(p, std::memory_order_release);
+  ++m_resident;
+  return p;
 }
 
-void DeviceMemory::release(std::unordered_map<uint64_t, Page>::iterator it) {
-  if (m_spare.size() < kMaxSparePages) m_spare.push_back(std::move(it->second));
-  m_pages.erase(it);
+void DeviceMemory::release(uint64_t page) {
+  std::lock_guard<std::mutex> lock(m_alloc);
+  Table* table = m_dir[page / kTablePages].load();
+  uint8_t* p = table->pages[page % kTablePages].exchange(nullptr);
+  if (!p) return;
+  --m_resident;
+  if (m_spare.size() < kMaxSparePages) m_spare.push_back(p);
+  else delete[] p;
+}
+
+void DeviceMemory::clear() {
+  for_each_page([&](uint64_t index, uint8_t*) { release(index); });
+}
+
+DeviceMemory::Snapshot DeviceMemory::snapshot() const {
+  Snapshot s;
+  for_each_page([&](uint64_t index, uint8_t* p) { s[index].assign(p, p + kPageBytes); });
+  return s;
+}
+
+void DeviceMemory::restore(const Snapshot& s) {
+  clear();
+  for (const auto& [index, bytes] : s)
+    std::memcpy(page_for_write(index, true), bytes.data(), kPageBytes);
+}
+
+std::optional<uint64_t> DeviceMemory::first_difference(const Snapshot& s) const {
+  static const std::vector<uint8_t> zero(kPageBytes, 0);
+  std::optional<uint64_t> first;
+  auto compare = [&](uint64_t index, const uint8_t* a, const uint8_t* b) {
+    for (uint64_t i = 0; i < kPageBytes; ++i)
+      if (a[i] != b[i]) {
+        const uint64_t addr = index * kPageBytes + i;
+        if (!first || addr < *first) first = addr;
+        return;
+      }
+  };
+  for_each_page([&](uint64_t index, uint8_t* p) {
+    auto it = s.find(index);
+    compare(index, p, it == s.end() ? zero.data() : it->second.data());
+  });
+  for (const auto& [index, bytes] : s)
+    if (!find_page(index)) compare(index, zero.data(), bytes.data());
+  return first;
 }
 
 }  // namespace npusim

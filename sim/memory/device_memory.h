@@ -1,11 +1,20 @@
 // Global memory (HBM) of the device: sparse, pages allocated on first write, so a 64 GiB chip
 // runs on a host with far less RAM. Unwritten bytes read as zero. Addresses are device byte
 // addresses in [0, capacity).
+//
+// Pages are found through a two-level table (a directory of page tables of kTablePages pages),
+// both levels allocated on first write. Lookups take no lock, so several threads may read and
+// write (distinct bytes) at once: the launch replay runs cores on host threads. Allocating a
+// page or a table takes a lock; discard, clear and restore must not run concurrently with
+// anything.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
-#include <unordered_map>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 namespace npusim {
@@ -13,7 +22,11 @@ namespace npusim {
 class DeviceMemory {
  public:
   static constexpr uint64_t kPageBytes = 64 * 1024;
-  explicit DeviceMemory(uint64_t capacity_bytes) : m_capacity(capacity_bytes) {}
+  explicit DeviceMemory(uint64_t capacity_bytes);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
   uint64_t capacity() const { return m_capacity; }
   // Throws KernelFault naming the range if [addr, addr+n) is outside the device memory.
   void read(uint64_t addr, void* dst, uint64_t n) const;
@@ -23,23 +36,48 @@ class DeviceMemory {
   // range are released, the covered parts of other pages are zeroed. Throws like write().
   void discard(uint64_t addr, uint64_t n);
   bool in_bounds(uint64_t addr, uint64_t n) const { return n <= m_capacity && addr <= m_capacity - n; }
-  uint64_t resident_bytes() const { return m_pages.size() * kPageBytes; }
-  void clear() { m_pages.clear(); }
+  uint64_t resident_bytes() const { return m_resident.load() * kPageBytes; }
+  void clear();
+
+  // A copy of every written page, and putting one back (the replay check compares a replayed
+  // launch's memory with a simulated one's). Pages never written read as zero in both.
+  using Snapshot = std::map<uint64_t, std::vector<uint8_t>>;
+  Snapshot snapshot() const;
+  void restore(const Snapshot& s);
+  // The lowest address whose byte differs between this memory and `s`, if any.
+  std::optional<uint64_t> first_difference(const Snapshot& s) const;
 
  private:
-  using Page = std::unique_ptr<uint8_t[]>;
+  static constexpr uint64_t kTablePages = 4096;  // pages per table: 256 MiB of addresses
+  struct Table {
+    std::atomic<uint8_t*> pages[kTablePages];
+  };
   // Released pages kept for reuse, at most this many (64 KiB each: 256 MiB). A framework frees
   // and reallocates its buffers every step; without the pool each step paid a fresh host
   // allocation, heap growth and page faults per page.
   static constexpr size_t kMaxSparePages = 4096;
+
   void check(uint64_t addr, uint64_t n) const;
+  // The page at index `page`, or nullptr if never written. No lock.
+  uint8_t* find_page(uint64_t page) const {
+    const Table* t = m_dir[page / kTablePages].load(std::memory_order_acquire);
+    return t ? t->pages[page % kTablePages].load(std::memory_order_acquire) : nullptr;
+  }
   // The page at index `page`, allocated if it was never written: zero-filled, unless `whole`
   // (the caller overwrites all of it).
   uint8_t* page_for_write(uint64_t page, bool whole);
-  void release(std::unordered_map<uint64_t, Page>::iterator it);
+  // Releases the page at index `page` (present) to the spare pool.
+  void release(uint64_t page);
+  // Calls f(index, page) for every written page, in address order.
+  template <typename F>
+  void for_each_page(F&& f) const;
+
   uint64_t m_capacity;
-  std::unordered_map<uint64_t, Page> m_pages;  // page index -> page
-  std::vector<Page> m_spare;                   // released pages, contents undefined
+  std::unique_ptr<std::atomic<Table*>[]> m_dir;  // tables, by page / kTablePages
+  uint64_t m_dir_size = 0;
+  std::atomic<uint64_t> m_resident{0};  // pages written
+  std::mutex m_alloc;                   // page and table allocation, the spare pool
+  std::vector<uint8_t*> m_spare;        // released pages, contents undefined
 };
 
 }  // namespace npusim

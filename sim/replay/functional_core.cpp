@@ -1,0 +1,105 @@
+#include "sim/replay/functional_core.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace npusim {
+
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+// Pipe instructions that only order time: never in the recorded order, skipped here.
+bool is_sync(Opcode op) {
+  return op == Opcode::op_set_flag || op == Opcode::op_wait_flag || op == Opcode::op_cc_set ||
+         op == Opcode::op_cc_wait;
+}
+}  // namespace
+
+FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind,
+                               CoreMemory& local, DeviceMemory& gm,
+                               const std::vector<uint8_t>& order, bool functional)
+    : m_ctx{cfg, kind, local, gm}, m_order(order), m_functional(functional) {}
+
+void FunctionalCore::take_effect(const IssuedOp& op) {
+  m_pc = op.pc;
+  if (!m_functional) return;
+  if (op.op() == Opcode::op_st) {
+    const int64_t v = op[0];
+    m_ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+    return;
+  }
+  execute(op, m_ctx);
+}
+
+void FunctionalCore::execute_ready() {
+  while (m_next < m_order.size()) {
+    Queue& q = m_queues[m_order[m_next]];
+    while (!q.empty() && is_sync(q.ops[q.head].op())) ++q.head;
+    if (q.empty()) break;  // the scalar unit has not issued it yet
+    take_effect(q.ops[q.head++]);
+    ++m_next;
+    if (q.empty()) {  // keep the queue as short as the timed run's
+      q.ops.clear();
+      q.head = 0;
+    }
+  }
+}
+
+void FunctionalCore::run_block(const SectionRun& run, const BlockIdentity& id) {
+  m_scalar.reset();
+  for (Queue& q : m_queues) {
+    q.ops.clear();
+    q.head = 0;
+  }
+  const auto& code = run.section->code;
+  uint32_t pc = 0;
+  for (;;) {
+    m_pc = pc;
+    if (pc >= code.size() || !run.decoded[pc].legal)
+      throw KernelFault(fmt::format("replay: pc {} is not a legal instruction of the recorded "
+                                    "run", pc));
+    const DecodedInsn& d = run.decoded[pc];
+    const isa::Instruction& in = code[pc];
+    m_scalar.reg_fields = d.reg_fields;
+    if (d.pipe != Pipe::S) {
+      m_queues[static_cast<size_t>(d.pipe)].ops.push_back(m_scalar.issued(in, pc));
+      execute_ready();
+      ++pc;
+      continue;
+    }
+    const uint32_t next = exec_scalar_local(m_scalar, in, pc, code.size(), id);
+    if (next != kNotLocal) {
+      pc = next;
+      continue;
+    }
+    switch (in.op) {
+      case Opcode::op_end:
+        execute_ready();
+        for (size_t p = 0; p < m_queues.size(); ++p) {
+          Queue& q = m_queues[p];
+          while (!q.empty() && is_sync(q.ops[q.head].op())) ++q.head;
+          if (!q.empty())
+            throw KernelFault(fmt::format("replay: pipe {} has {} instruction(s) the recorded "
+                                          "run did not execute in this block",
+                                          isa::pipe_name(Pipe(p)), q.ops.size() - q.head));
+        }
+        return;
+      case Opcode::op_st:
+        m_queues[static_cast<size_t>(Pipe::S)].ops.push_back(m_scalar.issued(in, pc));
+        execute_ready();
+        break;
+      case Opcode::op_set_flag:
+      case Opcode::op_wait_flag:
+      case Opcode::op_pipe_barrier:
+        break;  // order only time
+      default:  // ld, cc_set, cc_wait: such programs are never recorded (replay_key)
+        throw KernelFault(fmt::format("replay: {} cannot be replayed",
+                                      in.desc().mnemonic));
+    }
+    ++pc;
+  }
+}
+
+}  // namespace npusim

@@ -1,0 +1,64 @@
+// One AI core's blocks run again without simulated time, with the functional effect of the
+// timed run they replay (sim/replay/launch_replay.h). The scalar unit walks the program and
+// issues each pipe instruction into its pipe's queue, as in the core model
+// (sim/core/ai_core.h); the pipes then execute their queues' heads in the order the timed run
+// executed them, which it recorded per core (AiCore::exec_order). So even a kernel whose pipes
+// race (a missing wait_flag) computes what its timed run computed: the result depends only on
+// the order in which instructions took effect, and that order is replayed. Flags and barriers
+// only order time, so they are skipped; nothing is timed or counted.
+//
+// One FunctionalCore touches only its own CoreMemory and the bytes of device memory its
+// instructions name, so the replay runs several cores at once on host threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "sim/config/chip_config.h"
+#include "sim/core/core_env.h"
+#include "sim/core/scalar_state.h"
+#include "sim/exec/exec.h"
+#include "sim/memory/device_memory.h"
+
+namespace npusim {
+
+class FunctionalCore {
+ public:
+  // order: the pipes whose instructions took effect one after another in the timed run, over
+  // all the blocks this core ran (AiCore::exec_order; isa::Pipe::S marks a scalar st).
+  // functional: false for a timing-only simulator (nothing is computed, buffers stay as they
+  // are).
+  FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind, CoreMemory& local,
+                 DeviceMemory& gm, const std::vector<uint8_t>& order, bool functional);
+
+  // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
+  // recorded order (it cannot, for the launch that was recorded) or an instruction faults;
+  // fault_pc() then names the instruction.
+  void run_block(const SectionRun& run, const BlockIdentity& id);
+  uint32_t fault_pc() const { return m_pc; }
+  // Every recorded step was replayed (check after the core's last block).
+  bool finished() const { return m_next == m_order.size(); }
+
+ private:
+  // Instructions issued to one pipe (or, for S, scalar stores), not yet executed.
+  struct Queue {
+    std::vector<IssuedOp> ops;  // [head, size) pending
+    size_t head = 0;
+    bool empty() const { return head == ops.size(); }
+  };
+  // Executes recorded steps while the pipe each names has an instruction issued.
+  void execute_ready();
+  // Executes op (a pipe instruction, or a scalar st when S).
+  void take_effect(const IssuedOp& op);
+
+  ExecContext m_ctx;
+  const std::vector<uint8_t>& m_order;
+  size_t m_next = 0;  // next step of m_order
+  const bool m_functional;
+  std::array<Queue, isa::kNumExecPipes> m_queues;
+  ScalarState m_scalar;
+  uint32_t m_pc = 0;
+};
+
+}  // namespace npusim

@@ -1,0 +1,211 @@
+#include "sim/replay/launch_replay.h"
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "isa/disassembler.h"
+#include "sim/core/ai_core.h"
+#include "sim/replay/functional_core.h"
+#include "sim/replay/worker_pool.h"
+
+namespace npusim {
+
+using isa::Opcode;
+
+namespace {
+
+// Two 64-bit multiply-mix hashes with different seeds (a collision needs both to collide).
+struct Hasher {
+  uint64_t a = 0x9e3779b97f4a7c15ull, b = 0xc2b2ae3d27d4eb4full;
+  void add(uint64_t v) {
+    a = (a ^ v) * 0xff51afd7ed558ccdull;
+    a ^= a >> 32;
+    b = (b + v) * 0xc4ceb9fe1a85ec53ull;
+    b ^= b >> 29;
+  }
+};
+
+}  // namespace
+
+size_t LaunchKeyHash::operator()(const LaunchKey& k) const {
+  Hasher h;
+  h.add(k.program_hash[0]);
+  for (uint64_t a : k.args) h.add(a);
+  h.add(static_cast<uint64_t>(k.block_dim));
+  return static_cast<size_t>(h.a);
+}
+
+bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
+                LaunchKey* key) {
+  Hasher h;
+  for (const isa::Section& s : program.sections) {
+    h.add(0x5ec7000000000000ull | static_cast<uint64_t>(s.kind));
+    h.add(s.code.size());
+    for (const isa::Instruction& in : s.code) {
+      if (in.op == Opcode::op_ld || in.op == Opcode::op_cc_set || in.op == Opcode::op_cc_wait)
+        return false;
+      h.add(static_cast<uint64_t>(in.op));
+      const size_t n = static_cast<int>(in.op) < isa::kNumOpcodes ? in.desc().fields.size() : 0;
+      for (size_t f = 0; f < n; ++f)
+        h.add(static_cast<uint64_t>(in.ops[f].value) * 2 + (in.ops[f].is_reg ? 1 : 0));
+    }
+  }
+  key->program_hash[0] = h.a;
+  key->program_hash[1] = h.b;
+  key->args = args;
+  key->block_dim = block_dim;
+  return true;
+}
+
+namespace {
+
+struct Range {
+  uint64_t begin, end;
+  int core;
+};
+
+// The ranges sorted by begin, overlapping and adjacent ones merged.
+std::vector<Range> merged(std::vector<Range> v) {
+  std::sort(v.begin(), v.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  for (const Range& r : v) {
+    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
+    else out.push_back(r);
+  }
+  return out;
+}
+
+// Whether some core wrote bytes that another core read or wrote in this launch.
+bool cores_share_written_bytes(const std::vector<std::unique_ptr<AiCore>>& cores) {
+  std::vector<Range> writes;                      // every core's, each core's merged
+  std::vector<std::vector<Range>> reads_by_core;  // merged per core
+  for (const auto& core : cores) {
+    std::vector<Range> w, r;
+    for (const GmAccess& a : core->gm_accesses())
+      (a.write ? w : r).push_back({a.addr, a.addr + a.bytes, core->chip_index()});
+    for (const Range& m : merged(std::move(w))) writes.push_back(m);
+    if (!r.empty()) reads_by_core.push_back(merged(std::move(r)));
+  }
+  // Write against write: within a core the merged ranges are disjoint, so a range starting
+  // below the largest end seen so far overlaps another core's range.
+  std::sort(writes.begin(), writes.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  uint64_t max_end = 0;
+  for (const Range& w : writes) {
+    if (w.begin < max_end) return true;
+    max_end = std::max(max_end, w.end);
+  }
+  // Read against another core's write (the writes are now disjoint and sorted).
+  for (const auto& reads : reads_by_core)
+    for (const Range& r : reads) {
+      auto it = std::upper_bound(writes.begin(), writes.end(), r.begin,
+                                 [](uint64_t addr, const Range& w) { return addr < w.begin; });
+      if (it != writes.begin() && std::prev(it)->end > r.begin) --it;
+      for (; it != writes.end() && it->begin < r.end; ++it)
+        if (it->core != r.core) return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+bool record_blocks(const isa::Program& program,
+                   const std::vector<std::unique_ptr<AiCore>>& cores, RecordedLaunch* rec) {
+  if (cores_share_written_bytes(cores)) return false;
+  std::map<const SectionRun*, int> run_index;
+  for (const auto& core : cores) {
+    const auto& assigned = core->assigned_blocks();
+    if (assigned.empty()) continue;
+    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, core->exec_order()};
+    for (const AiCore::AssignedBlock& a : assigned) {
+      auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
+      if (added) {
+        rec->runs.push_back(*a.run);
+        rec->run_section.push_back(static_cast<int>(a.run->section - program.sections.data()));
+      }
+      cb.blocks.push_back({it->second, a.block, a.subblock});
+    }
+    rec->cores.push_back(std::move(cb));
+  }
+  return true;
+}
+
+std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
+                          const std::vector<uint64_t>& args, int block_dim,
+                          const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                          const ChipConfig& cfg, bool functional, WorkerPool& pool) {
+  for (size_t i = 0; i < rec.runs.size(); ++i)
+    rec.runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
+  std::vector<std::string> faults(rec.cores.size());
+  pool.run(rec.cores.size(), [&](size_t i) {
+    const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
+    AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional);
+    for (const RecordedLaunch::Block& b : cb.blocks) {
+      const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
+      std::string what;
+      try {
+        fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock,
+                                        core.kind_index()});
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+        what = "unknown error";
+      }
+      if (!what.empty()) {
+        const uint32_t pc = fc.fault_pc();
+        const auto& code = run.section->code;
+        const std::string source = program.source.empty() ? program.name : program.source;
+        std::string where = fmt::format("pc {} ({})", pc, source);
+        std::string insn;
+        if (pc < code.size()) {
+          if (code[pc].src_line) where = fmt::format("pc {} ({}:{})", pc, source, code[pc].src_line);
+          if (static_cast<int>(code[pc].op) < isa::kNumOpcodes)
+            insn = isa::disassemble(code[pc], run.section) + ": ";
+        }
+        faults[i] = fmt::format("core {} {}: {}{}", core.core_name(), where, insn, what);
+        return;
+      }
+    }
+    // execute() notes buffer high-water marks as plan() does; the recorded counters already
+    // hold this launch's, so none may carry over into the core's next simulated launch.
+    core.local().reset_high_water();
+    if (!fc.finished())
+      faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
+                              core.core_name());
+  });
+  for (const std::string& f : faults)
+    if (!f.empty()) return f;
+  return {};
+}
+
+RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
+  auto it = m_map.find(key);
+  if (it == m_map.end()) return nullptr;
+  m_lru.splice(m_lru.begin(), m_lru, it->second);
+  return &it->second->second;
+}
+
+void LaunchMemo::insert(LaunchKey key, RecordedLaunch rec) {
+  if (m_capacity == 0) return;
+  erase(key);
+  while (m_map.size() >= m_capacity) {
+    m_map.erase(m_lru.back().first);
+    m_lru.pop_back();
+  }
+  m_lru.emplace_front(key, std::move(rec));
+  m_map.emplace(std::move(key), m_lru.begin());
+}
+
+void LaunchMemo::erase(const LaunchKey& key) {
+  auto it = m_map.find(key);
+  if (it == m_map.end()) return;
+  m_lru.erase(it->second);
+  m_map.erase(it);
+}
+
+}  // namespace npusim

@@ -1,0 +1,104 @@
+// Launch replay: a kernel launch identical to one already simulated (same program, arguments
+// and block count, on the same chip) takes the same simulated time and moves every counter by
+// the same amount, because
+//   - timing depends only on operand values and the config, never on buffer contents
+//     (sim/exec/exec.h: plan()), and a program that can be replayed has no instruction that
+//     turns data into an operand value (ld) or waits on another core (cc_set / cc_wait);
+//   - every launch starts from the same state: L2 cold, cores reset, the chip otherwise idle
+//     (one launch at a time).
+// So the Simulator records the first run of such a launch (RecordedLaunch) and, when the same
+// launch comes again, only carries out its functional effect: each core runs the blocks it ran
+// then, in the same order, without time, its instructions taking effect in the order they did
+// then (sim/replay/functional_core.h), several cores at once on host threads; then simulated
+// time advances and the counters move by the recorded amounts.
+// Results, cycles and counters are those of a simulated run; SimOptions::replay = check
+// verifies exactly that on every replayed launch. Launches with an observer attached (trace,
+// profiler) are always simulated.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "isa/isa.h"
+#include "sim/core/core_env.h"
+#include "sim/counters/counters.h"
+#include "sim/memory/device_memory.h"
+
+namespace npusim {
+
+class AiCore;
+class WorkerPool;
+
+struct LaunchKey {
+  uint64_t program_hash[2] = {0, 0};  // two independent hashes of every section's code
+  std::vector<uint64_t> args;
+  int block_dim = 0;
+  bool operator==(const LaunchKey& o) const {
+    return program_hash[0] == o.program_hash[0] && program_hash[1] == o.program_hash[1] &&
+           block_dim == o.block_dim && args == o.args;
+  }
+};
+struct LaunchKeyHash {
+  size_t operator()(const LaunchKey& k) const;
+};
+
+// The key of a launch, or false if the program cannot be replayed (it has ld, cc_set or
+// cc_wait, whose timing or effect depends on data or on other cores).
+bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
+                LaunchKey* key);
+
+// What replaying a launch needs from its simulated run.
+struct RecordedLaunch {
+  uint64_t duration_ps = 0;   // launch start to its end (KernelResult::cycles before rounding)
+  uint64_t quiescent_ps = 0;  // launch start to the simulation going idle (next launch's start)
+  CounterRegistry::RawDelta counters;
+  // The decoded sections the blocks ran, with their index in Program::sections (the `section`
+  // pointer is set to the replayed launch's program before use).
+  std::vector<SectionRun> runs;
+  std::vector<int> run_section;
+  struct Block {
+    int run, block, subblock;  // run: index into runs
+  };
+  struct CoreBlocks {
+    int core;  // chip index
+    std::vector<Block> blocks;  // in the order the core ran them
+    std::vector<uint8_t> order;  // AiCore::exec_order of the recorded run
+  };
+  std::vector<CoreBlocks> cores;
+};
+
+// The blocks each core ran in the launch now ending, recorded (LaunchInfo::record) and about
+// to end (call before the chip resets its cores). False if the launch cannot be replayed core
+// by core: one core wrote GM bytes another core read or wrote, so the result depends on the
+// order of the cores (in a simulated run, on their timing).
+bool record_blocks(const isa::Program& program,
+                   const std::vector<std::unique_ptr<AiCore>>& cores, RecordedLaunch* rec);
+
+// Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
+// Returns "" or the first fault (lowest core index first) as
+// "core aic3 pc 12 (k.s:30): <instruction>: <what>".
+std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
+                          const std::vector<uint64_t>& args, int block_dim,
+                          const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                          const ChipConfig& cfg, bool functional, WorkerPool& pool);
+
+// Recorded launches by key, at most `capacity` (the least recently used one goes first).
+class LaunchMemo {
+ public:
+  explicit LaunchMemo(size_t capacity) : m_capacity(capacity) {}
+  RecordedLaunch* find(const LaunchKey& key);  // marks it most recently used
+  void insert(LaunchKey key, RecordedLaunch rec);
+  void erase(const LaunchKey& key);
+  size_t size() const { return m_map.size(); }
+
+ private:
+  using Entry = std::pair<LaunchKey, RecordedLaunch>;
+  size_t m_capacity;
+  std::list<Entry> m_lru;  // most recently used first
+  std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
+};
+
+}  // namespace npusim

@@ -1,0 +1,225 @@
+// Launch replay (sim/replay/launch_replay.h): a launch identical to one already simulated is
+// replayed, and a run with replay gives exactly what a run without it gives (results, cycles,
+// per-launch counters, the chip's totals, simulated time), also for a kernel whose pipes race.
+// Launches that cannot be replayed (ld, cores writing each other's bytes, faults) are simulated
+// every time. Each mode runs in a forked child process (SystemC elaborates one chip per
+// process); this process never constructs a Simulator itself.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/numeric.h"
+#include "isa/assembler.h"
+#include "sim/config/chip_config.h"
+#include "sim/counters/observer.h"
+#include "tests/common/child_process.h"
+#include "tests/sim/sim_test_util.h"
+
+using namespace npusim;
+using nlohmann::json;
+using npusim::test::launch;
+using npusim::test::read_gm;
+using npusim::test::write_gm;
+
+namespace {
+
+constexpr uint64_t kX = 0x1000000, kY = 0x2000000, kZ = 0x3000000, kW = 0x4000000;
+
+// y = 2 * x over 128 fp16 where V does not wait for MTE2: the simulated run reads the zeros V
+// wrote first (the race of test_sim_sync.cpp).
+const char* kRace = R"(
+.arg x
+.arg y
+.section aiv
+    ldarg x1, x
+    ldarg x2, y
+    movi x3, 0
+    movi x4, 1024
+    movi x5, f32(2.0)
+    movi x6, 0
+    vdup.f16 x3, x6, 1, 1, 8
+    set_flag v, mte2, 1
+    wait_flag v, mte2, 1
+    copy_gm2ub x3, x1, 1, 64, 0, 0
+    set_flag mte2, v, 0
+    vmuls.f16 x4, x3, x5, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x2, x4, 1, 8, 0, 0
+    wait_flag mte2, v, 0
+    end
+)";
+
+// Every block stores its id at the same address: the cores write each other's bytes.
+const char* kSameAddress = R"(
+.arg out
+.section aiv
+    ldarg x1, out
+    get_block_id x2
+    st x2, x1
+    end
+)";
+
+// ld turns data into an operand.
+const char* kLoadStore = R"(
+.arg p
+.section aiv
+    ldarg x1, p
+    ld x2, x1
+    add x2, x2, 1
+    add x3, x1, 8
+    st x2, x3
+    end
+)";
+
+const char* kFault = ".section aiv\n    movi x1, 0x40000\n    copy_ub2gm x1, x1, 1, 8, 0, 0\n    end\n";
+
+// Counts what it is told; wants detail when `detail` is set.
+struct Probe : ChipObserver {
+  bool detail = true;
+  uint64_t instructions = 0, begin_ps = 0, end_ps = 0;
+  void on_core(int, const std::string&) override {}
+  void on_kernel_begin(const isa::Program&, int, uint64_t t) override { begin_ps = t; }
+  void on_kernel_end(const isa::Program&, uint64_t t, bool) override { end_ps = t; }
+  void on_instruction(int, Lane, uint64_t, uint64_t, uint32_t, const isa::Instruction&,
+                      const isa::Section&) override {
+    ++instructions;
+  }
+  void on_flow_begin(int, Lane, uint64_t, uint64_t) override {}
+  void on_flow_end(int, Lane, uint64_t, uint64_t) override {}
+  void on_hdc(bool, uint64_t, uint64_t, uint64_t) override {}
+  bool wants_launch_detail() const override { return detail; }
+};
+
+std::vector<uint16_t> f16_data(uint64_t n, float scale) {
+  std::vector<uint16_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = f32_to_f16(static_cast<float>(i % 97) * scale - 3.0f);
+  return v;
+}
+
+// Runs the workload on a fresh chip in this (child) process with replay `mode`.
+json workload(SimOptions::Replay mode, int threads) {
+  unsetenv("NPUSIM_REPLAY");  // the options below are what this test compares
+  unsetenv("NPUSIM_REPLAY_THREADS");
+  SimOptions opts;
+  opts.replay = mode;
+  opts.replay_threads = threads;
+  Simulator sim(load_chip_config("tiny"), opts);
+  json out;
+  auto record = [&](const std::string& name, const KernelResult& r) {
+    out[name] = {{"ok", r.ok},         {"error", r.error},   {"cycles", r.cycles},
+                 {"start", r.start_cycle}, {"counters", r.counters},
+                 {"replayed", r.replayed}, {"now", sim.now_cycles()}};
+  };
+  const uint64_t n = 20000;
+  isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
+  isa::Program race = isa::assemble(kRace, "race.s");
+  isa::Program same = isa::assemble(kSameAddress, "same.s");
+  isa::Program ldst = isa::assemble(kLoadStore, "ldst.s");
+  isa::Program fault = isa::assemble(kFault, "fault.s");
+  for (int round = 0; round < 3; ++round) {
+    // New data every round: a replay computes with the data it is given.
+    const std::string r = std::to_string(round);
+    write_gm(sim, kX, f16_data(n, 0.25f + round));
+    write_gm(sim, kY, f16_data(n, 1.5f - round));
+    record("vadd" + r, launch(sim, vadd, {kX, kY, kZ, n}, 3));
+    out["vadd_out" + r] = read_gm<uint16_t>(sim, kZ, n);
+    record("gemm" + r, launch(sim, gemm, {kX, kY, kW, 256, 256, 512}, 2));
+    out["gemm_out" + r] = read_gm<uint32_t>(sim, kW, 256 * 256 / 2);
+    record("race" + r, launch(sim, race, {kX, kZ}, 1));
+    out["race_out" + r] = read_gm<uint16_t>(sim, kZ, 128);
+    record("same" + r, launch(sim, same, {kZ}, 4));
+    out["same_out" + r] = read_gm<int64_t>(sim, kZ, 1);
+    write_gm(sim, kW, std::vector<int64_t>{1000 + round});
+    record("ldst" + r, launch(sim, ldst, {kW}, 1));
+    out["ldst_out" + r] = read_gm<int64_t>(sim, kW + 8, 1);
+    record("fault" + r, launch(sim, fault, {}, 1));
+  }
+  // A different block count or argument is another launch.
+  record("vadd_blocks", launch(sim, vadd, {kX, kY, kZ, n}, 2));
+  record("vadd_args", launch(sim, vadd, {kX, kY, kZ, n - 16}, 2));
+  // Observers: one that wants detail sees a simulated launch; one that does not lets it replay
+  // and sees its begin and end at the simulated times.
+  Probe probe;
+  sim.add_observer(&probe);
+  record("observed_detail", launch(sim, vadd, {kX, kY, kZ, n}, 3));
+  out["probe_detail"] = {probe.instructions, probe.begin_ps, probe.end_ps};
+  probe.detail = false;
+  probe.instructions = 0;
+  record("observed_quiet", launch(sim, vadd, {kX, kY, kZ, n}, 3));
+  out["probe_quiet"] = {probe.instructions, probe.begin_ps, probe.end_ps};
+  sim.remove_observer(&probe);
+  out["totals"] = sim.counters();
+  return out;
+}
+
+json run_in_child(SimOptions::Replay mode, int threads = 0) {
+  return json::parse(
+      test::run_in_child([mode, threads] { return workload(mode, threads).dump(); }));
+}
+
+}  // namespace
+
+TEST_CASE("replay gives exactly what simulating every launch gives") {
+  const json off = run_in_child(SimOptions::Replay::off);
+  const json on = run_in_child(SimOptions::Replay::on);
+  const json one_thread = run_in_child(SimOptions::Replay::on, 1);
+  const json check = run_in_child(SimOptions::Replay::check);  // throws on any difference
+  for (const json* run : {&on, &one_thread, &check}) {
+    for (const auto& [name, value] : off.items()) {
+      INFO(name);
+      if (value.is_object() && value.contains("replayed")) {
+        json a = value, b = (*run)[name];
+        a.erase("replayed");
+        b.erase("replayed");
+        CHECK(a == b);
+      } else if (name == "probe_quiet") {  // instructions seen differ: a replay has none
+        CHECK(value[1] == (*run)[name][1]);
+        CHECK(value[2] == (*run)[name][2]);
+      } else {
+        CHECK(value == (*run)[name]);
+      }
+    }
+  }
+  // The simulated runs really computed: vadd's round-2 result, the race's zeros.
+  const auto x = f16_data(20000, 2.25f), y = f16_data(20000, -0.5f);
+  const auto z = off["vadd_out2"].get<std::vector<uint16_t>>();
+  bool vadd_correct = true;
+  for (size_t i = 0; i < z.size(); ++i)
+    vadd_correct &= z[i] == f32_to_f16(f16_to_f32(x[i]) + f16_to_f32(y[i]));
+  CHECK(vadd_correct);
+  CHECK(off["race_out2"] == json(std::vector<uint16_t>(128, 0)));
+  CHECK(off["ldst_out2"] == json(std::vector<int64_t>{1003}));
+  CHECK(off["fault0"]["ok"] == false);
+}
+
+TEST_CASE("which launches are replayed") {
+  const json on = run_in_child(SimOptions::Replay::on);
+  for (const char* k : {"vadd", "gemm", "race"}) {
+    INFO(k);
+    CHECK(on[std::string(k) + "0"]["replayed"] == false);
+    CHECK(on[std::string(k) + "1"]["replayed"] == true);
+    CHECK(on[std::string(k) + "2"]["replayed"] == true);
+  }
+  // Cores writing each other's bytes, ld, faults: simulated every time.
+  for (const char* k : {"same", "ldst", "fault"})
+    for (int round = 0; round < 3; ++round) {
+      INFO(k << round);
+      CHECK(on[std::string(k) + std::to_string(round)]["replayed"] == false);
+    }
+  CHECK(on["vadd_blocks"]["replayed"] == false);
+  CHECK(on["vadd_args"]["replayed"] == false);
+  // An observer that wants detail gets the instructions of a simulated launch; one that does not
+  // gets a replay, with begin and end where the simulated launch had them.
+  CHECK(on["observed_detail"]["replayed"] == false);
+  CHECK(on["probe_detail"][0].get<uint64_t>() > 0);
+  CHECK(on["observed_quiet"]["replayed"] == true);
+  CHECK(on["probe_quiet"][0] == 0);
+  const uint64_t begin = on["probe_quiet"][1], end = on["probe_quiet"][2];
+  CHECK(begin / 1000 == on["observed_quiet"]["start"].get<uint64_t>());
+  CHECK((end - begin + 999) / 1000 == on["observed_quiet"]["cycles"].get<uint64_t>());
+  CHECK(on["probe_detail"][2].get<uint64_t>() - on["probe_detail"][1].get<uint64_t>() ==
+        end - begin);
+}
