@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "sim/chip/chip.h"
+#include "sim/chip/l2_tags.h"
 #include "sim/counters/observer.h"
 #include "sim/counters/counters.h"
 #include "sim/counters/trace.h"
@@ -96,12 +97,15 @@ int replay_thread_count(const SimOptions& o) {
 struct Simulator::Impl {
   Impl(const ChipConfig& c, const SimOptions& o)
       : cfg(c), opts(o), gm(c.hbm_bytes), memo(o.replay_memo_launches),
-        pool(o.replay == SimOptions::Replay::off ? 1 : replay_thread_count(o)) {}
+        pool(o.replay == SimOptions::Replay::off ? 1 : replay_thread_count(o)),
+        verify_l2(o.replay == SimOptions::Replay::off ? 0 : c.l2_bytes, c.l2_line_bytes,
+                  c.l2_ways) {}
   ChipConfig cfg;
   SimOptions opts;
   DeviceMemory gm;
   LaunchMemo memo;
   WorkerPool pool;
+  L2Tags verify_l2;  // the L2 a launch at new tensor addresses is checked against
   CounterRegistry counters;
   std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)
   std::unique_ptr<TraceRecorder> trace;
@@ -213,14 +217,28 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   I.counters.snapshot(I.launch_base);
   const sc_time start = sc_time_stamp();
   // A launch run before is replayed unless an observer wants to see its instructions.
-  LaunchKey key;
-  const bool replayable = I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
-                          replay_key(*launch.program, launch.args, launch.block_dim, &key);
+  LaunchKey key, similar;
+  const bool replayable =
+      I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
+      replay_key(*launch.program, launch.args, launch.block_dim, &key, &similar);
   RecordedLaunch* found = replayable ? I.memo.find(key) : nullptr;
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),
                                   [](const ChipObserver* o) { return o->wants_launch_detail(); });
   RecordedLaunch* recorded = detail ? nullptr : found;
+  if (replayable && !found && !detail) {
+    // The same launch at other tensor addresses (a training step): replay it if the recorded
+    // timing provably holds for these addresses.
+    for (RecordedLaunch* candidate : I.memo.find_similar(similar))
+      if (verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
+                             I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
+        // Kept under this launch's own key too: the next step finds it without the check.
+        RecordedLaunch copy = *candidate;
+        I.memo.insert(key, similar, std::move(copy));
+        recorded = I.memo.find(key);
+        break;
+      }
+  }
   DeviceMemory::Snapshot before, replayed;
   std::string replay_error;
   if (recorded) {
@@ -254,7 +272,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
       I.chip->cores()[static_cast<size_t>(recorded->cores[i].core)]->local().restore(buffers[i]);
   }
 
-  const bool record = replayable && !found;
+  const bool record = replayable && !found && !recorded;
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        I.opts.max_insns_per_block, record);
   run_to_quiescence();
@@ -276,7 +294,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   const uint64_t duration_ps = time_ps(I.chip->end_time() - start);
   RecordedLaunch rec;
   const bool keep = record && r.ok && !I.chip->mix() &&
-                    record_blocks(*launch.program, I.chip->cores(), &rec);
+                    record_blocks(*launch.program, I.chip->cores(), I.chip->memory(), &rec);
   I.chip->end_launch(r.ok);
   r.start_cycle = time_ps(start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);
@@ -291,7 +309,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
     rec.duration_ps = duration_ps;
     rec.quiescent_ps = time_ps(sc_time_stamp() - start);
     rec.counters = I.counters.raw_delta_since(I.launch_base);
-    I.memo.insert(std::move(key), std::move(rec));
+    I.memo.insert(std::move(key), std::move(similar), std::move(rec));
   }
   return r;
 }

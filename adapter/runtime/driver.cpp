@@ -258,6 +258,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.cycles = r.cycles;
     rec.time_us = r.time_us;
     rec.wall_us = wall_us;
+    rec.replayed = r.replayed;
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counter_delta = std::move(r.counter_delta);

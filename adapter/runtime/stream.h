@@ -60,6 +60,7 @@ struct LaunchRecord {
   uint64_t cycles = 0;       // duration, AI-core cycles
   double time_us = 0;        // duration at the chip's clock_mhz
   double wall_us = 0;        // host wall time the simulator took to run it (emulation cost)
+  bool replayed = false;     // carried out as a replay of an identical launch (KernelResult)
   bool ok = false;
   std::string error;         // on failure: the simulator's fault or deadlock report
   // Counters of this launch (KernelResult::counter_delta), kept flat; counters() builds the

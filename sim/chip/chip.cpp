@@ -163,7 +163,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_cc_arrivals.clear();
   std::vector<TaskScheduler::Worker> workers = make_workers(program);
   m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record};
-  m_memory->begin_launch();
+  m_memory->begin_launch(record);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
   m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()));

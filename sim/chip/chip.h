@@ -54,6 +54,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void end_launch(bool ok);
 
   HdcLink& hdc() { return *m_hdc; }
+  const MemorySystem& memory() const { return *m_memory; }
   // Attaches an observer between launches (Simulator::add_observer): it gets on_core for every
   // core now. Not while a launch runs. Attaching one already attached is a no-op.
   void add_observer(ChipObserver* observer);

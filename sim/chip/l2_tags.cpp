@@ -50,6 +50,23 @@ bool L2Tags::access(uint64_t addr) {
   return false;
 }
 
+L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes) {
+  L2Outcome o;
+  const uint64_t end = addr + bytes;
+  while (addr < end) {
+    const uint64_t n = std::min(end, (addr / m_line_bytes + 1) * m_line_bytes) - addr;
+    if (access(addr)) {
+      o.hit_bytes += n;
+      ++o.hit_lines;
+    } else {
+      o.miss_bytes += n;
+      ++o.miss_lines;
+    }
+    addr += n;
+  }
+  return o;
+}
+
 void L2Tags::invalidate_all() {
   if (++m_generation == 0) {  // wrapped: really clear
     std::fill(m_valid_gen.begin(), m_valid_gen.end(), 0);

@@ -8,6 +8,12 @@
 
 namespace npusim {
 
+// What looking up one GM range found.
+struct L2Outcome {
+  uint64_t hit_bytes = 0, miss_bytes = 0;  // bytes in lines that hit / missed
+  uint64_t hit_lines = 0, miss_lines = 0;  // lookups that hit / missed
+};
+
 class L2Tags {
  public:
   // capacity_bytes / (line_bytes * ways) sets (at least one set when capacity_bytes > 0);
@@ -17,6 +23,8 @@ class L2Tags {
   // Looks up the line holding byte address `addr`; on a miss, fills it (evicting the LRU way).
   // Returns true on a hit.
   bool access(uint64_t addr);
+  // Looks up every line of [addr, addr + bytes) in address order (a GM range of a transfer).
+  L2Outcome access_range(uint64_t addr, uint64_t bytes);
   void invalidate_all();
 
  private:

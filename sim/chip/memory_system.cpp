@@ -54,7 +54,12 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   dont_initialize();
 }
 
-void MemorySystem::begin_launch() { m_l2.invalidate_all(); }
+void MemorySystem::begin_launch(bool record) {
+  m_l2.invalidate_all();
+  m_recording = record;
+  m_transfer_order.clear();
+  m_l2_fingerprint = kL2FingerprintSeed;
+}
 
 void MemorySystem::abort_transfers() {
   m_active.clear();
@@ -62,7 +67,7 @@ void MemorySystem::abort_transfers() {
   m_rate_change.cancel();
 }
 
-void MemorySystem::b_transport(int, tlm::tlm_generic_payload& p, sc_time& delay) {
+void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& delay) {
   GmTransfer* t = p.get_extension<GmTransfer>();
   if (!t || !t->ranges) {
     p.set_response_status(tlm::TLM_GENERIC_ERROR_RESPONSE);
@@ -70,24 +75,17 @@ void MemorySystem::b_transport(int, tlm::tlm_generic_payload& p, sc_time& delay)
   }
   // 1. L2 lookup, line by line.
   uint64_t hit = 0, miss = 0;
-  const uint64_t line = m_l2.line_bytes();
   for (const GmAccess& r : *t->ranges) {
-    uint64_t addr = r.addr;
-    const uint64_t end = r.addr + r.bytes;
-    while (addr < end) {
-      const uint64_t n = std::min(end, (addr / line + 1) * line) - addr;
-      if (m_l2.access(addr)) {
-        hit += n;
-        m_l2_hits.inc();
-        (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(n);
-      } else {
-        miss += n;
-        m_l2_misses.inc();
-        (r.write ? m_hbm_write_bytes : m_hbm_read_bytes).add(n);
-      }
-      addr += n;
-    }
+    const L2Outcome o = m_l2.access_range(r.addr, r.bytes);
+    hit += o.hit_bytes;
+    miss += o.miss_bytes;
+    m_l2_hits.add(o.hit_lines);
+    m_l2_misses.add(o.miss_lines);
+    (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(o.hit_bytes);
+    (r.write ? m_hbm_write_bytes : m_hbm_read_bytes).add(o.miss_bytes);
+    if (m_recording) m_l2_fingerprint = npusim::l2_fingerprint(m_l2_fingerprint, o);
   }
+  if (m_recording) m_transfer_order.push_back(static_cast<uint16_t>(id));
   m_transfers.inc();
   t->hit_bytes = hit;
   t->miss_bytes = miss;

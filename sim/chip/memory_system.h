@@ -33,6 +33,7 @@
 #include "sim/chip/l2_tags.h"
 #include "sim/config/chip_config.h"
 #include "sim/core/core_env.h"
+#include "sim/replay/fingerprint.h"
 #include "sim/counters/counters.h"
 
 namespace npusim {
@@ -47,7 +48,13 @@ class MemorySystem : public sc_core::sc_module {
   tlm_utils::multi_passthrough_target_socket<MemorySystem> port;
 
   // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones.
-  void begin_launch();
+  // record: keep the launch's transfer order and L2 fingerprint (for the launch replay).
+  void begin_launch(bool record = false);
+  // Of the launch being recorded: the port (= core chip index) of every transfer in the order
+  // the memory system timed them, and a hash of every range's L2 outcome in that order
+  // (l2_fingerprint).
+  const std::vector<uint16_t>& transfer_order() const { return m_transfer_order; }
+  uint64_t l2_fingerprint() const { return m_l2_fingerprint; }
   // Abort: drops the transfers in flight (their initiators unwind on the abort signal) and the
   // pending rate-change event, so simulated time stops at the fault.
   void abort_transfers();
@@ -62,6 +69,9 @@ class MemorySystem : public sc_core::sc_module {
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
   L2Tags m_l2;
+  bool m_recording = false;
+  std::vector<uint16_t> m_transfer_order;
+  uint64_t m_l2_fingerprint = kL2FingerprintSeed;
   double m_bandwidth[2];  // bytes per cycle of HBM and L2
   std::vector<GmTransfer*> m_active;
   int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)

@@ -211,6 +211,7 @@ void AiCore::reset() {
   m_assigned_blocks.clear();
   m_exec_order.clear();
   m_gm_accesses.clear();
+  m_fingerprint = CoreFingerprint{};
   m_scalar_blocked = {};
   m_local_time = SC_ZERO_TIME;
 }
@@ -296,6 +297,7 @@ void AiCore::run_block() {
   const auto& observers = m_env.observers();
   uint32_t pc = 0;
   const uint64_t budget = m_env.launch().max_insns_per_block;
+  const bool record = m_env.launch().record;
   uint64_t executed = 0;
   for (;;) {
     m_pc = pc;
@@ -309,6 +311,7 @@ void AiCore::run_block() {
                                     isa::core_kind_name(section.kind), code.size()));
     const DecodedInsn& d = decoded[pc];
     if (!d.legal) throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
+    if (record) m_fingerprint.add_pc(pc);
     const isa::Instruction& in = code[pc];
     m_scalar.reg_fields = d.reg_fields;
     // The instruction's start, for observers only (reading the time costs a call).
@@ -570,12 +573,14 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
     default: {
       ExecContext ctx{m_cfg, m_kind, *m_local, m_env.gm()};
       const ExecCost cost = plan(op, ctx);
-      if (m_env.launch().record)
-        m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
       if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
       else run_gm_transfer(u, cost);
       if (m_env.launch().functional) execute(op, ctx);
       m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
+      if (m_env.launch().record) {  // in execution order, as the replay verifies them
+        m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
+        m_fingerprint.add_cost(op.pc, cost);
+      }
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
       if (cost.path_src != cost.path_dst && cost.bytes) {

@@ -22,6 +22,7 @@
 #include "sim/core/scalar_state.h"
 #include "sim/counters/counters.h"
 #include "sim/exec/exec.h"
+#include "sim/replay/fingerprint.h"
 
 namespace npusim {
 
@@ -61,6 +62,8 @@ class AiCore : public sc_core::sc_module {
   // The GM ranges this core's instructions touched in the launch now ending, if the launch is
   // being recorded (LaunchInfo::record; cleared by reset()).
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
+  // The run's timing fingerprint (sim/replay/fingerprint.h), if it is being recorded.
+  const CoreFingerprint& fingerprint() const { return m_fingerprint; }
 
   // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
   void assign_block(const SectionRun& run, int block, int subblock);
@@ -157,6 +160,7 @@ class AiCore : public sc_core::sc_module {
   std::vector<AssignedBlock> m_assigned_blocks;  // this launch's blocks, in order
   std::vector<uint8_t> m_exec_order;              // see exec_order()
   std::vector<GmAccess> m_gm_accesses;            // see gm_accesses()
+  CoreFingerprint m_fingerprint;                  // see fingerprint()
   sc_core::sc_event m_assign_event;
   ScalarState m_scalar;  // registers and special registers of the running block
   sc_core::sc_time m_local_time;

@@ -116,18 +116,28 @@ struct Nd2Nz {
 
   void run(ExecContext& ctx) const {
     uint8_t* out = ctx.local.at(Buf::L1, xdst, dst_bytes());
-    std::memset(out, 0, dst_bytes());
-    thread_local std::vector<uint8_t> row;  // one GM row, reused across instructions
-    row.resize(cols * size);
     const uint64_t full_blocks = cols / c0, tail = (cols % c0) * size;
+    const uint64_t col_blocks = ceil_div(cols, c0), row_bytes = cols * size;
+    // Zero what no row writes: rows rows..dst_rows-1 of every column block, and the padding
+    // columns of a partial last block.
+    for (uint64_t j = 0; j < col_blocks; ++j)
+      std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0, (dst_rows - rows) * kBlockBytes);
+    thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
     for (uint64_t r = 0; r < rows; ++r) {
-      ctx.gm.read(xsrc + r * src_stride * size, row.data(), row.size());
+      const uint64_t addr = xsrc + r * src_stride * size;
+      const uint8_t* src = ctx.gm.view(addr, row_bytes);
+      if (!src) {
+        row.resize(row_bytes);
+        ctx.gm.read(addr, row.data(), row_bytes);
+        src = row.data();
+      }
       for (uint64_t j = 0; j < full_blocks; ++j)
-        std::memcpy(out + (j * dst_rows + r) * kBlockBytes, row.data() + j * kBlockBytes,
-                    kBlockBytes);
-      if (tail)
-        std::memcpy(out + (full_blocks * dst_rows + r) * kBlockBytes,
-                    row.data() + full_blocks * kBlockBytes, tail);
+        std::memcpy(out + (j * dst_rows + r) * kBlockBytes, src + j * kBlockBytes, kBlockBytes);
+      if (tail) {
+        uint8_t* dst = out + (full_blocks * dst_rows + r) * kBlockBytes;
+        std::memcpy(dst, src + full_blocks * kBlockBytes, tail);
+        std::memset(dst + tail, 0, kBlockBytes - tail);
+      }
     }
   }
 };

@@ -53,6 +53,15 @@ void DeviceMemory::read(uint64_t addr, void* dst, uint64_t n) const {
   }
 }
 
+const uint8_t* DeviceMemory::view(uint64_t addr, uint64_t n) const {
+  static const std::vector<uint8_t> zero_page(kPageBytes, 0);
+  check(addr, n);
+  const uint64_t off = addr % kPageBytes;
+  if (off + n > kPageBytes) return nullptr;
+  const uint8_t* p = find_page(addr / kPageBytes);
+  return (p ? p : zero_page.data()) + off;
+}
+
 void DeviceMemory::write(uint64_t addr, const void* src, uint64_t n) {
   check(addr, n);
   auto* in = static_cast<const uint8_t*>(src);

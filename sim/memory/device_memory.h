@@ -31,6 +31,11 @@ class DeviceMemory {
   // Throws KernelFault naming the range if [addr, addr+n) is outside the device memory.
   void read(uint64_t addr, void* dst, uint64_t n) const;
   void write(uint64_t addr, const void* src, uint64_t n);
+  // The bytes [addr, addr+n) in place, if they lie within one page (n <= kPageBytes): the
+  // page's memory, or zeros if it was never written. nullptr if the range crosses a page
+  // boundary (read() it then). Valid until the page is written, discarded or cleared. Throws
+  // like read() if the range is outside the device memory.
+  const uint8_t* view(uint64_t addr, uint64_t n) const;
   void fill(uint64_t addr, uint8_t value, uint64_t n);
   // Returns [addr, addr+n) to the never-written state (reads as zero): pages wholly inside the
   // range are released, the covered parts of other pages are zeroed. Throws like write().

@@ -19,11 +19,27 @@ bool is_sync(Opcode op) {
 
 FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind,
                                CoreMemory& local, DeviceMemory& gm,
-                               const std::vector<uint8_t>& order, bool functional)
-    : m_ctx{cfg, kind, local, gm}, m_order(order), m_functional(functional) {}
+                               const std::vector<uint8_t>& order, bool functional, Mode mode)
+    : m_ctx{cfg, kind, local, gm},
+      m_order(order),
+      m_functional(functional),
+      m_verify(mode == Mode::verify) {}
 
 void FunctionalCore::take_effect(const IssuedOp& op) {
   m_pc = op.pc;
+  if (m_verify) {
+    if (op.op() == Opcode::op_st) {
+      m_stores.push_back({static_cast<uint64_t>(op[1]), 8, true});
+      return;
+    }
+    const ExecCost cost = plan(op, m_ctx);
+    if (!cost.gm.empty()) {
+      m_ranges.insert(m_ranges.end(), cost.gm.begin(), cost.gm.end());
+      m_sizes.push_back(static_cast<uint32_t>(cost.gm.size()));
+    }
+    m_fingerprint.add_cost(op.pc, cost);
+    return;
+  }
   if (!m_functional) return;
   if (op.op() == Opcode::op_st) {
     const int64_t v = op[0];
@@ -63,6 +79,7 @@ void FunctionalCore::run_block(const SectionRun& run, const BlockIdentity& id) {
     const DecodedInsn& d = run.decoded[pc];
     const isa::Instruction& in = code[pc];
     m_scalar.reg_fields = d.reg_fields;
+    if (m_verify) m_fingerprint.add_pc(pc);
     if (d.pipe != Pipe::S) {
       m_queues[static_cast<size_t>(d.pipe)].ops.push_back(m_scalar.issued(in, pc));
       execute_ready();

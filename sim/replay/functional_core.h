@@ -20,6 +20,7 @@
 #include "sim/core/scalar_state.h"
 #include "sim/exec/exec.h"
 #include "sim/memory/device_memory.h"
+#include "sim/replay/fingerprint.h"
 
 namespace npusim {
 
@@ -29,8 +30,13 @@ class FunctionalCore {
   // all the blocks this core ran (AiCore::exec_order; isa::Pipe::S marks a scalar st).
   // functional: false for a timing-only simulator (nothing is computed, buffers stay as they
   // are).
+  // execute: carry out each instruction's effect. verify: change nothing, but compute each
+  // instruction's cost (plan()) for the timing fingerprint and the GM accesses, to check that
+  // the recorded timing holds for this launch's arguments (launch_replay.h).
+  enum class Mode { execute, verify };
   FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind, CoreMemory& local,
-                 DeviceMemory& gm, const std::vector<uint8_t>& order, bool functional);
+                 DeviceMemory& gm, const std::vector<uint8_t>& order, bool functional,
+                 Mode mode = Mode::execute);
 
   // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
   // recorded order (it cannot, for the launch that was recorded) or an instruction faults;
@@ -39,6 +45,13 @@ class FunctionalCore {
   uint32_t fault_pc() const { return m_pc; }
   // Every recorded step was replayed (check after the core's last block).
   bool finished() const { return m_next == m_order.size(); }
+  // Verify mode, of the blocks run: the timing fingerprint; the GM ranges of the timed
+  // transfers (one per pipe instruction with GM ranges, transfer_sizes() ranges each), in
+  // execution order; the scalar stores' ranges.
+  const CoreFingerprint& fingerprint() const { return m_fingerprint; }
+  const std::vector<GmAccess>& transfer_ranges() const { return m_ranges; }
+  const std::vector<uint32_t>& transfer_sizes() const { return m_sizes; }
+  const std::vector<GmAccess>& stores() const { return m_stores; }
 
  private:
   // Instructions issued to one pipe (or, for S, scalar stores), not yet executed.
@@ -56,6 +69,10 @@ class FunctionalCore {
   const std::vector<uint8_t>& m_order;
   size_t m_next = 0;  // next step of m_order
   const bool m_functional;
+  const bool m_verify;
+  CoreFingerprint m_fingerprint;
+  std::vector<GmAccess> m_ranges, m_stores;
+  std::vector<uint32_t> m_sizes;
   std::array<Queue, isa::kNumExecPipes> m_queues;
   ScalarState m_scalar;
   uint32_t m_pc = 0;

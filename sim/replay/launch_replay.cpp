@@ -8,6 +8,8 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
+#include "sim/chip/l2_tags.h"
+#include "sim/chip/memory_system.h"
 #include "sim/core/ai_core.h"
 #include "sim/replay/functional_core.h"
 #include "sim/replay/worker_pool.h"
@@ -40,7 +42,7 @@ size_t LaunchKeyHash::operator()(const LaunchKey& k) const {
 }
 
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key) {
+                LaunchKey* key, LaunchKey* similar) {
   Hasher h;
   for (const isa::Section& s : program.sections) {
     h.add(0x5ec7000000000000ull | static_cast<uint64_t>(s.kind));
@@ -58,6 +60,9 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
   key->program_hash[1] = h.b;
   key->args = args;
   key->block_dim = block_dim;
+  *similar = *key;
+  for (size_t i = 0; i < args.size() && i < program.arg_names.size(); ++i)
+    if (program.arg(i).typed()) similar->args[i] = 0;
   return true;
 }
 
@@ -79,14 +84,14 @@ std::vector<Range> merged(std::vector<Range> v) {
   return out;
 }
 
-// Whether some core wrote bytes that another core read or wrote in this launch.
-bool cores_share_written_bytes(const std::vector<std::unique_ptr<AiCore>>& cores) {
+// Whether some core wrote bytes that another core read or wrote: accesses[c] are core c's.
+bool cores_share_written_bytes(const std::vector<std::vector<GmAccess>>& accesses) {
   std::vector<Range> writes;                      // every core's, each core's merged
   std::vector<std::vector<Range>> reads_by_core;  // merged per core
-  for (const auto& core : cores) {
+  for (size_t c = 0; c < accesses.size(); ++c) {
     std::vector<Range> w, r;
-    for (const GmAccess& a : core->gm_accesses())
-      (a.write ? w : r).push_back({a.addr, a.addr + a.bytes, core->chip_index()});
+    for (const GmAccess& a : accesses[c])
+      (a.write ? w : r).push_back({a.addr, a.addr + a.bytes, static_cast<int>(c)});
     for (const Range& m : merged(std::move(w))) writes.push_back(m);
     if (!r.empty()) reads_by_core.push_back(merged(std::move(r)));
   }
@@ -114,13 +119,19 @@ bool cores_share_written_bytes(const std::vector<std::unique_ptr<AiCore>>& cores
 }  // namespace
 
 bool record_blocks(const isa::Program& program,
-                   const std::vector<std::unique_ptr<AiCore>>& cores, RecordedLaunch* rec) {
-  if (cores_share_written_bytes(cores)) return false;
+                   const std::vector<std::unique_ptr<AiCore>>& cores,
+                   const MemorySystem& memory, RecordedLaunch* rec) {
+  std::vector<std::vector<GmAccess>> accesses;
+  for (const auto& core : cores) accesses.push_back(core->gm_accesses());
+  if (cores_share_written_bytes(accesses)) return false;
+  rec->transfer_order = memory.transfer_order();
+  rec->l2_fingerprint = memory.l2_fingerprint();
   std::map<const SectionRun*, int> run_index;
   for (const auto& core : cores) {
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, core->exec_order()};
+    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, core->exec_order(),
+                                  core->fingerprint()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -183,6 +194,65 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   return {};
 }
 
+bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
+                        const std::vector<uint64_t>& args, int block_dim,
+                        const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2) {
+  std::vector<SectionRun> runs = rec.runs;
+  for (size_t i = 0; i < runs.size(); ++i)
+    runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
+  std::vector<std::unique_ptr<FunctionalCore>> verified(rec.cores.size());
+  std::vector<char> ok(rec.cores.size(), 0);
+  pool.run(rec.cores.size(), [&](size_t i) {
+    const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
+    AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
+                                               cb.order, true, FunctionalCore::Mode::verify);
+    bool ran = true;
+    try {
+      for (const RecordedLaunch::Block& b : cb.blocks)
+        fc->run_block(runs[static_cast<size_t>(b.run)],
+                      BlockIdentity{&args, b.block, block_dim, b.subblock, core.kind_index()});
+    } catch (...) {
+      ran = false;  // e.g. a range outside device memory: not the recorded timing
+    }
+    core.local().reset_high_water();  // plan() noted marks; the recorded counters hold them
+    ok[i] = ran && fc->finished() && fc->fingerprint() == cb.fingerprint;
+    verified[i] = std::move(fc);
+  });
+  if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
+  // No core may touch bytes another core writes.
+  std::vector<std::vector<GmAccess>> accesses(rec.cores.size());
+  for (size_t i = 0; i < rec.cores.size(); ++i) {
+    accesses[i] = verified[i]->transfer_ranges();
+    accesses[i].insert(accesses[i].end(), verified[i]->stores().begin(),
+                       verified[i]->stores().end());
+  }
+  if (cores_share_written_bytes(accesses)) return false;
+  // The L2 outcome of every range, transfers in the recorded order.
+  std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
+  for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
+  std::vector<size_t> next_transfer(rec.cores.size(), 0), next_range(rec.cores.size(), 0);
+  l2.invalidate_all();
+  uint64_t h = kL2FingerprintSeed;
+  for (uint16_t port : rec.transfer_order) {
+    const int i = port < slot.size() ? slot[port] : -1;
+    if (i < 0) return false;
+    const FunctionalCore& fc = *verified[static_cast<size_t>(i)];
+    size_t& t = next_transfer[static_cast<size_t>(i)];
+    size_t& r = next_range[static_cast<size_t>(i)];
+    if (t >= fc.transfer_sizes().size()) return false;
+    for (uint32_t k = 0; k < fc.transfer_sizes()[t]; ++k, ++r) {
+      const GmAccess& a = fc.transfer_ranges()[r];
+      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes));
+    }
+    ++t;
+  }
+  for (size_t i = 0; i < rec.cores.size(); ++i)
+    if (next_transfer[i] != verified[i]->transfer_sizes().size()) return false;
+  return h == rec.l2_fingerprint;
+}
+
 RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   auto it = m_map.find(key);
   if (it == m_map.end()) return nullptr;
@@ -190,13 +260,36 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   return &it->second->second;
 }
 
-void LaunchMemo::insert(LaunchKey key, RecordedLaunch rec) {
+std::vector<RecordedLaunch*> LaunchMemo::find_similar(const LaunchKey& similar) {
+  std::vector<RecordedLaunch*> out;
+  auto it = m_similar.find(similar);
+  if (it == m_similar.end()) return out;
+  for (const LaunchKey& k : it->second) {
+    auto e = m_map.find(k);
+    if (e != m_map.end()) out.push_back(&e->second->second);
+  }
+  return out;
+}
+
+void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
   if (m_capacity == 0) return;
   erase(key);
   while (m_map.size() >= m_capacity) {
     m_map.erase(m_lru.back().first);
     m_lru.pop_back();
   }
+  if (m_similar.size() >= 4 * m_capacity) {  // drop the keys whose recording is gone
+    for (auto it = m_similar.begin(); it != m_similar.end();) {
+      auto& keys = it->second;
+      keys.erase(std::remove_if(keys.begin(), keys.end(),
+                                [&](const LaunchKey& k) { return !m_map.count(k); }),
+                 keys.end());
+      it = keys.empty() ? m_similar.erase(it) : std::next(it);
+    }
+  }
+  std::vector<LaunchKey>& keys = m_similar[std::move(similar)];
+  keys.insert(keys.begin(), key);
+  if (keys.size() > kSimilar) keys.pop_back();
   m_lru.emplace_front(key, std::move(rec));
   m_map.emplace(std::move(key), m_lru.begin());
 }

@@ -26,10 +26,13 @@
 #include "sim/core/core_env.h"
 #include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
+#include "sim/replay/fingerprint.h"
 
 namespace npusim {
 
 class AiCore;
+class L2Tags;
+class MemorySystem;
 class WorkerPool;
 
 struct LaunchKey {
@@ -46,9 +49,11 @@ struct LaunchKeyHash {
 };
 
 // The key of a launch, or false if the program cannot be replayed (it has ld, cc_set or
-// cc_wait, whose timing or effect depends on data or on other cores).
+// cc_wait, whose timing or effect depends on data or on other cores). `similar` gets the key
+// with every tensor address (a typed argument, isa::ArgInfo) left out: the launches a
+// recording may time after a check of their addresses (verify_translation).
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key);
+                LaunchKey* key, LaunchKey* similar);
 
 // What replaying a launch needs from its simulated run.
 struct RecordedLaunch {
@@ -66,16 +71,21 @@ struct RecordedLaunch {
     int core;  // chip index
     std::vector<Block> blocks;  // in the order the core ran them
     std::vector<uint8_t> order;  // AiCore::exec_order of the recorded run
+    CoreFingerprint fingerprint;  // AiCore::fingerprint of the recorded run
   };
   std::vector<CoreBlocks> cores;
+  // MemorySystem::transfer_order and l2_fingerprint of the recorded run.
+  std::vector<uint16_t> transfer_order;
+  uint64_t l2_fingerprint = 0;
 };
 
 // The blocks each core ran in the launch now ending, recorded (LaunchInfo::record) and about
-// to end (call before the chip resets its cores). False if the launch cannot be replayed core
-// by core: one core wrote GM bytes another core read or wrote, so the result depends on the
-// order of the cores (in a simulated run, on their timing).
+// to end (call before the chip resets its cores), with the memory system's record. False if the
+// launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
+// so the result depends on the order of the cores (in a simulated run, on their timing).
 bool record_blocks(const isa::Program& program,
-                   const std::vector<std::unique_ptr<AiCore>>& cores, RecordedLaunch* rec);
+                   const std::vector<std::unique_ptr<AiCore>>& cores,
+                   const MemorySystem& memory, RecordedLaunch* rec);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as
@@ -85,12 +95,29 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                           const ChipConfig& cfg, bool functional, WorkerPool& pool);
 
+// Whether `rec` (recorded with other tensor addresses) times this launch exactly. Running the
+// launch's blocks without effect (FunctionalCore verify mode, cores on `pool`) must give every
+// core the recorded timing fingerprint: the same control flow and every instruction's cost but
+// for its GM addresses. Then only the memory system could tell the launches apart, and it sees
+// addresses only through the L2: looking up the new GM ranges in `l2` (cold) in the recorded
+// order of transfers must give the recorded L2 fingerprint (every range the same hits and
+// misses). Also no core may touch bytes another writes (as for any recording). Changes nothing
+// but `l2`.
+bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
+                        const std::vector<uint64_t>& args, int block_dim,
+                        const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2);
+
 // Recorded launches by key, at most `capacity` (the least recently used one goes first).
 class LaunchMemo {
  public:
   explicit LaunchMemo(size_t capacity) : m_capacity(capacity) {}
   RecordedLaunch* find(const LaunchKey& key);  // marks it most recently used
-  void insert(LaunchKey key, RecordedLaunch rec);
+  // The recordings inserted with this similar key (replay_key) that are still kept, latest
+  // first, at most kSimilar.
+  static constexpr size_t kSimilar = 4;
+  std::vector<RecordedLaunch*> find_similar(const LaunchKey& similar);
+  void insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec);
   void erase(const LaunchKey& key);
   size_t size() const { return m_map.size(); }
 
@@ -99,6 +126,8 @@ class LaunchMemo {
   size_t m_capacity;
   std::list<Entry> m_lru;  // most recently used first
   std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
+  // similar key -> exact keys, latest first
+  std::unordered_map<LaunchKey, std::vector<LaunchKey>, LaunchKeyHash> m_similar;
 };
 
 }  // namespace npusim

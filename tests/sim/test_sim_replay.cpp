@@ -1,6 +1,7 @@
 // Launch replay (sim/replay/launch_replay.h): a launch identical to one already simulated is
 // replayed, and a run with replay gives exactly what a run without it gives (results, cycles,
-// per-launch counters, the chip's totals, simulated time), also for a kernel whose pipes race.
+// per-launch counters, the chip's totals, simulated time), also for a kernel whose pipes race
+// and for a launch whose tensors moved.
 // Launches that cannot be replayed (ld, cores writing each other's bytes, faults) are simulated
 // every time. Each mode runs in a forked child process (SystemC elaborates one chip per
 // process); this process never constructs a Simulator itself.
@@ -137,9 +138,19 @@ json workload(SimOptions::Replay mode, int threads) {
     out["ldst_out" + r] = read_gm<int64_t>(sim, kW + 8, 1);
     record("fault" + r, launch(sim, fault, {}, 1));
   }
-  // A different block count or argument is another launch.
+  // A different block count or size argument is another launch.
   record("vadd_blocks", launch(sim, vadd, {kX, kY, kZ, n}, 2));
   record("vadd_args", launch(sim, vadd, {kX, kY, kZ, n - 16}, 2));
+  // The same launch with its tensors elsewhere (a training step's allocator): replayed when the
+  // L2 sees the same hits and misses (moved by whole lines, nothing shared), simulated when it
+  // does not (z in place over x: the stores hit lines the loads brought in).
+  constexpr uint64_t kMove = 0x123400;  // whole 512-byte lines, not a multiple of the L2 period
+  write_gm(sim, kX + kMove, f16_data(n, 0.5f));
+  write_gm(sim, kY + kMove, f16_data(n, 0.75f));
+  record("vadd_moved", launch(sim, vadd, {kX + kMove, kY + kMove, kZ + kMove, n}, 3));
+  out["vadd_moved_out"] = read_gm<uint16_t>(sim, kZ + kMove, n);
+  record("vadd_in_place", launch(sim, vadd, {kX + kMove, kY + kMove, kX + kMove, n}, 3));
+  out["vadd_in_place_out"] = read_gm<uint16_t>(sim, kX + kMove, n);
   // Observers: one that wants detail sees a simulated launch; one that does not lets it replay
   // and sees its begin and end at the simulated times.
   Probe probe;
@@ -211,6 +222,8 @@ TEST_CASE("which launches are replayed") {
     }
   CHECK(on["vadd_blocks"]["replayed"] == false);
   CHECK(on["vadd_args"]["replayed"] == false);
+  CHECK(on["vadd_moved"]["replayed"] == true);
+  CHECK(on["vadd_in_place"]["replayed"] == false);
   // An observer that wants detail gets the instructions of a simulated launch; one that does not
   // gets a replay, with begin and end where the simulated launch had them.
   CHECK(on["observed_detail"]["replayed"] == false);

@@ -61,7 +61,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
 }
 
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
-// "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "ok", "error"[, "op_name", "op_type"]
+// "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error"
+// [, "op_name", "op_type"]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
   using namespace npusim;
@@ -71,7 +72,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
       nlohmann::json e = {{"index", r.index},         {"kernel", r.kernel},
                           {"stream", r.stream},       {"block_dim", r.block_dim},
                           {"start_cycle", r.start_cycle}, {"cycles", r.cycles},
-                          {"time_us", r.time_us},     {"wall_us", r.wall_us}, {"ok", r.ok},
+                          {"time_us", r.time_us},     {"wall_us", r.wall_us},
+                          {"replayed", r.replayed},   {"ok", r.ok},
                           {"error", r.error}};
       if (r.label) {
         e["op_name"] = r.label->op_name;
