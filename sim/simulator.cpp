@@ -96,7 +96,7 @@ int replay_thread_count(const SimOptions& o) {
 
 struct Simulator::Impl {
   Impl(const ChipConfig& c, const SimOptions& o)
-      : cfg(c), opts(o), gm(c.hbm_bytes), memo(o.replay_memo_launches),
+      : cfg(c), opts(o), gm(c.hbm_bytes), memo(o.replay_memo_launches, o.replay_memo_bytes),
         pool(o.replay == SimOptions::Replay::off ? 1 : replay_thread_count(o)),
         verify_l2(o.replay == SimOptions::Replay::off ? 0 : c.l2_bytes, c.l2_line_bytes,
                   c.l2_ways) {}
@@ -233,9 +233,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
       if (verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
                              I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
         // Kept under this launch's own key too: the next step finds it without the check.
-        RecordedLaunch copy = *candidate;
-        I.memo.insert(key, similar, std::move(copy));
-        recorded = I.memo.find(key);
+        I.memo.alias(key, candidate);
+        recorded = candidate;
         break;
       }
   }

@@ -38,8 +38,10 @@ struct SimOptions {
   // Host threads a replayed launch's cores run on; 0: the host's hardware threads (at most 8).
   // NPUSIM_REPLAY_THREADS overrides it.
   int replay_threads = 0;
-  // Recorded launches kept for replay (least recently used dropped first).
+  // Recorded launches kept for replay, at most this many and about this much host memory
+  // (least recently used dropped first).
   size_t replay_memo_launches = 4096;
+  uint64_t replay_memo_bytes = uint64_t(1) << 30;
 };
 
 struct KernelLaunch {

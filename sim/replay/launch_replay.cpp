@@ -253,11 +253,20 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   return h == rec.l2_fingerprint;
 }
 
+uint64_t RecordedLaunch::bytes() const {
+  uint64_t n = sizeof(*this) + counters.size() * sizeof(counters[0]) +
+               transfer_order.size() * sizeof(transfer_order[0]);
+  for (const SectionRun& r : runs)
+    n += r.decoded.size() * (sizeof(DecodedInsn) + sizeof(std::string));
+  for (const CoreBlocks& c : cores) n += c.order.size() + c.blocks.size() * sizeof(Block);
+  return n;
+}
+
 RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   auto it = m_map.find(key);
   if (it == m_map.end()) return nullptr;
   m_lru.splice(m_lru.begin(), m_lru, it->second);
-  return &it->second->second;
+  return it->second->second.get();
 }
 
 std::vector<RecordedLaunch*> LaunchMemo::find_similar(const LaunchKey& similar) {
@@ -266,18 +275,26 @@ std::vector<RecordedLaunch*> LaunchMemo::find_similar(const LaunchKey& similar) 
   if (it == m_similar.end()) return out;
   for (const LaunchKey& k : it->second) {
     auto e = m_map.find(k);
-    if (e != m_map.end()) out.push_back(&e->second->second);
+    if (e != m_map.end()) out.push_back(e->second->second.get());
   }
   return out;
 }
 
-void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
-  if (m_capacity == 0) return;
+void LaunchMemo::drop(std::list<Entry>::iterator it) {
+  if (it->second.use_count() == 1) m_bytes -= it->second->bytes();  // its last key
+  m_map.erase(it->first);
+  m_lru.erase(it);
+}
+
+void LaunchMemo::add(LaunchKey key, std::shared_ptr<RecordedLaunch> rec) {
   erase(key);
-  while (m_map.size() >= m_capacity) {
-    m_map.erase(m_lru.back().first);
-    m_lru.pop_back();
-  }
+  const bool fresh = rec.use_count() == 1;
+  if (fresh) m_bytes += rec->bytes();
+  m_lru.emplace_front(key, std::move(rec));
+  m_map.emplace(std::move(key), m_lru.begin());
+  // Make room, never evicting what was just added.
+  while ((m_map.size() > m_capacity || m_bytes > m_max_bytes) && m_lru.size() > 1)
+    drop(std::prev(m_lru.end()));
   if (m_similar.size() >= 4 * m_capacity) {  // drop the keys whose recording is gone
     for (auto it = m_similar.begin(); it != m_similar.end();) {
       auto& keys = it->second;
@@ -287,18 +304,25 @@ void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
       it = keys.empty() ? m_similar.erase(it) : std::next(it);
     }
   }
+}
+
+void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
+  if (m_capacity == 0) return;
   std::vector<LaunchKey>& keys = m_similar[std::move(similar)];
   keys.insert(keys.begin(), key);
   if (keys.size() > kSimilar) keys.pop_back();
-  m_lru.emplace_front(key, std::move(rec));
-  m_map.emplace(std::move(key), m_lru.begin());
+  add(std::move(key), std::make_shared<RecordedLaunch>(std::move(rec)));
+}
+
+void LaunchMemo::alias(LaunchKey key, const RecordedLaunch* rec) {
+  if (m_capacity == 0) return;
+  for (const Entry& e : m_lru)
+    if (e.second.get() == rec) return add(std::move(key), e.second);
 }
 
 void LaunchMemo::erase(const LaunchKey& key) {
   auto it = m_map.find(key);
-  if (it == m_map.end()) return;
-  m_lru.erase(it->second);
-  m_map.erase(it);
+  if (it != m_map.end()) drop(it->second);
 }
 
 }  // namespace npusim

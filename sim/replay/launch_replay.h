@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -77,6 +78,8 @@ struct RecordedLaunch {
   // MemorySystem::transfer_order and l2_fingerprint of the recorded run.
   std::vector<uint16_t> transfer_order;
   uint64_t l2_fingerprint = 0;
+  // Host memory the recording holds, roughly (for LaunchMemo's limit).
+  uint64_t bytes() const;
 };
 
 // The blocks each core ran in the launch now ending, recorded (LaunchInfo::record) and about
@@ -108,22 +111,31 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                         const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2);
 
-// Recorded launches by key, at most `capacity` (the least recently used one goes first).
+// Recorded launches by key, at most `capacity` keys and about `max_bytes` of recordings (the
+// least recently used key goes first). A recording verified for other addresses is also kept
+// under the new launch's key, shared, not copied.
 class LaunchMemo {
  public:
-  explicit LaunchMemo(size_t capacity) : m_capacity(capacity) {}
+  LaunchMemo(size_t capacity, uint64_t max_bytes) : m_capacity(capacity), m_max_bytes(max_bytes) {}
   RecordedLaunch* find(const LaunchKey& key);  // marks it most recently used
   // The recordings inserted with this similar key (replay_key) that are still kept, latest
   // first, at most kSimilar.
   static constexpr size_t kSimilar = 4;
   std::vector<RecordedLaunch*> find_similar(const LaunchKey& similar);
+  // A new recording: under `key`, and one of those `similar` finds.
   void insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec);
+  // `rec` (kept under another key) found to time the launch `key` too.
+  void alias(LaunchKey key, const RecordedLaunch* rec);
   void erase(const LaunchKey& key);
   size_t size() const { return m_map.size(); }
+  uint64_t bytes() const { return m_bytes; }
 
  private:
-  using Entry = std::pair<LaunchKey, RecordedLaunch>;
+  using Entry = std::pair<LaunchKey, std::shared_ptr<RecordedLaunch>>;
+  void add(LaunchKey key, std::shared_ptr<RecordedLaunch> rec);
+  void drop(std::list<Entry>::iterator it);
   size_t m_capacity;
+  uint64_t m_max_bytes, m_bytes = 0;
   std::list<Entry> m_lru;  // most recently used first
   std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
   // similar key -> exact keys, latest first

@@ -236,3 +236,26 @@ TEST_CASE("which launches are replayed") {
   CHECK(on["probe_detail"][2].get<uint64_t>() - on["probe_detail"][1].get<uint64_t>() ==
         end - begin);
 }
+
+TEST_CASE("the replay memo keeps the most recently used launches within its limits") {
+  auto run = [](size_t launches, uint64_t bytes) {
+    return json::parse(test::run_in_child([launches, bytes] {
+      unsetenv("NPUSIM_REPLAY");
+      SimOptions opts;
+      opts.replay_memo_launches = launches;
+      opts.replay_memo_bytes = bytes;
+      Simulator sim(load_chip_config("tiny"), opts);
+      isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+      json replayed = json::array();
+      // Three distinct launches (element counts), then the first and the last again.
+      for (uint64_t n : {1024, 2048, 4096, 1024, 4096})
+        replayed.push_back(launch(sim, vadd, {kX, kY, kZ, n}, 2).replayed);
+      return replayed.dump();
+    }));
+  };
+  CHECK(run(8, uint64_t(1) << 30) == json({false, false, false, true, true}));
+  // Two launches kept: the first was dropped for the third, the second for the first's rerun.
+  CHECK(run(2, uint64_t(1) << 30) == json({false, false, false, false, true}));
+  // One byte: only the latest recording is kept (never the one just added).
+  CHECK(run(8, 1) == json({false, false, false, false, false}));
+}
