@@ -12,6 +12,9 @@
 //   s8 inputs, s32 accumulator: exact integer sums, wrapping modulo 2^32 on overflow.
 #include <algorithm>
 #include <cstring>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <type_traits>
 #include <vector>
 
@@ -93,6 +96,57 @@ __attribute__((target("avx2"))) void tile_product_avx2(const T* a, const T* b, T
   tile_product<T, 4, 16>(a, b, c, mp, k, np);  // 8 ymm accumulators
 }
 #endif
+
+// dst[j * dst_stride + i] = src[i * 16 + j] for i, j < 16: a full fractal of B (16 n rows of
+// 16 k values, widened) into B's k x n layout. Exact copies in any order.
+void transpose_fractal_scalar(const float* src, float* dst, uint64_t dst_stride) {
+  for (uint64_t kk = 0; kk < 16; ++kk)
+    for (uint64_t nn = 0; nn < 16; ++nn) dst[kk * dst_stride + nn] = src[nn * 16 + kk];
+}
+
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+// The same as four 8 x 8 transposes in AVX registers (unpack, shuffle, permute2f128).
+__attribute__((target("avx"))) void transpose_fractal_avx(const float* src, float* dst,
+                                                         uint64_t dst_stride) {
+  for (int bi = 0; bi < 2; ++bi)      // source rows (n) 8*bi..8*bi+7
+    for (int bj = 0; bj < 2; ++bj) {  // source columns (k) 8*bj..8*bj+7
+      const float* s = src + bi * 8 * 16 + bj * 8;
+      __m256 r0 = _mm256_loadu_ps(s + 0 * 16), r1 = _mm256_loadu_ps(s + 1 * 16);
+      __m256 r2 = _mm256_loadu_ps(s + 2 * 16), r3 = _mm256_loadu_ps(s + 3 * 16);
+      __m256 r4 = _mm256_loadu_ps(s + 4 * 16), r5 = _mm256_loadu_ps(s + 5 * 16);
+      __m256 r6 = _mm256_loadu_ps(s + 6 * 16), r7 = _mm256_loadu_ps(s + 7 * 16);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+      float* d = dst + bj * 8 * dst_stride + bi * 8;  // row k of the output, columns n
+      _mm256_storeu_ps(d + 0 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x20));
+      _mm256_storeu_ps(d + 1 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x20));
+      _mm256_storeu_ps(d + 2 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_storeu_ps(d + 3 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_storeu_ps(d + 4 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x31));
+      _mm256_storeu_ps(d + 5 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_storeu_ps(d + 6 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_storeu_ps(d + 7 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+}
+#endif
+
+void transpose_fractal(const float* src, float* dst, uint64_t dst_stride) {
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+  static const bool avx = __builtin_cpu_supports("avx");
+  if (avx) return transpose_fractal_avx(src, dst, dst_stride);
+#endif
+  transpose_fractal_scalar(src, dst, dst_stride);
+}
 
 template <typename T>
 void run_tile_product(const T* a, const T* b, T* c, uint64_t mp, uint64_t k, uint64_t np) {
@@ -267,8 +321,13 @@ struct Mmad {
         uint64_t k_cnt = std::min(K0, k - kb * K0);
         T* dst = &b_buf[kb * K0 * np + nb * kFractalRows];
         if (n_cnt == kFractalRows && k_cnt == K0) {
-          for (uint64_t kk = 0; kk < K0; ++kk)
-            for (uint64_t nn = 0; nn < kFractalRows; ++nn) dst[kk * np + nn] = frac[nn * K0 + kk];
+          if constexpr (std::is_same_v<T, float> && K0 == 16) {
+            transpose_fractal(frac, dst, np);
+          } else {
+            for (uint64_t kk = 0; kk < K0; ++kk)
+              for (uint64_t nn = 0; nn < kFractalRows; ++nn)
+                dst[kk * np + nn] = frac[nn * K0 + kk];
+          }
         } else {
           for (uint64_t kk = 0; kk < k_cnt; ++kk)
             for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * np + nn] = frac[nn * K0 + kk];
