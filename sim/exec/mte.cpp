@@ -263,8 +263,9 @@ struct Load3d {
     const uint64_t kc1 = k_per_c1();
     const uint8_t* fmap = ctx.local.at(Buf::L1, xsrc, (last_c1() + 1) * h * w * block);
     uint8_t* out = ctx.local.at(Buf::L0A, xdst, dst_bytes());
-    std::memset(out, 0, dst_bytes());
-    // Rows at or past rows_total are not output positions and stay zero.
+    // Every 32-byte block of the output is written once below: a tap's channels (zero-padded
+    // past `channels`), or zeros for taps outside the image and for rows at or past rows_total
+    // (not output positions).
     const uint64_t rows_total = uint64_t(oh_count * ow_count);
     const uint64_t rows = m_start >= rows_total ? 0 : std::min(m_ext, rows_total - m_start);
     for (uint64_t kb = 0; kb < k_blocks; ++kb) {
@@ -285,8 +286,13 @@ struct Load3d {
         for (uint64_t rr = 0; rr < rows; ++rr) {
           int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
           int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
-          if (ih >= 0 && ih < h && iw >= 0 && iw < w)
-            std::memcpy(dst_of(rr), plane + (ih * w + iw) * block, bytes);
+          uint8_t* dst = dst_of(rr);
+          if (ih >= 0 && ih < h && iw >= 0 && iw < w) {
+            std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
+            if (bytes < kBlockBytes) std::memset(dst + bytes, 0, kBlockBytes - bytes);
+          } else {
+            std::memset(dst, 0, kBlockBytes);
+          }
           if (++ow == ow_count) {
             ow = 0;
             ++oh;
@@ -295,6 +301,7 @@ struct Load3d {
       };
       if (valid_c0 == c0) copy_rows(std::integral_constant<uint64_t, kBlockBytes>{});
       else copy_rows(valid_c0 * size);
+      for (uint64_t rr = rows; rr < m_ext; ++rr) std::memset(dst_of(rr), 0, kBlockBytes);
     }
   }
 };
