@@ -2,13 +2,14 @@
 ResNet-50, batch 1) through TensorFlow on the NPU (910b, or $CHIP), one warm-up step and STEPS
 measured steps; prints s/step, the launches and the emulator's wall time per op type (launch
 records' wall_us); with OUT=file.json writes every launch of the last step as (kernel,
-block_dim, cycles). benchmarks/compare_launches.py A.json B.json then checks that a change
-meant to make the emulator faster left every simulated cycle alone.
+block_dim, cycles) and a digest of the output's bytes. benchmarks/compare_launches.py A.json
+B.json then checks that a change meant to make the emulator faster left every simulated cycle
+and every output bit alone.
 
 Usage: [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
-import collections, json, os, sys, time
+import collections, hashlib, json, os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import npusim
@@ -41,5 +42,7 @@ for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
 out = os.environ.get("OUT")
 if out:
     json.dump({"launches": [[r["kernel"], r["block_dim"], r["cycles"]] for r in recs],
-               "output_sum": float(abs(y).sum())}, open(out, "w"))
+               "output_sum": float(abs(y).sum()),
+               # The output's exact bytes (a softmax output sums to 1 whatever it holds).
+               "output_sha1": hashlib.sha1(y.tobytes()).hexdigest()}, open(out, "w"))
     print("wrote", out)

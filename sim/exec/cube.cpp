@@ -40,8 +40,9 @@ using mte::Operands;
 // The inner product kernel. A register tile of MR rows x NR columns of C is held in
 // accumulators while k runs, so every element still sums in sequential k order and the result
 // does not depend on the tile shape or the instruction set. Variants for AVX-512 / AVX2 hosts
-// are picked at run time; none may fuse the multiply and the add (FMA would round once instead
-// of twice), hence fp-contract=off for this file (GCC contracts by default in C++ modes).
+// are picked at run time; none may fuse the multiply and the add implicitly (FMA would round
+// once instead of twice), hence fp-contract=off for this file (GCC contracts by default in C++
+// modes); only the fp16 variant fuses, explicitly, where that is exact (kFused).
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
@@ -55,7 +56,10 @@ constexpr uint64_t kColPad = 32;
 // c[r][j] += sum over kk in order of a[r][kk] * b[kk][j], for an mp x np tile (multiples of
 // MR / NR), a row-major mp x k, b row-major k x np, c row-major mp x np. T = float (fp32
 // arithmetic) or uint32_t (integer arithmetic modulo 2^32).
-template <typename T, uint64_t MR, uint64_t NR>
+// kFused: each step is one fused multiply-add, for fp16 operands only: the product of two
+// fp16 values (11-bit significands, exponents within fp32's) is exact in fp32, so rounding it
+// first changes nothing and fma(a, b, c) == (a * b) + c bit for bit.
+template <typename T, uint64_t MR, uint64_t NR, bool kFused = false>
 inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
                                                         const T* __restrict b, T* __restrict c,
                                                         uint64_t mp, uint64_t k, uint64_t np) {
@@ -72,7 +76,10 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
         for (uint64_t i = 0; i < MR; ++i) {
           const T av = a[(r + i) * k + kk];
 #pragma GCC unroll 32
-          for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] += av * brow[jj];
+          for (uint64_t jj = 0; jj < NR; ++jj) {
+            if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
+            else acc[i][jj] += av * brow[jj];
+          }
         }
       }
 #pragma GCC unroll 8
@@ -89,6 +96,14 @@ template <typename T>
 __attribute__((target("avx512f"))) void tile_product_avx512(const T* a, const T* b, T* c,
                                                             uint64_t mp, uint64_t k, uint64_t np) {
   tile_product<T, 8, 32>(a, b, c, mp, k, np);  // 16 zmm accumulators
+}
+__attribute__((target("avx512f,fma"))) void tile_product_fused_avx512(
+    const float* a, const float* b, float* c, uint64_t mp, uint64_t k, uint64_t np) {
+  tile_product<float, 8, 32, true>(a, b, c, mp, k, np);
+}
+__attribute__((target("avx2,fma"))) void tile_product_fused_avx2(
+    const float* a, const float* b, float* c, uint64_t mp, uint64_t k, uint64_t np) {
+  tile_product<float, 4, 16, true>(a, b, c, mp, k, np);
 }
 template <typename T>
 __attribute__((target("avx2"))) void tile_product_avx2(const T* a, const T* b, T* c, uint64_t mp,
@@ -158,6 +173,20 @@ void run_tile_product(const T* a, const T* b, T* c, uint64_t mp, uint64_t k, uin
   if (isa_level == 1) return tile_product_avx2<T>(a, b, c, mp, k, np);
 #endif
   tile_product<T, 4, 8>(a, b, c, mp, k, np);  // 8 xmm accumulators (SSE2)
+}
+
+// The same for fp16 operands widened to fp32 (see kFused): with FMA where the host has it.
+void run_tile_product_f16(const float* a, const float* b, float* c, uint64_t mp, uint64_t k,
+                          uint64_t np) {
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+  static const int isa_level =
+      !__builtin_cpu_supports("fma") ? 0 : __builtin_cpu_supports("avx512f") ? 2
+                                         : __builtin_cpu_supports("avx2")    ? 1
+                                                                             : 0;
+  if (isa_level == 2) return tile_product_fused_avx512(a, b, c, mp, k, np);
+  if (isa_level == 1) return tile_product_fused_avx2(a, b, c, mp, k, np);
+#endif
+  run_tile_product<float>(a, b, c, mp, k, np);
 }
 
 template <typename U>
@@ -360,7 +389,10 @@ struct Mmad {
       for (uint64_t r = 0; r < m; ++r) std::memcpy(&c_buf[r * np], bias, n * layout::kL0cElemBytes);
     }
 
-    run_tile_product<T>(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
+    if constexpr (kType == Dtype::F16)
+      run_tile_product_f16(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
+    else
+      run_tile_product<T>(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
 
     for_each_c_run([](const T* cb, uint8_t* l0, auto bytes) { std::memcpy(l0, cb, bytes); });
   }

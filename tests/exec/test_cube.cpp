@@ -168,6 +168,34 @@ TEST_CASE("mmad chain matches a reference matmul for odd shapes in every cube ty
   }
 }
 
+TEST_CASE("fp16 mmad over the whole finite fp16 range rounds each step's sum as the reference") {
+  // The product of two fp16 values is exact in fp32, so the cube model may fuse multiply and
+  // add (cube.cpp, kFused); sums of products spanning 2^-48 .. 2^32 round at every step, and
+  // must match the reference's separate multiply and add bit for bit.
+  const int m = 40, k = 64, n = 48;
+  Rand rnd(2024);
+  auto matrix = [&](int rows, int cols) {
+    Matrix mtx{rows, cols, std::vector<uint8_t>(size_t(rows) * cols * 2),
+               std::vector<double>(size_t(rows) * cols)};
+    for (size_t i = 0; i < mtx.value.size(); ++i) {
+      uint16_t h;
+      do {
+        h = static_cast<uint16_t>(rnd.integer(0, 0xffff));
+      } while ((h & 0x7c00) == 0x7c00);  // not Inf or NaN
+      std::memcpy(&mtx.bytes[i * 2], &h, 2);
+      mtx.value[i] = ref_f16_to_f32(h);
+    }
+    return mtx;
+  };
+  ExecBench t;
+  Matrix a = matrix(m, k), b = matrix(k, n);
+  load_operands(t, Dtype::F16, a, b);
+  mmad(t, Dtype::F16, m, k, n, 0);
+  std::vector<uint32_t> want(size_t(m) * n, 0);
+  ref_accumulate(Dtype::F16, a, b, want);
+  CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+}
+
 TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
   for (Dtype type : {Dtype::F16, Dtype::S8}) {
     INFO(isa::dtype_name(type));
