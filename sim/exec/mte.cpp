@@ -123,9 +123,21 @@ struct Nd2Nz {
     for (uint64_t j = 0; j < col_blocks; ++j)
       std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0, (dst_rows - rows) * kBlockBytes);
     thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
+    // Rows are src_stride apart, many to a page: look each page up once.
+    constexpr uint64_t kPage = DeviceMemory::kPageBytes;
+    uint64_t page = UINT64_MAX;
+    const uint8_t* page_bytes = nullptr;
     for (uint64_t r = 0; r < rows; ++r) {
       const uint64_t addr = xsrc + r * src_stride * size;
-      const uint8_t* src = ctx.gm.view(addr, row_bytes);
+      const uint64_t off = addr % kPage;
+      const uint8_t* src = nullptr;
+      if (off + row_bytes <= kPage) {
+        if (addr / kPage != page) {
+          page = addr / kPage;
+          page_bytes = ctx.gm.view(addr, row_bytes) - off;
+        }
+        src = page_bytes + off;
+      }
       if (!src) {
         row.resize(row_bytes);
         ctx.gm.read(addr, row.data(), row_bytes);
