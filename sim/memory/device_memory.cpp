@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
+
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
@@ -18,7 +21,7 @@ DeviceMemory::DeviceMemory(uint64_t capacity_bytes) : m_capacity(capacity_bytes)
 
 DeviceMemory::~DeviceMemory() {
   clear();
-  for (uint8_t* p : m_spare) delete[] p;
+  for (void* chunk : m_chunks) munmap(chunk, kChunkBytes);
   for (uint64_t i = 0; i < m_dir_size; ++i) delete m_dir[i].load();
 }
 
@@ -115,7 +118,19 @@ uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
   if (uint8_t* p = entry.load(std::memory_order_acquire)) return p;  // another thread's
   uint8_t* p;
   if (m_spare.empty()) {
-    p = new uint8_t[kPageBytes]();  // zero-initialised: unwritten bytes read as zero
+    // A new chunk of pages, backed by huge pages where the host allows (the functional copies
+    // of a kernel sweep megabytes of device memory; 4 KiB host pages cost TLB misses).
+    void* chunk = mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (chunk == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(chunk, kChunkBytes, MADV_HUGEPAGE);
+#endif
+    m_chunks.push_back(chunk);
+    for (uint64_t i = kChunkBytes / kPageBytes; i-- > 1;)  // zero pages from the host
+      m_spare.push_back(static_cast<uint8_t*>(chunk) + i * kPageBytes);
+    p = static_cast<uint8_t*>(chunk);
+    if (!whole) std::memset(p, 0, kPageBytes);  // (already zero; kept for the spare's rule)
   } else {
     p = m_spare.back();
     m_spare.pop_back();
@@ -132,8 +147,7 @@ void DeviceMemory::release(uint64_t page) {
   uint8_t* p = table->pages[page % kTablePages].exchange(nullptr);
   if (!p) return;
   --m_resident;
-  if (m_spare.size() < kMaxSparePages) m_spare.push_back(p);
-  else delete[] p;
+  m_spare.push_back(p);
 }
 
 void DeviceMemory::clear() {

@@ -57,10 +57,10 @@ class DeviceMemory {
   struct Table {
     std::atomic<uint8_t*> pages[kTablePages];
   };
-  // Released pages kept for reuse, at most this many (64 KiB each: 256 MiB). A framework frees
-  // and reallocates its buffers every step; without the pool each step paid a fresh host
-  // allocation, heap growth and page faults per page.
-  static constexpr size_t kMaxSparePages = 4096;
+  // Pages come from chunks of host memory (huge-page backed where the host allows) that are
+  // kept until the memory is destroyed; released pages are reused. A framework frees and
+  // reallocates its buffers every step, so this also spares it host allocations and faults.
+  static constexpr uint64_t kChunkBytes = 2 * 1024 * 1024;
 
   void check(uint64_t addr, uint64_t n) const;
   // The page at index `page`, or nullptr if never written. No lock.
@@ -82,7 +82,8 @@ class DeviceMemory {
   uint64_t m_dir_size = 0;
   std::atomic<uint64_t> m_resident{0};  // pages written
   std::mutex m_alloc;                   // page and table allocation, the spare pool
-  std::vector<uint8_t*> m_spare;        // released pages, contents undefined
+  std::vector<uint8_t*> m_spare;        // free pages, contents undefined
+  std::vector<void*> m_chunks;          // every chunk mapped
 };
 
 }  // namespace npusim
