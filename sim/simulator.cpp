@@ -58,14 +58,17 @@ void check_config(const ChipConfig& cfg) {
                                   cfg.hdc_latency_us));
 }
 
-// Runs the simulation until nothing is left to do, turning SystemC errors into npusim::Error.
-void run_to_quiescence() {
+// sc_start(args...), turning SystemC errors into npusim::Error.
+template <typename... Args>
+void start_checked(const Args&... args) {
   try {
-    sc_core::sc_start();
+    sc_core::sc_start(args...);
   } catch (const sc_core::sc_report& e) {
     throw Error(std::string("SystemC: ") + e.what());
   }
 }
+// Runs the simulation until nothing is left to do.
+void run_to_quiescence() { start_checked(); }
 
 // SimOptions with the environment's overrides (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS) applied.
 SimOptions with_environment(SimOptions o) {
@@ -118,11 +121,7 @@ struct Simulator::Impl {
                                bool counter_tree) {
     const uint64_t start_ps = time_ps(start);
     for (ChipObserver* o : chip->observers()) o->on_kernel_begin(program, block_dim, start_ps);
-    try {
-      sc_core::sc_start(sc_time(static_cast<double>(rec.quiescent_ps), sc_core::SC_PS));
-    } catch (const sc_core::sc_report& e) {
-      throw Error(std::string("SystemC: ") + e.what());
-    }
+    start_checked(sc_time(static_cast<double>(rec.quiescent_ps), sc_core::SC_PS));
     for (ChipObserver* o : chip->observers())
       o->on_kernel_end(program, start_ps + rec.duration_ps, true);
     counters.apply(rec.counters);

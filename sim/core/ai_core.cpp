@@ -367,8 +367,10 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
           const int64_t v = m_scalar.operand(in, 0);
           m_env.gm().write(addr, &v, 8);
         }
-        m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
-        if (m_env.launch().record) m_gm_accesses.push_back({addr, 8, true});
+        if (m_env.launch().record) {
+          m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
+          m_gm_accesses.push_back({addr, 8, true});
+        }
       }
       break;
     }
@@ -576,8 +578,8 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
       else run_gm_transfer(u, cost);
       if (m_env.launch().functional) execute(op, ctx);
-      m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
-      if (m_env.launch().record) {  // in execution order, as the replay verifies them
+      if (m_env.launch().record) {  // in execution order, as the replay re-runs and verifies
+        m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
         m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
         m_fingerprint.add_cost(op.pc, cost);
       }

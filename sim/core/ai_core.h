@@ -55,9 +55,10 @@ class AiCore : public sc_core::sc_module {
     int block, subblock;
   };
   const std::vector<AssignedBlock>& assigned_blocks() const { return m_assigned_blocks; }
-  // The order in which instructions took effect on this core in the launch now ending: one
-  // entry per pipe instruction executed (its pipe) or scalar st (isa::Pipe::S), sync
-  // instructions left out. The launch replay executes in this order (cleared by reset()).
+  // The order in which instructions took effect on this core in the launch now ending, if it
+  // is being recorded (LaunchInfo::record): one entry per pipe instruction executed (its pipe)
+  // or scalar st (isa::Pipe::S), sync instructions left out. The launch replay executes in
+  // this order (cleared by reset()).
   const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
   // The GM ranges this core's instructions touched in the launch now ending, if the launch is
   // being recorded (LaunchInfo::record; cleared by reset()).

@@ -84,14 +84,17 @@ std::vector<Range> merged(std::vector<Range> v) {
   return out;
 }
 
-// Whether some core wrote bytes that another core read or wrote: accesses[c] are core c's.
-bool cores_share_written_bytes(const std::vector<std::vector<GmAccess>>& accesses) {
+// Whether some core wrote bytes that another core read or wrote: the lists in accesses[c] are
+// core c's.
+using CoreAccesses = std::vector<std::vector<const std::vector<GmAccess>*>>;
+bool cores_share_written_bytes(const CoreAccesses& accesses) {
   std::vector<Range> writes;                      // every core's, each core's merged
   std::vector<std::vector<Range>> reads_by_core;  // merged per core
   for (size_t c = 0; c < accesses.size(); ++c) {
     std::vector<Range> w, r;
-    for (const GmAccess& a : accesses[c])
-      (a.write ? w : r).push_back({a.addr, a.addr + a.bytes, static_cast<int>(c)});
+    for (const std::vector<GmAccess>* list : accesses[c])
+      for (const GmAccess& a : *list)
+        (a.write ? w : r).push_back({a.addr, a.addr + a.bytes, static_cast<int>(c)});
     for (const Range& m : merged(std::move(w))) writes.push_back(m);
     if (!r.empty()) reads_by_core.push_back(merged(std::move(r)));
   }
@@ -121,8 +124,8 @@ bool cores_share_written_bytes(const std::vector<std::vector<GmAccess>>& accesse
 bool record_blocks(const isa::Program& program,
                    const std::vector<std::unique_ptr<AiCore>>& cores,
                    const MemorySystem& memory, RecordedLaunch* rec) {
-  std::vector<std::vector<GmAccess>> accesses;
-  for (const auto& core : cores) accesses.push_back(core->gm_accesses());
+  CoreAccesses accesses;
+  for (const auto& core : cores) accesses.push_back({&core->gm_accesses()});
   if (cores_share_written_bytes(accesses)) return false;
   rec->transfer_order = memory.transfer_order();
   rec->l2_fingerprint = memory.l2_fingerprint();
@@ -222,12 +225,8 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   });
   if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
   // No core may touch bytes another core writes.
-  std::vector<std::vector<GmAccess>> accesses(rec.cores.size());
-  for (size_t i = 0; i < rec.cores.size(); ++i) {
-    accesses[i] = verified[i]->transfer_ranges();
-    accesses[i].insert(accesses[i].end(), verified[i]->stores().begin(),
-                       verified[i]->stores().end());
-  }
+  CoreAccesses accesses;
+  for (const auto& fc : verified) accesses.push_back({&fc->transfer_ranges(), &fc->stores()});
   if (cores_share_written_bytes(accesses)) return false;
   // The L2 outcome of every range, transfers in the recorded order.
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
