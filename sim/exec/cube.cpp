@@ -49,66 +49,135 @@ using mte::Operands;
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-// Scratch matrices are padded to these multiples so every variant's tile divides them.
-constexpr uint64_t kRowPad = 8;
-constexpr uint64_t kColPad = 32;
+// A view of an MR x NR tile of C in L0C's NZ form: element (i, jj) at
+// p[(jj / 16) * block_stride + i * row_stride + jj % 16] (elements). L0C itself has
+// row_stride 16 and block_stride 16 * m16; a bias row has row_stride 0 (every row reads it).
+template <typename T>
+struct CView {
+  T* p;
+  uint64_t row_stride, block_stride;
+  inline __attribute__((always_inline)) T& at(uint64_t i, uint64_t jj) const {
+    return p[(jj / kFractalRows) * block_stride + i * row_stride + jj % kFractalRows];
+  }
+};
 
-// c[r][j] += sum over kk in order of a[r][kk] * b[kk][j], for an mp x np tile (multiples of
-// MR / NR), a row-major mp x k, b row-major k x np, c row-major mp x np. T = float (fp32
-// arithmetic) or uint32_t (integer arithmetic modulo 2^32).
+// One register tile: out(i, jj) = in(i, jj) (zero when in.p is null) + sum over kk < k in order
+// of A[i][kk] * B[kk][jj], for i < MR, jj < NR.
+//   a: A row 0 of the tile inside its Zz fractal row, widened: element (i, kk) at
+//      a[(kk / K0) * 16 * K0 + i * K0 + kk % K0] (the tile's rows lie in one fractal row);
+//   b: B (widened, k x ld_b row-major) at the tile's first column.
+// T = float (fp32 arithmetic) or uint32_t (integer arithmetic modulo 2^32).
 // kFused: each step is one fused multiply-add, for fp16 operands only: the product of two
 // fp16 values (11-bit significands, exponents within fp32's) is exact in fp32, so rounding it
 // first changes nothing and fma(a, b, c) == (a * b) + c bit for bit.
-template <typename T, uint64_t MR, uint64_t NR, bool kFused = false>
+template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
-                                                        const T* __restrict b, T* __restrict c,
-                                                        uint64_t mp, uint64_t k, uint64_t np) {
-  for (uint64_t r = 0; r < mp; r += MR) {
-    for (uint64_t j = 0; j < np; j += NR) {
-      T acc[MR][NR];
+                                                        const T* __restrict b, uint64_t ld_b,
+                                                        uint64_t k, CView<const T> in,
+                                                        CView<T> out) {
+  T acc[MR][NR];
 #pragma GCC unroll 8
-      for (uint64_t i = 0; i < MR; ++i)
+  for (uint64_t i = 0; i < MR; ++i)
 #pragma GCC unroll 32
-        for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] = c[(r + i) * np + j + jj];
-      for (uint64_t kk = 0; kk < k; ++kk) {
-        const T* brow = b + kk * np + j;
+    for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] = in.p ? in.at(i, jj) : T(0);
+  for (uint64_t k0 = 0; k0 < k; k0 += K0) {
+    const T* ablk = a + (k0 / K0) * kFractalRows * K0;
+    const uint64_t k_cnt = std::min(K0, k - k0);
+    for (uint64_t kk = 0; kk < k_cnt; ++kk) {
+      const T* brow = b + (k0 + kk) * ld_b;
 #pragma GCC unroll 8
-        for (uint64_t i = 0; i < MR; ++i) {
-          const T av = a[(r + i) * k + kk];
+      for (uint64_t i = 0; i < MR; ++i) {
+        const T av = ablk[i * K0 + kk];
 #pragma GCC unroll 32
-          for (uint64_t jj = 0; jj < NR; ++jj) {
-            if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
-            else acc[i][jj] += av * brow[jj];
-          }
+        for (uint64_t jj = 0; jj < NR; ++jj) {
+          if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
+          else acc[i][jj] += av * brow[jj];
         }
       }
-#pragma GCC unroll 8
-      for (uint64_t i = 0; i < MR; ++i)
-#pragma GCC unroll 32
-        for (uint64_t jj = 0; jj < NR; ++jj) c[(r + i) * np + j + jj] = acc[i][jj];
     }
   }
+#pragma GCC unroll 8
+  for (uint64_t i = 0; i < MR; ++i)
+#pragma GCC unroll 32
+    for (uint64_t jj = 0; jj < NR; ++jj) out.at(i, jj) = acc[i][jj];
+}
+
+// The operands of one mmad, widened, and where C starts and ends.
+template <typename T>
+struct CubeOperands {
+  const T* a;      // A in its Zz layout, whole fractal rows (m16 / 16 of them)
+  uint64_t k_blocks;
+  const T* b;      // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
+  uint64_t ld_b;
+  uint64_t m, k, n;
+  CView<const T> in;  // C's initial values at column 0 (in.p null: zero)
+  CView<T> out;       // L0C at row 0, column 0
+};
+
+// view moved to row r, column j of C.
+template <typename V>
+inline __attribute__((always_inline)) V at_tile(V view, uint64_t r, uint64_t j) {
+  if (view.p) view.p += (j / kFractalRows) * view.block_stride + r * view.row_stride;
+  return view;
+}
+
+// The tiles of the NR columns of C from column j, in place in L0C; tiles that reach past row m
+// or column n go through a staging tile so that only C[r < m][c < n] is written. (Everything
+// here is inlined into the target-specific variants below: a call would leave the host-ISA
+// code generation.)
+template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
+inline __attribute__((always_inline)) void column_tiles(const CubeOperands<T>& g, uint64_t j) {
+  static_assert(kFractalRows % MR == 0 && NR % kFractalRows == 0, "tiles inside fractals");
+  for (uint64_t r = 0; r < g.m; r += MR) {
+    const T* a =
+        g.a + (r / kFractalRows) * g.k_blocks * kFractalRows * K0 + (r % kFractalRows) * K0;
+    const T* b = g.b + j;
+    if (r + MR <= g.m && j + NR <= g.n) {
+      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, at_tile(g.in, r, j),
+                                          at_tile(g.out, r, j));
+      continue;
+    }
+    // Edge tile: rows past m / columns past n are computed in the staging tile (from zero and
+    // whatever A holds there) and dropped.
+    T stage[MR * NR];
+    const CView<T> st{stage, kFractalRows, kFractalRows * MR};
+    const uint64_t rows = std::min(MR, g.m - r), cols = std::min(NR, g.n - j);
+    const CView<const T> in = at_tile(g.in, r, j);
+    for (uint64_t i = 0; i < MR; ++i)
+      for (uint64_t jj = 0; jj < NR; ++jj)
+        st.at(i, jj) = in.p && i < rows && jj < cols ? in.at(i, jj) : T(0);
+    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k,
+                                        CView<const T>{stage, st.row_stride, st.block_stride}, st);
+    const CView<T> out = at_tile(g.out, r, j);
+    for (uint64_t i = 0; i < rows; ++i)
+      for (uint64_t jj = 0; jj < cols; ++jj) out.at(i, jj) = st.at(i, jj);
+  }
+}
+
+// Every tile of C: column tiles of NR, then one of 16 where the column blocks are left over.
+template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
+inline __attribute__((always_inline)) void all_tiles(const CubeOperands<T>& g) {
+  uint64_t j = 0;
+  for (; j + NR <= g.ld_b; j += NR) column_tiles<T, K0, MR, NR, kFused>(g, j);
+  for (; j < g.ld_b; j += kFractalRows) column_tiles<T, K0, MR, kFractalRows, kFused>(g, j);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define NPUSIM_CUBE_X86_VARIANTS 1
-template <typename T>
-__attribute__((target("avx512f"))) void tile_product_avx512(const T* a, const T* b, T* c,
-                                                            uint64_t mp, uint64_t k, uint64_t np) {
-  tile_product<T, 8, 32>(a, b, c, mp, k, np);  // 16 zmm accumulators
+template <typename T, uint64_t K0>
+__attribute__((target("avx512f"))) void all_tiles_avx512(const CubeOperands<T>& g) {
+  all_tiles<T, K0, 8, 32, false>(g);  // 16 zmm accumulators
 }
-__attribute__((target("avx512f,fma"))) void tile_product_fused_avx512(
-    const float* a, const float* b, float* c, uint64_t mp, uint64_t k, uint64_t np) {
-  tile_product<float, 8, 32, true>(a, b, c, mp, k, np);
+template <typename T, uint64_t K0>
+__attribute__((target("avx2"))) void all_tiles_avx2(const CubeOperands<T>& g) {
+  all_tiles<T, K0, 4, 16, false>(g);  // 8 ymm accumulators
 }
-__attribute__((target("avx2,fma"))) void tile_product_fused_avx2(
-    const float* a, const float* b, float* c, uint64_t mp, uint64_t k, uint64_t np) {
-  tile_product<float, 4, 16, true>(a, b, c, mp, k, np);
+__attribute__((target("avx512f,fma"))) void all_tiles_fused_avx512(
+    const CubeOperands<float>& g) {
+  all_tiles<float, 16, 8, 32, true>(g);
 }
-template <typename T>
-__attribute__((target("avx2"))) void tile_product_avx2(const T* a, const T* b, T* c, uint64_t mp,
-                                                       uint64_t k, uint64_t np) {
-  tile_product<T, 4, 16>(a, b, c, mp, k, np);  // 8 ymm accumulators
+__attribute__((target("avx2,fma"))) void all_tiles_fused_avx2(const CubeOperands<float>& g) {
+  all_tiles<float, 16, 4, 16, true>(g);
 }
 #endif
 
@@ -163,30 +232,29 @@ void transpose_fractal(const float* src, float* dst, uint64_t dst_stride) {
   transpose_fractal_scalar(src, dst, dst_stride);
 }
 
-template <typename T>
-void run_tile_product(const T* a, const T* b, T* c, uint64_t mp, uint64_t k, uint64_t np) {
+template <typename T, uint64_t K0>
+void run_all_tiles(const CubeOperands<T>& g) {
 #ifdef NPUSIM_CUBE_X86_VARIANTS
   static const int isa_level = __builtin_cpu_supports("avx512f") ? 2
                                : __builtin_cpu_supports("avx2")  ? 1
                                                                  : 0;
-  if (isa_level == 2) return tile_product_avx512<T>(a, b, c, mp, k, np);
-  if (isa_level == 1) return tile_product_avx2<T>(a, b, c, mp, k, np);
+  if (isa_level == 2) return all_tiles_avx512<T, K0>(g);
+  if (isa_level == 1) return all_tiles_avx2<T, K0>(g);
 #endif
-  tile_product<T, 4, 8>(a, b, c, mp, k, np);  // 8 xmm accumulators (SSE2)
+  all_tiles<T, K0, 4, 16, false>(g);  // SSE2: 16 xmm accumulators
 }
 
 // The same for fp16 operands widened to fp32 (see kFused): with FMA where the host has it.
-void run_tile_product_f16(const float* a, const float* b, float* c, uint64_t mp, uint64_t k,
-                          uint64_t np) {
+void run_all_tiles_f16(const CubeOperands<float>& g) {
 #ifdef NPUSIM_CUBE_X86_VARIANTS
   static const int isa_level =
       !__builtin_cpu_supports("fma") ? 0 : __builtin_cpu_supports("avx512f") ? 2
                                          : __builtin_cpu_supports("avx2")    ? 1
                                                                              : 0;
-  if (isa_level == 2) return tile_product_fused_avx512(a, b, c, mp, k, np);
-  if (isa_level == 1) return tile_product_fused_avx2(a, b, c, mp, k, np);
+  if (isa_level == 2) return all_tiles_fused_avx512(g);
+  if (isa_level == 1) return all_tiles_fused_avx2(g);
 #endif
-  run_tile_product<float>(a, b, c, mp, k, np);
+  run_all_tiles<float, 16>(g);
 }
 
 template <typename U>
@@ -296,105 +364,75 @@ struct Mmad {
     using T = typename In::Arith;
     static_assert(sizeof(T) == layout::kL0cElemBytes, "accumulators are 32-bit");
     // K0 elements of the input type fill one 32-byte block (= k0, known here at compile time so
-    // the full-block copies below are fixed-size).
+    // the kernels' k loops and the full-fractal copies below are fixed-size).
     constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename In::Storage);
-    const uint64_t mp = round_up(m, kRowPad), np = round_up(n, kColPad);
     const uint64_t k_blocks = ceil_div(k, K0), n_blocks = ceil_div(n, kFractalRows);
-    const uint64_t m16 = round_up(m, kFractalRows);
+    const uint64_t m16 = round_up(m, kFractalRows), ld_b = n_blocks * kFractalRows;
 
-    // Scratch reused across calls: A as mp x k, B as k x np, C as mp x np, all row-major and
-    // zero outside the m x k / k x n parts (the m x k and k x n parts are written below). C's
-    // m x n part is set from init below; outside it C is zero, so the padding the tile kernel
-    // computes stays finite (it is never copied out).
-    thread_local std::vector<T> a_buf, b_buf, c_buf;
-    a_buf.resize(mp * k);
-    std::fill(a_buf.begin() + m * k, a_buf.end(), T(0));
-    b_buf.resize(k * np);
-    if (np != n)
-      for (uint64_t kk = 0; kk < k; ++kk)
-        std::fill(b_buf.begin() + kk * np + n, b_buf.begin() + (kk + 1) * np, T(0));
-    c_buf.resize(mp * np);
-    if (init == 0) {
-      std::fill(c_buf.begin(), c_buf.end(), T(0));
-    } else {
-      if (np != n)
-        for (uint64_t r = 0; r < m; ++r)
-          std::fill(c_buf.begin() + r * np + n, c_buf.begin() + (r + 1) * np, T(0));
-      std::fill(c_buf.begin() + m * np, c_buf.end(), T(0));
-    }
-
-    // Each operand is widened in one pass in its buffer layout, then rearranged.
-    thread_local std::vector<T> a_wide, b_wide;
+    // A widened in place in its Zz layout, as whole fractal rows: what lies past A's extent is
+    // zero (the kernels compute rows past m from it and drop them). B widened in its Zn layout,
+    // then rearranged as k x ld_b row-major, zero past column n. Scratch reused across calls.
+    thread_local std::vector<T> a_wide, b_wide, b_buf;
     const uint64_t a_elems = layout::zz_extent(m, k, k0), b_elems = layout::zn_extent(k, n, k0);
-    a_wide.resize(a_elems);
-    b_wide.resize(b_elems);
+    a_wide.resize(m16 * k_blocks * K0);
     In::widen(ctx.local.at(Buf::L0A, xa, a_elems * size), a_wide.data(), a_elems);
+    std::fill(a_wide.begin() + a_elems, a_wide.end(), T(0));
+    b_wide.resize(b_elems);
     In::widen(ctx.local.at(Buf::L0B, xb, b_elems * size), b_wide.data(), b_elems);
-
-    // Full blocks are fixed-size copies; only a last partial k block copies fewer values.
-    const uint64_t k_full = k / K0;
-    for (uint64_t r = 0; r < m; ++r) {
-      T* row = &a_buf[r * k];
-      for (uint64_t kb = 0; kb < k_full; ++kb)
-        std::memcpy(row + kb * K0, &a_wide[layout::zz_offset(r, kb * K0, k_blocks, K0)],
-                    K0 * sizeof(T));
-      if (k_full != k_blocks)
-        std::memcpy(row + k_full * K0, &a_wide[layout::zz_offset(r, k_full * K0, k_blocks, K0)],
-                    (k - k_full * K0) * sizeof(T));
-    }
-
+    b_buf.resize(k * ld_b);
+    if (ld_b != n)
+      for (uint64_t kk = 0; kk < k; ++kk)
+        std::fill(b_buf.begin() + kk * ld_b + n, b_buf.begin() + (kk + 1) * ld_b, T(0));
     for (uint64_t kb = 0; kb < k_blocks; ++kb)
       for (uint64_t nb = 0; nb < n_blocks; ++nb) {
         const T* frac = &b_wide[layout::zn_offset(kb * K0, nb * kFractalRows, n_blocks, K0)];
         uint64_t n_cnt = std::min<uint64_t>(kFractalRows, n - nb * kFractalRows);
         uint64_t k_cnt = std::min(K0, k - kb * K0);
-        T* dst = &b_buf[kb * K0 * np + nb * kFractalRows];
+        T* dst = &b_buf[kb * K0 * ld_b + nb * kFractalRows];
         if (n_cnt == kFractalRows && k_cnt == K0) {
           if constexpr (std::is_same_v<T, float> && K0 == 16) {
-            transpose_fractal(frac, dst, np);
+            transpose_fractal(frac, dst, ld_b);
           } else {
             for (uint64_t kk = 0; kk < K0; ++kk)
               for (uint64_t nn = 0; nn < kFractalRows; ++nn)
-                dst[kk * np + nn] = frac[nn * K0 + kk];
+                dst[kk * ld_b + nn] = frac[nn * K0 + kk];
           }
         } else {
           for (uint64_t kk = 0; kk < k_cnt; ++kk)
-            for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * np + nn] = frac[nn * K0 + kk];
+            for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * ld_b + nn] = frac[nn * K0 + kk];
         }
       }
 
-    uint8_t* l0c = ctx.local.at(Buf::L0C, xc, layout::l0c_extent(m, n) * layout::kL0cElemBytes);
-    // Copies the valid m x n part between c_buf and L0C, one fractal row (<= 16 values) at a
-    // time: f(c_buf row, L0C row, values) with values == kFractalRows except in a last partial
-    // column block.
-    constexpr uint64_t kRowBytes = kFractalRows * layout::kL0cElemBytes;
-    const uint64_t n_full = n / kFractalRows;
-    const uint64_t tail_bytes = (n - n_full * kFractalRows) * layout::kL0cElemBytes;
-    auto for_each_c_run = [&](auto&& copy) {
-      for (uint64_t r = 0; r < m; ++r) {
-        for (uint64_t nb = 0; nb < n_full; ++nb)
-          copy(&c_buf[r * np + nb * kFractalRows],
-               l0c + layout::l0c_offset(r, nb * kFractalRows, m16) * layout::kL0cElemBytes,
-               std::integral_constant<uint64_t, kRowBytes>{});
-        if (tail_bytes)
-          copy(&c_buf[r * np + n_full * kFractalRows],
-               l0c + layout::l0c_offset(r, n_full * kFractalRows, m16) * layout::kL0cElemBytes,
-               tail_bytes);
-      }
+    // C is read (init 1) and written in place in L0C, and the bias read in place in BT; where
+    // the config's alignment leaves either unaligned for T, through an aligned copy.
+    auto aligned = [](const uint8_t* p) {
+      return reinterpret_cast<uintptr_t>(p) % alignof(T) == 0;
     };
-    if (init == 1) {
-      for_each_c_run([](T* cb, const uint8_t* l0, auto bytes) { std::memcpy(cb, l0, bytes); });
-    } else if (init == 2) {
-      const uint8_t* bias = ctx.local.at(Buf::BT, xbias, n * layout::kL0cElemBytes);
-      for (uint64_t r = 0; r < m; ++r) std::memcpy(&c_buf[r * np], bias, n * layout::kL0cElemBytes);
+    thread_local std::vector<T> c_bounce, bias_bounce;
+    const uint64_t c_bytes = layout::l0c_extent(m, n) * layout::kL0cElemBytes;
+    uint8_t* l0c = ctx.local.at(Buf::L0C, xc, c_bytes);
+    T* c = reinterpret_cast<T*>(l0c);
+    if (!aligned(l0c)) {
+      c_bounce.resize(c_bytes / sizeof(T));
+      std::memcpy(c_bounce.data(), l0c, c_bytes);
+      c = c_bounce.data();
     }
-
-    if constexpr (kType == Dtype::F16)
-      run_tile_product_f16(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
-    else
-      run_tile_product<T>(a_buf.data(), b_buf.data(), c_buf.data(), mp, k, np);
-
-    for_each_c_run([](const T* cb, uint8_t* l0, auto bytes) { std::memcpy(l0, cb, bytes); });
+    CView<const T> in{nullptr, kFractalRows, kFractalRows * m16};  // init 0: from zero
+    if (init == 1) in.p = c;
+    if (init == 2) {
+      const uint8_t* bt = ctx.local.at(Buf::BT, xbias, n * layout::kL0cElemBytes);
+      in = {reinterpret_cast<const T*>(bt), 0, kFractalRows};  // every row reads the bias row
+      if (!aligned(bt)) {
+        bias_bounce.resize(n);
+        std::memcpy(bias_bounce.data(), bt, n * layout::kL0cElemBytes);
+        in.p = bias_bounce.data();
+      }
+    }
+    const CubeOperands<T> g{a_wide.data(), k_blocks, b_buf.data(), ld_b, m, k, n, in,
+                            CView<T>{c, kFractalRows, kFractalRows * m16}};
+    if constexpr (kType == Dtype::F16) run_all_tiles_f16(g);
+    else run_all_tiles<T, K0>(g);
+    if (c != reinterpret_cast<T*>(l0c)) std::memcpy(l0c, c, c_bytes);
   }
 };
 

@@ -155,7 +155,11 @@ TEST_CASE("mmad chain matches a reference matmul for odd shapes in every cube ty
   for (Case c : {Case{Dtype::F16, 20, 40, 24}, Case{Dtype::BF16, 20, 40, 24},
                  Case{Dtype::S8, 20, 40, 24}, Case{Dtype::F32, 20, 40, 24},
                  Case{Dtype::F16, 33, 17, 50}, Case{Dtype::S8, 7, 70, 3},
-                 Case{Dtype::F32, 1, 13, 17}, Case{Dtype::BF16, 64, 96, 48}}) {
+                 Case{Dtype::F32, 1, 13, 17}, Case{Dtype::BF16, 64, 96, 48},
+                 // Whole register tiles (8 x 32 on AVX-512 hosts) next to edge tiles: m a
+                 // multiple of 8 but not 16, odd and even counts of column blocks, long k.
+                 Case{Dtype::F16, 24, 80, 80}, Case{Dtype::F16, 48, 256, 64},
+                 Case{Dtype::S8, 40, 96, 96}, Case{Dtype::F32, 16, 24, 40}}) {
     INFO(isa::dtype_name(c.type) << " m=" << c.m << " k=" << c.k << " n=" << c.n);
     ExecBench t;
     Rand rnd(c.m * 1000 + c.k * 10 + c.n);
@@ -197,58 +201,68 @@ TEST_CASE("fp16 mmad over the whole finite fp16 range rounds each step's sum as 
 }
 
 TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
+  struct Shape {
+    int m, k, n;
+  };
   for (Dtype type : {Dtype::F16, Dtype::S8}) {
-    INFO(isa::dtype_name(type));
-    const int m = 20, k = 40, n = 24;
-    ExecBench t;
-    Rand rnd(7);
-    Matrix a = random_matrix(type, m, k, rnd), b = random_matrix(type, k, n, rnd);
-    load_operands(t, type, a, b);
+    for (Shape s : {Shape{20, 40, 24}, Shape{32, 48, 64}}) {
+      INFO(isa::dtype_name(type) << " m=" << s.m << " k=" << s.k << " n=" << s.n);
+      const int m = s.m, k = s.k, n = s.n;
+      ExecBench t;
+      Rand rnd(7);
+      Matrix a = random_matrix(type, m, k, rnd), b = random_matrix(type, k, n, rnd);
+      load_operands(t, type, a, b);
 
-    // Bias: n 32-bit accumulator values placed in L1, then copy_l12bt (3 blocks = 24 x 4 bytes).
-    std::vector<uint32_t> bias(n);
-    for (int c = 0; c < n; ++c)
-      bias[c] = type == Dtype::S8 ? uint32_t(rnd.integer(-100000, 100000))
-                                  : float_bits(rnd.uniform(-50, 50));
-    t.put_local(Buf::L1, 0x60000, bias);
-    t.run(Opcode::op_copy_l12bt, {{"xdst", 128}, {"xsrc", 0x60000}, {"len", n * 4 / 32}});
+      // Bias: n 32-bit accumulator values placed in L1, then copy_l12bt (n * 4 / 32 blocks).
+      std::vector<uint32_t> bias(n);
+      for (int c = 0; c < n; ++c)
+        bias[c] = type == Dtype::S8 ? uint32_t(rnd.integer(-100000, 100000))
+                                    : float_bits(rnd.uniform(-50, 50));
+      t.put_local(Buf::L1, 0x60000, bias);
+      t.run(Opcode::op_copy_l12bt, {{"xdst", 128}, {"xsrc", 0x60000}, {"len", n * 4 / 32}});
 
-    mmad(t, type, m, k, n, 2, 128);
-    std::vector<uint32_t> want(size_t(m) * n);
-    for (int r = 0; r < m; ++r)
-      for (int c = 0; c < n; ++c) want[size_t(r) * n + c] = bias[c];
-    ref_accumulate(type, a, b, want);
-    CHECK(fetch_c(t, type, m, n) == want);
+      mmad(t, type, m, k, n, 2, 128);
+      std::vector<uint32_t> want(size_t(m) * n);
+      for (int r = 0; r < m; ++r)
+        for (int c = 0; c < n; ++c) want[size_t(r) * n + c] = bias[c];
+      ref_accumulate(type, a, b, want);
+      CHECK(fetch_c(t, type, m, n) == want);
 
-    mmad(t, type, m, k, n, 1);  // C += A * B, continuing the sequential sum
-    ref_accumulate(type, a, b, want);
-    CHECK(fetch_c(t, type, m, n) == want);
+      mmad(t, type, m, k, n, 1);  // C += A * B, continuing the sequential sum
+      ref_accumulate(type, a, b, want);
+      CHECK(fetch_c(t, type, m, n) == want);
 
-    mmad(t, type, m, k, n, 0);  // back to zero
-    std::fill(want.begin(), want.end(), 0);
-    ref_accumulate(type, a, b, want);
-    CHECK(fetch_c(t, type, m, n) == want);
+      mmad(t, type, m, k, n, 0);  // back to zero
+      std::fill(want.begin(), want.end(), 0);
+      ref_accumulate(type, a, b, want);
+      CHECK(fetch_c(t, type, m, n) == want);
+    }
   }
 }
 
 TEST_CASE("mmad writes only the m x n elements of C in L0C's NZ layout") {
-  // m = 20, n = 24: C occupies [2][M16 = 32][16] words; rows 20..31 of each column block and the
-  // words after the last element must keep their old contents.
-  const int m = 20, k = 16, n = 24, m16 = 32;
-  ExecBench t;
-  Rand rnd(3);
-  Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
-  load_operands(t, Dtype::F16, a, b);
-  const size_t words = 2 * m16 * 16 + 64;
-  t.put_local(Buf::L0C, kL0C, std::vector<uint32_t>(words, 0xDEADBEEF));
-  mmad(t, Dtype::F16, m, k, n, 0);
-  std::vector<uint32_t> c(size_t(m) * n, 0);
-  ref_accumulate(Dtype::F16, a, b, c);
-  auto l0c = t.get_local<uint32_t>(Buf::L0C, kL0C, words);
-  std::vector<uint32_t> want(words, 0xDEADBEEF);
-  for (int r = 0; r < m; ++r)
-    for (int col = 0; col < n; ++col) want[((col / 16) * m16 + r) * 16 + col % 16] = c[r * n + col];
-  CHECK(l0c == want);
+  // C occupies [ceil(n / 16)][M16][16] words; rows m..M16-1 of each column block, the columns
+  // past n of the last block and the words after the last element must keep their old contents.
+  // m = 20, n = 24: every register tile reaches past m or n; m = 40, n = 40: whole tiles too.
+  for (auto [m, n] : {std::pair{20, 24}, std::pair{40, 40}}) {
+    INFO("m=" << m << " n=" << n);
+    const int k = 16, m16 = round16(m);
+    ExecBench t;
+    Rand rnd(3);
+    Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
+    load_operands(t, Dtype::F16, a, b);
+    const size_t words = size_t(ceil_div(n, 16)) * m16 * 16 + 64;
+    t.put_local(Buf::L0C, kL0C, std::vector<uint32_t>(words, 0xDEADBEEF));
+    mmad(t, Dtype::F16, m, k, n, 0);
+    std::vector<uint32_t> c(size_t(m) * n, 0);
+    ref_accumulate(Dtype::F16, a, b, c);
+    auto l0c = t.get_local<uint32_t>(Buf::L0C, kL0C, words);
+    std::vector<uint32_t> want(words, 0xDEADBEEF);
+    for (int r = 0; r < m; ++r)
+      for (int col = 0; col < n; ++col)
+        want[((col / 16) * m16 + r) * 16 + col % 16] = c[r * n + col];
+    CHECK(l0c == want);
+  }
 }
 
 TEST_CASE("mmad cycles: latency plus one cycle per cube block, derived from the config") {
