@@ -8,6 +8,9 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <fmt/format.h>
 
@@ -154,6 +157,46 @@ struct Nd2Nz {
   }
 };
 
+// A 16 x 16 fractal of 2-byte elements transposed: out (c, r) = in (r, c). Exact copies.
+void transpose_fractal_16bit(const uint8_t* in, uint8_t* out) {
+#if defined(__SSE2__)
+  // Four 8 x 8 blocks, each transposed in registers (unpack 16-, 32-, 64-bit lanes) and stored
+  // at the mirrored block position.
+  for (int bi = 0; bi < 2; ++bi)
+    for (int bj = 0; bj < 2; ++bj) {
+      const uint8_t* s = in + (bi * 8 * kFractalRows + bj * 8) * 2;
+      __m128i r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * kFractalRows * 2));
+      __m128i a[8], b[8];
+      for (int i = 0; i < 4; ++i) {
+        a[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+      }
+      for (int i = 0; i < 2; ++i)
+        for (int h = 0; h < 2; ++h) {
+          b[4 * i + h] = _mm_unpacklo_epi32(a[4 * i + h], a[4 * i + 2 + h]);
+          b[4 * i + 2 + h] = _mm_unpackhi_epi32(a[4 * i + h], a[4 * i + 2 + h]);
+        }
+      // b[0]: columns 0,1 of rows 0-3; b[1]: columns 4,5; b[2]: columns 2,3; b[3]: 6,7 (rows
+      // 4-7 likewise in b[4..7]).
+      uint8_t* d = out + (bj * 8 * kFractalRows + bi * 8) * 2;
+      const int col_of[4] = {0, 4, 2, 6};
+      for (int q = 0; q < 4; ++q) {
+        const int c = col_of[q];
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + c * kFractalRows * 2),
+                         _mm_unpacklo_epi64(b[q], b[4 + q]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + 1) * kFractalRows * 2),
+                         _mm_unpackhi_epi64(b[q], b[4 + q]));
+      }
+    }
+#else
+  for (uint64_t r = 0; r < kFractalRows; ++r)
+    for (uint64_t c = 0; c < kFractalRows; ++c)
+      std::memcpy(out + (c * kFractalRows + r) * 2, in + (r * kFractalRows + c) * 2, 2);
+#endif
+}
+
 // load2d: nfrac fractals L1 -> L0A/L0B, optional 16x16 transpose (16-bit types)
 struct Load2d {
   Buf dst;
@@ -192,10 +235,7 @@ struct Load2d {
         std::memcpy(o, in, kFractalBytes);
         continue;
       }
-      // A 16x16 fractal of 2-byte elements: (r, c) -> (c, r).
-      for (uint64_t r = 0; r < kFractalRows; ++r)
-        for (uint64_t c = 0; c < kFractalRows; ++c)
-          std::memcpy(o + (c * kFractalRows + r) * 2, in + (r * kFractalRows + c) * 2, 2);
+      transpose_fractal_16bit(in, o);
     }
   }
 };
