@@ -398,6 +398,17 @@ void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool
     }
     return;
   }
+  if constexpr (kConv == FixConv::F32_F32) {  // the word itself, or +0 for a value below 0
+    if (!relu) {
+      std::memcpy(out, in, n * 4);
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint32_t w = bits_to_f32(in[i]) < 0 ? 0u : in[i];
+      std::memcpy(out + i * 4, &w, 4);
+    }
+    return;
+  }
   for (uint64_t i = 0; i < n; ++i) {
     if constexpr (kConv == FixConv::S32_S32) {
       int32_t v = static_cast<int32_t>(in[i]);
@@ -405,9 +416,7 @@ void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool
       std::memcpy(out + i * 4, &v, 4);
     } else {
       float v = fix_value<kConv>(in[i], scale, relu);
-      if constexpr (kConv == FixConv::F32_F32) {
-        std::memcpy(out + i * 4, &v, 4);
-      } else if constexpr (kConv == FixConv::F32_BF16) {
+      if constexpr (kConv == FixConv::F32_BF16) {
         uint16_t b = f32_to_bf16(v);
         std::memcpy(out + i * 2, &b, 2);
       } else {
