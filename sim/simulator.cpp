@@ -131,7 +131,7 @@ struct Simulator::Impl {
     r.start_cycle = time_ps(start) / kPsPerCycle;
     r.cycles = ceil_cycles(rec.duration_ps);
     r.time_us = cfg.cycles_to_us(static_cast<double>(rec.duration_ps) / kPsPerCycle);
-    r.counter_delta = counters.delta_since(launch_base);
+    r.counter_delta = counters.delta_of(rec.counters);
     r.counter_delta.set_root(kChipName);
     if (counter_tree) r.counters = r.counter_delta.tree();
     return r;

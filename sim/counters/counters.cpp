@@ -149,6 +149,17 @@ void CounterRegistry::apply(const RawDelta& delta) {
   }
 }
 
+CounterDelta CounterRegistry::delta_of(const RawDelta& delta) const {
+  CounterDelta d;
+  d.m_keep = m_info;
+  // Sums grew by raw since the snapshot; a high-water counter's window (zeroed by the snapshot)
+  // was raised to raw: either way the reported value is report(raw).
+  for (const auto& [i, raw] : delta)
+    if (const uint64_t value = m_counters[i].report(raw))
+      d.m_values.emplace_back(&(*m_info)[i], value);
+  return d;
+}
+
 Counter& CounterGroup::get_or_add(const std::string& name, const std::string& unit,
                                   const std::string& desc, uint64_t scale) const {
   if (Counter* c = m_reg->find(m_prefix + "." + name)) return *c;

@@ -131,6 +131,9 @@ class CounterRegistry {
   // Applies a RawDelta of this registry: sums grow by it, high-water counters are raised to it,
   // exactly as if the recorded launch had run again.
   void apply(const RawDelta& delta);
+  // What delta_since(base) returns after snapshot(base) and apply(delta), from the delta alone
+  // (no pass over every counter of the chip).
+  CounterDelta delta_of(const RawDelta& delta) const;
 
  private:
   // Counter i's growth since base, as reported (dump_since's rules).
