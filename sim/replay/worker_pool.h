@@ -34,15 +34,17 @@ class WorkerPool {
   std::vector<std::thread> m_threads;
   std::mutex m_mutex;
   std::condition_variable m_start, m_done;
-  uint64_t m_generation = 0;  // incremented per run(): wakes the workers
-  bool m_stop = false;
+  // Incremented per run() (under m_mutex): wakes the workers. Atomic so that an idle worker can
+  // watch it for a while before it sleeps (WorkerPool::worker).
+  std::atomic<uint64_t> m_generation{0};
+  std::atomic<bool> m_stop{false};
   // A loop is running: workers may join it (set and cleared under m_mutex, so a worker that
   // wakes after run() returned cannot take iterations of the next loop's state half-written).
   bool m_open = false;
   const std::function<void(size_t)>* m_task = nullptr;
   size_t m_count = 0;
   std::atomic<size_t> m_next{0};
-  int m_busy = 0;  // workers still inside the current loop
+  std::atomic<int> m_busy{0};  // workers still inside the current loop (changed under m_mutex)
 };
 
 }  // namespace npusim
