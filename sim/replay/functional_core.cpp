@@ -10,6 +10,7 @@ using isa::Opcode;
 using isa::Pipe;
 
 namespace {
+constexpr size_t kQueueReserve = 64;
 // Pipe instructions that only order time: never in the recorded order, skipped here.
 bool is_sync(Opcode op) {
   return op == Opcode::op_set_flag || op == Opcode::op_wait_flag || op == Opcode::op_cc_set ||
@@ -23,7 +24,11 @@ FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind
     : m_ctx{cfg, kind, local, gm},
       m_order(order),
       m_functional(functional),
-      m_verify(mode == Mode::verify) {}
+      m_verify(mode == Mode::verify) {
+  // A pipe's queue holds the instructions the scalar unit issued ahead of the recorded order:
+  // rarely more than a few dozen; reserved so that they do not grow by reallocation.
+  for (Queue& q : m_queues) q.ops.reserve(kQueueReserve);
+}
 
 void FunctionalCore::take_effect(const IssuedOp& op) {
   m_pc = op.pc;
