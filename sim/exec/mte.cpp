@@ -334,18 +334,32 @@ struct Load3d {
                          kBlockBytes;
       };
       auto copy_rows = [&](auto bytes) {
+        // With stride_w 1 and whole blocks, the rows of one output row that read inside the
+        // image and share a fractal are one run of consecutive blocks at both ends.
+        constexpr bool kWhole = std::is_same_v<decltype(bytes),
+                                               std::integral_constant<uint64_t, kBlockBytes>>;
         int64_t oh = int64_t(m_start) / ow_count, ow = int64_t(m_start) % ow_count;
-        for (uint64_t rr = 0; rr < rows; ++rr) {
+        for (uint64_t rr = 0; rr < rows;) {
           int64_t ih = oh * g.stride_h - fm.pad_top + kh * g.dilation_h;
           int64_t iw = ow * g.stride_w - fm.pad_left + kw * g.dilation_w;
           uint8_t* dst = dst_of(rr);
+          uint64_t run = 1;
           if (ih >= 0 && ih < h && iw >= 0 && iw < w) {
-            std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
-            if (bytes < kBlockBytes) std::memset(dst + bytes, 0, kBlockBytes - bytes);
+            if constexpr (kWhole) {
+              if (g.stride_w == 1)
+                run = std::min({uint64_t(ow_count - ow), uint64_t(w - iw),
+                                kFractalRows - rr % kFractalRows, rows - rr});
+              std::memcpy(dst, plane + (ih * w + iw) * block, run * kBlockBytes);
+            } else {
+              std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
+              std::memset(dst + bytes, 0, kBlockBytes - bytes);
+            }
           } else {
             std::memset(dst, 0, kBlockBytes);
           }
-          if (++ow == ow_count) {
+          rr += run;
+          ow += int64_t(run);
+          if (ow == ow_count) {
             ow = 0;
             ++oh;
           }

@@ -87,36 +87,49 @@ IssuedOp& load3d(ExecBench& t, const Conv& cv, Dtype type, uint64_t xdst, int m_
 }  // namespace
 
 TEST_CASE("load3d writes the requested img2col window to L0A in the Zz layout") {
-  const Conv cv;  // OH = (7+1-2-1)/2+1 = 3, OW = (6+3-2-1)/1+1 = 7: 21 rows
-  for (Dtype type : {Dtype::F16, Dtype::S8}) {
-    INFO(isa::dtype_name(type));
-    ExecBench t;
-    Rand rnd(11);
-    FeatureMap f = make_fmap(cv, type, rnd);
-    t.put_local(Buf::L1, 0, f.bytes);
-    const int size = isa::dtype_size(type);
-    // Rows 13..28 (21..28 past the output), columns 2*C0 .. 6*C0 - 1.
-    const int m_start = 13, m_ext = 16, k_start = 2 * f.c0, k_ext = 4 * f.c0;
-    t.put_local(Buf::L0A, 0, std::vector<uint8_t>(m_ext * k_ext * size, 0x5A));
-    t.run(load3d(t, cv, type, 0, m_start, m_ext, k_start, k_ext));
-    auto l0a = t.get_local<uint8_t>(Buf::L0A, 0, m_ext * k_ext * size);
-    const int k_blocks = k_ext / f.c0;
-    int mismatches = 0;
-    for (int r = 0; r < m_ext; ++r)
-      for (int c = 0; c < k_ext; ++c) {
-        const uint8_t* p = &l0a[(((r / 16) * k_blocks + c / f.c0) * 16 * f.c0 + (r % 16) * f.c0 +
-                                 c % f.c0) * size];
-        double got;
-        if (type == Dtype::F16) {
-          uint16_t v;
-          std::memcpy(&v, p, 2);
-          got = ref_f16_to_f32(v);
-        } else {
-          got = static_cast<int8_t>(*p);
+  // 1: OH = (7+1-2-1)/2+1 = 3, OW = (6+3-2-1)/1+1 = 7: 21 rows; rows 13..28 (21..28 past the
+  //    output), columns 2*C0 .. 6*C0 - 1.
+  // 2: 3x3, stride 1, 16 x 20 output, whole channel blocks: rows 5..52, long runs of
+  //    consecutive taps that cross fractals inside an output row; columns of taps 3..6.
+  struct Case {
+    Conv cv;
+    int m_start, m_ext, k_start_blocks, k_blocks;
+  };
+  Conv wide;
+  wide.c = 32, wide.h = 16, wide.w = 20, wide.kh = 3, wide.kw = 3, wide.sh = 1, wide.sw = 1;
+  wide.dh = 1, wide.dw = 1, wide.pt = 1, wide.pb = 1, wide.pl = 1, wide.pr = 1;
+  for (const Case& cs : {Case{Conv{}, 13, 16, 2, 4}, Case{wide, 5, 48, 3, 4}}) {
+    for (Dtype type : {Dtype::F16, Dtype::S8}) {
+      const Conv& cv = cs.cv;
+      INFO(isa::dtype_name(type) << " m_start " << cs.m_start);
+      ExecBench t;
+      Rand rnd(11);
+      FeatureMap f = make_fmap(cv, type, rnd);
+      t.put_local(Buf::L1, 0, f.bytes);
+      const int size = isa::dtype_size(type);
+      const int m_start = cs.m_start, m_ext = cs.m_ext, k_start = cs.k_start_blocks * f.c0,
+                k_ext = cs.k_blocks * f.c0;
+      t.put_local(Buf::L0A, 0, std::vector<uint8_t>(m_ext * k_ext * size, 0x5A));
+      t.run(load3d(t, cv, type, 0, m_start, m_ext, k_start, k_ext));
+      auto l0a = t.get_local<uint8_t>(Buf::L0A, 0, m_ext * k_ext * size);
+      const int k_blocks = k_ext / f.c0;
+      int mismatches = 0;
+      for (int r = 0; r < m_ext; ++r)
+        for (int c = 0; c < k_ext; ++c) {
+          const uint8_t* p = &l0a[(((r / 16) * k_blocks + c / f.c0) * 16 * f.c0 + (r % 16) * f.c0 +
+                                   c % f.c0) * size];
+          double got;
+          if (type == Dtype::F16) {
+            uint16_t v;
+            std::memcpy(&v, p, 2);
+            got = ref_f16_to_f32(v);
+          } else {
+            got = static_cast<int8_t>(*p);
+          }
+          if (got != img2col(cv, f, m_start + r, k_start + c)) ++mismatches;
         }
-        if (got != img2col(cv, f, m_start + r, k_start + c)) ++mismatches;
-      }
-    CHECK(mismatches == 0);
+      CHECK(mismatches == 0);
+    }
   }
 }
 
