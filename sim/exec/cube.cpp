@@ -369,7 +369,7 @@ struct Mmad {
     const uint64_t k_blocks = ceil_div(k, K0), n_blocks = ceil_div(n, kFractalRows);
     const uint64_t m16 = round_up(m, kFractalRows), ld_b = n_blocks * kFractalRows;
 
-    // A widened in place in its Zz layout, as whole fractal rows: what lies past A's extent is
+    // A widened into scratch in its Zz layout, as whole fractal rows: what lies past its extent is
     // zero (the kernels compute rows past m from it and drop them). B widened in its Zn layout,
     // then rearranged as k x ld_b row-major, zero past column n. Scratch reused across calls.
     thread_local std::vector<T> a_wide, b_wide, b_buf;
