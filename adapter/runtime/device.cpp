@@ -349,15 +349,35 @@ Status Device::launch_kernel(Stream s, std::shared_ptr<const isa::Program> progr
 Status Device::launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
                              std::vector<uint64_t> args, int block_dim,
                              std::shared_ptr<const LaunchLabel> label) {
-  return guard("launch_kernel", [&]() -> Status {
-    if (Status st = check_launch(program, args, block_dim); !st.ok()) return st;
-    DeviceOp op;
-    op.kind = OpKind::launch;
-    op.program = std::move(program);
-    op.label = std::move(label);
-    op.args = std::move(args);
-    op.block_dim = block_dim;
-    return m_driver->submit(s, std::move(op));
+  return guard("launch_kernel", [&] {
+    return submit_launch(s, std::move(program), std::move(args), block_dim, std::move(label), {});
+  });
+}
+
+Status Device::submit_launch(Stream s, std::shared_ptr<const isa::Program> program,
+                             std::vector<uint64_t> args, int block_dim,
+                             std::shared_ptr<const LaunchLabel> label, DerivedSource derived) {
+  if (Status st = check_launch(program, args, block_dim); !st.ok()) return st;
+  DeviceOp op;
+  op.kind = OpKind::launch;
+  op.program = std::move(program);
+  op.label = std::move(label);
+  op.args = std::move(args);
+  op.block_dim = block_dim;
+  op.derived = std::move(derived);
+  return m_driver->submit(s, std::move(op));
+}
+
+Status Device::launch_derived(Stream s, std::shared_ptr<const isa::Program> program,
+                             std::vector<uint64_t> args, int block_dim,
+                             std::shared_ptr<const LaunchLabel> label, DerivedSource source) {
+  return guard("launch_derived", [&]() -> Status {
+    if (!source.state)
+      return Status(StatusCode::invalid_argument, "launch_derived: no DerivedState given");
+    if (Status st = check_range("launch_derived", "source", source.addr, source.bytes); !st.ok())
+      return st;
+    return submit_launch(s, std::move(program), std::move(args), block_dim, std::move(label),
+                         std::move(source));
   });
 }
 

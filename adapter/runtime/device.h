@@ -151,6 +151,12 @@ class Device {
   Status launch_kernel(Stream s, std::shared_ptr<const isa::Program> program,
                        std::vector<uint64_t> args, int block_dim,
                        std::shared_ptr<const LaunchLabel> label);
+  // A launch computing a buffer from `source` (stream.h, DerivedState): checked like
+  // launch_kernel, and source must lie inside one live allocation. When it is left out (source
+  // unchanged, may_skip) it runs nothing, takes no simulated time and leaves no LaunchRecord.
+  Status launch_derived(Stream s, std::shared_ptr<const isa::Program> program,
+                        std::vector<uint64_t> args, int block_dim,
+                        std::shared_ptr<const LaunchLabel> label, DerivedSource source);
   // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
   Status launch_callback(Stream s, HostCallback callback);
 
@@ -184,6 +190,10 @@ class Device {
   Status check_launch(const std::shared_ptr<const isa::Program>& program,
                       const std::vector<uint64_t>& args, int block_dim);
   Status enqueue(Stream s, DeviceOp op);
+  // Checks and queues a launch (a derived one when derived.state is set).
+  Status submit_launch(Stream s, std::shared_ptr<const isa::Program> program,
+                       std::vector<uint64_t> args, int block_dim,
+                       std::shared_ptr<const LaunchLabel> label, DerivedSource derived);
   // Checks a copy or fill (host pointers, ranges, alignment) and queues it on *s, or, with s
   // null, runs it synchronously.
   Status submit_transfer(const Stream* s, DeviceOp op);

@@ -201,7 +201,7 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
         add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
         return Status();
       case OpKind::launch:
-        return run_launch(stream, op);
+        return op.derived.state ? run_derived_launch(stream, op) : run_launch(stream, op);
       case OpKind::record_event:
         *event_cycle = device_cycles();
         return Status();
@@ -272,6 +272,28 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   return Status(StatusCode::kernel_fault,
                 fmt::format("kernel '{}' (stream {}, block_dim {}, launch #{}) failed: {}", name,
                             stream, op.block_dim, index, r.error));
+}
+
+Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
+  DerivedState& state = *op.derived.state;
+  DeviceMemory& gm = m_sim->gm();
+  if (m_functional && state.valid.load() &&
+      gm.last_write_epoch(op.derived.addr, op.derived.bytes) <= state.epoch.load()) {
+    ++state.unchanged;
+    if (op.derived.may_skip) {
+      ++state.skipped;
+      return Status();
+    }
+  }
+  state.valid.store(false);
+  // Writes from here on (this launch's own included) stamp epochs above `seen`.
+  const uint64_t seen = gm.advance_write_epoch();
+  Status st = run_launch(stream, op);
+  if (st.ok()) {
+    state.epoch.store(seen);
+    state.valid.store(true);
+  }
+  return st;
 }
 
 void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,

@@ -102,6 +102,8 @@ class Driver {
   // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op);
+  // A launch with a DerivedSource: left out or run (stream.h, DerivedState).
+  Status run_derived_launch(uint64_t stream, const DeviceOp& op);
   // Keeps a CopyRecord of a copy or fill of `bytes` over [start_cycle, +cycles) (if recording).
   void record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cycle, uint64_t cycles);
   // A d2d copy or fill the runtime times itself: records it and advances m_extra_cycles.

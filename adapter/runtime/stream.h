@@ -3,6 +3,7 @@
 // undefined behaviour. DeviceOp is the runtime's internal description of one queued operation.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +32,27 @@ struct Event {
 // Runs on the driver thread, in stream order (see device.h for what it may call). A non-ok
 // result becomes the stream's error.
 using HostCallback = std::function<Status()>;
+
+// A launch whose output is a pure function of one source range of device memory: the compiler's
+// input transforms (e.g. the f16 copy of an f32 weight that a cube op reads). The driver tells,
+// from the device memory's write epochs (DeviceMemory::last_write_epoch), whether the source was
+// written since the state's last launch; with may_skip it leaves out a launch whose source is
+// unchanged, so the output buffer (which the launcher keeps, and nothing else writes) still
+// holds the result. This is what CANN's graph engine does for variables read through trans ops
+// (Cast, TransData): it keeps the variable in the transformed form until the variable is
+// written. Timing-only simulation (no memory contents) never skips.
+struct DerivedState {
+  // Set by the driver thread, read by launchers (the counts are for the launcher's policy).
+  std::atomic<bool> valid{false};      // the last launch succeeded and read the source as of...
+  std::atomic<uint64_t> epoch{0};      // ...this write epoch
+  std::atomic<uint64_t> unchanged{0};  // launches that found the source unchanged since the last
+  std::atomic<uint64_t> skipped{0};    // launches left out (may_skip and unchanged)
+};
+struct DerivedSource {
+  uint64_t addr = 0, bytes = 0;        // the source range (inside one live allocation)
+  std::shared_ptr<DerivedState> state;
+  bool may_skip = false;
+};
 
 // One tensor of a labelled launch (LaunchLabel), as the launcher names it.
 struct LaunchTensor {
@@ -115,6 +137,7 @@ struct DeviceOp {
   std::shared_ptr<const LaunchLabel> label;      // launch: optional, into its LaunchRecord
   std::vector<uint64_t> args;
   int block_dim = 1;
+  DerivedSource derived;            // launch: state non-null for a derived launch (launch_derived)
   uint64_t event = 0;               // record_event / wait_event: Event::id
   HostCallback callback;
 

@@ -22,7 +22,12 @@ DeviceMemory::DeviceMemory(uint64_t capacity_bytes) : m_capacity(capacity_bytes)
 DeviceMemory::~DeviceMemory() {
   clear();
   for (void* chunk : m_chunks) munmap(chunk, kChunkBytes);
-  for (uint64_t i = 0; i < m_dir_size; ++i) delete m_dir[i].load();
+  for (uint64_t i = 0; i < m_dir_size; ++i) {
+    Table* t = m_dir[i].load();
+    if (!t) continue;
+    for (auto& e : t->epochs) delete[] e.load();
+    delete t;
+  }
 }
 
 void DeviceMemory::check(uint64_t addr, uint64_t n) const {
@@ -72,6 +77,7 @@ void DeviceMemory::write(uint64_t addr, const void* src, uint64_t n) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
     std::memcpy(page_for_write(page, len == kPageBytes) + off, in, len);
+    stamp(page, off, len);
     in += len;
     addr += len;
     n -= len;
@@ -83,8 +89,10 @@ void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    if (value != 0 || find_page(page))
+    if (value != 0 || find_page(page)) {
       std::memset(page_for_write(page, len == kPageBytes) + off, value, len);
+      stamp(page, off, len);
+    }
     addr += len;
     n -= len;
   }
@@ -96,6 +104,7 @@ void DeviceMemory::discard(uint64_t addr, uint64_t n) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
     if (uint8_t* p = find_page(page)) {
+      stamp(page, off, len);
       if (len == kPageBytes) release(page);
       else std::memset(p + off, 0, len);
     }
@@ -112,10 +121,17 @@ uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
   if (!table) {
     table = new Table;
     for (auto& e : table->pages) e.store(nullptr, std::memory_order_relaxed);
+    for (auto& e : table->epochs) e.store(nullptr, std::memory_order_relaxed);
     slot.store(table, std::memory_order_release);
   }
   std::atomic<uint8_t*>& entry = table->pages[page % kTablePages];
   if (uint8_t* p = entry.load(std::memory_order_acquire)) return p;  // another thread's
+  std::atomic<std::atomic<uint64_t>*>& epochs = table->epochs[page % kTablePages];
+  if (!epochs.load(std::memory_order_relaxed)) {
+    auto* e = new std::atomic<uint64_t>[kEpochBlocks];
+    for (uint64_t b = 0; b < kEpochBlocks; ++b) e[b].store(0, std::memory_order_relaxed);
+    epochs.store(e, std::memory_order_release);
+  }
   uint8_t* p;
   if (m_spare.empty()) {
     // A new chunk of pages, backed by huge pages where the host allows (the functional copies
@@ -152,6 +168,28 @@ void DeviceMemory::release(uint64_t page) {
 
 void DeviceMemory::clear() {
   for_each_page([&](uint64_t index, uint8_t*) { release(index); });
+  m_epoch_floor.store(m_write_epoch.load());
+}
+
+uint64_t DeviceMemory::last_write_epoch(uint64_t addr, uint64_t n) const {
+  check(addr, n);
+  uint64_t last = m_epoch_floor.load();
+  if (n == 0) return last;
+  for (uint64_t page = addr / kPageBytes, end = (addr + n - 1) / kPageBytes; page <= end;
+       ++page) {
+    const Table* t = m_dir[page / kTablePages].load(std::memory_order_acquire);
+    if (!t) {
+      page |= kTablePages - 1;  // no page of this table was ever written
+      continue;
+    }
+    const std::atomic<uint64_t>* e = t->epochs[page % kTablePages].load(std::memory_order_acquire);
+    if (!e) continue;  // never written
+    const uint64_t first = page == addr / kPageBytes ? addr % kPageBytes : 0;
+    const uint64_t last_byte = page == end ? (addr + n - 1) % kPageBytes : kPageBytes - 1;
+    for (uint64_t b = first / kEpochBlockBytes; b <= last_byte / kEpochBlockBytes; ++b)
+      last = std::max(last, e[b].load(std::memory_order_relaxed));
+  }
+  return last;
 }
 
 DeviceMemory::Snapshot DeviceMemory::snapshot() const {
@@ -161,9 +199,26 @@ DeviceMemory::Snapshot DeviceMemory::snapshot() const {
 }
 
 void DeviceMemory::restore(const Snapshot& s) {
-  clear();
-  for (const auto& [index, bytes] : s)
+  static const std::vector<uint8_t> zero(kPageBytes, 0);
+  // Stamps the blocks of page `index` whose bytes differ between `from` and `to` (a check of
+  // a replayed launch restores memory around it: blocks it leaves as they were stay unchanged).
+  auto stamp_changes = [&](uint64_t index, const uint8_t* from, const uint8_t* to) {
+    for (uint64_t off = 0; off < kPageBytes; off += kEpochBlockBytes)
+      if (std::memcmp(from + off, to + off, kEpochBlockBytes) != 0)
+        stamp(index, off, kEpochBlockBytes);
+  };
+  for_each_page([&](uint64_t index, uint8_t* p) {
+    if (s.count(index)) return;
+    stamp_changes(index, p, zero.data());
+    release(index);
+  });
+  std::vector<uint8_t> before(kPageBytes);
+  for (const auto& [index, bytes] : s) {
+    const uint8_t* old = find_page(index);
+    std::memcpy(before.data(), old ? old : zero.data(), kPageBytes);
     std::memcpy(page_for_write(index, true), bytes.data(), kPageBytes);
+    stamp_changes(index, before.data(), bytes.data());
+  }
 }
 
 std::optional<uint64_t> DeviceMemory::first_difference(const Snapshot& s) const {

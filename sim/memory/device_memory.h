@@ -44,6 +44,20 @@ class DeviceMemory {
   uint64_t resident_bytes() const { return m_resident.load() * kPageBytes; }
   void clear();
 
+  // Write epochs: every write, fill, discard or clear stamps the kEpochBlockBytes
+  // blocks it touches with the current epoch, so a caller can tell whether a range changed since
+  // a point in time (the runtime keeps derived buffers, e.g. cast weights, while their source is
+  // unchanged):
+  //   const uint64_t e = mem.advance_write_epoch();  // later writes stamp > e
+  //   ... later: mem.last_write_epoch(addr, n) <= e  <=>  no block of [addr, addr+n) written since.
+  // Blocks never written, or only before the last clear, report that clear's epoch; restore
+  // stamps the blocks whose bytes it changes. A write to a block outside the range but in the same block counts as a write to it
+  // (blocks are as fine as TF's allocator packs tensors, so neighbouring tensors rarely share
+  // one). Thread-safe like write(); an answer reflects the writes that happened before the call.
+  static constexpr uint64_t kEpochBlockBytes = 256;
+  uint64_t advance_write_epoch() { return m_write_epoch.fetch_add(1); }
+  uint64_t last_write_epoch(uint64_t addr, uint64_t n) const;
+
   // A copy of every written page, and putting one back (the replay check compares a replayed
   // launch's memory with a simulated one's). Pages never written read as zero in both.
   using Snapshot = std::map<uint64_t, std::vector<uint8_t>>;
@@ -56,6 +70,9 @@ class DeviceMemory {
   static constexpr uint64_t kTablePages = 4096;  // pages per table: 256 MiB of addresses
   struct Table {
     std::atomic<uint8_t*> pages[kTablePages];
+    // Write epochs of each page's blocks (kPageBytes / kEpochBlockBytes each), allocated with
+    // the page's first use and kept after the page is released (0: never written).
+    std::atomic<std::atomic<uint64_t>*> epochs[kTablePages];
   };
   // Pages come from chunks of host memory (huge-page backed where the host allows) that are
   // kept until the memory is destroyed; released pages are reused. A framework frees and
@@ -71,6 +88,21 @@ class DeviceMemory {
   // The page at index `page`, allocated if it was never written: zero-filled, unless `whole`
   // (the caller overwrites all of it).
   uint8_t* page_for_write(uint64_t page, bool whole);
+  static constexpr uint64_t kEpochBlocks = kPageBytes / kEpochBlockBytes;
+  // Stamps the blocks of page `page` (allocated once) holding [off, off+len) with the current
+  // write epoch.
+  void stamp(uint64_t page, uint64_t off, uint64_t len) {
+    std::atomic<uint64_t>* e = m_dir[page / kTablePages]
+                                   .load(std::memory_order_acquire)
+                                   ->epochs[page % kTablePages]
+                                   .load(std::memory_order_acquire);
+    const uint64_t now = m_write_epoch.load(std::memory_order_relaxed);
+    // Most writes find the stamps current: no store, so cores writing neighbouring blocks do
+    // not contend for the cache line.
+    for (uint64_t b = off / kEpochBlockBytes, end = (off + len - 1) / kEpochBlockBytes; b <= end;
+         ++b)
+      if (e[b].load(std::memory_order_relaxed) != now) e[b].store(now, std::memory_order_relaxed);
+  }
   // Releases the page at index `page` (present) to the spare pool.
   void release(uint64_t page);
   // Calls f(index, page) for every written page, in address order.
@@ -81,6 +113,8 @@ class DeviceMemory {
   std::unique_ptr<std::atomic<Table*>[]> m_dir;  // tables, by page / kTablePages
   uint64_t m_dir_size = 0;
   std::atomic<uint64_t> m_resident{0};  // pages written
+  std::atomic<uint64_t> m_write_epoch{1};  // stamped on written pages (advance_write_epoch)
+  std::atomic<uint64_t> m_epoch_floor{0};  // the epoch of the last clear
   std::mutex m_alloc;                   // page and table allocation, the spare pool
   std::vector<uint8_t*> m_spare;        // free pages, contents undefined
   std::vector<void*> m_chunks;          // every chunk mapped

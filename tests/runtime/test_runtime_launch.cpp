@@ -195,3 +195,77 @@ TEST_CASE("launch checks: no program, block_dim, argument count, verifier issues
   CHECK(dev->launch_kernel(rt::Stream{9999}, vadd(), {0, 0, 0, 0}, 1).code() ==
         StatusCode::invalid_argument);
 }
+
+TEST_CASE("launch_derived: left out while its source is unchanged, run again after any write "
+          "to the source") {
+  auto dev = test::tiny_device();
+  rt::Stream s;
+  REQUIRE(dev->create_stream(&s).ok());
+  const uint64_t n = 2048, bytes = n * 2;
+  const int blocks = dev->config().core_kind(isa::CoreKind::AIV)->count;
+  uint64_t dx = 0, dy = 0, dz = 0, other = 0;
+  for (uint64_t* p : {&dx, &dy, &dz, &other}) REQUIRE(dev->malloc(bytes, p).ok());
+  auto x = test::random_f16(n, 3), y = test::random_f16(n, 4);
+  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  // z = x + y is "derived" from x (the test keeps y fixed, as a compiled op's cast reads only
+  // its source).
+  auto state = std::make_shared<rt::DerivedState>();
+  rt::DerivedSource src{dx, bytes, state, true};
+  auto derive = [&]() {
+    const size_t before = dev->launch_records().size();
+    rt::Status st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr, src);
+    INFO(st.to_string());
+    REQUIRE(st.ok());
+    REQUIRE(dev->synchronize_stream(s).ok());
+    std::vector<uint16_t> z(n);
+    REQUIRE(dev->memcpy_d2h(z.data(), dz, bytes).ok());
+    CHECK(z == test::reference_add_f16(x, y));
+    return dev->launch_records().size() > before;  // it ran
+  };
+  CHECK(derive());
+  CHECK_FALSE(derive());  // unchanged: left out, z still holds the result
+  CHECK(state->skipped == 1);
+
+  // A write elsewhere, even in the same page as x, does not count.
+  REQUIRE(dev->memset8(other, 1, bytes).ok());
+  REQUIRE(dev->memset8(dy, 0, 0).ok());
+  CHECK_FALSE(derive());
+
+  // Each kind of write to the source makes it run again: a host copy, a fill of one byte (of
+  // its last 256-byte block), a kernel writing it, a device-to-device copy into it.
+  x = test::random_f16(n, 5);
+  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+  CHECK(derive());
+  CHECK_FALSE(derive());
+  REQUIRE(dev->memset8(dx + bytes - 1, 0x3c, 1).ok());
+  x[n - 1] = static_cast<uint16_t>((x[n - 1] & 0x00ff) | 0x3c00);
+  CHECK(derive());
+  REQUIRE(dev->launch_kernel(s, vadd(), {dy, dy, dx, n}, blocks).ok());  // x = y + y
+  REQUIRE(dev->synchronize_stream(s).ok());
+  x = test::reference_add_f16(y, y);
+  CHECK(derive());
+  CHECK_FALSE(derive());
+  std::vector<uint16_t> w = test::random_f16(n, 6);
+  REQUIRE(dev->memcpy_h2d(other, w.data(), bytes).ok());
+  REQUIRE(dev->memcpy_d2d(dx, other, bytes).ok());
+  x = w;
+  CHECK(derive());
+
+  // Without may_skip it always runs, counting the runs that found the source unchanged.
+  src.may_skip = false;
+  const uint64_t unchanged = state->unchanged;
+  CHECK(derive());
+  CHECK(derive());
+  CHECK(state->unchanged == unchanged + 2);
+
+  // A source not inside one allocation, or no state, is refused before anything is queued.
+  rt::Status st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
+                                      rt::DerivedSource{dx + bytes - 16, 32, state, true});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  CHECK_THAT(st.message(), Catch::Contains("not inside one live allocation"));
+  st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
+                           rt::DerivedSource{dx, bytes, nullptr, true});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  for (uint64_t p : {dx, dy, dz, other}) REQUIRE(dev->free(p).ok());
+}

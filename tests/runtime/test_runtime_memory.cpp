@@ -260,3 +260,61 @@ TEST_CASE("device: a d2d copy and a memset advance the device timeline by the HB
   REQUIRE(dev->free(a).ok());
   REQUIRE(dev->free(b).ok());
 }
+
+TEST_CASE("device memory write epochs: per 256-byte block, every kind of write, clear and "
+          "restore") {
+  constexpr uint64_t kPage = DeviceMemory::kPageBytes, kBlock = DeviceMemory::kEpochBlockBytes;
+  DeviceMemory m(4096 * kPage * 2 + kPage);  // spans more than two page tables
+  const uint64_t a = 3 * kPage + 5 * kBlock;  // a range across a page boundary
+  const uint64_t n = kPage;
+  CHECK(m.last_write_epoch(a, n) == 0);  // never written
+  const uint8_t bytes[16] = {1};
+  m.write(a + n - 1, bytes, 1);  // the range's last byte
+  uint64_t e = m.advance_write_epoch();
+  CHECK(m.last_write_epoch(a, n) <= e);
+  // Writes next to the range, in other blocks, leave it alone; one byte of its blocks does not.
+  m.write(a - 1, bytes, 1);
+  m.write(a + n + kBlock, bytes, 16);
+  m.fill(a - kBlock, 7, kBlock);
+  CHECK(m.last_write_epoch(a, n) <= e);
+  CHECK(m.last_write_epoch(a - 1, 1) > e);
+  // A byte outside a range that starts and ends inside blocks counts when it shares a block.
+  CHECK(m.last_write_epoch(a + 10, n - 20) <= e);
+  m.write(a + n - 5, bytes, 1);
+  CHECK(m.last_write_epoch(a + 10, n - 20) > e);
+  CHECK(m.last_write_epoch(a, n) > e);
+  e = m.advance_write_epoch();
+  m.fill(a + kPage / 2, 0, 3);  // zero-filling written memory counts
+  CHECK(m.last_write_epoch(a, n) > e);
+  e = m.advance_write_epoch();
+  m.fill(9 * kPage, 0, kPage);  // zero-filling never-written memory changes nothing
+  CHECK(m.last_write_epoch(9 * kPage, kPage) <= e);
+  m.discard(a + 2 * kBlock, 1);
+  CHECK(m.last_write_epoch(a, n) > e);
+  e = m.advance_write_epoch();
+  m.discard(3 * kPage, 2 * kPage);  // whole pages released
+  CHECK(m.last_write_epoch(a, n) > e);
+  // A range in a page table never touched, and one reaching into it.
+  CHECK(m.last_write_epoch(4096 * kPage + 10, 100) == 0);
+  CHECK(m.last_write_epoch(4095 * kPage, 2 * kPage) == 0);
+  // restore stamps exactly the blocks whose bytes it changes (also in pages it releases);
+  // clear invalidates everything.
+  m.write(a, bytes, 16);
+  const DeviceMemory::Snapshot snap = m.snapshot();
+  e = m.advance_write_epoch();
+  m.restore(snap);  // the same bytes
+  CHECK(m.last_write_epoch(0, 40 * kPage) <= e);
+  const uint8_t other[1] = {9};
+  m.write(a + 3 * kBlock + 1, other, 1);
+  m.write(30 * kPage + 7, other, 1);  // a page the snapshot does not have
+  e = m.advance_write_epoch();
+  m.restore(snap);
+  CHECK(m.last_write_epoch(a, 3 * kBlock) <= e);
+  CHECK(m.last_write_epoch(a + 3 * kBlock, 1) > e);
+  CHECK(m.last_write_epoch(a + 4 * kBlock, n - 4 * kBlock) <= e);
+  CHECK(m.last_write_epoch(30 * kPage, 1) > e);
+  CHECK(m.last_write_epoch(30 * kPage + kBlock, kPage - kBlock) <= e);
+  e = m.advance_write_epoch();
+  m.clear();
+  CHECK(m.last_write_epoch(20 * kPage, 1) > e);
+}
