@@ -33,8 +33,8 @@ std::optional<PrecisionMode> precision_mode_from_name(const std::string& s) {
 }
 
 std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
-                                   const std::vector<uint64_t>& outputs,
-                                   uint64_t workspace) const {
+                                   const std::vector<uint64_t>& outputs, uint64_t workspace,
+                                   const std::vector<uint64_t>& derived) const {
   std::vector<uint64_t> v;
   v.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -51,6 +51,13 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
       case ArgRef::Kind::kOutput: v.push_back(pick(outputs, "output")); break;
       case ArgRef::Kind::kWorkspace: v.push_back(workspace + a.value); break;
       case ArgRef::Kind::kScalar: v.push_back(a.value); break;
+      case ArgRef::Kind::kDerived: {
+        const uint64_t own = static_cast<size_t>(a.index) < derived.size() && a.index >= 0
+                                 ? derived[static_cast<size_t>(a.index)]
+                                 : 0;
+        v.push_back(own ? own : workspace + a.value);
+        break;
+      }
     }
   }
   return v;

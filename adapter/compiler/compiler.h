@@ -8,6 +8,9 @@
 //   2. for each Launch in order, on one stream: args = launch.bind(input addrs, output addrs,
 //      workspace addr), then run {program, args, block_dim};
 //   3. launches.empty() means there is nothing to run: every output has zero elements.
+// A caller may also keep derived tensors (CompiledKernel::derived: e.g. the f16 copy of an f32
+// weight) in buffers of its own across runs, pass their addresses to bind() and leave out the
+// launch computing one while its source input is unchanged (the runtime's launch_derived).
 // The op table is in ops/registry.cpp; docs/compiler.md explains how to add an op.
 #pragma once
 
@@ -42,10 +45,22 @@ std::optional<PrecisionMode> precision_mode_from_name(const std::string& s);
 
 // Where one kernel argument comes from.
 struct ArgRef {
-  enum class Kind { kInput, kOutput, kWorkspace, kScalar };
+  // kDerived: a derived tensor of the op (DerivedTensor), whole; it lives in the workspace
+  // unless the caller gives it a buffer of its own.
+  enum class Kind { kInput, kOutput, kWorkspace, kScalar, kDerived };
   Kind kind = Kind::kInput;
-  int index = 0;       // kInput / kOutput: which tensor of the op
-  uint64_t value = 0;  // kWorkspace: byte offset into the workspace; kScalar: the value itself
+  int index = 0;       // kInput / kOutput / kDerived: which tensor of the op
+  uint64_t value = 0;  // kWorkspace, kDerived: byte offset into the workspace; kScalar: the value
+};
+
+// A tensor computed by one launch from one input of the op alone, as a pure function of that
+// input's bytes (the precision casts of cube operands). The launch reads nothing else and
+// writes nothing but the tensor; later launches read it through ArgRef kDerived.
+struct DerivedTensor {
+  int input = 0;       // the op input it is computed from
+  size_t launch = 0;   // index in CompiledKernel::launches of the launch computing it
+  uint64_t bytes = 0;  // its size (a whole workspace slice)
+  std::string what;    // e.g. "f16 copy", for logs
 };
 
 // One kernel launch of a compiled op.
@@ -54,9 +69,11 @@ struct Launch {
   int block_dim = 1;          // blocks to launch (at most the cores the program runs on)
   std::vector<ArgRef> args;   // in ldarg order (kernel.program.arg_names names them)
   std::string summary;        // what it does and how it is tiled, for logs and tests
-  // The argument values for this launch.
+  // The argument values for this launch. derived[i], when given and nonzero, is where derived
+  // tensor i lives instead of its workspace slice.
   std::vector<uint64_t> bind(const std::vector<uint64_t>& inputs,
-                             const std::vector<uint64_t>& outputs, uint64_t workspace) const;
+                             const std::vector<uint64_t>& outputs, uint64_t workspace,
+                             const std::vector<uint64_t>& derived = {}) const;
 };
 
 struct CompiledKernel {
@@ -65,6 +82,7 @@ struct CompiledKernel {
   std::vector<TensorDesc> outputs;   // the op's outputs (shape inference)
   std::vector<Launch> launches;      // run in order; empty: nothing to run
   uint64_t workspace_bytes = 0;      // GM scratch shared by the launches (0: none)
+  std::vector<DerivedTensor> derived;  // tensors a caller may keep across runs (see top)
 };
 
 // Compiles `op` for chip `cfg`. Throws CompileError naming the op and the reason for an unknown

@@ -194,6 +194,8 @@ class GmArena {
 struct RunResult {
   std::vector<HostTensor> outputs;   // S64 outputs carry their exact values in HostTensor::s64
   uint64_t cycles = 0;
+  // With own_derived: each derived tensor's bytes (CompiledKernel::derived) after the run.
+  std::vector<std::vector<uint8_t>> derived;
 };
 
 // The exact values of an S64 tensor's bytes.
@@ -205,9 +207,11 @@ inline std::vector<int64_t> decode_s64(const std::vector<uint8_t>& bytes) {
 
 // Runs every launch of k on sim with the given inputs. Checks: each launch succeeds, the
 // program's block_dim and arguments bind, no byte of device memory outside the outputs'
-// (rounded-up) buffers and the workspace changes.
+// (rounded-up) buffers and the workspace changes. own_derived: the derived tensors get buffers
+// of their own, as a runtime keeping them does (compiler.h), and a derived tensor must be
+// written by its own launch only (its bytes right after that launch are its bytes at the end).
 inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
-                              const std::vector<HostTensor>& inputs) {
+                              const std::vector<HostTensor>& inputs, bool own_derived = false) {
   constexpr uint8_t kPoison = 0xA5;
   GmArena arena;
   DeviceMemory& gm = sim.gm();
@@ -234,17 +238,35 @@ inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
     out_addr.push_back(a);
   }
   uint64_t ws = k.workspace_bytes ? place(k.workspace_bytes) : 0;
+  std::vector<uint64_t> derived_addr;
+  if (own_derived)
+    for (const compiler::DerivedTensor& d : k.derived) {
+      derived_addr.push_back(place(d.bytes));
+      gm.fill(derived_addr.back(), kPoison, compiler::device_buffer_bytes(d.bytes));
+    }
   RunResult r;
-  for (const compiler::Launch& l : k.launches) {
+  r.derived.resize(derived_addr.size());
+  for (size_t i = 0; i < k.launches.size(); ++i) {
+    const compiler::Launch& l = k.launches[i];
     KernelLaunch kl;
     kl.program = &l.kernel.program;
-    kl.args = l.bind(in_addr, out_addr, ws);
+    kl.args = l.bind(in_addr, out_addr, ws, derived_addr);
     kl.block_dim = l.block_dim;
     KernelResult kr = sim.run(kl);
     INFO(l.summary);
     INFO(kr.error);
     REQUIRE(kr.ok);
     r.cycles += kr.cycles;
+    for (size_t d = 0; d < derived_addr.size(); ++d)
+      if (k.derived[d].launch == i) {
+        r.derived[d].resize(k.derived[d].bytes);
+        gm.read(derived_addr[d], r.derived[d].data(), k.derived[d].bytes);
+      }
+  }
+  for (size_t d = 0; d < derived_addr.size(); ++d) {
+    std::vector<uint8_t> now(k.derived[d].bytes);
+    gm.read(derived_addr[d], now.data(), now.size());
+    if (now != r.derived[d]) FAIL("derived tensor " << d << " was written by another launch");
   }
   for (auto [lo, n] : guards) {
     std::vector<uint8_t> g(n);

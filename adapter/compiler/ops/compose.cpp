@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/conv.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -33,6 +35,17 @@ void LaunchPlan::add(Launch l, const std::vector<ArgRef>& args, const std::strin
 void LaunchPlan::add(const CompiledKernel& sub, const std::vector<ArgRef>& ins,
                      const std::vector<ArgRef>& outs, const std::string& what) {
   const ArgRef ws = sub.workspace_bytes ? workspace(sub.workspace_bytes) : ArgRef{};
+  // The sub's derived tensors stay derived where their source is an input of this op;
+  // computed from anything else they are plain workspace slices here.
+  std::vector<int> derived_index(sub.derived.size(), -1);
+  for (size_t d = 0; d < sub.derived.size(); ++d) {
+    const DerivedTensor& t = sub.derived[d];
+    const ArgRef src = ins.at(static_cast<size_t>(t.input));
+    if (src.kind != ArgRef::Kind::kInput) continue;
+    derived_index[d] = static_cast<int>(m_k.derived.size());
+    m_k.derived.push_back(DerivedTensor{src.index, m_k.launches.size() + t.launch, t.bytes,
+                                        t.what});
+  }
   for (Launch l : sub.launches) {
     for (ArgRef& a : l.args) {
       auto pick = [&](const std::vector<ArgRef>& list, const char* kind) {
@@ -46,6 +59,13 @@ void LaunchPlan::add(const CompiledKernel& sub, const std::vector<ArgRef>& ins,
         case ArgRef::Kind::kOutput: a = pick(outs, "output"); break;
         case ArgRef::Kind::kWorkspace: a.value += ws.value; break;
         case ArgRef::Kind::kScalar: break;
+        case ArgRef::Kind::kDerived: {
+          const int d = derived_index.at(static_cast<size_t>(a.index));
+          a.value += ws.value;
+          if (d < 0) a = ArgRef{ArgRef::Kind::kWorkspace, 0, a.value};
+          else a.index = d;
+          break;
+        }
       }
     }
     if (!what.empty()) l.summary = what + ": " + l.summary;
@@ -69,7 +89,25 @@ CompiledKernel compile_without_inputs(const CompileContext& ctx, const std::vect
   for (Launch& l : k.launches)
     for (ArgRef& a : l.args)
       if (a.kind == ArgRef::Kind::kInput) a.index = kept.at(static_cast<size_t>(a.index));
+  for (DerivedTensor& d : k.derived) d.input = kept.at(static_cast<size_t>(d.input));
   return k;
+}
+
+ArgRef append_input_cast(CompiledKernel& k, const OpDesc& op, int input, DataType to,
+                         const ChipConfig& cfg) {
+  const TensorDesc& from = op.inputs.at(static_cast<size_t>(input));
+  const uint64_t bytes = static_cast<uint64_t>(from.num_elements()) * data_type_bytes(to);
+  const ArgRef ws = workspace_take(k, bytes);
+  if (from.num_elements() == 0) return ws;
+  const ArgRef derived{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(
+      DerivedTensor{input, k.launches.size(), bytes, fmt::format("{} copy", data_type_name(to))});
+  Launch l = build_stream_kernel(op.str(), cast_spec(from.dtype, to, false, from.shape), cfg);
+  l.summary = fmt::format("input {} {} -> {} derived at workspace {} ({})", input, from.str(),
+                          data_type_name(to), ws.value, l.summary);
+  l.args = {ArgRef{ArgRef::Kind::kInput, input, 0}, derived};
+  k.launches.push_back(std::move(l));
+  return derived;
 }
 
 }  // namespace npusim::compiler::ops

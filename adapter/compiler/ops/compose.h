@@ -37,6 +37,12 @@ class LaunchPlan {
   CompiledKernel m_k;
 };
 
+// Appends a launch casting input `input` of `op` to dtype `to` (RNE, as Cast) into a new
+// derived tensor of k (CompiledKernel::derived) homed in a new workspace slice; returns the
+// ArgRef later launches read it by. An empty input needs no launch: a plain workspace ref.
+ArgRef append_input_cast(CompiledKernel& k, const OpDesc& op, int input, DataType to,
+                         const ChipConfig& cfg);
+
 // TF passes some shape operands (perm, axis, paddings, ...) as tensors; the compiler takes them
 // as attributes (docs/compiler.md). When the caller leaves those tensors in op.inputs as well
 // (TF's full input list), this compiles `fn` on the op without the inputs at positions `drop`

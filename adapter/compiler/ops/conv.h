@@ -166,11 +166,6 @@ uint64_t workspace_align(uint64_t bytes);
 // Reserves `bytes` of the op's workspace; returns the ArgRef of its start.
 ArgRef workspace_take(CompiledKernel& k, uint64_t bytes);
 
-// Appends a launch converting `src` (a tensor of shape/dtype `from`) to dtype `to` (RNE) into a
-// new workspace tensor; returns the workspace ArgRef.
-ArgRef cast_to_workspace(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
-                         const TensorDesc& from, DataType to, const ChipConfig& cfg);
-
 // Appends a launch copying a rows x cols matrix stored at src with a row pitch of `pitch`
 // elements (type from) densely to dst (type to, converted with RNE when it differs).
 void append_strided_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& src,

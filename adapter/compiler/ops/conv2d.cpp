@@ -157,8 +157,7 @@ void append_zero_output(CompiledKernel& k, const OpDesc& op, const TensorDesc& o
 ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                     size_t input) {
   if (!ct.cast_inputs) return input_ref(static_cast<int>(input));
-  return cast_to_workspace(k, ctx.op, input_ref(static_cast<int>(input)),
-                           ctx.op.inputs[input], ct.cube, ctx.cfg);
+  return append_input_cast(k, ctx.op, static_cast<int>(input), ct.cube, ctx.cfg);
 }
 
 // Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).

@@ -225,17 +225,6 @@ Launch with_args(Launch l, std::vector<ArgRef> args) {
   return l;
 }
 
-ArgRef cast_to_workspace(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
-                         const TensorDesc& from, DataType to, const ChipConfig& cfg) {
-  ArgRef ws = workspace_take(k, static_cast<uint64_t>(from.num_elements()) * data_type_bytes(to));
-  if (from.num_elements() == 0) return ws;
-  Launch l = build_stream_kernel(op.str(), cast_spec(from.dtype, to, false, from.shape), cfg);
-  l.summary = fmt::format("{} -> {} workspace at {} ({})", from.str(), data_type_name(to),
-                          ws.value, l.summary);
-  k.launches.push_back(with_args(std::move(l), {src, ws}));
-  return ws;
-}
-
 void append_strided_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
                          const ArgRef& dst, int64_t rows, int64_t cols, int64_t pitch,
                          DataType from, DataType to, const ChipConfig& cfg) {

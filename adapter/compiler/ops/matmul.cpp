@@ -38,6 +38,7 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 #include "sim/exec/layout.h"
@@ -717,18 +718,8 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   ArgRef a_arg{ArgRef::Kind::kInput, 0, 0}, b_arg{ArgRef::Kind::kInput, 1, 0};
   ArgRef c_arg{ArgRef::Kind::kOutput, 0, 0};
   if (cast_inputs) {
-    for (int i = 0; i < 2; ++i) {
-      const TensorDesc& in = op.inputs[static_cast<size_t>(i)];
-      Launch l = build_stream_kernel(op.str(), cast_spec(dt, DataType::F16, false, in.shape), cfg);
-      const ArgRef ws{ArgRef::Kind::kWorkspace, 0, out.workspace_bytes};
-      l.args = {ArgRef{ArgRef::Kind::kInput, i, 0}, ws};
-      l.summary = fmt::format("{} -> f16 workspace at {} ({})", i ? "B" : "A",
-                              out.workspace_bytes, l.summary);
-      (i ? b_arg : a_arg) = ws;
-      out.workspace_bytes += workspace_align(device_buffer_bytes(
-          static_cast<uint64_t>(in.num_elements()) * 2));
-      out.launches.push_back(std::move(l));
-    }
+    a_arg = append_input_cast(out, op, 0, DataType::F16, cfg);
+    b_arg = append_input_cast(out, op, 1, DataType::F16, cfg);
   }
   // The cube's C goes to the workspace when it is widened afterwards or has padded rows.
   const bool c_in_workspace = cast_output || tiling.c_pitch != n;
