@@ -1,9 +1,12 @@
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "adapter/profiler/op_metrics.h"
+#include "adapter/tf/plugin/derived_tensor_cache.h"
 #include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
 
@@ -81,6 +84,8 @@ std::vector<std::string> CompiledOpCache::keys() const {
 CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs,
                                    std::vector<HostAttrInput> host_attrs)
     : m_type(ctx->type_string()), m_host_attrs(std::move(host_attrs)) {
+  if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable_inputs).ok())
+    m_stable_inputs.clear();  // only a hint
   for (const AttrSpec& a : attrs) {
     if (!ctx->HasAttr(a.name)) continue;
     rt::Status st;
@@ -268,9 +273,20 @@ rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* d
                                                     opened_settings().precision, out);
 }
 
-rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const compiler::OpDesc& op,
-                              const CompiledOp& compiled, const std::vector<uint64_t>& input_addrs,
-                              const std::vector<uint64_t>& output_addrs) {
+bool keep_derived_tensors() {
+  static const bool keep = [] {
+    const char* v = std::getenv("NPUSIM_KEEP_DERIVED");
+    return !(v && std::string(v) == "0");
+  }();
+  return keep;
+}
+
+rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device_ptr,
+                              const compiler::OpDesc& op, const CompiledOp& compiled,
+                              const std::vector<uint64_t>& input_addrs,
+                              const std::vector<uint64_t>& output_addrs,
+                              const std::vector<int64_t>& stable_inputs) {
+  rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   if (k.launches.empty()) return rt::ok_status();  // every output is empty
 
@@ -287,11 +303,34 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const co
   rt::Status st = ctx->npu_stream(&stream);
   if (!st.ok()) return st;
   const std::shared_ptr<const rt::LaunchLabel> label = launch_label(ctx, op, k);
+  // Derived tensors (the precision casts of cube operands) kept across runs where their source
+  // is stable (derived_tensor_cache.h); `uses` holds their buffers until the launches are done.
+  std::vector<DerivedTensorCache::Use> uses(k.derived.size());
+  std::vector<uint64_t> derived_addrs(k.derived.size(), 0);
+  std::vector<int> derived_of_launch(k.launches.size(), -1);
+  if (keep_derived_tensors()) {
+    for (size_t d = 0; d < k.derived.size(); ++d) {
+      const compiler::DerivedTensor& t = k.derived[d];
+      const size_t in = static_cast<size_t>(t.input);
+      const uint64_t src = input_addrs.at(in);
+      const uint64_t src_bytes = static_cast<uint64_t>(op.inputs.at(in).num_elements()) *
+                                 compiler::data_type_bytes(op.inputs.at(in).dtype);
+      if (src == 0 || src_bytes == 0) continue;
+      const bool stable = std::find(stable_inputs.begin(), stable_inputs.end(), t.input) !=
+                          stable_inputs.end();
+      uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, src, src_bytes, stable);
+      derived_addrs[d] = uses[d].addr;
+      derived_of_launch.at(t.launch) = static_cast<int>(d);
+    }
+  }
   for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
     const compiler::Launch& l = k.launches[i];
-    st = device.launch_kernel(stream, compiled.programs[i],
-                              l.bind(input_addrs, output_addrs, workspace_addr), l.block_dim,
-                              label);
+    std::vector<uint64_t> args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
+    if (derived_of_launch[i] >= 0)
+      st = device.launch_derived(stream, compiled.programs[i], std::move(args), l.block_dim,
+                                 label, uses[static_cast<size_t>(derived_of_launch[i])].source);
+    else
+      st = device.launch_kernel(stream, compiled.programs[i], std::move(args), l.block_dim, label);
   }
   // Always wait, also after a failed launch: launches already queued use the inputs, outputs
   // and workspace, which TensorFlow may reuse once Compute returns.
@@ -351,8 +390,8 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
                                                  &outputs[i]));
     output_addrs.push_back(outputs[i].device_address());
   }
-  NPU_OP_REQUIRES_OK(ctx, launch_compiled_op(ctx, *device, op, *compiled, input_addrs,
-                                             output_addrs));
+  NPU_OP_REQUIRES_OK(ctx, launch_compiled_op(ctx, device, op, *compiled, input_addrs,
+                                             output_addrs, m_stable_inputs));
 }
 
 }  // namespace npusim::tf

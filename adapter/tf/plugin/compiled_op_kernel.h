@@ -76,10 +76,20 @@ rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* d
 // for the stream, so a failed launch or a fault on the chip is returned here (naming op.str())
 // rather than left as a stream error. Every launch carries an rt::LaunchLabel for reports: the
 // node name (ctx->op_name()), op.type, the OpDesc's input and the compiled output tensors, and
-// one dispatch id per call (so the launches of one run of the op share it).
-rt::Status launch_compiled_op(OpKernelContext* ctx, rt::Device& device, const compiler::OpDesc& op,
-                              const CompiledOp& compiled, const std::vector<uint64_t>& input_addrs,
-                              const std::vector<uint64_t>& output_addrs);
+// one dispatch id per call (so the launches of one run of the op share it). Derived tensors
+// (the casts of cube operands) are kept across runs where their source is stable
+// (derived_tensor_cache.h, keep_derived_tensors()).
+// stable_inputs: positions of inputs the graph marked as variable values or constants
+// (stable_inputs.h).
+rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device,
+                              const compiler::OpDesc& op, const CompiledOp& compiled,
+                              const std::vector<uint64_t>& input_addrs,
+                              const std::vector<uint64_t>& output_addrs,
+                              const std::vector<int64_t>& stable_inputs = {});
+
+// Whether launch_compiled_op keeps derived tensors across runs (derived_tensor_cache.h): yes
+// unless the environment sets NPUSIM_KEEP_DERIVED=0 (every cast then runs every time).
+bool keep_derived_tensors();
 
 // The msprof name of a compiler data type ("DT_FLOAT16", "DT_BOOL").
 std::string msprof_dtype_name(compiler::DataType t);
@@ -145,6 +155,7 @@ class CompiledOpKernel : public OpKernel {
   std::string m_type;
   std::map<std::string, compiler::AttrValue> m_attrs;
   std::vector<HostAttrInput> m_host_attrs;
+  std::vector<int64_t> m_stable_inputs;  // kStableInputsAttr, if the graph optimizer set it
 };
 
 }  // namespace npusim::tf

@@ -54,7 +54,7 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
                                          " tensor of the variable's shape"));
       output_addrs.push_back(outputs[i].address);
     }
-    return in_context(launch_compiled_op(&ctx, *device, op, *compiled, input_addrs, output_addrs));
+    return in_context(launch_compiled_op(&ctx, device, op, *compiled, input_addrs, output_addrs));
   });
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};

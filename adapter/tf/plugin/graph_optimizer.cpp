@@ -1,8 +1,8 @@
 // TF_InitGraph: a graph optimizer plugin (TensorFlow's grappler C API,
 // tensorflow/c/experimental/grappler/grappler.h) that records the ops soft placement put on the
 // CPU because the NPU has no kernel for them (cpu_fallbacks.h), then applies the inference
-// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none; the graph is then
-// returned unchanged).
+// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none), and marks the NPU nodes'
+// inputs that are variable values or constants (stable_inputs.h).
 //
 // Why a graph optimizer: TensorFlow places a tf.function's graph (model.fit's train step is one)
 // before grappler runs on it (ProcessFunctionLibraryRuntime: placer, then the meta-optimizer,
@@ -38,6 +38,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -53,6 +54,7 @@
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
 namespace {
@@ -199,8 +201,53 @@ bool set_output(TF_Buffer* out, const void* data, size_t length, TF_Status* stat
   return true;
 }
 
-// Records the CPU fallbacks, then applies the inference fusions (graph_fusion.h); the output is
-// the input unless a fusion changed the graph.
+// The producer of data input `input` ("name", "name:k"), through Identity nodes; null if not in
+// the graph.
+const tfc::NodeDef* producer(const std::map<std::string, const tfc::NodeDef*>& nodes,
+                             std::string input) {
+  for (int depth = 0; depth < 16; ++depth) {
+    const auto it = nodes.find(input.substr(0, input.find(':')));
+    if (it == nodes.end()) return nullptr;
+    const tfc::NodeDef* n = it->second;
+    if (n->op() != "Identity" || n->input_size() == 0) return n;
+    input = n->input(0);
+  }
+  return nullptr;
+}
+
+// Gives every NPU node whose data inputs include a variable's value (ReadVariableOp) or a
+// constant the attribute kStableInputsAttr: those inputs' positions. Such a value is not
+// rewritten between steps unless the variable is assigned, so the kernel keeps what it derives
+// from it at once (derived_tensor_cache.h) instead of first watching it change or not. Returns
+// the nodes whose attribute changed.
+int mark_stable_inputs(tfc::GraphDef& graph) {
+  std::map<std::string, const tfc::NodeDef*> nodes;
+  for (const tfc::NodeDef& node : graph.node()) nodes[node.name()] = &node;
+  int changed = 0;
+  for (tfc::NodeDef& node : *graph.mutable_node()) {
+    if (!on_device_type(node.device(), "NPU") || is_arg_or_retval(node.op())) continue;
+    std::vector<int64_t> stable;
+    int data_index = 0;
+    for (const std::string& in : node.input()) {
+      if (!in.empty() && in[0] == '^') continue;  // control inputs come last
+      const tfc::NodeDef* p = producer(nodes, in);
+      if (p && (p->op() == "ReadVariableOp" || p->op() == "Const")) stable.push_back(data_index);
+      ++data_index;
+    }
+    if (stable.empty()) continue;
+    tfc::AttrValue value;
+    for (int64_t i : stable) value.mutable_list()->add_i(i);
+    auto& attrs = *node.mutable_attr();
+    const auto it = attrs.find(kStableInputsAttr);
+    if (it != attrs.end() && it->second.SerializeAsString() == value.SerializeAsString()) continue;
+    attrs[kStableInputsAttr] = value;
+    ++changed;
+  }
+  return changed;
+}
+
+// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h), then marks the
+// NPU nodes' stable inputs; the output is the input unless one of them changed the graph.
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
               TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
@@ -212,22 +259,35 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
   } catch (const std::exception&) {
     // Counting is best effort.
   }
+  bool changed = false;
   if (parsed && fusion_enabled()) {
+    tfc::GraphDef fused = graph;
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
-      const FusionCounts counts = fuse_npu_graph(graph, cc_item->NodesToPreserve());
+      const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(stderr, "npusim: fusion in %s: %d BatchNormInference, %d AddRelu\n",
                      item_id(item).c_str(), counts.batch_norm, counts.add_relu);
       if (counts.total() > 0) {
-        const std::string out = graph.SerializeAsString();
-        set_output(optimized_graph_buf, out.data(), out.size(), status);
-        return;
+        graph.Swap(&fused);
+        changed = true;
       }
     } catch (const std::exception& e) {
-      // A graph the fusion cannot handle is returned unchanged.
+      // A graph the fusion cannot handle is left unfused.
       log_fusion_error(e.what());
     }
+  }
+  if (parsed) {
+    try {
+      changed |= mark_stable_inputs(graph) > 0;
+    } catch (const std::exception&) {
+      // Marking is an optimisation: without it the kernels learn which inputs are stable.
+    }
+  }
+  if (changed) {
+    const std::string out = graph.SerializeAsString();
+    set_output(optimized_graph_buf, out.data(), out.size(), status);
+    return;
   }
   set_output(optimized_graph_buf, graph_buf->data, graph_buf->length, status);
 }

@@ -27,7 +27,7 @@ rt::Status run_compiled(OpKernelContext* ctx, const compiler::OpDesc& op,
   std::shared_ptr<const CompiledOp> compiled;
   rt::Status st = compile_op(op, &device, &compiled);
   if (!st.ok()) return st;
-  return launch_compiled_op(ctx, *device, op, *compiled, inputs, outputs);
+  return launch_compiled_op(ctx, device, op, *compiled, inputs, outputs);
 }
 
 // Inputs 0..n-1 of ctx, all of one dtype and shape (`what` names the op in errors).

@@ -91,7 +91,7 @@ rt::Status run_random_op(OpKernelContext* ctx, const compiler::OpDesc& op,
     st = before_launch(*device, &input_addrs);
     if (!st.ok()) return st;
   }
-  return launch_compiled_op(ctx, *device, op, *compiled, input_addrs, output_addrs);
+  return launch_compiled_op(ctx, device, op, *compiled, input_addrs, output_addrs);
 }
 
 class RandomOpKernel : public OpKernel {

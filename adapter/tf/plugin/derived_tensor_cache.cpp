@@ -1,0 +1,102 @@
+#include "adapter/tf/plugin/derived_tensor_cache.h"
+
+#include <fmt/format.h>
+
+namespace npusim::tf {
+
+struct DerivedTensorCache::Entry {
+  std::list<std::string>::iterator lru;
+  // Runs in the op's workspace: watches whether the source changes between runs.
+  std::shared_ptr<rt::DerivedState> watch = std::make_shared<rt::DerivedState>();
+  // Once the source was seen unchanged: the tensor's own buffer and its state.
+  std::shared_ptr<rt::Device> device;
+  uint64_t buffer = 0, buffer_bytes = 0;
+  std::shared_ptr<rt::DerivedState> kept;
+
+  Entry() = default;
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+  ~Entry() {
+    if (buffer) device->free(buffer);  // (a failure would only leak the block)
+  }
+};
+
+DerivedTensorCache& DerivedTensorCache::instance() {
+  // Never destroyed, like the device its buffers belong to.
+  static DerivedTensorCache* c = new DerivedTensorCache();
+  return *c;
+}
+
+DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device>& device,
+                                                const compiler::CompiledKernel& kernel, size_t d,
+                                                uint64_t src_addr, uint64_t src_bytes,
+                                                bool stable_source) {
+  const compiler::DerivedTensor& t = kernel.derived.at(d);
+  const std::string key = fmt::format("{}#{}@{:#x}", kernel.key, d, src_addr);
+  const uint64_t budget = device->memory_stats().bytes_limit / kBudgetDivisor;
+  std::lock_guard<std::mutex> lock(m_mutex);
+  std::shared_ptr<Entry>& slot = m_entries[key];
+  if (!slot) {
+    slot = std::make_shared<Entry>();
+    m_lru.push_front(key);
+    slot->lru = m_lru.begin();
+    ++m_stats.tracked;
+  } else {
+    m_lru.splice(m_lru.begin(), m_lru, slot->lru);
+  }
+  const std::shared_ptr<Entry> e = slot;  // (evict_locked may erase the slot)
+  if (!e->kept && (stable_source || e->watch->unchanged.load() > 0)) {
+    // A stable source: give the tensor a buffer of its own (if the budget and the device memory allow).
+    const uint64_t bytes = compiler::device_buffer_bytes(t.bytes);
+    bool fits = m_stats.buffer_bytes + bytes <= budget;
+    if (!fits && bytes <= budget) {
+      evict_locked(budget - bytes);
+      fits = m_stats.buffer_bytes + bytes <= budget;
+    }
+    if (fits && device->malloc(bytes, &e->buffer).ok()) {
+      e->device = device;
+      e->kept = std::make_shared<rt::DerivedState>();
+      e->buffer_bytes = bytes;
+      m_stats.buffer_bytes += bytes;
+      ++m_stats.buffers;
+    }
+  }
+  if (m_entries.size() > kMaxTracked) evict_locked(budget);
+  Use u;
+  u.source.addr = src_addr;
+  u.source.bytes = src_bytes;
+  if (e->kept) {
+    u.addr = e->buffer;
+    u.source.state = e->kept;
+    u.source.may_skip = true;
+  } else {
+    u.source.state = e->watch;
+  }
+  u.hold = e;
+  return u;
+}
+
+// Drops least recently used entries until the buffers fit `budget` bytes and at most
+// kMaxTracked entries remain. The most recently used entry (the caller's) is kept.
+void DerivedTensorCache::evict_locked(uint64_t budget) {
+  while (m_lru.size() > 1 &&
+         (m_stats.buffer_bytes > budget || m_entries.size() > kMaxTracked)) {
+    auto it = m_entries.find(m_lru.back());
+    m_lru.pop_back();
+    if (it == m_entries.end()) continue;
+    if (it->second->kept) {
+      m_stats.buffer_bytes -= it->second->buffer_bytes;
+      --m_stats.buffers;
+      ++m_stats.evictions;
+    }
+    m_entries.erase(it);  // the buffer is freed once no running op holds the entry
+    --m_stats.tracked;
+  }
+}
+
+DerivedTensorCacheStats DerivedTensorCache::stats() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_stats;
+}
+
+}  // namespace npusim::tf

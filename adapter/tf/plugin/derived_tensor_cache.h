@@ -1,0 +1,82 @@
+// Keeps the derived tensors of compiled ops (compiler::CompiledKernel::derived: the f16 copies
+// of f32 tensors that cube ops read under allow_fp32_to_fp16 / allow_mix_precision) in device
+// buffers of their own across runs, so the launch computing one is left out while its source is
+// unchanged. This is the effect of CANN's graph engine keeping a variable in the form its
+// consumers read (its "trans road" of Cast / TransData fused into the variable) until the
+// variable is written: in inference the weights are cast once, in training after every update.
+//
+// Which sources get a buffer: those the graph optimizer marked as a variable's value or a
+// constant (stable_inputs.h), at once; any other (eager ops, unmarked graphs) is first computed
+// in the op's workspace while the runtime watches its source (rt::DerivedState), and once a run
+// finds the source unchanged since the previous run (a weight; never an activation, which is
+// rewritten every step) the next run gives it a buffer. From then on the driver leaves the
+// launch out whenever the source has not been written since the buffer was filled (device
+// memory write epochs; rt::Device::launch_derived). A stale result is never read: that decision
+// is taken on the driver thread in stream order, just before the launch would run; the marks
+// and the watching only decide where the tensor lives.
+//
+// The buffers come from the runtime's allocator, not TensorFlow's: TF's BFC allocator would
+// interleave them with the step's activations and move those to new addresses (and a launch at
+// new addresses is simulated again instead of replayed). TF leaves max(300 MiB, 6 %) of the
+// reported free memory outside its allocator (../shared/reference/tensorflow-plugin.md); the
+// buffers take at most 1/kBudgetDivisor of the device memory, inside that margin, like CANN's
+// separate variable memory pool. Least recently used entries are evicted first; a buffer in use
+// by a running op is freed when that op's launches are done. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/runtime/device.h"
+#include "adapter/runtime/stream.h"
+
+namespace npusim::tf {
+
+struct DerivedTensorCacheStats {
+  uint64_t buffers = 0;       // derived tensors kept in buffers now
+  uint64_t buffer_bytes = 0;  // their bytes
+  uint64_t tracked = 0;       // derived tensors whose sources are watched (buffers included)
+  uint64_t evictions = 0;     // buffers given up for the budget
+};
+
+class DerivedTensorCache {
+ public:
+  // Buffers take at most 1/kBudgetDivisor of the device memory (bytes_limit).
+  static constexpr uint64_t kBudgetDivisor = 32;
+  // At most this many derived tensors are watched (sources seen once each count).
+  static constexpr size_t kMaxTracked = 4096;
+
+  static DerivedTensorCache& instance();
+
+  // How one run of an op computes its derived tensor: where it lives (0: its workspace slice)
+  // and the source to pass to Device::launch_derived. `hold` keeps the buffer alive until the
+  // run's launches are done.
+  struct Use {
+    uint64_t addr = 0;
+    rt::DerivedSource source;
+    std::shared_ptr<const void> hold;
+  };
+  // For derived tensor `d` of `kernel`, computed from the input at src_addr of src_bytes on
+  // `device` (which gives new buffers). stable_source: the graph marked the input as a variable's
+  // value or a constant (stable_inputs.h): it gets a buffer at once.
+  Use use(const std::shared_ptr<rt::Device>& device, const compiler::CompiledKernel& kernel,
+          size_t d, uint64_t src_addr, uint64_t src_bytes, bool stable_source);
+
+  DerivedTensorCacheStats stats() const;
+
+ private:
+  struct Entry;
+  void evict_locked(uint64_t budget);
+
+  mutable std::mutex m_mutex;
+  std::list<std::string> m_lru;  // keys, most recently used first
+  std::unordered_map<std::string, std::shared_ptr<Entry>> m_entries;
+  DerivedTensorCacheStats m_stats;
+};
+
+}  // namespace npusim::tf
