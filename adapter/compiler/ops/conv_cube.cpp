@@ -1202,9 +1202,22 @@ class ConvEmitter {
       b.movi(pt, 0);
     }
     b.wait_flag(m_l1_full, p, "L1 buffers loaded");
-    Reg kk = b.reg("compute: k within the chunk");
-    b.for_range(kk, 0, kc, m_t.tk0,
-                [&] { mmad_step(p, pt, ch, kk, kc, msl, chan, m_act, n_act, bbase); });
+    {
+      // What every mmad step of the chunk uses, computed once (StepRegs).
+      StepRegs r{b.reg("compute: L1 slab"), b.reg("compute: L0C address"),
+                 b.reg("compute: fractal rows of the tile"), b.reg("compute: n blocks"),
+                 b.reg("compute: B of the step in L1"), b.reg("compute: B bytes per step")};
+      select(b, r.slab, p, m_slab_buf);
+      select(b, r.l0c, pt, m_l0c);
+      round16(b, r.m16, m_act);
+      round16(b, r.nb, n_act);
+      b.shr(r.nb, r.nb, 4, "nb");
+      b.mov(r.bsrc, bbase);
+      b.mul(r.bstep, r.nb, m_t.tk0 * 32, "tk0/16 * nb * 512");
+      Reg kk = b.reg("compute: k within the chunk");
+      b.for_range(kk, 0, kc, m_t.tk0,
+                  [&] { mmad_step(r, pt, ch, kk, kc, msl, chan, m_act, n_act); });
+    }
     b.set_flag(m_l1_free, p, "L1 buffers read");
     p.release();
     kc.release();
@@ -1286,10 +1299,16 @@ class ConvEmitter {
     });
   }
 
-  // One mmad step: k [kk, kk + ks) of the chunk in L1 buffer p, into L0C buffer pt.
-  void mmad_step(const Reg& p, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
-                 const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act,
-                 const Reg& bbase) {
+  // Registers an mmad step reads, set once per chunk: the chunk's slab in L1 (buffer p), the
+  // tile's L0C buffer, round16(m_act), nb = round16(n_act) / 16, and B's L1 address for the
+  // next step (advanced by bstep = tk0 / 16 * nb fractals per step).
+  struct StepRegs {
+    Reg slab, l0c, m16, nb, bsrc, bstep;
+  };
+
+  // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt.
+  void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
+                 const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "mmad step: load3d A, load2d B, mmad");
     Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
@@ -1297,42 +1316,30 @@ class ConvEmitter {
     b.min(ks, ks, m_t.tk0, "k in this step");
     b.and_(q, *m_l0_steps, 1);
     b.wait_flag(m_l0_free, q, "L0 buffers free");
-    Reg a = b.reg("step: L0A address"), src = b.reg("step: L1 address"),
+    Reg a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
         n = b.reg("step: fractals");
     select(b, a, q, m_l0a);
-    select(b, src, p, m_slab_buf);
-    round16(b, n, m_act);
-    b.emit(Opcode::op_load3d, {m_s.in_type, a, src, chan, msl, n, kk, ks},
+    b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
            "img2col rows of the tile, k [kk, kk + ks)");
     // B: fractals [kk/16 * nb, (kk + ks)/16 * nb) of the L1 image, one load2d.
-    select(b, a, q, m_l0b);
-    b.mov(src, bbase);
-    Reg t = b.reg("step: temp");
-    round16(b, n, n_act);
-    b.shr(n, n, 4, "nb");
-    b.mul(t, kk, 32);
-    b.mul(t, t, n, "kk/16 * nb * 512");
-    b.add(src, src, t);
-    b.shr(t, ks, 4);
-    b.mul(n, n, t, "fractals of the step");
-    b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, a, src, n, 1,
+    select(b, l0b, q, m_l0b);
+    b.shr(n, ks, 4);
+    b.mul(n, n, r.nb, "fractals of the step");
+    b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
                                m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
            "B of the step");
+    b.add(r.bsrc, r.bsrc, r.bstep);
     b.set_flag(m_l0_full, q, "L0 step loaded");
     b.wait_flag(m_l0_full, q);
     {
-      Reg l0b = b.reg("step: L0B address"), l0c = b.reg("step: L0C address");
-      select(b, a, q, m_l0a);
-      select(b, l0b, q, m_l0b);
-      select(b, l0c, pt, m_l0c);
       Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
       b.branch(ne(ch, 0), acc);
       b.branch(ne(kk, 0), acc);
       b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
-      b.emit(Opcode::op_mmad, {m_s.in_type, l0c, a, l0b, m_act, ks, n_act, 0, 0}, "C = A * B");
+      b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 0, 0}, "C = A * B");
       b.jmp(issued);
       b.bind(acc);
-      b.emit(Opcode::op_mmad, {m_s.in_type, l0c, a, l0b, m_act, ks, n_act, 1, 0}, "C += A * B");
+      b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 1, 0}, "C += A * B");
       b.bind(issued);
     }
     b.set_flag(m_l0_free, q, "L0 buffers read");
