@@ -20,14 +20,20 @@ bool is_sync(Opcode op) {
 
 FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind,
                                CoreMemory& local, DeviceMemory& gm,
-                               const std::vector<uint8_t>& order, bool functional, Mode mode)
+                               const std::vector<uint8_t>& order, bool functional, Mode mode,
+                               Queues* queues)
     : m_ctx{cfg, kind, local, gm},
       m_order(order),
       m_functional(functional),
-      m_verify(mode == Mode::verify) {
+      m_verify(mode == Mode::verify),
+      m_queues(queues ? *queues : m_own_queues) {
   // A pipe's queue holds the instructions the scalar unit issued ahead of the recorded order:
   // rarely more than a few dozen; reserved so that they do not grow by reallocation.
-  for (Queue& q : m_queues) q.ops.reserve(kQueueReserve);
+  for (Queue& q : m_queues) {
+    q.ops.clear();
+    q.head = 0;
+    if (q.ops.capacity() < kQueueReserve) q.ops.reserve(kQueueReserve);
+  }
 }
 
 void FunctionalCore::take_effect(const IssuedOp& op) {

@@ -34,9 +34,20 @@ class FunctionalCore {
   // instruction's cost (plan()) for the timing fingerprint and the GM accesses, to check that
   // the recorded timing holds for this launch's arguments (launch_replay.h).
   enum class Mode { execute, verify };
+  // Instructions issued to one pipe (or, for S, scalar stores), not yet executed.
+  struct Queue {
+    std::vector<IssuedOp> ops;  // [head, size) pending
+    size_t head = 0;
+    bool empty() const { return head == ops.size(); }
+  };
+  using Queues = std::array<Queue, isa::kNumExecPipes>;
+  // queues: storage to use for the pipe queues (emptied here, capacity kept), so that a thread
+  // replaying many cores allocates it once (a core's queues are ~90 KB); null: the core's own.
   FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind, CoreMemory& local,
                  DeviceMemory& gm, const std::vector<uint8_t>& order, bool functional,
-                 Mode mode = Mode::execute);
+                 Mode mode = Mode::execute, Queues* queues = nullptr);
+  FunctionalCore(const FunctionalCore&) = delete;
+  FunctionalCore& operator=(const FunctionalCore&) = delete;
 
   // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
   // recorded order (it cannot, for the launch that was recorded) or an instruction faults;
@@ -54,12 +65,6 @@ class FunctionalCore {
   const std::vector<GmAccess>& stores() const { return m_stores; }
 
  private:
-  // Instructions issued to one pipe (or, for S, scalar stores), not yet executed.
-  struct Queue {
-    std::vector<IssuedOp> ops;  // [head, size) pending
-    size_t head = 0;
-    bool empty() const { return head == ops.size(); }
-  };
   // Executes recorded steps while the pipe each names has an instruction issued.
   void execute_ready();
   // Executes op (a pipe instruction, or a scalar st when S).
@@ -73,7 +78,8 @@ class FunctionalCore {
   CoreFingerprint m_fingerprint;
   std::vector<GmAccess> m_ranges, m_stores;
   std::vector<uint32_t> m_sizes;
-  std::array<Queue, isa::kNumExecPipes> m_queues;
+  Queues m_own_queues;  // unused when the caller lends storage
+  Queues& m_queues;
   ScalarState m_scalar;
   uint32_t m_pc = 0;
 };

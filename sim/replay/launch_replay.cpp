@@ -158,7 +158,10 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   pool.run(rec.cores.size(), [&](size_t i) {
     const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
     AiCore& core = *cores.at(static_cast<size_t>(cb.core));
-    FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional);
+    // Each pool thread replays one core at a time: its queue storage serves them all.
+    thread_local FunctionalCore::Queues queues;
+    FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
+                      FunctionalCore::Mode::execute, &queues);
     for (const RecordedLaunch::Block& b : cb.blocks) {
       const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
       std::string what;
