@@ -1306,7 +1306,9 @@ class ConvEmitter {
     Reg slab, l0c, m16, nb, bsrc, bstep;
   };
 
-  // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt.
+  // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt. The L0 parity (the step
+  // count's low bit) selects one of two copies of the step, so its flags and L0 addresses are
+  // immediates.
   void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
                  const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act) {
     KernelBuilder& b = m_b;
@@ -1314,24 +1316,23 @@ class ConvEmitter {
     Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
     b.sub(ks, kc, kk);
     b.min(ks, ks, m_t.tk0, "k in this step");
-    b.and_(q, *m_l0_steps, 1);
-    b.wait_flag(m_l0_free, q, "L0 buffers free");
     Reg a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
         n = b.reg("step: fractals");
-    select(b, a, q, m_l0a);
-    b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
-           "img2col rows of the tile, k [kk, kk + ks)");
     // B: fractals [kk/16 * nb, (kk + ks)/16 * nb) of the L1 image, one load2d.
-    select(b, l0b, q, m_l0b);
     b.shr(n, ks, 4);
     b.mul(n, n, r.nb, "fractals of the step");
-    b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
-                               m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
-           "B of the step");
-    b.add(r.bsrc, r.bsrc, r.bstep);
-    b.set_flag(m_l0_full, q, "L0 step loaded");
-    b.wait_flag(m_l0_full, q);
-    {
+    b.and_(q, *m_l0_steps, 1);
+    b.by_parity(q, [&](int par) {
+      b.wait_flag(m_l0_free, par, "L0 buffers free");
+      b.movi(a, static_cast<int64_t>(m_l0a[par]));
+      b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
+             "img2col rows of the tile, k [kk, kk + ks)");
+      b.movi(l0b, static_cast<int64_t>(m_l0b[par]));
+      b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
+                                 m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
+             "B of the step");
+      b.set_flag(m_l0_full, par, "L0 step loaded");
+      b.wait_flag(m_l0_full, par);
       Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
       b.branch(ne(ch, 0), acc);
       b.branch(ne(kk, 0), acc);
@@ -1341,8 +1342,9 @@ class ConvEmitter {
       b.bind(acc);
       b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 1, 0}, "C += A * B");
       b.bind(issued);
-    }
-    b.set_flag(m_l0_free, q, "L0 buffers read");
+      b.set_flag(m_l0_free, par, "L0 buffers read");
+    });
+    b.add(r.bsrc, r.bsrc, r.bstep);
     b.add(*m_l0_steps, *m_l0_steps, 1);
   }
 
