@@ -46,14 +46,17 @@ DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device
   }
   const std::shared_ptr<Entry> e = slot;  // (evict_locked may erase the slot)
   if (!e->kept && (stable_source || e->watch->unchanged.load() > 0)) {
-    // A stable source: give the tensor a buffer of its own (if the budget and the device memory allow).
+    // A stable source: give the tensor a buffer of its own (if the budget and the device
+    // memory allow; otherwise it stays in the workspace and is tried again next run).
     const uint64_t bytes = compiler::device_buffer_bytes(t.bytes);
     bool fits = m_stats.buffer_bytes + bytes <= budget;
     if (!fits && bytes <= budget) {
       evict_locked(budget - bytes);
       fits = m_stats.buffer_bytes + bytes <= budget;
     }
-    if (fits && device->malloc(bytes, &e->buffer).ok()) {
+    uint64_t addr = 0;
+    if (fits && device->malloc(bytes, &addr).ok()) {
+      e->buffer = addr;
       e->device = device;
       e->kept = std::make_shared<rt::DerivedState>();
       e->buffer_bytes = bytes;
