@@ -212,12 +212,14 @@ void DeviceMemory::restore(const Snapshot& s) {
     stamp_changes(index, p, zero.data());
     release(index);
   });
-  std::vector<uint8_t> before(kPageBytes);
   for (const auto& [index, bytes] : s) {
-    const uint8_t* old = find_page(index);
-    std::memcpy(before.data(), old ? old : zero.data(), kPageBytes);
-    std::memcpy(page_for_write(index, true), bytes.data(), kPageBytes);
-    stamp_changes(index, before.data(), bytes.data());
+    if (uint8_t* old = find_page(index)) {  // compared in place, then overwritten
+      stamp_changes(index, old, bytes.data());
+      std::memcpy(old, bytes.data(), kPageBytes);
+    } else {  // stamped once the page (and its epochs) exist
+      std::memcpy(page_for_write(index, true), bytes.data(), kPageBytes);
+      stamp_changes(index, zero.data(), bytes.data());
+    }
   }
 }
 

@@ -44,16 +44,16 @@ class DeviceMemory {
   uint64_t resident_bytes() const { return m_resident.load() * kPageBytes; }
   void clear();
 
-  // Write epochs: every write, fill, discard or clear stamps the kEpochBlockBytes
-  // blocks it touches with the current epoch, so a caller can tell whether a range changed since
-  // a point in time (the runtime keeps derived buffers, e.g. cast weights, while their source is
+  // Write epochs: every write, fill, discard or clear stamps the kEpochBlockBytes blocks it
+  // touches with the current epoch, so a caller can tell whether a range changed since a point
+  // in time (the runtime keeps derived buffers, e.g. cast weights, while their source is
   // unchanged):
   //   const uint64_t e = mem.advance_write_epoch();  // later writes stamp > e
   //   ... later: mem.last_write_epoch(addr, n) <= e  <=>  no block of [addr, addr+n) written since.
   // Blocks never written, or only before the last clear, report that clear's epoch; restore
-  // stamps the blocks whose bytes it changes. A write to a block outside the range but in the same block counts as a write to it
-  // (blocks are as fine as TF's allocator packs tensors, so neighbouring tensors rarely share
-  // one). Thread-safe like write(); an answer reflects the writes that happened before the call.
+  // stamps the blocks whose bytes it changes. A write outside the range to a block it shares
+  // counts (blocks are as fine as TF's allocator packs tensors, so neighbouring tensors rarely
+  // share one). Thread-safe like write(); an answer reflects the writes before the call.
   static constexpr uint64_t kEpochBlockBytes = 256;
   uint64_t advance_write_epoch() { return m_write_epoch.fetch_add(1); }
   uint64_t last_write_epoch(uint64_t addr, uint64_t n) const;
@@ -113,7 +113,7 @@ class DeviceMemory {
   std::unique_ptr<std::atomic<Table*>[]> m_dir;  // tables, by page / kTablePages
   uint64_t m_dir_size = 0;
   std::atomic<uint64_t> m_resident{0};  // pages written
-  std::atomic<uint64_t> m_write_epoch{1};  // stamped on written pages (advance_write_epoch)
+  std::atomic<uint64_t> m_write_epoch{1};  // stamped on written blocks (advance_write_epoch)
   std::atomic<uint64_t> m_epoch_floor{0};  // the epoch of the last clear
   std::mutex m_alloc;                   // page and table allocation, the spare pool
   std::vector<uint8_t*> m_spare;        // free pages, contents undefined

@@ -313,8 +313,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
       const compiler::DerivedTensor& t = k.derived[d];
       const size_t in = static_cast<size_t>(t.input);
       const uint64_t src = input_addrs.at(in);
-      const uint64_t src_bytes = static_cast<uint64_t>(op.inputs.at(in).num_elements()) *
-                                 compiler::data_type_bytes(op.inputs.at(in).dtype);
+      const uint64_t src_bytes = op.inputs.at(in).bytes();
       if (src == 0 || src_bytes == 0) continue;
       const bool stable = std::find(stable_inputs.begin(), stable_inputs.end(), t.input) !=
                           stable_inputs.end();
