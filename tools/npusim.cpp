@@ -312,6 +312,8 @@ int main(int argc, char** argv) {
   c_op->add_flag("--listing", op.listing, "print the generated assembly of each launch");
   c_op->add_option("--report-dir", op.report_dir, "write the msprof-style report folder");
   c_op->add_option("--json", op.json_path, "write the figures as JSON");
+  c_op->add_option("--trace", op.trace_path,
+                   "write a Chrome-trace timeline of every launch (Perfetto)");
 
   std::string asm_in, asm_out;
   auto* c_asm = app.add_subcommand("asm", "assemble to a binary kernel (.npuk)");

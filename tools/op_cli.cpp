@@ -137,6 +137,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
 
   SimOptions so;
   so.functional = !o.timing_only;
+  so.trace = !o.trace_path.empty();
   Simulator sim(cfg, so);
   DeviceArena arena(sim);
   std::mt19937 rng(7);
@@ -229,6 +230,11 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches}}
                              .dump(1)
       << "\n";
+  }
+  if (!o.trace_path.empty()) {
+    std::ofstream f(o.trace_path);
+    if (!f) throw Error("cannot write '" + o.trace_path + "'");
+    f << sim.trace().dump() << "\n";
   }
   if (!o.report_dir.empty()) {
     prof::set_wait_cycles(report.ops);

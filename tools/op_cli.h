@@ -22,6 +22,7 @@ struct OpOptions {
   bool listing = false;                // print each launch's generated assembly
   std::string report_dir;
   std::string json_path;               // write the figures as JSON (benchmarks read it)
+  std::string trace_path;              // write a Chrome-trace timeline of all launches
 };
 
 // Returns the exit code. Throws npusim::Error for bad options (unknown op, bad spec, ...).

@@ -297,7 +297,7 @@ def _(d):
     np.save(f"{d}/b.npy", b)
     run("op", "MatMul", "--input", f"{d}/a.npy", "--input", f"{d}/b.npy",
         "--output", f"{d}/c.npy", "--chip", "tiny", "--json", f"{d}/mm.json",
-        "--report-dir", f"{d}/rep")
+        "--report-dir", f"{d}/rep", "--trace", f"{d}/mm_trace.json")
     ref = a.astype(np.float64) @ b.astype(np.float64)
     c = np.load(f"{d}/c.npy").astype(np.float64)
     # fp32 accumulation of exact fp16 products, one rounding to fp16 (2^-11 relative)
@@ -305,6 +305,9 @@ def _(d):
     figures = json.load(open(f"{d}/mm.json"))
     assert figures["cycles"] > 0 and figures["cube_utilization_pct"] > 0
     assert os.path.exists(f"{d}/rep/op_summary.csv")
+    # --trace: the timeline holds the launch's mmad on a cube lane
+    events = json.load(open(f"{d}/mm_trace.json"))["traceEvents"]
+    assert any(e.get("ph") == "X" and e["name"].startswith("mmad") for e in events)
     p = run("op", "NoSuchOp", "--input", "f32:4", "--chip", "tiny", expect_rc=1)
     assert "NoSuchOp" in p.stderr and "not supported" in p.stderr, p.stderr
 
