@@ -53,11 +53,14 @@ struct ArgRef {
   uint64_t value = 0;  // kWorkspace, kDerived: byte offset into the workspace; kScalar: the value
 };
 
-// A tensor computed by one launch from one input of the op alone, as a pure function of that
-// input's bytes (the precision casts of cube operands). The launch reads nothing else and
-// writes nothing but the tensor; later launches read it through ArgRef kDerived.
+// A tensor computed by one launch from some inputs of the op alone, as a pure function of their
+// bytes (the precision casts of cube operands: one input; a convolution's weights with a batch
+// norm folded in: the filter, scale and variance). The launch reads those inputs and workspace
+// tensors that earlier launches of the op computed from those inputs alone, and writes nothing
+// but the tensor; later launches read it through ArgRef kDerived. A caller that keeps it may
+// leave the launch out while none of `inputs` changed.
 struct DerivedTensor {
-  int input = 0;       // the op input it is computed from
+  std::vector<int> inputs;  // the op inputs it is computed from (at least one)
   size_t launch = 0;   // index in CompiledKernel::launches of the launch computing it
   uint64_t bytes = 0;  // its size (a whole workspace slice)
   std::string what;    // e.g. "f16 copy", for logs

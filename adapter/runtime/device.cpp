@@ -376,6 +376,9 @@ Status Device::launch_derived(Stream s, std::shared_ptr<const isa::Program> prog
       return Status(StatusCode::invalid_argument, "launch_derived: no DerivedState given");
     if (Status st = check_range("launch_derived", "source", source.addr, source.bytes); !st.ok())
       return st;
+    for (const DerivedRange& r : source.more)
+      if (Status st = check_range("launch_derived", "source", r.addr, r.bytes); !st.ok())
+        return st;
     return submit_launch(s, std::move(program), std::move(args), block_dim, std::move(label),
                          std::move(source));
   });

@@ -152,8 +152,8 @@ class Device {
                        std::vector<uint64_t> args, int block_dim,
                        std::shared_ptr<const LaunchLabel> label);
   // A launch computing a buffer from `source` (stream.h, DerivedState): checked like
-  // launch_kernel, and source must lie inside one live allocation. When it is left out (source
-  // unchanged, may_skip) it runs nothing, takes no simulated time and leaves no LaunchRecord.
+  // launch_kernel, and each source range must lie inside one live allocation. When it is left
+  // out (no source range written since its last run, may_skip) it runs nothing, takes no simulated time and leaves no LaunchRecord.
   Status launch_derived(Stream s, std::shared_ptr<const isa::Program> program,
                         std::vector<uint64_t> args, int block_dim,
                         std::shared_ptr<const LaunchLabel> label, DerivedSource source);

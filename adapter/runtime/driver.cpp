@@ -277,8 +277,10 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
 Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
   DerivedState& state = *op.derived.state;
   DeviceMemory& gm = m_sim->gm();
-  if (m_functional && state.valid.load() &&
-      gm.last_write_epoch(op.derived.addr, op.derived.bytes) <= state.epoch.load()) {
+  uint64_t written = gm.last_write_epoch(op.derived.addr, op.derived.bytes);
+  for (const DerivedRange& r : op.derived.more)
+    written = std::max(written, gm.last_write_epoch(r.addr, r.bytes));
+  if (m_functional && state.valid.load() && written <= state.epoch.load()) {
     ++state.unchanged;
     if (op.derived.may_skip) {
       ++state.skipped;

@@ -33,9 +33,10 @@ struct Event {
 // result becomes the stream's error.
 using HostCallback = std::function<Status()>;
 
-// A launch whose output is a pure function of one source range of device memory: the compiler's
-// input transforms (e.g. the f16 copy of an f32 weight that a cube op reads). The driver tells,
-// from the device memory's write epochs (DeviceMemory::last_write_epoch), whether the source was
+// A launch whose output is a pure function of source ranges of device memory: the compiler's
+// input transforms (e.g. the f16 copy of an f32 weight that a cube op reads; a convolution's
+// weights with a batch norm folded in, from the filter, scale and variance). The driver tells,
+// from the device memory's write epochs (DeviceMemory::last_write_epoch), whether a source was
 // written since the state's last launch; with may_skip it leaves out a launch whose source is
 // unchanged, so the output buffer (which the launcher keeps, and nothing else writes) still
 // holds the result. This is what CANN's graph engine does for variables read through trans ops
@@ -48,10 +49,14 @@ struct DerivedState {
   std::atomic<uint64_t> unchanged{0};  // launches that found the source unchanged since the last
   std::atomic<uint64_t> skipped{0};    // launches left out (may_skip and unchanged)
 };
+struct DerivedRange {
+  uint64_t addr = 0, bytes = 0;
+};
 struct DerivedSource {
   uint64_t addr = 0, bytes = 0;        // the source range (inside one live allocation)
   std::shared_ptr<DerivedState> state;
   bool may_skip = false;
+  std::vector<DerivedRange> more;      // further source ranges, each inside a live allocation
 };
 
 // One tensor of a labelled launch (LaunchLabel), as the launcher names it.

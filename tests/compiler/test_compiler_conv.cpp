@@ -348,6 +348,82 @@ TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
                     Catch::Contains("allow_fp32_to_fp16"));
 }
 
+// Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias]): the reference
+// is conv(x, filter) (+ bias) then the batch norm in double, y = (conv - mean) * a + offset
+// with a = scale / sqrt(variance + eps) (then max(y, 0) with relu). The kernel rounds x and
+// W * a to f16 (2^-11 each, the W * a product first 2^-24: under 2^-10 for a product, the
+// cast16 term) and the fold's a and shift in f32 (a few 2^-24 relative, counted as terms of
+// |shift| in the sums); ReLU moves no value further from the reference.
+void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t seed,
+                             PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+  INFO("Conv2DBatchNormInference x [" << c.n << "," << c.h << "," << c.w << "," << c.c
+                                      << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
+                                      << " stride " << c.sh << " groups " << c.groups
+                                      << (relu ? " relu" : "") << (bias ? " bias" : ""));
+  const int64_t co = c.cout;
+  HostTensor x = random_tensor(DataType::F32, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
+  HostTensor scale = random_tensor(DataType::F32, {co}, 0.5, 2, seed + 2);
+  HostTensor offset = random_tensor(DataType::F32, {co}, -1, 1, seed + 3);
+  HostTensor mean = random_tensor(DataType::F32, {co}, -0.5, 0.5, seed + 4);
+  HostTensor var = random_tensor(DataType::F32, {co}, 0.1, 2, seed + 5);
+  HostTensor b = random_tensor(DataType::F32, {co}, -1, 1, seed + 6);
+  std::vector<HostTensor> inputs = {x, f, scale, offset, mean, var};
+  if (bias) inputs.push_back(b);
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : inputs) descs.push_back(t.desc);
+  auto attrs = c.attrs();
+  attrs["epsilon"] = 0.001;
+  attrs["relu"] = relu;
+  compiler::CompiledKernel k =
+      compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs), test_sim().config(), mode);
+  summarize(k);
+  REQUIRE(k.outputs[0] == (TensorDesc{DataType::F32, y_shape(c)}));
+  RunResult r = run_compiled(test_sim(), k, inputs);
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  std::vector<double> a(static_cast<size_t>(co));
+  for (size_t j = 0; j < a.size(); ++j) a[j] = scale.values[j] / std::sqrt(var.values[j] + 0.001);
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)] *
+                            a[static_cast<size_t>(yi % co)]);
+  });
+  for (size_t i = 0; i < ref.value.size(); ++i) {
+    const size_t j = i % static_cast<size_t>(co);
+    const double m = (bias ? b.values[j] : 0.0) - mean.values[j];
+    const double shift = offset.values[j] + m * a[j];
+    ref.value[i] += shift;
+    ref.abs_sum[i] += 4 * (std::fabs(shift) + std::fabs(m * a[j]));
+    ref.terms[i] += 4;
+    if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
+  }
+  const DataType rounded = mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : DataType::F32;
+  check_against(r.outputs[0].values, ref, rounded, true, "y");
+  // The folded filter is a derived tensor of the filter, scale and variance (groups == 1).
+  if (c.groups == 1) {
+    REQUIRE(k.derived.size() == 2);  // the activation cast, the folded filter
+    CHECK(k.derived[0].inputs == std::vector<int>{0});
+    CHECK(k.derived[1].inputs == std::vector<int>{1, 2, 5});
+    // Kept in buffers of their own: the same outputs.
+    RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);
+    CHECK(own.outputs[0].values == r.outputs[0].values);
+  }
+}
+
+TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and the bias") {
+  check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 40);
+  ConvCase s2{2, 9, 9, 20, 1, 1, 300};  // n tiles with a partial last one; stacked images
+  s2.sh = s2.sw = 2;
+  check_conv2d_batch_norm(s2, false, true, 41);
+  check_conv2d_batch_norm(ConvCase{3, 28, 28, 16, 1, 1, 40}, true, true, 42);  // 1-step tiles
+  ConvCase first{1, 20, 20, 3, 7, 7, 24};  // a first layer
+  first.sh = first.sw = 2;
+  first.padding = "VALID";
+  check_conv2d_batch_norm(first, true, true, 43, PrecisionMode::kAllowMixPrecision);
+  ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the batch norm as its own launch
+  g.groups = 2;
+  check_conv2d_batch_norm(g, true, true, 44);
+}
+
 TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {
   // Several m and n tiles per image (launch summaries).
   ConvCase a{2, 14, 14, 40, 3, 3, 70};

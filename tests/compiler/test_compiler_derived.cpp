@@ -36,13 +36,14 @@ void check_derived(const CompiledKernel& k, const std::vector<HostTensor>& input
   for (size_t d = 0; d < k.derived.size(); ++d) {
     const compiler::DerivedTensor& t = k.derived[d];
     INFO("derived " << d << ": " << t.what);
-    CHECK(t.input == want_inputs[d]);
-    const HostTensor& src = inputs.at(static_cast<size_t>(t.input));
+    REQUIRE(t.inputs.size() == 1);
+    CHECK(t.inputs[0] == want_inputs[d]);
+    const HostTensor& src = inputs.at(static_cast<size_t>(t.inputs[0]));
     CHECK(t.bytes == src.values.size() * 2);
     const compiler::Launch& l = k.launches.at(t.launch);
     REQUIRE(l.args.size() == 2);
     CHECK(l.args[0].kind == ArgRef::Kind::kInput);
-    CHECK(l.args[0].index == t.input);
+    CHECK(l.args[0].index == t.inputs[0]);
     CHECK(l.args[1].kind == ArgRef::Kind::kDerived);
     CHECK(l.args[1].index == static_cast<int>(d));
   }
@@ -52,7 +53,7 @@ void check_derived(const CompiledKernel& k, const std::vector<HostTensor>& input
   for (size_t i = 0; i < own.outputs.size(); ++i)
     CHECK(own.outputs[i].values == in_workspace.outputs[i].values);
   for (size_t d = 0; d < k.derived.size(); ++d)
-    CHECK(own.derived[d] == f16_bytes(inputs.at(static_cast<size_t>(k.derived[d].input))));
+    CHECK(own.derived[d] == f16_bytes(inputs.at(static_cast<size_t>(k.derived[d].inputs[0]))));
 }
 
 }  // namespace

@@ -267,5 +267,47 @@ TEST_CASE("launch_derived: left out while its source is unchanged, run again aft
   st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
                            rt::DerivedSource{dx, bytes, nullptr, true});
   CHECK(st.code() == StatusCode::invalid_argument);
+  st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
+                           rt::DerivedSource{dx, bytes, state, true, {{dy + bytes - 16, 32}}});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  for (uint64_t p : {dx, dy, dz, other}) REQUIRE(dev->free(p).ok());
+}
+
+TEST_CASE("launch_derived with several sources: left out only while none of them changed") {
+  auto dev = test::tiny_device();
+  rt::Stream s;
+  REQUIRE(dev->create_stream(&s).ok());
+  const uint64_t n = 2048, bytes = n * 2;
+  const int blocks = dev->config().core_kind(isa::CoreKind::AIV)->count;
+  uint64_t dx = 0, dy = 0, dz = 0, other = 0;
+  for (uint64_t* p : {&dx, &dy, &dz, &other}) REQUIRE(dev->malloc(bytes, p).ok());
+  auto x = test::random_f16(n, 7), y = test::random_f16(n, 8);
+  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  // z = x + y derived from both x and y.
+  auto state = std::make_shared<rt::DerivedState>();
+  const rt::DerivedSource src{dx, bytes, state, true, {{dy, bytes}}};
+  auto derive = [&]() {
+    const size_t before = dev->launch_records().size();
+    REQUIRE(dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr, src).ok());
+    REQUIRE(dev->synchronize_stream(s).ok());
+    std::vector<uint16_t> z(n);
+    REQUIRE(dev->memcpy_d2h(z.data(), dz, bytes).ok());
+    CHECK(z == test::reference_add_f16(x, y));
+    return dev->launch_records().size() > before;
+  };
+  CHECK(derive());
+  CHECK_FALSE(derive());
+  REQUIRE(dev->memset8(other, 1, bytes).ok());
+  CHECK_FALSE(derive());
+  y = test::random_f16(n, 9);  // the second source changes: it runs again
+  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  CHECK(derive());
+  CHECK_FALSE(derive());
+  x = test::random_f16(n, 10);  // the first
+  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+  CHECK(derive());
+  CHECK_FALSE(derive());
+  CHECK(state->skipped == 4);
   for (uint64_t p : {dx, dy, dz, other}) REQUIRE(dev->free(p).ok());
 }

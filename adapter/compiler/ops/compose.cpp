@@ -35,16 +35,20 @@ void LaunchPlan::add(Launch l, const std::vector<ArgRef>& args, const std::strin
 void LaunchPlan::add(const CompiledKernel& sub, const std::vector<ArgRef>& ins,
                      const std::vector<ArgRef>& outs, const std::string& what) {
   const ArgRef ws = sub.workspace_bytes ? workspace(sub.workspace_bytes) : ArgRef{};
-  // The sub's derived tensors stay derived where their source is an input of this op;
+  // The sub's derived tensors stay derived where all their sources are inputs of this op;
   // computed from anything else they are plain workspace slices here.
   std::vector<int> derived_index(sub.derived.size(), -1);
   for (size_t d = 0; d < sub.derived.size(); ++d) {
     const DerivedTensor& t = sub.derived[d];
-    const ArgRef src = ins.at(static_cast<size_t>(t.input));
-    if (src.kind != ArgRef::Kind::kInput) continue;
+    std::vector<int> sources;
+    for (int i : t.inputs) {
+      const ArgRef src = ins.at(static_cast<size_t>(i));
+      if (src.kind == ArgRef::Kind::kInput) sources.push_back(src.index);
+    }
+    if (sources.size() != t.inputs.size()) continue;
     derived_index[d] = static_cast<int>(m_k.derived.size());
-    m_k.derived.push_back(DerivedTensor{src.index, m_k.launches.size() + t.launch, t.bytes,
-                                        t.what});
+    m_k.derived.push_back(DerivedTensor{std::move(sources), m_k.launches.size() + t.launch,
+                                        t.bytes, t.what});
   }
   for (Launch l : sub.launches) {
     for (ArgRef& a : l.args) {
@@ -89,7 +93,8 @@ CompiledKernel compile_without_inputs(const CompileContext& ctx, const std::vect
   for (Launch& l : k.launches)
     for (ArgRef& a : l.args)
       if (a.kind == ArgRef::Kind::kInput) a.index = kept.at(static_cast<size_t>(a.index));
-  for (DerivedTensor& d : k.derived) d.input = kept.at(static_cast<size_t>(d.input));
+  for (DerivedTensor& d : k.derived)
+    for (int& i : d.inputs) i = kept.at(static_cast<size_t>(i));
   return k;
 }
 
@@ -101,7 +106,7 @@ ArgRef append_input_cast(CompiledKernel& k, const OpDesc& op, int input, DataTyp
   if (from.num_elements() == 0) return ws;
   const ArgRef derived{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
   k.derived.push_back(
-      DerivedTensor{input, k.launches.size(), bytes, fmt::format("{} copy", data_type_name(to))});
+      DerivedTensor{{input}, k.launches.size(), bytes, fmt::format("{} copy", data_type_name(to))});
   Launch l = build_stream_kernel(op.str(), cast_spec(from.dtype, to, false, from.shape), cfg);
   l.summary = fmt::format("input {} {} -> {} derived at workspace {} ({})", input, from.str(),
                           data_type_name(to), ws.value, l.summary);

@@ -77,6 +77,10 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
+  // Epilogue: bias adds an f32 [cy] argument "bias" (after y) to every output position, through
+  // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
+  // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
+  bool bias = false, relu = false;
   std::string name;  // kernel name
 
   int64_t hv() const { return (hs - 1) * up_h + 1 + ext_h; }

@@ -24,6 +24,18 @@
 //     dF[kh][kw][c][q] = sum_p img2col(x)[p][(kh, kw, c)] * dy[p][c*M + q]: the img2col kernel
 //     writes img2col with each channel repeated M times, tap-major ([KH*KW][P][C*M]), then a
 //     vector channel reduction (ops/channel.h) sums the products over p for each tap.
+//   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias]) -> y
+//     the TF plugin's graph fusion of Conv2D -> BatchNormInference (a convolution followed by
+//     a batch norm at inference, with the Relu after it when relu=true), f32: CANN's graph
+//     engine folds such a batch norm into the convolution. Launches: the batch norm's fold
+//     (a = rsqrt(variance + eps) * scale, shift; ops/fused.h), the folded filter
+//     f16(W * a) (a derived tensor of filter, scale and variance: computed again only when
+//     one of them changes), the activation cast, and the cube convolution of x and the folded
+//     filter starting from shift (the bias table, mmad init 2) with ReLU in FIXPIPE.
+//     Numerics: y = sum x16 * f16(W * a) + shift, where the unfused chain computes
+//     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
+//     2^-11 relative rounding, on different values). Grouped convolutions keep the batch
+//     norm as its own launch after the convolution (the bias needs one group).
 //
 // Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
 // f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
@@ -43,6 +55,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/matmul.h"
 #include "adapter/compiler/ops/registry.h"
 #include "sim/exec/layout.h"
@@ -55,6 +68,9 @@ using isa::Opcode;
 using isa::Pipe;
 
 namespace {
+
+// Conv2DBatchNormInference's batch-norm inputs (scale, offset, mean, variance, bias follow).
+constexpr int kBnScale = 2, kBnVariance = 5;
 
 // The cube types of an op of dtype dt under the precision mode.
 struct CubeTypes {
@@ -161,15 +177,19 @@ ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeType
 }
 
 // Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
+// With spec.bias, `bias` is its f32 [cy] workspace tensor.
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                      CubeConvSpec spec, const ArgRef& x, const ArgRef& w) {
+                      CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
+                      const ArgRef* bias = nullptr) {
   const TensorDesc& out = k.outputs[0];
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
   const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
   ArgRef y = output_ref(0);
   if (ct.widen) y = workspace_take(k, static_cast<uint64_t>(out.num_elements()) * 2);
-  k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), {x, w, y}));
+  std::vector<ArgRef> args = {x, w, y};
+  if (spec.bias) args.push_back(*bias);
+  k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), args));
   if (ct.widen)
     append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
                         DataType::F16, out.dtype, ctx.cfg);
@@ -226,12 +246,52 @@ void set_transposed_window(CubeConvSpec& s, const ConvWindow& cw, const OpDesc& 
   dim(cw.w, s.up_w, s.ext_w, s.pl, s.pr);
 }
 
+// The filter with a batch norm's factor a (f32 [cout]) folded in, as the cube reads it:
+// cube_type(W[kh][kw][ci][co] * a[co]) (one f32 multiply, then the precision cast), a derived
+// tensor of the filter, scale and variance (a depends on those alone).
+ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                            const ArgRef& a) {
+  const TensorDesc& f = ctx.op.inputs[1];
+  const std::vector<int64_t>& shape = f.shape;
+  const int64_t cout = shape[3];
+  const uint64_t bytes = static_cast<uint64_t>(f.num_elements()) * data_type_bytes(ct.cube);
+  const ArgRef ws = workspace_take(k, bytes);
+  const ArgRef derived{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(DerivedTensor{{1, kBnScale, kBnVariance}, k.launches.size(), bytes,
+                                    fmt::format("{} filter x batch-norm scale",
+                                                data_type_name(ct.cube))});
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("FoldFilter_f32_{}", data_type_name(ct.cube));
+  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
+                 StreamInput{Dtype::F32, broadcast_view({cout}, shape), {cout}}};
+  spec.out_type = device_dtype(ct.cube);
+  spec.out_shape = shape;
+  spec.temps = {TempSpec{"W * a (f32)", 4, 0}};
+  spec.compute = [to = device_dtype(ct.cube)](KernelBuilder& b, const TileOperands& t) {
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, t.temp[0], t.in[0], t.in[1], *t.count);
+    vec_convert(b, to, Dtype::F32, t.out, t.temp[0], RoundMode::kRint, *t.count);
+  };
+  Launch l = build_stream_kernel(ctx.op.str(), spec, ctx.cfg);
+  l.summary = fmt::format("filter {} x a -> {} derived at workspace {} ({})", f.str(),
+                          data_type_name(ct.cube), ws.value, l.summary);
+  l.args = {input_ref(1), a, derived};
+  k.launches.push_back(std::move(l));
+  return derived;
+}
+
+// Conv2D and Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias];
+// epsilon, relu: the graph fusion of Conv2D -> BatchNormInference, see the file comment).
 CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const bool batch_norm = op.type == "Conv2DBatchNormInference";
+  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7 : op.inputs.size() != 2)
+    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "6 or 7" : "2",
+                        op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
   const DataType dt = common_dtype(op, {0, 1});
+  if (batch_norm && dt != DataType::F32)
+    op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(dt)));
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const int64_t c = x[3], cin = f[2], cout = f[3];
@@ -264,8 +324,24 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_group = cout / groups;  // group g's columns start at g * cout / groups
   s.b_tap = cin * cout;
   s.b_row = cout;
-  const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
-  append_cube_conv(k, ctx, ct, s, xr, wr);
+  if (!batch_norm) {
+    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
+    append_cube_conv(k, ctx, ct, s, xr, wr);
+    return k;
+  }
+  const bool relu = op.attr_bool("relu", false);
+  const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  const ArgRef xr = cube_operand(k, ctx, ct, 0);
+  if (groups > 1) {  // the cube's bias needs one group: the batch norm as its own launch
+    append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
+    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu);
+    return k;
+  }
+  const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
+  s.name = relu ? "Conv2DBiasRelu_f32" : "Conv2DBias_f32";
+  s.bias = true;
+  s.relu = relu;
+  append_cube_conv(k, ctx, ct, s, xr, wr, &fold.shift);
   return k;
 }
 
@@ -685,7 +761,7 @@ CompiledKernel compile_conv2d(const CompileContext& ctx) {
     check_shape_tensor(ctx.op, i, grad_input ? "input_sizes" : "filter_sizes");
     return compile_without_inputs(ctx, {i}, compile_conv2d);
   }
-  if (t == "Conv2D") return compile_conv2d_forward(ctx);
+  if (t == "Conv2D" || t == "Conv2DBatchNormInference") return compile_conv2d_forward(ctx);
   if (t == "Conv2DBackpropInput") return compile_conv2d_backprop_input(ctx);
   if (t == "Conv2DBackpropFilter") return compile_conv2d_backprop_filter(ctx);
   if (t == "DepthwiseConv2dNative") return compile_depthwise_forward(ctx);

@@ -284,6 +284,11 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   const int64_t l0a = static_cast<int64_t>(core->capacity(Buf::L0A));
   const int64_t l0b = static_cast<int64_t>(core->capacity(Buf::L0B));
   const int64_t l0c = static_cast<int64_t>(core->capacity(Buf::L0C));
+  const int64_t bt = static_cast<int64_t>(core->capacity(Buf::BT));
+  if (s.bias && (s.groups != 1 || !cfg.has_path(Buf::L1, Buf::BT)))
+    throw CompileError(fmt::format("{}: a convolution bias needs groups == 1 and an l1->bt path "
+                                   "(groups {}, chip {})",
+                                   op, s.groups, cfg.name));
   const int64_t osz = isa::dtype_size(s.out_type);
   const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
   const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
@@ -370,6 +375,9 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
       if (slab_rows * wv > ru16 - kBlk) continue;  // nd2nz rows / dst_rows
       for (int64_t tn : tns) {
         const int64_t tn16 = rup(std::min(tn, s.cg_out), kBlk);
+        // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
+        const int64_t bias_bytes = s.bias ? tn16 * kL0cBytes : 0;
+        if (2 * bias_bytes > bt) continue;
         const int l0c_buffers = 2 * tm * tn16 * kL0cBytes <= l0c ? 2
                                 : tm * tn16 * kL0cBytes <= l0c ? 1
                                                                 : 0;
@@ -389,7 +397,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
           // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk
           // buffers.
           const int64_t b_bytes = weight_buffer_bytes(resident ? k_total : kchunk, tn16);
-          const int64_t l1_need = 2 * slab_bytes + (resident ? 1 : 2) * b_bytes;
+          const int64_t l1_need = 2 * slab_bytes + (resident ? 1 : 2) * b_bytes + 2 * bias_bytes;
           if (l1_need > l1) continue;
           // Cost of each tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE
           // with one L0C buffer), MTE2 (slab + streamed weights, or resident weights arriving
@@ -875,6 +883,7 @@ class ConvEmitter {
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
     b.declare_arg("w", m_s.in_type, {});
     b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.cy});
+    if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
     Reg steps = b.reg("steps of this block: tiles x chunks");
@@ -952,6 +961,12 @@ class ConvEmitter {
       m_l0c[q] = m_b.alloc(Buf::L0C, static_cast<uint64_t>(m_t.tm * tn16 * kL0cBytes),
                            fmt::format("C tile {}", q));
     if (m_t.l0c_buffers == 1) m_l0c[1] = m_l0c[0];
+    if (m_s.bias)
+      for (int q = 0; q < 2; ++q) {
+        const uint64_t bytes = static_cast<uint64_t>(tn16 * kL0cBytes);
+        m_bias_l1[q] = m_b.alloc(Buf::L1, bytes, fmt::format("bias {} (L1 parity)", q));
+        m_bias_bt[q] = m_b.alloc(Buf::BT, bytes, fmt::format("bias {} (L0 parity)", q));
+      }
   }
 
   bool stacked() const { return m_t.stack > 1; }
@@ -1029,6 +1044,21 @@ class ConvEmitter {
       Reg dst = b.reg("load: slab address"), x = b.load_arg("x");
       select(b, dst, p, m_slab_buf);
       m_slab.load_slab(dst, x, img, r0, h, cbase, c1a, ncb, cvalid);
+    }
+    if (m_s.bias) {
+      b.if_(eq(ch, 0), [&] {
+        KernelBuilder::Origin r(b, "bias of the tile's channels (its first chunk)");
+        Reg dst = b.reg("load: bias address"), src = b.reg("load: bias source"),
+            blocks = b.reg("load: bias blocks");
+        select(b, dst, p, m_bias_l1);
+        n_range(key, src, blocks);
+        b.add(blocks, blocks, 7);
+        b.shr(blocks, blocks, 3, "32-byte blocks of n_act f32");
+        b.mul(src, src, kL0cBytes);
+        Reg bias = b.load_arg("bias");
+        b.add(src, src, bias);
+        b.emit(Opcode::op_copy_gm2l1, {dst, src, 1, blocks, 0, 0}, "bias[n0, n0 + n_act)");
+      });
     }
     if (!resident()) {
       Reg dst = b.reg("load: weights address"), n0 = b.reg("load: n0"),
@@ -1206,7 +1236,9 @@ class ConvEmitter {
       // What every mmad step of the chunk uses, computed once (StepRegs).
       StepRegs r{b.reg("compute: L1 slab"), b.reg("compute: L0C address"),
                  b.reg("compute: fractal rows of the tile"), b.reg("compute: n blocks"),
-                 b.reg("compute: B of the step in L1"), b.reg("compute: B bytes per step")};
+                 b.reg("compute: B of the step in L1"), b.reg("compute: B bytes per step"),
+                 b.reg("compute: bias in L1")};
+      if (m_s.bias) select(b, r.bias, p, m_bias_l1);
       select(b, r.slab, p, m_slab_buf);
       select(b, r.l0c, pt, m_l0c);
       round16(b, r.m16, m_act);
@@ -1234,7 +1266,7 @@ class ConvEmitter {
         store_stacked(s, l0c, cdst, m_act, n_act);
       else
         b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, cdst, l0c, m_act, n_act,
-                                    m_s.cy, 1, 0, 0});
+                                    m_s.cy, 1, m_s.relu ? 1 : 0, 0});
       b.set_flag(m_l0c_free, pt);
     });
   }
@@ -1290,7 +1322,7 @@ class ConvEmitter {
           b.sub(t, n_act, t);
           b.min(t, t, kBlk, "channels of the block");
           b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, dst, src, e, t,
-                                      m_s.cy, 1, 0, 0},
+                                      m_s.cy, 1, m_s.relu ? 1 : 0, 0},
                  "the image's rows, 16 channels");
           b.add(dst, dst, kBlk * m_osz);
           b.add(src, src, m16);
@@ -1303,12 +1335,14 @@ class ConvEmitter {
   // tile's L0C buffer, round16(m_act), nb = round16(n_act) / 16, and B's L1 address for the
   // next step (advanced by bstep = tk0 / 16 * nb fractals per step).
   struct StepRegs {
-    Reg slab, l0c, m16, nb, bsrc, bstep;
+    Reg slab, l0c, m16, nb, bsrc, bstep, bias;  // bias: the tile's bias in L1 (with a bias)
   };
 
   // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt. The L0 parity (the step
   // count's low bit) selects one of two copies of the step, so its flags and L0 addresses are
-  // immediates.
+  // immediates. With a bias, a tile's first step copies its bias into the BT row of the L0
+  // parity (free: the mmad that last read it, two steps back, freed the L0 buffers MTE1 waited
+  // for) and its mmad starts from it (init 2).
   void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
                  const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act) {
     KernelBuilder& b = m_b;
@@ -1317,7 +1351,7 @@ class ConvEmitter {
     b.sub(ks, kc, kk);
     b.min(ks, ks, m_t.tk0, "k in this step");
     Reg a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
-        n = b.reg("step: fractals");
+        n = b.reg("step: fractals"), bt = b.reg("step: bias row in BT");
     // B: fractals [kk/16 * nb, (kk + ks)/16 * nb) of the L1 image, one load2d.
     b.shr(n, ks, 4);
     b.mul(n, n, r.nb, "fractals of the step");
@@ -1331,13 +1365,28 @@ class ConvEmitter {
       b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
                                  m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
              "B of the step");
+      if (m_s.bias) {
+        b.movi(bt, static_cast<int64_t>(m_bias_bt[par]));
+        Label later = b.label("bias_loaded");
+        b.branch(ne(ch, 0), later);
+        b.branch(ne(kk, 0), later);
+        b.add(n, n_act, 7);
+        b.shr(n, n, 3, "32-byte blocks of n_act f32");
+        b.emit(Opcode::op_copy_l12bt, {bt, r.bias, n}, "the tile's bias into BT");
+        b.bind(later);
+      }
       b.set_flag(m_l0_full, par, "L0 step loaded");
       b.wait_flag(m_l0_full, par);
       Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
       b.branch(ne(ch, 0), acc);
       b.branch(ne(kk, 0), acc);
       b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
-      b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 0, 0}, "C = A * B");
+      if (m_s.bias)
+        b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 2, bt},
+               "C = bias + A * B");
+      else
+        b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 0, 0},
+               "C = A * B");
       b.jmp(issued);
       b.bind(acc);
       b.emit(Opcode::op_mmad, {m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act, 1, 0}, "C += A * B");
@@ -1354,7 +1403,7 @@ class ConvEmitter {
   SlabEmitter m_slab;
   const int64_t m_isz, m_osz, m_taps;
   uint64_t m_slab_buf[2] = {0, 0}, m_bbuf[2] = {0, 0}, m_l0a[2] = {0, 0}, m_l0b[2] = {0, 0},
-           m_l0c[2] = {0, 0};
+           m_l0c[2] = {0, 0}, m_bias_l1[2] = {0, 0}, m_bias_bt[2] = {0, 0};
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_l0_steps = nullptr;
   const Reg* m_prev_key = nullptr;
@@ -1370,9 +1419,10 @@ Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const Chi
   l.kernel = ConvEmitter(s, t, cfg, op).emit();
   l.block_dim = t.block_dim;
   l.args = {input_ref(0), input_ref(1), output_ref(0)};
-  l.summary = fmt::format("cube conv {}x{}x{}x{} {} ({}x{} window, stride {}x{}, dilation "
+  if (s.bias) l.args.push_back(input_ref(2));  // (callers rebind the arguments)
+  l.summary = fmt::format("cube conv{}{} {}x{}x{}x{} {} ({}x{} window, stride {}x{}, dilation "
                           "{}x{}, zero insertion {}x{}, {} group(s) of {} -> {}): {}",
-                          s.images, s.hs, s.ws, s.cs, isa::dtype_name(s.in_type), s.kh, s.kw,
+                          s.bias ? " + bias" : "", s.relu ? " + relu" : "", s.images, s.hs, s.ws, s.cs, isa::dtype_name(s.in_type), s.kh, s.kw,
                           s.sh, s.sw, s.dh, s.dw, s.up_h, s.up_w, s.groups, s.cg_in, s.cg_out,
                           t.str());
   return l;

@@ -26,6 +26,8 @@
 //   vadd, as AddV2), then vrelu: bit for bit AddV2 followed by Relu.
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/fused.h"
+
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
@@ -38,49 +40,41 @@ using isa::Opcode;
 
 namespace {
 
-// The per-channel inputs of BatchNormInference, in input order after x.
+// The per-channel inputs of a batch norm, in input order.
 constexpr const char* kBatchNormVectors[] = {"scale", "offset", "mean", "variance", "bias"};
 
-CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
+}  // namespace
+
+BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
+                                     const std::vector<int64_t>& y_shape) {
   const OpDesc& op = ctx.op;
-  if (op.inputs.size() != 5 && op.inputs.size() != 6)
-    op.fail(fmt::format("takes 5 inputs (x, scale, offset, mean, variance) or 6 (and bias), {} "
-                        "given",
-                        op.inputs.size()));
-  const TensorDesc& x = op.inputs[0];
-  if (x.dtype != DataType::F32)
-    op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(x.dtype)));
-  if (auto t = op.attr_type("T"); t && *t != x.dtype)
-    op.fail(fmt::format("attribute T = {} does not match x's {}", data_type_name(*t),
-                        data_type_name(x.dtype)));
-  if (x.shape.empty()) op.fail("x must have rank >= 1 (channels last)");
-  const int64_t c = x.shape.back();
-  const bool has_bias = op.inputs.size() == 6;
-  for (size_t i = 1; i < op.inputs.size(); ++i) {
-    const TensorDesc& v = op.inputs[i];
+  const int64_t c = y_shape.back();
+  const int vectors = static_cast<int>(op.inputs.size()) - first;
+  if (vectors != 4 && vectors != 5)
+    op.fail(fmt::format("takes the batch norm's scale, offset, mean, variance (and bias) from "
+                        "input {}: {} inputs given",
+                        first, op.inputs.size()));
+  const bool has_bias = vectors == 5;
+  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i) {
+    const TensorDesc& v = op.inputs[static_cast<size_t>(i)];
     bool channel_last = v.dtype == DataType::F32 && !v.shape.empty() && v.shape.back() == c &&
-                        v.shape.size() <= x.shape.size();
+                        v.shape.size() <= y_shape.size();
     for (size_t d = 0; channel_last && d + 1 < v.shape.size(); ++d)
       channel_last = v.shape[d] == 1;
     if (!channel_last)
-      op.fail(fmt::format("{} (input {}) must be f32[{}] (x's last dimension; leading 1s "
+      op.fail(fmt::format("{} (input {}) must be f32[{}] (the last dimension of {}; leading 1s "
                           "allowed), got {}",
-                          kBatchNormVectors[i - 1], i, c, v.str()));
+                          kBatchNormVectors[i - first], i, c, shape_str(y_shape), v.str()));
   }
   const double eps = op.attr_float("epsilon", 0.001);
-  const bool relu = op.attr_bool("relu", false);
-
-  CompiledKernel k;
-  k.outputs = {x};
-  if (x.num_elements() == 0) return k;
-
-  const ArgRef a = workspace_take(k, static_cast<uint64_t>(c) * 4);
-  const ArgRef shift = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  BatchNormFold fold;
+  fold.a = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  fold.shift = workspace_take(k, static_cast<uint64_t>(c) * 4);
   ChannelEpilogueSpec e;
   e.name = "BatchNormInferenceFold";
   e.c = c;
-  e.vectors = has_bias ? 5 : 4;  // scale, offset, mean, variance (, bias)
-  e.outputs = 2;                 // a, shift
+  e.vectors = vectors;  // scale, offset, mean, variance (, bias)
+  e.outputs = 2;        // a, shift
   e.temps = 1;
   e.compute = [eps, has_bias](KernelBuilder& b, const EpilogueOperands& o) {
     const Reg& n = *o.count;
@@ -100,26 +94,55 @@ CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
     }
   };
   std::vector<ArgRef> fold_args;
-  for (int i = 1; i < static_cast<int>(op.inputs.size()); ++i) fold_args.push_back(input_ref(i));
-  fold_args.push_back(a);
-  fold_args.push_back(shift);
+  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i)
+    fold_args.push_back(input_ref(i));
+  fold_args.push_back(fold.a);
+  fold_args.push_back(fold.shift);
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), fold_args));
+  return fold;
+}
 
+void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                             const std::vector<int64_t>& shape, const BatchNormFold& fold,
+                             bool relu) {
+  const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = relu ? "BatchNormInferenceRelu_f32" : "BatchNormInference_f32";
   spec.out_type = Dtype::F32;
-  spec.out_shape = x.shape;
-  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(x.shape, x.shape), x.shape},
-                 StreamInput{Dtype::F32, broadcast_view({c}, x.shape), {c}},
-                 StreamInput{Dtype::F32, broadcast_view({c}, x.shape), {c}}};
+  spec.out_shape = shape;
+  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
+                 StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}},
+                 StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}}};
   spec.compute = [relu](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     vec_binary(b, Opcode::op_vmul, Dtype::F32, t.out, t.in[0], t.in[1], n);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, t.out, t.out, t.in[2], n);
     if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, t.out, t.out, n);
   };
-  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, ctx.cfg),
-                                 {input_ref(0), a, shift, output_ref(0)}));
+  k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
+                                 {x, fold.a, fold.shift, output_ref(0)}));
+}
+
+namespace {
+
+CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 5 && op.inputs.size() != 6)
+    op.fail(fmt::format("takes 5 inputs (x, scale, offset, mean, variance) or 6 (and bias), {} "
+                        "given",
+                        op.inputs.size()));
+  const TensorDesc& x = op.inputs[0];
+  if (x.dtype != DataType::F32)
+    op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(x.dtype)));
+  if (auto t = op.attr_type("T"); t && *t != x.dtype)
+    op.fail(fmt::format("attribute T = {} does not match x's {}", data_type_name(*t),
+                        data_type_name(x.dtype)));
+  if (x.shape.empty()) op.fail("x must have rank >= 1 (channels last)");
+  CompiledKernel k;
+  k.outputs = {x};
+  if (x.num_elements() == 0) return k;
+  const BatchNormFold fold = append_batch_norm_fold(k, ctx, 1, x.shape);
+  append_batch_norm_apply(k, ctx, input_ref(0), x.shape, fold, op.attr_bool("relu", false));
   return k;
 }
 

@@ -125,6 +125,7 @@ const std::vector<OpEntry>& op_table() {
       {"BiasAddGrad", "bias", compile_bias},
       // convolutions on the cube, NHWC (ops/conv2d.cpp, kernels in ops/conv_cube.cpp)
       {"Conv2D", "conv2d", compile_conv2d},
+      {"Conv2DBatchNormInference", "fused", compile_conv2d},
       {"Conv2DBackpropInput", "conv2d", compile_conv2d},
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d},
       {"DepthwiseConv2dNative", "conv2d", compile_conv2d},

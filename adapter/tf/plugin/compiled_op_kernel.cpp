@@ -311,13 +311,17 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
   if (keep_derived_tensors()) {
     for (size_t d = 0; d < k.derived.size(); ++d) {
       const compiler::DerivedTensor& t = k.derived[d];
-      const size_t in = static_cast<size_t>(t.input);
-      const uint64_t src = input_addrs.at(in);
-      const uint64_t src_bytes = op.inputs.at(in).bytes();
-      if (src == 0 || src_bytes == 0) continue;
-      const bool stable = std::find(stable_inputs.begin(), stable_inputs.end(), t.input) !=
-                          stable_inputs.end();
-      uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, src, src_bytes, stable);
+      std::vector<rt::DerivedRange> sources;
+      bool stable = true;
+      for (int i : t.inputs) {
+        const uint64_t addr = input_addrs.at(static_cast<size_t>(i));
+        const uint64_t bytes = op.inputs.at(static_cast<size_t>(i)).bytes();
+        if (addr != 0 && bytes != 0) sources.push_back({addr, bytes});
+        stable = stable &&
+                 std::find(stable_inputs.begin(), stable_inputs.end(), i) != stable_inputs.end();
+      }
+      if (sources.size() != t.inputs.size()) continue;  // an empty source: nothing to keep
+      uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, sources, stable);
       derived_addrs[d] = uses[d].addr;
       derived_of_launch.at(t.launch) = static_cast<int>(d);
     }

@@ -29,10 +29,11 @@ DerivedTensorCache& DerivedTensorCache::instance() {
 
 DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device>& device,
                                                 const compiler::CompiledKernel& kernel, size_t d,
-                                                uint64_t src_addr, uint64_t src_bytes,
-                                                bool stable_source) {
+                                                const std::vector<rt::DerivedRange>& sources,
+                                                bool stable_sources) {
   const compiler::DerivedTensor& t = kernel.derived.at(d);
-  const std::string key = fmt::format("{}#{}@{:#x}", kernel.key, d, src_addr);
+  std::string key = fmt::format("{}#{}", kernel.key, d);
+  for (const rt::DerivedRange& r : sources) key += fmt::format("@{:#x}", r.addr);
   const uint64_t budget = device->memory_stats().bytes_limit / kBudgetDivisor;
   std::lock_guard<std::mutex> lock(m_mutex);
   std::shared_ptr<Entry>& slot = m_entries[key];
@@ -45,7 +46,7 @@ DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device
     m_lru.splice(m_lru.begin(), m_lru, slot->lru);
   }
   const std::shared_ptr<Entry> e = slot;  // (evict_locked may erase the slot)
-  if (!e->kept && (stable_source || e->watch->unchanged.load() > 0)) {
+  if (!e->kept && (stable_sources || e->watch->unchanged.load() > 0)) {
     // A stable source: give the tensor a buffer of its own (if the budget and the device
     // memory allow; otherwise it stays in the workspace and is tried again next run).
     const uint64_t bytes = compiler::device_buffer_bytes(t.bytes);
@@ -66,8 +67,9 @@ DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device
   }
   if (m_entries.size() > kMaxTracked) evict_locked(budget);
   Use u;
-  u.source.addr = src_addr;
-  u.source.bytes = src_bytes;
+  u.source.addr = sources.at(0).addr;
+  u.source.bytes = sources.at(0).bytes;
+  u.source.more.assign(sources.begin() + 1, sources.end());
   if (e->kept) {
     u.addr = e->buffer;
     u.source.state = e->kept;

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/runtime/device.h"
@@ -61,11 +62,12 @@ class DerivedTensorCache {
     rt::DerivedSource source;
     std::shared_ptr<const void> hold;
   };
-  // For derived tensor `d` of `kernel`, computed from the input at src_addr of src_bytes on
-  // `device` (which gives new buffers). stable_source: the graph marked the input as a variable's
-  // value or a constant (stable_inputs.h): it gets a buffer at once.
+  // For derived tensor `d` of `kernel`, computed from the inputs at `sources` (one range per
+  // DerivedTensor::inputs entry, in order) on `device` (which gives new buffers).
+  // stable_sources: the graph marked every one of those inputs as a variable's value or a
+  // constant (stable_inputs.h): it gets a buffer at once.
   Use use(const std::shared_ptr<rt::Device>& device, const compiler::CompiledKernel& kernel,
-          size_t d, uint64_t src_addr, uint64_t src_bytes, bool stable_source);
+          size_t d, const std::vector<rt::DerivedRange>& sources, bool stable_sources);
 
   DerivedTensorCacheStats stats() const;
 

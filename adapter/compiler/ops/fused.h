@@ -1,0 +1,33 @@
+// The batch norm at inference as launch builders, shared by BatchNormInference (ops/fused.cpp)
+// and the convolution with a batch norm folded in (Conv2DBatchNormInference, ops/conv2d.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+// The per-channel factors of a batch norm, f32 [c] each in the workspace:
+//   a = rsqrt(variance + epsilon) * scale
+//   shift = offset - mean * a, or offset + (bias - mean) * a with a bias
+// so that y = x * a + shift.
+struct BatchNormFold {
+  ArgRef a, shift;
+};
+
+// Appends the fold launch (BatchNormInferenceFold). The op's inputs from `first` on are scale,
+// offset, mean, variance and optionally bias, each f32 [c] (leading 1s allowed) with c the last
+// dimension of y_shape; attribute epsilon (default 0.001). Fails naming a wrong input.
+BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
+                                     const std::vector<int64_t>& y_shape);
+
+// Appends y = x * a + shift (then max(y, 0) with relu) over f32 `shape` (channels last), from
+// the tensor x to output 0 (x may be output 0 itself: each tile is read before it is written).
+void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                             const std::vector<int64_t>& shape, const BatchNormFold& fold,
+                             bool relu);
+
+}  // namespace npusim::compiler::ops
