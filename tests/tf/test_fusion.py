@@ -8,9 +8,13 @@ Add + ReLU, called with training=False in a tf.function on the NPU.
   worst; the block has 2 convolutions on its longest path, and the fused batch norm adds only
   f32 rounding: the shallow-model bound of tests/tf/test_models.py, 1e-2 of the whole tensor's
   norm;
-- the launch records show BatchNormInference and AddRelu launches carrying the fused node's
-  name (the chain's last node: the Relu), and fewer launches than the same model run with
-  NPUSIM_FUSION=0 (a child process: the switch is read once per process);
+- the launch records show Conv2DBatchNormInference (each convolution with its batch norm
+  folded in) and AddRelu launches carrying the fused node's name (the chain's last node: the
+  Relu), and fewer launches than the same model run with NPUSIM_FUSION=0 (a child process: the
+  switch is read once per process);
+- the folded filter is computed once and kept while the filter and the batch norm's variables
+  are unchanged; assigning any of them (the filter, gamma, the moving variance) gives the
+  output TensorFlow on the CPU computes with the new values;
 - training=True (batch statistics; Keras' moments path) still matches the CPU, moving
   statistics included.
 """
@@ -109,17 +113,64 @@ def test_launch_records_show_fused_ops_under_the_relu_names(inference):
     by_type = {}
     for r in recs:
         by_type.setdefault(r["op_type"], []).append(r)
-    assert "BatchNormInference" in by_type and "AddRelu" in by_type, sorted(by_type)
-    # Two batch norms (the first with its Relu, the second without), two launches each: the
-    # fold and the element-wise pass; the residual Add + Relu is one launch.
-    bn_nodes = {r["op_name"] for r in by_type["BatchNormInference"]}
-    assert len(bn_nodes) == 2
-    assert len(by_type["BatchNormInference"]) == 4
+    assert "Conv2DBatchNormInference" in by_type and "AddRelu" in by_type, sorted(by_type)
+    # Two convolutions with their batch norms (the first with its Relu, the second without),
+    # three launches each on this second run: the batch norm's fold, the activation cast and
+    # the convolution (the folded filter was kept from the first run); the residual Add + Relu
+    # is one launch.
+    conv = by_type["Conv2DBatchNormInference"]
+    assert len({r["op_name"] for r in conv}) == 2
+    kernels = sorted(r["kernel"] for r in conv)
+    assert kernels == sorted(["BatchNormInferenceFold", "Cast_f32_f16", "Conv2DBiasRelu_f32"] +
+                             ["BatchNormInferenceFold", "Cast_f32_f16", "Conv2DBias_f32"]), kernels
     assert len(by_type["AddRelu"]) == 1
     assert all(r["op_name"].endswith("/Relu") for r in by_type["AddRelu"])
-    assert any(n.endswith("/Relu") for n in bn_nodes)  # the chain's last node kept its name
-    for unfused in ("Rsqrt", "Sub", "Mul", "BiasAdd", "Relu", "AddV2"):
+    # the chain's last node kept its name
+    assert any(r["op_name"].endswith("/Relu") for r in conv)
+    for unfused in ("Conv2D", "BatchNormInference", "Rsqrt", "Sub", "Mul", "BiasAdd", "Relu",
+                    "AddV2"):
         assert unfused not in by_type, f"{unfused} was not fused: {sorted(by_type)}"
+
+
+def test_folded_filter_follows_assignments(npusim, tf):
+    """The folded filter f16(W * gamma / sqrt(var + eps)) is derived from three variables: it is
+    computed on the first run, left out while none changes, and computed again after an
+    assignment to any of them (the output then matches the CPU with the new values)."""
+    model_cpu, x = build_block()  # pylint: disable=undefined-variable
+    model_npu, _ = build_block()  # pylint: disable=undefined-variable
+    conv = [l for l in model_npu.layers if isinstance(l, keras.layers.Conv2D)][1]
+    bn = [l for l in model_npu.layers if isinstance(l, keras.layers.BatchNormalization)][1]
+    conv_c = [l for l in model_cpu.layers if isinstance(l, keras.layers.Conv2D)][1]
+    bn_c = [l for l in model_cpu.layers if isinstance(l, keras.layers.BatchNormalization)][1]
+    xt = tf.constant(x)
+    with tf.device("/NPU:0"):
+        f = tf.function(lambda t: model_npu(t, training=False))
+
+    def run_both():
+        with tf.device("/CPU:0"):
+            want = model_cpu(xt, training=False).numpy()
+        with tf.device("/NPU:0"):
+            n0 = len(npusim.launch_records())
+            got = f(xt).numpy()
+            recs = npusim.launch_records()[n0:]
+        assert rel_error(got, want) < RTOL
+        return sum(r["kernel"].startswith("FoldFilter") for r in recs)
+
+    assert run_both() == 2  # both convolutions' filters folded on the first run
+    assert run_both() == 0  # kept
+    # (Here both writes give the variable a new buffer, a new source address; a write in place
+    # is caught by the sources' write epochs: tests/runtime launch_derived with several sources.)
+    rng = np.random.default_rng(9)
+    for var_npu, var_cpu, lo, hi in ((bn.moving_variance, bn_c.moving_variance, 0.1, 1.0),
+                                     (bn.gamma, bn_c.gamma, -1.0, 1.0),
+                                     (conv.kernel, conv_c.kernel, -0.2, 0.2)):
+        for write in ("assign_add", "assign"):
+            v = rng.uniform(lo, hi, var_npu.shape).astype(np.float32)
+            with tf.device("/NPU:0"):  # on the tf.Variable itself (Keras may assign anew)
+                getattr(var_npu.value, write)(tf.constant(v))
+            getattr(var_cpu, write)(v)
+            assert run_both() == 1, (var_npu.path, write)  # that convolution's filter only
+            assert run_both() == 0
 
 
 def test_fewer_launches_than_with_fusion_off(inference):
@@ -128,6 +179,7 @@ def test_fewer_launches_than_with_fusion_off(inference):
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
     off = json.loads(line[len("RESULT "):])
     assert "BatchNormInference" not in off["op_types"] and "AddRelu" not in off["op_types"]
+    assert "Conv2DBatchNormInference" not in off["op_types"]
     assert {"Rsqrt", "Mul", "Sub", "Relu", "BiasAdd"} <= set(off["op_types"])
     # Per batch norm: BiasAdd, AddV2, Rsqrt, 3 Mul, Sub, AddV2 (and Relu) -> 2 launches;
     # the residual AddV2 + Relu -> 1.
@@ -172,6 +224,6 @@ def test_a_chain_node_that_is_also_an_output_is_kept(npusim, tf):
     for g, w in zip(got, want):
         assert rel_error(g, w) < RTOL
     types = {r["op_type"] for r in recs}
-    assert "BatchNormInference" in types and "Relu" in types, sorted(types)
-    bn_names = {r["op_name"] for r in recs if r["op_type"] == "BatchNormInference"}
-    assert all(n.endswith("batchnorm/add_1") for n in bn_names), bn_names
+    assert "Conv2DBatchNormInference" in types and "Relu" in types, sorted(types)
+    bn_names = {r["op_name"] for r in recs if r["op_type"] == "Conv2DBatchNormInference"}
+    assert bn_names and all(n.endswith("batchnorm/add_1") for n in bn_names), bn_names

@@ -177,14 +177,17 @@ def test_eager_matches_tf_function(npusim, tf, name, input_size):
     """The same NPU model called eagerly (op by op) and as a tf.function (one graph, grappler's
     rewrites) gives the same outputs: the same kernels on the same data, except where a graph
     rewrite changes the order of fp32 additions (bound 1e-5 relative, far below fp16's 2^-11;
-    seen: bit-identical)."""
+    seen: bit-identical). The CNN's graph also folds each batch norm into its convolution
+    (graph_fusion.h): the filter is rounded to fp16 after the batch norm's scaling instead of
+    before, a different rounding of the same 2^-11 relative size per product; over its two
+    convolutions that is at most 2 * 2 * 2^-11 ~ 2e-3 relative."""
     x, _ = models.synthetic_data(name, 4, input_size, seed=6)
     with tf.device("/NPU:0"):
         model = models.build(name, input_size, seed=0, output_activation=None)
         xt = tf.constant(x)
         eager = model(xt, training=False).numpy()
         graph = tf.function(lambda t: model(t, training=False))(xt).numpy()
-    assert rel_error(graph, eager) <= 1e-5
+    assert rel_error(graph, eager) <= (4 * 2.0**-11 if name == "cnn" else 1e-5)
 
 
 def test_cnn_gradient_tape_matches_cpu(npusim, tf):

@@ -408,6 +408,37 @@ int fuse_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
   return fused;
 }
 
+// Conv2D -> BatchNormInference (the batch norm's x, the convolution's only consumer) ->
+// Conv2DBatchNormInference in place of the batch norm.
+int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                          std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& bn = *graph.mutable_node(i);
+    if (bn.op() != "BatchNormInference" || !on_npu(bn) || bn.input_size() < 5) continue;
+    tfc::NodeDef* conv = g.producer(bn, 0, "Conv2D");
+    if (!conv || !float_node(*conv) || conv->input_size() != 2 || !rm.removable(*conv, 1))
+      continue;
+    auto f = conv->attr().find("data_format");
+    if (f != conv->attr().end() && f->second.s() != "NHWC") continue;
+    std::vector<std::string> inputs = {conv->input(0), conv->input(1)};
+    for (int k = 1; k < bn.input_size(); ++k)
+      if (bn.input(k).empty() || bn.input(k)[0] != '^') inputs.push_back(bn.input(k));
+    std::map<std::string, tfc::AttrValue> attrs;
+    for (const char* a : {"T", "N", "epsilon", "relu"})
+      if (auto it = bn.attr().find(a); it != bn.attr().end()) attrs[a] = it->second;
+    for (const char* a : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
+      if (auto it = conv->attr().find(a); it != conv->attr().end()) attrs[a] = it->second;
+    rm.remove(conv->name());
+    rewrite_as(bn, "Conv2DBatchNormInference", inputs, attrs);
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -436,6 +467,9 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   FusionCounts counts;
   std::set<std::string> removed;
   counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   counts.add_relu = fuse_add_relus(graph, preserve, &removed);

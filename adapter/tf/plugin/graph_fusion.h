@@ -10,7 +10,10 @@
 //        add_1 = AddV2(mul_1, sub)
 //      (Mul and AddV2 operands in either order), T = float, with an optional BiasAdd (NHWC)
 //      producing x and an optional Relu consuming add_1.
-//   2. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
+//   2. Conv2DBatchNormInference: a BatchNormInference (from 1) whose x is a Conv2D (NHWC, float)
+//      with no other consumer: the batch norm folded into the convolution (CANN's graph engine
+//      does this at inference); the convolution's attributes, the batch norm's inputs after x.
+//   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
@@ -40,9 +43,10 @@ class Status;
 namespace npusim::tf {
 
 struct FusionCounts {
-  int batch_norm = 0;  // BatchNormInference nodes created
-  int add_relu = 0;    // AddRelu nodes created
-  int total() const { return batch_norm + add_relu; }
+  int batch_norm = 0;       // BatchNormInference nodes created (before 2 folds some in)
+  int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
+  int add_relu = 0;         // AddRelu nodes created
+  int total() const { return batch_norm + conv_batch_norm + add_relu; }
 };
 
 // False when NPUSIM_FUSION is "0" (read once).

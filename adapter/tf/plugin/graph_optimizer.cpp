@@ -201,15 +201,16 @@ bool set_output(TF_Buffer* out, const void* data, size_t length, TF_Status* stat
   return true;
 }
 
-// The producer of data input `input` ("name", "name:k"), through Identity nodes; null if not in
-// the graph.
+// The producer of data input `input` ("name", "name:k"), through Identity and Reshape nodes
+// (Keras reshapes a batch norm's per-channel variables to [1, 1, 1, C] for a positive channel
+// axis; TensorFlow's Reshape forwards the same buffer); null if not in the graph.
 const tfc::NodeDef* producer(const std::map<std::string, const tfc::NodeDef*>& nodes,
                              std::string input) {
   for (int depth = 0; depth < 16; ++depth) {
     const auto it = nodes.find(input.substr(0, input.find(':')));
     if (it == nodes.end()) return nullptr;
     const tfc::NodeDef* n = it->second;
-    if (n->op() != "Identity" || n->input_size() == 0) return n;
+    if ((n->op() != "Identity" && n->op() != "Reshape") || n->input_size() == 0) return n;
     input = n->input(0);
   }
   return nullptr;
@@ -266,8 +267,11 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG"))
-        std::fprintf(stderr, "npusim: fusion in %s: %d BatchNormInference, %d AddRelu\n",
-                     item_id(item).c_str(), counts.batch_norm, counts.add_relu);
+        std::fprintf(stderr,
+                     "npusim: fusion in %s: %d BatchNormInference (%d of them into "
+                     "Conv2DBatchNormInference), %d AddRelu\n",
+                     item_id(item).c_str(), counts.batch_norm, counts.conv_batch_norm,
+                     counts.add_relu);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

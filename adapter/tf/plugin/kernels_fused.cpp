@@ -6,6 +6,10 @@
 //   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: T
 //     T in {float}; N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
 //     relu: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]).
+//   Conv2DBatchNormInference(x: T, filter: T, scale: T, offset: T, mean: T, variance: T,
+//                            bias: N * T) -> y: T
+//     Conv2D's attributes (strides, padding, explicit_paddings, dilations, data_format) and
+//     BatchNormInference's (N, epsilon, relu): the batch norm folded into the convolution.
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
 //
 // The kernels keep the fused node's name and these op types, so launch records and reports
@@ -27,8 +31,19 @@ class FusedOp : public CompiledOpKernel {
       : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType},
                                {"epsilon", AttrSpec::Kind::kFloat},
                                {"relu", AttrSpec::Kind::kBool},
-                               {"N", AttrSpec::Kind::kInt}}) {}
+                               {"N", AttrSpec::Kind::kInt},
+                               {"strides", AttrSpec::Kind::kInts},
+                               {"padding", AttrSpec::Kind::kString},
+                               {"explicit_paddings", AttrSpec::Kind::kInts},
+                               {"dilations", AttrSpec::Kind::kInts},
+                               {"data_format", AttrSpec::Kind::kString}}) {}
 };
+
+// The convolution's output: unknown here (the C shape API cannot read the window attributes);
+// TensorFlow's executor does not need it, the kernel computes it.
+void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
 
 // Output 0 has the shape of input 0 (BatchNormInference: y is x's shape).
 void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
@@ -109,6 +124,13 @@ rt::Status register_fused_kernels() {
        {"y: T"},
        {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        same_as_input0},
+      {"Conv2DBatchNormInference",
+       {"x: T", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"y: T"},
+       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+        "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
+        "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
+       unknown_shape},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, add_relu_shape},
   };
   for (const OpDefSpec& d : defs) {
@@ -117,6 +139,9 @@ rt::Status register_fused_kernels() {
   }
   rt::Status st = register_kernel<FusedOp>(
       KernelDefBuilder("BatchNormInference").TypeConstraint("T", {TF_FLOAT}));
+  if (st.ok())
+    st = register_kernel<FusedOp>(
+        KernelDefBuilder("Conv2DBatchNormInference").TypeConstraint("T", {TF_FLOAT}));
   if (st.ok())
     st = register_kernel<FusedOp>(KernelDefBuilder("AddRelu").TypeConstraint("T", kFloatTypes));
   // The graph pass only creates these ops once both definitions and kernels exist.
