@@ -354,14 +354,17 @@ TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
 // W * a to f16 (2^-11 each, the W * a product first 2^-24: under 2^-10 for a product, the
 // cast16 term) and the fold's a and shift in f32 (a few 2^-24 relative, counted as terms of
 // |shift| in the sums); ReLU moves no value further from the reference.
+// x_type / y_type f16: the fp16 hand-off between two fused convolutions (Tx / Tout); the
+// output is then rounded once to f16 (its half ulp in the bound).
 void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t seed,
-                             PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+                             PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
+                             DataType x_type = DataType::F32, DataType y_type = DataType::F32) {
   INFO("Conv2DBatchNormInference x [" << c.n << "," << c.h << "," << c.w << "," << c.c
                                       << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
                                       << " stride " << c.sh << " groups " << c.groups
                                       << (relu ? " relu" : "") << (bias ? " bias" : ""));
   const int64_t co = c.cout;
-  HostTensor x = random_tensor(DataType::F32, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor x = random_tensor(x_type, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
   HostTensor scale = random_tensor(DataType::F32, {co}, 0.5, 2, seed + 2);
   HostTensor offset = random_tensor(DataType::F32, {co}, -1, 1, seed + 3);
@@ -375,10 +378,12 @@ void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t s
   auto attrs = c.attrs();
   attrs["epsilon"] = 0.001;
   attrs["relu"] = relu;
+  attrs["Tx"] = std::string(compiler::data_type_name(x_type));
+  attrs["Tout"] = std::string(compiler::data_type_name(y_type));
   compiler::CompiledKernel k =
       compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs), test_sim().config(), mode);
   summarize(k);
-  REQUIRE(k.outputs[0] == (TensorDesc{DataType::F32, y_shape(c)}));
+  REQUIRE(k.outputs[0] == (TensorDesc{y_type, y_shape(c)}));
   RunResult r = run_compiled(test_sim(), k, inputs);
   Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
   std::vector<double> a(static_cast<size_t>(co));
@@ -396,13 +401,17 @@ void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t s
     ref.terms[i] += 4;
     if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
   }
-  const DataType rounded = mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : DataType::F32;
+  const DataType rounded =
+      mode == PrecisionMode::kAllowMixPrecision || y_type == DataType::F16 ? DataType::F16
+                                                                          : DataType::F32;
   check_against(r.outputs[0].values, ref, rounded, true, "y");
-  // The folded filter is a derived tensor of the filter, scale and variance (groups == 1).
+  // The folded filter is a derived tensor of the filter, scale and variance (groups == 1);
+  // an f32 x is cast (a derived tensor of x), an f16 one read as it is.
   if (c.groups == 1) {
-    REQUIRE(k.derived.size() == 2);  // the activation cast, the folded filter
-    CHECK(k.derived[0].inputs == std::vector<int>{0});
-    CHECK(k.derived[1].inputs == std::vector<int>{1, 2, 5});
+    const bool cast_x = x_type == DataType::F32;
+    REQUIRE(k.derived.size() == (cast_x ? 2u : 1u));
+    if (cast_x) CHECK(k.derived[0].inputs == std::vector<int>{0});
+    CHECK(k.derived.back().inputs == std::vector<int>{1, 2, 5});
     // Kept in buffers of their own: the same outputs.
     RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);
     CHECK(own.outputs[0].values == r.outputs[0].values);
@@ -422,6 +431,14 @@ TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and t
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the batch norm as its own launch
   g.groups = 2;
   check_conv2d_batch_norm(g, true, true, 44);
+  // fp16 hand-offs: f16 in, f16 out, both; grouped with an f16 output
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 45, fp16,
+                          DataType::F16, DataType::F32);
+  check_conv2d_batch_norm(s2, true, true, 46, fp16, DataType::F32, DataType::F16);
+  check_conv2d_batch_norm(ConvCase{3, 28, 28, 16, 1, 1, 40}, false, true, 47, fp16,
+                          DataType::F16, DataType::F16);
+  check_conv2d_batch_norm(g, true, false, 48, fp16, DataType::F16, DataType::F16);
 }
 
 TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {

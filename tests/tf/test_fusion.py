@@ -227,3 +227,38 @@ def test_a_chain_node_that_is_also_an_output_is_kept(npusim, tf):
     assert "Conv2DBatchNormInference" in types and "Relu" in types, sorted(types)
     bn_names = {r["op_name"] for r in recs if r["op_type"] == "Conv2DBatchNormInference"}
     assert bn_names and all(n.endswith("batchnorm/add_1") for n in bn_names), bn_names
+
+
+def test_fp16_handoff_between_convolutions(npusim, tf):
+    """Conv -> BN -> ReLU -> Conv -> BN: the first fused convolution's only consumer is the
+    second, so it hands its output over in fp16 (FIXPIPE rounds it; the second convolution runs
+    no cast of its input). The rounding is the cast's, so the result is bit for bit the one of
+    the same model whose intermediate is also a model output (then kept in f32 and cast by the
+    consumer), and matches the CPU."""
+    keras.utils.set_random_seed(13)
+    inp = keras.Input((10, 10, 6))
+    h = keras.layers.Conv2D(24, 3, padding="same")(inp)
+    h = keras.layers.BatchNormalization()(h)
+    mid = keras.layers.Activation("relu")(h)
+    h = keras.layers.Conv2D(16, 1, use_bias=False)(mid)
+    out = keras.layers.BatchNormalization(axis=3)(h)
+    chain = keras.Model(inp, out)
+    both = keras.Model(inp, [out, mid])  # the same layers: mid is fetched too
+    x = np.random.default_rng(4).standard_normal((2, 10, 10, 6)).astype(np.float32)
+    with tf.device("/CPU:0"):
+        want = chain(tf.constant(x), training=False).numpy()
+    results = {}
+    for name, model in (("chain", chain), ("both", both)):
+        with tf.device("/NPU:0"):
+            f = tf.function(lambda t, m=model: m(t, training=False))
+            xt = tf.constant(x)
+            f(xt)
+            n0 = len(npusim.launch_records())
+            got = f(xt)
+            recs = npusim.launch_records()[n0:]
+        results[name] = (np.asarray(got[0] if name == "both" else got),
+                         sum(r["kernel"].startswith("Cast_") for r in recs))
+    assert results["chain"][1] == 1, results  # x's cast only
+    assert results["both"][1] == 2, results   # x's and mid's
+    np.testing.assert_array_equal(results["chain"][0], results["both"][0])
+    assert rel_error(results["chain"][0], want) < RTOL

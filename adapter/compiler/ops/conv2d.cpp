@@ -289,9 +289,22 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
                         op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
-  const DataType dt = common_dtype(op, {0, 1});
-  if (batch_norm && dt != DataType::F32)
-    op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(dt)));
+  // Conv2DBatchNormInference: f32 filter and batch norm; x and y f32 or f16 (Tx / Tout: the
+  // graph fusion's fp16 hand-off between two of them).
+  const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
+                                                  : std::initializer_list<size_t>{0, 1});
+  DataType y_type = dt;
+  if (batch_norm) {
+    if (dt != DataType::F32)
+      op.fail(fmt::format("filter is {}, only f32 is supported", data_type_name(dt)));
+    const DataType xt = op.inputs[0].dtype;
+    if ((xt != DataType::F32 && xt != DataType::F16) || op.attr_type("Tx").value_or(xt) != xt)
+      op.fail(fmt::format("x is {} (attribute Tx {}): f32 or f16 expected", data_type_name(xt),
+                          data_type_name(op.attr_type("Tx").value_or(xt))));
+    y_type = op.attr_type("Tout").value_or(DataType::F32);
+    if (y_type != DataType::F32 && y_type != DataType::F16)
+      op.fail(fmt::format("attribute Tout = {}: f32 or f16 expected", data_type_name(y_type)));
+  }
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const int64_t c = x[3], cin = f[2], cout = f[3];
@@ -302,8 +315,12 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     op.fail(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
   CompiledKernel k;
-  k.outputs = {TensorDesc{dt, {x[0], cw.h.out, cw.w.out, cout}}};
-  const CubeTypes ct = cube_types(ctx, dt);
+  k.outputs = {TensorDesc{y_type, {x[0], cw.h.out, cw.w.out, cout}}};
+  CubeTypes ct = cube_types(ctx, dt);
+  if (y_type == DataType::F16) {  // FIXPIPE rounds the f32 result to the f16 output
+    ct.fix_out = Dtype::F16;
+    ct.widen = false;
+  }
   if (k.outputs[0].num_elements() == 0) return k;
   if (c == 0 || f[0] * f[1] == 0) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
@@ -331,10 +348,12 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   }
   const bool relu = op.attr_bool("relu", false);
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
-  const ArgRef xr = cube_operand(k, ctx, ct, 0);
+  // x in f16 already (Tx = half) is what the cube reads.
+  const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
   if (groups > 1) {  // the cube's bias needs one group: the batch norm as its own launch
     append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
-    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu);
+    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu,
+                            device_dtype(y_type));
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);

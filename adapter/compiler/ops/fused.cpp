@@ -104,20 +104,26 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
 
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             bool relu) {
+                             bool relu, Dtype io_type) {
   const int64_t c = shape.back();
   StreamSpec spec;
-  spec.kernel_name = relu ? "BatchNormInferenceRelu_f32" : "BatchNormInference_f32";
-  spec.out_type = Dtype::F32;
+  spec.kernel_name = fmt::format("{}_{}", relu ? "BatchNormInferenceRelu" : "BatchNormInference",
+                                 isa::dtype_name(io_type));
+  spec.out_type = io_type;
   spec.out_shape = shape;
-  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
+  spec.inputs = {StreamInput{io_type, broadcast_view(shape, shape), shape},
                  StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}},
                  StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}}};
-  spec.compute = [relu](KernelBuilder& b, const TileOperands& t) {
+  const bool f16 = io_type == Dtype::F16;
+  if (f16) spec.temps = {TempSpec{"y (f32)", 4, 0}};
+  spec.compute = [relu, f16](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, t.out, t.in[0], t.in[1], n);
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, t.out, t.out, t.in[2], n);
-    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, t.out, t.out, n);
+    const uint64_t y = f16 ? t.temp[0] : t.out;
+    if (f16) vec_convert(b, Dtype::F32, Dtype::F16, y, t.in[0], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, y, f16 ? y : t.in[0], t.in[1], n);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, y, y, t.in[2], n);
+    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, y, y, n);
+    if (f16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
   };
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {x, fold.a, fold.shift, output_ref(0)}));
@@ -142,7 +148,8 @@ CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
   k.outputs = {x};
   if (x.num_elements() == 0) return k;
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, 1, x.shape);
-  append_batch_norm_apply(k, ctx, input_ref(0), x.shape, fold, op.attr_bool("relu", false));
+  append_batch_norm_apply(k, ctx, input_ref(0), x.shape, fold, op.attr_bool("relu", false),
+                          Dtype::F32);
   return k;
 }
 

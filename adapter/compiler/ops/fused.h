@@ -24,10 +24,11 @@ struct BatchNormFold {
 BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
                                      const std::vector<int64_t>& y_shape);
 
-// Appends y = x * a + shift (then max(y, 0) with relu) over f32 `shape` (channels last), from
-// the tensor x to output 0 (x may be output 0 itself: each tile is read before it is written).
+// Appends y = x * a + shift (then max(y, 0) with relu) over `shape` (channels last), from the
+// tensor x to output 0 (x may be output 0 itself: each tile is read before it is written).
+// x and y are io_type (f32, or f16: widened exactly, computed in f32, rounded once).
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             bool relu);
+                             bool relu, isa::Dtype io_type);
 
 }  // namespace npusim::compiler::ops

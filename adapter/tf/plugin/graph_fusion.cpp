@@ -439,6 +439,40 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
+// A Conv2DBatchNormInference whose every data consumer is a Conv2DBatchNormInference reading it
+// as x (and nothing else of it) hands its output over in fp16: Tout = half there, Tx = half in
+// the consumers. The cube reads fp16 anyway (allow_fp32_to_fp16): FIXPIPE rounds the result
+// once instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
+int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  GraphView g(graph);
+  std::unordered_map<std::string, std::vector<tfc::NodeDef*>> readers;  // producer -> consumers
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    for (int k = 0; k < n.input_size(); ++k) {
+      const InputRef r = parse_input(n.input(k));
+      if (r.control) continue;
+      tfc::NodeDef* p = g.node(r.node);
+      if (!p || p->op() != "Conv2DBatchNormInference") continue;
+      const bool x_of_conv = n.op() == "Conv2DBatchNormInference" && k == 0 && r.port == 0 &&
+                             on_npu(n) && type_attr(n, "Tx").value_or(tfc::DT_FLOAT) ==
+                                              tfc::DT_FLOAT;
+      readers[p->name()].push_back(x_of_conv ? &n : nullptr);
+    }
+  }
+  int handed = 0;
+  for (auto& [name, consumers] : readers) {
+    tfc::NodeDef* p = g.node(name);
+    if (!on_npu(*p) || preserve.count(name) ||
+        type_attr(*p, "Tout").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT ||
+        std::find(consumers.begin(), consumers.end(), nullptr) != consumers.end())
+      continue;
+    (*p->mutable_attr())["Tout"] = type_value(tfc::DT_HALF);
+    for (tfc::NodeDef* c : consumers) (*c->mutable_attr())["Tx"] = type_value(tfc::DT_HALF);
+    ++handed;
+  }
+  return handed;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -472,6 +506,7 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
+  counts.half_handoffs = half_handoffs(graph, preserve);
   counts.add_relu = fuse_add_relus(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return counts;

@@ -13,6 +13,9 @@
 //   2. Conv2DBatchNormInference: a BatchNormInference (from 1) whose x is a Conv2D (NHWC, float)
 //      with no other consumer: the batch norm folded into the convolution (CANN's graph engine
 //      does this at inference); the convolution's attributes, the batch norm's inputs after x.
+//      Where all of one's data consumers are such convolutions reading it as x, its output goes
+//      to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
+//      would run moves into the producer's FIXPIPE, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
@@ -45,6 +48,7 @@ namespace npusim::tf {
 struct FusionCounts {
   int batch_norm = 0;       // BatchNormInference nodes created (before 2 folds some in)
   int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
+  int half_handoffs = 0;    // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;         // AddRelu nodes created
   int total() const { return batch_norm + conv_batch_norm + add_relu; }
 };

@@ -6,10 +6,13 @@
 //   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: T
 //     T in {float}; N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
 //     relu: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]).
-//   Conv2DBatchNormInference(x: T, filter: T, scale: T, offset: T, mean: T, variance: T,
-//                            bias: N * T) -> y: T
+//   Conv2DBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T, variance: T,
+//                            bias: N * T) -> y: Tout
 //     Conv2D's attributes (strides, padding, explicit_paddings, dilations, data_format) and
 //     BatchNormInference's (N, epsilon, relu): the batch norm folded into the convolution.
+//     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
+//     hands the activation from one such convolution to the next in fp16, the form the cube
+//     reads (graph_fusion.h).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
 //
 // The kernels keep the fused node's name and these op types, so launch records and reports
@@ -36,7 +39,9 @@ class FusedOp : public CompiledOpKernel {
                                {"padding", AttrSpec::Kind::kString},
                                {"explicit_paddings", AttrSpec::Kind::kInts},
                                {"dilations", AttrSpec::Kind::kInts},
-                               {"data_format", AttrSpec::Kind::kString}}) {}
+                               {"data_format", AttrSpec::Kind::kString},
+                               {"Tx", AttrSpec::Kind::kType},
+                               {"Tout", AttrSpec::Kind::kType}}) {}
 };
 
 // The convolution's output: unknown here (the C shape API cannot read the window attributes);
@@ -125,9 +130,10 @@ rt::Status register_fused_kernels() {
        {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        same_as_input0},
       {"Conv2DBatchNormInference",
-       {"x: T", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
-       {"y: T"},
-       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"y: Tout"},
+       {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
+        "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
         "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
@@ -141,7 +147,10 @@ rt::Status register_fused_kernels() {
       KernelDefBuilder("BatchNormInference").TypeConstraint("T", {TF_FLOAT}));
   if (st.ok())
     st = register_kernel<FusedOp>(
-        KernelDefBuilder("Conv2DBatchNormInference").TypeConstraint("T", {TF_FLOAT}));
+        KernelDefBuilder("Conv2DBatchNormInference")
+            .TypeConstraint("T", {TF_FLOAT})
+            .TypeConstraint("Tx", {TF_FLOAT, TF_HALF})
+            .TypeConstraint("Tout", {TF_FLOAT, TF_HALF}));
   if (st.ok())
     st = register_kernel<FusedOp>(KernelDefBuilder("AddRelu").TypeConstraint("T", kFloatTypes));
   // The graph pass only creates these ops once both definitions and kernels exist.
