@@ -55,7 +55,7 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
         const uint64_t own = static_cast<size_t>(a.index) < derived.size() && a.index >= 0
                                  ? derived[static_cast<size_t>(a.index)]
                                  : 0;
-        v.push_back(own ? own : workspace + a.value);
+        v.push_back((own ? own : workspace + a.value) + a.inner);
         break;
       }
     }

@@ -51,6 +51,7 @@ struct ArgRef {
   Kind kind = Kind::kInput;
   int index = 0;       // kInput / kOutput / kDerived: which tensor of the op
   uint64_t value = 0;  // kWorkspace, kDerived: byte offset into the workspace; kScalar: the value
+  uint64_t inner = 0;  // kDerived: byte offset inside the tensor (a part of it, e.g. one vector)
 };
 
 // A tensor computed by one launch from some inputs of the op alone, as a pure function of their

@@ -405,12 +405,17 @@ void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t s
       mode == PrecisionMode::kAllowMixPrecision || y_type == DataType::F16 ? DataType::F16
                                                                           : DataType::F32;
   check_against(r.outputs[0].values, ref, rounded, true, "y");
-  // The folded filter is a derived tensor of the filter, scale and variance (groups == 1);
-  // an f32 x is cast (a derived tensor of x), an f16 one read as it is.
+  // Derived tensors: the batch norm's factor and shift (of its inputs), then for groups == 1
+  // an f32 x's cast (an f16 x is read as it is) and the folded filter (of the filter, scale
+  // and variance).
+  std::vector<int> bn_inputs = {2, 3, 4, 5};
+  if (bias) bn_inputs.push_back(6);
+  REQUIRE(!k.derived.empty());
+  CHECK(k.derived[0].inputs == bn_inputs);
   if (c.groups == 1) {
     const bool cast_x = x_type == DataType::F32;
-    REQUIRE(k.derived.size() == (cast_x ? 2u : 1u));
-    if (cast_x) CHECK(k.derived[0].inputs == std::vector<int>{0});
+    REQUIRE(k.derived.size() == (cast_x ? 3u : 2u));
+    if (cast_x) CHECK(k.derived[1].inputs == std::vector<int>{0});
     CHECK(k.derived.back().inputs == std::vector<int>{1, 2, 5});
     // Kept in buffers of their own: the same outputs.
     RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);

@@ -12,9 +12,9 @@ Add + ReLU, called with training=False in a tf.function on the NPU.
   folded in) and AddRelu launches carrying the fused node's name (the chain's last node: the
   Relu), and fewer launches than the same model run with NPUSIM_FUSION=0 (a child process: the
   switch is read once per process);
-- the folded filter is computed once and kept while the filter and the batch norm's variables
-  are unchanged; assigning any of them (the filter, gamma, the moving variance) gives the
-  output TensorFlow on the CPU computes with the new values;
+- the batch norm's fold and the folded filter are computed once and kept while the filter and
+  the batch norm's variables are unchanged; assigning any of them (the filter, gamma, the
+  moving variance) gives the output TensorFlow on the CPU computes with the new values;
 - training=True (batch statistics; Keras' moments path) still matches the CPU, moving
   statistics included.
 """
@@ -115,14 +115,14 @@ def test_launch_records_show_fused_ops_under_the_relu_names(inference):
         by_type.setdefault(r["op_type"], []).append(r)
     assert "Conv2DBatchNormInference" in by_type and "AddRelu" in by_type, sorted(by_type)
     # Two convolutions with their batch norms (the first with its Relu, the second without),
-    # three launches each on this second run: the batch norm's fold, the activation cast and
-    # the convolution (the folded filter was kept from the first run); the residual Add + Relu
+    # two launches each on this second run: the activation cast and the convolution (the batch
+    # norm's fold and the folded filter were kept from the first run); the residual Add + Relu
     # is one launch.
     conv = by_type["Conv2DBatchNormInference"]
     assert len({r["op_name"] for r in conv}) == 2
     kernels = sorted(r["kernel"] for r in conv)
-    assert kernels == sorted(["BatchNormInferenceFold", "Cast_f32_f16", "Conv2DBiasRelu_f32"] +
-                             ["BatchNormInferenceFold", "Cast_f32_f16", "Conv2DBias_f32"]), kernels
+    assert kernels == sorted(["Cast_f32_f16", "Conv2DBiasRelu_f32"] +
+                             ["Cast_f32_f16", "Conv2DBias_f32"]), kernels
     assert len(by_type["AddRelu"]) == 1
     assert all(r["op_name"].endswith("/Relu") for r in by_type["AddRelu"])
     # the chain's last node kept its name
@@ -154,23 +154,27 @@ def test_folded_filter_follows_assignments(npusim, tf):
             got = f(xt).numpy()
             recs = npusim.launch_records()[n0:]
         assert rel_error(got, want) < RTOL
-        return sum(r["kernel"].startswith("FoldFilter") for r in recs)
+        return (sum(r["kernel"] == "BatchNormInferenceFold" for r in recs),
+                sum(r["kernel"].startswith("FoldFilter") for r in recs))
 
-    assert run_both() == 2  # both convolutions' filters folded on the first run
-    assert run_both() == 0  # kept
+    assert run_both() == (2, 2)  # both batch norms and filters folded on the first run
+    assert run_both() == (0, 0)  # kept
     # (Here both writes give the variable a new buffer, a new source address; a write in place
     # is caught by the sources' write epochs: tests/runtime launch_derived with several sources.)
     rng = np.random.default_rng(9)
-    for var_npu, var_cpu, lo, hi in ((bn.moving_variance, bn_c.moving_variance, 0.1, 1.0),
-                                     (bn.gamma, bn_c.gamma, -1.0, 1.0),
-                                     (conv.kernel, conv_c.kernel, -0.2, 0.2)):
+    # (batch-norm folds, filter folds) run after a write: that convolution's only
+    for var_npu, var_cpu, lo, hi, runs in (
+            (bn.moving_variance, bn_c.moving_variance, 0.1, 1.0, (1, 1)),
+            (bn.gamma, bn_c.gamma, -1.0, 1.0, (1, 1)),
+            (bn.beta, bn_c.beta, -1.0, 1.0, (1, 0)),  # shift only: the filter is kept
+            (conv.kernel, conv_c.kernel, -0.2, 0.2, (0, 1))):
         for write in ("assign_add", "assign"):
             v = rng.uniform(lo, hi, var_npu.shape).astype(np.float32)
             with tf.device("/NPU:0"):  # on the tf.Variable itself (Keras may assign anew)
                 getattr(var_npu.value, write)(tf.constant(v))
             getattr(var_cpu, write)(v)
-            assert run_both() == 1, (var_npu.path, write)  # that convolution's filter only
-            assert run_both() == 0
+            assert run_both() == runs, (var_npu.path, write)
+            assert run_both() == (0, 0)
 
 
 def test_fewer_launches_than_with_fusion_off(inference):

@@ -66,7 +66,7 @@ void LaunchPlan::add(const CompiledKernel& sub, const std::vector<ArgRef>& ins,
         case ArgRef::Kind::kDerived: {
           const int d = derived_index.at(static_cast<size_t>(a.index));
           a.value += ws.value;
-          if (d < 0) a = ArgRef{ArgRef::Kind::kWorkspace, 0, a.value};
+          if (d < 0) a = ArgRef{ArgRef::Kind::kWorkspace, 0, a.value + a.inner};
           else a.index = d;
           break;
         }

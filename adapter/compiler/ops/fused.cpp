@@ -67,9 +67,18 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
                           kBatchNormVectors[i - first], i, c, shape_str(y_shape), v.str()));
   }
   const double eps = op.attr_float("epsilon", 0.001);
+  // a and shift: one derived tensor of the batch norm's inputs ([a | shift], shift 32-byte
+  // aligned), so a caller keeps it while they are unchanged (GE folds it at inference).
+  const uint64_t shift_at = (static_cast<uint64_t>(c) * 4 + 31) / 32 * 32;
+  const ArgRef ws = workspace_take(k, 2 * shift_at);
+  std::vector<int> sources;
+  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i) sources.push_back(i);
+  const int d = static_cast<int>(k.derived.size());
+  k.derived.push_back(DerivedTensor{sources, k.launches.size(), 2 * shift_at,
+                                    "batch-norm factor and shift"});
   BatchNormFold fold;
-  fold.a = workspace_take(k, static_cast<uint64_t>(c) * 4);
-  fold.shift = workspace_take(k, static_cast<uint64_t>(c) * 4);
+  fold.a = ArgRef{ArgRef::Kind::kDerived, d, ws.value, 0};
+  fold.shift = ArgRef{ArgRef::Kind::kDerived, d, ws.value, shift_at};
   ChannelEpilogueSpec e;
   e.name = "BatchNormInferenceFold";
   e.c = c;

@@ -10,7 +10,8 @@
 
 namespace npusim::compiler::ops {
 
-// The per-channel factors of a batch norm, f32 [c] each in the workspace:
+// The per-channel factors of a batch norm, f32 [c] each, the two parts of one derived tensor
+// (compiler.h) of the batch norm's inputs:
 //   a = rsqrt(variance + epsilon) * scale
 //   shift = offset - mean * a, or offset + (bias - mean) * a with a bias
 // so that y = x * a + shift.

@@ -201,16 +201,20 @@ bool set_output(TF_Buffer* out, const void* data, size_t length, TF_Status* stat
   return true;
 }
 
-// The producer of data input `input` ("name", "name:k"), through Identity and Reshape nodes
-// (Keras reshapes a batch norm's per-channel variables to [1, 1, 1, C] for a positive channel
-// axis; TensorFlow's Reshape forwards the same buffer); null if not in the graph.
+// The producer of data input `input` ("name", "name:k"), through Identity and the shape ops
+// that forward their input's buffer (Reshape, Squeeze, ExpandDims: Keras reshapes a batch
+// norm's per-channel variables to [1, 1, 1, C] for a positive channel axis, and a convolution's
+// bias to [1, C] and back); null if not in the graph.
 const tfc::NodeDef* producer(const std::map<std::string, const tfc::NodeDef*>& nodes,
                              std::string input) {
   for (int depth = 0; depth < 16; ++depth) {
     const auto it = nodes.find(input.substr(0, input.find(':')));
     if (it == nodes.end()) return nullptr;
     const tfc::NodeDef* n = it->second;
-    if ((n->op() != "Identity" && n->op() != "Reshape") || n->input_size() == 0) return n;
+    const std::string& op = n->op();
+    if ((op != "Identity" && op != "Reshape" && op != "Squeeze" && op != "ExpandDims") ||
+        n->input_size() == 0)
+      return n;
     input = n->input(0);
   }
   return nullptr;
