@@ -83,7 +83,8 @@ struct BurstCopy {
   }
 };
 
-// nd2nz: ND rows x cols (row pitch src_stride elements) in GM -> NZ in L1
+// nd2nz: ND rows x cols (row pitch src_stride elements; rows may overlap in GM, a read) in GM
+// -> NZ in L1
 // Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
 struct Nd2Nz {
   uint64_t size, c0, xsrc, xdst, rows, cols, src_stride, dst_rows;
@@ -98,8 +99,6 @@ struct Nd2Nz {
     cols = o.count("cols", 1);
     src_stride = o.count("src_stride", 1);
     dst_rows = o.count("dst_rows", 1);
-    if (src_stride < cols)
-      o.fault(fmt::format("src_stride = {} elements is less than cols = {}", src_stride, cols));
     if (dst_rows < rows || dst_rows % kFractalRows != 0)
       o.fault(fmt::format("dst_rows = {} must be a multiple of {} and >= rows = {}", dst_rows,
                           kFractalRows, rows));

@@ -331,6 +331,28 @@ TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch 
   check_conv2d(DataType::F16, h, 7);
 }
 
+TEST_CASE("Conv2D width fold: few input channels, no padding along W (the first layer)") {
+  // 3 channels, 7 wide, stride 2, VALID: folded to a 7x1 window over 21 channels.
+  ConvCase first{2, 15, 17, 3, 5, 7, 24};
+  first.sh = first.sw = 2;
+  first.padding = "VALID";
+  check_conv2d(DataType::F32, first, 30);
+  check_conv2d(DataType::F16, first, 31);
+  ConvCase dilated{1, 12, 9, 4, 3, 3, 20};  // padding along H only, dilation along H
+  dilated.dh = 2;
+  dilated.padding = "EXPLICIT";
+  dilated.explicit_pads = {1, 2, 0, 0};
+  check_conv2d(DataType::F16, dilated, 32);
+  // The plans: the folded one reads x as W - KW + 1 pixels of KW * C channels.
+  const TensorDesc x{DataType::F16, {2, 15, 17, 3}}, f{DataType::F16, {5, 7, 3, 24}};
+  auto k = compiler::compile(make_op("Conv2D", {x, f}, first.attrs()), test_sim().config());
+  CHECK_THAT(k.launches.back().summary, Catch::Contains("2x15x11x21 f16 (5x1 window"));
+  ConvCase same = first;  // padding along W: not folded
+  same.padding = "SAME";
+  k = compiler::compile(make_op("Conv2D", {x, f}, same.attrs()), test_sim().config());
+  CHECK_THAT(k.launches.back().summary, Catch::Contains("2x15x17x3 f16 (5x7 window"));
+}
+
 TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
   ConvCase a{2, 6, 5, 3, 5, 5, 17};  // a first layer: 3 channels, 5x5
   check_conv2d(DataType::F32, a, 10);

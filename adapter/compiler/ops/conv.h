@@ -81,6 +81,10 @@ struct CubeConvSpec {
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
   bool bias = false, relu = false;
+  // x's element strides in GM between pixels, rows and images (0: NHWC of hs x ws x cs, the
+  // default). Other strides view x differently, e.g. the width fold of ops/conv2d.cpp: pixels
+  // cin apart holding kw * cin channels (overlapping windows). No zero insertion or stacking.
+  int64_t x_pixel = 0, x_row = 0, x_image = 0;
   std::string name;  // kernel name
 
   int64_t hv() const { return (hs - 1) * up_h + 1 + ext_h; }

@@ -69,6 +69,30 @@ using isa::Pipe;
 
 namespace {
 
+constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
+
+// The width fold for inputs of few channels (the first layer's 3): without padding or dilation
+// along W, a KH x KW convolution of x [N,H,W,C] is the KH x 1 convolution of the view x'
+// [N,H,W-KW+1,KW*C] with x'[n][h][w][kw*C + c] = x[n][h][w + kw][c] (the KW*C values from
+// pixel w on are contiguous in NHWC: pixels C elements apart, overlapping) and the filter
+// reshaped to [KH,1,KW*C,Cout] (HWIO rows kw*C + c: the same bytes). The cube then pads KW*C
+// to 16 per tap instead of C to 16 per tap and column: for 7x7 over 3 channels 2 k-blocks per
+// row of taps instead of 7 (3.5x fewer multiply-accumulates, and img2col copies), the effect
+// of CANN's small-channel C04 layout. The sum runs in another k order (rounding only).
+void fold_width(CubeConvSpec& s, const std::vector<int64_t>& x) {
+  const int64_t c = s.cs;
+  if (s.groups != 1 || c >= kFold16 || s.kw < 2 || s.pl != 0 || s.pr != 0 || s.dw != 1 ||
+      (s.kw * c + kFold16 - 1) / kFold16 >= s.kw)
+    return;
+  s.x_pixel = c;
+  s.x_row = x[2] * c;
+  s.x_image = x[1] * x[2] * c;
+  s.ws = x[2] - s.kw + 1;
+  s.cs = s.cg_in = s.kw * c;
+  s.kw = 1;
+  s.b_tap = s.cs * s.cy;
+}
+
 // Conv2DBatchNormInference's batch-norm inputs (scale, offset, mean, variance, bias follow).
 constexpr int kBnScale = 2, kBnVariance = 5;
 
@@ -341,6 +365,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_group = cout / groups;  // group g's columns start at g * cout / groups
   s.b_tap = cin * cout;
   s.b_row = cout;
+  fold_width(s, x);
   if (!batch_norm) {
     const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
     append_cube_conv(k, ctx, ct, s, xr, wr);

@@ -337,6 +337,9 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   // Stackings: one image per map, and (without zero insertion) every count of images whose
   // tall map fits one m tile (at most kMaxTile output positions).
   const bool zero_insertion = s.up_h > 1 || s.up_w > 1 || s.ext_h > 0 || s.ext_w > 0;
+  if (s.x_row != 0 && (zero_insertion || stack > 1))
+    throw CompileError(fmt::format("{}: a strided view of x takes no zero insertion or stacking",
+                                   op));
   std::vector<int64_t> stack_counts;
   if (stack > 0) {
     if (stack > 1 && (zero_insertion || stack > s.images))
@@ -345,7 +348,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
     stack_counts.push_back(stack);
   } else {
     stack_counts.push_back(1);
-    for (int64_t st = 2; !zero_insertion && st <= s.images; ++st) {
+    for (int64_t st = 2; !zero_insertion && s.x_row == 0 && st <= s.images; ++st) {
       if (stack_geom(s, st).tall_oh * ow > kMaxTile) break;
       stack_counts.push_back(st);
     }
@@ -560,6 +563,7 @@ class SlabEmitter {
     int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
     int64_t oh = 1, ow = 1, tm = 16;  // oh: output rows of the (tall) map
     int64_t stack = 1, period = 0;     // images per tall map, rows per image (CubeConvTiling)
+    int64_t x_pixel = 0, x_row = 0, x_image = 0;  // CubeConvSpec's strided view of x
   };
 
   SlabEmitter(KernelBuilder& b, const Geometry& g)
@@ -713,6 +717,43 @@ class SlabEmitter {
       });
       return;
     }
+    if (m_g.x_row != 0) {
+      // x with its own strides (CubeConvSpec::x_pixel...): per plane, per row, an nd2nz of
+      // the row's ws pixels, x_pixel apart (rows of the nd2nz may overlap in GM). Its padding
+      // to 16 pixels spills zeros into the following pixels, written afterwards (rows and
+      // planes go in order), or past the last plane.
+      const int64_t rows = rup(m_g.ws, kBlk);
+      Reg uu = b.reg("slab: row"), uend = b.reg("slab: end row");
+      b.add(uend, r0, h);
+      b.add(end, c1a, ncb);
+      b.for_range(c, c1a, end, 1, [&] {
+        b.for_range(uu, r0, uend, 1, [&] {
+          // src = x + (img * x_image + uu * x_row + cbase + c * 16) * size
+          b.mul(src, img, m_g.x_image);
+          b.mul(t, uu, m_g.x_row);
+          b.add(src, src, t);
+          b.add(src, src, cbase);
+          b.mul(t, c, kBlk);
+          b.add(src, src, t);
+          b.mul(src, src, m_isz);
+          b.add(src, src, x);
+          // d = dst + ((c - c1a) * plane + (uu - r0) * ws) * 32
+          b.sub(d, c, c1a);
+          b.mul(d, d, plane);
+          b.sub(t, uu, r0);
+          b.mul(t, t, m_g.ws);
+          b.add(d, d, t);
+          b.mul(d, d, kBlkBytes);
+          b.add(d, d, dst);
+          b.mul(t, c, kBlk);
+          b.sub(t, cvalid, t);
+          b.min(t, t, kBlk, "channels in the block");
+          b.emit(Opcode::op_nd2nz, {m_g.type, d, src, m_g.ws, t, m_g.x_pixel, rows},
+                 "one row of one plane (strided view of x)");
+        });
+      });
+      return;
+    }
     if (!zero_insertion()) {
       // Per plane: nd2nz of the h * ws pixels (padding rows up to a multiple of 16 spill zeros
       // into the next plane, which is written afterwards).
@@ -857,6 +898,9 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling&
   g.tm = t.tm;
   g.stack = t.stack;
   g.period = t.period;
+  g.x_pixel = s.x_pixel;
+  g.x_row = s.x_row;
+  g.x_image = s.x_image;
   return g;
 }
 
