@@ -59,6 +59,7 @@ namespace {
 constexpr int64_t kBlk = 16;       // channels per block: C0 of 16-bit types = fractal rows
 constexpr int64_t kBlkBytes = 32;  // one channel block of one pixel
 constexpr int64_t kMaxTile = 256;  // output tile side limit (as MatMul)
+constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count as equal
 constexpr int64_t kL0cBytes = 4;
 
 constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -353,8 +354,13 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
       stack_counts.push_back(st);
     }
   }
+  // Two passes: the first finds the lowest modelled cost; the second takes, among the plans
+  // within kTieBand of it (the model cannot tell them apart: it is a few per cent off either
+  // way, docs/compiler.md), the largest tile (tm * tn: the least data read again per output),
+  // then the largest chunk, then resident weights.
   CubeConvTiling best;
-  double best_cost = std::numeric_limits<double>::infinity();
+  double best_cost = std::numeric_limits<double>::infinity(), lowest = best_cost;
+  for (int pass = 0; pass < 2; ++pass)
   for (int64_t st : stack_counts) {
     const StackGeom sg = stack_geom(s, st);
     const int64_t positions = sg.tall_oh * ow, stacks = cdiv(s.images, st);
@@ -485,14 +491,19 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
             }
             worst = std::max(worst, c);
           }
-          const bool tie = worst <= best_cost * (1 + 1e-9);
-          const bool better = worst < best_cost * (1 - 1e-9) ||
-                              (tie && (tm * tn > best.tm * best.tn ||
-                                       (tm * tn == best.tm * best.tn && kc1 > best.kc1) ||
-                                       (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
-                                        resident && !best.resident)));
+          if (pass == 0) {
+            lowest = std::min(lowest, worst);
+            continue;
+          }
+          if (worst > lowest * (1 + kTieBand)) continue;
+          const bool better = best.tm == 0 || tm * tn > best.tm * best.tn ||
+                              (tm * tn == best.tm * best.tn && kc1 > best.kc1) ||
+                              (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
+                               resident && !best.resident) ||
+                              (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
+                               resident == best.resident && worst < best_cost);
           if (!better) continue;
-          best_cost = std::min(best_cost, worst);
+          best_cost = worst;
           best.stack = st;
           best.period = sg.period;
           best.stacks = stacks;
