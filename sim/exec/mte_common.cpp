@@ -29,7 +29,10 @@ int Operands::index(const char* name) const {
   for (int s = 0; s < isa::kMaxFields; ++s) {
     CachedField& c = m_cache[s];
     if (c.name == name) {
-      if (std::strcmp(m_desc.fields[c.index].name, name) == 0) return c.index;
+      // (The linker merges equal string literals, so the field's own name is usually the same
+      // address: no comparison of the text then.)
+      const char* field = m_desc.fields[c.index].name;
+      if (field == name || std::strcmp(field, name) == 0) return c.index;
       return c.index = lookup(name);
     }
     if (c.name == nullptr) {
