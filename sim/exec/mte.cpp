@@ -129,6 +129,7 @@ struct Nd2Nz {
     constexpr uint64_t kPage = DeviceMemory::kPageBytes;
     uint64_t page = UINT64_MAX;
     const uint8_t* page_bytes = nullptr;
+    constexpr uint64_t kAhead = 8;
     for (uint64_t r = 0; r < rows; ++r) {
       const uint64_t addr = xsrc + r * src_stride * size;
       const uint64_t off = addr % kPage;
@@ -139,6 +140,11 @@ struct Nd2Nz {
           page_bytes = ctx.gm.view(addr, row_bytes) - off;
         }
         src = page_bytes + off;
+        // Rows src_stride apart cross host pages, where the hardware prefetchers stop: ask
+        // for the row kAhead rows on while this one is copied (same device page only).
+        const uint64_t ahead = off + kAhead * src_stride * size;
+        if (r + kAhead < rows && ahead + row_bytes <= kPage)
+          for (uint64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(page_bytes + ahead + b);
       }
       if (!src) {
         row.resize(row_bytes);
