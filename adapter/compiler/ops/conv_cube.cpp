@@ -728,41 +728,49 @@ class SlabEmitter {
       });
       return;
     }
-    if (m_g.x_row != 0) {
-      // x with its own strides (CubeConvSpec::x_pixel...): per plane, per row, an nd2nz of
-      // the row's ws pixels, x_pixel apart (rows of the nd2nz may overlap in GM). Its padding
-      // to 16 pixels spills zeros into the following pixels, written afterwards (rows and
-      // planes go in order), or past the last plane.
+    Reg uu = b.reg("slab: row");
+    // Per plane, per slab row uu in [u, uend) by `step`: an nd2nz of the row's ws pixels,
+    // `pixel` elements apart, from source(c) (x's address of the row's block c). Its padding to
+    // 16 pixels spills zeros into the following pixels: rows written afterwards (rows and
+    // planes go in order), zero rows, or past the last plane.
+    auto plane_rows = [&](const Reg& u, const Reg& uend, int64_t step, int64_t pixel,
+                          const std::function<void(const Reg&)>& source, const char* what) {
       const int64_t rows = rup(m_g.ws, kBlk);
-      Reg uu = b.reg("slab: row"), uend = b.reg("slab: end row");
-      b.add(uend, r0, h);
       b.add(end, c1a, ncb);
       b.for_range(c, c1a, end, 1, [&] {
-        b.for_range(uu, r0, uend, 1, [&] {
-          // src = x + (img * x_image + uu * x_row + cbase + c * 16) * size
-          b.mul(src, img, m_g.x_image);
-          b.mul(t, uu, m_g.x_row);
-          b.add(src, src, t);
-          b.add(src, src, cbase);
-          b.mul(t, c, kBlk);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, x);
-          // d = dst + ((c - c1a) * plane + (uu - r0) * ws) * 32
+        b.for_range(uu, u, uend, step, [&] {
+          source(c);
+          // d = dst + ((c - c1a) * plane + (uu - r0) * Wv) * 32
           b.sub(d, c, c1a);
           b.mul(d, d, plane);
           b.sub(t, uu, r0);
-          b.mul(t, t, m_g.ws);
+          b.mul(t, t, wv());
           b.add(d, d, t);
           b.mul(d, d, kBlkBytes);
           b.add(d, d, dst);
           b.mul(t, c, kBlk);
           b.sub(t, cvalid, t);
           b.min(t, t, kBlk, "channels in the block");
-          b.emit(Opcode::op_nd2nz, {m_g.type, d, src, m_g.ws, t, m_g.x_pixel, rows},
-                 "one row of one plane (strided view of x)");
+          b.emit(Opcode::op_nd2nz, {m_g.type, d, src, m_g.ws, t, pixel, rows}, what);
         });
       });
+    };
+    if (m_g.x_row != 0) {
+      // x with its own strides (CubeConvSpec::x_pixel...): every slab row, pixels x_pixel
+      // apart (the nd2nz rows may overlap in GM).
+      Reg uend = b.reg("slab: end row");
+      b.add(uend, r0, h);
+      plane_rows(r0, uend, 1, m_g.x_pixel, [&](const Reg& cblock) {
+        // src = x + (img * x_image + uu * x_row + cbase + cblock * 16) * size
+        b.mul(src, img, m_g.x_image);
+        b.mul(t, uu, m_g.x_row);
+        b.add(src, src, t);
+        b.add(src, src, cbase);
+        b.mul(t, cblock, kBlk);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, x);
+      }, "one row of one plane (strided view of x)");
       return;
     }
     if (!zero_insertion()) {
@@ -802,7 +810,6 @@ class SlabEmitter {
     b.mul(u, u, m_g.up_h);
     b.add(uend, r0, h);
     b.min(uend, uend, (m_g.hs - 1) * m_g.up_h + 1, "stored rows end before the appended ones");
-    Reg uu = b.reg("slab: row");
     auto row_source = [&](const Reg& cblock) {
       // src = x + ((img * hs + uu / up_h) * ws * cs + cbase + cblock * 16) * size
       b.div(src, uu, m_g.up_h);
@@ -815,28 +822,8 @@ class SlabEmitter {
       b.mul(src, src, m_isz);
       b.add(src, src, x);
     };
-    if (m_g.up_w == 1) {
-      // Per plane, per stored row: nd2nz of the row's ws pixels. Its padding spills zeros into
-      // the following pixels: zero rows, rows written afterwards, or the next plane (planes go
-      // in order).
-      const int64_t rows = rup(m_g.ws, kBlk);
-      b.add(end, c1a, ncb);
-      b.for_range(c, c1a, end, 1, [&] {
-        b.for_range(uu, u, uend, m_g.up_h, [&] {
-          row_source(c);
-          b.sub(d, c, c1a);
-          b.mul(d, d, plane);
-          b.sub(t, uu, r0);
-          b.mul(t, t, wv());
-          b.add(d, d, t);
-          b.mul(d, d, kBlkBytes);
-          b.add(d, d, dst);
-          b.mul(t, c, kBlk);
-          b.sub(t, cvalid, t);
-          b.min(t, t, kBlk, "channels in the block");
-          b.emit(Opcode::op_nd2nz, {m_g.type, d, src, m_g.ws, t, m_g.cs, rows}, "stored row");
-        });
-      });
+    if (m_g.up_w == 1) {  // per plane, per stored row
+      plane_rows(u, uend, m_g.up_h, m_g.cs, row_source, "stored row");
       return;
     }
     // Per stored pixel: copy_gm2l1 of its ncb channel blocks, one block per plane. The last
