@@ -38,6 +38,8 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -354,13 +356,8 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
       stack_counts.push_back(st);
     }
   }
-  // Two passes: the first finds the lowest modelled cost; the second takes, among the plans
-  // within kTieBand of it (the model cannot tell them apart: it is a few per cent off either
-  // way, docs/compiler.md), the largest tile (tm * tn: the least data read again per output),
-  // then the largest chunk, then resident weights.
-  CubeConvTiling best;
-  double best_cost = std::numeric_limits<double>::infinity(), lowest = best_cost;
-  for (int pass = 0; pass < 2; ++pass)
+  // Every plan that fits, with its modelled cost (est_cycles); chosen below.
+  std::vector<CubeConvTiling> plans;
   for (int64_t st : stack_counts) {
     const StackGeom sg = stack_geom(s, st);
     const int64_t positions = sg.tall_oh * ow, stacks = cdiv(s.images, st);
@@ -491,44 +488,46 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
             }
             worst = std::max(worst, c);
           }
-          if (pass == 0) {
-            lowest = std::min(lowest, worst);
-            continue;
-          }
-          if (worst > lowest * (1 + kTieBand)) continue;
-          const bool better = best.tm == 0 || tm * tn > best.tm * best.tn ||
-                              (tm * tn == best.tm * best.tn && kc1 > best.kc1) ||
-                              (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
-                               resident && !best.resident) ||
-                              (tm * tn == best.tm * best.tn && kc1 == best.kc1 &&
-                               resident == best.resident && worst < best_cost);
-          if (!better) continue;
-          best_cost = worst;
-          best.stack = st;
-          best.period = sg.period;
-          best.stacks = stacks;
-          best.tall_oh = sg.tall_oh;
-          best.tm = tm;
-          best.tn = tn;
-          best.tk0 = tk0;
-          best.kc1 = kc1;
-          best.chunks = chunks;
-          best.resident = resident;
-          best.m_tiles = static_cast<int64_t>(mts.size());
-          best.n_tiles = n_tiles;
-          best.tiles = tiles;
-          best.slab_rows = slab_rows;
-          best.slab_bytes = slab_bytes;
-          best.b_bytes = b_bytes;
-          best.l0c_buffers = l0c_buffers;
-          best.block_dim = static_cast<int>(blocks);
-          best.tiles_per_block = per;
-          best.est_cycles = worst;
+          CubeConvTiling& plan = plans.emplace_back();
+          plan.stack = st;
+          plan.period = sg.period;
+          plan.stacks = stacks;
+          plan.tall_oh = sg.tall_oh;
+          plan.tm = tm;
+          plan.tn = tn;
+          plan.tk0 = tk0;
+          plan.kc1 = kc1;
+          plan.chunks = chunks;
+          plan.resident = resident;
+          plan.m_tiles = static_cast<int64_t>(mts.size());
+          plan.n_tiles = n_tiles;
+          plan.tiles = tiles;
+          plan.slab_rows = slab_rows;
+          plan.slab_bytes = slab_bytes;
+          plan.b_bytes = b_bytes;
+          plan.l0c_buffers = l0c_buffers;
+          plan.block_dim = static_cast<int>(blocks);
+          plan.tiles_per_block = per;
+          plan.est_cycles = worst;
         }
       }
     }
   }
 
+  // Among the plans within kTieBand of the lowest modelled cost (the model cannot tell them
+  // apart: it is tens of per cent off either way, docs/compiler.md): the largest tile (tm * tn:
+  // the least data read again per output), then the largest chunk, then resident weights, then
+  // the lowest cost.
+  double lowest = std::numeric_limits<double>::infinity();
+  for (const CubeConvTiling& p : plans) lowest = std::min(lowest, p.est_cycles);
+  CubeConvTiling best;
+  for (const CubeConvTiling& p : plans) {
+    if (p.est_cycles > lowest * (1 + kTieBand)) continue;
+    if (best.tm == 0 ||
+        std::make_tuple(p.tm * p.tn, p.kc1, p.resident, -p.est_cycles) >
+            std::make_tuple(best.tm * best.tn, best.kc1, best.resident, -best.est_cycles))
+      best = p;
+  }
   if (best.tm == 0)
     throw CompileError(fmt::format(
         "{}: no convolution tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, "
@@ -1407,11 +1406,11 @@ class ConvEmitter {
       b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
                                  m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
              "B of the step");
-      if (m_s.bias) {
-        b.movi(bt, static_cast<int64_t>(m_bias_bt[par]));
+      if (m_s.bias) {  // (bt is read by this step's init-2 mmad only: the same condition)
         Label later = b.label("bias_loaded");
         b.branch(ne(ch, 0), later);
         b.branch(ne(kk, 0), later);
+        b.movi(bt, static_cast<int64_t>(m_bias_bt[par]));
         b.add(n, n_act, 7);
         b.shr(n, n, 3, "32-byte blocks of n_act f32");
         b.emit(Opcode::op_copy_l12bt, {bt, r.bias, n}, "the tile's bias into BT");
