@@ -38,6 +38,41 @@ rt::Status run_vadd(rt::Device& dev, rt::Stream s, const std::vector<uint16_t>& 
   return st;
 }
 
+// z = x + y by vadd on the tiny chip's vector cores, launched as a derived launch (z "derived"
+// from its source ranges): buffers x, y, z and an unrelated one, x and y random f16.
+struct DerivedAdd {
+  std::shared_ptr<rt::Device> dev = test::tiny_device();
+  rt::Stream s;
+  const uint64_t n = 2048, bytes = n * 2;
+  int blocks = 0;
+  uint64_t dx = 0, dy = 0, dz = 0, other = 0;
+  std::vector<uint16_t> x, y;
+
+  DerivedAdd(uint32_t seed_x, uint32_t seed_y)
+      : x(test::random_f16(n, seed_x)), y(test::random_f16(n, seed_y)) {
+    REQUIRE(dev->create_stream(&s).ok());
+    blocks = dev->config().core_kind(isa::CoreKind::AIV)->count;
+    for (uint64_t* p : {&dx, &dy, &dz, &other}) REQUIRE(dev->malloc(bytes, p).ok());
+    REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+    REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  }
+  ~DerivedAdd() {
+    for (uint64_t p : {dx, dy, dz, other}) CHECK(dev->free(p).ok());
+  }
+  // Launches it and checks z = x + y (computed now, or kept from the last run); true if it ran.
+  bool derive(const rt::DerivedSource& src) {
+    const size_t before = dev->launch_records().size();
+    rt::Status st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr, src);
+    INFO(st.to_string());
+    REQUIRE(st.ok());
+    REQUIRE(dev->synchronize_stream(s).ok());
+    std::vector<uint16_t> z(n);
+    REQUIRE(dev->memcpy_d2h(z.data(), dz, bytes).ok());
+    CHECK(z == test::reference_add_f16(x, y));
+    return dev->launch_records().size() > before;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("h2d -> vadd_f16 -> d2h equals the fp16 reference") {
@@ -198,31 +233,19 @@ TEST_CASE("launch checks: no program, block_dim, argument count, verifier issues
 
 TEST_CASE("launch_derived: left out while its source is unchanged, run again after any write "
           "to the source") {
-  auto dev = test::tiny_device();
-  rt::Stream s;
-  REQUIRE(dev->create_stream(&s).ok());
-  const uint64_t n = 2048, bytes = n * 2;
-  const int blocks = dev->config().core_kind(isa::CoreKind::AIV)->count;
-  uint64_t dx = 0, dy = 0, dz = 0, other = 0;
-  for (uint64_t* p : {&dx, &dy, &dz, &other}) REQUIRE(dev->malloc(bytes, p).ok());
-  auto x = test::random_f16(n, 3), y = test::random_f16(n, 4);
-  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
-  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  DerivedAdd t(3, 4);
+  auto& dev = t.dev;
+  auto& s = t.s;
+  const uint64_t n = t.n, bytes = t.bytes;
+  const int blocks = t.blocks;
+  const uint64_t dx = t.dx, dy = t.dy, dz = t.dz, other = t.other;
+  auto& x = t.x;
+  auto& y = t.y;
   // z = x + y is "derived" from x (the test keeps y fixed, as a compiled op's cast reads only
   // its source).
   auto state = std::make_shared<rt::DerivedState>();
-  rt::DerivedSource src{dx, bytes, state, true};
-  auto derive = [&]() {
-    const size_t before = dev->launch_records().size();
-    rt::Status st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr, src);
-    INFO(st.to_string());
-    REQUIRE(st.ok());
-    REQUIRE(dev->synchronize_stream(s).ok());
-    std::vector<uint16_t> z(n);
-    REQUIRE(dev->memcpy_d2h(z.data(), dz, bytes).ok());
-    CHECK(z == test::reference_add_f16(x, y));
-    return dev->launch_records().size() > before;  // it ran
-  };
+  rt::DerivedSource src{dx, bytes, state, true, {}};
+  auto derive = [&]() { return t.derive(src); };
   CHECK(derive());
   CHECK_FALSE(derive());  // unchanged: left out, z still holds the result
   CHECK(state->skipped == 1);
@@ -261,53 +284,34 @@ TEST_CASE("launch_derived: left out while its source is unchanged, run again aft
 
   // A source not inside one allocation, or no state, is refused before anything is queued.
   rt::Status st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
-                                      rt::DerivedSource{dx + bytes - 16, 32, state, true});
+                                      rt::DerivedSource{dx + bytes - 16, 32, state, true, {}});
   CHECK(st.code() == StatusCode::invalid_argument);
   CHECK_THAT(st.message(), Catch::Contains("not inside one live allocation"));
   st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
-                           rt::DerivedSource{dx, bytes, nullptr, true});
+                           rt::DerivedSource{dx, bytes, nullptr, true, {}});
   CHECK(st.code() == StatusCode::invalid_argument);
   st = dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr,
                            rt::DerivedSource{dx, bytes, state, true, {{dy + bytes - 16, 32}}});
   CHECK(st.code() == StatusCode::invalid_argument);
-  for (uint64_t p : {dx, dy, dz, other}) REQUIRE(dev->free(p).ok());
 }
 
 TEST_CASE("launch_derived with several sources: left out only while none of them changed") {
-  auto dev = test::tiny_device();
-  rt::Stream s;
-  REQUIRE(dev->create_stream(&s).ok());
-  const uint64_t n = 2048, bytes = n * 2;
-  const int blocks = dev->config().core_kind(isa::CoreKind::AIV)->count;
-  uint64_t dx = 0, dy = 0, dz = 0, other = 0;
-  for (uint64_t* p : {&dx, &dy, &dz, &other}) REQUIRE(dev->malloc(bytes, p).ok());
-  auto x = test::random_f16(n, 7), y = test::random_f16(n, 8);
-  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
-  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  DerivedAdd t(7, 8);
   // z = x + y derived from both x and y.
   auto state = std::make_shared<rt::DerivedState>();
-  const rt::DerivedSource src{dx, bytes, state, true, {{dy, bytes}}};
-  auto derive = [&]() {
-    const size_t before = dev->launch_records().size();
-    REQUIRE(dev->launch_derived(s, vadd(), {dx, dy, dz, n}, blocks, nullptr, src).ok());
-    REQUIRE(dev->synchronize_stream(s).ok());
-    std::vector<uint16_t> z(n);
-    REQUIRE(dev->memcpy_d2h(z.data(), dz, bytes).ok());
-    CHECK(z == test::reference_add_f16(x, y));
-    return dev->launch_records().size() > before;
-  };
+  const rt::DerivedSource src{t.dx, t.bytes, state, true, {{t.dy, t.bytes}}};
+  auto derive = [&]() { return t.derive(src); };
   CHECK(derive());
   CHECK_FALSE(derive());
-  REQUIRE(dev->memset8(other, 1, bytes).ok());
+  REQUIRE(t.dev->memset8(t.other, 1, t.bytes).ok());
   CHECK_FALSE(derive());
-  y = test::random_f16(n, 9);  // the second source changes: it runs again
-  REQUIRE(dev->memcpy_h2d(dy, y.data(), bytes).ok());
+  t.y = test::random_f16(t.n, 9);  // the second source changes: it runs again
+  REQUIRE(t.dev->memcpy_h2d(t.dy, t.y.data(), t.bytes).ok());
   CHECK(derive());
   CHECK_FALSE(derive());
-  x = test::random_f16(n, 10);  // the first
-  REQUIRE(dev->memcpy_h2d(dx, x.data(), bytes).ok());
+  t.x = test::random_f16(t.n, 10);  // the first
+  REQUIRE(t.dev->memcpy_h2d(t.dx, t.x.data(), t.bytes).ok());
   CHECK(derive());
   CHECK_FALSE(derive());
   CHECK(state->skipped == 4);
-  for (uint64_t p : {dx, dy, dz, other}) REQUIRE(dev->free(p).ok());
 }

@@ -17,7 +17,7 @@ struct DerivedTensorCache::Entry {
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
   ~Entry() {
-    if (buffer) device->free(buffer);  // (a failure would only leak the block)
+    if (buffer) (void)device->free(buffer);  // (a failure would only leak the block)
   }
 };
 
