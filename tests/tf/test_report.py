@@ -179,10 +179,12 @@ def test_trace_has_host_lane_copies_and_pipe_detail(profiled):
     # The waits are filled by the copies (the runtime runs one operation at a time): the
     # copies that lie between the first task's origin and the last task's end add up to the
     # waits, to two cycles per copy (starts are rounded down and durations up to whole cycles,
-    # at each end of a copy and of the task next to it).
+    # at each end of a copy and of the task next to it). A copy's start is a whole cycle that
+    # the trace writes in us: round it back, or a copy starting in the last task's final
+    # (rounded-up) cycle reads as 1e-9 cycles earlier and falls inside the window.
     origin = rows[0]["task_start_cycles"] - rows[0]["task_wait_cycles"]
     end = rows[-1]["task_start_cycles"] + rows[-1]["task_duration_cycles"]
-    inside = [e for e in copies if origin - 1 <= e["ts"] * clock < end - 1]
+    inside = [e for e in copies if origin - 1 <= round(e["ts"] * clock) < end - 1]
     copy_cycles = sum(e["dur"] * clock for e in inside)
     waits = sum(r["task_wait_cycles"] for r in rows)
     assert abs(copy_cycles - waits) <= 2 * len(inside) + 1, (copy_cycles, waits)
