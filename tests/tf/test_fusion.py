@@ -261,8 +261,13 @@ def test_fp16_handoff_between_convolutions(npusim, tf):
             got = f(xt)
             recs = npusim.launch_records()[n0:]
         results[name] = (np.asarray(got[0] if name == "both" else got),
-                         sum(r["kernel"].startswith("Cast_") for r in recs))
+                         sum(r["kernel"].startswith("Cast_") for r in recs),
+                         sorted(r["kernel"] for r in recs if r["kernel"].startswith("Conv2D")))
     assert results["chain"][1] == 1, results  # x's cast only
     assert results["both"][1] == 2, results   # x's and mid's
+    # The kernels are named by what they write: the first convolution's output is f16 only in
+    # the chain.
+    assert results["chain"][2] == ["Conv2DBiasRelu_f16", "Conv2DBias_f32"], results
+    assert results["both"][2] == ["Conv2DBiasRelu_f32", "Conv2DBias_f32"], results
     np.testing.assert_array_equal(results["chain"][0], results["both"][0])
     assert rel_error(results["chain"][0], want) < RTOL

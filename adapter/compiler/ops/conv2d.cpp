@@ -382,7 +382,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
-  s.name = relu ? "Conv2DBiasRelu_f32" : "Conv2DBias_f32";
+  s.name = fmt::format("Conv2DBias{}_{}", relu ? "Relu" : "", data_type_name(y_type));
   s.bias = true;
   s.relu = relu;
   append_cube_conv(k, ctx, ct, s, xr, wr, &fold.shift);
