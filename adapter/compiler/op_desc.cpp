@@ -84,8 +84,27 @@ std::string OpDesc::key() const {
 }
 
 std::string OpDesc::str() const {
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : inputs) parts.push_back(t.str());
   std::string s = type + "(";
-  for (size_t i = 0; i < inputs.size(); ++i) s += (i ? ", " : "") + inputs[i].str();
+  if (parts.size() <= kListedInputs) {
+    for (size_t i = 0; i < parts.size(); ++i) s += (i ? ", " : "") + parts[i];
+    return s + ")";
+  }
+  // Many inputs (Pack, ConcatV2 of hundreds): runs of equal inputs as "f32[2,3] x 300", and
+  // past kListedInputs runs only the count, so that a message stays readable.
+  size_t runs = 0;
+  for (size_t i = 0; i < parts.size();) {
+    size_t j = i + 1;
+    while (j < parts.size() && parts[j] == parts[i]) ++j;
+    if (runs == kListedInputs) {
+      s += fmt::format(", ... ({} inputs in all)", parts.size());
+      break;
+    }
+    s += (runs ? ", " : "") + parts[i] + (j - i > 1 ? fmt::format(" x {}", j - i) : "");
+    ++runs;
+    i = j;
+  }
   return s + ")";
 }
 

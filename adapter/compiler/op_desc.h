@@ -80,8 +80,10 @@ struct OpDesc {
   // Canonical cache key: op, input dtypes and shapes, attributes (sorted by name), and the
   // outputs if given. Two descs with the same key compile to the same kernel.
   std::string key() const;
-  // "AddV2(f32[2,3], f32[3])" for messages.
+  // "AddV2(f32[2,3], f32[3])" for messages; with more than kListedInputs inputs, runs of equal
+  // ones are counted ("Pack(bool[] x 300)") and at most kListedInputs runs are listed.
   std::string str() const;
+  static constexpr size_t kListedInputs = 8;
 
   // Typed attribute access; a missing attribute gives `fallback`, a present one of another type
   // throws CompileError naming op and attribute.

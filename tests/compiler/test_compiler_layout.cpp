@@ -351,6 +351,41 @@ TEST_CASE("Tile and BroadcastTo") {
   }
 }
 
+// One kernel addresses at most 128 inputs (ldarg's 8-bit argument index, half of it): more are
+// concatenated in groups into workspace slices, then the slices into the output.
+TEST_CASE("ConcatV2 and Pack of more inputs than one kernel takes") {
+  const ChipConfig& cfg = test_sim().config();
+  // Pack of 300 f16 [2, 3] on axis 1: [2, 300, 3], out[i][k][j] = in_k[i][j].
+  std::vector<HostTensor> ins;
+  std::vector<TensorDesc> descs;
+  for (uint32_t k = 0; k < 300; ++k) {
+    ins.push_back(distinct(DataType::F16, {2, 3}, 7 * k));
+    descs.push_back(ins.back().desc);
+  }
+  HostTensor want = reference(DataType::F16, {2, 300, 3}, ins[0], [](const Index&) { return 0; });
+  for (int64_t f = 0; f < numel({2, 300, 3}); ++f) {
+    const Index i = unflatten(f, {2, 300, 3});
+    want.values[static_cast<size_t>(f)] =
+        ins[static_cast<size_t>(i[1])].values[static_cast<size_t>(i[0] * 3 + i[2])];
+  }
+  const compiler::OpDesc pack = make_op("Pack", descs, {{"axis", int64_t{1}}});
+  CHECK(compiler::compile(pack, cfg).launches.size() == 4);  // 3 groups (128 + 128 + 44), 1 join
+  check(pack, ins, {want});
+
+  // ConcatV2 on axis 0 of 129 bool inputs, the first 128 of them empty (a group that adds
+  // nothing): the output is the last input.
+  std::vector<HostTensor> bools(128, HostTensor{TensorDesc{DataType::BOOL, {0, 4}}, {}});
+  bools.push_back(distinct(DataType::BOOL, {5, 4}, 3));
+  std::vector<TensorDesc> bdescs;
+  for (const HostTensor& t : bools) bdescs.push_back(t.desc);
+  check(make_op("ConcatV2", bdescs, {{"axis", int64_t{0}}}), bools, {bools.back()});
+
+  // An error names the op with its inputs counted, not listed one by one.
+  descs.back() = TensorDesc{DataType::F16, {3, 3}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("Pack", descs, {{"axis", int64_t{1}}}), cfg),
+                    Catch::Contains("Pack(f16[2,3] x 299, f16[3,3]): input 299"));
+}
+
 TEST_CASE("layout op errors name the operand") {
   const ChipConfig& cfg = test_sim().config();
   TensorDesc x{DataType::F32, {3, 4}};

@@ -88,6 +88,18 @@ def test_concat_pack_unpack(npusim, tf, strict_placement, dtype):
     _check(npusim, tf, lambda p: tf.unstack(p, axis=1)[:3], [b], "Unpack")
 
 
+def test_concat_and_pack_of_hundreds_of_inputs(npusim, tf, strict_placement):
+    # Keras stacks one flag per variable (ResNet-50: 320): more inputs than one kernel addresses,
+    # so the compiler concatenates them in groups first (ops/layout.cpp, concat_in_groups).
+    # Three groups (128 + 128 + the rest) and the join: four concatenation kernels.
+    flags = [_data((), np.bool_, k) for k in range(320)]
+    _, _, records = _both(npusim, tf, lambda *t: tf.stack(t), flags)
+    assert [r["kernel"] for r in records] == ["ConcatV2_bool"] * 4, records
+    _check(npusim, tf, lambda *t: tf.stack(t), flags)
+    parts = [_data((2, 1 + k % 3), np.float32, k) for k in range(300)]
+    _check(npusim, tf, lambda *t: tf.concat(t, axis=1), parts, "ConcatV2")
+
+
 def test_pack_int32_stays_on_the_npu(npusim, tf, strict_placement):
     # Pack has no DEVICE_DEFAULT int32 kernel; shape vectors built with tf.stack need this one.
     a, b = _ints((4,), 5), _ints((4,), 6)

@@ -196,6 +196,49 @@ CompiledKernel compile_transpose(const CompileContext& ctx) {
   return std::move(plan).finish();
 }
 
+// A kernel addresses its arguments by ldarg's 8-bit index: one concatenation kernel takes at
+// most this many inputs (half the index range, leaving room for the output and the rest).
+CompiledKernel compile_concat(const CompileContext& ctx);
+
+size_t max_concat_inputs() { return (isa::field_imm_max(isa::FieldKind::U8) + 1) / 2; }
+
+// The concatenation along `axis` of inputs of `shapes` (Pack's with the new dim inserted) when
+// there are more than one kernel can address: groups of max_concat_inputs() inputs are
+// concatenated along the same axis into workspace slices, then the slices into the output (a
+// group of groups again if there are still too many). Every level is a plain concatenation.
+CompiledKernel concat_in_groups(const CompileContext& ctx, DataType dt,
+                                const std::vector<std::vector<int64_t>>& shapes, int64_t axis,
+                                const TensorDesc& out) {
+  LaunchPlan plan({out});
+  OpDesc top;
+  top.type = "ConcatV2";
+  top.attrs["axis"] = axis;
+  std::vector<ArgRef> parts;
+  const size_t group = max_concat_inputs();
+  for (size_t g0 = 0; g0 < shapes.size(); g0 += group) {
+    const size_t g1 = std::min(shapes.size(), g0 + group);
+    OpDesc part;
+    part.type = top.type;
+    part.attrs = top.attrs;
+    std::vector<ArgRef> ins;
+    for (size_t k = g0; k < g1; ++k) {
+      part.inputs.push_back(TensorDesc{dt, shapes[k]});
+      ins.push_back(LaunchPlan::input(static_cast<int>(k)));
+    }
+    const CompiledKernel sub = compile_concat(CompileContext{part, ctx.cfg, ctx.precision});
+    const TensorDesc& piece = sub.outputs[0];
+    if (piece.num_elements() == 0) continue;  // contributes nothing along the axis
+    const ArgRef slice = plan.workspace(piece.bytes());
+    plan.add(sub, ins, {slice}, fmt::format("inputs {}..{}", g0, g1 - 1));
+    top.inputs.push_back(piece);
+    parts.push_back(slice);
+  }
+  if (!parts.empty())
+    plan.add(compile_concat(CompileContext{top, ctx.cfg, ctx.precision}), parts,
+             {LaunchPlan::output(0)}, fmt::format("{} groups", parts.size()));
+  return std::move(plan).finish();
+}
+
 // ConcatV2 (attr axis) and Pack (attr axis; inputs gain a dim of 1 there).
 CompiledKernel compile_concat(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -230,6 +273,7 @@ CompiledKernel compile_concat(const CompileContext& ctx) {
     out_shape[static_cast<size_t>(axis)] += shapes[k][static_cast<size_t>(axis)];
   }
   const TensorDesc out{dt, out_shape};
+  if (op.inputs.size() > max_concat_inputs()) return concat_in_groups(ctx, dt, shapes, axis, out);
   AssembleSpec spec;
   spec.kernel_name = kname(op, dt);
   spec.dtype = dt;
