@@ -21,7 +21,8 @@ is not touched until the NPU phase. Both devices run the same tf.function / trai
 (jit_compile=False: XLA cannot compile for the NPU), the same weights (seed 0) and data.
 
 Per-launch records (needed for the simulated time) cost emulator wall time and memory: each
-holds a counter tree (~350 KB of JSON on the 910b); --no-records turns them off to show the
+holds the launch's changed counters (a counter tree of ~350 KB of JSON on the 910b when built,
+which this script does not ask for); --no-records turns them off to show the
 emulator's own speed.
 
 Usage: .venv/bin/python benchmarks/bench_tf.py [--chip 910b] [--steps 3] [--only resnet|mlp]

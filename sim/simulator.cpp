@@ -131,7 +131,7 @@ struct Simulator::Impl {
     r.start_cycle = time_ps(start) / kPsPerCycle;
     r.cycles = ceil_cycles(rec.duration_ps);
     r.time_us = cfg.cycles_to_us(static_cast<double>(rec.duration_ps) / kPsPerCycle);
-    r.counter_delta = counters.delta_of(rec.counters);
+    r.counter_delta = rec.delta;  // shares the recording's values (delta_of(rec.counters))
     r.counter_delta.set_root(kChipName);
     if (counter_tree) r.counters = r.counter_delta.tree();
     return r;
@@ -307,6 +307,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
     rec.duration_ps = duration_ps;
     rec.quiescent_ps = time_ps(sc_time_stamp() - start);
     rec.counters = I.counters.raw_delta_since(I.launch_base);
+    rec.delta = I.counters.delta_of(rec.counters);
     I.memo.insert(std::move(key), std::move(similar), std::move(rec));
   }
   return r;

@@ -1,5 +1,8 @@
 #include "sim/counters/counters.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -35,7 +38,8 @@ void add_leaf(nlohmann::json& tree, const CounterInfo& info, uint64_t value) {
 nlohmann::json CounterDelta::tree() const {
   if (m_tree) return *m_tree;
   nlohmann::json tree = nlohmann::json::object();
-  for (const auto& [info, value] : m_values) add_leaf(tree, *info, value);
+  if (m_values)
+    for (const auto& [info, value] : *m_values) add_leaf(tree, *info, value);
   if (!m_root.empty() && !tree.contains(m_root)) tree[m_root] = nlohmann::json::object();
   return tree;
 }
@@ -116,13 +120,15 @@ CounterDelta CounterRegistry::delta_since(const std::vector<uint64_t>& base) con
   // compute the reported value (a division) only for those that did.
   auto info = m_info->cbegin();
   size_t i = 0;
+  CounterDelta::Values values;
   for (auto c = m_counters.cbegin(); c != m_counters.cend(); ++c, ++info, ++i) {
     const bool moved = c->m_kind == CounterKind::kHighWater
                            ? (base.empty() ? c->m_raw : c->m_window) != 0
                            : c->m_raw != (i < base.size() ? base[i] : 0);
     if (!moved) continue;
-    if (const uint64_t value = reported_since(i, base)) d.m_values.emplace_back(&*info, value);
+    if (const uint64_t value = reported_since(i, base)) values.emplace_back(&*info, value);
   }
+  d.m_values = intern(std::move(values));
   return d;
 }
 
@@ -154,10 +160,32 @@ CounterDelta CounterRegistry::delta_of(const RawDelta& delta) const {
   d.m_keep = m_info;
   // Sums grew by raw since the snapshot; a high-water counter's window (zeroed by the snapshot)
   // was raised to raw: either way the reported value is report(raw).
+  CounterDelta::Values values;
   for (const auto& [i, raw] : delta)
     if (const uint64_t value = m_counters[i].report(raw))
-      d.m_values.emplace_back(&(*m_info)[i], value);
+      values.emplace_back(&(*m_info)[i], value);
+  d.m_values = intern(std::move(values));
   return d;
+}
+
+std::shared_ptr<const CounterDelta::Values> CounterRegistry::intern(
+    CounterDelta::Values values) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (counter description address, value)
+  for (const auto& [info, value] : values)
+    for (uint64_t word : {static_cast<uint64_t>(reinterpret_cast<uintptr_t>(info)), value}) {
+      h ^= word;
+      h *= 1099511628211ull;
+    }
+  std::weak_ptr<const CounterDelta::Values>& slot = m_interned[h];
+  if (auto alive = slot.lock(); alive && *alive == values) return alive;
+  auto fresh = std::make_shared<const CounterDelta::Values>(std::move(values));
+  slot = fresh;  // (a hash collision only loses the sharing of the older values)
+  if (m_interned.size() > m_interned_sweep) {
+    for (auto it = m_interned.begin(); it != m_interned.end();)
+      it = it->second.expired() ? m_interned.erase(it) : std::next(it);
+    m_interned_sweep = std::max<size_t>(1024, 2 * m_interned.size());
+  }
+  return fresh;
 }
 
 Counter& CounterGroup::get_or_add(const std::string& name, const std::string& unit,

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -81,12 +82,21 @@ class CounterDelta {
   // The top-level group tree() always contains (the Simulator's "chip").
   void set_root(std::string root) { m_root = std::move(root); }
   // Number of counters that changed (of a ready tree: 0).
-  size_t size() const { return m_values.size(); }
+  size_t size() const { return m_values ? m_values->size() : 0; }
+  // Whether both hold one stored copy of their values (equal deltas built while another was
+  // alive share it: CounterRegistry::intern). For memory accounting and its tests.
+  bool shares_values(const CounterDelta& other) const {
+    return m_values && m_values == other.m_values;
+  }
 
  private:
   friend class CounterRegistry;
+  using Values = std::vector<std::pair<const CounterInfo*, uint64_t>>;
   std::shared_ptr<const void> m_keep;  // the registry's description store
-  std::vector<std::pair<const CounterInfo*, uint64_t>> m_values;
+  // Immutable once built, so copies share it: the records of a replayed launch all share the
+  // values of its recording (RecordedLaunch::delta) instead of holding ~1500 pairs each on a
+  // large chip, and a long training run's launch records stay small.
+  std::shared_ptr<const Values> m_values;
   std::shared_ptr<const nlohmann::json> m_tree;
   std::string m_root;
 };
@@ -138,11 +148,18 @@ class CounterRegistry {
  private:
   // Counter i's growth since base, as reported (dump_since's rules).
   uint64_t reported_since(size_t i, const std::vector<uint64_t>& base) const;
+  // `values` as a delta's shared values: equal to those of a delta still alive, that one's.
+  // Launches of one kernel that ran alike (most launches of a training loop that could not be
+  // replayed at their new addresses) then keep one copy between all their records.
+  std::shared_ptr<const CounterDelta::Values> intern(CounterDelta::Values values) const;
 
   std::deque<Counter> m_counters;                   // stable addresses
   // Each counter's description, in registration order; shared with the deltas that name it.
   std::shared_ptr<std::deque<CounterInfo>> m_info;
   std::map<std::string, size_t> m_index;            // name -> position
+  // intern()'s table: values by hash; entries whose deltas are all gone are swept now and then.
+  mutable std::unordered_map<uint64_t, std::weak_ptr<const CounterDelta::Values>> m_interned;
+  mutable size_t m_interned_sweep = 1024;  // sweep when the table grows past this
 };
 
 // A registry view with a name prefix, for a module to register its counters under its path.

@@ -257,6 +257,7 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
 
 uint64_t RecordedLaunch::bytes() const {
   uint64_t n = sizeof(*this) + counters.size() * sizeof(counters[0]) +
+               delta.size() * sizeof(std::pair<const void*, uint64_t>) +
                transfer_order.size() * sizeof(transfer_order[0]);
   for (const SectionRun& r : runs)
     n += r.decoded.size() * (sizeof(DecodedInsn) + sizeof(std::string));

@@ -61,6 +61,9 @@ struct RecordedLaunch {
   uint64_t duration_ps = 0;   // launch start to its end (KernelResult::cycles before rounding)
   uint64_t quiescent_ps = 0;  // launch start to the simulation going idle (next launch's start)
   CounterRegistry::RawDelta counters;
+  // The same counters as reported (CounterRegistry::delta_of(counters)), built once: every
+  // replay's KernelResult::counter_delta shares it.
+  CounterDelta delta;
   // The decoded sections the blocks ran, with their index in Program::sections (the `section`
   // pointer is set to the replayed launch's program before use).
   std::vector<SectionRun> runs;

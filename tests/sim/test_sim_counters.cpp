@@ -89,6 +89,37 @@ TEST_CASE("delta_since holds the changed counters flat; its tree is dump_since's
   CHECK(reg.dump_since(base, /*changed_only=*/true) == expected);
 }
 
+TEST_CASE("equal deltas share one copy of their values") {
+  CounterRegistry reg;
+  Counter& busy = reg.add("chip.aic0.mte2.busy_cycles", "cycles", "busy", 1000);
+  Counter& launches = reg.add("chip.launches", "launches", "launches");
+  std::vector<uint64_t> base;
+  auto launch = [&](uint64_t busy_ps) {
+    reg.snapshot(base);
+    busy.add(busy_ps);
+    launches.inc();
+    return reg.delta_since(base);
+  };
+  const CounterDelta first = launch(2000), again = launch(2000), other = launch(3000);
+  CHECK(first.tree() == again.tree());
+  CHECK(first.shares_values(again));
+  CHECK_FALSE(first.shares_values(other));
+  CHECK(other.tree()["chip"]["aic0"]["mte2"]["busy_cycles"]["value"] == 3);
+  // delta_of a raw delta with the same growth: the same values, shared too.
+  reg.snapshot(base);
+  busy.add(2000);
+  launches.inc();
+  const CounterRegistry::RawDelta raw = reg.raw_delta_since(base);
+  CHECK(reg.delta_of(raw).shares_values(first));
+  // Once every delta holding some values is gone, equal growth builds them afresh (the table
+  // keeps no values alive by itself).
+  CounterDelta gone = launch(7000);
+  gone = CounterDelta();
+  const CounterDelta fresh = launch(7000);
+  CHECK(fresh.tree()["chip"]["aic0"]["mte2"]["busy_cycles"]["value"] == 7);
+  CHECK(fresh.size() == 2);
+}
+
 TEST_CASE("a delta outlives its registry") {
   CounterDelta kept;
   {

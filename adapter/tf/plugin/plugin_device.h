@@ -8,7 +8,8 @@
 //   NPUSIM_CHIP_OVERRIDES   "dotted.key=value" overrides separated by ';' or newlines
 //   NPUSIM_PRECISION_MODE   CANN precision mode for cube ops (default allow_fp32_to_fp16)
 //   NPUSIM_RECORD_LAUNCHES  "0" turns off the runtime's per-launch records (default on; each
-//                           holds the launch's counter tree, some 20 KB of JSON on tiny)
+//                           holds the launch's changed counters, shared between launches
+//                           that counted alike)
 //   NPUSIM_MAX_INSNS_PER_BLOCK  the simulator's watchdog (SimOptions::max_insns_per_block): a
 //                           block executing more scalar-unit instructions faults (default
 //                           SimOptions' 10^8; 0 disables it)
