@@ -228,12 +228,12 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   if (replayable && !found && !detail) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
     // timing provably holds for these addresses.
-    for (RecordedLaunch* candidate : I.memo.find_similar(similar))
+    for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
       if (verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
                              I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
         // Kept under this launch's own key too: the next step finds it without the check.
         I.memo.alias(key, candidate);
-        recorded = candidate;
+        recorded = candidate.get();  // the memo keeps it (just added: not evicted)
         break;
       }
   }

@@ -38,9 +38,12 @@ struct SimOptions {
   // Host threads a replayed launch's cores run on; 0: the host's hardware threads (at most 8).
   // NPUSIM_REPLAY_THREADS overrides it.
   int replay_threads = 0;
-  // Recorded launches kept for replay, at most this many and about this much host memory
-  // (least recently used dropped first).
-  size_t replay_memo_launches = 4096;
+  // Recorded launches kept for replay, at most this many keys and about this much host memory
+  // (least recently used dropped first). A training step at new addresses adds a key per
+  // launch (most of them aliases of a recording: a key each, no copy), and ResNet-50 trains with
+  // ~7,500 launches a step: the keys must hold more than a step, or the next step finds the
+  // recordings it would replay gone.
+  size_t replay_memo_launches = 65536;
   uint64_t replay_memo_bytes = uint64_t(1) << 30;
 };
 

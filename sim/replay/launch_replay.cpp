@@ -272,13 +272,13 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   return it->second->second.get();
 }
 
-std::vector<RecordedLaunch*> LaunchMemo::find_similar(const LaunchKey& similar) {
-  std::vector<RecordedLaunch*> out;
+std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_similar(const LaunchKey& similar) {
+  std::vector<std::shared_ptr<RecordedLaunch>> out;
   auto it = m_similar.find(similar);
   if (it == m_similar.end()) return out;
   for (const LaunchKey& k : it->second) {
     auto e = m_map.find(k);
-    if (e != m_map.end()) out.push_back(e->second->second.get());
+    if (e != m_map.end()) out.push_back(e->second->second);
   }
   return out;
 }
@@ -317,10 +317,9 @@ void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
   add(std::move(key), std::make_shared<RecordedLaunch>(std::move(rec)));
 }
 
-void LaunchMemo::alias(LaunchKey key, const RecordedLaunch* rec) {
-  if (m_capacity == 0) return;
-  for (const Entry& e : m_lru)
-    if (e.second.get() == rec) return add(std::move(key), e.second);
+void LaunchMemo::alias(LaunchKey key, std::shared_ptr<RecordedLaunch> rec) {
+  if (m_capacity == 0 || !rec) return;
+  add(std::move(key), std::move(rec));
 }
 
 void LaunchMemo::erase(const LaunchKey& key) {

@@ -124,11 +124,11 @@ class LaunchMemo {
   // The recordings inserted with this similar key (replay_key) that are still kept, latest
   // first, at most kSimilar.
   static constexpr size_t kSimilar = 4;
-  std::vector<RecordedLaunch*> find_similar(const LaunchKey& similar);
+  std::vector<std::shared_ptr<RecordedLaunch>> find_similar(const LaunchKey& similar);
   // A new recording: under `key`, and one of those `similar` finds.
   void insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec);
-  // `rec` (kept under another key) found to time the launch `key` too.
-  void alias(LaunchKey key, const RecordedLaunch* rec);
+  // `rec` (kept under another key, from find_similar) found to time the launch `key` too.
+  void alias(LaunchKey key, std::shared_ptr<RecordedLaunch> rec);
   void erase(const LaunchKey& key);
   size_t size() const { return m_map.size(); }
   uint64_t bytes() const { return m_bytes; }
