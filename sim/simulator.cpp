@@ -217,15 +217,24 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   const sc_time start = sc_time_stamp();
   // A launch run before is replayed unless an observer wants to see its instructions.
   LaunchKey key, similar;
+  bool loads = false;
   const bool replayable =
       I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
-      replay_key(*launch.program, launch.args, launch.block_dim, &key, &similar);
+      replay_key(*launch.program, launch.args, launch.block_dim, &key, &similar, &loads);
   RecordedLaunch* found = replayable ? I.memo.find(key) : nullptr;
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),
                                   [](const ChipObserver* o) { return o->wants_launch_detail(); });
   RecordedLaunch* recorded = detail ? nullptr : found;
-  if (replayable && !found && !detail) {
+  // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
+  // recording must pass the check with this launch's data first, as one made at other
+  // addresses does; one that fails is recorded afresh below.
+  const bool stale = recorded && loads &&
+                     !verify_translation(*recorded, *launch.program, launch.args,
+                                         launch.block_dim, I.chip->cores(), I.gm, I.cfg, I.pool,
+                                         I.verify_l2);
+  if (stale) recorded = nullptr;
+  if (replayable && !recorded && !detail) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
     // timing provably holds for these addresses.
     for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
@@ -270,7 +279,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
       I.chip->cores()[static_cast<size_t>(recorded->cores[i].core)]->local().restore(buffers[i]);
   }
 
-  const bool record = replayable && !found && !recorded;
+  const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        I.opts.max_insns_per_block, record);
   run_to_quiescence();

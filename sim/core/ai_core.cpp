@@ -362,6 +362,10 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         int64_t v = 0;
         if (m_env.launch().functional) m_env.gm().read(addr, &v, 8);
         dst() = v;
+        if (m_env.launch().record) {  // where it read, among the effects (replay reads there)
+          m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
+          m_gm_accesses.push_back({addr, 8, false});
+        }
       } else {
         if (m_env.launch().functional) {
           const int64_t v = m_scalar.operand(in, 0);

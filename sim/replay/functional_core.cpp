@@ -1,5 +1,7 @@
 #include "sim/replay/functional_core.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -38,6 +40,23 @@ FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind
 
 void FunctionalCore::take_effect(const IssuedOp& op) {
   m_pc = op.pc;
+  if (op.op() == Opcode::op_ld) {  // at its recorded place among the effects
+    const uint64_t addr = static_cast<uint64_t>(op[1]);
+    if (!m_ctx.gm.in_bounds(addr, 8))
+      throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
+                                    "bytes", addr, addr + 8, m_ctx.gm.capacity()));
+    m_loads.push_back({addr, 8, false});
+    if (m_verify) {
+      auto overlaps = [&](const GmAccess& a) {
+        return a.write && a.addr < addr + 8 && addr < a.addr + a.bytes;
+      };
+      m_stale_load = m_stale_load || std::any_of(m_ranges.begin(), m_ranges.end(), overlaps) ||
+                     std::any_of(m_stores.begin(), m_stores.end(), overlaps);
+    }
+    m_loaded = 0;  // a timing-only run moves no data: ld reads 0 (as AiCore)
+    if (m_functional) m_ctx.gm.read(addr, &m_loaded, 8);
+    return;
+  }
   if (m_verify) {
     if (op.op() == Opcode::op_st) {
       m_stores.push_back({static_cast<uint64_t>(op[1]), 8, true});
@@ -118,11 +137,22 @@ void FunctionalCore::run_block(const SectionRun& run, const BlockIdentity& id) {
         m_queues[static_cast<size_t>(Pipe::S)].ops.push_back(m_scalar.issued(in, pc));
         execute_ready();
         break;
+      case Opcode::op_ld: {
+        // The value is needed now: every effect recorded before the load has been issued (the
+        // scalar unit issues in program order), so the load is taken here.
+        Queue& s = m_queues[static_cast<size_t>(Pipe::S)];
+        s.ops.push_back(m_scalar.issued(in, pc));
+        execute_ready();
+        if (!s.empty())
+          throw KernelFault("replay: an ld is not where the recorded order has it");
+        m_scalar.regs[static_cast<size_t>(in.ops[0].value)] = m_loaded;
+        break;
+      }
       case Opcode::op_set_flag:
       case Opcode::op_wait_flag:
       case Opcode::op_pipe_barrier:
         break;  // order only time
-      default:  // ld, cc_set, cc_wait: such programs are never recorded (replay_key)
+      default:  // cc_set, cc_wait: such programs are never recorded (replay_key)
         throw KernelFault(fmt::format("replay: {} cannot be replayed",
                                       in.desc().mnemonic));
     }

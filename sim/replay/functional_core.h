@@ -27,7 +27,7 @@ namespace npusim {
 class FunctionalCore {
  public:
   // order: the pipes whose instructions took effect one after another in the timed run, over
-  // all the blocks this core ran (AiCore::exec_order; isa::Pipe::S marks a scalar st).
+  // all the blocks this core ran (AiCore::exec_order; isa::Pipe::S marks a scalar st or ld).
   // functional: false for a timing-only simulator (nothing is computed, buffers stay as they
   // are).
   // execute: carry out each instruction's effect. verify: change nothing, but compute each
@@ -63,11 +63,16 @@ class FunctionalCore {
   const std::vector<GmAccess>& transfer_ranges() const { return m_ranges; }
   const std::vector<uint32_t>& transfer_sizes() const { return m_sizes; }
   const std::vector<GmAccess>& stores() const { return m_stores; }
+  // The scalar loads' ranges (both modes); in verify mode, whether a load read bytes this core
+  // wrote earlier in the launch (verify applies no effects, so it read them stale: the check
+  // cannot vouch for what follows).
+  const std::vector<GmAccess>& loads() const { return m_loads; }
+  bool stale_load() const { return m_stale_load; }
 
  private:
   // Executes recorded steps while the pipe each names has an instruction issued.
   void execute_ready();
-  // Executes op (a pipe instruction, or a scalar st when S).
+  // Executes op (a pipe instruction, or a scalar st or ld when S).
   void take_effect(const IssuedOp& op);
 
   ExecContext m_ctx;
@@ -76,7 +81,9 @@ class FunctionalCore {
   const bool m_functional;
   const bool m_verify;
   CoreFingerprint m_fingerprint;
-  std::vector<GmAccess> m_ranges, m_stores;
+  std::vector<GmAccess> m_ranges, m_stores, m_loads;
+  bool m_stale_load = false;
+  int64_t m_loaded = 0;  // the value the last ld read
   std::vector<uint32_t> m_sizes;
   Queues m_own_queues;  // unused when the caller lends storage
   Queues& m_queues;

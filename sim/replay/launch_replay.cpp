@@ -42,20 +42,22 @@ size_t LaunchKeyHash::operator()(const LaunchKey& k) const {
 }
 
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key, LaunchKey* similar) {
+                LaunchKey* key, LaunchKey* similar, bool* loads) {
   Hasher h;
+  bool has_ld = false;
   for (const isa::Section& s : program.sections) {
     h.add(0x5ec7000000000000ull | static_cast<uint64_t>(s.kind));
     h.add(s.code.size());
     for (const isa::Instruction& in : s.code) {
-      if (in.op == Opcode::op_ld || in.op == Opcode::op_cc_set || in.op == Opcode::op_cc_wait)
-        return false;
+      if (in.op == Opcode::op_cc_set || in.op == Opcode::op_cc_wait) return false;
+      has_ld = has_ld || in.op == Opcode::op_ld;
       h.add(static_cast<uint64_t>(in.op));
       const size_t n = static_cast<int>(in.op) < isa::kNumOpcodes ? in.desc().fields.size() : 0;
       for (size_t f = 0; f < n; ++f)
         h.add(static_cast<uint64_t>(in.ops[f].value) * 2 + (in.ops[f].is_reg ? 1 : 0));
     }
   }
+  if (loads) *loads = has_ld;
   key->program_hash[0] = h.a;
   key->program_hash[1] = h.b;
   key->args = args;
@@ -223,13 +225,14 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
       ran = false;  // e.g. a range outside device memory: not the recorded timing
     }
     core.local().reset_high_water();  // plan() noted marks; the recorded counters hold them
-    ok[i] = ran && fc->finished() && fc->fingerprint() == cb.fingerprint;
+    ok[i] = ran && fc->finished() && !fc->stale_load() && fc->fingerprint() == cb.fingerprint;
     verified[i] = std::move(fc);
   });
   if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
   // No core may touch bytes another core writes.
   CoreAccesses accesses;
-  for (const auto& fc : verified) accesses.push_back({&fc->transfer_ranges(), &fc->stores()});
+  for (const auto& fc : verified)
+    accesses.push_back({&fc->transfer_ranges(), &fc->stores(), &fc->loads()});
   if (cores_share_written_bytes(accesses)) return false;
   // The L2 outcome of every range, transfers in the recorded order.
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores

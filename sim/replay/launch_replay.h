@@ -49,12 +49,14 @@ struct LaunchKeyHash {
   size_t operator()(const LaunchKey& k) const;
 };
 
-// The key of a launch, or false if the program cannot be replayed (it has ld, cc_set or
-// cc_wait, whose timing or effect depends on data or on other cores). `similar` gets the key
-// with every tensor address (a typed argument, isa::ArgInfo) left out: the launches a
-// recording may time after a check of their addresses (verify_translation).
+// The key of a launch, or false if the program cannot be replayed (it has cc_set or cc_wait,
+// whose timing depends on another core's progress). `similar` gets the key with every tensor
+// address (a typed argument, isa::ArgInfo) left out: the launches a recording may time after a
+// check of their addresses (verify_translation). `loads` (may be null): whether the program has
+// an ld, so that data can reach its control flow or operands: a recording then times a launch
+// only after verify_translation with the launch's data, even under the same key.
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key, LaunchKey* similar);
+                LaunchKey* key, LaunchKey* similar, bool* loads = nullptr);
 
 // What replaying a launch needs from its simulated run.
 struct RecordedLaunch {

@@ -74,6 +74,22 @@ const char* kLoadStore = R"(
     end
 )";
 
+// ld steers the control flow: the loop runs as many times as the loaded value says.
+const char* kLoadLoop = R"(
+.arg p
+.section aiv
+    ldarg x1, p
+    ld x2, x1
+    movi x3, 0
+loop:
+    add x3, x3, 3
+    sub x2, x2, 1
+    bne x2, 0, loop
+    add x4, x1, 8
+    st x3, x4
+    end
+)";
+
 const char* kFault = ".section aiv\n    movi x1, 0x40000\n    copy_ub2gm x1, x1, 1, 8, 0, 0\n    end\n";
 
 // Counts what it is told; wants detail when `detail` is set.
@@ -120,6 +136,7 @@ json workload(SimOptions::Replay mode, int threads) {
   isa::Program same = isa::assemble(kSameAddress, "same.s");
   isa::Program ldst = isa::assemble(kLoadStore, "ldst.s");
   isa::Program fault = isa::assemble(kFault, "fault.s");
+  isa::Program loop = isa::assemble(kLoadLoop, "loop.s");
   for (int round = 0; round < 3; ++round) {
     // New data every round: a replay computes with the data it is given.
     const std::string r = std::to_string(round);
@@ -136,6 +153,10 @@ json workload(SimOptions::Replay mode, int threads) {
     write_gm(sim, kW, std::vector<int64_t>{1000 + round});
     record("ldst" + r, launch(sim, ldst, {kW}, 1));
     out["ldst_out" + r] = read_gm<int64_t>(sim, kW + 8, 1);
+    // The same loop count in rounds 0 and 1, another one in round 2.
+    write_gm(sim, kW + 64, std::vector<int64_t>{round < 2 ? 2 : 5});
+    record("loop" + r, launch(sim, loop, {kW + 64}, 1));
+    out["loop_out" + r] = read_gm<int64_t>(sim, kW + 72, 1);
     record("fault" + r, launch(sim, fault, {}, 1));
   }
   // A different block count or size argument is another launch.
@@ -203,6 +224,9 @@ TEST_CASE("replay gives exactly what simulating every launch gives") {
   CHECK(vadd_correct);
   CHECK(off["race_out2"] == json(std::vector<uint16_t>(128, 0)));
   CHECK(off["ldst_out2"] == json(std::vector<int64_t>{1003}));
+  CHECK(off["loop_out1"] == json(std::vector<int64_t>{6}));
+  CHECK(off["loop_out2"] == json(std::vector<int64_t>{15}));
+  CHECK(off["loop2"]["cycles"] > off["loop1"]["cycles"]);
   CHECK(off["fault0"]["ok"] == false);
 }
 
@@ -214,8 +238,18 @@ TEST_CASE("which launches are replayed") {
     CHECK(on[std::string(k) + "1"]["replayed"] == true);
     CHECK(on[std::string(k) + "2"]["replayed"] == true);
   }
-  // Cores writing each other's bytes, ld, faults: simulated every time.
-  for (const char* k : {"same", "ldst", "fault"})
+  // A program with ld replays once its recording passes the check with the launch's data:
+  // ldst always (the loaded value only flows into the stored one), the loop when it loops as
+  // often as recorded.
+  for (const char* k : {"ldst", "loop"}) {
+    INFO(k);
+    CHECK(on[std::string(k) + "0"]["replayed"] == false);
+    CHECK(on[std::string(k) + "1"]["replayed"] == true);
+  }
+  CHECK(on["ldst2"]["replayed"] == true);
+  CHECK(on["loop2"]["replayed"] == false);
+  // Cores writing each other's bytes, faults: simulated every time.
+  for (const char* k : {"same", "fault"})
     for (int round = 0; round < 3; ++round) {
       INFO(k << round);
       CHECK(on[std::string(k) + std::to_string(round)]["replayed"] == false);
