@@ -1,7 +1,5 @@
 #include "sim/replay/functional_core.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -45,14 +43,7 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
     if (!m_ctx.gm.in_bounds(addr, 8))
       throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
                                     "bytes", addr, addr + 8, m_ctx.gm.capacity()));
-    m_loads.push_back({addr, 8, false});
-    if (m_verify) {
-      auto overlaps = [&](const GmAccess& a) {
-        return a.write && a.addr < addr + 8 && addr < a.addr + a.bytes;
-      };
-      m_stale_load = m_stale_load || std::any_of(m_ranges.begin(), m_ranges.end(), overlaps) ||
-                     std::any_of(m_stores.begin(), m_stores.end(), overlaps);
-    }
+    if (m_verify) m_loads.push_back({addr, 8, false});
     m_loaded = 0;  // a timing-only run moves no data: ld reads 0 (as AiCore)
     if (m_functional) m_ctx.gm.read(addr, &m_loaded, 8);
     return;

@@ -63,11 +63,8 @@ class FunctionalCore {
   const std::vector<GmAccess>& transfer_ranges() const { return m_ranges; }
   const std::vector<uint32_t>& transfer_sizes() const { return m_sizes; }
   const std::vector<GmAccess>& stores() const { return m_stores; }
-  // The scalar loads' ranges (both modes); in verify mode, whether a load read bytes this core
-  // wrote earlier in the launch (verify applies no effects, so it read them stale: the check
-  // cannot vouch for what follows).
+  // Verify mode: the scalar loads' ranges.
   const std::vector<GmAccess>& loads() const { return m_loads; }
-  bool stale_load() const { return m_stale_load; }
 
  private:
   // Executes recorded steps while the pipe each names has an instruction issued.
@@ -82,7 +79,6 @@ class FunctionalCore {
   const bool m_verify;
   CoreFingerprint m_fingerprint;
   std::vector<GmAccess> m_ranges, m_stores, m_loads;
-  bool m_stale_load = false;
   int64_t m_loaded = 0;  // the value the last ld read
   std::vector<uint32_t> m_sizes;
   Queues m_own_queues;  // unused when the caller lends storage
