@@ -70,6 +70,16 @@ void start_checked(const Args&... args) {
 // Runs the simulation until nothing is left to do.
 void run_to_quiescence() { start_checked(); }
 
+// Every item of the device timeline (a launch, a host-link copy) starts on an AI-core clock
+// edge: what is left of the cycle in which the item before it ended (ends are in ps, e.g. a
+// copy's bytes over the link's bandwidth) passes first. So an item's timing never depends on
+// the phase at which the timeline reached it, and the timeline's length (each item ceil(its
+// duration) cycles) does not depend on the order in which TensorFlow issued independent ops.
+void start_on_clock_edge() {
+  if (const uint64_t phase_ps = time_ps(sc_time_stamp()) % kPsPerCycle; phase_ps != 0)
+    start_checked(sc_time(static_cast<double>(kPsPerCycle - phase_ps), sc_core::SC_PS));
+}
+
 // SimOptions with the environment's overrides (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS) applied.
 SimOptions with_environment(SimOptions o) {
   if (const char* v = std::getenv("NPUSIM_REPLAY"); v && *v) {
@@ -163,6 +173,7 @@ struct Simulator::Impl {
     HdcLink::Copy copy;
     copy.host_to_device = host_to_device;
     copy.bytes = bytes;
+    start_on_clock_edge();
     chip->hdc().submit(&copy);
     run_to_quiescence();
     if (!copy.done) throw Error("HDC copy did not complete");
@@ -214,6 +225,7 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   Impl& I = *m_impl;
   I.counters.snapshot(I.launch_base);
+  start_on_clock_edge();
   const sc_time start = sc_time_stamp();
   // A launch run before is replayed unless an observer wants to see its instructions.
   LaunchKey key, similar;

@@ -6,12 +6,18 @@
 
 namespace npusim::rt {
 
-HbmAllocator::HbmAllocator(uint64_t base, uint64_t end) {
-  m_base = (base + kAlignment - 1) / kAlignment * kAlignment;
-  m_end = end / kAlignment * kAlignment;
+HbmAllocator::HbmAllocator(uint64_t base, uint64_t end, uint64_t alignment)
+    : m_alignment(alignment) {
+  if (alignment < kAlignment || (alignment & (alignment - 1)) != 0)
+    throw Error(fmt::format("device allocator: alignment {} is not a power of two of at least {} "
+                            "bytes", alignment, kAlignment));
+  m_base = base > std::numeric_limits<uint64_t>::max() - (m_alignment - 1)
+               ? 0
+               : (base + m_alignment - 1) / m_alignment * m_alignment;
+  m_end = end / m_alignment * m_alignment;
   if (base == 0 || m_base >= m_end)
     throw Error(fmt::format("device allocator: range [{:#x}, {:#x}) holds no {}-byte block above "
-                            "address 0", base, end, kAlignment));
+                            "address 0", base, end, m_alignment));
   insert_free(m_base, m_end - m_base);
   m_stats.bytes_limit = m_end - m_base;
 }
@@ -33,15 +39,15 @@ uint64_t HbmAllocator::largest_free_locked() const {
 Status HbmAllocator::allocate(uint64_t bytes, uint64_t* addr) {
   if (bytes == 0) return Status(StatusCode::invalid_argument, "cannot allocate 0 bytes");
   std::lock_guard<std::mutex> lock(m_mutex);
-  const bool too_big = bytes > std::numeric_limits<uint64_t>::max() - (kAlignment - 1);
-  const uint64_t size = too_big ? 0 : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  const bool too_big = bytes > std::numeric_limits<uint64_t>::max() - (m_alignment - 1);
+  const uint64_t size = too_big ? 0 : (bytes + m_alignment - 1) / m_alignment * m_alignment;
   auto fit = too_big ? m_by_size.end() : m_by_size.lower_bound({size, 0});
   if (fit == m_by_size.end())
     return Status(StatusCode::out_of_memory,
                   fmt::format("out of device memory: cannot allocate {} bytes ({} with {}-byte "
                               "alignment); {} of {} bytes free, largest free block {} bytes, {} "
                               "allocations live",
-                              bytes, too_big ? bytes : size, kAlignment,
+                              bytes, too_big ? bytes : size, m_alignment,
                               m_stats.bytes_limit - m_stats.bytes_in_use, m_stats.bytes_limit,
                               largest_free_locked(), m_live.size()));
   const uint64_t start = fit->second, block = fit->first;
@@ -111,6 +117,11 @@ bool HbmAllocator::contains(uint64_t addr, uint64_t bytes) const {
   --it;
   const uint64_t end = it->first + it->second;
   return addr < end && bytes <= end - addr;
+}
+
+void HbmAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_stats.peak_bytes_in_use = m_stats.bytes_in_use;
 }
 
 AllocatorStats HbmAllocator::stats() const {

@@ -1,9 +1,11 @@
 // The device-memory allocator: hands out blocks of the simulated HBM address space
 // [base, end) for aclrtMalloc-style calls. Best fit (the smallest free block that holds the
 // request; the lowest address among equal sizes), blocks split from their low end, freed blocks
-// coalesced with free neighbours. Every block starts on, and is rounded up to, kAlignment bytes
-// (512: the largest GM burst and the L0A/L0B fractal size, so any tensor can be moved by any MTE
-// path without a misaligned head). Thread-safe. It only does bookkeeping: it never touches the
+// coalesced with free neighbours. Every block starts on, and is rounded up to, the alignment
+// given at construction: at least kAlignment bytes (512: the largest GM burst and the L0A/L0B
+// fractal size, so any tensor can be moved by any MTE path without a misaligned head); the
+// device uses its L2 line if that is larger, so no two blocks share an L2 line and a launch's
+// L2 behaviour does not depend on where its tensors were placed. Thread-safe. It only does bookkeeping: it never touches the
 // simulated memory (the device discards freed pages, see device.h).
 #pragma once
 
@@ -18,8 +20,8 @@
 namespace npusim::rt {
 
 struct AllocatorStats {
-  uint64_t bytes_in_use = 0;        // bytes in live blocks (each rounded up to kAlignment)
-  uint64_t peak_bytes_in_use = 0;   // maximum of bytes_in_use since construction
+  uint64_t bytes_in_use = 0;        // bytes in live blocks (each rounded up to the alignment)
+  uint64_t peak_bytes_in_use = 0;   // maximum of bytes_in_use since construction or reset_peak()
   uint64_t num_allocs = 0;          // live blocks
   uint64_t total_allocs = 0;        // successful allocations since construction
   uint64_t largest_alloc_size = 0;  // largest block handed out since construction, bytes
@@ -32,9 +34,10 @@ class HbmAllocator {
  public:
   static constexpr uint64_t kAlignment = 512;
 
-  // Manages [round_up(base), round_down(end)); base must be > 0 so address 0 is never handed
-  // out. Throws npusim::Error if the range is empty.
-  HbmAllocator(uint64_t base, uint64_t end);
+  // Manages [round_up(base), round_down(end)) in blocks of `alignment` bytes (a power of two,
+  // at least kAlignment); base must be > 0 so address 0 is never handed out. Throws
+  // npusim::Error if the alignment is not allowed or the range holds no block.
+  HbmAllocator(uint64_t base, uint64_t end, uint64_t alignment = kAlignment);
 
   // A block of at least `bytes` (> 0) bytes. out_of_memory names the request and what is free.
   Status allocate(uint64_t bytes, uint64_t* addr);
@@ -49,15 +52,18 @@ class HbmAllocator {
   // True if [addr, addr+bytes) lies inside one live block.
   bool contains(uint64_t addr, uint64_t bytes) const;
   uint64_t base() const { return m_base; }
+  uint64_t alignment() const { return m_alignment; }
   uint64_t end() const { return m_end; }
   AllocatorStats stats() const;
+  // Restarts peak_bytes_in_use from bytes_in_use now (TensorFlow's reset_memory_stats).
+  void reset_peak();
 
  private:
   void insert_free(uint64_t addr, uint64_t size);
   void erase_free(std::map<uint64_t, uint64_t>::iterator it);
   uint64_t largest_free_locked() const;
 
-  uint64_t m_base, m_end;
+  uint64_t m_alignment, m_base, m_end;
   mutable std::mutex m_mutex;
   std::map<uint64_t, uint64_t> m_free;                 // start -> size, address order
   std::set<std::pair<uint64_t, uint64_t>> m_by_size;   // (size, start) of every free block

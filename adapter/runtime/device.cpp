@@ -1,5 +1,7 @@
 #include "adapter/runtime/device.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -52,7 +54,10 @@ Device::Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts,
                const RuntimeOptions& rt_opts)
     : m_cfg(cfg),
       m_rt_opts(rt_opts),
-      m_allocator(kHbmBase, cfg.hbm_bytes),
+      // Blocks on whole L2 lines: a launch's timing then depends on its tensors' sizes, not on
+      // where the allocator happened to put them (allocator.h).
+      m_allocator(kHbmBase, cfg.hbm_bytes,
+                  std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes)),
       m_cache(cfg),
       m_driver(std::make_unique<Driver>(cfg, sim_opts, rt_opts.record_launches)) {}
 

@@ -80,13 +80,15 @@ class Device {
   const std::string& chip_identity() const { return m_cache.chip_identity(); }
 
   // ---- Memory (aclrtMalloc / aclrtFree / aclrtGetMemInfo)
-  // A block of at least `bytes` bytes, aligned to HbmAllocator::kAlignment (512).
+  // A block of at least `bytes` bytes, aligned to max(HbmAllocator::kAlignment = 512, the L2
+  // line), so no two blocks share an L2 line.
   Status malloc(uint64_t bytes, uint64_t* dev_addr);
   // Frees a block returned by malloc (0 is a no-op). Synchronous: returns after the block is
   // back in the free list (and its pages discarded, see RuntimeOptions). Operations still queued
   // that use the block must have run first (as with aclrtFree); the runtime does not wait.
   Status free(uint64_t dev_addr);
   AllocatorStats memory_stats() const;
+  void reset_memory_peak() { m_allocator.reset_peak(); }
   // Host bytes the simulated device memory occupies now (touched pages).
   Status resident_bytes(uint64_t* bytes);
 

@@ -46,6 +46,36 @@ TEST_CASE("allocator: blocks are 512-byte aligned, start at base and never at 0"
   CHECK_THROWS(HbmAllocator(512, 1000));  // no whole block
 }
 
+TEST_CASE("allocator: a larger alignment (the device's L2 line) gives every block whole lines") {
+  const uint64_t line = 4 * kA;  // a 2 KiB L2 line
+  HbmAllocator a(100, 100 * line, line);
+  CHECK(a.alignment() == line);
+  CHECK(a.base() == line);
+  const uint64_t p = alloc(a, 1);
+  const uint64_t q = alloc(a, line + 1);
+  const uint64_t r = alloc(a, 3);
+  CHECK(p == line);
+  CHECK(q == 2 * line);  // p took one line
+  CHECK(r == 4 * line);  // q took two
+  CHECK(a.stats().bytes_in_use == 4 * line);
+  CHECK_THROWS(HbmAllocator(kA, 100 * kA, kA / 2));  // below the 512-byte minimum
+  CHECK_THROWS(HbmAllocator(kA, 100 * kA, 3 * kA));  // not a power of two
+}
+
+TEST_CASE("allocator: reset_peak restarts the peak from the bytes in use") {
+  HbmAllocator a(kA, 65 * kA);
+  const uint64_t p = alloc(a, 8 * kA);
+  const uint64_t q = alloc(a, 2 * kA);
+  REQUIRE(a.release(p).ok());
+  CHECK(a.stats().peak_bytes_in_use == 10 * kA);
+  a.reset_peak();
+  CHECK(a.stats().peak_bytes_in_use == 2 * kA);
+  alloc(a, kA);
+  CHECK(a.stats().peak_bytes_in_use == 3 * kA);
+  REQUIRE(a.release(q).ok());
+  CHECK(a.stats().peak_bytes_in_use == 3 * kA);
+}
+
 TEST_CASE("allocator: best fit picks the smallest hole, frees coalesce with both neighbours") {
   HbmAllocator a(kA, 65 * kA);  // 64 units
   uint64_t b[6];

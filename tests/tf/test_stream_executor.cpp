@@ -87,7 +87,7 @@ TEST_CASE("SE_InitPlugin registers platform NPU with every required callback") {
   Plugin& p = plugin();
   CHECK(std::string(p.platform.name) == "NPU");
   CHECK(std::string(p.platform.type) == "NPU");
-  CHECK(p.platform.use_bfc_allocator == 1);
+  CHECK(p.platform.use_bfc_allocator == 0);  // tensors are runtime blocks on whole L2 lines
   CHECK(p.platform.supports_unified_memory == 0);
   CHECK(p.params.destroy_platform != nullptr);
   CHECK(p.params.destroy_platform_fns != nullptr);

@@ -15,11 +15,8 @@
 // is taken on the driver thread in stream order, just before the launch would run; the marks
 // and the watching only decide where the tensor lives.
 //
-// The buffers come from the runtime's allocator, not TensorFlow's: TF's BFC allocator would
-// interleave them with the step's activations and move those to new addresses (and a launch at
-// new addresses is simulated again instead of replayed). TF leaves max(300 MiB, 6 %) of the
-// reported free memory outside its allocator (../shared/reference/tensorflow-plugin.md); the
-// buffers take at most 1/kBudgetDivisor of the device memory, inside that margin, like CANN's
+// The buffers come from the runtime's allocator, as every tensor's do (stream_executor.cpp);
+// they take at most 1/kBudgetDivisor of the device memory, like CANN's
 // separate variable memory pool. Least recently used entries are evicted first; a buffer in use
 // by a running op is freed when that op's launches are done. Thread-safe.
 #pragma once

@@ -99,6 +99,10 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
       auto* dev = new std::shared_ptr<rt::Device>();
       rt::RuntimeOptions rt_opts;
       rt_opts.record_launches = st.settings.record_launches;
+      // TensorFlow frees a tensor once its last user is queued, not once it ran: discarding
+      // the pages at the next operation boundary could zero a queued kernel's input. Freed
+      // blocks keep their pages until reused.
+      rt_opts.discard_freed_memory = false;
       SimOptions sim_opts;
       sim_opts.max_insns_per_block = st.settings.max_insns_per_block;
       st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,

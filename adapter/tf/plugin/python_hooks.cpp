@@ -60,6 +60,13 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
   return to_c_string(j.dump());
 }
 
+// Restarts the allocator's peak from the bytes in use now; false if the device is not open.
+NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak() {
+  std::shared_ptr<npusim::rt::Device> dev = npusim::tf::device_if_open();
+  if (dev) dev->reset_memory_peak();
+  return dev != nullptr;
+}
+
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error"
 // [, "op_name", "op_type"]

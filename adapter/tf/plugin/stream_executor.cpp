@@ -399,9 +399,12 @@ extern "C" __attribute__((visibility("default"))) void SE_InitPlugin(
   p->name = kPlatformName;
   p->type = kDeviceType;
   p->supports_unified_memory = 0;
-  // TensorFlow's BFC allocator on top of the runtime's: tensors are carved from a few large
-  // blocks, as on a GPU. Sparse device memory makes a large reserved region cost nothing.
-  p->use_bfc_allocator = 1;
+  // Every tensor is a block of the runtime's allocator, not a chunk of TensorFlow's BFC
+  // allocator: blocks lie on whole L2 lines (allocator.h), while BFC packs tensors at 256 bytes,
+  // so two tensors could share a line and a launch's L2 hits, HBM bytes and cycles depended on
+  // where TF happened to put them (different from run to run). TF's allocator statistics are
+  // then answered from the runtime's (python/npusim/_memory.py).
+  p->use_bfc_allocator = 0;
   p->force_memory_growth = 0;
 
   SP_PlatformFns* f = params->platform_fns;

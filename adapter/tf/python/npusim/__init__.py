@@ -23,7 +23,7 @@ import atexit
 import json
 import os
 
-from . import _keras, _plugin, _report
+from . import _keras, _memory, _plugin, _report
 from ._plugin import NpusimError
 from ._report import format_op_summary, op_summary, profile
 
@@ -51,6 +51,7 @@ _PLUGIN_PATH = _plugin.find_plugin()
 _plugin.load(_PLUGIN_PATH)
 _hooks = _plugin.Hooks(_PLUGIN_PATH)
 _keras.install()
+_memory.install(_hooks)
 
 
 def plugin_path():

@@ -110,6 +110,7 @@ class Hooks:
         self._lib.npusim_tf_free.restype = None
         self._lib.npusim_tf_clear_launch_records.restype = None
         self._lib.npusim_tf_clear_cpu_fallback_ops.restype = None
+        self._lib.npusim_tf_reset_memory_peak.restype = ctypes.c_int
 
     def _text(self, ptr):
         if not ptr:
@@ -128,6 +129,9 @@ class Hooks:
 
     def launch_records(self, with_counters):
         return self._json(self._lib.npusim_tf_launch_records_json(1 if with_counters else 0))
+
+    def reset_memory_peak(self):
+        return bool(self._lib.npusim_tf_reset_memory_peak())
 
     def clear_launch_records(self):
         self._lib.npusim_tf_clear_launch_records()

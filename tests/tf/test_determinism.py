@@ -1,0 +1,80 @@
+"""The same script gives the same report (docs/tf_plugin.md, "Device memory"): a Keras fit run
+twice, each time in a fresh process, writes op_summary.csv files whose every task has the same
+cycles and counters, and identical op_statistic.csv files.
+
+Tasks are matched by TF node name, kernel and occurrence, not by position: TensorFlow's executor
+may issue ops that do not depend on each other in another order from run to run, which moves
+their Task IDs and start times but nothing a task measures. The total (the last task's end) is
+compared too, and the number of tasks.
+"""
+
+import csv
+import collections
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+CHILD = r'''
+import numpy as np
+import npusim
+import tensorflow as tf
+tf.keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((96, 200)).astype(np.float32)
+y = rng.integers(0, 10, 96).astype(np.int32)
+model = tf.keras.Sequential([tf.keras.Input((200,)), tf.keras.layers.Dense(72, "relu"),
+                             tf.keras.layers.Dropout(0.2), tf.keras.layers.Dense(10, "softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+with npusim.profile({report!r}):
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+print("WEIGHTS", float(sum(np.abs(w).sum() for w in model.get_weights())))
+'''
+
+# Columns that place a task on the timeline (they follow the executor's issue order).
+POSITION_COLUMNS = {"Task ID", "Task Start Time(us)", "Task Wait Time(us)", "task_start_cycles",
+                    "task_wait_cycles"}
+
+
+def fit_report(directory):
+    proc = run_child(CHILD.format(report=str(directory)), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    weights = [l for l in proc.stdout.splitlines() if l.startswith("WEIGHTS")]
+    with open(directory / "op_summary.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    with open(directory / "op_statistic.csv", encoding="utf-8") as f:
+        statistic = f.read()
+    return weights, rows, statistic
+
+
+def by_task_identity(rows):
+    tasks = collections.defaultdict(list)
+    for row in rows:
+        tasks[(row["Op Name"], row["kernel"])].append(
+            {k: v for k, v in row.items() if k not in POSITION_COLUMNS})
+    return tasks
+
+
+def timeline_end(rows):
+    return max(int(r["task_start_cycles"]) + int(r["task_duration_cycles"]) for r in rows)
+
+
+def test_keras_fit_twice_gives_the_same_report(tmp_path):
+    weights_a, rows_a, statistic_a = fit_report(tmp_path / "a")
+    weights_b, rows_b, statistic_b = fit_report(tmp_path / "b")
+    assert weights_a == weights_b and weights_a  # the same training, bit for bit
+    assert len(rows_a) == len(rows_b) > 100
+    tasks_a, tasks_b = by_task_identity(rows_a), by_task_identity(rows_b)
+    assert tasks_a.keys() == tasks_b.keys()
+    differing = [(key, i, {c: (ra[c], rb[c]) for c in ra if ra[c] != rb[c]})
+                 for key in tasks_a
+                 for i, (ra, rb) in enumerate(zip(tasks_a[key], tasks_b[key])) if ra != rb]
+    assert [len(tasks_a[k]) for k in tasks_a] == [len(tasks_b[k]) for k in tasks_a]
+    assert not differing, f"{len(differing)} tasks differ, e.g. {differing[:3]}"
+    assert statistic_a == statistic_b
+    assert timeline_end(rows_a) == timeline_end(rows_b)
