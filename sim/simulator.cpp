@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -210,6 +211,41 @@ Simulator::~Simulator() = default;
 const ChipConfig& Simulator::config() const { return m_impl->cfg; }
 DeviceMemory& Simulator::gm() { return m_impl->gm; }
 
+uint64_t launch_data_bytes(const isa::Program& program, const std::vector<uint64_t>& args) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  auto mul = [](uint64_t a, uint64_t b) { return b != 0 && a > kMax / b ? kMax : a * b; };
+  uint64_t total = 0;
+  for (size_t i = 0; i < program.arg_names.size(); ++i) {
+    const isa::ArgInfo a = program.arg(i);
+    if (!a.typed()) continue;
+    uint64_t bytes = static_cast<uint64_t>(isa::dtype_size(a.dtype));
+    for (const std::string& dim : a.dims) {
+      uint64_t n = 0;
+      if (auto lit = isa::dim_literal(dim)) {
+        n = static_cast<uint64_t>(*lit);
+      } else {
+        auto it = std::find(program.arg_names.begin(), program.arg_names.end(), dim);
+        const size_t j = static_cast<size_t>(it - program.arg_names.begin());
+        n = j < args.size() ? args[j] : 0;
+      }
+      bytes = mul(bytes, n);
+    }
+    total = bytes > kMax - total ? kMax : total + bytes;
+  }
+  return total;
+}
+
+uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
+                         const std::vector<uint64_t>& args) {
+  const uint64_t data = launch_data_bytes(program, args);
+  const uint64_t units = std::max<uint64_t>(
+      1, data / SimOptions::kWatchdogDataBytes + (data % SimOptions::kWatchdogDataBytes != 0));
+  const uint64_t per = opts.max_insns_per_block;
+  return units > std::numeric_limits<uint64_t>::max() / std::max<uint64_t>(per, 1)
+             ? std::numeric_limits<uint64_t>::max()
+             : per * units;
+}
+
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   Impl& I = *m_impl;
@@ -281,7 +317,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
 
   const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
-                       I.opts.max_insns_per_block, record);
+                       watchdog_budget(I.opts, *launch.program, launch.args), record,
+                       I.opts.replay_record_max_bytes);
   run_to_quiescence();
 
   KernelResult r;
@@ -300,7 +337,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   }
   const uint64_t duration_ps = time_ps(I.chip->end_time() - start);
   RecordedLaunch rec;
-  const bool keep = record && r.ok && !I.chip->mix() &&
+  // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
+  const bool keep = record && I.chip->launch().record && r.ok && !I.chip->mix() &&
                     record_blocks(*launch.program, I.chip->cores(), I.chip->memory(), &rec);
   I.chip->end_launch(r.ok);
   r.start_cycle = time_ps(start) / kPsPerCycle;
