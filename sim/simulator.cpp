@@ -70,6 +70,14 @@ void start_checked(const Args&... args) {
 }
 // Runs the simulation until nothing is left to do.
 void run_to_quiescence() { start_checked(); }
+// The same, but stops before kSimTimeLimitPs (sim/core/core_env.h): false if something was
+// still to do then.
+bool run_to_quiescence_or_limit() {
+  const uint64_t now = time_ps(sc_time_stamp());
+  if (now < kSimTimeLimitPs)
+    start_checked(sc_time::from_value(kSimTimeLimitPs - now), sc_core::SC_EXIT_ON_STARVATION);
+  return !sc_core::sc_pending_activity();
+}
 
 // SimOptions with the environment's overrides (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS) applied.
 SimOptions with_environment(SimOptions o) {
@@ -161,6 +169,10 @@ struct Simulator::Impl {
   }
 
   HdcResult hdc_copy(bool host_to_device, uint64_t bytes) {
+    if (time_ps(sc_time_stamp()) >= kSimTimeLimitPs)
+      throw Error(fmt::format("host-device copy: simulated time has reached {} ps, half of "
+                              "SystemC's range; this simulator can run nothing more",
+                              kSimTimeLimitPs));
     HdcLink::Copy copy;
     copy.host_to_device = host_to_device;
     copy.bytes = bytes;
@@ -249,8 +261,15 @@ uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   Impl& I = *m_impl;
-  I.counters.snapshot(I.launch_base);
   const sc_time start = sc_time_stamp();
+  if (time_ps(start) >= kSimTimeLimitPs) {
+    KernelResult r;
+    r.error = fmt::format("simulated time has reached {} ps, half of SystemC's range of 2^64 ps: "
+                          "this simulator can run no more launches", kSimTimeLimitPs);
+    r.start_cycle = time_ps(start) / kPsPerCycle;
+    return r;
+  }
+  I.counters.snapshot(I.launch_base);
   // A launch run before is replayed unless an observer wants to see its instructions.
   LaunchKey key, similar;
   bool loads = false;
@@ -261,7 +280,10 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),
                                   [](const ChipObserver* o) { return o->wants_launch_detail(); });
-  RecordedLaunch* recorded = detail ? nullptr : found;
+  // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
+  RecordedLaunch* recorded =
+      detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr
+                                                                                  : found;
   // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
   // recording must pass the check with this launch's data first, as one made at other
   // addresses does; one that fails is recorded afresh below.
@@ -274,7 +296,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
     // timing provably holds for these addresses.
     for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
-      if (verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
+      if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
+          verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
                              I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
         // Kept under this launch's own key too: the next step finds it without the check.
         I.memo.alias(key, candidate);
@@ -319,7 +342,10 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        watchdog_budget(I.opts, *launch.program, launch.args), record,
                        I.opts.replay_record_max_bytes);
-  run_to_quiescence();
+  if (!run_to_quiescence_or_limit() && I.chip->outcome() == Chip::Outcome::Deadlock) {
+    I.chip->stop_at_time_limit();  // still running at the limit: a fault
+    run_to_quiescence();  // unwinds every process
+  }
 
   KernelResult r;
   switch (I.chip->outcome()) {

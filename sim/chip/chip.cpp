@@ -69,6 +69,17 @@ void Chip::dispatch_blocks() {
   if (!m_abort.active()) m_scheduler.dispatch_free();
 }
 
+void Chip::stop_at_time_limit() {
+  m_fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range "
+                        "of 2^64 ps: the launch (begun at cycle {}) is stopped at cycle {}; later "
+                        "launches get the time that remains (a chip this slow needs shorter "
+                        "kernels)",
+                        kSimTimeLimitPs, kSimTimeLimitPs / kPsPerCycle,
+                        time_ps(m_start) / kPsPerCycle, time_ps(sc_time_stamp()) / kPsPerCycle);
+  m_end = sc_time_stamp();
+  raise_abort();
+}
+
 Chip::~Chip() = default;
 
 const SectionRun& Chip::prepare_section(const isa::Section& s) {

@@ -46,6 +46,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Aborts the launch from outside the simulation (after a deadlock); sc_start() then unwinds
   // every process.
   void abort();
+  // Faults the launch from outside the simulation because its next event lies past
+  // kSimTimeLimitPs, then aborts it like abort().
+  void stop_at_time_limit();
   // Simulated time the launch ended: its last block's end, its fault, or (deadlock) the last
   // activity.
   sc_core::sc_time end_time() const;

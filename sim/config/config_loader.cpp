@@ -465,6 +465,11 @@ constexpr int kMaxUbBanks = 1 << 12;
 constexpr int kMaxUbBankWidth = 1 << 16;
 // Cross-core flag sets pending per flag: a queue of that many entries per flag and core.
 constexpr int kMaxCrossCorePending = 1 << 16;
+// The derivations above, checked.
+static_assert(kMaxBufferBytes / kMinBytesPerCycle <= kMaxSimCycles / 4);
+static_assert(kMaxDeviceBytes / kMinHdcBytesPerCycle <= kMaxSimCycles / 4);
+static_assert((uint64_t{kMaxLatencyCycles} << 32) <= kMaxSimCycles);
+static_assert((uint64_t{1} << 36) * kMaxCostFactor <= kMaxSimCycles / 256);
 
 // Typed access to the flattened tree; every error names the file (and line) and the key.
 class Reader {
