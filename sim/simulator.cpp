@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -69,6 +70,14 @@ void start_checked(const Args&... args) {
 }
 // Runs the simulation until nothing is left to do.
 void run_to_quiescence() { start_checked(); }
+// The same, but stops before kSimTimeLimitPs (sim/core/core_env.h): false if something was
+// still to do then.
+bool run_to_quiescence_or_limit() {
+  const uint64_t now = time_ps(sc_time_stamp());
+  if (now < kSimTimeLimitPs)
+    start_checked(sc_time::from_value(kSimTimeLimitPs - now), sc_core::SC_EXIT_ON_STARVATION);
+  return !sc_core::sc_pending_activity();
+}
 
 // Every item of the device timeline (a launch, a host-link copy) starts on an AI-core clock
 // edge: what is left of the cycle in which the item before it ended (ends are in ps, e.g. a
@@ -170,6 +179,10 @@ struct Simulator::Impl {
   }
 
   HdcResult hdc_copy(bool host_to_device, uint64_t bytes) {
+    if (time_ps(sc_time_stamp()) >= kSimTimeLimitPs)
+      throw Error(fmt::format("host-device copy: simulated time has reached {} ps, half of "
+                              "SystemC's range; this simulator can run nothing more",
+                              kSimTimeLimitPs));
     HdcLink::Copy copy;
     copy.host_to_device = host_to_device;
     copy.bytes = bytes;
@@ -221,12 +234,54 @@ Simulator::~Simulator() = default;
 const ChipConfig& Simulator::config() const { return m_impl->cfg; }
 DeviceMemory& Simulator::gm() { return m_impl->gm; }
 
+uint64_t launch_data_bytes(const isa::Program& program, const std::vector<uint64_t>& args) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  auto mul = [](uint64_t a, uint64_t b) { return b != 0 && a > kMax / b ? kMax : a * b; };
+  uint64_t total = 0;
+  for (size_t i = 0; i < program.arg_names.size(); ++i) {
+    const isa::ArgInfo a = program.arg(i);
+    if (!a.typed()) continue;
+    uint64_t bytes = static_cast<uint64_t>(isa::dtype_size(a.dtype));
+    for (const std::string& dim : a.dims) {
+      uint64_t n = 0;
+      if (auto lit = isa::dim_literal(dim)) {
+        n = static_cast<uint64_t>(*lit);
+      } else {
+        auto it = std::find(program.arg_names.begin(), program.arg_names.end(), dim);
+        const size_t j = static_cast<size_t>(it - program.arg_names.begin());
+        n = j < args.size() ? args[j] : 0;
+      }
+      bytes = mul(bytes, n);
+    }
+    total = bytes > kMax - total ? kMax : total + bytes;
+  }
+  return total;
+}
+
+uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
+                         const std::vector<uint64_t>& args) {
+  const uint64_t data = launch_data_bytes(program, args);
+  const uint64_t units = std::max<uint64_t>(
+      1, data / SimOptions::kWatchdogDataBytes + (data % SimOptions::kWatchdogDataBytes != 0));
+  const uint64_t per = opts.max_insns_per_block;
+  return units > std::numeric_limits<uint64_t>::max() / std::max<uint64_t>(per, 1)
+             ? std::numeric_limits<uint64_t>::max()
+             : per * units;
+}
+
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   Impl& I = *m_impl;
-  I.counters.snapshot(I.launch_base);
   start_on_clock_edge();
   const sc_time start = sc_time_stamp();
+  if (time_ps(start) >= kSimTimeLimitPs) {
+    KernelResult r;
+    r.error = fmt::format("simulated time has reached {} ps, half of SystemC's range of 2^64 ps: "
+                          "this simulator can run no more launches", kSimTimeLimitPs);
+    r.start_cycle = time_ps(start) / kPsPerCycle;
+    return r;
+  }
+  I.counters.snapshot(I.launch_base);
   // A launch run before is replayed unless an observer wants to see its instructions.
   LaunchKey key, similar;
   bool loads = false;
@@ -237,7 +292,10 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),
                                   [](const ChipObserver* o) { return o->wants_launch_detail(); });
-  RecordedLaunch* recorded = detail ? nullptr : found;
+  // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
+  RecordedLaunch* recorded =
+      detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr
+                                                                                  : found;
   // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
   // recording must pass the check with this launch's data first, as one made at other
   // addresses does; one that fails is recorded afresh below.
@@ -250,7 +308,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
     // timing provably holds for these addresses.
     for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
-      if (verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
+      if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
+          verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
                              I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
         // Kept under this launch's own key too: the next step finds it without the check.
         I.memo.alias(key, candidate);
@@ -293,8 +352,12 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
 
   const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
-                       I.opts.max_insns_per_block, record);
-  run_to_quiescence();
+                       watchdog_budget(I.opts, *launch.program, launch.args), record,
+                       I.opts.replay_record_max_bytes);
+  if (!run_to_quiescence_or_limit() && I.chip->outcome() == Chip::Outcome::Deadlock) {
+    I.chip->stop_at_time_limit();  // still running at the limit: a fault
+    run_to_quiescence();  // unwinds every process
+  }
 
   KernelResult r;
   switch (I.chip->outcome()) {
@@ -312,7 +375,8 @@ KernelResult Simulator::run(const KernelLaunch& launch) {
   }
   const uint64_t duration_ps = time_ps(I.chip->end_time() - start);
   RecordedLaunch rec;
-  const bool keep = record && r.ok && !I.chip->mix() &&
+  // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
+  const bool keep = record && I.chip->launch().record && r.ok && !I.chip->mix() &&
                     record_blocks(*launch.program, I.chip->cores(), I.chip->memory(), &rec);
   I.chip->end_launch(r.ok);
   r.start_cycle = time_ps(start) / kPsPerCycle;

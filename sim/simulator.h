@@ -24,10 +24,17 @@ struct SimOptions {
   bool functional = true;  // false: timing-only (no functional effect; identical cycle counts)
   bool trace = false;      // record a Chrome-trace timeline of every instruction
   uint64_t trace_max_events = 2'000'000;  // past this, further instruction events are dropped
-  // Watchdog: a block that executes more scalar-unit instructions than this (issued pipe
-  // instructions included) faults, so an endless loop in a kernel is an error, not a hang.
-  // The 4096^3 GEMM needs about 10^5 per block. 0 disables the watchdog.
-  uint64_t max_insns_per_block = 100'000'000;
+  // Watchdog: a block that executes more scalar-unit instructions (issued pipe instructions
+  // included) than its budget faults, so an endless loop in a kernel is an error, not a hang.
+  // The budget scales with the work: max_insns_per_block for every kWatchdogDataBytes of the
+  // data the launch's typed (tensor) arguments span, at least once (watchdog_budget()). The
+  // default, 2^23 per 128 KiB, is 64 instructions per byte: the scalar-unit kernels
+  // (stateless random, ~14 instructions per output byte) fit 4x over even in one block, and a
+  // launch with little data stops an endless loop after 8.4 M instructions (a few seconds).
+  // The 4096^3 GEMM needs about 10^5 per block. 0 disables the watchdog. The command line's
+  // --max-insns-per-block and the TF plugin's NPUSIM_MAX_INSNS_PER_BLOCK set it.
+  static constexpr uint64_t kWatchdogDataBytes = 128 * 1024;
+  uint64_t max_insns_per_block = uint64_t{1} << 23;
   // Launch replay (sim/replay/launch_replay.h): a launch identical to one already simulated
   // (program, arguments, block count) is carried out without simulating time again and gets
   // the recorded cycles and counters. on: replay; off: simulate every launch; check: replay,
@@ -45,7 +52,23 @@ struct SimOptions {
   // recordings it would replay gone.
   size_t replay_memo_launches = 65536;
   uint64_t replay_memo_bytes = uint64_t(1) << 30;
+  // A launch being recorded for replay holds its cores' effect order and GM ranges in host
+  // memory (a few bytes per pipe instruction). Past this many bytes the recording is dropped
+  // and the launch runs on unrecorded (it will not be replayed), so a long or endless launch
+  // holds bounded memory. A quarter of replay_memo_bytes: a larger recording would push most
+  // others out of the memo.
+  uint64_t replay_record_max_bytes = uint64_t(1) << 28;
 };
+
+// The watchdog's instruction budget per block for a launch of `program` with `args`:
+// opts.max_insns_per_block x max(1, ceil(data / SimOptions::kWatchdogDataBytes)), where data is
+// launch_data_bytes(); 0 (no watchdog) if opts.max_insns_per_block is 0. Saturates at
+// UINT64_MAX.
+uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
+                         const std::vector<uint64_t>& args);
+// The bytes of the launch's typed arguments (isa::ArgInfo: dtype size x the product of the
+// dims, a named dim taking that argument's value); untyped arguments count 0. Saturates.
+uint64_t launch_data_bytes(const isa::Program& program, const std::vector<uint64_t>& args);
 
 struct KernelLaunch {
   const isa::Program* program = nullptr;

@@ -36,6 +36,9 @@ namespace {
 
 constexpr int kExitBadInput = 1;
 constexpr int kExitKernelFault = 3;
+constexpr const char* kWatchdogHelp =
+    "watchdog: a block may execute N instructions per 128 KiB of the launch's tensor arguments "
+    "(at least N), then it faults; 0 turns it off";
 
 struct ChipOptions {
   std::string chip = "910b";
@@ -68,6 +71,7 @@ struct RunOptions {
   std::string counters_path, trace_path, config_out, report_dir, json_path;
   bool timing_only = false;
   bool quiet = false;
+  uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;
 };
 
 // How the command line gives one kernel argument: the option ("--in", "--out", "--arg") and
@@ -139,6 +143,7 @@ int cmd_run(const RunOptions& o) {
   SimOptions so;
   so.functional = !o.timing_only;
   so.trace = !o.trace_path.empty();
+  so.max_insns_per_block = o.max_insns_per_block;
   prof::InstructionProfiler profiler(cfg);  // outlives the Simulator it observes
   Simulator sim(cfg, so);
   cli::DeviceArena arena(sim);
@@ -284,6 +289,8 @@ int main(int argc, char** argv) {
                     "write the figures as JSON (time, utilisation, bytes, buffer high-water marks)");
   c_run->add_flag("--timing-only", run.timing_only, "skip functional effects (same cycles)");
   c_run->add_flag("--quiet", run.quiet, "no summary");
+  c_run->add_option("--max-insns-per-block", run.max_insns_per_block, kWatchdogHelp)
+      ->capture_default_str();
 
   cli::DemoOptions demo;
   auto* c_demo = app.add_subcommand("demo", "run the built-in GEMM and vector-add kernels and print counters");
@@ -310,6 +317,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   c_op->add_flag("--timing-only", op.timing_only, "skip functional effects (same cycles)");
   c_op->add_flag("--listing", op.listing, "print the generated assembly of each launch");
+  c_op->add_option("--max-insns-per-block", op.max_insns_per_block, kWatchdogHelp)
+      ->capture_default_str();
   c_op->add_option("--report-dir", op.report_dir, "write the msprof-style report folder");
   c_op->add_option("--json", op.json_path, "write the figures as JSON");
   c_op->add_option("--trace", op.trace_path,

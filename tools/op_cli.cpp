@@ -138,6 +138,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   SimOptions so;
   so.functional = !o.timing_only;
   so.trace = !o.trace_path.empty();
+  so.max_insns_per_block = o.max_insns_per_block;
   Simulator sim(cfg, so);
   DeviceArena arena(sim);
   std::mt19937 rng(7);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "sim/simulator.h"
+
 namespace npusim::cli {
 
 struct OpOptions {
@@ -23,6 +25,7 @@ struct OpOptions {
   std::string report_dir;
   std::string json_path;               // write the figures as JSON (benchmarks read it)
   std::string trace_path;              // write a Chrome-trace timeline of all launches
+  uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;  // the watchdog
 };
 
 // Returns the exit code. Throws npusim::Error for bad options (unknown op, bad spec, ...).

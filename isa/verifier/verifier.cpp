@@ -422,8 +422,9 @@ class SectionCheck {
   std::vector<VerifyIssue>& m_out;
   std::vector<bool> m_clean;  // no structural issue: safe to hand to plan()
   std::optional<CoreMemory> m_local;
-  // GM is not checked: the largest device memory, so any GM range plan() sees is in bounds.
-  DeviceMemory m_gm{~uint64_t{0}};
+  // GM is not checked: the largest device memory, so any GM range plan() sees on a chip is in
+  // bounds (its directory costs nothing until written, and it never is).
+  DeviceMemory m_gm{DeviceMemory::kMaxCapacity};
 };
 
 const CoreKindConfig* section_core(const Section& s, const ChipConfig& cfg,

@@ -69,6 +69,17 @@ void Chip::dispatch_blocks() {
   if (!m_abort.active()) m_scheduler.dispatch_free();
 }
 
+void Chip::stop_at_time_limit() {
+  m_fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range "
+                        "of 2^64 ps: the launch (begun at cycle {}) is stopped at cycle {}; later "
+                        "launches get the time that remains (a chip this slow needs shorter "
+                        "kernels)",
+                        kSimTimeLimitPs, kSimTimeLimitPs / kPsPerCycle,
+                        time_ps(m_start) / kPsPerCycle, time_ps(sc_time_stamp()) / kPsPerCycle);
+  m_end = sc_time_stamp();
+  raise_abort();
+}
+
 Chip::~Chip() = default;
 
 const SectionRun& Chip::prepare_section(const isa::Section& s) {
@@ -154,7 +165,7 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& progra
 
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                         int block_dim, bool functional, uint64_t max_insns_per_block,
-                        bool record) {
+                        bool record, uint64_t record_max_bytes) {
   if (block_dim < 1)
     throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
                             block_dim));
@@ -162,7 +173,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_fault.clear();
   m_cc_arrivals.clear();
   std::vector<TaskScheduler::Worker> workers = make_workers(program);
-  m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record};
+  m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record,
+                        record_max_bytes};
+  m_recorded_bytes = 0;
   m_memory->begin_launch(record);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
@@ -208,6 +221,16 @@ void Chip::end_launch(bool ok) {
   m_scheduler.clear();
   m_cc_arrivals.clear();
   m_abort.clear();
+}
+
+void Chip::recorded(uint64_t bytes) {
+  if (!m_launch.record) return;
+  m_recorded_bytes += bytes;
+  if (m_recorded_bytes <= m_launch.record_max_bytes) return;
+  // Too long a launch to keep for replay: stop recording and free what was recorded.
+  m_launch.record = false;
+  for (auto& c : m_cores) c->drop_recording();
+  m_memory->drop_recording();
 }
 
 void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,

@@ -37,7 +37,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
-                    bool record = false);
+                    bool record = false, uint64_t record_max_bytes = UINT64_MAX);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }
@@ -46,6 +46,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Aborts the launch from outside the simulation (after a deadlock); sc_start() then unwinds
   // every process.
   void abort();
+  // Faults the launch from outside the simulation because its next event lies past
+  // kSimTimeLimitPs, then aborts it like abort().
+  void stop_at_time_limit();
   // Simulated time the launch ended: its last block's end, its fault, or (deadlock) the last
   // activity.
   sc_core::sc_time end_time() const;
@@ -70,6 +73,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   AbortSignal& abort_signal() override { return m_abort; }
   const std::vector<ChipObserver*>& observers() const override { return m_observers; }
   uint64_t new_flow_id() override { return ++m_flow_ids; }
+  void recorded(uint64_t bytes) override;
   void fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
              const std::string& what) override;
   void block_done(AiCore& core) override;
@@ -98,6 +102,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::string m_fault;
   sc_core::sc_time m_start, m_end;
   bool m_mix = false;
+  uint64_t m_recorded_bytes = 0;  // host memory held by the launch's recording (about)
   // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
   std::map<std::pair<int, int>, int> m_cc_arrivals;
   uint64_t m_flow_ids = 0;

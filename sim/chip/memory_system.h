@@ -55,6 +55,11 @@ class MemorySystem : public sc_core::sc_module {
   // (l2_fingerprint).
   const std::vector<uint16_t>& transfer_order() const { return m_transfer_order; }
   uint64_t l2_fingerprint() const { return m_l2_fingerprint; }
+  // Stops recording the launch in progress and frees its record (Chip::recorded).
+  void drop_recording() {
+    m_recording = false;
+    std::vector<uint16_t>().swap(m_transfer_order);
+  }
   // Abort: drops the transfers in flight (their initiators unwind on the abort signal) and the
   // pending rate-change event, so simulated time stops at the fault.
   void abort_transfers();

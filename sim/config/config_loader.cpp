@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "sim/config/chip_config.h"
+#include "sim/memory/device_memory.h"
 
 #ifndef NPUSIM_CONFIG_DIR
 #define NPUSIM_CONFIG_DIR "configs/chips"
@@ -397,6 +398,79 @@ void check_known_keys(const Tree& tree) {
   }
 }
 
+// "64 GiB" for a whole number of a binary unit, else the plain byte count.
+std::string format_bytes(uint64_t v) {
+  static const std::pair<const char*, int> kUnits[] = {{"TiB", 40}, {"GiB", 30}, {"MiB", 20},
+                                                       {"KiB", 10}};
+  for (const auto& [unit, shift] : kUnits)
+    if (v != 0 && v % (1ull << shift) == 0) return fmt::format("{} {}", v >> shift, unit);
+  return fmt::format("{}", v);
+}
+
+// Ranges of the values. Every bound follows from one of these facts of the model:
+//  - Simulated time is an sc_time: a uint64 count of 1 ps steps (the resolution the Simulator
+//    sets), one AI-core cycle being 1000 ps (sim/core/core_env.h). Its range is 2^64 ps, about
+//    1.8e16 cycles (~2^54); its resolution 1/1000 cycle.
+//  - Device addresses are 48 bits wide (the virtual address width of current 64-bit hosts and
+//    NPUs): the device memory's page directory (sim/memory/device_memory.h) covers them with
+//    8 MiB of host memory.
+//  - Each core's buffers are mapped in host memory, and one instruction moves at most one
+//    buffer's worth of data (its on-chip end lies in one buffer).
+constexpr uint64_t kMaxSimCycles = ~uint64_t{0} / 1000;  // sc_time's range in cycles
+constexpr uint64_t kMaxDeviceBytes = DeviceMemory::kMaxCapacity;  // 2^48: hbm and l2 bytes
+// An on-chip buffer: at most 4 GiB (8,000 x the largest preset's L1), so that one transfer
+// moves at most 2^32 bytes and a core's buffers fit in host memory.
+constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 32;
+// Transfers must end within the simulated-time range: a rate (bytes per cycle) at which the
+// largest transfer takes 2^52 cycles (a quarter of the range) is the slowest accepted. A
+// rate at which the whole device address space moves within one picosecond (the resolution)
+// is the fastest: anything faster cannot be told apart in simulated time.
+constexpr double kMinBytesPerCycle = static_cast<double>(kMaxBufferBytes) / 0x1p52;  // 2^-20
+constexpr double kMaxBytesPerCycle = static_cast<double>(kMaxDeviceBytes) * 1000;
+// The host link copies at most the whole device memory at once: same rule, for 2^48 bytes.
+constexpr double kMinHdcBytesPerCycle = static_cast<double>(kMaxDeviceBytes) / 0x1p52;  // 1/16
+// A fixed latency (cycles) or per-instruction cost: at most 2^20 cycles, so that 2^32
+// instructions each paying it (2^52 cycles) stay within the simulated-time range.
+constexpr int kMaxLatencyCycles = 1 << 20;
+// Multipliers of an instruction's cost (reduce and transcendental factors, the fp32 cube rate
+// divisor): at most 2^10, so that the costliest instruction (an mmad of 2^12 x 2^12 x 2^12 on a
+// 1x1x1 cube: 2^36 steps) times the factor, 2^46 cycles, stays within 1/256 of the range.
+constexpr int kMaxCostFactor = 1 << 10;
+// The clock converts GB/s and microseconds into cycles; one cycle of a faster clock than
+// 10^6 MHz (1 THz) would be shorter than SystemC's resolution of 1 ps.
+constexpr double kMaxClockMhz = 1e6;
+// mmad's m, k and n fields are 12 bits wide (isa.def): a cube dimension above 4096 can never be
+// filled by one instruction.
+constexpr int kMaxCubeDim = 1 << 12;
+// One vector repeat is 256 bytes (sim/exec/vector_insn.cpp): a vector unit faster than a
+// repeat per cycle cannot be told apart.
+constexpr int kMaxVectorBytesPerCycle = 256;
+// Instruction queues are allocated up front per pipe and core; 4096 entries is 128x the
+// presets' depth.
+constexpr int kMaxIssueQueueDepth = 4096;
+// All cores together: each is a SystemC module whose scalar unit and pipes are threads with
+// their own stacks (256 KiB and 512 KiB each, sim/core/ai_core.cpp; about 3.3 MiB a core),
+// besides its buffers mapped in host memory: 1024 cores (14x the largest preset) map about
+// 3.4 GiB of stacks. (The memory system records core ids as uint16: 65535 is the hard limit.)
+constexpr int kMaxTotalCores = 1024;
+// The L2's tags take 20 bytes of host memory per line, in two copies (the memory system and
+// the replay's address check): at most 2^22 lines (160 MiB; 10x the largest preset's L2).
+constexpr uint64_t kMaxL2Lines = uint64_t{1} << 22;
+// Alignments are powers of two held in an int: at most 2^30 (a buffer's must also divide it).
+constexpr int kMaxAlignBytes = 1 << 30;
+// The model counts a vector instruction's accesses per UB bank and repeat: 4096 banks (85x the
+// 910B's 48) keep that cost per instruction small; a bank row is at most 64 KiB, so that a
+// row (banks x width) stays within a buffer of kMaxBufferBytes.
+constexpr int kMaxUbBanks = 1 << 12;
+constexpr int kMaxUbBankWidth = 1 << 16;
+// Cross-core flag sets pending per flag: a queue of that many entries per flag and core.
+constexpr int kMaxCrossCorePending = 1 << 16;
+// The derivations above, checked.
+static_assert(kMaxBufferBytes / kMinBytesPerCycle <= kMaxSimCycles / 4);
+static_assert(kMaxDeviceBytes / kMinHdcBytesPerCycle <= kMaxSimCycles / 4);
+static_assert((uint64_t{kMaxLatencyCycles} << 32) <= kMaxSimCycles);
+static_assert((uint64_t{1} << 36) * kMaxCostFactor <= kMaxSimCycles / 256);
+
 // Typed access to the flattened tree; every error names the file (and line) and the key.
 class Reader {
  public:
@@ -460,15 +534,33 @@ class Reader {
     return static_cast<int>(v);
   }
 
-  // A finite number > min (or >= min when !exclusive).
-  double get_number(const std::string& key, double min, bool exclusive) const {
-    const std::string expected = fmt::format("a number {} {}", exclusive ? ">" : ">=", min);
+  // A finite number > min (or >= min when !exclusive), and <= max.
+  double get_number(const std::string& key, double min, bool exclusive,
+                    double max = std::numeric_limits<double>::max()) const {
+    const std::string expected =
+        max == std::numeric_limits<double>::max()
+            ? fmt::format("a number {} {}", exclusive ? ">" : ">=", min)
+            : fmt::format("a number in {}{:g}, {:g}]", exclusive ? "(" : "[", min, max);
     std::string s = scalar(key, expected.c_str());
     char* end = nullptr;
     double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end != '\0' || !std::isfinite(v) || v < min || (exclusive && v == min))
+    if (s.empty() || *end != '\0' || !std::isfinite(v) || v < min || (exclusive && v == min) ||
+        v > max)
       fail(key, fmt::format("expected {}, got '{}'", expected, s));
     return v;
+  }
+
+  // A rate in GB/s (10^9 B/s) whose bytes per cycle at `clock_mhz` lie in [min_bpc, max_bpc].
+  double get_gbps(const std::string& key, double clock_mhz, double min_bpc,
+                  double max_bpc) const {
+    const double gbps = get_number(key, 0, true);
+    const double per_cycle = gbps * 1e3 / clock_mhz;
+    if (!(per_cycle >= min_bpc && per_cycle <= max_bpc))
+      fail(key, fmt::format("{} GB/s is {:g} bytes per cycle at clock_mhz {}; expected {:g} to "
+                            "{:g} bytes per cycle, i.e. {:g} to {:g} GB/s at this clock",
+                            gbps, per_cycle, clock_mhz, min_bpc, max_bpc,
+                            min_bpc * clock_mhz / 1e3, max_bpc * clock_mhz / 1e3));
+    return gbps;
   }
 
   bool get_bool(const std::string& key) const {
@@ -478,10 +570,11 @@ class Reader {
     fail(key, fmt::format("expected true or false, got '{}'", s));
   }
 
-  // A size in bytes > 0: an integer, or an integer with a unit B, KiB, MiB, GiB or TiB.
-  uint64_t get_bytes(const std::string& key) const {
-    const char* expected = "a size > 0 in bytes (e.g. 65536 or 64 KiB)";
-    std::string s = scalar(key, expected);
+  // A size in bytes in [1, max]: an integer, or an integer with a unit B, KiB, MiB, GiB or TiB.
+  uint64_t get_bytes(const std::string& key, uint64_t max) const {
+    const std::string expected = fmt::format(
+        "a size in bytes from 1 to {} (e.g. 65536 or 64 KiB)", format_bytes(max));
+    std::string s = scalar(key, expected.c_str());
     char* end = nullptr;
     errno = 0;
     unsigned long long v = std::strtoull(s.c_str(), &end, 10);
@@ -493,7 +586,7 @@ class Reader {
     int shift = -1;
     for (const auto& [name, sh] : kUnits)
       if (unit == name) shift = sh;
-    if (!ok || shift < 0 || v == 0 || v > (~0ull >> shift))
+    if (!ok || shift < 0 || v == 0 || v > (max >> shift))
       fail(key, fmt::format("expected {}, got '{}'", expected, s));
     return static_cast<uint64_t>(v) << shift;
   }
@@ -522,7 +615,7 @@ CoreKindConfig parse_core_kind(const Reader& r, CoreKind kind) {
   const std::string base = fmt::format("cores.{}", isa::core_kind_name(kind));
   CoreKindConfig k;
   k.kind = kind;
-  k.count = r.get_int(base + ".count", 1);
+  k.count = r.get_int(base + ".count", 1, kMaxTotalCores);
 
   const std::string pipes_key = base + ".pipes";
   const char* pipes_expected = "a list of pipe names (s, mte1, mte2, mte3, m, v, fix)";
@@ -539,7 +632,8 @@ CoreKindConfig parse_core_kind(const Reader& r, CoreKind kind) {
   const std::string bufs_key = base + ".buffers";
   r.require_map(bufs_key);
   for (const auto& name : r.children(bufs_key))
-    k.buffer_bytes[*isa::buf_from_name(name)] = r.get_bytes(bufs_key + "." + name);
+    k.buffer_bytes[*isa::buf_from_name(name)] =
+        r.get_bytes(bufs_key + "." + name, kMaxBufferBytes);
 
   // A pipe is useless without the buffers it works on.
   struct Needs {
@@ -594,8 +688,10 @@ void parse_cores(const Reader& r, ChipConfig& c) {
           fmt::format("{}: missing required key '{}' ({})", r.file(), key, want_text));
     c.core_kinds.push_back(parse_core_kind(r, k));
   }
+  if (c.total_cores() > kMaxTotalCores)
+    r.fail("cores", fmt::format("{} cores in all; at most {}", c.total_cores(), kMaxTotalCores));
   if (c.split) {
-    c.aiv_per_aic = r.get_int("cores.aiv.per_aic", 1);
+    c.aiv_per_aic = r.get_int("cores.aiv.per_aic", 1, kMaxTotalCores);
     const auto& aic = c.core_kinds[0];
     const auto& aiv = c.core_kinds[1];
     if (aiv.count != aic.count * c.aiv_per_aic)
@@ -615,7 +711,7 @@ void parse_alignment_and_banking(const Reader& r, ChipConfig& c) {
     Buf b = static_cast<Buf>(i);
     if (!any_kind_has(c, b)) continue;
     const std::string key = fmt::format("alignment.{}", isa::buf_name(b));
-    const int a = r.get_int(key, 1);
+    const int a = r.get_int(key, 1, kMaxAlignBytes);
     if (!is_pow2(static_cast<uint64_t>(a)))
       r.fail(key, fmt::format("expected a power of two, got {}", a));
     c.align_bytes[b] = static_cast<uint32_t>(a);
@@ -625,9 +721,9 @@ void parse_alignment_and_banking(const Reader& r, ChipConfig& c) {
                                 isa::core_kind_name(k.kind), isa::buf_name(b), k.capacity(b), a));
   }
 
-  c.ub_banks = r.get_int("ub_banking.banks", 1);
-  c.ub_bank_groups = r.get_int("ub_banking.bank_groups", 1);
-  c.ub_bank_width_bytes = r.get_int("ub_banking.bank_width_bytes", 1);
+  c.ub_banks = r.get_int("ub_banking.banks", 1, kMaxUbBanks);
+  c.ub_bank_groups = r.get_int("ub_banking.bank_groups", 1, kMaxUbBanks);
+  c.ub_bank_width_bytes = r.get_int("ub_banking.bank_width_bytes", 1, kMaxUbBankWidth);
   if (c.ub_banks % c.ub_bank_groups != 0)
     r.fail("ub_banking.bank_groups", fmt::format("{} banks do not divide into {} groups",
                                                  c.ub_banks, c.ub_bank_groups));
@@ -656,22 +752,27 @@ void parse_paths(const Reader& r, ChipConfig& c) {
       r.fail(key, fmt::format("no core kind has both {} and {} (data between core kinds "
                               "passes through gm)",
                               isa::buf_name(src), isa::buf_name(dst)));
-    c.path_bytes_per_cycle[{src, dst}] = r.get_number(key + ".bytes_per_cycle", 0, true);
-    c.path_latency_cycles[{src, dst}] = r.get_int(key + ".latency_cycles", 0);
+    c.path_bytes_per_cycle[{src, dst}] =
+        r.get_number(key + ".bytes_per_cycle", kMinBytesPerCycle, false, kMaxBytesPerCycle);
+    c.path_latency_cycles[{src, dst}] = r.get_int(key + ".latency_cycles", 0, kMaxLatencyCycles);
   }
 }
 
 void parse_memory(const Reader& r, ChipConfig& c) {
-  c.hbm_bytes = r.get_bytes("memory.hbm.bytes");
-  c.hbm_gbps = r.get_number("memory.hbm.gbps", 0, true);
-  c.hbm_latency_cycles = r.get_int("memory.hbm.latency_cycles", 0);
-  c.l2_bytes = r.get_bytes("memory.l2.bytes");
-  c.l2_gbps = r.get_number("memory.l2.gbps", 0, true);
-  c.l2_line_bytes = static_cast<uint32_t>(r.get_int("memory.l2.line_bytes", 1));
-  c.l2_ways = r.get_int("memory.l2.ways", 1);
-  c.l2_latency_cycles = r.get_int("memory.l2.latency_cycles", 0);
-  c.l2_read_bytes_per_cycle = r.get_number("memory.l2.core_read_bytes_per_cycle", 0, true);
-  c.l2_write_bytes_per_cycle = r.get_number("memory.l2.core_write_bytes_per_cycle", 0, true);
+  c.hbm_bytes = r.get_bytes("memory.hbm.bytes", kMaxDeviceBytes);
+  c.hbm_gbps =
+      r.get_gbps("memory.hbm.gbps", c.clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
+  c.hbm_latency_cycles = r.get_int("memory.hbm.latency_cycles", 0, kMaxLatencyCycles);
+  c.l2_bytes = r.get_bytes("memory.l2.bytes", kMaxDeviceBytes);
+  c.l2_gbps = r.get_gbps("memory.l2.gbps", c.clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
+  c.l2_line_bytes = static_cast<uint32_t>(
+      r.get_int("memory.l2.line_bytes", 1, static_cast<int>(kMaxBufferBytes >> 2)));
+  c.l2_ways = r.get_int("memory.l2.ways", 1, static_cast<int>(kMaxL2Lines));
+  c.l2_latency_cycles = r.get_int("memory.l2.latency_cycles", 0, kMaxLatencyCycles);
+  c.l2_read_bytes_per_cycle = r.get_number("memory.l2.core_read_bytes_per_cycle",
+                                           kMinBytesPerCycle, false, kMaxBytesPerCycle);
+  c.l2_write_bytes_per_cycle = r.get_number("memory.l2.core_write_bytes_per_cycle",
+                                            kMinBytesPerCycle, false, kMaxBytesPerCycle);
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -683,6 +784,11 @@ void parse_memory(const Reader& r, ChipConfig& c) {
     r.fail("memory.l2.bytes", fmt::format("{} bytes is not a whole number of sets of "
                                           "line_bytes x ways = {} bytes",
                                           c.l2_bytes, set_bytes));
+  if (c.l2_bytes / c.l2_line_bytes > kMaxL2Lines)
+    r.fail("memory.l2.bytes", fmt::format("{} bytes in lines of {} bytes are {} lines; at most {} "
+                                          "lines (their tags are kept in host memory)",
+                                          c.l2_bytes, c.l2_line_bytes,
+                                          c.l2_bytes / c.l2_line_bytes, kMaxL2Lines));
 }
 
 ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::string& default_name) {
@@ -691,7 +797,7 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   ChipConfig c;
   c.source_file = file;
   c.name = r.has("name") ? r.get_string("name") : default_name;
-  c.clock_mhz = r.get_number("clock_mhz", 0, true);
+  c.clock_mhz = r.get_number("clock_mhz", 0, true, kMaxClockMhz);
   const std::string org = r.get_string("organisation");
   if (org != "split" && org != "coupled")
     r.fail("organisation", fmt::format("expected 'split' or 'coupled', got '{}'", org));
@@ -700,43 +806,37 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   parse_cores(r, c);
   parse_alignment_and_banking(r, c);
 
-  c.cube_m = r.get_int("cube.m", 1);
-  c.cube_k = r.get_int("cube.k", 1);
-  c.cube_n = r.get_int("cube.n", 1);
-  c.cube_int8_k = r.get_int("cube.int8_k", 1);
-  c.cube_fp32_rate_divisor = r.get_int("cube.fp32_rate_divisor", 0);
+  c.cube_m = r.get_int("cube.m", 1, kMaxCubeDim);
+  c.cube_k = r.get_int("cube.k", 1, kMaxCubeDim);
+  c.cube_n = r.get_int("cube.n", 1, kMaxCubeDim);
+  c.cube_int8_k = r.get_int("cube.int8_k", 1, kMaxCubeDim);
+  c.cube_fp32_rate_divisor = r.get_int("cube.fp32_rate_divisor", 0, kMaxCostFactor);
   c.cube_bf16 = r.get_bool("cube.bf16");
-  c.cube_latency_cycles = r.get_int("cube.latency_cycles", 0);
+  c.cube_latency_cycles = r.get_int("cube.latency_cycles", 0, kMaxLatencyCycles);
 
-  c.vector_bytes_per_cycle = r.get_int("vector.bytes_per_cycle", 1);
-  c.vector_latency_cycles = r.get_int("vector.latency_cycles", 0);
-  c.vector_reduce_factor = r.get_int("vector.reduce_factor", 1);
-  c.vector_transcendental_factor = r.get_int("vector.transcendental_factor", 1);
+  c.vector_bytes_per_cycle = r.get_int("vector.bytes_per_cycle", 1, kMaxVectorBytesPerCycle);
+  c.vector_latency_cycles = r.get_int("vector.latency_cycles", 0, kMaxLatencyCycles);
+  c.vector_reduce_factor = r.get_int("vector.reduce_factor", 1, kMaxCostFactor);
+  c.vector_transcendental_factor = r.get_int("vector.transcendental_factor", 1, kMaxCostFactor);
 
-  c.scalar_cycles_per_insn = r.get_int("scalar.cycles_per_insn", 1);
-  c.issue_queue_depth = r.get_int("issue_queue_depth", 1);
+  c.scalar_cycles_per_insn = r.get_int("scalar.cycles_per_insn", 1, kMaxLatencyCycles);
+  c.issue_queue_depth = r.get_int("issue_queue_depth", 1, kMaxIssueQueueDepth);
 
   parse_paths(r, c);
   parse_memory(r, c);
 
-  c.hdc_gbps = r.get_number("hdc.gbps", 0, true);
-  c.hdc_latency_us = r.get_number("hdc.latency_us", 0, false);
+  c.hdc_gbps = r.get_gbps("hdc.gbps", c.clock_mhz, kMinHdcBytesPerCycle, kMaxBytesPerCycle);
+  // At most kMaxLatencyCycles at this clock.
+  c.hdc_latency_us = r.get_number("hdc.latency_us", 0, false, kMaxLatencyCycles / c.clock_mhz);
 
   // Flag ids are encoded in a 4-bit instruction field (isa.def: set_flag/cc_set id).
   const int max_ids = static_cast<int>(isa::field_imm_max(isa::FieldKind::U4)) + 1;
   const int cross_min = c.split ? 1 : 0;  // coupled chips have no cross-core flags
   c.flag_ids = r.get_int("sync.flag_ids", 1, max_ids);
   c.cross_core_flag_ids = r.get_int("sync.cross_core_flag_ids", cross_min, max_ids);
-  c.cross_core_max_pending = r.get_int("sync.cross_core_max_pending", cross_min);
+  c.cross_core_max_pending =
+      r.get_int("sync.cross_core_max_pending", cross_min, kMaxCrossCorePending);
   return c;
-}
-
-std::string format_bytes(uint64_t v) {
-  static const std::pair<const char*, int> kUnits[] = {{"TiB", 40}, {"GiB", 30}, {"MiB", 20},
-                                                       {"KiB", 10}};
-  for (const auto& [unit, shift] : kUnits)
-    if (v != 0 && v % (1ull << shift) == 0) return fmt::format("{} {}", v >> shift, unit);
-  return fmt::format("{}", v);
 }
 
 std::string quote(const std::string& s) {

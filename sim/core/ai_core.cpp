@@ -193,6 +193,11 @@ void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_assign_event.notify(SC_ZERO_TIME);
 }
 
+void AiCore::drop_recording() {
+  std::vector<uint8_t>().swap(m_exec_order);
+  std::vector<GmAccess>().swap(m_gm_accesses);
+}
+
 void AiCore::reset() {
   if (!m_touched) return;  // nothing ran here since the last reset: the state is still clean
   m_touched = false;
@@ -296,22 +301,24 @@ void AiCore::run_block() {
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_env.observers();
   uint32_t pc = 0;
-  const uint64_t budget = m_env.launch().max_insns_per_block;
-  const bool record = m_env.launch().record;
+  const LaunchInfo& launch = m_env.launch();
+  const uint64_t budget = launch.max_insns_per_block;
   uint64_t executed = 0;
   for (;;) {
     m_pc = pc;
     if (budget && ++executed > budget)
       throw KernelFault(fmt::format(
-          "watchdog: the block executed more than {} instructions (an endless loop?); raise "
-          "SimOptions::max_insns_per_block if the kernel really needs more",
+          "watchdog: the block executed more than {} instructions (an endless loop?); the "
+          "budget is --max-insns-per-block (npusim run/op) or NPUSIM_MAX_INSNS_PER_BLOCK "
+          "(TensorFlow) instructions per 128 KiB of the launch's tensor arguments; raise it if "
+          "the kernel really needs more (0 turns the watchdog off)",
           budget));
     if (pc >= code.size())
       throw KernelFault(fmt::format("pc out of range: section {} has {} instructions",
                                     isa::core_kind_name(section.kind), code.size()));
     const DecodedInsn& d = decoded[pc];
     if (!d.legal) throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
-    if (record) m_fingerprint.add_pc(pc);
+    if (launch.record) m_fingerprint.add_pc(pc);
     const isa::Instruction& in = code[pc];
     m_scalar.reg_fields = d.reg_fields;
     // The instruction's start, for observers only (reading the time costs a call).
@@ -365,6 +372,7 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         if (m_env.launch().record) {  // where it read, among the effects (replay reads there)
           m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
           m_gm_accesses.push_back({addr, 8, false});
+          m_env.recorded(1 + sizeof(GmAccess));
         }
       } else {
         if (m_env.launch().functional) {
@@ -374,6 +382,7 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         if (m_env.launch().record) {
           m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
           m_gm_accesses.push_back({addr, 8, true});
+          m_env.recorded(1 + sizeof(GmAccess));
         }
       }
       break;
@@ -586,6 +595,9 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
         m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
         m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
         m_fingerprint.add_cost(op.pc, cost);
+        // The effect order, the GM ranges and the memory system's transfer order entry.
+        m_env.recorded(1 + cost.gm.size() * sizeof(GmAccess) +
+                       (cost.gm.empty() ? 0 : sizeof(uint16_t)));
       }
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);

@@ -65,6 +65,8 @@ class AiCore : public sc_core::sc_module {
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
   // The run's timing fingerprint (sim/replay/fingerprint.h), if it is being recorded.
   const CoreFingerprint& fingerprint() const { return m_fingerprint; }
+  // Frees the launch's records above (exec_order, gm_accesses): the chip stopped recording it.
+  void drop_recording();
 
   // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
   void assign_block(const SectionRun& run, int block, int subblock);

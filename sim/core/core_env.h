@@ -26,6 +26,11 @@ inline sc_core::sc_time cycles_to_time(double cycles) {
 inline uint64_t time_ps(const sc_core::sc_time& t) { return t.value(); }
 inline uint64_t now_ps() { return sc_core::sc_time_stamp().value(); }
 inline double time_to_cycles(const sc_core::sc_time& t) { return t.value() / 1000.0; }
+// The simulated time a launch may not pass (it is stopped with an error at its last event
+// before): half of sc_time's range of 2^64 ps. No single wait a valid config allows is longer than 2^62 ps (sim/config/
+// config_loader.cpp bounds every transfer to 2^52 cycles and every latency to 2^20), so nothing
+// scheduled before this time passes the end of the range.
+inline constexpr uint64_t kSimTimeLimitPs = uint64_t{1} << 63;
 
 // Thrown inside the model's threads to unwind them after the kernel was aborted.
 struct Aborted {};
@@ -72,9 +77,14 @@ struct LaunchInfo {
   const std::vector<uint64_t>* args = nullptr;
   int block_dim = 0;
   bool functional = true;
-  uint64_t max_insns_per_block = 0;  // watchdog (0: none), SimOptions::max_insns_per_block
-  // The launch will be recorded for replay: cores keep the GM ranges they touch (gm_accesses).
+  // Watchdog: instructions a block may execute (0: no limit), from SimOptions'
+  // max_insns_per_block by watchdog_budget() (sim/simulator.h).
+  uint64_t max_insns_per_block = 0;
+  // The launch is being recorded for replay: cores keep the GM ranges they touch
+  // (gm_accesses). Cleared during the launch once the recording passes record_max_bytes
+  // (CoreEnv::recorded): the records are dropped and the launch is not replayable.
   bool record = false;
+  uint64_t record_max_bytes = 0;
 };
 
 class CoreEnv {
@@ -85,6 +95,8 @@ class CoreEnv {
   virtual const LaunchInfo& launch() const = 0;
   virtual AbortSignal& abort_signal() = 0;
   virtual const std::vector<ChipObserver*>& observers() const = 0;
+  // A core recorded `bytes` more for the launch's replay (LaunchInfo::record). Zero time.
+  virtual void recorded(uint64_t bytes) = 0;
   // A fresh id for a flow (flag edge) in the trace.
   virtual uint64_t new_flow_id() = 0;
   // Records the launch's first fault (later ones are ignored) and aborts every core.

@@ -13,16 +13,23 @@
 namespace npusim {
 
 DeviceMemory::DeviceMemory(uint64_t capacity_bytes) : m_capacity(capacity_bytes) {
-  const uint64_t pages = (capacity_bytes + kPageBytes - 1) / kPageBytes;
-  m_dir_size = (pages + kTablePages - 1) / kTablePages;
-  m_dir = std::make_unique<std::atomic<Table*>[]>(m_dir_size);
-  for (uint64_t i = 0; i < m_dir_size; ++i) m_dir[i].store(nullptr);
+  if (capacity_bytes > kMaxCapacity)
+    throw Error(fmt::format("device memory of {} bytes is larger than the {} bytes (2^48) of "
+                            "the device address space", capacity_bytes, kMaxCapacity));
+  const uint64_t pages = capacity_bytes / kPageBytes + (capacity_bytes % kPageBytes != 0);
+  m_dir_size = pages / kTablePages + (pages % kTablePages != 0);
+  static_assert(std::atomic<Table*>::is_always_lock_free &&
+                    sizeof(std::atomic<Table*>) == sizeof(Table*),
+                "a zero-filled directory must read as null pointers");
+  m_dir.reset(static_cast<std::atomic<Table*>*>(
+      std::calloc(std::max<uint64_t>(m_dir_size, 1), sizeof(std::atomic<Table*>))));
+  if (!m_dir) throw std::bad_alloc();
 }
 
 DeviceMemory::~DeviceMemory() {
   clear();
   for (void* chunk : m_chunks) munmap(chunk, kChunkBytes);
-  for (uint64_t i = 0; i < m_dir_size; ++i) {
+  for (uint64_t i = 0, end = m_dir_used.load(); i < end; ++i) {
     Table* t = m_dir[i].load();
     if (!t) continue;
     for (auto& e : t->epochs) delete[] e.load();
@@ -38,7 +45,7 @@ void DeviceMemory::check(uint64_t addr, uint64_t n) const {
 
 template <typename F>
 void DeviceMemory::for_each_page(F&& f) const {
-  for (uint64_t t = 0; t < m_dir_size; ++t) {
+  for (uint64_t t = 0, end = m_dir_used.load(std::memory_order_acquire); t < end; ++t) {
     const Table* table = m_dir[t].load(std::memory_order_acquire);
     if (!table) continue;
     for (uint64_t i = 0; i < kTablePages; ++i)
@@ -123,6 +130,9 @@ uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
     for (auto& e : table->pages) e.store(nullptr, std::memory_order_relaxed);
     for (auto& e : table->epochs) e.store(nullptr, std::memory_order_relaxed);
     slot.store(table, std::memory_order_release);
+    const uint64_t end = page / kTablePages + 1;
+    if (m_dir_used.load(std::memory_order_relaxed) < end)
+      m_dir_used.store(end, std::memory_order_release);
   }
   std::atomic<uint8_t*>& entry = table->pages[page % kTablePages];
   if (uint8_t* p = entry.load(std::memory_order_acquire)) return p;  // another thread's

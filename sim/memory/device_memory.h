@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,10 @@ namespace npusim {
 class DeviceMemory {
  public:
   static constexpr uint64_t kPageBytes = 64 * 1024;
+  // The largest capacity: a 48-bit device address space (the virtual address width of current
+  // 64-bit hosts and NPUs), whose page directory takes 8 MiB of host memory.
+  static constexpr uint64_t kMaxCapacity = uint64_t{1} << 48;
+  // Throws npusim::Error if capacity_bytes exceeds kMaxCapacity.
   explicit DeviceMemory(uint64_t capacity_bytes);
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
@@ -110,8 +115,15 @@ class DeviceMemory {
   void for_each_page(F&& f) const;
 
   uint64_t m_capacity;
-  std::unique_ptr<std::atomic<Table*>[]> m_dir;  // tables, by page / kTablePages
+  // Tables, by page / kTablePages: zero-filled host memory from calloc (which the host maps
+  // lazily), so that a large capacity costs nothing until used; an all-zero atomic pointer is
+  // null.
+  struct FreeDir {
+    void operator()(std::atomic<Table*>* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::atomic<Table*>[], FreeDir> m_dir;
   uint64_t m_dir_size = 0;
+  std::atomic<uint64_t> m_dir_used{0};  // one past the highest table ever allocated
   std::atomic<uint64_t> m_resident{0};  // pages written
   std::atomic<uint64_t> m_write_epoch{1};  // stamped on written blocks (advance_write_epoch)
   std::atomic<uint64_t> m_epoch_floor{0};  // the epoch of the last clear

@@ -16,8 +16,8 @@ KERNELS = os.path.join(ROOT, "kernels")
 results = []
 
 
-def run(*args, expect_rc=0):
-    p = subprocess.run([NPUSIM, *args], capture_output=True, text=True, timeout=600)
+def run(*args, expect_rc=0, timeout=600):
+    p = subprocess.run([NPUSIM, *args], capture_output=True, text=True, timeout=timeout)
     if p.returncode != expect_rc:
         raise AssertionError(f"npusim {' '.join(args)}: exit {p.returncode}, wanted {expect_rc}\n"
                              f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -57,6 +57,82 @@ def _(d):
     assert counters["run"]["cycles"] > 0
     trace = json.load(open(f"{d}/t.json"))
     assert len(trace["traceEvents"]) > 0
+
+
+# Extreme chip values (the reproducers of issue 18): each is refused at load, naming the key and
+# its range, instead of crashing or simulating forever; a timeout turns a regression into a failure.
+@check("extreme config values are refused naming the key and the allowed range")
+def _(d):
+    cases = {
+        "memory.hbm.bytes=18446744073709551615": "from 1 to 256 TiB",
+        "memory.hbm.bytes=1152921504606846976": "from 1 to 256 TiB",
+        "memory.hbm.gbps=1e-300": "bytes per cycle",
+        "clock_mhz=1e300": "(0, 1e+06]",
+        "clock_mhz=1e20": "(0, 1e+06]",
+        "paths.gm->ub.bytes_per_cycle=1e-300": "[9.53674e-07, 2.81475e+17]",
+        "paths.ub->gm.bytes_per_cycle=1e-300": "[9.53674e-07, 2.81475e+17]",
+        "memory.l2.gbps=1e-300": "bytes per cycle",
+        "memory.l2.core_read_bytes_per_cycle=1e-300": "[9.53674e-07, 2.81475e+17]",
+        "memory.l2.core_write_bytes_per_cycle=1e-300": "[9.53674e-07, 2.81475e+17]",
+    }
+    for override, allowed in cases.items():
+        p = run("op", "AddV2", "--input", "f16:1024", "--input", "f16:1024", "--chip", "tiny",
+                "--set", override, "--timing-only", expect_rc=1, timeout=60)
+        key = override.split("=")[0]
+        assert f"key '{key}'" in p.stderr and allowed in p.stderr, (override, p.stderr)
+
+
+SPIN_COPY = """.kernel spin_copy
+.arg src
+.section aiv
+    ldarg x1, src
+    movi x2, 0
+spin:
+    copy_gm2ub x2, x1, 1, 1, 0, 0
+    jmp spin
+    end
+"""
+
+
+@check("the watchdog stops an endless loop, naming --max-insns-per-block, which sets it")
+def _(d):
+    open(f"{d}/spin.s", "w").write(SPIN_COPY)
+    np.save(f"{d}/src.npy", np.zeros(16, np.float16))
+    spin = ("run", f"{d}/spin.s", "--chip", "tiny", "--blocks", "1", "--in", f"src={d}/src.npy")
+    # The default budget: 2^23 instructions for this launch of 32 bytes of tensors.
+    p = run(*spin, expect_rc=3, timeout=120)
+    assert "watchdog" in p.stderr and f"more than {2**23} instructions" in p.stderr, p.stderr
+    assert "--max-insns-per-block" in p.stderr and "NPUSIM_MAX_INSNS_PER_BLOCK" in p.stderr, p.stderr
+    p = run(*spin, "--max-insns-per-block", "1000", expect_rc=3, timeout=60)
+    assert "more than 1000 instructions" in p.stderr, p.stderr
+    # npusim op: AddV2 of 3 x 2 KiB is one 128 KiB unit; 8 instructions end any kernel.
+    p = run("op", "AddV2", "--input", "f16:1024", "--input", "f16:1024", "--chip", "tiny",
+            "--max-insns-per-block", "8", expect_rc=3, timeout=60)
+    assert "more than 8 instructions" in p.stdout, p.stdout  # op reports launches on stdout
+
+
+@check("a large valid launch gets a budget scaled to its data (stateless random on tiny)")
+def _(d):
+    # 2^20 f32 of Philox on the scalar unit: ~14 instructions per output byte, 4 blocks, so
+    # ~14 M per block, above the floor of 10^6 but within 10^6 per 128 KiB of its 4 MiB.
+    np.save(f"{d}/shape.npy", np.array([1024, 1024], np.int32))
+    np.save(f"{d}/key.npy", np.array([7], np.int64))
+    np.save(f"{d}/counter.npy", np.array([0, 0], np.int64))
+    np.save(f"{d}/alg.npy", np.array(1, np.int32))
+    args = ["op", "StatelessRandomUniformV2", "--input", f"{d}/shape.npy",
+            "--input", f"{d}/key.npy", "--input", f"{d}/counter.npy", "--input", f"{d}/alg.npy",
+            "--attr", "dtype=f32", "--attr", "shape=[1024,1024]", "--chip", "tiny",
+            "--timing-only", "--json", f"{d}/op.json"]
+    run(*args, "--max-insns-per-block", "1000000", timeout=300)
+    # A cycle per scalar instruction, blocks side by side: a block ran more than the floor.
+    figures = json.load(open(f"{d}/op.json"))
+    assert figures["cycles"] > 10**6, figures
+    # A tenth of the budget is too little for it: 10^5 per 128 KiB of its tensors (the 4 MiB
+    # output and 36 bytes of inputs).
+    units = -(-(4 * 2**20 + 8 + 4 + 8 + 16) // (128 * 1024))
+    p = run(*args, "--max-insns-per-block", "100000", expect_rc=3, timeout=300)
+    assert "watchdog" in p.stdout and f"more than {units * 10**5} instructions" in p.stdout, \
+        p.stdout
 
 
 def gemm_matches_numpy(d, chip, M, N, K, seed, out_spec=True):

@@ -4,11 +4,13 @@
 // equal config.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <yaml-cpp/yaml.h>
@@ -475,4 +477,126 @@ TEST_CASE("docs/configs.md documents every key of the schema") {
     INFO("key " << k);
     CHECK(text.find("`" + k + "`") != std::string::npos);
   }
+}
+
+// The ranges of docs/configs.md, from the facts it states: simulated time is a uint64 count of
+// picoseconds with 1000 ps a cycle; device addresses are 48 bits; a buffer holds at most 2^32
+// bytes; a transfer of a whole buffer (or, over the host link, of the whole address space) must
+// end within 2^52 cycles; latencies and per-instruction cycles at most 2^20; cost factors 2^10;
+// mmad shapes 12 bits; a vector repeat 256 bytes; the clock's period at least 1 ps.
+TEST_CASE("every numeric key is range-checked where it is loaded") {
+  struct Case {
+    std::vector<std::string> overrides;  // on tiny (1850 MHz, 1 GiB HBM, 8 MiB L2)
+    const char* key;                     // the key the error names, "" if the config loads
+  };
+  const double slowest = std::ldexp(1.0, 32 - 52);  // bytes per cycle
+  auto text = [](double v) {
+    std::ostringstream o;
+    o.precision(17);
+    o << v;
+    return o.str();
+  };
+  const std::string slowest_hbm_gbps = text(slowest * 1850 / 1e3 * 1.001);
+  const std::string too_slow_hbm_gbps = text(slowest * 1850 / 1e3 * 0.999);
+  const std::vector<Case> cases = {
+      // Sizes against the 48-bit device address space (the issue's reproducers first).
+      {{"memory.hbm.bytes=18446744073709551615"}, "memory.hbm.bytes"},
+      {{"memory.hbm.bytes=1152921504606846976"}, "memory.hbm.bytes"},  // 2^60
+      {{"memory.hbm.bytes=281474976710657"}, "memory.hbm.bytes"},      // 2^48 + 1
+      {{"memory.hbm.bytes=256 TiB"}, ""},                              // 2^48
+      {{"cores.aic.buffers.l1=8 GiB"}, "cores.aic.buffers.l1"},
+      {{"cores.aic.buffers.l1=4 GiB"}, ""},
+      {{"memory.hbm.bytes=8 GiB", "memory.l2.bytes=4 GiB"}, "memory.l2.bytes"},  // 2^23 lines
+      {{"memory.hbm.bytes=8 GiB", "memory.l2.bytes=2 GiB"}, ""},                 // 2^22 lines
+      {{"memory.l2.ways=4194305"}, "memory.l2.ways"},
+      {{"memory.l2.line_bytes=2147483648"}, "memory.l2.line_bytes"},
+      // Rates: the issue's reproducers, then the bounds.
+      {{"memory.hbm.gbps=1e-300"}, "memory.hbm.gbps"},
+      {{"memory.hbm.gbps=" + too_slow_hbm_gbps}, "memory.hbm.gbps"},
+      {{"memory.hbm.gbps=" + slowest_hbm_gbps}, ""},
+      {{"memory.l2.gbps=1e-300"}, "memory.l2.gbps"},
+      {{"memory.l2.core_read_bytes_per_cycle=1e-300"}, "memory.l2.core_read_bytes_per_cycle"},
+      {{"memory.l2.core_write_bytes_per_cycle=1e-300"}, "memory.l2.core_write_bytes_per_cycle"},
+      {{"paths.gm->ub.bytes_per_cycle=1e-300"}, "paths.gm->ub.bytes_per_cycle"},
+      {{"paths.l1->l0a.bytes_per_cycle=1e-300"}, "paths.l1->l0a.bytes_per_cycle"},
+      {{"paths.gm->ub.bytes_per_cycle=9e-7"}, "paths.gm->ub.bytes_per_cycle"},  // < 2^-20
+      {{"paths.gm->ub.bytes_per_cycle=1e-6"}, ""},
+      {{"paths.gm->ub.bytes_per_cycle=1e300"}, "paths.gm->ub.bytes_per_cycle"},
+      {{"hdc.gbps=1e-300"}, "hdc.gbps"},
+      {{"hdc.gbps=0.1"}, "hdc.gbps"},  // 0.054 bytes per cycle < 1/16
+      {{"hdc.gbps=0.2"}, ""},
+      {{"hdc.latency_us=1e300"}, "hdc.latency_us"},
+      {{"hdc.latency_us=600"}, "hdc.latency_us"},  // 1.1e6 cycles > 2^20
+      {{"hdc.latency_us=500"}, ""},
+      // The clock: a period of at least 1 ps; a slow clock fails through the rates it converts.
+      {{"clock_mhz=1e300"}, "clock_mhz"},
+      {{"clock_mhz=1e20"}, "clock_mhz"},
+      {{"clock_mhz=1000001"}, "clock_mhz"},
+      {{"clock_mhz=1000000", "hdc.latency_us=1"}, ""},
+      {{"clock_mhz=1e-300"}, "memory.hbm.gbps"},
+      // Latencies and per-instruction cycles: at most 2^20.
+      {{"cube.latency_cycles=1048577"}, "cube.latency_cycles"},
+      {{"cube.latency_cycles=1048576"}, ""},
+      {{"vector.latency_cycles=1048577"}, "vector.latency_cycles"},
+      {{"memory.hbm.latency_cycles=1048577"}, "memory.hbm.latency_cycles"},
+      {{"memory.l2.latency_cycles=1048577"}, "memory.l2.latency_cycles"},
+      {{"paths.gm->l1.latency_cycles=1048577"}, "paths.gm->l1.latency_cycles"},
+      {{"scalar.cycles_per_insn=1048577"}, "scalar.cycles_per_insn"},
+      // Cost factors at most 2^10; cube dimensions 2^12; the vector unit 256 bytes a cycle.
+      {{"vector.reduce_factor=1025"}, "vector.reduce_factor"},
+      {{"vector.reduce_factor=1024"}, ""},
+      {{"vector.transcendental_factor=1025"}, "vector.transcendental_factor"},
+      {{"cube.fp32_rate_divisor=1025"}, "cube.fp32_rate_divisor"},
+      {{"cube.m=4097"}, "cube.m"},
+      {{"cube.m=4096"}, ""},
+      {{"cube.k=4097"}, "cube.k"},
+      {{"cube.n=4097"}, "cube.n"},
+      {{"cube.int8_k=4097"}, "cube.int8_k"},
+      {{"vector.bytes_per_cycle=257"}, "vector.bytes_per_cycle"},
+      {{"vector.bytes_per_cycle=256"}, ""},
+      // Counts.
+      {{"cores.aic.count=1025"}, "cores.aic.count"},
+      {{"cores.aic.count=400", "cores.aiv.count=800"}, "cores"},  // 1200 cores in all
+      {{"cores.aic.count=300", "cores.aiv.count=600"}, ""},
+      {{"cores.aiv.per_aic=1025"}, "cores.aiv.per_aic"},
+      {{"issue_queue_depth=4097"}, "issue_queue_depth"},
+      {{"issue_queue_depth=4096"}, ""},
+      {{"ub_banking.banks=4097"}, "ub_banking.banks"},
+      {{"ub_banking.bank_groups=4097"}, "ub_banking.bank_groups"},
+      {{"ub_banking.bank_width_bytes=65537"}, "ub_banking.bank_width_bytes"},
+      {{"alignment.gm=2147483648"}, "alignment.gm"},
+      {{"sync.cross_core_max_pending=65537"}, "sync.cross_core_max_pending"},
+      {{"sync.cross_core_max_pending=65536"}, ""},
+  };
+  for (const Case& c : cases) {
+    std::string what;
+    for (const auto& o : c.overrides) what += o + " ";
+    INFO("overrides: " << what);
+    if (!*c.key) {
+      CHECK_NOTHROW(load_chip_config("tiny", c.overrides));
+      continue;
+    }
+    const std::string msg = config_error([&] { load_chip_config("tiny", c.overrides); });
+    INFO(msg);
+    // Where it was set (the override, or for a value checked against another key, the preset
+    // file), the key and the allowed range.
+    CHECK(msg.find(".yaml") != std::string::npos);
+    CHECK(msg.find(std::string("key '") + c.key + "'") != std::string::npos);
+    const bool range = msg.find(" to ") != std::string::npos ||
+                       msg.find("in [") != std::string::npos ||
+                       msg.find("in (") != std::string::npos ||
+                       msg.find("at most") != std::string::npos;
+    CHECK(range);
+  }
+}
+
+TEST_CASE("the presets and moderate overrides still load within the ranges") {
+  for (const auto& name : kPresets) CHECK_NOTHROW(load_chip_config(name));
+  // Slow and fast variants a design sweep might try.
+  CHECK_NOTHROW(load_chip_config("910b", {"clock_mhz=100", "memory.hbm.gbps=1",
+                                          "paths.gm->l1.bytes_per_cycle=0.5",
+                                          "memory.l2.core_read_bytes_per_cycle=1024",
+                                          "memory.hbm.bytes=1 TiB", "hdc.latency_us=100"}));
+  CHECK_NOTHROW(load_chip_config("910b", {"clock_mhz=5000", "memory.hbm.gbps=100000",
+                                          "cube.latency_cycles=10000", "cube.m=32"}));
 }

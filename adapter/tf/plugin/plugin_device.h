@@ -11,8 +11,9 @@
 //                           holds the launch's changed counters, shared between launches
 //                           that counted alike)
 //   NPUSIM_MAX_INSNS_PER_BLOCK  the simulator's watchdog (SimOptions::max_insns_per_block): a
-//                           block executing more scalar-unit instructions faults (default
-//                           SimOptions' 10^8; 0 disables it)
+//                           block executing more than this many scalar-unit instructions per
+//                           128 KiB of its launch's tensor arguments (at least this many)
+//                           faults (default 2^23; 0 disables it)
 // SystemC elaborates one chip per process, so the device opens once and stays open until the
 // process exits (it is deliberately never destroyed: its driver thread must not be joined during
 // static destruction, after SystemC's own statics are gone).
