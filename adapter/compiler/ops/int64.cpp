@@ -359,8 +359,8 @@ CompiledKernel compile_s64_binary(const CompileContext& ctx) {
   const std::string t = op.type;
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   const bool compare = t == "Equal" || t == "NotEqual" || t == "Less" || t == "LessEqual" ||
                        t == "Greater" || t == "GreaterEqual";
   ScalarMapFn fn;
@@ -417,8 +417,8 @@ CompiledKernel compile_s64_floor(const CompileContext& ctx) {
                           "host kernels)", data_type_name(in.dtype)));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   ScalarMapSpec spec;
   spec.kernel_name = fmt::format("{}_s64", t);
   spec.inputs = {{DataType::S64, op.inputs[0].shape}, {DataType::S64, op.inputs[1].shape}};
