@@ -226,7 +226,13 @@ void emit_f32_bits_to_s64(KernelBuilder& b, const Reg& dst, const Reg& src) {
   b.if_(ge(e, 127), [&] {
     if_else(
         b, ge(e, 127 + 63),
-        [&] { b.movi(dst, std::numeric_limits<int64_t>::min(), "out of range or NaN"); },
+        [&] {  // |x| >= 2^63, infinities and NaN: saturated as the vector unit's vconv
+          b.movi(dst, std::numeric_limits<int64_t>::max(), "saturated");
+          b.and_(t, src, kSign32);
+          b.if_(ne(t, 0), [&] { b.movi(dst, std::numeric_limits<int64_t>::min(), "saturated"); });
+          b.and_(m, src, 0x7fffff);
+          b.if_(eq(e, 0xff), [&] { b.if_(ne(m, 0), [&] { b.movi(dst, 0, "NaN"); }); });
+        },
         [&] {
           b.and_(m, src, 0x7fffff);
           b.emit(Opcode::op_or, {m, m, 0x800000});
