@@ -82,7 +82,7 @@ CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode pr
                         fmt::join(supported_ops(), ", ")));
   for (const TensorDesc& t : op.inputs)
     for (int64_t d : t.shape)
-      if (d < 0) op.fail(fmt::format("input {} has a negative dimension", t.str()));
+      if (d < 0) op.invalid(fmt::format("input {} has a negative dimension", t.str()));
   CompiledKernel k = entry->compile(ops::CompileContext{op, cfg, precision});
   k.key = op.key() + "|" + precision_mode_name(precision);
   k.precision = precision;

@@ -110,6 +110,8 @@ std::string OpDesc::str() const {
 
 void OpDesc::fail(const std::string& what) const { throw CompileError(str() + ": " + what); }
 
+void OpDesc::invalid(const std::string& what) const { throw InvalidOpError(str() + ": " + what); }
+
 namespace {
 
 template <typename T>

@@ -69,6 +69,15 @@ struct CompileError : Error {
   using Error::Error;
 };
 
+// The op itself is invalid, whatever the chip: its inputs or attributes break the op's own
+// contract (inner dimensions of a product differ, shapes do not broadcast, an axis or a
+// permutation or a slice is out of range, ...), where TensorFlow's kernels on every device fail
+// with InvalidArgumentError. A CompileError, so callers that do not tell the two apart still
+// catch it; the TF plugin maps it to InvalidArgumentError, plain CompileError to Unimplemented.
+struct InvalidOpError : CompileError {
+  using CompileError::CompileError;
+};
+
 struct OpDesc {
   std::string type;                        // TF op name: "AddV2", "MatMul", "Cast", ...
   std::map<std::string, AttrValue> attrs;  // by TF attribute name
@@ -95,8 +104,10 @@ struct OpDesc {
   // A type attribute ("T", "DstT"): a string holding a data_type_name; nullopt if absent.
   std::optional<DataType> attr_type(const std::string& name) const;
 
-  // Throws CompileError "<op str>: <what>".
+  // Throws CompileError "<op str>: <what>": the compiler cannot compile this (valid) op.
   [[noreturn]] void fail(const std::string& what) const;
+  // Throws InvalidOpError "<op str>: <what>": the op's inputs or attributes are invalid.
+  [[noreturn]] void invalid(const std::string& what) const;
 };
 
 // numpy/TensorFlow broadcasting of two shapes (aligned at the last dimension; each pair of dims

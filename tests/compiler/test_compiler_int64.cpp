@@ -1,9 +1,10 @@
 // int64 (s64) ops on the scalar unit (ops/int64.h) compiled for the test chip and run on the
 // chip model, against references in plain C++ int64 / float arithmetic: element-wise
 // arithmetic wrapping modulo 2^64 (as TF's int64 kernels on two's complement hardware),
-// comparisons, Cast between s64 and f32 / f16 / bf16 / s32 / bool (x86 conversions: float ->
-// int64 truncates, NaN and out-of-range give INT64_MIN; int64 -> float rounds to nearest even;
-// to f16 / bf16 through float, as Eigen), Range. Exact: tolerance 0 everywhere.
+// comparisons, Cast between s64 and f32 / f16 / bf16 / s32 / bool (float -> int64 truncates and
+// saturates as the vector unit's vconv: out of range and infinities to INT64_MIN / INT64_MAX by
+// sign, NaN to 0; int64 -> float rounds to nearest even; to f16 / bf16 through float, as Eigen),
+// Range. Exact: tolerance 0 everywhere.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -121,9 +122,12 @@ TEST_CASE("s64 AddV2 over several blocks") {
 
 namespace {
 
-// x86 float -> int64 (cvttss2si): truncation; NaN and |x| >= 2^63 (except -2^63) -> INT64_MIN.
+// float -> int64 as the chip converts: truncation, saturation to [INT64_MIN, INT64_MAX] (the
+// infinities too), NaN -> 0.
 int64_t f32_to_s64(float f) {
-  if (std::isnan(f) || f >= 9223372036854775808.0f || f < -9223372036854775808.0f) return kMin;
+  if (std::isnan(f)) return 0;
+  if (f >= 9223372036854775808.0f) return std::numeric_limits<int64_t>::max();
+  if (f < -9223372036854775808.0f) return kMin;
   return static_cast<int64_t>(f);
 }
 

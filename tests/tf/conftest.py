@@ -40,10 +40,13 @@ def child_env():
     return env
 
 
-def run_child(code, timeout=120):
-    """Runs `code` in a fresh Python; returns the CompletedProcess (text output)."""
-    return subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def run_child(code, timeout=120, extra_env=None):
+    """Runs `code` in a fresh Python (child_env() updated by extra_env); returns the
+    CompletedProcess (text output)."""
+    env = child_env()
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 # Quiet TensorFlow's C++ logging (set before any test module imports tensorflow). Test modules

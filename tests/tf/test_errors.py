@@ -4,6 +4,7 @@ usable. Cases needing a particular chip or simulator setting run in a child proc
 (conftest.run_child)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -156,3 +157,136 @@ def test_keras_jit_compile_true_says_xla_cannot_compile_for_the_npu(npusim, tf):
     # jit_compile=False trains on the NPU as usual.
     model.compile(optimizer="sgd", loss="mse", jit_compile=False)
     assert np.isfinite(model.fit(x, y, verbose=0).history["loss"][0])
+
+
+# Ops given inputs or attributes that break the op's own contract, on the NPU with soft placement
+# off: each must fail with the error class TensorFlow's CPU kernel raises for the same call
+# (user code catches InvalidArgumentError), naming the op and what is wrong.
+# name: (op type, call, words the NPU's message must hold); in a call, f(*shape) is an f32
+# tensor of ones, i(*shape) the same in int64.
+SHAPE_ERROR_CASES = {
+    "MatMul inner dims": ("MatMul", lambda tf, f, i: tf.raw_ops.MatMul(a=f(2, 3), b=f(4, 5)),
+                          "inner dimensions"),
+    "MatMul scalars": ("MatMul", lambda tf, f, i: tf.raw_ops.MatMul(a=f(), b=f()), "rank 2"),
+    "MatMul rank 3": ("MatMul", lambda tf, f, i: tf.raw_ops.MatMul(a=f(2, 2, 3), b=f(3, 2)),
+                      "rank 2"),
+    "BatchMatMulV2 inner dims": (
+        "BatchMatMulV2", lambda tf, f, i: tf.raw_ops.BatchMatMulV2(x=f(2, 2, 3), y=f(2, 4, 5)),
+        "inner dimensions"),
+    "BatchMatMulV2 batch dims": (
+        "BatchMatMulV2", lambda tf, f, i: tf.raw_ops.BatchMatMulV2(x=f(2, 2, 3), y=f(3, 3, 5)),
+        "broadcast-compatible"),
+    "BatchMatMul batch dims": (
+        "BatchMatMul", lambda tf, f, i: tf.raw_ops.BatchMatMul(x=f(2, 2, 3), y=f(1, 3, 5)),
+        "batch dims"),
+    "AddV2 broadcast": ("AddV2", lambda tf, f, i: tf.raw_ops.AddV2(x=f(2, 3), y=f(4, 3)),
+                        "broadcast-compatible"),
+    "Less broadcast": ("Less", lambda tf, f, i: tf.raw_ops.Less(x=f(2, 3), y=f(2)),
+                       "broadcast-compatible"),
+    "int64 Mul broadcast": ("Mul", lambda tf, f, i: tf.raw_ops.Mul(x=i(2, 3), y=i(3, 2)),
+                            "broadcast-compatible"),
+    "Sum axis": ("Sum", lambda tf, f, i: tf.raw_ops.Sum(input=f(2, 3), axis=2), "out of range"),
+    "Max negative axis": ("Max", lambda tf, f, i: tf.raw_ops.Max(input=f(2, 3), axis=-3),
+                          "out of range"),
+    "Mean axes": ("Mean", lambda tf, f, i: tf.raw_ops.Mean(input=f(2, 3), axis=[0, 5]),
+                  "out of range"),
+    "ArgMax axis": ("ArgMax", lambda tf, f, i: tf.raw_ops.ArgMax(input=f(2, 3), dimension=2),
+                    "out of range"),
+    "Transpose repeated perm": (
+        "Transpose", lambda tf, f, i: tf.raw_ops.Transpose(x=f(2, 3), perm=[0, 0]),
+        "permutation"),
+    "Transpose perm length": (
+        "Transpose", lambda tf, f, i: tf.raw_ops.Transpose(x=f(2, 3), perm=[0, 1, 2]), "perm"),
+    "Conv2D channels": (
+        "Conv2D", lambda tf, f, i: tf.raw_ops.Conv2D(input=f(1, 5, 5, 3), filter=f(3, 3, 4, 2),
+                                                     strides=[1, 1, 1, 1], padding="VALID"),
+        "channels"),
+    "ConcatV2 shapes": (
+        "ConcatV2", lambda tf, f, i: tf.raw_ops.ConcatV2(values=[f(2, 3), f(3, 4)], axis=0),
+        "does not match"),
+    "ConcatV2 axis": (
+        "ConcatV2", lambda tf, f, i: tf.raw_ops.ConcatV2(values=[f(2, 3), f(2, 3)], axis=3),
+        "out of range"),
+    "Pack shapes": ("Pack", lambda tf, f, i: tf.raw_ops.Pack(values=[f(2, 3), f(3, 2)]),
+                    "does not match"),
+    "Slice size": (
+        "Slice", lambda tf, f, i: tf.raw_ops.Slice(input=f(2, 3), begin=[0, 1], size=[2, 3]),
+        "outside the input"),
+    "Slice begin": (
+        "Slice", lambda tf, f, i: tf.raw_ops.Slice(input=f(2, 3), begin=[3, 0], size=[1, 1]),
+        "outside the input"),
+    "StridedSlice index": (
+        "StridedSlice",
+        lambda tf, f, i: tf.raw_ops.StridedSlice(input=f(2, 3), begin=[5], end=[6], strides=[1],
+                                                 shrink_axis_mask=1),
+        "out of bounds"),
+    "Split divisibility": (
+        "Split", lambda tf, f, i: tf.raw_ops.Split(axis=1, value=f(2, 3), num_split=2),
+        "not divisible"),
+    "Softmax scalar": ("Softmax", lambda tf, f, i: tf.raw_ops.Softmax(logits=f()), "dimension"),
+    "LogSoftmax scalar": ("LogSoftmax", lambda tf, f, i: tf.raw_ops.LogSoftmax(logits=f()),
+                          "dimension"),
+    "BiasAdd channels": ("BiasAdd", lambda tf, f, i: tf.raw_ops.BiasAdd(value=f(2, 3), bias=f(4)),
+                         "channels"),
+    "SelectV2 broadcast": (
+        "SelectV2",
+        lambda tf, f, i: tf.raw_ops.SelectV2(condition=tf.constant([[True, False]]), t=f(3, 3),
+                                             e=f(3, 3)),
+        "broadcast-compatible"),
+    "BroadcastTo shape": (
+        "BroadcastTo", lambda tf, f, i: tf.raw_ops.BroadcastTo(input=f(2, 3), shape=[4, 3]),
+        "cannot be broadcast"),
+    "GatherV2 axis": (
+        "GatherV2",
+        lambda tf, f, i: tf.raw_ops.GatherV2(params=f(2, 3), indices=tf.constant([0]), axis=2),
+        "out of range"),
+}
+
+SHAPE_ERROR_REFERENCE_CHILD = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, %r)
+import tensorflow as tf
+from test_errors import SHAPE_ERROR_CASES
+f = lambda *s: tf.constant(np.ones(s, np.float32))
+i = lambda *s: tf.constant(np.ones(s, np.int64))
+out = {}
+for name, (_, call, _) in SHAPE_ERROR_CASES.items():
+    try:
+        with tf.device("/CPU:0"):
+            call(tf, f, i).numpy()
+        out[name] = None
+    except tf.errors.OpError as e:
+        out[name] = type(e).__name__
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_error_classes():
+    """The error class TensorFlow's own CPU kernels raise for each case, in a child process with
+    oneDNN off: the oneDNN kernels (on by default on Intel hosts only) differ in places (a scalar
+    Softmax is AbortedError there), and the reference must not depend on the host."""
+    code = SHAPE_ERROR_REFERENCE_CHILD % os.path.dirname(os.path.abspath(__file__))
+    return _result(run_child(code, extra_env={"TF_ENABLE_ONEDNN_OPTS": "0"}))
+
+
+@pytest.mark.parametrize("name", list(SHAPE_ERROR_CASES))
+def test_invalid_op_raises_the_cpu_error_class(npusim, tf, strict_placement, cpu_error_classes,
+                                               name):
+    op_type, call, words = SHAPE_ERROR_CASES[name]
+    want = cpu_error_classes[name]
+    assert want is not None, f"{name}: TensorFlow's CPU kernel accepts the call"
+    f = lambda *s: tf.constant(np.ones(s, np.float32))  # noqa: E731
+    i = lambda *s: tf.constant(np.ones(s, np.int64))  # noqa: E731
+    with tf.device("/NPU:0"):
+        with pytest.raises(tf.errors.OpError) as info:
+            call(tf, f, i).numpy()
+    message = info.value.message
+    assert type(info.value).__name__ == want, message
+    # Raised by the NPU kernel (the compiler's message: the op's signature, then the reason).
+    assert "device:NPU:0" in message and f"{op_type}(" in message, message
+    assert words in message, message
+    # The device keeps working.
+    with tf.device("/NPU:0"):
+        assert float(tf.reduce_sum(f(2, 2)).numpy()) == 4.0

@@ -3,7 +3,8 @@
 Every (SrcT, DstT) pair the plugin registers (adapter/tf/plugin/kernels_cast.cpp) runs on edge
 values of its source type with soft placement off, and must equal TF's CPU Cast exactly (NaN
 where TF gives NaN, the sign of zeros). Values whose TF result is undefined behaviour (NaN,
-infinities and out-of-range floats cast to integers) are left out. IsFinite runs on NaN, +-Inf,
+infinities and out-of-range floats cast to integers) are left out there and checked against the
+NPU's saturating rule, written out in numpy (x86's INT_MIN is not a reference). IsFinite runs on NaN, +-Inf,
 denormals and the largest values. The int32 -> float Cast of Keras' losses runs on the chip in
 eager, in a tf.function and inside model.fit, and the main job no longer warns about Cast."""
 
@@ -137,6 +138,45 @@ def test_cast_pair_matches_tf_cpu(npusim, tf, strict_placement, src, dst):
     records = npusim.launch_records()
     assert any(r["kernel"].startswith("Cast") for r in records), records
     assert all(r["ok"] for r in records), records
+
+
+def _saturating_cast(x, dst):
+    """The NPU's float -> integer rule (the vector unit's vconv, docs/tf_plugin.md), written out
+    in Python integers: NaN -> 0; otherwise truncate toward zero and clamp to dst's range
+    (the infinities too)."""
+    info = np.iinfo(dst)
+
+    def one(v):
+        if np.isnan(v):
+            return 0
+        if np.isinf(v):
+            return info.max if v > 0 else info.min
+        return min(max(int(v), int(info.min)), int(info.max))  # int() truncates toward zero
+
+    return np.array([one(float(v)) for v in x.astype(np.float64).ravel()], dst).reshape(x.shape)
+
+
+FLOAT_TO_INT = [(s, d) for s, d in PAIRS if s in FLOATS and d not in FLOATS + [np.bool_]]
+
+
+@pytest.mark.parametrize("src,dst", FLOAT_TO_INT,
+                         ids=[f"{_name(s)}-{_name(d)}" for s, d in FLOAT_TO_INT])
+def test_float_to_integer_cast_saturates(npusim, tf, strict_placement, src, dst):
+    # NaN, the infinities and values outside dst's range, where TF's CPU Cast is undefined
+    # behaviour (x86 gives INT_MIN for all of them), and the in-range values next to the edges.
+    d = np.iinfo(dst)
+    v = [np.nan, np.inf, -np.inf, 1e20, -1e20, 3e9, -3e9, 2.0**31, -(2.0**31) - 512, 2.0**63,
+         -(2.0**63), 70000, -70000, 300, -300, 255.9, 65535.9, -1.0, -0.5, 0.5,
+         float(d.max) + 1, float(d.min) - 1, float(d.max), float(d.min)]
+    with np.errstate(over="ignore"):
+        x = np.array(v, np.float64).astype(np.float32).astype(src)
+    x = np.stack([x, x[::-1]])
+    want = _saturating_cast(x, dst)
+    assert (want == d.max).any() and (want == d.min).any() and (want != 0).any()
+    with tf.device("/NPU:0"):
+        out = tf.raw_ops.Cast(x=tf.constant(x), DstT=tf.as_dtype(np.dtype(dst)))
+    assert out.device.endswith("device:NPU:0"), out.device
+    _assert_same(out.numpy(), want)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=_name)

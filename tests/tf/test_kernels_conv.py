@@ -55,13 +55,16 @@ def _run(tf, device, fn, inputs, grads):
         return [y] + tape.gradient(loss, ts)
 
 
-def _compare(npusim, tf, fn, inputs, kernels, grads=True, rtol=0.0, atol=0.0, cpu_inputs=None):
-    """Runs fn (and its gradients) on the NPU and the CPU; checks every result is on the NPU
-    and matches, and that each name in `kernels` prefixes a launched kernel."""
+def _compare(npusim, tf, fn, inputs, kernels, grads=True, rtol=0.0, atol=0.0, cpu_inputs=None,
+             cpu_fn=None):
+    """Runs fn (and its gradients) on the NPU and the CPU (cpu_fn there when given: the same
+    function computed another way); checks every result is on the NPU and matches, and that
+    each name in `kernels` prefixes a launched kernel."""
     npusim.clear_launch_records()
     got = _run(tf, "/NPU:0", fn, inputs, grads)
     records = npusim.launch_records()
-    want = _run(tf, "/CPU:0", fn, cpu_inputs if cpu_inputs is not None else inputs, grads)
+    want = _run(tf, "/CPU:0", cpu_fn or fn, cpu_inputs if cpu_inputs is not None else inputs,
+                grads)
     for g, w in zip(got, want):
         assert g.device.endswith("device:NPU:0"), g.device
         assert g.shape == w.shape and g.dtype == w.dtype
@@ -84,6 +87,16 @@ CONV_CASES = [
 ]
 
 
+def _zero_inserted_filter(tf, w, dilation):
+    """The HWIO filter w with dilation - 1 zeros between its taps: an undilated convolution with
+    it is w's dilated convolution (the same products, plus products with zero), and its gradient
+    reaches w's taps through scatter_nd's gradient (a gather), exactly."""
+    kh, kw, ci, co = w.shape
+    taps = [[a * dilation, b * dilation] for a in range(kh) for b in range(kw)]
+    return tf.scatter_nd(taps, tf.reshape(w, [kh * kw, ci, co]),
+                         [(kh - 1) * dilation + 1, (kw - 1) * dilation + 1, ci, co])
+
+
 @pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation", CONV_CASES, ids=str)
 def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_shape, stride,
                                     padding, dilation):
@@ -93,8 +106,14 @@ def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_sha
     def conv(a, b):
         return tf.nn.conv2d(a, b, strides=stride, padding=padding, dilations=dilation)
 
+    # The CPU reference without dilations: TensorFlow's CPU Conv2DBackpropInput takes dilation
+    # > 1 only through oneDNN, which TensorFlow enables on Intel hosts alone.
+    def conv_undilated(a, b):
+        return tf.nn.conv2d(a, _zero_inserted_filter(tf, b, dilation), strides=stride,
+                            padding=padding)
+
     _compare(npusim, tf, conv, [x, w],
-             ["Conv2D_", "Conv2DBackpropInput_", "Img2col_", "MatMul_"])
+             ["Conv2D_", "Conv2DBackpropInput_", "Img2col_", "MatMul_"], cpu_fn=conv_undilated)
 
 
 def test_conv2d_random_fp32_rounds_inputs_to_fp16(npusim, tf, strict_placement):

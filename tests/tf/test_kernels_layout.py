@@ -180,6 +180,48 @@ def test_gather_segment_sum_one_hot(npusim, tf, strict_placement, index_dtype):
     _check(npusim, tf, lambda i: tf.one_hot(i, 3, on_value=5, off_value=-1, axis=0), [labels])
 
 
+def _gather_zero_filled(params, indices, axis, batch_dims=0):
+    """numpy GatherV2 with the NPU's rule for indices outside [0, params.shape[axis]): a row of
+    zeros (TF's GPU kernel; its CPU kernel fails the op)."""
+    n = params.shape[axis]
+    ok = (indices >= 0) & (indices < n)
+    safe = np.where(ok, indices, 0)
+    if batch_dims == 0:
+        out = np.take(params, safe, axis=axis)
+        mask = ok.reshape((1,) * axis + ok.shape + (1,) * (params.ndim - axis - 1))
+    else:  # batch_dims = 1, axis = 1: each batch row gathers from its own params
+        out = np.stack([np.take(params[b], safe[b], axis=0) for b in range(params.shape[0])])
+        mask = ok.reshape(ok.shape + (1,) * (params.ndim - 2))
+    return np.where(mask, out, np.zeros((), params.dtype))
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64], ids=lambda t: np.dtype(t).name)
+def test_gather_out_of_range_indices_give_zeros(npusim, tf, strict_placement, index_dtype):
+    # docs/tf_plugin.md: the indices live in device memory; an index outside the axis gives
+    # zeros, as TensorFlow's GPU kernel documents, where its CPU kernel raises.
+    params = _floats((6, 5, 3), 40)
+    bad = [-1, 6, 7, -(2**31), 2**31 - 1]
+    idx = np.array([0, 5] + bad + [3], index_dtype)
+    idx2 = np.array([[4, -1], [5, 2]], index_dtype)  # on axis 1 (size 5)
+    idxb = np.array([[1, 5, -2], [0, 4, 9], [2, 2, 5], [-7, 3, 1], [4, 0, 0], [6, 1, 2]],
+                    index_dtype)  # batch_dims 1, axis 1
+    cases = [(idx, 0, 0), (idx2, 1, 0), (idxb, 1, 1)]
+    for indices, axis, batch_dims in cases:
+        want = _gather_zero_filled(params, indices, axis, batch_dims)
+        assert not np.all(want == 0) and np.any(np.all(want == 0, axis=-1))
+        npusim.clear_launch_records()
+        with tf.device("/NPU:0"):
+            got = tf.gather(tf.constant(params), tf.constant(indices), axis=axis,
+                            batch_dims=batch_dims)
+        assert got.device.endswith("device:NPU:0"), got.device
+        np.testing.assert_array_equal(got.numpy(), want)
+        assert any(r["kernel"].startswith("GatherV2") for r in npusim.launch_records())
+    # The reference for in-range indices is TensorFlow's own CPU kernel.
+    with tf.device("/CPU:0"):
+        cpu = tf.gather(tf.constant(params), tf.constant(idx[:2]), axis=0).numpy()
+    np.testing.assert_array_equal(cpu, _gather_zero_filled(params, idx[:2], 0))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda t: np.dtype(t).name)
 def test_cumsum(npusim, tf, strict_placement, dtype):
     x = _data((4, 21), dtype, 20)

@@ -399,8 +399,8 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
       op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
                           data_type_name(in.dtype)));
     if (in.shape != op.inputs[0].shape)
-      op.fail(fmt::format("inputs must have the same shape ({} and {})",
-                          shape_str(op.inputs[0].shape), shape_str(in.shape)));
+      op.invalid(fmt::format("inputs must have the same shape ({} and {})",
+                             shape_str(op.inputs[0].shape), shape_str(in.shape)));
   }
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),

@@ -44,7 +44,7 @@ CompiledKernel compile_bmm(const CompileContext& ctx) {
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
                         data_type_name(dt)));
   if (x.shape.size() < 2 || y.shape.size() < 2)
-    op.fail(fmt::format("inputs {} and {} must have rank >= 2", x.str(), y.str()));
+    op.invalid(fmt::format("inputs {} and {} must have rank >= 2", x.str(), y.str()));
   const bool adj_x = op.attr_bool("adj_x", false), adj_y = op.attr_bool("adj_y", false);
   const size_t rx = x.shape.size(), ry = y.shape.size();
   const int64_t m = adj_x ? x.shape[rx - 1] : x.shape[rx - 2];
@@ -52,21 +52,21 @@ CompiledKernel compile_bmm(const CompileContext& ctx) {
   const int64_t ky = adj_y ? y.shape[ry - 1] : y.shape[ry - 2];
   const int64_t n = adj_y ? y.shape[ry - 2] : y.shape[ry - 1];
   if (k != ky)
-    op.fail(fmt::format("inner dimensions differ: x gives k = {}, y gives k = {}", k, ky));
+    op.invalid(fmt::format("inner dimensions differ: x gives k = {}, y gives k = {}", k, ky));
   const std::vector<int64_t> bx(x.shape.begin(), x.shape.end() - 2);
   const std::vector<int64_t> by(y.shape.begin(), y.shape.end() - 2);
   std::vector<int64_t> batch;
   if (op.type == "BatchMatMul") {
     if (bx != by)
-      op.fail(fmt::format("batch dims {} and {} differ (BatchMatMul does not broadcast; "
-                          "BatchMatMulV2 does)",
-                          shape_str(bx), shape_str(by)));
+      op.invalid(fmt::format("batch dims {} and {} differ (BatchMatMul does not broadcast; "
+                             "BatchMatMulV2 does)",
+                             shape_str(bx), shape_str(by)));
     batch = bx;
   } else {
     auto b = broadcast_shapes(bx, by);
     if (!b)
-      op.fail(fmt::format("batch dims {} and {} are not broadcast-compatible", shape_str(bx),
-                          shape_str(by)));
+      op.invalid(fmt::format("batch dims {} and {} are not broadcast-compatible", shape_str(bx),
+                             shape_str(by)));
     batch = *b;
   }
   std::vector<int64_t> out_shape = batch;
@@ -109,16 +109,16 @@ std::string expand_ellipsis(const OpDesc& op, const std::string& term, size_t ra
   std::string labels = term;
   if (at == std::string::npos) {
     if (!output && term.size() != rank)
-      op.fail(fmt::format("operand '{}' has {} labels but the input has rank {}", term,
-                          term.size(), rank));
+      op.invalid(fmt::format("operand '{}' has {} labels but the input has rank {}", term,
+                             term.size(), rank));
     return labels;
   }
   if (term.find("...", at + 3) != std::string::npos)
-    op.fail(fmt::format("operand '{}' has more than one ellipsis", term));
+    op.invalid(fmt::format("operand '{}' has more than one ellipsis", term));
   const size_t explicit_labels = term.size() - 3;
   size_t e = output ? *ell_rank : rank - explicit_labels;
   if (!output && explicit_labels > rank)
-    op.fail(fmt::format("operand '{}' has more labels than the input's rank {}", term, rank));
+    op.invalid(fmt::format("operand '{}' has more labels than the input's rank {}", term, rank));
   if (!output) *ell_rank = std::max(*ell_rank, e);
   std::string gen;
   for (size_t i = 0; i < e; ++i) gen += static_cast<char>('0' + (*ell_rank - e + i));
@@ -131,7 +131,7 @@ CompiledKernel compile_einsum(const CompileContext& ctx) {
   eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
   const size_t arrow = eq.find("->");
   if (eq.empty() || arrow == std::string::npos)
-    op.fail(fmt::format("equation '{}' must have the form 'in[,in]->out'", eq));
+    op.invalid(fmt::format("equation '{}' must have the form 'in[,in]->out'", eq));
   std::vector<std::string> terms;
   {
     const std::string lhs = eq.substr(0, arrow);
@@ -143,8 +143,8 @@ CompiledKernel compile_einsum(const CompileContext& ctx) {
     terms.push_back(lhs.substr(start));
   }
   if (terms.size() != op.inputs.size())
-    op.fail(fmt::format("equation '{}' names {} operands, {} inputs given", eq, terms.size(),
-                        op.inputs.size()));
+    op.invalid(fmt::format("equation '{}' names {} operands, {} inputs given", eq, terms.size(),
+                           op.inputs.size()));
   if (terms.size() > 2) op.fail("Einsum with more than two operands is not supported");
   const DataType dt = op.inputs[0].dtype;
   for (const TensorDesc& t : op.inputs)
@@ -172,14 +172,14 @@ CompiledKernel compile_einsum(const CompileContext& ctx) {
       auto it = size.find(l[d]);
       if (it == size.end() || it->second == 1) size[l[d]] = s;
       else if (s != 1 && s != it->second)
-        op.fail(fmt::format("label '{}' has sizes {} and {}", l[d], it->second, s));
+        op.invalid(fmt::format("label '{}' has sizes {} and {}", l[d], it->second, s));
     }
   }
   std::vector<int64_t> out_shape;
   for (char c : out_labels) {
-    if (!size.count(c)) op.fail(fmt::format("output label '{}' is in no input", c));
+    if (!size.count(c)) op.invalid(fmt::format("output label '{}' is in no input", c));
     if (std::count(out_labels.begin(), out_labels.end(), c) > 1)
-      op.fail(fmt::format("output label '{}' repeats", c));
+      op.invalid(fmt::format("output label '{}' repeats", c));
     out_shape.push_back(size[c]);
   }
   const TensorDesc out{dt, out_shape};

@@ -146,11 +146,11 @@ DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
   DataType dt = op.inputs[*tensors.begin()].dtype;
   const std::vector<int64_t>& shape = op.inputs[*tensors.begin()].shape;
   if (shape.size() != 4)
-    op.fail(fmt::format("x must have rank 4 (NHWC), got {}", shape_str(shape)));
+    op.invalid(fmt::format("x must have rank 4 (NHWC), got {}", shape_str(shape)));
   for (size_t i : tensors)
     if (op.inputs[i].dtype != dt || op.inputs[i].shape != shape)
-      op.fail(fmt::format("input {} is {}, expected {}", i, op.inputs[i].str(),
-                          TensorDesc{dt, shape}.str()));
+      op.invalid(fmt::format("input {} is {}, expected {}", i, op.inputs[i].str(),
+                             TensorDesc{dt, shape}.str()));
   if (dt != DataType::F32 && dt != DataType::F16 && dt != DataType::BF16)
     op.fail(fmt::format("T = {} is not supported (f32, f16, bf16)", data_type_name(dt)));
   if (auto t = op.attr_type("T"); t && *t != dt)
@@ -163,7 +163,7 @@ DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
   *c = shape[3];
   for (size_t i : vectors)
     if (op.inputs[i].dtype != DataType::F32 || op.inputs[i].shape != std::vector<int64_t>{*c})
-      op.fail(fmt::format("input {} must be f32[{}], got {}", i, *c, op.inputs[i].str()));
+      op.invalid(fmt::format("input {} must be f32[{}], got {}", i, *c, op.inputs[i].str()));
   return dt;
 }
 

@@ -20,7 +20,7 @@ namespace {
 // The channel dim of a value of `rank` under the op's data_format.
 size_t channel_dim(const OpDesc& op, size_t rank) {
   const std::string fmt_attr = op.attr_string("data_format", "NHWC");
-  if (rank < 2) op.fail("the value must have at least 2 dimensions");
+  if (rank < 2) op.invalid("the value must have at least 2 dimensions");
   if (fmt_attr == "NHWC" || op.type == "BiasAddV1") return rank - 1;
   if (fmt_attr == "NCHW") return 1;
   op.fail(fmt::format("data_format '{}' is not supported (NHWC, NCHW)", fmt_attr));
@@ -45,8 +45,8 @@ CompiledKernel compile_bias_add(const CompileContext& ctx) {
                         data_type_name(bias.dtype), data_type_name(value.dtype)));
   const size_t c = channel_dim(op, value.shape.size());
   if (bias.shape.size() != 1 || bias.shape[0] != value.shape[c])
-    op.fail(fmt::format("bias {} must be a vector of the {} channels of dim {}",
-                        shape_str(bias.shape), value.shape[c], c));
+    op.invalid(fmt::format("bias {} must be a vector of the {} channels of dim {}",
+                           shape_str(bias.shape), value.shape[c], c));
   // The bias as a tensor broadcastable to the value: [C] (NHWC) or [C, 1, ..., 1] (NCHW).
   std::vector<int64_t> bshape{value.shape[c]};
   bshape.resize(value.shape.size() - c, 1);

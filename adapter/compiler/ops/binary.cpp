@@ -243,8 +243,8 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
                                                           : "f32, f16, bf16"));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   const TensorDesc out{kind->kind == Kind::kCompare ? DataType::BOOL : dt, *shape};
   if (kind->kind == Kind::kLogical && out.num_elements() > 0 &&
       (op.inputs[0].shape != out.shape || op.inputs[1].shape != out.shape))

@@ -1,9 +1,10 @@
 // Cast (TF attrs SrcT, DstT, Truncate) between f32, f16, bf16, s32, and to/from bool, as one
 // vconv per tile with TF's rounding:
 //   float -> float    round to nearest even (Truncate=true: toward zero)
-//   float -> integer  toward zero (C++ static_cast, as TF); the vector unit saturates values
-//                     outside the integer range and maps NaN to 0, where TF's result is
-//                     undefined behaviour (x86 gives INT_MIN)
+//   float -> integer  toward zero (C++ static_cast, as TF); values outside the integer range
+//                     and infinities saturate, NaN gives 0 (the vector unit's vconv, and the
+//                     scalar unit's s64 conversion likewise), where TF's result is undefined
+//                     behaviour (x86 gives INT_MIN / INT64_MIN; docs/tf_plugin.md)
 //   integer -> float  round to nearest even, once (TF's s32 -> f16 goes through f32 and may
 //                     round twice: it differs for |x| > 2048 in rare ties)
 //   bool -> any       0 / 1 (bool bytes are u8; to s8 / u8 a byte copy)
@@ -11,7 +12,7 @@
 // Same type: a copy. Integer -> narrower integer is rejected: TF wraps, the vector unit
 // saturates. S64 (either side) runs on the scalar unit (ops/int64.h): s64 -> narrower integers
 // wrap and s64 -> bool is x != 0 (as TF); s64 <-> f32 by integer arithmetic (round to nearest
-// even / toward zero, NaN and out-of-range f32 give INT64_MIN as x86); s64 <-> f16 / bf16
+// even / toward zero, saturating as above); s64 <-> f16 / bf16
 // through f32, as TF (Eigen converts int64 to half through float).
 #include <fmt/format.h>
 

@@ -155,7 +155,7 @@ DataType common_dtype(const OpDesc& op, std::initializer_list<size_t> inputs) {
 
 void require_rank4(const OpDesc& op, size_t i, const char* what) {
   if (op.inputs[i].shape.size() != 4)
-    op.fail(fmt::format("{} must have rank 4, got {}", what, shape_str(op.inputs[i].shape)));
+    op.invalid(fmt::format("{} must have rank 4, got {}", what, shape_str(op.inputs[i].shape)));
 }
 
 // TF's shape operands (input_sizes, filter_sizes) as the compiler takes them: the values as an
@@ -167,9 +167,9 @@ std::vector<int64_t> shape_attr(const OpDesc& op, const char* name) {
     op.fail(fmt::format("the value of {} is needed at compile time: pass it as attribute {} "
                         "(or the expected output in OpDesc::outputs)",
                         name, name));
-  if (v.size() != 4) op.fail(fmt::format("{} = {} must have 4 entries", name, shape_str(v)));
+  if (v.size() != 4) op.invalid(fmt::format("{} = {} must have 4 entries", name, shape_str(v)));
   for (int64_t d : v)
-    if (d < 0) op.fail(fmt::format("{} = {} has a negative entry", name, shape_str(v)));
+    if (d < 0) op.invalid(fmt::format("{} = {} has a negative entry", name, shape_str(v)));
   return v;
 }
 
@@ -177,7 +177,7 @@ std::vector<int64_t> shape_attr(const OpDesc& op, const char* name) {
 void check_shape_tensor(const OpDesc& op, size_t i, const char* name) {
   const TensorDesc& t = op.inputs[i];
   if (t.shape != std::vector<int64_t>{4} || (t.dtype != DataType::S32 && t.dtype != DataType::S64))
-    op.fail(fmt::format("{} must be an int32[4] shape tensor, got {}", name, t.str()));
+    op.invalid(fmt::format("{} must be an int32[4] shape tensor, got {}", name, t.str()));
 }
 
 // A launch writing zeros to output 0 (a product over an empty k).
@@ -225,9 +225,9 @@ ConvWindow forward_window(const OpDesc& op, const std::vector<int64_t>& in, int6
                           int64_t kw, const std::vector<int64_t>* dy) {
   ConvWindow cw = conv_window(op, in[1], in[2], kh, kw, false);
   if (dy && ((*dy)[1] != cw.h.out || (*dy)[2] != cw.w.out))
-    op.fail(fmt::format("out_backprop {} does not match the forward output {}x{} of input {} "
-                        "with a {}x{} filter",
-                        shape_str(*dy), cw.h.out, cw.w.out, shape_str(in), kh, kw));
+    op.invalid(fmt::format("out_backprop {} does not match the forward output {}x{} of input {} "
+                           "with a {}x{} filter",
+                           shape_str(*dy), cw.h.out, cw.w.out, shape_str(in), kh, kw));
   return cw;
 }
 
@@ -333,10 +333,10 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const int64_t c = x[3], cin = f[2], cout = f[3];
   if (cin == 0 ? c != 0 : c % cin != 0)
-    op.fail(fmt::format("input channels {} are not a multiple of the filter's {}", c, cin));
+    op.invalid(fmt::format("input channels {} are not a multiple of the filter's {}", c, cin));
   const int64_t groups = cin ? c / cin : 1;
   if (cout % groups != 0)
-    op.fail(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
+    op.invalid(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
   CompiledKernel k;
   k.outputs = {TensorDesc{y_type, {x[0], cw.h.out, cw.w.out, cout}}};
@@ -405,8 +405,8 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
                         "are not supported)",
                         x[3], f[2]));
   if (dy[0] != x[0] || dy[3] != f[3])
-    op.fail(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
-                        shape_str(dy), x[0], f[3]));
+    op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
+                           shape_str(dy), x[0], f[3]));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, x}};
@@ -480,8 +480,8 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
                         "gradients are not supported)",
                         x[3], f[2]));
   if (dy[0] != x[0] || dy[3] != f[3])
-    op.fail(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
-                        shape_str(dy), x[0], f[3]));
+    op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
+                           shape_str(dy), x[0], f[3]));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, f}};
@@ -625,7 +625,7 @@ struct DepthwiseShapes {
 
 DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f, int64_t c) {
   if (f[2] != c)
-    op.fail(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
+    op.invalid(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
   if (f[3] > 16)
     op.fail(fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
                         "group must fit one n tile)",
@@ -693,8 +693,8 @@ CompiledKernel compile_depthwise_backprop_input(const CompileContext& ctx) {
   const std::vector<int64_t>& dy = op.inputs[1].shape;
   const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
   if (dy[0] != x[0] || dy[3] != d.c * d.m)
-    op.fail(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
-                        shape_str(dy), x[0], d.c, d.m));
+    op.invalid(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
+                           shape_str(dy), x[0], d.c, d.m));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, x}};
@@ -740,8 +740,8 @@ CompiledKernel compile_depthwise_backprop_filter(const CompileContext& ctx) {
   const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
   const int64_t cm = d.c * d.m;
   if (dy[0] != x[0] || dy[3] != cm)
-    op.fail(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
-                        shape_str(dy), x[0], d.c, d.m));
+    op.invalid(fmt::format("out_backprop {} does not match batch {} and {} x {} channels",
+                           shape_str(dy), x[0], d.c, d.m));
   const ConvWindow cw = forward_window(op, x, f[0], f[1], &dy);
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, f}};

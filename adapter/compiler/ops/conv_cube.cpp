@@ -159,13 +159,13 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
     std::vector<int64_t> v = op.attr_ints(name);
     if (v.empty() && !required) return std::vector<int64_t>{1, 1, 1, 1};
     if (v.size() != 4)
-      op.fail(fmt::format("attribute {} must have 4 entries (N, H, W, C), got {}", name,
-                          v.size()));
+      op.invalid(fmt::format("attribute {} must have 4 entries (N, H, W, C), got {}", name,
+                             v.size()));
     if (v[0] != 1 || v[3] != 1)
       op.fail(fmt::format("attribute {} = {}: only H and W may differ from 1", name,
                           shape_str(v)));
     for (int64_t x : v)
-      if (x < 1) op.fail(fmt::format("attribute {} = {} must be positive", name, shape_str(v)));
+      if (x < 1) op.invalid(fmt::format("attribute {} = {} must be positive", name, shape_str(v)));
     return v;
   };
   ConvWindow cw;
@@ -184,11 +184,11 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
   std::vector<int64_t> ex = op.attr_ints("explicit_paddings");
   if (cw.padding == "EXPLICIT") {
     if (ex.size() != 8)
-      op.fail(fmt::format("explicit_paddings must have 8 entries, got {}", ex.size()));
+      op.invalid(fmt::format("explicit_paddings must have 8 entries, got {}", ex.size()));
     if (ex[0] || ex[1] || ex[6] || ex[7])
       op.fail("explicit_paddings on N or C are not supported");
     for (int64_t p : ex)
-      if (p < 0) op.fail("explicit_paddings must be non-negative");
+      if (p < 0) op.invalid("explicit_paddings must be non-negative");
   }
   auto dim = [&](int64_t in, int64_t k, int64_t s, int64_t d, int idx) {
     WindowDim r{in, k, s, d, 0, 0, 0};
@@ -207,7 +207,7 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
     }
     return r;
   };
-  if (kh < 1 || kw < 1) op.fail(fmt::format("window {}x{} must be at least 1x1", kh, kw));
+  if (kh < 1 || kw < 1) op.invalid(fmt::format("window {}x{} must be at least 1x1", kh, kw));
   cw.h = dim(in_h, kh, strides[1], dil[1], 1);
   cw.w = dim(in_w, kw, strides[2], dil[2], 2);
   return cw;

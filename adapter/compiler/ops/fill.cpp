@@ -118,10 +118,10 @@ CompiledKernel compile_range(const CompileContext& ctx) {
       if (!is_int_attr(op, a)) op.fail(fmt::format("s64 Range needs an integer attribute {}", a));
     const int64_t s = op.attr_int("start", 0), l = op.attr_int("limit", 0),
                   d = op.attr_int("delta", 0);
-    if (d == 0) op.fail("delta must not be 0");
+    if (d == 0) op.invalid("delta must not be 0");
     if (d > 0 ? s > l : s < l)
-      op.fail(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", s, l,
-                          d));
+      op.invalid(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", s,
+                             l, d));
     const uint64_t span = d > 0 ? static_cast<uint64_t>(l) - static_cast<uint64_t>(s)
                                 : static_cast<uint64_t>(s) - static_cast<uint64_t>(l);
     const uint64_t step = d > 0 ? static_cast<uint64_t>(d) : 0 - static_cast<uint64_t>(d);
@@ -129,10 +129,10 @@ CompiledKernel compile_range(const CompileContext& ctx) {
   }
   if (dt != DataType::S32 && dt != DataType::F32)
     op.fail(fmt::format("Tidx = {} is not supported (s32, s64, f32)", data_type_name(dt)));
-  if (delta == 0) op.fail("delta must not be 0");
+  if (delta == 0) op.invalid("delta must not be 0");
   if (delta > 0 ? start > limit : start < limit)
-    op.fail(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", start,
-                        limit, delta));
+    op.invalid(fmt::format("start = {} and limit = {} are in the wrong order for delta = {}", start,
+                           limit, delta));
   int64_t n = 0;
   std::vector<uint32_t> seq;  // TF's values (bits), and whether the vector formula matches
   bool formula_matches = true;
@@ -233,11 +233,11 @@ CompiledKernel compile_fill(const CompileContext& ctx) {
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
                         data_type_name(x.dtype)));
   if (op.type == "Fill") {
-    if (x.num_elements() != 1) op.fail(fmt::format("value {} must be a scalar", x.str()));
+    if (x.num_elements() != 1) op.invalid(fmt::format("value {} must be a scalar", x.str()));
     if (!op.attrs.count("dims")) op.fail("attribute dims is missing");
     const std::vector<int64_t> dims = op.attr_ints("dims");
     for (int64_t d : dims)
-      if (d < 0) op.fail(fmt::format("dims {} has a negative dim", shape_str(dims)));
+      if (d < 0) op.invalid(fmt::format("dims {} has a negative dim", shape_str(dims)));
     return fill_kernel(ctx, TensorDesc{x.dtype, dims}, AsmFill{0, 0});
   }
   if (op.type == "ZerosLike") return fill_kernel(ctx, x, AsmFill{-1, 0});

@@ -176,8 +176,8 @@ CompiledKernel compile_add_relu(const CompileContext& ctx) {
                         data_type_name(dt)));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   const TensorDesc out{dt, *shape};
   StreamSpec spec;
   spec.kernel_name = fmt::format("AddRelu_{}", data_type_name(dt));

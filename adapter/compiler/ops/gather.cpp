@@ -100,20 +100,20 @@ CompiledKernel compile_gather_v2(const CompileContext& ctx) {
   if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
   const int64_t rank = static_cast<int64_t>(params.shape.size());
   const int64_t irank = static_cast<int64_t>(indices.shape.size());
-  if (rank == 0) op.fail("params must have rank >= 1");
+  if (rank == 0) op.invalid("params must have rank >= 1");
   int64_t axis = op.attr_int("axis", 0);
   if (axis < -rank || axis >= rank)
-    op.fail(fmt::format("axis = {} is out of range for params of rank {}", axis, rank));
+    op.invalid(fmt::format("axis = {} is out of range for params of rank {}", axis, rank));
   if (axis < 0) axis += rank;
   int64_t batch_dims = op.attr_int("batch_dims", 0);
   if (batch_dims < 0) batch_dims += irank;
   if (batch_dims < 0 || batch_dims > irank || batch_dims > axis)
-    op.fail(fmt::format("batch_dims = {} must be in [-{}, {}] and at most axis = {}",
-                        op.attr_int("batch_dims", 0), irank, irank, axis));
+    op.invalid(fmt::format("batch_dims = {} must be in [-{}, {}] and at most axis = {}",
+                           op.attr_int("batch_dims", 0), irank, irank, axis));
   for (int64_t d = 0; d < batch_dims; ++d)
     if (params.shape[static_cast<size_t>(d)] != indices.shape[static_cast<size_t>(d)])
-      op.fail(fmt::format("params {} and indices {} differ in batch dim {}",
-                          shape_str(params.shape), shape_str(indices.shape), d));
+      op.invalid(fmt::format("params {} and indices {} differ in batch dim {}",
+                             shape_str(params.shape), shape_str(indices.shape), d));
   const size_t a = static_cast<size_t>(axis);
   std::vector<int64_t> out_shape(params.shape.begin(), params.shape.begin() + axis);
   out_shape.insert(out_shape.end(), indices.shape.begin() + batch_dims, indices.shape.end());
@@ -160,11 +160,11 @@ CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
     op.fail(fmt::format("segment_ids {} must be s32 or s64", ids.str()));
   if (!op.attrs.count("num_segments")) op.fail("attribute num_segments is missing");
   const int64_t segments = op.attr_int("num_segments", 0);
-  if (segments < 0) op.fail(fmt::format("num_segments = {} is negative", segments));
+  if (segments < 0) op.invalid(fmt::format("num_segments = {} is negative", segments));
   if (ids.shape.size() > data.shape.size() ||
       !std::equal(ids.shape.begin(), ids.shape.end(), data.shape.begin()))
-    op.fail(fmt::format("segment_ids {} must be a prefix of data {}", shape_str(ids.shape),
-                        shape_str(data.shape)));
+    op.invalid(fmt::format("segment_ids {} must be a prefix of data {}", shape_str(ids.shape),
+                           shape_str(data.shape)));
   std::vector<int64_t> out_shape = {segments};
   out_shape.insert(out_shape.end(), data.shape.begin() + static_cast<int64_t>(ids.shape.size()),
                    data.shape.end());
@@ -254,17 +254,17 @@ CompiledKernel compile_one_hot(const CompileContext& ctx) {
   check_t_attr(op, "T", dt);
   for (int i = 1; i <= 2; ++i)
     if (op.inputs[static_cast<size_t>(i)].num_elements() != 1)
-      op.fail(fmt::format("{} {} must be a scalar", i == 1 ? "on_value" : "off_value",
-                          op.inputs[static_cast<size_t>(i)].str()));
+      op.invalid(fmt::format("{} {} must be a scalar", i == 1 ? "on_value" : "off_value",
+                             op.inputs[static_cast<size_t>(i)].str()));
   if (!index_type(indices.dtype, true))
     op.fail(fmt::format("indices {} must be s32, s64, u8 or s8", indices.str()));
   if (!op.attrs.count("depth")) op.fail("attribute depth is missing");
   const int64_t depth = op.attr_int("depth", 0);
-  if (depth < 0) op.fail(fmt::format("depth = {} is negative", depth));
+  if (depth < 0) op.invalid(fmt::format("depth = {} is negative", depth));
   const int64_t rank = static_cast<int64_t>(indices.shape.size());
   int64_t axis = op.attr_int("axis", -1);
   if (axis < -1 || axis > rank)
-    op.fail(fmt::format("axis = {} is out of range [-1, {}]", axis, rank));
+    op.invalid(fmt::format("axis = {} is out of range [-1, {}]", axis, rank));
   if (axis == -1) axis = rank;
   std::vector<int64_t> out_shape = indices.shape;
   out_shape.insert(out_shape.begin() + axis, depth);

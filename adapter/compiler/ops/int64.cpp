@@ -226,7 +226,13 @@ void emit_f32_bits_to_s64(KernelBuilder& b, const Reg& dst, const Reg& src) {
   b.if_(ge(e, 127), [&] {
     if_else(
         b, ge(e, 127 + 63),
-        [&] { b.movi(dst, std::numeric_limits<int64_t>::min(), "out of range or NaN"); },
+        [&] {  // |x| >= 2^63, infinities and NaN: saturated as the vector unit's vconv
+          b.movi(dst, std::numeric_limits<int64_t>::max(), "saturated");
+          b.and_(t, src, kSign32);
+          b.if_(ne(t, 0), [&] { b.movi(dst, std::numeric_limits<int64_t>::min(), "saturated"); });
+          b.and_(m, src, 0x7fffff);
+          b.if_(eq(e, 0xff), [&] { b.if_(ne(m, 0), [&] { b.movi(dst, 0, "NaN"); }); });
+        },
         [&] {
           b.and_(m, src, 0x7fffff);
           b.emit(Opcode::op_or, {m, m, 0x800000});
@@ -359,8 +365,8 @@ CompiledKernel compile_s64_binary(const CompileContext& ctx) {
   const std::string t = op.type;
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   const bool compare = t == "Equal" || t == "NotEqual" || t == "Less" || t == "LessEqual" ||
                        t == "Greater" || t == "GreaterEqual";
   ScalarMapFn fn;
@@ -417,8 +423,8 @@ CompiledKernel compile_s64_floor(const CompileContext& ctx) {
                           "host kernels)", data_type_name(in.dtype)));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);
   if (!shape)
-    op.fail(fmt::format("shapes {} and {} are not broadcast-compatible",
-                        shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
+    op.invalid(fmt::format("shapes {} and {} are not broadcast-compatible",
+                           shape_str(op.inputs[0].shape), shape_str(op.inputs[1].shape)));
   ScalarMapSpec spec;
   spec.kernel_name = fmt::format("{}_s64", t);
   spec.inputs = {{DataType::S64, op.inputs[0].shape}, {DataType::S64, op.inputs[1].shape}};

@@ -74,8 +74,10 @@ Launch build_scalar_map(const std::string& op, const ScalarMapSpec& spec, const 
 // Scalar-unit conversions used by the s64 ops (exposed for their tests' documentation):
 // dst = the f32 bits of the s64 value in src, rounded to nearest even (as static_cast<float>).
 void emit_s64_to_f32_bits(KernelBuilder& b, const Reg& dst, const Reg& src);
-// dst = the f32 (bits in src, zero-extended) truncated toward zero to s64; NaN and values
-// outside the s64 range give INT64_MIN (x86's cvttss2si, what TF's CPU Cast gives there).
+// dst = the f32 (bits in src, zero-extended) truncated toward zero to s64, saturated as the
+// vector unit's float -> integer vconv (common/convert.h): values beyond the s64 range and
+// infinities give INT64_MIN / INT64_MAX by sign, NaN gives 0. (TF's CPU Cast is undefined
+// behaviour there; x86 gives INT64_MIN for all of them.)
 void emit_f32_bits_to_s64(KernelBuilder& b, const Reg& dst, const Reg& src);
 
 // Element-wise binary ops on s64 inputs with broadcasting: AddV2, Add, Sub, Mul, Maximum,

@@ -63,14 +63,14 @@ std::vector<int64_t> required_ints(const OpDesc& op, const std::string& name, si
   if (!op.attrs.count(name)) op.fail(fmt::format("attribute {} is missing", name));
   std::vector<int64_t> v = op.attr_ints(name);
   if (v.size() != n)
-    op.fail(fmt::format("attribute {} has {} values, {} expected", name, v.size(), n));
+    op.invalid(fmt::format("attribute {} has {} values, {} expected", name, v.size(), n));
   return v;
 }
 
 // axis in [-rank, rank) -> [0, rank).
 int64_t norm_axis(const OpDesc& op, int64_t axis, int64_t rank, const char* what) {
   if (axis < -rank || axis >= rank)
-    op.fail(fmt::format("{} = {} is out of range for rank {}", what, axis, rank));
+    op.invalid(fmt::format("{} = {} is out of range for rank {}", what, axis, rank));
   return axis < 0 ? axis + rank : axis;
 }
 
@@ -185,8 +185,8 @@ CompiledKernel compile_transpose(const CompileContext& ctx) {
   std::vector<bool> seen(rank, false);
   for (int64_t p : perm) {
     if (p < 0 || p >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(p)])
-      op.fail(fmt::format("perm {} is not a permutation of 0..{}", shape_str(perm),
-                          static_cast<int64_t>(rank) - 1));
+      op.invalid(fmt::format("perm {} is not a permutation of 0..{}", shape_str(perm),
+                             static_cast<int64_t>(rank) - 1));
     seen[static_cast<size_t>(p)] = true;
   }
   const TensorDesc out{dt, permuted_shape(shape, perm)};
@@ -257,19 +257,19 @@ CompiledKernel compile_concat(const CompileContext& ctx) {
     for (auto& s : shapes) s.insert(s.begin() + axis, 1);
   } else {
     const int64_t rank = static_cast<int64_t>(shapes[0].size());
-    if (rank == 0) op.fail("cannot concatenate scalars (rank 0)");
+    if (rank == 0) op.invalid("cannot concatenate scalars (rank 0)");
     axis = norm_axis(op, required_int(op, "axis"), rank, "axis");
   }
   std::vector<int64_t> out_shape = shapes[0];
   out_shape[static_cast<size_t>(axis)] = 0;
   for (size_t k = 0; k < shapes.size(); ++k) {
     if (shapes[k].size() != out_shape.size())
-      op.fail(fmt::format("input {} has rank {}, input 0 has rank {}", k, op.inputs[k].shape.size(),
-                          op.inputs[0].shape.size()));
+      op.invalid(fmt::format("input {} has rank {}, input 0 has rank {}", k,
+                             op.inputs[k].shape.size(), op.inputs[0].shape.size()));
     for (size_t d = 0; d < out_shape.size(); ++d)
       if (d != static_cast<size_t>(axis) && shapes[k][d] != shapes[0][d])
-        op.fail(fmt::format("input {} {} does not match input 0 {} outside the axis", k,
-                            op.inputs[k].str(), op.inputs[0].str()));
+        op.invalid(fmt::format("input {} {} does not match input 0 {} outside the axis", k,
+                               op.inputs[k].str(), op.inputs[0].str()));
     out_shape[static_cast<size_t>(axis)] += shapes[k][static_cast<size_t>(axis)];
   }
   const TensorDesc out{dt, out_shape};
@@ -303,12 +303,12 @@ CompiledKernel compile_unpack(const CompileContext& ctx) {
   const DataType dt = common_dtype(op, 0, 1);
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
-  if (rank == 0) op.fail("cannot unpack a scalar");
+  if (rank == 0) op.invalid("cannot unpack a scalar");
   const int64_t axis = norm_axis(op, op.attr_int("axis", 0), rank, "axis");
   const int64_t num = shape[static_cast<size_t>(axis)];
   if (op.attrs.count("num") && op.attr_int("num", 0) != num)
-    op.fail(fmt::format("attribute num = {} but dim {} has size {}", op.attr_int("num", 0), axis,
-                        num));
+    op.invalid(fmt::format("attribute num = {} but dim {} has size {}", op.attr_int("num", 0), axis,
+                           num));
   std::vector<int64_t> out_shape = shape;
   out_shape.erase(out_shape.begin() + axis);
   const int64_t outer = dims_product(shape, 0, static_cast<size_t>(axis));
@@ -329,39 +329,40 @@ CompiledKernel compile_split(const CompileContext& ctx) {
   const DataType dt = common_dtype(op, 0, 1);
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
-  if (rank == 0) op.fail("cannot split a scalar");
+  if (rank == 0) op.invalid("cannot split a scalar");
   const int64_t axis = norm_axis(op, required_int(op, "split_dim"), rank, "split_dim");
   const int64_t dim = shape[static_cast<size_t>(axis)];
   std::vector<int64_t> sizes;
   if (op.type == "Split") {
     const int64_t num = required_int(op, "num_split");
-    if (num <= 0) op.fail(fmt::format("num_split = {} must be positive", num));
+    if (num <= 0) op.invalid(fmt::format("num_split = {} must be positive", num));
     if (dim % num != 0)
-      op.fail(fmt::format("dim {} of size {} is not divisible by num_split = {}", axis, dim, num));
+      op.invalid(
+          fmt::format("dim {} of size {} is not divisible by num_split = {}", axis, dim, num));
     sizes.assign(static_cast<size_t>(num), dim / num);
   } else {
     if (!op.attrs.count("size_splits")) op.fail("attribute size_splits is missing");
     sizes = op.attr_ints("size_splits");
     if (op.attrs.count("num_split") &&
         op.attr_int("num_split", 0) != static_cast<int64_t>(sizes.size()))
-      op.fail(fmt::format("num_split = {} but size_splits has {} values",
-                          op.attr_int("num_split", 0), sizes.size()));
+      op.invalid(fmt::format("num_split = {} but size_splits has {} values",
+                             op.attr_int("num_split", 0), sizes.size()));
     int64_t known = 0, unknown = -1;
     for (size_t i = 0; i < sizes.size(); ++i) {
       if (sizes[i] == -1 && unknown < 0) unknown = static_cast<int64_t>(i);
       else if (sizes[i] < 0)
-        op.fail(fmt::format("size_splits {} may hold one -1 and otherwise sizes >= 0",
-                            shape_str(sizes)));
+        op.invalid(fmt::format("size_splits {} may hold one -1 and otherwise sizes >= 0",
+                               shape_str(sizes)));
       else known += sizes[i];
     }
     if (unknown >= 0) {
       if (known > dim)
-        op.fail(fmt::format("size_splits {} exceed dim {} of size {}", shape_str(sizes), axis,
-                            dim));
+        op.invalid(fmt::format("size_splits {} exceed dim {} of size {}", shape_str(sizes), axis,
+                               dim));
       sizes[static_cast<size_t>(unknown)] = dim - known;
     } else if (known != dim) {
-      op.fail(fmt::format("size_splits {} do not add up to dim {} of size {}", shape_str(sizes),
-                          axis, dim));
+      op.invalid(fmt::format("size_splits {} do not add up to dim {} of size {}", shape_str(sizes),
+                             axis, dim));
     }
   }
   const int64_t outer = dims_product(shape, 0, static_cast<size_t>(axis));
@@ -392,8 +393,8 @@ CompiledKernel compile_slice(const CompileContext& ctx) {
   for (size_t d = 0; d < shape.size(); ++d) {
     if (size[d] == -1) size[d] = shape[d] - begin[d];
     if (begin[d] < 0 || size[d] < 0 || begin[d] + size[d] > shape[d])
-      op.fail(fmt::format("begin {} size {} is outside the input in dim {} (size {})",
-                          begin[d], size[d], d, shape[d]));
+      op.invalid(fmt::format("begin {} size {} is outside the input in dim {} (size {})",
+                             begin[d], size[d], d, shape[d]));
     v.dims.push_back(size[d]);
     v.strides.push_back(strides[d]);
     v.offset += begin[d] * strides[d];
@@ -415,13 +416,13 @@ DenseSlice strided_slice_spec(const OpDesc& op, const std::vector<int64_t>& shap
   const std::vector<int64_t> begin = op.attr_ints("begin"), end = op.attr_ints("end"),
                              strides = op.attr_ints("strides");
   if (begin.size() != end.size() || begin.size() != strides.size())
-    op.fail(fmt::format("begin {}, end {} and strides {} differ in length", shape_str(begin),
-                        shape_str(end), shape_str(strides)));
+    op.invalid(fmt::format("begin {}, end {} and strides {} differ in length", shape_str(begin),
+                           shape_str(end), shape_str(strides)));
   const int64_t begin_mask = op.attr_int("begin_mask", 0), end_mask = op.attr_int("end_mask", 0),
                 new_axis_mask = op.attr_int("new_axis_mask", 0),
                 shrink_mask = op.attr_int("shrink_axis_mask", 0);
   int64_t ellipsis_mask = op.attr_int("ellipsis_mask", 0);
-  if (ellipsis_mask & (ellipsis_mask - 1)) op.fail("more than one ellipsis in ellipsis_mask");
+  if (ellipsis_mask & (ellipsis_mask - 1)) op.invalid("more than one ellipsis in ellipsis_mask");
   int sparse_dims = static_cast<int>(begin.size());
   int add_after_ellipsis = 0;
   bool ellipsis_seen = false;
@@ -449,7 +450,7 @@ DenseSlice strided_slice_spec(const OpDesc& op, const std::vector<int64_t>& shap
       gather.push_back(kNewAxis);
     } else {
       if (full >= dims)
-        op.fail(fmt::format("the slice spec indexes dim {}, the input has rank {}", full, dims));
+        op.invalid(fmt::format("the slice spec indexes dim {}, the input has rank {}", full, dims));
       const size_t f = static_cast<size_t>(full);
       d_begin[f] = begin[static_cast<size_t>(i)];
       d_end[f] = end[static_cast<size_t>(i)];
@@ -468,14 +469,14 @@ DenseSlice strided_slice_spec(const OpDesc& op, const std::vector<int64_t>& shap
   DenseSlice s;
   for (size_t i = 0; i < static_cast<size_t>(dims); ++i) {
     const int64_t dim = shape[i], stride = d_stride[i];
-    if (stride == 0) op.fail(fmt::format("strides[{}] is 0", i));
+    if (stride == 0) op.invalid(fmt::format("strides[{}] is 0", i));
     if (d_shrink[i] && stride <= 0)
-      op.fail("only stride 1 allowed on non-range indexing (shrink_axis_mask)");
+      op.invalid("only stride 1 allowed on non-range indexing (shrink_axis_mask)");
     int64_t b = d_begin[i], e = d_end[i];
     if (d_shrink[i]) {
       const int64_t x = b < 0 ? dim + b : b;
       if (x < 0 || x >= dim)
-        op.fail(fmt::format("slice index {} of dim {} is out of bounds (size {})", b, i, dim));
+        op.invalid(fmt::format("slice index {} of dim {} is out of bounds (size {})", b, i, dim));
       b = x;
       e = x + 1;
     } else {
@@ -527,11 +528,11 @@ CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
   if (!op.attrs.count("shape")) op.fail("attribute shape is missing");
   const std::vector<int64_t> shape = op.attr_ints("shape");
   for (int64_t d : shape)
-    if (d < 0) op.fail(fmt::format("shape {} has a negative dim", shape_str(shape)));
+    if (d < 0) op.invalid(fmt::format("shape {} has a negative dim", shape_str(shape)));
   const DenseSlice s = strided_slice_spec(op, shape);
   if (op.inputs[0].shape != s.final_shape)
-    op.fail(fmt::format("dy {} does not have the slice's shape {}", op.inputs[0].str(),
-                        shape_str(s.final_shape)));
+    op.invalid(fmt::format("dy {} does not have the slice's shape {}", op.inputs[0].str(),
+                           shape_str(s.final_shape)));
   const std::vector<int64_t> dy_strides = contiguous_strides(s.size);
   std::vector<BoxDim> box;
   int64_t offset = 0;
@@ -563,7 +564,7 @@ std::vector<std::pair<int64_t, int64_t>> paddings_of(const OpDesc& op, size_t ra
   std::vector<std::pair<int64_t, int64_t>> v;
   for (size_t d = 0; d < rank; ++d) {
     if (p[2 * d] < 0 || p[2 * d + 1] < 0)
-      op.fail(fmt::format("paddings {} must be non-negative", shape_str(p)));
+      op.invalid(fmt::format("paddings {} must be non-negative", shape_str(p)));
     v.emplace_back(p[2 * d], p[2 * d + 1]);
   }
   return v;
@@ -576,7 +577,7 @@ CompiledKernel compile_pad(const CompileContext& ctx) {
   require_inputs(op, v2 ? 2 : 1);
   const DataType dt = common_dtype(op, 0, v2 ? 2 : 1);
   if (v2 && op.inputs[1].num_elements() != 1)
-    op.fail(fmt::format("constant_values {} must be a scalar", op.inputs[1].str()));
+    op.invalid(fmt::format("constant_values {} must be a scalar", op.inputs[1].str()));
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   const auto pads = paddings_of(op, shape.size());
   const std::vector<int64_t> strides = contiguous_strides(shape);
@@ -602,7 +603,7 @@ CompiledKernel compile_mirror_pad(const CompileContext& ctx) {
   const DataType dt = common_dtype(op, 0, 1);
   const std::string mode = op.attr_string("mode", "");
   if (mode != "REFLECT" && mode != "SYMMETRIC")
-    op.fail(fmt::format("mode '{}' must be REFLECT or SYMMETRIC", mode));
+    op.invalid(fmt::format("mode '{}' must be REFLECT or SYMMETRIC", mode));
   const int64_t edge = mode == "REFLECT" ? 1 : 0;  // REFLECT skips the edge element
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   const auto pads = paddings_of(op, shape.size());
@@ -611,8 +612,8 @@ CompiledKernel compile_mirror_pad(const CompileContext& ctx) {
   for (size_t d = 0; d < shape.size(); ++d) {
     const int64_t limit = shape[d] - edge;
     if (pads[d].first > limit || pads[d].second > limit)
-      op.fail(fmt::format("paddings ({}, {}) of dim {} must be at most {} for {} (size {})",
-                          pads[d].first, pads[d].second, d, limit, mode, shape[d]));
+      op.invalid(fmt::format("paddings ({}, {}) of dim {} must be at most {} for {} (size {})",
+                             pads[d].first, pads[d].second, d, limit, mode, shape[d]));
     out_shape.push_back(pads[d].first + shape[d] + pads[d].second);
     if (pads[d].first || pads[d].second) last_padded = static_cast<int64_t>(d);
   }
@@ -689,7 +690,7 @@ CompiledKernel compile_tile(const CompileContext& ctx) {
   std::vector<int64_t> out_shape;
   StridedView v;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (mult[d] < 0) op.fail(fmt::format("multiples {} must be non-negative", shape_str(mult)));
+    if (mult[d] < 0) op.invalid(fmt::format("multiples {} must be non-negative", shape_str(mult)));
     out_shape.push_back(mult[d] * shape[d]);
     v.dims.insert(v.dims.end(), {mult[d], shape[d]});
     v.strides.insert(v.strides.end(), {0, strides[d]});
@@ -707,7 +708,8 @@ CompiledKernel compile_broadcast_to(const CompileContext& ctx) {
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   auto b = broadcast_shapes(shape, out_shape);
   if (!b || *b != out_shape)
-    op.fail(fmt::format("{} cannot be broadcast to {}", op.inputs[0].str(), shape_str(out_shape)));
+    op.invalid(
+        fmt::format("{} cannot be broadcast to {}", op.inputs[0].str(), shape_str(out_shape)));
   const std::vector<int64_t> strides = contiguous_strides(shape);
   StridedView v;
   const size_t lead = out_shape.size() - shape.size();

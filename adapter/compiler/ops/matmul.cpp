@@ -643,12 +643,12 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
                         data_type_name(dt)));
   if (a.shape.size() != 2 || b.shape.size() != 2)
-    op.fail("inputs must be matrices (rank 2); batched products are BatchMatMul");
+    op.invalid("inputs must be matrices (rank 2); batched products are BatchMatMul");
   const bool ta = op.attr_bool("transpose_a", false), tb = op.attr_bool("transpose_b", false);
   const int64_t m = ta ? a.shape[1] : a.shape[0], k = ta ? a.shape[0] : a.shape[1];
   const int64_t kb = tb ? b.shape[1] : b.shape[0], n = tb ? b.shape[0] : b.shape[1];
   if (k != kb)
-    op.fail(fmt::format("inner dimensions differ: A gives k = {}, B gives k = {}", k, kb));
+    op.invalid(fmt::format("inner dimensions differ: A gives k = {}, B gives k = {}", k, kb));
   MatmulProblem p;
   p.m = m;
   p.n = n;

@@ -93,8 +93,9 @@ CompiledKernel compile_optimizer(const CompileContext& ctx) {
       op.fail(fmt::format("{} is {}, var is {}", o.name, data_type_name(in.dtype),
                           data_type_name(dt)));
     if (o.scalar ? in.num_elements() != 1 : in.shape != var.shape)
-      op.fail(fmt::format("{} {} must {}", o.name, shape_str(in.shape),
-                          o.scalar ? "be a scalar" : "have var's shape " + shape_str(var.shape)));
+      op.invalid(fmt::format(
+          "{} {} must {}", o.name, shape_str(in.shape),
+          o.scalar ? "be a scalar" : "have var's shape " + shape_str(var.shape)));
   }
   const bool nesterov = op.attr_bool("use_nesterov", false);
   std::vector<TensorDesc> outs = {var};

@@ -535,7 +535,7 @@ DataType pool_dtype(const OpDesc& op, std::initializer_list<size_t> inputs) {
       op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
                           data_type_name(op.inputs[i].dtype)));
     if (op.inputs[i].shape.size() != 4)
-      op.fail(fmt::format("input {} must have rank 4, got {}", i, op.inputs[i].str()));
+      op.invalid(fmt::format("input {} must have rank 4, got {}", i, op.inputs[i].str()));
   }
   if (dt != DataType::F32 && dt != DataType::F16 && dt != DataType::BF16)
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
@@ -588,9 +588,9 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   const std::vector<int64_t> y{x[0], cw.h.out, cw.w.out, x[3]};
   if (s.kind == PoolKind::kMaxGrad) {
     if (op.inputs[1].shape != y || op.inputs[2].shape != y)
-      op.fail(fmt::format("orig_output and grad must have the pooled shape {}", shape_str(y)));
+      op.invalid(fmt::format("orig_output and grad must have the pooled shape {}", shape_str(y)));
   } else if (s.kind == PoolKind::kAvgGrad && op.inputs[0].shape != y) {
-    op.fail(fmt::format("grad must have the pooled shape {}", shape_str(y)));
+    op.invalid(fmt::format("grad must have the pooled shape {}", shape_str(y)));
   }
   CompiledKernel k;
   const bool grad = is_grad(s.kind);

@@ -183,7 +183,7 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
   else if (!op.outputs.empty()) shape = op.outputs[0].shape;
   else op.fail("needs attribute 'shape' (the values of the shape input)");
   for (int64_t d : shape)
-    if (d < 0) op.fail(fmt::format("negative dimension in shape {}", shape_str(shape)));
+    if (d < 0) op.invalid(fmt::format("negative dimension in shape {}", shape_str(shape)));
   const TensorDesc out{dtype, shape};
   CompiledKernel k;
   k.outputs = {out};

@@ -1019,7 +1019,7 @@ std::vector<bool> reduction_axes(const OpDesc& op, const std::vector<int64_t>& a
   const int64_t r = static_cast<int64_t>(rank);
   for (int64_t a : axes) {
     if (a < -r || a >= r)
-      op.fail(fmt::format("reduction axis {} is out of range for a tensor of rank {}", a, r));
+      op.invalid(fmt::format("reduction axis {} is out of range for a tensor of rank {}", a, r));
     reduced[static_cast<size_t>(a < 0 ? a + r : a)] = true;
   }
   return reduced;
@@ -1046,7 +1046,7 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
   if (n_out == 0) return;  // nothing to write
   const std::string name = fmt::format("{}_{}", kind_name(req.kind), data_type_name(dt));
   if (n_red == 0) {
-    if (arg) op.fail("the reduction axis is empty (TF fails too)");
+    if (arg) op.invalid("the reduction axis is empty (TF fails too)");
     plan.add(fill_launch(op.str(), n_out, data_type_bytes(dt), empty_result_bits(req.kind, dt),
                          ctx.cfg),
              {out}, "empty reduction");
@@ -1154,7 +1154,7 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
                           data_type_name(req.out_type)));
     for (size_t i = 0; i < shape.size(); ++i) {
       if (!req.reduced[i]) out_shape.push_back(shape[i]);
-      else if (shape[i] == 0) op.fail(fmt::format("reduction axis {} is empty", i));
+      else if (shape[i] == 0) op.invalid(fmt::format("reduction axis {} is empty", i));
     }
   } else {
     auto it = op.attrs.find("axes");

@@ -203,11 +203,11 @@ CompiledKernel compile_scan(const CompileContext& ctx) {
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16, s32, s64)",
                         data_type_name(dt)));
   const int64_t rank = static_cast<int64_t>(x.shape.size());
-  if (rank == 0) op.fail("x must have rank >= 1");
+  if (rank == 0) op.invalid("x must have rank >= 1");
   if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
   int64_t axis = op.attr_int("axis", 0);
   if (axis < -rank || axis >= rank)
-    op.fail(fmt::format("axis = {} is out of range for rank {}", axis, rank));
+    op.invalid(fmt::format("axis = {} is out of range for rank {}", axis, rank));
   if (axis < 0) axis += rank;
   const bool exclusive = op.attr_bool("exclusive", false), reverse = op.attr_bool("reverse", false);
   LaunchPlan plan({x});

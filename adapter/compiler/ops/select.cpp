@@ -72,21 +72,21 @@ CompiledKernel compile_select_op(const CompileContext& ctx) {
   std::vector<int64_t> shape;
   if (op.type == "Select") {
     if (t.shape != e.shape)
-      op.fail(fmt::format("t {} and e {} must have one shape", t.str(), e.str()));
+      op.invalid(fmt::format("t {} and e {} must have one shape", t.str(), e.str()));
     shape = t.shape;
     if (cond.shape.size() == 1 && shape.size() > 1 && cond.shape[0] == shape[0]) {
       cond.shape.resize(shape.size(), 1);  // a vector selects whole rows
     } else if (!cond.shape.empty() && cond.shape != shape) {
-      op.fail(fmt::format("condition {} must be a scalar, have t's shape {}, or be a vector of "
-                          "t's first dim",
-                          cond.str(), shape_str(shape)));
+      op.invalid(fmt::format("condition {} must be a scalar, have t's shape {}, or be a vector of "
+                             "t's first dim",
+                             cond.str(), shape_str(shape)));
     }
   } else {
     auto te = broadcast_shapes(t.shape, e.shape);
     auto all = te ? broadcast_shapes(cond.shape, *te) : std::nullopt;
     if (!all)
-      op.fail(fmt::format("condition {}, t {} and e {} are not broadcast-compatible", cond.str(),
-                          t.str(), e.str()));
+      op.invalid(fmt::format("condition {}, t {} and e {} are not broadcast-compatible", cond.str(),
+                             t.str(), e.str()));
     shape = *all;
   }
   const TensorDesc out{dt, shape};
@@ -165,9 +165,9 @@ CompiledKernel compile_clip(const CompileContext& ctx) {
   for (size_t i = 1; i < 3; ++i) {
     auto b = broadcast_shapes(op.inputs[i].shape, shape);
     if (!b || *b != shape)
-      op.fail(fmt::format("{} {} cannot be broadcast to t's shape {}",
-                          i == 1 ? "clip_value_min" : "clip_value_max", op.inputs[i].str(),
-                          shape_str(shape)));
+      op.invalid(fmt::format("{} {} cannot be broadcast to t's shape {}",
+                             i == 1 ? "clip_value_min" : "clip_value_max", op.inputs[i].str(),
+                             shape_str(shape)));
   }
   const TensorDesc out{dt, shape};
   StreamSpec spec;

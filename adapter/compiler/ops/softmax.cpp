@@ -966,7 +966,7 @@ CompiledKernel compile_softmax(const CompileContext& ctx) {
   const ArgRef in0 = LaunchPlan::input(0), in1 = LaunchPlan::input(1);
   const ArgRef out0 = LaunchPlan::output(0), out1 = LaunchPlan::output(1);
   if (!s.xent()) {
-    if (x.shape.empty()) op.fail("logits must have at least one dimension");
+    if (x.shape.empty()) op.invalid("logits must have at least one dimension");
     s.C = x.shape.back();
     s.rows = s.C ? x.num_elements() / s.C : 0;
     LaunchPlan plan({x});
@@ -974,16 +974,16 @@ CompiledKernel compile_softmax(const CompileContext& ctx) {
     return std::move(plan).finish();
   }
   const TensorDesc& labels = op.inputs[1];
-  if (x.shape.size() != 2) op.fail("features must be 2-dimensional [batch, classes]");
+  if (x.shape.size() != 2) op.invalid("features must be 2-dimensional [batch, classes]");
   if (s.kind == Kind::kXent) {
     if (labels.dtype != dt)
       op.fail(fmt::format("labels ({}) and features ({}) have different dtypes",
                           data_type_name(labels.dtype), data_type_name(dt)));
-    if (labels.shape.size() != 2) op.fail("labels must be 2-dimensional [batch, classes]");
+    if (labels.shape.size() != 2) op.invalid("labels must be 2-dimensional [batch, classes]");
     auto shape = broadcast_shapes(x.shape, labels.shape);
     if (!shape)
-      op.fail(fmt::format("features {} and labels {} are not broadcast-compatible",
-                          shape_str(x.shape), shape_str(labels.shape)));
+      op.invalid(fmt::format("features {} and labels {} are not broadcast-compatible",
+                             shape_str(x.shape), shape_str(labels.shape)));
     s.rows = (*shape)[0];
     s.C = (*shape)[1];
     LaunchPlan plan({TensorDesc{dt, {s.rows}}, TensorDesc{dt, {s.rows, s.C}}});
@@ -1022,8 +1022,8 @@ CompiledKernel compile_softmax(const CompileContext& ctx) {
   s.rows = x.shape[0];
   s.C = x.shape[1];
   if (labels.shape != std::vector<int64_t>{s.rows})
-    op.fail(fmt::format("labels {} must be [batch] = [{}]", shape_str(labels.shape), s.rows));
-  if (s.C == 0) op.fail("must have at least one class (TF fails too)");
+    op.invalid(fmt::format("labels {} must be [batch] = [{}]", shape_str(labels.shape), s.rows));
+  if (s.C == 0) op.invalid("must have at least one class (TF fails too)");
   LaunchPlan plan({TensorDesc{dt, {s.rows}}, TensorDesc{dt, {s.rows, s.C}}});
   if (s.rows == 0) return std::move(plan).finish();
   ArgRef lbl = in1;

@@ -42,6 +42,8 @@ rt::Status CompiledOpCache::get_or_compile(const compiler::OpDesc& op, const Chi
   rt::Status st = rt::guard("compiling " + op.str(), [&]() -> rt::Status {
     try {
       compiled->kernel = compiler::compile(op, cfg, precision);
+    } catch (const compiler::InvalidOpError& e) {
+      return rt::Status(rt::StatusCode::invalid_argument, e.what());  // as TF on any device
     } catch (const compiler::CompileError& e) {
       return rt::Status(rt::StatusCode::unsupported, e.what());
     }

@@ -1,0 +1,82 @@
+// The compiler's two kinds of refusal (op_desc.h): an op whose inputs or attributes break the
+// op's own contract throws InvalidOpError (TensorFlow's InvalidArgumentError, the same on every
+// device); a valid op the compiler or the chip cannot do throws a plain CompileError
+// (UnimplementedError). Each message starts with the op's signature.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::AttrValue;
+using compiler::CompileError;
+using compiler::InvalidOpError;
+
+namespace {
+
+enum class Refusal { kInvalid, kUnsupported };
+
+// Compiles op and checks it is refused the given way, the message naming the op.
+void check_refusal(const OpDesc& op, Refusal want) {
+  INFO(op.str());
+  bool invalid = false;
+  std::string message;
+  try {
+    compiler::compile(op, test_sim().config());
+    FAIL("compiled");
+  } catch (const InvalidOpError& e) {
+    invalid = true;
+    message = e.what();
+  } catch (const CompileError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(invalid == (want == Refusal::kInvalid));
+  CHECK(message.rfind(op.str() + ": ", 0) == 0);
+}
+
+TensorDesc f32(std::vector<int64_t> shape) { return {DataType::F32, std::move(shape)}; }
+
+}  // namespace
+
+TEST_CASE("invalid ops are InvalidOpError") {
+  using V = std::vector<int64_t>;
+  const Refusal k = Refusal::kInvalid;
+  check_refusal(make_op("MatMul", {f32({2, 3}), f32({4, 5})}), k);          // inner dims
+  check_refusal(make_op("MatMul", {f32({}), f32({})}), k);                  // scalars
+  check_refusal(make_op("BatchMatMulV2", {f32({2, 2, 3}), f32({2, 4, 5})}), k);
+  check_refusal(make_op("BatchMatMulV2", {f32({2, 2, 3}), f32({3, 3, 5})}), k);
+  check_refusal(make_op("AddV2", {f32({2, 3}), f32({4, 3})}), k);           // broadcast
+  check_refusal(make_op("AddV2", {{DataType::S64, {2}}, {DataType::S64, {3}}}), k);
+  check_refusal(make_op("Sum", {f32({2, 3})}, {{"axes", AttrValue(V{2})}}), k);
+  check_refusal(make_op("Transpose", {f32({2, 3})}, {{"perm", AttrValue(V{0, 0})}}), k);
+  check_refusal(make_op("Transpose", {f32({2, 3})}, {{"perm", AttrValue(V{0, 1, 2})}}), k);
+  check_refusal(make_op("Conv2D", {f32({1, 5, 5, 3}), f32({3, 3, 4, 2})},
+                        {{"strides", AttrValue(V{1, 1, 1, 1})},
+                         {"padding", AttrValue(std::string("VALID"))}}),
+                k);
+  check_refusal(make_op("ConcatV2", {f32({2, 3}), f32({3, 4})}, {{"axis", AttrValue(int64_t{0})}}),
+                k);
+  check_refusal(make_op("Slice", {f32({2, 3})},
+                        {{"begin", AttrValue(V{0, 1})}, {"size", AttrValue(V{2, 3})}}),
+                k);
+  check_refusal(make_op("Softmax", {f32({})}), k);
+  check_refusal(make_op("GatherV2", {f32({2, 3}), {DataType::S32, {1}}},
+                        {{"axis", AttrValue(int64_t{2})}}),
+                k);
+  check_refusal(make_op("Neg", {f32({2, -1})}), k);  // a negative dimension
+}
+
+TEST_CASE("ops the compiler cannot do are plain CompileErrors") {
+  using V = std::vector<int64_t>;
+  const Refusal k = Refusal::kUnsupported;
+  check_refusal(make_op("Zeta", {f32({2}), f32({2})}), k);         // no kernel for the op
+  check_refusal(make_op("Sigmoid", {{DataType::S32, {4}}}), k);    // a dtype it has no kernel for
+  check_refusal(make_op("Conv2D", {f32({1, 5, 5, 3}), f32({3, 3, 3, 2})},
+                        {{"strides", AttrValue(V{1, 1, 1, 1})},
+                         {"padding", AttrValue(std::string("VALID"))},
+                         {"data_format", AttrValue(std::string("NCHW"))}}),
+                k);
+}
