@@ -89,6 +89,8 @@ class Device {
   Status free(uint64_t dev_addr);
   AllocatorStats memory_stats() const;
   void reset_memory_peak() { m_allocator.reset_peak(); }
+  // Where blocks start and what their sizes round up to: max(512, the L2 line), bytes.
+  uint64_t memory_alignment() const { return m_allocator.alignment(); }
   // Host bytes the simulated device memory occupies now (touched pages).
   Status resident_bytes(uint64_t* bytes);
 

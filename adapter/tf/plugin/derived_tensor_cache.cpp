@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "adapter/tf/plugin/plugin_device.h"
+
 namespace npusim::tf {
 
 struct DerivedTensorCache::Entry {
@@ -17,7 +19,7 @@ struct DerivedTensorCache::Entry {
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
   ~Entry() {
-    if (buffer) (void)device->free(buffer);  // (a failure would only leak the block)
+    if (buffer) (void)free_tensor(*device, buffer);  // (a failure would only leak the block)
   }
 };
 
@@ -56,7 +58,7 @@ DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device
       fits = m_stats.buffer_bytes + bytes <= budget;
     }
     uint64_t addr = 0;
-    if (fits && device->malloc(bytes, &addr).ok()) {
+    if (fits && malloc_tensor(*device, t.bytes, &addr).ok()) {
       e->buffer = addr;
       e->device = device;
       e->kept = std::make_shared<rt::DerivedState>();

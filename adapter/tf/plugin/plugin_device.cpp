@@ -123,6 +123,18 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
   return rt::ok_status();
 }
 
+rt::Status malloc_tensor(rt::Device& device, uint64_t bytes, uint64_t* addr) {
+  const uint64_t guard = device.memory_alignment();
+  uint64_t block = 0;
+  rt::Status st = device.malloc(guard + bytes + compiler::kDeviceBufferAlign, &block);
+  *addr = st.ok() ? block + guard : 0;
+  return st;
+}
+
+rt::Status free_tensor(rt::Device& device, uint64_t addr) {
+  return addr == 0 ? rt::ok_status() : device.free(addr - device.memory_alignment());
+}
+
 std::shared_ptr<rt::Device> device_if_open() {
   OpenState& st = open_state();
   std::lock_guard<std::mutex> lock(st.mutex);

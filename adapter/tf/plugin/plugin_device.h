@@ -48,6 +48,15 @@ const PluginSettings& opened_settings();
 // A failed open is returned to every caller (the chip cannot be elaborated twice).
 rt::Status open_device(std::shared_ptr<rt::Device>* out);
 
+// Device memory for a tensor of `bytes` (TensorFlow's tensors, derived tensors), isolated in L2
+// lines of its own: compiled kernels may read up to compiler::kDeviceBufferAlign bytes before
+// and past a tensor (op_desc.h), so the block holds one guard line before the tensor and that
+// many bytes after it. No other tensor's line is then ever touched by a launch reading this
+// one, and the launch's L2 hits do not depend on what lies next to it (docs/tf_plugin.md,
+// "Device memory"). free_tensor takes the address malloc_tensor gave.
+rt::Status malloc_tensor(rt::Device& device, uint64_t bytes, uint64_t* addr);
+rt::Status free_tensor(rt::Device& device, uint64_t addr);
+
 // The device if it has been opened, else null.
 std::shared_ptr<rt::Device> device_if_open();
 

@@ -95,9 +95,9 @@ void destroy_device_fns(const SP_Platform*, SP_DeviceFns*) {}
 
 // ---- memory
 
-// Every block gets kDeviceBufferAlign spare bytes at its end that TensorFlow never sees:
-// compiled kernels may read up to that many bytes past an input (op_desc.h buffer contract),
-// and with this padding no buffer can end within that distance of the end of device memory.
+// Every tensor is a malloc_tensor block (plugin_device.h): a guard line before it and
+// kDeviceBufferAlign spare bytes after it that TensorFlow never sees, since compiled kernels may
+// read that far around an input (op_desc.h buffer contract).
 void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
               SP_DeviceMemoryBase* mem) {
   mem->struct_size = SP_DEVICE_MEMORY_BASE_STRUCT_SIZE;
@@ -106,7 +106,7 @@ void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
   mem->payload = 0;
   if (size == 0) return;
   uint64_t a = 0;
-  rt::Status st = dev(d).malloc(size + compiler::kDeviceBufferAlign, &a);
+  rt::Status st = malloc_tensor(dev(d), size, &a);
   if (!st.ok()) return;  // a null opaque pointer is TensorFlow's out-of-memory signal
   mem->opaque = reinterpret_cast<void*>(a);
   mem->size = size;
@@ -114,7 +114,7 @@ void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
 
 void deallocate(const SP_Device* d, SP_DeviceMemoryBase* mem) {
   if (!mem->opaque) return;
-  rt::Status st = dev(d).free(addr(mem));
+  rt::Status st = free_tensor(dev(d), addr(mem));
   if (!st.ok()) log_error("deallocate: " + st.message());
   mem->opaque = nullptr;
   mem->size = 0;
