@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a fuzz target once on every file of a corpus folder (no fuzzing): deterministic, a few
-# seconds. On a crash prints the file that caused it and exits non-zero.
+# seconds. On a crash prints every file that fails and exits non-zero.
 #   fuzz/replay.sh FUZZ_BINARY CORPUS_DIR
 set -uo pipefail
 BIN="$1"; CORPUS="$2"
@@ -15,8 +15,11 @@ trap 'rm -f "$LOG"' EXIT
 rc=$?
 if ((rc != 0)); then
   cat "$LOG"
-  bad="$(grep -a '^Running: ' "$LOG" | tail -n 1 | cut -d' ' -f2-)"
-  echo "replay: $(basename "$BIN") fails on $bad (exit $rc); reproduce: $BIN $bad"
+  # The run stops at the first failure: run the files one by one to name every failing one.
+  for f in "${FILES[@]}"; do
+    "$BIN" -timeout=20 -rss_limit_mb=2048 "$f" >/dev/null 2>&1 ||
+      echo "replay: $(basename "$BIN") fails on $f; reproduce: $BIN $f"
+  done
   exit 1
 fi
 echo "replay: $(basename "$BIN"): ${#FILES[@]} corpus files pass"

@@ -340,6 +340,13 @@ def _(d):
     p = run("op", "AddV2", "--input", fifo, "--input", fifo, "--chip", "tiny", expect_rc=1,
             timeout=60, bounded=True)
     assert f"{fifo}: npy file is a FIFO (named pipe), not a regular file" in p.stderr, p.stderr
+    # A chip config over its 16 MiB limit (sparse: nothing is written) is refused by its size.
+    big = f"{d}/big.yaml"
+    with open(big, "w") as f:
+        f.truncate((16 << 20) + 1)
+    p = run("config", "--chip", big, expect_rc=1, timeout=60, bounded=True)
+    assert f"{big}: chip config is {(16 << 20) + 1} bytes, more than the limit of {16 << 20} " \
+        "bytes" in p.stderr, p.stderr
     # A binary kernel (.npuk by name) goes through the same check.
     os.mkfifo(f"{d}/k.npuk")
     p = run("disasm", f"{d}/k.npuk", expect_rc=1, timeout=60, bounded=True)
