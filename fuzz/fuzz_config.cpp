@@ -82,6 +82,8 @@ const std::string& input_path() {
     close(fd);
     return tmpl;
   }();
+  static const bool removed_at_exit = std::atexit([] { unlink(input_path().c_str()); }) == 0;
+  (void)removed_at_exit;
   return path;
 }
 

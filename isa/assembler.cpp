@@ -177,11 +177,13 @@ class Assembler {
   }
 
   void parse_directive(Piece p) {
-    auto [word, args] = split_word(p);
+    const auto [word, args] = split_word(p);
+    // Lambdas capture variables, not structured bindings (C++17).
+    const Piece &word_p = word, &args_p = args;
     std::string_view d = word.text;
     auto need_name = [&](const char* what) -> std::string {
-      if (args.text.empty()) fail(word.col, fmt::format("{} needs a {}", d, what));
-      return std::string(args.text);
+      if (args_p.text.empty()) fail(word_p.col, fmt::format("{} needs a {}", d, what));
+      return std::string(args_p.text);
     };
     if (d == ".kernel") {
       if (m_kernel_named) fail(word.col, "duplicate .kernel directive");
