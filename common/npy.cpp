@@ -3,12 +3,12 @@
 
 #include <cctype>
 #include <fstream>
-#include <iterator>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace npusim {
 namespace {
@@ -283,12 +283,8 @@ std::vector<uint8_t> serialize_npy(const NpyArray& a) {
 }
 
 NpyArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open npy file", path));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(fmt::format("{}: read error", path));
-  return parse_npy(bytes, path);
+  const std::string text = read_input_file(path, "npy file", kMaxNpyFileBytes);
+  return parse_npy(std::vector<uint8_t>(text.begin(), text.end()), path);
 }
 
 void write_npy(const std::string& path, const NpyArray& a) {

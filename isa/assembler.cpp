@@ -8,13 +8,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/numeric.h"
 
 namespace npusim::isa {
@@ -178,11 +177,13 @@ class Assembler {
   }
 
   void parse_directive(Piece p) {
-    auto [word, args] = split_word(p);
+    const auto [word, args] = split_word(p);
+    // Lambdas capture variables, not structured bindings (C++17).
+    const Piece &word_p = word, &args_p = args;
     std::string_view d = word.text;
     auto need_name = [&](const char* what) -> std::string {
-      if (args.text.empty()) fail(word.col, fmt::format("{} needs a {}", d, what));
-      return std::string(args.text);
+      if (args_p.text.empty()) fail(word_p.col, fmt::format("{} needs a {}", d, what));
+      return std::string(args_p.text);
     };
     if (d == ".kernel") {
       if (m_kernel_named) fail(word.col, "duplicate .kernel directive");
@@ -493,6 +494,18 @@ class Assembler {
     const Assembler& as;
     Piece p;
     size_t i = 0;
+    int depth = 0;  // open parentheses and unary operators around the current position
+
+    // Enters one nesting level (the parenthesis or unary operator at offset `at`); the parser
+    // recurses once per level, so the limit bounds its stack use.
+    void nest(size_t at) {
+      if (++depth > kMaxExprDepth) {
+        i = at;
+        fail(fmt::format("expression nested more than {} levels deep (parentheses and unary "
+                         "operators)",
+                         kMaxExprDepth));
+      }
+    }
 
     [[noreturn]] void fail(const std::string& what) const {
       as.fail(p.col + static_cast<uint32_t>(i), what);
@@ -583,19 +596,28 @@ class Assembler {
       }
     }
     int64_t unary() {
-      if (eat("-")) return static_cast<int64_t>(0 - uint64_t(unary()));
-      if (eat("+")) return unary();
-      if (eat("~")) return ~unary();
-      return primary();
+      skip();
+      const size_t at = i;
+      char op;
+      if (eat("-")) op = '-';
+      else if (eat("+")) op = '+';
+      else if (eat("~")) op = '~';
+      else return primary();
+      nest(at);
+      const int64_t v = unary();
+      --depth;
+      return op == '-' ? static_cast<int64_t>(0 - uint64_t(v)) : op == '~' ? ~v : v;
     }
     int64_t primary() {
       skip();
       if (i >= p.text.size()) fail("expected a value");
       char c = p.text[i];
       if (c == '(') {
+        nest(i);
         ++i;
         int64_t v = bor();
         if (!eat(")")) fail("expected ')'");
+        --depth;
         return v;
       }
       if (std::isdigit(static_cast<unsigned char>(c))) return number();
@@ -704,12 +726,7 @@ Program assemble(std::string_view text, const std::string& source_name) {
 }
 
 Program assemble_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IsaError(fmt::format("{}: cannot open assembly file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw IsaError(fmt::format("{}: error reading assembly file", path));
-  return assemble(ss.str(), path);
+  return assemble(read_input_file<IsaError>(path, "assembly file", kMaxKernelFileBytes), path);
 }
 
 }  // namespace npusim::isa

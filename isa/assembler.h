@@ -10,6 +10,10 @@
 
 namespace npusim::isa {
 
+// Immediate expressions nest at most this many parentheses and unary operators deep (the
+// parser recurses once per level); deeper throws IsaError at the level that exceeds it.
+inline constexpr int kMaxExprDepth = 256;
+
 // Assembles `text`. source_name is used in error messages and stored in Program::source; the
 // kernel name is the .kernel directive or else the file stem of source_name. Every instruction
 // keeps its src_line/src_col (1-based, the mnemonic's column); Section::labels holds the labels.

@@ -3,7 +3,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -11,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "isa/assembler.h"
 
 namespace npusim::isa {
@@ -340,12 +340,8 @@ void write_kernel_file(const Program& p, const std::string& path) {
 
 namespace {
 std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IsaError(fmt::format("{}: cannot open kernel file", path));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)),
-                            std::istreambuf_iterator<char>());
-  if (f.bad()) throw IsaError(fmt::format("{}: error reading kernel file", path));
-  return bytes;
+  const std::string text = read_input_file<IsaError>(path, "kernel file", kMaxKernelFileBytes);
+  return std::vector<uint8_t>(text.begin(), text.end());
 }
 }  // namespace
 

@@ -1,8 +1,6 @@
 #include "tools/kernel_io.h"
 
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 
 #include "common/error.h"
 #include "isa/assembler.h"
@@ -22,10 +20,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 isa::Program load_kernel(const std::string& path) {
   if (!ends_with(path, ".npuk")) return isa::assemble_file(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open kernel binary '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return isa::read_kernel(bytes, path);
+  return isa::read_kernel_file(path);
 }
 
 ChipConfig load_chip(const std::string& chip, const std::vector<std::string>& overrides) {

@@ -20,6 +20,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "sim/config/chip_config.h"
 #include "sim/memory/device_memory.h"
 
@@ -310,7 +311,7 @@ Tree load_tree(const fs::path& file, std::vector<std::string>& chain) {
     throw ConfigError(fmt::format("{}: 'extends' leads back to this file (a cycle)", fname));
   YAML::Node root;
   try {
-    root = YAML::LoadFile(fname);
+    root = YAML::Load(read_input_file<ConfigError>(fname, "chip config", kMaxConfigFileBytes));
   } catch (const YAML::BadFile&) {
     throw ConfigError(fmt::format("{}: cannot read file", fname));
   } catch (const YAML::Exception& e) {

@@ -14,6 +14,7 @@
 #include "common/numeric.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define NPUSIM_NUMERIC_F16C 1
 #endif
@@ -112,7 +113,12 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_canonical_f16c(const void* s
   f16_to_f32_canonical_scalar(s + 2 * i, d + 4 * i, n - i);
 }
 
-bool host_has_f16c() { return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"); }
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool host_has_f16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+         (ecx & bit_F16C) != 0;
+}
 #endif
 
 }  // namespace

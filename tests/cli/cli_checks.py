@@ -5,6 +5,7 @@ on any failure.
 """
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -16,8 +17,15 @@ KERNELS = os.path.join(ROOT, "kernels")
 results = []
 
 
-def run(*args, expect_rc=0, timeout=600):
-    p = subprocess.run([NPUSIM, *args], capture_output=True, text=True, timeout=timeout)
+def limit_memory():
+    """Bounds a regressed input reader: 8 GiB of address space (the tiny chip needs far less)."""
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.RLIM_INFINITY))
+
+
+def run(*args, expect_rc=0, timeout=600, bounded=False):
+    """npusim ARGS; bounded: at most 8 GiB of address space (the timeout ends a hang)."""
+    p = subprocess.run([NPUSIM, *args], capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=limit_memory if bounded else None)
     if p.returncode != expect_rc:
         raise AssertionError(f"npusim {' '.join(args)}: exit {p.returncode}, wanted {expect_rc}\n"
                              f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -386,6 +394,54 @@ def _(d):
     assert any(e.get("ph") == "X" and e["name"].startswith("mmad") for e in events)
     p = run("op", "NoSuchOp", "--input", "f32:4", "--chip", "tiny", expect_rc=1)
     assert "NoSuchOp" in p.stderr and "not supported" in p.stderr, p.stderr
+
+
+@check("devices, FIFOs and directories as input files are refused, naming the file")
+def _(d):
+    fifo = f"{d}/x.npy"  # a FIFO with a .npy name: opening it must not wait for a writer
+    os.mkfifo(fifo)
+    for path, kind in [("/dev/zero", "a character device"), ("/dev/urandom", "a character device"),
+                       (fifo, "a FIFO (named pipe)"), (d, "a directory")]:
+        for args, what in [(["verify", path, "--chip", "tiny"], "assembly file"),
+                           (["disasm", path], "assembly file"),
+                           (["asm", path, "-o", f"{d}/k.npuk"], "assembly file"),
+                           (["run", f"{KERNELS}/vadd_f16.s", "--chip", "tiny", "--in",
+                             f"x={path}", "--in", f"y={path}", "--out", f"z={d}/z.npy",
+                             "--arg", "n=64"], "npy file")]:
+            p = run(*args, expect_rc=1, timeout=60, bounded=True)
+            assert f"{path}: {what} is {kind}, not a regular file" in p.stderr, (args, p.stderr)
+            assert f"--in x={path}: " in p.stderr or args[0] != "run", p.stderr
+        p = run("config", "--chip", path, expect_rc=1, timeout=60, bounded=True)
+        assert path in p.stderr, p.stderr
+    p = run("op", "AddV2", "--input", fifo, "--input", fifo, "--chip", "tiny", expect_rc=1,
+            timeout=60, bounded=True)
+    assert f"{fifo}: npy file is a FIFO (named pipe), not a regular file" in p.stderr, p.stderr
+    # A chip config over its 16 MiB limit (sparse: nothing is written) is refused by its size.
+    big = f"{d}/big.yaml"
+    with open(big, "w") as f:
+        f.truncate((16 << 20) + 1)
+    p = run("config", "--chip", big, expect_rc=1, timeout=60, bounded=True)
+    assert f"{big}: chip config is {(16 << 20) + 1} bytes, more than the limit of {16 << 20} " \
+        "bytes" in p.stderr, p.stderr
+    # A binary kernel (.npuk by name) goes through the same check.
+    os.mkfifo(f"{d}/k.npuk")
+    p = run("disasm", f"{d}/k.npuk", expect_rc=1, timeout=60, bounded=True)
+    assert f"{d}/k.npuk: kernel file is a FIFO (named pipe), not a regular file" in p.stderr, \
+        p.stderr
+
+
+@check("an expression nested 17,000 parentheses deep is an error naming line, column, limit")
+def _(d):
+    n = 17000
+    with open(f"{d}/deep.s", "w") as f:
+        f.write("nop\nmovi x1, " + "(" * n + "1" + ")" * n + "\nend\n")
+    # kMaxExprDepth (isa/assembler.h) is 256: the 257th '(' is at column 10 + 256.
+    want = f"{d}/deep.s:2:266: expression nested more than 256 levels deep"
+    for args in (["verify", f"{d}/deep.s", "--chip", "tiny"], ["asm", f"{d}/deep.s", "-o",
+                 f"{d}/deep.npuk"], ["disasm", f"{d}/deep.s"],
+                 ["run", f"{d}/deep.s", "--chip", "tiny"]):
+        p = run(*args, expect_rc=1, timeout=60, bounded=True)
+        assert want in p.stderr, (args, p.stderr)
 
 
 failed = sum(1 for _, e in results if e is not None)

@@ -482,3 +482,36 @@ TEST_CASE("assemble_file reads a file and names a missing one") {
     CHECK_THAT(e.what(), Catch::StartsWith(path + ":2:1:"));
   }
 }
+
+TEST_CASE("expressions nest at most kMaxExprDepth levels; deeper is an error, not a crash") {
+  auto parens = [](int n, const std::string& inner) {
+    return std::string(n, '(') + inner + std::string(n, ')');
+  };
+  // At the limit: assembles, and the value is the innermost one (parentheses change nothing,
+  // each '-' negates, so an even count of them gives back the value).
+  Program p = assemble("movi x1, " + parens(kMaxExprDepth, "37") + "\nend\n", "t.s");
+  CHECK(imm(p.sections[0].code[0], "imm") == 37);
+  p = assemble("movi x1, " + std::string(kMaxExprDepth, '-') + "37\nend\n", "t.s");
+  CHECK(imm(p.sections[0].code[0], "imm") == 37);
+  p = assemble("movi x1, " + std::string(kMaxExprDepth / 2, '-') +
+                   parens(kMaxExprDepth / 2, "37") + "\nend\n",
+               "t.s");
+  CHECK(imm(p.sections[0].code[0], "imm") == 37);
+
+  // One level more: the error names file, line and the column of the level beyond the limit
+  // (the operand starts at column 10), and the limit.
+  const std::string limit = std::to_string(kMaxExprDepth);
+  const std::string col = std::to_string(10 + kMaxExprDepth);
+  CHECK_THAT(error_of("nop\nmovi x1, " + parens(kMaxExprDepth + 1, "37") + "\n"),
+             Catch::StartsWith("t.s:2:" + col + ": expression nested more than " + limit));
+  CHECK_THAT(error_of("movi x1, " + std::string(kMaxExprDepth + 1, '~') + "37\n"),
+             Catch::StartsWith("t.s:1:" + col + ": expression nested more than " + limit));
+  // The reproducer: ~17,000 parentheses overflowed the stack of the recursive parser.
+  CHECK_THAT(error_of("movi x1, " + parens(17000, "1") + "\nend\n"),
+             Catch::StartsWith("t.s:1:" + col + ":") && Catch::Contains(limit));
+  CHECK_THAT(error_of(".equ N, " + std::string(17000, '-') + "1\n"),
+             Catch::StartsWith("t.s:1:" + std::to_string(9 + kMaxExprDepth) + ":") &&
+                 Catch::Contains(limit));
+  // Unclosed: the limit is met before the missing ')' would be.
+  CHECK_THAT(error_of("movi x1, " + std::string(17000, '(') + "\n"), Catch::Contains(limit));
+}

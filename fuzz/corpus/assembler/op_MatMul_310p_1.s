@@ -1,0 +1,80 @@
+.kernel Cast_f32_f16
+.arg in0, f32[72, 24]
+.arg out, f16[72, 24]
+.section aicore
+    ldarg x1, 0                                  ; argument in0
+    ldarg x2, 1                                  ; argument out
+    get_block_id x3                              ; block range: 224 elements per block
+    mul x3, x3, 224                              ; block range: 224 elements per block
+    add x4, x3, 224                              ; block range: 224 elements per block
+    min x4, x4, 1728                             ; block range: 224 elements per block
+    set_flag v, mte2, 0                          ; all buffers start free
+    set_flag mte3, v, 0                          ; all buffers start free
+    set_flag v, mte2, 1                          ; all buffers start free
+    set_flag mte3, v, 1                          ; all buffers start free
+tile_loop_0:
+    bge x3, x4, drain_0                          ; tile (ping)
+    sub x5, x4, x3                               ; tile (ping)
+    min x5, x5, 224                              ; elements in this tile
+    wait_flag v, mte2, 0                         ; tile (ping)
+    mul x6, x3, 4                                ; tile (ping)
+    add x6, x6, x1                               ; tile (ping)
+    mul x7, x5, 4                                ; tile (ping)
+    add x7, x7, 31                               ; tile (ping)
+    shr x7, x7, 5                                ; tile (ping)
+    copy_gm2ub x0, x6, 1, x7, 0, 0               ; load in0 tile
+    set_flag mte2, v, 0                          ; tile (ping)
+    wait_flag mte2, v, 0                         ; tile (ping)
+    wait_flag mte3, v, 0                         ; tile (ping)
+    set_mask_count x5                            ; compute
+    movi x6, 1792                                ; compute
+    vconv.f16.f32 x6, x0, 0, 1, 1, 4, 8, 0       ; compute
+    set_flag v, mte2, 0                          ; tile (ping)
+    set_flag v, mte3, 0                          ; tile (ping)
+    wait_flag v, mte3, 0                         ; tile (ping)
+    mul x6, x3, 2                                ; tile (ping)
+    add x6, x6, x2                               ; tile (ping)
+    mul x7, x5, 2                                ; tile (ping)
+    add x7, x7, 31                               ; tile (ping)
+    shr x7, x7, 5                                ; tile (ping)
+    movi x8, 1792                                ; store the output tile
+    copy_ub2gm x6, x8, 1, x7, 0, 0               ; store the output tile
+    set_flag mte3, v, 0                          ; tile (ping)
+    add x3, x3, x5                               ; tile (ping)
+    bge x3, x4, drain_0                          ; tile (pong)
+    sub x5, x4, x3                               ; tile (pong)
+    min x5, x5, 224                              ; elements in this tile
+    wait_flag v, mte2, 1                         ; tile (pong)
+    mul x6, x3, 4                                ; tile (pong)
+    add x6, x6, x1                               ; tile (pong)
+    mul x7, x5, 4                                ; tile (pong)
+    add x7, x7, 31                               ; tile (pong)
+    shr x7, x7, 5                                ; tile (pong)
+    movi x8, 896                                 ; load in0 tile
+    copy_gm2ub x8, x6, 1, x7, 0, 0               ; load in0 tile
+    set_flag mte2, v, 1                          ; tile (pong)
+    wait_flag mte2, v, 1                         ; tile (pong)
+    wait_flag mte3, v, 1                         ; tile (pong)
+    set_mask_count x5                            ; compute
+    movi x6, 2240                                ; compute
+    movi x7, 896                                 ; compute
+    vconv.f16.f32 x6, x7, 0, 1, 1, 4, 8, 0       ; compute
+    set_flag v, mte2, 1                          ; tile (pong)
+    set_flag v, mte3, 1                          ; tile (pong)
+    wait_flag v, mte3, 1                         ; tile (pong)
+    mul x6, x3, 2                                ; tile (pong)
+    add x6, x6, x2                               ; tile (pong)
+    mul x7, x5, 2                                ; tile (pong)
+    add x7, x7, 31                               ; tile (pong)
+    shr x7, x7, 5                                ; tile (pong)
+    movi x8, 2240                                ; store the output tile
+    copy_ub2gm x6, x8, 1, x7, 0, 0               ; store the output tile
+    set_flag mte3, v, 1                          ; tile (pong)
+    add x3, x3, x5                               ; tile (pong)
+    jmp tile_loop_0
+drain_0:
+    wait_flag v, mte2, 0                         ; drain: consume the free flags
+    wait_flag mte3, v, 0                         ; drain: consume the free flags
+    wait_flag v, mte2, 1                         ; drain: consume the free flags
+    wait_flag mte3, v, 1                         ; drain: consume the free flags
+    end                                          ; end of kernel
