@@ -2,6 +2,7 @@
 // arithmetic (Pow included) on f32/f16/bf16, comparisons producing bool, LogicalAnd/LogicalOr
 // on bool.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
 namespace npusim::tf {
@@ -12,8 +13,6 @@ class BinaryOp : public CompiledOpKernel {
   explicit BinaryOp(OpKernelConstruction* ctx)
       : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType}}) {}
 };
-
-const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
 
 }  // namespace
 
