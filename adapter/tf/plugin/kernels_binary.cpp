@@ -17,9 +17,9 @@ class BinaryOp : public CompiledOpKernel {
 }  // namespace
 
 rt::Status register_binary_kernels() {
-  for (const char* op : {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
-                         "SquaredDifference", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
-                         "GreaterEqual", "DivNoNan", "Pow"}) {
+  for (const char* op :
+       {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "SquaredDifference", "Equal",
+        "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "DivNoNan", "Pow"}) {
     rt::Status st =
         register_kernel<BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
     if (!st.ok()) return st;
