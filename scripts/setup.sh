@@ -9,11 +9,11 @@ BUILD="${NPUSIM_BUILD_DIR:-$ROOT/build}"
 JOBS="${NPUSIM_JOBS:-$(nproc)}"
 
 # Debian packages: compilers, SystemC (C++17 build), Eigen, fmt, spdlog, Catch2 v2, yaml-cpp,
-# nlohmann-json, CLI11, pybind11, and Python's venv; clang 16 with its sanitizer and libFuzzer
-# runtimes for scripts/fuzz.sh.
+# nlohmann-json, CLI11, pybind11, Python's venv; clang 16 with its sanitizer and libFuzzer
+# runtimes for scripts/fuzz.sh; clang-format-14 for scripts/check_format.sh.
 APT_PACKAGES=(g++ cmake ninja-build pkg-config libsystemc-dev libeigen3-dev libfmt-dev
   libspdlog-dev catch2 libyaml-cpp-dev nlohmann-json3-dev libcli11-dev pybind11-dev
-  python3-venv python3-dev clang-16 libclang-rt-16-dev)
+  python3-venv python3-dev clang-16 libclang-rt-16-dev clang-format-14)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,3 +13,5 @@ export PATH="$ROOT/.venv/bin:$PATH"
 (cd "$BUILD" && NPUSIM_REPLAY=check ctest --output-on-failure -j "${NPUSIM_JOBS:-$(nproc)}")
 NPUSIM_BUILD_DIR="$BUILD" "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/tf"
 "$ROOT/scripts/fuzz.sh"
+# C++ formatting of the files scripts/format_checked_files.txt lists (docs/DESIGN.md).
+"$ROOT/scripts/check_format.sh"

@@ -1,5 +1,6 @@
 // MTE1/MTE2/MTE3 data movement: burst copies with gaps, copy_l12bt, nd2nz, load2d; their costs
-// and faults. References are plain loops over the layouts as docs/helper_brief.md defines them.
+// and faults. References are plain loops over the layouts as docs/assembly.md "Data layouts"
+// defines them.
 #include <catch2/catch.hpp>
 
 #include "common/error.h"

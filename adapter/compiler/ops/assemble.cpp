@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/elementwise.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -12,9 +13,7 @@ namespace npusim::compiler::ops {
 using isa::Dtype;
 using isa::Opcode;
 using isa::Pipe;
-using layout::ceil_div;
 using layout::kBlockBytes;
-using layout::round_up;
 
 namespace {
 
@@ -23,12 +22,6 @@ constexpr uint64_t kRepeatSlack = 256;   // a counter-mode repeat may span 256 b
 constexpr uint64_t kPatternBytes = 512;  // s64 splat pattern: two repeats of lo/hi lanes
 constexpr int64_t kMinRunElems = 4;      // shorter runs go element by element (ld + vdup)
 constexpr int kLog2Block = 5;
-
-int log2_exact(int64_t v) {
-  int l = 0;
-  while ((int64_t{1} << l) < v) ++l;
-  return l;
-}
 
 Opnd zero_reg() { return Opnd::reg_number(0); }
 
@@ -96,7 +89,7 @@ void TileKernel::exact(Opcode op, Dtype type, const Reg& off_u, const Reg& len_u
   Reg p = b.reg("exact: phase in the block");
   Reg t = b.reg("exact: mask / rest");
   Reg u = b.reg("exact: mask temporary");
-  b.shr(d, off_u, log2_exact(epb));
+  b.shr(d, off_u, ceil_log2(epb));
   b.shl(d, d, kLog2Block);
   b.add(d, d, static_cast<int64_t>(m_current_tile), "block of the first lane");
   b.and_(p, off_u, epb - 1, "phase of the first lane");
@@ -170,7 +163,7 @@ void TileKernel::place(const Reg& off, const Reg& value) {
   Reg d = b.reg("place: block"), p = b.reg("place: lane mask"), v = b.reg("place: value");
   b.mul(d, off, m_units);
   b.and_(p, d, epb - 1);
-  b.shr(d, d, log2_exact(epb));
+  b.shr(d, d, ceil_log2(epb));
   b.shl(d, d, kLog2Block);
   b.add(d, d, static_cast<int64_t>(m_current_tile));
   b.movi(v, 1);
@@ -253,14 +246,14 @@ void TileKernel::copy_run(const Reg& off, const Reg& len, const Reg& src) {
       end = b.reg("run: end");
   b.add(end, off, len);
   b.add(a, off, epb - 1);
-  b.shr(a, a, log2_exact(epb));
-  b.shl(a, a, log2_exact(epb));
+  b.shr(a, a, ceil_log2(epb));
+  b.shl(a, a, ceil_log2(epb));
   Label partial = b.label("run_end_partial"), split = b.label("run_split"),
         done = b.label("run_done");
   b.mov(e, end);
   b.branch(eq(end, cnt()), partial);
-  b.shr(e, e, log2_exact(epb));
-  b.shl(e, e, log2_exact(epb));
+  b.shr(e, e, ceil_log2(epb));
+  b.shl(e, e, ceil_log2(epb));
   b.bind(partial);
   {
     Reg t = b.reg("run: whole-block length");

@@ -33,6 +33,7 @@
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -41,8 +42,6 @@ using isa::Dtype;
 using isa::Opcode;
 
 namespace {
-
-int64_t rup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 // The tensors a channel sum reads, with C padded to whole blocks.
 struct Padded {
@@ -54,7 +53,7 @@ struct Padded {
 // workspace unless c * size is whole blocks).
 Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pixels, int64_t c,
               DataType dt, const ChipConfig& cfg) {
-  const int64_t size = data_type_bytes(dt), cp = rup(c, std::max<int64_t>(8, 32 / size));
+  const int64_t size = data_type_bytes(dt), cp = round_up(c, std::max<int64_t>(8, 32 / size));
   if (cp == c) return {src, c};
   ArgRef ws = workspace_take(k, static_cast<uint64_t>(pixels * cp * size));
   append_channel_pad(k, op, src, ws, pixels, c, cp, dt, cfg);

@@ -6,6 +6,7 @@
 
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -19,8 +20,6 @@ namespace {
 
 constexpr int64_t kMaxTilePixels = 128;  // a power of two <= PixelOps::kPixChunk
 constexpr int64_t kF32Tile = 64;         // epilogue channel tiles: whole f32 repeats
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
@@ -73,8 +72,8 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
     tp /= 2;
   }
   if (!ct) b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
-  const int64_t per = cdiv(s.pixels, std::min<int64_t>(core.count, s.pixels));
-  const int blocks = static_cast<int>(cdiv(s.pixels, per));
+  const int64_t per = ceil_div(s.pixels, std::min<int64_t>(core.count, s.pixels));
+  const int blocks = static_cast<int>(ceil_div(s.pixels, per));
   const int64_t groups = s.cp / ct;
 
   b.begin_section(kind);
@@ -219,7 +218,7 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
                (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
            static_cast<uint64_t>(nbuf + 1) * 64;
   };
-  while (ct * 2 <= static_cast<int64_t>(layout::round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
+  while (ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
          need(ct * 2) <= ub)
     ct *= 2;
   if (need(ct) > ub) b.fail("the channel epilogue does not fit the UB");
@@ -258,7 +257,7 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
     for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
       KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
       const int64_t cn = std::min(ct, s.c - c0);
-      const int64_t blocks = cdiv(cn * 4, 32);
+      const int64_t blocks = ceil_div(cn * 4, 32);
       for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
         const int nb = s.partial_blocks[i];
         Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),

@@ -6,6 +6,7 @@
 
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/conv.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -18,8 +19,7 @@ LaunchPlan::LaunchPlan(std::vector<TensorDesc> outputs) { m_k.outputs = std::mov
 
 ArgRef LaunchPlan::workspace(uint64_t bytes) {
   ArgRef r{ArgRef::Kind::kWorkspace, 0, m_k.workspace_bytes};
-  m_k.workspace_bytes += layout::round_up(device_buffer_bytes(bytes) + kDeviceBufferAlign,
-                                          kSliceAlign);
+  m_k.workspace_bytes += round_up(device_buffer_bytes(bytes) + kDeviceBufferAlign, kSliceAlign);
   return r;
 }
 

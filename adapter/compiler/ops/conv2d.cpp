@@ -58,6 +58,7 @@
 #include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/matmul.h"
 #include "adapter/compiler/ops/registry.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -529,7 +530,7 @@ Launch build_blockdiag(Dtype type, int64_t taps, int64_t c, int64_t m, const Chi
   const int block_dim = static_cast<int>((items + per - 1) / per);
   constexpr int64_t kLanes16 = 128;  // 16-bit lanes of one repeat
   b.begin_section(kind);
-  const uint64_t vbytes = layout::round_up(static_cast<uint64_t>(32 * m), 256);
+  const uint64_t vbytes = round_up(static_cast<uint64_t>(32 * m), 256);
   const uint64_t v = b.alloc(Buf::UB, vbytes, "filter values of the group");
   const uint64_t t = b.alloc(Buf::UB, static_cast<uint64_t>(512 * m) + 256, "block");
   b.declare_arg("filter", type, {taps, c, m});

@@ -46,6 +46,7 @@
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -64,17 +65,15 @@ constexpr int64_t kMaxTile = 256;  // output tile side limit (as MatMul)
 constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count as equal
 constexpr int64_t kL0cBytes = 4;
 
-constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-constexpr int64_t rup(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
 int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm_max(k)); }
 
 // L1 bytes of one slab buffer (kc1 planes of slab_rows x wv pixels, one block of room before
 // for zeroing and 16 pixels after for spilled zero padding) and of one weight buffer.
 int64_t slab_buffer_bytes(int64_t kc1, int64_t slab_rows, int64_t wv) {
-  return rup(kc1 * slab_rows * wv * kBlkBytes + (kBlk + 1) * kBlkBytes, 512);
+  return round_up(kc1 * slab_rows * wv * kBlkBytes + (kBlk + 1) * kBlkBytes, 512);
 }
-int64_t weight_buffer_bytes(int64_t k, int64_t tn16) { return rup(k * tn16 * 2, 512); }
+int64_t weight_buffer_bytes(int64_t k, int64_t tn16) { return round_up(k * tn16 * 2, 512); }
 
 // The slab of output positions [m0, m0 + m_act) of one image: input rows [r0, r0 + h) of the
 // (virtual) map, with top/bottom paddings ptl/pbl for load3d and the first row of the slab's
@@ -196,7 +195,7 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
     if (cw.padding == "VALID") {
       r.out = in >= ek ? (in - ek) / s + 1 : 0;
     } else if (cw.padding == "SAME") {
-      r.out = cdiv(in, s);
+      r.out = ceil_div(in, s);
       const int64_t total = std::max<int64_t>((r.out - 1) * s + ek - in, 0);
       r.before = total / 2;
       r.after = total - r.before;
@@ -215,7 +214,7 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
 
 // ---- launch helpers ----
 
-uint64_t workspace_align(uint64_t bytes) { return layout::round_up(bytes, 512); }
+uint64_t workspace_align(uint64_t bytes) { return round_up(bytes, 512); }
 
 ArgRef workspace_take(CompiledKernel& k, uint64_t bytes) {
   ArgRef r{ArgRef::Kind::kWorkspace, 0, k.workspace_bytes};
@@ -320,13 +319,13 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   for (int64_t tn : {16, 32, 64, 128, 256}) {
     if (s.cy < s.groups * s.cg_out) {  // a partial last group: one n tile per group
       if (tn >= s.cg_out && (tn == 16 || tn / 2 < s.cg_out)) tns.push_back(tn);
-    } else if (tn == 16 || tn / 2 < rup(s.cg_out, kBlk)) {
+    } else if (tn == 16 || tn / 2 < round_up(s.cg_out, kBlk)) {
       tns.push_back(tn);
     }
   }
   if (s.cy >= s.groups * s.cg_out) {
-    for (int64_t parts = 1; parts <= cdiv(s.cg_out, kBlk); ++parts) {
-      const int64_t tn = rup(cdiv(s.cg_out, parts), kBlk);
+    for (int64_t parts = 1; parts <= ceil_div(s.cg_out, kBlk); ++parts) {
+      const int64_t tn = round_up(ceil_div(s.cg_out, parts), kBlk);
       if (tn <= kMaxTile && std::find(tns.begin(), tns.end(), tn) == tns.end())
         tns.push_back(tn);
     }
@@ -335,7 +334,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
     throw CompileError(fmt::format("{}: {} output channels per group exceed one {}-wide tile",
                                    op, s.cg_out, kMaxTile));
   std::set<int64_t> kc1s;
-  for (int64_t parts = 1; parts <= c1_in; ++parts) kc1s.insert(cdiv(c1_in, parts));
+  for (int64_t parts = 1; parts <= c1_in; ++parts) kc1s.insert(ceil_div(c1_in, parts));
 
   // Stackings: one image per map, and (without zero insertion) every count of images whose
   // tall map fits one m tile (at most kMaxTile output positions).
@@ -360,14 +359,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
   std::vector<CubeConvTiling> plans;
   for (int64_t st : stack_counts) {
     const StackGeom sg = stack_geom(s, st);
-    const int64_t positions = sg.tall_oh * ow, stacks = cdiv(s.images, st);
+    const int64_t positions = sg.tall_oh * ow, stacks = ceil_div(s.images, st);
     const int64_t ht = sg.ht;
     // Output tile heights: every multiple of 16 up to 256, and the balanced height for each count
     // of tiles per image (784 positions -> 7 tiles of 112 rather than 6 of 128 and one of 16).
     std::set<int64_t> tms;
     for (int64_t tm = kBlk; tm <= kMaxTile; tm += kBlk) {
-      tms.insert(std::min(tm, rup(positions, kBlk)));
-      tms.insert(rup(cdiv(positions, cdiv(positions, tm)), kBlk));
+      tms.insert(std::min(tm, round_up(positions, kBlk)));
+      tms.insert(round_up(ceil_div(positions, ceil_div(positions, tm)), kBlk));
     }
     // The blocks' tiles: a tile's cost depends on its m tile (rows, slab) and its n tile.
     for (int64_t tm : tms) {
@@ -380,7 +379,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
       for (const SlabGeom& g : mts) slab_rows = std::max(slab_rows, g.h);
       if (slab_rows * wv > ru16 - kBlk) continue;  // nd2nz rows / dst_rows
       for (int64_t tn : tns) {
-        const int64_t tn16 = rup(std::min(tn, s.cg_out), kBlk);
+        const int64_t tn16 = round_up(std::min(tn, s.cg_out), kBlk);
         // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
         const int64_t bias_bytes = s.bias ? tn16 * kL0cBytes : 0;
         if (2 * bias_bytes > bt) continue;
@@ -388,9 +387,9 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
                                 : tm * tn16 * kL0cBytes <= l0c ? 1
                                                                 : 0;
         if (!l0c_buffers) continue;
-        const int64_t n_tiles = cdiv(s.cg_out, tn);
+        const int64_t n_tiles = ceil_div(s.cg_out, tn);
         for (int64_t kc1 : kc1s) for (bool resident : {true, false}) {
-          const int64_t chunks = cdiv(c1_in, kc1);
+          const int64_t chunks = ceil_div(c1_in, kc1);
           const int64_t kchunk = kc1 * taps * kBlk;
           if (kchunk > ru16) continue;  // load3d k_start
           int64_t tk0 = std::min({l0a / (2 * tm * 2), l0b / (2 * tn16 * 2), kchunk, ru12});
@@ -414,19 +413,19 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
           // ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15
           // per k-block of weights loaded);
           // FIXPIPE once per tile, hidden behind the next tile's steps with two L0C buffers.
-          const int64_t steps_mmad = cdiv(kchunk, tk0);
+          const int64_t steps_mmad = ceil_div(kchunk, tk0);
           auto tile_cost = [&](const SlabGeom& g, int64_t n_act, bool first) {
-            const double n16 = static_cast<double>(cdiv(n_act, cfg.cube_n));
+            const double n16 = static_cast<double>(ceil_div(n_act, cfg.cube_n));
             const double cube = static_cast<double>(steps_mmad) * cube_lat +
-                                static_cast<double>(cdiv(g.m_act, cfg.cube_m)) * n16 *
+                                static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                                     static_cast<double>(kchunk / cfg.cube_k);
             const double fix = static_cast<double>(g.m_act * n_act * osz) / fix_rate;
             double load = static_cast<double>(kc1 * g.h * wv * kBlkBytes) / l2_rate + gm_lat;
             if (!resident || first)
-              load += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l2_rate;
+              load += static_cast<double>(kchunk * round_up(n_act, kBlk) * 2) / l2_rate;
             const double mte1 =
-                static_cast<double>(rup(g.m_act, kBlk) * kchunk * 2) / l0a_rate +
-                static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l0b_rate +
+                static_cast<double>(round_up(g.m_act, kBlk) * kchunk * 2) / l0a_rate +
+                static_cast<double>(kchunk * round_up(n_act, kBlk) * 2) / l0b_rate +
                 2.0 * static_cast<double>(steps_mmad) * l1_lat;
             const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
                                   (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
@@ -446,8 +445,8 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
           };
           const int64_t tiles = s.groups * n_tiles * stacks * static_cast<int64_t>(mts.size());
           const int64_t blocks0 = std::min<int64_t>(core->count, tiles);
-          const int64_t per = cdiv(tiles, blocks0);
-          const int64_t blocks = cdiv(tiles, per);
+          const int64_t per = ceil_div(tiles, blocks0);
+          const int64_t blocks = ceil_div(tiles, per);
           // The busiest block, exactly: tile t has m tile t % MT and weight key
           // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and
           // the first tile of each key in a block also loads the weights.
@@ -477,12 +476,13 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
               const SlabGeom& g = mts[static_cast<size_t>(t % mt_count)];
               c += tile_cost(g, n_act, true) - tile_cost(g, n_act, false);
               if (resident)  // the first chunk's weights are not overlapped
-                c += static_cast<double>(kchunk * rup(n_act, kBlk) * 2) / l2_rate + gm_lat;
+                c += static_cast<double>(kchunk * round_up(n_act, kBlk) * 2) / l2_rate + gm_lat;
               t = end;
             }
             if (!resident) {  // the block's first step waits for its slab and weights, cold
               const SlabGeom& g = mts[static_cast<size_t>((b * per) % mt_count)];
-              c += static_cast<double>(kc1 * g.h * wv * kBlkBytes + kchunk * rup(tn, kBlk) * 2) /
+              c += static_cast<double>(kc1 * g.h * wv * kBlkBytes +
+                                       kchunk * round_up(tn, kBlk) * 2) /
                        gm_rate +
                    gm_lat;
             }
@@ -542,9 +542,9 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
 CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_t kc1,
                                  bool resident, const ChipConfig& cfg, const std::string& op) {
   const CoreKindConfig& core = *cfg.core_kind(cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE);
-  const int64_t taps = s.kh * s.kw, tn16 = rup(std::min(t.tn, s.cg_out), kBlk);
+  const int64_t taps = s.kh * s.kw, tn16 = round_up(std::min(t.tn, s.cg_out), kBlk);
   t.kc1 = kc1;
-  t.chunks = cdiv(s.c1_in(), kc1);
+  t.chunks = ceil_div(s.c1_in(), kc1);
   t.resident = resident;
   t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, s.wv());
   t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, tn16);
@@ -734,7 +734,7 @@ class SlabEmitter {
     // planes go in order), zero rows, or past the last plane.
     auto plane_rows = [&](const Reg& u, const Reg& uend, int64_t step, int64_t pixel,
                           const std::function<void(const Reg&)>& source, const char* what) {
-      const int64_t rows = rup(m_g.ws, kBlk);
+      const int64_t rows = round_up(m_g.ws, kBlk);
       b.add(end, c1a, ncb);
       b.for_range(c, c1a, end, 1, [&] {
         b.for_range(uu, u, uend, step, [&] {
@@ -991,7 +991,7 @@ class ConvEmitter {
       m_bbuf[q] = m_b.alloc(Buf::L1, static_cast<uint64_t>(m_t.b_bytes),
                             fmt::format("weights {}", q));
     if (resident()) m_bbuf[1] = m_bbuf[0];
-    const int64_t tn16 = rup(std::min(m_t.tn, m_s.cg_out), kBlk);
+    const int64_t tn16 = round_up(std::min(m_t.tn, m_s.cg_out), kBlk);
     for (int q = 0; q < 2; ++q) {
       m_l0a[q] = m_b.alloc(Buf::L0A, static_cast<uint64_t>(m_t.tm * m_t.tk0 * m_isz),
                            fmt::format("A step {}", q));
@@ -1487,7 +1487,7 @@ Img2colTiling plan_img2col(const Img2colSpec& s, const ChipConfig& cfg, const st
                                    "to write GM)",
                                    op, cfg.name));
   check_geometry(op, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
-  const int64_t positions = s.oh() * s.ow(), c1 = cdiv(s.c, kBlk);
+  const int64_t positions = s.oh() * s.ow(), c1 = ceil_div(s.c, kBlk);
   const int64_t l1 = static_cast<int64_t>(core->capacity(Buf::L1));
   const int64_t l0a = static_cast<int64_t>(core->capacity(Buf::L0A));
   const int64_t l0b = static_cast<int64_t>(core->capacity(Buf::L0B));
@@ -1497,27 +1497,28 @@ Img2colTiling plan_img2col(const Img2colSpec& s, const ChipConfig& cfg, const st
       kBlk * s.rep > ru12)
     throw CompileError(fmt::format("{}: repetition {} too large for L0B / mmad n", op, s.rep));
   // The largest balanced tile height, then the most channel blocks that fit.
-  for (int64_t tm = std::min<int64_t>(kMaxTile, rup(positions, kBlk)); tm >= kBlk; tm -= kBlk) {
-    const int64_t tmb = rup(cdiv(positions, cdiv(positions, tm)), kBlk);
+  for (int64_t tm = std::min<int64_t>(kMaxTile, round_up(positions, kBlk)); tm >= kBlk;
+       tm -= kBlk) {
+    const int64_t tmb = round_up(ceil_div(positions, ceil_div(positions, tm)), kBlk);
     if (2 * tmb * kBlk * 2 > l0a) continue;
     const std::vector<SlabGeom> mts = m_tiles(positions, tmb, s.ow(), s.h, s.kh, s.sh, s.dh, s.pt);
     int64_t rows = 0;
     for (const SlabGeom& g : mts) rows = std::max(rows, g.h);
     for (int64_t kc1 = c1; kc1 >= 1; --kc1) {
       if (2 * tmb * kc1 * kBlk * s.rep * kL0cBytes > l0c || kc1 * kBlk * s.rep > ru12) continue;
-      const int64_t slab = rup(kc1 * rows * s.w * kBlkBytes + (kBlk + 1) * kBlkBytes, 512);
+      const int64_t slab = round_up(kc1 * rows * s.w * kBlkBytes + (kBlk + 1) * kBlkBytes, 512);
       if (2 * slab + static_cast<int64_t>(kFractalBytes) * s.rep > l1) continue;
       Img2colTiling t;
       t.tm = tmb;
       t.kc1 = kc1;
-      t.chunks = cdiv(c1, kc1);
+      t.chunks = ceil_div(c1, kc1);
       t.m_tiles = static_cast<int64_t>(mts.size());
       t.tiles = s.images * t.m_tiles;
       t.slab_rows = rows;
       t.slab_bytes = slab;
       const int64_t blocks0 = std::min<int64_t>(core->count, t.tiles);
-      t.per = cdiv(t.tiles, blocks0);
-      t.block_dim = static_cast<int>(cdiv(t.tiles, t.per));
+      t.per = ceil_div(t.tiles, blocks0);
+      t.block_dim = static_cast<int>(ceil_div(t.tiles, t.per));
       return t;
     }
   }
@@ -1666,7 +1667,7 @@ class Img2colEmitter {
 
   void chunk_blocks(const Reg& ch, const Reg& c1a, const Reg& ncb) {
     m_b.mul(c1a, ch, m_t.kc1);
-    m_b.movi(ncb, cdiv(m_s.c, kBlk));
+    m_b.movi(ncb, ceil_div(m_s.c, kBlk));
     m_b.sub(ncb, ncb, c1a);
     m_b.min(ncb, ncb, m_t.kc1);
   }

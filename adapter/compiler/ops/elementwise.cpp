@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 #include "sim/exec/vector_insn.h"
 
@@ -14,21 +15,13 @@ namespace npusim::compiler::ops {
 using isa::Dtype;
 using isa::Opcode;
 using isa::Pipe;
-using layout::ceil_div;
 using layout::kBlockBytes;
-using layout::round_up;
 
 namespace {
 
 using vec::kRepeatBytes;  // one vector repeat: 8 blocks of 32 bytes (isa.def)
 constexpr int64_t kTileQuantum = 128;  // tiles are whole multiples of 128 elements
 constexpr int kLog2Block = 5;          // log2(kBlockBytes)
-
-int log2_exact(int64_t v) {
-  int l = 0;
-  while ((int64_t{1} << l) < v) ++l;
-  return l;
-}
 
 // The u16 / s32 view used to move elements of a size without interpreting them.
 Dtype bits_type(int elem_bytes) {
@@ -191,7 +184,7 @@ void emit_gather(KernelBuilder& b, const StreamState& st, int k, const Reg& in_a
                  uint64_t buf, const Reg& pos, const Reg& cnt) {
   const BroadcastView& v = st.spec.inputs[static_cast<size_t>(k)].view;
   const int size = st.in[static_cast<size_t>(k)].size;
-  const int log2_epb = log2_exact(kBlockBytes / size);  // elements per 32-byte block
+  const int log2_epb = ceil_log2(kBlockBytes / size);  // elements per 32-byte block
   const size_t rank = v.dims.size();
   const int64_t inner = v.dims.back();
   const bool contiguous = v.strides.back() != 0;

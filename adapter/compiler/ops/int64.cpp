@@ -8,6 +8,7 @@
 
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/compose.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -30,12 +31,12 @@ struct ItemRange {
 ItemRange item_range(int64_t count, const KernelBuilder& b, int64_t multiple = 1,
                      int64_t min_per = 1) {
   const int64_t cores = b.config().core_kind(b.vector_core_kind())->count;
-  const int64_t spread = static_cast<int64_t>(layout::ceil_div(count, cores));
+  const int64_t spread = static_cast<int64_t>(ceil_div(count, cores));
   ItemRange r;
   r.per = std::max<int64_t>(
-      1, static_cast<int64_t>(std::min(layout::round_up(std::max(spread, min_per), multiple),
-                                       layout::round_up(count, multiple))));
-  r.block_dim = static_cast<int>(layout::ceil_div(count, r.per));
+      1, static_cast<int64_t>(
+             std::min(round_up(std::max(spread, min_per), multiple), round_up(count, multiple))));
+  r.block_dim = static_cast<int>(ceil_div(count, r.per));
   return r;
 }
 

@@ -22,7 +22,7 @@
 //   Flags: L1 full/free (mte2 <-> mte1), L0 full/free (mte1 <-> m), L0C full/free (m <-> fix),
 //   a ping/pong pair each; parities are run-time values, so each flag instruction is a two-way
 //   branch (KernelBuilder::set_flag/wait_flag with a parity register).
-// Layouts: docs/helper_brief.md "Data layouts" and sim/exec/layout.h.
+// Layouts: docs/assembly.md "Data layouts" and sim/exec/layout.h.
 //
 // Batched products (BatchMatMulV2, ops/batch_matmul.cpp) run the same kernel over the tiles of
 // every product (MatmulTiling's batch fields).
@@ -41,6 +41,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -52,8 +53,6 @@ using isa::Pipe;
 using layout::kFractalBytes;
 
 constexpr int64_t kFractalRows = static_cast<int64_t>(layout::kFractalRows);
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 namespace {
 
@@ -626,7 +625,7 @@ Launch zero_fill(const OpDesc& op, const TensorDesc& out, const ChipConfig& cfg)
   return build_stream_kernel(op.str(), spec, cfg);
 }
 
-uint64_t workspace_align(uint64_t bytes) { return layout::round_up(bytes, 512); }
+uint64_t workspace_align(uint64_t bytes) { return round_up(bytes, 512); }
 
 }  // namespace
 

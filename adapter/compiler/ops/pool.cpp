@@ -41,6 +41,7 @@
 #include "adapter/compiler/ops/pixel_ops.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/convert.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -56,9 +57,6 @@ constexpr int64_t kLanes = PixelOps::kLanes;
 constexpr int64_t kBlockF32 = PixelOps::kBlockF32;
 constexpr int64_t kMaxStride = 255;    // RU8 strides
 constexpr uint64_t kSlack = PixelOps::kPixelSlack;
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t rup(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
 enum class PoolKind { kMax, kAvg, kMaxGrad, kAvgGrad };
 
@@ -111,8 +109,8 @@ class PoolEmitter {
     m_px.emplace(b, m_ct);
     const int64_t rows = m_s.n * (is_grad(m_s.kind) ? m_s.h : m_s.oh);
     const int64_t items = rows * (m_s.cp / m_ct);
-    const int64_t per = cdiv(items, std::min<int64_t>(core.count, items));
-    const int block_dim = static_cast<int>(cdiv(items, per));
+    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
+    const int block_dim = static_cast<int>(ceil_div(items, per));
     b.begin_section(kind);
     allocate();
     Launch l;
@@ -185,7 +183,7 @@ class PoolEmitter {
         break;
       case PoolKind::kMaxGrad:
         bytes = kh * w * (f + r) + o * (f + r) + 4 * o * f + w * (f + r) +
-                static_cast<uint64_t>(cdiv(ct, kLanes) * rup(m_s.ow, 4) * 8) +
+                static_cast<uint64_t>(ceil_div(ct, kLanes) * round_up(m_s.ow, 4) * 8) +
                 2 * static_cast<uint64_t>(ct) * f;
         buffers = static_cast<int>(2 * kh + 10);
         break;
@@ -237,7 +235,8 @@ class PoolEmitter {
         m_found = buf(o * 4, "max found");
         m_eq = buf(o * 4, "x == max");
         m_tmp = buf(o * 4, "first max");
-        m_bits = buf(static_cast<uint64_t>(cdiv(m_ct, kLanes) * rup(m_s.ow, 4) * 8), "bits");
+        m_bits =
+            buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
         m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
         m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
         m_out = buf(w * 4, "dx row (f32)");
@@ -414,7 +413,7 @@ class PoolEmitter {
     KernelBuilder& b = m_b;
     const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
     m_px->per_pixel(n, [&](int64_t j, int64_t f, int64_t cnt) {
-      const int64_t bits = static_cast<int64_t>(m_bits) + (j * rup(m_s.ow, 4) + f) * 8;
+      const int64_t bits = static_cast<int64_t>(m_bits) + (j * round_up(m_s.ow, 4) + f) * 8;
       b.emit(Opcode::op_vcmp, {Dtype::F32, isa::Cmp::EQ, bits, at(row, px0 + f * m_s.sw, j),
                                at(m_max, lo + f, j), cnt, 1, 1, m_s.sw * pitch(), pitch()});
       b.emit(Opcode::op_vsel, {Dtype::F32, at(m_eq, lo + f, j), static_cast<int64_t>(m_ones),
@@ -621,7 +620,7 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   s.pt = cw.h.before;
   s.pl = cw.w.before;
   const int64_t c = x[3], size = data_type_bytes(dt);
-  s.cp = rup(c, 32 / size);
+  s.cp = round_up(c, 32 / size);
   // Tensors in the kernel's layout: inputs padded to cp channels when c is not whole blocks.
   std::vector<ArgRef> args;
   auto operand = [&](size_t input, const std::vector<int64_t>& shape) {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -82,8 +83,8 @@ GroupSplit split_groups(int64_t groups, const KernelBuilder& b) {
   const int64_t cores = b.config().core_kind(b.vector_core_kind())->count;
   GroupSplit s;
   s.per = std::min(groups, std::max<int64_t>(kRandomMinGroupsPerBlock,
-                                            static_cast<int64_t>(layout::ceil_div(groups, cores))));
-  s.block_dim = static_cast<int>(layout::ceil_div(groups, s.per));
+                                             static_cast<int64_t>(ceil_div(groups, cores))));
+  s.block_dim = static_cast<int>(ceil_div(groups, s.per));
   return s;
 }
 
@@ -191,7 +192,7 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
   if (n == 0) return k;
 
   const UnitFloat f = unit_float(dtype);
-  const int64_t groups = static_cast<int64_t>(layout::ceil_div(n, kGroup));
+  const int64_t groups = static_cast<int64_t>(ceil_div(n, kGroup));
   KernelBuilder b(fmt::format("RandomUniform_{}", data_type_name(dtype)), op.str(), ctx.cfg);
   const GroupSplit split = split_groups(groups, b);
   b.begin_section(b.vector_core_kind());

@@ -64,6 +64,7 @@
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/convert.h"
+#include "common/int_math.h"
 
 namespace npusim::compiler::ops {
 
@@ -73,9 +74,6 @@ using isa::Opcode;
 
 namespace {
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
 constexpr int64_t kBlock = 32;
 constexpr int64_t kLaneBytes = 4;
 constexpr int64_t kMaxBurst = 65535;      // RU16 burst / gap fields
@@ -84,12 +82,6 @@ constexpr int64_t kSplitMinElems = 4096;  // a split part reduces at least this 
 constexpr uint64_t kSlack = 32;           // per UB buffer: alignment
 
 int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
-int log2i(int64_t v) {
-  int l = 0;
-  while ((int64_t{1} << l) < v) ++l;
-  return l;
-}
-
 // One stage's kernel: reduce the middle dim of [outer, R, inner] (R split into `split` parts of
 // split_len when split > 1; the output then has outer * split * inner partial results).
 struct KernelSpec {
@@ -353,7 +345,7 @@ Launch build_rows(const KernelSpec& s, const RowsPlan& p, const ChipConfig& cfg)
     b.sub(rows, end, r);
     b.min(rows, rows, G);
     b.add(supers, rows, g - 1);
-    b.shr(supers, supers, log2i(g));
+    b.shr(supers, supers, ceil_log2(g));
     b.mul(rows_s, supers, g);
   };
   sync.pipeline(

@@ -24,6 +24,7 @@
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/transpose.h"
+#include "common/int_math.h"
 #include "sim/exec/layout.h"
 
 namespace npusim::compiler::ops {
@@ -50,8 +51,8 @@ Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t 
   KernelBuilder b(fmt::format("Cumsum_{}", data_type_name(dt)), op, cfg);
   const isa::CoreKind kind = b.vector_core_kind();
   const CoreKindConfig& core = *cfg.core_kind(kind);
-  const int64_t per = layout::ceil_div(blocks, static_cast<int64_t>(core.count));
-  const int block_dim = static_cast<int>(layout::ceil_div(blocks, per));
+  const int64_t per = ceil_div(blocks, static_cast<int64_t>(core.count));
+  const int block_dim = static_cast<int>(ceil_div(blocks, per));
   // Chunk of columns per pass: kSlots x rows and kSlots out rows of `cw` blocks in the UB.
   const int64_t ub = static_cast<int64_t>(core.capacity(isa::Buf::UB));
   const int64_t burst_max = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
@@ -231,7 +232,7 @@ CompiledKernel compile_scan(const CompileContext& ctx) {
   if (inner == 1 && block_transpose_applies(dt, outer) && block_transpose_applies(dt, n)) {
     // The scanned axis is the last: [outer, N] -> [N, m] (rows padded to whole blocks) and
     // back by the vtranspose block transposer.
-    const int64_t m = layout::round_up(outer, epb);
+    const int64_t m = round_up(outer, epb);
     const uint64_t bytes = static_cast<uint64_t>(n * m * esize);
     const ArgRef w1 = plan.workspace(bytes), w2 = plan.workspace(bytes);
     append_block_transpose(plan, op.str(), ctx.cfg, dt, 1, outer, n, n, LaunchPlan::input(0), w1,
@@ -243,8 +244,8 @@ CompiledKernel compile_scan(const CompileContext& ctx) {
   }
   // Work layout [N][rows_p][width]: either [N][outer_p][inner] (outer padded so that a row of
   // the work tensor is whole blocks) or [N][outer][inner_p] (each inner block padded).
-  const int64_t outer_p = layout::round_up(outer, epb / std::gcd(inner, epb));
-  const int64_t inner_p = layout::round_up(inner, epb);
+  const int64_t outer_p = round_up(outer, epb / std::gcd(inner, epb));
+  const int64_t inner_p = round_up(inner, epb);
   const bool pad_outer = outer_p * inner <= outer * inner_p;
   const int64_t rows_p = pad_outer ? outer_p : outer, width = pad_outer ? inner : inner_p;
   const int64_t m = rows_p * width;

@@ -42,6 +42,7 @@
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/convert.h"
+#include "common/int_math.h"
 
 namespace npusim::compiler::ops {
 
@@ -57,15 +58,7 @@ constexpr uint64_t kSlack = 32;
 constexpr int64_t kF32One = 0x3f800000;
 constexpr int64_t kF32Nan = 0x7fc00000;
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
-int log2i(int64_t v) {
-  int l = 0;
-  while ((int64_t{1} << l) < v) ++l;
-  return l;
-}
-
 enum class Kind { kSoftmax, kLogSoftmax, kXent, kSparseXent };
 
 struct Spec {
@@ -272,7 +265,7 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
     b.sub(rows, end, r);
     b.min(rows, rows, G);
     b.add(supers, rows, g - 1);
-    b.shr(supers, supers, log2i(g));
+    b.shr(supers, supers, ceil_log2(g));
     b.mul(slots, supers, g);
     b.mul(lanes, supers, L.lanes);
   };
@@ -863,7 +856,7 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
             // The row's last block is shared with the next row: keep it, store the rest.
             KernelBuilder::Origin oc(b, "keep the row's last partial block");
             Reg src = b.reg("last block");
-            b.shr(blocks, n, log2i(og));
+            b.shr(blocks, n, ceil_log2(og));
             b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
             vec_copy_bits(b, sz, carry, src, og);
           });

@@ -2,6 +2,7 @@
 // arithmetic (Pow included) on f32/f16/bf16, comparisons producing bool, LogicalAnd/LogicalOr
 // on bool.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
 namespace npusim::tf {
@@ -13,14 +14,12 @@ class BinaryOp : public CompiledOpKernel {
       : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType}}) {}
 };
 
-const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
-
 }  // namespace
 
 rt::Status register_binary_kernels() {
-  for (const char* op : {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
-                         "SquaredDifference", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
-                         "GreaterEqual", "DivNoNan", "Pow"}) {
+  for (const char* op :
+       {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "SquaredDifference", "Equal",
+        "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "DivNoNan", "Pow"}) {
     rt::Status st =
         register_kernel<BinaryOp>(KernelDefBuilder(op).TypeConstraint("T", kFloatTypes));
     if (!st.ok()) return st;

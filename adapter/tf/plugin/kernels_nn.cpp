@@ -4,6 +4,7 @@
 // bias.cpp, activation.cpp, softmax.cpp). TF has no Gelu op: tf.nn.gelu and Keras' gelu are
 // compositions of element-wise ops (Erf, Tanh, Pow, ...), which run op by op.
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
 namespace npusim::tf {
@@ -18,8 +19,6 @@ class NnOp : public CompiledOpKernel {
                                {"data_format", AttrSpec::Kind::kString},
                                {"Tlabels", AttrSpec::Kind::kType}}) {}
 };
-
-const std::vector<TF_DataType> kFloatTypes = {TF_FLOAT, TF_HALF, TF_BFLOAT16};
 
 }  // namespace
 

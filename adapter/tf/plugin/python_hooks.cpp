@@ -12,6 +12,7 @@
 #include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/cpu_fallbacks.h"
+#include "adapter/tf/plugin/op_coverage.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 #define NPUSIM_TF_EXPORT extern "C" __attribute__((visibility("default")))
@@ -148,6 +149,18 @@ NPUSIM_TF_EXPORT char* npusim_tf_cpu_fallback_ops_json() {
 }
 
 NPUSIM_TF_EXPORT void npusim_tf_clear_cpu_fallback_ops() { npusim::tf::clear_cpu_fallback_counts(); }
+
+// {"compiler_ops": [the compiler's op table], "unregistered": {op: reason},
+// "plugin_only": {op: reason}} (op_coverage.h), for the check that the lists agree.
+NPUSIM_TF_EXPORT char* npusim_tf_op_coverage_json() {
+  nlohmann::json j;
+  j["compiler_ops"] = npusim::compiler::supported_ops();
+  j["unregistered"] = nlohmann::json::object();
+  for (const auto& r : npusim::tf::unregistered_compiler_ops()) j["unregistered"][r.op] = r.reason;
+  j["plugin_only"] = nlohmann::json::object();
+  for (const auto& r : npusim::tf::plugin_only_ops()) j["plugin_only"][r.op] = r.reason;
+  return to_c_string(j.dump());
+}
 
 // ---- Reports (adapter/profiler/runtime_report.h, docs/reports.md "From TensorFlow")
 

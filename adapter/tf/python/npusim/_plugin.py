@@ -103,7 +103,7 @@ class Hooks:
         for name in ("npusim_tf_device_json", "npusim_tf_launch_records_json",
                      "npusim_tf_compiled_ops_json", "npusim_tf_chip_config_yaml",
                      "npusim_tf_counters_json", "npusim_tf_check_env_settings",
-                     "npusim_tf_cpu_fallback_ops_json"):
+                     "npusim_tf_cpu_fallback_ops_json", "npusim_tf_op_coverage_json"):
             getattr(self._lib, name).restype = ctypes.c_void_p
         self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int]
         self._lib.npusim_tf_free.argtypes = [ctypes.c_void_p]
@@ -155,3 +155,7 @@ class Hooks:
 
     def clear_cpu_fallback_ops(self):
         self._lib.npusim_tf_clear_cpu_fallback_ops()
+
+    def op_coverage(self):
+        """The compiler's op list and the plugin's deliberate exceptions (op_coverage.h)."""
+        return self._json(self._lib.npusim_tf_op_coverage_json())

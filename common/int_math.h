@@ -1,0 +1,20 @@
+// Integer helpers for sizes, counts and tilings, shared by the compiler's ops (one definition).
+// Arguments are non-negative and the divisor positive; results are exact (no floating point).
+#pragma once
+
+#include <cstdint>
+
+namespace npusim {
+
+// Smallest q with q * b >= a.
+inline constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Smallest multiple of b that is >= a.
+inline constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+// Smallest l with 2^l >= v (v >= 1): the exact log2 of a power of two, e.g. a shift amount.
+inline constexpr int ceil_log2(int64_t v) {
+  int l = 0;
+  while ((int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+}  // namespace npusim
