@@ -1,5 +1,5 @@
 // The fractal data layouts shared by the MTE, cube and FIXPIPE instructions (the contract in
-// docs/helper_brief.md, "Data layouts"). All offsets are in ELEMENTS from the start of the
+// docs/assembly.md, "Data layouts"). All offsets are in ELEMENTS from the start of the
 // matrix; multiply by the element size for bytes. These are format facts of the ISA, not hardware
 // rates, so they are constants here rather than config values.
 #pragma once

@@ -2,7 +2,7 @@
 // copy_l12ub, copy_l12bt), MTE3 (copy_ub2gm, copy_ub2l1) and FIXPIPE (fixpipe). Each instruction
 // is decoded into a small descriptor whose constructor makes every check plan() promises
 // (path, buffers, alignment, bounds, dtypes, parameters); plan() turns it into a cost and
-// execute() applies it. Layouts: sim/exec/layout.h and docs/helper_brief.md "Data layouts".
+// execute() applies it. Layouts: sim/exec/layout.h and docs/assembly.md "Data layouts".
 #include <algorithm>
 #include <cmath>
 #include <cstring>
