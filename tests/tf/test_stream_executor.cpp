@@ -208,8 +208,11 @@ TEST_CASE("allocation failure is a null pointer; stats follow allocations") {
   SP_DeviceMemoryBase a = p.allocate(10000);
   SP_AllocatorStats during{SP_ALLOCATORSTATS_STRUCT_SIZE};
   REQUIRE(p.se.get_allocator_stats(&p.device, &during));
-  // 10000 bytes + 32 bytes of read-past padding, rounded up to the runtime's 512-byte blocks.
-  CHECK(during.bytes_in_use - before.bytes_in_use == (10000 + 32 + 511) / 512 * 512);
+  // A guard line (tiny: memory.l2.line_bytes = 512) + 10000 bytes + 32 bytes of read-past
+  // padding, rounded up to whole 512-byte lines (plugin_device.h malloc_tensor).
+  CHECK(during.bytes_in_use - before.bytes_in_use == (512 + 10000 + 32 + 511) / 512 * 512);
+  // The tensor starts one line into its block, on a line boundary.
+  CHECK(reinterpret_cast<uint64_t>(a.opaque) % 512 == 0);
   CHECK(during.has_bytes_limit == 1);
   int64_t free = 0, total = 0;
   REQUIRE(p.se.device_memory_usage(&p.device, &free, &total));
