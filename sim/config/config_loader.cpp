@@ -282,6 +282,13 @@ bool looks_like_path(const std::string& s) {
   return s.find('/') != std::string::npos || ext == ".yaml" || ext == ".yml";
 }
 
+// Whether p names a regular file; false (never an exception) for a name the OS refuses, such as
+// one longer than NAME_MAX.
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
 // Resolves a preset name or a file path (relative paths against `relative_to`, if given).
 fs::path resolve_config_file(const std::string& name_or_path, const fs::path& relative_to,
                              const std::string& referrer) {
@@ -289,13 +296,13 @@ fs::path resolve_config_file(const std::string& name_or_path, const fs::path& re
   if (looks_like_path(name_or_path)) {
     fs::path p = name_or_path;
     if (p.is_relative() && !relative_to.empty()) p = relative_to / p;
-    if (!fs::is_regular_file(p))
+    if (!is_file(p))
       throw ConfigError(fmt::format("{}chip config file '{}' not found; {}", by, p.string(),
                                     presets_hint()));
     return p;
   }
   fs::path p = fs::path(chip_config_dir()) / (name_or_path + ".yaml");
-  if (!fs::is_regular_file(p))
+  if (!is_file(p))
     throw ConfigError(fmt::format("{}unknown chip '{}' (no file {}); {}, or give a path to a "
                                   "YAML file",
                                   by, name_or_path, p.string(), presets_hint()));
@@ -306,7 +313,9 @@ fs::path resolve_config_file(const std::string& name_or_path, const fs::path& re
 // (to reject a cycle of extends).
 Tree load_tree(const fs::path& file, std::vector<std::string>& chain) {
   const std::string fname = file.string();
-  const std::string canonical = fs::weakly_canonical(file).string();
+  std::error_code ec;
+  std::string canonical = fs::weakly_canonical(file, ec).string();
+  if (ec) canonical = fname;
   if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
     throw ConfigError(fmt::format("{}: 'extends' leads back to this file (a cycle)", fname));
   YAML::Node root;

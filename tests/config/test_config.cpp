@@ -340,6 +340,12 @@ TEST_CASE("errors name the file and the key") {
     contains(config_error([] { load_chip_config("910c"); }), {"910c", "310p, 910, 910b, tiny"});
     contains(config_error([&] { load_chip_config((dir / "absent.yaml").string()); }),
              {"absent.yaml", "not found", "910b"});
+    // A name longer than the OS allows (NAME_MAX, 255 on Linux) is a config error too, not a
+    // filesystem exception (found by fuzz_config; corpus file chip_name_too_long).
+    const std::string long_name(300, 'x');
+    contains(config_error([&] { load_chip_config(long_name); }), {"unknown chip", "xxxx"});
+    contains(config_error([&] { load_chip_config((dir / (long_name + ".yaml")).string()); }),
+             {"not found", "xxxx"});
   }
   SECTION("YAML syntax error: file and line") {
     std::string f = write_file(dir / "bad.yaml", "name: x\nclock_mhz: 1000\ncores: [a, b\n");
