@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs a fuzz target once on every file of a corpus folder (no fuzzing): deterministic, a few
-# seconds. On a crash prints every file that fails and exits non-zero.
-#   fuzz/replay.sh FUZZ_BINARY CORPUS_DIR
+# Runs a fuzz target once on every file of its seed corpus (seeds.sh; no fuzzing): deterministic,
+# a few seconds. On a crash prints every file that fails and exits non-zero.
+#   fuzz/replay.sh FUZZ_BINARY ROOT TARGET
 set -uo pipefail
-BIN="$1"; CORPUS="$2"
-mapfile -t FILES < <(find "$CORPUS" -type f | sort)
+BIN="$1"; ROOT="$2"; TARGET="$3"
+source "$(dirname "${BASH_SOURCE[0]}")/seeds.sh"
+mapfile -t DIRS < <(seed_dirs "$ROOT" "$TARGET")
+mapfile -t FILES < <(find "${DIRS[@]}" -type f | sort)
 if ((${#FILES[@]} == 0)); then
-  echo "replay: no files in $CORPUS"; exit 1
+  echo "replay: no files in ${DIRS[*]}"; exit 1
 fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT

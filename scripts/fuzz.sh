@@ -48,6 +48,7 @@ TESTS="^fuzz_($(IFS='|'; echo "${TARGETS[*]}"))_corpus\$"
 # New inputs and crashes go to a scratch folder, emptied first so that a run starts from the
 # repository's corpus alone (which is only read).
 WORK="$BUILD/fuzz-work"
+source "$ROOT/fuzz/seeds.sh"
 for t in "${TARGETS[@]}"; do
   rm -rf "$WORK/crashes/$t" "$WORK/corpus/$t"
   mkdir -p "$WORK/corpus/$t" "$WORK/crashes/$t"
@@ -56,7 +57,7 @@ for t in "${TARGETS[@]}"; do
   if ! "$BUILD/fuzz/fuzz_$t" -seed="$FUZZ_SEED" -runs="$runs" -max_total_time="$FUZZ_SECONDS" \
       -timeout=20 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$WORK/crashes/$t/" \
-      "$WORK/corpus/$t" "$ROOT/fuzz/corpus/$t" >"$WORK/$t.log" 2>&1; then
+      "$WORK/corpus/$t" $(seed_dirs "$ROOT" "$t") >"$WORK/$t.log" 2>&1; then
     tail -n 60 "$WORK/$t.log"
     for f in "$WORK/crashes/$t"/*; do
       [ -e "$f" ] && echo "fuzz: fuzz_$t crashed; reproducer: $f (rerun: $BUILD/fuzz/fuzz_$t $f)"
