@@ -27,9 +27,9 @@ inline uint64_t time_ps(const sc_core::sc_time& t) { return t.value(); }
 inline uint64_t now_ps() { return sc_core::sc_time_stamp().value(); }
 inline double time_to_cycles(const sc_core::sc_time& t) { return t.value() / 1000.0; }
 // The simulated time a launch may not pass (it is stopped with an error at its last event
-// before): half of sc_time's range of 2^64 ps. No single wait a valid config allows is longer than 2^62 ps (sim/config/
-// config_loader.cpp bounds every transfer to 2^52 cycles and every latency to 2^20), so nothing
-// scheduled before this time passes the end of the range.
+// before): half of sc_time's range of 2^64 ps. No single wait a valid config allows is longer
+// than 2^62 ps (sim/config/config_loader.cpp bounds every transfer to 2^52 cycles and every
+// latency to 2^20), so nothing scheduled before this time passes the end of the range.
 inline constexpr uint64_t kSimTimeLimitPs = uint64_t{1} << 63;
 
 // Thrown inside the model's threads to unwind them after the kernel was aborted.
