@@ -1,9 +1,12 @@
 """compare_launches.py A.json B.json (written by launch_cycles.py): exits 1 unless both runs
 launched the same kernels with identical block_dim and cycles and (where both recorded it)
-produced bit-identical outputs; prints the first differences."""
+produced bit-identical outputs; prints the first differences. Runs marked "unordered" (training
+steps, whose independent ops TF's executor orders at run time) are compared as sorted lists."""
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 la, lb = a["launches"], b["launches"]
+if a.get("unordered") or b.get("unordered"):
+    la, lb = sorted(la), sorted(lb)
 if len(la) != len(lb):
     print(f"DIFFERENT: {len(la)} vs {len(lb)} launches"); sys.exit(1)
 diff = [(i, x, y) for i, (x, y) in enumerate(zip(la, lb)) if x != y]

@@ -1,12 +1,17 @@
 """Emulator-speed check for simulator and compiler work: runs a model's inference (default
-ResNet-50, batch 1) through TensorFlow on the NPU (910b, or $CHIP), one warm-up step and STEPS
-measured steps; prints s/step, the launches and the emulator's wall time per op type (launch
+ResNet-50, batch 1; MODE=train: a training step, Adam, at BATCH, default 2) through TensorFlow
+on the NPU (910b, or $CHIP), one warm-up step and STEPS measured steps; prints s/step, the launches and the emulator's wall time per op type (launch
 records' wall_us); with OUT=file.json writes every launch of the last step as (kernel,
 block_dim, cycles) and a digest of the output's bytes. benchmarks/compare_launches.py A.json
 B.json then checks that a change meant to make the emulator faster left every simulated cycle
 and every output bit alone.
 
+Training steps launch independent ops (the gradients of different layers) in an order TF's
+executor chooses at run time, so the launch list of a training step is compared as a multiset
+(compare_launches.py sorts it when the JSON says "unordered"); the output digest is the loss.
+
 Usage: [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
+       [MODE=infer|train] [BATCH=2] \
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
 import collections, hashlib, json, os, sys, time
@@ -18,11 +23,24 @@ import tensorflow as tf
 import models
 name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
 steps = int(os.environ.get("STEPS", "2"))
-x, _ = models.synthetic_data(name, 1, seed=0)
+train = os.environ.get("MODE", "infer") == "train"
+x, labels = models.synthetic_data(name, int(os.environ.get("BATCH", "2")) if train else 1, seed=0)
 with tf.device("/NPU:0"):
     model = models.build(name, seed=0)
     xt = tf.constant(x)
-    f = tf.function(lambda t: model(t, training=False))
+    if train:
+        opt, loss_fn, yt = tf.keras.optimizers.Adam(1e-3), models.loss(name), tf.constant(labels)
+
+        def train_step(t):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yt, model(t, training=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return loss
+
+        f = tf.function(train_step)
+    else:
+        f = tf.function(lambda t: model(t, training=False))
     f(xt).numpy()
     for _ in range(steps):
         # Only the last step's records are kept: reading them every step would make Python's
@@ -43,6 +61,7 @@ for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
 out = os.environ.get("OUT")
 if out:
     json.dump({"launches": [[r["kernel"], r["block_dim"], r["cycles"]] for r in recs],
+               "unordered": train,
                "output_sum": float(abs(y).sum()),
                # The output's exact bytes (a softmax output sums to 1 whatever it holds).
                "output_sha1": hashlib.sha1(y.tobytes()).hexdigest()}, open(out, "w"))

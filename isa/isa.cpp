@@ -204,6 +204,22 @@ Pipe Instruction::exec_pipe() const {
   }
 }
 
+uint64_t program_digest(const Program& p) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis and prime (64-bit)
+  auto add = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+  };
+  for (const Section& s : p.sections) {
+    add(static_cast<uint64_t>(s.kind));
+    add(s.code.size());
+    for (const Instruction& in : s.code) {
+      add(static_cast<uint64_t>(in.op));
+      for (const Operand& o : in.ops) add(static_cast<uint64_t>(o.value) * 2 + (o.is_reg ? 1 : 0));
+    }
+  }
+  return h;
+}
+
 const Section* Program::find(CoreKind k) const {
   for (const auto& s : sections)
     if (s.kind == k) return &s;

@@ -169,4 +169,10 @@ EncodedWord encode(const Instruction& in);
 // Throws IsaError on an unknown opcode.
 Instruction decode(const EncodedWord& w);
 
+// A 64-bit digest (FNV-1a) of a program's code: every section's core kind and instructions
+// (opcode and operands; not source positions, labels or argument names). Two programs with the
+// same digest run the same instructions; used to show that a compiler change left a kernel
+// alone (SimOptions::launch_log).
+uint64_t program_digest(const Program& p);
+
 }  // namespace npusim::isa

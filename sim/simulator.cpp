@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -106,6 +107,7 @@ SimOptions with_environment(SimOptions o) {
                                     "from 0 (all the host has) to 256", v));
     o.replay_threads = static_cast<int>(n);
   }
+  if (const char* v = std::getenv("NPUSIM_LAUNCH_LOG"); v && *v) o.launch_log = v;
   return o;
 }
 
@@ -271,6 +273,17 @@ uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
 
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
+  KernelResult r = run_launch(launch);
+  if (const std::string& path = m_impl->opts.launch_log; !path.empty()) {
+    std::ofstream log(path, std::ios::app);
+    log << launch.program->name << '\t' << launch.block_dim << '\t' << (r.ok ? r.cycles : 0)
+        << '\t' << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\n';
+    if (!log) throw Error(fmt::format("NPUSIM_LAUNCH_LOG: cannot append to '{}'", path));
+  }
+  return r;
+}
+
+KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   Impl& I = *m_impl;
   start_on_clock_edge();
   const sc_time start = sc_time_stamp();

@@ -58,6 +58,11 @@ struct SimOptions {
   // holds bounded memory. A quarter of replay_memo_bytes: a larger recording would push most
   // others out of the memo.
   uint64_t replay_record_max_bytes = uint64_t(1) << 28;
+  // If set, every launch appends one line to this file: kernel name, block_dim, cycles (0 for a
+  // launch that failed), isa::program_digest in hex, tab-separated. Comparing two such logs
+  // (benchmarks/compare_launch_logs.py) shows whether a change moved any kernel's code or
+  // timing. The environment variable NPUSIM_LAUNCH_LOG sets it.
+  std::string launch_log;
 };
 
 // The watchdog's instruction budget per block for a launch of `program` with `args`:
@@ -139,6 +144,7 @@ class Simulator {
   void remove_observer(ChipObserver* observer);
 
  private:
+  KernelResult run_launch(const KernelLaunch& launch);
   struct Impl;
   std::unique_ptr<Impl> m_impl;
 };
