@@ -448,9 +448,11 @@ void KernelBuilder::wait_flag(const FlagPair& f, const Reg& parity, const std::s
 
 // ---- on-chip buffers ----
 
-uint64_t KernelBuilder::alignment(isa::Buf b) const {
-  auto it = m_cfg.align_bytes.find(b);
-  uint64_t a = it == m_cfg.align_bytes.end() ? 1 : it->second;
+uint64_t KernelBuilder::alignment(isa::Buf b) const { return alignment(m_cfg, b); }
+
+uint64_t KernelBuilder::alignment(const ChipConfig& cfg, isa::Buf b) {
+  auto it = cfg.align_bytes.find(b);
+  uint64_t a = it == cfg.align_bytes.end() ? 1 : it->second;
   return std::max<uint64_t>(a, kMinAlign);
 }
 

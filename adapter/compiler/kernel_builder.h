@@ -212,6 +212,8 @@ class KernelBuilder {
   uint64_t alloc(isa::Buf b, uint64_t bytes, const std::string& name);
   uint64_t free_bytes(isa::Buf b) const;  // what alloc() can still give (before alignment)
   uint64_t alignment(isa::Buf b) const;
+  // The alignment alloc() gives buffer b on chip cfg: max(32, cfg.align_bytes[b]).
+  static uint64_t alignment(const ChipConfig& cfg, isa::Buf b);
 
   // ---- origin comments ----
   // While alive, instructions without an explicit comment carry `what`.

@@ -31,6 +31,7 @@
 #include <functional>
 #include <vector>
 
+#include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "isa/isa.h"
 
@@ -227,11 +228,6 @@ class PingPong {
   Reg m_load_parity, m_out_parity;
 };
 
-// Two copies of a buffer (ping / pong), indexed by parity.
-struct Twin {
-  uint64_t a[2] = {0, 0};
-  uint64_t operator[](int q) const { return a[q]; }
-};
 // Allocates two UB copies of `bytes` (0 bytes: both 0, nothing allocated).
 Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name);
 
