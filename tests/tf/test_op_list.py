@@ -1,7 +1,9 @@
 """One op list: every op in the compiler's table (adapter/compiler/ops/registry.cpp) has an NPU
-kernel registered by the plugin, and every NPU kernel is for a compiler op, except the ops
-adapter/tf/plugin/op_coverage.cpp names with a reason. The registrations are read back from
-TensorFlow's kernel registry, so a kernels_*.cpp file that drops or adds an op is caught."""
+kernel registered by the plugin, and every NPU kernel is for a compiler op, except the ops named
+with a reason (the table's unregistered rows, op_coverage.cpp's plugin-only ops). The plugin
+registers the compiler's ops from that table; the registrations are read back from TensorFlow's
+kernel registry, so a row that no kernel class registers, or one added without deciding on
+TensorFlow (no kernel class, no reason), is caught."""
 
 import pytest
 
@@ -38,6 +40,15 @@ def test_every_npu_kernel_is_a_compiler_op_or_has_a_reason(lists):
     missing, stale = _disagreements(npu, compiler, plugin_only)
     assert not missing, f"NPU kernels for ops the compiler lacks, no reason given: {missing}"
     assert not stale, f"op_coverage.cpp lists as plugin-only: {stale}"
+
+
+def test_every_npu_kernel_is_for_a_tensorflow_op(lists):
+    # pylint: disable-next=import-outside-toplevel
+    from tensorflow.python.framework import op_def_registry
+
+    _, npu, _, _ = lists
+    unknown = sorted(op for op in npu if op_def_registry.get(op) is None)
+    assert not unknown, f"NPU kernels registered for ops TensorFlow does not define: {unknown}"
 
 
 def test_reasons_are_one_line(lists):

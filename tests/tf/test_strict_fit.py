@@ -3,8 +3,9 @@ with Adam, every op of the train step on the NPU or legitimately on the host (th
 pipeline, int32 shape arithmetic), matched against the same fit on the CPU.
 
 What makes it possible (docs/tf_plugin.md, "Soft placement off"): the iteration counter's int64
-AddV2 and its Cast to float run on the chip (kernels_int64.cpp, the compiler's scalar-unit s64
-kernels), Adam's Pow has an NPU kernel, and the data iterator's ops stay on the CPU."""
+AddV2 and its Cast to float run on the chip (the op table's int64 rows, the compiler's
+scalar-unit s64 kernels), Adam's Pow has an NPU kernel, and the data iterator's ops stay on the
+CPU."""
 
 import numpy as np
 import pytest

@@ -1,155 +1,305 @@
-// THE op table: every TF op the compiler accepts, with the family that compiles it. Adding an
-// op = adding a row here (and its code in the family's file); see docs/compiler.md.
+// THE op table: every TF op the compiler accepts, with the family that compiles it and how the
+// TF plugin registers its NPU kernel (kernel class, type constraints, host-memory inputs).
+// Adding an op = adding a row here (and its code in the family's file); see docs/compiler.md.
 #include "adapter/compiler/ops/registry.h"
+
+#include <algorithm>
+#include <utility>
 
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/random.h"
 
 namespace npusim::compiler::ops {
+namespace {
+
+using K = TfKernel;
+using H = HostAttrInput::Kind;
+using DT = DataType;
+
+// An NPU kernel with one list of type constraints (none: the op has no type attribute).
+TfRegistration npu(TfKernel kernel, std::vector<TypeConstraint> types = {},
+                   std::vector<HostAttrInput> host_inputs = {}) {
+  return {kernel, {std::move(types)}, std::move(host_inputs), nullptr};
+}
+
+// An NPU kernel whose only type attribute is T.
+TfRegistration npu_t(TfKernel kernel, const std::vector<DataType>& t,
+                     std::vector<HostAttrInput> host_inputs = {}) {
+  return npu(kernel, {{"T", t}}, std::move(host_inputs));
+}
+
+// No NPU kernel, for `reason`.
+TfRegistration unregistered(const char* reason) { return {K::kNone, {}, {}, reason}; }
+
+std::vector<DataType> with(std::vector<DataType> types, DataType t) {
+  types.push_back(t);
+  return types;
+}
+
+std::vector<DataType> without(std::vector<DataType> types, DataType t) {
+  types.erase(std::remove(types.begin(), types.end(), t), types.end());
+  return types;
+}
+
+// Float arithmetic and comparisons, and the scalar unit's int64 ones (ops/int64.h).
+const std::vector<DataType> kFloatS64Types = with(kFloatTypes, DT::S64);
+// Where TensorFlow registers an int32 kernel for DEVICE_DEFAULT (host-memory shape arithmetic:
+// ConcatV2, Unpack, Slice, Fill, ZerosLike, OnesLike), int32 is left to it, so shape tensors
+// stay on the host as TensorFlow's other devices keep them.
+const std::vector<DataType> kMoveNoS32Types = without(kMoveTypes, DT::S32);
+
+// Every Cast registration: TensorFlow refuses a node that two registrations of one op match, so
+// the (SrcT, DstT) sets must not overlap. One list per DstT, naming the SrcT the compiler
+// converts to it bit-exactly as TF's CPU kernel (tests/tf/test_kernels_cast.py checks every
+// pair on edge values):
+//   - between the floats, and float <-> int32/int16/uint16/int8/uint8 (to integers: values in
+//     range; TF's out-of-range and NaN results are undefined behaviour, the vector unit
+//     saturates);
+//   - everything to bool (x != 0); bool to everything (0 / 1; to int8 / uint8 a byte copy);
+//   - integer -> wider integer of the same signedness, or unsigned -> wider signed (widening
+//     keeps the value); not integer -> narrower or same-width (TF wraps, the vector unit
+//     saturates) nor signed -> unsigned (TF wraps negative values);
+//   - int64 to and from every type (the scalar unit wraps to narrower integers as TF).
+// int32 inputs and outputs stay in device memory (no HostMemory): the int32 -> float label
+// casts of Keras' losses run on the chip.
+TfRegistration cast_registration() {
+  const std::vector<DataType> any = {DT::F32, DT::F16, DT::BF16, DT::S32,  DT::S16,
+                                     DT::U16, DT::S8,  DT::U8,   DT::BOOL, DT::S64};
+  // Into a float, bool or int64: from everything. Into a narrower integer: from the floats,
+  // int64, itself and the narrower types (bool included) that widen to it without changing the
+  // value (bool -> int8 / uint8: the compiler copies the 0 / 1 bytes).
+  auto into_int = [](DataType self, std::vector<DataType> narrower) {
+    std::vector<DataType> v = {DT::F32, DT::F16, DT::BF16, DT::S64, self};
+    v.insert(v.end(), narrower.begin(), narrower.end());
+    return v;
+  };
+  const std::pair<DataType, std::vector<DataType>> sources_by_dst[] = {
+      {DT::F32, any},
+      {DT::F16, any},
+      {DT::BF16, any},
+      {DT::BOOL, any},
+      {DT::S64, any},
+      {DT::S32, into_int(DT::S32, {DT::S16, DT::U16, DT::S8, DT::U8, DT::BOOL})},
+      {DT::S16, into_int(DT::S16, {DT::S8, DT::U8, DT::BOOL})},
+      {DT::U16, into_int(DT::U16, {DT::U8, DT::BOOL})},
+      {DT::S8, into_int(DT::S8, {DT::BOOL})},
+      {DT::U8, into_int(DT::U8, {DT::BOOL})},
+  };
+  TfRegistration r{K::kCast, {}, {}, nullptr};
+  for (const auto& [dst, srcs] : sources_by_dst)
+    r.types.push_back({{"SrcT", srcs}, {"DstT", {dst}}});
+  return r;
+}
+
+const std::vector<HostAttrInput> kStridedSliceBounds = {
+    {"begin", 1, "begin"}, {"end", 2, "end"}, {"strides", 3, "strides"}};
+
+}  // namespace
 
 const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = {
       // element-wise binary with broadcasting (ops/binary.cpp)
-      {"AddV2", "binary", compile_binary},
-      {"Add", "binary", compile_binary},
-      {"Sub", "binary", compile_binary},
-      {"Mul", "binary", compile_binary},
-      {"RealDiv", "binary", compile_binary},
-      {"Maximum", "binary", compile_binary},
-      {"Minimum", "binary", compile_binary},
-      {"SquaredDifference", "binary", compile_binary},
-      {"Equal", "binary", compile_binary},
-      {"NotEqual", "binary", compile_binary},
-      {"Less", "binary", compile_binary},
-      {"LessEqual", "binary", compile_binary},
-      {"Greater", "binary", compile_binary},
-      {"GreaterEqual", "binary", compile_binary},
-      {"DivNoNan", "binary", compile_binary},
-      {"Pow", "binary", compile_binary},
-      {"LogicalAnd", "binary", compile_binary},
-      {"LogicalOr", "binary", compile_binary},
+      {"AddV2", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Add", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Sub", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Mul", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"RealDiv", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Maximum", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Minimum", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"SquaredDifference", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Equal", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"NotEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Less", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"LessEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"Greater", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"GreaterEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      {"DivNoNan", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
+      {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       // element-wise unary (ops/unary.cpp)
-      {"Neg", "unary", compile_unary},
-      {"Abs", "unary", compile_unary},
-      {"Exp", "unary", compile_unary},
-      {"Log", "unary", compile_unary},
-      {"Sqrt", "unary", compile_unary},
-      {"Rsqrt", "unary", compile_unary},
-      {"Square", "unary", compile_unary},
-      {"Reciprocal", "unary", compile_unary},
-      {"Relu", "unary", compile_unary},
-      {"Floor", "unary", compile_unary},
-      {"Ceil", "unary", compile_unary},
-      {"Round", "unary", compile_unary},
-      {"Sign", "unary", compile_unary},
-      {"Log1p", "unary", compile_unary},
-      {"IsFinite", "unary", compile_unary},
-      {"LogicalNot", "unary", compile_unary},
+      {"Neg", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Abs", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Exp", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Log", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Sqrt", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Rsqrt", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Square", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Reciprocal", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Relu", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Floor", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Ceil", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Round", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Sign", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Log1p", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"IsFinite", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"LogicalNot", "unary", compile_unary, npu(K::kElementwise)},
       // dtype conversion (ops/cast.cpp)
-      {"Cast", "cast", compile_cast},
+      {"Cast", "cast", compile_cast, cast_registration()},
       // cube (ops/matmul.cpp)
-      {"MatMul", "matmul", compile_matmul},
+      {"MatMul", "matmul", compile_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
       // data movement: strided copies assembled in the UB (ops/layout.cpp)
-      {"Transpose", "layout", compile_layout},
-      {"ConcatV2", "layout", compile_layout},
-      {"Pack", "layout", compile_layout},
-      {"Unpack", "layout", compile_layout},
-      {"Split", "layout", compile_layout},
-      {"SplitV", "layout", compile_layout},
-      {"Slice", "layout", compile_layout},
-      {"StridedSlice", "layout", compile_layout},
-      {"StridedSliceGrad", "layout", compile_layout},
-      {"Pad", "layout", compile_layout},
-      {"PadV2", "layout", compile_layout},
-      {"MirrorPad", "layout", compile_layout},
-      {"Tile", "layout", compile_layout},
-      {"BroadcastTo", "layout", compile_layout},
+      {"Transpose", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"perm", 1, "perm"}})},
+      {"ConcatV2", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveNoS32Types, {{"axis", -1, "axis", H::kInt}})},
+      {"Pack", "layout", compile_layout, npu_t(K::kDataMovement, kMoveTypes)},
+      {"Unpack", "layout", compile_layout, npu_t(K::kDataMovement, kMoveNoS32Types)},
+      {"Split", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"split_dim", 0, "split_dim", H::kInt}})},
+      {"SplitV", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes,
+             {{"size_splits", 1, "size_splits"}, {"split_dim", 2, "split_dim", H::kInt}})},
+      {"Slice", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveNoS32Types, {{"begin", 1, "begin"}, {"size", 2, "size"}})},
+      {"StridedSlice", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, kStridedSliceBounds)},
+      {"StridedSliceGrad", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes,
+             {{"shape", 0, "shape"},
+              {"begin", 1, "begin"},
+              {"end", 2, "end"},
+              {"strides", 3, "strides"}})},
+      {"Pad", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"paddings", 1, "paddings", H::kFlatInts}})},
+      {"PadV2", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"paddings", 1, "paddings", H::kFlatInts}})},
+      {"MirrorPad", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"paddings", 1, "paddings", H::kFlatInts}})},
+      {"Tile", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"multiples", 1, "multiples"}})},
+      {"BroadcastTo", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"shape", 1, "shape"}})},
       // index-driven data movement (ops/gather.cpp)
-      {"GatherV2", "gather", compile_gather},
-      {"UnsortedSegmentSum", "gather", compile_gather},
-      {"OneHot", "gather", compile_gather},
+      {"GatherV2", "gather", compile_gather,
+       npu(K::kDataMovement, {{"Tparams", kMoveTypes}, {"Tindices", kIndexTypes}},
+           {{"axis", 2, "axis", H::kInt}})},
+      {"UnsortedSegmentSum", "gather", compile_gather,
+       npu(K::kReduction, {{"T", kFloatS32Types}, {"Tindices", kIndexTypes}},
+           {{"num_segments", 2, "num_segments", H::kInt}})},
+      {"OneHot", "gather", compile_gather,
+       npu(K::kDataMovement, {{"T", kMoveTypes}, {"TI", {DT::U8, DT::S8, DT::S32, DT::S64}}},
+           {{"depth", 1, "depth", H::kInt}})},
       // generators (ops/fill.cpp)
-      {"Fill", "fill", compile_fill},
-      {"ZerosLike", "fill", compile_fill},
-      {"OnesLike", "fill", compile_fill},
-      {"Range", "fill", compile_fill},
+      {"Fill", "fill", compile_fill, npu_t(K::kGenerator, kMoveNoS32Types, {{"dims", 0, "dims"}})},
+      {"ZerosLike", "fill", compile_fill, npu_t(K::kGenerator, kMoveNoS32Types)},
+      {"OnesLike", "fill", compile_fill, npu_t(K::kGenerator, kMoveNoS32Types)},
+      {"Range", "fill", compile_fill,
+       npu(K::kGenerator, {{"Tidx", {DT::F32}}},
+           {{"start", 0, "start", H::kNumber},
+            {"limit", 1, "limit", H::kNumber},
+            {"delta", 2, "delta", H::kNumber}})},
       // selection and clipping, streamed element-wise (ops/select.cpp)
-      {"Select", "select", compile_select},
-      {"SelectV2", "select", compile_select},
-      {"ClipByValue", "select", compile_select},
+      {"Select", "select", compile_select, npu_t(K::kElementwise, kMoveTypes)},
+      {"SelectV2", "select", compile_select, npu_t(K::kElementwise, kMoveTypes)},
+      {"ClipByValue", "select", compile_select, npu_t(K::kElementwise, kFloatS32Types)},
       // s64 floor division on the scalar unit (ops/int64.cpp)
-      {"FloorMod", "int64", compile_s64_floor},
-      {"FloorDiv", "int64", compile_s64_floor},
+      {"FloorMod", "int64", compile_s64_floor, npu_t(K::kElementwise, {DT::S64})},
+      {"FloorDiv", "int64", compile_s64_floor, npu_t(K::kElementwise, {DT::S64})},
       // stateless random numbers, Philox4x32-10 as TF (ops/random.cpp)
-      {"StatelessRandomGetKeyCounter", "random", compile_random},
-      {"StatelessRandomUniformV2", "random", compile_random},
+      {"StatelessRandomGetKeyCounter", "random", compile_random,
+       npu(K::kRandom, {{"Tseed", kIndexTypes}})},
+      {"StatelessRandomUniformV2", "random", compile_random,
+       npu(K::kRandom, {{"dtype", kFloatTypes}, {"Tshape", kIndexTypes}},
+           {{"shape", 0, "shape"}, {"alg", 3, "alg", H::kInt}})},
       // scans (ops/scan.cpp)
-      {"Cumsum", "scan", compile_scan},
+      {"Cumsum", "scan", compile_scan,
+       npu_t(K::kReduction, kFloatS32Types, {{"axis", 1, "axis", H::kInt}})},
       // batched products on the cube, Einsum as BatchMatMul + transposes (ops/batch_matmul.cpp)
-      {"BatchMatMulV2", "batch_matmul", compile_batch_matmul},
-      {"BatchMatMul", "batch_matmul", compile_batch_matmul},
-      {"Einsum", "batch_matmul", compile_batch_matmul},
+      {"BatchMatMulV2", "batch_matmul", compile_batch_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
+      {"BatchMatMul", "batch_matmul", compile_batch_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
+      {"Einsum", "batch_matmul", compile_batch_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
       // reductions over any set of axes (ops/reduce.cpp)
-      {"Sum", "reduce", compile_reduce},
-      {"Mean", "reduce", compile_reduce},
-      {"Max", "reduce", compile_reduce},
-      {"Min", "reduce", compile_reduce},
-      {"Prod", "reduce", compile_reduce},
-      {"ArgMax", "reduce", compile_reduce},
-      {"ArgMin", "reduce", compile_reduce},
+      {"Sum", "reduce", compile_reduce,
+       npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
+      {"Mean", "reduce", compile_reduce,
+       npu_t(K::kReduction, kFloatTypes, {{"reduction_indices", 1, "axes"}})},
+      {"Max", "reduce", compile_reduce,
+       npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
+      {"Min", "reduce", compile_reduce,
+       npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
+      {"Prod", "reduce", compile_reduce,
+       npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
+      {"ArgMax", "reduce", compile_reduce,
+       npu(K::kReduction, {{"T", kFloatS32Types}, {"output_type", kIndexTypes}},
+           {{"dimension", 1, "axis", H::kInt}})},
+      {"ArgMin", "reduce", compile_reduce,
+       npu(K::kReduction, {{"T", kFloatS32Types}, {"output_type", kIndexTypes}},
+           {{"dimension", 1, "axis", H::kInt}})},
       // softmax over the last axis and the cross-entropy losses (ops/softmax.cpp)
-      {"Softmax", "softmax", compile_softmax},
-      {"LogSoftmax", "softmax", compile_softmax},
-      {"SoftmaxCrossEntropyWithLogits", "softmax", compile_softmax},
-      {"SparseSoftmaxCrossEntropyWithLogits", "softmax", compile_softmax},
+      {"Softmax", "softmax", compile_softmax, npu_t(K::kNn, kFloatTypes)},
+      {"LogSoftmax", "softmax", compile_softmax, npu_t(K::kNn, kFloatTypes)},
+      {"SoftmaxCrossEntropyWithLogits", "softmax", compile_softmax, npu_t(K::kNn, kFloatTypes)},
+      {"SparseSoftmaxCrossEntropyWithLogits", "softmax", compile_softmax,
+       npu(K::kNn, {{"T", kFloatTypes}, {"Tlabels", kIndexTypes}})},
       // activations, their gradients and L2Loss (ops/activation.cpp)
-      {"Relu6", "activation", compile_activation},
-      {"Elu", "activation", compile_activation},
-      {"Selu", "activation", compile_activation},
-      {"Sigmoid", "activation", compile_activation},
-      {"Tanh", "activation", compile_activation},
-      {"Softplus", "activation", compile_activation},
-      {"Gelu", "activation", compile_activation},
-      {"GeluGrad", "activation", compile_activation},
-      {"ReluGrad", "activation", compile_activation},
-      {"Relu6Grad", "activation", compile_activation},
-      {"EluGrad", "activation", compile_activation},
-      {"SeluGrad", "activation", compile_activation},
-      {"SigmoidGrad", "activation", compile_activation},
-      {"TanhGrad", "activation", compile_activation},
-      {"SoftplusGrad", "activation", compile_activation},
-      {"L2Loss", "activation", compile_activation},
+      {"Relu6", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Elu", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Selu", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Sigmoid", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Tanh", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Softplus", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Gelu", "activation", compile_activation,
+       unregistered(
+           "TF has no Gelu op (tf.nn.gelu is a composition); reached through `npusim op`")},
+      {"GeluGrad", "activation", compile_activation,
+       unregistered("TF has no GeluGrad op (Gelu's gradient is autodiff of the composition)")},
+      {"ReluGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Relu6Grad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"EluGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"SeluGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"SigmoidGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"TanhGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"SoftplusGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"L2Loss", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       // bias (ops/bias.cpp)
-      {"BiasAdd", "bias", compile_bias},
-      {"BiasAddV1", "bias", compile_bias},
-      {"BiasAddGrad", "bias", compile_bias},
+      {"BiasAdd", "bias", compile_bias, npu_t(K::kNn, kFloatTypes)},
+      {"BiasAddV1", "bias", compile_bias,
+       unregistered("legacy graph op that TF 2 never emits (tf.nn.bias_add makes BiasAdd)")},
+      {"BiasAddGrad", "bias", compile_bias, npu_t(K::kNn, kFloatTypes)},
       // convolutions on the cube, NHWC (ops/conv2d.cpp, kernels in ops/conv_cube.cpp)
-      {"Conv2D", "conv2d", compile_conv2d},
-      {"Conv2DBatchNormInference", "fused", compile_conv2d},
-      {"Conv2DBackpropInput", "conv2d", compile_conv2d},
-      {"Conv2DBackpropFilter", "conv2d", compile_conv2d},
-      {"DepthwiseConv2dNative", "conv2d", compile_conv2d},
-      {"DepthwiseConv2dNativeBackpropInput", "conv2d", compile_conv2d},
-      {"DepthwiseConv2dNativeBackpropFilter", "conv2d", compile_conv2d},
+      {"Conv2D", "conv2d", compile_conv2d, npu_t(K::kWindow, kFloatTypes)},
+      {"Conv2DBatchNormInference", "fused", compile_conv2d,
+       npu(K::kFusedInference,
+           {{"T", {DT::F32}}, {"Tx", {DT::F32, DT::F16}}, {"Tout", {DT::F32, DT::F16}}})},
+      {"Conv2DBackpropInput", "conv2d", compile_conv2d,
+       npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
+      {"Conv2DBackpropFilter", "conv2d", compile_conv2d,
+       npu_t(K::kWindow, kFloatTypes, {{"filter_sizes", 1, "filter_sizes"}})},
+      {"DepthwiseConv2dNative", "conv2d", compile_conv2d, npu_t(K::kWindow, kFloatTypes)},
+      {"DepthwiseConv2dNativeBackpropInput", "conv2d", compile_conv2d,
+       npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
+      {"DepthwiseConv2dNativeBackpropFilter", "conv2d", compile_conv2d,
+       npu_t(K::kWindow, kFloatTypes, {{"filter_sizes", 1, "filter_sizes"}})},
       // pooling on the vector cores (ops/pool.cpp)
-      {"MaxPool", "pool", compile_pool},
-      {"AvgPool", "pool", compile_pool},
-      {"MaxPoolGrad", "pool", compile_pool},
-      {"AvgPoolGrad", "pool", compile_pool},
+      {"MaxPool", "pool", compile_pool, npu_t(K::kWindow, kFloatTypes)},
+      {"AvgPool", "pool", compile_pool, npu_t(K::kWindow, kFloatTypes)},
+      {"MaxPoolGrad", "pool", compile_pool, npu_t(K::kWindow, kFloatTypes)},
+      {"AvgPoolGrad", "pool", compile_pool,
+       npu_t(K::kWindow, kFloatTypes, {{"orig_input_shape", 0, "orig_input_shape"}})},
       // batch normalisation: per-channel sums (ops/channel.cpp) + streamed passes
       // (ops/batchnorm.cpp)
-      {"FusedBatchNormV3", "batchnorm", compile_batchnorm},
-      {"FusedBatchNormGradV3", "batchnorm", compile_batchnorm},
+      {"FusedBatchNormV3", "batchnorm", compile_batchnorm,
+       npu(K::kWindow, {{"T", kFloatTypes}, {"U", {DT::F32}}})},
+      {"FusedBatchNormGradV3", "batchnorm", compile_batchnorm,
+       npu(K::kWindow, {{"T", kFloatTypes}, {"U", {DT::F32}}})},
       // fused optimizer updates, the new values as outputs (ops/optimizer.cpp)
-      {"ResourceApplyGradientDescent", "optimizer", compile_optimizer},
-      {"ResourceApplyMomentum", "optimizer", compile_optimizer},
-      {"ResourceApplyAdam", "optimizer", compile_optimizer},
-      {"ApplyGradientDescent", "optimizer", compile_optimizer},
-      {"ApplyMomentum", "optimizer", compile_optimizer},
-      {"ApplyAdam", "optimizer", compile_optimizer},
+      {"ResourceApplyGradientDescent", "optimizer", compile_optimizer,
+       npu_t(K::kResourceApply, kFloatTypes)},
+      {"ResourceApplyMomentum", "optimizer", compile_optimizer,
+       npu_t(K::kResourceApply, kFloatTypes)},
+      {"ResourceApplyAdam", "optimizer", compile_optimizer, npu_t(K::kResourceApply, kFloatTypes)},
+      {"ApplyGradientDescent", "optimizer", compile_optimizer,
+       unregistered(
+           "TF1 ref-variable op; the row names the kernel ResourceApplyGradientDescent launches")},
+      {"ApplyMomentum", "optimizer", compile_optimizer,
+       unregistered(
+           "TF1 ref-variable op; the row names the kernel ResourceApplyMomentum launches")},
+      {"ApplyAdam", "optimizer", compile_optimizer,
+       unregistered("TF1 ref-variable op; the row names the kernel ResourceApplyAdam launches")},
       // Inference fusions made by the TF plugin's graph pass (ops/fused.cpp)
-      {"BatchNormInference", "fused", compile_fused},
-      {"AddRelu", "fused", compile_fused},
+      {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
+      {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
   };
   return table;
 }

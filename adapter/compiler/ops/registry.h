@@ -1,6 +1,7 @@
 // The op table's interface: each op family (one .cpp file under ops/) exposes one compile
-// function; registry.cpp lists which TF ops each family compiles. That table is the ONLY place
-// an op is registered (no static initialisers).
+// function; registry.cpp lists which TF ops each family compiles and how the TF plugin
+// registers each op's NPU kernel. That table is the ONLY place an op is registered (no static
+// initialisers), for the compiler and for TensorFlow.
 #pragma once
 
 #include <string>
@@ -20,11 +21,76 @@ struct CompileContext {
 // the caller's expected outputs).
 using CompileFn = CompiledKernel (*)(const CompileContext&);
 
+// How TensorFlow runs an op on the NPU: the TF plugin registers its kernels from the rows of this
+// table (adapter/tf/plugin/compiled_op_table.cpp); the compiler itself does not read it.
+
+// The plugin's NPU kernel classes, each reading the node's attributes of its list (those the
+// node has; compiled_op_table.cpp) into the OpDesc and running the compiled op:
+enum class TfKernel {
+  kNone,            // no NPU kernel: TfRegistration::unregistered says why
+  kElementwise,     // T
+  kCast,            // SrcT, DstT, Truncate
+  kCubeProduct,     // MatMul's, BatchMatMul's and Einsum's attributes
+  kDataMovement,    // the layout and gather ops' attributes (N, axis, masks, batch_dims, ...)
+  kReduction,       // T, keep_dims, output_type, exclusive, reverse
+  kGenerator,       // T, Tidx
+  kNn,              // T, data_format, Tlabels
+  kWindow,          // convolution, pooling and batch-norm attributes (NHWC)
+  kFusedInference,  // the graph fusion's ops (their op definitions are the plugin's)
+  kRandom,          // key and counter as uint64 (kernels_random.cpp)
+  kResourceApply,   // variables in, new values into them (TF's C++ kernel API)
+};
+
+// TF type attribute `attr` (a kernel def's type constraint) takes these types.
+struct TypeConstraint {
+  const char* attr;
+  std::vector<DataType> types;
+};
+
+// An input that TF passes as a tensor but the compiler takes as an attribute (reduction axes,
+// Tile multiples, a concat axis, Range's bounds, ...): registered HostMemory, so the kernel
+// reads its values on the host into attribute `attr`. The input stays in the OpDesc's inputs
+// (the compiler ignores it; docs/compiler.md). `input` < 0 counts from the end (-1: ConcatV2's
+// axis, after its N values).
+struct HostAttrInput {
+  enum class Kind {
+    kInts,      // int32/int64 of rank <= 1 -> list(int)
+    kFlatInts,  // int32/int64 of any rank, row-major -> list(int) (Pad's [rank, 2] paddings)
+    kInt,       // int32/int64 with one element -> int
+    kNumber,    // one element -> int (int32/int64) or float (float32)
+  };
+  const char* tf_arg;  // TF's argument name (the kernel def's HostMemory)
+  int input;
+  const char* attr;
+  Kind kind = Kind::kInts;
+};
+
+struct TfRegistration {
+  TfKernel kernel = TfKernel::kNone;
+  // One kernel def per list; within a list every combination of the constraints' types. Most
+  // ops have one list (one with no constraint: the op has no type attribute); Cast has one per
+  // DstT, so that the (SrcT, DstT) pairs need not be a product.
+  std::vector<std::vector<TypeConstraint>> types;
+  std::vector<HostAttrInput> host_inputs;
+  const char* unregistered = nullptr;  // kNone: why TF gets no NPU kernel (one line)
+};
+
 struct OpEntry {
   const char* tf_op;   // TF op name
   const char* family;  // the ops/<family>.cpp file that compiles it
   CompileFn compile;
+  TfRegistration tf;
 };
+
+// Type lists of the table's constraints.
+inline const std::vector<DataType> kFloatTypes = {DataType::F32, DataType::F16, DataType::BF16};
+inline const std::vector<DataType> kFloatS32Types = {DataType::F32, DataType::F16, DataType::BF16,
+                                                     DataType::S32};
+inline const std::vector<DataType> kIndexTypes = {DataType::S32, DataType::S64};
+// Every type the chip holds: the data movement ops copy them bit-exactly.
+inline const std::vector<DataType> kMoveTypes = {
+    DataType::F32, DataType::F16, DataType::BF16, DataType::S32, DataType::S64,
+    DataType::S16, DataType::U16, DataType::S8,   DataType::U8,  DataType::BOOL};
 
 // The table (ops/registry.cpp).
 const std::vector<OpEntry>& op_table();

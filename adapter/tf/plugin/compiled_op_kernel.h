@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/registry.h"
 #include "adapter/profiler/pipe_trace.h"
 #include "adapter/runtime/device.h"
 #include "adapter/tf/plugin/kernel.h"
@@ -127,22 +128,9 @@ struct AttrSpec {
   Kind kind;
 };
 
-// An input that TF passes as a tensor but the compiler takes as an attribute (reduction axes,
-// Tile multiples, a concat axis, Range's bounds, ...): registered HostMemory, so Compute reads
-// its values on the host into attribute `attr`. The input stays in the OpDesc's inputs (the
-// compiler ignores it; docs/compiler.md). `input` < 0 counts from the end (-1: ConcatV2's axis,
-// after its N values).
-struct HostAttrInput {
-  enum class Kind {
-    kInts,      // int32/int64 of rank <= 1 -> list(int)
-    kFlatInts,  // int32/int64 of any rank, row-major -> list(int) (Pad's [rank, 2] paddings)
-    kInt,       // int32/int64 with one element -> int
-    kNumber,    // one element -> int (int32/int64) or float (float32)
-  };
-  int input;
-  const char* attr;
-  Kind kind = Kind::kInts;
-};
+// A tensor input the compiler takes as an attribute, read on the host (the op table's rows
+// name them: adapter/compiler/ops/registry.h).
+using HostAttrInput = compiler::ops::HostAttrInput;
 
 class CompiledOpKernel : public OpKernel {
  public:

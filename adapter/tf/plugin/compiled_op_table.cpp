@@ -2,28 +2,93 @@
 
 #include <map>
 #include <stdexcept>
+#include <string>
 
 namespace npusim::tf {
 namespace {
 
-// Rows by op type. Filled by register_compiled_ops during TF_InitKernel, before TensorFlow
-// creates any kernel; only read afterwards.
-std::map<std::string, CompiledOpDef>& rows() {
-  static auto* m = new std::map<std::string, CompiledOpDef>();
-  return *m;
-}
+using compiler::ops::OpEntry;
+using compiler::ops::TfKernel;
+using K = AttrSpec::Kind;
 
-const CompiledOpDef& row_of(const std::string& op) {
-  auto it = rows().find(op);
-  if (it == rows().end())
-    throw std::logic_error("no compiled-op table row for op " + op);
+// The attributes each CompiledOpKernel class reads (those the node has) into the OpDesc: no op
+// of a class has an attribute of its list that its compile function does not take.
+const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
+  static const std::map<TfKernel, std::vector<AttrSpec>> attrs = {
+      {TfKernel::kElementwise, {{"T", K::kType}}},
+      {TfKernel::kCast, {{"SrcT", K::kType}, {"DstT", K::kType}, {"Truncate", K::kBool}}},
+      {TfKernel::kCubeProduct,
+       {{"T", K::kType},
+        {"transpose_a", K::kBool},
+        {"transpose_b", K::kBool},
+        {"adj_x", K::kBool},
+        {"adj_y", K::kBool},
+        {"equation", K::kString},
+        {"N", K::kInt}}},
+      {TfKernel::kDataMovement,
+       {{"T", K::kType},
+        {"N", K::kInt},
+        {"axis", K::kInt},
+        {"num", K::kInt},
+        {"num_split", K::kInt},
+        {"mode", K::kString},
+        {"begin_mask", K::kInt},
+        {"end_mask", K::kInt},
+        {"ellipsis_mask", K::kInt},
+        {"new_axis_mask", K::kInt},
+        {"shrink_axis_mask", K::kInt},
+        {"Tparams", K::kType},
+        {"Tindices", K::kType},
+        {"batch_dims", K::kInt}}},
+      {TfKernel::kReduction,
+       {{"T", K::kType},
+        {"keep_dims", K::kBool},
+        {"output_type", K::kType},
+        {"exclusive", K::kBool},
+        {"reverse", K::kBool}}},
+      {TfKernel::kGenerator, {{"T", K::kType}, {"Tidx", K::kType}}},
+      {TfKernel::kNn, {{"T", K::kType}, {"data_format", K::kString}, {"Tlabels", K::kType}}},
+      {TfKernel::kWindow,
+       {{"T", K::kType},
+        {"strides", K::kInts},
+        {"padding", K::kString},
+        {"explicit_paddings", K::kInts},
+        {"data_format", K::kString},
+        {"dilations", K::kInts},
+        {"ksize", K::kInts},
+        {"U", K::kType},
+        {"epsilon", K::kFloat},
+        {"exponential_avg_factor", K::kFloat},
+        {"is_training", K::kBool}}},
+      {TfKernel::kFusedInference,
+       {{"T", K::kType},
+        {"epsilon", K::kFloat},
+        {"relu", K::kBool},
+        {"N", K::kInt},
+        {"strides", K::kInts},
+        {"padding", K::kString},
+        {"explicit_paddings", K::kInts},
+        {"dilations", K::kInts},
+        {"data_format", K::kString},
+        {"Tx", K::kType},
+        {"Tout", K::kType}}},
+  };
+  auto it = attrs.find(kernel);
+  if (it == attrs.end())
+    throw std::logic_error("the op table's kernel class " +
+                           std::to_string(static_cast<int>(kernel)) + " is no CompiledOpKernel");
   return it->second;
 }
 
-std::vector<HostAttrInput> host_inputs(const CompiledOpDef& d) {
-  std::vector<HostAttrInput> v;
-  for (const HostArg& h : d.host_args) v.push_back(h.input);
-  return v;
+const OpEntry& row_of(const std::string& op) {
+  static const auto* rows = [] {
+    auto* m = new std::map<std::string, const OpEntry*>();
+    for (const OpEntry& e : compiler::ops::op_table()) m->emplace(e.tf_op, &e);
+    return m;
+  }();
+  auto it = rows->find(op);
+  if (it == rows->end()) throw std::logic_error("no op table row for op " + op);
+  return *it->second;
 }
 
 class TableOp : public CompiledOpKernel {
@@ -31,25 +96,61 @@ class TableOp : public CompiledOpKernel {
   explicit TableOp(OpKernelConstruction* ctx) : TableOp(ctx, row_of(ctx->type_string())) {}
 
  private:
-  TableOp(OpKernelConstruction* ctx, const CompiledOpDef& d)
-      : CompiledOpKernel(ctx, d.attrs, host_inputs(d)) {}
+  TableOp(OpKernelConstruction* ctx, const OpEntry& row)
+      : CompiledOpKernel(ctx, kernel_attrs(row.tf.kernel), row.tf.host_inputs) {}
 };
+
+// The kernel defs of `row`: one per type-constraint list.
+std::vector<TableKernelDef> kernel_defs(const OpEntry& row) {
+  std::vector<TableKernelDef> defs;
+  for (const auto& constraints : row.tf.types) {
+    TableKernelDef d{row.tf_op, {}, {}};
+    for (const compiler::ops::TypeConstraint& c : constraints)
+      d.type_constraints.emplace_back(c.attr, tf_types(c.types));
+    for (const HostAttrInput& h : row.tf.host_inputs) d.host_memory.emplace_back(h.tf_arg);
+    defs.push_back(std::move(d));
+  }
+  return defs;
+}
 
 }  // namespace
 
-rt::Status register_compiled_ops(const std::vector<CompiledOpDef>& defs) {
+std::vector<TF_DataType> tf_types(const std::vector<compiler::DataType>& types) {
+  std::vector<TF_DataType> v;
+  for (compiler::DataType t : types) v.push_back(to_tf_dtype(t));
+  return v;
+}
+
+KernelDefBuilder kernel_def_builder(const TableKernelDef& def) {
+  KernelDefBuilder b(def.op);
+  for (const auto& [attr, types] : def.type_constraints) b.TypeConstraint(attr, types);
+  for (const std::string& arg : def.host_memory) b.HostMemory(arg);
+  return b;
+}
+
+rt::Status register_compiled_op_kernel(const TableKernelDef& def) {
+  return register_kernel<TableOp>(kernel_def_builder(def));
+}
+
+rt::Status register_compiler_op_kernels() {
+  // The defs by kernel class, in table order.
+  std::map<TfKernel, std::vector<TableKernelDef>> defs;
+  for (const OpEntry& row : compiler::ops::op_table())
+    if (row.tf.kernel != TfKernel::kNone)
+      for (TableKernelDef& d : kernel_defs(row)) defs[row.tf.kernel].push_back(std::move(d));
+  // A refusal (an unknown op, a bad constraint) does not stop the others; the first is returned.
   rt::Status first = rt::ok_status();
-  for (const CompiledOpDef& d : defs) {
-    if (!rows().emplace(d.op, d).second) {
-      if (first.ok())
-        first = rt::Status(rt::StatusCode::internal, d.op + " is in two compiled-op tables");
-      continue;
-    }
-    KernelDefBuilder def(d.op);
-    for (const TypeConstraintDef& c : d.constraints) def.TypeConstraint(c.attr, c.types);
-    for (const HostArg& h : d.host_args) def.HostMemory(h.tf_arg);
-    rt::Status st = register_kernel<TableOp>(def);
+  auto keep_first = [&first](const rt::Status& st) {
     if (!st.ok() && first.ok()) first = st;
+  };
+  for (const auto& [kernel, family_defs] : defs) {
+    switch (kernel) {
+      case TfKernel::kRandom: keep_first(register_random_kernels(family_defs)); break;
+      case TfKernel::kResourceApply: keep_first(register_optimizer_kernels(family_defs)); break;
+      case TfKernel::kFusedInference: keep_first(register_fused_kernels(family_defs)); break;
+      default:
+        for (const TableKernelDef& d : family_defs) keep_first(register_compiled_op_kernel(d));
+    }
   }
   return first;
 }

@@ -63,7 +63,8 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
 DenseUpdateStatus run_dense_update(TF_OpKernelContext* ctx, const char* binary_op,
                                    TF_DataType dtype, const std::vector<int64_t>& shape,
                                    uint64_t lhs, uint64_t rhs, uint64_t out) {
-  // The binary family's kernels pass only T (kernels_binary.cpp), as run_compiled_update does.
+  // The elementwise kernel class passes only T (compiled_op_table.cpp), as run_compiled_update
+  // does.
   return run_compiled_update(ctx, binary_op, {}, {{dtype, shape, lhs}, {dtype, shape, rhs}},
                              {{dtype, shape, out}});
 }

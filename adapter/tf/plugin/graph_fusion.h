@@ -62,9 +62,8 @@ bool fusion_enabled();
 FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
                             const std::unordered_set<std::string>& preserve);
 
-// kernels_fused.cpp: registers the fused ops' definitions and NPU kernels (TF_InitKernel), and
-// whether that succeeded.
-rt::Status register_fused_kernels();
+// Whether kernels_fused.cpp registered the fused ops' definitions and NPU kernels
+// (register_fused_kernels, kernel_families.h).
 bool fused_ops_registered();
 
 }  // namespace npusim::tf

@@ -138,11 +138,10 @@ class RsqrtGradOp : public OpKernel {
 }  // namespace
 
 rt::Status register_composed_kernels() {
-  rt::Status st =
-      register_kernel<AddNOp>(KernelDefBuilder("AddN").TypeConstraint("T", kFloatTypes));
+  const std::vector<TF_DataType> floats = tf_types(compiler::ops::kFloatTypes);
+  rt::Status st = register_kernel<AddNOp>(KernelDefBuilder("AddN").TypeConstraint("T", floats));
   if (!st.ok()) return st;
-  return register_kernel<RsqrtGradOp>(
-      KernelDefBuilder("RsqrtGrad").TypeConstraint("T", kFloatTypes));
+  return register_kernel<RsqrtGradOp>(KernelDefBuilder("RsqrtGrad").TypeConstraint("T", floats));
 }
 
 }  // namespace npusim::tf

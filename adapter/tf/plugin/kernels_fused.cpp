@@ -23,26 +23,11 @@
 
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 namespace npusim::tf {
 namespace {
-
-class FusedOp : public CompiledOpKernel {
- public:
-  explicit FusedOp(OpKernelConstruction* ctx)
-      : CompiledOpKernel(ctx, {{"T", AttrSpec::Kind::kType},
-                               {"epsilon", AttrSpec::Kind::kFloat},
-                               {"relu", AttrSpec::Kind::kBool},
-                               {"N", AttrSpec::Kind::kInt},
-                               {"strides", AttrSpec::Kind::kInts},
-                               {"padding", AttrSpec::Kind::kString},
-                               {"explicit_paddings", AttrSpec::Kind::kInts},
-                               {"dilations", AttrSpec::Kind::kInts},
-                               {"data_format", AttrSpec::Kind::kString},
-                               {"Tx", AttrSpec::Kind::kType},
-                               {"Tout", AttrSpec::Kind::kType}}) {}
-};
 
 // The convolution's output: unknown here (the C shape API cannot read the window attributes);
 // TensorFlow's executor does not need it, the kernel computes it.
@@ -122,7 +107,7 @@ bool g_fused_ops_registered = false;
 
 bool fused_ops_registered() { return g_fused_ops_registered; }
 
-rt::Status register_fused_kernels() {
+rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_ops) {
   const OpDefSpec defs[] = {
       {"BatchNormInference",
        {"x: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
@@ -143,16 +128,10 @@ rt::Status register_fused_kernels() {
     rt::Status st = register_op_def(d);
     if (!st.ok()) return st;
   }
-  rt::Status st = register_kernel<FusedOp>(
-      KernelDefBuilder("BatchNormInference").TypeConstraint("T", {TF_FLOAT}));
-  if (st.ok())
-    st = register_kernel<FusedOp>(
-        KernelDefBuilder("Conv2DBatchNormInference")
-            .TypeConstraint("T", {TF_FLOAT})
-            .TypeConstraint("Tx", {TF_FLOAT, TF_HALF})
-            .TypeConstraint("Tout", {TF_FLOAT, TF_HALF}));
-  if (st.ok())
-    st = register_kernel<FusedOp>(KernelDefBuilder("AddRelu").TypeConstraint("T", kFloatTypes));
+  // The kernels: the op table's rows (kernel class kFusedInference).
+  rt::Status st = rt::ok_status();
+  for (const TableKernelDef& d : compiler_ops)
+    if (st.ok()) st = register_compiled_op_kernel(d);
   // The graph pass only creates these ops once both definitions and kernels exist.
   g_fused_ops_registered = st.ok();
   return st;

@@ -89,16 +89,16 @@ absl::Status keras_momentum(tfc::OpKernelContext* ctx, const tfc::Tensor& like, 
   return st;
 }
 
-const ApplyOpDef& apply_op(const std::string& type) {
+const ApplyOpDef* find_apply_op(const std::string& type) {
   for (const ApplyOpDef& d : apply_ops())
-    if (type == d.op) return d;
-  return apply_ops().front();  // unreachable: registered for these ops only
+    if (type == d.op) return &d;
+  return nullptr;
 }
 
 class ResourceApplyOp : public tfc::OpKernel {
  public:
   explicit ResourceApplyOp(tfc::OpKernelConstruction* c)
-      : OpKernel(c), m_def(apply_op(c->def().op())) {
+      : OpKernel(c), m_def(*find_apply_op(c->def().op())) {  // registered for these only
     OP_REQUIRES_OK(c, c->GetAttr("T", &m_dtype));
     if (m_def.has_nesterov) OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &m_nesterov));
   }
@@ -183,12 +183,30 @@ class ResourceApplyOp : public tfc::OpKernel {
 
 }  // namespace
 
-rt::Status register_optimizer_kernels() {
-  return rt::guard("registering the NPU's fused optimizer kernels", [] {
-    for (const ApplyOpDef& d : apply_ops()) {
-      tfc::KernelDefBuilder builder(d.op);
-      builder.Device("NPU").TypeConstraint("T", {tfc::DT_FLOAT, tfc::DT_HALF, tfc::DT_BFLOAT16});
-      for (const char* v : d.variables) builder.HostMemory(v);
+rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops) {
+  return rt::guard("registering the NPU's fused optimizer kernels", [&] {
+    // ResourceApplyKerasMomentum: the types of ResourceApplyMomentum, which it stands in for.
+    const TableKernelDef* momentum = nullptr;
+    for (const TableKernelDef& d : compiler_ops)
+      if (d.op == "ResourceApplyMomentum") momentum = &d;
+    if (!momentum)
+      return rt::Status(rt::StatusCode::internal, "the op table has no ResourceApplyMomentum");
+    std::vector<TableKernelDef> defs = compiler_ops;
+    defs.push_back({"ResourceApplyKerasMomentum", momentum->type_constraints, {}});
+    for (const TableKernelDef& d : defs) {
+      const ApplyOpDef* apply = find_apply_op(d.op);
+      if (!apply)
+        return rt::Status(rt::StatusCode::internal, d.op + " is no fused optimizer update");
+      tfc::KernelDefBuilder builder(d.op.c_str());
+      builder.Device("NPU");
+      for (const auto& [attr, types] : d.type_constraints) {
+        std::vector<tfc::DataType> allowed;
+        for (TF_DataType t : types) allowed.push_back(static_cast<tfc::DataType>(t));
+        builder.TypeConstraint(attr.c_str(), allowed);
+      }
+      // The row's host-memory inputs, then the variables' resource handles.
+      for (const std::string& arg : d.host_memory) builder.HostMemory(arg.c_str());
+      for (const char* v : apply->variables) builder.HostMemory(v);
       register_npu_kernel<ResourceApplyOp>(builder, d.op);
     }
     return rt::ok_status();

@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/kernel_families.h"
 
 namespace npusim::tf {
 namespace {
 
 constexpr char kUniformV2[] = "StatelessRandomUniformV2";
-constexpr char kGetKeyCounter[] = "StatelessRandomGetKeyCounter";
 // StatelessRandomUniformV2's inputs (TF's op definition).
 constexpr int kShapeInput = 0, kAlgInput = 3;
 
@@ -234,21 +234,15 @@ class StatefulUniformKernel : public OpKernel {
 
 }  // namespace
 
-rt::Status register_random_kernels() {
-  rt::Status st = register_kernel<RandomOpKernel>(
-      KernelDefBuilder(kUniformV2)
-          .TypeConstraint("dtype", {TF_FLOAT, TF_HALF, TF_BFLOAT16})
-          .TypeConstraint("Tshape", {TF_INT32, TF_INT64})
-          .HostMemory("shape")
-          .HostMemory("alg"));
-  if (!st.ok()) return st;
-  st = register_kernel<RandomOpKernel>(
-      KernelDefBuilder(kGetKeyCounter).TypeConstraint("Tseed", {TF_INT32, TF_INT64}));
-  if (!st.ok()) return st;
+rt::Status register_random_kernels(const std::vector<TableKernelDef>& compiler_ops) {
+  for (const TableKernelDef& d : compiler_ops) {
+    rt::Status st = register_kernel<RandomOpKernel>(kernel_def_builder(d));
+    if (!st.ok()) return st;
+  }
   return register_kernel<StatefulUniformKernel>(
       KernelDefBuilder("RandomUniform")
-          .TypeConstraint("dtype", {TF_FLOAT, TF_HALF, TF_BFLOAT16})
-          .TypeConstraint("T", {TF_INT32, TF_INT64})
+          .TypeConstraint("dtype", tf_types(compiler::ops::kFloatTypes))
+          .TypeConstraint("T", tf_types(compiler::ops::kIndexTypes))
           .HostMemory("shape"));
 }
 

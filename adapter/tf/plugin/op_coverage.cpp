@@ -1,19 +1,18 @@
 #include "adapter/tf/plugin/op_coverage.h"
 
+#include "adapter/compiler/ops/registry.h"
+
 namespace npusim::tf {
 
 const std::vector<OpReason>& unregistered_compiler_ops() {
-  static const std::vector<OpReason> ops = {
-      {"ApplyGradientDescent",
-       "TF1 ref-variable op; the row names the kernel ResourceApplyGradientDescent launches"},
-      {"ApplyMomentum",
-       "TF1 ref-variable op; the row names the kernel ResourceApplyMomentum launches"},
-      {"ApplyAdam", "TF1 ref-variable op; the row names the kernel ResourceApplyAdam launches"},
-      {"BiasAddV1", "legacy graph op that TF 2 never emits (tf.nn.bias_add makes BiasAdd)"},
-      {"Gelu", "TF has no Gelu op (tf.nn.gelu is a composition); reached through `npusim op`"},
-      {"GeluGrad", "TF has no GeluGrad op (Gelu's gradient is autodiff of the composition)"},
-  };
-  return ops;
+  static const auto* ops = [] {
+    auto* v = new std::vector<OpReason>();
+    for (const compiler::ops::OpEntry& e : compiler::ops::op_table())
+      if (e.tf.kernel == compiler::ops::TfKernel::kNone && e.tf.unregistered)
+        v->push_back({e.tf_op, e.tf.unregistered});
+    return v;
+  }();
+  return *ops;
 }
 
 const std::vector<OpReason>& plugin_only_ops() {
