@@ -1,5 +1,34 @@
 // The cube convolution kernel (ops/conv.h, build_cube_conv) on the cube skeleton
-// (ops/cube_pipeline.h); docs/compiler.md "Convolution" describes its steps.
+// (ops/cube_pipeline.h: split, flags, pipelined steps, mmad init/accumulate, L0C hand-over).
+//
+// One block per cube core; block b takes a contiguous range of tiles, tile
+// index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
+// share their weights. A stack is one image, or with stacking (CubeConvTiling::stack > 1)
+// several images placed one above the other with zero rows between them (one tall map whose
+// m tiles run across images: small images are not each rounded up to 16 positions). For
+// every (tile, k chunk) step, software-pipelined by one step:
+//   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
+//         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
+//         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
+//         zero); with zero insertion the slab is zeroed first (an nd2nz whose zero-filled
+//         padding covers it) and the stored pixels are copied into place (nd2nz per row when
+//         up_w = 1, else copy_gm2l1 per pixel over all planes). Streamed weights: the chunk's
+//         B in L1 too, one nd2nz per k-block (16 input channels, one tap) straight from the
+//         weight layout, so L1 holds B's L0B image (kRowsN) or its fractal transpose (kRowsK).
+//   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
+//         load2d of B into L0B (transposing each fractal for kRowsK);
+//   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
+//         and channels, so NHWC outputs with any channel count are written in place; stacked:
+//         per image of the tile and 16 channels, dropping the rows between images).
+//   Stacked slabs are zeroed first (one nd2nz whose zero padding covers them), then each
+//   image's rows are copied into each plane.
+//   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
+//   block that needs it loads it chunk by chunk, each chunk in the compute step that first
+//   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
+//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
+// load3d's set_fmatrix takes the paddings as immediates; a tile's slab starts at the first
+// input row it needs (top padding only for the first output rows, bottom only for the last),
+// so the kernel selects among the few (top, bottom) pairs the tiling produces.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -29,16 +58,7 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling&
   g.up_w = s.up_w;
   g.ext_h = s.ext_h;
   g.ext_w = s.ext_w;
-  g.kh = s.kh;
-  g.kw = s.kw;
-  g.sh = s.sh;
-  g.sw = s.sw;
-  g.dh = s.dh;
-  g.dw = s.dw;
-  g.pt = s.pt;
-  g.pb = s.pb;
-  g.pl = s.pl;
-  g.pr = s.pr;
+  SlabEmitter::set_window(g, s);
   g.oh = t.tall_oh;
   g.ow = s.ow();
   g.tm = t.tm;
@@ -103,26 +123,24 @@ class ConvEmitter {
  private:
   bool resident() const { return m_t.resident; }
 
-  // One plan per buffer kind: L1 (slabs, weights, bias rows), L0A, L0B, L0C, BT.
+  // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT.
   void allocate() {
     const int64_t tn16 = round_up(std::min(m_t.tn, m_s.cg_out), kBlk);
-    const uint64_t bias_bytes = static_cast<uint64_t>(tn16 * kL0cElemBytes);
-    BufferPlan l1(Buf::L1), l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), bt(Buf::BT);
-    // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
-    const auto slab = l1.add_fixed("slab", static_cast<uint64_t>(m_t.slab_bytes), 2);
-    const auto weights =
-        l1.add_fixed("weights", static_cast<uint64_t>(m_t.b_bytes), resident() ? 1 : 2);
-    const auto bias_l1 = l1.add_fixed("bias (L1 parity)", bias_bytes, 2, m_s.bias);
+    const int64_t bias_bytes = m_s.bias ? tn16 * kL0cElemBytes : 0;
+    const ConvL1Buffers l1 = conv_l1_buffers(m_t, bias_bytes);
+    BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), bt(Buf::BT);
     const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk0 * m_isz), 2);
     const auto bb = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk0 * tn16 * m_isz), 2);
     const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes),
                                  m_t.l0c_buffers);
-    const auto bias_bt = bt.add_fixed("bias (L0 parity)", bias_bytes, 2, m_s.bias);
-    const BufferPlan::Placed p1 = l1.allocate(m_b, 0);
-    m_slab_buf = p1.twin(slab);
+    const auto bias_bt =
+        bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(bias_bytes), 2, m_s.bias);
+    const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
+    // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
+    m_slab_buf = p1.twin(l1.slab);
     for (uint64_t& at : m_slab_buf.a) at += kBlkBytes;
-    m_bbuf = p1.twin(weights);
-    m_bias_l1 = p1.twin(bias_l1);
+    m_bbuf = p1.twin(l1.weights);
+    m_bias_l1 = p1.twin(l1.bias);
     m_l0a = l0a.allocate(m_b, 0).twin(a);
     m_l0b = l0b.allocate(m_b, 0).twin(bb);
     m_l0c = l0c.allocate(m_b, 0).twin(c);

@@ -18,6 +18,15 @@ int64_t slab_buffer_bytes(int64_t kc1, int64_t slab_rows, int64_t wv) {
 }
 int64_t weight_buffer_bytes(int64_t k, int64_t tn16) { return round_up(k * tn16 * 2, 512); }
 
+ConvL1Buffers conv_l1_buffers(const CubeConvTiling& t, int64_t bias_bytes) {
+  ConvL1Buffers l1;
+  l1.slab = l1.plan.add_fixed("slab", static_cast<uint64_t>(t.slab_bytes), 2);
+  l1.weights = l1.plan.add_fixed("weights", static_cast<uint64_t>(t.b_bytes), t.resident ? 1 : 2);
+  l1.bias =
+      l1.plan.add_fixed("bias (L1 parity)", static_cast<uint64_t>(bias_bytes), 2, bias_bytes > 0);
+  return l1;
+}
+
 SlabGeom slab_geom(int64_t m0, int64_t m_act, int64_t ow, int64_t hv, int64_t kh, int64_t sh,
                    int64_t dh, int64_t pt) {
   const int64_t oh0 = m0 / ow, oh1 = (m0 + m_act - 1) / ow;

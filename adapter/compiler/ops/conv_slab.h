@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/conv.h"
 #include "isa/isa.h"
@@ -31,6 +32,15 @@ inline int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::fi
 // for zeroing and 16 pixels after for spilled zero padding) and of one weight buffer.
 int64_t slab_buffer_bytes(int64_t kc1, int64_t slab_rows, int64_t wv);
 int64_t weight_buffer_bytes(int64_t k, int64_t tn16);
+
+// The convolution kernel's L1 buffers in declaration order: two slabs, the weights (one
+// resident or two streamed chunk buffers) and two bias rows of bias_bytes (none if 0). The
+// tiling checks this list against L1 and the kernel allocates it.
+struct ConvL1Buffers {
+  BufferPlan plan{isa::Buf::L1};
+  BufferPlan::Id slab, weights, bias;
+};
+ConvL1Buffers conv_l1_buffers(const CubeConvTiling& t, int64_t bias_bytes);
 
 // The slab of output positions [m0, m0 + m_act) of one image: input rows [r0, r0 + h) of the
 // (virtual) map, with top/bottom paddings ptl/pbl for load3d and the first row of the slab's
@@ -69,6 +79,21 @@ class SlabEmitter {
     int64_t stack = 1, period = 0;    // images per tall map, rows per image (CubeConvTiling)
     int64_t x_pixel = 0, x_row = 0, x_image = 0;  // CubeConvSpec's strided view of x
   };
+
+  // The window fields (kh .. pr) of a spec with those fields (CubeConvSpec, Img2colSpec).
+  template <typename Spec>
+  static void set_window(Geometry& g, const Spec& s) {
+    g.kh = s.kh;
+    g.kw = s.kw;
+    g.sh = s.sh;
+    g.sw = s.sw;
+    g.dh = s.dh;
+    g.dw = s.dw;
+    g.pt = s.pt;
+    g.pb = s.pb;
+    g.pl = s.pl;
+    g.pr = s.pr;
+  }
 
   SlabEmitter(KernelBuilder& b, const Geometry& g);
 

@@ -50,10 +50,13 @@ int l0c_buffer_count(const CoreKindConfig& core, const ChipConfig& cfg, int64_t 
   for (int copies : {2, 1}) {
     BufferPlan plan(Buf::L0C);
     plan.add_fixed("C tile", static_cast<uint64_t>(tile_bytes), copies);
-    if (plan.extent(0, KernelBuilder::alignment(cfg, Buf::L0C)) <= core.capacity(Buf::L0C))
-      return copies;
+    if (plan_fits(plan, cfg, core)) return copies;
   }
   return 0;
+}
+
+bool plan_fits(const BufferPlan& plan, const ChipConfig& cfg, const CoreKindConfig& core) {
+  return plan.extent(0, KernelBuilder::alignment(cfg, plan.buf())) <= core.capacity(plan.buf());
 }
 
 CubeSplit contiguous_split(int64_t tiles, int64_t cores) {
@@ -113,16 +116,20 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
 }
 
+void CubePipeline::each_free_flag(const std::function<void(const FlagPair&, int)>& f) const {
+  for (int q = 0; q < 2; ++q) {
+    f(m_l1_free, q);
+    f(m_l0_free, q);
+    if (q < m_l0c_buffers) f(m_l0c_free, q);
+  }
+}
+
 void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& load,
                        const std::function<void(const Reg&)>& compute, const Hooks& hooks) {
   KernelBuilder& b = m_b;
   {
     KernelBuilder::Origin o(b, "all buffers start free");
-    for (int q = 0; q < 2; ++q) {
-      b.set_flag(m_l1_free, q);
-      b.set_flag(m_l0_free, q);
-      if (q < m_l0c_buffers) b.set_flag(m_l0c_free, q);
-    }
+    each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
     if (hooks.start_free) hooks.start_free();
   }
   m_l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
@@ -130,11 +137,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   b.pipelined_steps(steps, load, compute);
   {
     KernelBuilder::Origin o(b, "drain: consume the free flags");
-    for (int q = 0; q < 2; ++q) {
-      b.wait_flag(m_l1_free, q);
-      b.wait_flag(m_l0_free, q);
-      if (q < m_l0c_buffers) b.wait_flag(m_l0c_free, q);
-    }
+    each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
     if (hooks.drain) hooks.drain();
   }
 }

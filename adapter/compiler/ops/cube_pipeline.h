@@ -47,6 +47,9 @@ int64_t cube_k_step(const CoreKindConfig& core, const ChipConfig& cfg, int64_t t
 // mmads) if two fit, else 1, else 0.
 int l0c_buffer_count(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tile_bytes);
 
+// Whether plan's buffers, laid out from the start of its buffer kind, fit on core.
+bool plan_fits(const BufferPlan& plan, const ChipConfig& cfg, const CoreKindConfig& core);
+
 // Tiles split into contiguous ranges: block b takes tiles [b * per, min(tiles, (b + 1) * per)).
 struct CubeSplit {
   int64_t per = 0;
@@ -136,6 +139,9 @@ class CubePipeline {
   void l0c_stored(const Reg& pt) { m_b.set_flag(m_l0c_free, pt); }
 
  private:
+  // f(flag pair, parity) for every buffer's free flag, in the order they are set and drained.
+  void each_free_flag(const std::function<void(const FlagPair&, int)>& f) const;
+
   KernelBuilder& m_b;
   int m_l0c_buffers;
   Reg m_l0_steps;

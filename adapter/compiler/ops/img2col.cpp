@@ -43,10 +43,8 @@ struct Img2colBuffers {
     c = l0c.add_fixed("C", static_cast<uint64_t>(tm * kc1 * kBlk * s.rep * kL0cElemBytes), 2);
   }
   bool fit(const CoreKindConfig& core, const ChipConfig& cfg) const {
-    for (const BufferPlan* p : {&l1, &l0a, &l0b, &l0c})
-      if (p->extent(0, KernelBuilder::alignment(cfg, p->buf())) > core.capacity(p->buf()))
-        return false;
-    return true;
+    return plan_fits(l1, cfg, core) && plan_fits(l0a, cfg, core) && plan_fits(l0b, cfg, core) &&
+           plan_fits(l0c, cfg, core);
   }
 };
 
@@ -160,16 +158,7 @@ class Img2colEmitter {
     g.hs = s.h;
     g.ws = s.w;
     g.cs = s.c;
-    g.kh = s.kh;
-    g.kw = s.kw;
-    g.sh = s.sh;
-    g.sw = s.sw;
-    g.dh = s.dh;
-    g.dw = s.dw;
-    g.pt = s.pt;
-    g.pb = s.pb;
-    g.pl = s.pl;
-    g.pr = s.pr;
+    SlabEmitter::set_window(g, s);
     g.oh = s.oh();
     g.ow = s.ow();
     g.tm = tm;
@@ -278,42 +267,56 @@ class Img2colEmitter {
     m_pipe.l1_wait_loaded(p);
     Reg tap = b.reg("tap");
     b.for_range(tap, 0, m_taps, 1, [&] {
-      Reg pc = b.reg("C parity"), c = b.reg("block");
-      b.and_(pc, *m_cn, 1);
-      m_pipe.l0c_wait_free(pc);
-      b.for_range(c, 0, ncb, 1, [&] {
-        Reg q = b.reg("A parity"), a = b.reg("A"), src = b.reg("slab"), k = b.reg("k start"),
-            cc = b.reg("C");
-        m_pipe.l0_parity(q);
-        m_pipe.l0_wait_free(q);
-        select(b, a, q, m_l0a);
-        select(b, src, p, m_slab_buf);
-        b.mul(k, c, m_taps);
-        b.add(k, k, tap);
-        b.mul(k, k, kBlk, "k-block (c, tap)");
-        b.emit(Opcode::op_load3d, {m_s.in_type, a, src, chan, msl, m16, k, kBlk});
-        m_pipe.l0_loaded(q);
-        select(b, cc, pc, m_l0c);
-        b.mul(k, c, m_s.rep * kBlk * kL0cElemBytes);
-        b.mul(k, k, m16, "column blocks c * rep of the C tile");
-        b.add(cc, cc, k);
-        b.emit(Opcode::op_mmad,
-               {m_s.in_type, cc, a, static_cast<int64_t>(m_l0b), m_act, kBlk, kBlk * m_s.rep, 0, 0},
-               "one channel block, repeated");
-        m_pipe.l0_read(q);
-        m_pipe.next_l0_step();
-      });
-      Reg cc = b.reg("C"), d = b.reg("destination");
-      m_pipe.l0c_ready(pc, cc, m_l0c);
-      b.mul(d, tap, m_s.tap_stride * m_osz);
-      b.add(d, d, dst);
-      b.emit(Opcode::op_fixpipe,
-             {Dtype::F32, m_s.out_type, Buf::GM, d, cc, m_act, ncols, m_s.row_stride, 1, 0, 0},
-             "the tap's channels of every position");
-      m_pipe.l0c_stored(pc);
-      b.add(*m_cn, *m_cn, 1);
+      tap_step(TapRegs{p, tap, ncb, chan, msl, m16, m_act, ncols, dst});
     });
     m_pipe.l1_read(p);
+  }
+
+  // What a tap of the step reads: the L1 parity p, the tap, the chunk's channel blocks ncb and
+  // channels chan, the tile's first img2col row msl in the slab, its positions m_act (m16:
+  // rounded up to 16), its output columns and output address.
+  struct TapRegs {
+    const Reg &p, &tap, &ncb, &chan, &msl, &m16, &m_act, &ncols, &dst;
+  };
+
+  // One tap: per channel block a load3d of its 16 columns and an mmad by the repetition matrix
+  // into the C tile (L0C buffer: C tiles so far & 1), then one FIXPIPE of the tap's channels.
+  void tap_step(const TapRegs& r) {
+    KernelBuilder& b = m_b;
+    Reg pc = b.reg("C parity"), c = b.reg("block");
+    b.and_(pc, *m_cn, 1);
+    m_pipe.l0c_wait_free(pc);
+    b.for_range(c, 0, r.ncb, 1, [&] {
+      Reg q = b.reg("A parity"), a = b.reg("A"), src = b.reg("slab"), k = b.reg("k start"),
+          cc = b.reg("C");
+      m_pipe.l0_parity(q);
+      m_pipe.l0_wait_free(q);
+      select(b, a, q, m_l0a);
+      select(b, src, r.p, m_slab_buf);
+      b.mul(k, c, m_taps);
+      b.add(k, k, r.tap);
+      b.mul(k, k, kBlk, "k-block (c, tap)");
+      b.emit(Opcode::op_load3d, {m_s.in_type, a, src, r.chan, r.msl, r.m16, k, kBlk});
+      m_pipe.l0_loaded(q);
+      select(b, cc, pc, m_l0c);
+      b.mul(k, c, m_s.rep * kBlk * kL0cElemBytes);
+      b.mul(k, k, r.m16, "column blocks c * rep of the C tile");
+      b.add(cc, cc, k);
+      b.emit(Opcode::op_mmad,
+             {m_s.in_type, cc, a, static_cast<int64_t>(m_l0b), r.m_act, kBlk, kBlk * m_s.rep, 0, 0},
+             "one channel block, repeated");
+      m_pipe.l0_read(q);
+      m_pipe.next_l0_step();
+    });
+    Reg cc = b.reg("C"), d = b.reg("destination");
+    m_pipe.l0c_ready(pc, cc, m_l0c);
+    b.mul(d, r.tap, m_s.tap_stride * m_osz);
+    b.add(d, d, r.dst);
+    b.emit(Opcode::op_fixpipe,
+           {Dtype::F32, m_s.out_type, Buf::GM, d, cc, r.m_act, r.ncols, m_s.row_stride, 1, 0, 0},
+           "the tap's channels of every position");
+    m_pipe.l0c_stored(pc);
+    b.add(*m_cn, *m_cn, 1);
   }
 
   const Img2colSpec& m_s;
