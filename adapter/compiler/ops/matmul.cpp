@@ -77,30 +77,61 @@ BufferPlan l1_chunks(int64_t tm, int64_t tn, int64_t isz) {
 }  // namespace
 
 std::string MatmulTiling::str() const {
-  return fmt::format("{}x{}x{} {}{} {}->{}: tiles {}x{} ({}x{} = {} over {} blocks), k {} per "
-                     "mmad, {} per L1 chunk, {} L0C buffer(s)",
-                     m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B",
-                     isa::dtype_name(in_type), isa::dtype_name(out_type), tm, tn, tiles_m,
-                     tiles_n, tiles_m * tiles_n, block_dim, tk_l0, tk_l1, l0c_buffers) +
+  return fmt::format(
+             "{}x{}x{} {}{} {}->{}: tiles {}x{} ({}x{} = {} over {} blocks), k {} per "
+             "mmad, {} per L1 chunk, {} L0C buffer(s)",
+             m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B", isa::dtype_name(in_type),
+             isa::dtype_name(out_type), tm, tn, tiles_m, tiles_n, tiles_m * tiles_n, block_dim,
+             tk_l0, tk_l1, l0c_buffers) +
          (batch > 1 ? fmt::format("; batch {} ({} tiles)", batch, batch * tiles_m * tiles_n)
                     : std::string());
 }
+
+namespace {
+
+// Whether C leaves L0C through the UB (no l0c->gm path: coupled chips); CompileError if the
+// chip has neither way.
+bool c_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const std::string& op) {
+  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
+  if (via_ub &&
+      !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) && core.has(Pipe::MTE3)))
+    throw CompileError(
+        fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
+                    "ub->gm on its cube cores",
+                    op, cfg.name));
+  return via_ub;
+}
+
+// The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
+// *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
+bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
+             int64_t k, int64_t* tk0, int64_t* tk1) {
+  const uint64_t l1 = core.capacity(Buf::L1), l1_align = KernelBuilder::alignment(cfg, Buf::L1);
+  *tk0 = cube_k_step(core, cfg, tm, tn, isz,
+                     std::min(round_up(k, kKStep), field_max(isa::FieldKind::RU12)));
+  if (*tk0 < kKStep) return false;
+  const BufferPlan chunks = l1_chunks(tm, tn, isz);
+  *tk1 = chunks.fit(l1, l1_align, *tk0,
+                    std::min(round_up(k, *tk0), field_max(isa::FieldKind::RU16) / *tk0 * *tk0));
+  if (*tk1 < *tk0) {
+    // L1 cannot hold two chunks of this k step: shrink the step to what fits.
+    *tk0 = chunks.fit(l1, l1_align, kKStep, *tk0);
+    if (*tk0 < kKStep) return false;
+    *tk1 = *tk0;
+  }
+  return true;
+}
+
+}  // namespace
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
-  const uint64_t l1 = core.capacity(Buf::L1), l1_align = KernelBuilder::alignment(cfg, Buf::L1);
-  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
+  const bool via_ub = c_via_ub(cfg, core, op);
   const int64_t ub = static_cast<int64_t>(core.capacity(Buf::UB));
   const int64_t osz = isa::dtype_size(out_type);
-  if (via_ub && !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) &&
-                  core.has(Pipe::MTE3)))
-    throw CompileError(fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
-                                   "ub->gm on its cube cores",
-                                   op, cfg.name));
-  const int64_t k16 = round_up(k, kKStep);
   // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
   // moves (tm + tn) * isz bytes per k over gm->l1 and keeps the cube busy
   // ceil(tm/cube_m) * ceil(tn/cube_n) / cube_k cycles per k (times the fp32 rate divisor);
@@ -117,21 +148,8 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (via_ub && tm * tn * osz > ub) continue;  // the C tile passes through the UB
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
-      // Largest k per mmad with two L0A and two L0B buffers.
-      int64_t tk0 =
-          cube_k_step(core, cfg, tm, tn, isz, std::min(k16, field_max(isa::FieldKind::RU12)));
-      if (tk0 < kKStep) continue;
-      // Largest L1 chunk (a multiple of tk0) with two buffers of A and B.
-      const BufferPlan chunks = l1_chunks(tm, tn, isz);
-      int64_t tk1 =
-          chunks.fit(l1, l1_align, tk0,
-                     std::min(round_up(k, tk0), field_max(isa::FieldKind::RU16) / tk0 * tk0));
-      if (tk1 < tk0) {
-        // L1 cannot hold two chunks of this k step: shrink the step to what fits.
-        tk0 = chunks.fit(l1, l1_align, kKStep, tk0);
-        if (tk0 < kKStep) continue;
-        tk1 = tk0;
-      }
+      int64_t tk0 = 0, tk1 = 0;
+      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       const int64_t blocks = std::min<int64_t>(core.count, tiles);
       const double waves = static_cast<double>(ceil_div(tiles, blocks));
@@ -160,7 +178,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
     throw CompileError(fmt::format(
         "{}: no MatMul tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, L0C {} B; "
         "the smallest tile needs 16x16 outputs with k 16, double-buffered)",
-        op, cfg.name, l1, core.capacity(Buf::L0A), core.capacity(Buf::L0B),
+        op, cfg.name, core.capacity(Buf::L1), core.capacity(Buf::L0A), core.capacity(Buf::L0B),
         core.capacity(Buf::L0C)));
   best.m = m;
   best.n = n;
@@ -219,8 +237,7 @@ class MatmulEmitter {
       hooks.drain = [&] { b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); };
     }
     m_pipe.run(
-        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); },
-        hooks);
+        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
     b.end();
     return b.finish();
   }
@@ -234,10 +251,10 @@ class MatmulEmitter {
     BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), ub(Buf::UB);
     const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk_l0 * m_isz), 2);
     const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
-    const auto c = l0c.add_fixed(
-        "C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes), m_t.l0c_buffers);
-    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz),
-                                 1, m_t.via_ub);
+    const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+                                 m_t.l0c_buffers);
+    const auto cu =
+        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz), 1, m_t.via_ub);
     m_l0a = l0a.allocate(m_b, 0).twin(a);
     m_l0b = l0b.allocate(m_b, 0).twin(b);
     m_l0c = l0c.allocate(m_b, 0).twin(c);
@@ -314,8 +331,8 @@ class MatmulEmitter {
   // MTE2: the row_act x col_act block at (r0, c0) of an ND operand with `pitch` elements per row
   // (of product bi when batched) -> NZ at dst in L1, rows padded to 16. src and rows are
   // scratch registers.
-  void load_nd_chunk(const Reg& dst, const Reg& src, const Reg& rows, const Reg& r0,
-                     const Reg& c0, const Reg& row_act, const Reg& col_act, int64_t pitch,
+  void load_nd_chunk(const Reg& dst, const Reg& src, const Reg& rows, const Reg& r0, const Reg& c0,
+                     const Reg& row_act, const Reg& col_act, int64_t pitch,
                      const std::vector<int64_t>& batch_strides, const Reg& bi, const char* arg,
                      const char* what) {
     KernelBuilder& b = m_b;
@@ -372,8 +389,10 @@ class MatmulEmitter {
       b.mul(cdst, cdst, m_osz);
       Reg c = b.load_arg("c");
       b.add(cdst, cdst, c, "C tile address");
-      if (m_t.l0c_buffers == 2) b.and_(pt, j, 1, "L0C buffer: tile index & 1");
-      else b.movi(pt, 0);
+      if (m_t.l0c_buffers == 2)
+        b.and_(pt, j, 1, "L0C buffer: tile index & 1");
+      else
+        b.movi(pt, 0);
     }
     Reg p = b.reg("compute: L1 parity");
     m_pipe.l1_parity(p, s);
@@ -386,8 +405,8 @@ class MatmulEmitter {
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
       if (!m_t.via_ub) {
-        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act,
-                                    m_t.c_pitch, 1, 0, 0},
+        b.emit(Opcode::op_fixpipe,
+               {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act, m_t.c_pitch, 1, 0, 0},
                "C tile to GM (ND)");
         m_pipe.l0c_stored(pt);
         return;
@@ -400,8 +419,8 @@ class MatmulEmitter {
       b.mul(blocks, row, 1, "blocks per row");
       b.mul(row, row, per_block, "UB row pitch");
       b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
-      b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act,
-                                  row, 1, 0, 0},
+      b.emit(Opcode::op_fixpipe,
+             {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act, row, 1, 0, 0},
              "C tile to UB (ND)");
       m_pipe.l0c_stored(pt);
       b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
@@ -574,6 +593,52 @@ Launch zero_fill(const OpDesc& op, const TensorDesc& out, const ChipConfig& cfg)
 
 }  // namespace
 
+namespace {
+
+// The cube input type, the FIXPIPE output type and the casts around the cube kernel, by dtype
+// and precision mode (the file comment).
+struct CubeTypes {
+  Dtype cube_in, fix_out;
+  bool cast_inputs, cast_output;
+};
+
+CubeTypes cube_types(const CompileContext& ctx, DataType dt, const MatmulProblem& p) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  CubeTypes t{device_dtype(dt), device_dtype(dt), false, false};
+  if (dt == DataType::BF16 && !cfg.cube_bf16)
+    op.fail(fmt::format("bf16 is not supported by the cube of chip {}", cfg.name));
+  if (dt == DataType::F32) {
+    switch (ctx.precision) {
+      case PrecisionMode::kKeepFp32:
+        if (cfg.cube_fp32_rate_divisor <= 0)
+          op.fail(
+              fmt::format("precision mode {}: the cube of chip {} has no fp32 "
+                          "(cube.fp32_rate_divisor = 0)",
+                          precision_mode_name(ctx.precision), cfg.name));
+        if (p.trans_a || !p.trans_b)
+          op.fail(
+              fmt::format("precision mode {}: fp32 on the cube needs transpose_a = false and "
+                          "transpose_b = true (load2d transposes only 16-bit fractals); "
+                          "use allow_fp32_to_fp16",
+                          precision_mode_name(ctx.precision)));
+        break;
+      case PrecisionMode::kAllowFp32ToFp16:
+        t.cube_in = Dtype::F16;
+        t.cast_inputs = true;
+        break;
+      case PrecisionMode::kAllowMixPrecision:
+        t.cube_in = Dtype::F16;
+        t.fix_out = Dtype::F16;
+        t.cast_inputs = t.cast_output = true;
+        break;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
 CompiledKernel compile_matmul(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
@@ -613,45 +678,18 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   CompiledKernel out;
   out.outputs = {c};
   if (dt != DataType::F16 && dt != DataType::BF16 && dt != DataType::F32)
-    op.fail(fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)",
-                        data_type_name(dt)));
+    op.fail(
+        fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)", data_type_name(dt)));
   if (m == 0 || n == 0 || batch == 0) return out;  // nothing to compute
   if (k == 0) {
     out.launches.push_back(zero_fill(op, c, cfg));
     return out;
   }
 
-  // Cube input type, FIXPIPE output type, and the casts around the cube kernel.
-  Dtype cube_in = device_dtype(dt), fix_out = device_dtype(dt);
-  bool cast_inputs = false, cast_output = false;
-  if (dt == DataType::BF16 && !cfg.cube_bf16)
-    op.fail(fmt::format("bf16 is not supported by the cube of chip {}", cfg.name));
-  if (dt == DataType::F32) {
-    switch (ctx.precision) {
-      case PrecisionMode::kKeepFp32:
-        if (cfg.cube_fp32_rate_divisor <= 0)
-          op.fail(fmt::format("precision mode {}: the cube of chip {} has no fp32 "
-                              "(cube.fp32_rate_divisor = 0)",
-                              precision_mode_name(ctx.precision), cfg.name));
-        if (ta || !tb)
-          op.fail(fmt::format("precision mode {}: fp32 on the cube needs transpose_a = false and "
-                              "transpose_b = true (load2d transposes only 16-bit fractals); "
-                              "use allow_fp32_to_fp16",
-                              precision_mode_name(ctx.precision)));
-        break;
-      case PrecisionMode::kAllowFp32ToFp16:
-        cube_in = Dtype::F16;
-        cast_inputs = true;
-        break;
-      case PrecisionMode::kAllowMixPrecision:
-        cube_in = Dtype::F16;
-        fix_out = Dtype::F16;
-        cast_inputs = cast_output = true;
-        break;
-    }
-  }
-  MatmulTiling tiling =
-      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
+  const CubeTypes types = cube_types(ctx, dt, p);
+  const Dtype cube_in = types.cube_in, fix_out = types.fix_out;
+  const bool cast_inputs = types.cast_inputs, cast_output = types.cast_output;
+  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
   tiling.batch_dims = p.batch_dims;
   tiling.a_batch_strides = p.a_batch_strides;
   tiling.b_batch_strides = p.b_batch_strides;
