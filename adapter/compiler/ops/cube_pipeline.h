@@ -32,9 +32,10 @@ namespace npusim::compiler::ops {
 constexpr int64_t kL0cElemBytes = 4;
 
 // The cube cores of cfg (AIC on split chips, else AICORE); CompileError naming op if the chip
-// has none. l0c_to_gm: also require the l0c->gm path (FIXPIPE writes GM; `what` says who needs
-// it in the error).
+// has none.
 const CoreKindConfig& cube_core(const ChipConfig& cfg, const std::string& op);
+// CompileError naming op unless cfg has an l0c->gm path (FIXPIPE writes GM); `what` ends the
+// message (who needs it).
 void require_l0c_to_gm(const ChipConfig& cfg, const std::string& op, const std::string& what);
 
 // The largest k per mmad step (a multiple of 16, at most max_k) for an output tile of tm x tn
