@@ -125,149 +125,190 @@ std::string expand_ellipsis(const OpDesc& op, const std::string& term, size_t ra
   return term.substr(0, at) + gen + term.substr(at + 3);
 }
 
-CompiledKernel compile_einsum(const CompileContext& ctx) {
-  const OpDesc& op = ctx.op;
-  std::string eq = op.attr_string("equation", "");
-  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
-  const size_t arrow = eq.find("->");
-  if (eq.empty() || arrow == std::string::npos)
-    op.invalid(fmt::format("equation '{}' must have the form 'in[,in]->out'", eq));
-  std::vector<std::string> terms;
-  {
-    const std::string lhs = eq.substr(0, arrow);
-    size_t start = 0;
-    for (size_t c = lhs.find(','); c != std::string::npos; c = lhs.find(',', start)) {
-      terms.push_back(lhs.substr(start, c - start));
-      start = c + 1;
-    }
-    terms.push_back(lhs.substr(start));
+// An Einsum equation, parsed: the operands' terms, their labels with "..." expanded, the
+// output's labels and every label's size (1 broadcasts against n).
+struct EinsumEquation {
+  std::string eq;
+  std::vector<std::string> terms, in_labels;
+  std::string out_labels;
+  std::map<char, int64_t> size;
+  bool in_out(char c) const { return out_labels.find(c) != std::string::npos; }
+  int64_t product(const std::string& labels) const {
+    int64_t p = 1;
+    for (char c : labels) p *= size.at(c);
+    return p;
   }
+};
+
+// The equation's operand terms (split at ','), checked against the inputs.
+std::vector<std::string> einsum_terms(const OpDesc& op, const std::string& eq, size_t arrow) {
+  std::vector<std::string> terms;
+  const std::string lhs = eq.substr(0, arrow);
+  size_t start = 0;
+  for (size_t c = lhs.find(','); c != std::string::npos; c = lhs.find(',', start)) {
+    terms.push_back(lhs.substr(start, c - start));
+    start = c + 1;
+  }
+  terms.push_back(lhs.substr(start));
   if (terms.size() != op.inputs.size())
     op.invalid(fmt::format("equation '{}' names {} operands, {} inputs given", eq, terms.size(),
                            op.inputs.size()));
   if (terms.size() > 2) op.fail("Einsum with more than two operands is not supported");
+  return terms;
+}
+
+// Label sizes from the inputs (1 broadcasts against n for generated and batch labels).
+void einsum_sizes(const OpDesc& op, EinsumEquation& e) {
+  for (size_t i = 0; i < e.terms.size(); ++i) {
+    const std::string& l = e.in_labels[i];
+    for (size_t d = 0; d < l.size(); ++d) {
+      if (std::count(l.begin(), l.end(), l[d]) > 1)
+        op.fail(fmt::format("label '{}' repeats within operand '{}' (diagonals are not "
+                            "supported)",
+                            l[d], e.terms[i]));
+      const int64_t s = op.inputs[i].shape[d];
+      auto it = e.size.find(l[d]);
+      if (it == e.size.end() || it->second == 1) e.size[l[d]] = s;
+      else if (s != 1 && s != it->second)
+        op.invalid(fmt::format("label '{}' has sizes {} and {}", l[d], it->second, s));
+    }
+  }
+}
+
+EinsumEquation parse_einsum(const OpDesc& op) {
+  EinsumEquation e;
+  e.eq = op.attr_string("equation", "");
+  e.eq.erase(std::remove(e.eq.begin(), e.eq.end(), ' '), e.eq.end());
+  const size_t arrow = e.eq.find("->");
+  if (e.eq.empty() || arrow == std::string::npos)
+    op.invalid(fmt::format("equation '{}' must have the form 'in[,in]->out'", e.eq));
+  e.terms = einsum_terms(op, e.eq, arrow);
   const DataType dt = op.inputs[0].dtype;
   for (const TensorDesc& t : op.inputs)
     if (t.dtype != dt)
       op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
                           data_type_name(t.dtype)));
   size_t ell = 0;
-  std::vector<std::string> in_labels;
-  for (size_t i = 0; i < terms.size(); ++i)
-    in_labels.push_back(expand_ellipsis(op, terms[i], op.inputs[i].shape.size(), &ell, false));
+  for (size_t i = 0; i < e.terms.size(); ++i)
+    e.in_labels.push_back(
+        expand_ellipsis(op, e.terms[i], op.inputs[i].shape.size(), &ell, false));
   // Re-expand inputs now that the widest ellipsis is known (right-aligned generated labels).
-  for (size_t i = 0; i < terms.size(); ++i)
-    in_labels[i] = expand_ellipsis(op, terms[i], op.inputs[i].shape.size(), &ell, false);
-  const std::string out_labels = expand_ellipsis(op, eq.substr(arrow + 2), 0, &ell, true);
-  // Label sizes (1 broadcasts against n for generated and batch labels).
-  std::map<char, int64_t> size;
-  for (size_t i = 0; i < terms.size(); ++i) {
-    const std::string& l = in_labels[i];
-    for (size_t d = 0; d < l.size(); ++d) {
-      if (std::count(l.begin(), l.end(), l[d]) > 1)
-        op.fail(fmt::format("label '{}' repeats within operand '{}' (diagonals are not "
-                            "supported)",
-                            l[d], terms[i]));
-      const int64_t s = op.inputs[i].shape[d];
-      auto it = size.find(l[d]);
-      if (it == size.end() || it->second == 1) size[l[d]] = s;
-      else if (s != 1 && s != it->second)
-        op.invalid(fmt::format("label '{}' has sizes {} and {}", l[d], it->second, s));
-    }
-  }
-  std::vector<int64_t> out_shape;
-  for (char c : out_labels) {
-    if (!size.count(c)) op.invalid(fmt::format("output label '{}' is in no input", c));
-    if (std::count(out_labels.begin(), out_labels.end(), c) > 1)
-      op.invalid(fmt::format("output label '{}' repeats", c));
-    out_shape.push_back(size[c]);
-  }
-  const TensorDesc out{dt, out_shape};
-  LaunchPlan plan({out});
-  auto in_out = [&](char c) { return out_labels.find(c) != std::string::npos; };
+  for (size_t i = 0; i < e.terms.size(); ++i)
+    e.in_labels[i] = expand_ellipsis(op, e.terms[i], op.inputs[i].shape.size(), &ell, false);
+  e.out_labels = expand_ellipsis(op, e.eq.substr(arrow + 2), 0, &ell, true);
+  einsum_sizes(op, e);
+  return e;
+}
 
-  if (terms.size() == 1) {  // a permutation
-    const std::string& l = in_labels[0];
-    if (l.size() != out_labels.size())
-      op.fail(fmt::format("equation '{}' sums over a label of its operand (not supported)", eq));
-    std::vector<int64_t> perm;
-    for (char c : out_labels) perm.push_back(static_cast<int64_t>(l.find(c)));
-    append_transpose(plan, op.str(), ctx.cfg, dt, op.inputs[0].shape, perm, LaunchPlan::input(0),
-                     LaunchPlan::output(0));
-    return std::move(plan).finish();
-  }
-
-  const std::string& lx = in_labels[0];
-  const std::string& ly = in_labels[1];
+// The labels of a two-operand equation by role: batch (in both inputs and the output, in output
+// order), contracted (in both inputs only), free in x, free in y.
+struct EinsumRoles {
   std::string batch, contract, free_x, free_y;
-  for (char c : out_labels)  // batch labels in output order
-    if (lx.find(c) != std::string::npos && ly.find(c) != std::string::npos) batch += c;
+};
+
+EinsumRoles einsum_roles(const OpDesc& op, const EinsumEquation& e) {
+  const std::string& lx = e.in_labels[0];
+  const std::string& ly = e.in_labels[1];
+  EinsumRoles r;
+  for (char c : e.out_labels)
+    if (lx.find(c) != std::string::npos && ly.find(c) != std::string::npos) r.batch += c;
   for (char c : lx) {
     const bool in_y = ly.find(c) != std::string::npos;
-    if (in_y && !in_out(c)) contract += c;
-    else if (!in_y && in_out(c)) free_x += c;
+    if (in_y && !e.in_out(c)) r.contract += c;
+    else if (!in_y && e.in_out(c)) r.free_x += c;
     else if (!in_y) op.fail(fmt::format("label '{}' is summed within x (not supported)", c));
   }
   for (char c : ly) {
     const bool in_x = lx.find(c) != std::string::npos;
-    if (!in_x && in_out(c)) free_y += c;
+    if (!in_x && e.in_out(c)) r.free_y += c;
     else if (!in_x) op.fail(fmt::format("label '{}' is summed within y (not supported)", c));
   }
-  // Operands as [batch, free, contract] (adj false for x, true for y) or [batch, contract,
-  // free]; keep the operand as it is when one of the two matches its own label order.
-  auto prepare = [&](int i, const std::string& labels, const std::string& free, bool is_x,
-                     bool* adj) -> std::pair<ArgRef, std::vector<int64_t>> {
-    const TensorDesc& t = op.inputs[static_cast<size_t>(i)];
-    const std::string a = batch + free + contract, b = batch + contract + free;
-    // x: [.., M, K] is adj false; y: [.., K, N] is adj false.
-    const std::string plain = is_x ? a : b, adjusted = is_x ? b : a;
-    std::string target = plain;
-    *adj = false;
-    if (labels == adjusted) {
-      target = adjusted;
-      *adj = true;
-    }
-    std::vector<int64_t> shape;
-    for (char c : batch) {
-      const size_t at = labels.find(c);
-      shape.push_back(t.shape[at]);  // this operand's size (1 broadcasts)
-    }
-    auto prod = [&](const std::string& ls) {
-      int64_t p = 1;
-      for (char c : ls) p *= size[c];
-      return p;
-    };
-    const bool free_first = target == a;
-    const int64_t f = prod(free), k = prod(contract);
-    if (free_first) shape.insert(shape.end(), {f, k});
-    else shape.insert(shape.end(), {k, f});
-    if (labels == target) return {LaunchPlan::input(i), shape};
+  return r;
+}
+
+// Operand i as BatchMatMulV2 takes it: [batch, free, contract] (adj false for x, true for y) or
+// [batch, contract, free]; the operand as it is when one of the two matches its own label order,
+// else transposed into the workspace.
+struct EinsumOperand {
+  ArgRef ref;
+  std::vector<int64_t> shape;
+  bool adj = false;
+};
+
+EinsumOperand einsum_operand(const CompileContext& ctx, const EinsumEquation& e,
+                             const EinsumRoles& r, int i, LaunchPlan& plan) {
+  const OpDesc& op = ctx.op;
+  const TensorDesc& t = op.inputs[static_cast<size_t>(i)];
+  const std::string& labels = e.in_labels[static_cast<size_t>(i)];
+  const bool is_x = i == 0;
+  const std::string& free = is_x ? r.free_x : r.free_y;
+  const std::string a = r.batch + free + r.contract, b = r.batch + r.contract + free;
+  // x: [.., M, K] is adj false; y: [.., K, N] is adj false.
+  const std::string plain = is_x ? a : b, adjusted = is_x ? b : a;
+  EinsumOperand o;
+  std::string target = plain;
+  if (labels == adjusted) {
+    target = adjusted;
+    o.adj = true;
+  }
+  for (char c : r.batch) o.shape.push_back(t.shape[labels.find(c)]);  // (1 broadcasts)
+  const int64_t f = e.product(free), k = e.product(r.contract);
+  if (target == a) o.shape.insert(o.shape.end(), {f, k});
+  else o.shape.insert(o.shape.end(), {k, f});
+  if (labels == target) {
+    o.ref = LaunchPlan::input(i);
+    return o;
+  }
+  std::vector<int64_t> perm;
+  for (char c : target) perm.push_back(static_cast<int64_t>(labels.find(c)));
+  o.ref = plan.workspace(t.bytes());
+  append_transpose(plan, op.str(), ctx.cfg, t.dtype, t.shape, perm, LaunchPlan::input(i), o.ref);
+  return o;
+}
+
+CompiledKernel compile_einsum(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const EinsumEquation e = parse_einsum(op);
+  const DataType dt = op.inputs[0].dtype;
+  std::vector<int64_t> out_shape;
+  for (char c : e.out_labels) {
+    if (!e.size.count(c)) op.invalid(fmt::format("output label '{}' is in no input", c));
+    if (std::count(e.out_labels.begin(), e.out_labels.end(), c) > 1)
+      op.invalid(fmt::format("output label '{}' repeats", c));
+    out_shape.push_back(e.size.at(c));
+  }
+  LaunchPlan plan({TensorDesc{dt, out_shape}});
+  if (e.terms.size() == 1) {  // a permutation
+    const std::string& l = e.in_labels[0];
+    if (l.size() != e.out_labels.size())
+      op.fail(fmt::format("equation '{}' sums over a label of its operand (not supported)",
+                          e.eq));
     std::vector<int64_t> perm;
-    for (char c : target) perm.push_back(static_cast<int64_t>(labels.find(c)));
-    const ArgRef ws = plan.workspace(t.bytes());
-    append_transpose(plan, op.str(), ctx.cfg, dt, t.shape, perm, LaunchPlan::input(i), ws);
-    return {ws, shape};
-  };
-  bool adj_x = false, adj_y = false;
-  auto [xr, xs] = prepare(0, lx, free_x, true, &adj_x);
-  auto [yr, ys] = prepare(1, ly, free_y, false, &adj_y);
-  OpDesc mm;
-  mm.type = "BatchMatMulV2";
-  mm.inputs = {TensorDesc{dt, xs}, TensorDesc{dt, ys}};
-  mm.attrs = {{"adj_x", adj_x}, {"adj_y", adj_y}};
-  const CompiledKernel sub = compile(mm, ctx.cfg, ctx.precision);
-  const std::string result = batch + free_x + free_y;
-  std::vector<int64_t> result_shape;
-  for (char c : result) result_shape.push_back(size[c]);
-  if (result == out_labels) {
-    plan.add(sub, {xr, yr}, {LaunchPlan::output(0)}, "BatchMatMulV2");
+    for (char c : e.out_labels) perm.push_back(static_cast<int64_t>(l.find(c)));
+    append_transpose(plan, op.str(), ctx.cfg, dt, op.inputs[0].shape, perm, LaunchPlan::input(0),
+                     LaunchPlan::output(0));
     return std::move(plan).finish();
   }
+  const EinsumRoles r = einsum_roles(op, e);
+  const EinsumOperand x = einsum_operand(ctx, e, r, 0, plan);
+  const EinsumOperand y = einsum_operand(ctx, e, r, 1, plan);
+  OpDesc mm;
+  mm.type = "BatchMatMulV2";
+  mm.inputs = {TensorDesc{dt, x.shape}, TensorDesc{dt, y.shape}};
+  mm.attrs = {{"adj_x", x.adj}, {"adj_y", y.adj}};
+  const CompiledKernel sub = compile(mm, ctx.cfg, ctx.precision);
+  const std::string result = r.batch + r.free_x + r.free_y;
+  if (result == e.out_labels) {
+    plan.add(sub, {x.ref, y.ref}, {LaunchPlan::output(0)}, "BatchMatMulV2");
+    return std::move(plan).finish();
+  }
+  std::vector<int64_t> result_shape;
+  for (char c : result) result_shape.push_back(e.size.at(c));
   const ArgRef c = plan.workspace(static_cast<uint64_t>(dims_product(result_shape)) *
                                   static_cast<uint64_t>(data_type_bytes(dt)));
-  plan.add(sub, {xr, yr}, {c}, "BatchMatMulV2");
+  plan.add(sub, {x.ref, y.ref}, {c}, "BatchMatMulV2");
   std::vector<int64_t> perm;
-  for (char ch : out_labels) perm.push_back(static_cast<int64_t>(result.find(ch)));
+  for (char ch : e.out_labels) perm.push_back(static_cast<int64_t>(result.find(ch)));
   append_transpose(plan, op.str(), ctx.cfg, dt, result_shape, perm, c, LaunchPlan::output(0));
   return std::move(plan).finish();
 }

@@ -2,11 +2,15 @@
 // ops/batchnorm.cpp use the window geometry and the launch helpers):
 //   - ConvWindow: TF's window attributes (strides, dilations, padding SAME/VALID/EXPLICIT,
 //     data_format) resolved for one spatial input size;
-//   - the cube convolution kernel (ops/conv_cube.cpp): img2col by load3d from an NHWC tensor in
-//     GM, weights from any strided layout, grouped convolutions, zero insertion between input
-//     pixels (for the input gradient of strided convolutions), tiled from the config;
-//   - the cube img2col kernel: the img2col matrix written to GM (for the filter gradients);
-//   - launch helpers: casts into the workspace, the strided -> dense copy.
+//   - the cube convolution kernel (ops/conv_emitter.cpp; tiling ops/conv_tiling.cpp): img2col
+//     by load3d from an NHWC tensor in GM, weights from any strided layout, grouped
+//     convolutions, zero insertion between input pixels (for the input gradient of strided
+//     convolutions), tiled from the config;
+//   - the cube img2col kernel (ops/img2col.cpp): the img2col matrix written to GM (for the
+//     filter gradients);
+//   - launch helpers (ops/conv_launch.cpp): casts into the workspace, the strided -> dense copy.
+// Window geometry: ops/conv_window.cpp. The slab both cube kernels load: ops/conv_slab.h. Both
+// run on the cube skeleton (ops/cube_pipeline.h).
 // Layouts: docs/assembly.md "Data layouts", sim/exec/layout.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Convolutions, NHWC as TensorFlow gives them, on the cube (kernels in ops/conv_cube.cpp):
+// Convolutions, NHWC as TensorFlow gives them, on the cube (kernels in ops/conv_emitter.cpp):
 //
 //   Conv2D(x [N,H,W,C], filter [KH,KW,Cin,Cout]) -> y [N,OH,OW,Cout]
 //     the cube convolution kernel: img2col by load3d from NHWC slabs, B = the HWIO filter read

@@ -39,6 +39,8 @@
 
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
@@ -58,43 +60,78 @@ namespace {
 
 constexpr int64_t kTileCandidates[] = {16, 32, 64, 128, 256};  // output tile sides
 constexpr int64_t kKStep = 16;  // k granularity of mmad steps and L1 chunks (a 16-bit fractal)
-constexpr int64_t kL0cElemBytes = 4;
 
 int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm_max(k)); }
+
+// The L1 chunks of A (tm x k) and B (k x tn), ping then pong, in units of k: the list that
+// sizes the chunk (plan_matmul_tiling) and allocates it (MatmulEmitter).
+BufferPlan l1_chunks(int64_t tm, int64_t tn, int64_t isz) {
+  BufferPlan plan(Buf::L1);
+  for (int q = 0; q < 2; ++q) {
+    plan.add(fmt::format("A chunk {}", q), static_cast<double>(tm * isz));
+    plan.add(fmt::format("B chunk {}", q), static_cast<double>(tn * isz));
+  }
+  return plan;
+}
 
 }  // namespace
 
 std::string MatmulTiling::str() const {
-  return fmt::format("{}x{}x{} {}{} {}->{}: tiles {}x{} ({}x{} = {} over {} blocks), k {} per "
-                     "mmad, {} per L1 chunk, {} L0C buffer(s)",
-                     m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B",
-                     isa::dtype_name(in_type), isa::dtype_name(out_type), tm, tn, tiles_m,
-                     tiles_n, tiles_m * tiles_n, block_dim, tk_l0, tk_l1, l0c_buffers) +
+  return fmt::format(
+             "{}x{}x{} {}{} {}->{}: tiles {}x{} ({}x{} = {} over {} blocks), k {} per "
+             "mmad, {} per L1 chunk, {} L0C buffer(s)",
+             m, n, k, trans_a ? "A^T" : "A", trans_b ? "B^T" : "B", isa::dtype_name(in_type),
+             isa::dtype_name(out_type), tm, tn, tiles_m, tiles_n, tiles_m * tiles_n, block_dim,
+             tk_l0, tk_l1, l0c_buffers) +
          (batch > 1 ? fmt::format("; batch {} ({} tiles)", batch, batch * tiles_m * tiles_n)
                     : std::string());
 }
 
+namespace {
+
+// Whether C leaves L0C through the UB (no l0c->gm path: coupled chips); CompileError if the
+// chip has neither way.
+bool c_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const std::string& op) {
+  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
+  if (via_ub &&
+      !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) && core.has(Pipe::MTE3)))
+    throw CompileError(
+        fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
+                    "ub->gm on its cube cores",
+                    op, cfg.name));
+  return via_ub;
+}
+
+// The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
+// *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
+bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
+             int64_t k, int64_t* tk0, int64_t* tk1) {
+  const uint64_t l1 = core.capacity(Buf::L1), l1_align = KernelBuilder::alignment(cfg, Buf::L1);
+  *tk0 = cube_k_step(core, cfg, tm, tn, isz,
+                     std::min(round_up(k, kKStep), field_max(isa::FieldKind::RU12)));
+  if (*tk0 < kKStep) return false;
+  const BufferPlan chunks = l1_chunks(tm, tn, isz);
+  *tk1 = chunks.fit(l1, l1_align, *tk0,
+                    std::min(round_up(k, *tk0), field_max(isa::FieldKind::RU16) / *tk0 * *tk0));
+  if (*tk1 < *tk0) {
+    // L1 cannot hold two chunks of this k step: shrink the step to what fits.
+    *tk0 = chunks.fit(l1, l1_align, kKStep, *tk0);
+    if (*tk0 < kKStep) return false;
+    *tk1 = *tk0;
+  }
+  return true;
+}
+
+}  // namespace
+
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch) {
-  const isa::CoreKind kind = cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE;
-  const CoreKindConfig* core = cfg.core_kind(kind);
-  if (!core || !core->has(Pipe::M))
-    throw CompileError(fmt::format("{}: chip {} has no cube cores", op, cfg.name));
+  const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
-  const int64_t l1 = static_cast<int64_t>(core->capacity(Buf::L1));
-  const int64_t l0a = static_cast<int64_t>(core->capacity(Buf::L0A));
-  const int64_t l0b = static_cast<int64_t>(core->capacity(Buf::L0B));
-  const int64_t l0c = static_cast<int64_t>(core->capacity(Buf::L0C));
-  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
-  const int64_t ub = static_cast<int64_t>(core->capacity(Buf::UB));
+  const bool via_ub = c_via_ub(cfg, core, op);
+  const int64_t ub = static_cast<int64_t>(core.capacity(Buf::UB));
   const int64_t osz = isa::dtype_size(out_type);
-  if (via_ub && !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) &&
-                  core->has(Pipe::MTE3)))
-    throw CompileError(fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
-                                   "ub->gm on its cube cores",
-                                   op, cfg.name));
-  const int64_t k16 = round_up(k, kKStep);
   // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
   // moves (tm + tn) * isz bytes per k over gm->l1 and keeps the cube busy
   // ceil(tm/cube_m) * ceil(tn/cube_n) / cube_k cycles per k (times the fp32 rate divisor);
@@ -108,27 +145,13 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       // Sides past the matrix (rounded to 16) only waste work, except the smallest that covers it.
       if (tm > 16 && tm / 2 >= round_up(m, kFractalRows)) continue;
       if (tn > 16 && tn / 2 >= round_up(n, kFractalRows)) continue;
-      const int64_t tile_c = tm * tn * kL0cElemBytes;
       if (via_ub && tm * tn * osz > ub) continue;  // the C tile passes through the UB
-      const int l0c_buffers = 2 * tile_c <= l0c ? 2 : tile_c <= l0c ? 1 : 0;
+      const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
-      // Largest k per mmad with two L0A and two L0B buffers.
-      int64_t tk0 = std::min({l0a / (2 * tm * isz), l0b / (2 * tn * isz), k16,
-                              field_max(isa::FieldKind::RU12)});
-      tk0 = tk0 / kKStep * kKStep;
-      if (tk0 < kKStep) continue;
-      // Largest L1 chunk (a multiple of tk0) with two buffers of A and B.
-      int64_t tk1 = std::min(l1 / (2 * (tm + tn) * isz), round_up(k, tk0));
-      tk1 = std::min(tk1, field_max(isa::FieldKind::RU16) / tk0 * tk0);
-      tk1 = tk1 / tk0 * tk0;
-      if (tk1 < tk0) {
-        // L1 cannot hold two chunks of this k step: shrink the step to what fits.
-        tk0 = std::min(tk0, l1 / (2 * (tm + tn) * isz) / kKStep * kKStep);
-        if (tk0 < kKStep) continue;
-        tk1 = tk0;
-      }
+      int64_t tk0 = 0, tk1 = 0;
+      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
-      const int64_t blocks = std::min<int64_t>(core->count, tiles);
+      const int64_t blocks = std::min<int64_t>(core.count, tiles);
       const double waves = static_cast<double>(ceil_div(tiles, blocks));
       const double load = static_cast<double>((tm + tn) * isz) / gm_rate;
       const double cube = static_cast<double>(ceil_div(tm, cfg.cube_m) * ceil_div(tn, cfg.cube_n)) /
@@ -155,7 +178,8 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
     throw CompileError(fmt::format(
         "{}: no MatMul tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, L0C {} B; "
         "the smallest tile needs 16x16 outputs with k 16, double-buffered)",
-        op, cfg.name, l1, l0a, l0b, l0c));
+        op, cfg.name, core.capacity(Buf::L1), core.capacity(Buf::L0A), core.capacity(Buf::L0B),
+        core.capacity(Buf::L0C)));
   best.m = m;
   best.n = n;
   best.k = k;
@@ -183,7 +207,8 @@ class MatmulEmitter {
         m_isz(isa::dtype_size(t.in_type)),
         m_osz(isa::dtype_size(t.out_type)),
         m_c0(static_cast<int64_t>(layout::c0_of(static_cast<uint64_t>(m_isz)))),
-        m_chunks(ceil_div(t.k, t.tk_l1)) {}
+        m_chunks(ceil_div(t.k, t.tk_l1)),
+        m_pipe(m_b, t.l0c_buffers) {}
 
   BuiltKernel emit() {
     KernelBuilder& b = m_b;
@@ -201,86 +226,39 @@ class MatmulEmitter {
       b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
     Reg steps = b.reg("steps of this block: tiles x k chunks");
-    {
-      KernelBuilder::Origin o(b, fmt::format("my tiles = ceil(({} tiles - block) / blocks), "
-                                             "{} k chunks each",
-                                             m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks));
-      Reg blk = b.reg("block id"), nblk = b.reg("block count");
-      b.emit(Opcode::op_get_block_id, {blk});
-      b.emit(Opcode::op_get_block_num, {nblk});
-      b.movi(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n);
-      b.sub(steps, steps, blk);
-      b.add(steps, steps, nblk);
-      b.sub(steps, steps, 1);
-      b.div(steps, steps, nblk);
-      b.mul(steps, steps, m_chunks);
-    }
-    m_l1_full = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "L1 chunk loaded");
-    m_l1_free = b.flag_pair(Pipe::MTE1, Pipe::MTE2, "L1 chunk free");
-    m_l0_full = b.flag_pair(Pipe::MTE1, Pipe::M, "L0 step loaded");
-    m_l0_free = b.flag_pair(Pipe::M, Pipe::MTE1, "L0 step free");
-    m_l0c_full = b.flag_pair(Pipe::M, Pipe::FIX, "L0C tile computed");
-    m_l0c_free = b.flag_pair(Pipe::FIX, Pipe::M, "L0C tile stored");
+    m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
+    m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
+                          "L0C tile computed", "L0C tile stored"});
+    CubePipeline::Hooks hooks;
     if (m_t.via_ub) {
       m_ub_full = b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
       m_ub_free = b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+      hooks.start_free = [&] { b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); };
+      hooks.drain = [&] { b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); };
     }
-    {
-      KernelBuilder::Origin o(b, "all buffers start free");
-      for (int q = 0; q < 2; ++q) {
-        b.set_flag(m_l1_free, q);
-        b.set_flag(m_l0_free, q);
-        if (q < m_t.l0c_buffers) b.set_flag(m_l0c_free, q);
-      }
-      if (m_t.via_ub) b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
-    }
-    Reg l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
-    m_l0_steps = &l0_steps;
-    b.pipelined_steps(steps, [&](const Reg& t) { load_step(t); },
-                      [&](const Reg& s) { compute_step(s); });
-    {
-      KernelBuilder::Origin o(b, "drain: consume the free flags");
-      for (int q = 0; q < 2; ++q) {
-        b.wait_flag(m_l1_free, q);
-        b.wait_flag(m_l0_free, q);
-        if (q < m_t.l0c_buffers) b.wait_flag(m_l0c_free, q);
-      }
-      if (m_t.via_ub) b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
-    }
+    m_pipe.run(
+        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
     b.end();
     return b.finish();
   }
 
  private:
+  // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB.
   void allocate() {
-    const uint64_t a_bytes = static_cast<uint64_t>(m_t.tm * m_t.tk_l1 * m_isz);
-    const uint64_t b_bytes = static_cast<uint64_t>(m_t.tn * m_t.tk_l1 * m_isz);
-    for (int q = 0; q < 2; ++q) {
-      m_l1a[q] = m_b.alloc(Buf::L1, a_bytes, fmt::format("A chunk {}", q));
-      m_l1b[q] = m_b.alloc(Buf::L1, b_bytes, fmt::format("B chunk {}", q));
-      m_l0a[q] = m_b.alloc(Buf::L0A, static_cast<uint64_t>(m_t.tm * m_t.tk_l0 * m_isz),
-                           fmt::format("A step {}", q));
-      m_l0b[q] = m_b.alloc(Buf::L0B, static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz),
-                           fmt::format("B step {}", q));
-    }
-    for (int q = 0; q < m_t.l0c_buffers; ++q)
-      m_l0c[q] = m_b.alloc(Buf::L0C, static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
-                           fmt::format("C tile {}", q));
-    if (m_t.l0c_buffers == 1) m_l0c[1] = m_l0c[0];
-    if (m_t.via_ub)
-      m_ub_c = m_b.alloc(Buf::UB, static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz), "C tile (UB)");
-  }
-
-  // d = base[0] + parity * (base[1] - base[0])
-  void select(const Reg& d, const Reg& parity, const uint64_t base[2]) {
-    m_b.mul(d, parity, static_cast<int64_t>(base[1] - base[0]));
-    m_b.add(d, d, static_cast<int64_t>(base[0]));
-  }
-
-  void round16(const Reg& d, const Reg& x) {
-    m_b.add(d, x, kFractalRows - 1);
-    m_b.shr(d, d, 4);
-    m_b.shl(d, d, 4);
+    const BufferPlan::Placed l1 = l1_chunks(m_t.tm, m_t.tn, m_isz).allocate(m_b, m_t.tk_l1);
+    m_l1a = Twin{{l1[0], l1[2]}};
+    m_l1b = Twin{{l1[1], l1[3]}};
+    BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), ub(Buf::UB);
+    const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk_l0 * m_isz), 2);
+    const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
+    const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+                                 m_t.l0c_buffers);
+    const auto cu =
+        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz), 1, m_t.via_ub);
+    m_l0a = l0a.allocate(m_b, 0).twin(a);
+    m_l0b = l0b.allocate(m_b, 0).twin(b);
+    m_l0c = l0c.allocate(m_b, 0).twin(c);
+    m_ub_c = ub.allocate(m_b, 0)[cu];
   }
 
   // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks.
@@ -329,38 +307,38 @@ class MatmulEmitter {
     if (m_t.batch > 1) bi = b.reg("load: product");
     coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
     Reg p = b.reg("load: L1 parity");
-    b.and_(p, s, 1);
-    b.wait_flag(m_l1_free, p, "L1 buffer free");
+    m_pipe.l1_parity(p, s);
+    m_pipe.l1_wait_free(p, "L1 buffer free");
     Reg dst = b.reg("load: L1 address"), src = b.reg("load: GM address"),
         rows = b.reg("load: padded rows");
-    select(dst, p, m_l1a);
+    select(m_b, dst, p, m_l1a);
     if (!m_t.trans_a)  // A stored m x k
       load_nd_chunk(dst, src, rows, m0, k0, m_act, kc, m_t.k, m_t.a_batch_strides, bi, "a",
                     "A chunk (m x k)");
     else  // A stored k x m
       load_nd_chunk(dst, src, rows, k0, m0, kc, m_act, m_t.m, m_t.a_batch_strides, bi, "a",
                     "A^T chunk (k x m)");
-    select(dst, p, m_l1b);
+    select(m_b, dst, p, m_l1b);
     if (!m_t.trans_b)  // B stored k x n
       load_nd_chunk(dst, src, rows, k0, n0, kc, n_act, m_t.n, m_t.b_batch_strides, bi, "b",
                     "B chunk (k x n)");
     else  // B stored n x k
       load_nd_chunk(dst, src, rows, n0, k0, n_act, kc, m_t.k, m_t.b_batch_strides, bi, "b",
                     "B^T chunk (n x k)");
-    b.set_flag(m_l1_full, p, "L1 chunk loaded");
+    m_pipe.l1_loaded(p, "L1 chunk loaded");
   }
 
   // MTE2: the row_act x col_act block at (r0, c0) of an ND operand with `pitch` elements per row
   // (of product bi when batched) -> NZ at dst in L1, rows padded to 16. src and rows are
   // scratch registers.
-  void load_nd_chunk(const Reg& dst, const Reg& src, const Reg& rows, const Reg& r0,
-                     const Reg& c0, const Reg& row_act, const Reg& col_act, int64_t pitch,
+  void load_nd_chunk(const Reg& dst, const Reg& src, const Reg& rows, const Reg& r0, const Reg& c0,
+                     const Reg& row_act, const Reg& col_act, int64_t pitch,
                      const std::vector<int64_t>& batch_strides, const Reg& bi, const char* arg,
                      const char* what) {
     KernelBuilder& b = m_b;
     b.mul(src, r0, pitch);
     b.add(src, src, c0);
-    round16(rows, row_act);
+    round16(m_b, rows, row_act);
     if (m_t.batch > 1) add_batch_offset(src, bi, batch_strides);
     finish_src(src, arg);
     b.emit(Opcode::op_nd2nz, {m_t.in_type, dst, src, row_act, col_act, pitch, rows}, what);
@@ -411,26 +389,26 @@ class MatmulEmitter {
       b.mul(cdst, cdst, m_osz);
       Reg c = b.load_arg("c");
       b.add(cdst, cdst, c, "C tile address");
-      if (m_t.l0c_buffers == 2) b.and_(pt, j, 1, "L0C buffer: tile index & 1");
-      else b.movi(pt, 0);
+      if (m_t.l0c_buffers == 2)
+        b.and_(pt, j, 1, "L0C buffer: tile index & 1");
+      else
+        b.movi(pt, 0);
     }
     Reg p = b.reg("compute: L1 parity");
-    b.and_(p, s, 1);
-    b.wait_flag(m_l1_full, p, "L1 chunk loaded");
+    m_pipe.l1_parity(p, s);
+    m_pipe.l1_wait_loaded(p, "L1 chunk loaded");
     Reg kk = b.reg("compute: k within the chunk");
     b.for_range(kk, 0, kc, m_t.tk_l0, [&] { mmad_step(p, pt, ch, kk, kc, m_act, n_act); });
-    b.set_flag(m_l1_free, p, "L1 chunk read");
+    m_pipe.l1_read(p, "L1 chunk read");
     b.if_(eq(ch, m_chunks - 1), [&] {
       KernelBuilder::Origin f(b, "store: L0C -> C");
-      b.set_flag(m_l0c_full, pt);
-      b.wait_flag(m_l0c_full, pt);
       Reg l0c = b.reg("store: L0C address");
-      select(l0c, pt, m_l0c);
+      m_pipe.l0c_ready(pt, l0c, m_l0c);
       if (!m_t.via_ub) {
-        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act,
-                                    m_t.c_pitch, 1, 0, 0},
+        b.emit(Opcode::op_fixpipe,
+               {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act, m_t.c_pitch, 1, 0, 0},
                "C tile to GM (ND)");
-        b.set_flag(m_l0c_free, pt);
+        m_pipe.l0c_stored(pt);
         return;
       }
       // L0C -> UB (ND, rows of whole 32-byte blocks), then UB -> GM.
@@ -441,10 +419,10 @@ class MatmulEmitter {
       b.mul(blocks, row, 1, "blocks per row");
       b.mul(row, row, per_block, "UB row pitch");
       b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
-      b.emit(Opcode::op_fixpipe, {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act,
-                                  row, 1, 0, 0},
+      b.emit(Opcode::op_fixpipe,
+             {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act, row, 1, 0, 0},
              "C tile to UB (ND)");
-      b.set_flag(m_l0c_free, pt);
+      m_pipe.l0c_stored(pt);
       b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
       b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
       b.movi(row, m_t.c_pitch * m_osz / layout::kBlockBytes);
@@ -462,32 +440,21 @@ class MatmulEmitter {
     Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
     b.sub(ks, kc, kk);
     b.min(ks, ks, m_t.tk_l0, "k in this step");
-    b.and_(q, *m_l0_steps, 1);
-    b.wait_flag(m_l0_free, q, "L0 buffers free");
+    m_pipe.l0_parity(q);
+    m_pipe.l0_wait_free(q, "L0 buffers free");
     load_l0a(p, q, kk, ks, kc, m_act);
     load_l0b(p, q, kk, ks, kc, n_act);
-    b.set_flag(m_l0_full, q, "L0 step loaded");
-    b.wait_flag(m_l0_full, q);
+    m_pipe.l0_loaded(q, "L0 step loaded");
     {
       Reg l0a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
           l0c = b.reg("step: L0C address");
-      select(l0a, q, m_l0a);
-      select(l0b, q, m_l0b);
-      select(l0c, pt, m_l0c);
-      Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
-      b.branch(ne(ch, 0), acc);
-      b.branch(ne(kk, 0), acc);
-      b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
-      b.emit(Opcode::op_mmad, {m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act, 0, 0},
-             "C = A * B");
-      b.jmp(issued);
-      b.bind(acc);
-      b.emit(Opcode::op_mmad, {m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act, 1, 0},
-             "C += A * B");
-      b.bind(issued);
+      select(m_b, l0a, q, m_l0a);
+      select(m_b, l0b, q, m_l0b);
+      select(m_b, l0c, pt, m_l0c);
+      m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk);
     }
-    b.set_flag(m_l0_free, q, "L0 buffers read");
-    b.add(*m_l0_steps, *m_l0_steps, 1);
+    m_pipe.l0_read(q, "L0 buffers read");
+    m_pipe.next_l0_step();
   }
 
   // L0A (Zz) for k [kk, kk + ks): one load2d per 16-row block of A.
@@ -498,19 +465,19 @@ class MatmulEmitter {
     Reg src = b.reg("L0A: source"), dst = b.reg("L0A: destination"),
         nfrac = b.reg("L0A: fractals per row block"), step = b.reg("L0A: source step"),
         blocks = b.reg("L0A: row blocks");
-    select(dst, q, m_l0a);
-    select(src, p, m_l1a);
+    select(m_b, dst, q, m_l0a);
+    select(m_b, src, p, m_l1a);
     if (!m_t.trans_a) {
       // NZ A (m x kc, rows padded to R = round16(m)): k block j of row block i at
       // j*R*32 + i*512 bytes; one row block = ceil(ks/C0) fractals at a stride of R/16.
-      round16(step, m_act);
+      round16(m_b, step, m_act);
       b.mul(blocks, kk, m_isz);
       b.mul(blocks, blocks, step);
       b.add(src, src, blocks, "k block kk/C0: kk * size * R bytes");
       b.shr(step, step, 4, "source stride R/16 fractals");
       emit_ceil_div(nfrac, ks, m_c0);
       Reg i = b.reg("L0A: row block");
-      round16(blocks, m_act);
+      round16(m_b, blocks, m_act);
       b.shr(blocks, blocks, 4);
       b.for_range(i, 0, blocks, 1, [&] {
         b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0A, dst, src, nfrac, step, 0});
@@ -522,13 +489,13 @@ class MatmulEmitter {
     } else {
       // NZ A^T (kc x m, rows padded to K = round16(kc)): fractal (k block j, m block i) at
       // i*K*32 + j*512; transposing each gives A's fractal (i, j). Stride 1 along k.
-      round16(step, kc);
+      round16(m_b, step, kc);
       b.mul(step, step, 32, "row block step K*32 bytes");
       b.mul(blocks, kk, 32);
       b.add(src, src, blocks, "k block kk/16: kk*32 bytes");
       emit_ceil_div(nfrac, ks, kFractalRows);
       Reg i = b.reg("L0A: row block");
-      round16(blocks, m_act);
+      round16(m_b, blocks, m_act);
       b.shr(blocks, blocks, 4);
       b.for_range(i, 0, blocks, 1, [&] {
         b.emit(Opcode::op_load2d, {m_t.in_type, Buf::L0A, dst, src, nfrac, 1, 1});
@@ -548,14 +515,14 @@ class MatmulEmitter {
     Reg src = b.reg("L0B: source"), dst = b.reg("L0B: destination"),
         nfrac = b.reg("L0B: fractals per k block"), step = b.reg("L0B: source step"),
         blocks = b.reg("L0B: k blocks");
-    select(dst, q, m_l0b);
-    select(src, p, m_l1b);
+    select(m_b, dst, q, m_l0b);
+    select(m_b, src, p, m_l1b);
     emit_ceil_div(nfrac, n_act, kFractalRows);
     Reg i = b.reg("L0B: k block");
     if (!m_t.trans_b) {
       // NZ B (kc x n, rows padded to K = round16(kc)): fractal (k block i, n block j) at
       // j*K*32 + i*512; transposed (16-bit) it is the Zn fractal. Stride K/16 along n.
-      round16(step, kc);
+      round16(m_b, step, kc);
       b.shr(step, step, 4, "source stride K/16 fractals");
       b.mul(blocks, kk, 32);
       b.add(src, src, blocks, "k block kk/16: kk*32 bytes");
@@ -570,7 +537,7 @@ class MatmulEmitter {
     } else {
       // NZ B^T (n x kc, rows padded to R = round16(n)): fractal (n block j, k block i of C0)
       // at i*R*32 + j*512, already column-major (Zn). Stride 1 along n.
-      round16(step, n_act);
+      round16(m_b, step, n_act);
       b.mul(blocks, kk, m_isz);
       b.mul(blocks, blocks, step);
       b.add(src, src, blocks, "k block kk/C0: kk * size * R bytes");
@@ -594,11 +561,10 @@ class MatmulEmitter {
   const MatmulTiling& m_t;
   KernelBuilder m_b;
   const int64_t m_isz, m_osz, m_c0, m_chunks;
-  uint64_t m_l1a[2] = {0, 0}, m_l1b[2] = {0, 0}, m_l0a[2] = {0, 0}, m_l0b[2] = {0, 0},
-           m_l0c[2] = {0, 0}, m_ub_c = 0;
+  CubePipeline m_pipe;
+  Twin m_l1a, m_l1b, m_l0a, m_l0b, m_l0c;
+  uint64_t m_ub_c = 0;
   int m_ub_full = -1, m_ub_free = -1;
-  const Reg* m_l0_steps = nullptr;
-  FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
 };
 
 }  // namespace
@@ -625,7 +591,51 @@ Launch zero_fill(const OpDesc& op, const TensorDesc& out, const ChipConfig& cfg)
   return build_stream_kernel(op.str(), spec, cfg);
 }
 
-uint64_t workspace_align(uint64_t bytes) { return round_up(bytes, 512); }
+}  // namespace
+
+namespace {
+
+// The cube input type, the FIXPIPE output type and the casts around the cube kernel, by dtype
+// and precision mode (the file comment).
+struct CubeTypes {
+  Dtype cube_in, fix_out;
+  bool cast_inputs, cast_output;
+};
+
+CubeTypes cube_types(const CompileContext& ctx, DataType dt, const MatmulProblem& p) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  CubeTypes t{device_dtype(dt), device_dtype(dt), false, false};
+  if (dt == DataType::BF16 && !cfg.cube_bf16)
+    op.fail(fmt::format("bf16 is not supported by the cube of chip {}", cfg.name));
+  if (dt == DataType::F32) {
+    switch (ctx.precision) {
+      case PrecisionMode::kKeepFp32:
+        if (cfg.cube_fp32_rate_divisor <= 0)
+          op.fail(
+              fmt::format("precision mode {}: the cube of chip {} has no fp32 "
+                          "(cube.fp32_rate_divisor = 0)",
+                          precision_mode_name(ctx.precision), cfg.name));
+        if (p.trans_a || !p.trans_b)
+          op.fail(
+              fmt::format("precision mode {}: fp32 on the cube needs transpose_a = false and "
+                          "transpose_b = true (load2d transposes only 16-bit fractals); "
+                          "use allow_fp32_to_fp16",
+                          precision_mode_name(ctx.precision)));
+        break;
+      case PrecisionMode::kAllowFp32ToFp16:
+        t.cube_in = Dtype::F16;
+        t.cast_inputs = true;
+        break;
+      case PrecisionMode::kAllowMixPrecision:
+        t.cube_in = Dtype::F16;
+        t.fix_out = Dtype::F16;
+        t.cast_inputs = t.cast_output = true;
+        break;
+    }
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -668,45 +678,18 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   CompiledKernel out;
   out.outputs = {c};
   if (dt != DataType::F16 && dt != DataType::BF16 && dt != DataType::F32)
-    op.fail(fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)",
-                        data_type_name(dt)));
+    op.fail(
+        fmt::format("dtype {} is not supported on the cube (f16, bf16, f32)", data_type_name(dt)));
   if (m == 0 || n == 0 || batch == 0) return out;  // nothing to compute
   if (k == 0) {
     out.launches.push_back(zero_fill(op, c, cfg));
     return out;
   }
 
-  // Cube input type, FIXPIPE output type, and the casts around the cube kernel.
-  Dtype cube_in = device_dtype(dt), fix_out = device_dtype(dt);
-  bool cast_inputs = false, cast_output = false;
-  if (dt == DataType::BF16 && !cfg.cube_bf16)
-    op.fail(fmt::format("bf16 is not supported by the cube of chip {}", cfg.name));
-  if (dt == DataType::F32) {
-    switch (ctx.precision) {
-      case PrecisionMode::kKeepFp32:
-        if (cfg.cube_fp32_rate_divisor <= 0)
-          op.fail(fmt::format("precision mode {}: the cube of chip {} has no fp32 "
-                              "(cube.fp32_rate_divisor = 0)",
-                              precision_mode_name(ctx.precision), cfg.name));
-        if (ta || !tb)
-          op.fail(fmt::format("precision mode {}: fp32 on the cube needs transpose_a = false and "
-                              "transpose_b = true (load2d transposes only 16-bit fractals); "
-                              "use allow_fp32_to_fp16",
-                              precision_mode_name(ctx.precision)));
-        break;
-      case PrecisionMode::kAllowFp32ToFp16:
-        cube_in = Dtype::F16;
-        cast_inputs = true;
-        break;
-      case PrecisionMode::kAllowMixPrecision:
-        cube_in = Dtype::F16;
-        fix_out = Dtype::F16;
-        cast_inputs = cast_output = true;
-        break;
-    }
-  }
-  MatmulTiling tiling =
-      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
+  const CubeTypes types = cube_types(ctx, dt, p);
+  const Dtype cube_in = types.cube_in, fix_out = types.fix_out;
+  const bool cast_inputs = types.cast_inputs, cast_output = types.cast_output;
+  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
   tiling.batch_dims = p.batch_dims;
   tiling.a_batch_strides = p.a_batch_strides;
   tiling.b_batch_strides = p.b_batch_strides;

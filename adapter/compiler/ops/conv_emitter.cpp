@@ -1,0 +1,631 @@
+// The cube convolution kernel (ops/conv.h, build_cube_conv) on the cube skeleton
+// (ops/cube_pipeline.h: split, flags, pipelined steps, mmad init/accumulate, L0C hand-over).
+//
+// One block per cube core; block b takes a contiguous range of tiles, tile
+// index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
+// share their weights. A stack is one image, or with stacking (CubeConvTiling::stack > 1)
+// several images placed one above the other with zero rows between them (one tall map whose
+// m tiles run across images: small images are not each rounded up to 16 positions). For
+// every (tile, k chunk) step, software-pipelined by one step:
+//   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
+//         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
+//         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
+//         zero); with zero insertion the slab is zeroed first (an nd2nz whose zero-filled
+//         padding covers it) and the stored pixels are copied into place (nd2nz per row when
+//         up_w = 1, else copy_gm2l1 per pixel over all planes). Streamed weights: the chunk's
+//         B in L1 too, one nd2nz per k-block (16 input channels, one tap) straight from the
+//         weight layout, so L1 holds B's L0B image (kRowsN) or its fractal transpose (kRowsK).
+//   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
+//         load2d of B into L0B (transposing each fractal for kRowsK);
+//   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
+//         and channels, so NHWC outputs with any channel count are written in place; stacked:
+//         per image of the tile and 16 channels, dropping the rows between images).
+//   Stacked slabs are zeroed first (one nd2nz whose zero padding covers them), then each
+//   image's rows are copied into each plane.
+//   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
+//   block that needs it loads it chunk by chunk, each chunk in the compute step that first
+//   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
+//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
+// load3d's set_fmatrix takes the paddings as immediates; a tile's slab starts at the first
+// input row it needs (top padding only for the first output rows, bottom only for the last),
+// so the kernel selects among the few (top, bottom) pairs the tiling produces.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/conv_slab.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
+#include "common/int_math.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+
+SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling& t) {
+  SlabEmitter::Geometry g;
+  g.type = s.in_type;
+  g.images = s.images;
+  g.hs = s.hs;
+  g.ws = s.ws;
+  g.cs = s.cs;
+  g.up_h = s.up_h;
+  g.up_w = s.up_w;
+  g.ext_h = s.ext_h;
+  g.ext_w = s.ext_w;
+  SlabEmitter::set_window(g, s);
+  g.oh = t.tall_oh;
+  g.ow = s.ow();
+  g.tm = t.tm;
+  g.stack = t.stack;
+  g.period = t.period;
+  g.x_pixel = s.x_pixel;
+  g.x_row = s.x_row;
+  g.x_image = s.x_image;
+  return g;
+}
+
+// The convolution kernel of a tiling (see the file comment).
+class ConvEmitter {
+ public:
+  ConvEmitter(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
+              const std::string& op)
+      : m_s(s),
+        m_t(t),
+        m_b(s.name.empty()
+                ? fmt::format("Conv_{}_{}", isa::dtype_name(s.in_type), isa::dtype_name(s.out_type))
+                : s.name,
+            op, cfg),
+        m_slab(m_b, slab_geometry(s, t)),
+        m_isz(isa::dtype_size(s.in_type)),
+        m_osz(isa::dtype_size(s.out_type)),
+        m_taps(s.kh * s.kw),
+        m_pipe(m_b, t.l0c_buffers) {}
+
+  BuiltKernel emit() {
+    KernelBuilder& b = m_b;
+    b.begin_section(b.cube_core_kind());
+    allocate();
+    b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
+    b.declare_arg("w", m_s.in_type, {});
+    b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.cy});
+    if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
+    b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
+           "window geometry (fixed)");
+    Reg steps = b.reg("steps of this block: tiles x chunks");
+    Reg tbeg = b.reg("first tile of this block");
+    m_tbeg = &tbeg;
+    m_pipe.block_steps_contiguous(steps, tbeg, m_t.tiles, m_t.tiles_per_block, m_t.chunks);
+    m_pipe.declare_flags({"L1 slab loaded", "L1 slab free", "L0 step loaded", "L0 step free",
+                          "L0C tile computed", "L0C tile stored"});
+    if (resident()) {
+      m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
+      m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
+    }
+    Reg prev_key;
+    CubePipeline::Hooks hooks;
+    hooks.setup = [&] {
+      prev_key =
+          b.reg_imm("resident weights: 2 * (group * n_tiles + n tile) + loading (-2: none)", -2);
+      m_prev_key = &prev_key;
+    };
+    m_pipe.run(
+        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
+    b.end();
+    return b.finish();
+  }
+
+ private:
+  bool resident() const { return m_t.resident; }
+
+  // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT.
+  void allocate() {
+    const int64_t tn16 = round_up(std::min(m_t.tn, m_s.cg_out), kBlk);
+    const int64_t bias_bytes = m_s.bias ? tn16 * kL0cElemBytes : 0;
+    const ConvL1Buffers l1 = conv_l1_buffers(m_t, bias_bytes);
+    BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), bt(Buf::BT);
+    const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk0 * m_isz), 2);
+    const auto bb = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk0 * tn16 * m_isz), 2);
+    const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes),
+                                 m_t.l0c_buffers);
+    const auto bias_bt =
+        bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(bias_bytes), 2, m_s.bias);
+    const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
+    // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
+    m_slab_buf = p1.twin(l1.slab);
+    for (uint64_t& at : m_slab_buf.a) at += kBlkBytes;
+    m_bbuf = p1.twin(l1.weights);
+    m_bias_l1 = p1.twin(l1.bias);
+    m_l0a = l0a.allocate(m_b, 0).twin(a);
+    m_l0b = l0b.allocate(m_b, 0).twin(bb);
+    m_l0c = l0c.allocate(m_b, 0).twin(c);
+    m_bias_bt = bt.allocate(m_b, 0).twin(bias_bt);
+  }
+
+  bool stacked() const { return m_t.stack > 1; }
+
+  // Step s -> chunk ch, m tile mt, image img (stacked: the stack's first image), weight key
+  // (group * n_tiles + n tile).
+  void decompose(const Reg& s, const Reg& ch, const Reg& mt, const Reg& img, const Reg& key) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "step -> tile (group, n tile, stack, m tile) and chunk");
+    b.rem(ch, s, m_t.chunks);
+    b.div(key, s, m_t.chunks);
+    b.add(key, key, *m_tbeg, "tile");
+    b.rem(mt, key, m_t.m_tiles);
+    b.div(key, key, m_t.m_tiles);
+    b.rem(img, key, m_t.stacks);
+    b.div(key, key, m_t.stacks);
+    if (stacked()) b.mul(img, img, m_t.stack, "first image of the stack");
+  }
+
+  // Group values of key: the channel base cbase = g * cg_in and the group's valid input
+  // channels cvalid; n0 (group-relative first output channel) and n_act.
+  void group_channels(const Reg& key, const Reg& cbase, const Reg& cvalid) {
+    KernelBuilder& b = m_b;
+    b.div(cbase, key, m_t.n_tiles);
+    b.mul(cbase, cbase, m_s.cg_in, "first input channel of the group");
+    b.movi(cvalid, m_s.cs);
+    b.sub(cvalid, cvalid, cbase);
+    b.min(cvalid, cvalid, m_s.cg_in, "input channels of the group");
+  }
+  void n_range(const Reg& key, const Reg& n0, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    // n_act = min(tn, min(cg_out, cy - g * cg_out) - n0)
+    b.div(n_act, key, m_t.n_tiles);
+    b.mul(n_act, n_act, m_s.cg_out);
+    b.movi(n0, m_s.cy);
+    b.sub(n_act, n0, n_act);
+    b.min(n_act, n_act, m_s.cg_out, "output channels of the group");
+    b.rem(n0, key, m_t.n_tiles);
+    b.mul(n0, n0, m_t.tn, "first output channel (in the group)");
+    b.sub(n_act, n_act, n0);
+    b.min(n_act, n_act, m_t.tn, "output channels of the tile");
+  }
+  // The chunk's channel blocks: c1a = ch * kc1, ncb = clamp(ceil(cvalid/16) - c1a, 0, kc1).
+  void chunk_blocks(const Reg& ch, const Reg& cvalid, const Reg& c1a, const Reg& ncb) {
+    KernelBuilder& b = m_b;
+    b.mul(c1a, ch, m_t.kc1, "first channel block of the chunk");
+    b.add(ncb, cvalid, kBlk - 1);
+    b.shr(ncb, ncb, 4);
+    b.sub(ncb, ncb, c1a);
+    b.min(ncb, ncb, m_t.kc1);
+    b.max(ncb, ncb, 0, "channel blocks in the chunk");
+  }
+
+  // MTE2: the slab (and chunked weights) of step s into L1 buffer s & 1.
+  void load_step(const Reg& s) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "load: slab (and weights) into L1");
+    Reg ch = b.reg("load: chunk"), img = b.reg("load: image"), key = b.reg("load: weight key");
+    Reg r0 = b.reg("load: first row"), h = b.reg("load: rows");
+    {
+      Reg mt = b.reg("load: m tile");
+      decompose(s, ch, mt, img, key);
+      Reg m0 = b.reg("load: m0"), m_act = b.reg("load: positions");
+      m_slab.tile_positions(mt, m0, m_act);
+      m_slab.slab_rows(m0, m_act, r0, h);
+    }
+    Reg p = b.reg("load: L1 parity");
+    m_pipe.l1_parity(p, s);
+    m_pipe.l1_wait_free(p, "L1 buffers free");
+    Reg cbase = b.reg("load: group channel base"), cvalid = b.reg("load: group channels");
+    group_channels(key, cbase, cvalid);
+    Reg c1a = b.reg("load: first block"), ncb = b.reg("load: blocks");
+    chunk_blocks(ch, cvalid, c1a, ncb);
+    {
+      Reg dst = b.reg("load: slab address"), x = b.load_arg("x");
+      select(b, dst, p, m_slab_buf);
+      m_slab.load_slab({dst, x, img, r0, h, cbase, c1a, ncb, cvalid});
+    }
+    if (m_s.bias) {
+      b.if_(eq(ch, 0), [&] {
+        KernelBuilder::Origin r(b, "bias of the tile's channels (its first chunk)");
+        Reg dst = b.reg("load: bias address"), src = b.reg("load: bias source"),
+            blocks = b.reg("load: bias blocks");
+        select(b, dst, p, m_bias_l1);
+        n_range(key, src, blocks);
+        b.add(blocks, blocks, 7);
+        b.shr(blocks, blocks, 3, "32-byte blocks of n_act f32");
+        b.mul(src, src, kL0cElemBytes);
+        Reg bias = b.load_arg("bias");
+        b.add(src, src, bias);
+        b.emit(Opcode::op_copy_gm2l1, {dst, src, 1, blocks, 0, 0}, "bias[n0, n0 + n_act)");
+      });
+    }
+    if (!resident()) {
+      Reg dst = b.reg("load: weights address"), n0 = b.reg("load: n0"),
+          n_act = b.reg("load: columns");
+      select(b, dst, p, m_bbuf);
+      n_range(key, n0, n_act);
+      load_weights(dst, key, n0, n_act, c1a, ncb, cvalid);
+    }
+    m_pipe.l1_loaded(p, "L1 buffers loaded");
+  }
+
+  // MTE2: B for channel blocks [c1a, c1a + ncb) of the weight key into L1 at dst, one nd2nz per
+  // k-block (c1, tap), k-block i at dst + i * nb * 512 (nb = ceil(n_act / 16)).
+  void load_weights(const Reg& dst, const Reg& key, const Reg& n0, const Reg& n_act, const Reg& c1a,
+                    const Reg& ncb, const Reg& cvalid) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "weights: one nd2nz per (16 input channels, tap)");
+    Reg base = b.reg("weights: group base"), d = b.reg("weights: destination");
+    // base = w + (g * b_group + (kRowsK ? n0 : n0 * b_row)) * size
+    b.div(base, key, m_t.n_tiles);
+    b.mul(base, base, m_s.b_group);
+    Reg t = b.reg("weights: temp");
+    if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+      b.add(base, base, n0);
+    } else {
+      b.mul(t, n0, m_s.b_row);
+      b.add(base, base, t);
+    }
+    b.mul(base, base, m_isz);
+    {
+      Reg w = b.load_arg("w");
+      b.add(base, base, w);
+    }
+    Reg nrows = b.reg("weights: n rows padded");
+    round16(b, nrows, n_act);
+    b.mov(d, dst);
+    Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
+    b.add(end, c1a, ncb);
+    b.for_range(c, c1a, end, 1, [&] {
+      Reg rows = b.reg("weights: channels in block"), src = b.reg("weights: source"),
+          tap = b.reg("weights: tap");
+      b.mul(rows, c, kBlk);
+      b.sub(rows, cvalid, rows);
+      b.min(rows, rows, kBlk);
+      b.for_range(tap, 0, m_taps, 1, [&] {
+        // source tap = flip ? taps - 1 - tap : tap
+        if (m_s.b_flip) {
+          b.movi(src, m_taps - 1);
+          b.sub(src, src, tap);
+        } else {
+          b.mov(src, tap);
+        }
+        b.mul(src, src, m_s.b_tap);
+        if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+          b.mul(t, c, kBlk * m_s.b_row);
+          b.add(src, src, t);
+          b.mul(src, src, m_isz);
+          b.add(src, src, base);
+          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
+                 "k-block: 16 input channels x n (fractal rows = k)");
+        } else {
+          b.mul(t, c, kBlk);
+          b.add(src, src, t);
+          b.mul(src, src, m_isz);
+          b.add(src, src, base);
+          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, rows, m_s.b_row, nrows},
+                 "k-block: n x 16 input channels (fractal rows = n, the L0B layout)");
+        }
+        b.mul(t, nrows, kBlk * m_isz);
+        b.add(d, d, t, "next k-block: nb * 512 bytes");
+      });
+    });
+  }
+
+  // MTE1 + M (+ FIX after the tile's last chunk) for step s.
+  void compute_step(const Reg& s) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "compute: L1 -> L0 -> cube");
+    Reg ch = b.reg("compute: chunk"), m_act = b.reg("compute: positions"),
+        msl = b.reg("compute: first img2col row in the slab"), chan = b.reg("compute: channels"),
+        kc = b.reg("compute: k in the chunk"), n_act = b.reg("compute: columns"),
+        cdst = b.reg("compute: output address"), bbase = b.reg("compute: B of the chunk in L1");
+    {
+      Reg key = b.reg("compute: weight key"), n0 = b.reg("compute: n0");
+      TileRegs t{ch, m_act, msl, chan, kc, n_act, cdst, bbase, key, n0};
+      tile_output(s, t);
+      chunk_operands(s, t);
+    }
+    Reg p = b.reg("compute: L1 parity"), pt = b.reg("compute: L0C parity");
+    m_pipe.l1_parity(p, s);
+    if (m_t.l0c_buffers == 2) {
+      b.div(pt, s, m_t.chunks);
+      b.and_(pt, pt, 1, "L0C buffer: tile index in the block & 1");
+    } else {
+      b.movi(pt, 0);
+    }
+    m_pipe.l1_wait_loaded(p, "L1 buffers loaded");
+    chunk_mmads(p, pt, ch, ChunkRegs{m_act, n_act, msl, chan, kc, bbase});
+    m_pipe.l1_read(p, "L1 buffers read");
+    p.release();
+    kc.release();
+    msl.release();
+    chan.release();
+    bbase.release();
+    b.if_(eq(ch, m_t.chunks - 1), [&] {
+      KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
+      Reg l0c = b.reg("store: L0C address");
+      m_pipe.l0c_ready(pt, l0c, m_l0c);
+      if (stacked())
+        store_stacked(s, l0c, cdst, m_act, n_act);
+      else
+        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, cdst, l0c, m_act, n_act,
+                                    m_s.cy, 1, m_s.relu ? 1 : 0, 0});
+      m_pipe.l0c_stored(pt);
+    });
+  }
+
+  // The registers compute_step sets for a step: from its tile (tile_output) ch, m_act, msl
+  // (the tile's first img2col row in the slab), n_act, cdst (its output address), key and n0;
+  // from its chunk (chunk_operands) chan (channels from the chunk's first block), kc (k of the
+  // chunk) and bbase (the chunk's B in L1).
+  struct TileRegs {
+    const Reg &ch, &m_act, &msl, &chan, &kc, &n_act, &cdst, &bbase, &key, &n0;
+  };
+
+  // The tile of step s: chunk, positions, set_fmatrix for its slab, channels and output address.
+  void tile_output(const Reg& s, const TileRegs& t) {
+    KernelBuilder& b = m_b;
+    Reg img = b.reg("compute: image"), m0 = b.reg("compute: m0");
+    {
+      Reg mt = b.reg("compute: m tile");
+      decompose(s, t.ch, mt, img, t.key);
+      m_slab.tile_positions(mt, m0, t.m_act);
+    }
+    {
+      Reg r0 = b.reg("compute: first row"), h = b.reg("compute: rows");
+      m_slab.slab_rows(m0, t.m_act, r0, h);
+      m_slab.set_fmatrix(m0, t.m_act, h);
+    }
+    m_slab.slab_first_row(t.msl, m0);
+    n_range(t.key, t.n0, t.n_act);
+    // y + ((img * OH*OW + m0) * cy + g * cg_out + n0) * size (stacked: without the
+    // position, added per image when storing)
+    if (stacked()) {
+      b.movi(t.cdst, 0);
+    } else {
+      b.mul(t.cdst, img, m_s.oh() * m_s.ow());
+      b.add(t.cdst, t.cdst, m0);
+      b.mul(t.cdst, t.cdst, m_s.cy);
+    }
+    b.div(m0, t.key, m_t.n_tiles);
+    b.mul(m0, m0, m_s.cg_out);
+    b.add(t.cdst, t.cdst, m0);
+    b.add(t.cdst, t.cdst, t.n0);
+    b.mul(t.cdst, t.cdst, m_osz);
+    Reg y = b.load_arg("y");
+    b.add(t.cdst, t.cdst, y, "output tile address");
+  }
+
+  // The chunk of step s: its channels, k, and its B in L1 (resident weights: loaded here by the
+  // first tile of a (group, n tile) that reads them).
+  void chunk_operands(const Reg& s, const TileRegs& t) {
+    KernelBuilder& b = m_b;
+    Reg cbase = b.reg("compute: group channel base"), cvalid = b.reg("compute: channels");
+    group_channels(t.key, cbase, cvalid);
+    cbase.release();
+    Reg c1a = b.reg("compute: first block"), ncb = b.reg("compute: blocks");
+    chunk_blocks(t.ch, cvalid, c1a, ncb);
+    b.mul(t.chan, c1a, kBlk);
+    b.sub(t.chan, cvalid, t.chan, "channels from the chunk's first block");
+    b.mul(t.kc, ncb, m_taps * kBlk, "k of the chunk");
+    if (!resident()) {
+      Reg p = b.reg("compute: L1 parity");
+      m_pipe.l1_parity(p, s);
+      select(b, t.bbase, p, m_bbuf);
+      return;
+    }
+    // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512.
+    round16(b, t.bbase, t.n_act);
+    b.mul(t.bbase, t.bbase, c1a);
+    b.mul(t.bbase, t.bbase, m_taps * kBlk * m_isz);
+    b.add(t.bbase, t.bbase, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
+    Reg loading = b.reg("compute: loading");
+    resident_key(t.ch, t.key, loading);
+    b.and_(loading, *m_prev_key, 1);
+    b.if_(ne(loading, 0), [&] {
+      KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
+      loading.release();
+      load_weights(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+      b.set_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+      b.wait_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+    });
+  }
+
+  // Resident weights: the first tile of a (group, n tile) loads them chunk by chunk; on its
+  // first chunk prev_key becomes 2 * key + 1 (loading) after MTE1 has finished with the
+  // previous weights, on the first chunk of a later tile of the same key 2 * key. t: scratch.
+  void resident_key(const Reg& ch, const Reg& key, const Reg& t) {
+    KernelBuilder& b = m_b;
+    b.if_(eq(ch, 0), [&] {
+      b.add(t, key, key);
+      Label same = b.label("same_weights");
+      Reg prev = b.reg("compute: previous key x 2");
+      b.shr(prev, *m_prev_key, 1);
+      b.shl(prev, prev, 1);
+      b.branch(eq(t, prev), same);
+      b.add(t, t, 1);
+      KernelBuilder::Origin r(b, "weights of a new (group, n tile)");
+      b.set_flag(Pipe::MTE1, Pipe::MTE2, m_b_drained, "MTE1 done with the old weights");
+      b.wait_flag(Pipe::MTE1, Pipe::MTE2, m_b_drained);
+      b.bind(same);
+      b.mov(*m_prev_key, t);
+    });
+  }
+
+  struct ChunkRegs {
+    const Reg &m_act, &n_act, &msl, &chan, &kc, &bbase;
+  };
+
+  // The chunk's mmad steps (L1 buffer p, L0C buffer pt), with what every step uses computed
+  // once (StepRegs).
+  void chunk_mmads(const Reg& p, const Reg& pt, const Reg& ch, const ChunkRegs& c) {
+    KernelBuilder& b = m_b;
+    StepRegs r{b.reg("compute: L1 slab"),
+               b.reg("compute: L0C address"),
+               b.reg("compute: fractal rows of the tile"),
+               b.reg("compute: n blocks"),
+               b.reg("compute: B of the step in L1"),
+               b.reg("compute: B bytes per step"),
+               b.reg("compute: bias in L1")};
+    if (m_s.bias) select(b, r.bias, p, m_bias_l1);
+    select(b, r.slab, p, m_slab_buf);
+    select(b, r.l0c, pt, m_l0c);
+    round16(b, r.m16, c.m_act);
+    round16(b, r.nb, c.n_act);
+    b.shr(r.nb, r.nb, 4, "nb");
+    b.mov(r.bsrc, c.bbase);
+    b.mul(r.bstep, r.nb, m_t.tk0 * 32, "tk0/16 * nb * 512");
+    Reg kk = b.reg("compute: k within the chunk");
+    b.for_range(kk, 0, c.kc, m_t.tk0,
+                [&] { mmad_step(r, pt, ch, kk, c.kc, c.msl, c.chan, c.m_act, c.n_act); });
+  }
+
+  // FIX of a stacked tile (step s; C m_act x n_act at l0c, NZ with M16 = round16(m_act)): per
+  // image j of the stack, its positions [j * P * OW, (j * P + OH) * OW) (P = period / sh) that
+  // the tile covers, one fixpipe per 16 output channels (a 16-column block of L0C is
+  // [M16][16]: any first row works), to y + (((img + j) * OH*OW + position) * cy) * size +
+  // cdst (cdst: y and the tile's first channel).
+  void store_stacked(const Reg& s, const Reg& l0c, const Reg& cdst, const Reg& m_act,
+                     const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    const int64_t positions = m_s.oh() * m_s.ow();
+    const int64_t pitch = m_t.period / m_s.sh * m_s.ow();  // tall positions per image
+    Reg img = b.reg("store: first image"), m0 = b.reg("store: m0");
+    {
+      Reg ch = b.reg("store: chunk"), mt = b.reg("store: m tile"), key = b.reg("store: key");
+      decompose(s, ch, mt, img, key);
+      m_slab.tile_positions(mt, m0, ch);
+    }
+    Reg j = b.reg("store: image in the stack"), jend = b.reg("store: images in the stack"),
+        a = b.reg("store: first position"), e = b.reg("store: end position"),
+        src = b.reg("store: L0C rows"), dst = b.reg("store: destination"),
+        cb = b.reg("store: column block"), t = b.reg("store: temp");
+    b.movi(jend, m_s.images);
+    b.sub(jend, jend, img);
+    b.min(jend, jend, m_t.stack, "images of this stack");
+    Reg nb = b.reg("store: column blocks"), m16 = b.reg("store: L0C column block bytes");
+    b.add(nb, n_act, kBlk - 1);
+    b.shr(nb, nb, 4);
+    round16(b, m16, m_act);
+    b.mul(m16, m16, kBlk * kL0cElemBytes);
+    b.for_range(j, 0, jend, 1, [&] {
+      // The image's tall positions [pj, pj + OH*OW) within [m0, m0 + m_act).
+      b.mul(t, j, pitch, "pj: the image's first tall position");
+      b.max(a, t, m0, "first position");
+      b.add(e, t, positions);
+      b.add(dst, m0, m_act);
+      b.min(e, e, dst, "end position");
+      b.if_(lt(a, e), [&] {
+        b.sub(dst, a, t, "position in the image");
+        b.add(t, img, j);
+        b.mul(t, t, positions);
+        b.add(dst, dst, t);
+        b.mul(dst, dst, m_s.cy * m_osz);
+        b.add(dst, dst, cdst, "first row of the image's part");
+        b.sub(src, a, m0);
+        b.mul(src, src, kBlk * kL0cElemBytes);
+        b.add(src, src, l0c, "its first L0C row");
+        b.sub(e, e, a, "rows");
+        b.for_range(cb, 0, nb, 1, [&] {
+          b.mul(t, cb, kBlk);
+          b.sub(t, n_act, t);
+          b.min(t, t, kBlk, "channels of the block");
+          b.emit(
+              Opcode::op_fixpipe,
+              {Dtype::F32, m_s.out_type, Buf::GM, dst, src, e, t, m_s.cy, 1, m_s.relu ? 1 : 0, 0},
+              "the image's rows, 16 channels");
+          b.add(dst, dst, kBlk * m_osz);
+          b.add(src, src, m16);
+        });
+      });
+    });
+  }
+
+  // Registers an mmad step reads, set once per chunk: the chunk's slab in L1 (buffer p), the
+  // tile's L0C buffer, round16(m_act), nb = round16(n_act) / 16, and B's L1 address for the
+  // next step (advanced by bstep = tk0 / 16 * nb fractals per step).
+  struct StepRegs {
+    Reg slab, l0c, m16, nb, bsrc, bstep, bias;  // bias: the tile's bias in L1 (with a bias)
+  };
+
+  // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt. The L0 parity (the step
+  // count's low bit) selects one of two copies of the step, so its flags and L0 addresses are
+  // immediates. With a bias, a tile's first step copies its bias into the BT row of the L0
+  // parity (free: the mmad that last read it, two steps back, freed the L0 buffers MTE1 waited
+  // for) and its mmad starts from it (init 2).
+  void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
+                 const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "mmad step: load3d A, load2d B, mmad");
+    Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
+    b.sub(ks, kc, kk);
+    b.min(ks, ks, m_t.tk0, "k in this step");
+    Reg a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
+        n = b.reg("step: fractals"), bt = b.reg("step: bias row in BT");
+    // B: fractals [kk/16 * nb, (kk + ks)/16 * nb) of the L1 image, one load2d.
+    b.shr(n, ks, 4);
+    b.mul(n, n, r.nb, "fractals of the step");
+    m_pipe.l0_parity(q);
+    b.by_parity(q, [&](int par) {
+      m_pipe.l0_wait_free(par, "L0 buffers free");
+      b.movi(a, static_cast<int64_t>(m_l0a[par]));
+      b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
+             "img2col rows of the tile, k [kk, kk + ks)");
+      b.movi(l0b, static_cast<int64_t>(m_l0b[par]));
+      b.emit(Opcode::op_load2d,
+             {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
+              m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
+             "B of the step");
+      if (m_s.bias) {  // (bt is read by this step's init-2 mmad only: the same condition)
+        Label later = b.label("bias_loaded");
+        b.branch(ne(ch, 0), later);
+        b.branch(ne(kk, 0), later);
+        b.movi(bt, static_cast<int64_t>(m_bias_bt[par]));
+        b.add(n, n_act, 7);
+        b.shr(n, n, 3, "32-byte blocks of n_act f32");
+        b.emit(Opcode::op_copy_l12bt, {bt, r.bias, n}, "the tile's bias into BT");
+        b.bind(later);
+      }
+      m_pipe.l0_loaded(par, "L0 step loaded");
+      if (m_s.bias)
+        m_pipe.mmad({m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk, 2, &bt,
+                    "C = bias + A * B");
+      else
+        m_pipe.mmad({m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk);
+      m_pipe.l0_read(par, "L0 buffers read");
+    });
+    b.add(r.bsrc, r.bsrc, r.bstep);
+    m_pipe.next_l0_step();
+  }
+
+  const CubeConvSpec& m_s;
+  const CubeConvTiling& m_t;
+  KernelBuilder m_b;
+  SlabEmitter m_slab;
+  const int64_t m_isz, m_osz, m_taps;
+  CubePipeline m_pipe;
+  Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
+  int m_b_drained = -1, m_b_loaded = -1;
+  const Reg* m_prev_key = nullptr;
+  const Reg* m_tbeg = nullptr;
+};
+
+}  // namespace
+
+Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
+                       const std::string& op) {
+  Launch l;
+  l.kernel = ConvEmitter(s, t, cfg, op).emit();
+  l.block_dim = t.block_dim;
+  l.args = {input_ref(0), input_ref(1), output_ref(0)};
+  if (s.bias) l.args.push_back(input_ref(2));  // (callers rebind the arguments)
+  l.summary = fmt::format(
+      "cube conv{}{} {}x{}x{}x{} {} ({}x{} window, stride {}x{}, dilation "
+      "{}x{}, zero insertion {}x{}, {} group(s) of {} -> {}): {}",
+      s.bias ? " + bias" : "", s.relu ? " + relu" : "", s.images, s.hs, s.ws, s.cs,
+      isa::dtype_name(s.in_type), s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.up_h, s.up_w, s.groups,
+      s.cg_in, s.cg_out, t.str());
+  return l;
+}
+
+}  // namespace npusim::compiler::ops

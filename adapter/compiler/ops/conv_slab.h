@@ -1,0 +1,154 @@
+// What the cube convolution and img2col kernels share (ops/conv_tiling.cpp, conv_emitter.cpp,
+// img2col.cpp; ops/conv_slab.cpp implements it): channel-block sizes, the slab geometry of an
+// m tile at compile time (SlabGeom, StackGeom) and at run time (SlabEmitter: the slab rows of a
+// tile, loading the slab into L1, set_fmatrix), and the ISA's geometry limits.
+//
+// A slab is the input rows one m tile of output positions needs, all columns, some channel
+// blocks, in L1 as NC1HWC0 [c1][rows][Wv][16] (one 16-channel plane per channel block), read by
+// load3d (img2col) into L0A.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "adapter/compiler/buffer_plan.h"
+#include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/conv.h"
+#include "isa/isa.h"
+
+namespace npusim::compiler::ops {
+
+constexpr int64_t kBlk = 16;       // channels per block: C0 of 16-bit types = fractal rows
+constexpr int64_t kBlkBytes = 32;  // one channel block of one pixel
+constexpr int64_t kMaxTile = 256;  // output tile side limit (as MatMul)
+
+inline int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm_max(k)); }
+
+// L1 bytes of one slab buffer (kc1 planes of slab_rows x wv pixels, one block of room before
+// for zeroing and 16 pixels after for spilled zero padding) and of one weight buffer.
+int64_t slab_buffer_bytes(int64_t kc1, int64_t slab_rows, int64_t wv);
+int64_t weight_buffer_bytes(int64_t k, int64_t tn16);
+
+// The convolution kernel's L1 buffers in declaration order: two slabs, the weights (one
+// resident or two streamed chunk buffers) and two bias rows of bias_bytes (none if 0). The
+// tiling checks this list against L1 and the kernel allocates it.
+struct ConvL1Buffers {
+  BufferPlan plan{isa::Buf::L1};
+  BufferPlan::Id slab, weights, bias;
+};
+ConvL1Buffers conv_l1_buffers(const CubeConvTiling& t, int64_t bias_bytes);
+
+// The slab of output positions [m0, m0 + m_act) of one image: input rows [r0, r0 + h) of the
+// (virtual) map, with top/bottom paddings ptl/pbl for load3d and the first row of the slab's
+// img2col that is the tile's (m_start).
+struct SlabGeom {
+  int64_t m0, m_act, r0, h, ptl, pbl, m_start;
+};
+SlabGeom slab_geom(int64_t m0, int64_t m_act, int64_t ow, int64_t hv, int64_t kh, int64_t sh,
+                   int64_t dh, int64_t pt);
+// The m tiles of an image of `positions` outputs in tiles of tm.
+std::vector<SlabGeom> m_tiles(int64_t positions, int64_t tm, int64_t ow, int64_t hv, int64_t kh,
+                              int64_t sh, int64_t dh, int64_t pt);
+
+// Stacking (CubeConvTiling): the rows per image `period` (Hv and a gap of zero rows at least the
+// window's overhang before an image (pt) and after it, rounded up so that sh divides the
+// period), the tall map's rows `ht` (no gap after the last image) and output rows `tall_oh`.
+struct StackGeom {
+  int64_t period, ht, tall_oh;
+};
+StackGeom stack_geom(const CubeConvSpec& s, int64_t stack);
+
+// Geometry limits of load3d / set_fmatrix / set_l3d_geom (isa.def field widths) and of the
+// slab scheme (every tile's slab holds at least one input row); CompileError naming op.
+void check_geometry(const std::string& op, int64_t hv, int64_t wv, int64_t kh, int64_t kw,
+                    int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pb,
+                    int64_t pl, int64_t pr);
+
+// The slab at run time, for one kernel's geometry.
+class SlabEmitter {
+ public:
+  struct Geometry {
+    isa::Dtype type = isa::Dtype::F16;
+    int64_t images = 1, hs = 1, ws = 1, cs = 1, up_h = 1, up_w = 1, ext_h = 0, ext_w = 0;
+    int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
+    int64_t oh = 1, ow = 1, tm = 16;  // oh: output rows of the (tall) map
+    int64_t stack = 1, period = 0;    // images per tall map, rows per image (CubeConvTiling)
+    int64_t x_pixel = 0, x_row = 0, x_image = 0;  // CubeConvSpec's strided view of x
+  };
+
+  // The window fields (kh .. pr) of a spec with those fields (CubeConvSpec, Img2colSpec).
+  template <typename Spec>
+  static void set_window(Geometry& g, const Spec& s) {
+    g.kh = s.kh;
+    g.kw = s.kw;
+    g.sh = s.sh;
+    g.sw = s.sw;
+    g.dh = s.dh;
+    g.dw = s.dw;
+    g.pt = s.pt;
+    g.pb = s.pb;
+    g.pl = s.pl;
+    g.pr = s.pr;
+  }
+
+  SlabEmitter(KernelBuilder& b, const Geometry& g);
+
+  // Rows of one image's (virtual) map and of the map the tiles cover (tall when stacked).
+  int64_t image_hv() const { return (m_g.hs - 1) * m_g.up_h + 1 + m_g.ext_h; }
+  int64_t hv() const {
+    return m_g.stack == 1 ? image_hv() : m_g.stack * m_g.period - (m_g.period - image_hv());
+  }
+  int64_t wv() const { return (m_g.ws - 1) * m_g.up_w + 1 + m_g.ext_w; }
+  int64_t ekh() const { return (m_g.kh - 1) * m_g.dh + 1; }
+  bool zero_insertion() const {
+    return m_g.up_h > 1 || m_g.up_w > 1 || m_g.ext_h > 0 || m_g.ext_w > 0;
+  }
+
+  // From the m tile index mt: its first position m0 and positions m_act.
+  void tile_positions(const Reg& mt, const Reg& m0, const Reg& m_act);
+  // The tile's slab (slab_geom): first row r0 and rows h.
+  void slab_rows(const Reg& m0, const Reg& m_act, const Reg& r0, const Reg& h);
+  // msl = m0 - (m0 / OW) * OW: the tile's first img2col row within its slab.
+  void slab_first_row(const Reg& msl, const Reg& m0);
+  // set_fmatrix for the tile (m0, m_act) whose slab has h rows. The slab's top and bottom
+  // paddings are immediates, so branch to the instruction for the tile's pair.
+  void set_fmatrix(const Reg& m0, const Reg& m_act, const Reg& h);
+
+  // What load_slab reads and writes: channel blocks [c1a, c1a + ncb) (counted from channel
+  // cbase of the map) of image img (stacked: of the tall map whose first image is img), rows
+  // [r0, r0 + h), into L1 at dst; channels >= cvalid (counted from cbase) are zero.
+  struct SlabArgs {
+    const Reg &dst, &x, &img, &r0, &h, &cbase, &c1a, &ncb, &cvalid;
+  };
+  // MTE2: the slab into L1 at dst as [ncb][h][Wv][16]. The slab's last plane may be followed
+  // by up to 15 pixels of zeros, and with zero insertion or stacking the 32 bytes before dst
+  // are written too (see plan_cube_conv's sizes).
+  void load_slab(const SlabArgs& a);
+
+ private:
+  struct Scratch;
+  void load_stacked(const SlabArgs& a, Scratch& r);
+  void load_dense(const SlabArgs& a, Scratch& r);
+  void load_zero_inserted(const SlabArgs& a, Scratch& r, const Reg& uu);
+  // Per plane, per slab row uu in [u, uend) by `step`: an nd2nz of the row's ws pixels,
+  // `pixel` elements apart, from the address source(c) sets (x's address of the row's block
+  // c; row uu).
+  void plane_rows(const SlabArgs& a, Scratch& r, const Reg& uu, const Reg& u, const Reg& uend,
+                  int64_t step, int64_t pixel, const std::function<void(const Reg&)>& source,
+                  const char* what);
+  // Zeroes the slab's planes: an nd2nz of one element to the block before dst, whose
+  // zero-filled padding rows cover [dst, dst + (ncb * plane + 15) * 32). t, d: scratch.
+  void zero_slab(const Reg& dst, const Reg& x, const Reg& ncb, const Reg& plane, const Reg& t,
+                 const Reg& d);
+
+  KernelBuilder& m_b;
+  Geometry m_g;
+  int64_t m_isz;
+  std::set<std::pair<int64_t, int64_t>> m_pads;  // (top, bottom) slab paddings of the m tiles
+};
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,356 @@
+// The cube convolution's tiling (ops/conv.h, CubeConvTiling): every tiling that fits the cube
+// core, each with a modelled cost for the busiest core, and the choice among them.
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/conv_slab.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
+#include "common/int_math.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Pipe;
+
+namespace {
+
+constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count as equal
+
+// The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
+struct ConvRates {
+  double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
+};
+
+ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
+  ConvRates r;
+  r.gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  // Data read again (a slab once per n tile, streamed weights once per stack of images) comes
+  // from L2 after its first read: at the core's L2 read port or its share of L2's bandwidth
+  // (docs/chip_model.md), not slower than the GM path.
+  r.l2_rate = r.gm_rate;
+  if (cfg.l2_read_bytes_per_cycle > 0 && cfg.l2_gbps > 0)
+    r.l2_rate = std::max(
+        r.gm_rate, std::min(cfg.l2_read_bytes_per_cycle, cfg.l2_bytes_per_cycle() / core.count));
+  r.l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A);
+  r.l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
+  r.fix_rate = cfg.path_rate(Buf::L0C, Buf::GM);
+  r.l1_lat = cfg.path_latency(Buf::L1, Buf::L0A);
+  r.cube_lat = cfg.cube_latency_cycles;
+  // A GM read's latency: the path's start latency and an L2 miss (cold data).
+  r.gm_lat = cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles;
+  // What a step adds beyond its slowest pipe: the hand-overs between pipes, each paying its
+  // start latency once (GM -> L1, L1 -> L0A and L0B, the cube's pipeline).
+  r.step_overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * r.l1_lat + r.cube_lat;
+  return r;
+}
+
+// Output tile widths: powers of two from 16 to 256 and, for each count of n tiles per group,
+// the balanced width (512 channels -> 3 tiles of 176, 176, 160: the cores' work comes in finer
+// steps).
+std::vector<int64_t> tile_widths(const CubeConvSpec& s, const std::string& op) {
+  std::vector<int64_t> tns;
+  for (int64_t tn : {16, 32, 64, 128, 256}) {
+    if (s.cy < s.groups * s.cg_out) {  // a partial last group: one n tile per group
+      if (tn >= s.cg_out && (tn == 16 || tn / 2 < s.cg_out)) tns.push_back(tn);
+    } else if (tn == 16 || tn / 2 < round_up(s.cg_out, kBlk)) {
+      tns.push_back(tn);
+    }
+  }
+  if (s.cy >= s.groups * s.cg_out) {
+    for (int64_t parts = 1; parts <= ceil_div(s.cg_out, kBlk); ++parts) {
+      const int64_t tn = round_up(ceil_div(s.cg_out, parts), kBlk);
+      if (tn <= kMaxTile && std::find(tns.begin(), tns.end(), tn) == tns.end()) tns.push_back(tn);
+    }
+  }
+  if (tns.empty())
+    throw CompileError(fmt::format("{}: {} output channels per group exceed one {}-wide tile", op,
+                                   s.cg_out, kMaxTile));
+  return tns;
+}
+
+// Stackings: `stack` if given (> 0), else one image per map and (without zero insertion) every
+// count of images whose tall map fits one m tile (at most kMaxTile output positions).
+std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, int64_t stack) {
+  const bool zero_insertion = s.up_h > 1 || s.up_w > 1 || s.ext_h > 0 || s.ext_w > 0;
+  if (s.x_row != 0 && (zero_insertion || stack > 1))
+    throw CompileError(
+        fmt::format("{}: a strided view of x takes no zero insertion or stacking", op));
+  std::vector<int64_t> counts;
+  if (stack > 0) {
+    if (stack > 1 && (zero_insertion || stack > s.images))
+      throw CompileError(fmt::format("{}: cannot stack {} images ({} images{})", op, stack,
+                                     s.images, zero_insertion ? ", zero insertion" : ""));
+    counts.push_back(stack);
+    return counts;
+  }
+  counts.push_back(1);
+  for (int64_t st = 2; !zero_insertion && s.x_row == 0 && st <= s.images; ++st) {
+    if (stack_geom(s, st).tall_oh * s.ow() > kMaxTile) break;
+    counts.push_back(st);
+  }
+  return counts;
+}
+
+// Output tile heights for `positions` per (tall) map: every multiple of 16 up to 256, and the
+// balanced height for each count of tiles per map (784 positions -> 7 tiles of 112 rather than 6
+// of 128 and one of 16).
+std::set<int64_t> tile_heights(int64_t positions) {
+  std::set<int64_t> tms;
+  for (int64_t tm = kBlk; tm <= kMaxTile; tm += kBlk) {
+    tms.insert(std::min(tm, round_up(positions, kBlk)));
+    tms.insert(round_up(ceil_div(positions, ceil_div(positions, tm)), kBlk));
+  }
+  return tms;
+}
+
+// A candidate tiling as the cost model sees it (t: the fields plan_cube_conv fills; mts: its m
+// tiles; kchunk: k per chunk; wv, taps of the spec).
+struct Candidate {
+  CubeConvTiling t;
+  std::vector<SlabGeom> mts;
+  int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
+};
+
+// Cost of one tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE with one L0C
+// buffer), MTE2 (slab + streamed weights, or resident weights arriving chunk by chunk during the
+// first tile of a (group, n tile): `first`), MTE1, FIXPIPE. Per step (one chunk of one tile):
+// the slowest of cube, MTE2 (the chunk's slab and weights, plus the GM latency: a step's data
+// must land within the previous step, the buffers being double), MTE1 and the scalar unit (~60
+// instructions per mmad step and ~200 per step, one cycle each, ~14 per plane and image of a
+// stacked slab and ~15 per k-block of weights loaded); FIXPIPE once per tile, hidden behind the
+// next tile's steps with two L0C buffers.
+double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, const SlabGeom& g,
+                 int64_t n_act, bool first) {
+  const CubeConvTiling& t = c.t;
+  const int64_t steps_mmad = ceil_div(c.kchunk, t.tk0), st = t.stack, kc1 = t.kc1;
+  const double n16 = static_cast<double>(ceil_div(n_act, cfg.cube_n));
+  const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
+                      static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
+                          static_cast<double>(c.kchunk / cfg.cube_k);
+  const double fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate;
+  double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
+  if (!t.resident || first)
+    load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
+  const double mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
+                      static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l0b_rate +
+                      2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
+  const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
+                        (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
+                        (!t.resident ? 15.0 * static_cast<double>(kc1 * c.taps) : 0.0);
+  // MTE2 instructions of the step: an nd2nz per plane (per plane and image when stacked, and
+  // the zeroing), one per k-block of weights loaded. Past the issue queue's depth the scalar
+  // unit waits for MTE2 to drain them, holding back the step's other instructions.
+  const double mte2_insns =
+      static_cast<double>(kc1 * st + (st > 1 ? 1 : 0) + (!t.resident ? kc1 * c.taps : 0));
+  const double queue_wait = std::max(0.0, mte2_insns - cfg.issue_queue_depth) * load / mte2_insns;
+  const double step = std::max({cube, load, mte1, scalar}) + r.step_overhead + queue_wait;
+  return static_cast<double>(t.chunks) * step + (t.l0c_buffers == 1 ? fix : 0) +
+         std::max(0.0, fix - static_cast<double>(t.chunks) * step);
+}
+
+// The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
+// t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and the first
+// tile of each key in a block also loads the weights.
+double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
+                     int64_t cg_out) {
+  const CubeConvTiling& t = c.t;
+  const int64_t mt_count = t.m_tiles, per_key = mt_count * t.stacks, tn = t.tn;
+  const int64_t n_last = cg_out - (t.n_tiles - 1) * tn, per = t.tiles_per_block;
+  std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
+  for (int64_t i = 0; i < mt_count; ++i) {
+    const SlabGeom& g = c.mts[static_cast<size_t>(i)];
+    pre_full[static_cast<size_t>(i + 1)] =
+        pre_full[static_cast<size_t>(i)] + tile_cost(cfg, r, c, g, tn, false);
+    pre_last[static_cast<size_t>(i + 1)] =
+        pre_last[static_cast<size_t>(i)] + tile_cost(cfg, r, c, g, n_last, false);
+  }
+  auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
+    return static_cast<double>(x / mt_count) * p.back() + p[static_cast<size_t>(x % mt_count)];
+  };
+  double worst = 0;
+  for (int64_t b = 0; b < t.block_dim; ++b) {
+    double cost = 0;
+    for (int64_t i = b * per, hi = std::min(t.tiles, (b + 1) * per); i < hi;) {
+      const int64_t key = i / per_key, end = std::min(hi, (key + 1) * per_key);
+      const int64_t n_act = key % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
+      const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
+      cost += prefix(p, end - key * per_key) - prefix(p, i - key * per_key);
+      const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
+      cost += tile_cost(cfg, r, c, g, n_act, true) - tile_cost(cfg, r, c, g, n_act, false);
+      if (t.resident)  // the first chunk's weights are not overlapped
+        cost += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate + r.gm_lat;
+      i = end;
+    }
+    if (!t.resident) {  // the block's first step waits for its slab and weights, cold
+      const SlabGeom& g = c.mts[static_cast<size_t>((b * per) % mt_count)];
+      cost +=
+          static_cast<double>(t.kc1 * g.h * c.wv * kBlkBytes + c.kchunk * round_up(tn, kBlk) * 2) /
+              r.gm_rate +
+          r.gm_lat;
+    }
+    worst = std::max(worst, cost);
+  }
+  return worst;
+}
+
+// Among the plans within kTieBand of the lowest modelled cost (the model cannot tell them
+// apart: it is tens of per cent off either way, docs/compiler.md): the largest tile (tm * tn:
+// the least data read again per output), then the largest chunk, then resident weights, then
+// the lowest cost. tm == 0 if there are none.
+CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
+  double lowest = std::numeric_limits<double>::infinity();
+  for (const CubeConvTiling& p : plans) lowest = std::min(lowest, p.est_cycles);
+  CubeConvTiling best;
+  for (const CubeConvTiling& p : plans) {
+    if (p.est_cycles > lowest * (1 + kTieBand)) continue;
+    if (best.tm == 0 ||
+        std::make_tuple(p.tm * p.tn, p.kc1, p.resident, -p.est_cycles) >
+            std::make_tuple(best.tm * best.tn, best.kc1, best.resident, -best.est_cycles))
+      best = p;
+  }
+  return best;
+}
+
+// What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
+struct ConvPlanner {
+  const CubeConvSpec& s;
+  const ChipConfig& cfg;
+  const CoreKindConfig& core;
+  const ConvRates rates;
+  const int64_t forced_stack;
+  std::vector<CubeConvTiling> plans;
+
+  // Every tiling of stack count st that fits, into plans.
+  void add_stacking(int64_t st, const std::vector<int64_t>& tns) {
+    const StackGeom sg = stack_geom(s, st);
+    const int64_t positions = sg.tall_oh * s.ow();
+    const int64_t ru16 = field_max(isa::FieldKind::RU16);
+    // The blocks' tiles: a tile's cost depends on its m tile (rows, slab) and its n tile.
+    for (int64_t tm : tile_heights(positions)) {
+      Candidate c;
+      c.mts = m_tiles(positions, tm, s.ow(), sg.ht, s.kh, s.sh, s.dh, s.pt);
+      // The planner makes a stack one m tile (stacking serves images smaller than a tile;
+      // several m tiles per tall map measured slower than the model predicts, e.g. 11 images
+      // of 7x7 in 208-row tiles); a forced stacking may take several.
+      if (st > 1 && c.mts.size() > 1 && forced_stack == 0) continue;
+      for (const SlabGeom& g : c.mts) c.t.slab_rows = std::max(c.t.slab_rows, g.h);
+      if (c.t.slab_rows * s.wv() > ru16 - kBlk) continue;  // nd2nz rows / dst_rows
+      c.t.stack = st;
+      c.t.period = sg.period;
+      c.t.stacks = ceil_div(s.images, st);
+      c.t.tall_oh = sg.tall_oh;
+      c.t.tm = tm;
+      c.t.m_tiles = static_cast<int64_t>(c.mts.size());
+      c.wv = s.wv();
+      c.taps = s.kh * s.kw;
+      c.osz = isa::dtype_size(s.out_type);
+      for (int64_t tn : tns) add_width(c, tn);
+    }
+  }
+
+  // Every chunking of the candidate with output tiles tn wide that fits, into plans.
+  void add_width(Candidate c, int64_t tn) {
+    const int64_t tn16 = round_up(std::min(tn, s.cg_out), kBlk);
+    // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
+    const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
+    if (2 * bias_bytes > static_cast<int64_t>(core.capacity(Buf::BT))) return;
+    c.t.tn = tn;
+    c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
+    if (!c.t.l0c_buffers) return;
+    c.t.n_tiles = ceil_div(s.cg_out, tn);
+    c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;
+    const CubeSplit split = contiguous_split(c.t.tiles, core.count);
+    c.t.tiles_per_block = split.per;
+    c.t.block_dim = split.block_dim;
+    const int64_t c1_in = s.c1_in();
+    std::set<int64_t> kc1s;
+    for (int64_t parts = 1; parts <= c1_in; ++parts) kc1s.insert(ceil_div(c1_in, parts));
+    for (int64_t kc1 : kc1s)
+      for (bool resident : {true, false}) add_chunking(c, tn16, kc1, resident);
+  }
+
+  void add_chunking(Candidate c, int64_t tn16, int64_t kc1, bool resident) {
+    const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
+    CubeConvTiling& t = c.t;
+    t.kc1 = kc1;
+    t.resident = resident;
+    t.chunks = ceil_div(s.c1_in(), kc1);
+    c.kchunk = kc1 * c.taps * kBlk;
+    if (c.kchunk > ru16) return;  // load3d k_start
+    t.tk0 = cube_k_step(core, cfg, t.tm, tn16, 2, std::min(c.kchunk, ru12));
+    if (t.tk0 < kBlk) return;
+    // A stacked slab is zeroed by one nd2nz (dst_rows: its pixels + 16).
+    if (t.stack > 1 && kc1 * t.slab_rows * c.wv + kBlk > ru16) return;
+    t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, c.wv);
+    // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
+    t.b_bytes = weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, tn16);
+    if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core)) return;
+    t.est_cycles = busiest_block(cfg, rates, c, s.cg_out);
+    plans.push_back(t);
+  }
+};
+
+}  // namespace
+
+std::string CubeConvTiling::str() const {
+  return fmt::format(
+      "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
+      "k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
+      "({} B), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
+      tm, tn, m_tiles, n_tiles,
+      stack == 1 ? std::string("image")
+                 : fmt::format("stack of {} images (period {} rows)", stack, period),
+      tiles, block_dim, tiles_per_block, tk0, kc1, chunks, resident ? ", weights resident" : "",
+      slab_rows, slab_bytes, b_bytes, l0c_buffers, est_cycles);
+}
+
+CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
+                              int64_t stack) {
+  const CoreKindConfig& core = cube_core(cfg, op);
+  require_l0c_to_gm(cfg, op,
+                    "; convolutions need FIXPIPE to write GM (not supported on coupled chips yet)");
+  const int64_t hv = s.hv(), wv = s.wv(), oh = s.oh(), ow = s.ow();
+  check_geometry(op, hv, wv, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
+  if (oh < 1 || ow < 1) throw CompileError(fmt::format("{}: empty output", op));
+  if (s.bias && (s.groups != 1 || !cfg.has_path(Buf::L1, Buf::BT)))
+    throw CompileError(
+        fmt::format("{}: a convolution bias needs groups == 1 and an l1->bt path "
+                    "(groups {}, chip {})",
+                    op, s.groups, cfg.name));
+  const std::vector<int64_t> tns = tile_widths(s, op);
+  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core), stack, {}};
+  for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
+  const CubeConvTiling best = choose(planner.plans);
+  if (best.tm == 0)
+    throw CompileError(fmt::format(
+        "{}: no convolution tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, "
+        "L0C {} B; the smallest needs a 16-position slab of {} rows x {} columns x 16 channels "
+        "and 16x16 outputs, double-buffered)",
+        op, cfg.name, core.capacity(Buf::L1), core.capacity(Buf::L0A), core.capacity(Buf::L0B),
+        core.capacity(Buf::L0C), m_tiles(oh * ow, kBlk, ow, hv, s.kh, s.sh, s.dh, s.pt).front().h,
+        wv));
+  return best;
+}
+
+CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_t kc1,
+                                 bool resident, const ChipConfig& cfg, const std::string& op) {
+  const CoreKindConfig& core = cube_core(cfg, op);
+  const int64_t taps = s.kh * s.kw, tn16 = round_up(std::min(t.tn, s.cg_out), kBlk);
+  t.kc1 = kc1;
+  t.chunks = ceil_div(s.c1_in(), kc1);
+  t.resident = resident;
+  t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, s.wv());
+  t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, tn16);
+  t.tk0 = std::min(t.tk0, kc1 * taps * kBlk);
+  if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core))
+    throw CompileError(fmt::format("{}: tiling {} does not fit L1", op, t.str()));
+  return t;
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,170 @@
+#include "adapter/compiler/ops/cube_pipeline.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/compiler.h"
+#include "common/int_math.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Opcode;
+using isa::Pipe;
+
+const CoreKindConfig& cube_core(const ChipConfig& cfg, const std::string& op) {
+  const CoreKindConfig* core =
+      cfg.core_kind(cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE);
+  if (!core || !core->has(Pipe::M))
+    throw CompileError(fmt::format("{}: chip {} has no cube cores", op, cfg.name));
+  return *core;
+}
+
+void require_l0c_to_gm(const ChipConfig& cfg, const std::string& op, const std::string& what) {
+  if (!cfg.has_path(Buf::L0C, Buf::GM))
+    throw CompileError(fmt::format("{}: chip {} has no l0c->gm path{}", op, cfg.name, what));
+}
+
+namespace {
+
+// The largest multiple of 16 units (k) whose two buffers of bytes_per_k * k fit `buf` of core.
+int64_t pingpong_fit(const CoreKindConfig& core, const ChipConfig& cfg, Buf buf,
+                     int64_t bytes_per_k, int64_t max_k) {
+  BufferPlan plan(buf);
+  plan.add("step", static_cast<double>(bytes_per_k), 0, 2);
+  return plan.fit(core.capacity(buf), KernelBuilder::alignment(cfg, buf), 16, max_k);
+}
+
+}  // namespace
+
+int64_t cube_k_step(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn,
+                    int64_t isz, int64_t max_k) {
+  max_k = max_k / 16 * 16;
+  if (max_k < 16) return 0;
+  return std::min(pingpong_fit(core, cfg, Buf::L0A, tm * isz, max_k),
+                  pingpong_fit(core, cfg, Buf::L0B, tn * isz, max_k));
+}
+
+int l0c_buffer_count(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tile_bytes) {
+  for (int copies : {2, 1}) {
+    BufferPlan plan(Buf::L0C);
+    plan.add_fixed("C tile", static_cast<uint64_t>(tile_bytes), copies);
+    if (plan_fits(plan, cfg, core)) return copies;
+  }
+  return 0;
+}
+
+bool plan_fits(const BufferPlan& plan, const ChipConfig& cfg, const CoreKindConfig& core) {
+  return plan.extent(0, KernelBuilder::alignment(cfg, plan.buf())) <= core.capacity(plan.buf());
+}
+
+CubeSplit contiguous_split(int64_t tiles, int64_t cores) {
+  const int64_t blocks0 = std::min(cores, tiles);
+  CubeSplit s;
+  s.per = ceil_div(tiles, blocks0);
+  s.block_dim = static_cast<int>(ceil_div(tiles, s.per));
+  return s;
+}
+
+void select(KernelBuilder& b, const Reg& d, const Reg& parity, const Twin& base) {
+  b.mul(d, parity, static_cast<int64_t>(base[1] - base[0]));
+  b.add(d, d, static_cast<int64_t>(base[0]));
+}
+
+void round16(KernelBuilder& b, const Reg& d, const Reg& x) {
+  b.add(d, x, 15);
+  b.shr(d, d, 4);
+  b.shl(d, d, 4);
+}
+
+void CubePipeline::block_steps_round_robin(const Reg& steps, int64_t tiles, int64_t chunks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(
+      b,
+      fmt::format("my tiles = ceil(({} tiles - block) / blocks), {} k chunks each", tiles, chunks));
+  Reg blk = b.reg("block id"), nblk = b.reg("block count");
+  b.emit(Opcode::op_get_block_id, {blk});
+  b.emit(Opcode::op_get_block_num, {nblk});
+  b.movi(steps, tiles);
+  b.sub(steps, steps, blk);
+  b.add(steps, steps, nblk);
+  b.sub(steps, steps, 1);
+  b.div(steps, steps, nblk);
+  b.mul(steps, steps, chunks);
+}
+
+void CubePipeline::block_steps_contiguous(const Reg& steps, const Reg& first, int64_t tiles,
+                                          int64_t per, int64_t chunks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(
+      b, fmt::format("my tiles: [block * {0}, min({1}, block * {0} + {0}))", per, tiles));
+  b.emit(Opcode::op_get_block_id, {first});
+  b.mul(first, first, per);
+  b.movi(steps, tiles);
+  b.sub(steps, steps, first);
+  b.min(steps, steps, per);
+  b.mul(steps, steps, chunks);
+}
+
+void CubePipeline::declare_flags(const CubeFlagNames& n) {
+  m_l1_full = m_b.flag_pair(Pipe::MTE2, Pipe::MTE1, n.l1_full);
+  m_l1_free = m_b.flag_pair(Pipe::MTE1, Pipe::MTE2, n.l1_free);
+  m_l0_full = m_b.flag_pair(Pipe::MTE1, Pipe::M, n.l0_full);
+  m_l0_free = m_b.flag_pair(Pipe::M, Pipe::MTE1, n.l0_free);
+  m_l0c_full = m_b.flag_pair(Pipe::M, Pipe::FIX, n.l0c_full);
+  m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
+}
+
+void CubePipeline::each_free_flag(const std::function<void(const FlagPair&, int)>& f) const {
+  for (int q = 0; q < 2; ++q) {
+    f(m_l1_free, q);
+    f(m_l0_free, q);
+    if (q < m_l0c_buffers) f(m_l0c_free, q);
+  }
+}
+
+void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& load,
+                       const std::function<void(const Reg&)>& compute, const Hooks& hooks) {
+  KernelBuilder& b = m_b;
+  {
+    KernelBuilder::Origin o(b, "all buffers start free");
+    each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
+    if (hooks.start_free) hooks.start_free();
+  }
+  m_l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
+  if (hooks.setup) hooks.setup();
+  b.pipelined_steps(steps, load, compute);
+  {
+    KernelBuilder::Origin o(b, "drain: consume the free flags");
+    each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
+    if (hooks.drain) hooks.drain();
+  }
+}
+
+void CubePipeline::mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init,
+                        const Reg* bt, const char* first_comment) {
+  KernelBuilder& b = m_b;
+  Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
+  b.branch(ne(ch, 0), acc);
+  b.branch(ne(kk, 0), acc);
+  b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
+  if (bt)
+    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, first_init, *bt},
+           first_comment);
+  else
+    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, first_init, 0},
+           first_comment);
+  b.jmp(issued);
+  b.bind(acc);
+  b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, 1, 0}, "C += A * B");
+  b.bind(issued);
+}
+
+void CubePipeline::l0c_ready(const Reg& pt, const Reg& l0c, const Twin& l0c_buf) {
+  m_b.set_flag(m_l0c_full, pt);
+  m_b.wait_flag(m_l0c_full, pt);
+  select(m_b, l0c, pt, l0c_buf);
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,152 @@
+// The cube skeleton shared by the cube kernels (MatMul / BatchMatMul, the convolution, img2col):
+//
+//   the split over the cube cores: a block's steps are (its tiles) x (k chunks per tile), its
+//     tiles taken round robin (tile = block + j * blocks) or as one contiguous range;
+//   the pipeline over a block's steps, software-pipelined by one step (KernelBuilder::
+//     pipelined_steps): MTE2 fills L1 buffer step & 1; MTE1 moves a step of k from L1 into L0A
+//     and L0B buffer (L0 step count) & 1; M runs mmad into the tile's L0C buffer (init on the
+//     tile's first step, accumulate after); FIX takes the tile out of L0C;
+//   its flags, a ping/pong pair for each hand-over: L1 full/free (MTE2 <-> MTE1), L0 full/free
+//     (MTE1 <-> M), L0C full/free (M <-> FIX); every buffer starts free and the drain consumes
+//     the free flags, so a kernel ends with no flag set;
+//   the tile choice's shared parts: the cube core, the k per mmad step from the L0A / L0B
+//     budgets (BufferPlan), the L0C buffer count, the contiguous split of tiles over cores.
+//
+// An op supplies how its A / B tiles reach L1 and L0 (its load and compute steps, between the
+// skeleton's flag calls) and where its output goes (its FIXPIPE between l0c_ready and
+// l0c_stored).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "adapter/compiler/buffer_plan.h"
+#include "adapter/compiler/kernel_builder.h"
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::compiler::ops {
+
+// L0C holds the cube's accumulators as f32: bytes per output element.
+constexpr int64_t kL0cElemBytes = 4;
+
+// The cube cores of cfg (AIC on split chips, else AICORE); CompileError naming op if the chip
+// has none.
+const CoreKindConfig& cube_core(const ChipConfig& cfg, const std::string& op);
+// CompileError naming op unless cfg has an l0c->gm path (FIXPIPE writes GM); `what` ends the
+// message (who needs it).
+void require_l0c_to_gm(const ChipConfig& cfg, const std::string& op, const std::string& what);
+
+// The largest k per mmad step (a multiple of 16, at most max_k) for an output tile of tm x tn
+// with inputs of isz bytes: two L0A buffers of tm x k and two L0B buffers of k x tn on core
+// (BufferPlan). 0 if not even 16 fits.
+int64_t cube_k_step(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn,
+                    int64_t isz, int64_t max_k);
+
+// L0C buffers for a tile of tile_bytes on core: 2 (FIXPIPE of a tile overlaps the next tile's
+// mmads) if two fit, else 1, else 0.
+int l0c_buffer_count(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tile_bytes);
+
+// Whether plan's buffers, laid out from the start of its buffer kind, fit on core.
+bool plan_fits(const BufferPlan& plan, const ChipConfig& cfg, const CoreKindConfig& core);
+
+// Tiles split into contiguous ranges: block b takes tiles [b * per, min(tiles, (b + 1) * per)).
+struct CubeSplit {
+  int64_t per = 0;
+  int block_dim = 0;
+};
+CubeSplit contiguous_split(int64_t tiles, int64_t cores);
+
+// Flag names of an op's pipeline (shown in the listing).
+struct CubeFlagNames {
+  const char* l1_full;
+  const char* l1_free;
+  const char* l0_full;
+  const char* l0_free;
+  const char* l0c_full;
+  const char* l0c_free;
+};
+
+// d = base[0] + parity * (base[1] - base[0])
+void select(KernelBuilder& b, const Reg& d, const Reg& parity, const Twin& base);
+// d = round_up(x, 16)
+void round16(KernelBuilder& b, const Reg& d, const Reg& x);
+
+// One cube kernel's pipeline: flags, split and step loop. Call in this order: block_steps_*,
+// declare_flags, run (whose load and compute steps use the flag calls below).
+class CubePipeline {
+ public:
+  CubePipeline(KernelBuilder& b, int l0c_buffers) : m_b(b), m_l0c_buffers(l0c_buffers) {}
+
+  // steps = (tiles of this block: tile = block + j * blocks, j = 0, 1, ...) * chunks.
+  void block_steps_round_robin(const Reg& steps, int64_t tiles, int64_t chunks);
+  // steps = (tiles in [first, min(tiles, first + per)), first = block * per) * chunks.
+  void block_steps_contiguous(const Reg& steps, const Reg& first, int64_t tiles, int64_t per,
+                              int64_t chunks);
+  void declare_flags(const CubeFlagNames& names);
+
+  // Every buffer free, the L0 step counter, setup() (the op's own registers and flags), the
+  // pipelined steps, the drain. start_free / drain: the op's own buffers' flags (inside the
+  // skeleton's).
+  struct Hooks {
+    std::function<void()> start_free, setup, drain;
+  };
+  void run(const Reg& steps, const std::function<void(const Reg&)>& load,
+           const std::function<void(const Reg&)>& compute, const Hooks& hooks = {});
+
+  // p = step & 1 (the L1 buffer of step s).
+  void l1_parity(const Reg& p, const Reg& s) { m_b.and_(p, s, 1); }
+  // MTE2 side: wait until L1 buffer p is free; signal it loaded.
+  void l1_wait_free(const Reg& p, const std::string& c = {}) { m_b.wait_flag(m_l1_free, p, c); }
+  void l1_loaded(const Reg& p, const std::string& c = {}) { m_b.set_flag(m_l1_full, p, c); }
+  // MTE1 side: wait until L1 buffer p is loaded; signal it read.
+  void l1_wait_loaded(const Reg& p, const std::string& c = {}) { m_b.wait_flag(m_l1_full, p, c); }
+  void l1_read(const Reg& p, const std::string& c = {}) { m_b.set_flag(m_l1_free, p, c); }
+
+  // q = (L0 steps so far) & 1; next_l0_step() counts a step.
+  void l0_parity(const Reg& q) { m_b.and_(q, m_l0_steps, 1); }
+  void next_l0_step() { m_b.add(m_l0_steps, m_l0_steps, 1); }
+  // L0 buffers q: MTE1 waits until free, then hands them to M (set and wait: M waits for
+  // MTE1's loads); M frees them after its mmad.
+  template <typename Parity>
+  void l0_wait_free(const Parity& q, const std::string& c = {}) {
+    m_b.wait_flag(m_l0_free, q, c);
+  }
+  template <typename Parity>
+  void l0_loaded(const Parity& q, const std::string& c = {}) {
+    m_b.set_flag(m_l0_full, q, c);
+    m_b.wait_flag(m_l0_full, q);
+  }
+  template <typename Parity>
+  void l0_read(const Parity& q, const std::string& c = {}) {
+    m_b.set_flag(m_l0_free, q, c);
+  }
+
+  // The mmad of one step into L0C buffer pt: on the tile's first step (chunk ch == 0 and k
+  // offset kk == 0) it waits for the L0C buffer and starts with init `first_init` (0: zeros,
+  // 2: the bias row bt in BT), after that it accumulates (init 1).
+  struct Mmad {
+    isa::Dtype type;
+    const Reg &l0c, &l0a, &l0b, &m, &k, &n;
+  };
+  void mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init = 0,
+            const Reg* bt = nullptr, const char* first_comment = "C = A * B");
+
+  // M's tiles in L0C buffer pt (FIX side): l0c_ready signals and waits for the tile and sets
+  // l0c to its L0C address; l0c_stored frees the buffer after the op's FIXPIPE.
+  void l0c_wait_free(const Reg& pt, const std::string& c = {}) { m_b.wait_flag(m_l0c_free, pt, c); }
+  void l0c_ready(const Reg& pt, const Reg& l0c, const Twin& l0c_buf);
+  void l0c_stored(const Reg& pt) { m_b.set_flag(m_l0c_free, pt); }
+
+ private:
+  // f(flag pair, parity) for every buffer's free flag, in the order they are set and drained.
+  void each_free_flag(const std::function<void(const FlagPair&, int)>& f) const;
+
+  KernelBuilder& m_b;
+  int m_l0c_buffers;
+  Reg m_l0_steps;
+  FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
+};
+
+}  // namespace npusim::compiler::ops
