@@ -257,7 +257,7 @@ const std::vector<OpEntry>& op_table() {
       {"BiasAddV1", "bias", compile_bias,
        unregistered("legacy graph op that TF 2 never emits (tf.nn.bias_add makes BiasAdd)")},
       {"BiasAddGrad", "bias", compile_bias, npu_t(K::kNn, kFloatTypes)},
-      // convolutions on the cube, NHWC (ops/conv2d.cpp, kernels in ops/conv_cube.cpp)
+      // convolutions on the cube, NHWC (ops/conv2d.cpp, kernels in ops/conv_emitter.cpp)
       {"Conv2D", "conv2d", compile_conv2d, npu_t(K::kWindow, kFloatTypes)},
       {"Conv2DBatchNormInference", "fused", compile_conv2d,
        npu(K::kFusedInference,
