@@ -150,6 +150,14 @@ int64_t vector_scalar_bits(Dtype t, double value) {
   return static_cast<int64_t>(value);
 }
 
+void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t per, int64_t n) {
+  KernelBuilder::Origin o(b, fmt::format("block range: {} elements per block", per));
+  b.emit(Opcode::op_get_block_id, {pos});
+  b.mul(pos, pos, per);
+  b.add(end, pos, per);
+  b.min(end, end, n);
+}
+
 // ---- the streaming kernel ----
 
 namespace {
@@ -368,11 +376,7 @@ void StreamEmitter::load_args(Launch& launch) {
   m_pos = m_b.reg("tile start");
   m_end = m_b.reg("end of this block's range");
   m_cnt = m_b.reg("tile elements");
-  KernelBuilder::Origin o(m_b, fmt::format("block range: {} elements per block", m_per));
-  m_b.emit(Opcode::op_get_block_id, {m_pos});
-  m_b.mul(m_pos, m_pos, m_per);
-  m_b.add(m_end, m_pos, m_per);
-  m_b.min(m_end, m_end, m_n);
+  emit_block_range(m_b, m_pos, m_end, m_per, m_n);
 }
 
 // Input tiles: loaded by MTE2, read by V; output tiles: written by V, stored by MTE3; the gather

@@ -102,6 +102,10 @@ Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const 
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
                              const StreamSpec& spec);
 
+// This block's range of a flat output of n elements split in blocks of `per`: pos = block id *
+// per, end = min(pos + per, n).
+void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t per, int64_t n);
+
 // The StreamInputs of an op's inputs broadcast to out_shape.
 std::vector<StreamInput> stream_inputs(const std::vector<TensorDesc>& inputs,
                                        const std::vector<int64_t>& out_shape);
