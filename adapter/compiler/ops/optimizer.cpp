@@ -25,12 +25,12 @@
 //                    var' = var - (m' * alpha) / (sqrt(v') + epsilon)
 //                    nesterov: var' = var - ((grad * (1 - beta1) + beta1 * m') * alpha)
 //                                           / (sqrt(v') + epsilon)
-// Launches: Momentum computes accum' first and var' from it; Adam computes m', v', then var'
-// from them (the scalar expressions are recomputed per tile from the broadcast scalars: a few
-// vector instructions per tile).
+// One launch per update: a stream over var's elements reading every input and writing every
+// output per tile (several outputs, elementwise.h). Momentum computes accum' first and var'
+// from it; Adam computes m', v', then var' from them, in the UB (the scalar expressions are
+// recomputed per tile from the broadcast scalars: a few vector instructions per tile).
 #include <fmt/format.h>
 
-#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 
@@ -54,9 +54,10 @@ const std::vector<Operand> kAdam = {
     {"var", false}, {"m", false},    {"v", false},    {"beta1_power", true}, {"beta2_power", true},
     {"lr", true},   {"beta1", true}, {"beta2", true}, {"epsilon", true},     {"grad", false}};
 
-// Checks op.inputs against the input list of `base` (the op type without "Resource"): every
-// input of var's float type, the scalars single elements, the others var's shape.
-void check_inputs(const OpDesc& op, const std::string& base) {
+// Checks op.inputs against the input list of `base` (the op type without "Resource") and
+// returns it: every input of var's float type, the scalars single elements, the others var's
+// shape.
+const std::vector<Operand>& checked_inputs(const OpDesc& op, const std::string& base) {
   const std::vector<Operand>* sig = base == "ApplyGradientDescent" ? &kGradientDescent
                                     : base == "ApplyMomentum"      ? &kMomentum
                                     : base == "ApplyAdam"          ? &kAdam
@@ -82,6 +83,7 @@ void check_inputs(const OpDesc& op, const std::string& base) {
           fmt::format("{} {} must {}", o.name, shape_str(in.shape),
                       o.scalar ? "be a scalar" : "have var's shape " + shape_str(var.shape)));
   }
+  return *sig;
 }
 
 // The vector operations of the updates over `n` elements of UB tiles, in the variable's type.
@@ -106,87 +108,60 @@ class UpdateMath {
   Dtype m_type;
 };
 
-// What every update step needs: the variable's and the scalars' descs, the math, the attribute.
-struct UpdateContext {
-  TensorDesc var;
-  TensorDesc scalar;
-  UpdateMath math;
-  bool nesterov = false;
-};
+// One tile of an update: t.in[i] is TF input i, t.outs[j] output j, t.temp the temporaries.
+using UpdateTile = void (*)(KernelBuilder& b, const TileOperands& t, const UpdateMath& m,
+                            bool nesterov);
 
-// The element-wise launch computing output `out` of the op from `args` (ArgRefs of the plan,
-// with their descs); compute sees the tile operands in the same order and `temps` temporaries
-// of the variable's type.
-struct UpdateStep {
-  std::string what;
-  int out = 0;
-  std::vector<ArgRef> args;
-  std::vector<TensorDesc> descs;
-  int temps = 0;
-  std::function<void(KernelBuilder&, const TileOperands&)> compute;
-};
-
-ArgRef in(int i) { return LaunchPlan::input(i); }
-ArgRef out(int i) { return LaunchPlan::output(i); }
-
-// in: var, alpha, delta
-std::vector<UpdateStep> gradient_descent_steps(const UpdateContext& c) {
-  const UpdateMath m = c.math;
-  return {{"var",
-           0,
-           {in(0), in(1), in(2)},
-           {c.var, c.scalar, c.var},
-           0,
-           [m](KernelBuilder& b, const TileOperands& t) {
-             const Reg& n = *t.count;
-             m.bin(b, Opcode::op_vmul, t.out, t.in[2], t.in[1], n);
-             m.bin(b, Opcode::op_vsub, t.out, t.in[0], t.out, n);
-           }}};
-}
-
-// in: var, accum, lr, grad, momentum. accum' first, then var' from it.
-std::vector<UpdateStep> momentum_steps(const UpdateContext& c) {
-  const UpdateMath m = c.math;
-  const bool nesterov = c.nesterov;
-  std::vector<UpdateStep> steps;
-  // accum' from accum, grad, momentum
-  steps.push_back({"accum",
-                   1,
-                   {in(1), in(3), in(4)},
-                   {c.var, c.var, c.scalar},
-                   0,
-                   [m](KernelBuilder& b, const TileOperands& t) {
-                     const Reg& n = *t.count;
-                     m.bin(b, Opcode::op_vmul, t.out, t.in[0], t.in[2], n);
-                     m.bin(b, Opcode::op_vadd, t.out, t.out, t.in[1], n);
-                   }});
-  // var' from var, accum', lr, grad, momentum
-  steps.push_back({"var",
-                   0,
-                   {in(0), out(1), in(2), in(3), in(4)},
-                   {c.var, c.var, c.scalar, c.var, c.scalar},
-                   1,
-                   [m, nesterov](KernelBuilder& b, const TileOperands& t) {
-                     const Reg& n = *t.count;
-                     const uint64_t tmp = t.temp[0];
-                     if (nesterov) {
-                       m.bin(b, Opcode::op_vmul, tmp, t.in[3], t.in[2], n);    // grad * lr
-                       m.bin(b, Opcode::op_vmul, t.out, t.in[1], t.in[4], n);  // accum' * mom
-                       m.bin(b, Opcode::op_vmul, t.out, t.out, t.in[2], n);    // ... * lr
-                       m.bin(b, Opcode::op_vadd, tmp, tmp, t.out, n);
-                     } else {
-                       m.bin(b, Opcode::op_vmul, tmp, t.in[2], t.in[1], n);  // lr * accum'
-                     }
-                     m.bin(b, Opcode::op_vsub, t.out, t.in[0], tmp, n);
-                   }});
-  return steps;
-}
-
-// Adam's var' tile from the operands var, m', v', beta1_power, beta2_power, lr, epsilon
-// (+ beta1, grad: nesterov) and two temporaries.
-void adam_var_update(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool nesterov) {
+// in: var, alpha, delta. out: var'.
+void gradient_descent_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool) {
   const Reg& n = *t.count;
-  const uint64_t alpha = t.temp[0], tmp = t.temp[1];
+  m.bin(b, Opcode::op_vmul, t.outs[0], t.in[2], t.in[1], n);
+  m.bin(b, Opcode::op_vsub, t.outs[0], t.in[0], t.outs[0], n);
+}
+
+// in: var, accum, lr, grad, momentum. out: var', accum' (computed first, var' reads it). One
+// temporary.
+void momentum_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool nesterov) {
+  const Reg& n = *t.count;
+  const uint64_t accum = t.outs[1], tmp = t.temp[0];
+  m.bin(b, Opcode::op_vmul, accum, t.in[1], t.in[4], n);
+  m.bin(b, Opcode::op_vadd, accum, accum, t.in[3], n);
+  if (nesterov) {
+    m.bin(b, Opcode::op_vmul, tmp, t.in[3], t.in[2], n);          // grad * lr
+    m.bin(b, Opcode::op_vmul, t.outs[0], accum, t.in[4], n);      // accum' * momentum
+    m.bin(b, Opcode::op_vmul, t.outs[0], t.outs[0], t.in[2], n);  // ... * lr
+    m.bin(b, Opcode::op_vadd, tmp, tmp, t.outs[0], n);
+  } else {
+    m.bin(b, Opcode::op_vmul, tmp, t.in[2], accum, n);  // lr * accum'
+  }
+  m.bin(b, Opcode::op_vsub, t.outs[0], t.in[0], tmp, n);
+}
+
+// Adam's m' (j = 1, from m, beta1) or v' (j = 2, from v, beta2) into t.outs[j]; temp[1]
+// is clobbered.
+void adam_moment(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, int j) {
+  const Reg& n = *t.count;
+  const uint64_t moment = t.in[static_cast<size_t>(j)], grad = t.in[9], tmp = t.temp[1];
+  const uint64_t beta = t.in[j == 1 ? 6 : 7], out = t.outs[static_cast<size_t>(j)];
+  m.one_minus(b, tmp, beta, n);
+  if (j == 1) {
+    m.bin(b, Opcode::op_vsub, out, grad, moment, n);  // grad - m
+  } else {
+    m.bin(b, Opcode::op_vmul, out, grad, grad, n);  // grad * grad - v
+    m.bin(b, Opcode::op_vsub, out, out, moment, n);
+  }
+  m.bin(b, Opcode::op_vmul, out, out, tmp, n);
+  m.bin(b, Opcode::op_vadd, out, moment, out, n);
+}
+
+// in: var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad. out: var', m', v'
+// (m' and v' first, var' reads them). Two temporaries.
+void adam_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool nesterov) {
+  adam_moment(b, t, m, 1);
+  adam_moment(b, t, m, 2);
+  const Reg& n = *t.count;
+  const uint64_t alpha = t.temp[0], tmp = t.temp[1], var = t.outs[0];
+  const uint64_t m_new = t.outs[1], v_new = t.outs[2];
   // alpha = lr * sqrt(1 - beta2_power) / (1 - beta1_power)
   m.one_minus(b, alpha, t.in[4], n);
   m.sqrt(b, alpha, alpha, n);
@@ -195,68 +170,19 @@ void adam_var_update(KernelBuilder& b, const TileOperands& t, const UpdateMath& 
   m.bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
   if (nesterov) {
     // (grad * (1 - beta1) + beta1 * m') * alpha
-    m.one_minus(b, tmp, t.in[7], n);
-    m.bin(b, Opcode::op_vmul, tmp, t.in[8], tmp, n);
-    m.bin(b, Opcode::op_vmul, t.out, t.in[7], t.in[1], n);
-    m.bin(b, Opcode::op_vadd, tmp, tmp, t.out, n);
+    m.one_minus(b, tmp, t.in[6], n);
+    m.bin(b, Opcode::op_vmul, tmp, t.in[9], tmp, n);
+    m.bin(b, Opcode::op_vmul, var, t.in[6], m_new, n);
+    m.bin(b, Opcode::op_vadd, tmp, tmp, var, n);
     m.bin(b, Opcode::op_vmul, alpha, tmp, alpha, n);
   } else {
-    m.bin(b, Opcode::op_vmul, alpha, t.in[1], alpha, n);  // m' * alpha
+    m.bin(b, Opcode::op_vmul, alpha, m_new, alpha, n);  // m' * alpha
   }
   // / (sqrt(v') + epsilon)
-  m.sqrt(b, tmp, t.in[2], n);
-  m.bin(b, Opcode::op_vadd, tmp, tmp, t.in[6], n);
+  m.sqrt(b, tmp, v_new, n);
+  m.bin(b, Opcode::op_vadd, tmp, tmp, t.in[8], n);
   m.bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
-  m.bin(b, Opcode::op_vsub, t.out, t.in[0], alpha, n);
-}
-
-// in: var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad. m', v', then var'.
-std::vector<UpdateStep> adam_steps(const UpdateContext& c) {
-  const UpdateMath m = c.math;
-  const bool nesterov = c.nesterov;
-  std::vector<UpdateStep> steps;
-  // m' from m, grad, beta1
-  steps.push_back({"m",
-                   1,
-                   {in(1), in(9), in(6)},
-                   {c.var, c.var, c.scalar},
-                   1,
-                   [m](KernelBuilder& b, const TileOperands& t) {
-                     const Reg& n = *t.count;
-                     m.one_minus(b, t.temp[0], t.in[2], n);
-                     m.bin(b, Opcode::op_vsub, t.out, t.in[1], t.in[0], n);
-                     m.bin(b, Opcode::op_vmul, t.out, t.out, t.temp[0], n);
-                     m.bin(b, Opcode::op_vadd, t.out, t.in[0], t.out, n);
-                   }});
-  // v' from v, grad, beta2
-  steps.push_back({"v",
-                   2,
-                   {in(2), in(9), in(7)},
-                   {c.var, c.var, c.scalar},
-                   1,
-                   [m](KernelBuilder& b, const TileOperands& t) {
-                     const Reg& n = *t.count;
-                     m.one_minus(b, t.temp[0], t.in[2], n);
-                     m.bin(b, Opcode::op_vmul, t.out, t.in[1], t.in[1], n);
-                     m.bin(b, Opcode::op_vsub, t.out, t.out, t.in[0], n);
-                     m.bin(b, Opcode::op_vmul, t.out, t.out, t.temp[0], n);
-                     m.bin(b, Opcode::op_vadd, t.out, t.in[0], t.out, n);
-                   }});
-  // var' from var, m', v', beta1_power, beta2_power, lr, epsilon (+ beta1, grad: nesterov)
-  UpdateStep var{"var",
-                 0,
-                 {in(0), out(1), out(2), in(3), in(4), in(5), in(8)},
-                 {c.var, c.var, c.var, c.scalar, c.scalar, c.scalar, c.scalar},
-                 2,
-                 [m, nesterov](KernelBuilder& b, const TileOperands& t) {
-                   adam_var_update(b, t, m, nesterov);
-                 }};
-  if (nesterov) {
-    var.args.insert(var.args.end(), {in(6), in(9)});
-    var.descs.insert(var.descs.end(), {c.scalar, c.var});
-  }
-  steps.push_back(std::move(var));
-  return steps;
+  m.bin(b, Opcode::op_vsub, var, t.in[0], alpha, n);
 }
 
 }  // namespace
@@ -265,36 +191,38 @@ CompiledKernel compile_optimizer(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   std::string base = op.type;
   if (base.rfind("Resource", 0) == 0) base = base.substr(8);
-  check_inputs(op, base);
+  const std::vector<Operand>& sig = checked_inputs(op, base);
   const TensorDesc& var = op.inputs[0];
   const DataType dt = var.dtype;
-  std::vector<TensorDesc> outs = {var};
-  if (base == "ApplyMomentum") outs.push_back(var);
-  if (base == "ApplyAdam") outs = {var, var, var};
-  LaunchPlan plan(outs);
-  if (var.num_elements() == 0) return std::move(plan).finish();
+  const Dtype type = device_dtype(dt);
+  // outputs (the new var, accum / m, v), temporaries, one tile's computation
+  const int outputs = base == "ApplyGradientDescent" ? 1 : base == "ApplyMomentum" ? 2 : 3;
+  const int temps = outputs - 1;
+  const UpdateTile tile = outputs == 1   ? gradient_descent_tile
+                          : outputs == 2 ? momentum_tile
+                                         : adam_tile;
+  CompiledKernel k;
+  k.outputs.assign(static_cast<size_t>(outputs), var);
+  if (var.num_elements() == 0) return k;
 
-  const UpdateContext c{var, TensorDesc{dt, {}}, UpdateMath(device_dtype(dt)),
-                        op.attr_bool("use_nesterov", false)};
-  const std::vector<UpdateStep> steps = base == "ApplyGradientDescent" ? gradient_descent_steps(c)
-                                        : base == "ApplyMomentum"      ? momentum_steps(c)
-                                                                       : adam_steps(c);
-  for (const UpdateStep& s : steps) {
-    StreamSpec spec;
-    spec.kernel_name = fmt::format("{}_{}_{}", base, s.what, data_type_name(dt));
-    spec.inputs = stream_inputs(s.descs, var.shape);
-    spec.out_type = device_dtype(dt);
-    spec.out_shape = var.shape;
-    for (int i = 0; i < s.temps; ++i)
-      spec.temps.push_back(
-          TempSpec{fmt::format("temporary {}", i), static_cast<double>(data_type_bytes(dt)), 0});
-    spec.compute = s.compute;
-    Launch l = build_stream_kernel(op.str(), spec, ctx.cfg);
-    std::vector<ArgRef> args = s.args;
-    args.push_back(out(s.out));  // the launch's output is this step's result
-    plan.add(std::move(l), args, "new " + s.what);
-  }
-  return std::move(plan).finish();
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("{}_{}", base, data_type_name(dt));
+  std::vector<TensorDesc> descs;
+  for (const Operand& o : sig) descs.push_back(o.scalar ? TensorDesc{dt, {}} : var);
+  spec.inputs = stream_inputs(descs, var.shape);
+  spec.out_type = type;
+  spec.more_out_types.assign(static_cast<size_t>(outputs - 1), type);
+  spec.out_shape = var.shape;
+  for (int i = 0; i < temps; ++i)
+    spec.temps.push_back(
+        TempSpec{fmt::format("temporary {}", i), static_cast<double>(data_type_bytes(dt)), 0});
+  const UpdateMath m(type);
+  const bool nesterov = op.attr_bool("use_nesterov", false);
+  spec.compute = [tile, m, nesterov](KernelBuilder& b, const TileOperands& t) {
+    tile(b, t, m, nesterov);
+  };
+  k.launches.push_back(build_stream_kernel(op.str(), spec, ctx.cfg));
+  return k;
 }
 
 }  // namespace npusim::compiler::ops
