@@ -47,6 +47,13 @@ uint64_t BufferPlan::extent(int64_t units, uint64_t alignment, uint64_t start) c
   return used;
 }
 
+int BufferPlan::allocations(int64_t units) const {
+  int n = 0;
+  for (size_t i = 0; i < m_decls.size(); ++i)
+    if (bytes(static_cast<Id>(i), units) > 0) n += m_decls[i].copies;
+  return n;
+}
+
 int64_t BufferPlan::fit(uint64_t capacity, uint64_t alignment, int64_t granule, int64_t max_units,
                         uint64_t start) const {
   if (granule < 1) throw Error("BufferPlan::fit: granule must be at least 1");

@@ -51,6 +51,9 @@ class BufferPlan {
   // The end of the layout at `units`: the first byte past the last buffer when the plan is
   // laid out from byte `start` (already allocated bytes of the same buffer) with `alignment`.
   uint64_t extent(int64_t units, uint64_t alignment, uint64_t start = 0) const;
+  // How many allocations allocate() makes at `units`: copies counted, disabled and empty
+  // buffers not (e.g. to budget one alignment unit per allocation, whatever the layout).
+  int allocations(int64_t units) const;
   // The largest multiple of `granule` in [granule, max_units] whose layout from `start` ends
   // within `capacity` bytes; 0 if even `granule` units do not fit.
   int64_t fit(uint64_t capacity, uint64_t alignment, int64_t granule, int64_t max_units,

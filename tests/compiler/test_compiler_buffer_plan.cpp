@@ -86,6 +86,10 @@ TEST_CASE("allocate lays the buffers out as extent says, copies apart, disabled 
   CHECK(plan.bytes(2, units) == 32);              // 256 bits
   CHECK(at.twin(3)[0] == at.twin(3)[1]);          // one copy: both parities name it
   CHECK(plan.bytes(4, 17) == 192);                // the step function as given
+  // input x2, bits, constants, scratch, output x2; at 0 units only the fixed bytes remain:
+  // constants, output x2 (32 bytes each)
+  CHECK(plan.allocations(units) == 7);
+  CHECK(plan.allocations(0) == 3);
   const uint64_t end = at.twin(5)[1] + plan.bytes(5, units);
   CHECK(plan.extent(units, a) == end);
   CHECK(b.free_bytes(isa::Buf::UB) == b.core().capacity(isa::Buf::UB) - (end + a - 1) / a * a);

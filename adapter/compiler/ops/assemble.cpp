@@ -365,13 +365,7 @@ Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
 
   Reg pos = b.reg("tile start"), end = b.reg("end of this block's range"),
       cnt = b.reg("tile elements");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} elements per block", per));
-    b.emit(Opcode::op_get_block_id, {pos});
-    b.mul(pos, pos, per);
-    b.add(end, pos, per);
-    b.min(end, end, n);
-  }
+  emit_block_range(b, pos, end, per, n);
   FlagPair out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output tile assembled");
   FlagPair out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
   if (m_opt.runs) {

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/buffer_plan.h"
 #include "common/int_math.h"
 #include "sim/exec/layout.h"
 #include "sim/exec/vector_insn.h"
@@ -19,14 +20,12 @@ using layout::kBlockBytes;
 
 namespace {
 
-using vec::kRepeatBytes;  // one vector repeat: 8 blocks of 32 bytes (isa.def)
+using vec::kRepeatBytes;               // one vector repeat: 8 blocks of 32 bytes (isa.def)
 constexpr int64_t kTileQuantum = 128;  // tiles are whole multiples of 128 elements
 constexpr int kLog2Block = 5;          // log2(kBlockBytes)
 
 // The u16 / s32 view used to move elements of a size without interpreting them.
-Dtype bits_type(int elem_bytes) {
-  return elem_bytes == 4 ? Dtype::S32 : Dtype::U16;
-}
+Dtype bits_type(int elem_bytes) { return elem_bytes == 4 ? Dtype::S32 : Dtype::U16; }
 
 }  // namespace
 
@@ -134,8 +133,8 @@ void vec_compare(KernelBuilder& b, Dtype t, isa::Cmp cmp, Opnd bits, Opnd src0, 
 void vec_select(KernelBuilder& b, Dtype t, Opnd dst, Opnd src0, Opnd src1, Opnd bits,
                 const Reg& count, bool src0_const, bool src1_const) {
   b.emit(Opcode::op_set_mask_count, {count});
-  b.emit(Opcode::op_vsel, {t, dst, src0, src1, bits, 0, 1, 1, 1, 8, src0_const ? 0 : 8,
-                           src1_const ? 0 : 8});
+  b.emit(Opcode::op_vsel,
+         {t, dst, src0, src1, bits, 0, 1, 1, 1, 8, src0_const ? 0 : 8, src1_const ? 0 : 8});
 }
 
 void vec_fill_repeat(KernelBuilder& b, Dtype t, uint64_t dst, double value) {
@@ -151,156 +150,124 @@ int64_t vector_scalar_bits(Dtype t, double value) {
   return static_cast<int64_t>(value);
 }
 
+void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t per, int64_t n) {
+  KernelBuilder::Origin o(b, fmt::format("block range: {} elements per block", per));
+  b.emit(Opcode::op_get_block_id, {pos});
+  b.mul(pos, pos, per);
+  b.add(end, pos, per);
+  b.min(end, end, n);
+}
+
 // ---- the streaming kernel ----
 
 namespace {
 
 enum class Access { kFlat, kResident, kGather };
 
+const char* access_name(Access a) {
+  return a == Access::kFlat ? "flat" : a == Access::kResident ? "resident" : "gather";
+}
+
 struct InputPlan {
   Access access = Access::kFlat;
-  int size = 0;       // bytes per element
-  int64_t period = 0; // kResident: the broadcast period (1 for a splat)
-  uint64_t buf[2] = {0, 0};  // UB tiles (kResident: buf[0] only)
-};
-
-// Everything the tile loop and the gathers share.
-struct StreamState {
-  const StreamSpec& spec;
-  std::vector<InputPlan> in;
-  uint64_t scratch = 0;     // gather scratch (UB), when any input needs a contiguous piece
-  int scratch_free = -1;    // flag v -> mte2: scratch may be overwritten
-  int scratch_ready = -1;   // flag mte2 -> v: scratch loaded
+  int size = 0;        // bytes per element
+  int64_t period = 0;  // kResident: the broadcast period (1 for a splat)
+  Twin buf;            // UB tiles (kResident: one)
 };
 
 bool needs_scratch(const BroadcastView& v) {
   return !v.dims.empty() && v.strides.back() != 0;  // pieces are contiguous runs
 }
 
-// Fills UB [buf, buf + cnt*size) with input k's values for output positions [pos, pos + cnt),
-// pieces from last to first (see elementwise.h). buf must hold output position pos at a 32-byte
-// boundary (tiles start at multiples of the output granule).
-void emit_gather(KernelBuilder& b, const StreamState& st, int k, const Reg& in_addr,
-                 uint64_t buf, const Reg& pos, const Reg& cnt) {
-  const BroadcastView& v = st.spec.inputs[static_cast<size_t>(k)].view;
-  const int size = st.in[static_cast<size_t>(k)].size;
-  const int log2_epb = ceil_log2(kBlockBytes / size);  // elements per 32-byte block
-  const size_t rank = v.dims.size();
-  const int64_t inner = v.dims.back();
-  const bool contiguous = v.strides.back() != 0;
-  // nonzero_below[d]: some outer dim before d has a nonzero stride (the row index must still be
-  // divided down to reach it).
-  std::vector<bool> nonzero_below(rank, false);
-  for (size_t d = 1; d < rank; ++d)
-    nonzero_below[d] = nonzero_below[d - 1] || v.strides[d - 1] != 0;
-  KernelBuilder::Origin origin(b, fmt::format("gather in{}: dims {} strides {}", k,
-                                              shape_str(v.dims), shape_str(v.strides)));
-  Reg f = b.reg("gather: end of the piece");
-  Reg row = b.reg("gather: row / offsets");
-  Reg a = b.reg("gather: start of the piece");
-  Reg src = b.reg("gather: source address");
-  Reg t = b.reg("gather: temporary");
-  Reg rest = b.reg("gather: row index / destination");
-  b.add(f, pos, cnt, "gather: pieces from the end of the tile");
-  Label top = b.label("gather_in" + std::to_string(k));
-  b.bind(top);
-  b.sub(row, f, 1);
-  b.div(row, row, inner, "row = (piece end - 1) / inner dim");
-  b.mov(src, in_addr);
-  if (rank >= 2 && nonzero_below[rank - 1]) {
-    // src += sum over outer dims d of (index_d * stride_d) * size, innermost outer dim first.
-    b.mov(rest, row);
-    for (size_t d = rank - 1; d-- > 0;) {
-      if (v.strides[d] != 0) {
-        b.rem(t, rest, v.dims[d], fmt::format("index in dim {}", d));
-        b.mul(t, t, v.strides[d] * size);
-        b.add(src, src, t);
-      }
-      if (!nonzero_below[d]) break;
-      b.div(rest, rest, v.dims[d]);
-    }
-  }
-  b.mul(row, row, inner, "row start");
-  b.max(a, row, pos, "piece start = max(row start, tile start)");
-  if (contiguous) {
-    b.sub(t, a, row);
-    b.mul(t, t, size);
-    b.add(src, src, t, "source of the piece start");
-  }
-  b.sub(t, a, pos, "piece start in the tile");
-  b.shr(rest, t, log2_epb);
-  b.shl(rest, rest, log2_epb, "rounded down to a 32-byte block");
-  if (contiguous) {
-    b.sub(t, t, rest);
-    b.mul(t, t, size);
-    b.sub(src, src, t, "load from the block start: the piece lands at its phase");
-  }
-  b.sub(f, f, pos);
-  b.sub(f, f, rest, "elements from the block start to the piece end");
-  b.mul(rest, rest, size);
-  b.add(rest, rest, buf, "destination in the tile");
-  if (contiguous) {
-    b.mul(t, f, size);
-    b.add(t, t, kBlockBytes - 1);
-    b.shr(t, t, kLog2Block, "blocks to load");
-    b.wait_flag(Pipe::V, Pipe::MTE2, st.scratch_free, "gather scratch free");
-    b.emit(Opcode::op_copy_gm2ub, {st.scratch, src, 1, t, 0, 0}, "load the piece");
-    b.set_flag(Pipe::MTE2, Pipe::V, st.scratch_ready);
-    b.wait_flag(Pipe::MTE2, Pipe::V, st.scratch_ready);
-    vec_copy_bits(b, size, rest, st.scratch, f);
-    b.set_flag(Pipe::V, Pipe::MTE2, st.scratch_free);
-  } else {
-    b.emit(Opcode::op_ld, {t, src}, "the broadcast element (low bits)");
-    vec_dup_bits(b, size, rest, t, f);
-  }
-  b.mov(f, a);
-  b.branch(lt(pos, f), top);
+// The kernel's UB buffers for the inputs' current accesses, in tile elements, in allocation
+// order: the input tiles (two per streamed input, one per resident input), two tiles per output,
+// the gather scratch (a piece's phase adds up to one block), the spec's temporaries.
+struct StreamBuffers {
+  BufferPlan plan;
+  std::vector<BufferPlan::Id> in, out, temp;
+  BufferPlan::Id scratch = -1;
+};
+
+// The registers of one gather loop, allocated in declaration order.
+struct GatherRegs {
+  explicit GatherRegs(KernelBuilder& b)
+      : f(b.reg("gather: end of the piece")),
+        row(b.reg("gather: row / offsets")),
+        a(b.reg("gather: start of the piece")),
+        src(b.reg("gather: source address")),
+        t(b.reg("gather: temporary")),
+        rest(b.reg("gather: row index / destination")) {}
+  Reg f, row, a, src, t, rest;
+};
+
+// Builds one streaming kernel (elementwise.h): the planning steps choose the inputs' accesses,
+// the tile and the work split from one BufferPlan; the emitting steps follow program order.
+class StreamEmitter {
+ public:
+  StreamEmitter(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
+  Launch build();
+
+ private:
+  void plan_inputs();
+  StreamBuffers declare_buffers() const;
+  int64_t fit_tile() const;
+  void plan_tiles();
+
+  void allocate();
+  void load_args(Launch& launch);
+  void init_flags();
+  void build_resident_inputs();
+  void emit_tile(int q, const Label& drain);
+  void load_flat_inputs(int q);
+  void compute(int q);
+  void store_outputs(int q);
+  void emit_drain();
+  void emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt);
+  void add_outer_offsets(const BroadcastView& v, int size, GatherRegs& g);
+  void fill_piece(int k, int size, bool contiguous, const Reg& pos, uint64_t buf, GatherRegs& g);
+  std::string summary() const;
+
+  KernelBuilder m_b;
+  const StreamSpec& m_spec;
+  const isa::CoreKind m_kind;
+  const CoreKindConfig& m_core;
+  std::vector<isa::Dtype> m_out_types;  // out_type, then more_out_types
+  int64_t m_n = 1;                      // output elements
+  int64_t m_granule = 0;                // output elements per 32-byte block (smallest output)
+  std::vector<InputPlan> m_in;
+  int m_scratch_size = 0;  // bytes per element of the gather scratch; 0: none
+  bool m_any_flat = false;
+  int64_t m_period = 0;  // tiles and block ranges are whole multiples of it
+  int64_t m_tile = 0;    // elements per tile
+  int64_t m_per = 0;     // elements per block
+  int m_block_dim = 0;
+
+  std::vector<Twin> m_out_buf;
+  uint64_t m_scratch = 0;
+  std::vector<uint64_t> m_temp;
+  FlagPair m_in_free, m_in_ready, m_out_ready, m_out_free;
+  int m_scratch_free = -1;   // flag v -> mte2: scratch may be overwritten
+  int m_scratch_ready = -1;  // flag mte2 -> v: scratch loaded
+  std::vector<Reg> m_in_addr, m_out_addr;
+  Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
+};
+
+StreamEmitter::StreamEmitter(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg)
+    : m_b(spec.kernel_name, op, cfg),
+      m_spec(spec),
+      m_kind(m_b.vector_core_kind()),
+      m_core(*cfg.core_kind(m_kind)) {
+  m_out_types.push_back(spec.out_type);
+  m_out_types.insert(m_out_types.end(), spec.more_out_types.begin(), spec.more_out_types.end());
+  for (int64_t d : spec.out_shape) m_n *= d;
+  if (m_n <= 0) m_b.fail("internal: build_stream_kernel needs a non-empty output");
+  int osize = kBlockBytes;
+  for (isa::Dtype t : m_out_types) osize = std::min(osize, isa::dtype_size(t));
+  m_granule = kBlockBytes / osize;
 }
 
-// Tile elements for the given accesses, or 0 if not even kTileQuantum elements fit.
-int64_t tile_elems(const StreamSpec& spec, const std::vector<InputPlan>& in, uint64_t ub_bytes) {
-  double per_elem = 2.0 * isa::dtype_size(spec.out_type);
-  uint64_t fixed = 0;
-  int buffers = 2;
-  int scratch_size = 0;
-  for (size_t k = 0; k < in.size(); ++k) {
-    per_elem += (in[k].access == Access::kResident ? 1 : 2) * in[k].size;
-    buffers += in[k].access == Access::kResident ? 1 : 2;
-    if (in[k].access != Access::kFlat && needs_scratch(spec.inputs[k].view))
-      scratch_size = std::max(scratch_size, in[k].size);
-  }
-  if (scratch_size) {
-    per_elem += scratch_size;
-    fixed += kBlockBytes;  // a piece's phase adds up to one block
-    ++buffers;
-  }
-  for (const TempSpec& t : spec.temps) {
-    per_elem += t.bytes_per_element;
-    fixed += t.fixed_bytes;
-    ++buffers;
-  }
-  fixed += static_cast<uint64_t>(buffers) * kBlockBytes;  // alignment slack per buffer
-  if (fixed >= ub_bytes) return 0;
-  int64_t t = static_cast<int64_t>(static_cast<double>(ub_bytes - fixed) / per_elem);
-  return t / kTileQuantum * kTileQuantum;
-}
-
-}  // namespace
-
-Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg) {
-  KernelBuilder b(spec.kernel_name, op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *cfg.core_kind(kind);
-  int64_t n = 1;
-  for (int64_t d : spec.out_shape) n *= d;
-  if (n <= 0) b.fail("internal: build_stream_kernel needs a non-empty output");
-  const int osize = isa::dtype_size(spec.out_type);
-  const int64_t granule = kBlockBytes / osize;  // output elements per 32-byte block
-
-  // Input access plans; resident periods must divide the tile, so demote the longest period to
-  // a gather until they do.
-  StreamState st{spec, {}, 0, -1, -1};
-  for (const StreamInput& in : spec.inputs) {
+void StreamEmitter::plan_inputs() {
+  for (const StreamInput& in : m_spec.inputs) {
     InputPlan p;
     p.size = isa::dtype_size(in.type);
     if (in.view.identity()) {
@@ -312,208 +279,350 @@ Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const 
       p.access = Access::kGather;
     }
     if (p.access != Access::kFlat && p.size == 1)
-      b.fail("broadcasting a 1-byte input is not supported yet");
-    st.in.push_back(p);
+      m_b.fail("broadcasting a 1-byte input is not supported yet");
+    m_in.push_back(p);
   }
-  const uint64_t ub = core.capacity(isa::Buf::UB);
-  int64_t tile = 0, period = granule;
+}
+
+StreamBuffers StreamEmitter::declare_buffers() const {
+  StreamBuffers d;
+  int scratch_size = 0;
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    const InputPlan& p = m_in[k];
+    d.in.push_back(
+        d.plan.add(fmt::format("in{} tile", k), p.size, 0, p.access == Access::kResident ? 1 : 2));
+    if (p.access != Access::kFlat && needs_scratch(m_spec.inputs[k].view))
+      scratch_size = std::max(scratch_size, p.size);
+  }
+  for (size_t j = 0; j < m_out_types.size(); ++j)
+    d.out.push_back(d.plan.add(j ? fmt::format("out{} tile", j) : "out tile",
+                               isa::dtype_size(m_out_types[j]), 0, 2));
+  d.scratch = d.plan.add("gather scratch", scratch_size, kBlockBytes, 1, scratch_size > 0);
+  for (const TempSpec& t : m_spec.temps)
+    d.temp.push_back(d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes));
+  return d;
+}
+
+// The most multiples of kTileQuantum elements whose buffers fit in the UB with one alignment
+// unit of slack each (a bound of what alignment adds, whatever the layout; the tile therefore
+// does not depend on how the sizes round), 0 if none.
+int64_t StreamEmitter::fit_tile() const {
+  const uint64_t ub = m_core.capacity(isa::Buf::UB);
+  const BufferPlan plan = declare_buffers().plan;
+  const uint64_t slack = static_cast<uint64_t>(plan.allocations(kTileQuantum)) *
+                         KernelBuilder::alignment(m_b.config(), isa::Buf::UB);
+  if (slack >= ub) return 0;
+  return plan.fit(ub - slack, 1, kTileQuantum, static_cast<int64_t>(ub));
+}
+
+// The tile: fit_tile() rounded down to whole periods. Resident periods must divide the tile:
+// the longest is demoted to a gather until the period (their lcm with the granule) fits. Then
+// the split: each block takes `per` elements (whole periods and 32-byte output blocks) and the
+// tile is at most `per`.
+void StreamEmitter::plan_tiles() {
+  const uint64_t ub = m_core.capacity(isa::Buf::UB);
   for (;;) {
-    tile = tile_elems(spec, st.in, ub);
-    period = granule;
+    const int64_t fit = fit_tile();
+    m_period = m_granule;
     InputPlan* longest = nullptr;
-    for (InputPlan& p : st.in) {
+    for (InputPlan& p : m_in) {
       if (p.access != Access::kResident) continue;
-      period = std::lcm(period, p.period);
+      m_period = std::lcm(m_period, p.period);
       if (!longest || p.period > longest->period) longest = &p;
     }
-    if (tile == 0) b.fail(fmt::format("not even {} elements per tile fit in the {} bytes of UB",
-                                      kTileQuantum, ub));
-    if (period <= tile) break;
+    if (fit == 0)
+      m_b.fail(
+          fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum, ub));
+    if (m_period <= fit) {
+      m_tile = fit / m_period * m_period;
+      break;
+    }
     longest->access = Access::kGather;  // its period does not fit a tile: gather it per tile
   }
-  tile = tile / period * period;
-  // Work split: each block takes `per` elements (whole periods and 32-byte output blocks).
-  const int64_t cores = core.count;
-  const int64_t per = round_up(ceil_div(n, cores), period);
-  const int block_dim = static_cast<int>(ceil_div(n, per));
-  tile = std::min(tile, per);
-
-  // Buffers.
-  b.begin_section(kind);
-  for (size_t k = 0; k < spec.inputs.size(); ++k) {
-    InputPlan& p = st.in[k];
-    for (int q = 0; q < (p.access == Access::kResident ? 1 : 2); ++q)
-      p.buf[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(tile * p.size),
-                         fmt::format("in{} tile {}", k, q));
+  m_per = round_up(ceil_div(m_n, m_core.count), m_period);
+  m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
+  m_tile = std::min(m_tile, m_per);
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    if (m_in[k].access == Access::kFlat)
+      m_any_flat = true;
+    else if (needs_scratch(m_spec.inputs[k].view))
+      m_scratch_size = std::max(m_scratch_size, m_in[k].size);
   }
-  uint64_t out_buf[2];
-  for (int q = 0; q < 2; ++q)
-    out_buf[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(tile * osize),
-                         fmt::format("out tile {}", q));
-  int scratch_size = 0;
-  bool any_flat = false;
-  for (size_t k = 0; k < st.in.size(); ++k) {
-    if (st.in[k].access == Access::kFlat) any_flat = true;
-    else if (needs_scratch(spec.inputs[k].view))
-      scratch_size = std::max(scratch_size, st.in[k].size);
-  }
-  if (scratch_size)
-    st.scratch = b.alloc(isa::Buf::UB, static_cast<uint64_t>(tile * scratch_size) + kBlockBytes,
-                         "gather scratch");
-  std::vector<uint64_t> temp;
-  for (const TempSpec& t : spec.temps)
-    temp.push_back(b.alloc(isa::Buf::UB,
-                           static_cast<uint64_t>(std::ceil(static_cast<double>(tile) *
-                                                           t.bytes_per_element)) +
-                               t.fixed_bytes,
-                           t.name));
+}
 
-  // Arguments and this block's range [pos, end).
-  Launch launch;
-  std::vector<Reg> in_addr;
-  for (size_t k = 0; k < spec.inputs.size(); ++k) {
-    b.declare_arg(fmt::format("in{}", k), spec.inputs[k].type, spec.inputs[k].shape);
+void StreamEmitter::allocate() {
+  const StreamBuffers d = declare_buffers();
+  const BufferPlan::Placed at = d.plan.allocate(m_b, m_tile);
+  for (size_t k = 0; k < m_in.size(); ++k) m_in[k].buf = at.twin(d.in[k]);
+  for (BufferPlan::Id id : d.out) m_out_buf.push_back(at.twin(id));
+  m_scratch = at[d.scratch];
+  for (BufferPlan::Id id : d.temp) m_temp.push_back(at[id]);
+}
+
+// Arguments in0..in<n-1>, out, out1.., their addresses, and this block's range [pos, end).
+void StreamEmitter::load_args(Launch& launch) {
+  for (size_t k = 0; k < m_spec.inputs.size(); ++k) {
+    m_b.declare_arg(fmt::format("in{}", k), m_spec.inputs[k].type, m_spec.inputs[k].shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(k), 0});
   }
-  b.declare_arg("out", spec.out_type, spec.out_shape);
-  launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
-  for (size_t k = 0; k < spec.inputs.size(); ++k)
-    in_addr.push_back(b.load_arg(fmt::format("in{}", k)));
-  Reg out_addr = b.load_arg("out");
-  Reg pos = b.reg("tile start");
-  Reg end = b.reg("end of this block's range");
-  Reg cnt = b.reg("tile elements");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} elements per block", per));
-    b.emit(Opcode::op_get_block_id, {pos});
-    b.mul(pos, pos, per);
-    b.add(end, pos, per);
-    b.min(end, end, n);
+  for (size_t j = 0; j < m_out_types.size(); ++j) {
+    m_b.declare_arg(j ? fmt::format("out{}", j) : "out", m_out_types[j], m_spec.out_shape);
+    launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, static_cast<int>(j), 0});
   }
+  for (size_t k = 0; k < m_spec.inputs.size(); ++k)
+    m_in_addr.push_back(m_b.load_arg(fmt::format("in{}", k)));
+  for (size_t j = 0; j < m_out_types.size(); ++j)
+    m_out_addr.push_back(m_b.load_arg(j ? fmt::format("out{}", j) : "out"));
+  m_pos = m_b.reg("tile start");
+  m_end = m_b.reg("end of this block's range");
+  m_cnt = m_b.reg("tile elements");
+  emit_block_range(m_b, m_pos, m_end, m_per, m_n);
+}
 
-  // Flags.
-  FlagPair in_free, in_ready;
-  if (any_flat) {
-    in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "input tile free");
-    in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "input tile loaded");
+// Input tiles: loaded by MTE2, read by V; output tiles: written by V, stored by MTE3; the gather
+// scratch: loaded by MTE2, read by V. All start free.
+void StreamEmitter::init_flags() {
+  if (m_any_flat) {
+    m_in_free = m_b.flag_pair(Pipe::V, Pipe::MTE2, "input tile free");
+    m_in_ready = m_b.flag_pair(Pipe::MTE2, Pipe::V, "input tile loaded");
   }
-  FlagPair out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output tile computed");
-  FlagPair out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
-  if (scratch_size) {
-    st.scratch_free = b.flag(Pipe::V, Pipe::MTE2, "gather scratch free");
-    st.scratch_ready = b.flag(Pipe::MTE2, Pipe::V, "gather scratch loaded");
+  m_out_ready = m_b.flag_pair(Pipe::V, Pipe::MTE3, "output tile computed");
+  m_out_free = m_b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
+  if (m_scratch_size) {
+    m_scratch_free = m_b.flag(Pipe::V, Pipe::MTE2, "gather scratch free");
+    m_scratch_ready = m_b.flag(Pipe::MTE2, Pipe::V, "gather scratch loaded");
   }
-  {
-    KernelBuilder::Origin o(b, "all buffers start free");
-    for (int q = 0; q < 2; ++q) {
-      if (any_flat) b.set_flag(in_free, q);
-      b.set_flag(out_free, q);
-    }
-    if (scratch_size) b.set_flag(Pipe::V, Pipe::MTE2, st.scratch_free);
+  KernelBuilder::Origin o(m_b, "all buffers start free");
+  for (int q = 0; q < 2; ++q) {
+    if (m_any_flat) m_b.set_flag(m_in_free, q);
+    m_b.set_flag(m_out_free, q);
   }
+  if (m_scratch_size) m_b.set_flag(Pipe::V, Pipe::MTE2, m_scratch_free);
+}
 
-  // Resident inputs: one period (or, for a splat, the whole tile) gathered, then doubled.
-  for (size_t k = 0; k < st.in.size(); ++k) {
-    const InputPlan& p = st.in[k];
+// Resident inputs: one period (or, for a splat, the whole tile) gathered, then doubled.
+void StreamEmitter::build_resident_inputs() {
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
-    KernelBuilder::Origin o(b, fmt::format("resident in{}: period {}", k, p.period));
-    const int64_t built = spec.inputs[k].view.splat() ? tile : period;
-    Reg zero = b.reg_imm("resident: position 0", 0);
-    Reg len = b.reg_imm("resident: elements", built);
-    emit_gather(b, st, static_cast<int>(k), in_addr[k], p.buf[0], zero, len);
-    for (int64_t have = built; have < tile;) {
-      const int64_t more = std::min(have, tile - have);
-      vec_copy_bits(b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
+    KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
+    const int64_t built = m_spec.inputs[k].view.splat() ? m_tile : m_period;
+    Reg zero = m_b.reg_imm("resident: position 0", 0);
+    Reg len = m_b.reg_imm("resident: elements", built);
+    emit_gather(static_cast<int>(k), p.buf[0], zero, len);
+    for (int64_t have = built; have < m_tile;) {
+      const int64_t more = std::min(have, m_tile - have);
+      vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
       have += more;
     }
   }
-  if (spec.prologue) {
-    KernelBuilder::Origin o(b, "prologue");
-    spec.prologue(b, temp);
-  }
+}
 
-  // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
-  Label loop = b.label("tile_loop"), drain = b.label("drain");
-  b.bind(loop);
+// One tile of the loop (q: 0 ping, 1 pong buffers).
+void StreamEmitter::emit_tile(int q, const Label& drain) {
+  KernelBuilder::Origin o(m_b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  m_b.branch(ge(m_pos, m_end), drain);
+  m_b.sub(m_cnt, m_end, m_pos);
+  m_b.min(m_cnt, m_cnt, m_tile, "elements in this tile");
+  if (m_any_flat) load_flat_inputs(q);
+  for (size_t k = 0; k < m_in.size(); ++k)
+    if (m_in[k].access == Access::kGather)
+      emit_gather(static_cast<int>(k), m_in[k].buf[q], m_pos, m_cnt);
+  if (m_any_flat) m_b.wait_flag(m_in_ready, q);
+  m_b.wait_flag(m_out_free, q);
+  compute(q);
+  if (m_any_flat) m_b.set_flag(m_in_free, q);
+  m_b.set_flag(m_out_ready, q);
+  m_b.wait_flag(m_out_ready, q);
+  store_outputs(q);
+  m_b.set_flag(m_out_free, q);
+  m_b.add(m_pos, m_pos, m_cnt);
+}
+
+void StreamEmitter::load_flat_inputs(int q) {
+  m_b.wait_flag(m_in_free, q);
+  Reg src = m_b.reg("input tile source");
+  Reg blocks = m_b.reg("input tile blocks");
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    if (m_in[k].access != Access::kFlat) continue;
+    const int size = m_in[k].size;
+    m_b.mul(src, m_pos, size);
+    m_b.add(src, src, m_in_addr[k]);
+    m_b.mul(blocks, m_cnt, size);
+    m_b.add(blocks, blocks, kBlockBytes - 1);
+    m_b.shr(blocks, blocks, kLog2Block);
+    m_b.emit(Opcode::op_copy_gm2ub, {m_in[k].buf[q], src, 1, blocks, 0, 0},
+             fmt::format("load in{} tile", k));
+  }
+  m_b.set_flag(m_in_ready, q);
+}
+
+void StreamEmitter::compute(int q) {
+  TileOperands t;
+  for (const InputPlan& p : m_in)
+    t.in.push_back(p.access == Access::kResident ? p.buf[0] : p.buf[q]);
+  for (const Twin& o : m_out_buf) t.outs.push_back(o[q]);
+  t.out = t.outs[0];
+  t.temp = m_temp;
+  t.count = &m_cnt;
+  t.tile_elems = m_tile;
+  KernelBuilder::Origin c(m_b, "compute");
+  m_spec.compute(m_b, t);
+}
+
+void StreamEmitter::store_outputs(int q) {
+  Reg dst = m_b.reg("output tile destination");
+  Reg blocks = m_b.reg("output tile blocks");
+  for (size_t j = 0; j < m_out_types.size(); ++j) {
+    const int osize = isa::dtype_size(m_out_types[j]);
+    m_b.mul(dst, m_pos, osize);
+    m_b.add(dst, dst, m_out_addr[j]);
+    m_b.mul(blocks, m_cnt, osize);
+    m_b.add(blocks, blocks, kBlockBytes - 1);
+    m_b.shr(blocks, blocks, kLog2Block);
+    m_b.emit(Opcode::op_copy_ub2gm, {dst, m_out_buf[j][q], 1, blocks, 0, 0},
+             j ? fmt::format("store the out{} tile", j) : "store the output tile");
+  }
+}
+
+void StreamEmitter::emit_drain() {
+  KernelBuilder::Origin o(m_b, "drain: consume the free flags");
   for (int q = 0; q < 2; ++q) {
-    KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
-    b.branch(ge(pos, end), drain);
-    b.sub(cnt, end, pos);
-    b.min(cnt, cnt, tile, "elements in this tile");
-    if (any_flat) {
-      b.wait_flag(in_free, q);
-      Reg src = b.reg("input tile source");
-      Reg blocks = b.reg("input tile blocks");
-      for (size_t k = 0; k < st.in.size(); ++k) {
-        if (st.in[k].access != Access::kFlat) continue;
-        const int size = st.in[k].size;
-        b.mul(src, pos, size);
-        b.add(src, src, in_addr[k]);
-        b.mul(blocks, cnt, size);
-        b.add(blocks, blocks, kBlockBytes - 1);
-        b.shr(blocks, blocks, kLog2Block);
-        b.emit(Opcode::op_copy_gm2ub, {st.in[k].buf[q], src, 1, blocks, 0, 0},
-               fmt::format("load in{} tile", k));
-      }
-      b.set_flag(in_ready, q);
-    }
-    for (size_t k = 0; k < st.in.size(); ++k)
-      if (st.in[k].access == Access::kGather)
-        emit_gather(b, st, static_cast<int>(k), in_addr[k], st.in[k].buf[q], pos, cnt);
-    if (any_flat) b.wait_flag(in_ready, q);
-    b.wait_flag(out_free, q);
-    TileOperands t;
-    for (const InputPlan& p : st.in)
-      t.in.push_back(p.access == Access::kResident ? p.buf[0] : p.buf[q]);
-    t.out = out_buf[q];
-    t.temp = temp;
-    t.count = &cnt;
-    t.tile_elems = tile;
-    {
-      KernelBuilder::Origin c(b, "compute");
-      spec.compute(b, t);
-    }
-    if (any_flat) b.set_flag(in_free, q);
-    b.set_flag(out_ready, q);
-    b.wait_flag(out_ready, q);
-    {
-      Reg dst = b.reg("output tile destination");
-      Reg blocks = b.reg("output tile blocks");
-      b.mul(dst, pos, osize);
-      b.add(dst, dst, out_addr);
-      b.mul(blocks, cnt, osize);
-      b.add(blocks, blocks, kBlockBytes - 1);
-      b.shr(blocks, blocks, kLog2Block);
-      b.emit(Opcode::op_copy_ub2gm, {dst, out_buf[q], 1, blocks, 0, 0}, "store the output tile");
-    }
-    b.set_flag(out_free, q);
-    b.add(pos, pos, cnt);
+    if (m_any_flat) m_b.wait_flag(m_in_free, q);
+    m_b.wait_flag(m_out_free, q);
   }
-  b.jmp(loop);
-  b.bind(drain);
-  {
-    KernelBuilder::Origin o(b, "drain: consume the free flags");
-    for (int q = 0; q < 2; ++q) {
-      if (any_flat) b.wait_flag(in_free, q);
-      b.wait_flag(out_free, q);
-    }
-    if (scratch_size) b.wait_flag(Pipe::V, Pipe::MTE2, st.scratch_free);
-  }
-  b.end();
+  if (m_scratch_size) m_b.wait_flag(Pipe::V, Pipe::MTE2, m_scratch_free);
+}
 
-  std::string accesses;
-  for (size_t k = 0; k < st.in.size(); ++k) {
-    const char* a = st.in[k].access == Access::kFlat       ? "flat"
-                    : st.in[k].access == Access::kResident ? "resident"
-                                                           : "gather";
-    accesses += fmt::format("{}in{} {}", k ? ", " : "", k, a);
+// Fills UB [buf, buf + cnt*size) with input k's values for output positions [pos, pos + cnt),
+// pieces from last to first (see elementwise.h). buf must hold output position pos at a 32-byte
+// boundary (tiles start at multiples of the output granule).
+void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt) {
+  const BroadcastView& v = m_spec.inputs[static_cast<size_t>(k)].view;
+  const int size = m_in[static_cast<size_t>(k)].size;
+  const int64_t inner = v.dims.back();
+  const bool contiguous = v.strides.back() != 0;
+  KernelBuilder::Origin origin(m_b, fmt::format("gather in{}: dims {} strides {}", k,
+                                                shape_str(v.dims), shape_str(v.strides)));
+  GatherRegs g(m_b);
+  m_b.add(g.f, pos, cnt, "gather: pieces from the end of the tile");
+  Label top = m_b.label("gather_in" + std::to_string(k));
+  m_b.bind(top);
+  m_b.sub(g.row, g.f, 1);
+  m_b.div(g.row, g.row, inner, "row = (piece end - 1) / inner dim");
+  m_b.mov(g.src, m_in_addr[static_cast<size_t>(k)]);
+  add_outer_offsets(v, size, g);
+  m_b.mul(g.row, g.row, inner, "row start");
+  m_b.max(g.a, g.row, pos, "piece start = max(row start, tile start)");
+  if (contiguous) {
+    m_b.sub(g.t, g.a, g.row);
+    m_b.mul(g.t, g.t, size);
+    m_b.add(g.src, g.src, g.t, "source of the piece start");
   }
-  launch.summary = fmt::format("{}: {} elements of {}, {} blocks of {}, tile {} elements{}{}",
-                               spec.kernel_name, n, isa::dtype_name(spec.out_type), block_dim,
-                               per, tile, accesses.empty() ? "" : "; ", accesses);
-  launch.block_dim = block_dim;
-  launch.kernel = b.finish();
+  fill_piece(k, size, contiguous, pos, buf, g);
+  m_b.mov(g.f, g.a);
+  m_b.branch(lt(pos, g.f), top);
+}
+
+// src += sum over the outer dims d of (index_d * stride_d) * size for the row g.row, innermost
+// outer dim first (nothing when every outer dim is broadcast).
+void StreamEmitter::add_outer_offsets(const BroadcastView& v, int size, GatherRegs& g) {
+  const size_t rank = v.dims.size();
+  // nonzero_below[d]: some outer dim before d has a nonzero stride (the row index must still be
+  // divided down to reach it).
+  std::vector<bool> nonzero_below(rank, false);
+  for (size_t d = 1; d < rank; ++d)
+    nonzero_below[d] = nonzero_below[d - 1] || v.strides[d - 1] != 0;
+  if (rank < 2 || !nonzero_below[rank - 1]) return;
+  m_b.mov(g.rest, g.row);
+  for (size_t d = rank - 1; d-- > 0;) {
+    if (v.strides[d] != 0) {
+      m_b.rem(g.t, g.rest, v.dims[d], fmt::format("index in dim {}", d));
+      m_b.mul(g.t, g.t, v.strides[d] * size);
+      m_b.add(g.src, g.src, g.t);
+    }
+    if (!nonzero_below[d]) break;
+    m_b.div(g.rest, g.rest, v.dims[d]);
+  }
+}
+
+// Writes the piece [g.a, g.f) of the tile starting at output position pos: from the piece's
+// 32-byte block start, a contiguous run through the gather scratch or one broadcast element.
+void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos, uint64_t buf,
+                               GatherRegs& g) {
+  const int log2_epb = ceil_log2(kBlockBytes / size);  // elements per 32-byte block
+  m_b.sub(g.t, g.a, pos, "piece start in the tile");
+  m_b.shr(g.rest, g.t, log2_epb);
+  m_b.shl(g.rest, g.rest, log2_epb, "rounded down to a 32-byte block");
+  if (contiguous) {
+    m_b.sub(g.t, g.t, g.rest);
+    m_b.mul(g.t, g.t, size);
+    m_b.sub(g.src, g.src, g.t, "load from the block start: the piece lands at its phase");
+  }
+  m_b.sub(g.f, g.f, pos);
+  m_b.sub(g.f, g.f, g.rest, "elements from the block start to the piece end");
+  m_b.mul(g.rest, g.rest, size);
+  m_b.add(g.rest, g.rest, buf, "destination in the tile");
+  if (!contiguous) {
+    m_b.emit(Opcode::op_ld, {g.t, g.src}, "the broadcast element (low bits)");
+    vec_dup_bits(m_b, size, g.rest, g.t, g.f);
+    return;
+  }
+  m_b.mul(g.t, g.f, size);
+  m_b.add(g.t, g.t, kBlockBytes - 1);
+  m_b.shr(g.t, g.t, kLog2Block, "blocks to load");
+  m_b.wait_flag(Pipe::V, Pipe::MTE2, m_scratch_free, "gather scratch free");
+  m_b.emit(Opcode::op_copy_gm2ub, {m_scratch, g.src, 1, g.t, 0, 0},
+           fmt::format("load the piece of in{}", k));
+  m_b.set_flag(Pipe::MTE2, Pipe::V, m_scratch_ready);
+  m_b.wait_flag(Pipe::MTE2, Pipe::V, m_scratch_ready);
+  vec_copy_bits(m_b, size, g.rest, m_scratch, g.f);
+  m_b.set_flag(Pipe::V, Pipe::MTE2, m_scratch_free);
+}
+
+std::string StreamEmitter::summary() const {
+  std::string accesses;
+  for (size_t k = 0; k < m_in.size(); ++k)
+    accesses += fmt::format("{}in{} {}", k ? ", " : "", k, access_name(m_in[k].access));
+  std::string outs;
+  for (size_t j = 1; j < m_out_types.size(); ++j)
+    outs += fmt::format(" + {}", isa::dtype_name(m_out_types[j]));
+  return fmt::format("{}: {} elements of {}{}, {} blocks of {}, tile {} elements{}{}",
+                     m_spec.kernel_name, m_n, isa::dtype_name(m_out_types[0]), outs, m_block_dim,
+                     m_per, m_tile, accesses.empty() ? "" : "; ", accesses);
+}
+
+Launch StreamEmitter::build() {
+  plan_inputs();
+  plan_tiles();
+  m_b.begin_section(m_kind);
+  allocate();
+  Launch launch;
+  load_args(launch);
+  init_flags();
+  build_resident_inputs();
+  if (m_spec.prologue) {
+    KernelBuilder::Origin o(m_b, "prologue");
+    m_spec.prologue(m_b, m_temp);
+  }
+  // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
+  Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
+  m_b.bind(loop);
+  for (int q = 0; q < 2; ++q) emit_tile(q, drain);
+  m_b.jmp(loop);
+  m_b.bind(drain);
+  emit_drain();
+  m_b.end();
+  launch.summary = summary();
+  launch.block_dim = m_block_dim;
+  launch.kernel = m_b.finish();
   return launch;
+}
+
+}  // namespace
+
+Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg) {
+  return StreamEmitter(op, spec, cfg).build();
 }
 
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,

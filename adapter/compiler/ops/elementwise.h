@@ -2,14 +2,17 @@
 // later op that maps each output element to input elements at the same broadcast position):
 // the flat output is split over the vector cores, each core streams its range through the UB
 // in tiles, double-buffered (MTE2 loads tile t+1 and MTE3 stores tile t-1 while V computes
-// tile t), and the family only supplies the vector instructions of one tile.
+// tile t), and the family only supplies its UB temporaries and the vector instructions of one
+// tile. A kernel may have several outputs of the output's shape (e.g. a fused chain's results,
+// each stored per tile); its temporaries keep intermediate values in the UB within a tile.
 //
-// Tiling (all from the config): tile elements T = the UB capacity of the vector core divided by
-// the bytes each element needs in all buffers (two tiles per streamed input and for the
-// output, one per resident input, a gather scratch, the family's temporaries), rounded down to
-// a multiple of 128 elements and of the broadcast period; blocks = min(vector cores, work);
-// each block takes a range of whole 32-byte output blocks, so no two cores write the same
-// block (only the last block of the tensor is partial; see the buffer contract in op_desc.h).
+// Buffers and tiling (all from the config): one BufferPlan (buffer_plan.h) declares, per tile
+// of T elements, two tiles per streamed input and per output, one per resident input, a gather
+// scratch and the family's temporaries; T is the largest multiple of 128 elements for which
+// they fit in the UB of the vector core, rounded down to whole broadcast periods; blocks =
+// min(vector cores, work); each block takes a range of whole 32-byte output blocks, so no two
+// cores write the same block (only the last block of the tensor is partial; see the buffer
+// contract in op_desc.h).
 //
 // How an input reaches the UB tile for output positions [pos, pos + cnt):
 //   kFlat     same shape as the output: one contiguous copy_gm2ub per tile.
@@ -52,12 +55,14 @@ BroadcastView broadcast_view(const std::vector<int64_t>& in_shape,
                              const std::vector<int64_t>& out_shape);
 
 struct StreamInput {
-  isa::Dtype type;              // device type of the input
-  BroadcastView view;           // from broadcast_view(input shape, output shape)
-  std::vector<int64_t> shape;   // for the kernel's typed argument; empty: any shape
+  isa::Dtype type;             // device type of the input
+  BroadcastView view;          // from broadcast_view(input shape, output shape)
+  std::vector<int64_t> shape;  // for the kernel's typed argument; empty: any shape
 };
 
-// A temporary UB buffer of the compute step: bytes = ceil(T * bytes_per_element) + fixed_bytes.
+// A UB buffer of the compute step, declared in the kernel's BufferPlan after the input, output
+// and gather buffers: one copy of ceil(T * bytes_per_element) + fixed_bytes bytes for a tile
+// of T elements (fixed_bytes alone: a constant, e.g. one repeat filled by the prologue).
 struct TempSpec {
   std::string name;
   double bytes_per_element = 0;
@@ -67,7 +72,8 @@ struct TempSpec {
 // The UB operands of one tile, all contiguous (element i at addr + i * size).
 struct TileOperands {
   std::vector<uint64_t> in;    // per input
-  uint64_t out = 0;
+  uint64_t out = 0;            // output 0
+  std::vector<uint64_t> outs;  // per output (outs[0] == out)
   std::vector<uint64_t> temp;  // per StreamSpec::temps
   const Reg* count = nullptr;  // elements in this tile, 1..tile_elems (a register)
   int64_t tile_elems = 0;
@@ -76,8 +82,10 @@ struct TileOperands {
 struct StreamSpec {
   std::string kernel_name;
   std::vector<StreamInput> inputs;
-  isa::Dtype out_type = isa::Dtype::F32;
-  std::vector<int64_t> out_shape;  // at least one element
+  isa::Dtype out_type = isa::Dtype::F32;  // output 0
+  std::vector<int64_t> out_shape;         // every output's shape; at least one element
+  // Outputs 1, 2, ... (their types), stored like output 0 from TileOperands::outs.
+  std::vector<isa::Dtype> more_out_types;
   std::vector<TempSpec> temps;
   // Optional, emitted once before the tile loop (e.g. to fill constant temporaries).
   std::function<void(KernelBuilder&, const std::vector<uint64_t>& temp)> prologue;
@@ -85,13 +93,18 @@ struct StreamSpec {
   std::function<void(KernelBuilder&, const TileOperands&)> compute;
 };
 
-// Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0).
+// Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
+// out1, out2, ... (kOutput 1, 2, ...).
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
 
 // The CompiledKernel of a one-launch element-wise op with output `out`: no launch when `out`
 // has no elements (nothing to compute), else build_stream_kernel(spec).
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
                              const StreamSpec& spec);
+
+// This block's range of a flat output of n elements split in blocks of `per`: pos = block id *
+// per, end = min(pos + per, n).
+void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t per, int64_t n);
 
 // The StreamInputs of an op's inputs broadcast to out_shape.
 std::vector<StreamInput> stream_inputs(const std::vector<TensorDesc>& inputs,

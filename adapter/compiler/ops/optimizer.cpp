@@ -25,12 +25,12 @@
 //                    var' = var - (m' * alpha) / (sqrt(v') + epsilon)
 //                    nesterov: var' = var - ((grad * (1 - beta1) + beta1 * m') * alpha)
 //                                           / (sqrt(v') + epsilon)
-// Launches: Momentum computes accum' first and var' from it; Adam computes m', v', then var'
-// from them (the scalar expressions are recomputed per tile from the broadcast scalars: a few
-// vector instructions per tile).
+// One launch per update: a stream over var's elements reading every input and writing every
+// output per tile (several outputs, elementwise.h). Momentum computes accum' first and var'
+// from it; Adam computes m', v', then var' from them, in the UB (the scalar expressions are
+// recomputed per tile from the broadcast scalars: a few vector instructions per tile).
 #include <fmt/format.h>
 
-#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 
@@ -50,28 +50,14 @@ struct Operand {
 const std::vector<Operand> kGradientDescent = {{"var", false}, {"alpha", true}, {"delta", false}};
 const std::vector<Operand> kMomentum = {
     {"var", false}, {"accum", false}, {"lr", true}, {"grad", false}, {"momentum", true}};
-const std::vector<Operand> kAdam = {{"var", false},         {"m", false},
-                                    {"v", false},           {"beta1_power", true},
-                                    {"beta2_power", true},  {"lr", true},
-                                    {"beta1", true},        {"beta2", true},
-                                    {"epsilon", true},      {"grad", false}};
+const std::vector<Operand> kAdam = {
+    {"var", false}, {"m", false},    {"v", false},    {"beta1_power", true}, {"beta2_power", true},
+    {"lr", true},   {"beta1", true}, {"beta2", true}, {"epsilon", true},     {"grad", false}};
 
-// The element-wise launch computing one output from `ins` (ArgRefs of the plan, with their
-// descs); compute sees the tile operands in the same order.
-struct UpdateStep {
-  std::string what;
-  std::vector<ArgRef> args;
-  std::vector<TensorDesc> descs;
-  int temps = 0;
-  std::function<void(KernelBuilder&, const TileOperands&)> compute;
-};
-
-}  // namespace
-
-CompiledKernel compile_optimizer(const CompileContext& ctx) {
-  const OpDesc& op = ctx.op;
-  std::string base = op.type;
-  if (base.rfind("Resource", 0) == 0) base = base.substr(8);
+// Checks op.inputs against the input list of `base` (the op type without "Resource") and
+// returns it: every input of var's float type, the scalars single elements, the others var's
+// shape.
+const std::vector<Operand>& checked_inputs(const OpDesc& op, const std::string& base) {
   const std::vector<Operand>* sig = base == "ApplyGradientDescent" ? &kGradientDescent
                                     : base == "ApplyMomentum"      ? &kMomentum
                                     : base == "ApplyAdam"          ? &kAdam
@@ -90,138 +76,153 @@ CompiledKernel compile_optimizer(const CompileContext& ctx) {
     const TensorDesc& in = op.inputs[i];
     const Operand& o = (*sig)[i];
     if (in.dtype != dt)
-      op.fail(fmt::format("{} is {}, var is {}", o.name, data_type_name(in.dtype),
-                          data_type_name(dt)));
+      op.fail(
+          fmt::format("{} is {}, var is {}", o.name, data_type_name(in.dtype), data_type_name(dt)));
     if (o.scalar ? in.num_elements() != 1 : in.shape != var.shape)
-      op.invalid(fmt::format(
-          "{} {} must {}", o.name, shape_str(in.shape),
-          o.scalar ? "be a scalar" : "have var's shape " + shape_str(var.shape)));
+      op.invalid(
+          fmt::format("{} {} must {}", o.name, shape_str(in.shape),
+                      o.scalar ? "be a scalar" : "have var's shape " + shape_str(var.shape)));
   }
-  const bool nesterov = op.attr_bool("use_nesterov", false);
-  std::vector<TensorDesc> outs = {var};
-  if (base == "ApplyMomentum") outs.push_back(var);
-  if (base == "ApplyAdam") outs = {var, var, var};
-  LaunchPlan plan(outs);
-  if (var.num_elements() == 0) return std::move(plan).finish();
+  return *sig;
+}
 
-  const Dtype type = device_dtype(dt);
-  const TensorDesc scalar{dt, {}};
-  auto in = [&](int i) { return LaunchPlan::input(i); };
-  auto out = [&](int i) { return LaunchPlan::output(i); };
+// The vector operations of the updates over `n` elements of UB tiles, in the variable's type.
+class UpdateMath {
+ public:
+  explicit UpdateMath(Dtype type) : m_type(type) {}
+  void bin(KernelBuilder& b, Opcode o, uint64_t d, uint64_t x, uint64_t y, const Reg& n) const {
+    vec_binary(b, o, m_type, d, x, y, n);
+  }
+  void sqrt(KernelBuilder& b, uint64_t d, uint64_t x, const Reg& n) const {
+    vec_unary(b, Opcode::op_vsqrt, m_type, d, x, n);
+  }
   // 1 - x into dst (x a tile of the broadcast scalar).
-  auto one_minus = [type](KernelBuilder& b, uint64_t dst, uint64_t x, const Reg& n) {
-    Reg minus_one = b.reg_imm("-1", vector_scalar_bits(type, -1.0));
-    Reg one = b.reg_imm("1", vector_scalar_bits(type, 1.0));
-    vec_scalar(b, Opcode::op_vmuls, type, dst, x, minus_one, n);
-    vec_scalar(b, Opcode::op_vadds, type, dst, dst, one, n);
-  };
-  auto bin = [type](KernelBuilder& b, Opcode o, uint64_t d, uint64_t x, uint64_t y, const Reg& n) {
-    vec_binary(b, o, type, d, x, y, n);
-  };
-  std::vector<UpdateStep> steps;
-  if (base == "ApplyGradientDescent") {
-    // in: var, alpha, delta
-    steps.push_back({"var", {in(0), in(1), in(2)}, {var, scalar, var}, 0,
-                     [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       bin(b, Opcode::op_vmul, t.out, t.in[2], t.in[1], n);
-                       bin(b, Opcode::op_vsub, t.out, t.in[0], t.out, n);
-                     }});
-  } else if (base == "ApplyMomentum") {
-    // accum' from accum, grad, momentum
-    steps.push_back({"accum", {in(1), in(3), in(4)}, {var, var, scalar}, 0,
-                     [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       bin(b, Opcode::op_vmul, t.out, t.in[0], t.in[2], n);
-                       bin(b, Opcode::op_vadd, t.out, t.out, t.in[1], n);
-                     }});
-    // var' from var, accum', lr, grad, momentum
-    steps.push_back({"var", {in(0), out(1), in(2), in(3), in(4)},
-                     {var, var, scalar, var, scalar}, 1,
-                     [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       const uint64_t tmp = t.temp[0];
-                       if (nesterov) {
-                         bin(b, Opcode::op_vmul, tmp, t.in[3], t.in[2], n);    // grad * lr
-                         bin(b, Opcode::op_vmul, t.out, t.in[1], t.in[4], n);  // accum' * mom
-                         bin(b, Opcode::op_vmul, t.out, t.out, t.in[2], n);    // ... * lr
-                         bin(b, Opcode::op_vadd, tmp, tmp, t.out, n);
-                       } else {
-                         bin(b, Opcode::op_vmul, tmp, t.in[2], t.in[1], n);  // lr * accum'
-                       }
-                       bin(b, Opcode::op_vsub, t.out, t.in[0], tmp, n);
-                     }});
+  void one_minus(KernelBuilder& b, uint64_t dst, uint64_t x, const Reg& n) const {
+    Reg minus_one = b.reg_imm("-1", vector_scalar_bits(m_type, -1.0));
+    Reg one = b.reg_imm("1", vector_scalar_bits(m_type, 1.0));
+    vec_scalar(b, Opcode::op_vmuls, m_type, dst, x, minus_one, n);
+    vec_scalar(b, Opcode::op_vadds, m_type, dst, dst, one, n);
+  }
+
+ private:
+  Dtype m_type;
+};
+
+// One tile of an update: t.in[i] is TF input i, t.outs[j] output j, t.temp the temporaries.
+using UpdateTile = void (*)(KernelBuilder& b, const TileOperands& t, const UpdateMath& m,
+                            bool nesterov);
+
+// in: var, alpha, delta. out: var'.
+void gradient_descent_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool) {
+  const Reg& n = *t.count;
+  m.bin(b, Opcode::op_vmul, t.outs[0], t.in[2], t.in[1], n);
+  m.bin(b, Opcode::op_vsub, t.outs[0], t.in[0], t.outs[0], n);
+}
+
+// in: var, accum, lr, grad, momentum. out: var', accum' (computed first, var' reads it). One
+// temporary.
+void momentum_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool nesterov) {
+  const Reg& n = *t.count;
+  const uint64_t accum = t.outs[1], tmp = t.temp[0];
+  m.bin(b, Opcode::op_vmul, accum, t.in[1], t.in[4], n);
+  m.bin(b, Opcode::op_vadd, accum, accum, t.in[3], n);
+  if (nesterov) {
+    m.bin(b, Opcode::op_vmul, tmp, t.in[3], t.in[2], n);          // grad * lr
+    m.bin(b, Opcode::op_vmul, t.outs[0], accum, t.in[4], n);      // accum' * momentum
+    m.bin(b, Opcode::op_vmul, t.outs[0], t.outs[0], t.in[2], n);  // ... * lr
+    m.bin(b, Opcode::op_vadd, tmp, tmp, t.outs[0], n);
   } else {
-    // m' from m, grad, beta1
-    steps.push_back({"m", {in(1), in(9), in(6)}, {var, var, scalar}, 1,
-                     [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       one_minus(b, t.temp[0], t.in[2], n);
-                       bin(b, Opcode::op_vsub, t.out, t.in[1], t.in[0], n);
-                       bin(b, Opcode::op_vmul, t.out, t.out, t.temp[0], n);
-                       bin(b, Opcode::op_vadd, t.out, t.in[0], t.out, n);
-                     }});
-    // v' from v, grad, beta2
-    steps.push_back({"v", {in(2), in(9), in(7)}, {var, var, scalar}, 1,
-                     [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       one_minus(b, t.temp[0], t.in[2], n);
-                       bin(b, Opcode::op_vmul, t.out, t.in[1], t.in[1], n);
-                       bin(b, Opcode::op_vsub, t.out, t.out, t.in[0], n);
-                       bin(b, Opcode::op_vmul, t.out, t.out, t.temp[0], n);
-                       bin(b, Opcode::op_vadd, t.out, t.in[0], t.out, n);
-                     }});
-    // var' from var, m', v', beta1_power, beta2_power, lr, epsilon (+ beta1, grad: nesterov)
-    std::vector<ArgRef> args = {in(0), out(1), out(2), in(3), in(4), in(5), in(8)};
-    std::vector<TensorDesc> descs = {var, var, var, scalar, scalar, scalar, scalar};
-    if (nesterov) {
-      args.insert(args.end(), {in(6), in(9)});
-      descs.insert(descs.end(), {scalar, var});
-    }
-    steps.push_back({"var", args, descs, 2, [=](KernelBuilder& b, const TileOperands& t) {
-                       const Reg& n = *t.count;
-                       const uint64_t alpha = t.temp[0], tmp = t.temp[1];
-                       // alpha = lr * sqrt(1 - beta2_power) / (1 - beta1_power)
-                       one_minus(b, alpha, t.in[4], n);
-                       vec_unary(b, Opcode::op_vsqrt, type, alpha, alpha, n);
-                       bin(b, Opcode::op_vmul, alpha, t.in[5], alpha, n);
-                       one_minus(b, tmp, t.in[3], n);
-                       bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
-                       if (nesterov) {
-                         // (grad * (1 - beta1) + beta1 * m') * alpha
-                         one_minus(b, tmp, t.in[7], n);
-                         bin(b, Opcode::op_vmul, tmp, t.in[8], tmp, n);
-                         bin(b, Opcode::op_vmul, t.out, t.in[7], t.in[1], n);
-                         bin(b, Opcode::op_vadd, tmp, tmp, t.out, n);
-                         bin(b, Opcode::op_vmul, alpha, tmp, alpha, n);
-                       } else {
-                         bin(b, Opcode::op_vmul, alpha, t.in[1], alpha, n);  // m' * alpha
-                       }
-                       // / (sqrt(v') + epsilon)
-                       vec_unary(b, Opcode::op_vsqrt, type, tmp, t.in[2], n);
-                       bin(b, Opcode::op_vadd, tmp, tmp, t.in[6], n);
-                       bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
-                       bin(b, Opcode::op_vsub, t.out, t.in[0], alpha, n);
-                     }});
+    m.bin(b, Opcode::op_vmul, tmp, t.in[2], accum, n);  // lr * accum'
   }
-  for (UpdateStep& s : steps) {
-    StreamSpec spec;
-    spec.kernel_name = fmt::format("{}_{}_{}", base, s.what, data_type_name(dt));
-    spec.inputs = stream_inputs(s.descs, var.shape);
-    spec.out_type = type;
-    spec.out_shape = var.shape;
-    for (int i = 0; i < s.temps; ++i)
-      spec.temps.push_back(TempSpec{fmt::format("temporary {}", i),
-                                    static_cast<double>(data_type_bytes(dt)), 0});
-    spec.compute = s.compute;
-    Launch l = build_stream_kernel(op.str(), spec, ctx.cfg);
-    std::vector<ArgRef> args = s.args;
-    // The launch's output is this step's result.
-    const int out_index = s.what == "var" ? 0 : s.what == "accum" || s.what == "m" ? 1 : 2;
-    args.push_back(out(out_index));
-    plan.add(std::move(l), args, "new " + s.what);
+  m.bin(b, Opcode::op_vsub, t.outs[0], t.in[0], tmp, n);
+}
+
+// Adam's m' (j = 1, from m, beta1) or v' (j = 2, from v, beta2) into t.outs[j]; temp[1]
+// is clobbered.
+void adam_moment(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, int j) {
+  const Reg& n = *t.count;
+  const uint64_t moment = t.in[static_cast<size_t>(j)], grad = t.in[9], tmp = t.temp[1];
+  const uint64_t beta = t.in[j == 1 ? 6 : 7], out = t.outs[static_cast<size_t>(j)];
+  m.one_minus(b, tmp, beta, n);
+  if (j == 1) {
+    m.bin(b, Opcode::op_vsub, out, grad, moment, n);  // grad - m
+  } else {
+    m.bin(b, Opcode::op_vmul, out, grad, grad, n);  // grad * grad - v
+    m.bin(b, Opcode::op_vsub, out, out, moment, n);
   }
-  return std::move(plan).finish();
+  m.bin(b, Opcode::op_vmul, out, out, tmp, n);
+  m.bin(b, Opcode::op_vadd, out, moment, out, n);
+}
+
+// in: var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad. out: var', m', v'
+// (m' and v' first, var' reads them). Two temporaries.
+void adam_tile(KernelBuilder& b, const TileOperands& t, const UpdateMath& m, bool nesterov) {
+  adam_moment(b, t, m, 1);
+  adam_moment(b, t, m, 2);
+  const Reg& n = *t.count;
+  const uint64_t alpha = t.temp[0], tmp = t.temp[1], var = t.outs[0];
+  const uint64_t m_new = t.outs[1], v_new = t.outs[2];
+  // alpha = lr * sqrt(1 - beta2_power) / (1 - beta1_power)
+  m.one_minus(b, alpha, t.in[4], n);
+  m.sqrt(b, alpha, alpha, n);
+  m.bin(b, Opcode::op_vmul, alpha, t.in[5], alpha, n);
+  m.one_minus(b, tmp, t.in[3], n);
+  m.bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
+  if (nesterov) {
+    // (grad * (1 - beta1) + beta1 * m') * alpha
+    m.one_minus(b, tmp, t.in[6], n);
+    m.bin(b, Opcode::op_vmul, tmp, t.in[9], tmp, n);
+    m.bin(b, Opcode::op_vmul, var, t.in[6], m_new, n);
+    m.bin(b, Opcode::op_vadd, tmp, tmp, var, n);
+    m.bin(b, Opcode::op_vmul, alpha, tmp, alpha, n);
+  } else {
+    m.bin(b, Opcode::op_vmul, alpha, m_new, alpha, n);  // m' * alpha
+  }
+  // / (sqrt(v') + epsilon)
+  m.sqrt(b, tmp, v_new, n);
+  m.bin(b, Opcode::op_vadd, tmp, tmp, t.in[8], n);
+  m.bin(b, Opcode::op_vdiv, alpha, alpha, tmp, n);
+  m.bin(b, Opcode::op_vsub, var, t.in[0], alpha, n);
+}
+
+}  // namespace
+
+CompiledKernel compile_optimizer(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  std::string base = op.type;
+  if (base.rfind("Resource", 0) == 0) base = base.substr(8);
+  const std::vector<Operand>& sig = checked_inputs(op, base);
+  const TensorDesc& var = op.inputs[0];
+  const DataType dt = var.dtype;
+  const Dtype type = device_dtype(dt);
+  // outputs (the new var, accum / m, v), temporaries, one tile's computation
+  const int outputs = base == "ApplyGradientDescent" ? 1 : base == "ApplyMomentum" ? 2 : 3;
+  const int temps = outputs - 1;
+  const UpdateTile tile = outputs == 1   ? gradient_descent_tile
+                          : outputs == 2 ? momentum_tile
+                                         : adam_tile;
+  CompiledKernel k;
+  k.outputs.assign(static_cast<size_t>(outputs), var);
+  if (var.num_elements() == 0) return k;
+
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("{}_{}", base, data_type_name(dt));
+  std::vector<TensorDesc> descs;
+  for (const Operand& o : sig) descs.push_back(o.scalar ? TensorDesc{dt, {}} : var);
+  spec.inputs = stream_inputs(descs, var.shape);
+  spec.out_type = type;
+  spec.more_out_types.assign(static_cast<size_t>(outputs - 1), type);
+  spec.out_shape = var.shape;
+  for (int i = 0; i < temps; ++i)
+    spec.temps.push_back(
+        TempSpec{fmt::format("temporary {}", i), static_cast<double>(data_type_bytes(dt)), 0});
+  const UpdateMath m(type);
+  const bool nesterov = op.attr_bool("use_nesterov", false);
+  spec.compute = [tile, m, nesterov](KernelBuilder& b, const TileOperands& t) {
+    tile(b, t, m, nesterov);
+  };
+  k.launches.push_back(build_stream_kernel(op.str(), spec, ctx.cfg));
+  return k;
 }
 
 }  // namespace npusim::compiler::ops

@@ -1,0 +1,73 @@
+// The streaming element-wise skeleton (ops/elementwise.h) built directly from a StreamSpec and
+// run on the chip model: a kernel with several outputs of different types whose values come
+// from an intermediate kept in a UB temporary, against a reference in plain C++ that does the
+// same fp32 operations (each rounded to f32) and rounds the f16 output once (RNE), so the
+// tolerance is 0.
+#include <catch2/catch.hpp>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::TensorDesc;
+using isa::Dtype;
+using isa::Opcode;
+
+namespace {
+
+// p = x * s (f32, a UB temporary); out0 = p + x (f32), out1 = p as f16. x: [n], s: one element
+// (a resident input).
+compiler::ops::StreamSpec two_output_spec(int64_t n) {
+  compiler::ops::StreamSpec spec;
+  spec.kernel_name = "TwoOutputs_f32";
+  spec.inputs = compiler::ops::stream_inputs(
+      {TensorDesc{DataType::F32, {n}}, TensorDesc{DataType::F32, {1}}}, {n});
+  spec.out_type = Dtype::F32;
+  spec.more_out_types = {Dtype::F16};
+  spec.out_shape = {n};
+  spec.temps = {compiler::ops::TempSpec{"x * s", 4, 0}};
+  spec.compute = [](compiler::KernelBuilder& b, const compiler::ops::TileOperands& t) {
+    const compiler::Reg& c = *t.count;
+    compiler::ops::vec_binary(b, Opcode::op_vmul, Dtype::F32, t.temp[0], t.in[0], t.in[1], c);
+    compiler::ops::vec_binary(b, Opcode::op_vadd, Dtype::F32, t.outs[0], t.temp[0], t.in[0], c);
+    compiler::ops::vec_convert(b, Dtype::F16, Dtype::F32, t.outs[1], t.temp[0], RoundMode::kRint,
+                               c);
+  };
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("a stream kernel stores every output of every tile and block") {
+  const ChipConfig& cfg = test_sim().config();
+  // Several tiles per block, and on the tiny (4 vector cores) and 910b (48) chips the blocks'
+  // ranges would end inside an f16 block if they were cut at the f32 output's granule (8
+  // elements) instead of the f16 output's (16).
+  const int64_t n = 700000;
+  const compiler::ops::StreamSpec spec = two_output_spec(n);
+  compiler::CompiledKernel k;
+  k.outputs = {TensorDesc{DataType::F32, {n}}, TensorDesc{DataType::F16, {n}}};
+  k.launches.push_back(compiler::ops::build_stream_kernel("TwoOutputs", spec, cfg));
+  const compiler::Launch& l = k.launches[0];
+  INFO(l.summary);
+  CHECK(l.summary.find("of f32 + f16") != std::string::npos);
+  REQUIRE(l.args.size() == 4);  // in0, in1, out, out1
+  CHECK(l.args[3].kind == compiler::ArgRef::Kind::kOutput);
+  CHECK(l.args[3].index == 1);
+
+  const HostTensor x = random_tensor(DataType::F32, {n}, -4, 4, 17);
+  const HostTensor s{TensorDesc{DataType::F32, {1}}, {1.3125}};
+  const RunResult r = run_compiled(test_sim(), k, {x, s});
+  std::vector<double> want_sum(static_cast<size_t>(n)), want_half(static_cast<size_t>(n));
+  for (size_t i = 0; i < want_sum.size(); ++i) {
+    const float p = static_cast<float>(x.values[i]) * static_cast<float>(s.values[0]);
+    want_sum[i] = static_cast<float>(p + static_cast<float>(x.values[i]));
+    want_half[i] = round_to(DataType::F16, p);
+  }
+  check_close(r.outputs[0].values, want_sum, 0, 0, "out0 = x * s + x");
+  check_close(r.outputs[1].values, want_half, 0, 0, "out1 = f16(x * s)");
+}
