@@ -40,6 +40,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/row_kernel.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/convert.h"
 #include "common/int_math.h"
@@ -52,13 +53,9 @@ using isa::Opcode;
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kLaneBytes = 4;
-constexpr uint64_t kSlack = 32;
 constexpr int64_t kF32One = 0x3f800000;
 constexpr int64_t kF32Nan = 0x7fc00000;
 
-int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
 enum class Kind { kSoftmax, kLogSoftmax, kXent, kSparseXent };
 
 struct Spec {
@@ -76,29 +73,26 @@ struct Args {
   Reg x, labels, y, loss;
 };
 
-Args declare_args(KernelBuilder& b, const Spec& s, Launch& l) {
-  b.declare_arg("in0", s.t, {s.rows, s.C});
-  l.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
-  if (s.kind == Kind::kXent) b.declare_arg("in1", s.t, {s.rows, s.C});
-  if (s.kind == Kind::kSparseXent) b.declare_arg("in1", Dtype::S32, {s.rows});
+Args declare_args(RowKernel& k, const Spec& s) {
+  k.arg("in0", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kInput, 0, 0});
+  if (s.kind == Kind::kXent) k.arg("in1", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+  if (s.kind == Kind::kSparseXent)
+    k.arg("in1", Dtype::S32, {s.rows}, ArgRef{ArgRef::Kind::kInput, 1, 0});
   if (s.xent()) {
-    l.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
-    b.declare_arg("out", s.t, {s.rows});
-    b.declare_arg("out1", s.t, {s.rows, s.C});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
+    k.arg("out", s.t, {s.rows}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    k.arg("out1", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
   } else {
-    b.declare_arg("out", s.t, {s.rows, s.C});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    k.arg("out", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
   }
+  std::vector<Reg> regs = k.load_args();
   Args a;
-  a.x = b.load_arg("in0");
+  a.x = std::move(regs[0]);
   if (s.xent()) {
-    a.labels = b.load_arg("in1");
-    a.loss = b.load_arg("out");
-    a.y = b.load_arg("out1");
+    a.labels = std::move(regs[1]);
+    a.loss = std::move(regs[2]);
+    a.y = std::move(regs[3]);
   } else {
-    a.y = b.load_arg("out");
+    a.y = std::move(regs[1]);
   }
   return a;
 }
@@ -108,13 +102,29 @@ struct SparseConsts {
   uint64_t iota64 = 0, t64 = 0, zero64 = 0, nan64 = 0, c64 = 0;
 };
 
-SparseConsts alloc_sparse_consts(KernelBuilder& b, int64_t C) {
+struct SparseConstIds {
+  BufferPlan::Id iota64, t64, zero64, nan64, c64;
+};
+
+SparseConstIds declare_sparse_consts(BufferPlan& p, bool enabled) {
+  SparseConstIds id;
+  id.iota64 = p.add_fixed("iota 0..63", kSlotBytes, 1, enabled);
+  id.t64 = p.add_fixed("column indices", kSlotBytes, 1, enabled);
+  id.zero64 = p.add_fixed("zeros", kSlotBytes, 1, enabled);
+  id.nan64 = p.add_fixed("NaNs", kSlotBytes, 1, enabled);
+  id.c64 = p.add_fixed("C", kSlotBytes, 1, enabled);
+  return id;
+}
+
+// The constants at their allocated addresses, filled.
+SparseConsts fill_sparse_consts(KernelBuilder& b, const BufferPlan::Placed& at,
+                                const SparseConstIds& id, int64_t C) {
   SparseConsts k;
-  k.iota64 = b.alloc(Buf::UB, kSlotBytes, "iota 0..63");
-  k.t64 = b.alloc(Buf::UB, kSlotBytes, "column indices");
-  k.zero64 = b.alloc(Buf::UB, kSlotBytes, "zeros");
-  k.nan64 = b.alloc(Buf::UB, kSlotBytes, "NaNs");
-  k.c64 = b.alloc(Buf::UB, kSlotBytes, "C");
+  k.iota64 = at[id.iota64];
+  k.t64 = at[id.t64];
+  k.zero64 = at[id.zero64];
+  k.nan64 = at[id.nan64];
+  k.c64 = at[id.c64];
   fill_iota64(b, k.iota64);
   vec_fill32(b, k.zero64, 0, kLanes32);
   vec_fill32(b, k.nan64, kF32Nan, kLanes32);
@@ -145,41 +155,52 @@ void label_validity(KernelBuilder& b, const SparseConsts& k, uint64_t labels, co
 
 struct RowsPlan {
   SuperRowLayout layout;
-  int64_t group = 0, per = 0;
-  int block_dim = 0;
+  int64_t group = 0;
+  BlockSplit split;
 };
 
-// UB bytes of a group of `rows` rows.
-uint64_t rows_bytes(const Spec& s, int64_t rows) {
-  uint64_t total = 0;
-  auto add = [&](int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
-  const int64_t n = rows * s.C;
-  const bool conv = s.t != Dtype::F32;
-  for (int q = 0; q < 2; ++q) {          // ping and pong copies (PingPong)
-    add(n * s.size());                   // features as loaded
-    add(n * s.size());                   // output rows
-    if (s.kind == Kind::kXent) add(n * s.size());  // labels as loaded
-    if (s.xent()) add(rows * s.size());  // loss
-    if (s.kind == Kind::kSparseXent) add(rows * kLaneBytes);  // labels
-  }
-  if (conv) add(n * kLaneBytes);         // widened
-  if (s.kind != Kind::kSoftmax) add(n * kLaneBytes);  // exponentials
-  if (s.kind == Kind::kXent && conv) add(n * kLaneBytes);
-  add(rows * kSlotBytes);                // lane slots
-  add(rows * kLaneBytes * 3);            // dense values
-  add(rows * kBlock);                    // replicated
-  add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
-  add(static_cast<int64_t>(alt_pattern_bytes(rows)));
-  if (s.kind == Kind::kSparseXent) {
-    add(rows * kBlock);                  // replicated labels
-    add(rows * kSlotBytes);              // span scratch
-    add(rows * 8 * 2);                   // compare bits
-    add(5 * kSlotBytes);
-  }
-  return total;
+// The resident-rows kernel's buffers; units: rows per group. Double-buffered (PingPong, loads
+// and stores in lockstep): what MTE2 loads (features, labels) and what MTE3 stores (output
+// rows, loss) have a ping and a pong copy; the widened rows, exponentials and per-row values
+// are V's alone.
+struct RowsBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, out, e, raw_y, yw, acc, d0, d1, d2, rep, scratch, alt, loss;
+  BufferPlan::Id lbl, rep_lbl, span, bits, bits2;  // sparse labels
+  SparseConstIds consts;
+};
+
+RowsBuffers rows_buffers(const Spec& s) {
+  RowsBuffers r;
+  BufferPlan& p = r.plan;
+  const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
+  const bool xent = s.kind == Kind::kXent;
+  r.raw_x = p.add_sized("features", blocks_of(s.C * s.size()), 2);
+  r.xw = p.add_sized("widened features", blocks_of(s.C * kLaneBytes), 1, conv);
+  r.out = p.add_sized("output rows", blocks_of(s.C * s.size()), 2);
+  r.e = p.add_sized("exponentials", blocks_of(s.C * kLaneBytes), 1, s.kind != Kind::kSoftmax);
+  r.raw_y = p.add_sized("labels", blocks_of(s.C * s.size()), 2, xent);
+  r.yw = p.add_sized("widened labels", blocks_of(s.C * kLaneBytes), 1, xent && conv);
+  r.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  r.d0 = p.add_sized("row values", blocks_of(kLaneBytes));
+  r.d1 = p.add_sized("row values 2", blocks_of(kLaneBytes));
+  r.d2 = p.add_sized("row values 3", blocks_of(kLaneBytes));
+  r.rep = p.add_sized("replicated", blocks_of(kBlock));
+  r.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
+  r.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
+  r.loss = p.add_sized("loss", blocks_of(s.size()), 2, s.xent());
+  r.lbl = p.add_sized("labels", blocks_of(kLaneBytes), 2, sparse);
+  r.rep_lbl = p.add_sized("replicated labels", blocks_of(kBlock), 1, sparse);
+  r.span = p.add_sized("span scratch", blocks_of(kSlotBytes), 1, sparse);
+  r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
+  r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
+  r.consts = declare_sparse_consts(p, sparse);
+  declare_repeat_overhang(p);
+  return r;
 }
 
-std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
+std::optional<RowsPlan> plan_rows(const Spec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
   RowsPlan p;
   const int64_t granule = kBlock / s.size();
   p.layout = SuperRowLayout::make(s.C, granule);
@@ -188,90 +209,37 @@ std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
   // very few long rows costs one instruction per 64-lane span and pass (rows_to_lanes,
   // rows_bcast): such rows are faster streamed (a few counter-mode instructions per chunk).
   const int64_t q = std::max<int64_t>(p.layout.rows, granule);
-  p.per = round_up(ceil_div(s.rows, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
-  for (int64_t g = std::min(kMaxGroupRows / q * q, p.per); g >= q; g -= q)
-    if (rows_bytes(s, g) <= ub) {
-      p.group = g;
-      return p;
-    }
-  return std::nullopt;
+  p.split = BlockSplit::make(s.rows, cores.count, q);
+  p.group = rows_buffers(s).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
+                                                                   p.split.per));
+  if (p.group == 0) return std::nullopt;
+  return p;
 }
 
 Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
+  RowKernel rk(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  KernelBuilder& b = rk.b();
   const SuperRowLayout& L = p.layout;
-  const int64_t G = p.group, g = L.rows, n = G * s.C;
+  const int64_t G = p.group, g = L.rows;
   const bool conv = s.t != Dtype::F32;
   const int sz = s.size();
-  b.begin_section(kind);
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong, loads and stores in lockstep): what MTE2 loads (features,
-  // labels) and what MTE3 stores (output rows, loss) have a ping and a pong copy; the widened
-  // rows, exponentials and per-row values are V's alone.
-  const Twin raw_x = alloc_twin(b, rnd(n * sz), "features");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened features") : 0;
-  const Twin out = alloc_twin(b, rnd(n * sz), "output rows");
-  const uint64_t e =
-      s.kind != Kind::kSoftmax ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "exponentials") : 0;
-  Twin raw_y;
-  uint64_t yw = 0;
-  if (s.kind == Kind::kXent) {
-    raw_y = alloc_twin(b, rnd(n * sz), "labels");
-    yw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened labels") : 0;
-  }
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t d0 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
-  const uint64_t d1 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 2");
-  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 3");
-  const uint64_t rep = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const Twin loss_out = alloc_twin(b, s.xent() ? rnd(G * sz) : 0, "loss");
-  uint64_t rep_lbl = 0, span = 0, bits = 0, bits2 = 0;
-  Twin lbl;
+  Args args = declare_args(rk, s);
+  const RowsBuffers bufs = rows_buffers(s);
+  const BufferPlan::Placed at = rk.allocate(bufs.plan, G);
+  const Twin raw_x = at.twin(bufs.raw_x), out = at.twin(bufs.out), raw_y = at.twin(bufs.raw_y);
+  const Twin loss_out = at.twin(bufs.loss), lbl = at.twin(bufs.lbl);
+  const uint64_t xw = at[bufs.xw], e = at[bufs.e], yw = at[bufs.yw], acc = at[bufs.acc];
+  const uint64_t d0 = at[bufs.d0], d1 = at[bufs.d1], d2 = at[bufs.d2], rep = at[bufs.rep];
+  const uint64_t scratch = at[bufs.scratch], alt = at[bufs.alt];
+  const uint64_t rep_lbl = at[bufs.rep_lbl], span = at[bufs.span];
+  const uint64_t bits = at[bufs.bits], bits2 = at[bufs.bits2];
   SparseConsts k;
-  if (s.kind == Kind::kSparseXent) {
-    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
-    rep_lbl = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated labels");
-    span = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "span scratch");
-    bits = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
-    bits2 = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
-    k = alloc_sparse_consts(b, s.C);
-  }
+  if (s.kind == Kind::kSparseXent) k = fill_sparse_consts(b, at, bufs.consts, s.C);
   fill_alt_pattern(b, alt, G);
-  PingPong sync(b);
-
-  Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r});
-    b.mul(r, r, p.per);
-    b.add(end, r, p.per);
-    b.min(end, end, s.rows);
-  }
-  Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), slots = b.reg("slots");
-  Reg lanes = b.reg("lanes of the group"), r0 = b.reg("first row of the block");
-  Reg steps = b.reg("groups of this block");
-  b.mov(r0, r);
-  b.sub(steps, end, r0);
-  b.add(steps, steps, G - 1);
-  b.div(steps, steps, G);
-  // Group t: rows r .. r + rows - 1, r = r0 + t * G.
-  auto group = [&](const Reg& t) {
-    b.mul_add(r, t, G, r0);
-    b.sub(rows, end, r);
-    b.min(rows, rows, G);
-    b.add(supers, rows, g - 1);
-    b.shr(supers, supers, ceil_log2(g));
-    b.mul(slots, supers, g);
-    b.mul(lanes, supers, L.lanes);
-  };
-  sync.pipeline(steps, [&](const Reg& t, int q) {
-    KernelBuilder::Origin o(b, "load the group");
-    group(t);
+  PingPong& sync = rk.start_pingpong();
+  rk.resident_groups(p.split, s.rows, G, L, [&](const GroupRegs& grp, int q) {
+    const Reg& r = grp.r;
+    const Reg& rows = grp.rows;
     sync.wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
     count_blocks(b, blocks, rows, s.C * sz);
@@ -287,10 +255,15 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
       b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
     }
     sync.load_done(q);
-  }, [&](const Reg& t, int q) {
+  }, [&](const GroupRegs& grp, int q) {
+  const Reg& r = grp.r;
+  const Reg& rows = grp.rows;
+  const Reg& supers = grp.supers;
+  const Reg& slots = grp.slots;
   const uint64_t x = conv ? xw : raw_x[q];
   const uint64_t y = s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q];
-  group(t);
+  Reg lanes = b.reg("lanes of the group");
+  b.mul(lanes, supers, L.lanes);
   sync.wait_loaded(q);
   if (conv) {
     vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, lanes);
@@ -412,14 +385,11 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
   }
   sync.stored(q);
   });
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
+  return rk.finish(p.split.block_dim,
+                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
                                "super-row), double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, G, g);
-  launch.kernel = b.finish();
-  return launch;
+                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.split.block_dim,
+                               p.split.per, G, g));
 }
 
 // ---- long rows resident one at a time (Softmax, LogSoftmax) ----
@@ -430,58 +400,61 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
 // (fold_into_slot: a few counter-mode instructions, not one per 64-lane span), the per-row
 // values replicated to a block and applied with block stride 0 over the whole row.
 struct LongRowPlan {
-  int64_t per = 0;
-  int block_dim = 0;
+  BlockSplit split;
 };
 
-// UB bytes per lane: features as loaded (ping, pong), widened (f16/bf16), exponentials,
-// output (ping, pong).
-int64_t long_row_lane_bytes(const Spec& s) {
-  return 2 * s.size() + (s.t != Dtype::F32 ? kLaneBytes : 0) + kLaneBytes + 2 * s.size();
+// The long-rows kernel's buffers (fixed: one row). Double-buffered (PingPong, one step per
+// row): the loaded row and the output row have a ping and a pong copy; x (widened, or the
+// loaded copy itself for f32) and e are V's.
+struct LongRowBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, e, out, acc, d, d2, rep, scratch, alt;
+};
+
+LongRowBuffers long_row_buffers(const Spec& s) {
+  LongRowBuffers r;
+  BufferPlan& p = r.plan;
+  r.raw_x = p.add_sized("features row", fixed_blocks(s.C * s.size()), 2);
+  r.xw = p.add_sized("widened row", fixed_blocks(s.C * kLaneBytes), 1, s.t != Dtype::F32);
+  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(s.C * kLaneBytes));
+  r.out = p.add_sized("output row", fixed_blocks(s.C * s.size()), 2);
+  r.acc = p.add_fixed("lane slot", kSlotBytes);
+  r.d = p.add_fixed("row value", kBlock);
+  r.d2 = p.add_fixed("lanes_reduce scratch", kBlock);
+  r.rep = p.add_fixed("replicated row value", kBlock);
+  r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(1));
+  r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(1));
+  declare_repeat_overhang(p);
+  return r;
 }
 
-std::optional<LongRowPlan> plan_long_rows(const Spec& s, uint64_t ub, int64_t cores) {
+std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg) {
   if (s.xent() || (s.C * s.size()) % kBlock != 0) return std::nullopt;
-  const int64_t fixed = kSlotBytes + 3 * kBlock + static_cast<int64_t>(replicate_scratch_bytes(1)) +
-                        static_cast<int64_t>(alt_pattern_bytes(1)) + 10 * static_cast<int64_t>(kSlack);
-  if (s.C * long_row_lane_bytes(s) + fixed > static_cast<int64_t>(ub)) return std::nullopt;
+  const VectorCores cores = VectorCores::of(cfg);
+  if (long_row_buffers(s).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
   LongRowPlan p;
-  p.per = ceil_div(s.rows, cores);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
+  p.split = BlockSplit::make(s.rows, cores.count);
   return p;
 }
 
 Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  RowKernel rk(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  KernelBuilder& b = rk.b();
   const int64_t C = s.C;
   const int sz = s.size();
   const bool conv = s.t != Dtype::F32;
-  b.begin_section(b.vector_core_kind());
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong, one step per row): the loaded row and the output row have a ping
-  // and a pong copy; x (widened, or the loaded copy itself for f32) and e are V's.
-  const Twin raw_x = alloc_twin(b, rnd(C * sz), "features row");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(C * kLaneBytes), "widened row") : 0;
-  const uint64_t e = b.alloc(Buf::UB, rnd(C * kLaneBytes), "exponentials / fold scratch");
-  const Twin out = alloc_twin(b, rnd(C * sz), "output row");
-  const uint64_t acc = b.alloc(Buf::UB, kSlotBytes, "lane slot");
-  const uint64_t d = b.alloc(Buf::UB, kBlock, "row value");
-  const uint64_t d2 = b.alloc(Buf::UB, kBlock, "lanes_reduce scratch");
-  const uint64_t rep = b.alloc(Buf::UB, kBlock, "replicated row value");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(1), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(1), "alternating pattern");
+  Args args = declare_args(rk, s);
+  const LongRowBuffers bufs = long_row_buffers(s);
+  const BufferPlan::Placed at = rk.allocate(bufs.plan, 1);
+  const Twin raw_x = at.twin(bufs.raw_x), out = at.twin(bufs.out);
+  const uint64_t xw = at[bufs.xw], e = at[bufs.e], acc = at[bufs.acc], d = at[bufs.d];
+  const uint64_t d2 = at[bufs.d2], rep = at[bufs.rep], scratch = at[bufs.scratch];
+  const uint64_t alt = at[bufs.alt];
   fill_alt_pattern(b, alt, 1);
-  PingPong sync(b);
+  PingPong& sync = rk.start_pingpong();
 
   Reg r = b.reg("row"), end = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r});
-    b.mul(r, r, p.per);
-    b.add(end, r, p.per);
-    b.min(end, end, s.rows);
-  }
+  rk.block_range(r, end, p.split.per, s.rows);
   Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
   // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per repeat).
   auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src) {
@@ -549,14 +522,11 @@ Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cf
       b.emit(Opcode::op_copy_ub2gm, {gm, out[q], 1, blocks, 0, 0}, "output row");
       sync.stored(q);
       });
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident at "
+  return rk.finish(p.split.block_dim,
+                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident at "
                                "a time, double-buffered",
-                               b.op(), s.rows, C, isa::dtype_name(s.t), p.block_dim, p.per);
-  launch.kernel = b.finish();
-  return launch;
+                               b.op(), s.rows, C, isa::dtype_name(s.t), p.split.block_dim,
+                               p.split.per));
 }
 
 // ---- long rows, streamed (three passes per row) ----
@@ -564,92 +534,127 @@ Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cf
 struct StreamPlan {
   int64_t group = 0;  // rows per group (whole loss blocks)
   int64_t chunk = 0;  // lanes per chunk / window (multiple of 64)
-  int64_t per = 0;
-  int block_dim = 0;
+  BlockSplit split;
 };
 
-std::optional<StreamPlan> plan_stream(const Spec& s, uint64_t ub, int64_t cores) {
-  StreamPlan p;
-  const int64_t granule = kBlock / s.size();
-  const int64_t g = SuperRowLayout::make(s.C, granule).rows;
-  const int64_t q = std::max<int64_t>(g, granule);
-  p.per = round_up(ceil_div(s.rows, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
-  p.group = q;
-  uint64_t fixed = 0;
-  auto add = [&](int64_t bytes) { fixed += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
-  const int64_t G = p.group;
+// The streamed kernel's buffers; units: lanes per chunk, for groups of G rows. Double-buffered
+// (PingPong): chunks / windows alternate between two copies of what MTE2 loads (load parity),
+// output windows and losses between two copies of what MTE3 stores (output parity).
+struct StreamBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, e, out_w, raw_y, yw, t, acc, dm, ds, dl, d2;
+  BufferPlan::Id rep_m, rep_s, rep_l, rep_a, scratch, alt, loss, carry;
+  BufferPlan::Id lbl, bits_a, bits_b, addv, rep_v, iota, bits;  // sparse labels
+  SparseConstIds consts;
+};
+
+StreamBuffers stream_buffers(const Spec& s, int64_t G) {
+  StreamBuffers r;
+  BufferPlan& p = r.plan;
+  const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
+  const bool xent = s.kind == Kind::kXent;
+  auto rows = [G](int64_t bytes) { return fixed_blocks(G * bytes); };
+  r.raw_x = p.add_sized("features chunk", blocks_of(s.size()), 2);
+  r.xw = p.add_sized("widened", blocks_of(kLaneBytes), 1, conv);
+  r.e = p.add_sized("exponentials / results", blocks_of(kLaneBytes));
+  r.out_w = p.add_sized("output window", blocks_of(s.size()), 2);
+  r.raw_y = p.add_sized("labels window", blocks_of(s.size()), 2, xent);
+  r.yw = p.add_sized("widened labels", blocks_of(kLaneBytes), 1, xent && conv);
+  r.t = p.add_sized("loss terms", blocks_of(kLaneBytes), 1, s.xent());
+  r.acc = p.add_sized("lane slots", rows(kSlotBytes));
+  r.dm = p.add_sized("row maxima", rows(kLaneBytes));
+  r.ds = p.add_sized("row sums", rows(kLaneBytes));
+  r.dl = p.add_sized("log of the row sums", rows(kLaneBytes));
+  r.d2 = p.add_sized("row values", rows(kLaneBytes));
+  r.rep_m = p.add_sized("maxima blocks", rows(kBlock));
+  r.rep_s = p.add_sized("sum blocks", rows(kBlock));
+  r.rep_l = p.add_sized("log-sum blocks", rows(kBlock));
+  r.rep_a = p.add_sized("label blocks", rows(kBlock));
+  r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(G));
+  r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(G));
+  r.loss = p.add_sized("loss", rows(s.size()), 2);
+  r.carry = p.add_fixed("previous row's last block", kBlock);
+  r.lbl = p.add_sized("labels", rows(kLaneBytes), 2, sparse);
+  r.bits_a = p.add_sized("compare bits", rows(8), 1, sparse);
+  r.bits_b = p.add_sized("compare bits 2", rows(8), 1, sparse);
+  r.addv = p.add_sized("NaN for invalid labels", rows(kLaneBytes), 1, sparse);
+  r.rep_v = p.add_sized("NaN blocks", rows(kBlock), 1, sparse);
+  r.iota = p.add_sized("lane indices", blocks_of(kLaneBytes), 1, sparse);
+  r.bits = p.add_sized("one-hot bits", [](int64_t lanes) { return rnd(lanes / 8); }, 1, sparse);
+  r.consts = declare_sparse_consts(p, sparse);
+  declare_repeat_overhang(p);
+  return r;
+}
+
+// The largest chunk the streamed kernel uses: the UB shared out as if every per-lane buffer were
+// 4 bytes wide plus the per-group buffers with 32 bytes each. A deliberate cap, not a budget
+// (fit() decides what fits): windows larger than this lose more MTE / vector overlap per row
+// than they save in per-window instructions (measured on the compiler tests' shapes).
+int64_t stream_chunk_cap(const Spec& s, const ChipConfig& cfg) {
+  const int64_t G = std::max<int64_t>(SuperRowLayout::make(s.C, kBlock / s.size()).rows,
+                                      kBlock / s.size());
+  int64_t fixed = 0, buffers = 0;
+  auto add = [&](int64_t bytes) {
+    fixed += rnd(bytes);
+    ++buffers;
+  };
   add(G * kSlotBytes);
   add(G * kLaneBytes * 4);
   add(G * kBlock * 4);
   add(static_cast<int64_t>(replicate_scratch_bytes(G)));
   add(static_cast<int64_t>(alt_pattern_bytes(G)));
   add(G * s.size());
-  add(G * s.size());  // loss: ping and pong
+  add(G * s.size());
   add(kBlock);
   if (s.kind == Kind::kSparseXent) add(5 * kSlotBytes + 2 * G * 8 + 2 * G * kLaneBytes);
-  // Per lane: features as loaded (ping, pong), widened, exponentials, output (ping, pong);
-  // labels (ping, pong); loss terms; indices.
   int64_t per_lane = 2 * s.size() + 3 * kLaneBytes + 2 * s.size();
   if (s.kind == Kind::kXent) per_lane += 2 * s.size() + 2 * kLaneBytes;
   if (s.kind == Kind::kSparseXent) per_lane += 2 * kLaneBytes + 1;
-  const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(fixed) -
-                       8 * static_cast<int64_t>(kSlack);
-  p.chunk = std::min(left / per_lane / kLanes32 * kLanes32, round_up(s.C + granule, kLanes32));
+  const int64_t ub =
+      static_cast<int64_t>(cfg.core_kind(VectorCores::of(cfg).kind)->capacity(Buf::UB));
+  return (ub - fixed - (buffers + 8) * kBlock) / per_lane / kLanes32 * kLanes32;
+}
+
+std::optional<StreamPlan> plan_stream(const Spec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
+  StreamPlan p;
+  const int64_t granule = kBlock / s.size();
+  const int64_t g = SuperRowLayout::make(s.C, granule).rows;
+  const int64_t q = std::max<int64_t>(g, granule);
+  p.split = BlockSplit::make(s.rows, cores.count, q);
+  p.group = q;
+  p.chunk = stream_buffers(s, p.group)
+                .plan.fit(cfg, cores.kind, kLanes32,
+                          std::min(round_up(s.C + granule, kLanes32), stream_chunk_cap(s, cfg)));
   if (p.chunk < kLanes32) return std::nullopt;
   return p;
 }
 
 Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  RowKernel rk(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg);
+  KernelBuilder& b = rk.b();
   const int64_t G = p.group, T = p.chunk;
   const int sz = s.size();
   const int64_t og = kBlock / sz;
   const bool conv = s.t != Dtype::F32;
-  b.begin_section(b.vector_core_kind());
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong): chunks / windows alternate between two copies of what MTE2
-  // loads (load parity), output windows and losses between two copies of what MTE3 stores
-  // (output parity). x / y: the widened copies (V's), or the loaded copy q itself for f32.
-  const Twin raw_x = alloc_twin(b, rnd(T * sz), "features chunk");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened") : 0;
-  const uint64_t e = b.alloc(Buf::UB, rnd(T * kLaneBytes), "exponentials / results");
-  const Twin out_w = alloc_twin(b, rnd(T * sz), "output window");
-  Twin raw_y;
-  uint64_t yw = 0, t = 0, iota = 0, bits = 0;
-  if (s.kind == Kind::kXent) {
-    raw_y = alloc_twin(b, rnd(T * sz), "labels window");
-    yw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened labels") : 0;
-  }
+  Args args = declare_args(rk, s);
+  const StreamBuffers bufs = stream_buffers(s, G);
+  const BufferPlan::Placed at = rk.allocate(bufs.plan, T);
+  // x / y: the widened copies (V's), or the loaded copy q itself for f32.
+  const Twin raw_x = at.twin(bufs.raw_x), out_w = at.twin(bufs.out_w);
+  const Twin raw_y = at.twin(bufs.raw_y), loss_out = at.twin(bufs.loss), lbl = at.twin(bufs.lbl);
+  const uint64_t xw = at[bufs.xw], e = at[bufs.e], yw = at[bufs.yw], t = at[bufs.t];
+  const uint64_t acc = at[bufs.acc], dm = at[bufs.dm], ds = at[bufs.ds], dl = at[bufs.dl];
+  const uint64_t d2 = at[bufs.d2], rep_m = at[bufs.rep_m], rep_s = at[bufs.rep_s];
+  const uint64_t rep_l = at[bufs.rep_l], rep_a = at[bufs.rep_a], scratch = at[bufs.scratch];
+  const uint64_t alt = at[bufs.alt], carry = at[bufs.carry];
+  const uint64_t bits_a = at[bufs.bits_a], bits_b = at[bufs.bits_b], addv = at[bufs.addv];
+  const uint64_t rep_v = at[bufs.rep_v], iota = at[bufs.iota], bits = at[bufs.bits];
   auto x_of = [&](int q) { return conv ? xw : raw_x[q]; };
   auto y_of = [&](int q) { return s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q]; };
-  if (s.xent()) t = b.alloc(Buf::UB, rnd(T * kLaneBytes), "loss terms");
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t dm = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row maxima");
-  const uint64_t ds = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row sums");
-  const uint64_t dl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "log of the row sums");
-  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
-  const uint64_t rep_m = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "maxima blocks");
-  const uint64_t rep_s = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "sum blocks");
-  const uint64_t rep_l = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "log-sum blocks");
-  const uint64_t rep_a = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "label blocks");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const Twin loss_out = alloc_twin(b, rnd(G * sz), "loss");
-  const uint64_t carry = b.alloc(Buf::UB, kBlock, "previous row's last block");
-  uint64_t bits_a = 0, bits_b = 0, addv = 0, rep_v = 0;
-  Twin lbl;
   SparseConsts k;
   if (s.kind == Kind::kSparseXent) {
-    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
-    bits_a = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
-    bits_b = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
-    addv = b.alloc(Buf::UB, rnd(G * kLaneBytes), "NaN for invalid labels");
-    rep_v = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "NaN blocks");
-    iota = b.alloc(Buf::UB, rnd(T * kLaneBytes), "lane indices");
-    bits = b.alloc(Buf::UB, rnd(T / 8), "one-hot bits");
-    k = alloc_sparse_consts(b, s.C);
+    k = fill_sparse_consts(b, at, bufs.consts, s.C);
     KernelBuilder::Origin o(b, "lane indices 0..T-1");
     vec_copy_bits(b, kLaneBytes, iota, k.iota64, kLanes32);
     for (int64_t h = kLanes32; h < T; h *= 2) {
@@ -659,23 +664,9 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
     }
   }
   fill_alt_pattern(b, alt, G);
-  PingPong sync(b);
-
-  Reg r0 = b.reg("first row of the group"), rend = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r0});
-    b.mul(r0, r0, p.per);
-    b.add(rend, r0, p.per);
-    b.min(rend, rend, s.rows);
-  }
-  Reg rows = b.reg("rows in the group");
+  PingPong& sync = rk.start_pingpong();
+  rk.streamed_groups(p.split, s.rows, G, [&](const Reg& r0, const Reg& rend, const Reg& rows) {
   const Reg& slots = rows;
-  Label top = b.label("group"), done = b.label("groups_done");
-  b.bind(top);
-  b.branch(ge(r0, rend), done);
-  b.sub(rows, rend, r0);
-  b.min(rows, rows, G);
   auto fill_slots = [&](int64_t bits32) {
     Reg n = b.reg("slot lanes");
     b.mul(n, rows, kLanes32);
@@ -889,17 +880,12 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
       sync.stored(oq);
     });
   }
-  b.add(r0, r0, G);
-  b.jmp(top);
-  b.bind(done);
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
+  });
+  return rk.finish(p.split.block_dim,
+                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
                                "groups of {} rows, double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, T, G);
-  launch.kernel = b.finish();
-  return launch;
+                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.split.block_dim,
+                               p.split.per, T, G));
 }
 
 // The launches of one softmax-family op on [rows, C] tensors at the given arguments (features,
@@ -907,17 +893,15 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
 void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
                     const std::vector<ArgRef>& args) {
   const ChipConfig& cfg = ctx.cfg;
-  const CoreKindConfig& core =
-      *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  if (auto p = plan_rows(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_rows(s, cfg)) {
     plan.add(build_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_long_rows(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_long_rows(s, cfg)) {
     plan.add(build_long_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_stream(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_stream(s, cfg)) {
     plan.add(build_stream(s, *p, cfg), args);
     return;
   }

@@ -228,7 +228,4 @@ class PingPong {
   Reg m_load_parity, m_out_parity;
 };
 
-// Allocates two UB copies of `bytes` (0 bytes: both 0, nothing allocated).
-Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name);
-
 }  // namespace npusim::compiler::ops
