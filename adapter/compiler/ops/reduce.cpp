@@ -565,21 +565,52 @@ ColumnBuffers column_buffers(const KernelSpec& s, int64_t width, int64_t pitch) 
   return c;
 }
 
+// The most rows per load group of the columns kernel for tiles of `width` outputs: the group
+// size its cycles were measured with (the UB left by the other buffers, each taken 32 bytes
+// larger, shared out per loaded row). A tuning cap, not a budget: fit() decides what fits.
+// Exact fits give a few more rows, which moves these launches' cycles by up to 4% either way
+// (the fold's operand offsets and UB bank conflicts change).
+int64_t column_rows_cap(const KernelSpec& s, int64_t width, int64_t pitch, uint64_t ub) {
+  int64_t fixed = 0, buffers = 0;
+  auto add = [&](int64_t bytes) {
+    fixed += rnd(bytes);
+    ++buffers;
+  };
+  for (int q = 0; q < 2; ++q) {  // ping and pong output tiles
+    add(width * isz(value_out_type(s)));
+    if (s.partial_idx) add(width * kLaneBytes);
+  }
+  add(pitch * kLaneBytes);  // accumulator
+  if (s.arg) {
+    add(pitch * kLaneBytes * 2);  // index accumulator, row indices
+    add(pitch / 8);               // compare bits
+  }
+  add(pitch * isz(s.out_type));
+  if (s.divisor > 0) add(pitch * kLaneBytes);
+  // Per loaded row: two copies of the input (and index) lanes, one widened.
+  const int64_t per_row = pitch * (2 * isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
+                                   (s.idx_input ? 2 * kLaneBytes : 0));
+  return (static_cast<int64_t>(ub) - fixed - (buffers + 5) * kBlock) / per_row;
+}
+
 ColumnPlan plan_columns(const KernelSpec& s, const ChipConfig& cfg) {
   const VectorCores cores = VectorCores::of(cfg);
   ColumnPlan p;
   const int64_t og = kBlock / isz(value_out_type(s));
   p.split = BlockSplit::make(out_elems(s), cores.count, og);
+  const uint64_t ub = cfg.core_kind(cores.kind)->capacity(Buf::UB);
   const int64_t gin = kBlock / isz(s.in_type);
   for (p.width = std::min(p.split.per, kStagingMax); p.width >= og;
        p.width = round_up(p.width / 2, og)) {
     p.pitch = round_up(p.width, std::max<int64_t>(gin, kBlockLanes32));
-    p.rows = column_buffers(s, p.width, p.pitch).plan.fit(cfg, cores.kind, 1, part_len(s));
+    p.rows = column_buffers(s, p.width, p.pitch)
+                 .plan.fit(cfg, cores.kind, 1,
+                           std::min(part_len(s), column_rows_cap(s, p.width, p.pitch, ub)));
     if (p.rows >= 1) break;
     if (p.width == og)
       throw CompileError(fmt::format("{}: the reduction's buffers do not fit in the {} bytes "
                                      "of UB",
-                                     s.op, cfg.core_kind(cores.kind)->capacity(Buf::UB)));
+                                     s.op, ub));
   }
   // Rows whose starts are `classes` apart share their phase in a block: one strided copy.
   const int64_t row_bytes = s.inner * isz(s.in_type);

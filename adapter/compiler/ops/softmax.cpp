@@ -586,10 +586,11 @@ StreamBuffers stream_buffers(const Spec& s, int64_t G) {
   return r;
 }
 
-// The largest chunk the streamed kernel uses: the UB shared out as if every per-lane buffer were
-// 4 bytes wide plus the per-group buffers with 32 bytes each. A deliberate cap, not a budget
-// (fit() decides what fits): windows larger than this lose more MTE / vector overlap per row
-// than they save in per-window instructions (measured on the compiler tests' shapes).
+// The largest chunk the streamed kernel uses: the window size its cycles were measured with
+// (the UB shared out as if every per-lane buffer existed and every buffer took 32 bytes more).
+// A tuning cap, not a budget: fit() decides what fits. Exact fits give larger windows that
+// move these launches' cycles by several percent either way (fewer windows against less
+// overlap of a row's first load and last store, and other UB bank conflicts).
 int64_t stream_chunk_cap(const Spec& s, const ChipConfig& cfg) {
   const int64_t G = std::max<int64_t>(SuperRowLayout::make(s.C, kBlock / s.size()).rows,
                                       kBlock / s.size());
@@ -623,10 +624,12 @@ std::optional<StreamPlan> plan_stream(const Spec& s, const ChipConfig& cfg) {
   const int64_t q = std::max<int64_t>(g, granule);
   p.split = BlockSplit::make(s.rows, cores.count, q);
   p.group = q;
-  p.chunk = stream_buffers(s, p.group)
-                .plan.fit(cfg, cores.kind, kLanes32,
-                          std::min(round_up(s.C + granule, kLanes32), stream_chunk_cap(s, cfg)));
-  if (p.chunk < kLanes32) return std::nullopt;
+  const int64_t fit = stream_buffers(s, p.group)
+                          .plan.fit(cfg, cores.kind, kLanes32,
+                                    std::min(round_up(s.C + granule, kLanes32),
+                                             stream_chunk_cap(s, cfg)));
+  if (fit < kLanes32) return std::nullopt;
+  p.chunk = fit;
   return p;
 }
 
