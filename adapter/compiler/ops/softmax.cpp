@@ -216,180 +216,251 @@ std::optional<RowsPlan> plan_rows(const Spec& s, const ChipConfig& cfg) {
   return p;
 }
 
-Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
-  RowKernel rk(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  KernelBuilder& b = rk.b();
-  const SuperRowLayout& L = p.layout;
-  const int64_t G = p.group, g = L.rows;
-  const bool conv = s.t != Dtype::F32;
-  const int sz = s.size();
-  Args args = declare_args(rk, s);
-  const RowsBuffers bufs = rows_buffers(s);
-  const BufferPlan::Placed at = rk.allocate(bufs.plan, G);
-  const Twin raw_x = at.twin(bufs.raw_x), out = at.twin(bufs.out), raw_y = at.twin(bufs.raw_y);
-  const Twin loss_out = at.twin(bufs.loss), lbl = at.twin(bufs.lbl);
-  const uint64_t xw = at[bufs.xw], e = at[bufs.e], yw = at[bufs.yw], acc = at[bufs.acc];
-  const uint64_t d0 = at[bufs.d0], d1 = at[bufs.d1], d2 = at[bufs.d2], rep = at[bufs.rep];
-  const uint64_t scratch = at[bufs.scratch], alt = at[bufs.alt];
-  const uint64_t rep_lbl = at[bufs.rep_lbl], span = at[bufs.span];
-  const uint64_t bits = at[bufs.bits], bits2 = at[bufs.bits2];
-  SparseConsts k;
-  if (s.kind == Kind::kSparseXent) k = fill_sparse_consts(b, at, bufs.consts, s.C);
-  fill_alt_pattern(b, alt, G);
-  PingPong& sync = rk.start_pingpong();
-  rk.resident_groups(p.split, s.rows, G, L, [&](const GroupRegs& grp, int q) {
-    const Reg& r = grp.r;
-    const Reg& rows = grp.rows;
-    sync.wait_load_free(q);
-    Reg src = b.reg("source"), blocks = b.reg("blocks");
-    count_blocks(b, blocks, rows, s.C * sz);
-    b.mul_add(src, r, s.C * sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
-    if (s.kind == Kind::kXent) {
-      b.mul_add(src, r, s.C * sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
-    }
-    if (s.kind == Kind::kSparseXent) {
-      count_blocks(b, blocks, rows, kLaneBytes);
-      b.mul_add(src, r, kLaneBytes, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
-    }
-    sync.load_done(q);
-  }, [&](const GroupRegs& grp, int q) {
-  const Reg& r = grp.r;
-  const Reg& rows = grp.rows;
-  const Reg& supers = grp.supers;
-  const Reg& slots = grp.slots;
-  const uint64_t x = conv ? xw : raw_x[q];
-  const uint64_t y = s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q];
-  Reg lanes = b.reg("lanes of the group");
-  b.mul(lanes, supers, L.lanes);
-  sync.wait_loaded(q);
-  if (conv) {
-    vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, lanes);
-    if (s.kind == Kind::kXent) vec_convert(b, Dtype::F32, s.t, y, raw_y[q], RoundMode::kRint, lanes);
+// The resident-rows kernel: one group of rows per PingPong step (RowKernel::resident_groups).
+class RowsEmitter {
+ public:
+  RowsEmitter(const Spec& s, const RowsPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p), m_k(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32) {}
+
+  Launch build() {
+    const int64_t G = m_p.group;
+    m_args = declare_args(m_k, m_s);
+    const RowsBuffers bufs = rows_buffers(m_s);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
+    m_raw_x = at.twin(bufs.raw_x);
+    m_out = at.twin(bufs.out);
+    m_raw_y = at.twin(bufs.raw_y);
+    m_loss = at.twin(bufs.loss);
+    m_lbl = at.twin(bufs.lbl);
+    m_xw = at[bufs.xw];
+    m_e = at[bufs.e];
+    m_yw = at[bufs.yw];
+    m_acc = at[bufs.acc];
+    m_d0 = at[bufs.d0];
+    m_d1 = at[bufs.d1];
+    m_d2 = at[bufs.d2];
+    m_rep = at[bufs.rep];
+    m_scratch = at[bufs.scratch];
+    m_alt = at[bufs.alt];
+    m_rep_lbl = at[bufs.rep_lbl];
+    m_span = at[bufs.span];
+    m_bits = at[bufs.bits];
+    m_bits2 = at[bufs.bits2];
+    if (m_s.kind == Kind::kSparseXent) m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
+    fill_alt_pattern(m_b, m_alt, G);
+    m_k.start_pingpong();
+    m_k.resident_groups(
+        m_p.split, m_s.rows, G, m_p.layout,
+        [this](const GroupRegs& grp, int q) { load(grp, q); },
+        [this](const GroupRegs& grp, int q) { compute(grp, q); });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} "
+                                  "per super-row), double-buffered",
+                                  m_b.op(), m_s.rows, m_s.C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per, G, m_p.layout.rows));
   }
-  // The load copy is free once widened (sparse labels are read to the end).
-  const bool early_release = conv && s.kind != Kind::kSparseXent;
-  if (early_release) sync.release_load(q);
-  const RowGroup gx{&L, x, &supers, &slots};
-  const uint64_t ex = s.kind == Kind::kSoftmax ? x : e;
-  const RowGroup ge_{&L, ex, &supers, &slots};
-  // Row sums / maxima into dense d: rows_to_lanes + lanes_reduce.
-  auto row_reduce = [&](const RowGroup& grp, Combine c, uint64_t d) {
-    rows_to_lanes(b, grp, c, Dtype::F32, acc);
-    lanes_reduce(b, c, Dtype::F32, acc, slots, d, d2);
+
+ private:
+  // One group in the vector unit: load copy q, x the f32 features (the widened copy, or copy q
+  // itself), y the f32 labels (Xent), e the exponentials (x itself for Softmax).
+  struct Group {
+    const GroupRegs& regs;
+    int q;
+    uint64_t x, y, e;
+    const Reg& lanes;
+    RowGroup gx, ge;
   };
-  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, slots, to, scratch, alt); };
-  // shifted = x - max; e = exp(shifted); sum = d0.
-  row_reduce(gx, Combine::kMax, d0);
-  replicate(d0, rep);
-  rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep);
-  vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
-  row_reduce(ge_, Combine::kSum, d0);
-  sync.wait_out_free(q);
-  const uint64_t result = conv ? x : out[q];  // where the f32 output rows are computed
-  switch (s.kind) {
-    case Kind::kSoftmax:
-      replicate(d0, rep);
-      rows_bcast(b, gx, Opcode::op_vdiv, Dtype::F32, rep, false, result);
-      break;
-    case Kind::kLogSoftmax:
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d0, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, false, result);
-      break;
-    case Kind::kXent: {
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
-      vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, lanes);
-      // loss = sum(labels * (log(sum) - shifted)), in x.
-      replicate(d1, rep);
-      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, true);
-      vec_binary(b, Opcode::op_vmul, Dtype::F32, x, x, y, lanes);
-      row_reduce(gx, Combine::kSum, d1);
-      break;
+
+  void load(const GroupRegs& grp, int q) {
+    KernelBuilder& b = m_b;
+    const int sz = m_s.size();
+    m_k.sync().wait_load_free(q);
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    count_blocks(b, blocks, grp.rows, m_s.C * sz);
+    b.mul_add(src, grp.r, m_s.C * sz, m_args.x);
+    b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], src, 1, blocks, 0, 0}, "features");
+    if (m_s.kind == Kind::kXent) {
+      b.mul_add(src, grp.r, m_s.C * sz, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
-    case Kind::kSparseXent: {
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
-      // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
-      replicate_rows(b, lbl[q], slots, rep_lbl, scratch, alt);
-      {
-        KernelBuilder::Origin o(b, "one-hot of the labels");
-        Reg n64 = b.reg("slot lanes");
-        b.mul(n64, slots, kLanes32);
-        vec_fill32(b, acc, 0, n64);
-        Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
-        Reg lanes64 = b.reg_imm("64", kLanes32), col = b.reg("column of lane 0");
-        const int64_t slot_rep = g * (kSlotBytes / kBlock);
-        for_superrow_batches(b, gx, [&](const Reg& first, Opnd count, int64_t xrep) {
-          Reg xa = b.reg("shifted span"), ea = b.reg("backprop span"), la = b.reg("label");
-          Reg aa = b.reg("slot");
-          for (int64_t j = 0; j < g; ++j) {
-            b.mul_add(la, first, g * kBlock, static_cast<int64_t>(rep_lbl) + j * kBlock);
-            b.mul_add(aa, first, g * kSlotBytes, static_cast<int64_t>(acc) + j * kSlotBytes);
-            for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
-              b.movi(col, sp.offset - j * s.C);
-              vec_scalar(b, Opcode::op_vadds, Dtype::S32, k.t64, k.iota64, col, lanes64);
-              set_mask_lanes(b, sp.mask);
-              b.mul_add(xa, first, L.lanes * kLaneBytes,
-                        static_cast<int64_t>(x) + sp.offset * kLaneBytes);
-              b.mul_add(ea, first, L.lanes * kLaneBytes,
-                        static_cast<int64_t>(e) + sp.offset * kLaneBytes);
-              const VOperand xs(xa, 1, xrep), es(ea, 1, xrep), sc(span, 1, 8);
-              vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(k.t64, 1, 0),
-                                  VOperand(la, 0, g), count);
-              vec_scalar_strided(b, Opcode::op_vadds, Dtype::F32, sc, es, minus1, count);
-              vec_select_strided(b, Dtype::F32, es, sc, es, bits, count);
-              vec_select_strided(b, Dtype::F32, sc, xs, VOperand(k.zero64, 1, 0), bits, count);
-              vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, VOperand(aa, 1, slot_rep),
-                                 VOperand(aa, 1, slot_rep), sc, count);
-            }
-          }
-        });
+    if (m_s.kind == Kind::kSparseXent) {
+      count_blocks(b, blocks, grp.rows, kLaneBytes);
+      b.mul_add(src, grp.r, kLaneBytes, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_lbl[q], src, 1, blocks, 0, 0}, "labels");
+    }
+    m_k.sync().load_done(q);
+  }
+
+  void compute(const GroupRegs& grp, int q) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const uint64_t x = m_conv ? m_xw : m_raw_x[q];
+    const uint64_t y = m_s.kind != Kind::kXent ? 0 : m_conv ? m_yw : m_raw_y[q];
+    Reg lanes = b.reg("lanes of the group");
+    b.mul(lanes, grp.supers, m_p.layout.lanes);
+    sync.wait_loaded(q);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, lanes);
+      if (m_s.kind == Kind::kXent)
+        vec_convert(b, Dtype::F32, m_s.t, y, m_raw_y[q], RoundMode::kRint, lanes);
+    }
+    // The load copy is free once widened (sparse labels are read to the end).
+    const bool early_release = m_conv && m_s.kind != Kind::kSparseXent;
+    if (early_release) sync.release_load(q);
+    const uint64_t ex = m_s.kind == Kind::kSoftmax ? x : m_e;
+    const Group g{grp, q, x, y, ex, lanes, RowGroup{&m_p.layout, x, &grp.supers, &grp.slots},
+                  RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
+    // shifted = x - max; e = exp(shifted); sum = d0.
+    row_reduce(g, g.gx, Combine::kMax, m_d0);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
+    row_reduce(g, g.ge, Combine::kSum, m_d0);
+    sync.wait_out_free(q);
+    const uint64_t result = m_conv ? x : m_out[q];  // where the f32 output rows are computed
+    switch (m_s.kind) {
+      case Kind::kSoftmax:
+        replicate(g, m_d0, m_rep);
+        rows_bcast(b, g.gx, Opcode::op_vdiv, Dtype::F32, m_rep, false, result);
+        break;
+      case Kind::kLogSoftmax:
+        vec_unary(b, Opcode::op_vln, Dtype::F32, m_d0, m_d0, grp.slots);
+        replicate(g, m_d0, m_rep);
+        rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, false, result);
+        break;
+      case Kind::kXent: xent(g); break;
+      case Kind::kSparseXent: sparse_xent(g); break;
+    }
+    if (!early_release) sync.release_load(q);
+    store(g, m_s.xent() ? m_e : result);
+  }
+
+  // Row sums / maxima of the group into dense d: rows_to_lanes + lanes_reduce.
+  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d) {
+    rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
+    lanes_reduce(m_b, c, Dtype::F32, m_acc, g.regs.slots, d, m_d2);
+  }
+  void replicate(const Group& g, uint64_t d, uint64_t to) {
+    replicate_rows(m_b, d, g.regs.slots, to, m_scratch, m_alt);
+  }
+
+  // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
+  void xent(const Group& g) {
+    KernelBuilder& b = m_b;
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, g.regs.slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_e, m_e, g.y, g.lanes);
+    // loss = sum(labels * (log(sum) - shifted)), in x.
+    replicate(g, m_d1, m_rep);
+    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, true);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, g.x, g.x, g.y, g.lanes);
+    row_reduce(g, g.gx, Combine::kSum, m_d1);
+  }
+
+  // backprop = e / sum - onehot(label) (in e); loss = log(sum) - shifted[label] (in d1); rows
+  // with a label outside [0, C) NaN.
+  void sparse_xent(const Group& g) {
+    KernelBuilder& b = m_b;
+    const Reg& slots = g.regs.slots;
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
+    replicate_rows(b, m_lbl[g.q], slots, m_rep_lbl, m_scratch, m_alt);
+    one_hot(g);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, slots, m_d0, m_d2);
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_d1, m_d1, m_d0, slots);  // loss
+    label_validity(b, m_consts, m_lbl[g.q], slots, m_bits, m_bits2, m_d0);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_d1, m_d1, m_d0, slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vadd, Dtype::F32, m_rep);
+  }
+
+  // On each row's label lane: backprop - 1 (in e), and shifted combined into the row's slot.
+  void one_hot(const Group& g) {
+    KernelBuilder& b = m_b;
+    const SuperRowLayout& L = m_p.layout;
+    const int64_t rg = L.rows;
+    KernelBuilder::Origin o(b, "one-hot of the labels");
+    Reg n64 = b.reg("slot lanes");
+    b.mul(n64, g.regs.slots, kLanes32);
+    vec_fill32(b, m_acc, 0, n64);
+    Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+    Reg lanes64 = b.reg_imm("64", kLanes32), col = b.reg("column of lane 0");
+    const int64_t slot_rep = rg * (kSlotBytes / kBlock);
+    for_superrow_batches(b, g.gx, [&](const Reg& first, Opnd count, int64_t xrep) {
+      Reg xa = b.reg("shifted span"), ea = b.reg("backprop span"), la = b.reg("label");
+      Reg aa = b.reg("slot");
+      for (int64_t j = 0; j < rg; ++j) {
+        b.mul_add(la, first, rg * kBlock, static_cast<int64_t>(m_rep_lbl) + j * kBlock);
+        b.mul_add(aa, first, rg * kSlotBytes, static_cast<int64_t>(m_acc) + j * kSlotBytes);
+        for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
+          b.movi(col, sp.offset - j * m_s.C);
+          vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_consts.t64, m_consts.iota64, col,
+                     lanes64);
+          set_mask_lanes(b, sp.mask);
+          b.mul_add(xa, first, L.lanes * kLaneBytes,
+                    static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
+          b.mul_add(ea, first, L.lanes * kLaneBytes,
+                    static_cast<int64_t>(m_e) + sp.offset * kLaneBytes);
+          const VOperand xs(xa, 1, xrep), es(ea, 1, xrep), sc(m_span, 1, 8);
+          vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, m_bits, VOperand(m_consts.t64, 1, 0),
+                              VOperand(la, 0, rg), count);
+          vec_scalar_strided(b, Opcode::op_vadds, Dtype::F32, sc, es, minus1, count);
+          vec_select_strided(b, Dtype::F32, es, sc, es, m_bits, count);
+          vec_select_strided(b, Dtype::F32, sc, xs, VOperand(m_consts.zero64, 1, 0), m_bits,
+                             count);
+          vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, VOperand(aa, 1, slot_rep),
+                             VOperand(aa, 1, slot_rep), sc, count);
+        }
       }
-      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, d0, d2);
-      vec_binary(b, Opcode::op_vsub, Dtype::F32, d1, d1, d0, slots);  // loss
-      label_validity(b, k, lbl[q], slots, bits, bits2, d0);
-      vec_binary(b, Opcode::op_vadd, Dtype::F32, d1, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vadd, Dtype::F32, rep);
-      break;
+    });
+  }
+
+  // The f32 output rows at rows_f32 (and the loss in d1) in the output type, stored.
+  void store(const Group& g, uint64_t rows_f32) {
+    KernelBuilder& b = m_b;
+    const int q = g.q, sz = m_s.size();
+    if (m_conv || m_s.xent()) {
+      if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], rows_f32, RoundMode::kRint, g.lanes);
+      else vec_copy_bits(b, kLaneBytes, m_out[q], rows_f32, g.lanes);
     }
-  }
-  if (!early_release) sync.release_load(q);
-  // Output rows (and loss) in the output type.
-  const uint64_t rows_f32 = s.xent() ? e : result;
-  if (conv || s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, out[q], rows_f32, RoundMode::kRint, lanes);
-    else vec_copy_bits(b, kLaneBytes, out[q], rows_f32, lanes);
-  }
-  if (s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[q], d1, RoundMode::kRint, slots);
-    else vec_copy_bits(b, kLaneBytes, loss_out[q], d1, slots);
-  }
-  sync.out_ready(q);
-  {
-    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
-    b.mul_add(dst, r, s.C * sz, args.y);
-    count_blocks(b, blocks, rows, s.C * sz);
-    b.emit(Opcode::op_copy_ub2gm, {dst, out[q], 1, blocks, 0, 0}, "output rows");
-    if (s.xent()) {
-      b.mul_add(dst, r, sz, args.loss);
-      count_blocks(b, blocks, rows, sz);
-      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[q], 1, blocks, 0, 0}, "loss");
+    if (m_s.xent()) {
+      if (m_conv)
+        vec_convert(b, m_s.t, Dtype::F32, m_loss[q], m_d1, RoundMode::kRint, g.regs.slots);
+      else vec_copy_bits(b, kLaneBytes, m_loss[q], m_d1, g.regs.slots);
     }
+    m_k.sync().out_ready(q);
+    {
+      Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+      b.mul_add(dst, g.regs.r, m_s.C * sz, m_args.y);
+      count_blocks(b, blocks, g.regs.rows, m_s.C * sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, m_out[q], 1, blocks, 0, 0}, "output rows");
+      if (m_s.xent()) {
+        b.mul_add(dst, g.regs.r, sz, m_args.loss);
+        count_blocks(b, blocks, g.regs.rows, sz);
+        b.emit(Opcode::op_copy_ub2gm, {dst, m_loss[q], 1, blocks, 0, 0}, "loss");
+      }
+    }
+    m_k.sync().stored(q);
   }
-  sync.stored(q);
-  });
-  return rk.finish(p.split.block_dim,
-                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
-                               "super-row), double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.split.block_dim,
-                               p.split.per, G, g));
+
+  const Spec& m_s;
+  const RowsPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  Args m_args;
+  Twin m_raw_x, m_out, m_raw_y, m_loss, m_lbl;
+  uint64_t m_xw = 0, m_e = 0, m_yw = 0, m_acc = 0, m_d0 = 0, m_d1 = 0, m_d2 = 0, m_rep = 0;
+  uint64_t m_scratch = 0, m_alt = 0, m_rep_lbl = 0, m_span = 0, m_bits = 0, m_bits2 = 0;
+  SparseConsts m_consts;
+};
+
+Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
+  return RowsEmitter(s, p, cfg).build();
 }
 
 // ---- long rows resident one at a time (Softmax, LogSoftmax) ----
