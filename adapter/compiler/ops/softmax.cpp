@@ -704,96 +704,166 @@ std::optional<StreamPlan> plan_stream(const Spec& s, const ChipConfig& cfg) {
   return p;
 }
 
-Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
-  RowKernel rk(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  KernelBuilder& b = rk.b();
-  const int64_t G = p.group, T = p.chunk;
-  const int sz = s.size();
-  const int64_t og = kBlock / sz;
-  const bool conv = s.t != Dtype::F32;
-  Args args = declare_args(rk, s);
-  const StreamBuffers bufs = stream_buffers(s, G);
-  const BufferPlan::Placed at = rk.allocate(bufs.plan, T);
-  // x / y: the widened copies (V's), or the loaded copy q itself for f32.
-  const Twin raw_x = at.twin(bufs.raw_x), out_w = at.twin(bufs.out_w);
-  const Twin raw_y = at.twin(bufs.raw_y), loss_out = at.twin(bufs.loss), lbl = at.twin(bufs.lbl);
-  const uint64_t xw = at[bufs.xw], e = at[bufs.e], yw = at[bufs.yw], t = at[bufs.t];
-  const uint64_t acc = at[bufs.acc], dm = at[bufs.dm], ds = at[bufs.ds], dl = at[bufs.dl];
-  const uint64_t d2 = at[bufs.d2], rep_m = at[bufs.rep_m], rep_s = at[bufs.rep_s];
-  const uint64_t rep_l = at[bufs.rep_l], rep_a = at[bufs.rep_a], scratch = at[bufs.scratch];
-  const uint64_t alt = at[bufs.alt], carry = at[bufs.carry];
-  const uint64_t bits_a = at[bufs.bits_a], bits_b = at[bufs.bits_b], addv = at[bufs.addv];
-  const uint64_t rep_v = at[bufs.rep_v], iota = at[bufs.iota], bits = at[bufs.bits];
-  auto x_of = [&](int q) { return conv ? xw : raw_x[q]; };
-  auto y_of = [&](int q) { return s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q]; };
-  SparseConsts k;
-  if (s.kind == Kind::kSparseXent) {
-    k = fill_sparse_consts(b, at, bufs.consts, s.C);
-    KernelBuilder::Origin o(b, "lane indices 0..T-1");
-    vec_copy_bits(b, kLaneBytes, iota, k.iota64, kLanes32);
-    for (int64_t h = kLanes32; h < T; h *= 2) {
-      Reg v = b.reg_imm("offset", h), cnt = b.reg_imm("lanes", std::min(h, T - h));
-      vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota + static_cast<uint64_t>(h * kLaneBytes),
-                 iota, v, cnt);
+// The streamed kernel: groups of G rows (RowKernel::streamed_groups), each row read in chunks in
+// three passes (maxima, sums of exponentials, outputs window by window).
+class StreamEmitter {
+ public:
+  StreamEmitter(const Spec& s, const StreamPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p),
+        m_k(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32), m_sz(s.size()), m_og(kBlock / s.size()),
+        m_T(p.chunk) {}
+
+  Launch build() {
+    m_args = declare_args(m_k, m_s);
+    const StreamBuffers bufs = stream_buffers(m_s, m_p.group);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, m_T);
+    m_raw_x = at.twin(bufs.raw_x);
+    m_out_w = at.twin(bufs.out_w);
+    m_raw_y = at.twin(bufs.raw_y);
+    m_loss = at.twin(bufs.loss);
+    m_lbl = at.twin(bufs.lbl);
+    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw},
+                           {&m_t, bufs.t}, {&m_acc, bufs.acc}, {&m_dm, bufs.dm},
+                           {&m_ds, bufs.ds}, {&m_dl, bufs.dl}, {&m_d2, bufs.d2},
+                           {&m_rep_m, bufs.rep_m}, {&m_rep_s, bufs.rep_s},
+                           {&m_rep_l, bufs.rep_l}, {&m_rep_a, bufs.rep_a},
+                           {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt},
+                           {&m_carry, bufs.carry}, {&m_bits_a, bufs.bits_a},
+                           {&m_bits_b, bufs.bits_b}, {&m_addv, bufs.addv},
+                           {&m_rep_v, bufs.rep_v}, {&m_iota, bufs.iota}, {&m_bits, bufs.bits}})
+      *dst = at[id];
+    if (m_s.kind == Kind::kSparseXent) {
+      m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
+      fill_lane_indices();
+    }
+    fill_alt_pattern(m_b, m_alt, m_p.group);
+    m_k.start_pingpong();
+    m_k.streamed_groups(m_p.split, m_s.rows, m_p.group,
+                        [this](const Reg& r0, const Reg& rend, const Reg& rows) {
+                          group(r0, rend, rows);
+                        });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} "
+                                  "lanes, groups of {} rows, double-buffered",
+                                  m_b.op(), m_s.rows, m_s.C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per, m_T, m_p.group));
+  }
+
+ private:
+  // The registers of one output window of row j: lanes [w, w + n) of the tensor, the row's
+  // lanes from a on (the head belongs to the previous row).
+  struct Window {
+    const Reg &j, &start, &w, &rowend, &a, &n, &slot, &last_row;
+  };
+
+  // iota = s32 0 .. T-1 (the sparse labels' one-hot compares).
+  void fill_lane_indices() {
+    KernelBuilder::Origin o(m_b, "lane indices 0..T-1");
+    vec_copy_bits(m_b, kLaneBytes, m_iota, m_consts.iota64, kLanes32);
+    for (int64_t h = kLanes32; h < m_T; h *= 2) {
+      Reg v = m_b.reg_imm("offset", h), cnt = m_b.reg_imm("lanes", std::min(h, m_T - h));
+      vec_scalar(m_b, Opcode::op_vadds, Dtype::S32,
+                 m_iota + static_cast<uint64_t>(h * kLaneBytes), m_iota, v, cnt);
     }
   }
-  fill_alt_pattern(b, alt, G);
-  PingPong& sync = rk.start_pingpong();
-  rk.streamed_groups(p.split, s.rows, G, [&](const Reg& r0, const Reg& rend, const Reg& rows) {
-  const Reg& slots = rows;
-  auto fill_slots = [&](int64_t bits32) {
-    Reg n = b.reg("slot lanes");
-    b.mul(n, rows, kLanes32);
-    vec_fill32(b, acc, bits32, n);
-  };
-  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, rows, to, scratch, alt); };
+
+  // Rows r0 .. r0 + rows - 1 (rend: the end of the block's rows).
+  void group(const Reg& r0, const Reg& rend, const Reg& rows) {
+    m_r0 = &r0;
+    m_rend = &rend;
+    m_rows = &rows;
+    {
+      KernelBuilder::Origin o(m_b, "pass 1: row maxima");
+      fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
+      row_pass(Combine::kMax, [](uint64_t, const Reg&, const Reg&) {});
+      lanes_reduce(m_b, Combine::kMax, Dtype::F32, m_acc, rows, m_dm, m_d2);
+      replicate(m_dm, m_rep_m);
+    }
+    {
+      KernelBuilder::Origin o(m_b, "pass 2: sums of exp(x - max)");
+      fill_slots(0);
+      row_pass(Combine::kSum, [&](uint64_t x, const Reg& j, const Reg& n) {
+        with_row_value(Opcode::op_vsub, x, x, j, m_rep_m, n);
+        vec_unary(m_b, Opcode::op_vexp, Dtype::F32, x, x, n);
+      });
+      lanes_reduce(m_b, Combine::kSum, Dtype::F32, m_acc, rows, m_ds, m_d2);
+      vec_unary(m_b, Opcode::op_vln, Dtype::F32, m_dl, m_ds, rows);
+      replicate(m_ds, m_rep_s);
+      replicate(m_dl, m_rep_l);
+    }
+    if (m_s.kind == Kind::kSparseXent) sparse_labels();
+    output_pass();
+    if (m_s.xent()) store_loss();
+  }
+
+  uint64_t x_of(int q) const { return m_conv ? m_xw : m_raw_x[q]; }
+  uint64_t y_of(int q) const {
+    return m_s.kind != Kind::kXent ? 0 : m_conv ? m_yw : m_raw_y[q];
+  }
+  void fill_slots(int64_t bits32) {
+    Reg n = m_b.reg("slot lanes");
+    m_b.mul(n, *m_rows, kLanes32);
+    vec_fill32(m_b, m_acc, bits32, n);
+  }
+  void replicate(uint64_t d, uint64_t to) {
+    replicate_rows(m_b, d, *m_rows, to, m_scratch, m_alt);
+  }
+
   // x_of(q) (f32) = the n features at GM element `elem` (loaded into copy q at the UB block
-  // start). With widening, copy q is released here (done: whether it was).
-  auto load = [&](int q, const Reg& elem, const Reg& n, bool labels_too) {
+  // start). With widening, copy q is released here (release(): whether it was).
+  void load(int q, const Reg& elem, const Reg& n, bool labels_too) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
     sync.wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
-    count_blocks(b, blocks, n, sz);
-    b.mul_add(src, elem, sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
+    count_blocks(b, blocks, n, m_sz);
+    b.mul_add(src, elem, m_sz, m_args.x);
+    b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], src, 1, blocks, 0, 0}, "features");
     if (labels_too) {
-      b.mul_add(src, elem, sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
+      b.mul_add(src, elem, m_sz, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
     sync.loaded(q);
-    if (conv) {
-      vec_convert(b, Dtype::F32, s.t, xw, raw_x[q], RoundMode::kRint, n);
-      if (labels_too) vec_convert(b, Dtype::F32, s.t, yw, raw_y[q], RoundMode::kRint, n);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, m_xw, m_raw_x[q], RoundMode::kRint, n);
+      if (labels_too) vec_convert(b, Dtype::F32, m_s.t, m_yw, m_raw_y[q], RoundMode::kRint, n);
       sync.release_load(q);
     }
-  };
-  auto release = [&](int q) {
-    if (!conv) sync.release_load(q);
-  };
-  // lanes [0, n) op= the row's replicated value (block at rep + j * 32).
-  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
-                            const Reg& n, bool rep_first = false) {
-    Reg ra = b.reg("row value block");
-    b.mul_add(ra, j, kBlock, static_cast<int64_t>(rep));
-    b.emit(Opcode::op_set_mask_count, {n});
+  }
+  void release(int q) {
+    if (!m_conv) m_k.sync().release_load(q);
+  }
+
+  // lanes [0, n) of dst = op(lanes of src, the row's replicated value (block at rep + j * 32)).
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
+                      const Reg& n, bool rep_first = false) {
+    Reg ra = m_b.reg("row value block");
+    m_b.mul_add(ra, j, kBlock, static_cast<int64_t>(rep));
+    m_b.emit(Opcode::op_set_mask_count, {n});
     const VOperand v(ra, 0, 0), a(src);
-    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v, 0);
-  };
-  // Passes 1 and 2: per row, chunks from the row's first element.
-  auto row_pass = [&](Combine c,
-                      const std::function<void(uint64_t x, const Reg& j, const Reg& n)>& chunk) {
+    vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v,
+                       0);
+  }
+
+  // Passes 1 and 2: per row, chunks from the row's first element: chunk(x, j, n), then the n
+  // lanes folded into row j's slot.
+  void row_pass(Combine c,
+                const std::function<void(uint64_t x, const Reg& j, const Reg& n)>& chunk) {
+    KernelBuilder& b = m_b;
     Reg j = b.reg("row of the group");
-    b.for_range(j, 0, rows, 1, [&] {
+    b.for_range(j, 0, *m_rows, 1, [&] {
       Reg start = b.reg("row start"), cpos = b.reg("chunk"), n = b.reg("chunk lanes");
       Reg slot = b.reg("slot"), elem = b.reg("element");
-      b.add(start, r0, j);
-      b.mul(start, start, s.C);
-      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-      b.for_range(cpos, 0, s.C, T, [&] {
-        b.movi(n, s.C);
+      b.add(start, *m_r0, j);
+      b.mul(start, start, m_s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(m_acc));
+      b.for_range(cpos, 0, m_s.C, m_T, [&] {
+        b.movi(n, m_s.C);
         b.sub(n, n, cpos);
-        b.min(n, n, T);
+        b.min(n, n, m_T);
         b.add(elem, start, cpos);
-        sync.load_step([&](int q) {
+        m_k.sync().load_step([&](int q) {
           load(q, elem, n, false);
           chunk(x_of(q), j, n);
           fold_into_slot(b, c, Dtype::F32, x_of(q), n, slot);
@@ -801,165 +871,193 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
         });
       });
     });
-  };
-  {
-    KernelBuilder::Origin o(b, "pass 1: row maxima");
-    fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
-    row_pass(Combine::kMax, [](uint64_t, const Reg&, const Reg&) {});
-    lanes_reduce(b, Combine::kMax, Dtype::F32, acc, slots, dm, d2);
-    replicate(dm, rep_m);
   }
-  {
-    KernelBuilder::Origin o(b, "pass 2: sums of exp(x - max)");
-    fill_slots(0);
-    row_pass(Combine::kSum, [&](uint64_t x, const Reg& j, const Reg& n) {
-      with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);
-      vec_unary(b, Opcode::op_vexp, Dtype::F32, x, x, n);
-    });
-    lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, ds, d2);
-    vec_unary(b, Opcode::op_vln, Dtype::F32, dl, ds, slots);
-    replicate(ds, rep_s);
-    replicate(dl, rep_l);
-  }
-  if (s.kind == Kind::kSparseXent) {
+
+  // The group's labels, replicated per row (rep_a), and NaN for rows with a label outside
+  // [0, C) (addv, replicated: rep_v).
+  void sparse_labels() {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
     KernelBuilder::Origin o(b, "labels of the group");
     sync.load_step([&](int q) {
       sync.wait_load_free(q);
       Reg src = b.reg("source"), blocks = b.reg("blocks");
-      count_blocks(b, blocks, rows, kLaneBytes);
-      b.mul_add(src, r0, kLaneBytes, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
+      count_blocks(b, blocks, *m_rows, kLaneBytes);
+      b.mul_add(src, *m_r0, kLaneBytes, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_lbl[q], src, 1, blocks, 0, 0}, "labels");
       sync.loaded(q);
-      replicate(lbl[q], rep_a);
-      label_validity(b, k, lbl[q], rows, bits_a, bits_b, addv);
-      replicate(addv, rep_v);
+      replicate(m_lbl[q], m_rep_a);
+      label_validity(b, m_consts, m_lbl[q], *m_rows, m_bits_a, m_bits_b, m_addv);
+      replicate(m_addv, m_rep_v);
       sync.release_load(q);
     });
   }
-  {
+
+  // Pass 3: per row, windows of T lanes from the row's first block.
+  void output_pass() {
+    KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "pass 3: outputs, window by window");
-    if (s.xent()) fill_slots(0);
+    if (m_s.xent()) fill_slots(0);
     Reg j = b.reg("row of the group");
-    b.for_range(j, 0, rows, 1, [&] {
+    b.for_range(j, 0, *m_rows, 1, [&] {
       Reg start = b.reg("row start"), w = b.reg("window"), rowend = b.reg("row end");
       Reg a = b.reg("row's first lane in the window"), n = b.reg("window lanes");
       Reg slot = b.reg("slot"), last_row = b.reg("last row of the block");
-      b.add(start, r0, j);
+      b.add(start, *m_r0, j);
       b.add(last_row, start, 1);
-      b.sub(last_row, last_row, rend);  // 0 for the block's last row
-      b.mul(start, start, s.C);
-      b.add(rowend, start, s.C);
-      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-      b.and_(w, start, -og);
-      b.for_range(w, w, rowend, T, [&] {
+      b.sub(last_row, last_row, *m_rend);  // 0 for the block's last row
+      b.mul(start, start, m_s.C);
+      b.add(rowend, start, m_s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(m_acc));
+      b.and_(w, start, -m_og);
+      const Window win{j, start, w, rowend, a, n, slot, last_row};
+      b.for_range(w, w, rowend, m_T, [&] {
         b.sub(a, start, w);
         b.max(a, a, 0);
         b.sub(n, rowend, w);
-        b.min(n, n, T);
-        sync.load_step([&](int q) {
-        const uint64_t x = x_of(q), y = y_of(q);
-        load(q, w, n, s.kind == Kind::kXent);
-        with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);  // shifted
-        switch (s.kind) {
-          case Kind::kSoftmax:
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            break;
-          case Kind::kLogSoftmax:
-            with_row_value(Opcode::op_vsub, e, x, j, rep_l, n);
-            break;
-          case Kind::kXent:
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, n);
-            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
-            vec_binary(b, Opcode::op_vmul, Dtype::F32, t, t, y, n);
-            break;
-          case Kind::kSparseXent: {
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            Reg col = b.reg("column of lane 0"), la = b.reg("label block");
-            b.sub(col, w, start);
-            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, col, n);
-            b.mul_add(la, j, kBlock, static_cast<int64_t>(rep_a));
-            b.emit(Opcode::op_set_mask_count, {n});
-            vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(iota),
-                                VOperand(la, 0, 0), 0);
-            Reg neg = b.reg_imm("minus the column of lane 0", 0);
-            b.sub(neg, neg, col);
-            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, neg, n);
-            // backprop - 1 and the loss term ln(sum) - shifted on the label's lane.
-            Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
-            vec_scalar(b, Opcode::op_vadds, Dtype::F32, t, e, minus1, n);
-            vec_select_strided(b, Dtype::F32, VOperand(e), VOperand(t), VOperand(e), bits, 0);
-            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
-            b.emit(Opcode::op_set_mask_count, {n});
-            vec_select_strided(b, Dtype::F32, VOperand(t), VOperand(t), VOperand(k.zero64, 1, 0),
-                               bits, 0);
-            with_row_value(Opcode::op_vadd, e, e, j, rep_v, n);  // NaN rows
-            break;
-          }
-        }
-        if (s.xent()) {
-          vec_fill32(b, t, 0, a);  // lanes of the previous row
-          fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, slot);
-        }
-        release(q);
-        });
-        sync.out_step([&](int oq) {
-        sync.wait_out_free(oq);
-        const uint64_t ow = out_w[oq];
-        if (conv) vec_convert(b, s.t, Dtype::F32, ow, e, RoundMode::kRint, n);
-        else vec_copy_bits(b, kLaneBytes, ow, e, n);
-        // The window's head lanes belong to the previous row: its last block, kept in carry.
-        vec_copy_bits(b, sz, ow, carry, a);
-        Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
-        count_blocks(b, blocks, n, sz);
-        b.sub(rest, rowend, w);
-        b.if_(lt(rest, T + 1), [&] {
-          b.if_(ne(last_row, 0), [&] {
-            // The row's last block is shared with the next row: keep it, store the rest.
-            KernelBuilder::Origin oc(b, "keep the row's last partial block");
-            Reg src = b.reg("last block");
-            b.shr(blocks, n, ceil_log2(og));
-            b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
-            vec_copy_bits(b, sz, carry, src, og);
-          });
-        });
-        sync.out_ready(oq);
-        b.if_(ge(blocks, 1), [&] {
-          Reg dst = b.reg("destination");
-          b.mul_add(dst, w, sz, args.y);
-          b.emit(Opcode::op_copy_ub2gm, {dst, ow, 1, blocks, 0, 0}, "output window");
-        });
-        sync.stored(oq);
-        });
+        b.min(n, n, m_T);
+        m_k.sync().load_step([&](int q) { window_outputs(win, q); });
+        m_k.sync().out_step([&](int oq) { store_window(win, oq); });
       });
     });
   }
-  if (s.xent()) {
+
+  // The window's outputs into e (f32); the Xent loss terms folded into the row's slot.
+  void window_outputs(const Window& win, int q) {
+    KernelBuilder& b = m_b;
+    const uint64_t x = x_of(q), y = y_of(q), e = m_e, t = m_t;
+    const Reg &j = win.j, &n = win.n;
+    load(q, win.w, n, m_s.kind == Kind::kXent);
+    with_row_value(Opcode::op_vsub, x, x, j, m_rep_m, n);  // shifted
+    switch (m_s.kind) {
+      case Kind::kSoftmax:
+        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+        with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+        break;
+      case Kind::kLogSoftmax: with_row_value(Opcode::op_vsub, e, x, j, m_rep_l, n); break;
+      case Kind::kXent:
+        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+        with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, n);
+        with_row_value(Opcode::op_vsub, t, x, j, m_rep_l, n, true);
+        vec_binary(b, Opcode::op_vmul, Dtype::F32, t, t, y, n);
+        break;
+      case Kind::kSparseXent: sparse_window(win, x); break;
+    }
+    if (m_s.xent()) {
+      vec_fill32(b, t, 0, win.a);  // lanes of the previous row
+      fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, win.slot);
+    }
+    release(q);
+  }
+
+  // Sparse Xent: backprop e / sum - 1 on the label's lane (else e / sum), the loss term
+  // ln(sum) - shifted there (else 0) in t; NaN rows for invalid labels.
+  void sparse_window(const Window& win, uint64_t x) {
+    KernelBuilder& b = m_b;
+    const uint64_t e = m_e, t = m_t;
+    const Reg &j = win.j, &n = win.n;
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+    Reg col = b.reg("column of lane 0"), la = b.reg("label block");
+    b.sub(col, win.w, win.start);
+    vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_iota, m_iota, col, n);
+    b.mul_add(la, j, kBlock, static_cast<int64_t>(m_rep_a));
+    b.emit(Opcode::op_set_mask_count, {n});
+    vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, m_bits, VOperand(m_iota), VOperand(la, 0, 0),
+                        0);
+    Reg neg = b.reg_imm("minus the column of lane 0", 0);
+    b.sub(neg, neg, col);
+    vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_iota, m_iota, neg, n);
+    // backprop - 1 and the loss term ln(sum) - shifted on the label's lane.
+    Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+    vec_scalar(b, Opcode::op_vadds, Dtype::F32, t, e, minus1, n);
+    vec_select_strided(b, Dtype::F32, VOperand(e), VOperand(t), VOperand(e), m_bits, 0);
+    with_row_value(Opcode::op_vsub, t, x, j, m_rep_l, n, true);
+    b.emit(Opcode::op_set_mask_count, {n});
+    vec_select_strided(b, Dtype::F32, VOperand(t), VOperand(t), VOperand(m_consts.zero64, 1, 0),
+                       m_bits, 0);
+    with_row_value(Opcode::op_vadd, e, e, j, m_rep_v, n);  // NaN rows
+  }
+
+  // The window's outputs in the output type, whole blocks stored once: the head lanes come from
+  // the previous row's last block (carry); a last block shared with the next row is kept.
+  void store_window(const Window& win, int oq) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const Reg& n = win.n;
+    sync.wait_out_free(oq);
+    const uint64_t ow = m_out_w[oq];
+    if (m_conv) vec_convert(b, m_s.t, Dtype::F32, ow, m_e, RoundMode::kRint, n);
+    else vec_copy_bits(b, kLaneBytes, ow, m_e, n);
+    // The window's head lanes belong to the previous row: its last block, kept in carry.
+    vec_copy_bits(b, m_sz, ow, m_carry, win.a);
+    Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
+    count_blocks(b, blocks, n, m_sz);
+    b.sub(rest, win.rowend, win.w);
+    b.if_(lt(rest, m_T + 1), [&] {
+      b.if_(ne(win.last_row, 0), [&] {
+        // The row's last block is shared with the next row: keep it, store the rest.
+        KernelBuilder::Origin oc(b, "keep the row's last partial block");
+        Reg src = b.reg("last block");
+        b.shr(blocks, n, ceil_log2(m_og));
+        b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
+        vec_copy_bits(b, m_sz, m_carry, src, m_og);
+      });
+    });
+    sync.out_ready(oq);
+    b.if_(ge(blocks, 1), [&] {
+      Reg dst = b.reg("destination");
+      b.mul_add(dst, win.w, m_sz, m_args.y);
+      b.emit(Opcode::op_copy_ub2gm, {dst, ow, 1, blocks, 0, 0}, "output window");
+    });
+    sync.stored(oq);
+  }
+
+  // The loss of the group's rows: their slots reduced (plus NaN for invalid sparse labels).
+  void store_loss() {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const Reg& rows = *m_rows;
     KernelBuilder::Origin o(b, "loss of the group's rows");
     sync.out_step([&](int oq) {
       sync.wait_out_free(oq);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, dm, d2);
-      if (s.kind == Kind::kSparseXent)
-        vec_binary(b, Opcode::op_vadd, Dtype::F32, dm, dm, addv, rows);
-      if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[oq], dm, RoundMode::kRint, rows);
-      else vec_copy_bits(b, kLaneBytes, loss_out[oq], dm, rows);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, rows, m_dm, m_d2);
+      if (m_s.kind == Kind::kSparseXent)
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, m_dm, m_dm, m_addv, rows);
+      if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_loss[oq], m_dm, RoundMode::kRint, rows);
+      else vec_copy_bits(b, kLaneBytes, m_loss[oq], m_dm, rows);
       sync.out_ready(oq);
       Reg dst = b.reg("destination"), blocks = b.reg("blocks");
-      b.mul_add(dst, r0, sz, args.loss);
-      count_blocks(b, blocks, rows, sz);
-      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[oq], 1, blocks, 0, 0}, "loss");
+      b.mul_add(dst, *m_r0, m_sz, m_args.loss);
+      count_blocks(b, blocks, rows, m_sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, m_loss[oq], 1, blocks, 0, 0}, "loss");
       sync.stored(oq);
     });
   }
-  });
-  return rk.finish(p.split.block_dim,
-                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
-                               "groups of {} rows, double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.split.block_dim,
-                               p.split.per, T, G));
+
+  const Spec& m_s;
+  const StreamPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  const int m_sz;
+  const int64_t m_og, m_T;
+  Args m_args;
+  // x / y: the widened copies (V's), or the loaded copy q itself for f32.
+  Twin m_raw_x, m_out_w, m_raw_y, m_loss, m_lbl;
+  uint64_t m_xw = 0, m_e = 0, m_yw = 0, m_t = 0, m_acc = 0, m_dm = 0, m_ds = 0, m_dl = 0;
+  uint64_t m_d2 = 0, m_rep_m = 0, m_rep_s = 0, m_rep_l = 0, m_rep_a = 0, m_scratch = 0;
+  uint64_t m_alt = 0, m_carry = 0, m_bits_a = 0, m_bits_b = 0, m_addv = 0, m_rep_v = 0;
+  uint64_t m_iota = 0, m_bits = 0;
+  SparseConsts m_consts;
+  const Reg* m_r0 = nullptr;    // the group: first row,
+  const Reg* m_rend = nullptr;  // end of the block's rows,
+  const Reg* m_rows = nullptr;  // rows in the group (= lane slots)
+};
+
+Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
+  return StreamEmitter(s, p, cfg).build();
 }
 
 // The launches of one softmax-family op on [rows, C] tensors at the given arguments (features,
