@@ -508,96 +508,127 @@ std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg) 
   return p;
 }
 
-Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
-  RowKernel rk(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  KernelBuilder& b = rk.b();
-  const int64_t C = s.C;
-  const int sz = s.size();
-  const bool conv = s.t != Dtype::F32;
-  Args args = declare_args(rk, s);
-  const LongRowBuffers bufs = long_row_buffers(s);
-  const BufferPlan::Placed at = rk.allocate(bufs.plan, 1);
-  const Twin raw_x = at.twin(bufs.raw_x), out = at.twin(bufs.out);
-  const uint64_t xw = at[bufs.xw], e = at[bufs.e], acc = at[bufs.acc], d = at[bufs.d];
-  const uint64_t d2 = at[bufs.d2], rep = at[bufs.rep], scratch = at[bufs.scratch];
-  const uint64_t alt = at[bufs.alt];
-  fill_alt_pattern(b, alt, 1);
-  PingPong& sync = rk.start_pingpong();
+// The long-rows kernel: one row per PingPong step (pipelined over the block's rows).
+class LongRowEmitter {
+ public:
+  LongRowEmitter(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p),
+        m_k(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32) {}
 
-  Reg r = b.reg("row"), end = b.reg("end of this block's rows");
-  rk.block_range(r, end, p.split.per, s.rows);
-  Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
-  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per repeat).
-  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src) {
-    b.emit(Opcode::op_set_mask_count, {n});
-    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(rep, 0, 0), 0);
-  };
-  // The row's combination of lanes [0, C) of buf (overwritten) -> d, replicated into rep.
-  auto row_value = [&](Combine c, uint64_t buf) {
-    vec_fill32(b, acc, combine_identity_bits(c, Dtype::F32), kLanes32);
-    fold_into_slot(b, c, Dtype::F32, buf, n, acc);
-    lanes_reduce(b, c, Dtype::F32, acc, one, d, d2);
-  };
-  Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
-  Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
-  b.sub(steps, end, r);
-  // Step t: row r + t.
-  sync.pipeline(
-      steps,
-      [&](const Reg& t, int q) {
-        b.add(gm, r, t);
-        b.mul_add(gm, gm, C * sz, args.x);
-        sync.wait_load_free(q);
-        b.emit(Opcode::op_copy_gm2ub, {raw_x[q], gm, 1, blocks, 0, 0}, "features row");
-        sync.load_done(q);
-      },
-      [&](const Reg& t, int q) {
-      const uint64_t x = conv ? xw : raw_x[q];
-      sync.wait_loaded(q);
-      if (conv) {
-        vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, n);
-        sync.release_load(q);
-      }
-      {
-        KernelBuilder::Origin o(b, "row maximum");
-        vec_copy_bits(b, kLaneBytes, e, x, n);
-        row_value(Combine::kMax, e);
-        replicate_rows(b, d, one, rep, scratch, alt);
-      }
-      uint64_t result = 0;
-      {
-        KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
-        with_row_value(Opcode::op_vsub, x, x);
-        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-        if (s.kind == Kind::kSoftmax) {
-          vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
-          row_value(Combine::kSum, x);
-          replicate_rows(b, d, one, rep, scratch, alt);
-          with_row_value(Opcode::op_vdiv, e, e);
-          result = e;
-        } else {
-          row_value(Combine::kSum, e);
-          vec_unary(b, Opcode::op_vln, Dtype::F32, d, d, one);
-          replicate_rows(b, d, one, rep, scratch, alt);
-          with_row_value(Opcode::op_vsub, x, x);
-          result = x;
-        }
-      }
-      sync.wait_out_free(q);
-      if (conv) vec_convert(b, s.t, Dtype::F32, out[q], result, RoundMode::kRint, n);
-      else vec_copy_bits(b, kLaneBytes, out[q], result, n);
-      if (!conv) sync.release_load(q);
-      sync.out_ready(q);
-      b.add(gm, r, t);
-      b.mul_add(gm, gm, C * sz, args.y);
-      b.emit(Opcode::op_copy_ub2gm, {gm, out[q], 1, blocks, 0, 0}, "output row");
-      sync.stored(q);
-      });
-  return rk.finish(p.split.block_dim,
-                   fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident at "
-                               "a time, double-buffered",
-                               b.op(), s.rows, C, isa::dtype_name(s.t), p.split.block_dim,
-                               p.split.per));
+  Launch build() {
+    KernelBuilder& b = m_b;
+    const int64_t C = m_s.C, sz = m_s.size();
+    m_args = declare_args(m_k, m_s);
+    const LongRowBuffers bufs = long_row_buffers(m_s);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, 1);
+    m_raw_x = at.twin(bufs.raw_x);
+    m_out = at.twin(bufs.out);
+    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc},
+                           {&m_d, bufs.d}, {&m_d2, bufs.d2}, {&m_rep, bufs.rep},
+                           {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt}})
+      *dst = at[id];
+    fill_alt_pattern(b, m_alt, 1);
+    PingPong& sync = m_k.start_pingpong();
+    Reg r = b.reg("row"), end = b.reg("end of this block's rows");
+    m_k.block_range(r, end, m_p.split.per, m_s.rows);
+    Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
+    m_n = &n;
+    m_one = &one;
+    Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
+    Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
+    b.sub(steps, end, r);
+    // Step t: row r + t.
+    sync.pipeline(
+        steps,
+        [&](const Reg& t, int q) {
+          b.add(gm, r, t);
+          b.mul_add(gm, gm, C * sz, m_args.x);
+          sync.wait_load_free(q);
+          b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
+          sync.load_done(q);
+        },
+        [&](const Reg& t, int q) {
+          const uint64_t result = compute(q);
+          sync.wait_out_free(q);
+          if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], result, RoundMode::kRint, n);
+          else vec_copy_bits(b, kLaneBytes, m_out[q], result, n);
+          if (!m_conv) sync.release_load(q);
+          sync.out_ready(q);
+          b.add(gm, r, t);
+          b.mul_add(gm, gm, C * sz, m_args.y);
+          b.emit(Opcode::op_copy_ub2gm, {gm, m_out[q], 1, blocks, 0, 0}, "output row");
+          sync.stored(q);
+        });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
+                                  "at a time, double-buffered",
+                                  b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per));
+  }
+
+ private:
+  // The f32 results of the row in load copy q: returns their UB address (e or x).
+  uint64_t compute(int q) {
+    KernelBuilder& b = m_b;
+    const Reg &n = *m_n, &one = *m_one;
+    const uint64_t x = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    m_k.sync().wait_loaded(q);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, n);
+      m_k.sync().release_load(q);
+    }
+    {
+      KernelBuilder::Origin o(b, "row maximum");
+      vec_copy_bits(b, kLaneBytes, e, x, n);
+      row_value(Combine::kMax, e);
+      replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+    }
+    KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
+    with_row_value(Opcode::op_vsub, x, x);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    if (m_s.kind == Kind::kSoftmax) {
+      vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
+      row_value(Combine::kSum, x);
+      replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+      with_row_value(Opcode::op_vdiv, e, e);
+      return e;
+    }
+    row_value(Combine::kSum, e);
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d, m_d, one);
+    replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+    with_row_value(Opcode::op_vsub, x, x);
+    return x;
+  }
+
+  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per
+  // repeat).
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src) {
+    m_b.emit(Opcode::op_set_mask_count, {*m_n});
+    vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
+                       0);
+  }
+  // The row's combination of lanes [0, C) of buf (overwritten) -> d.
+  void row_value(Combine c, uint64_t buf) {
+    vec_fill32(m_b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
+    fold_into_slot(m_b, c, Dtype::F32, buf, *m_n, m_acc);
+    lanes_reduce(m_b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
+  }
+
+  const Spec& m_s;
+  const LongRowPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  Args m_args;
+  Twin m_raw_x, m_out;
+  uint64_t m_xw = 0, m_e = 0, m_acc = 0, m_d = 0, m_d2 = 0, m_rep = 0, m_scratch = 0, m_alt = 0;
+  const Reg* m_n = nullptr;    // C, the row's lanes
+  const Reg* m_one = nullptr;  // 1
+};
+
+Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
+  return LongRowEmitter(s, p, cfg).build();
 }
 
 // ---- long rows, streamed (three passes per row) ----
