@@ -623,194 +623,72 @@ ColumnPlan plan_columns(const KernelSpec& s, const ChipConfig& cfg) {
   return p;
 }
 
-Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg) {
-  ReduceKernel k(s, cfg);
-  KernelBuilder& b = k.b();
-  const int64_t W = p.width, Pc = p.pitch, Gr = p.rows;
-  const int osz = isz(value_out_type(s)), is = isz(s.in_type);
-  const int64_t og = kBlock / osz;
-  const int64_t plen = part_len(s);
-  k.begin();
-  const ColumnBuffers bufs = column_buffers(s, W, Pc);
-  const BufferPlan::Placed at = k.k().allocate(bufs.plan, Gr);
-  const Twin staging = at.twin(bufs.staging), staging_idx = at.twin(bufs.staging_idx);
-  const Twin in_buf = at.twin(bufs.in), idx_buf = at.twin(bufs.idx);
-  const uint64_t xw = at[bufs.xw], acc = at[bufs.acc], acc_idx = at[bufs.acc_idx];
-  const uint64_t rvec = at[bufs.rvec], bits = at[bufs.bits], out_tmp = at[bufs.out_tmp];
-  const uint64_t divvec = at[bufs.divvec];
-  k.prologue(divvec, Pc, nullptr, 0, 0);
-  PingPong& sync = k.k().start_pingpong();
+// The columns kernel: staging tiles of the block's outputs, each filled piece by piece (last to
+// first), each piece's rows loaded and combined in groups of Gr rows.
+class ColumnsEmitter {
+ public:
+  ColumnsEmitter(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p), m_k(s, cfg), m_b(m_k.b()), m_osz(isz(value_out_type(s))),
+        m_og(kBlock / m_osz) {}
 
-  Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
-  k.k().block_range(q0, qend, p.split.per, out_elems(s));
-  Reg c0 = b.reg("tile start"), c1 = b.reg("tile end");
-  b.for_range(c0, q0, qend, W, [&] {
-    b.add(c1, c0, W);
-    b.min(c1, c1, qend);
-    sync.out_step([&](int oq) {
+  Launch build() {
+    KernelBuilder& b = m_b;
+    const int64_t W = m_p.width, Pc = m_p.pitch;
+    m_k.begin();
+    const ColumnBuffers bufs = column_buffers(m_s, W, Pc);
+    const BufferPlan::Placed at = m_k.k().allocate(bufs.plan, m_p.rows);
+    m_staging = at.twin(bufs.staging);
+    m_staging_idx = at.twin(bufs.staging_idx);
+    m_in = at.twin(bufs.in);
+    m_idx = at.twin(bufs.idx);
+    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_acc, bufs.acc},
+                           {&m_acc_idx, bufs.acc_idx}, {&m_rvec, bufs.rvec}, {&m_bits, bufs.bits},
+                           {&m_out_tmp, bufs.out_tmp}, {&m_divvec, bufs.divvec}})
+      *dst = at[id];
+    m_k.prologue(m_divvec, Pc, nullptr, 0, 0);
+    PingPong& sync = m_k.k().start_pingpong();
+
+    Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
+    m_k.k().block_range(q0, qend, m_p.split.per, out_elems(m_s));
+    Reg c0 = b.reg("tile start"), c1 = b.reg("tile end");
+    b.for_range(c0, q0, qend, W, [&] {
+      b.add(c1, c0, W);
+      b.min(c1, c1, qend);
+      sync.out_step([&](int oq) { tile(c0, c1, oq); });
+    });
+    return m_k.finish(m_p.split.block_dim, summary());
+  }
+
+ private:
+  // One piece: unit u's inner positions [a, a + w) of the tile, at phase ph in its output
+  // block; its rows row0 .. row0 + nrows of the unit's part, row 0's window at `base` elements.
+  struct Piece {
+    Reg a, w, ph, lanes, base, row0, nrows, burst;
+  };
+
+  // Output tile [c0, c1) in staging copy oq: its pieces, then the store.
+  void tile(const Reg& c0, const Reg& c1, int oq) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.k().sync();
     sync.wait_out_free(oq);
     Reg u = b.reg("piece: unit (outer index, part)"), ulo = b.reg("first unit of the tile");
     b.sub(u, c1, 1);
-    b.div(u, u, s.inner);
-    b.div(ulo, c0, s.inner);
+    b.div(u, u, m_s.inner);
+    b.div(ulo, c0, m_s.inner);
     Label top = b.label("piece"), done = b.label("pieces_done");
     b.bind(top);
     b.branch(lt(u, ulo), done);
     {
       KernelBuilder::Origin op(b, "one piece: a unit's range of inner positions");
-      Reg a = b.reg("piece start"), w = b.reg("piece end / width"), ph = b.reg("phase");
-      Reg lanes = b.reg("lanes (phase + width)"), base = b.reg("row 0 window (bytes)");
-      Reg row0 = b.reg("first row of the part"), nrows = b.reg("rows of the part");
-      Reg burst = b.reg("blocks per row");
-      {
-        Reg t = b.reg("temporary");
-        b.mul(t, u, s.inner);
-        b.max(a, c0, t);
-        b.add(w, t, s.inner);
-        b.min(w, w, c1);
-        b.sub(w, w, a);
-        b.sub(ph, a, c0);
-        b.and_(ph, ph, og - 1);
-        b.add(lanes, ph, w);
-        // unit u: outer index u / split, part u % split (rows row0 .. row0 + nrows).
-        Reg o = b.reg("outer index");
-        b.div(o, u, s.split);
-        b.mul(row0, o, s.split);
-        b.sub(row0, u, row0);
-        b.mul(row0, row0, plen);
-        b.movi(nrows, s.R);
-        b.sub(nrows, nrows, row0);
-        b.min(nrows, nrows, plen);
-        // window start (elements): (o * R + row0) * inner + (a - u * inner) - ph
-        b.mul(base, o, s.R);
-        b.add(base, base, row0);
-        b.mul(base, base, s.inner);
-        b.sub(t, a, t);
-        b.add(base, base, t);
-        b.sub(base, base, ph);
-        count_blocks(b, burst, lanes, is);
-      }
-      if (s.arg) {
-        vec_fill32(b, acc, combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct),
-                   lanes);
-        vec_fill32(b, acc_idx, 0, lanes);
-      } else {
-        vec_fill32(b, acc, combine_identity_bits(s.combine, s.ct), lanes);
-      }
+      Piece pc{b.reg("piece start"),          b.reg("piece end / width"),
+               b.reg("phase"),                b.reg("lanes (phase + width)"),
+               b.reg("row 0 window (bytes)"), b.reg("first row of the part"),
+               b.reg("rows of the part"),     b.reg("blocks per row")};
+      window(pc, u, c0, c1);
+      reset_accumulator(pc);
       Reg r = b.reg("row group");
-      b.for_range(r, 0, nrows, Gr, [&] {
-        Reg n = b.reg("rows in the group");
-        b.sub(n, nrows, r);
-        b.min(n, n, Gr);
-        sync.load_step([&](int q) {
-        const uint64_t x = separate_x(s) ? xw : in_buf[q];
-        sync.wait_load_free(q);
-        // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements, into
-        // buf + kk * Pc elements.
-        auto load = [&](uint64_t buf, const Reg& gm, int esz) {
-          KernelBuilder::Origin ol(b, "load the rows of the piece");
-          Reg src = b.reg("source"), dst = b.reg("destination");
-          Reg win = b.reg("window");
-          b.mul_add(win, base, esz, gm);
-          if (p.row_loads) {
-            Reg kk = b.reg("row");
-            b.for_range(kk, 0, n, 1, [&] {
-              b.add(src, r, kk);
-              b.mul_add(src, src, s.inner * esz, win);
-              b.mul_add(dst, kk, Pc * esz, static_cast<int64_t>(buf));
-              b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, burst, 0, 0});
-            });
-            return;
-          }
-          Reg nb = b.reg("rows of the class"), sgap = b.reg("source gap");
-          Reg dgap = b.reg("destination gap");
-          b.movi(sgap, p.classes * s.inner * esz / kBlock);
-          b.sub(sgap, sgap, burst);
-          b.movi(dgap, p.classes * Pc * esz / kBlock);
-          b.sub(dgap, dgap, burst);
-          for (int64_t cls = 0; cls < p.classes; ++cls) {
-            b.if_(ge(n, cls + 1), [&] {
-              b.sub(nb, n, cls);
-              b.add(nb, nb, p.classes - 1);
-              b.div(nb, nb, p.classes);
-              b.add(src, r, cls);
-              b.mul_add(src, src, s.inner * esz, win);
-              b.emit(Opcode::op_copy_gm2ub, {static_cast<int64_t>(buf) + cls * Pc * esz, src, nb,
-                                             burst, sgap, dgap},
-                     fmt::format("rows {} mod {}", cls, p.classes));
-            });
-          }
-        };
-        load(in_buf[q], k.in(), is);
-        if (s.idx_input) load(idx_buf[q], k.idx_in(), kLaneBytes);
-        sync.loaded(q);
-        {
-          Reg cnt = b.reg("lanes of the group");
-          b.mul(cnt, n, Pc);
-          k.widen(x, in_buf[q], cnt);
-        }
-        if (s.arg) {
-          KernelBuilder::Origin oa(b, "rows in order into the accumulator");
-          Reg kk = b.reg("row"), row = b.reg("row lanes"), rv = b.reg("row index lanes");
-          Reg ri = b.reg("row index");
-          b.for_range(kk, 0, n, 1, [&] {
-            b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
-            if (s.idx_input) {
-              b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf[q]));
-            } else {
-              b.add(ri, row0, r);
-              b.add(ri, ri, kk);
-              b.emit(Opcode::op_set_mask_count, {lanes});
-              b.emit(Opcode::op_vdup, {Dtype::S32, rvec, ri, 0, 1, 8});
-              b.movi(rv, static_cast<int64_t>(rvec));
-            }
-            b.emit(Opcode::op_set_mask_count, {lanes});
-            vec_compare_strided(b, s.ct, s.is_max ? isa::Cmp::GT : isa::Cmp::LT, bits,
-                                VOperand(row), VOperand(acc), 0);
-            vec_select_strided(b, s.ct, VOperand(acc), VOperand(row), VOperand(acc), bits, 0);
-            vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(rv), VOperand(acc_idx),
-                               bits, 0);
-          });
-        } else {
-          // Fold the rows in halves: rows [0, m - h) op= rows [h, m), h = ceil(m / 2).
-          KernelBuilder::Origin of(b, "fold the rows in halves");
-          Reg m = b.reg("rows left"), h = b.reg("half"), cnt = b.reg("lanes"), hi = b.reg("rows h..");
-          b.mov(m, n);
-          Label fold = b.label("fold"), folded = b.label("folded");
-          b.bind(fold);
-          b.branch(lt(m, 2), folded);
-          b.add(h, m, 1);
-          b.shr(h, h, 1);
-          b.sub(cnt, m, h);
-          b.mul(cnt, cnt, Pc);
-          b.mul_add(hi, h, Pc * kLaneBytes, static_cast<int64_t>(x));
-          vec_binary(b, combine_opcode(s.combine), s.ct, x, x, hi, cnt);
-          b.mov(m, h);
-          b.jmp(fold);
-          b.bind(folded);
-          vec_binary(b, combine_opcode(s.combine), s.ct, acc, acc, x, lanes);
-        }
-        sync.release_load(q);
-        });
-      });
-      // The piece into the tile: from its block-aligned start, exact end.
-      Reg dst = b.reg("tile position");
-      b.sub(dst, a, c0);
-      b.sub(dst, dst, ph);
-      if (s.arg && !s.partial_idx) {
-        Reg d = b.reg("address");
-        b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging[oq]));
-        vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
-      } else {
-        const uint64_t v = s.arg ? acc : k.finalize(acc, lanes, divvec, out_tmp);
-        Reg d = b.reg("address");
-        b.mul_add(d, dst, osz, static_cast<int64_t>(staging[oq]));
-        vec_copy_bits(b, osz, d, v, lanes);
-        if (s.partial_idx) {
-          b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging_idx[oq]));
-          vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
-        }
-      }
+      reduce_rows(pc, r);
+      into_tile(pc, c0, oq);
     }
     b.sub(u, u, 1);
     b.jmp(top);
@@ -818,22 +696,230 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
     sync.out_ready(oq);
     Reg cnt = b.reg("tile elements");
     b.sub(cnt, c1, c0);
-    k.store(k.out(), c0, staging[oq], cnt, osz);
-    if (s.partial_idx) k.store(k.out1(), c0, staging_idx[oq], cnt, kLaneBytes);
+    m_k.store(m_k.out(), c0, m_staging[oq], cnt, m_osz);
+    if (m_s.partial_idx) m_k.store(m_k.out1(), c0, m_staging_idx[oq], cnt, kLaneBytes);
     sync.stored(oq);
+  }
+
+  // The piece of unit u in tile [c0, c1).
+  void window(const Piece& pc, const Reg& u, const Reg& c0, const Reg& c1) {
+    KernelBuilder& b = m_b;
+    const int64_t plen = part_len(m_s);
+    Reg t = b.reg("temporary");
+    b.mul(t, u, m_s.inner);
+    b.max(pc.a, c0, t);
+    b.add(pc.w, t, m_s.inner);
+    b.min(pc.w, pc.w, c1);
+    b.sub(pc.w, pc.w, pc.a);
+    b.sub(pc.ph, pc.a, c0);
+    b.and_(pc.ph, pc.ph, m_og - 1);
+    b.add(pc.lanes, pc.ph, pc.w);
+    // unit u: outer index u / split, part u % split (rows row0 .. row0 + nrows).
+    Reg o = b.reg("outer index");
+    b.div(o, u, m_s.split);
+    b.mul(pc.row0, o, m_s.split);
+    b.sub(pc.row0, u, pc.row0);
+    b.mul(pc.row0, pc.row0, plen);
+    b.movi(pc.nrows, m_s.R);
+    b.sub(pc.nrows, pc.nrows, pc.row0);
+    b.min(pc.nrows, pc.nrows, plen);
+    // window start (elements): (o * R + row0) * inner + (a - u * inner) - ph
+    b.mul(pc.base, o, m_s.R);
+    b.add(pc.base, pc.base, pc.row0);
+    b.mul(pc.base, pc.base, m_s.inner);
+    b.sub(t, pc.a, t);
+    b.add(pc.base, pc.base, t);
+    b.sub(pc.base, pc.base, pc.ph);
+    count_blocks(b, pc.burst, pc.lanes, isz(m_s.in_type));
+  }
+
+  // The piece's accumulator (and Arg indices) = the identity.
+  void reset_accumulator(const Piece& pc) {
+    const KernelSpec& s = m_s;
+    if (s.arg) {
+      vec_fill32(m_b, m_acc,
+                 combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct), pc.lanes);
+      vec_fill32(m_b, m_acc_idx, 0, pc.lanes);
+    } else {
+      vec_fill32(m_b, m_acc, combine_identity_bits(s.combine, s.ct), pc.lanes);
+    }
+  }
+
+  // Every group of the piece's rows combined into the accumulator (r: the group's first row).
+  void reduce_rows(const Piece& pc, const Reg& r) {
+    KernelBuilder& b = m_b;
+    const int64_t Gr = m_p.rows;
+    b.for_range(r, 0, pc.nrows, Gr, [&] {
+      Reg n = b.reg("rows in the group");
+      b.sub(n, pc.nrows, r);
+      b.min(n, n, Gr);
+      m_k.k().sync().load_step([&](int q) { row_group(pc, r, n, q); });
     });
-  });
-  return k.finish(p.split.block_dim,
-                  fmt::format("{}: [{}, {}, {}] of {} over the middle dim{}, {} blocks of {} "
-                              "outputs, tiles of {}, {} rows x {} lanes per load{}",
-                              s.name, s.outer, s.R, s.inner, isa::dtype_name(s.in_type),
-                              s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
-                                          : std::string(),
-                              p.split.block_dim, p.split.per, W, Gr, Pc,
-                              p.row_loads ? ", row by row, double-buffered"
-                                          : fmt::format(", strided copies of every {}th row, "
-                                                            "double-buffered",
-                                                        p.classes)));
+  }
+
+  // Rows r .. r + n - 1 of the piece into load copy q, widened, combined into the accumulator.
+  void row_group(const Piece& pc, const Reg& r, const Reg& n, int q) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.k().sync();
+    const uint64_t x = separate_x(m_s) ? m_xw : m_in[q];
+    sync.wait_load_free(q);
+    load_rows(pc, r, n, m_in[q], m_k.in(), isz(m_s.in_type));
+    if (m_s.idx_input) load_rows(pc, r, n, m_idx[q], m_k.idx_in(), kLaneBytes);
+    sync.loaded(q);
+    {
+      Reg cnt = b.reg("lanes of the group");
+      b.mul(cnt, n, m_p.pitch);
+      m_k.widen(x, m_in[q], cnt);
+    }
+    if (m_s.arg) arg_rows(pc, r, n, x, m_idx[q]);
+    else fold_rows(pc, n, x);
+    sync.release_load(q);
+  }
+
+  // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements of `esz`
+  // bytes from gm, into buf + kk * Pc elements.
+  void load_rows(const Piece& pc, const Reg& r, const Reg& n, uint64_t buf, const Reg& gm,
+                 int esz) {
+    KernelBuilder& b = m_b;
+    const int64_t Pc = m_p.pitch, classes = m_p.classes, inner = m_s.inner;
+    KernelBuilder::Origin ol(b, "load the rows of the piece");
+    Reg src = b.reg("source"), dst = b.reg("destination");
+    Reg win = b.reg("window");
+    b.mul_add(win, pc.base, esz, gm);
+    if (m_p.row_loads) {
+      Reg kk = b.reg("row");
+      b.for_range(kk, 0, n, 1, [&] {
+        b.add(src, r, kk);
+        b.mul_add(src, src, inner * esz, win);
+        b.mul_add(dst, kk, Pc * esz, static_cast<int64_t>(buf));
+        b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, pc.burst, 0, 0});
+      });
+      return;
+    }
+    Reg nb = b.reg("rows of the class"), sgap = b.reg("source gap");
+    Reg dgap = b.reg("destination gap");
+    b.movi(sgap, classes * inner * esz / kBlock);
+    b.sub(sgap, sgap, pc.burst);
+    b.movi(dgap, classes * Pc * esz / kBlock);
+    b.sub(dgap, dgap, pc.burst);
+    for (int64_t cls = 0; cls < classes; ++cls) {
+      b.if_(ge(n, cls + 1), [&] {
+        b.sub(nb, n, cls);
+        b.add(nb, nb, classes - 1);
+        b.div(nb, nb, classes);
+        b.add(src, r, cls);
+        b.mul_add(src, src, inner * esz, win);
+        b.emit(Opcode::op_copy_gm2ub,
+               {static_cast<int64_t>(buf) + cls * Pc * esz, src, nb, pc.burst, sgap, dgap},
+               fmt::format("rows {} mod {}", cls, classes));
+      });
+    }
+  }
+
+  // Arg: the n rows at x in order into the accumulator, a lane taking a later row's value (and
+  // index: idx_buf's, or the row's) only if strictly better.
+  void arg_rows(const Piece& pc, const Reg& r, const Reg& n, uint64_t x, uint64_t idx_buf) {
+    KernelBuilder& b = m_b;
+    const KernelSpec& s = m_s;
+    const int64_t Pc = m_p.pitch;
+    KernelBuilder::Origin oa(b, "rows in order into the accumulator");
+    Reg kk = b.reg("row"), row = b.reg("row lanes"), rv = b.reg("row index lanes");
+    Reg ri = b.reg("row index");
+    b.for_range(kk, 0, n, 1, [&] {
+      b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
+      if (s.idx_input) {
+        b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf));
+      } else {
+        b.add(ri, pc.row0, r);
+        b.add(ri, ri, kk);
+        b.emit(Opcode::op_set_mask_count, {pc.lanes});
+        b.emit(Opcode::op_vdup, {Dtype::S32, m_rvec, ri, 0, 1, 8});
+        b.movi(rv, static_cast<int64_t>(m_rvec));
+      }
+      b.emit(Opcode::op_set_mask_count, {pc.lanes});
+      vec_compare_strided(b, s.ct, s.is_max ? isa::Cmp::GT : isa::Cmp::LT, m_bits,
+                          VOperand(row), VOperand(m_acc), 0);
+      vec_select_strided(b, s.ct, VOperand(m_acc), VOperand(row), VOperand(m_acc), m_bits, 0);
+      vec_select_strided(b, Dtype::S32, VOperand(m_acc_idx), VOperand(rv), VOperand(m_acc_idx),
+                         m_bits, 0);
+    });
+  }
+
+  // The n rows at x folded in halves (rows [0, m - h) op= rows [h, m), h = ceil(m / 2)), then
+  // combined into the accumulator.
+  void fold_rows(const Piece& pc, const Reg& n, uint64_t x) {
+    KernelBuilder& b = m_b;
+    const Opcode op = combine_opcode(m_s.combine);
+    KernelBuilder::Origin of(b, "fold the rows in halves");
+    Reg m = b.reg("rows left"), h = b.reg("half"), cnt = b.reg("lanes"), hi = b.reg("rows h..");
+    b.mov(m, n);
+    Label fold = b.label("fold"), folded = b.label("folded");
+    b.bind(fold);
+    b.branch(lt(m, 2), folded);
+    b.add(h, m, 1);
+    b.shr(h, h, 1);
+    b.sub(cnt, m, h);
+    b.mul(cnt, cnt, m_p.pitch);
+    b.mul_add(hi, h, m_p.pitch * kLaneBytes, static_cast<int64_t>(x));
+    vec_binary(b, op, m_s.ct, x, x, hi, cnt);
+    b.mov(m, h);
+    b.jmp(fold);
+    b.bind(folded);
+    vec_binary(b, op, m_s.ct, m_acc, m_acc, x, pc.lanes);
+  }
+
+  // The piece's results into staging copy oq: from its block-aligned start, exact end.
+  void into_tile(const Piece& pc, const Reg& c0, int oq) {
+    KernelBuilder& b = m_b;
+    const KernelSpec& s = m_s;
+    Reg dst = b.reg("tile position");
+    b.sub(dst, pc.a, c0);
+    b.sub(dst, dst, pc.ph);
+    if (s.arg && !s.partial_idx) {
+      Reg d = b.reg("address");
+      b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(m_staging[oq]));
+      vec_copy_bits(b, kLaneBytes, d, m_acc_idx, pc.lanes);
+      return;
+    }
+    const uint64_t v = s.arg ? m_acc : m_k.finalize(m_acc, pc.lanes, m_divvec, m_out_tmp);
+    Reg d = b.reg("address");
+    b.mul_add(d, dst, m_osz, static_cast<int64_t>(m_staging[oq]));
+    vec_copy_bits(b, m_osz, d, v, pc.lanes);
+    if (s.partial_idx) {
+      b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(m_staging_idx[oq]));
+      vec_copy_bits(b, kLaneBytes, d, m_acc_idx, pc.lanes);
+    }
+  }
+
+  std::string summary() const {
+    const KernelSpec& s = m_s;
+    const ColumnPlan& p = m_p;
+    return fmt::format(
+        "{}: [{}, {}, {}] of {} over the middle dim{}, {} blocks of {} outputs, tiles of {}, {} "
+        "rows x {} lanes per load{}",
+        s.name, s.outer, s.R, s.inner, isa::dtype_name(s.in_type),
+        s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len) : std::string(),
+        p.split.block_dim, p.split.per, p.width, p.rows, p.pitch,
+        p.row_loads
+            ? ", row by row, double-buffered"
+            : fmt::format(", strided copies of every {}th row, double-buffered", p.classes));
+  }
+
+  const KernelSpec& m_s;
+  const ColumnPlan& m_p;
+  ReduceKernel m_k;
+  KernelBuilder& m_b;
+  const int m_osz;     // bytes per output value
+  const int64_t m_og;  // output values per 32-byte block
+  // Output tiles alternate between two staging copies (output parity), row groups between two
+  // input copies (load parity); the widened rows and accumulators are V's.
+  Twin m_staging, m_staging_idx, m_in, m_idx;
+  uint64_t m_xw = 0, m_acc = 0, m_acc_idx = 0, m_rvec = 0, m_bits = 0, m_out_tmp = 0;
+  uint64_t m_divvec = 0;
+};
+
+Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg) {
+  return ColumnsEmitter(s, p, cfg).build();
 }
 
 }  // namespace
