@@ -406,6 +406,25 @@ StreamPlan plan_stream(const KernelSpec& s, const ChipConfig& cfg) {
   return p;
 }
 
+// Arg: the n lanes at x (element indices off + c, off + c + 1, ...: the chunk at c of the part
+// at off) 64 at a time into unit j's value slot (`slot`) and index slot.
+void arg_chunk(KernelBuilder& b, const KernelSpec& s, const LaneBuffers& lb, uint64_t x,
+               const Reg& n, const Reg& off, const Reg& c, const Reg& j, const Reg& slot) {
+  KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
+  Reg islot = b.reg("index slot");
+  b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(lb.acc_idx));
+  Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
+  Reg src = b.reg("lanes address");
+  b.for_range(kk, 0, n, kLanes32, [&] {
+    b.sub(cnt, n, kk);
+    b.min(cnt, cnt, kLanes32);
+    b.add(i0, off, c);
+    b.add(i0, i0, kk);
+    b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
+    lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, lb.iota64, lb.t64, lb.arg.bits);
+  });
+}
+
 // The chunks of a group of `ug` units from u0 on folded into the units' lane slots: steps (unit
 // j of the group, chunk c of its row or part), ceil(part_len / T) chunks per unit (a part
 // shorter than part_len, the row's last, skips its missing chunks on both sides),
@@ -464,20 +483,7 @@ void stream_chunks(ReduceKernel& k, const KernelSpec& s, int64_t T, const Twin& 
           k.widen(x, in_buf[q], n);
           if (separate_x(s)) sync.release_load(q);
           if (s.arg) {
-            KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
-            Reg islot = b.reg("index slot");
-            b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(lb.acc_idx));
-            Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
-            Reg src = b.reg("lanes address");
-            b.for_range(kk, 0, n, kLanes32, [&] {
-              b.sub(cnt, n, kk);
-              b.min(cnt, cnt, kLanes32);
-              b.add(i0, off, c);
-              b.add(i0, i0, kk);
-              b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
-              lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, lb.iota64, lb.t64,
-                             lb.arg.bits);
-            });
+            arg_chunk(b, s, lb, x, n, off, c, j, slot);
           } else {
             fold_into_slot(b, s.combine, s.ct, x, n, slot);
           }
