@@ -643,14 +643,11 @@ class ColumnsEmitter {
     m_k.begin();
     const ColumnBuffers bufs = column_buffers(m_s, W, Pc);
     const BufferPlan::Placed at = m_k.k().allocate(bufs.plan, m_p.rows);
-    m_staging = at.twin(bufs.staging);
-    m_staging_idx = at.twin(bufs.staging_idx);
-    m_in = at.twin(bufs.in);
-    m_idx = at.twin(bufs.idx);
-    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_acc, bufs.acc},
-                           {&m_acc_idx, bufs.acc_idx}, {&m_rvec, bufs.rvec}, {&m_bits, bufs.bits},
-                           {&m_out_tmp, bufs.out_tmp}, {&m_divvec, bufs.divvec}})
-      *dst = at[id];
+    take_twins(at, {{&m_staging, bufs.staging}, {&m_staging_idx, bufs.staging_idx},
+                    {&m_in, bufs.in}, {&m_idx, bufs.idx}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_acc, bufs.acc}, {&m_acc_idx, bufs.acc_idx},
+                      {&m_rvec, bufs.rvec}, {&m_bits, bufs.bits}, {&m_out_tmp, bufs.out_tmp},
+                      {&m_divvec, bufs.divvec}});
     m_k.prologue(m_divvec, Pc, nullptr, 0, 0);
     PingPong& sync = m_k.k().start_pingpong();
 

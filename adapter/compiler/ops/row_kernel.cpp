@@ -22,6 +22,16 @@ void declare_repeat_overhang(BufferPlan& plan) {
   plan.add_fixed("vector repeat overhang", kSlotBytes - kBlock);
 }
 
+void take_buffers(const BufferPlan::Placed& at,
+                  std::initializer_list<std::pair<uint64_t*, BufferPlan::Id>> buffers) {
+  for (const auto& [dst, id] : buffers) *dst = at[id];
+}
+
+void take_twins(const BufferPlan::Placed& at,
+                std::initializer_list<std::pair<Twin*, BufferPlan::Id>> twins) {
+  for (const auto& [dst, id] : twins) *dst = at.twin(id);
+}
+
 VectorCores VectorCores::of(const ChipConfig& cfg) {
   VectorCores v;
   v.kind = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;

@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "adapter/compiler/buffer_plan.h"
@@ -41,6 +43,13 @@ BufferPlan::SizeFn fixed_blocks(int64_t bytes);
 // instruction on the last buffer may touch: its footprint is whole 256-byte repeats from the
 // buffer's start, the buffer whole 32-byte blocks.
 void declare_repeat_overhang(BufferPlan& plan);
+
+// Copies the addresses of an allocated plan's buffers (single: `take_buffers`, ping / pong:
+// `take_twins`) into the variables they name.
+void take_buffers(const BufferPlan::Placed& at,
+                  std::initializer_list<std::pair<uint64_t*, BufferPlan::Id>> buffers);
+void take_twins(const BufferPlan::Placed& at,
+                std::initializer_list<std::pair<Twin*, BufferPlan::Id>> twins);
 
 // The vector cores of a chip: their kind and how many there are.
 struct VectorCores {

@@ -228,25 +228,12 @@ class RowsEmitter {
     m_args = declare_args(m_k, m_s);
     const RowsBuffers bufs = rows_buffers(m_s);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
-    m_raw_x = at.twin(bufs.raw_x);
-    m_out = at.twin(bufs.out);
-    m_raw_y = at.twin(bufs.raw_y);
-    m_loss = at.twin(bufs.loss);
-    m_lbl = at.twin(bufs.lbl);
-    m_xw = at[bufs.xw];
-    m_e = at[bufs.e];
-    m_yw = at[bufs.yw];
-    m_acc = at[bufs.acc];
-    m_d0 = at[bufs.d0];
-    m_d1 = at[bufs.d1];
-    m_d2 = at[bufs.d2];
-    m_rep = at[bufs.rep];
-    m_scratch = at[bufs.scratch];
-    m_alt = at[bufs.alt];
-    m_rep_lbl = at[bufs.rep_lbl];
-    m_span = at[bufs.span];
-    m_bits = at[bufs.bits];
-    m_bits2 = at[bufs.bits2];
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}, {&m_raw_y, bufs.raw_y},
+                    {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw}, {&m_acc, bufs.acc},
+                      {&m_d0, bufs.d0}, {&m_d1, bufs.d1}, {&m_d2, bufs.d2}, {&m_rep, bufs.rep},
+                      {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt}, {&m_rep_lbl, bufs.rep_lbl},
+                      {&m_span, bufs.span}, {&m_bits, bufs.bits}, {&m_bits2, bufs.bits2}});
     if (m_s.kind == Kind::kSparseXent) m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
@@ -522,12 +509,10 @@ class LongRowEmitter {
     m_args = declare_args(m_k, m_s);
     const LongRowBuffers bufs = long_row_buffers(m_s);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, 1);
-    m_raw_x = at.twin(bufs.raw_x);
-    m_out = at.twin(bufs.out);
-    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc},
-                           {&m_d, bufs.d}, {&m_d2, bufs.d2}, {&m_rep, bufs.rep},
-                           {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt}})
-      *dst = at[id];
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc}, {&m_d, bufs.d},
+                      {&m_d2, bufs.d2}, {&m_rep, bufs.rep}, {&m_scratch, bufs.scratch},
+                      {&m_alt, bufs.alt}});
     fill_alt_pattern(b, m_alt, 1);
     PingPong& sync = m_k.start_pingpong();
     Reg r = b.reg("row"), end = b.reg("end of this block's rows");
@@ -749,21 +734,15 @@ class StreamEmitter {
     m_args = declare_args(m_k, m_s);
     const StreamBuffers bufs = stream_buffers(m_s, m_p.group);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, m_T);
-    m_raw_x = at.twin(bufs.raw_x);
-    m_out_w = at.twin(bufs.out_w);
-    m_raw_y = at.twin(bufs.raw_y);
-    m_loss = at.twin(bufs.loss);
-    m_lbl = at.twin(bufs.lbl);
-    for (auto [dst, id] : {std::pair{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw},
-                           {&m_t, bufs.t}, {&m_acc, bufs.acc}, {&m_dm, bufs.dm},
-                           {&m_ds, bufs.ds}, {&m_dl, bufs.dl}, {&m_d2, bufs.d2},
-                           {&m_rep_m, bufs.rep_m}, {&m_rep_s, bufs.rep_s},
-                           {&m_rep_l, bufs.rep_l}, {&m_rep_a, bufs.rep_a},
-                           {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt},
-                           {&m_carry, bufs.carry}, {&m_bits_a, bufs.bits_a},
-                           {&m_bits_b, bufs.bits_b}, {&m_addv, bufs.addv},
-                           {&m_rep_v, bufs.rep_v}, {&m_iota, bufs.iota}, {&m_bits, bufs.bits}})
-      *dst = at[id];
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out_w, bufs.out_w}, {&m_raw_y, bufs.raw_y},
+                    {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw}, {&m_t, bufs.t},
+                      {&m_acc, bufs.acc}, {&m_dm, bufs.dm}, {&m_ds, bufs.ds}, {&m_dl, bufs.dl},
+                      {&m_d2, bufs.d2}, {&m_rep_m, bufs.rep_m}, {&m_rep_s, bufs.rep_s},
+                      {&m_rep_l, bufs.rep_l}, {&m_rep_a, bufs.rep_a}, {&m_scratch, bufs.scratch},
+                      {&m_alt, bufs.alt}, {&m_carry, bufs.carry}, {&m_bits_a, bufs.bits_a},
+                      {&m_bits_b, bufs.bits_b}, {&m_addv, bufs.addv}, {&m_rep_v, bufs.rep_v},
+                      {&m_iota, bufs.iota}, {&m_bits, bufs.bits}});
     if (m_s.kind == Kind::kSparseXent) {
       m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
       fill_lane_indices();
