@@ -42,9 +42,11 @@
 //     piece's accumulator, which is converted and copied into the tile from its block-aligned
 //     start with an exact end (the head block's foreign lanes are rewritten by the piece before
 //     it, which is computed next).
-// All three are double-buffered (vector_rows.h PingPong): two UB copies of what MTE2 loads and
-// of what MTE3 stores, so loads of the next group / chunk / row group and the store of the last
-// results overlap the vector work; rows and streamed chunks are also software-pipelined.
+// All three run on the row skeleton (row_kernel.h: arguments, block range, group loops, buffers
+// declared once in a BufferPlan) and are double-buffered (vector_rows.h PingPong): two UB
+// copies of what MTE2 loads and of what MTE3 stores, so loads of the next group / chunk / row
+// group and the store of the last results overlap the vector work; rows and streamed chunks
+// are also software-pipelined.
 // Few outputs and a long R: R is split into parts over the cores (first pass: partial results
 // of every (output, part) in f32/s32 in the workspace, and for Arg their indices), then the
 // columns kernel reduces the parts. Arg with output_type s64: the indices are computed as s32

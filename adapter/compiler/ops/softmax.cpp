@@ -28,6 +28,9 @@
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
 // that start inside a block get the block's head (the end of the previous row, kept from that
 // row) copied in before the block is written, so every block is written once and whole.
+// All three kernels run on the row skeleton (row_kernel.h: arguments, block range, group loops,
+// buffers declared once in a BufferPlan); their bodies are emitter classes (RowsEmitter,
+// LongRowEmitter, StreamEmitter).
 #include <algorithm>
 #include <cmath>
 #include <limits>

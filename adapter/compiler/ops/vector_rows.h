@@ -31,7 +31,6 @@
 #include <functional>
 #include <vector>
 
-#include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "isa/isa.h"
 
