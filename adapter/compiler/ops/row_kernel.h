@@ -40,8 +40,8 @@ BufferPlan::SizeFn blocks_of(int64_t bytes_per_unit);
 BufferPlan::SizeFn fixed_blocks(int64_t bytes);
 
 // Declares, as a plan's last buffer, the bytes past the end of the layout that a vector
-// instruction on the last buffer may touch: its footprint is whole 256-byte repeats from the
-// buffer's start, the buffer whole 32-byte blocks.
+// instruction on the last buffer may touch: a buffer is whole 32-byte blocks, an instruction's
+// footprint whole 256-byte repeats from the buffer's start (at most 224 bytes more).
 void declare_repeat_overhang(BufferPlan& plan);
 
 // Copies the addresses of an allocated plan's buffers (single: `take_buffers`, ping / pong:
@@ -73,13 +73,16 @@ struct GroupRegs {
   const Reg& slots;   // supers * g (lane slots, rows rounded up to whole super-rows)
 };
 
+// One row kernel on the vector cores: its builder and launch, its arguments, its block range,
+// its group loop and its PingPong. Use: arg()... load_args(), allocate(plan, tile), constants,
+// start_pingpong(), resident_groups() or streamed_groups() (or block_range() and the PingPong
+// directly), finish().
 class RowKernel {
  public:
   // Begins the vector section of kernel `name` (for errors: `op`).
   RowKernel(const std::string& name, const std::string& op, const ChipConfig& cfg);
 
   KernelBuilder& b() { return m_b; }
-  const std::string& op() const { return m_b.op(); }
 
   // Declares argument `name` (bound to `ref`); load_args() then loads every declared argument
   // in declaration order.
