@@ -42,9 +42,11 @@
 //     piece's accumulator, which is converted and copied into the tile from its block-aligned
 //     start with an exact end (the head block's foreign lanes are rewritten by the piece before
 //     it, which is computed next).
-// All three are double-buffered (vector_rows.h PingPong): two UB copies of what MTE2 loads and
-// of what MTE3 stores, so loads of the next group / chunk / row group and the store of the last
-// results overlap the vector work; rows and streamed chunks are also software-pipelined.
+// All three run on the row skeleton (row_kernel.h: arguments, block range, group loops, buffers
+// declared once in a BufferPlan) and are double-buffered (vector_rows.h PingPong): two UB
+// copies of what MTE2 loads and of what MTE3 stores, so loads of the next group / chunk / row
+// group and the store of the last results overlap the vector work; rows and streamed chunks
+// are also software-pipelined.
 // Few outputs and a long R: R is split into parts over the cores (first pass: partial results
 // of every (output, part) in f32/s32 in the workspace, and for Arg their indices), then the
 // columns kernel reduces the parts. Arg with output_type s64: the indices are computed as s32
@@ -53,6 +55,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -62,6 +65,7 @@
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/int64.h"
+#include "adapter/compiler/ops/row_kernel.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/convert.h"
 #include "common/int_math.h"
@@ -74,14 +78,10 @@ using isa::Opcode;
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kLaneBytes = 4;
 constexpr int64_t kMaxBurst = 65535;      // RU16 burst / gap fields
 constexpr int64_t kStagingMax = 2048;     // columns kernel: output elements per staging tile
 constexpr int64_t kSplitMinElems = 4096;  // a split part reduces at least this many elements
-constexpr uint64_t kSlack = 32;           // per UB buffer: alignment
 
-int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
 // One stage's kernel: reduce the middle dim of [outer, R, inner] (R split into `split` parts of
 // split_len when split > 1; the output then has outer * split * inner partial results).
 struct KernelSpec {
@@ -103,48 +103,32 @@ struct KernelSpec {
 };
 
 int64_t out_elems(const KernelSpec& s) { return s.outer * s.split * s.inner; }
-int isz(Dtype t) { return isa::dtype_size(t); }
 // The type each output of the kernel holds (output 0; output 1 = s32 indices when partial_idx).
 Dtype value_out_type(const KernelSpec& s) { return s.partial_idx ? s.ct : s.out_type; }
 
-// Builder, arguments and the pieces every reduction kernel shares.
+// The row skeleton, the arguments and the pieces every reduction kernel shares.
 class ReduceKernel {
  public:
   ReduceKernel(const KernelSpec& s, const ChipConfig& cfg)
-      : m_s(s), m_b(s.name, s.op, cfg), m_kind(m_b.vector_core_kind()),
-        m_core(*cfg.core_kind(m_kind)) {}
+      : m_s(s), m_k(s.name, s.op, cfg), m_b(m_k.b()) {}
 
+  RowKernel& k() { return m_k; }
   KernelBuilder& b() { return m_b; }
 
   // Declares in0 [, in1], out [, out1] and loads their addresses.
   void begin() {
-    m_b.begin_section(m_kind);
     const int64_t n_in = m_s.outer * m_s.R * m_s.inner;
-    m_b.declare_arg("in0", m_s.in_type, {n_in});
-    m_launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
-    if (m_s.idx_input) {
-      m_b.declare_arg("in1", Dtype::S32, {n_in});
-      m_launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
-    }
-    m_b.declare_arg("out", value_out_type(m_s), {out_elems(m_s)});
-    m_launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
-    if (m_s.partial_idx) {
-      m_b.declare_arg("out1", Dtype::S32, {out_elems(m_s)});
-      m_launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
-    }
-    m_in = m_b.load_arg("in0");
-    if (m_s.idx_input) m_idx_in = m_b.load_arg("in1");
-    m_out = m_b.load_arg("out");
-    if (m_s.partial_idx) m_out1 = m_b.load_arg("out1");
-  }
-
-  // [start, end) of this block's range of `unit`s, `per` per block.
-  void block_range(const Reg& start, const Reg& end, int64_t per, int64_t total) {
-    KernelBuilder::Origin o(m_b, fmt::format("block range: {} per block", per));
-    m_b.emit(Opcode::op_get_block_id, {start});
-    m_b.mul(start, start, per);
-    m_b.add(end, start, per);
-    m_b.min(end, end, total);
+    m_k.arg("in0", m_s.in_type, {n_in}, ArgRef{ArgRef::Kind::kInput, 0, 0});
+    if (m_s.idx_input) m_k.arg("in1", Dtype::S32, {n_in}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+    m_k.arg("out", value_out_type(m_s), {out_elems(m_s)}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    if (m_s.partial_idx)
+      m_k.arg("out1", Dtype::S32, {out_elems(m_s)}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
+    std::vector<Reg> regs = m_k.load_args();
+    auto next = regs.begin();
+    m_in = std::move(*next++);
+    if (m_s.idx_input) m_idx_in = std::move(*next++);
+    m_out = std::move(*next++);
+    if (m_s.partial_idx) m_out1 = std::move(*next++);
   }
 
   // Constant buffers (allocated by the kernel, filled in the prologue).
@@ -214,11 +198,7 @@ class ReduceKernel {
   }
 
   Launch finish(int block_dim, std::string summary) {
-    m_b.end();
-    m_launch.block_dim = block_dim;
-    m_launch.summary = std::move(summary);
-    m_launch.kernel = m_b.finish();
-    return std::move(m_launch);
+    return m_k.finish(block_dim, std::move(summary));
   }
 
   const Reg& in() const { return m_in; }
@@ -228,45 +208,97 @@ class ReduceKernel {
 
  private:
   const KernelSpec& m_s;
-  KernelBuilder m_b;
-  isa::CoreKind m_kind;
-  const CoreKindConfig& m_core;
-  Launch m_launch;
+  RowKernel m_k;
+  KernelBuilder& m_b;
   Reg m_in, m_idx_in, m_out, m_out1;
 };
 
-// UB budget: sizes in bytes, each padded for alignment.
-struct Budget {
-  uint64_t total = 0;
-  void add(int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; }
+bool separate_x(const KernelSpec& s) { return s.in_type != s.ct || s.square; }
+
+// The buffers of a lane-accumulator kernel (rows, streamed rows) after its input, for a group of
+// rows(units) rows: the lane slots, what MTE3 stores (ping and pong), the divisor and the Arg
+// scratch.
+struct LaneIds {
+  BufferPlan::Id acc, dense, tmp, out_tmp, divvec;
+  BufferPlan::Id acc_idx, rep, replicate, alt, iota64, t64, big64, bits;  // Arg
 };
 
-// The Arg scratch of a lane-accumulator kernel for up to `rows` rows.
-void arg_budget(Budget& u, int64_t rows) {
-  u.add(rows * kSlotBytes);                                  // index slots
-  u.add(rows * kBlock);                                      // replicated values
-  u.add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
-  u.add(static_cast<int64_t>(alt_pattern_bytes(rows)));
-  u.add(kSlotBytes * 3);                                     // iota64, t64, big64
-  u.add(rows * 8);                                           // compare bits
+LaneIds declare_lane_buffers(BufferPlan& plan, const KernelSpec& s,
+                             const std::function<int64_t(int64_t units)>& rows) {
+  auto per_row = [&rows](int64_t bytes) -> BufferPlan::SizeFn {
+    return [rows, bytes](int64_t u) { return static_cast<uint64_t>(rnd(rows(u) * bytes)); };
+  };
+  auto scratch = [&rows](uint64_t (*f)(int64_t)) -> BufferPlan::SizeFn {
+    return [rows, f](int64_t u) { return f(rows(u)); };
+  };
+  LaneIds id;
+  id.acc = plan.add_sized("lane slots", per_row(kSlotBytes));
+  id.dense = plan.add_sized("one value per row", per_row(kLaneBytes), 2);
+  id.tmp = plan.add_sized("product lanes / indices", per_row(kLaneBytes), 2);
+  id.out_tmp = plan.add_sized("output values", per_row(isz(s.out_type)), 2);
+  id.divvec = plan.add_sized("divisor", per_row(kLaneBytes), 1, s.divisor > 0);
+  id.acc_idx = plan.add_sized("index slots", per_row(kSlotBytes), 1, s.arg);
+  id.rep = plan.add_sized("replicated row values", per_row(kBlock), 1, s.arg);
+  id.replicate = plan.add_sized("replicate scratch", scratch(replicate_scratch_bytes), 1, s.arg);
+  id.alt = plan.add_sized("alternating pattern", scratch(alt_pattern_bytes), 1, s.arg);
+  id.iota64 = plan.add_fixed("iota 0..63", kSlotBytes, 1, s.arg);
+  id.t64 = plan.add_fixed("lane indices", kSlotBytes, 1, s.arg);
+  id.big64 = plan.add_fixed("INT_MAX lanes", kSlotBytes, 1, s.arg);
+  id.bits = plan.add_sized("compare bits", per_row(8), 1, s.arg);
+  return id;
 }
 
-struct ArgBuffers {
-  uint64_t acc_idx = 0, iota64 = 0, t64 = 0;  // dense values: the kernel's ping/pong copies
-  ArgScratch s;
+// A lane-accumulator kernel's buffers: the input (ping and pong; `in_unit` bytes per unit), the
+// widened input (4-byte lanes per input element) and the lane buffers.
+struct LaneKernelBuffers {
+  BufferPlan plan;
+  BufferPlan::Id in, xw;
+  LaneIds lane;
 };
 
-ArgBuffers alloc_arg(KernelBuilder& b, int64_t rows) {
-  ArgBuffers a;
-  a.acc_idx = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kSlotBytes), "index slots");
-  a.s.rep = b.alloc(Buf::UB, static_cast<uint64_t>(rows * kBlock), "replicated row values");
-  a.s.replicate = b.alloc(Buf::UB, replicate_scratch_bytes(rows), "replicate scratch");
-  a.s.alt = b.alloc(Buf::UB, alt_pattern_bytes(rows), "alternating pattern");
-  a.iota64 = b.alloc(Buf::UB, kSlotBytes, "iota 0..63");
-  a.t64 = b.alloc(Buf::UB, kSlotBytes, "lane indices");
-  a.s.big64 = b.alloc(Buf::UB, kSlotBytes, "INT_MAX lanes");
-  a.s.bits = b.alloc(Buf::UB, static_cast<uint64_t>(rnd(rows * 8)), "compare bits");
-  return a;
+LaneKernelBuffers lane_kernel_buffers(const KernelSpec& s, const char* what, int64_t elems_per_unit,
+                                      const std::function<int64_t(int64_t units)>& rows) {
+  LaneKernelBuffers k;
+  k.in = k.plan.add_sized(fmt::format("input {}", what),
+                          blocks_of(elems_per_unit * isz(s.in_type)), 2);
+  k.xw = k.plan.add_sized(fmt::format("widened {}", what), blocks_of(elems_per_unit * kLaneBytes),
+                          1, separate_x(s));
+  k.lane = declare_lane_buffers(k.plan, s, rows);
+  declare_repeat_overhang(k.plan);
+  return k;
+}
+
+// The allocated lane buffers.
+struct LaneBuffers {
+  uint64_t acc = 0, divvec = 0;
+  Twin dense, tmp, out_tmp;
+  uint64_t acc_idx = 0, iota64 = 0, t64 = 0;
+  ArgScratch arg;
+  LaneBuffers(const BufferPlan::Placed& at, const LaneIds& id)
+      : acc(at[id.acc]), divvec(at[id.divvec]), dense(at.twin(id.dense)), tmp(at.twin(id.tmp)),
+        out_tmp(at.twin(id.out_tmp)), acc_idx(at[id.acc_idx]), iota64(at[id.iota64]),
+        t64(at[id.t64]) {
+    arg.rep = at[id.rep];
+    arg.replicate = at[id.replicate];
+    arg.alt = at[id.alt];
+    arg.big64 = at[id.big64];
+    arg.bits = at[id.bits];
+  }
+};
+
+// The slots of `rows` rows (a register) reduced to one value per row in output copy q, then
+// stored from output index `index` on (between wait_out_free and stored, ReduceKernel).
+void reduce_slots(ReduceKernel& k, const KernelSpec& s, const LaneBuffers& lb, int q,
+                  const Reg& rows, const Reg& index, const Reg& count) {
+  KernelBuilder& b = k.b();
+  if (s.arg) {
+    lanes_reduce_arg(b, s.is_max, s.ct, lb.acc, lb.acc_idx, rows, lb.dense[q], lb.tmp[q], lb.arg);
+    k.store_results(k.k().sync(), q, index, count, lb.dense[q], lb.tmp[q], lb.divvec,
+                    lb.out_tmp[q]);
+  } else {
+    lanes_reduce(b, s.combine, s.ct, lb.acc, rows, lb.dense[q], lb.tmp[q]);
+    k.store_results(k.k().sync(), q, index, count, lb.dense[q], 0, lb.divvec, lb.out_tmp[q]);
+  }
 }
 
 // ---- rows kernel: inner == 1, groups of super-rows resident in the UB ----
@@ -274,124 +306,77 @@ ArgBuffers alloc_arg(KernelBuilder& b, int64_t rows) {
 struct RowsPlan {
   SuperRowLayout layout;
   int64_t group = 0;  // rows per group (multiple of q)
-  int64_t per = 0;    // rows per block
-  int block_dim = 0;
+  BlockSplit split;   // rows per block
 };
 
-std::optional<RowsPlan> plan_rows(const KernelSpec& s, uint64_t ub, int64_t cores) {
+LaneKernelBuffers rows_buffers(const KernelSpec& s) {
+  return lane_kernel_buffers(s, "rows", s.R, [](int64_t rows) { return rows; });
+}
+
+std::optional<RowsPlan> plan_rows(const KernelSpec& s, const ChipConfig& cfg) {
   if (s.split != 1) return std::nullopt;
+  const VectorCores cores = VectorCores::of(cfg);
   const int64_t granule = kBlock / std::min(isz(s.in_type), isz(s.out_type));
   RowsPlan p;
   p.layout = SuperRowLayout::make(s.R, granule);
-  const int64_t g = p.layout.rows;
-  const int64_t q = std::max<int64_t>(g, kBlock / isz(s.out_type));  // rows per step
-  p.per = round_up(ceil_div(s.outer, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(s.outer, p.per));
-  auto bytes = [&](int64_t rows) {
-    Budget u;
-    for (int q = 0; q < 2; ++q) {                           // ping and pong copies
-      u.add(rows * s.R * isz(s.in_type));                   // input rows
-      u.add(rows * kLaneBytes * 2);                         // dense, product scratch / indices
-      u.add(rows * isz(s.out_type));                        // converted output
-    }
-    if (s.in_type != s.ct || s.square) u.add(rows * s.R * kLaneBytes);  // widened
-    u.add(rows * kSlotBytes);                               // lane slots
-    if (s.divisor > 0) u.add(rows * kLaneBytes);
-    if (s.arg) arg_budget(u, rows);
-    return u.total;
-  };
-  for (int64_t rows = std::min(kMaxGroupRows / q * q, p.per); rows >= q; rows -= q)
-    if (bytes(rows) <= ub) {
-      p.group = rows;
-      return p;
-    }
-  return std::nullopt;
+  const int64_t q = std::max<int64_t>(p.layout.rows, kBlock / isz(s.out_type));  // rows per step
+  p.split = BlockSplit::make(s.outer, cores.count, q);
+  p.group = rows_buffers(s).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
+                                                                   p.split.per));
+  if (p.group == 0) return std::nullopt;
+  return p;
 }
 
 Launch build_rows(const KernelSpec& s, const RowsPlan& p, const ChipConfig& cfg) {
   ReduceKernel k(s, cfg);
   KernelBuilder& b = k.b();
   const SuperRowLayout& L = p.layout;
-  const int64_t G = p.group, g = L.rows;
+  const int64_t G = p.group;
   k.begin();
-  const bool separate_x = s.in_type != s.ct || s.square;
   // Double-buffered: the input rows, and everything MTE3 stores (dense values, Arg indices,
   // converted outputs), have a ping and a pong copy; the widened rows and the lane slots are
   // V's alone.
-  const Twin in_buf = alloc_twin(b, rnd(G * s.R * isz(s.in_type)), "input rows");
-  const uint64_t xw = separate_x ? b.alloc(Buf::UB, rnd(G * s.R * kLaneBytes), "widened rows") : 0;
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const Twin dense = alloc_twin(b, rnd(G * kLaneBytes), "one value per row");
-  const Twin tmp = alloc_twin(b, rnd(G * kLaneBytes), "product lanes / indices");
-  const Twin out_tmp = alloc_twin(b, rnd(G * isz(s.out_type)), "output values");
-  const uint64_t divvec =
-      s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
-  ArgBuffers ab;
-  if (s.arg) ab = alloc_arg(b, G);
-  k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
-  PingPong sync(b);
-
-  Reg r0 = b.reg("first row of the block"), end = b.reg("end of this block's rows");
-  k.block_range(r0, end, p.per, s.outer);
-  Reg steps = b.reg("groups of this block");
-  b.sub(steps, end, r0);
-  b.add(steps, steps, G - 1);
-  b.div(steps, steps, G);
-  // Group t: rows r .. r + rows - 1 (r = r0 + t * G), in whole super-rows.
-  Reg r = b.reg("first row of the group"), rows = b.reg("rows in the group");
-  Reg supers = b.reg("super-rows"), rows_s = b.reg("slots");
-  auto group = [&](const Reg& t) {
-    b.mul_add(r, t, G, r0);
-    b.sub(rows, end, r);
-    b.min(rows, rows, G);
-    b.add(supers, rows, g - 1);
-    b.shr(supers, supers, ceil_log2(g));
-    b.mul(rows_s, supers, g);
-  };
-  sync.pipeline(
-      steps,
-      [&](const Reg& t, int q) {
-        KernelBuilder::Origin o(b, "load a group of rows");
-        group(t);
+  const LaneKernelBuffers bufs = rows_buffers(s);
+  const BufferPlan::Placed at = k.k().allocate(bufs.plan, G);
+  const Twin in_buf = at.twin(bufs.in);
+  const uint64_t xw = at[bufs.xw];
+  const LaneBuffers lb(at, bufs.lane);
+  k.prologue(lb.divvec, G, s.arg ? &lb.arg : nullptr, lb.iota64, G);
+  PingPong& sync = k.k().start_pingpong();
+  k.k().resident_groups(
+      p.split, s.outer, G, L,
+      [&](const GroupRegs& grp, int q) {
         sync.wait_load_free(q);
         Reg src = b.reg("source"), blocks = b.reg("blocks");
-        b.mul_add(src, r, s.R * isz(s.in_type), k.in());
-        count_blocks(b, blocks, rows, s.R * isz(s.in_type));
+        b.mul_add(src, grp.r, s.R * isz(s.in_type), k.in());
+        count_blocks(b, blocks, grp.rows, s.R * isz(s.in_type));
         b.emit(Opcode::op_copy_gm2ub, {in_buf[q], src, 1, blocks, 0, 0}, "load the group's rows");
         sync.load_done(q);
       },
-      [&](const Reg& t, int q) {
-        const uint64_t x = separate_x ? xw : in_buf[q];
-        group(t);
+      [&](const GroupRegs& grp, int q) {
+        const uint64_t x = separate_x(s) ? xw : in_buf[q];
         sync.wait_loaded(q);
         {
           Reg n = b.reg("lanes");
-          b.mul(n, supers, L.lanes);
+          b.mul(n, grp.supers, L.lanes);
           k.widen(x, in_buf[q], n);
         }
-        if (separate_x) sync.release_load(q);
-        const RowGroup grp{&L, x, &supers, &rows_s};
-        if (s.arg) {
-          rows_to_lanes_arg(b, grp, s.is_max, s.ct, acc, ab.acc_idx, ab.iota64, ab.t64,
-                            ab.s.bits);
-          if (!separate_x) sync.release_load(q);
-          sync.wait_out_free(q);
-          lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, rows_s, dense[q], tmp[q], ab.s);
-          k.store_results(sync, q, r, rows, dense[q], tmp[q], divvec, out_tmp[q]);
-        } else {
-          rows_to_lanes(b, grp, s.combine, s.ct, acc);
-          if (!separate_x) sync.release_load(q);
-          sync.wait_out_free(q);
-          lanes_reduce(b, s.combine, s.ct, acc, rows_s, dense[q], tmp[q]);
-          k.store_results(sync, q, r, rows, dense[q], 0, divvec, out_tmp[q]);
-        }
+        if (separate_x(s)) sync.release_load(q);
+        const RowGroup rg{&L, x, &grp.supers, &grp.slots};
+        if (s.arg)
+          rows_to_lanes_arg(b, rg, s.is_max, s.ct, lb.acc, lb.acc_idx, lb.iota64, lb.t64,
+                            lb.arg.bits);
+        else
+          rows_to_lanes(b, rg, s.combine, s.ct, lb.acc);
+        if (!separate_x(s)) sync.release_load(q);
+        sync.wait_out_free(q);
+        reduce_slots(k, s, lb, q, grp.slots, grp.r, grp.rows);
       });
-  sync.drain();
-  return k.finish(p.block_dim,
+  return k.finish(p.split.block_dim,
                   fmt::format("{}: rows {} x {} of {}, {} blocks of {} rows, groups of {} rows "
                               "({} per super-row), double-buffered",
-                              s.name, s.outer, s.R, isa::dtype_name(s.in_type), p.block_dim,
-                              p.per, G, g));
+                              s.name, s.outer, s.R, isa::dtype_name(s.in_type), p.split.block_dim,
+                              p.split.per, G, L.rows));
 }
 
 // ---- streamed rows: inner == 1, each row (or part of a row) streamed in chunks ----
@@ -399,38 +384,114 @@ Launch build_rows(const KernelSpec& s, const RowsPlan& p, const ChipConfig& cfg)
 struct StreamPlan {
   int64_t group = 0;  // units (rows or parts) per group, one lane slot each
   int64_t chunk = 0;  // elements per chunk (multiple of 64)
-  int64_t per = 0;    // units per block
-  int block_dim = 0;
+  BlockSplit split;   // units per block
 };
 
 int64_t part_len(const KernelSpec& s) { return s.split > 1 ? s.split_len : s.R; }
 
-StreamPlan plan_stream(const KernelSpec& s, uint64_t ub, int64_t cores) {
+LaneKernelBuffers stream_buffers(const KernelSpec& s, int64_t group) {
+  return lane_kernel_buffers(s, "chunk", 1, [group](int64_t) { return group; });
+}
+
+StreamPlan plan_stream(const KernelSpec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
   StreamPlan p;
-  const int64_t units = s.outer * s.split;
   const int64_t q = kBlock / isz(value_out_type(s));
-  p.per = round_up(ceil_div(units, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(units, p.per));
-  p.group = std::min(kMaxGroupRows / q * q, p.per);
-  Budget u;
-  u.add(p.group * kSlotBytes);
-  for (int q = 0; q < 2; ++q) {  // ping and pong copies of what MTE3 stores
-    u.add(p.group * kLaneBytes * 2);
-    u.add(p.group * isz(s.out_type));
-  }
-  if (s.divisor > 0) u.add(p.group * kLaneBytes);
-  if (s.arg) arg_budget(u, p.group);
-  const bool separate_x = s.in_type != s.ct || s.square;
-  // Per chunk element: two copies of the loaded chunk, one widened.
-  const int64_t per_elem = 2 * isz(s.in_type) + (separate_x ? kLaneBytes : 0);
-  const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
-                       3 * static_cast<int64_t>(kSlack);
-  p.chunk = std::min(left / per_elem / kLanes32 * kLanes32, round_up(part_len(s), kLanes32));
-  p.chunk = std::min(p.chunk, kMaxBurst * kBlock / isz(s.in_type) / kLanes32 * kLanes32);
+  p.split = BlockSplit::make(s.outer * s.split, cores.count, q);
+  p.group = std::min(kMaxGroupRows / q * q, p.split.per);
+  const int64_t max_chunk = std::min(round_up(part_len(s), kLanes32),
+                                     kMaxBurst * kBlock / isz(s.in_type) / kLanes32 * kLanes32);
+  p.chunk = stream_buffers(s, p.group).plan.fit(cfg, cores.kind, kLanes32, max_chunk);
   if (p.chunk < kLanes32)
     throw CompileError(fmt::format("{}: the reduction's buffers do not fit in the {} bytes of UB",
-                                   s.op, ub));
+                                   s.op, cfg.core_kind(cores.kind)->capacity(Buf::UB)));
   return p;
+}
+
+// Arg: the n lanes at x (element indices off + c, off + c + 1, ...: the chunk at c of the part
+// at off) 64 at a time into unit j's value slot (`slot`) and index slot.
+void arg_chunk(KernelBuilder& b, const KernelSpec& s, const LaneBuffers& lb, uint64_t x,
+               const Reg& n, const Reg& off, const Reg& c, const Reg& j, const Reg& slot) {
+  KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
+  Reg islot = b.reg("index slot");
+  b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(lb.acc_idx));
+  Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
+  Reg src = b.reg("lanes address");
+  b.for_range(kk, 0, n, kLanes32, [&] {
+    b.sub(cnt, n, kk);
+    b.min(cnt, cnt, kLanes32);
+    b.add(i0, off, c);
+    b.add(i0, i0, kk);
+    b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
+    lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, lb.iota64, lb.t64, lb.arg.bits);
+  });
+}
+
+// The chunks of a group of `ug` units from u0 on folded into the units' lane slots: steps (unit
+// j of the group, chunk c of its row or part), ceil(part_len / T) chunks per unit (a part
+// shorter than part_len, the row's last, skips its missing chunks on both sides),
+// software-pipelined.
+void stream_chunks(ReduceKernel& k, const KernelSpec& s, int64_t T, const Twin& in_buf,
+                   uint64_t xw, const LaneBuffers& lb, const Reg& u0, const Reg& ug) {
+  KernelBuilder& b = k.b();
+  PingPong& sync = k.k().sync();
+  const int64_t cpu = ceil_div(part_len(s), T);
+  Reg steps = b.reg("chunks of the group");
+  b.mul(steps, ug, cpu);
+  Reg j = b.reg("unit in the group"), c = b.reg("chunk start"), n = b.reg("chunk elements");
+  Reg start = b.reg("first element"), off = b.reg("part offset");
+  auto chunk = [&](const Reg& t) {
+    KernelBuilder::Origin o(b, "one chunk of a row (or part of a row)");
+    Reg u = b.reg("unit"), row = b.reg("row");
+    b.div(j, t, cpu);
+    b.mul(c, j, cpu);
+    b.sub(c, t, c);
+    b.mul(c, c, T);
+    // unit u = u0 + j: row u / split, part u % split; n = min(len - c, T).
+    b.add(u, u0, j);
+    b.div(row, u, s.split);
+    b.mul(off, row, s.split);
+    b.sub(off, u, off);
+    b.mul(off, off, part_len(s));
+    b.movi(n, s.R);
+    b.sub(n, n, off);
+    b.min(n, n, part_len(s));
+    b.sub(n, n, c);
+    b.min(n, n, T);
+    b.mul(start, row, s.R);
+    b.add(start, start, off);
+  };
+  sync.pipeline(
+      steps,
+      [&](const Reg& t, int q) {
+        chunk(t);
+        b.if_(ge(n, 1), [&] {
+          sync.wait_load_free(q);
+          Reg src = b.reg("source"), blocks = b.reg("blocks");
+          b.add(src, start, c);
+          b.mul_add(src, src, isz(s.in_type), k.in());
+          count_blocks(b, blocks, n, isz(s.in_type));
+          b.emit(Opcode::op_copy_gm2ub, {in_buf[q], src, 1, blocks, 0, 0}, "load a chunk");
+          sync.load_done(q);
+        });
+      },
+      [&](const Reg& t, int q) {
+        chunk(t);
+        b.if_(ge(n, 1), [&] {
+          const uint64_t x = separate_x(s) ? xw : in_buf[q];
+          Reg slot = b.reg("lane slot");
+          b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(lb.acc));
+          sync.wait_loaded(q);
+          k.widen(x, in_buf[q], n);
+          if (separate_x(s)) sync.release_load(q);
+          if (s.arg) {
+            arg_chunk(b, s, lb, x, n, off, c, j, slot);
+          } else {
+            fold_into_slot(b, s.combine, s.ct, x, n, slot);
+          }
+          if (!separate_x(s)) sync.release_load(q);
+        });
+      });
 }
 
 Launch build_stream(const KernelSpec& s, const StreamPlan& p, const ChipConfig& cfg) {
@@ -438,180 +499,121 @@ Launch build_stream(const KernelSpec& s, const StreamPlan& p, const ChipConfig& 
   KernelBuilder& b = k.b();
   const int64_t G = p.group, T = p.chunk;
   k.begin();
-  const bool separate_x = s.in_type != s.ct || s.square;
   // Double-buffered: chunks alternate between two input copies (load parity), groups between
   // two copies of what MTE3 stores (output parity).
-  const Twin in_buf = alloc_twin(b, rnd(T * isz(s.in_type)), "input chunk");
-  const uint64_t xw = separate_x ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened chunk") : 0;
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const Twin dense = alloc_twin(b, rnd(G * kLaneBytes), "one value per row");
-  const Twin tmp = alloc_twin(b, rnd(G * kLaneBytes), "product lanes / indices");
-  const Twin out_tmp = alloc_twin(b, rnd(G * isz(s.out_type)), "output values");
-  const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(G * kLaneBytes), "divisor") : 0;
-  ArgBuffers ab;
-  if (s.arg) ab = alloc_arg(b, G);
-  k.prologue(divvec, G, s.arg ? &ab.s : nullptr, s.arg ? ab.iota64 : 0, G);
-  PingPong sync(b);
-
-  Reg u0 = b.reg("first unit of the group"), end = b.reg("end of this block's units");
-  k.block_range(u0, end, p.per, s.outer * s.split);
-  Reg ug = b.reg("units in the group");
-  Label top = b.label("group"), done = b.label("groups_done");
-  b.bind(top);
-  b.branch(ge(u0, end), done);
-  b.sub(ug, end, u0);
-  b.min(ug, ug, G);
-  {
-    Reg n = b.reg("slot lanes");
-    b.mul(n, ug, kLanes32);
-    if (s.arg) {
-      vec_fill32(b, acc, combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct),
-                 n);
-      vec_fill32(b, ab.acc_idx, 0, n);
-    } else {
-      vec_fill32(b, acc, combine_identity_bits(s.combine, s.ct), n);
+  const LaneKernelBuffers bufs = stream_buffers(s, G);
+  const BufferPlan::Placed at = k.k().allocate(bufs.plan, T);
+  const LaneBuffers lb(at, bufs.lane);
+  k.prologue(lb.divvec, G, s.arg ? &lb.arg : nullptr, lb.iota64, G);
+  PingPong& sync = k.k().start_pingpong();
+  const int64_t units = s.outer * s.split;
+  k.k().streamed_groups(p.split, units, G, [&](const Reg& u0, const Reg&, const Reg& ug) {
+    {
+      Reg n = b.reg("slot lanes");
+      b.mul(n, ug, kLanes32);
+      if (s.arg) {
+        vec_fill32(b, lb.acc,
+                   combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct), n);
+        vec_fill32(b, lb.acc_idx, 0, n);
+      } else {
+        vec_fill32(b, lb.acc, combine_identity_bits(s.combine, s.ct), n);
+      }
     }
-  }
-  {
-    // Steps: (unit j of the group, chunk c of its row or part), cpu chunks per unit (a part
-    // shorter than part_len, the row's last, skips its missing chunks on both sides).
-    const int64_t cpu = ceil_div(part_len(s), T);
-    Reg steps = b.reg("chunks of the group");
-    b.mul(steps, ug, cpu);
-    Reg j = b.reg("unit in the group"), c = b.reg("chunk start"), n = b.reg("chunk elements");
-    Reg start = b.reg("first element"), off = b.reg("part offset");
-    auto chunk = [&](const Reg& t) {
-      KernelBuilder::Origin o(b, "one chunk of a row (or part of a row)");
-      Reg u = b.reg("unit"), row = b.reg("row");
-      b.div(j, t, cpu);
-      b.mul(c, j, cpu);
-      b.sub(c, t, c);
-      b.mul(c, c, T);
-      // unit u = u0 + j: row u / split, part u % split; n = min(len - c, T).
-      b.add(u, u0, j);
-      b.div(row, u, s.split);
-      b.mul(off, row, s.split);
-      b.sub(off, u, off);
-      b.mul(off, off, part_len(s));
-      b.movi(n, s.R);
-      b.sub(n, n, off);
-      b.min(n, n, part_len(s));
-      b.sub(n, n, c);
-      b.min(n, n, T);
-      b.mul(start, row, s.R);
-      b.add(start, start, off);
-    };
-    sync.pipeline(
-        steps,
-        [&](const Reg& t, int q) {
-          chunk(t);
-          b.if_(ge(n, 1), [&] {
-            sync.wait_load_free(q);
-            Reg src = b.reg("source"), blocks = b.reg("blocks");
-            b.add(src, start, c);
-            b.mul_add(src, src, isz(s.in_type), k.in());
-            count_blocks(b, blocks, n, isz(s.in_type));
-            b.emit(Opcode::op_copy_gm2ub, {in_buf[q], src, 1, blocks, 0, 0}, "load a chunk");
-            sync.load_done(q);
-          });
-        },
-        [&](const Reg& t, int q) {
-          chunk(t);
-          b.if_(ge(n, 1), [&] {
-            const uint64_t x = separate_x ? xw : in_buf[q];
-            Reg slot = b.reg("lane slot");
-            b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-            sync.wait_loaded(q);
-            k.widen(x, in_buf[q], n);
-            if (separate_x) sync.release_load(q);
-            if (s.arg) {
-              KernelBuilder::Origin oa(b, "64 lanes at a time into the slot");
-              Reg islot = b.reg("index slot");
-              b.mul_add(islot, j, kSlotBytes, static_cast<int64_t>(ab.acc_idx));
-              Reg kk = b.reg("lane block"), cnt = b.reg("lanes"), i0 = b.reg("index of lane 0");
-              Reg src = b.reg("lanes address");
-              b.for_range(kk, 0, n, kLanes32, [&] {
-                b.sub(cnt, n, kk);
-                b.min(cnt, cnt, kLanes32);
-                b.add(i0, off, c);
-                b.add(i0, i0, kk);
-                b.mul_add(src, kk, kLaneBytes, static_cast<int64_t>(x));
-                lanes_arg_step(b, s.is_max, s.ct, src, cnt, i0, slot, islot, ab.iota64, ab.t64,
-                               ab.s.bits);
-              });
-            } else {
-              fold_into_slot(b, s.combine, s.ct, x, n, slot);
-            }
-            if (!separate_x) sync.release_load(q);
-          });
-        });
-  }
-  sync.out_step([&](int q) {
-    sync.wait_out_free(q);
-    if (s.arg) {
-      lanes_reduce_arg(b, s.is_max, s.ct, acc, ab.acc_idx, ug, dense[q], tmp[q], ab.s);
-      k.store_results(sync, q, u0, ug, dense[q], tmp[q], divvec, out_tmp[q]);
-    } else {
-      lanes_reduce(b, s.combine, s.ct, acc, ug, dense[q], tmp[q]);
-      k.store_results(sync, q, u0, ug, dense[q], 0, divvec, out_tmp[q]);
-    }
+    stream_chunks(k, s, T, at.twin(bufs.in), at[bufs.xw], lb, u0, ug);
+    sync.out_step([&](int q) {
+      sync.wait_out_free(q);
+      reduce_slots(k, s, lb, q, ug, u0, ug);
+    });
   });
-  b.add(u0, u0, G);
-  b.jmp(top);
-  b.bind(done);
-  sync.drain();
-  return k.finish(p.block_dim,
+  return k.finish(p.split.block_dim,
                   fmt::format("{}: {} rows of {} of {}{}, {} blocks of {}, chunks of {}, groups "
                               "of {}",
                               s.name, s.outer, s.R, isa::dtype_name(s.in_type),
                               s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
                                           : std::string(),
-                              p.block_dim, p.per, T, G));
+                              p.split.block_dim, p.split.per, T, G));
 }
 
 // ---- columns: inner > 1 (or the parts of a split reduction) ----
 
 struct ColumnPlan {
-  int64_t per = 0;    // output elements per block (whole 32-byte blocks)
+  BlockSplit split;   // output elements per block (whole 32-byte blocks)
   int64_t width = 0;  // output elements per staging tile
   int64_t pitch = 0;  // lanes per loaded row (>= any piece's phase + width)
   int64_t rows = 0;   // rows per load group
   int64_t classes = 1;  // rows loaded per strided copy are `classes` apart
   bool row_loads = false;  // one copy per row instead
-  int block_dim = 0;
 };
 
-bool separate_x(const KernelSpec& s) { return s.in_type != s.ct || s.square; }
+// The columns kernel's buffers for tiles of `width` outputs and rows of `pitch` lanes; units:
+// rows per load group.
+struct ColumnBuffers {
+  BufferPlan plan;
+  BufferPlan::Id staging, staging_idx, in, idx, xw, acc, acc_idx, rvec, bits, out_tmp, divvec;
+};
 
-ColumnPlan plan_columns(const KernelSpec& s, uint64_t ub, int64_t cores) {
+ColumnBuffers column_buffers(const KernelSpec& s, int64_t width, int64_t pitch) {
+  ColumnBuffers c;
+  BufferPlan& p = c.plan;
+  const int64_t pitch4 = pitch * kLaneBytes;
+  // Output tiles alternate between two staging copies (output parity), row groups between two
+  // input copies (load parity); the widened rows and accumulators are V's.
+  c.staging = p.add_sized("output tile", fixed_blocks(width * isz(value_out_type(s))), 2);
+  c.staging_idx = p.add_sized("index tile", fixed_blocks(width * kLaneBytes), 2, s.partial_idx);
+  c.in = p.add_sized("input rows", blocks_of(pitch * isz(s.in_type)), 2);
+  c.idx = p.add_sized("input indices", blocks_of(pitch4), 2, s.idx_input);
+  c.xw = p.add_sized("widened rows", blocks_of(pitch4), 1, separate_x(s));
+  c.acc = p.add_sized("accumulator", fixed_blocks(pitch4));
+  c.acc_idx = p.add_sized("index accumulator", fixed_blocks(pitch4), 1, s.arg);
+  c.rvec = p.add_sized("row index", fixed_blocks(pitch4), 1, s.arg);
+  c.bits = p.add_sized("compare bits", fixed_blocks(pitch / 8), 1, s.arg);
+  c.out_tmp = p.add_sized("output values", fixed_blocks(pitch * isz(s.out_type)));
+  c.divvec = p.add_sized("divisor", fixed_blocks(pitch4), 1, s.divisor > 0);
+  declare_repeat_overhang(p);
+  return c;
+}
+
+// The most rows per load group of the columns kernel for tiles of `width` outputs: the group
+// size its cycles were measured with (the UB left by the other buffers, each taken 32 bytes
+// larger, shared out per loaded row). A tuning cap, not a budget: fit() decides what fits.
+// Exact fits give a few more rows, which moves these launches' cycles by up to 4% either way
+// (the fold's operand offsets and UB bank conflicts change).
+int64_t column_rows_cap(const KernelSpec& s, int64_t width, int64_t pitch, uint64_t ub) {
+  int64_t fixed = 0, buffers = 0;
+  auto add = [&](int64_t bytes) {
+    fixed += rnd(bytes);
+    ++buffers;
+  };
+  for (int q = 0; q < 2; ++q) {  // ping and pong output tiles
+    add(width * isz(value_out_type(s)));
+    if (s.partial_idx) add(width * kLaneBytes);
+  }
+  add(pitch * kLaneBytes);  // accumulator
+  if (s.arg) {
+    add(pitch * kLaneBytes * 2);  // index accumulator, row indices
+    add(pitch / 8);               // compare bits
+  }
+  add(pitch * isz(s.out_type));
+  if (s.divisor > 0) add(pitch * kLaneBytes);
+  // Per loaded row: two copies of the input (and index) lanes, one widened.
+  const int64_t per_row = pitch * (2 * isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
+                                   (s.idx_input ? 2 * kLaneBytes : 0));
+  return (static_cast<int64_t>(ub) - fixed - (buffers + 5) * kBlock) / per_row;
+}
+
+ColumnPlan plan_columns(const KernelSpec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
   ColumnPlan p;
   const int64_t og = kBlock / isz(value_out_type(s));
-  const int64_t total = out_elems(s);
-  p.per = round_up(ceil_div(total, cores), og);
-  p.block_dim = static_cast<int>(ceil_div(total, p.per));
+  p.split = BlockSplit::make(out_elems(s), cores.count, og);
+  const uint64_t ub = cfg.core_kind(cores.kind)->capacity(Buf::UB);
   const int64_t gin = kBlock / isz(s.in_type);
-  const int64_t rows_max = part_len(s);
-  for (p.width = std::min(p.per, kStagingMax); p.width >= og;
+  for (p.width = std::min(p.split.per, kStagingMax); p.width >= og;
        p.width = round_up(p.width / 2, og)) {
     p.pitch = round_up(p.width, std::max<int64_t>(gin, kBlockLanes32));
-    Budget u;
-    for (int q = 0; q < 2; ++q) {  // ping and pong output tiles
-      u.add(p.width * isz(value_out_type(s)));
-      if (s.partial_idx) u.add(p.width * kLaneBytes);
-    }
-    u.add(p.pitch * kLaneBytes);                       // accumulator
-    if (s.arg) {
-      u.add(p.pitch * kLaneBytes * 2);                 // index accumulator, row indices
-      u.add(p.pitch / 8);                              // compare bits
-    }
-    u.add(p.pitch * isz(s.out_type));
-    if (s.divisor > 0) u.add(p.pitch * kLaneBytes);
-    // Per loaded row: two copies of the input (and index) lanes, one widened.
-    const int64_t per_row = p.pitch * (2 * isz(s.in_type) + (separate_x(s) ? kLaneBytes : 0) +
-                                       (s.idx_input ? 2 * kLaneBytes : 0));
-    const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(u.total) -
-                         5 * static_cast<int64_t>(kSlack);
-    p.rows = std::min(left / per_row, rows_max);
+    p.rows = column_buffers(s, p.width, p.pitch)
+                 .plan.fit(cfg, cores.kind, 1,
+                           std::min(part_len(s), column_rows_cap(s, p.width, p.pitch, ub)));
     if (p.rows >= 1) break;
     if (p.width == og)
       throw CompileError(fmt::format("{}: the reduction's buffers do not fit in the {} bytes "
@@ -629,204 +631,69 @@ ColumnPlan plan_columns(const KernelSpec& s, uint64_t ub, int64_t cores) {
   return p;
 }
 
-Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg) {
-  ReduceKernel k(s, cfg);
-  KernelBuilder& b = k.b();
-  const int64_t W = p.width, Pc = p.pitch, Gr = p.rows;
-  const int osz = isz(value_out_type(s)), is = isz(s.in_type);
-  const int64_t og = kBlock / osz;
-  const int64_t plen = part_len(s);
-  k.begin();
-  // Double-buffered: output tiles alternate between two staging copies (output parity), row
-  // groups between two input copies (load parity); the widened rows and accumulators are V's.
-  const Twin staging = alloc_twin(b, rnd(W * osz), "output tile");
-  const Twin staging_idx = alloc_twin(b, s.partial_idx ? rnd(W * kLaneBytes) : 0, "index tile");
-  const Twin in_buf = alloc_twin(b, rnd(Gr * Pc * is), "input rows");
-  const Twin idx_buf = alloc_twin(b, s.idx_input ? rnd(Gr * Pc * kLaneBytes) : 0, "input indices");
-  const uint64_t xw =
-      separate_x(s) ? b.alloc(Buf::UB, rnd(Gr * Pc * kLaneBytes), "widened rows") : 0;
-  const uint64_t acc = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "accumulator");
-  uint64_t acc_idx = 0, rvec = 0, bits = 0;
-  if (s.arg) {
-    acc_idx = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "index accumulator");
-    rvec = b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "row index");
-    bits = b.alloc(Buf::UB, rnd(Pc / 8), "compare bits");
-  }
-  const uint64_t out_tmp = b.alloc(Buf::UB, rnd(Pc * isz(s.out_type)), "output values");
-  const uint64_t divvec = s.divisor > 0 ? b.alloc(Buf::UB, rnd(Pc * kLaneBytes), "divisor") : 0;
-  k.prologue(divvec, Pc, nullptr, 0, 0);
-  PingPong sync(b);
+// The columns kernel: staging tiles of the block's outputs, each filled piece by piece (last to
+// first), each piece's rows loaded and combined in groups of Gr rows.
+class ColumnsEmitter {
+ public:
+  ColumnsEmitter(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p), m_k(s, cfg), m_b(m_k.b()), m_osz(isz(value_out_type(s))),
+        m_og(kBlock / m_osz) {}
 
-  Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
-  k.block_range(q0, qend, p.per, out_elems(s));
-  Reg c0 = b.reg("tile start"), c1 = b.reg("tile end");
-  b.for_range(c0, q0, qend, W, [&] {
-    b.add(c1, c0, W);
-    b.min(c1, c1, qend);
-    sync.out_step([&](int oq) {
+  Launch build() {
+    KernelBuilder& b = m_b;
+    const int64_t W = m_p.width, Pc = m_p.pitch;
+    m_k.begin();
+    const ColumnBuffers bufs = column_buffers(m_s, W, Pc);
+    const BufferPlan::Placed at = m_k.k().allocate(bufs.plan, m_p.rows);
+    take_twins(at, {{&m_staging, bufs.staging}, {&m_staging_idx, bufs.staging_idx},
+                    {&m_in, bufs.in}, {&m_idx, bufs.idx}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_acc, bufs.acc}, {&m_acc_idx, bufs.acc_idx},
+                      {&m_rvec, bufs.rvec}, {&m_bits, bufs.bits}, {&m_out_tmp, bufs.out_tmp},
+                      {&m_divvec, bufs.divvec}});
+    m_k.prologue(m_divvec, Pc, nullptr, 0, 0);
+    PingPong& sync = m_k.k().start_pingpong();
+
+    Reg q0 = b.reg("first output of the block"), qend = b.reg("end of the block's outputs");
+    m_k.k().block_range(q0, qend, m_p.split.per, out_elems(m_s));
+    Reg c0 = b.reg("tile start"), c1 = b.reg("tile end");
+    b.for_range(c0, q0, qend, W, [&] {
+      b.add(c1, c0, W);
+      b.min(c1, c1, qend);
+      sync.out_step([&](int oq) { tile(c0, c1, oq); });
+    });
+    return m_k.finish(m_p.split.block_dim, summary());
+  }
+
+ private:
+  // One piece: unit u's inner positions [a, a + w) of the tile, at phase ph in its output
+  // block; its rows row0 .. row0 + nrows of the unit's part, row 0's window at `base` elements.
+  struct Piece {
+    Reg a, w, ph, lanes, base, row0, nrows, burst;
+  };
+
+  // Output tile [c0, c1) in staging copy oq: its pieces, then the store.
+  void tile(const Reg& c0, const Reg& c1, int oq) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.k().sync();
     sync.wait_out_free(oq);
     Reg u = b.reg("piece: unit (outer index, part)"), ulo = b.reg("first unit of the tile");
     b.sub(u, c1, 1);
-    b.div(u, u, s.inner);
-    b.div(ulo, c0, s.inner);
+    b.div(u, u, m_s.inner);
+    b.div(ulo, c0, m_s.inner);
     Label top = b.label("piece"), done = b.label("pieces_done");
     b.bind(top);
     b.branch(lt(u, ulo), done);
     {
       KernelBuilder::Origin op(b, "one piece: a unit's range of inner positions");
-      Reg a = b.reg("piece start"), w = b.reg("piece end / width"), ph = b.reg("phase");
-      Reg lanes = b.reg("lanes (phase + width)"), base = b.reg("row 0 window (bytes)");
-      Reg row0 = b.reg("first row of the part"), nrows = b.reg("rows of the part");
-      Reg burst = b.reg("blocks per row");
-      {
-        Reg t = b.reg("temporary");
-        b.mul(t, u, s.inner);
-        b.max(a, c0, t);
-        b.add(w, t, s.inner);
-        b.min(w, w, c1);
-        b.sub(w, w, a);
-        b.sub(ph, a, c0);
-        b.and_(ph, ph, og - 1);
-        b.add(lanes, ph, w);
-        // unit u: outer index u / split, part u % split (rows row0 .. row0 + nrows).
-        Reg o = b.reg("outer index");
-        b.div(o, u, s.split);
-        b.mul(row0, o, s.split);
-        b.sub(row0, u, row0);
-        b.mul(row0, row0, plen);
-        b.movi(nrows, s.R);
-        b.sub(nrows, nrows, row0);
-        b.min(nrows, nrows, plen);
-        // window start (elements): (o * R + row0) * inner + (a - u * inner) - ph
-        b.mul(base, o, s.R);
-        b.add(base, base, row0);
-        b.mul(base, base, s.inner);
-        b.sub(t, a, t);
-        b.add(base, base, t);
-        b.sub(base, base, ph);
-        count_blocks(b, burst, lanes, is);
-      }
-      if (s.arg) {
-        vec_fill32(b, acc, combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct),
-                   lanes);
-        vec_fill32(b, acc_idx, 0, lanes);
-      } else {
-        vec_fill32(b, acc, combine_identity_bits(s.combine, s.ct), lanes);
-      }
+      Piece pc{b.reg("piece start"),          b.reg("piece end / width"),
+               b.reg("phase"),                b.reg("lanes (phase + width)"),
+               b.reg("row 0 window (bytes)"), b.reg("first row of the part"),
+               b.reg("rows of the part"),     b.reg("blocks per row")};
+      window(pc, u, c0, c1);
+      reset_accumulator(pc);
       Reg r = b.reg("row group");
-      b.for_range(r, 0, nrows, Gr, [&] {
-        Reg n = b.reg("rows in the group");
-        b.sub(n, nrows, r);
-        b.min(n, n, Gr);
-        sync.load_step([&](int q) {
-        const uint64_t x = separate_x(s) ? xw : in_buf[q];
-        sync.wait_load_free(q);
-        // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements, into
-        // buf + kk * Pc elements.
-        auto load = [&](uint64_t buf, const Reg& gm, int esz) {
-          KernelBuilder::Origin ol(b, "load the rows of the piece");
-          Reg src = b.reg("source"), dst = b.reg("destination");
-          Reg win = b.reg("window");
-          b.mul_add(win, base, esz, gm);
-          if (p.row_loads) {
-            Reg kk = b.reg("row");
-            b.for_range(kk, 0, n, 1, [&] {
-              b.add(src, r, kk);
-              b.mul_add(src, src, s.inner * esz, win);
-              b.mul_add(dst, kk, Pc * esz, static_cast<int64_t>(buf));
-              b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, burst, 0, 0});
-            });
-            return;
-          }
-          Reg nb = b.reg("rows of the class"), sgap = b.reg("source gap");
-          Reg dgap = b.reg("destination gap");
-          b.movi(sgap, p.classes * s.inner * esz / kBlock);
-          b.sub(sgap, sgap, burst);
-          b.movi(dgap, p.classes * Pc * esz / kBlock);
-          b.sub(dgap, dgap, burst);
-          for (int64_t cls = 0; cls < p.classes; ++cls) {
-            b.if_(ge(n, cls + 1), [&] {
-              b.sub(nb, n, cls);
-              b.add(nb, nb, p.classes - 1);
-              b.div(nb, nb, p.classes);
-              b.add(src, r, cls);
-              b.mul_add(src, src, s.inner * esz, win);
-              b.emit(Opcode::op_copy_gm2ub, {static_cast<int64_t>(buf) + cls * Pc * esz, src, nb,
-                                             burst, sgap, dgap},
-                     fmt::format("rows {} mod {}", cls, p.classes));
-            });
-          }
-        };
-        load(in_buf[q], k.in(), is);
-        if (s.idx_input) load(idx_buf[q], k.idx_in(), kLaneBytes);
-        sync.loaded(q);
-        {
-          Reg cnt = b.reg("lanes of the group");
-          b.mul(cnt, n, Pc);
-          k.widen(x, in_buf[q], cnt);
-        }
-        if (s.arg) {
-          KernelBuilder::Origin oa(b, "rows in order into the accumulator");
-          Reg kk = b.reg("row"), row = b.reg("row lanes"), rv = b.reg("row index lanes");
-          Reg ri = b.reg("row index");
-          b.for_range(kk, 0, n, 1, [&] {
-            b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
-            if (s.idx_input) {
-              b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf[q]));
-            } else {
-              b.add(ri, row0, r);
-              b.add(ri, ri, kk);
-              b.emit(Opcode::op_set_mask_count, {lanes});
-              b.emit(Opcode::op_vdup, {Dtype::S32, rvec, ri, 0, 1, 8});
-              b.movi(rv, static_cast<int64_t>(rvec));
-            }
-            b.emit(Opcode::op_set_mask_count, {lanes});
-            vec_compare_strided(b, s.ct, s.is_max ? isa::Cmp::GT : isa::Cmp::LT, bits,
-                                VOperand(row), VOperand(acc), 0);
-            vec_select_strided(b, s.ct, VOperand(acc), VOperand(row), VOperand(acc), bits, 0);
-            vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(rv), VOperand(acc_idx),
-                               bits, 0);
-          });
-        } else {
-          // Fold the rows in halves: rows [0, m - h) op= rows [h, m), h = ceil(m / 2).
-          KernelBuilder::Origin of(b, "fold the rows in halves");
-          Reg m = b.reg("rows left"), h = b.reg("half"), cnt = b.reg("lanes"), hi = b.reg("rows h..");
-          b.mov(m, n);
-          Label fold = b.label("fold"), folded = b.label("folded");
-          b.bind(fold);
-          b.branch(lt(m, 2), folded);
-          b.add(h, m, 1);
-          b.shr(h, h, 1);
-          b.sub(cnt, m, h);
-          b.mul(cnt, cnt, Pc);
-          b.mul_add(hi, h, Pc * kLaneBytes, static_cast<int64_t>(x));
-          vec_binary(b, combine_opcode(s.combine), s.ct, x, x, hi, cnt);
-          b.mov(m, h);
-          b.jmp(fold);
-          b.bind(folded);
-          vec_binary(b, combine_opcode(s.combine), s.ct, acc, acc, x, lanes);
-        }
-        sync.release_load(q);
-        });
-      });
-      // The piece into the tile: from its block-aligned start, exact end.
-      Reg dst = b.reg("tile position");
-      b.sub(dst, a, c0);
-      b.sub(dst, dst, ph);
-      if (s.arg && !s.partial_idx) {
-        Reg d = b.reg("address");
-        b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging[oq]));
-        vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
-      } else {
-        const uint64_t v = s.arg ? acc : k.finalize(acc, lanes, divvec, out_tmp);
-        Reg d = b.reg("address");
-        b.mul_add(d, dst, osz, static_cast<int64_t>(staging[oq]));
-        vec_copy_bits(b, osz, d, v, lanes);
-        if (s.partial_idx) {
-          b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(staging_idx[oq]));
-          vec_copy_bits(b, kLaneBytes, d, acc_idx, lanes);
-        }
-      }
+      reduce_rows(pc, r);
+      into_tile(pc, c0, oq);
     }
     b.sub(u, u, 1);
     b.jmp(top);
@@ -834,23 +701,230 @@ Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig&
     sync.out_ready(oq);
     Reg cnt = b.reg("tile elements");
     b.sub(cnt, c1, c0);
-    k.store(k.out(), c0, staging[oq], cnt, osz);
-    if (s.partial_idx) k.store(k.out1(), c0, staging_idx[oq], cnt, kLaneBytes);
+    m_k.store(m_k.out(), c0, m_staging[oq], cnt, m_osz);
+    if (m_s.partial_idx) m_k.store(m_k.out1(), c0, m_staging_idx[oq], cnt, kLaneBytes);
     sync.stored(oq);
+  }
+
+  // The piece of unit u in tile [c0, c1).
+  void window(const Piece& pc, const Reg& u, const Reg& c0, const Reg& c1) {
+    KernelBuilder& b = m_b;
+    const int64_t plen = part_len(m_s);
+    Reg t = b.reg("temporary");
+    b.mul(t, u, m_s.inner);
+    b.max(pc.a, c0, t);
+    b.add(pc.w, t, m_s.inner);
+    b.min(pc.w, pc.w, c1);
+    b.sub(pc.w, pc.w, pc.a);
+    b.sub(pc.ph, pc.a, c0);
+    b.and_(pc.ph, pc.ph, m_og - 1);
+    b.add(pc.lanes, pc.ph, pc.w);
+    // unit u: outer index u / split, part u % split (rows row0 .. row0 + nrows).
+    Reg o = b.reg("outer index");
+    b.div(o, u, m_s.split);
+    b.mul(pc.row0, o, m_s.split);
+    b.sub(pc.row0, u, pc.row0);
+    b.mul(pc.row0, pc.row0, plen);
+    b.movi(pc.nrows, m_s.R);
+    b.sub(pc.nrows, pc.nrows, pc.row0);
+    b.min(pc.nrows, pc.nrows, plen);
+    // window start (elements): (o * R + row0) * inner + (a - u * inner) - ph
+    b.mul(pc.base, o, m_s.R);
+    b.add(pc.base, pc.base, pc.row0);
+    b.mul(pc.base, pc.base, m_s.inner);
+    b.sub(t, pc.a, t);
+    b.add(pc.base, pc.base, t);
+    b.sub(pc.base, pc.base, pc.ph);
+    count_blocks(b, pc.burst, pc.lanes, isz(m_s.in_type));
+  }
+
+  // The piece's accumulator (and Arg indices) = the identity.
+  void reset_accumulator(const Piece& pc) {
+    const KernelSpec& s = m_s;
+    if (s.arg) {
+      vec_fill32(m_b, m_acc,
+                 combine_identity_bits(s.is_max ? Combine::kMax : Combine::kMin, s.ct), pc.lanes);
+      vec_fill32(m_b, m_acc_idx, 0, pc.lanes);
+    } else {
+      vec_fill32(m_b, m_acc, combine_identity_bits(s.combine, s.ct), pc.lanes);
+    }
+  }
+
+  // Every group of the piece's rows combined into the accumulator (r: the group's first row).
+  void reduce_rows(const Piece& pc, const Reg& r) {
+    KernelBuilder& b = m_b;
+    const int64_t Gr = m_p.rows;
+    b.for_range(r, 0, pc.nrows, Gr, [&] {
+      Reg n = b.reg("rows in the group");
+      b.sub(n, pc.nrows, r);
+      b.min(n, n, Gr);
+      m_k.k().sync().load_step([&](int q) { row_group(pc, r, n, q); });
     });
-  });
-  sync.drain();
-  return k.finish(p.block_dim,
-                  fmt::format("{}: [{}, {}, {}] of {} over the middle dim{}, {} blocks of {} "
-                              "outputs, tiles of {}, {} rows x {} lanes per load{}",
-                              s.name, s.outer, s.R, s.inner, isa::dtype_name(s.in_type),
-                              s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len)
-                                          : std::string(),
-                              p.block_dim, p.per, W, Gr, Pc,
-                              p.row_loads ? ", row by row, double-buffered"
-                                          : fmt::format(", strided copies of every {}th row, "
-                                                            "double-buffered",
-                                                        p.classes)));
+  }
+
+  // Rows r .. r + n - 1 of the piece into load copy q, widened, combined into the accumulator.
+  void row_group(const Piece& pc, const Reg& r, const Reg& n, int q) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.k().sync();
+    const uint64_t x = separate_x(m_s) ? m_xw : m_in[q];
+    sync.wait_load_free(q);
+    load_rows(pc, r, n, m_in[q], m_k.in(), isz(m_s.in_type));
+    if (m_s.idx_input) load_rows(pc, r, n, m_idx[q], m_k.idx_in(), kLaneBytes);
+    sync.loaded(q);
+    {
+      Reg cnt = b.reg("lanes of the group");
+      b.mul(cnt, n, m_p.pitch);
+      m_k.widen(x, m_in[q], cnt);
+    }
+    if (m_s.arg) arg_rows(pc, r, n, x, m_idx[q]);
+    else fold_rows(pc, n, x);
+    sync.release_load(q);
+  }
+
+  // Rows r .. r + n - 1 of the piece: row kk at window + (r + kk) * inner elements of `esz`
+  // bytes from gm, into buf + kk * Pc elements.
+  void load_rows(const Piece& pc, const Reg& r, const Reg& n, uint64_t buf, const Reg& gm,
+                 int esz) {
+    KernelBuilder& b = m_b;
+    const int64_t Pc = m_p.pitch, classes = m_p.classes, inner = m_s.inner;
+    KernelBuilder::Origin ol(b, "load the rows of the piece");
+    Reg src = b.reg("source"), dst = b.reg("destination");
+    Reg win = b.reg("window");
+    b.mul_add(win, pc.base, esz, gm);
+    if (m_p.row_loads) {
+      Reg kk = b.reg("row");
+      b.for_range(kk, 0, n, 1, [&] {
+        b.add(src, r, kk);
+        b.mul_add(src, src, inner * esz, win);
+        b.mul_add(dst, kk, Pc * esz, static_cast<int64_t>(buf));
+        b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, pc.burst, 0, 0});
+      });
+      return;
+    }
+    Reg nb = b.reg("rows of the class"), sgap = b.reg("source gap");
+    Reg dgap = b.reg("destination gap");
+    b.movi(sgap, classes * inner * esz / kBlock);
+    b.sub(sgap, sgap, pc.burst);
+    b.movi(dgap, classes * Pc * esz / kBlock);
+    b.sub(dgap, dgap, pc.burst);
+    for (int64_t cls = 0; cls < classes; ++cls) {
+      b.if_(ge(n, cls + 1), [&] {
+        b.sub(nb, n, cls);
+        b.add(nb, nb, classes - 1);
+        b.div(nb, nb, classes);
+        b.add(src, r, cls);
+        b.mul_add(src, src, inner * esz, win);
+        b.emit(Opcode::op_copy_gm2ub,
+               {static_cast<int64_t>(buf) + cls * Pc * esz, src, nb, pc.burst, sgap, dgap},
+               fmt::format("rows {} mod {}", cls, classes));
+      });
+    }
+  }
+
+  // Arg: the n rows at x in order into the accumulator, a lane taking a later row's value (and
+  // index: idx_buf's, or the row's) only if strictly better.
+  void arg_rows(const Piece& pc, const Reg& r, const Reg& n, uint64_t x, uint64_t idx_buf) {
+    KernelBuilder& b = m_b;
+    const KernelSpec& s = m_s;
+    const int64_t Pc = m_p.pitch;
+    KernelBuilder::Origin oa(b, "rows in order into the accumulator");
+    Reg kk = b.reg("row"), row = b.reg("row lanes"), rv = b.reg("row index lanes");
+    Reg ri = b.reg("row index");
+    b.for_range(kk, 0, n, 1, [&] {
+      b.mul_add(row, kk, Pc * kLaneBytes, static_cast<int64_t>(x));
+      if (s.idx_input) {
+        b.mul_add(rv, kk, Pc * kLaneBytes, static_cast<int64_t>(idx_buf));
+      } else {
+        b.add(ri, pc.row0, r);
+        b.add(ri, ri, kk);
+        b.emit(Opcode::op_set_mask_count, {pc.lanes});
+        b.emit(Opcode::op_vdup, {Dtype::S32, m_rvec, ri, 0, 1, 8});
+        b.movi(rv, static_cast<int64_t>(m_rvec));
+      }
+      b.emit(Opcode::op_set_mask_count, {pc.lanes});
+      vec_compare_strided(b, s.ct, s.is_max ? isa::Cmp::GT : isa::Cmp::LT, m_bits,
+                          VOperand(row), VOperand(m_acc), 0);
+      vec_select_strided(b, s.ct, VOperand(m_acc), VOperand(row), VOperand(m_acc), m_bits, 0);
+      vec_select_strided(b, Dtype::S32, VOperand(m_acc_idx), VOperand(rv), VOperand(m_acc_idx),
+                         m_bits, 0);
+    });
+  }
+
+  // The n rows at x folded in halves (rows [0, m - h) op= rows [h, m), h = ceil(m / 2)), then
+  // combined into the accumulator.
+  void fold_rows(const Piece& pc, const Reg& n, uint64_t x) {
+    KernelBuilder& b = m_b;
+    const Opcode op = combine_opcode(m_s.combine);
+    KernelBuilder::Origin of(b, "fold the rows in halves");
+    Reg m = b.reg("rows left"), h = b.reg("half"), cnt = b.reg("lanes"), hi = b.reg("rows h..");
+    b.mov(m, n);
+    Label fold = b.label("fold"), folded = b.label("folded");
+    b.bind(fold);
+    b.branch(lt(m, 2), folded);
+    b.add(h, m, 1);
+    b.shr(h, h, 1);
+    b.sub(cnt, m, h);
+    b.mul(cnt, cnt, m_p.pitch);
+    b.mul_add(hi, h, m_p.pitch * kLaneBytes, static_cast<int64_t>(x));
+    vec_binary(b, op, m_s.ct, x, x, hi, cnt);
+    b.mov(m, h);
+    b.jmp(fold);
+    b.bind(folded);
+    vec_binary(b, op, m_s.ct, m_acc, m_acc, x, pc.lanes);
+  }
+
+  // The piece's results into staging copy oq: from its block-aligned start, exact end.
+  void into_tile(const Piece& pc, const Reg& c0, int oq) {
+    KernelBuilder& b = m_b;
+    const KernelSpec& s = m_s;
+    Reg dst = b.reg("tile position");
+    b.sub(dst, pc.a, c0);
+    b.sub(dst, dst, pc.ph);
+    if (s.arg && !s.partial_idx) {
+      Reg d = b.reg("address");
+      b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(m_staging[oq]));
+      vec_copy_bits(b, kLaneBytes, d, m_acc_idx, pc.lanes);
+      return;
+    }
+    const uint64_t v = s.arg ? m_acc : m_k.finalize(m_acc, pc.lanes, m_divvec, m_out_tmp);
+    Reg d = b.reg("address");
+    b.mul_add(d, dst, m_osz, static_cast<int64_t>(m_staging[oq]));
+    vec_copy_bits(b, m_osz, d, v, pc.lanes);
+    if (s.partial_idx) {
+      b.mul_add(d, dst, kLaneBytes, static_cast<int64_t>(m_staging_idx[oq]));
+      vec_copy_bits(b, kLaneBytes, d, m_acc_idx, pc.lanes);
+    }
+  }
+
+  std::string summary() const {
+    const KernelSpec& s = m_s;
+    const ColumnPlan& p = m_p;
+    return fmt::format(
+        "{}: [{}, {}, {}] of {} over the middle dim{}, {} blocks of {} outputs, tiles of {}, {} "
+        "rows x {} lanes per load{}",
+        s.name, s.outer, s.R, s.inner, isa::dtype_name(s.in_type),
+        s.split > 1 ? fmt::format(" in {} parts of {}", s.split, s.split_len) : std::string(),
+        p.split.block_dim, p.split.per, p.width, p.rows, p.pitch,
+        p.row_loads
+            ? ", row by row, double-buffered"
+            : fmt::format(", strided copies of every {}th row, double-buffered", p.classes));
+  }
+
+  const KernelSpec& m_s;
+  const ColumnPlan& m_p;
+  ReduceKernel m_k;
+  KernelBuilder& m_b;
+  const int m_osz;     // bytes per output value
+  const int64_t m_og;  // output values per 32-byte block
+  // Output tiles alternate between two staging copies (output parity), row groups between two
+  // input copies (load parity); the widened rows and accumulators are V's.
+  Twin m_staging, m_staging_idx, m_in, m_idx;
+  uint64_t m_xw = 0, m_acc = 0, m_acc_idx = 0, m_rvec = 0, m_bits = 0, m_out_tmp = 0;
+  uint64_t m_divvec = 0;
+};
+
+Launch build_columns(const KernelSpec& s, const ColumnPlan& p, const ChipConfig& cfg) {
+  return ColumnsEmitter(s, p, cfg).build();
 }
 
 }  // namespace
@@ -959,19 +1033,17 @@ int64_t split_parts(const KernelSpec& s, int64_t cores) {
 void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec& s, ArgRef in,
                   ArgRef out) {
   const ChipConfig& cfg = ctx.cfg;
-  const CoreKindConfig& core = *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  const uint64_t ub = core.capacity(Buf::UB);
-  const int64_t cores = core.count;
+  const int64_t cores = VectorCores::of(cfg).count;
   if (s.inner == 1) {
-    if (auto rp = plan_rows(s, ub, cores)) {
+    if (auto rp = plan_rows(s, cfg)) {
       plan.add(build_rows(s, *rp, cfg), {in, out});
       return;
     }
   }
   int64_t parts = split_parts(s, cores);
   if (parts <= 1) {
-    if (s.inner == 1) plan.add(build_stream(s, plan_stream(s, ub, cores), cfg), {in, out});
-    else plan.add(build_columns(s, plan_columns(s, ub, cores), cfg), {in, out});
+    if (s.inner == 1) plan.add(build_stream(s, plan_stream(s, cfg), cfg), {in, out});
+    else plan.add(build_columns(s, plan_columns(s, cfg), cfg), {in, out});
     return;
   }
   // First pass: partial results of every (outer, part, inner) in the compute type.
@@ -988,8 +1060,8 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
   const ArgRef idx = s.arg ? plan.workspace(partial_bytes) : ArgRef{};
   std::vector<ArgRef> first_args{in, vals};
   if (s.arg) first_args.push_back(idx);
-  if (s.inner == 1) plan.add(build_stream(first, plan_stream(first, ub, cores), cfg), first_args);
-  else plan.add(build_columns(first, plan_columns(first, ub, cores), cfg), first_args);
+  if (s.inner == 1) plan.add(build_stream(first, plan_stream(first, cfg), cfg), first_args);
+  else plan.add(build_columns(first, plan_columns(first, cfg), cfg), first_args);
   // Second pass: reduce the parts (in order, so Arg keeps the first index).
   KernelSpec second = s;
   second.name = s.name + "_combine";
@@ -1000,7 +1072,7 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
   std::vector<ArgRef> second_args{vals};
   if (s.arg) second_args.push_back(idx);
   second_args.push_back(out);
-  plan.add(build_columns(second, plan_columns(second, ub, cores), cfg), second_args);
+  plan.add(build_columns(second, plan_columns(second, cfg), cfg), second_args);
 }
 
 }  // namespace

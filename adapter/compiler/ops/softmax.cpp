@@ -28,6 +28,9 @@
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
 // that start inside a block get the block's head (the end of the previous row, kept from that
 // row) copied in before the block is written, so every block is written once and whole.
+// All three kernels run on the row skeleton (row_kernel.h: arguments, block range, group loops,
+// buffers declared once in a BufferPlan); their bodies are emitter classes (RowsEmitter,
+// LongRowEmitter, StreamEmitter).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -40,6 +43,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/row_kernel.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/convert.h"
 #include "common/int_math.h"
@@ -52,13 +56,9 @@ using isa::Opcode;
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kLaneBytes = 4;
-constexpr uint64_t kSlack = 32;
 constexpr int64_t kF32One = 0x3f800000;
 constexpr int64_t kF32Nan = 0x7fc00000;
 
-int64_t rnd(int64_t bytes) { return round_up(bytes, kBlock); }
 enum class Kind { kSoftmax, kLogSoftmax, kXent, kSparseXent };
 
 struct Spec {
@@ -76,29 +76,26 @@ struct Args {
   Reg x, labels, y, loss;
 };
 
-Args declare_args(KernelBuilder& b, const Spec& s, Launch& l) {
-  b.declare_arg("in0", s.t, {s.rows, s.C});
-  l.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
-  if (s.kind == Kind::kXent) b.declare_arg("in1", s.t, {s.rows, s.C});
-  if (s.kind == Kind::kSparseXent) b.declare_arg("in1", Dtype::S32, {s.rows});
+Args declare_args(RowKernel& k, const Spec& s) {
+  k.arg("in0", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kInput, 0, 0});
+  if (s.kind == Kind::kXent) k.arg("in1", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+  if (s.kind == Kind::kSparseXent)
+    k.arg("in1", Dtype::S32, {s.rows}, ArgRef{ArgRef::Kind::kInput, 1, 0});
   if (s.xent()) {
-    l.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
-    b.declare_arg("out", s.t, {s.rows});
-    b.declare_arg("out1", s.t, {s.rows, s.C});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
+    k.arg("out", s.t, {s.rows}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    k.arg("out1", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
   } else {
-    b.declare_arg("out", s.t, {s.rows, s.C});
-    l.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    k.arg("out", s.t, {s.rows, s.C}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
   }
+  std::vector<Reg> regs = k.load_args();
   Args a;
-  a.x = b.load_arg("in0");
+  a.x = std::move(regs[0]);
   if (s.xent()) {
-    a.labels = b.load_arg("in1");
-    a.loss = b.load_arg("out");
-    a.y = b.load_arg("out1");
+    a.labels = std::move(regs[1]);
+    a.loss = std::move(regs[2]);
+    a.y = std::move(regs[3]);
   } else {
-    a.y = b.load_arg("out");
+    a.y = std::move(regs[1]);
   }
   return a;
 }
@@ -108,13 +105,29 @@ struct SparseConsts {
   uint64_t iota64 = 0, t64 = 0, zero64 = 0, nan64 = 0, c64 = 0;
 };
 
-SparseConsts alloc_sparse_consts(KernelBuilder& b, int64_t C) {
+struct SparseConstIds {
+  BufferPlan::Id iota64, t64, zero64, nan64, c64;
+};
+
+SparseConstIds declare_sparse_consts(BufferPlan& p, bool enabled) {
+  SparseConstIds id;
+  id.iota64 = p.add_fixed("iota 0..63", kSlotBytes, 1, enabled);
+  id.t64 = p.add_fixed("column indices", kSlotBytes, 1, enabled);
+  id.zero64 = p.add_fixed("zeros", kSlotBytes, 1, enabled);
+  id.nan64 = p.add_fixed("NaNs", kSlotBytes, 1, enabled);
+  id.c64 = p.add_fixed("C", kSlotBytes, 1, enabled);
+  return id;
+}
+
+// The constants at their allocated addresses, filled.
+SparseConsts fill_sparse_consts(KernelBuilder& b, const BufferPlan::Placed& at,
+                                const SparseConstIds& id, int64_t C) {
   SparseConsts k;
-  k.iota64 = b.alloc(Buf::UB, kSlotBytes, "iota 0..63");
-  k.t64 = b.alloc(Buf::UB, kSlotBytes, "column indices");
-  k.zero64 = b.alloc(Buf::UB, kSlotBytes, "zeros");
-  k.nan64 = b.alloc(Buf::UB, kSlotBytes, "NaNs");
-  k.c64 = b.alloc(Buf::UB, kSlotBytes, "C");
+  k.iota64 = at[id.iota64];
+  k.t64 = at[id.t64];
+  k.zero64 = at[id.zero64];
+  k.nan64 = at[id.nan64];
+  k.c64 = at[id.c64];
   fill_iota64(b, k.iota64);
   vec_fill32(b, k.zero64, 0, kLanes32);
   vec_fill32(b, k.nan64, kF32Nan, kLanes32);
@@ -145,41 +158,52 @@ void label_validity(KernelBuilder& b, const SparseConsts& k, uint64_t labels, co
 
 struct RowsPlan {
   SuperRowLayout layout;
-  int64_t group = 0, per = 0;
-  int block_dim = 0;
+  int64_t group = 0;
+  BlockSplit split;
 };
 
-// UB bytes of a group of `rows` rows.
-uint64_t rows_bytes(const Spec& s, int64_t rows) {
-  uint64_t total = 0;
-  auto add = [&](int64_t bytes) { total += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
-  const int64_t n = rows * s.C;
-  const bool conv = s.t != Dtype::F32;
-  for (int q = 0; q < 2; ++q) {          // ping and pong copies (PingPong)
-    add(n * s.size());                   // features as loaded
-    add(n * s.size());                   // output rows
-    if (s.kind == Kind::kXent) add(n * s.size());  // labels as loaded
-    if (s.xent()) add(rows * s.size());  // loss
-    if (s.kind == Kind::kSparseXent) add(rows * kLaneBytes);  // labels
-  }
-  if (conv) add(n * kLaneBytes);         // widened
-  if (s.kind != Kind::kSoftmax) add(n * kLaneBytes);  // exponentials
-  if (s.kind == Kind::kXent && conv) add(n * kLaneBytes);
-  add(rows * kSlotBytes);                // lane slots
-  add(rows * kLaneBytes * 3);            // dense values
-  add(rows * kBlock);                    // replicated
-  add(static_cast<int64_t>(replicate_scratch_bytes(rows)));
-  add(static_cast<int64_t>(alt_pattern_bytes(rows)));
-  if (s.kind == Kind::kSparseXent) {
-    add(rows * kBlock);                  // replicated labels
-    add(rows * kSlotBytes);              // span scratch
-    add(rows * 8 * 2);                   // compare bits
-    add(5 * kSlotBytes);
-  }
-  return total;
+// The resident-rows kernel's buffers; units: rows per group. Double-buffered (PingPong, loads
+// and stores in lockstep): what MTE2 loads (features, labels) and what MTE3 stores (output
+// rows, loss) have a ping and a pong copy; the widened rows, exponentials and per-row values
+// are V's alone.
+struct RowsBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, out, e, raw_y, yw, acc, d0, d1, d2, rep, scratch, alt, loss;
+  BufferPlan::Id lbl, rep_lbl, span, bits, bits2;  // sparse labels
+  SparseConstIds consts;
+};
+
+RowsBuffers rows_buffers(const Spec& s) {
+  RowsBuffers r;
+  BufferPlan& p = r.plan;
+  const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
+  const bool xent = s.kind == Kind::kXent;
+  r.raw_x = p.add_sized("features", blocks_of(s.C * s.size()), 2);
+  r.xw = p.add_sized("widened features", blocks_of(s.C * kLaneBytes), 1, conv);
+  r.out = p.add_sized("output rows", blocks_of(s.C * s.size()), 2);
+  r.e = p.add_sized("exponentials", blocks_of(s.C * kLaneBytes), 1, s.kind != Kind::kSoftmax);
+  r.raw_y = p.add_sized("labels", blocks_of(s.C * s.size()), 2, xent);
+  r.yw = p.add_sized("widened labels", blocks_of(s.C * kLaneBytes), 1, xent && conv);
+  r.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  r.d0 = p.add_sized("row values", blocks_of(kLaneBytes));
+  r.d1 = p.add_sized("row values 2", blocks_of(kLaneBytes));
+  r.d2 = p.add_sized("row values 3", blocks_of(kLaneBytes));
+  r.rep = p.add_sized("replicated", blocks_of(kBlock));
+  r.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
+  r.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
+  r.loss = p.add_sized("loss", blocks_of(s.size()), 2, s.xent());
+  r.lbl = p.add_sized("labels", blocks_of(kLaneBytes), 2, sparse);
+  r.rep_lbl = p.add_sized("replicated labels", blocks_of(kBlock), 1, sparse);
+  r.span = p.add_sized("span scratch", blocks_of(kSlotBytes), 1, sparse);
+  r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
+  r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
+  r.consts = declare_sparse_consts(p, sparse);
+  declare_repeat_overhang(p);
+  return r;
 }
 
-std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
+std::optional<RowsPlan> plan_rows(const Spec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
   RowsPlan p;
   const int64_t granule = kBlock / s.size();
   p.layout = SuperRowLayout::make(s.C, granule);
@@ -188,238 +212,245 @@ std::optional<RowsPlan> plan_rows(const Spec& s, uint64_t ub, int64_t cores) {
   // very few long rows costs one instruction per 64-lane span and pass (rows_to_lanes,
   // rows_bcast): such rows are faster streamed (a few counter-mode instructions per chunk).
   const int64_t q = std::max<int64_t>(p.layout.rows, granule);
-  p.per = round_up(ceil_div(s.rows, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
-  for (int64_t g = std::min(kMaxGroupRows / q * q, p.per); g >= q; g -= q)
-    if (rows_bytes(s, g) <= ub) {
-      p.group = g;
-      return p;
-    }
-  return std::nullopt;
+  p.split = BlockSplit::make(s.rows, cores.count, q);
+  p.group = rows_buffers(s).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
+                                                                   p.split.per));
+  if (p.group == 0) return std::nullopt;
+  return p;
 }
 
-Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const SuperRowLayout& L = p.layout;
-  const int64_t G = p.group, g = L.rows, n = G * s.C;
-  const bool conv = s.t != Dtype::F32;
-  const int sz = s.size();
-  b.begin_section(kind);
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong, loads and stores in lockstep): what MTE2 loads (features,
-  // labels) and what MTE3 stores (output rows, loss) have a ping and a pong copy; the widened
-  // rows, exponentials and per-row values are V's alone.
-  const Twin raw_x = alloc_twin(b, rnd(n * sz), "features");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened features") : 0;
-  const Twin out = alloc_twin(b, rnd(n * sz), "output rows");
-  const uint64_t e =
-      s.kind != Kind::kSoftmax ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "exponentials") : 0;
-  Twin raw_y;
-  uint64_t yw = 0;
-  if (s.kind == Kind::kXent) {
-    raw_y = alloc_twin(b, rnd(n * sz), "labels");
-    yw = conv ? b.alloc(Buf::UB, rnd(n * kLaneBytes), "widened labels") : 0;
-  }
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t d0 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
-  const uint64_t d1 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 2");
-  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values 3");
-  const uint64_t rep = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const Twin loss_out = alloc_twin(b, s.xent() ? rnd(G * sz) : 0, "loss");
-  uint64_t rep_lbl = 0, span = 0, bits = 0, bits2 = 0;
-  Twin lbl;
-  SparseConsts k;
-  if (s.kind == Kind::kSparseXent) {
-    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
-    rep_lbl = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "replicated labels");
-    span = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "span scratch");
-    bits = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
-    bits2 = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
-    k = alloc_sparse_consts(b, s.C);
-  }
-  fill_alt_pattern(b, alt, G);
-  PingPong sync(b);
+// The resident-rows kernel: one group of rows per PingPong step (RowKernel::resident_groups).
+class RowsEmitter {
+ public:
+  RowsEmitter(const Spec& s, const RowsPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p), m_k(fmt::format("{}_rows", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32) {}
 
-  Reg r = b.reg("first row of the group"), end = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r});
-    b.mul(r, r, p.per);
-    b.add(end, r, p.per);
-    b.min(end, end, s.rows);
+  Launch build() {
+    const int64_t G = m_p.group;
+    m_args = declare_args(m_k, m_s);
+    const RowsBuffers bufs = rows_buffers(m_s);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}, {&m_raw_y, bufs.raw_y},
+                    {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw}, {&m_acc, bufs.acc},
+                      {&m_d0, bufs.d0}, {&m_d1, bufs.d1}, {&m_d2, bufs.d2}, {&m_rep, bufs.rep},
+                      {&m_scratch, bufs.scratch}, {&m_alt, bufs.alt}, {&m_rep_lbl, bufs.rep_lbl},
+                      {&m_span, bufs.span}, {&m_bits, bufs.bits}, {&m_bits2, bufs.bits2}});
+    if (m_s.kind == Kind::kSparseXent) m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
+    fill_alt_pattern(m_b, m_alt, G);
+    m_k.start_pingpong();
+    m_k.resident_groups(
+        m_p.split, m_s.rows, G, m_p.layout,
+        [this](const GroupRegs& grp, int q) { load(grp, q); },
+        [this](const GroupRegs& grp, int q) { compute(grp, q); });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} "
+                                  "per super-row), double-buffered",
+                                  m_b.op(), m_s.rows, m_s.C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per, G, m_p.layout.rows));
   }
-  Reg rows = b.reg("rows in the group"), supers = b.reg("super-rows"), slots = b.reg("slots");
-  Reg lanes = b.reg("lanes of the group"), r0 = b.reg("first row of the block");
-  Reg steps = b.reg("groups of this block");
-  b.mov(r0, r);
-  b.sub(steps, end, r0);
-  b.add(steps, steps, G - 1);
-  b.div(steps, steps, G);
-  // Group t: rows r .. r + rows - 1, r = r0 + t * G.
-  auto group = [&](const Reg& t) {
-    b.mul_add(r, t, G, r0);
-    b.sub(rows, end, r);
-    b.min(rows, rows, G);
-    b.add(supers, rows, g - 1);
-    b.shr(supers, supers, ceil_log2(g));
-    b.mul(slots, supers, g);
-    b.mul(lanes, supers, L.lanes);
+
+ private:
+  // One group in the vector unit: load copy q, x the f32 features (the widened copy, or copy q
+  // itself), y the f32 labels (Xent), e the exponentials (x itself for Softmax).
+  struct Group {
+    const GroupRegs& regs;
+    int q;
+    uint64_t x, y, e;
+    const Reg& lanes;
+    RowGroup gx, ge;
   };
-  sync.pipeline(steps, [&](const Reg& t, int q) {
-    KernelBuilder::Origin o(b, "load the group");
-    group(t);
-    sync.wait_load_free(q);
+
+  void load(const GroupRegs& grp, int q) {
+    KernelBuilder& b = m_b;
+    const int sz = m_s.size();
+    m_k.sync().wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
-    count_blocks(b, blocks, rows, s.C * sz);
-    b.mul_add(src, r, s.C * sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
-    if (s.kind == Kind::kXent) {
-      b.mul_add(src, r, s.C * sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
+    count_blocks(b, blocks, grp.rows, m_s.C * sz);
+    b.mul_add(src, grp.r, m_s.C * sz, m_args.x);
+    b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], src, 1, blocks, 0, 0}, "features");
+    if (m_s.kind == Kind::kXent) {
+      b.mul_add(src, grp.r, m_s.C * sz, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
-    if (s.kind == Kind::kSparseXent) {
-      count_blocks(b, blocks, rows, kLaneBytes);
-      b.mul_add(src, r, kLaneBytes, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
+    if (m_s.kind == Kind::kSparseXent) {
+      count_blocks(b, blocks, grp.rows, kLaneBytes);
+      b.mul_add(src, grp.r, kLaneBytes, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_lbl[q], src, 1, blocks, 0, 0}, "labels");
     }
-    sync.load_done(q);
-  }, [&](const Reg& t, int q) {
-  const uint64_t x = conv ? xw : raw_x[q];
-  const uint64_t y = s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q];
-  group(t);
-  sync.wait_loaded(q);
-  if (conv) {
-    vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, lanes);
-    if (s.kind == Kind::kXent) vec_convert(b, Dtype::F32, s.t, y, raw_y[q], RoundMode::kRint, lanes);
+    m_k.sync().load_done(q);
   }
-  // The load copy is free once widened (sparse labels are read to the end).
-  const bool early_release = conv && s.kind != Kind::kSparseXent;
-  if (early_release) sync.release_load(q);
-  const RowGroup gx{&L, x, &supers, &slots};
-  const uint64_t ex = s.kind == Kind::kSoftmax ? x : e;
-  const RowGroup ge_{&L, ex, &supers, &slots};
-  // Row sums / maxima into dense d: rows_to_lanes + lanes_reduce.
-  auto row_reduce = [&](const RowGroup& grp, Combine c, uint64_t d) {
-    rows_to_lanes(b, grp, c, Dtype::F32, acc);
-    lanes_reduce(b, c, Dtype::F32, acc, slots, d, d2);
-  };
-  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, slots, to, scratch, alt); };
-  // shifted = x - max; e = exp(shifted); sum = d0.
-  row_reduce(gx, Combine::kMax, d0);
-  replicate(d0, rep);
-  rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep);
-  vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
-  row_reduce(ge_, Combine::kSum, d0);
-  sync.wait_out_free(q);
-  const uint64_t result = conv ? x : out[q];  // where the f32 output rows are computed
-  switch (s.kind) {
-    case Kind::kSoftmax:
-      replicate(d0, rep);
-      rows_bcast(b, gx, Opcode::op_vdiv, Dtype::F32, rep, false, result);
-      break;
-    case Kind::kLogSoftmax:
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d0, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, false, result);
-      break;
-    case Kind::kXent: {
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
-      vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, lanes);
-      // loss = sum(labels * (log(sum) - shifted)), in x.
-      replicate(d1, rep);
-      rows_bcast(b, gx, Opcode::op_vsub, Dtype::F32, rep, true);
-      vec_binary(b, Opcode::op_vmul, Dtype::F32, x, x, y, lanes);
-      row_reduce(gx, Combine::kSum, d1);
-      break;
+
+  void compute(const GroupRegs& grp, int q) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const uint64_t x = m_conv ? m_xw : m_raw_x[q];
+    const uint64_t y = m_s.kind != Kind::kXent ? 0 : m_conv ? m_yw : m_raw_y[q];
+    Reg lanes = b.reg("lanes of the group");
+    b.mul(lanes, grp.supers, m_p.layout.lanes);
+    sync.wait_loaded(q);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, lanes);
+      if (m_s.kind == Kind::kXent)
+        vec_convert(b, Dtype::F32, m_s.t, y, m_raw_y[q], RoundMode::kRint, lanes);
     }
-    case Kind::kSparseXent: {
-      vec_unary(b, Opcode::op_vln, Dtype::F32, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vdiv, Dtype::F32, rep);
-      // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
-      replicate_rows(b, lbl[q], slots, rep_lbl, scratch, alt);
-      {
-        KernelBuilder::Origin o(b, "one-hot of the labels");
-        Reg n64 = b.reg("slot lanes");
-        b.mul(n64, slots, kLanes32);
-        vec_fill32(b, acc, 0, n64);
-        Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
-        Reg lanes64 = b.reg_imm("64", kLanes32), col = b.reg("column of lane 0");
-        const int64_t slot_rep = g * (kSlotBytes / kBlock);
-        for_superrow_batches(b, gx, [&](const Reg& first, Opnd count, int64_t xrep) {
-          Reg xa = b.reg("shifted span"), ea = b.reg("backprop span"), la = b.reg("label");
-          Reg aa = b.reg("slot");
-          for (int64_t j = 0; j < g; ++j) {
-            b.mul_add(la, first, g * kBlock, static_cast<int64_t>(rep_lbl) + j * kBlock);
-            b.mul_add(aa, first, g * kSlotBytes, static_cast<int64_t>(acc) + j * kSlotBytes);
-            for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
-              b.movi(col, sp.offset - j * s.C);
-              vec_scalar(b, Opcode::op_vadds, Dtype::S32, k.t64, k.iota64, col, lanes64);
-              set_mask_lanes(b, sp.mask);
-              b.mul_add(xa, first, L.lanes * kLaneBytes,
-                        static_cast<int64_t>(x) + sp.offset * kLaneBytes);
-              b.mul_add(ea, first, L.lanes * kLaneBytes,
-                        static_cast<int64_t>(e) + sp.offset * kLaneBytes);
-              const VOperand xs(xa, 1, xrep), es(ea, 1, xrep), sc(span, 1, 8);
-              vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(k.t64, 1, 0),
-                                  VOperand(la, 0, g), count);
-              vec_scalar_strided(b, Opcode::op_vadds, Dtype::F32, sc, es, minus1, count);
-              vec_select_strided(b, Dtype::F32, es, sc, es, bits, count);
-              vec_select_strided(b, Dtype::F32, sc, xs, VOperand(k.zero64, 1, 0), bits, count);
-              vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, VOperand(aa, 1, slot_rep),
-                                 VOperand(aa, 1, slot_rep), sc, count);
-            }
-          }
-        });
+    // The load copy is free once widened (sparse labels are read to the end).
+    const bool early_release = m_conv && m_s.kind != Kind::kSparseXent;
+    if (early_release) sync.release_load(q);
+    const uint64_t ex = m_s.kind == Kind::kSoftmax ? x : m_e;
+    const Group g{grp, q, x, y, ex, lanes, RowGroup{&m_p.layout, x, &grp.supers, &grp.slots},
+                  RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
+    // shifted = x - max; e = exp(shifted); sum = d0.
+    row_reduce(g, g.gx, Combine::kMax, m_d0);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
+    row_reduce(g, g.ge, Combine::kSum, m_d0);
+    sync.wait_out_free(q);
+    const uint64_t result = m_conv ? x : m_out[q];  // where the f32 output rows are computed
+    switch (m_s.kind) {
+      case Kind::kSoftmax:
+        replicate(g, m_d0, m_rep);
+        rows_bcast(b, g.gx, Opcode::op_vdiv, Dtype::F32, m_rep, false, result);
+        break;
+      case Kind::kLogSoftmax:
+        vec_unary(b, Opcode::op_vln, Dtype::F32, m_d0, m_d0, grp.slots);
+        replicate(g, m_d0, m_rep);
+        rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, false, result);
+        break;
+      case Kind::kXent: xent(g); break;
+      case Kind::kSparseXent: sparse_xent(g); break;
+    }
+    if (!early_release) sync.release_load(q);
+    store(g, m_s.xent() ? m_e : result);
+  }
+
+  // Row sums / maxima of the group into dense d: rows_to_lanes + lanes_reduce.
+  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d) {
+    rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
+    lanes_reduce(m_b, c, Dtype::F32, m_acc, g.regs.slots, d, m_d2);
+  }
+  void replicate(const Group& g, uint64_t d, uint64_t to) {
+    replicate_rows(m_b, d, g.regs.slots, to, m_scratch, m_alt);
+  }
+
+  // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
+  void xent(const Group& g) {
+    KernelBuilder& b = m_b;
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, g.regs.slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_e, m_e, g.y, g.lanes);
+    // loss = sum(labels * (log(sum) - shifted)), in x.
+    replicate(g, m_d1, m_rep);
+    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, true);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, g.x, g.x, g.y, g.lanes);
+    row_reduce(g, g.gx, Combine::kSum, m_d1);
+  }
+
+  // backprop = e / sum - onehot(label) (in e); loss = log(sum) - shifted[label] (in d1); rows
+  // with a label outside [0, C) NaN.
+  void sparse_xent(const Group& g) {
+    KernelBuilder& b = m_b;
+    const Reg& slots = g.regs.slots;
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
+    replicate_rows(b, m_lbl[g.q], slots, m_rep_lbl, m_scratch, m_alt);
+    one_hot(g);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, slots, m_d0, m_d2);
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_d1, m_d1, m_d0, slots);  // loss
+    label_validity(b, m_consts, m_lbl[g.q], slots, m_bits, m_bits2, m_d0);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_d1, m_d1, m_d0, slots);
+    replicate(g, m_d0, m_rep);
+    rows_bcast(b, g.ge, Opcode::op_vadd, Dtype::F32, m_rep);
+  }
+
+  // On each row's label lane: backprop - 1 (in e), and shifted combined into the row's slot.
+  void one_hot(const Group& g) {
+    KernelBuilder& b = m_b;
+    const SuperRowLayout& L = m_p.layout;
+    const int64_t rg = L.rows;
+    KernelBuilder::Origin o(b, "one-hot of the labels");
+    Reg n64 = b.reg("slot lanes");
+    b.mul(n64, g.regs.slots, kLanes32);
+    vec_fill32(b, m_acc, 0, n64);
+    Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+    Reg lanes64 = b.reg_imm("64", kLanes32), col = b.reg("column of lane 0");
+    const int64_t slot_rep = rg * (kSlotBytes / kBlock);
+    for_superrow_batches(b, g.gx, [&](const Reg& first, Opnd count, int64_t xrep) {
+      Reg xa = b.reg("shifted span"), ea = b.reg("backprop span"), la = b.reg("label");
+      Reg aa = b.reg("slot");
+      for (int64_t j = 0; j < rg; ++j) {
+        b.mul_add(la, first, rg * kBlock, static_cast<int64_t>(m_rep_lbl) + j * kBlock);
+        b.mul_add(aa, first, rg * kSlotBytes, static_cast<int64_t>(m_acc) + j * kSlotBytes);
+        for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
+          b.movi(col, sp.offset - j * m_s.C);
+          vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_consts.t64, m_consts.iota64, col,
+                     lanes64);
+          set_mask_lanes(b, sp.mask);
+          b.mul_add(xa, first, L.lanes * kLaneBytes,
+                    static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
+          b.mul_add(ea, first, L.lanes * kLaneBytes,
+                    static_cast<int64_t>(m_e) + sp.offset * kLaneBytes);
+          const VOperand xs(xa, 1, xrep), es(ea, 1, xrep), sc(m_span, 1, 8);
+          vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, m_bits, VOperand(m_consts.t64, 1, 0),
+                              VOperand(la, 0, rg), count);
+          vec_scalar_strided(b, Opcode::op_vadds, Dtype::F32, sc, es, minus1, count);
+          vec_select_strided(b, Dtype::F32, es, sc, es, m_bits, count);
+          vec_select_strided(b, Dtype::F32, sc, xs, VOperand(m_consts.zero64, 1, 0), m_bits,
+                             count);
+          vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, VOperand(aa, 1, slot_rep),
+                             VOperand(aa, 1, slot_rep), sc, count);
+        }
       }
-      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, d0, d2);
-      vec_binary(b, Opcode::op_vsub, Dtype::F32, d1, d1, d0, slots);  // loss
-      label_validity(b, k, lbl[q], slots, bits, bits2, d0);
-      vec_binary(b, Opcode::op_vadd, Dtype::F32, d1, d1, d0, slots);
-      replicate(d0, rep);
-      rows_bcast(b, ge_, Opcode::op_vadd, Dtype::F32, rep);
-      break;
+    });
+  }
+
+  // The f32 output rows at rows_f32 (and the loss in d1) in the output type, stored.
+  void store(const Group& g, uint64_t rows_f32) {
+    KernelBuilder& b = m_b;
+    const int q = g.q, sz = m_s.size();
+    if (m_conv || m_s.xent()) {
+      if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], rows_f32, RoundMode::kRint, g.lanes);
+      else vec_copy_bits(b, kLaneBytes, m_out[q], rows_f32, g.lanes);
     }
-  }
-  if (!early_release) sync.release_load(q);
-  // Output rows (and loss) in the output type.
-  const uint64_t rows_f32 = s.xent() ? e : result;
-  if (conv || s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, out[q], rows_f32, RoundMode::kRint, lanes);
-    else vec_copy_bits(b, kLaneBytes, out[q], rows_f32, lanes);
-  }
-  if (s.xent()) {
-    if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[q], d1, RoundMode::kRint, slots);
-    else vec_copy_bits(b, kLaneBytes, loss_out[q], d1, slots);
-  }
-  sync.out_ready(q);
-  {
-    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
-    b.mul_add(dst, r, s.C * sz, args.y);
-    count_blocks(b, blocks, rows, s.C * sz);
-    b.emit(Opcode::op_copy_ub2gm, {dst, out[q], 1, blocks, 0, 0}, "output rows");
-    if (s.xent()) {
-      b.mul_add(dst, r, sz, args.loss);
-      count_blocks(b, blocks, rows, sz);
-      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[q], 1, blocks, 0, 0}, "loss");
+    if (m_s.xent()) {
+      if (m_conv)
+        vec_convert(b, m_s.t, Dtype::F32, m_loss[q], m_d1, RoundMode::kRint, g.regs.slots);
+      else vec_copy_bits(b, kLaneBytes, m_loss[q], m_d1, g.regs.slots);
     }
+    m_k.sync().out_ready(q);
+    {
+      Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+      b.mul_add(dst, g.regs.r, m_s.C * sz, m_args.y);
+      count_blocks(b, blocks, g.regs.rows, m_s.C * sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, m_out[q], 1, blocks, 0, 0}, "output rows");
+      if (m_s.xent()) {
+        b.mul_add(dst, g.regs.r, sz, m_args.loss);
+        count_blocks(b, blocks, g.regs.rows, sz);
+        b.emit(Opcode::op_copy_ub2gm, {dst, m_loss[q], 1, blocks, 0, 0}, "loss");
+      }
+    }
+    m_k.sync().stored(q);
   }
-  sync.stored(q);
-  });
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {} ({} per "
-                               "super-row), double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, G, g);
-  launch.kernel = b.finish();
-  return launch;
+
+  const Spec& m_s;
+  const RowsPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  Args m_args;
+  Twin m_raw_x, m_out, m_raw_y, m_loss, m_lbl;
+  uint64_t m_xw = 0, m_e = 0, m_yw = 0, m_acc = 0, m_d0 = 0, m_d1 = 0, m_d2 = 0, m_rep = 0;
+  uint64_t m_scratch = 0, m_alt = 0, m_rep_lbl = 0, m_span = 0, m_bits = 0, m_bits2 = 0;
+  SparseConsts m_consts;
+};
+
+Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
+  return RowsEmitter(s, p, cfg).build();
 }
 
 // ---- long rows resident one at a time (Softmax, LogSoftmax) ----
@@ -430,133 +461,162 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
 // (fold_into_slot: a few counter-mode instructions, not one per 64-lane span), the per-row
 // values replicated to a block and applied with block stride 0 over the whole row.
 struct LongRowPlan {
-  int64_t per = 0;
-  int block_dim = 0;
+  BlockSplit split;
 };
 
-// UB bytes per lane: features as loaded (ping, pong), widened (f16/bf16), exponentials,
-// output (ping, pong).
-int64_t long_row_lane_bytes(const Spec& s) {
-  return 2 * s.size() + (s.t != Dtype::F32 ? kLaneBytes : 0) + kLaneBytes + 2 * s.size();
+// The long-rows kernel's buffers (fixed: one row). Double-buffered (PingPong, one step per
+// row): the loaded row and the output row have a ping and a pong copy; x (widened, or the
+// loaded copy itself for f32) and e are V's.
+struct LongRowBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, e, out, acc, d, d2, rep, scratch, alt;
+};
+
+LongRowBuffers long_row_buffers(const Spec& s) {
+  LongRowBuffers r;
+  BufferPlan& p = r.plan;
+  r.raw_x = p.add_sized("features row", fixed_blocks(s.C * s.size()), 2);
+  r.xw = p.add_sized("widened row", fixed_blocks(s.C * kLaneBytes), 1, s.t != Dtype::F32);
+  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(s.C * kLaneBytes));
+  r.out = p.add_sized("output row", fixed_blocks(s.C * s.size()), 2);
+  r.acc = p.add_fixed("lane slot", kSlotBytes);
+  r.d = p.add_fixed("row value", kBlock);
+  r.d2 = p.add_fixed("lanes_reduce scratch", kBlock);
+  r.rep = p.add_fixed("replicated row value", kBlock);
+  r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(1));
+  r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(1));
+  declare_repeat_overhang(p);
+  return r;
 }
 
-std::optional<LongRowPlan> plan_long_rows(const Spec& s, uint64_t ub, int64_t cores) {
+std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg) {
   if (s.xent() || (s.C * s.size()) % kBlock != 0) return std::nullopt;
-  const int64_t fixed = kSlotBytes + 3 * kBlock + static_cast<int64_t>(replicate_scratch_bytes(1)) +
-                        static_cast<int64_t>(alt_pattern_bytes(1)) + 10 * static_cast<int64_t>(kSlack);
-  if (s.C * long_row_lane_bytes(s) + fixed > static_cast<int64_t>(ub)) return std::nullopt;
+  const VectorCores cores = VectorCores::of(cfg);
+  if (long_row_buffers(s).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
   LongRowPlan p;
-  p.per = ceil_div(s.rows, cores);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
+  p.split = BlockSplit::make(s.rows, cores.count);
   return p;
 }
 
-Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  const int64_t C = s.C;
-  const int sz = s.size();
-  const bool conv = s.t != Dtype::F32;
-  b.begin_section(b.vector_core_kind());
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong, one step per row): the loaded row and the output row have a ping
-  // and a pong copy; x (widened, or the loaded copy itself for f32) and e are V's.
-  const Twin raw_x = alloc_twin(b, rnd(C * sz), "features row");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(C * kLaneBytes), "widened row") : 0;
-  const uint64_t e = b.alloc(Buf::UB, rnd(C * kLaneBytes), "exponentials / fold scratch");
-  const Twin out = alloc_twin(b, rnd(C * sz), "output row");
-  const uint64_t acc = b.alloc(Buf::UB, kSlotBytes, "lane slot");
-  const uint64_t d = b.alloc(Buf::UB, kBlock, "row value");
-  const uint64_t d2 = b.alloc(Buf::UB, kBlock, "lanes_reduce scratch");
-  const uint64_t rep = b.alloc(Buf::UB, kBlock, "replicated row value");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(1), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(1), "alternating pattern");
-  fill_alt_pattern(b, alt, 1);
-  PingPong sync(b);
+// The long-rows kernel: one row per PingPong step (pipelined over the block's rows).
+class LongRowEmitter {
+ public:
+  LongRowEmitter(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p),
+        m_k(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32) {}
 
-  Reg r = b.reg("row"), end = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r});
-    b.mul(r, r, p.per);
-    b.add(end, r, p.per);
-    b.min(end, end, s.rows);
+  Launch build() {
+    KernelBuilder& b = m_b;
+    const int64_t C = m_s.C, sz = m_s.size();
+    m_args = declare_args(m_k, m_s);
+    const LongRowBuffers bufs = long_row_buffers(m_s);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, 1);
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc}, {&m_d, bufs.d},
+                      {&m_d2, bufs.d2}, {&m_rep, bufs.rep}, {&m_scratch, bufs.scratch},
+                      {&m_alt, bufs.alt}});
+    fill_alt_pattern(b, m_alt, 1);
+    PingPong& sync = m_k.start_pingpong();
+    Reg r = b.reg("row"), end = b.reg("end of this block's rows");
+    m_k.block_range(r, end, m_p.split.per, m_s.rows);
+    Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
+    m_n = &n;
+    m_one = &one;
+    Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
+    Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
+    b.sub(steps, end, r);
+    // Step t: row r + t.
+    sync.pipeline(
+        steps,
+        [&](const Reg& t, int q) {
+          b.add(gm, r, t);
+          b.mul_add(gm, gm, C * sz, m_args.x);
+          sync.wait_load_free(q);
+          b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
+          sync.load_done(q);
+        },
+        [&](const Reg& t, int q) {
+          const uint64_t result = compute(q);
+          sync.wait_out_free(q);
+          if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], result, RoundMode::kRint, n);
+          else vec_copy_bits(b, kLaneBytes, m_out[q], result, n);
+          if (!m_conv) sync.release_load(q);
+          sync.out_ready(q);
+          b.add(gm, r, t);
+          b.mul_add(gm, gm, C * sz, m_args.y);
+          b.emit(Opcode::op_copy_ub2gm, {gm, m_out[q], 1, blocks, 0, 0}, "output row");
+          sync.stored(q);
+        });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
+                                  "at a time, double-buffered",
+                                  b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per));
   }
-  Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
-  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per repeat).
-  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src) {
-    b.emit(Opcode::op_set_mask_count, {n});
-    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(rep, 0, 0), 0);
-  };
-  // The row's combination of lanes [0, C) of buf (overwritten) -> d, replicated into rep.
-  auto row_value = [&](Combine c, uint64_t buf) {
-    vec_fill32(b, acc, combine_identity_bits(c, Dtype::F32), kLanes32);
-    fold_into_slot(b, c, Dtype::F32, buf, n, acc);
-    lanes_reduce(b, c, Dtype::F32, acc, one, d, d2);
-  };
-  Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
-  Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
-  b.sub(steps, end, r);
-  // Step t: row r + t.
-  sync.pipeline(
-      steps,
-      [&](const Reg& t, int q) {
-        b.add(gm, r, t);
-        b.mul_add(gm, gm, C * sz, args.x);
-        sync.wait_load_free(q);
-        b.emit(Opcode::op_copy_gm2ub, {raw_x[q], gm, 1, blocks, 0, 0}, "features row");
-        sync.load_done(q);
-      },
-      [&](const Reg& t, int q) {
-      const uint64_t x = conv ? xw : raw_x[q];
-      sync.wait_loaded(q);
-      if (conv) {
-        vec_convert(b, Dtype::F32, s.t, x, raw_x[q], RoundMode::kRint, n);
-        sync.release_load(q);
-      }
-      {
-        KernelBuilder::Origin o(b, "row maximum");
-        vec_copy_bits(b, kLaneBytes, e, x, n);
-        row_value(Combine::kMax, e);
-        replicate_rows(b, d, one, rep, scratch, alt);
-      }
-      uint64_t result = 0;
-      {
-        KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
-        with_row_value(Opcode::op_vsub, x, x);
-        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-        if (s.kind == Kind::kSoftmax) {
-          vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
-          row_value(Combine::kSum, x);
-          replicate_rows(b, d, one, rep, scratch, alt);
-          with_row_value(Opcode::op_vdiv, e, e);
-          result = e;
-        } else {
-          row_value(Combine::kSum, e);
-          vec_unary(b, Opcode::op_vln, Dtype::F32, d, d, one);
-          replicate_rows(b, d, one, rep, scratch, alt);
-          with_row_value(Opcode::op_vsub, x, x);
-          result = x;
-        }
-      }
-      sync.wait_out_free(q);
-      if (conv) vec_convert(b, s.t, Dtype::F32, out[q], result, RoundMode::kRint, n);
-      else vec_copy_bits(b, kLaneBytes, out[q], result, n);
-      if (!conv) sync.release_load(q);
-      sync.out_ready(q);
-      b.add(gm, r, t);
-      b.mul_add(gm, gm, C * sz, args.y);
-      b.emit(Opcode::op_copy_ub2gm, {gm, out[q], 1, blocks, 0, 0}, "output row");
-      sync.stored(q);
-      });
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident at "
-                               "a time, double-buffered",
-                               b.op(), s.rows, C, isa::dtype_name(s.t), p.block_dim, p.per);
-  launch.kernel = b.finish();
-  return launch;
+
+ private:
+  // The f32 results of the row in load copy q: returns their UB address (e or x).
+  uint64_t compute(int q) {
+    KernelBuilder& b = m_b;
+    const Reg &n = *m_n, &one = *m_one;
+    const uint64_t x = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    m_k.sync().wait_loaded(q);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, n);
+      m_k.sync().release_load(q);
+    }
+    {
+      KernelBuilder::Origin o(b, "row maximum");
+      vec_copy_bits(b, kLaneBytes, e, x, n);
+      row_value(Combine::kMax, e);
+      replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+    }
+    KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
+    with_row_value(Opcode::op_vsub, x, x);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    if (m_s.kind == Kind::kSoftmax) {
+      vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
+      row_value(Combine::kSum, x);
+      replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+      with_row_value(Opcode::op_vdiv, e, e);
+      return e;
+    }
+    row_value(Combine::kSum, e);
+    vec_unary(b, Opcode::op_vln, Dtype::F32, m_d, m_d, one);
+    replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
+    with_row_value(Opcode::op_vsub, x, x);
+    return x;
+  }
+
+  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per
+  // repeat).
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src) {
+    m_b.emit(Opcode::op_set_mask_count, {*m_n});
+    vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
+                       0);
+  }
+  // The row's combination of lanes [0, C) of buf (overwritten) -> d.
+  void row_value(Combine c, uint64_t buf) {
+    vec_fill32(m_b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
+    fold_into_slot(m_b, c, Dtype::F32, buf, *m_n, m_acc);
+    lanes_reduce(m_b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
+  }
+
+  const Spec& m_s;
+  const LongRowPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  Args m_args;
+  Twin m_raw_x, m_out;
+  uint64_t m_xw = 0, m_e = 0, m_acc = 0, m_d = 0, m_d2 = 0, m_rep = 0, m_scratch = 0, m_alt = 0;
+  const Reg* m_n = nullptr;    // C, the row's lanes
+  const Reg* m_one = nullptr;  // 1
+};
+
+Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
+  return LongRowEmitter(s, p, cfg).build();
 }
 
 // ---- long rows, streamed (three passes per row) ----
@@ -564,171 +624,259 @@ Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cf
 struct StreamPlan {
   int64_t group = 0;  // rows per group (whole loss blocks)
   int64_t chunk = 0;  // lanes per chunk / window (multiple of 64)
-  int64_t per = 0;
-  int block_dim = 0;
+  BlockSplit split;
 };
 
-std::optional<StreamPlan> plan_stream(const Spec& s, uint64_t ub, int64_t cores) {
-  StreamPlan p;
-  const int64_t granule = kBlock / s.size();
-  const int64_t g = SuperRowLayout::make(s.C, granule).rows;
-  const int64_t q = std::max<int64_t>(g, granule);
-  p.per = round_up(ceil_div(s.rows, cores), q);
-  p.block_dim = static_cast<int>(ceil_div(s.rows, p.per));
-  p.group = q;
-  uint64_t fixed = 0;
-  auto add = [&](int64_t bytes) { fixed += static_cast<uint64_t>(rnd(bytes)) + kSlack; };
-  const int64_t G = p.group;
+// The streamed kernel's buffers; units: lanes per chunk, for groups of G rows. Double-buffered
+// (PingPong): chunks / windows alternate between two copies of what MTE2 loads (load parity),
+// output windows and losses between two copies of what MTE3 stores (output parity).
+struct StreamBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, xw, e, out_w, raw_y, yw, t, acc, dm, ds, dl, d2;
+  BufferPlan::Id rep_m, rep_s, rep_l, rep_a, scratch, alt, loss, carry;
+  BufferPlan::Id lbl, bits_a, bits_b, addv, rep_v, iota, bits;  // sparse labels
+  SparseConstIds consts;
+};
+
+StreamBuffers stream_buffers(const Spec& s, int64_t G) {
+  StreamBuffers r;
+  BufferPlan& p = r.plan;
+  const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
+  const bool xent = s.kind == Kind::kXent;
+  auto rows = [G](int64_t bytes) { return fixed_blocks(G * bytes); };
+  r.raw_x = p.add_sized("features chunk", blocks_of(s.size()), 2);
+  r.xw = p.add_sized("widened", blocks_of(kLaneBytes), 1, conv);
+  r.e = p.add_sized("exponentials / results", blocks_of(kLaneBytes));
+  r.out_w = p.add_sized("output window", blocks_of(s.size()), 2);
+  r.raw_y = p.add_sized("labels window", blocks_of(s.size()), 2, xent);
+  r.yw = p.add_sized("widened labels", blocks_of(kLaneBytes), 1, xent && conv);
+  r.t = p.add_sized("loss terms", blocks_of(kLaneBytes), 1, s.xent());
+  r.acc = p.add_sized("lane slots", rows(kSlotBytes));
+  r.dm = p.add_sized("row maxima", rows(kLaneBytes));
+  r.ds = p.add_sized("row sums", rows(kLaneBytes));
+  r.dl = p.add_sized("log of the row sums", rows(kLaneBytes));
+  r.d2 = p.add_sized("row values", rows(kLaneBytes));
+  r.rep_m = p.add_sized("maxima blocks", rows(kBlock));
+  r.rep_s = p.add_sized("sum blocks", rows(kBlock));
+  r.rep_l = p.add_sized("log-sum blocks", rows(kBlock));
+  r.rep_a = p.add_sized("label blocks", rows(kBlock));
+  r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(G));
+  r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(G));
+  r.loss = p.add_sized("loss", rows(s.size()), 2);
+  r.carry = p.add_fixed("previous row's last block", kBlock);
+  r.lbl = p.add_sized("labels", rows(kLaneBytes), 2, sparse);
+  r.bits_a = p.add_sized("compare bits", rows(8), 1, sparse);
+  r.bits_b = p.add_sized("compare bits 2", rows(8), 1, sparse);
+  r.addv = p.add_sized("NaN for invalid labels", rows(kLaneBytes), 1, sparse);
+  r.rep_v = p.add_sized("NaN blocks", rows(kBlock), 1, sparse);
+  r.iota = p.add_sized("lane indices", blocks_of(kLaneBytes), 1, sparse);
+  r.bits = p.add_sized("one-hot bits", [](int64_t lanes) { return rnd(lanes / 8); }, 1, sparse);
+  r.consts = declare_sparse_consts(p, sparse);
+  declare_repeat_overhang(p);
+  return r;
+}
+
+// The largest chunk the streamed kernel uses: the window size its cycles were measured with
+// (the UB shared out as if every per-lane buffer existed and every buffer took 32 bytes more).
+// A tuning cap, not a budget: fit() decides what fits. Exact fits give larger windows that
+// move these launches' cycles by several percent either way (fewer windows against less
+// overlap of a row's first load and last store, and other UB bank conflicts).
+int64_t stream_chunk_cap(const Spec& s, const ChipConfig& cfg) {
+  const int64_t G = std::max<int64_t>(SuperRowLayout::make(s.C, kBlock / s.size()).rows,
+                                      kBlock / s.size());
+  int64_t fixed = 0, buffers = 0;
+  auto add = [&](int64_t bytes) {
+    fixed += rnd(bytes);
+    ++buffers;
+  };
   add(G * kSlotBytes);
   add(G * kLaneBytes * 4);
   add(G * kBlock * 4);
   add(static_cast<int64_t>(replicate_scratch_bytes(G)));
   add(static_cast<int64_t>(alt_pattern_bytes(G)));
   add(G * s.size());
-  add(G * s.size());  // loss: ping and pong
+  add(G * s.size());
   add(kBlock);
   if (s.kind == Kind::kSparseXent) add(5 * kSlotBytes + 2 * G * 8 + 2 * G * kLaneBytes);
-  // Per lane: features as loaded (ping, pong), widened, exponentials, output (ping, pong);
-  // labels (ping, pong); loss terms; indices.
   int64_t per_lane = 2 * s.size() + 3 * kLaneBytes + 2 * s.size();
   if (s.kind == Kind::kXent) per_lane += 2 * s.size() + 2 * kLaneBytes;
   if (s.kind == Kind::kSparseXent) per_lane += 2 * kLaneBytes + 1;
-  const int64_t left = static_cast<int64_t>(ub) - static_cast<int64_t>(fixed) -
-                       8 * static_cast<int64_t>(kSlack);
-  p.chunk = std::min(left / per_lane / kLanes32 * kLanes32, round_up(s.C + granule, kLanes32));
-  if (p.chunk < kLanes32) return std::nullopt;
+  const int64_t ub =
+      static_cast<int64_t>(cfg.core_kind(VectorCores::of(cfg).kind)->capacity(Buf::UB));
+  return (ub - fixed - (buffers + 8) * kBlock) / per_lane / kLanes32 * kLanes32;
+}
+
+std::optional<StreamPlan> plan_stream(const Spec& s, const ChipConfig& cfg) {
+  const VectorCores cores = VectorCores::of(cfg);
+  StreamPlan p;
+  const int64_t granule = kBlock / s.size();
+  const int64_t g = SuperRowLayout::make(s.C, granule).rows;
+  const int64_t q = std::max<int64_t>(g, granule);
+  p.split = BlockSplit::make(s.rows, cores.count, q);
+  p.group = q;
+  const int64_t fit = stream_buffers(s, p.group)
+                          .plan.fit(cfg, cores.kind, kLanes32,
+                                    std::min(round_up(s.C + granule, kLanes32),
+                                             stream_chunk_cap(s, cfg)));
+  if (fit < kLanes32) return std::nullopt;
+  p.chunk = fit;
   return p;
 }
 
-Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
-  KernelBuilder b(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg);
-  const int64_t G = p.group, T = p.chunk;
-  const int sz = s.size();
-  const int64_t og = kBlock / sz;
-  const bool conv = s.t != Dtype::F32;
-  b.begin_section(b.vector_core_kind());
-  Launch launch;
-  Args args = declare_args(b, s, launch);
-  // Double-buffered (PingPong): chunks / windows alternate between two copies of what MTE2
-  // loads (load parity), output windows and losses between two copies of what MTE3 stores
-  // (output parity). x / y: the widened copies (V's), or the loaded copy q itself for f32.
-  const Twin raw_x = alloc_twin(b, rnd(T * sz), "features chunk");
-  const uint64_t xw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened") : 0;
-  const uint64_t e = b.alloc(Buf::UB, rnd(T * kLaneBytes), "exponentials / results");
-  const Twin out_w = alloc_twin(b, rnd(T * sz), "output window");
-  Twin raw_y;
-  uint64_t yw = 0, t = 0, iota = 0, bits = 0;
-  if (s.kind == Kind::kXent) {
-    raw_y = alloc_twin(b, rnd(T * sz), "labels window");
-    yw = conv ? b.alloc(Buf::UB, rnd(T * kLaneBytes), "widened labels") : 0;
+// The streamed kernel: groups of G rows (RowKernel::streamed_groups), each row read in chunks in
+// three passes (maxima, sums of exponentials, outputs window by window).
+class StreamEmitter {
+ public:
+  StreamEmitter(const Spec& s, const StreamPlan& p, const ChipConfig& cfg)
+      : m_s(s), m_p(p),
+        m_k(fmt::format("{}_streamed", s.op.substr(0, s.op.find('('))), s.op, cfg),
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32), m_sz(s.size()), m_og(kBlock / s.size()),
+        m_T(p.chunk) {}
+
+  Launch build() {
+    m_args = declare_args(m_k, m_s);
+    const StreamBuffers bufs = stream_buffers(m_s, m_p.group);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, m_T);
+    take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out_w, bufs.out_w}, {&m_raw_y, bufs.raw_y},
+                    {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
+    take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_yw, bufs.yw}, {&m_t, bufs.t},
+                      {&m_acc, bufs.acc}, {&m_dm, bufs.dm}, {&m_ds, bufs.ds}, {&m_dl, bufs.dl},
+                      {&m_d2, bufs.d2}, {&m_rep_m, bufs.rep_m}, {&m_rep_s, bufs.rep_s},
+                      {&m_rep_l, bufs.rep_l}, {&m_rep_a, bufs.rep_a}, {&m_scratch, bufs.scratch},
+                      {&m_alt, bufs.alt}, {&m_carry, bufs.carry}, {&m_bits_a, bufs.bits_a},
+                      {&m_bits_b, bufs.bits_b}, {&m_addv, bufs.addv}, {&m_rep_v, bufs.rep_v},
+                      {&m_iota, bufs.iota}, {&m_bits, bufs.bits}});
+    if (m_s.kind == Kind::kSparseXent) {
+      m_consts = fill_sparse_consts(m_b, at, bufs.consts, m_s.C);
+      fill_lane_indices();
+    }
+    fill_alt_pattern(m_b, m_alt, m_p.group);
+    m_k.start_pingpong();
+    m_k.streamed_groups(m_p.split, m_s.rows, m_p.group,
+                        [this](const Reg& r0, const Reg& rend, const Reg& rows) {
+                          group(r0, rend, rows);
+                        });
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} "
+                                  "lanes, groups of {} rows, double-buffered",
+                                  m_b.op(), m_s.rows, m_s.C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per, m_T, m_p.group));
   }
-  auto x_of = [&](int q) { return conv ? xw : raw_x[q]; };
-  auto y_of = [&](int q) { return s.kind != Kind::kXent ? 0 : conv ? yw : raw_y[q]; };
-  if (s.xent()) t = b.alloc(Buf::UB, rnd(T * kLaneBytes), "loss terms");
-  const uint64_t acc = b.alloc(Buf::UB, static_cast<uint64_t>(G * kSlotBytes), "lane slots");
-  const uint64_t dm = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row maxima");
-  const uint64_t ds = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row sums");
-  const uint64_t dl = b.alloc(Buf::UB, rnd(G * kLaneBytes), "log of the row sums");
-  const uint64_t d2 = b.alloc(Buf::UB, rnd(G * kLaneBytes), "row values");
-  const uint64_t rep_m = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "maxima blocks");
-  const uint64_t rep_s = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "sum blocks");
-  const uint64_t rep_l = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "log-sum blocks");
-  const uint64_t rep_a = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "label blocks");
-  const uint64_t scratch = b.alloc(Buf::UB, replicate_scratch_bytes(G), "replicate scratch");
-  const uint64_t alt = b.alloc(Buf::UB, alt_pattern_bytes(G), "alternating pattern");
-  const Twin loss_out = alloc_twin(b, rnd(G * sz), "loss");
-  const uint64_t carry = b.alloc(Buf::UB, kBlock, "previous row's last block");
-  uint64_t bits_a = 0, bits_b = 0, addv = 0, rep_v = 0;
-  Twin lbl;
-  SparseConsts k;
-  if (s.kind == Kind::kSparseXent) {
-    lbl = alloc_twin(b, rnd(G * kLaneBytes), "labels");
-    bits_a = b.alloc(Buf::UB, rnd(G * 8), "compare bits");
-    bits_b = b.alloc(Buf::UB, rnd(G * 8), "compare bits 2");
-    addv = b.alloc(Buf::UB, rnd(G * kLaneBytes), "NaN for invalid labels");
-    rep_v = b.alloc(Buf::UB, static_cast<uint64_t>(G * kBlock), "NaN blocks");
-    iota = b.alloc(Buf::UB, rnd(T * kLaneBytes), "lane indices");
-    bits = b.alloc(Buf::UB, rnd(T / 8), "one-hot bits");
-    k = alloc_sparse_consts(b, s.C);
-    KernelBuilder::Origin o(b, "lane indices 0..T-1");
-    vec_copy_bits(b, kLaneBytes, iota, k.iota64, kLanes32);
-    for (int64_t h = kLanes32; h < T; h *= 2) {
-      Reg v = b.reg_imm("offset", h), cnt = b.reg_imm("lanes", std::min(h, T - h));
-      vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota + static_cast<uint64_t>(h * kLaneBytes),
-                 iota, v, cnt);
+
+ private:
+  // The registers of one output window of row j: lanes [w, w + n) of the tensor, the row's
+  // lanes from a on (the head belongs to the previous row).
+  struct Window {
+    const Reg &j, &start, &w, &rowend, &a, &n, &slot, &last_row;
+  };
+
+  // iota = s32 0 .. T-1 (the sparse labels' one-hot compares).
+  void fill_lane_indices() {
+    KernelBuilder::Origin o(m_b, "lane indices 0..T-1");
+    vec_copy_bits(m_b, kLaneBytes, m_iota, m_consts.iota64, kLanes32);
+    for (int64_t h = kLanes32; h < m_T; h *= 2) {
+      Reg v = m_b.reg_imm("offset", h), cnt = m_b.reg_imm("lanes", std::min(h, m_T - h));
+      vec_scalar(m_b, Opcode::op_vadds, Dtype::S32,
+                 m_iota + static_cast<uint64_t>(h * kLaneBytes), m_iota, v, cnt);
     }
   }
-  fill_alt_pattern(b, alt, G);
-  PingPong sync(b);
 
-  Reg r0 = b.reg("first row of the group"), rend = b.reg("end of this block's rows");
-  {
-    KernelBuilder::Origin o(b, fmt::format("block range: {} rows per block", p.per));
-    b.emit(Opcode::op_get_block_id, {r0});
-    b.mul(r0, r0, p.per);
-    b.add(rend, r0, p.per);
-    b.min(rend, rend, s.rows);
+  // Rows r0 .. r0 + rows - 1 (rend: the end of the block's rows).
+  void group(const Reg& r0, const Reg& rend, const Reg& rows) {
+    m_r0 = &r0;
+    m_rend = &rend;
+    m_rows = &rows;
+    {
+      KernelBuilder::Origin o(m_b, "pass 1: row maxima");
+      fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
+      row_pass(Combine::kMax, [](uint64_t, const Reg&, const Reg&) {});
+      lanes_reduce(m_b, Combine::kMax, Dtype::F32, m_acc, rows, m_dm, m_d2);
+      replicate(m_dm, m_rep_m);
+    }
+    {
+      KernelBuilder::Origin o(m_b, "pass 2: sums of exp(x - max)");
+      fill_slots(0);
+      row_pass(Combine::kSum, [&](uint64_t x, const Reg& j, const Reg& n) {
+        with_row_value(Opcode::op_vsub, x, x, j, m_rep_m, n);
+        vec_unary(m_b, Opcode::op_vexp, Dtype::F32, x, x, n);
+      });
+      lanes_reduce(m_b, Combine::kSum, Dtype::F32, m_acc, rows, m_ds, m_d2);
+      vec_unary(m_b, Opcode::op_vln, Dtype::F32, m_dl, m_ds, rows);
+      replicate(m_ds, m_rep_s);
+      replicate(m_dl, m_rep_l);
+    }
+    if (m_s.kind == Kind::kSparseXent) sparse_labels();
+    output_pass();
+    if (m_s.xent()) store_loss();
   }
-  Reg rows = b.reg("rows in the group");
-  const Reg& slots = rows;
-  Label top = b.label("group"), done = b.label("groups_done");
-  b.bind(top);
-  b.branch(ge(r0, rend), done);
-  b.sub(rows, rend, r0);
-  b.min(rows, rows, G);
-  auto fill_slots = [&](int64_t bits32) {
-    Reg n = b.reg("slot lanes");
-    b.mul(n, rows, kLanes32);
-    vec_fill32(b, acc, bits32, n);
-  };
-  auto replicate = [&](uint64_t d, uint64_t to) { replicate_rows(b, d, rows, to, scratch, alt); };
+
+  uint64_t x_of(int q) const { return m_conv ? m_xw : m_raw_x[q]; }
+  uint64_t y_of(int q) const {
+    return m_s.kind != Kind::kXent ? 0 : m_conv ? m_yw : m_raw_y[q];
+  }
+  void fill_slots(int64_t bits32) {
+    Reg n = m_b.reg("slot lanes");
+    m_b.mul(n, *m_rows, kLanes32);
+    vec_fill32(m_b, m_acc, bits32, n);
+  }
+  void replicate(uint64_t d, uint64_t to) {
+    replicate_rows(m_b, d, *m_rows, to, m_scratch, m_alt);
+  }
+
   // x_of(q) (f32) = the n features at GM element `elem` (loaded into copy q at the UB block
-  // start). With widening, copy q is released here (done: whether it was).
-  auto load = [&](int q, const Reg& elem, const Reg& n, bool labels_too) {
+  // start). With widening, copy q is released here (release(): whether it was).
+  void load(int q, const Reg& elem, const Reg& n, bool labels_too) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
     sync.wait_load_free(q);
     Reg src = b.reg("source"), blocks = b.reg("blocks");
-    count_blocks(b, blocks, n, sz);
-    b.mul_add(src, elem, sz, args.x);
-    b.emit(Opcode::op_copy_gm2ub, {raw_x[q], src, 1, blocks, 0, 0}, "features");
+    count_blocks(b, blocks, n, m_sz);
+    b.mul_add(src, elem, m_sz, m_args.x);
+    b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], src, 1, blocks, 0, 0}, "features");
     if (labels_too) {
-      b.mul_add(src, elem, sz, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {raw_y[q], src, 1, blocks, 0, 0}, "labels");
+      b.mul_add(src, elem, m_sz, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_raw_y[q], src, 1, blocks, 0, 0}, "labels");
     }
     sync.loaded(q);
-    if (conv) {
-      vec_convert(b, Dtype::F32, s.t, xw, raw_x[q], RoundMode::kRint, n);
-      if (labels_too) vec_convert(b, Dtype::F32, s.t, yw, raw_y[q], RoundMode::kRint, n);
+    if (m_conv) {
+      vec_convert(b, Dtype::F32, m_s.t, m_xw, m_raw_x[q], RoundMode::kRint, n);
+      if (labels_too) vec_convert(b, Dtype::F32, m_s.t, m_yw, m_raw_y[q], RoundMode::kRint, n);
       sync.release_load(q);
     }
-  };
-  auto release = [&](int q) {
-    if (!conv) sync.release_load(q);
-  };
-  // lanes [0, n) op= the row's replicated value (block at rep + j * 32).
-  auto with_row_value = [&](Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
-                            const Reg& n, bool rep_first = false) {
-    Reg ra = b.reg("row value block");
-    b.mul_add(ra, j, kBlock, static_cast<int64_t>(rep));
-    b.emit(Opcode::op_set_mask_count, {n});
+  }
+  void release(int q) {
+    if (!m_conv) m_k.sync().release_load(q);
+  }
+
+  // lanes [0, n) of dst = op(lanes of src, the row's replicated value (block at rep + j * 32)).
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& j, uint64_t rep,
+                      const Reg& n, bool rep_first = false) {
+    Reg ra = m_b.reg("row value block");
+    m_b.mul_add(ra, j, kBlock, static_cast<int64_t>(rep));
+    m_b.emit(Opcode::op_set_mask_count, {n});
     const VOperand v(ra, 0, 0), a(src);
-    vec_binary_strided(b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v, 0);
-  };
-  // Passes 1 and 2: per row, chunks from the row's first element.
-  auto row_pass = [&](Combine c,
-                      const std::function<void(uint64_t x, const Reg& j, const Reg& n)>& chunk) {
+    vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), rep_first ? v : a, rep_first ? a : v,
+                       0);
+  }
+
+  // Passes 1 and 2: per row, chunks from the row's first element: chunk(x, j, n), then the n
+  // lanes folded into row j's slot.
+  void row_pass(Combine c,
+                const std::function<void(uint64_t x, const Reg& j, const Reg& n)>& chunk) {
+    KernelBuilder& b = m_b;
     Reg j = b.reg("row of the group");
-    b.for_range(j, 0, rows, 1, [&] {
+    b.for_range(j, 0, *m_rows, 1, [&] {
       Reg start = b.reg("row start"), cpos = b.reg("chunk"), n = b.reg("chunk lanes");
       Reg slot = b.reg("slot"), elem = b.reg("element");
-      b.add(start, r0, j);
-      b.mul(start, start, s.C);
-      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-      b.for_range(cpos, 0, s.C, T, [&] {
-        b.movi(n, s.C);
+      b.add(start, *m_r0, j);
+      b.mul(start, start, m_s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(m_acc));
+      b.for_range(cpos, 0, m_s.C, m_T, [&] {
+        b.movi(n, m_s.C);
         b.sub(n, n, cpos);
-        b.min(n, n, T);
+        b.min(n, n, m_T);
         b.add(elem, start, cpos);
-        sync.load_step([&](int q) {
+        m_k.sync().load_step([&](int q) {
           load(q, elem, n, false);
           chunk(x_of(q), j, n);
           fold_into_slot(b, c, Dtype::F32, x_of(q), n, slot);
@@ -736,170 +884,193 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
         });
       });
     });
-  };
-  {
-    KernelBuilder::Origin o(b, "pass 1: row maxima");
-    fill_slots(combine_identity_bits(Combine::kMax, Dtype::F32));
-    row_pass(Combine::kMax, [](uint64_t, const Reg&, const Reg&) {});
-    lanes_reduce(b, Combine::kMax, Dtype::F32, acc, slots, dm, d2);
-    replicate(dm, rep_m);
   }
-  {
-    KernelBuilder::Origin o(b, "pass 2: sums of exp(x - max)");
-    fill_slots(0);
-    row_pass(Combine::kSum, [&](uint64_t x, const Reg& j, const Reg& n) {
-      with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);
-      vec_unary(b, Opcode::op_vexp, Dtype::F32, x, x, n);
-    });
-    lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, ds, d2);
-    vec_unary(b, Opcode::op_vln, Dtype::F32, dl, ds, slots);
-    replicate(ds, rep_s);
-    replicate(dl, rep_l);
-  }
-  if (s.kind == Kind::kSparseXent) {
+
+  // The group's labels, replicated per row (rep_a), and NaN for rows with a label outside
+  // [0, C) (addv, replicated: rep_v).
+  void sparse_labels() {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
     KernelBuilder::Origin o(b, "labels of the group");
     sync.load_step([&](int q) {
       sync.wait_load_free(q);
       Reg src = b.reg("source"), blocks = b.reg("blocks");
-      count_blocks(b, blocks, rows, kLaneBytes);
-      b.mul_add(src, r0, kLaneBytes, args.labels);
-      b.emit(Opcode::op_copy_gm2ub, {lbl[q], src, 1, blocks, 0, 0}, "labels");
+      count_blocks(b, blocks, *m_rows, kLaneBytes);
+      b.mul_add(src, *m_r0, kLaneBytes, m_args.labels);
+      b.emit(Opcode::op_copy_gm2ub, {m_lbl[q], src, 1, blocks, 0, 0}, "labels");
       sync.loaded(q);
-      replicate(lbl[q], rep_a);
-      label_validity(b, k, lbl[q], rows, bits_a, bits_b, addv);
-      replicate(addv, rep_v);
+      replicate(m_lbl[q], m_rep_a);
+      label_validity(b, m_consts, m_lbl[q], *m_rows, m_bits_a, m_bits_b, m_addv);
+      replicate(m_addv, m_rep_v);
       sync.release_load(q);
     });
   }
-  {
+
+  // Pass 3: per row, windows of T lanes from the row's first block.
+  void output_pass() {
+    KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "pass 3: outputs, window by window");
-    if (s.xent()) fill_slots(0);
+    if (m_s.xent()) fill_slots(0);
     Reg j = b.reg("row of the group");
-    b.for_range(j, 0, rows, 1, [&] {
+    b.for_range(j, 0, *m_rows, 1, [&] {
       Reg start = b.reg("row start"), w = b.reg("window"), rowend = b.reg("row end");
       Reg a = b.reg("row's first lane in the window"), n = b.reg("window lanes");
       Reg slot = b.reg("slot"), last_row = b.reg("last row of the block");
-      b.add(start, r0, j);
+      b.add(start, *m_r0, j);
       b.add(last_row, start, 1);
-      b.sub(last_row, last_row, rend);  // 0 for the block's last row
-      b.mul(start, start, s.C);
-      b.add(rowend, start, s.C);
-      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(acc));
-      b.and_(w, start, -og);
-      b.for_range(w, w, rowend, T, [&] {
+      b.sub(last_row, last_row, *m_rend);  // 0 for the block's last row
+      b.mul(start, start, m_s.C);
+      b.add(rowend, start, m_s.C);
+      b.mul_add(slot, j, kSlotBytes, static_cast<int64_t>(m_acc));
+      b.and_(w, start, -m_og);
+      const Window win{j, start, w, rowend, a, n, slot, last_row};
+      b.for_range(w, w, rowend, m_T, [&] {
         b.sub(a, start, w);
         b.max(a, a, 0);
         b.sub(n, rowend, w);
-        b.min(n, n, T);
-        sync.load_step([&](int q) {
-        const uint64_t x = x_of(q), y = y_of(q);
-        load(q, w, n, s.kind == Kind::kXent);
-        with_row_value(Opcode::op_vsub, x, x, j, rep_m, n);  // shifted
-        switch (s.kind) {
-          case Kind::kSoftmax:
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            break;
-          case Kind::kLogSoftmax:
-            with_row_value(Opcode::op_vsub, e, x, j, rep_l, n);
-            break;
-          case Kind::kXent:
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, n);
-            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
-            vec_binary(b, Opcode::op_vmul, Dtype::F32, t, t, y, n);
-            break;
-          case Kind::kSparseXent: {
-            vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
-            with_row_value(Opcode::op_vdiv, e, e, j, rep_s, n);
-            Reg col = b.reg("column of lane 0"), la = b.reg("label block");
-            b.sub(col, w, start);
-            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, col, n);
-            b.mul_add(la, j, kBlock, static_cast<int64_t>(rep_a));
-            b.emit(Opcode::op_set_mask_count, {n});
-            vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, bits, VOperand(iota),
-                                VOperand(la, 0, 0), 0);
-            Reg neg = b.reg_imm("minus the column of lane 0", 0);
-            b.sub(neg, neg, col);
-            vec_scalar(b, Opcode::op_vadds, Dtype::S32, iota, iota, neg, n);
-            // backprop - 1 and the loss term ln(sum) - shifted on the label's lane.
-            Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
-            vec_scalar(b, Opcode::op_vadds, Dtype::F32, t, e, minus1, n);
-            vec_select_strided(b, Dtype::F32, VOperand(e), VOperand(t), VOperand(e), bits, 0);
-            with_row_value(Opcode::op_vsub, t, x, j, rep_l, n, true);
-            b.emit(Opcode::op_set_mask_count, {n});
-            vec_select_strided(b, Dtype::F32, VOperand(t), VOperand(t), VOperand(k.zero64, 1, 0),
-                               bits, 0);
-            with_row_value(Opcode::op_vadd, e, e, j, rep_v, n);  // NaN rows
-            break;
-          }
-        }
-        if (s.xent()) {
-          vec_fill32(b, t, 0, a);  // lanes of the previous row
-          fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, slot);
-        }
-        release(q);
-        });
-        sync.out_step([&](int oq) {
-        sync.wait_out_free(oq);
-        const uint64_t ow = out_w[oq];
-        if (conv) vec_convert(b, s.t, Dtype::F32, ow, e, RoundMode::kRint, n);
-        else vec_copy_bits(b, kLaneBytes, ow, e, n);
-        // The window's head lanes belong to the previous row: its last block, kept in carry.
-        vec_copy_bits(b, sz, ow, carry, a);
-        Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
-        count_blocks(b, blocks, n, sz);
-        b.sub(rest, rowend, w);
-        b.if_(lt(rest, T + 1), [&] {
-          b.if_(ne(last_row, 0), [&] {
-            // The row's last block is shared with the next row: keep it, store the rest.
-            KernelBuilder::Origin oc(b, "keep the row's last partial block");
-            Reg src = b.reg("last block");
-            b.shr(blocks, n, ceil_log2(og));
-            b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
-            vec_copy_bits(b, sz, carry, src, og);
-          });
-        });
-        sync.out_ready(oq);
-        b.if_(ge(blocks, 1), [&] {
-          Reg dst = b.reg("destination");
-          b.mul_add(dst, w, sz, args.y);
-          b.emit(Opcode::op_copy_ub2gm, {dst, ow, 1, blocks, 0, 0}, "output window");
-        });
-        sync.stored(oq);
-        });
+        b.min(n, n, m_T);
+        m_k.sync().load_step([&](int q) { window_outputs(win, q); });
+        m_k.sync().out_step([&](int oq) { store_window(win, oq); });
       });
     });
   }
-  if (s.xent()) {
+
+  // The window's outputs into e (f32); the Xent loss terms folded into the row's slot.
+  void window_outputs(const Window& win, int q) {
+    KernelBuilder& b = m_b;
+    const uint64_t x = x_of(q), y = y_of(q), e = m_e, t = m_t;
+    const Reg &j = win.j, &n = win.n;
+    load(q, win.w, n, m_s.kind == Kind::kXent);
+    with_row_value(Opcode::op_vsub, x, x, j, m_rep_m, n);  // shifted
+    switch (m_s.kind) {
+      case Kind::kSoftmax:
+        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+        with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+        break;
+      case Kind::kLogSoftmax: with_row_value(Opcode::op_vsub, e, x, j, m_rep_l, n); break;
+      case Kind::kXent:
+        vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+        with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, e, e, y, n);
+        with_row_value(Opcode::op_vsub, t, x, j, m_rep_l, n, true);
+        vec_binary(b, Opcode::op_vmul, Dtype::F32, t, t, y, n);
+        break;
+      case Kind::kSparseXent: sparse_window(win, x); break;
+    }
+    if (m_s.xent()) {
+      vec_fill32(b, t, 0, win.a);  // lanes of the previous row
+      fold_into_slot(b, Combine::kSum, Dtype::F32, t, n, win.slot);
+    }
+    release(q);
+  }
+
+  // Sparse Xent: backprop e / sum - 1 on the label's lane (else e / sum), the loss term
+  // ln(sum) - shifted there (else 0) in t; NaN rows for invalid labels.
+  void sparse_window(const Window& win, uint64_t x) {
+    KernelBuilder& b = m_b;
+    const uint64_t e = m_e, t = m_t;
+    const Reg &j = win.j, &n = win.n;
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    with_row_value(Opcode::op_vdiv, e, e, j, m_rep_s, n);
+    Reg col = b.reg("column of lane 0"), la = b.reg("label block");
+    b.sub(col, win.w, win.start);
+    vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_iota, m_iota, col, n);
+    b.mul_add(la, j, kBlock, static_cast<int64_t>(m_rep_a));
+    b.emit(Opcode::op_set_mask_count, {n});
+    vec_compare_strided(b, Dtype::S32, isa::Cmp::EQ, m_bits, VOperand(m_iota), VOperand(la, 0, 0),
+                        0);
+    Reg neg = b.reg_imm("minus the column of lane 0", 0);
+    b.sub(neg, neg, col);
+    vec_scalar(b, Opcode::op_vadds, Dtype::S32, m_iota, m_iota, neg, n);
+    // backprop - 1 and the loss term ln(sum) - shifted on the label's lane.
+    Reg minus1 = b.reg_imm("-1.0", vector_scalar_bits(Dtype::F32, -1.0));
+    vec_scalar(b, Opcode::op_vadds, Dtype::F32, t, e, minus1, n);
+    vec_select_strided(b, Dtype::F32, VOperand(e), VOperand(t), VOperand(e), m_bits, 0);
+    with_row_value(Opcode::op_vsub, t, x, j, m_rep_l, n, true);
+    b.emit(Opcode::op_set_mask_count, {n});
+    vec_select_strided(b, Dtype::F32, VOperand(t), VOperand(t), VOperand(m_consts.zero64, 1, 0),
+                       m_bits, 0);
+    with_row_value(Opcode::op_vadd, e, e, j, m_rep_v, n);  // NaN rows
+  }
+
+  // The window's outputs in the output type, whole blocks stored once: the head lanes come from
+  // the previous row's last block (carry); a last block shared with the next row is kept.
+  void store_window(const Window& win, int oq) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const Reg& n = win.n;
+    sync.wait_out_free(oq);
+    const uint64_t ow = m_out_w[oq];
+    if (m_conv) vec_convert(b, m_s.t, Dtype::F32, ow, m_e, RoundMode::kRint, n);
+    else vec_copy_bits(b, kLaneBytes, ow, m_e, n);
+    // The window's head lanes belong to the previous row: its last block, kept in carry.
+    vec_copy_bits(b, m_sz, ow, m_carry, win.a);
+    Reg blocks = b.reg("blocks to store"), rest = b.reg("lanes to the row end");
+    count_blocks(b, blocks, n, m_sz);
+    b.sub(rest, win.rowend, win.w);
+    b.if_(lt(rest, m_T + 1), [&] {
+      b.if_(ne(win.last_row, 0), [&] {
+        // The row's last block is shared with the next row: keep it, store the rest.
+        KernelBuilder::Origin oc(b, "keep the row's last partial block");
+        Reg src = b.reg("last block");
+        b.shr(blocks, n, ceil_log2(m_og));
+        b.mul_add(src, blocks, kBlock, static_cast<int64_t>(ow));
+        vec_copy_bits(b, m_sz, m_carry, src, m_og);
+      });
+    });
+    sync.out_ready(oq);
+    b.if_(ge(blocks, 1), [&] {
+      Reg dst = b.reg("destination");
+      b.mul_add(dst, win.w, m_sz, m_args.y);
+      b.emit(Opcode::op_copy_ub2gm, {dst, ow, 1, blocks, 0, 0}, "output window");
+    });
+    sync.stored(oq);
+  }
+
+  // The loss of the group's rows: their slots reduced (plus NaN for invalid sparse labels).
+  void store_loss() {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const Reg& rows = *m_rows;
     KernelBuilder::Origin o(b, "loss of the group's rows");
     sync.out_step([&](int oq) {
       sync.wait_out_free(oq);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, acc, slots, dm, d2);
-      if (s.kind == Kind::kSparseXent)
-        vec_binary(b, Opcode::op_vadd, Dtype::F32, dm, dm, addv, rows);
-      if (conv) vec_convert(b, s.t, Dtype::F32, loss_out[oq], dm, RoundMode::kRint, rows);
-      else vec_copy_bits(b, kLaneBytes, loss_out[oq], dm, rows);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, rows, m_dm, m_d2);
+      if (m_s.kind == Kind::kSparseXent)
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, m_dm, m_dm, m_addv, rows);
+      if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_loss[oq], m_dm, RoundMode::kRint, rows);
+      else vec_copy_bits(b, kLaneBytes, m_loss[oq], m_dm, rows);
       sync.out_ready(oq);
       Reg dst = b.reg("destination"), blocks = b.reg("blocks");
-      b.mul_add(dst, r0, sz, args.loss);
-      count_blocks(b, blocks, rows, sz);
-      b.emit(Opcode::op_copy_ub2gm, {dst, loss_out[oq], 1, blocks, 0, 0}, "loss");
+      b.mul_add(dst, *m_r0, m_sz, m_args.loss);
+      count_blocks(b, blocks, rows, m_sz);
+      b.emit(Opcode::op_copy_ub2gm, {dst, m_loss[oq], 1, blocks, 0, 0}, "loss");
       sync.stored(oq);
     });
   }
-  b.add(r0, r0, G);
-  b.jmp(top);
-  b.bind(done);
-  sync.drain();
-  b.end();
-  launch.block_dim = p.block_dim;
-  launch.summary = fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, windows of {} lanes, "
-                               "groups of {} rows, double-buffered",
-                               b.op(), s.rows, s.C, isa::dtype_name(s.t), p.block_dim, p.per, T, G);
-  launch.kernel = b.finish();
-  return launch;
+
+  const Spec& m_s;
+  const StreamPlan& m_p;
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  const bool m_conv;
+  const int m_sz;
+  const int64_t m_og, m_T;
+  Args m_args;
+  // x / y: the widened copies (V's), or the loaded copy q itself for f32.
+  Twin m_raw_x, m_out_w, m_raw_y, m_loss, m_lbl;
+  uint64_t m_xw = 0, m_e = 0, m_yw = 0, m_t = 0, m_acc = 0, m_dm = 0, m_ds = 0, m_dl = 0;
+  uint64_t m_d2 = 0, m_rep_m = 0, m_rep_s = 0, m_rep_l = 0, m_rep_a = 0, m_scratch = 0;
+  uint64_t m_alt = 0, m_carry = 0, m_bits_a = 0, m_bits_b = 0, m_addv = 0, m_rep_v = 0;
+  uint64_t m_iota = 0, m_bits = 0;
+  SparseConsts m_consts;
+  const Reg* m_r0 = nullptr;    // the group: first row,
+  const Reg* m_rend = nullptr;  // end of the block's rows,
+  const Reg* m_rows = nullptr;  // rows in the group (= lane slots)
+};
+
+Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
+  return StreamEmitter(s, p, cfg).build();
 }
 
 // The launches of one softmax-family op on [rows, C] tensors at the given arguments (features,
@@ -907,17 +1078,15 @@ Launch build_stream(const Spec& s, const StreamPlan& p, const ChipConfig& cfg) {
 void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
                     const std::vector<ArgRef>& args) {
   const ChipConfig& cfg = ctx.cfg;
-  const CoreKindConfig& core =
-      *cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  if (auto p = plan_rows(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_rows(s, cfg)) {
     plan.add(build_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_long_rows(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_long_rows(s, cfg)) {
     plan.add(build_long_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_stream(s, core.capacity(Buf::UB), core.count)) {
+  if (auto p = plan_stream(s, cfg)) {
     plan.add(build_stream(s, *p, cfg), args);
     return;
   }

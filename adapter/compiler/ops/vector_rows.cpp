@@ -430,12 +430,4 @@ void PingPong::drain() {
   }
 }
 
-Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name) {
-  Twin t;
-  if (bytes == 0) return t;
-  t.a[0] = b.alloc(isa::Buf::UB, bytes, name + " (ping)");
-  t.a[1] = b.alloc(isa::Buf::UB, bytes, name + " (pong)");
-  return t;
-}
-
 }  // namespace npusim::compiler::ops

@@ -31,7 +31,6 @@
 #include <functional>
 #include <vector>
 
-#include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "isa/isa.h"
 
@@ -227,8 +226,5 @@ class PingPong {
   FlagPair m_load_free, m_load_ready, m_out_free, m_out_ready;
   Reg m_load_parity, m_out_parity;
 };
-
-// Allocates two UB copies of `bytes` (0 bytes: both 0, nothing allocated).
-Twin alloc_twin(KernelBuilder& b, uint64_t bytes, const std::string& name);
 
 }  // namespace npusim::compiler::ops
