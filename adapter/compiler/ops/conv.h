@@ -7,7 +7,7 @@
 //     pixels (for the input gradient of strided convolutions), tiled from the config;
 //   - the cube img2col kernel: the img2col matrix written to GM (for the filter gradients);
 //   - launch helpers: casts into the workspace, the strided -> dense copy.
-// Layouts: docs/assembly.md "Data layouts", sim/exec/layout.h.
+// Layouts: docs/assembly.md "Data layouts", isa/layout.h.
 #pragma once
 
 #include <cstdint>

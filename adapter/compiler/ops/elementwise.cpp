@@ -7,8 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
-#include "sim/exec/vector_insn.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
