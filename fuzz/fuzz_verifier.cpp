@@ -3,8 +3,8 @@
 #include "fuzz/fuzz_util.h"
 #include "isa/assembler.h"
 #include "isa/kernel_file.h"
-#include "isa/verifier/verifier.h"
 #include "sim/config/chip_config.h"
+#include "sim/verifier/verifier.h"
 
 using namespace npusim;
 

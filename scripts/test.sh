@@ -13,5 +13,7 @@ export PATH="$ROOT/.venv/bin:$PATH"
 (cd "$BUILD" && NPUSIM_REPLAY=check ctest --output-on-failure -j "${NPUSIM_JOBS:-$(nproc)}")
 NPUSIM_BUILD_DIR="$BUILD" "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/tf"
 "$ROOT/scripts/fuzz.sh"
-# C++ formatting of the files scripts/format_checked_files.txt lists (docs/DESIGN.md).
+# C++ formatting of the files scripts/format_checked_files.txt lists (docs/DESIGN.md), and
+# includes that point down the layers only (docs/DESIGN.md, "Layer libraries").
 "$ROOT/scripts/check_format.sh"
+"$ROOT/scripts/check_layers.sh"

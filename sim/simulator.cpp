@@ -390,7 +390,7 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   RecordedLaunch rec;
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
   const bool keep = record && I.chip->launch().record && r.ok && !I.chip->mix() &&
-                    record_blocks(*launch.program, I.chip->cores(), I.chip->memory(), &rec);
+                    record_blocks(*launch.program, *I.chip, &rec);
   I.chip->end_launch(r.ok);
   r.start_cycle = time_ps(start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "common/numeric.h"
 #include "adapter/profiler/instruction_profiler.h"
-#include "isa/verifier/verifier.h"
+#include "sim/verifier/verifier.h"
 #include "sim/simulator.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"

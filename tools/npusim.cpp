@@ -19,7 +19,7 @@
 #include "common/npy.h"
 #include "isa/disassembler.h"
 #include "isa/kernel_file.h"
-#include "isa/verifier/verifier.h"
+#include "sim/verifier/verifier.h"
 #include "adapter/profiler/instruction_profiler.h"
 #include "adapter/profiler/op_metrics.h"
 #include "sim/simulator.h"

@@ -7,7 +7,7 @@
 
 #include "adapter/profiler/counter_view.h"
 #include "adapter/profiler/op_metrics.h"
-#include "sim/exec/vector_insn.h"
+#include "isa/layout.h"
 
 namespace npusim::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "isa/disassembler.h"
-#include "isa/verifier/verifier.h"
+#include "sim/verifier/verifier.h"
 
 namespace npusim::compiler {
 

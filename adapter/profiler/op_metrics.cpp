@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "adapter/profiler/counter_view.h"
-#include "sim/exec/vector_insn.h"
+#include "isa/layout.h"
 
 namespace npusim::prof {
 namespace {

@@ -11,13 +11,12 @@
 #include "adapter/profiler/counter_view.h"
 #include "adapter/profiler/report_writer.h"
 #include "common/error.h"
+#include "isa/layout.h"
 
 namespace npusim::prof {
 namespace {
 
 using nlohmann::json;
-
-constexpr double kRepeatBytes = 256;  // one vector repeat: 8 blocks of 32 bytes (docs/assembly.md)
 
 // Trace ids: host and chip processes first; cores from pid 100 (pipe_trace.cpp).
 constexpr uint32_t kHostPid = 1, kChipPid = 2;
@@ -290,7 +289,7 @@ std::vector<OpTypeSummary> op_type_summary(const std::vector<rt::LaunchRecord>& 
     if (a.cycles && peaks.macs_per_cycle > 0)
       a.s.cube_utilization_pct = 100.0 * double(a.macs) / (peaks.macs_per_cycle * double(a.cycles));
     if (a.cycles && peaks.vector_bytes_per_cycle > 0)
-      a.s.vector_utilization_pct = 100.0 * double(a.repeats) * kRepeatBytes /
+      a.s.vector_utilization_pct = 100.0 * double(a.repeats) * vec::kRepeatBytes /
                                    (peaks.vector_bytes_per_cycle * double(a.cycles));
     out.push_back(a.s);
   }

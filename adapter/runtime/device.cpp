@@ -6,7 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "adapter/runtime/driver.h"
-#include "isa/verifier/verifier.h"
+#include "sim/verifier/verifier.h"
 
 namespace npusim::rt {
 

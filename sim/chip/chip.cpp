@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
+#include "sim/replay/core_recording.h"
 
 namespace npusim {
 
@@ -176,6 +177,12 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record,
                         record_max_bytes};
   m_recorded_bytes = 0;
+  detach_recordings();  // those of a launch that was not ended
+  if (record)
+    for (const auto& core : m_cores) {
+      m_recordings.push_back(std::make_unique<CoreRecording>(*this));
+      core->attach_recorder(m_recordings.back().get());
+    }
   m_memory->begin_launch(record);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
@@ -217,6 +224,7 @@ void Chip::end_launch(bool ok) {
   if (!ok) m_failed_launches.inc();
   for (ChipObserver* o : m_observers) o->on_kernel_end(*m_launch.program, time_ps(end), ok);
   for (auto& c : m_cores) c->reset();
+  detach_recordings();
   m_memory->abort_transfers();
   m_scheduler.clear();
   m_cc_arrivals.clear();
@@ -228,9 +236,17 @@ void Chip::recorded(uint64_t bytes) {
   m_recorded_bytes += bytes;
   if (m_recorded_bytes <= m_launch.record_max_bytes) return;
   // Too long a launch to keep for replay: stop recording and free what was recorded.
+  // The records stay allocated until end_launch: the caller is one of them.
   m_launch.record = false;
-  for (auto& c : m_cores) c->drop_recording();
+  for (auto& c : m_cores) c->attach_recorder(nullptr);
+  for (auto& r : m_recordings) r->drop();
   m_memory->drop_recording();
+}
+
+void Chip::detach_recordings() {
+  if (m_recordings.empty()) return;
+  for (auto& c : m_cores) c->attach_recorder(nullptr);
+  m_recordings.clear();
 }
 
 void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,

@@ -23,6 +23,8 @@
 
 namespace npusim {
 
+class CoreRecording;
+
 class Chip : public sc_core::sc_module, public CoreEnv {
  public:
   SC_HAS_PROCESS(Chip);
@@ -35,6 +37,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
 
   // Prepares a launch and dispatches its first blocks (they start when the simulation runs).
   // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
+  // record: attach a CoreRecording to every core for the launch (recordings()), dropped if the
+  // recording passes record_max_bytes (launch().record is then false).
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX);
@@ -63,6 +67,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void add_observer(ChipObserver* observer);
   void remove_observer(ChipObserver* observer);
   const std::vector<std::unique_ptr<AiCore>>& cores() const { return m_cores; }
+  // The records of the launch in progress, by core chip index, while it is being recorded
+  // (until end_launch); empty otherwise.
+  const std::vector<std::unique_ptr<CoreRecording>>& recordings() const { return m_recordings; }
   // The launch in progress (or last begun) is a mix kernel: aic and aiv cores in groups.
   bool mix() const { return m_mix; }
 
@@ -84,6 +91,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   const SectionRun& prepare_section(const isa::Section& s);
   void post(AiCore& from, Lane lane, AiCore& to, int id);
   void raise_abort();
+  // Detaches the recordings from the cores and frees them (recordings() is then empty).
+  void detach_recordings();
   void dispatch_blocks();  // method: hands blocks to the workers freed in the last delta cycle
 
   const ChipConfig& m_cfg;
@@ -102,6 +111,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::string m_fault;
   sc_core::sc_time m_start, m_end;
   bool m_mix = false;
+  std::vector<std::unique_ptr<CoreRecording>> m_recordings;  // see recordings()
   uint64_t m_recorded_bytes = 0;  // host memory held by the launch's recording (about)
   // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
   std::map<std::pair<int, int>, int> m_cc_arrivals;

@@ -193,11 +193,6 @@ void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_assign_event.notify(SC_ZERO_TIME);
 }
 
-void AiCore::drop_recording() {
-  std::vector<uint8_t>().swap(m_exec_order);
-  std::vector<GmAccess>().swap(m_gm_accesses);
-}
-
 void AiCore::reset() {
   if (!m_touched) return;  // nothing ran here since the last reset: the state is still clean
   m_touched = false;
@@ -214,9 +209,6 @@ void AiCore::reset() {
   for (auto& f : m_cross_core) f.flows.clear();
   m_assigned = m_running = false;
   m_assigned_blocks.clear();
-  m_exec_order.clear();
-  m_gm_accesses.clear();
-  m_fingerprint = CoreFingerprint{};
   m_scalar_blocked = {};
   m_local_time = SC_ZERO_TIME;
 }
@@ -318,7 +310,7 @@ void AiCore::run_block() {
                                     isa::core_kind_name(section.kind), code.size()));
     const DecodedInsn& d = decoded[pc];
     if (!d.legal) throw KernelFault("illegal instruction: " + m_run->illegal[pc]);
-    if (launch.record) m_fingerprint.add_pc(pc);
+    if (m_recorder) m_recorder->on_scalar_pc(pc);
     const isa::Instruction& in = code[pc];
     m_scalar.reg_fields = d.reg_fields;
     // The instruction's start, for observers only (reading the time costs a call).
@@ -369,21 +361,14 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         int64_t v = 0;
         if (m_env.launch().functional) m_env.gm().read(addr, &v, 8);
         dst() = v;
-        if (m_env.launch().record) {  // where it read, among the effects (replay reads there)
-          m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
-          m_gm_accesses.push_back({addr, 8, false});
-          m_env.recorded(1 + sizeof(GmAccess));
-        }
+        // Where it read, among the effects (the replay reads there).
+        if (m_recorder) m_recorder->on_scalar_gm({addr, 8, false});
       } else {
         if (m_env.launch().functional) {
           const int64_t v = m_scalar.operand(in, 0);
           m_env.gm().write(addr, &v, 8);
         }
-        if (m_env.launch().record) {
-          m_exec_order.push_back(static_cast<uint8_t>(Pipe::S));
-          m_gm_accesses.push_back({addr, 8, true});
-          m_env.recorded(1 + sizeof(GmAccess));
-        }
+        if (m_recorder) m_recorder->on_scalar_gm({addr, 8, true});
       }
       break;
     }
@@ -591,14 +576,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
       else run_gm_transfer(u, cost);
       if (m_env.launch().functional) execute(op, ctx);
-      if (m_env.launch().record) {  // in execution order, as the replay re-runs and verifies
-        m_exec_order.push_back(static_cast<uint8_t>(u.pipe));
-        m_gm_accesses.insert(m_gm_accesses.end(), cost.gm.begin(), cost.gm.end());
-        m_fingerprint.add_cost(op.pc, cost);
-        // The effect order, the GM ranges and the memory system's transfer order entry.
-        m_env.recorded(1 + cost.gm.size() * sizeof(GmAccess) +
-                       (cost.gm.empty() ? 0 : sizeof(uint16_t)));
-      }
+      if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
       if (cost.path_src != cost.path_dst && cost.bytes) {

@@ -19,10 +19,10 @@
 #include "isa/isa.h"
 #include "sim/chip/gm_transfer.h"
 #include "sim/core/core_env.h"
+#include "sim/core/core_recorder.h"
 #include "sim/core/scalar_state.h"
 #include "sim/counters/counters.h"
 #include "sim/exec/exec.h"
-#include "sim/replay/fingerprint.h"
 
 namespace npusim {
 
@@ -55,18 +55,9 @@ class AiCore : public sc_core::sc_module {
     int block, subblock;
   };
   const std::vector<AssignedBlock>& assigned_blocks() const { return m_assigned_blocks; }
-  // The order in which instructions took effect on this core in the launch now ending, if it
-  // is being recorded (LaunchInfo::record): one entry per pipe instruction executed (its pipe)
-  // or scalar st (isa::Pipe::S), sync instructions left out. The launch replay executes in
-  // this order (cleared by reset()).
-  const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
-  // The GM ranges this core's instructions touched in the launch now ending, if the launch is
-  // being recorded (LaunchInfo::record; cleared by reset()).
-  const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
-  // The run's timing fingerprint (sim/replay/fingerprint.h), if it is being recorded.
-  const CoreFingerprint& fingerprint() const { return m_fingerprint; }
-  // Frees the launch's records above (exec_order, gm_accesses): the chip stopped recording it.
-  void drop_recording();
+  // Attaches `recorder` (nullptr: none) to the core's probe points (sim/core/core_recorder.h):
+  // the chip attaches one while a launch is being recorded. Zero time.
+  void attach_recorder(CoreRecorder* recorder) { m_recorder = recorder; }
 
   // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
   void assign_block(const SectionRun& run, int block, int subblock);
@@ -161,9 +152,7 @@ class AiCore : public sc_core::sc_module {
   int m_block = 0, m_subblock = 0;
   bool m_assigned = false, m_running = false;
   std::vector<AssignedBlock> m_assigned_blocks;  // this launch's blocks, in order
-  std::vector<uint8_t> m_exec_order;              // see exec_order()
-  std::vector<GmAccess> m_gm_accesses;            // see gm_accesses()
-  CoreFingerprint m_fingerprint;                  // see fingerprint()
+  CoreRecorder* m_recorder = nullptr;            // see attach_recorder()
   sc_core::sc_event m_assign_event;
   ScalarState m_scalar;  // registers and special registers of the running block
   sc_core::sc_time m_local_time;

@@ -80,9 +80,10 @@ struct LaunchInfo {
   // Watchdog: instructions a block may execute (0: no limit), from SimOptions'
   // max_insns_per_block by watchdog_budget() (sim/simulator.h).
   uint64_t max_insns_per_block = 0;
-  // The launch is being recorded for replay: cores keep the GM ranges they touch
-  // (gm_accesses). Cleared during the launch once the recording passes record_max_bytes
-  // (CoreEnv::recorded): the records are dropped and the launch is not replayable.
+  // The launch is being recorded for replay: every core has a recorder attached
+  // (sim/core/core_recorder.h). Cleared during the launch once the recording passes
+  // record_max_bytes (CoreEnv::recorded): the records are dropped and the launch is not
+  // replayable.
   bool record = false;
   uint64_t record_max_bytes = 0;
 };

@@ -1,5 +1,5 @@
 // The cube instruction mmad: C[m,n] (L0C, NZ) = init + A[m,k] (L0A, Zz) * B[k,n] (L0B, Zn).
-// Layouts: sim/exec/layout.h. Only elements r < m, c < k (A), c < k, n' < n (B) are read and only
+// Layouts: isa/layout.h. Only elements r < m, c < k (A), c < k, n' < n (B) are read and only
 // C[r < m][n' < n] is written, so partially used fractals are fine.
 //
 // Arithmetic (bit-accurate contract):
@@ -21,10 +21,11 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/int_math.h"
 #include "common/numeric.h"
+#include "isa/layout.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/f16_bulk.h"
-#include "sim/exec/layout.h"
 #include "sim/exec/mte_common.h"
 
 namespace npusim {
@@ -32,9 +33,7 @@ namespace {
 
 using isa::Buf;
 using isa::Dtype;
-using layout::ceil_div;
 using layout::kFractalRows;
-using layout::round_up;
 using mte::Operands;
 
 // The inner product kernel. A register tile of MR rows x NR columns of C is held in
@@ -341,7 +340,8 @@ struct Mmad {
     uint64_t rate_div = type == Dtype::F32 ? uint64_t(cfg.cube_fp32_rate_divisor) : 1;
     ExecCost c;
     c.cycles = uint64_t(cfg.cube_latency_cycles) +
-               ceil_div(m, cfg.cube_m) * ceil_div(k, kdim) * ceil_div(n, cfg.cube_n) * rate_div;
+               ceil_div(m, uint64_t(cfg.cube_m)) * ceil_div(k, kdim) *
+                   ceil_div(n, uint64_t(cfg.cube_n)) * rate_div;
     uint64_t macs = m * k * n;
     if (type == Dtype::S8) c.macs = macs * uint64_t(cfg.cube_k) / uint64_t(cfg.cube_int8_k);
     else c.macs = macs * rate_div;

@@ -2,7 +2,7 @@
 // copy_l12ub, copy_l12bt), MTE3 (copy_ub2gm, copy_ub2l1) and FIXPIPE (fixpipe). Each instruction
 // is decoded into a small descriptor whose constructor makes every check plan() promises
 // (path, buffers, alignment, bounds, dtypes, parameters); plan() turns it into a cost and
-// execute() applies it. Layouts: sim/exec/layout.h and docs/assembly.md "Data layouts".
+// execute() applies it. Layouts: isa/layout.h and docs/assembly.md "Data layouts".
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,10 +15,11 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/int_math.h"
 #include "common/numeric.h"
+#include "isa/layout.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/f16_bulk.h"
-#include "sim/exec/layout.h"
 #include "sim/exec/mte_common.h"
 
 namespace npusim {
@@ -27,7 +28,6 @@ namespace {
 using isa::Buf;
 using isa::Dtype;
 using isa::Opcode;
-using layout::ceil_div;
 using layout::kBlockBytes;
 using layout::kFractalBytes;
 using layout::kFractalRows;
@@ -545,7 +545,7 @@ struct Fixpipe {
   // source cannot change while it is read). A local destination is written in place; a GM one
   // through a staging buffer (ND: one row, NZ: the whole region, written with one GM write).
   void run(ExecContext& ctx) const {
-    const uint64_t m16 = layout::round_up(m, kFractalRows);
+    const uint64_t m16 = round_up(m, kFractalRows);
     const uint8_t* l0c = ctx.local.at(Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
     thread_local std::vector<uint32_t> row_in;  // one row of C as L0C words
     thread_local std::vector<uint8_t> staging;  // converted values on their way to GM / NZ

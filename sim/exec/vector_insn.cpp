@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/int_math.h"
 
 namespace npusim::vec {
 namespace {
@@ -90,8 +91,6 @@ void require_type(const char* mn, const char* what, Dtype t, TypeSet allowed) {
     throw KernelFault(fmt::format("{}: {} {} is not supported (supported: {})", mn, what,
                                   isa::dtype_name(t), type_list(allowed)));
 }
-
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
@@ -372,7 +371,7 @@ ExecCost vector_cost(const VecInsn& vi, const ChipConfig& cfg) {
   if (cfg.vector_bytes_per_cycle <= 0)
     throw ConfigError(fmt::format("{}: vector_bytes_per_cycle must be positive, got {}",
                                   cfg.source_file, cfg.vector_bytes_per_cycle));
-  const uint64_t c = ceil_div(kRepeatBytes, static_cast<uint64_t>(cfg.vector_bytes_per_cycle));
+  const uint64_t c = ceil_div(uint64_t{kRepeatBytes}, static_cast<uint64_t>(cfg.vector_bytes_per_cycle));
   uint64_t factor = 1;
   if (vi.cost == CostClass::kTranscendental)
     factor = static_cast<uint64_t>(std::max(1, cfg.vector_transcendental_factor));

@@ -8,20 +8,15 @@
 
 #include "common/convert.h"
 #include "isa/isa.h"
+#include "isa/layout.h"
 #include "sim/config/chip_config.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/vector_ops.h"
 
 namespace npusim::vec {
 
-// Vector geometry fixed by the ISA (isa.def): a repeat is 8 blocks of 32 bytes.
-inline constexpr int kBlockBytes = 32;
-inline constexpr int kBlocksPerRepeat = 8;
-inline constexpr int kRepeatBytes = kBlockBytes * kBlocksPerRepeat;
-inline constexpr int kMaskLanes = 128;          // width of the normal-mode mask
-inline constexpr int kTransposeSide = 16;       // vtranspose: 16 x 16 elements of 2 bytes
-inline constexpr int kTransposeElemBytes = 2;
-inline constexpr int kTransposeBytes = kTransposeSide * kTransposeSide * kTransposeElemBytes;
+// The vector geometry fixed by the ISA (kBlockBytes, kRepeatBytes, kMaskLanes, ...) is in
+// isa/layout.h.
 
 // Lanes of one repeat: bit i of (hi:lo) is lane i.
 struct Lanes {

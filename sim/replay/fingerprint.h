@@ -3,7 +3,7 @@
 // `cost` over each executed pipe instruction's cost (sim/exec/exec.h: plan()) apart from GM
 // addresses. Two runs of a program with equal fingerprints and GM accesses that differ only by
 // an address translation the L2 cannot tell apart (sim/replay/launch_replay.h) take the same
-// cycles. Shared by the core model (recording) and the replay (verifying).
+// cycles. Shared by the recording (sim/replay/core_recording.h) and the replay (verifying).
 #pragma once
 
 #include <cstdint>

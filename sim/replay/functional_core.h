@@ -2,10 +2,10 @@
 // timed run they replay (sim/replay/launch_replay.h). The scalar unit walks the program and
 // issues each pipe instruction into its pipe's queue, as in the core model
 // (sim/core/ai_core.h); the pipes then execute their queues' heads in the order the timed run
-// executed them, which it recorded per core (AiCore::exec_order). So even a kernel whose pipes
-// race (a missing wait_flag) computes what its timed run computed: the result depends only on
-// the order in which instructions took effect, and that order is replayed. Flags and barriers
-// only order time, so they are skipped; nothing is timed or counted.
+// executed them, which it recorded per core (CoreRecording::exec_order). So even a kernel whose
+// pipes race (a missing wait_flag) computes what its timed run computed: the result depends
+// only on the order in which instructions took effect, and that order is replayed. Flags and
+// barriers only order time, so they are skipped; nothing is timed or counted.
 //
 // One FunctionalCore touches only its own CoreMemory and the bytes of device memory its
 // instructions name, so the replay runs several cores at once on host threads.
@@ -27,7 +27,7 @@ namespace npusim {
 class FunctionalCore {
  public:
   // order: the pipes whose instructions took effect one after another in the timed run, over
-  // all the blocks this core ran (AiCore::exec_order; isa::Pipe::S marks a scalar st or ld).
+  // all the blocks this core ran (CoreRecording::exec_order; isa::Pipe::S: a scalar st or ld).
   // functional: false for a timing-only simulator (nothing is computed, buffers stay as they
   // are).
   // execute: carry out each instruction's effect. verify: change nothing, but compute each

@@ -8,9 +8,11 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
+#include "sim/chip/chip.h"
 #include "sim/chip/l2_tags.h"
 #include "sim/chip/memory_system.h"
 #include "sim/core/ai_core.h"
+#include "sim/replay/core_recording.h"
 #include "sim/replay/functional_core.h"
 #include "sim/replay/worker_pool.h"
 
@@ -143,20 +145,19 @@ bool loads_own_writes(const FunctionalCore& fc) {
 
 }  // namespace
 
-bool record_blocks(const isa::Program& program,
-                   const std::vector<std::unique_ptr<AiCore>>& cores,
-                   const MemorySystem& memory, RecordedLaunch* rec) {
+bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec) {
+  const auto& recordings = chip.recordings();
   CoreAccesses accesses;
-  for (const auto& core : cores) accesses.push_back({&core->gm_accesses()});
+  for (const auto& r : recordings) accesses.push_back({&r->gm_accesses()});
   if (cores_share_written_bytes(accesses)) return false;
-  rec->transfer_order = memory.transfer_order();
-  rec->l2_fingerprint = memory.l2_fingerprint();
+  rec->transfer_order = chip.memory().transfer_order();
+  rec->l2_fingerprint = chip.memory().l2_fingerprint();
   std::map<const SectionRun*, int> run_index;
-  for (const auto& core : cores) {
+  for (const auto& core : chip.cores()) {
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, core->exec_order(),
-                                  core->fingerprint()};
+    const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
+    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {

@@ -32,6 +32,7 @@
 namespace npusim {
 
 class AiCore;
+class Chip;
 class L2Tags;
 class MemorySystem;
 class WorkerPool;
@@ -76,8 +77,8 @@ struct RecordedLaunch {
   struct CoreBlocks {
     int core;  // chip index
     std::vector<Block> blocks;  // in the order the core ran them
-    std::vector<uint8_t> order;  // AiCore::exec_order of the recorded run
-    CoreFingerprint fingerprint;  // AiCore::fingerprint of the recorded run
+    std::vector<uint8_t> order;  // CoreRecording::exec_order of the recorded run
+    CoreFingerprint fingerprint;  // CoreRecording::fingerprint of the recorded run
   };
   std::vector<CoreBlocks> cores;
   // MemorySystem::transfer_order and l2_fingerprint of the recorded run.
@@ -87,13 +88,11 @@ struct RecordedLaunch {
   uint64_t bytes() const;
 };
 
-// The blocks each core ran in the launch now ending, recorded (LaunchInfo::record) and about
-// to end (call before the chip resets its cores), with the memory system's record. False if the
+// The blocks each core of `chip` ran in the launch now ending, recorded (Chip::recordings) and
+// about to end (call before Chip::end_launch), with the memory system's record. False if the
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
 // so the result depends on the order of the cores (in a simulated run, on their timing).
-bool record_blocks(const isa::Program& program,
-                   const std::vector<std::unique_ptr<AiCore>>& cores,
-                   const MemorySystem& memory, RecordedLaunch* rec);
+bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as

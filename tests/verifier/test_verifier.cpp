@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "isa/assembler.h"
-#include "isa/verifier/verifier.h"
 #include "sim/exec/exec.h"
+#include "sim/verifier/verifier.h"
 #include "tests/common/test_chip.h"
 
 using namespace npusim;

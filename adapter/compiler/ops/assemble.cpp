@@ -6,7 +6,7 @@
 
 #include "adapter/compiler/ops/elementwise.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

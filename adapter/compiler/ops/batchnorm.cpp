@@ -34,7 +34,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

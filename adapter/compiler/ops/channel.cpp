@@ -7,7 +7,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

@@ -7,7 +7,7 @@
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/conv.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

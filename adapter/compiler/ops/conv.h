@@ -11,7 +11,7 @@
 //   - launch helpers (ops/conv_launch.cpp): casts into the workspace, the strided -> dense copy.
 // Window geometry: ops/conv_window.cpp. The slab both cube kernels load: ops/conv_slab.h. Both
 // run on the cube skeleton (ops/cube_pipeline.h).
-// Layouts: docs/assembly.md "Data layouts", sim/exec/layout.h.
+// Layouts: docs/assembly.md "Data layouts", isa/layout.h.
 #pragma once
 
 #include <cstdint>

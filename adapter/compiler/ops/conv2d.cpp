@@ -59,7 +59,7 @@
 #include "adapter/compiler/ops/matmul.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

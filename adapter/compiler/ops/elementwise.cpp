@@ -8,8 +8,7 @@
 
 #include "adapter/compiler/buffer_plan.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
-#include "sim/exec/vector_insn.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

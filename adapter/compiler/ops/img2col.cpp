@@ -10,7 +10,7 @@
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

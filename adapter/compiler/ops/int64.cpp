@@ -9,7 +9,7 @@
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/compose.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

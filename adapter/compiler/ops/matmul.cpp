@@ -22,7 +22,7 @@
 //   Flags: L1 full/free (mte2 <-> mte1), L0 full/free (mte1 <-> m), L0C full/free (m <-> fix),
 //   a ping/pong pair each; parities are run-time values, so each flag instruction is a two-way
 //   branch (KernelBuilder::set_flag/wait_flag with a parity register).
-// Layouts: docs/assembly.md "Data layouts" and sim/exec/layout.h.
+// Layouts: docs/assembly.md "Data layouts" and isa/layout.h.
 //
 // Batched products (BatchMatMulV2, ops/batch_matmul.cpp) run the same kernel over the tiles of
 // every product (MatmulTiling's batch fields).
@@ -44,7 +44,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

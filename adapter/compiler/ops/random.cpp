@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

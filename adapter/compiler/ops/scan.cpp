@@ -25,7 +25,7 @@
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/transpose.h"
 #include "common/int_math.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

@@ -27,7 +27,7 @@
 #include "adapter/compiler/ops/assemble.h"
 #include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/elementwise.h"
-#include "sim/exec/layout.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 

@@ -1,10 +1,14 @@
-// The fractal data layouts shared by the MTE, cube and FIXPIPE instructions (the contract in
-// docs/assembly.md, "Data layouts"). All offsets are in ELEMENTS from the start of the
-// matrix; multiply by the element size for bytes. These are format facts of the ISA, not hardware
-// rates, so they are constants here rather than config values.
+// Geometry fixed by the ISA, shared by the simulator (sim/exec), the compiler and the profiler:
+// the fractal data layouts of the MTE, cube and FIXPIPE instructions (the contract in
+// docs/assembly.md, "Data layouts") and the vector unit's repeat geometry (isa.def). Layout
+// offsets are in ELEMENTS from the start of the matrix; multiply by the element size for bytes.
+// These are format facts of the ISA, not hardware rates, so they are constants here rather than
+// config values.
 #pragma once
 
 #include <cstdint>
+
+#include "common/int_math.h"
 
 namespace npusim::layout {
 
@@ -12,9 +16,6 @@ inline constexpr uint64_t kBlockBytes = 32;     // one block: the unit of C0, ga
 inline constexpr uint64_t kFractalBytes = 512;  // one L1 / L0A / L0B fractal
 inline constexpr uint64_t kFractalRows = 16;    // rows of a fractal (and n-width of L0B/L0C ones)
 inline constexpr uint64_t kL0cElemBytes = 4;    // L0C holds f32 or s32
-
-inline constexpr uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-inline constexpr uint64_t round_up(uint64_t a, uint64_t b) { return ceil_div(a, b) * b; }
 
 // C0 (= K0): elements of one 32-byte block for an element of `elem_bytes` bytes.
 inline constexpr uint64_t c0_of(uint64_t elem_bytes) { return kBlockBytes / elem_bytes; }
@@ -57,3 +58,16 @@ inline constexpr uint64_t l0c_extent(uint64_t m, uint64_t n) {
 }
 
 }  // namespace npusim::layout
+
+namespace npusim::vec {
+
+// A vector repeat is 8 blocks of 32 bytes; the normal-mode mask has a bit per lane.
+inline constexpr int kBlockBytes = static_cast<int>(layout::kBlockBytes);
+inline constexpr int kBlocksPerRepeat = 8;
+inline constexpr int kRepeatBytes = kBlockBytes * kBlocksPerRepeat;
+inline constexpr int kMaskLanes = 128;     // width of the normal-mode mask
+inline constexpr int kTransposeSide = 16;  // vtranspose: 16 x 16 elements of 2 bytes
+inline constexpr int kTransposeElemBytes = 2;
+inline constexpr int kTransposeBytes = kTransposeSide * kTransposeSide * kTransposeElemBytes;
+
+}  // namespace npusim::vec

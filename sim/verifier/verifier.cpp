@@ -2,7 +2,7 @@
 // checks (sections, pipes, buffers, data types, flags, control flow) look at the instructions
 // alone; bounds and alignment come from sim/exec's plan() wherever a forward constant
 // propagation knows every operand, so the verifier and the simulator cannot disagree on them.
-#include "isa/verifier/verifier.h"
+#include "sim/verifier/verifier.h"
 
 #include <algorithm>
 #include <limits>
@@ -15,8 +15,8 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "sim/exec/scalar_alu.h"
 #include "sim/exec/exec.h"
+#include "sim/exec/scalar_alu.h"
 #include "sim/exec/vector_ops.h"
 
 namespace npusim::isa {

@@ -14,6 +14,8 @@
 //     knowledge dropped at labels and branch targets) and, for every pipe instruction whose
 //     operands are all known, sim/exec's plan() on a CoreMemory of the section's core kind; a
 //     KernelFault becomes an issue. GM addresses are not checked (they come from arguments).
+// It sits above the instruction model (sim/exec) so that it applies the model's own rules; its
+// functions keep the isa namespace of the programs they check.
 #pragma once
 
 #include <cstdint>
