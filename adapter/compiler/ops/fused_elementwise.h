@@ -1,0 +1,26 @@
+// FusedElementwise: a chain (a DAG) of element-wise ops compiled as ONE streaming kernel
+// (ops/elementwise.h) that keeps every intermediate in the UB, as CANN's graph engine fuses
+// element-wise chains into one vector kernel. The TF plugin's graph pass (graph_fusion.h)
+// rewrites NPU chains of fusible ops into this op.
+//
+// The op (TF op and compiler op "FusedElementwise"):
+//   inputs   N tensors of one type T (float, half or bfloat16), numpy-broadcastable to the output;
+//   attr T   their type; every step's result has type T too;
+//   attr steps  list(string), in evaluation order; step k is "<TfOp> <operand>[ <operand>]",
+//            each operand "i<n>" (input n) or "s<j>" (the result of step j < k), e.g.
+//            {"Sub i0 i1", "Mul s0 i2"} computes (i0 - i1) * i2;
+//   output   one tensor: the last step's result, of the inputs' broadcast shape.
+// Every step is evaluated at every output position (a step on broadcast operands repeats its
+// value), with the same vector instructions, temporaries and roundings as the op's own kernel,
+// so the fused result is bit-identical to running the ops one by one.
+#pragma once
+
+#include <string>
+
+namespace npusim::compiler::ops {
+
+// Whether `tf_op` may be a step of FusedElementwise for inputs and output of one float type T
+// (the element-wise ops of ops/binary.cpp and ops/unary.cpp whose result has their inputs' type).
+bool fusible_elementwise(const std::string& tf_op);
+
+}  // namespace npusim::compiler::ops
