@@ -14,12 +14,12 @@ using isa::Dtype;
 using isa::Opcode;
 using isa::Pipe;
 using layout::kBlockBytes;
+using vec::kRepeatBytes;
 
 namespace {
 
 constexpr int64_t kTileQuantum = 128;    // tiles are whole multiples of 128 elements
-constexpr uint64_t kRepeatSlack = 256;   // a counter-mode repeat may span 256 bytes past a buffer
-constexpr uint64_t kPatternBytes = 512;  // s64 splat pattern: two repeats of lo/hi lanes
+constexpr uint64_t kPatternBytes = 2 * kRepeatBytes;  // s64 splat pattern: two repeats of lo/hi
 constexpr int64_t kMinRunElems = 4;      // shorter runs go element by element (ld + vdup)
 constexpr int kLog2Block = 5;
 
@@ -294,80 +294,76 @@ void TileKernel::accumulate_run(const Reg& off, const Reg& len, const Reg& src) 
   run_piece(off, len, src, true);
 }
 
-Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
-                         const std::function<void(TileKernel&)>& prologue) {
-  KernelBuilder& b = m_b;
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *m_cfg.core_kind(kind);
-  int64_t n = 1;
-  for (int64_t d : m_opt.out_shape) n *= d;
-  if (n <= 0) b.fail("internal: TileKernel needs a non-empty output");
-  const int64_t granule = std::max<int64_t>(1, kBlockBytes / m_esize);  // elements per block
+// UB the tile choice holds back beyond the declared buffers: four blocks, two more with the run
+// scratch, one more with the widened run buffer, one more with the s64 pattern. A deliberate
+// cap: it restates the hand-kept budget the tiles were chosen with (alignment and phase slack),
+// so the tiles stay as they were; at 32-byte alignment every buffer below is whole blocks and
+// the layout itself needs none of it.
+uint64_t TileKernel::tile_reserve_bytes() const {
+  uint64_t blocks = 4;
+  if (m_opt.runs) blocks += m_wide ? 3 : 2;
+  if (m_units == 2) blocks += 1;
+  return blocks * kBlockBytes;
+}
 
-  // Tile: two lane tiles, (wide) two narrow tiles, (runs) two scratch buffers and the widened
-  // buffer, per element; fixed: alignment and phase slack, the s64 pattern, repeat overrun.
-  const uint64_t ub = core.capacity(isa::Buf::UB);
-  double per_elem = 2.0 * m_units * m_ubytes;
-  uint64_t fixed = kRepeatSlack + 4 * kBlockBytes;
-  if (m_wide) per_elem += 2;
-  if (m_opt.runs) {
-    per_elem += 2.0 * m_esize;
-    fixed += 4 * kBlockBytes;
-    if (m_wide) {
-      per_elem += 2;
-      fixed += 2 * kBlockBytes;
-    }
-  }
-  if (m_units == 2) fixed += kPatternBytes + kBlockBytes;
-  for (const auto& t : m_opt.temps) {
-    per_elem += t.second;
-    fixed += kBlockBytes;
-  }
-  int64_t tile = fixed < ub ? static_cast<int64_t>(static_cast<double>(ub - fixed) / per_elem) : 0;
-  tile = tile / kTileQuantum * kTileQuantum;
+// In tile elements, in allocation order: two lane tiles, (wide) two narrow u8 tiles, (runs) two
+// scratch buffers (a piece's phase adds up to one block) and (wide) the widened run, (s64) the
+// splat pattern, the body's temporaries, and the room a counter-mode repeat may overrun.
+TileKernel::TileBuffers TileKernel::declare_buffers() const {
+  TileBuffers d;
+  d.out = d.plan.add("out tile", m_units * m_ubytes, 0, 2);
+  d.narrow = d.plan.add("u8 out tile", 1, 0, 2, m_wide);
+  d.scratch = d.plan.add("run scratch", m_esize, kBlockBytes, 2, m_opt.runs);
+  d.widened = d.plan.add("widened run", 2, kBlockBytes, 1, m_opt.runs && m_wide);
+  d.pattern = d.plan.add_fixed("s64 splat pattern", kPatternBytes, 1, m_units == 2);
+  for (const auto& t : m_opt.temps) d.temps.push_back(d.plan.add(t.first, t.second, kBlockBytes));
+  d.plan.add_fixed("repeat overrun slack", kRepeatBytes);
+  return d;
+}
+
+// The tile: the most multiples of kTileQuantum elements whose buffers fit in the UB less
+// tile_reserve_bytes(). The split: each block a range of `per` elements (whole 32-byte output
+// blocks); the tile is at most `per`.
+void TileKernel::plan_tiles() {
+  const uint64_t ub = m_core->capacity(isa::Buf::UB);
+  const uint64_t reserve = tile_reserve_bytes();
+  const int64_t tile = reserve < ub ? declare_buffers().plan.fit(ub - reserve, 1, kTileQuantum,
+                                                                 static_cast<int64_t>(ub))
+                                    : 0;
   if (tile == 0)
-    b.fail(fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum,
-                       ub));
-  const int64_t per = round_up(ceil_div(n, static_cast<int64_t>(core.count)), granule);
-  const int block_dim = static_cast<int>(ceil_div(n, per));
-  m_tile = std::min(tile, per);
+    m_b.fail(
+        fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum, ub));
+  const int64_t granule = std::max<int64_t>(1, kBlockBytes / m_esize);  // elements per block
+  m_per = round_up(ceil_div(m_n, static_cast<int64_t>(m_core->count)), granule);
+  m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
+  m_tile = std::min(tile, m_per);
+}
 
-  b.begin_section(kind);
-  for (int q = 0; q < 2; ++q)
-    m_out[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * m_units * m_ubytes),
-                       fmt::format("out tile {}", q));
-  if (m_wide)
-    for (int q = 0; q < 2; ++q)
-      m_narrow[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile),
-                            fmt::format("u8 out tile {}", q));
-  if (m_opt.runs) {
-    for (int q = 0; q < 2; ++q)
-      m_scratch[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * m_esize) + kBlockBytes,
-                             fmt::format("run scratch {}", q));
-    if (m_wide)
-      m_widened = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * 2) + kBlockBytes,
-                          "widened run");
-  }
-  if (m_units == 2) m_pattern = b.alloc(isa::Buf::UB, kPatternBytes, "s64 splat pattern");
-  for (const auto& t : m_opt.temps)
-    m_temps.push_back(b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_tile * t.second) + kBlockBytes,
-                              t.first));
-  b.alloc(isa::Buf::UB, kRepeatSlack, "repeat overrun slack");
+void TileKernel::allocate() {
+  const TileBuffers d = declare_buffers();
+  const BufferPlan::Placed at = d.plan.allocate(m_b, m_tile);
+  m_out = at.twin(d.out);
+  m_narrow = at.twin(d.narrow);
+  m_scratch = at.twin(d.scratch);
+  m_widened = at[d.widened];
+  m_pattern = at[d.pattern];
+  for (BufferPlan::Id id : d.temps) m_temps.push_back(at[id]);
+}
 
-  Launch launch;
+void TileKernel::declare_args(Launch& launch) {
   for (size_t i = 0; i < m_opt.inputs.size(); ++i) {
-    b.declare_arg(fmt::format("in{}", i), device_dtype(m_opt.inputs[i].dtype),
-                  m_opt.inputs[i].shape);
+    m_b.declare_arg(fmt::format("in{}", i), device_dtype(m_opt.inputs[i].dtype),
+                    m_opt.inputs[i].shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
   }
-  b.declare_arg("out", device_dtype(m_opt.dtype), m_opt.out_shape);
+  m_b.declare_arg("out", device_dtype(m_opt.dtype), m_opt.out_shape);
   launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+}
 
-  Reg pos = b.reg("tile start"), end = b.reg("end of this block's range"),
-      cnt = b.reg("tile elements");
-  emit_block_range(b, pos, end, per, n);
-  FlagPair out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output tile assembled");
-  FlagPair out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
+void TileKernel::init_flags() {
+  KernelBuilder& b = m_b;
+  m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output tile assembled");
+  m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output tile stored");
   if (m_opt.runs) {
     m_scratch_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "run loaded");
     m_scratch_free = b.flag_pair(Pipe::V, Pipe::MTE2, "run scratch free");
@@ -378,15 +374,89 @@ Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
     m_tile_loaded = b.flag_pair(Pipe::MTE2, Pipe::MTE3, "direct loads done");
     m_vector_done = b.flag_pair(Pipe::V, Pipe::MTE2, "vector writes before direct loads");
   }
-  Reg sp = b.reg_imm("run scratch parity", 0);
-  {
-    KernelBuilder::Origin o(b, "all buffers start free");
-    for (int q = 0; q < 2; ++q) {
-      b.set_flag(out_free, q);
-      if (m_opt.runs) b.set_flag(m_scratch_free, q);
-      if (m_direct) b.set_flag(m_tile_free_mte2, q);
-    }
+}
+
+void TileKernel::free_all_buffers() {
+  KernelBuilder::Origin o(m_b, "all buffers start free");
+  for (int q = 0; q < 2; ++q) {
+    m_b.set_flag(m_out_free, q);
+    if (m_opt.runs) m_b.set_flag(m_scratch_free, q);
+    if (m_direct) m_b.set_flag(m_tile_free_mte2, q);
   }
+}
+
+// One tile of parity q: its element count, the body into the free tile, (wide) the narrowing,
+// the store, and the next tile's start.
+void TileKernel::emit_tile(int q, const Reg& end, const Label& drain,
+                           const std::function<void(TileKernel&)>& body) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  const Reg& pos = *m_pos;
+  const Reg& cnt = *m_cnt;
+  b.branch(ge(pos, end), drain);
+  b.sub(cnt, end, pos);
+  b.min(cnt, cnt, m_tile, "elements in this tile");
+  b.wait_flag(m_out_free, q);
+  if (m_direct) b.wait_flag(m_tile_free_mte2, q, "tile free for direct loads");
+  m_current_tile = m_out[q];
+  m_q = q;
+  body(*this);
+  if (m_wide) vec_convert(b, Dtype::U8, Dtype::U16, m_narrow[q], m_out[q], RoundMode::kRint, cnt);
+  b.set_flag(m_out_ready, q);
+  b.wait_flag(m_out_ready, q);
+  if (m_direct) {
+    b.set_flag(m_tile_loaded, q);
+    b.wait_flag(m_tile_loaded, q);
+  }
+  store_tile(q);
+  b.set_flag(m_out_free, q);
+  if (m_direct) b.set_flag(m_tile_free_mte2, q);
+  b.add(pos, pos, cnt);
+}
+
+// out[pos, pos + cnt) = the tile of parity q, in whole 32-byte blocks.
+void TileKernel::store_tile(int q) {
+  KernelBuilder& b = m_b;
+  Reg dst = b.load_arg("out");
+  Reg blocks = b.reg("output tile blocks");
+  b.mul(blocks, *m_pos, m_esize);
+  b.add(dst, dst, blocks);
+  b.mul(blocks, *m_cnt, m_esize);
+  b.add(blocks, blocks, kBlockBytes - 1);
+  b.shr(blocks, blocks, kLog2Block);
+  b.emit(Opcode::op_copy_ub2gm, {dst, m_wide ? m_narrow[q] : m_out[q], 1, blocks, 0, 0},
+         "store the output tile");
+}
+
+void TileKernel::emit_drain() {
+  KernelBuilder::Origin o(m_b, "drain: consume the free flags");
+  for (int q = 0; q < 2; ++q) {
+    m_b.wait_flag(m_out_free, q);
+    if (m_opt.runs) m_b.wait_flag(m_scratch_free, q);
+    if (m_direct) m_b.wait_flag(m_tile_free_mte2, q);
+  }
+}
+
+Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
+                         const std::function<void(TileKernel&)>& prologue) {
+  KernelBuilder& b = m_b;
+  const isa::CoreKind kind = b.vector_core_kind();
+  m_core = m_cfg.core_kind(kind);
+  m_n = 1;
+  for (int64_t d : m_opt.out_shape) m_n *= d;
+  if (m_n <= 0) b.fail("internal: TileKernel needs a non-empty output");
+  plan_tiles();
+
+  b.begin_section(kind);
+  allocate();
+  Launch launch;
+  declare_args(launch);
+  Reg pos = b.reg("tile start"), end = b.reg("end of this block's range"),
+      cnt = b.reg("tile elements");
+  emit_block_range(b, pos, end, m_per, m_n);
+  init_flags();
+  Reg sp = b.reg_imm("run scratch parity", 0);
+  free_all_buffers();
   m_pos = &pos;
   m_cnt = &cnt;
   m_sp = &sp;
@@ -396,54 +466,16 @@ Launch TileKernel::build(const std::function<void(TileKernel&)>& body,
   }
   Label loop = b.label("tile_loop"), drain = b.label("drain");
   b.bind(loop);
-  for (int q = 0; q < 2; ++q) {
-    KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
-    b.branch(ge(pos, end), drain);
-    b.sub(cnt, end, pos);
-    b.min(cnt, cnt, m_tile, "elements in this tile");
-    b.wait_flag(out_free, q);
-    if (m_direct) b.wait_flag(m_tile_free_mte2, q, "tile free for direct loads");
-    m_current_tile = m_out[q];
-    m_q = q;
-    body(*this);
-    if (m_wide) vec_convert(b, Dtype::U8, Dtype::U16, m_narrow[q], m_out[q], RoundMode::kRint, cnt);
-    b.set_flag(out_ready, q);
-    b.wait_flag(out_ready, q);
-    if (m_direct) {
-      b.set_flag(m_tile_loaded, q);
-      b.wait_flag(m_tile_loaded, q);
-    }
-    {
-      Reg dst = b.load_arg("out");
-      Reg blocks = b.reg("output tile blocks");
-      b.mul(blocks, pos, m_esize);
-      b.add(dst, dst, blocks);
-      b.mul(blocks, cnt, m_esize);
-      b.add(blocks, blocks, kBlockBytes - 1);
-      b.shr(blocks, blocks, kLog2Block);
-      b.emit(Opcode::op_copy_ub2gm, {dst, m_wide ? m_narrow[q] : m_out[q], 1, blocks, 0, 0},
-             "store the output tile");
-    }
-    b.set_flag(out_free, q);
-    if (m_direct) b.set_flag(m_tile_free_mte2, q);
-    b.add(pos, pos, cnt);
-  }
+  for (int q = 0; q < 2; ++q) emit_tile(q, end, drain, body);
   b.jmp(loop);
   b.bind(drain);
-  {
-    KernelBuilder::Origin o(b, "drain: consume the free flags");
-    for (int q = 0; q < 2; ++q) {
-      b.wait_flag(out_free, q);
-      if (m_opt.runs) b.wait_flag(m_scratch_free, q);
-      if (m_direct) b.wait_flag(m_tile_free_mte2, q);
-    }
-  }
+  emit_drain();
   b.end();
   m_pos = m_cnt = m_sp = nullptr;
-  launch.summary = fmt::format("{}: {} elements of {}, {} blocks of {}, tile {} elements",
-                               m_opt.kernel_name, n, data_type_name(m_opt.dtype), block_dim, per,
-                               m_tile);
-  launch.block_dim = block_dim;
+  launch.summary =
+      fmt::format("{}: {} elements of {}, {} blocks of {}, tile {} elements", m_opt.kernel_name,
+                  m_n, data_type_name(m_opt.dtype), m_block_dim, m_per, m_tile);
+  launch.block_dim = m_block_dim;
   launch.kernel = b.finish();
   return launch;
 }

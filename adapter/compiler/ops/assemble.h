@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
 
@@ -98,6 +99,24 @@ class TileKernel {
   void vector_before_direct();
 
  private:
+  // The UB buffers of one tile, declared once (BufferPlan): tile choice and allocation.
+  struct TileBuffers {
+    BufferPlan plan;
+    BufferPlan::Id out = -1, narrow = -1, scratch = -1, widened = -1, pattern = -1;
+    std::vector<BufferPlan::Id> temps;
+  };
+  TileBuffers declare_buffers() const;
+  uint64_t tile_reserve_bytes() const;
+  void plan_tiles();
+  void allocate();
+  void declare_args(Launch& launch);
+  void init_flags();
+  void free_all_buffers();
+  void emit_tile(int q, const Reg& end, const Label& drain,
+                 const std::function<void(TileKernel&)>& body);
+  void store_tile(int q);
+  void emit_drain();
+
   void exact(isa::Opcode op, isa::Dtype type, const Reg& off_u, const Reg& len_u,
              const Reg& src, bool src_pattern);
   void run_piece(const Reg& off, const Reg& len, const Reg& src, bool accumulate);
@@ -112,14 +131,19 @@ class TileKernel {
   int m_units = 1;       // lanes per element (2 for 8-byte elements)
   isa::Dtype m_unit = isa::Dtype::U16;  // lane type of the tile (u16 or s32)
   int m_ubytes = 2;      // bytes per lane
+  const CoreKindConfig* m_core = nullptr;  // the vector cores
+  int64_t m_n = 0;                         // output elements
   int64_t m_tile = 0;    // elements per tile
-  uint64_t m_out[2] = {0, 0};      // UB tiles (lanes)
-  uint64_t m_narrow[2] = {0, 0};   // wide mode: the u8 tiles that are stored
-  uint64_t m_scratch[2] = {0, 0};  // run loads
+  int64_t m_per = 0;     // elements per block
+  int m_block_dim = 0;
+  Twin m_out;                      // UB tiles (lanes)
+  Twin m_narrow;                   // wide mode: the u8 tiles that are stored
+  Twin m_scratch;                  // run loads
   uint64_t m_widened = 0;          // wide mode: runs after vconv u8 -> u16
   uint64_t m_pattern = 0;          // s64 splats: lo/hi pattern (two repeats)
   uint64_t m_current_tile = 0;     // the tile of the parity being emitted
   std::vector<uint64_t> m_temps;
+  FlagPair m_out_ready, m_out_free;
   FlagPair m_scratch_ready, m_scratch_free;
   bool m_direct = false;           // copy_run loads whole blocks straight into the tile
   FlagPair m_tile_free_mte2, m_tile_loaded, m_vector_done;
