@@ -542,10 +542,7 @@ Launch build_blockdiag(Dtype type, int64_t taps, int64_t c, int64_t m, const Chi
   b.set_flag(Pipe::V, Pipe::MTE2, v_free);
   b.set_flag(Pipe::MTE3, Pipe::V, t_free);
   Reg item = b.reg("item"), end = b.reg("end item");
-  b.emit(Opcode::op_get_block_id, {item});
-  b.mul(item, item, per);
-  b.add(end, item, per);
-  b.min(end, end, items);
+  emit_block_range(b, item, end, per, items);
   b.for_range(item, item, end, 1, [&] {
     Reg valid = b.reg("channels of the group"), src = b.reg("source"), tmp = b.reg("temp");
     // g = item / taps, tap = item % taps; valid = min(16, C - 16g)

@@ -40,15 +40,6 @@ ItemRange item_range(int64_t count, const KernelBuilder& b, int64_t multiple = 1
   return r;
 }
 
-// first, end = this block's item range [first, end).
-void begin_item_range(KernelBuilder& b, const ItemRange& r, int64_t count, const Reg& first,
-                      const Reg& end) {
-  b.emit(Opcode::op_get_block_id, {first});
-  b.mul(first, first, r.per);
-  b.add(end, first, r.per);
-  b.min(end, end, count);
-}
-
 }  // namespace
 
 Launch build_widen_s32_to_s64(const std::string& op, int64_t n, const ChipConfig& cfg) {
@@ -59,7 +50,7 @@ Launch build_widen_s32_to_s64(const std::string& op, int64_t n, const ChipConfig
   b.declare_arg("out", Dtype::S64, {n});
   Reg in = b.load_arg("in0"), out = b.load_arg("out");
   Reg k = b.reg("element"), end = b.reg("end of this block's range");
-  begin_item_range(b, pr, n, k, end);
+  emit_block_range(b, k, end, pr.per, n);
   Reg v = b.reg("two s32"), x = b.reg("one s64"), a = b.reg("address");
   auto widen = [&](const Reg& dst, const Reg& src) {  // dst = sign-extended low 32 bits of src
     b.and_(dst, src, kLow32);
@@ -99,7 +90,7 @@ Launch build_narrow_s64_to_s32(const std::string& op, int64_t n, int64_t lo, int
   b.declare_arg("out", Dtype::S32, {n});
   Reg in = b.load_arg("in0"), out = b.load_arg("out");
   Reg k = b.reg("element"), end = b.reg("end of this block's range");
-  begin_item_range(b, pr, n, k, end);
+  emit_block_range(b, k, end, pr.per, n);
   Reg v = b.reg("pair"), w = b.reg("second"), a = b.reg("address");
   Reg lo_r = b.reg_imm("lower clamp", lo), hi_r = b.reg_imm("upper clamp", hi);
   auto clamp = [&](const Reg& r) {
@@ -277,7 +268,7 @@ Launch build_scalar_map(const std::string& op, const ScalarMapSpec& spec, const 
   for (size_t i = 0; i < spec.inputs.size(); ++i) addr.push_back(b.load_arg(fmt::format("in{}", i)));
   Reg out = b.load_arg("out");
   Reg k = b.reg("element"), end = b.reg("end of this block's range");
-  begin_item_range(b, range, n, k, end);
+  emit_block_range(b, k, end, range.per, n);
   Reg word = b.reg("packed output word"), idx = b.reg("element index"), v = b.reg("result");
   Reg a = b.reg("address"), q = b.reg("index along a dim");
   std::vector<Reg> val;
@@ -609,7 +600,7 @@ Launch build_s64_cumsum(const std::string& op, int64_t outer, int64_t n, int64_t
   b.declare_arg("out", Dtype::S64, {outer, n, inner});
   Reg x = b.load_arg("in0"), out = b.load_arg("out");
   Reg c = b.reg("column"), end = b.reg("end of this block's columns");
-  begin_item_range(b, r, cols, c, end);
+  emit_block_range(b, c, end, r.per, cols);
   Reg ax = b.reg("x address"), ao = b.reg("out address"), t = b.reg("t"), k = b.reg("step");
   Reg acc = b.reg("running sum"), v = b.reg("element");
   const int64_t step = inner * 8;
@@ -656,7 +647,7 @@ Launch build_s64_segment_sum(const std::string& op, int64_t rows, int64_t inner,
   b.declare_arg("out", Dtype::S64, {segments, inner});
   Reg data = b.load_arg("in0"), ids = b.load_arg("in1"), out = b.load_arg("out");
   Reg j0 = b.reg("first column"), j1 = b.reg("end of this block's columns");
-  begin_item_range(b, r, inner, j0, j1);
+  emit_block_range(b, j0, j1, r.per, inner);
   Reg i = b.reg("row / segment"), j = b.reg("column"), a = b.reg("address"), t = b.reg("t");
   Reg id = b.reg("segment id"), v = b.reg("value"), w = b.reg("sum");
   {

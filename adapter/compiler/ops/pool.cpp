@@ -138,10 +138,7 @@ class PoolEmitter {
     b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
     if (m_s.kind == PoolKind::kMaxGrad) constants();
     Reg item = b.reg("item"), end = b.reg("end item");
-    b.emit(Opcode::op_get_block_id, {item});
-    b.mul(item, item, per);
-    b.add(end, item, per);
-    b.min(end, end, items);
+    emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
       Reg g = b.reg("channel group"), row = b.reg("row"), img = b.reg("image");
       b.rem(g, item, m_s.cp / m_ct);

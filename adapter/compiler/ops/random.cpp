@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/elementwise.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -214,10 +215,7 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
     b.emit(Opcode::op_ld, {lo, a});
     b.add(a, a, 8);
     b.emit(Opcode::op_ld, {hi, a});
-    b.emit(Opcode::op_get_block_id, {g});
-    b.mul(g, g, split.per);
-    b.add(end, g, split.per);
-    b.min(end, end, groups);
+    emit_block_range(b, g, end, split.per, groups);
     // counter += g (128-bit): carry into the high word when the low word wraps, i.e. when the
     // new low word is below g as unsigned numbers (compared as signed after flipping the sign).
     b.add(lo, lo, g);

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/elementwise.h"
+
 namespace npusim::compiler::ops {
 
 using isa::Opcode;
@@ -74,11 +76,7 @@ PingPong& RowKernel::start_pingpong() {
 }
 
 void RowKernel::block_range(const Reg& start, const Reg& end, int64_t per, int64_t total) {
-  KernelBuilder::Origin o(m_b, fmt::format("block range: {} per block", per));
-  m_b.emit(Opcode::op_get_block_id, {start});
-  m_b.mul(start, start, per);
-  m_b.add(end, start, per);
-  m_b.min(end, end, total);
+  emit_block_range(m_b, start, end, per, total);
 }
 
 void RowKernel::resident_groups(const BlockSplit& split, int64_t total, int64_t G,

@@ -68,7 +68,7 @@ Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t 
     o_ready[q] = b.flag(Pipe::V, Pipe::MTE3, "out row computed");
     o_free[q] = b.flag(Pipe::MTE3, Pipe::V, "out row stored");
   }
-  b.alloc(isa::Buf::UB, 256, "repeat overrun slack");
+  b.alloc(isa::Buf::UB, vec::kRepeatBytes, "repeat overrun slack");
   b.declare_arg("in0", type, {n, m});
   b.declare_arg("out", type, {n, m});
   for (int q = 0; q < kSlots; ++q) {
@@ -77,10 +77,7 @@ Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t 
   }
   Reg c = b.reg("column block"), c_end = b.reg("end column block"), w = b.reg("chunk blocks"),
       cnt = b.reg("chunk elements"), k = b.reg("step");
-  b.emit(Opcode::op_get_block_id, {c});
-  b.mul(c, c, per);
-  b.add(c_end, c, per);
-  b.min(c_end, c_end, blocks);
+  emit_block_range(b, c, c_end, per, blocks);
   Label chunks = b.label("chunk_loop"), done = b.label("done");
   b.bind(chunks);
   b.branch(ge(c, c_end), done);
