@@ -20,6 +20,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
@@ -34,7 +35,7 @@ bool castable(DataType t) {
 }
 
 enum CastToBoolTemp { kBits, kHalf, kOnes, kZeros, kZeroIn };
-constexpr uint64_t kRepeat = 256;  // one vector repeat of constants
+constexpr uint64_t kRepeat = vec::kRepeatBytes;  // one vector repeat of constants
 
 }  // namespace
 

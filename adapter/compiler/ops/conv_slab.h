@@ -19,12 +19,13 @@
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/conv.h"
 #include "isa/isa.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
-constexpr int64_t kBlk = 16;       // channels per block: C0 of 16-bit types = fractal rows
-constexpr int64_t kBlkBytes = 32;  // one channel block of one pixel
-constexpr int64_t kMaxTile = 256;  // output tile side limit (as MatMul)
+constexpr int64_t kBlk = 16;  // channels per block: C0 of 16-bit types = fractal rows
+constexpr int64_t kBlkBytes = vec::kBlockBytes;  // one channel block of one pixel
+constexpr int64_t kMaxTile = 256;                // output tile side limit (as MatMul)
 
 inline int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm_max(k)); }
 

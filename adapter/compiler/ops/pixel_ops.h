@@ -15,6 +15,7 @@
 
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
@@ -23,7 +24,7 @@ class PixelOps {
   static constexpr int64_t kLanes = 64;       // f32 lanes of one repeat
   static constexpr int64_t kBlockF32 = 8;     // f32 per 32-byte block
   static constexpr int64_t kPixChunk = 248;   // pixels per instruction
-  static constexpr uint64_t kPixelSlack = 256;
+  static constexpr uint64_t kPixelSlack = vec::kRepeatBytes;  // a repeat past the last pixel
 
   PixelOps(KernelBuilder& b, int64_t ct) : m_b(b), m_ct(ct) {}
 

@@ -27,7 +27,8 @@
 
 namespace npusim::compiler::ops {
 
-inline constexpr int64_t kBlock = 32;     // bytes of a UB block (vector operand / MTE unit)
+inline constexpr int64_t kBlock =
+    vec::kBlockBytes;                     // bytes of a UB block (vector operand / MTE unit)
 inline constexpr int64_t kLaneBytes = 4;  // one lane of the compute type (f32 / s32)
 
 // `bytes` rounded up to whole 32-byte blocks.

@@ -16,6 +16,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
@@ -24,7 +25,7 @@ using isa::Opcode;
 
 namespace {
 
-constexpr uint64_t kRepeatBytes = 256;  // one repeat of f16 constants
+using vec::kRepeatBytes;  // one repeat of f16 constants
 
 // A tensor as the streaming kernel sees it: 8-byte elements become s32 pairs ([..., 2]).
 TensorDesc lanes_view(const TensorDesc& t) {

@@ -17,8 +17,8 @@ using isa::Pipe;
 namespace {
 
 constexpr int64_t kLaneBytes = 4;
-constexpr int64_t kRowBlockBytes = 32;        // one replicated row value (8 lanes)
-constexpr int64_t kTransposeBytes = 512;      // one vtranspose: 16 x 16 u16
+constexpr int64_t kRowBlockBytes = vec::kBlockBytes;       // one replicated row value (8 lanes)
+constexpr int64_t kTransposeBytes = vec::kTransposeBytes;  // one vtranspose: 16 x 16 u16
 constexpr int64_t kReplicateGroupRows = 8;    // 4-byte values per 16 x 16 u16 matrix
 constexpr int64_t kReplicateGroupBytes = 2 * kTransposeBytes;  // the matrix and its transpose
 constexpr int64_t kU16Lanes = 128;            // u16 lanes of one repeat

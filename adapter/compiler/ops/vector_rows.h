@@ -33,12 +33,13 @@
 
 #include "adapter/compiler/kernel_builder.h"
 #include "isa/isa.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
 inline constexpr int64_t kLanes32 = 64;        // 4-byte lanes of one 256-byte repeat
 inline constexpr int64_t kBlockLanes32 = 8;    // 4-byte lanes of one 32-byte block
-inline constexpr int64_t kSlotBytes = 256;     // one lane-accumulator slot (a repeat)
+inline constexpr int64_t kSlotBytes = vec::kRepeatBytes;  // one lane-accumulator slot (a repeat)
 inline constexpr int64_t kMaxRepeat = 255;     // the RU8 repeat and stride fields
 inline constexpr int64_t kMaxGroupRows = 240;  // rows per group: <= kMaxRepeat, a multiple of 16
 
