@@ -88,6 +88,352 @@ using isa::Pipe;
 constexpr int64_t kSide = 16;  // vtranspose: 16 x 16 two-byte lanes
 constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
 
+namespace {
+
+// The coordinates of one tile: item p, its first q and r, and how many of its q and r are valid.
+struct TileRegs {
+  explicit TileRegs(KernelBuilder& b)
+      : p(b.reg("p")),
+        q0(b.reg("first q")),
+        r0(b.reg("first r")),
+        vq(b.reg("valid q")),
+        vr(b.reg("valid r")) {}
+  Reg p, q0, r0, vq, vr;
+};
+
+// Emits build_block_transpose's kernel: the tile geometry and buffers first, then each tile's
+// steps (coordinates, load, transpose, store) in program order.
+class BlockTranspose {
+ public:
+  BlockTranspose(const std::string& op, DataType dt, int64_t np, int64_t nq, int64_t nr, int64_t ri,
+                 int64_t qo, const ChipConfig& cfg);
+  Launch build();
+
+ private:
+  void allocate();
+  void init_flags();
+  void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
+  void tile_coordinates(const Reg& t, const TileRegs& r);
+  void load_tile(int q, const TileRegs& r);
+  void load_by_block(int q, const Reg& src, const Reg& dst, const Reg& full, const Reg& last,
+                     const Reg& i, const TileRegs& r);
+  void load_by_row(int q, const Reg& src, const Reg& dst, const Reg& full, const Reg& last,
+                   const Reg& i, const TileRegs& r);
+  void transpose_tile(int q);
+  void transpose_wide_blocks(int q);
+  void store_tile(int q, const TileRegs& r);
+  // Block (rb, qb) of the input staging at base, and block (qb, rb) of the output staging.
+  int64_t in_block(uint64_t base, int64_t rb, int64_t qb) const {
+    return static_cast<int64_t>(base) + (rb * m_nqb + qb) * m_blk;
+  }
+  int64_t out_block(uint64_t base, int64_t rb, int64_t qb) const {
+    return static_cast<int64_t>(base) + (qb * m_nrb + rb) * m_blk;
+  }
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const int64_t m_np, m_nq, m_nr, m_ri, m_qo;
+  const int m_esize;
+  const int64_t m_kb;   // 32-byte blocks per 16 elements (1 or 2)
+  const int64_t m_blk;  // bytes of one 16x16 block
+  isa::CoreKind m_kind;
+  int64_t m_tq = 0, m_tr = 0;    // tile sides (multiples of 16)
+  int64_t m_nqb = 0, m_nrb = 0;  // 16x16 blocks of a tile along q and r
+  int64_t m_tiles_q = 0, m_tiles_r = 0, m_tiles = 0;
+  int m_block_dim = 0;
+  uint64_t m_sb[2] = {0, 0}, m_ob[2] = {0, 0};  // input and output staging (ping / pong)
+  uint64_t m_zb = 0;                            // 4-byte elements: the permuted blocks
+  FlagPair m_s_ready, m_s_free, m_o_ready, m_o_free;
+  bool m_rows_by_block = false;  // input rows whole blocks apart: one copy per r block
+};
+
+BlockTranspose::BlockTranspose(const std::string& op, DataType dt, int64_t np, int64_t nq,
+                               int64_t nr, int64_t ri, int64_t qo, const ChipConfig& cfg)
+    : m_b(fmt::format("Transpose_{}_blocks", data_type_name(dt)), op, cfg),
+      m_dt(dt),
+      m_np(np),
+      m_nq(nq),
+      m_nr(nr),
+      m_ri(ri),
+      m_qo(qo),
+      m_esize(data_type_bytes(dt)),
+      m_kb(kSide * m_esize / kBlock),
+      m_blk(kSide * kSide * m_esize),
+      m_kind(m_b.vector_core_kind()) {
+  const CoreKindConfig& core = *cfg.core_kind(m_kind);
+  const int64_t side = m_esize == 2 ? 128 : 64;
+  m_tq = std::min(side, (nq + kSide - 1) / kSide * kSide);
+  m_tr = std::min(side, (nr + kSide - 1) / kSide * kSide);
+  m_nqb = m_tq / kSide;
+  m_nrb = m_tr / kSide;
+  m_tiles_q = (nq + m_tq - 1) / m_tq;
+  m_tiles_r = (nr + m_tr - 1) / m_tr;
+  m_tiles = np * m_tiles_q * m_tiles_r;
+  m_block_dim = static_cast<int>(std::min<int64_t>(core.count, m_tiles));
+}
+
+void BlockTranspose::allocate() {
+  const uint64_t tile_bytes = static_cast<uint64_t>(m_tq * m_tr * m_esize);
+  for (int q = 0; q < 2; ++q) {
+    m_sb[q] = m_b.alloc(Buf::UB, tile_bytes, fmt::format("input blocks {}", q));
+    m_ob[q] = m_b.alloc(Buf::UB, tile_bytes, fmt::format("output blocks {}", q));
+  }
+  if (m_esize == 4) m_zb = m_b.alloc(Buf::UB, tile_bytes, "permuted blocks");
+}
+
+void BlockTranspose::init_flags() {
+  m_s_ready = m_b.flag_pair(Pipe::MTE2, Pipe::V, "input blocks loaded");
+  m_s_free = m_b.flag_pair(Pipe::V, Pipe::MTE2, "input blocks free");
+  m_o_ready = m_b.flag_pair(Pipe::V, Pipe::MTE3, "output blocks transposed");
+  m_o_free = m_b.flag_pair(Pipe::MTE3, Pipe::V, "output blocks stored");
+  for (int q = 0; q < 2; ++q) {
+    m_b.set_flag(m_s_free, q);
+    m_b.set_flag(m_o_free, q);
+  }
+}
+
+Launch BlockTranspose::build() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  allocate();
+  b.declare_arg("in0", device_dtype(m_dt), {m_np, m_nq, m_ri});
+  b.declare_arg("out", device_dtype(m_dt), {m_np, m_nr, m_qo});
+  init_flags();
+  // Input rows whole blocks apart (and within the copy's gap field): one copy per r block.
+  const int64_t max_gap = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  m_rows_by_block = m_ri * m_esize % kBlock == 0 && m_ri * m_esize / kBlock <= max_gap;
+  if (m_qo * m_esize / kBlock > max_gap + m_kb)
+    b.fail(fmt::format("output rows of {} elements exceed the copy gap field", m_qo));
+  Reg t = b.reg("tile"), step = b.reg("block count");
+  b.emit(Opcode::op_get_block_id, {t});
+  b.emit(Opcode::op_get_block_num, {step});
+  Label loop = b.label("tile_loop"), drain = b.label("drain");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) emit_tile(q, t, step, drain);
+  b.jmp(loop);
+  b.bind(drain);
+  for (int q = 0; q < 2; ++q) {
+    b.wait_flag(m_s_free, q);
+    b.wait_flag(m_o_free, q);
+  }
+  b.end();
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = m_block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  l.summary = fmt::format(
+      "{}: [{}, {}, {}] -> [{}, {}, {}] (rows {} / {} apart), tiles {}x{} ({} "
+      "over {} blocks), vtranspose",
+      l.kernel.program.name, m_np, m_nq, m_nr, m_np, m_nr, m_nq, m_ri, m_qo, m_tq, m_tr, m_tiles,
+      m_block_dim);
+  return l;
+}
+
+// Tile t (of parity q): load, transpose, store, then t += the block count.
+void BlockTranspose::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  b.branch(ge(t, m_tiles), drain);
+  TileRegs r(b);
+  tile_coordinates(t, r);
+  load_tile(q, r);
+  b.wait_flag(m_s_ready, q);
+  b.wait_flag(m_o_free, q);
+  transpose_tile(q);
+  b.wait_flag(m_o_ready, q);
+  store_tile(q, r);
+  b.set_flag(m_o_free, q);
+  b.add(t, t, step);
+}
+
+void BlockTranspose::tile_coordinates(const Reg& t, const TileRegs& r) {
+  KernelBuilder& b = m_b;
+  b.div(r.p, t, m_tiles_q * m_tiles_r);
+  b.rem(r.q0, t, m_tiles_q * m_tiles_r);
+  b.rem(r.r0, r.q0, m_tiles_r);
+  b.div(r.q0, r.q0, m_tiles_r);
+  b.mul(r.q0, r.q0, m_tq);
+  b.mul(r.r0, r.r0, m_tr);
+  b.movi(r.vq, m_nq);
+  b.sub(r.vq, r.vq, r.q0);
+  b.min(r.vq, r.vq, m_tq);
+  b.movi(r.vr, m_nr);
+  b.sub(r.vr, r.vr, r.r0);
+  b.min(r.vr, r.vr, m_tr);
+}
+
+// MTE2: the tile's q rows into the input staging, laid out as 16x16 blocks.
+void BlockTranspose::load_tile(int q, const TileRegs& r) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin lo(b, "load the q rows into 16x16 blocks");
+  Reg src = b.reg("source"), dst = b.reg("staging"), n = b.reg("blocks"),
+      last = b.reg("blocks of the last r block"), full = b.reg("full r blocks"),
+      i = b.reg("row / r block");
+  b.wait_flag(m_s_free, q);
+  // blocks of the valid r: `full` whole 16-element groups, then `last` blocks.
+  b.mul(n, r.vr, m_esize);
+  b.add(n, n, kBlock - 1);
+  b.shr(n, n, 5, "32-byte blocks of valid r");
+  b.div(full, n, m_kb);
+  b.rem(last, n, m_kb);
+  Reg in = b.load_arg("in0");
+  b.mul(src, r.p, m_nq);
+  b.add(src, src, r.q0);
+  b.mul(src, src, m_ri);
+  b.add(src, src, r.r0);
+  b.mul(src, src, m_esize);
+  b.add(src, src, in, "element (p, q0, r0)");
+  if (m_rows_by_block)
+    load_by_block(q, src, dst, full, last, i, r);
+  else
+    load_by_row(q, src, dst, full, last, i, r);
+  b.set_flag(m_s_ready, q);
+}
+
+// One copy per r block: vq rows, each kb blocks (or `last`), ri * esize bytes apart.
+void BlockTranspose::load_by_block(int q, const Reg& src, const Reg& dst, const Reg& full,
+                                   const Reg& last, const Reg& i, const TileRegs& r) {
+  KernelBuilder& b = m_b;
+  const int64_t row_blocks = m_ri * m_esize / kBlock;
+  b.movi(dst, static_cast<int64_t>(m_sb[q]));
+  b.for_range(i, 0, full, 1, [&] {
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, r.vq, m_kb, row_blocks - m_kb, 0});
+    b.add(src, src, kSide * m_esize);
+    b.add(dst, dst, m_nqb * m_blk);
+  });
+  b.if_(ne(last, 0), [&] {
+    Reg g = b.reg("gaps");
+    b.movi(g, row_blocks);
+    b.sub(g, g, last);
+    Reg dg = b.reg("staging gap");
+    b.movi(dg, m_kb);
+    b.sub(dg, dg, last);
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, r.vq, last, g, dg});
+  });
+}
+
+// One copy per q row: its r blocks go nqb blocks of 16 rows apart.
+void BlockTranspose::load_by_row(int q, const Reg& src, const Reg& dst, const Reg& full,
+                                 const Reg& last, const Reg& i, const TileRegs& r) {
+  KernelBuilder& b = m_b;
+  const int64_t esize = m_esize;
+  Reg d0 = b.reg("staging row"), s0 = b.reg("row source");
+  b.for_range(i, 0, r.vq, 1, [&] {
+    // row i lands at (i / 16) * blk + (i % 16) * 16 * esize in every r block.
+    b.div(d0, i, kSide);
+    b.mul(d0, d0, m_blk);
+    b.rem(dst, i, kSide);
+    b.mul(dst, dst, kSide * esize);
+    b.add(dst, dst, d0);
+    b.add(dst, dst, static_cast<int64_t>(m_sb[q]));
+    b.mul(s0, i, m_ri * esize);
+    b.add(s0, s0, src);
+    b.if_(ne(full, 0), [&] {
+      b.emit(Opcode::op_copy_gm2ub, {dst, s0, full, m_kb, 0, m_nqb * m_blk / kBlock - m_kb});
+    });
+    b.if_(ne(last, 0), [&] {
+      b.mul(d0, full, m_nqb * m_blk);
+      b.add(dst, dst, d0);
+      b.mul(d0, full, kSide * esize);
+      b.add(s0, s0, d0);
+      b.emit(Opcode::op_copy_gm2ub, {dst, s0, 1, last, 0, 0});
+    });
+  });
+}
+
+// V: block (rb, qb) of the input staging -> block (qb, rb) of the output staging.
+void BlockTranspose::transpose_tile(int q) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin to(b, "transpose the 16x16 blocks");
+  if (m_esize == 2) {
+    for (int64_t rb = 0; rb < m_nrb; ++rb)
+      for (int64_t qb = 0; qb < m_nqb; ++qb)
+        b.emit(Opcode::op_vtranspose, {out_block(m_ob[q], rb, qb), in_block(m_sb[q], rb, qb)});
+  } else {
+    transpose_wide_blocks(q);
+  }
+  b.set_flag(m_s_free, q);
+  b.set_flag(m_o_ready, q);
+}
+
+// A 16x16 block of 4-byte elements is 1024 bytes: lanes of 16 bits, u16 offset
+// q*32 + r*2 + h (h: which half of the element) = bits [q3 | q2 q1 q0 r3 | r2 r1 r0 h]
+// (matrix | row | lane of the two 512-byte matrices). vtranspose swaps row and lane
+// bits; the permutation P (block b of the pair -> (b & 1) * 16 + (b & 14) + b / 16)
+// swaps the matrix bit with the lowest row bit. T P T P T maps the bits to
+// [r3 | r2 r1 r0 q3 | q2 q1 q0 h]: the block transposed, row-major 16 r x 16 q.
+void BlockTranspose::transpose_wide_blocks(int q) {
+  KernelBuilder& b = m_b;
+  const int64_t blk = m_blk;
+  auto transpose_all = [&](uint64_t base) {
+    for (int64_t rb = 0; rb < m_nrb; ++rb)
+      for (int64_t qb = 0; qb < m_nqb; ++qb) {
+        const int64_t a = in_block(base, rb, qb);
+        b.emit(Opcode::op_vtranspose, {a, a});
+        b.emit(Opcode::op_vtranspose, {a + blk / 2, a + blk / 2});
+      }
+  };
+  auto permute = [&](uint64_t dst, uint64_t src) {
+    // Four copies of every other block, over all blocks (repeat stride: one block pair).
+    Reg cnt = b.reg_imm("lanes", m_nqb * m_nrb * 128);
+    b.emit(Opcode::op_set_mask_count, {cnt});
+    const int64_t rep = blk / kBlock;
+    const int64_t moves[4][2] = {{0, 0}, {17, 17}, {16, 1}, {1, 16}};  // {dst, src} block
+    for (const auto& mv : moves)
+      b.emit(Opcode::op_vcopy, {Dtype::U16, static_cast<int64_t>(dst) + mv[0] * kBlock,
+                                static_cast<int64_t>(src) + mv[1] * kBlock, 0, 2, 2, rep, rep});
+  };
+  transpose_all(m_sb[q]);
+  permute(m_zb, m_sb[q]);
+  transpose_all(m_zb);
+  permute(m_sb[q], m_zb);
+  for (int64_t rb = 0; rb < m_nrb; ++rb)
+    for (int64_t qb = 0; qb < m_nqb; ++qb) {
+      const int64_t a = in_block(m_sb[q], rb, qb), d = out_block(m_ob[q], rb, qb);
+      b.emit(Opcode::op_vtranspose, {d, a});
+      b.emit(Opcode::op_vtranspose, {d + blk / 2, a + blk / 2});
+    }
+}
+
+// MTE3: the tile's r rows, one copy per q block.
+void BlockTranspose::store_tile(int q, const TileRegs& r) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin so(b, "store the r rows, one copy per q block");
+  const int64_t esize = m_esize, kb = m_kb;
+  Reg dst = b.reg("destination"), src = b.reg("output staging"), n = b.reg("blocks"),
+      i = b.reg("q block"), full = b.reg("full q blocks"), last = b.reg("blocks of the last");
+  Reg out = b.load_arg("out");
+  b.mul(n, r.vq, esize);
+  b.add(n, n, kBlock - 1);
+  b.shr(n, n, 5);
+  b.div(full, n, kb);
+  b.rem(last, n, kb);
+  b.mul(dst, r.p, m_nr);
+  b.add(dst, dst, r.r0);
+  b.mul(dst, dst, m_qo);
+  b.add(dst, dst, r.q0);
+  b.mul(dst, dst, esize);
+  b.add(dst, dst, out, "element (p, r0, q0)");
+  b.movi(src, static_cast<int64_t>(m_ob[q]));
+  const int64_t row_blocks = m_qo * esize / kBlock;
+  b.for_range(i, 0, full, 1, [&] {
+    b.emit(Opcode::op_copy_ub2gm, {dst, src, r.vr, kb, 0, row_blocks - kb});
+    b.add(dst, dst, kSide * esize);
+    b.add(src, src, m_nrb * m_blk);
+  });
+  b.if_(ne(last, 0), [&] {
+    Reg g = b.reg("gaps");
+    b.movi(g, row_blocks);
+    b.sub(g, g, last);
+    Reg sg = b.reg("staging gap");
+    b.movi(sg, kb);
+    b.sub(sg, sg, last);
+    b.emit(Opcode::op_copy_ub2gm, {dst, src, r.vr, last, sg, g});
+  });
+}
+
+}  // namespace
+
 // Transposes [P, Q, R] -> [P, R, Q]; input rows are `ri` elements apart (ri = R, or more when
 // the input rows are padded), output rows `qo` elements apart (qo = Q, or Q padded to whole
 // blocks). Tiles of tq x tr (multiples of 16) go round-robin to the vector
@@ -96,237 +442,9 @@ constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
 // output staging ([q block][r block][16 r][16 q]), MTE3 stores each q block's column of rows
 // with one copy_ub2gm. Staging buffers are ping/pong (MTE2 / V / MTE3 overlap).
 // Arguments: in0 [P, Q, ri], out [P, R, qo].
-Launch build_block_transpose(const std::string& op, DataType dt, int64_t np, int64_t nq,
-                             int64_t nr, int64_t ri, int64_t qo, const ChipConfig& cfg) {
-  const int esize = data_type_bytes(dt);
-  const int64_t kb = kSide * esize / kBlock;  // 32-byte blocks per 16 elements (1 or 2)
-  const int64_t blk = kSide * kSide * esize;  // bytes of one 16x16 block
-  KernelBuilder b(fmt::format("Transpose_{}_blocks", data_type_name(dt)), op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *cfg.core_kind(kind);
-  const int64_t side = esize == 2 ? 128 : 64;
-  const int64_t tq = std::min(side, (nq + kSide - 1) / kSide * kSide);
-  const int64_t tr = std::min(side, (nr + kSide - 1) / kSide * kSide);
-  const int64_t nqb = tq / kSide, nrb = tr / kSide, nblocks = nqb * nrb;
-  const int64_t tiles_q = (nq + tq - 1) / tq, tiles_r = (nr + tr - 1) / tr;
-  const int64_t tiles = np * tiles_q * tiles_r;
-  const int block_dim = static_cast<int>(std::min<int64_t>(core.count, tiles));
-  const uint64_t tile_bytes = static_cast<uint64_t>(tq * tr * esize);
-  b.begin_section(kind);
-  uint64_t sb[2], ob[2], zb = 0;
-  for (int q = 0; q < 2; ++q) {
-    sb[q] = b.alloc(Buf::UB, tile_bytes, fmt::format("input blocks {}", q));
-    ob[q] = b.alloc(Buf::UB, tile_bytes, fmt::format("output blocks {}", q));
-  }
-  if (esize == 4) zb = b.alloc(Buf::UB, tile_bytes, "permuted blocks");
-  b.declare_arg("in0", device_dtype(dt), {np, nq, ri});
-  b.declare_arg("out", device_dtype(dt), {np, nr, qo});
-  FlagPair s_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "input blocks loaded");
-  FlagPair s_free = b.flag_pair(Pipe::V, Pipe::MTE2, "input blocks free");
-  FlagPair o_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "output blocks transposed");
-  FlagPair o_free = b.flag_pair(Pipe::MTE3, Pipe::V, "output blocks stored");
-  for (int q = 0; q < 2; ++q) {
-    b.set_flag(s_free, q);
-    b.set_flag(o_free, q);
-  }
-  // Input rows whole blocks apart (and within the copy's gap field): one copy per r block.
-  const int64_t max_gap = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  const bool rows_by_block = ri * esize % kBlock == 0 && ri * esize / kBlock <= max_gap;
-  if (qo * esize / kBlock > max_gap + kb)
-    b.fail(fmt::format("output rows of {} elements exceed the copy gap field", qo));
-  Reg t = b.reg("tile"), step = b.reg("block count");
-  b.emit(Opcode::op_get_block_id, {t});
-  b.emit(Opcode::op_get_block_num, {step});
-  Label loop = b.label("tile_loop"), drain = b.label("drain");
-  b.bind(loop);
-  for (int q = 0; q < 2; ++q) {
-    KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
-    b.branch(ge(t, tiles), drain);
-    Reg p = b.reg("p"), q0 = b.reg("first q"), r0 = b.reg("first r"), vq = b.reg("valid q"),
-        vr = b.reg("valid r");
-    b.div(p, t, tiles_q * tiles_r);
-    b.rem(q0, t, tiles_q * tiles_r);
-    b.rem(r0, q0, tiles_r);
-    b.div(q0, q0, tiles_r);
-    b.mul(q0, q0, tq);
-    b.mul(r0, r0, tr);
-    b.movi(vq, nq);
-    b.sub(vq, vq, q0);
-    b.min(vq, vq, tq);
-    b.movi(vr, nr);
-    b.sub(vr, vr, r0);
-    b.min(vr, vr, tr);
-    {
-      KernelBuilder::Origin lo(b, "load the q rows into 16x16 blocks");
-      Reg src = b.reg("source"), dst = b.reg("staging"), n = b.reg("blocks"),
-          last = b.reg("blocks of the last r block"), full = b.reg("full r blocks"),
-          i = b.reg("row / r block");
-      b.wait_flag(s_free, q);
-      // blocks of the valid r: `full` whole 16-element groups, then `last` blocks.
-      b.mul(n, vr, esize);
-      b.add(n, n, kBlock - 1);
-      b.shr(n, n, 5, "32-byte blocks of valid r");
-      b.div(full, n, kb);
-      b.rem(last, n, kb);
-      Reg in = b.load_arg("in0");
-      b.mul(src, p, nq);
-      b.add(src, src, q0);
-      b.mul(src, src, ri);
-      b.add(src, src, r0);
-      b.mul(src, src, esize);
-      b.add(src, src, in, "element (p, q0, r0)");
-      if (rows_by_block) {
-        // One copy per r block: vq rows, each kb blocks (or `last`), ri * esize bytes apart.
-        b.movi(dst, static_cast<int64_t>(sb[q]));
-        b.for_range(i, 0, full, 1, [&] {
-          b.emit(Opcode::op_copy_gm2ub, {dst, src, vq, kb, ri * esize / kBlock - kb, 0});
-          b.add(src, src, kSide * esize);
-          b.add(dst, dst, nqb * blk);
-        });
-        b.if_(ne(last, 0), [&] {
-          Reg g = b.reg("gaps");
-          b.movi(g, ri * esize / kBlock);
-          b.sub(g, g, last);
-          Reg dg = b.reg("staging gap");
-          b.movi(dg, kb);
-          b.sub(dg, dg, last);
-          b.emit(Opcode::op_copy_gm2ub, {dst, src, vq, last, g, dg});
-        });
-      } else {
-        // One copy per q row: its r blocks go nqb blocks of 16 rows apart.
-        Reg d0 = b.reg("staging row"), s0 = b.reg("row source");
-        b.for_range(i, 0, vq, 1, [&] {
-          // row i lands at (i / 16) * blk + (i % 16) * 16 * esize in every r block.
-          b.div(d0, i, kSide);
-          b.mul(d0, d0, blk);
-          b.rem(dst, i, kSide);
-          b.mul(dst, dst, kSide * esize);
-          b.add(dst, dst, d0);
-          b.add(dst, dst, static_cast<int64_t>(sb[q]));
-          b.mul(s0, i, ri * esize);
-          b.add(s0, s0, src);
-          b.if_(ne(full, 0), [&] {
-            b.emit(Opcode::op_copy_gm2ub, {dst, s0, full, kb, 0, nqb * blk / kBlock - kb});
-          });
-          b.if_(ne(last, 0), [&] {
-            b.mul(d0, full, nqb * blk);
-            b.add(dst, dst, d0);
-            b.mul(d0, full, kSide * esize);
-            b.add(s0, s0, d0);
-            b.emit(Opcode::op_copy_gm2ub, {dst, s0, 1, last, 0, 0});
-          });
-        });
-      }
-      b.set_flag(s_ready, q);
-    }
-    b.wait_flag(s_ready, q);
-    b.wait_flag(o_free, q);
-    {
-      KernelBuilder::Origin to(b, "transpose the 16x16 blocks");
-      // Block (rb, qb) of the staging -> block (qb, rb) of the output.
-      auto in_block = [&](uint64_t base, int64_t rb, int64_t qb) {
-        return static_cast<int64_t>(base) + (rb * nqb + qb) * blk;
-      };
-      auto out_block = [&](uint64_t base, int64_t rb, int64_t qb) {
-        return static_cast<int64_t>(base) + (qb * nrb + rb) * blk;
-      };
-      if (esize == 2) {
-        for (int64_t rb = 0; rb < nrb; ++rb)
-          for (int64_t qb = 0; qb < nqb; ++qb)
-            b.emit(Opcode::op_vtranspose, {out_block(ob[q], rb, qb), in_block(sb[q], rb, qb)});
-      } else {
-        // A 16x16 block of 4-byte elements is 1024 bytes: lanes of 16 bits, u16 offset
-        // q*32 + r*2 + h (h: which half of the element) = bits [q3 | q2 q1 q0 r3 | r2 r1 r0 h]
-        // (matrix | row | lane of the two 512-byte matrices). vtranspose swaps row and lane
-        // bits; the permutation P (block b of the pair -> (b & 1) * 16 + (b & 14) + b / 16)
-        // swaps the matrix bit with the lowest row bit. T P T P T maps the bits to
-        // [r3 | r2 r1 r0 q3 | q2 q1 q0 h]: the block transposed, row-major 16 r x 16 q.
-        auto transpose_all = [&](uint64_t base) {
-          for (int64_t rb = 0; rb < nrb; ++rb)
-            for (int64_t qb = 0; qb < nqb; ++qb) {
-              const int64_t a = in_block(base, rb, qb);
-              b.emit(Opcode::op_vtranspose, {a, a});
-              b.emit(Opcode::op_vtranspose, {a + blk / 2, a + blk / 2});
-            }
-        };
-        auto permute = [&](uint64_t dst, uint64_t src) {
-          // Four copies of every other block, over all blocks (repeat stride: one block pair).
-          Reg cnt = b.reg_imm("lanes", nblocks * 128);
-          b.emit(Opcode::op_set_mask_count, {cnt});
-          const int64_t rep = blk / kBlock;
-          const int64_t moves[4][2] = {{0, 0}, {17, 17}, {16, 1}, {1, 16}};  // {dst, src} block
-          for (const auto& mv : moves)
-            b.emit(Opcode::op_vcopy, {Dtype::U16, static_cast<int64_t>(dst) + mv[0] * kBlock,
-                                      static_cast<int64_t>(src) + mv[1] * kBlock, 0, 2, 2, rep,
-                                      rep});
-        };
-        transpose_all(sb[q]);
-        permute(zb, sb[q]);
-        transpose_all(zb);
-        permute(sb[q], zb);
-        for (int64_t rb = 0; rb < nrb; ++rb)
-          for (int64_t qb = 0; qb < nqb; ++qb) {
-            const int64_t a = in_block(sb[q], rb, qb), d = out_block(ob[q], rb, qb);
-            b.emit(Opcode::op_vtranspose, {d, a});
-            b.emit(Opcode::op_vtranspose, {d + blk / 2, a + blk / 2});
-          }
-      }
-      b.set_flag(s_free, q);
-      b.set_flag(o_ready, q);
-    }
-    b.wait_flag(o_ready, q);
-    {
-      KernelBuilder::Origin so(b, "store the r rows, one copy per q block");
-      Reg dst = b.reg("destination"), src = b.reg("output staging"), n = b.reg("blocks"),
-          i = b.reg("q block"), full = b.reg("full q blocks"), last = b.reg("blocks of the last");
-      Reg out = b.load_arg("out");
-      b.mul(n, vq, esize);
-      b.add(n, n, kBlock - 1);
-      b.shr(n, n, 5);
-      b.div(full, n, kb);
-      b.rem(last, n, kb);
-      b.mul(dst, p, nr);
-      b.add(dst, dst, r0);
-      b.mul(dst, dst, qo);
-      b.add(dst, dst, q0);
-      b.mul(dst, dst, esize);
-      b.add(dst, dst, out, "element (p, r0, q0)");
-      b.movi(src, static_cast<int64_t>(ob[q]));
-      const int64_t row_blocks = qo * esize / kBlock;
-      b.for_range(i, 0, full, 1, [&] {
-        b.emit(Opcode::op_copy_ub2gm, {dst, src, vr, kb, 0, row_blocks - kb});
-        b.add(dst, dst, kSide * esize);
-        b.add(src, src, nrb * blk);
-      });
-      b.if_(ne(last, 0), [&] {
-        Reg g = b.reg("gaps");
-        b.movi(g, row_blocks);
-        b.sub(g, g, last);
-        Reg sg = b.reg("staging gap");
-        b.movi(sg, kb);
-        b.sub(sg, sg, last);
-        b.emit(Opcode::op_copy_ub2gm, {dst, src, vr, last, sg, g});
-      });
-    }
-    b.set_flag(o_free, q);
-    b.add(t, t, step);
-  }
-  b.jmp(loop);
-  b.bind(drain);
-  for (int q = 0; q < 2; ++q) {
-    b.wait_flag(s_free, q);
-    b.wait_flag(o_free, q);
-  }
-  b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = block_dim;
-  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
-  l.summary = fmt::format("{}: [{}, {}, {}] -> [{}, {}, {}] (rows {} / {} apart), tiles {}x{} ({} "
-                          "over {} blocks), vtranspose",
-                          l.kernel.program.name, np, nq, nr, np, nr, nq, ri, qo, tq, tr, tiles,
-                          block_dim);
-  return l;
+Launch build_block_transpose(const std::string& op, DataType dt, int64_t np, int64_t nq, int64_t nr,
+                             int64_t ri, int64_t qo, const ChipConfig& cfg) {
+  return BlockTranspose(op, dt, np, nq, nr, ri, qo, cfg).build();
 }
 
 // The copy out = view(in) (dims over the output, source strides) as one assembly launch.
