@@ -1,6 +1,7 @@
 #include "adapter/compiler/ops/channel.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -43,19 +44,64 @@ void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count) {
   vec_dup_bits(b, 4, d, s, count);
 }
 
-ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
-                                   const std::string& op) {
+namespace {
+
+// Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
+// per item and channel group: clear the sums, (centered) load m, accumulate the tiles, fold the
+// tp running sums and store them.
+class ChannelSumEmitter {
+ public:
   using Kind = ChannelSumSpec::Kind;
-  KernelBuilder b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *cfg.core_kind(kind);
-  const bool has_b = s.kind == Kind::kSumProduct;
-  const int64_t sa = isa::dtype_size(s.a_type), sb = has_b ? isa::dtype_size(s.b_type) : 0;
+  ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg, const std::string& op);
+  ChannelSumLaunch build();
+
+ private:
+  void plan_tile();
+  void allocate();
+  void declare_args(ChannelSumLaunch& out);
+  void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
+  void load_m(const Reg& g);
+  void accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
+  void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
+                 const Reg& t0, const Reg& item, const Reg& g);
+  void fold_sums();
+  void store_sums(const Reg& blk, const Reg& item, const Reg& g);
+
+  KernelBuilder m_b;
+  const ChannelSumSpec& m_s;
+  const isa::CoreKind m_kind;
+  const CoreKindConfig& m_core;
+  const bool m_has_b;
+  const int64_t m_sa, m_sb;  // bytes per element of a and b
+  int64_t m_tp = 1;          // pixels per tile (a power of two)
+  int64_t m_ct = 0;          // channels per group (divides cp)
+  int64_t m_per = 0;         // pixels per block
+  int m_blocks = 0;
+  uint64_t m_tile = 0;  // elements per tile
+  uint64_t m_a_raw = 0, m_a32 = 0, m_b_raw = 0, m_b32 = 0, m_m = 0, m_acc = 0;
+  std::optional<PixelOps> m_px;
+  int m_in_free = 0, m_in_ready = 0, m_acc_ready = 0, m_acc_free = 0;
+};
+
+ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
+                                     const std::string& op)
+    : m_b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg),
+      m_s(s),
+      m_kind(m_b.vector_core_kind()),
+      m_core(*cfg.core_kind(m_kind)),
+      m_has_b(s.kind == Kind::kSumProduct),
+      m_sa(isa::dtype_size(s.a_type)),
+      m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0) {}
+
+// Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (raw + f32),
+// b (raw + f32), the accumulator.
+void ChannelSumEmitter::plan_tile() {
+  const ChannelSumSpec& s = m_s;
+  const int64_t sa = m_sa, sb = m_sb;
+  const bool has_b = m_has_b;
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
-    b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
-  // Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (raw + f32),
-  // b (raw + f32), the accumulator.
-  const uint64_t ub = core.capacity(Buf::UB);
+    m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
+  const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
     const uint64_t per = static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4);
@@ -71,29 +117,34 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
     if (ct || tp == 1) break;
     tp /= 2;
   }
-  if (!ct) b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
-  const int64_t per = ceil_div(s.pixels, std::min<int64_t>(core.count, s.pixels));
-  const int blocks = static_cast<int>(ceil_div(s.pixels, per));
-  const int64_t groups = s.cp / ct;
+  if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
+  m_tp = tp;
+  m_ct = ct;
+  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
+  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
+  m_tile = static_cast<uint64_t>(tp * ct);
+}
 
-  b.begin_section(kind);
+void ChannelSumEmitter::allocate() {
+  KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
-  const uint64_t tile = static_cast<uint64_t>(tp * ct);
-  const uint64_t a_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(sa) + slack, "a (raw)");
-  const uint64_t a32 = sa == 4 ? a_raw : b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
-  uint64_t b_raw = 0, b32 = 0, m = 0;
-  if (has_b) {
-    b_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(sb) + slack, "b (raw)");
-    b32 = sb == 4 ? b_raw : b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
+  const uint64_t tile = m_tile;
+  m_a_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sa) + slack, "a (raw)");
+  m_a32 = m_sa == 4 ? m_a_raw : b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
+  if (m_has_b) {
+    m_b_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sb) + slack, "b (raw)");
+    m_b32 = m_sb == 4 ? m_b_raw : b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
   }
-  if (s.centered) m = b.alloc(Buf::UB, static_cast<uint64_t>(ct) * 4 + slack, "m");
-  const uint64_t acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
-  PixelOps px(b, ct);
+  if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
+  m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
+}
 
-  ChannelSumLaunch out;
+void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
   b.declare_arg("a", s.a_type, {});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
-  if (has_b) {
+  if (m_has_b) {
     b.declare_arg("b", s.b_type, {});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
   }
@@ -101,106 +152,156 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
     b.declare_arg("m", Dtype::F32, {s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
   }
-  b.declare_arg("partials", Dtype::F32, {s.batch, blocks, s.cp});
+  b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+}
 
-  const int in_free = b.flag(Pipe::V, Pipe::MTE2, "tile free");
-  const int in_ready = b.flag(Pipe::MTE2, Pipe::V, "tile loaded");
-  const int acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
-  const int acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
-  b.set_flag(Pipe::V, Pipe::MTE2, in_free);
-  b.set_flag(Pipe::MTE3, Pipe::V, acc_free);
+ChannelSumLaunch ChannelSumEmitter::build() {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  plan_tile();
+  b.begin_section(m_kind);
+  allocate();
+  m_px.emplace(b, m_ct);
+  ChannelSumLaunch out;
+  declare_args(out);
+
+  m_in_free = b.flag(Pipe::V, Pipe::MTE2, "tile free");
+  m_in_ready = b.flag(Pipe::MTE2, Pipe::V, "tile loaded");
+  m_acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
+  m_acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
+  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
+  // The block id stays live (it indexes the partials): the range is computed from it.
   Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
   b.emit(Opcode::op_get_block_id, {blk});
-  b.mul(p0, blk, per);
-  b.add(p1, p0, per);
+  b.mul(p0, blk, m_per);
+  b.add(p1, p0, m_per);
   b.min(p1, p1, s.pixels);
   Reg item = b.reg("item"), g = b.reg("channel group");
   b.for_range(item, 0, s.batch, 1, [&] {
-    b.for_range(g, 0, groups, 1, [&] {
-      KernelBuilder::Origin o(b, "one item and channel group: tiles of pixels");
-      b.wait_flag(Pipe::MTE3, Pipe::V, acc_free);
-      {
-        Reg n = b.reg_imm("elements", static_cast<int64_t>(tile));
-        vec_dup_bits(b, 4, acc, 0, n);
-      }
-      if (s.centered) {
-        // m's channel group, once per group (MTE2 and V are in order through the flags).
-        b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
-        Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m));
-        b.mul(t, g, ct * 4);
-        b.add(src, src, t);
-        b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
-        b.set_flag(Pipe::MTE2, Pipe::V, in_ready);
-        b.wait_flag(Pipe::MTE2, Pipe::V, in_ready);
-        b.set_flag(Pipe::V, Pipe::MTE2, in_free);
-      }
-      Reg t0 = b.reg("tile start");
-      b.for_range(t0, p0, p1, tp, [&] {
-        Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
-        b.sub(n, p1, t0);
-        b.min(n, n, tp);
-        b.mul(cnt, n, ct);
-        b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
-        auto load = [&](const char* arg, uint64_t dst, int64_t size, int64_t bstride) {
-          // a + (item * batch stride + t0 * cp + g * ct) * size
-          Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("tile", int64_t(dst));
-          Reg q = b.reg("offset");
-          b.mul(q, item, bstride);
-          b.mul(t, t0, s.cp);
-          b.add(q, q, t);
-          b.mul(t, g, ct);
-          b.add(q, q, t);
-          b.mul(q, q, size);
-          b.add(src, src, q);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, n, ct * size / 32, (s.cp - ct) * size / 32, 0},
-                 fmt::format("{}: tile pixels, the group's channels", arg));
-        };
-        load("a", a_raw, sa, s.a_batch_stride);
-        if (has_b) load("b", b_raw, sb, s.b_batch_stride);
-        b.set_flag(Pipe::MTE2, Pipe::V, in_ready);
-        b.wait_flag(Pipe::MTE2, Pipe::V, in_ready);
-        px.widen(a32, a_raw, s.a_type, cnt);
-        if (has_b) px.widen(b32, b_raw, s.b_type, cnt);
-        if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m, 0, n);
-        if (s.kind == Kind::kSumSquares) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, a32, cnt);
-        if (has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, b32, cnt);
-        vec_binary(b, Opcode::op_vadd, Dtype::F32, acc, acc, a32, cnt);
-        b.set_flag(Pipe::V, Pipe::MTE2, in_free);
-      });
-      // Fold the tp running sums pairwise.
-      for (int64_t h = tp / 2; h >= 1; h /= 2) {
-        Reg n = b.reg_imm("elements", h * ct);
-        vec_binary(b, Opcode::op_vadd, Dtype::F32, acc, acc, acc + static_cast<uint64_t>(h * ct) * 4, n);
-      }
-      b.set_flag(Pipe::V, Pipe::MTE3, acc_ready);
-      b.wait_flag(Pipe::V, Pipe::MTE3, acc_ready);
-      {
-        Reg dst = b.load_arg("partials"), q = b.reg("offset"), sacc = b.reg_imm("sums", int64_t(acc));
-        b.mul(q, item, blocks);
-        b.add(q, q, blk);
-        b.mul(q, q, s.cp);
-        Reg t = b.reg("temp");
-        b.mul(t, g, ct);
-        b.add(q, q, t);
-        b.mul(q, q, 4);
-        b.add(dst, dst, q);
-        b.emit(Opcode::op_copy_ub2gm, {dst, sacc, 1, ct * 4 / 32, 0, 0}, "partial sums");
-      }
-      b.set_flag(Pipe::MTE3, Pipe::V, acc_free);
-    });
+    b.for_range(g, 0, s.cp / m_ct, 1, [&] { emit_group(p0, p1, blk, item, g); });
   });
-  b.wait_flag(Pipe::V, Pipe::MTE2, in_free);
-  b.wait_flag(Pipe::MTE3, Pipe::V, acc_free);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   b.end();
   out.launch.kernel = b.finish();
-  out.launch.block_dim = blocks;
-  out.blocks = blocks;
-  out.launch.summary = fmt::format("channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-                                   "tiles of {} pixels x {} channels",
-                                   s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), blocks,
-                                   per, tp, ct);
+  out.launch.block_dim = m_blocks;
+  out.blocks = m_blocks;
+  out.launch.summary = fmt::format(
+      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
+      "tiles of {} pixels x {} channels",
+      s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct);
   return out;
+}
+
+void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item,
+                                   const Reg& g) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "one item and channel group: tiles of pixels");
+  b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
+  {
+    Reg n = b.reg_imm("elements", static_cast<int64_t>(m_tile));
+    vec_dup_bits(b, 4, m_acc, 0, n);
+  }
+  if (m_s.centered) load_m(g);
+  Reg t0 = b.reg("tile start");
+  b.for_range(t0, p0, p1, m_tp, [&] { accumulate_tile(t0, p1, item, g); });
+  fold_sums();
+  b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
+  b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
+  store_sums(blk, item, g);
+  b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
+}
+
+// m's channel group, once per group (MTE2 and V are in order through the flags).
+void ChannelSumEmitter::load_m(const Reg& g) {
+  KernelBuilder& b = m_b;
+  const int64_t ct = m_ct;
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m_m));
+  b.mul(t, g, ct * 4);
+  b.add(src, src, t);
+  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
+  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
+  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
+  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+}
+
+// The tile at pixel t0: load a (and b), widen to f32, (centered) subtract m, square or
+// multiply, add into the running sums.
+void ChannelSumEmitter::accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item,
+                                        const Reg& g) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  PixelOps& px = *m_px;
+  Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
+  b.sub(n, p1, t0);
+  b.min(n, n, m_tp);
+  b.mul(cnt, n, m_ct);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  load_tile("a", m_a_raw, m_sa, s.a_batch_stride, n, t0, item, g);
+  if (m_has_b) load_tile("b", m_b_raw, m_sb, s.b_batch_stride, n, t0, item, g);
+  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
+  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
+  px.widen(m_a32, m_a_raw, s.a_type, cnt);
+  if (m_has_b) px.widen(m_b32, m_b_raw, s.b_type, cnt);
+  if (s.centered) px.binary(Opcode::op_vsub, m_a32, 1, m_a32, 1, m_m, 0, n);
+  if (s.kind == Kind::kSumSquares)
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_a32, cnt);
+  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_b32, cnt);
+  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, m_a32, cnt);
+  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+}
+
+// n pixels of the group's channels from `arg` into dst.
+void ChannelSumEmitter::load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride,
+                                  const Reg& n, const Reg& t0, const Reg& item, const Reg& g) {
+  KernelBuilder& b = m_b;
+  const int64_t cp = m_s.cp, ct = m_ct;
+  // a + (item * batch stride + t0 * cp + g * ct) * size
+  Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("tile", int64_t(dst));
+  Reg q = b.reg("offset");
+  b.mul(q, item, bstride);
+  b.mul(t, t0, cp);
+  b.add(q, q, t);
+  b.mul(t, g, ct);
+  b.add(q, q, t);
+  b.mul(q, q, size);
+  b.add(src, src, q);
+  b.emit(Opcode::op_copy_gm2ub, {d, src, n, ct * size / 32, (cp - ct) * size / 32, 0},
+         fmt::format("{}: tile pixels, the group's channels", arg));
+}
+
+// Fold the tp running sums pairwise.
+void ChannelSumEmitter::fold_sums() {
+  for (int64_t h = m_tp / 2; h >= 1; h /= 2) {
+    Reg n = m_b.reg_imm("elements", h * m_ct);
+    vec_binary(m_b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc,
+               m_acc + static_cast<uint64_t>(h * m_ct) * 4, n);
+  }
+}
+
+// partials[item][blk][g * ct, (g + 1) * ct) = the group's sums.
+void ChannelSumEmitter::store_sums(const Reg& blk, const Reg& item, const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg dst = b.load_arg("partials"), q = b.reg("offset"), sacc = b.reg_imm("sums", int64_t(m_acc));
+  b.mul(q, item, m_blocks);
+  b.add(q, q, blk);
+  b.mul(q, q, m_s.cp);
+  Reg t = b.reg("temp");
+  b.mul(t, g, m_ct);
+  b.add(q, q, t);
+  b.mul(q, q, 4);
+  b.add(dst, dst, q);
+  b.emit(Opcode::op_copy_ub2gm, {dst, sacc, 1, m_ct * 4 / 32, 0, 0}, "partial sums");
+}
+
+}  // namespace
+
+ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
+                                   const std::string& op) {
+  return ChannelSumEmitter(s, cfg, op).build();
 }
 
 Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
