@@ -296,9 +296,8 @@ void TileKernel::accumulate_run(const Reg& off, const Reg& len, const Reg& src) 
 
 // UB the tile choice holds back beyond the declared buffers: four blocks, two more with the run
 // scratch, one more with the widened run buffer, one more with the s64 pattern. A deliberate
-// cap: it restates the hand-kept budget the tiles were chosen with (alignment and phase slack),
-// so the tiles stay as they were; at 32-byte alignment every buffer below is whole blocks and
-// the layout itself needs none of it.
+// cap that keeps the tile sizes the cycle figures are measured with; at 32-byte alignment every
+// buffer below is whole blocks and the layout itself needs none of it.
 uint64_t TileKernel::tile_reserve_bytes() const {
   uint64_t blocks = 4;
   if (m_opt.runs) blocks += m_wide ? 3 : 2;

@@ -28,8 +28,8 @@
 // Work split and tiling: block_dim = min(vector cores, output blocks); each block a range of
 // whole 32-byte output blocks; tile = the largest multiple of 128 elements for which two output
 // tiles, two scratch buffers (and for 1-byte types two narrow tiles and the widening buffer) fit
-// in the UB; output tiles are ping/pong (V <-> MTE3 flags) so the store of one tile overlaps the
-// assembly of the next.
+// in the UB less a few blocks held back (one BufferPlan sizes and allocates them); output tiles are
+// ping/pong (V <-> MTE3 flags) so the store of one tile overlaps the assembly of the next.
 #pragma once
 
 #include <cstdint>
