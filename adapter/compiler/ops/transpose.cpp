@@ -122,6 +122,8 @@ class BlockTranspose {
   void transpose_tile(int q);
   void transpose_wide_blocks(int q);
   void store_tile(int q, const TileRegs& r);
+  void copy_columns(bool to_ub, const Reg& gm, const Reg& ub, const Reg& rows, const Reg& full,
+                    const Reg& last, const Reg& i, int64_t gm_row_blocks, int64_t ub_column);
   // Block (rb, qb) of the input staging at base, and block (qb, rb) of the output staging.
   int64_t in_block(uint64_t base, int64_t rb, int64_t qb) const {
     return static_cast<int64_t>(base) + (rb * m_nqb + qb) * m_blk;
@@ -296,20 +298,7 @@ void BlockTranspose::load_by_block(int q, const Reg& src, const Reg& dst, const 
   KernelBuilder& b = m_b;
   const int64_t row_blocks = m_ri * m_esize / kBlock;
   b.movi(dst, static_cast<int64_t>(m_sb[q]));
-  b.for_range(i, 0, full, 1, [&] {
-    b.emit(Opcode::op_copy_gm2ub, {dst, src, r.vq, m_kb, row_blocks - m_kb, 0});
-    b.add(src, src, kSide * m_esize);
-    b.add(dst, dst, m_nqb * m_blk);
-  });
-  b.if_(ne(last, 0), [&] {
-    Reg g = b.reg("gaps");
-    b.movi(g, row_blocks);
-    b.sub(g, g, last);
-    Reg dg = b.reg("staging gap");
-    b.movi(dg, m_kb);
-    b.sub(dg, dg, last);
-    b.emit(Opcode::op_copy_gm2ub, {dst, src, r.vq, last, g, dg});
-  });
+  copy_columns(true, src, dst, r.vq, full, last, i, row_blocks, m_nqb * m_blk);
 }
 
 // One copy per q row: its r blocks go nqb blocks of 16 rows apart.
@@ -415,20 +404,36 @@ void BlockTranspose::store_tile(int q, const TileRegs& r) {
   b.mul(dst, dst, esize);
   b.add(dst, dst, out, "element (p, r0, q0)");
   b.movi(src, static_cast<int64_t>(m_ob[q]));
-  const int64_t row_blocks = m_qo * esize / kBlock;
+  copy_columns(false, dst, src, r.vr, full, last, i, m_qo * esize / kBlock, m_nrb * m_blk);
+}
+
+// MTE copies of `rows` rows between GM and a staging buffer, one per 16-element column of the
+// rows: `full` columns of kb blocks, then (last != 0) one of `last` blocks. GM rows are
+// gm_row_blocks blocks apart, staging rows kb; per column gm advances 16 elements, ub
+// ub_column bytes. to_ub: GM -> staging (copy_gm2ub), else staging -> GM (copy_ub2gm).
+void BlockTranspose::copy_columns(bool to_ub, const Reg& gm, const Reg& ub, const Reg& rows,
+                                  const Reg& full, const Reg& last, const Reg& i,
+                                  int64_t gm_row_blocks, int64_t ub_column) {
+  KernelBuilder& b = m_b;
+  auto copy = [&](const Opnd& blocks, const Opnd& gm_gap, const Opnd& ub_gap) {
+    if (to_ub)
+      b.emit(Opcode::op_copy_gm2ub, {ub, gm, rows, blocks, gm_gap, ub_gap});
+    else
+      b.emit(Opcode::op_copy_ub2gm, {gm, ub, rows, blocks, ub_gap, gm_gap});
+  };
   b.for_range(i, 0, full, 1, [&] {
-    b.emit(Opcode::op_copy_ub2gm, {dst, src, r.vr, kb, 0, row_blocks - kb});
-    b.add(dst, dst, kSide * esize);
-    b.add(src, src, m_nrb * m_blk);
+    copy(m_kb, gm_row_blocks - m_kb, 0);
+    b.add(gm, gm, kSide * m_esize);
+    b.add(ub, ub, ub_column);
   });
   b.if_(ne(last, 0), [&] {
     Reg g = b.reg("gaps");
-    b.movi(g, row_blocks);
+    b.movi(g, gm_row_blocks);
     b.sub(g, g, last);
     Reg sg = b.reg("staging gap");
-    b.movi(sg, kb);
+    b.movi(sg, m_kb);
     b.sub(sg, sg, last);
-    b.emit(Opcode::op_copy_ub2gm, {dst, src, r.vr, last, sg, g});
+    copy(last, g, sg);
   });
 }
 
