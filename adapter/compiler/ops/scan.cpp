@@ -42,146 +42,248 @@ constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
 // an immediate): out[s] = out[s - 1] + x[s]; up to kSlots loads and stores are in flight.
 constexpr int kSlots = 4;
 
-Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t m, bool exclusive,
-                         bool reverse, const ChipConfig& cfg) {
-  const int esize = data_type_bytes(dt);
-  const Dtype type = device_dtype(dt);
-  const int64_t epb = kBlock / esize;
-  const int64_t blocks = m / epb;  // column blocks
-  KernelBuilder b(fmt::format("Cumsum_{}", data_type_name(dt)), op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *cfg.core_kind(kind);
-  const int64_t per = ceil_div(blocks, static_cast<int64_t>(core.count));
-  const int block_dim = static_cast<int>(ceil_div(blocks, per));
-  // Chunk of columns per pass: kSlots x rows and kSlots out rows of `cw` blocks in the UB.
+// The column chunk: this block's column blocks [c, c_end), the chunk's w blocks (cnt elements),
+// and the scan step k (the first row of the group).
+struct ChunkRegs {
+  explicit ChunkRegs(KernelBuilder& b)
+      : c(b.reg("column block")),
+        c_end(b.reg("end column block")),
+        w(b.reg("chunk blocks")),
+        cnt(b.reg("chunk elements")),
+        k(b.reg("step")) {}
+  Reg c, c_end, w, cnt, k;
+};
+
+// A group's registers: its rows, the row of the slot, a GM address.
+struct GroupRegs {
+  explicit GroupRegs(KernelBuilder& b)
+      : g(b.reg("rows in this group")), r(b.reg("row")), a(b.reg("address")) {}
+  Reg g, r, a;
+};
+
+// Emits build_scan_kernel's kernel: the split and chunk first, then per chunk of columns the
+// zero row and the groups of kSlots rows (loads, ready flags, scan steps and stores, free flags).
+class ScanEmitter {
+ public:
+  ScanEmitter(const std::string& op, DataType dt, int64_t n, int64_t m, bool exclusive,
+              bool reverse, const ChipConfig& cfg);
+  Launch build();
+
+ private:
+  void allocate();
+  void emit_chunk(ChunkRegs& cr, const Label& chunks, const Label& done);
+  void zero_first_row(const ChunkRegs& cr);
+  void emit_group(const ChunkRegs& cr, const GroupRegs& gr);
+  void slot(int q, bool needs_x, const ChunkRegs& cr, const GroupRegs& gr,
+            const std::function<void()>& body);
+  void row_of(int q, bool x_row, const ChunkRegs& cr, const GroupRegs& gr);
+  void address(const char* arg, const ChunkRegs& cr, const GroupRegs& gr);
+  void scan_step(int q, const ChunkRegs& cr, const GroupRegs& gr);
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const int64_t m_n, m_m;
+  const bool m_exclusive, m_reverse;
+  const int m_esize;
+  const Dtype m_type;
+  const int64_t m_epb;     // elements per block
+  const int64_t m_blocks;  // column blocks
+  isa::CoreKind m_kind;
+  int64_t m_per = 0;  // column blocks per block
+  int m_block_dim = 0;
+  int64_t m_cw = 0;  // column blocks per chunk
+  uint64_t m_xb[kSlots] = {}, m_ob[kSlots] = {};
+  int m_x_ready[kSlots] = {}, m_x_free[kSlots] = {}, m_o_ready[kSlots] = {}, m_o_free[kSlots] = {};
+};
+
+// Chunk of columns per pass: kSlots x rows and kSlots out rows of `cw` blocks in the UB.
+ScanEmitter::ScanEmitter(const std::string& op, DataType dt, int64_t n, int64_t m, bool exclusive,
+                         bool reverse, const ChipConfig& cfg)
+    : m_b(fmt::format("Cumsum_{}", data_type_name(dt)), op, cfg),
+      m_dt(dt),
+      m_n(n),
+      m_m(m),
+      m_exclusive(exclusive),
+      m_reverse(reverse),
+      m_esize(data_type_bytes(dt)),
+      m_type(device_dtype(dt)),
+      m_epb(kBlock / m_esize),
+      m_blocks(m / m_epb),
+      m_kind(m_b.vector_core_kind()) {
+  const CoreKindConfig& core = *cfg.core_kind(m_kind);
+  m_per = ceil_div(m_blocks, static_cast<int64_t>(core.count));
+  m_block_dim = static_cast<int>(ceil_div(m_blocks, m_per));
   const int64_t ub = static_cast<int64_t>(core.capacity(isa::Buf::UB));
   const int64_t burst_max = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  const int64_t cw = std::min({per, (ub - 512) / (2 * kSlots * kBlock), burst_max});
-  b.begin_section(kind);
-  uint64_t xb[kSlots], ob[kSlots];
-  int x_ready[kSlots], x_free[kSlots], o_ready[kSlots], o_free[kSlots];
+  m_cw = std::min({m_per, (ub - 512) / (2 * kSlots * kBlock), burst_max});
+}
+
+void ScanEmitter::allocate() {
+  KernelBuilder& b = m_b;
   for (int q = 0; q < kSlots; ++q) {
-    xb[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(cw * kBlock), fmt::format("x row {}", q));
-    ob[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(cw * kBlock), fmt::format("out row {}", q));
-    x_ready[q] = b.flag(Pipe::MTE2, Pipe::V, "x row loaded");
-    x_free[q] = b.flag(Pipe::V, Pipe::MTE2, "x row free");
-    o_ready[q] = b.flag(Pipe::V, Pipe::MTE3, "out row computed");
-    o_free[q] = b.flag(Pipe::MTE3, Pipe::V, "out row stored");
+    m_xb[q] =
+        b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_cw * kBlock), fmt::format("x row {}", q));
+    m_ob[q] =
+        b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_cw * kBlock), fmt::format("out row {}", q));
+    m_x_ready[q] = b.flag(Pipe::MTE2, Pipe::V, "x row loaded");
+    m_x_free[q] = b.flag(Pipe::V, Pipe::MTE2, "x row free");
+    m_o_ready[q] = b.flag(Pipe::V, Pipe::MTE3, "out row computed");
+    m_o_free[q] = b.flag(Pipe::MTE3, Pipe::V, "out row stored");
   }
   b.alloc(isa::Buf::UB, vec::kRepeatBytes, "repeat overrun slack");
-  b.declare_arg("in0", type, {n, m});
-  b.declare_arg("out", type, {n, m});
+}
+
+Launch ScanEmitter::build() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  allocate();
+  b.declare_arg("in0", m_type, {m_n, m_m});
+  b.declare_arg("out", m_type, {m_n, m_m});
   for (int q = 0; q < kSlots; ++q) {
-    b.set_flag(Pipe::V, Pipe::MTE2, x_free[q]);
-    b.set_flag(Pipe::MTE3, Pipe::V, o_free[q]);
+    b.set_flag(Pipe::V, Pipe::MTE2, m_x_free[q]);
+    b.set_flag(Pipe::MTE3, Pipe::V, m_o_free[q]);
   }
-  Reg c = b.reg("column block"), c_end = b.reg("end column block"), w = b.reg("chunk blocks"),
-      cnt = b.reg("chunk elements"), k = b.reg("step");
-  emit_block_range(b, c, c_end, per, blocks);
+  ChunkRegs cr(b);
+  emit_block_range(b, cr.c, cr.c_end, m_per, m_blocks);
   Label chunks = b.label("chunk_loop"), done = b.label("done");
   b.bind(chunks);
-  b.branch(ge(c, c_end), done);
-  b.sub(w, c_end, c);
-  b.min(w, w, cw, "blocks in this chunk");
-  b.mul(cnt, w, epb);
-  {
-    const int last = kSlots - 1;
-    KernelBuilder::Origin o(b, "the out row before the first = 0");
-    b.wait_flag(Pipe::MTE3, Pipe::V, o_free[last]);
-    vec_dup_bits(b, esize, ob[last], 0, cnt);
-    b.set_flag(Pipe::V, Pipe::MTE3, o_ready[last]);
-    b.wait_flag(Pipe::V, Pipe::MTE3, o_ready[last]);
-    b.set_flag(Pipe::MTE3, Pipe::V, o_free[last]);
-  }
-  // A group of up to kSlots rows (slot q = row k + q of the scan order): first every load, then
-  // the ready flags (a set_flag waits for all of its pipe's transfers, so the loads' latencies
-  // overlap), then per row out[q] = out[q - 1] + x[q] (or zeros: exclusive, k = 0) and its
-  // store, then the stores' free flags.
-  Reg g = b.reg("rows in this group"), r = b.reg("row"), a = b.reg("address");
-  auto row_of = [&](int q, bool x_row) {  // r = the output (or x) row of slot q
-    if (reverse) {
-      b.movi(r, n - 1 - q);
-      b.sub(r, r, k);
-    } else {
-      b.add(r, k, q);
-    }
-    if (x_row && exclusive) b.add(r, r, reverse ? 1 : -1);
-  };
-  auto address = [&](const char* arg) {  // a = arg + (r * m + c * epb) * esize
-    Reg base = b.load_arg(arg), t = b.reg("column");
-    b.mul(a, r, m);
-    b.mul(t, c, epb);
-    b.add(a, a, t);
-    b.mul(a, a, esize);
-    b.add(a, a, base);
-  };
-  b.movi(k, 0);
-  Label rows = b.label("row_loop");
-  b.bind(rows);
-  b.movi(g, n);
-  b.sub(g, g, k);
-  b.min(g, g, kSlots, "rows in this group");
-  auto slot = [&](int q, bool needs_x, const std::function<void()>& body) {
-    Label skip = b.label("slot_skip");
-    Reg qq = b.reg_imm("slot", q);
-    b.branch(ge(qq, g), skip);
-    if (needs_x && exclusive && q == 0) b.branch(eq(k, 0), skip);  // the zero row: no x
-    body();
-    b.bind(skip);
-  };
-  for (int q = 0; q < kSlots; ++q)
-    slot(q, true, [&] {
-      KernelBuilder::Origin o(b, fmt::format("load x (slot {})", q));
-      b.wait_flag(Pipe::V, Pipe::MTE2, x_free[q]);
-      row_of(q, true);
-      address("in0");
-      b.emit(Opcode::op_copy_gm2ub, {xb[q], a, 1, w, 0, 0}, "load the x row chunk");
-    });
-  for (int q = 0; q < kSlots; ++q)
-    slot(q, true, [&] { b.set_flag(Pipe::MTE2, Pipe::V, x_ready[q], "x row loaded"); });
-  for (int q = 0; q < kSlots; ++q)
-    slot(q, false, [&] {
-      KernelBuilder::Origin o(b, fmt::format("scan step (slot {})", q));
-      const int prev = (q + kSlots - 1) % kSlots;
-      b.wait_flag(Pipe::MTE3, Pipe::V, o_free[q]);
-      Label zero = b.label("exclusive_first"), computed = b.label("computed");
-      if (exclusive && q == 0) b.branch(eq(k, 0), zero);
-      b.wait_flag(Pipe::MTE2, Pipe::V, x_ready[q]);
-      vec_binary(b, Opcode::op_vadd, type, ob[q], ob[prev], xb[q], cnt);
-      b.set_flag(Pipe::V, Pipe::MTE2, x_free[q]);
-      if (exclusive && q == 0) {
-        b.jmp(computed);
-        b.bind(zero);
-        vec_dup_bits(b, esize, ob[q], 0, cnt);
-        b.bind(computed);
-      }
-      b.set_flag(Pipe::V, Pipe::MTE3, o_ready[q]);
-      b.wait_flag(Pipe::V, Pipe::MTE3, o_ready[q]);
-      row_of(q, false);
-      address("out");
-      b.emit(Opcode::op_copy_ub2gm, {a, ob[q], 1, w, 0, 0}, "store the out row chunk");
-    });
-  for (int q = 0; q < kSlots; ++q)
-    slot(q, false, [&] { b.set_flag(Pipe::MTE3, Pipe::V, o_free[q], "out row stored"); });
-  b.add(k, k, kSlots);
-  b.branch(lt(k, n), rows);
-  b.add(c, c, w);
-  b.jmp(chunks);
+  emit_chunk(cr, chunks, done);
   b.bind(done);
   for (int q = 0; q < kSlots; ++q) {
-    b.wait_flag(Pipe::V, Pipe::MTE2, x_free[q]);
-    b.wait_flag(Pipe::MTE3, Pipe::V, o_free[q]);
+    b.wait_flag(Pipe::V, Pipe::MTE2, m_x_free[q]);
+    b.wait_flag(Pipe::MTE3, Pipe::V, m_o_free[q]);
   }
   b.end();
   Launch l;
   l.kernel = b.finish();
-  l.block_dim = block_dim;
+  l.block_dim = m_block_dim;
   l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
-  l.summary = fmt::format("Cumsum_{}: {} rows x {} columns{}{}, {} blocks of {} column blocks, "
-                          "chunks of {}, {} rows in flight",
-                          data_type_name(dt), n, m, exclusive ? ", exclusive" : "",
-                          reverse ? ", reverse" : "", block_dim, per, cw, kSlots);
+  l.summary = fmt::format(
+      "Cumsum_{}: {} rows x {} columns{}{}, {} blocks of {} column blocks, "
+      "chunks of {}, {} rows in flight",
+      data_type_name(m_dt), m_n, m_m, m_exclusive ? ", exclusive" : "",
+      m_reverse ? ", reverse" : "", m_block_dim, m_per, m_cw, kSlots);
   return l;
+}
+
+// One chunk of columns: its width, the zero row, every group of rows; then the next chunk.
+void ScanEmitter::emit_chunk(ChunkRegs& cr, const Label& chunks, const Label& done) {
+  KernelBuilder& b = m_b;
+  b.branch(ge(cr.c, cr.c_end), done);
+  b.sub(cr.w, cr.c_end, cr.c);
+  b.min(cr.w, cr.w, m_cw, "blocks in this chunk");
+  b.mul(cr.cnt, cr.w, m_epb);
+  zero_first_row(cr);
+  GroupRegs gr(b);
+  b.movi(cr.k, 0);
+  Label rows = b.label("row_loop");
+  b.bind(rows);
+  emit_group(cr, gr);
+  b.add(cr.k, cr.k, kSlots);
+  b.branch(lt(cr.k, m_n), rows);
+  b.add(cr.c, cr.c, cr.w);
+  b.jmp(chunks);
+}
+
+void ScanEmitter::zero_first_row(const ChunkRegs& cr) {
+  KernelBuilder& b = m_b;
+  const int last = kSlots - 1;
+  KernelBuilder::Origin o(b, "the out row before the first = 0");
+  b.wait_flag(Pipe::MTE3, Pipe::V, m_o_free[last]);
+  vec_dup_bits(b, m_esize, m_ob[last], 0, cr.cnt);
+  b.set_flag(Pipe::V, Pipe::MTE3, m_o_ready[last]);
+  b.wait_flag(Pipe::V, Pipe::MTE3, m_o_ready[last]);
+  b.set_flag(Pipe::MTE3, Pipe::V, m_o_free[last]);
+}
+
+// A group of up to kSlots rows (slot q = row k + q of the scan order): first every load, then
+// the ready flags (a set_flag waits for all of its pipe's transfers, so the loads' latencies
+// overlap), then per row out[q] = out[q - 1] + x[q] (or zeros: exclusive, k = 0) and its
+// store, then the stores' free flags.
+void ScanEmitter::emit_group(const ChunkRegs& cr, const GroupRegs& gr) {
+  KernelBuilder& b = m_b;
+  b.movi(gr.g, m_n);
+  b.sub(gr.g, gr.g, cr.k);
+  b.min(gr.g, gr.g, kSlots, "rows in this group");
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, true, cr, gr, [&] {
+      KernelBuilder::Origin o(b, fmt::format("load x (slot {})", q));
+      b.wait_flag(Pipe::V, Pipe::MTE2, m_x_free[q]);
+      row_of(q, true, cr, gr);
+      address("in0", cr, gr);
+      b.emit(Opcode::op_copy_gm2ub, {m_xb[q], gr.a, 1, cr.w, 0, 0}, "load the x row chunk");
+    });
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, true, cr, gr, [&] { b.set_flag(Pipe::MTE2, Pipe::V, m_x_ready[q], "x row loaded"); });
+  for (int q = 0; q < kSlots; ++q) slot(q, false, cr, gr, [&] { scan_step(q, cr, gr); });
+  for (int q = 0; q < kSlots; ++q)
+    slot(q, false, cr, gr, [&] { b.set_flag(Pipe::MTE3, Pipe::V, m_o_free[q], "out row stored"); });
+}
+
+// body, if slot q holds a row of the group (and, needs_x, one with an x row).
+void ScanEmitter::slot(int q, bool needs_x, const ChunkRegs& cr, const GroupRegs& gr,
+                       const std::function<void()>& body) {
+  KernelBuilder& b = m_b;
+  Label skip = b.label("slot_skip");
+  Reg qq = b.reg_imm("slot", q);
+  b.branch(ge(qq, gr.g), skip);
+  if (needs_x && m_exclusive && q == 0) b.branch(eq(cr.k, 0), skip);  // the zero row: no x
+  body();
+  b.bind(skip);
+}
+
+// r = the output (or x) row of slot q.
+void ScanEmitter::row_of(int q, bool x_row, const ChunkRegs& cr, const GroupRegs& gr) {
+  KernelBuilder& b = m_b;
+  if (m_reverse) {
+    b.movi(gr.r, m_n - 1 - q);
+    b.sub(gr.r, gr.r, cr.k);
+  } else {
+    b.add(gr.r, cr.k, q);
+  }
+  if (x_row && m_exclusive) b.add(gr.r, gr.r, m_reverse ? 1 : -1);
+}
+
+// a = arg + (r * m + c * epb) * esize.
+void ScanEmitter::address(const char* arg, const ChunkRegs& cr, const GroupRegs& gr) {
+  KernelBuilder& b = m_b;
+  Reg base = b.load_arg(arg), t = b.reg("column");
+  b.mul(gr.a, gr.r, m_m);
+  b.mul(t, cr.c, m_epb);
+  b.add(gr.a, gr.a, t);
+  b.mul(gr.a, gr.a, m_esize);
+  b.add(gr.a, gr.a, base);
+}
+
+// out[q] = out[q - 1] + x[q] (exclusive, k = 0: zeros), then its store.
+void ScanEmitter::scan_step(int q, const ChunkRegs& cr, const GroupRegs& gr) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("scan step (slot {})", q));
+  const int prev = (q + kSlots - 1) % kSlots;
+  const bool zero_row = m_exclusive && q == 0;
+  b.wait_flag(Pipe::MTE3, Pipe::V, m_o_free[q]);
+  Label zero = b.label("exclusive_first"), computed = b.label("computed");
+  if (zero_row) b.branch(eq(cr.k, 0), zero);
+  b.wait_flag(Pipe::MTE2, Pipe::V, m_x_ready[q]);
+  vec_binary(b, Opcode::op_vadd, m_type, m_ob[q], m_ob[prev], m_xb[q], cr.cnt);
+  b.set_flag(Pipe::V, Pipe::MTE2, m_x_free[q]);
+  if (zero_row) {
+    b.jmp(computed);
+    b.bind(zero);
+    vec_dup_bits(b, m_esize, m_ob[q], 0, cr.cnt);
+    b.bind(computed);
+  }
+  b.set_flag(Pipe::V, Pipe::MTE3, m_o_ready[q]);
+  b.wait_flag(Pipe::V, Pipe::MTE3, m_o_ready[q]);
+  row_of(q, false, cr, gr);
+  address("out", cr, gr);
+  b.emit(Opcode::op_copy_ub2gm, {gr.a, m_ob[q], 1, cr.w, 0, 0}, "store the out row chunk");
+}
+
+// The scan kernel over x [n, m] (m * esize a multiple of 32 bytes) into out [n, m] (ScanEmitter).
+Launch build_scan_kernel(const std::string& op, DataType dt, int64_t n, int64_t m, bool exclusive,
+                         bool reverse, const ChipConfig& cfg) {
+  return ScanEmitter(op, dt, n, m, exclusive, reverse, cfg).build();
 }
 
 }  // namespace
