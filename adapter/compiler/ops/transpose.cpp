@@ -122,6 +122,7 @@ class BlockTranspose {
   void transpose_tile(int q);
   void transpose_wide_blocks(int q);
   void store_tile(int q, const TileRegs& r);
+  void column_blocks(const Reg& valid, const Reg& n, const Reg& full, const Reg& last);
   void copy_columns(bool to_ub, const Reg& gm, const Reg& ub, const Reg& rows, const Reg& full,
                     const Reg& last, const Reg& i, int64_t gm_row_blocks, int64_t ub_column);
   // Block (rb, qb) of the input staging at base, and block (qb, rb) of the output staging.
@@ -272,12 +273,7 @@ void BlockTranspose::load_tile(int q, const TileRegs& r) {
       last = b.reg("blocks of the last r block"), full = b.reg("full r blocks"),
       i = b.reg("row / r block");
   b.wait_flag(m_s_free, q);
-  // blocks of the valid r: `full` whole 16-element groups, then `last` blocks.
-  b.mul(n, r.vr, m_esize);
-  b.add(n, n, kBlock - 1);
-  b.shr(n, n, 5, "32-byte blocks of valid r");
-  b.div(full, n, m_kb);
-  b.rem(last, n, m_kb);
+  column_blocks(r.vr, n, full, last);
   Reg in = b.load_arg("in0");
   b.mul(src, r.p, m_nq);
   b.add(src, src, r.q0);
@@ -388,15 +384,11 @@ void BlockTranspose::transpose_wide_blocks(int q) {
 void BlockTranspose::store_tile(int q, const TileRegs& r) {
   KernelBuilder& b = m_b;
   KernelBuilder::Origin so(b, "store the r rows, one copy per q block");
-  const int64_t esize = m_esize, kb = m_kb;
+  const int64_t esize = m_esize;
   Reg dst = b.reg("destination"), src = b.reg("output staging"), n = b.reg("blocks"),
       i = b.reg("q block"), full = b.reg("full q blocks"), last = b.reg("blocks of the last");
   Reg out = b.load_arg("out");
-  b.mul(n, r.vq, esize);
-  b.add(n, n, kBlock - 1);
-  b.shr(n, n, 5);
-  b.div(full, n, kb);
-  b.rem(last, n, kb);
+  column_blocks(r.vq, n, full, last);
   b.mul(dst, r.p, m_nr);
   b.add(dst, dst, r.r0);
   b.mul(dst, dst, m_qo);
@@ -405,6 +397,17 @@ void BlockTranspose::store_tile(int q, const TileRegs& r) {
   b.add(dst, dst, out, "element (p, r0, q0)");
   b.movi(src, static_cast<int64_t>(m_ob[q]));
   copy_columns(false, dst, src, r.vr, full, last, i, m_qo * esize / kBlock, m_nrb * m_blk);
+}
+
+// The 32-byte blocks of `valid` elements (n): `full` whole 16-element columns, then `last` blocks.
+void BlockTranspose::column_blocks(const Reg& valid, const Reg& n, const Reg& full,
+                                   const Reg& last) {
+  KernelBuilder& b = m_b;
+  b.mul(n, valid, m_esize);
+  b.add(n, n, kBlock - 1);
+  b.shr(n, n, 5, "32-byte blocks");
+  b.div(full, n, m_kb);
+  b.rem(last, n, m_kb);
 }
 
 // MTE copies of `rows` rows between GM and a staging buffer, one per 16-element column of the
