@@ -122,6 +122,8 @@ class BlockTranspose {
   void transpose_tile(int q);
   void transpose_wide_blocks(int q);
   void store_tile(int q, const TileRegs& r);
+  void element_address(const Reg& addr, const Reg& base, const Reg& p, int64_t rows, const Reg& row,
+                       int64_t pitch, const Reg& col, const char* what);
   void column_blocks(const Reg& valid, const Reg& n, const Reg& full, const Reg& last);
   void copy_columns(bool to_ub, const Reg& gm, const Reg& ub, const Reg& rows, const Reg& full,
                     const Reg& last, const Reg& i, int64_t gm_row_blocks, int64_t ub_column);
@@ -275,12 +277,7 @@ void BlockTranspose::load_tile(int q, const TileRegs& r) {
   b.wait_flag(m_s_free, q);
   column_blocks(r.vr, n, full, last);
   Reg in = b.load_arg("in0");
-  b.mul(src, r.p, m_nq);
-  b.add(src, src, r.q0);
-  b.mul(src, src, m_ri);
-  b.add(src, src, r.r0);
-  b.mul(src, src, m_esize);
-  b.add(src, src, in, "element (p, q0, r0)");
+  element_address(src, in, r.p, m_nq, r.q0, m_ri, r.r0, "element (p, q0, r0)");
   if (m_rows_by_block)
     load_by_block(q, src, dst, full, last, i, r);
   else
@@ -389,14 +386,23 @@ void BlockTranspose::store_tile(int q, const TileRegs& r) {
       i = b.reg("q block"), full = b.reg("full q blocks"), last = b.reg("blocks of the last");
   Reg out = b.load_arg("out");
   column_blocks(r.vq, n, full, last);
-  b.mul(dst, r.p, m_nr);
-  b.add(dst, dst, r.r0);
-  b.mul(dst, dst, m_qo);
-  b.add(dst, dst, r.q0);
-  b.mul(dst, dst, esize);
-  b.add(dst, dst, out, "element (p, r0, q0)");
+  element_address(dst, out, r.p, m_nr, r.r0, m_qo, r.q0, "element (p, r0, q0)");
   b.movi(src, static_cast<int64_t>(m_ob[q]));
   copy_columns(false, dst, src, r.vr, full, last, i, m_qo * esize / kBlock, m_nrb * m_blk);
+}
+
+// addr = base + ((p * rows + row) * pitch + col) * esize: the element (p, row, col) of a tensor
+// of `rows` rows `pitch` elements apart per item.
+void BlockTranspose::element_address(const Reg& addr, const Reg& base, const Reg& p, int64_t rows,
+                                     const Reg& row, int64_t pitch, const Reg& col,
+                                     const char* what) {
+  KernelBuilder& b = m_b;
+  b.mul(addr, p, rows);
+  b.add(addr, addr, row);
+  b.mul(addr, addr, pitch);
+  b.add(addr, addr, col);
+  b.mul(addr, addr, m_esize);
+  b.add(addr, addr, base, what);
 }
 
 // The 32-byte blocks of `valid` elements (n): `full` whole 16-element columns, then `last` blocks.
