@@ -1,4 +1,4 @@
-// Inference fusions on NPU graphs, run by the plugin's grappler optimizer (graph_optimizer.cpp)
+// Fusions on NPU graphs, run by the plugin's grappler optimizer (graph_optimizer.cpp)
 // on every graph TensorFlow optimizes for the NPU; the fused ops' definitions and kernels are in
 // kernels_fused.cpp, their compiled kernels in adapter/compiler/ops/fused.cpp.
 //
@@ -50,7 +50,8 @@ struct FusionCounts {
   int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
   int half_handoffs = 0;    // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;         // AddRelu nodes created
-  int total() const { return batch_norm + conv_batch_norm + add_relu; }
+  int elementwise = 0;      // FusedElementwise nodes created
+  int total() const { return batch_norm + conv_batch_norm + add_relu + elementwise; }
 };
 
 // False when NPUSIM_FUSION is "0" (read once).
@@ -65,5 +66,7 @@ FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
 // Whether kernels_fused.cpp registered the fused ops' definitions and NPU kernels
 // (register_fused_kernels, kernel_families.h).
 bool fused_ops_registered();
+// fused_ops_registered() and the compiler's op table gave FusedElementwise an NPU kernel.
+bool fused_elementwise_registered();
 
 }  // namespace npusim::tf
