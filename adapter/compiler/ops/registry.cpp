@@ -301,7 +301,7 @@ const std::vector<OpEntry>& op_table() {
       {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
-       unregistered("registered by the graph fusion's op definitions")},
+       npu_t(K::kFusedInference, kFloatTypes)},
   };
   return table;
 }
