@@ -61,6 +61,12 @@ std::string attr_value_str(const AttrValue& v) {
     std::string operator()(const std::vector<int64_t>& l) const {
       return fmt::format("l:[{}]", fmt::join(l, ","));
     }
+    // Each string prefixed by its length, so no two lists share a key.
+    std::string operator()(const std::vector<std::string>& l) const {
+      std::string k = "ls:[";
+      for (const std::string& s : l) k += fmt::format("{}:{};", s.size(), s);
+      return k + "]";
+    }
   };
   return std::visit(Visitor{}, v);
 }
@@ -150,6 +156,11 @@ std::string OpDesc::attr_string(const std::string& name, const std::string& fall
 std::vector<int64_t> OpDesc::attr_ints(const std::string& name) const {
   const std::vector<int64_t>* v = typed_attr<std::vector<int64_t>>(*this, name, "list(int)");
   return v ? *v : std::vector<int64_t>{};
+}
+
+std::vector<std::string> OpDesc::attr_strings(const std::string& name) const {
+  const auto* v = typed_attr<std::vector<std::string>>(*this, name, "list(string)");
+  return v ? *v : std::vector<std::string>{};
 }
 
 std::optional<DataType> OpDesc::attr_type(const std::string& name) const {

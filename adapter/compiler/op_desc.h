@@ -59,8 +59,9 @@ inline constexpr uint64_t device_buffer_bytes(uint64_t tensor_bytes) {
 }
 
 // An attribute value: TF's int, float, bool, string (also used for type attrs such as "T",
-// written as a data_type_name) and list(int).
-using AttrValue = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>>;
+// written as a data_type_name), list(int) and list(string).
+using AttrValue = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>,
+                               std::vector<std::string>>;
 std::string attr_value_str(const AttrValue& v);  // canonical text, used in cache keys
 
 // Raised for anything the compiler cannot compile (unknown op, unsupported dtype, attribute or
@@ -101,6 +102,7 @@ struct OpDesc {
   bool attr_bool(const std::string& name, bool fallback) const;
   std::string attr_string(const std::string& name, const std::string& fallback) const;
   std::vector<int64_t> attr_ints(const std::string& name) const;  // missing: empty
+  std::vector<std::string> attr_strings(const std::string& name) const;  // missing: empty
   // A type attribute ("T", "DstT"): a string holding a data_type_name; nullopt if absent.
   std::optional<DataType> attr_type(const std::string& name) const;
 

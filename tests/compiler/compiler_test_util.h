@@ -326,6 +326,31 @@ inline std::vector<size_t> broadcast_index(const std::vector<int64_t>& in_shape,
   return idx;
 }
 
+// How compile() refused an op: its message, and whether it was an InvalidOpError (the op breaks
+// its own contract) rather than a plain CompileError.
+struct CompileRefusal {
+  bool invalid = false;
+  std::string message;
+};
+
+// Compiles op, which must be refused, on the test chip; checks that the message starts with the
+// op's signature.
+inline CompileRefusal compile_refusal(const OpDesc& op) {
+  CompileRefusal r;
+  try {
+    compiler::compile(op, test_sim().config());
+    FAIL("compiled");
+  } catch (const compiler::InvalidOpError& e) {
+    r.invalid = true;
+    r.message = e.what();
+  } catch (const compiler::CompileError& e) {
+    r.message = e.what();
+  }
+  INFO(r.message);
+  CHECK(r.message.rfind(op.str() + ": ", 0) == 0);
+  return r;
+}
+
 inline OpDesc make_op(const std::string& type, std::vector<TensorDesc> inputs,
                       std::map<std::string, compiler::AttrValue> attrs = {}) {
   OpDesc op;

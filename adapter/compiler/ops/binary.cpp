@@ -212,13 +212,57 @@ CompiledKernel logical_broadcast(const CompileContext& ctx, const TensorDesc& ou
   return std::move(plan).finish();
 }
 
+// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`.
+void tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
+  switch (kind.kind) {
+    case Kind::kArith:
+      spec.compute = [type, vop = kind.vop](KernelBuilder& b, const TileOperands& t) {
+        vec_binary(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
+      };
+      break;
+    case Kind::kSquaredDifference:
+      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+        vec_binary(b, Opcode::op_vsub, type, t.out, t.in[0], t.in[1], *t.count);
+        vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.out, *t.count);
+      };
+      break;
+    case Kind::kCompare:
+      // bits: one per element plus a partial repeat row; half: the f16 0/1 values.
+      spec.temps = {TempSpec{"compare bits", 1.0 / 8, 32},
+                    TempSpec{"compare f16", 2, 0},
+                    TempSpec{"f16 ones", 0, kF16RepeatBytes},
+                    TempSpec{"f16 zeros", 0, kF16RepeatBytes}};
+      spec.prologue = compare_prologue;
+      spec.compute = [type, cmp = kind.cmp](KernelBuilder& b, const TileOperands& t) {
+        compare_tile(b, t, type, cmp);
+      };
+      break;
+    case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
+    case Kind::kPow: pow_spec(spec, type); break;
+    case Kind::kLogical: logical_spec(spec, kind.vop); break;
+  }
+}
+
+const BinaryOp* find_binary(const std::string& tf_op) {
+  for (const BinaryOp& k : kOps)
+    if (tf_op == k.tf_op) return &k;
+  return nullptr;
+}
+
 }  // namespace
+
+bool binary_tile_work(const std::string& tf_op, Dtype type, StreamSpec& spec) {
+  const BinaryOp* kind = find_binary(tf_op);
+  if (!kind || !isa::dtype_is_float(type) || kind->kind == Kind::kCompare ||
+      kind->kind == Kind::kLogical)
+    return false;
+  tile_work(*kind, type, spec);
+  return true;
+}
 
 CompiledKernel compile_binary(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const BinaryOp* kind = nullptr;
-  for (const BinaryOp& k : kOps)
-    if (op.type == k.tf_op) kind = &k;
+  const BinaryOp* kind = find_binary(op.type);
   if (!kind) op.fail("internal: not a binary op");
   if (op.inputs.size() != 2)
     op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
@@ -255,34 +299,7 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, out.shape);
   spec.out_type = device_dtype(out.dtype);
   spec.out_shape = out.shape;
-  const Dtype type = device_dtype(dt);
-  switch (kind->kind) {
-    case Kind::kArith:
-      spec.compute = [type, vop = kind->vop](KernelBuilder& b, const TileOperands& t) {
-        vec_binary(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
-      };
-      break;
-    case Kind::kSquaredDifference:
-      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
-        vec_binary(b, Opcode::op_vsub, type, t.out, t.in[0], t.in[1], *t.count);
-        vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.out, *t.count);
-      };
-      break;
-    case Kind::kCompare:
-      // bits: one per element plus a partial repeat row; half: the f16 0/1 values.
-      spec.temps = {TempSpec{"compare bits", 1.0 / 8, 32},
-                    TempSpec{"compare f16", 2, 0},
-                    TempSpec{"f16 ones", 0, kF16RepeatBytes},
-                    TempSpec{"f16 zeros", 0, kF16RepeatBytes}};
-      spec.prologue = compare_prologue;
-      spec.compute = [type, cmp = kind->cmp](KernelBuilder& b, const TileOperands& t) {
-        compare_tile(b, t, type, cmp);
-      };
-      break;
-    case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
-    case Kind::kPow: pow_spec(spec, type); break;
-    case Kind::kLogical: logical_spec(spec, kind->vop); break;
-  }
+  tile_work(*kind, device_dtype(dt), spec);
   return stream_kernel(ctx, out, spec);
 }
 

@@ -93,6 +93,15 @@ struct StreamSpec {
   std::function<void(KernelBuilder&, const TileOperands&)> compute;
 };
 
+// One tile's work of the element-wise op `tf_op` of ops/binary.cpp (operands in[0], in[1]) or
+// ops/unary.cpp (in[0]) on operands and a result of the float device type `type` (F32, F16,
+// BF16): sets spec.temps, spec.prologue and spec.compute exactly as the op's own kernel does.
+// The compute writes TileOperands::out (a tile of `type` that no operand shares) and reads the
+// operands only. False, spec untouched, if the op is not of the family or its kernel is not
+// such a stream (a bool result, the s64 scalar unit, LogicalAnd / LogicalOr, LogicalNot).
+bool binary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
 // out1, out2, ... (kOutput 1, 2, ...).
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);

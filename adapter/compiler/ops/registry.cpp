@@ -300,6 +300,8 @@ const std::vector<OpEntry>& op_table() {
       // Inference fusions made by the TF plugin's graph pass (ops/fused.cpp)
       {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
+      {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
+       npu_t(K::kFusedInference, kFloatTypes)},
   };
   return table;
 }

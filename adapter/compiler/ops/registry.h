@@ -121,5 +121,7 @@ CompiledKernel compile_batchnorm(const CompileContext& ctx);  // ops/batchnorm.c
 CompiledKernel compile_optimizer(const CompileContext& ctx);  // ops/optimizer.cpp
 // Inference fusions of the TF plugin's graph pass (BatchNormInference, AddRelu):
 CompiledKernel compile_fused(const CompileContext& ctx);  // ops/fused.cpp
+// A chain of element-wise ops as one streaming kernel (FusedElementwise):
+CompiledKernel compile_fused_elementwise(const CompileContext& ctx);  // ops/fused_elementwise.cpp
 
 }  // namespace npusim::compiler::ops

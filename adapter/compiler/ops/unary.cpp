@@ -179,13 +179,53 @@ void logical_not_spec(StreamSpec& spec) {
   };
 }
 
+// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`.
+void tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
+  switch (kind.kind) {
+    case Kind::kUnary:
+      spec.compute = [type, vop = kind.vop](KernelBuilder& b, const TileOperands& t) {
+        vec_unary(b, vop, type, t.out, t.in[0], *t.count);
+      };
+      break;
+    case Kind::kNeg:
+      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+        Reg minus_one = b.reg_imm("-1 as a vector scalar", vector_scalar_bits(type, -1.0));
+        vec_scalar(b, Opcode::op_vmuls, type, t.out, t.in[0], minus_one, *t.count);
+      };
+      break;
+    case Kind::kSquare:
+      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+        vec_binary(b, Opcode::op_vmul, type, t.out, t.in[0], t.in[0], *t.count);
+      };
+      break;
+    case Kind::kRound: round_spec(spec, type, kind.round); break;
+    case Kind::kSign: sign_spec(spec, type); break;
+    case Kind::kLog1p: log1p_spec(spec, type); break;
+    case Kind::kIsFinite: is_finite_spec(spec, type); break;
+    case Kind::kLogicalNot: logical_not_spec(spec); break;
+  }
+}
+
+const UnaryOp* find_unary(const std::string& tf_op) {
+  for (const UnaryOp& k : kOps)
+    if (tf_op == k.tf_op) return &k;
+  return nullptr;
+}
+
 }  // namespace
+
+bool unary_tile_work(const std::string& tf_op, Dtype type, StreamSpec& spec) {
+  const UnaryOp* kind = find_unary(tf_op);
+  if (!kind || !isa::dtype_is_float(type) || kind->kind == Kind::kIsFinite ||
+      kind->kind == Kind::kLogicalNot)
+    return false;
+  tile_work(*kind, type, spec);
+  return true;
+}
 
 CompiledKernel compile_unary(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const UnaryOp* kind = nullptr;
-  for (const UnaryOp& k : kOps)
-    if (op.type == k.tf_op) kind = &k;
+  const UnaryOp* kind = find_unary(op.type);
   if (!kind) op.fail("internal: not a unary op");
   if (op.inputs.size() != 1) op.fail(fmt::format("takes 1 input, {} given", op.inputs.size()));
   const DataType dt = op.inputs[0].dtype;
@@ -209,30 +249,7 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, out.shape);
   spec.out_type = device_dtype(out.dtype);
   spec.out_shape = out.shape;
-  const Dtype type = device_dtype(dt);
-  switch (kind->kind) {
-    case Kind::kUnary:
-      spec.compute = [type, vop = kind->vop](KernelBuilder& b, const TileOperands& t) {
-        vec_unary(b, vop, type, t.out, t.in[0], *t.count);
-      };
-      break;
-    case Kind::kNeg:
-      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
-        Reg minus_one = b.reg_imm("-1 as a vector scalar", vector_scalar_bits(type, -1.0));
-        vec_scalar(b, Opcode::op_vmuls, type, t.out, t.in[0], minus_one, *t.count);
-      };
-      break;
-    case Kind::kSquare:
-      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
-        vec_binary(b, Opcode::op_vmul, type, t.out, t.in[0], t.in[0], *t.count);
-      };
-      break;
-    case Kind::kRound: round_spec(spec, type, kind->round); break;
-    case Kind::kSign: sign_spec(spec, type); break;
-    case Kind::kLog1p: log1p_spec(spec, type); break;
-    case Kind::kIsFinite: is_finite_spec(spec, type); break;
-    case Kind::kLogicalNot: logical_not_spec(spec); break;
-  }
+  tile_work(*kind, device_dtype(dt), spec);
   return stream_kernel(ctx, out, spec);
 }
 

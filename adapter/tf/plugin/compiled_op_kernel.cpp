@@ -136,6 +136,12 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
         m_attrs[a.name] = v;
         break;
       }
+      case AttrSpec::Kind::kStrings: {
+        std::vector<std::string> v;
+        st = ctx->GetAttr(a.name, &v);
+        m_attrs[a.name] = v;
+        break;
+      }
     }
     if (!st.ok()) {
       ctx->CtxFailure(st);

@@ -123,7 +123,7 @@ class ReportProfiler {
 
 // The attributes an op family passes to the compiler, and their TF types.
 struct AttrSpec {
-  enum class Kind { kType, kBool, kInt, kFloat, kString, kInts };
+  enum class Kind { kType, kBool, kInt, kFloat, kString, kInts, kStrings };
   const char* name;
   Kind kind;
 };

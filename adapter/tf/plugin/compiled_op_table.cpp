@@ -71,7 +71,8 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"dilations", K::kInts},
         {"data_format", K::kString},
         {"Tx", K::kType},
-        {"Tout", K::kType}}},
+        {"Tout", K::kType},
+        {"steps", K::kStrings}}},
   };
   auto it = attrs.find(kernel);
   if (it == attrs.end())

@@ -25,6 +25,7 @@
 #include "tensorflow/core/framework/types.pb.h"
 #pragma GCC diagnostic pop
 
+#include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 
 namespace npusim::tf {
@@ -94,9 +95,12 @@ class GraphView {
     return !r.control && r.port == 0 && r.node == name;
   }
 
-  size_t consumers(const std::string& name) const {
+  size_t consumers(const std::string& name) const { return consumer_indices(name).size(); }
+  // The graph indices of `name`'s data consumers, one per consuming input.
+  const std::vector<int>& consumer_indices(const std::string& name) const {
+    static const std::vector<int> kNone;
     auto it = m_consumers.find(name);
-    return it == m_consumers.end() ? 0 : it->second.size();
+    return it == m_consumers.end() ? kNone : it->second;
   }
   // The single data consumer of `name`, if it has exactly one.
   tfc::NodeDef* only_consumer(const std::string& name) {
@@ -473,6 +477,108 @@ int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& p
   return handed;
 }
 
+// Whether n may be a step of a FusedElementwise of its type: on the NPU, a fusible op
+// (compiler::ops::fusible_elementwise) of a float type T with no attribute but T (and TF's
+// internal "_" ones: a step carries no attributes), data inputs only before its control inputs.
+bool fusible_step(const tfc::NodeDef& n) {
+  if (!on_npu(n) || !compiler::ops::fusible_elementwise(n.op())) return false;
+  const std::optional<tfc::DataType> t = type_attr(n);
+  if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) return false;
+  for (const auto& [name, value] : n.attr())
+    if (name != "T" && (name.empty() || name[0] != '_')) return false;
+  return n.input_size() > 0 && !parse_input(n.input(0)).control;
+}
+
+// Maximal connected sets of fusible steps (fusible_step) of one type, each with one sink: every
+// other node of a set is removable (Removal) and has all its data consumers in the set. Taken in
+// reverse topological order, a node joins the set of its consumers when it may and they all lie
+// in one set; otherwise it is the sink of a new set. Sets of at least 2 nodes become one
+// FusedElementwise node in place of the sink (graph_fusion.h, fused_elementwise.h).
+int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  const int n_nodes = graph.node_size();
+  std::vector<bool> step(n_nodes);
+  for (int i = 0; i < n_nodes; ++i) step[i] = fusible_step(graph.node(i));
+  // Data producers of each step among the steps (graph indices; -1: outside), per data input.
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < n_nodes; ++i)
+    if (step[i]) index[graph.node(i).name()] = i;
+  std::vector<std::vector<int>> producers(n_nodes);
+  std::vector<int> pending(n_nodes, 0);  // step producers not yet ordered (Kahn)
+  for (int i = 0; i < n_nodes; ++i) {
+    if (!step[i]) continue;
+    for (const std::string& in : graph.node(i).input()) {
+      const InputRef r = parse_input(in);
+      if (r.control) continue;
+      auto it = index.find(r.node);
+      const bool inner = it != index.end() && r.port == 0;
+      producers[i].push_back(inner ? it->second : -1);
+      pending[i] += inner;
+    }
+  }
+  // Topological order of the steps (steps on a cycle, if any, are left out).
+  std::vector<int> order;
+  for (int i = 0; i < n_nodes; ++i)
+    if (step[i] && pending[i] == 0) order.push_back(i);
+  for (size_t k = 0; k < order.size(); ++k)
+    for (int c : g.consumer_indices(graph.node(order[k]).name()))
+      if (step[c] && --pending[c] == 0) order.push_back(c);
+  // Each ordered step's set: the graph index of its sink.
+  std::vector<int> sink(n_nodes, -1);
+  for (auto k = order.rbegin(); k != order.rend(); ++k) {
+    const tfc::NodeDef& n = graph.node(*k);
+    const std::vector<int>& consumers = g.consumer_indices(n.name());
+    int joined = consumers.empty() ? -1 : sink[consumers[0]];
+    for (int c : consumers)
+      if (sink[c] != joined || type_attr(graph.node(c)) != type_attr(n)) joined = -1;
+    if (joined < 0 || !rm.removable(n, consumers.size())) joined = *k;
+    sink[*k] = joined;
+  }
+  // The sets' members in topological order, by sink.
+  std::map<int, std::vector<int>> sets;
+  for (int i : order) sets[sink[i]].push_back(i);
+  int fused = 0;
+  for (const auto& [last, members] : sets) {
+    if (members.size() < 2) continue;
+    std::map<int, int> step_of;                           // graph index -> step number
+    std::map<std::pair<std::string, int>, int> input_of;  // (node, port) -> input number
+    std::vector<std::string> inputs;
+    tfc::AttrValue steps;
+    for (int m : members) {
+      const tfc::NodeDef& n = graph.node(m);
+      std::string text = n.op();
+      int k = 0;
+      for (const std::string& in : n.input()) {
+        const InputRef r = parse_input(in);
+        if (r.control) continue;
+        const int p = producers[m][k++];
+        if (p >= 0 && sink[p] == last) {
+          text += " s" + std::to_string(step_of.at(p));
+          continue;
+        }
+        auto [it, added] =
+            input_of.emplace(std::make_pair(r.node, r.port), static_cast<int>(inputs.size()));
+        if (added) inputs.push_back(in);
+        text += " i" + std::to_string(it->second);
+      }
+      step_of[m] = steps.list().s_size();
+      steps.mutable_list()->add_s(text);
+      if (m != last) rm.remove(n.name());
+    }
+    tfc::NodeDef& sink_node = *graph.mutable_node(last);
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*type_attr(sink_node));
+    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
+    attrs["steps"] = steps;
+    rewrite_as(sink_node, "FusedElementwise", inputs, attrs);
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -508,6 +614,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   counts.half_handoffs = half_handoffs(graph, preserve);
   counts.add_relu = fuse_add_relus(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  if (fused_elementwise_registered())
+    counts.elementwise = fuse_elementwise_chains(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return counts;
 }

@@ -1,6 +1,7 @@
-// Inference fusions on NPU graphs, run by the plugin's grappler optimizer (graph_optimizer.cpp)
+// Fusions on NPU graphs, run by the plugin's grappler optimizer (graph_optimizer.cpp)
 // on every graph TensorFlow optimizes for the NPU; the fused ops' definitions and kernels are in
-// kernels_fused.cpp, their compiled kernels in adapter/compiler/ops/fused.cpp.
+// kernels_fused.cpp, their compiled kernels in adapter/compiler/ops/fused.cpp (and
+// fused_elementwise.h's).
 //
 // Rewrites (every node on the NPU, rewritten in place: the chain's last node keeps its name,
 // device and control inputs and becomes the fused op; the chain's other nodes are removed):
@@ -18,6 +19,14 @@
 //      would run moves into the producer's FIXPIPE, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
+//   4. FusedElementwise (adapter/compiler/ops/fused_elementwise.h), run last: maximal connected
+//      sets of nodes whose op is fusible (compiler::ops::fusible_elementwise), of one type T in
+//      {float, half, bfloat16}, with no attribute but T, where every node but the set's single
+//      sink has all of its data consumers inside the set; sets of at least 2 nodes become one
+//      node computing the steps in a topological order, its inputs the set's external inputs
+//      (deduplicated; a Const or ReadVariableOp feeding the set stays outside). A node whose
+//      result is also used outside is the sink of its own set. Only while the compiler's op
+//      table has a FusedElementwise kernel (fused_elementwise_registered()).
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -50,7 +59,8 @@ struct FusionCounts {
   int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
   int half_handoffs = 0;    // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;         // AddRelu nodes created
-  int total() const { return batch_norm + conv_batch_norm + add_relu; }
+  int elementwise = 0;      // FusedElementwise nodes created
+  int total() const { return batch_norm + conv_batch_norm + add_relu + elementwise; }
 };
 
 // False when NPUSIM_FUSION is "0" (read once).
@@ -65,5 +75,7 @@ FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
 // Whether kernels_fused.cpp registered the fused ops' definitions and NPU kernels
 // (register_fused_kernels, kernel_families.h).
 bool fused_ops_registered();
+// fused_ops_registered() and the compiler's op table gave FusedElementwise an NPU kernel.
+bool fused_elementwise_registered();
 
 }  // namespace npusim::tf

@@ -273,9 +273,10 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(stderr,
                      "npusim: fusion in %s: %d BatchNormInference (%d of them into "
-                     "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu\n",
+                     "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
+                     "%d FusedElementwise\n",
                      item_id(item).c_str(), counts.batch_norm, counts.conv_batch_norm,
-                     counts.half_handoffs, counts.add_relu);
+                     counts.half_handoffs, counts.add_relu, counts.elementwise);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

@@ -69,6 +69,7 @@ class OpKernelConstruction {
   rt::Status GetAttr(const char* attr, float* value) const;
   rt::Status GetAttr(const char* attr, std::string* value) const;
   rt::Status GetAttr(const char* attr, std::vector<int64_t>* value) const;
+  rt::Status GetAttr(const char* attr, std::vector<std::string>* value) const;
 
   // Records a failure: TensorFlow reports it when it creates the kernel.
   void CtxFailure(const rt::Status& st);

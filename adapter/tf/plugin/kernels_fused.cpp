@@ -14,10 +14,17 @@
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
+//   FusedElementwise(inputs: N * T) -> z: T     T in {float, half, bfloat16}; N >= 1;
+//     steps: list(string): a chain of element-wise ops as one vector kernel
+//     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
+//     broadcast shape.
 //
 // The kernels keep the fused node's name and these op types, so launch records and reports
 // (npusim.op_summary()) show them as such.
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tensorflow/c/ops.h"
 
@@ -43,40 +50,61 @@ void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_DeleteShapeHandle(in);
 }
 
-// AddRelu broadcasts; the C shape API has no broadcast helper, so the output is x's shape when
-// y's dimensions are known to broadcast into x's (the residual add: equal shapes), otherwise
-// unknown (TensorFlow's executor does not need it; only later graph passes read it).
-void add_relu_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  TF_ShapeHandle* x = TF_NewShapeHandle();
-  TF_ShapeHandle* y = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, 0, x, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextGetInput(ctx, 1, y, status);
-  bool into_x = TF_GetCode(status) == TF_OK && TF_ShapeInferenceContextRankKnown(ctx, x) &&
-                TF_ShapeInferenceContextRankKnown(ctx, y) &&
-                TF_ShapeInferenceContextRank(ctx, y) <= TF_ShapeInferenceContextRank(ctx, x);
-  if (into_x) {
-    const int64_t rx = TF_ShapeInferenceContextRank(ctx, x);
-    const int64_t ry = TF_ShapeInferenceContextRank(ctx, y);
-    for (int64_t i = 1; i <= ry && into_x; ++i) {
-      TF_DimensionHandle* dx = TF_NewDimensionHandle();
-      TF_DimensionHandle* dy = TF_NewDimensionHandle();
-      TF_ShapeInferenceContextDim(ctx, x, rx - i, dx);
-      TF_ShapeInferenceContextDim(ctx, y, ry - i, dy);
-      const int64_t vx = TF_DimensionHandleValue(dx), vy = TF_DimensionHandleValue(dy);
-      into_x = vy == 1 || (vx >= 0 && vx == vy);
-      TF_DeleteDimensionHandle(dx);
-      TF_DeleteDimensionHandle(dy);
+// The numpy broadcast of all inputs' shapes (AddRelu, FusedElementwise); the C shape API has
+// no broadcast helper, so the output is assembled from one-dimension subshapes of the inputs:
+// per output axis (aligned at the last), an input's dimension known and not 1, else an unknown
+// one, else 1. Unknown when an input's rank is; dimensions that cannot broadcast are left to
+// the kernel (TensorFlow's executor does not need the shape, only later graph passes read it).
+void broadcast_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  const int n = TF_ShapeInferenceContextNumInputs(ctx);
+  std::vector<TF_ShapeHandle*> in(n);
+  int64_t rank = 0;
+  bool known = true;
+  for (int i = 0; i < n; ++i) {
+    in[i] = TF_NewShapeHandle();
+    if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextGetInput(ctx, i, in[i], status);
+    if (TF_GetCode(status) != TF_OK) continue;
+    known = known && TF_ShapeInferenceContextRankKnown(ctx, in[i]);
+    if (known) rank = std::max(rank, TF_ShapeInferenceContextRank(ctx, in[i]));
+  }
+  TF_ShapeHandle* out = TF_ShapeInferenceContextScalar(ctx);
+  for (int64_t axis = -rank; axis < 0 && known && TF_GetCode(status) == TF_OK; ++axis) {
+    int pick = -1, pick_rank = 0;
+    enum { kNone, kOne, kUnknown, kKnown } best = kNone;
+    for (int i = 0; i < n; ++i) {
+      const int64_t r = TF_ShapeInferenceContextRank(ctx, in[i]);
+      if (r + axis < 0) continue;
+      TF_DimensionHandle* d = TF_NewDimensionHandle();
+      TF_ShapeInferenceContextDim(ctx, in[i], r + axis, d);
+      const auto kind = !TF_DimensionHandleValueKnown(d)  ? kUnknown
+                        : TF_DimensionHandleValue(d) == 1 ? kOne
+                                                          : kKnown;
+      TF_DeleteDimensionHandle(d);
+      if (kind > best) {
+        best = kind;
+        pick = i;
+        pick_rank = static_cast<int>(r);
+      }
     }
+    TF_ShapeHandle* dim = TF_NewShapeHandle();
+    TF_ShapeHandle* grown = TF_NewShapeHandle();
+    TF_ShapeInferenceContextSubshape(ctx, in[pick], pick_rank + axis, pick_rank + axis + 1, dim,
+                                     status);
+    if (TF_GetCode(status) == TF_OK)
+      TF_ShapeInferenceContextConcatenateShapes(ctx, out, dim, grown, status);
+    std::swap(out, grown);
+    TF_DeleteShapeHandle(dim);
+    TF_DeleteShapeHandle(grown);
   }
   if (TF_GetCode(status) == TF_OK) {
-    if (into_x) {
-      TF_ShapeInferenceContextSetOutput(ctx, 0, x, status);
+    if (known) {
+      TF_ShapeInferenceContextSetOutput(ctx, 0, out, status);
     } else {
       TF_ShapeInferenceContextSetUnknownShape(ctx, status);
     }
   }
-  TF_DeleteShapeHandle(x);
-  TF_DeleteShapeHandle(y);
+  TF_DeleteShapeHandle(out);
+  for (TF_ShapeHandle* h : in) TF_DeleteShapeHandle(h);
 }
 
 struct OpDefSpec {
@@ -102,10 +130,12 @@ rt::Status register_op_def(const OpDefSpec& spec) {
 }
 
 bool g_fused_ops_registered = false;
+bool g_fused_elementwise_registered = false;
 
 }  // namespace
 
 bool fused_ops_registered() { return g_fused_ops_registered; }
+bool fused_elementwise_registered() { return g_fused_elementwise_registered; }
 
 rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_ops) {
   const OpDefSpec defs[] = {
@@ -122,7 +152,12 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
-      {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, add_relu_shape},
+      {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
+      {"FusedElementwise",
+       {"inputs: N * T"},
+       {"z: T"},
+       {"T: {float, half, bfloat16}", "N: int >= 1", "steps: list(string)"},
+       broadcast_shape},
   };
   for (const OpDefSpec& d : defs) {
     rt::Status st = register_op_def(d);
@@ -130,10 +165,14 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
   }
   // The kernels: the op table's rows (kernel class kFusedInference).
   rt::Status st = rt::ok_status();
-  for (const TableKernelDef& d : compiler_ops)
+  bool elementwise = false;
+  for (const TableKernelDef& d : compiler_ops) {
     if (st.ok()) st = register_compiled_op_kernel(d);
+    elementwise = elementwise || d.op == "FusedElementwise";
+  }
   // The graph pass only creates these ops once both definitions and kernels exist.
   g_fused_ops_registered = st.ok();
+  g_fused_elementwise_registered = st.ok() && elementwise;
   return st;
 }
 

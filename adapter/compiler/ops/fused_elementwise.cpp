@@ -1,0 +1,163 @@
+// FusedElementwise (contract in ops/fused_elementwise.h): one streaming kernel (ops/elementwise)
+// whose tile computation is every step's own tile work (binary_tile_work / unary_tile_work) in
+// order. UB temporaries: one tile of T per intermediate result (steps 0..k-2; the last step
+// writes the output tile), then each step's own temporaries; the prologue is every step's
+// prologue. A step reads its operands from the input tiles (streamed, resident or gathered as
+// for any streamed op) or from earlier steps' result tiles, so the values of a tile never leave
+// the UB between steps.
+#include "adapter/compiler/ops/fused_elementwise.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+
+namespace {
+
+// An operand of a step: input `index` or the result of step `index`.
+struct Operand {
+  bool step = false;
+  size_t index = 0;
+};
+
+struct Step {
+  std::vector<Operand> operands;
+  StreamSpec work;        // temps, prologue, compute of the step's op
+  size_t first_temp = 0;  // its temps' position in the fused kernel's temps
+};
+
+// The step's tile work at `type` and its number of operands; 0 if not fusible.
+size_t tile_work(const std::string& tf_op, Dtype type, StreamSpec& work) {
+  if (binary_tile_work(tf_op, type, work)) return 2;
+  if (unary_tile_work(tf_op, type, work)) return 1;
+  return 0;
+}
+
+// Parses step k, "<TfOp> <operand>[ <operand>]" (single spaces), with n_inputs inputs.
+Step parse_step(const OpDesc& op, size_t k, const std::string& text, size_t n_inputs, Dtype type) {
+  auto invalid = [&](const std::string& what) {
+    op.invalid(fmt::format("step {} '{}': {}", k, text, what));
+  };
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string w; std::getline(in, w, ' ');) words.push_back(w);
+  if (!text.empty() && text.back() == ' ') words.emplace_back();
+  if (words.size() < 2)
+    invalid("expected '<TfOp> <operand>[ <operand>]', operands i<n> (input) or s<j> (step)");
+  for (const std::string& w : words)
+    if (w.empty()) invalid("empty word (words are separated by one space)");
+  Step s;
+  const size_t arity = tile_work(words[0], type, s.work);
+  if (arity == 0)
+    op.fail(
+        fmt::format("step {} '{}': {} is not a fusible element-wise op (one of the float ops "
+                    "of the binary and unary families with a float result)",
+                    k, text, words[0]));
+  if (words.size() - 1 != arity)
+    invalid(fmt::format("{} takes {} operand{}, {} given", words[0], arity, arity > 1 ? "s" : "",
+                        words.size() - 1));
+  for (size_t w = 1; w < words.size(); ++w) {
+    const std::string& name = words[w];
+    const bool digits = name.size() >= 2 && name.size() <= 10 &&
+                        std::all_of(name.begin() + 1, name.end(), [](char c) {
+                          return std::isdigit(static_cast<unsigned char>(c));
+                        });
+    if (!digits || (name[0] != 'i' && name[0] != 's'))
+      invalid(fmt::format("operand '{}' is neither i<n> (input n) nor s<j> (step j)", name));
+    Operand o{name[0] == 's', std::stoul(name.substr(1))};
+    if (o.step && o.index >= k)
+      invalid(k == 0 ? fmt::format("operand {} is not an earlier step (step 0 has none)", name)
+                     : fmt::format("operand {} is not an earlier step (s0..s{})", name, k - 1));
+    if (!o.step && o.index >= n_inputs)
+      invalid(fmt::format("operand {} is out of range ({} input{})", name, n_inputs,
+                          n_inputs == 1 ? "" : "s"));
+    s.operands.push_back(o);
+  }
+  return s;
+}
+
+}  // namespace
+
+bool fusible_elementwise(const std::string& tf_op) {
+  StreamSpec work;
+  return tile_work(tf_op, Dtype::F32, work) > 0;
+}
+
+CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
+  const DataType dt = op.inputs[0].dtype;
+  std::vector<int64_t> shape = op.inputs[0].shape;
+  for (size_t n = 1; n < op.inputs.size(); ++n) {
+    const TensorDesc& in = op.inputs[n];
+    if (in.dtype != dt)
+      op.invalid(fmt::format("input {} is {}, input 0 {}: the inputs have one type T", n,
+                             data_type_name(in.dtype), data_type_name(dt)));
+    auto b = broadcast_shapes(shape, in.shape);
+    if (!b)
+      op.invalid(fmt::format("input {} of shape {} does not broadcast to {}", n,
+                             shape_str(in.shape), shape_str(shape)));
+    shape = *b;
+  }
+  if (auto t = op.attr_type("T"); t && *t != dt)
+    op.invalid(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
+                           data_type_name(dt)));
+  if (!data_type_is_float(dt))
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  const std::vector<std::string> texts = op.attr_strings("steps");
+  if (texts.empty()) op.invalid("attribute 'steps' is missing or empty");
+
+  const Dtype type = device_dtype(dt);
+  std::vector<Step> steps;
+  for (size_t k = 0; k < texts.size(); ++k)
+    steps.push_back(parse_step(op, k, texts[k], op.inputs.size(), type));
+
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("FusedElementwise_{}", data_type_name(dt));
+  spec.inputs = stream_inputs(op.inputs, shape);
+  spec.out_type = type;
+  spec.out_shape = shape;
+  const size_t results = steps.size() - 1;  // intermediate result tiles: temps 0..results-1
+  for (size_t k = 0; k < results; ++k)
+    spec.temps.push_back(TempSpec{fmt::format("s{} result", k), double(isa::dtype_size(type))});
+  for (size_t k = 0; k < steps.size(); ++k) {
+    steps[k].first_temp = spec.temps.size();
+    for (const TempSpec& t : steps[k].work.temps)
+      spec.temps.push_back(
+          TempSpec{fmt::format("s{} {}", k, t.name), t.bytes_per_element, t.fixed_bytes});
+  }
+  // A step's slice of the fused kernel's temps.
+  auto own_temps = [](const Step& s, const std::vector<uint64_t>& temp) {
+    auto first = temp.begin() + static_cast<std::ptrdiff_t>(s.first_temp);
+    return std::vector<uint64_t>(first, first + static_cast<std::ptrdiff_t>(s.work.temps.size()));
+  };
+  spec.prologue = [steps, own_temps](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    for (const Step& s : steps)
+      if (s.work.prologue) s.work.prologue(b, own_temps(s, temp));
+  };
+  spec.compute = [steps, own_temps, results, texts](KernelBuilder& b, const TileOperands& t) {
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const Step& s = steps[k];
+      KernelBuilder::Origin origin(b, fmt::format("step {}: {}", k, texts[k]));
+      TileOperands st;
+      for (const Operand& o : s.operands) st.in.push_back(o.step ? t.temp[o.index] : t.in[o.index]);
+      st.out = k < results ? t.temp[k] : t.out;
+      st.outs = {st.out};
+      st.temp = own_temps(s, t.temp);
+      st.count = t.count;
+      st.tile_elems = t.tile_elems;
+      s.work.compute(b, st);
+    }
+  };
+  return stream_kernel(ctx, TensorDesc{dt, shape}, spec);
+}
+
+}  // namespace npusim::compiler::ops

@@ -1,0 +1,237 @@
+// FusedElementwise (adapter/compiler/ops/fused_elementwise.h): a chain of element-wise ops as
+// one streaming kernel. The reference is the chain unfused: each step compiled as its own op,
+// run on the chip model and its result fed to the next steps. The fused output must be
+// bit-identical to it (same instructions and roundings per element), come from one launch and
+// take fewer cycles than the unfused launches together. The f32 Adam-like chain is also checked
+// against a double-precision evaluation of its formula.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/fused_elementwise.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::AttrValue;
+
+namespace {
+
+using Steps = std::vector<std::string>;
+
+OpDesc fused_op(const std::vector<HostTensor>& inputs, const Steps& steps) {
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : inputs) descs.push_back(t.desc);
+  return make_op(
+      "FusedElementwise", descs,
+      {{"T", std::string(compiler::data_type_name(descs[0].dtype))}, {"steps", AttrValue(steps)}});
+}
+
+struct ChainRun {
+  HostTensor result;
+  uint64_t cycles = 0;
+  size_t launches = 0;
+};
+
+// The chain unfused: step k "<op> <a>[ <b>]" compiled as op(a, b) on the inputs (i<n>) and the
+// earlier results (s<j>), at their own shapes; the last result broadcast to out_shape.
+ChainRun run_unfused(const std::vector<HostTensor>& inputs, const Steps& steps,
+                     const std::vector<int64_t>& out_shape) {
+  ChainRun r;
+  std::vector<HostTensor> results;
+  for (const std::string& text : steps) {
+    std::istringstream words(text);
+    std::string name, operand;
+    words >> name;
+    std::vector<HostTensor> args;
+    while (words >> operand) {
+      const size_t i = std::stoul(operand.substr(1));
+      args.push_back(operand[0] == 'i' ? inputs.at(i) : results.at(i));
+    }
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& t : args) descs.push_back(t.desc);
+    const CompiledKernel k = compiler::compile(make_op(name, descs), test_sim().config());
+    RunResult run = run_compiled(test_sim(), k, args);
+    r.cycles += run.cycles;
+    r.launches += k.launches.size();
+    results.push_back(run.outputs.at(0));
+  }
+  const HostTensor& last = results.back();
+  r.result.desc = TensorDesc{last.desc.dtype, out_shape};
+  for (size_t src : broadcast_index(last.desc.shape, out_shape))
+    r.result.values.push_back(last.values[src]);
+  return r;
+}
+
+// Equal bits: same value and sign, or both NaN.
+void check_bit_identical(const HostTensor& got, const HostTensor& want) {
+  REQUIRE(got.desc == want.desc);
+  size_t bad = 0;
+  for (size_t i = 0; i < got.values.size(); ++i) {
+    const double g = got.values[i], w = want.values[i];
+    const bool same =
+        (std::isnan(g) && std::isnan(w)) || (g == w && std::signbit(g) == std::signbit(w));
+    if (!same && bad++ < 5) UNSCOPED_INFO("element " << i << ": fused " << g << ", unfused " << w);
+  }
+  INFO(bad << " of " << got.values.size() << " elements differ");
+  CHECK(bad == 0);
+}
+
+// Compiles and runs the fused chain and checks it against the unfused one; returns its output.
+HostTensor check_chain(const std::vector<HostTensor>& inputs, const Steps& steps) {
+  const OpDesc op = fused_op(inputs, steps);
+  INFO(op.str());
+  const CompiledKernel k = compiler::compile(op, test_sim().config());
+  REQUIRE(k.outputs.size() == 1);
+  REQUIRE(k.launches.size() == 1);
+  INFO(k.launches[0].summary);
+  const RunResult fused = run_compiled(test_sim(), k, inputs);
+  const ChainRun unfused = run_unfused(inputs, steps, k.outputs[0].shape);
+  check_bit_identical(fused.outputs[0], unfused.result);
+  WARN(op.str() << ": fused 1 launch, " << fused.cycles << " cycles; unfused " << unfused.launches
+                << " launches, " << unfused.cycles << " cycles");
+  CHECK(unfused.launches == steps.size());
+  CHECK(fused.cycles < unfused.cycles);
+  return fused.outputs[0];
+}
+
+// An Adam-like update: lr * (m + (g - m) * b1) / (sqrt(v + g^2) + eps), with scalar b1, lr, eps.
+const Steps kAdam = {"Sub i2 i0", "Mul s0 i3",   "AddV2 i0 s1",   "Square i2", "AddV2 i1 s3",
+                     "Sqrt s4",   "AddV2 s5 i5", "RealDiv s2 s6", "Mul s7 i4"};
+
+std::vector<HostTensor> adam_inputs(DataType t, const std::vector<int64_t>& shape, uint32_t seed) {
+  return {random_tensor(t, shape, -1, 1, seed),          // m
+          random_tensor(t, shape, 0, 2, seed + 1),       // v
+          random_tensor(t, shape, -3, 3, seed + 2),      // g
+          random_tensor(t, {}, 0.05, 0.2, seed + 3),     // b1
+          random_tensor(t, {}, 1e-3, 1e-2, seed + 4),    // lr
+          random_tensor(t, {1}, 1e-4, 1e-3, seed + 5)};  // eps
+}
+
+}  // namespace
+
+TEST_CASE("fused Adam-like chain: bit-identical to the unfused ops, one launch, fewer cycles") {
+  const std::vector<int64_t> shape =
+      test_chip_is_tiny() ? std::vector<int64_t>{37, 129} : std::vector<int64_t>{3, 101, 517};
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> in = adam_inputs(t, shape, 11);
+    const HostTensor out = check_chain(in, kAdam);
+    if (t != DataType::F32) continue;
+    // The formula in double from the f32 inputs. Error bound (e = 2^-24): the numerator
+    // n = m + (g - m) * b1 is off by 2e |(g - m) b1| + e |n| (the difference and the product
+    // rounded, then the sum; the sum may cancel), the denominator by 3e relative (sum, square
+    // root, + eps), the division and lr by e each: |err| <= lr / den * 2e |(g - m) b1| + 6e
+    // |result|. Doubled for slack.
+    const double e = 1.0 / (1 << 24);
+    size_t bad = 0;
+    for (size_t k = 0; k < in[0].values.size(); ++k) {
+      const double m = in[0].values[k], v = in[1].values[k], g = in[2].values[k];
+      const double b1 = in[3].values[0], lr = in[4].values[0], eps = in[5].values[0];
+      const double den = std::sqrt(v + g * g) + eps;
+      const double want = lr * (m + (g - m) * b1) / den;
+      const double bound =
+          2 * (lr / den * 2 * e * std::fabs((g - m) * b1) + 6 * e * std::fabs(want));
+      if (!(std::fabs(out.values[k] - want) <= bound) && bad++ < 5)
+        UNSCOPED_INFO("element " << k << ": got " << out.values[k] << ", want " << want);
+    }
+    INFO("f32 Adam-like chain vs double: " << bad << " elements outside the bound");
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("fused DAG reusing steps, general broadcasting, several cores") {
+  // x [5, 7, 33], y [33] (resident period), z [7, 1] (gathered), w scalar.
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> in = {
+        random_tensor(t, {5, 7, 33}, -2, 2, 21), random_tensor(t, {33}, -2, 2, 22),
+        random_tensor(t, {7, 1}, 0.5, 1.5, 23), random_tensor(t, {}, 0.25, 0.75, 24)};
+    check_chain(in, {"Sub i0 i1", "Mul s0 i2", "Abs s1", "Minimum s2 s0", "Maximum s3 s0",
+                     "AddV2 s4 s1", "Mul s5 i3"});
+  }
+}
+
+TEST_CASE("fused chain of ops with temporaries and prologues") {
+  // Log1p, Pow, Floor, Sign, DivNoNan, SquaredDifference have UB temporaries and constants
+  // filled in the prologue; Pow and Log1p widen f16/bf16 to f32.
+  const std::vector<int64_t> shape = {3, 1, 301};
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> in = {random_tensor(t, shape, -3, 3, 31),
+                                        random_tensor(t, {4, 1}, 0.5, 2, 32)};
+    check_chain(in, {"Log1p i1", "Pow i1 i0", "DivNoNan s1 s0", "Floor s2", "Sign i0",
+                     "SquaredDifference s3 s4", "Neg s5", "Exp s6", "Relu i0", "Rsqrt s1",
+                     "Maximum s7 s8", "Mul s10 s9", "Ceil s11", "Round s2", "AddV2 s12 s13"});
+  }
+}
+
+TEST_CASE("fused chain of one input: unary steps, a step reading one result twice") {
+  const HostTensor x = random_tensor(DataType::F32, {1000}, 0.1, 4, 41);
+  check_chain({x}, {"Sqrt i0", "Log s0", "Reciprocal i0", "Mul s1 s2", "Square s3", "Mul s4 s4",
+                    "DivNoNan s5 s1"});
+}
+
+TEST_CASE("fusible_elementwise: the float ops of binary.cpp and unary.cpp with a float result") {
+  using compiler::ops::fusible_elementwise;
+  for (const char* op : {"AddV2",    "Add",        "Sub",     "Mul",
+                         "RealDiv",  "Maximum",    "Minimum", "SquaredDifference",
+                         "DivNoNan", "Pow",        "Neg",     "Abs",
+                         "Exp",      "Log",        "Sqrt",    "Rsqrt",
+                         "Square",   "Reciprocal", "Relu",    "Floor",
+                         "Ceil",     "Round",      "Sign",    "Log1p"})
+    CHECK(fusible_elementwise(op));
+  for (const char* op : {"Equal", "Less", "LogicalAnd", "LogicalOr", "IsFinite", "LogicalNot",
+                         "Sigmoid", "Cast", "MatMul", "FusedElementwise", ""})
+    CHECK_FALSE(fusible_elementwise(op));
+}
+
+TEST_CASE("bad FusedElementwise ops: a CompileError naming the op, the step and the problem") {
+  const TensorDesc f32{DataType::F32, {4, 8}}, f16{DataType::F16, {4, 8}};
+  // want_invalid: InvalidOpError (the op breaks its contract), else a plain CompileError.
+  auto refused = [](const std::vector<TensorDesc>& inputs, const Steps& steps, bool want_invalid,
+                    const std::vector<std::string>& words) {
+    const OpDesc op = make_op("FusedElementwise", inputs, {{"steps", AttrValue(steps)}});
+    INFO(op.str());
+    const CompileRefusal r = compile_refusal(op);
+    INFO(r.message);
+    CHECK(r.invalid == want_invalid);
+    for (const std::string& w : words) CHECK(r.message.find(w) != std::string::npos);
+  };
+  refused({f32, f32}, {"Sub i0 i1", "Frobnicate s0"}, false, {"step 1", "Frobnicate"});
+  refused({f32, f32}, {"Sub i0 i1", "Mul s3 i0"}, true, {"step 1", "s3", "earlier step"});
+  refused({f32, f32}, {"Sub i0 i1", "Mul s1 i0"}, true, {"step 1", "s1"});
+  refused({f32, f32}, {"Sub i0 i7"}, true, {"step 0", "i7", "out of range"});
+  refused({f32, f32}, {"Sub i0  i1"}, true, {"step 0", "empty word"});
+  refused({f32, f32}, {"Sub i0 i1 "}, true, {"step 0", "empty word"});
+  refused({f32, f32}, {"Sub x0 i1"}, true, {"step 0", "x0"});
+  refused({f32, f32}, {"Sub i0 s"}, true, {"step 0", "'s'"});
+  refused({f32, f32}, {"Sub i0 i-1"}, true, {"step 0", "i-1"});
+  refused({f32, f32}, {"Sub i0 i1", "Sqrt"}, true, {"step 1", "expected"});
+  refused({f32, f32}, {"Sub i0 i1", "Sqrt s0 i0"}, true, {"step 1", "Sqrt takes 1 operand"});
+  refused({f32, f32}, {"Sub i0"}, true, {"step 0", "Sub takes 2 operands"});
+  refused({f32, f32}, {"Sub i0 i1", "Equal s0 i1"}, false, {"step 1", "Equal", "fusible"});
+  refused({f32, f32}, {"Sub i0 i1", "IsFinite s0"}, false, {"step 1", "IsFinite", "fusible"});
+  refused({f32, f32}, {"LogicalAnd i0 i1"}, false, {"step 0", "LogicalAnd", "fusible"});
+  refused({f32, f32}, {"Sigmoid i0"}, false, {"step 0", "Sigmoid", "fusible"});
+  refused({f32, f16}, {"Sub i0 i1"}, true, {"input 1", "f16"});
+  refused({f32, f32}, {}, true, {"steps"});
+  refused({}, {"Sqrt i0"}, true, {"1 input"});
+  refused({TensorDesc{DataType::S32, {4}}}, {"Abs i0"}, false, {"s32"});
+  refused({f32, TensorDesc{DataType::F32, {3}}}, {"Sub i0 i1"}, true, {"input 1", "[3]"});
+}
+
+TEST_CASE("list(string) attributes: the cache key tells every two lists apart") {
+  auto key = [](const Steps& steps) {
+    return make_op("FusedElementwise", {TensorDesc{DataType::F32, {4}}},
+                   {{"steps", AttrValue(steps)}})
+        .key();
+  };
+  CHECK(key({"Sqrt i0", "Exp s0"}) == key({"Sqrt i0", "Exp s0"}));
+  CHECK(key({"Sqrt i0", "Exp s0"}) != key({"Exp s0", "Sqrt i0"}));
+  CHECK(key({"a", "b"}) != key({"a,b"}));
+  CHECK(key({"a;b"}) != key({"a", "b"}));
+  CHECK(key({""}) != key({}));
+}
