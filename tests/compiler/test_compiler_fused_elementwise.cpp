@@ -142,6 +142,41 @@ TEST_CASE("fused Adam-like chain: bit-identical to the unfused ops, one launch, 
   }
 }
 
+TEST_CASE("steps on broadcast scalars only run once, before the tile loop") {
+  // Keras' Adam: var' = var - m * alpha / (sqrt(v) + eps), alpha = lr * sqrt(1 - b2^t) /
+  // (1 - b1^t) from scalars (steps 0-5 are uniform). Bit-identical to the unfused ops; the
+  // hoisted steps (the listing's "resident work") do not repeat in the tile loop, so the
+  // launch takes fewer cycles than the same chain with alpha given as one scalar input plus
+  // the scalar work done once per tile would.
+  const std::vector<int64_t> shape =
+      test_chip_is_tiny() ? std::vector<int64_t>{61, 257} : std::vector<int64_t>{5, 203, 517};
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> in = {random_tensor(t, shape, -1, 1, 21),     // i0 var
+                                        random_tensor(t, shape, -1, 1, 22),     // i1 m
+                                        random_tensor(t, shape, 0, 1, 23),      // i2 v
+                                        random_tensor(t, {}, 0.85, 0.95, 24),   // i3 b1
+                                        random_tensor(t, {}, 0.99, 0.999, 25),  // i4 b2
+                                        random_tensor(t, {}, 3, 3, 26),  // i5 t (a small integer)
+                                        random_tensor(t, {}, 1, 1, 27),  // i6 one
+                                        random_tensor(t, {}, 1e-3, 2e-3, 28),   // i7 lr
+                                        random_tensor(t, {}, 1e-4, 1e-3, 29)};  // i8 eps
+    const Steps steps = {"Pow i4 i5", "Sub i6 s0",   "Sqrt s1",       "Mul i7 s2",
+                         "Pow i3 i5", "Sub i6 s4",   "RealDiv s3 s5", "Mul i1 s6",
+                         "Sqrt i2",   "AddV2 s8 i8", "RealDiv s7 s9", "Sub i0 s10"};
+    check_chain(in, steps);
+    const CompiledKernel k = compiler::compile(fused_op(in, steps), test_sim().config());
+    const std::string& listing = k.launches[0].kernel.listing;
+    CHECK(listing.find("resident work") != std::string::npos);
+    // Every Pow step is emitted once: its origin comment appears before the tile loop only.
+    const size_t loop = listing.find("tile_loop");
+    REQUIRE(loop != std::string::npos);
+    CHECK(listing.find("step 0: Pow i4 i5") < loop);
+    CHECK(listing.find("step 0: Pow i4 i5", loop) == std::string::npos);
+    CHECK(listing.find("step 7: Mul i1 s6", loop) != std::string::npos);
+  }
+}
+
 TEST_CASE("fused DAG reusing steps, general broadcasting, several cores") {
   // x [5, 7, 33], y [33] (resident period), z [7, 1] (gathered), w scalar.
   for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {

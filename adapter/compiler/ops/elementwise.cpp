@@ -216,6 +216,7 @@ class StreamEmitter {
   void load_args(Launch& launch);
   void init_flags();
   void build_resident_inputs();
+  void compute_resident();  // StreamSpec::resident_compute, once before the tile loop
   void emit_tile(int q, const Label& drain);
   void load_flat_inputs(int q);
   void compute(int q);
@@ -469,6 +470,17 @@ void StreamEmitter::compute(int q) {
   m_spec.compute(m_b, t);
 }
 
+void StreamEmitter::compute_resident() {
+  TileOperands t;
+  for (const InputPlan& p : m_in) t.in.push_back(p.access == Access::kResident ? p.buf[0] : 0);
+  t.temp = m_temp;
+  Reg whole = m_b.reg_imm("resident work: a whole tile", m_tile);
+  t.count = &whole;
+  t.tile_elems = m_tile;
+  KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
+  m_spec.resident_compute(m_b, t);
+}
+
 void StreamEmitter::store_outputs(int q) {
   Reg dst = m_b.reg("output tile destination");
   Reg blocks = m_b.reg("output tile blocks");
@@ -604,6 +616,7 @@ Launch StreamEmitter::build() {
     KernelBuilder::Origin o(m_b, "prologue");
     m_spec.prologue(m_b, m_temp);
   }
+  if (m_spec.resident_compute) compute_resident();
   // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
   Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
   m_b.bind(loop);

@@ -91,6 +91,11 @@ struct StreamSpec {
   std::function<void(KernelBuilder&, const std::vector<uint64_t>& temp)> prologue;
   // Emits the vector instructions computing one tile.
   std::function<void(KernelBuilder&, const TileOperands&)> compute;
+  // Optional, emitted once after the resident inputs and the prologue: work whose result is the
+  // same for every tile, computed over a whole tile (count = tile_elems) into temporaries that
+  // compute() then reads. in[k] is resident input k's tile (0 for a streamed or gathered input);
+  // out and outs are unset.
+  std::function<void(KernelBuilder&, const TileOperands&)> resident_compute;
 };
 
 // One tile's work of the element-wise op `tf_op` of ops/binary.cpp (operands in[0], in[1]) or

@@ -143,8 +143,27 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
     for (const Step& s : steps)
       if (s.work.prologue) s.work.prologue(b, own_temps(s, temp));
   };
-  spec.compute = [steps, own_temps, results, texts](KernelBuilder& b, const TileOperands& t) {
+  // Uniform steps: intermediate results whose operands are all broadcast scalars (splat inputs)
+  // or uniform steps hold one value at every position, so they are computed once, over a whole
+  // tile, before the tile loop (StreamSpec::resident_compute) instead of in every tile: Keras'
+  // Adam computes its step size lr * sqrt(1 - b2^t) / (1 - b1^t) from scalars inside the
+  // variable's update chain. The last step writes the output tile and always runs per tile.
+  std::vector<bool> uniform(steps.size(), false);
+  bool any_uniform = false;
+  for (size_t k = 0; k < results; ++k) {
+    uniform[k] =
+        std::all_of(steps[k].operands.begin(), steps[k].operands.end(), [&](const Operand& o) {
+          if (o.step) return static_cast<bool>(uniform[o.index]);
+          const BroadcastView& v = spec.inputs[o.index].view;
+          return v.splat() && !v.identity();
+        });
+    any_uniform = any_uniform || uniform[k];
+  }
+  // Emits the steps with uniform[k] == `once` over the tile operands t.
+  auto emit_steps = [steps, own_temps, results, texts, uniform](bool once, KernelBuilder& b,
+                                                                const TileOperands& t) {
     for (size_t k = 0; k < steps.size(); ++k) {
+      if (uniform[k] != once) continue;
       const Step& s = steps[k];
       KernelBuilder::Origin origin(b, fmt::format("step {}: {}", k, texts[k]));
       TileOperands st;
@@ -157,6 +176,11 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
       s.work.compute(b, st);
     }
   };
+  spec.compute = [emit_steps](KernelBuilder& b, const TileOperands& t) { emit_steps(false, b, t); };
+  if (any_uniform)
+    spec.resident_compute = [emit_steps](KernelBuilder& b, const TileOperands& t) {
+      emit_steps(true, b, t);
+    };
   return stream_kernel(ctx, TensorDesc{dt, shape}, spec);
 }
 
