@@ -1,0 +1,160 @@
+"""Runs one case and returns its simulated figure in the published unit.
+
+op cases run `npusim op OP ... --timing-only --json` (and --report-dir for a ratio case, whose
+figure is an op_summary.csv column, averaged over the op's launches weighted by Task Duration);
+model cases run `python -m models.run ... --json` from the repository root with this Python.
+A model case that needs timing-only TensorFlow runs uses them when models.run has
+--timing-only; until then it runs its interim size (and says so) or is reported as waiting.
+"""
+import csv
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def attr_text(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def chip_args(case):
+    args = ["--chip", case["chip"]]
+    for k, v in (case.get("overrides") or {}).items():
+        args += ["--set", f"{k}={attr_text(v)}"]
+    return args
+
+
+@functools.lru_cache(maxsize=None)
+def models_have_timing_only(python=sys.executable):
+    """Whether models.run accepts --timing-only (timing-only TensorFlow runs have landed)."""
+    p = subprocess.run([python, "-m", "models.run", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, check=False)
+    return "--timing-only" in p.stdout
+
+
+def op_command(npusim, case, tmp):
+    out = os.path.join(tmp, "result.json")
+    cmd = [npusim, "op", case["op"]] + chip_args(case) + ["--timing-only", "--json", out]
+    for i in case["inputs"]:
+        cmd += ["--input", str(i)]
+    for k, v in (case.get("attrs") or {}).items():
+        cmd += ["--attr", f"{k}={attr_text(v)}"]
+    if "precision" in case:
+        cmd += ["--precision", case["precision"]]
+    if case.group == "ratio":
+        cmd += ["--report-dir", os.path.join(tmp, "report")]
+    return cmd, out
+
+
+def model_size(case):
+    """(batch, input_size, timing_only, label) the model case runs at, or None if it must wait."""
+    size = case.get("input_size")
+    if not case.get("needs_timing_only"):
+        return case["batch"], size, False, ""
+    if models_have_timing_only():
+        return case["batch"], size, True, "timing-only"
+    interim = case.get("interim")
+    if not interim:
+        return None
+    b, n = interim.get("batch", case["batch"]), interim.get("input_size", size)
+    return b, n, False, f"interim: batch {b}" + (f", {n}x{n}" if n else "")
+
+
+def model_command(case, tmp, size):
+    batch, input_size, timing_only, _ = size
+    out = os.path.join(tmp, "result.json")
+    cmd = [sys.executable, "-m", "models.run", "--model", case["model"], "--mode", case["mode"],
+           "--batch", str(batch), "--steps", str(case.get("steps", 1))]
+    if input_size:
+        cmd += ["--input-size", str(input_size)]
+    if "precision" in case:
+        cmd += ["--precision", case["precision"]]
+    if timing_only:
+        cmd.append("--timing-only")
+    return cmd + chip_args(case) + ["--json", out, "--quiet"], out
+
+
+def summary_column(report_dir, column):
+    """Task-Duration-weighted mean of an op_summary.csv column over the op's launches."""
+    path = os.path.join(report_dir, "op_summary.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or column not in rows[0]:
+        raise ValueError(f"op_summary.csv has no column '{column}'")
+    pairs = [(float(r["Task Duration(us)"]), float(r[column])) for r in rows
+             if r[column] not in ("", "N/A")]
+    if not pairs:
+        raise ValueError(f"op_summary.csv column '{column}' has no values")
+    total = sum(d for d, _ in pairs)
+    return sum(d * v for d, v in pairs) / total if total else pairs[0][1]
+
+
+def simulated_value(case, result, tmp):
+    """The run's figure in the case's published unit."""
+    unit = case["published"]["unit"]
+    if case.group == "model":
+        return result["samples_per_s"]
+    if unit == "ratio":
+        return summary_column(os.path.join(tmp, "report"), case["metric"])
+    t_us = result["time_us"]
+    return {"us": t_us, "ms": t_us / 1e3,
+            "TFLOPS": case.get("work", {}).get("flops", 0) / (t_us * 1e6),
+            "GB/s": case.get("work", {}).get("bytes", 0) / (t_us * 1e3)}[unit]
+
+
+def last_error_line(text):
+    lines = [l.strip() for l in (text or "").splitlines() if l.strip()]
+    for l in reversed(lines):
+        if "error" in l.lower() or "fault" in l.lower():
+            return l[:300]
+    return (lines[-1] if lines else "no output")[:300]
+
+
+def run_case(case, npusim, timeout_s):
+    """The case's record: status ok | error | blocked | waiting, and on ok its simulated figure."""
+    rec = {"id": case["id"], "set": case["set"], "group": case.group, "chip": case["chip"],
+           "unit": case["published"]["unit"], "published": case["published"]["value"],
+           "simulated": None, "ran": "", "status": "error", "reason": "", "wall_s": 0.0}
+    if case.get("blocked"):
+        rec.update(status="blocked", reason=case["blocked"])
+        return rec
+    size = model_size(case) if case.kind == "model" else None
+    if case.kind == "model" and size is None:
+        rec.update(status="waiting", reason="needs timing-only mode (models.run --timing-only)")
+        return rec
+    with tempfile.TemporaryDirectory(prefix="npusim_validate_") as tmp:
+        cmd, out = op_command(npusim, case, tmp) if case.kind == "op" else model_command(case, tmp, size)
+        rec["ran"] = size[3] if size else ""
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                               check=False)
+        except subprocess.TimeoutExpired:
+            rec.update(reason=f"timed out after {timeout_s:g} s", wall_s=time.monotonic() - t0)
+            return rec
+        rec["wall_s"] = time.monotonic() - t0
+        result = None
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                result = json.load(f)
+        if p.returncode != 0 or not result or result.get("ok") is False:
+            msg = result.get("error") if isinstance(result, dict) and result.get("error") else \
+                last_error_line(p.stderr + "\n" + p.stdout)
+            rec["reason"] = last_error_line(str(msg)).removeprefix("npusim: error: ").replace(tmp, "<tmp>")
+            return rec
+        try:
+            rec["simulated"] = simulated_value(case, result, tmp)
+        except (KeyError, ValueError, OSError, ZeroDivisionError) as e:
+            rec["reason"] = f"cannot read the run's figure: {e}"
+            return rec
+        rec["status"] = "ok"
+    return rec
