@@ -1,7 +1,8 @@
 """Runs one case and returns its simulated figure in the published unit.
 
-op cases run `npusim op OP ... --timing-only --json` (and --report-dir for a ratio case, whose
-figure is an op_summary.csv column, averaged over the op's launches weighted by Task Duration);
+op cases run `npusim op OP ... --timing-only --json --report-dir` (a ratio case's figure is an
+op_summary.csv column, averaged over the op's launches weighted by Task Duration); cases of one
+op with the same inputs share its run;
 model cases run `python -m models.run ... --json` from the repository root with this Python.
 A model case that needs timing-only TensorFlow runs uses them when models.run has
 --timing-only; until then it runs its interim size (and says so) or is reported as waiting.
@@ -50,9 +51,7 @@ def op_command(npusim, case, tmp):
         cmd += ["--attr", f"{k}={attr_text(v)}"]
     if "precision" in case:
         cmd += ["--precision", case["precision"]]
-    if case.group == "ratio":
-        cmd += ["--report-dir", os.path.join(tmp, "report")]
-    return cmd, out
+    return cmd + ["--report-dir", os.path.join(tmp, "report")], out
 
 
 def model_size(case):
@@ -83,11 +82,17 @@ def model_command(case, tmp, size):
     return cmd + chip_args(case) + ["--json", out, "--quiet"], out
 
 
-def summary_column(report_dir, column):
-    """Task-Duration-weighted mean of an op_summary.csv column over the op's launches."""
+def read_summary(report_dir):
+    """The rows of the report's op_summary.csv (none if the run wrote no report)."""
     path = os.path.join(report_dir, "op_summary.csv")
+    if not os.path.exists(path):
+        return []
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+def summary_column(rows, column):
+    """Task-Duration-weighted mean of an op_summary.csv column over the op's launches."""
     if not rows or column not in rows[0]:
         raise ValueError(f"op_summary.csv has no column '{column}'")
     pairs = [(float(r["Task Duration(us)"]), float(r[column])) for r in rows
@@ -98,14 +103,14 @@ def summary_column(report_dir, column):
     return sum(d * v for d, v in pairs) / total if total else pairs[0][1]
 
 
-def simulated_value(case, result, tmp):
+def simulated_value(case, run):
     """The run's figure in the case's published unit."""
     unit = case["published"]["unit"]
     if case.group == "model":
-        return result["samples_per_s"]
+        return run["result"]["samples_per_s"]
     if unit == "ratio":
-        return summary_column(os.path.join(tmp, "report"), case["metric"])
-    t_us = result["time_us"]
+        return summary_column(run["summary"], case["metric"])
+    t_us = run["result"]["time_us"]
     return {"us": t_us, "ms": t_us / 1e3,
             "TFLOPS": case.get("work", {}).get("flops", 0) / (t_us * 1e6),
             "GB/s": case.get("work", {}).get("bytes", 0) / (t_us * 1e3)}[unit]
@@ -117,6 +122,38 @@ def last_error_line(text):
         if "error" in l.lower() or "fault" in l.lower():
             return l[:300]
     return (lines[-1] if lines else "no output")[:300]
+
+
+# Runs of this process by command line (without its scratch folder): cases that differ only in
+# the figure they compare (a time and several pipe ratios of one op) share one run.
+_RUNS = {}
+
+
+def execute(cmd, out, tmp, timeout_s):
+    """Runs a command; returns {"result": its JSON, "summary": op_summary rows, "wall_s"} or
+    {"reason": why it failed}."""
+    key = tuple(c.replace(tmp, "<tmp>") for c in cmd)
+    if key in _RUNS:
+        return _RUNS[key]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        return {"reason": f"timed out after {timeout_s:g} s", "wall_s": time.monotonic() - t0}
+    run = {"wall_s": time.monotonic() - t0}
+    result = None
+    if os.path.exists(out):
+        with open(out, encoding="utf-8") as f:
+            result = json.load(f)
+    if p.returncode != 0 or not result or result.get("ok") is False:
+        msg = result.get("error") if isinstance(result, dict) and result.get("error") else \
+            last_error_line(p.stderr + "\n" + p.stdout)
+        run["reason"] = last_error_line(str(msg)).removeprefix("npusim: error: ").replace(tmp, "<tmp>")
+    else:
+        run.update(result=result, summary=read_summary(os.path.join(tmp, "report")))
+    _RUNS[key] = run
+    return run
 
 
 def run_case(case, npusim, timeout_s):
@@ -131,30 +168,18 @@ def run_case(case, npusim, timeout_s):
     if case.kind == "model" and size is None:
         rec.update(status="waiting", reason="needs timing-only mode (models.run --timing-only)")
         return rec
+    rec["ran"] = size[3] if size else ""
     with tempfile.TemporaryDirectory(prefix="npusim_validate_") as tmp:
         cmd, out = op_command(npusim, case, tmp) if case.kind == "op" else model_command(case, tmp, size)
-        rec["ran"] = size[3] if size else ""
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                               check=False)
-        except subprocess.TimeoutExpired:
-            rec.update(reason=f"timed out after {timeout_s:g} s", wall_s=time.monotonic() - t0)
-            return rec
-        rec["wall_s"] = time.monotonic() - t0
-        result = None
-        if os.path.exists(out):
-            with open(out, encoding="utf-8") as f:
-                result = json.load(f)
-        if p.returncode != 0 or not result or result.get("ok") is False:
-            msg = result.get("error") if isinstance(result, dict) and result.get("error") else \
-                last_error_line(p.stderr + "\n" + p.stdout)
-            rec["reason"] = last_error_line(str(msg)).removeprefix("npusim: error: ").replace(tmp, "<tmp>")
-            return rec
-        try:
-            rec["simulated"] = simulated_value(case, result, tmp)
-        except (KeyError, ValueError, OSError, ZeroDivisionError) as e:
-            rec["reason"] = f"cannot read the run's figure: {e}"
-            return rec
-        rec["status"] = "ok"
+        run = execute(cmd, out, tmp, timeout_s)
+    rec["wall_s"] = run["wall_s"]
+    if "reason" in run:
+        rec["reason"] = run["reason"]
+        return rec
+    try:
+        rec["simulated"] = simulated_value(case, run)
+    except (KeyError, ValueError, ZeroDivisionError) as e:
+        rec["reason"] = f"cannot read the run's figure: {e}"
+        return rec
+    rec["status"] = "ok"
     return rec
