@@ -11,7 +11,7 @@ namespace npusim::cli {
 
 struct ValidateOptions {
   std::string cases, json;
-  std::vector<std::string> only;
+  std::vector<std::string> only, sets;
   bool list = false;
 };
 

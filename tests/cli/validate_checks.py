@@ -135,6 +135,15 @@ def main():
         check("held-out kernel MAE printed", f"{100 * abs(err_add):.1f} %" in mae_line, repr(mae_line))
         check("blocked reason printed", "blocked: no such model in models/" in p.stdout)
 
+        out2 = os.path.join(tmp, "out2.json")
+        p = run("validate", "--cases", cases, "--only", "mm_tflops", "--set", "clock_mhz=900",
+                "--json", out2)
+        t_900, _ = op_reference(tmp, "MatMul", MATMUL, ["clock_mhz=900"])
+        r = json.load(open(out2))["rows"][0]
+        check("--set reaches every case's run", p.returncode == 0 and
+              abs(r["simulated"] - FLOPS / (t_900 * 1e6)) < 1e-9 * r["simulated"] and t_900 != t_mm,
+              f"{r['simulated']} vs {FLOPS / (t_900 * 1e6)}")
+
         p = run("validate", "--cases", cases, "--only", "mm_l2", "--only", "nope")
         check("unknown --only id: exit 1 naming it", p.returncode == 1 and "no case 'nope'" in p.stderr, p.stderr)
         bad = os.path.join(tmp, "bad.yaml")

@@ -27,10 +27,14 @@ def attr_text(v):
     return str(v)
 
 
-def chip_args(case):
+def chip_args(case, extra_sets=()):
+    """--chip and --set arguments: the case's overrides, then EXTRA_SETS ("key=value", applied to
+    every case: a global calibration, docs/validation.md)."""
     args = ["--chip", case["chip"]]
     for k, v in (case.get("overrides") or {}).items():
         args += ["--set", f"{k}={attr_text(v)}"]
+    for kv in extra_sets:
+        args += ["--set", kv]
     return args
 
 
@@ -42,9 +46,9 @@ def models_have_timing_only(python=sys.executable):
     return "--timing-only" in p.stdout
 
 
-def op_command(npusim, case, tmp):
+def op_command(npusim, case, tmp, extra_sets):
     out = os.path.join(tmp, "result.json")
-    cmd = [npusim, "op", case["op"]] + chip_args(case) + ["--timing-only", "--json", out]
+    cmd = [npusim, "op", case["op"]] + chip_args(case, extra_sets) + ["--timing-only", "--json", out]
     for i in case["inputs"]:
         cmd += ["--input", str(i)]
     for k, v in (case.get("attrs") or {}).items():
@@ -68,7 +72,7 @@ def model_size(case):
     return b, n, False, f"interim: batch {b}" + (f", {n}x{n}" if n else "")
 
 
-def model_command(case, tmp, size):
+def model_command(case, tmp, size, extra_sets):
     batch, input_size, timing_only, _ = size
     out = os.path.join(tmp, "result.json")
     cmd = [sys.executable, "-m", "models.run", "--model", case["model"], "--mode", case["mode"],
@@ -79,7 +83,7 @@ def model_command(case, tmp, size):
         cmd += ["--precision", case["precision"]]
     if timing_only:
         cmd.append("--timing-only")
-    return cmd + chip_args(case) + ["--json", out, "--quiet"], out
+    return cmd + chip_args(case, extra_sets) + ["--json", out, "--quiet"], out
 
 
 def read_summary(report_dir):
@@ -116,12 +120,20 @@ def simulated_value(case, run):
             "GB/s": case.get("work", {}).get("bytes", 0) / (t_us * 1e3)}[unit]
 
 
+# Lines of an error text that say where, not what: Python/TensorFlow traceback frames and
+# TensorFlow's node annotations.
+_NOISE = ("File \"", "[[", "Detected at node", "Traceback (most recent call last)")
+
+
 def last_error_line(text):
+    """The line of a failing run's output that says why: the last one that is not a traceback
+    frame or node annotation (TensorFlow puts the op's own message last), else the last line."""
     lines = [l.strip() for l in (text or "").splitlines() if l.strip()]
-    for l in reversed(lines):
-        if "error" in l.lower() or "fault" in l.lower():
+    said = [l for l in lines if not l.startswith(_NOISE)]
+    for l in reversed(said):
+        if "error" in l.lower() or "fault" in l.lower() or "not supported" in l.lower():
             return l[:300]
-    return (lines[-1] if lines else "no output")[:300]
+    return (said or lines or ["no output"])[-1][:300]
 
 
 # Runs of this process by command line (without its scratch folder): cases that differ only in
@@ -156,7 +168,7 @@ def execute(cmd, out, tmp, timeout_s):
     return run
 
 
-def run_case(case, npusim, timeout_s):
+def run_case(case, npusim, timeout_s, extra_sets=()):
     """The case's record: status ok | error | blocked | waiting, and on ok its simulated figure."""
     rec = {"id": case["id"], "set": case["set"], "group": case.group, "chip": case["chip"],
            "unit": case["published"]["unit"], "published": case["published"]["value"],
@@ -170,7 +182,8 @@ def run_case(case, npusim, timeout_s):
         return rec
     rec["ran"] = size[3] if size else ""
     with tempfile.TemporaryDirectory(prefix="npusim_validate_") as tmp:
-        cmd, out = op_command(npusim, case, tmp) if case.kind == "op" else model_command(case, tmp, size)
+        cmd, out = (op_command(npusim, case, tmp, extra_sets) if case.kind == "op"
+                    else model_command(case, tmp, size, extra_sets))
         run = execute(cmd, out, tmp, timeout_s)
     rec["wall_s"] = run["wall_s"]
     if "reason" in run:
