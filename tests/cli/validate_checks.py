@@ -13,51 +13,30 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 NPUSIM, ROOT = os.path.abspath(sys.argv[1]), sys.argv[2]
 results = []
 
 MATMUL = ["f16:256x256", "f16:256x256"]
 FLOPS = 2 * 256 ** 3
-CASES = f"""
-cases:
-- id: mm_tflops
-  set: calibration
-  chip: tiny
-  op: MatMul
-  inputs: {MATMUL}
-  work: {{flops: {FLOPS}}}
-  published: {{value: 1.5, unit: TFLOPS}}
-  source: {{url: https://example.org/a, quality: test}}
-  conditions: test
-- id: add_us
-  set: held_out
-  chip: tiny
-  overrides: {{clock_mhz: 500}}
-  op: AddV2
-  inputs: [f16:64x1024, f16:64x1024]
-  published: {{value: 3.0, unit: us}}
-  source: {{url: https://example.org/b, quality: test}}
-  conditions: test
-- id: mm_l2
-  set: held_out
-  chip: tiny
-  op: MatMul
-  inputs: {MATMUL}
-  metric: l2_hit_rate
-  published: {{value: 0.5, unit: ratio}}
-  source: {{url: https://example.org/c, quality: test}}
-  conditions: test
-- id: not_run
-  set: held_out
-  chip: tiny
-  model: no_such_model
-  mode: train
-  batch: 8
-  blocked: no such model in models/
-  published: {{value: 100, unit: samples/s}}
-  source: {{url: https://example.org/d, quality: test}}
-  conditions: test
-"""
+def case(cid, set_, published, workload):
+    """One tiny-chip case of the test's case file, as a dict."""
+    return {"id": cid, "set": set_, "chip": "tiny", **workload, "published": published,
+            "source": {"url": f"https://example.org/{cid}", "quality": "test"},
+            "conditions": "test"}
+
+
+CASES = yaml.safe_dump({"cases": [
+    case("mm_tflops", "calibration", {"value": 1.5, "unit": "TFLOPS"},
+         {"op": "MatMul", "inputs": MATMUL, "work": {"flops": FLOPS}}),
+    case("add_us", "held_out", {"value": 3.0, "unit": "us"},
+         {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"]}),
+    case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
+         {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
+    case("not_run", "held_out", {"value": 100, "unit": "samples/s"},
+         {"model": "no_such_model", "mode": "train", "batch": 8, "blocked": "no such model in models/"}),
+]}, sort_keys=False)
 
 
 def check(name, ok, detail=""):
@@ -148,7 +127,7 @@ def main():
         check("unknown --only id: exit 1 naming it", p.returncode == 1 and "no case 'nope'" in p.stderr, p.stderr)
         bad = os.path.join(tmp, "bad.yaml")
         with open(bad, "w") as f:
-            f.write(CASES.replace("  conditions: test\n- id: add_us", "  conditions: test\n  speed: 3\n- id: add_us", 1))
+            f.write(CASES.replace("  conditions: test\n", "  conditions: test\n  speed: 3\n", 1))
         p = run("validate", "--cases", bad)
         check("bad key: exit 1 naming file, case and key",
               p.returncode == 1 and "bad.yaml" in p.stderr and "mm_tflops" in p.stderr and "'speed'" in p.stderr,
