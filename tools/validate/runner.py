@@ -16,15 +16,9 @@ import sys
 import tempfile
 import time
 
+from sweep.runner import attr_text  # the --attr/--set text of a YAML value, as sweeps write it
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def attr_text(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(str(x) for x in v) + "]"
-    return str(v)
 
 
 def chip_args(case, extra_sets=()):
