@@ -79,7 +79,8 @@ def format_table(records):
     head = f"{'case':34} {'set':5} {'chip':5} {'simulated':>11} {'published':>11} {'unit':9} {'error':>9}  note"
     lines = [head, "-" * len(head)]
     for r in records:
-        note = r["ran"] if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
+        note = r["ran"] if r["status"] == "ok" else \
+            (f"[{r['ran']}] " if r["ran"] else "") + f"{r['status']}: {r['reason']}"
         lines.append(f"{r['id']:34} {'cal' if r['set'] == 'calibration' else 'held':5} "
                      f"{r['chip']:5} {fmt_value(r['simulated']):>11} {fmt_value(r['published']):>11} "
                      f"{r['unit']:9} {fmt_error(r):>9}  {note}".rstrip())
