@@ -27,8 +27,10 @@
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
 #include "tools/op_cli.h"
+#include "tools/python_tool.h"
 #include "tools/report_cli.h"
 #include "tools/summary.h"
+#include "tools/validate_cli.h"
 
 using namespace npusim;
 
@@ -228,39 +230,22 @@ int cmd_run(const RunOptions& o) {
   return 0;
 }
 
-// `npusim sweep`: hands over (exec) to tools/npusim_sweep.py, run with the Python the report
-// plots use (prof::find_report_python; else python3 on PATH), passing this binary as --npusim.
+// `npusim sweep`: hands over (exec) to tools/npusim_sweep.py (tools/python_tool.h).
 struct SweepOptions {
   std::string grid, out;
   int jobs = 0;  // 0: the script's default (the CPU count)
   bool resume = true, dry_run = false, no_plots = false, retry_errors = false;
 };
 
-std::string this_executable() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error("sweep: cannot find this executable's path (/proc/self/exe)");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 int cmd_sweep(const SweepOptions& o) {
-  const std::string script = cli::source_dir() + "/tools/npusim_sweep.py";
-  std::string python = prof::find_report_python(cli::source_dir());
-  if (python.empty()) python = "python3";
-  std::vector<std::string> args = {python, script, o.grid, "--npusim", this_executable()};
+  std::vector<std::string> args = {o.grid};
   if (!o.out.empty()) args.insert(args.end(), {"--out", o.out});
   if (o.jobs > 0) args.insert(args.end(), {"--jobs", std::to_string(o.jobs)});
   args.push_back(o.resume ? "--resume" : "--no-resume");
   if (o.dry_run) args.push_back("--dry-run");
   if (o.no_plots) args.push_back("--no-plots");
   if (o.retry_errors) args.push_back("--retry-errors");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  execvp(argv[0], argv.data());
-  throw Error(fmt::format("sweep: cannot run '{} {}': {} (set NPUSIM_PYTHON or create .venv "
-                          "with scripts/setup.sh)", python, script, std::strerror(errno)));
+  cli::exec_python_tool("sweep", "tools/npusim_sweep.py", std::move(args));
 }
 
 }  // namespace
@@ -352,6 +337,9 @@ int main(int argc, char** argv) {
   c_sweep->add_flag("--retry-errors", sweep.retry_errors,
                     "run stored points that failed again (not rejected configs)");
 
+  cli::ValidateOptions validate;
+  auto* c_validate = cli::add_validate_command(app, validate);
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -364,6 +352,7 @@ int main(int argc, char** argv) {
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
     if (c_sweep->parsed()) return cmd_sweep(sweep);
+    if (c_validate->parsed()) cli::run_validate(validate);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);

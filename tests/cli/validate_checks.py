@@ -1,0 +1,140 @@
+"""Checks of `npusim validate` (tools/npusim_validate.py) on the tiny chip: the rows it prints and
+writes, not the accuracy of any case.
+
+Usage: validate_checks.py NPUSIM_BINARY SOURCE_DIR. Prints 'N passed, N failed' and exits non-zero
+on any failure. The reference for every figure is an independent `npusim op` run of the same op
+and the error definitions of docs/validation.md, computed here.
+"""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+NPUSIM, ROOT = os.path.abspath(sys.argv[1]), sys.argv[2]
+results = []
+
+MATMUL = ["f16:256x256", "f16:256x256"]
+FLOPS = 2 * 256 ** 3
+def case(cid, set_, published, workload):
+    """One tiny-chip case of the test's case file, as a dict."""
+    return {"id": cid, "set": set_, "chip": "tiny", **workload, "published": published,
+            "source": {"url": f"https://example.org/{cid}", "quality": "test"},
+            "conditions": "test"}
+
+
+CASES = yaml.safe_dump({"cases": [
+    case("mm_tflops", "calibration", {"value": 1.5, "unit": "TFLOPS"},
+         {"op": "MatMul", "inputs": MATMUL, "work": {"flops": FLOPS}}),
+    case("add_us", "held_out", {"value": 3.0, "unit": "us"},
+         {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"]}),
+    case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
+         {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
+    case("not_run", "held_out", {"value": 100, "unit": "samples/s"},
+         {"model": "no_such_model", "mode": "train", "batch": 8, "blocked": "no such model in models/"}),
+]}, sort_keys=False)
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""))
+
+
+def run(*args):
+    return subprocess.run([NPUSIM, *args], capture_output=True, text=True, check=False)
+
+
+def op_reference(tmp, op, inputs, sets=(), report=False):
+    """The op's time (us) and, with report, its op_summary.csv rows, from `npusim op` directly."""
+    out = os.path.join(tmp, f"ref_{op}.json")
+    cmd = ["op", op, "--chip", "tiny", "--timing-only", "--json", out]
+    for i in inputs:
+        cmd += ["--input", i]
+    for s in sets:
+        cmd += ["--set", s]
+    rep = os.path.join(tmp, f"ref_{op}_report")
+    if report:
+        cmd += ["--report-dir", rep]
+    p = run(*cmd)
+    assert p.returncode == 0, p.stderr
+    with open(out) as f:
+        t = json.load(f)["time_us"]
+    rows = []
+    if report:
+        with open(os.path.join(rep, "op_summary.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+    return t, rows
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="validate_test_") as tmp:
+        cases = os.path.join(tmp, "cases.yaml")
+        with open(cases, "w") as f:
+            f.write(CASES)
+        out_json = os.path.join(tmp, "out.json")
+        p = run("validate", "--cases", cases, "--json", out_json)
+        check("runs and exits 0", p.returncode == 0, p.stderr[-500:])
+        rows = {r["id"]: r for r in json.load(open(out_json))["rows"]}
+
+        t_mm, mm_rows = op_reference(tmp, "MatMul", MATMUL, report=True)
+        t_add, _ = op_reference(tmp, "AddV2", ["f16:64x1024", "f16:64x1024"], ["clock_mhz=500"])
+        sim_tflops = FLOPS / (t_mm * 1e6)
+        r = rows["mm_tflops"]
+        check("TFLOPS row: simulated = flops / time of the op",
+              abs(r["simulated"] - sim_tflops) < 1e-9 * sim_tflops, f"{r['simulated']} vs {sim_tflops}")
+        err_mm = 1.5 / sim_tflops - 1.0  # time error: t_sim / t_pub - 1, t = flops / TFLOPS
+        check("TFLOPS row: error is the time error", abs(r["error"] - err_mm) < 1e-9, f"{r['error']} vs {err_mm}")
+        r = rows["add_us"]
+        check("us row: overrides reach the run (clock 500 MHz)", abs(r["simulated"] - t_add) < 1e-9,
+              f"{r['simulated']} vs {t_add}")
+        err_add = t_add / 3.0 - 1.0
+        check("us row: error", abs(r["error"] - err_add) < 1e-9)
+        hit = [float(x["l2_hit_rate"]) for x in mm_rows]
+        dur = [float(x["Task Duration(us)"]) for x in mm_rows]
+        ref_hit = sum(h * d for h, d in zip(hit, dur)) / sum(dur)
+        r = rows["mm_l2"]
+        check("ratio row: op_summary.csv l2_hit_rate and difference",
+              abs(r["simulated"] - ref_hit) < 1e-9 and abs(r["error"] - (ref_hit - 0.5)) < 1e-9,
+              f"{r['simulated']} vs {ref_hit}")
+        r = rows["not_run"]
+        check("blocked row: not run, no error", r["status"] == "blocked" and r["error"] is None)
+
+        line = next((l for l in p.stdout.splitlines() if l.startswith("mm_tflops ")), "")
+        m = re.fullmatch(r"mm_tflops\s+cal\s+tiny\s+([0-9.,]+)\s+1\.5000\s+TFLOPS\s+([+-][0-9.]+) %", line)
+        check("printed row is well formed", bool(m), repr(line))
+        if m:
+            check("printed figures match the JSON",
+                  abs(float(m.group(1).replace(",", "")) - sim_tflops) < 1e-4 * max(1, sim_tflops)
+                  and abs(float(m.group(2)) - 100 * err_mm) < 0.051)
+        mae_line = next((l for l in p.stdout.splitlines() if "kernel time" in l and "held-out" in l), "")
+        check("held-out kernel MAE printed", f"{100 * abs(err_add):.1f} %" in mae_line, repr(mae_line))
+        check("blocked reason printed", "blocked: no such model in models/" in p.stdout)
+
+        out2 = os.path.join(tmp, "out2.json")
+        p = run("validate", "--cases", cases, "--only", "mm_tflops", "--set", "clock_mhz=900",
+                "--json", out2)
+        t_900, _ = op_reference(tmp, "MatMul", MATMUL, ["clock_mhz=900"])
+        r = json.load(open(out2))["rows"][0]
+        check("--set reaches every case's run", p.returncode == 0 and
+              abs(r["simulated"] - FLOPS / (t_900 * 1e6)) < 1e-9 * r["simulated"] and t_900 != t_mm,
+              f"{r['simulated']} vs {FLOPS / (t_900 * 1e6)}")
+
+        p = run("validate", "--cases", cases, "--only", "mm_l2", "--only", "nope")
+        check("unknown --only id: exit 1 naming it", p.returncode == 1 and "no case 'nope'" in p.stderr, p.stderr)
+        bad = os.path.join(tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write(CASES.replace("  conditions: test\n", "  conditions: test\n  speed: 3\n", 1))
+        p = run("validate", "--cases", bad)
+        check("bad key: exit 1 naming file, case and key",
+              p.returncode == 1 and "bad.yaml" in p.stderr and "mm_tflops" in p.stderr and "'speed'" in p.stderr,
+              p.stderr)
+    print(f"{results.count(True)} passed, {results.count(False)} failed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The case file: its schema, its checks and the cases it holds.
+
+A case file (YAML) has one top-level key, `cases`, a list of cases. Every case has:
+  id          unique name ([a-z0-9_]+)
+  set         calibration | held_out (held-out cases never inform a parameter; docs/validation.md)
+  chip        preset or chip YAML the case runs on; overrides: {dotted.key: value} (optional, each
+              with its source in the file's comments: a SKU fact, not a fitted number)
+  published   {value: number, unit: us | ms | TFLOPS | GB/s | samples/s | ratio}
+  source      {url, where, how, quality}: where the figure is, how it was measured, how far to trust it
+  conditions  what the measurement ran (chip SKU, dtype, shapes, batch, software)
+and one workload:
+  op: TF op run by `npusim op` (timing-only): inputs [DTYPE:SHAPE, ...], attrs {name: value},
+      precision; work {flops: N} (for TFLOPS) or {bytes: N} (for GB/s); for unit ratio,
+      metric: the op_summary.csv column compared (e.g. l2_hit_rate)
+  model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
+      steps (default 1), precision; needs_timing_only: true if the published size only runs
+      with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
+Optional: blocked: "why" (the case is listed, not run: e.g. no such model in models/), notes.
+Errors (CaseError) name the file, the case and the key.
+"""
+import re
+
+import yaml
+
+SETS = ("calibration", "held_out")
+UNITS = ("us", "ms", "TFLOPS", "GB/s", "samples/s", "ratio")
+COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditions", "blocked",
+               "notes")
+KIND_KEYS = {
+    "op": ("op", "inputs", "attrs", "precision", "work", "metric"),
+    "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
+              "interim"),
+}
+SOURCE_KEYS = ("url", "where", "how", "quality")
+
+
+class CaseError(Exception):
+    """A bad case file; the message names the file, the case and the key."""
+
+
+class Case(dict):
+    """One checked case (a dict of its keys) with its workload kind and comparison group."""
+
+    @property
+    def kind(self):
+        return "op" if "op" in self else "model"
+
+    @property
+    def group(self):
+        """kernel (time compared), ratio (a counter compared as a difference) or model."""
+        if self.kind == "model":
+            return "model"
+        return "ratio" if self["published"]["unit"] == "ratio" else "kernel"
+
+
+def _fail(path, where, msg):
+    raise CaseError(f"{path}: {where}: {msg}")
+
+
+def _check_keys(path, where, d, allowed):
+    for k in d:
+        if k not in allowed:
+            _fail(path, where, f"unknown key '{k}' (allowed: {', '.join(allowed)})")
+
+
+def _check_published(path, where, c):
+    p = c.get("published")
+    if not isinstance(p, dict) or set(p) != {"value", "unit"}:
+        _fail(path, where, "'published' must be {value: number, unit: ...}")
+    if not isinstance(p["value"], (int, float)) or isinstance(p["value"], bool) or p["value"] <= 0:
+        _fail(path, where + ".published.value", f"must be a positive number, not {p['value']!r}")
+    if p["unit"] not in UNITS:
+        _fail(path, where + ".published.unit", f"'{p['unit']}' is not one of {', '.join(UNITS)}")
+    kind = "op" if "op" in c else "model"
+    if (kind == "model") != (p["unit"] == "samples/s"):
+        _fail(path, where + ".published.unit",
+              "model cases compare samples/s; op cases compare time, TFLOPS, GB/s or a ratio")
+
+
+def _check_op(path, where, c):
+    if not isinstance(c.get("inputs"), list) or not c["inputs"]:
+        _fail(path, where + ".inputs", "an op case needs a list of inputs DTYPE:SHAPE")
+    if not isinstance(c.get("attrs", {}), dict):
+        _fail(path, where + ".attrs", "must be a mapping {name: value}")
+    unit = c["published"]["unit"]
+    need = {"TFLOPS": "flops", "GB/s": "bytes"}.get(unit)
+    work = c.get("work", {})
+    if need and not (isinstance(work, dict) and isinstance(work.get(need), int) and work[need] > 0):
+        _fail(path, where + ".work", f"unit {unit} needs work: {{{need}: positive integer}}")
+    if (unit == "ratio") != ("metric" in c):
+        _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
+              "(and only ratio cases have one)")
+
+
+def _check_model(path, where, c):
+    for k in ("mode", "batch"):
+        if k not in c:
+            _fail(path, where, f"a model case needs '{k}'")
+    if c["mode"] not in ("infer", "train"):
+        _fail(path, where + ".mode", f"'{c['mode']}' is not infer or train")
+    interim = c.get("interim")
+    if interim is not None and not (isinstance(interim, dict) and set(interim) <= {"batch", "input_size"}):
+        _fail(path, where + ".interim", "must be {batch: N, input_size: N}")
+
+
+def check_case(path, index, c, seen):
+    where = f"cases[{index}]"
+    if not isinstance(c, dict):
+        _fail(path, where, "a case is a mapping")
+    where = f"case '{c.get('id', index)}'"
+    kinds = [k for k in KIND_KEYS if k in c]
+    if len(kinds) != 1:
+        _fail(path, where, "a case has exactly one workload: 'op' or 'model'")
+    _check_keys(path, where, c, COMMON_KEYS + KIND_KEYS[kinds[0]])
+    for k in ("id", "set", "chip", "published", "source", "conditions"):
+        if k not in c:
+            _fail(path, where, f"missing key '{k}'")
+    if not re.fullmatch(r"[a-z0-9_]+", str(c["id"])):
+        _fail(path, where + ".id", "use lower-case letters, digits and _")
+    if c["id"] in seen:
+        _fail(path, where + ".id", "the id is used twice")
+    if c["set"] not in SETS:
+        _fail(path, where + ".set", f"'{c['set']}' is not one of {', '.join(SETS)}")
+    if not isinstance(c.get("overrides", {}), dict):
+        _fail(path, where + ".overrides", "must be a mapping {dotted.key: value}")
+    src = c["source"]
+    if not isinstance(src, dict) or not src.get("url") or not src.get("quality"):
+        _fail(path, where + ".source", "needs at least url and quality")
+    _check_keys(path, where + ".source", src, SOURCE_KEYS)
+    _check_published(path, where, c)
+    (_check_op if kinds[0] == "op" else _check_model)(path, where, c)
+    return Case(c)
+
+
+def load_cases(path):
+    """The checked cases of a case file, in file order."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise CaseError(f"{path}: cannot read: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise CaseError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(doc, dict) or set(doc) != {"cases"} or not isinstance(doc["cases"], list):
+        raise CaseError(f"{path}: the file must have one top-level key 'cases' with a list of cases")
+    seen, out = set(), []
+    for i, c in enumerate(doc["cases"]):
+        out.append(check_case(path, i, c, seen))
+        seen.add(c["id"])
+    return out
