@@ -28,6 +28,7 @@
 #include "tools/kernel_io.h"
 #include "tools/op_cli.h"
 #include "tools/report_cli.h"
+#include "tools/script_cli.h"
 #include "tools/summary.h"
 
 using namespace npusim;
@@ -114,8 +115,10 @@ std::map<std::string, GivenArg> given_args(const RunOptions& o, const isa::Progr
 nlohmann::json run_figures(nlohmann::json meta, const ChipConfig& cfg, const isa::Program& prog,
                            int block_dim, const KernelResult& r) {
   const prof::OpMetrics m = prof::compute_op_metrics(cli::op_record(prog, cfg, block_dim, r), cfg);
-  std::map<std::string, uint64_t> high_water;
+  std::map<std::string, uint64_t> high_water, activity;
   cli::merge_buffer_high_water(r.counters, high_water);
+  cli::merge_activity(r.counters, activity);
+  meta["activity"] = activity;
   meta["cube_utilization_pct"] = m.cube_utilization_pct;
   meta["vector_utilization_pct"] = cli::vector_utilization_pct(cfg, m.vector_repeats, r.cycles);
   meta["hbm_bytes"] = m.hbm_read_bytes + m.hbm_write_bytes;
@@ -228,41 +231,6 @@ int cmd_run(const RunOptions& o) {
   return 0;
 }
 
-// `npusim sweep`: hands over (exec) to tools/npusim_sweep.py, run with the Python the report
-// plots use (prof::find_report_python; else python3 on PATH), passing this binary as --npusim.
-struct SweepOptions {
-  std::string grid, out;
-  int jobs = 0;  // 0: the script's default (the CPU count)
-  bool resume = true, dry_run = false, no_plots = false, retry_errors = false;
-};
-
-std::string this_executable() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error("sweep: cannot find this executable's path (/proc/self/exe)");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
-int cmd_sweep(const SweepOptions& o) {
-  const std::string script = cli::source_dir() + "/tools/npusim_sweep.py";
-  std::string python = prof::find_report_python(cli::source_dir());
-  if (python.empty()) python = "python3";
-  std::vector<std::string> args = {python, script, o.grid, "--npusim", this_executable()};
-  if (!o.out.empty()) args.insert(args.end(), {"--out", o.out});
-  if (o.jobs > 0) args.insert(args.end(), {"--jobs", std::to_string(o.jobs)});
-  args.push_back(o.resume ? "--resume" : "--no-resume");
-  if (o.dry_run) args.push_back("--dry-run");
-  if (o.no_plots) args.push_back("--no-plots");
-  if (o.retry_errors) args.push_back("--retry-errors");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  execvp(argv[0], argv.data());
-  throw Error(fmt::format("sweep: cannot run '{} {}': {} (set NPUSIM_PYTHON or create .venv "
-                          "with scripts/setup.sh)", python, script, std::strerror(errno)));
-}
-
 }  // namespace
 
 
@@ -339,18 +307,10 @@ int main(int argc, char** argv) {
   c_ver->add_option("kernel", ver_in, "kernel file")->required();
   ver_chip.add(c_ver);
 
-  SweepOptions sweep;
-  auto* c_sweep = app.add_subcommand(
-      "sweep", "architecture exploration: run a grid of chip configs x workloads (docs/sweep.md)");
-  c_sweep->add_option("grid", sweep.grid, "grid file (YAML)")->required();
-  c_sweep->add_option("--out", sweep.out, "output folder (default: <grid name>_sweep)");
-  c_sweep->add_option("--jobs", sweep.jobs, "points run in parallel (default: the CPU count)");
-  c_sweep->add_flag("--resume,!--no-resume", sweep.resume,
-                    "skip points stored in OUT/points (default) or rerun them");
-  c_sweep->add_flag("--dry-run", sweep.dry_run, "check the grid and list the points; run nothing");
-  c_sweep->add_flag("--no-plots", sweep.no_plots, "write the CSV files only");
-  c_sweep->add_flag("--retry-errors", sweep.retry_errors,
-                    "run stored points that failed again (not rejected configs)");
+  auto* c_sweep = cli::add_script_subcommand(
+      app, "sweep", "architecture exploration: run a grid of chip configs x workloads (docs/sweep.md)");
+  auto* c_explore = cli::add_script_subcommand(
+      app, "explore", "design-space search over chip configs with Optuna (docs/sweep.md)");
 
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
@@ -363,7 +323,8 @@ int main(int argc, char** argv) {
     if (c_run->parsed()) return cmd_run(run);
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
-    if (c_sweep->parsed()) return cmd_sweep(sweep);
+    if (c_sweep->parsed()) return cli::run_script_subcommand(c_sweep, "tools/npusim_sweep.py");
+    if (c_explore->parsed()) return cli::run_script_subcommand(c_explore, "tools/npusim_explore.py");
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);

@@ -6,6 +6,7 @@ checks resume, determinism, a bad point and bad grid files.
 """
 import csv
 import filecmp
+import json
 import os
 import subprocess
 import sys
@@ -191,12 +192,55 @@ with tempfile.TemporaryDirectory() as tmp:
             "yamlerr.yaml": ("chip: tiny\ngrid:\n  a: [1, 2\nworkloads: []\n", "YAML error"),
             "wlkey.yaml": ("chip: tiny\ngrid: {clock_mhz: [1000]}\n"
                            "workloads: [{op: AddV2, input: [f16:16]}]\n", "workloads[0].input"),
+            "derived_ref.yaml": ("chip: tiny\ngrid: {cores.aic.count: [1, 2]}\n"
+                                 "derived: {cores.aiv.count: 2 * cores.aic.cnt}\n"
+                                 "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                 "derived.cores.aiv.count: '2 * cores.aic.cnt': 'cores.aic.cnt' is not"),
+            "derived_eval.yaml": ("chip: tiny\ngrid: {cores.aic.count: [0, 2]}\n"
+                                  "derived: {cores.aiv.count: 4 // cores.aic.count}\n"
+                                  "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                  "derived.cores.aiv.count: '4 // cores.aic.count': integer "
+                                  "division or modulo by zero (at cores.aic.count=0)"),
+            "derived_code.yaml": ("chip: tiny\ngrid: {cores.aic.count: [1]}\n"
+                                  "derived: {cores.aiv.count: \"(1).__class__\"}\n"
+                                  "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                  "is not allowed"),
         }
         for name, (text, what) in cases.items():
             g = write(tmp, name, text)
             p = sweep(g, "--out", os.path.join(tmp, "never"), expect_rc=1)
             assert name in p.stderr and what in p.stderr, f"{name}: {p.stderr}"
         assert not os.path.exists(os.path.join(tmp, "never"))
+
+    @check("cost and power: more HBM bandwidth costs more; MACs counted; derived keys")
+    def _():
+        # tiny has 1 GiB of HBM: one 16 GiB stack. 900 GB/s needs the 1228.8 GB/s HBM3E stack
+        # (HBM3's 819.2 is short), 1800 and 3600 two and three HBM3E stacks.
+        g = write(tmp, "hbm.yaml", "chip: tiny\ngrid: {memory.hbm.gbps: [900, 1800, 3600]}\n"
+                  "zip: [{cores.aic.count: [1, 2]}]\nderived: {cores.aiv.count: 2 * cores.aic.count}\n"
+                  "workloads: [{op: MatMul, inputs: [f16:128x256, f16:256x256]}]\n")
+        out = os.path.join(tmp, "hbm")
+        sweep(g, "--out", out, "--jobs", "2", "--no-plots")
+        rows = read_csv(os.path.join(out, "sweep.csv"))
+        assert [(r["memory.hbm.gbps"], r["cores.aic.count"], r["cores.aiv.count"]) for r in rows] \
+            == [(b, c, str(2 * int(c))) for b in ("900", "1800", "3600") for c in ("1", "2")], rows
+        for r, (gen, stacks) in zip(rows[::2], [("HBM3E", "1"), ("HBM3E", "2"), ("HBM3E", "3")]):
+            assert (r["hbm_gen"], r["hbm_stacks"]) == (gen, stacks), r
+        costs = [float(r["cost_usd"]) for r in rows if r["cores.aic.count"] == "2"]
+        assert costs[0] < costs[1] < costs[2], costs
+        for r in rows:
+            assert float(r["power_w"]) > 0 and float(r["energy_uj"]) > 0, r
+        with open(os.path.join(out, "points", os.listdir(os.path.join(out, "points"))[0])) as f:
+            activity = json.load(f)["metrics"]["activity"]
+        assert activity["macs"] == 128 * 256 * 256, activity
+        front = {(r["memory.hbm.gbps"], r["cores.aic.count"]): r
+                 for r in read_csv(os.path.join(out, "pareto.csv"))}
+        # Same chip, more bandwidth: on the cost front only if it is faster.
+        for c in ("1", "2"):
+            for lo, hi in (("900", "1800"), ("1800", "3600")):
+                a, b = front[(lo, c)], front[(hi, c)]
+                if float(b["total_sim_time_us"]) >= float(a["total_sim_time_us"]):
+                    assert b["pareto_cost"] == "no", (a, b)
 
     @check("model workloads: the models.run contract (command line, JSON figures, errors)")
     def _():
