@@ -6,7 +6,8 @@ with 1 CPU, both at 127.0.0.1 with the dashboard and usage statistics off and a 
 test's own, and stops both (their process groups) at the end. Checks: the sweep on the cluster
 writes the same sweep.csv as the local run (with a point whose process crashes and one whose op
 does not exist as error rows) and uses both nodes; a killed driver resumes; a local Ray instance
-(`--ray` without an address) runs, and a point that no node can hold is an error row.
+(`--ray` without an address) runs, and a point that no node can hold is an error row;
+`npusim explore --ray` on the cluster gives the trials of a local run with the same seed.
 """
 import csv
 import filecmp
@@ -57,6 +58,20 @@ workloads:
     inputs: [f16:16]
 """
 POINTS = 16
+
+SPACE = """
+chip: tiny
+space:
+  cores.aic.count: {int: [1, 4]}
+  memory.hbm.gbps: {choices: [900, 1800, 3600]}
+derived:
+  cores.aiv.count: 2 * cores.aic.count
+objectives: [time_us, cost_usd]
+workloads:
+  - op: MatMul
+    inputs: [f16:128x256, f16:256x256]
+search: {sampler: nsga2, trials: 4, population: 4, seed: 2}
+"""
 
 # For the local instance (2 CPUs): a point that requests more CPUs than any node has.
 GRID_BIG = """
@@ -193,6 +208,12 @@ with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ, NPUSIM_PYTHON=PY)
     local = os.path.join(tmp, "local")
     sweep(wrapper, grid, "--out", local, "--jobs", "2", env=env)
+    space = os.path.join(tmp, "space.yaml")
+    with open(space, "w") as f:
+        f.write(SPACE)
+    explore_local = os.path.join(tmp, "explore_local")
+    subprocess.run([NPUSIM, "explore", space, "--out", explore_local, "--no-plots"], check=True,
+                   capture_output=True, env=env, timeout=600)
     cluster = Cluster(tmp)
     cenv = dict(cluster.env, NPUSIM_PYTHON=PY)
     try:
@@ -238,6 +259,15 @@ with tempfile.TemporaryDirectory() as tmp:
             assert filecmp.cmp(os.path.join(local, "sweep.csv"), os.path.join(out, "sweep.csv"),
                                shallow=False)
 
+        @check("npusim explore --ray on the cluster gives the local run's trials.csv")
+        def _():
+            out = os.path.join(tmp, "explore_ray")
+            p = subprocess.run([NPUSIM, "explore", space, "--out", out, "--no-plots", "--ray",
+                                cluster.address], capture_output=True, text=True, env=cenv,
+                               timeout=600)
+            assert p.returncode == 0 and "2 node(s)" in p.stdout, p.stdout + p.stderr
+            assert filecmp.cmp(os.path.join(explore_local, "trials.csv"),
+                               os.path.join(out, "trials.csv"), shallow=False)
     finally:
         cluster.stop()
 
