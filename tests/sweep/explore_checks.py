@@ -6,7 +6,6 @@ MatMul, two objectives and two constraints, a few trials: same seed -> same tria
 front and the constraint values against the trials' own figures; a grown study and a killed
 driver resume from study.db; bad space files.
 """
-import csv
 import filecmp
 import glob
 import os
@@ -15,8 +14,9 @@ import sys
 import tempfile
 import time
 
+from checks_util import check, finish, read_csv, write
+
 NPUSIM, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-results = []
 
 SPACE = """
 chip: tiny
@@ -44,17 +44,6 @@ exec "{npusim}" "$@"
 """
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            fn()
-            results.append((name, None))
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure and go on
-            results.append((name, e))
-            print(f"FAIL {name}: {e}", flush=True)
-        return fn
-    return wrap
 
 
 def explore(*args, npusim=NPUSIM, expect_rc=0):
@@ -66,16 +55,8 @@ def explore(*args, npusim=NPUSIM, expect_rc=0):
     return p
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
-def write(d, name, text):
-    path = os.path.join(d, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -141,8 +122,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     @check("a killed driver: its unfinished trials run on the next start")
     def _():
-        slow = write(tmp, "slow_npusim", SLOW.format(npusim=NPUSIM))
-        os.chmod(slow, 0o755)
+        slow = write(tmp, "slow_npusim", SLOW.format(npusim=NPUSIM), 0o755)
         out = os.path.join(tmp, "killed")
         p = subprocess.Popen([slow, "explore", nsga, "--out", out, "--jobs", "1", "--no-plots"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -180,6 +160,4 @@ with tempfile.TemporaryDirectory() as tmp:
             assert name in p.stderr and what in p.stderr, f"{name}: {p.stderr}"
         assert not os.path.exists(os.path.join(tmp, "never"))
 
-failed = [n for n, e in results if e]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+finish()

@@ -9,7 +9,6 @@ does not exist as error rows) and uses both nodes; a killed driver resumes; a lo
 (`--ray` without an address) runs, and a point that no node can hold is an error row;
 `npusim explore --ray` on the cluster gives the trials of a local run with the same seed.
 """
-import csv
 import filecmp
 import glob
 import json
@@ -22,10 +21,11 @@ import sys
 import tempfile
 import time
 
+from checks_util import TINY_WORKLOADS, check, finish, read_csv, write
+
 NPUSIM, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 PY = sys.executable
 RAY_CLI = os.path.join(os.path.dirname(PY), "ray")
-results = []
 
 # The points run the real npusim through this wrapper: it sleeps 0.3 s per point (so a driver can
 # be killed between points) and kills itself with SIGSEGV for the op "Crash" (a crashing point).
@@ -45,14 +45,7 @@ grid:
 derived:
   cores.aiv.count: 2 * cores.aic.count
 workloads:
-  - op: MatMul
-    inputs: [f16:128x256, f16:256x256]
-  - name: vadd 4096
-    kernel: kernels/vadd_f16.s
-    inputs: {x: "f16:4096", y: "f16:4096"}
-    outputs: {z: ""}
-    args: {n: 4096}
-  - op: Crash
+""" + TINY_WORKLOADS + """  - op: Crash
     inputs: [f16:16]
   - op: NoSuchOp
     inputs: [f16:16]
@@ -88,18 +81,6 @@ workloads:
 """
 
 
-def check(name):
-    def wrap(fn):
-        t0 = time.monotonic()
-        try:
-            fn()
-            results.append((name, None))
-            print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure and go on
-            results.append((name, e))
-            print(f"FAIL {name}: {e}", flush=True)
-        return fn
-    return wrap
 
 
 def free_port():
@@ -108,9 +89,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 class Cluster:
@@ -194,23 +172,14 @@ except ImportError:
     sys.exit(1)
 
 with tempfile.TemporaryDirectory() as tmp:
-    wrapper = os.path.join(tmp, "npusim")
-    with open(wrapper, "w") as f:
-        f.write(WRAPPER.format(npusim=NPUSIM))
-    os.chmod(wrapper, 0o755)
-    grid = os.path.join(tmp, "grid.yaml")
-    with open(grid, "w") as f:
-        f.write(GRID)
-    big = os.path.join(tmp, "big.yaml")
-    with open(big, "w") as f:
-        f.write(GRID_BIG)
+    wrapper = write(tmp, "npusim", WRAPPER.format(npusim=NPUSIM), 0o755)
+    grid = write(tmp, "grid.yaml", GRID)
+    big = write(tmp, "big.yaml", GRID_BIG)
     # npusim sweep execs the script with NPUSIM_PYTHON: the Python that has Ray.
     env = dict(os.environ, NPUSIM_PYTHON=PY)
     local = os.path.join(tmp, "local")
     sweep(wrapper, grid, "--out", local, "--jobs", "2", env=env)
-    space = os.path.join(tmp, "space.yaml")
-    with open(space, "w") as f:
-        f.write(SPACE)
+    space = write(tmp, "space.yaml", SPACE)
     explore_local = os.path.join(tmp, "explore_local")
     subprocess.run([NPUSIM, "explore", space, "--out", explore_local, "--no-plots"], check=True,
                    capture_output=True, env=env, timeout=600)
@@ -281,6 +250,4 @@ with tempfile.TemporaryDirectory() as tmp:
         assert too_big["status"] == "error" and \
             "requests 64 CPUs; the largest node has 2" in too_big["reason"], too_big
 
-failed = [n for n, e in results if e]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+finish()

@@ -4,7 +4,6 @@ Usage: sweep_checks.py NPUSIM_BINARY SOURCE_DIR. Prints 'N passed, N failed' and
 on any failure. Runs one 2x2 sweep (2 workloads, 8 points) through the C++ subcommand, then
 checks resume, determinism, a bad point and bad grid files.
 """
-import csv
 import filecmp
 import json
 import os
@@ -12,8 +11,9 @@ import subprocess
 import sys
 import tempfile
 
+from checks_util import TINY_WORKLOADS, check, finish, read_csv, write
+
 NPUSIM, ROOT = os.path.abspath(sys.argv[1]), sys.argv[2]
-results = []
 
 # 2x2 on tiny: HBM bandwidth x L1 size; a compiled MatMul and the hand-written vector add.
 # vadd_f16.s with n = 4096 on the 4 vector cores: 1024 elements (2048 bytes) per block, one tile,
@@ -26,14 +26,7 @@ grid:
   memory.hbm.gbps: [900, 1800]
   cores.aic.buffers.l1: [256 KiB, 512 KiB]
 workloads:
-  - op: MatMul
-    inputs: [f16:128x256, f16:256x256]
-  - name: vadd 4096
-    kernel: kernels/vadd_f16.s
-    inputs: {x: "f16:4096", y: "f16:4096"}
-    outputs: {z: ""}
-    args: {n: 4096}
-"""
+""" + TINY_WORKLOADS
 VADD_UB_HIGH_WATER = 67584
 
 # One good config, one the loader rejects (the UB must be a whole number of 48 x 32 B bank rows,
@@ -67,29 +60,10 @@ def sweep(*args, via_npusim=True, expect_rc=0):
     return p
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
-def write(d, name, text):
-    path = os.path.join(d, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            fn()
-            results.append((name, None))
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure and go on
-            results.append((name, e))
-            print(f"FAIL {name}: {e}", flush=True)
-        return fn
-    return wrap
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -290,6 +264,4 @@ json.dump({"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
         assert abs(m["achieved_tflops"] - 0.125 * 2 * 4096 * 2 * 1e9 / 1e12) < 1e-9, m
         assert rec_bad["status"] == "error" and "no such thing" in rec_bad["reason"], rec_bad
 
-failed = [n for n, e in results if e]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+finish()

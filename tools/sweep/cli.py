@@ -78,9 +78,7 @@ def parse_args(argv):
         description="Run every (chip config x workload) point of a grid file and write sweep.csv, "
                     "plots/*.png, pareto.csv and pareto.png (docs/sweep.md).")
     ap.add_argument("grid", help="the grid file (YAML)")
-    ap.add_argument("--out", help="output folder (default: <grid name>_sweep in the current folder)")
-    ap.add_argument("--jobs", type=int, default=cpu_count(),
-                    help="points run in parallel (default: the CPU count)")
+    add_run_args(ap, "<grid name>_sweep")
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                     help="skip points whose result is stored in OUT/points (default); "
                          "--no-resume reruns them")
@@ -89,15 +87,19 @@ def parse_args(argv):
                          "what made them fail); configs the loader rejects are not retried")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the grid and list the points (stored or to run); run nothing")
+    return ap.parse_args(argv)
+
+
+def add_run_args(ap, default_out):
+    """Options of sweep and explore: output folder, executor (local jobs or Ray), binary, plots."""
+    ap.add_argument("--out", help=f"output folder (default: {default_out} in the current folder)")
+    ap.add_argument("--jobs", type=int, default=cpu_count(),
+                    help="points run in parallel on this host, also the CPUs of a local Ray "
+                         "instance (default: the CPU count)")
     ap.add_argument("--npusim", default=default_npusim(),
                     help="the npusim binary (default: $NPUSIM, else build/npusim)")
     ap.add_argument("--no-plots", action="store_true", help="write the CSV files only")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_ray_args(ap)
-    return ap.parse_args(argv)
-
-
-def add_ray_args(ap):
     ap.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                     help="run the points as Ray tasks: on a local Ray instance started for the "
                          "run, or on the cluster at ADDRESS (host:port of `ray start --head`)")

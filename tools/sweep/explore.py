@@ -17,7 +17,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from sweep import executor, report, runner
-from sweep.cli import Progress, add_ray_args, cpu_count, default_npusim
+from sweep.cli import Progress, add_run_args
 from sweep.cost import point_power
 from sweep.expr import ExprError
 from sweep.grid import GridError, numeric_value
@@ -32,14 +32,9 @@ def parse_args(argv):
         description="Search a chip design space with Optuna; write trials.csv, pareto.csv and "
                     "pareto.png (docs/sweep.md, 'Design-space search').")
     ap.add_argument("space", help="the space file (YAML)")
-    ap.add_argument("--out", help="output folder (default: <space name>_explore)")
-    ap.add_argument("--jobs", type=int, default=cpu_count(), help="points run in parallel (local)")
+    add_run_args(ap, "<space name>_explore")
     ap.add_argument("--trials", type=int, help="total trials (default: search.trials of the file)")
     ap.add_argument("--seed", type=int, help="sampler seed (default: search.seed of the file)")
-    ap.add_argument("--npusim", default=default_npusim(), help="the npusim binary")
-    ap.add_argument("--no-plots", action="store_true", help="write the CSV files only")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_ray_args(ap)
     return ap.parse_args(argv)
 
 
