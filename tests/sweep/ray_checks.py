@@ -10,6 +10,7 @@ does not exist as error rows) and uses both nodes; a killed driver resumes; a lo
 `npusim explore --ray` on the cluster gives the trials of a local run with the same seed.
 """
 import filecmp
+import importlib.util
 import glob
 import json
 import os
@@ -164,9 +165,7 @@ def point_files(out):
     return recs
 
 
-try:
-    import ray  # noqa: F401
-except ImportError:
+if importlib.util.find_spec("ray") is None:
     print("FAIL ray is not installed in this Python (scripts/setup.sh installs requirements.txt)")
     print("0 passed, 1 failed")
     sys.exit(1)

@@ -106,10 +106,11 @@ class Expr:
         for k in kids:
             self._check(k, known)
 
-    def evaluate(self, values):
-        """The value at a point; `values` maps each key in refs to a number."""
+    def evaluate(self, values, node=None):
+        """The value at a point (of `node`, a part of the tree; default the whole); `values` maps
+        each key in refs to a number."""
         try:
-            return self._eval(self.tree, values)
+            return self._eval(self.tree if node is None else node, values)
         except ExprError:
             raise
         except (ArithmeticError, ValueError, TypeError, OverflowError) as e:

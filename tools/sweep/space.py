@@ -11,10 +11,11 @@ the search settings; the rest (chip, fixed, derived, workloads, ...) as in a gri
   search:       {sampler: nsga2 | tpe, trials: N, seed: S, population: P (nsga2), batch: B}
 docs/sweep.md, "Design-space search".
 """
+import ast
 import math
 
 from sweep.expr import Expr, ExprError
-from sweep.grid import (COMMON_KEYS, GridError, _check_key, _err, _value_list, derive,
+from sweep.grid import (COMMON_KEYS, _check_key, _err, _value_list, derive,
                         numeric_value, parse_common, read_file)
 from sweep.runner import HWM_BUFFERS
 
@@ -104,7 +105,6 @@ class Constraint:
             raise _err(path, f"constraints[{i}]", str(e)) from None
         self.text = str(text)
         t = self.expr.tree
-        import ast  # noqa: PLC0415
         self.sides = None
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(
                 t.ops[0], (ast.LtE, ast.Lt, ast.GtE, ast.Gt)):
@@ -113,7 +113,8 @@ class Constraint:
 
     def violation(self, values):
         if self.sides:
-            return float(self.expr._eval(self.sides[0], values) - self.expr._eval(self.sides[1], values))
+            lhs, rhs = (self.expr.evaluate(values, side) for side in self.sides)
+            return float(lhs - rhs)
         return 0.0 if self.expr.evaluate(values) else 1.0
 
 
@@ -182,8 +183,4 @@ def load_space(path):
     if not isinstance(cons, list):
         raise _err(path, "constraints", "expected a list of expressions")
     constraints = [Constraint(path, i, c, known) for i, c in enumerate(cons)]
-    s = Space(path, common, params, objectives, constraints, _search(path, doc))
-    return s
-
-
-__all__ = ["GridError", "load_space", "Space", "OBJECTIVE_METRICS"]
+    return Space(path, common, params, objectives, constraints, _search(path, doc))
