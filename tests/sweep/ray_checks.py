@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,7 +139,7 @@ class Cluster:
             except ProcessLookupError:
                 pass
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 15 and any(p.poll() is None for p in self.procs):
+        while time.monotonic() - t0 < 3 and any(p.poll() is None for p in self.procs):
             time.sleep(0.2)
         for p in self.procs:
             try:
@@ -146,6 +147,7 @@ class Cluster:
             except ProcessLookupError:
                 pass
             p.wait()
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def sweep(npusim, *args, env=None, expect_rc=0):
