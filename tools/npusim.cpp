@@ -2,8 +2,8 @@
 //   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy --arg M=64 ...
 //   npusim demo | asm | disasm | verify | chips | config
 // Exit codes: 0 ok, 1 bad input (usage, files, config, assembly), 3 the kernel faulted.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <unistd.h>
 
@@ -15,22 +15,21 @@
 #include <iostream>
 #include <map>
 
+#include "adapter/profiler/instruction_profiler.h"
+#include "adapter/profiler/op_metrics.h"
 #include "common/error.h"
 #include "common/npy.h"
 #include "isa/disassembler.h"
 #include "isa/kernel_file.h"
-#include "sim/verifier/verifier.h"
-#include "adapter/profiler/instruction_profiler.h"
-#include "adapter/profiler/op_metrics.h"
 #include "sim/simulator.h"
+#include "sim/verifier/verifier.h"
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
 #include "tools/op_cli.h"
-#include "tools/python_tool.h"
 #include "tools/report_cli.h"
+#include "tools/script_cli.h"
 #include "tools/summary.h"
-#include "tools/validate_cli.h"
 
 using namespace npusim;
 
@@ -58,7 +57,8 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 }
 
 // "name=value" -> (name, value); `what` names the option for errors.
-std::pair<std::string, std::string> split_assignment(const std::string& s, const std::string& what) {
+std::pair<std::string, std::string> split_assignment(const std::string& s,
+                                                     const std::string& what) {
   auto eq = s.find('=');
   if (eq == std::string::npos || eq == 0)
     throw Error(fmt::format("{} '{}': expected NAME=VALUE", what, s));
@@ -97,8 +97,8 @@ std::map<std::string, GivenArg> given_args(const RunOptions& o, const isa::Progr
                                 name, fmt::join(prog.arg_names, ", ")));
       auto [it, inserted] = given.emplace(name, GivenArg{option, value});
       if (!inserted)
-        throw Error(fmt::format("{} {}: argument '{}' is already given by {}", option, spec,
-                                name, it->second.where(name)));
+        throw Error(fmt::format("{} {}: argument '{}' is already given by {}", option, spec, name,
+                                it->second.where(name)));
     }
   };
   collect(o.inputs, "--in");
@@ -116,8 +116,10 @@ std::map<std::string, GivenArg> given_args(const RunOptions& o, const isa::Progr
 nlohmann::json run_figures(nlohmann::json meta, const ChipConfig& cfg, const isa::Program& prog,
                            int block_dim, const KernelResult& r) {
   const prof::OpMetrics m = prof::compute_op_metrics(cli::op_record(prog, cfg, block_dim, r), cfg);
-  std::map<std::string, uint64_t> high_water;
+  std::map<std::string, uint64_t> high_water, activity;
   cli::merge_buffer_high_water(r.counters, high_water);
+  cli::merge_activity(r.counters, activity);
+  meta["activity"] = activity;
   meta["cube_utilization_pct"] = m.cube_utilization_pct;
   meta["vector_utilization_pct"] = cli::vector_utilization_pct(cfg, m.vector_repeats, r.cycles);
   meta["hbm_bytes"] = m.hbm_read_bytes + m.hbm_write_bytes;
@@ -196,11 +198,13 @@ int cmd_run(const RunOptions& o) {
     arena.download(t.addr, t.host);
     write_npy(t.name, t.host);
   }
-  nlohmann::json meta = {{"kernel", prog.name}, {"chip", cfg.name}, {"block_dim", launch.block_dim},
-                         {"cycles", r.cycles}, {"time_us", r.time_us},
-                         {"functional", !o.timing_only}};
-  if (!o.counters_path.empty()) write_json(o.counters_path, {{"run", meta}, {"counters", r.counters}});
-  if (!o.json_path.empty()) write_json(o.json_path, run_figures(meta, cfg, prog, launch.block_dim, r));
+  nlohmann::json meta = {{"kernel", prog.name},           {"chip", cfg.name},
+                         {"block_dim", launch.block_dim}, {"cycles", r.cycles},
+                         {"time_us", r.time_us},          {"functional", !o.timing_only}};
+  if (!o.counters_path.empty())
+    write_json(o.counters_path, {{"run", meta}, {"counters", r.counters}});
+  if (!o.json_path.empty())
+    write_json(o.json_path, run_figures(meta, cfg, prog, launch.block_dim, r));
   if (!o.trace_path.empty()) write_json(o.trace_path, sim.trace());
   if (!o.config_out.empty()) {
     std::ofstream out(o.config_out);
@@ -230,26 +234,7 @@ int cmd_run(const RunOptions& o) {
   return 0;
 }
 
-// `npusim sweep`: hands over (exec) to tools/npusim_sweep.py (tools/python_tool.h).
-struct SweepOptions {
-  std::string grid, out;
-  int jobs = 0;  // 0: the script's default (the CPU count)
-  bool resume = true, dry_run = false, no_plots = false, retry_errors = false;
-};
-
-int cmd_sweep(const SweepOptions& o) {
-  std::vector<std::string> args = {o.grid};
-  if (!o.out.empty()) args.insert(args.end(), {"--out", o.out});
-  if (o.jobs > 0) args.insert(args.end(), {"--jobs", std::to_string(o.jobs)});
-  args.push_back(o.resume ? "--resume" : "--no-resume");
-  if (o.dry_run) args.push_back("--dry-run");
-  if (o.no_plots) args.push_back("--no-plots");
-  if (o.retry_errors) args.push_back("--retry-errors");
-  cli::exec_python_tool("sweep", "tools/npusim_sweep.py", std::move(args));
-}
-
 }  // namespace
-
 
 int main(int argc, char** argv) {
   CLI::App app{"npusim: an Ascend-class NPU model - assemble, verify and run kernels"};
@@ -270,22 +255,25 @@ int main(int argc, char** argv) {
   c_run->add_option("--config-out", run.config_out, "write the resolved chip config as YAML");
   c_run->add_option("--report-dir", run.report_dir,
                     "write an msprof-style report folder (docs/reports.md)");
-  c_run->add_option("--json", run.json_path,
-                    "write the figures as JSON (time, utilisation, bytes, buffer high-water marks)");
+  c_run->add_option(
+      "--json", run.json_path,
+      "write the figures as JSON (time, utilisation, bytes, buffer high-water marks)");
   c_run->add_flag("--timing-only", run.timing_only, "skip functional effects (same cycles)");
   c_run->add_flag("--quiet", run.quiet, "no summary");
   c_run->add_option("--max-insns-per-block", run.max_insns_per_block, kWatchdogHelp)
       ->capture_default_str();
 
   cli::DemoOptions demo;
-  auto* c_demo = app.add_subcommand("demo", "run the built-in GEMM and vector-add kernels and print counters");
+  auto* c_demo =
+      app.add_subcommand("demo", "run the built-in GEMM and vector-add kernels and print counters");
   c_demo->add_option("--chip", demo.chip, "chip preset or YAML file")->capture_default_str();
   c_demo->add_option("--set", demo.overrides, "override a chip key: dotted.key=value");
   c_demo->add_option("--counters", demo.counters_path, "write both kernels' counters as JSON");
   c_demo->add_option("--trace", demo.trace_path, "write a Chrome-trace timeline (Perfetto)");
   c_demo->add_option("--report-dir", demo.report_dir,
                      "write an msprof-style report folder, the two kernels as two ops");
-  c_demo->add_flag("--timing-only", demo.timing_only, "skip functional effects and the result check");
+  c_demo->add_flag("--timing-only", demo.timing_only,
+                   "skip functional effects and the result check");
 
   cli::OpOptions op;
   auto* c_op = app.add_subcommand(
@@ -324,21 +312,14 @@ int main(int argc, char** argv) {
   c_ver->add_option("kernel", ver_in, "kernel file")->required();
   ver_chip.add(c_ver);
 
-  SweepOptions sweep;
-  auto* c_sweep = app.add_subcommand(
-      "sweep", "architecture exploration: run a grid of chip configs x workloads (docs/sweep.md)");
-  c_sweep->add_option("grid", sweep.grid, "grid file (YAML)")->required();
-  c_sweep->add_option("--out", sweep.out, "output folder (default: <grid name>_sweep)");
-  c_sweep->add_option("--jobs", sweep.jobs, "points run in parallel (default: the CPU count)");
-  c_sweep->add_flag("--resume,!--no-resume", sweep.resume,
-                    "skip points stored in OUT/points (default) or rerun them");
-  c_sweep->add_flag("--dry-run", sweep.dry_run, "check the grid and list the points; run nothing");
-  c_sweep->add_flag("--no-plots", sweep.no_plots, "write the CSV files only");
-  c_sweep->add_flag("--retry-errors", sweep.retry_errors,
-                    "run stored points that failed again (not rejected configs)");
+  auto* c_sweep = cli::add_script_subcommand(
+      app, "sweep",
+      "architecture exploration: run a grid of chip configs x workloads (docs/sweep.md)");
+  auto* c_explore = cli::add_script_subcommand(
+      app, "explore", "design-space search over chip configs with Optuna (docs/sweep.md)");
 
-  cli::ValidateOptions validate;
-  auto* c_validate = cli::add_validate_command(app, validate);
+  auto* c_validate = cli::add_script_subcommand(
+      app, "validate", "reproduce published measurements of Ascend silicon (docs/validation.md)");
 
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
@@ -351,15 +332,20 @@ int main(int argc, char** argv) {
     if (c_run->parsed()) return cmd_run(run);
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
-    if (c_sweep->parsed()) return cmd_sweep(sweep);
-    if (c_validate->parsed()) cli::run_validate(validate);
+    if (c_sweep->parsed()) return cli::run_script_subcommand(c_sweep, "tools/npusim_sweep.py");
+    if (c_explore->parsed())
+      return cli::run_script_subcommand(c_explore, "tools/npusim_explore.py");
+    if (c_validate->parsed())
+      return cli::run_script_subcommand(c_validate, "tools/npusim_validate.py");
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);
       std::ofstream out(asm_out, std::ios::binary);
       if (!out) throw Error("cannot write '" + asm_out + "'");
-      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-      std::cout << fmt::format("{}: {} sections, {} bytes\n", asm_out, p.sections.size(), bytes.size());
+      out.write(reinterpret_cast<const char*>(bytes.data()),
+                static_cast<std::streamsize>(bytes.size()));
+      std::cout << fmt::format("{}: {} sections, {} bytes\n", asm_out, p.sections.size(),
+                               bytes.size());
       return 0;
     }
     if (c_dis->parsed()) {

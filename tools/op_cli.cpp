@@ -162,6 +162,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   report.title = "npusim op " + desc.str();
   uint64_t cycles = 0, macs = 0, repeats = 0, hbm = 0, gm = 0;
   std::map<std::string, uint64_t> high_water;  // buffer -> bytes, over launches and cores
+  std::map<std::string, uint64_t> activity;    // merge_activity totals over the launches
   nlohmann::json launches = nlohmann::json::array();
   for (size_t i = 0; i < k.launches.size(); ++i) {
     const compiler::Launch& l = k.launches[i];
@@ -184,6 +185,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     hbm += m.hbm_read_bytes + m.hbm_write_bytes;
     gm += m.gm_read_bytes + m.gm_write_bytes;
     merge_buffer_high_water(r.counters, high_water);
+    merge_activity(r.counters, activity);
     out << fmt::format("  launch {}: {} ({})\n", i, l.kernel.program.name, l.summary);
     print_summary(out, cfg, l.kernel.program.name, l.block_dim, r);
     launches.push_back({{"kernel", l.kernel.program.name}, {"cycles", r.cycles},
@@ -225,7 +227,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         {"time_us", cfg.cycles_to_us(double(cycles))},
                         {"cube_utilization_pct", cube_pct}, {"hbm_bytes", hbm},
                         {"vector_utilization_pct", vector_pct}, {"gm_bytes", gm},
-                        {"buffer_high_water_bytes", high_water},
+                        {"buffer_high_water_bytes", high_water}, {"activity", activity},
                         {"roofline_bound_us", cfg.cycles_to_us(bound)},
                         {"roofline_ratio", bound > 0 ? double(cycles) / bound : 0.0},
                         {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches}}

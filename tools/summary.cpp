@@ -55,6 +55,26 @@ void merge_buffer_high_water(const json& counters, std::map<std::string, uint64_
   }
 }
 
+void merge_activity(const json& counters, std::map<std::string, uint64_t>& totals) {
+  const json& chip = counters.contains("chip") ? counters["chip"] : counters;
+  for (const char* mem : {"l2", "hbm"})
+    for (const char* dir : {"read_bytes", "write_bytes"})
+      totals[fmt::format("{}_{}", mem, dir)] += leaf(chip, fmt::format("{}.{}", mem, dir));
+  totals["macs"];
+  totals["vector_repeats"];
+  for (auto core = chip.begin(); core != chip.end(); ++core) {
+    if (!core->is_object() || !core->contains("s")) continue;  // cores have a scalar unit
+    totals["macs"] += leaf(*core, "m.macs");
+    totals["vector_repeats"] += leaf(*core, "v.repeats");
+    for (auto pipe = core->begin(); pipe != core->end(); ++pipe) {
+      if (!pipe->is_object() || !pipe->contains("bytes")) continue;
+      const json& paths = (*pipe)["bytes"];
+      for (auto p = paths.begin(); p != paths.end(); ++p)
+        if (is_leaf(*p)) totals["bytes." + p.key()] += p->at("value").get<uint64_t>();
+    }
+  }
+}
+
 int default_block_dim(const isa::Program& prog, const ChipConfig& cfg) {
   if (!cfg.split) {
     const CoreKindConfig* k = cfg.core_kind(isa::CoreKind::AICORE);

@@ -34,4 +34,10 @@ double vector_utilization_pct(const ChipConfig& cfg, uint64_t vector_repeats, ui
 void merge_buffer_high_water(const nlohmann::json& counters,
                              std::map<std::string, uint64_t>& marks);
 
+// Adds the activity of a counter tree that the sweep's power estimate uses into `totals`, summed
+// over the cores (docs/sweep.md, "Power estimate"): "macs" (cube MACs, fp16 equivalents),
+// "vector_repeats", "bytes.<path>" per data path (e.g. "bytes.gm_to_l1"), "l2_read_bytes",
+// "l2_write_bytes", "hbm_read_bytes", "hbm_write_bytes".
+void merge_activity(const nlohmann::json& counters, std::map<std::string, uint64_t>& totals);
+
 }  // namespace npusim::cli

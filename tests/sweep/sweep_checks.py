@@ -4,15 +4,16 @@ Usage: sweep_checks.py NPUSIM_BINARY SOURCE_DIR. Prints 'N passed, N failed' and
 on any failure. Runs one 2x2 sweep (2 workloads, 8 points) through the C++ subcommand, then
 checks resume, determinism, a bad point and bad grid files.
 """
-import csv
 import filecmp
+import json
 import os
 import subprocess
 import sys
 import tempfile
 
+from checks_util import TINY_WORKLOADS, check, finish, read_csv, write
+
 NPUSIM, ROOT = os.path.abspath(sys.argv[1]), sys.argv[2]
-results = []
 
 # 2x2 on tiny: HBM bandwidth x L1 size; a compiled MatMul and the hand-written vector add.
 # vadd_f16.s with n = 4096 on the 4 vector cores: 1024 elements (2048 bytes) per block, one tile,
@@ -25,14 +26,7 @@ grid:
   memory.hbm.gbps: [900, 1800]
   cores.aic.buffers.l1: [256 KiB, 512 KiB]
 workloads:
-  - op: MatMul
-    inputs: [f16:128x256, f16:256x256]
-  - name: vadd 4096
-    kernel: kernels/vadd_f16.s
-    inputs: {x: "f16:4096", y: "f16:4096"}
-    outputs: {z: ""}
-    args: {n: 4096}
-"""
+""" + TINY_WORKLOADS
 VADD_UB_HIGH_WATER = 67584
 
 # One good config, one the loader rejects (the UB must be a whole number of 48 x 32 B bank rows,
@@ -66,29 +60,10 @@ def sweep(*args, via_npusim=True, expect_rc=0):
     return p
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
-def write(d, name, text):
-    path = os.path.join(d, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            fn()
-            results.append((name, None))
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure and go on
-            results.append((name, e))
-            print(f"FAIL {name}: {e}", flush=True)
-        return fn
-    return wrap
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -191,12 +166,55 @@ with tempfile.TemporaryDirectory() as tmp:
             "yamlerr.yaml": ("chip: tiny\ngrid:\n  a: [1, 2\nworkloads: []\n", "YAML error"),
             "wlkey.yaml": ("chip: tiny\ngrid: {clock_mhz: [1000]}\n"
                            "workloads: [{op: AddV2, input: [f16:16]}]\n", "workloads[0].input"),
+            "derived_ref.yaml": ("chip: tiny\ngrid: {cores.aic.count: [1, 2]}\n"
+                                 "derived: {cores.aiv.count: 2 * cores.aic.cnt}\n"
+                                 "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                 "derived.cores.aiv.count: '2 * cores.aic.cnt': 'cores.aic.cnt' is not"),
+            "derived_eval.yaml": ("chip: tiny\ngrid: {cores.aic.count: [0, 2]}\n"
+                                  "derived: {cores.aiv.count: 4 // cores.aic.count}\n"
+                                  "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                  "derived.cores.aiv.count: '4 // cores.aic.count': integer "
+                                  "division or modulo by zero (at cores.aic.count=0)"),
+            "derived_code.yaml": ("chip: tiny\ngrid: {cores.aic.count: [1]}\n"
+                                  "derived: {cores.aiv.count: \"(1).__class__\"}\n"
+                                  "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
+                                  "is not allowed"),
         }
         for name, (text, what) in cases.items():
             g = write(tmp, name, text)
             p = sweep(g, "--out", os.path.join(tmp, "never"), expect_rc=1)
             assert name in p.stderr and what in p.stderr, f"{name}: {p.stderr}"
         assert not os.path.exists(os.path.join(tmp, "never"))
+
+    @check("cost and power: more HBM bandwidth costs more; MACs counted; derived keys")
+    def _():
+        # tiny has 1 GiB of HBM: one 16 GiB stack. 900 GB/s needs the 1228.8 GB/s HBM3E stack
+        # (HBM3's 819.2 is short), 1800 and 3600 two and three HBM3E stacks.
+        g = write(tmp, "hbm.yaml", "chip: tiny\ngrid: {memory.hbm.gbps: [900, 1800, 3600]}\n"
+                  "zip: [{cores.aic.count: [1, 2]}]\nderived: {cores.aiv.count: 2 * cores.aic.count}\n"
+                  "workloads: [{op: MatMul, inputs: [f16:128x256, f16:256x256]}]\n")
+        out = os.path.join(tmp, "hbm")
+        sweep(g, "--out", out, "--jobs", "2", "--no-plots")
+        rows = read_csv(os.path.join(out, "sweep.csv"))
+        assert [(r["memory.hbm.gbps"], r["cores.aic.count"], r["cores.aiv.count"]) for r in rows] \
+            == [(b, c, str(2 * int(c))) for b in ("900", "1800", "3600") for c in ("1", "2")], rows
+        for r, (gen, stacks) in zip(rows[::2], [("HBM3E", "1"), ("HBM3E", "2"), ("HBM3E", "3")]):
+            assert (r["hbm_gen"], r["hbm_stacks"]) == (gen, stacks), r
+        costs = [float(r["cost_usd"]) for r in rows if r["cores.aic.count"] == "2"]
+        assert costs[0] < costs[1] < costs[2], costs
+        for r in rows:
+            assert float(r["power_w"]) > 0 and float(r["energy_uj"]) > 0, r
+        with open(os.path.join(out, "points", os.listdir(os.path.join(out, "points"))[0])) as f:
+            activity = json.load(f)["metrics"]["activity"]
+        assert activity["macs"] == 128 * 256 * 256, activity
+        front = {(r["memory.hbm.gbps"], r["cores.aic.count"]): r
+                 for r in read_csv(os.path.join(out, "pareto.csv"))}
+        # Same chip, more bandwidth: on the cost front only if it is faster.
+        for c in ("1", "2"):
+            for lo, hi in (("900", "1800"), ("1800", "3600")):
+                a, b = front[(lo, c)], front[(hi, c)]
+                if float(b["total_sim_time_us"]) >= float(a["total_sim_time_us"]):
+                    assert b["pareto_cost"] == "no", (a, b)
 
     @check("model workloads: the models.run contract (command line, JSON figures, errors)")
     def _():
@@ -246,6 +264,4 @@ json.dump({"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
         assert abs(m["achieved_tflops"] - 0.125 * 2 * 4096 * 2 * 1e9 / 1e12) < 1e-9, m
         assert rec_bad["status"] == "error" and "no such thing" in rec_bad["reason"], rec_bad
 
-failed = [n for n, e in results if e]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+finish()

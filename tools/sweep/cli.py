@@ -4,25 +4,37 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 
-from sweep import report, runner
+from sweep import executor, report, runner
 from sweep.grid import GridError, load_grid
 
 
 class Progress:
     """A plain-text progress bar: one line per finished point (so it works without a TTY), each
-    with the bar, the count, the status and the point."""
+    with the bar, the count, the status, the estimated time left and the point. The estimate is
+    the mean wall time per point run so far (points finished / elapsed, so it reflects the
+    parallelism) times the points left."""
 
     def __init__(self, total, stream, quiet=False):
         self.total, self.done, self.errors = total, 0, 0
+        self.ran = 0                          # points run (not found stored) so far
         self.stream, self.quiet = stream, quiet
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
 
+    def eta(self):
+        left = self.total - self.done
+        if left == 0:
+            return "done"
+        if self.ran == 0:
+            return "eta ?"
+        return "eta " + format_duration((time.monotonic() - self.t0) / self.ran * left)
+
     def finished(self, rec, label, stored=False):
         with self.lock:
             self.done += 1
+            self.ran += not stored
             self.errors += rec["status"] != "ok"
             if self.quiet:
                 return
@@ -31,10 +43,20 @@ class Progress:
             bar = "#" * filled + "." * (width - filled)
             what = "stored" if stored else f"{rec.get('wall_s', 0.0):6.1f} s"
             status = rec["status"] if rec["status"] == "ok" else "ERROR"
-            line = f"[{bar}] {self.done:>{len(str(self.total))}}/{self.total} {status:5} {what:>8}  {label}"
+            line = (f"[{bar}] {self.done:>{len(str(self.total))}}/{self.total} {status:5} "
+                    f"{what:>8} {self.eta():>11}  {label}")
             if rec["status"] != "ok":
                 line += f"\n    {rec.get('reason', '')}"
             print(line, file=self.stream, flush=True)
+
+
+def format_duration(s):
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def cpu_count():
@@ -56,9 +78,7 @@ def parse_args(argv):
         description="Run every (chip config x workload) point of a grid file and write sweep.csv, "
                     "plots/*.png, pareto.csv and pareto.png (docs/sweep.md).")
     ap.add_argument("grid", help="the grid file (YAML)")
-    ap.add_argument("--out", help="output folder (default: <grid name>_sweep in the current folder)")
-    ap.add_argument("--jobs", type=int, default=cpu_count(),
-                    help="points run in parallel (default: the CPU count)")
+    add_run_args(ap, "<grid name>_sweep")
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                     help="skip points whose result is stored in OUT/points (default); "
                          "--no-resume reruns them")
@@ -67,11 +87,24 @@ def parse_args(argv):
                          "what made them fail); configs the loader rejects are not retried")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the grid and list the points (stored or to run); run nothing")
+    return ap.parse_args(argv)
+
+
+def add_run_args(ap, default_out):
+    """Options of sweep and explore: output folder, executor (local jobs or Ray), binary, plots."""
+    ap.add_argument("--out", help=f"output folder (default: {default_out} in the current folder)")
+    ap.add_argument("--jobs", type=int, default=cpu_count(),
+                    help="points run in parallel on this host, also the CPUs of a local Ray "
+                         "instance (default: the CPU count)")
     ap.add_argument("--npusim", default=default_npusim(),
                     help="the npusim binary (default: $NPUSIM, else build/npusim)")
     ap.add_argument("--no-plots", action="store_true", help="write the CSV files only")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    return ap.parse_args(argv)
+    ap.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                    help="run the points as Ray tasks: on a local Ray instance started for the "
+                         "run, or on the cluster at ADDRESS (host:port of `ray start --head`)")
+    ap.add_argument("--ray-node-ip", default="127.0.0.1",
+                    help="the IP this driver (and a local instance) binds to (default 127.0.0.1)")
 
 
 def point_label(conf, grid, w):
@@ -123,7 +156,8 @@ def main(argv=None):
     bad = sum(not c.ok for _, c in configs)
     print(f"sweep {grid.path}: {len(configs)} config(s) x {len(grid.workloads)} workload(s) = "
           f"{len(points)} point(s); {len(points) - len(todo)} stored, {len(todo)} to run"
-          f"{f'; {bad} config(s) rejected' if bad else ''}; jobs {a.jobs}; out {out_dir}",
+          f"{f'; {bad} config(s) rejected' if bad else ''}; "
+          f"{'ray ' + a.ray if a.ray else f'jobs {a.jobs}'}; out {out_dir}",
           file=out, flush=True)
     if a.dry_run:
         for i, j, key in points:
@@ -140,18 +174,22 @@ def main(argv=None):
             progress.finished(records[(i, j)], point_label(configs[i][1], grid, grid.workloads[j]),
                               stored=True)
 
-    def work(item):
-        i, j, key = item
-        rec = runner.run_point(ctx, configs[i][1], grid.workloads[j], key)
-        runner.store_point(ctx, rec)
-        return i, j, rec
-
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [pool.submit(work, t) for t in todo]
-        for f in as_completed(futures):
-            i, j, rec = f.result()
+    try:
+        ex = executor.make_executor(a.ray, a.jobs, a.ray_node_ip,
+                                    lambda m: print(m, file=out, flush=True)) if todo else None
+    except Exception as e:  # noqa: BLE001 - Ray not installed, cluster unreachable, ...
+        print(f"npusim sweep: error: --ray: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    progress.t0 = time.monotonic()
+    try:
+        jobs = [((i, j), ctx, configs[i][1], grid.workloads[j], key) for i, j, key in todo]
+        for (i, j), rec in (ex.run(jobs) if ex else []):
+            runner.store_point(ctx, rec)  # at once: a killed driver resumes from here
             records[(i, j)] = rec
             progress.finished(rec, point_label(configs[i][1], grid, grid.workloads[j]))
+    finally:
+        if ex:
+            ex.close()
 
     rows = report.write_sweep_csv(out_dir, grid, configs, records)
     report.write_wall_times(out_dir, grid, configs, records)

@@ -9,6 +9,10 @@ A grid file (YAML) has these top-level keys (docs/sweep.md):
   workloads:   list of {op: ...} | {kernel: ...} | {model: ...} (WORKLOAD_KEYS)
   timing_only: run op/kernel workloads in timing-only mode (default true; same cycles)
   timeout_s:   per-point time limit in seconds (default 1800)
+  derived:     {dotted.key: "expression"}: keys computed from the swept and fixed keys at every
+               point (sweep.expr), e.g. cores.aiv.count: "2 * cores.aic.count"
+  resources:   {cpus: N, memory: SIZE}: what each point requests from Ray (--ray); a workload's
+               own `resources` overrides it
   description: free text
 Errors (GridError) name the file and the key.
 """
@@ -18,17 +22,21 @@ import re
 
 import yaml
 
-TOP_KEYS = ("chip", "fixed", "grid", "zip", "workloads", "timing_only", "timeout_s", "description")
+from sweep.expr import Expr, ExprError, number_text
+
+COMMON_KEYS = ("chip", "fixed", "derived", "workloads", "timing_only", "timeout_s", "resources",
+               "description")
+TOP_KEYS = COMMON_KEYS[:2] + ("grid", "zip") + COMMON_KEYS[2:]
 
 # Per workload kind: the keys it may have (the kind's own key first).
 WORKLOAD_KEYS = {
     # a TF op compiled and run by `npusim op`: inputs DTYPE:SHAPE, attrs {name: value}
-    "op": ("op", "name", "inputs", "attrs", "precision"),
+    "op": ("op", "name", "inputs", "attrs", "precision", "resources"),
     # a hand-written kernel run by `npusim run`: inputs {arg: DTYPE:SHAPE} (random .npy files),
     # outputs {arg: "" | DTYPE:SHAPE}, args {arg: integer}, blocks (block_dim)
-    "kernel": ("kernel", "name", "inputs", "outputs", "args", "blocks"),
+    "kernel": ("kernel", "name", "inputs", "outputs", "args", "blocks", "resources"),
     # a model run by `python -m models.run`
-    "model": ("model", "name", "mode", "batch", "steps", "input_size", "precision"),
+    "model": ("model", "name", "mode", "batch", "steps", "input_size", "precision", "resources"),
 }
 
 
@@ -63,31 +71,60 @@ class Grid:
     """A checked grid file. `axes` is a list of (names, values): one name for a grid key, several
     for a zip group, with one tuple of values per step."""
 
-    def __init__(self, path, chip, chip_path, fixed, axes, workloads, timing_only, timeout_s):
+    def __init__(self, path, common, axes):
         self.path = path
-        self.chip = chip                # as given (preset name or path)
-        self.chip_path = chip_path      # the argument for --chip (a path resolved against the file)
-        self.fixed = fixed              # [(key, text)]
-        self.axes = axes                # [([key...], [(text...), ...])]
-        self.workloads = workloads      # [dict], each with "kind" and "name"
-        self.timing_only = timing_only
-        self.timeout_s = timeout_s
+        self.chip = common["chip"]            # as given (preset name or path)
+        self.chip_path = common["chip_path"]  # the argument for --chip (resolved against the file)
+        self.fixed = common["fixed"]          # [(key, text)]
+        self.derived = common["derived"]      # [(key, Expr)], evaluated in this order
+        self.workloads = common["workloads"]  # [dict], each with "kind", "name", "resources"
+        self.timing_only = common["timing_only"]
+        self.timeout_s = common["timeout_s"]
+        self.axes = axes                      # [([key...], [(text...), ...])]
 
     @property
     def params(self):
-        """The swept keys, in axis order (the CSV's parameter columns)."""
+        """The swept keys, in axis order (the parameter columns, the plots' x axes)."""
         return [k for names, _ in self.axes for k in names]
 
+    @property
+    def columns(self):
+        """The CSV's parameter columns: the swept keys, then the derived ones."""
+        return self.params + [k for k, _ in self.derived]
+
     def configs(self):
-        """Every config of the product, in grid order: a list of (index tuple, [(key, text)])."""
+        """Every config of the product, in grid order: a list of (index tuple, [(key, text)]),
+        the swept values followed by the derived ones."""
         out = []
         ranges = [range(len(values)) for _, values in self.axes]
         for idx in itertools.product(*ranges):
             sets = []
             for (names, values), i in zip(self.axes, idx):
                 sets.extend(zip(names, values[i]))
-            out.append((idx, sets))
+            out.append((idx, sets + derive(self.path, self.derived, self.fixed + sets)))
         return out
+
+
+def derive(path, derived, sets):
+    """The derived keys' values at a point given by `sets` ([(key, text)]): [(key, text)].
+    Raises GridError naming the file, the key and the point's values it read."""
+    values = dict(sets)
+    out = []
+    for key, ex in derived:
+        nums = {}
+        for r in ex.refs:
+            n = numeric_value(values[r])
+            if n is None:
+                raise _err(path, f"derived.{key}", f"'{r}' = {values[r]!r} is not a number")
+            nums[r] = int(n) if n.is_integer() else n
+        try:
+            text = number_text(ex.evaluate(nums))
+        except ExprError as e:
+            at = ", ".join(f"{r}={values[r]}" for r in ex.refs)
+            raise _err(path, f"derived.{key}", f"{e} (at {at})" if at else str(e)) from None
+        values[key] = text
+        out.append((key, text))
+    return out
 
 
 def _err(path, key, what):
@@ -170,8 +207,8 @@ def _workload(path, i, w):
     return out
 
 
-def load_grid(path):
-    """Reads and checks a grid file; raises GridError naming the file and key."""
+def read_file(path, allowed):
+    """The YAML mapping of a grid or space file; raises GridError (file, line, key)."""
     try:
         with open(path) as f:
             text = f.read()
@@ -183,14 +220,58 @@ def load_grid(path):
         m = e.problem_mark
         where = f":{m.line + 1}:{m.column + 1}" if m else ""
         raise GridError(f"{path}{where}: YAML error: {e.problem or e}")
-    except yaml.YAMLError as e:
-        raise GridError(f"{path}: YAML error: {e}")
     if not isinstance(doc, dict):
-        raise GridError(f"{path}: expected a mapping with keys {', '.join(TOP_KEYS)}")
+        raise GridError(f"{path}: expected a mapping with keys {', '.join(allowed)}")
     for k in doc:
-        if k not in TOP_KEYS:
-            raise _err(path, k, f"unknown top-level key (allowed: {', '.join(TOP_KEYS)})")
+        if k not in allowed:
+            raise _err(path, k, f"unknown top-level key (allowed: {', '.join(allowed)})")
+    return doc
 
+
+def _resources(path, where, v, default):
+    """A `resources` mapping {cpus, memory} -> {"cpus": float, "memory": bytes}."""
+    if v is None:
+        return dict(default)
+    if not isinstance(v, dict):
+        raise _err(path, where, "expected a mapping {cpus: N, memory: SIZE}")
+    out = dict(default)
+    for k, x in v.items():
+        if k == "cpus":
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0:
+                raise _err(path, f"{where}.cpus", f"expected a positive number, got {x!r}")
+            out["cpus"] = float(x)
+        elif k == "memory":
+            n = numeric_value(x)
+            if n is None or n < 0:
+                raise _err(path, f"{where}.memory", f"expected a size like '4 GiB', got {x!r}")
+            out["memory"] = int(n)
+        else:
+            raise _err(path, f"{where}.{k}", "unknown resource (allowed: cpus, memory)")
+    return out
+
+
+def parse_derived(path, doc, known):
+    """`derived:` -> [(key, Expr)]; each may read `known` keys and the derived keys before it."""
+    derived = doc.get("derived") or {}
+    if not isinstance(derived, dict):
+        raise _err(path, "derived", "expected a mapping dotted.key: \"expression\"")
+    known, out = set(known), []
+    for k, text in derived.items():
+        _check_key(path, f"derived.{k}", k)
+        if k in known:
+            raise _err(path, f"derived.{k}", f"'{k}' is also swept, fixed or derived")
+        if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+            raise _err(path, f"derived.{k}", "expected an expression (text or a number)")
+        try:
+            out.append((k, Expr(text, known)))
+        except ExprError as e:
+            raise _err(path, f"derived.{k}", str(e)) from None
+        known.add(k)
+    return out
+
+
+def parse_common(path, doc, swept):
+    """The keys grid and space files share (COMMON_KEYS); `swept`: the keys the file varies."""
     chip = str(doc.get("chip", "910b"))
     chip_path = chip
     if "/" in chip or chip.endswith((".yaml", ".yml")):
@@ -204,8 +285,40 @@ def load_grid(path):
         raise _err(path, "fixed", "expected a mapping dotted.key: value")
     for k in fixed:
         _check_key(path, f"fixed.{k}", k)
+        if k in swept:
+            raise _err(path, f"fixed.{k}", "is also swept")
     fixed = [(k, value_text(v)) for k, v in fixed.items()]
+    derived = parse_derived(path, doc, list(swept) + [k for k, _ in fixed])
 
+    default_res = _resources(path, "resources", doc.get("resources"), {"cpus": 1.0, "memory": 0})
+    workloads = doc.get("workloads")
+    if not isinstance(workloads, list) or not workloads:
+        raise _err(path, "workloads", "expected a non-empty list of workloads "
+                   "({op: ...}, {kernel: ...} or {model: ...})")
+    wl = []
+    for i, w in enumerate(workloads):
+        one = _workload(path, i, w)
+        one["resources"] = _resources(path, f"workloads[{i}].resources", w.get("resources"),
+                                      default_res)
+        wl.append(one)
+    names = [w["name"] for w in wl]
+    for n in names:
+        if names.count(n) > 1:
+            raise _err(path, "workloads", f"two workloads are named '{n}' (give each a distinct name)")
+
+    timing_only = doc.get("timing_only", True)
+    if not isinstance(timing_only, bool):
+        raise _err(path, "timing_only", "expected true or false")
+    timeout_s = doc.get("timeout_s", 1800)
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise _err(path, "timeout_s", "expected a positive number of seconds")
+    return {"chip": chip, "chip_path": chip_path, "fixed": fixed, "derived": derived,
+            "workloads": wl, "timing_only": timing_only, "timeout_s": float(timeout_s)}
+
+
+def load_grid(path):
+    """Reads and checks a grid file; raises GridError naming the file and key."""
+    doc = read_file(path, TOP_KEYS)
     axes, seen = [], set()
 
     def claim(where, key):
@@ -238,24 +351,6 @@ def load_grid(path):
     if not axes:
         raise _err(path, "grid", "empty grid: give at least one key with a list of values "
                    "under grid or zip")
-    fixed_keys = {k for k, _ in fixed}
-    for k in sorted(fixed_keys & seen):
-        raise _err(path, f"fixed.{k}", "is also swept")
-
-    workloads = doc.get("workloads")
-    if not isinstance(workloads, list) or not workloads:
-        raise _err(path, "workloads", "expected a non-empty list of workloads "
-                   "({op: ...}, {kernel: ...} or {model: ...})")
-    wl = [_workload(path, i, w) for i, w in enumerate(workloads)]
-    names = [w["name"] for w in wl]
-    for n in names:
-        if names.count(n) > 1:
-            raise _err(path, "workloads", f"two workloads are named '{n}' (give each a distinct name)")
-
-    timing_only = doc.get("timing_only", True)
-    if not isinstance(timing_only, bool):
-        raise _err(path, "timing_only", "expected true or false")
-    timeout_s = doc.get("timeout_s", 1800)
-    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise _err(path, "timeout_s", "expected a positive number of seconds")
-    return Grid(path, chip, chip_path, fixed, axes, wl, timing_only, float(timeout_s))
+    g = Grid(path, parse_common(path, doc, seen), axes)
+    g.configs()  # evaluates the derived keys at every point: their errors stop the sweep here
+    return g

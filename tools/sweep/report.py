@@ -8,6 +8,7 @@ import math
 import os
 import re
 
+from sweep.cost import point_power
 from sweep.grid import numeric_value
 from sweep.runner import HWM_BUFFERS
 
@@ -24,8 +25,16 @@ METRIC_COLUMNS = [
     ("kernels", None),
 ] + [(f"hwm_{b}_bytes", None) for b in HWM_BUFFERS] + [
     ("area_mm2", "{:.3f}"),
+    ("die_mm2", "{:.3f}"),
+    ("hbm_gen", None),
+    ("hbm_stacks", None),
+    ("cost_usd", "{:.2f}"),
+    ("energy_uj", "{:.4f}"),
+    ("power_w", "{:.3f}"),
     ("loss", "{:.6g}"),
 ]
+# Columns of the config (not of the run): filled in error rows too.
+CONFIG_COLUMNS = ("area_mm2", "die_mm2", "hbm_gen", "hbm_stacks", "cost_usd")
 
 # Metrics plotted against each parameter (label, unit).
 PLOT_METRICS = {
@@ -37,6 +46,9 @@ PLOT_METRICS = {
     "hbm_bytes": "HBM bytes",
     "gm_bytes": "GM bytes",
     "area_mm2": "area proxy (mm^2)",
+    "cost_usd": "cost proxy (USD)",
+    "energy_uj": "energy (uJ)",
+    "power_w": "average power (W)",
     **{f"hwm_{b}_bytes": f"{b.upper()} high-water mark (bytes)" for b in HWM_BUFFERS},
 }
 
@@ -53,7 +65,7 @@ def rows_of(grid, configs, records):
     """CSV rows in grid order: workloads in file order, then configs in product order.
     `configs` is [(index tuple, ResolvedConfig)], records maps (config i, workload j) -> record."""
     rows = []
-    params = grid.params
+    params = grid.columns
     for j, w in enumerate(grid.workloads):
         for i, (_, conf) in enumerate(configs):
             rec = records[(i, j)]
@@ -62,11 +74,13 @@ def rows_of(grid, configs, records):
             row.update({"workload": w["name"], "kind": w["kind"], "status": rec["status"],
                         "reason": rec.get("reason", "")})
             m = dict(rec.get("metrics") or {})
-            area = conf.area()
-            if area is not None:
-                m["area_mm2"] = sum(area.values())
+            cost = conf.cost()
+            if cost is not None:
+                m.update(cost)
+                if m.get("activity") is not None and m.get("sim_time_us"):
+                    m["energy_uj"], m["power_w"] = point_power(cost, m["activity"], m["sim_time_us"])
             for col, fmt in METRIC_COLUMNS:
-                row[col] = cell(m.get(col), fmt) if rec["status"] == "ok" or col == "area_mm2" else ""
+                row[col] = cell(m.get(col), fmt) if rec["status"] == "ok" or col in CONFIG_COLUMNS else ""
             rows.append(row)
     return rows
 
@@ -82,20 +96,20 @@ def write_csv(path, header, rows):
 
 
 def write_sweep_csv(out_dir, grid, configs, records):
-    header = grid.params + ["workload", "kind", "status", "reason"] + [c for c, _ in METRIC_COLUMNS]
+    header = grid.columns + ["workload", "kind", "status", "reason"] + [c for c, _ in METRIC_COLUMNS]
     rows = rows_of(grid, configs, records)
     write_csv(os.path.join(out_dir, "sweep.csv"), header, rows)
     return rows
 
 
 def write_wall_times(out_dir, grid, configs, records):
-    header = grid.params + ["workload", "status", "wall_s", "point"]
+    header = grid.columns + ["workload", "status", "wall_s", "point"]
     rows = []
     for j, w in enumerate(grid.workloads):
         for i, (_, conf) in enumerate(configs):
             rec = records[(i, j)]
             swept = dict(conf.sets)
-            row = {p: swept.get(p, "") for p in grid.params}
+            row = {p: swept.get(p, "") for p in grid.columns}
             row.update({"workload": w["name"], "status": rec["status"],
                         "wall_s": f"{rec.get('wall_s', 0.0):.2f}", "point": rec["key"]})
             rows.append(row)
@@ -119,14 +133,24 @@ def pareto_table(grid, configs, records):
         if not conf.ok or not counted or not all(ok(i, j) for j in counted):
             continue
         times = [records[(i, j)]["metrics"]["sim_time_us"] for j in counted]
-        table.append({"config": conf, "area": sum(conf.area().values()), "time": sum(times),
-                      "times": times})
+        cost = conf.cost()
+        energies = [point_power(cost, records[(i, j)]["metrics"].get("activity"), t)[0]
+                    if records[(i, j)]["metrics"].get("activity") is not None else None
+                    for j, t in zip(counted, times)]
+        table.append({"config": conf, "area": cost["area_mm2"], "cost": cost["cost_usd"],
+                      "time": sum(times), "times": times,
+                      "energy": None if None in energies else sum(energies)})
     for t in table:
-        t["front"] = not any(
-            o is not t and o["area"] <= t["area"] and o["time"] <= t["time"]
-            and (o["area"] < t["area"] or o["time"] < t["time"]) for o in table)
+        t["front"] = not dominated(table, t, "area")
+        t["front_cost"] = not dominated(table, t, "cost")
     table.sort(key=lambda t: (t["area"], t["time"]))
     return table, counted
+
+
+def dominated(table, t, cost_key):
+    """Whether another row is at most as costly (`cost_key`) and at most as slow, better in one."""
+    return any(o is not t and o[cost_key] <= t[cost_key] and o["time"] <= t["time"]
+               and (o[cost_key] < t[cost_key] or o["time"] < t["time"]) for o in table)
 
 
 def config_label(grid, conf):
@@ -136,13 +160,16 @@ def config_label(grid, conf):
 
 def write_pareto_csv(out_dir, grid, table, counted):
     names = [grid.workloads[j]["name"] for j in counted]
-    header = grid.params + ["area_mm2", "total_sim_time_us"] + [
-        f"sim_time_us[{n}]" for n in names] + ["pareto"]
+    header = grid.columns + ["area_mm2", "cost_usd", "total_sim_time_us", "total_energy_uj"] + [
+        f"sim_time_us[{n}]" for n in names] + ["pareto", "pareto_cost"]
     rows = []
     for t in table:
         swept = dict(t["config"].sets)
-        row = {p: swept.get(p, "") for p in grid.params}
+        row = {p: swept.get(p, "") for p in grid.columns}
         row["area_mm2"] = f"{t['area']:.3f}"
+        row["cost_usd"] = f"{t['cost']:.2f}"
+        row["total_energy_uj"] = "" if t["energy"] is None else f"{t['energy']:.4f}"
+        row["pareto_cost"] = "yes" if t["front_cost"] else "no"
         row["total_sim_time_us"] = f"{t['time']:.3f}"
         for n, v in zip(names, t["times"]):
             row[f"sim_time_us[{n}]"] = f"{v:.3f}"

@@ -19,6 +19,7 @@ import numpy as np
 import yaml
 
 from sweep.area import area_breakdown
+from sweep.cost import config_cost
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -63,6 +64,10 @@ class ResolvedConfig:
     def area(self):
         return area_breakdown(self.cfg) if self.ok else None
 
+    def cost(self):
+        """sweep.cost.config_cost: area, die area, HBM plan, cost (None if rejected)."""
+        return config_cost(self.cfg) if self.ok else None
+
 
 def set_args(sets):
     out = []
@@ -86,9 +91,9 @@ class Context:
     def __init__(self, grid, npusim, out_dir):
         self.grid = grid
         self.npusim = npusim
-        self.out_dir = out_dir
-        self.points_dir = os.path.join(out_dir, "points")
-        self.inputs_dir = os.path.join(out_dir, "inputs")
+        self.out_dir = os.path.abspath(out_dir)  # absolute: points may run on other nodes
+        self.points_dir = os.path.join(self.out_dir, "points")
+        self.inputs_dir = os.path.join(self.out_dir, "inputs")
         self.binary_id = file_sha256(npusim)
 
 
@@ -97,7 +102,8 @@ def point_key(ctx, conf, workload):
         "chip": ctx.grid.chip,
         "overrides": conf.sets,
         "resolved": conf.text,
-        "workload": workload,
+        # Resource requests say where a point runs, not what it computes.
+        "workload": {k: v for k, v in workload.items() if k != "resources"},
         "timing_only": ctx.grid.timing_only,
         "npusim": ctx.binary_id,
     }
@@ -211,6 +217,8 @@ def metrics_of(kind, r, conf):
     m["vector_util_pct"] = r.get("vector_utilization_pct")
     if m["cube_util_pct"] is not None and conf.ok:
         m["achieved_tflops"] = m["cube_util_pct"] / 100.0 * peak_tflops(conf.cfg)
+    if r.get("activity") is not None:
+        m["activity"] = r["activity"]
     hwm = r.get("buffer_high_water_bytes") or {}
     for b in HWM_BUFFERS:
         if b in hwm:
@@ -218,10 +226,15 @@ def metrics_of(kind, r, conf):
     return m
 
 
+def error_record(conf, w, key, reason=""):
+    """The record of a point that did not run (yet): status error with `reason`."""
+    return {"key": key, "config": conf.sets, "workload": w, "status": "error", "reason": reason,
+            "metrics": {}, "wall_s": 0.0}
+
+
 def run_point(ctx, conf, w, key):
     """Runs one point and returns its result record (also for bad configs and failures)."""
-    rec = {"key": key, "config": conf.sets, "workload": w, "status": "error", "reason": "",
-           "metrics": {}, "wall_s": 0.0}
+    rec = error_record(conf, w, key)
     if not conf.ok:
         rec["reason"] = f"config: {conf.text}"
         return rec
