@@ -33,6 +33,11 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
       m_total_cycles(counters.add(std::string(basename()) + ".total_cycles", "cycles",
                                   "cycles spent running kernels (launch to last block done)",
                                   kPsPerCycle)),
+      m_task_overhead_cycles(counters.add(
+          std::string(basename()) + ".task_overhead_cycles", "cycles",
+          "task overheads in the launches' durations: dispatch, the block starts of the worker "
+          "that ended last, completion (docs/chip_model.md)",
+          kPsPerCycle)),
       m_launches(counters.add(std::string(basename()) + ".launches", "launches",
                               "kernel launches run")),
       m_failed_launches(counters.add(std::string(basename()) + ".failed_launches", "launches",
@@ -186,7 +191,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_memory->begin_launch(record);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
-  m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()));
+  m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
+                    cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
+                    cycles_to_time(m_cfg.task_block_start_cycles));
 }
 
 Chip::Outcome Chip::outcome() const {
@@ -261,7 +268,15 @@ void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
 
 void Chip::block_done(AiCore& core) {
   if (m_scheduler.core_done(core)) m_worker_freed.notify(sc_core::SC_ZERO_TIME);
-  if (m_scheduler.all_done()) m_end = sc_time_stamp();
+  if (!m_scheduler.all_done()) return;
+  // The launch ends once its completion is reported; the worker of this core ended last, so
+  // its blocks' starts lie on the path from the launch's begin to its end.
+  const uint64_t done = m_cfg.task_done_cycles();
+  m_end = sc_time_stamp() + cycles_to_time(static_cast<double>(done));
+  m_task_done.notify(cycles_to_time(static_cast<double>(done)));
+  const uint64_t starts = static_cast<uint64_t>(m_scheduler.worker_of(core)->blocks_run) *
+                          static_cast<uint64_t>(m_cfg.task_block_start_cycles);
+  m_task_overhead_cycles.add((m_cfg.task_dispatch_cycles() + starts + done) * kPsPerCycle);
 }
 
 void Chip::post(AiCore& from, Lane lane, AiCore& to, int id) {

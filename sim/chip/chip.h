@@ -104,6 +104,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::unique_ptr<HdcLink> m_hdc;
   TaskScheduler m_scheduler;
   sc_core::sc_event m_worker_freed;
+  sc_core::sc_event m_task_done;  // the launch's completion overhead has passed
 
   // The launch in progress.
   LaunchInfo m_launch;
@@ -118,6 +119,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   uint64_t m_flow_ids = 0;
 
   Counter& m_total_cycles;
+  Counter& m_task_overhead_cycles;
   Counter& m_launches;
   Counter& m_failed_launches;
 };
