@@ -93,6 +93,10 @@ struct SideMetrics {
 
 struct OpMetrics {
   double start_us = 0, duration_us = 0, wait_us = 0;
+  // The task overheads in the duration (counter chip.task_overhead_cycles: dispatch, block
+  // starts of the worker that ended last, completion; docs/chip_model.md "Task overheads").
+  uint64_t task_overhead_cycles = 0;
+  double task_overhead_us = 0;
   SideMetrics aic, aiv;
   uint64_t macs = 0;            // cube MACs (fp16 equivalents)
   uint64_t vector_repeats = 0;
