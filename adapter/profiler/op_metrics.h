@@ -40,6 +40,8 @@ struct OpRecord {
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration
   uint64_t wait_cycles = 0;  // gap since the previous op on the timeline ended (set_wait_cycles)
+  // Host dispatch of the op paid just before the launch (rt::LaunchRecord), inside wait_cycles.
+  uint64_t host_dispatch_cycles = 0;
   int block_dim = 0;
   int mix_block_dim = 0;     // blocks of the mix partner (vector) cores; 0 unless MIX_AIC
   std::vector<TensorDesc> inputs, outputs;

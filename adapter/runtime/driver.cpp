@@ -280,8 +280,12 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
 uint64_t Driver::take_host_dispatch(const DeviceOp& op) {
   const LaunchLabel* label = op.label.get();
   if (!label || label->host_dispatch == LaunchLabel::HostDispatch::none) return 0;
-  if (label->dispatch != 0 && label->dispatch == m_charged_dispatch) return 0;
-  m_charged_dispatch = label->dispatch;
+  if (label->dispatch != 0) {
+    auto& paid = m_charged_dispatches;
+    if (std::find(paid.begin(), paid.end(), label->dispatch) != paid.end()) return 0;
+    paid.push_back(label->dispatch);
+    if (paid.size() > kRecentDispatches) paid.pop_front();
+  }
   return m_cfg->us_to_cycles(label->host_dispatch == LaunchLabel::HostDispatch::graph
                                  ? m_cfg->host_graph_dispatch_us
                                  : m_cfg->host_op_dispatch_us);

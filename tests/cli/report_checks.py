@@ -47,7 +47,7 @@ MSPROF_COLUMNS = {
 }
 NPUSIM_COLUMNS = {
     "task_start_cycles": INT, "task_duration_cycles": INT, "task_wait_cycles": INT,
-    "task_overhead(us)": FLOAT, "task_overhead_cycles": INT,
+    "task_overhead(us)": FLOAT, "task_overhead_cycles": INT, "host_dispatch_cycles": INT,
     "cube_macs": INT, "vector_repeats": INT, "roofline_bound(us)": FLOAT,
     "duration/bound": OPT_FLOAT, "gm_read_bytes": INT, "gm_write_bytes": INT,
     "hbm_read_bytes": INT, "hbm_write_bytes": INT, "l2_hit_rate": OPT_FLOAT,

@@ -58,6 +58,8 @@ TEST_CASE("host dispatch: eager ops and graph runs pay it once per dispatch, bef
       {label(8, HostDispatch::none), 0},
       {nullptr, 0},  // unlabelled (raw runtime use)
       {label(9, HostDispatch::eager_op), op},
+      {label(10, HostDispatch::eager_op), op},  // another op's launch in between (streams
+      {label(9, HostDispatch::eager_op), 0},    // interleave): op 9 has paid already
   };
   for (const auto& [l, paid] : launches)
     REQUIRE(dev->launch_kernel(s, vadd, {dx, dx, dz, n}, 1, l).ok());
