@@ -58,6 +58,9 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
   SC_METHOD(dispatch_blocks);
   sensitive << m_worker_freed;
   dont_initialize();
+  SC_METHOD(start_blocks);
+  sensitive << m_block_start_due;
+  dont_initialize();
 }
 
 void Chip::add_observer(ChipObserver* observer) {
@@ -72,7 +75,21 @@ void Chip::remove_observer(ChipObserver* observer) {
 }
 
 void Chip::dispatch_blocks() {
-  if (!m_abort.active()) m_scheduler.dispatch_free();
+  if (m_abort.active()) return;
+  m_scheduler.dispatch_free();
+  schedule_starts();
+}
+
+void Chip::start_blocks() {
+  if (m_abort.active()) return;
+  m_scheduler.start_due();
+  schedule_starts();
+}
+
+void Chip::schedule_starts() {
+  // An earlier pending notification stays (sc_event keeps the earliest); starts are handed
+  // out in time order, so the earliest is the queue's front.
+  if (auto t = m_scheduler.next_start()) m_block_start_due.notify(*t - sc_time_stamp());
 }
 
 void Chip::stop_at_time_limit() {
@@ -194,6 +211,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
+  schedule_starts();
 }
 
 Chip::Outcome Chip::outcome() const {
@@ -234,6 +252,7 @@ void Chip::end_launch(bool ok) {
   detach_recordings();
   m_memory->abort_transfers();
   m_scheduler.clear();
+  m_block_start_due.cancel();
   m_cc_arrivals.clear();
   m_abort.clear();
 }

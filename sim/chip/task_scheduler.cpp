@@ -22,7 +22,24 @@ void TaskScheduler::dispatch(Worker& w, const sc_core::sc_time& delay) {
   w.block = m_next++;
   ++w.blocks_run;
   w.pending = static_cast<int>(w.members.size());
-  for (const Member& m : w.members) m.core->assign_block(*m.run, w.block, m.subblock, delay);
+  if (delay == sc_core::SC_ZERO_TIME) assign(w);
+  else m_starts.emplace_back(sc_core::sc_time_stamp() + delay, &w);
+}
+
+void TaskScheduler::assign(const Worker& w) {
+  for (const Member& m : w.members) m.core->assign_block(*m.run, w.block, m.subblock);
+}
+
+void TaskScheduler::start_due() {
+  while (!m_starts.empty() && m_starts.front().first <= sc_core::sc_time_stamp()) {
+    assign(*m_starts.front().second);
+    m_starts.pop_front();
+  }
+}
+
+std::optional<sc_core::sc_time> TaskScheduler::next_start() const {
+  if (m_starts.empty()) return std::nullopt;
+  return m_starts.front().first;
 }
 
 bool TaskScheduler::core_done(AiCore& core) {
@@ -51,6 +68,7 @@ const TaskScheduler::Worker* TaskScheduler::worker_of(const AiCore& core) const 
 void TaskScheduler::clear() {
   m_workers.clear();
   m_worker_of_core.clear();
+  m_starts.clear();
   m_next = m_done = m_block_dim = 0;
 }
 

@@ -183,15 +183,14 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
 
 AiCore::~AiCore() = default;
 
-void AiCore::assign_block(const SectionRun& run, int block, int subblock,
-                          const sc_time& delay) {
+void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_run = &run;
   m_block = block;
   m_subblock = subblock;
   m_assigned_blocks.push_back({&run, block, subblock});
   m_assigned = true;
   m_touched = true;
-  m_assign_event.notify(delay);
+  m_assign_event.notify(SC_ZERO_TIME);
 }
 
 void AiCore::reset() {
@@ -209,7 +208,6 @@ void AiCore::reset() {
   clear_flags();
   for (auto& f : m_cross_core) f.flows.clear();
   m_assigned = m_running = false;
-  m_assign_event.cancel();  // a block of an aborted launch that had not started yet
   m_assigned_blocks.clear();
   m_scalar_blocked = {};
   m_local_time = SC_ZERO_TIME;

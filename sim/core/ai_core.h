@@ -59,11 +59,8 @@ class AiCore : public sc_core::sc_module {
   // the chip attaches one while a launch is being recorded. Zero time.
   void attach_recorder(CoreRecorder* recorder) { m_recorder = recorder; }
 
-  // Starts `run` as block `block` (subblock `subblock`) after `delay` (the task overheads
-  // before the block's first instruction, sim/chip/task_scheduler.h). The core must be idle.
-  // Zero time.
-  void assign_block(const SectionRun& run, int block, int subblock,
-                    const sc_core::sc_time& delay);
+  // Starts `run` as block `block` (subblock `subblock`) now. The core must be idle. Zero time.
+  void assign_block(const SectionRun& run, int block, int subblock);
   bool idle() const { return !m_assigned && !m_running; }
 
   // Between launches, with every process idle: raises the buffer high-water counters to this
