@@ -105,7 +105,8 @@ struct LaunchRecord {
   CounterDelta counter_delta;
   nlohmann::json counters() const { return counter_delta.tree(); }
   // The simulator's own clock at the start: start_cycle minus the d2d/memset and host-dispatch
-  // time the runtime models itself (device.h, "Simulated time"). ChipObservers see this clock (in ps).
+  // time the runtime models itself (device.h, "Simulated time"). ChipObservers see this clock
+  // (in ps).
   uint64_t sim_start_cycle = 0;
   std::shared_ptr<const isa::Program> program;  // the program launched
   std::shared_ptr<const LaunchLabel> label;      // null unless the launcher gave one

@@ -1,8 +1,8 @@
 // Cycle-exact timing of single instructions and small sequences, each expectation derived from
-// the chip config (a launch's cycles are the task overheads, sim_test_util.h task_overhead(),
-// plus its cores' busy time) (tiny preset at a 1000 MHz clock so GB/s = bytes/cycle, with HBM slowed to
-// 48 B/cycle so that two cores saturate it): GM copies alone, from L2, two cores sharing HBM,
-// double buffering, issue-queue stalls, HDC copies and time across launches.
+// the chip config (tiny preset at a 1000 MHz clock so GB/s = bytes/cycle, with HBM slowed to
+// 48 B/cycle so that two cores saturate it; a launch's cycles are the task overheads,
+// sim_test_util.h task_overhead(), plus its cores' busy time): GM copies alone, from L2, two
+// cores sharing HBM, double buffering, issue-queue stalls, HDC copies and time across launches.
 #include <catch2/catch.hpp>
 
 #include <cmath>
