@@ -98,6 +98,8 @@ OpMetrics compute_op_metrics(const OpRecord& op, const ChipConfig& cfg) {
   m.duration_us = cfg.cycles_to_us(static_cast<double>(op.cycles));
   m.wait_us = cfg.cycles_to_us(static_cast<double>(op.wait_cycles));
   const LaunchCounters lc = read_launch_counters(op.counters);
+  m.task_overhead_cycles = lc.chip_value("task_overhead_cycles");
+  m.task_overhead_us = cfg.cycles_to_us(static_cast<double>(m.task_overhead_cycles));
 
   // Cube side: aic cores, or the coupled chip's aicore cores; vector side: aiv or aicore.
   std::vector<const CoreCounters*> cube_cores, vector_cores;

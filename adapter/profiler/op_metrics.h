@@ -40,6 +40,8 @@ struct OpRecord {
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration
   uint64_t wait_cycles = 0;  // gap since the previous op on the timeline ended (set_wait_cycles)
+  // Host dispatch of the op paid just before the launch (rt::LaunchRecord), inside wait_cycles.
+  uint64_t host_dispatch_cycles = 0;
   int block_dim = 0;
   int mix_block_dim = 0;     // blocks of the mix partner (vector) cores; 0 unless MIX_AIC
   std::vector<TensorDesc> inputs, outputs;
@@ -93,6 +95,10 @@ struct SideMetrics {
 
 struct OpMetrics {
   double start_us = 0, duration_us = 0, wait_us = 0;
+  // The task overheads in the duration (counter chip.task_overhead_cycles: dispatch, block
+  // starts of the worker that ended last, completion; docs/chip_model.md "Task overheads").
+  uint64_t task_overhead_cycles = 0;
+  double task_overhead_us = 0;
   SideMetrics aic, aiv;
   uint64_t macs = 0;            // cube MACs (fp16 equivalents)
   uint64_t vector_repeats = 0;

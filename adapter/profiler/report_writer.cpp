@@ -105,7 +105,8 @@ void write_op_summary(const std::string& path, const ReportInput& in,
   for (const UnitRatio& u : kVectorSideUnits) head.push_back(fmt::format("aiv_{}_ratio", u.name));
   head.insert(head.end(),
               {"cube_utilization(%)", "memory_bound", "task_start_cycles", "task_duration_cycles",
-               "task_wait_cycles", "cube_macs", "vector_repeats", "roofline_bound(us)",
+               "task_wait_cycles", "task_overhead(us)", "task_overhead_cycles",
+               "host_dispatch_cycles", "cube_macs", "vector_repeats", "roofline_bound(us)",
                "duration/bound", "gm_read_bytes", "gm_write_bytes", "hbm_read_bytes",
                "hbm_write_bytes", "l2_hit_rate"});
   for (const std::string& s : stalls) head.push_back("stall_" + s + "(cycles)");
@@ -132,6 +133,9 @@ void write_op_summary(const std::string& path, const ReportInput& in,
     row.push_back(std::to_string(op.start_cycle));
     row.push_back(std::to_string(op.cycles));
     row.push_back(std::to_string(op.wait_cycles));
+    row.push_back(us_text(m.task_overhead_us));
+    row.push_back(std::to_string(m.task_overhead_cycles));
+    row.push_back(std::to_string(op.host_dispatch_cycles));
     row.push_back(std::to_string(m.macs));
     row.push_back(std::to_string(m.vector_repeats));
     row.push_back(us_text(m.roofline_bound_us));

@@ -165,15 +165,18 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
   }
 
   const WaitBreakdown w = wait_breakdown(ops, in.copies, in.origin_cycle);
-  const uint64_t other = w.wait_cycles > w.h2d_cycles + w.d2h_cycles + w.device_cycles
-                             ? w.wait_cycles - w.h2d_cycles - w.d2h_cycles - w.device_cycles
-                             : 0;
+  const uint64_t known = w.h2d_cycles + w.d2h_cycles + w.device_cycles + w.host_dispatch_cycles;
+  const uint64_t other = w.wait_cycles > known ? w.wait_cycles - known : 0;
   o << fmt::format(
       "\nWaits between kernels: {:.3f} us ({} of the simulated time; task time + waits = "
       "simulated time)\n",
       cfg.cycles_to_us(double(w.wait_cycles)), pct(double(w.wait_cycles), span));
   o << fmt::format("  waiting for data (host->device copies before a kernel): {:.3f} us ({})\n",
                    cfg.cycles_to_us(double(w.h2d_cycles)), pct(double(w.h2d_cycles), span));
+  o << fmt::format("  host dispatch of the ops (host.op_dispatch_us, docs/runtime.md): {:.3f} us "
+                   "({})\n",
+                   cfg.cycles_to_us(double(w.host_dispatch_cycles)),
+                   pct(double(w.host_dispatch_cycles), span));
   o << fmt::format("  device->host copies: {:.3f} us; d2d copies and memsets: {:.3f} us; "
                    "other: {:.3f} us\n",
                    cfg.cycles_to_us(double(w.d2h_cycles)),
@@ -252,6 +255,7 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   op.stream = r.stream;
   op.start_cycle = r.start_cycle;
   op.cycles = r.cycles;
+  op.host_dispatch_cycles = r.host_dispatch_cycles;
   op.block_dim = r.block_dim;
   op.mix_block_dim =
       op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic) : 0;
@@ -308,6 +312,7 @@ WaitBreakdown wait_breakdown(const std::vector<OpRecord>& ops,
   for (const OpRecord& op : ops) {
     if (op.start_cycle > prev_end) gaps.emplace_back(prev_end, op.start_cycle);
     w.wait_cycles += op.start_cycle > prev_end ? op.start_cycle - prev_end : 0;
+    w.host_dispatch_cycles += op.host_dispatch_cycles;
     prev_end = std::max(prev_end, op.start_cycle + op.cycles);
   }
   // Copies and gaps are both in timeline order: walk them together.

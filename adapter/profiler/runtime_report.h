@@ -52,6 +52,7 @@ struct WaitBreakdown {
   uint64_t h2d_cycles = 0;        // host->device copy time inside the waits (waiting for data)
   uint64_t d2h_cycles = 0;        // device->host copy time inside the waits
   uint64_t device_cycles = 0;     // d2d copies and memsets inside the waits
+  uint64_t host_dispatch_cycles = 0;  // the ops' host dispatch inside the waits
   uint64_t after_last_cycles = 0; // copies and fills after the last launch (not in any wait)
   uint64_t after_last_copies = 0;
 };

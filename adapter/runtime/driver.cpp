@@ -241,6 +241,8 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   launch.args = op.args;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
+  const uint64_t host_dispatch = take_host_dispatch(op);
+  m_extra_cycles += host_dispatch;  // the device idles while the host dispatches the op
   const uint64_t extra = m_extra_cycles;
   const auto wall_start = std::chrono::steady_clock::now();
   KernelResult r = m_sim->run(launch);
@@ -259,6 +261,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.time_us = r.time_us;
     rec.wall_us = wall_us;
     rec.replayed = r.replayed;
+    rec.host_dispatch_cycles = host_dispatch;
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counter_delta = std::move(r.counter_delta);
@@ -272,6 +275,20 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   return Status(StatusCode::kernel_fault,
                 fmt::format("kernel '{}' (stream {}, block_dim {}, launch #{}) failed: {}", name,
                             stream, op.block_dim, index, r.error));
+}
+
+uint64_t Driver::take_host_dispatch(const DeviceOp& op) {
+  const LaunchLabel* label = op.label.get();
+  if (!label || label->host_dispatch == LaunchLabel::HostDispatch::none) return 0;
+  if (label->dispatch != 0) {
+    auto& paid = m_charged_dispatches;
+    if (std::find(paid.begin(), paid.end(), label->dispatch) != paid.end()) return 0;
+    paid.push_back(label->dispatch);
+    if (paid.size() > kRecentDispatches) paid.pop_front();
+  }
+  return m_cfg->us_to_cycles(label->host_dispatch == LaunchLabel::HostDispatch::graph
+                                 ? m_cfg->host_graph_dispatch_us
+                                 : m_cfg->host_op_dispatch_us);
 }
 
 Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {

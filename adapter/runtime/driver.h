@@ -102,6 +102,9 @@ class Driver {
   // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op);
+  // The host dispatch `op` pays before it runs (LaunchLabel::host_dispatch), cycles: once per
+  // dispatch value (among the latest kRecentDispatches); marks its dispatch value as paid.
+  uint64_t take_host_dispatch(const DeviceOp& op);
   // A launch with a DerivedSource: left out or run (stream.h, DerivedState).
   Status run_derived_launch(uint64_t stream, const DeviceOp& op);
   // Keeps a CopyRecord of a copy or fill of `bytes` over [start_cycle, +cycles) (if recording).
@@ -119,7 +122,12 @@ class Driver {
   std::unique_ptr<Simulator> m_sim;  // driver thread only
   const ChipConfig* m_cfg = nullptr; // the simulator's copy
   bool m_functional = true;
-  uint64_t m_extra_cycles = 0;       // driver thread only: d2d/memset time (see device.h)
+  uint64_t m_extra_cycles = 0;       // driver thread only: d2d/memset and host-dispatch time
+                                     // (see device.h)
+  // Driver thread only: the latest LaunchLabel::dispatch values that paid their host dispatch
+  // (launches of ops on several streams may interleave).
+  static constexpr size_t kRecentDispatches = 64;
+  std::deque<uint64_t> m_charged_dispatches;
   uint64_t m_launch_count = 0;       // driver thread only
 
   mutable std::mutex m_mutex;

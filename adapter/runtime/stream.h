@@ -75,6 +75,13 @@ struct LaunchLabel {
   // Nonzero: launches with the same value came from one dispatch of the op (one TF Compute
   // call); 0: unknown.
   uint64_t dispatch = 0;
+  // What the host spends dispatching the launch's op, paid on the device timeline before the
+  // launch runs, once per `dispatch` value (every launch if it is 0): docs/runtime.md, "Host
+  // dispatch". eager_op: the chip's host.op_dispatch_us (an op dispatched on its own); graph:
+  // host.graph_dispatch_us (a graph run as one task list: give all its launches one `dispatch`
+  // value); none: nothing.
+  enum class HostDispatch { eager_op, graph, none };
+  HostDispatch host_dispatch = HostDispatch::eager_op;
 };
 
 // One kernel launch as the chip ran it; the profiler reads these.
@@ -88,14 +95,18 @@ struct LaunchRecord {
   double time_us = 0;        // duration at the chip's clock_mhz
   double wall_us = 0;        // host wall time the simulator took to run it (emulation cost)
   bool replayed = false;     // carried out as a replay of an identical launch (KernelResult)
+  // Host dispatch paid just before this launch (LaunchLabel::host_dispatch), AI-core cycles:
+  // the device timeline idled that long, so it is part of the launch's wait, not its duration.
+  uint64_t host_dispatch_cycles = 0;
   bool ok = false;
   std::string error;         // on failure: the simulator's fault or deadlock report
   // Counters of this launch (KernelResult::counter_delta), kept flat; counters() builds the
   // tree (Simulator::counters layout, only the counters that changed).
   CounterDelta counter_delta;
   nlohmann::json counters() const { return counter_delta.tree(); }
-  // The simulator's own clock at the start: start_cycle minus the d2d/memset time the runtime
-  // models itself (device.h, "Simulated time"). ChipObservers see this clock (in ps).
+  // The simulator's own clock at the start: start_cycle minus the d2d/memset and host-dispatch
+  // time the runtime models itself (device.h, "Simulated time"). ChipObservers see this clock
+  // (in ps).
   uint64_t sim_start_cycle = 0;
   std::shared_ptr<const isa::Program> program;  // the program launched
   std::shared_ptr<const LaunchLabel> label;      // null unless the launcher gave one

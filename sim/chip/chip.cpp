@@ -33,6 +33,11 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
       m_total_cycles(counters.add(std::string(basename()) + ".total_cycles", "cycles",
                                   "cycles spent running kernels (launch to last block done)",
                                   kPsPerCycle)),
+      m_task_overhead_cycles(counters.add(
+          std::string(basename()) + ".task_overhead_cycles", "cycles",
+          "task overheads in the launches' durations: dispatch, the block starts of the worker "
+          "that ended last, completion (docs/chip_model.md)",
+          kPsPerCycle)),
       m_launches(counters.add(std::string(basename()) + ".launches", "launches",
                               "kernel launches run")),
       m_failed_launches(counters.add(std::string(basename()) + ".failed_launches", "launches",
@@ -53,6 +58,9 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
   SC_METHOD(dispatch_blocks);
   sensitive << m_worker_freed;
   dont_initialize();
+  SC_METHOD(start_blocks);
+  sensitive << m_block_start_due;
+  dont_initialize();
 }
 
 void Chip::add_observer(ChipObserver* observer) {
@@ -67,7 +75,21 @@ void Chip::remove_observer(ChipObserver* observer) {
 }
 
 void Chip::dispatch_blocks() {
-  if (!m_abort.active()) m_scheduler.dispatch_free();
+  if (m_abort.active()) return;
+  m_scheduler.dispatch_free();
+  schedule_starts();
+}
+
+void Chip::start_blocks() {
+  if (m_abort.active()) return;
+  m_scheduler.start_due();
+  schedule_starts();
+}
+
+void Chip::schedule_starts() {
+  // An earlier pending notification stays (sc_event keeps the earliest); starts are handed
+  // out in time order, so the earliest is the queue's front.
+  if (auto t = m_scheduler.next_start()) m_block_start_due.notify(*t - sc_time_stamp());
 }
 
 void Chip::stop_at_time_limit() {
@@ -186,7 +208,10 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_memory->begin_launch(record);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
-  m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()));
+  m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
+                    cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
+                    cycles_to_time(m_cfg.task_block_start_cycles));
+  schedule_starts();
 }
 
 Chip::Outcome Chip::outcome() const {
@@ -227,6 +252,7 @@ void Chip::end_launch(bool ok) {
   detach_recordings();
   m_memory->abort_transfers();
   m_scheduler.clear();
+  m_block_start_due.cancel();
   m_cc_arrivals.clear();
   m_abort.clear();
 }
@@ -261,7 +287,15 @@ void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
 
 void Chip::block_done(AiCore& core) {
   if (m_scheduler.core_done(core)) m_worker_freed.notify(sc_core::SC_ZERO_TIME);
-  if (m_scheduler.all_done()) m_end = sc_time_stamp();
+  if (!m_scheduler.all_done()) return;
+  // The launch ends once its completion is reported; the worker of this core ended last, so
+  // its blocks' starts lie on the path from the launch's begin to its end.
+  const uint64_t done = m_cfg.task_done_cycles();
+  m_end = sc_time_stamp() + cycles_to_time(static_cast<double>(done));
+  m_task_done.notify(cycles_to_time(static_cast<double>(done)));
+  const uint64_t starts = static_cast<uint64_t>(m_scheduler.worker_of(core)->blocks_run) *
+                          static_cast<uint64_t>(m_cfg.task_block_start_cycles);
+  m_task_overhead_cycles.add((m_cfg.task_dispatch_cycles() + starts + done) * kPsPerCycle);
 }
 
 void Chip::post(AiCore& from, Lane lane, AiCore& to, int id) {

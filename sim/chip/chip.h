@@ -94,6 +94,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Detaches the recordings from the cores and frees them (recordings() is then empty).
   void detach_recordings();
   void dispatch_blocks();  // method: hands blocks to the workers freed in the last delta cycle
+  void start_blocks();     // method: starts the blocks whose task overheads have passed
+  void schedule_starts();  // notifies m_block_start_due for the next block start, if any
 
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
@@ -104,6 +106,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::unique_ptr<HdcLink> m_hdc;
   TaskScheduler m_scheduler;
   sc_core::sc_event m_worker_freed;
+  sc_core::sc_event m_task_done;  // the launch's completion overhead has passed
+  sc_core::sc_event m_block_start_due;
 
   // The launch in progress.
   LaunchInfo m_launch;
@@ -118,6 +122,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   uint64_t m_flow_ids = 0;
 
   Counter& m_total_cycles;
+  Counter& m_task_overhead_cycles;
   Counter& m_launches;
   Counter& m_failed_launches;
 };

@@ -3,8 +3,15 @@
 // run the same block). Initially worker i gets block i; a worker whose members have all
 // finished takes the next block, so block_dim may exceed the number of workers. Workers that
 // become free together (in the same delta cycle) take the next blocks in worker order.
+// Task overheads (ChipConfig task_*): a block handed out starts block_start later, the first
+// blocks dispatch + block_start after the launch begins. Blocks due at the same time start in
+// the order they were handed out, in one delta cycle (start_due), as blocks handed out without
+// a delay do: the overheads shift a launch's blocks in time and change nothing else.
 #pragma once
 
+#include <deque>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "sim/core/ai_core.h"
@@ -22,11 +29,18 @@ class TaskScheduler {
     std::vector<Member> members;
     int pending = 0;  // members still running the current block
     int block = -1;
+    int blocks_run = 0;  // blocks handed to this worker in the launch
   };
 
-  // Starts a launch: dispatches blocks to the workers in order. `num_cores` bounds the cores'
-  // chip indices.
-  void start(std::vector<Worker> workers, int block_dim, int num_cores);
+  // Starts a launch: dispatches blocks to the workers in order; they start after `dispatch`
+  // plus `block_start`, a block handed out later after `block_start`. `num_cores` bounds the
+  // cores' chip indices.
+  void start(std::vector<Worker> workers, int block_dim, int num_cores,
+             const sc_core::sc_time& dispatch, const sc_core::sc_time& block_start);
+  // Starts the blocks handed out whose start time has come, in the order they were handed out.
+  void start_due();
+  // When the next block handed out but not started is due, if any.
+  std::optional<sc_core::sc_time> next_start() const;
   // A member core finished its block. Returns true if that freed its worker (then call
   // dispatch_free() once the other cores finishing at the same instant have reported too).
   bool core_done(AiCore& core);
@@ -40,8 +54,11 @@ class TaskScheduler {
   void clear();
 
  private:
-  void dispatch(Worker& w);
+  void dispatch(Worker& w, const sc_core::sc_time& delay);
+  void assign(const Worker& w);
   std::vector<Worker> m_workers;
+  sc_core::sc_time m_block_start;
+  std::deque<std::pair<sc_core::sc_time, Worker*>> m_starts;  // handed out, due at, in order
   std::vector<int> m_worker_of_core;  // by chip index, -1 if not in the launch
   int m_next = 0, m_done = 0, m_block_dim = 0;
 };

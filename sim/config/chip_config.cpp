@@ -2,6 +2,7 @@
 #include "sim/config/chip_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -37,6 +38,9 @@ const CoreKindConfig* ChipConfig::core_kind(isa::CoreKind k) const {
   for (const auto& c : core_kinds)
     if (c.kind == k) return &c;
   return nullptr;
+}
+uint64_t ChipConfig::us_to_cycles(double us) const {
+  return static_cast<uint64_t>(std::llround(us * clock_mhz));
 }
 int ChipConfig::total_cores() const {
   int n = 0;

@@ -82,6 +82,19 @@ struct ChipConfig {
   double l2_write_bytes_per_cycle = 0;
   int l2_latency_cycles = 0;        // added once per GM transfer that hits L2
 
+  // Task overheads (docs/chip_model.md, "Task overheads"): a launch's Task Duration is
+  // task_dispatch + for the blocks of the worker that ends last (task_block_start + its busy
+  // time) + task_done, as msprof's Task Duration includes them.
+  double task_dispatch_us = 0;      // per launch: the task scheduler reads the task and hands
+                                    // out the first blocks
+  int task_block_start_cycles = 0;  // per block: a core starts it (fetch, arguments)
+  double task_done_us = 0;          // per launch: completion of the last block reported and
+                                    // the stream notified
+  // Host-side dispatch (docs/runtime.md, "Host dispatch"): what the host spends launching one
+  // op in eager execution, and one graph run as one task list.
+  double host_op_dispatch_us = 0;
+  double host_graph_dispatch_us = 0;
+
   // host-device link (HDC over PCIe)
   double hdc_gbps = 0;              // GB/s per direction
   double hdc_latency_us = 0;        // per transfer
@@ -96,6 +109,10 @@ struct ChipConfig {
   double l2_bytes_per_cycle() const { return l2_gbps * 1e3 / clock_mhz; }
   double hdc_bytes_per_cycle() const { return hdc_gbps * 1e3 / clock_mhz; }
   double cycles_to_us(double cycles) const { return cycles / clock_mhz; }
+  // Microseconds as whole AI-core cycles at clock_mhz (rounded to nearest).
+  uint64_t us_to_cycles(double us) const;
+  uint64_t task_dispatch_cycles() const { return us_to_cycles(task_dispatch_us); }
+  uint64_t task_done_cycles() const { return us_to_cycles(task_done_us); }
   const CoreKindConfig* core_kind(isa::CoreKind k) const;  // nullptr if the chip has none
   int total_cores() const;
 };

@@ -75,6 +75,11 @@ const char* const kSchemaKeys[] = {
     "memory.l2.latency_cycles",
     "memory.l2.core_read_bytes_per_cycle",
     "memory.l2.core_write_bytes_per_cycle",
+    "task.dispatch_us",
+    "task.block_start_cycles",
+    "task.done_us",
+    "host.op_dispatch_us",
+    "host.graph_dispatch_us",
     "hdc.gbps",
     "hdc.latency_us",
     "sync.flag_ids",
@@ -442,6 +447,9 @@ constexpr double kMinHdcBytesPerCycle = static_cast<double>(kMaxDeviceBytes) / 0
 // A fixed latency (cycles) or per-instruction cost: at most 2^20 cycles, so that 2^32
 // instructions each paying it (2^52 cycles) stay within the simulated-time range.
 constexpr int kMaxLatencyCycles = 1 << 20;
+// A per-launch overhead (task dispatch and completion, host dispatch): at most 2^32 cycles, paid
+// once per launch, far within the range; block starts are latencies (paid per block).
+constexpr double kMaxOverheadCycles = 0x1p32;
 // Multipliers of an instruction's cost (reduce and transcendental factors, the fp32 cube rate
 // divisor): at most 2^10, so that the costliest instruction (an mmad of 2^12 x 2^12 x 2^12 on a
 // 1x1x1 cube: 2^36 steps) times the factor, 2^46 cycles, stays within 1/256 of the range.
@@ -801,6 +809,16 @@ void parse_memory(const Reader& r, ChipConfig& c) {
                                           c.l2_bytes / c.l2_line_bytes, kMaxL2Lines));
 }
 
+// Task and host-dispatch overheads: each at most kMaxOverheadCycles at this clock.
+void parse_overheads(const Reader& r, ChipConfig& c) {
+  const double max_us = kMaxOverheadCycles / c.clock_mhz;
+  c.task_dispatch_us = r.get_number("task.dispatch_us", 0, false, max_us);
+  c.task_block_start_cycles = r.get_int("task.block_start_cycles", 0, kMaxLatencyCycles);
+  c.task_done_us = r.get_number("task.done_us", 0, false, max_us);
+  c.host_op_dispatch_us = r.get_number("host.op_dispatch_us", 0, false, max_us);
+  c.host_graph_dispatch_us = r.get_number("host.graph_dispatch_us", 0, false, max_us);
+}
+
 ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::string& default_name) {
   check_known_keys(tree);
   Reader r(tree, file);
@@ -835,6 +853,7 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   parse_paths(r, c);
   parse_memory(r, c);
 
+  parse_overheads(r, c);
   c.hdc_gbps = r.get_gbps("hdc.gbps", c.clock_mhz, kMinHdcBytesPerCycle, kMaxBytesPerCycle);
   // At most kMaxLatencyCycles at this clock.
   c.hdc_latency_us = r.get_number("hdc.latency_us", 0, false, kMaxLatencyCycles / c.clock_mhz);
@@ -927,6 +946,10 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       "    core_write_bytes_per_cycle: {}\n",
       format_bytes(c.l2_bytes), c.l2_gbps, c.l2_line_bytes, c.l2_ways, c.l2_latency_cycles,
       c.l2_read_bytes_per_cycle, c.l2_write_bytes_per_cycle);
+  o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
+                   c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
+  o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",
+                   c.host_op_dispatch_us, c.host_graph_dispatch_us);
   o << fmt::format("hdc:\n  gbps: {}\n  latency_us: {}\n", c.hdc_gbps, c.hdc_latency_us);
   o << fmt::format(
       "sync:\n  flag_ids: {}\n  cross_core_flag_ids: {}\n  cross_core_max_pending: {}\n",

@@ -47,6 +47,7 @@ MSPROF_COLUMNS = {
 }
 NPUSIM_COLUMNS = {
     "task_start_cycles": INT, "task_duration_cycles": INT, "task_wait_cycles": INT,
+    "task_overhead(us)": FLOAT, "task_overhead_cycles": INT, "host_dispatch_cycles": INT,
     "cube_macs": INT, "vector_repeats": INT, "roofline_bound(us)": FLOAT,
     "duration/bound": OPT_FLOAT, "gm_read_bytes": INT, "gm_write_bytes": INT,
     "hbm_read_bytes": INT, "hbm_write_bytes": INT, "l2_hit_rate": OPT_FLOAT,
@@ -178,6 +179,14 @@ def check_timeline(ops, counters, clock_mhz):
     assert durations == last_end - waits, (durations, last_end, waits)
     total = counters["session"]["chip"]["total_cycles"]["value"]
     assert abs(durations - total) <= len(ops), (durations, total)
+    for op, rec in zip(ops, counters["ops"]):
+        # The task overheads are the chip's counter, and part of the duration.
+        if "counters" not in rec:
+            continue
+        want = rec["counters"]["chip"].get("task_overhead_cycles", {"value": 0})["value"]
+        assert op["task_overhead_cycles"] == want, (op["task_overhead_cycles"], want)
+        assert abs(op["task_overhead(us)"] - want / clock_mhz) <= 6e-4
+        assert op["task_overhead_cycles"] <= op["task_duration_cycles"]
     for op in ops:
         us = op["task_duration_cycles"] / clock_mhz
         assert abs(op["Task Duration(us)"] - us) <= 6e-4, (op["Task Duration(us)"], us)
@@ -301,6 +310,12 @@ def _(d):
     # The only thing before the kernel was uploading x and y over the HDC link.
     h2d = counters["session"]["chip"]["hdc"]["h2d_busy_cycles"]["value"]
     assert abs(op["task_wait_cycles"] - h2d) <= 1, (op["task_wait_cycles"], h2d)
+    # One block per vector core: dispatch + one block start + completion (docs/chip_model.md).
+    chip = yaml.safe_load(open(f"{d}/rep/chip.yaml"))
+    task, clock = chip["task"], float(chip["clock_mhz"])
+    want = (round(task["dispatch_us"] * clock) + task["block_start_cycles"]
+            + round(task["done_us"] * clock))
+    assert op["task_overhead_cycles"] == want, (op["task_overhead_cycles"], want)
     # GM traffic: x and y read, z written, each n fp16 elements.
     assert op["gm_read_bytes"] == 2 * 2 * n and op["gm_write_bytes"] == 2 * n
     assert not os.path.exists(f"{d}/rep/trace.json")  # the run did not trace

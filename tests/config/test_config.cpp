@@ -110,6 +110,11 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
   CHECK(a.hdc_gbps == b.hdc_gbps);
   CHECK(a.hdc_latency_us == b.hdc_latency_us);
+  CHECK(a.task_dispatch_us == b.task_dispatch_us);
+  CHECK(a.task_block_start_cycles == b.task_block_start_cycles);
+  CHECK(a.task_done_us == b.task_done_us);
+  CHECK(a.host_op_dispatch_us == b.host_op_dispatch_us);
+  CHECK(a.host_graph_dispatch_us == b.host_graph_dispatch_us);
   CHECK(a.flag_ids == b.flag_ids);
   CHECK(a.cross_core_flag_ids == b.cross_core_flag_ids);
   CHECK(a.cross_core_max_pending == b.cross_core_max_pending);
@@ -534,6 +539,16 @@ TEST_CASE("every numeric key is range-checked where it is loaded") {
       {{"hdc.latency_us=1e300"}, "hdc.latency_us"},
       {{"hdc.latency_us=600"}, "hdc.latency_us"},  // 1.1e6 cycles > 2^20
       {{"hdc.latency_us=500"}, ""},
+      // Task and host overheads: per launch at most 2^32 cycles; a block start at most 2^20.
+      {{"task.dispatch_us=-1"}, "task.dispatch_us"},
+      {{"task.dispatch_us=2400000"}, "task.dispatch_us"},  // 4.4e9 cycles > 2^32
+      {{"task.dispatch_us=2000000"}, ""},
+      {{"task.done_us=nan"}, "task.done_us"},
+      {{"task.block_start_cycles=1048577"}, "task.block_start_cycles"},
+      {{"task.block_start_cycles=0.5"}, "task.block_start_cycles"},
+      {{"task.block_start_cycles=0"}, ""},
+      {{"host.op_dispatch_us=x"}, "host.op_dispatch_us"},
+      {{"host.graph_dispatch_us=-0.5"}, "host.graph_dispatch_us"},
       // The clock: a period of at least 1 ps; a slow clock fails through the rates it converts.
       {{"clock_mhz=1e300"}, "clock_mhz"},
       {{"clock_mhz=1e20"}, "clock_mhz"},

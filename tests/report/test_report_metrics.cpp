@@ -86,10 +86,13 @@ TEST_CASE("metrics: a cube op on a split chip") {
   op.start_cycle = 5000;
   op.cycles = 1100;
   op.wait_cycles = 100;
+  chip["task_overhead_cycles"] = leaf(300);
   op.counters = {{"chip", chip}};
   const prof::OpMetrics m = prof::compute_op_metrics(op, cfg);
 
   CHECK(m.start_us == Approx(5000 / cfg.clock_mhz));
+  CHECK(m.task_overhead_cycles == 300);  // the chip's counter, as op_summary shows it
+  CHECK(m.task_overhead_us == Approx(300 / cfg.clock_mhz));
   CHECK(m.duration_us == Approx(1100 / cfg.clock_mhz));
   CHECK(m.wait_us == Approx(100 / cfg.clock_mhz));
   REQUIRE(m.aic.present);

@@ -3,6 +3,8 @@
 // add_observer sees the launches in simulator time (LaunchRecord::sim_start_cycle).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "sim/counters/observer.h"
 #include "tests/runtime/runtime_test_util.h"
 
@@ -82,10 +84,17 @@ TEST_CASE("records: labels, copies on the device timeline, observers in simulato
   CHECK(launches[0].start_cycle + 1 >= copies[1].start_cycle + copies[1].cycles);
   CHECK(launches[1].start_cycle >= launches[0].start_cycle + launches[0].cycles - 1);
   CHECK(copies[2].start_cycle + 1 >= launches[1].start_cycle + launches[1].cycles);
-  // The memset's time is on the device timeline but not the simulator's (the only such op of
-  // this process): launches after it start that much later than the simulator's clock says.
+  // The memset's time and the labelled launch's host dispatch (LaunchLabel::host_dispatch is
+  // eager_op unless set: host.op_dispatch_us) are on the device timeline but not the
+  // simulator's (the only such ops of this process): launches after them start that much later
+  // than the simulator's clock says. The unlabelled launch pays no host dispatch.
+  const ChipConfig& cfg = dev->config();
+  const auto host = static_cast<uint64_t>(std::llround(cfg.host_op_dispatch_us * cfg.clock_mhz));
+  CHECK(launches[0].host_dispatch_cycles == host);
+  CHECK(launches[1].host_dispatch_cycles == 0);
+  CHECK(launches[0].start_cycle + 1 >= copies[1].start_cycle + copies[1].cycles + host);
   for (const rt::LaunchRecord& r : launches)
-    CHECK(r.start_cycle - r.sim_start_cycle == copies[1].cycles);
+    CHECK(r.start_cycle - r.sim_start_cycle == copies[1].cycles + host);
   // The observer saw both launches, at their simulator start.
   REQUIRE(watcher.begins.size() == 2);
   CHECK(watcher.begins[0] / 1000 == launches[0].sim_start_cycle);

@@ -2,6 +2,7 @@
 // one Simulator, because SystemC elaborates once per process).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -35,6 +36,23 @@ inline uint64_t counter(const nlohmann::json& tree, const std::string& path) {
     start = dot + 1;
   }
   return node->at("value").get<uint64_t>();
+}
+
+// Task overheads (docs/chip_model.md, "Task overheads"), derived from the config's keys: a
+// microsecond key is round(us x clock_mhz) cycles.
+inline uint64_t us_cycles(const ChipConfig& cfg, double us) {
+  return static_cast<uint64_t>(std::llround(us * cfg.clock_mhz));
+}
+// Cycles from a launch's begin to its first blocks' first instruction: dispatch + block start.
+inline uint64_t task_start_overhead(const ChipConfig& cfg) {
+  return us_cycles(cfg, cfg.task_dispatch_us) + static_cast<uint64_t>(cfg.task_block_start_cycles);
+}
+// The overheads in the duration of a launch whose worker that ended last ran `blocks` blocks:
+// dispatch + blocks x block start + done.
+inline uint64_t task_overhead(const ChipConfig& cfg, uint64_t blocks = 1) {
+  return us_cycles(cfg, cfg.task_dispatch_us) +
+         blocks * static_cast<uint64_t>(cfg.task_block_start_cycles) +
+         us_cycles(cfg, cfg.task_done_us);
 }
 
 inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,

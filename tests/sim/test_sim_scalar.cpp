@@ -191,7 +191,8 @@ TEST_CASE("get_block_id / get_block_num / ldarg with fewer blocks than cores") {
   }
   // Scalar-only blocks: each takes one issue slot (scalar_cycles_per_insn = 1) per instruction.
   const ChipConfig& cfg = sim().config();
-  CHECK(r.cycles == kIdsScalarInsns * static_cast<uint64_t>(cfg.scalar_cycles_per_insn));
+  CHECK(r.cycles == test::task_overhead(cfg) +
+                        kIdsScalarInsns * static_cast<uint64_t>(cfg.scalar_cycles_per_insn));
   CHECK(counter(r.counters, "chip.aiv0.blocks") == 1);
   CHECK(counter(r.counters, "chip.aiv3.blocks") == 0);
   CHECK(counter(r.counters, "chip.aiv1.s.insn.st") == 5);
@@ -209,8 +210,8 @@ TEST_CASE("block_dim larger than the number of cores: free cores take the next b
     // All blocks take equally long, so block b runs on core b % 4 in round b / 4.
     CHECK(v == std::vector<int64_t>{b, blocks, 0, b % cores, 7});
   }
-  // ceil(10 / 4) = 3 rounds of one block each.
-  CHECK(r.cycles == 3 * kIdsScalarInsns);
+  // ceil(10 / 4) = 3 rounds of one block each, each block after its block start.
+  CHECK(r.cycles == test::task_overhead(sim().config(), 3) + 3 * kIdsScalarInsns);
   CHECK(counter(r.counters, "chip.aiv0.blocks") == 3);
   CHECK(counter(r.counters, "chip.aiv1.blocks") == 3);
   CHECK(counter(r.counters, "chip.aiv2.blocks") == 2);

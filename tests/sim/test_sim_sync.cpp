@@ -94,7 +94,8 @@ void expect_healthy_run() {
   KernelResult r = launch(sim(), p, {kOut}, 4);
   REQUIRE(r.ok);
   CHECK(r.error.empty());
-  CHECK(r.cycles == 6);  // 6 instructions before end, one issue slot each
+  // 6 instructions before end, one issue slot each
+  CHECK(r.cycles == test::task_overhead(sim().config()) + 6);
   CHECK(read_gm<int64_t>(sim(), kOut, 4) == std::vector<int64_t>{100, 101, 102, 103});
   CHECK(counter(r.counters, "chip.failed_launches") == 0);
 }
@@ -192,8 +193,9 @@ bad:
   KernelResult r = launch(sim(), p, {kIn}, 4);
   REQUIRE_FALSE(r.ok);
   CHECK(r.error == "core aiv3 pc 8 (abort.s:13): div x4, x2, 0: division by zero");
-  // The kernel stopped at the fault, when block 3 reached the div after 3 scalar instructions.
-  CHECK(r.cycles == 3);
+  // The kernel stopped at the fault, when block 3 reached the div after 3 scalar instructions
+  // (no completion overhead: the launch failed).
+  CHECK(r.cycles == test::task_start_overhead(sim().config()) + 3);
   expect_healthy_run();
   // The memory system holds no stale transfer: a copy alone is timed exactly
   // (2 + path latency 32 + HBM latency 500 + 8192 B / port 32 B/cycle).
@@ -208,7 +210,8 @@ bad:
   KernelResult c = launch(sim(), copy, {kIn}, 1);
   REQUIRE(c.ok);
   const ChipConfig& cfg = sim().config();
-  CHECK(c.cycles == static_cast<uint64_t>(2 + cfg.path_latency(isa::Buf::GM, isa::Buf::UB) +
+  CHECK(c.cycles == test::task_overhead(cfg) +
+                        static_cast<uint64_t>(2 + cfg.path_latency(isa::Buf::GM, isa::Buf::UB) +
                                          cfg.hbm_latency_cycles + 8192 / 32));
 }
 
@@ -246,7 +249,7 @@ TEST_CASE("deadlock: a wait that is never set is reported, and the next run work
     CHECK(r.error ==
           "deadlock: core aiv0 pc 1 (dl2.s:3) wait_flag v, s, 0 never set; "
           "core aiv1 pc 1 (dl2.s:3) wait_flag v, s, 0 never set");
-    CHECK(r.cycles == 1);
+    CHECK(r.cycles == test::task_start_overhead(sim().config()) + 1);  // the last activity
     expect_healthy_run();
   }
 }

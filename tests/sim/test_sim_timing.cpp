@@ -1,7 +1,8 @@
 // Cycle-exact timing of single instructions and small sequences, each expectation derived from
 // the chip config (tiny preset at a 1000 MHz clock so GB/s = bytes/cycle, with HBM slowed to
-// 48 B/cycle so that two cores saturate it): GM copies alone, from L2, two cores sharing HBM,
-// double buffering, issue-queue stalls, HDC copies and time across launches.
+// 48 B/cycle so that two cores saturate it; a launch's cycles are the task overheads,
+// sim_test_util.h task_overhead(), plus its cores' busy time): GM copies alone, from L2, two
+// cores sharing HBM, double buffering, issue-queue stalls, HDC copies and time across launches.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +18,7 @@ using namespace npusim;
 using isa::Buf;
 using npusim::test::counter;
 using npusim::test::launch;
+using npusim::test::task_overhead;
 
 namespace {
 
@@ -60,8 +62,9 @@ TEST_CASE("one copy_gm2ub alone: path latency + HBM latency + bytes / port rate"
   const double copy = cfg().path_latency(Buf::GM, Buf::UB) + cfg().hbm_latency_cycles +
                       bytes / std::min(cfg().path_rate(Buf::GM, Buf::UB),
                                        cfg().hbm_bytes_per_cycle());
-  CHECK(r.cycles == ceil_u(2 * kCycle + copy));
-  CHECK(r.cycles == 790);
+  CHECK(r.cycles == task_overhead(cfg()) + ceil_u(2 * kCycle + copy));
+  CHECK(r.cycles - task_overhead(cfg()) == 790);
+  CHECK(counter(r.counters, "chip.task_overhead_cycles") == task_overhead(cfg()));
   // The pipe is occupied by the bandwidth phase only; the latencies overlap what follows.
   CHECK(counter(r.counters, "chip.aiv0.mte2.busy_cycles") == 8192 / 32);
   CHECK(counter(r.counters, "chip.aiv0.mte2.stall.mem_contention") == 0);
@@ -95,8 +98,8 @@ TEST_CASE("a second copy of the same lines hits L2: L2 latency and the core's L2
   const double second_bw = bytes / std::min(cfg().l2_read_bytes_per_cycle, cfg().l2_bytes_per_cycle());
   const double first = 2 + first_bw + lat + cfg().hbm_latency_cycles;
   const double second = 2 + first_bw + second_bw + lat + cfg().l2_latency_cycles;
-  CHECK(r.cycles == ceil_u(std::max(first, second)));
-  CHECK(r.cycles == 754);
+  CHECK(r.cycles == task_overhead(cfg()) + ceil_u(std::max(first, second)));
+  CHECK(r.cycles - task_overhead(cfg()) == 754);
   CHECK(counter(r.counters, "chip.l2.misses") == 14);
   CHECK(counter(r.counters, "chip.l2.hits") == 14);
   CHECK(counter(r.counters, "chip.l2.read_bytes") == 7040);
@@ -146,8 +149,8 @@ TEST_CASE("two cores copying at once share HBM bandwidth, rates recomputed when 
   const double shared = cfg().hbm_bytes_per_cycle() / 2, port = 32;
   const double t0 = 7 + lat + 6144 / shared;  // 7 scalar instructions before the copy
   const double t1 = t0 + (12288 - 6144) / std::min(port, cfg().hbm_bytes_per_cycle());
-  CHECK(r.cycles == ceil_u(t1));
-  CHECK(r.cycles == 987);
+  CHECK(r.cycles == task_overhead(cfg()) + ceil_u(t1));
+  CHECK(r.cycles - task_overhead(cfg()) == 987);
   CHECK(counter(r.counters, "chip.aiv0.active_cycles") == ceil_u(t0));
   // Contention: block 0 took 256 cycles for 6144 bytes it could move in 192 alone;
   // block 1 took 448 for 12288 it could move in 384.
@@ -199,10 +202,10 @@ TEST_CASE("double buffering overlaps MTE2 with V: total < sum of the stages") {
   const double vec = cfg().vector_latency_cycles + 32.0 * 256 / cfg().vector_bytes_per_cycle;
   const double issue = 7;  // scalar instructions before the first copy
   // Double buffered: copies back to back, V on tile 1 after the second copy: 7 + 2*788 + 44.
-  CHECK(rd.cycles == ceil_u(issue + 2 * copy + vec));
-  CHECK(rd.cycles == 1627);
+  CHECK(rd.cycles == task_overhead(cfg()) + ceil_u(issue + 2 * copy + vec));
+  CHECK(rd.cycles - task_overhead(cfg()) == 1627);
   // Serial: 7 + 788 + 44 + 788 + 44 = the sum of the stages.
-  CHECK(rs.cycles == ceil_u(issue + 2 * copy + 2 * vec));
+  CHECK(rs.cycles == task_overhead(cfg()) + ceil_u(issue + 2 * copy + 2 * vec));
   CHECK(rd.cycles < rs.cycles);
   CHECK(counter(rd.counters, "chip.aiv0.v.stall.bank_conflict") == 0);
   CHECK(counter(rd.counters, "chip.aiv0.v.busy_cycles") == ceil_u(2 * vec));
@@ -227,7 +230,7 @@ TEST_CASE("a full issue queue stalls the scalar unit") {
   REQUIRE(r.ok);
   const uint64_t vec = static_cast<uint64_t>(cfg().vector_latency_cycles) + 1;
   CHECK(vec == 13);
-  CHECK(r.cycles == 2 + 40 * vec);
+  CHECK(r.cycles == task_overhead(cfg()) + 2 + 40 * vec);
   CHECK(counter(r.counters, "chip.aiv0.s.stall.queue_full") == 52);
   CHECK(counter(r.counters, "chip.aiv0.v.busy_cycles") == 40 * vec);
   CHECK(counter(r.counters, "chip.aiv0.v.insn.vadds") == 40);

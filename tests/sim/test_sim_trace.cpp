@@ -102,7 +102,9 @@ TEST_CASE("trace: lanes per core, instruction slices with source, flows from set
   CHECK(lane(copy["tid"]) == "MTE2");
   CHECK(copy["args"]["pc"] == 4);
   CHECK(copy["args"]["line"] == "pipe.s:9");
-  CHECK(copy["ts"].get<double>() == Approx(4 / 1000.0));  // issued after 4 scalar cycles
+  // Issued after the task's dispatch and block start and 4 scalar cycles.
+  CHECK(copy["ts"].get<double>() ==
+        Approx(static_cast<double>(test::task_start_overhead(sim().config()) + 4) / 1000.0));
   // The slice is the pipe's occupancy: 256 bytes at 32 B/cycle. The data lands 32 + 500 cycles
   // (path and HBM latency) later, overlapping whatever MTE2 does next.
   CHECK(copy["dur"].get<double>() == Approx(8 / 1000.0));

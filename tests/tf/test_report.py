@@ -33,7 +33,8 @@ COLUMNS = {
     "aiv_total_cycles": OPT_INT, "aiv_vec_ratio": OPT_FLOAT, "aiv_scalar_ratio": OPT_FLOAT,
     "aiv_mte2_ratio": OPT_FLOAT, "aiv_mte3_ratio": OPT_FLOAT, "cube_utilization(%)": FLOAT,
     "memory_bound": OPT_FLOAT, "task_start_cycles": INT, "task_duration_cycles": INT,
-    "task_wait_cycles": INT, "cube_macs": INT, "vector_repeats": INT, "roofline_bound(us)": FLOAT,
+    "task_wait_cycles": INT, "task_overhead(us)": FLOAT, "task_overhead_cycles": INT,
+    "host_dispatch_cycles": INT, "cube_macs": INT, "vector_repeats": INT, "roofline_bound(us)": FLOAT,
     "duration/bound": OPT_FLOAT, "gm_read_bytes": INT, "gm_write_bytes": INT,
     "hbm_read_bytes": INT, "hbm_write_bytes": INT, "l2_hit_rate": OPT_FLOAT,
 }
@@ -176,9 +177,9 @@ def test_trace_has_host_lane_copies_and_pipe_detail(profiled):
     # (the instruction times are exact, the task times whole cycles: a cycle's tolerance)
     assert max(e["ts"] for e in insns) <= end_of_4th + 1 / clock
     assert min(e["ts"] for e in insns) >= rows[0]["task_start_cycles"] / clock - 1 / clock
-    # The waits are filled by the copies (the runtime runs one operation at a time): the
-    # copies that lie between the first task's origin and the last task's end add up to the
-    # waits, to two cycles per copy (starts are rounded down and durations up to whole cycles,
+    # The waits are filled by the copies and the ops' host dispatch (the runtime runs one
+    # operation at a time): the copies that lie between the first task's origin and the last
+    # task's end plus the host dispatch add up to the waits, to two cycles per copy (starts are rounded down and durations up to whole cycles,
     # at each end of a copy and of the task next to it). A copy's start is a whole cycle that
     # the trace writes in us: round it back, or a copy starting in the last task's final
     # (rounded-up) cycle reads as 1e-9 cycles earlier and falls inside the window.
@@ -187,7 +188,12 @@ def test_trace_has_host_lane_copies_and_pipe_detail(profiled):
     inside = [e for e in copies if origin - 1 <= round(e["ts"] * clock) < end - 1]
     copy_cycles = sum(e["dur"] * clock for e in inside)
     waits = sum(r["task_wait_cycles"] for r in rows)
-    assert abs(copy_cycles - waits) <= 2 * len(inside) + 1, (copy_cycles, waits)
+    host = sum(r["host_dispatch_cycles"] for r in rows)
+    # Each TF op paid its host dispatch (host.op_dispatch_us) once, before its first launch.
+    chip = yaml.safe_load(open(os.path.join(profiled["dir"], "chip.yaml")))
+    per_op = round(chip["host"]["op_dispatch_us"] * clock)
+    assert per_op > 0 and host % per_op == 0 and host // per_op == len(tf_ops), (host, per_op)
+    assert abs(copy_cycles + host - waits) <= 2 * len(inside) + 1, (copy_cycles, host, waits)
 
 
 def test_summary_lists_top_ops_hdc_waits_and_fallbacks(npusim, profiled):
