@@ -340,6 +340,7 @@ std::vector<TfOpSpan> tf_op_spans(const std::vector<rt::LaunchRecord>& launches,
     }
     s.start_cycle = std::min(s.start_cycle, ops[i].start_cycle);
     s.end_cycle = std::max(s.end_cycle, ops[i].start_cycle + ops[i].cycles);
+    s.tasks.push_back(i);
     s.kernels.push_back(r.kernel);
   }
   std::vector<TfOpSpan> out;

@@ -37,7 +37,8 @@ std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
 struct TfOpSpan {
   uint64_t start_cycle = 0, end_cycle = 0;
   size_t first_task = 0;             // index of its first launch in `ops`
-  std::vector<std::string> kernels;  // its launches' kernels, in order
+  std::vector<size_t> tasks;         // indices of its launches in `ops`, in order
+  std::vector<std::string> kernels;  // their kernels
 };
 // The runs among `ops` (op_records(launches)), in dispatch order; launches without a dispatch
 // id belong to none.

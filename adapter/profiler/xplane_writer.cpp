@@ -183,22 +183,32 @@ std::string tf_op_text(const OpRecord& op) { return op.op_name + ":" + op.op_typ
 
 }  // namespace
 
-std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const ChipConfig& cfg,
-                       const XPlaneWindow& w) {
-  const std::vector<OpRecord> ops = op_records(launches, cfg);
-  auto ps_since_origin = [&](uint64_t cycle) {
-    return cycles_to_ps(cycle - std::min(cycle, w.origin_cycle), cfg.clock_mhz);
-  };
-  auto in_window = [&](uint64_t start) { return start >= w.origin_cycle && start < w.end_cycle; };
+namespace {
+
+// The window's tasks on the device timeline, in ps from its origin.
+struct PlaneBuild {
+  const std::vector<OpRecord>& ops;
+  const ChipConfig& cfg;
+  const XPlaneWindow& w;
   PlaneMetadata meta;
-  std::map<uint64_t, LineBuilder> streams;  // by stream id
-  for (size_t i = 0, task = 0; i < ops.size(); ++i) {
-    const OpRecord& op = ops[i];
-    if (!in_window(op.start_cycle)) continue;
-    const int64_t begin = ps_since_origin(op.start_cycle);
-    const int64_t dur = cycles_to_ps(op.cycles, cfg.clock_mhz);
-    ProtoWriter e = open_event(meta.event(op.kernel.empty() ? op.op_name : op.kernel), begin, dur);
-    StatWriter s(e, kEventStats, meta);
+  std::vector<std::pair<int64_t, int64_t>> task_ps;  // each task's [begin, end); set by kernels
+
+  bool in_window(uint64_t start) const { return start >= w.origin_cycle && start < w.end_cycle; }
+};
+
+// One event per launch of the window, on its stream's line (by stream id).
+std::map<uint64_t, LineBuilder> kernel_lines(PlaneBuild& b) {
+  std::map<uint64_t, LineBuilder> streams;
+  b.task_ps.assign(b.ops.size(), {0, 0});
+  for (size_t i = 0, task = 0; i < b.ops.size(); ++i) {
+    const OpRecord& op = b.ops[i];
+    if (!b.in_window(op.start_cycle)) continue;
+    const int64_t begin = cycles_to_ps(op.start_cycle - b.w.origin_cycle, b.cfg.clock_mhz);
+    const int64_t dur = cycles_to_ps(op.cycles, b.cfg.clock_mhz);
+    b.task_ps[i] = {begin, begin + dur};
+    ProtoWriter e =
+        open_event(b.meta.event(op.kernel.empty() ? op.op_name : op.kernel), begin, dur);
+    StatWriter s(e, kEventStats, b.meta);
     s.str("tf_op", tf_op_text(op));
     s.u64("task_id", task++);
     s.str("task_type", op.task_type);
@@ -207,19 +217,39 @@ std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const Chip
     s.u64("cycles", op.cycles);
     close_event(streams[op.stream], e, begin + dur);
   }
-  LineBuilder tf_ops;
-  for (const TfOpSpan& span : tf_op_spans(launches, ops)) {
-    if (!in_window(span.start_cycle)) continue;
-    const OpRecord& op = ops[span.first_task];
-    const int64_t begin = ps_since_origin(span.start_cycle);
-    const int64_t dur = cycles_to_ps(span.end_cycle - span.start_cycle, cfg.clock_mhz);
-    ProtoWriter e = open_event(meta.event(op.op_name), begin, dur);
-    StatWriter s(e, kEventStats, meta);
+  return streams;
+}
+
+// One event per TF op run that starts in the window, spanning its kernels' events exactly
+// (their ps, not its cycles rounded again). After kernel_lines.
+LineBuilder tf_op_line(PlaneBuild& b, const std::vector<rt::LaunchRecord>& launches) {
+  LineBuilder line;
+  for (const TfOpSpan& span : tf_op_spans(launches, b.ops)) {
+    if (!b.in_window(span.start_cycle)) continue;
+    int64_t begin = b.task_ps[span.first_task].first, end = begin;
+    for (size_t t : span.tasks) {
+      if (!b.in_window(b.ops[t].start_cycle)) continue;
+      begin = std::min(begin, b.task_ps[t].first);
+      end = std::max(end, b.task_ps[t].second);
+    }
+    const OpRecord& op = b.ops[span.first_task];
+    ProtoWriter e = open_event(b.meta.event(op.op_name), begin, end - begin);
+    StatWriter s(e, kEventStats, b.meta);
     s.str("tf_op", tf_op_text(op));
     s.str("kernels", fmt::format("{}", fmt::join(span.kernels, ",")));
-    close_event(tf_ops, e, begin + dur);
+    close_event(line, e, end);
   }
+  return line;
+}
 
+}  // namespace
+
+std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const ChipConfig& cfg,
+                       const XPlaneWindow& w) {
+  const std::vector<OpRecord> ops = op_records(launches, cfg);
+  PlaneBuild b{ops, cfg, w, {}, {}};
+  const std::map<uint64_t, LineBuilder> streams = kernel_lines(b);
+  const LineBuilder tf_ops = tf_op_line(b, launches);
   ProtoWriter plane;
   plane.int64_field(kPlaneId, w.device_ordinal);
   plane.string_field(kPlaneName, npu_plane_name(w.device_ordinal));
@@ -228,12 +258,12 @@ std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const Chip
     plane.string_field(
         kPlaneLines, line_bytes(static_cast<int64_t>(stream) + 1, fmt::format("Stream #{}", stream),
                                 w.origin_walltime_ns, line));
-  StatWriter ps(plane, kPlaneStats, meta);
+  StatWriter ps(plane, kPlaneStats, b.meta);
   ps.f64("clock_mhz", cfg.clock_mhz);
   ps.u64("origin_cycle", w.origin_cycle);
   ps.u64("end_cycle", w.end_cycle);
   ps.str("chip", cfg.name);
-  meta.write(plane);
+  b.meta.write(plane);
   ProtoWriter space;
   space.string_field(kSpacePlanes, plane.bytes());
   return space.bytes();
