@@ -7,6 +7,6 @@
 # --epochs 2, --report-dir DIR). The hand-written kernel demo is `build/npusim demo`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$ROOT/scripts/setup.sh" >/dev/null
+"$ROOT/scripts/setup.sh" --no-tests >/dev/null  # progress on stderr
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m models.train_demo "$@"

@@ -222,9 +222,8 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
   return o.str();
 }
 
-// The launches as report rows, in order. The runtime runs one operation at a time, but a record
-// gives the start rounded down and the duration rounded up to whole cycles, so a task may seem
-// to end up to a cycle after the next operation began; such an end is cut to that start.
+}  // namespace
+
 std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
                                  const ChipConfig& cfg) {
   std::vector<OpRecord> ops;
@@ -236,8 +235,6 @@ std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
   }
   return ops;
 }
-
-}  // namespace
 
 OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   OpRecord op;
@@ -334,6 +331,28 @@ WaitBreakdown wait_breakdown(const std::vector<OpRecord>& ops,
   return w;
 }
 
+std::vector<TfOpSpan> tf_op_spans(const std::vector<rt::LaunchRecord>& launches,
+                                  const std::vector<OpRecord>& ops) {
+  std::map<uint64_t, TfOpSpan> spans;  // by dispatch id, which grows with dispatch order
+  for (size_t i = 0; i < ops.size() && i < launches.size(); ++i) {
+    const rt::LaunchRecord& r = launches[i];
+    if (!r.label || !r.label->dispatch) continue;
+    auto [it, fresh] = spans.try_emplace(r.label->dispatch);
+    TfOpSpan& s = it->second;
+    if (fresh) {
+      s.start_cycle = ops[i].start_cycle;
+      s.first_task = i;
+    }
+    s.start_cycle = std::min(s.start_cycle, ops[i].start_cycle);
+    s.end_cycle = std::max(s.end_cycle, ops[i].start_cycle + ops[i].cycles);
+    s.tasks.push_back(i);
+    s.kernels.push_back(r.kernel);
+  }
+  std::vector<TfOpSpan> out;
+  for (auto& [id, s] : spans) out.push_back(std::move(s));
+  return out;
+}
+
 json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops) {
   const ChipConfig& cfg = *in.config;
   auto us = [&](uint64_t cycles) { return cfg.cycles_to_us(double(cycles)); };
@@ -350,31 +369,11 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
   ev.push_back(meta("process_sort_index", kChipPid, -1, "sort_index", 1));
   ev.push_back(meta("thread_name", kChipPid, kKernelTid, "name", "kernels"));
 
-  // TF op dispatch spans: the first launch's start to the last launch's end of each run.
-  struct Span {
-    uint64_t start = 0, end = 0;
-    size_t first = 0;
-    std::vector<std::string> kernels;
-  };
-  std::map<uint64_t, Span> spans;  // by dispatch id, which grows with dispatch order
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const rt::LaunchRecord& r = in.launches[i];
-    if (!r.label || !r.label->dispatch) continue;
-    auto [it, fresh] = spans.try_emplace(r.label->dispatch);
-    Span& s = it->second;
-    if (fresh) {
-      s.start = ops[i].start_cycle;
-      s.first = i;
-    }
-    s.start = std::min(s.start, ops[i].start_cycle);
-    s.end = std::max(s.end, ops[i].start_cycle + ops[i].cycles);
-    s.kernels.push_back(r.kernel);
-  }
-  for (const auto& [id, s] : spans) {
-    const OpRecord& op = ops[s.first];
-    ev.push_back({{"ph", "X"}, {"pid", kHostPid}, {"tid", kTfOpsTid}, {"ts", us(s.start)},
-                  {"dur", us(s.end - s.start)}, {"name", op.op_name}, {"cat", "tf_op"},
-                  {"args", {{"op_type", op.op_type}, {"first_task_id", s.first},
+  for (const TfOpSpan& s : tf_op_spans(in.launches, ops)) {
+    const OpRecord& op = ops[s.first_task];
+    ev.push_back({{"ph", "X"}, {"pid", kHostPid}, {"tid", kTfOpsTid}, {"ts", us(s.start_cycle)},
+                  {"dur", us(s.end_cycle - s.start_cycle)}, {"name", op.op_name}, {"cat", "tf_op"},
+                  {"args", {{"op_type", op.op_type}, {"first_task_id", s.first_task},
                             {"kernels", s.kernels}}}});
   }
   for (const rt::CopyRecord& c : in.copies)

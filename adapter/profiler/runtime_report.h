@@ -25,6 +25,26 @@ namespace npusim::prof {
 // start and duration on the device timeline, counters. wait_cycles is left 0 (set_wait_cycles).
 OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg);
 
+// The launches as report rows, in launch order (op_record each). The runtime runs one operation
+// at a time, but a record gives the start rounded down and the duration rounded up to whole
+// cycles, so a task may seem to end up to a cycle after the next operation began; such an end
+// is cut to that start. The rows of op_summary.csv, the trace and the TensorBoard profile.
+std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
+                                 const ChipConfig& cfg);
+
+// One run of a TF op (launches sharing a LaunchLabel::dispatch): from its first launch's start
+// to its last launch's end on the device timeline.
+struct TfOpSpan {
+  uint64_t start_cycle = 0, end_cycle = 0;
+  size_t first_task = 0;             // index of its first launch in `ops`
+  std::vector<size_t> tasks;         // indices of its launches in `ops`, in order
+  std::vector<std::string> kernels;  // their kernels
+};
+// The runs among `ops` (op_records(launches)), in dispatch order; launches without a dispatch
+// id belong to none.
+std::vector<TfOpSpan> tf_op_spans(const std::vector<rt::LaunchRecord>& launches,
+                                  const std::vector<OpRecord>& ops);
+
 // Per op type, over a set of launches (launches of one label = one TF op run).
 struct OpTypeSummary {
   std::string op_type;

@@ -12,6 +12,7 @@
 #include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/cpu_fallbacks.h"
+#include "adapter/tf/plugin/launch_window.h"
 #include "adapter/tf/plugin/op_coverage.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
@@ -176,19 +177,6 @@ uint64_t json_u64(const nlohmann::json& j, const char* key, uint64_t fallback) {
   return j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : fallback;
 }
 
-// The launches and copies that started in [origin_cycle, end_cycle) on the device timeline
-// (end_cycle 0: no end).
-void window_records(npusim::rt::Device& dev, uint64_t origin_cycle, uint64_t end_cycle,
-                    std::vector<npusim::rt::LaunchRecord>* launches,
-                    std::vector<npusim::rt::CopyRecord>* copies) {
-  auto inside = [&](uint64_t t) { return t >= origin_cycle && (end_cycle == 0 || t < end_cycle); };
-  for (npusim::rt::LaunchRecord& r : dev.launch_records())
-    if (inside(r.start_cycle)) launches->push_back(std::move(r));
-  if (copies)
-    for (const npusim::rt::CopyRecord& c : dev.copy_records())
-      if (inside(c.start_cycle)) copies->push_back(c);
-}
-
 }  // namespace
 
 // Starts a report window (npusim.profile): instruction detail is collected from the next launch
@@ -239,7 +227,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     in.origin_cycle = json_u64(extra, "origin_cycle", 0);
     uint64_t now = 0;
     if (rt::Status s = dev->device_time_cycles(&now); !s.ok()) return s;
-    window_records(*dev, in.origin_cycle, 0, &in.launches, &in.copies);
+    tf::window_records(*dev, in.origin_cycle, 0, &in.launches, &in.copies);
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;
@@ -269,8 +257,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_op_summary_json(const char* options_json) {
     std::shared_ptr<rt::Device> dev = tf::device_if_open();
     if (!dev) return rt::ok_status();
     std::vector<rt::LaunchRecord> launches;
-    window_records(*dev, json_u64(o, "origin_cycle", 0), json_u64(o, "end_cycle", 0), &launches,
-                   nullptr);
+    tf::window_records(*dev, json_u64(o, "origin_cycle", 0), json_u64(o, "end_cycle", 0),
+                       &launches, nullptr);
     for (const prof::OpTypeSummary& t :
          prof::op_type_summary(launches, dev->config(), json_u64(o, "top", 0)))
       j.push_back({{"op_type", t.op_type},
