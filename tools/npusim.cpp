@@ -26,6 +26,7 @@
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/collective_cli.h"
 #include "tools/op_cli.h"
 #include "tools/report_cli.h"
 #include "tools/summary.h"
@@ -352,6 +353,9 @@ int main(int argc, char** argv) {
   c_sweep->add_flag("--retry-errors", sweep.retry_errors,
                     "run stored points that failed again (not rejected configs)");
 
+  cli::CollectiveOptions coll;
+  auto* c_coll = cli::add_collective_command(app, coll);
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -364,6 +368,7 @@ int main(int argc, char** argv) {
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
     if (c_sweep->parsed()) return cmd_sweep(sweep);
+    if (c_coll->parsed()) return cli::run_collective_command(coll, std::cout);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);

@@ -78,6 +78,12 @@ struct CollectiveResult {
 // be reduced).
 CollectiveResult run_collective(SystemSimulator& sys, const CollectiveCall& call);
 
+// n elements of type t whose reduction by `op` is exact in every order (so any algorithm's
+// result equals any reference's bit for bit): integers -8..8 for sum, max and min; +-1, +-2 and
+// +-0.5 for prod (+-1, +-2 for integers). Deterministic in `seed`. Throws npusim::Error for a
+// type that is not f32, f16, bf16, s32, s16 or s8.
+std::vector<uint8_t> exact_reduction_inputs(isa::Dtype t, ReduceOp op, uint64_t n, uint32_t seed);
+
 // Bytes of one rank's input and output buffers for the call (for callers that allocate them).
 uint64_t collective_send_bytes(const CollectiveCall& call);
 uint64_t collective_recv_bytes(const CollectiveCall& call);

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <random>
 
 #include "common/numeric.h"
 #include "isa/assembler.h"
@@ -60,44 +59,6 @@ double get(Dtype t, const std::vector<uint8_t>& b, size_t i) {
     }
   }
 }
-void put(Dtype t, std::vector<uint8_t>& b, size_t i, double x) {
-  switch (t) {
-    case Dtype::F32: {
-      float v = static_cast<float>(x);
-      std::memcpy(&b[4 * i], &v, 4);
-      break;
-    }
-    case Dtype::S32: {
-      int32_t v = static_cast<int32_t>(x);
-      std::memcpy(&b[4 * i], &v, 4);
-      break;
-    }
-    case Dtype::F16: {
-      uint16_t v = f32_to_f16(static_cast<float>(x));
-      std::memcpy(&b[2 * i], &v, 2);
-      break;
-    }
-    default: {
-      uint16_t v = f32_to_bf16(static_cast<float>(x));
-      std::memcpy(&b[2 * i], &v, 2);
-      break;
-    }
-  }
-}
-
-// Inputs whose reductions are exact in every type and order: small integers for sum, max and
-// min; +-1, +-2 and +-0.5 for prod (products are powers of two).
-std::vector<uint8_t> random_input(Dtype t, ReduceOp op, size_t n, std::mt19937& rng) {
-  std::vector<uint8_t> b(n * static_cast<size_t>(isa::dtype_size(t)));
-  static const double kProd[] = {1, -1, 2, -2, 0.5, -0.5};
-  for (size_t i = 0; i < n; ++i) {
-    double x = op == ReduceOp::prod ? (t == Dtype::S32 ? kProd[rng() % 4] : kProd[rng() % 6])
-                                    : static_cast<double>(static_cast<int>(rng() % 17) - 8);
-    put(t, b, i, x);
-  }
-  return b;
-}
-
 double combine(ReduceOp op, double a, double b) {
   switch (op) {
     case ReduceOp::sum: return a + b;
@@ -113,7 +74,8 @@ constexpr uint64_t kSend = 0x100000, kRecv = 0x4000000;
 CollectiveResult check_collective(CollectiveCall call) {
   SystemSimulator& s = sys();
   const int n = static_cast<int>(call.chips.size());
-  std::mt19937 rng(static_cast<unsigned>(call.count * 31 + n * 7 + static_cast<int>(call.kind)));
+  const uint32_t seed =
+      static_cast<uint32_t>(call.count * 31 + n * 7 + static_cast<int>(call.kind)) * 100;
   call.send.assign(n, kSend);
   call.recv.assign(n, kRecv);
   const size_t es = static_cast<size_t>(isa::dtype_size(call.dtype));
@@ -121,7 +83,7 @@ CollectiveResult check_collective(CollectiveCall call) {
                out_elems = collective_recv_bytes(call) / es;
   std::vector<std::vector<uint8_t>> in(n);
   for (int r = 0; r < n; ++r) {
-    in[r] = random_input(call.dtype, call.op, in_elems, rng);
+    in[r] = exact_reduction_inputs(call.dtype, call.op, in_elems, seed + r);
     s.gm(call.chips[r]).write(kSend, in[r].data(), in[r].size());
     std::vector<uint8_t> junk(out_elems * es, 0xa5);
     s.gm(call.chips[r]).write(kRecv, junk.data(), junk.size());
