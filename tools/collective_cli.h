@@ -27,7 +27,7 @@ struct CollectiveOptions {
   // the same result, so outputs can be checked bit for bit).
   bool functional = false;
   std::string dump_dir;  // --functional: the last size's buffers as .npy
-  std::string out_dir;      // results.csv, system.yaml and chip.yaml
+  std::string out_dir;   // results.csv, system.yaml and chip.yaml
 };
 
 // Adds the subcommand to `app`, filling `o` when it parses.
