@@ -423,6 +423,14 @@ CollectiveAlgo collective_algo_from_name(const std::string& s) {
   return from_name<CollectiveAlgo>(s, "algorithm", kAlgoNames);
 }
 
+namespace {
+// Element i of an array of T in `bytes`.
+template <typename T>
+void store_at(std::vector<uint8_t>& bytes, uint64_t i, T value) {
+  std::memcpy(&bytes[i * sizeof(T)], &value, sizeof(T));
+}
+}  // namespace
+
 std::vector<uint8_t> exact_reduction_inputs(Dtype t, ReduceOp op, uint64_t n, uint32_t seed) {
   static const float kProd[] = {1, -1, 2, -2, 0.5f, -0.5f};
   const bool integer = !isa::dtype_is_float(t);
@@ -433,28 +441,12 @@ std::vector<uint8_t> exact_reduction_inputs(Dtype t, ReduceOp op, uint64_t n, ui
   std::vector<uint8_t> out(n * static_cast<uint64_t>(std::max(isa::dtype_size(t), 0)));
   for (uint64_t i = 0; i < n; ++i) {
     switch (t) {
-      case Dtype::F32: std::memcpy(&out[4 * i], &v[i], 4); break;
-      case Dtype::F16: {
-        const uint16_t h = f32_to_f16(v[i]);
-        std::memcpy(&out[2 * i], &h, 2);
-        break;
-      }
-      case Dtype::BF16: {
-        const uint16_t h = f32_to_bf16(v[i]);
-        std::memcpy(&out[2 * i], &h, 2);
-        break;
-      }
-      case Dtype::S32: {
-        const int32_t x = int32_t(v[i]);
-        std::memcpy(&out[4 * i], &x, 4);
-        break;
-      }
-      case Dtype::S16: {
-        const int16_t x = int16_t(v[i]);
-        std::memcpy(&out[2 * i], &x, 2);
-        break;
-      }
-      case Dtype::S8: out[i] = static_cast<uint8_t>(int8_t(v[i])); break;
+      case Dtype::F32: store_at(out, i, v[i]); break;
+      case Dtype::F16: store_at(out, i, f32_to_f16(v[i])); break;
+      case Dtype::BF16: store_at(out, i, f32_to_bf16(v[i])); break;
+      case Dtype::S32: store_at(out, i, static_cast<int32_t>(v[i])); break;
+      case Dtype::S16: store_at(out, i, static_cast<int16_t>(v[i])); break;
+      case Dtype::S8: store_at(out, i, static_cast<int8_t>(v[i])); break;
       default:
         throw Error(fmt::format("exact_reduction_inputs: no {} (f32, f16, bf16, s32, s16, s8)",
                                 isa::dtype_name(t)));

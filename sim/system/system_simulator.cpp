@@ -138,26 +138,27 @@ void SystemSimulator::Impl::finish_launches(const std::vector<ChipLaunch>& launc
   }
 }
 
+DeviceMemory& SystemSimulator::gm_range(int chip, uint64_t addr, uint64_t bytes,
+                                        const std::string& what) {
+  DeviceMemory& g = gm(chip);
+  if (!g.in_bounds(addr, bytes))
+    throw Error(
+        fmt::format("{}: chip {}: range [{:#x}, {:#x}) is outside its device memory of {} "
+                    "bytes",
+                    what, chip, addr, addr + bytes, g.capacity()));
+  return g;
+}
+
 HdcResult SystemSimulator::copy_host_to_device(int chip, uint64_t dev_addr, const void* src,
                                                uint64_t bytes) {
-  DeviceMemory& g = gm(chip);
-  if (!g.in_bounds(dev_addr, bytes))
-    throw Error(
-        fmt::format("copy_host_to_device: chip {}: range [{:#x}, {:#x}) is outside its "
-                    "device memory of {} bytes",
-                    chip, dev_addr, dev_addr + bytes, g.capacity()));
+  DeviceMemory& g = gm_range(chip, dev_addr, bytes, "copy_host_to_device");
   if (bytes) g.write(dev_addr, src, bytes);
   return m_impl->hdc_copy(chip, true, bytes);
 }
 
 HdcResult SystemSimulator::copy_device_to_host(int chip, void* dst, uint64_t dev_addr,
                                                uint64_t bytes) {
-  DeviceMemory& g = gm(chip);
-  if (!g.in_bounds(dev_addr, bytes))
-    throw Error(
-        fmt::format("copy_device_to_host: chip {}: range [{:#x}, {:#x}) is outside its "
-                    "device memory of {} bytes",
-                    chip, dev_addr, dev_addr + bytes, g.capacity()));
+  DeviceMemory& g = gm_range(chip, dev_addr, bytes, "copy_device_to_host");
   HdcResult r = m_impl->hdc_copy(chip, false, bytes);
   if (bytes) g.read(dev_addr, dst, bytes);
   return r;
@@ -168,12 +169,9 @@ PeerCopyResult SystemSimulator::copy_peer(const std::vector<PeerCopy>& copies) {
   std::vector<LinkTransfer> transfers;
   for (size_t i = 0; i < copies.size(); ++i) {
     const PeerCopy& c = copies[i];
-    for (auto [chip, addr] : {std::pair{c.src_chip, c.src_addr}, {c.dst_chip, c.dst_addr}})
-      if (!gm(chip).in_bounds(addr, c.bytes))
-        throw Error(
-            fmt::format("peer copy {} -> {}: chip {}: range [{:#x}, {:#x}) is outside "
-                        "its device memory of {} bytes",
-                        c.src_chip, c.dst_chip, chip, addr, addr + c.bytes, gm(chip).capacity()));
+    const std::string what = fmt::format("peer copy {} -> {}", c.src_chip, c.dst_chip);
+    gm_range(c.src_chip, c.src_addr, c.bytes, what);
+    gm_range(c.dst_chip, c.dst_addr, c.bytes, what);
     if (functional()) {
       data[i].resize(c.bytes);
       gm(c.src_chip).read(c.src_addr, data[i].data(), c.bytes);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -81,6 +82,8 @@ class SystemSimulator {
   const Fabric& fabric() const;
 
  private:
+  // gm(chip), after checking that [addr, addr + bytes) lies in it (else an Error naming `what`).
+  DeviceMemory& gm_range(int chip, uint64_t addr, uint64_t bytes, const std::string& what);
   struct Impl;
   std::unique_ptr<Impl> m_impl;
 };
