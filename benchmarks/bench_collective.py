@@ -6,8 +6,10 @@ derived from the system config (printed as PASS/MISS; exit 1 on a MISS):
 - large messages: the largest size's busbw is within 10 % of the peak the config implies for the
   algorithm: ring -> one link's bandwidth (the slowest link on the ring: an HCCS link in a
   server, a NIC across servers); mesh on n chips -> (n - 1) links at once, (n - 1) x link;
-- small messages: the smallest size's time is within 10 % of the latency-bound time, steps x
-  the latency of one step (link latency in a server; NIC + switch across servers): the curve's
+  mesh_ring (S servers of L chips) -> 2(n-1)/n / (2 / (L link) + 2 (S-1) / (S L nic)), the
+  data's time through level 0 twice and the NICs' ring once;
+- small messages: the smallest size's time is within 10 % of the latency-bound time, the sum of
+  the steps' latencies (link latency in a server; NIC + switch across servers): the curve's
   small end is latency-bound as the config says.
 
 Usage: python3 benchmarks/bench_collective.py [--npusim build/npusim] [--out FILE]
@@ -26,7 +28,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (system, algorithm as given to --algo)
-CASES = [("910b-x8", "ring"), ("910b-x8", "auto"), ("910b-x16", "ring")]
+CASES = [("910b-x8", "ring"), ("910b-x8", "auto"), ("910b-x16", "auto"), ("910b-x16", "ring")]
 
 
 def run_case(npusim, system, algo):
@@ -44,17 +46,23 @@ def run_case(npusim, system, algo):
 
 def targets(rows, cfg):
     """(peak busbw GB/s, latency-bound time of the smallest size us) from the resolved system."""
-    n = cfg["servers"] * cfg["chips_per_server"]
+    servers, per = cfg["servers"], cfg["chips_per_server"]
+    n = servers * per
     link = cfg["server"]["link"]
-    algo = rows[-1]["algorithm"]
-    if cfg["servers"] > 1:  # the ring crosses servers: a NIC is its slowest hop
-        nic, switch = cfg["scale_out"]["nic"], cfg["scale_out"]["switch"]
-        peak = min(link["gbps"], nic["gbps"])
-        step_latency = max(link["latency_us"], nic["latency_us"] + switch["latency_us"])
-    else:
-        peak = (n - 1) * link["gbps"] if algo == "mesh" else link["gbps"]
-        step_latency = link["latency_us"]
-    return peak, int(rows[0]["steps"]) * step_latency
+    algo, steps = rows[-1]["algorithm"], int(rows[0]["steps"])
+    if servers > 1:
+        nic = cfg["scale_out"]["nic"]
+        remote_latency = nic["latency_us"] + cfg["scale_out"]["switch"]["latency_us"]
+    if algo == "mesh_ring":
+        level0 = 2 / (per * link["gbps"])
+        level1 = 2 * (servers - 1) / (servers * per * nic["gbps"])
+        return (2 * (n - 1) / n / (level0 + level1),
+                2 * link["latency_us"] + 2 * (servers - 1) * remote_latency)
+    if servers > 1:  # a flat ring crosses servers: a NIC is its slowest hop
+        return min(link["gbps"], nic["gbps"]), steps * max(link["latency_us"], remote_latency)
+    if algo == "mesh":
+        return (n - 1) * link["gbps"], steps * link["latency_us"]
+    return link["gbps"], steps * link["latency_us"]
 
 
 def main():

@@ -133,7 +133,9 @@ CLI::App* add_collective_command(CLI::App& app, CollectiveOptions& o) {
   c->add_option("--bytes", o.bytes, "SIZE or MIN..MAX, e.g. 1M..1G")->capture_default_str();
   c->add_option("--factor", o.factor, "size step between MIN and MAX")->capture_default_str();
   c->add_option("--chips", o.chips, "use the first N chips (default: all)");
-  c->add_option("--algo", o.algo, "auto, mesh, ring or hd (halving_doubling)")
+  c->add_option(
+       "--algo", o.algo,
+       "auto, mesh, ring, hd (halving_doubling), mesh_ring or mesh_hd (all_reduce across servers)")
       ->capture_default_str();
   c->add_option("--dtype", o.dtype, "f32, f16, bf16, s32, s16, s8")->capture_default_str();
   c->add_option("--op", o.op, "sum, prod, max, min")->capture_default_str();

@@ -137,8 +137,81 @@ void append(std::vector<Step>& to, std::vector<Step> steps) {
   for (Step& s : steps) to.push_back(std::move(s));
 }
 
+// The communicator by server: ranks[s][l] is the l-th rank in the s-th server it spans.
+struct ServerGroups {
+  std::vector<std::vector<int>> ranks;
+};
+
+ServerGroups server_groups(const SystemConfig& cfg, const std::vector<int>& chips) {
+  ServerGroups g;
+  std::vector<int> servers;
+  for (size_t r = 0; r < chips.size(); ++r) {
+    const int server = cfg.server_of(chips[r]);
+    auto it = std::find(servers.begin(), servers.end(), server);
+    if (it == servers.end()) {
+      servers.push_back(server);
+      g.ranks.emplace_back();
+      it = servers.end() - 1;
+    }
+    g.ranks[static_cast<size_t>(it - servers.begin())].push_back(static_cast<int>(r));
+  }
+  return g;
+}
+
+// Block i of `b` split into `parts` nearly equal blocks (offsets in the whole buffer).
+Blocks split_block(const Blocks& b, int i, int parts) {
+  Blocks sub = even_blocks(b.len[i], parts);
+  for (uint64_t& off : sub.off) off += b.off[i];
+  return sub;
+}
+
+// Steps written for ranks 0..k-1, run by members[0..k-1].
+std::vector<Step> on_members(std::vector<Step> steps, const std::vector<int>& members) {
+  for (Step& step : steps)
+    for (Move& m : step) m.src = members[m.src], m.dst = members[m.dst];
+  return steps;
+}
+
+// Runs `steps` alongside what `into` already holds: its step k joins into's step k.
+void alongside(std::vector<Step>& into, std::vector<Step> steps) {
+  if (into.size() < steps.size()) into.resize(steps.size());
+  for (size_t k = 0; k < steps.size(); ++k)
+    into[k].insert(into[k].end(), steps[k].begin(), steps[k].end());
+}
+
+// HCCL's hierarchical all-reduce over servers of full-mesh chips: level 0 reduce-scatters
+// inside every server (mesh: rank l of a server ends with block l of its server's sum); level 1
+// all-reduces block l between the l-th ranks of all servers (ring or halving-doubling over
+// their NICs, every l at once); level 0 all-gathers inside every server again.
+std::vector<Step> hierarchical_all_reduce(const Blocks& b, const ServerGroups& g,
+                                          CollectiveAlgo level1) {
+  const int per = static_cast<int>(g.ranks[0].size());
+  const int servers = static_cast<int>(g.ranks.size());
+  std::vector<Step> steps(1);
+  for (const std::vector<int>& server : g.ranks)
+    alongside(steps, on_members({mesh_reduce_scatter(b, per)}, server));
+  std::vector<Step> across;
+  for (int l = 0; l < per; ++l) {
+    std::vector<int> members;
+    for (const std::vector<int>& server : g.ranks) members.push_back(server[l]);
+    const Blocks sub = split_block(b, l, servers);
+    std::vector<Step> level = level1 == CollectiveAlgo::mesh_halving_doubling
+                                  ? hd_reduce_scatter(sub, servers)
+                                  : ring_reduce_scatter(sub, servers);
+    append(level, level1 == CollectiveAlgo::mesh_halving_doubling ? hd_all_gather(sub, servers)
+                                                                  : ring_all_gather(sub, servers));
+    alongside(across, on_members(std::move(level), members));
+  }
+  append(steps, std::move(across));
+  std::vector<Step> gather(1);
+  for (const std::vector<int>& server : g.ranks)
+    alongside(gather, on_members({mesh_all_gather(b, per)}, server));
+  append(steps, std::move(gather));
+  return steps;
+}
+
 // The chosen algorithm's steps for the call.
-Plan make_plan(const CollectiveCall& c, CollectiveAlgo algo, int n) {
+Plan make_plan(const CollectiveCall& c, CollectiveAlgo algo, int n, const ServerGroups& groups) {
   Plan p;
   p.name = collective_algo_name(algo);
   if (n == 1) return p;
@@ -155,8 +228,15 @@ Plan make_plan(const CollectiveCall& c, CollectiveAlgo algo, int n) {
     if (algo == CollectiveAlgo::ring) return ring_all_gather(b, n);
     return hd_all_gather(b, n);
   };
+  const bool hierarchical =
+      algo == CollectiveAlgo::mesh_ring || algo == CollectiveAlgo::mesh_halving_doubling;
   switch (c.kind) {
     case CollectiveKind::all_reduce:
+      if (hierarchical) {
+        p.steps = hierarchical_all_reduce(
+            even_blocks(c.count, static_cast<int>(groups.ranks[0].size())), groups, algo);
+        break;
+      }
       p.steps = rs();
       append(p.steps, ag());
       break;
@@ -248,30 +328,46 @@ void reduce_into(Dtype t, ReduceOp op, uint8_t* dst, const uint8_t* src, uint64_
   }
 }
 
-bool all_in_one_server(const SystemConfig& cfg, const std::vector<int>& chips) {
-  return std::all_of(chips.begin(), chips.end(),
-                     [&](int c) { return cfg.server_of(c) == cfg.server_of(chips[0]); });
-}
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-CollectiveAlgo choose_algo(const SystemSimulator& sys, const CollectiveCall& c) {
+CollectiveAlgo choose_algo(const SystemSimulator& sys, const CollectiveCall& c,
+                           const ServerGroups& g) {
   const SystemConfig& cfg = sys.config();
   const int n = static_cast<int>(c.chips.size());
+  const std::string what = fmt::format("collective {}: algorithm {}", collective_name(c.kind),
+                                       collective_algo_name(c.algo));
+  const bool mesh_servers = cfg.topology == SystemTopology::full_mesh;
+  const bool regular = std::all_of(g.ranks.begin(), g.ranks.end(), [&](const auto& server) {
+    return server.size() == g.ranks[0].size();
+  });
   CollectiveAlgo a = c.algo;
-  if (a == CollectiveAlgo::automatic)
-    a = cfg.topology == SystemTopology::full_mesh && all_in_one_server(cfg, c.chips)
-            ? CollectiveAlgo::mesh
-            : CollectiveAlgo::ring;
-  if (a == CollectiveAlgo::mesh &&
-      !(cfg.topology == SystemTopology::full_mesh && all_in_one_server(cfg, c.chips)))
-    throw Error(
-        fmt::format("collective {}: algorithm mesh needs its chips inside one server "
-                    "joined by a full mesh; use ring or halving_doubling",
-                    collective_name(c.kind)));
-  if (a == CollectiveAlgo::halving_doubling && (n & (n - 1)) != 0)
-    throw Error(
-        fmt::format("collective {}: algorithm halving_doubling needs a power-of-two "
-                    "number of chips, got {}; use ring",
-                    collective_name(c.kind), n));
+  if (a == CollectiveAlgo::automatic) {
+    if (g.ranks.size() == 1)
+      a = mesh_servers ? CollectiveAlgo::mesh : CollectiveAlgo::ring;
+    else
+      a = c.kind == CollectiveKind::all_reduce && mesh_servers && regular
+              ? CollectiveAlgo::mesh_ring
+              : CollectiveAlgo::ring;
+  }
+  if (a == CollectiveAlgo::mesh && !(mesh_servers && g.ranks.size() == 1))
+    throw Error(what +
+                " needs its chips inside one server joined by a full mesh; use ring, "
+                "halving_doubling or (all_reduce across servers) mesh_ring");
+  if (a == CollectiveAlgo::mesh_ring || a == CollectiveAlgo::mesh_halving_doubling) {
+    if (c.kind != CollectiveKind::all_reduce)
+      throw Error(what + " is hierarchical all_reduce only; use ring or halving_doubling");
+    if (!mesh_servers || !regular || g.ranks.size() < 2)
+      throw Error(
+          fmt::format("{} needs chips in 2 or more full-mesh servers, as many in each "
+                      "(got {} servers); use ring",
+                      what, g.ranks.size()));
+    if (a == CollectiveAlgo::mesh_halving_doubling &&
+        !power_of_two(static_cast<int>(g.ranks.size())))
+      throw Error(fmt::format("{} needs a power-of-two number of servers, got {}; use mesh_ring",
+                              what, g.ranks.size()));
+  }
+  if (a == CollectiveAlgo::halving_doubling && !power_of_two(n))
+    throw Error(fmt::format("{} needs a power-of-two number of chips, got {}; use ring", what, n));
   return a;
 }
 
@@ -394,7 +490,8 @@ namespace {
 const char* const kKindNames[] = {"all_reduce", "all_gather", "reduce_scatter",
                                   "broadcast",  "all_to_all", "send_recv"};
 const char* const kOpNames[] = {"sum", "prod", "max", "min"};
-const char* const kAlgoNames[] = {"auto", "mesh", "ring", "halving_doubling"};
+const char* const kAlgoNames[] = {
+    "auto", "mesh", "ring", "halving_doubling", "mesh_ring", "mesh_halving_doubling"};
 
 template <typename E, size_t N>
 E from_name(const std::string& s, const char* what, const char* const (&names)[N]) {
@@ -420,6 +517,7 @@ ReduceOp reduce_op_from_name(const std::string& s) {
 }
 CollectiveAlgo collective_algo_from_name(const std::string& s) {
   if (s == "hd") return CollectiveAlgo::halving_doubling;
+  if (s == "mesh_hd") return CollectiveAlgo::mesh_halving_doubling;
   return from_name<CollectiveAlgo>(s, "algorithm", kAlgoNames);
 }
 
@@ -478,8 +576,9 @@ CollectiveResult run_collective(SystemSimulator& sys, const CollectiveCall& c) {
     reduce_into(c.dtype, c.op, probe.data(), probe.data() + probe.size() / 2, 1);  // type check
   }
   const int n = static_cast<int>(c.chips.size());
-  const CollectiveAlgo algo = choose_algo(sys, c);
-  const Plan plan = make_plan(c, algo, n);
+  const ServerGroups groups = server_groups(sys.config(), c.chips);
+  const CollectiveAlgo algo = choose_algo(sys, c, groups);
+  const Plan plan = make_plan(c, algo, n, groups);
   const uint64_t es = static_cast<uint64_t>(isa::dtype_size(c.dtype));
   CollectiveResult res;
   res.algorithm = plan.name;

@@ -33,14 +33,27 @@ enum class CollectiveKind {
   send_recv
 };
 enum class ReduceOp { sum, prod, max, min };
-// automatic: mesh for a communicator inside one full-mesh server, ring otherwise; all_to_all is
-// always pairwise and send_recv direct.
-enum class CollectiveAlgo { automatic, mesh, ring, halving_doubling };
+// Flat algorithms run over all ranks alike: mesh (inside one full-mesh server), ring,
+// halving_doubling (a power-of-two number of ranks). The hierarchical ones are all_reduce over
+// several full-mesh servers, as many ranks in each (HCCL's level 0 mesh inside servers, level 1
+// between them, as HCCL_ALGO="level0:NA;level1:ring|H-D" selects): mesh_ring,
+// mesh_halving_doubling (a power-of-two number of servers). automatic picks as HCCL does by
+// topology: mesh inside one full-mesh server, mesh_ring for all_reduce across such servers, ring
+// otherwise; all_to_all is always pairwise and send_recv direct.
+enum class CollectiveAlgo {
+  automatic,
+  mesh,
+  ring,
+  halving_doubling,
+  mesh_ring,
+  mesh_halving_doubling
+};
 
 const char* collective_name(CollectiveKind k);
 const char* reduce_op_name(ReduceOp op);
 const char* collective_algo_name(CollectiveAlgo a);
-// Parse names ("all_reduce", "sum", "ring", "hd" or "halving_doubling", "auto"); throw
+// Parse names ("all_reduce", "sum", "ring", "hd" or "halving_doubling", "mesh_hd" or
+// "mesh_halving_doubling", "auto"); throw
 // npusim::Error listing the valid names.
 CollectiveKind collective_from_name(const std::string& s);
 ReduceOp reduce_op_from_name(const std::string& s);

@@ -235,13 +235,45 @@ TEST_CASE("each algorithm computes the same results", "[collective]") {
       }
     }
   }
+  for (CollectiveAlgo a : {CollectiveAlgo::mesh_ring, CollectiveAlgo::mesh_halving_doubling}) {
+    CollectiveCall c;
+    c.chips = first_chips(8);  // two servers of four
+    c.count = 1001;
+    c.algo = a;
+    c.dtype = Dtype::BF16;
+    c.op = ReduceOp::max;
+    CHECK(check_collective(c).algorithm == collective_algo_name(a));
+    c.chips = {4, 1, 6, 3};  // two servers of two, ranks interleaved
+    CHECK(check_collective(c).algorithm == collective_algo_name(a));
+  }
   CollectiveCall c;
   c.chips = first_chips(4);
-  CHECK(collective_algo_name(CollectiveAlgo::mesh) == std::string("mesh"));
   c.count = 64;
   CHECK(check_collective(c).algorithm == "mesh");  // one full-mesh server: HCCL's Mesh
   c.chips = first_chips(8);
-  CHECK(check_collective(c).algorithm == "ring");  // across servers
+  CHECK(check_collective(c).algorithm == "mesh_ring");  // across servers: level 0 + level 1
+  c.kind = CollectiveKind::all_gather;
+  CHECK(check_collective(c).algorithm == "ring");  // flat across servers
+}
+
+TEST_CASE("hierarchical all-reduce time follows from the link and NIC config", "[collective]") {
+  SystemSimulator& s = sys();
+  const SystemConfig& cfg = s.config();
+  CollectiveCall c;
+  c.chips = first_chips(8);
+  c.send.assign(8, kSend);
+  c.recv.assign(8, kSend);
+  c.count = 1 << 20;                       // 4 MiB of f32
+  const uint64_t block = c.count * 4 / 4;  // level 0: 4 chips per server
+  // Level 0 mesh reduce-scatter and all-gather: each rank sends a block to each of its 3 peers,
+  // every link its own; level 1 ring over 2 servers: one step each way, half a block per NIC.
+  const uint64_t level0 = step_cycles(block, cfg.link.gbps, cfg.link.latency_us);
+  const uint64_t level1 =
+      step_cycles(block / 2, cfg.nic.gbps, cfg.nic.latency_us + cfg.switch_latency_us);
+  const CollectiveResult r = run_collective(s, c);
+  CHECK(r.algorithm == "mesh_ring");
+  CHECK(r.steps == 4);
+  CHECK(r.cycles == 2 * level0 + 2 * level1);
 }
 
 TEST_CASE("ring all-reduce time follows from the link config", "[collective]") {
@@ -311,6 +343,19 @@ TEST_CASE("collective errors name what is wrong", "[collective]") {
   c.algo = CollectiveAlgo::mesh;
   CHECK_THROWS_WITH(run_collective(s, c),
                     Catch::Contains("mesh needs its chips inside one server"));
+  c.algo = CollectiveAlgo::mesh_ring;
+  c.kind = CollectiveKind::reduce_scatter;
+  CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("hierarchical all_reduce only"));
+  c.kind = CollectiveKind::all_reduce;
+  c.chips = {0, 1};
+  CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("2 or more full-mesh servers"));
+  c.chips = {0, 1, 4};
+  c.send.assign(3, kSend);
+  c.recv.assign(3, kRecv);
+  CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("as many in each"));
+  c.send.assign(2, kSend);
+  c.recv.assign(2, kRecv);
+  c.chips = {0, 4};
   c.algo = CollectiveAlgo::automatic;
   c.dtype = Dtype::U8;
   CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("cannot reduce u8"));
