@@ -187,6 +187,7 @@ PeerCopyResult SystemSimulator::copy_peer(const std::vector<PeerCopy>& copies) {
 
 PeerCopyResult SystemSimulator::transfer(const std::vector<LinkTransfer>& list) {
   Impl& I = *m_impl;
+  for (const LinkTransfer& t : list) I.fabric->route(t.src, t.dst);  // throws before any starts
   start_on_clock_edge();
   const uint64_t start = time_ps(sc_time_stamp());
   std::vector<Fabric::Transfer> transfers(list.size());

@@ -152,6 +152,9 @@ TEST_CASE("a link direction is shared by the transfers that cross it", "[system]
   CHECK(got == b);
   s.gm(5).read(kRecv, got.data(), bytes);
   CHECK(got == a);
+  CHECK_THROWS_WITH(s.copy_peer({{0, kSend, 1, kRecv, 64}, {2, kSend, 2, kRecv, 64}}),
+                    Catch::Contains("no route from chip 2 to chip 2"));
+  CHECK(s.copy_peer({{0, kSend, 1, kRecv, 64}}).cycles > 0);  // nothing left behind
   CHECK_THROWS_WITH(s.gm(8),
                     Catch::Contains("chip 8 does not exist") && Catch::Contains("8 chips"));
 }
