@@ -94,6 +94,16 @@ def main():
         assert abs(float(busbw) - float(algbw) * 1.5) < 0.01 + 1e-3 * float(busbw)
     passed += 1
 
+    # Timing-only gives the functional run's times.
+    for kind in ("all_reduce", "all_to_all"):
+        base = ("--system", "tiny-x8", "--bytes", "64K..256K", "--op", "prod")
+        timing = run(kind, *base).stdout.splitlines()[4:]
+        functional = run(kind, *base, "--functional").stdout.splitlines()[4:]
+        if timing != functional or not timing:
+            failures.append(f"{kind}: timing-only {timing} != functional {functional}")
+        else:
+            passed += 1
+
     for args, msg in ((("all_reduce", "--system", "tiny-x8", "--chips", "9"),
                        "--chips 9: system 'tiny-x8' has 8 chips"),
                       (("all_reduce", "--system", "tiny-x8", "--algo", "tree"),
