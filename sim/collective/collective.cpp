@@ -387,6 +387,14 @@ void check_call(SystemSimulator& sys, const CollectiveCall& c) {
   if (c.send.size() != c.chips.size() || c.recv.size() != c.chips.size())
     throw Error(fmt::format("{}: {} send and {} receive buffers for {} chips; one each per chip",
                             what, c.send.size(), c.recv.size(), n));
+  if (!c.rank_counts.empty() && c.rank_counts.size() != c.chips.size())
+    throw Error(fmt::format("{}: {} element counts for {} chips", what, c.rank_counts.size(), n));
+  for (int r = 0; r < static_cast<int>(c.rank_counts.size()); ++r)
+    if (c.rank_counts[r] != c.count)
+      throw Error(
+          fmt::format("{}: rank {} (chip {}) has {} elements, the call says {} (rank 0 has "
+                      "{}): every rank must bring the same size",
+                      what, r, c.chips[r], c.rank_counts[r], c.count, c.rank_counts[0]));
   if (c.kind == CollectiveKind::send_recv && n != 2)
     throw Error(fmt::format("{}: needs 2 chips (rank 0 sends to rank 1), got {}", what, n));
   if (c.root < 0 || c.root >= n)

@@ -68,6 +68,9 @@ struct CollectiveCall {
   // input (outputs hold ranks x count); reduce_scatter: of each rank's output (inputs hold
   // ranks x count); all_to_all: of each block (a buffer holds ranks blocks, block j for rank j).
   uint64_t count = 0;
+  // Optional: the element count of each rank's tensor as its caller has it (a TensorFlow
+  // replica's shape). Given, they must all equal `count`, or the call fails naming the ranks.
+  std::vector<uint64_t> rank_counts;
   isa::Dtype dtype = isa::Dtype::F32;
   ReduceOp op = ReduceOp::sum;  // all_reduce, reduce_scatter
   int root = 0;                 // broadcast: the rank that sends; send_recv: rank 0 sends to 1

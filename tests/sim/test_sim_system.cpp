@@ -331,6 +331,12 @@ TEST_CASE("collective errors name what is wrong", "[collective]") {
   CHECK_THROWS_WITH(run_collective(s, c),
                     Catch::Contains("3 send and 3 receive buffers for 4 chips"));
   c.send.assign(4, kSend);
+  c.recv.assign(4, kRecv);
+  c.rank_counts = {16, 16, 12, 16};  // replicas of different sizes
+  CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("rank 2 (chip 2) has 12 elements"));
+  c.rank_counts = {16, 16, 16, 16};
+  CHECK_NOTHROW(run_collective(s, c));
+  c.rank_counts.clear();
   c.recv.assign(4, s.gm(0).capacity() - 8);
   CHECK_THROWS_WITH(run_collective(s, c), Catch::Contains("rank 0 (chip 0): receive buffer") &&
                                               Catch::Contains("outside"));
