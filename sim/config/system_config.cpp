@@ -29,14 +29,22 @@ PresetDir system_presets() { return PresetDir{"system", system_config_dir()}; }
 // Every chip is elaborated in one SystemC simulation with its cores' threads and buffers: 64
 // chips of the 910b preset are 4,608 cores (about 15 GiB of thread stacks, mapped lazily).
 constexpr int kMaxChips = 64;
-// A link is at least 1 MB/s and at most 100 TB/s; a latency at most one second.
-constexpr double kMinGbps = 1e-3, kMaxGbps = 1e5, kMaxLatencyUs = 1e6;
+// Ranges, as the chip loader's (config_loader.cpp, "Ranges"): simulated time counts cycles of
+// 1000 ps in 64 bits. A link moves at least 1/16 byte per cycle, so that the whole 48-bit device
+// address space crosses it alone within 2^52 cycles (a quarter of the range), and at most the
+// address space per ps; a latency is at most 2^20 cycles, as the chip's.
+constexpr double kMinBytesPerCycle = 1.0 / 16, kMaxBytesPerCycle = 0x1p48 * 1000;
+constexpr double kMaxLatencyCycles = 1 << 20;
 
-LinkConfig parse_link(const Reader& r, const std::string& key) {
+LinkConfig parse_link(const Reader& r, const std::string& key, double clock_mhz) {
   LinkConfig l;
-  l.gbps = r.get_number(key + ".gbps", kMinGbps, false, kMaxGbps);
-  l.latency_us = r.get_number(key + ".latency_us", 0, false, kMaxLatencyUs);
+  l.gbps = r.get_gbps(key + ".gbps", clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
+  l.latency_us = r.get_number(key + ".latency_us", 0, false, kMaxLatencyCycles / clock_mhz);
   return l;
+}
+
+double parse_latency(const Reader& r, const std::string& key, double clock_mhz) {
+  return r.get_number(key, 0, false, kMaxLatencyCycles / clock_mhz);
 }
 
 // The chip reference: a preset name, or a path relative to the system file.
@@ -71,16 +79,13 @@ SystemConfig parse_system(const Tree& tree, const std::string& file,
     c.topology = SystemTopology::ring;
   else
     r.fail("server.topology", fmt::format("expected full_mesh or ring, got '{}'", topo));
-  c.link = parse_link(r, "server.link");
-  if (c.servers > 1) {
-    c.nic = parse_link(r, "scale_out.nic");
-    c.switch_latency_us = r.get_number("scale_out.switch.latency_us", 0, false, kMaxLatencyUs);
-  } else if (!r.children("scale_out").empty()) {
-    c.nic = parse_link(r, "scale_out.nic");  // checked, unused by one server
-    c.switch_latency_us = r.get_number("scale_out.switch.latency_us", 0, false, kMaxLatencyUs);
+  const double mhz = c.chip.clock_mhz;
+  c.link = parse_link(r, "server.link", mhz);
+  if (c.servers > 1 || !r.children("scale_out").empty()) {  // one server: checked, unused
+    c.nic = parse_link(r, "scale_out.nic", mhz);
+    c.switch_latency_us = parse_latency(r, "scale_out.switch.latency_us", mhz);
   }
-  c.reduce_kernel_launch_us =
-      r.get_number("collective.reduce_kernel_launch_us", 0, false, kMaxLatencyUs);
+  c.reduce_kernel_launch_us = parse_latency(r, "collective.reduce_kernel_launch_us", mhz);
   return c;
 }
 

@@ -122,9 +122,11 @@ uint64_t Fabric::next_event_ps() const {
   const uint64_t now = now_ps();
   uint64_t next = std::numeric_limits<uint64_t>::max();
   for (const Flow& f : m_waiting) next = std::min(next, f.ready_ps - now);
+  // The config's ranges keep this within 2^62 ps (system_config.cpp); the clamp keeps the cast
+  // defined whatever the rates.
   for (const Flow& f : m_moving)
-    next = std::min(next,
-                    std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(f.remaining / f.rate))));
+    next = std::min(
+        next, static_cast<uint64_t>(std::clamp(std::ceil(f.remaining / f.rate), 1.0, 0x1p62)));
   return next;
 }
 

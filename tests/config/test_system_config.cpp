@@ -59,5 +59,11 @@ TEST_CASE("system errors name the file and key", "[system]") {
                         Catch::Contains("server.link.latency_us"));
   CHECK_THROWS_WITH(load_system_config("910b-x8", {"chip.memory.hbm.gbs=1"}),
                     Catch::Contains("key 'chip'") && Catch::Contains("memory.hbm.gbs"));
+  // 0.1 GB/s at 1850 MHz is 0.054 bytes per cycle: the device memory would not cross it
+  // within the simulated clock's range.
+  CHECK_THROWS_WITH(load_system_config("910b-x8", {"server.link.gbps=0.1"}),
+                    Catch::Contains("server.link.gbps") && Catch::Contains("bytes per cycle"));
+  CHECK_THROWS_WITH(load_system_config("910b-x8", {"scale_out.switch.latency_us=1e6"}),
+                    Catch::Contains("scale_out.switch.latency_us"));
   CHECK(list_system_presets().size() >= 3);
 }
