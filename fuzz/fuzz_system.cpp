@@ -68,16 +68,9 @@ void require_round_trip(const SystemConfig& cfg) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text = fuzz::as_text(data, size);
-  std::string system;
-  std::vector<std::string> overrides;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view line = text.substr(pos, nl - pos);
-    if (line.substr(0, 5) == "#set ") overrides.emplace_back(line.substr(5));
-    if (pos == 0 && line.substr(0, 8) == "#system ") system = line.substr(8);
-    pos = nl + 1;
-  }
+  fuzz::ConfigDirectives d = fuzz::config_directives(text, "#system ");
+  std::string system = d.preset;
+  const std::vector<std::string>& overrides = d.overrides;
   if (system.empty()) {
     system = (scratch() / "input.yaml").string();
     std::ofstream f(system, std::ios::binary | std::ios::trunc);
