@@ -91,16 +91,9 @@ const std::string& input_path() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text = fuzz::as_text(data, size);
-  std::string chip;
-  std::vector<std::string> overrides;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view line = text.substr(pos, nl - pos);
-    if (line.substr(0, 5) == "#set ") overrides.emplace_back(line.substr(5));
-    if (pos == 0 && line.substr(0, 6) == "#chip ") chip = line.substr(6);
-    pos = nl + 1;
-  }
+  fuzz::ConfigDirectives d = fuzz::config_directives(text, "#chip ");
+  std::string chip = d.preset;
+  const std::vector<std::string>& overrides = d.overrides;
   if (chip.empty()) {
     std::ofstream f(input_path(), std::ios::binary | std::ios::trunc);
     f.write(text.data(), static_cast<std::streamsize>(text.size()));

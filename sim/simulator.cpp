@@ -22,19 +22,17 @@
 #include "sim/counters/trace.h"
 #include "sim/replay/launch_replay.h"
 #include "sim/replay/worker_pool.h"
+#include "sim/sc_driver.h"
 
 namespace npusim {
 
 using sc_core::sc_time;
 using sc_core::sc_time_stamp;
+using namespace sc_driver;
 
 namespace {
 
-bool g_elaborated = false;  // SystemC elaborates once per process
 constexpr const char* kChipName = "chip";  // the chip module: root of the counter tree
-constexpr uint64_t kPsPerCycle = 1000;
-
-uint64_t ceil_cycles(uint64_t ps) { return (ps + kPsPerCycle - 1) / kPsPerCycle; }
 
 void check_config(const ChipConfig& cfg) {
   if (!(cfg.clock_mhz > 0))
@@ -58,36 +56,6 @@ void check_config(const ChipConfig& cfg) {
     throw ConfigError(fmt::format("{}: hdc.gbps ({}) must be positive and hdc.latency_us ({}) "
                                   "not negative", cfg.source_file, cfg.hdc_gbps,
                                   cfg.hdc_latency_us));
-}
-
-// sc_start(args...), turning SystemC errors into npusim::Error.
-template <typename... Args>
-void start_checked(const Args&... args) {
-  try {
-    sc_core::sc_start(args...);
-  } catch (const sc_core::sc_report& e) {
-    throw Error(std::string("SystemC: ") + e.what());
-  }
-}
-// Runs the simulation until nothing is left to do.
-void run_to_quiescence() { start_checked(); }
-// The same, but stops before kSimTimeLimitPs (sim/core/core_env.h): false if something was
-// still to do then.
-bool run_to_quiescence_or_limit() {
-  const uint64_t now = time_ps(sc_time_stamp());
-  if (now < kSimTimeLimitPs)
-    start_checked(sc_time::from_value(kSimTimeLimitPs - now), sc_core::SC_EXIT_ON_STARVATION);
-  return !sc_core::sc_pending_activity();
-}
-
-// Every item of the device timeline (a launch, a host-link copy) starts on an AI-core clock
-// edge: what is left of the cycle in which the item before it ended (ends are in ps, e.g. a
-// copy's bytes over the link's bandwidth) passes first. So an item's timing never depends on
-// the phase at which the timeline reached it, and the timeline's length (each item ceil(its
-// duration) cycles) does not depend on the order in which TensorFlow issued independent ops.
-void start_on_clock_edge() {
-  if (const uint64_t phase_ps = time_ps(sc_time_stamp()) % kPsPerCycle; phase_ps != 0)
-    start_checked(sc_time(static_cast<double>(kPsPerCycle - phase_ps), sc_core::SC_PS));
 }
 
 // SimOptions with the environment's overrides (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS) applied.
@@ -142,7 +110,7 @@ struct Simulator::Impl {
                                bool counter_tree) {
     const uint64_t start_ps = time_ps(start);
     for (ChipObserver* o : chip->observers()) o->on_kernel_begin(program, block_dim, start_ps);
-    start_checked(sc_time(static_cast<double>(rec.quiescent_ps), sc_core::SC_PS));
+    run_for(sc_time(static_cast<double>(rec.quiescent_ps), sc_core::SC_PS));
     for (ChipObserver* o : chip->observers())
       o->on_kernel_end(program, start_ps + rec.duration_ps, true);
     counters.apply(rec.counters);
@@ -201,20 +169,8 @@ struct Simulator::Impl {
 };
 
 Simulator::Simulator(const ChipConfig& cfg, const SimOptions& opts) {
-  if (g_elaborated)
-    throw Error("a Simulator was already constructed in this process; SystemC elaborates one "
-                "chip per process (run another configuration in another process)");
   check_config(cfg);
-  g_elaborated = true;
-  setenv("SYSTEMC_DISABLE_COPYRIGHT_MESSAGE", "1", 0);
-  try {
-    // One AI-core cycle is 1 ns; 1 ps resolution keeps fractional cycles of shared bandwidth.
-    sc_core::sc_set_time_resolution(1, sc_core::SC_PS);
-  } catch (const sc_core::sc_report& e) {
-    throw Error(std::string("cannot set the SystemC time resolution to 1 ps: ") + e.what());
-  }
-  if (sc_core::sc_get_time_resolution() != sc_time(1, sc_core::SC_PS))
-    throw Error("the SystemC time resolution is not 1 ps");
+  begin_elaboration();
   m_impl = std::make_unique<Impl>(cfg, with_environment(opts));
   std::vector<ChipObserver*> observers;
   if (m_impl->opts.trace) {

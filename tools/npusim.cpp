@@ -23,6 +23,7 @@
 #include "isa/kernel_file.h"
 #include "sim/simulator.h"
 #include "sim/verifier/verifier.h"
+#include "tools/collective_cli.h"
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
@@ -321,6 +322,9 @@ int main(int argc, char** argv) {
   auto* c_validate = cli::add_script_subcommand(
       app, "validate", "reproduce published measurements of Ascend silicon (docs/validation.md)");
 
+  cli::CollectiveOptions coll;
+  auto* c_coll = cli::add_collective_command(app, coll);
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -337,6 +341,7 @@ int main(int argc, char** argv) {
       return cli::run_script_subcommand(c_explore, "tools/npusim_explore.py");
     if (c_validate->parsed())
       return cli::run_script_subcommand(c_validate, "tools/npusim_validate.py");
+    if (c_coll->parsed()) return cli::run_collective_command(coll, std::cout);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);

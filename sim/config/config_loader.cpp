@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/input_file.h"
 #include "sim/config/chip_config.h"
+#include "sim/config/config_tree.h"
 #include "sim/memory/device_memory.h"
 
 #ifndef NPUSIM_CONFIG_DIR
@@ -32,6 +33,7 @@ namespace npusim {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace config_tree;
 using isa::Buf;
 using isa::CoreKind;
 using isa::Pipe;
@@ -89,33 +91,6 @@ const char* const kSchemaKeys[] = {
 
 constexpr CoreKind kCoreKinds[] = {CoreKind::AIC, CoreKind::AIV, CoreKind::AICORE};
 
-struct Leaf {
-  YAML::Node value;    // scalar, sequence or null
-  std::string origin;  // "file:line", or "file: override 'key=value'"
-};
-using Tree = std::map<std::string, Leaf>;  // dotted key -> leaf
-
-std::vector<std::string> split_key(const std::string& key) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    size_t dot = key.find('.', start);
-    parts.push_back(key.substr(start, dot - start));
-    if (dot == std::string::npos) return parts;
-    start = dot + 1;
-  }
-}
-
-std::string join_key(const std::vector<std::string>& parts, size_t n) {
-  std::string s;
-  for (size_t i = 0; i < n; ++i) s += (i ? "." : "") + parts[i];
-  return s;
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
 std::optional<std::pair<Buf, Buf>> parse_path_name(const std::string& s) {
   size_t arrow = s.find("->");
   if (arrow == std::string::npos) return std::nullopt;
@@ -145,282 +120,20 @@ std::vector<std::string> placeholder_values(const std::string& ph) {
   return v;
 }
 
-bool component_matches(const std::string& pattern, const std::string& part) {
-  if (pattern.empty() || pattern[0] != '<') return pattern == part;
-  if (pattern == "<path>") return parse_path_name(part).has_value();
-  auto values = placeholder_values(pattern);
-  return std::find(values.begin(), values.end(), part) != values.end();
+// The chip schema: kSchemaKeys with their placeholders.
+const Schema& chip_schema() {
+  static const Schema schema{
+      std::vector<std::string>(std::begin(kSchemaKeys), std::end(kSchemaKeys)),
+      [](const std::string& pattern, const std::string& part) {
+        if (pattern == "<path>") return parse_path_name(part).has_value();
+        auto values = placeholder_values(pattern);
+        return std::find(values.begin(), values.end(), part) != values.end();
+      },
+      placeholder_values};
+  return schema;
 }
 
-// How a dotted key relates to the schema.
-enum class KeyMatch { Leaf, Map /* a proper prefix of a schema key */, BelowLeaf, Unknown };
-
-KeyMatch match_schema(const std::string& key) {
-  auto parts = split_key(key);
-  KeyMatch best = KeyMatch::Unknown;
-  for (const char* pattern : kSchemaKeys) {
-    auto pp = split_key(pattern);
-    size_t n = std::min(pp.size(), parts.size());
-    bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = component_matches(pp[i], parts[i]);
-    if (!ok) continue;
-    if (pp.size() == parts.size()) return KeyMatch::Leaf;
-    best = pp.size() > parts.size() ? KeyMatch::Map : KeyMatch::BelowLeaf;
-  }
-  return best;
-}
-
-// Every concrete key of the schema (placeholders expanded), for "did you mean" suggestions.
-std::vector<std::string> all_schema_keys() {
-  std::vector<std::string> out;
-  for (const char* pattern : kSchemaKeys) {
-    std::vector<std::string> partial = {""};
-    for (const auto& part : split_key(pattern)) {
-      std::vector<std::string> values =
-          part[0] == '<' ? placeholder_values(part) : std::vector<std::string>{part};
-      std::vector<std::string> next;
-      for (const auto& p : partial)
-        for (const auto& v : values) next.push_back(p.empty() ? v : p + "." + v);
-      partial = std::move(next);
-    }
-    out.insert(out.end(), partial.begin(), partial.end());
-  }
-  return out;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string nearest(const std::string& key, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(key, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  return best;
-}
-
-std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
-  std::string n = nearest(key, candidates);
-  return n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n);
-}
-
-std::string describe_value(const YAML::Node& n) {
-  if (n.IsScalar()) return fmt::format("'{}'", n.Scalar());
-  if (n.IsSequence()) return "a list";
-  if (n.IsMap()) return "a map";
-  return "nothing";
-}
-
-// Removes `key` and everything below it.
-void erase_subtree(Tree& t, const std::string& key) {
-  t.erase(key);
-  const std::string prefix = key + ".";
-  for (auto it = t.lower_bound(prefix); it != t.end() && starts_with(it->first, prefix);)
-    it = t.erase(it);
-}
-
-bool has_subtree(const Tree& t, const std::string& key) {
-  const std::string prefix = key + ".";
-  auto it = t.lower_bound(prefix);
-  return it != t.end() && starts_with(it->first, prefix);
-}
-
-// Lays one leaf over the tree: it replaces the key, anything below it and any leaf above it;
-// a null value deletes the key.
-void set_leaf(Tree& t, const std::string& key, Leaf leaf) {
-  erase_subtree(t, key);
-  auto parts = split_key(key);
-  for (size_t n = 1; n < parts.size(); ++n) t.erase(join_key(parts, n));
-  if (!leaf.value.IsNull()) t[key] = std::move(leaf);
-}
-
-// Flattens a YAML map into (dotted key, leaf) pairs laid over `out` in document order.
-// origin_file: used as "file:line" unless fixed_origin is given (overrides).
-void flatten(const YAML::Node& map, const std::string& prefix, const std::string& origin_file,
-             const std::string& fixed_origin, Tree& out) {
-  std::set<std::string> seen;
-  for (const auto& kv : map) {
-    if (prefix.empty() && kv.first.IsScalar() && kv.first.Scalar() == "extends") continue;
-    std::string where = fixed_origin.empty()
-                            ? fmt::format("{}:{}", origin_file, kv.first.Mark().line + 1)
-                            : fixed_origin;
-    if (!kv.first.IsScalar())
-      throw ConfigError(fmt::format("{}: key under '{}' is not a plain name", where, prefix));
-    std::string key = prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar();
-    if (!seen.insert(kv.first.Scalar()).second)
-      throw ConfigError(fmt::format("{}: key '{}' appears twice", where, key));
-    if (kv.second.IsMap()) {
-      if (kv.second.size() == 0) {
-        erase_subtree(out, key);  // "key: {}" empties a map
-        continue;
-      }
-      flatten(kv.second, key, origin_file, fixed_origin, out);
-    } else {
-      set_leaf(out, key, Leaf{kv.second, where});
-    }
-  }
-}
-
-std::string presets_hint() {
-  std::string names;
-  for (const auto& p : list_chip_presets()) names += (names.empty() ? "" : ", ") + p;
-  return fmt::format("available presets in {}: {}", chip_config_dir(),
-                     names.empty() ? "(none)" : names);
-}
-
-bool looks_like_path(const std::string& s) {
-  auto ext = fs::path(s).extension().string();
-  return s.find('/') != std::string::npos || ext == ".yaml" || ext == ".yml";
-}
-
-// Whether p names a regular file; false (never an exception) for a name the OS refuses, such as
-// one longer than NAME_MAX.
-bool is_file(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_regular_file(p, ec);
-}
-
-// Resolves a preset name or a file path (relative paths against `relative_to`, if given).
-fs::path resolve_config_file(const std::string& name_or_path, const fs::path& relative_to,
-                             const std::string& referrer) {
-  const std::string by = referrer.empty() ? "" : referrer + ": ";
-  if (looks_like_path(name_or_path)) {
-    fs::path p = name_or_path;
-    if (p.is_relative() && !relative_to.empty()) p = relative_to / p;
-    if (!is_file(p))
-      throw ConfigError(fmt::format("{}chip config file '{}' not found; {}", by, p.string(),
-                                    presets_hint()));
-    return p;
-  }
-  fs::path p = fs::path(chip_config_dir()) / (name_or_path + ".yaml");
-  if (!is_file(p))
-    throw ConfigError(fmt::format("{}unknown chip '{}' (no file {}); {}, or give a path to a "
-                                  "YAML file",
-                                  by, name_or_path, p.string(), presets_hint()));
-  return p;
-}
-
-// Loads one file and, recursively, the file it extends. `chain` holds the files being loaded
-// (to reject a cycle of extends).
-Tree load_tree(const fs::path& file, std::vector<std::string>& chain) {
-  const std::string fname = file.string();
-  std::error_code ec;
-  std::string canonical = fs::weakly_canonical(file, ec).string();
-  if (ec) canonical = fname;
-  if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
-    throw ConfigError(fmt::format("{}: 'extends' leads back to this file (a cycle)", fname));
-  YAML::Node root;
-  try {
-    root = YAML::Load(read_input_file<ConfigError>(fname, "chip config", kMaxConfigFileBytes));
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(fmt::format("{}: cannot read file", fname));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}:{}:{}: YAML syntax error: {}", fname, e.mark.line + 1,
-                                  e.mark.column + 1, e.msg));
-  }
-  if (root.IsNull()) throw ConfigError(fmt::format("{}: the file is empty", fname));
-  if (!root.IsMap())
-    throw ConfigError(fmt::format("{}:{}: expected a map of keys at the top level", fname,
-                                  root.Mark().line + 1));
-  Tree tree;
-  const YAML::Node& const_root = root;
-  if (const YAML::Node base = const_root["extends"]) {
-    std::string where = fmt::format("{}:{}", fname, base.Mark().line + 1);
-    if (!base.IsScalar())
-      throw ConfigError(fmt::format("{}: key 'extends': expected a preset name or file path, "
-                                    "got {}",
-                                    where, describe_value(base)));
-    chain.push_back(canonical);
-    tree = load_tree(resolve_config_file(base.Scalar(), file.parent_path(), where), chain);
-    chain.pop_back();
-    tree.erase("name");  // a file's name is its own (or its file name), never inherited
-  }
-  flatten(root, "", fname, "", tree);  // skips the top-level "extends"
-  return tree;
-}
-
-// Applies one "dotted.key=value" override; the key must already exist in the tree.
-void apply_override(Tree& tree, const std::string& text, const std::string& file) {
-  const std::string origin = fmt::format("{}: override '{}'", file, text);
-  size_t eq = text.find('=');
-  auto trim = [](std::string s) {
-    s.erase(0, s.find_first_not_of(" \t"));
-    s.erase(s.find_last_not_of(" \t") + 1);
-    return s;
-  };
-  std::string key = trim(text.substr(0, eq));
-  if (eq == std::string::npos || key.empty())
-    throw ConfigError(fmt::format("{}: expected dotted.key=value", origin));
-  std::string value_text = trim(text.substr(eq + 1));
-  if (value_text.empty())
-    throw ConfigError(
-        fmt::format("{}: key '{}': empty value (use ~ to delete a key)", origin, key));
-  if (!tree.count(key) && !has_subtree(tree, key)) {
-    std::vector<std::string> existing;
-    for (const auto& kv : tree) existing.push_back(kv.first);
-    throw ConfigError(fmt::format("{}: key '{}' does not exist in this configuration{}", origin,
-                                  key, did_you_mean(key, existing)));
-  }
-  YAML::Node value;
-  try {
-    value = YAML::Load(value_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}: key '{}': value is not valid YAML: {}", origin, key, e.msg));
-  }
-  if (value.IsMap()) {
-    erase_subtree(tree, key);
-    flatten(value, key, file, origin, tree);
-  } else {
-    set_leaf(tree, key, Leaf{value, origin});
-  }
-}
-
-void check_known_keys(const Tree& tree) {
-  std::vector<std::string> schema;
-  for (const auto& [key, leaf] : tree) {
-    switch (match_schema(key)) {
-      case KeyMatch::Leaf:
-        break;
-      case KeyMatch::Map:
-        throw ConfigError(fmt::format("{}: key '{}': expected a map (keys below it), got {}",
-                                      leaf.origin, key, describe_value(leaf.value)));
-      case KeyMatch::BelowLeaf: {
-        auto parts = split_key(key);
-        size_t n = parts.size() - 1;
-        while (n > 1 && match_schema(join_key(parts, n)) != KeyMatch::Leaf) --n;
-        throw ConfigError(fmt::format("{}: key '{}': expected a value, got a map", leaf.origin,
-                                      join_key(parts, n)));
-      }
-      case KeyMatch::Unknown:
-        if (schema.empty()) schema = all_schema_keys();
-        throw ConfigError(fmt::format("{}: unknown key '{}'{}", leaf.origin, key,
-                                      did_you_mean(key, schema)));
-    }
-  }
-}
-
-// "64 GiB" for a whole number of a binary unit, else the plain byte count.
-std::string format_bytes(uint64_t v) {
-  static const std::pair<const char*, int> kUnits[] = {{"TiB", 40}, {"GiB", 30}, {"MiB", 20},
-                                                       {"KiB", 10}};
-  for (const auto& [unit, shift] : kUnits)
-    if (v != 0 && v % (1ull << shift) == 0) return fmt::format("{} {}", v >> shift, unit);
-  return fmt::format("{}", v);
-}
+PresetDir chip_presets() { return PresetDir{"chip", chip_config_dir()}; }
 
 // Ranges of the values. Every bound follows from one of these facts of the model:
 //  - Simulated time is an sc_time: a uint64 count of 1 ps steps (the resolution the Simulator
@@ -488,144 +201,6 @@ static_assert(kMaxBufferBytes / kMinBytesPerCycle <= kMaxSimCycles / 4);
 static_assert(kMaxDeviceBytes / kMinHdcBytesPerCycle <= kMaxSimCycles / 4);
 static_assert((uint64_t{kMaxLatencyCycles} << 32) <= kMaxSimCycles);
 static_assert((uint64_t{1} << 36) * kMaxCostFactor <= kMaxSimCycles / 256);
-
-// Typed access to the flattened tree; every error names the file (and line) and the key.
-class Reader {
- public:
-  Reader(const Tree& tree, std::string file) : m_tree(tree), m_file(std::move(file)) {}
-
-  bool has(const std::string& key) const { return m_tree.count(key) != 0; }
-
-  // Where a key (or, for a map key, the first key below it) was set; the file if it is absent.
-  std::string where(const std::string& key) const {
-    auto it = m_tree.find(key);
-    if (it != m_tree.end()) return it->second.origin;
-    it = m_tree.lower_bound(key + ".");
-    return it == m_tree.end() || !starts_with(it->first, key + ".") ? m_file : it->second.origin;
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw ConfigError(fmt::format("{}: key '{}': {}", where(key), key, what));
-  }
-
-  // Names of the direct children of a map key, in order.
-  std::vector<std::string> children(const std::string& key) const {
-    std::vector<std::string> out;
-    const std::string prefix = key + ".";
-    for (auto it = m_tree.lower_bound(prefix); it != m_tree.end() && starts_with(it->first, prefix);
-         ++it) {
-      std::string child = it->first.substr(prefix.size());
-      child = child.substr(0, child.find('.'));
-      if (out.empty() || out.back() != child) out.push_back(child);
-    }
-    return out;
-  }
-  void require_map(const std::string& key) const {
-    if (children(key).empty())
-      throw ConfigError(fmt::format("{}: missing required key '{}'", m_file, key));
-  }
-
-  const YAML::Node& node(const std::string& key) const {
-    auto it = m_tree.find(key);
-    if (it == m_tree.end())
-      throw ConfigError(fmt::format("{}: missing required key '{}'", m_file, key));
-    return it->second.value;
-  }
-  std::string scalar(const std::string& key, const char* expected) const {
-    const YAML::Node& n = node(key);
-    if (!n.IsScalar()) fail(key, fmt::format("expected {}, got {}", expected, describe_value(n)));
-    return n.Scalar();
-  }
-
-  std::string get_string(const std::string& key) const { return scalar(key, "a name"); }
-
-  // An integer in [min, max].
-  int get_int(const std::string& key, int min, int max = std::numeric_limits<int>::max()) const {
-    const std::string expected = max == std::numeric_limits<int>::max()
-                                     ? fmt::format("an integer >= {}", min)
-                                     : fmt::format("an integer in [{}, {}]", min, max);
-    std::string s = scalar(key, expected.c_str());
-    errno = 0;
-    char* end = nullptr;
-    long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno == ERANGE || v < min || v > max)
-      fail(key, fmt::format("expected {}, got '{}'", expected, s));
-    return static_cast<int>(v);
-  }
-
-  // A finite number > min (or >= min when !exclusive), and <= max.
-  double get_number(const std::string& key, double min, bool exclusive,
-                    double max = std::numeric_limits<double>::max()) const {
-    const std::string expected =
-        max == std::numeric_limits<double>::max()
-            ? fmt::format("a number {} {}", exclusive ? ">" : ">=", min)
-            : fmt::format("a number in {}{:g}, {:g}]", exclusive ? "(" : "[", min, max);
-    std::string s = scalar(key, expected.c_str());
-    char* end = nullptr;
-    double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end != '\0' || !std::isfinite(v) || v < min || (exclusive && v == min) ||
-        v > max)
-      fail(key, fmt::format("expected {}, got '{}'", expected, s));
-    return v;
-  }
-
-  // A rate in GB/s (10^9 B/s) whose bytes per cycle at `clock_mhz` lie in [min_bpc, max_bpc].
-  double get_gbps(const std::string& key, double clock_mhz, double min_bpc,
-                  double max_bpc) const {
-    const double gbps = get_number(key, 0, true);
-    const double per_cycle = gbps * 1e3 / clock_mhz;
-    if (!(per_cycle >= min_bpc && per_cycle <= max_bpc))
-      fail(key, fmt::format("{} GB/s is {:g} bytes per cycle at clock_mhz {}; expected {:g} to "
-                            "{:g} bytes per cycle, i.e. {:g} to {:g} GB/s at this clock",
-                            gbps, per_cycle, clock_mhz, min_bpc, max_bpc,
-                            min_bpc * clock_mhz / 1e3, max_bpc * clock_mhz / 1e3));
-    return gbps;
-  }
-
-  bool get_bool(const std::string& key) const {
-    std::string s = scalar(key, "true or false");
-    if (s == "true" || s == "True" || s == "TRUE") return true;
-    if (s == "false" || s == "False" || s == "FALSE") return false;
-    fail(key, fmt::format("expected true or false, got '{}'", s));
-  }
-
-  // A size in bytes in [1, max]: an integer, or an integer with a unit B, KiB, MiB, GiB or TiB.
-  uint64_t get_bytes(const std::string& key, uint64_t max) const {
-    const std::string expected = fmt::format(
-        "a size in bytes from 1 to {} (e.g. 65536 or 64 KiB)", format_bytes(max));
-    std::string s = scalar(key, expected.c_str());
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    bool ok = !s.empty() && std::isdigit(static_cast<unsigned char>(s[0])) && errno != ERANGE;
-    std::string unit = end;
-    unit.erase(0, unit.find_first_not_of(' '));
-    static const std::pair<const char*, int> kUnits[] = {
-        {"", 0}, {"B", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
-    int shift = -1;
-    for (const auto& [name, sh] : kUnits)
-      if (unit == name) shift = sh;
-    if (!ok || shift < 0 || v == 0 || v > (max >> shift))
-      fail(key, fmt::format("expected {}, got '{}'", expected, s));
-    return static_cast<uint64_t>(v) << shift;
-  }
-
-  std::vector<std::string> get_names(const std::string& key, const char* expected) const {
-    const YAML::Node& n = node(key);
-    if (!n.IsSequence()) fail(key, fmt::format("expected {}, got {}", expected, describe_value(n)));
-    std::vector<std::string> out;
-    for (const auto& item : n) {
-      if (!item.IsScalar()) fail(key, fmt::format("expected {}, got a nested item", expected));
-      out.push_back(item.Scalar());
-    }
-    return out;
-  }
-
-  const std::string& file() const { return m_file; }
-
- private:
-  const Tree& m_tree;
-  std::string m_file;
-};
 
 bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
@@ -820,7 +395,7 @@ void parse_overheads(const Reader& r, ChipConfig& c) {
 }
 
 ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::string& default_name) {
-  check_known_keys(tree);
+  check_known_keys(tree, chip_schema());
   Reader r(tree, file);
   ChipConfig c;
   c.source_file = file;
@@ -868,12 +443,6 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   return c;
 }
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("''") : std::string(1, ch);
-  return q + "'";
-}
-
 }  // namespace
 
 std::string chip_config_dir() {
@@ -881,21 +450,12 @@ std::string chip_config_dir() {
   return env && *env ? std::string(env) : std::string(NPUSIM_CONFIG_DIR);
 }
 
-std::vector<std::string> list_chip_presets() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(chip_config_dir(), ec))
-    if (entry.is_regular_file() && entry.path().extension() == ".yaml")
-      names.push_back(entry.path().stem().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> list_chip_presets() { return chip_presets().names(); }
 
 ChipConfig load_chip_config(const std::string& name_or_path,
                             const std::vector<std::string>& overrides) {
-  fs::path file = resolve_config_file(name_or_path, {}, "");
-  std::vector<std::string> chain;
-  Tree tree = load_tree(file, chain);
+  fs::path file = resolve_config_file(name_or_path, {}, "", chip_presets());
+  Tree tree = load_tree(file, chip_presets());
   for (const auto& o : overrides) apply_override(tree, o, file.string());
   return parse_tree(tree, file.string(), file.stem().string());
 }
