@@ -26,6 +26,7 @@
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/offline_cli.h"
 #include "tools/op_cli.h"
 #include "tools/report_cli.h"
 #include "tools/summary.h"
@@ -352,6 +353,13 @@ int main(int argc, char** argv) {
   c_sweep->add_flag("--retry-errors", sweep.retry_errors,
                     "run stored points that failed again (not rejected configs)");
 
+  cli::CompileOptions compile;
+  auto* c_compile = app.add_subcommand("compile", "compile a SavedModel to an offline model (.om)");
+  cli::add_compile_options(c_compile, compile);
+  cli::InferOptions infer;
+  auto* c_infer = app.add_subcommand("infer", "run an offline model (.om) on its chip");
+  cli::add_infer_options(c_infer, infer, kWatchdogHelp);
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -364,6 +372,8 @@ int main(int argc, char** argv) {
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
     if (c_sweep->parsed()) return cmd_sweep(sweep);
+    if (c_compile->parsed()) return cli::run_compile(compile, std::cout);
+    if (c_infer->parsed()) return cli::run_infer(infer, std::cout);
     if (c_asm->parsed()) {
       isa::Program p = cli::load_kernel(asm_in);
       std::vector<uint8_t> bytes = isa::write_kernel(p);
