@@ -161,27 +161,30 @@ class Lowering {
     return l;
   }
 
+  // Compiles every node, also those downstream of an unmappable one (shapes are static), so
+  // that the error lists every unmappable node; only nodes whose inputs all exist get buffers.
   void lower_node(int i) {
     const Node& n = m_g.nodes[i];
     if (n.dead || n.op == "Const" || n.op == "Placeholder" || n.op == "NoOp") return;
-    for (const TensorRef& t : n.inputs)
-      if (!m_locs.count(t) && !m_g.is_const(t)) return;  // its producer is listed as unmappable
-    if (kViewOps.count(n.op)) return lower_view(i);
+    bool inputs_exist = true;
+    for (const TensorRef& t : n.inputs) inputs_exist &= m_locs.count(t) || m_g.is_const(t);
+    if (kViewOps.count(n.op)) return lower_view(i, inputs_exist);
     try {
-      compile_node(i);
+      CompiledKernel k = compiler::compile(op_desc(n), m_cfg, m_opts.precision);
+      if (inputs_exist) place_node(i, std::move(k));
     } catch (const compiler::CompileError& e) {
       m_errors.push_back(fmt::format("  {} ({}): {}", n.name, n.op, e.what()));
     }
   }
 
-  void lower_view(int i) {
+  void lower_view(int i, bool input_exists) {
     const Node& n = m_g.nodes[i];
     if (n.inputs.empty() || n.outputs.size() != 1 ||
         m_g.desc(n.inputs[0]).bytes() != n.outputs[0].bytes()) {
       m_errors.push_back(fmt::format("  {} ({}): not a view of its first input", n.name, n.op));
       return;
     }
-    m_locs[{i, 0}] = loc(n.inputs[0]);
+    if (input_exists) m_locs[{i, 0}] = loc(n.inputs[0]);
   }
 
   compiler::OpDesc op_desc(const Node& n) const {
@@ -203,13 +206,12 @@ class Lowering {
     return d;
   }
 
-  void compile_node(int i) {
+  void place_node(int i, CompiledKernel k) {
     const Node& n = m_g.nodes[i];
     CompiledNode c;
     c.node = i;
-    c.step = m_steps;
-    c.kernel = compiler::compile(op_desc(n), m_cfg, m_opts.precision);
-    ++m_steps;
+    c.step = m_steps++;
+    c.kernel = std::move(k);
     for (const TensorRef& t : n.inputs) c.inputs.push_back(read(t, c.step));
     for (size_t p = 0; p < c.kernel.outputs.size(); ++p) {
       Loc l;
