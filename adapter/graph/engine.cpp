@@ -173,7 +173,9 @@ class Lowering {
       CompiledKernel k = compiler::compile(op_desc(n), m_cfg, m_opts.precision);
       if (inputs_exist) place_node(i, std::move(k));
     } catch (const compiler::CompileError& e) {
-      m_errors.push_back(fmt::format("  {} ({}): {}", n.name, n.op, e.what()));
+      std::string why = e.what();
+      why = why.substr(0, why.find(" (supported: "));  // listed once, in the message's last line
+      m_errors.push_back(fmt::format("  {} ({}): {}", n.name, n.op, why));
     }
   }
 
