@@ -293,8 +293,9 @@ int run_infer(const InferOptions& o, std::ostream& out) {
   out << fmt::format(
       "{}: chip {}, {} launch(es) per inference; {} inference(s): simulated "
       "{:.2f} us each (host copies included); wall {:.3f} s each (first {:.3f} s, "
-      "load {:.3f} s)\n",
-      o.model, cfg.name, m.tasks.size(), o.loop, sim_us, loop_s / o.loop, first_s, load_s);
+      "load {:.3f} s); {} launch(es) replayed\n",
+      o.model, cfg.name, m.tasks.size(), o.loop, sim_us, loop_s / o.loop, first_s, load_s,
+      runner.replayed_launches());
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     if (!f) throw Error("cannot write '" + o.json_path + "'");
@@ -304,7 +305,8 @@ int run_infer(const InferOptions& o, std::ostream& out) {
               {"simulated_us_per_inference", sim_us},
               {"wall_s_per_inference", loop_s / o.loop},
               {"first_wall_s", first_s},
-              {"load_s", load_s}}
+              {"load_s", load_s},
+              {"replayed_launches", runner.replayed_launches()}}
              .dump(1)
       << "\n";
   }

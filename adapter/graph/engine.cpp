@@ -340,7 +340,7 @@ class Lowering {
 
 OmModel compile_graph(Graph g, const ChipConfig& cfg, const EngineOptions& opts) {
   std::vector<FusionRecord> fusions;
-  if (opts.fusion) fusions = run_fusion_passes(g);
+  if (opts.fusion) fusions = run_fusion_passes(g, opts.precision);
   return Lowering(g, cfg, opts).run(std::move(fusions));
 }
 

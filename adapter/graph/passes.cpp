@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <optional>
 
@@ -165,6 +166,15 @@ void rewrite_elementwise(Graph& g, const std::vector<int>& members) {
   sink.inputs = inputs;
 }
 
+// The alive nodes whose op is one of `ops`, by index.
+std::vector<int> nodes_of(const Graph& g, std::initializer_list<const char*> ops) {
+  std::vector<int> out;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const char* op : ops)
+      if (!g.nodes[i].dead && g.nodes[i].op == op) out.push_back(int(i));
+  return out;
+}
+
 }  // namespace
 
 std::vector<FusionRecord> fold_conv_epilogues(Graph& g) {
@@ -200,10 +210,10 @@ std::vector<FusionRecord> fold_conv_epilogues(Graph& g) {
 std::vector<FusionRecord> fuse_add_relu(Graph& g) {
   std::vector<FusionRecord> done;
   const auto consumers = g.consumers();
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
+  for (int i : nodes_of(g, {"AddV2", "Add"})) {
     Node& add = g.nodes[i];
-    if (add.dead || (add.op != "AddV2" && add.op != "Add") || add.inputs.size() != 2) continue;
-    auto next = sole_consumer(g, consumers, {int(i), 0});
+    if (add.inputs.size() != 2) continue;
+    auto next = sole_consumer(g, consumers, {i, 0});
     if (!next || g.nodes[*next].op != "Relu") continue;
     Node& relu = g.nodes[*next];
     relu.op = "AddRelu";
@@ -242,8 +252,40 @@ std::vector<FusionRecord> fuse_elementwise_chains(Graph& g) {
   return done;
 }
 
-std::vector<FusionRecord> run_fusion_passes(Graph& g) {
+std::vector<FusionRecord> half_handoffs(Graph& g) {
+  std::vector<FusionRecord> done;
+  const auto consumers = g.consumers();
+  for (int i : nodes_of(g, {"Conv2DBatchNormInference"})) {
+    Node& n = g.nodes[i];
+    if (g.is_output({i, 0})) continue;
+    auto it = consumers.find({i, 0});
+    if (it == consumers.end()) continue;
+    bool all_x = true;
+    for (int c : it->second) {
+      const Node& m = g.nodes[c];
+      all_x &= m.op == "Conv2DBatchNormInference" && m.inputs[0] == TensorRef{i, 0};
+      for (size_t k = 1; k < m.inputs.size(); ++k) all_x &= !(m.inputs[k] == TensorRef{i, 0});
+    }
+    if (!all_x) continue;
+    n.attrs["Tout"] = std::string("f16");
+    n.outputs[0].dtype = DataType::F16;
+    std::vector<std::string> readers;
+    for (int c : it->second) {
+      g.nodes[c].attrs["Tx"] = std::string("f16");
+      readers.push_back(g.nodes[c].name);
+    }
+    done.push_back(
+        {"Conv2DBatchNormInference -> Conv2DBatchNormInference in fp16", n.name, readers});
+  }
+  return done;
+}
+
+std::vector<FusionRecord> run_fusion_passes(Graph& g, compiler::PrecisionMode precision) {
   std::vector<FusionRecord> all = fold_conv_epilogues(g);
+  if (precision != compiler::PrecisionMode::kKeepFp32) {
+    std::vector<FusionRecord> r = half_handoffs(g);
+    all.insert(all.end(), r.begin(), r.end());
+  }
   for (auto* pass : {fuse_add_relu, fuse_elementwise_chains}) {
     std::vector<FusionRecord> r = pass(g);
     all.insert(all.end(), r.begin(), r.end());

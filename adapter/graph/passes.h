@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter/compiler/compiler.h"
 #include "adapter/graph/graph.h"
 
 namespace npusim::graph {
@@ -26,6 +27,12 @@ struct FusionRecord {
 // Relu runs in FIXPIPE.
 std::vector<FusionRecord> fold_conv_epilogues(Graph& g);
 
+// A Conv2DBatchNormInference read only as the x of other Conv2DBatchNormInference nodes hands
+// its output over in fp16 (Tout = f16 there, Tx = f16 in the readers): the cube reads fp16
+// anyway, so FIXPIPE's one rounding replaces a cast launch per reader, the same RNE rounding of
+// the same f32 values. The record's `absorbed` lists the readers.
+std::vector<FusionRecord> half_handoffs(Graph& g);
+
 // Relu(AddV2(x, y)) with the sum read only by the Relu -> AddRelu.
 std::vector<FusionRecord> fuse_add_relu(Graph& g);
 
@@ -34,7 +41,8 @@ std::vector<FusionRecord> fuse_add_relu(Graph& g);
 // FusedElementwise (adapter/compiler/ops/fused_elementwise.h).
 std::vector<FusionRecord> fuse_elementwise_chains(Graph& g);
 
-// All of them, in that order.
-std::vector<FusionRecord> run_fusion_passes(Graph& g);
+// All of them, in that order; the fp16 hand-off only where fp32 cube operands are cast to fp16
+// (not under kKeepFp32).
+std::vector<FusionRecord> run_fusion_passes(Graph& g, compiler::PrecisionMode precision);
 
 }  // namespace npusim::graph

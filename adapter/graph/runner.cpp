@@ -94,6 +94,7 @@ KernelResult OfflineRunner::launch(const Task& t) {
   for (const ArgValue& a : t.args)
     kl.args.push_back(a.scalar ? a.value : address(a.region, a.value));
   KernelResult r = m_sim.run(kl);
+  m_replayed += r.replayed;
   if (!r.ok)
     throw Error(fmt::format("{}: node '{}' ({}), kernel {}: {}", m_source, t.node, t.op_type,
                             kl.program->name, r.error));

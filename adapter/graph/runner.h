@@ -43,6 +43,8 @@ class OfflineRunner {
   uint64_t device_bytes() const { return m_end - m_constant_base; }
   // Build each launch's counter tree (KernelResult::counters), for reports. Default off.
   void set_counter_trees(bool on) { m_counter_trees = on; }
+  // Launches carried out as replays (SimOptions::replay) so far, init tasks included.
+  uint64_t replayed_launches() const { return m_replayed; }
 
  private:
   const OmModel& m_model;
@@ -50,6 +52,7 @@ class OfflineRunner {
   std::string m_source;
   uint64_t m_constant_base = 0, m_activation_base = 0, m_end = 0;
   bool m_counter_trees = false;
+  uint64_t m_replayed = 0;
 
   uint64_t address(Region r, uint64_t offset) const;
   KernelResult launch(const Task& t);

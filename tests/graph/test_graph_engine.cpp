@@ -144,6 +144,42 @@ TEST_CASE("conv epilogue fold: one fused node, same result as unfused and as the
   }
 }
 
+// x[1,6,6,3] -> Conv2D 3x3 SAME (4) -> Relu -> Conv2D 3x3 SAME (4) -> BiasAdd; with
+// `second_output` the first convolution's result is a graph output too.
+Graph two_convs(bool second_output) {
+  Graph g;
+  const TensorDesc t{DataType::F32, {1, 6, 6, 4}};
+  const int x = add_node(g, "x", "Placeholder", {}, {DataType::F32, {1, 6, 6, 3}});
+  int prev = x, relu0 = -1;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t cin = k == 0 ? 3 : 4;
+    const int w = add_const(g, "w" + std::to_string(k), {3, 3, cin, 4},
+                            random_floats(size_t(36 * cin), 10 + k));
+    const int conv = add_node(g, "conv" + std::to_string(k), "Conv2D", {{prev, 0}, {w, 0}}, t);
+    g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+    g.nodes[conv].attrs["padding"] = std::string("SAME");
+    const int c = add_const(g, "c" + std::to_string(k), {4}, random_floats(4, 20 + k));
+    prev = k == 0 ? relu0 = add_node(g, "relu0", "Relu", {{conv, 0}}, t)
+                  : add_node(g, "bias1", "BiasAdd", {{conv, 0}, {c, 0}}, t);
+  }
+  g.inputs = {{"x", {x, 0}}};
+  g.outputs = {{"y", {prev, 0}}};
+  if (second_output) g.outputs.push_back({"relu0", {relu0, 0}});
+  return g;
+}
+
+TEST_CASE("fp16 hand-off between fused convolutions: one cast fewer, bit-identical output") {
+  const OmModel half = compile_graph(two_convs(false), tiny());
+  const OmModel kept = compile_graph(two_convs(true), tiny());  // relu0 is read outside: f32
+  int handoffs = 0;
+  for (const auto& f : half.info["fusions"])
+    handoffs += f["pattern"].get<std::string>().find("in fp16") != std::string::npos;
+  CHECK(handoffs == 1);
+  CHECK(half.tasks.size() + 1 == kept.tasks.size());
+  const std::vector<NpyArray> in = {f32_array({1, 6, 6, 3}, random_floats(108, 30))};
+  CHECK(run_model(half, in) == run_model(kept, in));
+}
+
 TEST_CASE("element-wise chain: one FusedElementwise launch, bit-identical to the unfused ops") {
   Graph g;
   const TensorDesc t{DataType::F32, {2, 64}};
