@@ -5,12 +5,15 @@ runs `npusim infer --loop LOOP` (default 10) and times TensorFlow-CPU's inferenc
 model on the same input (a tf.function, one warm-up call, then LOOP calls). Prints per
 inference: TF-CPU wall, npusim wall (after the first), the ratio, npusim's simulated time,
 launches, the plan's activation peak, compile time; and the largest difference of the outputs.
+On a shared host the wall times depend on what else runs: the CPU seconds (TF's process time per
+inference; `npusim infer`'s user + system time for the whole run, load and first inference
+included, divided by the inferences) are printed too.
 Issue 14's target for ResNet-50: npusim wall at most 1.5x TF-CPU's.
 
 Usage: [CHIP=910b] [LOOP=10] [NPUSIM=build/npusim] .venv/bin/python benchmarks/bench_offline.py \
        [resnet50|mobilenetv2|cnn|transformer ...]
 """
-import json, os, subprocess, sys, tempfile, time
+import json, os, resource, subprocess, sys, tempfile, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -36,24 +39,27 @@ def tf_cpu_seconds(model, x):
     with tf.device("/CPU:0"):
         xt = tf.constant(x)
         y = f(xt).numpy()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(LOOP):
             y = f(xt).numpy()
-    return (time.perf_counter() - t0) / LOOP, y
+    return (time.perf_counter() - t0) / LOOP, (time.process_time() - c0) / LOOP, y
 
 
 def bench(name, tmp):
     x, _ = models.synthetic_data(name, 1, seed=0)
     model = models.build(name, seed=0)
-    cpu_s, ref = tf_cpu_seconds(model, x)
+    cpu_s, cpu_cpu_s, ref = tf_cpu_seconds(model, x)
     model.export(os.path.join(tmp, name), verbose=False)
     np.save(os.path.join(tmp, "x.npy"), x)
     om, rep, out = (os.path.join(tmp, f) for f in (f"{name}.om", "compile.json", "infer.json"))
     t0 = time.perf_counter()
     npusim("compile", os.path.join(tmp, name), "--chip", CHIP, "-o", om, "--report", rep)
     compile_s = time.perf_counter() - t0
+    u0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     npusim("infer", om, "--input", os.path.join(tmp, "x.npy"), "--output",
            os.path.join(tmp, "y.npy"), "--loop", str(LOOP + 1), "--json", out)
+    u1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    infer_cpu_s = (u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime) / (LOOP + 1)
     with open(rep, encoding="utf-8") as f:
         c = json.load(f)
     with open(out, encoding="utf-8") as f:
@@ -66,7 +72,8 @@ def bench(name, tmp):
           f"{r['simulated_us_per_inference']:.1f} us  launches {r['launches']}  activations "
           f"{c['memory']['activation_peak_bytes'] / 2**20:.1f} MiB (without reuse "
           f"{c['memory']['activation_bytes_without_reuse'] / 2**20:.1f})  compile {compile_s:.1f} s"
-          f"  max |y - tf| {diff:.2e}", flush=True)
+          f"  max |y - tf| {diff:.2e}  cpu s/inference: tf {cpu_cpu_s:.3f}, npusim "
+          f"{infer_cpu_s:.3f}", flush=True)
 
 
 def main():

@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "adapter/graph/engine.h"
@@ -272,4 +274,50 @@ TEST_CASE("runner: wrong input shape or dtype, and another chip, are errors nami
                     Catch::Contains("m.om was compiled for chip 'tiny', not '910b'"));
   CHECK_THROWS_WITH(check_model_chip(m, load_chip_config("tiny", {"memory.hbm.gbps=900"}), "m.om"),
                     Catch::Contains("another configuration of chip 'tiny'"));
+}
+
+namespace {
+
+// Writes graph.json (and w.npy, a 2x2 f32 constant) into a fresh folder; returns its path.
+std::string write_graph_json(const std::string& nodes) {
+  char tmpl[] = "/tmp/npusim-graph-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  write_npy(dir + "/w.npy", f32_array({2, 2}, {1.0f, 2.0f, 3.0f, 4.0f}));
+  std::ofstream(dir + "/graph.json") << R"({"format": "npusim-graph", "version": 1,
+             "inputs": [{"name": "x", "tensor": "x:0"}],
+             "outputs": [{"name": "y", "tensor": "mm:0"}], "nodes": [)"
+                                     << nodes << "]}";
+  return dir + "/graph.json";
+}
+
+const char* kMatMulNodes = R"(
+  {"name": "mm", "op": "MatMul", "inputs": ["x:0", "w", "^x"], "attrs": {"T": {"type": "f32"}},
+   "outputs": [{"dtype": "f32", "shape": [1, 2]}]},
+  {"name": "x", "op": "Placeholder", "inputs": [], "outputs": [{"dtype": "f32", "shape": [1, 2]}]},
+  {"name": "w", "op": "Const", "inputs": [], "value": "w.npy",
+   "outputs": [{"dtype": "f32", "shape": [2, 2]}]})";
+
+}  // namespace
+
+TEST_CASE("graph.json: loaded in topological order and run; malformed files name node and key") {
+  const std::string path = write_graph_json(kMatMulNodes);
+  Graph g = load_graph_json(path);
+  REQUIRE(g.nodes.size() == 3);
+  CHECK(g.nodes[2].name == "mm");  // after its inputs; the control input is dropped
+  CHECK(g.nodes[2].inputs.size() == 2);
+  const OmModel m = compile_graph(std::move(g), tiny());
+  CHECK(run_model(m, {f32_array({1, 2}, {1.0f, -1.0f})}) == std::vector<float>{-2.0f, -2.0f});
+
+  std::string bad = kMatMulNodes;
+  bad.replace(bad.find("\"x:0\", \"w\""), 10, "\"x:0\", \"v\"");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'mm': input 'v' names no node"));
+  bad = kMatMulNodes;
+  bad.replace(bad.find("\"f32\", \"shape\": [2, 2]"), 5, "\"f64\"");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'w' output 0: dtype 'f64' has no device type"));
+  bad = kMatMulNodes;
+  bad.replace(bad.find("[2, 2]"), 6, "[2, 3]");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'w': value is f4[2,2], the node declares f32[2,3]"));
 }
