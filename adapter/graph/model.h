@@ -65,6 +65,8 @@ inline constexpr char kOmMagic[8] = {'N', 'P', 'U', 'S', 'I', 'M', 'O', 'M'};
 inline constexpr uint32_t kOmVersion = 1;
 
 std::vector<uint8_t> serialize_om(const OmModel& m);
+// The checksum of a payload (FNV-1a 64), as the file stores it.
+uint64_t om_checksum(const uint8_t* payload, size_t bytes);
 // Throws npusim::Error starting with `source` for a file that is not an .om, of another format
 // version, truncated, corrupt (checksum), or malformed inside (a blob out of range, a task
 // naming no kernel, an argument outside its region).

@@ -16,12 +16,6 @@ using nlohmann::json;
 constexpr size_t kPrefixBytes = 32;  // magic, version, 0, payload size, checksum
 constexpr uint64_t kMaxOmFileBytes = uint64_t{16} << 30;
 
-uint64_t fnv1a64(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 void put_u64(std::vector<uint8_t>& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(uint8_t(v >> (8 * i)));
 }
@@ -137,6 +131,12 @@ void check_model(const OmModel& m) {
 
 }  // namespace
 
+uint64_t om_checksum(const uint8_t* payload, size_t bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ payload[i]) * 0x100000001b3ull;
+  return h;
+}
+
 std::vector<uint8_t> serialize_om(const OmModel& m) {
   std::vector<uint8_t> blobs;
   json kernels = json::array();
@@ -169,7 +169,7 @@ std::vector<uint8_t> serialize_om(const OmModel& m) {
   std::vector<uint8_t> out(kOmMagic, kOmMagic + 8);
   put_u64(out, kOmVersion);  // u32 version, u32 0
   put_u64(out, payload.size());
-  put_u64(out, fnv1a64(payload.data(), payload.size()));
+  put_u64(out, om_checksum(payload.data(), payload.size()));
   out.insert(out.end(), payload.begin(), payload.end());
   return out;
 }
@@ -193,7 +193,7 @@ OmModel parse_om(const std::vector<uint8_t>& bytes, const std::string& source) {
                     "file holds {}",
                     source, size, bytes.size() - kPrefixBytes));
   const uint8_t* payload = bytes.data() + kPrefixBytes;
-  if (fnv1a64(payload, size) != get_u64(bytes.data() + 24))
+  if (om_checksum(payload, size) != get_u64(bytes.data() + 24))
     throw Error(source + ": corrupt: the checksum does not match the contents");
   try {
     const uint64_t hsize = size >= 8 ? get_u64(payload) : UINT64_MAX;
