@@ -1,6 +1,7 @@
 // The npusim command line: assemble, inspect, verify and run kernels on a chip model.
 //   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy --arg M=64 ...
 //   npusim demo | asm | disasm | verify | chips | config
+//   npusim compile | infer   (offline models, tools/offline_cli.h)
 // Exit codes: 0 ok, 1 bad input (usage, files, config, assembly), 3 the kernel faulted.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
