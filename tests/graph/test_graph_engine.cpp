@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -278,10 +279,20 @@ TEST_CASE("runner: wrong input shape or dtype, and another chip, are errors nami
 
 namespace {
 
+// The folders write_graph_json made, removed when the test ends.
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    for (const auto& d : dirs) std::filesystem::remove_all(d);
+  }
+};
+
 // Writes graph.json (and w.npy, a 2x2 f32 constant) into a fresh folder; returns its path.
 std::string write_graph_json(const std::string& nodes) {
+  static TempDirs made;
   char tmpl[] = "/tmp/npusim-graph-test-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
+  made.dirs.push_back(dir);
   write_npy(dir + "/w.npy", f32_array({2, 2}, {1.0f, 2.0f, 3.0f, 4.0f}));
   std::ofstream(dir + "/graph.json") << R"({"format": "npusim-graph", "version": 1,
              "inputs": [{"name": "x", "tensor": "x:0"}],
