@@ -20,6 +20,7 @@ RULES=(
   "adapter/compiler|$SYSTEMC_MODEL sim/exec/ sim/memory/ adapter/runtime/ adapter/profiler/ adapter/tf/ tools/"
   "adapter/profiler|sim/exec/ adapter/compiler/ adapter/tf/ tools/"
   "adapter/runtime|adapter/compiler/ adapter/profiler/ adapter/tf/ tools/"
+  "adapter/graph|adapter/runtime/ adapter/profiler/ adapter/tf/ tools/"
 )
 bad=0
 for rule in "${RULES[@]}"; do

@@ -20,8 +20,8 @@ FUZZ_SEED="${NPUSIM_FUZZ_SEED:-1}"
 RUNS_SCALE="${NPUSIM_FUZZ_RUNS_SCALE:-1}"
 # Inputs per target: about 20 s of each on a 2-core host (the targets' speeds differ 100-fold).
 declare -A RUNS=([assembler]=40000 [kernel_file]=60000 [verifier]=35000 [config]=6000
-                 [system]=5000 [npy]=400000)
-TARGETS=(${NPUSIM_FUZZ_TARGETS:-assembler kernel_file verifier config system npy})
+                 [system]=5000 [npy]=400000 [om]=15000)
+TARGETS=(${NPUSIM_FUZZ_TARGETS:-assembler kernel_file verifier config system npy om})
 UNIT_TESTS=0
 [ "${1:-}" = "--unit-tests" ] && UNIT_TESTS=1
 CXX="${NPUSIM_FUZZ_CXX:-clang++-16}"

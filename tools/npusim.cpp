@@ -1,6 +1,9 @@
 // The npusim command line: assemble, inspect, verify and run kernels on a chip model.
 //   npusim run KERNEL --chip 910b --in a=a.npy --out c=c.npy --arg M=64 ...
 //   npusim demo | asm | disasm | verify | chips | config
+//   npusim compile | infer   (offline models, tools/offline_cli.h)
+//   npusim collective        (one collective on a multi-chip system, tools/collective_cli.h)
+//   npusim sweep | explore | validate   (Python tools, tools/script_cli.h)
 // Exit codes: 0 ok, 1 bad input (usage, files, config, assembly), 3 the kernel faulted.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -27,6 +30,7 @@
 #include "tools/demo.h"
 #include "tools/device_buffers.h"
 #include "tools/kernel_io.h"
+#include "tools/offline_cli.h"
 #include "tools/op_cli.h"
 #include "tools/report_cli.h"
 #include "tools/script_cli.h"
@@ -325,6 +329,13 @@ int main(int argc, char** argv) {
   cli::CollectiveOptions coll;
   auto* c_coll = cli::add_collective_command(app, coll);
 
+  cli::CompileOptions compile;
+  auto* c_compile = app.add_subcommand("compile", "compile a SavedModel to an offline model (.om)");
+  cli::add_compile_options(c_compile, compile);
+  cli::InferOptions infer;
+  auto* c_infer = app.add_subcommand("infer", "run an offline model (.om) on its chip");
+  cli::add_infer_options(c_infer, infer, kWatchdogHelp);
+
   auto* c_chips = app.add_subcommand("chips", "list the chip presets");
 
   ChipOptions cfg_chip;
@@ -336,6 +347,8 @@ int main(int argc, char** argv) {
     if (c_run->parsed()) return cmd_run(run);
     if (c_op->parsed()) return cli::run_op(op, std::cout);
     if (c_demo->parsed()) return cli::run_demo(demo, std::cout);
+    if (c_compile->parsed()) return cli::run_compile(compile, std::cout);
+    if (c_infer->parsed()) return cli::run_infer(infer, std::cout);
     if (c_sweep->parsed()) return cli::run_script_subcommand(c_sweep, "tools/npusim_sweep.py");
     if (c_explore->parsed())
       return cli::run_script_subcommand(c_explore, "tools/npusim_explore.py");

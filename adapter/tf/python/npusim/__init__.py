@@ -23,7 +23,7 @@ import atexit
 import json
 import os
 
-from . import _keras, _memory, _plugin, _report
+from . import _keras, _memory, _offline, _plugin, _report
 from ._plugin import NpusimError
 from ._report import format_op_summary, op_summary, profile
 
@@ -37,6 +37,7 @@ __all__ = [
     "device_info",
     "format_op_summary",
     "launch_records",
+    "load_offline_model",
     "op_summary",
     "plugin_path",
     "profile",
@@ -52,6 +53,13 @@ _plugin.load(_PLUGIN_PATH)
 _hooks = _plugin.Hooks(_PLUGIN_PATH)
 _keras.install()
 _memory.install(_hooks)
+
+
+def load_offline_model(path, chip=None):
+    """An offline model (.om from `npusim compile`) as a callable: load_offline_model(p)(x) runs
+    one inference with `npusim infer` in a child process and returns the output array (a dict by
+    name for several outputs). chip: if given, the model must have been compiled for it."""
+    return _offline.load_offline_model(path, chip=chip, plugin_path=_PLUGIN_PATH)
 
 
 def plugin_path():

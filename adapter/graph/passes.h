@@ -1,0 +1,48 @@
+// The graph engine's fusion passes on the IR (graph.h), as CANN's graph engine applies them
+// before building the task list. Each pass rewrites the last node of a matched chain in place
+// (its name stays, so reports show the original node names), records the names of the nodes it
+// absorbed in Node::fused and marks them dead. A node read by anything outside the chain, or a
+// graph output, ends a chain. docs/graph_engine.md "Fusions" lists the patterns.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/graph/graph.h"
+
+namespace npusim::graph {
+
+// One fusion applied, for the compile report.
+struct FusionRecord {
+  std::string pattern;  // e.g. "Conv2D+BiasAdd+Relu -> Conv2DBatchNormInference"
+  std::string node;     // the fused node's name
+  std::vector<std::string> absorbed;
+};
+
+// Conv2D (NHWC, f32, constant filter) followed by per-channel constant affine ops (BiasAdd,
+// AddV2/Add/Sub of a constant, Mul by a constant: grappler's leftovers of a Keras batch norm and
+// the convolution's bias) and optionally Relu -> Conv2DBatchNormInference: the scales are folded
+// into a new filter on the host at compile time (f32), the shift becomes the cube's bias, the
+// Relu runs in FIXPIPE.
+std::vector<FusionRecord> fold_conv_epilogues(Graph& g);
+
+// A Conv2DBatchNormInference read only as the x of other Conv2DBatchNormInference nodes hands
+// its output over in fp16 (Tout = f16 there, Tx = f16 in the readers): the cube reads fp16
+// anyway, so FIXPIPE's one rounding replaces a cast launch per reader, the same RNE rounding of
+// the same f32 values. The record's `absorbed` lists the readers.
+std::vector<FusionRecord> half_handoffs(Graph& g);
+
+// Relu(AddV2(x, y)) with the sum read only by the Relu -> AddRelu.
+std::vector<FusionRecord> fuse_add_relu(Graph& g);
+
+// Maximal connected sets of element-wise steps of one float type (compiler::ops::
+// fusible_elementwise), every node but the set's sink read only inside the set ->
+// FusedElementwise (adapter/compiler/ops/fused_elementwise.h).
+std::vector<FusionRecord> fuse_elementwise_chains(Graph& g);
+
+// All of them, in that order; the fp16 hand-off only where fp32 cube operands are cast to fp16
+// (not under kKeepFp32).
+std::vector<FusionRecord> run_fusion_passes(Graph& g, compiler::PrecisionMode precision);
+
+}  // namespace npusim::graph

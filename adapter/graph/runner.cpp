@@ -1,0 +1,138 @@
+#include "adapter/graph/runner.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "adapter/graph/graph.h"
+#include "common/error.h"
+#include "sim/verifier/verifier.h"
+
+namespace npusim::graph {
+namespace {
+
+// Device memory below this stays unused (the buffer contract keeps address 0's neighbourhood
+// free; the command line's arena starts here too).
+constexpr uint64_t kFirstAddress = 0x10000;
+constexpr uint64_t kRegionAlign = 4096;
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// The config text without comment lines (they name the file it was loaded from).
+std::string config_keys(const std::string& yaml) {
+  std::istringstream in(yaml);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind('#', 0) != 0) out += line + "\n";
+  return out;
+}
+
+}  // namespace
+
+ChipConfig model_chip(const OmModel& m) {
+  char path[] = "/tmp/npusim-om-chip-XXXXXX.yaml";
+  const int fd = mkstemps(path, 5);
+  if (fd < 0) throw Error("cannot create a temporary file for the model's chip config");
+  close(fd);
+  {
+    std::ofstream out(path);
+    out << m.chip_yaml;
+  }
+  try {
+    ChipConfig cfg = load_chip_config(path);
+    std::remove(path);
+    return cfg;
+  } catch (...) {
+    std::remove(path);
+    throw;
+  }
+}
+
+void check_model_chip(const OmModel& m, const ChipConfig& cfg, const std::string& source) {
+  if (cfg.name != m.chip_name)
+    throw Error(
+        fmt::format("{} was compiled for chip '{}', not '{}' (compile it again with "
+                    "--chip {})",
+                    source, m.chip_name, cfg.name, cfg.name));
+  if (config_keys(dump_chip_config_yaml(cfg)) != config_keys(m.chip_yaml))
+    throw Error(
+        fmt::format("{} was compiled for another configuration of chip '{}' (a key "
+                    "differs: compare `npusim config` with the model's)",
+                    source, cfg.name));
+}
+
+OfflineRunner::OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source)
+    : m_model(m), m_sim(sim), m_source(source) {
+  check_model_chip(m, sim.config(), source);
+  for (const isa::Program& p : m.kernels) isa::verify_or_throw(p, sim.config());
+  m_constant_base = kFirstAddress;
+  m_activation_base = align_up(m_constant_base + m.constants.size(), kRegionAlign);
+  m_end = m_activation_base + m.activation_bytes;
+  const uint64_t capacity = sim.gm().capacity();
+  if (m_end + compiler::kDeviceBufferAlign > capacity)
+    throw Error(fmt::format(
+        "{}: needs {} bytes of device memory (constants {}, activations {}), "
+        "chip {} has {}",
+        source, m_end, m.constants.size(), m.activation_bytes, sim.config().name, capacity));
+  if (!m.constants.empty())
+    sim.copy_host_to_device(m_constant_base, m.constants.data(), m.constants.size());
+  for (const Task& t : m.init_tasks) launch(t);
+}
+
+uint64_t OfflineRunner::address(Region r, uint64_t offset) const {
+  return (r == Region::kConstant ? m_constant_base : m_activation_base) + offset;
+}
+
+KernelResult OfflineRunner::launch(const Task& t) {
+  KernelLaunch kl;
+  kl.program = &m_model.kernels[t.kernel];
+  kl.block_dim = t.block_dim;
+  kl.counter_tree = m_counter_trees;
+  for (const ArgValue& a : t.args)
+    kl.args.push_back(a.scalar ? a.value : address(a.region, a.value));
+  KernelResult r = m_sim.run(kl);
+  m_replayed += r.replayed;
+  if (!r.ok)
+    throw Error(fmt::format("{}: node '{}' ({}), kernel {}: {}", m_source, t.node, t.op_type,
+                            kl.program->name, r.error));
+  return r;
+}
+
+std::vector<NpyArray> OfflineRunner::run(const std::vector<NpyArray>& inputs,
+                                         const std::vector<std::string>& labels,
+                                         std::vector<TaskRun>* runs) {
+  if (inputs.size() != m_model.inputs.size())
+    throw Error(fmt::format("{} takes {} input(s), {} given", m_source, m_model.inputs.size(),
+                            inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const IoBinding& b = m_model.inputs[i];
+    const NpyArray& a = inputs[i];
+    if (a.dtype != npy_descr(b.desc.dtype) || a.shape != b.desc.shape)
+      throw Error(fmt::format("input '{}' ({}): expected {} (numpy {}{}), got numpy {}{}", b.name,
+                              labels.at(i), b.desc.str(), npy_descr(b.desc.dtype),
+                              compiler::shape_str(b.desc.shape), a.dtype,
+                              compiler::shape_str(a.shape)));
+    if (!a.data.empty())
+      m_sim.copy_host_to_device(address(b.region, b.offset), a.data.data(), a.data.size());
+  }
+  for (const Task& t : m_model.tasks) {
+    KernelResult r = launch(t);
+    if (runs) runs->push_back({&t, std::move(r)});
+  }
+  std::vector<NpyArray> outputs;
+  for (const IoBinding& b : m_model.outputs) {
+    NpyArray a;
+    a.dtype = npy_descr(b.desc.dtype);
+    a.shape = b.desc.shape;
+    a.data.resize(b.desc.bytes());
+    if (!a.data.empty())
+      m_sim.copy_device_to_host(a.data.data(), address(b.region, b.offset), a.data.size());
+    outputs.push_back(std::move(a));
+  }
+  return outputs;
+}
+
+}  // namespace npusim::graph

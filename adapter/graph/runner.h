@@ -1,0 +1,61 @@
+// Runs an offline model (model.h) on the chip model without TensorFlow: places the constant and
+// activation regions in device memory, copies the constants in and runs the init tasks once
+// (derived tensors of the weights), then per inference copies the inputs in over the host link,
+// runs the task list in order and copies the outputs back.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "adapter/graph/model.h"
+#include "common/npy.h"
+#include "sim/simulator.h"
+
+namespace npusim::graph {
+
+// The chip an .om was compiled for, loaded from the config it holds.
+ChipConfig model_chip(const OmModel& m);
+
+// Throws npusim::Error if `cfg` (a chip asked for by name or file) is not the one `m` was
+// compiled for: different name or any different key.
+void check_model_chip(const OmModel& m, const ChipConfig& cfg, const std::string& source);
+
+struct TaskRun {
+  const Task* task = nullptr;
+  KernelResult result;
+};
+
+class OfflineRunner {
+ public:
+  // Verifies every kernel for the simulator's chip, uploads the constants and runs the init
+  // tasks. Throws npusim::Error naming `source` if the chip differs, the regions do not fit the
+  // device memory or an init task faults.
+  OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source);
+
+  // One inference. `inputs[i]` (from `labels[i]`, for messages) must have model input i's dtype
+  // and shape exactly; throws npusim::Error naming the input, the expected and the given type.
+  // Appends each launch's result to `runs` if given. Throws npusim::Error naming the node, its
+  // op and the kernel fault if a task faults.
+  std::vector<NpyArray> run(const std::vector<NpyArray>& inputs,
+                            const std::vector<std::string>& labels,
+                            std::vector<TaskRun>* runs = nullptr);
+
+  uint64_t device_bytes() const { return m_end - m_constant_base; }
+  // Build each launch's counter tree (KernelResult::counters), for reports. Default off.
+  void set_counter_trees(bool on) { m_counter_trees = on; }
+  // Launches carried out as replays (SimOptions::replay) so far, init tasks included.
+  uint64_t replayed_launches() const { return m_replayed; }
+
+ private:
+  const OmModel& m_model;
+  Simulator& m_sim;
+  std::string m_source;
+  uint64_t m_constant_base = 0, m_activation_base = 0, m_end = 0;
+  bool m_counter_trees = false;
+  uint64_t m_replayed = 0;
+
+  uint64_t address(Region r, uint64_t offset) const;
+  KernelResult launch(const Task& t);
+};
+
+}  // namespace npusim::graph

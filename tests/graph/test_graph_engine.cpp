@@ -1,0 +1,334 @@
+// The graph engine (adapter/graph) on graphs built in code, on the tiny chip: the convolution
+// epilogue fold against a double-precision reference and against the unfused graph, the
+// element-wise chain fusion, the unmappable-op error, the static memory plan, the .om format's
+// checks and the runner's input checks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "adapter/graph/engine.h"
+#include "adapter/graph/memory_plan.h"
+#include "adapter/graph/passes.h"
+#include "adapter/graph/runner.h"
+
+using namespace npusim;
+using namespace npusim::graph;
+using compiler::DataType;
+using compiler::TensorDesc;
+
+namespace {
+
+const ChipConfig& tiny() {
+  static ChipConfig cfg = load_chip_config("tiny");
+  return cfg;
+}
+
+Simulator& sim() {
+  static Simulator s(tiny(), SimOptions{});
+  return s;
+}
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+int add_node(Graph& g, const std::string& name, const std::string& op,
+             std::vector<TensorRef> inputs, TensorDesc out) {
+  Node n;
+  n.name = name;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.outputs = {std::move(out)};
+  if (op != "Placeholder" && op != "Const") n.attrs["T"] = std::string("f32");
+  g.nodes.push_back(std::move(n));
+  return int(g.nodes.size()) - 1;
+}
+
+int add_const(Graph& g, const std::string& name, std::vector<int64_t> shape,
+              const std::vector<float>& v) {
+  const int i = add_node(g, name, "Const", {}, {DataType::F32, std::move(shape)});
+  g.nodes[i].value.resize(v.size() * 4);
+  std::memcpy(g.nodes[i].value.data(), v.data(), v.size() * 4);
+  return i;
+}
+
+NpyArray f32_array(std::vector<int64_t> shape, const std::vector<float>& v) {
+  NpyArray a;
+  a.dtype = "f4";
+  a.shape = std::move(shape);
+  a.data.resize(v.size() * 4);
+  std::memcpy(a.data.data(), v.data(), a.data.size());
+  return a;
+}
+
+std::vector<float> floats(const NpyArray& a) {
+  std::vector<float> v(a.data.size() / 4);
+  std::memcpy(v.data(), a.data.data(), a.data.size());
+  return v;
+}
+
+// x[1,6,6,3] -> Conv2D 3x3 VALID (4 filters) -> BiasAdd b -> Mul s -> Relu.
+struct ConvGraph {
+  std::vector<float> x = random_floats(1 * 6 * 6 * 3, 1), w = random_floats(3 * 3 * 3 * 4, 2),
+                     b = random_floats(4, 3), s = {0.5f, 1.5f, -2.0f, 1.0f};
+  Graph graph() const {
+    Graph g;
+    const int in = add_node(g, "x", "Placeholder", {}, {DataType::F32, {1, 6, 6, 3}});
+    const int wc = add_const(g, "w", {3, 3, 3, 4}, w);
+    const int conv =
+        add_node(g, "conv", "Conv2D", {{in, 0}, {wc, 0}}, {DataType::F32, {1, 4, 4, 4}});
+    g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+    g.nodes[conv].attrs["padding"] = std::string("VALID");
+    g.nodes[conv].attrs["data_format"] = std::string("NHWC");
+    const int bc = add_const(g, "b", {4}, b);
+    const int bias =
+        add_node(g, "bias", "BiasAdd", {{conv, 0}, {bc, 0}}, {DataType::F32, {1, 4, 4, 4}});
+    const int sc = add_const(g, "s", {4}, s);
+    const int mul = add_node(g, "mul", "Mul", {{bias, 0}, {sc, 0}}, {DataType::F32, {1, 4, 4, 4}});
+    const int relu = add_node(g, "relu", "Relu", {{mul, 0}}, {DataType::F32, {1, 4, 4, 4}});
+    g.inputs = {{"x", {in, 0}}};
+    g.outputs = {{"y", {relu, 0}}};
+    return g;
+  }
+  // max((conv(x, w) + b) * s, 0) in double.
+  std::vector<double> reference() const {
+    std::vector<double> y(4 * 4 * 4);
+    for (int oh = 0; oh < 4; ++oh)
+      for (int ow = 0; ow < 4; ++ow)
+        for (int co = 0; co < 4; ++co) {
+          double acc = 0;
+          for (int kh = 0; kh < 3; ++kh)
+            for (int kw = 0; kw < 3; ++kw)
+              for (int ci = 0; ci < 3; ++ci)
+                acc += double(x[((oh + kh) * 6 + ow + kw) * 3 + ci]) *
+                       w[((kh * 3 + kw) * 3 + ci) * 4 + co];
+          y[(oh * 4 + ow) * 4 + co] = std::max((acc + b[co]) * s[co], 0.0);
+        }
+    return y;
+  }
+};
+
+std::vector<float> run_model(const OmModel& m, const std::vector<NpyArray>& in) {
+  OfflineRunner runner(m, sim(), "test.om");
+  return floats(runner.run(in, {"x"}).at(0));
+}
+
+}  // namespace
+
+TEST_CASE("conv epilogue fold: one fused node, same result as unfused and as the reference") {
+  const ConvGraph cg;
+  EngineOptions unfused;
+  unfused.fusion = false;
+  const OmModel fused_model = compile_graph(cg.graph(), tiny());
+  const OmModel plain_model = compile_graph(cg.graph(), tiny(), unfused);
+  REQUIRE(fused_model.info["fusions"].size() == 1);
+  CHECK(fused_model.info["fusions"][0]["pattern"] ==
+        "Conv2D+BiasAdd+Mul+Relu -> Conv2DBatchNormInference");
+  CHECK(fused_model.info["nodes"].size() == 1);
+  CHECK(fused_model.tasks.size() < plain_model.tasks.size());
+  for (const Task& t : fused_model.tasks) CHECK(t.node == "relu");  // the chain's last name
+  const std::vector<NpyArray> in = {f32_array({1, 6, 6, 3}, cg.x)};
+  const std::vector<float> fused = run_model(fused_model, in), plain = run_model(plain_model, in);
+  const std::vector<double> ref = cg.reference();
+  REQUIRE(fused.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    // fp16 operands (allow_fp32_to_fp16): 27 products of ~2^-11 relative error each, scaled.
+    CHECK(std::abs(fused[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+    CHECK(std::abs(plain[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+  }
+}
+
+// x[1,6,6,3] -> Conv2D 3x3 SAME (4) -> Relu -> Conv2D 3x3 SAME (4) -> BiasAdd; with
+// `second_output` the first convolution's result is a graph output too.
+Graph two_convs(bool second_output) {
+  Graph g;
+  const TensorDesc t{DataType::F32, {1, 6, 6, 4}};
+  const int x = add_node(g, "x", "Placeholder", {}, {DataType::F32, {1, 6, 6, 3}});
+  int prev = x, relu0 = -1;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t cin = k == 0 ? 3 : 4;
+    const int w = add_const(g, "w" + std::to_string(k), {3, 3, cin, 4},
+                            random_floats(size_t(36 * cin), 10 + k));
+    const int conv = add_node(g, "conv" + std::to_string(k), "Conv2D", {{prev, 0}, {w, 0}}, t);
+    g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+    g.nodes[conv].attrs["padding"] = std::string("SAME");
+    const int c = add_const(g, "c" + std::to_string(k), {4}, random_floats(4, 20 + k));
+    prev = k == 0 ? relu0 = add_node(g, "relu0", "Relu", {{conv, 0}}, t)
+                  : add_node(g, "bias1", "BiasAdd", {{conv, 0}, {c, 0}}, t);
+  }
+  g.inputs = {{"x", {x, 0}}};
+  g.outputs = {{"y", {prev, 0}}};
+  if (second_output) g.outputs.push_back({"relu0", {relu0, 0}});
+  return g;
+}
+
+TEST_CASE("fp16 hand-off between fused convolutions: one cast fewer, bit-identical output") {
+  const OmModel half = compile_graph(two_convs(false), tiny());
+  const OmModel kept = compile_graph(two_convs(true), tiny());  // relu0 is read outside: f32
+  int handoffs = 0;
+  for (const auto& f : half.info["fusions"])
+    handoffs += f["pattern"].get<std::string>().find("in fp16") != std::string::npos;
+  CHECK(handoffs == 1);
+  CHECK(half.tasks.size() + 1 == kept.tasks.size());
+  const std::vector<NpyArray> in = {f32_array({1, 6, 6, 3}, random_floats(108, 30))};
+  CHECK(run_model(half, in) == run_model(kept, in));
+}
+
+TEST_CASE("element-wise chain: one FusedElementwise launch, bit-identical to the unfused ops") {
+  Graph g;
+  const TensorDesc t{DataType::F32, {2, 64}};
+  const int x = add_node(g, "x", "Placeholder", {}, t);
+  const int c = add_const(g, "c", {64}, random_floats(64, 5));
+  const int sub = add_node(g, "sub", "Sub", {{x, 0}, {c, 0}}, t);
+  const int sq = add_node(g, "square", "Square", {{sub, 0}}, t);
+  const int mul = add_node(g, "mul", "Mul", {{sq, 0}, {x, 0}}, t);
+  g.inputs = {{"x", {x, 0}}};
+  g.outputs = {{"y", {mul, 0}}};
+  EngineOptions unfused;
+  unfused.fusion = false;
+  const OmModel fused_model = compile_graph(g, tiny());
+  const OmModel plain_model = compile_graph(g, tiny(), unfused);
+  REQUIRE(fused_model.tasks.size() == 1);
+  CHECK(fused_model.tasks[0].op_type == "FusedElementwise");
+  CHECK(plain_model.tasks.size() == 3);
+  const std::vector<NpyArray> in = {f32_array({2, 64}, random_floats(128, 6))};
+  CHECK(run_model(fused_model, in) == run_model(plain_model, in));
+}
+
+TEST_CASE("unmappable ops: one error listing every such node") {
+  Graph g;
+  const TensorDesc t{DataType::F32, {8}};
+  const int x = add_node(g, "x", "Placeholder", {}, t);
+  const int a = add_node(g, "first_atan", "Atan", {{x, 0}}, t);
+  const int r = add_node(g, "fine_relu", "Relu", {{a, 0}}, t);
+  const int s = add_node(g, "second_sinh", "Sinh", {{r, 0}}, t);
+  g.inputs = {{"x", {x, 0}}};
+  g.outputs = {{"y", {s, 0}}};
+  try {
+    compile_graph(g, tiny());
+    FAIL("no error");
+  } catch (const UnmappableOpsError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("2 node(s) cannot be mapped") != std::string::npos);
+    CHECK(msg.find("first_atan (Atan)") != std::string::npos);
+    CHECK(msg.find("second_sinh (Sinh)") != std::string::npos);
+    CHECK(msg.find("fine_relu") == std::string::npos);
+  }
+}
+
+TEST_CASE("memory plan: buffers live together never overlap; disjoint lifetimes share bytes") {
+  std::vector<PlannedBuffer> b = {
+      {"a", 1000, 0, 1}, {"b", 3000, 1, 2}, {"c", 1000, 2, 3}, {"d", 600, 3, 4}, {"e", 5000, 4, 5}};
+  const uint64_t peak = plan_memory(b);
+  for (size_t i = 0; i < b.size(); ++i) {
+    CHECK(b[i].offset % kPlanAlign == 0);
+    CHECK(b[i].offset + b[i].bytes <= peak);
+    for (size_t j = i + 1; j < b.size(); ++j)
+      if (b[i].first <= b[j].last && b[j].first <= b[i].last)
+        CHECK((b[i].offset + b[i].bytes <= b[j].offset || b[j].offset + b[j].bytes <= b[i].offset));
+  }
+  // At step 4 d and e live (5,600 bytes + alignment); nothing needs more than e next to d or
+  // b next to c: the sum of all (10,600) is not needed.
+  CHECK(peak <= 5000 + 1024);
+}
+
+TEST_CASE(".om file: round trip; bad magic, truncation, corruption and version are errors") {
+  const OmModel m = compile_graph(ConvGraph().graph(), tiny());
+  const std::vector<uint8_t> bytes = serialize_om(m);
+  const OmModel back = parse_om(bytes, "m.om");
+  CHECK(back.tasks.size() == m.tasks.size());
+  CHECK(back.constants == m.constants);
+  CHECK(serialize_om(back) == bytes);
+  std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 100);
+  CHECK_THROWS_WITH(parse_om(cut, "m.om"), Catch::Contains("m.om: truncated"));
+  std::vector<uint8_t> flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x40;
+  CHECK_THROWS_WITH(parse_om(flipped, "m.om"), Catch::Contains("m.om: corrupt"));
+  std::vector<uint8_t> other = bytes;
+  other[0] = 'X';
+  CHECK_THROWS_WITH(parse_om(other, "m.om"), Catch::Contains("not an npusim offline model"));
+  std::vector<uint8_t> version = bytes;
+  version[8] = 9;
+  CHECK_THROWS_WITH(parse_om(version, "m.om"), Catch::Contains("format version 9"));
+}
+
+TEST_CASE("runner: wrong input shape or dtype, and another chip, are errors naming them") {
+  const OmModel m = compile_graph(ConvGraph().graph(), tiny());
+  OfflineRunner runner(m, sim(), "m.om");
+  NpyArray shape = f32_array({1, 6, 6, 2}, random_floats(72, 1));
+  CHECK_THROWS_WITH(runner.run({shape}, {"x.npy"}),
+                    Catch::Contains("input 'x' (x.npy): expected f32[1,6,6,3]") &&
+                        Catch::Contains("got numpy f4[1,6,6,2]"));
+  NpyArray dtype = f32_array({1, 6, 6, 3}, random_floats(108, 1));
+  dtype.dtype = "i4";
+  CHECK_THROWS_WITH(runner.run({dtype}, {"x.npy"}), Catch::Contains("got numpy i4[1,6,6,3]"));
+  CHECK_THROWS_WITH(check_model_chip(m, load_chip_config("910b"), "m.om"),
+                    Catch::Contains("m.om was compiled for chip 'tiny', not '910b'"));
+  CHECK_THROWS_WITH(check_model_chip(m, load_chip_config("tiny", {"memory.hbm.gbps=900"}), "m.om"),
+                    Catch::Contains("another configuration of chip 'tiny'"));
+}
+
+namespace {
+
+// The folders write_graph_json made, removed when the test ends.
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    for (const auto& d : dirs) std::filesystem::remove_all(d);
+  }
+};
+
+// Writes graph.json (and w.npy, a 2x2 f32 constant) into a fresh folder; returns its path.
+std::string write_graph_json(const std::string& nodes) {
+  static TempDirs made;
+  char tmpl[] = "/tmp/npusim-graph-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  made.dirs.push_back(dir);
+  write_npy(dir + "/w.npy", f32_array({2, 2}, {1.0f, 2.0f, 3.0f, 4.0f}));
+  std::ofstream(dir + "/graph.json") << R"({"format": "npusim-graph", "version": 1,
+             "inputs": [{"name": "x", "tensor": "x:0"}],
+             "outputs": [{"name": "y", "tensor": "mm:0"}], "nodes": [)"
+                                     << nodes << "]}";
+  return dir + "/graph.json";
+}
+
+const char* kMatMulNodes = R"(
+  {"name": "mm", "op": "MatMul", "inputs": ["x:0", "w", "^x"], "attrs": {"T": {"type": "f32"}},
+   "outputs": [{"dtype": "f32", "shape": [1, 2]}]},
+  {"name": "x", "op": "Placeholder", "inputs": [], "outputs": [{"dtype": "f32", "shape": [1, 2]}]},
+  {"name": "w", "op": "Const", "inputs": [], "value": "w.npy",
+   "outputs": [{"dtype": "f32", "shape": [2, 2]}]})";
+
+}  // namespace
+
+TEST_CASE("graph.json: loaded in topological order and run; malformed files name node and key") {
+  const std::string path = write_graph_json(kMatMulNodes);
+  Graph g = load_graph_json(path);
+  REQUIRE(g.nodes.size() == 3);
+  CHECK(g.nodes[2].name == "mm");  // after its inputs; the control input is dropped
+  CHECK(g.nodes[2].inputs.size() == 2);
+  const OmModel m = compile_graph(std::move(g), tiny());
+  CHECK(run_model(m, {f32_array({1, 2}, {1.0f, -1.0f})}) == std::vector<float>{-2.0f, -2.0f});
+
+  std::string bad = kMatMulNodes;
+  bad.replace(bad.find("\"x:0\", \"w\""), 10, "\"x:0\", \"v\"");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'mm': input 'v' names no node"));
+  bad = kMatMulNodes;
+  bad.replace(bad.find("\"f32\", \"shape\": [2, 2]"), 5, "\"f64\"");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'w' output 0: dtype 'f64' has no device type"));
+  bad = kMatMulNodes;
+  bad.replace(bad.find("[2, 2]"), 6, "[2, 3]");
+  CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
+                    Catch::Contains("node 'w': value is f4[2,2], the node declares f32[2,3]"));
+}
