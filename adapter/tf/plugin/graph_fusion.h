@@ -55,16 +55,21 @@ class Status;
 namespace npusim::tf {
 
 struct FusionCounts {
-  int batch_norm = 0;       // BatchNormInference nodes created (before 2 folds some in)
-  int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
-  int half_handoffs = 0;    // of those, outputs handed to the next ones in fp16 (no new node)
-  int add_relu = 0;         // AddRelu nodes created
-  int elementwise = 0;      // FusedElementwise nodes created
-  int total() const { return batch_norm + conv_batch_norm + add_relu + elementwise; }
+  int training_batch_norm = 0;  // training batch norms fused (4 nodes each, rewrite 0)
+  int batch_norm = 0;           // BatchNormInference nodes created (before 2 folds some in)
+  int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
+  int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
+  int add_relu = 0;             // AddRelu nodes created
+  int elementwise = 0;          // FusedElementwise nodes created
+  int total() const {
+    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise;
+  }
 };
 
 // False when NPUSIM_FUSION is "0" (read once).
 bool fusion_requested();
+// False when NPUSIM_FUSION_BN_TRAINING is "0" (read once): rewrite 0 alone off.
+bool training_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
