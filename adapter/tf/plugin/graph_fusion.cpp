@@ -378,12 +378,35 @@ bool scalar_const_is(const tfc::NodeDef* n, double value) {
   return v && *v == static_cast<float>(value);
 }
 
-// Reshape(Tile?(Reshape(v))) chains of the Mean gradient: Mul(Tile(Reshape(v, s), m), 1/R) with
-// constant shape and multiples; returns the Tile's Mul or null. `nodes` gets the three.
+// Whether n is a Reshape to a constant shape.
+bool const_reshape(GraphView& g, const tfc::NodeDef* n) {
+  const tfc::NodeDef* shape = n && n->op() == "Reshape" ? input_node(g, *n, 1) : nullptr;
+  return shape && shape->op() == "Const";
+}
+
+// n, or the first node under the Reshapes to constant shapes that produce it (Keras reshapes a
+// batch norm's per-channel tensors between [C] and [1, 1, 1, C] for a positive channel axis);
+// `nodes` gets those Reshapes.
+tfc::NodeDef* under_reshapes(GraphView& g, tfc::NodeDef* n, std::vector<tfc::NodeDef*>* nodes) {
+  for (int depth = 0; depth < 4 && const_reshape(g, n); ++depth) {
+    nodes->push_back(n);
+    n = input_node(g, *n, 0);
+  }
+  return n;
+}
+
+// The Mean gradient of v: Mul(Tile(Reshape(...Reshape(v)), multiples), 1/R) with constant shapes
+// and multiples; returns the Tile's Mul or null. `nodes` gets the chain.
 tfc::NodeDef* mean_grad(GraphView& g, const tfc::NodeDef& v, std::vector<tfc::NodeDef*>* nodes) {
   tfc::NodeDef* reshape = consumer_of(g, v.name(), "Reshape", 0);
-  if (!reshape || !input_node(g, *reshape, 1) || input_node(g, *reshape, 1)->op() != "Const")
-    return nullptr;
+  if (!const_reshape(g, reshape)) return nullptr;
+  nodes->push_back(reshape);
+  for (int depth = 0; depth < 3; ++depth) {
+    tfc::NodeDef* next = consumer_of(g, reshape->name(), "Reshape", 0);
+    if (!const_reshape(g, next) || g.consumers(reshape->name()) != 1) break;
+    nodes->push_back(next);
+    reshape = next;
+  }
   tfc::NodeDef* tile = consumer_of(g, reshape->name(), "Tile", 0);
   if (!tile || !input_node(g, *tile, 1) || input_node(g, *tile, 1)->op() != "Const") return nullptr;
   tfc::NodeDef* mul = consumer_of(g, tile->name(), "Mul");
@@ -391,7 +414,7 @@ tfc::NodeDef* mean_grad(GraphView& g, const tfc::NodeDef& v, std::vector<tfc::No
   std::optional<std::string> k = other_operand(*mul, tile->name());
   const tfc::NodeDef* kc = k ? g.node(parse_input(*k).node) : nullptr;
   if (!kc || kc->op() != "Const" || !scalar_float_const(*kc)) return nullptr;
-  nodes->insert(nodes->end(), {reshape, tile, mul});
+  nodes->insert(nodes->end(), {tile, mul});
   return mul;
 }
 
@@ -411,8 +434,9 @@ struct TrainingBatchNorm {
 // Means over [0, 1, 2] of its x.
 bool match_training_forward(GraphView& g, TrainingBatchNorm* t) {
   const BatchNormChain& c = t->chain;
-  tfc::NodeDef* mean_c = g.node(c.mean);
-  tfc::NodeDef* var_c = g.node(c.variance);
+  std::vector<tfc::NodeDef*> reshapes;
+  tfc::NodeDef* mean_c = under_reshapes(g, g.node(c.mean), &reshapes);
+  tfc::NodeDef* var_c = under_reshapes(g, g.node(c.variance), &reshapes);
   if (!mean_c || !var_c || parse_input(c.mean).port || parse_input(c.variance).port ||
       mean_c->op() != "Squeeze" || var_c->op() != "Squeeze")
     return false;
@@ -436,6 +460,7 @@ bool match_training_forward(GraphView& g, TrainingBatchNorm* t) {
     t->relu = true;
   }
   t->removed = {mean, sqd, mean_c, var_c};
+  t->removed.insert(t->removed.end(), reshapes.begin(), reshapes.end());
   t->removed.insert(t->removed.end(), c.inner.begin(), c.inner.end());
   if (t->relu) t->removed.push_back(c.add_1);
   return true;
@@ -457,32 +482,32 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   if (!dbmul || dbmul->op() != "AddN" || dbmul->input_size() != 2 ||
       other_operand(*drs, dbmul->name()) != c.scale)
     return false;
-  // AddN(Reshape(Sum(Mul(x, g))), Mul(Neg(dbeta), mean_c))
-  tfc::NodeDef *sum_xg_r = nullptr, *neg_mean = nullptr;
-  for (int i = 0; i < 2; ++i) {
-    tfc::NodeDef* a = input_node(g, *dbmul, i);
+  // AddN([Reshape](Sum(Mul(x, g))), Mul(Neg(dbeta), mean))
+  std::vector<tfc::NodeDef*> grad = {rsqrt_grad, drs, dbmul};
+  tfc::NodeDef *sum_xg = nullptr, *neg_mean = nullptr;
+  for (int i = 0; i < 2 && !sum_xg; ++i) {
     tfc::NodeDef* b = input_node(g, *dbmul, 1 - i);
-    if (a && b && a->op() == "Reshape" && b->op() == "Mul") {
-      sum_xg_r = a;
+    std::vector<tfc::NodeDef*> reshapes;
+    tfc::NodeDef* a = under_reshapes(g, input_node(g, *dbmul, i), &reshapes);
+    if (a && b && a->op() == "Sum" && b->op() == "Mul") {
+      sum_xg = a;
       neg_mean = b;
+      grad.insert(grad.end(), reshapes.begin(), reshapes.end());
     }
   }
-  if (!sum_xg_r) return false;
-  tfc::NodeDef* sum_xg = input_node(g, *sum_xg_r, 0);
   tfc::NodeDef* xg = sum_xg ? input_node(g, *sum_xg, 0) : nullptr;
   if (!reduces_nhw(g, sum_xg, "Sum") || !xg || xg->op() != "Mul") return false;
   std::optional<std::string> gs = other_operand(*xg, parse_input(x).node);
   if (parse_input(x).port || !gs) return false;
   t->g = *gs;
-  std::optional<std::string> neg_s = other_operand(*neg_mean, t->mean_c->name());
+  std::optional<std::string> neg_s = other_operand(*neg_mean, parse_input(c.mean).node);
   tfc::NodeDef* neg = neg_s ? g.node(*neg_s) : nullptr;
   tfc::NodeDef* dbeta = neg && neg->op() == "Neg" ? input_node(g, *neg, 0) : nullptr;
-  tfc::NodeDef* sum_g = dbeta && dbeta->op() == "Reshape" ? input_node(g, *dbeta, 0) : nullptr;
+  tfc::NodeDef* sum_g = dbeta ? under_reshapes(g, dbeta, &grad) : nullptr;
   if (!reduces_nhw(g, sum_g, "Sum") || sum_g->input(0) != t->g) return false;
   // dx = AddN(Mul(g, bmul), mean grad of Mul(Neg, bmul), Mul(Mul(2, mean grad of RsqrtGrad),
   //      Sub(x, mean)))
-  std::vector<tfc::NodeDef*> grad = {rsqrt_grad, drs,      dbmul, sum_xg_r, sum_xg,
-                                     xg,         neg_mean, neg,   dbeta,    sum_g};
+  grad.insert(grad.end(), {sum_xg, xg, neg_mean, neg, sum_g});
   tfc::NodeDef* dmean = consumer_of(g, neg->name(), "Mul", -1, neg_mean);
   tfc::NodeDef* dx_mean = nullptr;
   if (!dmean || other_operand(*dmean, bmul->name()) != neg->name() ||
