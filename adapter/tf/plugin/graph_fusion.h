@@ -5,6 +5,32 @@
 //
 // Rewrites (every node on the NPU, rewritten in place: the chain's last node keeps its name,
 // device and control inputs and becomes the fused op; the chain's other nodes are removed):
+//   0. Training batch norm, as CANN splits it (kernels in adapter/compiler/ops/batchnorm.cpp):
+//      Keras 3's BatchNormalization in training (tf.nn.moments, then rewrite 1's chain on the
+//      batch statistics) together with the gradient TensorFlow's autodiff builds for it:
+//        forward  mean = Mean(x, [0,1,2], keep_dims)  sqd = SquaredDifference(x, mean)
+//                 variance = Mean(sqd, [0,1,2], keep_dims)  Squeeze of each [-> Reshape to
+//                 [1,1,1,C] for a positive channel axis], rewrite 1's chain on them [-> Relu]
+//        gradient (g: the gradient arriving at the chain's output) dscale = Mul(AddN, rsqrt)
+//                 with AddN = Sum(x * g) [Reshape] + Neg(dbeta) * mean, dbeta = [Reshape] Sum(g),
+//                 RsqrtGrad(rsqrt, AddN * scale) -> Mean gradient (Reshapes, Tile, Mul 1/R) ->
+//                 Mul(2, .) * Sub(x, mean); dx = AddN(g * (rsqrt * scale), Mean gradient of
+//                 Neg(dbeta) * (rsqrt * scale), that product)
+//      become four nodes, each in place of one it replaces (names kept):
+//        BNTrainingReduce(x) in place of `variance`: per-channel sum, square_sum
+//        BNTrainingUpdate(x, sum, square_sum, scale, offset; epsilon, relu) in place of the
+//          Relu (else the chain's final AddV2): y, batch_mean, batch_variance
+//        BNTrainingUpdateGrad(g, x, batch_mean, batch_variance) in place of dscale:
+//          diff_scale, diff_offset
+//        BNTrainingReduceGrad(g, x, diff_scale, diff_offset, scale, batch_mean, batch_variance)
+//          in place of dx
+//      The Squeezes' other consumers (Keras' moving-average updates, fused by rewrite 4 into
+//      one small FusedElementwise each) read batch_mean / batch_variance, dbeta's read
+//      diff_offset. Every other matched node goes; each must have its consumers and control
+//      edges inside the match (the gradient's Sub and constant 2 depend on its Mean gradient by
+//      control edges), all float. A batch norm whose gradient is not in the same graph, or that
+//      differs in any node, is left to the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns
+//      this rewrite alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
