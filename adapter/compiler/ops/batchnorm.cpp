@@ -164,6 +164,22 @@ void store_f32(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt)
   }
 }
 
+// Appends a copy of the f32 [c] vector `v` into a new cp-long workspace buffer; returns it.
+ArgRef append_vector_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
+                          int64_t cp, const ChipConfig& cfg) {
+  const ArgRef p = workspace_take(k, static_cast<uint64_t>(cp) * 4);
+  ChannelEpilogueSpec e;
+  e.name = "BatchNormGradMean";
+  e.c = c;
+  e.vectors = 1;
+  e.outputs = 1;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), {v, p}));
+  return p;
+}
+
 DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
                   std::initializer_list<size_t> vectors, int64_t* c) {
   DataType dt = op.inputs[*tensors.begin()].dtype;
@@ -357,19 +373,7 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
   // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
-  const ArgRef mean_p = workspace_take(k, static_cast<uint64_t>(x.cp) * 4);
-  {
-    ChannelEpilogueSpec e;
-    e.name = "BatchNormGradMean";
-    e.c = c;
-    e.vectors = 1;
-    e.outputs = 1;
-    e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-      f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
-    };
-    k.launches.push_back(
-        with_args(build_channel_epilogue(e, cfg, op.str()), {input_ref(3), mean_p}));
-  }
+  const ArgRef mean_p = append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
@@ -458,22 +462,11 @@ TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_l
   return t;
 }
 
-// mean of a cp-padded sum: the per-channel vector `v` itself when c is whole blocks, else a copy
-// in a cp-long workspace buffer (the channel sums read cp channels of it).
+// The centring vector of a cp-padded channel sum: the per-channel vector `v` itself when c is
+// whole blocks, else a copy in a cp-long workspace buffer (the sums read cp channels of it).
 ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c, int64_t cp,
                      const ChipConfig& cfg) {
-  if (cp == c) return v;
-  const ArgRef p = workspace_take(k, static_cast<uint64_t>(cp) * 4);
-  ChannelEpilogueSpec e;
-  e.name = "BatchNormGradMean";
-  e.c = c;
-  e.vectors = 1;
-  e.outputs = 1;
-  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
-  };
-  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), {v, p}));
-  return p;
+  return cp == c ? v : append_vector_copy(k, op, v, c, cp, cfg);
 }
 
 // BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
