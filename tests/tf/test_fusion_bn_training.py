@@ -9,7 +9,8 @@ BNTrainingReduceGrad.
   sum of squares) and, within the cube's fp16 operands, as TensorFlow on the CPU, in fewer
   launches; the fused launches carry the
   original node names; likewise with the channel axis given as 3 (Keras then reshapes the
-  per-channel tensors to [1, 1, 1, C]);
+  per-channel tensors to [1, 1, 1, C]) and a batch of one (grappler drops the unit axis from
+  the gradient's Sums);
 - patterns that must not fuse stay unfused and still compute the CPU's results: the same batch
   norm in inference mode inside a training step, a second consumer of an intermediate of the
   pattern (the normalisation factor also returned), and the pattern in float16 (the fused
@@ -41,7 +42,7 @@ import tensorflow as tf
 import keras
 
 
-def train(device, axis):
+def train(device, axis, batch):
     keras.utils.set_random_seed(0)
     with tf.device(device):
         inp = keras.Input((8, 8, 3))
@@ -52,8 +53,8 @@ def train(device, axis):
         model = keras.Model(inp, keras.layers.Dense(4)(h))
         opt = keras.optimizers.SGD(0.1)
         rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
+        x = tf.constant(rng.standard_normal((batch, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.standard_normal((batch, 4)).astype(np.float32))
 
         @tf.function
         def step(x, y):
@@ -75,8 +76,9 @@ def train(device, axis):
 
 
 out = {}
-for axis in (-1, 3):
-    out[axis] = {"npu": train("/NPU:0", axis), "cpu": train("/CPU:0", axis)}
+# axis 3 with a batch of one: grappler drops the unit batch axis from the gradient's Sums
+for axis, batch in ((-1, 4), (3, 1)):
+    out[axis] = {"npu": train("/NPU:0", axis, batch), "cpu": train("/CPU:0", axis, batch)}
 print("RESULT " + json.dumps(out))
 '''
 

@@ -362,14 +362,21 @@ tfc::NodeDef* consumer_of(GraphView& g, const std::string& name, const char* op,
   return found;
 }
 
-// n is `op` (Mean or Sum) over axes [0, 1, 2] of an NHWC tensor with keep_dims.
-bool reduces_nhw(GraphView& g, const tfc::NodeDef* n, const char* op) {
+// n is `op` (Mean or Sum) over axes [0, 1, 2] of an NHWC tensor with keep_dims. A gradient's
+// Sum (unit_axes_dropped) may list fewer of them: grappler drops the axes it knows to be 1 (a
+// batch of one), which autodiff's Sum over the broadcast axes of x's shape then reduces alike.
+bool reduces_nhw(GraphView& g, const tfc::NodeDef* n, const char* op,
+                 bool unit_axes_dropped = false) {
   if (!n || n->op() != op || !float_node(*n) || n->input_size() < 2) return false;
   auto k = n->attr().find("keep_dims");
   if (k == n->attr().end() || !k->second.b()) return false;
   const tfc::NodeDef* axes = input_node(g, *n, 1);
   std::optional<std::vector<int64_t>> v = axes ? const_ints(*axes) : std::nullopt;
-  return v && *v == std::vector<int64_t>{0, 1, 2};
+  if (!v || v->empty()) return false;
+  if (!unit_axes_dropped) return *v == std::vector<int64_t>{0, 1, 2};
+  for (size_t i = 0; i < v->size(); ++i)
+    if ((*v)[i] < 0 || (*v)[i] > 2 || (i > 0 && (*v)[i] <= (*v)[i - 1])) return false;
+  return true;
 }
 
 // n is a float Const holding one element of value `value` (within rounding of f32).
@@ -485,6 +492,7 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   // AddN([Reshape](Sum(Mul(x, g))), Mul(Neg(dbeta), mean))
   std::vector<tfc::NodeDef*> grad = {rsqrt_grad, drs, dbmul};
   tfc::NodeDef *sum_xg = nullptr, *neg_mean = nullptr;
+  bool keeps_dims = false;  // the per-channel gradients are [1, 1, 1, C] (no Reshape to [C])
   for (int i = 0; i < 2 && !sum_xg; ++i) {
     tfc::NodeDef* b = input_node(g, *dbmul, 1 - i);
     std::vector<tfc::NodeDef*> reshapes;
@@ -492,11 +500,12 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
     if (a && b && a->op() == "Sum" && b->op() == "Mul") {
       sum_xg = a;
       neg_mean = b;
+      keeps_dims = reshapes.empty();
       grad.insert(grad.end(), reshapes.begin(), reshapes.end());
     }
   }
   tfc::NodeDef* xg = sum_xg ? input_node(g, *sum_xg, 0) : nullptr;
-  if (!reduces_nhw(g, sum_xg, "Sum") || !xg || xg->op() != "Mul") return false;
+  if (!reduces_nhw(g, sum_xg, "Sum", true) || !xg || xg->op() != "Mul") return false;
   std::optional<std::string> gs = other_operand(*xg, parse_input(x).node);
   if (parse_input(x).port || !gs) return false;
   t->g = *gs;
@@ -504,7 +513,7 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   tfc::NodeDef* neg = neg_s ? g.node(*neg_s) : nullptr;
   tfc::NodeDef* dbeta = neg && neg->op() == "Neg" ? input_node(g, *neg, 0) : nullptr;
   tfc::NodeDef* sum_g = dbeta ? under_reshapes(g, dbeta, &grad) : nullptr;
-  if (!reduces_nhw(g, sum_g, "Sum") || sum_g->input(0) != t->g) return false;
+  if (!reduces_nhw(g, sum_g, "Sum", true) || sum_g->input(0) != t->g) return false;
   // dx = AddN(Mul(g, bmul), mean grad of Mul(Neg, bmul), Mul(Mul(2, mean grad of RsqrtGrad),
   //      Sub(x, mean)))
   grad.insert(grad.end(), {sum_xg, xg, neg_mean, neg, sum_g});
@@ -543,6 +552,12 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   for (tfc::NodeDef* n : grad)
     if (n != two && !float_node(*n)) return false;
   if (!float_node(*dscale) || !float_node(*dx)) return false;
+  // The fused diff_scale and diff_offset are [C]: where the graph's were [1, 1, 1, C], they may
+  // only feed Reshapes (Keras' back to the variables' [C]).
+  if (keeps_dims)
+    for (const tfc::NodeDef* n : {dscale, dbeta})
+      for (int i : g.consumer_indices(n->name()))
+        if (g.at(i) != neg && g.at(i)->op() != "Reshape") return false;
   t->dscale = dscale;
   t->dx = dx;
   t->doffset = dbeta;
