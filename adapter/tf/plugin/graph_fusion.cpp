@@ -578,6 +578,8 @@ bool training_removable(GraphView& g, const TrainingBatchNorm& t, const Removal&
                                       t.dx->name()};
   for (const std::string& k : kept)
     if (region.count(k) || rm.claimed(k) || !on_npu(*g.node(k))) return false;
+  // variance and dscale change shape ([1, 1, 1, C] -> [C]): not if a fetch reads them as such.
+  if (preserve.count(t.variance->name()) || preserve.count(t.dscale->name())) return false;
   const std::set<std::string> rewired = {t.mean_c->name(), t.variance_c->name(), t.doffset->name()};
   std::set<std::string> inside = region;
   inside.insert(kept.begin(), kept.end());
