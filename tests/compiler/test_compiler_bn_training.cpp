@@ -170,18 +170,21 @@ TEST_CASE("BNTrainingReduce: per-channel sum and sum of squares in one pass") {
   check_reduce({2, 3, 5, 16}, 1);
   check_reduce({1, 4, 4, 7}, 2);  // channels padded to whole blocks
   check_reduce({4, 8, 8, 64}, 3);
+  check_reduce({1, 4, 4, 200}, 4);  // per-channel work spread over the cores
 }
 
 TEST_CASE("BNTrainingUpdate: statistics, normalisation, scale, shift (and ReLU)") {
   check_update({2, 3, 5, 16}, false, 10);
   check_update({2, 3, 5, 16}, true, 11);
   check_update({1, 4, 4, 7}, true, 12);
+  check_update({1, 4, 4, 200}, false, 13);
 }
 
 TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad: the training gradient") {
   check_grads({{2, 3, 5, 16}, 20});
   check_grads({{1, 4, 4, 7}, 21});
   check_grads({{3, 4, 4, 32}, 22});
+  check_grads({{1, 4, 4, 200}, 23});
 }
 
 TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {

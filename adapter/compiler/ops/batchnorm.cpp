@@ -486,6 +486,7 @@ CompiledKernel compile_bn_training_reduce(const CompileContext& ctx) {
   auto [squares, blocks] = append_sum(k, op, s, {x.ref}, ctx.cfg, &sums);
   ChannelEpilogueSpec e;
   e.name = "BNTrainingReduceSums";
+  e.spread = true;
   e.c = t.c;
   e.partial_cp = x.cp;
   e.partial_blocks = {blocks, blocks};
@@ -515,6 +516,7 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   fold.shift = workspace_take(k, static_cast<uint64_t>(t.c) * 4);
   ChannelEpilogueSpec e;
   e.name = "BNTrainingUpdateFold";
+  e.spread = true;
   e.c = t.c;
   e.vectors = 4;  // sum, square_sum, scale, offset
   e.outputs = 4;  // batch_mean, batch_variance, a, shift
@@ -565,6 +567,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   auto [sdyx, blocks] = append_sum(k, op, s, {x.ref, dy.ref, mean}, ctx.cfg, &sdy);
   ChannelEpilogueSpec e;
   e.name = "BNTrainingUpdateGradSums";
+  e.spread = true;
   e.c = t.c;
   e.partial_cp = x.cp;
   e.partial_blocks = {blocks, blocks};
@@ -595,6 +598,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
                c2 = workspace_take(k, bytes);
   ChannelEpilogueSpec e;
   e.name = "BNTrainingReduceGradCoefficients";
+  e.spread = true;
   e.c = t.c;
   e.vectors = 4;  // diff_scale, diff_offset, scale, variance
   e.outputs = 3;  // c1, mdy, c2

@@ -1,6 +1,7 @@
 #include "adapter/compiler/ops/channel.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -333,9 +334,16 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
                (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
            static_cast<uint64_t>(nbuf + 1) * 64;
   };
+  // Spread: tiles of at most c / cores channels (whole f32 repeats), so every core gets one.
+  const int cores = cfg.core_kind(kind)->count;
+  const int64_t cap = s.spread ? static_cast<int64_t>(round_up(
+                                     static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
+                               : std::numeric_limits<int64_t>::max();
   while (ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
-         need(ct * 2) <= ub)
+         ct * 2 <= cap && need(ct * 2) <= ub)
     ct *= 2;
+  const int launch_blocks =
+      s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, ct), cores)) : 1;
   if (need(ct) > ub) b.fail("the channel epilogue does not fit the UB");
   b.begin_section(kind);
   const uint64_t row = static_cast<uint64_t>(ct) * 4;
@@ -368,61 +376,73 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
   const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
   Reg item = b.reg("item");
+  std::optional<Reg> blk;  // spread: which tiles are this block's
+  if (launch_blocks > 1) {
+    blk.emplace(b.reg("block"));
+    b.emit(Opcode::op_get_block_id, {*blk});
+  }
   b.for_range(item, 0, s.batch, 1, [&] {
     for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
-      KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
-      const int64_t cn = std::min(ct, s.c - c0);
-      const int64_t blocks = ceil_div(cn * 4, 32);
-      for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
-        const int nb = s.partial_blocks[i];
-        Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
-            d = b.reg_imm("partials", int64_t(partial));
-        b.mul(t, item, nb * s.partial_cp * 4);
-        b.add(src, src, t);
-        b.add(src, src, c0 * 4);
-        b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
-                                       ct * 4 / 32 - blocks},
-               "the blocks' partial sums");
+      const auto tile = [&, c0] {
+        KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
+        const int64_t cn = std::min(ct, s.c - c0);
+        const int64_t blocks = ceil_div(cn * 4, 32);
+        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+          const int nb = s.partial_blocks[i];
+          Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
+              d = b.reg_imm("partials", int64_t(partial));
+          b.mul(t, item, nb * s.partial_cp * 4);
+          b.add(src, src, t);
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
+                                         ct * 4 / 32 - blocks},
+                 "the blocks' partial sums");
+          b.set_flag(Pipe::MTE2, Pipe::V, ready);
+          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+          Reg n = b.reg_imm("channels", cn);
+          f32_copy(b, ops.sums[i], partial, n);
+          for (int k = 1; k < nb; ++k)
+            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                       partial + static_cast<uint64_t>(k) * row, n);
+          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+        }
+        for (int i = 0; i < s.vectors; ++i) {
+          Reg src = b.load_arg(fmt::format("vector{}", i)),
+              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+        }
         b.set_flag(Pipe::MTE2, Pipe::V, ready);
         b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         Reg n = b.reg_imm("channels", cn);
-        f32_copy(b, ops.sums[i], partial, n);
-        for (int k = 1; k < nb; ++k)
-          f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                     partial + static_cast<uint64_t>(k) * row, n);
-        // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
-        b.set_flag(Pipe::V, Pipe::MTE2, consumed);
-        b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+        ops.count = &n;
+        s.compute(b, ops);
+        b.set_flag(Pipe::V, Pipe::MTE3, done);
+        b.wait_flag(Pipe::V, Pipe::MTE3, done);
+        for (int i = 0; i < s.outputs; ++i) {
+          Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
+              src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
+          b.mul(t, item, s.out_pitch * 4);
+          b.add(dst, dst, t);
+          b.add(dst, dst, c0 * 4);
+          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
+        }
+        // The next tile's loads overwrite buffers the stores read.
+        b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
+        b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
+      };
+      if (launch_blocks > 1) {
+        b.if_(eq(*blk, (c0 / ct) % launch_blocks), tile);  // tile k on block k mod blocks
+      } else {
+        tile();
       }
-      for (int i = 0; i < s.vectors; ++i) {
-        Reg src = b.load_arg(fmt::format("vector{}", i)),
-            d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
-        b.add(src, src, c0 * 4);
-        b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
-      }
-      b.set_flag(Pipe::MTE2, Pipe::V, ready);
-      b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-      Reg n = b.reg_imm("channels", cn);
-      ops.count = &n;
-      s.compute(b, ops);
-      b.set_flag(Pipe::V, Pipe::MTE3, done);
-      b.wait_flag(Pipe::V, Pipe::MTE3, done);
-      for (int i = 0; i < s.outputs; ++i) {
-        Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
-            src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
-        b.mul(t, item, s.out_pitch * 4);
-        b.add(dst, dst, t);
-        b.add(dst, dst, c0 * 4);
-        b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
-      }
-      // The next tile's loads overwrite buffers the stores read.
-      b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
-      b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
     }
   });
   b.end();
   l.kernel = b.finish();
-  l.block_dim = 1;
+  l.block_dim = launch_blocks;
   l.summary = fmt::format("{}: {} channels x {} items, tiles of {}", s.name, s.c, s.batch, ct);
   return l;
 }

@@ -73,6 +73,7 @@ struct ChannelEpilogueSpec {
   int outputs = 0;               // outputs, f32 [c] per item
   int64_t out_pitch = 0;         // elements between items' outputs (batch > 1)
   int temps = 0;
+  bool spread = false;  // channel tiles spread over the vector cores (else one block does all)
   std::function<void(KernelBuilder&, const EpilogueOperands&)> compute;
 };
 // Arguments (rebind them): the partial sets, then the vectors, then the outputs.
