@@ -56,6 +56,12 @@ w = collections.defaultdict(lambda: [0, 0.0])
 for r in recs:
     e = w[r["op_type"]]; e[0] += 1; e[1] += r["wall_us"]
 print(f"launches {len(recs)}  emulator wall in launches {sum(e[1] for e in w.values())/1e3:.1f} ms")
+# Simulated figures of the last step: the launches' cycles summed, and the cube's share of the
+# chip's peak over the launches' time (op_summary's per-op figures weighted by time).
+rows = npusim.op_summary()
+busy_us = sum(r["time_us"] for r in rows) or 1.0
+print(f"simulated cycles {sum(r['cycles'] for r in recs):,}  "
+      f"cube utilisation {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / busy_us:.1f}%")
 for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
     print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms")
 out = os.environ.get("OUT")

@@ -304,6 +304,20 @@ inline void check_close(const std::vector<double>& got, const std::vector<double
   CHECK(bad == 0);
 }
 
+// Per-element bounds: |got - want| <= 2 * tol (the factor 2 is the slack over a derived error
+// bound). Reports the first mismatches.
+inline void check_within_bounds(const std::vector<double>& got, const std::vector<double>& want,
+                                const std::vector<double>& tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  REQUIRE(tol.size() == want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 2 * tol[i]) && bad++ < 5)
+      UNSCOPED_INFO(what << "[" << i << "] = " << got[i] << ", want " << want[i] << " +- "
+                         << 2 * tol[i]);
+  CHECK(bad == 0);
+}
+
 // Flat index of each output element's source in an input of in_shape broadcast to out_shape.
 inline std::vector<size_t> broadcast_index(const std::vector<int64_t>& in_shape,
                                            const std::vector<int64_t>& out_shape) {

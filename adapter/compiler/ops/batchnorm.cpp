@@ -21,6 +21,23 @@
 //   training:  x_backprop = scale*r * ((dy - Sdy/R) - (x - mean) * r^2 * Sdyx/R),
 //   inference: x_backprop = dy * (scale * r).
 //
+// The training fusions of the TF plugin's graph pass (CANN's op types; T = float, R = N*H*W,
+// every per-channel tensor f32 [C]; graph_fusion.h says what each replaces):
+//   BNTrainingReduce(x) -> sum = sum(x), square_sum = sum(x^2): one pass over x.
+//   BNTrainingUpdate(x, sum, square_sum, scale, offset; epsilon, relu)
+//     -> y, batch_mean, batch_variance:  m = sum / R, v = max(square_sum / R - m^2, 0) (biased),
+//     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one per-channel
+//     launch, one pass over x.
+//   BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance; epsilon) -> diff_scale, diff_offset:
+//     diff_offset = sum(dy), diff_scale = sum(dy * (x - m)) * rsqrt(v + eps): one pass over
+//     dy and x.
+//   BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance;
+//     epsilon) -> dx = c1 * ((dy - diff_offset / R) - (x - m) * c2), c1 = scale * r,
+//     c2 = r * diff_scale / R, r = rsqrt(v + eps): one pass over dy and x.
+//   The variance from the sum of squares (as CANN's BNTrainingReduce) loses precision where
+//   |mean| >> std (cancellation, relative error about 2^-24 * mean^2 / v), which a batch norm
+//   after a convolution does not see in practice; TF's graph subtracts the mean first.
+//
 // Launches: per-channel sums on the vector cores (ops/channel.h: each block sums a range of
 // pixels, an epilogue kernel adds the blocks' partials and does the per-channel math), then
 // the element-wise pass (the streaming kernel, per-channel vectors resident in the UB). Sums
@@ -32,6 +49,7 @@
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
@@ -60,20 +78,26 @@ Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pi
   return {ws, cp};
 }
 
-// Appends a channel sum; returns the partials' workspace ref and block count.
+// Appends a channel sum; returns the partials' workspace ref and block count (with
+// s.plain_sum, *plain gets the second partials' ref).
 std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSumSpec s,
-                                  std::vector<ArgRef> ins, const ChipConfig& cfg) {
+                                  std::vector<ArgRef> ins, const ChipConfig& cfg,
+                                  ArgRef* plain = nullptr) {
   ChannelSumLaunch cs = build_channel_sum(s, cfg, op.str());
-  const ArgRef partials =
-      workspace_take(k, static_cast<uint64_t>(s.batch * cs.blocks * s.cp) * 4);
+  const uint64_t bytes = static_cast<uint64_t>(s.batch * cs.blocks * s.cp) * 4;
+  const ArgRef partials = workspace_take(k, bytes);
   ins.push_back(partials);
+  if (s.plain_sum) {
+    *plain = workspace_take(k, bytes);
+    ins.push_back(*plain);
+  }
   k.launches.push_back(with_args(std::move(cs.launch), ins));
   return {partials, cs.blocks};
 }
 
 // A vector launch writing f32 `value` to every element of the output `out` (index).
-void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc& desc,
-                 double value, const ChipConfig& cfg) {
+void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc& desc, double value,
+                 const ChipConfig& cfg) {
   if (desc.num_elements() == 0) return;
   StreamSpec spec;
   spec.kernel_name = "FillF32";
@@ -138,6 +162,22 @@ void store_f32(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt)
   } else {
     vec_convert(b, device_dtype(dt), Dtype::F32, t.out, r, RoundMode::kRint, *t.count);
   }
+}
+
+// Appends a copy of the f32 [c] vector `v` into a new cp-long workspace buffer; returns it.
+ArgRef append_vector_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
+                          int64_t cp, const ChipConfig& cfg) {
+  const ArgRef p = workspace_take(k, static_cast<uint64_t>(cp) * 4);
+  ChannelEpilogueSpec e;
+  e.name = "BatchNormGradMean";
+  e.c = c;
+  e.vectors = 1;
+  e.outputs = 1;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), {v, p}));
+  return p;
 }
 
 DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
@@ -272,23 +312,43 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
       f32_binary(b, Opcode::op_vmul, o.outputs[4], o.outputs[4], o.vectors[0], n);
     };
     k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
-                                   {scale, input_ref(3), input_ref(4), output_ref(1),
-                                    output_ref(2), output_ref(3), output_ref(4), a}));
+                                   {scale, input_ref(3), input_ref(4), output_ref(1), output_ref(2),
+                                    output_ref(3), output_ref(4), a}));
   }
   // y = (x - mean) * a + offset
-  append_elementwise(k, op, fmt::format("BatchNorm_{}", data_type_name(dt)), shape, dt,
-                     {input_ref(0)}, {mean, a, offset}, output_ref(0), 1,
-                     [dt](KernelBuilder& b, const TileOperands& t,
-                          const std::vector<uint64_t>& x) {
-                       const uint64_t r = t.temp[0];
-                       vec_binary(b, Opcode::op_vsub, Dtype::F32, r, x[0], t.in[0], *t.count);
-                       vec_binary(b, Opcode::op_vmul, Dtype::F32, r, r, t.in[1], *t.count);
-                       vec_binary(b, Opcode::op_vadd, Dtype::F32, r, r, t.in[2], *t.count);
-                       store_f32(b, t, r, dt);
-                     },
-                     cfg);
+  append_elementwise(
+      k, op, fmt::format("BatchNorm_{}", data_type_name(dt)), shape, dt, {input_ref(0)},
+      {mean, a, offset}, output_ref(0), 1,
+      [dt](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& x) {
+        const uint64_t r = t.temp[0];
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, r, x[0], t.in[0], *t.count);
+        vec_binary(b, Opcode::op_vmul, Dtype::F32, r, r, t.in[1], *t.count);
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, r, r, t.in[2], *t.count);
+        store_f32(b, t, r, dt);
+      },
+      cfg);
   append_fill(k, op, 5, k.outputs[5], 0, cfg);
   return k;
+}
+
+// The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
+// to output 0; `vectors` = {mdy, mean, c2, c1}, f32 [c].
+void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
+                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg) {
+  append_elementwise(
+      k, op, fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape, dt,
+      {input_ref(0), input_ref(1)}, vectors, output_ref(0), 1,
+      [dt](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
+        const Reg& n = *t.count;
+        const uint64_t u = t.temp[0];
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, u, f[0], t.in[0], n);
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, f[1], f[1], t.in[1], n);
+        vec_binary(b, Opcode::op_vmul, Dtype::F32, f[1], f[1], t.in[2], n);
+        vec_binary(b, Opcode::op_vsub, Dtype::F32, u, u, f[1], n);
+        vec_binary(b, Opcode::op_vmul, Dtype::F32, u, u, t.in[3], n);
+        store_f32(b, t, u, dt);
+      },
+      cfg);
 }
 
 CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
@@ -313,19 +373,7 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
   // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
-  const ArgRef mean_p = workspace_take(k, static_cast<uint64_t>(x.cp) * 4);
-  {
-    ChannelEpilogueSpec e;
-    e.name = "BatchNormGradMean";
-    e.c = c;
-    e.vectors = 1;
-    e.outputs = 1;
-    e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-      f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
-    };
-    k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
-                                   {input_ref(3), mean_p}));
-  }
+  const ArgRef mean_p = append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
@@ -352,8 +400,8 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
     const uint64_t r = o.temps[0];
     f32_scalar(b, Opcode::op_vadds, r, o.vectors[1], eps, n);
     f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.sums[1], r, n);  // scale_backprop
-    f32_copy(b, o.outputs[1], o.sums[0], n);                        // offset_backprop
+    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.sums[1], r, n);     // scale_backprop
+    f32_copy(b, o.outputs[1], o.sums[0], n);                           // offset_backprop
     f32_binary(b, Opcode::op_vmul, o.outputs[2], o.vectors[0], r, n);  // c1
     if (!training) return;
     f32_scalar(b, Opcode::op_vmuls, o.outputs[3], o.sums[0],
@@ -363,40 +411,212 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
     f32_scalar(b, Opcode::op_vmuls, o.outputs[4], o.outputs[4],
                static_cast<float>(1.0f / static_cast<float>(r_count)), n);  // c2
   };
-  std::vector<ArgRef> args = {sdy, sdx, input_ref(2), input_ref(4), output_ref(1),
+  std::vector<ArgRef> args = {sdy,           sdx, input_ref(2), input_ref(4), output_ref(1),
                               output_ref(2), c1};
   if (training) {
     args.push_back(mdy);
     args.push_back(c2);
   }
   k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), args));
-  const std::string name = fmt::format("BatchNormGrad_{}", data_type_name(dt));
   if (training) {
-    // dx = c1 * ((dy - mdy) - (x - mean) * c2)
+    append_training_dx(k, op, shape, dt, {mdy, input_ref(3), c2, c1}, cfg);
+  } else {
     append_elementwise(
-        k, op, name, shape, dt, {input_ref(0), input_ref(1)}, {mdy, input_ref(3), c2, c1},
+        k, op, fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape, dt, {input_ref(0)}, {c1},
         output_ref(0), 1,
         [dt](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
-          const Reg& n = *t.count;
-          const uint64_t u = t.temp[0];
-          vec_binary(b, Opcode::op_vsub, Dtype::F32, u, f[0], t.in[0], n);
-          vec_binary(b, Opcode::op_vsub, Dtype::F32, f[1], f[1], t.in[1], n);
-          vec_binary(b, Opcode::op_vmul, Dtype::F32, f[1], f[1], t.in[2], n);
-          vec_binary(b, Opcode::op_vsub, Dtype::F32, u, u, f[1], n);
-          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, u, t.in[3], n);
-          store_f32(b, t, u, dt);
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, t.temp[0], f[0], t.in[0], *t.count);
+          store_f32(b, t, t.temp[0], dt);
         },
         cfg);
-  } else {
-    append_elementwise(k, op, name, shape, dt, {input_ref(0)}, {c1}, output_ref(0), 1,
-                       [dt](KernelBuilder& b, const TileOperands& t,
-                            const std::vector<uint64_t>& f) {
-                         vec_binary(b, Opcode::op_vmul, Dtype::F32, t.temp[0], f[0], t.in[0],
-                                    *t.count);
-                         store_f32(b, t, t.temp[0], dt);
-                       },
-                       cfg);
   }
+  return k;
+}
+
+// The training fusions (file comment). x (input 0, and input 1 of the gradients) is NHWC T;
+// per-channel inputs f32 [c].
+struct TrainingShape {
+  DataType dt = DataType::F32;
+  std::vector<int64_t> shape;
+  int64_t c = 0, pixels = 0;
+};
+
+TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_list<size_t> tensors,
+                             std::initializer_list<size_t> vectors) {
+  if (op.inputs.size() != inputs)
+    op.fail(fmt::format("takes {} inputs, {} given", inputs, op.inputs.size()));
+  TrainingShape t;
+  t.dt = bn_dtype(op, tensors, {}, &t.c);
+  t.shape = op.inputs[*tensors.begin()].shape;
+  // Per-channel vectors: f32 [c], leading 1s allowed (Keras reshapes them to [1, 1, 1, c] for a
+  // positive channel axis).
+  for (size_t i : vectors) {
+    const TensorDesc& v = op.inputs[i];
+    bool ok = v.dtype == DataType::F32 && !v.shape.empty() && v.shape.back() == t.c;
+    for (size_t d = 0; ok && d + 1 < v.shape.size(); ++d) ok = v.shape[d] == 1;
+    if (!ok) op.invalid(fmt::format("input {} must be f32[{}], got {}", i, t.c, v.str()));
+  }
+  t.pixels = t.shape[0] * t.shape[1] * t.shape[2];
+  if (t.pixels == 0 || t.c == 0)
+    op.fail(fmt::format("needs a non-empty batch, got {}", shape_str(t.shape)));
+  return t;
+}
+
+// The centring vector of a cp-padded channel sum: the per-channel vector `v` itself when c is
+// whole blocks, else a copy in a cp-long workspace buffer (the sums read cp channels of it).
+ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c, int64_t cp,
+                     const ChipConfig& cfg) {
+  return cp == c ? v : append_vector_copy(k, op, v, c, cp, cfg);
+}
+
+// BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
+CompiledKernel compile_bn_training_reduce(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const TrainingShape t = training_shape(op, 1, {0}, {});
+  CompiledKernel k;
+  k.outputs = {TensorDesc{DataType::F32, {t.c}}, TensorDesc{DataType::F32, {t.c}}};
+  const Padded x = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumSquares;
+  s.plain_sum = true;
+  s.a_type = device_dtype(t.dt);
+  s.pixels = t.pixels;
+  s.cp = x.cp;
+  ArgRef sums;
+  auto [squares, blocks] = append_sum(k, op, s, {x.ref}, ctx.cfg, &sums);
+  ChannelEpilogueSpec e;
+  e.name = "BNTrainingReduceSums";
+  e.spread = true;
+  e.c = t.c;
+  e.partial_cp = x.cp;
+  e.partial_blocks = {blocks, blocks};
+  e.outputs = 2;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
+                                 {sums, squares, output_ref(0), output_ref(1)}));
+  return k;
+}
+
+// BNTrainingUpdate(x, sum, square_sum, scale, offset) -> y, batch_mean, batch_variance.
+CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const TrainingShape t = training_shape(op, 5, {0}, {1, 2, 3, 4});
+  if (t.dt != DataType::F32)
+    op.fail(fmt::format("T = {} is not supported (f32)", data_type_name(t.dt)));
+  const double eps = op.attr_float("epsilon", 0.001);
+  const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
+  CompiledKernel k;
+  const TensorDesc vec{DataType::F32, {t.c}};
+  k.outputs = {TensorDesc{t.dt, t.shape}, vec, vec};
+  BatchNormFold fold;
+  fold.a = workspace_take(k, static_cast<uint64_t>(t.c) * 4);
+  fold.shift = workspace_take(k, static_cast<uint64_t>(t.c) * 4);
+  ChannelEpilogueSpec e;
+  e.name = "BNTrainingUpdateFold";
+  e.spread = true;
+  e.c = t.c;
+  e.vectors = 4;  // sum, square_sum, scale, offset
+  e.outputs = 4;  // batch_mean, batch_variance, a, shift
+  e.temps = 1;
+  e.compute = [eps, inv](KernelBuilder& b, const EpilogueOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t m = o.outputs[0], v = o.outputs[1], a = o.outputs[2], shift = o.outputs[3],
+                   tmp = o.temps[0];
+    f32_scalar(b, Opcode::op_vmuls, m, o.vectors[0], inv, n);  // m = sum * (1/R)
+    f32_scalar(b, Opcode::op_vmuls, v, o.vectors[1], inv, n);
+    f32_binary(b, Opcode::op_vmul, tmp, m, m, n);
+    f32_binary(b, Opcode::op_vsub, v, v, tmp, n);
+    f32_unary(b, Opcode::op_vrelu, v, v, n);  // v = max(square_sum / R - m^2, 0)
+    f32_scalar(b, Opcode::op_vadds, a, v, eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, a, a, n);
+    f32_binary(b, Opcode::op_vmul, a, a, o.vectors[2], n);  // a = rsqrt(v + eps) * scale
+    f32_binary(b, Opcode::op_vmul, tmp, m, a, n);
+    f32_binary(b, Opcode::op_vsub, shift, o.vectors[3], tmp, n);  // shift = offset - m * a
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
+                                 {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
+                                  output_ref(1), output_ref(2), fold.a, fold.shift}));
+  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, op.attr_bool("relu", false),
+                          Dtype::F32);
+  return k;
+}
+
+// BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance) -> diff_scale, diff_offset: one pass
+// over dy and x summing dy and dy * (x - m).
+CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const TrainingShape t = training_shape(op, 4, {0, 1}, {2, 3});
+  const double eps = op.attr_float("epsilon", 0.001);
+  CompiledKernel k;
+  const TensorDesc vec{DataType::F32, {t.c}};
+  k.outputs = {vec, vec};
+  const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
+  const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg);
+  const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x.cp, ctx.cfg);
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  s.plain_sum = true;
+  s.a_type = s.b_type = device_dtype(t.dt);
+  s.pixels = t.pixels;
+  s.cp = x.cp;
+  ArgRef sdy;
+  auto [sdyx, blocks] = append_sum(k, op, s, {x.ref, dy.ref, mean}, ctx.cfg, &sdy);
+  ChannelEpilogueSpec e;
+  e.name = "BNTrainingUpdateGradSums";
+  e.spread = true;
+  e.c = t.c;
+  e.partial_cp = x.cp;
+  e.partial_blocks = {blocks, blocks};
+  e.vectors = 1;  // variance
+  e.outputs = 2;  // diff_scale, diff_offset
+  e.compute = [eps](KernelBuilder& b, const EpilogueOperands& o) {
+    const Reg& n = *o.count;
+    f32_scalar(b, Opcode::op_vadds, o.outputs[0], o.vectors[0], eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, o.outputs[0], o.outputs[0], n);
+    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.outputs[0], o.sums[0], n);
+    f32_copy(b, o.outputs[1], o.sums[1], n);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
+                                 {sdyx, sdy, input_ref(3), output_ref(0), output_ref(1)}));
+  return k;
+}
+
+// BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance) -> dx.
+CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const TrainingShape t = training_shape(op, 7, {0, 1}, {2, 3, 4, 5, 6});
+  const double eps = op.attr_float("epsilon", 0.001);
+  const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
+  CompiledKernel k;
+  k.outputs = {TensorDesc{t.dt, t.shape}};
+  const uint64_t bytes = static_cast<uint64_t>(t.c) * 4;
+  const ArgRef c1 = workspace_take(k, bytes), mdy = workspace_take(k, bytes),
+               c2 = workspace_take(k, bytes);
+  ChannelEpilogueSpec e;
+  e.name = "BNTrainingReduceGradCoefficients";
+  e.spread = true;
+  e.c = t.c;
+  e.vectors = 4;  // diff_scale, diff_offset, scale, variance
+  e.outputs = 3;  // c1, mdy, c2
+  e.temps = 1;
+  e.compute = [eps, inv](KernelBuilder& b, const EpilogueOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t r = o.temps[0];
+    f32_scalar(b, Opcode::op_vadds, r, o.vectors[3], eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.vectors[2], r, n);     // c1 = scale * r
+    f32_scalar(b, Opcode::op_vmuls, o.outputs[1], o.vectors[1], inv, n);  // mdy
+    f32_binary(b, Opcode::op_vmul, o.outputs[2], r, o.vectors[0], n);
+    f32_scalar(b, Opcode::op_vmuls, o.outputs[2], o.outputs[2], inv, n);  // c2
+  };
+  k.launches.push_back(
+      with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
+                {input_ref(2), input_ref(3), input_ref(4), input_ref(6), c1, mdy, c2}));
+  append_training_dx(k, op, t.shape, t.dt, {mdy, input_ref(5), c2, c1}, ctx.cfg);
   return k;
 }
 
@@ -405,6 +625,10 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
 CompiledKernel compile_batchnorm(const CompileContext& ctx) {
   if (ctx.op.type == "FusedBatchNormV3") return compile_fused_batch_norm(ctx);
   if (ctx.op.type == "FusedBatchNormGradV3") return compile_fused_batch_norm_grad(ctx);
+  if (ctx.op.type == "BNTrainingReduce") return compile_bn_training_reduce(ctx);
+  if (ctx.op.type == "BNTrainingUpdate") return compile_bn_training_update(ctx);
+  if (ctx.op.type == "BNTrainingUpdateGrad") return compile_bn_training_update_grad(ctx);
+  if (ctx.op.type == "BNTrainingReduceGrad") return compile_bn_training_reduce_grad(ctx);
   ctx.op.fail("not a batch-normalisation op");
 }
 

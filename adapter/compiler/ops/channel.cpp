@@ -1,6 +1,7 @@
 #include "adapter/compiler/ops/channel.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -64,8 +65,8 @@ class ChannelSumEmitter {
   void accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
-  void fold_sums();
-  void store_sums(const Reg& blk, const Reg& item, const Reg& g);
+  void fold_sums(uint64_t acc);
+  void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
 
   KernelBuilder m_b;
   const ChannelSumSpec& m_s;
@@ -78,7 +79,7 @@ class ChannelSumEmitter {
   int64_t m_per = 0;         // pixels per block
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
-  uint64_t m_a_raw = 0, m_a32 = 0, m_b_raw = 0, m_b32 = 0, m_m = 0, m_acc = 0;
+  uint64_t m_a_raw = 0, m_a32 = 0, m_b_raw = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
   std::optional<PixelOps> m_px;
   int m_in_free = 0, m_in_ready = 0, m_acc_ready = 0, m_acc_free = 0;
 };
@@ -99,12 +100,15 @@ void ChannelSumEmitter::plan_tile() {
   const ChannelSumSpec& s = m_s;
   const int64_t sa = m_sa, sb = m_sb;
   const bool has_b = m_has_b;
+  if (s.plain_sum && s.kind == Kind::kSum)
+    m_b.fail("a second plain sum needs kSumSquares or kSumProduct");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
-    const uint64_t per = static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4);
+    const uint64_t per =
+        static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4 + (s.plain_sum ? 4 : 0));
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
            6 * (PixelOps::kPixelSlack + 32);
   };
@@ -137,6 +141,7 @@ void ChannelSumEmitter::allocate() {
   }
   if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
   m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
+  if (m_s.plain_sum) m_acc2 = b.alloc(Buf::UB, tile * 4 + slack, "plain accumulators");
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
@@ -154,6 +159,10 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
   }
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
+  if (s.plain_sum) {
+    b.declare_arg("partials2", Dtype::F32, {s.batch, m_blocks, s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 1, 0});
+  }
 }
 
 ChannelSumLaunch ChannelSumEmitter::build() {
@@ -203,14 +212,17 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   {
     Reg n = b.reg_imm("elements", static_cast<int64_t>(m_tile));
     vec_dup_bits(b, 4, m_acc, 0, n);
+    if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2, 0, n);
   }
   if (m_s.centered) load_m(g);
   Reg t0 = b.reg("tile start");
   b.for_range(t0, p0, p1, m_tp, [&] { accumulate_tile(t0, p1, item, g); });
-  fold_sums();
+  fold_sums(m_acc);
+  if (m_s.plain_sum) fold_sums(m_acc2);
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
-  store_sums(blk, item, g);
+  store_sums("partials", m_acc, blk, item, g);
+  if (m_s.plain_sum) store_sums("partials2", m_acc2, blk, item, g);
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
@@ -246,6 +258,8 @@ void ChannelSumEmitter::accumulate_tile(const Reg& t0, const Reg& p1, const Reg&
   b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
   px.widen(m_a32, m_a_raw, s.a_type, cnt);
   if (m_has_b) px.widen(m_b32, m_b_raw, s.b_type, cnt);
+  if (s.plain_sum)
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? m_b32 : m_a32, cnt);
   if (s.centered) px.binary(Opcode::op_vsub, m_a32, 1, m_a32, 1, m_m, 0, n);
   if (s.kind == Kind::kSumSquares)
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_a32, cnt);
@@ -273,19 +287,20 @@ void ChannelSumEmitter::load_tile(const char* arg, uint64_t dst, int64_t size, i
          fmt::format("{}: tile pixels, the group's channels", arg));
 }
 
-// Fold the tp running sums pairwise.
-void ChannelSumEmitter::fold_sums() {
+// Fold the tp running sums at acc pairwise.
+void ChannelSumEmitter::fold_sums(uint64_t acc) {
   for (int64_t h = m_tp / 2; h >= 1; h /= 2) {
     Reg n = m_b.reg_imm("elements", h * m_ct);
-    vec_binary(m_b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc,
-               m_acc + static_cast<uint64_t>(h * m_ct) * 4, n);
+    vec_binary(m_b, Opcode::op_vadd, Dtype::F32, acc, acc,
+               acc + static_cast<uint64_t>(h * m_ct) * 4, n);
   }
 }
 
-// partials[item][blk][g * ct, (g + 1) * ct) = the group's sums.
-void ChannelSumEmitter::store_sums(const Reg& blk, const Reg& item, const Reg& g) {
+// arg[item][blk][g * ct, (g + 1) * ct) = the group's sums at acc.
+void ChannelSumEmitter::store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item,
+                                   const Reg& g) {
   KernelBuilder& b = m_b;
-  Reg dst = b.load_arg("partials"), q = b.reg("offset"), sacc = b.reg_imm("sums", int64_t(m_acc));
+  Reg dst = b.load_arg(arg), q = b.reg("offset"), sacc = b.reg_imm("sums", int64_t(acc));
   b.mul(q, item, m_blocks);
   b.add(q, q, blk);
   b.mul(q, q, m_s.cp);
@@ -319,9 +334,16 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
                (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
            static_cast<uint64_t>(nbuf + 1) * 64;
   };
+  // Spread: tiles of at most c / cores channels (whole f32 repeats), so every core gets one.
+  const int cores = cfg.core_kind(kind)->count;
+  const int64_t cap = s.spread ? static_cast<int64_t>(round_up(
+                                     static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
+                               : std::numeric_limits<int64_t>::max();
   while (ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
-         need(ct * 2) <= ub)
+         ct * 2 <= cap && need(ct * 2) <= ub)
     ct *= 2;
+  const int launch_blocks =
+      s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, ct), cores)) : 1;
   if (need(ct) > ub) b.fail("the channel epilogue does not fit the UB");
   b.begin_section(kind);
   const uint64_t row = static_cast<uint64_t>(ct) * 4;
@@ -354,61 +376,73 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
   const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
   Reg item = b.reg("item");
+  std::optional<Reg> blk;  // spread: which tiles are this block's
+  if (launch_blocks > 1) {
+    blk.emplace(b.reg("block"));
+    b.emit(Opcode::op_get_block_id, {*blk});
+  }
   b.for_range(item, 0, s.batch, 1, [&] {
     for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
-      KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
-      const int64_t cn = std::min(ct, s.c - c0);
-      const int64_t blocks = ceil_div(cn * 4, 32);
-      for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
-        const int nb = s.partial_blocks[i];
-        Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
-            d = b.reg_imm("partials", int64_t(partial));
-        b.mul(t, item, nb * s.partial_cp * 4);
-        b.add(src, src, t);
-        b.add(src, src, c0 * 4);
-        b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
-                                       ct * 4 / 32 - blocks},
-               "the blocks' partial sums");
+      const auto tile = [&, c0] {
+        KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
+        const int64_t cn = std::min(ct, s.c - c0);
+        const int64_t blocks = ceil_div(cn * 4, 32);
+        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+          const int nb = s.partial_blocks[i];
+          Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
+              d = b.reg_imm("partials", int64_t(partial));
+          b.mul(t, item, nb * s.partial_cp * 4);
+          b.add(src, src, t);
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
+                                         ct * 4 / 32 - blocks},
+                 "the blocks' partial sums");
+          b.set_flag(Pipe::MTE2, Pipe::V, ready);
+          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+          Reg n = b.reg_imm("channels", cn);
+          f32_copy(b, ops.sums[i], partial, n);
+          for (int k = 1; k < nb; ++k)
+            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                       partial + static_cast<uint64_t>(k) * row, n);
+          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+        }
+        for (int i = 0; i < s.vectors; ++i) {
+          Reg src = b.load_arg(fmt::format("vector{}", i)),
+              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+        }
         b.set_flag(Pipe::MTE2, Pipe::V, ready);
         b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         Reg n = b.reg_imm("channels", cn);
-        f32_copy(b, ops.sums[i], partial, n);
-        for (int k = 1; k < nb; ++k)
-          f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                     partial + static_cast<uint64_t>(k) * row, n);
-        // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
-        b.set_flag(Pipe::V, Pipe::MTE2, consumed);
-        b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+        ops.count = &n;
+        s.compute(b, ops);
+        b.set_flag(Pipe::V, Pipe::MTE3, done);
+        b.wait_flag(Pipe::V, Pipe::MTE3, done);
+        for (int i = 0; i < s.outputs; ++i) {
+          Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
+              src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
+          b.mul(t, item, s.out_pitch * 4);
+          b.add(dst, dst, t);
+          b.add(dst, dst, c0 * 4);
+          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
+        }
+        // The next tile's loads overwrite buffers the stores read.
+        b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
+        b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
+      };
+      if (launch_blocks > 1) {
+        b.if_(eq(*blk, (c0 / ct) % launch_blocks), tile);  // tile k on block k mod blocks
+      } else {
+        tile();
       }
-      for (int i = 0; i < s.vectors; ++i) {
-        Reg src = b.load_arg(fmt::format("vector{}", i)),
-            d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
-        b.add(src, src, c0 * 4);
-        b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
-      }
-      b.set_flag(Pipe::MTE2, Pipe::V, ready);
-      b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-      Reg n = b.reg_imm("channels", cn);
-      ops.count = &n;
-      s.compute(b, ops);
-      b.set_flag(Pipe::V, Pipe::MTE3, done);
-      b.wait_flag(Pipe::V, Pipe::MTE3, done);
-      for (int i = 0; i < s.outputs; ++i) {
-        Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
-            src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
-        b.mul(t, item, s.out_pitch * 4);
-        b.add(dst, dst, t);
-        b.add(dst, dst, c0 * 4);
-        b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
-      }
-      // The next tile's loads overwrite buffers the stores read.
-      b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
-      b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
     }
   });
   b.end();
   l.kernel = b.finish();
-  l.block_dim = 1;
+  l.block_dim = launch_blocks;
   l.summary = fmt::format("{}: {} channels x {} items, tiles of {}", s.name, s.c, s.batch, ct);
   return l;
 }

@@ -5,6 +5,9 @@
 //                             kSum         sum a
 //                             kSumSquares  sum (a - m)^2      (m = 0 unless centered)
 //                             kSumProduct  sum (a - m) * b
+//                           and with plain_sum, in the same pass, a second set of partials:
+//                             kSumSquares  sum a             (before centring)
+//                             kSumProduct  sum b
 //                           of tensors laid out [pixels][cp] with cp * element size a multiple
 //                           of 32 bytes (callers copy other channel counts to a padded layout).
 //                           Block k of the launch sums pixels [k * per, (k+1) * per) and writes
@@ -40,11 +43,12 @@ struct ChannelSumSpec {
   int64_t pixels = 0, cp = 0;
   int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
   bool centered = false;  // subtract m (f32 [cp], argument "m") from a
+  bool plain_sum = false;  // also sum a (kSumSquares) or b (kSumProduct) into "partials2"
 };
 
 struct ChannelSumLaunch {
   Launch launch;   // arguments (rebind them): a, then b (kSumProduct), then m (centered), then
-                   // partials
+                   // partials, then partials2 (plain_sum; the same layout)
   int blocks = 0;  // partials are [batch][blocks][cp] f32
 };
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -69,6 +73,7 @@ struct ChannelEpilogueSpec {
   int outputs = 0;               // outputs, f32 [c] per item
   int64_t out_pitch = 0;         // elements between items' outputs (batch > 1)
   int temps = 0;
+  bool spread = false;  // channel tiles spread over the vector cores (else one block does all)
   std::function<void(KernelBuilder&, const EpilogueOperands&)> compute;
 };
 // Arguments (rebind them): the partial sets, then the vectors, then the outputs.

@@ -300,6 +300,13 @@ const std::vector<OpEntry>& op_table() {
       // Inference fusions made by the TF plugin's graph pass (ops/fused.cpp)
       {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
+      // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
+      {"BNTrainingReduce", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
+      {"BNTrainingUpdate", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
+      {"BNTrainingUpdateGrad", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32})},
+      {"BNTrainingReduceGrad", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
   };

@@ -109,6 +109,8 @@ class GraphView {
     return m_graph.mutable_node(it->second[0]);
   }
   bool control_target(const std::string& name) const { return m_control_targets.count(name); }
+  int size() const { return m_graph.node_size(); }
+  tfc::NodeDef* at(int i) { return m_graph.mutable_node(i); }
 
  private:
   tfc::GraphDef& m_graph;
@@ -320,6 +322,349 @@ std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1
     }
   }
   return std::nullopt;
+}
+
+// "node" for output 0, "node:port" otherwise.
+std::string output_name(const std::string& node, int port) {
+  return port == 0 ? node : node + ":" + std::to_string(port);
+}
+
+// Data input i of n, read from output 0 of a node of any op.
+tfc::NodeDef* input_node(GraphView& g, const tfc::NodeDef& n, int i) {
+  if (i >= n.input_size()) return nullptr;
+  const InputRef r = parse_input(n.input(i));
+  return r.control || r.port != 0 ? nullptr : g.node(r.node);
+}
+
+// For a two-input node reading output 0 of `name` as one operand: the other operand's text.
+std::optional<std::string> other_operand(const tfc::NodeDef& n, const std::string& name) {
+  if (n.input_size() < 2) return std::nullopt;
+  for (int i = 0; i < 2; ++i)
+    if (GraphView::reads(n, i, name) && !parse_input(n.input(1 - i)).control) return n.input(1 - i);
+  return std::nullopt;
+}
+
+// The single data consumer of `name` of type `op` on the NPU reading it as operand `input` (-1:
+// any), other than `except`, if there is exactly one such consumer.
+tfc::NodeDef* consumer_of(GraphView& g, const std::string& name, const char* op, int input = -1,
+                          const tfc::NodeDef* except = nullptr) {
+  tfc::NodeDef* found = nullptr;
+  for (int i : g.consumer_indices(name)) {
+    tfc::NodeDef* c = g.at(i);
+    if (c == except || c->op() != op || !on_npu(*c)) continue;
+    bool reads = false;
+    for (int k = 0; k < c->input_size(); ++k)
+      reads |= (input < 0 || input == k) && GraphView::reads(*c, k, name);
+    if (!reads) continue;
+    if (found && found != c) return nullptr;
+    found = c;
+  }
+  return found;
+}
+
+// n is `op` (Mean or Sum) over axes [0, 1, 2] of an NHWC tensor with keep_dims. A gradient's
+// Sum (unit_axes_dropped) may list fewer of them: grappler drops the axes it knows to be 1 (a
+// batch of one), which autodiff's Sum over the broadcast axes of x's shape then reduces alike.
+bool reduces_nhw(GraphView& g, const tfc::NodeDef* n, const char* op,
+                 bool unit_axes_dropped = false) {
+  if (!n || n->op() != op || !float_node(*n) || n->input_size() < 2) return false;
+  auto k = n->attr().find("keep_dims");
+  if (k == n->attr().end() || !k->second.b()) return false;
+  const tfc::NodeDef* axes = input_node(g, *n, 1);
+  std::optional<std::vector<int64_t>> v = axes ? const_ints(*axes) : std::nullopt;
+  if (!v || v->empty()) return false;
+  if (!unit_axes_dropped) return *v == std::vector<int64_t>{0, 1, 2};
+  for (size_t i = 0; i < v->size(); ++i)
+    if ((*v)[i] < 0 || (*v)[i] > 2 || (i > 0 && (*v)[i] <= (*v)[i - 1])) return false;
+  return true;
+}
+
+// n is a float Const holding one element of value `value` (within rounding of f32).
+bool scalar_const_is(const tfc::NodeDef* n, double value) {
+  std::optional<float> v = n ? scalar_float_const(*n) : std::nullopt;
+  return v && *v == static_cast<float>(value);
+}
+
+// Whether n is a Reshape to a constant shape.
+bool const_reshape(GraphView& g, const tfc::NodeDef* n) {
+  const tfc::NodeDef* shape = n && n->op() == "Reshape" ? input_node(g, *n, 1) : nullptr;
+  return shape && shape->op() == "Const";
+}
+
+// n, or the first node under the Reshapes to constant shapes that produce it (Keras reshapes a
+// batch norm's per-channel tensors between [C] and [1, 1, 1, C] for a positive channel axis);
+// `nodes` gets those Reshapes.
+tfc::NodeDef* under_reshapes(GraphView& g, tfc::NodeDef* n, std::vector<tfc::NodeDef*>* nodes) {
+  for (int depth = 0; depth < 4 && const_reshape(g, n); ++depth) {
+    nodes->push_back(n);
+    n = input_node(g, *n, 0);
+  }
+  return n;
+}
+
+// The Mean gradient of v: Mul(Tile(Reshape(...Reshape(v)), multiples), 1/R) with constant shapes
+// and multiples; returns the Tile's Mul or null. `nodes` gets the chain.
+tfc::NodeDef* mean_grad(GraphView& g, const tfc::NodeDef& v, std::vector<tfc::NodeDef*>* nodes) {
+  tfc::NodeDef* reshape = consumer_of(g, v.name(), "Reshape", 0);
+  if (!const_reshape(g, reshape)) return nullptr;
+  nodes->push_back(reshape);
+  for (int depth = 0; depth < 3; ++depth) {
+    tfc::NodeDef* next = consumer_of(g, reshape->name(), "Reshape", 0);
+    if (!const_reshape(g, next) || g.consumers(reshape->name()) != 1) break;
+    nodes->push_back(next);
+    reshape = next;
+  }
+  tfc::NodeDef* tile = consumer_of(g, reshape->name(), "Tile", 0);
+  if (!tile || !input_node(g, *tile, 1) || input_node(g, *tile, 1)->op() != "Const") return nullptr;
+  tfc::NodeDef* mul = consumer_of(g, tile->name(), "Mul");
+  if (!mul) return nullptr;
+  std::optional<std::string> k = other_operand(*mul, tile->name());
+  const tfc::NodeDef* kc = k ? g.node(parse_input(*k).node) : nullptr;
+  if (!kc || kc->op() != "Const" || !scalar_float_const(*kc)) return nullptr;
+  nodes->insert(nodes->end(), {tile, mul});
+  return mul;
+}
+
+// Keras 3's BatchNormalization in training (tf.nn.moments, tf.nn.batch_normalization) and its
+// gradient, as found: forward nodes, gradient nodes, and the tensors the fused ops read.
+struct TrainingBatchNorm {
+  BatchNormChain chain;
+  tfc::NodeDef *mean = nullptr, *variance = nullptr, *last = nullptr;
+  tfc::NodeDef *mean_c = nullptr, *variance_c = nullptr;  // the Squeezes to [C]
+  tfc::NodeDef *dscale = nullptr, *dx = nullptr, *doffset = nullptr;
+  bool relu = false;
+  std::string g;                       // the gradient arriving at the batch norm's output
+  std::vector<tfc::NodeDef*> removed;  // every matched node but variance, last, dscale, dx
+};
+
+// The forward part around a BatchNormChain whose mean and variance are tf.nn.moments' Squeezed
+// Means over [0, 1, 2] of its x.
+bool match_training_forward(GraphView& g, TrainingBatchNorm* t) {
+  const BatchNormChain& c = t->chain;
+  std::vector<tfc::NodeDef*> reshapes;
+  tfc::NodeDef* mean_c = under_reshapes(g, g.node(c.mean), &reshapes);
+  tfc::NodeDef* var_c = under_reshapes(g, g.node(c.variance), &reshapes);
+  if (!mean_c || !var_c || parse_input(c.mean).port || parse_input(c.variance).port ||
+      mean_c->op() != "Squeeze" || var_c->op() != "Squeeze")
+    return false;
+  tfc::NodeDef* mean = input_node(g, *mean_c, 0);
+  tfc::NodeDef* var = input_node(g, *var_c, 0);
+  if (!reduces_nhw(g, mean, "Mean") || !reduces_nhw(g, var, "Mean") || mean->input(0) != c.x)
+    return false;
+  tfc::NodeDef* sqd = input_node(g, *var, 0);
+  std::optional<std::string> sx =
+      sqd && sqd->op() == "SquaredDifference" ? other_operand(*sqd, mean->name()) : std::nullopt;
+  if (!sx || *sx != c.x || !float_node(*sqd)) return false;
+  t->mean = mean;
+  t->variance = var;
+  t->mean_c = mean_c;
+  t->variance_c = var_c;
+  t->last = c.add_1;
+  if (tfc::NodeDef* r = g.only_consumer(c.add_1->name());
+      r && r->op() == "Relu" && on_npu(*r) && float_node(*r) &&
+      GraphView::reads(*r, 0, c.add_1->name())) {
+    t->last = r;
+    t->relu = true;
+  }
+  t->removed = {mean, sqd, mean_c, var_c};
+  t->removed.insert(t->removed.end(), reshapes.begin(), reshapes.end());
+  t->removed.insert(t->removed.end(), c.inner.begin(), c.inner.end());
+  if (t->relu) t->removed.push_back(c.add_1);
+  return true;
+}
+
+// The gradient TensorFlow's autodiff builds for it (after grappler's constant folding), given
+// the forward match: see graph_fusion.h for the nodes.
+bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
+  const BatchNormChain& c = t->chain;
+  tfc::NodeDef *rs = c.inner[1], *bmul = c.inner[2];
+  const std::string& x = c.x;
+  // d/d rsqrt: RsqrtGrad(rs, Mul(AddN(...), scale)); d scale: Mul(AddN, rs).
+  tfc::NodeDef* rsqrt_grad = consumer_of(g, rs->name(), "RsqrtGrad", 0);
+  tfc::NodeDef* drs = rsqrt_grad ? input_node(g, *rsqrt_grad, 1) : nullptr;
+  tfc::NodeDef* dscale = consumer_of(g, rs->name(), "Mul", -1, bmul);
+  if (!drs || drs->op() != "Mul" || !dscale || dscale == bmul) return false;
+  std::optional<std::string> dbmul_s = other_operand(*dscale, rs->name());
+  tfc::NodeDef* dbmul = dbmul_s ? g.node(*dbmul_s) : nullptr;
+  if (!dbmul || dbmul->op() != "AddN" || dbmul->input_size() != 2 ||
+      other_operand(*drs, dbmul->name()) != c.scale)
+    return false;
+  // AddN([Reshape](Sum(Mul(x, g))), Mul(Neg(dbeta), mean))
+  std::vector<tfc::NodeDef*> grad = {rsqrt_grad, drs, dbmul};
+  tfc::NodeDef *sum_xg = nullptr, *neg_mean = nullptr;
+  bool keeps_dims = false;  // the per-channel gradients are [1, 1, 1, C] (no Reshape to [C])
+  for (int i = 0; i < 2 && !sum_xg; ++i) {
+    tfc::NodeDef* b = input_node(g, *dbmul, 1 - i);
+    std::vector<tfc::NodeDef*> reshapes;
+    tfc::NodeDef* a = under_reshapes(g, input_node(g, *dbmul, i), &reshapes);
+    if (a && b && a->op() == "Sum" && b->op() == "Mul") {
+      sum_xg = a;
+      neg_mean = b;
+      keeps_dims = reshapes.empty();
+      grad.insert(grad.end(), reshapes.begin(), reshapes.end());
+    }
+  }
+  tfc::NodeDef* xg = sum_xg ? input_node(g, *sum_xg, 0) : nullptr;
+  if (!reduces_nhw(g, sum_xg, "Sum", true) || !xg || xg->op() != "Mul") return false;
+  std::optional<std::string> gs = other_operand(*xg, parse_input(x).node);
+  if (parse_input(x).port || !gs) return false;
+  t->g = *gs;
+  std::optional<std::string> neg_s = other_operand(*neg_mean, parse_input(c.mean).node);
+  tfc::NodeDef* neg = neg_s ? g.node(*neg_s) : nullptr;
+  tfc::NodeDef* dbeta = neg && neg->op() == "Neg" ? input_node(g, *neg, 0) : nullptr;
+  tfc::NodeDef* sum_g = dbeta ? under_reshapes(g, dbeta, &grad) : nullptr;
+  if (!reduces_nhw(g, sum_g, "Sum", true) || sum_g->input(0) != t->g) return false;
+  // dx = AddN(Mul(g, bmul), mean grad of Mul(Neg, bmul), Mul(Mul(2, mean grad of RsqrtGrad),
+  //      Sub(x, mean)))
+  grad.insert(grad.end(), {sum_xg, xg, neg_mean, neg, sum_g});
+  tfc::NodeDef* dmean = consumer_of(g, neg->name(), "Mul", -1, neg_mean);
+  tfc::NodeDef* dx_mean = nullptr;
+  if (!dmean || other_operand(*dmean, bmul->name()) != neg->name() ||
+      !(dx_mean = mean_grad(g, *dmean, &grad)))
+    return false;
+  tfc::NodeDef* dvar = mean_grad(g, *rsqrt_grad, &grad);
+  tfc::NodeDef* two_dvar = dvar ? consumer_of(g, dvar->name(), "Mul") : nullptr;
+  std::optional<std::string> two_s =
+      two_dvar ? other_operand(*two_dvar, dvar->name()) : std::nullopt;
+  tfc::NodeDef* two = two_s ? g.node(parse_input(*two_s).node) : nullptr;
+  if (!scalar_const_is(two, 2.0)) return false;
+  tfc::NodeDef* dx_var = consumer_of(g, two_dvar->name(), "Mul");
+  std::optional<std::string> xm_s =
+      dx_var ? other_operand(*dx_var, two_dvar->name()) : std::nullopt;
+  tfc::NodeDef* xm = xm_s ? g.node(*xm_s) : nullptr;
+  if (!xm || xm->op() != "Sub" || !GraphView::reads(*xm, 0, parse_input(x).node) ||
+      !GraphView::reads(*xm, 1, t->mean->name()))
+    return false;
+  tfc::NodeDef* dx_scale = nullptr;
+  for (int i : g.consumer_indices(bmul->name())) {
+    tfc::NodeDef* n = g.at(i);
+    if (n->op() == "Mul" && other_operand(*n, bmul->name()) == t->g) dx_scale = n;
+  }
+  tfc::NodeDef* dx = dx_scale ? g.only_consumer(dx_scale->name()) : nullptr;
+  if (!dx || dx->op() != "AddN" || dx->input_size() < 3) return false;
+  std::set<std::string> parts;
+  for (int i = 0; i < dx->input_size(); ++i)
+    if (!parse_input(dx->input(i)).control) parts.insert(dx->input(i));
+  if (parts != std::set<std::string>{dx_scale->name(), dx_mean->name(), dx_var->name()})
+    return false;
+  grad.insert(grad.end(), {dmean, two_dvar, xm, dx_var, dx_scale});
+  if (two->input_size() > 0 || g.consumers(two->name()) == 1) grad.push_back(two);
+  for (tfc::NodeDef* n : grad)
+    if (n != two && !float_node(*n)) return false;
+  if (!float_node(*dscale) || !float_node(*dx)) return false;
+  // The fused diff_scale and diff_offset are [C]: where the graph's were [1, 1, 1, C], they may
+  // only feed Reshapes (Keras' back to the variables' [C]).
+  if (keeps_dims)
+    for (const tfc::NodeDef* n : {dscale, dbeta})
+      for (int i : g.consumer_indices(n->name()))
+        if (g.at(i) != neg && g.at(i)->op() != "Reshape") return false;
+  t->dscale = dscale;
+  t->dx = dx;
+  t->doffset = dbeta;
+  t->removed.insert(t->removed.end(), grad.begin(), grad.end());
+  return true;
+}
+
+// Whether the matched nodes can go: on the NPU, not preserved or claimed, every data and
+// control consumer among the matched nodes (except the forward's Squeezes and dbeta, whose
+// other consumers are rewired to the fused outputs), control inputs only from matched nodes,
+// and the kept nodes (variance, last, dscale, dx) without control inputs from removed ones.
+bool training_removable(GraphView& g, const TrainingBatchNorm& t, const Removal& rm,
+                        const std::unordered_set<std::string>& preserve) {
+  std::set<std::string> region;
+  for (const tfc::NodeDef* n : t.removed) region.insert(n->name());
+  if (region.size() != t.removed.size()) return false;  // a node matched twice
+  const std::set<std::string> kept = {t.variance->name(), t.last->name(), t.dscale->name(),
+                                      t.dx->name()};
+  for (const std::string& k : kept)
+    if (region.count(k) || rm.claimed(k) || !on_npu(*g.node(k))) return false;
+  // variance and dscale change shape ([1, 1, 1, C] -> [C]): not if a fetch reads them as such.
+  if (preserve.count(t.variance->name()) || preserve.count(t.dscale->name())) return false;
+  const std::set<std::string> rewired = {t.mean_c->name(), t.variance_c->name(), t.doffset->name()};
+  std::set<std::string> inside = region;
+  inside.insert(kept.begin(), kept.end());
+  for (const tfc::NodeDef* n : t.removed) {
+    if (!on_npu(*n) && n->op() != "Const") return false;
+    if (preserve.count(n->name()) || rm.claimed(n->name())) return false;
+    if (!rewired.count(n->name()))
+      for (int i : g.consumer_indices(n->name()))
+        if (!inside.count(g.at(i)->name())) return false;
+    for (const std::string& in : n->input()) {
+      const InputRef r = parse_input(in);
+      if (r.control && !region.count(r.node)) return false;
+    }
+  }
+  // Control edges out of removed nodes: only into removed nodes.
+  for (int i = 0; i < g.size(); ++i) {
+    const tfc::NodeDef& n = *g.at(i);
+    if (region.count(n.name())) continue;
+    for (const std::string& in : n.input()) {
+      const InputRef r = parse_input(in);
+      if (r.control && region.count(r.node)) return false;
+    }
+  }
+  // The variance Mean's only consumer is its Squeeze (it becomes BNTrainingReduce).
+  return g.consumers(t.variance->name()) == 1;
+}
+
+int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                              std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::vector<TrainingBatchNorm> found;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& add_1 = *graph.mutable_node(i);
+    if (rm.claimed(add_1.name())) continue;
+    std::optional<BatchNormChain> c = match_batch_norm(g, add_1);
+    if (!c) continue;
+    TrainingBatchNorm t;
+    t.chain = *c;
+    if (!match_training_forward(g, &t) || !match_training_grad(g, &t) ||
+        !training_removable(g, t, rm, preserve) || !channel_vector(g, c->scale) ||
+        !channel_vector(g, c->offset))
+      continue;
+    for (tfc::NodeDef* n : t.removed) rm.remove(n->name());
+    for (tfc::NodeDef* n : {t.variance, t.last, t.dscale, t.dx}) rm.claim(n->name());
+    found.push_back(std::move(t));
+  }
+  // Consumers outside the region of the Squeezes and of dbeta read the fused outputs.
+  std::unordered_map<std::string, std::string> rewire;
+  for (const TrainingBatchNorm& t : found) {
+    rewire[t.mean_c->name()] = output_name(t.last->name(), 1);
+    rewire[t.variance_c->name()] = output_name(t.last->name(), 2);
+    rewire[t.doffset->name()] = output_name(t.dscale->name(), 1);
+  }
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (rm.removed().count(n.name())) continue;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const InputRef r = parse_input(n.input(k));
+      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
+      if (it != rewire.end()) n.set_input(k, it->second);
+    }
+  }
+  for (TrainingBatchNorm& t : found) {
+    const BatchNormChain& c = t.chain;
+    tfc::AttrValue eps, relu;
+    eps.set_f(c.epsilon);
+    relu.set_b(t.relu);
+    const tfc::AttrValue f32 = type_value(tfc::DT_FLOAT);
+    const std::string reduce = t.variance->name(), update = t.last->name(),
+                      dscale = t.dscale->name();
+    rewrite_as(*t.variance, "BNTrainingReduce", {c.x}, {{"T", f32}});
+    rewrite_as(*t.last, "BNTrainingUpdate",
+               {c.x, output_name(reduce, 0), output_name(reduce, 1), c.scale, c.offset},
+               {{"T", f32}, {"epsilon", eps}, {"relu", relu}});
+    rewrite_as(*t.dscale, "BNTrainingUpdateGrad",
+               {t.g, c.x, output_name(update, 1), output_name(update, 2)},
+               {{"T", f32}, {"epsilon", eps}});
+    rewrite_as(*t.dx, "BNTrainingReduceGrad",
+               {t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), c.scale,
+                output_name(update, 1), output_name(update, 2)},
+               {{"T", f32}, {"epsilon", eps}});
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return static_cast<int>(found.size());
 }
 
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
@@ -601,11 +946,24 @@ bool fusion_requested() {
   return on;
 }
 
+bool training_fusion_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_BN_TRAINING");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   FusionCounts counts;
   std::set<std::string> removed;
+  if (training_fusion_requested()) {
+    counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+  }
   counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();

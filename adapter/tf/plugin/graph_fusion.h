@@ -5,6 +5,32 @@
 //
 // Rewrites (every node on the NPU, rewritten in place: the chain's last node keeps its name,
 // device and control inputs and becomes the fused op; the chain's other nodes are removed):
+//   0. Training batch norm, as CANN splits it (kernels in adapter/compiler/ops/batchnorm.cpp):
+//      Keras 3's BatchNormalization in training (tf.nn.moments, then rewrite 1's chain on the
+//      batch statistics) together with the gradient TensorFlow's autodiff builds for it:
+//        forward  mean = Mean(x, [0,1,2], keep_dims)  sqd = SquaredDifference(x, mean)
+//                 variance = Mean(sqd, [0,1,2], keep_dims)  Squeeze of each [-> Reshape to
+//                 [1,1,1,C] for a positive channel axis], rewrite 1's chain on them [-> Relu]
+//        gradient (g: the gradient arriving at the chain's output) dscale = Mul(AddN, rsqrt)
+//                 with AddN = Sum(x * g) [Reshape] + Neg(dbeta) * mean, dbeta = [Reshape] Sum(g),
+//                 RsqrtGrad(rsqrt, AddN * scale) -> Mean gradient (Reshapes, Tile, Mul 1/R) ->
+//                 Mul(2, .) * Sub(x, mean); dx = AddN(g * (rsqrt * scale), Mean gradient of
+//                 Neg(dbeta) * (rsqrt * scale), that product)
+//      become four nodes, each in place of one it replaces (names kept):
+//        BNTrainingReduce(x) in place of `variance`: per-channel sum, square_sum
+//        BNTrainingUpdate(x, sum, square_sum, scale, offset; epsilon, relu) in place of the
+//          Relu (else the chain's final AddV2): y, batch_mean, batch_variance
+//        BNTrainingUpdateGrad(g, x, batch_mean, batch_variance) in place of dscale:
+//          diff_scale, diff_offset
+//        BNTrainingReduceGrad(g, x, diff_scale, diff_offset, scale, batch_mean, batch_variance)
+//          in place of dx
+//      The Squeezes' other consumers (Keras' moving-average updates, fused by rewrite 4 into
+//      one small FusedElementwise each) read batch_mean / batch_variance, dbeta's read
+//      diff_offset. Every other matched node goes; each must have its consumers and control
+//      edges inside the match (the gradient's Sub and constant 2 depend on its Mean gradient by
+//      control edges), all float. A batch norm whose gradient is not in the same graph, or that
+//      differs in any node, is left to the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns
+//      this rewrite alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -55,16 +81,21 @@ class Status;
 namespace npusim::tf {
 
 struct FusionCounts {
-  int batch_norm = 0;       // BatchNormInference nodes created (before 2 folds some in)
-  int conv_batch_norm = 0;  // Conv2DBatchNormInference nodes created
-  int half_handoffs = 0;    // of those, outputs handed to the next ones in fp16 (no new node)
-  int add_relu = 0;         // AddRelu nodes created
-  int elementwise = 0;      // FusedElementwise nodes created
-  int total() const { return batch_norm + conv_batch_norm + add_relu + elementwise; }
+  int training_batch_norm = 0;  // training batch norms fused (4 nodes each, rewrite 0)
+  int batch_norm = 0;           // BatchNormInference nodes created (before 2 folds some in)
+  int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
+  int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
+  int add_relu = 0;             // AddRelu nodes created
+  int elementwise = 0;          // FusedElementwise nodes created
+  int total() const {
+    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise;
+  }
 };
 
 // False when NPUSIM_FUSION is "0" (read once).
 bool fusion_requested();
+// False when NPUSIM_FUSION_BN_TRAINING is "0" (read once): rewrite 0 alone off.
+bool training_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 

@@ -27,6 +27,7 @@
 // Like kernels_resource_variables.cpp this file is compiled against TensorFlow's C++ headers
 // (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2) and includes no npusim
 // header but the standard-library-only cpu_fallbacks.h and graph_fusion.h.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -183,6 +184,28 @@ std::string item_id(const TF_GrapplerItem* item) {
 
 void free_buffer(void* data, size_t) { std::free(data); }
 
+// NPUSIM_GRAPH_DUMP=DIR: writes each NPU graph the optimizer is given and returns, as binary
+// GraphDef protobufs DIR/<item>.<pass>.<stage>.pb (item: the GrapplerItem id with '/' replaced;
+// pass: the optimizer's calls in this process, counted from 0; stage: before or after), to see what
+// the fusions were given and what they made of it. Best effort: a failed write is ignored.
+void dump_graph(const tfc::GraphDef& graph, const std::string& item, int pass, const char* stage) {
+  const char* dir = std::getenv("NPUSIM_GRAPH_DUMP");
+  if (!dir || !*dir) return;
+  bool any_npu = false;
+  for (const tfc::NodeDef& node : graph.node()) any_npu |= on_device_type(node.device(), "NPU");
+  if (!any_npu) return;
+  std::string name = item;
+  for (char& ch : name)
+    if (ch == '/') ch = '_';
+  const std::string path =
+      std::string(dir) + "/" + name + "." + std::to_string(pass) + "." + stage + ".pb";
+  if (FILE* f = std::fopen(path.c_str(), "wb")) {
+    const std::string text = graph.SerializeAsString();
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+}
+
 void log_fusion_error(const char* what) {
   std::fprintf(stderr, "npusim: graph fusion skipped: %s\n", what);
 }
@@ -256,11 +279,14 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
               TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
+  static std::atomic<int> passes{0};
+  const int pass = passes++;
   tfc::GraphDef graph;
   bool parsed = false;
   try {
     parsed = graph.ParseFromArray(graph_buf->data, static_cast<int>(graph_buf->length));
     if (parsed) record_fallbacks(graph, item_id(item));
+    if (parsed) dump_graph(graph, item_id(item), pass, "before");
   } catch (const std::exception&) {
     // Counting is best effort.
   }
@@ -272,11 +298,13 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(stderr,
-                     "npusim: fusion in %s: %d BatchNormInference (%d of them into "
+                     "npusim: fusion in %s: %d training batch norms, %d BatchNormInference "
+                     "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
                      "%d FusedElementwise\n",
-                     item_id(item).c_str(), counts.batch_norm, counts.conv_batch_norm,
-                     counts.half_handoffs, counts.add_relu, counts.elementwise);
+                     item_id(item).c_str(), counts.training_batch_norm, counts.batch_norm,
+                     counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
+                     counts.elementwise);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;
@@ -293,6 +321,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       // Marking is an optimisation: without it the kernels learn which inputs are stable.
     }
   }
+  if (parsed) dump_graph(graph, item_id(item), pass, "after");
   if (changed) {
     const std::string out = graph.SerializeAsString();
     set_output(optimized_graph_buf, out.data(), out.size(), status);

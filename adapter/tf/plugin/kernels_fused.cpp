@@ -19,9 +19,21 @@
 //     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
 //     broadcast shape.
 //
+//   BNTrainingReduce(x: T) -> sum: float, square_sum: float
+//   BNTrainingUpdate(x: T, sum: float, square_sum: float, scale: float, offset: float)
+//     -> y: T, batch_mean: float, batch_variance: float     epsilon: float; relu: bool
+//   BNTrainingUpdateGrad(grads: T, x: T, batch_mean: float, batch_variance: float)
+//     -> diff_scale: float, diff_offset: float              epsilon: float
+//   BNTrainingReduceGrad(grads: T, x: T, diff_scale: float, diff_offset: float, scale: float,
+//                        batch_mean: float, batch_variance: float) -> y: T     epsilon: float
+//     T in {float}: batch norm in training as CANN splits it (adapter/compiler/ops/
+//     batchnorm.cpp states the formulas), x NHWC, the per-channel tensors [C].
+//
 // The kernels keep the fused node's name and these op types, so launch records and reports
 // (npusim.op_summary()) show them as such.
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,6 +119,26 @@ void broadcast_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   for (TF_ShapeHandle* h : in) TF_DeleteShapeHandle(h);
 }
 
+// Of `outputs` outputs, those from `first` on are [C], C the last dimension of input `input`
+// (unknown where its rank is); those before `first` have that input's shape.
+void channel_outputs(TF_ShapeInferenceContext* ctx, int input, int first, int outputs,
+                     TF_Status* status) {
+  TF_ShapeHandle* in = TF_NewShapeHandle();
+  TF_ShapeHandle* c = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, input, in, status);
+  if (TF_GetCode(status) == TF_OK)
+    TF_ShapeInferenceContextSubshape(ctx, in, -1, std::numeric_limits<int64_t>::max(), c, status);
+  for (int o = 0; o < outputs && TF_GetCode(status) == TF_OK; ++o)
+    TF_ShapeInferenceContextSetOutput(ctx, o, o < first ? in : c, status);
+  TF_DeleteShapeHandle(c);
+  TF_DeleteShapeHandle(in);
+}
+void reduce_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs(ctx, 0, 0, 2, s); }
+void update_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs(ctx, 0, 1, 3, s); }
+void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
+  channel_outputs(ctx, 1, 0, 2, s);
+}
+
 struct OpDefSpec {
   const char* name;
   std::vector<const char*> inputs, outputs, attrs;
@@ -153,6 +185,27 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
+      {"BNTrainingReduce",
+       {"x: T"},
+       {"sum: float", "square_sum: float"},
+       {"T: {float}"},
+       reduce_shape},
+      {"BNTrainingUpdate",
+       {"x: T", "sum: float", "square_sum: float", "scale: float", "offset: float"},
+       {"y: T", "batch_mean: float", "batch_variance: float"},
+       {"T: {float}", "epsilon: float = 0.001", "relu: bool = false"},
+       update_shape},
+      {"BNTrainingUpdateGrad",
+       {"grads: T", "x: T", "batch_mean: float", "batch_variance: float"},
+       {"diff_scale: float", "diff_offset: float"},
+       {"T: {float}", "epsilon: float = 0.001"},
+       update_grad_shape},
+      {"BNTrainingReduceGrad",
+       {"grads: T", "x: T", "diff_scale: float", "diff_offset: float", "scale: float",
+        "batch_mean: float", "batch_variance: float"},
+       {"y: T"},
+       {"T: {float}", "epsilon: float = 0.001"},
+       same_as_input0},
       {"FusedElementwise",
        {"inputs: N * T"},
        {"z: T"},

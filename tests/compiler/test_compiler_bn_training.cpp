@@ -1,0 +1,198 @@
+// The training batch-norm ops of the graph fusion (BNTrainingReduce, BNTrainingUpdate,
+// BNTrainingUpdateGrad, BNTrainingReduceGrad; ops/batchnorm.cpp) compiled for the test chip and
+// run on the chip model, against their formulas evaluated here in double from the exact inputs.
+//
+// Tolerances (e = 2^-24, R pixels, K = R + 16 covering the f32 additions of a per-channel sum:
+// R lane-wise additions, the pairwise fold and the blocks' partials), each doubled by check_vec:
+//   sums: K e sum|term|;
+//   m = sum / R: 2 e |m|; v = square_sum / R - m^2: 4 e (square_sum / R + m^2) (the
+//     cancellation of the one-pass variance); a = rsqrt(v + eps) * scale: relative
+//     ea = dv / (2 (v + eps)) + 3 e; shift = offset - m a; y = x a + shift:
+//     |x a| ea + |m a| (ea + 2 e) + 4 e (|x a| + |shift|);
+//   diff_scale = r sum dy (x - m): (K + 2) e r sum|dy (x - m)| + 4 e |diff_scale|;
+//   dx = c1 ((dy - mdy) - (x - m) c2): the rounding of each step, 4 e per term and of c1, c2.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "adapter/compiler/compiler.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::TensorDesc;
+
+namespace {
+
+constexpr double kE = 1.0 / (1 << 24);
+
+// Element (pixel i, channel j) of an [R, C] tensor.
+double at(const HostTensor& t, int64_t i, int64_t j, int64_t c) {
+  return t.values[static_cast<size_t>(i * c + j)];
+}
+
+HostTensor vec(std::vector<double> v) {
+  return HostTensor{TensorDesc{DataType::F32, {static_cast<int64_t>(v.size())}}, std::move(v)};
+}
+
+RunResult run(const std::string& type, const std::vector<HostTensor>& in,
+              std::map<std::string, compiler::AttrValue> attrs, size_t outputs) {
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : in) descs.push_back(t.desc);
+  auto k = compiler::compile(make_op(type, descs, std::move(attrs)), test_sim().config());
+  for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
+  REQUIRE(k.outputs.size() == outputs);
+  return run_compiled(test_sim(), k, in);
+}
+
+void check_reduce(const std::vector<int64_t>& shape, uint32_t seed) {
+  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  INFO("BNTrainingReduce " << compiler::shape_str(shape));
+  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, seed);
+  RunResult res = run("BNTrainingReduce", {x}, {}, 2);
+  std::vector<double> s(c), sq(c), ts(c), tsq(c);
+  const double k = static_cast<double>(r + 16);
+  for (int64_t j = 0; j < c; ++j) {
+    double sa = 0;
+    for (int64_t i = 0; i < r; ++i) {
+      const double v = at(x, i, j, c);
+      s[j] += v;
+      sq[j] += v * v;
+      sa += std::fabs(v);
+    }
+    ts[j] = k * kE * sa;
+    tsq[j] = (k + 1) * kE * sq[j];
+  }
+  check_within_bounds(res.outputs[0].values, s, ts, "sum");
+  check_within_bounds(res.outputs[1].values, sq, tsq, "square_sum");
+}
+
+void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed) {
+  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  const double eps = 0.001;
+  INFO("BNTrainingUpdate " << compiler::shape_str(shape) << (relu ? " relu" : ""));
+  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, seed);
+  HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 1);
+  HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 2);
+  // The sums of x, rounded to f32 as BNTrainingReduce hands them over.
+  std::vector<double> s(c), sq(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < r; ++i) {
+      s[j] += at(x, i, j, c);
+      sq[j] += at(x, i, j, c) * at(x, i, j, c);
+    }
+  for (int64_t j = 0; j < c; ++j) {
+    s[j] = round_to(DataType::F32, s[j]);
+    sq[j] = round_to(DataType::F32, sq[j]);
+  }
+  RunResult res = run("BNTrainingUpdate", {x, vec(s), vec(sq), scale, offset},
+                      {{"epsilon", eps}, {"relu", relu}}, 3);
+  std::vector<double> m(c), v(c), tm(c), tv(c), y(x.values.size()), ty(x.values.size());
+  for (int64_t j = 0; j < c; ++j) {
+    m[j] = s[j] / static_cast<double>(r);
+    v[j] = sq[j] / static_cast<double>(r) - m[j] * m[j];
+    tm[j] = 2 * kE * std::fabs(m[j]);
+    tv[j] = 4 * kE * (sq[j] / static_cast<double>(r) + m[j] * m[j]);
+    const double a = scale.values[j] / std::sqrt(v[j] + eps);
+    const double ea = tv[j] / (2 * (v[j] + eps)) + 3 * kE;
+    const double shift = offset.values[j] - m[j] * a;
+    for (int64_t i = 0; i < r; ++i) {
+      const size_t q = static_cast<size_t>(i * c + j);
+      const double xa = x.values[q] * a, raw = xa + shift;
+      y[q] = relu ? std::max(raw, 0.0) : raw;
+      ty[q] = std::fabs(xa) * ea + std::fabs(m[j] * a) * (ea + 2 * kE) +
+              4 * kE * (std::fabs(xa) + std::fabs(shift));
+    }
+  }
+  check_within_bounds(res.outputs[0].values, y, ty, "y");
+  check_within_bounds(res.outputs[1].values, m, tm, "batch_mean");
+  check_within_bounds(res.outputs[2].values, v, tv, "batch_variance");
+}
+
+struct GradCase {
+  std::vector<int64_t> shape;
+  uint32_t seed;
+};
+
+void check_grads(const GradCase& gc) {
+  const std::vector<int64_t>& shape = gc.shape;
+  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  const double eps = 0.001, k = static_cast<double>(r + 16);
+  INFO("BNTrainingUpdateGrad / BNTrainingReduceGrad " << compiler::shape_str(shape));
+  HostTensor dy = random_tensor(DataType::F32, shape, -1, 1, gc.seed);
+  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, gc.seed + 1);
+  HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 2);
+  HostTensor mean = random_tensor(DataType::F32, {c}, 0, 1, gc.seed + 3);
+  HostTensor var = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 4);
+  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}};
+  RunResult sums = run("BNTrainingUpdateGrad", {dy, x, mean, var}, attrs, 2);
+  std::vector<double> ds(c), dof(c), tds(c), tdof(c), rs(c);
+  for (int64_t j = 0; j < c; ++j) {
+    double sdyx = 0, adyx = 0, ady = 0;
+    for (int64_t i = 0; i < r; ++i) {
+      const double g = at(dy, i, j, c), xm = at(x, i, j, c) - mean.values[j];
+      dof[j] += g;
+      ady += std::fabs(g);
+      sdyx += g * xm;
+      adyx += std::fabs(g * xm);
+    }
+    rs[j] = 1 / std::sqrt(var.values[j] + eps);
+    ds[j] = sdyx * rs[j];
+    tds[j] = (k + 2) * kE * adyx * rs[j] + 4 * kE * std::fabs(ds[j]);
+    tdof[j] = k * kE * ady;
+  }
+  check_within_bounds(sums.outputs[0].values, ds, tds, "diff_scale");
+  check_within_bounds(sums.outputs[1].values, dof, tdof, "diff_offset");
+  // The x gradient from the f32 sums the first op returned.
+  HostTensor dsv = vec(sums.outputs[0].values), dofv = vec(sums.outputs[1].values);
+  RunResult dx = run("BNTrainingReduceGrad", {dy, x, dsv, dofv, scale, mean, var}, attrs, 1);
+  std::vector<double> want(x.values.size()), tol(x.values.size());
+  for (int64_t j = 0; j < c; ++j) {
+    const double c1 = scale.values[j] * rs[j], mdy = dofv.values[j] / static_cast<double>(r),
+                 c2 = rs[j] * dsv.values[j] / static_cast<double>(r);
+    for (int64_t i = 0; i < r; ++i) {
+      const size_t q = static_cast<size_t>(i * c + j);
+      const double xm = x.values[q] - mean.values[j], inner = (dy.values[q] - mdy) - xm * c2;
+      want[q] = c1 * inner;
+      tol[q] =
+          std::fabs(c1) * 6 * kE * (std::fabs(dy.values[q]) + std::fabs(mdy) + std::fabs(xm * c2)) +
+          4 * kE * std::fabs(c1 * inner);
+    }
+  }
+  check_within_bounds(dx.outputs[0].values, want, tol, "dx");
+}
+
+}  // namespace
+
+TEST_CASE("BNTrainingReduce: per-channel sum and sum of squares in one pass") {
+  check_reduce({2, 3, 5, 16}, 1);
+  check_reduce({1, 4, 4, 7}, 2);  // channels padded to whole blocks
+  check_reduce({4, 8, 8, 64}, 3);
+  check_reduce({1, 4, 4, 200}, 4);  // per-channel work spread over the cores
+}
+
+TEST_CASE("BNTrainingUpdate: statistics, normalisation, scale, shift (and ReLU)") {
+  check_update({2, 3, 5, 16}, false, 10);
+  check_update({2, 3, 5, 16}, true, 11);
+  check_update({1, 4, 4, 7}, true, 12);
+  check_update({1, 4, 4, 200}, false, 13);
+}
+
+TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad: the training gradient") {
+  check_grads({{2, 3, 5, 16}, 20});
+  check_grads({{1, 4, 4, 7}, 21});
+  check_grads({{3, 4, 4, 32}, 22});
+  check_grads({{1, 4, 4, 200}, 23});
+}
+
+TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {
+  const TensorDesc x{DataType::F32, {2, 4, 4, 8}}, v{DataType::F32, {8}}, v7{DataType::F32, {7}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v}))
+            .message.find("takes 5 inputs, 4 given") != std::string::npos);
+  CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v7}))
+            .message.find("input 3 must be f32[8]") != std::string::npos);
+  CHECK(compile_refusal(make_op("BNTrainingReduce", {TensorDesc{DataType::F32, {0, 4, 4, 8}}}))
+            .message.find("non-empty batch") != std::string::npos);
+}

@@ -1,0 +1,216 @@
+"""The training batch-norm fusion (adapter/tf/plugin/graph_fusion.h, rewrite 0; the kernels'
+formulas in adapter/compiler/ops/batchnorm.cpp): Keras 3's BatchNormalization in training and
+its gradient become BNTrainingReduce, BNTrainingUpdate, BNTrainingUpdateGrad and
+BNTrainingReduceGrad.
+
+- a Keras Conv2D + BatchNormalization + ReLU model trained three steps (SGD) gives the same
+  losses, weights and moving statistics as with NPUSIM_FUSION_BN_TRAINING=0 in a child process
+  (within f32 rounding: the fused kernels sum in another order, and the variance comes from the
+  sum of squares) and, within the cube's fp16 operands, as TensorFlow on the CPU, in fewer
+  launches; the fused launches carry the
+  original node names; likewise with the channel axis given as 3 (Keras then reshapes the
+  per-channel tensors to [1, 1, 1, C]) and a batch of one (grappler drops the unit axis from
+  the gradient's Sums);
+- patterns that must not fuse stay unfused and still compute the CPU's results: the same batch
+  norm in inference mode inside a training step, a second consumer of an intermediate of the
+  pattern (the normalisation factor also read by another node), and the pattern in float16 (the fused
+  kernels are float32 only); a hand-written copy of the pattern in float32 does fuse.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+BN_TYPES = {"BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
+            "BNTrainingReduceGrad"}
+
+# Runs in child processes: a Keras training run on `device`, its losses, weights and launches.
+KERAS_CODE = r'''
+import json, os
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+
+def train(device, axis, batch):
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inp)
+        h = keras.layers.BatchNormalization(axis=axis)(h)
+        h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.SGD(0.1)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((batch, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.standard_normal((batch, 4)).astype(np.float32))
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return loss
+
+        losses = []
+        for _ in range(3):
+            if device != "/CPU:0":
+                npusim.clear_launch_records()
+            losses.append(float(step(x, y).numpy()))
+    recs = npusim.launch_records() if device != "/CPU:0" else []
+    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
+            "launches": len(recs),
+            "ops": sorted({(r["op_type"], r["op_name"]) for r in recs})}
+
+
+out = {}
+# axis 3 with a batch of one: grappler drops the unit batch axis from the gradient's Sums
+for axis, batch in ((-1, 4), (3, 1)):
+    out[axis] = {"npu": train("/NPU:0", axis, batch), "cpu": train("/CPU:0", axis, batch)}
+print("RESULT " + json.dumps(out))
+'''
+
+# Hand-written copies of the pattern (tf.nn.moments + tf.nn.batch_normalization, as Keras 3
+# writes them) with their gradient, in variants that must not fuse.
+PATTERN_CODE = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+
+def pattern(x, gamma, beta, variant):
+    with tf.GradientTape() as tape:
+        tape.watch([x, gamma, beta])
+        mean = tf.reduce_mean(x, [0, 1, 2], keepdims=True)
+        var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), [0, 1, 2],
+                             keepdims=True)
+        mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
+        inv = tf.math.rsqrt(var + 1e-3) * gamma
+        y = tf.nn.relu(x * inv + (beta - mean * inv))
+        loss = tf.reduce_sum(y * tf.cast(tf.range(8), y.dtype))
+    grads = tape.gradient(loss, [x, gamma, beta])
+    # A node of the graph reading inv besides the pattern (a fetch of inv itself would be
+    # preserved, which keeps it anyway).
+    extra = [inv * 3.0] if variant == "second_consumer" else []
+    return [y, mean, var] + grads + extra
+
+
+def run(variant, device):
+    dt = np.float16 if variant == "float16" else np.float32
+    rng = np.random.default_rng(1)
+    args = [tf.constant(rng.standard_normal((2, 4, 4, 8)).astype(dt)),
+            tf.constant(rng.uniform(0.5, 2, 8).astype(dt)),
+            tf.constant(rng.uniform(-1, 1, 8).astype(dt))]
+    with tf.device(device):
+        npusim.clear_launch_records()
+        outs = tf.function(lambda *a: pattern(*a, variant))(*args)
+        outs = [o.numpy().astype(np.float64).tolist() for o in outs]
+    return {"outs": outs, "ops": sorted({r["op_type"] for r in npusim.launch_records()})}
+
+
+def inference_in_training(device):
+    import keras
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((4, 4, 8))
+        bn = keras.layers.BatchNormalization()
+        model = keras.Model(inp, keras.layers.ReLU()(bn(inp)))
+        x = tf.constant(np.random.default_rng(2).standard_normal((2, 4, 4, 8)).astype(np.float32))
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(model(x, training=False))
+            return tape.gradient(loss, [x] + model.trainable_variables)
+
+        npusim.clear_launch_records()
+        grads = [g.numpy().tolist() for g in step(x)]
+    return {"grads": grads, "ops": sorted({r["op_type"] for r in npusim.launch_records()})}
+
+
+out = {v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
+       for v in ("fusible", "second_consumer", "float16")}
+out["inference"] = {"npu": inference_in_training("/NPU:0"),
+                    "cpu": inference_in_training("/CPU:0")}
+print("RESULT " + json.dumps(out))
+'''
+
+
+def child_result(code, extra_env=None):
+    proc = run_child(code, timeout=600, extra_env=extra_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def keras_runs():
+    return (child_result(KERAS_CODE),
+            child_result(KERAS_CODE, {"NPUSIM_FUSION_BN_TRAINING": "0"}))
+
+
+def assert_close_lists(got, want, rtol, atol):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("axis", ["-1", "3"])
+def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, axis):
+    fused, unfused = keras_runs[0][axis], keras_runs[1][axis]
+    fused_types = {t for t, _ in fused["npu"]["ops"]}
+    assert BN_TYPES <= fused_types
+    assert not BN_TYPES & {t for t, _ in unfused["npu"]["ops"]}
+    assert fused["npu"]["launches"] < unfused["npu"]["launches"] - 10
+    # f32 rounding of three steps (the statistics summed in another order, the variance
+    # from the sum of squares); the moving variance and mean are among the weights.
+    assert_close_lists(fused["npu"]["losses"], unfused["npu"]["losses"], 1e-5, 1e-6)
+    assert_close_lists(fused["npu"]["weights"], unfused["npu"]["weights"], 1e-4, 1e-6)
+    # TensorFlow on the CPU: the convolution's operands go to the cube in fp16 (the default
+    # precision mode) on the NPU, fused or not, so the weights agree to about 1e-3.
+    assert_close_lists(fused["npu"]["losses"], fused["cpu"]["losses"], 1e-3, 1e-5)
+    assert_close_lists(fused["npu"]["weights"], fused["cpu"]["weights"], 2e-2, 5e-3)
+    # The fused launches keep the names of the nodes they replace.
+    names = {t: n for t, n in fused["npu"]["ops"] if t in BN_TYPES}
+    assert names["BNTrainingReduce"].endswith("moments/variance")
+    assert "re_lu" in names["BNTrainingUpdate"] and names["BNTrainingUpdate"].endswith("/Relu")
+    assert names["BNTrainingUpdateGrad"].endswith("batchnorm/mul/Mul_1")
+    assert names["BNTrainingReduceGrad"].startswith("AddN")
+
+
+@pytest.fixture(scope="module")
+def pattern_runs():
+    return child_result(PATTERN_CODE)
+
+
+@pytest.mark.parametrize("variant", ["fusible", "second_consumer", "float16"])
+def test_pattern_variants(pattern_runs, variant):
+    run = pattern_runs[variant]
+    fused = BN_TYPES <= set(run["npu"]["ops"])
+    assert fused == (variant == "fusible")
+    if not fused:
+        assert not BN_TYPES & set(run["npu"]["ops"])
+    tol = 2e-2 if variant == "float16" else 1e-4
+    for got, want in zip(run["npu"]["outs"], run["cpu"]["outs"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+
+def test_inference_mode_batch_norm_is_not_a_training_fusion(pattern_runs):
+    run = pattern_runs["inference"]
+    assert not BN_TYPES & set(run["npu"]["ops"])
+    for got, want in zip(run["npu"]["grads"], run["cpu"]["grads"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
