@@ -30,7 +30,8 @@ nlohmann::json settings_json(const npusim::tf::PluginSettings& s) {
           {"overrides", s.overrides},
           {"precision_mode", npusim::compiler::precision_mode_name(s.precision)},
           {"record_launches", s.record_launches},
-          {"max_insns_per_block", s.max_insns_per_block}};
+          {"max_insns_per_block", s.max_insns_per_block},
+          {"functional", s.functional}};
 }
 
 }  // namespace
@@ -111,7 +112,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_compiled_ops_json() {
 }
 
 // Checks the settings the environment holds now (NPUSIM_CHIP, NPUSIM_CHIP_OVERRIDES,
-// NPUSIM_PRECISION_MODE) by loading the chip config, without opening the device. Returns null if
+// NPUSIM_PRECISION_MODE, NPUSIM_FUNCTIONAL, ...) by loading the chip config, without opening the device. Returns null if
 // they are valid, else the error message.
 NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
   using namespace npusim;
