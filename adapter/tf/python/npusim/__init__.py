@@ -149,8 +149,10 @@ def device_info():
 def launch_records(with_counters=False):
     """Every kernel the chip ran, oldest first: dicts with kernel, stream, block_dim,
     start_cycle, cycles, time_us, wall_us (host time it took), replayed (a replay of an
-    identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, op_name and
-    op_type (the TF op that launched it), and the launch's counter tree if asked."""
+    identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
+    kernel reads device memory with its scalar unit, so its timing can depend on data: in a
+    timing-only run it may differ from a functional one), op_name and op_type (the TF op that
+    launched it), and the launch's counter tree if asked."""
     return _hooks.launch_records(with_counters)
 
 
