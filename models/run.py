@@ -9,7 +9,7 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
 process): a sweep starts one runner per config.
 
 What it does: imports npusim (not with --device CPU) and calls npusim.configure(chip, overrides,
-precision_mode, report_dir) with the options given (an option left out keeps the environment's
+precision_mode, report_dir, functional=False with --timing-only) with the options given (an option left out keeps the environment's
 setting: NPUSIM_CHIP, default 910b, ...); builds the model under tf.device (seed 0, so the
 initial weights do not depend on the device); runs one warm-up step, not measured (it traces the
 tf.function and compiles the NPU kernels), then S measured steps:
@@ -19,6 +19,8 @@ tf.function and compiles the NPU kernels), then S measured steps:
   (jit_compile=False on both devices: XLA cannot compile for the NPU).
 
 Every step ends with the result copied to the host, so it has finished on the device.
+--timing-only: kernels take their simulated time but compute nothing (docs/tf_plugin.md,
+"Timing-only runs"): the simulated figures hold, the loss is undefined.
 
 The JSON (printed as the last line of stdout, and written to --json OUT if given):
 
