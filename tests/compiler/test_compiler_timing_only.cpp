@@ -47,36 +47,35 @@ std::vector<Case> cases() {
   c.push_back({make_op("MatMul", {a.desc, b.desc}), {a, b}});
   auto x = random_tensor(DataType::F32, {2, 8, 8, 16}, -1, 1, 3);
   auto f = random_tensor(DataType::F32, {3, 3, 16, 16}, -1, 1, 4);
-  c.push_back({make_op("Conv2D", {x.desc, f.desc},
-                       {{"strides", std::vector<int64_t>{1, 1, 1, 1}},
-                        {"padding", std::string("SAME")}}),
-               {x, f}});
+  c.push_back(
+      {make_op("Conv2D", {x.desc, f.desc},
+               {{"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}}),
+       {x, f}});
   auto v = random_tensor(DataType::F32, {4096}, -10, 10, 5);
   auto s = random_tensor(DataType::F32, {}, 0.5, 2, 6);  // broadcast scalar: loaded with ld
   c.push_back({make_op("Mul", {v.desc, s.desc}), {v, s}});
   auto logits = random_tensor(DataType::F32, {32, 100}, -5, 5, 7);
   c.push_back({make_op("Softmax", {logits.desc}), {logits}});
   auto r = random_tensor(DataType::F32, {64, 50}, -5, 5, 8);
-  c.push_back({make_op("Sum", {r.desc}, {{"axes", std::vector<int64_t>{0}},
-                                         {"keep_dims", false}}),
-               {r}});
+  c.push_back(
+      {make_op("Sum", {r.desc}, {{"axes", std::vector<int64_t>{0}}, {"keep_dims", false}}), {r}});
   auto params = random_tensor(DataType::F32, {50, 24}, -5, 5, 9);
   HostTensor idx{TensorDesc{DataType::S32, {40}}, {}};
   for (int i = 0; i < 40; ++i) idx.values.push_back((i * 17) % 50);  // indices: loaded with ld
-  c.push_back({make_op("GatherV2", {params.desc, idx.desc}, {{"axis", int64_t{0}}}),
-               {params, idx}});
+  c.push_back(
+      {make_op("GatherV2", {params.desc, idx.desc}, {{"axis", int64_t{0}}}), {params, idx}});
   auto big = s64_tensor({300}, 8589934593, 5);
-  c.push_back({make_op("Cast", {big.desc}, {{"SrcT", std::string("s64")},
-                                           {"DstT", std::string("f32")}}),
-               {big}});
+  c.push_back(
+      {make_op("Cast", {big.desc}, {{"SrcT", std::string("s64")}, {"DstT", std::string("f32")}}),
+       {big}});
   auto num = s64_tensor({64}, 12345, 3);
   auto div = s64_tensor({}, 0, 7);  // a divisor of zero here would fault
   c.push_back({make_op("FloorMod", {num.desc, div.desc}), {num, div}});
   return c;
 }
 
-// Runs every case on a fresh chip of the test chip config; returns {"ops": [{op, cycles, nonzero outputs}],
-// "counters": the counter tree after all of them}.
+// Runs every case on a fresh chip of the test chip config; returns {"ops": [{op, cycles, nonzero
+// outputs}], "counters": the counter tree after all of them}.
 json run_all(bool functional) {
   SimOptions opts;
   opts.functional = functional;
@@ -88,8 +87,10 @@ json run_all(bool functional) {
     int64_t nonzero = 0;
     for (const HostTensor& t : r.outputs)
       for (double d : t.values) nonzero += d != 0;
-    out["ops"].push_back({{"op", c.op.str()}, {"launches", k.launches.size()},
-                          {"cycles", r.cycles}, {"nonzero", nonzero}});
+    out["ops"].push_back({{"op", c.op.str()},
+                          {"launches", k.launches.size()},
+                          {"cycles", r.cycles},
+                          {"nonzero", nonzero}});
   }
   out["counters"] = sim.counters();
   return out;

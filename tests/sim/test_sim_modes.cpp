@@ -1,6 +1,7 @@
 // Timing-only mode (opts.functional = false) gives the same cycles and counters as a functional
-// run, and moves device memory's write epochs as it does. SystemC elaborates one chip per process, so each mode runs in a forked child process that
-// reports its results as JSON; this process never constructs a Simulator itself.
+// run, and moves device memory's write epochs as it does. SystemC elaborates one chip per
+// process, so each mode runs in a forked child process that reports its results as JSON; this
+// process never constructs a Simulator itself.
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -124,8 +124,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_compiled_ops_json() {
 }
 
 // Checks the settings the environment holds now (NPUSIM_CHIP, NPUSIM_CHIP_OVERRIDES,
-// NPUSIM_PRECISION_MODE, NPUSIM_FUNCTIONAL, ...) by loading the chip config, without opening the device. Returns null if
-// they are valid, else the error message.
+// NPUSIM_PRECISION_MODE, NPUSIM_FUNCTIONAL, ...) by loading the chip config, without opening the
+// device. Returns null if they are valid, else the error message.
 NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
   using namespace npusim;
   tf::PluginSettings s;
