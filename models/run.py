@@ -10,9 +10,9 @@ process): a sweep starts one runner per config.
 
 What it does: imports npusim (not with --device CPU) and calls npusim.configure(chip, overrides,
 precision_mode, report_dir, functional=False with --timing-only) with the options given (an
-option left out keeps the environment's setting: NPUSIM_CHIP, default 910b, ...); builds the model under tf.device (seed 0, so the
-initial weights do not depend on the device); runs one warm-up step, not measured (it traces the
-tf.function and compiles the NPU kernels), then S measured steps:
+option left out keeps the environment's setting: NPUSIM_CHIP, default 910b, ...); builds the model
+under tf.device (seed 0, so the initial weights do not depend on the device); runs one warm-up step,
+not measured (it traces the tf.function and compiles the NPU kernels), then S measured steps:
 
 - infer: `model(x, training=False)` inside a tf.function;
 - train: `model.train_on_batch(x, y)`, compiled with Adam (lr 1e-3) and the registry's loss
