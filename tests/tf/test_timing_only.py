@@ -19,23 +19,13 @@ import pytest
 pytest.importorskip("tensorflow")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import CNN_PREDICT_TRAIN_PREDICT, child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 CHILD = r'''
 import json, sys
 import npusim
 npusim.configure(functional={functional})
-import tensorflow as tf
-import keras
-import models
-keras.utils.set_random_seed(3)
-x, y = models.synthetic_data("cnn", batch=8, seed=1)
-model = models.build("cnn", seed=3)
-model.compile(optimizer="adam", loss=models.loss("cnn"))
-predict = tf.function(lambda t: model(t, training=False))
-preds = [predict(x).numpy().tolist() for _ in range(2)]
-losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
-preds += [predict(x).numpy().tolist() for _ in range(2)]
+''' + CNN_PREDICT_TRAIN_PREDICT.replace("{", "{{").replace("}", "}}") + r'''
 recs = npusim.launch_records(with_counters=True)
 try:
     npusim.configure(functional=not {functional})
@@ -53,10 +43,7 @@ print("RESULT" + json.dumps({{
 
 
 def run(functional):
-    proc = run_child(CHILD.format(functional=functional), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return child_result(CHILD.format(functional=functional), timeout=900)
 
 
 def by_op(result):
