@@ -15,7 +15,8 @@ plugin compiles every kernel in it) inside npusim.profile(report dir), and print
 - where the wall time went: the kernel launches' own host time (launch records' wall_us, the
   simulator), by TF op type, and what is left (TensorFlow, the kernel compiler, Python);
 - report_s: the time npusim.profile took to write the step's report folder (op_summary.csv,
-  op_statistic.csv, trace.json, summary.txt, plots) and its path; peak host memory (ru_maxrss).
+  op_statistic.csv, trace.json, summary.txt, plots) and its path; peak host memory (ru_maxrss)
+  after each step and at the end.
 
 Target (printed as MET/MISS, not asserted): the step within 120 s of wall time.
 
@@ -101,9 +102,10 @@ def main():
         else:
             step()
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+        rss = maxrss_gib()
         records = npusim.launch_records()
         figures = run.npu_figures(npusim, a.batch, 1, records, [])
-        steps.append({"wall_s": wall, "cpu_s": cpu,
+        steps.append({"wall_s": wall, "cpu_s": cpu, "max_rss_gib": rss,
                       "simulated_us": figures.get("simulated_us_per_step"),
                       "kernels": len(records),
                       "launch_wall_s": figures["emulator_wall_s_per_step"],
@@ -114,7 +116,8 @@ def main():
         print(f"step {i + 1}: {s['wall_s']:.1f} s wall, {s['cpu_s']:.1f} s CPU; simulated "
               f"{s['simulated_us'] / 1000:.2f} ms, {s['kernels']} kernels; launches' own wall "
               f"{s['launch_wall_s']:.1f} s, the rest (TensorFlow, compiler, Python) "
-              f"{s['wall_s'] - s['launch_wall_s']:.1f} s", flush=True)
+              f"{s['wall_s'] - s['launch_wall_s']:.1f} s; host max RSS {rss:.1f} GiB",
+              flush=True)
     t0 = time.perf_counter()
     report.__exit__(None, None, None)
     report_s = time.perf_counter() - t0
