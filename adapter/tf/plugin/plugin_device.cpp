@@ -112,6 +112,11 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
       SimOptions sim_opts;
       sim_opts.max_insns_per_block = st.settings.max_insns_per_block;
       sim_opts.functional = st.settings.functional;
+      // A timing-only replay saves no computation, only SystemC events, and still plans every
+      // instruction (its writes become undefined) and checks the L2 for launches at new
+      // addresses: it costs more than it saves (docs/tf_plugin.md, "Timing-only runs").
+      // NPUSIM_REPLAY=on still turns it on (Simulator reads it).
+      if (!sim_opts.functional) sim_opts.replay = SimOptions::Replay::off;
       st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,
                                    dev);
       if (st.status.ok()) {

@@ -17,7 +17,8 @@
 //   NPUSIM_FUNCTIONAL       "0": timing-only (SimOptions::functional = false): kernels take
 //                           their simulated time and count as in a functional run but compute
 //                           nothing, and device memory holds no data (reads give zeros);
-//                           default "1" (docs/tf_plugin.md, "Timing-only runs")
+//                           launches are not replayed unless NPUSIM_REPLAY says so; default
+//                           "1" (docs/tf_plugin.md, "Timing-only runs")
 // SystemC elaborates one chip per process, so the device opens once and stays open until the
 // process exits (it is deliberately never destroyed: its driver thread must not be joined during
 // static destruction, after SystemC's own statics are gone).
