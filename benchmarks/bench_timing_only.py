@@ -21,7 +21,7 @@ plugin compiles every kernel in it) inside npusim.profile(report dir), and print
 Target (printed as MET/MISS, not asserted): the step within 120 s of wall time.
 
 Usage: .venv/bin/python benchmarks/bench_timing_only.py [--batch 256] [--input-size 224]
-       [--chip 910b] [--steps 1] [--report-dir out/timing_only_resnet50] [--profile FILE]
+       [--chip 910b] [--set dotted.key=value ...] [--steps 1] [--report-dir out/timing_only_resnet50] [--profile FILE]
        [--json OUT]
 --steps 2 also times a second step (kernels compiled and traced: the simulator's share alone).
 --profile writes a cProfile of the first step (python -m pstats FILE).
@@ -57,6 +57,8 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--input-size", type=int, default=224)
     ap.add_argument("--chip", default="910b")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="dotted.key=value", help="chip config override (repeatable)")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--report-dir", default=os.path.join(ROOT, "out", "timing_only_resnet50"))
     ap.add_argument("--profile", default=None)
@@ -68,7 +70,7 @@ def main():
     a = parse_args()
     import npusim  # before TensorFlow's first op
 
-    npusim.configure(chip=a.chip, functional=False)
+    npusim.configure(chip=a.chip, overrides=a.overrides, functional=False)
     import keras
     import tensorflow as tf
 
@@ -124,6 +126,7 @@ def main():
     report = report.directory
     first = steps[0]
     out = {"model": a.model, "batch": a.batch, "input_size": a.input_size, "chip": a.chip,
+           "overrides": a.overrides,
            "functional": False, "steps": steps, "report_dir": report, "report_s": report_s,
            "max_rss_gib": maxrss_gib(),
            "device_peak_bytes": tf.config.experimental.get_memory_info("NPU:0")["peak"],
