@@ -3,22 +3,24 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
 
     python -m models.run --model NAME --mode infer|train --batch B --steps S
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
-        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--quiet]
+        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
 process): a sweep starts one runner per config.
 
 What it does: imports npusim (not with --device CPU) and calls npusim.configure(chip, overrides,
-precision_mode, report_dir) with the options given (an option left out keeps the environment's
-setting: NPUSIM_CHIP, default 910b, ...); builds the model under tf.device (seed 0, so the
-initial weights do not depend on the device); runs one warm-up step, not measured (it traces the
-tf.function and compiles the NPU kernels), then S measured steps:
+precision_mode, report_dir, functional=False with --timing-only) with the options given (an
+option left out keeps the environment's setting: NPUSIM_CHIP, default 910b, ...); builds the model
+under tf.device (seed 0, so the initial weights do not depend on the device); runs one warm-up step,
+not measured (it traces the tf.function and compiles the NPU kernels), then S measured steps:
 
 - infer: `model(x, training=False)` inside a tf.function;
 - train: `model.train_on_batch(x, y)`, compiled with Adam (lr 1e-3) and the registry's loss
   (jit_compile=False on both devices: XLA cannot compile for the NPU).
 
 Every step ends with the result copied to the host, so it has finished on the device.
+--timing-only: kernels take their simulated time but compute nothing (docs/tf_plugin.md,
+"Timing-only runs"): the simulated figures hold, the loss is undefined.
 
 The JSON (printed as the last line of stdout, and written to --json OUT if given):
 
@@ -84,10 +86,15 @@ def parse_args(argv=None):
     ap.add_argument("--report-dir", default=None)
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--device", choices=("NPU", "CPU"), default="NPU")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="kernels take their simulated time but compute nothing (outputs and "
+                    "the loss are undefined): npusim.configure(functional=False)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.batch < 1 or a.steps < 1:
         ap.error("--batch and --steps must be at least 1")
+    if a.timing_only and a.device == "CPU":
+        ap.error("--timing-only is an NPU setting (TensorFlow's CPU always computes)")
     return a
 
 
@@ -184,7 +191,8 @@ def run(a, log):
         import npusim  # pylint: disable=import-outside-toplevel,redefined-outer-name
 
         npusim.configure(chip=a.chip, overrides=a.overrides, precision_mode=a.precision,
-                         report_dir=a.report_dir)
+                         report_dir=a.report_dir,
+                         functional=False if a.timing_only else None)
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel

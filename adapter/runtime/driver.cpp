@@ -30,6 +30,14 @@ void move_within_gm(DeviceMemory& gm, uint64_t dst, uint64_t src, uint64_t bytes
   }
 }
 
+// A device-to-device copy in a timing-only run: device memory there holds only what the host
+// wrote, so a source without such bytes (a kernel's output) leaves the destination undefined,
+// as a kernel writing it would; one with them is copied.
+void copy_timing_only(DeviceMemory& gm, uint64_t dst, uint64_t src, uint64_t bytes) {
+  if (gm.holds_data(src, bytes)) move_within_gm(gm, dst, src, bytes);
+  else gm.invalidate(dst, bytes);
+}
+
 // Fills [dst, dst+bytes) with the little-endian 32-bit pattern (bytes a multiple of 4).
 void fill32_gm(DeviceMemory& gm, uint64_t dst, uint32_t pattern, uint64_t bytes) {
   uint8_t b[4];
@@ -188,16 +196,18 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
         }
         return Status();
       case OpKind::memcpy_d2d:
-        if (m_functional && op.bytes && op.dst != op.src)
-          move_within_gm(gm, op.dst, op.src, op.bytes);
+        if (op.bytes && op.dst != op.src) {
+          if (m_functional) move_within_gm(gm, op.dst, op.src, op.bytes);
+          else copy_timing_only(gm, op.dst, op.src, op.bytes);
+        }
         add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, 2 * op.bytes));  // read+write
         return Status();
-      case OpKind::memset8:
-        if (m_functional && op.bytes) gm.fill(op.dst, static_cast<uint8_t>(op.pattern), op.bytes);
+      case OpKind::memset8:  // the host's bytes: kept in timing-only runs too
+        if (op.bytes) gm.fill(op.dst, static_cast<uint8_t>(op.pattern), op.bytes);
         add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
         return Status();
       case OpKind::memset32:
-        if (m_functional && op.bytes) fill32_gm(gm, op.dst, op.pattern, op.bytes);
+        if (op.bytes) fill32_gm(gm, op.dst, op.pattern, op.bytes);
         add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
         return Status();
       case OpKind::launch:
@@ -297,7 +307,9 @@ Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
   uint64_t written = gm.last_write_epoch(op.derived.addr, op.derived.bytes);
   for (const DerivedRange& r : op.derived.more)
     written = std::max(written, gm.last_write_epoch(r.addr, r.bytes));
-  if (m_functional && state.valid.load() && written <= state.epoch.load()) {
+  // Timing-only runs stamp the bytes kernels write too (DeviceMemory::invalidate), so a
+  // derived launch is left out exactly where a functional run leaves it out.
+  if (state.valid.load() && written <= state.epoch.load()) {
     ++state.unchanged;
     if (op.derived.may_skip) {
       ++state.skipped;

@@ -350,8 +350,9 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
   switch (op) {
     case Opcode::op_ld:
     case Opcode::op_st: {
-      // 8 bytes, little endian, at a GM byte address. Timing-only runs check the address but
-      // move no data: ld reads 0 there.
+      // 8 bytes, little endian, at a GM byte address. Timing-only runs read device memory as
+      // it is (what the host copied in; kernels' outputs read as zero) and store nothing: the
+      // 8 bytes become undefined (DeviceMemory::invalidate).
       const uint64_t addr = static_cast<uint64_t>(m_scalar.operand(in, 1));
       if (!m_env.gm().in_bounds(addr, 8))
         throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
@@ -359,15 +360,14 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
       sync_local();  // the access happens at this instruction's time
       if (op == Opcode::op_ld) {
         int64_t v = 0;
-        if (m_env.launch().functional) m_env.gm().read(addr, &v, 8);
+        m_env.gm().read(addr, &v, 8);
         dst() = v;
         // Where it read, among the effects (the replay reads there).
         if (m_recorder) m_recorder->on_scalar_gm({addr, 8, false});
       } else {
-        if (m_env.launch().functional) {
-          const int64_t v = m_scalar.operand(in, 0);
-          m_env.gm().write(addr, &v, 8);
-        }
+        const int64_t v = m_scalar.operand(in, 0);
+        if (m_env.launch().functional) m_env.gm().write(addr, &v, 8);
+        else m_env.gm().invalidate(addr, 8);
         if (m_recorder) m_recorder->on_scalar_gm({addr, 8, true});
       }
       break;
@@ -576,6 +576,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
       else run_gm_transfer(u, cost);
       if (m_env.launch().functional) execute(op, ctx);
+      else invalidate_gm_writes(cost, m_env.gm());
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);

@@ -87,6 +87,11 @@ ExecCost plan(const IssuedOp& op, const ExecContext& ctx) {
   }
 }
 
+void invalidate_gm_writes(const ExecCost& cost, DeviceMemory& gm) {
+  for (const GmAccess& a : cost.gm)
+    if (a.write) gm.invalidate(a.addr, a.bytes);
+}
+
 void execute(const IssuedOp& op, ExecContext& ctx) {
   switch (op.insn->desc().pipe) {
     case isa::Pipe::V: return execute_vector(op, ctx);

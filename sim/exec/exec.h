@@ -124,6 +124,10 @@ struct ExecCost {
 ExecCost plan(const IssuedOp& op, const ExecContext& ctx);
 // Applies the functional effect (bit-accurate). Precondition: plan() succeeded for op.
 void execute(const IssuedOp& op, ExecContext& ctx);
+// What a timing-only run does instead of execute(): the GM ranges the instruction writes
+// (cost.gm, from its plan()) become undefined (DeviceMemory::invalidate), so device memory's
+// write epochs move as in a functional run.
+void invalidate_gm_writes(const ExecCost& cost, DeviceMemory& gm);
 
 // Families (one file each), dispatched by plan()/execute() on the instruction's pipe.
 ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx);

@@ -96,8 +96,10 @@ void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
   while (n > 0) {
     uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
     uint64_t len = std::min(n, kPageBytes - off);
-    if (value != 0 || find_page(page)) {
+    if (value != 0 || holds(find_page(page))) {
       std::memset(page_for_write(page, len == kPageBytes) + off, value, len);
+      stamp(page, off, len);
+    } else if (find_page(page)) {  // undefined: it reads as zero already
       stamp(page, off, len);
     }
     addr += len;
@@ -113,16 +115,59 @@ void DeviceMemory::discard(uint64_t addr, uint64_t n) {
     if (uint8_t* p = find_page(page)) {
       stamp(page, off, len);
       if (len == kPageBytes) release(page);
-      else std::memset(p + off, 0, len);
+      else if (holds(p)) std::memset(p + off, 0, len);
     }
     addr += len;
     n -= len;
   }
 }
 
-uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
-  if (uint8_t* p = find_page(page)) return p;
-  std::lock_guard<std::mutex> lock(m_alloc);
+void DeviceMemory::invalidate(uint64_t addr, uint64_t n) {
+  check(addr, n);
+  while (n > 0) {
+    uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
+    uint64_t len = std::min(n, kPageBytes - off);
+    uint8_t* p = find_page(page);
+    if (holds(p) && len < kPageBytes) {
+      std::memset(p + off, 0, len);
+    } else if (p != undefined_page()) {  // never written, or wholly overwritten
+      std::lock_guard<std::mutex> lock(m_alloc);
+      std::atomic<uint8_t*>& entry = table_with_epochs(page)->pages[page % kTablePages];
+      uint8_t* old = entry.load(std::memory_order_acquire);
+      if (!old || len == kPageBytes) {
+        entry.store(undefined_page(), std::memory_order_release);
+        if (holds(old)) {
+          --m_resident;
+          m_spare.push_back(old);
+        }
+      } else if (holds(old)) {  // another thread gave it data meanwhile
+        std::memset(old + off, 0, len);
+      }
+    }
+    stamp(page, off, len);
+    addr += len;
+    n -= len;
+  }
+}
+
+bool DeviceMemory::holds_data(uint64_t addr, uint64_t n) const {
+  check(addr, n);
+  if (n == 0) return false;
+  for (uint64_t page = addr / kPageBytes, end = (addr + n - 1) / kPageBytes; page <= end; ++page)
+    if (holds(find_page(page))) return true;
+  return false;
+}
+
+uint8_t* DeviceMemory::undefined_page() {
+  static uint8_t* const page = [] {
+    void* p = mmap(nullptr, kPageBytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<uint8_t*>(p);
+  }();
+  return page;
+}
+
+DeviceMemory::Table* DeviceMemory::table_with_epochs(uint64_t page) {
   std::atomic<Table*>& slot = m_dir[page / kTablePages];
   Table* table = slot.load(std::memory_order_acquire);
   if (!table) {
@@ -134,14 +179,20 @@ uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
     if (m_dir_used.load(std::memory_order_relaxed) < end)
       m_dir_used.store(end, std::memory_order_release);
   }
-  std::atomic<uint8_t*>& entry = table->pages[page % kTablePages];
-  if (uint8_t* p = entry.load(std::memory_order_acquire)) return p;  // another thread's
   std::atomic<std::atomic<uint64_t>*>& epochs = table->epochs[page % kTablePages];
   if (!epochs.load(std::memory_order_relaxed)) {
     auto* e = new std::atomic<uint64_t>[kEpochBlocks];
     for (uint64_t b = 0; b < kEpochBlocks; ++b) e[b].store(0, std::memory_order_relaxed);
     epochs.store(e, std::memory_order_release);
   }
+  return table;
+}
+
+uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
+  if (uint8_t* p = find_page(page); holds(p)) return p;
+  std::lock_guard<std::mutex> lock(m_alloc);
+  std::atomic<uint8_t*>& entry = table_with_epochs(page)->pages[page % kTablePages];
+  if (uint8_t* p = entry.load(std::memory_order_acquire); holds(p)) return p;  // another thread's
   uint8_t* p;
   if (m_spare.empty()) {
     // A new chunk of pages, backed by huge pages where the host allows (the functional copies
@@ -160,7 +211,7 @@ uint8_t* DeviceMemory::page_for_write(uint64_t page, bool whole) {
   } else {
     p = m_spare.back();
     m_spare.pop_back();
-    if (!whole) std::memset(p, 0, kPageBytes);
+    if (!whole) std::memset(p, 0, kPageBytes);  // an undefined page reads as zero too
   }
   entry.store(p, std::memory_order_release);
   ++m_resident;
@@ -171,7 +222,7 @@ void DeviceMemory::release(uint64_t page) {
   std::lock_guard<std::mutex> lock(m_alloc);
   Table* table = m_dir[page / kTablePages].load();
   uint8_t* p = table->pages[page % kTablePages].exchange(nullptr);
-  if (!p) return;
+  if (!holds(p)) return;
   --m_resident;
   m_spare.push_back(p);
 }
@@ -223,10 +274,10 @@ void DeviceMemory::restore(const Snapshot& s) {
     release(index);
   });
   for (const auto& [index, bytes] : s) {
-    if (uint8_t* old = find_page(index)) {  // compared in place, then overwritten
+    if (uint8_t* old = find_page(index); holds(old)) {  // compared in place, overwritten
       stamp_changes(index, old, bytes.data());
       std::memcpy(old, bytes.data(), kPageBytes);
-    } else {  // stamped once the page (and its epochs) exist
+    } else {  // stamped once the page (and its epochs) exist; undefined reads as zero
       std::memcpy(page_for_write(index, true), bytes.data(), kPageBytes);
       stamp_changes(index, zero.data(), bytes.data());
     }

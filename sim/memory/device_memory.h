@@ -1,6 +1,7 @@
 // Global memory (HBM) of the device: sparse, pages allocated on first write, so a 64 GiB chip
 // runs on a host with far less RAM. Unwritten bytes read as zero. Addresses are device byte
-// addresses in [0, capacity).
+// addresses in [0, capacity). A timing-only run writes no data (invalidate): the bytes a kernel
+// writes become undefined and hold no host memory; they read as zero.
 //
 // Pages are found through a two-level table (a directory of page tables of kTablePages pages),
 // both levels allocated on first write. Lookups take no lock, so several threads may read and
@@ -45,7 +46,16 @@ class DeviceMemory {
   // Returns [addr, addr+n) to the never-written state (reads as zero): pages wholly inside the
   // range are released, the covered parts of other pages are zeroed. Throws like write().
   void discard(uint64_t addr, uint64_t n);
+  // A write of undefined bytes to [addr, addr+n) (what a timing-only run's kernels do): it
+  // stamps the write epochs and leaves the pages written, as write() does, but the bytes read
+  // as zero and pages wholly inside the range hold no host memory (covered parts of other pages
+  // are zeroed). Throws like write().
+  void invalidate(uint64_t addr, uint64_t n);
+  // Whether any byte of [addr, addr+n) is held in host memory: written by write() or fill() (a
+  // timing-only run's device memory holds only what the host wrote). Throws like read().
+  bool holds_data(uint64_t addr, uint64_t n) const;
   bool in_bounds(uint64_t addr, uint64_t n) const { return n <= m_capacity && addr <= m_capacity - n; }
+  // Host memory the pages holding data take (pages written with undefined bytes take none).
   uint64_t resident_bytes() const { return m_resident.load() * kPageBytes; }
   void clear();
 
@@ -85,14 +95,22 @@ class DeviceMemory {
   static constexpr uint64_t kChunkBytes = 2 * 1024 * 1024;
 
   void check(uint64_t addr, uint64_t n) const;
-  // The page at index `page`, or nullptr if never written. No lock.
+  // The page at index `page`, or nullptr if never written; undefined_page() if written by
+  // invalidate() only. No lock.
   uint8_t* find_page(uint64_t page) const {
     const Table* t = m_dir[page / kTablePages].load(std::memory_order_acquire);
     return t ? t->pages[page % kTablePages].load(std::memory_order_acquire) : nullptr;
   }
-  // The page at index `page`, allocated if it was never written: zero-filled, unless `whole`
-  // (the caller overwrites all of it).
+  // The one page of zeros, mapped read-only, that every page written only by invalidate()
+  // points to: such a page is written (present) but holds no data.
+  static uint8_t* undefined_page();
+  static bool holds(const uint8_t* p) { return p && p != undefined_page(); }
+  // The page at index `page`, allocated if it holds no data (never written, or undefined):
+  // zero-filled, unless `whole` (the caller overwrites all of it).
   uint8_t* page_for_write(uint64_t page, bool whole);
+  // The table of page `page` with the page's write epochs, both allocated if missing. Called
+  // with m_alloc held.
+  Table* table_with_epochs(uint64_t page);
   static constexpr uint64_t kEpochBlocks = kPageBytes / kEpochBlockBytes;
   // Stamps the blocks of page `page` (allocated once) holding [off, off+len) with the current
   // write epoch.
@@ -124,7 +142,7 @@ class DeviceMemory {
   std::unique_ptr<std::atomic<Table*>[], FreeDir> m_dir;
   uint64_t m_dir_size = 0;
   std::atomic<uint64_t> m_dir_used{0};  // one past the highest table ever allocated
-  std::atomic<uint64_t> m_resident{0};  // pages written
+  std::atomic<uint64_t> m_resident{0};  // pages holding data
   std::atomic<uint64_t> m_write_epoch{1};  // stamped on written blocks (advance_write_epoch)
   std::atomic<uint64_t> m_epoch_floor{0};  // the epoch of the last clear
   std::mutex m_alloc;                   // page and table allocation, the spare pool

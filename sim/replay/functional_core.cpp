@@ -44,8 +44,7 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
       throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
                                     "bytes", addr, addr + 8, m_ctx.gm.capacity()));
     if (m_verify) m_loads.push_back({addr, 8, false});
-    m_loaded = 0;  // a timing-only run moves no data: ld reads 0 (as AiCore)
-    if (m_functional) m_ctx.gm.read(addr, &m_loaded, 8);
+    m_ctx.gm.read(addr, &m_loaded, 8);  // in timing-only runs too (as AiCore)
     return;
   }
   if (m_verify) {
@@ -61,13 +60,14 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
     m_fingerprint.add_cost(op.pc, cost);
     return;
   }
-  if (!m_functional) return;
   if (op.op() == Opcode::op_st) {
     const int64_t v = op[0];
-    m_ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+    if (m_functional) m_ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+    else m_ctx.gm.invalidate(static_cast<uint64_t>(op[1]), 8);
     return;
   }
-  execute(op, m_ctx);
+  if (m_functional) execute(op, m_ctx);
+  else invalidate_gm_writes(plan(op, m_ctx), m_ctx.gm);
 }
 
 void FunctionalCore::execute_ready() {

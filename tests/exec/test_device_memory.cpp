@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "sim/memory/device_memory.h"
@@ -51,4 +52,59 @@ TEST_CASE("device memory larger than 2^48 bytes is refused, naming the limit") {
       CHECK(msg.find("2^48") != std::string::npos);
     }
   }
+}
+
+// invalidate(): a timing-only run's kernel writes. The bytes read as zero, whole pages hold no
+// host memory, and the write epochs and the written state move exactly as a write() of the same
+// range moves them (the runtime's derived buffers depend on it: docs/chip_model.md).
+TEST_CASE("invalidate writes undefined bytes: zeros, no host memory, epochs as a write") {
+  constexpr uint64_t kPage = DeviceMemory::kPageBytes;
+  DeviceMemory written(64 * kPage), invalidated(64 * kPage);
+  const std::vector<uint8_t> ones(3 * kPage + 100, 1);
+  // Host data in page 2, then a "kernel" writes [2.5 pages, 6 pages + 10): part of page 2,
+  // pages 3..5 whole, the start of page 6.
+  for (DeviceMemory* m : {&written, &invalidated}) m->write(2 * kPage, ones.data(), kPage);
+  const uint64_t e = written.advance_write_epoch();
+  invalidated.advance_write_epoch();
+  const uint64_t a = 2 * kPage + kPage / 2, n = 3 * kPage + kPage / 2 + 10;
+  written.write(a, ones.data(), n);
+  invalidated.invalidate(a, n);
+  // Epochs and the written state agree block by block with the write.
+  for (uint64_t addr = 0; addr < 8 * kPage; addr += DeviceMemory::kEpochBlockBytes) {
+    INFO("block at " << addr);
+    CHECK((written.last_write_epoch(addr, 1) > e) == (invalidated.last_write_epoch(addr, 1) > e));
+  }
+  CHECK(invalidated.last_write_epoch(a, 1) > e);
+  CHECK(invalidated.last_write_epoch(a - 1, 1) <= e);
+  CHECK(invalidated.last_write_epoch(a + n - 10 + DeviceMemory::kEpochBlockBytes, 1) <= e);
+  // The host's bytes before the range stay, the range reads as zero, and only page 2 (the
+  // host's data) takes host memory.
+  std::vector<uint8_t> back(n + kPage / 2);
+  invalidated.read(2 * kPage, back.data(), back.size());
+  CHECK(back[0] == 1);
+  CHECK(back[kPage / 2 - 1] == 1);
+  for (uint64_t i = kPage / 2; i < back.size(); ++i) REQUIRE(back[i] == 0);
+  CHECK(invalidated.resident_bytes() == kPage);
+  CHECK_FALSE(invalidated.holds_data(3 * kPage, 4 * kPage));
+  CHECK(invalidated.holds_data(2 * kPage, kPage));
+  // A zero fill stamps an undefined page (it is written, as in the functional memory) but
+  // allocates nothing; host data written into it then reads back, zeros around it.
+  const uint64_t f = invalidated.advance_write_epoch();
+  invalidated.fill(4 * kPage, 0, 16);
+  CHECK(invalidated.last_write_epoch(4 * kPage, 16) > f);
+  CHECK(invalidated.resident_bytes() == kPage);
+  invalidated.write(4 * kPage + 8, ones.data(), 4);
+  uint8_t w[16];
+  invalidated.read(4 * kPage, w, 16);
+  CHECK(w[7] == 0);
+  CHECK(w[8] == 1);
+  CHECK(w[12] == 0);
+  CHECK(invalidated.resident_bytes() == 2 * kPage);
+  // Invalidating a page that holds data releases it; discard forgets an undefined page.
+  invalidated.invalidate(2 * kPage, kPage);
+  CHECK(invalidated.resident_bytes() == kPage);
+  invalidated.discard(3 * kPage, kPage);
+  const uint64_t g = invalidated.advance_write_epoch();
+  invalidated.fill(3 * kPage, 0, 16);  // never-written again: a zero fill writes nothing
+  CHECK(invalidated.last_write_epoch(3 * kPage, 16) <= g);
 }

@@ -8,6 +8,7 @@ fast. Tests that need a fresh process (import order, configure before the device
 a child Python (run_child).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,32 @@ def run_child(code, timeout=120, extra_env=None):
     env.update(extra_env or {})
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+# A child's workload (run_child): the small CNN on the NPU predicts twice, trains three steps with
+# Adam, predicts twice again (the same tf.function with new weights). Leaves `losses`, `preds`.
+CNN_PREDICT_TRAIN_PREDICT = """
+import tensorflow as tf
+import keras
+import models
+keras.utils.set_random_seed(3)
+x, y = models.synthetic_data("cnn", batch=8, seed=1)
+model = models.build("cnn", seed=3)
+model.compile(optimizer="adam", loss=models.loss("cnn"))
+predict = tf.function(lambda t: model(t, training=False))
+preds = [predict(x).numpy().tolist() for _ in range(2)]
+losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+preds += [predict(x).numpy().tolist() for _ in range(2)]
+"""
+
+
+def child_result(code, timeout=600, extra_env=None):
+    """Runs `code` (run_child), which must succeed and print a line "RESULT<json>"; returns the
+    last such JSON."""
+    proc = run_child(code, timeout=timeout, extra_env=extra_env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
 
 
 # Quiet TensorFlow's C++ logging (set before any test module imports tensorflow). Test modules

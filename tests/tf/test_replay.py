@@ -11,7 +11,6 @@ independent ops may vary, but a launch's timing does not depend on where its ten
 (docs/tf_plugin.md, "Device memory: the same report twice").
 """
 
-import json
 import os
 import sys
 
@@ -20,24 +19,14 @@ import pytest
 pytest.importorskip("tensorflow")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import CNN_PREDICT_TRAIN_PREDICT, child_result  # noqa: E402  pylint: disable=wrong-import-position
 
 CHILD = r'''
 import json, os, sys
 os.environ["NPUSIM_REPLAY"] = sys.argv[1] if len(sys.argv) > 1 else "{mode}"
 import numpy as np
 import npusim
-import tensorflow as tf
-import keras
-import models
-keras.utils.set_random_seed(3)
-x, y = models.synthetic_data("cnn", batch=8, seed=1)
-model = models.build("cnn", seed=3)
-model.compile(optimizer="adam", loss=models.loss("cnn"))
-predict = tf.function(lambda t: model(t, training=False))
-preds = [predict(x).numpy().tolist() for _ in range(2)]
-losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
-preds += [predict(x).numpy().tolist() for _ in range(2)]
+''' + CNN_PREDICT_TRAIN_PREDICT.replace("{", "{{").replace("}", "}}") + r'''
 recs = npusim.launch_records()
 print("RESULT" + json.dumps({{
     "losses": losses, "preds": preds,
@@ -48,10 +37,7 @@ print("RESULT" + json.dumps({{
 
 
 def run_mode(mode):
-    proc = run_child(CHILD.format(mode=mode), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return child_result(CHILD.format(mode=mode))
 
 
 def cycles_by_op(run):

@@ -68,6 +68,12 @@ rt::Status settings_from_env(PluginSettings* out) {
     return rt::Status(rt::StatusCode::invalid_argument,
                       "NPUSIM_RECORD_LAUNCHES: '" + record + "' is not 0 or 1");
   s.record_launches = record == "1";
+  std::string functional = env_or("NPUSIM_FUNCTIONAL", "1");
+  if (functional != "0" && functional != "1")
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      "NPUSIM_FUNCTIONAL: '" + functional +
+                          "' is not 0 (timing-only) or 1 (functional)");
+  s.functional = functional == "1";
   std::string watchdog = env_or("NPUSIM_MAX_INSNS_PER_BLOCK", "");
   if (!watchdog.empty()) {
     size_t used = 0;
@@ -105,6 +111,12 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
       rt_opts.discard_freed_memory = false;
       SimOptions sim_opts;
       sim_opts.max_insns_per_block = st.settings.max_insns_per_block;
+      sim_opts.functional = st.settings.functional;
+      // A timing-only replay saves no computation, only SystemC events, and still plans every
+      // instruction (its writes become undefined) and checks the L2 for launches at new
+      // addresses: it costs more than it saves (docs/tf_plugin.md, "Timing-only runs").
+      // NPUSIM_REPLAY=on still turns it on (Simulator reads it).
+      if (!sim_opts.functional) sim_opts.replay = SimOptions::Replay::off;
       st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,
                                    dev);
       if (st.status.ok()) {

@@ -14,6 +14,11 @@
 //                           block executing more than this many scalar-unit instructions per
 //                           128 KiB of its launch's tensor arguments (at least this many)
 //                           faults (default 2^23; 0 disables it)
+//   NPUSIM_FUNCTIONAL       "0": timing-only (SimOptions::functional = false): kernels take
+//                           their simulated time and count as in a functional run but compute
+//                           nothing, and device memory holds no data (reads give zeros);
+//                           launches are not replayed unless NPUSIM_REPLAY says so; default
+//                           "1" (docs/tf_plugin.md, "Timing-only runs")
 // SystemC elaborates one chip per process, so the device opens once and stays open until the
 // process exits (it is deliberately never destroyed: its driver thread must not be joined during
 // static destruction, after SystemC's own statics are gone).
@@ -36,6 +41,7 @@ struct PluginSettings {
   compiler::PrecisionMode precision = compiler::PrecisionMode::kAllowFp32ToFp16;
   bool record_launches = true;
   uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;
+  bool functional = true;  // NPUSIM_FUNCTIONAL
 };
 
 // Reads the NPUSIM_* variables above; an unknown precision mode is invalid_argument.

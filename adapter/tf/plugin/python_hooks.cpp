@@ -31,7 +31,19 @@ nlohmann::json settings_json(const npusim::tf::PluginSettings& s) {
           {"overrides", s.overrides},
           {"precision_mode", npusim::compiler::precision_mode_name(s.precision)},
           {"record_launches", s.record_launches},
-          {"max_insns_per_block", s.max_insns_per_block}};
+          {"max_insns_per_block", s.max_insns_per_block},
+          {"functional", s.functional}};
+}
+
+// Whether the program reads device memory with the scalar unit (ld): only such a kernel's
+// control flow and addresses can depend on data, so only its timing can differ between a
+// timing-only and a functional run (docs/tf_plugin.md, "Timing-only runs").
+bool loads_data(const npusim::isa::Program* program) {
+  if (!program) return false;
+  for (const npusim::isa::Section& s : program->sections)
+    for (const npusim::isa::Instruction& in : s.code)
+      if (in.op == npusim::isa::Opcode::op_ld) return true;
+  return false;
 }
 
 }  // namespace
@@ -70,7 +82,8 @@ NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak() {
 }
 
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
-// "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error"
+// "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
+// "loads_data" (the kernel reads device memory with ld: loads_data() above)
 // [, "op_name", "op_type"]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
@@ -83,7 +96,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
                           {"start_cycle", r.start_cycle}, {"cycles", r.cycles},
                           {"time_us", r.time_us},     {"wall_us", r.wall_us},
                           {"replayed", r.replayed},   {"ok", r.ok},
-                          {"error", r.error}};
+                          {"error", r.error},         {"loads_data", loads_data(r.program.get())}};
       if (r.label) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
@@ -112,8 +125,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_compiled_ops_json() {
 }
 
 // Checks the settings the environment holds now (NPUSIM_CHIP, NPUSIM_CHIP_OVERRIDES,
-// NPUSIM_PRECISION_MODE) by loading the chip config, without opening the device. Returns null if
-// they are valid, else the error message.
+// NPUSIM_PRECISION_MODE, NPUSIM_FUNCTIONAL, ...) by loading the chip config, without opening the
+// device. Returns null if they are valid, else the error message.
 NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
   using namespace npusim;
   tf::PluginSettings s;

@@ -11,8 +11,9 @@ registered later never appears in the process. Importing npusim too late raises 
 saying so.
 
 The chip is chosen when TensorFlow creates the device, from NPUSIM_CHIP (default 910b),
-NPUSIM_CHIP_OVERRIDES and NPUSIM_PRECISION_MODE; configure() sets them. NPUSIM_RECORD_LAUNCHES=0
-turns off the per-launch records (launch_records()), which otherwise grow with every kernel.
+NPUSIM_CHIP_OVERRIDES, NPUSIM_PRECISION_MODE and NPUSIM_FUNCTIONAL (0: timing-only); configure()
+sets them. NPUSIM_RECORD_LAUNCHES=0 turns off the per-launch records (launch_records()), which
+otherwise grow with every kernel.
 One process runs one chip config (SystemC elaborates one chip per process).
 
 Keras 3: jit_compile="auto" would turn on XLA because a non-CPU device exists, and XLA cannot
@@ -81,7 +82,7 @@ def _overrides_list(overrides):
     return items
 
 
-def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
+def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -91,6 +92,12 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
         (op_summary.csv, trace.json, summary.txt, ...: docs/reports.md, "From TensorFlow").
     precision_mode: how fp32 cube ops run (CANN names): must_keep_origin_dtype,
         allow_fp32_to_fp16 (default), allow_mix_precision.
+    functional: True (default) computes every kernel's results; False runs timing-only: every
+        launch takes the simulated time and counts exactly what a functional run would, but
+        kernels compute nothing and device memory holds no data, so every tensor the NPU
+        produces (and what is copied back from it) is undefined (zeros here). For simulated
+        time at batch sizes whose tensors would not fit this host (docs/tf_plugin.md,
+        "Timing-only runs", also says which kernels' timing depends on data).
 
     Call it before the first TensorFlow op. Once the device exists its config is fixed:
     asking for another one raises NpusimError (the same config again is fine). A chip or
@@ -105,6 +112,10 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
         if precision_mode not in PRECISION_MODES:
             raise ValueError(f"precision_mode '{precision_mode}' is not one of {PRECISION_MODES}")
         env["NPUSIM_PRECISION_MODE"] = precision_mode
+    if functional is not None:
+        if not isinstance(functional, bool):
+            raise TypeError(f"functional must be True or False, not {functional!r}")
+        env["NPUSIM_FUNCTIONAL"] = "1" if functional else "0"
 
     info = _hooks.device()
     if info["open"] and env:
@@ -115,6 +126,7 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
             overrides=(_overrides_list(overrides) if overrides is not None
                        else current["overrides"]),
             precision_mode=env.get("NPUSIM_PRECISION_MODE", current["precision_mode"]),
+            functional=(functional if functional is not None else current["functional"]),
         )
         if wanted != current:
             raise NpusimError(
@@ -137,16 +149,18 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None):
 
 
 def device_info():
-    """{"open": bool, "settings": {"chip", "overrides", "precision_mode"}, ...}; when open also
-    "chip_identity", "hbm_bytes" and the runtime allocator's "memory" figures."""
+    """{"open": bool, "settings": {"chip", "overrides", "precision_mode", "functional", ...}};
+    when open also "chip_identity", "hbm_bytes" and the runtime allocator's "memory" figures."""
     return _hooks.device()
 
 
 def launch_records(with_counters=False):
     """Every kernel the chip ran, oldest first: dicts with kernel, stream, block_dim,
     start_cycle, cycles, time_us, wall_us (host time it took), replayed (a replay of an
-    identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, op_name and
-    op_type (the TF op that launched it), and the launch's counter tree if asked."""
+    identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
+    kernel reads device memory with its scalar unit, so its timing can depend on data: in a
+    timing-only run it may differ from a functional one), op_name and op_type (the TF op that
+    launched it), and the launch's counter tree if asked."""
     return _hooks.launch_records(with_counters)
 
 

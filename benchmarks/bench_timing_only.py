@@ -1,0 +1,146 @@
+"""Benchmark of timing-only TensorFlow runs at a real batch size (issue "Fidelity at model scale"):
+ResNet-50 training at batch 256, 224x224x3, Adam, on the 910b preset, with
+npusim.configure(functional=False): kernels take their simulated time and count what a
+functional run would, but compute nothing, and device memory holds only what the host copied
+in, so the step's 30+ GB of activations cost no host memory (docs/tf_plugin.md, "Timing-only
+runs").
+
+It runs one training step (model.train_on_batch, the first: TensorFlow traces the step and the
+plugin compiles every kernel in it) inside npusim.profile(report dir), and prints:
+
+- wall_s: host wall time of the step; cpu_s: the process's CPU time over it (user + system, all
+  threads; on a shared host wall time includes waiting for a CPU, the CPU time does not);
+- simulated_us: the step's device timeline (first launch start to last launch end, as
+  models.run's simulated_us_per_step) and the kernels it launched;
+- where the wall time went: the kernel launches' own host time (launch records' wall_us, the
+  simulator), by TF op type, and what is left (TensorFlow, the kernel compiler, Python);
+- report_s: the time npusim.profile took to write the step's report folder (op_summary.csv,
+  op_statistic.csv, trace.json, summary.txt, plots) and its path; peak host memory (ru_maxrss)
+  after each step and at the end.
+
+Target (printed as MET/MISS, not asserted): the step within 120 s of wall time.
+
+Usage: .venv/bin/python benchmarks/bench_timing_only.py [--batch 256] [--input-size 224]
+       [--chip 910b] [--set dotted.key=value ...] [--steps 1] [--report-dir out/timing_only_resnet50] [--profile FILE]
+       [--json OUT]
+--steps 2 also times a second step (kernels compiled and traced: the simulator's share alone).
+--profile writes a cProfile of the first step (python -m pstats FILE).
+"""
+import argparse
+import cProfile
+import json
+import os
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+TARGET_WALL_S = 120.0
+
+
+def cpu_s():
+    """CPU seconds of this process so far (every thread, user + system)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def maxrss_gib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2.0**20  # Linux: KiB
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--input-size", type=int, default=224)
+    ap.add_argument("--chip", default="910b")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="dotted.key=value", help="chip config override (repeatable)")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--report-dir", default=os.path.join(ROOT, "out", "timing_only_resnet50"))
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    return ap.parse_args()
+
+
+def main():
+    a = parse_args()
+    import npusim  # before TensorFlow's first op
+
+    npusim.configure(chip=a.chip, overrides=a.overrides, functional=False)
+    import keras
+    import tensorflow as tf
+
+    import models
+    from models import run
+
+    x, y = models.synthetic_data(a.model, a.batch, a.input_size, seed=0)
+    with tf.device("/NPU:0"):
+        model = models.build(a.model, a.input_size, seed=0)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=models.loss(a.model),
+                      jit_compile=False)
+        xt, yt = tf.constant(x), tf.constant(y)
+
+    def step():
+        with tf.device("/NPU:0"):
+            return float(model.train_on_batch(xt, yt))
+
+    steps = []
+    # The msprof-style report of the last step (npusim.profile, as a user writes it): its
+    # writing is timed apart from the step.
+    report = npusim.profile(a.report_dir)
+    for i in range(a.steps):
+        if i == a.steps - 1:
+            report.__enter__()  # pylint: disable=unnecessary-dunder-call
+        profiler = cProfile.Profile() if a.profile and i == 0 else None
+        npusim.clear_launch_records()
+        c0, t0 = cpu_s(), time.perf_counter()
+        if profiler:
+            profiler.runcall(step)
+            profiler.dump_stats(a.profile)
+        else:
+            step()
+        wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+        rss = maxrss_gib()
+        records = npusim.launch_records()
+        figures = run.npu_figures(npusim, a.batch, 1, records, [])
+        steps.append({"wall_s": wall, "cpu_s": cpu, "max_rss_gib": rss,
+                      "simulated_us": figures.get("simulated_us_per_step"),
+                      "kernels": len(records),
+                      "launch_wall_s": figures["emulator_wall_s_per_step"],
+                      "launch_wall_s_by_op_type": {
+                          k: round(v, 3) for k, v in
+                          list(figures["emulator_wall_s_by_op_type"].items())[:8]}})
+        s = steps[-1]
+        print(f"step {i + 1}: {s['wall_s']:.1f} s wall, {s['cpu_s']:.1f} s CPU; simulated "
+              f"{s['simulated_us'] / 1000:.2f} ms, {s['kernels']} kernels; launches' own wall "
+              f"{s['launch_wall_s']:.1f} s, the rest (TensorFlow, compiler, Python) "
+              f"{s['wall_s'] - s['launch_wall_s']:.1f} s; host max RSS {rss:.1f} GiB",
+              flush=True)
+    t0 = time.perf_counter()
+    report.__exit__(None, None, None)
+    report_s = time.perf_counter() - t0
+    report = report.directory
+    first = steps[0]
+    out = {"model": a.model, "batch": a.batch, "input_size": a.input_size, "chip": a.chip,
+           "overrides": a.overrides,
+           "functional": False, "steps": steps, "report_dir": report, "report_s": report_s,
+           "max_rss_gib": maxrss_gib(),
+           "device_peak_bytes": tf.config.experimental.get_memory_info("NPU:0")["peak"],
+           "target_wall_s": TARGET_WALL_S, "met": first["wall_s"] <= TARGET_WALL_S}
+    print(f"{a.model} training, batch {a.batch}, {a.input_size}x{a.input_size}, {a.chip}, "
+          f"timing-only: one step {first['wall_s']:.1f} s wall ({first['cpu_s']:.1f} s CPU), "
+          f"simulated step {first['simulated_us'] / 1000:.2f} ms; report ({report_s:.1f} s): "
+          f"{report}; device peak {out['device_peak_bytes'] / 2**30:.1f} GiB, host max RSS "
+          f"{out['max_rss_gib']:.1f} GiB; target {TARGET_WALL_S:.0f} s: "
+          f"{'MET' if out['met'] else 'MISS'}")
+    if a.json_out:
+        with open(a.json_out, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
