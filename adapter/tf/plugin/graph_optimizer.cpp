@@ -335,7 +335,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
 
 // TensorFlow calls this when the plugin is loaded as a pluggable device library. Every default
 // grappler pass keeps its setting (TP_OptimizerConfigs left at TF_TriState_Default), except the
-// arithmetic optimizer while the fusion is requested (graph_fusion.h).
+// arithmetic optimizer while the fusion is requested (graph_fusion.h) and the memory optimizer.
 extern "C" __attribute__((visibility("default"))) void TF_InitGraph(
     TP_OptimizerRegistrationParams* params, TF_Status* status) {
   params->struct_size = TP_OPTIMIZER_REGISTRATION_PARAMS_STRUCT_SIZE;
@@ -348,6 +348,11 @@ extern "C" __attribute__((visibility("default"))) void TF_InitGraph(
   // (graph_fusion.h).
   if (npusim::tf::fusion_requested())
     params->optimizer_configs->arithmetic_optimization = TF_TriState_Off;
+  // The memory optimizer's scheduling pass rewrites an AddN of large tensors into a TF1 reference
+  // variable (TemporaryVariable, Assign, AssignAdd, DestroyTemporaryVariable) once its static
+  // estimate of the graph's peak exceeds 80 % of the device memory; the NPU has no reference
+  // variables, and the runtime's allocator plans its own memory.
+  params->optimizer_configs->memory_optimization = TF_TriState_Off;
   params->optimizer->struct_size = TP_OPTIMIZER_STRUCT_SIZE;
   params->optimizer->create_func = nullptr;
   params->optimizer->optimize_func = npusim::tf::optimize;
