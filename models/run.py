@@ -20,7 +20,7 @@ not measured (it traces the tf.function and compiles the NPU kernels), then S me
 
 Every step ends with the result copied to the host, so it has finished on the device.
 --timing-only: kernels take their simulated time but compute nothing (docs/tf_plugin.md,
-"Timing-only runs"): the simulated figures hold, the loss is undefined.
+"Timing-only runs"): the simulated figures hold, the loss is undefined and left out of the JSON.
 
 The JSON (printed as the last line of stdout, and written to --json OUT if given):
 
@@ -29,7 +29,8 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
                                     null on the CPU)
   wall_s_per_step                   mean host wall time of a measured step (s)
   warmup_wall_s                     wall time of the warm-up step (s)
-  loss                              train: the loss of the last measured step
+  loss                              train: the loss of the last measured step (not with
+                                    --timing-only)
   NPU only, from npusim.launch_records():
   simulated_us_per_step             device timeline of the measured steps / S: end of the last
                                     launch (start_cycle + cycles) minus start of the first launch,
@@ -232,7 +233,7 @@ def run(a, log):
                                                         keep_all=bool(a.report_dir))
 
     result["wall_s_per_step"] = float(np.mean(walls))
-    if a.mode == "train":
+    if a.mode == "train" and not a.timing_only:
         result["loss"] = out
     if npusim is None:
         result["samples_per_s"] = a.batch / result["wall_s_per_step"]
