@@ -15,6 +15,7 @@
 #include "adapter/profiler/instruction_profiler.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
+#include "sim/counters/counters.h"
 
 namespace npusim::prof {
 
@@ -45,7 +46,10 @@ struct OpRecord {
   int block_dim = 0;
   int mix_block_dim = 0;     // blocks of the mix partner (vector) cores; 0 unless MIX_AIC
   std::vector<TensorDesc> inputs, outputs;
-  nlohmann::json counters;   // the launch's counter tree (KernelResult::counters)
+  // The launch's counters (KernelResult::counter_delta, rt::LaunchRecord::counter_delta): flat and
+  // shared, so a run's thousands of records hold no trees; read_launch_counters reads it,
+  // .tree() builds the tree where a report writes one.
+  CounterDelta counters;
   std::shared_ptr<const InstructionTable> instructions;  // null if not profiled
 };
 

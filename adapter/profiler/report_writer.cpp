@@ -222,7 +222,7 @@ json counters_document(const ReportInput& in) {
     json entry = {{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
                   {"task_type", op.task_type}, {"start_cycle", op.start_cycle},
                   {"cycles", op.cycles}, {"block_dim", op.block_dim}};
-    if (i < in.counter_detail_ops) entry["counters"] = op.counters;
+    if (i < in.counter_detail_ops) entry["counters"] = op.counters.tree();
     ops.push_back(std::move(entry));
   }
   json doc = {{"chip", in.config->name}, {"clock_mhz", in.config->clock_mhz}, {"ops", ops}};
