@@ -164,8 +164,13 @@ def test_keras_training_step(tmp_path, schema):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(16, 12)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 3, size=(16,)).astype(np.int32)
+    before = [v.numpy() for v in model.trainable_variables]
     out = npusim.export_chakra(str(tmp_path), chips=4, model=model, x=x, y=y)
     records = npusim.launch_records()  # the exported step's launches
+    # The steps it ran leave the model as it was.
+    for v, w in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), w)
+    assert int(model.optimizer.iterations.numpy()) == 0
     assert len(out["files"]) == 4
     first = open(out["files"][0], "rb").read()
     assert all(open(f, "rb").read() == first for f in out["files"])

@@ -3,7 +3,8 @@ server: Chakra traces for ASTRA-sim").
 
     npusim.export_chakra("out/et", chips=1024, model=model, x=x, y=y)
 
-runs one training step of `model` on the emulated NPU and writes `out/et/npusim.<rank>.et`
+runs one training step of `model` on the emulated NPU (and then puts its variables back) and
+writes `out/et/npusim.<rank>.et`
 for ranks 0..chips-1: the step as every data-parallel rank runs it, in the execution-trace
 format of MLCommons Chakra that ASTRA-sim reads (the schema: chakra_et_def.proto beside this
 file). Each file holds
@@ -357,11 +358,25 @@ def _tf_variable(v):
     return inner if inner is not None and hasattr(inner, "handle") else v
 
 
+def _training_state(model):
+    """Every variable a training step changes: the model's, its optimizer's (slots, iteration
+    count) and its metrics', each once."""
+    out, seen = [], set()
+    groups = [model.variables, getattr(model.optimizer, "variables", [])]
+    groups += [m.variables for m in getattr(model, "metrics", [])]
+    for group in groups:
+        for v in group:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out
+
+
 def trace_step(model, x, y):
     """Runs one training step of the compiled Keras model on (x, y) as a tf.function twice (the
-    first compiles the kernels) and returns (records, structure): the second run's launch records
-    and, per trainable variable, {"variable", "bytes", "producers", "updates"} (graph op
-    names)."""
+    first compiles the kernels), then puts the model's, optimizer's and metrics' variables back
+    as they were. Returns (records, structure): the second run's launch records and, per
+    trainable variable, {"variable", "bytes", "producers", "updates"} (graph op names)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from . import clear_launch_records, launch_records  # pylint: disable=import-outside-toplevel
 
@@ -372,12 +387,18 @@ def trace_step(model, x, y):
     def step(x, y):
         return model.train_step((x, y))
 
-    concrete = step.get_concrete_function(x, y)
+    concrete = step.get_concrete_function(x, y)  # tracing builds the optimizer and metrics
     structure = _gradient_structure(concrete.graph, tf_vars)
-    step(x, y)
-    clear_launch_records()
-    step(x, y)
-    records = launch_records()
+    state = _training_state(model)
+    saved = [v.numpy() for v in state]
+    try:
+        step(x, y)
+        clear_launch_records()
+        step(x, y)
+        records = launch_records()
+    finally:
+        for v, value in zip(state, saved):
+            v.assign(value)
     grads = []
     for w, v, s in zip(weights, tf_vars, structure):
         elements = math.prod(int(d) for d in v.shape)
