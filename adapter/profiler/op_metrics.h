@@ -38,6 +38,7 @@ struct OpRecord {
   // then has a `kernel` column. "" for the CLI's ops.
   std::string kernel;
   uint64_t stream = 0;
+  int chip = 0;              // the chip it ran on (a system run's reports; 0 for one chip)
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration
   uint64_t wait_cycles = 0;  // gap since the previous op on the timeline ended (set_wait_cycles)

@@ -25,6 +25,7 @@ import json
 import os
 
 from . import _keras, _memory, _offline, _plugin, _report
+from ._chakra import export_chakra
 from ._plugin import NpusimError
 from ._report import format_op_summary, op_summary, profile
 
@@ -36,6 +37,7 @@ __all__ = [
     "configure",
     "cpu_fallback_ops",
     "device_info",
+    "export_chakra",
     "format_op_summary",
     "launch_records",
     "load_offline_model",
