@@ -34,7 +34,7 @@ prof::OpRecord kernel(int chip, uint64_t start, uint64_t cycles) {
   op.chip = chip;
   op.start_cycle = start;
   op.cycles = cycles;
-  op.counters = {{"chip", json::object()}};
+  op.counters = CounterDelta(json{{"chip", json::object()}});
   return op;
 }
 

@@ -130,7 +130,8 @@ TEST_CASE("a collective overlaps kernels on the same chips; the report shows the
       op.chip = chip;
       op.start_cycle = kernels[chip].start_cycle;
       op.cycles = kernels[chip].cycles;
-      op.counters = {{"chip", nlohmann::json::object()}};  // the figures here need no counters
+      op.counters = CounterDelta(
+          nlohmann::json{{"chip", nlohmann::json::object()}});  // the figures here need no counters
       in.ops.push_back(op);
     }
     in.comms.push_back(prof::comm_record(s, call, coll, links_before, 0));
