@@ -4,10 +4,12 @@
 // npusim_tf_free; nothing here opens the device.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/profiler/counter_view.h"
 #include "adapter/profiler/report_writer.h"
 #include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
@@ -81,11 +83,30 @@ NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak() {
   return dev != nullptr;
 }
 
+// A launch's counters as {dotted name below "chip": value} (a ready tree: its leaves flattened).
+static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
+  nlohmann::json out = nlohmann::json::object();
+  if (delta.is_tree()) {
+    const nlohmann::json tree = delta.tree();
+    std::map<std::string, uint64_t> values;
+    if (tree.contains("chip")) npusim::prof::flatten_counters(tree["chip"], "", values);
+    for (const auto& [name, v] : values) out[name] = v;
+    return out;
+  }
+  delta.for_each([&](const npusim::CounterInfo& c, uint64_t v) {
+    if (c.path.size() > 1 && c.path[0] == "chip") out[c.name.substr(5)] = v;  // after "chip."
+  });
+  return out;
+}
+
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
 // "loads_data" (the kernel reads device memory with ld: loads_data() above)
 // [, "op_name", "op_type"]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
+// with_counters: 0 none; 1 the counter tree (Simulator::counters layout, with units and
+// descriptions); 2 flat {"aic0.mte2.busy_cycles": value, ...}: the tree's leaves by dotted name
+// below "chip", values only (a fraction of the tree's bytes: what launches.json holds).
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
   using namespace npusim;
   nlohmann::json j = nlohmann::json::array();
@@ -101,7 +122,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
       }
-      if (with_counters) e["counters"] = r.counters();
+      if (with_counters == 1) e["counters"] = r.counters();
+      if (with_counters == 2) e["counters"] = flat_counters(r.counter_delta);
       j.push_back(std::move(e));
     }
   }

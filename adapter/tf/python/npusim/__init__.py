@@ -162,7 +162,9 @@ def launch_records(with_counters=False):
     identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
     kernel reads device memory with its scalar unit, so its timing can depend on data: in a
     timing-only run it may differ from a functional one), op_name and op_type (the TF op that
-    launched it), and the launch's counter tree if asked."""
+    launched it), and the launch's counters if asked: with_counters=True gives the counter tree
+    (units and descriptions, as counters.json), "flat" a dict {"aic0.mte2.busy_cycles": value}
+    of the same counters (what launches.json holds: a fraction of the bytes)."""
     return _hooks.launch_records(with_counters)
 
 
@@ -194,7 +196,8 @@ def write_report(directory=None):
     """Writes the report folder of every NPU launch since the device opened to `directory`
     (default: NPUSIM_REPORT_DIR): the command line's files (op_summary.csv, op_statistic.csv,
     counters.json, chip.yaml, trace.json, summary.txt, plots; docs/reports.md and _report.py),
-    plus the raw device.json, launches.json (with counters) and compiled_ops.json. Returns the
+    plus the raw device.json, launches.json (with flat counters: launch_records) and
+    compiled_ops.json. Returns the
     directory, or None if the device was never opened (nothing ran on the NPU)."""
     directory = directory or os.environ.get("NPUSIM_REPORT_DIR")
     if not directory:
@@ -206,7 +209,7 @@ def write_report(directory=None):
     files = {
         "device.json": json.dumps(info, indent=1),
         "chip.yaml": _hooks.chip_config_yaml() or "",
-        "launches.json": json.dumps(_hooks.launch_records(True)),
+        "launches.json": json.dumps(_hooks.launch_records("flat")),
         "compiled_ops.json": json.dumps(_hooks.compiled_ops(), indent=1),
         "cpu_fallback_ops.json": json.dumps(_hooks.cpu_fallback_ops(), indent=1),
     }
