@@ -73,6 +73,15 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"Tx", K::kType},
         {"Tout", K::kType},
         {"steps", K::kStrings}}},
+      {TfKernel::kLlm,
+       {{"T", K::kType},
+        {"scale_value", K::kFloat},
+        {"sparse_mode", K::kInt},
+        {"input_layout", K::kString},
+        {"num_heads", K::kInt},
+        {"num_key_value_heads", K::kInt},
+        {"epsilon", K::kFloat},
+        {"mode", K::kInt}}},
   };
   auto it = attrs.find(kernel);
   if (it == attrs.end())
@@ -149,6 +158,7 @@ rt::Status register_compiler_op_kernels() {
       case TfKernel::kRandom: keep_first(register_random_kernels(family_defs)); break;
       case TfKernel::kResourceApply: keep_first(register_optimizer_kernels(family_defs)); break;
       case TfKernel::kFusedInference: keep_first(register_fused_kernels(family_defs)); break;
+      case TfKernel::kLlm: keep_first(register_llm_kernels(family_defs)); break;
       default:
         for (const TableKernelDef& d : family_defs) keep_first(register_compiled_op_kernel(d));
     }

@@ -36,6 +36,9 @@ rt::Status register_random_kernels(const std::vector<TableKernelDef>& compiler_o
 rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops);
 // The graph fusion's op definitions, then their NPU kernels (kernels_fused.cpp).
 rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_ops);
+// The decoder-model ops' definitions (fused attention, ...), then their NPU kernels
+// (kernels_llm.cpp).
+rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops);
 
 // Plugin-only ops:
 // ops the compiler lacks, as sequences of compiled ops: AddN, RsqrtGrad

@@ -43,6 +43,7 @@
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/op_defs.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 namespace npusim::tf {
@@ -52,14 +53,6 @@ namespace {
 // TensorFlow's executor does not need it, the kernel computes it.
 void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);
-}
-
-// Output 0 has the shape of input 0 (BatchNormInference: y is x's shape).
-void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  TF_ShapeHandle* in = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
-  TF_DeleteShapeHandle(in);
 }
 
 // The numpy broadcast of all inputs' shapes (AddRelu, FusedElementwise); the C shape API has
@@ -139,11 +132,17 @@ void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
   channel_outputs(ctx, 1, 0, 2, s);
 }
 
-struct OpDefSpec {
-  const char* name;
-  std::vector<const char*> inputs, outputs, attrs;
-  void (*shape_fn)(TF_ShapeInferenceContext*, TF_Status*);
-};
+bool g_fused_ops_registered = false;
+bool g_fused_elementwise_registered = false;
+
+}  // namespace
+
+void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* in = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
+  TF_DeleteShapeHandle(in);
+}
 
 rt::Status register_op_def(const OpDefSpec& spec) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(spec.name);
@@ -160,11 +159,6 @@ rt::Status register_op_def(const OpDefSpec& spec) {
   TF_DeleteStatus(status);
   return st;
 }
-
-bool g_fused_ops_registered = false;
-bool g_fused_elementwise_registered = false;
-
-}  // namespace
 
 bool fused_ops_registered() { return g_fused_ops_registered; }
 bool fused_elementwise_registered() { return g_fused_elementwise_registered; }
