@@ -226,7 +226,8 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
+                        std::vector<GmAccess>* writes) {
   std::vector<SectionRun> runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -276,7 +277,15 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   }
   for (size_t i = 0; i < rec.cores.size(); ++i)
     if (next_transfer[i] != verified[i]->transfer_sizes().size()) return false;
-  return h == rec.l2_fingerprint;
+  if (h != rec.l2_fingerprint) return false;
+  if (writes) {
+    writes->clear();
+    for (const auto& fc : verified)
+      for (const std::vector<GmAccess>* list : {&fc->transfer_ranges(), &fc->stores()})
+        for (const GmAccess& a : *list)
+          if (a.write) writes->push_back(a);
+  }
+  return true;
 }
 
 uint64_t RecordedLaunch::bytes() const {
