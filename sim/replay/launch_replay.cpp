@@ -77,9 +77,21 @@ struct Range {
   int core;
 };
 
-// The ranges sorted by begin, overlapping and adjacent ones merged.
+// The ranges sorted by begin, overlapping and adjacent ones merged (their union as maximal
+// disjoint ranges, so the result does not depend on how it is computed).
 std::vector<Range> merged(std::vector<Range> v) {
-  std::sort(v.begin(), v.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // A core's ranges come in execution order, and a tile's rows mostly continue each other:
+  // joining those first leaves the sort few ranges (a large launch has millions).
+  size_t n = 0;
+  for (const Range& r : v) {
+    if (n > 0 && r.begin >= v[n - 1].begin && r.begin <= v[n - 1].end)
+      v[n - 1].end = std::max(v[n - 1].end, r.end);
+    else
+      v[n++] = r;
+  }
+  v.resize(n);
+  auto by_begin = [](const Range& a, const Range& b) { return a.begin < b.begin; };
+  if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
     if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
