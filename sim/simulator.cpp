@@ -265,13 +265,20 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   RecordedLaunch* recorded =
       detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr
                                                                                   : found;
+  // A timing-only simulator carries out a launch that passed the check by invalidating the GM
+  // ranges the check found it writes: that is all its replay would do (replay_blocks plans
+  // every instruction again to find them).
+  std::vector<GmAccess> writes;
+  std::vector<GmAccess>* const verified_writes = I.opts.functional ? nullptr : &writes;
+  bool have_writes = false;
   // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
   // recording must pass the check with this launch's data first, as one made at other
   // addresses does; one that fails is recorded afresh below.
   const bool stale = recorded && loads &&
                      !verify_translation(*recorded, *launch.program, launch.args,
                                          launch.block_dim, I.chip->cores(), I.gm, I.cfg, I.pool,
-                                         I.verify_l2);
+                                         I.verify_l2, verified_writes);
+  have_writes = recorded && loads && !stale && verified_writes;
   if (stale) recorded = nullptr;
   if (replayable && !recorded && !detail) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
@@ -279,7 +286,9 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
     for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
       if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
           verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
-                             I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
+                             I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2,
+                             verified_writes)) {
+        have_writes = verified_writes != nullptr;
         // Kept under this launch's own key too: the next step finds it without the check.
         I.memo.alias(key, candidate);
         recorded = candidate.get();  // the memo keeps it (just added: not evicted)
@@ -298,8 +307,12 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
       for (const RecordedLaunch::CoreBlocks& cb : recorded->cores)
         buffers.push_back(I.chip->cores()[static_cast<size_t>(cb.core)]->local().save());
     }
-    replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
-                                 I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+    if (have_writes) {
+      for (const GmAccess& a : writes) I.gm.invalidate(a.addr, a.bytes);
+    } else {
+      replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
+                                   I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+    }
     if (!check) {
       if (!replay_error.empty()) {
         // Cannot happen for a launch that ran cleanly with the same operands; report it as the
