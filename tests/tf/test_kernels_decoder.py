@@ -1,6 +1,7 @@
 """NPU kernels of the general ops decoder models put in their graphs (docs/llm.md): Sin and Cos
-(keras-hub's rotary embeddings compute their tables every call) and XlaDynamicUpdateSlice
-(keras.ops.slice_update: the KV-cache writes). Soft placement off, so each must run on /NPU:0.
+(keras-hub's rotary embeddings compute their tables every call), XlaDynamicUpdateSlice
+(keras.ops.slice_update: the KV-cache writes), ReciprocalGrad and SqrtGrad (training Gemma's
+RMSNorm). Soft placement off, so each must run on /NPU:0.
 
 Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' polynomials
 (ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
@@ -93,3 +94,23 @@ def test_xla_dynamic_update_slice_index_from_graph(npusim, tf, strict_placement)
         want[:, pos] = row[:, 0]
         assert got.device.endswith("device:NPU:0"), got.device
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("op", ["ReciprocalGrad", "SqrtGrad"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])
+def test_reciprocal_and_sqrt_grad(npusim, tf, strict_placement, op, dtype):
+    """Gemma's normalisation differentiates 1/x and sqrt(x). The NPU computes TF's vectorised
+    formulas (ops/binary.cpp), each step rounded to the type: within one ulp of the type of TF's
+    CPU result (whose scalar tail rounds in another order), and 0 wherever dy is 0, even for
+    y = 0 or inf."""
+    fn = getattr(tf.raw_ops, op)
+    y = _floats((3, 41), 8, 0.2, 5.0)
+    dy = _floats((3, 41), 9, -3.0, 3.0)
+    dy[0, :4] = 0.0
+    y[0, :2] = [0.0, np.inf]
+    ulp = {np.float32: 2.0 ** -23, np.float16: 2.0 ** -10, BF16: 2.0 ** -7}[dtype]
+    _check(npusim, tf, lambda a, b: fn(y=a, dy=b), [y.astype(dtype), dy.astype(dtype)], op,
+           rtol=ulp)
+    with tf.device("/NPU:0"):
+        got = fn(y=tf.constant(y), dy=tf.constant(dy)).numpy()
+    np.testing.assert_array_equal(got[0, :4], 0.0)

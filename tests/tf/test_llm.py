@@ -122,9 +122,11 @@ def test_training_loss_falls_and_tracks_cpu(npusim, tf):
     with tf.device("/CPU:0"):
         loss_cpu = train(cpu)
     npusim.clear_launch_records()
+    npusim.clear_cpu_fallback_ops()
     with tf.device("/NPU:0"):
         loss_npu = train(npu)
     records = npusim.launch_records()
+    assert not npusim.cpu_fallback_ops(), npusim.cpu_fallback_ops()
     print(f"\n{name}: loss NPU {loss_npu}\n     loss CPU {loss_cpu}")
     assert all(r["ok"] for r in records)
     assert any(r["kernel"].startswith("MatMul") for r in records)

@@ -115,6 +115,8 @@ const std::vector<OpEntry>& op_table() {
       {"GreaterEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"DivNoNan", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"ReciprocalGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       // element-wise unary (ops/unary.cpp)
