@@ -74,21 +74,27 @@ def unmaterialized_weights():
     timing-only run (npusim.configure(functional=False)) a kernel's output takes no host memory
     (docs/tf_plugin.md, "Timing-only runs"): a 7B model's weights are never materialised. The
     random initializers would instead draw every weight on the host (TensorFlow's normal
-    distribution has no NPU kernel) and copy it in. Patches Keras' one initialisation point
-    (keras.src.backend.common.variables.Variable._initialize_with_initializer) while open."""
+    distribution has no NPU kernel) and copy it in, and draw the uniform ones with Philox on the
+    chip's scalar unit: minutes per GiB. Patches the backend's Variable class (keras.Variable;
+    the TensorFlow backend overrides the common _initialize_with_initializer, the one place an
+    initializer is called) while open."""
     import keras  # pylint: disable=import-outside-toplevel
-    from keras.src.backend.common import variables  # pylint: disable=import-outside-toplevel
 
-    original = variables.Variable._initialize_with_initializer  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    cls = keras.Variable
+    original = cls.__dict__.get("_initialize_with_initializer")
 
     def zeros(self, initializer):  # pylint: disable=unused-argument
-        self._initialize(keras.ops.zeros(self._shape, dtype=self._dtype))  # pylint: disable=protected-access
+        self._initialize(keras.ops.zeros(self._shape, dtype=self._dtype))
 
-    variables.Variable._initialize_with_initializer = zeros  # pylint: disable=protected-access
+    cls._initialize_with_initializer = zeros
     try:
         yield
     finally:
-        variables.Variable._initialize_with_initializer = original  # pylint: disable=protected-access
+        if original is None:
+            del cls._initialize_with_initializer
+        else:
+            cls._initialize_with_initializer = original
 
 
 def build_causal_lm(name, dtype=None, zero_weights=False):
@@ -118,8 +124,8 @@ def cache_shape(backbone, batch, max_len):
 class GreedyDecoder:
     """Greedy generation with keras-hub's KV cache (module docstring). prefill(prompt) ->
     (first token (batch,), cache, its logits); step(token, cache, index) -> (next token, cache,
-    its logits), index the position `token` takes. Place the calls with tf.device; the tf.functions are traced at the
-    first call of each."""
+    its logits), index the position `token` takes. Place the calls with tf.device; the
+    tf.functions are traced at the first call of each."""
 
     def __init__(self, lm, batch, prompt_len, gen_len):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel

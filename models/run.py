@@ -4,6 +4,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
     python -m models.run --model NAME --mode infer|train --batch B --steps S
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
+    python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
+        [--dtype DTYPE] [the options above]    (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
 process): a sweep starts one runner per config.
@@ -113,8 +115,8 @@ def parse_args(argv=None):
 
 
 def chip_peaks(npusim):
-    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle} of the whole chip, from the
-    resolved chip config the plugin loaded; None if it cannot be read."""
+    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle, hbm_gbps} of the whole chip,
+    from the resolved chip config the plugin loaded; None if it cannot be read."""
     try:
         import yaml  # pylint: disable=import-outside-toplevel
 
@@ -134,6 +136,7 @@ def chip_peaks(npusim):
         "cube_macs_per_cycle": cube["m"] * cube["k"] * cube["n"] * cube_cores,
         # One repeat is 256 bytes (docs/reports.md's roofline: repeats x 256 B / bytes_per_cycle).
         "vector_repeats_per_cycle": cfg["vector"]["bytes_per_cycle"] / 256.0 * vector_cores,
+        "hbm_gbps": float(cfg["memory"]["hbm"]["gbps"]),  # GB/s
     }
 
 
@@ -255,13 +258,7 @@ def run(a, log):
         result["samples_per_s"] = a.batch / result["wall_s_per_step"]
         return result
     result.update(npu_figures(npusim, a.batch, a.steps, earlier, with_counters))
-    try:
-        result["device_peak_bytes"] = tf.config.experimental.get_memory_info("NPU:0")["peak"]
-    except Exception:  # pylint: disable=broad-except
-        pass
-    if hasattr(npusim, "cpu_fallback_ops"):
-        result["cpu_fallback_ops"] = npusim.cpu_fallback_ops()
-    return result
+    return device_extras(npusim, tf, result)
 
 
 def run_generate(a, log, npusim, device, result):
@@ -360,10 +357,15 @@ def run_generate(a, log, npusim, device, result):
         result["decode_kernels_per_step"] = (bounds[-1] - bounds[1]) / (len(bounds) - 2)
     tpot = result.get("tpot_us", 0.0)
     result["tokens_per_s"] = a.batch * a.gen_len / ((us[0] + (a.gen_len - 1) * tpot) / 1e6)
-    gbps = hbm_gbps(npusim)
-    if gbps:
+    if peaks:
         result["decode_roofline_us"] = (result["weight_bytes"] + result["kv_cache_bytes"]) / (
-            gbps * 1e3)
+            peaks["hbm_gbps"] * 1e3)
+    return device_extras(npusim, tf, result)
+
+
+def device_extras(npusim, tf, result):
+    """Adds device_peak_bytes (TensorFlow's allocator peak on the NPU) and cpu_fallback_ops
+    (if npusim has it) to result; returns it."""
     try:
         result["device_peak_bytes"] = tf.config.experimental.get_memory_info("NPU:0")["peak"]
     except Exception:  # pylint: disable=broad-except
@@ -371,17 +373,6 @@ def run_generate(a, log, npusim, device, result):
     if hasattr(npusim, "cpu_fallback_ops"):
         result["cpu_fallback_ops"] = npusim.cpu_fallback_ops()
     return result
-
-
-def hbm_gbps(npusim):
-    """The chip's HBM bandwidth in GB/s (memory.hbm.gbps of the resolved config), or None."""
-    try:
-        import yaml  # pylint: disable=import-outside-toplevel
-
-        cfg = yaml.safe_load(npusim._hooks.chip_config_yaml())  # pylint: disable=protected-access
-        return float(cfg["memory"]["hbm"]["gbps"])
-    except Exception:  # pylint: disable=broad-except
-        return None
 
 
 def time_steps(step, steps, npusim=None, log=None, keep_all=False, counters=True):
