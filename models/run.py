@@ -136,7 +136,8 @@ def chip_peaks(npusim):
         "cube_macs_per_cycle": cube["m"] * cube["k"] * cube["n"] * cube_cores,
         # One repeat is 256 bytes (docs/reports.md's roofline: repeats x 256 B / bytes_per_cycle).
         "vector_repeats_per_cycle": cfg["vector"]["bytes_per_cycle"] / 256.0 * vector_cores,
-        "hbm_gbps": float(cfg["memory"]["hbm"]["gbps"]),  # GB/s
+        # GB/s; None if the config has none
+        "hbm_gbps": cfg.get("memory", {}).get("hbm", {}).get("gbps"),
     }
 
 
@@ -357,7 +358,7 @@ def run_generate(a, log, npusim, device, result):
         result["decode_kernels_per_step"] = (bounds[-1] - bounds[1]) / (len(bounds) - 2)
     tpot = result.get("tpot_us", 0.0)
     result["tokens_per_s"] = a.batch * a.gen_len / ((us[0] + (a.gen_len - 1) * tpot) / 1e6)
-    if peaks:
+    if peaks and peaks["hbm_gbps"]:
         result["decode_roofline_us"] = (result["weight_bytes"] + result["kv_cache_bytes"]) / (
             peaks["hbm_gbps"] * 1e3)
     return device_extras(npusim, tf, result)
