@@ -281,7 +281,6 @@ def run_generate(a, log, npusim, device, result):
     and tokens (the generated ids; undefined with --timing-only)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    import models  # pylint: disable=import-outside-toplevel
     from models import llm  # pylint: disable=import-outside-toplevel
 
     if a.model not in llm.CONFIGS:
