@@ -155,7 +155,11 @@ def test_runner_generate_figures(tmp_path):
     assert r["decode_tokens_per_s"] == pytest.approx(2 / (r["tpot_us"] / 1e6))
     assert r["tokens_per_s"] == pytest.approx(2 * 3 / ((r["ttft_us"] + 2 * r["tpot_us"]) / 1e6))
     assert r["prefill_kernels"] > 0 and r["decode_kernels_per_step"] > 0
-    shape = llm.cache_shape(models.build("llama-tiny").backbone, 2, 9)
+    # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
+    # model is built here: this process must not import TensorFlow before npusim).
+    cfg = llm.CONFIGS["llama-tiny"][1]
+    shape = (2, cfg["num_layers"], 2, 9, cfg["num_key_value_heads"],
+             cfg["hidden_dim"] // cfg["num_query_heads"])
     assert r["kv_cache_bytes"] == 4 * int(np.prod(shape))
 
 
