@@ -115,6 +115,8 @@ const std::vector<OpEntry>& op_table() {
       {"GreaterEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"DivNoNan", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"ReciprocalGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       // element-wise unary (ops/unary.cpp)
@@ -134,6 +136,8 @@ const std::vector<OpEntry>& op_table() {
       {"Log1p", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"IsFinite", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalNot", "unary", compile_unary, npu(K::kElementwise)},
+      {"Sin", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Cos", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       // dtype conversion (ops/cast.cpp)
       {"Cast", "cast", compile_cast, cast_registration()},
       // cube (ops/matmul.cpp)
@@ -170,6 +174,9 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kDataMovement, kMoveTypes, {{"multiples", 1, "multiples"}})},
       {"BroadcastTo", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"shape", 1, "shape"}})},
+      {"XlaDynamicUpdateSlice", "layout", compile_layout,
+       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}},
+           {{"indices", 2, "indices"}})},
       // index-driven data movement (ops/gather.cpp)
       {"GatherV2", "gather", compile_gather,
        npu(K::kDataMovement, {{"Tparams", kMoveTypes}, {"Tindices", kIndexTypes}},
