@@ -336,16 +336,23 @@ class Assembler {
     for (size_t i = 0; i < d.fields.size(); ++i)
       (field_is_suffix(d.fields[i].kind) ? suffix_fields : operand_fields).push_back(int(i));
 
+    // An optional suffix (the L2 policy) may only be the last one; left out, it stays 0.
     size_t nsuffix = parts.size() - 1;
-    if (nsuffix != suffix_fields.size()) {
+    size_t required = suffix_fields.size();
+    while (required > 0 && field_is_optional(d.fields[suffix_fields[required - 1]].kind))
+      --required;
+    if (nsuffix < required || nsuffix > suffix_fields.size()) {
       std::string expect;
-      for (int f : suffix_fields) expect += fmt::format(".{}", d.fields[f].name);
+      for (size_t s = 0; s < suffix_fields.size(); ++s)
+        expect += fmt::format(s < required ? ".{}" : "[.{}]", d.fields[suffix_fields[s]].name);
+      const std::string count = required == suffix_fields.size()
+                                    ? std::to_string(required)
+                                    : fmt::format("{} to {}", required, suffix_fields.size());
       fail(nsuffix > suffix_fields.size() ? parts[suffix_fields.size() + 1].col - 1 : word.col,
            suffix_fields.empty()
                ? fmt::format("{} takes no suffix", d.mnemonic)
-               : fmt::format("{} takes {} suffix{} ({}), got {}", d.mnemonic,
-                             suffix_fields.size(), suffix_fields.size() == 1 ? "" : "es", expect,
-                             nsuffix));
+               : fmt::format("{} takes {} suffix{} ({}), got {}", d.mnemonic, count,
+                             suffix_fields.size() == 1 ? "" : "es", expect, nsuffix));
     }
     for (size_t s = 0; s < nsuffix; ++s) {
       const Piece& sp = parts[s + 1];
@@ -358,6 +365,13 @@ class Assembler {
                                    "(f32, f16, bf16, s32, s16, s8, u8, u16, s64)",
                                    sp.text, f.name, d.mnemonic));
         o.value = static_cast<int64_t>(*t);
+      } else if (f.kind == FieldKind::L2h) {
+        auto h = l2_hint_from_name(sp.text);
+        if (!h)
+          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected an L2 policy "
+                                   "(normal, noalloc, bypass)",
+                                   sp.text, f.name, d.mnemonic));
+        o.value = static_cast<int64_t>(*h);
       } else {
         auto c = cmp_from_name(sp.text);
         if (!c)
@@ -423,6 +437,7 @@ class Assembler {
         return;
       case FieldKind::Dt:
       case FieldKind::Cmp:
+      case FieldKind::L2h:
         break;  // suffixes, handled by the caller
       default: {
         if (reg >= 0) {

@@ -77,6 +77,8 @@ const char* const kSchemaKeys[] = {
     "memory.l2.latency_cycles",
     "memory.l2.core_read_bytes_per_cycle",
     "memory.l2.core_write_bytes_per_cycle",
+    "memory.l2.keep_across_launches",
+    "memory.l2.write_back",
     "task.dispatch_us",
     "task.block_start_cycles",
     "task.done_us",
@@ -366,6 +368,9 @@ void parse_memory(const Reader& r, ChipConfig& c) {
                                            kMinBytesPerCycle, false, kMaxBytesPerCycle);
   c.l2_write_bytes_per_cycle = r.get_number("memory.l2.core_write_bytes_per_cycle",
                                             kMinBytesPerCycle, false, kMaxBytesPerCycle);
+  c.l2_keep_across_launches = r.has("memory.l2.keep_across_launches") &&
+                              r.get_bool("memory.l2.keep_across_launches");
+  c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
