@@ -358,28 +358,18 @@ class Assembler {
       const Piece& sp = parts[s + 1];
       const FieldDesc& f = d.fields[suffix_fields[s]];
       Operand& o = in.ops[suffix_fields[s]];
-      if (f.kind == FieldKind::Dt) {
-        auto t = dtype_from_name(sp.text);
-        if (!t)
-          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected a data type "
-                                   "(f32, f16, bf16, s32, s16, s8, u8, u16, s64)",
-                                   sp.text, f.name, d.mnemonic));
-        o.value = static_cast<int64_t>(*t);
-      } else if (f.kind == FieldKind::L2h) {
-        auto h = l2_hint_from_name(sp.text);
-        if (!h)
-          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected an L2 policy "
-                                   "(normal, noalloc, bypass)",
-                                   sp.text, f.name, d.mnemonic));
-        o.value = static_cast<int64_t>(*h);
-      } else {
-        auto c = cmp_from_name(sp.text);
-        if (!c)
-          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected a comparison "
-                                   "(eq, ne, lt, gt, le, ge)",
-                                   sp.text, f.name, d.mnemonic));
-        o.value = static_cast<int64_t>(*c);
-      }
+      auto set = [&](auto parsed, const char* expected) {
+        if (!parsed)
+          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected {}", sp.text, f.name,
+                                   d.mnemonic, expected));
+        o.value = static_cast<int64_t>(*parsed);
+      };
+      if (f.kind == FieldKind::Dt)
+        set(dtype_from_name(sp.text), "a data type (f32, f16, bf16, s32, s16, s8, u8, u16, s64)");
+      else if (f.kind == FieldKind::L2h)
+        set(l2_hint_from_name(sp.text), "an L2 policy (normal, noalloc, bypass)");
+      else
+        set(cmp_from_name(sp.text), "a comparison (eq, ne, lt, gt, le, ge)");
     }
 
     std::vector<Piece> ops;

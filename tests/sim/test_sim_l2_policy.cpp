@@ -17,8 +17,8 @@
 
 using namespace npusim;
 using isa::Buf;
+using npusim::test::ceil_cycles;
 using npusim::test::counter;
-using npusim::test::launch;
 using npusim::test::task_overhead;
 
 namespace {
@@ -36,8 +36,6 @@ const ChipConfig& cfg() { return sim().config(); }
 constexpr uint64_t kBytes = 7040;
 constexpr uint64_t kLines = 14;
 
-uint64_t ceil_u(double v) { return static_cast<uint64_t>(std::ceil(v - 1e-9)); }
-
 // One GM read of kBytes, alone: from HBM (miss) or from L2 (hit), to landing.
 double gm_read(bool hit) {
   const double lat = cfg().path_latency(Buf::GM, Buf::UB);
@@ -49,12 +47,7 @@ double gm_read(bool hit) {
 }
 
 KernelResult run(const std::string& body, uint64_t addr) {
-  isa::Program p = isa::assemble(
-      ".arg a\n.section aiv\n    ldarg x1, a\n    movi x2, 0\n"
-      "    movi x3, 8192\n" +
-          body + "    end\n",
-      "l2.s");
-  KernelResult r = launch(sim(), p, {addr}, 1);
+  KernelResult r = npusim::test::run_aiv_body(sim(), body, addr);
   INFO(r.error);
   REQUIRE(r.ok);
   return r;
@@ -88,7 +81,7 @@ TEST_CASE("a noalloc write leaves its lines absent; a normal write allocates the
   CHECK(counter(n.counters, "chip.l2.read_bytes") == kBytes);
   CHECK(counter(n.counters, "chip.hbm.read_bytes") == 0);
   // The read back costs a hit's time instead of a miss's: the two launches differ by that.
-  CHECK(s.cycles - n.cycles == ceil_u(gm_read(false)) - ceil_u(gm_read(true)));
+  CHECK(s.cycles - n.cycles == ceil_cycles(gm_read(false)) - ceil_cycles(gm_read(true)));
 }
 
 TEST_CASE("a noalloc read hits lines that are present") {
@@ -113,7 +106,7 @@ TEST_CASE("bypass reads HBM even when the lines are present; a bypass write drop
   const double bw =
       kBytes / std::min(cfg().path_rate(Buf::GM, Buf::UB), cfg().hbm_bytes_per_cycle());
   const double lands = 3 + 2 * bw + cfg().path_latency(Buf::GM, Buf::UB) + cfg().hbm_latency_cycles;
-  CHECK(r.cycles == task_overhead(cfg()) + ceil_u(lands));
+  CHECK(r.cycles == task_overhead(cfg()) + ceil_cycles(lands));
   CHECK(r.cycles - task_overhead(cfg()) == 975);
   CHECK(counter(r.counters, "chip.l2.bypass_lines") == kLines);
   CHECK(counter(r.counters, "chip.l2.misses") == kLines);
@@ -141,7 +134,7 @@ TEST_CASE("kept across launches: a launch reading the previous one's output hits
   KernelResult hit = run(consumer, kOut);
   CHECK(counter(hit.counters, "chip.l2.hits") == kLines);
   CHECK(counter(hit.counters, "chip.l2.misses") == 0);
-  CHECK(hit.cycles == task_overhead(cfg()) + ceil_u(3 + gm_read(true)));
+  CHECK(hit.cycles == task_overhead(cfg()) + ceil_cycles(3 + gm_read(true)));
   CHECK(hit.cycles - task_overhead(cfg()) == 299);
 
   // The same launch again (replayed: its recording holds for the L2 it starts with).
@@ -159,6 +152,6 @@ TEST_CASE("kept across launches: a launch reading the previous one's output hits
   CHECK_FALSE(miss.replayed);
   CHECK(counter(miss.counters, "chip.l2.misses") == kLines);
   CHECK(counter(miss.counters, "chip.l2.hits") == 0);
-  CHECK(miss.cycles == task_overhead(cfg()) + ceil_u(3 + gm_read(false)));
+  CHECK(miss.cycles == task_overhead(cfg()) + ceil_cycles(3 + gm_read(false)));
   CHECK(miss.cycles - task_overhead(cfg()) == 755);
 }

@@ -12,8 +12,8 @@
 
 using namespace npusim;
 using isa::Buf;
+using npusim::test::ceil_cycles;
 using npusim::test::counter;
-using npusim::test::launch;
 using npusim::test::task_overhead;
 
 namespace {
@@ -26,15 +26,8 @@ Simulator& sim() {
 }
 const ChipConfig& cfg() { return sim().config(); }
 
-uint64_t ceil_u(double v) { return static_cast<uint64_t>(std::ceil(v - 1e-9)); }
-
 KernelResult run(const std::string& body, uint64_t addr) {
-  isa::Program p = isa::assemble(
-      ".arg a\n.section aiv\n    ldarg x1, a\n    movi x2, 0\n"
-      "    movi x3, 8192\n" +
-          body + "    end\n",
-      "wb.s");
-  KernelResult r = launch(sim(), p, {addr}, 1);
+  KernelResult r = npusim::test::run_aiv_body(sim(), body, addr);
   INFO(r.error);
   REQUIRE(r.ok);
   return r;
@@ -64,7 +57,7 @@ TEST_CASE("write-back: a write miss is absorbed by the L2 at its bandwidth, HBM 
   const double lands = 3 +
                        7040 / std::min(cfg().l2_write_bytes_per_cycle, cfg().l2_bytes_per_cycle()) +
                        cfg().path_latency(Buf::UB, Buf::GM) + cfg().l2_latency_cycles;
-  CHECK(r.cycles == task_overhead(cfg()) + ceil_u(lands));
+  CHECK(r.cycles == task_overhead(cfg()) + ceil_cycles(lands));
   CHECK(counter(r.counters, "chip.l2.misses") == 14);
   CHECK(counter(r.counters, "chip.l2.write_bytes") == 7040);
   CHECK(counter(r.counters, "chip.hbm.write_bytes") == 0);
@@ -95,6 +88,7 @@ TEST_CASE("write-back: evicting a dirty line costs the evicting transfer an HBM 
   CHECK(counter(clean.counters, "chip.l2.writeback_bytes") == 0);
   CHECK(counter(clean.counters, "chip.hbm.write_bytes") == 0);
   // The difference is the write-back's 512 bytes at the GM port: min(32, 48) B/cycle.
-  CHECK(evicts.cycles - clean.cycles ==
-        ceil_u(512 / std::min(cfg().path_rate(Buf::GM, Buf::UB), cfg().hbm_bytes_per_cycle())));
+  CHECK(
+      evicts.cycles - clean.cycles ==
+      ceil_cycles(512 / std::min(cfg().path_rate(Buf::GM, Buf::UB), cfg().hbm_bytes_per_cycle())));
 }
