@@ -511,6 +511,10 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       "    core_write_bytes_per_cycle: {}\n",
       format_bytes(c.l2_bytes), c.l2_gbps, c.l2_line_bytes, c.l2_ways, c.l2_latency_cycles,
       c.l2_read_bytes_per_cycle, c.l2_write_bytes_per_cycle);
+  // The optional keys only when set: a config at their defaults dumps as it did before they
+  // existed (offline models and kernel caches keyed by the dump stay valid).
+  if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
+  if (c.l2_write_back) o << "    write_back: true\n";
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",
