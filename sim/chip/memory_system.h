@@ -21,9 +21,9 @@
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
 // an allocating write miss is absorbed at L2 bandwidth too, and a dirty line evicted by a
-// transfer adds its bytes to that transfer's HBM phase. Each range carries its instruction's L2 policy (isa.h
-// L2Hint): noalloc leaves missing lines unallocated, bypass skips the L2 (all bytes over HBM).
-// The full derivation is in docs/chip_model.md.
+// transfer adds its bytes to that transfer's HBM phase. Each range carries its instruction's
+// L2 policy (isa.h L2Hint): noalloc leaves missing lines unallocated, bypass skips the L2 (all
+// bytes over HBM). The full derivation is in docs/chip_model.md.
 #pragma once
 
 #include <cstdint>
