@@ -47,6 +47,7 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
   vector_utilization_pct            100 x vector repeats x 256 B / (vector bytes_per_cycle x
                                     vector cores x span cycles)
   hbm_bytes_per_step                HBM read + write bytes
+  l2_hit_rate                       L2 hits / lookups (chip.l2.hits, chip.l2.misses)
   (span = that step's device timeline, first launch start to last launch end; the utilisations
   are left out if the chip config cannot be read)
   device_peak_bytes                 TensorFlow's allocator peak on the NPU
@@ -179,6 +180,9 @@ def launch_counters(records, peaks):
         "vector_repeats": totals.get("chip.*.v.repeats", 0),
         "hbm_bytes": totals.get("chip.hbm.read_bytes", 0) + totals.get("chip.hbm.write_bytes", 0),
     }
+    lookups = totals.get("chip.l2.hits", 0) + totals.get("chip.l2.misses", 0)
+    if lookups:
+        out["l2_hit_rate"] = totals.get("chip.l2.hits", 0) / lookups
     if peaks and span and span[1] > span[0]:
         cycles = span[1] - span[0]
         out["cube_utilization_pct"] = 100.0 * out["cube_macs"] / (
@@ -433,6 +437,8 @@ def npu_figures(npusim, batch, steps, earlier, last):
     if last and "counters" in last[0]:
         figures = launch_counters(last, peaks)
         out["hbm_bytes_per_step"] = figures["hbm_bytes"]
+        if "l2_hit_rate" in figures:
+            out["l2_hit_rate"] = figures["l2_hit_rate"]
         for key in ("cube_utilization_pct", "vector_utilization_pct"):
             if key in figures:
                 out[key] = figures[key]

@@ -272,7 +272,6 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
   for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   std::vector<size_t> next_transfer(rec.cores.size(), 0), next_range(rec.cores.size(), 0);
-  l2.invalidate_all();
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -283,7 +282,7 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
     if (t >= fc.transfer_sizes().size()) return false;
     for (uint32_t k = 0; k < fc.transfer_sizes()[t]; ++k, ++r) {
       const GmAccess& a = fc.transfer_ranges()[r];
-      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes));
+      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes, a.l2, a.write));
     }
     ++t;
   }
