@@ -55,6 +55,7 @@
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
@@ -312,6 +313,19 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     } catch (const std::exception& e) {
       // A graph the fusion cannot handle is left unfused.
       log_fusion_error(e.what());
+    }
+  }
+  if (parsed && graph_mode_enabled()) {
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const ClusterCounts counts = cluster_npu_graph(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && counts.clusters > 0)
+        std::fprintf(stderr, "npusim: whole-graph execution in %s: %d NpuGraph nodes of %d nodes\n",
+                     item_id(item).c_str(), counts.clusters, counts.nodes);
+      changed |= counts.clusters > 0;
+    } catch (const std::exception& e) {
+      // A graph the clustering cannot handle runs node by node.
+      std::fprintf(stderr, "npusim: whole-graph execution skipped: %s\n", e.what());
     }
   }
   if (parsed) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "adapter/runtime/status.h"
+#include "tensorflow/c/ops.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace npusim::tf {
@@ -23,6 +24,15 @@ struct TableKernelDef {
   std::vector<std::pair<std::string, std::vector<TF_DataType>>> type_constraints;
   std::vector<std::string> host_memory;
 };
+
+// An op definition of the plugin's own (TensorFlow has no such op): registered through
+// tensorflow/c/ops.h; inputs, outputs and attrs in REGISTER_OP's syntax.
+struct OpDefSpec {
+  const char* name;
+  std::vector<const char*> inputs, outputs, attrs;
+  void (*shape_fn)(TF_ShapeInferenceContext*, TF_Status*);
+};
+rt::Status register_op_def(const OpDefSpec& spec);
 
 // Every op of the compiler's op table that has an NPU kernel (compiled_op_table.h).
 rt::Status register_compiler_op_kernels();
@@ -36,6 +46,9 @@ rt::Status register_random_kernels(const std::vector<TableKernelDef>& compiler_o
 rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops);
 // The graph fusion's op definitions, then their NPU kernels (kernels_fused.cpp).
 rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_ops);
+
+// The NpuGraph op's definition and NPU kernel (npu_graph.h, npu_graph_kernel.cpp).
+rt::Status register_npu_graph_kernel();
 
 // Plugin-only ops:
 // ops the compiler lacks, as sequences of compiled ops: AddN, RsqrtGrad

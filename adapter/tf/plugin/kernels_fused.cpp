@@ -139,11 +139,10 @@ void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
   channel_outputs(ctx, 1, 0, 2, s);
 }
 
-struct OpDefSpec {
-  const char* name;
-  std::vector<const char*> inputs, outputs, attrs;
-  void (*shape_fn)(TF_ShapeInferenceContext*, TF_Status*);
-};
+bool g_fused_ops_registered = false;
+bool g_fused_elementwise_registered = false;
+
+}  // namespace
 
 rt::Status register_op_def(const OpDefSpec& spec) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(spec.name);
@@ -160,11 +159,6 @@ rt::Status register_op_def(const OpDefSpec& spec) {
   TF_DeleteStatus(status);
   return st;
 }
-
-bool g_fused_ops_registered = false;
-bool g_fused_elementwise_registered = false;
-
-}  // namespace
 
 bool fused_ops_registered() { return g_fused_ops_registered; }
 bool fused_elementwise_registered() { return g_fused_elementwise_registered; }
