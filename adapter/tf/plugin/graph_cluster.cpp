@@ -21,7 +21,6 @@
 // node. Its name is "npu_graph_<N>" (unused in the graph), its device the members'.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -30,20 +29,8 @@
 #include <utility>
 #include <vector>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Winterference-size"
-#include "tensorflow/core/framework/attr_value.pb.h"
-#include "tensorflow/core/framework/graph.pb.h"
-#include "tensorflow/core/framework/node_def.pb.h"
-#include "tensorflow/core/framework/node_def_util.h"
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor.pb.h"
-#include "tensorflow/core/framework/types.pb.h"
-#pragma GCC diagnostic pop
-
 #include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/tf_graph_headers.h"
 
 namespace npusim::tf {
 namespace {
@@ -54,8 +41,8 @@ bool on_npu(const tfc::NodeDef& n) { return n.device().find("/device:NPU:") != s
 
 bool is_control_flow(const std::string& op) {
   static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
-      "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
+      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
   return kOps.count(op) > 0;
 }
 
@@ -224,8 +211,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
         data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
       if (!data) continue;
       const int a = sets.find(u), b = sets.find(v);
-      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device())
-        continue;
+      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device()) continue;
       if (path_through_outside(g, sets, members, a, b)) continue;
       sets.parent[b] = a;
       auto& ma = members[a];
@@ -237,7 +223,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   std::vector<int> position(g.nodes.size(), 0);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
   int counter = 0;
-  std::unordered_map<std::string, std::string> rename;  // "member:port" -> "npu_graph_N:K"
+  std::unordered_map<std::string, std::string> rename;          // "member:port" -> "npu_graph_N:K"
   std::unordered_map<std::string, std::string> control_rename;  // member -> npu_graph_N
   std::unordered_set<int> removed;
   std::vector<tfc::NodeDef> created;
@@ -272,8 +258,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
           if (!names.count(src)) controls.insert(src);
           continue;
         }
-        if (names.count(src) ||
-            std::find(host_pos.begin(), host_pos.end(), i) != host_pos.end()) {
+        if (names.count(src) || std::find(host_pos.begin(), host_pos.end(), i) != host_pos.end()) {
           copy->add_input(member.input(i));
           if (!names.count(src)) consts.insert(src);
           continue;

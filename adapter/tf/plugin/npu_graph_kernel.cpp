@@ -52,14 +52,14 @@ struct Step {
   std::shared_ptr<const CompiledOp> compiled;
   std::vector<Place> inputs, outputs;
   Place workspace;
-  std::vector<int64_t> stable_inputs;  // positions fed by stable inputs of the graph
+  std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
   std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
 };
 
 struct Plan {
   std::vector<Step> steps;
   std::vector<compiler::TensorDesc> outputs;
-  uint64_t arena_bytes = 0;     // the static plan's peak
+  uint64_t arena_bytes = 0;      // the static plan's peak
   uint64_t unplanned_bytes = 0;  // the same buffers without reuse
 };
 
@@ -94,8 +94,8 @@ class NpuGraphKernel : public OpKernel {
     }
     std::string error;
     if (!parse_npu_graph(graph, outputs_of, &m_spec, &error)) {
-      ctx->CtxFailure(rt::Status(rt::StatusCode::invalid_argument,
-                                 "NpuGraph '" + m_name + "': " + error));
+      ctx->CtxFailure(
+          rt::Status(rt::StatusCode::invalid_argument, "NpuGraph '" + m_name + "': " + error));
       return;
     }
     if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok())
@@ -118,11 +118,10 @@ class NpuGraphKernel : public OpKernel {
     std::shared_ptr<const Plan> plan;
     NPU_OP_REQUIRES_OK(ctx, plan_for(signature, descs, &plan));
     if (static_cast<int>(plan->outputs.size()) != ctx->num_outputs()) {
-      ctx->CtxFailure(rt::Status(rt::StatusCode::internal,
-                                 "NpuGraph '" + m_name + "' has " +
-                                     std::to_string(plan->outputs.size()) +
-                                     " outputs, TensorFlow expects " +
-                                     std::to_string(ctx->num_outputs())));
+      ctx->CtxFailure(
+          rt::Status(rt::StatusCode::internal,
+                     "NpuGraph '" + m_name + "' has " + std::to_string(plan->outputs.size()) +
+                         " outputs, TensorFlow expects " + std::to_string(ctx->num_outputs())));
       return;
     }
 
@@ -131,23 +130,22 @@ class NpuGraphKernel : public OpKernel {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const TF_DataType t = to_tf_dtype(plan->outputs[i].dtype);
       if (t != ctx->expected_output_dtype(static_cast<int>(i))) {
-        ctx->CtxFailure(rt::Status(
-            rt::StatusCode::internal,
-            "NpuGraph '" + m_name + "': output " + std::to_string(i) + " compiled as " +
-                tf_dtype_name(t) + ", TensorFlow expects " +
-                tf_dtype_name(ctx->expected_output_dtype(static_cast<int>(i)))));
+        ctx->CtxFailure(
+            rt::Status(rt::StatusCode::internal,
+                       "NpuGraph '" + m_name + "': output " + std::to_string(i) + " compiled as " +
+                           tf_dtype_name(t) + ", TensorFlow expects " +
+                           tf_dtype_name(ctx->expected_output_dtype(static_cast<int>(i)))));
         return;
       }
-      NPU_OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(i), t,
-                                                   plan->outputs[i].shape, &outputs[i]));
+      NPU_OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(static_cast<int>(i), t, plan->outputs[i].shape, &outputs[i]));
       output_addrs.push_back(outputs[i].device_address());
     }
     Tensor arena;
     uint64_t arena_addr = 0;
     if (plan->arena_bytes > 0) {
-      NPU_OP_REQUIRES_OK(ctx, ctx->allocate_temp(TF_UINT8,
-                                                 {static_cast<int64_t>(plan->arena_bytes)},
-                                                 &arena));
+      NPU_OP_REQUIRES_OK(
+          ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(plan->arena_bytes)}, &arena));
       arena_addr = arena.device_address();
     }
     auto address = [&](const Place& p) -> uint64_t {
@@ -174,8 +172,8 @@ class NpuGraphKernel : public OpKernel {
       st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
                              s.stable_inputs, label, &hold);
       if (!st.ok()) {
-        st = rt::Status(st.code(), "node '" + s.label->op_name + "' (" + s.op.str() +
-                                       "): " + st.message());
+        st = rt::Status(st.code(),
+                        "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
         break;
       }
     }
@@ -184,8 +182,8 @@ class NpuGraphKernel : public OpKernel {
     rt::Status sync = device->synchronize_stream(stream);
     if (st.ok()) st = sync;
     if (!st.ok())
-      ctx->CtxFailure(rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " +
-                                                st.message()));
+      ctx->CtxFailure(
+          rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " + st.message()));
   }
 
  private:
@@ -217,10 +215,9 @@ class NpuGraphKernel : public OpKernel {
 
   rt::Status build_plan(const std::vector<compiler::TensorDesc>& in, Plan* plan) const {
     if (static_cast<int>(in.size()) < m_spec.num_inputs)
-      return rt::Status(rt::StatusCode::internal, "NpuGraph '" + m_name + "' has " +
-                                                      std::to_string(in.size()) + " inputs, " +
-                                                      "its graph reads " +
-                                                      std::to_string(m_spec.num_inputs));
+      return rt::Status(rt::StatusCode::internal,
+                        "NpuGraph '" + m_name + "' has " + std::to_string(in.size()) + " inputs, " +
+                            "its graph reads " + std::to_string(m_spec.num_inputs));
     // Which (node, port) is which output of the graph.
     std::map<std::pair<int, int>, int> output_of;
     for (size_t k = 0; k < m_spec.outputs.size(); ++k)
@@ -236,8 +233,8 @@ class NpuGraphKernel : public OpKernel {
       const std::vector<HostAttrInput>* host = nullptr;
       const std::vector<AttrSpec>* specs = compiled_op_attrs(node.op, &host);
       if (!specs)
-        return rt::Status(rt::StatusCode::internal, "NpuGraph '" + m_name + "': " + what() +
-                                                        " is no compiled op");
+        return rt::Status(rt::StatusCode::internal,
+                          "NpuGraph '" + m_name + "': " + what() + " is no compiled op");
       Step s;
       s.op.type = node.op;
       for (const AttrSpec& a : *specs) {
@@ -255,12 +252,11 @@ class NpuGraphKernel : public OpKernel {
             s.stable_inputs.push_back(static_cast<int64_t>(i));
         } else if (src.host_const >= 0) {
           const Tensor t = host_tensor(m_spec.consts.at(static_cast<size_t>(src.host_const)));
-          if (!t.valid())
-            return rt::Status(rt::StatusCode::internal, what() + ": a host constant");
+          if (!t.valid()) return rt::Status(rt::StatusCode::internal, what() + ": a host constant");
           rt::Status st = t.desc(&d);
           for (const HostAttrInput& h : *host) {
-            const int index = h.input < 0 ? static_cast<int>(node.inputs.size()) + h.input
-                                          : h.input;
+            const int index =
+                h.input < 0 ? static_cast<int>(node.inputs.size()) + h.input : h.input;
             if (st.ok() && index == static_cast<int>(i))
               st = read_host_attr(node.op, t, index, h.kind, &s.op.attrs[h.attr]);
           }
@@ -274,7 +270,8 @@ class NpuGraphKernel : public OpKernel {
           d = from.compiled->kernel.outputs[static_cast<size_t>(src.port)];
           p = from.outputs[static_cast<size_t>(src.port)];
           const auto b = buffer_of.find({src.node, src.port});
-          if (b != buffer_of.end()) buffers[static_cast<size_t>(b->second)].last = static_cast<int>(n);
+          if (b != buffer_of.end())
+            buffers[static_cast<size_t>(b->second)].last = static_cast<int>(n);
         }
         s.op.inputs.push_back(std::move(d));
         s.inputs.push_back(p);
@@ -301,8 +298,9 @@ class NpuGraphKernel : public OpKernel {
       }
       if (k.workspace_bytes > 0) {
         workspace_of[n] = static_cast<int>(buffers.size());
-        buffers.push_back({node.name + " workspace", compiler::device_buffer_bytes(k.workspace_bytes),
-                           static_cast<int>(n), static_cast<int>(n), 0});
+        buffers.push_back({node.name + " workspace",
+                           compiler::device_buffer_bytes(k.workspace_bytes), static_cast<int>(n),
+                           static_cast<int>(n), 0});
       }
       auto label = launch_label(node.name, s.op, k);
       label->host_dispatch = rt::LaunchLabel::HostDispatch::graph;
@@ -334,9 +332,9 @@ class NpuGraphKernel : public OpKernel {
       if (o.port >= static_cast<int>(
                         plan->steps[static_cast<size_t>(o.node)].compiled->kernel.outputs.size()))
         return rt::Status(rt::StatusCode::internal,
-                          "NpuGraph '" + m_name + "': output " + std::to_string(k) + " names port " +
-                              std::to_string(o.port) + " of '" + m_spec.nodes[o.node].name +
-                              "', which has fewer outputs");
+                          "NpuGraph '" + m_name + "': output " + std::to_string(k) +
+                              " names port " + std::to_string(o.port) + " of '" +
+                              m_spec.nodes[o.node].name + "', which has fewer outputs");
     }
     return rt::ok_status();
   }
