@@ -284,7 +284,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   if (r.ok) return Status();
   // A graph's launches are synchronised once for the whole graph: name the node that faulted.
   const std::string node =
-      op.label && op.label->host_dispatch == LaunchLabel::HostDispatch::graph
+      op.label && op.label->graph_run != 0
           ? fmt::format(" of node '{}' ({})", op.label->op_name, op.label->op_type)
           : std::string();
   return Status(StatusCode::kernel_fault,

@@ -3,10 +3,11 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
 
 - the MLP and the CNN of models/ trained three steps with Adam give the same losses and weights
   as node-by-node execution (NPUSIM_GRAPH=0, a child process each), with the same launches under
-  the same node names and op types, in fewer dispatches (TF kernel invocations that launch) and
-  less host dispatch time; at least one dispatch covers several nodes; the static memory plan's
-  peak is at most the sum of its buffers;
-- npusim.configure(graph_mode=False) gives one dispatch per node;
+  the same node names, op types and per-node dispatches (what reports group by), in fewer task
+  lists (TF kernel invocations that launch: launch records' graph_run, else dispatch), each
+  paying the host dispatch once; at least one graph runs several nodes; the static memory
+  plan's peak is at most the sum of its buffers;
+- npusim.configure(graph_mode=False) gives no graph runs and a host dispatch per node;
 - a kernel that faults inside a graph (the watchdog set to one instruction) is the op's error,
   naming the node that faulted;
 - a graph with a CPU fallback in the middle still runs and computes numpy's results: the nodes
@@ -43,13 +44,17 @@ for _ in range(3):
     npusim.clear_launch_records()
     out["losses"].append(float(model.train_on_batch(x, y)))
     recs = npusim.launch_records()
-    by_dispatch = {}
+    # A task list: the launches of one graph run, or of one op dispatched on its own.
+    task_lists = {}
     for r in recs:
-        by_dispatch.setdefault(r["dispatch"], set()).add(r["op_name"])
+        key = ("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+        task_lists.setdefault(key, set()).add(r["op_name"])
     out["steps"].append({
         "launches": sorted([r["op_name"], r["op_type"]] for r in recs),
-        "dispatches": len(by_dispatch),
-        "largest_dispatch": max(len(v) for v in by_dispatch.values()),
+        "dispatches": len({r["dispatch"] for r in recs}),
+        "task_lists": len(task_lists),
+        "largest_task_list": max(len(v) for v in task_lists.values()),
+        "host_dispatches": sum(r["host_dispatch_cycles"] > 0 for r in recs),
         "host_dispatch_cycles": sum(r["host_dispatch_cycles"] for r in recs),
         "end_cycle": max(r["start_cycle"] + r["cycles"] for r in recs),
         "start_cycle": min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs),
@@ -74,12 +79,17 @@ def test_training_tracks_node_by_node_in_fewer_dispatches(name):
     for g, n in zip(graph["weights"], nodes["weights"]):
         np.testing.assert_allclose(np.array(g), np.array(n), rtol=1e-6, atol=1e-7)
     last_g, last_n = graph["steps"][-1], nodes["steps"][-1]
-    # The same launches under the original node names and op types.
+    # The same launches under the original node names and op types, each node its own dispatch
+    # in reports (op runs as before).
     assert last_g["launches"] == last_n["launches"]
-    # Node by node every op is its own dispatch; whole graphs take fewer, some covering nodes.
-    assert last_n["largest_dispatch"] == 1
-    assert last_g["largest_dispatch"] >= 2
-    assert last_g["dispatches"] < last_n["dispatches"]
+    assert last_g["dispatches"] == last_n["dispatches"]
+    # Node by node every op is its own task list and pays its host dispatch; whole graphs run
+    # fewer task lists, some covering several nodes, and pay once per task list.
+    assert last_n["largest_task_list"] == 1
+    assert last_n["task_lists"] == last_n["host_dispatches"] == last_n["dispatches"]
+    assert last_g["largest_task_list"] >= 2
+    assert last_g["task_lists"] < last_n["task_lists"]
+    assert last_g["host_dispatches"] == last_g["task_lists"]
     assert last_g["host_dispatch_cycles"] < last_n["host_dispatch_cycles"]
     plans = graph["graph_plans"]
     assert plans["plans"] >= 1, plans
@@ -106,14 +116,16 @@ f(x, w)
 recs = npusim.launch_records()
 print("NPUSIM_RESULT " + json.dumps({
     "names": len({r["op_name"] for r in recs}),
-    "dispatches": len({r["dispatch"] for r in recs})}))
+    "graph_runs": sorted({r["graph_run"] for r in recs}),
+    "host_dispatches": sum(r["host_dispatch_cycles"] > 0 for r in recs)}))
 """
 
 
 def test_configure_graph_mode_off_runs_node_by_node():
     result = _result(run_child(CONFIGURE_OFF))
     assert result["names"] >= 2, result  # MatMul, then Relu * 2 + 1 fused
-    assert result["dispatches"] == result["names"], result
+    assert result["graph_runs"] == [0], result
+    assert result["host_dispatches"] == result["names"], result
 
 
 FAULT = r"""
@@ -169,7 +181,8 @@ b, a = f(x)
 recs = npusim.launch_records()
 groups = {}
 for r in recs:
-    groups.setdefault(r["dispatch"], set()).add(r["op_name"])
+    if r["graph_run"]:
+        groups.setdefault(r["graph_run"], set()).add(r["op_name"])
 with tf.device("/CPU:0"):
     want_b, want_a = tf.function(body)(x)
 print("NPUSIM_RESULT " + json.dumps({
@@ -186,7 +199,7 @@ def test_a_cpu_fallback_in_the_middle_splits_the_graph():
     np.testing.assert_allclose(result["b"], result["want_b"], rtol=1e-5)
     assert "Zeta" in result["fallbacks"], result
     groups = result["groups"]
-    # Some dispatch covers several nodes, and none covers nodes on both sides of the Zeta.
+    # Some graph runs several nodes, and none holds nodes on both sides of the Zeta.
     assert max(len(g) for g in groups) >= 2, groups
     for g in groups:
         before = any(n.startswith("pre_") for n in g)

@@ -10,8 +10,9 @@
 //      placed greedy by size with reuse);
 //   2. the outputs allocated by TensorFlow, the plan's arena as one temporary;
 //   3. every launch of every node queued on the op's stream (queue_compiled_op), each labelled
-//      with its node's name and op type; all share one dispatch id and pay the chip's
-//      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph);
+//      with its node's name and op type and a dispatch id per node (reports show the nodes as
+//      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
+//      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // A compile error is the op's error naming the node (as node by node: TF_UNIMPLEMENTED for an
@@ -159,7 +160,10 @@ class NpuGraphKernel : public OpKernel {
 
     rt::Stream stream;
     NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
-    const uint64_t dispatch = next_dispatch_id();
+    // One run id for the graph; one dispatch id per node, so reports keep the nodes apart; the
+    // first node that launches pays the graph's host dispatch, the others none.
+    const uint64_t run = next_dispatch_id();
+    bool paid = false;
     std::vector<std::shared_ptr<const void>> hold;
     rt::Status st = rt::ok_status();
     for (const Step& s : plan->steps) {
@@ -168,7 +172,11 @@ class NpuGraphKernel : public OpKernel {
       for (const Place& p : s.inputs) in.push_back(address(p));
       for (const Place& p : s.outputs) out.push_back(address(p));
       auto label = std::make_shared<rt::LaunchLabel>(*s.label);
-      label->dispatch = dispatch;
+      label->dispatch = next_dispatch_id();
+      label->graph_run = run;
+      label->host_dispatch = paid ? rt::LaunchLabel::HostDispatch::none
+                                  : rt::LaunchLabel::HostDispatch::graph;
+      paid = true;
       st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
                              s.stable_inputs, label, &hold);
       if (!st.ok()) {
@@ -302,9 +310,7 @@ class NpuGraphKernel : public OpKernel {
                            compiler::device_buffer_bytes(k.workspace_bytes), static_cast<int>(n),
                            static_cast<int>(n), 0});
       }
-      auto label = launch_label(node.name, s.op, k);
-      label->host_dispatch = rt::LaunchLabel::HostDispatch::graph;
-      s.label = std::move(label);
+      s.label = launch_label(node.name, s.op, k);
       plan->steps.push_back(std::move(s));
     }
     for (const graph::PlannedBuffer& b : buffers) plan->unplanned_bytes += b.bytes;

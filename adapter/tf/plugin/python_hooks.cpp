@@ -91,7 +91,8 @@ NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak() {
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
 // "loads_data" (the kernel reads device memory with ld: loads_data() above),
 // "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
-// [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op or graph share it)]
+// [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
+//  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
   using namespace npusim;
@@ -108,6 +109,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
         e["dispatch"] = r.label->dispatch;
+        e["graph_run"] = r.label->graph_run;
       }
       e["host_dispatch_cycles"] = r.host_dispatch_cycles;
       if (with_counters) e["counters"] = r.counters();
