@@ -174,8 +174,8 @@ class NpuGraphKernel : public OpKernel {
       auto label = std::make_shared<rt::LaunchLabel>(*s.label);
       label->dispatch = next_dispatch_id();
       label->graph_run = run;
-      label->host_dispatch = paid ? rt::LaunchLabel::HostDispatch::none
-                                  : rt::LaunchLabel::HostDispatch::graph;
+      label->host_dispatch =
+          paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
       paid = true;
       st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
                              s.stable_inputs, label, &hold);
