@@ -63,12 +63,13 @@ busy_us = sum(r["time_us"] for r in rows) or 1.0
 print(f"simulated cycles {sum(r['cycles'] for r in recs):,}  "
       f"cube utilisation {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / busy_us:.1f}%")
 # The step on the device timeline: from its first launch's host dispatch to its last launch's
-# end (host dispatch, copies between launches and kernels; NPUSIM_GRAPH=0 vs whole graphs).
+# end (host dispatch, copies between launches and kernels; NPUSIM_GRAPH=0 vs whole graphs), and
+# the task lists it ran (a whole graph's run, or one op dispatched on its own).
 span = (max(r["start_cycle"] + r["cycles"] for r in recs)
         - min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs))
 print(f"device timeline per step {span:,} cycles  host dispatch "
       f"{sum(r['host_dispatch_cycles'] for r in recs):,} cycles  "
-      f"dispatches {len({r.get('dispatch') for r in recs})}")
+      f"task lists {len({('g', r['graph_run']) if r.get('graph_run') else ('op', r.get('dispatch')) for r in recs})}")
 for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
     print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms")
 out = os.environ.get("OUT")
