@@ -10,7 +10,7 @@ Training steps launch independent ops (the gradients of different layers) in an 
 executor chooses at run time, so the launch list of a training step is compared as a multiset
 (compare_launches.py sorts it when the JSON says "unordered"); the output digest is the loss.
 
-Usage: [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
+Usage: [NPUSIM_GRAPH=0] [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
        [MODE=infer|train] [BATCH=2] \
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
@@ -62,6 +62,14 @@ rows = npusim.op_summary()
 busy_us = sum(r["time_us"] for r in rows) or 1.0
 print(f"simulated cycles {sum(r['cycles'] for r in recs):,}  "
       f"cube utilisation {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / busy_us:.1f}%")
+# The step on the device timeline: from its first launch's host dispatch to its last launch's
+# end (host dispatch, copies between launches and kernels; NPUSIM_GRAPH=0 vs whole graphs), and
+# the task lists it ran (a whole graph's run, or one op dispatched on its own).
+span = (max(r["start_cycle"] + r["cycles"] for r in recs)
+        - min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs))
+print(f"device timeline per step {span:,} cycles  host dispatch "
+      f"{sum(r['host_dispatch_cycles'] for r in recs):,} cycles  "
+      f"task lists {len({('g', r['graph_run']) if r.get('graph_run') else ('op', r.get('dispatch')) for r in recs})}")
 for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
     print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms")
 out = os.environ.get("OUT")

@@ -125,6 +125,22 @@ std::vector<TableKernelDef> kernel_defs(const OpEntry& row) {
 
 }  // namespace
 
+const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
+                                               const std::vector<HostAttrInput>** host_inputs) {
+  const compiler::ops::OpEntry* row = nullptr;
+  for (const OpEntry& e : compiler::ops::op_table())
+    if (op == e.tf_op) row = &e;
+  if (!row) return nullptr;
+  switch (row->tf.kernel) {
+    case TfKernel::kNone:
+    case TfKernel::kRandom:
+    case TfKernel::kResourceApply: return nullptr;
+    default: break;
+  }
+  *host_inputs = &row->tf.host_inputs;
+  return &kernel_attrs(row->tf.kernel);
+}
+
 std::vector<TF_DataType> tf_types(const std::vector<compiler::DataType>& types) {
   std::vector<TF_DataType> v;
   for (compiler::DataType t : types) v.push_back(to_tf_dtype(t));

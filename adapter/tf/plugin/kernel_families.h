@@ -40,6 +40,9 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
 // (kernels_llm.cpp).
 rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops);
 
+// The NpuGraph op's definition and NPU kernel (npu_graph.h, npu_graph_kernel.cpp).
+rt::Status register_npu_graph_kernel();
+
 // Plugin-only ops:
 // ops the compiler lacks, as sequences of compiled ops: AddN, RsqrtGrad
 rt::Status register_composed_kernels();

@@ -15,6 +15,7 @@
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/launch_window.h"
+#include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/op_coverage.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
@@ -54,7 +55,8 @@ NPUSIM_TF_EXPORT void npusim_tf_free(char* p) { std::free(p); }
 
 // {"open": bool, "settings": {...} (what the device was opened with, or what the environment
 //  says now), "env_error": "..." (a bad environment), and, when open: "chip_identity",
-//  "hbm_bytes", "memory": {allocator stats}}.
+//  "hbm_bytes", "memory": {allocator stats}, "graph_plans": {"plans", "max_arena_bytes",
+//  "max_unplanned_bytes"}: the static memory plans of whole-graph execution, npu_graph.h}.
 NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
   using namespace npusim;
   nlohmann::json j;
@@ -67,6 +69,10 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
     rt::AllocatorStats s = dev->memory_stats();
     j["memory"] = {{"bytes_in_use", s.bytes_in_use}, {"peak_bytes_in_use", s.peak_bytes_in_use},
                    {"bytes_limit", s.bytes_limit}, {"num_allocs", s.num_allocs}};
+    const tf::NpuGraphStats g = tf::npu_graph_stats();
+    j["graph_plans"] = {{"plans", g.plans},
+                        {"max_arena_bytes", g.max_arena_bytes},
+                        {"max_unplanned_bytes", g.max_unplanned_bytes}};
   } else {
     tf::PluginSettings s;
     rt::Status st = tf::settings_from_env(&s);
@@ -101,8 +107,10 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
-// "loads_data" (the kernel reads device memory with ld: loads_data() above)
-// [, "op_name", "op_type"]
+// "loads_data" (the kernel reads device memory with ld: loads_data() above),
+// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
+// [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
+//  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 // with_counters: 0 none; 1 the counter tree (Simulator::counters layout, with units and
 // descriptions); 2 flat {"aic0.mte2.busy_cycles": value, ...}: the tree's leaves by dotted name
@@ -121,7 +129,10 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
       if (r.label) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
+        e["dispatch"] = r.label->dispatch;
+        e["graph_run"] = r.label->graph_run;
       }
+      e["host_dispatch_cycles"] = r.host_dispatch_cycles;
       if (with_counters == 1) e["counters"] = r.counters();
       if (with_counters == 2) e["counters"] = flat_counters(r.counter_delta);
       j.push_back(std::move(e));

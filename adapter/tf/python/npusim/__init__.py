@@ -84,7 +84,8 @@ def _overrides_list(overrides):
     return items
 
 
-def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None):
+def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None,
+              graph_mode=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -100,6 +101,11 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         produces (and what is copied back from it) is undefined (zeros here). For simulated
         time at batch sizes whose tensors would not fit this host (docs/tf_plugin.md,
         "Timing-only runs", also says which kernels' timing depends on data).
+
+    graph_mode: True (default) runs the NPU nodes of tf.function graphs as whole graphs (one
+        task list per step with a static memory plan: docs/tf_plugin.md, "Whole-graph
+        execution"); False runs them node by node. Unlike the other settings it may change at any
+        time: it applies to the tf.function graphs traced after the call.
 
     Call it before the first TensorFlow op. Once the device exists its config is fixed:
     asking for another one raises NpusimError (the same config again is fine). A chip or
@@ -118,6 +124,11 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         if not isinstance(functional, bool):
             raise TypeError(f"functional must be True or False, not {functional!r}")
         env["NPUSIM_FUNCTIONAL"] = "1" if functional else "0"
+
+    if graph_mode is not None:
+        if not isinstance(graph_mode, bool):
+            raise TypeError(f"graph_mode must be True or False, not {graph_mode!r}")
+        os.environ["NPUSIM_GRAPH"] = "1" if graph_mode else "0"
 
     info = _hooks.device()
     if info["open"] and env:
