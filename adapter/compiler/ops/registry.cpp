@@ -309,6 +309,10 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kFusedInference, {DT::F32})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
+      // Variable updates made by the graph pass: the new values as outputs, like the optimizer
+      // ops above (its op definition is the plugin's, kernels_fused.cpp)
+      {"FusedVariableUpdate", "fused_elementwise", compile_fused_variable_update,
+       npu_t(K::kResourceApply, kFloatTypes)},
   };
   return table;
 }

@@ -123,5 +123,7 @@ CompiledKernel compile_optimizer(const CompileContext& ctx);  // ops/optimizer.c
 CompiledKernel compile_fused(const CompileContext& ctx);  // ops/fused.cpp
 // A chain of element-wise ops as one streaming kernel (FusedElementwise):
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx);  // ops/fused_elementwise.cpp
+// Such a chain writing the new values of variables (FusedVariableUpdate, fused_elementwise.h):
+CompiledKernel compile_fused_variable_update(const CompileContext& ctx);
 
 }  // namespace npusim::compiler::ops
