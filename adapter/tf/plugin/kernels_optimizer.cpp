@@ -115,6 +115,19 @@ class UpdateKernel : public tfc::OpKernel {
  protected:
   virtual absl::Status update(tfc::OpKernelContext* ctx) = 0;
 
+  // New buffers like `var` for the new values of n variables, and their UpdateTensors.
+  static absl::Status allocate_new_values(tfc::OpKernelContext* ctx, const tfc::Tensor& var, int n,
+                                          std::vector<tfc::Tensor>* updated,
+                                          std::vector<UpdateTensor>* outputs) {
+    updated->resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      absl::Status st = allocate_like(ctx, var, &(*updated)[i]);
+      if (!st.ok()) return st;
+      outputs->push_back(update_tensor((*updated)[i]));
+    }
+    return absl::OkStatus();
+  }
+
   // Variable i (named `what` in messages) is initialized, of type `dtype` and of variable 0's
   // shape.
   absl::Status check_variable(const LockedVariables& vars, int i, const std::string& what,
@@ -173,13 +186,10 @@ class ResourceApplyOp : public UpdateKernel {
       inputs.push_back(update_tensor(in));
     }
 
-    std::vector<tfc::Tensor> updated(n);
+    std::vector<tfc::Tensor> updated;
     std::vector<UpdateTensor> outputs;
-    for (int i = 0; i < n; ++i) {
-      st = allocate_like(ctx, var, &updated[i]);
-      if (!st.ok()) return st;
-      outputs.push_back(update_tensor(updated[i]));
-    }
+    st = allocate_new_values(ctx, var, n, &updated, &outputs);
+    if (!st.ok()) return st;
     if (var.NumElements() > 0) {
       if (m_def.composed) {
         st = keras_momentum(ctx, var, m_nesterov, inputs, outputs);
@@ -235,13 +245,10 @@ class FusedVariableUpdateOp : public UpdateKernel {
     std::vector<UpdateTensor> inputs;
     for (int i = 0; i < ctx->num_inputs(); ++i)
       inputs.push_back(update_tensor(i < n ? *vars[i]->tensor() : ctx->input(i)));
-    std::vector<tfc::Tensor> updated(n);
+    std::vector<tfc::Tensor> updated;
     std::vector<UpdateTensor> outputs;
-    for (int i = 0; i < n; ++i) {
-      st = allocate_like(ctx, var, &updated[i]);
-      if (!st.ok()) return st;
-      outputs.push_back(update_tensor(updated[i]));
-    }
+    st = allocate_new_values(ctx, var, n, &updated, &outputs);
+    if (!st.ok()) return st;
     if (var.NumElements() > 0) {
       UpdateAttrs attrs;
       attrs.ints = {{"M", m_variables}};
