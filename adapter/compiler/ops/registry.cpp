@@ -325,6 +325,10 @@ const std::vector<OpEntry>& op_table() {
       {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
+      // Variable updates made by the graph pass: the new values as outputs, like the optimizer
+      // ops above (its op definition is the plugin's, kernels_fused.cpp)
+      {"FusedVariableUpdate", "fused_elementwise", compile_fused_variable_update,
+       npu_t(K::kResourceApply, kFloatTypes)},
   };
   return table;
 }

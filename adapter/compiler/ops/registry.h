@@ -129,5 +129,7 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx);  // ops/fus
 CompiledKernel compile_attention(const CompileContext& ctx);  // ops/attention.cpp
 CompiledKernel compile_norm(const CompileContext& ctx);       // ops/norm.cpp (RmsNorm)
 CompiledKernel compile_rope(const CompileContext& ctx);       // ops/rope.cpp
+// Such a chain writing the new values of variables (FusedVariableUpdate, fused_elementwise.h):
+CompiledKernel compile_fused_variable_update(const CompileContext& ctx);
 
 }  // namespace npusim::compiler::ops

@@ -15,6 +15,7 @@ struct OpDefSpec {
   const char* name;
   std::vector<const char*> inputs, outputs, attrs;
   void (*shape_fn)(TF_ShapeInferenceContext*, TF_Status*);
+  bool stateful = false;  // writes state (variables): never pruned, merged or moved
 };
 
 // Registers the definition; an error status naming the op if TensorFlow refuses it.
