@@ -120,9 +120,12 @@ struct FusionCounts {
   int elementwise = 0;          // FusedElementwise nodes created
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
+  int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
+  int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
+  int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated;
+           variable_update + deduplicated + rms_norm + swiglu + attention;
   }
 };
 
@@ -132,6 +135,11 @@ bool fusion_requested();
 bool training_fusion_requested();
 // False when NPUSIM_FUSION_VARIABLE_UPDATE is "0" (read once): rewrite 5 alone off.
 bool variable_update_fusion_requested();
+// False when NPUSIM_FUSION_RMS_NORM / _SWIGLU / _ATTENTION is "0" (each read once): rewrite 7,
+// 8 or 9 alone off.
+bool rms_norm_fusion_requested();
+bool swiglu_fusion_requested();
+bool attention_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -146,5 +154,7 @@ bool fused_ops_registered();
 bool fused_elementwise_registered();
 // fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
 bool fused_variable_update_registered();
+// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-9).
+bool llm_ops_registered();
 
 }  // namespace npusim::tf
