@@ -1434,7 +1434,6 @@ bool is_cast(const tfc::NodeDef* n, std::optional<tfc::DataType> from,
   return src && dst && (!from || *src == *from) && (!to || *dst == *to);
 }
 
-
 // A Transpose of data input 0 by the constant permutation `perm`.
 tfc::NodeDef* transpose_by(GraphView& g, tfc::NodeDef* n, const std::vector<int64_t>& perm) {
   if (!n || n->op() != "Transpose" || !on_npu(*n)) return nullptr;
@@ -1456,8 +1455,8 @@ bool plain_batch_matmul(const tfc::NodeDef* n) {
 // Cast from the model's type T to f32 where T is half or bfloat16: the node producing input i of
 // n is such a Cast (returned, to be removed) and *from is its input; for T = f32, *from is
 // input i itself and nullptr is returned with ok. False when the pattern does not hold.
-bool widened_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t,
-                   tfc::NodeDef** cast, std::string* from) {
+bool widened_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t, tfc::NodeDef** cast,
+                   std::string* from) {
   *cast = nullptr;
   if (i >= n.input_size() || parse_input(n.input(i)).control) return false;
   if (t == tfc::DT_FLOAT) {
@@ -1525,8 +1524,7 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
                   const_ints(*axes) != std::vector<int64_t>{-1})
                 continue;
               tfc::NodeDef* p = input_node(g, *m, 0);
-              if (!p || !on_npu(*p) || !float_node(*p) || !rm.removable(*p, 1) ||
-                  p->input(0) != xf)
+              if (!p || !on_npu(*p) || !float_node(*p) || !rm.removable(*p, 1) || p->input(0) != xf)
                 continue;
               if (!(p->op() == "Square" ||
                     (p->op() == "Pow" && scalar_value(input_node(g, *p, 1)) == 2.0)))
@@ -1695,9 +1693,8 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
       return std::nullopt;
     *seq_q = shape[2];
     // all true: no mask; else one offset for every row and batch entry
-    for (const std::optional<int64_t> off :
-         {std::optional<int64_t>{}, std::optional<int64_t>{0},
-          std::optional<int64_t>{seq_kv - *seq_q}}) {
+    for (const std::optional<int64_t> off : {std::optional<int64_t>{}, std::optional<int64_t>{0},
+                                             std::optional<int64_t>{seq_kv - *seq_q}}) {
       bool same = true;
       for (size_t e = 0; e < v->size() && same; ++e) {
         const int64_t j = static_cast<int64_t>(e) % seq_kv;
@@ -1760,9 +1757,9 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
 // keras.ops.repeat(t, G, axis=2) as Reshape(Tile(ExpandDims(t, 3), [1, 1, 1, G, 1]),
 // [B, L, Nkv * G, D]).
 struct KeyValue {
-  std::string source;          // t
-  std::vector<int64_t> shape;  // t's [B, L, Nkv, D]
-  int64_t heads = 0;           // Nkv * G: the query heads
+  std::string source;                 // t
+  std::vector<int64_t> shape;         // t's [B, L, Nkv, D]
+  int64_t heads = 0;                  // Nkv * G: the query heads
   std::vector<tfc::NodeDef*> repeat;  // the repeat's nodes, if any
 };
 
@@ -1932,11 +1929,14 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
     const std::string name = out.name(), device = out.device();
     if (*t == tfc::DT_FLOAT) {
       q_in = add_node(graph, name + "/npusim_q_fp16", "Cast", device, {q_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))->name();
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
       k_in = add_node(graph, name + "/npusim_k_fp16", "Cast", device, {k_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))->name();
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
       v_in = add_node(graph, name + "/npusim_v_fp16", "Cast", device, {v_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))->name();
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
     }
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(ft);
@@ -1961,8 +1961,9 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
           add_node(graph, name + "/npusim_one", "Const", device, {}, cattrs)->name();
       std::map<std::string, tfc::AttrValue> aattrs;
       aattrs["T"] = type_value(tfc::DT_INT32);
-      inputs.push_back(add_node(graph, name + "/npusim_kv_length", "AddV2", device,
-                                {mask->index, c1}, aattrs)->name());
+      inputs.push_back(
+          add_node(graph, name + "/npusim_kv_length", "AddV2", device, {mask->index, c1}, aattrs)
+              ->name());
       attrs["Tlen"] = type_value(tfc::DT_INT32);
     }
     if (*t == tfc::DT_FLOAT) {
@@ -2056,16 +2057,13 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   std::set<std::string> removed;
   // Decoder-model rewrites first: rewrite 4 would otherwise take their element-wise steps.
   if (llm_ops_registered()) {
-    if (rms_norm_fusion_requested())
-      counts.rms_norm = fuse_rms_norms(graph, preserve, &removed);
+    if (rms_norm_fusion_requested()) counts.rms_norm = fuse_rms_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
-    if (swiglu_fusion_requested())
-      counts.swiglu = fuse_swiglus(graph, preserve, &removed);
+    if (swiglu_fusion_requested()) counts.swiglu = fuse_swiglus(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
-    if (attention_fusion_requested())
-      counts.attention = fuse_attentions(graph, preserve, &removed);
+    if (attention_fusion_requested()) counts.attention = fuse_attentions(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
   }
