@@ -1830,7 +1830,7 @@ std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataTy
   return a;
 }
 
-// Rewrite 9, fused attention (keras-hub's LlamaAttention / GemmaAttention computation, as TF's
+// Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
 // einsum lowers it), T the compute type, q [B, Sq, N, D], k and v [B, L, Nkv, D]:
 //   s = BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(repeat(k), [0,2,3,1]))
 //   sc = [Cast to f32](Mul(s, scale))      (no Mul: scale 1)
