@@ -1557,6 +1557,12 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
   return fused;
 }
 
+// The values of the int Const feeding data input i of n (nullopt: not such a Const).
+std::optional<std::vector<int64_t>> input_ints(GraphView& g, const tfc::NodeDef& n, int i) {
+  const tfc::NodeDef* c = input_node(g, n, i);
+  return c ? const_ints(*c) : std::nullopt;
+}
+
 // Whether tensors a and b are Reshapes to one constant, fully known shape (keras' Dense layers'
 // outputs: Tensordot's Reshape to [batch, seq, units]).
 bool same_static_shape(GraphView& g, const std::string& a, const std::string& b) {
@@ -1651,7 +1657,10 @@ std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<
 // The values of a float Const holding a vector.
 std::optional<std::vector<float>> const_floats(const tfc::NodeDef* n) {
   if (!n || n->op() != "Const" || type_attr(*n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
-  const tfc::TensorProto& t = n->attr().at("value").tensor();
+  auto it = n->attr().find("value");
+  if (it == n->attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = it->second.tensor();
   int64_t elements = 1;
   for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
   std::vector<float> v;
@@ -1728,9 +1737,8 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
   tfc::NodeDef* e0 = bc ? g.producer(*bc, 0, "ExpandDims") : nullptr;
   tfc::NodeDef* ge = e0 ? g.producer(*e0, 0, "GreaterEqual") : nullptr;
   tfc::NodeDef* e1 = ge ? g.producer(*ge, 0, "ExpandDims") : nullptr;
-  if (!e1 || const_ints(*input_node(g, *e0, 1)) != std::vector<int64_t>{0} ||
-      const_ints(*input_node(g, *e1, 1)) != std::vector<int64_t>{1} ||
-      type_attr(*ge) != tfc::DT_FLOAT)
+  if (!e1 || input_ints(g, *e0, 1) != std::vector<int64_t>{0} ||
+      input_ints(g, *e1, 1) != std::vector<int64_t>{1} || type_attr(*ge) != tfc::DT_FLOAT)
     return std::nullopt;
   std::optional<std::vector<float>> range = const_floats(input_node(g, *ge, 1));
   if (!range || static_cast<int64_t>(range->size()) != seq_kv) return std::nullopt;
@@ -1738,8 +1746,7 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
     if ((*range)[j] != static_cast<float>(j)) return std::nullopt;
   tfc::NodeDef* pos = input_node(g, *e1, 0);
   tfc::NodeDef* cast = nullptr;
-  if (pos && pos->op() == "BroadcastTo" &&
-      const_ints(*input_node(g, *pos, 1)) == std::vector<int64_t>{1}) {
+  if (pos && pos->op() == "BroadcastTo" && input_ints(g, *pos, 1) == std::vector<int64_t>{1}) {
     cast = input_node(g, *pos, 0);
   } else if (pos && pos->op() == "AddV2") {
     for (int k = 0; k < 2 && !cast; ++k) {
@@ -1777,9 +1784,9 @@ std::optional<KeyValue> unrepeated(GraphView& g, const tfc::NodeDef& tr) {
     kv.heads = kv.shape[2];
     return kv;
   }
-  std::optional<std::vector<int64_t>> dim = const_ints(*input_node(g, *ed, 1));
-  std::optional<std::vector<int64_t>> mult = const_ints(*input_node(g, *tile, 1));
-  std::optional<std::vector<int64_t>> to = const_ints(*input_node(g, *n, 1));
+  std::optional<std::vector<int64_t>> dim = input_ints(g, *ed, 1);
+  std::optional<std::vector<int64_t>> mult = input_ints(g, *tile, 1);
+  std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
   if (!dim || !mult || !to || mult->size() != 5 || to->size() != 4 ||
       !(*dim == std::vector<int64_t>{3} || *dim == std::vector<int64_t>{-2}))
     return std::nullopt;
