@@ -1426,7 +1426,7 @@ std::vector<int64_t> input_shape(const tfc::NodeDef& n, int i) {
   return dims;
 }
 
-// n is a Cast from `from` to `to` (any float type where nullopt).
+// n is a Cast on the NPU from `from` to `to` (either: any type where nullopt).
 bool is_cast(const tfc::NodeDef* n, std::optional<tfc::DataType> from,
              std::optional<tfc::DataType> to) {
   if (!n || n->op() != "Cast" || !on_npu(*n)) return false;
