@@ -1,7 +1,8 @@
 // The convolutions on a coupled chip (tiny_coupled: the 310p core, 2 AI cores; CMakeLists.txt
 // sets NPUSIM_TEST_CHIP): no l0c->gm path, so every tile leaves L0C through the UB (FIXPIPE
 // into the UB, MTE3 to GM in whole 32-byte blocks), output rows that are not whole blocks go
-// through a padded workspace and a packing copy, and there is no bias table (the batch norm of
+// through a padded workspace and a packing copy (the filter gradient's img2col with each tap's
+// channels padded to a block), and there is no bias table (the batch norm of
 // Conv2DBatchNormInference runs as its own launch). Same references and tolerances as
 // test_compiler_conv.cpp (tests/compiler/conv_reference.h).
 #include <catch2/catch.hpp>
@@ -110,4 +111,27 @@ TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused b
   s2.sh = s2.sw = 2;
   check_conv2d_batch_norm(s2, false, true, 26, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
                           DataType::F16);
+}
+
+TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padded taps") {
+  ConvCase first{2, 9, 9, 3, 3, 3, 32};  // 3 input channels: each tap padded to 16
+  first.sh = first.sw = 2;
+  check_conv2d_backprop_filter(DataType::F16, first, 30);
+  ConvCase c{2, 8, 7, 16, 2, 3, 9};  // 9 output channels: the MatMul's rows padded
+  c.sh = c.sw = 2;
+  c.dh = 2;
+  c.padding = "EXPLICIT";
+  c.explicit_pads = {1, 2, 2, 0};
+  check_conv2d_backprop_filter(DataType::F16, c, 31);
+  check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 5, 3, 3, 24}, 32);
+  check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 32, 1, 1, 16}, 33,
+                               PrecisionMode::kAllowMixPrecision);
+  // Both padded: not supported, said so.
+  auto op =
+      make_op("Conv2DBackpropFilter",
+              {TensorDesc{DataType::F16, {1, 5, 5, 3}}, TensorDesc{DataType::F16, {1, 5, 5, 9}}},
+              ConvCase{1, 5, 5, 3, 3, 3, 9}.attrs());
+  op.attrs["filter_sizes"] = std::vector<int64_t>{3, 3, 3, 9};
+  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                    Catch::Contains("both need padding"));
 }

@@ -503,25 +503,42 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   k.outputs = {TensorDesc{dt, f}};
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
-  const int64_t positions = dy[0] * dy[1] * dy[2], taps_c = f[0] * f[1] * f[2];
+  const int64_t positions = dy[0] * dy[1] * dy[2];
   if (positions == 0) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
     return k;
   }
+  // Through the UB (no l0c->gm path) img2col's rows are written in whole 32-byte blocks: each
+  // tap's channels are padded to cp (a block) and the product's padded rows are dropped by the
+  // copy into dW (also the MatMul's padded columns, c_pitch).
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op.str()), op.str());
+  const int64_t taps = f[0] * f[1];
+  const int64_t cp = via_ub ? round_up(f[2], layout::kBlockBytes / data_type_bytes(ct.cube)) : f[2];
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
   const ArgRef cols =
-      append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps_c, f[2], positions * taps_c);
-  const MatmulTiling t = plan_matmul_tiling(taps_c, f[3], positions, true, false,
+      append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp, positions * taps * cp);
+  const MatmulTiling t = plan_matmul_tiling(taps * cp, f[3], positions, true, false,
                                             device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
-  if (t.c_pitch != f[3])
-    op.fail(fmt::format("chip {} writes MatMul results through the UB; not supported here",
-                        ctx.cfg.name));
+  const bool padded = cp != f[2] || t.c_pitch != f[3];
+  if (cp != f[2] && t.c_pitch != f[3])
+    op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
+                        "channels both need padding, not supported",
+                        ctx.cfg.name, f[2], f[3]));
   ArgRef out = output_ref(0);
-  if (ct.widen) out = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 2);
+  if (ct.widen || padded)
+    out = workspace_take(k, static_cast<uint64_t>(taps * cp * t.c_pitch) *
+                                static_cast<uint64_t>(isa::dtype_size(ct.fix_out)));
   Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, out});
   mm.summary = "img2col^T x dy: " + mm.summary;
   k.launches.push_back(std::move(mm));
-  if (ct.widen)
+  const DataType from = ct.widen ? DataType::F16 : dt;
+  if (cp != f[2])  // per tap: cin x cout of cp x cout
+    append_strided_copy(k, op, out, output_ref(0), taps, f[2] * f[3], cp * f[3], from, dt,
+                        ctx.cfg);
+  else if (t.c_pitch != f[3])  // per row: cout of c_pitch
+    append_strided_copy(k, op, out, output_ref(0), taps * f[2], f[3], t.c_pitch, from, dt,
+                        ctx.cfg);
+  else if (ct.widen)
     append_strided_copy(k, op, out, output_ref(0), 1, k.outputs[0].num_elements(),
                         k.outputs[0].num_elements(), DataType::F16, dt, ctx.cfg);
   return k;
