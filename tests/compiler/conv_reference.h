@@ -66,6 +66,19 @@ struct ConvCase {
   std::string padding = "SAME";
   std::vector<int64_t> explicit_pads = {};  // top, bottom, left, right for EXPLICIT
   int64_t groups = 1;
+  // This case with the given strides, dilations and padding (explicit: top, bottom, left,
+  // right), in one expression.
+  ConvCase window(int64_t sh_, int64_t sw_, int64_t dh_, int64_t dw_, std::string pad,
+                  std::vector<int64_t> pads = {}) const {
+    ConvCase c = *this;
+    c.sh = sh_;
+    c.sw = sw_;
+    c.dh = dh_;
+    c.dw = dw_;
+    c.padding = std::move(pad);
+    c.explicit_pads = std::move(pads);
+    return c;
+  }
   Dim dim_h() const {
     return tf_dim(h, kh, sh, dh, padding, explicit_pads.empty() ? 0 : explicit_pads[0],
                   explicit_pads.empty() ? 0 : explicit_pads[1]);
@@ -87,12 +100,11 @@ struct ConvCase {
   }
 };
 
-// Visits every (output position, tap, input channel, output channel) product of the forward
-// convolution: f(x index, filter index, y index).
+// Visits every (output pixel, tap) pair whose input pixel lies inside x (not in the padding):
+// f(x pixel index, tap index, y pixel index), pixels counted over [n, h, w].
 template <typename F>
-void for_each_product(const ConvCase& c, F&& f) {
+void for_each_tap(const ConvCase& c, F&& f) {
   const Dim dh = c.dim_h(), dw = c.dim_w();
-  const int64_t cin = c.c / c.groups, cg_out = c.cout / c.groups;
   for (int64_t n = 0; n < c.n; ++n)
     for (int64_t oh = 0; oh < dh.out; ++oh)
       for (int64_t ow = 0; ow < dw.out; ++ow)
@@ -101,14 +113,22 @@ void for_each_product(const ConvCase& c, F&& f) {
             const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
             const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
             if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
-            for (int64_t co = 0; co < c.cout; ++co) {
-              const int64_t g = co / cg_out;
-              for (int64_t ci = 0; ci < cin; ++ci)
-                f(((n * c.h + ih) * c.w + iw) * c.c + g * cin + ci,
-                  ((kh * c.kw + kw) * cin + ci) * c.cout + co,
-                  ((n * dh.out + oh) * dw.out + ow) * c.cout + co);
-            }
+            f((n * c.h + ih) * c.w + iw, kh * c.kw + kw, (n * dh.out + oh) * dw.out + ow);
           }
+}
+
+// Visits every (output position, tap, input channel, output channel) product of the forward
+// convolution: f(x index, filter index, y index).
+template <typename F>
+void for_each_product(const ConvCase& c, F&& f) {
+  const int64_t cin = c.c / c.groups, cg_out = c.cout / c.groups;
+  for_each_tap(c, [&](int64_t xp, int64_t tap, int64_t yp) {
+    for (int64_t co = 0; co < c.cout; ++co) {
+      const int64_t g = co / cg_out;
+      for (int64_t ci = 0; ci < cin; ++ci)
+        f(xp * c.c + g * cin + ci, (tap * cin + ci) * c.cout + co, yp * c.cout + co);
+    }
+  });
 }
 
 struct Reference {
@@ -243,20 +263,11 @@ inline void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_
 // f(x index, filter index, y index) for every product.
 template <typename F>
 void for_each_depthwise_product(const ConvCase& c, int64_t m, F&& f) {
-  const Dim dh = c.dim_h(), dw = c.dim_w();
-  for (int64_t n = 0; n < c.n; ++n)
-    for (int64_t oh = 0; oh < dh.out; ++oh)
-      for (int64_t ow = 0; ow < dw.out; ++ow)
-        for (int64_t kh = 0; kh < c.kh; ++kh)
-          for (int64_t kw = 0; kw < c.kw; ++kw) {
-            const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
-            const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
-            if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
-            for (int64_t ch = 0; ch < c.c; ++ch)
-              for (int64_t q = 0; q < m; ++q)
-                f(((n * c.h + ih) * c.w + iw) * c.c + ch, ((kh * c.kw + kw) * c.c + ch) * m + q,
-                  ((n * dh.out + oh) * dw.out + ow) * c.c * m + ch * m + q);
-          }
+  for_each_tap(c, [&](int64_t xp, int64_t tap, int64_t yp) {
+    for (int64_t ch = 0; ch < c.c; ++ch)
+      for (int64_t q = 0; q < m; ++q)
+        f(xp * c.c + ch, (tap * c.c + ch) * m + q, yp * c.c * m + ch * m + q);
+  });
 }
 
 // kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter.

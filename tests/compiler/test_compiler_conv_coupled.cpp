@@ -15,10 +15,7 @@
 
 using namespace npusim;
 using namespace npusim::test;
-using namespace npusim::test::conv;
-using compiler::DataType;
-using compiler::PrecisionMode;
-using compiler::TensorDesc;
+using namespace npusim::test::conv;  // (and its compiler::DataType, PrecisionMode, TensorDesc)
 
 namespace {
 
@@ -52,21 +49,12 @@ TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and 
   CHECK(conv2d_launches(b).size() == 2);
   check_conv2d(DataType::F16, b, 2);
   // Stride, dilation, VALID, several n tiles with a partial last one (300 channels).
-  ConvCase c{1, 9, 8, 20, 3, 2, 300};
-  c.sh = 2;
-  c.dw = 2;
-  c.padding = "VALID";
-  check_conv2d(DataType::F16, c, 3);
+  check_conv2d(DataType::F16, ConvCase{1, 9, 8, 20, 3, 2, 300}.window(2, 1, 1, 2, "VALID"), 3);
   // EXPLICIT paddings; stacked small images (m tiles across images: each image's rows copied
   // from the UB on their own); the width fold of a first layer (3 channels).
-  ConvCase d{5, 4, 3, 24, 3, 3, 40};
-  d.padding = "EXPLICIT";
-  d.explicit_pads = {1, 2, 0, 1};
-  check_conv2d(DataType::F16, d, 4);
-  ConvCase first{1, 20, 20, 3, 7, 7, 24};
-  first.sh = first.sw = 2;
-  first.padding = "VALID";
-  check_conv2d(DataType::F16, first, 5);
+  check_conv2d(DataType::F16,
+               ConvCase{5, 4, 3, 24, 3, 3, 40}.window(1, 1, 1, 1, "EXPLICIT", {1, 2, 0, 1}), 4);
+  check_conv2d(DataType::F16, ConvCase{1, 20, 20, 3, 7, 7, 24}.window(2, 2, 1, 1, "VALID"), 5);
   // Several m tiles per image; groups (channels per group whole blocks).
   check_conv2d(DataType::F16, ConvCase{1, 30, 30, 16, 3, 3, 64}, 6);
   ConvCase g{2, 5, 4, 32, 3, 3, 32};
@@ -94,35 +82,27 @@ TEST_CASE("coupled chip: f32 convolutions under the precision modes") {
 TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused batch norm") {
   ConvCase a{2, 7, 6, 5, 3, 3, 0};  // 5 channels: one partial group of 16
   check_depthwise(0, DataType::F16, a, 1, 20);
-  ConvCase b{1, 9, 8, 40, 3, 3, 0};  // 3 groups, stride 2 (MobileNetV2's down-sampling)
-  b.sh = b.sw = 2;
-  check_depthwise(0, DataType::F16, b, 1, 21);
+  // 3 groups, stride 2 (MobileNetV2's down-sampling)
+  check_depthwise(0, DataType::F16, ConvCase{1, 9, 8, 40, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 1,
+                  21);
   check_depthwise(0, DataType::F32, ConvCase{1, 6, 7, 17, 2, 3, 0}, 2, 22);
   // Conv2DBackpropInput: zero insertion, the padded output rows (9 channels).
-  ConvCase c{1, 9, 8, 20, 3, 2, 9};
-  c.sh = 2;
-  c.dw = 2;
-  c.padding = "VALID";
-  check_conv2d_backprop_input(DataType::F16, c, 23);
+  check_conv2d_backprop_input(DataType::F16,
+                              ConvCase{1, 9, 8, 20, 3, 2, 9}.window(2, 1, 1, 2, "VALID"), 23);
   check_depthwise(1, DataType::F16, a, 2, 24);
   // The batch norm as its own launch after the convolution (no bias table), with ReLU.
   check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25);
-  ConvCase s2{2, 9, 9, 20, 1, 1, 40};
-  s2.sh = s2.sw = 2;
-  check_conv2d_batch_norm(s2, false, true, 26, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
-                          DataType::F16);
+  check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, true,
+                          26, PrecisionMode::kAllowFp32ToFp16, DataType::F16, DataType::F16);
 }
 
 TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padded taps") {
-  ConvCase first{2, 9, 9, 3, 3, 3, 32};  // 3 input channels: each tap padded to 16
-  first.sh = first.sw = 2;
-  check_conv2d_backprop_filter(DataType::F16, first, 30);
-  ConvCase c{2, 8, 7, 16, 2, 3, 9};  // 9 output channels: the MatMul's rows padded
-  c.sh = c.sw = 2;
-  c.dh = 2;
-  c.padding = "EXPLICIT";
-  c.explicit_pads = {1, 2, 2, 0};
-  check_conv2d_backprop_filter(DataType::F16, c, 31);
+  // 3 input channels: each tap padded to 16; 9 output channels: the MatMul's rows padded
+  check_conv2d_backprop_filter(DataType::F16,
+                               ConvCase{2, 9, 9, 3, 3, 3, 32}.window(2, 2, 1, 1, "SAME"), 30);
+  check_conv2d_backprop_filter(
+      DataType::F16, ConvCase{2, 8, 7, 16, 2, 3, 9}.window(2, 2, 2, 1, "EXPLICIT", {1, 2, 2, 0}),
+      31);
   check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 5, 3, 3, 24}, 32);
   check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 32, 1, 1, 16}, 33,
                                PrecisionMode::kAllowMixPrecision);
