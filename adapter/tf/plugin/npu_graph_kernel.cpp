@@ -69,6 +69,76 @@ struct Plan {
 struct PlanFigures {
   std::mutex mutex;
   uint64_t plans = 0, max_arena_bytes = 0, max_unplanned_bytes = 0;
+  uint64_t arena_allocations = 0, arenas_held = 0, arena_bytes_held = 0;
+};
+PlanFigures& plan_figures();
+
+// The device arenas of one kernel instance (npu_graph.h): each a block of one plan's
+// arena_bytes, kept across runs. A run takes an idle arena of its plan (or allocates one, so two
+// threads running the graph at once never share one) and gives it back after its stream
+// synchronisation, when no launch of it is left. A run of another plan (the input shapes
+// changed) first frees the idle arenas of the other plans; the destructor frees every arena
+// (runs have all returned by then: TensorFlow destroys a kernel after its last Compute).
+class ArenaPool {
+ public:
+  ~ArenaPool() {
+    const std::shared_ptr<rt::Device> device = m_device.lock();
+    for (const auto& [plan, idle] : m_idle)
+      for (const uint64_t addr : idle) release(device.get(), plan, addr);
+  }
+
+  // An arena of `plan` (plan->arena_bytes > 0) at *addr.
+  rt::Status take(const std::shared_ptr<rt::Device>& device, const Plan* plan, uint64_t* addr) {
+    std::vector<std::pair<const Plan*, uint64_t>> stale;
+    {
+      std::lock_guard<std::mutex> lock(m_mutex);
+      m_device = device;
+      for (auto it = m_idle.begin(); it != m_idle.end();) {
+        if (it->first == plan) {
+          ++it;
+          continue;
+        }
+        for (const uint64_t a : it->second) stale.push_back({it->first, a});
+        it = m_idle.erase(it);
+      }
+      auto& idle = m_idle[plan];
+      if (!idle.empty()) {
+        *addr = idle.back();
+        idle.pop_back();
+        addr = nullptr;
+      }
+    }
+    for (const auto& [p, a] : stale) release(device.get(), p, a);
+    if (!addr) return rt::ok_status();
+    rt::Status st = malloc_tensor(*device, plan->arena_bytes, addr);
+    if (!st.ok()) return st;
+    PlanFigures& f = plan_figures();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    ++f.arena_allocations;
+    ++f.arenas_held;
+    f.arena_bytes_held += plan->arena_bytes;
+    return rt::ok_status();
+  }
+
+  // Gives back an arena `take` returned, after the run's launches have all run.
+  void give_back(const Plan* plan, uint64_t addr) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_idle[plan].push_back(addr);
+  }
+
+ private:
+  static void release(rt::Device* device, const Plan* plan, uint64_t addr) {
+    // Without the device (closed at exit) its memory is gone already.
+    if (device) (void)free_tensor(*device, addr);
+    PlanFigures& f = plan_figures();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    --f.arenas_held;
+    f.arena_bytes_held -= plan->arena_bytes;
+  }
+
+  std::mutex m_mutex;
+  std::weak_ptr<rt::Device> m_device;
+  std::map<const Plan*, std::vector<uint64_t>> m_idle;  // plans outlive the pool (same kernel)
 };
 PlanFigures& plan_figures() {
   static PlanFigures* f = new PlanFigures();
@@ -143,13 +213,12 @@ class NpuGraphKernel : public OpKernel {
           ctx, ctx->allocate_output(static_cast<int>(i), t, plan->outputs[i].shape, &outputs[i]));
       output_addrs.push_back(outputs[i].device_address());
     }
-    Tensor arena;
+    rt::Stream stream;
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
+    // The arena goes back to the pool after the synchronisation below; nothing returns between.
     uint64_t arena_addr = 0;
-    if (plan->arena_bytes > 0) {
-      NPU_OP_REQUIRES_OK(
-          ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(plan->arena_bytes)}, &arena));
-      arena_addr = arena.device_address();
-    }
+    if (plan->arena_bytes > 0)
+      NPU_OP_REQUIRES_OK(ctx, m_arenas.take(device, plan.get(), &arena_addr));
     auto address = [&](const Place& p) -> uint64_t {
       switch (p.kind) {
         case Place::Kind::input: return input_addrs[p.index];
@@ -158,9 +227,6 @@ class NpuGraphKernel : public OpKernel {
         default: return 0;
       }
     };
-
-    rt::Stream stream;
-    NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
     // One run id for the graph; one dispatch id per node, so reports keep the nodes apart; the
     // first node that launches pays the graph's host dispatch, the others none.
     const uint64_t run = next_dispatch_id();
@@ -190,6 +256,7 @@ class NpuGraphKernel : public OpKernel {
     // and arena, which TensorFlow may reuse once Compute returns.
     rt::Status sync = device->synchronize_stream(stream);
     if (st.ok()) st = sync;
+    if (arena_addr) m_arenas.give_back(plan.get(), arena_addr);
     if (!st.ok())
       ctx->CtxFailure(
           rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " + st.message()));
@@ -351,6 +418,7 @@ class NpuGraphKernel : public OpKernel {
   std::vector<int64_t> m_stable;
   std::mutex m_mutex;
   std::map<std::string, std::shared_ptr<const Plan>> m_plans;  // by input signature
+  ArenaPool m_arenas;  // declared last: destroyed first, while the plans live
 };
 
 void unknown_shapes(TF_ShapeInferenceContext* ctx, TF_Status* status) {
@@ -382,7 +450,8 @@ bool graph_mode_enabled() {
 NpuGraphStats npu_graph_stats() {
   PlanFigures& f = plan_figures();
   std::lock_guard<std::mutex> lock(f.mutex);
-  return {f.plans, f.max_arena_bytes, f.max_unplanned_bytes};
+  return {f.plans,       f.max_arena_bytes, f.max_unplanned_bytes, f.arena_allocations,
+          f.arenas_held, f.arena_bytes_held};
 }
 
 rt::Status register_npu_graph_kernel() {
