@@ -54,6 +54,11 @@ struct Step {
   std::shared_ptr<const CompiledOp> compiled;
   std::vector<Place> inputs, outputs;
   Place workspace;
+  // Per derived tensor of the compiled op (the casts of cube operands): where it is computed if
+  // a later step reads it too (an arena buffer; none: as node by node), and the (step, derived
+  // tensor) that computed it already in this run (-1: none), whose launch is then left out.
+  std::vector<Place> derived_at;
+  std::vector<std::pair<int, int>> derived_from;
   std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
   std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
 };
@@ -232,12 +237,25 @@ class NpuGraphKernel : public OpKernel {
     const uint64_t run = next_dispatch_id();
     bool paid = false;
     std::vector<std::shared_ptr<const void>> hold;
+    // Where each step's derived tensors live in this run (DerivedPlacement::placed).
+    std::vector<std::vector<uint64_t>> derived(plan->steps.size());
     rt::Status st = rt::ok_status();
-    for (const Step& s : plan->steps) {
+    for (size_t n = 0; n < plan->steps.size(); ++n) {
+      const Step& s = plan->steps[n];
       if (s.compiled->kernel.launches.empty()) continue;  // every output is empty
       std::vector<uint64_t> in, out;
       for (const Place& p : s.inputs) in.push_back(address(p));
       for (const Place& p : s.outputs) out.push_back(address(p));
+      DerivedPlacement placement;
+      placement.placed = &derived[n];
+      for (size_t d = 0; d < s.derived_at.size(); ++d) {
+        placement.fallback.push_back(address(s.derived_at[d]));
+        const auto [from, from_d] = s.derived_from[d];
+        uint64_t reuse = 0;
+        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
+          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
+        placement.reuse.push_back(reuse);
+      }
       auto label = std::make_shared<rt::LaunchLabel>(*s.label);
       label->dispatch = next_dispatch_id();
       label->graph_run = run;
@@ -245,7 +263,7 @@ class NpuGraphKernel : public OpKernel {
           paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
       paid = true;
       st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
-                             s.stable_inputs, label, &hold);
+                             s.stable_inputs, label, &hold, &placement);
       if (!st.ok()) {
         st = rt::Status(st.code(),
                         "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
@@ -303,6 +321,7 @@ class NpuGraphKernel : public OpKernel {
     std::vector<graph::PlannedBuffer> buffers;
     std::map<std::pair<int, int>, int> buffer_of;  // (node, port) -> buffers index
     std::vector<int> workspace_of(m_spec.nodes.size(), -1);
+    std::map<std::string, std::pair<int, int>> derived_key;  // share_derived's
     for (size_t n = 0; n < m_spec.nodes.size(); ++n) {
       const NpuGraphSpec::Node& node = m_spec.nodes[n];
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
@@ -380,6 +399,7 @@ class NpuGraphKernel : public OpKernel {
       }
       s.label = launch_label(node.name, s.op, k);
       plan->steps.push_back(std::move(s));
+      share_derived(n, plan, &buffers, &derived_key);
     }
     for (const graph::PlannedBuffer& b : buffers) plan->unplanned_bytes += b.bytes;
     plan->arena_bytes = graph::plan_memory(buffers);
@@ -390,6 +410,7 @@ class NpuGraphKernel : public OpKernel {
         if (p.kind == Place::Kind::arena) p.index = buffers[p.index].offset;
       };
       for (Place& p : s.outputs) place(p);
+      for (Place& p : s.derived_at) place(p);
       if (workspace_of[n] >= 0)
         s.workspace = {Place::Kind::arena, buffers[static_cast<size_t>(workspace_of[n])].offset};
     }
@@ -411,6 +432,44 @@ class NpuGraphKernel : public OpKernel {
                               m_spec.nodes[o.node].name + "', which has fewer outputs");
     }
     return rt::ok_status();
+  }
+
+  // Step n's derived tensors that are a plain cast of one of its inputs (compose.cpp's
+  // append_input_cast: one source, "<type> copy") read a tensor of this run that an earlier
+  // step cast the same way (same source, type and shape, same cast program): the earlier step
+  // computes it into an arena buffer live until this step, which reads it there and leaves its
+  // own cast out. CANN's graph engine likewise casts a tensor once for all its readers. The
+  // source is not rewritten in between: every buffer of the plan is written once per run, and
+  // one read later is live until then. `keys` maps a cast to its first (step, derived tensor).
+  void share_derived(size_t n, Plan* plan, std::vector<graph::PlannedBuffer>* buffers,
+                     std::map<std::string, std::pair<int, int>>* keys) const {
+    Step& s = plan->steps[n];
+    const compiler::CompiledKernel& k = s.compiled->kernel;
+    s.derived_at.assign(k.derived.size(), Place{});
+    s.derived_from.assign(k.derived.size(), {-1, -1});
+    for (size_t d = 0; d < k.derived.size(); ++d) {
+      const compiler::DerivedTensor& t = k.derived[d];
+      if (t.inputs.size() != 1 || t.bytes == 0 || t.what.find(" copy") == std::string::npos)
+        continue;
+      const size_t i = static_cast<size_t>(t.inputs[0]);
+      const NpuGraphSpec::Source& src = m_spec.nodes[n].inputs.at(i);
+      if (src.host_const >= 0 || s.op.inputs.at(i).bytes() == 0) continue;
+      const std::string key = std::to_string(src.node) + ":" + std::to_string(src.port) + ":" +
+                              std::to_string(src.input) + "|" + s.op.inputs[i].str() + "|" +
+                              t.what + "|" + s.compiled->programs.at(t.launch)->name + "|" +
+                              std::to_string(t.bytes);
+      const auto [it, first] = keys->emplace(key, std::make_pair(static_cast<int>(n), int(d)));
+      if (first) continue;
+      const auto [from, from_d] = it->second;
+      Place& at = plan->steps[static_cast<size_t>(from)].derived_at[static_cast<size_t>(from_d)];
+      if (at.kind != Place::Kind::arena) {
+        at = {Place::Kind::arena, buffers->size()};  // index until placed
+        buffers->push_back({m_spec.nodes[static_cast<size_t>(from)].name + " " + t.what,
+                            compiler::device_buffer_bytes(t.bytes), from, from, 0});
+      }
+      (*buffers)[at.index].last = static_cast<int>(n);
+      s.derived_from[d] = it->second;
+    }
   }
 
   std::string m_name;
