@@ -87,7 +87,9 @@ struct RuntimeReportInput {
   uint64_t origin_cycle = 0;               // the window's start on the device timeline
   const PipeTraceCollector* pipe_trace = nullptr;  // instruction detail; null: none
   // Model-level facts from the caller: "cpu_fallback_ops" (any JSON; null or absent: "not
-  // available").
+  // available"); "device_memory" (absent: no section): {"allocator_peak_bytes",
+  // "allocator_in_use_bytes", "graph_plans", "arenas_held", "arena_bytes_held",
+  // "max_arena_bytes", "max_unplanned_bytes"}, bytes.
   nlohmann::json extra;
 };
 

@@ -1279,9 +1279,12 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
 // Ops whose result depends only on their inputs and attributes (no state, no randomness), so
 // two such nodes with the same inputs compute the same tensors. ReadVariableOp reads state, but
 // two reads of one variable with the same control inputs are ordered alike against every writer
-// (TensorFlow's automatic control dependencies order them), so they read the same value.
+// (TensorFlow's automatic control dependencies order them), so they read the same value. Const:
+// equal values (the same `value` attribute) are one constant; constant folding leaves Keras'
+// Adam one `1.0` per variable, and the `iterations + 1` reading each are only duplicates once
+// those are one.
 bool pure_node(const tfc::NodeDef& n) {
-  return n.op() == "Cast" || n.op() == "ReadVariableOp" ||
+  return n.op() == "Cast" || n.op() == "ReadVariableOp" || n.op() == "Const" ||
          compiler::ops::fusible_elementwise(n.op());
 }
 

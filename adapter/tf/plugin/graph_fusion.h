@@ -76,9 +76,9 @@
 //      (fused_variable_update_registered()); NPUSIM_FUSION_VARIABLE_UPDATE=0 turns this
 //      rewrite alone off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
-//      arithmetic optimizer (below): a node of a pure op (Cast, ReadVariableOp, the fusible
-//      element-wise ops) on the NPU with the same op, device, attributes, data inputs and set of
-//      control inputs as an earlier one (in topological order, after replacing earlier
+//      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
+//      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and
+//      set of control inputs as an earlier one (in topological order, after replacing earlier
 //      duplicates) is replaced by it: its data consumers read the earlier node and it goes (its
 //      control consumers then follow the earlier node), unless it is preserved (it then stays,
 //      unread). Keras' optimizers compute iterations + 1 and its cast once per variable. Two
