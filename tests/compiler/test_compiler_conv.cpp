@@ -589,6 +589,11 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split o
   // A 1x1 window of stride 1: x is the img2col matrix, no Img2col launch.
   ConvCase p{2, 5, 7, 20, 1, 1, 24};
   CHECK_FALSE(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50), "Img2col"));
+  // Tile sides of any multiple of 16 (two tiles for the two cube cores), partial tiles.
+  ConvCase t{2, 6, 7, 80, 1, 1, 80};
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, t, 57), "tiles 48x80"));
+  t.c = 40;
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F32, t, 58), "tiles 48x48"));
   ConvCase ps = p;  // stride 2 subsamples x: img2col stays
   ps.sh = ps.sw = 2;
   CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "Img2col"));
