@@ -39,8 +39,9 @@
 //     filter starting from shift (the bias table, mmad init 2) with ReLU in FIXPIPE.
 //     Numerics: y = sum x16 * f16(W * a) + shift, where the unfused chain computes
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
-//     2^-11 relative rounding, on different values). Grouped convolutions keep the batch
-//     norm as its own launch after the convolution (the bias needs one group).
+//     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
+//     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
+//     convolution (the bias needs one group and the table).
 //
 // Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
 // f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
@@ -214,20 +215,31 @@ ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeType
 }
 
 // Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
-// With spec.bias, `bias` is its f32 [cy] workspace tensor.
+// With spec.bias, `bias` is its f32 [cy] workspace tensor. On chips without an l0c->gm path
+// the output leaves the cube through the UB in whole 32-byte blocks: when a row of y (cy
+// channels) is not whole blocks, the kernel writes rows padded to blocks into the workspace
+// and the strided copy (with the widening, if any) packs them into the output.
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr) {
   const TensorDesc& out = k.outputs[0];
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
+  const int64_t osz = isa::dtype_size(spec.out_type);
+  if (cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()))
+    spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
   const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
+  const int64_t rows = out.num_elements() / spec.cy;
+  const bool padded = spec.pitch() != spec.cy;
   ArgRef y = output_ref(0);
-  if (ct.widen) y = workspace_take(k, static_cast<uint64_t>(out.num_elements()) * 2);
+  if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
   k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), args));
-  if (ct.widen)
+  if (padded)
+    append_strided_copy(k, ctx.op, y, output_ref(0), rows, spec.cy, spec.pitch(),
+                        ct.widen ? DataType::F16 : out.dtype, out.dtype, ctx.cfg);
+  else if (ct.widen)
     append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
                         DataType::F16, out.dtype, ctx.cfg);
 }
@@ -388,7 +400,9 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
-  if (groups > 1) {  // the cube's bias needs one group: the batch norm as its own launch
+  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores): else
+  // the batch norm as its own launch.
+  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
     append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
     append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu,
                             device_dtype(y_type));
@@ -488,9 +502,12 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   // ones and ran 1.8x slower (the model counts loads at the gm->l1 rate that the 64x64 tiles
   // share through L2).
   KSplit best;
+  // Chips whose C leaves L0C through the UB (padded rows): the MatMul's own tiling, unsplit.
+  if (cube_store_via_ub(cfg, cube_core(cfg, op), op)) {
+    best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op);
+    return best;
+  }
   best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, true);
-  // Splitting only pays on chips whose C leaves L0C straight to GM (no UB padding of rows).
-  if (best.tiling.via_ub) return best;
   double best_cycles = matmul_estimate(best.tiling, cfg);
   const int cores = cube_core(cfg, op).count;
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
@@ -507,7 +524,6 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
     if (k % parts != 0 || k / parts < kMinPartPositions) continue;
     MatmulTiling t =
         plan_matmul_tiling(m, n, k / parts, true, false, in, Dtype::F32, cfg, op, parts);
-    if (t.via_ub) continue;
     const double cycles =
         matmul_estimate(t, cfg) + launch + static_cast<double>(parts * m * n * 4) / sum_rate;
     if (cycles >= best_cycles) continue;
@@ -627,26 +643,35 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   k.outputs = {TensorDesc{dt, f}};
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
-  const int64_t positions = dy[0] * dy[1] * dy[2], taps_c = f[0] * f[1] * f[2];
+  const int64_t positions = dy[0] * dy[1] * dy[2];
   if (positions == 0) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
     return k;
   }
+  // Through the UB (no l0c->gm path) img2col's rows are written in whole 32-byte blocks: each
+  // tap's channels are padded to cp (a block) and the product's padded rows are dropped by the
+  // copy into dW (also the MatMul's padded columns, c_pitch).
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op.str()), op.str());
+  const int64_t taps = f[0] * f[1];
+  const int64_t cp = via_ub ? round_up(f[2], layout::kBlockBytes / data_type_bytes(ct.cube)) : f[2];
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
-  // A 1x1 window of stride 1 without padding: img2col(x) is x itself ([N*H*W][Cin]).
-  const bool pointwise = f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
+  // A 1x1 window of stride 1 without padding: img2col(x) is x itself ([N*H*W][Cin]) where its
+  // rows need no padding; the width fold where the taps' channels are contiguous.
+  const bool pointwise = cp == f[2] && f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
                          cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
   const ArgRef cols = pointwise ? xr
-                                : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps_c, f[2],
-                                                 positions * taps_c, true);
-  const KSplit split =
-      plan_k_split(taps_c, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
+                                : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp,
+                                                 positions * taps * cp, cp == f[2]);
+  const KSplit split = plan_k_split(taps * cp, f[3], positions, device_dtype(ct.cube), ct.fix_out,
+                                    ctx.cfg, op.str());
   const MatmulTiling& t = split.tiling;
-  if (t.c_pitch != f[3])
-    op.fail(fmt::format("chip {} writes MatMul results through the UB; not supported here",
-                        ctx.cfg.name));
-  if (split.parts > 1) {
-    const int64_t mn = taps_c * f[3];
+  const bool padded = cp != f[2] || t.c_pitch != f[3];
+  if (cp != f[2] && t.c_pitch != f[3])
+    op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
+                        "channels both need padding, not supported",
+                        ctx.cfg.name, f[2], f[3]));
+  if (split.parts > 1) {  // never through the UB (plan_k_split)
+    const int64_t mn = taps * f[2] * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
     Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
     mm.summary = fmt::format("img2col^T x dy, {} parts of {} positions: {}", split.parts,
@@ -656,11 +681,20 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     return k;
   }
   ArgRef out = output_ref(0);
-  if (ct.widen) out = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 2);
+  if (ct.widen || padded)
+    out = workspace_take(k, static_cast<uint64_t>(taps * cp * t.c_pitch) *
+                                static_cast<uint64_t>(isa::dtype_size(ct.fix_out)));
   Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, out});
   mm.summary = "img2col^T x dy: " + mm.summary;
   k.launches.push_back(std::move(mm));
-  if (ct.widen)
+  const DataType from = ct.widen ? DataType::F16 : dt;
+  if (cp != f[2])  // per tap: cin x cout of cp x cout
+    append_strided_copy(k, op, out, output_ref(0), taps, f[2] * f[3], cp * f[3], from, dt,
+                        ctx.cfg);
+  else if (t.c_pitch != f[3])  // per row: cout of c_pitch
+    append_strided_copy(k, op, out, output_ref(0), taps * f[2], f[3], t.c_pitch, from, dt,
+                        ctx.cfg);
+  else if (ct.widen)
     append_strided_copy(k, op, out, output_ref(0), 1, k.outputs[0].num_elements(),
                         k.outputs[0].num_elements(), DataType::F16, dt, ctx.cfg);
   return k;
