@@ -237,8 +237,10 @@ inline void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t
 }
 
 // Conv2DBackpropFilter: dW[filter index] += x[x index] * dy[y index].
-inline void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_t seed,
-                                         PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+// Returns per launch its kernel name and summary.
+inline std::vector<std::string> check_conv2d_backprop_filter(
+    DataType dt, const ConvCase& c, uint32_t seed,
+    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
   INFO("BackpropFilter " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
                          << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
                          << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
@@ -256,7 +258,13 @@ inline void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
   });
-  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dW");
+  const DataType rounded =
+      dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt;
+  check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "dW");
+  std::vector<std::string> launches;
+  for (const compiler::Launch& l : k.launches)
+    launches.push_back(l.kernel.program.name + ": " + l.summary);
+  return launches;
 }
 
 // Depthwise: x [n, h, w, c], filter [kh, kw, c, m] (the case's cout = c * m, groups unused);

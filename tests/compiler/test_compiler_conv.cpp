@@ -4,6 +4,7 @@
 // (tests/compiler/conv_reference.h: the references, checks and tolerances).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "adapter/compiler/compiler.h"
@@ -204,6 +205,61 @@ TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
   check_conv2d_backprop_filter(DataType::F16, c, 42);
   ConvCase h{2, 2, 3, 6, 5, 4, 9};
   check_conv2d_backprop_filter(DataType::F16, h, 43);
+}
+
+namespace {
+
+// Whether a launch's "name: summary" starts with / contains `text`.
+bool has_launch(const std::vector<std::string>& launches, const std::string& prefix) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+}
+bool mentions(const std::vector<std::string>& launches, const std::string& text) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.find(text) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split over the cores") {
+  // A 1x1 window of stride 1: x is the img2col matrix, no Img2col launch.
+  ConvCase p{2, 5, 7, 20, 1, 1, 24};
+  CHECK_FALSE(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50), "Img2col"));
+  // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
+  // cores; the 910b config cuts them smaller).
+  const ChipConfig& cfg = test_sim().config();
+  const bool tiny = cfg.name == "tiny";
+  ConvCase t{2, 6, 7, 80, 1, 1, 80};
+  const std::vector<std::string> t80 = check_conv2d_backprop_filter(DataType::F16, t, 57);
+  if (tiny) CHECK(mentions(t80, "tiles 48x80"));
+  t.c = 40;
+  const std::vector<std::string> t40 = check_conv2d_backprop_filter(DataType::F32, t, 58);
+  if (tiny) CHECK(mentions(t40, "tiles 48x48"));
+  ConvCase ps = p;  // stride 2 subsamples x: img2col stays
+  ps.sh = ps.sw = 2;
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "Img2col"));
+  // k = 8 * 32 * 32 positions and one output tile: the product is split into parts over the
+  // tiny chip's two cube cores and the f32 partial products summed by the vector cores.
+  ConvCase s{8, 32, 32, 16, 1, 1, 16};
+  for (DataType dt : {DataType::F16, DataType::F32, DataType::BF16})
+    CHECK(has_launch(check_conv2d_backprop_filter(dt, s, 52), "Sum_f32"));
+  CHECK(has_launch(
+      check_conv2d_backprop_filter(DataType::F32, s, 53, PrecisionMode::kAllowMixPrecision),
+      "Sum_f32"));
+  // Few channels, no padding along W: img2col of the width-folded view (a 5x1 window over
+  // 4 * 3 channels), the same matrix as the 5x4 window's.
+  ConvCase fold{2, 9, 11, 3, 5, 4, 8};
+  fold.sh = 2;
+  fold.padding = "VALID";
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, fold, 55), "(5x1 window"));
+  fold.padding = "SAME";  // padding along W: no fold
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F32, fold, 56), "(5x4 window"));
+  ConvCase w{8, 64, 64, 3, 3, 3, 5};  // strided 3x3 over 3 channels: img2col, then the split
+  w.sh = w.sw = 2;
+  w.dh = 2;
+  const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
+  CHECK(has_launch(names, "Img2col"));
+  CHECK(has_launch(names, "Sum_f32"));
 }
 
 TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {

@@ -168,6 +168,10 @@ struct Img2colSpec {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t rep = 1;
   int64_t row_stride = 0, tap_stride = 0;
+  // x's element strides between pixels, rows and images (0: NHWC of h x w x c), as
+  // CubeConvSpec's: e.g. the width fold of ops/conv2d.cpp (pixels c_orig apart holding
+  // kw * c_orig channels), whose img2col matrix is the unfolded one's, column for column.
+  int64_t x_pixel = 0, x_row = 0, x_image = 0;
   int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
 };

@@ -113,7 +113,7 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch) {
+                                const std::string& op, int64_t batch, bool any_side) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
@@ -127,8 +127,14 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
-  for (int64_t tm : kTileCandidates) {
-    for (int64_t tn : kTileCandidates) {
+  // Tile sides: the powers of two, or (any_side) every multiple of 16 up to 256.
+  std::vector<int64_t> sides(std::begin(kTileCandidates), std::end(kTileCandidates));
+  if (any_side) {
+    sides.clear();
+    for (int64_t v = kFractalRows; v <= kTileCandidates[4]; v += kFractalRows) sides.push_back(v);
+  }
+  for (int64_t tm : sides) {
+    for (int64_t tn : sides) {
       // Sides past the matrix (rounded to 16) only waste work, except the smallest that covers it.
       if (tm > 16 && tm / 2 >= round_up(m, kFractalRows)) continue;
       if (tn > 16 && tn / 2 >= round_up(n, kFractalRows)) continue;
