@@ -175,8 +175,7 @@ const std::vector<OpEntry>& op_table() {
       {"BroadcastTo", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"shape", 1, "shape"}})},
       {"XlaDynamicUpdateSlice", "layout", compile_layout,
-       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}},
-           {{"indices", 2, "indices"}})},
+       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}})},
       // index-driven data movement (ops/gather.cpp)
       {"GatherV2", "gather", compile_gather,
        npu(K::kDataMovement, {{"Tparams", kMoveTypes}, {"Tindices", kIndexTypes}},
