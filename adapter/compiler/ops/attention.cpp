@@ -388,8 +388,10 @@ class AttentionKernel {
     KernelBuilder& b = m_b;
     Reg j0 = b.reg("first key");
     b.mul(j0, j, m_t.tk);
-    if (m_p.device_len) b.mov(keys, r.kv_len);
-    else b.movi(keys, m_p.kv_len);
+    if (m_p.device_len)
+      b.mov(keys, r.kv_len);
+    else
+      b.movi(keys, m_p.kv_len);
     b.sub(keys, keys, j0);
     b.min(keys, keys, m_t.tk, "keys in the tile");
     b.mul_add(src, j0, kv_row_stride(), r.kv_off);
@@ -864,9 +866,9 @@ AttentionProblem parse(const OpDesc& op) {
     const int64_t count = len.num_elements();
     if ((len.dtype != DataType::S32 && len.dtype != DataType::S64) || len.shape.size() > 1 ||
         (count != 1 && count != p.batch))
-      op.invalid(fmt::format(
-          "actual_seq_lengths {} must be int32 or int64 of shape [], [1] or [{}]", len.str(),
-          p.batch));
+      op.invalid(
+          fmt::format("actual_seq_lengths {} must be int32 or int64 of shape [], [1] or [{}]",
+                      len.str(), p.batch));
     if (p.seq_q != 1) op.invalid("IncreFlashAttention takes one query position (seq 1)");
     if (p.seq_kv < 1) op.invalid("no keys");
     p.device_len = true;
