@@ -7,6 +7,7 @@
 // f16, 2^-8 for bf16: half an ulp relative); O is rounded once to the output type (u_in * |O|);
 // scores and sums in f32 over at most a few hundred terms add about 1e-5 relative to p, and vexp
 // in f32 a few f32 ulps: 1e-4 * max|v| covers both. check_within_bounds allows twice the bound.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -32,6 +33,10 @@ struct Case {
   int64_t sparse_mode = 0;  // 0 none, 2 causal left-up, 3 causal right-down
   int64_t actual_len = 0;   // IncreFlashAttention: valid keys
   double scale = 0;         // 0: the default 1 / sqrt(dim)
+  // IncreFlashAttention with its lengths a device input (no attribute): one per batch entry of
+  // this type; the kernel clamps them to [1, seq_kv].
+  std::vector<int64_t> lens = {};
+  DataType len_type = DataType::S32;
 };
 
 OpDesc attention_op(const Case& c) {
@@ -41,8 +46,10 @@ OpDesc attention_op(const Case& c) {
   std::map<std::string, AttrValue> attrs = {{"input_layout", std::string("BSND")}};
   if (c.scale != 0) attrs["scale_value"] = c.scale;
   if (c.op == "IncreFlashAttention") {
-    in.push_back({DataType::S32, {c.batch}});
-    attrs["actual_seq_lengths"] = std::vector<int64_t>(static_cast<size_t>(c.batch), c.actual_len);
+    in.push_back({c.len_type, {c.batch}});
+    if (c.lens.empty())
+      attrs["actual_seq_lengths"] =
+          std::vector<int64_t>(static_cast<size_t>(c.batch), c.actual_len);
   } else {
     attrs["sparse_mode"] = c.sparse_mode;
   }
@@ -71,6 +78,8 @@ void reference(const Case& c, const HostTensor& q, const HostTensor& k, const Ho
       for (int64_t i = 0; i < c.seq_q; ++i) {
         const int64_t kvh = n / group;
         int64_t keys = kv_len;
+        if (!c.lens.empty())
+          keys = std::clamp<int64_t>(c.lens[static_cast<size_t>(b)], 1, c.seq_kv);
         if (c.sparse_mode != 0) keys = std::min(kv_len, i + offset + 1);
         std::vector<double> s(static_cast<size_t>(keys));
         double mx = -std::numeric_limits<double>::infinity();
@@ -101,10 +110,13 @@ struct Inputs {
   HostTensor q, k, v;
   std::vector<HostTensor> all(const Case& c) const {
     std::vector<HostTensor> r = {q, k, v};
-    if (c.op == "IncreFlashAttention")
+    if (c.op == "IncreFlashAttention" && c.lens.empty())
       r.push_back(HostTensor{
           TensorDesc{DataType::S32, {c.batch}},
           std::vector<double>(static_cast<size_t>(c.batch), static_cast<double>(c.actual_len))});
+    else if (c.op == "IncreFlashAttention")
+      r.push_back(HostTensor{TensorDesc{c.len_type, {c.batch}},
+                             std::vector<double>(c.lens.begin(), c.lens.end())});
     return r;
   }
 };
@@ -173,6 +185,30 @@ TEST_CASE("IncreFlashAttention: one decode step against a KV cache, query heads 
     const compiler::CompiledKernel k = check_case(
         {"IncreFlashAttention", dt, 2, 1, 300, 8, 2, 64, 0, 201}, 41 + static_cast<uint32_t>(dt));
     CHECK(k.launches[0].summary.find("groups of 4 heads") != std::string::npos);
+  }
+}
+
+// The lengths in device memory (as the plugin runs the op): one kernel compiled for the cache's
+// shape serves every length, per batch entry, clamped to [1, seq_kv].
+TEST_CASE("IncreFlashAttention reads its lengths from device memory: one kernel, any length") {
+  for (DataType lt : {DataType::S32, DataType::S64}) {
+    Case c{"IncreFlashAttention", DataType::F16, 2, 1, 300, 8, 2, 64, 0, 0};
+    c.len_type = lt;
+    c.lens = {1, 1};
+    const OpDesc op = attention_op(c);
+    INFO(op.str());
+    const compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    const Inputs in = make_inputs(c, 61 + static_cast<uint32_t>(lt));
+    for (const std::vector<int64_t>& lens :
+         {std::vector<int64_t>{201, 201}, {1, 300}, {64, 129}, {0, 500}, {-7, 65}}) {
+      c.lens = lens;
+      INFO("lengths " << lens[0] << ", " << lens[1]);
+      RunResult r = run_compiled(test_sim(), k, in.all(c));
+      std::vector<double> want, bound;
+      reference(c, in.q, in.k, in.v, want, bound);
+      check_within_bounds(r.outputs[0].values, want, bound, "O");
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 // the dtype, s64 values above 2^32 so that both 32-bit halves are checked).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -317,6 +318,49 @@ TEST_CASE("XlaDynamicUpdateSlice writes the update at clamped starts") {
             {x, upd}, {want});
     }
   }
+}
+
+// The starts as a device input (TF's op as the plugin runs it): one kernel compiled per shape,
+// run at several starts (in range, negative, past the end: clamped as XLA does), with the start
+// moving in a row dim (dim 0) and in the column dim (dim 1) at once.
+TEST_CASE("XlaDynamicUpdateSlice reads its starts from device memory: one kernel, any start") {
+  uint32_t seed = 115;
+  for (DataType dt : {DataType::F32, DataType::BF16, DataType::BOOL, DataType::S64}) {
+    for (DataType it : {DataType::S32, DataType::S64}) {
+      const Shape s = {4, 9, 2, 5}, u = {2, 2, 2, 5};
+      HostTensor x = distinct(dt, s, seed++);
+      HostTensor upd = distinct(dt, u, seed++);
+      const TensorDesc idx_desc{it, {4}};
+      const compiler::OpDesc op =
+          make_op("XlaDynamicUpdateSlice", {x.desc, upd.desc, idx_desc}, {});
+      INFO(op.str());
+      const compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+      for (const Index& start : {Index{1, 3, 0, 0}, Index{-5, 8, -1, 2}, Index{3, -2, 0, 0},
+                                 Index{0, 100, 0, 0}}) {
+        const int64_t a0 = std::clamp<int64_t>(start[0], 0, 2);
+        const int64_t a1 = std::clamp<int64_t>(start[1], 0, 7);
+        HostTensor want = x;
+        for (int64_t f = 0; f < numel(s); ++f) {
+          const Index i = unflatten(f, s);
+          if (i[0] >= a0 && i[0] < a0 + 2 && i[1] >= a1 && i[1] < a1 + 2)
+            want.values[static_cast<size_t>(f)] =
+                upd.values[static_cast<size_t>(flatten({i[0] - a0, i[1] - a1, i[2], i[3]}, u))];
+        }
+        HostTensor idx{idx_desc, {}};
+        for (int64_t v : start) idx.values.push_back(static_cast<double>(v));
+        INFO("start " << start[0] << ", " << start[1] << ", " << start[2] << ", " << start[3]);
+        RunResult r = run_compiled(test_sim(), k, {x, upd, idx});
+        REQUIRE(r.outputs.size() == 1);
+        check_close(r.outputs[0].values, want.values, 0, 0, op.type);
+      }
+    }
+  }
+  // Indices of the wrong type or length are an error naming them.
+  const TensorDesc x{DataType::F32, {4, 9}}, upd{DataType::F32, {1, 9}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("XlaDynamicUpdateSlice",
+                                              {x, upd, TensorDesc{DataType::S32, {3}}}, {}),
+                                      test_sim().config()),
+                    Catch::Contains("indices") && Catch::Contains("shape [2]"));
 }
 
 TEST_CASE("Pad, PadV2, MirrorPad") {

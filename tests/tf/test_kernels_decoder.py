@@ -75,25 +75,38 @@ def test_xla_dynamic_update_slice(npusim, tf, strict_placement, shape, update, s
     _check(npusim, tf, dus, [x, u, idx], "XlaDynamicUpdateSlice")
 
 
-def test_xla_dynamic_update_slice_index_from_graph(npusim, tf, strict_placement):
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64], ids=["s32", "s64"])
+def test_xla_dynamic_update_slice_index_from_graph(npusim, tf, strict_placement, index_dtype):
     """As keras-hub's decode step has it: the position is a graph input, the start indices a
-    Pack of it (int32 on the chip), read on the host for each call; one trace, new positions."""
+    Pack of it; one trace, new positions (also negative and past the end: clamped). The kernel
+    reads the starts from device memory, so every position runs the one kernel compiled for the
+    shape: no new compiled-op cache entry after the first call."""
     dus = _dynamic_update_slice()
     cache = _floats((1, 9, 2, 8), 6)
     row = _floats((1, 1, 2, 8), 7)
+    tf_index = tf.as_dtype(index_dtype)
 
     @tf.function
     def write(c, r, pos):
-        zero = tf.zeros((), tf.int32)
+        zero = tf.zeros((), tf_index)
         return dus(c, r, tf.stack([zero, pos, zero, zero]))
 
-    for pos in (0, 4, 8):
+    def dus_entries():
+        return [k for k in npusim.compiled_ops()["keys"]
+                if k.startswith("XlaDynamicUpdateSlice(f32[1,9,2,8],f32[1,1,2,8]")]
+
+    entries = None
+    for pos in (0, 4, 8, -3, 11):
         with tf.device("/NPU:0"):
-            got = write(tf.constant(cache), tf.constant(row), tf.constant(pos, tf.int32))
+            got = write(tf.constant(cache), tf.constant(row), tf.constant(pos, tf_index))
         want = cache.copy()
-        want[:, pos] = row[:, 0]
+        want[:, min(max(pos, 0), 8)] = row[:, 0]
         assert got.device.endswith("device:NPU:0"), got.device
         np.testing.assert_array_equal(got.numpy(), want)
+        if entries is None:
+            entries = dus_entries()
+            assert entries, npusim.compiled_ops()["keys"]
+        assert dus_entries() == entries, "a new position compiled a new kernel"
 
 
 @pytest.mark.parametrize("op", ["ReciprocalGrad", "SqrtGrad"])

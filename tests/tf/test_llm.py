@@ -84,6 +84,12 @@ def test_greedy_generation_matches_cpu(npusim, tf, name):
           f"{fallbacks}")
     assert all(r["ok"] for r in records)
     assert any(r["kernel"].startswith("XlaDynamicUpdateSlice") for r in records)
+    # The KV-cache writes and the decode attention read the position from device memory, so
+    # they join the step's whole-graph (NpuGraph) runs instead of being dispatched one by one.
+    position_ops = [r for r in records
+                    if r["op_type"] in ("XlaDynamicUpdateSlice", "IncreFlashAttention")]
+    outside = [r["op_name"] for r in position_ops if not r["graph_run"]]
+    assert position_ops and not outside, outside
     assert not DECODER_OPS & set(fallbacks), fallbacks
     assert margin > 2 * d, "precondition: the CPU's two best logits are too close to compare"
     np.testing.assert_array_equal(got, want)

@@ -120,15 +120,28 @@ def test_flash_attention_causal_gqa(npusim, tf, strict_placement, llm, dtype):
 
 
 def test_incre_flash_attention(npusim, tf, strict_placement, llm):
-    b, cache, heads, kv_heads, d, valid = 2, 96, 8, 2, 64, 37
+    """Several valid lengths of one cache: the kernel reads the length from device memory, so
+    every length runs the one kernel compiled for the shapes (no new compiled-op cache entry)."""
+    b, cache, heads, kv_heads, d = 2, 96, 8, 2, 64
     q = _random((b, 1, heads, d), np.float16, 8, -1, 1)
     k = _random((b, cache, kv_heads, d), np.float16, 9, -1, 1)
     v = _random((b, cache, kv_heads, d), np.float16, 10, -2, 2)
-    got, _ = _npu(npusim, tf, lambda *t: llm.incre_flash_attention(*t, valid), q, k, v)
-    want = _attention_reference(tf, q, k, v, kv_len=valid)
     u = ULP_HALF[np.dtype(np.float16)]
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2 * u,
-                               atol=2 * (u + 1e-4) * 2.0)
+
+    def entries():
+        return [key for key in npusim.compiled_ops()["keys"]
+                if key.startswith("IncreFlashAttention(")]
+
+    first = None
+    for valid in (37, 1, 96, 65):
+        got, _ = _npu(npusim, tf, lambda *t, n=valid: llm.incre_flash_attention(*t, n), q, k, v)
+        want = _attention_reference(tf, q, k, v, kv_len=valid)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2 * u,
+                                   atol=2 * (u + 1e-4) * 2.0)
+        if first is None:
+            first = entries()
+            assert first, npusim.compiled_ops()["keys"]
+        assert entries() == first, "a new length compiled a new kernel"
 
 
 @pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)

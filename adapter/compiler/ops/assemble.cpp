@@ -610,15 +610,25 @@ class Assembler {
       Reg i = b.reg("region: row index"), t = b.reg("region: temporary");
       for (size_t d = 0; d < m_rows.size(); ++d) {
         const AsmRowMap& m = r.rows[d];
-        const bool restricted = m.lo > 0 || m.hi < m_rows[d] || m.step > 1;
+        const bool shifted = m.shift.input >= 0;
+        const bool restricted = shifted || m.lo > 0 || m.hi < m_rows[d] || m.step > 1;
         if (!restricted && m.stride == 0 && m.index < 0) continue;
         if (m_below[d] == 1) b.mov(i, row);
         else b.div(i, row, m_below[d]);
         if (d > 0) b.rem(i, i, m_rows[d], fmt::format("index in row dim {}", d));
+        if (shifted) {
+          load_shift(t, m.shift);
+          b.add(t, t, m.lo, fmt::format("first row of dim {} at run time", d));
+          b.branch(lt(i, t), skip);
+          b.sub(i, i, t);
+          b.branch(ge(i, m.hi - m.lo), skip);
+        }
         if (restricted) {
-          if (m.lo > 0) b.branch(lt(i, m.lo), skip);
-          if (m.hi < m_rows[d]) b.branch(ge(i, m.hi), skip);
-          if (m.lo > 0) b.sub(i, i, m.lo);
+          if (!shifted) {
+            if (m.lo > 0) b.branch(lt(i, m.lo), skip);
+            if (m.hi < m_rows[d]) b.branch(ge(i, m.hi), skip);
+            if (m.lo > 0) b.sub(i, i, m.lo);
+          }
           if (m.step > 1) {
             b.rem(t, i, m.step);
             b.branch(ne(t, 0), skip);
@@ -647,10 +657,16 @@ class Assembler {
     }
     // Columns of this row inside the tile: [cl, ch) of the region's [col_lo, col_hi).
     Reg cl = b.reg("region: first column"), ch = b.reg("region: end column");
-    b.emit(Opcode::op_sub, {cl, zero_reg(), rs});
-    b.max(cl, cl, r.col_lo);
-    b.sub(ch, m_k.cnt(), rs);
-    b.min(ch, ch, r.col_hi);
+    if (r.col_shift.input >= 0) {
+      if (r.col_step != 1)
+        b.fail("internal: a region's column shift needs col_step 1");
+      shifted_columns(r, rs, cl, ch, src);
+    } else {
+      b.emit(Opcode::op_sub, {cl, zero_reg(), rs});
+      b.max(cl, cl, r.col_lo);
+      b.sub(ch, m_k.cnt(), rs);
+      b.min(ch, ch, r.col_hi);
+    }
     if (r.col_step > 1) {
       Reg t = b.reg("region: column step");
       b.sub(t, cl, r.col_lo);
@@ -662,7 +678,7 @@ class Assembler {
     b.branch(ge(cl, ch), skip);
     Reg off = b.reg("region: tile offset");
     b.add(off, rs, cl);
-    if (r.input >= 0 && r.col_stride != 0) {
+    if (r.input >= 0 && r.col_stride != 0 && r.col_shift.input < 0) {
       Reg t = b.reg("region: column term");
       b.sub(t, cl, r.col_lo);
       if (r.col_step > 1) b.div(t, t, r.col_step);
@@ -685,6 +701,40 @@ class Assembler {
       source_piece(r, off, cl, ch, src);
     }
     b.bind(skip);
+  }
+
+  // v = the shift's start index read from its input, clamped to [0, max], times scale.
+  void load_shift(const Reg& v, const AsmShift& s) {
+    KernelBuilder& b = m_k.b();
+    const TensorDesc& idx = m_spec.inputs.at(static_cast<size_t>(s.input));
+    Reg a = m_k.input_addr(s.input);
+    if (s.element > 0) b.add(a, a, s.element * data_type_bytes(idx.dtype));
+    m_k.load_index(v, a, idx.dtype);
+    b.max(v, v, 0, "clamp the start index as XLA does");
+    b.min(v, v, s.max);
+    if (s.scale != 1) b.mul(v, v, s.scale);
+  }
+
+  // The columns [cl, ch) of this row inside the tile for a region placed at run time:
+  // [col_lo + s, col_hi + s) with s = the column shift; the column term of the source
+  // ((cl - col_lo - s) * col_stride) is added to src.
+  void shifted_columns(const AsmRegion& r, const Reg& rs, const Reg& cl, const Reg& ch,
+                       const Reg& src) {
+    KernelBuilder& b = m_k.b();
+    Reg lo = b.reg("region: first column at run time");
+    load_shift(lo, r.col_shift);
+    b.add(lo, lo, r.col_lo);
+    b.emit(Opcode::op_sub, {cl, zero_reg(), rs});
+    b.max(cl, cl, lo);
+    b.sub(ch, m_k.cnt(), rs);
+    Reg hi = b.reg("region: end column at run time");
+    b.add(hi, lo, r.col_hi - r.col_lo);
+    b.min(ch, ch, hi);
+    if (r.input >= 0 && r.col_stride != 0) {
+      b.sub(hi, cl, lo, "region: column term");
+      b.mul(hi, hi, r.col_stride);
+      b.add(src, src, hi);
+    }
   }
 
   void fill_piece(const AsmRegion& r, const AsmFill& f, const Reg& off, const Reg& cl,
@@ -770,7 +820,7 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   AssembleSpec normalized = spec;
   if (normalized.rows.empty()) {
     normalized.rows = {1};
-    for (AsmRegion& r : normalized.regions) r.rows = {AsmRowMap{0, 1, 1, 0, -1, 0}};
+    for (AsmRegion& r : normalized.regions) r.rows = {AsmRowMap{0, 1, 1, 0, -1, 0, {}}};
   }
   Launch l = k.build([&](TileKernel& tk) {
     Assembler a(normalized, tk);

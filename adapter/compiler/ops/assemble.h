@@ -162,6 +162,18 @@ struct AsmFill {
   uint64_t bits = 0;   // else: the element's bit pattern
 };
 
+// A placement read at run time (XlaDynamicUpdateSlice's start indices in device memory): element
+// `element` of index input `input` (s32 or s64), clamped to [0, max] as XLA clamps start indices,
+// times `scale`, is added to both bounds it belongs to (a row map's lo and hi, or a region's
+// col_lo and col_hi), and subtracted before the source term is computed. One kernel serves every
+// start value.
+struct AsmShift {
+  int input = -1;  // -1: no shift
+  int64_t element = 0;
+  int64_t max = 0;
+  int64_t scale = 1;
+};
+
 // How a region maps one row dimension of the output to the source.
 struct AsmRowMap {
   int64_t lo = 0, hi = 0;  // the region covers rows lo <= i < hi ...
@@ -172,6 +184,7 @@ struct AsmRowMap {
   // piece the region's `fill` (TF's GPU kernels give zeros there; the CPU ones fail).
   int index = -1;
   int64_t index_bound = 0;
+  AsmShift shift;  // rows lo + s <= i < hi + s, term from (i - lo - s)
 };
 
 // A box of the output (rows x columns) and where its elements come from: the element of row
@@ -182,6 +195,7 @@ struct AsmRegion {
   std::vector<AsmRowMap> rows;  // one per AssembleSpec::rows entry
   int64_t col_lo = 0, col_hi = 0, col_step = 1;
   int64_t col_stride = 1;
+  AsmShift col_shift;  // columns col_lo + s <= c < col_hi + s (col_step 1 only)
   int input = -1;
   int64_t offset = 0;
   AsmFill fill;

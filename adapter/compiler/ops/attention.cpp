@@ -145,6 +145,7 @@ struct UnitRegs {
   Reg rows;    // valid rows of the unit (<= mq)
   Reg q0;      // position of row 0 (per-head units; 0 when grouped)
   Reg tiles;   // KV tiles to visit
+  Reg kv_len;  // device lengths: the keys this unit's batch entry takes (else unused)
 };
 
 class AttentionKernel {
@@ -166,6 +167,8 @@ class AttentionKernel {
     m_b.declare_arg("v", m_p.type, kv_dims);
     m_b.declare_arg("o", m_p.type, q_dims);
     m_b.declare_arg("ws");
+    if (m_p.device_len)
+      m_b.declare_arg("actual_seq_lengths", device_dtype(m_p.len_type), {m_p.len_count});
     cube_section();
     vector_section();
     return m_b.finish();
@@ -185,6 +188,8 @@ class AttentionKernel {
     r.q0 = b.reg("unit: first position");
     r.tiles = b.reg("unit: KV tiles");
     Reg bb = b.reg("unit: batch"), h = b.reg("unit: head");
+    if (m_p.device_len && !m_t.grouped)
+      b.fail("internal: device lengths need grouped units (one query position)");
     if (m_t.grouped) {
       // u = bb * Nkv + g: rows = the G query heads g*G .. g*G + G - 1 at position 0.
       b.div(bb, u, m_p.kv_heads);
@@ -194,7 +199,13 @@ class AttentionKernel {
       b.mul(r.q_off, r.q_off, m_p.dim);
       b.movi(r.rows, m_t.group);
       b.movi(r.q0, 0);
-      b.movi(r.tiles, ceil_div(visible_keys(0, 1), m_t.tk));
+      if (m_p.device_len) {
+        load_kv_len(bb, r);
+        b.add(r.tiles, r.kv_len, m_t.tk - 1);
+        b.div(r.tiles, r.tiles, m_t.tk, "KV tiles");
+      } else {
+        b.movi(r.tiles, ceil_div(visible_keys(0, 1), m_t.tk));
+      }
     } else {
       // u = (bb * N + n) * q_blocks + qb.
       Reg qb = b.reg("unit: row block");
@@ -224,6 +235,25 @@ class AttentionKernel {
     b.mul(r.kv_off, bb, m_p.seq_kv * m_p.kv_heads);
     b.add(r.kv_off, r.kv_off, h);
     b.mul(r.kv_off, r.kv_off, m_p.dim);
+  }
+
+  // r.kv_len = actual_seq_lengths[batch entry bb] (element 0 when one length is given) read by
+  // the scalar unit, clamped to [1, seq_kv] (a length outside has no meaning for the cache).
+  void load_kv_len(const Reg& bb, UnitRegs& r) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "actual_seq_lengths from device memory");
+    r.kv_len = b.reg("unit: keys taken");
+    Reg a = b.load_arg("actual_seq_lengths");
+    const int64_t bytes = data_type_bytes(m_p.len_type);
+    if (m_p.len_count > 1) b.mul_add(a, bb, bytes, a);
+    b.emit(Opcode::op_ld, {r.kv_len, a}, "the length (8 bytes read)");
+    if (m_p.len_type == DataType::S32) {  // sign extension of the low 32 bits
+      b.and_(r.kv_len, r.kv_len, 0xffffffffLL);
+      b.emit(Opcode::op_xor, {r.kv_len, r.kv_len, 0x80000000LL});
+      b.sub(r.kv_len, r.kv_len, 0x80000000LL);
+    }
+    b.max(r.kv_len, r.kv_len, 1, "clamp to [1, seq_kv]");
+    b.min(r.kv_len, r.kv_len, m_p.seq_kv);
   }
 
   // Keys visible to some of `rows` rows starting at position q0 (compile-time positions).
@@ -358,7 +388,10 @@ class AttentionKernel {
     KernelBuilder& b = m_b;
     Reg j0 = b.reg("first key");
     b.mul(j0, j, m_t.tk);
-    b.movi(keys, m_p.kv_len);
+    if (m_p.device_len)
+      b.mov(keys, r.kv_len);
+    else
+      b.movi(keys, m_p.kv_len);
     b.sub(keys, keys, j0);
     b.min(keys, keys, m_t.tk, "keys in the tile");
     b.mul_add(src, j0, kv_row_stride(), r.kv_off);
@@ -544,6 +577,11 @@ class AttentionKernel {
       vec_convert(b, Dtype::F32, Dtype::S32, m_thr, m_thr, RoundMode::kRint, m_half);
       vec_binary(b, Opcode::op_vadd, Dtype::F32, m_thr, m_thr, m_iota, m_half);
       vec_scalar(b, Opcode::op_vmins, Dtype::F32, m_thr, m_thr, kv, m_half);
+    } else if (m_p.device_len) {
+      // thr[r] = the unit's length for every row: s32 splat, to f32.
+      vec_dup_bits(b, 4, m_thr, r.kv_len, m_t.half);
+      vec_convert(b, Dtype::F32, Dtype::S32, m_thr, m_thr, RoundMode::kRint, m_half);
+      b.mov(m_lim0, r.kv_len);
     } else {
       const int64_t lim = m_t.grouped ? visible_keys(0, 1) : m_p.kv_len;
       vec_fill32(b, m_thr, vector_scalar_bits(Dtype::F32, static_cast<double>(lim)), m_t.half);
@@ -780,7 +818,8 @@ AttentionTiling plan_attention(const AttentionProblem& p, const ChipConfig& cfg,
 namespace {
 
 // Checks the op and fills the problem. Inputs q, k, v (and IncreFlashAttention's
-// actual_seq_lengths, read on the host into the attribute of that name).
+// actual_seq_lengths: read by the kernel from device memory, or, when the attribute of that
+// name is given, fixed at compile time).
 AttentionProblem parse(const OpDesc& op) {
   const bool incre = op.type == "IncreFlashAttention";
   const size_t want = incre ? 4 : 3;
@@ -822,7 +861,20 @@ AttentionProblem parse(const OpDesc& op) {
   p.scale = op.attr_float("scale_value", 0);
   if (p.scale == 0) p.scale = 1.0 / std::sqrt(static_cast<double>(p.dim));
   p.kv_len = p.seq_kv;
-  if (incre) {
+  if (incre && !op.attrs.count("actual_seq_lengths")) {
+    const TensorDesc& len = op.inputs[3];
+    const int64_t count = len.num_elements();
+    if ((len.dtype != DataType::S32 && len.dtype != DataType::S64) || len.shape.size() > 1 ||
+        (count != 1 && count != p.batch))
+      op.invalid(
+          fmt::format("actual_seq_lengths {} must be int32 or int64 of shape [], [1] or [{}]",
+                      len.str(), p.batch));
+    if (p.seq_q != 1) op.invalid("IncreFlashAttention takes one query position (seq 1)");
+    if (p.seq_kv < 1) op.invalid("no keys");
+    p.device_len = true;
+    p.len_count = count;
+    p.len_type = len.dtype;
+  } else if (incre) {
     const std::vector<int64_t> lens = op.attr_ints("actual_seq_lengths");
     if (lens.empty()) op.invalid("actual_seq_lengths is missing");
     for (int64_t l : lens)
@@ -867,6 +919,7 @@ CompiledKernel compile_attention(const CompileContext& ctx) {
             {ArgRef::Kind::kInput, 2},
             {ArgRef::Kind::kOutput, 0},
             {ArgRef::Kind::kWorkspace, 0, 0}};
+  if (p.device_len) l.args.push_back({ArgRef::Kind::kInput, 3});
   l.summary = "fused attention: " + t.str();
   out.launches.push_back(std::move(l));
   out.workspace_bytes = static_cast<uint64_t>(t.block_dim) * t.slot_bytes;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "adapter/compiler/op_desc.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 
@@ -16,6 +17,13 @@ namespace npusim::compiler::ops {
 struct AttentionProblem {
   int64_t batch = 0, seq_q = 0, seq_kv = 0, heads = 0, kv_heads = 0, dim = 0;
   int64_t kv_len = 0;  // keys taken: the first kv_len of the seq_kv (a KV cache's valid length)
+  // IncreFlashAttention without the attribute actual_seq_lengths: the lengths are a device
+  // tensor of len_count (1: a scalar or [1], else batch) elements of len_type (s32 / s64),
+  // read by the kernel per batch entry and clamped to [1, seq_kv]; kv_len is then seq_kv (the
+  // compile-time bound).
+  bool device_len = false;
+  int64_t len_count = 0;
+  DataType len_type = DataType::S32;
   // Causal mask: query i sees keys j <= i + offset. offset = kv_len - seq_q (CANN sparse_mode 3,
   // "right-down": the last query sees every key, as a decoder with a KV cache needs) or 0
   // (sparse_mode 2, "left-up"); equal when seq_q == kv_len.

@@ -162,7 +162,8 @@ AssembleSpec box_spec(const std::string& name, DataType dt, const std::vector<Te
   AsmRegion r;
   for (size_t i = 0; i + 1 < dims.size(); ++i) {
     const BoxDim& d = dims[i];
-    r.rows.push_back(AsmRowMap{d.lo, d.lo + (d.count - 1) * d.step + 1, d.step, d.stride, -1, 0});
+    r.rows.push_back(
+        AsmRowMap{d.lo, d.lo + (d.count - 1) * d.step + 1, d.step, d.stride, -1, 0, {}});
   }
   const BoxDim& c = dims.back();
   r.col_lo = c.lo;
@@ -560,15 +561,19 @@ CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
                 box_spec(kname(op, dt), dt, op.inputs, shape, box, 0, offset, AsmFill{-1, 0}));
 }
 
-// XlaDynamicUpdateSlice (inputs input, update; attr "indices": the start index per dim, TF's
-// third input read on the host): the input with `update` written at the start indices. Each
-// start is clamped to [0, input dim - update dim] as XLA's DynamicUpdateSlice does, so the
-// update always lies inside (keras.ops.slice_update, keras-hub's KV-cache writes). Two regions:
-// the whole input, then the update's box over it; the trailing dims the update covers fully
-// are merged into the columns, so a cache row of heads x head_dim is one run.
+// XlaDynamicUpdateSlice: the input with `update` written at the start indices. Each start is
+// clamped to [0, input dim - update dim] as XLA's DynamicUpdateSlice does, so the update always
+// lies inside (keras.ops.slice_update, keras-hub's KV-cache writes). The starts come either
+//  - from device memory: inputs (input, update, indices: s32 or s64 [rank]), TF's op as the
+//    plugin runs it; the kernel's scalar unit loads and clamps them (AsmShift), so one
+//    compiled kernel serves every position (a decode step's cache write at any index), or
+//  - from the attribute "indices" with inputs (input, update): starts fixed at compile time.
+// Two regions: the whole input, then the update's box over it; the trailing dims the update
+// covers fully are merged into the columns, so a cache row of heads x head_dim is one run.
 CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  require_inputs(op, 2);
+  const bool device_starts = op.inputs.size() == 3;
+  if (!device_starts) require_inputs(op, 2);
   const DataType dt = common_dtype(op, 0, 2);
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   const std::vector<int64_t>& upd = op.inputs[1].shape;
@@ -576,13 +581,29 @@ CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
   if (upd.size() != rank)
     op.invalid(fmt::format("update {} must have the rank of input {}", op.inputs[1].str(),
                            op.inputs[0].str()));
-  std::vector<int64_t> start = required_ints(op, "indices", rank);
+  if (device_starts) {
+    const TensorDesc& idx = op.inputs[2];
+    if ((idx.dtype != DataType::S32 && idx.dtype != DataType::S64) || idx.shape.size() != 1 ||
+        idx.shape[0] != static_cast<int64_t>(rank))
+      op.invalid(fmt::format("indices {} must be int32 or int64 of shape [{}] (the rank of {})",
+                             idx.str(), rank, op.inputs[0].str()));
+  }
+  std::vector<int64_t> start =
+      device_starts ? std::vector<int64_t>(rank, 0) : required_ints(op, "indices", rank);
   for (size_t d = 0; d < rank; ++d) {
     if (upd[d] > shape[d])
       op.invalid(fmt::format("update {} is larger than input {} in dim {}", op.inputs[1].str(),
                              op.inputs[0].str(), d));
     start[d] = std::clamp<int64_t>(start[d], 0, shape[d] - upd[d]);
   }
+  // Device starts: dim d's start is read at run time where it can move (update smaller than
+  // the input there); elsewhere the clamp makes it 0.
+  auto shift = [&](size_t d, int64_t scale) {
+    AsmShift s;
+    if (device_starts && upd[d] < shape[d])
+      s = AsmShift{2, static_cast<int64_t>(d), shape[d] - upd[d], scale};
+    return s;
+  };
   // Columns: dim c and every dim after it, all of which the update covers fully.
   size_t c = rank == 0 ? 0 : rank - 1;
   while (c > 0 && upd[c] == shape[c]) --c;
@@ -601,9 +622,11 @@ CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
   if (dims_product(upd) > 0) {
     AsmRegion r;
     for (size_t d = 0; d < c; ++d)
-      r.rows.push_back(AsmRowMap{start[d], start[d] + upd[d], 1, upd_strides[d], -1, 0});
+      r.rows.push_back(
+          AsmRowMap{start[d], start[d] + upd[d], 1, upd_strides[d], -1, 0, shift(d, 1)});
     r.col_lo = rank == 0 ? 0 : start[c] * inner;
     r.col_hi = rank == 0 ? 1 : (start[c] + upd[c]) * inner;
+    if (rank > 0) r.col_shift = shift(c, inner);
     r.input = 1;
     spec.regions.push_back(r);
   }
@@ -707,7 +730,7 @@ CompiledKernel compile_mirror_pad(const CompileContext& ctx) {
       const int64_t stride = s.dir * (d == lp && columns_padded ? 1 : in_strides[d]);
       r.offset += s.src * in_strides[d];
       if (d < row_dims) {
-        r.rows.push_back(AsmRowMap{s.lo, s.hi, 1, stride, -1, 0});
+        r.rows.push_back(AsmRowMap{s.lo, s.hi, 1, stride, -1, 0, {}});
       } else {
         r.col_lo = s.lo;
         r.col_hi = s.hi;
@@ -788,7 +811,7 @@ CompiledKernel compile_layout(const CompileContext& ctx) {
       {"Slice", 3, {1, 2}},      {"StridedSlice", 4, {1, 2, 3}},
       {"StridedSliceGrad", 5, {0, 1, 2, 3}},               {"Pad", 2, {1}},
       {"PadV2", 3, {1}},         {"MirrorPad", 2, {1}},    {"Tile", 2, {1}},
-      {"BroadcastTo", 2, {1}},   {"XlaDynamicUpdateSlice", 3, {2}},
+      {"BroadcastTo", 2, {1}},
   };
   for (const TfInputs& e : kTfInputs)
     if (t == e.op && op.inputs.size() == e.count)

@@ -175,8 +175,7 @@ const std::vector<OpEntry>& op_table() {
       {"BroadcastTo", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"shape", 1, "shape"}})},
       {"XlaDynamicUpdateSlice", "layout", compile_layout,
-       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}},
-           {{"indices", 2, "indices"}})},
+       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}})},
       // index-driven data movement (ops/gather.cpp)
       {"GatherV2", "gather", compile_gather,
        npu(K::kDataMovement, {{"Tparams", kMoveTypes}, {"Tindices", kIndexTypes}},
@@ -319,9 +318,7 @@ const std::vector<OpEntry>& op_table() {
       // Decoder-model kernels, CANN's op types (ops/attention.cpp; TF ops: kernels_llm.cpp)
       {"FlashAttentionScore", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"PromptFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
-      {"IncreFlashAttention", "attention", compile_attention,
-       npu_t(K::kLlm, kHalfTypes,
-             {{"actual_seq_lengths", 3, "actual_seq_lengths", HostAttrInput::Kind::kInts}})},
+      {"IncreFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},

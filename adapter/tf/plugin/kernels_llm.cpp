@@ -11,8 +11,9 @@
 //     left-up, 3 causal right-down); num_heads, num_key_value_heads: int (0: from the shapes).
 //   IncreFlashAttention(query: T, key: T, value: T, actual_seq_lengths: Tlen) -> attention_out: T
 //     one decode step: query [B, 1, N, D] against a KV cache [B, L, Nkv, D] of which the first
-//     actual_seq_lengths[b] positions are valid (host memory; one value for all b; Tlen int64,
-//     CANN's type, or int32, which the graph rewrite feeds from the step's int32 index).
+//     actual_seq_lengths[b] positions are valid (shape [], [1] or [B], Tlen int64, CANN's type, or
+//     int32, which the graph rewrite feeds from the step's int32 index). Device memory: the
+//     kernel reads each length, clamped to [1, L], so one compiled kernel serves every length.
 //   SwiGlu(gate: T, up: T) -> y: T     T in {float, half, bfloat16}: silu(gate) * up, gate and up
 //     of one shape (Llama's feed-forward; CANN's SwiGlu takes them as the two halves of one
 //     tensor, here they are the two Dense outputs as the model computes them). Computed in f32

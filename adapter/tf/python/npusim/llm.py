@@ -61,7 +61,7 @@ def prompt_flash_attention(query, key, value, scale=0.0, sparse_mode=0):
 def incre_flash_attention(query, key, value, actual_seq_length, scale=0.0):
     """One decode step: query [B, 1, N, D] against the first actual_seq_length positions of the
     KV cache key, value [B, L, Nkv, D]."""
-    with tf.device("/CPU:0"):  # a host-memory input: built where it is read
+    with tf.device("/CPU:0"):  # built on the host; TensorFlow copies it to the kernel
         batch = tf.shape(query, out_type=tf.int64)[0]
         lengths = tf.fill([batch], tf.cast(actual_seq_length, tf.int64))
     return _run("IncreFlashAttention",
