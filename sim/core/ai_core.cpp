@@ -629,6 +629,7 @@ void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
   p.set_dmi_allowed(false);
   p.set_response_status(tlm::TLM_INCOMPLETE_RESPONSE);
   sc_time delay = cycles_to_time(static_cast<double>(cost.cycles));
+  if (m_recorder) m_recorder->on_gm_transfer(u.pipe);
   gm_port->b_transport(p, delay);
   // The target returns after the bandwidth phase; `delay` is then the latency still to elapse
   // before the data has landed, which overlaps this pipe's next instructions.

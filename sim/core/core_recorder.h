@@ -21,6 +21,11 @@ class CoreRecorder {
   // Pipe instruction `pc` took effect on `pipe` with `cost` (its plan(), GM ranges included).
   // With on_scalar_gm, in the order effects take place on this core.
   virtual void on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) = 0;
+  // A pipe instruction of `pipe` hands its GM transfer to the memory system (its L2 lookup),
+  // before it takes effect (on_pipe_op). Pipes overlap, so a core's transfers reach the memory
+  // system in an order that may differ from the order they take effect in; within one pipe
+  // both orders are the same.
+  virtual void on_gm_transfer(isa::Pipe pipe) = 0;
 };
 
 }  // namespace npusim

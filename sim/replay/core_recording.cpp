@@ -17,9 +17,15 @@ void CoreRecording::on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost
   m_env.recorded(1 + cost.gm.size() * sizeof(GmAccess) + (cost.gm.empty() ? 0 : sizeof(uint16_t)));
 }
 
+void CoreRecording::on_gm_transfer(isa::Pipe pipe) {
+  m_transfer_pipes.push_back(static_cast<uint8_t>(pipe));
+  m_env.recorded(1);  // last: it may drop this record
+}
+
 void CoreRecording::drop() {
   std::vector<uint8_t>().swap(m_exec_order);
   std::vector<GmAccess>().swap(m_gm_accesses);
+  std::vector<uint8_t>().swap(m_transfer_pipes);
 }
 
 }  // namespace npusim

@@ -21,6 +21,7 @@ class CoreRecording final : public CoreRecorder {
   void on_scalar_pc(uint32_t pc) override { m_fingerprint.add_pc(pc); }
   void on_scalar_gm(const GmAccess& access) override;
   void on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) override;
+  void on_gm_transfer(isa::Pipe pipe) override;
   // Frees the records: the launch is no longer recorded (no probe follows).
   void drop();
 
@@ -30,6 +31,9 @@ class CoreRecording final : public CoreRecorder {
   const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
   // The GM ranges the core's instructions touched, in the same order.
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
+  // The pipe of each GM transfer, in the order the transfers reached the memory system (its
+  // L2 lookups, MemorySystem::transfer_order), not the order they took effect in.
+  const std::vector<uint8_t>& transfer_pipes() const { return m_transfer_pipes; }
   // The run's timing fingerprint (sim/replay/fingerprint.h).
   const CoreFingerprint& fingerprint() const { return m_fingerprint; }
 
@@ -37,6 +41,7 @@ class CoreRecording final : public CoreRecorder {
   CoreEnv& m_env;
   std::vector<uint8_t> m_exec_order;
   std::vector<GmAccess> m_gm_accesses;
+  std::vector<uint8_t> m_transfer_pipes;
   CoreFingerprint m_fingerprint;
 };
 

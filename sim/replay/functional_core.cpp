@@ -56,6 +56,7 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
     if (!cost.gm.empty()) {
       m_ranges.insert(m_ranges.end(), cost.gm.begin(), cost.gm.end());
       m_sizes.push_back(static_cast<uint32_t>(cost.gm.size()));
+      m_pipes.push_back(m_order[m_next]);
     }
     m_fingerprint.add_cost(op.pc, cost);
     return;

@@ -62,6 +62,7 @@ class FunctionalCore {
   const CoreFingerprint& fingerprint() const { return m_fingerprint; }
   const std::vector<GmAccess>& transfer_ranges() const { return m_ranges; }
   const std::vector<uint32_t>& transfer_sizes() const { return m_sizes; }
+  const std::vector<uint8_t>& transfer_pipes() const { return m_pipes; }  // each transfer's pipe
   const std::vector<GmAccess>& stores() const { return m_stores; }
   // Verify mode: the scalar loads' ranges.
   const std::vector<GmAccess>& loads() const { return m_loads; }
@@ -81,6 +82,7 @@ class FunctionalCore {
   std::vector<GmAccess> m_ranges, m_stores, m_loads;
   int64_t m_loaded = 0;  // the value the last ld read
   std::vector<uint32_t> m_sizes;
+  std::vector<uint8_t> m_pipes;
   Queues m_own_queues;  // unused when the caller lends storage
   Queues& m_queues;
   ScalarState m_scalar;

@@ -1,6 +1,7 @@
 #include "sim/replay/launch_replay.h"
 
 #include <algorithm>
+#include <array>
 #include <iterator>
 #include <map>
 
@@ -169,7 +170,8 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint()};
+    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint(),
+                                  r.transfer_pipes()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -268,26 +270,50 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   for (const auto& fc : verified)
     accesses.push_back({&fc->transfer_ranges(), &fc->stores(), &fc->loads()});
   if (cores_share_written_bytes(accesses)) return false;
-  // The L2 outcome of every range, transfers in the recorded order.
+  // The L2 outcome of every range, transfers in the recorded order: the order they reached the
+  // memory system (MemorySystem::transfer_order), which is not the order they took effect in
+  // when a core's pipes overlap (an MTE3 store still running while the next MTE2 load starts and
+  // ends). A core's transfers in `verified` are in effect order, the same order within each pipe,
+  // so its n-th lookup, on the pipe CoreBlocks::transfer_pipes names, is that pipe's next one.
+  struct CoreTransfers {
+    std::vector<size_t> first_range;  // per transfer, effect order: its first range
+    std::array<std::vector<uint32_t>, isa::kNumExecPipes> by_pipe;  // transfers of each pipe
+    std::array<size_t, isa::kNumExecPipes> next{};  // of each pipe: next to look up
+    size_t looked_up = 0;
+  };
+  std::vector<CoreTransfers> ct(rec.cores.size());
+  for (size_t i = 0; i < rec.cores.size(); ++i) {
+    const FunctionalCore& fc = *verified[i];
+    if (fc.transfer_sizes().size() != rec.cores[i].transfer_pipes.size()) return false;
+    size_t r = 0;
+    for (size_t t = 0; t < fc.transfer_sizes().size(); ++t) {
+      const uint8_t pipe = fc.transfer_pipes()[t];
+      if (pipe >= isa::kNumExecPipes) return false;
+      ct[i].first_range.push_back(r);
+      ct[i].by_pipe[pipe].push_back(static_cast<uint32_t>(t));
+      r += fc.transfer_sizes()[t];
+    }
+  }
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
   for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
-  std::vector<size_t> next_transfer(rec.cores.size(), 0), next_range(rec.cores.size(), 0);
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
     if (i < 0) return false;
     const FunctionalCore& fc = *verified[static_cast<size_t>(i)];
-    size_t& t = next_transfer[static_cast<size_t>(i)];
-    size_t& r = next_range[static_cast<size_t>(i)];
-    if (t >= fc.transfer_sizes().size()) return false;
-    for (uint32_t k = 0; k < fc.transfer_sizes()[t]; ++k, ++r) {
+    CoreTransfers& c = ct[static_cast<size_t>(i)];
+    const std::vector<uint8_t>& pipes = rec.cores[static_cast<size_t>(i)].transfer_pipes;
+    if (c.looked_up >= pipes.size()) return false;
+    const uint8_t pipe = pipes[c.looked_up++];
+    if (pipe >= isa::kNumExecPipes || c.next[pipe] >= c.by_pipe[pipe].size()) return false;
+    const uint32_t t = c.by_pipe[pipe][c.next[pipe]++];
+    for (size_t r = c.first_range[t], e = r + fc.transfer_sizes()[t]; r < e; ++r) {
       const GmAccess& a = fc.transfer_ranges()[r];
       h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes, a.l2, a.write));
     }
-    ++t;
   }
-  for (size_t i = 0; i < rec.cores.size(); ++i)
-    if (next_transfer[i] != verified[i]->transfer_sizes().size()) return false;
+  for (const CoreTransfers& c : ct)
+    if (c.looked_up != c.first_range.size()) return false;
   if (h != rec.l2_fingerprint) return false;
   if (writes) {
     writes->clear();
@@ -305,7 +331,8 @@ uint64_t RecordedLaunch::bytes() const {
                transfer_order.size() * sizeof(transfer_order[0]);
   for (const SectionRun& r : runs)
     n += r.decoded.size() * (sizeof(DecodedInsn) + sizeof(std::string));
-  for (const CoreBlocks& c : cores) n += c.order.size() + c.blocks.size() * sizeof(Block);
+  for (const CoreBlocks& c : cores)
+    n += c.order.size() + c.transfer_pipes.size() + c.blocks.size() * sizeof(Block);
   return n;
 }
 

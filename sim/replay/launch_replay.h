@@ -79,6 +79,7 @@ struct RecordedLaunch {
     std::vector<Block> blocks;  // in the order the core ran them
     std::vector<uint8_t> order;  // CoreRecording::exec_order of the recorded run
     CoreFingerprint fingerprint;  // CoreRecording::fingerprint of the recorded run
+    std::vector<uint8_t> transfer_pipes;  // CoreRecording::transfer_pipes of the recorded run
   };
   std::vector<CoreBlocks> cores;
   // MemorySystem::transfer_order and l2_fingerprint of the recorded run.

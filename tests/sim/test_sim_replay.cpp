@@ -104,6 +104,22 @@ const char* kStoreLoad = R"(
     end
 )";
 
+// A 4 KiB store on MTE3, then a 256-byte load on MTE2 that starts after it and ends before it:
+// the two transfers reach the memory system (their L2 lookups) in the other order than they
+// take effect in.
+const char* kOverlap = R"(
+.arg x, f16[128]
+.arg y, f16[2048]
+.section aiv
+    ldarg x1, x
+    ldarg x2, y
+    movi x3, 0
+    movi x4, 8192
+    copy_ub2gm x2, x3, 1, 128, 0, 0
+    copy_gm2ub x4, x1, 1, 8, 0, 0
+    end
+)";
+
 const char* kFault = ".section aiv\n    movi x1, 0x40000\n    copy_ub2gm x1, x1, 1, 8, 0, 0\n    end\n";
 
 // Counts what it is told; wants detail when `detail` is set.
@@ -154,6 +170,7 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true) {
   isa::Program fault = isa::assemble(kFault, "fault.s");
   isa::Program loop = isa::assemble(kLoadLoop, "loop.s");
   isa::Program stld = isa::assemble(kStoreLoad, "stld.s");
+  isa::Program overlap = isa::assemble(kOverlap, "overlap.s");
   for (int round = 0; round < 3; ++round) {
     // New data every round: a replay computes with the data it is given.
     const std::string r = std::to_string(round);
@@ -192,6 +209,11 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true) {
   out["vadd_moved_out"] = read_gm<uint16_t>(sim, kZ + kMove, n);
   record("vadd_in_place", launch(sim, vadd, {kX + kMove, kY + kMove, kX + kMove, n}, 3));
   out["vadd_in_place_out"] = read_gm<uint16_t>(sim, kX + kMove, n);
+  // Overlapping transfers of one core, then the same launch moved: the check looks the moved
+  // ranges up in the order the simulated run's transfers reached the memory system.
+  record("overlap", launch(sim, overlap, {kX, kZ}, 1));
+  record("overlap_moved", launch(sim, overlap, {kX + kMove, kZ + kMove}, 1));
+  out["overlap_moved_out"] = read_gm<uint16_t>(sim, kZ + kMove, 2048);
   // Observers: one that wants detail sees a simulated launch; one that does not lets it replay
   // and sees its begin and end at the simulated times.
   Probe probe;
@@ -263,7 +285,7 @@ TEST_CASE("a timing-only replay gives exactly what simulating every launch gives
   const json check = run_in_child(SimOptions::Replay::check, 0, false);
   for (const json* run : {&on, &check}) check_same_as_simulated(off, *run);
   // The moved launch and the ld kernels were carried out from the check's ranges.
-  for (const char* k : {"vadd_moved", "ldst1", "ldst2", "loop1", "vadd1", "gemm2"}) {
+  for (const char* k : {"vadd_moved", "overlap_moved", "ldst1", "ldst2", "loop1", "vadd1", "gemm2"}) {
     INFO(k);
     CHECK(on[k]["replayed"] == true);
   }
@@ -300,6 +322,10 @@ TEST_CASE("which launches are replayed") {
   CHECK(on["vadd_args"]["replayed"] == false);
   CHECK(on["vadd_moved"]["replayed"] == true);
   CHECK(on["vadd_in_place"]["replayed"] == false);
+  CHECK(on["overlap"]["ok"] == true);
+  INFO(on["overlap"]["error"]);
+  CHECK(on["overlap"]["replayed"] == false);
+  CHECK(on["overlap_moved"]["replayed"] == true);
   // An observer that wants detail gets the instructions of a simulated launch; one that does not
   // gets a replay, with begin and end where the simulated launch had them.
   CHECK(on["observed_detail"]["replayed"] == false);
