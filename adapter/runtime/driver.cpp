@@ -524,6 +524,9 @@ Status Driver::submit(Stream s, DeviceOp op) {
     // A wait on an event never recorded waits for nothing (as cudaStreamWaitEvent).
     op.event_generation = op.kind == OpKind::record_event ? ++ev->recorded : ev->recorded;
   }
+  // Events are the system's: a stream of one chip may record or wait for an event of another
+  // (TensorFlow orders a copy between NPUs with stream dependencies across the two devices).
+  if (op.kind == OpKind::record_event || op.kind == OpKind::wait_event) op.chip = st->chip;
   if (op.chip != st->chip)
     return Status(StatusCode::invalid_argument,
                   fmt::format("{}: stream {} belongs to chip {}, not chip {}",

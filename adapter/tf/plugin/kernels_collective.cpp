@@ -7,6 +7,9 @@
 //     inputs every rank's outputs receive; the other ranks' inputs give only shape and dtype);
 //     group_size, rank: this replica's place in the communicator; group_key: names the
 //     communicator's collectives (as NCCL ops' shared_name does).
+//   Not stateful: tf.function's automatic control dependencies chain stateful ops in program
+//   order, which would make replica 1's op wait for replica 0's, and replica 0's op finishes
+//   only once replica 1's has joined. npusim.distribute orders each replica's collectives itself.
 //
 // Each replica runs one such op on its NPU; output i of every rank is the collective of the
 // ranks' inputs i, computed by the chips' collective engine (sim/collective: the data moves over
@@ -100,7 +103,6 @@ absl::Status register_op_def() {
         .Attr("group_size: int >= 1")
         .Attr("rank: int >= 0")
         .Attr("group_key: string")
-        .SetIsStateful()  // never folded, pruned or merged: it meets other replicas
         .SetShapeFn([](tfc::shape_inference::InferenceContext* c) {
           for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
           return absl::OkStatus();

@@ -21,14 +21,15 @@ MirroredStrategy instead: pluggable devices do not get that runtime.
 
 import itertools
 import threading
+import weakref
 
 from ._plugin import NpusimError
 
 REDUCTIONS = ("sum", "prod", "max", "min", "mean")
 
 _keys = itertools.count()
-_eager_functions = {}
-_eager_lock = threading.Lock()
+_last_collective = weakref.WeakKeyDictionary()
+_last_collective_by_id = {}
 
 
 def _tf():
@@ -83,28 +84,53 @@ def _check_replicas(what, per_replica):
     return devices
 
 
-def _collective_ops(per_replica, devices, collective, reduction, root):
-    """Builds one NpuCollective per replica in the current graph; returns their outputs."""
+def _last_collective_of(graph):
+    """{device: the latest NpuCollective op built on it} of a graph."""
+    try:
+        return _last_collective.setdefault(graph, {})
+    except TypeError:  # a graph that cannot be weakly referenced
+        return _last_collective_by_id.setdefault(id(graph), {})
+
+
+def _dtype_groups(tensors):
+    """The positions of a replica's tensors, grouped by dtype (an NpuCollective takes tensors
+    of one type), each group with the key of its collectives."""
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    return [(indices, f"npusim/{next(_keys)}") for indices in by_dtype.values()]
+
+
+def _replica_ops(tensors, groups, rank, attrs):
+    """This replica's NpuCollective ops (one per dtype group) on the current device; returns its
+    outputs in the order of `tensors`. Graph mode: builds them, each depending on the previous
+    collective of this device (one order on every chip: two collectives queued in opposite
+    orders on two chips would wait for each other forever). Eagerly: runs them, each returning
+    once the collective has run on every replica."""
+    from tensorflow.python.eager import context, execute  # pylint: disable=import-outside-toplevel
     from tensorflow.python.framework import op_def_library  # pylint: disable=import-outside-toplevel
 
     tf = _tf()
-    graph = tf.compat.v1.get_default_graph()
-    # A replica runs its collectives in one order on its stream; chaining each NPU's
-    # collectives in creation order keeps that order the same on every replica (two collectives
-    # queued in opposite orders on two chips would wait for each other forever).
-    last = graph.__dict__.setdefault("_npusim_last_collective", {})
-    key = f"npusim/{collective}/{next(_keys)}"
-    outputs = []
-    for rank, (device, tensors) in enumerate(zip(devices, per_replica)):
-        with tf.device(device):
-            deps = [last[device]] if device in last else []
-            with tf.control_dependencies(deps):
+    outputs = [None] * len(tensors)
+    for indices, key in groups:
+        inputs = [tensors[i] for i in indices]
+        op_attrs = dict(attrs, rank=rank, group_key=key)
+        if tf.executing_eagerly():
+            flat = ["T", inputs[0].dtype.as_datatype_enum, "N", len(inputs)]
+            for name, value in op_attrs.items():
+                flat += [name, value]
+            outs = execute.execute("NpuCollective", len(inputs), inputs=inputs,
+                                   attrs=tuple(flat), ctx=context.context())
+        else:
+            last = _last_collective_of(tf.compat.v1.get_default_graph())
+            device = _device_name(tensors[0])
+            with tf.control_dependencies([last[device]] if device in last else []):
                 _, _, op, outs = op_def_library._apply_op_helper(  # pylint: disable=protected-access
-                    "NpuCollective", input=list(tensors), collective=collective,
-                    reduction=reduction, root=root, group_size=len(devices), rank=rank,
-                    group_key=key, name=f"NpuCollective_{collective}")
-        last[device] = op
-        outputs.append(list(outs))
+                    "NpuCollective", input=inputs, name=f"NpuCollective_{attrs['collective']}",
+                    **op_attrs)
+            last[device] = op
+        for i, out in zip(indices, outs):
+            outputs[i] = out
     return outputs
 
 
@@ -113,23 +139,36 @@ def _run(per_replica, collective, reduction="sum", root=0):
     devices = _check_replicas(collective, per_replica)
     if len(devices) == 1:
         return [[tf.identity(t) for t in per_replica[0]]]
+    groups = _dtype_groups(per_replica[0])
+    attrs = {"collective": collective, "reduction": reduction, "root": root,
+             "group_size": len(devices)}
+    results = [None] * len(devices)
     if not tf.executing_eagerly():
-        return _collective_ops(per_replica, devices, collective, reduction, root)
-    # Eagerly, every replica's op must be queued before any can finish: run them as one
-    # function, whose per-device parts TensorFlow executes side by side.
-    sig = (tuple(devices), len(per_replica[0]), collective, reduction, root)
-    with _eager_lock:
-        fn = _eager_functions.get(sig)
-        if fn is None:
-            def body(*flat):
-                n = sig[1]
-                groups = [list(flat[r * n:(r + 1) * n]) for r in range(len(devices))]
-                return _collective_ops(groups, devices, collective, reduction, root)
+        for rank, device in enumerate(devices):
+            with tf.device(device):
+                results[rank] = _replica_ops(per_replica[rank], groups, rank, attrs)
+        return results
+    # Eagerly an op returns once its collective has run, i.e. once every replica's op has
+    # joined: one thread per replica, as MirroredStrategy runs eager replicas.
+    errors = [None] * len(devices)
 
-            fn = tf.function(body, autograph=False, reduce_retracing=True)
-            _eager_functions[sig] = fn
-    flat = [t for tensors in per_replica for t in tensors]
-    return [list(outs) for outs in fn(*flat)]
+    def replica(rank):
+        try:
+            with tf.device(devices[rank]):
+                results[rank] = _replica_ops(per_replica[rank], groups, rank, attrs)
+        except Exception as e:  # pylint: disable=broad-except
+            errors[rank] = e
+
+    threads = [threading.Thread(target=replica, args=(r,), name=f"npusim-replica-{r}")
+               for r in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def _per_replica_lists(values):
