@@ -160,7 +160,7 @@ def test_mirrored_strategy_tracks_one_npu_on_the_global_batch():
         import json
         import numpy as np
         import npusim
-        npusim.configure(chip="tiny", chips=2, precision_mode="must_keep_origin_dtype")
+        npusim.configure(chip="tiny", chips=2)
         import tensorflow as tf
         import keras
 
