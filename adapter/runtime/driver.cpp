@@ -712,22 +712,28 @@ Status Driver::elapsed_us(Event start, Event end, double* us) {
   return Status();
 }
 
-std::vector<LaunchRecord> Driver::launch_records(int chip) const {
-  std::lock_guard<std::mutex> lock(m_mutex);
-  if (m_chips == 1) return m_records;
-  std::vector<LaunchRecord> out;
-  for (const LaunchRecord& r : m_records)
+namespace {
+
+// The records of one chip (every record, on a single chip).
+template <typename Record>
+std::vector<Record> records_of_chip(const std::vector<Record>& all, int chips, int chip) {
+  if (chips == 1) return all;
+  std::vector<Record> out;
+  for (const Record& r : all)
     if (r.chip == chip) out.push_back(r);
   return out;
 }
 
+}  // namespace
+
+std::vector<LaunchRecord> Driver::launch_records(int chip) const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return records_of_chip(m_records, m_chips, chip);
+}
+
 std::vector<CopyRecord> Driver::copy_records(int chip) const {
   std::lock_guard<std::mutex> lock(m_mutex);
-  if (m_chips == 1) return m_copy_records;
-  std::vector<CopyRecord> out;
-  for (const CopyRecord& r : m_copy_records)
-    if (r.chip == chip) out.push_back(r);
-  return out;
+  return records_of_chip(m_copy_records, m_chips, chip);
 }
 
 std::vector<CollectiveRecord> Driver::collective_records() const {
