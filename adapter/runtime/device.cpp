@@ -449,13 +449,10 @@ Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>
     if (Status st = check_range(what.c_str(), "receive", recv, collective_recv_bytes(one));
         !st.ok())
       return st;
-    DeviceOp op;
-    op.kind = OpKind::collective;
+    DeviceOp op = transfer_op(OpKind::collective, recv, send, 0);  // dst: recv, src: send
     op.chip = m_chip;
     op.group = group;
     op.rank = rank;
-    op.src = send;
-    op.dst = recv;
     op.count = count;
     return m_driver->submit(s, std::move(op));
   });
