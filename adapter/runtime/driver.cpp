@@ -532,7 +532,10 @@ Status Driver::submit(Stream s, DeviceOp op) {
                   fmt::format("{}: stream {} belongs to chip {}, not chip {}",
                               op_kind_name(op.kind), s.id, st->chip, op.chip));
   if (op.kind == OpKind::collective) {
-    if (Status r = join_collective_locked(s.id, op); !r.ok()) return r;
+    if (Status r = join_collective_locked(s.id, op); !r.ok()) {
+      m_work.notify_one();  // the group failed: its parts already queued can now complete
+      return r;
+    }
   }
   op.seq = m_next_seq++;
   st->queue.push_back(std::move(op));
