@@ -2,7 +2,7 @@
 runtime"), as op calls through `npusim op` (no TensorFlow needed).
 
 Runs MatMul 4096^3 fp16, the Conv2D layers of ResNet-50 at batch 32 (NHWC, fp16), a large
-element-wise op and large reductions / softmax, in timing-only mode by default, and prints per
+element-wise op, large reductions / softmax and fused attention (prefill, decode), in timing-only mode by default, and prints per
 op: simulated time, cube and vector utilisation (of the whole chip's peak), achieved HBM
 bandwidth, the op's roofline bound from the config, the ratio simulated / roofline, compile
 time and wall time. Writes benchmarks/results/ops.json.
@@ -55,6 +55,19 @@ WORKLOADS = [
      "inputs": ["f16:8192x8192"], "attrs": ["axes=[0]"]},
     {"name": "Softmax f16 8192x8192", "op": "Softmax", "kind": "memory_bound",
      "inputs": ["f16:8192x8192"], "attrs": []},
+    # Fused attention (docs/compiler.md "Decoder-model kernels"): a Llama-7B-like layer's
+    # causal prefill of 2048 tokens (32 heads of 128) and one decode step against a 2048-token
+    # KV cache with grouped-query heads (32 query, 8 KV heads), batch 1 and 16.
+    {"name": "PromptFlashAttention b1 s2048 32x128 causal", "op": "PromptFlashAttention",
+     "kind": "attention", "inputs": ["f16:1x2048x32x128"] * 3, "attrs": ["sparse_mode=3"]},
+    {"name": "IncreFlashAttention b1 L2048 32/8x128", "op": "IncreFlashAttention",
+     "kind": "attention",
+     "inputs": ["f16:1x1x32x128", "f16:1x2048x8x128", "f16:1x2048x8x128", "s64:1"],
+     "attrs": ["actual_seq_lengths=[2048]"]},
+    {"name": "IncreFlashAttention b16 L2048 32/8x128", "op": "IncreFlashAttention",
+     "kind": "attention",
+     "inputs": ["f16:16x1x32x128", "f16:16x2048x8x128", "f16:16x2048x8x128", "s64:16"],
+     "attrs": ["actual_seq_lengths=[2048]"]},
 ]
 
 

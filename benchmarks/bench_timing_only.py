@@ -22,7 +22,7 @@ Target (printed as MET/MISS, not asserted): the step within 120 s of wall time.
 
 Usage: .venv/bin/python benchmarks/bench_timing_only.py [--batch 256] [--input-size 224]
        [--chip 910b] [--set dotted.key=value ...] [--steps 1] [--report-dir out/timing_only_resnet50] [--profile FILE]
-       [--json OUT]
+       [--no-report] [--json OUT]
 --steps 2 also times a second step (kernels compiled and traced: the simulator's share alone).
 --profile writes a cProfile of the first step (python -m pstats FILE).
 """
@@ -62,6 +62,8 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--report-dir", default=os.path.join(ROOT, "out", "timing_only_resnet50"))
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--no-report", action="store_true",
+                    help="time the steps only (no npusim.profile report)")
     ap.add_argument("--json", dest="json_out", default=None)
     return ap.parse_args()
 
@@ -93,7 +95,7 @@ def main():
     # writing is timed apart from the step.
     report = npusim.profile(a.report_dir)
     for i in range(a.steps):
-        if i == a.steps - 1:
+        if i == a.steps - 1 and not a.no_report:
             report.__enter__()  # pylint: disable=unnecessary-dunder-call
         profiler = cProfile.Profile() if a.profile and i == 0 else None
         npusim.clear_launch_records()
@@ -110,20 +112,23 @@ def main():
         steps.append({"wall_s": wall, "cpu_s": cpu, "max_rss_gib": rss,
                       "simulated_us": figures.get("simulated_us_per_step"),
                       "kernels": len(records),
+                      "replayed": sum(1 for r in records if r.get("replayed")),
                       "launch_wall_s": figures["emulator_wall_s_per_step"],
                       "launch_wall_s_by_op_type": {
                           k: round(v, 3) for k, v in
                           list(figures["emulator_wall_s_by_op_type"].items())[:8]}})
         s = steps[-1]
         print(f"step {i + 1}: {s['wall_s']:.1f} s wall, {s['cpu_s']:.1f} s CPU; simulated "
-              f"{s['simulated_us'] / 1000:.2f} ms, {s['kernels']} kernels; launches' own wall "
+              f"{s['simulated_us'] / 1000:.2f} ms, {s['kernels']} kernels "
+              f"({s['replayed']} replayed); launches' own wall "
               f"{s['launch_wall_s']:.1f} s, the rest (TensorFlow, compiler, Python) "
               f"{s['wall_s'] - s['launch_wall_s']:.1f} s; host max RSS {rss:.1f} GiB",
               flush=True)
     t0 = time.perf_counter()
-    report.__exit__(None, None, None)
+    if not a.no_report:
+        report.__exit__(None, None, None)
     report_s = time.perf_counter() - t0
-    report = report.directory
+    report = None if a.no_report else report.directory
     first = steps[0]
     out = {"model": a.model, "batch": a.batch, "input_size": a.input_size, "chip": a.chip,
            "overrides": a.overrides,

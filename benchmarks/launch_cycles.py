@@ -1,16 +1,17 @@
 """Emulator-speed check for simulator and compiler work: runs a model's inference (default
 ResNet-50, batch 1; MODE=train: a training step, Adam, at BATCH, default 2) through TensorFlow
-on the NPU (910b, or $CHIP), one warm-up step and STEPS measured steps; prints s/step, the launches and the emulator's wall time per op type (launch
-records' wall_us); with OUT=file.json writes every launch of the last step as (kernel,
-block_dim, cycles) and a digest of the output's bytes. benchmarks/compare_launches.py A.json
-B.json then checks that a change meant to make the emulator faster left every simulated cycle
-and every output bit alone.
+on the NPU (910b, or $CHIP), one warm-up step and STEPS measured steps; prints s/step, and per
+op type the launches, the emulator's wall time (launch records' wall_us) and the simulated
+cycles; with OUT=file.json writes every launch of the last step as (kernel, block_dim, cycles)
+and a digest of the output's bytes. benchmarks/compare_launches.py A.json B.json then checks
+that a change meant to make the emulator faster left every simulated cycle and every output bit
+alone.
 
 Training steps launch independent ops (the gradients of different layers) in an order TF's
 executor chooses at run time, so the launch list of a training step is compared as a multiset
 (compare_launches.py sorts it when the JSON says "unordered"); the output digest is the loss.
 
-Usage: [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
+Usage: [NPUSIM_GRAPH=0] [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
        [MODE=infer|train] [BATCH=2] \
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
@@ -52,9 +53,9 @@ with tf.device("/NPU:0"):
         # CPU seconds (all threads) vary less than wall time on a shared host.
         print(f"s/step {dt:.3f}  cpu-s/step {dc:.3f}", flush=True)
 recs = npusim.launch_records()
-w = collections.defaultdict(lambda: [0, 0.0])
+w = collections.defaultdict(lambda: [0, 0.0, 0])  # op type: launches, wall us, cycles
 for r in recs:
-    e = w[r["op_type"]]; e[0] += 1; e[1] += r["wall_us"]
+    e = w[r["op_type"]]; e[0] += 1; e[1] += r["wall_us"]; e[2] += r["cycles"]
 print(f"launches {len(recs)}  emulator wall in launches {sum(e[1] for e in w.values())/1e3:.1f} ms")
 # Simulated figures of the last step: the launches' cycles summed, and the cube's share of the
 # chip's peak over the launches' time (op_summary's per-op figures weighted by time).
@@ -62,8 +63,16 @@ rows = npusim.op_summary()
 busy_us = sum(r["time_us"] for r in rows) or 1.0
 print(f"simulated cycles {sum(r['cycles'] for r in recs):,}  "
       f"cube utilisation {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / busy_us:.1f}%")
+# The step on the device timeline: from its first launch's host dispatch to its last launch's
+# end (host dispatch, copies between launches and kernels; NPUSIM_GRAPH=0 vs whole graphs), and
+# the task lists it ran (a whole graph's run, or one op dispatched on its own).
+span = (max(r["start_cycle"] + r["cycles"] for r in recs)
+        - min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs))
+print(f"device timeline per step {span:,} cycles  host dispatch "
+      f"{sum(r['host_dispatch_cycles'] for r in recs):,} cycles  "
+      f"task lists {len({('g', r['graph_run']) if r.get('graph_run') else ('op', r.get('dispatch')) for r in recs})}")
 for k, e in sorted(w.items(), key=lambda kv: -kv[1][1]):
-    print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms")
+    print(f"  {k:12} n={e[0]:4} wall={e[1]/1e3:8.1f} ms  cycles={e[2]:11,}")
 out = os.environ.get("OUT")
 if out:
     json.dump({"launches": [[r["kernel"], r["block_dim"], r["cycles"]] for r in recs],

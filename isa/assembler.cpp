@@ -336,36 +336,40 @@ class Assembler {
     for (size_t i = 0; i < d.fields.size(); ++i)
       (field_is_suffix(d.fields[i].kind) ? suffix_fields : operand_fields).push_back(int(i));
 
+    // An optional suffix (the L2 policy) may only be the last one; left out, it stays 0.
     size_t nsuffix = parts.size() - 1;
-    if (nsuffix != suffix_fields.size()) {
+    size_t required = suffix_fields.size();
+    while (required > 0 && field_is_optional(d.fields[suffix_fields[required - 1]].kind))
+      --required;
+    if (nsuffix < required || nsuffix > suffix_fields.size()) {
       std::string expect;
-      for (int f : suffix_fields) expect += fmt::format(".{}", d.fields[f].name);
+      for (size_t s = 0; s < suffix_fields.size(); ++s)
+        expect += fmt::format(s < required ? ".{}" : "[.{}]", d.fields[suffix_fields[s]].name);
+      const std::string count = required == suffix_fields.size()
+                                    ? std::to_string(required)
+                                    : fmt::format("{} to {}", required, suffix_fields.size());
       fail(nsuffix > suffix_fields.size() ? parts[suffix_fields.size() + 1].col - 1 : word.col,
            suffix_fields.empty()
                ? fmt::format("{} takes no suffix", d.mnemonic)
-               : fmt::format("{} takes {} suffix{} ({}), got {}", d.mnemonic,
-                             suffix_fields.size(), suffix_fields.size() == 1 ? "" : "es", expect,
-                             nsuffix));
+               : fmt::format("{} takes {} suffix{} ({}), got {}", d.mnemonic, count,
+                             suffix_fields.size() == 1 ? "" : "es", expect, nsuffix));
     }
     for (size_t s = 0; s < nsuffix; ++s) {
       const Piece& sp = parts[s + 1];
       const FieldDesc& f = d.fields[suffix_fields[s]];
       Operand& o = in.ops[suffix_fields[s]];
-      if (f.kind == FieldKind::Dt) {
-        auto t = dtype_from_name(sp.text);
-        if (!t)
-          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected a data type "
-                                   "(f32, f16, bf16, s32, s16, s8, u8, u16, s64)",
-                                   sp.text, f.name, d.mnemonic));
-        o.value = static_cast<int64_t>(*t);
-      } else {
-        auto c = cmp_from_name(sp.text);
-        if (!c)
-          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected a comparison "
-                                   "(eq, ne, lt, gt, le, ge)",
-                                   sp.text, f.name, d.mnemonic));
-        o.value = static_cast<int64_t>(*c);
-      }
+      auto set = [&](auto parsed, const char* expected) {
+        if (!parsed)
+          fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected {}", sp.text, f.name,
+                                   d.mnemonic, expected));
+        o.value = static_cast<int64_t>(*parsed);
+      };
+      if (f.kind == FieldKind::Dt)
+        set(dtype_from_name(sp.text), "a data type (f32, f16, bf16, s32, s16, s8, u8, u16, s64)");
+      else if (f.kind == FieldKind::L2h)
+        set(l2_hint_from_name(sp.text), "an L2 policy (normal, noalloc, bypass)");
+      else
+        set(cmp_from_name(sp.text), "a comparison (eq, ne, lt, gt, le, ge)");
     }
 
     std::vector<Piece> ops;
@@ -423,6 +427,7 @@ class Assembler {
         return;
       case FieldKind::Dt:
       case FieldKind::Cmp:
+      case FieldKind::L2h:
         break;  // suffixes, handled by the caller
       default: {
         if (reg >= 0) {

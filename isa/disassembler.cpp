@@ -32,6 +32,7 @@ std::string operand_text(const FieldDesc& f, const Operand& o, const Section* se
     case FieldKind::Pipe: return code_name(o.value, Pipe::SYNC, pipe_name, "pipe");
     case FieldKind::Buf: return code_name(o.value, Buf(kNumBufs), buf_name, "buf");
     case FieldKind::Label: return label_text(o.value, section);
+    case FieldKind::L2h: return code_name(o.value, L2Hint(kNumL2Hints), l2_hint_name, "l2h");
     case FieldKind::I64:
       // Small values in decimal (signed), others as their 64-bit pattern in hex.
       if (o.value > -65536 && o.value < 65536) return fmt::format("{}", o.value);
@@ -46,6 +47,7 @@ std::string disassemble(const Instruction& in, const Section* section) {
   const InstrDesc& d = in.desc();
   std::string text = d.mnemonic, operands;
   for (size_t i = 0; i < d.fields.size(); ++i) {
+    if (field_is_optional(d.fields[i].kind) && in.ops[i].value == 0) continue;  // the default
     std::string t = operand_text(d.fields[i], in.ops[i], section);
     if (field_is_suffix(d.fields[i].kind)) text += "." + t;
     else operands += (operands.empty() ? " " : ", ") + t;

@@ -22,6 +22,8 @@ const char* const kDtypeNames[] = {"f32", "f16", "bf16", "s32", "s16", "s8", "u8
 const char* const kBufNames[] = {"gm", "l1", "l0a", "l0b", "l0c", "ub", "bt", "fb"};
 const char* const kCmpNames[] = {"eq", "ne", "lt", "gt", "le", "ge"};
 const char* const kCoreKindNames[] = {"aic", "aiv", "aicore"};
+const char* const kL2HintNames[] = {"normal", "noalloc", "bypass"};
+static_assert(sizeof(kL2HintNames) / sizeof(kL2HintNames[0]) == kNumL2Hints);
 
 const std::vector<InstrDesc>& table() {
   static const std::vector<InstrDesc> t = {
@@ -71,6 +73,7 @@ int imm_width(FieldKind k) {
     case FieldKind::Dt: case FieldKind::Pipe: case FieldKind::Buf: return 4;
     case FieldKind::Cmp: return 3;
     case FieldKind::Label: return 20;
+    case FieldKind::L2h: return 2;
   }
   return 0;
 }
@@ -104,6 +107,10 @@ const char* buf_name(Buf b) { return kBufNames[static_cast<int>(b)]; }
 std::optional<Buf> buf_from_name(std::string_view s) { return lookup<Buf>(kBufNames, s); }
 const char* cmp_name(Cmp c) { return kCmpNames[static_cast<int>(c)]; }
 std::optional<Cmp> cmp_from_name(std::string_view s) { return lookup<Cmp>(kCmpNames, s); }
+const char* l2_hint_name(L2Hint h) { return kL2HintNames[static_cast<int>(h)]; }
+std::optional<L2Hint> l2_hint_from_name(std::string_view s) {
+  return lookup<L2Hint>(kL2HintNames, s);
+}
 const char* core_kind_name(CoreKind k) { return kCoreKindNames[static_cast<int>(k)]; }
 std::optional<CoreKind> core_kind_from_name(std::string_view s) {
   return lookup<CoreKind>(kCoreKindNames, s);
@@ -113,7 +120,10 @@ int field_bits(FieldKind k) {
   if (field_is_reg_or_imm(k)) return 1 + std::max(5, imm_width(k));
   return imm_width(k);
 }
-bool field_is_suffix(FieldKind k) { return k == FieldKind::Dt || k == FieldKind::Cmp; }
+bool field_is_suffix(FieldKind k) {
+  return k == FieldKind::Dt || k == FieldKind::Cmp || k == FieldKind::L2h;
+}
+bool field_is_optional(FieldKind k) { return k == FieldKind::L2h; }
 bool field_is_reg_or_imm(FieldKind k) {
   // RU8, RU12, RU16, RU32 are consecutive enumerators: one unsigned range compare (this runs
   // for every operand the scalar unit resolves).
@@ -245,6 +255,8 @@ std::optional<std::string> illegal_operand(const Instruction& in) {
       limit = static_cast<uint64_t>(Pipe::ALL), what = "pipe code";
     } else if (f.kind == FieldKind::Buf) {
       limit = kNumBufs - 1, what = "buffer code";
+    } else if (f.kind == FieldKind::L2h) {
+      limit = kNumL2Hints - 1, what = "L2 policy code";
     }
     if (v > limit)
       return fmt::format("{} operand {}: {} {} is out of range 0..{}", d.mnemonic, f.name, what,

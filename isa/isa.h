@@ -35,13 +35,25 @@ enum class Cmp : uint8_t { EQ, NE, LT, GT, LE, GE };
 const char* cmp_name(Cmp c);
 std::optional<Cmp> cmp_from_name(std::string_view s);
 
+// L2 cache policy of a GM transfer (the optional last suffix of the GM data-movement
+// instructions; docs/assembly.md "L2 cache policy"). NORMAL: look up every line; a missing
+// line is allocated. NOALLOC (streaming): look up; a missing line is not allocated (read from /
+// written to HBM only). BYPASS: no lookup, every byte goes to HBM; a write drops the lines it
+// covers from L2 (their copy would be stale).
+enum class L2Hint : uint8_t { NORMAL, NOALLOC, BYPASS };
+inline constexpr int kNumL2Hints = 3;
+const char* l2_hint_name(L2Hint h);  // "normal", "noalloc", "bypass"
+std::optional<L2Hint> l2_hint_from_name(std::string_view s);
+
 enum class FieldKind : uint8_t {
-  Reg, RU8, RU12, RU16, RU32, U1, U2, U3, U4, U8, U16, I64, Dt, Cmp, Pipe, Buf, Label
+  Reg, RU8, RU12, RU16, RU32, U1, U2, U3, U4, U8, U16, I64, Dt, Cmp, Pipe, Buf, Label, L2h
 };
 // Encoded width in bits of one field of this kind (including the register/immediate flag).
 int field_bits(FieldKind k);
-// True for kinds written as a ".suffix" of the mnemonic (Dt, Cmp).
+// True for kinds written as a ".suffix" of the mnemonic (Dt, Cmp, L2h).
 bool field_is_suffix(FieldKind k);
+// True for kinds that may be left out (only as the last suffix): L2h, value 0 (normal) then.
+bool field_is_optional(FieldKind k);
 // True for RU* kinds (a register or an immediate).
 bool field_is_reg_or_imm(FieldKind k);
 // Largest immediate value a field of this kind can hold (for U*, RU*).

@@ -13,13 +13,13 @@ Building does not choose a device: build under `tf.device("/NPU:0")` to put the 
 
 import numpy as np
 
-from . import applications, cnn, lstm_attention, mlp, transformer
+from . import applications, cnn, llm, lstm_attention, mlp, transformer
 from ._common import ModelSpec
 
 
 REGISTRY = {spec.name: spec for spec in (mlp.SPEC, cnn.SPEC, applications.RESNET50_SPEC,
                                          applications.MOBILENETV2_SPEC, lstm_attention.SPEC,
-                                         transformer.SPEC)}
+                                         transformer.SPEC, *llm.SPECS)}
 
 
 def names():

@@ -4,6 +4,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
     python -m models.run --model NAME --mode infer|train --batch B --steps S
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
+    python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
+        [--dtype DTYPE] [the options above]    (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
 process): a sweep starts one runner per config.
@@ -20,7 +22,7 @@ not measured (it traces the tf.function and compiles the NPU kernels), then S me
 
 Every step ends with the result copied to the host, so it has finished on the device.
 --timing-only: kernels take their simulated time but compute nothing (docs/tf_plugin.md,
-"Timing-only runs"): the simulated figures hold, the loss is undefined.
+"Timing-only runs"): the simulated figures hold, the loss is undefined and left out of the JSON.
 
 The JSON (printed as the last line of stdout, and written to --json OUT if given):
 
@@ -29,7 +31,8 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
                                     null on the CPU)
   wall_s_per_step                   mean host wall time of a measured step (s)
   warmup_wall_s                     wall time of the warm-up step (s)
-  loss                              train: the loss of the last measured step
+  loss                              train: the loss of the last measured step (not with
+                                    --timing-only)
   NPU only, from npusim.launch_records():
   simulated_us_per_step             device timeline of the measured steps / S: end of the last
                                     launch (start_cycle + cycles) minus start of the first launch,
@@ -44,6 +47,7 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
   vector_utilization_pct            100 x vector repeats x 256 B / (vector bytes_per_cycle x
                                     vector cores x span cycles)
   hbm_bytes_per_step                HBM read + write bytes
+  l2_hit_rate                       L2 hits / lookups (chip.l2.hits, chip.l2.misses)
   (span = that step's device timeline, first launch start to last launch end; the utilisations
   are left out if the chip config cannot be read)
   device_peak_bytes                 TensorFlow's allocator peak on the NPU
@@ -71,9 +75,14 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m models.run",
                                  description="Run a registry model on the emulated NPU.")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--mode", choices=("infer", "train"), required=True)
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--mode", choices=("infer", "train", "generate"), required=True)
+    ap.add_argument("--batch", type=int, default=None, help="required for infer and train; "
+                    "generate: default 1")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps (infer, train)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="generate: prompt tokens")
+    ap.add_argument("--gen-len", type=int, default=32, help="generate: generated tokens")
+    ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
+                    "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
                     help="image side / feature count / sequence length (default: the model's)")
     ap.add_argument("--classes", type=int, default=None)
@@ -91,6 +100,15 @@ def parse_args(argv=None):
                     "the loss are undefined): npusim.configure(functional=False)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.mode == "generate":
+        a.batch = 1 if a.batch is None else a.batch
+        a.steps = a.gen_len
+        if a.prompt_len < 1 or a.gen_len < 1:
+            ap.error("--prompt-len and --gen-len must be at least 1")
+    elif a.batch is None or a.steps is None:
+        ap.error(f"--mode {a.mode} needs --batch and --steps")
+    elif a.dtype is not None:
+        ap.error("--dtype is a generate option")
     if a.batch < 1 or a.steps < 1:
         ap.error("--batch and --steps must be at least 1")
     if a.timing_only and a.device == "CPU":
@@ -99,8 +117,8 @@ def parse_args(argv=None):
 
 
 def chip_peaks(npusim):
-    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle} of the whole chip, from the
-    resolved chip config the plugin loaded; None if it cannot be read."""
+    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle, hbm_gbps} of the whole chip,
+    from the resolved chip config the plugin loaded; None if it cannot be read."""
     try:
         import yaml  # pylint: disable=import-outside-toplevel
 
@@ -120,6 +138,8 @@ def chip_peaks(npusim):
         "cube_macs_per_cycle": cube["m"] * cube["k"] * cube["n"] * cube_cores,
         # One repeat is 256 bytes (docs/reports.md's roofline: repeats x 256 B / bytes_per_cycle).
         "vector_repeats_per_cycle": cfg["vector"]["bytes_per_cycle"] / 256.0 * vector_cores,
+        # GB/s; None if the config has none
+        "hbm_gbps": cfg.get("memory", {}).get("hbm", {}).get("gbps"),
     }
 
 
@@ -160,6 +180,9 @@ def launch_counters(records, peaks):
         "vector_repeats": totals.get("chip.*.v.repeats", 0),
         "hbm_bytes": totals.get("chip.hbm.read_bytes", 0) + totals.get("chip.hbm.write_bytes", 0),
     }
+    lookups = totals.get("chip.l2.hits", 0) + totals.get("chip.l2.misses", 0)
+    if lookups:
+        out["l2_hit_rate"] = totals.get("chip.l2.hits", 0) / lookups
     if peaks and span and span[1] > span[0]:
         cycles = span[1] - span[0]
         out["cube_utilization_pct"] = 100.0 * out["cube_macs"] / (
@@ -201,17 +224,20 @@ def run(a, log):
               "input_size": a.input_size or models.spec(a.model).default_input_size,
               "device": a.device, "chip": None, "overrides": None, "precision_mode": None}
     device = "/NPU:0" if a.device == "NPU" else "/CPU:0"
+    if a.mode == "generate":
+        return run_generate(a, log, npusim, device, result)
     x, y = models.synthetic_data(a.model, a.batch, a.input_size, a.classes, seed=0)
     with tf.device(device):
         model = models.build(a.model, a.input_size, a.classes, seed=0)
-        xt = tf.constant(x)
+        xt = tf.nest.map_structure(tf.constant, x)  # a dict for the language models
         yt = tf.constant(y)
         if a.mode == "train":
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=models.loss(a.model),
                           jit_compile=False)
 
             def step():
-                return float(model.train_on_batch(xt, yt))
+                # return_dict: the causal LMs compile with an accuracy metric besides the loss.
+                return float(model.train_on_batch(xt, yt, return_dict=True)["loss"])
         else:
             forward = tf.function(lambda inputs: model(inputs, training=False))
 
@@ -232,12 +258,119 @@ def run(a, log):
                                                         keep_all=bool(a.report_dir))
 
     result["wall_s_per_step"] = float(np.mean(walls))
-    if a.mode == "train":
+    if a.mode == "train" and not a.timing_only:
         result["loss"] = out
     if npusim is None:
         result["samples_per_s"] = a.batch / result["wall_s_per_step"]
         return result
     result.update(npu_figures(npusim, a.batch, a.steps, earlier, with_counters))
+    return device_extras(npusim, tf, result)
+
+
+def run_generate(a, log, npusim, device, result):
+    """--mode generate: greedy generation with the KV cache (models/llm.py, GreedyDecoder) of
+    --gen-len tokens after a random --prompt-len prompt. One warm-up (a prefill and one decode
+    step: traces both tf.functions and compiles their kernels), then the measured generation,
+    the launch records split per token. Figures (simulated, from the launch records):
+      ttft_us             the prefill's device timeline (first launch start to last launch end)
+      tpot_us             mean of the decode steps' timelines (a step: one token for the batch)
+      decode_tokens_per_s batch / tpot
+      tokens_per_s        batch x gen_len / (ttft + (gen_len - 1) x tpot)
+      decode_step_us      every decode step's timeline; decode_kernel_us: its launches' sum
+      decode_kernels_per_step, prefill_kernels
+      weight_bytes, kv_cache_bytes, decode_roofline_us   (weight bytes + cache bytes) / HBM
+                          bandwidth (memory.hbm.gbps): the time a batch-1 decode step needs at
+                          least to read its weights and cache once
+      wall_s_per_token    host wall time per decode step (the emulator's cost; on the CPU:
+                          TensorFlow's), wall_s_prefill
+    and tokens (the generated ids; undefined with --timing-only)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from models import llm  # pylint: disable=import-outside-toplevel
+
+    if a.model not in llm.CONFIGS:
+        raise ValueError(f"--mode generate needs a language model ({', '.join(llm.CONFIGS)}), "
+                         f"not '{a.model}'")
+    result.update(prompt_len=a.prompt_len, gen_len=a.gen_len, dtype=a.dtype)
+    del result["steps"], result["input_size"]
+    prompt = llm.prompt_tokens(a.model, a.batch, a.prompt_len, seed=0)
+    with tf.device(device):
+        if a.timing_only:  # weights are never materialised: zeros from a Fill kernel
+            lm = llm.build_causal_lm(a.model, dtype=a.dtype, zero_weights=True)
+        else:
+            import keras  # pylint: disable=import-outside-toplevel
+
+            keras.utils.set_random_seed(0)
+            lm = llm.build_causal_lm(a.model, dtype=a.dtype)
+        if npusim is not None:
+            info = npusim.device_info()["settings"]
+            result.update(chip=info["chip"], overrides=info["overrides"],
+                          precision_mode=info["precision_mode"])
+        result["weight_bytes"] = int(sum(
+            int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in lm.weights))
+        gen = llm.GreedyDecoder(lm, a.batch, a.prompt_len, a.gen_len)
+        result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(
+            lm.compute_dtype).size
+        log(f"{a.model} generate batch {a.batch} prompt {a.prompt_len} + {a.gen_len} on "
+            f"{a.device}: warm-up (prefill and one decode step)")
+        t0 = time.perf_counter()
+        token, cache, _ = gen.prefill(tf.constant(prompt))
+        gen.step(token, cache, tf.constant(a.prompt_len, tf.int32))[0].numpy()
+        result["warmup_wall_s"] = time.perf_counter() - t0
+
+        marks, walls = [], []
+        if npusim is not None:
+            npusim.clear_launch_records()
+        last = [time.perf_counter()]
+
+        def on_token(i):
+            now = time.perf_counter()
+            walls.append(now - last[0])
+            last[0] = now
+            if npusim is not None:
+                marks.append(len(npusim.launch_records()))
+            log(f"  token {i + 1}/{a.gen_len}: {walls[-1]:.2f} s wall")
+
+        tokens = gen.generate(prompt, on_token=on_token)
+    result["tokens"] = tokens.tolist()
+    result["wall_s_prefill"] = walls[0]
+    if len(walls) > 1:
+        result["wall_s_per_token"] = float(np.mean(walls[1:]))
+    if npusim is None:
+        if len(walls) > 1:
+            result["decode_tokens_per_s"] = a.batch / result["wall_s_per_token"]
+        return result
+    records = npusim.launch_records()
+    failed = [r for r in records if not r["ok"]]
+    if failed:
+        raise RuntimeError(f"{len(failed)} launches failed on the NPU, first: "
+                           f"{failed[0]['kernel']}: {failed[0]['error']}")
+    peaks = chip_peaks(npusim)
+    clock = _clock_mhz(records, peaks)
+    bounds = [0] + marks
+    spans = [timeline(records[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    if any(s is None for s in spans):
+        raise RuntimeError("a generation step ran no launch on the NPU")
+    us = [(s[1] - s[0]) / clock for s in spans]
+    result["ttft_us"] = us[0]
+    result["prefill_kernels"] = bounds[1]
+    if len(us) > 1:
+        result["decode_step_us"] = us[1:]
+        result["decode_kernel_us"] = [s[2] / clock for s in spans[1:]]
+        result["tpot_us"] = float(np.mean(us[1:]))
+        result["decode_tokens_per_s"] = a.batch / (result["tpot_us"] / 1e6)
+        result["decode_kernels_per_step"] = (bounds[-1] - bounds[1]) / (len(bounds) - 2)
+    tpot = result.get("tpot_us", 0.0)
+    result["tokens_per_s"] = a.batch * a.gen_len / ((us[0] + (a.gen_len - 1) * tpot) / 1e6)
+    if peaks and peaks["hbm_gbps"]:
+        result["decode_roofline_us"] = (result["weight_bytes"] + result["kv_cache_bytes"]) / (
+            peaks["hbm_gbps"] * 1e3)
+    return device_extras(npusim, tf, result)
+
+
+def device_extras(npusim, tf, result):
+    """Adds device_peak_bytes (TensorFlow's allocator peak on the NPU) and cpu_fallback_ops
+    (if npusim has it) to result; returns it."""
     try:
         result["device_peak_bytes"] = tf.config.experimental.get_memory_info("NPU:0")["peak"]
     except Exception:  # pylint: disable=broad-except
@@ -304,6 +437,8 @@ def npu_figures(npusim, batch, steps, earlier, last):
     if last and "counters" in last[0]:
         figures = launch_counters(last, peaks)
         out["hbm_bytes_per_step"] = figures["hbm_bytes"]
+        if "l2_hit_rate" in figures:
+            out["l2_hit_rate"] = figures["l2_hit_rate"]
         for key in ("cube_utilization_pct", "vector_utilization_pct"):
             if key in figures:
                 out[key] = figures[key]

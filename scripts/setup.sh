@@ -40,10 +40,11 @@ build_progress() {
 
 # Debian packages: compilers, SystemC (C++17 build), Eigen, fmt, spdlog, Catch2 v2, yaml-cpp,
 # nlohmann-json, CLI11, pybind11, Python's venv; ccache; clang 16 with its sanitizer and libFuzzer
-# runtimes for scripts/fuzz.sh; clang-format-14 for scripts/check_format.sh.
+# runtimes for scripts/fuzz.sh; clang-format-14 for scripts/check_format.sh; protoc
+# (protobuf-compiler) for the Chakra trace test (tests/tf/test_chakra.py).
 APT_PACKAGES=(g++ cmake ninja-build ccache pkg-config libsystemc-dev libeigen3-dev libfmt-dev
   libspdlog-dev catch2 libyaml-cpp-dev nlohmann-json3-dev libcli11-dev pybind11-dev
-  python3-venv python3-dev clang-16 libclang-rt-16-dev clang-format-14)
+  python3-venv python3-dev clang-16 libclang-rt-16-dev clang-format-14 protobuf-compiler)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <systemc>
@@ -17,8 +18,8 @@
 #include "common/error.h"
 #include "sim/chip/chip.h"
 #include "sim/chip/l2_tags.h"
-#include "sim/counters/observer.h"
 #include "sim/counters/counters.h"
+#include "sim/counters/observer.h"
 #include "sim/counters/trace.h"
 #include "sim/replay/launch_replay.h"
 #include "sim/replay/worker_pool.h"
@@ -91,13 +92,24 @@ struct Simulator::Impl {
       : cfg(c), opts(o), gm(c.hbm_bytes), memo(o.replay_memo_launches, o.replay_memo_bytes),
         pool(o.replay == SimOptions::Replay::off ? 1 : replay_thread_count(o)),
         verify_l2(o.replay == SimOptions::Replay::off ? 0 : c.l2_bytes, c.l2_line_bytes,
-                  c.l2_ways) {}
+                  c.l2_ways, c.l2_write_back) {}
   ChipConfig cfg;
   SimOptions opts;
   DeviceMemory gm;
   LaunchMemo memo;
   WorkerPool pool;
   L2Tags verify_l2;  // the L2 a launch at new tensor addresses is checked against
+
+  // verify_translation against the L2 this launch would start with (cold, or the chip's own
+  // when it keeps its lines); `verify_l2` then holds the L2 as the launch leaves it, and
+  // `writes` (may be null) the GM ranges it writes.
+  bool verify(const RecordedLaunch& rec, const KernelLaunch& launch,
+              std::vector<GmAccess>* writes) {
+    if (cfg.l2_keep_across_launches) verify_l2 = chip->memory().l2();
+    else verify_l2.invalidate_all();
+    return verify_translation(rec, *launch.program, launch.args, launch.block_dim, chip->cores(),
+                              gm, cfg, pool, verify_l2, writes);
+  }
   CounterRegistry counters;
   std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)
   std::unique_ptr<TraceRecorder> trace;
@@ -265,21 +277,29 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   RecordedLaunch* recorded =
       detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr
                                                                                   : found;
+  // A timing-only simulator carries out a launch that passed the check by invalidating the GM
+  // ranges the check found it writes: that is all its replay would do (replay_blocks plans
+  // every instruction again to find them).
+  std::vector<GmAccess> writes;
+  std::vector<GmAccess>* const verified_writes = I.opts.functional ? nullptr : &writes;
+  bool have_writes = false;
   // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
   // recording must pass the check with this launch's data first, as one made at other
   // addresses does; one that fails is recorded afresh below.
-  const bool stale = recorded && loads &&
-                     !verify_translation(*recorded, *launch.program, launch.args,
-                                         launch.block_dim, I.chip->cores(), I.gm, I.cfg, I.pool,
-                                         I.verify_l2);
+  // So must every recording when the L2 keeps its lines across launches: the L2 this launch
+  // starts with may differ from the recorded run's.
+  const bool keep_l2 = I.cfg.l2_keep_across_launches;
+  const bool checked = recorded && (loads || keep_l2);
+  const bool stale = checked && !I.verify(*recorded, launch, verified_writes);
+  have_writes = checked && !stale && verified_writes;
   if (stale) recorded = nullptr;
   if (replayable && !recorded && !detail) {
     // The same launch at other tensor addresses (a training step): replay it if the recorded
     // timing provably holds for these addresses.
     for (std::shared_ptr<RecordedLaunch>& candidate : I.memo.find_similar(similar))
       if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
-          verify_translation(*candidate, *launch.program, launch.args, launch.block_dim,
-                             I.chip->cores(), I.gm, I.cfg, I.pool, I.verify_l2)) {
+          I.verify(*candidate, launch, verified_writes)) {
+        have_writes = verified_writes != nullptr;
         // Kept under this launch's own key too: the next step finds it without the check.
         I.memo.alias(key, candidate);
         recorded = candidate.get();  // the memo keeps it (just added: not evicted)
@@ -298,8 +318,12 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
       for (const RecordedLaunch::CoreBlocks& cb : recorded->cores)
         buffers.push_back(I.chip->cores()[static_cast<size_t>(cb.core)]->local().save());
     }
-    replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
-                                 I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+    if (have_writes) {
+      for (const GmAccess& a : writes) I.gm.invalidate(a.addr, a.bytes);
+    } else {
+      replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
+                                   I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+    }
     if (!check) {
       if (!replay_error.empty()) {
         // Cannot happen for a launch that ran cleanly with the same operands; report it as the
@@ -310,6 +334,8 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
         r.start_cycle = time_ps(start) / kPsPerCycle;
         return r;
       }
+      // The L2 as the simulated launch would have left it (verified above).
+      if (keep_l2) std::swap(I.chip->memory().l2(), I.verify_l2);
       return I.replayed_result(*launch.program, launch.block_dim, *recorded, start,
                                launch.counter_tree);
     }
@@ -373,6 +399,9 @@ HdcResult Simulator::copy_host_to_device(uint64_t dev_addr, const void* src, uin
                             "memory of {} bytes", dev_addr, dev_addr + bytes,
                             m_impl->gm.capacity()));
   if (bytes) m_impl->gm.write(dev_addr, src, bytes);
+  // Data from the host arrives in HBM: an L2 kept across launches drops what it held there.
+  if (m_impl->cfg.l2_keep_across_launches)
+    m_impl->chip->memory().l2().invalidate_range(dev_addr, bytes);
   return m_impl->hdc_copy(true, bytes);
 }
 

@@ -3,10 +3,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
 
+#include "adapter/profiler/comm_record.h"
+#include "adapter/profiler/report_writer.h"
 #include "common/error.h"
 #include "common/npy.h"
 #include "sim/collective/collective.h"
@@ -50,17 +53,6 @@ std::vector<uint64_t> sizes(const CollectiveOptions& o) {
   std::vector<uint64_t> out;
   for (uint64_t s = lo; s <= hi; s *= static_cast<uint64_t>(o.factor)) out.push_back(s);
   return out;
-}
-
-// nccl-tests' bus bandwidth factor: busbw = algbw x this.
-double bus_factor(CollectiveKind k, int n) {
-  switch (k) {
-    case CollectiveKind::all_reduce: return 2.0 * (n - 1) / n;
-    case CollectiveKind::all_gather:
-    case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_to_all: return double(n - 1) / n;
-    default: return 1.0;
-  }
 }
 
 // The call for `size` bytes as nccl-tests counts them: all_reduce, broadcast, send_recv: one
@@ -146,6 +138,9 @@ CLI::App* add_collective_command(CLI::App& app, CollectiveOptions& o) {
                 "with --functional: write every rank's send and receive buffer of the last size "
                 "as DIR/rank<r>_send.npy, rank<r>_recv.npy");
   c->add_option("--out", o.out_dir, "write results.csv and the resolved system.yaml/chip.yaml");
+  c->add_option("--report-dir", o.report_dir,
+                "write the msprof-style report of the collectives (HCCL rows in op_summary.csv, "
+                "a communication lane per chip in trace.json, summary.txt)");
   return c;
 }
 
@@ -170,7 +165,8 @@ int run_collective_command(const CollectiveOptions& o, std::ostream& out) {
   out << fmt::format(
       "# link {} GB/s {} us per direction; NIC {} GB/s {} us; busbw = algbw x {:.4f}"
       "\n",
-      cfg.link.gbps, cfg.link.latency_us, cfg.nic.gbps, cfg.nic.latency_us, bus_factor(kind, n));
+      cfg.link.gbps, cfg.link.latency_us, cfg.nic.gbps, cfg.nic.latency_us,
+      prof::collective_bus_factor(kind, n));
   out << fmt::format("#{:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>8} {:>8} {:>6}  {}\n", "size",
                      "count", "type", "redop", "root", "time", "algbw", "busbw", "steps",
                      "algorithm");
@@ -179,12 +175,20 @@ int run_collective_command(const CollectiveOptions& o, std::ostream& out) {
   std::string csv =
       "size_bytes,count,dtype,redop,root,time_us,algbw_gbps,busbw_gbps,steps,"
       "algorithm\n";
+  prof::ReportInput report;
+  report.title = fmt::format("npusim collective {} --system {} ({} chips, algorithm {})",
+                             collective_name(kind), cfg.name, n, o.algo);
+  report.config = &cfg.chip;
   for (uint64_t size : list) {
     const CollectiveCall call = make_call(kind, o, n, size);
     if (o.functional) fill_inputs(sys, call);
+    std::map<std::string, uint64_t> links_before;
+    if (!o.report_dir.empty()) links_before = prof::fabric_channel_bytes(sys.counters());
     const CollectiveResult r = run_collective(sys, call);
+    if (!o.report_dir.empty())
+      report.comms.push_back(prof::comm_record(sys, call, r, links_before, report.comms.size()));
     const double algbw = static_cast<double>(size) / (r.time_us * 1e3);  // GB/s
-    const double busbw = algbw * bus_factor(kind, n);
+    const double busbw = algbw * prof::collective_bus_factor(kind, n);
     const std::string redop =
         kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter ? o.op
                                                                                      : "none";
@@ -196,6 +200,12 @@ int run_collective_command(const CollectiveOptions& o, std::ostream& out) {
                        r.time_us, algbw, busbw, r.steps, r.algorithm);
   }
   if (!o.dump_dir.empty()) dump_buffers(sys, make_call(kind, o, n, list.back()), o.dump_dir);
+  if (!o.report_dir.empty()) {
+    report.end_cycle = sys.now_cycles();
+    prof::write_report(o.report_dir, report);
+    write_configs(cfg, o.report_dir);
+    out << fmt::format("# wrote the report to {}/\n", o.report_dir);
+  }
   if (!o.out_dir.empty()) {
     write_configs(cfg, o.out_dir);
     std::ofstream(o.out_dir + "/results.csv") << csv;

@@ -28,6 +28,9 @@ struct CollectiveOptions {
   bool functional = false;
   std::string dump_dir;  // --functional: the last size's buffers as .npy
   std::string out_dir;   // results.csv, system.yaml and chip.yaml
+  // The msprof-style report of every size's collective (docs/reports.md, "Communication (HCCL)
+  // tasks"): op_summary.csv HCCL rows, trace.json lanes and flows, summary.txt, system.yaml.
+  std::string report_dir;
 };
 
 // Adds the subcommand to `app`, filling `o` when it parses.

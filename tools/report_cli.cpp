@@ -29,7 +29,7 @@ prof::OpRecord op_record(const isa::Program& prog, const ChipConfig& cfg, int bl
   op.mix_block_dim = prof::mix_block_dim_of(prog, cfg, block_dim);
   op.start_cycle = r.start_cycle;
   op.cycles = r.cycles;
-  op.counters = r.counters;
+  op.counters = r.counter_delta;
   return op;
 }
 

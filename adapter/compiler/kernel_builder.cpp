@@ -190,8 +190,14 @@ void KernelBuilder::emit(Opcode op, std::initializer_list<Opnd> operands,
                          const std::string& comment) {
   if (m_finished) fail("emit after finish()");
   const isa::InstrDesc& d = isa::describe(op);
-  if (operands.size() != d.fields.size())
-    fail(fmt::format("{} takes {} operands, {} given", d.mnemonic, d.fields.size(),
+  // A trailing optional field (the L2 policy) may be left out: it stays 0 (normal).
+  size_t required = d.fields.size();
+  while (required > 0 && isa::field_is_optional(d.fields[required - 1].kind)) --required;
+  if (operands.size() < required || operands.size() > d.fields.size())
+    fail(fmt::format("{} takes {} operands, {} given", d.mnemonic,
+                     required == d.fields.size()
+                         ? std::to_string(required)
+                         : fmt::format("{} to {}", required, d.fields.size()),
                      operands.size()));
   isa::Instruction in;
   in.op = op;
@@ -262,6 +268,10 @@ void KernelBuilder::emit(Opcode op, std::initializer_list<Opnd> operands,
         break;
       case FieldKind::Buf:
         if (o.kind() != Opnd::Kind::kBuf) wrong("a buffer");
+        out.value = o.value();
+        break;
+      case FieldKind::L2h:
+        if (o.kind() != Opnd::Kind::kL2Hint) wrong("an L2 policy");
         out.value = o.value();
         break;
       case FieldKind::Label:

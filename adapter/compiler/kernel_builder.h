@@ -64,7 +64,7 @@ struct Label {
 // One operand as the caller gives it; emit() matches it against the instruction's field kind.
 class Opnd {
  public:
-  enum class Kind { kReg, kImm, kDtype, kCmp, kPipe, kBuf, kLabel };
+  enum class Kind { kReg, kImm, kDtype, kCmp, kPipe, kBuf, kLabel, kL2Hint };
   Opnd(const Reg& r) : m_kind(Kind::kReg), m_value(r.id()) {}  // NOLINT: implicit by design
   template <typename I,
             typename = std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>>>
@@ -74,6 +74,7 @@ class Opnd {
   Opnd(isa::Pipe p) : m_kind(Kind::kPipe), m_value(static_cast<int64_t>(p)) {}    // NOLINT
   Opnd(isa::Buf b) : m_kind(Kind::kBuf), m_value(static_cast<int64_t>(b)) {}      // NOLINT
   Opnd(Label l) : m_kind(Kind::kLabel), m_value(l.id) {}                          // NOLINT
+  Opnd(isa::L2Hint h) : m_kind(Kind::kL2Hint), m_value(static_cast<int64_t>(h)) {}  // NOLINT
   // Register x<n> by number (x0: the zero register).
   static Opnd reg_number(int n) {
     Opnd o(int64_t{0});

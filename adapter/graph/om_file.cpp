@@ -196,7 +196,8 @@ OmModel parse_om(const std::vector<uint8_t>& bytes, const std::string& source) {
   if (om_checksum(payload, size) != get_u64(bytes.data() + 24))
     throw Error(source + ": corrupt: the checksum does not match the contents");
   try {
-    const uint64_t hsize = size >= 8 ? get_u64(payload) : UINT64_MAX;
+    if (size < 8) throw Error("no header size: the payload is shorter than 8 bytes");
+    const uint64_t hsize = get_u64(payload);
     if (hsize > size - 8) throw Error("header size out of range");
     const json h = json::parse(payload + 8, payload + 8 + hsize);
     const uint8_t* blobs = payload + 8 + hsize;

@@ -1,5 +1,7 @@
 #include "adapter/profiler/counter_view.h"
 
+#include <set>
+
 #include "common/error.h"
 
 namespace npusim::prof {
@@ -77,6 +79,40 @@ LaunchCounters read_launch_counters(const nlohmann::json& tree) {
       throw Error("counter tree: core '" + core.name + "' is of no known kind (aic, aiv, aicore)");
     core.kind = *k;
     flatten_counters(*it, "", core.values);
+    if (core.get("blocks") > 0) out.cores.push_back(std::move(core));
+  }
+  return out;
+}
+
+LaunchCounters read_launch_counters(const CounterDelta& delta) {
+  if (delta.is_tree() || delta.size() == 0) return read_launch_counters(delta.tree());
+  // As the tree reader: a group under "chip" is a core if it has "active_cycles"; cores in name
+  // order (the tree's), other groups' counters flattened into the chip-level ones.
+  std::set<std::string> core_names;
+  delta.for_each([&](const CounterInfo& c, uint64_t) {
+    if (c.path.size() == 3 && c.path[0] == "chip" && c.path[2] == "active_cycles")
+      core_names.insert(c.path[1]);
+  });
+  std::map<std::string, CoreCounters> cores;
+  LaunchCounters out;
+  bool has_chip = false;
+  delta.for_each([&](const CounterInfo& c, uint64_t value) {
+    if (c.path.empty() || c.path[0] != "chip") return;
+    has_chip = true;
+    if (c.path.size() >= 3 && core_names.count(c.path[1])) {
+      // The name below the core: everything after "chip.<core>.".
+      cores[c.path[1]].values[c.name.substr(6 + c.path[1].size())] += value;
+    } else if (c.path.size() >= 2) {
+      out.chip[c.name.substr(5)] += value;  // after "chip."
+    }
+  });
+  if (!has_chip) return read_launch_counters(delta.tree());  // its error, as the tree reader's
+  for (auto& [name, core] : cores) {
+    core.name = name;
+    const std::string kind = name.substr(0, name.find_first_of("0123456789"));
+    auto k = isa::core_kind_from_name(kind);
+    if (!k) throw Error("counter tree: core '" + name + "' is of no known kind (aic, aiv, aicore)");
+    core.kind = *k;
     if (core.get("blocks") > 0) out.cores.push_back(std::move(core));
   }
   return out;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "isa/isa.h"
+#include "sim/counters/counters.h"
 
 namespace npusim::prof {
 
@@ -42,5 +43,8 @@ struct LaunchCounters {
 // a child of "chip" that has an "active_cycles" counter; its kind is its name without the digits.
 // Throws npusim::Error if the tree has no "chip" object.
 LaunchCounters read_launch_counters(const nlohmann::json& tree);
+// The same from a launch's flat delta (the runtime's records), without building the tree: the
+// result equals read_launch_counters(delta.tree()).
+LaunchCounters read_launch_counters(const CounterDelta& delta);
 
 }  // namespace npusim::prof

@@ -15,6 +15,7 @@
 #include "adapter/profiler/instruction_profiler.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
+#include "sim/counters/counters.h"
 
 namespace npusim::prof {
 
@@ -37,6 +38,7 @@ struct OpRecord {
   // then has a `kernel` column. "" for the CLI's ops.
   std::string kernel;
   uint64_t stream = 0;
+  int chip = 0;              // the chip it ran on (a system run's reports; 0 for one chip)
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration
   uint64_t wait_cycles = 0;  // gap since the previous op on the timeline ended (set_wait_cycles)
@@ -45,7 +47,10 @@ struct OpRecord {
   int block_dim = 0;
   int mix_block_dim = 0;     // blocks of the mix partner (vector) cores; 0 unless MIX_AIC
   std::vector<TensorDesc> inputs, outputs;
-  nlohmann::json counters;   // the launch's counter tree (KernelResult::counters)
+  // The launch's counters (KernelResult::counter_delta, rt::LaunchRecord::counter_delta): flat and
+  // shared, so a run's thousands of records hold no trees; read_launch_counters reads it,
+  // .tree() builds the tree where a report writes one.
+  CounterDelta counters;
   std::shared_ptr<const InstructionTable> instructions;  // null if not profiled
 };
 

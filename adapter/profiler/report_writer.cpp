@@ -92,6 +92,50 @@ void side_cells(std::vector<std::string>& row, const SideMetrics& s, const UnitR
   for (const UnitRatio& u : units) row.push_back(ratio_text(s.ratio.at(u.name)));
 }
 
+// op_summary.csv's communication columns (only in a report with collectives): `chip` for
+// every row, the rest for the HCCL rows.
+constexpr const char* kCommColumns[] = {"chip",
+                                        "rank",
+                                        "ranks",
+                                        "collective",
+                                        "algorithm",
+                                        "reduce_op",
+                                        "comm_bytes",
+                                        "alg_bandwidth(GB/s)",
+                                        "bus_bandwidth(GB/s)",
+                                        "reduce_cycles",
+                                        "link_bytes",
+                                        "link_bandwidth(GB/s)",
+                                        "link_utilization(%)"};
+
+// One HCCL row: collective `comm` on its rank `rank`, and the time its chip waited before it
+// (its start minus the end of the chip's latest earlier task, op or collective; 0 if none ended
+// before).
+struct CommTask {
+  size_t comm = 0;
+  int rank = 0;
+  uint64_t wait_cycles = 0;
+};
+
+std::vector<CommTask> comm_tasks(const ReportInput& in) {
+  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> busy;  // chip -> [start, end)
+  for (const OpRecord& op : in.ops)
+    busy[op.chip].push_back({op.start_cycle, op.start_cycle + op.cycles});
+  for (const CommRecord& c : in.comms)
+    for (int chip : c.chips) busy[chip].push_back({c.start_cycle, c.start_cycle + c.cycles});
+  std::vector<CommTask> out;
+  for (size_t i = 0; i < in.comms.size(); ++i) {
+    const CommRecord& c = in.comms[i];
+    for (size_t r = 0; r < c.chips.size(); ++r) {
+      uint64_t last_end = in.origin_cycle;
+      for (const auto& [b, e] : busy[c.chips[r]])
+        if (e <= c.start_cycle) last_end = std::max(last_end, e);
+      out.push_back({i, static_cast<int>(r), c.start_cycle - std::min(last_end, c.start_cycle)});
+    }
+  }
+  return out;
+}
+
 void write_op_summary(const std::string& path, const ReportInput& in,
                       const std::vector<OpMetrics>& ms, const std::set<std::string>& stalls) {
   CsvFile f(path);
@@ -116,6 +160,8 @@ void write_op_summary(const std::string& path, const ReportInput& in,
     return !op.kernel.empty() && op.kernel != op.op_name;
   });
   if (kernel_column) head.push_back("kernel");
+  const bool comm_columns = !in.comms.empty();
+  if (comm_columns) head.insert(head.end(), std::begin(kCommColumns), std::end(kCommColumns));
   f.row(head);
   for (size_t i = 0; i < in.ops.size(); ++i) {
     const OpRecord& op = in.ops[i];
@@ -150,6 +196,60 @@ void write_op_summary(const std::string& path, const ReportInput& in,
       row.push_back(std::to_string(it == m.stall_cycles.end() ? 0 : it->second));
     }
     if (kernel_column) row.push_back(op.kernel.empty() ? op.op_name : op.kernel);
+    if (comm_columns) {
+      row.push_back(std::to_string(op.chip));
+      row.insert(row.end(), std::size(kCommColumns) - 1, kNa);
+    }
+    f.row(row);
+  }
+  // The HCCL rows: one per collective and rank, after the ops; columns by name, N/A where a
+  // kernel's figure does not apply.
+  const double mhz = in.config->clock_mhz;
+  size_t task = in.ops.size();
+  for (const CommTask& t : comm_tasks(in)) {
+    const CommRecord& c = in.comms[t.comm];
+    const CommRankMetrics m = comm_rank_metrics(c, t.rank, mhz);
+    const std::map<std::string, std::string> cells = {
+        {"Task ID", std::to_string(task++)},
+        {"Stream ID", std::to_string(c.stream)},
+        {"Op Name", c.op_name},
+        {"OP Type", c.op_type},
+        {"Task Type", "HCCL"},
+        {"Task Start Time(us)", us_text(in.config->cycles_to_us(double(c.start_cycle)))},
+        {"Task Duration(us)", us_text(comm_time_us(c, mhz))},
+        {"Task Wait Time(us)", us_text(in.config->cycles_to_us(double(t.wait_cycles)))},
+        {"Block Dim", "0"},
+        {"Mix Block Dim", "0"},
+        {"Input Shapes", std::to_string(c.send_count)},
+        {"Input Data Types", c.dtype},
+        {"Input Formats", "ND"},
+        {"Output Shapes", std::to_string(c.recv_count)},
+        {"Output Data Types", c.dtype},
+        {"Output Formats", "ND"},
+        {"task_start_cycles", std::to_string(c.start_cycle)},
+        {"task_duration_cycles", std::to_string(c.cycles)},
+        {"task_wait_cycles", std::to_string(t.wait_cycles)},
+        {"host_dispatch_cycles", "0"},
+        {"cube_macs", "0"},
+        {"vector_repeats", "0"},
+        {"chip", std::to_string(m.chip)},
+        {"rank", std::to_string(t.rank)},
+        {"ranks", std::to_string(c.chips.size())},
+        {"collective", c.collective},
+        {"algorithm", c.algorithm},
+        {"reduce_op", c.reduce_op.empty() ? kNa : c.reduce_op},
+        {"comm_bytes", std::to_string(c.bytes)},
+        {"alg_bandwidth(GB/s)", fmt::format("{:.3f}", comm_algbw_gbps(c, mhz))},
+        {"bus_bandwidth(GB/s)", fmt::format("{:.3f}", comm_algbw_gbps(c, mhz) * c.bus_factor)},
+        {"reduce_cycles", std::to_string(c.reduce_cycles)},
+        {"link_bytes", std::to_string(m.link_bytes)},
+        {"link_bandwidth(GB/s)", fmt::format("{:g}", m.link_gbps)},
+        {"link_utilization(%)", fmt::format("{:.3f}", 100.0 * m.link_utilization)}};
+    std::vector<std::string> row;
+    for (const std::string& h : head) {
+      auto it = cells.find(h);
+      row.push_back(it == cells.end() ? kNa : it->second);
+    }
     f.row(row);
   }
   f.close();
@@ -161,22 +261,27 @@ struct TypeStats {
   double total_us = 0, min_us = 0, max_us = 0;
 };
 
-// Per (op type, task type), by total time, longest first (ties by name).
+// Per (op type, task type), by total time, longest first (ties by name); a collective counts
+// once per rank, as its HCCL rows.
 std::vector<TypeStats> op_type_stats(const ReportInput& in, const std::vector<OpMetrics>& ms) {
   std::map<std::pair<std::string, std::string>, TypeStats> by;
-  for (size_t i = 0; i < in.ops.size(); ++i) {
-    TypeStats& t = by[{in.ops[i].op_type, in.ops[i].task_type}];
-    const double us = ms[i].duration_us;
+  auto add = [&](const std::string& op_type, const std::string& task_type, double us) {
+    TypeStats& t = by[{op_type, task_type}];
     if (t.count == 0) {
-      t.op_type = in.ops[i].op_type;
-      t.task_type = in.ops[i].task_type;
+      t.op_type = op_type;
+      t.task_type = task_type;
       t.min_us = t.max_us = us;
     }
     ++t.count;
     t.total_us += us;
     t.min_us = std::min(t.min_us, us);
     t.max_us = std::max(t.max_us, us);
-  }
+  };
+  for (size_t i = 0; i < in.ops.size(); ++i)
+    add(in.ops[i].op_type, in.ops[i].task_type, ms[i].duration_us);
+  for (const CommRecord& c : in.comms)
+    for (size_t r = 0; r < c.chips.size(); ++r)
+      add(c.op_type, "HCCL", comm_time_us(c, in.config->clock_mhz));
   std::vector<TypeStats> out;
   for (auto& [k, t] : by) out.push_back(t);
   std::stable_sort(out.begin(), out.end(),
@@ -222,7 +327,7 @@ json counters_document(const ReportInput& in) {
     json entry = {{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
                   {"task_type", op.task_type}, {"start_cycle", op.start_cycle},
                   {"cycles", op.cycles}, {"block_dim", op.block_dim}};
-    if (i < in.counter_detail_ops) entry["counters"] = op.counters;
+    if (i < in.counter_detail_ops) entry["counters"] = op.counters.tree();
     ops.push_back(std::move(entry));
   }
   json doc = {{"chip", in.config->name}, {"clock_mhz", in.config->clock_mhz}, {"ops", ops}};
@@ -248,6 +353,92 @@ std::string short_name(const std::string& s) {
   return s.size() <= kMax ? s : "..." + s.substr(s.size() - (kMax - 3));
 }
 
+// Time intervals [start, end) in cycles.
+using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// Sorted, overlapping and touching intervals joined.
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [b, e] : v) {
+    if (e <= b) continue;
+    if (!out.empty() && b <= out.back().second)
+      out.back().second = std::max(out.back().second, e);
+    else
+      out.push_back({b, e});
+  }
+  return out;
+}
+
+uint64_t length(const Intervals& v) {
+  uint64_t n = 0;
+  for (const auto& [b, e] : v) n += e - b;
+  return n;
+}
+
+// Length of the intersection of two merged interval lists.
+uint64_t common_length(const Intervals& a, const Intervals& b) {
+  uint64_t n = 0;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    const uint64_t lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
+    if (hi > lo) n += hi - lo;
+    (a[i].second < b[j].second) ? ++i : ++j;
+  }
+  return n;
+}
+
+// summary.txt's communication sections: the collectives by op type and algorithm, and per chip
+// its kernel time (compute), collective time (communication), the time both ran (overlap) and
+// the communication that did not overlap (exposed), as unions of the tasks' intervals.
+std::string comm_summary_text(const ReportInput& in) {
+  const ChipConfig& cfg = *in.config;
+  std::ostringstream o;
+  o << "\nCommunication (HCCL), per collective (all ranks together):\n";
+  o << fmt::format("  {:<18} {:<18} {:>6} {:>10} {:>14} {:>12} {:>12} {:>12}\n", "op type",
+                   "algorithm", "count", "ranks", "bytes", "time(us)", "algbw(GB/s)",
+                   "busbw(GB/s)");
+  struct Group {
+    uint64_t count = 0, bytes = 0, cycles = 0;
+    double bus = 0;
+    size_t ranks = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Group> groups;
+  for (const CommRecord& c : in.comms) {
+    Group& g = groups[{c.op_type, c.algorithm}];
+    ++g.count;
+    g.bytes += c.bytes;
+    g.cycles += c.cycles;
+    g.bus = c.bus_factor;  // the same communicator size within a group here
+    g.ranks = std::max(g.ranks, c.chips.size());
+  }
+  for (const auto& [key, g] : groups) {
+    const double us = cfg.cycles_to_us(double(g.cycles));
+    const double algbw = us > 0 ? double(g.bytes) / (us * 1e3) : 0.0;
+    o << fmt::format("  {:<18} {:<18} {:>6} {:>10} {:>14} {:>12.3f} {:>12.3f} {:>12.3f}\n",
+                     key.first, key.second, g.count, g.ranks, g.bytes, us, algbw, algbw * g.bus);
+  }
+  std::map<int, Intervals> compute, comm;
+  for (const OpRecord& op : in.ops)
+    compute[op.chip].push_back({op.start_cycle, op.start_cycle + op.cycles});
+  for (const CommRecord& c : in.comms)
+    for (int chip : c.chips) comm[chip].push_back({c.start_cycle, c.start_cycle + c.cycles});
+  std::set<int> chips;
+  for (const auto& [chip, v] : compute) chips.insert(chip);
+  for (const auto& [chip, v] : comm) chips.insert(chip);
+  o << "\nTime per chip (us): compute = kernels, communication = collectives, overlap = both at "
+       "once,\nexposed = communication without compute, busy = either:\n";
+  o << fmt::format("  {:>5} {:>14} {:>14} {:>14} {:>14} {:>14}\n", "chip", "compute",
+                   "communication", "overlap", "exposed comm", "busy");
+  for (int chip : chips) {
+    const Intervals a = merged(compute[chip]), b = merged(comm[chip]);
+    const uint64_t ca = length(a), cb = length(b), both = common_length(a, b);
+    auto us = [&](uint64_t cycles) { return cfg.cycles_to_us(double(cycles)); };
+    o << fmt::format("  {:>5} {:>14.3f} {:>14.3f} {:>14.3f} {:>14.3f} {:>14.3f}\n", chip, us(ca),
+                     us(cb), us(both), us(cb - both), us(ca + cb - both));
+  }
+  return o.str();
+}
+
 std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms,
                          const std::vector<TypeStats>& stats) {
   const ChipConfig& cfg = *in.config;
@@ -265,6 +456,7 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
     wait_cycles += op.wait_cycles;
     last_end = std::max(last_end, op.start_cycle + op.cycles);
   }
+  for (const CommRecord& c : in.comms) last_end = std::max(last_end, c.start_cycle + c.cycles);
   const uint64_t end = std::max({in.end_cycle, last_end, in.origin_cycle}) - in.origin_cycle;
   o << fmt::format("{} ops: task time {:.3f} us, waits {:.3f} us, simulated time {:.3f} us\n",
                    in.ops.size(), cfg.cycles_to_us(double(task_cycles)),
@@ -355,6 +547,7 @@ std::string summary_text(const ReportInput& in, const std::vector<OpMetrics>& ms
                        end ? pct(double(busy) / double(end)) : "-");
     }
   }
+  if (!in.comms.empty()) o << comm_summary_text(in);
   o << in.summary_appendix;
   return o.str();
 }
@@ -410,7 +603,13 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   write_instructions(path("instructions.csv"), in);
   write_text(path("counters.json"), counters_document(in).dump(1) + "\n");
   write_text(path("chip.yaml"), dump_chip_config_yaml(*in.config));
-  if (in.trace) write_text(path("trace.json"), in.trace->dump() + "\n");
+  if (!in.comms.empty()) {
+    json trace = in.trace ? *in.trace : json::object();
+    add_comm_trace(trace, in.comms, in.config->clock_mhz);
+    write_text(path("trace.json"), trace.dump() + "\n");
+  } else if (in.trace) {
+    write_text(path("trace.json"), in.trace->dump() + "\n");
+  }
   write_text(path("summary.txt"), summary_text(in, ms, stats));
   return written;
 }

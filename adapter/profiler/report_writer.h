@@ -7,6 +7,8 @@
 //   chip.yaml         the resolved chip config
 //   trace.json        the Chrome-trace timeline, if the run traced
 //   summary.txt       top ops by time, utilisation per unit, bytes moved, memory, HDC link
+// and, for the collectives of a system run (ReportInput::comms), their HCCL rows, trace lanes and
+// the compute / communication / overlap split per chip.
 // All files are computed from the same OpMetrics. The plots (roofline.png, op_time.png) come from
 // tools/npusim_report_plots.py, which reads op_summary.csv, op_statistic.csv and chip.yaml.
 #pragma once
@@ -16,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/profiler/comm_record.h"
 #include "adapter/profiler/op_metrics.h"
 #include "sim/config/chip_config.h"
 
@@ -25,6 +28,10 @@ struct ReportInput {
   std::string title;               // summary.txt's heading, e.g. "npusim run kernels/vadd_f16.s"
   const ChipConfig* config = nullptr;
   std::vector<OpRecord> ops;       // in launch order, wait_cycles set (set_wait_cycles)
+  // Collectives of a system run (comm_record.h): op_summary.csv rows with Task Type HCCL after
+  // the ops' (and its communication columns), their trace lanes and summary.txt's split of each
+  // chip's time into compute, communication and overlap.
+  std::vector<CommRecord> comms;
   // Simulator::counters() at the end of the run (whole-run totals: HDC link); null if unknown.
   nlohmann::json session_counters;
   uint64_t end_cycle = 0;          // the device timeline at the end of the run (0: last op's end)

@@ -29,7 +29,7 @@ json meta(const char* what, uint32_t pid, int64_t tid, const char* key, json val
 }
 
 // Without a program: the task type from the kinds of the cores that ran.
-std::string task_type_from_counters(const json& counters, const ChipConfig& cfg) {
+std::string task_type_from_counters(const CounterDelta& counters, const ChipConfig& cfg) {
   if (!cfg.split) return "AI_CORE";
   bool cube = false, vector = false;
   for (const CoreCounters& c : read_launch_counters(counters).cores) {
@@ -248,7 +248,7 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   }
   op.kernel = r.kernel;
   op.task_type = r.program ? task_type_of(*r.program, cfg)
-                           : task_type_from_counters(r.counters(), cfg);
+                           : task_type_from_counters(r.counter_delta, cfg);
   op.stream = r.stream;
   op.start_cycle = r.start_cycle;
   op.cycles = r.cycles;
@@ -256,7 +256,7 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   op.block_dim = r.block_dim;
   op.mix_block_dim =
       op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic) : 0;
-  op.counters = r.counters();
+  op.counters = r.counter_delta;
   return op;
 }
 

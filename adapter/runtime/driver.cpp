@@ -393,9 +393,14 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     m_records.push_back(std::move(rec));
   }
   if (r.ok) return Status();
+  // A graph's launches are synchronised once for the whole graph: name the node that faulted.
+  const std::string node =
+      op.label && op.label->graph_run != 0
+          ? fmt::format(" of node '{}' ({})", op.label->op_name, op.label->op_type)
+          : std::string();
   return Status(StatusCode::kernel_fault,
-                fmt::format("kernel '{}' ({}stream {}, block_dim {}, launch #{}) failed: {}",
-                            name, m_sys ? fmt::format("chip {}, ", op.chip) : "", stream,
+                fmt::format("kernel '{}'{} ({}stream {}, block_dim {}, launch #{}) failed: {}",
+                            name, node, m_sys ? fmt::format("chip {}, ", op.chip) : "", stream,
                             op.block_dim, index, r.error));
 }
 

@@ -83,6 +83,11 @@ struct LaunchLabel {
   // value); none: nothing.
   enum class HostDispatch { eager_op, graph, none };
   HostDispatch host_dispatch = HostDispatch::eager_op;
+  // Nonzero: the launch belongs to one run of a graph submitted as one task list (the TF
+  // plugin's NpuGraph); every launch of that run carries the same value. Each node of the graph
+  // keeps its own `dispatch`, so reports show the nodes as before; the run's first launch pays
+  // host_dispatch = graph, the others none. A fault names the node (op_name, op_type).
+  uint64_t graph_run = 0;
 };
 
 // One kernel launch as the chip ran it; the profiler reads these.

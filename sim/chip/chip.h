@@ -62,6 +62,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
 
   HdcLink& hdc() { return *m_hdc; }
   const MemorySystem& memory() const { return *m_memory; }
+  MemorySystem& memory() { return *m_memory; }
   // Attaches an observer between launches (Simulator::add_observer): it gets on_core for every
   // core now. Not while a launch runs. Attaching one already attached is a no-op.
   void add_observer(ChipObserver* observer);

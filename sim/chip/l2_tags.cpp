@@ -8,11 +8,11 @@
 
 namespace npusim {
 
-L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways)
-    : m_line_bytes(line_bytes), m_ways(ways) {
+L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back)
+    : m_line_bytes(line_bytes), m_ways(ways), m_write_back(write_back) {
   if (capacity_bytes > 0 && (line_bytes == 0 || ways <= 0))
-    throw ConfigError(fmt::format("L2: line_bytes ({}) and ways ({}) must be positive",
-                                  line_bytes, ways));
+    throw ConfigError(
+        fmt::format("L2: line_bytes ({}) and ways ({}) must be positive", line_bytes, ways));
   if (capacity_bytes == 0) {  // no L2: lookups still walk GM ranges in lines, all missing
     m_line_bytes = line_bytes ? line_bytes : kDefaultLineBytes;
     m_ways = 1;
@@ -23,12 +23,38 @@ L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways)
   m_tag.assign(n, 0);
   m_used.assign(n, 0);
   m_valid_gen.assign(n, 0);
+  m_dirty.assign(m_write_back ? n : 0, 0);
 }
 
-bool L2Tags::access(uint64_t addr) {
+long L2Tags::find(uint64_t line) const {
+  if (m_sets == 0) return -1;
+  const size_t base = static_cast<size_t>((line % m_sets) * static_cast<uint64_t>(m_ways));
+  for (size_t w = base; w < base + static_cast<size_t>(m_ways); ++w)
+    if (m_valid_gen[w] == m_generation && m_tag[w] == line) return static_cast<long>(w);
+  return -1;
+}
+
+bool L2Tags::contains(uint64_t addr) const { return find(addr / m_line_bytes) >= 0; }
+
+void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
+  if (m_sets == 0 || bytes == 0) return;
+  const uint64_t first = addr / m_line_bytes, last = (addr + bytes - 1) / m_line_bytes;
+  if (last - first >= m_tag.size()) {  // more lines than the L2 holds: scan the tags once
+    for (size_t w = 0; w < m_tag.size(); ++w)
+      if (m_tag[w] >= first && m_tag[w] <= last) m_valid_gen[w] = 0;
+    return;
+  }
+  for (uint64_t line = first; line <= last; ++line) {
+    const long w = find(line);
+    if (w >= 0) m_valid_gen[static_cast<size_t>(w)] = 0;
+  }
+}
+
+bool L2Tags::access(uint64_t addr, bool allocate, bool write, uint64_t* writeback) {
   if (m_sets == 0) return false;
   const uint64_t line = addr / m_line_bytes;
   const size_t base = static_cast<size_t>((line % m_sets) * static_cast<uint64_t>(m_ways));
+  const bool dirty = m_write_back && write;
   ++m_clock;
   size_t victim = base;
   bool victim_valid = true;
@@ -36,13 +62,20 @@ bool L2Tags::access(uint64_t addr) {
     const bool valid = m_valid_gen[w] == m_generation;
     if (valid && m_tag[w] == line) {
       m_used[w] = m_clock;
+      if (dirty) m_dirty[w] = 1;
       return true;
     }
+    if (!allocate) continue;
     // Prefer an invalid way, else the least recently used one.
     if (victim_valid && (!valid || m_used[w] < m_used[victim])) {
       victim = w;
       victim_valid = valid;
     }
+  }
+  if (!allocate) return false;
+  if (m_write_back) {
+    if (victim_valid && m_dirty[victim]) *writeback += m_line_bytes;
+    m_dirty[victim] = dirty ? 1 : 0;
   }
   m_tag[victim] = line;
   m_used[victim] = m_clock;
@@ -50,16 +83,26 @@ bool L2Tags::access(uint64_t addr) {
   return false;
 }
 
-L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes) {
+L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write) {
   L2Outcome o;
   const uint64_t end = addr + bytes;
+  if (l2 == isa::L2Hint::BYPASS) {
+    if (bytes == 0) return o;
+    o.miss_bytes = bytes;
+    o.bypass_lines = (end - 1) / m_line_bytes - addr / m_line_bytes + 1;
+    if (write) invalidate_range(addr, bytes);
+    return o;
+  }
+  const bool allocate = l2 == isa::L2Hint::NORMAL;
+  // A write miss that allocates a line of a write-back L2 is taken by the line.
+  const bool absorb = allocate && write && m_write_back && m_sets > 0;
   while (addr < end) {
     const uint64_t n = std::min(end, (addr / m_line_bytes + 1) * m_line_bytes) - addr;
-    if (access(addr)) {
+    if (access(addr, allocate, write, &o.writeback_bytes)) {
       o.hit_bytes += n;
       ++o.hit_lines;
     } else {
-      o.miss_bytes += n;
+      (absorb ? o.absorbed_bytes : o.miss_bytes) += n;
       ++o.miss_lines;
     }
     addr += n;

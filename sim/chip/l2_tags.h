@@ -1,42 +1,71 @@
 // Tags of the shared L2: set-associative with LRU replacement, over line addresses only (the
-// data lives in DeviceMemory). Lines fill on a miss. invalidate_all() is O(1) (a generation
-// number), so the cache can start cold at every launch cheaply.
+// data lives in DeviceMemory, so no flush or write-back is ever needed for correctness). Lines
+// fill on a miss unless the access's L2 policy says otherwise (isa.h L2Hint).
+// invalidate_all() is O(1) (a generation number), so the cache can start cold at every launch
+// cheaply.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "isa/isa.h"
+
 namespace npusim {
 
-// What looking up one GM range found.
+// What looking up one GM range found. hit_bytes + absorbed_bytes are served by the L2,
+// miss_bytes + writeback_bytes by HBM. Bypassed bytes count as missing bytes (HBM) but are no
+// lookups: they add to miss_bytes and bypass_lines, never to miss_lines.
 struct L2Outcome {
-  uint64_t hit_bytes = 0, miss_bytes = 0;  // bytes in lines that hit / missed
+  uint64_t hit_bytes = 0, miss_bytes = 0;  // bytes in lines that hit / missed (or bypassed)
   uint64_t hit_lines = 0, miss_lines = 0;  // lookups that hit / missed
+  uint64_t bypass_lines = 0;               // lines of a BYPASS access (not looked up)
+  // Write-back L2 only: bytes of a write that missed and were taken into a newly allocated
+  // line (not in miss_bytes), and bytes of dirty lines evicted to make room (written to HBM).
+  uint64_t absorbed_bytes = 0, writeback_bytes = 0;
 };
 
 class L2Tags {
  public:
   // capacity_bytes / (line_bytes * ways) sets (at least one set when capacity_bytes > 0);
   // capacity_bytes == 0 means no L2: every access misses.
-  L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways);
+  // write_back: writes into the L2 mark lines dirty, a write miss that allocates is taken by
+  // the new line (write-allocate without a fill), and evicting a dirty line writes it to HBM.
+  // Otherwise the L2 is written through: a write miss goes to HBM (and allocates, under NORMAL).
+  L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back = false);
   uint32_t line_bytes() const { return m_line_bytes; }
-  // Looks up the line holding byte address `addr`; on a miss, fills it (evicting the LRU way).
-  // Returns true on a hit.
-  bool access(uint64_t addr);
-  // Looks up every line of [addr, addr + bytes) in address order (a GM range of a transfer).
-  L2Outcome access_range(uint64_t addr, uint64_t bytes);
+  // Every line of [addr, addr + bytes) in address order (a GM range of a transfer) under policy
+  // `l2`: NORMAL looks up and fills missing lines; NOALLOC looks up and leaves missing lines
+  // absent; BYPASS looks nothing up (all bytes missing) and, for a write, drops the lines
+  // present (their copy would be stale).
+  L2Outcome access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2 = isa::L2Hint::NORMAL,
+                         bool write = false);
+  // Whether the line holding `addr` is present (no LRU update).
+  bool contains(uint64_t addr) const;
+  // Drops every line overlapping [addr, addr + bytes) (dirty ones too: their bytes are
+  // overwritten).
+  void invalidate_range(uint64_t addr, uint64_t bytes);
+  // Drops every line. Dirty lines are not written back in simulated time: a launch's write-back
+  // after its end is not part of any launch (docs/chip_model.md "Memory system").
   void invalidate_all();
 
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
+  // Looks up the line holding `addr`; on a miss, fills it (evicting the LRU way) if `allocate`,
+  // adding a dirty victim's bytes to *writeback. A write marks the line dirty (write-back L2).
+  // Returns true on a hit.
+  bool access(uint64_t addr, bool allocate, bool write, uint64_t* writeback);
+  // The way holding `line` in its set, or -1.
+  long find(uint64_t line) const;
   uint32_t m_line_bytes;
   int m_ways;
+  bool m_write_back;
   uint64_t m_sets;
-  uint64_t m_clock = 0;      // LRU time stamps
+  uint64_t m_clock = 0;  // LRU time stamps
   uint32_t m_generation = 1;
-  std::vector<uint64_t> m_tag;       // [set * ways + way]: line address
-  std::vector<uint64_t> m_used;      // last access stamp
-  std::vector<uint32_t> m_valid_gen; // valid iff == m_generation
+  std::vector<uint64_t> m_tag;        // [set * ways + way]: line address
+  std::vector<uint64_t> m_used;       // last access stamp
+  std::vector<uint32_t> m_valid_gen;  // valid iff == m_generation
+  std::vector<uint8_t> m_dirty;       // written since filled (write-back L2 only)
 };
 
 }  // namespace npusim

@@ -22,12 +22,24 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
       port("port"),
       m_cfg(cfg),
       m_abort(abort),
-      m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways),
+      m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back),
       m_l2_hits(chip_counters.add("l2.hits", "lines", "GM line accesses that hit in L2")),
       m_l2_misses(chip_counters.add("l2.misses", "lines", "GM line accesses that missed L2")),
+      m_l2_noalloc_hits(chip_counters.add("l2.noalloc_hits", "lines",
+                                          "of l2.hits: accesses with the noalloc policy")),
+      m_l2_noalloc_misses(chip_counters.add("l2.noalloc_misses", "lines",
+                                            "of l2.misses: accesses with the noalloc policy "
+                                            "(the line was not allocated)")),
+      m_l2_bypass_lines(chip_counters.add("l2.bypass_lines", "lines",
+                                          "GM lines accessed with the bypass policy (no L2 "
+                                          "lookup; served by HBM)")),
+      m_l2_writeback_bytes(chip_counters.add("l2.writeback_bytes", "bytes",
+                                             "dirty L2 lines evicted to HBM (write-back L2; "
+                                             "included in hbm.write_bytes)")),
       m_l2_read_bytes(chip_counters.add("l2.read_bytes", "bytes", "GM bytes read from L2 (hits)")),
-      m_l2_write_bytes(chip_counters.add("l2.write_bytes", "bytes",
-                                         "GM bytes written into lines present in L2")),
+      m_l2_write_bytes(chip_counters.add(
+          "l2.write_bytes", "bytes",
+          "GM bytes written into L2 lines (present, or allocated by a write-back L2)")),
       m_l2_busy(chip_counters.add("l2.busy_cycles", "cycles",
                                   "cycles with at least one transfer moving data over L2",
                                   kPsPerCycle)),
@@ -55,7 +67,7 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
 }
 
 void MemorySystem::begin_launch(bool record) {
-  m_l2.invalidate_all();
+  if (!m_cfg.l2_keep_across_launches) m_l2.invalidate_all();
   m_recording = record;
   m_transfer_order.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
@@ -76,13 +88,20 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // 1. L2 lookup, line by line.
   uint64_t hit = 0, miss = 0;
   for (const GmAccess& r : *t->ranges) {
-    const L2Outcome o = m_l2.access_range(r.addr, r.bytes);
-    hit += o.hit_bytes;
-    miss += o.miss_bytes;
+    const L2Outcome o = m_l2.access_range(r.addr, r.bytes, r.l2, r.write);
+    hit += o.hit_bytes + o.absorbed_bytes;
+    miss += o.miss_bytes + o.writeback_bytes;
     m_l2_hits.add(o.hit_lines);
     m_l2_misses.add(o.miss_lines);
-    (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(o.hit_bytes);
+    if (r.l2 == isa::L2Hint::NOALLOC) {
+      m_l2_noalloc_hits.add(o.hit_lines);
+      m_l2_noalloc_misses.add(o.miss_lines);
+    }
+    m_l2_bypass_lines.add(o.bypass_lines);
+    (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(o.hit_bytes + o.absorbed_bytes);
     (r.write ? m_hbm_write_bytes : m_hbm_read_bytes).add(o.miss_bytes);
+    m_hbm_write_bytes.add(o.writeback_bytes);
+    m_l2_writeback_bytes.add(o.writeback_bytes);
     if (m_recording) m_l2_fingerprint = npusim::l2_fingerprint(m_l2_fingerprint, o);
   }
   if (m_recording) m_transfer_order.push_back(static_cast<uint16_t>(id));

@@ -19,7 +19,11 @@
 //      (ExecCost::gm_core_rate) for the HBM phase and the core's L2 port rate for the direction
 //      (l2_read/write_bytes_per_cycle; the path rate if 0) for the L2 phase.
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
-// are written to HBM and allocated). The full derivation is in docs/chip_model.md.
+// are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
+// an allocating write miss is absorbed at L2 bandwidth too, and a dirty line evicted by a
+// transfer adds its bytes to that transfer's HBM phase. Each range carries its instruction's
+// L2 policy (isa.h L2Hint): noalloc leaves missing lines unallocated, bypass skips the L2 (all
+// bytes over HBM). The full derivation is in docs/chip_model.md.
 #pragma once
 
 #include <cstdint>
@@ -47,9 +51,15 @@ class MemorySystem : public sc_core::sc_module {
   // Target of every core's GM port.
   tlm_utils::multi_passthrough_target_socket<MemorySystem> port;
 
-  // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones.
+  // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones,
+  // unless the chip keeps it (memory.l2.keep_across_launches).
   // record: keep the launch's transfer order and L2 fingerprint (for the launch replay).
   void begin_launch(bool record = false);
+  // The L2's tags between launches: the launch replay checks a recording against a copy of
+  // them and installs the copy's end state when it replays (sim/simulator.cpp); a host copy
+  // into device memory drops the lines it overwrites.
+  const L2Tags& l2() const { return m_l2; }
+  L2Tags& l2() { return m_l2; }
   // Of the launch being recorded: the port (= core chip index) of every transfer in the order
   // the memory system timed them, and a hash of every range's L2 outcome in that order
   // (l2_fingerprint).
@@ -85,6 +95,10 @@ class MemorySystem : public sc_core::sc_module {
 
   Counter& m_l2_hits;
   Counter& m_l2_misses;
+  Counter& m_l2_noalloc_hits;
+  Counter& m_l2_noalloc_misses;
+  Counter& m_l2_bypass_lines;
+  Counter& m_l2_writeback_bytes;
   Counter& m_l2_read_bytes;
   Counter& m_l2_write_bytes;
   Counter& m_l2_busy;

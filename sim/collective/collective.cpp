@@ -602,7 +602,12 @@ CollectiveResult run_collective(SystemSimulator& sys, const CollectiveCall& c) {
       res.link_bytes += m.len * es;
       if (m.reduce) reduced[m.dst] += m.len * es;
     }
-    sys.transfer(transfers);
+    const PeerCopyResult moved = sys.transfer(transfers);
+    CollectiveStep record;
+    record.start_cycle = moved.start_cycle;
+    for (size_t i = 0; i < transfers.size(); ++i)
+      record.transfers.push_back(
+          {transfers[i].src, transfers[i].dst, transfers[i].bytes, moved.copy_cycles[i]});
     if (sys.functional()) apply_step(c, step, bufs);
     if (reducing && !res.inline_reduce) {
       uint64_t most = 0;
@@ -610,7 +615,10 @@ CollectiveResult run_collective(SystemSimulator& sys, const CollectiveCall& c) {
         if (bytes) most = std::max(most, vector_reduce_cycles(sys.config(), bytes));
       sys.advance(most);
       res.reduce_cycles += most;
+      record.reduce_cycles = most;
     }
+    record.cycles = sys.now_cycles() - record.start_cycle;
+    res.step_records.push_back(std::move(record));
     ++res.steps;
   }
   if (sys.functional()) store_outputs(sys, c, bufs);

@@ -77,6 +77,20 @@ struct CollectiveCall {
   CollectiveAlgo algo = CollectiveAlgo::automatic;
 };
 
+// One step of a collective as it ran: its transfers between chips (all at once over the links)
+// and, for a reduction not done inline, the vector reduce kernels after them.
+struct CollectiveStepTransfer {
+  int src_chip = 0, dst_chip = 0;
+  uint64_t bytes = 0;
+  uint64_t cycles = 0;  // from the step's start until its last byte arrived
+};
+struct CollectiveStep {
+  uint64_t start_cycle = 0;
+  uint64_t cycles = 0;         // transfers and reduce kernels
+  uint64_t reduce_cycles = 0;  // of `cycles`: the vector reduce kernels
+  std::vector<CollectiveStepTransfer> transfers;
+};
+
 struct CollectiveResult {
   std::string algorithm;  // the one that ran: mesh, ring, halving_doubling, pairwise, direct
   uint64_t start_cycle = 0;
@@ -86,6 +100,7 @@ struct CollectiveResult {
   uint64_t link_bytes = 0;     // bytes sent over links, all ranks together
   uint64_t reduce_cycles = 0;  // of `cycles`: vector reduce kernels (not inline in the DMA)
   bool inline_reduce = false;  // the reduction (if any) ran in the DMA
+  std::vector<CollectiveStep> step_records;  // every step, in order (reports draw them)
 };
 
 // Runs the collective to completion. Throws npusim::Error for a malformed call (naming what is

@@ -81,6 +81,14 @@ struct ChipConfig {
   double l2_read_bytes_per_cycle = 0;
   double l2_write_bytes_per_cycle = 0;
   int l2_latency_cycles = 0;        // added once per GM transfer that hits L2
+  // false: the L2 starts cold at every launch (a launch's timing does not depend on what ran
+  // before it); true: its lines stay from one launch to the next, as on silicon, so a consumer
+  // can hit on its producer's output (host-to-device copies drop the lines they overwrite).
+  bool l2_keep_across_launches = false;
+  // false: writes go through to HBM (a write into a line present is absorbed by it); true:
+  // write-back, write-allocate: a write miss allocates a dirty line at L2 bandwidth and HBM sees
+  // the line only when it is evicted (sim/chip/l2_tags.h).
+  bool l2_write_back = false;
 
   // Task overheads (docs/chip_model.md, "Task overheads"): a launch's Task Duration is
   // task_dispatch + for the blocks of the worker that ends last (task_block_start + its busy

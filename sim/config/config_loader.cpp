@@ -77,6 +77,8 @@ const char* const kSchemaKeys[] = {
     "memory.l2.latency_cycles",
     "memory.l2.core_read_bytes_per_cycle",
     "memory.l2.core_write_bytes_per_cycle",
+    "memory.l2.keep_across_launches",
+    "memory.l2.write_back",
     "task.dispatch_us",
     "task.block_start_cycles",
     "task.done_us",
@@ -366,6 +368,9 @@ void parse_memory(const Reader& r, ChipConfig& c) {
                                            kMinBytesPerCycle, false, kMaxBytesPerCycle);
   c.l2_write_bytes_per_cycle = r.get_number("memory.l2.core_write_bytes_per_cycle",
                                             kMinBytesPerCycle, false, kMaxBytesPerCycle);
+  c.l2_keep_across_launches = r.has("memory.l2.keep_across_launches") &&
+                              r.get_bool("memory.l2.keep_across_launches");
+  c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -506,6 +511,10 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       "    core_write_bytes_per_cycle: {}\n",
       format_bytes(c.l2_bytes), c.l2_gbps, c.l2_line_bytes, c.l2_ways, c.l2_latency_cycles,
       c.l2_read_bytes_per_cycle, c.l2_write_bytes_per_cycle);
+  // The optional keys only when set: a config at their defaults dumps as it did before they
+  // existed (offline models and kernel caches keyed by the dump stay valid).
+  if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
+  if (c.l2_write_back) o << "    write_back: true\n";
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",

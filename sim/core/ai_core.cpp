@@ -65,9 +65,17 @@ size_t queue_depth(const ChipConfig& cfg) {
 
 }  // namespace
 
+AiCore::Waiter::Waiter(AbortSignal& abort_signal, const sc_core::sc_event& flag_event) {
+  abort_signal.wake_on_raise(abort);
+  flag_or_abort |= flag_event;
+  flag_or_abort |= abort;
+}
+
 struct AiCore::PipeUnit {
-  PipeUnit(Pipe p, const CounterGroup& g, const AbortSignal& abort, size_t depth)
-      : pipe(p), lane(lane_of(p)), queue(depth), counters(g),
+  // scalar_abort: the scalar unit's abort wake-up (it alone waits for popped and drained).
+  PipeUnit(Pipe p, const CounterGroup& g, AbortSignal& abort, const sc_core::sc_event& flag_event,
+           const sc_core::sc_event& scalar_abort, size_t depth)
+      : pipe(p), lane(lane_of(p)), queue(depth), waiter(abort, flag_event), counters(g),
         busy(g.add("busy_cycles", "cycles",
                    "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
@@ -83,9 +91,9 @@ struct AiCore::PipeUnit {
       macs = &g.add("macs", "MACs", "cube multiply-accumulates, in fp16-MAC equivalents");
     if (p == Pipe::V) repeats = &g.add("repeats", "repeats", "vector repeats executed");
     popped_or_abort |= popped;
-    popped_or_abort |= abort.event();
+    popped_or_abort |= scalar_abort;
     drained_or_abort |= drained;
-    drained_or_abort |= abort.event();
+    drained_or_abort |= scalar_abort;
     transfer = new GmTransfer;
     payload.set_extension(transfer);  // owned (and freed) by the payload
   }
@@ -100,7 +108,8 @@ struct AiCore::PipeUnit {
   // only what must observe completion: set_flag / cc_set from this pipe and draining it.
   sc_core::sc_time complete_at = sc_core::SC_ZERO_TIME;
   sc_core::sc_event pushed, popped, drained;
-  sc_core::sc_event_or_list popped_or_abort, drained_or_abort;
+  sc_core::sc_event_or_list popped_or_abort, drained_or_abort;  // waited by the scalar unit
+  Waiter waiter;  // the pipe process's
   Blocked blocked;
   tlm::tlm_generic_payload payload;
   GmTransfer* transfer;
@@ -128,8 +137,12 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
       m_env(env),
       m_cfg(env.config()),
       m_abort(env.abort_signal()),
+      m_launch(env.launch()),
+      m_gm(env.gm()),
+      m_observers(env.observers()),
       m_name(basename()),
       m_local(std::make_unique<CoreMemory>(kind)),
+      m_scalar_wait(m_abort, m_flag_event),
       m_counters(counters),
       m_scalar_counters(counters.sub("s")),
       m_active_cycles(counters.add("active_cycles", "cycles",
@@ -159,8 +172,6 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
         fmt::format("highest byte offset (addr + bytes) any instruction touched in {} ({} bytes)",
                     isa::buf_name(buf), bytes),
         1, CounterKind::kHighWater);
-  m_flag_or_abort |= m_flag_event;
-  m_flag_or_abort |= m_abort.event();
   sc_core::sc_spawn_options scalar_opts;
   scalar_opts.set_stack_size(kScalarStackBytes);
   sc_core::sc_spawn([this] { scalar_thread(); }, "scalar", &scalar_opts);
@@ -171,7 +182,7 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
                                     m_cfg.source_file, isa::core_kind_name(kind.kind),
                                     isa::pipe_name(p)));
     auto unit = std::make_unique<PipeUnit>(p, counters.sub(isa::pipe_name(p)), m_abort,
-                                           queue_depth(m_cfg));
+                                           m_flag_event, m_scalar_wait.abort, queue_depth(m_cfg));
     PipeUnit* u = unit.get();
     m_pipes[static_cast<int>(p)] = std::move(unit);
     m_pipe_list.push_back(u);
@@ -221,10 +232,10 @@ void AiCore::wait_abortable(const sc_core::sc_event_or_list& events) {
   m_abort.check();
 }
 
-void AiCore::wait_abortable(const sc_time& t) {
+void AiCore::wait_abortable(const sc_time& t, Waiter& w) {
   m_abort.check();
   if (t == SC_ZERO_TIME) return;
-  wait(t, m_abort.event());
+  wait(t, w.abort);
   m_abort.check();
 }
 
@@ -232,11 +243,11 @@ void AiCore::sync_local() {
   if (m_local_time == SC_ZERO_TIME) return;
   const sc_time t = m_local_time;
   m_local_time = SC_ZERO_TIME;
-  wait_abortable(t);
+  wait_abortable(t, m_scalar_wait);
 }
 
 void AiCore::wait_transfers_complete(PipeUnit& u) {
-  if (u.complete_at > sc_time_stamp()) wait_abortable(u.complete_at - sc_time_stamp());
+  if (u.complete_at > sc_time_stamp()) wait_abortable(u.complete_at - sc_time_stamp(), u.waiter);
 }
 
 void AiCore::wait_drained(PipeUnit& u) {
@@ -291,10 +302,9 @@ void AiCore::run_block() {
   const std::vector<DecodedInsn>& decoded = m_run->decoded;
   const sc_time issue_time = cycles_to_time(m_cfg.scalar_cycles_per_insn);
   const uint64_t issue_ps = time_ps(issue_time);
-  const auto& observers = m_env.observers();
+  const auto& observers = m_observers;
   uint32_t pc = 0;
-  const LaunchInfo& launch = m_env.launch();
-  const uint64_t budget = launch.max_insns_per_block;
+  const uint64_t budget = m_launch.max_insns_per_block;
   uint64_t executed = 0;
   for (;;) {
     m_pc = pc;
@@ -341,7 +351,7 @@ void AiCore::run_block() {
 }
 
 uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
-  const BlockIdentity id{m_env.launch().args, m_block, m_env.launch().block_dim, m_subblock,
+  const BlockIdentity id{m_launch.args, m_block, m_launch.block_dim, m_subblock,
                          m_kind_index};
   const uint32_t local = exec_scalar_local(m_scalar, in, pc, m_run->section->code.size(), id);
   if (local != kNotLocal) return local;
@@ -354,20 +364,20 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
       // it is (what the host copied in; kernels' outputs read as zero) and store nothing: the
       // 8 bytes become undefined (DeviceMemory::invalidate).
       const uint64_t addr = static_cast<uint64_t>(m_scalar.operand(in, 1));
-      if (!m_env.gm().in_bounds(addr, 8))
+      if (!m_gm.in_bounds(addr, 8))
         throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
-                                      "bytes", addr, addr + 8, m_env.gm().capacity()));
+                                      "bytes", addr, addr + 8, m_gm.capacity()));
       sync_local();  // the access happens at this instruction's time
       if (op == Opcode::op_ld) {
         int64_t v = 0;
-        m_env.gm().read(addr, &v, 8);
+        m_gm.read(addr, &v, 8);
         dst() = v;
         // Where it read, among the effects (the replay reads there).
         if (m_recorder) m_recorder->on_scalar_gm({addr, 8, false});
       } else {
         const int64_t v = m_scalar.operand(in, 0);
-        if (m_env.launch().functional) m_env.gm().write(addr, &v, 8);
-        else m_env.gm().invalidate(addr, 8);
+        if (m_launch.functional) m_gm.write(addr, &v, 8);
+        else m_gm.invalidate(addr, 8);
         if (m_recorder) m_recorder->on_scalar_gm({addr, 8, true});
       }
       break;
@@ -387,7 +397,8 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
       const int id = static_cast<int>(in.ops[2].value);
       check_flag_operands(src, dst_pipe, id);
       sync_local();
-      wait_flag(Lane::SCALAR, src, dst_pipe, id, m_scalar_blocked, pc, in, m_stall_scalar_flag);
+      wait_flag(Lane::SCALAR, m_scalar_wait, src, dst_pipe, id, m_scalar_blocked, pc, in,
+                m_stall_scalar_flag);
       break;
     }
     case Opcode::op_cc_set:
@@ -397,8 +408,8 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
       break;
     case Opcode::op_cc_wait:
       sync_local();
-      wait_cross_core(Lane::SCALAR, static_cast<int>(in.ops[1].value), m_scalar_blocked, pc, in,
-                      m_stall_scalar_cross_core);
+      wait_cross_core(Lane::SCALAR, m_scalar_wait, static_cast<int>(in.ops[1].value),
+                      m_scalar_blocked, pc, in, m_stall_scalar_cross_core);
       break;
     case Opcode::op_pipe_barrier: {
       const Pipe p = static_cast<Pipe>(in.ops[0].value);
@@ -473,22 +484,22 @@ void AiCore::set_flag(Lane lane, int src, int dst, int id) {
   ++m_flags_set;
   f.flow = m_env.new_flow_id();
   m_flag_event.notify(SC_ZERO_TIME);
-  for (ChipObserver* o : m_env.observers()) o->on_flow_begin(m_chip_index, lane, now_ps(), f.flow);
+  for (ChipObserver* o : m_observers) o->on_flow_begin(m_chip_index, lane, now_ps(), f.flow);
 }
 
-void AiCore::wait_flag(Lane lane, int src, int dst, int id, Blocked& blocked, uint32_t pc,
-                       const isa::Instruction& in, Counter& stall) {
+void AiCore::wait_flag(Lane lane, Waiter& w, int src, int dst, int id, Blocked& blocked,
+                       uint32_t pc, const isa::Instruction& in, Counter& stall) {
   Flag& f = m_flags[src][dst][id];
   if (!f.set) {
     const sc_time t0 = sc_time_stamp();
     blocked = {&in, pc};
-    while (!f.set) wait_abortable(m_flag_or_abort);
+    while (!f.set) wait_abortable(w.flag_or_abort);
     blocked = {};
     stall.add(time_ps(sc_time_stamp() - t0));
   }
   f.set = false;
   --m_flags_set;
-  for (ChipObserver* o : m_env.observers()) o->on_flow_end(m_chip_index, lane, now_ps(), f.flow);
+  for (ChipObserver* o : m_observers) o->on_flow_end(m_chip_index, lane, now_ps(), f.flow);
 }
 
 void AiCore::post_cross_core(int id, uint64_t flow) {
@@ -501,7 +512,7 @@ int AiCore::cross_core_pending(int id) const {
   return static_cast<int>(m_cross_core[static_cast<size_t>(id)].flows.size());
 }
 
-void AiCore::wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
+void AiCore::wait_cross_core(Lane lane, Waiter& w, int id, Blocked& blocked, uint32_t pc,
                              const isa::Instruction& in, Counter& stall) {
   if (id >= m_cfg.cross_core_flag_ids || id >= kMaxFlagIds)
     throw KernelFault(fmt::format("cross-core flag id {} out of range: the chip has ids 0..{}",
@@ -510,13 +521,13 @@ void AiCore::wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
   if (flows.empty()) {
     const sc_time t0 = sc_time_stamp();
     blocked = {&in, pc};
-    while (flows.empty()) wait_abortable(m_flag_or_abort);
+    while (flows.empty()) wait_abortable(w.flag_or_abort);
     blocked = {};
     stall.add(time_ps(sc_time_stamp() - t0));
   }
   const uint64_t flow = flows.front();
   flows.pop_front();
-  for (ChipObserver* o : m_env.observers()) o->on_flow_end(m_chip_index, lane, now_ps(), flow);
+  for (ChipObserver* o : m_observers) o->on_flow_end(m_chip_index, lane, now_ps(), flow);
 }
 
 // ---- pipes ----
@@ -560,23 +571,25 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       set_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]));
       break;
     case Opcode::op_wait_flag:
-      wait_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]),
-                u.blocked, op.pc, in, u.stall_flag);
+      wait_flag(u.lane, u.waiter, static_cast<int>(op[0]), static_cast<int>(op[1]),
+                static_cast<int>(op[2]), u.blocked, op.pc, in, u.stall_flag);
       break;
     case Opcode::op_cc_set:
       wait_transfers_complete(u);
       m_env.cross_core_set(*this, u.lane, static_cast<int>(op[1]), static_cast<int>(op[2]));
       break;
     case Opcode::op_cc_wait:
-      wait_cross_core(u.lane, static_cast<int>(op[1]), u.blocked, op.pc, in, u.stall_cross_core);
+      wait_cross_core(u.lane, u.waiter, static_cast<int>(op[1]), u.blocked, op.pc, in,
+                      u.stall_cross_core);
       break;
     default: {
-      ExecContext ctx{m_cfg, m_kind, *m_local, m_env.gm()};
+      ExecContext ctx{m_cfg, m_kind, *m_local, m_gm};
       const ExecCost cost = plan(op, ctx);
-      if (cost.gm.empty()) wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)));
+      if (cost.gm.empty())
+        wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
       else run_gm_transfer(u, cost);
-      if (m_env.launch().functional) execute(op, ctx);
-      else invalidate_gm_writes(cost, m_env.gm());
+      if (m_launch.functional) execute(op, ctx);
+      else invalidate_gm_writes(cost, m_gm);
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
@@ -597,8 +610,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
     }
   }
   count_insn(u.counters, u.insn, in.op);
-  if (!m_env.observers().empty())
-    notify_instruction(u.lane, start, sc_time_stamp(), op.pc, in);
+  if (!m_observers.empty()) notify_instruction(u.lane, start, sc_time_stamp(), op.pc, in);
 }
 
 void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
@@ -644,12 +656,12 @@ Counter& AiCore::insn_counter(const CounterGroup& group,
 
 void AiCore::notify_instruction(Lane lane, const sc_time& start, const sc_time& end, uint32_t pc,
                                 const isa::Instruction& in) {
-  for (ChipObserver* o : m_env.observers())
+  for (ChipObserver* o : m_observers)
     o->on_instruction(m_chip_index, lane, time_ps(start), time_ps(end), pc, in, *m_run->section);
 }
 
 std::string AiCore::where(uint32_t pc, const isa::Instruction* in) const {
-  const isa::Program* prog = m_env.launch().program;
+  const isa::Program* prog = m_launch.program;
   std::string source = prog ? (prog->source.empty() ? prog->name : prog->source) : "?";
   if (in && in->src_line) return fmt::format("pc {} ({}:{})", pc, source, in->src_line);
   return fmt::format("pc {} ({})", pc, source);

@@ -84,6 +84,14 @@ class AiCore : public sc_core::sc_module {
     const isa::Instruction* insn = nullptr;  // nullptr: not blocked on a flag
     uint32_t pc = 0;
   };
+  // What one process of the core (the scalar unit or a pipe) blocks on besides its own
+  // condition: its abort wake-up (AbortSignal::wake_on_raise), alone and with the core's flag
+  // event.
+  struct Waiter {
+    explicit Waiter(AbortSignal& abort, const sc_core::sc_event& flag_event);
+    sc_core::sc_event abort;
+    sc_core::sc_event_or_list flag_or_abort;
+  };
   struct PipeUnit;
   struct Flag {
     bool set = false;
@@ -106,9 +114,9 @@ class AiCore : public sc_core::sc_module {
   // Flags. set_flag faults if the flag is already set; wait_flag blocks until set, then clears.
   void check_flag_operands(int src, int dst, int id) const;
   void set_flag(Lane lane, int src, int dst, int id);
-  void wait_flag(Lane lane, int src, int dst, int id, Blocked& blocked, uint32_t pc,
+  void wait_flag(Lane lane, Waiter& w, int src, int dst, int id, Blocked& blocked, uint32_t pc,
                  const isa::Instruction& in, Counter& stall);
-  void wait_cross_core(Lane lane, int id, Blocked& blocked, uint32_t pc,
+  void wait_cross_core(Lane lane, Waiter& w, int id, Blocked& blocked, uint32_t pc,
                        const isa::Instruction& in, Counter& stall);
   void check_pipe_operand(isa::Pipe p, const char* what) const;
   // Clears every flag (those set are counted in m_flags_set).
@@ -122,7 +130,8 @@ class AiCore : public sc_core::sc_module {
   void wait_transfers_complete(PipeUnit& u);
   void wait_all_drained();
   void wait_abortable(const sc_core::sc_event_or_list& events);
-  void wait_abortable(const sc_core::sc_time& t);
+  // Waits t, or until the launch is aborted (w: the calling process's Waiter).
+  void wait_abortable(const sc_core::sc_time& t, Waiter& w);
   PipeUnit* pipe_unit(isa::Pipe p) const { return m_pipes[static_cast<int>(p)].get(); }
   void notify_instruction(Lane lane, const sc_core::sc_time& start, const sc_core::sc_time& end,
                           uint32_t pc, const isa::Instruction& in);
@@ -140,6 +149,11 @@ class AiCore : public sc_core::sc_module {
   CoreEnv& m_env;
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
+  // The environment's launch, device memory and observers (CoreEnv returns the same objects
+  // for the chip's life): read per instruction, so looked up once.
+  const LaunchInfo& m_launch;
+  DeviceMemory& m_gm;
+  const std::vector<ChipObserver*>& m_observers;
   const std::string m_name;
   std::unique_ptr<CoreMemory> m_local;  // L1/L0/UB/BT/FB, allocated in functional mode
 
@@ -168,7 +182,7 @@ class AiCore : public sc_core::sc_module {
   // to clear (a launch with few blocks leaves most cores of a large chip untouched).
   bool m_touched = false;
   sc_core::sc_event m_flag_event;  // any flag or cross-core flag of this core became set
-  sc_core::sc_event_or_list m_flag_or_abort;
+  Waiter m_scalar_wait;            // the scalar unit's
 
   // Counters.
   CounterGroup m_counters, m_scalar_counters;

@@ -36,15 +36,23 @@ inline constexpr uint64_t kSimTimeLimitPs = uint64_t{1} << 63;
 struct Aborted {};
 
 // Raised on the first fault of a launch (or by the driver after a deadlock): every blocking wait
-// of every model thread also waits on event() and throws Aborted once active().
+// of every model thread also waits on event(), or on an event of its own registered with
+// wake_on_raise(), and throws Aborted once active().
 class AbortSignal {
  public:
   bool active() const { return m_active; }
   const sc_core::sc_event& event() const { return m_event; }
+  // `e` is notified (delta) with event() whenever the signal is raised. A process that blocks
+  // very often (a core's scalar unit and pipes: every instruction) waits on its own event
+  // rather than on event(): SystemC removes a woken process from every event it waited on by
+  // a linear search of that event's waiters, and event() has every waiting process of the
+  // chip among them. `e` must outlive the signal's use.
+  void wake_on_raise(sc_core::sc_event& e) { m_wake.push_back(&e); }
   void raise() {
     if (m_active) return;
     m_active = true;
     m_event.notify(sc_core::SC_ZERO_TIME);
+    for (sc_core::sc_event* e : m_wake) e->notify(sc_core::SC_ZERO_TIME);
   }
   void clear() { m_active = false; }
   void check() const {
@@ -54,6 +62,7 @@ class AbortSignal {
  private:
   bool m_active = false;
   sc_core::sc_event m_event;
+  std::vector<sc_core::sc_event*> m_wake;
 };
 
 // What the scalar unit needs of one legal instruction, decoded once per launch instead of per

@@ -83,6 +83,15 @@ class CounterDelta {
   void set_root(std::string root) { m_root = std::move(root); }
   // Number of counters that changed (of a ready tree: 0).
   size_t size() const { return m_values ? m_values->size() : 0; }
+  // Whether this delta is a ready tree (the JSON constructor): then only tree() reads it.
+  bool is_tree() const { return m_tree != nullptr; }
+  // Calls f(const CounterInfo&, uint64_t value) for each counter of a flat delta, in
+  // registration order, without building the tree (nothing for a ready tree: see is_tree).
+  template <class F>
+  void for_each(F&& f) const {
+    if (m_values)
+      for (const auto& [info, value] : *m_values) f(*info, value);
+  }
   // Whether both hold one stored copy of their values (equal deltas built while another was
   // alive share it: CounterRegistry::intern). For memory accounting and its tests.
   bool shares_values(const CounterDelta& other) const {

@@ -93,11 +93,13 @@ struct ExecContext {
   DeviceMemory& gm;
 };
 
-// One contiguous GM range an instruction reads or writes.
+// One contiguous GM range an instruction reads or writes, with the instruction's L2 policy
+// (isa.h L2Hint; the memory system applies it, sim/chip/l2_tags.h).
 struct GmAccess {
   uint64_t addr = 0;
   uint64_t bytes = 0;
   bool write = false;
+  isa::L2Hint l2 = isa::L2Hint::NORMAL;
 };
 
 struct ExecCost {

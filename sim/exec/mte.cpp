@@ -47,9 +47,10 @@ uint64_t fractal_elem_bytes(const Operands& o, const char* operand, Dtype t) {
 struct BurstCopy {
   Buf src, dst;
   uint64_t xsrc, xdst, nburst, burst_bytes, src_pitch, dst_pitch;
+  isa::L2Hint l2;  // of the GM side (NORMAL for the local copies, which have no l2 field)
 
   BurstCopy(const Operands& o, const ExecContext& ctx, Buf src_buf, Buf dst_buf)
-      : src(src_buf), dst(dst_buf) {
+      : src(src_buf), dst(dst_buf), l2(o.l2_hint()) {
     mte::require_path(o, ctx.cfg, src, dst);
     xsrc = o.addr("xsrc");
     xdst = o.addr("xdst");
@@ -71,8 +72,9 @@ struct BurstCopy {
   ExecCost cost(const ChipConfig& cfg) const {
     ExecCost c = mte::path_cost(cfg, src, dst, nburst * burst_bytes);
     for (uint64_t i = 0; i < nburst; ++i) {
-      if (src == Buf::GM) mte::add_gm_range(c.gm, xsrc + i * src_pitch, burst_bytes, false);
-      if (dst == Buf::GM) mte::add_gm_range(c.gm, xdst + i * dst_pitch, burst_bytes, true);
+      if (src == Buf::GM)
+        mte::add_gm_range(c.gm, xsrc + i * src_pitch, burst_bytes, false, l2);
+      if (dst == Buf::GM) mte::add_gm_range(c.gm, xdst + i * dst_pitch, burst_bytes, true, l2);
     }
     return c;
   }
@@ -88,8 +90,9 @@ struct BurstCopy {
 // Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
 struct Nd2Nz {
   uint64_t size, c0, xsrc, xdst, rows, cols, src_stride, dst_rows;
+  isa::L2Hint l2;
 
-  Nd2Nz(const Operands& o, const ExecContext& ctx) {
+  Nd2Nz(const Operands& o, const ExecContext& ctx) : l2(o.l2_hint()) {
     mte::require_path(o, ctx.cfg, Buf::GM, Buf::L1);
     size = fractal_elem_bytes(o, "type", o.dtype("type"));
     c0 = layout::c0_of(size);
@@ -112,7 +115,7 @@ struct Nd2Nz {
   ExecCost cost(const ChipConfig& cfg) const {
     ExecCost c = mte::path_cost(cfg, Buf::GM, Buf::L1, rows * cols * size);
     for (uint64_t r = 0; r < rows; ++r)
-      mte::add_gm_range(c.gm, xsrc + r * src_stride * size, cols * size, false);
+      mte::add_gm_range(c.gm, xsrc + r * src_stride * size, cols * size, false, l2);
     return c;
   }
 
@@ -476,13 +479,17 @@ struct Fixpipe {
   uint64_t dsize, c0, xsrc, xdst, m, n, dst_stride;
   bool nz2nd, relu;
   float scale;
+  isa::L2Hint l2;
 
-  Fixpipe(const Operands& o, const ExecContext& ctx) {
+  Fixpipe(const Operands& o, const ExecContext& ctx) : l2(o.l2_hint()) {
     src_type = o.dtype("src_type");
     dst_type = o.dtype("dst_type");
     dst = o.buf("dst");
     if (dst != Buf::GM && dst != Buf::L1 && dst != Buf::UB)
       o.fault(fmt::format("dst = {} must be gm, l1 or ub", isa::buf_name(dst)));
+    if (dst != Buf::GM && l2 != isa::L2Hint::NORMAL)
+      o.fault(fmt::format("L2 policy .{} needs dst = gm (got {})", isa::l2_hint_name(l2),
+                          isa::buf_name(dst)));
     mte::require_path(o, ctx.cfg, Buf::L0C, dst);
     conv = conversion(o);
     dsize = static_cast<uint64_t>(isa::dtype_size(dst_type));
@@ -534,9 +541,9 @@ struct Fixpipe {
     if (dst == Buf::GM) {
       if (nz2nd)
         for (uint64_t r = 0; r < m; ++r)
-          mte::add_gm_range(c.gm, xdst + r * dst_stride * dsize, n * dsize, true);
+          mte::add_gm_range(c.gm, xdst + r * dst_stride * dsize, n * dsize, true, l2);
       else
-        mte::add_gm_range(c.gm, xdst, dst_extent(), true);
+        mte::add_gm_range(c.gm, xdst, dst_extent(), true, l2);
     }
     return c;
   }

@@ -68,6 +68,13 @@ isa::Buf Operands::buf(const char* name) const {
   return static_cast<isa::Buf>(v);
 }
 
+isa::L2Hint Operands::l2_hint() const {
+  if (isa::field_index(m_op.op(), "l2") < 0) return isa::L2Hint::NORMAL;
+  int64_t v = raw("l2");
+  if (v < 0 || v >= isa::kNumL2Hints) fault(fmt::format("l2 = {} is not an L2 policy", v));
+  return static_cast<isa::L2Hint>(v);
+}
+
 void Operands::fault(const std::string& what) const {
   throw KernelFault(fmt::format("{}: {}", mnemonic(), what));
 }
@@ -116,13 +123,15 @@ void check_range(const Operands& o, const ExecContext& ctx, const char* operand,
   else check_local(o, ctx, operand, b, addr, bytes);
 }
 
-void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write) {
+void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write,
+                  isa::L2Hint l2) {
   if (bytes == 0) return;
-  if (!gm.empty() && gm.back().write == write && gm.back().addr + gm.back().bytes == addr) {
+  if (!gm.empty() && gm.back().write == write && gm.back().l2 == l2 &&
+      gm.back().addr + gm.back().bytes == addr) {
     gm.back().bytes += bytes;
     return;
   }
-  gm.push_back({addr, bytes, write});
+  gm.push_back({addr, bytes, write, l2});
 }
 
 ExecCost path_cost(const ChipConfig& cfg, isa::Buf src, isa::Buf dst, uint64_t bytes) {

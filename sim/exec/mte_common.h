@@ -27,6 +27,8 @@ class Operands {
   uint64_t count(const char* name, uint64_t min) const;
   isa::Dtype dtype(const char* name) const;
   isa::Buf buf(const char* name) const;
+  // The L2 policy (field "l2"); NORMAL for an instruction without one.
+  isa::L2Hint l2_hint() const;
   // Throws KernelFault "<mnemonic>: <what>".
   [[noreturn]] void fault(const std::string& what) const;
 
@@ -58,8 +60,10 @@ void check_gm(const Operands& o, const ExecContext& ctx, const char* operand, ui
 void check_range(const Operands& o, const ExecContext& ctx, const char* operand, isa::Buf b,
                  uint64_t addr, uint64_t bytes);
 
-// Appends a GM range, merging it into the previous one when contiguous and of the same direction.
-void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write);
+// Appends a GM range, merging it into the previous one when contiguous and of the same direction
+// and L2 policy.
+void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write,
+                  isa::L2Hint l2 = isa::L2Hint::NORMAL);
 
 // Cost of moving `bytes` over the path src->dst (contract in exec.h):
 //   a path touching GM: cycles = path_latency (fixed start latency); the GM ranges are timed by

@@ -314,14 +314,9 @@ struct BankCycles {
 // parameters (ub_banks or ub_bank_width_bytes 0) there are no conflicts.
 // The pattern of repeat r repeats with period P = the smallest P with P * rep_bytes a multiple
 // of width * banks for every operand (P <= width * banks), so at most P repeats are evaluated.
-BankCycles ub_bank_cycles(const VecInsn& vi, const ChipConfig& cfg, uint64_t c, uint64_t factor) {
+BankCycles count_bank_cycles(const VecInsn& vi, uint64_t banks, uint64_t width, uint64_t c,
+                             uint64_t factor) {
   BankCycles out;
-  const uint64_t banks = cfg.ub_banks > 0 ? static_cast<uint64_t>(cfg.ub_banks) : 0;
-  const uint64_t width = cfg.ub_bank_width_bytes > 0 ? cfg.ub_bank_width_bytes : 0;
-  if (banks == 0 || width == 0 || vi.repeats == 0) {
-    out.cycles = vi.repeats * factor * c;
-    return out;
-  }
   const uint64_t span = width * banks;
   uint64_t period = 1;
   for (int i = 0; i < vi.num_operands; ++i)
@@ -358,6 +353,65 @@ BankCycles ub_bank_cycles(const VecInsn& vi, const ChipConfig& cfg, uint64_t c, 
   out.cycles = vi.repeats <= period ? sum_all : full_periods * sum_all + sum_remainder;
   out.conflict_cycles = out.cycles - vi.repeats * factor * c;
   return out;
+}
+
+// count_bank_cycles() depends on a UB address only through its bank, (a / width) % banks, so
+// on every address and stride modulo span = width * banks; the key holds exactly those, the
+// operands' shapes and the repeat count, factor and c. Equal keys give equal results.
+struct BankKey {
+  static constexpr int kPerOperand = 5;
+  std::array<uint64_t, 4 + 4 * kPerOperand> v{};
+  bool operator==(const BankKey& o) const { return v == o.v; }
+};
+
+BankKey bank_key(const VecInsn& vi, uint64_t span, uint64_t c, uint64_t factor) {
+  BankKey k;
+  k.v[0] = vi.repeats;
+  k.v[1] = factor;
+  k.v[2] = c;
+  k.v[3] = static_cast<uint64_t>(vi.num_operands);
+  for (int i = 0; i < vi.num_operands; ++i) {
+    const VecOperand& o = vi.operand[static_cast<size_t>(i)];
+    uint64_t* f = &k.v[4 + static_cast<size_t>(i) * BankKey::kPerOperand];
+    f[0] = o.addr % span;
+    f[1] = o.rep_bytes % span;
+    f[2] = o.blk_bytes % span;
+    f[3] = static_cast<uint64_t>(o.bytes_per_repeat);
+    f[4] = o.dense ? 1 : 0;
+  }
+  return k;
+}
+
+// The UB bank time of the instruction (see count_bank_cycles). A kernel's tile loop issues the
+// same few vector geometries over and over (ping/pong buffers at fixed UB addresses), and
+// evaluating the bank pattern costs up to a period of repeats, so results are kept in a small
+// direct-mapped memo per host thread (plan() also runs on the replay's threads) per chip
+// geometry (banks, width).
+BankCycles ub_bank_cycles(const VecInsn& vi, const ChipConfig& cfg, uint64_t c, uint64_t factor) {
+  const uint64_t banks = cfg.ub_banks > 0 ? static_cast<uint64_t>(cfg.ub_banks) : 0;
+  const uint64_t width = cfg.ub_bank_width_bytes > 0 ? cfg.ub_bank_width_bytes : 0;
+  if (banks == 0 || width == 0 || vi.repeats == 0) {
+    BankCycles out;
+    out.cycles = vi.repeats * factor * c;
+    return out;
+  }
+  struct Entry {
+    BankKey key;
+    BankCycles value;
+    uint64_t banks = 0, width = 0;  // 0: empty
+  };
+  constexpr size_t kEntries = 1024;
+  thread_local std::vector<Entry> memo(kEntries);
+  const BankKey key = bank_key(vi, width * banks, c, factor);
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (uint64_t x : key.v) h = (h ^ x) * 0xff51afd7ed558ccdull;
+  Entry& e = memo[static_cast<size_t>((h ^ (h >> 29)) % kEntries)];
+  if (e.banks == banks && e.width == width && e.key == key) return e.value;
+  e.value = count_bank_cycles(vi, banks, width, c, factor);
+  e.key = key;
+  e.banks = banks;
+  e.width = width;
+  return e.value;
 }
 
 }  // namespace

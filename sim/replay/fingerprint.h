@@ -36,7 +36,8 @@ struct CoreFingerprint {
     cost = mix(cost, c.vector_repeats);
     cost = mix(cost, rate);
     cost = mix(cost, c.gm.size());
-    for (const GmAccess& a : c.gm) cost = mix(cost, a.bytes * 2 + (a.write ? 1 : 0));
+    for (const GmAccess& a : c.gm)
+      cost = mix(cost, a.bytes * 8 + static_cast<uint64_t>(a.l2) * 2 + (a.write ? 1 : 0));
   }
 };
 
@@ -48,6 +49,8 @@ inline uint64_t l2_fingerprint(uint64_t h, const L2Outcome& o) {
   h = CoreFingerprint::mix(h, o.hit_bytes);
   h = CoreFingerprint::mix(h, o.miss_bytes);
   h = CoreFingerprint::mix(h, o.hit_lines);
+  h = CoreFingerprint::mix(h, o.absorbed_bytes);
+  h = CoreFingerprint::mix(h, o.writeback_bytes);
   return CoreFingerprint::mix(h, o.miss_lines);
 }
 

@@ -77,9 +77,21 @@ struct Range {
   int core;
 };
 
-// The ranges sorted by begin, overlapping and adjacent ones merged.
+// The ranges sorted by begin, overlapping and adjacent ones merged (their union as maximal
+// disjoint ranges, so the result does not depend on how it is computed).
 std::vector<Range> merged(std::vector<Range> v) {
-  std::sort(v.begin(), v.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // A core's ranges come in execution order, and a tile's rows mostly continue each other:
+  // joining those first leaves the sort few ranges (a large launch has millions).
+  size_t n = 0;
+  for (const Range& r : v) {
+    if (n > 0 && r.begin >= v[n - 1].begin && r.begin <= v[n - 1].end)
+      v[n - 1].end = std::max(v[n - 1].end, r.end);
+    else
+      v[n++] = r;
+  }
+  v.resize(n);
+  auto by_begin = [](const Range& a, const Range& b) { return a.begin < b.begin; };
+  if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
     if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
@@ -226,7 +238,8 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
+                        std::vector<GmAccess>* writes) {
   std::vector<SectionRun> runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -259,7 +272,6 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
   for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   std::vector<size_t> next_transfer(rec.cores.size(), 0), next_range(rec.cores.size(), 0);
-  l2.invalidate_all();
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -270,13 +282,21 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
     if (t >= fc.transfer_sizes().size()) return false;
     for (uint32_t k = 0; k < fc.transfer_sizes()[t]; ++k, ++r) {
       const GmAccess& a = fc.transfer_ranges()[r];
-      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes));
+      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes, a.l2, a.write));
     }
     ++t;
   }
   for (size_t i = 0; i < rec.cores.size(); ++i)
     if (next_transfer[i] != verified[i]->transfer_sizes().size()) return false;
-  return h == rec.l2_fingerprint;
+  if (h != rec.l2_fingerprint) return false;
+  if (writes) {
+    writes->clear();
+    for (const auto& fc : verified)
+      for (const std::vector<GmAccess>* list : {&fc->transfer_ranges(), &fc->stores()})
+        for (const GmAccess& a : *list)
+          if (a.write) writes->push_back(a);
+  }
+  return true;
 }
 
 uint64_t RecordedLaunch::bytes() const {

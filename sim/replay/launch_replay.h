@@ -106,14 +106,20 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 // launch's blocks without effect (FunctionalCore verify mode, cores on `pool`) must give every
 // core the recorded timing fingerprint: the same control flow and every instruction's cost but
 // for its GM addresses. Then only the memory system could tell the launches apart, and it sees
-// addresses only through the L2: looking up the new GM ranges in `l2` (cold) in the recorded
-// order of transfers must give the recorded L2 fingerprint (every range the same hits and
-// misses). Also no core may touch bytes another writes (as for any recording). Changes nothing
-// but `l2`.
+// addresses only through the L2: looking up the new GM ranges in `l2` (the L2 the launch would
+// start with: cold, or a copy of the chip's when it keeps its lines across launches) in the
+// recorded order of transfers must give the recorded L2 fingerprint (every range the same hits
+// and misses). Also no core may touch bytes another writes (as for any recording). Changes
+// nothing but `l2`, which then holds the L2 as the launch leaves it. writes (may be null): on
+// success, every GM range the launch writes (each pipe instruction's written ranges and each
+// st's 8 bytes, core by core in execution order), which is all a timing-only simulator needs
+// to carry the launch out (DeviceMemory::invalidate of each range, as replay_blocks would),
+// without running its blocks again.
 bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2);
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
+                        std::vector<GmAccess>* writes = nullptr);
 
 // Recorded launches by key, at most `capacity` keys and about `max_bytes` of recordings (the
 // least recently used key goes first). A recording verified for other addresses is also kept

@@ -38,6 +38,7 @@ struct SystemSimulator::Impl {
     HdcLink::Copy copy;
     copy.host_to_device = host_to_device;
     copy.bytes = bytes;
+    if (launches_running) throw Error("a host-link copy while kernels run alongside");
     start_on_clock_edge();
     chip(c).hdc().submit(&copy);
     run_to_quiescence();
@@ -45,6 +46,14 @@ struct SystemSimulator::Impl {
     return HdcResult{copy.start_ps / kPsPerCycle, ceil_cycles(copy.end_ps - copy.start_ps),
                      cycles_us(copy.end_ps - copy.start_ps)};
   }
+  // Launches begun by run_alongside are running: transfers then run only until they are done.
+  bool launches_running = false;
+  // Checks the launches (distinct chips, a program each), starts them now on one clock edge and
+  // returns that time.
+  sc_time begin_launches(const std::vector<ChipLaunch>& launches);
+  // Runs the simulation until `done` holds: to quiescence when no launch runs alongside, else
+  // event by event (the running kernels' events too) until then.
+  void run_until(const std::function<bool()>& done, const char* what);
   // Ends the launches begun at `start` after the simulation stopped; fills their results.
   void finish_launches(const std::vector<ChipLaunch>& launches, const sc_time& start,
                        std::vector<KernelResult>& results);
@@ -82,13 +91,13 @@ DeviceMemory& SystemSimulator::gm(int chip) {
   return *m_impl->gm[static_cast<size_t>(chip)];
 }
 
-std::vector<KernelResult> SystemSimulator::run(const std::vector<ChipLaunch>& launches) {
-  Impl& I = *m_impl;
-  std::vector<bool> busy(static_cast<size_t>(I.cfg.chips()));
+sc_time SystemSimulator::Impl::begin_launches(const std::vector<ChipLaunch>& launches) {
+  if (launches_running) throw Error("run: kernels already run alongside");
+  std::vector<bool> busy(static_cast<size_t>(cfg.chips()));
   for (const ChipLaunch& l : launches) {
     if (!l.launch.program)
       throw Error(fmt::format("run: the launch on chip {} has no program", l.chip));
-    I.chip(l.chip);
+    chip(l.chip);
     if (busy[static_cast<size_t>(l.chip)])
       throw Error(fmt::format("run: two launches on chip {} at once", l.chip));
     busy[static_cast<size_t>(l.chip)] = true;
@@ -96,9 +105,45 @@ std::vector<KernelResult> SystemSimulator::run(const std::vector<ChipLaunch>& la
   start_on_clock_edge();
   const sc_time start = sc_time_stamp();
   for (const ChipLaunch& l : launches)
-    I.chip(l.chip).begin_launch(*l.launch.program, l.launch.args, l.launch.block_dim,
-                                I.opts.functional,
-                                watchdog_budget(I.opts, *l.launch.program, l.launch.args));
+    chip(l.chip).begin_launch(*l.launch.program, l.launch.args, l.launch.block_dim, opts.functional,
+                              watchdog_budget(opts, *l.launch.program, l.launch.args));
+  return start;
+}
+
+void SystemSimulator::Impl::run_until(const std::function<bool()>& done, const char* what) {
+  if (!launches_running) {
+    run_to_quiescence();
+  } else {
+    while (!done()) {
+      if (!sc_core::sc_pending_activity()) break;
+      run_for(sc_core::sc_time_to_pending_activity());
+    }
+  }
+  if (!done()) throw Error(fmt::format("{} did not complete", what));
+}
+
+std::vector<KernelResult> SystemSimulator::run(const std::vector<ChipLaunch>& launches) {
+  Impl& I = *m_impl;
+  const sc_time start = I.begin_launches(launches);
+  std::vector<KernelResult> results(launches.size());
+  I.finish_launches(launches, start, results);
+  return results;
+}
+
+std::vector<KernelResult> SystemSimulator::run_alongside(const std::vector<ChipLaunch>& launches,
+                                                         const std::function<void()>& alongside) {
+  Impl& I = *m_impl;
+  const sc_time start = I.begin_launches(launches);
+  I.launches_running = true;
+  try {
+    alongside();
+  } catch (...) {
+    I.launches_running = false;
+    std::vector<KernelResult> ignored(launches.size());
+    I.finish_launches(launches, start, ignored);  // the kernels end before the error goes on
+    throw;
+  }
+  I.launches_running = false;
   std::vector<KernelResult> results(launches.size());
   I.finish_launches(launches, start, results);
   return results;
@@ -107,7 +152,8 @@ std::vector<KernelResult> SystemSimulator::run(const std::vector<ChipLaunch>& la
 void SystemSimulator::Impl::finish_launches(const std::vector<ChipLaunch>& launches,
                                             const sc_time& start,
                                             std::vector<KernelResult>& results) {
-  if (!run_to_quiescence_or_limit()) {
+  // (Launches that ran alongside may have ended already: then nothing is left to run.)
+  if (sc_core::sc_pending_activity() && !run_to_quiescence_or_limit()) {
     for (const ChipLaunch& l : launches)  // still running at the limit: a fault
       if (chip(l.chip).outcome() == Chip::Outcome::Deadlock) chip(l.chip).stop_at_time_limit();
     run_to_quiescence();  // unwinds every process
@@ -153,6 +199,9 @@ HdcResult SystemSimulator::copy_host_to_device(int chip, uint64_t dev_addr, cons
                                                uint64_t bytes) {
   DeviceMemory& g = gm_range(chip, dev_addr, bytes, "copy_host_to_device");
   if (bytes) g.write(dev_addr, src, bytes);
+  // As Simulator::copy_host_to_device: a kept L2 drops the lines the host overwrote.
+  if (m_impl->cfg.chip.l2_keep_across_launches)
+    m_impl->chip(chip).memory().l2().invalidate_range(dev_addr, bytes);
   return m_impl->hdc_copy(chip, true, bytes);
 }
 
@@ -197,12 +246,16 @@ PeerCopyResult SystemSimulator::transfer(const std::vector<LinkTransfer>& list) 
     transfers[i].bytes = list[i].bytes;
     I.fabric->submit(&transfers[i]);
   }
-  run_to_quiescence();
+  I.run_until(
+      [&] {
+        return std::all_of(transfers.begin(), transfers.end(),
+                           [](const Fabric::Transfer& t) { return t.done; });
+      },
+      "link transfer");
   PeerCopyResult r;
   r.start_cycle = start / kPsPerCycle;
   uint64_t end = start;
   for (const Fabric::Transfer& t : transfers) {
-    if (!t.done) throw Error("link transfer did not complete");
     end = std::max(end, t.end_ps);
     r.copy_cycles.push_back(ceil_cycles(t.end_ps - start));
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,14 @@ class SystemSimulator {
   // Runs one launch on each listed chip (distinct chips), all starting now on one clock edge,
   // until every one has finished, faulted or deadlocked. Results in the order given.
   std::vector<KernelResult> run(const std::vector<ChipLaunch>& launches);
+  // The same launches while `alongside` runs: they start now on one clock edge, then
+  // `alongside` is called and its transfer() and advance() calls (run_collective: HCCL's
+  // collectives on the same chips) take simulated time while the kernels run; then the launches
+  // run to their end. The links and the cores share nothing in this model (collectives are
+  // zero-copy), so each takes the time it takes alone and the two overlap. Inside `alongside`,
+  // run() and the host-link copies are errors.
+  std::vector<KernelResult> run_alongside(const std::vector<ChipLaunch>& launches,
+                                          const std::function<void()>& alongside);
   HdcResult copy_host_to_device(int chip, uint64_t dev_addr, const void* src, uint64_t bytes);
   HdcResult copy_device_to_host(int chip, void* dst, uint64_t dev_addr, uint64_t bytes);
   // Submits every copy now; they run concurrently over the links (sharing the channels they

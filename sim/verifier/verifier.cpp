@@ -155,6 +155,10 @@ class SectionCheck {
       if (in.op == Opcode::op_fixpipe && path->dst != Buf::GM && path->dst != Buf::L1 &&
           path->dst != Buf::UB)
         return issue(pc, fmt::format("{}: dst = {} must be gm, l1 or ub", mn, buf_name(path->dst)));
+      const int64_t l2 = in.op == Opcode::op_fixpipe ? operand(in, "l2").value : 0;
+      if (path->dst != Buf::GM && l2 > 0 && l2 < kNumL2Hints)
+        return issue(pc, fmt::format("{}: L2 policy .{} needs dst = gm (got {})", mn,
+                                     l2_hint_name(static_cast<L2Hint>(l2)), buf_name(path->dst)));
       if (!m_cfg.has_path(path->src, path->dst))
         issue(pc, fmt::format("{}: no data path {}->{} on chip {}", mn, buf_name(path->src),
                               buf_name(path->dst), m_cfg.name));

@@ -197,7 +197,9 @@ TEST_CASE("Einsum as BatchMatMul plus transposes") {
                          "bhqk,bhkd->bhqd",   // attention output
                          "acj,jd->acd",       // free dims merged
                          "ij,jd->di",         // the product transposed to the output
-                         "ja,jb->ab"})        // contraction over the leading dim (adj_x)
+                         "ja,jb->ab",         // contraction over the leading dim (adj_x)
+                         "i,j->ij",           // outer product (rotary embedding tables)
+                         "bi,bj->bji"})       // batched outer product, transposed
     check_einsum(eq, DataType::F16, s, seed += 2);
   check_einsum("bij,bjk->bik", DataType::F32, s, seed += 2, PrecisionMode::kAllowFp32ToFp16);
 }

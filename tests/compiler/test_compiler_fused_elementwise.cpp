@@ -33,6 +33,7 @@ struct ChainRun {
   HostTensor result;
   uint64_t cycles = 0;
   size_t launches = 0;
+  std::vector<HostTensor> steps;  // every step's result, at its own shape
 };
 
 // The chain unfused: step k "<op> <a>[ <b>]" compiled as op(a, b) on the inputs (i<n>) and the
@@ -58,6 +59,7 @@ ChainRun run_unfused(const std::vector<HostTensor>& inputs, const Steps& steps,
     r.launches += k.launches.size();
     results.push_back(run.outputs.at(0));
   }
+  r.steps = results;
   const HostTensor& last = results.back();
   r.result.desc = TensorDesc{last.desc.dtype, out_shape};
   for (size_t src : broadcast_index(last.desc.shape, out_shape))
@@ -256,6 +258,139 @@ TEST_CASE("bad FusedElementwise ops: a CompileError naming the op, the step and 
   refused({}, {"Sqrt i0"}, true, {"1 input"});
   refused({TensorDesc{DataType::S32, {4}}}, {"Abs i0"}, false, {"s32"});
   refused({f32, TensorDesc{DataType::F32, {3}}}, {"Sub i0 i1"}, true, {"input 1", "[3]"});
+}
+
+// Keras 3's Adam update of one variable as the graph pass groups it (rewrite 5 of the plugin's
+// graph_fusion.h): variables i0 = m, i1 = v, i2 = var, then g, 1 - beta_1, 1 - beta_2, alpha,
+// epsilon. m' = m + (g - m) * c1, v' = v + (g^2 - v) * c2, var' = var - m' * alpha /
+// (sqrt(v') + eps): the AssignAdd / AssignSub steps are 2, 6 and 11.
+const Steps kKerasAdam = {"Sub i3 i0", "Mul s0 i4",   "AddV2 i0 s1",   "Square i3",
+                          "Sub s3 i1", "Mul s4 i5",   "AddV2 i1 s5",   "Mul s2 i6",
+                          "Sqrt s6",   "AddV2 s8 i7", "RealDiv s7 s9", "Sub i2 s10"};
+const std::vector<int64_t> kKerasAdamUpdates = {2, 6, 11};
+
+OpDesc variable_update_op(const std::vector<HostTensor>& inputs, const Steps& steps,
+                          const std::vector<int64_t>& updates) {
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : inputs) descs.push_back(t.desc);
+  return make_op("FusedVariableUpdate", descs,
+                 {{"T", std::string(compiler::data_type_name(descs[0].dtype))},
+                  {"M", AttrValue(static_cast<int64_t>(updates.size()))},
+                  {"steps", AttrValue(steps)},
+                  {"updates", AttrValue(updates)}});
+}
+
+TEST_CASE("FusedVariableUpdate: Keras' Adam, the new m, v and var in one launch, bit-identical") {
+  const std::vector<int64_t> shape =
+      test_chip_is_tiny() ? std::vector<int64_t>{37, 129} : std::vector<int64_t>{3, 101, 517};
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> in = {random_tensor(t, shape, -1, 1, 51),     // m
+                                        random_tensor(t, shape, 0, 2, 52),      // v
+                                        random_tensor(t, shape, -1, 1, 53),     // var
+                                        random_tensor(t, shape, -3, 3, 54),     // g
+                                        random_tensor(t, {}, 0.1, 0.1, 55),     // 1 - beta_1
+                                        random_tensor(t, {}, 1e-3, 1e-3, 56),   // 1 - beta_2
+                                        random_tensor(t, {}, 1e-3, 2e-3, 57),   // alpha
+                                        random_tensor(t, {}, 1e-7, 1e-7, 58)};  // epsilon
+    const OpDesc op = variable_update_op(in, kKerasAdam, kKerasAdamUpdates);
+    INFO(op.str());
+    const CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    REQUIRE(k.outputs.size() == 3);
+    const RunResult fused = run_compiled(test_sim(), k, in);
+    const ChainRun unfused = run_unfused(in, kKerasAdam, shape);
+    for (size_t j = 0; j < 3; ++j) {
+      INFO("variable " << j);
+      check_bit_identical(fused.outputs[j], unfused.steps[kKerasAdamUpdates[j]]);
+    }
+    WARN(op.str() << ": fused 1 launch, " << fused.cycles << " cycles; unfused " << unfused.launches
+                  << " launches, " << unfused.cycles << " cycles");
+    CHECK(fused.cycles < unfused.cycles);
+    if (t != DataType::F32) continue;
+    // The formula in double from the f32 inputs: m' and v' within a few ulp (difference,
+    // product and sum each rounded: 3e of the largest term), var' within 3e |var| + 8e |step|
+    // (the step's error, 2e from m', 3e from the denominator, 2e its product and quotient,
+    // plus slack; e = 2^-24).
+    const double e = 1.0 / (1 << 24);
+    size_t bad = 0;
+    for (size_t i = 0; i < in[0].values.size(); ++i) {
+      const double m = in[0].values[i], v = in[1].values[i], w = in[2].values[i];
+      const double g = in[3].values[i], c1 = in[4].values[0], c2 = in[5].values[0];
+      const double alpha = in[6].values[0], eps = in[7].values[0];
+      const double m1 = m + (g - m) * c1, v1 = v + (g * g - v) * c2;
+      const double step = m1 * alpha / (std::sqrt(v1) + eps), w1 = w - step;
+      const double got[3] = {fused.outputs[0].values[i], fused.outputs[1].values[i],
+                             fused.outputs[2].values[i]};
+      const bool good =
+          std::fabs(got[0] - m1) <= 3 * e * (std::fabs(m) + std::fabs(g - m) + std::fabs(m1)) &&
+          std::fabs(got[1] - v1) <= 3 * e * (std::fabs(v) + g * g + std::fabs(v1)) &&
+          std::fabs(got[2] - w1) <=
+              3 * e * std::fabs(w) + 8 * e * std::fabs(step) + e * std::fabs(w1);
+      if (!good && bad++ < 5)
+        UNSCOPED_INFO("element " << i << ": got " << got[0] << " " << got[1] << " " << got[2]
+                                 << ", want " << m1 << " " << v1 << " " << w1);
+    }
+    INFO(bad << " elements outside the bound");
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("FusedVariableUpdate: SGD with momentum, a variable read after its update") {
+  // Keras 3's SGD: m' = m * momentum - g * lr (an Assign), var' = var + m' (AssignAdd of the
+  // new m). i0 = m, i1 = var, i2 = g, i3 = momentum, i4 = lr (a [1] tensor).
+  const std::vector<HostTensor> in = {random_tensor(DataType::F32, {1000}, -1, 1, 61),
+                                      random_tensor(DataType::F32, {1000}, -1, 1, 62),
+                                      random_tensor(DataType::F32, {1000}, -1, 1, 63),
+                                      random_tensor(DataType::F32, {}, 0.9, 0.9, 64),
+                                      random_tensor(DataType::F32, {1}, 0.01, 0.01, 65)};
+  const Steps steps = {"Mul i0 i3", "Mul i2 i4", "Sub s0 s1", "AddV2 i1 s2"};
+  const CompiledKernel k =
+      compiler::compile(variable_update_op(in, steps, {2, 3}), test_sim().config());
+  REQUIRE(k.launches.size() == 1);
+  const RunResult fused = run_compiled(test_sim(), k, in);
+  const ChainRun unfused = run_unfused(in, steps, {1000});
+  check_bit_identical(fused.outputs[0], unfused.steps[2]);
+  check_bit_identical(fused.outputs[1], unfused.steps[3]);
+  for (size_t i = 0; i < 1000; ++i) {
+    const float m1 = static_cast<float>(in[0].values[i]) * static_cast<float>(in[3].values[0]) -
+                     static_cast<float>(in[2].values[i]) * static_cast<float>(in[4].values[0]);
+    REQUIRE(fused.outputs[0].values[i] == m1);
+    REQUIRE(fused.outputs[1].values[i] == static_cast<float>(in[1].values[i]) + m1);
+  }
+}
+
+TEST_CASE("bad FusedVariableUpdate ops: an InvalidOpError naming the problem") {
+  const TensorDesc var{DataType::F32, {4, 8}}, other{DataType::F32, {8}};
+  auto refused = [](const std::vector<TensorDesc>& inputs, const Steps& steps,
+                    const std::map<std::string, AttrValue>& attrs,
+                    const std::vector<std::string>& words) {
+    std::map<std::string, AttrValue> a = attrs;
+    a["steps"] = AttrValue(steps);
+    const OpDesc op = make_op("FusedVariableUpdate", inputs, a);
+    INFO(op.str());
+    const CompileRefusal r = compile_refusal(op);
+    INFO(r.message);
+    CHECK(r.invalid);
+    for (const std::string& w : words) CHECK(r.message.find(w) != std::string::npos);
+  };
+  const Steps steps = {"Mul i0 i2", "Sub i1 s0"};
+  using Ints = std::vector<int64_t>;
+  refused({var, var, other}, steps, {{"updates", AttrValue(Ints{1})}}, {"M = -1"});
+  refused({var, var, other}, steps, {{"M", AttrValue(int64_t{4})}, {"updates", AttrValue(Ints{1})}},
+          {"M = 4", "3 inputs"});
+  refused({var, var, other}, steps, {{"M", AttrValue(int64_t{2})}, {"updates", AttrValue(Ints{1})}},
+          {"'updates' has 1"});
+  refused({var, var, other}, steps,
+          {{"M", AttrValue(int64_t{2})}, {"updates", AttrValue(Ints{1, 1})}}, {"both step 1"});
+  refused({var, var, other}, steps,
+          {{"M", AttrValue(int64_t{2})}, {"updates", AttrValue(Ints{0, 5})}}, {"step 5"});
+  refused({var, other, other}, steps,
+          {{"M", AttrValue(int64_t{2})}, {"updates", AttrValue(Ints{0, 1})}},
+          {"variable 1", "[8]"});
+  // A variable smaller than the steps' broadcast shape.
+  refused({other, TensorDesc{DataType::F32, {4, 8}}}, {"Mul i0 i1"},
+          {{"M", AttrValue(int64_t{1})}, {"updates", AttrValue(Ints{0})}}, {"[4,8]", "[8]"});
 }
 
 TEST_CASE("list(string) attributes: the cache key tells every two lists apart") {

@@ -296,6 +296,29 @@ TEST_CASE("StridedSliceGrad scatters dy into zeros") {
   }
 }
 
+TEST_CASE("XlaDynamicUpdateSlice writes the update at clamped starts") {
+  uint32_t seed = 110;
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BOOL, DataType::S64}) {
+    const Shape s = {3, 9, 2, 5}, u = {3, 2, 2, 5};  // a KV-cache write of two positions
+    HostTensor x = distinct(dt, s, seed++);
+    HostTensor upd = distinct(dt, u, seed++);
+    // Start 8 in dim 1 is clamped to 9 - 2 = 7 (XLA); -1 in dim 2 to 0.
+    for (const Index& start : {Index{0, 3, 0, 0}, Index{0, 8, -1, 0}}) {
+      const int64_t at = std::min<int64_t>(start[1], 7);
+      auto from_update = [&](const Index& i) -> int64_t {  // -1: the input's element
+        if (i[1] < at || i[1] >= at + 2) return -1;
+        return flatten({i[0], i[1] - at, i[2], i[3]}, u);
+      };
+      HostTensor want = x;
+      for (int64_t f = 0; f < numel(s); ++f)
+        if (int64_t k = from_update(unflatten(f, s)); k >= 0)
+          want.values[static_cast<size_t>(f)] = upd.values[static_cast<size_t>(k)];
+      check(make_op("XlaDynamicUpdateSlice", {x.desc, upd.desc}, {{"indices", start}}),
+            {x, upd}, {want});
+    }
+  }
+}
+
 TEST_CASE("Pad, PadV2, MirrorPad") {
   uint32_t seed = 120;
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BOOL, DataType::S64}) {

@@ -71,3 +71,49 @@ TEST_CASE("a stream kernel stores every output of every tile and block") {
   check_close(r.outputs[0].values, want_sum, 0, 0, "out0 = x * s + x");
   check_close(r.outputs[1].values, want_half, 0, 0, "out1 = f16(x * s)");
 }
+
+TEST_CASE("stream L2 policy: noalloc streams larger than a kept L2, normal ones that fit") {
+  // An L2 of 1 MiB. in0 is flat (4 bytes per element), in1 resident (gathered once: always
+  // normal); the outputs take 4 + 2 bytes per element.
+  // The policy applies when the L2 is kept across launches or written back; on the presets (cold
+  // at every launch, write-through) every stream is normal.
+  const ChipConfig cfg =
+      load_chip_config("tiny", {"memory.l2.bytes=1 MiB", "memory.l2.keep_across_launches=true"});
+  REQUIRE(cfg.l2_bytes == 1u << 20);
+  {
+    const ChipConfig cold = load_chip_config("tiny", {"memory.l2.bytes=1 MiB"});
+    const compiler::Launch l =
+        compiler::ops::build_stream_kernel("TwoOutputs", two_output_spec(262144), cold);
+    for (const isa::Section& s : l.kernel.program.sections)
+      for (const isa::Instruction& in : s.code)
+        if (isa::field_index(in.op, "l2") >= 0)
+          CHECK(in.ops[static_cast<size_t>(isa::field_index(in.op, "l2"))].value == 0);
+  }
+  struct Case {
+    int64_t n;
+    isa::L2Hint in, out;
+  };
+  const Case cases[] = {
+      {65536, isa::L2Hint::NORMAL, isa::L2Hint::NORMAL},     // 640 KiB in all
+      {131072, isa::L2Hint::NOALLOC, isa::L2Hint::NORMAL},   // 1.25 MiB; outputs 768 KiB
+      {262144, isa::L2Hint::NOALLOC, isa::L2Hint::NOALLOC},  // outputs alone 1.5 MiB
+  };
+  for (const Case& c : cases) {
+    INFO("n = " << c.n);
+    const compiler::Launch l =
+        compiler::ops::build_stream_kernel("TwoOutputs", two_output_spec(c.n), cfg);
+    int loads[3] = {0, 0, 0}, stores[3] = {0, 0, 0};
+    for (const isa::Section& s : l.kernel.program.sections)
+      for (const isa::Instruction& in : s.code) {
+        const int i = isa::field_index(in.op, "l2");
+        if (in.op == Opcode::op_copy_gm2ub) ++loads[in.ops[static_cast<size_t>(i)].value];
+        if (in.op == Opcode::op_copy_ub2gm) ++stores[in.ops[static_cast<size_t>(i)].value];
+      }
+    // Flat in0's tile loads (ping and pong) carry c.in (in1, one element, is broadcast by the
+    // scalar unit, not copied).
+    CHECK(loads[static_cast<int>(c.in)] == 2);
+    CHECK(loads[0] + loads[1] + loads[2] == 2);
+    // Both outputs, ping and pong: 4 stores, all with c.out.
+    CHECK(stores[static_cast<int>(c.out)] == 4);
+  }
+}

@@ -162,6 +162,44 @@ end
   CHECK(imm(c[7], "mode") == 2);
 }
 
+TEST_CASE("assembler: the L2 policy is an optional last suffix, normal when left out") {
+  Program p = assemble(R"(
+copy_gm2ub x1, x2, 1, 4, 0, 0
+copy_gm2ub.noalloc x1, x2, 1, 4, 0, 0
+copy_gm2l1.bypass x1, x2, 1, 4, 0, 0
+copy_ub2gm.normal x1, x2, 1, 4, 0, 0
+nd2nz.f16.noalloc x1, x2, 15, 17, 17, 16
+fixpipe.f32.f16.bypass gm, x1, x2, 16, 32, 32, 1, 0, x3
+fixpipe.f32.f16 gm, x1, x2, 16, 32, 32, 1, 0, x3
+end
+)", "t.s");
+  const auto& c = p.sections.at(0).code;
+  REQUIRE(c.size() == 8);
+  const int64_t want[] = {int64_t(L2Hint::NORMAL), int64_t(L2Hint::NOALLOC),
+                          int64_t(L2Hint::BYPASS), int64_t(L2Hint::NORMAL),
+                          int64_t(L2Hint::NOALLOC), int64_t(L2Hint::BYPASS),
+                          int64_t(L2Hint::NORMAL)};
+  for (size_t i = 0; i < 7; ++i) {
+    INFO(i);
+    CHECK(imm(c[i], "l2") == want[i]);
+  }
+  CHECK(imm(c[4], "type") == int64_t(Dtype::F16));
+  CHECK(imm(c[5], "dst_type") == int64_t(Dtype::F16));
+  // The dtype suffixes stay required; a policy where a dtype belongs is not one.
+  CHECK_THROWS_WITH(assemble("nd2nz.noalloc x1, x2, 1, 1, 1, 16", "t.s"),
+                    Catch::Contains("t.s:1:7: bad suffix '.noalloc' for type of nd2nz"));
+  CHECK_THROWS_WITH(assemble("copy_gm2ub.keep x1, x2, 1, 4, 0, 0", "t.s"),
+                    Catch::Contains("t.s:1:12: bad suffix '.keep' for l2 of copy_gm2ub: expected "
+                                    "an L2 policy (normal, noalloc, bypass)"));
+  CHECK_THROWS_WITH(assemble("copy_gm2ub.noalloc.bypass x1, x2, 1, 4, 0, 0", "t.s"),
+                    Catch::Contains("copy_gm2ub takes 0 to 1 suffix ([.l2]), got 2"));
+  CHECK_THROWS_WITH(assemble("fixpipe.f32 gm, x1, x2, 16, 32, 32, 1, 0, x3", "t.s"),
+                    Catch::Contains("fixpipe takes 2 to 3 suffixes (.src_type.dst_type[.l2]), "
+                                    "got 1"));
+  CHECK_THROWS_WITH(assemble("copy_l12ub.noalloc x1, x2, 1, 4, 0, 0", "t.s"),
+                    Catch::Contains("copy_l12ub takes no suffix"));
+}
+
 TEST_CASE("assembler: immediate expressions") {
   Program p = assemble(R"(
 .equ A, 6
@@ -434,6 +472,10 @@ TEST_CASE("assembler: every instruction of the table assembles from its descript
       switch (k) {
         case FieldKind::Dt: line += ".bf16"; expect[j] = {false, int64_t(Dtype::BF16)}; continue;
         case FieldKind::Cmp: line += ".ge"; expect[j] = {false, int64_t(Cmp::GE)}; continue;
+        case FieldKind::L2h:
+          line += ".noalloc";
+          expect[j] = {false, int64_t(L2Hint::NOALLOC)};
+          continue;
         case FieldKind::Reg:
           text = "x" + std::to_string(j + 1);
           expect[j] = {true, int64_t(j + 1)};

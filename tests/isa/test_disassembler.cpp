@@ -86,6 +86,32 @@ TEST_CASE("disassembler: codes that name nothing are marked") {
   CHECK_FALSE(illegal_operand(in).has_value());
 }
 
+TEST_CASE("disassembler: the L2 policy prints as the last suffix unless normal") {
+  Program p = assemble(R"(
+copy_gm2ub.noalloc x1, x2, 1, 4, 0, 0
+copy_ub2gm.bypass x1, x2, 1, 4, 0, 0
+copy_gm2l1.normal x1, x2, 1, 4, 0, 0
+nd2nz.bf16.noalloc x1, x2, 15, 17, 17, 16
+fixpipe.f32.f16.bypass gm, x1, x2, 16, 32, 32, 1, 0, x3
+)", "t.s");
+  const auto& c = p.sections[0].code;
+  CHECK(disassemble(c[0]) == "copy_gm2ub.noalloc x1, x2, 1, 4, 0, 0");
+  CHECK(disassemble(c[1]) == "copy_ub2gm.bypass x1, x2, 1, 4, 0, 0");
+  CHECK(disassemble(c[2]) == "copy_gm2l1 x1, x2, 1, 4, 0, 0");
+  CHECK(disassemble(c[3]) == "nd2nz.bf16.noalloc x1, x2, 15, 17, 17, 16");
+  CHECK(disassemble(c[4]) == "fixpipe.f32.f16.bypass gm, x1, x2, 16, 32, 32, 1, 0, x3");
+  // Through the 128-bit encoding and back.
+  for (const Instruction& in : c) {
+    const Instruction d = decode(encode(in));
+    CHECK(disassemble(d) == disassemble(in));
+  }
+  Instruction bad = c[0];
+  bad.ops[static_cast<size_t>(field_index(bad.op, "l2"))] = {false, 3};
+  CHECK(disassemble(bad) == "copy_gm2ub.?l2h3 x1, x2, 1, 4, 0, 0");
+  CHECK(illegal_operand(bad).value() ==
+        "copy_gm2ub operand l2: L2 policy code 3 is out of range 0..2");
+}
+
 TEST_CASE("disassembler: listings re-assemble to the identical program") {
   check_round_trip(R"(
 .kernel add_two
@@ -182,6 +208,7 @@ TEST_CASE("disassembler: random operands of every instruction round-trip") {
           case FieldKind::Reg: o = {true, int64_t(r % kNumRegs)}; break;
           case FieldKind::Dt: o = {false, int64_t(r % int(Dtype::NONE))}; break;
           case FieldKind::Cmp: o = {false, int64_t(r % (int(Cmp::GE) + 1))}; break;
+          case FieldKind::L2h: o = {false, int64_t(r % kNumL2Hints)}; break;
           case FieldKind::Pipe: o = {false, int64_t(r % (int(Pipe::ALL) + 1))}; break;
           case FieldKind::Buf: o = {false, int64_t(r % kNumBufs)}; break;
           case FieldKind::Label: o = {false, int64_t(r % (kNumOpcodes * 4))}; break;

@@ -9,9 +9,11 @@
 
 #include <fmt/format.h>
 
+#include "adapter/profiler/counter_view.h"
 #include "adapter/profiler/op_metrics.h"
 #include "adapter/profiler/report_writer.h"
 #include "common/error.h"
+#include "sim/counters/counters.h"
 #include "sim/config/chip_config.h"
 #include "tests/common/test_chip.h"
 
@@ -87,7 +89,7 @@ TEST_CASE("metrics: a cube op on a split chip") {
   op.cycles = 1100;
   op.wait_cycles = 100;
   chip["task_overhead_cycles"] = leaf(300);
-  op.counters = {{"chip", chip}};
+  op.counters = CounterDelta(json{{"chip", chip}});
   const prof::OpMetrics m = prof::compute_op_metrics(op, cfg);
 
   CHECK(m.start_us == Approx(5000 / cfg.clock_mhz));
@@ -137,7 +139,7 @@ TEST_CASE("metrics: a vector op's roofline uses the vector peak; no L2 lookups, 
   chip["aiv1"] = vector_core(2000, 1000, 100, 500, 200, 4000);
   prof::OpRecord op;
   op.cycles = 4000;
-  op.counters = {{"chip", chip}};
+  op.counters = CounterDelta(json{{"chip", chip}});
   const prof::OpMetrics m = prof::compute_op_metrics(op, cfg);
   CHECK_FALSE(m.aic.present);
   REQUIRE(m.aiv.present);
@@ -163,7 +165,7 @@ TEST_CASE("metrics: on a coupled chip both msprof sides describe the same cores"
   chip["aicore0"] = core;
   prof::OpRecord op;
   op.cycles = 1000;
-  op.counters = {{"chip", chip}};
+  op.counters = CounterDelta(json{{"chip", chip}});
   const prof::OpMetrics m = prof::compute_op_metrics(op, cfg);
   REQUIRE(m.aic.present);
   REQUIRE(m.aiv.present);
@@ -210,7 +212,7 @@ TEST_CASE("metrics: a counter tree without a chip is an error naming the op") {
   in.config = &cfg;
   in.ops.resize(1);
   in.ops[0].op_name = "broken";
-  in.ops[0].counters = {{"nochip", 1}};
+  in.ops[0].counters = CounterDelta(json{{"nochip", 1}});
   const std::string dir = (std::filesystem::temp_directory_path() / "npusim_report_bad").string();
   CHECK_THROWS_WITH(prof::write_report(dir, in), Catch::Contains("op 0 ('broken')") &&
                                                      Catch::Contains("\"chip\""));
@@ -246,7 +248,7 @@ TEST_CASE("report folder: the files, their columns and one row per op") {
     op.start_cycle = 1000 * (i + 1);
     op.cycles = i == 1 ? 900 : 1000;
     op.block_dim = 1;
-    op.counters = {{"chip", i == 1 ? vchip : chip}};
+    op.counters = CounterDelta(json{{"chip", i == 1 ? vchip : chip}});
     op.inputs = {{{128, 256}, "DT_FLOAT16", "ND"}, {{256, 64}, "DT_FLOAT16", "ND"}};
     op.outputs = {{{128, 64}, "DT_FLOAT", "ND"}};
   }
@@ -316,4 +318,45 @@ TEST_CASE("report folder: the files, their columns and one row per op") {
   CHECK(back.clock_mhz == cfg.clock_mhz);
   CHECK(back.hbm_gbps == cfg.hbm_gbps);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a launch's flat counter delta reads as its tree does") {
+  // Registry counters as the chip registers them: two cores that ran, one that only counted a
+  // stall (no active_cycles: a group, not a core), chip-level counters and a nested group.
+  CounterRegistry reg;
+  for (const char* name :
+       {"chip.aic0.active_cycles", "chip.aic0.blocks", "chip.aic0.m.busy_cycles",
+        "chip.aic0.mte2.bytes.gm_to_l1", "chip.aiv1.active_cycles", "chip.aiv1.blocks",
+        "chip.aiv1.v.repeats", "chip.aic10.active_cycles", "chip.aic10.blocks",
+        "chip.aic2.s.stall.barrier", "chip.launches", "chip.l2.hits", "chip.hbm.read_bytes"})
+    reg.add(name, "x", "test");
+  const std::vector<uint64_t> base = reg.snapshot();
+  uint64_t v = 3;
+  for (const char* name : {"chip.aic0.active_cycles", "chip.aic0.blocks", "chip.aic0.m.busy_cycles",
+                           "chip.aic0.mte2.bytes.gm_to_l1", "chip.aiv1.active_cycles",
+                           "chip.aiv1.v.repeats", "chip.aic10.active_cycles", "chip.aic10.blocks",
+                           "chip.aic2.s.stall.barrier", "chip.launches", "chip.l2.hits"})
+    reg.find(name)->add(v += 5);  // aiv1 ran no block: not a core that ran
+  const CounterDelta delta = reg.delta_since(base);
+  REQUIRE_FALSE(delta.is_tree());
+
+  const prof::LaunchCounters flat = prof::read_launch_counters(delta);
+  const prof::LaunchCounters tree = prof::read_launch_counters(delta.tree());
+  REQUIRE(flat.cores.size() == 2);
+  REQUIRE(flat.cores.size() == tree.cores.size());
+  for (size_t i = 0; i < flat.cores.size(); ++i) {
+    CHECK(flat.cores[i].name == tree.cores[i].name);
+    CHECK(flat.cores[i].kind == tree.cores[i].kind);
+    CHECK(flat.cores[i].values == tree.cores[i].values);
+  }
+  CHECK(flat.cores[0].name == "aic0");
+  CHECK(flat.cores[0].get("mte2.bytes.gm_to_l1") == 23);
+  CHECK(flat.chip == tree.chip);
+  CHECK(flat.chip_value("aic2.s.stall.barrier") == 48);
+  CHECK(flat.chip_value("l2.hits") == 58);
+  CHECK(flat.chip.count("hbm.read_bytes") == 0);  // unchanged: not in the delta
+
+  // An empty delta and a ready tree read as their trees.
+  CHECK_THROWS_AS(prof::read_launch_counters(CounterDelta()), Error);
+  CHECK(prof::read_launch_counters(CounterDelta(json{{"chip", json::object()}})).cores.empty());
 }

@@ -64,6 +64,20 @@ inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector
   return sim.run(l);
 }
 
+// A cycle count derived in floating point, rounded up as the simulator rounds a launch's end
+// (tolerating representation error below 1e-9).
+inline uint64_t ceil_cycles(double v) { return static_cast<uint64_t>(std::ceil(v - 1e-9)); }
+
+// One block of a kernel with one argument `a` on the vector cores: three scalar instructions
+// (x1 = a, x2 = 0 and x3 = 8192: two UB addresses), then `body` (assembly lines), then end.
+inline KernelResult run_aiv_body(Simulator& sim, const std::string& body, uint64_t a) {
+  isa::Program p = isa::assemble(
+      ".arg a\n.section aiv\n    ldarg x1, a\n    movi x2, 0\n    movi x3, 8192\n" + body +
+          "    end\n",
+      "body.s");
+  return launch(sim, p, {a}, 1);
+}
+
 template <typename T>
 std::vector<T> read_gm(Simulator& sim, uint64_t addr, size_t n) {
   std::vector<T> v(n);

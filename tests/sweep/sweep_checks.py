@@ -166,6 +166,9 @@ with tempfile.TemporaryDirectory() as tmp:
             "yamlerr.yaml": ("chip: tiny\ngrid:\n  a: [1, 2\nworkloads: []\n", "YAML error"),
             "wlkey.yaml": ("chip: tiny\ngrid: {clock_mhz: [1000]}\n"
                            "workloads: [{op: AddV2, input: [f16:16]}]\n", "workloads[0].input"),
+            "wltiming.yaml": ("chip: tiny\ngrid: {clock_mhz: [1000]}\n"
+                              "workloads: [{op: AddV2, inputs: [f16:16, f16:16], timing_only: 1}]\n",
+                              "workloads[0].timing_only: expected true or false"),
             "derived_ref.yaml": ("chip: tiny\ngrid: {cores.aic.count: [1, 2]}\n"
                                  "derived: {cores.aiv.count: 2 * cores.aic.cnt}\n"
                                  "workloads: [{op: AddV2, inputs: [f16:16, f16:16]}]\n",
@@ -232,12 +235,19 @@ out = args[args.index("--json") + 1]
 if "--set" in args and "fail=1" in args:
     json.dump({"ok": False, "error": "ValueError: no such thing"}, open(out, "w"))
     sys.exit(1)
-json.dump({"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
-           "kernels_per_step": 42, "cube_utilization_pct": 12.5, "hbm_bytes_per_step": 1000,
-           "loss": 2.5, "wall_s_per_step": 3.0, "argv": args}, open(out, "w"))
+r = {"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
+     "kernels_per_step": 42, "cube_utilization_pct": 12.5, "hbm_bytes_per_step": 1000,
+     "wall_s_per_step": 3.0, "argv": args}
+if "--timing-only" not in args:  # as models.run: the loss is undefined in timing-only runs
+    r["loss"] = 2.5
+json.dump(r, open(out, "w"))
 """)
+        # The grid's timing_only (default true) applies to model workloads too; a workload's
+        # own key overrides it.
         g = write(tmp, "model.yaml", "chip: tiny\ngrid: {clock_mhz: [1000]}\n"
-                  "workloads: [{model: resnet50, mode: train, batch: 4, steps: 2, input_size: 32}]\n")
+                  "workloads: [{model: resnet50, mode: train, batch: 4, steps: 2, input_size: 32},\n"
+                  "            {model: mlp, name: mlp_loss, mode: train, batch: 4, steps: 1,\n"
+                  "             timing_only: false}]\n")
         grid = load_grid(g)
         ctx = runner.Context(grid, NPUSIM, os.path.join(tmp, "model_out"))
         saved_root = runner.ROOT
@@ -247,6 +257,7 @@ json.dump({"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
             rec = runner.run_point(ctx, conf, grid.workloads[0], "k")
             bad = runner.ResolvedConfig([("fail", "1")], True, "", conf.cfg)
             rec_bad = runner.run_point(ctx, bad, grid.workloads[0], "k2")
+            rec_func = runner.run_point(ctx, conf, grid.workloads[1], "k3")
         finally:
             runner.ROOT = saved_root
         assert rec["status"] == "ok", rec
@@ -256,10 +267,16 @@ json.dump({"ok": True, "simulated_us_per_step": 250.0, "samples_per_s": 8000.0,
                         ("--steps", "2"), ("--input-size", "32"), ("--chip", "tiny"),
                         ("--set", "clock_mhz=1000")):
             assert cmd[cmd.index(flag) + 1] == v, (flag, cmd)
-        assert "--quiet" in cmd and "--json" in cmd
+        assert "--quiet" in cmd and "--json" in cmd and "--timing-only" in cmd
         m = rec["metrics"]
-        assert (m["sim_time_us"], m["throughput"], m["kernels"], m["hbm_bytes"], m["loss"]) == (
-            250.0, 8000.0, 42, 1000, 2.5), m
+        assert (m["sim_time_us"], m["throughput"], m["kernels"], m["hbm_bytes"]) == (
+            250.0, 8000.0, 42, 1000), m
+        assert "loss" not in m, m
+        assert rec_func["status"] == "ok" and "--timing-only" not in rec_func["command"], rec_func
+        assert rec_func["metrics"]["loss"] == 2.5, rec_func
+        # The mode is part of a point's identity: the same workload functional is another point.
+        w_func = dict(grid.workloads[0], timing_only=False)
+        assert runner.point_key(ctx, conf, w_func) != runner.point_key(ctx, conf, grid.workloads[0])
         # 12.5 % of tiny's cube peak at 1000 MHz: 2 x 16^3 MACs x 2 cores x 1e9 / 1e12 TFLOPS.
         assert abs(m["achieved_tflops"] - 0.125 * 2 * 4096 * 2 * 1e9 / 1e12) < 1e-9, m
         assert rec_bad["status"] == "error" and "no such thing" in rec_bad["reason"], rec_bad

@@ -67,6 +67,32 @@ preds += [predict(x).numpy().tolist() for _ in range(2)]
 """
 
 
+# Child code (run_child) defining fit_steps(model, opt, x, y, device, steps=3): `steps` steps of
+# a mean-squared-error training tf.function (GradientTape, opt.apply_gradients), run under the
+# caller's device scope; returns the losses. On the NPU the launch records are cleared before
+# each step, so they hold the last step's.
+FIT_STEPS = r"""
+def fit_steps(model, opt, x, y, device, steps=3):
+    import npusim
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    losses = []
+    for _ in range(steps):
+        if device != "/CPU:0":
+            npusim.clear_launch_records()
+        losses.append(float(step(x, y).numpy()))
+    return losses
+"""
+
+
 def child_result(code, timeout=600, extra_env=None):
     """Runs `code` (run_child), which must succeed and print a line "RESULT<json>"; returns the
     last such JSON."""

@@ -133,5 +133,20 @@ def test_write_report(npusim, tf, tmp_path):
     assert yaml.safe_load((tmp_path / "chip.yaml").read_text())["name"] == "tiny"
     launches = json.loads((tmp_path / "launches.json").read_text())
     assert launches and all("counters" in r for r in launches)
+    # launches.json holds each launch's counters flat: the tree's leaves by dotted name.
+    trees = npusim.launch_records(with_counters=True)
+    assert len(trees) == len(launches)
+    for flat, rec in zip(launches, trees):
+        leaves = {}
+
+        def walk(node, prefix):
+            for k, v in node.items():
+                if isinstance(v, dict) and "value" in v and "unit" in v:
+                    leaves[prefix + k] = v["value"]
+                elif isinstance(v, dict):
+                    walk(v, prefix + k + ".")
+
+        walk(rec["counters"]["chip"], "")
+        assert leaves and flat["counters"] == leaves
     assert json.loads((tmp_path / "device.json").read_text())["open"]
     assert json.loads((tmp_path / "compiled_ops.json").read_text())["entries"] >= 1

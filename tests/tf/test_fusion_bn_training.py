@@ -28,13 +28,13 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import FIT_STEPS, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 BN_TYPES = {"BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
             "BNTrainingReduceGrad"}
 
 # Runs in child processes: a Keras training run on `device`, its losses, weights and launches.
-KERAS_CODE = r'''
+KERAS_CODE = FIT_STEPS + r'''
 import json, os
 import numpy as np
 import npusim
@@ -55,20 +55,7 @@ def train(device, axis, batch):
         rng = np.random.default_rng(0)
         x = tf.constant(rng.standard_normal((batch, 8, 8, 3)).astype(np.float32))
         y = tf.constant(rng.standard_normal((batch, 4)).astype(np.float32))
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                    model.trainable_variables))
-            return loss
-
-        losses = []
-        for _ in range(3):
-            if device != "/CPU:0":
-                npusim.clear_launch_records()
-            losses.append(float(step(x, y).numpy()))
+        losses = fit_steps(model, opt, x, y, device)
     recs = npusim.launch_records() if device != "/CPU:0" else []
     return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
             "launches": len(recs),

@@ -181,22 +181,26 @@ def test_compiled_ops_are_cached(npusim, tf, strict_placement):
 
 
 def test_op_without_npu_kernel_fails_without_soft_placement(tf, strict_placement):
-    x = np.linspace(0, 1, 8, dtype=np.float32)
+    # Zeta (the Hurwitz zeta function) has no NPU kernel.
+    x = np.linspace(1.5, 3, 8, dtype=np.float32)
     with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.NotFoundError),
-                       match="Sin.*NPU|NPU.*Sin"):
+                       match="Zeta.*NPU|NPU.*Zeta"):
         with tf.device("/NPU:0"):
-            tf.math.sin(tf.constant(x))
+            tf.math.zeta(tf.constant(x), tf.constant(np.ones(8, np.float32)))
 
 
 def test_op_without_npu_kernel_falls_back_to_cpu_with_soft_placement(tf):
     previous = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(True)
     try:
-        x = np.linspace(0, 1, 8, dtype=np.float32)
+        x = np.linspace(1.5, 3, 8, dtype=np.float32)
+        q = np.ones(8, np.float32)
         with tf.device("/NPU:0"):
-            y = tf.math.sin(tf.constant(x))
+            y = tf.math.zeta(tf.constant(x), tf.constant(q))
         assert y.device.endswith("device:CPU:0")
-        np.testing.assert_allclose(y.numpy(), np.sin(x), rtol=1e-6)
+        with tf.device("/CPU:0"):
+            want = tf.math.zeta(tf.constant(x), tf.constant(q)).numpy()
+        np.testing.assert_array_equal(y.numpy(), want)
     finally:
         tf.config.set_soft_device_placement(previous)
 

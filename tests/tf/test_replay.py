@@ -55,8 +55,10 @@ def test_replay_matches_simulating_every_launch():
     assert off["replayed"] == 0
     # The predictions after the first repeat its launches; training steps repeat the first
     # step's launches at other addresses, where the L2 sees the same.
-    assert on["replayed"] >= 3 * 10 + 2 * 100
-    assert check["replayed"] >= 3 * 10 + 2 * 100
+    # Every launch after the first prediction and the first training step repeats one of theirs
+    # (at other addresses): at least half of a run's launches replay.
+    for run in (on, check):
+        assert run["replayed"] >= len(run["cycles"]) // 2, (run["replayed"], len(run["cycles"]))
     for run in (on, check):
         assert run["losses"] == off["losses"]
         assert run["preds"] == off["preds"]

@@ -189,10 +189,18 @@ def test_trace_has_host_lane_copies_and_pipe_detail(profiled):
     copy_cycles = sum(e["dur"] * clock for e in inside)
     waits = sum(r["task_wait_cycles"] for r in rows)
     host = sum(r["host_dispatch_cycles"] for r in rows)
-    # Each TF op paid its host dispatch (host.op_dispatch_us) once, before its first launch.
+    # Each TF op dispatched on its own paid host.op_dispatch_us once, before its first launch;
+    # each run of a whole graph (launch records' graph_run: docs/tf_plugin.md, "Whole-graph
+    # execution") paid host.graph_dispatch_us once. Every node is its own span either way.
     chip = yaml.safe_load(open(os.path.join(profiled["dir"], "chip.yaml")))
     per_op = round(chip["host"]["op_dispatch_us"] * clock)
-    assert per_op > 0 and host % per_op == 0 and host // per_op == len(tf_ops), (host, per_op)
+    per_graph = round(chip["host"]["graph_dispatch_us"] * clock)
+    inside = profiled["inside"]
+    alone = {r["dispatch"] for r in inside if not r["graph_run"]}
+    graph_runs = {r["graph_run"] for r in inside if r["graph_run"]}
+    assert len(tf_ops) == len({r["dispatch"] for r in inside})
+    assert per_op > 0 and host == per_op * len(alone) + per_graph * len(graph_runs), (
+        host, per_op, len(alone), per_graph, len(graph_runs))
     assert abs(copy_cycles + host - waits) <= 2 * len(inside) + 1, (copy_cycles, host, waits)
 
 

@@ -79,9 +79,10 @@ def test_keras_fit_evaluate_predict_with_soft_placement_off(npusim, tf, strict_p
     for r in records:
         assert r["ok"], r["error"]
     kernels = {r["kernel"].split("_")[0] for r in records}
-    # Adam's update chains (Sqrt, RealDiv, Pow, ...) run fused (graph_fusion.h).
+    # Adam's updates (chains and assigns) run as one FusedVariableUpdate per weight
+    # (graph_fusion.h, rewrite 5).
     assert {"MatMul", "BiasAdd", "Relu", "ReluGrad", "SparseSoftmaxCrossEntropyWithLogits",
-            "FusedElementwise"} <= kernels, kernels
+            "FusedVariableUpdate"} <= kernels, kernels
     # The iteration counter: int64 iterations + 1 and its Cast to float32 on the chip.
     assert any(k.startswith("AddV2(s64[]") for k in keys), keys
     assert any(k.startswith("Cast(s64[]") for k in keys), keys

@@ -106,13 +106,14 @@ def test_keras_mlp_fit_on_the_npu_matches_cpu(npusim, tf):
     for r in records:
         assert r["ok"], r["error"]
     kernels = {r["kernel"].split("_")[0] for r in records}
-    # Adam's update chains (Sqrt, RealDiv, ...) run fused (graph_fusion.h, FusedElementwise).
-    assert {"MatMul", "Relu", "AddV2", "Sub", "Mul", "FusedElementwise"} <= kernels, kernels
-    # Adam's moment updates m.assign_add(...), v.assign_add(...) are AssignAddVariableOps: an
-    # AddV2 of two tensors of the weight's shape (Adam's other adds take a scalar).
+    # Adam's update of each weight (m, v and the weight: their chains and AssignAdd /
+    # AssignSub) runs as one FusedVariableUpdate (graph_fusion.h, rewrite 5): its inputs start
+    # with m, v and the weight, tensors of the weight's shape.
+    assert {"MatMul", "Relu", "FusedVariableUpdate"} <= kernels, kernels
     keys = npusim.compiled_ops()["keys"]
     for shape in ("32,16", "16", "16,4", "4"):
-        assert any(k.startswith(f"AddV2(f32[{shape}],f32[{shape}])") for k in keys), (shape, keys)
+        t = f"f32[{shape}]"
+        assert any(k.startswith(f"FusedVariableUpdate({t},{t},{t},") for k in keys), (shape, keys)
 
 
 PLACEMENT_CHILD = r"""

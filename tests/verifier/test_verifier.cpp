@@ -204,6 +204,12 @@ TEST_CASE("verifier: pipes, buffers and data paths of the core kind") {
                 {5, 5, "load2d: dst = l0c must be l0a or l0b"},
                 {9, 5, "copy_l12ub: aiv cores have no mte1 pipe"},
                 {10, 5, "mmad: aiv cores have no m pipe"}});
+  // An L2 policy only on a fixpipe that writes GM.
+  check_issues(issues_of(".section aic\n"
+                         "    fixpipe.f32.f16.bypass l1, x1, x2, 16, 16, 16, 0, 0, x0\n"
+                         "    fixpipe.f32.f16.noalloc gm, x1, x2, 16, 16, 16, 1, 0, x0\n    end\n",
+                         split_chip()),
+               {{2, 5, "fixpipe: L2 policy .bypass needs dst = gm (got l1)"}});
   // A chip whose cube has no BT buffer rejects mmad with bias (init 2) only.
   ChipConfig no_bt = test::coupled_test_chip();
   no_bt.core_kinds[0].buffer_bytes.erase(Buf::BT);

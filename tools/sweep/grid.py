@@ -7,7 +7,9 @@ A grid file (YAML) has these top-level keys (docs/sweep.md):
   zip:         [{key_a: [..], key_b: [..]}, ...]: each group is one axis whose keys vary together
                (all lists of a group have the same length)
   workloads:   list of {op: ...} | {kernel: ...} | {model: ...} (WORKLOAD_KEYS)
-  timing_only: run op/kernel workloads in timing-only mode (default true; same cycles)
+  timing_only: run the workloads in timing-only mode (default true): kernels take their simulated
+               time without computing (docs/tf_plugin.md "Timing-only runs"); a workload's own
+               `timing_only` overrides it (e.g. false for a model whose loss is wanted)
   timeout_s:   per-point time limit in seconds (default 1800)
   derived:     {dotted.key: "expression"}: keys computed from the swept and fixed keys at every
                point (sweep.expr), e.g. cores.aiv.count: "2 * cores.aic.count"
@@ -31,12 +33,13 @@ TOP_KEYS = COMMON_KEYS[:2] + ("grid", "zip") + COMMON_KEYS[2:]
 # Per workload kind: the keys it may have (the kind's own key first).
 WORKLOAD_KEYS = {
     # a TF op compiled and run by `npusim op`: inputs DTYPE:SHAPE, attrs {name: value}
-    "op": ("op", "name", "inputs", "attrs", "precision", "resources"),
+    "op": ("op", "name", "inputs", "attrs", "precision", "resources", "timing_only"),
     # a hand-written kernel run by `npusim run`: inputs {arg: DTYPE:SHAPE} (random .npy files),
     # outputs {arg: "" | DTYPE:SHAPE}, args {arg: integer}, blocks (block_dim)
-    "kernel": ("kernel", "name", "inputs", "outputs", "args", "blocks", "resources"),
+    "kernel": ("kernel", "name", "inputs", "outputs", "args", "blocks", "resources", "timing_only"),
     # a model run by `python -m models.run`
-    "model": ("model", "name", "mode", "batch", "steps", "input_size", "precision", "resources"),
+    "model": ("model", "name", "mode", "batch", "steps", "input_size", "precision", "resources",
+              "timing_only"),
 }
 
 
@@ -228,6 +231,13 @@ def read_file(path, allowed):
     return doc
 
 
+def _flag(path, where, v):
+    """A true/false value."""
+    if not isinstance(v, bool):
+        raise _err(path, where, "expected true or false")
+    return v
+
+
 def _resources(path, where, v, default):
     """A `resources` mapping {cpus, memory} -> {"cpus": float, "memory": bytes}."""
     if v is None:
@@ -290,6 +300,7 @@ def parse_common(path, doc, swept):
     fixed = [(k, value_text(v)) for k, v in fixed.items()]
     derived = parse_derived(path, doc, list(swept) + [k for k, _ in fixed])
 
+    timing_only = _flag(path, "timing_only", doc.get("timing_only", True))
     default_res = _resources(path, "resources", doc.get("resources"), {"cpus": 1.0, "memory": 0})
     workloads = doc.get("workloads")
     if not isinstance(workloads, list) or not workloads:
@@ -300,15 +311,14 @@ def parse_common(path, doc, swept):
         one = _workload(path, i, w)
         one["resources"] = _resources(path, f"workloads[{i}].resources", w.get("resources"),
                                       default_res)
+        one["timing_only"] = _flag(path, f"workloads[{i}].timing_only",
+                                   w.get("timing_only", timing_only))
         wl.append(one)
     names = [w["name"] for w in wl]
     for n in names:
         if names.count(n) > 1:
             raise _err(path, "workloads", f"two workloads are named '{n}' (give each a distinct name)")
 
-    timing_only = doc.get("timing_only", True)
-    if not isinstance(timing_only, bool):
-        raise _err(path, "timing_only", "expected true or false")
     timeout_s = doc.get("timeout_s", 1800)
     if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
         raise _err(path, "timeout_s", "expected a positive number of seconds")

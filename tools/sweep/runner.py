@@ -103,8 +103,8 @@ def point_key(ctx, conf, workload):
         "overrides": conf.sets,
         "resolved": conf.text,
         # Resource requests say where a point runs, not what it computes.
-        "workload": {k: v for k, v in workload.items() if k != "resources"},
-        "timing_only": ctx.grid.timing_only,
+        "workload": {k: v for k, v in workload.items() if k not in ("resources", "timing_only")},
+        "timing_only": workload["timing_only"],
         "npusim": ctx.binary_id,
     }
     if workload["kind"] == "kernel" and os.path.exists(kernel_path(ctx, workload)):
@@ -156,7 +156,7 @@ def command(ctx, conf, w, tmp):
     """The command line of a point and the JSON file it writes."""
     out_json = os.path.join(tmp, "result.json")
     chip = ["--chip", ctx.grid.chip_path] + set_args(conf.sets)
-    timing = ["--timing-only"] if ctx.grid.timing_only else []
+    timing = ["--timing-only"] if w["timing_only"] else []
     if w["kind"] == "op":
         cmd = [ctx.npusim, "op", w["op"]] + chip + timing + ["--json", out_json]
         for i in w["inputs"]:
@@ -184,7 +184,7 @@ def command(ctx, conf, w, tmp):
             cmd += ["--input-size", str(w["input_size"])]
         if "precision" in w:
             cmd += ["--precision", w["precision"]]
-        cmd += chip + ["--json", out_json, "--quiet"]
+        cmd += chip + timing + ["--json", out_json, "--quiet"]
     return cmd, out_json
 
 

@@ -29,6 +29,8 @@
 //   Relu6Grad    g * (0 < x < 6)       g = inf or NaN gives NaN where the factor is 0)
 //   EluGrad      y < 0 ? (y + 1) * g : g                  (g, y = gradients, outputs)
 //   SeluGrad     y < 0 ? g * (y + scale_alpha) : g * scale
+//   SwiGlu       silu(gate) * up = gate / (1 + exp(-gate)) * up   (inputs gate, up; Llama's
+//                feed-forward; exp(-gate) = inf gives -0 * up)
 //   SigmoidGrad  dy * y * (1 - y)                         (inputs y, dy)
 //   TanhGrad     dy * (1 - y * y)                         (inputs y, dy)
 //   SoftplusGrad g / (exp(-x) + 1)                        (g, x = gradients, features)
@@ -252,6 +254,15 @@ const ActOp kOps[] = {
        l.muls(l.tmp[1], l.in[0], kSeluScale);
        l.cmp(isa::Cmp::LT, l.bits, l.in[1], kZero);
        l.sel(l.out, l.bits, VOperand(l.tmp[0]), VOperand(l.tmp[1]));
+     }},
+    // SwiGlu(gate, up): silu(gate) * up = gate / (1 + exp(-gate)) * up (Llama's feed-forward).
+    {"SwiGlu", 2, false,
+     [](Lanes& l, DataType) {
+       l.muls(l.tmp[0], l.in[0], -1);
+       l.un(Opcode::op_vexp, l.tmp[0], l.tmp[0]);
+       l.adds(l.tmp[0], l.tmp[0], 1);
+       l.bin(Opcode::op_vdiv, l.tmp[0], l.in[0], l.tmp[0]);
+       l.bin(Opcode::op_vmul, l.out, l.tmp[0], l.in[1]);
      }},
     {"SigmoidGrad", 2, false,
      [](Lanes& l, DataType) {

@@ -247,13 +247,16 @@ EinsumOperand einsum_operand(const CompileContext& ctx, const EinsumEquation& e,
   const std::string plain = is_x ? a : b, adjusted = is_x ? b : a;
   EinsumOperand o;
   std::string target = plain;
-  if (labels == adjusted) {
+  // Without contracted labels both orders name the same labels (an outer product, "i,j->ij"):
+  // keep the plain one, whose shape puts the free dims where BatchMatMul reads them.
+  if (labels == adjusted && labels != plain) {
     target = adjusted;
     o.adj = true;
   }
   for (char c : r.batch) o.shape.push_back(t.shape[labels.find(c)]);  // (1 broadcasts)
   const int64_t f = e.product(free), k = e.product(r.contract);
-  if (target == a) o.shape.insert(o.shape.end(), {f, k});
+  // x plain and y adjusted are [batch, free, contract]; the other two [batch, contract, free].
+  if (is_x != o.adj) o.shape.insert(o.shape.end(), {f, k});
   else o.shape.insert(o.shape.end(), {k, f});
   if (labels == target) {
     o.ref = LaunchPlan::input(i);

@@ -1,8 +1,8 @@
 // Element-wise binary ops with numpy/TF broadcasting: AddV2, Add, Sub, Mul, RealDiv, Maximum,
-// Minimum, SquaredDifference, DivNoNan, Pow, LogicalAnd, LogicalOr (bool), and the comparisons
-// Equal, NotEqual, Less, LessEqual, Greater, GreaterEqual (bool output). Streamed by
-// ops/elementwise (tiling, broadcasting, double buffering, core split); this file only says
-// which vector instructions compute a tile.
+// Minimum, SquaredDifference, DivNoNan, Pow, ReciprocalGrad, SqrtGrad, LogicalAnd, LogicalOr
+// (bool), and the comparisons Equal, NotEqual, Less, LessEqual, Greater, GreaterEqual (bool
+// output). Streamed by ops/elementwise (tiling, broadcasting, double buffering, core split);
+// this file only says which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): f16/bf16 are computed in fp32 and rounded once per instruction, as
 // TF's CPU kernels do for Eigen::half/bfloat16, so Add/Sub/Mul/RealDiv/Maximum/Minimum match TF
@@ -18,6 +18,11 @@
 // rounding of y * log(x) is amplified by exp); f16/bf16 are within 1 ulp. Differs from TF:
 // x = -0 is treated as +0 (pow(-0, -1) gives +inf, TF -inf); a negative base with |y| >= 2^31
 // gives NaN (TF: |x|^y, such y being even); s32 Pow is not supported.
+// ReciprocalGrad (y = 1/x, dy): -(y * y) * dy; SqrtGrad (y = sqrt(x), dy): (0.5 / y) * dy as
+// 1/y then * 0.5 (exact scaling: the same rounding as 0.5 / y above the subnormals); both 0
+// where dy == 0 (also for y = 0 / inf / NaN). TF's CPU kernels vectorise the same formulas
+// (Eigen packets, mul_no_nan(factor, dy)); their scalar tails compute -y * y * dy and
+// (0.5 * dy) / y instead, which can differ by an ulp. Each step rounds to the type.
 // LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; broadcast
 // inputs are first expanded by a BroadcastTo launch (the streaming kernel does not broadcast
 // 1-byte inputs).
@@ -37,7 +42,7 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical };
+enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical, kGrad };
 enum class Types { kFloat, kFloatS32, kBool };
 
 struct BinaryOp {
@@ -68,6 +73,8 @@ const BinaryOp kOps[] = {
     {"Pow", Kind::kPow, Opcode::op_vexp, isa::Cmp::EQ, Types::kFloat},
     {"LogicalAnd", Kind::kLogical, Opcode::op_vand, isa::Cmp::EQ, Types::kBool},
     {"LogicalOr", Kind::kLogical, Opcode::op_vor, isa::Cmp::EQ, Types::kBool},
+    {"ReciprocalGrad", Kind::kGrad, Opcode::op_vmul, isa::Cmp::EQ, Types::kFloat},
+    {"SqrtGrad", Kind::kGrad, Opcode::op_vrec, isa::Cmp::EQ, Types::kFloat},
 };
 
 // Comparisons: vcmp writes one bit per element; vsel turns bits into f16 1.0 / 0.0 (from two
@@ -110,6 +117,32 @@ void div_no_nan_spec(StreamSpec& spec, Dtype type) {
     const Reg& n = *t.count;
     vec_compare(b, type, isa::Cmp::EQ, t.temp[kBits], t.in[1], t.temp[kZeros], n, true);
     vec_binary(b, Opcode::op_vdiv, type, t.out, t.in[0], t.in[1], n);
+    vec_select(b, type, t.out, t.temp[kZeros], t.out, t.temp[kBits], n, true, false);
+  };
+}
+
+// ReciprocalGrad (vop vmul) and SqrtGrad (vop vrec) of (y, dy): the factor -(y * y) or
+// 0.5 / y, times dy, then zeros where dy == 0 (see the header comment).
+void unary_grad_spec(StreamSpec& spec, Dtype type, Opcode vop) {
+  enum { kBits, kZeros };
+  spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"zeros", 0, kConst}};
+  spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, type, temp[kZeros], 0);
+  };
+  spec.compute = [type, vop](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t y = t.in[0], dy = t.in[1];
+    if (vop == Opcode::op_vmul) {
+      vec_binary(b, Opcode::op_vmul, type, t.out, y, y, n);
+      vec_scalar(b, Opcode::op_vmuls, type, t.out, t.out,
+                 b.reg_imm("-1", vector_scalar_bits(type, -1.0)), n);
+    } else {
+      vec_unary(b, Opcode::op_vrec, type, t.out, y, n);
+      vec_scalar(b, Opcode::op_vmuls, type, t.out, t.out,
+                 b.reg_imm("0.5", vector_scalar_bits(type, 0.5)), n);
+    }
+    vec_binary(b, Opcode::op_vmul, type, t.out, t.out, dy, n);
+    vec_compare(b, type, isa::Cmp::EQ, t.temp[kBits], dy, t.temp[kZeros], n, true);
     vec_select(b, type, t.out, t.temp[kZeros], t.out, t.temp[kBits], n, true, false);
   };
 }
@@ -240,6 +273,7 @@ void tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
     case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
     case Kind::kPow: pow_spec(spec, type); break;
     case Kind::kLogical: logical_spec(spec, kind.vop); break;
+    case Kind::kGrad: unary_grad_spec(spec, type, kind.vop); break;
   }
 }
 

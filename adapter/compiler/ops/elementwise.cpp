@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -211,6 +213,7 @@ class StreamEmitter {
   StreamBuffers declare_buffers() const;
   int64_t fit_tile() const;
   void plan_tiles();
+  void plan_l2();
 
   void allocate();
   void load_args(Launch& launch);
@@ -250,6 +253,8 @@ class StreamEmitter {
   int m_scratch_ready = -1;  // flag mte2 -> v: scratch loaded
   std::vector<Reg> m_in_addr, m_out_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
+  // The L2 policies of the flat inputs and of the outputs: plan_l2().
+  isa::L2Hint m_in_l2 = isa::L2Hint::NORMAL, m_out_l2 = isa::L2Hint::NORMAL;
 };
 
 StreamEmitter::StreamEmitter(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg)
@@ -348,6 +353,37 @@ void StreamEmitter::plan_tiles() {
     else if (needs_scratch(m_spec.inputs[k].view))
       m_scratch_size = std::max(m_scratch_size, m_in[k].size);
   }
+}
+
+// Flat inputs are read once and outputs written once. Streams larger than the L2 cannot still
+// be there when the next kernel reads them (under LRU each evicts its own start), so
+// allocating their lines would only evict lines that can be read again: this kernel's resident
+// and gathered inputs (read by every core), weights and other small tensors of the kernels
+// around it. So (as CANN marks such tensors not cacheable, and as Huawei's Add sample disables
+// its inputs' L2 allocation): flat inputs move with noalloc when inputs and outputs together
+// exceed the L2; outputs do when they alone exceed it. An output that fits stays normal, so the
+// next kernel can hit on it when the L2 is kept across launches. NPUSIM_L2_STREAM_POLICY=0 in
+// the environment keeps every stream normal (to measure what the policy gains; read once per
+// process, so the kernel cache never mixes the two).
+void StreamEmitter::plan_l2() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NPUSIM_L2_STREAM_POLICY");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  // With the L2 cold at every launch and written through, no later launch can read a stream's
+  // lines and no write is absorbed, so the policy cannot help there; it was measured to cost up
+  // to 6 % (an 8192^2 f16 AddV2 on 910b): a tile ending inside a line leaves it allocated for
+  // the next tile, which a noalloc read misses. So streams stay normal on such a chip.
+  const ChipConfig& cfg = m_b.config();
+  if (!enabled || !(cfg.l2_keep_across_launches || cfg.l2_write_back)) return;
+  uint64_t in_bytes = 0, out_bytes = 0;
+  const uint64_t n = static_cast<uint64_t>(m_n);
+  for (const InputPlan& p : m_in)
+    if (p.access == Access::kFlat) in_bytes += static_cast<uint64_t>(p.size) * n;
+  for (isa::Dtype t : m_out_types) out_bytes += static_cast<uint64_t>(isa::dtype_size(t)) * n;
+  const uint64_t l2 = cfg.l2_bytes;
+  m_in_l2 = in_bytes + out_bytes > l2 ? isa::L2Hint::NOALLOC : isa::L2Hint::NORMAL;
+  m_out_l2 = out_bytes > l2 ? isa::L2Hint::NOALLOC : isa::L2Hint::NORMAL;
 }
 
 void StreamEmitter::allocate() {
@@ -451,7 +487,7 @@ void StreamEmitter::load_flat_inputs(int q) {
     m_b.mul(blocks, m_cnt, size);
     m_b.add(blocks, blocks, kBlockBytes - 1);
     m_b.shr(blocks, blocks, kLog2Block);
-    m_b.emit(Opcode::op_copy_gm2ub, {m_in[k].buf[q], src, 1, blocks, 0, 0},
+    m_b.emit(Opcode::op_copy_gm2ub, {m_in[k].buf[q], src, 1, blocks, 0, 0, m_in_l2},
              fmt::format("load in{} tile", k));
   }
   m_b.set_flag(m_in_ready, q);
@@ -491,7 +527,7 @@ void StreamEmitter::store_outputs(int q) {
     m_b.mul(blocks, m_cnt, osize);
     m_b.add(blocks, blocks, kBlockBytes - 1);
     m_b.shr(blocks, blocks, kLog2Block);
-    m_b.emit(Opcode::op_copy_ub2gm, {dst, m_out_buf[j][q], 1, blocks, 0, 0},
+    m_b.emit(Opcode::op_copy_ub2gm, {dst, m_out_buf[j][q], 1, blocks, 0, 0, m_out_l2},
              j ? fmt::format("store the out{} tile", j) : "store the output tile");
   }
 }
@@ -606,6 +642,7 @@ std::string StreamEmitter::summary() const {
 Launch StreamEmitter::build() {
   plan_inputs();
   plan_tiles();
+  plan_l2();
   m_b.begin_section(m_kind);
   allocate();
   Launch launch;

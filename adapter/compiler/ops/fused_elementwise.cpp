@@ -91,7 +91,13 @@ bool fusible_elementwise(const std::string& tf_op) {
   return tile_work(tf_op, Dtype::F32, work) > 0;
 }
 
-CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
+namespace {
+
+// The kernel of `texts` (fused_elementwise.h's steps) over op.inputs: output j is the result of
+// step output_steps[j] (distinct steps, each of the inputs' broadcast shape). Steps that are
+// outputs write their output tile, the others a UB temporary; a later step reads either.
+CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<std::string>& texts,
+                                  const std::vector<size_t>& output_steps) {
   const OpDesc& op = ctx.op;
   if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
   const DataType dt = op.inputs[0].dtype;
@@ -112,22 +118,35 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
                            data_type_name(dt)));
   if (!data_type_is_float(dt))
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
-  const std::vector<std::string> texts = op.attr_strings("steps");
   if (texts.empty()) op.invalid("attribute 'steps' is missing or empty");
 
   const Dtype type = device_dtype(dt);
   std::vector<Step> steps;
   for (size_t k = 0; k < texts.size(); ++k)
     steps.push_back(parse_step(op, k, texts[k], op.inputs.size(), type));
+  // Where each step's result lives: output j (>= 0) or an intermediate temporary (-1).
+  std::vector<int> output_of(steps.size(), -1);
+  for (size_t j = 0; j < output_steps.size(); ++j) {
+    const size_t k = output_steps[j];
+    if (k >= steps.size())
+      op.invalid(fmt::format("output {} is step {}, beyond the {} steps", j, k, steps.size()));
+    if (output_of[k] >= 0)
+      op.invalid(fmt::format("outputs {} and {} are both step {}", output_of[k], j, k));
+    output_of[k] = static_cast<int>(j);
+  }
 
   StreamSpec spec;
-  spec.kernel_name = fmt::format("FusedElementwise_{}", data_type_name(dt));
+  spec.kernel_name = fmt::format("{}_{}", op.type, data_type_name(dt));
   spec.inputs = stream_inputs(op.inputs, shape);
   spec.out_type = type;
+  spec.more_out_types.assign(output_steps.size() - 1, type);
   spec.out_shape = shape;
-  const size_t results = steps.size() - 1;  // intermediate result tiles: temps 0..results-1
-  for (size_t k = 0; k < results; ++k)
+  std::vector<size_t> result_temp(steps.size(), 0);  // of the steps that are no output
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (output_of[k] >= 0) continue;
+    result_temp[k] = spec.temps.size();
     spec.temps.push_back(TempSpec{fmt::format("s{} result", k), double(isa::dtype_size(type))});
+  }
   for (size_t k = 0; k < steps.size(); ++k) {
     steps[k].first_temp = spec.temps.size();
     for (const TempSpec& t : steps[k].work.temps)
@@ -147,10 +166,11 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   // or uniform steps hold one value at every position, so they are computed once, over a whole
   // tile, before the tile loop (StreamSpec::resident_compute) instead of in every tile: Keras'
   // Adam computes its step size lr * sqrt(1 - b2^t) / (1 - b1^t) from scalars inside the
-  // variable's update chain. The last step writes the output tile and always runs per tile.
+  // variable's update chain. Steps that are outputs always run per tile.
   std::vector<bool> uniform(steps.size(), false);
   bool any_uniform = false;
-  for (size_t k = 0; k < results; ++k) {
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (output_of[k] >= 0) continue;
     uniform[k] =
         std::all_of(steps[k].operands.begin(), steps[k].operands.end(), [&](const Operand& o) {
           if (o.step) return static_cast<bool>(uniform[o.index]);
@@ -160,15 +180,18 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
     any_uniform = any_uniform || uniform[k];
   }
   // Emits the steps with uniform[k] == `once` over the tile operands t.
-  auto emit_steps = [steps, own_temps, results, texts, uniform](bool once, KernelBuilder& b,
-                                                                const TileOperands& t) {
+  auto emit_steps = [steps, own_temps, texts, uniform, output_of, result_temp](
+                        bool once, KernelBuilder& b, const TileOperands& t) {
+    auto result = [&](size_t k) {
+      return output_of[k] >= 0 ? t.outs[static_cast<size_t>(output_of[k])] : t.temp[result_temp[k]];
+    };
     for (size_t k = 0; k < steps.size(); ++k) {
       if (uniform[k] != once) continue;
       const Step& s = steps[k];
       KernelBuilder::Origin origin(b, fmt::format("step {}: {}", k, texts[k]));
       TileOperands st;
-      for (const Operand& o : s.operands) st.in.push_back(o.step ? t.temp[o.index] : t.in[o.index]);
-      st.out = k < results ? t.temp[k] : t.out;
+      for (const Operand& o : s.operands) st.in.push_back(o.step ? result(o.index) : t.in[o.index]);
+      st.out = result(k);
       st.outs = {st.out};
       st.temp = own_temps(s, t.temp);
       st.count = t.count;
@@ -181,7 +204,43 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
     spec.resident_compute = [emit_steps](KernelBuilder& b, const TileOperands& t) {
       emit_steps(true, b, t);
     };
-  return stream_kernel(ctx, TensorDesc{dt, shape}, spec);
+  CompiledKernel k = stream_kernel(ctx, TensorDesc{dt, shape}, spec);
+  k.outputs.assign(output_steps.size(), TensorDesc{dt, shape});
+  return k;
+}
+
+}  // namespace
+
+CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
+  const std::vector<std::string> texts = ctx.op.attr_strings("steps");
+  return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1});
+}
+
+CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const int64_t m = op.attr_int("M", -1);
+  const std::vector<int64_t> updates = op.attr_ints("updates");
+  if (m < 1 || static_cast<size_t>(m) > op.inputs.size())
+    op.invalid(fmt::format("attribute M = {} must count the variables among the {} inputs", m,
+                           op.inputs.size()));
+  if (updates.size() != static_cast<size_t>(m))
+    op.invalid(fmt::format("attribute 'updates' has {} entries, one per variable (M = {})",
+                           updates.size(), m));
+  const std::vector<int64_t>& var = op.inputs[0].shape;
+  for (int64_t j = 1; j < m; ++j)
+    if (op.inputs[static_cast<size_t>(j)].shape != var)
+      op.invalid(fmt::format("variable {} is {}, variable 0 {}: the variables have one shape", j,
+                             shape_str(op.inputs[static_cast<size_t>(j)].shape), shape_str(var)));
+  std::vector<size_t> output_steps;
+  for (int64_t u : updates) {
+    if (u < 0) op.invalid(fmt::format("update step {} is negative", u));
+    output_steps.push_back(static_cast<size_t>(u));
+  }
+  CompiledKernel k = fused_steps_kernel(ctx, op.attr_strings("steps"), output_steps);
+  if (!k.outputs.empty() && k.outputs[0].shape != var)
+    op.invalid(fmt::format("the steps' result {} is not the variables' shape {}",
+                           shape_str(k.outputs[0].shape), shape_str(var)));
+  return k;
 }
 
 }  // namespace npusim::compiler::ops

@@ -13,6 +13,21 @@
 // Every step is evaluated at every output position (a step on broadcast operands repeats its
 // value), with the same vector instructions, temporaries and roundings as the op's own kernel,
 // so the fused result is bit-identical to running the ops one by one.
+//
+// FusedVariableUpdate (TF op and compiler op): such a chain computing the new values of M
+// variables in one kernel, as CANN's graph engine turns an optimizer's update chain into one
+// ApplyAdam-like op. The graph pass makes it from an optimizer's AssignAdd / AssignSub /
+// Assign VariableOps and the chains feeding them (graph_fusion.h, rewrite 5).
+//   inputs   the M variables' current values (one shape), then the other inputs; all of type T,
+//            every input broadcastable to the variables' shape;
+//   attr M   the number of variables; attr T, steps as FusedElementwise's (operand i<j>, j < M,
+//            is variable j's value before the update);
+//   attr updates  list(int), M entries: variable j's new value is the result of step
+//            updates[j] (distinct steps; a later step reading it reads the new value, as a
+//            ReadVariableOp after the assignment does);
+//   outputs  M tensors of the variables' shape, the new values (the plugin's kernel makes them
+//            the variables' buffers, like the fused optimizer ops: ops/optimizer.cpp).
+// Steps that are outputs are written straight to their output tile; the others stay in the UB.
 #pragma once
 
 #include <string>

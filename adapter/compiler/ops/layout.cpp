@@ -1,14 +1,16 @@
 // Data movement: Transpose, ConcatV2, Pack, Unpack, Split, SplitV, Slice, StridedSlice,
-// StridedSliceGrad, Pad, PadV2, MirrorPad, Tile, BroadcastTo. Every op is a strided copy: its
-// output described as rows x width with regions of the inputs (ops/assemble.h), assembled tile
-// by tile in the UB of the vector cores; Transpose has its own strategies (ops/transpose.h).
-// Ops with several outputs (Unpack, Split, SplitV) get one launch per output.
+// StridedSliceGrad, Pad, PadV2, MirrorPad, Tile, BroadcastTo, XlaDynamicUpdateSlice. Every op
+// is a strided copy: its output described as rows x width with regions of the inputs
+// (ops/assemble.h), assembled tile by tile in the UB of the vector cores; Transpose has its own
+// strategies (ops/transpose.h). Ops with several outputs (Unpack, Split, SplitV) get one launch
+// per output.
 //
 // Operands TF passes as (constant) tensors that determine shapes are attributes named after the
 // TF input (docs/compiler.md): Transpose "perm", ConcatV2 "axis", Split "split_dim", SplitV
 // "size_splits" and "split_dim", Slice "begin" and "size", StridedSlice(Grad) "begin", "end",
 // "strides" (and StridedSliceGrad "shape"), Pad/PadV2/MirrorPad "paddings" (flattened
-// [rank, 2] list: before_0, after_0, before_1, ...), Tile "multiples", BroadcastTo "shape".
+// [rank, 2] list: before_0, after_0, before_1, ...), Tile "multiples", BroadcastTo "shape",
+// XlaDynamicUpdateSlice "indices".
 // PadV2's constant_values stays a (scalar) input. The shape tensors may also stay in `inputs`
 // (TF's full input list): compile_layout drops them (compose.h, compile_without_inputs).
 //
@@ -558,6 +560,56 @@ CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
                 box_spec(kname(op, dt), dt, op.inputs, shape, box, 0, offset, AsmFill{-1, 0}));
 }
 
+// XlaDynamicUpdateSlice (inputs input, update; attr "indices": the start index per dim, TF's
+// third input read on the host): the input with `update` written at the start indices. Each
+// start is clamped to [0, input dim - update dim] as XLA's DynamicUpdateSlice does, so the
+// update always lies inside (keras.ops.slice_update, keras-hub's KV-cache writes). Two regions:
+// the whole input, then the update's box over it; the trailing dims the update covers fully
+// are merged into the columns, so a cache row of heads x head_dim is one run.
+CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  require_inputs(op, 2);
+  const DataType dt = common_dtype(op, 0, 2);
+  const std::vector<int64_t>& shape = op.inputs[0].shape;
+  const std::vector<int64_t>& upd = op.inputs[1].shape;
+  const size_t rank = shape.size();
+  if (upd.size() != rank)
+    op.invalid(fmt::format("update {} must have the rank of input {}", op.inputs[1].str(),
+                           op.inputs[0].str()));
+  std::vector<int64_t> start = required_ints(op, "indices", rank);
+  for (size_t d = 0; d < rank; ++d) {
+    if (upd[d] > shape[d])
+      op.invalid(fmt::format("update {} is larger than input {} in dim {}", op.inputs[1].str(),
+                             op.inputs[0].str(), d));
+    start[d] = std::clamp<int64_t>(start[d], 0, shape[d] - upd[d]);
+  }
+  // Columns: dim c and every dim after it, all of which the update covers fully.
+  size_t c = rank == 0 ? 0 : rank - 1;
+  while (c > 0 && upd[c] == shape[c]) --c;
+  const int64_t inner = dims_product(shape, c + 1);
+  AssembleSpec spec;
+  spec.kernel_name = kname(op, dt);
+  spec.dtype = dt;
+  spec.inputs = op.inputs;
+  spec.out_shape = shape;
+  spec.rows.assign(shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(c));
+  spec.width = dims_product(shape, c);
+  const std::vector<int64_t> in_strides = contiguous_strides(shape);
+  const std::vector<int64_t> upd_strides = contiguous_strides(upd);
+  spec.regions.push_back(full_region(
+      spec, 0, 0, std::vector<int64_t>(in_strides.begin(), in_strides.begin() + c), 1));
+  if (dims_product(upd) > 0) {
+    AsmRegion r;
+    for (size_t d = 0; d < c; ++d)
+      r.rows.push_back(AsmRowMap{start[d], start[d] + upd[d], 1, upd_strides[d], -1, 0});
+    r.col_lo = rank == 0 ? 0 : start[c] * inner;
+    r.col_hi = rank == 0 ? 1 : (start[c] + upd[c]) * inner;
+    r.input = 1;
+    spec.regions.push_back(r);
+  }
+  return single(ctx, TensorDesc{dt, shape}, spec);
+}
+
 // paddings attribute: rank pairs (before, after), non-negative.
 std::vector<std::pair<int64_t, int64_t>> paddings_of(const OpDesc& op, size_t rank) {
   const std::vector<int64_t> p = required_ints(op, "paddings", 2 * rank);
@@ -736,7 +788,7 @@ CompiledKernel compile_layout(const CompileContext& ctx) {
       {"Slice", 3, {1, 2}},      {"StridedSlice", 4, {1, 2, 3}},
       {"StridedSliceGrad", 5, {0, 1, 2, 3}},               {"Pad", 2, {1}},
       {"PadV2", 3, {1}},         {"MirrorPad", 2, {1}},    {"Tile", 2, {1}},
-      {"BroadcastTo", 2, {1}},
+      {"BroadcastTo", 2, {1}},   {"XlaDynamicUpdateSlice", 3, {2}},
   };
   for (const TfInputs& e : kTfInputs)
     if (t == e.op && op.inputs.size() == e.count)
@@ -760,6 +812,7 @@ CompiledKernel compile_layout(const CompileContext& ctx) {
   if (t == "MirrorPad") return compile_mirror_pad(ctx);
   if (t == "Tile") return compile_tile(ctx);
   if (t == "BroadcastTo") return compile_broadcast_to(ctx);
+  if (t == "XlaDynamicUpdateSlice") return compile_dynamic_update_slice(ctx);
   ctx.op.fail("internal: not a layout op");
 }
 

@@ -115,6 +115,8 @@ const std::vector<OpEntry>& op_table() {
       {"GreaterEqual", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"DivNoNan", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"ReciprocalGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       // element-wise unary (ops/unary.cpp)
@@ -134,6 +136,8 @@ const std::vector<OpEntry>& op_table() {
       {"Log1p", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"IsFinite", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalNot", "unary", compile_unary, npu(K::kElementwise)},
+      {"Sin", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
+      {"Cos", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       // dtype conversion (ops/cast.cpp)
       {"Cast", "cast", compile_cast, cast_registration()},
       // cube (ops/matmul.cpp)
@@ -170,6 +174,9 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kDataMovement, kMoveTypes, {{"multiples", 1, "multiples"}})},
       {"BroadcastTo", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"shape", 1, "shape"}})},
+      {"XlaDynamicUpdateSlice", "layout", compile_layout,
+       npu(K::kDataMovement, {{"T", kMoveTypes}, {"Tindices", kIndexTypes}},
+           {{"indices", 2, "indices"}})},
       // index-driven data movement (ops/gather.cpp)
       {"GatherV2", "gather", compile_gather,
        npu(K::kDataMovement, {{"Tparams", kMoveTypes}, {"Tindices", kIndexTypes}},
@@ -309,6 +316,19 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kFusedInference, {DT::F32})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
+      // Decoder-model kernels, CANN's op types (ops/attention.cpp; TF ops: kernels_llm.cpp)
+      {"FlashAttentionScore", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
+      {"PromptFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
+      {"IncreFlashAttention", "attention", compile_attention,
+       npu_t(K::kLlm, kHalfTypes,
+             {{"actual_seq_lengths", 3, "actual_seq_lengths", HostAttrInput::Kind::kInts}})},
+      {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
+      {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
+      // Variable updates made by the graph pass: the new values as outputs, like the optimizer
+      // ops above (its op definition is the plugin's, kernels_fused.cpp)
+      {"FusedVariableUpdate", "fused_elementwise", compile_fused_variable_update,
+       npu_t(K::kResourceApply, kFloatTypes)},
   };
   return table;
 }

@@ -39,6 +39,7 @@ enum class TfKernel {
   kFusedInference,  // the graph fusion's ops (their op definitions are the plugin's)
   kRandom,          // key and counter as uint64 (kernels_random.cpp)
   kResourceApply,   // variables in, new values into them (TF's C++ kernel API)
+  kLlm,             // decoder-model ops (op definitions are the plugin's, kernels_llm.cpp)
 };
 
 // TF type attribute `attr` (a kernel def's type constraint) takes these types.
@@ -86,6 +87,7 @@ struct OpEntry {
 inline const std::vector<DataType> kFloatTypes = {DataType::F32, DataType::F16, DataType::BF16};
 inline const std::vector<DataType> kFloatS32Types = {DataType::F32, DataType::F16, DataType::BF16,
                                                      DataType::S32};
+inline const std::vector<DataType> kHalfTypes = {DataType::F16, DataType::BF16};
 inline const std::vector<DataType> kIndexTypes = {DataType::S32, DataType::S64};
 // Every type the chip holds: the data movement ops copy them bit-exactly.
 inline const std::vector<DataType> kMoveTypes = {
@@ -123,5 +125,11 @@ CompiledKernel compile_optimizer(const CompileContext& ctx);  // ops/optimizer.c
 CompiledKernel compile_fused(const CompileContext& ctx);  // ops/fused.cpp
 // A chain of element-wise ops as one streaming kernel (FusedElementwise):
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx);  // ops/fused_elementwise.cpp
+// Decoder-model kernels (docs/compiler.md "Decoder-model kernels"):
+CompiledKernel compile_attention(const CompileContext& ctx);  // ops/attention.cpp
+CompiledKernel compile_norm(const CompileContext& ctx);       // ops/norm.cpp (RmsNorm)
+CompiledKernel compile_rope(const CompileContext& ctx);       // ops/rope.cpp
+// Such a chain writing the new values of variables (FusedVariableUpdate, fused_elementwise.h):
+CompiledKernel compile_fused_variable_update(const CompileContext& ctx);
 
 }  // namespace npusim::compiler::ops

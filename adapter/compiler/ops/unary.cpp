@@ -1,6 +1,6 @@
 // Element-wise unary ops: Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Reciprocal, Relu, Floor,
-// Ceil, Round, Sign, Log1p, IsFinite, LogicalNot. Streamed by ops/elementwise; this file only
-// says which vector instructions compute a tile.
+// Ceil, Round, Sign, Log1p, IsFinite, LogicalNot, Sin, Cos. Streamed by ops/elementwise; this
+// file only says which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): each instruction computes in fp32 and rounds once to the type.
 // Neg is x * -1 (exact, keeps -0 for +0 as TF). Exp/Log use the host libm's expf/logf
@@ -18,6 +18,15 @@
 // IsFinite (f32/f16/bf16 -> bool): x - x == 0, computed in the input's type; false exactly for
 // NaN and +-Inf (Inf - Inf and NaN - NaN are NaN), true for denormals and the largest values.
 // LogicalNot (bool): ~x & 0x0101 on byte pairs (bool bytes are 0 / 1).
+// Sin, Cos (the vector unit has no transcendental but exp and ln): in f32 (f16/bf16 widened,
+// rounded once), Cody-Waite reduction r = x - k pi/2 with k = rint(x 2/pi) and pi/2 split in
+// three (8 + 11 + 24 significant bits: k pi/2's first two parts are exact for |k| < 2^13, so
+// |x| < 12867), then Cephes' minimax polynomials for sin and cos on [-pi/4, pi/4] and the
+// quadrant (k + 1 for Cos) choosing sin r, cos r and the sign. Within 2e-7 absolute of the
+// exact value for |x| < 12867 (about 2 ulp near 1); beyond, the error grows as |x| 2^-24;
+// beyond |x| = 2^31 pi/2 k saturates and the result, still in [-1, 1], is not sin x; +-inf and
+// NaN give NaN. TF's CPU
+// kernels (Eigen's psin/pcos) reduce exactly for all finite x and differ by a few ulp.
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/elementwise.h"
@@ -30,7 +39,18 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kUnary, kNeg, kSquare, kRound, kSign, kLog1p, kIsFinite, kLogicalNot };
+enum class Kind {
+  kUnary,
+  kNeg,
+  kSquare,
+  kRound,
+  kSign,
+  kLog1p,
+  kIsFinite,
+  kLogicalNot,
+  kSin,
+  kCos
+};
 enum class Types { kFloat, kFloatS32, kBool };
 
 struct UnaryOp {
@@ -58,6 +78,8 @@ const UnaryOp kOps[] = {
     {"Log1p", Kind::kLog1p, Opcode::op_vln, Types::kFloat},
     {"IsFinite", Kind::kIsFinite, Opcode::op_vsub, Types::kFloat},
     {"LogicalNot", Kind::kLogicalNot, Opcode::op_vnot, Types::kBool},
+    {"Sin", Kind::kSin, Opcode::op_vmul, Types::kFloat},
+    {"Cos", Kind::kCos, Opcode::op_vmul, Types::kFloat},
 };
 
 constexpr uint64_t kConst = 256;        // one repeat of constants
@@ -139,6 +161,98 @@ void log1p_spec(StreamSpec& spec, Dtype type) {
   };
 }
 
+// Sin (quadrant_shift 0) and Cos (1) in f32 (see the header comment).
+void sin_cos_spec(StreamSpec& spec, Dtype type, int quadrant_shift) {
+  enum { kInt, kK, kR, kR2, kP, kS, kC, kBits, kHalf, kX, kOut };
+  const bool widen = type != Dtype::F32;
+  spec.temps = {TempSpec{"k as s32", 4, 0},
+                TempSpec{"k", 4, 0},
+                TempSpec{"r, then quadrant", 4, 0},
+                TempSpec{"r^2, then quadrant / 2", 4, 0},
+                TempSpec{"polynomial", 4, 0},
+                TempSpec{"sin r", 4, 0},
+                TempSpec{"cos r", 4, 0},
+                TempSpec{"bits", 1.0 / 8, 32},
+                TempSpec{"0.5", 0, kConst}};
+  if (widen) spec.temps.push_back(TempSpec{"x in f32", 4, 0});
+  if (widen) spec.temps.push_back(TempSpec{"result in f32", 4, 0});
+  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    vec_fill_repeat(b, Dtype::F32, temp[kHalf], 0.5);
+  };
+  spec.compute = [type, widen, quadrant_shift](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t x = widen ? t.temp[kX] : t.in[0], out = widen ? t.temp[kOut] : t.out;
+    const uint64_t k = t.temp[kK], r = t.temp[kR], r2 = t.temp[kR2], p = t.temp[kP];
+    const uint64_t sin_r = t.temp[kS], cos_r = t.temp[kC], bits = t.temp[kBits];
+    auto scalar = [&b](const char* name, double v) {
+      return b.reg_imm(name, vector_scalar_bits(Dtype::F32, v));
+    };
+    auto muls = [&](uint64_t d, uint64_t a, const char* name, double v) {
+      vec_scalar(b, Opcode::op_vmuls, Dtype::F32, d, a, scalar(name, v), n);
+    };
+    auto adds = [&](uint64_t d, uint64_t a, const char* name, double v) {
+      vec_scalar(b, Opcode::op_vadds, Dtype::F32, d, a, scalar(name, v), n);
+    };
+    auto mul = [&](uint64_t d, uint64_t a, uint64_t c) {
+      vec_binary(b, Opcode::op_vmul, Dtype::F32, d, a, c, n);
+    };
+    auto sub = [&](uint64_t d, uint64_t a, uint64_t c) {
+      vec_binary(b, Opcode::op_vsub, Dtype::F32, d, a, c, n);
+    };
+    auto floor_of = [&](uint64_t d, uint64_t a) {  // d = floor(a), |a| < 2^31
+      vec_convert(b, Dtype::S32, Dtype::F32, t.temp[kInt], a, RoundMode::kFloor, n);
+      vec_convert(b, Dtype::F32, Dtype::S32, d, t.temp[kInt], RoundMode::kRint, n);
+    };
+    if (widen) vec_convert(b, Dtype::F32, type, x, t.in[0], RoundMode::kRint, n);
+    // k = rint(x * 2/pi); r = x - k * (C1 + C2 + C3), C1 + C2 + C3 = pi/2.
+    muls(k, x, "2/pi", 0.63661977236758134308);
+    vec_convert(b, Dtype::S32, Dtype::F32, t.temp[kInt], k, RoundMode::kRint, n);
+    vec_convert(b, Dtype::F32, Dtype::S32, k, t.temp[kInt], RoundMode::kRint, n);
+    muls(p, k, "C1", 1.5703125);
+    sub(r, x, p);
+    muls(p, k, "C2", 4.837512969970703125e-4);
+    sub(r, r, p);
+    muls(p, k, "C3", 7.54978995489188216e-8);
+    sub(r, r, p);
+    mul(r2, r, r);
+    // sin r = r + r^3 (s1 + r^2 (s2 + r^2 s3)) (Cephes sinf).
+    muls(p, r2, "s3", -1.9515295891e-4);
+    adds(p, p, "s2", 8.3321608736e-3);
+    mul(p, p, r2);
+    adds(p, p, "s1", -1.6666654611e-1);
+    mul(p, p, r2);
+    mul(p, p, r);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, sin_r, r, p, n);
+    // cos r = 1 - r^2 / 2 + r^4 (c1 + r^2 (c2 + r^2 c3)) (Cephes cosf).
+    muls(p, r2, "c3", 2.443315711809948e-5);
+    adds(p, p, "c2", -1.388731625493765e-3);
+    mul(p, p, r2);
+    adds(p, p, "c1", 4.166664568298827e-2);
+    mul(p, p, r2);
+    mul(p, p, r2);
+    muls(cos_r, r2, "-0.5", -0.5);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, cos_r, cos_r, p, n);
+    adds(cos_r, cos_r, "1", 1.0);
+    // quadrant q = (k + shift) mod 4 in r; half = floor(q / 2) in r2; odd = q - 2 half in q.
+    if (quadrant_shift) adds(k, k, "quadrant shift", quadrant_shift);
+    muls(p, k, "1/4", 0.25);
+    floor_of(p, p);
+    muls(p, p, "4", 4.0);
+    sub(r, k, p);
+    muls(p, r, "1/2", 0.5);
+    floor_of(r2, p);
+    muls(p, r2, "2", 2.0);
+    sub(r, r, p);
+    // odd quadrants take cos r, the upper two the negated value.
+    vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, r, t.temp[kHalf], n, true);
+    vec_select(b, Dtype::F32, out, cos_r, sin_r, bits, n);
+    muls(p, out, "-1", -1.0);
+    vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, r2, t.temp[kHalf], n, true);
+    vec_select(b, Dtype::F32, out, p, out, bits, n);
+    if (widen) vec_convert(b, type, Dtype::F32, t.out, out, RoundMode::kRint, n);
+  };
+}
+
 // IsFinite: bits = (x - x == 0), selected into f16 ones / zeros and converted to u8 (bool bytes
 // are 0 / 1), as Cast to bool does.
 void is_finite_spec(StreamSpec& spec, Dtype type) {
@@ -203,6 +317,8 @@ void tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
     case Kind::kLog1p: log1p_spec(spec, type); break;
     case Kind::kIsFinite: is_finite_spec(spec, type); break;
     case Kind::kLogicalNot: logical_not_spec(spec); break;
+    case Kind::kSin: sin_cos_spec(spec, type, 0); break;
+    case Kind::kCos: sin_cos_spec(spec, type, 1); break;
   }
 }
 

@@ -152,8 +152,6 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
 
 // ---- compiling and launching
 
-namespace {
-
 // The value of host-memory input `index` as the attribute `kind` describes (HostAttrInput).
 rt::Status read_host_attr(const std::string& op_type, const Tensor& t, int index,
                           HostAttrInput::Kind kind, compiler::AttrValue* out) {
@@ -186,25 +184,28 @@ rt::Status read_host_attr(const std::string& op_type, const Tensor& t, int index
   return rt::ok_status();
 }
 
+namespace {
+
 rt::LaunchTensor launch_tensor(const compiler::TensorDesc& t) {
   return {t.shape, msprof_dtype_name(t.dtype)};
 }
 
-// What the launches of one run of `op` are for (compiled_op_kernel.h, launch_compiled_op).
-std::shared_ptr<const rt::LaunchLabel> launch_label(OpKernelContext* ctx,
-                                                    const compiler::OpDesc& op,
-                                                    const compiler::CompiledKernel& k) {
+}  // namespace
+
+uint64_t next_dispatch_id() {
   static std::atomic<uint64_t> next_dispatch{1};
+  return next_dispatch.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
+                                              const compiler::CompiledKernel& k) {
   auto label = std::make_shared<rt::LaunchLabel>();
-  label->op_name = ctx->op_name();
+  label->op_name = node;
   label->op_type = op.type;
   for (const compiler::TensorDesc& t : op.inputs) label->inputs.push_back(launch_tensor(t));
   for (const compiler::TensorDesc& t : k.outputs) label->outputs.push_back(launch_tensor(t));
-  label->dispatch = next_dispatch.fetch_add(1, std::memory_order_relaxed);
   return label;
 }
-
-}  // namespace
 
 // ---- ReportProfiler
 
@@ -289,28 +290,15 @@ bool keep_derived_tensors() {
   return keep;
 }
 
-rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device_ptr,
-                              const compiler::OpDesc& op, const CompiledOp& compiled,
-                              const std::vector<uint64_t>& input_addrs,
-                              const std::vector<uint64_t>& output_addrs,
-                              const std::vector<int64_t>& stable_inputs) {
+rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::Stream stream,
+                             const compiler::OpDesc& op, const CompiledOp& compiled,
+                             const std::vector<uint64_t>& input_addrs,
+                             const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
+                             const std::vector<int64_t>& stable_inputs,
+                             const std::shared_ptr<const rt::LaunchLabel>& label,
+                             std::vector<std::shared_ptr<const void>>* hold) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
-  if (k.launches.empty()) return rt::ok_status();  // every output is empty
-
-  Tensor workspace;
-  uint64_t workspace_addr = 0;
-  if (k.workspace_bytes > 0) {
-    rt::Status st = ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(k.workspace_bytes)},
-                                       &workspace);
-    if (!st.ok()) return st;
-    workspace_addr = workspace.device_address();
-  }
-
-  rt::Stream stream;
-  rt::Status st = ctx->npu_stream(&stream);
-  if (!st.ok()) return st;
-  const std::shared_ptr<const rt::LaunchLabel> label = launch_label(ctx, op, k);
   // Derived tensors (the precision casts of cube operands) kept across runs where their source
   // is stable (derived_tensor_cache.h); `uses` holds their buffers until the launches are done.
   std::vector<DerivedTensorCache::Use> uses(k.derived.size());
@@ -334,6 +322,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
       derived_of_launch.at(t.launch) = static_cast<int>(d);
     }
   }
+  rt::Status st = rt::ok_status();
   for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
     const compiler::Launch& l = k.launches[i];
     std::vector<uint64_t> args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
@@ -343,6 +332,37 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
     else
       st = device.launch_kernel(stream, compiled.programs[i], std::move(args), l.block_dim, label);
   }
+  for (DerivedTensorCache::Use& u : uses)
+    if (u.hold) hold->push_back(std::move(u.hold));
+  return st;
+}
+
+rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device_ptr,
+                              const compiler::OpDesc& op, const CompiledOp& compiled,
+                              const std::vector<uint64_t>& input_addrs,
+                              const std::vector<uint64_t>& output_addrs,
+                              const std::vector<int64_t>& stable_inputs) {
+  rt::Device& device = *device_ptr;
+  const compiler::CompiledKernel& k = compiled.kernel;
+  if (k.launches.empty()) return rt::ok_status();  // every output is empty
+
+  Tensor workspace;
+  uint64_t workspace_addr = 0;
+  if (k.workspace_bytes > 0) {
+    rt::Status st = ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(k.workspace_bytes)},
+                                       &workspace);
+    if (!st.ok()) return st;
+    workspace_addr = workspace.device_address();
+  }
+
+  rt::Stream stream;
+  rt::Status st = ctx->npu_stream(&stream);
+  if (!st.ok()) return st;
+  std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k);
+  label->dispatch = next_dispatch_id();
+  std::vector<std::shared_ptr<const void>> hold;
+  st = queue_compiled_op(device_ptr, stream, op, compiled, input_addrs, output_addrs,
+                         workspace_addr, stable_inputs, label, &hold);
   // Always wait, also after a failed launch: launches already queued use the inputs, outputs
   // and workspace, which TensorFlow may reuse once Compute returns.
   rt::Status sync = device.synchronize_stream(stream);

@@ -89,6 +89,26 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const std::vector<uint64_t>& output_addrs,
                               const std::vector<int64_t>& stable_inputs = {});
 
+// Queues every launch of `compiled` on `stream` without waiting: launch_compiled_op's work after
+// the workspace, for callers that queue several ops and synchronise once (the NpuGraph kernel,
+// npu_graph.h). Every launch carries `label`; `hold` receives what must stay alive until the
+// launches have run (derived tensors' buffers). An error is the first launch that could not be
+// queued; faults come at the stream's synchronisation.
+rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stream stream,
+                             const compiler::OpDesc& op, const CompiledOp& compiled,
+                             const std::vector<uint64_t>& input_addrs,
+                             const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
+                             const std::vector<int64_t>& stable_inputs,
+                             const std::shared_ptr<const rt::LaunchLabel>& label,
+                             std::vector<std::shared_ptr<const void>>* hold);
+
+// The label of a run of `op` (compiled as `k`) for node `node`: its name, op type and tensors;
+// dispatch 0 and host_dispatch eager_op, for the caller to set.
+std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
+                                              const compiler::CompiledKernel& k);
+// A new LaunchLabel::dispatch value (one per run of an op or of a graph), never 0.
+uint64_t next_dispatch_id();
+
 // Whether launch_compiled_op keeps derived tensors across runs (derived_tensor_cache.h): yes
 // unless the environment sets NPUSIM_KEEP_DERIVED=0 (every cast then runs every time).
 bool keep_derived_tensors();
@@ -132,6 +152,10 @@ struct AttrSpec {
 // A tensor input the compiler takes as an attribute, read on the host (the op table's rows
 // name them: adapter/compiler/ops/registry.h).
 using HostAttrInput = compiler::ops::HostAttrInput;
+
+// The value of host-memory input `index` (t, of op `op_type`) as the attribute `kind` describes.
+rt::Status read_host_attr(const std::string& op_type, const Tensor& t, int index,
+                          HostAttrInput::Kind kind, compiler::AttrValue* out);
 
 class CompiledOpKernel : public OpKernel {
  public:

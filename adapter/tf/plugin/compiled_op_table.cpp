@@ -73,6 +73,15 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"Tx", K::kType},
         {"Tout", K::kType},
         {"steps", K::kStrings}}},
+      {TfKernel::kLlm,
+       {{"T", K::kType},
+        {"scale_value", K::kFloat},
+        {"sparse_mode", K::kInt},
+        {"input_layout", K::kString},
+        {"num_heads", K::kInt},
+        {"num_key_value_heads", K::kInt},
+        {"epsilon", K::kFloat},
+        {"mode", K::kInt}}},
   };
   auto it = attrs.find(kernel);
   if (it == attrs.end())
@@ -116,6 +125,22 @@ std::vector<TableKernelDef> kernel_defs(const OpEntry& row) {
 
 }  // namespace
 
+const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
+                                               const std::vector<HostAttrInput>** host_inputs) {
+  const compiler::ops::OpEntry* row = nullptr;
+  for (const OpEntry& e : compiler::ops::op_table())
+    if (op == e.tf_op) row = &e;
+  if (!row) return nullptr;
+  switch (row->tf.kernel) {
+    case TfKernel::kNone:
+    case TfKernel::kRandom:
+    case TfKernel::kResourceApply: return nullptr;
+    default: break;
+  }
+  *host_inputs = &row->tf.host_inputs;
+  return &kernel_attrs(row->tf.kernel);
+}
+
 std::vector<TF_DataType> tf_types(const std::vector<compiler::DataType>& types) {
   std::vector<TF_DataType> v;
   for (compiler::DataType t : types) v.push_back(to_tf_dtype(t));
@@ -149,6 +174,7 @@ rt::Status register_compiler_op_kernels() {
       case TfKernel::kRandom: keep_first(register_random_kernels(family_defs)); break;
       case TfKernel::kResourceApply: keep_first(register_optimizer_kernels(family_defs)); break;
       case TfKernel::kFusedInference: keep_first(register_fused_kernels(family_defs)); break;
+      case TfKernel::kLlm: keep_first(register_llm_kernels(family_defs)); break;
       default:
         for (const TableKernelDef& d : family_defs) keep_first(register_compiled_op_kernel(d));
     }

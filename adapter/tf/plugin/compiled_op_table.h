@@ -24,4 +24,9 @@ KernelDefBuilder kernel_def_builder(const TableKernelDef& def);
 // the row's host-memory inputs.
 rt::Status register_compiled_op_kernel(const TableKernelDef& def);
 
+// For an op registered as a CompiledOpKernel: the attributes its kernel class reads and its
+// host-memory inputs; null for any other op (random, resource, plugin-only ops).
+const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
+                                               const std::vector<HostAttrInput>** host_inputs);
+
 }  // namespace npusim::tf

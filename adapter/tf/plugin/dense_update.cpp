@@ -8,7 +8,8 @@ namespace npusim::tf {
 DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::string& op_type,
                                       const std::vector<std::pair<std::string, bool>>& bool_attrs,
                                       const std::vector<UpdateTensor>& inputs,
-                                      const std::vector<UpdateTensor>& outputs) {
+                                      const std::vector<UpdateTensor>& outputs,
+                                      const UpdateAttrs& more) {
   OpKernelContext ctx(tf_ctx);
   // Every message starts with `where` (rt::guard adds it to exceptions).
   const std::string where = ctx.op_name() + " (" + op_type + " on the NPU)";
@@ -34,6 +35,9 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
     // op with a plain op of the same signature.
     op.attrs["T"] = std::string(compiler::data_type_name(op.inputs[0].dtype));
     for (const auto& [name, value] : bool_attrs) op.attrs[name] = value;
+    for (const auto& [name, value] : more.ints) op.attrs[name] = value;
+    for (const auto& [name, value] : more.int_lists) op.attrs[name] = value;
+    for (const auto& [name, value] : more.string_lists) op.attrs[name] = value;
 
     std::shared_ptr<rt::Device> device;
     std::shared_ptr<const CompiledOp> compiled;

@@ -42,14 +42,22 @@ struct UpdateTensor {
   uint64_t address;
 };
 
+// Attributes of a compiled update other than T and the booleans.
+struct UpdateAttrs {
+  std::vector<std::pair<std::string, int64_t>> ints;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> int_lists;
+  std::vector<std::pair<std::string, std::vector<std::string>>> string_lists;
+};
+
 // Runs the compiler's op `op_type` (e.g. "ResourceApplyAdam") with attribute T = inputs[0]'s
-// dtype, the boolean attributes `bool_attrs` (e.g. {"use_nesterov", false}), the given inputs,
-// and outputs at the given addresses, whose dtypes and shapes must be what the compiler
-// produces (checked: TF_INTERNAL otherwise). Same stream, workspace, error and no-throw rules as
-// run_dense_update.
+// dtype, the boolean attributes `bool_attrs` (e.g. {"use_nesterov", false}), the attributes
+// `more`, the given inputs, and outputs at the given addresses, whose dtypes and shapes must be
+// what the compiler produces (checked: TF_INTERNAL otherwise). Same stream, workspace, error and
+// no-throw rules as run_dense_update.
 DenseUpdateStatus run_compiled_update(TF_OpKernelContext* ctx, const std::string& op_type,
                                       const std::vector<std::pair<std::string, bool>>& bool_attrs,
                                       const std::vector<UpdateTensor>& inputs,
-                                      const std::vector<UpdateTensor>& outputs);
+                                      const std::vector<UpdateTensor>& outputs,
+                                      const UpdateAttrs& more = {});
 
 }  // namespace npusim::tf

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -924,6 +926,453 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
   return fused;
 }
 
+// ---- rewrite 5: variable updates (FusedVariableUpdate) ----
+
+// The value a variable update reads, as FusedVariableUpdate's steps see it.
+struct UpdateOperand {
+  enum Kind { kExternal, kBefore, kAfter } kind = kExternal;
+  int update = -1;  // kBefore / kAfter: the update (index into the candidates) of that variable
+};
+
+// An Assign{Add,Sub,}VariableOp whose value comes from a FusedElementwise or one fusible step
+// read only by it (the chain), or straight from a ReadVariableOp.
+struct VariableUpdate {
+  tfc::NodeDef* assign = nullptr;
+  std::string handle;              // the resource input, as written
+  const char* combine = nullptr;   // "AddV2" (AssignAdd), "Sub" (AssignSub), null (Assign)
+  tfc::NodeDef* chain = nullptr;   // FusedElementwise or a fusible step; null: value read as is
+  std::vector<std::string> reads;  // the chain's data inputs (or the value), as written
+};
+
+bool is_variable_assign(const tfc::NodeDef& n) {
+  return n.op() == "AssignAddVariableOp" || n.op() == "AssignSubVariableOp" ||
+         n.op() == "AssignVariableOp";
+}
+
+// The steps of a chain node: FusedElementwise's attribute, or one step of a fusible op over its
+// data inputs ("Mul i0 i1").
+std::vector<std::string> chain_steps(const tfc::NodeDef& chain) {
+  std::vector<std::string> steps;
+  if (chain.op() == "FusedElementwise") {
+    auto it = chain.attr().find("steps");
+    if (it != chain.attr().end())
+      for (const std::string& s : it->second.list().s()) steps.push_back(s);
+    return steps;
+  }
+  std::string text = chain.op();
+  int k = 0;
+  for (const std::string& in : chain.input())
+    if (!parse_input(in).control) text += " i" + std::to_string(k++);
+  return {text};
+}
+
+int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                          std::set<std::string>* removed) {
+  GraphView g(graph);
+  const int n_nodes = graph.node_size();
+  // Candidates.
+  std::vector<VariableUpdate> ups;
+  std::unordered_map<std::string, int> update_of_assign;  // assign name -> candidate
+  for (int i = 0; i < n_nodes; ++i) {
+    tfc::NodeDef& a = *graph.mutable_node(i);
+    if (!is_variable_assign(a) || !on_npu(a) || a.input_size() < 2 ||
+        parse_input(a.input(0)).control || parse_input(a.input(1)).control)
+      continue;
+    const std::optional<tfc::DataType> t = type_attr(a, "dtype");
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) continue;
+    VariableUpdate u;
+    u.assign = &a;
+    u.handle = a.input(0);
+    u.combine = a.op() == "AssignAddVariableOp"   ? "AddV2"
+                : a.op() == "AssignSubVariableOp" ? "Sub"
+                                                  : nullptr;
+    const InputRef v = parse_input(a.input(1));
+    tfc::NodeDef* p = v.port == 0 ? g.node(v.node) : nullptr;
+    if (p && (p->op() == "FusedElementwise" || fusible_step(*p)) && type_attr(*p) == t &&
+        g.consumers(p->name()) == 1 && !g.control_target(p->name()) && !preserve.count(p->name())) {
+      u.chain = p;
+      for (const std::string& in : p->input())
+        if (!parse_input(in).control) u.reads.push_back(in);
+    } else if (u.combine) {
+      u.reads = {a.input(1)};  // var <op>= value: one step of the update itself
+    } else {
+      continue;  // an Assign of a value computed elsewhere: nothing to fuse
+    }
+    update_of_assign[a.name()] = static_cast<int>(ups.size());
+    ups.push_back(std::move(u));
+  }
+  if (ups.empty()) return 0;
+  std::unordered_map<std::string, std::vector<int>> updates_of_handle;
+  for (int k = 0; k < static_cast<int>(ups.size()); ++k)
+    updates_of_handle[ups[k].handle].push_back(k);
+
+  // What an operand is: a ReadVariableOp of a candidate's variable ordered after that candidate's
+  // assign by a control edge (its new value), one of a candidate's variable without such an edge
+  // (its value before), anything else external.
+  auto classify = [&](const std::string& in, tfc::NodeDef** read) -> UpdateOperand {
+    *read = nullptr;
+    const InputRef r = parse_input(in);
+    tfc::NodeDef* p = r.port == 0 ? g.node(r.node) : nullptr;
+    if (!p || p->op() != "ReadVariableOp" || !on_npu(*p) || p->input_size() < 1) return {};
+    auto h = updates_of_handle.find(p->input(0));
+    if (h == updates_of_handle.end()) return {};
+    *read = p;
+    for (const std::string& c : p->input()) {
+      const InputRef cr = parse_input(c);
+      if (!cr.control) continue;
+      auto it = update_of_assign.find(cr.node);
+      if (it != update_of_assign.end() && ups[it->second].handle == p->input(0))
+        return {UpdateOperand::kAfter, it->second};
+    }
+    // Before an update of its variable: only where that variable has one candidate update.
+    if (h->second.size() != 1) return {};
+    return {UpdateOperand::kBefore, h->second[0]};
+  };
+
+  // Groups: an update reading another's new value joins its group (union-find).
+  std::vector<int> parent(ups.size());
+  for (size_t k = 0; k < ups.size(); ++k) parent[k] = static_cast<int>(k);
+  std::function<int(int)> root = [&](int k) {
+    return parent[k] == k ? k : parent[k] = root(parent[k]);
+  };
+  std::vector<std::vector<std::pair<UpdateOperand, tfc::NodeDef*>>> operands(ups.size());
+  for (size_t k = 0; k < ups.size(); ++k)
+    for (const std::string& in : ups[k].reads) {
+      tfc::NodeDef* read = nullptr;
+      const UpdateOperand o = classify(in, &read);
+      operands[k].emplace_back(o, read);
+      if (o.kind == UpdateOperand::kAfter) parent[root(static_cast<int>(k))] = root(o.update);
+    }
+  std::map<int, std::vector<int>> groups;  // root -> members, in candidate order
+  for (size_t k = 0; k < ups.size(); ++k)
+    groups[root(static_cast<int>(k))].push_back(static_cast<int>(k));
+
+  // Out-edges (data and control) by graph index, for the cycle check.
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
+  std::vector<std::vector<int>> out(n_nodes);
+  for (int i = 0; i < n_nodes; ++i)
+    for (const std::string& in : graph.node(i).input()) {
+      auto it = index.find(parse_input(in).node);
+      if (it != index.end()) out[it->second].push_back(i);
+    }
+  std::vector<int> contracted(n_nodes, -1);  // accepted groups' nodes -> group number
+  std::vector<std::vector<int>> accepted;    // their nodes
+
+  std::unordered_map<std::string, std::string> control_redirect;  // removed -> kept node
+  int fused = 0;
+  for (auto& [unused_root, members] : groups) {
+    (void)unused_root;
+    // Variables: one update each; one type and device; updates ordered so that each reads only
+    // new values of updates before it (Kahn over the group).
+    std::set<std::string> handles;
+    bool ok = true;
+    const std::optional<tfc::DataType> t = type_attr(*ups[members[0]].assign, "dtype");
+    for (int k : members) {
+      ok = ok && handles.insert(ups[k].handle).second && type_attr(*ups[k].assign, "dtype") == t &&
+           ups[k].assign->device() == ups[members[0]].assign->device();
+    }
+    if (!ok) continue;
+    std::vector<int> order;
+    std::set<int> placed;
+    while (order.size() < members.size()) {
+      bool progress = false;
+      for (int k : members) {
+        if (placed.count(k)) continue;
+        bool ready = true;
+        for (const auto& [o, read] : operands[k])
+          if (o.kind == UpdateOperand::kAfter && o.update != k)
+            ready = ready && placed.count(o.update);
+        if (ready) {
+          order.push_back(k);
+          placed.insert(k);
+          progress = true;
+        }
+      }
+      if (!progress) break;
+    }
+    if (order.size() != members.size()) continue;
+    std::map<int, int> var_of;  // candidate -> variable number (its position in `order`)
+    for (size_t j = 0; j < order.size(); ++j) var_of[order[j]] = static_cast<int>(j);
+    const int m = static_cast<int>(order.size());
+
+    // The region: assigns, chains, and the reads of group variables; each read only by the
+    // region, each node removable.
+    std::set<std::string> region;
+    for (int k : order) {
+      region.insert(ups[k].assign->name());
+      if (ups[k].chain) region.insert(ups[k].chain->name());
+    }
+    for (int k : order)
+      for (const auto& [o, read] : operands[k]) {
+        if (o.kind == UpdateOperand::kExternal) continue;
+        if (!var_of.count(o.update)) ok = false;  // a before-read of another group's variable
+        if (read) region.insert(read->name());
+      }
+    for (const std::string& name : region) {
+      const tfc::NodeDef& n = *g.node(name);
+      // A preserved node (a function's control output: its assigns and reads) keeps its name
+      // (below); its data, if any, is read only inside the region.
+      ok = ok && on_npu(n);
+      for (int c : g.consumer_indices(name)) ok = ok && region.count(graph.node(c).name());
+    }
+    if (!ok) continue;
+
+    // Steps: each update's chain, then its combine step; operands renamed.
+    std::vector<std::string> steps, inputs;
+    std::map<std::string, int> input_of;
+    std::vector<int64_t> update_step(m, -1);
+    auto operand_text = [&](const std::string& in, const UpdateOperand& o) -> std::string {
+      if (o.kind == UpdateOperand::kBefore) return "i" + std::to_string(var_of.at(o.update));
+      if (o.kind == UpdateOperand::kAfter)
+        return "s" + std::to_string(update_step[var_of.at(o.update)]);
+      auto [it, added] = input_of.emplace(in, m + static_cast<int>(inputs.size()));
+      if (added) inputs.push_back(in);
+      return "i" + std::to_string(it->second);
+    };
+    for (int k : order) {
+      const VariableUpdate& u = ups[k];
+      const int j = var_of.at(k);
+      std::vector<std::string> mapped;  // the chain's inputs (or the value) as operands
+      for (size_t r = 0; r < u.reads.size(); ++r)
+        mapped.push_back(operand_text(u.reads[r], operands[k][r].first));
+      std::string value;
+      if (u.chain) {
+        const size_t base = steps.size();
+        for (const std::string& text : chain_steps(*u.chain)) {
+          std::istringstream words(text);
+          std::string word, renamed;
+          words >> renamed;
+          while (words >> word) {
+            const size_t x = std::stoul(word.substr(1));
+            renamed += " " + (word[0] == 's' ? "s" + std::to_string(base + x) : mapped.at(x));
+          }
+          steps.push_back(renamed);
+        }
+        value = "s" + std::to_string(steps.size() - 1);
+      } else {
+        value = mapped.at(0);
+      }
+      if (u.combine)
+        steps.push_back(std::string(u.combine) + " i" + std::to_string(j) + " " + value);
+      update_step[j] = static_cast<int64_t>(steps.size()) - 1;
+    }
+    // Distinct update steps (an Assign of a value that is another's new value is not fused).
+    std::set<int64_t> distinct(update_step.begin(), update_step.end());
+    if (static_cast<int>(distinct.size()) != m) continue;
+
+    // The fused node's inputs from outside the region: data and control.
+    tfc::NodeDef* kept = ups[order.back()].assign;
+    std::vector<std::string> controls;
+    std::set<std::string> control_set;
+    for (const std::string& name : region)
+      for (const std::string& in : g.node(name)->input()) {
+        const InputRef r = parse_input(in);
+        if (r.control && !region.count(r.node) && control_set.insert(r.node).second)
+          controls.push_back("^" + r.node);
+      }
+    // No cycle: nothing outside the region that the fused node reads (data, handles, control)
+    // may depend on the region (accepted groups count as one node). This also keeps a read of a
+    // variable's value before its update honest: a writer of that variable ordered after the
+    // read and before the update would be such a node (the fused kernel reads the variables
+    // once its inputs are ready, so it would see that writer's value).
+    std::set<int> sources;
+    for (int k : order) sources.insert(index.at(parse_input(ups[k].handle).node));
+    for (const std::string& in : inputs) sources.insert(index.at(parse_input(in).node));
+    for (const std::string& c : control_set) sources.insert(index.at(c));
+    std::vector<char> seen(n_nodes, 0);
+    std::vector<int> stack;
+    for (const std::string& name : region) {
+      seen[index.at(name)] = 1;
+      stack.push_back(index.at(name));
+    }
+    bool cycle = false;
+    while (!stack.empty() && !cycle) {
+      const int i = stack.back();
+      stack.pop_back();
+      std::vector<int> next = out[i];
+      if (contracted[i] >= 0)
+        next.insert(next.end(), accepted[contracted[i]].begin(), accepted[contracted[i]].end());
+      for (int c : next) {
+        if (seen[c]) continue;
+        seen[c] = 1;
+        if (sources.count(c)) cycle = true;
+        stack.push_back(c);
+      }
+    }
+    if (cycle) continue;
+    // (Sources inside an accepted group: reaching any of its nodes reaches all of them.)
+
+    std::vector<std::string> fused_inputs;
+    for (int k : order) fused_inputs.push_back(ups[k].handle);
+    fused_inputs.insert(fused_inputs.end(), inputs.begin(), inputs.end());
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["M"].set_i(m);
+    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
+    for (const std::string& s : steps) attrs["steps"].mutable_list()->add_s(s);
+    attrs["updates"].mutable_list();
+    for (int64_t s : update_step) attrs["updates"].mutable_list()->add_i(s);
+    const std::string kept_name = kept->name();
+    rewrite_as(*kept, "FusedVariableUpdate", fused_inputs, attrs);
+    // rewrite_as kept the assign's own control inputs; the fused node takes the region's.
+    auto* in = kept->mutable_input();
+    while (in->size() > static_cast<int>(fused_inputs.size())) in->RemoveLast();
+    for (const std::string& c : controls) kept->add_input(c);
+    std::vector<int> nodes;
+    for (const std::string& name : region) {
+      nodes.push_back(index.at(name));
+      contracted[index.at(name)] = static_cast<int>(accepted.size());
+      if (name == kept_name) continue;
+      if (preserve.count(name)) {
+        // A preserved node stays as a NoOp after the fused node, so a function's control
+        // outputs still name it; nothing reads its data; it costs no launch.
+        tfc::NodeDef& n = *g.node(name);
+        rewrite_as(n, "NoOp", {}, {});
+        n.clear_input();
+        n.add_input("^" + kept_name);
+        continue;
+      }
+      removed->insert(name);
+      control_redirect[name] = kept_name;
+    }
+    accepted.push_back(std::move(nodes));
+    ++fused;
+  }
+  // Control edges from removed nodes now come from the fused node (once per consumer).
+  if (!control_redirect.empty())
+    for (int i = 0; i < n_nodes; ++i) {
+      tfc::NodeDef& n = *graph.mutable_node(i);
+      if (removed->count(n.name())) continue;
+      std::set<std::string> had;
+      std::vector<std::string> kept_inputs;
+      bool changed = false;
+      for (const std::string& in : n.input()) {
+        const InputRef r = parse_input(in);
+        std::string text = in;
+        if (r.control) {
+          auto it = control_redirect.find(r.node);
+          if (it != control_redirect.end()) {
+            text = "^" + it->second;
+            changed = true;
+          }
+          if (text == "^" + n.name() || !had.insert(text).second) {
+            changed = true;
+            continue;
+          }
+        }
+        kept_inputs.push_back(text);
+      }
+      if (!changed) continue;
+      n.clear_input();
+      for (const std::string& in : kept_inputs) n.add_input(in);
+    }
+  return fused;
+}
+
+// ---- rewrite 6: duplicate pure nodes ----
+
+// Ops whose result depends only on their inputs and attributes (no state, no randomness), so
+// two such nodes with the same inputs compute the same tensors. ReadVariableOp reads state, but
+// two reads of one variable with the same control inputs are ordered alike against every writer
+// (TensorFlow's automatic control dependencies order them), so they read the same value.
+bool pure_node(const tfc::NodeDef& n) {
+  return n.op() == "Cast" || n.op() == "ReadVariableOp" ||
+         compiler::ops::fusible_elementwise(n.op());
+}
+
+// Grappler's common-subexpression elimination (its arithmetic optimizer's dedup), which the
+// plugin turns off with the arithmetic optimizer: Keras' optimizers compute iterations + 1 and
+// its cast to float once per variable. Nodes in topological order; a pure NPU node with the
+// same op, device, attributes and inputs (after earlier replacements; control inputs as a set)
+// as an earlier one is replaced by it: its data consumers read the earlier node, and it goes
+// (its control consumers then depend on the earlier node) unless TensorFlow must preserve it,
+// in which case it stays, unread.
+int dedup_pure_nodes(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
+  // Topological order (Kahn over data and control edges); nodes on a cycle are left out.
+  std::vector<std::vector<int>> out(n_nodes);
+  std::vector<int> pending(n_nodes, 0);
+  for (int i = 0; i < n_nodes; ++i)
+    for (const std::string& in : graph.node(i).input()) {
+      auto it = index.find(parse_input(in).node);
+      if (it == index.end()) continue;
+      out[it->second].push_back(i);
+      ++pending[i];
+    }
+  std::vector<int> order;
+  for (int i = 0; i < n_nodes; ++i)
+    if (pending[i] == 0) order.push_back(i);
+  for (size_t k = 0; k < order.size(); ++k)
+    for (int c : out[order[k]])
+      if (--pending[c] == 0) order.push_back(c);
+  std::unordered_set<std::string> read;  // nodes with data consumers
+  for (const tfc::NodeDef& n : graph.node())
+    for (const std::string& in : n.input())
+      if (!parse_input(in).control) read.insert(parse_input(in).node);
+
+  int changed = 0;                                        // duplicates removed or no longer read
+  std::unordered_map<std::string, std::string> replaced;  // duplicate -> the node it repeats
+  std::unordered_map<std::string, std::string> first;     // key -> node
+  auto renamed = [&](const std::string& in) {
+    const InputRef r = parse_input(in);
+    auto it = replaced.find(r.node);
+    if (it == replaced.end()) return in;
+    return r.control ? "^" + it->second : output_name(it->second, r.port);
+  };
+  for (int i : order) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    for (int k = 0; k < n.input_size(); ++k) n.set_input(k, renamed(n.input(k)));
+    if (!on_npu(n) || !pure_node(n)) continue;
+    std::string key = n.op() + "|" + n.device() + "|";
+    std::set<std::string> controls;
+    for (const std::string& in : n.input()) {
+      if (parse_input(in).control) {
+        controls.insert(in);
+      } else {
+        key += in + ",";
+      }
+    }
+    for (const std::string& c : controls) key += c + ",";
+    std::vector<std::string> names;  // the attributes in name order
+    for (const auto& [name, value] : n.attr()) names.push_back(name);
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) {
+      std::string bytes;
+      n.attr().at(name).SerializeToString(&bytes);
+      key += "|" + name + "=" + bytes;
+    }
+    auto [it, added] = first.emplace(key, n.name());
+    if (added) continue;
+    replaced[n.name()] = it->second;
+    if (!preserve.count(n.name())) removed->insert(n.name());
+    changed += !preserve.count(n.name()) || read.count(n.name());
+  }
+  if (replaced.empty()) return 0;
+  // Control inputs from removed duplicates now come from the node they repeat (once each);
+  // data inputs were renamed above, except those of nodes left out of the order.
+  for (int i = 0; i < n_nodes; ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed->count(n.name())) continue;
+    std::set<std::string> had;
+    std::vector<std::string> inputs;
+    for (const std::string& in : n.input()) {
+      const InputRef r = parse_input(in);
+      std::string text = in;
+      if (!r.control || removed->count(r.node)) text = renamed(in);
+      if (parse_input(text).control && (text == "^" + n.name() || !had.insert(text).second))
+        continue;
+      inputs.push_back(text);
+    }
+    n.clear_input();
+    for (const std::string& in : inputs) n.add_input(in);
+  }
+  return changed;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -954,6 +1403,14 @@ bool training_fusion_requested() {
   return on;
 }
 
+bool variable_update_fusion_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_VARIABLE_UPDATE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -976,6 +1433,14 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   if (fused_elementwise_registered())
     counts.elementwise = fuse_elementwise_chains(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  if (variable_update_fusion_requested() && fused_variable_update_registered()) {
+    counts.variable_update = fuse_variable_updates(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+  }
+  removed.clear();
+  counts.deduplicated = dedup_pure_nodes(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return counts;
 }

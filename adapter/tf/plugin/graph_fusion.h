@@ -53,6 +53,37 @@
 //      (deduplicated; a Const or ReadVariableOp feeding the set stays outside). A node whose
 //      result is also used outside is the sink of its own set. Only while the compiler's op
 //      table has a FusedElementwise kernel (fused_elementwise_registered()).
+//   5. FusedVariableUpdate (fused_elementwise.h), after 4: an optimizer's variable updates as
+//      one launch, like CANN's ApplyAdam. An update is an AssignAddVariableOp /
+//      AssignSubVariableOp / AssignVariableOp (dtype float, half, bfloat16) whose value is a
+//      FusedElementwise or one fusible step read only by it (AssignAdd / AssignSub also: a value
+//      read as it is). A ReadVariableOp of an updated variable with a control input from that
+//      update's assign reads its new value: updates connected by such reads form one group
+//      (Keras 3's Adam: m and v, then var from the new m and v; SGD with momentum: m, then var
+//      from the new m). A ReadVariableOp of an updated variable without such an edge reads its
+//      value before the update (allowed where the variable has one update in the graph). Each
+//      group becomes one node in place of its last assign (name kept): inputs the variables'
+//      handles, then the chains' other inputs (deduplicated); steps each update's chain and its
+//      AddV2 / Sub with the variable, in TensorFlow's order, so the new values are those of the
+//      unfused ops bit for bit. The group's other assigns, chains and reads go (one TensorFlow
+//      must preserve, e.g. a function's control outputs: its assigns and reads, stays as a NoOp
+//      after the fused node); their control inputs from outside become the fused node's,
+//      control edges from them come from the fused node. A group is left alone if a variable
+//      has two updates in it, a read or chain has a data consumer outside it, a node is off the
+//      NPU, types or devices differ, or the fused node would sit on a cycle (something it reads
+//      depends on the group; this also keeps a value-before read from moving past another
+//      writer of its variable). Only while kernels_optimizer.cpp registered its kernel
+//      (fused_variable_update_registered()); NPUSIM_FUSION_VARIABLE_UPDATE=0 turns this
+//      rewrite alone off.
+//   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
+//      arithmetic optimizer (below): a node of a pure op (Cast, ReadVariableOp, the fusible
+//      element-wise ops) on the NPU with the same op, device, attributes, data inputs and set of
+//      control inputs as an earlier one (in topological order, after replacing earlier
+//      duplicates) is replaced by it: its data consumers read the earlier node and it goes (its
+//      control consumers then follow the earlier node), unless it is preserved (it then stays,
+//      unread). Keras' optimizers compute iterations + 1 and its cast once per variable. Two
+//      reads of one variable with the same control inputs read the same value: TensorFlow
+//      orders every writer of a variable against its reads.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -87,8 +118,11 @@ struct FusionCounts {
   int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;             // AddRelu nodes created
   int elementwise = 0;          // FusedElementwise nodes created
+  int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
+  int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
   int total() const {
-    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise;
+    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
+           variable_update + deduplicated;
   }
 };
 
@@ -96,6 +130,8 @@ struct FusionCounts {
 bool fusion_requested();
 // False when NPUSIM_FUSION_BN_TRAINING is "0" (read once): rewrite 0 alone off.
 bool training_fusion_requested();
+// False when NPUSIM_FUSION_VARIABLE_UPDATE is "0" (read once): rewrite 5 alone off.
+bool variable_update_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -108,5 +144,7 @@ FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
 bool fused_ops_registered();
 // fused_ops_registered() and the compiler's op table gave FusedElementwise an NPU kernel.
 bool fused_elementwise_registered();
+// fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
+bool fused_variable_update_registered();
 
 }  // namespace npusim::tf

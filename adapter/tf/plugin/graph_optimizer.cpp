@@ -1,8 +1,10 @@
 // TF_InitGraph: a graph optimizer plugin (TensorFlow's grappler C API,
 // tensorflow/c/experimental/grappler/grappler.h) that records the ops soft placement put on the
 // CPU because the NPU has no kernel for them (cpu_fallbacks.h), then applies the inference
-// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none), and marks the NPU nodes'
-// inputs that are variable values or constants (stable_inputs.h).
+// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none), replaces connected sets
+// of compiled NPU nodes by NpuGraph nodes run as whole graphs (npu_graph.h; NPUSIM_GRAPH=0:
+// none), and marks the NPU nodes' inputs that are variable values or constants
+// (stable_inputs.h).
 //
 // Why a graph optimizer: TensorFlow places a tf.function's graph (model.fit's train step is one)
 // before grappler runs on it (ProcessFunctionLibraryRuntime: placer, then the meta-optimizer,
@@ -25,8 +27,9 @@
 // not executions.
 //
 // Like kernels_resource_variables.cpp this file is compiled against TensorFlow's C++ headers
-// (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2) and includes no npusim
-// header but the standard-library-only cpu_fallbacks.h and graph_fusion.h.
+// (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2, included through
+// tf_graph_headers.h) and includes no npusim header but the standard-library-only
+// cpu_fallbacks.h, graph_fusion.h and npu_graph.h.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -41,20 +44,11 @@
 #include <utility>
 #include <vector>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Winterference-size"
-#include "tensorflow/c/experimental/grappler/grappler.h"
-#include "tensorflow/core/framework/attr_value.pb.h"
-#include "tensorflow/core/framework/graph.pb.h"
-#include "tensorflow/core/framework/node_def.pb.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/types.h"
-#include "tensorflow/core/grappler/grappler_item.h"
-#pragma GCC diagnostic pop
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/tf_graph_headers.h"
 #include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
@@ -274,8 +268,9 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
   return changed;
 }
 
-// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h), then marks the
-// NPU nodes' stable inputs; the output is the input unless one of them changed the graph.
+// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h), clusters the NPU
+// nodes into NpuGraph nodes (npu_graph.h), then marks the NPU nodes' stable inputs (the NpuGraph
+// nodes' too); the output is the input unless one of them changed the graph.
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
               TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
@@ -301,10 +296,10 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "npusim: fusion in %s: %d training batch norms, %d BatchNormInference "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
-                     "%d FusedElementwise\n",
+                     "%d FusedElementwise, %d FusedVariableUpdate, %d duplicates\n",
                      item_id(item).c_str(), counts.training_batch_norm, counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
-                     counts.elementwise);
+                     counts.elementwise, counts.variable_update, counts.deduplicated);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;
@@ -312,6 +307,19 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     } catch (const std::exception& e) {
       // A graph the fusion cannot handle is left unfused.
       log_fusion_error(e.what());
+    }
+  }
+  if (parsed && graph_mode_enabled()) {
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const ClusterCounts counts = cluster_npu_graph(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && counts.clusters > 0)
+        std::fprintf(stderr, "npusim: whole-graph execution in %s: %d NpuGraph nodes of %d nodes\n",
+                     item_id(item).c_str(), counts.clusters, counts.nodes);
+      changed |= counts.clusters > 0;
+    } catch (const std::exception& e) {
+      // A graph the clustering cannot handle runs node by node.
+      std::fprintf(stderr, "npusim: whole-graph execution skipped: %s\n", e.what());
     }
   }
   if (parsed) {

@@ -36,6 +36,12 @@ rt::Status register_random_kernels(const std::vector<TableKernelDef>& compiler_o
 rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops);
 // The graph fusion's op definitions, then their NPU kernels (kernels_fused.cpp).
 rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_ops);
+// The decoder-model ops' definitions (fused attention, ...), then their NPU kernels
+// (kernels_llm.cpp).
+rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops);
+
+// The NpuGraph op's definition and NPU kernel (npu_graph.h, npu_graph_kernel.cpp).
+rt::Status register_npu_graph_kernel();
 
 // Plugin-only ops:
 // ops the compiler lacks, as sequences of compiled ops: AddN, RsqrtGrad

@@ -19,6 +19,12 @@
 //     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
 //     broadcast shape.
 //
+//   FusedVariableUpdate(resources: M * resource, inputs: N * T)     T in {float, half,
+//     bfloat16}; M >= 1; N >= 0; steps: list(string); updates: list(int): the new values of M
+//     variables of one shape from one chain of element-wise steps (fused_elementwise.h), one
+//     launch; stateful, no outputs. Its kernel is kernels_optimizer.cpp's (it updates
+//     variables, on TensorFlow's C++ kernel API); registered here is only its definition.
+//
 //   BNTrainingReduce(x: T) -> sum: float, square_sum: float
 //   BNTrainingUpdate(x: T, sum: float, square_sum: float, scale: float, offset: float)
 //     -> y: T, batch_mean: float, batch_variance: float     epsilon: float; relu: bool
@@ -43,6 +49,7 @@
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/op_defs.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
 namespace npusim::tf {
@@ -52,14 +59,6 @@ namespace {
 // TensorFlow's executor does not need it, the kernel computes it.
 void unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);
-}
-
-// Output 0 has the shape of input 0 (BatchNormInference: y is x's shape).
-void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  TF_ShapeHandle* in = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
-  TF_DeleteShapeHandle(in);
 }
 
 // The numpy broadcast of all inputs' shapes (AddRelu, FusedElementwise); the C shape API has
@@ -139,11 +138,20 @@ void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
   channel_outputs(ctx, 1, 0, 2, s);
 }
 
-struct OpDefSpec {
-  const char* name;
-  std::vector<const char*> inputs, outputs, attrs;
-  void (*shape_fn)(TF_ShapeInferenceContext*, TF_Status*);
-};
+// An op without outputs (FusedVariableUpdate) has no shapes to infer.
+void no_outputs(TF_ShapeInferenceContext*, TF_Status*) {}
+
+bool g_fused_ops_registered = false;
+bool g_fused_elementwise_registered = false;
+
+}  // namespace
+
+void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* in = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
+  TF_DeleteShapeHandle(in);
+}
 
 rt::Status register_op_def(const OpDefSpec& spec) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(spec.name);
@@ -151,6 +159,7 @@ rt::Status register_op_def(const OpDefSpec& spec) {
   for (const char* out : spec.outputs) TF_OpDefinitionBuilderAddOutput(b, out);
   for (const char* attr : spec.attrs) TF_OpDefinitionBuilderAddAttr(b, attr);
   TF_OpDefinitionBuilderSetShapeInferenceFunction(b, spec.shape_fn);
+  if (spec.stateful) TF_OpDefinitionBuilderSetIsStateful(b, true);
   TF_Status* status = TF_NewStatus();
   TF_RegisterOpDefinition(b, status);  // takes ownership of b
   rt::Status st;
@@ -160,11 +169,6 @@ rt::Status register_op_def(const OpDefSpec& spec) {
   TF_DeleteStatus(status);
   return st;
 }
-
-bool g_fused_ops_registered = false;
-bool g_fused_elementwise_registered = false;
-
-}  // namespace
 
 bool fused_ops_registered() { return g_fused_ops_registered; }
 bool fused_elementwise_registered() { return g_fused_elementwise_registered; }
@@ -211,6 +215,13 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"z: T"},
        {"T: {float, half, bfloat16}", "N: int >= 1", "steps: list(string)"},
        broadcast_shape},
+      {"FusedVariableUpdate",
+       {"resources: M * resource", "inputs: N * T"},
+       {},
+       {"T: {float, half, bfloat16}", "M: int >= 1", "N: int >= 0", "steps: list(string)",
+        "updates: list(int)"},
+       no_outputs,
+       true},
   };
   for (const OpDefSpec& d : defs) {
     rt::Status st = register_op_def(d);

@@ -23,11 +23,14 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/tf_cc_kernel_util.h"
 
 namespace npusim::tf {
 namespace {
+
+bool g_variable_update_registered = false;
 
 using namespace cc;  // NOLINT: tfc, LockedVariables, update_tensor, ...
 
@@ -95,16 +98,13 @@ const ApplyOpDef* find_apply_op(const std::string& type) {
   return nullptr;
 }
 
-class ResourceApplyOp : public tfc::OpKernel {
+// A variable update kernel: Compute runs update() and makes its status, or an exception's
+// message, the op's status (no exception may reach TensorFlow; only std::bad_alloc could come
+// from here).
+class UpdateKernel : public tfc::OpKernel {
  public:
-  explicit ResourceApplyOp(tfc::OpKernelConstruction* c)
-      : OpKernel(c), m_def(*find_apply_op(c->def().op())) {  // registered for these only
-    OP_REQUIRES_OK(c, c->GetAttr("T", &m_dtype));
-    if (m_def.has_nesterov) OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &m_nesterov));
-  }
-
-  void Compute(tfc::OpKernelContext* ctx) override {
-    // No exception may reach TensorFlow (only std::bad_alloc could come from here).
+  using OpKernel::OpKernel;
+  void Compute(tfc::OpKernelContext* ctx) final {
     try {
       ctx->SetStatus(update(ctx));
     } catch (const std::exception& e) {
@@ -112,26 +112,59 @@ class ResourceApplyOp : public tfc::OpKernel {
     }
   }
 
+ protected:
+  virtual absl::Status update(tfc::OpKernelContext* ctx) = 0;
+
+  // New buffers like `var` for the new values of n variables, and their UpdateTensors.
+  static absl::Status allocate_new_values(tfc::OpKernelContext* ctx, const tfc::Tensor& var, int n,
+                                          std::vector<tfc::Tensor>* updated,
+                                          std::vector<UpdateTensor>* outputs) {
+    updated->resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      absl::Status st = allocate_like(ctx, var, &(*updated)[i]);
+      if (!st.ok()) return st;
+      outputs->push_back(update_tensor((*updated)[i]));
+    }
+    return absl::OkStatus();
+  }
+
+  // Variable i (named `what` in messages) is initialized, of type `dtype` and of variable 0's
+  // shape.
+  absl::Status check_variable(const LockedVariables& vars, int i, const std::string& what,
+                              tfc::DataType dtype) const {
+    const tfc::Tensor* t = vars[i]->tensor();
+    if (!vars[i]->is_initialized)
+      return absl::FailedPreconditionError(
+          absl::StrCat("Attempting to use uninitialized variables: ", what, " of ", name()));
+    if (t->dtype() != dtype)
+      return absl::InvalidArgumentError(absl::StrCat(name(), ": ", what, " is ",
+                                                     tfc::DataTypeString(t->dtype()),
+                                                     ", the op's T is ", tfc::DataTypeString(dtype)));
+    if (!t->shape().IsSameSize(vars[0]->tensor()->shape()))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "var and ", what, " do not have the same shape",
+          vars[0]->tensor()->shape().DebugString(), " ", t->shape().DebugString()));
+    return absl::OkStatus();
+  }
+};
+
+class ResourceApplyOp : public UpdateKernel {
+ public:
+  explicit ResourceApplyOp(tfc::OpKernelConstruction* c)
+      : UpdateKernel(c), m_def(*find_apply_op(c->def().op())) {  // registered for these only
+    OP_REQUIRES_OK(c, c->GetAttr("T", &m_dtype));
+    if (m_def.has_nesterov) OP_REQUIRES_OK(c, c->GetAttr("use_nesterov", &m_nesterov));
+  }
+
  private:
-  absl::Status update(tfc::OpKernelContext* ctx) {
+  absl::Status update(tfc::OpKernelContext* ctx) override {
     const int n = static_cast<int>(m_def.variables.size());
     LockedVariables vars;
     absl::Status st = vars.lock(ctx, n);
     if (!st.ok()) return st;
     for (int i = 0; i < n; ++i) {
-      const tfc::Tensor* t = vars[i]->tensor();
-      if (!vars[i]->is_initialized)
-        return absl::FailedPreconditionError(
-            absl::StrCat("Attempting to use uninitialized variables: ", m_def.variables[i],
-                         " of ", name()));
-      if (t->dtype() != m_dtype)
-        return absl::InvalidArgumentError(absl::StrCat(
-            name(), ": ", m_def.variables[i], " is ", tfc::DataTypeString(t->dtype()),
-            ", the op's T is ", tfc::DataTypeString(m_dtype)));
-      if (!t->shape().IsSameSize(vars[0]->tensor()->shape()))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "var and ", m_def.variables[i], " do not have the same shape",
-            vars[0]->tensor()->shape().DebugString(), " ", t->shape().DebugString()));
+      st = check_variable(vars, i, m_def.variables[i], m_dtype);
+      if (!st.ok()) return st;
     }
     const tfc::Tensor& var = *vars[0]->tensor();
     std::vector<UpdateTensor> inputs;
@@ -153,13 +186,10 @@ class ResourceApplyOp : public tfc::OpKernel {
       inputs.push_back(update_tensor(in));
     }
 
-    std::vector<tfc::Tensor> updated(n);
+    std::vector<tfc::Tensor> updated;
     std::vector<UpdateTensor> outputs;
-    for (int i = 0; i < n; ++i) {
-      st = allocate_like(ctx, var, &updated[i]);
-      if (!st.ok()) return st;
-      outputs.push_back(update_tensor(updated[i]));
-    }
+    st = allocate_new_values(ctx, var, n, &updated, &outputs);
+    if (!st.ok()) return st;
     if (var.NumElements() > 0) {
       if (m_def.composed) {
         st = keras_momentum(ctx, var, m_nesterov, inputs, outputs);
@@ -181,7 +211,67 @@ class ResourceApplyOp : public tfc::OpKernel {
   bool m_nesterov = false;
 };
 
+// FusedVariableUpdate(resources: M * resource, inputs: N * T; steps, updates): the graph
+// fusion's form of an optimizer's AssignAdd / AssignSub / Assign VariableOps with the chains
+// feeding them (graph_fusion.h, rewrite 5; the compiler's contract in
+// adapter/compiler/ops/fused_elementwise.h). Compute as ResourceApplyOp's: the variables locked,
+// checked (initialized, of type T, one shape, distinct), a new buffer per variable, one compiled
+// launch writing every new value, the buffers made the variables' tensors; on any error no
+// variable changes. The inputs must broadcast to the variables' shape (the compiler checks).
+class FusedVariableUpdateOp : public UpdateKernel {
+ public:
+  explicit FusedVariableUpdateOp(tfc::OpKernelConstruction* c) : UpdateKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("T", &m_dtype));
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_variables));
+    OP_REQUIRES_OK(c, c->GetAttr("steps", &m_steps));
+    OP_REQUIRES_OK(c, c->GetAttr("updates", &m_updates));
+  }
+
+ private:
+  absl::Status update(tfc::OpKernelContext* ctx) override {
+    const int n = static_cast<int>(m_variables);
+    LockedVariables vars;
+    absl::Status st = vars.lock(ctx, n);
+    if (!st.ok()) return st;
+    const tfc::Tensor& var = *vars[0]->tensor();
+    for (int i = 0; i < n; ++i) {
+      st = check_variable(vars, i, absl::StrCat("variable ", i), m_dtype);
+      if (!st.ok()) return st;
+      for (int j = 0; j < i; ++j)
+        if (vars[j] == vars[i])
+          return absl::InvalidArgumentError(
+              absl::StrCat(name(), ": variables ", j, " and ", i, " are the same variable"));
+    }
+    std::vector<UpdateTensor> inputs;
+    for (int i = 0; i < ctx->num_inputs(); ++i)
+      inputs.push_back(update_tensor(i < n ? *vars[i]->tensor() : ctx->input(i)));
+    std::vector<tfc::Tensor> updated;
+    std::vector<UpdateTensor> outputs;
+    st = allocate_new_values(ctx, var, n, &updated, &outputs);
+    if (!st.ok()) return st;
+    if (var.NumElements() > 0) {
+      UpdateAttrs attrs;
+      attrs.ints = {{"M", m_variables}};
+      attrs.int_lists = {{"updates", m_updates}};
+      attrs.string_lists = {{"steps", m_steps}};
+      // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+      st = to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx),
+                                       "FusedVariableUpdate", {}, inputs, outputs, attrs));
+      if (!st.ok()) return st;
+    }
+    for (int i = 0; i < n; ++i) *vars[i]->tensor() = updated[i];
+    return absl::OkStatus();
+  }
+
+  tfc::DataType m_dtype = tfc::DT_INVALID;
+  int64_t m_variables = 0;
+  std::vector<std::string> m_steps;
+  std::vector<int64_t> m_updates;
+};
+
 }  // namespace
+
+bool fused_variable_update_registered() { return g_variable_update_registered; }
 
 rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops) {
   return rt::guard("registering the NPU's fused optimizer kernels", [&] {
@@ -194,9 +284,6 @@ rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compile
     std::vector<TableKernelDef> defs = compiler_ops;
     defs.push_back({"ResourceApplyKerasMomentum", momentum->type_constraints, {}});
     for (const TableKernelDef& d : defs) {
-      const ApplyOpDef* apply = find_apply_op(d.op);
-      if (!apply)
-        return rt::Status(rt::StatusCode::internal, d.op + " is no fused optimizer update");
       tfc::KernelDefBuilder builder(d.op.c_str());
       builder.Device("NPU");
       for (const auto& [attr, types] : d.type_constraints) {
@@ -204,6 +291,17 @@ rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compile
         for (TF_DataType t : types) allowed.push_back(static_cast<tfc::DataType>(t));
         builder.TypeConstraint(attr.c_str(), allowed);
       }
+      if (d.op == "FusedVariableUpdate") {
+        // Registered only where kernels_fused.cpp registered its op definition.
+        if (!fused_ops_registered()) continue;
+        builder.HostMemory("resources");
+        register_npu_kernel<FusedVariableUpdateOp>(builder, d.op);
+        g_variable_update_registered = true;
+        continue;
+      }
+      const ApplyOpDef* apply = find_apply_op(d.op);
+      if (!apply)
+        return rt::Status(rt::StatusCode::internal, d.op + " is no fused optimizer update");
       // The row's host-memory inputs, then the variables' resource handles.
       for (const std::string& arg : d.host_memory) builder.HostMemory(arg.c_str());
       for (const char* v : apply->variables) builder.HostMemory(v);

@@ -28,6 +28,7 @@ const std::vector<OpReason>& plugin_only_ops() {
       {"OptionalHasValue", "TensorFlow's CPU kernel on host-memory arguments (tf.data)"},
       {"ResourceGather", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
       {"ResourceScatterUpdate", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
+      {"NpuGraph", "a set of the compiler's ops run as one task list (npu_graph.h)"},
   };
   return ops;
 }

@@ -4,15 +4,18 @@
 // npusim_tf_free; nothing here opens the device.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/profiler/counter_view.h"
 #include "adapter/profiler/report_writer.h"
 #include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/launch_window.h"
+#include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/op_coverage.h"
 #include "adapter/tf/plugin/plugin_device.h"
 
@@ -54,7 +57,8 @@ NPUSIM_TF_EXPORT void npusim_tf_free(char* p) { std::free(p); }
 
 // {"open": bool, "settings": {...} (what the device was opened with, or what the environment
 //  says now), "env_error": "..." (a bad environment), and, when open: "chip_identity",
-//  "hbm_bytes", "memory": {allocator stats}}.
+//  "hbm_bytes", "memory": {allocator stats}, "graph_plans": {"plans", "max_arena_bytes",
+//  "max_unplanned_bytes"}: the static memory plans of whole-graph execution, npu_graph.h}.
 NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
   using namespace npusim;
   nlohmann::json j;
@@ -67,6 +71,10 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
     rt::AllocatorStats s = dev->memory_stats();
     j["memory"] = {{"bytes_in_use", s.bytes_in_use}, {"peak_bytes_in_use", s.peak_bytes_in_use},
                    {"bytes_limit", s.bytes_limit}, {"num_allocs", s.num_allocs}};
+    const tf::NpuGraphStats g = tf::npu_graph_stats();
+    j["graph_plans"] = {{"plans", g.plans},
+                        {"max_arena_bytes", g.max_arena_bytes},
+                        {"max_unplanned_bytes", g.max_unplanned_bytes}};
   } else {
     tf::PluginSettings s;
     rt::Status st = tf::settings_from_env(&s);
@@ -85,11 +93,32 @@ NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak(int chip) {
   return 1;
 }
 
+// A launch's counters as {dotted name below "chip": value} (a ready tree: its leaves flattened).
+static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
+  nlohmann::json out = nlohmann::json::object();
+  if (delta.is_tree()) {
+    const nlohmann::json tree = delta.tree();
+    std::map<std::string, uint64_t> values;
+    if (tree.contains("chip")) npusim::prof::flatten_counters(tree["chip"], "", values);
+    for (const auto& [name, v] : values) out[name] = v;
+    return out;
+  }
+  delta.for_each([&](const npusim::CounterInfo& c, uint64_t v) {
+    if (c.path.size() > 1 && c.path[0] == "chip") out[c.name.substr(5)] = v;  // after "chip."
+  });
+  return out;
+}
+
 // Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
-// "loads_data" (the kernel reads device memory with ld: loads_data() above)
-// [, "op_name", "op_type"]
+// "loads_data" (the kernel reads device memory with ld: loads_data() above),
+// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
+// [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
+//  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
+// with_counters: 0 none; 1 the counter tree (Simulator::counters layout, with units and
+// descriptions); 2 flat {"aic0.mte2.busy_cycles": value, ...}: the tree's leaves by dotted name
+// below "chip", values only (a fraction of the tree's bytes: what launches.json holds).
 NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
   using namespace npusim;
   nlohmann::json j = nlohmann::json::array();
@@ -104,8 +133,12 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
       if (r.label) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;
+        e["dispatch"] = r.label->dispatch;
+        e["graph_run"] = r.label->graph_run;
       }
-      if (with_counters) e["counters"] = r.counters();
+      e["host_dispatch_cycles"] = r.host_dispatch_cycles;
+      if (with_counters == 1) e["counters"] = r.counters();
+      if (with_counters == 2) e["counters"] = flat_counters(r.counter_delta);
       j.push_back(std::move(e));
     }
   }

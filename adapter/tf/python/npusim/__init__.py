@@ -28,6 +28,7 @@ import json
 import os
 
 from . import _keras, _memory, _offline, _plugin, _report, distribute
+from ._chakra import export_chakra
 from ._plugin import NpusimError
 from ._report import format_op_summary, op_summary, profile
 
@@ -40,6 +41,7 @@ __all__ = [
     "cpu_fallback_ops",
     "device_info",
     "distribute",
+    "export_chakra",
     "system_info",
     "format_op_summary",
     "launch_records",
@@ -89,7 +91,7 @@ def _overrides_list(overrides):
 
 
 def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None,
-              chips=None, system=None):
+              graph_mode=None, chips=None, system=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -105,6 +107,10 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         produces (and what is copied back from it) is undefined (zeros here). For simulated
         time at batch sizes whose tensors would not fit this host (docs/tf_plugin.md,
         "Timing-only runs", also says which kernels' timing depends on data).
+    graph_mode: True (default) runs the NPU nodes of tf.function graphs as whole graphs (one
+        task list per step with a static memory plan: docs/tf_plugin.md, "Whole-graph
+        execution"); False runs them node by node. Unlike the other settings it may change at any
+        time: it applies to the tf.function graphs traced after the call.
     chips: N >= 1 NPU devices, each a chip of one simulated system (one SystemSimulator): with
         `system`, its first N chips; else N chips of `chip` joined as the 910b-x8 preset joins
         its 8 (HCCS full mesh; N > 8 in servers of 8). 1 (or None without a system): the one
@@ -115,8 +121,8 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
 
     Call it before the first TensorFlow op. Once the device exists its config is fixed:
     asking for another one (another chip count included) raises NpusimError (the same config
-    again is fine). A chip or
-    override that does not load raises NpusimError at once, naming the file and key.
+    again is fine). A chip or override that does not load raises NpusimError at once, naming the
+    file and key.
     """
     env = {}
     if chip is not None:
@@ -137,6 +143,11 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         env["NPUSIM_CHIPS"] = str(chips)
     if system is not None:
         env["NPUSIM_SYSTEM"] = os.fspath(system)
+
+    if graph_mode is not None:
+        if not isinstance(graph_mode, bool):
+            raise TypeError(f"graph_mode must be True or False, not {graph_mode!r}")
+        os.environ["NPUSIM_GRAPH"] = "1" if graph_mode else "0"
 
     info = _hooks.device()
     if info["open"] and env:
@@ -213,7 +224,9 @@ def launch_records(with_counters=False):
     identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
     kernel reads device memory with its scalar unit, so its timing can depend on data: in a
     timing-only run it may differ from a functional one), op_name and op_type (the TF op that
-    launched it), and the launch's counter tree if asked."""
+    launched it), and the launch's counters if asked: with_counters=True gives the counter tree
+    (units and descriptions, as counters.json), "flat" a dict {"aic0.mte2.busy_cycles": value}
+    of the same counters (what launches.json holds: a fraction of the bytes)."""
     return _hooks.launch_records(with_counters)
 
 
@@ -245,7 +258,8 @@ def write_report(directory=None):
     """Writes the report folder of every NPU launch since the device opened to `directory`
     (default: NPUSIM_REPORT_DIR): the command line's files (op_summary.csv, op_statistic.csv,
     counters.json, chip.yaml, trace.json, summary.txt, plots; docs/reports.md and _report.py),
-    plus the raw device.json, launches.json (with counters) and compiled_ops.json. Returns the
+    plus the raw device.json, launches.json (with flat counters: launch_records) and
+    compiled_ops.json. Returns the
     directory, or None if the device was never opened (nothing ran on the NPU)."""
     directory = directory or os.environ.get("NPUSIM_REPORT_DIR")
     if not directory:
@@ -257,7 +271,7 @@ def write_report(directory=None):
     files = {
         "device.json": json.dumps(info, indent=1),
         "chip.yaml": _hooks.chip_config_yaml() or "",
-        "launches.json": json.dumps(_hooks.launch_records(True)),
+        "launches.json": json.dumps(_hooks.launch_records("flat")),
         "compiled_ops.json": json.dumps(_hooks.compiled_ops(), indent=1),
         "cpu_fallback_ops.json": json.dumps(_hooks.cpu_fallback_ops(), indent=1),
     }

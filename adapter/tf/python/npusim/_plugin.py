@@ -130,7 +130,8 @@ class Hooks:
         return self._json(self._lib.npusim_tf_device_json())
 
     def launch_records(self, with_counters):
-        return self._json(self._lib.npusim_tf_launch_records_json(1 if with_counters else 0))
+        mode = 2 if with_counters == "flat" else 1 if with_counters else 0
+        return self._json(self._lib.npusim_tf_launch_records_json(mode))
 
     def reset_memory_peak(self, chip=0):
         return bool(self._lib.npusim_tf_reset_memory_peak(chip))

@@ -1,0 +1,475 @@
+// Clustering NPU graphs into NpuGraph nodes (npu_graph.h), and reading a cluster back.
+//
+// A node may join a cluster when:
+//  - it is assigned to the NPU and its op runs as a CompiledOpKernel of the compiler's op table
+//    (npu_graph_clusterable_op: no resource or variable op, no random op, no plugin-only op);
+//  - each input the op reads on the host (reduction axes, ...) comes straight from a Const node
+//    (its value is copied into the cluster; anything computed stays node by node);
+//  - TensorFlow does not ask to preserve it (fetches, keep ops: GrapplerItem::NodesToPreserve),
+//    so no node TensorFlow looks up by name disappears;
+//  - its graph has no control flow (Switch, Merge, Enter, Exit, NextIteration: the tensors of a
+//    lowered cond or loop may be dead, which a task list cannot express), in which case nothing
+//    of that graph is clustered.
+// Clusters grow along data edges between such nodes (union of connected sets), and two sets
+// merge only if no path leads from one to the other through a node outside both (control edges
+// included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
+// inputs and before all its consumers. Sets of one node stay as they were.
+//
+// The rewrite: the NpuGraph node takes the cluster's external data inputs (deduplicated) and the
+// members' control inputs from outside; each member output read outside (data) becomes one
+// output; outside readers are rewired to it, and control edges from members to the NpuGraph
+// node. Its name is "npu_graph_<N>" (unused in the graph), its device the members'.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/tf_graph_headers.h"
+
+namespace npusim::tf {
+namespace {
+
+namespace tfc = ::tensorflow;
+
+bool on_npu(const tfc::NodeDef& n) { return n.device().find("/device:NPU:") != std::string::npos; }
+
+bool is_control_flow(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
+      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+  return kOps.count(op) > 0;
+}
+
+// "name:3" -> ("name", 3); "name" -> ("name", 0); "^name" -> ("name", -1).
+std::pair<std::string, int> split_input(const std::string& in) {
+  if (!in.empty() && in[0] == '^') return {in.substr(1), -1};
+  const size_t colon = in.rfind(':');
+  if (colon == std::string::npos) return {in, 0};
+  return {in.substr(0, colon), std::stoi(in.substr(colon + 1))};
+}
+
+std::string tensor_name(const std::string& node, int port) {
+  return port == 0 ? node : node + ":" + std::to_string(port);
+}
+
+// The graph's nodes with their edges (data and control), indexed.
+struct Graph {
+  std::vector<const tfc::NodeDef*> nodes;
+  std::unordered_map<std::string, int> index;
+  std::vector<std::vector<int>> succ;  // data and control successors (repeats possible)
+
+  explicit Graph(const tfc::GraphDef& g) {
+    for (const tfc::NodeDef& n : g.node()) {
+      index[n.name()] = static_cast<int>(nodes.size());
+      nodes.push_back(&n);
+    }
+    succ.resize(nodes.size());
+    for (size_t v = 0; v < nodes.size(); ++v)
+      for (const std::string& in : nodes[v]->input()) {
+        const auto it = index.find(split_input(in).first);
+        if (it != index.end()) succ[it->second].push_back(static_cast<int>(v));
+      }
+  }
+};
+
+// Positions of `node`'s data inputs that are host inputs of its op (resolved from the end).
+std::vector<int> host_input_positions(const tfc::NodeDef& node, const std::vector<int>& host) {
+  int data_inputs = 0;
+  for (const std::string& in : node.input()) data_inputs += !in.empty() && in[0] != '^';
+  std::vector<int> pos;
+  for (int h : host) pos.push_back(h < 0 ? data_inputs + h : h);
+  return pos;
+}
+
+bool clusterable(const Graph& g, const tfc::NodeDef& node,
+                 const std::unordered_set<std::string>& preserve) {
+  if (!on_npu(node) || preserve.count(node.name())) return false;
+  std::vector<int> host;
+  if (!npu_graph_clusterable_op(node.op(), &host)) return false;
+  const std::vector<int> pos = host_input_positions(node, host);
+  for (int p : pos) {
+    if (p < 0 || p >= node.input_size()) return false;
+    const auto it = g.index.find(split_input(node.input(p)).first);
+    if (it == g.index.end() || g.nodes[it->second]->op() != "Const") return false;
+  }
+  return true;
+}
+
+// Union-find over node indices.
+struct Sets {
+  std::vector<int> parent;
+  explicit Sets(size_t n) : parent(n) {
+    for (size_t i = 0; i < n; ++i) parent[i] = static_cast<int>(i);
+  }
+  int find(int x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  }
+};
+
+// Whether a path leads from set `a` to set `b` through at least one node outside both (sets of
+// the contracted graph: entering a set reaches all its members).
+bool path_through_outside(const Graph& g, Sets& sets,
+                          const std::unordered_map<int, std::vector<int>>& members, int a, int b) {
+  std::vector<char> seen(g.nodes.size(), 0);
+  std::vector<int> stack;
+  auto push_set = [&](int node) {
+    const int s = sets.find(node);
+    const auto it = members.find(s);
+    if (it == members.end()) {
+      if (!seen[node]) {
+        seen[node] = 1;
+        stack.push_back(node);
+      }
+      return;
+    }
+    for (int m : it->second)
+      if (!seen[m]) {
+        seen[m] = 1;
+        stack.push_back(m);
+      }
+  };
+  // Start: the successors of a's members that lie outside a and b.
+  for (int m : members.at(a))
+    for (int s : g.succ[m]) {
+      const int root = sets.find(s);
+      if (root != a && root != b) push_set(s);
+    }
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    for (int s : g.succ[v]) {
+      const int root = sets.find(s);
+      if (root == b) return true;
+      if (root == a) continue;  // cannot happen in an acyclic contracted graph
+      push_set(s);
+    }
+  }
+  return false;
+}
+
+std::vector<int> topological_order(const Graph& g) {
+  std::vector<int> indeg(g.nodes.size(), 0), order;
+  for (const auto& s : g.succ)
+    for (int v : s) ++indeg[v];
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (indeg[v] == 0) order.push_back(static_cast<int>(v));
+  for (size_t i = 0; i < order.size(); ++i)
+    for (int v : g.succ[order[i]])
+      if (--indeg[v] == 0) order.push_back(v);
+  return order;
+}
+
+// The dtype of each output of `node` (empty if its op is unknown).
+std::vector<tfc::DataType> output_types(const tfc::NodeDef& node) {
+  tfc::DataTypeVector in, out;
+  const tfc::OpDef* def = nullptr;
+  if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &def).ok()) return {};
+  if (!tfc::InOutTypesForNode(node, *def, &in, &out).ok()) return {};
+  return std::vector<tfc::DataType>(out.begin(), out.end());
+}
+
+std::string unused_name(const Graph& g, int* counter) {
+  for (;;) {
+    std::string name = "npu_graph_" + std::to_string((*counter)++);
+    if (!g.index.count(name)) return name;
+  }
+}
+
+}  // namespace
+
+ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
+                                const std::unordered_set<std::string>& preserve) {
+  ClusterCounts counts;
+  for (const tfc::NodeDef& n : graph.node())
+    if (is_control_flow(n.op())) return counts;
+  const Graph g(graph);
+  const std::vector<int> order = topological_order(g);
+  if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
+
+  std::vector<char> ok(g.nodes.size(), 0);
+  std::unordered_map<int, std::vector<int>> members;  // set root -> members
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (clusterable(g, *g.nodes[v], preserve)) {
+      ok[v] = 1;
+      members[static_cast<int>(v)] = {static_cast<int>(v)};
+    }
+  Sets sets(g.nodes.size());
+  for (int u : order) {
+    if (!ok[u]) continue;
+    for (int v : g.succ[u]) {
+      if (!ok[v]) continue;
+      // Only data edges join sets.
+      bool data = false;
+      for (const std::string& in : g.nodes[v]->input())
+        data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
+      if (!data) continue;
+      const int a = sets.find(u), b = sets.find(v);
+      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device()) continue;
+      if (path_through_outside(g, sets, members, a, b)) continue;
+      sets.parent[b] = a;
+      auto& ma = members[a];
+      ma.insert(ma.end(), members[b].begin(), members[b].end());
+      members.erase(b);
+    }
+  }
+
+  std::vector<int> position(g.nodes.size(), 0);
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
+  int counter = 0;
+  std::unordered_map<std::string, std::string> rename;          // "member:port" -> "npu_graph_N:K"
+  std::unordered_map<std::string, std::string> control_rename;  // member -> npu_graph_N
+  std::unordered_set<int> removed;
+  std::vector<tfc::NodeDef> created;
+  for (auto& [root, list] : members) {
+    if (list.size() < 2) continue;
+    std::sort(list.begin(), list.end(), [&](int x, int y) { return position[x] < position[y]; });
+    std::unordered_set<std::string> names;
+    for (int m : list) names.insert(g.nodes[m]->name());
+    const std::string name = unused_name(g, &counter);
+
+    tfc::NodeDef node;
+    node.set_name(name);
+    node.set_op(kNpuGraphOp);
+    node.set_device(g.nodes[list[0]]->device());
+    tfc::GraphDef sub;
+    std::map<std::string, int> input_of;  // external tensor -> input K
+    std::set<std::string> controls, consts;
+    auto& tin = *(*node.mutable_attr())["Tin"].mutable_list();
+    bool typed = true;
+    for (int m : list) {
+      const tfc::NodeDef& member = *g.nodes[m];
+      std::vector<int> host;
+      npu_graph_clusterable_op(member.op(), &host);
+      const std::vector<int> host_pos = host_input_positions(member, host);
+      tfc::NodeDef* copy = sub.add_node();
+      *copy = member;
+      copy->clear_device();
+      copy->clear_input();
+      for (int i = 0; i < member.input_size(); ++i) {
+        const auto [src, port] = split_input(member.input(i));
+        if (port < 0) {
+          if (!names.count(src)) controls.insert(src);
+          continue;
+        }
+        if (names.count(src) || std::find(host_pos.begin(), host_pos.end(), i) != host_pos.end()) {
+          copy->add_input(member.input(i));
+          if (!names.count(src)) consts.insert(src);
+          continue;
+        }
+        const std::string t = tensor_name(src, port);
+        auto it = input_of.find(t);
+        if (it == input_of.end()) {
+          const auto p = g.index.find(src);
+          const std::vector<tfc::DataType> types =
+              p == g.index.end() ? std::vector<tfc::DataType>() : output_types(*g.nodes[p->second]);
+          if (port >= static_cast<int>(types.size())) {
+            typed = false;
+            break;
+          }
+          tin.add_type(types[port]);
+          node.add_input(t);
+          it = input_of.emplace(t, static_cast<int>(input_of.size())).first;
+        }
+        copy->add_input(kGraphInputPrefix + std::to_string(it->second));
+      }
+      if (!typed) break;
+    }
+    if (!typed) continue;  // an input whose type is unknown: leave this set alone
+    for (const std::string& c : consts) *sub.add_node() = *g.nodes[g.index.at(c)];
+    for (tfc::NodeDef& c : *sub.mutable_node())
+      if (c.op() == "Const") c.clear_device();
+    // Outputs: member outputs read by a data edge from outside the set.
+    std::vector<std::string> outputs;
+    std::map<std::string, int> output_of;
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      if (names.count(g.nodes[v]->name())) continue;
+      for (const std::string& in : g.nodes[v]->input()) {
+        const auto [src, port] = split_input(in);
+        if (port < 0 || !names.count(src)) continue;
+        const std::string t = src + ":" + std::to_string(port);
+        if (!output_of.count(t)) {
+          output_of[t] = static_cast<int>(outputs.size());
+          outputs.push_back(t);
+        }
+      }
+    }
+    auto& tout = *(*node.mutable_attr())["Tout"].mutable_list();
+    for (const std::string& t : outputs) {
+      const auto [src, port] = split_input(t);
+      const std::vector<tfc::DataType> types = output_types(*g.nodes[g.index.at(src)]);
+      if (port >= static_cast<int>(types.size())) {
+        typed = false;
+        break;
+      }
+      tout.add_type(types[port]);
+    }
+    // A set nothing outside reads would be dead code TensorFlow prunes; leave it alone.
+    if (!typed || outputs.empty()) continue;
+    for (const std::string& c : controls) node.add_input("^" + c);
+    (*node.mutable_attr())[kGraphAttr].set_s(sub.SerializeAsString());
+    auto& outs = *(*node.mutable_attr())[kOutputsOfAttr].mutable_list();
+    for (const std::string& t : outputs) outs.add_s(t);
+    for (const auto& [t, k] : output_of) {
+      const auto [src, port] = split_input(t);
+      rename[tensor_name(src, port)] = name + ":" + std::to_string(k);
+      if (port == 0) rename[src + ":0"] = name + ":" + std::to_string(k);
+    }
+    for (int m : list) {
+      control_rename[g.nodes[m]->name()] = name;
+      removed.insert(m);
+    }
+    created.push_back(std::move(node));
+    ++counts.clusters;
+    counts.nodes += static_cast<int>(list.size());
+  }
+  if (created.empty()) return counts;
+
+  // Control inputs of the new nodes that name members of other clusters.
+  for (tfc::NodeDef& n : created) {
+    std::vector<std::string> inputs(n.input().begin(), n.input().end());
+    n.clear_input();
+    std::set<std::string> seen;
+    for (const std::string& in : inputs) {
+      std::string r = in;
+      if (in[0] == '^') {
+        const auto it = control_rename.find(in.substr(1));
+        if (it != control_rename.end()) r = "^" + it->second;
+        if (r == "^" + n.name() || !seen.insert(r).second) continue;
+      } else {
+        const auto it = rename.find(in);
+        if (it != rename.end()) r = it->second;
+      }
+      n.add_input(r);
+    }
+  }
+  tfc::GraphDef out;
+  *out.mutable_versions() = graph.versions();
+  *out.mutable_library() = graph.library();
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    if (removed.count(static_cast<int>(v))) continue;
+    tfc::NodeDef n = *g.nodes[v];
+    std::vector<std::string> inputs(n.input().begin(), n.input().end());
+    n.clear_input();
+    std::set<std::string> seen_controls;
+    std::vector<std::string> controls;
+    for (const std::string& in : inputs) {
+      if (in[0] == '^') {
+        const auto it = control_rename.find(in.substr(1));
+        const std::string r = it != control_rename.end() ? "^" + it->second : in;
+        if (seen_controls.insert(r).second) controls.push_back(r);
+        continue;
+      }
+      const auto it = rename.find(in);
+      n.add_input(it != rename.end() ? it->second : in);
+    }
+    for (const std::string& c : controls) n.add_input(c);
+    *out.add_node() = std::move(n);
+  }
+  for (tfc::NodeDef& n : created) *out.add_node() = std::move(n);
+  graph.Swap(&out);
+  return counts;
+}
+
+bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& outputs_of,
+                     NpuGraphSpec* out, std::string* error) {
+  tfc::GraphDef sub;
+  if (!sub.ParseFromString(graph)) {
+    *error = "attribute 'graph' is not a GraphDef";
+    return false;
+  }
+  NpuGraphSpec spec;
+  std::map<std::string, int> node_of, const_of;
+  for (const tfc::NodeDef& n : sub.node()) {
+    if (n.op() != "Const") continue;
+    tfc::Tensor value;
+    const auto it = n.attr().find("value");
+    if (it == n.attr().end() || !value.FromProto(it->second.tensor())) {
+      *error = "Const '" + n.name() + "' has no readable value";
+      return false;
+    }
+    NpuGraphSpec::HostConst c;
+    c.tf_dtype = static_cast<int>(value.dtype());
+    for (int64_t d : value.shape().dim_sizes()) c.shape.push_back(d);
+    const auto data = value.tensor_data();
+    c.bytes.assign(data.data(), data.size());
+    const_of[n.name()] = static_cast<int>(spec.consts.size());
+    spec.consts.push_back(std::move(c));
+  }
+  for (tfc::NodeDef n : sub.node()) {
+    if (n.op() == "Const") continue;
+    // Attributes left at their defaults are absent from graph NodeDefs; a kernel TensorFlow
+    // creates sees them (as CompiledOpKernel does node by node).
+    const tfc::OpDef* def = nullptr;
+    if (tfc::OpRegistry::Global()->LookUpOpDef(n.op(), &def).ok())
+      tfc::AddDefaultsToNodeDef(*def, &n);
+    NpuGraphSpec::Node node;
+    node.name = n.name();
+    node.op = n.op();
+    for (const auto& [name, value] : n.attr()) {
+      if (!name.empty() && name[0] == '_') continue;
+      switch (value.value_case()) {
+        case tfc::AttrValue::kType: {
+          const std::string t = compiler_type_name(static_cast<int>(value.type()));
+          if (!t.empty()) node.attrs[name] = t;
+          break;
+        }
+        case tfc::AttrValue::kB: node.attrs[name] = value.b(); break;
+        case tfc::AttrValue::kI: node.attrs[name] = static_cast<int64_t>(value.i()); break;
+        case tfc::AttrValue::kF: node.attrs[name] = static_cast<double>(value.f()); break;
+        case tfc::AttrValue::kS: node.attrs[name] = value.s(); break;
+        case tfc::AttrValue::kList:
+          if (value.list().s_size() > 0)
+            node.attrs[name] =
+                std::vector<std::string>(value.list().s().begin(), value.list().s().end());
+          else if (value.list().type_size() == 0)
+            node.attrs[name] =
+                std::vector<int64_t>(value.list().i().begin(), value.list().i().end());
+          break;
+        default: break;
+      }
+    }
+    for (const std::string& in : n.input()) {
+      NpuGraphSpec::Source s;
+      if (in.rfind(kGraphInputPrefix, 0) == 0) {
+        s.input = std::stoi(in.substr(std::string(kGraphInputPrefix).size()));
+        spec.num_inputs = std::max(spec.num_inputs, s.input + 1);
+      } else {
+        const auto [src, port] = split_input(in);
+        if (const_of.count(src)) {
+          s.host_const = const_of[src];
+        } else if (node_of.count(src) && port >= 0) {
+          s.node = node_of[src];
+          s.port = port;
+        } else {
+          *error = "node '" + n.name() + "' reads '" + in + "', which is no earlier node";
+          return false;
+        }
+      }
+      node.inputs.push_back(s);
+    }
+    node_of[n.name()] = static_cast<int>(spec.nodes.size());
+    spec.nodes.push_back(std::move(node));
+  }
+  for (const std::string& t : outputs_of) {
+    const auto [src, port] = split_input(t);
+    if (!node_of.count(src) || port < 0) {
+      *error = "output '" + t + "' names no node of the graph";
+      return false;
+    }
+    NpuGraphSpec::Source s;
+    s.node = node_of[src];
+    s.port = port;
+    spec.outputs.push_back(s);
+  }
+  *out = std::move(spec);
+  return true;
+}
+
+}  // namespace npusim::tf

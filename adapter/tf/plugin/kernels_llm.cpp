@@ -1,0 +1,76 @@
+// The decoder-model ops, CANN's op types: their op definitions (TensorFlow has no such ops; no
+// tf.raw_ops wrappers exist for them: Python calls them through npusim.llm, a graph rewrite may
+// create them) and their NPU kernels, compiled by adapter/compiler/ops/ (attention.cpp,
+// norm.cpp, rope.cpp, activation.cpp), which state the algorithms and numerics:
+//
+//   FlashAttentionScore(query: T, key: T, value: T) -> attention_out: T
+//   PromptFlashAttention(query: T, key: T, value: T) -> attention_out: T
+//     T in {half, bfloat16}; query [B, Sq, N, D], key and value [B, Skv, Nkv, D] (input_layout
+//     "BSND", the only one supported), N a multiple of Nkv (grouped-query attention);
+//     scale_value: float (default 1/sqrt(D) when 0); sparse_mode: int (0 no mask, 2 causal
+//     left-up, 3 causal right-down); num_heads, num_key_value_heads: int (0: from the shapes).
+//   IncreFlashAttention(query: T, key: T, value: T, actual_seq_lengths: int64) -> attention_out: T
+//     one decode step: query [B, 1, N, D] against a KV cache [B, L, Nkv, D] of which the first
+//     actual_seq_lengths[b] positions are valid (host memory; one value for all b).
+//   SwiGlu(gate: T, up: T) -> y: T     T in {float, half, bfloat16}: silu(gate) * up, gate and up
+//     of one shape (Llama's feed-forward; CANN's SwiGlu takes them as the two halves of one
+//     tensor, here they are the two Dense outputs as the model computes them). Computed in f32
+//     (adapter/compiler/ops/activation.cpp).
+//   RmsNorm(x: T, gamma: T) -> y: T     T in {float, half, bfloat16}; epsilon: float = 1e-6:
+//     x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma, gamma [H] (ops/norm.cpp).
+//   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
+//     mode: int = 0 (rotate half, keras-hub's layout): x * cos + rotate_half(x) * sin, x BSND,
+//     cos and sin [S, D] or [1, S, 1, D] (ops/rope.cpp).
+#include <vector>
+
+#include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/op_defs.h"
+
+namespace npusim::tf {
+
+rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops) {
+  const std::vector<const char*> attention_attrs = {
+      "T: {half, bfloat16}", "scale_value: float = 0", "input_layout: string = 'BSND'",
+      "num_heads: int = 0", "num_key_value_heads: int = 0"};
+  std::vector<const char*> prompt_attrs = attention_attrs;
+  prompt_attrs.push_back("sparse_mode: int = 0");
+  const OpDefSpec defs[] = {
+      {"FlashAttentionScore",
+       {"query: T", "key: T", "value: T"},
+       {"attention_out: T"},
+       prompt_attrs,
+       same_as_input0},
+      {"PromptFlashAttention",
+       {"query: T", "key: T", "value: T"},
+       {"attention_out: T"},
+       prompt_attrs,
+       same_as_input0},
+      {"IncreFlashAttention",
+       {"query: T", "key: T", "value: T", "actual_seq_lengths: int64"},
+       {"attention_out: T"},
+       attention_attrs,
+       same_as_input0},
+      {"SwiGlu", {"gate: T", "up: T"}, {"y: T"}, {"T: {float, half, bfloat16}"}, same_as_input0},
+      {"RmsNorm",
+       {"x: T", "gamma: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "epsilon: float = 1e-6"},
+       same_as_input0},
+      {"RotaryPositionEmbedding",
+       {"x: T", "cos: T", "sin: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "mode: int = 0"},
+       same_as_input0},
+  };
+  for (const OpDefSpec& d : defs) {
+    rt::Status st = register_op_def(d);
+    if (!st.ok()) return st;
+  }
+  rt::Status st = rt::ok_status();
+  for (const TableKernelDef& d : compiler_ops)
+    if (st.ok()) st = register_compiled_op_kernel(d);
+  return st;
+}
+
+}  // namespace npusim::tf

@@ -1,0 +1,114 @@
+// Whole-graph execution of NPU graphs: the plugin's grappler optimizer (graph_optimizer.cpp,
+// after the fusions of graph_fusion.h) replaces each maximal connected set of NPU nodes that run
+// as compiled ops (graph_cluster.cpp) by one NpuGraph node; its kernel (npu_graph_kernel.cpp)
+// runs the set as one task list per step, as CANN's graph engine runs a graph's device partition
+// (its GEOP): every node compiled once per input-shape signature, the intermediates placed by a
+// static memory plan with reuse by liveness (adapter/graph/memory_plan.h) in one device arena,
+// every launch queued on the stream, the host dispatch paid once per run (the chip's
+// host.graph_dispatch_us) and one stream synchronisation at the end.
+//
+//   NpuGraph(inputs: Tin) -> outputs: Tout
+//     Tin: list(type) >= 0; Tout: list(type) >= 1;
+//     graph: string, the set as a serialized GraphDef (kGraphAttr below);
+//     outputs_of: list(string), "node:port" of each output, in order.
+//
+// The subgraph GraphDef holds the set's nodes in a topological order (device cleared, control
+// inputs dropped: the order is the task list's), their data inputs rewritten: an input from
+// outside the set is "_npu_graph_input:K" (the NpuGraph node's input K); an input the compiler
+// takes as an attribute (the op table's host inputs: reduction axes, ...) reads a copy of the
+// Const node producing it, which the subgraph holds too. Launch records keep each node's name
+// and op type, so reports look as they do node by node.
+//
+// NPUSIM_GRAPH=0 in the environment (read at each graph optimization, so
+// npusim.configure(graph_mode=False) before a tf.function is traced works) leaves graphs node by
+// node. Standard-library and compiler-header only: included by graph_cluster.cpp (built against
+// TensorFlow's C++ headers) and by the C API kernel.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "adapter/compiler/op_desc.h"
+
+namespace tensorflow {
+class GraphDef;
+}
+
+namespace npusim::tf {
+
+inline constexpr const char* kNpuGraphOp = "NpuGraph";
+inline constexpr const char* kGraphAttr = "graph";
+inline constexpr const char* kOutputsOfAttr = "outputs_of";
+inline constexpr const char* kGraphInputPrefix = "_npu_graph_input:";
+
+// The NpuGraph kernel's view of its subgraph (parse_npu_graph).
+struct NpuGraphSpec {
+  // Where a node's input comes from: exactly one of node (a node before it, its output `port`),
+  // input (the NpuGraph node's input) or host_const (consts[host_const]) is >= 0.
+  struct Source {
+    int node = -1, port = 0;
+    int input = -1;
+    int host_const = -1;
+  };
+  // A Const read on the host (an attribute input): its TensorFlow dtype (TF_DataType value),
+  // shape and bytes (host order).
+  struct HostConst {
+    int tf_dtype = 0;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  struct Node {
+    std::string name, op;
+    // Every attribute of the NodeDef that maps to a compiler attribute (type attributes as
+    // compiler type names); the kernel keeps those its op's kernel class reads.
+    std::map<std::string, compiler::AttrValue> attrs;
+    std::vector<Source> inputs;
+  };
+  std::vector<Node> nodes;  // in task order
+  std::vector<HostConst> consts;
+  std::vector<Source> outputs;  // each a node's output
+  int num_inputs = 0;
+};
+
+// Reads the NpuGraph node's `graph` and `outputs_of` attributes (graph_cluster.cpp); false with
+// `error` set if they are malformed.
+bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& outputs_of,
+                     NpuGraphSpec* out, std::string* error);
+
+struct ClusterCounts {
+  int clusters = 0;  // NpuGraph nodes created
+  int nodes = 0;     // nodes they replaced
+};
+
+// Replaces each maximal connected set of >= 2 clusterable NPU nodes (graph_cluster.cpp states
+// the rules) by an NpuGraph node. `preserve`: nodes TensorFlow must keep (never absorbed).
+ClusterCounts cluster_npu_graph(tensorflow::GraphDef& graph,
+                                const std::unordered_set<std::string>& preserve);
+
+// Whether NPUSIM_GRAPH asks for whole-graph execution (anything but "0"; read at each call)
+// and the NpuGraph op is registered.
+bool graph_mode_enabled();
+
+// ---- Implemented by the C API side (npu_graph_kernel.cpp), for graph_cluster.cpp:
+// Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table (the ops a
+// cluster may hold); `host_inputs` receives the positions of its inputs read on the host as
+// attributes (< 0 counts from the end).
+bool npu_graph_clusterable_op(const std::string& op, std::vector<int>* host_inputs);
+// The compiler's name of a TensorFlow dtype (a TF_DataType / DataType value); empty if the chip
+// has none.
+std::string compiler_type_name(int tf_dtype);
+// Whether the NpuGraph op and its kernel were registered (register_npu_graph_kernel).
+bool npu_graph_registered();
+
+// The static memory plans the NpuGraph kernels built in this process (one per graph and input
+// signature): how many, and the largest arena (the plan's peak) and the largest sum of the same
+// buffers without reuse, bytes.
+struct NpuGraphStats {
+  uint64_t plans = 0, max_arena_bytes = 0, max_unplanned_bytes = 0;
+};
+NpuGraphStats npu_graph_stats();
+
+}  // namespace npusim::tf

@@ -1,0 +1,404 @@
+// The NpuGraph op (npu_graph.h): its definition and NPU kernel.
+//
+// Compute(ctx):
+//   1. the plan for the inputs' dtypes and shapes (built on the first run with that signature,
+//      then kept): every node's OpDesc (its attributes, its inputs' descriptions: the graph's
+//      inputs, earlier nodes' compiled outputs, host constants), compiled through the plugin's
+//      CompiledOpCache (compile_op, as node by node); each node output that is no output of the
+//      graph, and each node's workspace, a buffer of the static memory plan
+//      (adapter/graph/memory_plan.h: live from the step writing it to the last step reading it,
+//      placed greedy by size with reuse);
+//   2. the outputs allocated by TensorFlow, the plan's arena as one temporary;
+//   3. every launch of every node queued on the op's stream (queue_compiled_op), each labelled
+//      with its node's name and op type and a dispatch id per node (reports show the nodes as
+//      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
+//      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
+//   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
+//      kernel faulted (the runtime names it for graph launches).
+// A compile error is the op's error naming the node (as node by node: TF_UNIMPLEMENTED for an
+// unsupported shape or attribute).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/c/ops.h"
+
+#include "adapter/graph/memory_plan.h"
+#include "adapter/tf/plugin/compiled_op_kernel.h"
+#include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/kernel_families.h"
+#include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/op_defs.h"
+#include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/stable_inputs.h"
+
+namespace npusim::tf {
+namespace {
+
+bool g_registered = false;
+
+// Where a tensor of a step lives in a run.
+struct Place {
+  enum class Kind { none, input, output, arena } kind = Kind::none;  // none: address 0
+  uint64_t index = 0;  // input or output index, or arena offset
+};
+
+struct Step {
+  compiler::OpDesc op;
+  std::shared_ptr<const CompiledOp> compiled;
+  std::vector<Place> inputs, outputs;
+  Place workspace;
+  std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
+  std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
+};
+
+struct Plan {
+  std::vector<Step> steps;
+  std::vector<compiler::TensorDesc> outputs;
+  uint64_t arena_bytes = 0;      // the static plan's peak
+  uint64_t unplanned_bytes = 0;  // the same buffers without reuse
+};
+
+// Figures of every plan built in this process (npu_graph_stats).
+struct PlanFigures {
+  std::mutex mutex;
+  uint64_t plans = 0, max_arena_bytes = 0, max_unplanned_bytes = 0;
+};
+PlanFigures& plan_figures() {
+  static PlanFigures* f = new PlanFigures();
+  return *f;
+}
+
+// A host constant as a TensorFlow tensor, for read_host_attr.
+Tensor host_tensor(const NpuGraphSpec::HostConst& c) {
+  TF_Tensor* t = TF_AllocateTensor(static_cast<TF_DataType>(c.tf_dtype), c.shape.data(),
+                                   static_cast<int>(c.shape.size()), c.bytes.size());
+  if (t && !c.bytes.empty()) std::memcpy(TF_TensorData(t), c.bytes.data(), c.bytes.size());
+  return Tensor(t);
+}
+
+class NpuGraphKernel : public OpKernel {
+ public:
+  explicit NpuGraphKernel(OpKernelConstruction* ctx) : m_name(ctx->name()) {
+    std::string graph;
+    std::vector<std::string> outputs_of;
+    rt::Status st = ctx->GetAttr(kGraphAttr, &graph);
+    if (st.ok()) st = ctx->GetAttr(kOutputsOfAttr, &outputs_of);
+    if (!st.ok()) {
+      ctx->CtxFailure(st);
+      return;
+    }
+    std::string error;
+    if (!parse_npu_graph(graph, outputs_of, &m_spec, &error)) {
+      ctx->CtxFailure(
+          rt::Status(rt::StatusCode::invalid_argument, "NpuGraph '" + m_name + "': " + error));
+      return;
+    }
+    if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok())
+      m_stable.clear();  // only a hint
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<Tensor> inputs(static_cast<size_t>(ctx->num_inputs()));
+    std::vector<compiler::TensorDesc> descs(inputs.size());
+    std::vector<uint64_t> input_addrs;
+    std::string signature;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      NPU_OP_REQUIRES_OK(ctx, ctx->input(static_cast<int>(i), &inputs[i]));
+      NPU_OP_REQUIRES_OK(ctx, inputs[i].desc(&descs[i]));
+      input_addrs.push_back(inputs[i].device_address());
+      signature += descs[i].str() + ";";
+    }
+    std::shared_ptr<rt::Device> device;
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
+    std::shared_ptr<const Plan> plan;
+    NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, &plan));
+    if (static_cast<int>(plan->outputs.size()) != ctx->num_outputs()) {
+      ctx->CtxFailure(
+          rt::Status(rt::StatusCode::internal,
+                     "NpuGraph '" + m_name + "' has " + std::to_string(plan->outputs.size()) +
+                         " outputs, TensorFlow expects " + std::to_string(ctx->num_outputs())));
+      return;
+    }
+
+    std::vector<Tensor> outputs(plan->outputs.size());
+    std::vector<uint64_t> output_addrs;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const TF_DataType t = to_tf_dtype(plan->outputs[i].dtype);
+      if (t != ctx->expected_output_dtype(static_cast<int>(i))) {
+        ctx->CtxFailure(
+            rt::Status(rt::StatusCode::internal,
+                       "NpuGraph '" + m_name + "': output " + std::to_string(i) + " compiled as " +
+                           tf_dtype_name(t) + ", TensorFlow expects " +
+                           tf_dtype_name(ctx->expected_output_dtype(static_cast<int>(i)))));
+        return;
+      }
+      NPU_OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(static_cast<int>(i), t, plan->outputs[i].shape, &outputs[i]));
+      output_addrs.push_back(outputs[i].device_address());
+    }
+    Tensor arena;
+    uint64_t arena_addr = 0;
+    if (plan->arena_bytes > 0) {
+      NPU_OP_REQUIRES_OK(
+          ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(plan->arena_bytes)}, &arena));
+      arena_addr = arena.device_address();
+    }
+    auto address = [&](const Place& p) -> uint64_t {
+      switch (p.kind) {
+        case Place::Kind::input: return input_addrs[p.index];
+        case Place::Kind::output: return output_addrs[p.index];
+        case Place::Kind::arena: return arena_addr + p.index;
+        default: return 0;
+      }
+    };
+
+    rt::Stream stream;
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
+    // One run id for the graph; one dispatch id per node, so reports keep the nodes apart; the
+    // first node that launches pays the graph's host dispatch, the others none.
+    const uint64_t run = next_dispatch_id();
+    bool paid = false;
+    std::vector<std::shared_ptr<const void>> hold;
+    rt::Status st = rt::ok_status();
+    for (const Step& s : plan->steps) {
+      if (s.compiled->kernel.launches.empty()) continue;  // every output is empty
+      std::vector<uint64_t> in, out;
+      for (const Place& p : s.inputs) in.push_back(address(p));
+      for (const Place& p : s.outputs) out.push_back(address(p));
+      auto label = std::make_shared<rt::LaunchLabel>(*s.label);
+      label->dispatch = next_dispatch_id();
+      label->graph_run = run;
+      label->host_dispatch =
+          paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
+      paid = true;
+      st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
+                             s.stable_inputs, label, &hold);
+      if (!st.ok()) {
+        st = rt::Status(st.code(),
+                        "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
+        break;
+      }
+    }
+    // Always wait, also after a failed launch: launches already queued use the inputs, outputs
+    // and arena, which TensorFlow may reuse once Compute returns.
+    rt::Status sync = device->synchronize_stream(stream);
+    if (st.ok()) st = sync;
+    if (!st.ok())
+      ctx->CtxFailure(
+          rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " + st.message()));
+  }
+
+ private:
+  // The plan for the inputs `in` (signature: their descriptions), compiled for the chip of
+  // ctx's stream.
+  rt::Status plan_for(const OpKernelContext& ctx, const std::string& signature,
+                      const std::vector<compiler::TensorDesc>& in,
+                      std::shared_ptr<const Plan>* out) {
+    {
+      std::lock_guard<std::mutex> lock(m_mutex);
+      const auto it = m_plans.find(signature);
+      if (it != m_plans.end()) {
+        *out = it->second;
+        return rt::ok_status();
+      }
+    }
+    auto plan = std::make_shared<Plan>();
+    rt::Status st = build_plan(ctx, in, plan.get());
+    if (!st.ok()) return st;
+    {
+      PlanFigures& f = plan_figures();
+      std::lock_guard<std::mutex> lock(f.mutex);
+      ++f.plans;
+      f.max_arena_bytes = std::max(f.max_arena_bytes, plan->arena_bytes);
+      f.max_unplanned_bytes = std::max(f.max_unplanned_bytes, plan->unplanned_bytes);
+    }
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_plans[signature] = plan;
+    *out = plan;
+    return rt::ok_status();
+  }
+
+  rt::Status build_plan(const OpKernelContext& ctx, const std::vector<compiler::TensorDesc>& in,
+                        Plan* plan) const {
+    if (static_cast<int>(in.size()) < m_spec.num_inputs)
+      return rt::Status(rt::StatusCode::internal,
+                        "NpuGraph '" + m_name + "' has " + std::to_string(in.size()) + " inputs, " +
+                            "its graph reads " + std::to_string(m_spec.num_inputs));
+    // Which (node, port) is which output of the graph.
+    std::map<std::pair<int, int>, int> output_of;
+    for (size_t k = 0; k < m_spec.outputs.size(); ++k)
+      output_of[{m_spec.outputs[k].node, m_spec.outputs[k].port}] = static_cast<int>(k);
+    plan->outputs.resize(m_spec.outputs.size());
+
+    std::vector<graph::PlannedBuffer> buffers;
+    std::map<std::pair<int, int>, int> buffer_of;  // (node, port) -> buffers index
+    std::vector<int> workspace_of(m_spec.nodes.size(), -1);
+    for (size_t n = 0; n < m_spec.nodes.size(); ++n) {
+      const NpuGraphSpec::Node& node = m_spec.nodes[n];
+      const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
+      const std::vector<HostAttrInput>* host = nullptr;
+      const std::vector<AttrSpec>* specs = compiled_op_attrs(node.op, &host);
+      if (!specs)
+        return rt::Status(rt::StatusCode::internal,
+                          "NpuGraph '" + m_name + "': " + what() + " is no compiled op");
+      Step s;
+      s.op.type = node.op;
+      for (const AttrSpec& a : *specs) {
+        const auto it = node.attrs.find(a.name);
+        if (it != node.attrs.end()) s.op.attrs[a.name] = it->second;
+      }
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        const NpuGraphSpec::Source& src = node.inputs[i];
+        Place p;
+        compiler::TensorDesc d;
+        if (src.input >= 0) {
+          d = in.at(static_cast<size_t>(src.input));
+          p = {Place::Kind::input, static_cast<uint64_t>(src.input)};
+          if (std::find(m_stable.begin(), m_stable.end(), src.input) != m_stable.end())
+            s.stable_inputs.push_back(static_cast<int64_t>(i));
+        } else if (src.host_const >= 0) {
+          const Tensor t = host_tensor(m_spec.consts.at(static_cast<size_t>(src.host_const)));
+          if (!t.valid()) return rt::Status(rt::StatusCode::internal, what() + ": a host constant");
+          rt::Status st = t.desc(&d);
+          for (const HostAttrInput& h : *host) {
+            const int index =
+                h.input < 0 ? static_cast<int>(node.inputs.size()) + h.input : h.input;
+            if (st.ok() && index == static_cast<int>(i))
+              st = read_host_attr(node.op, t, index, h.kind, &s.op.attrs[h.attr]);
+          }
+          if (!st.ok()) return rt::Status(st.code(), what() + ": " + st.message());
+        } else {
+          const Step& from = plan->steps.at(static_cast<size_t>(src.node));
+          if (src.port >= static_cast<int>(from.compiled->kernel.outputs.size()))
+            return rt::Status(rt::StatusCode::internal,
+                              what() + " reads output " + std::to_string(src.port) + " of '" +
+                                  from.label->op_name + "', which has fewer");
+          d = from.compiled->kernel.outputs[static_cast<size_t>(src.port)];
+          p = from.outputs[static_cast<size_t>(src.port)];
+          const auto b = buffer_of.find({src.node, src.port});
+          if (b != buffer_of.end())
+            buffers[static_cast<size_t>(b->second)].last = static_cast<int>(n);
+        }
+        s.op.inputs.push_back(std::move(d));
+        s.inputs.push_back(p);
+      }
+      std::shared_ptr<rt::Device> device;
+      rt::Status st = compile_op(ctx, s.op, &device, &s.compiled);
+      if (!st.ok())
+        return rt::Status(st.code(), "NpuGraph '" + m_name + "': " + what() + ": " + st.message());
+      const compiler::CompiledKernel& k = s.compiled->kernel;
+      for (size_t p = 0; p < k.outputs.size(); ++p) {
+        const auto o = output_of.find({static_cast<int>(n), static_cast<int>(p)});
+        if (o != output_of.end()) {
+          s.outputs.push_back({Place::Kind::output, static_cast<uint64_t>(o->second)});
+          plan->outputs[static_cast<size_t>(o->second)] = k.outputs[p];
+        } else if (k.outputs[p].bytes() > 0) {
+          buffer_of[{static_cast<int>(n), static_cast<int>(p)}] = static_cast<int>(buffers.size());
+          s.outputs.push_back({Place::Kind::arena, buffers.size()});  // index until placed
+          buffers.push_back({node.name + ":" + std::to_string(p),
+                             compiler::device_buffer_bytes(k.outputs[p].bytes()),
+                             static_cast<int>(n), static_cast<int>(n), 0});
+        } else {
+          s.outputs.push_back({});
+        }
+      }
+      if (k.workspace_bytes > 0) {
+        workspace_of[n] = static_cast<int>(buffers.size());
+        buffers.push_back({node.name + " workspace",
+                           compiler::device_buffer_bytes(k.workspace_bytes), static_cast<int>(n),
+                           static_cast<int>(n), 0});
+      }
+      s.label = launch_label(node.name, s.op, k);
+      plan->steps.push_back(std::move(s));
+    }
+    for (const graph::PlannedBuffer& b : buffers) plan->unplanned_bytes += b.bytes;
+    plan->arena_bytes = graph::plan_memory(buffers);
+    // Buffer indices -> arena offsets.
+    for (size_t n = 0; n < plan->steps.size(); ++n) {
+      Step& s = plan->steps[n];
+      auto place = [&](Place& p) {
+        if (p.kind == Place::Kind::arena) p.index = buffers[p.index].offset;
+      };
+      for (Place& p : s.outputs) place(p);
+      if (workspace_of[n] >= 0)
+        s.workspace = {Place::Kind::arena, buffers[static_cast<size_t>(workspace_of[n])].offset};
+    }
+    // Inputs read earlier steps' outputs: copy their (now placed) places.
+    for (size_t n = 0; n < plan->steps.size(); ++n) {
+      const NpuGraphSpec::Node& node = m_spec.nodes[n];
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (node.inputs[i].node >= 0)
+          plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
+                                         .outputs[static_cast<size_t>(node.inputs[i].port)];
+    }
+    for (size_t k = 0; k < m_spec.outputs.size(); ++k) {
+      const NpuGraphSpec::Source& o = m_spec.outputs[k];
+      if (o.port >= static_cast<int>(
+                        plan->steps[static_cast<size_t>(o.node)].compiled->kernel.outputs.size()))
+        return rt::Status(rt::StatusCode::internal,
+                          "NpuGraph '" + m_name + "': output " + std::to_string(k) +
+                              " names port " + std::to_string(o.port) + " of '" +
+                              m_spec.nodes[o.node].name + "', which has fewer outputs");
+    }
+    return rt::ok_status();
+  }
+
+  std::string m_name;
+  NpuGraphSpec m_spec;
+  std::vector<int64_t> m_stable;
+  std::mutex m_mutex;
+  std::map<std::string, std::shared_ptr<const Plan>> m_plans;  // by input signature
+};
+
+void unknown_shapes(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
+}  // namespace
+
+bool npu_graph_clusterable_op(const std::string& op, std::vector<int>* host_inputs) {
+  const std::vector<HostAttrInput>* host = nullptr;
+  if (!compiled_op_attrs(op, &host)) return false;
+  host_inputs->clear();
+  for (const HostAttrInput& h : *host) host_inputs->push_back(h.input);
+  return true;
+}
+
+std::string compiler_type_name(int tf_dtype) {
+  const auto t = from_tf_dtype(static_cast<TF_DataType>(tf_dtype));
+  return t ? std::string(compiler::data_type_name(*t)) : std::string();
+}
+
+bool npu_graph_registered() { return g_registered; }
+
+bool graph_mode_enabled() {
+  const char* v = std::getenv("NPUSIM_GRAPH");
+  return g_registered && !(v && std::string(v) == "0");
+}
+
+NpuGraphStats npu_graph_stats() {
+  PlanFigures& f = plan_figures();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  return {f.plans, f.max_arena_bytes, f.max_unplanned_bytes};
+}
+
+rt::Status register_npu_graph_kernel() {
+  rt::Status st = register_op_def({kNpuGraphOp,
+                                   {"inputs: Tin"},
+                                   {"outputs: Tout"},
+                                   {"Tin: list(type) >= 0", "Tout: list(type) >= 1",
+                                    "graph: string", "outputs_of: list(string)"},
+                                   unknown_shapes});
+  if (st.ok()) st = register_kernel<NpuGraphKernel>(KernelDefBuilder(kNpuGraphOp));
+  g_registered = st.ok();
+  return st;
+}
+
+}  // namespace npusim::tf

@@ -1,0 +1,85 @@
+"""The decoder-model ops the plugin adds (CANN's op types), callable from Python.
+
+TensorFlow generates no `tf.raw_ops` wrappers for ops a plugin defines, so these functions
+build the op directly: eagerly (TensorFlow's generic op execution) or, inside `tf.function`,
+as a graph node. They run on the NPU only (the ops have no CPU kernel): call them under
+`tf.device("/NPU:0")` or let soft placement put them there.
+
+    import npusim.llm as llm
+    o = llm.flash_attention(q, k, v, sparse_mode=3)          # prefill, causal
+    o = llm.incre_flash_attention(q, k_cache, v_cache, 17)    # one decode step, 17 valid keys
+    y = llm.rms_norm(x, gamma, epsilon=1e-6)
+    y = llm.swiglu(gate, up)
+    y = llm.rotary_embedding(x, cos, sin)
+
+Layouts, numerics and limits: docs/compiler.md, "Decoder-model kernels".
+"""
+
+import tensorflow as tf
+from tensorflow.python.eager import context, execute
+from tensorflow.python.framework import op_def_library
+
+__all__ = ["flash_attention", "prompt_flash_attention", "incre_flash_attention", "rms_norm",
+           "rotary_embedding", "swiglu"]
+
+
+# Every attribute is given: graph construction does not fill in the defaults of ops a plugin
+# defines. Heads come from the shapes (0), layout BSND.
+_ATTENTION_ATTRS = {"input_layout": "BSND", "num_heads": 0, "num_key_value_heads": 0}
+
+
+def _run(op, inputs, attrs):
+    """One output of plugin op `op` on `inputs` (dict name -> tensor, in the op's order) with
+    attributes `attrs` (dict; "T" is taken from the first input)."""
+    tensors = [tf.convert_to_tensor(t) for t in inputs.values()]
+    dtype = tensors[0].dtype
+    if context.executing_eagerly():
+        flat = ["T", dtype.as_datatype_enum]
+        for name, value in attrs.items():
+            flat += [name, value]
+        return execute.execute(op, 1, inputs=tensors, attrs=tuple(flat),
+                               ctx=context.context())[0]
+    kwargs = dict(zip(inputs.keys(), tensors))
+    kwargs.update(attrs)
+    node = op_def_library._apply_op_helper(op, **kwargs)[2]  # (structure, stateful, op, ...)
+    return node.outputs[0]
+
+
+def flash_attention(query, key, value, scale=0.0, sparse_mode=0, op="FlashAttentionScore"):
+    """softmax(query key^T * scale + mask) value; query [B, Sq, N, D], key and value
+    [B, Skv, Nkv, D] (BSND), f16 or bf16; scale 0: 1/sqrt(D); sparse_mode 0 no mask, 2 causal
+    (query i sees keys <= i), 3 causal right-down (query i sees keys <= i + Skv - Sq)."""
+    return _run(op, {"query": query, "key": key, "value": value},
+                dict(_ATTENTION_ATTRS, scale_value=float(scale), sparse_mode=int(sparse_mode)))
+
+
+def prompt_flash_attention(query, key, value, scale=0.0, sparse_mode=0):
+    """flash_attention as CANN's prefill op type PromptFlashAttention."""
+    return flash_attention(query, key, value, scale, sparse_mode, op="PromptFlashAttention")
+
+
+def incre_flash_attention(query, key, value, actual_seq_length, scale=0.0):
+    """One decode step: query [B, 1, N, D] against the first actual_seq_length positions of the
+    KV cache key, value [B, L, Nkv, D]."""
+    with tf.device("/CPU:0"):  # a host-memory input: built where it is read
+        batch = tf.shape(query, out_type=tf.int64)[0]
+        lengths = tf.fill([batch], tf.cast(actual_seq_length, tf.int64))
+    return _run("IncreFlashAttention",
+                {"query": query, "key": key, "value": value, "actual_seq_lengths": lengths},
+                dict(_ATTENTION_ATTRS, scale_value=float(scale)))
+
+
+def rms_norm(x, gamma, epsilon=1e-6):
+    """x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma."""
+    return _run("RmsNorm", {"x": x, "gamma": gamma}, {"epsilon": float(epsilon)})
+
+
+def rotary_embedding(x, cos, sin):
+    """x * cos + rotate_half(x) * sin (keras-hub's half-split layout), x [B, S, N, D], cos and
+    sin [S, D] or [1, S, 1, D]."""
+    return _run("RotaryPositionEmbedding", {"x": x, "cos": cos, "sin": sin}, {"mode": 0})
+
+
+def swiglu(gate, up):
+    """silu(gate) * up (Llama's feed-forward)."""
+    return _run("SwiGlu", {"gate": gate, "up": up}, {})

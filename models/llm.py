@@ -1,0 +1,222 @@
+"""Decoder-only language models from keras-hub, built from their configurations with random
+weights (nothing is downloaded: no presets, no vocabularies), and greedy generation with a KV
+cache through tf.function.
+
+    import models
+    lm = models.build("llama-tiny", seed=0)               # keras_hub CausalLM, preprocessor None
+    gen = models.llm.GreedyDecoder(lm, batch=1, prompt_len=8, gen_len=4)
+    tokens = gen.generate(prompt)                         # (batch, gen_len) int32, greedy
+
+The registry names (models/README.md): `gpt2-tiny`, `llama-tiny`, `gemma-tiny` for tests (two
+layers, hidden 64, vocabulary 512: seconds on the tiny chip), and the real sizes `llama-1b`
+(Llama 3.2 1B's shape) and `llama-7b` (Llama 2 7B's shape). A CausalLM's call takes
+{"token_ids", "padding_mask"} (batch, seq) and returns the logits (batch, seq, vocabulary), so
+the generic runner's infer and train modes work on them; `models.run --mode generate` runs
+GreedyDecoder.
+
+Generation (GreedyDecoder): the cache is keras-hub's, one tensor (batch, layers, 2, max_len,
+kv_heads, head_dim) in the model's compute dtype, max_len = prompt_len + gen_len.
+- prefill: `call_with_cache(prompt, zeros, 0)` over the prompt's P tokens (keras-hub's own
+  `generate` instead runs the whole padded max_len through `_build_cache`; starting from an
+  empty cache computes only the prompt, as a serving stack does), then argmax of the last
+  position's logits: the first generated token.
+- decode step: `call_with_cache(token[:, None], cache, index)` with index = P, P+1, ...: one
+  token against the cache (attention over all max_len positions, masked beyond index, as
+  keras-hub computes it), argmax: the next token.
+Both are tf.functions traced once (index is a tensor), so every decode step is the same graph.
+"""
+
+import contextlib
+
+import numpy as np
+
+from ._common import ModelSpec
+
+# Test sizes: small enough for the tiny chip, every architectural feature kept (Llama: RMSNorm,
+# RoPE, SwiGLU, grouped-query attention with 4 query heads over 2 KV heads; Gemma: 1 KV head,
+# tanh-GELU gated feed-forward, scaled embeddings; GPT-2: learned positions, LayerNorm, GELU).
+_TINY = dict(vocabulary_size=512, num_layers=2, hidden_dim=64)
+
+# name -> (keras_hub backbone and causal LM class names, backbone arguments, where the shape
+# comes from). The real sizes are the published model configurations (the models' config.json
+# on their model cards); only the shapes are used, never weights.
+CONFIGS = {
+    "gpt2-tiny": ("GPT2", dict(_TINY, num_heads=4, intermediate_dim=256,
+                               max_sequence_length=256, dropout=0.0), "test size"),
+    "llama-tiny": ("Llama", dict(_TINY, num_query_heads=4, num_key_value_heads=2,
+                                 intermediate_dim=128), "test size"),
+    "gemma-tiny": ("Gemma", dict(_TINY, num_query_heads=4, num_key_value_heads=1, head_dim=16,
+                                 intermediate_dim=256), "test size"),
+    # Llama 3.2 1B: 16 layers, hidden 2048, FFN 8192, 32 query / 8 KV heads (head_dim 64),
+    # vocabulary 128256, RoPE theta 500000, RMSNorm eps 1e-5, tied embeddings (1.24 B params).
+    "llama-1b": ("Llama3", dict(vocabulary_size=128256, num_layers=16, hidden_dim=2048,
+                                intermediate_dim=8192, num_query_heads=32, num_key_value_heads=8,
+                                rope_max_wavelength=500000, layer_norm_epsilon=1e-5,
+                                tie_word_embeddings=True), "Llama 3.2 1B config"),
+    # Llama 2 7B: 32 layers, hidden 4096, FFN 11008, 32 heads (no GQA), vocabulary 32000,
+    # RMSNorm eps 1e-5 (6.74 B params).
+    "llama-7b": ("Llama", dict(vocabulary_size=32000, num_layers=32, hidden_dim=4096,
+                               intermediate_dim=11008, num_query_heads=32, num_key_value_heads=32,
+                               layer_norm_epsilon=1e-5), "Llama 2 7B config"),
+}
+
+DEFAULT_SEQ = 32  # input_size (sequence length) of infer / train runs
+
+
+def vocabulary_size(name):
+    return CONFIGS[name][1]["vocabulary_size"]
+
+
+@contextlib.contextmanager
+def unmaterialized_weights():
+    """Inside: every Keras variable created is initialised with zeros instead of its
+    initializer. Under tf.device("/NPU:0") the zeros are a Fill kernel on the chip, and in a
+    timing-only run (npusim.configure(functional=False)) a kernel's output takes no host memory
+    (docs/tf_plugin.md, "Timing-only runs"): a 7B model's weights are never materialised. The
+    random initializers would instead draw every weight on the host (TensorFlow's normal
+    distribution has no NPU kernel) and copy it in, and draw the uniform ones with Philox on the
+    chip's scalar unit: minutes per GiB. Patches the backend's Variable class (keras.Variable;
+    the TensorFlow backend overrides the common _initialize_with_initializer, the one place an
+    initializer is called) while open."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=protected-access
+    cls = keras.Variable
+    original = cls.__dict__.get("_initialize_with_initializer")
+
+    def zeros(self, initializer):  # pylint: disable=unused-argument
+        self._initialize(keras.ops.zeros(self._shape, dtype=self._dtype))
+
+    cls._initialize_with_initializer = zeros
+    try:
+        yield
+    finally:
+        if original is None:
+            del cls._initialize_with_initializer
+        else:
+            cls._initialize_with_initializer = original
+
+
+def build_causal_lm(name, dtype=None, zero_weights=False):
+    """The keras_hub CausalLM `name` (CONFIGS) with preprocessor None. dtype: the backbone's
+    dtype policy ("float32" default, "bfloat16", "float16", "mixed_float16", ...).
+    zero_weights: unmaterialized_weights() around the construction (timing-only runs)."""
+    import keras_hub  # pylint: disable=import-outside-toplevel
+
+    family, kwargs, _ = CONFIGS[name]
+    backbone_cls = getattr(keras_hub.models, f"{family}Backbone")
+    lm_cls = getattr(keras_hub.models, f"{family}CausalLM")
+    ctx = unmaterialized_weights() if zero_weights else contextlib.nullcontext()
+    with ctx:
+        backbone = backbone_cls(**kwargs, dtype=dtype)
+        return lm_cls(backbone=backbone, preprocessor=None)
+
+
+def cache_shape(backbone, batch, max_len):
+    """keras-hub's cache layout for `backbone`: (batch, layers, 2 (key, value), max_len,
+    kv_heads, head_dim), as each CausalLM's _build_cache makes it."""
+    heads = getattr(backbone, "num_query_heads", None) or backbone.num_heads
+    kv_heads = getattr(backbone, "num_key_value_heads", None) or heads
+    head_dim = getattr(backbone, "head_dim", None) or backbone.hidden_dim // heads
+    return (batch, backbone.num_layers, 2, max_len, kv_heads, head_dim)
+
+
+class GreedyDecoder:
+    """Greedy generation with keras-hub's KV cache (module docstring). prefill(prompt) ->
+    (first token (batch,), cache, its logits); step(token, cache, index) -> (next token, cache,
+    its logits), index the position `token` takes. Place the calls with tf.device; the
+    tf.functions are traced at the first call of each."""
+
+    def __init__(self, lm, batch, prompt_len, gen_len):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        if prompt_len < 1 or gen_len < 1:
+            raise ValueError(f"prompt_len ({prompt_len}) and gen_len ({gen_len}) must be >= 1")
+        self.lm = lm
+        self.batch, self.prompt_len, self.gen_len = batch, prompt_len, gen_len
+        self.max_len = prompt_len + gen_len
+        seq_limit = getattr(lm.backbone, "max_sequence_length", None)
+        if seq_limit is not None and self.max_len > seq_limit:
+            raise ValueError(f"prompt_len + gen_len = {self.max_len} exceeds the model's "
+                             f"max_sequence_length {seq_limit}")
+        self.cache_shape = cache_shape(lm.backbone, batch, self.max_len)
+        self.prefill = tf.function(self._prefill)
+        self.step = tf.function(self._step)
+
+    def _next_token(self, logits, cache):
+        """(greedy token (batch,) int32, cache, the last position's logits (batch, vocab))."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        last = logits[:, -1, :]
+        return tf.argmax(last, axis=-1, output_type=tf.int32), cache, last
+
+    def _prefill(self, prompt):
+        import keras  # pylint: disable=import-outside-toplevel
+
+        cache = keras.ops.zeros(self.cache_shape, dtype=self.lm.compute_dtype)
+        logits, _, cache = self.lm.call_with_cache(prompt, cache, 0)
+        return self._next_token(logits, cache)
+
+    def _step(self, token, cache, index):
+        logits, _, cache = self.lm.call_with_cache(token[:, None], cache, index)
+        return self._next_token(logits, cache)
+
+    def generate(self, prompt, on_token=None, return_logits=False):
+        """The gen_len greedy tokens after `prompt` ((batch, prompt_len) int32) as a numpy
+        (batch, gen_len) array; with return_logits also the logits each token was chosen from,
+        (batch, gen_len, vocabulary). on_token(i), if given, is called after token i is on the
+        host (i = 0: after the prefill), e.g. to read launch records per token."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        prompt = tf.convert_to_tensor(prompt, dtype=tf.int32)
+        if tuple(prompt.shape) != (self.batch, self.prompt_len):
+            raise ValueError(f"prompt has shape {tuple(prompt.shape)}, expected "
+                             f"({self.batch}, {self.prompt_len})")
+        tokens, logits = [], []
+        token, cache, last = self.prefill(prompt)
+        for i in range(self.gen_len):
+            if i:
+                index = tf.constant(self.prompt_len + i - 1, dtype=tf.int32)
+                token, cache, last = self.step(token, cache, index)
+            tokens.append(token.numpy())
+            if return_logits:
+                logits.append(last.numpy())
+            if on_token:
+                on_token(i)
+        tokens = np.stack(tokens, axis=1)
+        return (tokens, np.stack(logits, axis=1)) if return_logits else tokens
+
+
+def prompt_tokens(name, batch, prompt_len, seed=0):
+    """A deterministic random prompt (batch, prompt_len) int32 over the model's vocabulary."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocabulary_size(name), (batch, prompt_len)).astype(np.int32)
+
+
+def _spec(name):
+    def build(input_size, classes, output_activation=None, dtype=None, zero_weights=False):
+        del input_size, classes  # the sequence length is the input's; logits, no classes
+        if output_activation is not None:
+            raise ValueError(f"model '{name}' returns logits (output_activation must be None)")
+        return build_causal_lm(name, dtype=dtype, zero_weights=zero_weights)
+
+    def data(rng, batch, input_size, classes):
+        """Next-token prediction: x = tokens[:, :-1] (all positions valid), y = tokens[:, 1:]."""
+        del classes
+        t = rng.integers(0, vocabulary_size(name), (batch, input_size + 1)).astype(np.int32)
+        x = {"token_ids": t[:, :-1], "padding_mask": np.ones((batch, input_size), np.int32)}
+        return x, t[:, 1:]
+
+    def make_loss():
+        import keras  # pylint: disable=import-outside-toplevel
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    family, _, source = CONFIGS[name]
+    return ModelSpec(name=name, description=f"keras_hub {family}CausalLM ({source}), random "
+                     "weights, logits over the vocabulary", default_input_size=DEFAULT_SEQ,
+                     input_shape=lambda n: (n,), default_classes=None, build=build, data=data,
+                     make_loss=make_loss)
+
+
+SPECS = [_spec(name) for name in CONFIGS]

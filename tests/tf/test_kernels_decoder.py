@@ -1,0 +1,116 @@
+"""NPU kernels of the general ops decoder models put in their graphs (docs/llm.md): Sin and Cos
+(keras-hub's rotary embeddings compute their tables every call), XlaDynamicUpdateSlice
+(keras.ops.slice_update: the KV-cache writes), ReciprocalGrad and SqrtGrad (training Gemma's
+RMSNorm). Soft placement off, so each must run on /NPU:0.
+
+Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' polynomials
+(ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
+Eigen's, a few ulp (about 1.2e-7 each near 1) from exact, so the two agree within 5e-7.
+f16/bf16 inputs are widened, computed and rounded once: within one ulp of the output type of the
+exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits: exact."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from test_kernels import BF16  # noqa: E402
+from test_kernels_layout import _check, _floats  # noqa: E402
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos"])
+def test_sin_cos_f32(npusim, tf, strict_placement, op):
+    fn = {"Sin": tf.math.sin, "Cos": tf.math.cos}[op]
+    ref = {"Sin": np.sin, "Cos": np.cos}[op]
+    # Every quadrant, a RoPE-like range of angles (positions x frequencies) and odd sizes.
+    x = np.concatenate([_floats((300,), 1, -7.0, 7.0), _floats((77,), 2, -4000.0, 4000.0),
+                        np.float32([0.0, -0.0, np.pi / 2, np.pi, 1e-8, 12000.0])])
+    _check(npusim, tf, fn, [x], op, atol=5e-7)
+    with tf.device("/NPU:0"):
+        got = fn(tf.constant(x)).numpy()
+    np.testing.assert_allclose(got, ref(x.astype(np.float64)), rtol=0, atol=2e-7)
+    with tf.device("/NPU:0"):
+        special = fn(tf.constant(np.float32([np.inf, -np.inf, np.nan]))).numpy()
+    assert np.isnan(special).all(), special
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+def test_sin_cos_half(npusim, tf, strict_placement, dtype):
+    x = _floats((5, 37), 3, -10.0, 10.0).astype(dtype)
+    ulp = 2.0 ** -11 if dtype == np.float16 else 2.0 ** -8
+    for fn, ref in ((tf.math.sin, np.sin), (tf.math.cos, np.cos)):
+        with tf.device("/NPU:0"):
+            got = fn(tf.constant(x)).numpy().astype(np.float64)
+        np.testing.assert_allclose(got, ref(x.astype(np.float64)), rtol=0, atol=ulp)
+
+
+def _dynamic_update_slice():
+    from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=import-outside-toplevel
+
+    return xla.dynamic_update_slice
+
+
+# (input shape, update shape, start indices): a KV-cache write (one position of (batch, seq,
+# heads, head_dim)), a block in the middle of every dim, starts XLA clamps (beyond the end,
+# negative), an update of the whole tensor, rank 1 and an empty update.
+DUS_CASES = [
+    ((2, 12, 2, 16), (2, 1, 2, 16), [0, 5, 0, 0]),
+    ((3, 7, 9), (2, 3, 4), [1, 2, 5]),
+    ((2, 12, 2, 16), (2, 4, 2, 16), [0, 10, 0, 0]),
+    ((4, 6), (2, 2), [-3, 5]),
+    ((4, 6), (4, 6), [0, 0]),
+    ((37,), (5,), [30]),
+    ((4, 6), (0, 6), [1, 0]),
+]
+
+
+@pytest.mark.parametrize("shape,update,start", DUS_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32],
+                         ids=lambda t: np.dtype(t).name)
+def test_xla_dynamic_update_slice(npusim, tf, strict_placement, shape, update, start, dtype):
+    dus = _dynamic_update_slice()
+    x = _floats(shape, 4, -100, 100).astype(dtype)
+    u = _floats(update, 5, -100, 100).astype(dtype)
+    idx = np.int32(start)
+    _check(npusim, tf, dus, [x, u, idx], "XlaDynamicUpdateSlice")
+
+
+def test_xla_dynamic_update_slice_index_from_graph(npusim, tf, strict_placement):
+    """As keras-hub's decode step has it: the position is a graph input, the start indices a
+    Pack of it (int32 on the chip), read on the host for each call; one trace, new positions."""
+    dus = _dynamic_update_slice()
+    cache = _floats((1, 9, 2, 8), 6)
+    row = _floats((1, 1, 2, 8), 7)
+
+    @tf.function
+    def write(c, r, pos):
+        zero = tf.zeros((), tf.int32)
+        return dus(c, r, tf.stack([zero, pos, zero, zero]))
+
+    for pos in (0, 4, 8):
+        with tf.device("/NPU:0"):
+            got = write(tf.constant(cache), tf.constant(row), tf.constant(pos, tf.int32))
+        want = cache.copy()
+        want[:, pos] = row[:, 0]
+        assert got.device.endswith("device:NPU:0"), got.device
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("op", ["ReciprocalGrad", "SqrtGrad"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])
+def test_reciprocal_and_sqrt_grad(npusim, tf, strict_placement, op, dtype):
+    """Gemma's normalisation differentiates 1/x and sqrt(x). The NPU computes TF's vectorised
+    formulas (ops/binary.cpp), each step rounded to the type: within one ulp of the type of TF's
+    CPU result (whose scalar tail rounds in another order), and 0 wherever dy is 0, even for
+    y = 0 or inf."""
+    fn = getattr(tf.raw_ops, op)
+    y = _floats((3, 41), 8, 0.2, 5.0)
+    dy = _floats((3, 41), 9, -3.0, 3.0)
+    dy[0, :4] = 0.0
+    y[0, :2] = [0.0, np.inf]
+    ulp = {np.float32: 2.0 ** -23, np.float16: 2.0 ** -10, BF16: 2.0 ** -7}[dtype]
+    _check(npusim, tf, lambda a, b: fn(y=a, dy=b), [y.astype(dtype), dy.astype(dtype)], op,
+           rtol=ulp)
+    with tf.device("/NPU:0"):
+        got = fn(y=tf.constant(y), dy=tf.constant(dy)).numpy()
+    np.testing.assert_array_equal(got[0, :4], 0.0)

@@ -1,0 +1,180 @@
+"""Decoder-only language models of models/llm.py (keras-hub GPT-2, Llama, Gemma at their tiny
+test sizes) on the NPU against TensorFlow on the CPU with the same weights: greedy generation
+with the KV cache, prefill logits, a few training steps, and the runner's generate figures.
+
+Tolerances. The chip runs allow_fp32_to_fp16 (tests/tf/test_models.py derives its bounds):
+every MatMul / Einsum rounds both operands to fp16 (relative error u = 2^-11 each) and
+accumulates in fp32. The tiny decoders have at most 9 cube ops in a chain (per layer Q/K/V
+projection, scores, weighted values, output projection, two feed-forward products; the
+vocabulary projection): 10 such ops at worst-case 2u give 1e-2; the bound, 2e-2 relative over
+the logits tensor, doubles it for the softmax and normalisations between them (seen: 6-8e-4).
+Greedy tokens are compared exactly: an argmax flips only where the CPU's two best logits are
+closer than the NPU's error; the test measures both (at every position the CPU decoded) and
+states the precondition, so a near-tie would show as such, not as a mismatch. Training: the
+loss within the same 2e-2 relative of the CPU's at every step.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+pytest.importorskip("keras_hub")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import models  # noqa: E402  pylint: disable=wrong-import-position
+from models import llm  # noqa: E402  pylint: disable=wrong-import-position
+
+from conftest import child_env  # noqa: E402  pylint: disable=wrong-import-position
+
+TINY = ["gpt2-tiny", "llama-tiny", "gemma-tiny"]
+LOGITS_RTOL = 2e-2
+# Ops the decoders' graphs put on the CPU before the NPU had kernels for them: none may be left.
+DECODER_OPS = {"XlaDynamicUpdateSlice", "Sin", "Cos"}
+
+
+def build_pair(tf, name):
+    """The model on the CPU and on the NPU, the NPU copy given the CPU copy's weights."""
+    with tf.device("/CPU:0"):
+        cpu = models.build(name, seed=0)
+    with tf.device("/NPU:0"):
+        npu = models.build(name, seed=0)
+        npu.set_weights(cpu.get_weights())
+    return cpu, npu
+
+
+def rel_error(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_greedy_generation_matches_cpu(npusim, tf, name):
+    batch, prompt_len, gen_len = 2, 8, 5
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+    cpu, npu = build_pair(tf, name)
+    with tf.device("/CPU:0"):
+        want, want_logits = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(
+            prompt, return_logits=True)
+    npusim.clear_launch_records()
+    npusim.clear_cpu_fallback_ops()
+    with tf.device("/NPU:0"):
+        got, got_logits = llm.GreedyDecoder(npu, batch, prompt_len, gen_len).generate(
+            prompt, return_logits=True)
+    records = npusim.launch_records()
+    fallbacks = npusim.cpu_fallback_ops()
+    # The precondition (module docstring), over the steps up to the first token that differs
+    # (both devices decoded the same sequence until then): if every logit differs by at most
+    # d, a lead of the CPU's best logit over its second of more than 2 d cannot flip.
+    same = (got == want).all(axis=0)
+    steps = gen_len if same.all() else int(np.argmin(same)) + 1
+    d = float(np.abs(got_logits[:, :steps] - want_logits[:, :steps]).max())
+    top2 = np.sort(want_logits[:, :steps], axis=-1)[..., -2:]
+    margin = float((top2[..., 1] - top2[..., 0]).min())
+    print(f"\n{name}: NPU {got.tolist()} CPU {want.tolist()}, smallest top-2 margin {margin:.2e}"
+          f", largest logit difference {d:.2e}, {len(records)} launches, CPU fallbacks "
+          f"{fallbacks}")
+    assert all(r["ok"] for r in records)
+    assert any(r["kernel"].startswith("XlaDynamicUpdateSlice") for r in records)
+    assert not DECODER_OPS & set(fallbacks), fallbacks
+    assert margin > 2 * d, "precondition: the CPU's two best logits are too close to compare"
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_prefill_logits_match_cpu(npusim, tf, name):
+    prompt = llm.prompt_tokens(name, 2, 12, seed=2)
+    cpu, npu = build_pair(tf, name)
+
+    def prefill_logits(lm):
+        cache = np.zeros(llm.cache_shape(lm.backbone, 2, 16), np.float32)
+        return tf.function(lambda t, c: lm.call_with_cache(t, c, 0)[0])(prompt, cache)
+
+    with tf.device("/CPU:0"):
+        want = prefill_logits(cpu).numpy()
+    with tf.device("/NPU:0"):
+        got = prefill_logits(npu)
+    assert got.device.endswith("device:NPU:0"), got.device
+    err = rel_error(got.numpy(), want)
+    print(f"\n{name}: prefill logits relative error {err:.2e}")
+    assert err <= LOGITS_RTOL
+
+
+def test_training_loss_falls_and_tracks_cpu(npusim, tf):
+    """Four Adam steps (lr 1e-2) of next-token prediction on one batch of llama-tiny: the
+    NPU's loss falls at every step and stays within 2e-2 relative of the CPU's."""
+    name = "llama-tiny"
+    x, y = models.synthetic_data(name, 4, 16, seed=3)
+    cpu, npu = build_pair(tf, name)
+
+    def train(model):
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=models.loss(name),
+                      jit_compile=False)
+        return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for _ in range(4)]
+
+    with tf.device("/CPU:0"):
+        loss_cpu = train(cpu)
+    npusim.clear_launch_records()
+    npusim.clear_cpu_fallback_ops()
+    with tf.device("/NPU:0"):
+        loss_npu = train(npu)
+    records = npusim.launch_records()
+    assert not npusim.cpu_fallback_ops(), npusim.cpu_fallback_ops()
+    print(f"\n{name}: loss NPU {loss_npu}\n     loss CPU {loss_cpu}")
+    assert all(r["ok"] for r in records)
+    assert any(r["kernel"].startswith("MatMul") for r in records)
+    assert all(b < a for a, b in zip(loss_npu, loss_npu[1:])), loss_npu
+    np.testing.assert_allclose(loss_npu, loss_cpu, rtol=LOGITS_RTOL)
+
+
+def test_runner_generate_figures(tmp_path):
+    """`python -m models.run --mode generate` on the tiny chip: TTFT and TPOT are the prefill's
+    and the decode steps' device timelines, tokens/s follows from them as documented."""
+    out = tmp_path / "gen.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "models.run", "--model", "llama-tiny", "--mode", "generate",
+         "--prompt-len", "6", "--gen-len", "3", "--batch", "2", "--chip", "tiny", "--json",
+         str(out), "--quiet"], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    r = json.loads(out.read_text())
+    assert r["ok"] and r["device"] == "NPU" and r["chip"] == "tiny"
+    assert np.array(r["tokens"]).shape == (2, 3)
+    assert len(r["decode_step_us"]) == 2
+    assert r["ttft_us"] > 0 and r["tpot_us"] == pytest.approx(np.mean(r["decode_step_us"]))
+    # A step's timeline covers its launches: never shorter than their sum.
+    assert all(s >= k for s, k in zip(r["decode_step_us"], r["decode_kernel_us"]))
+    assert r["decode_tokens_per_s"] == pytest.approx(2 / (r["tpot_us"] / 1e6))
+    assert r["tokens_per_s"] == pytest.approx(2 * 3 / ((r["ttft_us"] + 2 * r["tpot_us"]) / 1e6))
+    assert r["prefill_kernels"] > 0 and r["decode_kernels_per_step"] > 0
+    # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
+    # model is built here: this process must not import TensorFlow before npusim).
+    cfg = llm.CONFIGS["llama-tiny"][1]
+    shape = (2, cfg["num_layers"], 2, 9, cfg["num_key_value_heads"],
+             cfg["hidden_dim"] // cfg["num_query_heads"])
+    assert r["kv_cache_bytes"] == 4 * int(np.prod(shape))
+
+
+def test_unmaterialized_weights_are_zeros_from_the_chip(npusim, tf):
+    """llm.unmaterialized_weights(): every variable built inside is zeros made by a Fill kernel on
+    the NPU (no initializer, no random numbers, nothing copied from the host); outside, Keras'
+    initializers are back."""
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        lm = llm.build_causal_lm("llama-tiny", zero_weights=True)
+        kernels = {r["kernel"] for r in npusim.launch_records()}
+        dense = keras.layers.Dense(8)
+        dense.build((None, 4))
+    assert all(not np.any(w.numpy()) for w in lm.weights)
+    assert all(w.value.device.endswith("device:NPU:0") for w in lm.weights)
+    assert any(k.startswith("Fill") for k in kernels), kernels
+    assert not any("Random" in k for k in kernels), kernels
+    assert np.any(dense.kernel.numpy())
