@@ -123,6 +123,50 @@ def test_eight_npus_copies_over_links_and_collectives_against_numpy():
     assert "not an NPU" in result["errors"][2]
 
 
+def test_pending_collective_does_not_hold_back_the_chips_stream():
+    """A rank's part waits for the other ranks on the chip's collective stream, not on the stream
+    TensorFlow runs ops on: chip 0 computes and sends a tensor to NPU:1 while its part of an
+    all-reduce is pending, and NPU:1's replica joins with it. With the part on chip 0's op
+    stream the copy waited behind it for rank 1, which waited for the copy (a whole-graph
+    MirroredStrategy step hung so: NPU:1's graph read a metric chip 0 had written); with the
+    eager copy's device synchronisation waiting for the collective stream, too."""
+    result = child_result(textwrap.dedent("""
+        import json, threading, time
+        import numpy as np
+        import npusim
+        from npusim import distribute
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        x = np.arange(64, dtype=np.float32) - 20
+        with tf.device("/NPU:0"):
+            a = tf.constant(x) * 1
+        groups = distribute._dtype_groups([a])
+        attrs = {"collective": "all_reduce", "reduction": "sum", "root": 0, "group_size": 2}
+        got = {}
+
+        def rank0():
+            with tf.device("/NPU:0"):
+                got[0] = distribute._replica_ops([a], groups, 0, attrs)[0]
+
+        t = threading.Thread(target=rank0)
+        t.start()
+        time.sleep(2)  # rank 0's part is queued on chip 0 and waits for rank 1
+        with tf.device("/NPU:0"):
+            later = a * 3  # queued on chip 0 after that part
+        with tf.device("/NPU:1"):
+            moved = tf.identity(later)  # a copy NPU:0 -> NPU:1 over the link
+        out = {"moved": bool(np.array_equal(moved.numpy(), x * 3)), "pending": t.is_alive()}
+        with tf.device("/NPU:1"):
+            got[1] = distribute._replica_ops([moved], groups, 1, attrs)[0]
+        t.join()
+        out["sums"] = [bool(np.array_equal(got[r].numpy(), x * 4)) for r in (0, 1)]
+        print("RESULT" + json.dumps(out))
+        """), timeout=180)
+    assert result["pending"]  # the copy completed while rank 0's part still waited
+    assert result["moved"]
+    assert result["sums"] == [True, True]
+
+
 def test_configure_chips_and_its_errors():
     result = child_result(textwrap.dedent("""
         import json

@@ -25,6 +25,7 @@ struct GroupRegistry {
     int missing = 0;  // ranks yet to join
   };
   std::map<std::string, Forming> forming;  // "<group_key>#<call>#<tensor>" -> group
+  std::map<int, rt::Stream> hccl_streams;  // chip -> its collective stream (hccl_stream)
 };
 
 GroupRegistry& registry() {
@@ -63,6 +64,22 @@ std::shared_ptr<rt::CollectiveGroup> group_for(const CollectiveSpec& spec, uint6
   return g;
 }
 
+// The chip's stream for collectives, created on first use and kept for the process (as HCCL
+// runs a communicator's tasks on a stream of their own). A rank's part must not sit on the
+// stream TensorFlow runs the op on: until every rank has joined, it holds back what is queued
+// behind it there, and that may be what another rank waits for (the copy to NPU:1 of a tensor
+// chip 0 computed after queueing its part, which NPU:1's replica reads before its own part).
+rt::Status hccl_stream(GroupRegistry& reg, rt::Device& device, rt::Stream* out) {
+  const auto it = reg.hccl_streams.find(device.chip());  // (caller holds reg.mutex)
+  if (it != reg.hccl_streams.end()) {
+    *out = it->second;
+    return rt::ok_status();
+  }
+  rt::Status st = device.create_stream(out);
+  if (st.ok()) reg.hccl_streams[device.chip()] = *out;
+  return st;
+}
+
 DenseUpdateStatus to_update_status(const rt::Status& st) {
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};
@@ -94,9 +111,11 @@ DenseUpdateStatus queue_collective(TF_OpKernelContext* tf_ctx, const CollectiveS
     CollectiveCall call;
     if (rt::Status s = collective_kind(spec, &call); !s.ok()) return s;
     std::vector<std::shared_ptr<rt::CollectiveGroup>> groups;
+    rt::Stream hccl;
     {
       GroupRegistry& reg = registry();
       std::lock_guard<std::mutex> lock(reg.mutex);
+      if (rt::Status s = hccl_stream(reg, *device, &hccl); !s.ok()) return s;
       std::vector<uint64_t>& calls = reg.calls[spec.group_key];
       calls.resize(std::max(calls.size(), static_cast<size_t>(spec.group_size)), 0);
       const uint64_t call_index = calls[static_cast<size_t>(spec.rank)]++;
@@ -114,17 +133,21 @@ DenseUpdateStatus queue_collective(TF_OpKernelContext* tf_ctx, const CollectiveS
                           isa::dtype_name(groups.back()->call.dtype)));
       }
     }
+    // The parts start once what TensorFlow queued on the op's stream before them (the inputs'
+    // producers) has run; `done` comes after them, and only then may TensorFlow run the ops
+    // that read the outputs, so nothing on the op's stream waits for the other ranks.
+    if (rt::Status s = device->stream_wait_stream(hccl, stream); !s.ok()) return s;
     for (size_t i = 0; i < tensors.size(); ++i) {
       uint64_t count = 1;
       for (int64_t d : tensors[i].shape) count *= static_cast<uint64_t>(d);
-      if (rt::Status s = device->collective_async(stream, groups[i], spec.rank, tensors[i].input,
+      if (rt::Status s = device->collective_async(hccl, groups[i], spec.rank, tensors[i].input,
                                                   tensors[i].output, count);
           !s.ok())
         return s;
     }
     // Behind the parts: hand the outcome to the op from a helper thread (the driver thread runs
     // this callback and must not run TensorFlow's continuation).
-    return device->launch_callback(stream, [groups, done, where]() {
+    return device->launch_callback(hccl, [groups, done, where]() {
       rt::Status result;
       for (const auto& g : groups)
         if (result.ok() && !g->status.ok()) result = g->status;

@@ -6,10 +6,11 @@
 // per chip of the process's system) runs an NpuCollective op with the same group_key and its own
 // rank; the k-th op a rank runs under a key joins the k-th collective of that key (TensorFlow
 // runs a replica's ops on a key in program order: the Python layer chains them with control
-// dependencies). queue_collective queues this rank's part on the op's NPU stream and returns at
-// once; the driver runs the collective (run_collective: the chips' links and reductions) once
-// every rank has queued its part, and `done` is then called from a helper thread with the
-// collective's status, so no executor thread waits for the other replicas.
+// dependencies). queue_collective queues this rank's part on the chip's collective stream (one
+// per chip, behind what the op's NPU stream holds so far) and returns at once; the driver runs
+// the collective (run_collective: the chips' links and reductions) once every rank has queued
+// its part, and `done` is then called from a helper thread with the collective's status, so no
+// executor thread and no op queued on an NPU stream waits for the other replicas.
 #pragma once
 
 #include <cstdint>
@@ -39,11 +40,12 @@ struct CollectiveSpec {
   std::string group_key;
 };
 
-// Queues this rank's part of one collective per tensor (in order) on ctx's stream; `done` gets
-// the first failure among them, or ok. A malformed call (rank outside the group, a device that
-// is not a chip of a system, a dtype HCCL cannot reduce) fails at once: the returned status, and
-// `done` is not called. Errors found when the collective runs (ranks whose tensors differ in
-// element count) reach `done` for every rank, naming the ranks.
+// Queues this rank's part of one collective per tensor (in order) on the chip's collective
+// stream, after what ctx's stream holds; `done` gets the first failure among them, or ok. A
+// malformed call (rank outside the group, a device that is not a chip of a system, a dtype HCCL
+// cannot reduce) fails at once: the returned status, and `done` is not called. Errors found when
+// the collective runs (ranks whose tensors differ in element count) reach `done` for every rank,
+// naming the ranks.
 DenseUpdateStatus queue_collective(TF_OpKernelContext* ctx, const CollectiveSpec& spec,
                                    const std::vector<CollectiveTensor>& tensors,
                                    std::function<void(DenseUpdateStatus)> done);

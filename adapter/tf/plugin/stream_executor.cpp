@@ -15,7 +15,10 @@
 // expects from the copy and event callbacks.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "adapter/compiler/op_desc.h"
@@ -159,16 +162,38 @@ TF_Bool device_memory_usage(const SP_Device* d, int64_t* free, int64_t* total) {
 
 // ---- streams
 
+// The streams TensorFlow created on each chip, which synchronize_all_activity waits for (the
+// synchronous copies wait for themselves). Not the chip's collective stream (collective_bridge.cpp): a
+// part there may wait for ranks whose ops TensorFlow has yet to run, possibly after this very
+// synchronisation (an eager copy from the chip syncs it first), and TensorFlow sees a
+// collective's outputs only once it has run.
+struct TfStreams {
+  std::mutex mutex;
+  std::map<int, std::set<uint64_t>> of_chip;  // chip -> stream ids
+};
+TfStreams& tf_streams() {
+  static TfStreams* s = new TfStreams();  // never destroyed, like the devices
+  return *s;
+}
+
 void create_stream(const SP_Device* d, SP_Stream* stream, TF_Status* status) {
   auto s = std::make_unique<SP_Stream_st>();
   s->chip = dev(d).chip();
   rt::Status st = dev(d).create_stream(&s->stream);
   set_tf_status(st, status);
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    tf_streams().of_chip[s->chip].insert(s->stream.id);
+  }
   *stream = st.ok() ? s.release() : nullptr;
 }
 
 void destroy_stream(const SP_Device* d, SP_Stream stream) {
   if (!stream) return;
+  {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    tf_streams().of_chip[stream->chip].erase(stream->stream.id);
+  }
   rt::Status st = dev(d).destroy_stream(stream->stream);
   if (!st.ok()) log_error("destroy_stream: " + st.message());
   delete stream;
@@ -191,9 +216,20 @@ void block_host_until_done(const SP_Device* d, SP_Stream stream, TF_Status* stat
   TF_SetStatus(status, TF_OK, "");
 }
 
+// Waits for the chip's TensorFlow streams (tf_streams); pending errors are logged (error
+// policy above).
 void synchronize_all_activity(const SP_Device* d, TF_Status* status) {
-  rt::Status st = dev(d).synchronize_device();
-  if (!st.ok()) log_error("synchronize_all_activity: " + st.message());
+  std::set<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    const std::set<uint64_t>& of_chip = tf_streams().of_chip[dev(d).chip()];
+    ids.insert(of_chip.begin(), of_chip.end());
+  }
+  for (uint64_t id : ids) {
+    rt::Status st = dev(d).synchronize_stream(rt::Stream{id});
+    if (!st.ok())
+      log_error("synchronize_all_activity: stream " + std::to_string(id) + ": " + st.message());
+  }
   TF_SetStatus(status, TF_OK, "");
 }
 
