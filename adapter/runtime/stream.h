@@ -164,6 +164,17 @@ struct CollectiveRecord {
   uint64_t end_cycle = 0;   // start_cycle + the collective's cycles
   int steps = 0;
   bool inline_reduce = false;
+  uint64_t recv_bytes = 0;     // bytes of one rank's output buffer (collective_recv_bytes)
+  uint64_t reduce_cycles = 0;  // of the collective's cycles: vector reduce kernels
+  std::vector<CollectiveStep> step_records;  // CollectiveResult::step_records
+  // The link directions (Fabric channels) that carried the collective's transfers: each
+  // transfer's bytes on every channel of its route.
+  struct Link {
+    std::string channel;  // "c0->c1", "c0.nic_out", "c1.nic_in"
+    double gbps = 0;      // its bandwidth per direction (system config)
+    uint64_t bytes = 0;
+  };
+  std::vector<Link> links;
 };
 
 // One collective over several chips' streams, as HCCL runs an op on a communicator: every rank

@@ -167,6 +167,52 @@ def test_pending_collective_does_not_hold_back_the_chips_stream():
     assert result["sums"] == [True, True]
 
 
+def test_report_has_hccl_rows_of_the_collectives_tf_ran(tmp_path):
+    """npusim.write_report() with several NPUs: an HCCL row per collective and rank in
+    op_summary.csv (docs/reports.md, "Communication (HCCL) tasks") with the bytes all-reduced,
+    and a communication lane per chip in trace.json."""
+    result = child_result(textwrap.dedent(f"""
+        import csv, json, os
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        values = []
+        for r, n in enumerate((1000, 1000)):
+            with tf.device(f"/NPU:{{r}}"):
+                values.append(tf.ones([n]) * (r + 1))
+        got = npusim.distribute.all_reduce(values)  # 4,000 bytes of float32 per rank
+        ints = []
+        for r in range(2):
+            with tf.device(f"/NPU:{{r}}"):
+                ints.append(tf.identity(tf.range(300)))
+        npusim.distribute.all_reduce(ints, "max")  # 1,200 bytes of int32
+        out = {{"ok": bool(np.all(got[1].numpy() == 3))}}
+        d = npusim.write_report({str(tmp_path)!r})
+        with open(os.path.join(d, "op_summary.csv"), newline="") as f:
+            out["rows"] = [r for r in csv.DictReader(f) if r["Task Type"] == "HCCL"]
+        with open(os.path.join(d, "trace.json")) as f:
+            ev = json.load(f)["traceEvents"]
+        out["lanes"] = sorted(e["args"]["name"] for e in ev
+                              if e.get("ph") == "M" and e.get("name") == "process_name"
+                              and e["args"]["name"].endswith("HCCL"))
+        out["records"] = [(c["collective"], c["bytes"], c["start_cycle"], c["end_cycle"])
+                          for c in npusim.system_info()["collectives"]]
+        print("RESULT" + json.dumps(out))
+        """), timeout=180)
+    assert result["ok"]
+    rows = result["rows"]
+    assert [(r["OP Type"], int(r["comm_bytes"]), int(r["ranks"]), int(r["chip"])) for r in rows] \
+        == [("HcomAllReduce", 4000, 2, 0), ("HcomAllReduce", 4000, 2, 1),
+            ("HcomAllReduce", 1200, 2, 0), ("HcomAllReduce", 1200, 2, 1)]
+    # Two ranks: each sends 2(n-1)/n = 1 x the buffer over its one link to the other chip, for
+    # as long as the runtime's record of the collective says it ran.
+    for r, (_, size, start, end) in zip(rows, [c for c in result["records"] for _ in (0, 1)]):
+        assert int(r["link_bytes"]) == size
+        assert int(r["task_duration_cycles"]) == end - start
+    assert result["lanes"] == ["chip0 HCCL", "chip1 HCCL"]
+
+
 def test_configure_chips_and_its_errors():
     result = child_result(textwrap.dedent("""
         import json

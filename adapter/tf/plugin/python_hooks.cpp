@@ -335,6 +335,11 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     uint64_t now = 0;
     if (rt::Status s = dev->device_time_cycles(&now); !s.ok()) return s;
     tf::window_records(*dev, in.origin_cycle, 0, &in.launches, &in.copies);
+    // Several NPUs: the window's collectives (HCCL rows and a lane per chip; the launches and
+    // copies are chip 0's).
+    for (const rt::CollectiveRecord& c : dev->collective_records())
+      if (c.start_cycle >= in.origin_cycle)
+        in.comms.push_back(prof::comm_record(c, in.comms.size()));
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;
