@@ -111,6 +111,35 @@ struct SideSums {
   }
 };
 
+// summary.txt's device memory section from extra["device_memory"] (RuntimeReportInput::extra);
+// empty without it.
+std::string device_memory_text(const json& extra) {
+  if (!extra.is_object() || !extra.contains("device_memory") ||
+      !extra["device_memory"].is_object())
+    return "";
+  const json& m = extra["device_memory"];
+  const auto num = [&](const char* key) { return m.value(key, uint64_t{0}); };
+  std::ostringstream o;
+  o << "\nDevice memory:\n";
+  o << fmt::format(
+      "  TensorFlow's allocator (the runtime's): peak {} in the window (since the report began, "
+      "or the device opened), {} in use now\n",
+      bytes_text(double(num("allocator_peak_bytes"))),
+      bytes_text(double(num("allocator_in_use_bytes"))));
+  if (num("graph_plans") == 0) {
+    o << "  whole-graph static memory plans: none (no NpuGraph ran)\n";
+  } else {
+    o << fmt::format(
+        "  whole-graph static memory plans (NpuGraph arenas, docs/graph_engine.md): {} plans, {} "
+        "arenas held now, {} (the plans' device memory, inside the allocator's figures); largest "
+        "plan {} ({} without reuse)\n",
+        num("graph_plans"), num("arenas_held"), bytes_text(double(num("arena_bytes_held"))),
+        bytes_text(double(num("max_arena_bytes"))),
+        bytes_text(double(num("max_unplanned_bytes"))));
+  }
+  return o.str();
+}
+
 std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& ops,
                      const std::vector<OpMetrics>& ms) {
   const ChipConfig& cfg = *in.config;
@@ -204,6 +233,8 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
   } else {
     o << " " << fallback.dump() << "\n";
   }
+
+  o << device_memory_text(in.extra);
 
   if (in.pipe_trace) {
     const PipeTraceCollector::Stats s = in.pipe_trace->stats();

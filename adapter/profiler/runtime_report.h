@@ -90,7 +90,9 @@ struct RuntimeReportInput {
   // The window's collectives (several chips; comm_record.h): HCCL rows and lanes per chip.
   std::vector<CommRecord> comms;
   // Model-level facts from the caller: "cpu_fallback_ops" (any JSON; null or absent: "not
-  // available").
+  // available"); "device_memory" (absent: no section): {"allocator_peak_bytes",
+  // "allocator_in_use_bytes", "graph_plans", "arenas_held", "arena_bytes_held",
+  // "max_arena_bytes", "max_unplanned_bytes"}, bytes.
   nlohmann::json extra;
 };
 

@@ -21,7 +21,7 @@ results = []
 MATMUL = ["f16:256x256", "f16:256x256"]
 FLOPS = 2 * 256 ** 3
 def case(cid, set_, published, workload):
-    """One tiny-chip case of the test's case file, as a dict."""
+    """One tiny-chip case of the test's case file (workload may name another chip), as a dict."""
     return {"id": cid, "set": set_, "chip": "tiny", **workload, "published": published,
             "source": {"url": f"https://example.org/{cid}", "quality": "test"},
             "conditions": "test"}
@@ -34,6 +34,8 @@ CASES = yaml.safe_dump({"cases": [
          {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"]}),
     case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
          {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
+    case("cnn_infer", "held_out", {"value": 20000, "unit": "samples/s"},
+         {"chip": "tiny_coupled", "model": "cnn", "mode": "infer", "batch": 2, "steps": 1}),
     case("not_run", "held_out", {"value": 100, "unit": "samples/s"},
          {"model": "no_such_model", "mode": "train", "batch": 8, "blocked": "no such model in models/"}),
 ]}, sort_keys=False)
@@ -70,6 +72,17 @@ def op_reference(tmp, op, inputs, sets=(), report=False):
     return t, rows
 
 
+def model_reference(tmp):
+    """models.run's figures for the cnn case, run directly (its convolutions on a coupled chip)."""
+    out = os.path.join(tmp, "ref_cnn.json")
+    p = subprocess.run([sys.executable, "-m", "models.run", "--model", "cnn", "--mode", "infer",
+                        "--batch", "2", "--steps", "1", "--chip", "tiny_coupled", "--json", out,
+                        "--quiet"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(out) as f:
+        return json.load(f)
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="validate_test_") as tmp:
         cases = os.path.join(tmp, "cases.yaml")
@@ -100,6 +113,14 @@ def main():
         check("ratio row: op_summary.csv l2_hit_rate and difference",
               abs(r["simulated"] - ref_hit) < 1e-9 and abs(r["error"] - (ref_hit - 0.5)) < 1e-9,
               f"{r['simulated']} vs {ref_hit}")
+        ref = model_reference(tmp)
+        r = rows["cnn_infer"]
+        check("model row: models.run's samples/s on a coupled chip, its convolutions on the NPU",
+              r["status"] == "ok" and abs(r["simulated"] - ref["samples_per_s"]) < 1e-6 * ref["samples_per_s"]
+              and not ref["cpu_fallback_ops"] and "Conv2DBatchNormInference" in ref["emulator_wall_s_by_op_type"],
+              f"{r} vs {ref['samples_per_s']}")
+        check("model row: error is the throughput error",
+              abs(r["error"] - (ref["samples_per_s"] / 20000 - 1.0)) < 1e-6, f"{r['error']}")
         r = rows["not_run"]
         check("blocked row: not run, no error", r["status"] == "blocked" and r["error"] is None)
 

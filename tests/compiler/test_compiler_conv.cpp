@@ -1,18 +1,10 @@
 // Conv2D, Conv2DBackpropInput, Conv2DBackpropFilter and the depthwise convolutions compiled for
 // the tiny chip (2 cube cores, 4 vector cores, 910B core buffers) and run on the chip model,
-// against direct convolutions written here in double from the exact (rounded) inputs.
-//
-// Tolerance per output element, with S = the sum of |products| it adds up and K their count:
-//   cube accumulation: products of f16/bf16 values are exact in fp32 (11 + 11 significand
-//     bits); each of the K fp32 additions errs by at most 2^-24 of a partial sum, itself at
-//     most S: K * 2^-24 * S;
-//   output rounding: half an ulp, 2^-11 |y| (f16), 2^-8 |y| (bf16), 2^-24 |y| (f32);
-//   f32 inputs cast to f16 (allow_fp32_to_fp16): each factor off by 2^-11 relative, a product
-//     by 2 * 2^-11 + 2^-22 < 2^-10: 2^-10 * S.
-// The bound is doubled for slack. Padding taps and the zeros inserted for strided input
-// gradients contribute exact zeros.
+// against direct convolutions in double from the exact (rounded) inputs
+// (tests/compiler/conv_reference.h: the references, checks and tolerances).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "adapter/compiler/compiler.h"
@@ -20,291 +12,14 @@
 #include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
+#include "tests/compiler/conv_reference.h"
 
 using namespace npusim;
 using namespace npusim::test;
+using namespace npusim::test::conv;
 using compiler::DataType;
 using compiler::PrecisionMode;
 using compiler::TensorDesc;
-
-namespace {
-
-double half_ulp(DataType t) {
-  switch (t) {
-    case DataType::F16: return std::ldexp(1.0, -11);
-    case DataType::BF16: return std::ldexp(1.0, -8);
-    default: return std::ldexp(1.0, -24);
-  }
-}
-
-// One spatial dimension, padded as TF does (independent of the compiler's conv_window).
-struct Dim {
-  int64_t in, k, s, d, before, after, out;
-};
-Dim tf_dim(int64_t in, int64_t k, int64_t s, int64_t d, const std::string& padding,
-           int64_t ex_before = 0, int64_t ex_after = 0) {
-  const int64_t ek = (k - 1) * d + 1;
-  Dim r{in, k, s, d, 0, 0, 0};
-  if (padding == "VALID") {
-    r.out = (in - ek + s) / s;
-  } else if (padding == "SAME") {
-    r.out = (in + s - 1) / s;
-    const int64_t total = std::max<int64_t>((r.out - 1) * s + ek - in, 0);
-    r.before = total / 2;
-    r.after = total - r.before;
-  } else {
-    r.before = ex_before;
-    r.after = ex_after;
-    r.out = (in + ex_before + ex_after - ek) / s + 1;
-  }
-  return r;
-}
-
-// A convolution case: x [n, h, w, c], filter [kh, kw, c / groups, cout].
-struct ConvCase {
-  int64_t n, h, w, c, kh, kw, cout;
-  int64_t sh = 1, sw = 1, dh = 1, dw = 1;
-  std::string padding = "SAME";
-  std::vector<int64_t> explicit_pads = {};  // top, bottom, left, right for EXPLICIT
-  int64_t groups = 1;
-  Dim dim_h() const {
-    return tf_dim(h, kh, sh, dh, padding, explicit_pads.empty() ? 0 : explicit_pads[0],
-                  explicit_pads.empty() ? 0 : explicit_pads[1]);
-  }
-  Dim dim_w() const {
-    return tf_dim(w, kw, sw, dw, padding, explicit_pads.empty() ? 0 : explicit_pads[2],
-                  explicit_pads.empty() ? 0 : explicit_pads[3]);
-  }
-  std::map<std::string, compiler::AttrValue> attrs() const {
-    std::map<std::string, compiler::AttrValue> a = {
-        {"strides", std::vector<int64_t>{1, sh, sw, 1}},
-        {"dilations", std::vector<int64_t>{1, dh, dw, 1}},
-        {"padding", padding},
-        {"data_format", std::string("NHWC")}};
-    if (padding == "EXPLICIT")
-      a["explicit_paddings"] = std::vector<int64_t>{0, 0, explicit_pads[0], explicit_pads[1],
-                                                    explicit_pads[2], explicit_pads[3], 0, 0};
-    return a;
-  }
-};
-
-// Visits every (output position, tap, input channel, output channel) product of the forward
-// convolution: f(x index, filter index, y index).
-template <typename F>
-void for_each_product(const ConvCase& c, F&& f) {
-  const Dim dh = c.dim_h(), dw = c.dim_w();
-  const int64_t cin = c.c / c.groups, cg_out = c.cout / c.groups;
-  for (int64_t n = 0; n < c.n; ++n)
-    for (int64_t oh = 0; oh < dh.out; ++oh)
-      for (int64_t ow = 0; ow < dw.out; ++ow)
-        for (int64_t kh = 0; kh < c.kh; ++kh)
-          for (int64_t kw = 0; kw < c.kw; ++kw) {
-            const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
-            const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
-            if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
-            for (int64_t co = 0; co < c.cout; ++co) {
-              const int64_t g = co / cg_out;
-              for (int64_t ci = 0; ci < cin; ++ci)
-                f(((n * c.h + ih) * c.w + iw) * c.c + g * cin + ci,
-                  ((kh * c.kw + kw) * cin + ci) * c.cout + co,
-                  ((n * dh.out + oh) * dw.out + ow) * c.cout + co);
-            }
-          }
-}
-
-struct Reference {
-  std::vector<double> value, abs_sum;
-  std::vector<int64_t> terms;
-};
-
-// Checks got against the reference with the tolerance of the file comment.
-void check_against(const std::vector<double>& got, const Reference& r, DataType out, bool cast16,
-                   const std::string& what) {
-  REQUIRE(got.size() == r.value.size());
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    double tol = static_cast<double>(r.terms[i] + 1) * std::ldexp(1.0, -24) * r.abs_sum[i] +
-                 half_ulp(out) * std::fabs(r.value[i]);
-    if (cast16) tol += std::ldexp(1.0, -10) * r.abs_sum[i];
-    tol *= 2;
-    if (!(std::fabs(got[i] - r.value[i]) <= tol) && bad++ < 5)
-      UNSCOPED_INFO(what << "[" << i << "] = " << got[i] << ", want " << r.value[i] << " +- "
-                         << tol);
-  }
-  CHECK(bad == 0);
-}
-
-std::vector<int64_t> filter_shape(const ConvCase& c) {
-  return {c.kh, c.kw, c.c / c.groups, c.cout};
-}
-std::vector<int64_t> y_shape(const ConvCase& c) {
-  return {c.n, c.dim_h().out, c.dim_w().out, c.cout};
-}
-
-void summarize(const compiler::CompiledKernel& k) {
-  for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
-}
-
-void check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
-                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                  const ChipConfig* cfg = nullptr) {
-  INFO(compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << "," << c.w << "," << c.c
-                                    << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
-                                    << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
-                                    << "x" << c.dw << " " << c.padding << " groups " << c.groups);
-  HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
-  HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed + 1);
-  auto op = make_op("Conv2D", {x.desc, f.desc}, c.attrs());
-  compiler::CompiledKernel k = compiler::compile(op, cfg ? *cfg : test_sim().config(), mode);
-  summarize(k);
-  REQUIRE(k.outputs[0] == (TensorDesc{dt, y_shape(c)}));
-  RunResult r = run_compiled(test_sim(), k, {x, f});
-  Reference ref;
-  const size_t ny = static_cast<size_t>(k.outputs[0].num_elements());
-  ref.value.assign(ny, 0);
-  ref.abs_sum.assign(ny, 0);
-  ref.terms.assign(ny, 0);
-  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
-    const double p = x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)];
-    ref.value[static_cast<size_t>(yi)] += p;
-    ref.abs_sum[static_cast<size_t>(yi)] += std::fabs(p);
-    ++ref.terms[static_cast<size_t>(yi)];
-  });
-  const DataType rounded = dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision
-                               ? DataType::F16
-                               : dt;
-  check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "y");
-}
-
-Reference new_reference(size_t n) {
-  Reference r;
-  r.value.assign(n, 0);
-  r.abs_sum.assign(n, 0);
-  r.terms.assign(n, 0);
-  return r;
-}
-void accumulate(Reference& r, int64_t i, double p) {
-  r.value[static_cast<size_t>(i)] += p;
-  r.abs_sum[static_cast<size_t>(i)] += std::fabs(p);
-  ++r.terms[static_cast<size_t>(i)];
-}
-
-// Conv2DBackpropInput: dx[x index] += dy[y index] * f[filter index] over the forward's products.
-// TF's full input list (input_sizes, filter, out_backprop) with input_sizes also as an
-// attribute, or (data_only) just filter and out_backprop.
-void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t seed,
-                                 PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                                 bool data_only = false) {
-  INFO("BackpropInput " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
-                        << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
-                        << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
-                        << "x" << c.dw << " " << c.padding);
-  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {double(c.n), double(c.h), double(c.w),
-                                                    double(c.c)}};
-  HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed);
-  HostTensor dy = random_tensor(dt, y_shape(c), -2, 2, seed + 1);
-  auto op = data_only ? make_op("Conv2DBackpropInput", {f.desc, dy.desc}, c.attrs())
-                      : make_op("Conv2DBackpropInput", {sizes.desc, f.desc, dy.desc}, c.attrs());
-  op.attrs["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
-  summarize(k);
-  REQUIRE(k.outputs[0] == (TensorDesc{dt, {c.n, c.h, c.w, c.c}}));
-  RunResult r = data_only ? run_compiled(test_sim(), k, {f, dy}) : run_compiled(test_sim(), k, {sizes, f, dy});
-  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
-  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
-  });
-  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dx");
-}
-
-// Conv2DBackpropFilter: dW[filter index] += x[x index] * dy[y index].
-void check_conv2d_backprop_filter(DataType dt, const ConvCase& c, uint32_t seed,
-                                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
-  INFO("BackpropFilter " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
-                         << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
-                         << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
-                         << "x" << c.dw << " " << c.padding);
-  HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
-  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {double(c.kh), double(c.kw), double(c.c),
-                                                    double(c.cout)}};
-  HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 1);
-  auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
-  op.outputs = {TensorDesc{dt, filter_shape(c)}};
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
-  summarize(k);
-  RunResult r = run_compiled(test_sim(), k, {x, sizes, dy});
-  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
-  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
-  });
-  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dW");
-}
-
-// Depthwise: x [n, h, w, c], filter [kh, kw, c, m] (the case's cout = c * m, groups unused);
-// f(x index, filter index, y index) for every product.
-template <typename F>
-void for_each_depthwise_product(const ConvCase& c, int64_t m, F&& f) {
-  const Dim dh = c.dim_h(), dw = c.dim_w();
-  for (int64_t n = 0; n < c.n; ++n)
-    for (int64_t oh = 0; oh < dh.out; ++oh)
-      for (int64_t ow = 0; ow < dw.out; ++ow)
-        for (int64_t kh = 0; kh < c.kh; ++kh)
-          for (int64_t kw = 0; kw < c.kw; ++kw) {
-            const int64_t ih = oh * c.sh - dh.before + kh * c.dh;
-            const int64_t iw = ow * c.sw - dw.before + kw * c.dw;
-            if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
-            for (int64_t ch = 0; ch < c.c; ++ch)
-              for (int64_t q = 0; q < m; ++q)
-                f(((n * c.h + ih) * c.w + iw) * c.c + ch, ((kh * c.kw + kw) * c.c + ch) * m + q,
-                  ((n * dh.out + oh) * dw.out + ow) * c.c * m + ch * m + q);
-          }
-}
-
-// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter.
-void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32_t seed) {
-  c.cout = c.c * m;
-  const char* names[] = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-                         "DepthwiseConv2dNativeBackpropFilter"};
-  INFO(names[kind] << " " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
-                   << c.w << "," << c.c << "] x " << m << " filter " << c.kh << "x" << c.kw
-                   << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh << "x" << c.dw
-                   << " " << c.padding);
-  const std::vector<int64_t> xs{c.n, c.h, c.w, c.c}, fs{c.kh, c.kw, c.c, m};
-  HostTensor x = random_tensor(dt, xs, -2, 2, seed);
-  HostTensor f = random_tensor(dt, fs, -1, 1, seed + 1);
-  HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 2);
-  HostTensor sizes{TensorDesc{DataType::S32, {4}}, {}};
-  compiler::OpDesc op;
-  std::vector<HostTensor> ins;
-  if (kind == 0) {
-    op = make_op(names[0], {x.desc, f.desc}, c.attrs());
-    ins = {x, f};
-  } else if (kind == 1) {
-    sizes.values = {double(c.n), double(c.h), double(c.w), double(c.c)};
-    op = make_op(names[1], {sizes.desc, f.desc, dy.desc}, c.attrs());
-    op.attrs["input_sizes"] = xs;
-    ins = {sizes, f, dy};
-  } else {
-    sizes.values = {double(c.kh), double(c.kw), double(c.c), double(m)};
-    op = make_op(names[2], {x.desc, sizes.desc, dy.desc}, c.attrs());
-    op.attrs["filter_sizes"] = fs;
-    ins = {x, sizes, dy};
-  }
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
-  summarize(k);
-  RunResult r = run_compiled(test_sim(), k, ins);
-  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
-  for_each_depthwise_product(c, m, [&](int64_t xi, int64_t fi, int64_t yi) {
-    const size_t xq = static_cast<size_t>(xi), fq = static_cast<size_t>(fi),
-                 yq = static_cast<size_t>(yi);
-    if (kind == 0) accumulate(ref, yi, x.values[xq] * f.values[fq]);
-    if (kind == 1) accumulate(ref, xi, dy.values[yq] * f.values[fq]);
-    if (kind == 2) accumulate(ref, fi, x.values[xq] * dy.values[yq]);
-  });
-  check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, names[kind]);
-}
-
-}  // namespace
 
 TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch > 1") {
   ConvCase a{2, 7, 6, 5, 3, 3, 7};  // SAME 3x3, channels not multiples of 16
@@ -370,80 +85,6 @@ TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
                     Catch::Contains("allow_fp32_to_fp16"));
 }
 
-// Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias]): the reference
-// is conv(x, filter) (+ bias) then the batch norm in double, y = (conv - mean) * a + offset
-// with a = scale / sqrt(variance + eps) (then max(y, 0) with relu). The kernel rounds x and
-// W * a to f16 (2^-11 each, the W * a product first 2^-24: under 2^-10 for a product, the
-// cast16 term) and the fold's a and shift in f32 (a few 2^-24 relative, counted as terms of
-// |shift| in the sums); ReLU moves no value further from the reference.
-// x_type / y_type f16: the fp16 hand-off between two fused convolutions (Tx / Tout); the
-// output is then rounded once to f16 (its half ulp in the bound).
-void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t seed,
-                             PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                             DataType x_type = DataType::F32, DataType y_type = DataType::F32) {
-  INFO("Conv2DBatchNormInference x [" << c.n << "," << c.h << "," << c.w << "," << c.c
-                                      << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
-                                      << " stride " << c.sh << " groups " << c.groups
-                                      << (relu ? " relu" : "") << (bias ? " bias" : ""));
-  const int64_t co = c.cout;
-  HostTensor x = random_tensor(x_type, {c.n, c.h, c.w, c.c}, -2, 2, seed);
-  HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
-  HostTensor scale = random_tensor(DataType::F32, {co}, 0.5, 2, seed + 2);
-  HostTensor offset = random_tensor(DataType::F32, {co}, -1, 1, seed + 3);
-  HostTensor mean = random_tensor(DataType::F32, {co}, -0.5, 0.5, seed + 4);
-  HostTensor var = random_tensor(DataType::F32, {co}, 0.1, 2, seed + 5);
-  HostTensor b = random_tensor(DataType::F32, {co}, -1, 1, seed + 6);
-  std::vector<HostTensor> inputs = {x, f, scale, offset, mean, var};
-  if (bias) inputs.push_back(b);
-  std::vector<TensorDesc> descs;
-  for (const HostTensor& t : inputs) descs.push_back(t.desc);
-  auto attrs = c.attrs();
-  attrs["epsilon"] = 0.001;
-  attrs["relu"] = relu;
-  attrs["Tx"] = std::string(compiler::data_type_name(x_type));
-  attrs["Tout"] = std::string(compiler::data_type_name(y_type));
-  compiler::CompiledKernel k =
-      compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs), test_sim().config(), mode);
-  summarize(k);
-  REQUIRE(k.outputs[0] == (TensorDesc{y_type, y_shape(c)}));
-  RunResult r = run_compiled(test_sim(), k, inputs);
-  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
-  std::vector<double> a(static_cast<size_t>(co));
-  for (size_t j = 0; j < a.size(); ++j) a[j] = scale.values[j] / std::sqrt(var.values[j] + 0.001);
-  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)] *
-                            a[static_cast<size_t>(yi % co)]);
-  });
-  for (size_t i = 0; i < ref.value.size(); ++i) {
-    const size_t j = i % static_cast<size_t>(co);
-    const double m = (bias ? b.values[j] : 0.0) - mean.values[j];
-    const double shift = offset.values[j] + m * a[j];
-    ref.value[i] += shift;
-    ref.abs_sum[i] += 4 * (std::fabs(shift) + std::fabs(m * a[j]));
-    ref.terms[i] += 4;
-    if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
-  }
-  const DataType rounded =
-      mode == PrecisionMode::kAllowMixPrecision || y_type == DataType::F16 ? DataType::F16
-                                                                          : DataType::F32;
-  check_against(r.outputs[0].values, ref, rounded, true, "y");
-  // Derived tensors: the batch norm's factor and shift (of its inputs), then for groups == 1
-  // an f32 x's cast (an f16 x is read as it is) and the folded filter (of the filter, scale
-  // and variance).
-  std::vector<int> bn_inputs = {2, 3, 4, 5};
-  if (bias) bn_inputs.push_back(6);
-  REQUIRE(!k.derived.empty());
-  CHECK(k.derived[0].inputs == bn_inputs);
-  if (c.groups == 1) {
-    const bool cast_x = x_type == DataType::F32;
-    REQUIRE(k.derived.size() == (cast_x ? 3u : 2u));
-    if (cast_x) CHECK(k.derived[1].inputs == std::vector<int>{0});
-    CHECK(k.derived.back().inputs == std::vector<int>{1, 2, 5});
-    // Kept in buffers of their own: the same outputs.
-    RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);
-    CHECK(own.outputs[0].values == r.outputs[0].values);
-  }
-}
 
 TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and the bias") {
   check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 40);
@@ -564,6 +205,61 @@ TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
   check_conv2d_backprop_filter(DataType::F16, c, 42);
   ConvCase h{2, 2, 3, 6, 5, 4, 9};
   check_conv2d_backprop_filter(DataType::F16, h, 43);
+}
+
+namespace {
+
+// Whether a launch's "name: summary" starts with / contains `text`.
+bool has_launch(const std::vector<std::string>& launches, const std::string& prefix) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+}
+bool mentions(const std::vector<std::string>& launches, const std::string& text) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.find(text) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split over the cores") {
+  // A 1x1 window of stride 1: x is the img2col matrix, no Img2col launch.
+  ConvCase p{2, 5, 7, 20, 1, 1, 24};
+  CHECK_FALSE(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50), "Img2col"));
+  // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
+  // cores; the 910b config cuts them smaller).
+  const ChipConfig& cfg = test_sim().config();
+  const bool tiny = cfg.name == "tiny";
+  ConvCase t{2, 6, 7, 80, 1, 1, 80};
+  const std::vector<std::string> t80 = check_conv2d_backprop_filter(DataType::F16, t, 57);
+  if (tiny) CHECK(mentions(t80, "tiles 48x80"));
+  t.c = 40;
+  const std::vector<std::string> t40 = check_conv2d_backprop_filter(DataType::F32, t, 58);
+  if (tiny) CHECK(mentions(t40, "tiles 48x48"));
+  ConvCase ps = p;  // stride 2 subsamples x: img2col stays
+  ps.sh = ps.sw = 2;
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "Img2col"));
+  // k = 8 * 32 * 32 positions and one output tile: the product is split into parts over the
+  // tiny chip's two cube cores and the f32 partial products summed by the vector cores.
+  ConvCase s{8, 32, 32, 16, 1, 1, 16};
+  for (DataType dt : {DataType::F16, DataType::F32, DataType::BF16})
+    CHECK(has_launch(check_conv2d_backprop_filter(dt, s, 52), "Sum_f32"));
+  CHECK(has_launch(
+      check_conv2d_backprop_filter(DataType::F32, s, 53, PrecisionMode::kAllowMixPrecision),
+      "Sum_f32"));
+  // Few channels, no padding along W: img2col of the width-folded view (a 5x1 window over
+  // 4 * 3 channels), the same matrix as the 5x4 window's.
+  ConvCase fold{2, 9, 11, 3, 5, 4, 8};
+  fold.sh = 2;
+  fold.padding = "VALID";
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, fold, 55), "(5x1 window"));
+  fold.padding = "SAME";  // padding along W: no fold
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F32, fold, 56), "(5x4 window"));
+  ConvCase w{8, 64, 64, 3, 3, 3, 5};  // strided 3x3 over 3 channels: img2col, then the split
+  w.sh = w.sw = 2;
+  w.dh = 2;
+  const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
+  CHECK(has_launch(names, "Img2col"));
+  CHECK(has_launch(names, "Sum_f32"));
 }
 
 TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {

@@ -126,7 +126,7 @@ ChipConfig reload_dump(const ChipConfig& c) {
   return load_chip_config(write_file(dir / "resolved.yaml", dump_chip_config_yaml(c)));
 }
 
-const std::vector<std::string> kPresets = {"310p", "910", "910b", "tiny"};
+const std::vector<std::string> kPresets = {"310p", "910", "910b", "tiny", "tiny_coupled"};
 
 }  // namespace
 

@@ -116,6 +116,23 @@ def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_sha
              ["Conv2D_", "Conv2DBackpropInput_", "Img2col_", "MatMul_"], cpu_fn=conv_undilated)
 
 
+# The filter gradient's other paths: a 1x1 window of stride 1 (x is the img2col matrix: no
+# Img2col launch) and few channels without padding along W (img2col of the width-folded view).
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,img2col", [
+    ((2, 5, 6, 20), (1, 1, 20, 24), 1, "SAME", False),
+    ((2, 9, 11, 3), (5, 4, 3, 8), 2, "VALID", True),
+], ids=str)
+def test_conv2d_filter_gradient_paths(npusim, tf, strict_placement, x_shape, w_shape, stride,
+                                      padding, img2col):
+    def conv(a, b):
+        return tf.nn.conv2d(a, b, strides=stride, padding=padding)
+
+    _compare(npusim, tf, conv, [_quarters(x_shape, 5), _quarters(w_shape, 6)],
+             ["Conv2D_", "Conv2DBackpropInput_", "MatMul_"])
+    launched = [r["kernel"] for r in npusim.launch_records()]
+    assert any(n.startswith("Img2col_") for n in launched) == img2col, launched
+
+
 def test_conv2d_random_fp32_rounds_inputs_to_fp16(npusim, tf, strict_placement):
     x = _uniform((2, 6, 5, 20), 3)
     w = _uniform((3, 3, 20, 18), 4)

@@ -47,9 +47,12 @@ def _cpu(tf, fn, *arrays):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)
-def test_rms_norm(npusim, tf, strict_placement, llm, dtype):
-    x = _random((3, 5, 96), dtype, 1, -3, 3)
-    gamma = _random((96,), dtype, 2, 0.5, 1.5)
+@pytest.mark.parametrize("shape", [(3, 5, 96), (2, 3, 2048)], ids=["short", "long_rows"])
+def test_rms_norm(npusim, tf, strict_placement, llm, dtype, shape):
+    # long rows: Llama 3.2 1B's hidden size; fewer than 8 rows fit the UB at a time, and a row
+    # is more than 255 blocks of f32 lanes (the gamma product goes row by row)
+    x = _random(shape, dtype, 1, -3, 3)
+    gamma = _random(shape[-1:], dtype, 2, 0.5, 1.5)
 
     def reference(v, g):  # keras-hub LlamaLayerNorm
         v32 = tf.cast(v, tf.float32)

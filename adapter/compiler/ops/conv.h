@@ -70,7 +70,9 @@ struct CubeConvSpec {
   int64_t groups = 1;
   int64_t cg_in = 1;   // input channels per group (group g: [g * cg_in, min(cs, ...)))
   int64_t cg_out = 1;  // output channels per group
-  int64_t cy = 1;      // output channels in total (y's row pitch); the last group may be partial
+  int64_t cy = 1;      // output channels in total; the last group may be partial
+  int64_t y_pitch = 0;  // y's row pitch in elements, >= cy (0: cy); through the UB (coupled
+                        // chips) pitch and cg_out must be whole 32-byte blocks
   // Weights B_g[k][n] for k-block (c1, kh, kw), element c0 of the block, column n: the weight
   // element at w + g * b_group + tap * b_tap + ... (elements), tap = kh * KW + kw, or the
   // flipped tap (KH-1-kh) * KW + (KW-1-kw) when b_flip. Either
@@ -96,6 +98,7 @@ struct CubeConvSpec {
   int64_t oh() const { return (hv() + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (wv() + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
   int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
+  int64_t pitch() const { return y_pitch ? y_pitch : cy; }
 };
 
 // The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
@@ -165,6 +168,10 @@ struct Img2colSpec {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t rep = 1;
   int64_t row_stride = 0, tap_stride = 0;
+  // x's element strides between pixels, rows and images (0: NHWC of h x w x c), as
+  // CubeConvSpec's: e.g. the width fold of ops/conv2d.cpp (pixels c_orig apart holding
+  // kw * c_orig channels), whose img2col matrix is the unfolded one's, column for column.
+  int64_t x_pixel = 0, x_row = 0, x_image = 0;
   int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
 };

@@ -12,6 +12,11 @@
 //   Conv2DBackpropFilter(x, filter_sizes, dy) -> dW [KH,KW,Cin,Cout]
 //     dW = img2col(x)^T * dy: the cube img2col kernel writes img2col(x) [N*OH*OW][KH*KW*Cin]
 //     (columns in HWIO row order) to the workspace, then the MatMul kernel with transpose_a.
+//     A 1x1 window of stride 1 without padding needs no img2col (x is that matrix); few input
+//     channels without padding along W take img2col of the width-folded view (fold_width).
+//     Few output tiles over a long k (N*OH*OW): the product is split along k into equal parts
+//     spread over the cube cores (a batched MatMul writing f32 partial products), summed by a
+//     vector reduction (plan_k_split, append_partial_sum).
 //   DepthwiseConv2dNative(x [N,H,W,C], filter [KH,KW,C,M]) -> y [N,OH,OW,C*M]
 //     a grouped convolution: groups of 16 input channels, 16*M outputs each, with the
 //     block-diagonal filter Wbd[g][kh][kw][c0][c0'*M + q] = filter[kh][kw][16g + c0'][q] if
@@ -34,8 +39,9 @@
 //     filter starting from shift (the bias table, mmad init 2) with ReLU in FIXPIPE.
 //     Numerics: y = sum x16 * f16(W * a) + shift, where the unfused chain computes
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
-//     2^-11 relative rounding, on different values). Grouped convolutions keep the batch
-//     norm as its own launch after the convolution (the bias needs one group).
+//     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
+//     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
+//     convolution (the bias needs one group and the table).
 //
 // Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
 // f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
@@ -54,9 +60,11 @@
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/matmul.h"
+#include "adapter/compiler/ops/reduce.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
@@ -72,6 +80,13 @@ namespace {
 
 constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 
+// Whether the width fold applies to a window of kw columns (padding pl / pr, dilation dw) over
+// c channels and saves channel blocks.
+bool width_fold_pays(int64_t c, int64_t kw, int64_t pl, int64_t pr, int64_t dw) {
+  return c < kFold16 && kw >= 2 && pl == 0 && pr == 0 && dw == 1 &&
+         (kw * c + kFold16 - 1) / kFold16 < kw;
+}
+
 // The width fold for inputs of few channels (the first layer's 3): without padding or dilation
 // along W, a KH x KW convolution of x [N,H,W,C] is the KH x 1 convolution of the view x'
 // [N,H,W-KW+1,KW*C] with x'[n][h][w][kw*C + c] = x[n][h][w + kw][c] (the KW*C values from
@@ -82,9 +97,7 @@ constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 // of CANN's small-channel C04 layout. The sum runs in another k order (rounding only).
 void fold_width(CubeConvSpec& s, const std::vector<int64_t>& x) {
   const int64_t c = s.cs;
-  if (s.groups != 1 || c >= kFold16 || s.kw < 2 || s.pl != 0 || s.pr != 0 || s.dw != 1 ||
-      (s.kw * c + kFold16 - 1) / kFold16 >= s.kw)
-    return;
+  if (s.groups != 1 || !width_fold_pays(c, s.kw, s.pl, s.pr, s.dw)) return;
   s.x_pixel = c;
   s.x_row = x[2] * c;
   s.x_image = x[1] * x[2] * c;
@@ -202,20 +215,31 @@ ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeType
 }
 
 // Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
-// With spec.bias, `bias` is its f32 [cy] workspace tensor.
+// With spec.bias, `bias` is its f32 [cy] workspace tensor. On chips without an l0c->gm path
+// the output leaves the cube through the UB in whole 32-byte blocks: when a row of y (cy
+// channels) is not whole blocks, the kernel writes rows padded to blocks into the workspace
+// and the strided copy (with the widening, if any) packs them into the output.
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr) {
   const TensorDesc& out = k.outputs[0];
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
+  const int64_t osz = isa::dtype_size(spec.out_type);
+  if (cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()))
+    spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
   const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
+  const int64_t rows = out.num_elements() / spec.cy;
+  const bool padded = spec.pitch() != spec.cy;
   ArgRef y = output_ref(0);
-  if (ct.widen) y = workspace_take(k, static_cast<uint64_t>(out.num_elements()) * 2);
+  if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
   k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), args));
-  if (ct.widen)
+  if (padded)
+    append_strided_copy(k, ctx.op, y, output_ref(0), rows, spec.cy, spec.pitch(),
+                        ct.widen ? DataType::F16 : out.dtype, out.dtype, ctx.cfg);
+  else if (ct.widen)
     append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
                         DataType::F16, out.dtype, ctx.cfg);
 }
@@ -376,7 +400,9 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
-  if (groups > 1) {  // the cube's bias needs one group: the batch norm as its own launch
+  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores): else
+  // the batch norm as its own launch.
+  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
     append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
     append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu,
                             device_dtype(y_type));
@@ -435,10 +461,130 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   return k;
 }
 
+// ---- the filter gradient's product split along k ----
+
+// dW = img2col(x)^T x dy is (KH*KW*Cin) x Cout over k = N*OH*OW positions: few output tiles
+// (ResNet-50's 1x1 layers: 64 x 256 is one or two) and a long k, so the MatMul kernel, which
+// spreads output tiles over the cube cores, would use one or two of them. Split in `parts`
+// equal ranges of positions, the product is a batched MatMul (product p: rows
+// [p * k / parts, (p + 1) * k / parts) of both operands) writing f32 partial products
+// [parts][m][n] to the workspace, summed by a vector reduction (append_partial_sum).
+struct KSplit {
+  int64_t parts = 1;
+  MatmulTiling tiling;  // of one part's product (batch = parts when split)
+};
+
+// The planner's estimate of a tiling's cycles on its busiest cube core: its tiles run in waves,
+// each k of a tile costs the slower of its gm->l1 loads and its mmads (plan_matmul_tiling's
+// model), and its C tiles leave through FIXPIPE at the l0c->gm rate.
+double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
+  const double isz = isa::dtype_size(t.in_type), osz = isa::dtype_size(t.out_type);
+  const int64_t tiles = t.batch * t.tiles_m * t.tiles_n;
+  const double waves = static_cast<double>(ceil_div(tiles, t.block_dim));
+  const double load = static_cast<double>(t.tm + t.tn) * isz / cfg.path_rate(Buf::GM, Buf::L1);
+  const double cube =
+      static_cast<double>(ceil_div(t.tm, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) / cfg.cube_k;
+  const double store = static_cast<double>(t.tm * t.tn) * osz / cfg.path_rate(Buf::L0C, Buf::GM);
+  return waves * (static_cast<double>(t.k) * std::max(load, cube) + store);
+}
+
+// The shortest part worth splitting off. # estimate: the model above counts every load at the
+// gm->l1 rate, while the unsplit kernel's tiles share their operand rows through L2 and parts
+// do not; on ResNet-50's filter gradients (910b, batch 8) parts shorter than this measured
+// slower than the model said (more partial products, shorter chunk loads), longer ones faster.
+constexpr int64_t kMinPartPositions = 4096;
+
+KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
+                    const std::string& op) {
+  // The unsplit product may take tiles of any multiple of 16 (ResNet-50's 1x1 layers at 14x14
+  // and 7x7: 16 power-of-two tiles on 24 cores become 24). The parts keep the powers of two:
+  // with any side the first layer's parts took one 160x64 tile each instead of three 64x64
+  // ones and ran 1.8x slower (the model counts loads at the gm->l1 rate that the 64x64 tiles
+  // share through L2).
+  KSplit best;
+  // Chips whose C leaves L0C through the UB (padded rows): the MatMul's own tiling, unsplit.
+  if (cube_store_via_ub(cfg, cube_core(cfg, op), op)) {
+    best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op);
+    return best;
+  }
+  best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, true);
+  double best_cycles = matmul_estimate(best.tiling, cfg);
+  const int cores = cube_core(cfg, op).count;
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
+  const int vector_cores = vec ? vec->count : cores;
+  // The sum's launch: the task overheads (dispatch, completion, a block's start) and its reads
+  // of the partials over the vector cores' gm->ub paths (or HBM, the lower); the extra part of
+  // k (MTE2 latency, pipeline fill) is ignored. # estimate: the model above for the reduction.
+  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                            cfg.task_block_start_cycles);
+  const double sum_rate =
+      std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
+  for (int64_t parts = 2; parts <= cores; ++parts) {
+    // Equal parts, each at least kMinPartPositions long.
+    if (k % parts != 0 || k / parts < kMinPartPositions) continue;
+    MatmulTiling t =
+        plan_matmul_tiling(m, n, k / parts, true, false, in, Dtype::F32, cfg, op, parts);
+    const double cycles =
+        matmul_estimate(t, cfg) + launch + static_cast<double>(parts * m * n * 4) / sum_rate;
+    if (cycles >= best_cycles) continue;
+    best_cycles = cycles;
+    t.batch_dims = {parts};
+    t.a_batch_strides = {k / parts * m};
+    t.b_batch_strides = {k / parts * n};
+    t.a_count = t.b_count = parts;
+    best.parts = parts;
+    best.tiling = t;
+  }
+  return best;
+}
+
+// Output 0 (dt, m * n elements) = the sum over `parts` of the f32 partial products at
+// `partials` ([parts][m * n]): a Sum over the first axis (the reduction engine, f32), then the
+// cast to dt when it is not f32; `round_f16` (allow_mix_precision) rounds the sum to f16 before
+// widening it, as the unsplit kernel's f16 FIXPIPE output.
+void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
+                        int64_t parts, int64_t mn, bool round_f16) {
+  const DataType dt = k.outputs[0].dtype;
+  LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
+  ReduceRequest req;
+  req.input = TensorDesc{DataType::F32, {parts, mn}};
+  req.reduced = {true, false};
+  append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
+  const CompiledKernel sum = std::move(plan).finish();
+  const bool direct = dt == DataType::F32 && !round_f16;
+  const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
+  const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
+  for (Launch l : sum.launches) {
+    for (ArgRef& a : l.args) {
+      if (a.kind == ArgRef::Kind::kInput)
+        a = partials;
+      else if (a.kind == ArgRef::Kind::kOutput)
+        a = total;
+      else if (a.kind == ArgRef::Kind::kWorkspace)
+        a.value += sum_ws.value;
+    }
+    l.summary = fmt::format("sum of {} partial products: {}", parts, l.summary);
+    k.launches.push_back(std::move(l));
+  }
+  if (direct) return;
+  if (!round_f16) {
+    append_strided_copy(k, ctx.op, total, output_ref(0), 1, mn, mn, DataType::F32, dt, ctx.cfg);
+    return;
+  }
+  const ArgRef half = workspace_take(k, static_cast<uint64_t>(mn) * 2);
+  append_strided_copy(k, ctx.op, total, half, 1, mn, mn, DataType::F32, DataType::F16, ctx.cfg);
+  append_strided_copy(k, ctx.op, half, output_ref(0), 1, mn, mn, DataType::F16, dt, ctx.cfg);
+}
+
 // img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
+// fold: the columns of a tap are its channels, contiguous (tap_stride = c, rep 1: the filter
+// gradient's HWIO rows), so the width fold may view x as [N, H, W-KW+1, KW*C] with a KH x 1
+// window: the same matrix, in fewer channel blocks (the first layer's 7x7 over 3 channels: 2 per
+// kernel row instead of 7).
 ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                       const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
-                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements) {
+                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements,
+                      bool fold = false) {
   Img2colSpec s;
   s.in_type = s.out_type = device_dtype(cube);
   s.images = xs[0];
@@ -458,6 +604,15 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   s.rep = rep;
   s.row_stride = row_stride;
   s.tap_stride = tap_stride;
+  if (fold && width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) {
+    s.x_pixel = s.c;
+    s.x_row = s.w * s.c;
+    s.x_image = s.h * s.w * s.c;
+    s.w -= s.kw - 1;
+    s.c *= s.kw;
+    s.kw = 1;
+    s.tap_stride = s.c;
+  }
   const ArgRef cols = workspace_take(k, static_cast<uint64_t>(elements) * data_type_bytes(cube));
   const ArgRef rep_ws = workspace_take(k, 512 * static_cast<uint64_t>(rep));
   k.launches.push_back(
@@ -488,25 +643,58 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   k.outputs = {TensorDesc{dt, f}};
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
-  const int64_t positions = dy[0] * dy[1] * dy[2], taps_c = f[0] * f[1] * f[2];
+  const int64_t positions = dy[0] * dy[1] * dy[2];
   if (positions == 0) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
     return k;
   }
+  // Through the UB (no l0c->gm path) img2col's rows are written in whole 32-byte blocks: each
+  // tap's channels are padded to cp (a block) and the product's padded rows are dropped by the
+  // copy into dW (also the MatMul's padded columns, c_pitch).
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op.str()), op.str());
+  const int64_t taps = f[0] * f[1];
+  const int64_t cp = via_ub ? round_up(f[2], layout::kBlockBytes / data_type_bytes(ct.cube)) : f[2];
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
-  const ArgRef cols =
-      append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps_c, f[2], positions * taps_c);
-  const MatmulTiling t = plan_matmul_tiling(taps_c, f[3], positions, true, false,
-                                            device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
-  if (t.c_pitch != f[3])
-    op.fail(fmt::format("chip {} writes MatMul results through the UB; not supported here",
-                        ctx.cfg.name));
+  // A 1x1 window of stride 1 without padding: img2col(x) is x itself ([N*H*W][Cin]) where its
+  // rows need no padding; the width fold where the taps' channels are contiguous.
+  const bool pointwise = cp == f[2] && f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
+                         cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
+  const ArgRef cols = pointwise ? xr
+                                : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp,
+                                                 positions * taps * cp, cp == f[2]);
+  const KSplit split = plan_k_split(taps * cp, f[3], positions, device_dtype(ct.cube), ct.fix_out,
+                                    ctx.cfg, op.str());
+  const MatmulTiling& t = split.tiling;
+  const bool padded = cp != f[2] || t.c_pitch != f[3];
+  if (cp != f[2] && t.c_pitch != f[3])
+    op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
+                        "channels both need padding, not supported",
+                        ctx.cfg.name, f[2], f[3]));
+  if (split.parts > 1) {  // never through the UB (plan_k_split)
+    const int64_t mn = taps * f[2] * f[3];
+    const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
+    Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
+    mm.summary = fmt::format("img2col^T x dy, {} parts of {} positions: {}", split.parts,
+                             positions / split.parts, mm.summary);
+    k.launches.push_back(std::move(mm));
+    append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
+    return k;
+  }
   ArgRef out = output_ref(0);
-  if (ct.widen) out = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 2);
+  if (ct.widen || padded)
+    out = workspace_take(k, static_cast<uint64_t>(taps * cp * t.c_pitch) *
+                                static_cast<uint64_t>(isa::dtype_size(ct.fix_out)));
   Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, out});
   mm.summary = "img2col^T x dy: " + mm.summary;
   k.launches.push_back(std::move(mm));
-  if (ct.widen)
+  const DataType from = ct.widen ? DataType::F16 : dt;
+  if (cp != f[2])  // per tap: cin x cout of cp x cout
+    append_strided_copy(k, op, out, output_ref(0), taps, f[2] * f[3], cp * f[3], from, dt,
+                        ctx.cfg);
+  else if (t.c_pitch != f[3])  // per row: cout of c_pitch
+    append_strided_copy(k, op, out, output_ref(0), taps * f[2], f[3], t.c_pitch, from, dt,
+                        ctx.cfg);
+  else if (ct.widen)
     append_strided_copy(k, op, out, output_ref(0), 1, k.outputs[0].num_elements(),
                         k.outputs[0].num_elements(), DataType::F16, dt, ctx.cfg);
   return k;

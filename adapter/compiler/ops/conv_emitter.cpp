@@ -19,7 +19,9 @@
 //         load2d of B into L0B (transposing each fractal for kRowsK);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
 //         and channels, so NHWC outputs with any channel count are written in place; stacked:
-//         per image of the tile and 16 channels, dropping the rows between images).
+//         per image of the tile and 16 channels, dropping the rows between images). Coupled
+//         chips (no l0c->gm path): L0C -> UB, then MTE3 copies the rows (stacked: each image's
+//         rows) to y in whole 32-byte blocks (CubePipeline::store).
 //   Stacked slabs are zeroed first (one nd2nz whose zero padding covers them), then each
 //   image's rows are copied into each plane.
 //   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
@@ -93,7 +95,7 @@ class ConvEmitter {
     allocate();
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
     b.declare_arg("w", m_s.in_type, {});
-    b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.cy});
+    b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
     if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
@@ -123,7 +125,8 @@ class ConvEmitter {
  private:
   bool resident() const { return m_t.resident; }
 
-  // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT.
+  // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
+  // and, through the UB, the UB.
   void allocate() {
     const int64_t tn16 = round_up(std::min(m_t.tn, m_s.cg_out), kBlk);
     const int64_t bias_bytes = m_s.bias ? tn16 * kL0cElemBytes : 0;
@@ -135,6 +138,12 @@ class ConvEmitter {
                                  m_t.l0c_buffers);
     const auto bias_bt =
         bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(bias_bytes), 2, m_s.bias);
+    const bool via_ub =
+        cube_store_via_ub(m_b.config(), cube_core(m_b.config(), m_b.op()), m_b.op());
+    BufferPlan ub(Buf::UB);
+    const auto cu =
+        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), 1, via_ub);
+    if (via_ub) m_pipe.store_via_ub(ub.allocate(m_b, 0)[cu]);
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
     m_slab_buf = p1.twin(l1.slab);
@@ -345,12 +354,11 @@ class ConvEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
+      const CubePipeline::Store st{m_s.out_type, cdst, l0c, m_act, n_act, m_s.pitch(), m_s.relu};
       if (stacked())
-        store_stacked(s, l0c, cdst, m_act, n_act);
+        store_stacked(s, st, pt);
       else
-        b.emit(Opcode::op_fixpipe, {Dtype::F32, m_s.out_type, Buf::GM, cdst, l0c, m_act, n_act,
-                                    m_s.cy, 1, m_s.relu ? 1 : 0, 0});
-      m_pipe.l0c_stored(pt);
+        m_pipe.store(st, pt);
     });
   }
 
@@ -385,7 +393,7 @@ class ConvEmitter {
     } else {
       b.mul(t.cdst, img, m_s.oh() * m_s.ow());
       b.add(t.cdst, t.cdst, m0);
-      b.mul(t.cdst, t.cdst, m_s.cy);
+      b.mul(t.cdst, t.cdst, m_s.pitch());
     }
     b.div(m0, t.key, m_t.n_tiles);
     b.mul(m0, m0, m_s.cg_out);
@@ -483,11 +491,12 @@ class ConvEmitter {
   // FIX of a stacked tile (step s; C m_act x n_act at l0c, NZ with M16 = round16(m_act)): per
   // image j of the stack, its positions [j * P * OW, (j * P + OH) * OW) (P = period / sh) that
   // the tile covers, one fixpipe per 16 output channels (a 16-column block of L0C is
-  // [M16][16]: any first row works), to y + (((img + j) * OH*OW + position) * cy) * size +
-  // cdst (cdst: y and the tile's first channel).
-  void store_stacked(const Reg& s, const Reg& l0c, const Reg& cdst, const Reg& m_act,
-                     const Reg& n_act) {
+  // [M16][16]: any first row works), to y + (((img + j) * OH*OW + position) * pitch) * size +
+  // cdst (cdst: y and the tile's first channel). Through the UB: the whole tile into the UB,
+  // then one copy of each image's rows. Frees L0C buffer pt.
+  void store_stacked(const Reg& s, const CubePipeline::Store& st, const Reg& pt) {
     KernelBuilder& b = m_b;
+    const Reg &l0c = st.l0c, &cdst = st.dst, &m_act = st.rows, &n_act = st.cols;
     const int64_t positions = m_s.oh() * m_s.ow();
     const int64_t pitch = m_t.period / m_s.sh * m_s.ow();  // tall positions per image
     Reg img = b.reg("store: first image"), m0 = b.reg("store: m0");
@@ -504,10 +513,14 @@ class ConvEmitter {
     b.sub(jend, jend, img);
     b.min(jend, jend, m_t.stack, "images of this stack");
     Reg nb = b.reg("store: column blocks"), m16 = b.reg("store: L0C column block bytes");
-    b.add(nb, n_act, kBlk - 1);
-    b.shr(nb, nb, 4);
-    round16(b, m16, m_act);
-    b.mul(m16, m16, kBlk * kL0cElemBytes);
+    if (m_pipe.via_ub()) {
+      m_pipe.to_ub(st, pt, nb);  // nb: 32-byte blocks per UB row
+    } else {
+      b.add(nb, n_act, kBlk - 1);
+      b.shr(nb, nb, 4);
+      round16(b, m16, m_act);
+      b.mul(m16, m16, kBlk * kL0cElemBytes);
+    }
     b.for_range(j, 0, jend, 1, [&] {
       // The image's tall positions [pj, pj + OH*OW) within [m0, m0 + m_act).
       b.mul(t, j, pitch, "pj: the image's first tall position");
@@ -520,9 +533,14 @@ class ConvEmitter {
         b.add(t, img, j);
         b.mul(t, t, positions);
         b.add(dst, dst, t);
-        b.mul(dst, dst, m_s.cy * m_osz);
+        b.mul(dst, dst, m_s.pitch() * m_osz);
         b.add(dst, dst, cdst, "first row of the image's part");
         b.sub(src, a, m0);
+        if (m_pipe.via_ub()) {
+          b.sub(e, e, a, "rows");
+          m_pipe.ub_to_gm(dst, &src, e, nb, m_s.pitch() * m_osz / kBlkBytes);
+          return;
+        }
         b.mul(src, src, kBlk * kL0cElemBytes);
         b.add(src, src, l0c, "its first L0C row");
         b.sub(e, e, a, "rows");
@@ -530,15 +548,19 @@ class ConvEmitter {
           b.mul(t, cb, kBlk);
           b.sub(t, n_act, t);
           b.min(t, t, kBlk, "channels of the block");
-          b.emit(
-              Opcode::op_fixpipe,
-              {Dtype::F32, m_s.out_type, Buf::GM, dst, src, e, t, m_s.cy, 1, m_s.relu ? 1 : 0, 0},
-              "the image's rows, 16 channels");
+          b.emit(Opcode::op_fixpipe,
+                 {Dtype::F32, m_s.out_type, Buf::GM, dst, src, e, t, m_s.pitch(), 1,
+                  m_s.relu ? 1 : 0, 0},
+                 "the image's rows, 16 channels");
           b.add(dst, dst, kBlk * m_osz);
           b.add(src, src, m16);
         });
       });
     });
+    if (m_pipe.via_ub())
+      m_pipe.ub_done();
+    else
+      m_pipe.l0c_stored(pt);
   }
 
   // Registers an mmad step reads, set once per chunk: the chunk's slab in L1 (buffer p), the

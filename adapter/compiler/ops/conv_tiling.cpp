@@ -39,7 +39,7 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
         r.gm_rate, std::min(cfg.l2_read_bytes_per_cycle, cfg.l2_bytes_per_cycle() / core.count));
   r.l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A);
   r.l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
-  r.fix_rate = cfg.path_rate(Buf::L0C, Buf::GM);
+  r.fix_rate = cube_store_rate(cfg);
   r.l1_lat = cfg.path_latency(Buf::L1, Buf::L0A);
   r.cube_lat = cfg.cube_latency_cycles;
   // A GM read's latency: the path's start latency and an L2 miss (cold data).
@@ -224,6 +224,7 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
+  const bool via_ub;  // tiles leave L0C through the UB: a tile must fit it
   std::vector<CubeConvTiling> plans;
 
   // Every tiling of stack count st that fits, into plans.
@@ -260,6 +261,7 @@ struct ConvPlanner {
     // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
     const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
     if (2 * bias_bytes > static_cast<int64_t>(core.capacity(Buf::BT))) return;
+    if (via_ub && c.t.tm * tn16 * c.osz > static_cast<int64_t>(core.capacity(Buf::UB))) return;
     c.t.tn = tn;
     c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
     if (!c.t.l0c_buffers) return;
@@ -313,8 +315,15 @@ std::string CubeConvTiling::str() const {
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
                               int64_t stack) {
   const CoreKindConfig& core = cube_core(cfg, op);
-  require_l0c_to_gm(cfg, op,
-                    "; convolutions need FIXPIPE to write GM (not supported on coupled chips yet)");
+  const bool via_ub = cube_store_via_ub(cfg, core, op);
+  const int64_t osz = isa::dtype_size(s.out_type);
+  if (via_ub &&
+      (s.pitch() * osz % kBlkBytes != 0 || (s.groups > 1 && s.cg_out * osz % kBlkBytes != 0)))
+    throw CompileError(fmt::format(
+        "{}: chip {} has no l0c->gm path: the output leaves through the UB in whole 32-byte "
+        "blocks, so its row pitch ({} x {} bytes) and, with groups, the channels per group ({}) "
+        "must be whole blocks (pad the rows: CubeConvSpec::y_pitch)",
+        op, cfg.name, s.pitch(), osz, s.cg_out));
   const int64_t hv = s.hv(), wv = s.wv(), oh = s.oh(), ow = s.ow();
   check_geometry(op, hv, wv, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
   if (oh < 1 || ow < 1) throw CompileError(fmt::format("{}: empty output", op));
@@ -324,7 +333,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
                     "(groups {}, chip {})",
                     op, s.groups, cfg.name));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core), stack, {}};
+  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   const CubeConvTiling best = choose(planner.plans);
   if (best.tm == 0)

@@ -6,10 +6,12 @@
 
 #include "adapter/compiler/compiler.h"
 #include "common/int_math.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
 using isa::Buf;
+using isa::Dtype;
 using isa::Opcode;
 using isa::Pipe;
 
@@ -24,6 +26,22 @@ const CoreKindConfig& cube_core(const ChipConfig& cfg, const std::string& op) {
 void require_l0c_to_gm(const ChipConfig& cfg, const std::string& op, const std::string& what) {
   if (!cfg.has_path(Buf::L0C, Buf::GM))
     throw CompileError(fmt::format("{}: chip {} has no l0c->gm path{}", op, cfg.name, what));
+}
+
+bool cube_store_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const std::string& op) {
+  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
+  if (via_ub &&
+      !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) && core.has(Pipe::MTE3)))
+    throw CompileError(
+        fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
+                    "ub->gm on its cube cores",
+                    op, cfg.name));
+  return via_ub;
+}
+
+double cube_store_rate(const ChipConfig& cfg) {
+  if (cfg.has_path(Buf::L0C, Buf::GM)) return cfg.path_rate(Buf::L0C, Buf::GM);
+  return 1.0 / (1.0 / cfg.path_rate(Buf::L0C, Buf::UB) + 1.0 / cfg.path_rate(Buf::UB, Buf::GM));
 }
 
 namespace {
@@ -114,6 +132,10 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0_free = m_b.flag_pair(Pipe::M, Pipe::MTE1, n.l0_free);
   m_l0c_full = m_b.flag_pair(Pipe::M, Pipe::FIX, n.l0c_full);
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
+  if (m_via_ub) {
+    m_ub_full = m_b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
+    m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+  }
 }
 
 void CubePipeline::each_free_flag(const std::function<void(const FlagPair&, int)>& f) const {
@@ -130,6 +152,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "all buffers start free");
     each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
+    if (m_via_ub) b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.start_free) hooks.start_free();
   }
   m_l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
@@ -138,6 +161,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "drain: consume the free flags");
     each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
+    if (m_via_ub) b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.drain) hooks.drain();
   }
 }
@@ -166,5 +190,60 @@ void CubePipeline::l0c_ready(const Reg& pt, const Reg& l0c, const Twin& l0c_buf)
   m_b.wait_flag(m_l0c_full, pt);
   select(m_b, l0c, pt, l0c_buf);
 }
+
+void CubePipeline::store(const Store& s, const Reg& pt) {
+  KernelBuilder& b = m_b;
+  if (!m_via_ub) {
+    b.emit(Opcode::op_fixpipe,
+           {Dtype::F32, s.out_type, Buf::GM, s.dst, s.l0c, s.rows, s.cols, s.pitch, 1,
+            s.relu ? 1 : 0, 0},
+           "C tile to GM (ND)");
+    l0c_stored(pt);
+    return;
+  }
+  Reg blocks = b.reg("store: blocks per row");
+  to_ub(s, pt, blocks);
+  ub_to_gm(s.dst, nullptr, s.rows, blocks,
+           s.pitch * isa::dtype_size(s.out_type) / layout::kBlockBytes);
+  ub_done();
+}
+
+void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
+  KernelBuilder& b = m_b;
+  // L0C -> UB (ND, rows of whole 32-byte blocks).
+  Reg row = b.reg("store: UB row in elements");
+  const int64_t per_block = layout::kBlockBytes / isa::dtype_size(s.out_type);
+  b.add(row, s.cols, per_block - 1);
+  b.div(row, row, per_block);
+  b.mul(row_blocks, row, 1, "blocks per row");
+  b.mul(row, row, per_block, "UB row pitch");
+  b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
+  b.emit(Opcode::op_fixpipe,
+         {Dtype::F32, s.out_type, Buf::UB, m_ub_tile, s.l0c, s.rows, s.cols, row, 1, s.relu ? 1 : 0,
+          0},
+         "C tile to UB (ND)");
+  l0c_stored(pt);
+  b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+  b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+}
+
+void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,
+                            const Reg& row_blocks, int64_t pitch_blocks) {
+  KernelBuilder& b = m_b;
+  Reg gap = b.reg("store: GM gap between rows in blocks");
+  b.movi(gap, pitch_blocks);
+  b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
+  if (!first) {
+    b.emit(Opcode::op_copy_ub2gm, {dst, m_ub_tile, rows, row_blocks, 0, gap}, "C tile rows to GM");
+    return;
+  }
+  Reg src = b.reg("store: UB address");
+  b.mul(src, *first, row_blocks);
+  b.mul(src, src, layout::kBlockBytes);
+  b.add(src, src, static_cast<int64_t>(m_ub_tile), "the first row's UB address");
+  b.emit(Opcode::op_copy_ub2gm, {dst, src, rows, row_blocks, 0, gap}, "C rows to GM");
+}
+
+void CubePipeline::ub_done() { m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); }
 
 }  // namespace npusim::compiler::ops

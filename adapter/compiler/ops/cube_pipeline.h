@@ -13,8 +13,14 @@
 //     budgets (BufferPlan), the L0C buffer count, the contiguous split of tiles over cores.
 //
 // An op supplies how its A / B tiles reach L1 and L0 (its load and compute steps, between the
-// skeleton's flag calls) and where its output goes (its FIXPIPE between l0c_ready and
-// l0c_stored).
+// skeleton's flag calls) and where its output goes (CubePipeline::store, or its own FIXPIPE
+// between l0c_ready and l0c_stored).
+//
+// The way out of L0C: FIXPIPE writes GM where the chip has an l0c->gm path (split 910B-like
+// AIC cores); coupled cores (910, 310P) have none, so FIXPIPE writes the tile into a UB buffer
+// and MTE3 copies its rows to GM (FIX -> MTE3 "tile in UB" and MTE3 -> FIX "UB free" flags, one
+// UB buffer). UB -> GM moves whole 32-byte blocks: the op keeps its GM rows block-aligned
+// (cube_store_via_ub says which way the chip takes).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +43,15 @@ const CoreKindConfig& cube_core(const ChipConfig& cfg, const std::string& op);
 // CompileError naming op unless cfg has an l0c->gm path (FIXPIPE writes GM); `what` ends the
 // message (who needs it).
 void require_l0c_to_gm(const ChipConfig& cfg, const std::string& op, const std::string& what);
+
+// Whether the cube's tiles leave L0C through the UB (no l0c->gm path: coupled chips);
+// CompileError naming op if the chip has neither that nor l0c->ub, ub->gm and MTE3 on core.
+bool cube_store_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const std::string& op);
+
+// Bytes per cycle from L0C to GM: the l0c->gm path, or through the UB the l0c->ub and ub->gm
+// copies one after the other (one UB buffer: a tile's FIXPIPE waits for the previous tile's
+// MTE3).
+double cube_store_rate(const ChipConfig& cfg);
 
 // The largest k per mmad step (a multiple of 16, at most max_k) for an output tile of tm x tn
 // with inputs of isz bytes: two L0A buffers of tm x k and two L0B buffers of k x tn on core
@@ -78,6 +93,15 @@ void round16(KernelBuilder& b, const Reg& d, const Reg& x);
 class CubePipeline {
  public:
   CubePipeline(KernelBuilder& b, int l0c_buffers) : m_b(b), m_l0c_buffers(l0c_buffers) {}
+
+  // Tiles leave L0C through the UB buffer at ub_tile (its UB address, room for the largest
+  // tile as the output type with rows rounded up to 32-byte blocks): call before declare_flags
+  // when cube_store_via_ub.
+  void store_via_ub(uint64_t ub_tile) {
+    m_via_ub = true;
+    m_ub_tile = ub_tile;
+  }
+  bool via_ub() const { return m_via_ub; }
 
   // steps = (tiles of this block: tile = block + j * blocks, j = 0, 1, ...) * chunks.
   void block_steps_round_robin(const Reg& steps, int64_t tiles, int64_t chunks);
@@ -139,6 +163,26 @@ class CubePipeline {
   void l0c_ready(const Reg& pt, const Reg& l0c, const Twin& l0c_buf);
   void l0c_stored(const Reg& pt) { m_b.set_flag(m_l0c_free, pt); }
 
+  // The tile's rows x cols (ND, f32 in L0C at l0c) to dst in GM as out_type, `pitch` elements
+  // per GM row, max(y, 0) with relu; then frees L0C buffer pt. Through the UB (store_via_ub)
+  // every row moves as whole 32-byte blocks: pitch * element size and dst must be multiples of
+  // 32 bytes, and the columns up to the next block boundary must be the caller's to overwrite.
+  struct Store {
+    isa::Dtype out_type;
+    const Reg &dst, &l0c, &rows, &cols;
+    int64_t pitch;
+    bool relu = false;
+  };
+  void store(const Store& s, const Reg& pt);
+  // Through the UB in parts (a tile whose rows go to several places in GM): to_ub writes the
+  // tile into the UB buffer (ND, rows of row_blocks 32-byte blocks: set here) once it is free
+  // and frees L0C buffer pt; ub_to_gm copies `rows` UB rows from row *first (nullptr: row 0) to
+  // dst, pitch_blocks blocks apart in GM; ub_done frees the UB buffer.
+  void to_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
+  void ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows, const Reg& row_blocks,
+                int64_t pitch_blocks);
+  void ub_done();
+
  private:
   // f(flag pair, parity) for every buffer's free flag, in the order they are set and drained.
   void each_free_flag(const std::function<void(const FlagPair&, int)>& f) const;
@@ -147,6 +191,9 @@ class CubePipeline {
   int m_l0c_buffers;
   Reg m_l0_steps;
   FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
+  bool m_via_ub = false;
+  uint64_t m_ub_tile = 0;
+  int m_ub_full = -1, m_ub_free = -1;  // FIX -> MTE3 and MTE3 -> FIX (through the UB)
 };
 
 }  // namespace npusim::compiler::ops

@@ -48,18 +48,51 @@ struct Img2colBuffers {
   }
 };
 
+// Through the UB (no l0c->gm path) each (position, tap) row of a chunk reaches GM in whole
+// 32-byte blocks: the strides must be whole blocks and the block-rounded channels of a tap,
+// ceil(c * rep) to a block, must stay within that (position, tap)'s own columns (callers pad
+// the layout). CompileError naming op otherwise.
+void check_ub_layout(const Img2colSpec& s, bool via_ub, const ChipConfig& cfg,
+                     const std::string& op) {
+  if (!via_ub) return;
+  const int64_t osz = isa::dtype_size(s.out_type), per_block = kBlkBytes / osz;
+  const int64_t cols = round_up(s.c * s.rep, per_block), taps = s.kh * s.kw;
+  const int64_t positions = s.images * s.oh() * s.ow();
+  const bool aligned = s.row_stride % per_block == 0 && s.tap_stride % per_block == 0;
+  // position-major rows [tap][c * rep] or tap-major planes [tap][position][c * rep]
+  const bool fits = s.row_stride >= s.tap_stride ? cols <= s.tap_stride || taps == 1
+                                                 : cols <= s.row_stride || positions == 1;
+  const bool inside = s.row_stride >= s.tap_stride
+                          ? (taps - 1) * s.tap_stride + cols <= s.row_stride
+                          : (positions - 1) * s.row_stride + cols <= s.tap_stride;
+  if (!aligned || !fits || !inside)
+    throw CompileError(fmt::format(
+        "{}: chip {} has no l0c->gm path: img2col rows leave through the UB in whole 32-byte "
+        "blocks, which the layout (row stride {}, tap stride {}, {} channels x {}) does not "
+        "leave room for",
+        op, cfg.name, s.row_stride, s.tap_stride, s.c, s.rep));
+}
+
 Img2colTiling plan_img2col(const Img2colSpec& s, const ChipConfig& cfg, const std::string& op) {
   const CoreKindConfig& core = cube_core(cfg, op);
-  require_l0c_to_gm(cfg, op, " (img2col needs FIXPIPE to write GM)");
+  const bool via_ub = cube_store_via_ub(cfg, core, op);
+  check_ub_layout(s, via_ub, cfg, op);
   check_geometry(op, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
   const int64_t positions = s.oh() * s.ow(), c1 = ceil_div(s.c, kBlk);
   const int64_t ru12 = field_max(isa::FieldKind::RU12);
   if (kFractalBytes * static_cast<uint64_t>(s.rep) > core.capacity(Buf::L0B) || kBlk * s.rep > ru12)
     throw CompileError(fmt::format("{}: repetition {} too large for L0B / mmad n", op, s.rep));
-  // The largest balanced tile height, then the most channel blocks that fit.
+  // Per balanced tile height, the most channel blocks that fit; among those the tiling whose
+  // busiest core has the least work: its tiles (`per`) times the positions of a tile plus one
+  // fractal row (# estimate: a tile's fixed cost, its slab halo and pipeline start, taken as 16
+  // positions' worth), so that few large images' tiles are cut until every core has some.
+  // Within 5 % of the least work (the estimate's precision) the taller tile wins.
+  Img2colTiling best;
+  double best_work = 0;
   for (int64_t tm = std::min<int64_t>(kMaxTile, round_up(positions, kBlk)); tm >= kBlk;
        tm -= kBlk) {
     const int64_t tmb = round_up(ceil_div(positions, ceil_div(positions, tm)), kBlk);
+    if (best.tm && tmb >= best.tm) continue;  // a balanced height already seen
     const std::vector<SlabGeom> mts = m_tiles(positions, tmb, s.ow(), s.h, s.kh, s.sh, s.dh, s.pt);
     int64_t rows = 0;
     for (const SlabGeom& g : mts) rows = std::max(rows, g.h);
@@ -67,6 +100,9 @@ Img2colTiling plan_img2col(const Img2colSpec& s, const ChipConfig& cfg, const st
       if (kc1 * kBlk * s.rep > ru12) continue;
       const int64_t slab = slab_buffer_bytes(kc1, rows, s.w);
       if (!Img2colBuffers(s, tmb, kc1, slab).fit(core, cfg)) continue;
+      if (via_ub && tmb * round_up(kc1 * kBlk * s.rep, kBlk) * isa::dtype_size(s.out_type) >
+                        static_cast<int64_t>(core.capacity(Buf::UB)))
+        continue;  // the C tile passes through the UB
       Img2colTiling t;
       t.tm = tmb;
       t.kc1 = kc1;
@@ -78,9 +114,15 @@ Img2colTiling plan_img2col(const Img2colSpec& s, const ChipConfig& cfg, const st
       const CubeSplit split = contiguous_split(t.tiles, core.count);
       t.per = split.per;
       t.block_dim = split.block_dim;
-      return t;
+      const double work = static_cast<double>(t.per * (t.tm + kBlk));
+      if (!best.tm || work < best_work * 0.95) {
+        best = t;
+        best_work = work;
+      }
+      break;
     }
   }
+  if (best.tm) return best;
   throw CompileError(
       fmt::format("{}: no img2col tile fits the cube core of chip {}", op, cfg.name));
 }
@@ -112,6 +154,13 @@ class Img2colEmitter {
     m_l0a = plan.l0a.allocate(b, 0).twin(plan.a);
     m_l0c = plan.l0c.allocate(b, 0).twin(plan.c);
     m_l0b = plan.l0b.allocate(b, 0)[plan.l0b_rep];
+    if (cube_store_via_ub(b.config(), cube_core(b.config(), b.op()), b.op())) {
+      BufferPlan ub(Buf::UB);
+      const auto cu = ub.add_fixed(
+          "C tile (UB)",
+          static_cast<uint64_t>(m_t.tm * round_up(m_t.kc1 * kBlk * m_s.rep, kBlk) * m_osz));
+      m_pipe.store_via_ub(ub.allocate(b, 0)[cu]);
+    }
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
     write_rep_matrix();
@@ -162,6 +211,9 @@ class Img2colEmitter {
     g.oh = s.oh();
     g.ow = s.ow();
     g.tm = tm;
+    g.x_pixel = s.x_pixel;
+    g.x_row = s.x_row;
+    g.x_image = s.x_image;
     return g;
   }
 
@@ -312,10 +364,7 @@ class Img2colEmitter {
     m_pipe.l0c_ready(pc, cc, m_l0c);
     b.mul(d, r.tap, m_s.tap_stride * m_osz);
     b.add(d, d, r.dst);
-    b.emit(Opcode::op_fixpipe,
-           {Dtype::F32, m_s.out_type, Buf::GM, d, cc, r.m_act, r.ncols, m_s.row_stride, 1, 0, 0},
-           "the tap's channels of every position");
-    m_pipe.l0c_stored(pc);
+    m_pipe.store({m_s.out_type, d, cc, r.m_act, r.ncols, m_s.row_stride}, pc);
     b.add(*m_cn, *m_cn, 1);
   }
 

@@ -89,19 +89,6 @@ std::string MatmulTiling::str() const {
 
 namespace {
 
-// Whether C leaves L0C through the UB (no l0c->gm path: coupled chips); CompileError if the
-// chip has neither way.
-bool c_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const std::string& op) {
-  const bool via_ub = !cfg.has_path(Buf::L0C, Buf::GM);
-  if (via_ub &&
-      !(cfg.has_path(Buf::L0C, Buf::UB) && cfg.has_path(Buf::UB, Buf::GM) && core.has(Pipe::MTE3)))
-    throw CompileError(
-        fmt::format("{}: chip {} has neither an l0c->gm path nor l0c->ub and "
-                    "ub->gm on its cube cores",
-                    op, cfg.name));
-  return via_ub;
-}
-
 // The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
 // *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
 bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
@@ -126,10 +113,10 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch) {
+                                const std::string& op, int64_t batch, bool any_side) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
-  const bool via_ub = c_via_ub(cfg, core, op);
+  const bool via_ub = cube_store_via_ub(cfg, core, op);
   const int64_t ub = static_cast<int64_t>(core.capacity(Buf::UB));
   const int64_t osz = isa::dtype_size(out_type);
   // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
@@ -140,8 +127,14 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
-  for (int64_t tm : kTileCandidates) {
-    for (int64_t tn : kTileCandidates) {
+  // Tile sides: the powers of two, or (any_side) every multiple of 16 up to 256.
+  std::vector<int64_t> sides(std::begin(kTileCandidates), std::end(kTileCandidates));
+  if (any_side) {
+    sides.clear();
+    for (int64_t v = kFractalRows; v <= kTileCandidates[4]; v += kFractalRows) sides.push_back(v);
+  }
+  for (int64_t tm : sides) {
+    for (int64_t tn : sides) {
       // Sides past the matrix (rounded to 16) only waste work, except the smallest that covers it.
       if (tm > 16 && tm / 2 >= round_up(m, kFractalRows)) continue;
       if (tn > 16 && tn / 2 >= round_up(n, kFractalRows)) continue;
@@ -229,15 +222,8 @@ class MatmulEmitter {
     m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
     m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
-    CubePipeline::Hooks hooks;
-    if (m_t.via_ub) {
-      m_ub_full = b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
-      m_ub_free = b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
-      hooks.start_free = [&] { b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); };
-      hooks.drain = [&] { b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); };
-    }
     m_pipe.run(
-        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
+        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); });
     b.end();
     return b.finish();
   }
@@ -258,7 +244,8 @@ class MatmulEmitter {
     m_l0a = l0a.allocate(m_b, 0).twin(a);
     m_l0b = l0b.allocate(m_b, 0).twin(b);
     m_l0c = l0c.allocate(m_b, 0).twin(c);
-    m_ub_c = ub.allocate(m_b, 0)[cu];
+    const uint64_t ub_c = ub.allocate(m_b, 0)[cu];
+    if (m_t.via_ub) m_pipe.store_via_ub(ub_c);
   }
 
   // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks.
@@ -404,31 +391,7 @@ class MatmulEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> C");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      if (!m_t.via_ub) {
-        b.emit(Opcode::op_fixpipe,
-               {Dtype::F32, m_t.out_type, Buf::GM, cdst, l0c, m_act, n_act, m_t.c_pitch, 1, 0, 0},
-               "C tile to GM (ND)");
-        m_pipe.l0c_stored(pt);
-        return;
-      }
-      // L0C -> UB (ND, rows of whole 32-byte blocks), then UB -> GM.
-      Reg row = b.reg("store: UB row in elements"), blocks = b.reg("store: blocks per row");
-      const int64_t per_block = layout::kBlockBytes / m_osz;
-      b.add(row, n_act, per_block - 1);
-      b.div(row, row, per_block);
-      b.mul(blocks, row, 1, "blocks per row");
-      b.mul(row, row, per_block, "UB row pitch");
-      b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
-      b.emit(Opcode::op_fixpipe,
-             {Dtype::F32, m_t.out_type, Buf::UB, m_ub_c, l0c, m_act, n_act, row, 1, 0, 0},
-             "C tile to UB (ND)");
-      m_pipe.l0c_stored(pt);
-      b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
-      b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
-      b.movi(row, m_t.c_pitch * m_osz / layout::kBlockBytes);
-      b.sub(row, row, blocks, "GM gap between rows in blocks");
-      b.emit(Opcode::op_copy_ub2gm, {cdst, m_ub_c, m_act, blocks, 0, row}, "C tile rows to GM");
-      b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch}, pt);
     });
   }
 
@@ -563,8 +526,6 @@ class MatmulEmitter {
   const int64_t m_isz, m_osz, m_c0, m_chunks;
   CubePipeline m_pipe;
   Twin m_l1a, m_l1b, m_l0a, m_l0b, m_l0c;
-  uint64_t m_ub_c = 0;
-  int m_ub_full = -1, m_ub_free = -1;
 };
 
 }  // namespace

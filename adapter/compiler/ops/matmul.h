@@ -43,9 +43,11 @@ struct MatmulTiling {
 // core count, cube shape and the gm->l1 rate). op names the op in errors (CompileError when no
 // tile fits).
 // batch: independent products of this size (BatchMatMul), counted in the cost model's waves.
+// any_side: tile sides may be any multiple of 16 up to 256, not only powers of two (so that a
+// few tiles can be cut into one per cube core; MatMul itself keeps the powers of two).
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch = 1);
+                                const std::string& op, int64_t batch = 1, bool any_side = false);
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is

@@ -77,9 +77,11 @@ class RmsNormEmitter {
     const VectorCores cores = VectorCores::of(cfg);
     const NormBuffers bufs = norm_buffers(m_h, m_t);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    const int64_t G =
-        bufs.plan.fit(cfg, cores.kind, kBlockLanes32,
-                      std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+    // Groups of whole 8-row blocks where they fit; long rows (Llama's H = 2048 and up in f16 /
+    // bf16: 32 KiB of buffers per row) in groups of fewer rows, down to one.
+    int64_t G = bufs.plan.fit(cfg, cores.kind, kBlockLanes32,
+                              std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+    if (G == 0) G = bufs.plan.fit(cfg, cores.kind, 1, kBlockLanes32);
     if (G == 0) m_b.fail(fmt::format("a row of {} does not fit the UB", m_h));
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
@@ -166,14 +168,20 @@ class RmsNormEmitter {
     const RowGroup xs{&m_layout, x, &g.supers, &g.slots};
     rows_bcast(b, xs, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq);
     if (!conv) sync.release_load(q);
-    const int64_t row_rep = m_h * kLaneBytes / kBlock;
-    for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-      set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-      const int64_t off = c * kSlotBytes;
-      const VOperand y(static_cast<int64_t>(m_sq) + off, 1, row_rep);
-      vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, y, y,
-                         VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), g.rows);
-    }
+    // * gamma: per 64-lane span of the row, all rows at once (a row stride of at most 255
+    // blocks), else row by row.
+    const RowGroup ys{&m_layout, m_sq, &g.supers, &g.slots};
+    for_superrow_batches(b, ys, [&](const Reg& first, Opnd count, int64_t row_rep) {
+      Reg ya = b.reg("y span");
+      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
+        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
+        const int64_t off = c * kSlotBytes;
+        b.mul_add(ya, first, m_h * kLaneBytes, static_cast<int64_t>(m_sq) + off);
+        const VOperand y(ya, 1, row_rep);
+        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, y, y,
+                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
+      }
+    });
     sync.wait_out_free(q);
     if (conv)
       vec_convert(b, m_t, Dtype::F32, m_out[q], m_sq, RoundMode::kRint, lanes);

@@ -296,7 +296,8 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
                              const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
                              const std::vector<int64_t>& stable_inputs,
                              const std::shared_ptr<const rt::LaunchLabel>& label,
-                             std::vector<std::shared_ptr<const void>>* hold) {
+                             std::vector<std::shared_ptr<const void>>* hold,
+                             const DerivedPlacement* placement) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   // Derived tensors (the precision casts of cube operands) kept across runs where their source
@@ -304,9 +305,20 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
   std::vector<DerivedTensorCache::Use> uses(k.derived.size());
   std::vector<uint64_t> derived_addrs(k.derived.size(), 0);
   std::vector<int> derived_of_launch(k.launches.size(), -1);
-  if (keep_derived_tensors()) {
-    for (size_t d = 0; d < k.derived.size(); ++d) {
-      const compiler::DerivedTensor& t = k.derived[d];
+  std::vector<char> left_out(k.launches.size(), 0);
+  const auto given = [&](bool reuse, size_t d) -> uint64_t {
+    if (!placement) return 0;
+    const std::vector<uint64_t>& v = reuse ? placement->reuse : placement->fallback;
+    return d < v.size() ? v[d] : 0;
+  };
+  for (size_t d = 0; d < k.derived.size(); ++d) {
+    const compiler::DerivedTensor& t = k.derived[d];
+    if (const uint64_t at = given(true, d)) {
+      derived_addrs[d] = at;
+      left_out.at(t.launch) = 1;
+      continue;
+    }
+    if (keep_derived_tensors()) {
       std::vector<rt::DerivedRange> sources;
       bool stable = true;
       for (int i : t.inputs) {
@@ -316,14 +328,20 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
         stable = stable &&
                  std::find(stable_inputs.begin(), stable_inputs.end(), i) != stable_inputs.end();
       }
-      if (sources.size() != t.inputs.size()) continue;  // an empty source: nothing to keep
-      uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, sources, stable);
-      derived_addrs[d] = uses[d].addr;
-      derived_of_launch.at(t.launch) = static_cast<int>(d);
+      if (sources.size() == t.inputs.size()) {  // else an empty source: nothing to keep
+        uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, sources, stable);
+        derived_addrs[d] = uses[d].addr;
+        derived_of_launch.at(t.launch) = static_cast<int>(d);
+      }
     }
+    // No buffer of its own (a workspace slice, never left out: may_skip is false): computed
+    // where the caller says; the cache still watches its source.
+    if (derived_addrs[d] == 0) derived_addrs[d] = given(false, d);
   }
+  if (placement && placement->placed) *placement->placed = derived_addrs;
   rt::Status st = rt::ok_status();
   for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
+    if (left_out[i]) continue;
     const compiler::Launch& l = k.launches[i];
     std::vector<uint64_t> args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
     if (derived_of_launch[i] >= 0)

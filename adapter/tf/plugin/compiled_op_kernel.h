@@ -89,6 +89,19 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const std::vector<uint64_t>& output_addrs,
                               const std::vector<int64_t>& stable_inputs = {});
 
+// Where a caller that queues several ops puts their derived tensors (compiler::DerivedTensor),
+// to share one between ops of a run (the NpuGraph kernel: two MatMuls reading one f32 tensor
+// cast it once). Per derived tensor of the compiled op (empty vectors: none given):
+//   reuse: nonzero: an op queued earlier on the stream computed this tensor there; its launch
+//          is left out and the op reads it there;
+//   fallback: nonzero: where it is computed when the derived-tensor cache gives it no buffer of
+//          its own (else its workspace slice, gone after the op).
+// placed (if set) receives where each derived tensor lives (0: its workspace slice).
+struct DerivedPlacement {
+  std::vector<uint64_t> reuse, fallback;
+  std::vector<uint64_t>* placed = nullptr;
+};
+
 // Queues every launch of `compiled` on `stream` without waiting: launch_compiled_op's work after
 // the workspace, for callers that queue several ops and synchronise once (the NpuGraph kernel,
 // npu_graph.h). Every launch carries `label`; `hold` receives what must stay alive until the
@@ -100,7 +113,8 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stre
                              const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
                              const std::vector<int64_t>& stable_inputs,
                              const std::shared_ptr<const rt::LaunchLabel>& label,
-                             std::vector<std::shared_ptr<const void>>* hold);
+                             std::vector<std::shared_ptr<const void>>* hold,
+                             const DerivedPlacement* placement = nullptr);
 
 // The label of a run of `op` (compiled as `k`) for node `node`: its name, op type and tensors;
 // dispatch 0 and host_dispatch eager_op, for the caller to set.

@@ -27,8 +27,11 @@
 #include "tensorflow/core/framework/types.pb.h"
 #pragma GCC diagnostic pop
 
+#include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/plugin_device.h"
+#include "common/numeric.h"
 
 namespace npusim::tf {
 namespace {
@@ -169,6 +172,7 @@ std::optional<std::vector<int64_t>> tensor_ints(const tfc::TensorProto& t, const
     return v;
   }
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(Int));
+  if (t.tensor_content().empty()) return std::vector<int64_t>(elements, 0);  // TF's zeros
   if (static_cast<int64_t>(t.tensor_content().size()) != bytes)
     return std::nullopt;
   for (int64_t i = 0; i < elements; ++i) {
@@ -1275,9 +1279,12 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
 // Ops whose result depends only on their inputs and attributes (no state, no randomness), so
 // two such nodes with the same inputs compute the same tensors. ReadVariableOp reads state, but
 // two reads of one variable with the same control inputs are ordered alike against every writer
-// (TensorFlow's automatic control dependencies order them), so they read the same value.
+// (TensorFlow's automatic control dependencies order them), so they read the same value. Const:
+// equal values (the same `value` attribute) are one constant; constant folding leaves Keras'
+// Adam one `1.0` per variable, and the `iterations + 1` reading each are only duplicates once
+// those are one.
 bool pure_node(const tfc::NodeDef& n) {
-  return n.op() == "Cast" || n.op() == "ReadVariableOp" ||
+  return n.op() == "Cast" || n.op() == "ReadVariableOp" || n.op() == "Const" ||
          compiler::ops::fusible_elementwise(n.op());
 }
 
@@ -1373,6 +1380,625 @@ int dedup_pure_nodes(tfc::GraphDef& graph, const std::unordered_set<std::string>
   return changed;
 }
 
+// ---- rewrites 7-9: decoder-model fusions (keras-hub's Llama-family graphs) ----
+// Each anchors at the last node of keras-hub's subgraph, checks every node of it (ops, types,
+// constants, consumers) and rewrites the anchor in place as CANN's fused op (kernels_llm.cpp).
+
+bool half_type(tfc::DataType t) { return t == tfc::DT_HALF || t == tfc::DT_BFLOAT16; }
+bool float_type(tfc::DataType t) { return t == tfc::DT_FLOAT || half_type(t); }
+
+// The value of a scalar floating Const (float, half or bfloat16), as a double.
+std::optional<double> scalar_value(const tfc::NodeDef* n) {
+  if (!n || n->op() != "Const") return std::nullopt;
+  if (std::optional<float> f = scalar_float_const(*n)) return *f;
+  const std::optional<tfc::DataType> t = type_attr(*n, "dtype");
+  auto it = n->attr().find("value");
+  if (!t || !float_type(*t) || it == n->attr().end() ||
+      it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& p = it->second.tensor();
+  int64_t elements = 1;
+  for (const auto& d : p.tensor_shape().dim()) elements *= d.size();
+  if (elements != 1) return std::nullopt;
+  // A tensor without values is zeros (TensorFlow writes 0.0 so)
+  if (p.float_val_size() == 0 && p.half_val_size() == 0 && p.tensor_content().empty()) return 0.0;
+  if (*t == tfc::DT_FLOAT) return std::nullopt;
+  uint16_t bits = 0;
+  if (p.half_val_size() >= 1) {
+    bits = static_cast<uint16_t>(p.half_val(0));
+  } else if (p.tensor_content().size() == sizeof bits) {
+    std::memcpy(&bits, p.tensor_content().data(), sizeof bits);
+  } else {
+    return std::nullopt;
+  }
+  return *t == tfc::DT_HALF ? f16_to_f32(bits) : bf16_to_f32(bits);
+}
+
+// The shape of data input i of n as TensorFlow's shape inference recorded it (_input_shapes);
+// empty if unknown (no record, unknown rank or a dimension of unknown size).
+std::vector<int64_t> input_shape(const tfc::NodeDef& n, int i) {
+  auto it = n.attr().find("_input_shapes");
+  if (it == n.attr().end() || i >= it->second.list().shape_size()) return {};
+  const tfc::TensorShapeProto& s = it->second.list().shape(i);
+  std::vector<int64_t> dims;
+  if (s.unknown_rank()) return {};
+  for (const auto& d : s.dim()) {
+    if (d.size() < 0) return {};
+    dims.push_back(d.size());
+  }
+  return dims;
+}
+
+// n is a Cast on the NPU from `from` to `to` (either: any type where nullopt).
+bool is_cast(const tfc::NodeDef* n, std::optional<tfc::DataType> from,
+             std::optional<tfc::DataType> to) {
+  if (!n || n->op() != "Cast" || !on_npu(*n)) return false;
+  const auto src = type_attr(*n, "SrcT"), dst = type_attr(*n, "DstT");
+  return src && dst && (!from || *src == *from) && (!to || *dst == *to);
+}
+
+// A Transpose of data input 0 by the constant permutation `perm`.
+tfc::NodeDef* transpose_by(GraphView& g, tfc::NodeDef* n, const std::vector<int64_t>& perm) {
+  if (!n || n->op() != "Transpose" || !on_npu(*n)) return nullptr;
+  const tfc::NodeDef* p = input_node(g, *n, 1);
+  std::optional<std::vector<int64_t>> v = p ? const_ints(*p) : std::nullopt;
+  return v && *v == perm ? n : nullptr;
+}
+
+// A BatchMatMulV2 without adjoints.
+bool plain_batch_matmul(const tfc::NodeDef* n) {
+  if (!n || n->op() != "BatchMatMulV2" || !on_npu(*n)) return false;
+  for (const char* a : {"adj_x", "adj_y"}) {
+    auto it = n->attr().find(a);
+    if (it != n->attr().end() && it->second.b()) return false;
+  }
+  return true;
+}
+
+// Cast from the model's type T to f32 where T is half or bfloat16: the node producing input i of
+// n is such a Cast (returned, to be removed) and *from is its input; for T = f32, *from is
+// input i itself and nullptr is returned with ok. False when the pattern does not hold.
+bool widened_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t, tfc::NodeDef** cast,
+                   std::string* from) {
+  *cast = nullptr;
+  if (i >= n.input_size() || parse_input(n.input(i)).control) return false;
+  if (t == tfc::DT_FLOAT) {
+    *from = n.input(i);
+    return true;
+  }
+  tfc::NodeDef* c = input_node(g, n, i);
+  if (!is_cast(c, t, tfc::DT_FLOAT)) return false;
+  *cast = c;
+  *from = c->input(0);
+  return true;
+}
+
+// Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's), T the model's compute type:
+//   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0)  m = Mean(p, last axis, keep_dims)
+//   a = AddV2(m, eps)  r = Rsqrt(a)  y = Mul(Mul(xf, r), gf)  [Cast(y: f32 -> T)]
+// gf the scale: for T = f32 any tensor, else a Cast(gamma: T -> f32) (read by the fused op as
+// gamma; the Cast goes if nothing else reads it). Operands of Mul / AddV2 in either order.
+int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                   std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int pass = 0; pass < 2; ++pass)  // half / bfloat16 models first, then f32 ones
+    for (int i = 0; i < g.size(); ++i) {
+      tfc::NodeDef& last = *g.at(i);
+      if (!on_npu(last) || rm.claimed(last.name())) continue;
+      tfc::NodeDef* y = nullptr;
+      tfc::DataType t = tfc::DT_FLOAT;
+      if (pass == 0 && is_cast(&last, tfc::DT_FLOAT, std::nullopt) &&
+          half_type(*type_attr(last, "DstT"))) {
+        y = g.producer(last, 0, "Mul");
+        t = *type_attr(last, "DstT");
+        if (!y || !rm.removable(*y, 1)) continue;
+      } else if (pass == 1 && last.op() == "Mul") {
+        y = &last;
+      } else {
+        continue;
+      }
+      if (!float_node(*y)) continue;
+      // The chain under y, fused in place of last: true if it matched.
+      auto fuse_under = [&]() -> bool {
+        for (int o = 0; o < 2; ++o) {
+          tfc::NodeDef* xr = g.producer(*y, o, "Mul");
+          if (!xr || !float_node(*xr) || !rm.removable(*xr, 1)) continue;
+          tfc::NodeDef *gcast = nullptr, *xcast = nullptr;
+          std::string gamma, x;
+          if (!widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
+          // xr = Mul(xf, r)
+          for (int q = 0; q < 2; ++q) {
+            tfc::NodeDef* r = g.producer(*xr, q, "Rsqrt");
+            tfc::NodeDef* a = r ? g.producer(*r, 0, "AddV2") : nullptr;
+            if (!a || !rm.removable(*r, 1) || !rm.removable(*a, 1)) continue;
+            if (!widened_input(g, *xr, 1 - q, t, &xcast, &x)) continue;
+            const std::string xf = xr->input(1 - q);
+            for (int k = 0; k < 2; ++k) {
+              tfc::NodeDef* m = g.producer(*a, k, "Mean");
+              std::optional<double> eps = scalar_value(input_node(g, *a, 1 - k));
+              if (!m || !eps || !rm.removable(*m, 1) || !float_node(*m) || !float_node(*a) ||
+                  !float_node(*r))
+                continue;
+              auto kd = m->attr().find("keep_dims");
+              const tfc::NodeDef* axes = input_node(g, *m, 1);
+              if (kd == m->attr().end() || !kd->second.b() || !axes ||
+                  const_ints(*axes) != std::vector<int64_t>{-1})
+                continue;
+              tfc::NodeDef* p = input_node(g, *m, 0);
+              if (!p || !on_npu(*p) || !float_node(*p) || !rm.removable(*p, 1) || p->input(0) != xf)
+                continue;
+              if (!(p->op() == "Square" ||
+                    (p->op() == "Pow" && scalar_value(input_node(g, *p, 1)) == 2.0)))
+                continue;
+              // gamma is a variable's value (the layer's scale; the kernel checks it is [H])
+              const tfc::NodeDef* gv = g.node(parse_input(gamma).node);
+              if (!gv || gv->op() != "ReadVariableOp") continue;
+              // xf (a Cast) is read by p and xr only
+              if (xcast && !rm.removable(*xcast, 2)) continue;
+              std::vector<tfc::NodeDef*> gone = {p, m, a, r, xr};
+              if (y != &last) gone.push_back(y);
+              if (xcast) gone.push_back(xcast);
+              if (gcast && rm.removable(*gcast, 1)) gone.push_back(gcast);
+              for (tfc::NodeDef* n : gone) rm.remove(n->name());
+              std::map<std::string, tfc::AttrValue> attrs;
+              attrs["T"] = type_value(t);
+              attrs["epsilon"].set_f(static_cast<float>(*eps));
+              rewrite_as(last, "RmsNorm", {x, gamma}, attrs);
+              rm.claim(last.name());
+              ++fused;
+              return true;
+            }
+          }
+        }
+        return false;
+      };
+      fuse_under();
+    }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// The values of the int Const feeding data input i of n (nullopt: not such a Const).
+std::optional<std::vector<int64_t>> input_ints(GraphView& g, const tfc::NodeDef& n, int i) {
+  const tfc::NodeDef* c = input_node(g, n, i);
+  return c ? const_ints(*c) : std::nullopt;
+}
+
+// Whether tensors a and b are Reshapes to one constant, fully known shape (keras' Dense layers'
+// outputs: Tensordot's Reshape to [batch, seq, units]).
+bool same_static_shape(GraphView& g, const std::string& a, const std::string& b) {
+  const InputRef ra = parse_input(a), rb = parse_input(b);
+  const tfc::NodeDef* na = ra.port ? nullptr : g.node(ra.node);
+  const tfc::NodeDef* nb = rb.port ? nullptr : g.node(rb.node);
+  if (!na || !nb || na->op() != "Reshape" || nb->op() != "Reshape") return false;
+  const tfc::NodeDef* sa = input_node(g, *na, 1);
+  const tfc::NodeDef* sb = input_node(g, *nb, 1);
+  std::optional<std::vector<int64_t>> da = sa ? const_ints(*sa) : std::nullopt;
+  std::optional<std::vector<int64_t>> db = sb ? const_ints(*sb) : std::nullopt;
+  if (!da || !db || *da != *db || da->empty()) return false;
+  for (int64_t d : *da)
+    if (d < 0) return false;
+  return true;
+}
+
+// Rewrite 8, SwiGlu (Llama's feed-forward: silu of the gate in f32, times the up projection):
+//   [gf = Cast(gate: T -> f32)]  s = Sigmoid(gf)  h = Mul(gf, s)  [hc = Cast(h: f32 -> T)]
+//   out = Mul(up, hc or h)        (operands of either Mul in either order)
+int fuse_swiglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                 std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& out = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(out);
+    if (out.op() != "Mul" || !on_npu(out) || !t || !float_type(*t) || rm.claimed(out.name()))
+      continue;
+    for (int o = 0; o < 2; ++o) {
+      tfc::NodeDef* hc = nullptr;
+      tfc::NodeDef* h = nullptr;
+      if (*t == tfc::DT_FLOAT) {
+        h = g.producer(out, o, "Mul");
+      } else {
+        hc = input_node(g, out, o);
+        if (!is_cast(hc, tfc::DT_FLOAT, *t) || !rm.removable(*hc, 1)) continue;
+        h = g.producer(*hc, 0, "Mul");
+      }
+      if (!h || !float_node(*h) || !rm.removable(*h, 1) || parse_input(out.input(1 - o)).control)
+        continue;
+      for (int q = 0; q < 2; ++q) {
+        tfc::NodeDef* s = g.producer(*h, q, "Sigmoid");
+        if (!s || !float_node(*s) || !rm.removable(*s, 1) || s->input(0) != h->input(1 - q))
+          continue;
+        tfc::NodeDef* gcast = nullptr;
+        std::string gate;
+        if (!widened_input(g, *h, 1 - q, *t, &gcast, &gate)) continue;
+        if (gcast && !rm.removable(*gcast, 2)) continue;
+        if (!same_static_shape(g, gate, out.input(1 - o))) continue;
+        for (tfc::NodeDef* n : {hc, h, s, gcast})
+          if (n) rm.remove(n->name());
+        std::map<std::string, tfc::AttrValue> attrs;
+        attrs["T"] = type_value(*t);
+        rewrite_as(out, "SwiGlu", {gate, out.input(1 - o)}, attrs);
+        rm.claim(out.name());
+        ++fused;
+        o = 2;
+        break;
+      }
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// The bool values of a DT_BOOL Const.
+std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<int64_t>* shape) {
+  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_BOOL) return std::nullopt;
+  auto it = n.attr().find("value");
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = it->second.tensor();
+  int64_t elements = 1;
+  shape->clear();
+  for (const auto& d : t.tensor_shape().dim()) {
+    elements *= d.size();
+    shape->push_back(d.size());
+  }
+  std::vector<bool> v;
+  if (t.bool_val_size() > 0) {
+    for (int64_t i = 0; i < elements; ++i)
+      v.push_back(t.bool_val(static_cast<int>(std::min<int64_t>(i, t.bool_val_size() - 1))));
+    return v;
+  }
+  if (static_cast<int64_t>(t.tensor_content().size()) != elements) return std::nullopt;
+  for (int64_t i = 0; i < elements; ++i) v.push_back(t.tensor_content()[i] != 0);
+  return v;
+}
+
+// The values of a float Const holding a vector.
+std::optional<std::vector<float>> const_floats(const tfc::NodeDef* n) {
+  if (!n || n->op() != "Const" || type_attr(*n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
+  auto it = n->attr().find("value");
+  if (it == n->attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = it->second.tensor();
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
+  std::vector<float> v;
+  if (t.float_val_size() > 0) {
+    for (int64_t i = 0; i < elements; ++i)
+      v.push_back(t.float_val(static_cast<int>(std::min<int64_t>(i, t.float_val_size() - 1))));
+    return v;
+  }
+  if (static_cast<int64_t>(t.tensor_content().size()) != elements * 4) return std::nullopt;
+  v.resize(elements);
+  std::memcpy(v.data(), t.tensor_content().data(), t.tensor_content().size());
+  return v;
+}
+
+// keras-hub's attention mask, as the fused ops express it.
+struct AttentionMask {
+  // Constant mask [B, 1, Sq, L]: query i sees keys j <= i + offset (causal) or all keys.
+  bool constant = false, causal = false;
+  int64_t offset = 0;
+  // Decode step: mask[b, 0, 0, j] = (j <= index), index the int32 tensor `index`.
+  std::string index;
+  std::vector<tfc::NodeDef*> nodes;  // the mask's subgraph (removed if nothing else reads it)
+};
+
+// The mask read by the softmax's SelectV2s: a bool Const of shape [B, 1, Sq, L] that is causal
+// with one offset (or all true), or compute_causal_mask(batch, L, 1, index)[:, None] as
+// grappler leaves it: StridedSlice(BroadcastTo(ExpandDims(GreaterEqual(ExpandDims(pos, 1),
+// range(L)), 0), shape)) with pos = BroadcastTo(Cast(index), [1]) or AddV2(Cast(index), [0]).
+// *seq_q gets the query length the mask is for.
+std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in, int64_t seq_kv,
+                                        int64_t* seq_q) {
+  const InputRef r = parse_input(mask_in);
+  tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  if (!n) return std::nullopt;
+  AttentionMask m;
+  std::vector<int64_t> shape;
+  if (std::optional<std::vector<bool>> v = const_bools(*n, &shape)) {
+    if (shape.size() != 4 || shape[1] != 1 || shape[2] < 1 || shape[3] != seq_kv)
+      return std::nullopt;
+    *seq_q = shape[2];
+    // all true: no mask; else one offset for every row and batch entry
+    for (const std::optional<int64_t> off : {std::optional<int64_t>{}, std::optional<int64_t>{0},
+                                             std::optional<int64_t>{seq_kv - *seq_q}}) {
+      bool same = true;
+      for (size_t e = 0; e < v->size() && same; ++e) {
+        const int64_t j = static_cast<int64_t>(e) % seq_kv;
+        const int64_t i = static_cast<int64_t>(e) / seq_kv % *seq_q;
+        same = (*v)[e] == (!off || j <= i + *off);
+      }
+      if (!same) continue;
+      m.constant = true;
+      m.causal = off.has_value();
+      m.offset = off.value_or(0);
+      m.nodes = {n};
+      return m;
+    }
+    return std::nullopt;
+  }
+  *seq_q = 1;  // a decode step's: the position index over keys [0, seq_kv)
+  // StridedSlice [:, None, :, :]
+  tfc::NodeDef* ss = n;
+  auto attr_i = [](const tfc::NodeDef* x, const char* a) {
+    auto it = x->attr().find(a);
+    return it == x->attr().end() ? int64_t{0} : it->second.i();
+  };
+  if (ss->op() != "StridedSlice" || attr_i(ss, "new_axis_mask") != 2 ||
+      attr_i(ss, "shrink_axis_mask") != 0 || attr_i(ss, "ellipsis_mask") != 0 ||
+      (attr_i(ss, "begin_mask") & 13) != 13 || (attr_i(ss, "end_mask") & 13) != 13)
+    return std::nullopt;
+  const tfc::NodeDef* strides = input_node(g, *ss, 3);
+  std::optional<std::vector<int64_t>> sv = strides ? const_ints(*strides) : std::nullopt;
+  if (!sv || *sv != std::vector<int64_t>(4, 1)) return std::nullopt;
+  tfc::NodeDef* bc = g.producer(*ss, 0, "BroadcastTo");
+  tfc::NodeDef* e0 = bc ? g.producer(*bc, 0, "ExpandDims") : nullptr;
+  tfc::NodeDef* ge = e0 ? g.producer(*e0, 0, "GreaterEqual") : nullptr;
+  tfc::NodeDef* e1 = ge ? g.producer(*ge, 0, "ExpandDims") : nullptr;
+  if (!e1 || input_ints(g, *e0, 1) != std::vector<int64_t>{0} ||
+      input_ints(g, *e1, 1) != std::vector<int64_t>{1} || type_attr(*ge) != tfc::DT_FLOAT)
+    return std::nullopt;
+  std::optional<std::vector<float>> range = const_floats(input_node(g, *ge, 1));
+  if (!range || static_cast<int64_t>(range->size()) != seq_kv) return std::nullopt;
+  for (int64_t j = 0; j < seq_kv; ++j)
+    if ((*range)[j] != static_cast<float>(j)) return std::nullopt;
+  tfc::NodeDef* pos = input_node(g, *e1, 0);
+  tfc::NodeDef* cast = nullptr;
+  if (pos && pos->op() == "BroadcastTo" && input_ints(g, *pos, 1) == std::vector<int64_t>{1}) {
+    cast = input_node(g, *pos, 0);
+  } else if (pos && pos->op() == "AddV2") {
+    for (int k = 0; k < 2 && !cast; ++k) {
+      std::optional<std::vector<float>> zero = const_floats(input_node(g, *pos, 1 - k));
+      if (zero && *zero == std::vector<float>{0.0f}) cast = input_node(g, *pos, k);
+    }
+  }
+  if (!is_cast(cast, tfc::DT_INT32, tfc::DT_FLOAT)) return std::nullopt;
+  m.index = cast->input(0);
+  m.nodes = {ss, bc, e0, ge, e1, pos, cast};
+  return m;
+}
+
+// The key or value as the attention reads it: t itself (one query head per KV head) or
+// keras.ops.repeat(t, G, axis=2) as Reshape(Tile(ExpandDims(t, 3), [1, 1, 1, G, 1]),
+// [B, L, Nkv * G, D]).
+struct KeyValue {
+  std::string source;                 // t
+  std::vector<int64_t> shape;         // t's [B, L, Nkv, D]
+  int64_t heads = 0;                  // Nkv * G: the query heads
+  std::vector<tfc::NodeDef*> repeat;  // the repeat's nodes, if any
+};
+
+// The KeyValue read through Transpose node `tr` (its input 0); the shapes come from the repeat's
+// constant shape, or without a repeat from TensorFlow's recorded _input_shapes.
+std::optional<KeyValue> unrepeated(GraphView& g, const tfc::NodeDef& tr) {
+  KeyValue kv;
+  kv.source = tr.input(0);
+  tfc::NodeDef* n = input_node(g, tr, 0);
+  tfc::NodeDef* tile = n && n->op() == "Reshape" ? g.producer(*n, 0, "Tile") : nullptr;
+  tfc::NodeDef* ed = tile ? g.producer(*tile, 0, "ExpandDims") : nullptr;
+  if (!ed) {
+    kv.shape = input_shape(tr, 0);
+    if (kv.shape.size() != 4) return std::nullopt;
+    kv.heads = kv.shape[2];
+    return kv;
+  }
+  std::optional<std::vector<int64_t>> dim = input_ints(g, *ed, 1);
+  std::optional<std::vector<int64_t>> mult = input_ints(g, *tile, 1);
+  std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
+  if (!dim || !mult || !to || mult->size() != 5 || to->size() != 4 ||
+      !(*dim == std::vector<int64_t>{3} || *dim == std::vector<int64_t>{-2}))
+    return std::nullopt;
+  const int64_t reps = (*mult)[3];
+  if ((*mult)[0] != 1 || (*mult)[1] != 1 || (*mult)[2] != 1 || (*mult)[4] != 1 || reps < 1 ||
+      (*to)[2] % reps != 0)
+    return std::nullopt;
+  for (int64_t d : *to)
+    if (d < 1) return std::nullopt;
+  kv.source = ed->input(0);
+  kv.shape = {(*to)[0], (*to)[1], (*to)[2] / reps, (*to)[3]};
+  kv.heads = (*to)[2];
+  kv.repeat = {n, tile, ed};
+  return kv;
+}
+
+// Where fp32 attention may run in fp16 (the fused kernels take half or bfloat16): the device's
+// precision mode lets fp32 cube operands be rounded to fp16 (allow_fp32_to_fp16,
+// allow_mix_precision), as the unfused products' operands already are.
+bool fp32_attention_allowed() {
+  PluginSettings s;
+  if (device_if_open()) {
+    s = opened_settings();
+  } else if (!settings_from_env(&s).ok()) {
+    return false;
+  }
+  return s.precision != compiler::PrecisionMode::kKeepFp32;
+}
+
+// A new node `name` on `device` (appended to the graph).
+tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
+                       const std::string& device, const std::vector<std::string>& inputs,
+                       const std::map<std::string, tfc::AttrValue>& attrs) {
+  tfc::NodeDef* n = graph.add_node();
+  n->set_name(name);
+  n->set_op(op);
+  n->set_device(device);
+  for (const std::string& in : inputs) n->add_input(in);
+  for (const auto& [k, v] : attrs) (*n->mutable_attr())[k] = v;
+  return n;
+}
+
+std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataType to) {
+  std::map<std::string, tfc::AttrValue> a;
+  a["SrcT"] = type_value(from);
+  a["DstT"] = type_value(to);
+  a["Truncate"].set_b(false);
+  return a;
+}
+
+// Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
+// einsum lowers it), T the compute type, q [B, Sq, N, D], k and v [B, L, Nkv, D]:
+//   s = BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(repeat(k), [0,2,3,1]))
+//   sc = [Cast to f32](Mul(s, scale))      (no Mul: scale 1)
+//   p = SelectV2(mask, Softmax(SelectV2(mask, sc, c <= -1e4)), 0)
+//   out = Transpose(BatchMatMulV2([Cast to T](p), Transpose(repeat(v), [0,2,1,3])), [0,2,1,3])
+// becomes, in place of out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant
+// causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's
+// mask over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k,
+// v are cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
+// "<out>/npusim_attention"; out becomes the Cast back). Masked scores weigh 0 either way
+// (exp(c - max) underflows to 0 in f32 for c <= -1e4 and scores above -1e4 + 104).
+int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                    std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  std::vector<tfc::NodeDef*> mask_nodes;  // of the fused attentions, each mask's last node first
+  const int n_nodes = g.size();
+  for (int i = 0; i < n_nodes; ++i) {
+    tfc::NodeDef& out = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(out);
+    if (!t || !float_type(*t) || !transpose_by(g, &out, {0, 2, 1, 3})) continue;
+    tfc::NodeDef* pv = input_node(g, out, 0);
+    if (!plain_batch_matmul(pv) || !rm.removable(*pv, 1)) continue;
+    tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
+    if (!vt || !rm.removable(*vt, 1)) continue;
+    std::vector<tfc::NodeDef*> gone = {pv, vt};
+    std::string p_in = pv->input(0);  // the probabilities, cast to T where T is not f32
+    if (*t != tfc::DT_FLOAT) {
+      tfc::NodeDef* pc = input_node(g, *pv, 0);
+      if (!is_cast(pc, tfc::DT_FLOAT, *t) || !rm.removable(*pc, 1)) continue;
+      p_in = pc->input(0);
+      gone.push_back(pc);
+    }
+    const InputRef pr = parse_input(p_in);
+    tfc::NodeDef* sel1 = pr.port ? nullptr : g.node(pr.node);
+    if (!sel1 || sel1->op() != "SelectV2" || !rm.removable(*sel1, 1) ||
+        scalar_value(input_node(g, *sel1, 2)) != 0.0)
+      continue;
+    tfc::NodeDef* sm = g.producer(*sel1, 1, "Softmax");
+    tfc::NodeDef* sel0 = sm ? g.producer(*sm, 0, "SelectV2") : nullptr;
+    std::optional<double> fill = sel0 ? scalar_value(input_node(g, *sel0, 2)) : std::nullopt;
+    if (!sel0 || !rm.removable(*sm, 1) || !rm.removable(*sel0, 1) || !fill || *fill > -1e4 ||
+        sel0->input(0) != sel1->input(0) || type_attr(*sm) != tfc::DT_FLOAT ||
+        type_attr(*sel0) != tfc::DT_FLOAT)
+      continue;
+    gone.insert(gone.end(), {sel1, sm, sel0});
+    // scores: [Cast to f32](Mul(BatchMatMulV2, scale))
+    tfc::NodeDef* sc = input_node(g, *sel0, 1);
+    if (*t != tfc::DT_FLOAT) {
+      if (!is_cast(sc, *t, tfc::DT_FLOAT) || !rm.removable(*sc, 1)) continue;
+      gone.push_back(sc);
+      sc = input_node(g, *sc, 0);
+    }
+    double scale = 1.0;
+    tfc::NodeDef* qk = sc;
+    if (sc && sc->op() == "Mul" && type_attr(*sc) == *t) {
+      qk = nullptr;
+      for (int k = 0; k < 2 && !qk; ++k) {
+        std::optional<double> v = scalar_value(input_node(g, *sc, 1 - k));
+        if (v && plain_batch_matmul(input_node(g, *sc, k))) {
+          scale = *v;
+          qk = input_node(g, *sc, k);
+        }
+      }
+      if (!qk || !rm.removable(*sc, 1)) continue;
+      gone.push_back(sc);
+    }
+    if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != *t) continue;
+    tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
+    tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
+    if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) continue;
+    gone.insert(gone.end(), {qk, qt, kt});
+    // K and V, unrepeated alike; their repeats read only here
+    std::optional<KeyValue> k = unrepeated(g, *kt), v = unrepeated(g, *vt);
+    if (!k || !v || k->shape != v->shape || k->heads != v->heads) continue;
+    std::vector<tfc::NodeDef*> reps = k->repeat;
+    reps.insert(reps.end(), v->repeat.begin(), v->repeat.end());
+    bool ok = true;
+    for (tfc::NodeDef* n : reps) ok = ok && rm.removable(*n, 1);
+    int64_t seq_q = 0;
+    std::optional<AttentionMask> mask =
+        ok ? match_mask(g, sel0->input(0), k->shape[1], &seq_q) : std::nullopt;
+    if (!mask) continue;
+    // q [B, Sq, N, D] (where TensorFlow recorded q's shape, it must agree)
+    const std::vector<int64_t> qs = {k->shape[0], seq_q, k->heads, k->shape[3]};
+    const std::vector<int64_t> recorded = input_shape(*qt, 0);
+    if (!recorded.empty() && recorded != qs) continue;
+    if (*t == tfc::DT_FLOAT && !fp32_attention_allowed()) continue;
+    gone.insert(gone.end(), reps.begin(), reps.end());
+    for (tfc::NodeDef* n : gone) rm.remove(n->name());
+    mask_nodes.insert(mask_nodes.end(), mask->nodes.begin(), mask->nodes.end());
+
+    const tfc::DataType ft = *t == tfc::DT_FLOAT ? tfc::DT_HALF : *t;
+    std::string q_in = qt->input(0), k_in = k->source, v_in = v->source;
+    const std::string name = out.name(), device = out.device();
+    if (*t == tfc::DT_FLOAT) {
+      q_in = add_node(graph, name + "/npusim_q_fp16", "Cast", device, {q_in},
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
+      k_in = add_node(graph, name + "/npusim_k_fp16", "Cast", device, {k_in},
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
+      v_in = add_node(graph, name + "/npusim_v_fp16", "Cast", device, {v_in},
+                      cast_attrs(tfc::DT_FLOAT, ft))
+                 ->name();
+    }
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(ft);
+    attrs["scale_value"].set_f(static_cast<float>(scale));
+    attrs["input_layout"].set_s("BSND");
+    attrs["num_heads"].set_i(qs[2]);
+    attrs["num_key_value_heads"].set_i(k->shape[2]);
+    std::vector<std::string> inputs = {q_in, k_in, v_in};
+    const char* op = "PromptFlashAttention";
+    if (mask->constant) {
+      attrs["sparse_mode"].set_i(!mask->causal ? 0 : mask->offset == 0 ? 2 : 3);
+    } else {
+      op = "IncreFlashAttention";
+      tfc::AttrValue one;
+      one.mutable_tensor()->set_dtype(tfc::DT_INT32);
+      one.mutable_tensor()->mutable_tensor_shape();
+      one.mutable_tensor()->add_int_val(1);
+      std::map<std::string, tfc::AttrValue> cattrs;
+      cattrs["dtype"] = type_value(tfc::DT_INT32);
+      cattrs["value"] = one;
+      const std::string c1 =
+          add_node(graph, name + "/npusim_one", "Const", device, {}, cattrs)->name();
+      std::map<std::string, tfc::AttrValue> aattrs;
+      aattrs["T"] = type_value(tfc::DT_INT32);
+      inputs.push_back(
+          add_node(graph, name + "/npusim_kv_length", "AddV2", device, {mask->index, c1}, aattrs)
+              ->name());
+      attrs["Tlen"] = type_value(tfc::DT_INT32);
+    }
+    if (*t == tfc::DT_FLOAT) {
+      const std::string fused_name = name + "/npusim_attention";
+      tfc::NodeDef* f = add_node(graph, fused_name, op, device, inputs, attrs);
+      if (out.has_experimental_debug_info())
+        *f->mutable_experimental_debug_info() = out.experimental_debug_info();
+      rewrite_as(out, "Cast", {fused_name}, cast_attrs(ft, tfc::DT_FLOAT));
+    } else {
+      rewrite_as(out, op, inputs, attrs);
+    }
+    rm.claim(name);
+    ++fused;
+  }
+  // The masks' subgraphs no longer read (every data consumer removed): removed, consumers first.
+  for (tfc::NodeDef* n : mask_nodes) {
+    bool dead = on_npu(*n) && !preserve.count(n->name()) && !g.control_target(n->name()) &&
+                !rm.claimed(n->name());
+    for (int c : g.consumer_indices(n->name())) dead = dead && rm.removed().count(g.at(c)->name());
+    if (dead) rm.remove(n->name());
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -1411,11 +2037,46 @@ bool variable_update_fusion_requested() {
   return on;
 }
 
+namespace {
+// False when the environment variable is "0".
+bool switch_on(const char* variable) {
+  const char* v = std::getenv(variable);
+  return !(v && std::string(v) == "0");
+}
+}  // namespace
+
+bool rms_norm_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_RMS_NORM");
+  return on;
+}
+
+bool swiglu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_SWIGLU");
+  return on;
+}
+
+bool attention_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_ATTENTION");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   FusionCounts counts;
   std::set<std::string> removed;
+  // Decoder-model rewrites first: rewrite 4 would otherwise take their element-wise steps.
+  if (llm_ops_registered()) {
+    if (rms_norm_fusion_requested()) counts.rms_norm = fuse_rms_norms(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (swiglu_fusion_requested()) counts.swiglu = fuse_swiglus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (attention_fusion_requested()) counts.attention = fuse_attentions(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+  }
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);

@@ -76,14 +76,44 @@
 //      (fused_variable_update_registered()); NPUSIM_FUSION_VARIABLE_UPDATE=0 turns this
 //      rewrite alone off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
-//      arithmetic optimizer (below): a node of a pure op (Cast, ReadVariableOp, the fusible
-//      element-wise ops) on the NPU with the same op, device, attributes, data inputs and set of
-//      control inputs as an earlier one (in topological order, after replacing earlier
+//      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
+//      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and
+//      set of control inputs as an earlier one (in topological order, after replacing earlier
 //      duplicates) is replaced by it: its data consumers read the earlier node and it goes (its
 //      control consumers then follow the earlier node), unless it is preserved (it then stays,
 //      unread). Keras' optimizers compute iterations + 1 and its cast once per variable. Two
 //      reads of one variable with the same control inputs read the same value: TensorFlow
 //      orders every writer of a variable against its reads.
+//   7-9, run first (rewrite 4 would take their element-wise steps): keras-hub's decoder
+//      subgraphs onto CANN's fused ops (kernels_llm.cpp), T the model's compute type (float,
+//      half, bfloat16); where T is half / bfloat16 keras-hub casts to f32 around them (the
+//      optional Casts below), and the fused op takes T and computes in f32.
+//   7. RmsNorm (LlamaLayerNorm): [xf = Cast(x: T -> f32)] Mul(Mul(xf, Rsqrt(AddV2(Mean(Pow(xf,
+//      2.0) or Square(xf), axis -1, keep_dims), eps))), gamma) [-> Cast to T], gamma a
+//      ReadVariableOp [through a Cast T -> f32] -> RmsNorm(x, gamma; epsilon).
+//      NPUSIM_FUSION_RMS_NORM=0 turns it alone off.
+//   8. SwiGlu (Llama's feed-forward): Mul(up, [Cast to T](Mul(gf, Sigmoid(gf)))), gf = gate
+//      [through a Cast T -> f32], gate and up Reshapes to one constant shape (Dense outputs) ->
+//      SwiGlu(gate, up). NPUSIM_FUSION_SWIGLU=0 turns it alone off.
+//   9. Fused attention (LlamaAttention's einsums as TensorFlow lowers them):
+//        Transpose(BatchMatMulV2([Cast to T](SelectV2(mask, Softmax(SelectV2(mask, [Cast to f32]
+//        (Mul(BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(K, [0,2,3,1])), scale)), c)), 0)),
+//        Transpose(V, [0,2,1,3])), [0,2,1,3])
+//      with c <= -1e4 (keras' -1e9: a masked score weighs 0 either way), K and V either k and v
+//      or keras.ops.repeat(k, G, axis=2) (ExpandDims, Tile, Reshape to a constant shape:
+//      grouped-query heads), q [B, Sq, N, D], k and v [B, L, Nkv, D], and the mask one of
+//        - a bool Const [B, 1, Sq, L], causal with offset 0 or L - Sq (or all true): the
+//          prefill over an empty cache -> PromptFlashAttention(q, k, v; scale_value,
+//          sparse_mode 2, 3 or 0);
+//        - compute_causal_mask(B, L, 1, index)[:, None] as grappler leaves it (GreaterEqual of
+//          the Cast int32 index against a constant range(L)): a decode step ->
+//          IncreFlashAttention(q, k, v, AddV2(index, 1); scale_value, Tlen int32) (new nodes
+//          "<name>/npusim_one", "<name>/npusim_kv_length").
+//      T = float only where the precision mode lets fp32 cube operands round to fp16 (not
+//      must_keep_origin_dtype): q, k and v are cast to half ("<name>/npusim_{q,k,v}_fp16"),
+//      the fused op is "<name>/npusim_attention" and the matched node becomes its Cast back.
+//      The mask's nodes go where nothing else reads them. NPUSIM_FUSION_ATTENTION=0 turns it
+//      alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -120,9 +150,12 @@ struct FusionCounts {
   int elementwise = 0;          // FusedElementwise nodes created
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
+  int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
+  int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
+  int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated;
+           variable_update + deduplicated + rms_norm + swiglu + attention;
   }
 };
 
@@ -132,6 +165,11 @@ bool fusion_requested();
 bool training_fusion_requested();
 // False when NPUSIM_FUSION_VARIABLE_UPDATE is "0" (read once): rewrite 5 alone off.
 bool variable_update_fusion_requested();
+// False when NPUSIM_FUSION_RMS_NORM / _SWIGLU / _ATTENTION is "0" (each read once): rewrite 7,
+// 8 or 9 alone off.
+bool rms_norm_fusion_requested();
+bool swiglu_fusion_requested();
+bool attention_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -146,5 +184,7 @@ bool fused_ops_registered();
 bool fused_elementwise_registered();
 // fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
 bool fused_variable_update_registered();
+// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-9).
+bool llm_ops_registered();
 
 }  // namespace npusim::tf

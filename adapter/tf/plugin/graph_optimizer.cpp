@@ -296,10 +296,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "npusim: fusion in %s: %d training batch norms, %d BatchNormInference "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
-                     "%d FusedElementwise, %d FusedVariableUpdate, %d duplicates\n",
+                     "%d FusedElementwise, %d FusedVariableUpdate, %d duplicates, %d RmsNorm, "
+                     "%d SwiGlu, %d fused attention\n",
                      item_id(item).c_str(), counts.training_batch_norm, counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
-                     counts.elementwise, counts.variable_update, counts.deduplicated);
+                     counts.elementwise, counts.variable_update, counts.deduplicated,
+                     counts.rms_norm, counts.swiglu, counts.attention);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

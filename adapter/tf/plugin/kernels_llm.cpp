@@ -9,9 +9,10 @@
 //     "BSND", the only one supported), N a multiple of Nkv (grouped-query attention);
 //     scale_value: float (default 1/sqrt(D) when 0); sparse_mode: int (0 no mask, 2 causal
 //     left-up, 3 causal right-down); num_heads, num_key_value_heads: int (0: from the shapes).
-//   IncreFlashAttention(query: T, key: T, value: T, actual_seq_lengths: int64) -> attention_out: T
+//   IncreFlashAttention(query: T, key: T, value: T, actual_seq_lengths: Tlen) -> attention_out: T
 //     one decode step: query [B, 1, N, D] against a KV cache [B, L, Nkv, D] of which the first
-//     actual_seq_lengths[b] positions are valid (host memory; one value for all b).
+//     actual_seq_lengths[b] positions are valid (host memory; one value for all b; Tlen int64,
+//     CANN's type, or int32, which the graph rewrite feeds from the step's int32 index).
 //   SwiGlu(gate: T, up: T) -> y: T     T in {float, half, bfloat16}: silu(gate) * up, gate and up
 //     of one shape (Llama's feed-forward; CANN's SwiGlu takes them as the two halves of one
 //     tensor, here they are the two Dense outputs as the model computes them). Computed in f32
@@ -24,10 +25,15 @@
 #include <vector>
 
 #include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/op_defs.h"
 
 namespace npusim::tf {
+
+namespace {
+bool g_llm_ops_registered = false;
+}  // namespace
 
 rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops) {
   const std::vector<const char*> attention_attrs = {
@@ -35,6 +41,8 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
       "num_heads: int = 0", "num_key_value_heads: int = 0"};
   std::vector<const char*> prompt_attrs = attention_attrs;
   prompt_attrs.push_back("sparse_mode: int = 0");
+  std::vector<const char*> incre_attrs = attention_attrs;
+  incre_attrs.push_back("Tlen: {int32, int64} = DT_INT64");
   const OpDefSpec defs[] = {
       {"FlashAttentionScore",
        {"query: T", "key: T", "value: T"},
@@ -47,9 +55,9 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        prompt_attrs,
        same_as_input0},
       {"IncreFlashAttention",
-       {"query: T", "key: T", "value: T", "actual_seq_lengths: int64"},
+       {"query: T", "key: T", "value: T", "actual_seq_lengths: Tlen"},
        {"attention_out: T"},
-       attention_attrs,
+       incre_attrs,
        same_as_input0},
       {"SwiGlu", {"gate: T", "up: T"}, {"y: T"}, {"T: {float, half, bfloat16}"}, same_as_input0},
       {"RmsNorm",
@@ -70,7 +78,10 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
   rt::Status st = rt::ok_status();
   for (const TableKernelDef& d : compiler_ops)
     if (st.ok()) st = register_compiled_op_kernel(d);
+  g_llm_ops_registered = st.ok() && !compiler_ops.empty();
   return st;
 }
+
+bool llm_ops_registered() { return g_llm_ops_registered; }
 
 }  // namespace npusim::tf

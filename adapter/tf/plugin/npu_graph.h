@@ -105,9 +105,13 @@ bool npu_graph_registered();
 
 // The static memory plans the NpuGraph kernels built in this process (one per graph and input
 // signature): how many, and the largest arena (the plan's peak) and the largest sum of the same
-// buffers without reuse, bytes.
+// buffers without reuse, bytes. The arenas: device blocks allocated for them in this process
+// (one per kernel instance and signature, more only while runs of one graph overlap), and those
+// held now (kept across runs until the kernel is destroyed or its input shapes change) with
+// their bytes.
 struct NpuGraphStats {
   uint64_t plans = 0, max_arena_bytes = 0, max_unplanned_bytes = 0;
+  uint64_t arena_allocations = 0, arenas_held = 0, arena_bytes_held = 0;
 };
 NpuGraphStats npu_graph_stats();
 

@@ -54,6 +54,11 @@ struct Step {
   std::shared_ptr<const CompiledOp> compiled;
   std::vector<Place> inputs, outputs;
   Place workspace;
+  // Per derived tensor of the compiled op (the casts of cube operands): where it is computed if
+  // a later step reads it too (an arena buffer; none: as node by node), and the (step, derived
+  // tensor) that computed it already in this run (-1: none), whose launch is then left out.
+  std::vector<Place> derived_at;
+  std::vector<std::pair<int, int>> derived_from;
   std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
   std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
 };
@@ -69,6 +74,76 @@ struct Plan {
 struct PlanFigures {
   std::mutex mutex;
   uint64_t plans = 0, max_arena_bytes = 0, max_unplanned_bytes = 0;
+  uint64_t arena_allocations = 0, arenas_held = 0, arena_bytes_held = 0;
+};
+PlanFigures& plan_figures();
+
+// The device arenas of one kernel instance (npu_graph.h): each a block of one plan's
+// arena_bytes, kept across runs. A run takes an idle arena of its plan (or allocates one, so two
+// threads running the graph at once never share one) and gives it back after its stream
+// synchronisation, when no launch of it is left. A run of another plan (the input shapes
+// changed) first frees the idle arenas of the other plans; the destructor frees every arena
+// (runs have all returned by then: TensorFlow destroys a kernel after its last Compute).
+class ArenaPool {
+ public:
+  ~ArenaPool() {
+    const std::shared_ptr<rt::Device> device = m_device.lock();
+    for (const auto& [plan, idle] : m_idle)
+      for (const uint64_t addr : idle) release(device.get(), plan, addr);
+  }
+
+  // An arena of `plan` (plan->arena_bytes > 0) at *addr.
+  rt::Status take(const std::shared_ptr<rt::Device>& device, const Plan* plan, uint64_t* addr) {
+    std::vector<std::pair<const Plan*, uint64_t>> stale;
+    {
+      std::lock_guard<std::mutex> lock(m_mutex);
+      m_device = device;
+      for (auto it = m_idle.begin(); it != m_idle.end();) {
+        if (it->first == plan) {
+          ++it;
+          continue;
+        }
+        for (const uint64_t a : it->second) stale.push_back({it->first, a});
+        it = m_idle.erase(it);
+      }
+      auto& idle = m_idle[plan];
+      if (!idle.empty()) {
+        *addr = idle.back();
+        idle.pop_back();
+        addr = nullptr;
+      }
+    }
+    for (const auto& [p, a] : stale) release(device.get(), p, a);
+    if (!addr) return rt::ok_status();
+    rt::Status st = malloc_tensor(*device, plan->arena_bytes, addr);
+    if (!st.ok()) return st;
+    PlanFigures& f = plan_figures();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    ++f.arena_allocations;
+    ++f.arenas_held;
+    f.arena_bytes_held += plan->arena_bytes;
+    return rt::ok_status();
+  }
+
+  // Gives back an arena `take` returned, after the run's launches have all run.
+  void give_back(const Plan* plan, uint64_t addr) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_idle[plan].push_back(addr);
+  }
+
+ private:
+  static void release(rt::Device* device, const Plan* plan, uint64_t addr) {
+    // Without the device (closed at exit) its memory is gone already.
+    if (device) (void)free_tensor(*device, addr);
+    PlanFigures& f = plan_figures();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    --f.arenas_held;
+    f.arena_bytes_held -= plan->arena_bytes;
+  }
+
+  std::mutex m_mutex;
+  std::weak_ptr<rt::Device> m_device;
+  std::map<const Plan*, std::vector<uint64_t>> m_idle;  // plans outlive the pool (same kernel)
 };
 PlanFigures& plan_figures() {
   static PlanFigures* f = new PlanFigures();
@@ -143,13 +218,12 @@ class NpuGraphKernel : public OpKernel {
           ctx, ctx->allocate_output(static_cast<int>(i), t, plan->outputs[i].shape, &outputs[i]));
       output_addrs.push_back(outputs[i].device_address());
     }
-    Tensor arena;
+    rt::Stream stream;
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
+    // The arena goes back to the pool after the synchronisation below; nothing returns between.
     uint64_t arena_addr = 0;
-    if (plan->arena_bytes > 0) {
-      NPU_OP_REQUIRES_OK(
-          ctx, ctx->allocate_temp(TF_UINT8, {static_cast<int64_t>(plan->arena_bytes)}, &arena));
-      arena_addr = arena.device_address();
-    }
+    if (plan->arena_bytes > 0)
+      NPU_OP_REQUIRES_OK(ctx, m_arenas.take(device, plan.get(), &arena_addr));
     auto address = [&](const Place& p) -> uint64_t {
       switch (p.kind) {
         case Place::Kind::input: return input_addrs[p.index];
@@ -158,20 +232,30 @@ class NpuGraphKernel : public OpKernel {
         default: return 0;
       }
     };
-
-    rt::Stream stream;
-    NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
     // One run id for the graph; one dispatch id per node, so reports keep the nodes apart; the
     // first node that launches pays the graph's host dispatch, the others none.
     const uint64_t run = next_dispatch_id();
     bool paid = false;
     std::vector<std::shared_ptr<const void>> hold;
+    // Where each step's derived tensors live in this run (DerivedPlacement::placed).
+    std::vector<std::vector<uint64_t>> derived(plan->steps.size());
     rt::Status st = rt::ok_status();
-    for (const Step& s : plan->steps) {
+    for (size_t n = 0; n < plan->steps.size(); ++n) {
+      const Step& s = plan->steps[n];
       if (s.compiled->kernel.launches.empty()) continue;  // every output is empty
       std::vector<uint64_t> in, out;
       for (const Place& p : s.inputs) in.push_back(address(p));
       for (const Place& p : s.outputs) out.push_back(address(p));
+      DerivedPlacement placement;
+      placement.placed = &derived[n];
+      for (size_t d = 0; d < s.derived_at.size(); ++d) {
+        placement.fallback.push_back(address(s.derived_at[d]));
+        const auto [from, from_d] = s.derived_from[d];
+        uint64_t reuse = 0;
+        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
+          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
+        placement.reuse.push_back(reuse);
+      }
       auto label = std::make_shared<rt::LaunchLabel>(*s.label);
       label->dispatch = next_dispatch_id();
       label->graph_run = run;
@@ -179,7 +263,7 @@ class NpuGraphKernel : public OpKernel {
           paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
       paid = true;
       st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
-                             s.stable_inputs, label, &hold);
+                             s.stable_inputs, label, &hold, &placement);
       if (!st.ok()) {
         st = rt::Status(st.code(),
                         "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
@@ -190,6 +274,7 @@ class NpuGraphKernel : public OpKernel {
     // and arena, which TensorFlow may reuse once Compute returns.
     rt::Status sync = device->synchronize_stream(stream);
     if (st.ok()) st = sync;
+    if (arena_addr) m_arenas.give_back(plan.get(), arena_addr);
     if (!st.ok())
       ctx->CtxFailure(
           rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " + st.message()));
@@ -240,6 +325,7 @@ class NpuGraphKernel : public OpKernel {
     std::vector<graph::PlannedBuffer> buffers;
     std::map<std::pair<int, int>, int> buffer_of;  // (node, port) -> buffers index
     std::vector<int> workspace_of(m_spec.nodes.size(), -1);
+    std::map<std::string, std::pair<int, int>> derived_key;  // share_derived's
     for (size_t n = 0; n < m_spec.nodes.size(); ++n) {
       const NpuGraphSpec::Node& node = m_spec.nodes[n];
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
@@ -317,6 +403,7 @@ class NpuGraphKernel : public OpKernel {
       }
       s.label = launch_label(node.name, s.op, k);
       plan->steps.push_back(std::move(s));
+      share_derived(n, plan, &buffers, &derived_key);
     }
     for (const graph::PlannedBuffer& b : buffers) plan->unplanned_bytes += b.bytes;
     plan->arena_bytes = graph::plan_memory(buffers);
@@ -327,6 +414,7 @@ class NpuGraphKernel : public OpKernel {
         if (p.kind == Place::Kind::arena) p.index = buffers[p.index].offset;
       };
       for (Place& p : s.outputs) place(p);
+      for (Place& p : s.derived_at) place(p);
       if (workspace_of[n] >= 0)
         s.workspace = {Place::Kind::arena, buffers[static_cast<size_t>(workspace_of[n])].offset};
     }
@@ -350,11 +438,50 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
+  // Step n's derived tensors that are a plain cast of one of its inputs (compose.cpp's
+  // append_input_cast: one source, "<type> copy") read a tensor of this run that an earlier
+  // step cast the same way (same source, type and shape, same cast program): the earlier step
+  // computes it into an arena buffer live until this step, which reads it there and leaves its
+  // own cast out. CANN's graph engine likewise casts a tensor once for all its readers. The
+  // source is not rewritten in between: every buffer of the plan is written once per run, and
+  // one read later is live until then. `keys` maps a cast to its first (step, derived tensor).
+  void share_derived(size_t n, Plan* plan, std::vector<graph::PlannedBuffer>* buffers,
+                     std::map<std::string, std::pair<int, int>>* keys) const {
+    Step& s = plan->steps[n];
+    const compiler::CompiledKernel& k = s.compiled->kernel;
+    s.derived_at.assign(k.derived.size(), Place{});
+    s.derived_from.assign(k.derived.size(), {-1, -1});
+    for (size_t d = 0; d < k.derived.size(); ++d) {
+      const compiler::DerivedTensor& t = k.derived[d];
+      if (t.inputs.size() != 1 || t.bytes == 0 || t.what.find(" copy") == std::string::npos)
+        continue;
+      const size_t i = static_cast<size_t>(t.inputs[0]);
+      const NpuGraphSpec::Source& src = m_spec.nodes[n].inputs.at(i);
+      if (src.host_const >= 0 || s.op.inputs.at(i).bytes() == 0) continue;
+      const std::string key = std::to_string(src.node) + ":" + std::to_string(src.port) + ":" +
+                              std::to_string(src.input) + "|" + s.op.inputs[i].str() + "|" +
+                              t.what + "|" + s.compiled->programs.at(t.launch)->name + "|" +
+                              std::to_string(t.bytes);
+      const auto [it, first] = keys->emplace(key, std::make_pair(static_cast<int>(n), int(d)));
+      if (first) continue;
+      const auto [from, from_d] = it->second;
+      Place& at = plan->steps[static_cast<size_t>(from)].derived_at[static_cast<size_t>(from_d)];
+      if (at.kind != Place::Kind::arena) {
+        at = {Place::Kind::arena, buffers->size()};  // index until placed
+        buffers->push_back({m_spec.nodes[static_cast<size_t>(from)].name + " " + t.what,
+                            compiler::device_buffer_bytes(t.bytes), from, from, 0});
+      }
+      (*buffers)[at.index].last = static_cast<int>(n);
+      s.derived_from[d] = it->second;
+    }
+  }
+
   std::string m_name;
   NpuGraphSpec m_spec;
   std::vector<int64_t> m_stable;
   std::mutex m_mutex;
   std::map<std::string, std::shared_ptr<const Plan>> m_plans;  // by input signature
+  ArenaPool m_arenas;  // declared last: destroyed first, while the plans live
 };
 
 void unknown_shapes(TF_ShapeInferenceContext* ctx, TF_Status* status) {
@@ -386,7 +513,8 @@ bool graph_mode_enabled() {
 NpuGraphStats npu_graph_stats() {
   PlanFigures& f = plan_figures();
   std::lock_guard<std::mutex> lock(f.mutex);
-  return {f.plans, f.max_arena_bytes, f.max_unplanned_bytes};
+  return {f.plans,       f.max_arena_bytes, f.max_unplanned_bytes, f.arena_allocations,
+          f.arenas_held, f.arena_bytes_held};
 }
 
 rt::Status register_npu_graph_kernel() {

@@ -58,7 +58,8 @@ NPUSIM_TF_EXPORT void npusim_tf_free(char* p) { std::free(p); }
 // {"open": bool, "settings": {...} (what the device was opened with, or what the environment
 //  says now), "env_error": "..." (a bad environment), and, when open: "chip_identity",
 //  "hbm_bytes", "memory": {allocator stats}, "graph_plans": {"plans", "max_arena_bytes",
-//  "max_unplanned_bytes"}: the static memory plans of whole-graph execution, npu_graph.h}.
+//  "max_unplanned_bytes", "arena_allocations", "arenas_held", "arena_bytes_held"}: the static
+//  memory plans of whole-graph execution and their arenas, npu_graph.h}.
 NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
   using namespace npusim;
   nlohmann::json j;
@@ -74,7 +75,10 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
     const tf::NpuGraphStats g = tf::npu_graph_stats();
     j["graph_plans"] = {{"plans", g.plans},
                         {"max_arena_bytes", g.max_arena_bytes},
-                        {"max_unplanned_bytes", g.max_unplanned_bytes}};
+                        {"max_unplanned_bytes", g.max_unplanned_bytes},
+                        {"arena_allocations", g.arena_allocations},
+                        {"arenas_held", g.arenas_held},
+                        {"arena_bytes_held", g.arena_bytes_held}};
   } else {
     tf::PluginSettings s;
     rt::Status st = tf::settings_from_env(&s);
@@ -288,8 +292,9 @@ uint64_t json_u64(const nlohmann::json& j, const char* key, uint64_t fallback) {
 
 // Starts a report window (npusim.profile): instruction detail is collected from the next launch
 // on, with options {"trace_launches", "trace_max_events"} (absent: NPUSIM_TRACE_* or the
-// defaults). Returns {"origin_cycle": the device timeline now (0 if the device is not open yet),
-// "device_open"} or {"error"}.
+// defaults), and restarts the allocator's peak from the bytes in use now (the report's device
+// memory is the window's). Returns {"origin_cycle": the device timeline now (0 if the device is
+// not open yet), "device_open"} or {"error"}.
 NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
   using namespace npusim;
   nlohmann::json j;
@@ -305,6 +310,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
       if (!s.ok()) return s;
     }
     j = {{"origin_cycle", now}, {"device_open", dev != nullptr}};
+    // The window's allocator peak (summary.txt's device memory): from the bytes in use now.
+    if (dev) dev->reset_memory_peak();
     return tf::ReportProfiler::instance().start(opts);
   });
   if (!st.ok()) j = {{"error", st.message()}};
@@ -314,7 +321,9 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
 // Writes the report folder of the launches since {"origin_cycle"} (default 0: the whole run) to
 // `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
 // trace.json, summary.txt, and the plots when {"python", "plot_script"} are given. Other keys of
-// extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available). Returns
+// extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available),
+// "device_memory" (default: the runtime allocator's figures, whose peak npusim_tf_report_begin
+// restarted, and the NpuGraph plans' arenas, npu_graph.h; RuntimeReportInput::extra). Returns
 // {"files": [...], "window": {"origin_cycle", "end_cycle": the device timeline now},
 // "plots": {"ok", "output"}} or {"error"}; {"files": []} if the device never opened.
 NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra_json) {
@@ -343,6 +352,17 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;
+    if (!in.extra.contains("device_memory")) {
+      const rt::AllocatorStats m = dev->memory_stats();
+      const tf::NpuGraphStats g = tf::npu_graph_stats();
+      in.extra["device_memory"] = {{"allocator_in_use_bytes", m.bytes_in_use},
+                                   {"allocator_peak_bytes", m.peak_bytes_in_use},
+                                   {"graph_plans", g.plans},
+                                   {"arenas_held", g.arenas_held},
+                                   {"arena_bytes_held", g.arena_bytes_held},
+                                   {"max_arena_bytes", g.max_arena_bytes},
+                                   {"max_unplanned_bytes", g.max_unplanned_bytes}};
+    }
     j["files"] = prof::write_runtime_report(dir, in);
     const std::string python = extra.value("python", std::string());
     const std::string script = extra.value("plot_script", std::string());

@@ -1,0 +1,117 @@
+// The convolutions on a coupled chip (tiny_coupled: the 310p core, 2 AI cores; CMakeLists.txt
+// sets NPUSIM_TEST_CHIP): no l0c->gm path, so every tile leaves L0C through the UB (FIXPIPE
+// into the UB, MTE3 to GM in whole 32-byte blocks), output rows that are not whole blocks go
+// through a padded workspace and a packing copy (the filter gradient's img2col with each tap's
+// channels padded to a block), and there is no bias table (the batch norm of
+// Conv2DBatchNormInference runs as its own launch). Same references and tolerances as
+// test_compiler_conv.cpp (tests/compiler/conv_reference.h).
+#include <catch2/catch.hpp>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/conv.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+#include "tests/compiler/conv_reference.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using namespace npusim::test::conv;  // (and its compiler::DataType, PrecisionMode, TensorDesc)
+
+namespace {
+
+// The launches' kernel names of Conv2D over c (f16), for the shape of the compiled work.
+std::vector<std::string> conv2d_launches(const ConvCase& c, DataType dt = DataType::F16) {
+  auto op = make_op(
+      "Conv2D", {TensorDesc{dt, {c.n, c.h, c.w, c.c}}, TensorDesc{dt, filter_shape(c)}}, c.attrs());
+  std::vector<std::string> names;
+  for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
+    names.push_back(l.kernel.program.name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("coupled chip: the chip has no l0c->gm path and no bias table") {
+  const ChipConfig& cfg = test_sim().config();
+  REQUIRE_FALSE(cfg.split);
+  REQUIRE_FALSE(cfg.has_path(isa::Buf::L0C, isa::Buf::GM));
+  REQUIRE(cfg.has_path(isa::Buf::L0C, isa::Buf::UB));
+  REQUIRE_FALSE(cfg.has_path(isa::Buf::L1, isa::Buf::BT));
+}
+
+TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and packed") {
+  // 32 f16 channels (64-byte rows): the kernel writes the output itself.
+  ConvCase a{2, 7, 6, 5, 3, 3, 32};
+  CHECK(conv2d_launches(a).size() == 1);
+  check_conv2d(DataType::F16, a, 1);
+  // 7 channels (14-byte rows): rows padded to 16 channels in the workspace, then packed.
+  ConvCase b{2, 7, 6, 5, 3, 3, 7};
+  CHECK(conv2d_launches(b).size() == 2);
+  check_conv2d(DataType::F16, b, 2);
+  // Stride, dilation, VALID, several n tiles with a partial last one (300 channels).
+  check_conv2d(DataType::F16, ConvCase{1, 9, 8, 20, 3, 2, 300}.window(2, 1, 1, 2, "VALID"), 3);
+  // EXPLICIT paddings; stacked small images (m tiles across images: each image's rows copied
+  // from the UB on their own); the width fold of a first layer (3 channels).
+  check_conv2d(DataType::F16,
+               ConvCase{5, 4, 3, 24, 3, 3, 40}.window(1, 1, 1, 1, "EXPLICIT", {1, 2, 0, 1}), 4);
+  check_conv2d(DataType::F16, ConvCase{1, 20, 20, 3, 7, 7, 24}.window(2, 2, 1, 1, "VALID"), 5);
+  // Several m tiles per image; groups (channels per group whole blocks).
+  check_conv2d(DataType::F16, ConvCase{1, 30, 30, 16, 3, 3, 64}, 6);
+  ConvCase g{2, 5, 4, 32, 3, 3, 32};
+  g.groups = 2;
+  check_conv2d(DataType::F16, g, 7);
+}
+
+TEST_CASE("coupled chip: f32 convolutions under the precision modes") {
+  ConvCase a{2, 6, 5, 9, 3, 3, 12};  // 12 f32 = 48 bytes per row: padded to 16 channels
+  check_conv2d(DataType::F32, a, 10, PrecisionMode::kAllowFp32ToFp16);
+  check_conv2d(DataType::F32, a, 11, PrecisionMode::kAllowMixPrecision);  // f16, widened
+  check_conv2d(DataType::F32, ConvCase{1, 6, 6, 8, 1, 1, 24}, 12);        // 96-byte rows: direct
+  // A grouped convolution whose groups are not whole blocks cannot leave through the UB.
+  ConvCase g{1, 5, 4, 12, 3, 3, 10};
+  g.groups = 2;
+  auto op = make_op(
+      "Conv2D",
+      {TensorDesc{DataType::F16, {1, 5, 4, 12}}, TensorDesc{DataType::F16, filter_shape(g)}},
+      g.attrs());
+  CHECK_THROWS_WITH(
+      compiler::compile(op, test_sim().config()),
+      Catch::Contains("no l0c->gm path") && Catch::Contains("channels per group (5)"));
+}
+
+TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused batch norm") {
+  ConvCase a{2, 7, 6, 5, 3, 3, 0};  // 5 channels: one partial group of 16
+  check_depthwise(0, DataType::F16, a, 1, 20);
+  // 3 groups, stride 2 (MobileNetV2's down-sampling)
+  check_depthwise(0, DataType::F16, ConvCase{1, 9, 8, 40, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 1,
+                  21);
+  check_depthwise(0, DataType::F32, ConvCase{1, 6, 7, 17, 2, 3, 0}, 2, 22);
+  // Conv2DBackpropInput: zero insertion, the padded output rows (9 channels).
+  check_conv2d_backprop_input(DataType::F16,
+                              ConvCase{1, 9, 8, 20, 3, 2, 9}.window(2, 1, 1, 2, "VALID"), 23);
+  check_depthwise(1, DataType::F16, a, 2, 24);
+  // The batch norm as its own launch after the convolution (no bias table), with ReLU.
+  check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25);
+  check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, true,
+                          26, PrecisionMode::kAllowFp32ToFp16, DataType::F16, DataType::F16);
+}
+
+TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padded taps") {
+  // 3 input channels: each tap padded to 16; 9 output channels: the MatMul's rows padded
+  check_conv2d_backprop_filter(DataType::F16,
+                               ConvCase{2, 9, 9, 3, 3, 3, 32}.window(2, 2, 1, 1, "SAME"), 30);
+  check_conv2d_backprop_filter(
+      DataType::F16, ConvCase{2, 8, 7, 16, 2, 3, 9}.window(2, 2, 2, 1, "EXPLICIT", {1, 2, 2, 0}),
+      31);
+  check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 5, 3, 3, 24}, 32);
+  check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 32, 1, 1, 16}, 33,
+                               PrecisionMode::kAllowMixPrecision);
+  // Both padded: not supported, said so.
+  auto op =
+      make_op("Conv2DBackpropFilter",
+              {TensorDesc{DataType::F16, {1, 5, 5, 3}}, TensorDesc{DataType::F16, {1, 5, 5, 9}}},
+              ConvCase{1, 5, 5, 3, 3, 3, 9}.attrs());
+  op.attrs["filter_sizes"] = std::vector<int64_t>{3, 3, 3, 9};
+  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                    Catch::Contains("both need padding"));
+}
