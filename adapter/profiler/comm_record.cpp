@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "adapter/profiler/op_metrics.h"
+#include "common/error.h"
 #include "sim/system/fabric.h"
 
 namespace npusim::prof {
@@ -135,6 +137,33 @@ double comm_time_us(const CommRecord& c, double clock_mhz) {
 double comm_algbw_gbps(const CommRecord& c, double clock_mhz) {
   const double us = comm_time_us(c, clock_mhz);
   return us > 0 ? static_cast<double>(c.bytes) / (us * 1e3) : 0.0;
+}
+
+CommRecord comm_record(const rt::CollectiveRecord& rec, uint64_t index) {
+  const CollectiveKind kind = collective_from_name(rec.collective);
+  const std::optional<isa::Dtype> dtype = isa::dtype_from_name(rec.dtype);
+  if (!dtype) throw Error(fmt::format("collective record: unknown dtype '{}'", rec.dtype));
+  CommRecord c;
+  c.op_name = hcom_op_name(kind, index);
+  c.op_type = hcom_op_type(kind);
+  c.collective = rec.collective;
+  c.algorithm = rec.algorithm;
+  c.chips = rec.chips;
+  c.dtype = msprof_dtype(*dtype);
+  c.reduce_op = rec.op;
+  const uint64_t es = static_cast<uint64_t>(isa::dtype_size(*dtype));
+  c.send_count = rec.bytes / es;
+  c.recv_count = rec.recv_bytes / es;
+  // collective_size_bytes: the gathered output for all_gather, else one input buffer.
+  c.bytes = kind == CollectiveKind::all_gather ? rec.recv_bytes : rec.bytes;
+  c.bus_factor = collective_bus_factor(kind, static_cast<int>(rec.chips.size()));
+  c.start_cycle = rec.start_cycle;
+  c.cycles = rec.end_cycle - rec.start_cycle;
+  c.reduce_cycles = rec.reduce_cycles;
+  c.steps = rec.step_records;
+  for (const rt::CollectiveRecord::Link& l : rec.links)
+    c.links.push_back({l.channel, sending_chip(l.channel), l.gbps, l.bytes});
+  return c;
 }
 
 CommRankMetrics comm_rank_metrics(const CommRecord& c, int rank, double clock_mhz) {

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/runtime/stream.h"
 #include "sim/collective/collective.h"
 #include "sim/config/system_config.h"
 
@@ -71,6 +72,11 @@ std::map<std::string, uint64_t> fabric_channel_bytes(const nlohmann::json& syste
 CommRecord comm_record(const SystemSimulator& sys, const CollectiveCall& call,
                        const CollectiveResult& result,
                        const std::map<std::string, uint64_t>& before, uint64_t index);
+
+// The record of a collective the runtime ran (Device::collective_records(): a TensorFlow run's
+// NpuCollective ops, ...): the same fields from the runtime's record, its start on the device
+// timeline. `index` numbers the op name (hcom_allReduce_<index>).
+CommRecord comm_record(const rt::CollectiveRecord& rec, uint64_t index);
 
 // Per rank (a row of op_summary.csv): what the chip's own links sent (its HCCS links and NIC out
 // that carried bytes) and their utilisation: bytes / (their summed bandwidth x the collective's

@@ -465,6 +465,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
       throw Error(fmt::format("report: op {} ('{}'): {}", i, r.ops[i].op_name, e.what()));
     }
   }
+  r.comms = in.comms;
   r.summary_appendix = appendix(in, r.ops, ms);
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;

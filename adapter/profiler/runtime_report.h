@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "adapter/profiler/comm_record.h"
 #include "adapter/profiler/op_metrics.h"
 #include "adapter/profiler/pipe_trace.h"
 #include "adapter/runtime/stream.h"
@@ -86,6 +87,8 @@ struct RuntimeReportInput {
   std::vector<rt::CopyRecord> copies;      // the window's copies and fills, in order
   uint64_t origin_cycle = 0;               // the window's start on the device timeline
   const PipeTraceCollector* pipe_trace = nullptr;  // instruction detail; null: none
+  // The window's collectives (several chips; comm_record.h): HCCL rows and lanes per chip.
+  std::vector<CommRecord> comms;
   // Model-level facts from the caller: "cpu_fallback_ops" (any JSON; null or absent: "not
   // available"); "device_memory" (absent: no section): {"allocator_peak_bytes",
   // "allocator_in_use_bytes", "graph_plans", "arenas_held", "arena_bytes_held",

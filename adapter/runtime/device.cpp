@@ -12,10 +12,12 @@ namespace npusim::rt {
 
 namespace {
 
-// The one device a process may have (SystemC elaborates once per process).
+// The one device a process may have, or the devices of its one system (SystemC elaborates once
+// per process).
 struct DeviceRegistry {
   std::mutex mutex;
   std::weak_ptr<Device> device;
+  std::vector<std::weak_ptr<Device>> system;  // open_system's devices, chip by chip
   bool opened = false;       // a device was opened in this process (it may be gone now)
   std::string identity;      // config and options of that device, compared on reopen
   std::string description;   // the same for messages
@@ -38,10 +40,52 @@ std::string describe_device(const ChipConfig& cfg, const SimOptions& s, const Ru
                      cfg.source_file, options_text(s, r));
 }
 
+std::string describe_system(const SystemConfig& cfg, const SimOptions& s,
+                            const RuntimeOptions& r) {
+  return fmt::format("system '{}' of {} chips ({} x {}) of chip '{}' (config {} from {}; {})",
+                     cfg.name, cfg.chips(), cfg.servers, cfg.chips_per_server, cfg.chip.name,
+                     chip_config_identity(cfg.chip), cfg.source_file, options_text(s, r));
+}
+
+// The devices of the registry's system while all are alive, else empty.
+std::vector<std::shared_ptr<Device>> live_system(const DeviceRegistry& reg) {
+  std::vector<std::shared_ptr<Device>> out;
+  for (const std::weak_ptr<Device>& w : reg.system) {
+    std::shared_ptr<Device> d = w.lock();
+    if (!d) return {};
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Status already_open(const std::string& wanted, const std::string& existing) {
+  return Status(StatusCode::failed_precondition,
+                fmt::format("cannot open a device on {}: this process already has a device "
+                            "on {}, and the chip config is fixed at the first open (SystemC "
+                            "elaborates one chip per process; run another configuration in "
+                            "another process)",
+                            wanted, existing));
+}
+
+Status was_closed(const std::string& wanted, const std::string& existing) {
+  return Status(StatusCode::failed_precondition,
+                fmt::format("cannot open a device on {}: the device of this process (on {}) "
+                            "was closed, and SystemC elaborates one chip per process, so no "
+                            "device can be opened again in this process",
+                            wanted, existing));
+}
+
 // invalid_argument when an output pointer is null (the API never dereferences one).
 Status null_output(const char* what) {
   return Status(StatusCode::invalid_argument,
                 fmt::format("{}: the output pointer is null", what));
+}
+
+Status unsupported_on_system(const char* what) {
+  return Status(StatusCode::unsupported,
+                fmt::format("{}: a device on a system of chips has no chip observers or trace "
+                            "yet (SystemSimulator); open one chip for pipe-level profiling",
+                            what));
 }
 
 Status prefixed(const Status& s, const std::string& where) {
@@ -59,7 +103,19 @@ Device::Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts,
       m_allocator(kHbmBase, cfg.hbm_bytes,
                   std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes)),
       m_cache(cfg),
-      m_driver(std::make_unique<Driver>(cfg, sim_opts, rt_opts.record_launches)) {}
+      m_driver(std::make_shared<Driver>(cfg, sim_opts, rt_opts.record_launches)) {}
+
+Device::Device(Key, const ChipConfig& cfg, const RuntimeOptions& rt_opts,
+               std::shared_ptr<Driver> driver, int chip)
+    : m_cfg(cfg),
+      m_rt_opts(rt_opts),
+      m_chip(chip),
+      m_allocator(kHbmBase, cfg.hbm_bytes,
+                  std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes)),
+      m_cache(cfg),
+      m_driver(std::move(driver)) {}
+
+int Device::chips() const { return m_driver->chips(); }
 
 Device::~Device() = default;
 
@@ -75,19 +131,10 @@ Status Device::open(const ChipConfig& cfg, const SimOptions& sim_opts,
         *out = dev;
         return Status();
       }
-      return Status(StatusCode::failed_precondition,
-                    fmt::format("cannot open a device on {}: this process already has a device "
-                                "on {}, and the chip config is fixed at the first open (SystemC "
-                                "elaborates one chip per process; run another configuration in "
-                                "another process)",
-                                wanted, reg.description));
+      return already_open(wanted, reg.description);
     }
-    if (reg.opened)
-      return Status(StatusCode::failed_precondition,
-                    fmt::format("cannot open a device on {}: the device of this process (on {}) "
-                                "was closed, and SystemC elaborates one chip per process, so no "
-                                "device can be opened again in this process",
-                                wanted, reg.description));
+    if (!live_system(reg).empty()) return already_open(wanted, reg.description);
+    if (reg.opened) return was_closed(wanted, reg.description);
     if (cfg.hbm_bytes <= kHbmBase)
       return Status(StatusCode::invalid_argument,
                     fmt::format("chip '{}': memory.hbm.bytes ({}) must exceed the {} bytes the "
@@ -100,6 +147,46 @@ Status Device::open(const ChipConfig& cfg, const SimOptions& sim_opts,
     reg.identity = identity;
     reg.description = wanted;
     *out = std::move(dev);
+    return Status();
+  });
+}
+
+Status Device::open_system(const SystemConfig& cfg, const SimOptions& sim_opts,
+                           const RuntimeOptions& rt_opts,
+                           std::vector<std::shared_ptr<Device>>* out) {
+  if (!out) return null_output("open_system");
+  return guard("open the devices of system '" + cfg.name + "'", [&]() -> Status {
+    DeviceRegistry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    const std::string identity = dump_system_config_yaml(cfg, "chip.yaml") +
+                                 dump_chip_config_yaml(cfg.chip) +
+                                 options_text(sim_opts, rt_opts);
+    const std::string wanted = describe_system(cfg, sim_opts, rt_opts);
+    std::vector<std::shared_ptr<Device>> devices = live_system(reg);
+    if (!devices.empty()) {
+      if (reg.identity != identity) return already_open(wanted, reg.description);
+      *out = std::move(devices);
+      return Status();
+    }
+    if (reg.device.lock()) return already_open(wanted, reg.description);
+    if (reg.opened) return was_closed(wanted, reg.description);
+    if (cfg.chips() < 1)
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("system '{}' has no chips", cfg.name));
+    if (cfg.chip.hbm_bytes <= kHbmBase)
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("chip '{}' of system '{}': memory.hbm.bytes ({}) must exceed the "
+                                "{} bytes the runtime reserves below its first allocation",
+                                cfg.chip.name, cfg.name, cfg.chip.hbm_bytes, kHbmBase));
+    auto driver = std::make_shared<Driver>(cfg, sim_opts, rt_opts.record_launches);
+    if (Status st = driver->start_status(); !st.ok()) return st;
+    for (int c = 0; c < cfg.chips(); ++c)
+      devices.push_back(std::make_shared<Device>(Key{}, cfg.chip, rt_opts, driver, c));
+    reg.system.assign(devices.begin(), devices.end());
+    reg.opened = true;
+    reg.identity = identity;
+    reg.description = wanted;
+    *out = std::move(devices);
     return Status();
   });
 }
@@ -133,8 +220,8 @@ Status Device::free(uint64_t dev_addr) {
       return prefixed(st, "free");
     Status st;
     if (m_rt_opts.discard_freed_memory)
-      st = m_driver->run_task([&](Simulator& sim) {
-        sim.gm().discard(dev_addr, size);
+      st = m_driver->run_task([&] {
+        m_driver->gm(m_chip).discard(dev_addr, size);
         return Status();
       });
     m_allocator.finish_release(dev_addr);
@@ -147,8 +234,8 @@ AllocatorStats Device::memory_stats() const { return m_allocator.stats(); }
 Status Device::resident_bytes(uint64_t* bytes) {
   if (!bytes) return null_output("resident_bytes");
   return guard("resident_bytes", [&] {
-    return m_driver->run_task([&](Simulator& sim) {
-      *bytes = sim.gm().resident_bytes();
+    return m_driver->run_task([&] {
+      *bytes = m_driver->gm(m_chip).resident_bytes();
       return Status();
     });
   });
@@ -156,7 +243,7 @@ Status Device::resident_bytes(uint64_t* bytes) {
 
 Status Device::create_stream(Stream* out) {
   if (!out) return null_output("create_stream");
-  return guard("create_stream", [&] { return m_driver->create_stream(out); });
+  return guard("create_stream", [&] { return m_driver->create_stream(out, m_chip); });
 }
 Status Device::destroy_stream(Stream s) {
   return guard("destroy_stream", [&] { return m_driver->destroy_stream(s); });
@@ -172,7 +259,7 @@ Status Device::stream_status(Stream s) {
   return guard("stream_status", [&] { return m_driver->stream_error(s); });
 }
 Status Device::synchronize_device() {
-  return guard("synchronize_device", [&] { return m_driver->synchronize_all(); });
+  return guard("synchronize_device", [&] { return m_driver->synchronize_all(m_chip); });
 }
 
 Status Device::create_event(Event* out) {
@@ -225,6 +312,7 @@ Status Device::check_range(const char* what, const char* which, uint64_t addr,
 }
 
 Status Device::enqueue(Stream s, DeviceOp op) {
+  op.chip = m_chip;
   return guard(op_kind_name(op.kind), [&] { return m_driver->submit(s, std::move(op)); });
 }
 
@@ -245,6 +333,7 @@ Status Device::submit_transfer(const Stream* s, DeviceOp op) {
       if (Status st = check_range(what, "destination", op.dst, op.bytes); !st.ok()) return st;
     if (op.kind == OpKind::memcpy_d2h || op.kind == OpKind::memcpy_d2d)
       if (Status st = check_range(what, "source", op.src, op.bytes); !st.ok()) return st;
+    op.chip = m_chip;
     if (s) return m_driver->submit(*s, std::move(op));
     return m_driver->submit_sync(std::move(op));
   });
@@ -312,6 +401,63 @@ Status Device::memset32(uint64_t dst, uint32_t pattern, uint64_t bytes) {
   return submit_transfer(nullptr, memset_op(OpKind::memset32, dst, pattern, bytes));
 }
 
+Status Device::memcpy_peer_async(Stream s, Device& dst_device, uint64_t dst, uint64_t src,
+                                 uint64_t bytes) {
+  return submit_peer_copy(&s, dst_device, dst, src, bytes);
+}
+Status Device::memcpy_peer(Device& dst_device, uint64_t dst, uint64_t src, uint64_t bytes) {
+  return submit_peer_copy(nullptr, dst_device, dst, src, bytes);
+}
+
+Status Device::submit_peer_copy(const Stream* s, Device& dst_device, uint64_t dst, uint64_t src,
+                                uint64_t bytes) {
+  return guard("memcpy_peer", [&]() -> Status {
+    if (dst_device.m_driver != m_driver || chips() < 2)
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("memcpy_peer from chip {}: the destination device is not another "
+                                "chip of this device's system",
+                                m_chip));
+    if (&dst_device == this)
+      return Status(StatusCode::invalid_argument,
+                    fmt::format("memcpy_peer from chip {} to itself: use memcpy_d2d", m_chip));
+    if (Status st = check_range("memcpy_peer", "source", src, bytes); !st.ok()) return st;
+    if (Status st = dst_device.check_range("memcpy_peer", "destination", dst, bytes); !st.ok())
+      return st;
+    DeviceOp op = transfer_op(OpKind::memcpy_peer, dst, src, bytes);
+    op.chip = m_chip;
+    op.dst_chip = dst_device.m_chip;
+    if (s) return m_driver->submit(*s, std::move(op));
+    return m_driver->submit_sync(std::move(op));
+  });
+}
+
+Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group,
+                                int rank, uint64_t send, uint64_t recv, uint64_t count) {
+  return guard("collective", [&]() -> Status {
+    if (!group) return Status(StatusCode::invalid_argument, "collective: no group given");
+    const std::string what = fmt::format("{} rank {} on chip {}",
+                                         collective_name(group->call.kind), rank, m_chip);
+    if (chips() < 2)
+      return Status(StatusCode::invalid_argument,
+                    what + ": the device is a single chip, not a chip of a system of chips");
+    CollectiveCall one = group->call;  // this rank's buffer sizes
+    one.count = count;
+    one.chips.assign(static_cast<size_t>(group->ranks()), 0);
+    if (Status st = check_range(what.c_str(), "send", send, collective_send_bytes(one));
+        !st.ok())
+      return st;
+    if (Status st = check_range(what.c_str(), "receive", recv, collective_recv_bytes(one));
+        !st.ok())
+      return st;
+    DeviceOp op = transfer_op(OpKind::collective, recv, send, 0);  // dst: recv, src: send
+    op.chip = m_chip;
+    op.group = group;
+    op.rank = rank;
+    op.count = count;
+    return m_driver->submit(s, std::move(op));
+  });
+}
+
 Status Device::check_launch(const std::shared_ptr<const isa::Program>& program,
                             const std::vector<uint64_t>& args, int block_dim) {
   if (!program) return Status(StatusCode::invalid_argument, "launch_kernel: no program");
@@ -370,6 +516,7 @@ Status Device::submit_launch(Stream s, std::shared_ptr<const isa::Program> progr
   op.args = std::move(args);
   op.block_dim = block_dim;
   op.derived = std::move(derived);
+  op.chip = m_chip;
   return m_driver->submit(s, std::move(op));
 }
 
@@ -396,15 +543,21 @@ Status Device::launch_callback(Stream s, HostCallback callback) {
   return enqueue(s, std::move(op));
 }
 
-std::vector<LaunchRecord> Device::launch_records() const { return m_driver->launch_records(); }
-std::vector<CopyRecord> Device::copy_records() const { return m_driver->copy_records(); }
+std::vector<LaunchRecord> Device::launch_records() const {
+  return m_driver->launch_records(m_chip);
+}
+std::vector<CopyRecord> Device::copy_records() const { return m_driver->copy_records(m_chip); }
+std::vector<CollectiveRecord> Device::collective_records() const {
+  return m_driver->collective_records();
+}
 void Device::clear_launch_records() { m_driver->clear_launch_records(); }
 
 Status Device::add_observer(ChipObserver* observer) {
   if (!observer) return Status(StatusCode::invalid_argument, "add_observer: no observer given");
   return guard("add_observer", [&] {
-    return m_driver->run_task([&](Simulator& sim) {
-      sim.add_observer(observer);
+    return m_driver->run_task([&] {
+      if (!m_driver->simulator()) return unsupported_on_system("add_observer");
+      m_driver->simulator()->add_observer(observer);
       return Status();
     });
   });
@@ -414,8 +567,8 @@ Status Device::remove_observer(ChipObserver* observer) {
   if (!observer)
     return Status(StatusCode::invalid_argument, "remove_observer: no observer given");
   return guard("remove_observer", [&] {
-    return m_driver->run_task([&](Simulator& sim) {
-      sim.remove_observer(observer);
+    return m_driver->run_task([&] {
+      if (m_driver->simulator()) m_driver->simulator()->remove_observer(observer);
       return Status();
     });
   });
@@ -424,7 +577,7 @@ Status Device::remove_observer(ChipObserver* observer) {
 Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");
   return guard("device_time_cycles", [&] {
-    return m_driver->run_task([&](Simulator&) {
+    return m_driver->run_task([&] {
       *cycles = m_driver->device_cycles();
       return Status();
     });
@@ -434,8 +587,24 @@ Status Device::device_time_cycles(uint64_t* cycles) {
 Status Device::counters(nlohmann::json* tree) {
   if (!tree) return null_output("counters");
   return guard("counters", [&] {
-    return m_driver->run_task([&](Simulator& sim) {
-      *tree = sim.counters();
+    return m_driver->run_task([&] {
+      if (Simulator* sim = m_driver->simulator()) {
+        *tree = sim->counters();
+      } else {
+        nlohmann::json all = m_driver->system()->counters();
+        *tree = all[fmt::format("chip{}", m_chip)];
+      }
+      return Status();
+    });
+  });
+}
+
+Status Device::system_counters(nlohmann::json* tree) {
+  if (!tree) return null_output("system_counters");
+  return guard("system_counters", [&] {
+    return m_driver->run_task([&] {
+      if (Simulator* sim = m_driver->simulator()) *tree = sim->counters();
+      else *tree = m_driver->system()->counters();
       return Status();
     });
   });
@@ -444,8 +613,9 @@ Status Device::counters(nlohmann::json* tree) {
 Status Device::trace(nlohmann::json* chrome_trace) {
   if (!chrome_trace) return null_output("trace");
   return guard("trace", [&] {
-    return m_driver->run_task([&](Simulator& sim) {
-      *chrome_trace = sim.trace();
+    return m_driver->run_task([&] {
+      if (!m_driver->simulator()) return unsupported_on_system("trace");
+      *chrome_trace = m_driver->simulator()->trace();
       return Status();
     });
   });

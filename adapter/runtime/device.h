@@ -1,5 +1,8 @@
 // The host runtime's device: an ACL-like API (aclrtSetDevice, aclrtMalloc, aclrtMemcpyAsync,
-// aclrtCreateStream, aclrtRecordEvent, ...) over one simulated chip. Every call returns a Status
+// aclrtCreateStream, aclrtRecordEvent, ...) over one simulated chip: the process's one chip
+// (open), or one chip of a system of chips (open_system: one Device per chip, sharing one
+// SystemSimulator and one driver thread; copies between them go over the modelled links and
+// collectives run on the chips' collective engine). Every call returns a Status
 // and never throws; after any failure (out of memory, a faulting kernel, a bad argument) the
 // device stays usable. docs/runtime.md describes the model; this header states the contracts.
 //
@@ -39,6 +42,7 @@
 #include "adapter/runtime/stream.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
+#include "sim/config/system_config.h"
 #include "sim/simulator.h"
 
 namespace npusim::rt {
@@ -72,6 +76,17 @@ class Device {
   static Status open(const std::string& chip, const std::vector<std::string>& overrides,
                      const SimOptions& sim_opts, const RuntimeOptions& rt_opts,
                      std::shared_ptr<Device>* out);
+  // Opens the devices of a system of chips (out[k] is chip k), all on one SystemSimulator
+  // elaborated once per process, as open() does for one chip: while they are alive the same
+  // system and options return the same devices; anything else (another system, a single-chip
+  // device, or any open after they were destroyed) is failed_precondition naming both. The
+  // SystemSimulator has no launch replay, observers or trace (add_observer and trace are
+  // unsupported; SimOptions::launch_log is not written). Memory, streams and events are per
+  // chip; operations of all chips run one at a time on one simulated clock (device_time_cycles
+  // is the system's).
+  static Status open_system(const SystemConfig& cfg, const SimOptions& sim_opts,
+                            const RuntimeOptions& rt_opts,
+                            std::vector<std::shared_ptr<Device>>* out);
 
   // Drains every queued operation, then stops the driver thread and the chip model.
   ~Device();
@@ -79,6 +94,8 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   const ChipConfig& config() const { return m_cfg; }
+  int chip() const { return m_chip; }    // this device's chip in its system (0 for one chip)
+  int chips() const;                     // chips in the system (1 for a single-chip device)
   const std::string& chip_identity() const { return m_cache.chip_identity(); }
 
   // ---- Memory (aclrtMalloc / aclrtFree / aclrtGetMemInfo)
@@ -144,6 +161,24 @@ class Device {
   Status memcpy_d2d(uint64_t dst, uint64_t src, uint64_t bytes);
   Status memset8(uint64_t dst, uint8_t value, uint64_t bytes);
   Status memset32(uint64_t dst, uint32_t pattern, uint64_t bytes);
+  // Copies to another chip of this device's system over the links (SystemSimulator::copy_peer,
+  // timed by the Fabric), queued on s (a stream of this chip); dst lies in dst_device's memory.
+  // invalid_argument if dst_device is not a chip of the same system, or a range is not inside
+  // one live allocation of its chip. The synchronous form runs as memcpy_d2d's does.
+  Status memcpy_peer_async(Stream s, Device& dst_device, uint64_t dst, uint64_t src,
+                           uint64_t bytes);
+  Status memcpy_peer(Device& dst_device, uint64_t dst, uint64_t src, uint64_t bytes);
+
+  // ---- Collectives (HCCL: HcclAllReduce, HcclBroadcast, ... on a communicator)
+  // Queues rank `rank`'s part of `group` on s (a stream of this chip): send and recv are its
+  // buffers (collective_send_bytes / collective_recv_bytes of `count` elements of the group's
+  // dtype, each inside one live allocation). The collective runs once every rank's part is
+  // queued and has reached the head of its stream (stream.h, CollectiveGroup); each part's
+  // stream then carries the collective's status (e.g. ranks of different element counts:
+  // invalid_argument naming them). A rank given twice, two ranks on one chip, or a device that
+  // is not a chip of a system: invalid_argument now, and the group fails.
+  Status collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group, int rank,
+                          uint64_t send, uint64_t recv, uint64_t count);
 
   // ---- Kernels (aclrtLaunchKernel)
   // Queues one launch. Checked before queueing, each failure invalid_argument naming the kernel:
@@ -170,7 +205,10 @@ class Device {
   std::vector<LaunchRecord> launch_records() const;
   // Copies and fills run since open or the last clear_launch_records() (with record_launches).
   std::vector<CopyRecord> copy_records() const;
-  // Clears the launch records and the copy records.
+  // The collectives run on the system since open or the last clear (every chip's).
+  std::vector<CollectiveRecord> collective_records() const;
+  // Clears the launch records, the copy records and the collective records (of every chip of
+  // the system).
   void clear_launch_records();
   // Attaches / detaches a ChipObserver (Simulator::add_observer) between operations, on the
   // driver thread. Its callbacks then run on the driver thread, in simulator time
@@ -179,7 +217,11 @@ class Device {
   Status add_observer(ChipObserver* observer);
   Status remove_observer(ChipObserver* observer);
   Status device_time_cycles(uint64_t* cycles);    // the device timeline now
-  Status counters(nlohmann::json* tree);          // Simulator::counters() since open
+  // Simulator::counters() since open; a chip of a system: its own subtree ("chip<k>").
+  Status counters(nlohmann::json* tree);
+  // The system's counters (SystemSimulator::counters(): every chip and the links' "fabric"
+  // channels); for a single-chip device the same as counters().
+  Status system_counters(nlohmann::json* tree);
   Status trace(nlohmann::json* chrome_trace);     // Simulator::trace() (SimOptions::trace)
 
   KernelCache& kernel_cache() { return m_cache; }
@@ -189,6 +231,9 @@ class Device {
 
  public:
   Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts, const RuntimeOptions& rt_opts);
+  // Chip `chip` of a system whose driver the devices share.
+  Device(Key, const ChipConfig& cfg, const RuntimeOptions& rt_opts, std::shared_ptr<Driver> driver,
+         int chip);
 
  private:
   // `which` ("source", "destination") of `what` must lie inside one live allocation.
@@ -203,16 +248,19 @@ class Device {
   // Checks a copy or fill (host pointers, ranges, alignment) and queues it on *s, or, with s
   // null, runs it synchronously.
   Status submit_transfer(const Stream* s, DeviceOp op);
+  Status submit_peer_copy(const Stream* s, Device& dst_device, uint64_t dst, uint64_t src,
+                          uint64_t bytes);
 
   const ChipConfig m_cfg;
   const RuntimeOptions m_rt_opts;
+  const int m_chip = 0;
   HbmAllocator m_allocator;
   KernelCache m_cache;
   // Programs that passed the verifier: the weak pointer proves the address still names the
   // same program object.
   std::mutex m_verified_mutex;
   std::unordered_map<const isa::Program*, std::weak_ptr<const isa::Program>> m_verified;
-  std::unique_ptr<Driver> m_driver;  // last: stopped first
+  std::shared_ptr<Driver> m_driver;  // last: stopped first (by the system's last device)
 };
 
 }  // namespace npusim::rt

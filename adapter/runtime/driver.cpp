@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sim/memory/device_memory.h"
+#include "sim/system/fabric.h"
 
 namespace npusim::rt {
 
@@ -66,8 +67,30 @@ uint64_t hbm_transfer_cycles(const ChipConfig& cfg, uint64_t bytes) {
 
 Driver::Driver(const ChipConfig& cfg, const SimOptions& opts, bool record_launches)
     : m_record_launches(record_launches) {
+  m_functional = opts.functional;
+  start(
+      [this, cfg, opts] {
+        m_sim = std::make_unique<Simulator>(cfg, opts);
+        m_cfg = &m_sim->config();
+      },
+      fmt::format("chip '{}'", cfg.name));
+}
+
+Driver::Driver(const SystemConfig& cfg, const SimOptions& opts, bool record_launches)
+    : m_record_launches(record_launches), m_chips(cfg.chips()) {
+  m_functional = opts.functional;
+  start(
+      [this, cfg, opts] {
+        m_sys = std::make_unique<SystemSimulator>(cfg, opts);
+        m_cfg = &m_sys->config().chip;
+      },
+      fmt::format("system '{}' ({} chips of '{}')", cfg.name, cfg.chips(), cfg.chip.name));
+}
+
+void Driver::start(std::function<void()> build, const std::string& what) {
+  m_launch_count.assign(static_cast<size_t>(m_chips), 0);
   m_streams[0];  // the internal stream of synchronous operations
-  m_thread = std::thread([this, cfg, opts] { thread_main(cfg, opts); });
+  m_thread = std::thread([this, build = std::move(build), what] { thread_main(build, what); });
   std::unique_lock<std::mutex> lock(m_mutex);
   m_done.wait(lock, [&] { return m_started; });
   if (!m_start_status.ok()) {
@@ -86,22 +109,19 @@ Driver::~Driver() {
   m_thread.join();
 }
 
-void Driver::thread_main(const ChipConfig& cfg, const SimOptions& opts) {
+void Driver::thread_main(const std::function<void()>& build, const std::string& what) {
   Status st;
   try {
-    m_sim = std::make_unique<Simulator>(cfg, opts);
-    m_cfg = &m_sim->config();
-    m_functional = opts.functional;
+    build();
   } catch (const ConfigError& e) {
     st = Status(StatusCode::invalid_argument,
-                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+                fmt::format("opening a device on {}: {}", what, e.what()));
   } catch (const Error& e) {
     // The Simulator refuses a second construction in the process (SystemC elaborates once).
     st = Status(StatusCode::failed_precondition,
-                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+                fmt::format("opening a device on {}: {}", what, e.what()));
   } catch (const std::exception& e) {
-    st = Status(StatusCode::internal,
-                fmt::format("opening a device on chip '{}': {}", cfg.name, e.what()));
+    st = Status(StatusCode::internal, fmt::format("opening a device on {}: {}", what, e.what()));
   }
   {
     std::lock_guard<std::mutex> lock(m_mutex);
@@ -114,6 +134,7 @@ void Driver::thread_main(const ChipConfig& cfg, const SimOptions& opts) {
   loop();
   try {
     m_sim.reset();
+    m_sys.reset();
   } catch (...) {
     // Destroying the chip model at shutdown must not take the process down.
   }
@@ -126,7 +147,7 @@ void Driver::loop() {
       Task task = std::move(m_tasks.front());
       m_tasks.pop_front();
       lock.unlock();
-      Status st = guard("driver task", [&] { return task.fn(*m_sim); });
+      Status st = guard("driver task", [&] { return task.fn(); });
       lock.lock();
       task.completion->status = std::move(st);
       task.completion->done = true;
@@ -155,13 +176,15 @@ void Driver::loop() {
 bool Driver::head_ready_locked(uint64_t id, const StreamState& s) const {
   if (s.queue.empty() || s.executing) return false;
   const DeviceOp& op = s.queue.front();
+  if (op.kind == OpKind::collective && !collective_ready_locked(op)) return false;
   if (op.kind == OpKind::wait_event) {
     auto e = m_events.find(op.event);
     if (e != m_events.end() && e->second.completed < op.event_generation) return false;
   }
   if (op.barrier) {
     for (const auto& [other_id, other] : m_streams)
-      if (other_id != id && !other.queue.empty() && other.queue.front().seq < op.seq)
+      if (other_id != id && !other.queue.empty() && other.queue.front().chip == op.chip &&
+          other.queue.front().seq < op.seq)
         return false;
   }
   return true;
@@ -175,26 +198,135 @@ Driver::StreamState* Driver::pick_ready_locked(uint64_t* id) {
   return nullptr;
 }
 
-uint64_t Driver::device_cycles() const { return m_sim->now_cycles() + m_extra_cycles; }
+bool Driver::collective_ready_locked(const DeviceOp& op) const {
+  const CollectiveGroup& g = *op.group;
+  if (g.ran || !g.status.ok()) return true;
+  if (g.joined_count < g.ranks()) return false;
+  for (int r = 0; r < g.ranks(); ++r) {
+    auto it = m_streams.find(g.streams[static_cast<size_t>(r)]);
+    if (it == m_streams.end() || it->second.executing || it->second.queue.empty()) return false;
+    const DeviceOp& head = it->second.queue.front();
+    if (head.kind != OpKind::collective || head.group != op.group) return false;
+  }
+  return true;
+}
+
+uint64_t Driver::device_cycles() const {
+  return (m_sys ? m_sys->now_cycles() : m_sim->now_cycles()) + m_extra_cycles;
+}
+
+DeviceMemory& Driver::gm(int chip) { return m_sys ? m_sys->gm(chip) : m_sim->gm(); }
+
+KernelResult Driver::run_on_chip(int chip, const KernelLaunch& launch) {
+  if (!m_sys) return m_sim->run(launch);
+  return m_sys->run({ChipLaunch{chip, launch}}).at(0);
+}
+
+HdcResult Driver::hdc_copy(const DeviceOp& op) {
+  if (op.kind == OpKind::memcpy_h2d)
+    return m_sys ? m_sys->copy_host_to_device(op.chip, op.dst, op.host_src, op.bytes)
+                 : m_sim->copy_host_to_device(op.dst, op.host_src, op.bytes);
+  return m_sys ? m_sys->copy_device_to_host(op.chip, op.host_dst, op.src, op.bytes)
+               : m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
+}
+
+Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op) {
+  if (!m_sys)
+    return Status(StatusCode::failed_precondition,
+                  "memcpy_peer: the device is a single chip, not a chip of a system");
+  if (op.bytes == 0) return Status();
+  PeerCopyResult r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
+  record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
+  return Status();
+}
+
+namespace {
+// Bytes per Fabric channel of a collective's transfers (each on every channel of its route), in
+// channel order.
+std::vector<CollectiveRecord::Link> link_use(const Fabric& fabric,
+                                             const std::vector<CollectiveStep>& steps) {
+  std::vector<uint64_t> bytes(fabric.channel_count(), 0);
+  for (const CollectiveStep& step : steps)
+    for (const CollectiveStepTransfer& t : step.transfers)
+      for (int c : fabric.route(t.src_chip, t.dst_chip).channels)
+        bytes[static_cast<size_t>(c)] += t.bytes;
+  std::vector<CollectiveRecord::Link> links;
+  for (size_t c = 0; c < bytes.size(); ++c)
+    if (bytes[c] > 0)
+      links.push_back({fabric.channel_name(static_cast<int>(c)),
+                       fabric.channel_gbps(static_cast<int>(c)), bytes[c]});
+  return links;
+}
+}  // namespace
+
+Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op) {
+  CollectiveGroup& g = *op.group;
+  {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    if (g.ran || !g.status.ok()) return g.stream_errors ? g.status : Status();
+  }
+  Status st;
+  CollectiveResult r;
+  if (!m_sys) {
+    st = Status(StatusCode::failed_precondition,
+                "collective: the device is a single chip, not a chip of a system");
+  } else {
+    const std::string where = fmt::format("stream {}: {}", stream, op.describe());
+    st = guard(where, [&] {
+      try {
+        r = run_collective(*m_sys, g.call);
+      } catch (const Error& e) {  // a malformed call (e.g. ranks of different counts)
+        return Status(StatusCode::invalid_argument, where + ": " + e.what());
+      }
+      return Status();
+    });
+  }
+  if (st.ok() && m_record_launches) {
+    CollectiveRecord rec;
+    rec.collective = collective_name(g.call.kind);
+    rec.algorithm = r.algorithm;
+    if (g.call.kind == CollectiveKind::all_reduce || g.call.kind == CollectiveKind::reduce_scatter)
+      rec.op = reduce_op_name(g.call.op);
+    rec.dtype = isa::dtype_name(g.call.dtype);
+    rec.label = g.label;
+    rec.count = g.call.count;
+    rec.bytes = collective_send_bytes(g.call);
+    rec.link_bytes = r.link_bytes;
+    rec.chips = g.call.chips;
+    rec.start_cycle = r.start_cycle + m_extra_cycles;
+    rec.end_cycle = rec.start_cycle + r.cycles;
+    rec.steps = r.steps;
+    rec.inline_reduce = r.inline_reduce;
+    rec.recv_bytes = collective_recv_bytes(g.call);
+    rec.reduce_cycles = r.reduce_cycles;
+    rec.links = link_use(m_sys->fabric(), r.step_records);
+    rec.step_records = std::move(r.step_records);
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_collective_records.push_back(std::move(rec));
+  }
+  std::lock_guard<std::mutex> lock(m_mutex);
+  g.ran = true;
+  g.status = st;
+  return g.stream_errors ? st : Status();
+}
 
 Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
   const std::string where = stream == 0 ? "synchronous " + op.describe()
                                          : fmt::format("stream {}: {}", stream, op.describe());
   return guard(where, [&]() -> Status {
-    DeviceMemory& gm = m_sim->gm();
+    DeviceMemory& gm = this->gm(op.chip);
     switch (op.kind) {
       case OpKind::memcpy_h2d:
-        if (op.bytes) {
-          HdcResult r = m_sim->copy_host_to_device(op.dst, op.host_src, op.bytes);
-          record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
-        }
-        return Status();
       case OpKind::memcpy_d2h:
         if (op.bytes) {
-          HdcResult r = m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
+          HdcResult r = hdc_copy(op);
           record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
         }
         return Status();
+      case OpKind::memcpy_peer:
+        return run_peer_copy(stream, op);
+      case OpKind::collective:
+        return run_collective_part(stream, op);
       case OpKind::memcpy_d2d:
         if (op.bytes && op.dst != op.src) {
           if (m_functional) move_within_gm(gm, op.dst, op.src, op.bytes);
@@ -233,6 +365,8 @@ void Driver::record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cyc
   CopyRecord rec;
   rec.kind = op.kind;
   rec.stream = stream;
+  rec.chip = op.chip;
+  rec.dst_chip = op.kind == OpKind::memcpy_peer ? op.dst_chip : op.chip;
   rec.bytes = op.bytes;
   rec.start_cycle = start_cycle;
   rec.cycles = cycles;
@@ -255,14 +389,15 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
   m_extra_cycles += host_dispatch;  // the device idles while the host dispatches the op
   const uint64_t extra = m_extra_cycles;
   const auto wall_start = std::chrono::steady_clock::now();
-  KernelResult r = m_sim->run(launch);
+  KernelResult r = run_on_chip(op.chip, launch);
   const double wall_us = std::chrono::duration<double, std::micro>(
       std::chrono::steady_clock::now() - wall_start).count();
-  const uint64_t index = m_launch_count++;
+  const uint64_t index = m_launch_count.at(static_cast<size_t>(op.chip))++;
   const std::string& name = op.program->name;
   if (m_record_launches) {
     LaunchRecord rec;
     rec.index = index;
+    rec.chip = op.chip;
     rec.kernel = name;
     rec.stream = stream;
     rec.block_dim = op.block_dim;
@@ -275,6 +410,10 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counter_delta = std::move(r.counter_delta);
+    // A chip of a system counts nothing per launch yet: its record reads as a launch that
+    // counted nothing (reports give its times, no utilisation), not as a malformed one.
+    if (m_sys && !rec.counter_delta.is_tree() && rec.counter_delta.size() == 0)
+      rec.counter_delta.set_root("chip");
     rec.sim_start_cycle = r.start_cycle;
     rec.program = op.program;
     rec.label = op.label;
@@ -288,8 +427,9 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
           ? fmt::format(" of node '{}' ({})", op.label->op_name, op.label->op_type)
           : std::string();
   return Status(StatusCode::kernel_fault,
-                fmt::format("kernel '{}'{} (stream {}, block_dim {}, launch #{}) failed: {}", name,
-                            node, stream, op.block_dim, index, r.error));
+                fmt::format("kernel '{}'{} ({}stream {}, block_dim {}, launch #{}) failed: {}",
+                            name, node, m_sys ? fmt::format("chip {}, ", op.chip) : "", stream,
+                            op.block_dim, index, r.error));
 }
 
 uint64_t Driver::take_host_dispatch(const DeviceOp& op) {
@@ -308,7 +448,7 @@ uint64_t Driver::take_host_dispatch(const DeviceOp& op) {
 
 Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
   DerivedState& state = *op.derived.state;
-  DeviceMemory& gm = m_sim->gm();
+  DeviceMemory& gm = this->gm(op.chip);
   uint64_t written = gm.last_write_epoch(op.derived.addr, op.derived.bytes);
   for (const DerivedRange& r : op.derived.more)
     written = std::max(written, gm.last_write_epoch(r.addr, r.bytes));
@@ -387,10 +527,13 @@ Status Driver::find_event_locked(Event e, const char* what, EventState** out) {
   return Status();
 }
 
-Status Driver::create_stream(Stream* out) {
+Status Driver::create_stream(Stream* out, int chip) {
+  if (chip < 0 || chip >= m_chips)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("create_stream: chip {} does not exist ({} chips)", chip, m_chips));
   std::lock_guard<std::mutex> lock(m_mutex);
   out->id = m_next_stream++;
-  m_streams[out->id];
+  m_streams[out->id].chip = chip;
   return Status();
 }
 
@@ -414,6 +557,19 @@ Status Driver::submit(Stream s, DeviceOp op) {
     // A wait on an event never recorded waits for nothing (as cudaStreamWaitEvent).
     op.event_generation = op.kind == OpKind::record_event ? ++ev->recorded : ev->recorded;
   }
+  // Events are the system's: a stream of one chip may record or wait for an event of another
+  // (TensorFlow orders a copy between NPUs with stream dependencies across the two devices).
+  if (op.kind == OpKind::record_event || op.kind == OpKind::wait_event) op.chip = st->chip;
+  if (op.chip != st->chip)
+    return Status(StatusCode::invalid_argument,
+                  fmt::format("{}: stream {} belongs to chip {}, not chip {}",
+                              op_kind_name(op.kind), s.id, st->chip, op.chip));
+  if (op.kind == OpKind::collective) {
+    if (Status r = join_collective_locked(s.id, op); !r.ok()) {
+      m_work.notify_one();  // the group failed: its parts already queued can now complete
+      return r;
+    }
+  }
   op.seq = m_next_seq++;
   st->queue.push_back(std::move(op));
   st->submitted++;
@@ -436,8 +592,35 @@ Status Driver::submit_sync(DeviceOp op) {
   return completion->status;
 }
 
-Status Driver::run_task(const std::function<Status(Simulator&)>& fn) {
-  if (on_driver_thread()) return guard("driver task", [&] { return fn(*m_sim); });
+Status Driver::join_collective_locked(uint64_t stream, const DeviceOp& op) {
+  CollectiveGroup& g = *op.group;
+  const std::string what = fmt::format("{} rank {} on chip {}", collective_name(g.call.kind),
+                                       op.rank, op.chip);
+  auto fail = [&](const std::string& message) {
+    Status st(StatusCode::invalid_argument, what + ": " + message);
+    if (g.status.ok()) g.status = st;  // the parts already queued complete with it
+    return st;
+  };
+  if (!g.status.ok()) return Status(g.status.code(), what + ": " + g.status.message());
+  if (op.rank < 0 || op.rank >= g.ranks())
+    return fail(fmt::format("the communicator has ranks 0 to {}", g.ranks() - 1));
+  const size_t r = static_cast<size_t>(op.rank);
+  if (g.joined[r]) return fail("this rank was already given");
+  for (int q = 0; q < g.ranks(); ++q)
+    if (g.joined[static_cast<size_t>(q)] && g.call.chips[static_cast<size_t>(q)] == op.chip)
+      return fail(fmt::format("chip {} is already rank {} (one rank per chip)", op.chip, q));
+  g.call.chips[r] = op.chip;
+  g.call.send[r] = op.src;
+  g.call.recv[r] = op.dst;
+  g.call.rank_counts[r] = op.count;
+  g.streams[r] = stream;
+  g.joined[r] = true;
+  if (++g.joined_count == g.ranks()) g.call.count = g.call.rank_counts[0];
+  return Status();
+}
+
+Status Driver::run_task(const std::function<Status()>& fn) {
+  if (on_driver_thread()) return guard("driver task", [&] { return fn(); });
   auto completion = std::make_shared<OpCompletion>();
   std::unique_lock<std::mutex> lock(m_mutex);
   m_tasks.push_back(Task{fn, completion});
@@ -486,11 +669,12 @@ Status Driver::stream_error(Stream s) {
   return st->error;
 }
 
-Status Driver::synchronize_all() {
+Status Driver::synchronize_all(int chip) {
   if (on_driver_thread()) return not_on_driver_thread("synchronize_device");
   std::unique_lock<std::mutex> lock(m_mutex);
   std::map<uint64_t, uint64_t> targets;
-  for (const auto& [id, st] : m_streams) targets[id] = st.submitted;
+  for (const auto& [id, st] : m_streams)
+    if (id == 0 || st.chip == chip) targets[id] = st.submitted;
   m_done.wait(lock, [&] {
     for (const auto& [id, target] : targets) {
       auto it = m_streams.find(id);
@@ -501,7 +685,7 @@ Status Driver::synchronize_all() {
   Status first;
   std::string all;
   for (auto& [id, st] : m_streams) {
-    if (st.error.ok()) continue;
+    if (st.error.ok() || (id != 0 && st.chip != chip)) continue;
     Status e = take_error_locked(id, st);
     if (first.ok()) first = e;
     all += (all.empty() ? "" : "; ") + e.message();
@@ -564,20 +748,40 @@ Status Driver::elapsed_us(Event start, Event end, double* us) {
   return Status();
 }
 
-std::vector<LaunchRecord> Driver::launch_records() const {
-  std::lock_guard<std::mutex> lock(m_mutex);
-  return m_records;
+namespace {
+
+// The records of one chip (every record, on a single chip).
+template <typename Record>
+std::vector<Record> records_of_chip(const std::vector<Record>& all, int chips, int chip) {
+  if (chips == 1) return all;
+  std::vector<Record> out;
+  for (const Record& r : all)
+    if (r.chip == chip) out.push_back(r);
+  return out;
 }
 
-std::vector<CopyRecord> Driver::copy_records() const {
+}  // namespace
+
+std::vector<LaunchRecord> Driver::launch_records(int chip) const {
   std::lock_guard<std::mutex> lock(m_mutex);
-  return m_copy_records;
+  return records_of_chip(m_records, m_chips, chip);
+}
+
+std::vector<CopyRecord> Driver::copy_records(int chip) const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return records_of_chip(m_copy_records, m_chips, chip);
+}
+
+std::vector<CollectiveRecord> Driver::collective_records() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_collective_records;
 }
 
 void Driver::clear_launch_records() {
   std::lock_guard<std::mutex> lock(m_mutex);
   m_records.clear();
   m_copy_records.clear();
+  m_collective_records.clear();
 }
 
 }  // namespace npusim::rt

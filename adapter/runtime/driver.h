@@ -1,11 +1,16 @@
-// The driver thread: the only thread that touches the Simulator (SystemC is single-threaded and
-// elaborates once per process). Host threads hand it work through queues guarded by one mutex:
+// The driver thread: the only thread that touches the Simulator, or the SystemSimulator of a
+// device opened on a system of chips (SystemC is single-threaded and elaborates once per
+// process). With a system, one driver serves the devices of all its chips: every stream belongs
+// to one chip, and operations of all chips run one at a time on the one simulation (so kernels
+// of different chips do not overlap in simulated time yet; copies between chips and collectives
+// move over the modelled links). Host threads hand it work through queues guarded by one mutex:
 //   - tasks: short jobs on the simulator state (scrub freed memory, read counters), run at the
 //     next operation boundary, before any stream operation;
 //   - streams: in-order queues of DeviceOps. Among streams whose head operation is ready the
 //     driver serves them round-robin in id order (the first ready stream after the one served
 //     last), so the choice depends only on the queue contents. A head is ready unless it is a
-//     wait_event whose record has not run, or a barrier with an earlier op still queued.
+//     wait_event whose record has not run, a barrier with an earlier op of its chip still
+//     queued, or a collective part whose group is not complete at the heads of its streams.
 // One operation runs at a time, to completion; a failed one sets its stream's error and the
 // driver carries on (later operations of that stream still run).
 #pragma once
@@ -25,7 +30,9 @@
 #include "adapter/runtime/status.h"
 #include "adapter/runtime/stream.h"
 #include "sim/config/chip_config.h"
+#include "sim/config/system_config.h"
 #include "sim/simulator.h"
+#include "sim/system/system_simulator.h"
 
 namespace npusim::rt {
 
@@ -34,6 +41,9 @@ class Driver {
   // Starts the driver thread, which elaborates the chip; returns once the Simulator is built
   // (or failed: the status says why and the thread has ended).
   Driver(const ChipConfig& cfg, const SimOptions& opts, bool record_launches);
+  // The same for a system of chips: the thread elaborates a SystemSimulator (SimOptions'
+  // functional and watchdog apply; it has no launch replay, observers, trace or launch log).
+  Driver(const SystemConfig& cfg, const SimOptions& opts, bool record_launches);
   // Runs every queued operation that can still run, then ends the thread (which destroys the
   // Simulator). Must not run on the driver thread (i.e. not from a host callback).
   ~Driver();
@@ -43,7 +53,9 @@ class Driver {
   const Status& start_status() const { return m_start_status; }
   bool on_driver_thread() const { return std::this_thread::get_id() == m_driver_id; }
 
-  Status create_stream(Stream* out);
+  int chips() const { return m_chips; }  // 1 for a single chip
+
+  Status create_stream(Stream* out, int chip = 0);
   Status destroy_stream(Stream s);  // queued operations still run; the id becomes invalid
   // Queues op on s and returns at once (record/wait events get their generation here).
   Status submit(Stream s, DeviceOp op);
@@ -51,16 +63,20 @@ class Driver {
   // every op submitted before it on any stream. Returns the op's own status.
   Status submit_sync(DeviceOp op);
   // Runs fn on the driver thread at the next operation boundary and waits for it (runs it
-  // directly when called on the driver thread).
-  Status run_task(const std::function<Status(Simulator&)>& fn);
+  // directly when called on the driver thread). fn may use the accessors below.
+  Status run_task(const std::function<Status()>& fn);
+  // Driver thread only: the simulation (exactly one of the two is non-null) and a chip's memory.
+  Simulator* simulator() { return m_sim.get(); }
+  SystemSimulator* system() { return m_sys.get(); }
+  DeviceMemory& gm(int chip);
 
   // Waits for the ops queued on s before the call; returns the stream's error and clears it.
   Status synchronize_stream(Stream s);
   Status query_stream(Stream s, bool* idle);
   Status stream_error(Stream s);  // the pending error, not cleared
-  // Waits for the ops queued on every stream before the call; returns (and clears) the errors
-  // of all streams, combined into one status (code of the lowest stream id's error).
-  Status synchronize_all();
+  // Waits for the ops queued on every stream of `chip` before the call; returns (and clears) the
+  // errors of those streams, combined into one status (code of the lowest stream id's error).
+  Status synchronize_all(int chip = 0);
 
   Status create_event(Event* out);
   Status destroy_event(Event e);
@@ -68,15 +84,18 @@ class Driver {
   Status synchronize_event(Event e);
   Status elapsed_us(Event start, Event end, double* us);
 
-  std::vector<LaunchRecord> launch_records() const;
-  std::vector<CopyRecord> copy_records() const;
-  void clear_launch_records();  // and the copy records
+  // The records of one chip's launches and copies (a peer copy counts for its source chip).
+  std::vector<LaunchRecord> launch_records(int chip = 0) const;
+  std::vector<CopyRecord> copy_records(int chip = 0) const;
+  std::vector<CollectiveRecord> collective_records() const;
+  void clear_launch_records();  // of every chip, and the copy and collective records
 
   // Driver thread only: simulated time of the device timeline, AI-core cycles.
   uint64_t device_cycles() const;
 
  private:
   struct StreamState {
+    int chip = 0;
     std::deque<DeviceOp> queue;
     uint64_t submitted = 0, completed = 0;  // ops ever queued / finished
     bool executing = false;
@@ -91,17 +110,27 @@ class Driver {
     bool destroyed = false;
   };
   struct Task {
-    std::function<Status(Simulator&)> fn;
+    std::function<Status()> fn;
     std::shared_ptr<OpCompletion> completion;
   };
 
-  void thread_main(const ChipConfig& cfg, const SimOptions& opts);
+  // Starts the thread, which builds the simulation with `build` (throwing on failure).
+  void start(std::function<void()> build, const std::string& what);
+  void thread_main(const std::function<void()>& build, const std::string& what);
   void loop();
   StreamState* pick_ready_locked(uint64_t* id);
   bool head_ready_locked(uint64_t id, const StreamState& s) const;
+  // A collective part is ready once every rank's part is queued and at the head of its stream
+  // (or the group has run, or failed when a part was queued).
+  bool collective_ready_locked(const DeviceOp& op) const;
   // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op);
+  // The chip model's host link and kernel runs, on the Simulator or on chip `chip` of the system.
+  KernelResult run_on_chip(int chip, const KernelLaunch& launch);
+  HdcResult hdc_copy(const DeviceOp& op);
+  Status run_peer_copy(uint64_t stream, const DeviceOp& op);
+  Status run_collective_part(uint64_t stream, const DeviceOp& op);
   // The host dispatch `op` pays before it runs (LaunchLabel::host_dispatch), cycles: once per
   // dispatch value (among the latest kRecentDispatches); marks its dispatch value as paid.
   uint64_t take_host_dispatch(const DeviceOp& op);
@@ -114,13 +143,18 @@ class Driver {
   void finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
                      uint64_t event_cycle);
   Status find_stream_locked(Stream s, const char* what, StreamState** out);
+  // Enters a collective part into its group (rank, chip, buffers, stream); a bad part also
+  // fails the group, so the parts already queued complete with the error.
+  Status join_collective_locked(uint64_t stream, const DeviceOp& op);
   Status find_event_locked(Event e, const char* what, EventState** out);
   Status take_error_locked(uint64_t id, StreamState& s);
   Status not_on_driver_thread(const char* what) const;
 
   const bool m_record_launches;
-  std::unique_ptr<Simulator> m_sim;  // driver thread only
-  const ChipConfig* m_cfg = nullptr; // the simulator's copy
+  std::unique_ptr<Simulator> m_sim;        // driver thread only; null with a system
+  std::unique_ptr<SystemSimulator> m_sys;  // driver thread only; null with a single chip
+  int m_chips = 1;
+  const ChipConfig* m_cfg = nullptr; // the simulator's copy (every chip's, with a system)
   bool m_functional = true;
   uint64_t m_extra_cycles = 0;       // driver thread only: d2d/memset and host-dispatch time
                                      // (see device.h)
@@ -128,7 +162,7 @@ class Driver {
   // (launches of ops on several streams may interleave).
   static constexpr size_t kRecentDispatches = 64;
   std::deque<uint64_t> m_charged_dispatches;
-  uint64_t m_launch_count = 0;       // driver thread only
+  std::vector<uint64_t> m_launch_count;  // driver thread only: launches per chip
 
   mutable std::mutex m_mutex;
   std::condition_variable m_work;  // driver waits: new op, task, or stop
@@ -138,6 +172,7 @@ class Driver {
   std::deque<Task> m_tasks;
   std::vector<LaunchRecord> m_records;
   std::vector<CopyRecord> m_copy_records;
+  std::vector<CollectiveRecord> m_collective_records;
   uint64_t m_next_stream = 1, m_next_event = 1, m_next_seq = 1;
   uint64_t m_last_served = 0;
   bool m_started = false, m_stop = false;

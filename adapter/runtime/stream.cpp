@@ -15,6 +15,8 @@ const char* op_kind_name(OpKind k) {
     case OpKind::record_event: return "record_event";
     case OpKind::wait_event: return "wait_event";
     case OpKind::host_callback: return "host_callback";
+    case OpKind::memcpy_peer: return "memcpy_peer";
+    case OpKind::collective: return "collective";
   }
   return "unknown";
 }
@@ -42,6 +44,14 @@ std::string DeviceOp::describe() const {
     case OpKind::record_event: return fmt::format("record_event {}", event);
     case OpKind::wait_event: return fmt::format("wait_event {}", event);
     case OpKind::host_callback: return "host_callback";
+    case OpKind::memcpy_peer:
+      return fmt::format("memcpy_peer of {} bytes from chip {} [{:#x}, {:#x}) to chip {} [{:#x}, "
+                         "{:#x})",
+                         bytes, chip, src, src + bytes, dst_chip, dst, dst + bytes);
+    case OpKind::collective:
+      return fmt::format("{} rank {} on chip {}{}",
+                         group ? collective_name(group->call.kind) : "collective", rank, chip,
+                         group && !group->label.empty() ? " (" + group->label + ")" : "");
   }
   return "unknown op";
 }

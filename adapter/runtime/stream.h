@@ -14,6 +14,7 @@
 
 #include "adapter/runtime/status.h"
 #include "isa/isa.h"
+#include "sim/collective/collective.h"
 #include "sim/counters/counters.h"
 
 namespace npusim::rt {
@@ -91,7 +92,8 @@ struct LaunchLabel {
 
 // One kernel launch as the chip ran it; the profiler reads these.
 struct LaunchRecord {
-  uint64_t index = 0;        // 0-based position among this device's launches
+  uint64_t index = 0;        // 0-based position among this device's (chip's) launches
+  int chip = 0;              // the chip it ran on (0 on a single-chip device)
   std::string kernel;        // isa::Program::name
   uint64_t stream = 0;       // Stream::id it was queued on
   int block_dim = 0;
@@ -127,6 +129,8 @@ enum class OpKind {
   record_event,
   wait_event,
   host_callback,
+  memcpy_peer,  // a copy to another chip of the system, over the links (SystemSimulator)
+  collective,   // one rank's part of a collective over several chips (CollectiveGroup)
 };
 const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 
@@ -136,9 +140,74 @@ const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 struct CopyRecord {
   OpKind kind = OpKind::memcpy_h2d;
   uint64_t stream = 0;       // Stream::id, 0 for a synchronous copy
+  int chip = 0;              // the chip whose stream ran it (memcpy_peer: the source chip)
+  int dst_chip = 0;          // memcpy_peer: the destination chip; else `chip`
   uint64_t bytes = 0;
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles
   uint64_t cycles = 0;       // duration: the HDC link's time, or the HBM model of device.h
+                             // (memcpy_peer: the links' time, SystemSimulator::copy_peer)
+};
+
+// One collective as the chips ran it (run_collective), recorded with the launches
+// (RuntimeOptions::record_launches): what the profiler's communication rows read. Plain data.
+struct CollectiveRecord {
+  std::string collective;   // collective_name(): "all_reduce", "broadcast", ...
+  std::string algorithm;    // CollectiveResult::algorithm: "mesh", "ring", ...
+  std::string op;           // reduce_op_name() for reductions ("sum", ...), else ""
+  std::string dtype;        // isa dtype name of the elements ("f32", ...)
+  std::string label;        // what the caller named it (the TF node of rank 0), may be empty
+  uint64_t count = 0;       // elements per rank buffer (CollectiveCall::count)
+  uint64_t bytes = 0;       // bytes of one rank's input buffer (collective_send_bytes)
+  uint64_t link_bytes = 0;  // bytes sent over the links, all ranks together
+  std::vector<int> chips;   // the communicator: rank r is chips[r]
+  uint64_t start_cycle = 0; // on the device timeline, AI-core cycles
+  uint64_t end_cycle = 0;   // start_cycle + the collective's cycles
+  int steps = 0;
+  bool inline_reduce = false;
+  uint64_t recv_bytes = 0;     // bytes of one rank's output buffer (collective_recv_bytes)
+  uint64_t reduce_cycles = 0;  // of the collective's cycles: vector reduce kernels
+  std::vector<CollectiveStep> step_records;  // CollectiveResult::step_records
+  // The link directions (Fabric channels) that carried the collective's transfers: each
+  // transfer's bytes on every channel of its route.
+  struct Link {
+    std::string channel;  // "c0->c1", "c0.nic_out", "c1.nic_in"
+    double gbps = 0;      // its bandwidth per direction (system config)
+    uint64_t bytes = 0;
+  };
+  std::vector<Link> links;
+};
+
+// One collective over several chips' streams, as HCCL runs an op on a communicator: every rank
+// queues its part (Device::collective_async) on a stream of its own chip, and the driver runs the
+// collective once every part has been queued and reached the head of its stream; then each part
+// completes with the collective's status. All parts name the same group object; `call` holds
+// kind, op, algo, root and dtype, the driver fills chips, send, recv, count and rank_counts from
+// the parts. A group that never gets all its parts holds its streams forever (as an HCCL op
+// missing a rank does).
+struct CollectiveGroup {
+  CollectiveGroup(CollectiveCall c, int ranks, std::string what)
+      : call(std::move(c)),
+        joined(static_cast<size_t>(ranks), false),
+        streams(static_cast<size_t>(ranks), 0),
+        label(std::move(what)) {
+    call.chips.assign(static_cast<size_t>(ranks), -1);
+    call.send.assign(static_cast<size_t>(ranks), 0);
+    call.recv.assign(static_cast<size_t>(ranks), 0);
+    call.rank_counts.assign(static_cast<size_t>(ranks), 0);
+  }
+  int ranks() const { return static_cast<int>(joined.size()); }
+  CollectiveCall call;
+  // Guarded by the driver's mutex.
+  std::vector<bool> joined;
+  std::vector<uint64_t> streams;  // Stream::id of each rank's part
+  int joined_count = 0;
+  bool ran = false;  // driver thread: the collective has run; `status` is its outcome
+  Status status;     // a failed join (set when queued) or the collective's outcome
+  std::string label;
+  // false: a failed collective leaves its parts' streams without error and the caller reads
+  // `status` instead (in a host callback queued behind its part: the TF plugin hands it to the
+  // op, so the stream's next user does not inherit it).
+  bool stream_errors = true;
 };
 
 // Where the driver delivers the status of a synchronous op (instead of the stream's error).
@@ -161,6 +230,11 @@ struct DeviceOp {
   DerivedSource derived;            // launch: state non-null for a derived launch (launch_derived)
   uint64_t event = 0;               // record_event / wait_event: Event::id
   HostCallback callback;
+  int chip = 0;                     // the chip whose stream queues it (of the device's system)
+  int dst_chip = 0;                 // memcpy_peer: the destination chip (dst is in its memory)
+  std::shared_ptr<CollectiveGroup> group;  // collective: the group; `rank` is this part's rank,
+  int rank = 0;                            // src/dst its send/recv buffers on its chip and
+  uint64_t count = 0;                      // count its element count (CollectiveCall)
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

@@ -273,9 +273,9 @@ std::string msprof_dtype_name(compiler::DataType t) {
   return prof::msprof_dtype(compiler::device_dtype(t));
 }
 
-rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
-                      std::shared_ptr<const CompiledOp>* out) {
-  rt::Status st = open_device(device);
+rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
+                      std::shared_ptr<rt::Device>* device, std::shared_ptr<const CompiledOp>* out) {
+  rt::Status st = ctx.npu_device(device);
   if (!st.ok()) return st;
   ReportProfiler::instance().attach_if_requested(**device);
   return CompiledOpCache::instance().get_or_compile(op, (*device)->config(),
@@ -412,7 +412,7 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
 
   std::shared_ptr<rt::Device> device;
   std::shared_ptr<const CompiledOp> compiled;
-  NPU_OP_REQUIRES_OK(ctx, compile_op(op, &device, &compiled));
+  NPU_OP_REQUIRES_OK(ctx, compile_op(*ctx, op, &device, &compiled));
   const compiler::CompiledKernel& k = compiled->kernel;
   if (static_cast<int>(k.outputs.size()) != ctx->num_outputs()) {
     ctx->CtxFailure(rt::Status(

@@ -66,10 +66,11 @@ class CompiledOpCache {
   CompiledOpCacheStats m_stats;
 };
 
-// The compiled op for `op` on the process's NPU (opened if needed), from CompiledOpCache or the
-// compiler; a compile error is `unsupported` naming the op. `device` receives the device.
-rt::Status compile_op(const compiler::OpDesc& op, std::shared_ptr<rt::Device>* device,
-                      std::shared_ptr<const CompiledOp>* out);
+// The compiled op for `op` on the NPU the kernel in `ctx` runs on (opened if needed; with
+// several chips, the chip of ctx's stream), from CompiledOpCache or the compiler; a compile error
+// is `unsupported` naming the op. `device` receives the device.
+rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
+                      std::shared_ptr<rt::Device>* device, std::shared_ptr<const CompiledOp>* out);
 
 // Runs a compiled op for the kernel running in `ctx`: allocates its workspace (if any) through
 // TensorFlow, queues every launch on the op's NPU stream with the inputs and outputs at the given

@@ -41,7 +41,7 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
 
     std::shared_ptr<rt::Device> device;
     std::shared_ptr<const CompiledOp> compiled;
-    rt::Status s = compile_op(op, &device, &compiled);
+    rt::Status s = compile_op(ctx, op, &device, &compiled);
     if (!s.ok()) return in_context(s);
     const std::vector<compiler::TensorDesc>& outs = compiled->kernel.outputs;
     if (outs.size() != outputs.size())

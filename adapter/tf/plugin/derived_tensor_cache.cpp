@@ -34,7 +34,8 @@ DerivedTensorCache::Use DerivedTensorCache::use(const std::shared_ptr<rt::Device
                                                 const std::vector<rt::DerivedRange>& sources,
                                                 bool stable_sources) {
   const compiler::DerivedTensor& t = kernel.derived.at(d);
-  std::string key = fmt::format("{}#{}", kernel.key, d);
+  // Addresses are a chip's own: the same address on two chips is two tensors.
+  std::string key = fmt::format("{}#{}@chip{}", kernel.key, d, device->chip());
   for (const rt::DerivedRange& r : sources) key += fmt::format("@{:#x}", r.addr);
   const uint64_t budget = device->memory_stats().bytes_limit / kBudgetDivisor;
   std::lock_guard<std::mutex> lock(m_mutex);

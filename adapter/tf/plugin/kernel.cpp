@@ -270,6 +270,14 @@ rt::Status OpKernelContext::npu_stream(rt::Stream* out) const {
   return rt::ok_status();
 }
 
+rt::Status OpKernelContext::npu_device(std::shared_ptr<rt::Device>* out) const {
+  StatusPtr st = new_status();
+  SP_Stream s = TF_GetStream(m_ctx, st.get());
+  if (TF_GetCode(st.get()) != TF_OK || !s)
+    return rt::Status(rt::StatusCode::internal, op_name() + ": no NPU stream for this op");
+  return open_device(s->chip, out);
+}
+
 std::string OpKernelContext::op_name() const {
   TF_StringView name = TF_GetOpKernelName(m_ctx);
   return std::string(name.data, name.len);

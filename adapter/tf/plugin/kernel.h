@@ -15,6 +15,7 @@
 #include "adapter/compiler/op_desc.h"
 #include "adapter/runtime/status.h"
 #include "adapter/runtime/stream.h"
+#include "adapter/tf/plugin/plugin_device.h"
 #include "tensorflow/c/kernels.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tensorflow/c/tf_tensor.h"
@@ -40,10 +41,10 @@ class Tensor {
   std::vector<int64_t> shape() const;
   int64_t NumElements() const { return TF_TensorElementCount(m_tensor.get()); }
   size_t TotalBytes() const { return TF_TensorByteSize(m_tensor.get()); }
-  // Device byte address of the first element (kernels on the NPU: device memory; 0 for an
-  // empty tensor).
+  // Device byte address of the first element in its chip's memory (kernels on the NPU: device
+  // memory; 0 for an empty tensor). TensorFlow's pointer also names the chip (plugin_device.h).
   uint64_t device_address() const {
-    return reinterpret_cast<uint64_t>(TF_TensorData(m_tensor.get()));
+    return local_address(reinterpret_cast<uint64_t>(TF_TensorData(m_tensor.get())));
   }
   // The buffer as a host pointer: only for an input the kernel declared HostMemory.
   const void* host_data() const { return TF_TensorData(m_tensor.get()); }
@@ -96,8 +97,9 @@ class OpKernelContext {
   rt::Status allocate_output(int index, TF_DataType dtype, const std::vector<int64_t>& shape,
                              Tensor* out);
   rt::Status allocate_temp(TF_DataType dtype, const std::vector<int64_t>& shape, Tensor* out);
-  // The runtime stream TensorFlow runs this op on.
+  // The runtime stream TensorFlow runs this op on, and the device (chip) it belongs to.
   rt::Status npu_stream(rt::Stream* out) const;
+  rt::Status npu_device(std::shared_ptr<rt::Device>* out) const;
   std::string op_name() const;  // the node name
 
   void CtxFailure(const rt::Status& st);

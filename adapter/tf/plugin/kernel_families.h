@@ -50,6 +50,10 @@ rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEF
 // AssignAdd/AssignSubVariableOp on the chip (TensorFlow's C++ kernel API; the only family not
 // built on kernel.h: kernels_resource_variables.cpp says why).
 rt::Status register_resource_variable_kernels();
+// NpuCollective: all-reduce and broadcast between the NPUs of a system of chips, on the chips'
+// collective engine (TensorFlow's C++ kernel API for an asynchronous kernel,
+// kernels_collective.cpp)
+rt::Status register_collective_kernels();
 // Bitcast: the output aliases the input's buffer (kernels_bitcast.cpp, kernel C API directly)
 rt::Status register_bitcast_kernels();
 // the tf.data Optional ops, TensorFlow's CPU kernels on host-memory arguments

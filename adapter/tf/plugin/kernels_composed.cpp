@@ -25,7 +25,7 @@ rt::Status run_compiled(OpKernelContext* ctx, const compiler::OpDesc& op,
                         const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs) {
   std::shared_ptr<rt::Device> device;
   std::shared_ptr<const CompiledOp> compiled;
-  rt::Status st = compile_op(op, &device, &compiled);
+  rt::Status st = compile_op(*ctx, op, &device, &compiled);
   if (!st.ok()) return st;
   return launch_compiled_op(ctx, device, op, *compiled, inputs, outputs);
 }
@@ -116,7 +116,7 @@ class RsqrtGradOp : public OpKernel {
     // The scalar constant: 4 bytes (one f32, or two 16-bit values) written by memset32.
     NPU_OP_REQUIRES_OK(ctx, ctx->allocate_temp(t, {t == TF_FLOAT ? 1 : 2}, &minus_half));
     std::shared_ptr<rt::Device> device;
-    NPU_OP_REQUIRES_OK(ctx, open_device(&device));
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
     rt::Stream stream;
     NPU_OP_REQUIRES_OK(ctx, ctx->npu_stream(&stream));
     NPU_OP_REQUIRES_OK(ctx, device->memset32_async(stream, minus_half.device_address(),

@@ -64,7 +64,7 @@ rt::Status run_random_op(OpKernelContext* ctx, const compiler::OpDesc& op,
                          std::vector<uint64_t> input_addrs, const BeforeLaunch& before_launch) {
   std::shared_ptr<rt::Device> device;
   std::shared_ptr<const CompiledOp> compiled;
-  rt::Status st = compile_op(op, &device, &compiled);
+  rt::Status st = compile_op(*ctx, op, &device, &compiled);
   if (!st.ok()) return st;
   const compiler::CompiledKernel& k = compiled->kernel;
   if (static_cast<int>(k.outputs.size()) != ctx->num_outputs())

@@ -191,9 +191,9 @@ class NpuGraphKernel : public OpKernel {
       signature += descs[i].str() + ";";
     }
     std::shared_ptr<rt::Device> device;
-    NPU_OP_REQUIRES_OK(ctx, open_device(&device));
+    NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
     std::shared_ptr<const Plan> plan;
-    NPU_OP_REQUIRES_OK(ctx, plan_for(signature, descs, &plan));
+    NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, &plan));
     if (static_cast<int>(plan->outputs.size()) != ctx->num_outputs()) {
       ctx->CtxFailure(
           rt::Status(rt::StatusCode::internal,
@@ -281,7 +281,10 @@ class NpuGraphKernel : public OpKernel {
   }
 
  private:
-  rt::Status plan_for(const std::string& signature, const std::vector<compiler::TensorDesc>& in,
+  // The plan for the inputs `in` (signature: their descriptions), compiled for the chip of
+  // ctx's stream.
+  rt::Status plan_for(const OpKernelContext& ctx, const std::string& signature,
+                      const std::vector<compiler::TensorDesc>& in,
                       std::shared_ptr<const Plan>* out) {
     {
       std::lock_guard<std::mutex> lock(m_mutex);
@@ -292,7 +295,7 @@ class NpuGraphKernel : public OpKernel {
       }
     }
     auto plan = std::make_shared<Plan>();
-    rt::Status st = build_plan(in, plan.get());
+    rt::Status st = build_plan(ctx, in, plan.get());
     if (!st.ok()) return st;
     {
       PlanFigures& f = plan_figures();
@@ -307,7 +310,8 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
-  rt::Status build_plan(const std::vector<compiler::TensorDesc>& in, Plan* plan) const {
+  rt::Status build_plan(const OpKernelContext& ctx, const std::vector<compiler::TensorDesc>& in,
+                        Plan* plan) const {
     if (static_cast<int>(in.size()) < m_spec.num_inputs)
       return rt::Status(rt::StatusCode::internal,
                         "NpuGraph '" + m_name + "' has " + std::to_string(in.size()) + " inputs, " +
@@ -372,7 +376,7 @@ class NpuGraphKernel : public OpKernel {
         s.inputs.push_back(p);
       }
       std::shared_ptr<rt::Device> device;
-      rt::Status st = compile_op(s.op, &device, &s.compiled);
+      rt::Status st = compile_op(ctx, s.op, &device, &s.compiled);
       if (!st.ok())
         return rt::Status(st.code(), "NpuGraph '" + m_name + "': " + what() + ": " + st.message());
       const compiler::CompiledKernel& k = s.compiled->kernel;

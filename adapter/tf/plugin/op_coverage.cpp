@@ -29,6 +29,7 @@ const std::vector<OpReason>& plugin_only_ops() {
       {"ResourceGather", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
       {"ResourceScatterUpdate", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
       {"NpuGraph", "a set of the compiler's ops run as one task list (npu_graph.h)"},
+      {"NpuCollective", "HCCL's collective between NPUs on the chips' collective engine"},
   };
   return ops;
 }

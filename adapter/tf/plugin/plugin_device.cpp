@@ -1,9 +1,13 @@
 #include "adapter/tf/plugin/plugin_device.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <mutex>
+
+#include <fmt/format.h>
 
 namespace npusim::tf {
 namespace {
@@ -25,9 +29,20 @@ struct OpenState {
   bool attempted = false;
   rt::Status status;
   PluginSettings settings;
-  // Never deleted: see plugin_device.h.
-  std::shared_ptr<rt::Device>* device = nullptr;
+  // Never deleted: see plugin_device.h. Chip k's device is (*devices)[k].
+  std::vector<std::shared_ptr<rt::Device>>* devices = nullptr;
 };
+
+// A non-negative integer setting; false if `text` is not one.
+bool parse_count(const std::string& text, uint64_t* out) {
+  size_t used = 0;
+  try {
+    *out = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  return used == text.size() && !text.empty() && text[0] != '-';
+}
 
 OpenState& open_state() {
   static OpenState* state = new OpenState();  // leaked on purpose, like the device
@@ -38,7 +53,17 @@ OpenState& open_state() {
 
 rt::Status settings_from_env(PluginSettings* out) {
   PluginSettings s;
+  s.chip_given = !env_or("NPUSIM_CHIP", "").empty();
   s.chip = env_or("NPUSIM_CHIP", s.chip);
+  s.system = env_or("NPUSIM_SYSTEM", "");
+  const std::string chips = env_or("NPUSIM_CHIPS", "");
+  if (!chips.empty()) {
+    uint64_t n = 0;
+    if (!parse_count(chips, &n) || n < 1 || n > 4096)
+      return rt::Status(rt::StatusCode::invalid_argument,
+                        "NPUSIM_CHIPS: '" + chips + "' is not a chip count from 1 to 4096");
+    s.chips = static_cast<int>(n);
+  }
   std::string list = env_or("NPUSIM_CHIP_OVERRIDES", "");
   size_t start = 0;
   while (start <= list.size()) {
@@ -76,14 +101,8 @@ rt::Status settings_from_env(PluginSettings* out) {
   s.functional = functional == "1";
   std::string watchdog = env_or("NPUSIM_MAX_INSNS_PER_BLOCK", "");
   if (!watchdog.empty()) {
-    size_t used = 0;
-    unsigned long long n = 0;
-    try {
-      n = std::stoull(watchdog, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != watchdog.size() || watchdog[0] == '-')
+    uint64_t n = 0;
+    if (!parse_count(watchdog, &n))
       return rt::Status(rt::StatusCode::invalid_argument,
                         "NPUSIM_MAX_INSNS_PER_BLOCK: '" + watchdog +
                             "' is not a non-negative integer");
@@ -95,14 +114,80 @@ rt::Status settings_from_env(PluginSettings* out) {
 
 const PluginSettings& opened_settings() { return open_state().settings; }
 
-rt::Status open_device(std::shared_ptr<rt::Device>* out) {
+rt::Status system_from_settings(const PluginSettings& s, SystemConfig* out) {
+  // The 910b-x8 preset's links for chips given by count: its server of 8 is the Ascend
+  // server the system presets model (configs/systems/910b-x8.yaml gives the sources).
+  constexpr int kServerChips = 8;
+  std::vector<std::string> overrides;
+  // A chip file named relative to the working directory (the system file's `chip` key is
+  // relative to the system file).
+  std::error_code ec;
+  const std::string chip =
+      std::filesystem::is_regular_file(s.chip, ec) ? std::filesystem::absolute(s.chip).string()
+                                                   : s.chip;
+  if (s.system.empty() || s.chip_given) overrides.push_back("chip=" + chip);
+  for (const std::string& o : s.overrides) overrides.push_back("chip." + o);
+  const std::string source = s.system.empty() ? "910b-x8" : s.system;
+  const std::string what =
+      s.system.empty() ? fmt::format("NPUSIM_CHIPS={} of chip '{}'", s.chips, s.chip)
+                       : "NPUSIM_SYSTEM='" + s.system + "'";
+  return rt::guard(what, [&]() -> rt::Status {
+    SystemConfig full = load_system_config(source, overrides);
+    const int n = s.chips > 0 ? s.chips : (s.system.empty() ? 1 : full.chips());
+    if (s.system.empty()) {
+      const int per_server = n <= kServerChips ? n : kServerChips;
+      if (n % per_server != 0)
+        return rt::Status(rt::StatusCode::invalid_argument,
+                          fmt::format("{}: {} chips do not make whole servers of {} (give a "
+                                      "multiple of {}, or NPUSIM_SYSTEM with a system file)",
+                                      what, n, kServerChips, kServerChips));
+      overrides.push_back(fmt::format("servers={}", n / per_server));
+      overrides.push_back(fmt::format("chips_per_server={}", per_server));
+    } else if (n != full.chips()) {
+      if (n > full.chips())
+        return rt::Status(rt::StatusCode::invalid_argument,
+                          fmt::format("NPUSIM_CHIPS={}: system '{}' has only {} chips", n,
+                                      full.name, full.chips()));
+      if (n > full.chips_per_server && n % full.chips_per_server != 0)
+        return rt::Status(rt::StatusCode::invalid_argument,
+                          fmt::format("NPUSIM_CHIPS={}: the first {} chips of system '{}' are "
+                                      "not whole servers of {}",
+                                      n, n, full.name, full.chips_per_server));
+      const int per_server = std::min(n, full.chips_per_server);
+      overrides.push_back(fmt::format("servers={}", n / per_server));
+      overrides.push_back(fmt::format("chips_per_server={}", per_server));
+    }
+    *out = load_system_config(source, overrides);
+    if (out->chip.hbm_bytes > (uint64_t{1} << kChipShift))
+      return rt::Status(rt::StatusCode::invalid_argument,
+                        fmt::format("{}: memory.hbm.bytes ({}) exceeds the {} bytes a chip of "
+                                    "a system may have here",
+                                    what, out->chip.hbm_bytes, uint64_t{1} << kChipShift));
+    return rt::ok_status();
+  });
+}
+
+int device_count() {
+  OpenState& st = open_state();
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (st.devices) return static_cast<int>(st.devices->size());
+  }
+  PluginSettings s;
+  if (!settings_from_env(&s).ok() || !s.multichip()) return 1;
+  SystemConfig sys;
+  if (!system_from_settings(s, &sys).ok()) return 1;
+  return sys.chips();
+}
+
+rt::Status open_device(int chip, std::shared_ptr<rt::Device>* out) {
   OpenState& st = open_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!st.attempted) {
     st.attempted = true;
     st.status = settings_from_env(&st.settings);
     if (st.status.ok()) {
-      auto* dev = new std::shared_ptr<rt::Device>();
+      auto* devices = new std::vector<std::shared_ptr<rt::Device>>(1);
       rt::RuntimeOptions rt_opts;
       rt_opts.record_launches = st.settings.record_launches;
       // TensorFlow frees a tensor once its last user is queued, not once it ran: discarding
@@ -117,23 +202,39 @@ rt::Status open_device(std::shared_ptr<rt::Device>* out) {
       // addresses: it costs more than it saves (docs/tf_plugin.md, "Timing-only runs").
       // NPUSIM_REPLAY=on still turns it on (Simulator reads it).
       if (!sim_opts.functional) sim_opts.replay = SimOptions::Replay::off;
-      st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,
-                                   dev);
-      if (st.status.ok()) {
-        st.device = dev;
+      if (st.settings.multichip()) {
+        SystemConfig sys;
+        st.status = system_from_settings(st.settings, &sys);
+        if (st.status.ok()) st.status = rt::Device::open_system(sys, sim_opts, rt_opts, devices);
       } else {
-        delete dev;
+        st.status = rt::Device::open(st.settings.chip, st.settings.overrides, sim_opts, rt_opts,
+                                     &devices->at(0));
+      }
+      if (st.status.ok()) {
+        st.devices = devices;
+      } else {
+        delete devices;
       }
     }
     if (!st.status.ok())
-      st.status = rt::Status(st.status.code(),
-                             "opening the NPU (NPUSIM_CHIP='" + st.settings.chip +
-                                 "'): " + st.status.message());
+      st.status = rt::Status(
+          st.status.code(),
+          (st.settings.multichip()
+               ? fmt::format("opening the NPUs (NPUSIM_SYSTEM='{}', NPUSIM_CHIPS={})",
+                             st.settings.system, st.settings.chips)
+               : "opening the NPU (NPUSIM_CHIP='" + st.settings.chip + "')") +
+              ": " + st.status.message());
   }
   if (!st.status.ok()) return st.status;
-  *out = *st.device;
+  if (chip < 0 || chip >= static_cast<int>(st.devices->size()))
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      fmt::format("NPU {} does not exist: the process has {} NPU device(s)", chip,
+                                  st.devices->size()));
+  *out = (*st.devices)[static_cast<size_t>(chip)];
   return rt::ok_status();
 }
+
+rt::Status open_device(std::shared_ptr<rt::Device>* out) { return open_device(0, out); }
 
 rt::Status malloc_tensor(rt::Device& device, uint64_t bytes, uint64_t* addr) {
   const uint64_t guard = device.memory_alignment();
@@ -150,7 +251,7 @@ rt::Status free_tensor(rt::Device& device, uint64_t addr) {
 std::shared_ptr<rt::Device> device_if_open() {
   OpenState& st = open_state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  return st.device ? *st.device : nullptr;
+  return st.devices ? st.devices->at(0) : nullptr;
 }
 
 TF_Code tf_code(rt::StatusCode code) {

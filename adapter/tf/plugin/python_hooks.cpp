@@ -35,7 +35,9 @@ nlohmann::json settings_json(const npusim::tf::PluginSettings& s) {
           {"precision_mode", npusim::compiler::precision_mode_name(s.precision)},
           {"record_launches", s.record_launches},
           {"max_insns_per_block", s.max_insns_per_block},
-          {"functional", s.functional}};
+          {"functional", s.functional},
+          {"chips", s.chips},
+          {"system", s.system}};
 }
 
 // Whether the program reads device memory with the scalar unit (ld): only such a kernel's
@@ -86,11 +88,13 @@ NPUSIM_TF_EXPORT char* npusim_tf_device_json() {
   return to_c_string(j.dump());
 }
 
-// Restarts the allocator's peak from the bytes in use now; false if the device is not open.
-NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak() {
-  std::shared_ptr<npusim::rt::Device> dev = npusim::tf::device_if_open();
-  if (dev) dev->reset_memory_peak();
-  return dev != nullptr;
+// Restarts chip `chip`'s allocator peak from the bytes in use now; false if the device is not
+// open (or there is no such chip).
+NPUSIM_TF_EXPORT int npusim_tf_reset_memory_peak(int chip) {
+  std::shared_ptr<npusim::rt::Device> dev;
+  if (!npusim::tf::device_if_open() || !npusim::tf::open_device(chip, &dev).ok()) return 0;
+  dev->reset_memory_peak();
+  return 1;
 }
 
 // A launch's counters as {dotted name below "chip": value} (a ready tree: its leaves flattened).
@@ -168,12 +172,69 @@ NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
   using namespace npusim;
   tf::PluginSettings s;
   rt::Status st = tf::settings_from_env(&s);
-  if (st.ok())
+  if (st.ok() && s.multichip()) {
+    SystemConfig sys;
+    st = tf::system_from_settings(s, &sys);
+  } else if (st.ok()) {
     st = rt::guard("chip '" + s.chip + "'", [&] {
       (void)load_chip_config(s.chip, s.overrides);
       return rt::ok_status();
     });
+  }
   return st.ok() ? nullptr : to_c_string(st.message());
+}
+
+// The NPUs as a system of chips: {"open": bool, "devices": N (what TensorFlow is told), and
+// when open "system": {"name", "chips", "servers", "chips_per_server", "topology"},
+// "fabric": {channel: counters} (the links' bytes and busy cycles since open),
+// "peer_copies": [{"src_chip", "dst_chip", "bytes", "start_cycle", "cycles"}] (copies between
+// NPUs over the links, every chip's), "memory": [{"bytes_in_use", "peak_bytes_in_use"}] per
+// chip and "collectives": [rt::CollectiveRecord as dicts]}.
+NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
+  using namespace npusim;
+  nlohmann::json j;
+  j["devices"] = tf::device_count();
+  std::shared_ptr<rt::Device> dev = tf::device_if_open();
+  j["open"] = dev != nullptr;
+  if (!dev) return to_c_string(j.dump());
+  j["chips"] = dev->chips();
+  nlohmann::json counters;
+  if (dev->system_counters(&counters).ok() && counters.contains("fabric"))
+    j["fabric"] = counters["fabric"];
+  else
+    j["fabric"] = nlohmann::json::object();
+  j["peer_copies"] = nlohmann::json::array();
+  j["memory"] = nlohmann::json::array();
+  for (int c = 0; c < dev->chips(); ++c) {
+    std::shared_ptr<rt::Device> chip;
+    if (!tf::open_device(c, &chip).ok()) continue;
+    rt::AllocatorStats s = chip->memory_stats();
+    j["memory"].push_back(
+        {{"bytes_in_use", s.bytes_in_use}, {"peak_bytes_in_use", s.peak_bytes_in_use}});
+    for (const rt::CopyRecord& r : chip->copy_records())
+      if (r.kind == rt::OpKind::memcpy_peer)
+        j["peer_copies"].push_back({{"src_chip", r.chip},
+                                    {"dst_chip", r.dst_chip},
+                                    {"bytes", r.bytes},
+                                    {"start_cycle", r.start_cycle},
+                                    {"cycles", r.cycles}});
+  }
+  j["collectives"] = nlohmann::json::array();
+  for (const rt::CollectiveRecord& r : dev->collective_records())
+    j["collectives"].push_back({{"collective", r.collective},
+                                {"algorithm", r.algorithm},
+                                {"op", r.op},
+                                {"dtype", r.dtype},
+                                {"label", r.label},
+                                {"count", r.count},
+                                {"bytes", r.bytes},
+                                {"link_bytes", r.link_bytes},
+                                {"chips", r.chips},
+                                {"start_cycle", r.start_cycle},
+                                {"end_cycle", r.end_cycle},
+                                {"steps", r.steps},
+                                {"inline_reduce", r.inline_reduce}});
+  return to_c_string(j.dump());
 }
 
 // The resolved chip config as YAML (written next to every report); null if not open.
@@ -283,6 +344,11 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     uint64_t now = 0;
     if (rt::Status s = dev->device_time_cycles(&now); !s.ok()) return s;
     tf::window_records(*dev, in.origin_cycle, 0, &in.launches, &in.copies);
+    // Several NPUs: the window's collectives (HCCL rows and a lane per chip; the launches and
+    // copies are chip 0's).
+    for (const rt::CollectiveRecord& c : dev->collective_records())
+      if (c.start_cycle >= in.origin_cycle)
+        in.comms.push_back(prof::comm_record(c, in.comms.size()));
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;

@@ -9,6 +9,7 @@
 
 struct SP_Stream_st {
   npusim::rt::Stream stream;
+  int chip = 0;  // the chip (NPU ordinal) whose device created it
 };
 
 struct SP_Event_st {

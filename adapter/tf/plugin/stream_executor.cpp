@@ -1,7 +1,11 @@
 // SE_InitPlugin: registers platform "NPU" (device type "NPU") with TensorFlow's StreamExecutor C
 // API. Each SP_StreamExecutor callback is one call of the host runtime (docs/runtime.md, "How the
 // TensorFlow plugin maps onto it"); the opaque pointer of an SP_DeviceMemoryBase is the device
-// byte address itself.
+// byte address itself, tagged with its chip above kChipShift (plugin_device.h: chip 0's pointers
+// are plain addresses). With several chips (NPUSIM_CHIPS, NPUSIM_SYSTEM) NPU:k is chip k of one
+// SystemSimulator; TensorFlow copies a tensor between two NPUs with memcpy_dtod on the sending
+// device's stream with the receiver's pointer as destination (PluggableDeviceUtil::
+// DeviceToDeviceCopy), which runs as a peer copy over the modelled links.
 //
 // Error policy. TensorFlow treats a non-ok stream status as fatal (LOG(FATAL)), so the
 // callbacks that report a stream's state (get_stream_status, block_host_until_done,
@@ -11,7 +15,10 @@
 // expects from the copy and event callbacks.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "adapter/compiler/op_desc.h"
@@ -35,30 +42,30 @@ rt::Device& dev(const SP_Device* d) {
   return *static_cast<DeviceHandle*>(d->device_handle)->device;
 }
 
-uint64_t addr(const SP_DeviceMemoryBase* m) { return reinterpret_cast<uint64_t>(m->opaque); }
+uint64_t pointer(const SP_DeviceMemoryBase* m) { return reinterpret_cast<uint64_t>(m->opaque); }
+// The chip's own address of a pointer of this device (a pointer of another chip is not
+// translated: the runtime's range check then reports it).
+uint64_t addr(const SP_DeviceMemoryBase* m) { return local_address(pointer(m)); }
 
 // ---- platform
 
+// One device per chip: 1 unless NPUSIM_CHIPS / NPUSIM_SYSTEM ask for a system of chips.
 void get_device_count(const SP_Platform*, int* count, TF_Status* status) {
-  // SystemC elaborates one chip per process: one device.
-  *count = 1;
+  *count = device_count();
   TF_SetStatus(status, TF_OK, "");
 }
 
 void create_device(const SP_Platform*, SE_CreateDeviceParams* params, TF_Status* status) {
-  if (params->ordinal != 0) {
-    TF_SetStatus(status, TF_INVALID_ARGUMENT,
-                 ("NPU ordinal " + std::to_string(params->ordinal) + " does not exist (one chip)")
-                     .c_str());
-    return;
-  }
   auto handle = std::make_unique<DeviceHandle>();
-  rt::Status st = open_device(&handle->device);
+  rt::Status st = open_device(params->ordinal, &handle->device);
   if (!st.ok()) {
     set_tf_status(st, status);
     return;
   }
   handle->hardware_name = "npusim " + handle->device->config().name;
+  if (handle->device->chips() > 1)
+    handle->hardware_name += " (chip " + std::to_string(params->ordinal) + " of " +
+                             std::to_string(handle->device->chips()) + ")";
   SP_Device* d = params->device;
   d->struct_size = SP_DEVICE_STRUCT_SIZE;
   d->ext = nullptr;
@@ -108,7 +115,7 @@ void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
   uint64_t a = 0;
   rt::Status st = malloc_tensor(dev(d), size, &a);
   if (!st.ok()) return;  // a null opaque pointer is TensorFlow's out-of-memory signal
-  mem->opaque = reinterpret_cast<void*>(a);
+  mem->opaque = reinterpret_cast<void*>(tf_pointer(dev(d).chip(), a));
   mem->size = size;
 }
 
@@ -155,15 +162,38 @@ TF_Bool device_memory_usage(const SP_Device* d, int64_t* free, int64_t* total) {
 
 // ---- streams
 
+// The streams TensorFlow created on each chip, which synchronize_all_activity waits for (the
+// synchronous copies wait for themselves). Not the chip's collective stream (collective_bridge.cpp): a
+// part there may wait for ranks whose ops TensorFlow has yet to run, possibly after this very
+// synchronisation (an eager copy from the chip syncs it first), and TensorFlow sees a
+// collective's outputs only once it has run.
+struct TfStreams {
+  std::mutex mutex;
+  std::map<int, std::set<uint64_t>> of_chip;  // chip -> stream ids
+};
+TfStreams& tf_streams() {
+  static TfStreams* s = new TfStreams();  // never destroyed, like the devices
+  return *s;
+}
+
 void create_stream(const SP_Device* d, SP_Stream* stream, TF_Status* status) {
   auto s = std::make_unique<SP_Stream_st>();
+  s->chip = dev(d).chip();
   rt::Status st = dev(d).create_stream(&s->stream);
   set_tf_status(st, status);
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    tf_streams().of_chip[s->chip].insert(s->stream.id);
+  }
   *stream = st.ok() ? s.release() : nullptr;
 }
 
 void destroy_stream(const SP_Device* d, SP_Stream stream) {
   if (!stream) return;
+  {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    tf_streams().of_chip[stream->chip].erase(stream->stream.id);
+  }
   rt::Status st = dev(d).destroy_stream(stream->stream);
   if (!st.ok()) log_error("destroy_stream: " + st.message());
   delete stream;
@@ -186,9 +216,20 @@ void block_host_until_done(const SP_Device* d, SP_Stream stream, TF_Status* stat
   TF_SetStatus(status, TF_OK, "");
 }
 
+// Waits for the chip's TensorFlow streams (tf_streams); pending errors are logged (error
+// policy above).
 void synchronize_all_activity(const SP_Device* d, TF_Status* status) {
-  rt::Status st = dev(d).synchronize_device();
-  if (!st.ok()) log_error("synchronize_all_activity: " + st.message());
+  std::set<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(tf_streams().mutex);
+    const std::set<uint64_t>& of_chip = tf_streams().of_chip[dev(d).chip()];
+    ids.insert(of_chip.begin(), of_chip.end());
+  }
+  for (uint64_t id : ids) {
+    rt::Status st = dev(d).synchronize_stream(rt::Stream{id});
+    if (!st.ok())
+      log_error("synchronize_all_activity: stream " + std::to_string(id) + ": " + st.message());
+  }
   TF_SetStatus(status, TF_OK, "");
 }
 
@@ -292,9 +333,28 @@ void memcpy_htod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
   set_tf_status(dev(d).memcpy_h2d_async(stream->stream, addr(dst), host_src, size), status);
 }
 
+// The device owning a pointer's chip: this one, or (a copy between NPUs) another chip's.
+rt::Status device_of(const SP_Device* d, const SP_DeviceMemoryBase* m,
+                     std::shared_ptr<rt::Device>* out) {
+  const int chip = chip_of_pointer(pointer(m));
+  if (chip == dev(d).chip()) {
+    *out = static_cast<DeviceHandle*>(d->device_handle)->device;
+    return rt::ok_status();
+  }
+  return open_device(chip, out);
+}
+
+// Within the device's chip: a d2d copy; to another chip: a peer copy over the links. (The
+// source is always this device's: TensorFlow queues a copy on the sender's stream.)
 void memcpy_dtod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
                  const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
-  set_tf_status(dev(d).memcpy_d2d_async(stream->stream, addr(dst), addr(src), size), status);
+  std::shared_ptr<rt::Device> to;
+  rt::Status st = device_of(d, dst, &to);
+  if (st.ok())
+    st = to.get() == &dev(d)
+             ? dev(d).memcpy_d2d_async(stream->stream, addr(dst), addr(src), size)
+             : dev(d).memcpy_peer_async(stream->stream, *to, addr(dst), addr(src), size);
+  set_tf_status(st, status);
 }
 
 void sync_memcpy_dtoh(const SP_Device* d, void* host_dst, const SP_DeviceMemoryBase* src,
@@ -309,7 +369,12 @@ void sync_memcpy_htod(const SP_Device* d, SP_DeviceMemoryBase* dst, const void* 
 
 void sync_memcpy_dtod(const SP_Device* d, SP_DeviceMemoryBase* dst,
                       const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
-  set_tf_status(dev(d).memcpy_d2d(addr(dst), addr(src), size), status);
+  std::shared_ptr<rt::Device> to;
+  rt::Status st = device_of(d, dst, &to);
+  if (st.ok())
+    st = to.get() == &dev(d) ? dev(d).memcpy_d2d(addr(dst), addr(src), size)
+                             : dev(d).memcpy_peer(*to, addr(dst), addr(src), size);
+  set_tf_status(st, status);
 }
 
 void mem_zero(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* location, uint64_t size,

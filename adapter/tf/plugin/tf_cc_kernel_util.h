@@ -27,14 +27,16 @@
 #pragma GCC diagnostic pop
 
 #include "adapter/tf/plugin/dense_update.h"
+#include "adapter/tf/plugin/tf_pointer.h"
 
 namespace npusim::tf::cc {
 
 namespace tfc = ::tensorflow;
 
-// A tensor's buffer on the NPU: TensorFlow's data pointer is the device byte address.
+// A tensor's buffer on the NPU: TensorFlow's data pointer is the device byte address, tagged
+// with its chip (tf_pointer.h).
 inline uint64_t device_address(const tfc::Tensor& t) {
-  return reinterpret_cast<uint64_t>(t.data());
+  return local_address(reinterpret_cast<uint64_t>(t.data()));
 }
 
 inline UpdateTensor update_tensor(const tfc::Tensor& t) {

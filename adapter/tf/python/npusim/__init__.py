@@ -14,7 +14,10 @@ The chip is chosen when TensorFlow creates the device, from NPUSIM_CHIP (default
 NPUSIM_CHIP_OVERRIDES, NPUSIM_PRECISION_MODE and NPUSIM_FUNCTIONAL (0: timing-only); configure()
 sets them. NPUSIM_RECORD_LAUNCHES=0 turns off the per-launch records (launch_records()), which
 otherwise grow with every kernel.
-One process runs one chip config (SystemC elaborates one chip per process).
+One process runs one chip config (SystemC elaborates one chip per process). NPUSIM_CHIPS=N or
+NPUSIM_SYSTEM (a system preset or YAML) make N NPU devices instead, each a chip of one simulated
+system joined by modelled links (npusim.distribute: collectives, MirroredStrategy); set them
+before `import npusim`, or call configure(chips=..., system=...) before the first op.
 
 Keras 3: jit_compile="auto" would turn on XLA because a non-CPU device exists, and XLA cannot
 compile for the NPU; importing npusim makes "auto" resolve to False (see _keras.py).
@@ -24,7 +27,7 @@ import atexit
 import json
 import os
 
-from . import _keras, _memory, _offline, _plugin, _report
+from . import _keras, _memory, _offline, _plugin, _report, distribute
 from ._chakra import export_chakra
 from ._plugin import NpusimError
 from ._report import format_op_summary, op_summary, profile
@@ -37,7 +40,9 @@ __all__ = [
     "configure",
     "cpu_fallback_ops",
     "device_info",
+    "distribute",
     "export_chakra",
+    "system_info",
     "format_op_summary",
     "launch_records",
     "load_offline_model",
@@ -56,6 +61,7 @@ _plugin.load(_PLUGIN_PATH)
 _hooks = _plugin.Hooks(_PLUGIN_PATH)
 _keras.install()
 _memory.install(_hooks)
+distribute.install()
 
 
 def load_offline_model(path, chip=None):
@@ -85,7 +91,7 @@ def _overrides_list(overrides):
 
 
 def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None,
-              graph_mode=None):
+              graph_mode=None, chips=None, system=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -101,15 +107,22 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         produces (and what is copied back from it) is undefined (zeros here). For simulated
         time at batch sizes whose tensors would not fit this host (docs/tf_plugin.md,
         "Timing-only runs", also says which kernels' timing depends on data).
-
     graph_mode: True (default) runs the NPU nodes of tf.function graphs as whole graphs (one
         task list per step with a static memory plan: docs/tf_plugin.md, "Whole-graph
         execution"); False runs them node by node. Unlike the other settings it may change at any
         time: it applies to the tf.function graphs traced after the call.
+    chips: N >= 1 NPU devices, each a chip of one simulated system (one SystemSimulator): with
+        `system`, its first N chips; else N chips of `chip` joined as the 910b-x8 preset joins
+        its 8 (HCCS full mesh; N > 8 in servers of 8). 1 (or None without a system): the one
+        chip of a plain NPU.
+    system: a system preset ("910b-x8", "910b-x16", "tiny-x8") or a system YAML file: every
+        chip of it (or the first `chips`) is an NPU device; `chip`, if given, replaces the
+        system's chip and `overrides` apply to it. docs/multichip.md, "TensorFlow".
 
     Call it before the first TensorFlow op. Once the device exists its config is fixed:
-    asking for another one raises NpusimError (the same config again is fine). A chip or
-    override that does not load raises NpusimError at once, naming the file and key.
+    asking for another one (another chip count included) raises NpusimError (the same config
+    again is fine). A chip or override that does not load raises NpusimError at once, naming the
+    file and key.
     """
     env = {}
     if chip is not None:
@@ -124,6 +137,12 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         if not isinstance(functional, bool):
             raise TypeError(f"functional must be True or False, not {functional!r}")
         env["NPUSIM_FUNCTIONAL"] = "1" if functional else "0"
+    if chips is not None:
+        if isinstance(chips, bool) or not isinstance(chips, int) or chips < 1:
+            raise ValueError(f"chips must be a positive integer, not {chips!r}")
+        env["NPUSIM_CHIPS"] = str(chips)
+    if system is not None:
+        env["NPUSIM_SYSTEM"] = os.fspath(system)
 
     if graph_mode is not None:
         if not isinstance(graph_mode, bool):
@@ -140,6 +159,8 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
                        else current["overrides"]),
             precision_mode=env.get("NPUSIM_PRECISION_MODE", current["precision_mode"]),
             functional=(functional if functional is not None else current["functional"]),
+            chips=(chips if chips is not None else current["chips"]),
+            system=(os.fspath(system) if system is not None else current["system"]),
         )
         if wanted != current:
             raise NpusimError(
@@ -157,8 +178,38 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
                 else:
                     os.environ[k] = v
             raise NpusimError(f"configure: {error}")
+        if chips is not None or system is not None:
+            _refresh_device_count()
     if report_dir is not None:
         os.environ["NPUSIM_REPORT_DIR"] = os.fspath(report_dir)
+
+
+def _refresh_device_count():
+    """TensorFlow asked the plugin for its device count when the plugin loaded; ask again now
+    that the settings name another (possible until TensorFlow creates its devices)."""
+    if _plugin._devices_created():  # pylint: disable=protected-access
+        # The NPU was not opened (else configure() compared settings above), yet TensorFlow's
+        # devices exist: they were created with the old count.
+        raise NpusimError("configure(chips=..., system=...): TensorFlow has already created its "
+                          "devices, so the number of NPUs is fixed; call configure before the "
+                          "first op, or set NPUSIM_CHIPS / NPUSIM_SYSTEM before starting Python")
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+    context.context().reinitialize_physical_devices()
+    count = _hooks.system()["devices"]
+    listed = len(context.context().list_physical_devices("NPU"))
+    if listed != count:
+        raise NpusimError(f"configure: TensorFlow lists {listed} NPUs but the settings give "
+                          f"{count}; set NPUSIM_CHIPS / NPUSIM_SYSTEM before `import npusim`")
+
+
+def system_info():
+    """The NPUs as a system of chips: {"devices": N, "open": bool, and once open "chips",
+    "fabric" (per link direction: bytes and busy cycles since open), "peer_copies" (tensors
+    copied between NPUs over the links: src_chip, dst_chip, bytes, start_cycle, cycles) and
+    "collectives" (each collective run: collective, algorithm, op, dtype, label, count, bytes,
+    link_bytes, chips, start_cycle, end_cycle, steps, inline_reduce)}."""
+    return _hooks.system()
 
 
 def device_info():

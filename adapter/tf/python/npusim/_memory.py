@@ -32,6 +32,10 @@ def install(hooks):
             return get_memory_info(self, dev)
         self.ensure_initialized()  # creates the devices (and opens the chip) like TensorFlow's
         memory = hooks.device().get("memory")
+        chip = int(_NPU_DEVICE.search(dev.strip()).group(1))
+        if chip > 0:  # several NPUs: chip k's allocator
+            per_chip = hooks.system().get("memory", [])
+            memory = per_chip[chip] if chip < len(per_chip) else None
         if memory is None:
             return get_memory_info(self, dev)
         return {"current": memory["bytes_in_use"], "peak": memory["peak_bytes_in_use"]}
@@ -40,7 +44,7 @@ def install(hooks):
         if not _is_npu(dev):
             return reset_memory_stats(self, dev)
         self.ensure_initialized()
-        hooks.reset_memory_peak()
+        hooks.reset_memory_peak(int(_NPU_DEVICE.search(dev.strip()).group(1)))
         return None
 
     cls.get_memory_info = npu_memory_info

@@ -103,7 +103,8 @@ class Hooks:
         for name in ("npusim_tf_device_json", "npusim_tf_launch_records_json",
                      "npusim_tf_compiled_ops_json", "npusim_tf_chip_config_yaml",
                      "npusim_tf_counters_json", "npusim_tf_check_env_settings",
-                     "npusim_tf_cpu_fallback_ops_json", "npusim_tf_op_coverage_json"):
+                     "npusim_tf_cpu_fallback_ops_json", "npusim_tf_op_coverage_json",
+                     "npusim_tf_system_json"):
             getattr(self._lib, name).restype = ctypes.c_void_p
         self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int]
         self._lib.npusim_tf_free.argtypes = [ctypes.c_void_p]
@@ -111,6 +112,7 @@ class Hooks:
         self._lib.npusim_tf_clear_launch_records.restype = None
         self._lib.npusim_tf_clear_cpu_fallback_ops.restype = None
         self._lib.npusim_tf_reset_memory_peak.restype = ctypes.c_int
+        self._lib.npusim_tf_reset_memory_peak.argtypes = [ctypes.c_int]
 
     def _text(self, ptr):
         if not ptr:
@@ -131,8 +133,8 @@ class Hooks:
         mode = 2 if with_counters == "flat" else 1 if with_counters else 0
         return self._json(self._lib.npusim_tf_launch_records_json(mode))
 
-    def reset_memory_peak(self):
-        return bool(self._lib.npusim_tf_reset_memory_peak())
+    def reset_memory_peak(self, chip=0):
+        return bool(self._lib.npusim_tf_reset_memory_peak(chip))
 
     def clear_launch_records(self):
         self._lib.npusim_tf_clear_launch_records()
@@ -149,6 +151,10 @@ class Hooks:
 
     def counters(self):
         return self._json(self._lib.npusim_tf_counters_json())
+
+    def system(self):
+        """The NPUs as a system of chips: links' counters, peer copies, collectives."""
+        return self._json(self._lib.npusim_tf_system_json())
 
     def cpu_fallback_ops(self):
         """{op type: nodes} soft placement put on the CPU for want of an NPU kernel."""

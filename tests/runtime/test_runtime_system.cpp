@@ -1,0 +1,221 @@
+// The runtime over a system of chips (Device::open_system on tiny-x8): per-chip memory, streams
+// and kernels, copies between chips over the links (with their link counters and records),
+// collectives queued rank by rank on the chips' streams, and the errors of each.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "sim/config/system_config.h"
+#include "tests/runtime/runtime_test_util.h"
+
+using namespace npusim;
+using rt::StatusCode;
+
+namespace {
+
+// The process's devices: the eight tiny chips of tiny-x8 (two servers of four).
+const std::vector<std::shared_ptr<rt::Device>>& chips() {
+  static std::vector<std::shared_ptr<rt::Device>> devices = [] {
+    std::vector<std::shared_ptr<rt::Device>> d;
+    rt::Status st = rt::Device::open_system(load_system_config("tiny-x8"), SimOptions{},
+                                            rt::RuntimeOptions{}, &d);
+    if (!st.ok()) throw std::runtime_error("cannot open tiny-x8: " + st.to_string());
+    return d;
+  }();
+  return devices;
+}
+
+std::vector<float> host_floats(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i % 17) - 8.0f;  // exact sums
+  return v;
+}
+
+uint64_t fabric_bytes(const std::string& channel) {
+  nlohmann::json tree;
+  REQUIRE(chips()[0]->system_counters(&tree).ok());
+  return tree.at("fabric").at(channel).at("bytes").at("value").get<uint64_t>();
+}
+
+}  // namespace
+
+TEST_CASE("a system opens as one device per chip, each with its own memory and streams") {
+  const auto& d = chips();
+  REQUIRE(d.size() == 8);
+  for (int c = 0; c < 8; ++c) {
+    CHECK(d[static_cast<size_t>(c)]->chip() == c);
+    CHECK(d[static_cast<size_t>(c)]->chips() == 8);
+  }
+  // The same address on two chips holds two different values.
+  uint64_t a0 = 0, a5 = 0;
+  REQUIRE(d[0]->malloc(4096, &a0).ok());
+  REQUIRE(d[5]->malloc(4096, &a5).ok());
+  CHECK(a0 == a5);  // the allocators are alike; the memories are not
+  const std::vector<float> x = host_floats(1024, 1), y = host_floats(1024, 100);
+  REQUIRE(d[0]->memcpy_h2d(a0, x.data(), 4096).ok());
+  REQUIRE(d[5]->memcpy_h2d(a5, y.data(), 4096).ok());
+  std::vector<float> back(1024);
+  REQUIRE(d[0]->memcpy_d2h(back.data(), a0, 4096).ok());
+  CHECK(back == x);
+  REQUIRE(d[5]->memcpy_d2h(back.data(), a5, 4096).ok());
+  CHECK(back == y);
+  CHECK(d[0]->free(a0).ok());
+  CHECK(d[5]->free(a5).ok());
+
+  // A second open with the same system gives the same devices; a single chip is refused.
+  std::vector<std::shared_ptr<rt::Device>> again;
+  REQUIRE(rt::Device::open_system(load_system_config("tiny-x8"), SimOptions{}, rt::RuntimeOptions{},
+                                  &again)
+              .ok());
+  CHECK(again[3] == d[3]);
+  std::shared_ptr<rt::Device> single;
+  rt::Status st = rt::Device::open("tiny", {}, SimOptions{}, rt::RuntimeOptions{}, &single);
+  CHECK(st.code() == StatusCode::failed_precondition);
+  CHECK_THAT(st.message(), Catch::Contains("system 'tiny-x8'"));
+}
+
+TEST_CASE("a kernel runs on the chip whose stream queues it") {
+  const auto& d = chips();
+  rt::Device& dev = *d[2];
+  rt::Stream s;
+  REQUIRE(dev.create_stream(&s).ok());
+  const uint64_t n = 4096, bytes = n * 2;
+  const auto x = test::random_f16(n, 1), y = test::random_f16(n, 2);
+  uint64_t dx = 0, dy = 0, dz = 0;
+  for (uint64_t* p : {&dx, &dy, &dz}) REQUIRE(dev.malloc(bytes, p).ok());
+  REQUIRE(dev.memcpy_h2d_async(s, dx, x.data(), bytes).ok());
+  REQUIRE(dev.memcpy_h2d_async(s, dy, y.data(), bytes).ok());
+  const int blocks = dev.config().core_kind(isa::CoreKind::AIV)->count;
+  REQUIRE(
+      dev.launch_kernel(s, test::load_kernel("kernels/vadd_f16.s"), {dx, dy, dz, n}, blocks).ok());
+  std::vector<uint16_t> z(n);
+  REQUIRE(dev.memcpy_d2h_async(s, z.data(), dz, bytes).ok());
+  REQUIRE(dev.synchronize_stream(s).ok());
+  CHECK(z == test::reference_add_f16(x, y));
+  const auto records = dev.launch_records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].chip == 2);
+  CHECK(records[0].cycles > 0);
+  CHECK(d[1]->launch_records().empty());
+  // A stream belongs to its chip: another chip's device cannot queue on it.
+  uint64_t other = 0;
+  REQUIRE(d[3]->malloc(bytes, &other).ok());
+  CHECK(d[3]->memset8_async(s, other, 0, bytes).code() == StatusCode::invalid_argument);
+  for (uint64_t p : {dx, dy, dz}) CHECK(dev.free(p).ok());
+  CHECK(d[3]->free(other).ok());
+}
+
+TEST_CASE("a copy between chips moves over the links and is recorded") {
+  const auto& d = chips();
+  const uint64_t bytes = 64 * 1024;
+  uint64_t src = 0, dst = 0;
+  REQUIRE(d[0]->malloc(bytes, &src).ok());
+  REQUIRE(d[3]->malloc(bytes, &dst).ok());
+  const std::vector<float> x = host_floats(bytes / 4, 7);
+  REQUIRE(d[0]->memcpy_h2d(src, x.data(), bytes).ok());
+  const uint64_t before = fabric_bytes("c0->c3");
+  d[0]->clear_launch_records();
+  rt::Stream s;
+  REQUIRE(d[0]->create_stream(&s).ok());
+  REQUIRE(d[0]->memcpy_peer_async(s, *d[3], dst, src, bytes).ok());
+  REQUIRE(d[0]->synchronize_stream(s).ok());
+  std::vector<float> back(bytes / 4);
+  REQUIRE(d[3]->memcpy_d2h(back.data(), dst, bytes).ok());
+  CHECK(back == x);
+  CHECK(fabric_bytes("c0->c3") - before == bytes);
+  const auto copies = d[0]->copy_records();
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].kind == rt::OpKind::memcpy_peer);
+  CHECK(copies[0].chip == 0);
+  CHECK(copies[0].dst_chip == 3);
+  CHECK(copies[0].bytes == bytes);
+  // Derived from tiny-x8 (configs/systems/910b-x8.yaml): 2 us latency + bytes at 56 GB/s,
+  // at the tiny chip's clock.
+  const SystemConfig sys = load_system_config("tiny-x8");
+  const double us = sys.link.latency_us + static_cast<double>(bytes) / (sys.link.gbps * 1e3);
+  CHECK(copies[0].cycles == Approx(sys.chip.us_to_cycles(us)).margin(2));
+
+  // Errors: a range outside any allocation of the destination chip; a device of no system.
+  CHECK(d[0]->memcpy_peer_async(s, *d[3], dst + bytes, src, bytes).code() ==
+        StatusCode::invalid_argument);
+  CHECK(d[0]->memcpy_peer_async(s, *d[0], src, src, bytes).ok() == false);
+  CHECK(d[0]->free(src).ok());
+  CHECK(d[3]->free(dst).ok());
+}
+
+TEST_CASE("an all-reduce queued rank by rank runs once every rank is at its stream's head") {
+  const auto& d = chips();
+  const int ranks = 4;
+  const uint64_t count = 3000, bytes = count * 4;
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F32;
+  call.op = ReduceOp::sum;
+  auto group = std::make_shared<rt::CollectiveGroup>(call, ranks, "test");
+  std::vector<rt::Stream> streams(ranks);
+  std::vector<uint64_t> send(ranks), recv(ranks);
+  std::vector<float> expected(count, 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    rt::Device& dev = *d[static_cast<size_t>(r)];
+    REQUIRE(dev.create_stream(&streams[static_cast<size_t>(r)]).ok());
+    REQUIRE(dev.malloc(bytes, &send[static_cast<size_t>(r)]).ok());
+    REQUIRE(dev.malloc(bytes, &recv[static_cast<size_t>(r)]).ok());
+    const std::vector<float> x = host_floats(count, static_cast<float>(r));
+    for (uint64_t i = 0; i < count; ++i) expected[i] += x[i];
+    REQUIRE(dev.memcpy_h2d(send[static_cast<size_t>(r)], x.data(), bytes).ok());
+  }
+  d[0]->clear_launch_records();
+  // Ranks 0..2 queue their parts: nothing runs yet.
+  for (int r = 0; r < ranks - 1; ++r)
+    REQUIRE(d[static_cast<size_t>(r)]
+                ->collective_async(streams[static_cast<size_t>(r)], group, r,
+                                   send[static_cast<size_t>(r)], recv[static_cast<size_t>(r)],
+                                   count)
+                .ok());
+  bool idle = true;
+  REQUIRE(d[0]->query_stream(streams[0], &idle).ok());
+  CHECK_FALSE(idle);
+  REQUIRE(d[3]->collective_async(streams[3], group, 3, send[3], recv[3], count).ok());
+  for (int r = 0; r < ranks; ++r) {
+    REQUIRE(d[static_cast<size_t>(r)]->synchronize_stream(streams[static_cast<size_t>(r)]).ok());
+    std::vector<float> out(count);
+    REQUIRE(d[static_cast<size_t>(r)]
+                ->memcpy_d2h(out.data(), recv[static_cast<size_t>(r)], bytes)
+                .ok());
+    CHECK(out == expected);
+  }
+  const auto records = d[2]->collective_records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].collective == "all_reduce");
+  CHECK(records[0].algorithm == "mesh");  // four chips of one full-mesh server
+  CHECK(records[0].op == "sum");
+  CHECK(records[0].dtype == "f32");
+  CHECK(records[0].bytes == bytes);
+  CHECK(records[0].chips == std::vector<int>{0, 1, 2, 3});
+  CHECK(records[0].end_cycle > records[0].start_cycle);
+
+  SECTION("ranks of different element counts fail on every rank's stream, naming them") {
+    auto bad = std::make_shared<rt::CollectiveGroup>(call, 2, "bad");
+    REQUIRE(d[0]->collective_async(streams[0], bad, 0, send[0], recv[0], count).ok());
+    REQUIRE(d[1]->collective_async(streams[1], bad, 1, send[1], recv[1], count - 1).ok());
+    for (int r = 0; r < 2; ++r) {
+      rt::Status st =
+          d[static_cast<size_t>(r)]->synchronize_stream(streams[static_cast<size_t>(r)]);
+      CHECK(st.code() == StatusCode::invalid_argument);
+      CHECK_THAT(st.message(), Catch::Contains("rank"));
+    }
+  }
+  SECTION("two ranks on one chip, or a rank given twice, fail the group when queued") {
+    auto bad = std::make_shared<rt::CollectiveGroup>(call, 2, "bad");
+    REQUIRE(d[0]->collective_async(streams[0], bad, 0, send[0], recv[0], count).ok());
+    rt::Status st = d[0]->collective_async(streams[0], bad, 1, send[0], recv[0], count);
+    CHECK(st.code() == StatusCode::invalid_argument);
+    CHECK_THAT(st.message(), Catch::Contains("chip 0 is already rank 0"));
+    // The part already queued completes with the group's failure.
+    CHECK(d[0]->synchronize_stream(streams[0]).code() == StatusCode::invalid_argument);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(d[static_cast<size_t>(r)]->free(send[static_cast<size_t>(r)]).ok());
+    CHECK(d[static_cast<size_t>(r)]->free(recv[static_cast<size_t>(r)]).ok());
+  }
+}

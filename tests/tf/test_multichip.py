@@ -1,0 +1,306 @@
+"""Several NPUs, each a chip of one simulated system (docs/multichip.md, "TensorFlow"): devices,
+copies between NPUs over the links, npusim.distribute's collectives against numpy,
+MirroredStrategy training against one NPU on the global batch, and the errors. Every test runs
+a child process (the device count is fixed per process)."""
+
+import textwrap
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from conftest import child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+SYSTEM_TINY_X8 = {"NPUSIM_SYSTEM": "tiny-x8"}
+
+
+def test_eight_npus_copies_over_links_and_collectives_against_numpy():
+    result = child_result(textwrap.dedent("""
+        import json
+        import numpy as np
+        import npusim
+        import tensorflow as tf
+        out = {"npus": len(tf.config.list_physical_devices("NPU"))}
+
+        # A copy NPU:0 -> NPU:1 goes over the c0->c1 link.
+        x = np.arange(4096, dtype=np.float32) * 0.5 - 7
+        with tf.device("/NPU:0"):
+            a = tf.constant(x) + 0  # computed on chip 0
+        before = npusim.system_info()["fabric"].get("c0->c1", {}).get("bytes", {}).get("value", 0)
+        with tf.device("/NPU:1"):
+            b = tf.identity(a)
+        out["copy_device"] = b.device
+        out["copy_ok"] = bool(np.array_equal(b.numpy(), x))
+        info = npusim.system_info()
+        out["link_bytes"] = info["fabric"]["c0->c1"]["bytes"]["value"] - before
+        out["peer_copies"] = [c for c in info["peer_copies"]
+                              if c["src_chip"] == 0 and c["dst_chip"] == 1]
+
+        # all_reduce on 2 and on 4 chips against numpy (small integers: exact in any order).
+        rng = np.random.default_rng(5)
+        checks = []
+        for n in (2, 4):
+            for op in ("sum", "max", "min", "mean"):
+                data = [rng.integers(-8, 9, size=(33, 7)).astype(np.float32) for _ in range(n)]
+                values = []
+                for r in range(n):
+                    with tf.device(f"/NPU:{r}"):
+                        values.append(tf.constant(data[r]) * 1)
+                got = npusim.distribute.all_reduce(values, op)
+                want = {"sum": np.sum, "max": np.max, "min": np.min,
+                        "mean": np.mean}[op](np.stack(data), axis=0)
+                checks.append({"n": n, "op": op,
+                               "devices": [g.device[-5:] for g in got],
+                               "equal": all(bool(np.array_equal(g.numpy(), want)) for g in got)})
+        # prod of +-1, +-2 (exact), int32 sum, and a batch of two tensors per replica.
+        data = [rng.choice([-2.0, -1.0, 1.0, 2.0], size=(100,)).astype(np.float32)
+                for _ in range(4)]
+        vals = []
+        for r in range(4):
+            with tf.device(f"/NPU:{r}"):
+                vals.append(tf.constant(data[r]) * 1)
+        got = npusim.distribute.all_reduce(vals, "prod")
+        checks.append({"n": 4, "op": "prod", "devices": [],
+                       "equal": all(bool(np.array_equal(g.numpy(), np.prod(data, axis=0)))
+                                    for g in got)})
+        ints = [rng.integers(-1000, 1000, size=(257,)).astype(np.int32) for _ in range(2)]
+        batch = []
+        for r in range(2):
+            with tf.device(f"/NPU:{r}"):
+                batch.append([tf.identity(tf.constant(ints[r])), tf.constant(data[r]) * 1])
+        got = npusim.distribute.all_reduce(batch, "sum")
+        checks.append({"n": 2, "op": "batch", "devices": [],
+                       "equal": all(bool(np.array_equal(g[0].numpy(), ints[0] + ints[1])) and
+                                    bool(np.array_equal(g[1].numpy(), data[0] + data[1]))
+                                    for g in got)})
+        out["checks"] = checks
+
+        # broadcast from NPU:2 to NPUs 0..3
+        with tf.device("/NPU:2"):
+            root = tf.constant(x) * 2
+        got = npusim.distribute.broadcast(root, [f"/NPU:{r}" for r in range(4)])
+        out["broadcast"] = [bool(np.array_equal(g.numpy(), x * 2)) for g in got]
+        out["broadcast_devices"] = [g.device[-5:] for g in got]
+
+        out["collectives"] = [(c["collective"], c["algorithm"], c["chips"])
+                              for c in npusim.system_info()["collectives"]]
+
+        # Errors: mismatched replica shapes; two replicas on one NPU; a tensor on the CPU.
+        errors = []
+        with tf.device("/NPU:0"):
+            p = tf.zeros([4]) + 1
+        with tf.device("/NPU:1"):
+            q = tf.zeros([5]) + 1
+        with tf.device("/CPU:0"):
+            c = tf.zeros([4]) + 1
+        for args in ([p, q], [p, p], [p, c]):
+            try:
+                npusim.distribute.all_reduce(args)
+                errors.append("no error")
+            except ValueError as e:
+                errors.append(str(e))
+        out["errors"] = errors
+        print("RESULT" + json.dumps(out))
+        """), extra_env=SYSTEM_TINY_X8)
+    assert result["npus"] == 8
+    assert result["copy_device"].endswith("NPU:1")
+    assert result["copy_ok"]
+    assert result["link_bytes"] == 4096 * 4
+    assert [c["bytes"] for c in result["peer_copies"]] == [4096 * 4]
+    assert result["peer_copies"][0]["cycles"] > 0
+    for check in result["checks"]:
+        assert check["equal"], check
+    for check in result["checks"][:8]:
+        assert check["devices"] == [f"NPU:{r}" for r in range(check["n"])]
+    assert result["broadcast"] == [True] * 4
+    assert result["broadcast_devices"] == [f"NPU:{r}" for r in range(4)]
+    kinds = [tuple(c[:2]) for c in result["collectives"]]
+    assert ("all_reduce", "mesh") in kinds  # 2 or 4 chips of one full-mesh server
+    assert ("broadcast", "mesh") in kinds
+    assert [0, 1, 2, 3] in [c[2] for c in result["collectives"]]
+    assert "mismatched replica shapes" in result["errors"][0]
+    assert "both on" in result["errors"][1]
+    assert "not an NPU" in result["errors"][2]
+
+
+def test_pending_collective_does_not_hold_back_the_chips_stream():
+    """A rank's part waits for the other ranks on the chip's collective stream, not on the stream
+    TensorFlow runs ops on: chip 0 computes and sends a tensor to NPU:1 while its part of an
+    all-reduce is pending, and NPU:1's replica joins with it. With the part on chip 0's op
+    stream the copy waited behind it for rank 1, which waited for the copy (a whole-graph
+    MirroredStrategy step hung so: NPU:1's graph read a metric chip 0 had written); with the
+    eager copy's device synchronisation waiting for the collective stream, too."""
+    result = child_result(textwrap.dedent("""
+        import json, threading, time
+        import numpy as np
+        import npusim
+        from npusim import distribute
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        x = np.arange(64, dtype=np.float32) - 20
+        with tf.device("/NPU:0"):
+            a = tf.constant(x) * 1
+        groups = distribute._dtype_groups([a])
+        attrs = {"collective": "all_reduce", "reduction": "sum", "root": 0, "group_size": 2}
+        got = {}
+
+        def rank0():
+            with tf.device("/NPU:0"):
+                got[0] = distribute._replica_ops([a], groups, 0, attrs)[0]
+
+        t = threading.Thread(target=rank0)
+        t.start()
+        time.sleep(2)  # rank 0's part is queued on chip 0 and waits for rank 1
+        with tf.device("/NPU:0"):
+            later = a * 3  # queued on chip 0 after that part
+        with tf.device("/NPU:1"):
+            moved = tf.identity(later)  # a copy NPU:0 -> NPU:1 over the link
+        out = {"moved": bool(np.array_equal(moved.numpy(), x * 3)), "pending": t.is_alive()}
+        with tf.device("/NPU:1"):
+            got[1] = distribute._replica_ops([moved], groups, 1, attrs)[0]
+        t.join()
+        out["sums"] = [bool(np.array_equal(got[r].numpy(), x * 4)) for r in (0, 1)]
+        print("RESULT" + json.dumps(out))
+        """), timeout=180)
+    assert result["pending"]  # the copy completed while rank 0's part still waited
+    assert result["moved"]
+    assert result["sums"] == [True, True]
+
+
+def test_report_has_hccl_rows_of_the_collectives_tf_ran(tmp_path):
+    """npusim.write_report() with several NPUs: an HCCL row per collective and rank in
+    op_summary.csv (docs/reports.md, "Communication (HCCL) tasks") with the bytes all-reduced,
+    and a communication lane per chip in trace.json."""
+    result = child_result(textwrap.dedent(f"""
+        import csv, json, os
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        values = []
+        for r, n in enumerate((1000, 1000)):
+            with tf.device(f"/NPU:{{r}}"):
+                values.append(tf.ones([n]) * (r + 1))
+        got = npusim.distribute.all_reduce(values)  # 4,000 bytes of float32 per rank
+        ints = []
+        for r in range(2):
+            with tf.device(f"/NPU:{{r}}"):
+                ints.append(tf.identity(tf.range(300)))
+        npusim.distribute.all_reduce(ints, "max")  # 1,200 bytes of int32
+        out = {{"ok": bool(np.all(got[1].numpy() == 3))}}
+        d = npusim.write_report({str(tmp_path)!r})
+        with open(os.path.join(d, "op_summary.csv"), newline="") as f:
+            out["rows"] = [r for r in csv.DictReader(f) if r["Task Type"] == "HCCL"]
+        with open(os.path.join(d, "trace.json")) as f:
+            ev = json.load(f)["traceEvents"]
+        out["lanes"] = sorted(e["args"]["name"] for e in ev
+                              if e.get("ph") == "M" and e.get("name") == "process_name"
+                              and e["args"]["name"].endswith("HCCL"))
+        out["records"] = [(c["collective"], c["bytes"], c["start_cycle"], c["end_cycle"])
+                          for c in npusim.system_info()["collectives"]]
+        print("RESULT" + json.dumps(out))
+        """), timeout=180)
+    assert result["ok"]
+    rows = result["rows"]
+    assert [(r["OP Type"], int(r["comm_bytes"]), int(r["ranks"]), int(r["chip"])) for r in rows] \
+        == [("HcomAllReduce", 4000, 2, 0), ("HcomAllReduce", 4000, 2, 1),
+            ("HcomAllReduce", 1200, 2, 0), ("HcomAllReduce", 1200, 2, 1)]
+    # Two ranks: each sends 2(n-1)/n = 1 x the buffer over its one link to the other chip, for
+    # as long as the runtime's record of the collective says it ran.
+    for r, (_, size, start, end) in zip(rows, [c for c in result["records"] for _ in (0, 1)]):
+        assert int(r["link_bytes"]) == size
+        assert int(r["task_duration_cycles"]) == end - start
+    assert result["lanes"] == ["chip0 HCCL", "chip1 HCCL"]
+
+
+def test_configure_chips_and_its_errors():
+    result = child_result(textwrap.dedent("""
+        import json
+        import npusim
+        import tensorflow as tf
+        out = {}
+        try:
+            npusim.configure(system="tiny-x8", chips=16)
+        except npusim.NpusimError as e:
+            out["too_many"] = str(e)
+        npusim.configure(chip="tiny", chips=2)
+        out["npus"] = len(tf.config.list_physical_devices("NPU"))
+        with tf.device("/NPU:1"):
+            out["value"] = float(tf.reduce_sum(tf.ones([10]) * 2))
+        try:
+            npusim.configure(chips=4)
+        except npusim.NpusimError as e:
+            out["after_first_op"] = str(e)
+        npusim.configure(chips=2)  # the same again is fine
+        try:
+            tf.distribute.MultiWorkerMirroredStrategy()
+        except npusim.NpusimError as e:
+            out["multi_worker"] = str(e)
+        print("RESULT" + json.dumps(out))
+        """))
+    assert "has only 8 chips" in result["too_many"]
+    assert result["npus"] == 2
+    assert result["value"] == 20.0
+    assert "already in use" in result["after_first_op"]
+    assert "MirroredStrategy()" in result["multi_worker"]
+
+
+def test_mirrored_strategy_tracks_one_npu_on_the_global_batch():
+    result = child_result(textwrap.dedent("""
+        import json
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        import keras
+
+        def build():
+            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
+                                     keras.layers.Dense(4)])
+
+        keras.utils.set_random_seed(1)
+        rng = np.random.default_rng(2)
+        x = rng.normal(size=(64, 12)).astype(np.float32)
+        y = rng.integers(0, 4, size=(64,)).astype(np.int64)
+        init = build().get_weights()
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def train(model):
+            model.set_weights(init)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+            h = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            return h.history["loss"], model.get_weights()
+
+        one_losses, one_weights = train(build())  # on NPU:0, the default device
+        strategy = tf.distribute.MirroredStrategy()
+        out = {"replicas": strategy.num_replicas_in_sync,
+               "devices": list(strategy.extended.worker_devices),
+               "cross_device_ops": type(strategy.extended._cross_device_ops).__name__}
+        with strategy.scope():
+            model = build()
+        two_losses, two_weights = train(model)
+        out["one_losses"] = one_losses
+        out["two_losses"] = two_losses
+        out["max_weight_diff"] = max(float(np.max(np.abs(a - b)))
+                                     for a, b in zip(one_weights, two_weights))
+        out["max_weight_change"] = max(float(np.max(np.abs(a - b)))
+                                       for a, b in zip(init, two_weights))
+        out["collectives"] = [(c["collective"], c["algorithm"], c["chips"], c["count"])
+                              for c in npusim.system_info()["collectives"]]
+        out["fallbacks"] = npusim.cpu_fallback_ops()
+        print("RESULT" + json.dumps(out))
+        """), timeout=900)
+    assert result["replicas"] == 2
+    assert [d[-5:] for d in result["devices"]] == ["NPU:0", "NPU:1"]
+    assert result["cross_device_ops"] == "NpuAllReduce"
+    np = pytest.importorskip("numpy")
+    assert np.allclose(result["two_losses"], result["one_losses"], rtol=1e-4, atol=1e-5)
+    assert result["max_weight_change"] > 1e-2  # it trained
+    assert result["max_weight_diff"] < 1e-4
+    # Every step all-reduced the four gradients (kernel and bias of two layers) on both chips.
+    grads = [c for c in result["collectives"] if c[0] == "all_reduce"]
+    steps = 2 * (64 // 16)
+    assert len(grads) >= 4 * steps
+    assert {tuple(c[2]) for c in grads} == {(0, 1)}
+    assert sorted({c[3] for c in grads}) >= [4, 16, 64, 192]
+    assert result["fallbacks"] == {}
