@@ -56,7 +56,8 @@ recs = npusim.launch_records()
 w = collections.defaultdict(lambda: [0, 0.0, 0])  # op type: launches, wall us, cycles
 for r in recs:
     e = w[r["op_type"]]; e[0] += 1; e[1] += r["wall_us"]; e[2] += r["cycles"]
-print(f"launches {len(recs)}  emulator wall in launches {sum(e[1] for e in w.values())/1e3:.1f} ms")
+print(f"launches {len(recs)}  emulator wall in launches {sum(e[1] for e in w.values())/1e3:.1f} ms  "
+      f"replayed {sum(bool(r.get('replayed')) for r in recs)}")
 # Simulated figures of the last step: the launches' cycles summed, and the cube's share of the
 # chip's peak over the launches' time (op_summary's per-op figures weighted by time).
 rows = npusim.op_summary()

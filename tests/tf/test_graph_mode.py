@@ -10,7 +10,13 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   plan's peak is at most the sum of its buffers, its arenas are allocated once and kept, and
   they hold less than TensorFlow's allocator peak of the same step node by node; summary.txt
   shows the allocator's peak and the plans' arenas;
+  the optimizer's variable updates (FusedVariableUpdate) run inside the graphs' task lists,
+  none as a task list of its own (node by node each is one);
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
+- variable updates inside graphs: a kernel fault in a graph that updates variables is the op's
+  error naming the node and the chip, and leaves every variable as it was; two tf.functions
+  updating the same two variables in opposite orders, run from two threads at once, neither
+  deadlock nor lose an update (the sums are exact);
 - npusim.configure(graph_mode=False) gives no graph runs and a host dispatch per node;
 - a kernel that faults inside a graph (the watchdog set to one instruction) is the op's error,
   naming the node that faulted;
@@ -71,6 +77,9 @@ for step in range(3):
         "largest_task_list": max(len(v) for v in task_lists.values()),
         "host_dispatches": sum(r["host_dispatch_cycles"] > 0 for r in recs),
         "host_dispatch_cycles": sum(r["host_dispatch_cycles"] for r in recs),
+        "update_launches": sum(r["op_type"] == "FusedVariableUpdate" for r in recs),
+        "update_launches_alone": sum(r["op_type"] == "FusedVariableUpdate" and not r["graph_run"]
+                                     for r in recs),
         "end_cycle": max(r["start_cycle"] + r["cycles"] for r in recs),
         "start_cycle": min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs),
     })
@@ -119,6 +128,11 @@ def test_training_tracks_node_by_node_in_fewer_dispatches(name, tmp_path):
     assert last_g["task_lists"] < last_n["task_lists"]
     assert last_g["host_dispatches"] == last_g["task_lists"]
     assert last_g["host_dispatch_cycles"] < last_n["host_dispatch_cycles"]
+    # The optimizer's updates: node by node each is a task list of its own; whole graphs run
+    # them inside their task lists, none alone (one task list per NpuGraph, none per update).
+    assert last_n["update_launches"] == last_n["update_launches_alone"] > 0, last_n
+    assert last_g["update_launches"] == last_n["update_launches"], last_g
+    assert last_g["update_launches_alone"] == 0, last_g
     plans = graph["graph_plans"]
     assert plans["plans"] >= 1, plans
     assert 0 < plans["max_arena_bytes"] <= plans["max_unplanned_bytes"], plans
@@ -301,3 +315,103 @@ def test_arenas_are_kept_across_runs_and_never_shared():
     # above; every arena allocated since is still held.
     assert threads["plans"] == 2 and 1 <= threads["arenas_held"] <= 2, threads
     assert threads["arena_allocations"] == 1 + threads["arenas_held"], threads
+
+
+UPDATE_FAULT = r"""
+import json, os
+import numpy as np
+import npusim
+os.environ["NPUSIM_MAX_INSNS_PER_BLOCK"] = "1"
+import tensorflow as tf
+
+x = tf.constant(np.ones((4, 8), np.float32))
+w = tf.constant(np.ones((8, 16), np.float32))
+v = tf.Variable(np.arange(64, dtype=np.float32).reshape(4, 16))
+u = tf.Variable(np.full((4, 16), 3.0, np.float32))
+before = [v.numpy().tolist(), u.numpy().tolist()]
+
+@tf.function
+def step():
+    g = tf.nn.relu(tf.matmul(x, w, name="the_matmul"))
+    v.assign_sub(g * 0.5)
+    u.assign_add(g * 2.0)
+
+out = {"before": before}
+try:
+    step()
+except tf.errors.OpError as e:
+    out["error"] = [type(e).__name__, e.message]
+out["after"] = [v.numpy().tolist(), u.numpy().tolist()]
+out["records"] = [[r["op_name"], r["op_type"], r["graph_run"]] for r in npusim.launch_records()]
+out["chip"] = npusim.device_info()["settings"]["chip"]
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_a_fault_in_a_graph_with_updates_leaves_the_variables():
+    result = _result(run_child(UPDATE_FAULT))
+    assert "error" in result, result
+    kind, message = result["error"]
+    assert kind == "InternalError", result
+    assert "NpuGraph" in message and "of node 'the_matmul' (MatMul)" in message, message
+    assert f"chip '{result['chip']}'" in message, message
+    # The updates were in the faulting graph's task list (the MatMul's graph), not run alone.
+    assert all(r[2] for r in result["records"]), result["records"]
+    assert result["after"] == result["before"], result
+
+
+CONCURRENT_UPDATES = r"""
+import json, threading
+import numpy as np
+import npusim
+import tensorflow as tf
+
+# Two "models" (a, b) each with its own weights, both adding into the same two accumulators in
+# opposite program orders; the values are exact in f32 (and in the cube's fp16).
+x = tf.constant(np.ones((4, 4), np.float32))
+wa = tf.Variable(np.ones((4, 4), np.float32))
+wb = tf.Variable(np.ones((4, 4), np.float32))
+s1 = tf.Variable(np.zeros((4, 4), np.float32))
+s2 = tf.Variable(np.zeros((4, 4), np.float32))
+
+@tf.function
+def step_a():
+    g = tf.matmul(x, wa)            # 4.0 everywhere
+    s1.assign_add(g * 0.5)          # + 2
+    s2.assign_add(g * 2.0)          # + 8
+
+@tf.function
+def step_b():
+    g = tf.matmul(x, wb)
+    s2.assign_add(g * 2.0)
+    s1.assign_add(g * 0.5)
+
+step_a(); step_b()
+npusim.clear_launch_records()
+N = 12
+errors = []
+def run(f):
+    try:
+        for _ in range(N):
+            f()
+    except Exception as e:  # noqa: BLE001
+        errors.append(repr(e))
+threads = [threading.Thread(target=run, args=(f,)) for f in (step_a, step_b)]
+for t in threads: t.start()
+for t in threads: t.join()
+recs = npusim.launch_records()
+print("NPUSIM_RESULT " + json.dumps({
+    "errors": errors, "s1": s1.numpy().tolist(), "s2": s2.numpy().tolist(),
+    "updates": sum(r["op_type"] == "FusedVariableUpdate" for r in recs),
+    "updates_alone": sum(r["op_type"] == "FusedVariableUpdate" and not r["graph_run"]
+                         for r in recs)}))
+"""
+
+
+def test_concurrent_graphs_updating_shared_variables_neither_deadlock_nor_lose_updates():
+    result = _result(run_child(CONCURRENT_UPDATES, timeout=300))
+    assert result["errors"] == [], result
+    steps = 2 + 2 * 12  # the warm-up calls and both threads'
+    np.testing.assert_array_equal(np.array(result["s1"]), np.full((4, 4), 2.0 * steps))
+    np.testing.assert_array_equal(np.array(result["s2"]), np.full((4, 4), 8.0 * steps))
+    assert result["updates"] > 0 and result["updates_alone"] == 0, result

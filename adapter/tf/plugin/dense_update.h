@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,5 +60,29 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* ctx, const std::string
                                       const std::vector<UpdateTensor>& inputs,
                                       const std::vector<UpdateTensor>& outputs,
                                       const UpdateAttrs& more = {});
+
+// The variables an NpuGraph run updates (npu_graph.h): its resource inputs [first, first + n),
+// looked up and locked (exclusively, in address order, as LockedVariables and TensorFlow's
+// MaybeLockVariableInputMutexesInOrder: two kernels sharing variables cannot deadlock) from
+// lock() until destruction. The kernel reads each variable's tensor (value), allocates a new
+// buffer for its next value (allocate_new_value: TensorFlow's allocator, as the update kernels
+// do, so a tensor read from the variable before keeps its value), queues its launches, waits
+// for them, and only then calls publish(), which makes the new buffers the variables' tensors;
+// without publish() (a fault, an error) every variable keeps its tensor. Implemented on
+// TensorFlow's C++ API (kernels_optimizer.cpp); never throws.
+class GraphVariables {
+ public:
+  // Looks up and locks the variables; an unknown handle, an uninitialized variable, or a
+  // variable given twice (two updates of one variable in one run would read its old value) is
+  // an error naming the input.
+  static DenseUpdateStatus lock(TF_OpKernelContext* ctx, int first, int n,
+                                std::unique_ptr<GraphVariables>* out);
+  virtual ~GraphVariables() = default;
+  virtual UpdateTensor value(int k) const = 0;
+  // A new buffer of variable k's dtype and shape, at *address (called once per k at most).
+  virtual DenseUpdateStatus allocate_new_value(TF_OpKernelContext* ctx, int k,
+                                               uint64_t* address) = 0;
+  virtual void publish() = 0;
+};
 
 }  // namespace npusim::tf

@@ -7,13 +7,19 @@
 //    (its value is copied into the cluster; anything computed stays node by node);
 //  - TensorFlow does not ask to preserve it (fetches, keep ops: GrapplerItem::NodesToPreserve),
 //    so no node TensorFlow looks up by name disappears;
+//  - or it is a FusedVariableUpdate (graph_fusion.h, rewrite 5) assigned to the NPU, unless
+//    NPUSIM_GRAPH_UPDATES=0 (npu_graph.h): its resource handles become the NpuGraph node's
+//    variables; a set never holds two updates of one handle (the second would read the
+//    variable's old value); TensorFlow may preserve it (a function's control output): it then
+//    stays as a NoOp of its name, after the NpuGraph node;
 //  - its graph has no control flow (Switch, Merge, Enter, Exit, NextIteration: the tensors of a
 //    lowered cond or loop may be dead, which a task list cannot express), in which case nothing
 //    of that graph is clustered.
 // Clusters grow along data edges between such nodes (union of connected sets), and two sets
 // merge only if no path leads from one to the other through a node outside both (control edges
 // included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
-// inputs and before all its consumers. Sets of one node stay as they were.
+// inputs and before all its consumers. An update left alone (no data edge to a member) then
+// joins the largest set it can under the same rule. Sets of one node stay as they were.
 //
 // The rewrite: the NpuGraph node takes the cluster's external data inputs (deduplicated) and the
 // members' control inputs from outside; each member output read outside (data) becomes one
@@ -87,8 +93,21 @@ std::vector<int> host_input_positions(const tfc::NodeDef& node, const std::vecto
   return pos;
 }
 
+bool is_update(const tfc::NodeDef& n) { return n.op() == kVariableUpdateOp; }
+
+// An update's resource inputs (its first M inputs, as written).
+std::vector<std::string> update_handles(const tfc::NodeDef& n) {
+  const auto m = n.attr().find("M");
+  std::vector<std::string> handles;
+  if (m == n.attr().end()) return handles;
+  for (int i = 0; i < m->second.i() && i < n.input_size(); ++i) handles.push_back(n.input(i));
+  return handles;
+}
+
 bool clusterable(const Graph& g, const tfc::NodeDef& node,
                  const std::unordered_set<std::string>& preserve) {
+  if (is_update(node))
+    return on_npu(node) && graph_updates_enabled() && !update_handles(node).empty();
   if (!on_npu(node) || preserve.count(node.name())) return false;
   std::vector<int> host;
   if (!npu_graph_clusterable_op(node.op(), &host)) return false;
@@ -194,13 +213,31 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
 
   std::vector<char> ok(g.nodes.size(), 0);
-  std::unordered_map<int, std::vector<int>> members;  // set root -> members
+  std::unordered_map<int, std::vector<int>> members;       // set root -> members
+  std::unordered_map<int, std::set<std::string>> handles;  // set root -> its updates' handles
   for (size_t v = 0; v < g.nodes.size(); ++v)
     if (clusterable(g, *g.nodes[v], preserve)) {
       ok[v] = 1;
       members[static_cast<int>(v)] = {static_cast<int>(v)};
+      for (const std::string& h : update_handles(*g.nodes[v]))
+        if (is_update(*g.nodes[v])) handles[static_cast<int>(v)].insert(h);
     }
+  // Whether sets a and b update a variable handle both.
+  auto share_handle = [&](int a, int b) {
+    for (const std::string& h : handles[b])
+      if (handles[a].count(h)) return true;
+    return false;
+  };
   Sets sets(g.nodes.size());
+  // Set b (a root) joins set a (a root).
+  auto merge = [&](int a, int b) {
+    sets.parent[b] = a;
+    handles[a].insert(handles[b].begin(), handles[b].end());
+    handles.erase(b);
+    auto& ma = members[a];
+    ma.insert(ma.end(), members[b].begin(), members[b].end());
+    members.erase(b);
+  };
   for (int u : order) {
     if (!ok[u]) continue;
     for (int v : g.succ[u]) {
@@ -212,12 +249,24 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       if (!data) continue;
       const int a = sets.find(u), b = sets.find(v);
       if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device()) continue;
-      if (path_through_outside(g, sets, members, a, b)) continue;
-      sets.parent[b] = a;
-      auto& ma = members[a];
-      ma.insert(ma.end(), members[b].begin(), members[b].end());
-      members.erase(b);
+      if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
+      merge(a, b);
     }
+  }
+  // A lone update (no data edge to another member: its value from Consts and variable reads
+  // only, e.g. a metric's `count += batch size`) joins the largest set of its device it can
+  // join: no path between them through outside nodes either way, no variable updated twice.
+  for (int u : order) {
+    if (!ok[u] || !is_update(*g.nodes[u]) || members[sets.find(u)].size() != 1) continue;
+    int best = -1;
+    for (const auto& [root, list] : members)
+      if (list.size() >= 2 && g.nodes[root]->device() == g.nodes[u]->device() &&
+          (best < 0 || list.size() > members[best].size() ||
+           (list.size() == members[best].size() && root < best)))
+        if (!share_handle(root, u) && !path_through_outside(g, sets, members, root, u) &&
+            !path_through_outside(g, sets, members, u, root))
+          best = root;
+    if (best >= 0) merge(best, u);
   }
 
   std::vector<int> position(g.nodes.size(), 0);
@@ -226,7 +275,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   std::unordered_map<std::string, std::string> rename;          // "member:port" -> "npu_graph_N:K"
   std::unordered_map<std::string, std::string> control_rename;  // member -> npu_graph_N
   std::unordered_set<int> removed;
-  std::vector<tfc::NodeDef> created;
+  std::vector<tfc::NodeDef> created, kept_noops;
   for (auto& [root, list] : members) {
     if (list.size() < 2) continue;
     std::sort(list.begin(), list.end(), [&](int x, int y) { return position[x] < position[y]; });
@@ -239,8 +288,11 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     node.set_op(kNpuGraphOp);
     node.set_device(g.nodes[list[0]]->device());
     tfc::GraphDef sub;
-    std::map<std::string, int> input_of;  // external tensor -> input K
+    std::map<std::string, int> input_of;     // external tensor -> input K
+    std::map<std::string, int> variable_of;  // update's resource handle -> variable K
+    std::vector<std::string> variables;
     std::set<std::string> controls, consts;
+    bool updates = false;
     auto& tin = *(*node.mutable_attr())["Tin"].mutable_list();
     bool typed = true;
     for (int m : list) {
@@ -252,10 +304,19 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       *copy = member;
       copy->clear_device();
       copy->clear_input();
+      const int resources = is_update(member) ? static_cast<int>(update_handles(member).size()) : 0;
+      updates = updates || resources > 0;
       for (int i = 0; i < member.input_size(); ++i) {
         const auto [src, port] = split_input(member.input(i));
         if (port < 0) {
           if (!names.count(src)) controls.insert(src);
+          continue;
+        }
+        if (i < resources) {
+          const auto [it, added] =
+              variable_of.emplace(member.input(i), static_cast<int>(variables.size()));
+          if (added) variables.push_back(member.input(i));
+          copy->add_input(kGraphVariablePrefix + std::to_string(it->second));
           continue;
         }
         if (names.count(src) || std::find(host_pos.begin(), host_pos.end(), i) != host_pos.end()) {
@@ -310,8 +371,11 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       }
       tout.add_type(types[port]);
     }
-    // A set nothing outside reads would be dead code TensorFlow prunes; leave it alone.
-    if (!typed || outputs.empty()) continue;
+    // A set nothing outside reads would be dead code TensorFlow prunes (unless it updates
+    // variables); leave it alone.
+    if (!typed || (outputs.empty() && !updates)) continue;
+    for (const std::string& v : variables) node.add_input(v);
+    (*node.mutable_attr())[kVariablesAttr].set_i(static_cast<int64_t>(variables.size()));
     for (const std::string& c : controls) node.add_input("^" + c);
     (*node.mutable_attr())[kGraphAttr].set_s(sub.SerializeAsString());
     auto& outs = *(*node.mutable_attr())[kOutputsOfAttr].mutable_list();
@@ -322,8 +386,19 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       if (port == 0) rename[src + ":0"] = name + ":" + std::to_string(k);
     }
     for (int m : list) {
-      control_rename[g.nodes[m]->name()] = name;
       removed.insert(m);
+      // A preserved update stays as a NoOp after the NpuGraph node (its control consumers wait
+      // for it as before).
+      if (preserve.count(g.nodes[m]->name())) {
+        tfc::NodeDef noop;
+        noop.set_name(g.nodes[m]->name());
+        noop.set_op("NoOp");
+        noop.set_device(g.nodes[m]->device());
+        noop.add_input("^" + name);
+        kept_noops.push_back(std::move(noop));
+        continue;
+      }
+      control_rename[g.nodes[m]->name()] = name;
     }
     created.push_back(std::move(node));
     ++counts.clusters;
@@ -373,6 +448,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     *out.add_node() = std::move(n);
   }
   for (tfc::NodeDef& n : created) *out.add_node() = std::move(n);
+  for (tfc::NodeDef& n : kept_noops) *out.add_node() = std::move(n);
   graph.Swap(&out);
   return counts;
 }
@@ -440,6 +516,9 @@ bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& o
       if (in.rfind(kGraphInputPrefix, 0) == 0) {
         s.input = std::stoi(in.substr(std::string(kGraphInputPrefix).size()));
         spec.num_inputs = std::max(spec.num_inputs, s.input + 1);
+      } else if (in.rfind(kGraphVariablePrefix, 0) == 0) {
+        s.variable = std::stoi(in.substr(std::string(kGraphVariablePrefix).size()));
+        spec.num_variables = std::max(spec.num_variables, s.variable + 1);
       } else {
         const auto [src, port] = split_input(in);
         if (const_of.count(src)) {

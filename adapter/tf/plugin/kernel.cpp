@@ -199,12 +199,14 @@ rt::Status OpKernelConstruction::GetAttr(const char* attr,
   int32_t list_size = 0, total_size = 0;
   TF_OpKernelConstruction_GetAttrSize(m_ctx, attr, &list_size, &total_size, st.get());
   if (TF_GetCode(st.get()) != TF_OK) return attr_status(attr, st.get());
+  value->clear();
+  // An empty list: nothing to read (its total_size is no byte count then).
+  if (list_size <= 0) return rt::ok_status();
   std::vector<char*> strings(static_cast<size_t>(list_size));
   std::vector<size_t> lengths(static_cast<size_t>(list_size));
   std::string storage(static_cast<size_t>(total_size), '\0');
   TF_OpKernelConstruction_GetAttrStringList(m_ctx, attr, strings.data(), lengths.data(),
                                             list_size, storage.data(), storage.size(), st.get());
-  value->clear();
   for (int32_t i = 0; i < list_size && TF_GetCode(st.get()) == TF_OK; ++i)
     value->emplace_back(strings[i], lengths[i]);
   return attr_status(attr, st.get());

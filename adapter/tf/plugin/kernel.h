@@ -101,6 +101,8 @@ class OpKernelContext {
   rt::Status npu_stream(rt::Stream* out) const;
   rt::Status npu_device(std::shared_ptr<rt::Device>* out) const;
   std::string op_name() const;  // the node name
+  // TensorFlow's context, for the bridges to its C++ API (dense_update.h).
+  TF_OpKernelContext* tf_context() const { return m_ctx; }
 
   void CtxFailure(const rt::Status& st);
 

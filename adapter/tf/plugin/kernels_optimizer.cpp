@@ -269,9 +269,64 @@ class FusedVariableUpdateOp : public UpdateKernel {
   std::vector<int64_t> m_updates;
 };
 
+// GraphVariables (dense_update.h) on TensorFlow's C++ API: LockedVariables plus the new
+// buffers, made the variables' tensors by publish().
+class LockedGraphVariables : public GraphVariables {
+ public:
+  absl::Status lock(tfc::OpKernelContext* ctx, int first, int n) {
+    absl::Status st = m_vars.lock(ctx, first, n);
+    if (!st.ok()) return st;
+    m_new.resize(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      if (!m_vars[k]->is_initialized)
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Attempting to use uninitialized variables: input ", first + k));
+      for (int j = 0; j < k; ++j)
+        if (m_vars[j] == m_vars[k])
+          return absl::InvalidArgumentError(
+              absl::StrCat("inputs ", first + j, " and ", first + k, " are the same variable"));
+    }
+    return absl::OkStatus();
+  }
+  UpdateTensor value(int k) const override { return update_tensor(*m_vars[k]->tensor()); }
+  DenseUpdateStatus allocate_new_value(TF_OpKernelContext* tf_ctx, int k,
+                                       uint64_t* address) override {
+    // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+    auto* ctx = reinterpret_cast<tfc::OpKernelContext*>(tf_ctx);
+    tfc::Tensor& t = m_new[static_cast<size_t>(k)];
+    const absl::Status st = allocate_like(ctx, *m_vars[k]->tensor(), &t);
+    if (!st.ok()) return {static_cast<TF_Code>(st.code()), std::string(st.message())};
+    *address = device_address(t);
+    return {};
+  }
+  void publish() override {
+    for (size_t k = 0; k < m_new.size(); ++k)
+      if (m_new[k].IsInitialized()) *m_vars[k]->tensor() = m_new[k];
+  }
+
+ private:
+  LockedVariables m_vars;
+  std::vector<tfc::Tensor> m_new;  // uninitialized: not updated by this run
+};
+
 }  // namespace
 
 bool fused_variable_update_registered() { return g_variable_update_registered; }
+
+DenseUpdateStatus GraphVariables::lock(TF_OpKernelContext* ctx, int first, int n,
+                                       std::unique_ptr<GraphVariables>* out) {
+  try {
+    auto vars = std::make_unique<LockedGraphVariables>();
+    // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+    const absl::Status st =
+        vars->lock(reinterpret_cast<tfc::OpKernelContext*>(ctx), first, n);
+    if (!st.ok()) return {static_cast<TF_Code>(st.code()), std::string(st.message())};
+    *out = std::move(vars);
+    return {};
+  } catch (const std::exception& e) {
+    return {TF_INTERNAL, e.what()};
+  }
+}
 
 rt::Status register_optimizer_kernels(const std::vector<TableKernelDef>& compiler_ops) {
   return rt::guard("registering the NPU's fused optimizer kernels", [&] {

@@ -7,14 +7,24 @@
 // every launch queued on the stream, the host dispatch paid once per run (the chip's
 // host.graph_dispatch_us) and one stream synchronisation at the end.
 //
-//   NpuGraph(inputs: Tin) -> outputs: Tout
-//     Tin: list(type) >= 0; Tout: list(type) >= 1;
+//   NpuGraph(inputs: Tin, variables: V * resource) -> outputs: Tout     (stateful)
+//     Tin: list(type) >= 0; Tout: list(type) >= 0; V: int >= 0 (default 0);
 //     graph: string, the set as a serialized GraphDef (kGraphAttr below);
 //     outputs_of: list(string), "node:port" of each output, in order.
 //
+// Variable updates: the set may hold FusedVariableUpdate nodes (graph_fusion.h, rewrite 5) of
+// distinct variables; their resource handles are the NpuGraph node's `variables` (host memory).
+// A run locks every variable (npusim::tf::GraphVariables, dense_update.h: address order),
+// computes each update into a new buffer as a step of the one task list (in the set's order,
+// like any node), and after the stream synchronisation makes the new buffers the variables'
+// tensors; a failed run leaves every variable as it was. A preserved update (a function's
+// control output) stays as a NoOp of its name after the NpuGraph node. NPUSIM_GRAPH_UPDATES=0
+// keeps updates out of sets (each runs on its own, as before).
+//
 // The subgraph GraphDef holds the set's nodes in a topological order (device cleared, control
 // inputs dropped: the order is the task list's), their data inputs rewritten: an input from
-// outside the set is "_npu_graph_input:K" (the NpuGraph node's input K); an input the compiler
+// outside the set is "_npu_graph_input:K" (the NpuGraph node's input K), an update's resource
+// handle "_npu_graph_variable:K" (its variable K); an input the compiler
 // takes as an attribute (the op table's host inputs: reduction axes, ...) reads a copy of the
 // Const node producing it, which the subgraph holds too. Launch records keep each node's name
 // and op type, so reports look as they do node by node.
@@ -43,14 +53,19 @@ inline constexpr const char* kNpuGraphOp = "NpuGraph";
 inline constexpr const char* kGraphAttr = "graph";
 inline constexpr const char* kOutputsOfAttr = "outputs_of";
 inline constexpr const char* kGraphInputPrefix = "_npu_graph_input:";
+inline constexpr const char* kGraphVariablePrefix = "_npu_graph_variable:";
+inline constexpr const char* kVariablesAttr = "V";
+inline constexpr const char* kVariableUpdateOp = "FusedVariableUpdate";
 
 // The NpuGraph kernel's view of its subgraph (parse_npu_graph).
 struct NpuGraphSpec {
   // Where a node's input comes from: exactly one of node (a node before it, its output `port`),
-  // input (the NpuGraph node's input) or host_const (consts[host_const]) is >= 0.
+  // input (the NpuGraph node's input), variable (its variable: an update's resource input) or
+  // host_const (consts[host_const]) is >= 0.
   struct Source {
     int node = -1, port = 0;
     int input = -1;
+    int variable = -1;
     int host_const = -1;
   };
   // A Const read on the host (an attribute input): its TensorFlow dtype (TF_DataType value),
@@ -71,6 +86,7 @@ struct NpuGraphSpec {
   std::vector<HostConst> consts;
   std::vector<Source> outputs;  // each a node's output
   int num_inputs = 0;
+  int num_variables = 0;
 };
 
 // Reads the NpuGraph node's `graph` and `outputs_of` attributes (graph_cluster.cpp); false with
@@ -91,6 +107,8 @@ ClusterCounts cluster_npu_graph(tensorflow::GraphDef& graph,
 // Whether NPUSIM_GRAPH asks for whole-graph execution (anything but "0"; read at each call)
 // and the NpuGraph op is registered.
 bool graph_mode_enabled();
+// Whether sets may hold variable updates: graph mode, and NPUSIM_GRAPH_UPDATES is not "0".
+bool graph_updates_enabled();
 
 // ---- Implemented by the C API side (npu_graph_kernel.cpp), for graph_cluster.cpp:
 // Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table (the ops a

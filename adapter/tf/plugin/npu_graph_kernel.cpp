@@ -15,6 +15,10 @@
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
+// With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
+// their tensors' descriptions join the signature; before 3 a new buffer is allocated per
+// variable, where its update step writes; after 4, if every launch ran, the new buffers become
+// the variables' tensors; the locks are released when Compute returns.
 // A compile error is the op's error naming the node (as node by node: TF_UNIMPLEMENTED for an
 // unsupported shape or attribute).
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include "adapter/graph/memory_plan.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/dense_update.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/op_defs.h"
@@ -45,8 +50,9 @@ bool g_registered = false;
 
 // Where a tensor of a step lives in a run.
 struct Place {
-  enum class Kind { none, input, output, arena } kind = Kind::none;  // none: address 0
-  uint64_t index = 0;  // input or output index, or arena offset
+  // none: address 0; variable: a variable's tensor; new_value: the new buffer of a variable.
+  enum class Kind { none, input, output, arena, variable, new_value } kind = Kind::none;
+  uint64_t index = 0;  // input, output or variable index, or arena offset
 };
 
 struct Step {
@@ -177,10 +183,20 @@ class NpuGraphKernel : public OpKernel {
     }
     if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok())
       m_stable.clear();  // only a hint
+    if (ctx->HasAttr(kVariablesAttr)) {
+      st = ctx->GetAttr(kVariablesAttr, &m_variables);
+      if (st.ok() && m_variables != m_spec.num_variables)
+        st = rt::Status(rt::StatusCode::invalid_argument,
+                        "NpuGraph '" + m_name + "': V is " + std::to_string(m_variables) +
+                            ", its graph updates " + std::to_string(m_spec.num_variables) +
+                            " variables");
+      if (!st.ok()) ctx->CtxFailure(st);
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
-    std::vector<Tensor> inputs(static_cast<size_t>(ctx->num_inputs()));
+    const int data_inputs = ctx->num_inputs() - static_cast<int>(m_variables);
+    std::vector<Tensor> inputs(static_cast<size_t>(std::max(data_inputs, 0)));
     std::vector<compiler::TensorDesc> descs(inputs.size());
     std::vector<uint64_t> input_addrs;
     std::string signature;
@@ -190,10 +206,40 @@ class NpuGraphKernel : public OpKernel {
       input_addrs.push_back(inputs[i].device_address());
       signature += descs[i].str() + ";";
     }
+    // The variables, locked until Compute returns (after the synchronisation below).
+    std::unique_ptr<GraphVariables> variables;
+    std::vector<compiler::TensorDesc> variable_descs;
+    std::vector<uint64_t> variable_addrs, new_value_addrs;
+    if (m_variables > 0) {
+      const std::string where = "NpuGraph '" + m_name + "'";
+      NPU_OP_REQUIRES_OK(
+          ctx, from_update_status(GraphVariables::lock(ctx->tf_context(), data_inputs,
+                                                       static_cast<int>(m_variables), &variables)));
+      for (int k = 0; k < static_cast<int>(m_variables); ++k) {
+        const UpdateTensor v = variables->value(k);
+        const auto dtype = from_tf_dtype(v.dtype);
+        if (!dtype) {
+          ctx->CtxFailure(rt::Status(rt::StatusCode::unsupported,
+                                     where + ": variable " + std::to_string(k) + " is " +
+                                         tf_dtype_name(v.dtype) + ", which the NPU cannot hold"));
+          return;
+        }
+        variable_descs.push_back({*dtype, v.shape});
+        variable_addrs.push_back(v.address);
+        signature += "v" + variable_descs.back().str() + ";";
+      }
+    }
     std::shared_ptr<rt::Device> device;
     NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
     std::shared_ptr<const Plan> plan;
-    NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, &plan));
+    NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, variable_descs, &plan));
+    // Every variable's new value: a buffer of its own, published after the run.
+    for (int k = 0; k < static_cast<int>(m_variables); ++k) {
+      uint64_t addr = 0;
+      NPU_OP_REQUIRES_OK(
+          ctx, from_update_status(variables->allocate_new_value(ctx->tf_context(), k, &addr)));
+      new_value_addrs.push_back(addr);
+    }
     if (static_cast<int>(plan->outputs.size()) != ctx->num_outputs()) {
       ctx->CtxFailure(
           rt::Status(rt::StatusCode::internal,
@@ -229,6 +275,8 @@ class NpuGraphKernel : public OpKernel {
         case Place::Kind::input: return input_addrs[p.index];
         case Place::Kind::output: return output_addrs[p.index];
         case Place::Kind::arena: return arena_addr + p.index;
+        case Place::Kind::variable: return variable_addrs[p.index];
+        case Place::Kind::new_value: return new_value_addrs[p.index];
         default: return 0;
       }
     };
@@ -275,9 +323,11 @@ class NpuGraphKernel : public OpKernel {
     rt::Status sync = device->synchronize_stream(stream);
     if (st.ok()) st = sync;
     if (arena_addr) m_arenas.give_back(plan.get(), arena_addr);
+    // Every launch ran: the updated variables take their new values (still locked).
+    if (st.ok() && variables) variables->publish();
     if (!st.ok())
-      ctx->CtxFailure(
-          rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU: " + st.message()));
+      ctx->CtxFailure(rt::Status(st.code(), "NpuGraph '" + m_name + "' on the NPU (chip '" +
+                                                device->config().name + "'): " + st.message()));
   }
 
  private:
@@ -285,6 +335,7 @@ class NpuGraphKernel : public OpKernel {
   // ctx's stream.
   rt::Status plan_for(const OpKernelContext& ctx, const std::string& signature,
                       const std::vector<compiler::TensorDesc>& in,
+                      const std::vector<compiler::TensorDesc>& variables,
                       std::shared_ptr<const Plan>* out) {
     {
       std::lock_guard<std::mutex> lock(m_mutex);
@@ -295,7 +346,7 @@ class NpuGraphKernel : public OpKernel {
       }
     }
     auto plan = std::make_shared<Plan>();
-    rt::Status st = build_plan(ctx, in, plan.get());
+    rt::Status st = build_plan(ctx, in, variables, plan.get());
     if (!st.ok()) return st;
     {
       PlanFigures& f = plan_figures();
@@ -311,7 +362,7 @@ class NpuGraphKernel : public OpKernel {
   }
 
   rt::Status build_plan(const OpKernelContext& ctx, const std::vector<compiler::TensorDesc>& in,
-                        Plan* plan) const {
+                        const std::vector<compiler::TensorDesc>& variables, Plan* plan) const {
     if (static_cast<int>(in.size()) < m_spec.num_inputs)
       return rt::Status(rt::StatusCode::internal,
                         "NpuGraph '" + m_name + "' has " + std::to_string(in.size()) + " inputs, " +
@@ -330,7 +381,9 @@ class NpuGraphKernel : public OpKernel {
       const NpuGraphSpec::Node& node = m_spec.nodes[n];
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
       const std::vector<HostAttrInput>* host = nullptr;
-      const std::vector<AttrSpec>* specs = compiled_op_attrs(node.op, &host);
+      const bool update = node.op == kVariableUpdateOp;
+      const std::vector<AttrSpec>* specs =
+          update ? &variable_update_attrs(&host) : compiled_op_attrs(node.op, &host);
       if (!specs)
         return rt::Status(rt::StatusCode::internal,
                           "NpuGraph '" + m_name + "': " + what() + " is no compiled op");
@@ -344,7 +397,14 @@ class NpuGraphKernel : public OpKernel {
         const NpuGraphSpec::Source& src = node.inputs[i];
         Place p;
         compiler::TensorDesc d;
-        if (src.input >= 0) {
+        if (src.variable >= 0) {
+          if (!update || static_cast<size_t>(src.variable) >= variables.size())
+            return rt::Status(rt::StatusCode::internal,
+                              "NpuGraph '" + m_name + "': " + what() + " reads variable " +
+                                  std::to_string(src.variable) + ", which it cannot");
+          d = variables[static_cast<size_t>(src.variable)];
+          p = {Place::Kind::variable, static_cast<uint64_t>(src.variable)};
+        } else if (src.input >= 0) {
           d = in.at(static_cast<size_t>(src.input));
           p = {Place::Kind::input, static_cast<uint64_t>(src.input)};
           if (std::find(m_stable.begin(), m_stable.end(), src.input) != m_stable.end())
@@ -382,7 +442,17 @@ class NpuGraphKernel : public OpKernel {
       const compiler::CompiledKernel& k = s.compiled->kernel;
       for (size_t p = 0; p < k.outputs.size(); ++p) {
         const auto o = output_of.find({static_cast<int>(n), static_cast<int>(p)});
-        if (o != output_of.end()) {
+        if (update) {
+          // Output p is the new value of the variable of input p (the compiler's contract,
+          // adapter/compiler/ops/fused_elementwise.h), written into its new buffer.
+          const Place& var = p < s.inputs.size() ? s.inputs[p] : Place{};
+          if (var.kind != Place::Kind::variable || !(k.outputs[p] == s.op.inputs[p]))
+            return rt::Status(rt::StatusCode::internal, "NpuGraph '" + m_name + "': " + what() +
+                                                            ": output " + std::to_string(p) +
+                                                            " is no new value of variable input " +
+                                                            std::to_string(p));
+          s.outputs.push_back({Place::Kind::new_value, var.index});
+        } else if (o != output_of.end()) {
           s.outputs.push_back({Place::Kind::output, static_cast<uint64_t>(o->second)});
           plan->outputs[static_cast<size_t>(o->second)] = k.outputs[p];
         } else if (k.outputs[p].bytes() > 0) {
@@ -476,9 +546,31 @@ class NpuGraphKernel : public OpKernel {
     }
   }
 
+  // FusedVariableUpdate's attributes, as kernels_optimizer.cpp passes them to the compiler (so
+  // both share one compiled op); its kernel class is no CompiledOpKernel.
+  static const std::vector<AttrSpec>& variable_update_attrs(
+      const std::vector<HostAttrInput>** host) {
+    using K = AttrSpec::Kind;
+    static const std::vector<AttrSpec> attrs = {
+        {"T", K::kType}, {"M", K::kInt}, {"steps", K::kStrings}, {"updates", K::kInts}};
+    static const std::vector<HostAttrInput> none;
+    *host = &none;
+    return attrs;
+  }
+
+  rt::Status from_update_status(const DenseUpdateStatus& u) const {
+    if (u.ok()) return rt::ok_status();
+    TF_Status* tf = TF_NewStatus();
+    TF_SetStatus(tf, u.code, u.message.c_str());
+    rt::Status st = from_tf_status(tf, "NpuGraph '" + m_name + "'");
+    TF_DeleteStatus(tf);
+    return st;
+  }
+
   std::string m_name;
   NpuGraphSpec m_spec;
   std::vector<int64_t> m_stable;
+  int64_t m_variables = 0;  // V
   std::mutex m_mutex;
   std::map<std::string, std::shared_ptr<const Plan>> m_plans;  // by input signature
   ArenaPool m_arenas;  // declared last: destroyed first, while the plans live
@@ -510,6 +602,11 @@ bool graph_mode_enabled() {
   return g_registered && !(v && std::string(v) == "0");
 }
 
+bool graph_updates_enabled() {
+  const char* v = std::getenv("NPUSIM_GRAPH_UPDATES");
+  return graph_mode_enabled() && !(v && std::string(v) == "0");
+}
+
 NpuGraphStats npu_graph_stats() {
   PlanFigures& f = plan_figures();
   std::lock_guard<std::mutex> lock(f.mutex);
@@ -519,12 +616,14 @@ NpuGraphStats npu_graph_stats() {
 
 rt::Status register_npu_graph_kernel() {
   rt::Status st = register_op_def({kNpuGraphOp,
-                                   {"inputs: Tin"},
+                                   {"inputs: Tin", "variables: V * resource"},
                                    {"outputs: Tout"},
-                                   {"Tin: list(type) >= 0", "Tout: list(type) >= 1",
-                                    "graph: string", "outputs_of: list(string)"},
-                                   unknown_shapes});
-  if (st.ok()) st = register_kernel<NpuGraphKernel>(KernelDefBuilder(kNpuGraphOp));
+                                   {"Tin: list(type) >= 0", "Tout: list(type) >= 0",
+                                    "V: int >= 0 = 0", "graph: string", "outputs_of: list(string)"},
+                                   unknown_shapes,
+                                   true});
+  if (st.ok())
+    st = register_kernel<NpuGraphKernel>(KernelDefBuilder(kNpuGraphOp).HostMemory("variables"));
   g_registered = st.ok();
   return st;
 }

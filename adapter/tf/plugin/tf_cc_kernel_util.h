@@ -74,8 +74,10 @@ void register_npu_kernel(tfc::KernelDefBuilder& builder, const std::string& op) 
 // kernels sharing variables cannot deadlock; a variable given twice is locked once).
 class LockedVariables {
  public:
-  absl::Status lock(tfc::OpKernelContext* ctx, int n) {
-    for (int i = 0; i < n; ++i) {
+  absl::Status lock(tfc::OpKernelContext* ctx, int n) { return lock(ctx, 0, n); }
+  // The variables of inputs [first, first + n).
+  absl::Status lock(tfc::OpKernelContext* ctx, int first, int n) {
+    for (int i = first; i < first + n; ++i) {
       tfc::core::RefCountPtr<tfc::Var> v;
       absl::Status st = tfc::LookupResource(ctx, tfc::HandleFromInput(ctx, i), &v);
       if (!st.ok()) return st;
