@@ -13,8 +13,9 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   the optimizer's variable updates (FusedVariableUpdate) run inside the graphs' task lists,
   none as a task list of its own (node by node each is one);
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
-- variable updates inside graphs: a kernel fault in a graph that updates variables is the op's
-  error naming the node and the chip, and leaves every variable as it was; two tf.functions
+- variable updates inside graphs: a kernel fault in a graph that updates variables (the
+  watchdog at one instruction faults its first launch; the updates were queued after it) is
+  the op's error naming the node and the chip, and leaves every variable as it was; two tf.functions
   updating the same two variables in opposite orders, run from two threads at once, neither
   deadlock nor lose an update (the sums are exact);
 - npusim.configure(graph_mode=False) gives no graph runs and a host dispatch per node;
@@ -203,12 +204,17 @@ print("NPUSIM_RESULT " + json.dumps(out))
 """
 
 
-def test_a_fault_inside_a_graph_names_the_node():
-    result = _result(run_child(FAULT))
+def _fault_of_the_matmul(result):
+    """The child's error: an InternalError of an NpuGraph naming the node 'the_matmul'."""
     assert "error" in result, result
     kind, message = result["error"]
     assert kind == "InternalError", result
     assert "NpuGraph" in message and "of node 'the_matmul' (MatMul)" in message, message
+    return message
+
+
+def test_a_fault_inside_a_graph_names_the_node():
+    message = _fault_of_the_matmul(_result(run_child(FAULT)))
     assert "NPUSIM_MAX_INSNS_PER_BLOCK" in message, message
 
 
@@ -350,10 +356,7 @@ print("NPUSIM_RESULT " + json.dumps(out))
 
 def test_a_fault_in_a_graph_with_updates_leaves_the_variables():
     result = _result(run_child(UPDATE_FAULT))
-    assert "error" in result, result
-    kind, message = result["error"]
-    assert kind == "InternalError", result
-    assert "NpuGraph" in message and "of node 'the_matmul' (MatMul)" in message, message
+    message = _fault_of_the_matmul(result)
     assert f"chip '{result['chip']}'" in message, message
     # The updates were in the faulting graph's task list (the MatMul's graph), not run alone.
     assert all(r[2] for r in result["records"]), result["records"]
