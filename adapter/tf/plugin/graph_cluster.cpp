@@ -219,8 +219,9 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     if (clusterable(g, *g.nodes[v], preserve)) {
       ok[v] = 1;
       members[static_cast<int>(v)] = {static_cast<int>(v)};
-      for (const std::string& h : update_handles(*g.nodes[v]))
-        if (is_update(*g.nodes[v])) handles[static_cast<int>(v)].insert(h);
+      if (is_update(*g.nodes[v]))
+        for (const std::string& h : update_handles(*g.nodes[v]))
+          handles[static_cast<int>(v)].insert(h);
     }
   // Whether sets a and b update a variable handle both.
   auto share_handle = [&](int a, int b) {
