@@ -13,7 +13,17 @@ mask).
   reference; with a second consumer of the scores it stays unfused and still matches. The same
   for RMSNorm with a second consumer of its mean square.
 
-Tolerances: the fused attention runs fp32 graphs in fp16 (allow_fp32_to_fp16: q, k, v and the
+- keras-hub's RotaryEmbedding applied to two tensors (a layer's queries and keys) at a start
+  index given as a tensor (a decode step) and as 0 (a prefill) in f32 / f16 / bf16 against TF on
+  the CPU: two RotaryPositionEmbedding launches and the tables computed once (one Cos, one Sin); with
+  head_dim 8 (not a multiple of 16) or a second consumer of the rotated half it stays unfused.
+
+Tolerances: RotaryPositionEmbedding computes in f32 and rounds once; TF on the CPU rounds each
+step to the type (x cos, rotate_half(x) sin, their sum) and both round the tables to the type, so
+they differ by a few half-ulps of the type times max|x| (4 ulps allowed; f32: 1e-5 relative),
+plus the tables' angles: their Einsum runs with fp16 operands under allow_fp32_to_fp16, off by up
+to position * 2^-11 (|x| <= 2: at most sqrt(2) * 2 * that).
+The fused attention runs fp32 graphs in fp16 (allow_fp32_to_fp16: q, k, v and the
 probabilities rounded to fp16 as the unfused products' operands are, plus the output: a few
 2^-11 relative), 5e-3 relative to the largest output; RMSNorm in f32, 1e-5.
 """
@@ -33,7 +43,8 @@ from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-imp
 
 LOGITS_RTOL = 2e-2
 FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
-             "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"}}
+             "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
+             "ROPE": {"RotaryPositionEmbedding"}}
 
 # Child: llama-tiny's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill and
 # two decode steps); the logits, the launches and the op types that launched.
@@ -148,3 +159,60 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
     want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * gamma.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert fused == (0 if second_consumer else 1), fused
+
+
+ROPE_ULP = {"float32": 1e-5, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def _rotate_half_pattern(tensor, cos, sin):
+    """keras-hub's RotaryEmbedding._apply_rotary_pos_emb written out, with the rotated half also
+    returned (a second consumer: the rewrite must leave it)."""
+    x1, x2 = keras.ops.split(tensor, 2, axis=-1)
+    half = keras.ops.reshape(keras.ops.stack((-x2, x1), axis=-2), keras.ops.shape(tensor))
+    return tensor * cos + half * sin, half
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["decode", "prefill", "head_dim_8", "second_consumer"])
+def test_rope_pattern_fuses_only_when_exact(npusim, tf, dtype, case):
+    from keras_hub.layers import RotaryEmbedding  # pylint: disable=import-outside-toplevel
+
+    dim = 8 if case == "head_dim_8" else 32
+    seq = 1 if case == "decode" else 6
+    start = 5 if case == "decode" else 0
+    rng = np.random.default_rng(3)
+    q = rng.uniform(-2, 2, (2, seq, 4, dim)).astype(np.float32)
+    k = rng.uniform(-2, 2, (2, seq, 2, dim)).astype(np.float32)
+    rope_q = RotaryEmbedding(max_wavelength=10000, dtype=dtype)
+    rope_k = RotaryEmbedding(max_wavelength=10000, dtype=dtype)
+
+    @tf.function
+    def apply(q, k, index):
+        # keras-hub's attention: one rotary layer call for the queries, one for the keys
+        q, k = keras.ops.cast(q, dtype), keras.ops.cast(k, dtype)
+        start_index = index if case == "decode" else 0
+        if case == "second_consumer":
+            cos, sin = rope_q._compute_cos_sin_embedding(q, start_index)  # pylint: disable=protected-access
+            out, half = _rotate_half_pattern(q, cos, sin)
+            return out, rope_k(k, start_index=start_index), half
+        return rope_q(q, start_index=start_index), rope_k(k, start_index=start_index)
+
+    args = (tf.constant(q), tf.constant(k), tf.constant(start, tf.int32))
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in apply(*args)]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in apply(*args)]
+    # the tables' Einsum (positions x inverse frequencies, f32) runs on the cube with fp16
+    # operands (allow_fp32_to_fp16, the default precision mode, fused or not): each angle is off
+    # by up to position * 2^-11 (frequencies <= 1), which turns each (x1, x2) pair by that much
+    angle = (start + seq - 1) * 2.0 ** -11
+    for g, w in zip(got, want):
+        tol = 4 * ROPE_ULP[dtype] * np.abs(w).max() + np.sqrt(2) * 2 * angle
+        assert np.abs(g - w).max() <= tol, (np.abs(g - w).max(), tol)
+    fused = _fused_launches(npusim, "RotaryPositionEmbedding")
+    expected = {"decode": 2, "prefill": 2, "head_dim_8": 0, "second_consumer": 1}[case]
+    assert fused == expected, fused
+    if case == "decode":  # the tables (from the index: not constant) computed once
+        assert [_fused_launches(npusim, op) for op in ("Cos", "Sin")] == [1, 1], \
+            [r["op_type"] for r in npusim.launch_records()]
