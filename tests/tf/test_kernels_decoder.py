@@ -1,13 +1,14 @@
 """NPU kernels of the general ops decoder models put in their graphs (docs/llm.md): Sin and Cos
 (keras-hub's rotary embeddings compute their tables every call), XlaDynamicUpdateSlice
 (keras.ops.slice_update: the KV-cache writes), ReciprocalGrad and SqrtGrad (training Gemma's
-RMSNorm). Soft placement off, so each must run on /NPU:0.
+RMSNorm), All and Any (Gemma's attention: no attended tokens). Soft placement off, so each must
+run on /NPU:0.
 
 Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' polynomials
 (ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
 Eigen's, a few ulp (about 1.2e-7 each near 1) from exact, so the two agree within 5e-7.
 f16/bf16 inputs are widened, computed and rounded once: within one ulp of the output type of the
-exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits: exact."""
+exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits, All / Any are logic: exact."""
 
 import numpy as np
 import pytest
@@ -127,3 +128,25 @@ def test_reciprocal_and_sqrt_grad(npusim, tf, strict_placement, op, dtype):
     with tf.device("/NPU:0"):
         got = fn(y=tf.constant(y), dy=tf.constant(dy)).numpy()
     np.testing.assert_array_equal(got[0, :4], 0.0)
+
+
+# (shape, axis, keepdims): Gemma's mask test (the last axis, kept), several axes, every axis,
+# a reduced axis of size 0 (All: true, Any: false) and one of size 1.
+LOGICAL_CASES = [((2, 1, 9), -1, True), ((3, 4, 5), [0, 2], False), ((6, 7), None, False),
+                 ((3, 0), 1, False), ((4, 1, 3), 1, True)]
+
+
+@pytest.mark.parametrize("op", ["All", "Any"])
+@pytest.mark.parametrize("shape,axis,keepdims", LOGICAL_CASES)
+def test_all_any(npusim, tf, strict_placement, op, shape, axis, keepdims):
+    fn = {"All": tf.math.reduce_all, "Any": tf.math.reduce_any}[op]
+    rng = np.random.default_rng(7)
+    # mostly one value, so that some rows are all true (All) or all false (Any)
+    x = rng.uniform(size=shape) < (0.9 if op == "All" else 0.1)
+    if x.size:
+        x.reshape(-1, shape[-1])[0] = op == "All"  # a row that decides: all true / all false
+    _check(npusim, tf, lambda v: fn(v, axis=axis, keepdims=keepdims), [x])  # vs TF's CPU
+    with tf.device("/NPU:0"):
+        got = fn(tf.constant(x), axis=axis, keepdims=keepdims).numpy()
+    axes = None if axis is None else tuple(np.atleast_1d(axis))
+    np.testing.assert_array_equal(got, {"All": np.all, "Any": np.any}[op](x, axes, keepdims=keepdims))

@@ -11,7 +11,8 @@ mask).
 - The attention pattern written out with keras ops (einsum, scale, keras' masked Softmax with a
   constant causal mask, einsum; grouped-query heads by repeat) fuses and matches a float64 numpy
   reference; with a second consumer of the scores it stays unfused and still matches. The same
-  for RMSNorm with a second consumer of its mean square.
+  for RMSNorm (Llama's and Gemma's: 1 / sqrt and a scale of 1 + gamma) with a second consumer of
+  its mean square.
 
 - keras-hub's RotaryEmbedding applied to two tensors (a layer's queries and keys) at a start
   index given as a tensor (a decode step) and as 0 (a prefill) in f32 / f16 / bf16 against TF on
@@ -137,7 +138,8 @@ def test_attention_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
 
 
 @pytest.mark.parametrize("second_consumer", [False, True])
-def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer, variant):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
     with tf.device("/NPU:0"):
@@ -146,9 +148,12 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
 
     @tf.function
     def rms_norm(x):
-        # keras-hub's LlamaLayerNorm.call for float32
-        var = keras.ops.mean(keras.ops.power(x, 2), axis=-1, keepdims=True)
-        y = x * keras.ops.rsqrt(var + eps) * gamma
+        if variant == "llama":  # keras-hub's LlamaLayerNorm.call for float32
+            var = keras.ops.mean(keras.ops.power(x, 2), axis=-1, keepdims=True)
+            y = x * keras.ops.rsqrt(var + eps) * gamma
+        else:  # keras-hub's Gemma RMSNormalization.call: 1 / sqrt, a scale of (1 + gamma)
+            var = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
+            y = x * keras.ops.reciprocal(keras.ops.sqrt(var + eps)) * (1 + gamma)
         return (y, var) if second_consumer else (y,)
 
     npusim.clear_launch_records()
@@ -156,7 +161,8 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
         got = rms_norm(tf.constant(x))[0].numpy()
     fused = _fused_launches(npusim, "RmsNorm")
     x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * gamma.numpy()
+    scale = gamma.numpy() + (1.0 if variant == "gemma" else 0.0)
+    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * scale
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert fused == (0 if second_consumer else 1), fused
 

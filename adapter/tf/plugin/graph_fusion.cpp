@@ -1475,11 +1475,36 @@ bool widened_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t, 
   return true;
 }
 
-// Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's), T the model's compute type:
-//   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0)  m = Mean(p, last axis, keep_dims)
-//   a = AddV2(m, eps)  r = Rsqrt(a)  y = Mul(Mul(xf, r), gf)  [Cast(y: f32 -> T)]
-// gf the scale: for T = f32 any tensor, else a Cast(gamma: T -> f32) (read by the fused op as
-// gamma; the Cast goes if nothing else reads it). Operands of Mul / AddV2 in either order.
+// A new node `name` on `device` (appended to the graph).
+tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
+                       const std::string& device, const std::vector<std::string>& inputs,
+                       const std::map<std::string, tfc::AttrValue>& attrs) {
+  tfc::NodeDef* n = graph.add_node();
+  n->set_name(name);
+  n->set_op(op);
+  n->set_device(device);
+  for (const std::string& in : inputs) n->add_input(in);
+  for (const auto& [k, v] : attrs) (*n->mutable_attr())[k] = v;
+  return n;
+}
+
+std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataType to) {
+  std::map<std::string, tfc::AttrValue> a;
+  a["SrcT"] = type_value(from);
+  a["DstT"] = type_value(to);
+  a["Truncate"].set_b(false);
+  return a;
+}
+
+// Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's, Gemma's RMSNormalization), T the
+// model's compute type:
+//   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0) or Square(xf)  m = Mean(p, last axis, keep_dims)
+//   a = AddV2(m, eps)  r = Rsqrt(a) or Reciprocal(Sqrt(a))  y = Mul(Mul(xf, r), gf)
+//   [Cast(y: f32 -> T)]
+// gf the scale: a variable's value [through a Cast T -> f32] (read by the fused op as gamma; the
+// Cast goes if nothing else reads it), or Gemma's AddV2(1.0, that) (it stays: for T = f32 the
+// fused op reads it, else a new Cast of it to T, "<last>/npusim_gamma"). Operands of Mul / AddV2
+// in either order.
 int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                    std::set<std::string>* removed) {
   GraphView g(graph);
@@ -1509,11 +1534,27 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
           if (!xr || !float_node(*xr) || !rm.removable(*xr, 1)) continue;
           tfc::NodeDef *gcast = nullptr, *xcast = nullptr;
           std::string gamma, x;
-          if (!widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
-          // xr = Mul(xf, r)
+          // Gemma's scale: gf = AddV2(1.0, s), s a variable's value [through a Cast T -> f32]
+          tfc::NodeDef* one_plus = g.producer(*y, 1 - o, "AddV2");
+          if (one_plus && (!float_node(*one_plus) || !on_npu(*one_plus))) one_plus = nullptr;
+          for (int k = 0; one_plus && k < 2; ++k) {
+            tfc::NodeDef* s = input_node(g, *one_plus, 1 - k);
+            if (scalar_value(input_node(g, *one_plus, k)) != 1.0 || !s) continue;
+            if (t == tfc::DT_FLOAT ? s->op() == "ReadVariableOp"
+                                   : is_cast(s, t, tfc::DT_FLOAT) &&
+                                         g.producer(*s, 0, "ReadVariableOp"))
+              gamma = one_plus->name();
+          }
+          if (gamma.empty() && !widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
+          // xr = Mul(xf, r), r = Rsqrt(a) or Reciprocal(Sqrt(a)) (Gemma)
           for (int q = 0; q < 2; ++q) {
             tfc::NodeDef* r = g.producer(*xr, q, "Rsqrt");
-            tfc::NodeDef* a = r ? g.producer(*r, 0, "AddV2") : nullptr;
+            tfc::NodeDef* sq = nullptr;
+            if (!r && (r = g.producer(*xr, q, "Reciprocal"))) {
+              sq = g.producer(*r, 0, "Sqrt");
+              if (!sq || !float_node(*sq) || !rm.removable(*sq, 1)) continue;
+            }
+            tfc::NodeDef* a = r ? g.producer(sq ? *sq : *r, 0, "AddV2") : nullptr;
             if (!a || !rm.removable(*r, 1) || !rm.removable(*a, 1)) continue;
             if (!widened_input(g, *xr, 1 - q, t, &xcast, &x)) continue;
             const std::string xf = xr->input(1 - q);
@@ -1536,10 +1577,15 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
                 continue;
               // gamma is a variable's value (the layer's scale; the kernel checks it is [H])
               const tfc::NodeDef* gv = g.node(parse_input(gamma).node);
-              if (!gv || gv->op() != "ReadVariableOp") continue;
+              if (!gv || (gv != one_plus && gv->op() != "ReadVariableOp")) continue;
               // xf (a Cast) is read by p and xr only
               if (xcast && !rm.removable(*xcast, 2)) continue;
               std::vector<tfc::NodeDef*> gone = {p, m, a, r, xr};
+              if (sq) gone.push_back(sq);
+              if (gv == one_plus && t != tfc::DT_FLOAT)  // 1 + s (f32) rounded to T once
+                gamma = add_node(graph, last.name() + "/npusim_gamma", "Cast", last.device(),
+                                 {gamma}, cast_attrs(tfc::DT_FLOAT, t))
+                            ->name();
               if (y != &last) gone.push_back(y);
               if (xcast) gone.push_back(xcast);
               if (gcast && rm.removable(*gcast, 1)) gone.push_back(gcast);
@@ -1819,27 +1865,6 @@ bool fp32_attention_allowed() {
     return false;
   }
   return s.precision != compiler::PrecisionMode::kKeepFp32;
-}
-
-// A new node `name` on `device` (appended to the graph).
-tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
-                       const std::string& device, const std::vector<std::string>& inputs,
-                       const std::map<std::string, tfc::AttrValue>& attrs) {
-  tfc::NodeDef* n = graph.add_node();
-  n->set_name(name);
-  n->set_op(op);
-  n->set_device(device);
-  for (const std::string& in : inputs) n->add_input(in);
-  for (const auto& [k, v] : attrs) (*n->mutable_attr())[k] = v;
-  return n;
-}
-
-std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataType to) {
-  std::map<std::string, tfc::AttrValue> a;
-  a["SrcT"] = type_value(from);
-  a["DstT"] = type_value(to);
-  a["Truncate"].set_b(false);
-  return a;
 }
 
 // Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
