@@ -8,7 +8,8 @@ Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' po
 (ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
 Eigen's, a few ulp (about 1.2e-7 each near 1) from exact, so the two agree within 5e-7.
 f16/bf16 inputs are widened, computed and rounded once: within one ulp of the output type of the
-exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits, All / Any are logic: exact."""
+exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits and All / Any are
+logic: exact."""
 
 import numpy as np
 import pytest
@@ -149,4 +150,5 @@ def test_all_any(npusim, tf, strict_placement, op, shape, axis, keepdims):
     with tf.device("/NPU:0"):
         got = fn(tf.constant(x), axis=axis, keepdims=keepdims).numpy()
     axes = None if axis is None else tuple(np.atleast_1d(axis))
-    np.testing.assert_array_equal(got, {"All": np.all, "Any": np.any}[op](x, axes, keepdims=keepdims))
+    ref = {"All": np.all, "Any": np.any}[op]
+    np.testing.assert_array_equal(got, ref(x, axes, keepdims=keepdims))

@@ -16,8 +16,9 @@ mask).
 
 - keras-hub's RotaryEmbedding applied to two tensors (a layer's queries and keys) at a start
   index given as a tensor (a decode step) and as 0 (a prefill) in f32 / f16 / bf16 against TF on
-  the CPU: two RotaryPositionEmbedding launches and the tables computed once (one Cos, one Sin); with
-  head_dim 8 (not a multiple of 16) or a second consumer of the rotated half it stays unfused.
+  the CPU: two RotaryPositionEmbedding launches and the tables computed once (one Cos, one
+  Sin); with head_dim 8 (not a multiple of 16) or a second consumer of the rotated half it stays
+  unfused.
 
 Tolerances: RotaryPositionEmbedding computes in f32 and rounds once; TF on the CPU rounds each
 step to the type (x cos, rotate_half(x) sin, their sum) and both round the tables to the type, so
@@ -198,7 +199,8 @@ def test_rope_pattern_fuses_only_when_exact(npusim, tf, dtype, case):
         q, k = keras.ops.cast(q, dtype), keras.ops.cast(k, dtype)
         start_index = index if case == "decode" else 0
         if case == "second_consumer":
-            cos, sin = rope_q._compute_cos_sin_embedding(q, start_index)  # pylint: disable=protected-access
+            # pylint: disable-next=protected-access
+            cos, sin = rope_q._compute_cos_sin_embedding(q, start_index)
             out, half = _rotate_half_pattern(q, cos, sin)
             return out, rope_k(k, start_index=start_index), half
         return rope_q(q, start_index=start_index), rope_k(k, start_index=start_index)
