@@ -1631,6 +1631,16 @@ bool same_static_shape(GraphView& g, const std::string& a, const std::string& b)
   return true;
 }
 
+// Node i if it is an unclaimed `op` on the NPU of a float type T (*t = T): where rewrites 8 and
+// 10 start matching.
+tfc::NodeDef* float_anchor(GraphView& g, const Removal& rm, int i, const char* op,
+                           std::optional<tfc::DataType>* t) {
+  tfc::NodeDef& n = *g.at(i);
+  *t = type_attr(n);
+  if (n.op() != op || !on_npu(n) || !*t || !float_type(**t) || rm.claimed(n.name())) return nullptr;
+  return &n;
+}
+
 // Rewrite 8, SwiGlu (Llama's feed-forward: silu of the gate in f32, times the up projection):
 //   [gf = Cast(gate: T -> f32)]  s = Sigmoid(gf)  h = Mul(gf, s)  [hc = Cast(h: f32 -> T)]
 //   out = Mul(up, hc or h)        (operands of either Mul in either order)
@@ -1640,10 +1650,10 @@ int fuse_swiglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pr
   Removal rm(g, preserve);
   int fused = 0;
   for (int i = 0; i < g.size(); ++i) {
-    tfc::NodeDef& out = *g.at(i);
-    const std::optional<tfc::DataType> t = type_attr(out);
-    if (out.op() != "Mul" || !on_npu(out) || !t || !float_type(*t) || rm.claimed(out.name()))
-      continue;
+    std::optional<tfc::DataType> t;
+    tfc::NodeDef* anchor = float_anchor(g, rm, i, "Mul", &t);
+    if (!anchor) continue;
+    tfc::NodeDef& out = *anchor;
     for (int o = 0; o < 2; ++o) {
       tfc::NodeDef* hc = nullptr;
       tfc::NodeDef* h = nullptr;
@@ -2087,10 +2097,10 @@ int fuse_ropes(tfc::GraphDef& graph, const std::unordered_set<std::string>& pres
   Removal rm(g, preserve);
   int fused = 0;
   for (int i = 0; i < g.size(); ++i) {
-    tfc::NodeDef& out = *g.at(i);
-    const std::optional<tfc::DataType> t = type_attr(out);
-    if (out.op() != "AddV2" || !on_npu(out) || !t || !float_type(*t) || rm.claimed(out.name()))
-      continue;
+    std::optional<tfc::DataType> t;
+    tfc::NodeDef* anchor = float_anchor(g, rm, i, "AddV2", &t);
+    if (!anchor) continue;
+    tfc::NodeDef& out = *anchor;
     for (int o = 0; o < 2; ++o) {
       tfc::NodeDef* mc = g.producer(out, o, "Mul");
       tfc::NodeDef* ms = g.producer(out, 1 - o, "Mul");
