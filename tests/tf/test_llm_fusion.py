@@ -168,6 +168,31 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer, var
     assert fused == (0 if second_consumer else 1), fused
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gemma_rms_norm_layer_fuses(npusim, tf, dtype):
+    """keras-hub's Gemma RMSNormalization layer (f32 inside, scale 1 + w) in the model's type
+    against TF on the CPU: one RmsNorm launch, within 2 ulps of the type (the fused op rounds
+    1 + w to the type once, and its result once; f32: 1e-5 relative)."""
+    # pylint: disable-next=import-outside-toplevel
+    from keras_hub.src.models.gemma.rms_normalization import RMSNormalization
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    with tf.device("/NPU:0"):
+        layer = RMSNormalization(dtype=dtype)
+        layer.build(x.shape)
+        layer.scale.assign(rng.uniform(-0.5, 0.5, 64).astype(np.float32).astype(dtype))
+    norm = tf.function(lambda v: layer(keras.ops.cast(v, dtype)))
+    with tf.device("/CPU:0"):
+        want = norm(tf.constant(x)).numpy().astype(np.float64)
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = norm(tf.constant(x)).numpy().astype(np.float64)
+    ulp = {"float32": 1e-5 / 2, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
+    assert np.abs(got - want).max() <= 2 * ulp * np.abs(want).max()
+    assert _fused_launches(npusim, "RmsNorm") == 1
+
+
 ROPE_ULP = {"float32": 1e-5, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
