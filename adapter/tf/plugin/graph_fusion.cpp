@@ -2113,7 +2113,7 @@ int fuse_ropes(tfc::GraphDef& graph, const std::unordered_set<std::string>& pres
         if (!r || !on_npu(*r) || !rm.removable(*r, 1) || type_attr(*r) != t) continue;
         tfc::NodeDef* h = g.producer(*r, 0, "Pack");
         if (!h || !on_npu(*h) || !rm.removable(*h, 1) || type_attr(*h) != t ||
-            h->input_size() < 2)
+            h->input_size() != 2)  // (no control inputs: removable)
           continue;
         auto axis = h->attr().find("axis");
         tfc::NodeDef* neg = g.producer(*h, 0, "Neg");
