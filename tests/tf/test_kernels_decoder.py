@@ -152,3 +152,22 @@ def test_all_any(npusim, tf, strict_placement, op, shape, axis, keepdims):
     axes = None if axis is None else tuple(np.atleast_1d(axis))
     ref = {"All": np.all, "Any": np.any}[op]
     np.testing.assert_array_equal(got, ref(x, axes, keepdims=keepdims))
+
+
+def test_rotary_table_product_f32(npusim, tf, strict_placement):
+    """keras-hub's rotary table product: einsum "bi,j->bij" of the positions [1, S] and the
+    inverse frequencies (Llama 3.2's: theta 500000, head_dim 64), a contraction with k = 1, at
+    positions 0..8191 in f32 under allow_fp32_to_fp16 (the default). A k = 1 product runs on the
+    vector unit in f32 (ops/matmul.cpp), so every angle is f32's exact product, bit for bit TF's
+    on the CPU; with fp16 operands on the cube the positions above 2048 would not be exact and
+    each angle would be off by up to position x 2^-11. The same for MatMul [S, 1] x [1, D/2]."""
+    pos = np.arange(8192, dtype=np.float32)
+    inv = (1.0 / 500000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64)).astype(np.float32)
+    for fn, args in ((lambda p, f: tf.einsum("bi,j->bij", p, f), (pos[None, :], inv)),
+                     (tf.linalg.matmul, (pos[:, None], inv[None, :]))):
+        with tf.device("/CPU:0"):
+            want = fn(*map(tf.constant, args)).numpy()
+        with tf.device("/NPU:0"):
+            got = fn(*map(tf.constant, args)).numpy()
+        assert want.shape == got.shape
+        np.testing.assert_array_equal(got, want)
