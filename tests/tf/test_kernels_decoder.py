@@ -1,15 +1,15 @@
 """NPU kernels of the general ops decoder models put in their graphs (docs/llm.md): Sin and Cos
 (keras-hub's rotary embeddings compute their tables every call), XlaDynamicUpdateSlice
 (keras.ops.slice_update: the KV-cache writes), ReciprocalGrad and SqrtGrad (training Gemma's
-RMSNorm), All and Any (Gemma's attention: no attended tokens). Soft placement off, so each must
-run on /NPU:0.
+RMSNorm), All and Any (Gemma's attention: no attended tokens), and the rotary tables' product
+(k = 1: f32 on the vector unit). Soft placement off, so each must run on /NPU:0.
 
 Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' polynomials
 (ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
 Eigen's, a few ulp (about 1.2e-7 each near 1) from exact, so the two agree within 5e-7.
 f16/bf16 inputs are widened, computed and rounded once: within one ulp of the output type of the
 exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits and All / Any are
-logic: exact."""
+logic: exact, and so is the rotary tables' product (f32's exact products, as TF's CPU)."""
 
 import numpy as np
 import pytest
