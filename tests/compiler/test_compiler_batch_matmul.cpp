@@ -243,3 +243,67 @@ TEST_CASE("Einsum: ellipsis, single-operand permutation, unsupported equations")
   TensorDesc q2{DataType::F16, {2, 17, 3, 24}}, k2{DataType::F16, {2, 20, 3, 24}};
   CHECK(einsum({q2, k2}, "bqhd,bkhd->bhqk").launches.size() == 3);
 }
+
+namespace {
+
+// A product with k = 1 in f32 under allow_fp32_to_fp16 (ops/matmul.cpp: an outer product runs
+// as an f32 Mul on the vector unit): no cube launch (no mmad in any listing), and every output
+// element exactly f32's product of its two inputs, the value TF's CPU kernels give. The inputs
+// are f32 values fp16 does not hold (24-bit mantissas in [-2, 2]), so fp16 operands on the cube
+// would miss by up to 2^-10 relative. at(f) gives element f's flat indices into x and y.
+void check_f32_outer(const compiler::OpDesc& op, const HostTensor& x, const HostTensor& y,
+                     const Shape& out_shape,
+                     const std::function<std::pair<int64_t, int64_t>(int64_t f)>& at) {
+  INFO(op.str());
+  compiler::CompiledKernel kern =
+      compiler::compile(op, test_sim().config(), PrecisionMode::kAllowFp32ToFp16);
+  REQUIRE(kern.outputs[0] == TensorDesc{DataType::F32, out_shape});
+  for (const compiler::Launch& l : kern.launches) {
+    INFO(l.summary);
+    CHECK(l.kernel.listing.find("mmad") == std::string::npos);
+  }
+  RunResult r = run_compiled(test_sim(), kern, {x, y});
+  const std::vector<double>& got = r.outputs[0].values;
+  int bad = 0;
+  for (int64_t f = 0; f < static_cast<int64_t>(got.size()); ++f) {
+    auto [i, j] = at(f);
+    const double want = round_to(DataType::F32, x.values[static_cast<size_t>(i)] *
+                                                    y.values[static_cast<size_t>(j)]);
+    if (got[static_cast<size_t>(f)] != want && bad++ < 5)
+      UNSCOPED_INFO("element " << f << " = " << got[static_cast<size_t>(f)] << ", want " << want);
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("k = 1 in f32 under allow_fp32_to_fp16: exact f32 products on the vector unit") {
+  uint32_t seed = 300;
+  auto f32 = [&](Shape s) { return random_tensor(DataType::F32, std::move(s), -2, 2, seed++); };
+  // MatMul, every transpose combination (with k = 1 they move no data).
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    HostTensor a = f32(ta ? Shape{1, 37} : Shape{37, 1}), b = f32(tb ? Shape{45, 1} : Shape{1, 45});
+    check_f32_outer(make_op("MatMul", {a.desc, b.desc}, {{"transpose_a", ta}, {"transpose_b", tb}}),
+                    a, b, {37, 45}, [](int64_t f) { return std::make_pair(f / 45, f % 45); });
+  }
+  // BatchMatMulV2 with broadcast batch dims: x [3, 1, 9, 1], y [2, 1, 20] -> [3, 2, 9, 20].
+  HostTensor x = f32({3, 1, 9, 1}), y = f32({2, 1, 20});
+  check_f32_outer(make_op("BatchMatMulV2", {x.desc, y.desc}), x, y, {3, 2, 9, 20},
+                  [](int64_t f) {
+                    const int64_t b0 = f / (2 * 180), b1 = f / 180 % 2, i = f / 20 % 9,
+                                  j = f % 20;
+                    return std::make_pair(b0 * 9 + i, b1 * 20 + j);
+                  });
+  // keras-hub's rotary tables: positions [1, S] x inverse frequencies [D / 2].
+  HostTensor pos = f32({1, 40}), freq = f32({24});
+  check_f32_outer(make_op("Einsum", {pos.desc, freq.desc}, {{"equation", "bi,j->bij"}}), pos,
+                  freq, {1, 40, 24}, [](int64_t f) { return std::make_pair(f / 24, f % 24); });
+  // A batched outer product transposed to the output.
+  HostTensor u = f32({2, 7}), v = f32({2, 11});
+  check_f32_outer(make_op("Einsum", {u.desc, v.desc}, {{"equation", "bi,bj->bji"}}), u, v,
+                  {2, 11, 7}, [](int64_t f) {
+                    const int64_t b = f / 77, j = f / 7 % 11, i = f % 7;
+                    return std::make_pair(b * 7 + i, b * 11 + j);
+                  });
+}

@@ -1,13 +1,15 @@
 """NPU kernels of the general ops decoder models put in their graphs (docs/llm.md): Sin and Cos
 (keras-hub's rotary embeddings compute their tables every call), XlaDynamicUpdateSlice
 (keras.ops.slice_update: the KV-cache writes), ReciprocalGrad and SqrtGrad (training Gemma's
-RMSNorm). Soft placement off, so each must run on /NPU:0.
+RMSNorm), All and Any (Gemma's attention: no attended tokens), and the rotary tables' product
+(k = 1: f32 on the vector unit). Soft placement off, so each must run on /NPU:0.
 
 Tolerances. Sin/Cos are computed in f32 by a Cody-Waite reduction and Cephes' polynomials
 (ops/unary.cpp): within 2e-7 absolute of the exact value for |x| < 12867; TF's CPU kernels are
 Eigen's, a few ulp (about 1.2e-7 each near 1) from exact, so the two agree within 5e-7.
 f16/bf16 inputs are widened, computed and rounded once: within one ulp of the output type of the
-exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits: exact."""
+exact value (f16: 2^-11 near 1, bf16: 2^-8). XlaDynamicUpdateSlice moves bits and All / Any are
+logic: exact, and so is the rotary tables' product (f32's exact products, as TF's CPU)."""
 
 import numpy as np
 import pytest
@@ -127,3 +129,45 @@ def test_reciprocal_and_sqrt_grad(npusim, tf, strict_placement, op, dtype):
     with tf.device("/NPU:0"):
         got = fn(y=tf.constant(y), dy=tf.constant(dy)).numpy()
     np.testing.assert_array_equal(got[0, :4], 0.0)
+
+
+# (shape, axis, keepdims): Gemma's mask test (the last axis, kept), several axes, every axis,
+# a reduced axis of size 0 (All: true, Any: false) and one of size 1.
+LOGICAL_CASES = [((2, 1, 9), -1, True), ((3, 4, 5), [0, 2], False), ((6, 7), None, False),
+                 ((3, 0), 1, False), ((4, 1, 3), 1, True)]
+
+
+@pytest.mark.parametrize("op", ["All", "Any"])
+@pytest.mark.parametrize("shape,axis,keepdims", LOGICAL_CASES)
+def test_all_any(npusim, tf, strict_placement, op, shape, axis, keepdims):
+    fn = {"All": tf.math.reduce_all, "Any": tf.math.reduce_any}[op]
+    rng = np.random.default_rng(7)
+    # mostly one value, so that some rows are all true (All) or all false (Any)
+    x = rng.uniform(size=shape) < (0.9 if op == "All" else 0.1)
+    if x.size:
+        x.reshape(-1, shape[-1])[0] = op == "All"  # a row that decides: all true / all false
+    _check(npusim, tf, lambda v: fn(v, axis=axis, keepdims=keepdims), [x])  # vs TF's CPU
+    with tf.device("/NPU:0"):
+        got = fn(tf.constant(x), axis=axis, keepdims=keepdims).numpy()
+    axes = None if axis is None else tuple(np.atleast_1d(axis))
+    ref = {"All": np.all, "Any": np.any}[op]
+    np.testing.assert_array_equal(got, ref(x, axes, keepdims=keepdims))
+
+
+def test_rotary_table_product_f32(npusim, tf, strict_placement):
+    """keras-hub's rotary table product: einsum "bi,j->bij" of the positions [1, S] and the
+    inverse frequencies (Llama 3.2's: theta 500000, head_dim 64), a contraction with k = 1, at
+    positions 0..8191 in f32 under allow_fp32_to_fp16 (the default). A k = 1 product runs on the
+    vector unit in f32 (ops/matmul.cpp), so every angle is f32's exact product, bit for bit TF's
+    on the CPU; with fp16 operands on the cube the positions above 2048 would not be exact and
+    each angle would be off by up to position x 2^-11. The same for MatMul [S, 1] x [1, D/2]."""
+    pos = np.arange(8192, dtype=np.float32)
+    inv = (1.0 / 500000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64)).astype(np.float32)
+    for fn, args in ((lambda p, f: tf.einsum("bi,j->bij", p, f), (pos[None, :], inv)),
+                     (tf.linalg.matmul, (pos[:, None], inv[None, :]))):
+        with tf.device("/CPU:0"):
+            want = fn(*map(tf.constant, args)).numpy()
+        with tf.device("/NPU:0"):
+            got = fn(*map(tf.constant, args)).numpy()
+        assert want.shape == got.shape
+        np.testing.assert_array_equal(got, want)

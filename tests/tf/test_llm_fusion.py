@@ -11,9 +11,23 @@ mask).
 - The attention pattern written out with keras ops (einsum, scale, keras' masked Softmax with a
   constant causal mask, einsum; grouped-query heads by repeat) fuses and matches a float64 numpy
   reference; with a second consumer of the scores it stays unfused and still matches. The same
-  for RMSNorm with a second consumer of its mean square.
+  for RMSNorm (Llama's and Gemma's: 1 / sqrt and a scale of 1 + gamma) with a second consumer of
+  its mean square.
 
-Tolerances: the fused attention runs fp32 graphs in fp16 (allow_fp32_to_fp16: q, k, v and the
+- keras-hub's RotaryEmbedding applied to two tensors (a layer's queries and keys) at a start
+  index given as a tensor (a decode step) and as 0 (a prefill) in f32 / f16 / bf16 against TF on
+  the CPU: two RotaryPositionEmbedding launches and the tables computed once (one Cos, one
+  Sin); with head_dim 8 (not a multiple of 16) or a second consumer of the rotated half it stays
+  unfused.
+
+Tolerances: RotaryPositionEmbedding computes in f32 and rounds once; TF on the CPU rounds each
+step to the type (x cos, rotate_half(x) sin, their sum) and both round the tables to the type, so
+they differ by a few half-ulps of the type times max|x| (4 ulps allowed), plus the f32 tables'
+own error: their angles (the Einsum positions x inverse frequencies, k = 1) are f32's exact
+products on both (ops/matmul.cpp: no fp16 operands under allow_fp32_to_fp16), and the NPU's
+Cos and Sin agree with TF's within 5e-7 (tests/tf/test_kernels_decoder.py derives it): at most
+2 * 5e-7 * max|x| apart after the rotation.
+The fused attention runs fp32 graphs in fp16 (allow_fp32_to_fp16: q, k, v and the
 probabilities rounded to fp16 as the unfused products' operands are, plus the output: a few
 2^-11 relative), 5e-3 relative to the largest output; RMSNorm in f32, 1e-5.
 """
@@ -33,7 +47,8 @@ from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-imp
 
 LOGITS_RTOL = 2e-2
 FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
-             "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"}}
+             "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
+             "ROPE": {"RotaryPositionEmbedding"}}
 
 # Child: llama-tiny's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill and
 # two decode steps); the logits, the launches and the op types that launched.
@@ -126,7 +141,8 @@ def test_attention_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
 
 
 @pytest.mark.parametrize("second_consumer", [False, True])
-def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer, variant):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
     with tf.device("/NPU:0"):
@@ -135,9 +151,12 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
 
     @tf.function
     def rms_norm(x):
-        # keras-hub's LlamaLayerNorm.call for float32
-        var = keras.ops.mean(keras.ops.power(x, 2), axis=-1, keepdims=True)
-        y = x * keras.ops.rsqrt(var + eps) * gamma
+        if variant == "llama":  # keras-hub's LlamaLayerNorm.call for float32
+            var = keras.ops.mean(keras.ops.power(x, 2), axis=-1, keepdims=True)
+            y = x * keras.ops.rsqrt(var + eps) * gamma
+        else:  # keras-hub's Gemma RMSNormalization.call: 1 / sqrt, a scale of (1 + gamma)
+            var = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
+            y = x * keras.ops.reciprocal(keras.ops.sqrt(var + eps)) * (1 + gamma)
         return (y, var) if second_consumer else (y,)
 
     npusim.clear_launch_records()
@@ -145,6 +164,92 @@ def test_rms_norm_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
         got = rms_norm(tf.constant(x))[0].numpy()
     fused = _fused_launches(npusim, "RmsNorm")
     x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * gamma.numpy()
+    scale = gamma.numpy() + (1.0 if variant == "gemma" else 0.0)
+    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * scale
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert fused == (0 if second_consumer else 1), fused
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gemma_rms_norm_layer_fuses(npusim, tf, dtype):
+    """keras-hub's Gemma RMSNormalization layer (f32 inside, scale 1 + w) in the model's type
+    against TF on the CPU: one RmsNorm launch, within 2 ulps of the type (the fused op rounds
+    1 + w to the type once, and its result once; f32: 1e-5 relative)."""
+    # pylint: disable-next=import-outside-toplevel
+    from keras_hub.src.models.gemma.rms_normalization import RMSNormalization
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    with tf.device("/NPU:0"):
+        layer = RMSNormalization(dtype=dtype)
+        layer.build(x.shape)
+        layer.scale.assign(rng.uniform(-0.5, 0.5, 64).astype(np.float32).astype(dtype))
+    norm = tf.function(lambda v: layer(keras.ops.cast(v, dtype)))
+    with tf.device("/CPU:0"):
+        want = norm(tf.constant(x)).numpy().astype(np.float64)
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = norm(tf.constant(x)).numpy().astype(np.float64)
+    ulp = {"float32": 1e-5 / 2, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
+    assert np.abs(got - want).max() <= 2 * ulp * np.abs(want).max()
+    assert _fused_launches(npusim, "RmsNorm") == 1
+
+
+ROPE_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def _rotate_half_pattern(tensor, cos, sin):
+    """keras-hub's RotaryEmbedding._apply_rotary_pos_emb written out, with the rotated half also
+    returned (a second consumer: the rewrite must leave it)."""
+    x1, x2 = keras.ops.split(tensor, 2, axis=-1)
+    half = keras.ops.reshape(keras.ops.stack((-x2, x1), axis=-2), keras.ops.shape(tensor))
+    return tensor * cos + half * sin, half
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["decode", "late_decode", "prefill", "head_dim_8",
+                                  "second_consumer"])
+def test_rope_pattern_fuses_only_when_exact(npusim, tf, dtype, case):
+    from keras_hub.layers import RotaryEmbedding  # pylint: disable=import-outside-toplevel
+
+    dim = 8 if case == "head_dim_8" else 32
+    seq = 1 if case.endswith("decode") else 6
+    # late_decode: position 8191, where fp16 operands of the tables' product (up to 8191 *
+    # 2^-11 = 4 rad off) would turn the pairs by radians
+    start = {"decode": 5, "late_decode": 8191}.get(case, 0)
+    rng = np.random.default_rng(3)
+    q = rng.uniform(-2, 2, (2, seq, 4, dim)).astype(np.float32)
+    k = rng.uniform(-2, 2, (2, seq, 2, dim)).astype(np.float32)
+    rope_q = RotaryEmbedding(max_wavelength=10000, dtype=dtype)
+    rope_k = RotaryEmbedding(max_wavelength=10000, dtype=dtype)
+
+    @tf.function
+    def apply(q, k, index):
+        # keras-hub's attention: one rotary layer call for the queries, one for the keys
+        q, k = keras.ops.cast(q, dtype), keras.ops.cast(k, dtype)
+        start_index = index if case.endswith("decode") else 0
+        if case == "second_consumer":
+            # pylint: disable-next=protected-access
+            cos, sin = rope_q._compute_cos_sin_embedding(q, start_index)
+            out, half = _rotate_half_pattern(q, cos, sin)
+            return out, rope_k(k, start_index=start_index), half
+        return rope_q(q, start_index=start_index), rope_k(k, start_index=start_index)
+
+    args = (tf.constant(q), tf.constant(k), tf.constant(start, tf.int32))
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in apply(*args)]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in apply(*args)]
+    # the module docstring's tolerance: the type's rounding plus the f32 tables' Cos / Sin
+    tables = 2 * 5e-7 * 2  # |x| <= 2
+    for g, w in zip(got, want):
+        tol = 4 * ROPE_ULP[dtype] * np.abs(w).max() + tables
+        assert np.abs(g - w).max() <= tol, (np.abs(g - w).max(), tol)
+    fused = _fused_launches(npusim, "RotaryPositionEmbedding")
+    expected = {"decode": 2, "late_decode": 2, "prefill": 2, "head_dim_8": 0,
+                "second_consumer": 1}[case]
+    assert fused == expected, fused
+    if case.endswith("decode"):  # the tables (from the index: not constant) computed once
+        assert [_fused_launches(npusim, op) for op in ("Cos", "Sin")] == [1, 1], \
+            [r["op_type"] for r in npusim.launch_records()]

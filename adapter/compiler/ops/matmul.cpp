@@ -4,7 +4,8 @@
 //   f32 under the precision modes (compiler.h): cast to f16 by a vector launch into the GM
 //     workspace (allow_fp32_to_fp16, allow_mix_precision; the latter also rounds the result to
 //     f16 and widens it back by a last vector launch), or fp32 on the cube
-//     (must_keep_origin_dtype) where cube_fp32_rate_divisor > 0.
+//     (must_keep_origin_dtype) where cube_fp32_rate_divisor > 0; with k = 1 under
+//     allow_fp32_to_fp16 an f32 broadcast Mul on the vector unit (outer_product_on_vector).
 //
 // The cube kernel (one block per cube core, blocks take output tiles round-robin):
 //   for every (tile, k chunk) step of the block, software-pipelined by one step:
@@ -598,6 +599,36 @@ CubeTypes cube_types(const CompileContext& ctx, DataType dt, const MatmulProblem
   return t;
 }
 
+// C = A x B with k = 1 in f32 under allow_fp32_to_fp16: an outer product (every element of C
+// is one product, nothing is accumulated), compiled as an f32 broadcast Mul on the vector
+// unit. CANN's precision_mode documentation gives allow_fp32_to_fp16 fp16 for matrix (cube)
+// operators and keeps f32 for vector operators that have it; the cube's fp16 operands would
+// round each input to 11 bits (keras-hub's rotary tables, positions x inverse frequencies:
+// positions above 2048 not exact, each angle off by up to position x 2^-11 rad), where the
+// vector product is f32's exact product rounded once, as TF's CPU kernels compute it.
+// With k = 1 the transposes move no data: each product reads m values of A and n of B, so A is
+// viewed as [a's batch dims, m, 1] and B as [b's batch dims, 1, n] (a batch dim is 1 in the
+// view where that operand broadcasts: batch stride 0).
+CompiledKernel outer_product_on_vector(const CompileContext& ctx, const MatmulProblem& p,
+                                       const TensorDesc& c) {
+  auto view = [&](const std::vector<int64_t>& batch_strides, int64_t rows, int64_t cols) {
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < p.batch_dims.size(); ++d)
+      shape.push_back(batch_strides[d] != 0 ? p.batch_dims[d] : 1);
+    shape.insert(shape.end(), {rows, cols});
+    return shape;
+  };
+  OpDesc mul;
+  mul.type = "Mul";
+  mul.inputs = {TensorDesc{DataType::F32, view(p.a_batch_strides, p.m, 1)},
+                TensorDesc{DataType::F32, view(p.b_batch_strides, 1, p.n)}};
+  CompiledKernel out = compile(mul, ctx.cfg, ctx.precision);
+  for (Launch& l : out.launches)
+    l.summary = fmt::format("k = 1 in f32 on the vector unit: {}", l.summary);
+  out.outputs = {c};  // the Mul's [batch, m, n] in the op's own shape (same elements)
+  return out;
+}
+
 }  // namespace
 
 CompiledKernel compile_matmul(const CompileContext& ctx) {
@@ -646,6 +677,9 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
     out.launches.push_back(zero_fill(op, c, cfg));
     return out;
   }
+
+  if (k == 1 && dt == DataType::F32 && ctx.precision == PrecisionMode::kAllowFp32ToFp16)
+    return outer_product_on_vector(ctx, p, c);
 
   const CubeTypes types = cube_types(ctx, dt, p);
   const Dtype cube_in = types.cube_in, fix_out = types.fix_out;

@@ -56,8 +56,9 @@ Launch build_matmul_launch(const MatmulTiling& t, const ChipConfig& cfg, const s
 
 // C = op(A) x op(B), optionally batched, as MatMul compiles it (precision modes, f32 input
 // casts into the workspace, FIXPIPE output type, C through the workspace where its rows are
-// padded, zeros for k = 0), shared by MatMul and BatchMatMulV2. The batch fields are those of
-// MatmulTiling (empty batch_dims: one product).
+// padded, zeros for k = 0, an f32 vector Mul for k = 1 under allow_fp32_to_fp16), shared by
+// MatMul and BatchMatMulV2. The batch fields are those of MatmulTiling (empty batch_dims: one
+// product).
 struct MatmulProblem {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;

@@ -1,9 +1,10 @@
-// Reductions: Sum, Mean, Max, Min, Prod, ArgMax, ArgMin over any set of axes, and the reduction
-// engine (append_reduce) that BiasAddGrad and L2Loss use too.
+// Reductions: Sum, Mean, Max, Min, Prod, ArgMax, ArgMin over any set of axes (and All / Any of
+// bool tensors, through s32: compile_logical_reduce), and the reduction engine (append_reduce)
+// that BiasAddGrad and L2Loss use too.
 //
 // OpDesc contract (TF passes the axes as a const input tensor, whose VALUES the compiler cannot
 // see): the axes come as attributes, filled by the caller from the const tensor --
-//   Sum Mean Max Min Prod: attr "axes" (list(int) or int; negative from the end, duplicates
+//   Sum Mean Max Min Prod All Any: attr "axes" (list(int) or int; negative from the end, duplicates
 //     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
 //   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64).
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
@@ -1177,6 +1178,37 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
   if (widen_idx) plan.add(build_widen_s32_to_s64(op.str(), n_out, ctx.cfg), {idx32, out});
 }
 
+namespace {
+
+// All / Any (compile_reduce): req is the bool input's reduction as Min / Sum; three launches
+// through the workspace: the input cast to s32 (0 / 1), that reduction, its result cast to bool.
+CompiledKernel compile_logical_reduce(const CompileContext& ctx, ReduceRequest req,
+                                      const std::vector<int64_t>& out_shape) {
+  const OpDesc& op = ctx.op;
+  const TensorDesc out{DataType::BOOL, out_shape};
+  const int64_t n_in = req.input.num_elements(), n_out = out.num_elements();
+  if (n_out > 0 && n_in / n_out > std::numeric_limits<int32_t>::max())
+    op.fail(fmt::format("{} values reduced into each output: at most 2^31 - 1", n_in / n_out));
+  LaunchPlan plan({out});
+  if (n_out == 0) return std::move(plan).finish();
+  const ArgRef values = plan.workspace(static_cast<uint64_t>(n_in) * 4);
+  if (n_in > 0)
+    plan.add(build_stream_kernel(op.str(), cast_spec(DataType::BOOL, DataType::S32, false,
+                                                     req.input.shape),
+                                 ctx.cfg),
+             {LaunchPlan::input(0), values}, "bool -> s32");
+  const ArgRef reduced = plan.workspace(static_cast<uint64_t>(n_out) * 4);
+  req.input.dtype = DataType::S32;
+  req.out_type = DataType::S32;
+  append_reduce(plan, ctx, req, values, reduced);
+  plan.add(build_stream_kernel(op.str(), cast_spec(DataType::S32, DataType::BOOL, false, {n_out}),
+                               ctx.cfg),
+           {reduced, LaunchPlan::output(0)}, "s32 -> bool");
+  return std::move(plan).finish();
+}
+
+}  // namespace
+
 CompiledKernel compile_reduce(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   static const std::pair<const char*, ReduceKind> kKinds[] = {
@@ -1191,6 +1223,14 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
       req.kind = kind;
       found = true;
     }
+  // All / Any of a bool tensor: the reduction of its 0 / 1 values as s32 (All: Min, whose
+  // identity INT32_MAX makes an empty reduction true; Any: Sum, the count of true values, 0 for
+  // an empty one), then != 0 as bool.
+  const bool logical = op.type == "All" || op.type == "Any";
+  if (logical) {
+    req.kind = op.type == "All" ? ReduceKind::kMin : ReduceKind::kSum;
+    found = true;
+  }
   if (!found) op.fail("internal: not a reduction");
   const bool arg = req.kind == ReduceKind::kArgMax || req.kind == ReduceKind::kArgMin;
   if (op.inputs.empty() || op.inputs.size() > 2)
@@ -1202,6 +1242,8 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
       op.fail(fmt::format("input 1 ({}) is not an axes tensor (s32 or s64, rank <= 1)", ax.str()));
   }
   req.input = op.inputs[0];
+  if (logical && req.input.dtype != DataType::BOOL)
+    op.fail(fmt::format("input 0 ({}) must be bool", req.input.str()));
   const DataType dt = req.input.dtype;
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
@@ -1234,6 +1276,7 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
       if (!req.reduced[i]) out_shape.push_back(shape[i]);
       else if (keep) out_shape.push_back(1);
   }
+  if (logical) return compile_logical_reduce(ctx, req, out_shape);
   LaunchPlan plan({TensorDesc{req.out_type, out_shape}});
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   return std::move(plan).finish();

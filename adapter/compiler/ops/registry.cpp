@@ -226,6 +226,8 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
       {"Prod", "reduce", compile_reduce,
        npu_t(K::kReduction, kFloatS32Types, {{"reduction_indices", 1, "axes"}})},
+      {"All", "reduce", compile_reduce, npu(K::kReduction, {}, {{"reduction_indices", 1, "axes"}})},
+      {"Any", "reduce", compile_reduce, npu(K::kReduction, {}, {{"reduction_indices", 1, "axes"}})},
       {"ArgMax", "reduce", compile_reduce,
        npu(K::kReduction, {{"T", kFloatS32Types}, {"output_type", kIndexTypes}},
            {{"dimension", 1, "axis", H::kInt}})},

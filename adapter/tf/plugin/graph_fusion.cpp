@@ -1295,8 +1295,10 @@ bool pure_node(const tfc::NodeDef& n) {
 // as an earlier one is replaced by it: its data consumers read the earlier node, and it goes
 // (its control consumers then depend on the earlier node) unless TensorFlow must preserve it,
 // in which case it stays, unread.
+// `pure` picks the nodes considered (default: pure_node; dedup_rope_tables passes its own).
 int dedup_pure_nodes(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
-                     std::set<std::string>* removed) {
+                     std::set<std::string>* removed,
+                     const std::function<bool(const tfc::NodeDef&)>& pure = pure_node) {
   const int n_nodes = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
@@ -1333,7 +1335,7 @@ int dedup_pure_nodes(tfc::GraphDef& graph, const std::unordered_set<std::string>
   for (int i : order) {
     tfc::NodeDef& n = *graph.mutable_node(i);
     for (int k = 0; k < n.input_size(); ++k) n.set_input(k, renamed(n.input(k)));
-    if (!on_npu(n) || !pure_node(n)) continue;
+    if (!on_npu(n) || !pure(n)) continue;
     std::string key = n.op() + "|" + n.device() + "|";
     std::set<std::string> controls;
     for (const std::string& in : n.input()) {
@@ -1473,11 +1475,36 @@ bool widened_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t, 
   return true;
 }
 
-// Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's), T the model's compute type:
-//   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0)  m = Mean(p, last axis, keep_dims)
-//   a = AddV2(m, eps)  r = Rsqrt(a)  y = Mul(Mul(xf, r), gf)  [Cast(y: f32 -> T)]
-// gf the scale: for T = f32 any tensor, else a Cast(gamma: T -> f32) (read by the fused op as
-// gamma; the Cast goes if nothing else reads it). Operands of Mul / AddV2 in either order.
+// A new node `name` on `device` (appended to the graph).
+tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
+                       const std::string& device, const std::vector<std::string>& inputs,
+                       const std::map<std::string, tfc::AttrValue>& attrs) {
+  tfc::NodeDef* n = graph.add_node();
+  n->set_name(name);
+  n->set_op(op);
+  n->set_device(device);
+  for (const std::string& in : inputs) n->add_input(in);
+  for (const auto& [k, v] : attrs) (*n->mutable_attr())[k] = v;
+  return n;
+}
+
+std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataType to) {
+  std::map<std::string, tfc::AttrValue> a;
+  a["SrcT"] = type_value(from);
+  a["DstT"] = type_value(to);
+  a["Truncate"].set_b(false);
+  return a;
+}
+
+// Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's, Gemma's RMSNormalization), T the
+// model's compute type:
+//   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0) or Square(xf)  m = Mean(p, last axis, keep_dims)
+//   a = AddV2(m, eps)  r = Rsqrt(a) or Reciprocal(Sqrt(a))  y = Mul(Mul(xf, r), gf)
+//   [Cast(y: f32 -> T)]
+// gf the scale: a variable's value [through a Cast T -> f32] (read by the fused op as gamma; the
+// Cast goes if nothing else reads it), or Gemma's AddV2(1.0, that) (it stays: for T = f32 the
+// fused op reads it, else a new Cast of it to T, "<last>/npusim_gamma"). Operands of Mul / AddV2
+// in either order.
 int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                    std::set<std::string>* removed) {
   GraphView g(graph);
@@ -1507,11 +1534,27 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
           if (!xr || !float_node(*xr) || !rm.removable(*xr, 1)) continue;
           tfc::NodeDef *gcast = nullptr, *xcast = nullptr;
           std::string gamma, x;
-          if (!widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
-          // xr = Mul(xf, r)
+          // Gemma's scale: gf = AddV2(1.0, s), s a variable's value [through a Cast T -> f32]
+          tfc::NodeDef* one_plus = g.producer(*y, 1 - o, "AddV2");
+          if (one_plus && (!float_node(*one_plus) || !on_npu(*one_plus))) one_plus = nullptr;
+          for (int k = 0; one_plus && k < 2; ++k) {
+            tfc::NodeDef* s = input_node(g, *one_plus, 1 - k);
+            if (scalar_value(input_node(g, *one_plus, k)) != 1.0 || !s) continue;
+            if (t == tfc::DT_FLOAT ? s->op() == "ReadVariableOp"
+                                   : is_cast(s, t, tfc::DT_FLOAT) &&
+                                         g.producer(*s, 0, "ReadVariableOp"))
+              gamma = one_plus->name();
+          }
+          if (gamma.empty() && !widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
+          // xr = Mul(xf, r), r = Rsqrt(a) or Reciprocal(Sqrt(a)) (Gemma)
           for (int q = 0; q < 2; ++q) {
             tfc::NodeDef* r = g.producer(*xr, q, "Rsqrt");
-            tfc::NodeDef* a = r ? g.producer(*r, 0, "AddV2") : nullptr;
+            tfc::NodeDef* sq = nullptr;
+            if (!r && (r = g.producer(*xr, q, "Reciprocal"))) {
+              sq = g.producer(*r, 0, "Sqrt");
+              if (!sq || !float_node(*sq) || !rm.removable(*sq, 1)) continue;
+            }
+            tfc::NodeDef* a = r ? g.producer(sq ? *sq : *r, 0, "AddV2") : nullptr;
             if (!a || !rm.removable(*r, 1) || !rm.removable(*a, 1)) continue;
             if (!widened_input(g, *xr, 1 - q, t, &xcast, &x)) continue;
             const std::string xf = xr->input(1 - q);
@@ -1534,10 +1577,15 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
                 continue;
               // gamma is a variable's value (the layer's scale; the kernel checks it is [H])
               const tfc::NodeDef* gv = g.node(parse_input(gamma).node);
-              if (!gv || gv->op() != "ReadVariableOp") continue;
+              if (!gv || (gv != one_plus && gv->op() != "ReadVariableOp")) continue;
               // xf (a Cast) is read by p and xr only
               if (xcast && !rm.removable(*xcast, 2)) continue;
               std::vector<tfc::NodeDef*> gone = {p, m, a, r, xr};
+              if (sq) gone.push_back(sq);
+              if (gv == one_plus && t != tfc::DT_FLOAT)  // 1 + s (f32) rounded to T once
+                gamma = add_node(graph, last.name() + "/npusim_gamma", "Cast", last.device(),
+                                 {gamma}, cast_attrs(tfc::DT_FLOAT, t))
+                            ->name();
               if (y != &last) gone.push_back(y);
               if (xcast) gone.push_back(xcast);
               if (gcast && rm.removable(*gcast, 1)) gone.push_back(gcast);
@@ -1583,6 +1631,16 @@ bool same_static_shape(GraphView& g, const std::string& a, const std::string& b)
   return true;
 }
 
+// Node i if it is an unclaimed `op` on the NPU of a float type T (*t = T): where rewrites 8 and
+// 10 start matching.
+tfc::NodeDef* float_anchor(GraphView& g, const Removal& rm, int i, const char* op,
+                           std::optional<tfc::DataType>* t) {
+  tfc::NodeDef& n = *g.at(i);
+  *t = type_attr(n);
+  if (n.op() != op || !on_npu(n) || !*t || !float_type(**t) || rm.claimed(n.name())) return nullptr;
+  return &n;
+}
+
 // Rewrite 8, SwiGlu (Llama's feed-forward: silu of the gate in f32, times the up projection):
 //   [gf = Cast(gate: T -> f32)]  s = Sigmoid(gf)  h = Mul(gf, s)  [hc = Cast(h: f32 -> T)]
 //   out = Mul(up, hc or h)        (operands of either Mul in either order)
@@ -1592,10 +1650,10 @@ int fuse_swiglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pr
   Removal rm(g, preserve);
   int fused = 0;
   for (int i = 0; i < g.size(); ++i) {
-    tfc::NodeDef& out = *g.at(i);
-    const std::optional<tfc::DataType> t = type_attr(out);
-    if (out.op() != "Mul" || !on_npu(out) || !t || !float_type(*t) || rm.claimed(out.name()))
-      continue;
+    std::optional<tfc::DataType> t;
+    tfc::NodeDef* anchor = float_anchor(g, rm, i, "Mul", &t);
+    if (!anchor) continue;
+    tfc::NodeDef& out = *anchor;
     for (int o = 0; o < 2; ++o) {
       tfc::NodeDef* hc = nullptr;
       tfc::NodeDef* h = nullptr;
@@ -1819,27 +1877,6 @@ bool fp32_attention_allowed() {
   return s.precision != compiler::PrecisionMode::kKeepFp32;
 }
 
-// A new node `name` on `device` (appended to the graph).
-tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
-                       const std::string& device, const std::vector<std::string>& inputs,
-                       const std::map<std::string, tfc::AttrValue>& attrs) {
-  tfc::NodeDef* n = graph.add_node();
-  n->set_name(name);
-  n->set_op(op);
-  n->set_device(device);
-  for (const std::string& in : inputs) n->add_input(in);
-  for (const auto& [k, v] : attrs) (*n->mutable_attr())[k] = v;
-  return n;
-}
-
-std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataType to) {
-  std::map<std::string, tfc::AttrValue> a;
-  a["SrcT"] = type_value(from);
-  a["DstT"] = type_value(to);
-  a["Truncate"].set_b(false);
-  return a;
-}
-
 // Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
 // einsum lowers it), T the compute type, q [B, Sq, N, D], k and v [B, L, Nkv, D]:
 //   s = BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(repeat(k), [0,2,3,1]))
@@ -1999,6 +2036,164 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
   return fused;
 }
 
+// The static shape of tensor `in` ("node" or "node:0") where the ops producing it fix it:
+// the shape TensorFlow recorded (_output_shapes: function arguments), a Const's shape, a Reshape
+// to a constant shape, ExpandDims by a constant axis, and through the shape-keeping unary ops
+// (Cast, Cos, Sin, Neg, Identity). Empty when unknown; one dimension of unknown size (a
+// Reshape's -1, which its input's size fixes, or a recorded one) is -1.
+std::vector<int64_t> static_shape(GraphView& g, const std::string& in, int depth = 0) {
+  const InputRef r = parse_input(in);
+  const tfc::NodeDef* n = r.control || r.port != 0 || depth > 16 ? nullptr : g.node(r.node);
+  if (!n) return {};
+  auto recorded = n->attr().find("_output_shapes");  // what TensorFlow recorded, if it did
+  if (recorded != n->attr().end() && r.port < recorded->second.list().shape_size()) {
+    const tfc::TensorShapeProto& s = recorded->second.list().shape(r.port);
+    std::vector<int64_t> dims;
+    for (const auto& d : s.dim()) dims.push_back(d.size() < 0 ? -1 : d.size());
+    if (!s.unknown_rank() && std::count(dims.begin(), dims.end(), -1) <= 1) return dims;
+  }
+  const std::string& op = n->op();
+  if (op == "Const") {
+    auto it = n->attr().find("value");
+    if (it == n->attr().end() || it->second.value_case() != tfc::AttrValue::kTensor) return {};
+    std::vector<int64_t> dims;
+    for (const auto& d : it->second.tensor().tensor_shape().dim()) dims.push_back(d.size());
+    return dims;
+  }
+  if (op == "Reshape") {
+    std::optional<std::vector<int64_t>> dims = input_ints(g, *n, 1);
+    if (!dims || std::count(dims->begin(), dims->end(), -1) > 1) return {};
+    for (int64_t d : *dims)
+      if (d < -1) return {};
+    return *dims;
+  }
+  if (op == "ExpandDims") {
+    std::vector<int64_t> dims = static_shape(g, n->input(0), depth + 1);
+    std::optional<std::vector<int64_t>> axis = input_ints(g, *n, 1);
+    if (dims.empty() || !axis || axis->size() != 1) return {};
+    int64_t a = (*axis)[0];
+    if (a < 0) a += static_cast<int64_t>(dims.size()) + 1;
+    if (a < 0 || a > static_cast<int64_t>(dims.size())) return {};
+    dims.insert(dims.begin() + a, 1);
+    return dims;
+  }
+  if (op == "Cast" || op == "Cos" || op == "Sin" || op == "Neg" || op == "Identity")
+    return static_shape(g, n->input(0), depth + 1);
+  return {};
+}
+
+// Rewrite 10, RotaryPositionEmbedding (keras-hub's RotaryEmbedding._apply_rotary_pos_emb, which
+// Llama's and Gemma's attention apply to the queries and the keys), every node of type T:
+//   x1, x2 = Split(-1, x; num_split 2)   h = Pack(Neg(x2), x1; axis -2)   r = Reshape(h, [B,S,N,D])
+//   out = AddV2(Mul(x, cos), Mul(r, sin))     (operands of AddV2 and the Muls in either order)
+// -> RotaryPositionEmbedding(x, cos, sin; mode 0) in place of out, where x's static shape is the
+// Reshape's [B, S, N, D] (D a multiple of 16, as the kernel takes it) and cos and sin are
+// [1, S, 1, D] (keras-hub's tables) or [S, D] by static_shape(). Removed: the Split, Neg, Pack,
+// Reshape and both Muls (each read only inside). The fused nodes' cos and sin inputs are added
+// to *tables (for dedup_rope_tables).
+int fuse_ropes(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+               std::set<std::string>* removed, std::vector<std::string>* tables) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    std::optional<tfc::DataType> t;
+    tfc::NodeDef* anchor = float_anchor(g, rm, i, "AddV2", &t);
+    if (!anchor) continue;
+    tfc::NodeDef& out = *anchor;
+    for (int o = 0; o < 2; ++o) {
+      tfc::NodeDef* mc = g.producer(out, o, "Mul");
+      tfc::NodeDef* ms = g.producer(out, 1 - o, "Mul");
+      if (!mc || !ms || mc == ms || !rm.removable(*mc, 1) || !rm.removable(*ms, 1) ||
+          type_attr(*mc) != t || type_attr(*ms) != t)
+        continue;
+      bool done = false;
+      for (int q = 0; q < 2 && !done; ++q) {
+        tfc::NodeDef* r = g.producer(*ms, q, "Reshape");
+        if (!r || !on_npu(*r) || !rm.removable(*r, 1) || type_attr(*r) != t) continue;
+        tfc::NodeDef* h = g.producer(*r, 0, "Pack");
+        if (!h || !on_npu(*h) || !rm.removable(*h, 1) || type_attr(*h) != t ||
+            h->input_size() != 2)  // (no control inputs: removable)
+          continue;
+        auto axis = h->attr().find("axis");
+        tfc::NodeDef* neg = g.producer(*h, 0, "Neg");
+        const InputRef x1 = parse_input(h->input(1));
+        if (axis == h->attr().end() || (axis->second.i() != -2 && axis->second.i() != 3) || !neg ||
+            !on_npu(*neg) || !rm.removable(*neg, 1) || type_attr(*neg) != t || x1.control ||
+            x1.port != 0)
+          continue;
+        const InputRef x2 = parse_input(neg->input(0));
+        tfc::NodeDef* split = g.node(x1.node);
+        if (x2.control || x2.port != 1 || x2.node != x1.node || !split || split->op() != "Split" ||
+            !on_npu(*split) || !rm.removable(*split, 2) || type_attr(*split) != t)
+          continue;
+        auto ns = split->attr().find("num_split");
+        std::optional<std::vector<int64_t>> split_dim = input_ints(g, *split, 0);
+        if (ns == split->attr().end() || ns->second.i() != 2 || !split_dim ||
+            (*split_dim != std::vector<int64_t>{-1} && *split_dim != std::vector<int64_t>{3}))
+          continue;
+        // x: the Split's value, also the cos product's other operand
+        const std::string x = split->input(1);
+        std::optional<std::string> cos = other_operand(*mc, x);
+        std::optional<std::string> sin = other_operand(*ms, r->name());
+        if (!cos || !sin) continue;
+        // r's shape is x's: where x's static shape leaves a dimension to its size (-1), the
+        // Reshape of x's elements fixes it
+        const std::vector<int64_t> shape = static_shape(g, r->name()), xs = static_shape(g, x);
+        bool same = shape.size() == 4 && xs.size() == 4 && shape[3] % 16 == 0;
+        for (size_t d = 0; same && d < 4; ++d)
+          same = shape[d] >= 1 && (xs[d] == shape[d] || xs[d] == -1);
+        if (!same) continue;
+        const std::vector<int64_t> bsnd = {1, shape[1], 1, shape[3]}, flat = {shape[1], shape[3]};
+        const std::vector<int64_t> cs = static_shape(g, *cos);
+        if ((cs != bsnd && cs != flat) || static_shape(g, *sin) != cs) continue;
+        for (tfc::NodeDef* n : {mc, ms, r, h, neg, split}) rm.remove(n->name());
+        std::map<std::string, tfc::AttrValue> attrs;
+        attrs["T"] = type_value(*t);
+        attrs["mode"].set_i(0);
+        tables->push_back(*cos);
+        tables->push_back(*sin);
+        rewrite_as(out, "RotaryPositionEmbedding", {x, *cos, *sin}, attrs);
+        rm.claim(out.name());
+        ++fused;
+        done = true;
+      }
+      if (done) break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// The rotary tables once per graph: keras-hub computes cos and sin in every RotaryEmbedding
+// call (the queries' and the keys' of every layer: positions from the start index, Einsum with
+// the inverse frequencies, Pack, Reshape, ExpandDims, Cos / Sin, Cast), each the same function
+// of the same inputs. The nodes producing the fused ops' cos and sin inputs (`tables`), and their
+// producers back through the ops below, are deduplicated as rewrite 6 does pure nodes (same op,
+// device, attributes and inputs: the same tensor), so every layer reads one pair of tables.
+// Returns the duplicates removed or no longer read.
+int dedup_rope_tables(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                      std::set<std::string>* removed, const std::vector<std::string>& tables) {
+  static const std::set<std::string> kTableOps = {
+      "AddV2", "BroadcastTo", "Cast", "Const", "Cos", "Einsum", "ExpandDims", "Identity", "Mul",
+      "Pack", "Range", "RealDiv", "Reshape", "Sin", "Sub"};
+  GraphView g(graph);
+  std::unordered_set<std::string> nodes;
+  std::vector<std::string> todo;
+  for (const std::string& t : tables) todo.push_back(parse_input(t).node);
+  while (!todo.empty()) {
+    const std::string name = todo.back();
+    todo.pop_back();
+    const tfc::NodeDef* n = g.node(name);
+    if (!n || !kTableOps.count(n->op()) || !nodes.insert(name).second) continue;
+    for (const std::string& in : n->input())
+      if (!parse_input(in).control) todo.push_back(parse_input(in).node);
+  }
+  if (nodes.empty()) return 0;
+  return dedup_pure_nodes(graph, preserve, removed,
+                          [&](const tfc::NodeDef& n) { return nodes.count(n.name()) > 0; });
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -2060,6 +2255,11 @@ bool attention_fusion_requested() {
   return on;
 }
 
+bool rope_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_ROPE");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -2076,6 +2276,15 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     if (attention_fusion_requested()) counts.attention = fuse_attentions(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
+    if (rope_fusion_requested()) {
+      std::vector<std::string> tables;
+      counts.rope = fuse_ropes(graph, preserve, &removed, &tables);
+      erase_nodes(graph, removed);
+      removed.clear();
+      counts.rope_tables = dedup_rope_tables(graph, preserve, &removed, tables);
+      erase_nodes(graph, removed);
+      removed.clear();
+    }
   }
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);

@@ -88,9 +88,11 @@
 //      subgraphs onto CANN's fused ops (kernels_llm.cpp), T the model's compute type (float,
 //      half, bfloat16); where T is half / bfloat16 keras-hub casts to f32 around them (the
 //      optional Casts below), and the fused op takes T and computes in f32.
-//   7. RmsNorm (LlamaLayerNorm): [xf = Cast(x: T -> f32)] Mul(Mul(xf, Rsqrt(AddV2(Mean(Pow(xf,
-//      2.0) or Square(xf), axis -1, keep_dims), eps))), gamma) [-> Cast to T], gamma a
-//      ReadVariableOp [through a Cast T -> f32] -> RmsNorm(x, gamma; epsilon).
+//   7. RmsNorm (LlamaLayerNorm, Gemma's RMSNormalization): [xf = Cast(x: T -> f32)] Mul(Mul(xf,
+//      Rsqrt(a) or Reciprocal(Sqrt(a))), gamma) [-> Cast to T], a = AddV2(Mean(Pow(xf, 2.0) or
+//      Square(xf), axis -1, keep_dims), eps), gamma a ReadVariableOp [through a Cast T -> f32]
+//      or Gemma's AddV2(1.0, that) (kept; cast to T where T is not f32) -> RmsNorm(x, gamma;
+//      epsilon).
 //      NPUSIM_FUSION_RMS_NORM=0 turns it alone off.
 //   8. SwiGlu (Llama's feed-forward): Mul(up, [Cast to T](Mul(gf, Sigmoid(gf)))), gf = gate
 //      [through a Cast T -> f32], gate and up Reshapes to one constant shape (Dense outputs) ->
@@ -114,6 +116,16 @@
 //      the fused op is "<name>/npusim_attention" and the matched node becomes its Cast back.
 //      The mask's nodes go where nothing else reads them. NPUSIM_FUSION_ATTENTION=0 turns it
 //      alone off.
+//   10. RotaryPositionEmbedding (keras-hub's RotaryEmbedding: Llama's and Gemma's queries and
+//      keys), run after 9, all of one type T:
+//        x1, x2 = Split(-1, x; 2)   r = Reshape(Pack(Neg(x2), x1; axis -2), x's shape)
+//        AddV2(Mul(x, cos), Mul(r, sin))  ->  RotaryPositionEmbedding(x, cos, sin; mode 0)
+//      x [B, S, N, D] (static: the Reshape's constant shape, D a multiple of 16), cos and sin
+//      [1, S, 1, D] or [S, D] (static through Const, Reshape, ExpandDims and the unary ops).
+//      Then the fused ops' cos / sin tables (keras-hub computes them in every call: per layer,
+//      for the queries and for the keys) are deduplicated back through their producers (Cast,
+//      Einsum, Pack, Reshape, ExpandDims, Cos, Sin, ...; same op, attributes and inputs), so a
+//      graph computes each table once. NPUSIM_FUSION_ROPE=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -153,9 +165,11 @@ struct FusionCounts {
   int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
   int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
   int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
+  int rope = 0;                 // RotaryPositionEmbedding nodes created (rewrite 10)
+  int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated + rms_norm + swiglu + attention;
+           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables;
   }
 };
 
@@ -170,6 +184,8 @@ bool variable_update_fusion_requested();
 bool rms_norm_fusion_requested();
 bool swiglu_fusion_requested();
 bool attention_fusion_requested();
+// False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
+bool rope_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
