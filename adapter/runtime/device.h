@@ -26,8 +26,9 @@
 // do not overlap on the chip (concurrent kernels are not modelled yet) and the timeline does not
 // advance while the device is idle. Host<->device copies are timed by the simulator's HDC link.
 // On a system every chip has its own timeline (driver.h): an operation starts at the later of
-// its chip's timeline and what its stream waited for (events of any chip), a peer copy holds both
-// chips, a collective every rank's chip; records, events and device_time_cycles are the chip's.
+// its chip's timeline and what its stream waited for (events of any chip), a peer copy is its
+// source chip's operation, a collective holds every rank's chip; records, events and
+// device_time_cycles are the chip's.
 #pragma once
 
 #include <cstdint>

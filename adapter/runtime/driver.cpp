@@ -259,9 +259,14 @@ Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* read
     return Status(StatusCode::failed_precondition,
                   "memcpy_peer: the device is a single chip, not a chip of a system");
   if (op.bytes == 0) return Status();
-  // Both chips take part: it starts when both are free and holds both timelines until its end.
+  // Queued on the source chip's stream: it starts when that stream and chip are free and holds
+  // the source chip's timeline. The destination chip computes on meanwhile (the copy is the
+  // source's DMA): its work that reads the bytes waits for an event recorded after the copy, as
+  // TensorFlow orders it. (Holding the destination too chained the replicas of a
+  // MirroredStrategy step: chip k-1 -> chip 0 moved chip 0 past chip k-1's compute, and chip
+  // 0 -> chip k, which chip k's graph waited for, came after it.)
   PeerCopyResult r;
-  const Placement p = place({op.chip, op.dst_chip}, *ready, 0, 0, [&] {
+  const Placement p = place({op.chip}, *ready, 0, 0, [&] {
     r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
   });
   record_copy(stream, op, p.at(r.start_cycle), r.cycles);

@@ -20,8 +20,9 @@
 // time (the end of the stream's previous operation, raised by the records it waited for), plus
 // the host dispatch of a labelled launch; it lasts what the simulation's clock advanced while it
 // ran (or the runtime's own model, for d2d copies and memsets) and moves chip c's timeline to its
-// end. A peer copy starts at the later of both chips' timelines and moves both; a collective at
-// the latest of every rank's chip and stream and moves all of them. The chips share nothing but
+// end. A peer copy is the source chip's operation (the destination's readers wait for an
+// event recorded after it); a collective starts at the latest of every rank's chip and stream
+// and moves all of them. The chips share nothing but
 // the links, so placing each operation, simulated alone, on its chip's timeline is exact for
 // kernels and host copies. With one chip the timeline is the simulator's clock plus the time the
 // runtime models itself, as before timelines existed.

@@ -339,19 +339,31 @@ TEST_CASE("each chip has its own device timeline: kernels of two chips overlap")
   REQUIRE(!coll.step_records.empty());
   CHECK(coll.step_records.front().start_cycle == coll.start_cycle);  // steps on the timeline
 
-  // A peer copy starts when both chips are free and holds both until it ends.
-  kernel_on(0);  // chip 0 now ends after chip 1
-  REQUIRE(dev0.synchronize_stream(s[0]).ok());
-  const uint64_t busy0 = timeline(0);
-  CHECK(busy0 > timeline(1));
+  // A peer copy is its source chip's operation: queued on chip 1 (busier than chip 0), it starts
+  // where chip 1 is free and leaves chip 0's timeline alone; chip 0's kernel that reads the
+  // bytes waits for an event recorded after the copy.
+  kernel_on(1);
+  kernel_on(1);
+  REQUIRE(dev1.synchronize_stream(s[1]).ok());
+  const uint64_t free0 = timeline(0), free1 = timeline(1);
+  CHECK(free1 > free0);
   dev0.clear_launch_records();
-  REQUIRE(dev1.memcpy_peer_async(s[1], dev0, b[0].z, b[1].z, bytes).ok());
+  REQUIRE(dev1.memcpy_peer_async(s[1], dev0, b[0].x, b[1].z, bytes).ok());
+  rt::Event copied;
+  REQUIRE(dev1.create_event(&copied).ok());
+  REQUIRE(dev1.record_event(copied, s[1]).ok());
   REQUIRE(dev1.synchronize_stream(s[1]).ok());
   const auto copies = dev1.copy_records();
   REQUIRE(copies.size() == 1);
-  CHECK(copies[0].start_cycle >= busy0);
-  CHECK(timeline(0) == timeline(1));
-  CHECK(timeline(1) + 1 >= copies[0].start_cycle + copies[0].cycles);  // cycles: rounded up
+  CHECK(copies[0].start_cycle == free1);
+  CHECK(timeline(0) == free0);  // the destination chip did not wait for the copy
+  const uint64_t copy_end = timeline(1);
+  CHECK(copy_end + 1 >= copies[0].start_cycle + copies[0].cycles);  // cycles: rounded up
+  REQUIRE(dev0.stream_wait_event(s[0], copied).ok());
+  kernel_on(0);
+  REQUIRE(dev0.synchronize_stream(s[0]).ok());
+  CHECK(dev0.launch_records().back().start_cycle - copy_end <= 1);
+  CHECK(dev0.destroy_event(copied).ok());
 
   // Event times are on the chips' timelines: chip 1's record lies after chip 0's start.
   double us = 0;
@@ -360,6 +372,7 @@ TEST_CASE("each chip has its own device timeline: kernels of two chips overlap")
   REQUIRE(dev0.record_event(start0, s[0]).ok());
   REQUIRE(dev0.synchronize_stream(s[0]).ok());
   kernel_on(1);
+  kernel_on(1);  // chip 1 ends after chip 0
   REQUIRE(dev1.record_event(chip1_done, s[1]).ok());
   REQUIRE(dev1.synchronize_stream(s[1]).ok());
   REQUIRE(dev0.event_elapsed_us(start0, chip1_done, &us).ok());
