@@ -578,7 +578,7 @@ Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");
   return guard("device_time_cycles", [&] {
     return m_driver->run_task([&] {
-      *cycles = m_driver->device_cycles();
+      *cycles = m_driver->device_cycles(m_chip);
       return Status();
     });
   });

@@ -22,9 +22,13 @@
 // write): cycles = ceil(hbm_latency_cycles + k * bytes / hbm_bytes_per_cycle), k = 2 for d2d,
 // 1 for memset; and the host dispatch of labelled launches (LaunchLabel::host_dispatch, the chip's
 // host.op_dispatch_us or host.graph_dispatch_us), during which the device idles before the
-// launch. Operations run one after another, so kernels of different streams
+// launch. Operations of one chip run one after another, so kernels of different streams
 // do not overlap on the chip (concurrent kernels are not modelled yet) and the timeline does not
 // advance while the device is idle. Host<->device copies are timed by the simulator's HDC link.
+// On a system every chip has its own timeline (driver.h): an operation starts at the later of
+// its chip's timeline and what its stream waited for (events of any chip), a peer copy is its
+// source chip's operation, a collective holds every rank's chip; records, events and
+// device_time_cycles are the chip's.
 #pragma once
 
 #include <cstdint>
@@ -82,8 +86,8 @@ class Device {
   // device, or any open after they were destroyed) is failed_precondition naming both. The
   // SystemSimulator has no launch replay, observers or trace (add_observer and trace are
   // unsupported; SimOptions::launch_log is not written). Memory, streams and events are per
-  // chip; operations of all chips run one at a time on one simulated clock (device_time_cycles
-  // is the system's).
+  // chip; each chip has its own device timeline (device_time_cycles is this chip's), so work
+  // of different chips overlaps in simulated time (see "Simulated time" above).
   static Status open_system(const SystemConfig& cfg, const SimOptions& sim_opts,
                             const RuntimeOptions& rt_opts,
                             std::vector<std::shared_ptr<Device>>* out);

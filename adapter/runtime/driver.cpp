@@ -89,6 +89,7 @@ Driver::Driver(const SystemConfig& cfg, const SimOptions& opts, bool record_laun
 
 void Driver::start(std::function<void()> build, const std::string& what) {
   m_launch_count.assign(static_cast<size_t>(m_chips), 0);
+  m_timeline.assign(static_cast<size_t>(m_chips), 0);
   m_streams[0];  // the internal stream of synchronous operations
   m_thread = std::thread([this, build = std::move(build), what] { thread_main(build, what); });
   std::unique_lock<std::mutex> lock(m_mutex);
@@ -160,11 +161,12 @@ void Driver::loop() {
       s->queue.pop_front();
       s->executing = true;
       m_last_served = id;
+      uint64_t ready = id == 0 ? 0 : s->ready_cycle;
       lock.unlock();
       uint64_t event_cycle = 0;
-      Status st = execute(id, op, &event_cycle);
+      Status st = execute(id, op, &ready, &event_cycle);
       lock.lock();
-      finish_locked(id, *s, op, std::move(st), event_cycle);  // map nodes are stable
+      finish_locked(id, *s, op, std::move(st), ready, event_cycle);  // map nodes are stable
       m_done.notify_all();
       continue;
     }
@@ -211,8 +213,30 @@ bool Driver::collective_ready_locked(const DeviceOp& op) const {
   return true;
 }
 
-uint64_t Driver::device_cycles() const {
-  return (m_sys ? m_sys->now_cycles() : m_sim->now_cycles()) + m_extra_cycles;
+uint64_t Driver::device_cycles(int chip) const { return m_timeline.at(static_cast<size_t>(chip)); }
+
+uint64_t Driver::sim_cycles() const { return m_sys ? m_sys->now_cycles() : m_sim->now_cycles(); }
+
+Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
+                                uint64_t modelled, const std::function<void()>& run) {
+  Placement p;
+  p.start = ready;
+  for (int c : chips) p.start = std::max(p.start, m_timeline.at(static_cast<size_t>(c)));
+  p.start += idle;
+  p.sim_start = sim_cycles();
+  // The chips' timelines move to the op's end even if it throws (the simulation may have moved).
+  struct MoveTimelines {
+    Driver& d;
+    const std::vector<int>& chips;
+    const Placement& p;
+    uint64_t modelled;
+    ~MoveTimelines() {
+      const uint64_t end = p.at(d.sim_cycles()) + modelled;
+      for (int c : chips) d.m_timeline[static_cast<size_t>(c)] = end;
+    }
+  } move{*this, chips, p, modelled};
+  run();
+  return p;
 }
 
 DeviceMemory& Driver::gm(int chip) { return m_sys ? m_sys->gm(chip) : m_sim->gm(); }
@@ -230,13 +254,23 @@ HdcResult Driver::hdc_copy(const DeviceOp& op) {
                : m_sim->copy_device_to_host(op.host_dst, op.src, op.bytes);
 }
 
-Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op) {
+Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
   if (!m_sys)
     return Status(StatusCode::failed_precondition,
                   "memcpy_peer: the device is a single chip, not a chip of a system");
   if (op.bytes == 0) return Status();
-  PeerCopyResult r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
-  record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
+  // Queued on the source chip's stream: it starts when that stream and chip are free and holds
+  // the source chip's timeline. The destination chip computes on meanwhile (the copy is the
+  // source's DMA): its work that reads the bytes waits for an event recorded after the copy, as
+  // TensorFlow orders it. (Holding the destination too chained the replicas of a
+  // MirroredStrategy step: chip k-1 -> chip 0 moved chip 0 past chip k-1's compute, and chip
+  // 0 -> chip k, which chip k's graph waited for, came after it.)
+  PeerCopyResult r;
+  const Placement p = place({op.chip}, *ready, 0, 0, [&] {
+    r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
+  });
+  record_copy(stream, op, p.at(r.start_cycle), r.cycles);
+  *ready = device_cycles(op.chip);
   return Status();
 }
 
@@ -259,14 +293,24 @@ std::vector<CollectiveRecord::Link> link_use(const Fabric& fabric,
 }
 }  // namespace
 
-Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op) {
+Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
   CollectiveGroup& g = *op.group;
+  // Every rank's part is at the head of its stream (collective_ready_locked): the collective
+  // starts once every rank's chip and stream are ready.
+  uint64_t ranks_ready = *ready;
   {
     std::lock_guard<std::mutex> lock(m_mutex);
-    if (g.ran || !g.status.ok()) return g.stream_errors ? g.status : Status();
+    if (g.ran || !g.status.ok()) {
+      *ready = std::max(*ready, g.end_cycle);
+      return g.stream_errors ? g.status : Status();
+    }
+    for (uint64_t id : g.streams)
+      if (auto it = m_streams.find(id); it != m_streams.end() && id != 0)
+        ranks_ready = std::max(ranks_ready, it->second.ready_cycle);
   }
   Status st;
   CollectiveResult r;
+  Placement p;
   if (!m_sys) {
     st = Status(StatusCode::failed_precondition,
                 "collective: the device is a single chip, not a chip of a system");
@@ -274,13 +318,14 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op) {
     const std::string where = fmt::format("stream {}: {}", stream, op.describe());
     st = guard(where, [&] {
       try {
-        r = run_collective(*m_sys, g.call);
+        p = place(g.call.chips, ranks_ready, 0, 0, [&] { r = run_collective(*m_sys, g.call); });
       } catch (const Error& e) {  // a malformed call (e.g. ranks of different counts)
         return Status(StatusCode::invalid_argument, where + ": " + e.what());
       }
       return Status();
     });
   }
+  const uint64_t end = m_sys && st.ok() ? device_cycles(op.chip) : *ready;
   if (st.ok() && m_record_launches) {
     CollectiveRecord rec;
     rec.collective = collective_name(g.call.kind);
@@ -293,8 +338,9 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op) {
     rec.bytes = collective_send_bytes(g.call);
     rec.link_bytes = r.link_bytes;
     rec.chips = g.call.chips;
-    rec.start_cycle = r.start_cycle + m_extra_cycles;
+    rec.start_cycle = p.at(r.start_cycle);
     rec.end_cycle = rec.start_cycle + r.cycles;
+    for (CollectiveStep& step : r.step_records) step.start_cycle = p.at(step.start_cycle);
     rec.steps = r.steps;
     rec.inline_reduce = r.inline_reduce;
     rec.recv_bytes = collective_recv_bytes(g.call);
@@ -307,10 +353,12 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op) {
   std::lock_guard<std::mutex> lock(m_mutex);
   g.ran = true;
   g.status = st;
+  g.end_cycle = end;
+  *ready = end;
   return g.stream_errors ? st : Status();
 }
 
-Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
+Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t* event_cycle) {
   const std::string where = stream == 0 ? "synchronous " + op.describe()
                                          : fmt::format("stream {}: {}", stream, op.describe());
   return guard(where, [&]() -> Status {
@@ -319,36 +367,46 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle) {
       case OpKind::memcpy_h2d:
       case OpKind::memcpy_d2h:
         if (op.bytes) {
-          HdcResult r = hdc_copy(op);
-          record_copy(stream, op, r.start_cycle + m_extra_cycles, r.cycles);
+          HdcResult r;
+          const Placement p = place({op.chip}, *ready, 0, 0, [&] { r = hdc_copy(op); });
+          record_copy(stream, op, p.at(r.start_cycle), r.cycles);
+          *ready = device_cycles(op.chip);
         }
         return Status();
       case OpKind::memcpy_peer:
-        return run_peer_copy(stream, op);
+        return run_peer_copy(stream, op, ready);
       case OpKind::collective:
-        return run_collective_part(stream, op);
+        return run_collective_part(stream, op, ready);
       case OpKind::memcpy_d2d:
         if (op.bytes && op.dst != op.src) {
           if (m_functional) move_within_gm(gm, op.dst, op.src, op.bytes);
           else copy_timing_only(gm, op.dst, op.src, op.bytes);
         }
-        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, 2 * op.bytes));  // read+write
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, 2 * op.bytes),  // read+write
+                          ready);
         return Status();
       case OpKind::memset8:  // the host's bytes: kept in timing-only runs too
         if (op.bytes) gm.fill(op.dst, static_cast<uint8_t>(op.pattern), op.bytes);
-        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes), ready);
         return Status();
       case OpKind::memset32:
         if (op.bytes) fill32_gm(gm, op.dst, op.pattern, op.bytes);
-        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes));
+        add_modelled_time(stream, op, hbm_transfer_cycles(*m_cfg, op.bytes), ready);
         return Status();
       case OpKind::launch:
-        return op.derived.state ? run_derived_launch(stream, op) : run_launch(stream, op);
+        return op.derived.state ? run_derived_launch(stream, op, ready)
+                                : run_launch(stream, op, ready);
       case OpKind::record_event:
-        *event_cycle = device_cycles();
+        // Complete once its stream's earlier ops have run, on its chip's timeline.
+        *event_cycle = std::max(device_cycles(op.chip), *ready);
         return Status();
-      case OpKind::wait_event:
-        return Status();  // its readiness was the whole effect
+      case OpKind::wait_event: {
+        // Its stream's next op starts no earlier than the record it waited for (of any chip).
+        std::lock_guard<std::mutex> lock(m_mutex);
+        if (auto e = m_events.find(op.event); e != m_events.end())
+          *ready = std::max(*ready, e->second.cycle);
+        return Status();
+      }
       case OpKind::host_callback: {
         Status st = op.callback ? op.callback() : Status();
         if (!st.ok()) return Status(st.code(), where + ": " + st.message());
@@ -374,22 +432,26 @@ void Driver::record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cyc
   m_copy_records.push_back(rec);
 }
 
-void Driver::add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles) {
-  record_copy(stream, op, device_cycles(), cycles);
-  m_extra_cycles += cycles;
+void Driver::add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles,
+                               uint64_t* ready) {
+  const Placement p = place({op.chip}, *ready, 0, cycles, [] {});
+  record_copy(stream, op, p.start, cycles);
+  *ready = device_cycles(op.chip);
 }
 
-Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
+Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
   KernelLaunch launch;
   launch.program = op.program.get();
   launch.args = op.args;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
+  // The device idles while the host dispatches the op.
   const uint64_t host_dispatch = take_host_dispatch(op);
-  m_extra_cycles += host_dispatch;  // the device idles while the host dispatches the op
-  const uint64_t extra = m_extra_cycles;
   const auto wall_start = std::chrono::steady_clock::now();
-  KernelResult r = run_on_chip(op.chip, launch);
+  KernelResult r;
+  const Placement p =
+      place({op.chip}, *ready, host_dispatch, 0, [&] { r = run_on_chip(op.chip, launch); });
+  *ready = device_cycles(op.chip);
   const double wall_us = std::chrono::duration<double, std::micro>(
       std::chrono::steady_clock::now() - wall_start).count();
   const uint64_t index = m_launch_count.at(static_cast<size_t>(op.chip))++;
@@ -401,7 +463,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op) {
     rec.kernel = name;
     rec.stream = stream;
     rec.block_dim = op.block_dim;
-    rec.start_cycle = r.start_cycle + extra;
+    rec.start_cycle = p.at(r.start_cycle);
     rec.cycles = r.cycles;
     rec.time_us = r.time_us;
     rec.wall_us = wall_us;
@@ -446,7 +508,7 @@ uint64_t Driver::take_host_dispatch(const DeviceOp& op) {
                                  : m_cfg->host_op_dispatch_us);
 }
 
-Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
+Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
   DerivedState& state = *op.derived.state;
   DeviceMemory& gm = this->gm(op.chip);
   uint64_t written = gm.last_write_epoch(op.derived.addr, op.derived.bytes);
@@ -464,7 +526,7 @@ Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
   state.valid.store(false);
   // Writes from here on (this launch's own included) stamp epochs above `seen`.
   const uint64_t seen = gm.advance_write_epoch();
-  Status st = run_launch(stream, op);
+  Status st = run_launch(stream, op, ready);
   if (st.ok()) {
     state.epoch.store(seen);
     state.valid.store(true);
@@ -473,9 +535,10 @@ Status Driver::run_derived_launch(uint64_t stream, const DeviceOp& op) {
 }
 
 void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
-                           uint64_t event_cycle) {
+                           uint64_t ready, uint64_t event_cycle) {
   s.executing = false;
   s.completed++;
+  if (stream_id != 0) s.ready_cycle = ready;
   if (op.kind == OpKind::record_event) {
     auto e = m_events.find(op.event);
     if (e != m_events.end()) {

@@ -1,9 +1,10 @@
 // The driver thread: the only thread that touches the Simulator, or the SystemSimulator of a
 // device opened on a system of chips (SystemC is single-threaded and elaborates once per
 // process). With a system, one driver serves the devices of all its chips: every stream belongs
-// to one chip, and operations of all chips run one at a time on the one simulation (so kernels
-// of different chips do not overlap in simulated time yet; copies between chips and collectives
-// move over the modelled links). Host threads hand it work through queues guarded by one mutex:
+// to one chip, and operations of all chips run one at a time on the one simulation; each chip
+// has its own device timeline (below), so kernels of different chips overlap in simulated time
+// (copies between chips and collectives move over the modelled links). Host threads hand it work
+// through queues guarded by one mutex:
 //   - tasks: short jobs on the simulator state (scrub freed memory, read counters), run at the
 //     next operation boundary, before any stream operation;
 //   - streams: in-order queues of DeviceOps. Among streams whose head operation is ready the
@@ -13,6 +14,18 @@
 //     queued, or a collective part whose group is not complete at the heads of its streams.
 // One operation runs at a time, to completion; a failed one sets its stream's error and the
 // driver carries on (later operations of that stream still run).
+//
+// Device timelines (docs/runtime.md, "Simulated time"): every chip has its own, in AI-core
+// cycles. An operation of chip c starts at the later of chip c's timeline and its stream's ready
+// time (the end of the stream's previous operation, raised by the records it waited for), plus
+// the host dispatch of a labelled launch; it lasts what the simulation's clock advanced while it
+// ran (or the runtime's own model, for d2d copies and memsets) and moves chip c's timeline to its
+// end. A peer copy is the source chip's operation (the destination's readers wait for an
+// event recorded after it); a collective starts at the latest of every rank's chip and stream
+// and moves all of them. The chips share nothing but
+// the links, so placing each operation, simulated alone, on its chip's timeline is exact for
+// kernels and host copies. With one chip the timeline is the simulator's clock plus the time the
+// runtime models itself, as before timelines existed.
 #pragma once
 
 #include <condition_variable>
@@ -90,8 +103,8 @@ class Driver {
   std::vector<CollectiveRecord> collective_records() const;
   void clear_launch_records();  // of every chip, and the copy and collective records
 
-  // Driver thread only: simulated time of the device timeline, AI-core cycles.
-  uint64_t device_cycles() const;
+  // Driver thread only: chip `chip`'s device timeline now, AI-core cycles.
+  uint64_t device_cycles(int chip = 0) const;
 
  private:
   struct StreamState {
@@ -100,13 +113,16 @@ class Driver {
     uint64_t submitted = 0, completed = 0;  // ops ever queued / finished
     bool executing = false;
     bool destroyed = false;
+    // Driver thread (set in finish_locked): when the stream's next op may start on its chip's
+    // timeline, AI-core cycles. Unused for the internal stream 0, whose ops belong to any chip.
+    uint64_t ready_cycle = 0;
     Status error;                   // first unreported failure
     uint64_t more_errors = 0;       // failures after it, before it was reported
   };
   struct EventState {
     uint64_t recorded = 0;   // records queued (generation of the latest)
     uint64_t completed = 0;  // generation of the latest record that ran
-    uint64_t cycle = 0;      // device_cycles() when that record ran
+    uint64_t cycle = 0;      // where that record ran on its chip's timeline
     bool destroyed = false;
   };
   struct Task {
@@ -123,25 +139,40 @@ class Driver {
   // A collective part is ready once every rank's part is queued and at the head of its stream
   // (or the group has run, or failed when a part was queued).
   bool collective_ready_locked(const DeviceOp& op) const;
-  // Runs op (driver thread, no lock held); *event_cycle receives the time of a record_event.
-  Status execute(uint64_t stream, DeviceOp& op, uint64_t* event_cycle);
-  Status run_launch(uint64_t stream, const DeviceOp& op);
+  // Runs op (driver thread, no lock held). *ready: in, when op's stream is ready on its chip's
+  // timeline (StreamState::ready_cycle); out, when the stream's next op may start (op's end).
+  // *event_cycle receives the time of a record_event.
+  Status execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t* event_cycle);
+  Status run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready);
+  // Where an op placed on the timelines ran: its start on them and the simulation's clock when
+  // it began, so that a cycle of the simulation's clock during the op maps onto the timeline.
+  struct Placement {
+    uint64_t start = 0, sim_start = 0;
+    uint64_t at(uint64_t sim_cycle) const { return start + (sim_cycle - sim_start); }
+  };
+  // Runs `run` (which advances the simulation's clock, or not) as an op of `chips`, whose
+  // streams are ready at `ready`, after `idle` cycles of host time: it starts at the latest of
+  // the chips' timelines and `ready`, plus idle, and every chip's timeline moves to its end (its
+  // start plus the simulation's advance plus `modelled`, the cycles the runtime models itself).
+  Placement place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
+                  uint64_t modelled, const std::function<void()>& run);
+  uint64_t sim_cycles() const;  // the simulation's clock
   // The chip model's host link and kernel runs, on the Simulator or on chip `chip` of the system.
   KernelResult run_on_chip(int chip, const KernelLaunch& launch);
   HdcResult hdc_copy(const DeviceOp& op);
-  Status run_peer_copy(uint64_t stream, const DeviceOp& op);
-  Status run_collective_part(uint64_t stream, const DeviceOp& op);
+  Status run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* ready);
+  Status run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t* ready);
   // The host dispatch `op` pays before it runs (LaunchLabel::host_dispatch), cycles: once per
   // dispatch value (among the latest kRecentDispatches); marks its dispatch value as paid.
   uint64_t take_host_dispatch(const DeviceOp& op);
   // A launch with a DerivedSource: left out or run (stream.h, DerivedState).
-  Status run_derived_launch(uint64_t stream, const DeviceOp& op);
+  Status run_derived_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready);
   // Keeps a CopyRecord of a copy or fill of `bytes` over [start_cycle, +cycles) (if recording).
   void record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cycle, uint64_t cycles);
-  // A d2d copy or fill the runtime times itself: records it and advances m_extra_cycles.
-  void add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles);
+  // A d2d copy or fill the runtime times itself: places it on its chip's timeline, records it.
+  void add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles, uint64_t* ready);
   void finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& op, Status st,
-                     uint64_t event_cycle);
+                     uint64_t ready, uint64_t event_cycle);
   Status find_stream_locked(Stream s, const char* what, StreamState** out);
   // Enters a collective part into its group (rank, chip, buffers, stream); a bad part also
   // fails the group, so the parts already queued complete with the error.
@@ -156,8 +187,8 @@ class Driver {
   int m_chips = 1;
   const ChipConfig* m_cfg = nullptr; // the simulator's copy (every chip's, with a system)
   bool m_functional = true;
-  uint64_t m_extra_cycles = 0;       // driver thread only: d2d/memset and host-dispatch time
-                                     // (see device.h)
+  // Driver thread only: every chip's device timeline, AI-core cycles (see above).
+  std::vector<uint64_t> m_timeline;
   // Driver thread only: the latest LaunchLabel::dispatch values that paid their host dispatch
   // (launches of ops on several streams may interleave).
   static constexpr size_t kRecentDispatches = 64;

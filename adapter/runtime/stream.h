@@ -202,6 +202,7 @@ struct CollectiveGroup {
   std::vector<uint64_t> streams;  // Stream::id of each rank's part
   int joined_count = 0;
   bool ran = false;  // driver thread: the collective has run; `status` is its outcome
+  uint64_t end_cycle = 0;  // once ran: its end on every rank's chip timeline (AI-core cycles)
   Status status;     // a failed join (set when queued) or the collective's outcome
   std::string label;
   // false: a failed collective leaves its parts' streams without error and the caller reads

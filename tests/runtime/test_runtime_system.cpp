@@ -3,7 +3,9 @@
 // collectives queued rank by rank on the chips' streams, and the errors of each.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "sim/config/system_config.h"
 #include "tests/runtime/runtime_test_util.h"
@@ -218,4 +220,169 @@ TEST_CASE("an all-reduce queued rank by rank runs once every rank is at its stre
     CHECK(d[static_cast<size_t>(r)]->free(send[static_cast<size_t>(r)]).ok());
     CHECK(d[static_cast<size_t>(r)]->free(recv[static_cast<size_t>(r)]).ok());
   }
+}
+
+namespace {
+
+// Queues rank r's part of one f32 all-reduce of `count` elements on chips[r]'s stream
+// streams[r], in place on bufs[r].
+void all_reduce_async(const std::vector<int>& chip_ids, const std::vector<rt::Stream>& streams,
+                      const std::vector<uint64_t>& bufs, uint64_t count) {
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F32;
+  call.op = ReduceOp::sum;
+  const int ranks = static_cast<int>(chip_ids.size());
+  auto group = std::make_shared<rt::CollectiveGroup>(call, ranks, "timeline");
+  for (int r = 0; r < ranks; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    REQUIRE(chips()[static_cast<size_t>(chip_ids[i])]
+                ->collective_async(streams[i], group, r, bufs[i], bufs[i], count)
+                .ok());
+  }
+}
+
+uint64_t timeline(int chip) {
+  uint64_t t = 0;
+  REQUIRE(chips()[static_cast<size_t>(chip)]->device_time_cycles(&t).ok());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("each chip has its own device timeline: kernels of two chips overlap") {
+  const auto& d = chips();
+  rt::Device &dev0 = *d[0], &dev1 = *d[1];
+  const uint64_t n = 8192, bytes = n * 2;
+  const auto x = test::random_f16(n, 3), y = test::random_f16(n, 4);
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = dev0.config().core_kind(isa::CoreKind::AIV)->count;
+  struct Buffers {
+    uint64_t x = 0, y = 0, z = 0, sum = 0;
+  } b[2];
+  rt::Stream s[2];
+  for (int c = 0; c < 2; ++c) {
+    rt::Device& dev = *d[static_cast<size_t>(c)];
+    for (uint64_t* p : {&b[c].x, &b[c].y, &b[c].z, &b[c].sum}) REQUIRE(dev.malloc(bytes, p).ok());
+    REQUIRE(dev.memcpy_h2d(b[c].x, x.data(), bytes).ok());
+    REQUIRE(dev.memcpy_h2d(b[c].y, y.data(), bytes).ok());
+    REQUIRE(dev.memset8(b[c].sum, 0, bytes).ok());
+    REQUIRE(dev.create_stream(&s[c]).ok());
+  }
+  const std::vector<rt::Stream> streams{s[0], s[1]};
+  const std::vector<uint64_t> sums{b[0].sum, b[1].sum};
+  auto kernel_on = [&](int c) {
+    rt::Device& dev = *d[static_cast<size_t>(c)];
+    REQUIRE(dev.launch_kernel(s[c], program, {b[c].x, b[c].y, b[c].z, n}, blocks).ok());
+  };
+  // A collective holds both chips until its end: afterwards both timelines stand there, whatever
+  // the earlier tests left on them.
+  dev0.clear_launch_records();
+  all_reduce_async({0, 1}, streams, sums, n / 2);
+  for (int c = 0; c < 2; ++c) REQUIRE(d[static_cast<size_t>(c)]->synchronize_stream(s[c]).ok());
+  const uint64_t aligned = dev0.collective_records().at(0).end_cycle;
+  CHECK(timeline(0) == aligned);
+  CHECK(timeline(1) == aligned);
+
+  // The same kernel on chip 0 (once) and chip 1 (twice), queued from two threads: chip 0's and
+  // chip 1's first launch both start where the collective ended; chip 1's second follows its
+  // first. Each chip's timeline moved by its own work only.
+  rt::Event chip1_done;
+  REQUIRE(dev1.create_event(&chip1_done).ok());
+  std::thread t0([&] { kernel_on(0); });
+  std::thread t1([&] {
+    kernel_on(1);
+    kernel_on(1);
+    REQUIRE(dev1.record_event(chip1_done, s[1]).ok());
+  });
+  t0.join();
+  t1.join();
+  for (int c = 0; c < 2; ++c) REQUIRE(d[static_cast<size_t>(c)]->synchronize_stream(s[c]).ok());
+  const auto k0 = dev0.launch_records(), k1 = dev1.launch_records();
+  REQUIRE(k0.size() == 1);
+  REQUIRE(k1.size() >= 2);
+  const rt::LaunchRecord &a = k0[0], &b1 = k1[k1.size() - 2], &b2 = k1.back();
+  // A launch waits for its chip clock's next edge on the one simulation clock: up to a cycle.
+  CHECK(a.start_cycle - aligned <= 1);
+  CHECK(b1.start_cycle - aligned <= 1);  // overlaps chip 0's kernel: no wait for it
+  CHECK(b2.start_cycle >= b1.start_cycle + b1.cycles);
+  const uint64_t end0 = timeline(0), end1 = timeline(1);
+  CHECK(end0 >= a.start_cycle + a.cycles);
+  CHECK(end0 < b2.start_cycle + b2.cycles);  // chip 0 is done before chip 1's second kernel
+  CHECK(end1 >= b2.start_cycle + b2.cycles);
+  // Two kernels on chip 1 and one on chip 0 took, on the timelines, the time of two, not three.
+  CHECK(std::max(end0, end1) - aligned < a.cycles + b1.cycles + b2.cycles);
+
+  // A stream of chip 0 waiting for chip 1's event: its next kernel starts where chip 1 recorded
+  // it (chip 0 idles until then).
+  REQUIRE(dev0.stream_wait_event(s[0], chip1_done).ok());
+  kernel_on(0);
+  REQUIRE(dev0.synchronize_stream(s[0]).ok());
+  const rt::LaunchRecord after_wait = dev0.launch_records().back();
+  CHECK(after_wait.start_cycle - end1 <= 1);
+  const uint64_t end0_wait = timeline(0);
+  CHECK(end0_wait > end1);
+  CHECK(timeline(1) == end1);  // chip 1 was idle meanwhile
+
+  // A collective after them starts at the later chip's end and leaves both chips there.
+  kernel_on(1);
+  kernel_on(1);  // chip 1 now ends after chip 0
+  REQUIRE(dev1.synchronize_stream(s[1]).ok());
+  const uint64_t end1_later = timeline(1);
+  CHECK(end1_later > end0_wait);
+  all_reduce_async({0, 1}, streams, sums, n / 2);
+  for (int c = 0; c < 2; ++c) REQUIRE(d[static_cast<size_t>(c)]->synchronize_stream(s[c]).ok());
+  const rt::CollectiveRecord coll = dev0.collective_records().back();
+  CHECK(coll.start_cycle == end1_later);
+  CHECK(timeline(0) == coll.end_cycle);
+  CHECK(timeline(1) == coll.end_cycle);
+  REQUIRE(!coll.step_records.empty());
+  CHECK(coll.step_records.front().start_cycle == coll.start_cycle);  // steps on the timeline
+
+  // A peer copy is its source chip's operation: queued on chip 1 (busier than chip 0), it starts
+  // where chip 1 is free and leaves chip 0's timeline alone; chip 0's kernel that reads the
+  // bytes waits for an event recorded after the copy.
+  kernel_on(1);
+  kernel_on(1);
+  REQUIRE(dev1.synchronize_stream(s[1]).ok());
+  const uint64_t free0 = timeline(0), free1 = timeline(1);
+  CHECK(free1 > free0);
+  dev0.clear_launch_records();
+  REQUIRE(dev1.memcpy_peer_async(s[1], dev0, b[0].x, b[1].z, bytes).ok());
+  rt::Event copied;
+  REQUIRE(dev1.create_event(&copied).ok());
+  REQUIRE(dev1.record_event(copied, s[1]).ok());
+  REQUIRE(dev1.synchronize_stream(s[1]).ok());
+  const auto copies = dev1.copy_records();
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].start_cycle == free1);
+  CHECK(timeline(0) == free0);  // the destination chip did not wait for the copy
+  const uint64_t copy_end = timeline(1);
+  CHECK(copy_end + 1 >= copies[0].start_cycle + copies[0].cycles);  // cycles: rounded up
+  REQUIRE(dev0.stream_wait_event(s[0], copied).ok());
+  kernel_on(0);
+  REQUIRE(dev0.synchronize_stream(s[0]).ok());
+  CHECK(dev0.launch_records().back().start_cycle - copy_end <= 1);
+  CHECK(dev0.destroy_event(copied).ok());
+
+  // Event times are on the chips' timelines: chip 1's record lies after chip 0's start.
+  double us = 0;
+  rt::Event start0;
+  REQUIRE(dev0.create_event(&start0).ok());
+  REQUIRE(dev0.record_event(start0, s[0]).ok());
+  REQUIRE(dev0.synchronize_stream(s[0]).ok());
+  kernel_on(1);
+  kernel_on(1);  // chip 1 ends after chip 0
+  REQUIRE(dev1.record_event(chip1_done, s[1]).ok());
+  REQUIRE(dev1.synchronize_stream(s[1]).ok());
+  REQUIRE(dev0.event_elapsed_us(start0, chip1_done, &us).ok());
+  CHECK(us == Approx(dev0.config().cycles_to_us(double(timeline(1) - timeline(0)))));
+  CHECK(us > 0);
+
+  for (int c = 0; c < 2; ++c) {
+    rt::Device& dev = *d[static_cast<size_t>(c)];
+    for (uint64_t p : {b[c].x, b[c].y, b[c].z, b[c].sum}) CHECK(dev.free(p).ok());
+  }
+  CHECK(dev0.destroy_event(start0).ok());
+  CHECK(dev1.destroy_event(chip1_done).ok());
 }

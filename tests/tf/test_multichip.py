@@ -14,6 +14,30 @@ from conftest import child_result, run_child  # noqa: E402  pylint: disable=wron
 SYSTEM_TINY_X8 = {"NPUSIM_SYSTEM": "tiny-x8"}
 
 
+def mlp_on_two_npus(samples):
+    """A child's prelude: 2 tiny NPUs, an MLP builder, its initial weights `init`, `samples`
+    inputs `x` and labels `y`, and its `loss`."""
+    return textwrap.dedent(f"""
+        import json
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        import keras
+
+        def build():
+            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
+                                     keras.layers.Dense(4)])
+
+        keras.utils.set_random_seed(1)
+        rng = np.random.default_rng(2)
+        x = rng.normal(size=({samples}, 12)).astype(np.float32)
+        y = rng.integers(0, 4, size=({samples},)).astype(np.int64)
+        init = build().get_weights()
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        """)
+
+
 def test_eight_npus_copies_over_links_and_collectives_against_numpy():
     result = child_result(textwrap.dedent("""
         import json
@@ -246,24 +270,7 @@ def test_configure_chips_and_its_errors():
 
 
 def test_mirrored_strategy_tracks_one_npu_on_the_global_batch():
-    result = child_result(textwrap.dedent("""
-        import json
-        import numpy as np
-        import npusim
-        npusim.configure(chip="tiny", chips=2)
-        import tensorflow as tf
-        import keras
-
-        def build():
-            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
-                                     keras.layers.Dense(4)])
-
-        keras.utils.set_random_seed(1)
-        rng = np.random.default_rng(2)
-        x = rng.normal(size=(64, 12)).astype(np.float32)
-        y = rng.integers(0, 4, size=(64,)).astype(np.int64)
-        init = build().get_weights()
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    result = child_result(mlp_on_two_npus(64) + textwrap.dedent("""
 
         def train(model):
             model.set_weights(init)
@@ -304,3 +311,80 @@ def test_mirrored_strategy_tracks_one_npu_on_the_global_batch():
     assert {tuple(c[2]) for c in grads} == {(0, 1)}
     assert sorted({c[3] for c in grads}) >= [4, 16, 64, 192]
     assert result["fallbacks"] == {}
+
+
+def test_replicas_run_side_by_side_on_their_chips_timelines():
+    """Every chip has its own device timeline (docs/runtime.md, "Simulated time on a system"): a
+    MirroredStrategy step on 2 NPUs computes, on each replica's chip, what one NPU computes on
+    half the batch; the chips' work overlaps in simulated time (it did not while every operation
+    took the one shared clock); every all-reduce starts where the later of its chips ended."""
+    result = child_result(mlp_on_two_npus(32) + textwrap.dedent("""
+
+        def one_step(model, batch):
+            model.set_weights(init)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+            model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # compiles
+            npusim.clear_launch_records()
+            before = npusim.system_info()["timeline_cycles"]
+            model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, shuffle=False,
+                      verbose=0)
+            info = npusim.system_info()
+            return {"before": before, "after": info["timeline_cycles"],
+                    "launches": [npusim.launch_records(chip=c) for c in (0, 1)],
+                    "collectives": info["collectives"], "peer_copies": info["peer_copies"]}
+
+        out = {"one": one_step(build(), 16)}  # NPU:0 alone on half the global batch
+        strategy = tf.distribute.MirroredStrategy()
+        with strategy.scope():
+            model = build()
+        out["two"] = one_step(model, 32)      # 16 per replica
+        try:
+            npusim.launch_records(chip=2)
+        except npusim.NpusimError as e:
+            out["bad_chip"] = str(e)
+        print("RESULT" + json.dumps(out))
+        """), timeout=600)
+    one, two = result["one"], result["two"]
+    assert "chip 2 is not an NPU" in result["bad_chip"]
+
+    # The model's forward and backward kernels (its layers' ops) on each replica's chip are
+    # those of one NPU on half the batch, kernel for kernel and cycle for cycle. (The optimizer
+    # and the metrics differ: an all-reduce between gradient and update changes the fusion.)
+    def model_kernels(records):
+        return sorted((r["kernel"], r["cycles"]) for r in records if "sequential" in r["op_name"])
+
+    single = model_kernels(one["launches"][0])
+    assert len(single) >= 17  # 2 dense layers: casts, MatMuls, BiasAdd, Relu and gradients
+    for c in (0, 1):
+        assert two["launches"][c][0]["chip"] == c
+        assert model_kernels(two["launches"][c]) == single, c
+
+    # The chips' work overlaps in simulated time: some cycles of chip 1's kernels (and the host
+    # dispatch the device waits for before them) lie inside chip 0's.
+    def busy(records):
+        return [(r["start_cycle"] - r["host_dispatch_cycles"], r["start_cycle"] + r["cycles"])
+                for r in records]
+
+    overlap = sum(max(0, min(e0, e1) - max(s0, s1))
+                  for s0, e0 in busy(two["launches"][0]) for s1, e1 in busy(two["launches"][1]))
+    assert overlap > 0
+
+    # Every all-reduce of the gradients starts where the later of its chips' earlier work ended
+    # (a launch, a copy between the chips or an earlier collective): up to one cycle, as
+    # durations are rounded up to whole cycles.
+    colls = two["collectives"]
+    assert len(colls) >= 4 and all(c["chips"] == [0, 1] for c in colls)
+
+    def ends_before(chip, cycle):
+        ends = [r["start_cycle"] + r["cycles"] for r in two["launches"][chip]]
+        ends += [p["start_cycle"] + p["cycles"] for p in two["peer_copies"]
+                 if chip in (p["src_chip"], p["dst_chip"])]
+        ends += [c["end_cycle"] for c in colls]
+        return max(e for e in ends if e <= cycle + 1)
+
+    for c in colls:
+        latest = max(ends_before(0, c["start_cycle"]), ends_before(1, c["start_cycle"]))
+        assert abs(c["start_cycle"] - latest) <= 1, c
+    # A collective holds both chips until its end: the timelines move on from there together.
+    last = colls[-1]["end_cycle"]
+    assert all(t >= last for t in two["after"])

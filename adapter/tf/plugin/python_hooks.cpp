@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "adapter/profiler/counter_view.h"
@@ -113,7 +114,8 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
   return out;
 }
 
-// Every kernel launch on the chip so far, oldest first: [{"index", "kernel", "stream",
+// Every kernel launch on chip `chip` (NPU:chip; 0 with one NPU) so far, oldest first: [{"index",
+// "chip", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
 // "loads_data" (the kernel reads device memory with ld: loads_data() above),
 // "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
@@ -123,12 +125,19 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 // with_counters: 0 none; 1 the counter tree (Simulator::counters layout, with units and
 // descriptions); 2 flat {"aic0.mte2.busy_cycles": value, ...}: the tree's leaves by dotted name
 // below "chip", values only (a fraction of the tree's bytes: what launches.json holds).
-NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters) {
+// {"error"} if the NPUs are open and `chip` is not one of them.
+NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters, int chip) {
   using namespace npusim;
   nlohmann::json j = nlohmann::json::array();
-  if (std::shared_ptr<rt::Device> dev = tf::device_if_open()) {
+  if (std::shared_ptr<rt::Device> first = tf::device_if_open()) {
+    std::shared_ptr<rt::Device> dev;
+    if (chip < 0 || chip >= first->chips() || !tf::open_device(chip, &dev).ok())
+      return to_c_string(nlohmann::json{{"error", fmt::format("launch_records: chip {} is not "
+                                                              "an NPU (there are {})",
+                                                              chip, first->chips())}}
+                             .dump());
     for (const rt::LaunchRecord& r : dev->launch_records()) {
-      nlohmann::json e = {{"index", r.index},         {"kernel", r.kernel},
+      nlohmann::json e = {{"index", r.index},         {"chip", r.chip}, {"kernel", r.kernel},
                           {"stream", r.stream},       {"block_dim", r.block_dim},
                           {"start_cycle", r.start_cycle}, {"cycles", r.cycles},
                           {"time_us", r.time_us},     {"wall_us", r.wall_us},
@@ -189,7 +198,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
 // "fabric": {channel: counters} (the links' bytes and busy cycles since open),
 // "peer_copies": [{"src_chip", "dst_chip", "bytes", "start_cycle", "cycles"}] (copies between
 // NPUs over the links, every chip's), "memory": [{"bytes_in_use", "peak_bytes_in_use"}] per
-// chip and "collectives": [rt::CollectiveRecord as dicts]}.
+// chip, "timeline_cycles": [each chip's device timeline now, AI-core cycles] and
+// "collectives": [rt::CollectiveRecord as dicts]}.
 NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
   using namespace npusim;
   nlohmann::json j;
@@ -205,9 +215,13 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
     j["fabric"] = nlohmann::json::object();
   j["peer_copies"] = nlohmann::json::array();
   j["memory"] = nlohmann::json::array();
+  j["timeline_cycles"] = nlohmann::json::array();
   for (int c = 0; c < dev->chips(); ++c) {
     std::shared_ptr<rt::Device> chip;
     if (!tf::open_device(c, &chip).ok()) continue;
+    uint64_t now = 0;
+    if (!chip->device_time_cycles(&now).ok()) continue;
+    j["timeline_cycles"].push_back(now);
     rt::AllocatorStats s = chip->memory_stats();
     j["memory"].push_back(
         {{"bytes_in_use", s.bytes_in_use}, {"peak_bytes_in_use", s.peak_bytes_in_use}});

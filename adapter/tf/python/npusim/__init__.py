@@ -206,9 +206,11 @@ def _refresh_device_count():
 def system_info():
     """The NPUs as a system of chips: {"devices": N, "open": bool, and once open "chips",
     "fabric" (per link direction: bytes and busy cycles since open), "peer_copies" (tensors
-    copied between NPUs over the links: src_chip, dst_chip, bytes, start_cycle, cycles) and
-    "collectives" (each collective run: collective, algorithm, op, dtype, label, count, bytes,
-    link_bytes, chips, start_cycle, end_cycle, steps, inline_reduce)}."""
+    copied between NPUs over the links: src_chip, dst_chip, bytes, start_cycle, cycles),
+    "timeline_cycles" (each chip's device timeline now: every chip has its own, docs/runtime.md
+    "Simulated time") and "collectives" (each collective run: collective, algorithm, op, dtype,
+    label, count, bytes, link_bytes, chips, start_cycle, end_cycle, steps, inline_reduce)}.
+    Cycles are AI-core cycles on the chips' timelines."""
     return _hooks.system()
 
 
@@ -218,16 +220,21 @@ def device_info():
     return _hooks.device()
 
 
-def launch_records(with_counters=False):
-    """Every kernel the chip ran, oldest first: dicts with kernel, stream, block_dim,
+def launch_records(with_counters=False, chip=0):
+    """Every kernel chip `chip` (NPU:chip) ran, oldest first: dicts with chip, kernel, stream,
+    block_dim,
     start_cycle, cycles, time_us, wall_us (host time it took), replayed (a replay of an
     identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
     kernel reads device memory with its scalar unit, so its timing can depend on data: in a
     timing-only run it may differ from a functional one), op_name and op_type (the TF op that
     launched it), and the launch's counters if asked: with_counters=True gives the counter tree
     (units and descriptions, as counters.json), "flat" a dict {"aic0.mte2.busy_cycles": value}
-    of the same counters (what launches.json holds: a fraction of the bytes)."""
-    return _hooks.launch_records(with_counters)
+    of the same counters (what launches.json holds: a fraction of the bytes). start_cycle is on
+    the chip's own device timeline. A chip that is not an NPU raises NpusimError."""
+    records = _hooks.launch_records(with_counters, chip)
+    if isinstance(records, dict) and "error" in records:
+        raise NpusimError(records["error"])
+    return records
 
 
 def clear_launch_records():

@@ -106,7 +106,7 @@ class Hooks:
                      "npusim_tf_cpu_fallback_ops_json", "npusim_tf_op_coverage_json",
                      "npusim_tf_system_json"):
             getattr(self._lib, name).restype = ctypes.c_void_p
-        self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int]
+        self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int, ctypes.c_int]
         self._lib.npusim_tf_free.argtypes = [ctypes.c_void_p]
         self._lib.npusim_tf_free.restype = None
         self._lib.npusim_tf_clear_launch_records.restype = None
@@ -129,9 +129,9 @@ class Hooks:
     def device(self):
         return self._json(self._lib.npusim_tf_device_json())
 
-    def launch_records(self, with_counters):
+    def launch_records(self, with_counters, chip=0):
         mode = 2 if with_counters == "flat" else 1 if with_counters else 0
-        return self._json(self._lib.npusim_tf_launch_records_json(mode))
+        return self._json(self._lib.npusim_tf_launch_records_json(mode, chip))
 
     def reset_memory_peak(self, chip=0):
         return bool(self._lib.npusim_tf_reset_memory_peak(chip))
