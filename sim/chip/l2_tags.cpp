@@ -50,10 +50,7 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
   }
 }
 
-bool L2Tags::access(uint64_t addr, bool allocate, bool write, uint64_t* writeback) {
-  if (m_sets == 0) return false;
-  const uint64_t line = addr / m_line_bytes;
-  const size_t base = static_cast<size_t>((line % m_sets) * static_cast<uint64_t>(m_ways));
+bool L2Tags::access(uint64_t line, size_t base, bool allocate, bool write, uint64_t* writeback) {
   const bool dirty = m_write_back && write;
   ++m_clock;
   size_t victim = base;
@@ -85,20 +82,30 @@ bool L2Tags::access(uint64_t addr, bool allocate, bool write, uint64_t* writebac
 
 L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write) {
   L2Outcome o;
+  if (bytes == 0) return o;
   const uint64_t end = addr + bytes;
+  const uint64_t first = addr / m_line_bytes, lines = (end - 1) / m_line_bytes - first + 1;
   if (l2 == isa::L2Hint::BYPASS) {
-    if (bytes == 0) return o;
     o.miss_bytes = bytes;
-    o.bypass_lines = (end - 1) / m_line_bytes - addr / m_line_bytes + 1;
+    o.bypass_lines = lines;
     if (write) invalidate_range(addr, bytes);
+    return o;
+  }
+  if (m_sets == 0) {  // no L2: every line is a lookup that misses
+    o.miss_bytes = bytes;
+    o.miss_lines = lines;
     return o;
   }
   const bool allocate = l2 == isa::L2Hint::NORMAL;
   // A write miss that allocates a line of a write-back L2 is taken by the line.
-  const bool absorb = allocate && write && m_write_back && m_sets > 0;
+  const bool absorb = allocate && write && m_write_back;
+  const size_t ways = static_cast<size_t>(m_ways);
+  const size_t last_base = static_cast<size_t>(m_sets - 1) * ways;
+  size_t base = static_cast<size_t>(first % m_sets) * ways;
+  uint64_t line = first;
   while (addr < end) {
-    const uint64_t n = std::min(end, (addr / m_line_bytes + 1) * m_line_bytes) - addr;
-    if (access(addr, allocate, write, &o.writeback_bytes)) {
+    const uint64_t n = std::min(end, (line + 1) * m_line_bytes) - addr;
+    if (access(line, base, allocate, write, &o.writeback_bytes)) {
       o.hit_bytes += n;
       ++o.hit_lines;
     } else {
@@ -106,6 +113,8 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
       ++o.miss_lines;
     }
     addr += n;
+    ++line;
+    base = base == last_base ? 0 : base + ways;  // the next line's set
   }
   return o;
 }

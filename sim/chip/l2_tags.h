@@ -50,10 +50,12 @@ class L2Tags {
 
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
-  // Looks up the line holding `addr`; on a miss, fills it (evicting the LRU way) if `allocate`,
+  // Looks up line `line` (a line address: byte address / line bytes), whose set's first way is
+  // `base` (= (line % sets) * ways); on a miss, fills it (evicting the LRU way) if `allocate`,
   // adding a dirty victim's bytes to *writeback. A write marks the line dirty (write-back L2).
-  // Returns true on a hit.
-  bool access(uint64_t addr, bool allocate, bool write, uint64_t* writeback);
+  // Returns true on a hit. Requires sets > 0. access_range walks a range's lines with `base`
+  // stepping from set to set, so no line costs a division.
+  bool access(uint64_t line, size_t base, bool allocate, bool write, uint64_t* writeback);
   // The way holding `line` in its set, or -1.
   long find(uint64_t line) const;
   uint32_t m_line_bytes;
