@@ -5,7 +5,11 @@ compiler -j1` on two builds. Prints how many launches kept their program, their 
 their counters, and the first differences of each kind; exits 1 if any launch's kernel name,
 block_dim, cycles or (where both logs have it) counter digest differ or the launch counts
 differ (a program that changed with unchanged cycles and counters is listed, not failed: the
-refactor reordered code or buffers without moving the timing)."""
+refactor reordered code or buffers without moving the timing).
+
+--unordered compares the two logs as multisets of launches (each sorted first): for TensorFlow
+runs, whose executor may issue independent ops in another order from run to run (the
+launches' own figures do not depend on that order: docs/tf_plugin.md, "Device memory")."""
 import sys
 
 
@@ -14,7 +18,10 @@ def read(path):
         return [line.rstrip("\n").split("\t") for line in f if line.strip()]
 
 
-a, b = read(sys.argv[1]), read(sys.argv[2])
+args = [x for x in sys.argv[1:] if x != "--unordered"]
+a, b = read(args[0]), read(args[1])
+if "--unordered" in sys.argv[1:]:
+    a, b = sorted(a), sorted(b)
 if len(a) != len(b):
     print(f"DIFFERENT: {len(a)} vs {len(b)} launches")
 
