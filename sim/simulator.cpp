@@ -239,13 +239,29 @@ uint64_t watchdog_budget(const SimOptions& opts, const isa::Program& program,
              : per * units;
 }
 
+uint64_t counter_digest(const CounterDelta& delta) {
+  // FNV-1a of each pair, mixed (splitmix64's finaliser) and summed: a sum does not depend on
+  // the order of the pairs.
+  uint64_t sum = 0;
+  delta.for_each([&](const CounterInfo& info, uint64_t value) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : info.name) h = (h ^ c) * 1099511628211ull;
+    h ^= value + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    sum += h ^ (h >> 31);
+  });
+  return sum;
+}
+
 KernelResult Simulator::run(const KernelLaunch& launch) {
   if (!launch.program) throw Error("run: the launch has no program");
   KernelResult r = run_launch(launch);
   if (const std::string& path = m_impl->opts.launch_log; !path.empty()) {
     std::ofstream log(path, std::ios::app);
     log << launch.program->name << '\t' << launch.block_dim << '\t' << (r.ok ? r.cycles : 0)
-        << '\t' << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\n';
+        << '\t' << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\t'
+        << fmt::format("{:016x}", counter_digest(r.counter_delta)) << '\n';
     if (!log) throw Error(fmt::format("NPUSIM_LAUNCH_LOG: cannot append to '{}'", path));
   }
   return r;

@@ -59,11 +59,17 @@ struct SimOptions {
   // others out of the memo.
   uint64_t replay_record_max_bytes = uint64_t(1) << 28;
   // If set, every launch appends one line to this file: kernel name, block_dim, cycles (0 for a
-  // launch that failed), isa::program_digest in hex, tab-separated. Comparing two such logs
-  // (benchmarks/compare_launch_logs.py) shows whether a change moved any kernel's code or
-  // timing. The environment variable NPUSIM_LAUNCH_LOG sets it.
+  // launch that failed), isa::program_digest in hex, and counter_digest() of the launch's
+  // counters in hex, tab-separated. Comparing two such logs (benchmarks/compare_launch_logs.py)
+  // shows whether a change moved any kernel's code, timing or counters. The environment
+  // variable NPUSIM_LAUNCH_LOG sets it.
   std::string launch_log;
 };
+
+// A digest of a launch's counters: every (counter name, reported value) pair of `delta`,
+// independent of the order in which the counters were registered, so two runs that count
+// alike give the same digest (for SimOptions::launch_log).
+uint64_t counter_digest(const CounterDelta& delta);
 
 // The watchdog's instruction budget per block for a launch of `program` with `args`:
 // opts.max_insns_per_block x max(1, ceil(data / SimOptions::kWatchdogDataBytes)), where data is

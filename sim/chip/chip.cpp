@@ -123,6 +123,7 @@ const SectionRun& Chip::prepare_section(const isa::Section& s) {
     DecodedInsn& d = run->decoded[pc];
     d.legal = true;
     d.pipe = in.exec_pipe();
+    d.local = d.pipe == isa::Pipe::S && is_scalar_local(in.op);
     const auto& fields = in.desc().fields;
     for (size_t f = 0; f < fields.size(); ++f) {
       const isa::FieldKind k = fields[f].kind;

@@ -33,6 +33,12 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   double port[2] = {0, 0};  // the core's port rate in each phase (0: not limited by the core)
   double rate = 0;          // current bytes per cycle
   sc_core::sc_event done;
+  // What the initiating process waits on while the transfer flows: `done`, or `abort`, which
+  // the memory system registers with the chip's AbortSignal (wake_on_raise) at the transfer's
+  // first use. A waiter of the signal's shared event would cost every wake-up a linear search
+  // of all the chip's waiting transfers (docs/chip_model.md, "Performance").
+  sc_core::sc_event abort;
+  sc_core::sc_event_or_list done_or_abort;
 
   tlm::tlm_extension_base* clone() const override {
     auto* e = new GmTransfer;

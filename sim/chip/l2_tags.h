@@ -5,6 +5,8 @@
 // cheaply.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -50,22 +52,40 @@ class L2Tags {
 
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
-  // Looks up the line holding `addr`; on a miss, fills it (evicting the LRU way) if `allocate`,
-  // adding a dirty victim's bytes to *writeback. A write marks the line dirty (write-back L2).
-  // Returns true on a hit.
-  bool access(uint64_t addr, bool allocate, bool write, uint64_t* writeback);
+  // Looks up line `line` (a line address: byte address / line bytes) in its set `set`
+  // (= line % sets); on a miss, fills it (evicting the LRU way) if `allocate`, adding a dirty
+  // victim's bytes to *writeback. A write marks the line dirty (write-back L2). Returns true on
+  // a hit. Requires sets > 0. access_range walks a range's lines with `set` stepping from set
+  // to set, so no line costs a division.
+  bool access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback);
   // The way holding `line` in its set, or -1.
   long find(uint64_t line) const;
+  // Makes set `set` current: a set last touched before the latest invalidate_all() has every
+  // way emptied (tags kInvalidTag, not dirty) and takes the current generation. Every lookup
+  // goes through it, so the tags of a set are valid iff they are not kInvalidTag.
+  void refresh_set(size_t set) {
+    if (m_set_gen[set] == m_generation) return;
+    m_set_gen[set] = m_generation;
+    const size_t base = set * static_cast<size_t>(m_ways);
+    std::fill_n(m_tag.begin() + static_cast<std::ptrdiff_t>(base), m_ways, kInvalidTag);
+    if (m_write_back)
+      std::fill_n(m_dirty.begin() + static_cast<std::ptrdiff_t>(base), m_ways, uint8_t{0});
+  }
+  bool set_current(size_t set) const { return m_set_gen[set] == m_generation; }
+  // An empty way's tag: no line address (a GM byte address / line_bytes) reaches it.
+  static constexpr uint64_t kInvalidTag = ~uint64_t{0};
   uint32_t m_line_bytes;
   int m_ways;
   bool m_write_back;
   uint64_t m_sets;
   uint64_t m_clock = 0;  // LRU time stamps
+  // invalidate_all() starts a new generation; a set whose m_set_gen is older holds no line.
+  // One number per set (not per way) keeps a lookup's memory traffic to the set's own tags.
   uint32_t m_generation = 1;
-  std::vector<uint64_t> m_tag;        // [set * ways + way]: line address
-  std::vector<uint64_t> m_used;       // last access stamp
-  std::vector<uint32_t> m_valid_gen;  // valid iff == m_generation
-  std::vector<uint8_t> m_dirty;       // written since filled (write-back L2 only)
+  std::vector<uint32_t> m_set_gen;  // [set]: the generation the set's ways belong to
+  std::vector<uint64_t> m_tag;      // [set * ways + way]: line address, or kInvalidTag
+  std::vector<uint64_t> m_used;     // last access stamp
+  std::vector<uint8_t> m_dirty;     // written since filled (write-back L2 only)
 };
 
 }  // namespace npusim

@@ -138,8 +138,13 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     t->rate = 0;
     m_active.push_back(t);
     settle();
+    if (t->done_or_abort.size() == 0) {  // the transfer's first use: wake it on an abort
+      m_abort.wake_on_raise(t->abort);
+      t->done_or_abort |= t->done;
+      t->done_or_abort |= t->abort;
+    }
     while (t->phase < 2) {
-      wait(t->done | m_abort.event());
+      wait(t->done_or_abort);
       m_abort.check();
     }
   }

@@ -304,6 +304,7 @@ void AiCore::run_block() {
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_observers;
   uint32_t pc = 0;
+  const BlockIdentity id{m_launch.args, m_block, m_launch.block_dim, m_subblock, m_kind_index};
   const uint64_t budget = m_launch.max_insns_per_block;
   uint64_t executed = 0;
   for (;;) {
@@ -335,7 +336,10 @@ void AiCore::run_block() {
       return;
     }
     const Pipe pipe = d.pipe;
-    if (pipe == Pipe::S) {
+    if (d.local && (next = exec_scalar_local(m_scalar, in, pc, code.size(), id)) != kNotLocal) {
+      // Only the scalar state changed: no other process can tell, so no sync with time.
+      count_insn(m_scalar_counters, m_scalar_insn, in.op);
+    } else if (pipe == Pipe::S) {
       next = exec_scalar(in, pc);
       count_insn(m_scalar_counters, m_scalar_insn, in.op);
     } else {

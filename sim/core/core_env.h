@@ -71,6 +71,9 @@ struct DecodedInsn {
   bool legal = false;             // SectionRun::illegal[pc] is ""
   isa::Pipe pipe = isa::Pipe::S;  // Instruction::exec_pipe()
   uint32_t reg_fields = 0;        // bit i: field i names a register to read (else an immediate)
+  // exec_scalar_local executes it (is_scalar_local): it reads and writes only the scalar
+  // state, so the core runs it without looking at time or any other process.
+  bool local = false;
 };
 
 // One section of the running program as a core executes it, with the per-instruction legality

@@ -21,6 +21,19 @@ IssuedOp ScalarState::issued(const isa::Instruction& in, uint32_t pc) const {
   return op;
 }
 
+bool is_scalar_local(Opcode op) {
+  if (is_scalar_alu(op) || is_conditional_branch(op)) return true;
+  switch (op) {
+    case Opcode::op_nop: case Opcode::op_jmp: case Opcode::op_movi: case Opcode::op_mov:
+    case Opcode::op_ldarg: case Opcode::op_get_block_id: case Opcode::op_get_block_num:
+    case Opcode::op_get_subblock_id: case Opcode::op_get_core_id: case Opcode::op_set_mask:
+    case Opcode::op_set_mask_count: case Opcode::op_set_fmatrix: case Opcode::op_set_l3d_geom:
+      return true;
+    default:
+      return false;
+  }
+}
+
 uint32_t exec_scalar_local(ScalarState& s, const isa::Instruction& in, uint32_t pc,
                            size_t code_size, const BlockIdentity& id) {
   auto dst = [&]() -> int64_t& { return s.regs[static_cast<size_t>(in.ops[0].value)]; };

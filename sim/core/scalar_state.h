@@ -50,5 +50,7 @@ constexpr uint32_t kNotLocal = UINT32_MAX;
 // caller executes. `code_size` bounds branch targets. Throws KernelFault on a bad operand.
 uint32_t exec_scalar_local(ScalarState& s, const isa::Instruction& in, uint32_t pc,
                            size_t code_size, const BlockIdentity& id);
+// Whether exec_scalar_local executes `op` (else it returns kNotLocal for it).
+bool is_scalar_local(isa::Opcode op);
 
 }  // namespace npusim
