@@ -103,4 +103,15 @@ void execute(const IssuedOp& op, ExecContext& ctx) {
   }
 }
 
+std::unique_ptr<PreparedOp> prepare(const IssuedOp& op, const ExecContext& ctx) {
+  switch (op.insn->desc().pipe) {
+    case isa::Pipe::V: return prepare_vector(op, ctx);
+    case isa::Pipe::M: return prepare_cube(op, ctx);
+    case isa::Pipe::MTE1: case isa::Pipe::MTE2: case isa::Pipe::MTE3: case isa::Pipe::FIX:
+      return prepare_mte(op, ctx);
+    default:
+      throw KernelFault(fmt::format("{} is not a pipe instruction", op.insn->desc().mnemonic));
+  }
+}
+
 }  // namespace npusim
