@@ -278,7 +278,6 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
     r.start_cycle = time_ps(start) / kPsPerCycle;
     return r;
   }
-  I.counters.snapshot(I.launch_base);
   // A launch run before is replayed unless an observer wants to see its instructions.
   LaunchKey key, similar;
   bool loads = false;
@@ -337,8 +336,19 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
     if (have_writes) {
       for (const GmAccess& a : writes) I.gm.invalidate(a.addr, a.bytes);
     } else {
+      // The same launch replayed again (its own key, no ld): run the effects its last replay
+      // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.
+      const bool same = recorded == found && !loads && I.opts.functional;
+      const PreparedLaunch* prepared = same ? I.memo.prepared(key) : nullptr;
+      std::unique_ptr<PreparedLaunch> keep;
+      if (same && !prepared &&
+          prepared_bytes_estimate(*recorded) <= I.opts.replay_memo_bytes / 8)
+        keep = std::make_unique<PreparedLaunch>();
       replay_error = replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim,
-                                   I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool);
+                                   I.chip->cores(), I.gm, I.cfg, I.opts.functional, I.pool,
+                                   prepared, keep.get());
+      if (keep && keep->complete && replay_error.empty())
+        I.memo.keep_prepared(key, std::move(keep));
     }
     if (!check) {
       if (!replay_error.empty()) {
@@ -352,6 +362,7 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
       }
       // The L2 as the simulated launch would have left it (verified above).
       if (keep_l2) std::swap(I.chip->memory().l2(), I.verify_l2);
+      I.counters.restart_windows();  // what the snapshot before a simulated launch does
       return I.replayed_result(*launch.program, launch.block_dim, *recorded, start,
                                launch.counter_tree);
     }
@@ -361,6 +372,8 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
       I.chip->cores()[static_cast<size_t>(recorded->cores[i].core)]->local().restore(buffers[i]);
   }
 
+  // The counters at the start of the simulated launch (a replay above needs no snapshot).
+  I.counters.snapshot(I.launch_base);
   const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        watchdog_budget(I.opts, *launch.program, launch.args), record,

@@ -65,6 +65,7 @@ Counter& CounterRegistry::add(const std::string& name, const std::string& unit,
   m_index[name] = m_counters.size();
   m_info->push_back(CounterInfo{name, std::move(path), unit, desc});
   m_counters.emplace_back(m_info->back(), scale, kind);
+  if (kind == CounterKind::kHighWater) m_high_water.push_back(&m_counters.back());
   return m_counters.back();
 }
 
@@ -75,6 +76,10 @@ Counter* CounterRegistry::find(const std::string& name) {
 
 void CounterRegistry::reset() {
   for (Counter& c : m_counters) c.m_raw = c.m_window = 0;
+}
+
+void CounterRegistry::restart_windows() const {
+  for (const Counter* c : m_high_water) c->m_window = 0;
 }
 
 std::vector<uint64_t> CounterRegistry::snapshot() const {

@@ -129,6 +129,9 @@ class CounterRegistry {
   std::vector<uint64_t> snapshot() const;
   // The same into `raw` (reusing its storage: no allocation once it has grown).
   void snapshot(std::vector<uint64_t>& raw) const;
+  // Only the new window of every high-water counter that snapshot() starts (what a replayed
+  // launch, which needs no raw values, must do: no pass over every counter).
+  void restart_windows() const;
   // The tree: {"chip": {"aic0": {"mte2": {"busy_cycles": {"value", "unit", "desc"}}}}}.
   // A high-water counter reports its maximum since construction or reset().
   nlohmann::json dump() const;
@@ -163,6 +166,7 @@ class CounterRegistry {
   std::shared_ptr<const CounterDelta::Values> intern(CounterDelta::Values values) const;
 
   std::deque<Counter> m_counters;                   // stable addresses
+  std::vector<Counter*> m_high_water;               // the kHighWater ones
   // Each counter's description, in registration order; shared with the deltas that name it.
   std::shared_ptr<std::deque<CounterInfo>> m_info;
   std::map<std::string, size_t> m_index;            // name -> position

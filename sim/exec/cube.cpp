@@ -449,4 +449,9 @@ void execute_cube(const IssuedOp& op, ExecContext& ctx) {
   Mmad(o, ctx).run(ctx);
 }
 
+std::unique_ptr<PreparedOp> prepare_cube(const IssuedOp& op, const ExecContext& ctx) {
+  Operands o(op);
+  return std::make_unique<PreparedDescriptor<Mmad>>(Mmad(o, ctx));
+}
+
 }  // namespace npusim

@@ -76,15 +76,25 @@ void CoreMemory::restore(const std::vector<std::vector<uint8_t>>& saved) {
       std::memcpy(m_bufs[b].data, saved[b].data(), m_bufs[b].size);
 }
 
-ExecCost plan(const IssuedOp& op, const ExecContext& ctx) {
+namespace {
+// The family of op's pipe: vector(), cube() or mte() (MTE1/2/3 and FIXPIPE).
+template <typename V, typename M, typename T>
+auto by_family(const IssuedOp& op, V&& vector, M&& cube, T&& mte) {
   switch (op.insn->desc().pipe) {
-    case isa::Pipe::V: return plan_vector(op, ctx);
-    case isa::Pipe::M: return plan_cube(op, ctx);
+    case isa::Pipe::V: return vector();
+    case isa::Pipe::M: return cube();
     case isa::Pipe::MTE1: case isa::Pipe::MTE2: case isa::Pipe::MTE3: case isa::Pipe::FIX:
-      return plan_mte(op, ctx);
+      return mte();
     default:
       throw KernelFault(fmt::format("{} is not a pipe instruction", op.insn->desc().mnemonic));
   }
+}
+}  // namespace
+
+ExecCost plan(const IssuedOp& op, const ExecContext& ctx) {
+  return by_family(
+      op, [&] { return plan_vector(op, ctx); }, [&] { return plan_cube(op, ctx); },
+      [&] { return plan_mte(op, ctx); });
 }
 
 void invalidate_gm_writes(const ExecCost& cost, DeviceMemory& gm) {
@@ -93,14 +103,15 @@ void invalidate_gm_writes(const ExecCost& cost, DeviceMemory& gm) {
 }
 
 void execute(const IssuedOp& op, ExecContext& ctx) {
-  switch (op.insn->desc().pipe) {
-    case isa::Pipe::V: return execute_vector(op, ctx);
-    case isa::Pipe::M: return execute_cube(op, ctx);
-    case isa::Pipe::MTE1: case isa::Pipe::MTE2: case isa::Pipe::MTE3: case isa::Pipe::FIX:
-      return execute_mte(op, ctx);
-    default:
-      throw KernelFault(fmt::format("{} is not a pipe instruction", op.insn->desc().mnemonic));
-  }
+  by_family(
+      op, [&] { execute_vector(op, ctx); }, [&] { execute_cube(op, ctx); },
+      [&] { execute_mte(op, ctx); });
+}
+
+std::unique_ptr<PreparedOp> prepare(const IssuedOp& op, const ExecContext& ctx) {
+  return by_family(
+      op, [&] { return prepare_vector(op, ctx); }, [&] { return prepare_cube(op, ctx); },
+      [&] { return prepare_mte(op, ctx); });
 }
 
 }  // namespace npusim

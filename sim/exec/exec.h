@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "isa/isa.h"
@@ -131,12 +132,42 @@ void execute(const IssuedOp& op, ExecContext& ctx);
 // write epochs move as in a functional run.
 void invalidate_gm_writes(const ExecCost& cost, DeviceMemory& gm);
 
-// Families (one file each), dispatched by plan()/execute() on the instruction's pipe.
+// An instruction decoded and checked once, its functional effect then carried out any number of
+// times (a replayed launch, sim/replay/: the same operand values on the same core, every time):
+// run(ctx) does exactly what execute(op, ctx) does, without decoding the operands again.
+// Precondition of prepare(): plan() succeeded for op on this core (the checks are not repeated
+// by run(), so ctx must be the same core's: the same buffers, sizes and chip).
+class PreparedOp {
+ public:
+  virtual ~PreparedOp() = default;
+  virtual void run(ExecContext& ctx) const = 0;
+  // Host memory this object holds, roughly (for the replay memo's limit).
+  virtual uint64_t bytes() const = 0;
+};
+std::unique_ptr<PreparedOp> prepare(const IssuedOp& op, const ExecContext& ctx);
+
+// A PreparedOp of a family's decoded instruction D (a copyable descriptor with
+// `void run(ExecContext&) const`).
+template <typename D>
+class PreparedDescriptor final : public PreparedOp {
+ public:
+  explicit PreparedDescriptor(D d) : m_d(std::move(d)) {}
+  void run(ExecContext& ctx) const override { m_d.run(ctx); }
+  uint64_t bytes() const override { return sizeof(*this); }
+
+ private:
+  D m_d;
+};
+
+// Families (one file each), dispatched by plan()/execute()/prepare() on the instruction's pipe.
 ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx);
 void execute_vector(const IssuedOp& op, ExecContext& ctx);
+std::unique_ptr<PreparedOp> prepare_vector(const IssuedOp& op, const ExecContext& ctx);
 ExecCost plan_cube(const IssuedOp& op, const ExecContext& ctx);
 void execute_cube(const IssuedOp& op, ExecContext& ctx);
+std::unique_ptr<PreparedOp> prepare_cube(const IssuedOp& op, const ExecContext& ctx);
 ExecCost plan_mte(const IssuedOp& op, const ExecContext& ctx);  // MTE1/2/3 and FIXPIPE
 void execute_mte(const IssuedOp& op, ExecContext& ctx);
+std::unique_ptr<PreparedOp> prepare_mte(const IssuedOp& op, const ExecContext& ctx);
 
 }  // namespace npusim

@@ -650,4 +650,10 @@ void execute_mte(const IssuedOp& op, ExecContext& ctx) {
   with_descriptor(op, ctx, [&](const auto& d) { d.run(ctx); });
 }
 
+std::unique_ptr<PreparedOp> prepare_mte(const IssuedOp& op, const ExecContext& ctx) {
+  return with_descriptor(op, ctx, [](const auto& d) -> std::unique_ptr<PreparedOp> {
+    return std::make_unique<PreparedDescriptor<std::decay_t<decltype(d)>>>(d);
+  });
+}
+
 }  // namespace npusim

@@ -310,25 +310,42 @@ ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx) {
   return vec::vector_cost(vi, ctx.cfg);
 }
 
-void execute_vector(const IssuedOp& op, ExecContext& ctx) {
-  const VecInsn vi = vec::decode_vector(op, ctx.cfg);
-  if (vi.repeats == 0) return;
-  uint8_t* ub = ctx.local.at(isa::Buf::UB, 0, ctx.local.capacity(isa::Buf::UB));
-  vec::visit_vector_op(vi.op, [&](auto o) {
-    using Op = decltype(o);
-    if constexpr (Op::family == Family::kTranspose) {
-      run_transpose(vi, ub);
-    } else if constexpr (Op::family == Family::kConvert) {
-      visit_supported<Op::types>(vi.type, [&](auto to) {
-        visit_supported<Op::types>(vi.src_type, [&](auto from) {
-          run_convert<decltype(to)::value, decltype(from)::value>(vi, ub);
+namespace {
+
+// A decoded vector instruction, carried out on the UB (execute_vector, prepare_vector).
+struct VectorExec {
+  VecInsn vi;
+
+  void run(ExecContext& ctx) const {
+    if (vi.repeats == 0) return;
+    uint8_t* ub = ctx.local.at(isa::Buf::UB, 0, ctx.local.capacity(isa::Buf::UB));
+    vec::visit_vector_op(vi.op, [&](auto o) {
+      using Op = decltype(o);
+      if constexpr (Op::family == Family::kTranspose) {
+        run_transpose(vi, ub);
+      } else if constexpr (Op::family == Family::kConvert) {
+        visit_supported<Op::types>(vi.type, [&](auto to) {
+          visit_supported<Op::types>(vi.src_type, [&](auto from) {
+            run_convert<decltype(to)::value, decltype(from)::value>(vi, ub);
+          });
         });
-      });
-    } else {
-      visit_supported<Op::types>(vi.type,
-                                 [&](auto d) { run_typed<Op, decltype(d)::value>(vi, ub); });
-    }
-  });
+      } else {
+        visit_supported<Op::types>(vi.type,
+                                   [&](auto d) { run_typed<Op, decltype(d)::value>(vi, ub); });
+      }
+    });
+  }
+};
+
+}  // namespace
+
+void execute_vector(const IssuedOp& op, ExecContext& ctx) {
+  VectorExec{vec::decode_vector(op, ctx.cfg)}.run(ctx);
+}
+
+std::unique_ptr<PreparedOp> prepare_vector(const IssuedOp& op, const ExecContext& ctx) {
+  return std::make_unique<PreparedDescriptor<VectorExec>>(
+      VectorExec{vec::decode_vector(op, ctx.cfg)});
 }
 
 }  // namespace npusim

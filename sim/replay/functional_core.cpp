@@ -16,6 +16,18 @@ bool is_sync(Opcode op) {
   return op == Opcode::op_set_flag || op == Opcode::op_wait_flag || op == Opcode::op_cc_set ||
          op == Opcode::op_cc_wait;
 }
+
+// A scalar st as a kept effect: its 8 bytes, written again.
+class PreparedStore final : public PreparedOp {
+ public:
+  PreparedStore(uint64_t addr, int64_t value) : m_addr(addr), m_value(value) {}
+  void run(ExecContext& ctx) const override { ctx.gm.write(m_addr, &m_value, 8); }
+  uint64_t bytes() const override { return sizeof(*this); }
+
+ private:
+  uint64_t m_addr;
+  int64_t m_value;
+};
 }  // namespace
 
 FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind,
@@ -39,6 +51,7 @@ FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind
 void FunctionalCore::take_effect(const IssuedOp& op) {
   m_pc = op.pc;
   if (op.op() == Opcode::op_ld) {  // at its recorded place among the effects
+    m_keep_failed = true;
     const uint64_t addr = static_cast<uint64_t>(op[1]);
     if (!m_ctx.gm.in_bounds(addr, 8))
       throw KernelFault(fmt::format("GM access [{:#x}, {:#x}) is outside device memory of {} "
@@ -61,14 +74,29 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
     m_fingerprint.add_cost(op.pc, cost);
     return;
   }
-  if (op.op() == Opcode::op_st) {
-    const int64_t v = op[0];
-    if (m_functional) m_ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
-    else m_ctx.gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+  if (!m_functional) {
+    if (op.op() == Opcode::op_st) m_ctx.gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+    else invalidate_gm_writes(plan(op, m_ctx), m_ctx.gm);
     return;
   }
-  if (m_functional) execute(op, m_ctx);
-  else invalidate_gm_writes(plan(op, m_ctx), m_ctx.gm);
+  if (!m_keep) {
+    if (op.op() == Opcode::op_st) {
+      const int64_t v = op[0];
+      m_ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+    } else {
+      execute(op, m_ctx);
+    }
+    return;
+  }
+  std::unique_ptr<PreparedOp> p;
+  if (op.op() == Opcode::op_st)
+    p = std::make_unique<PreparedStore>(static_cast<uint64_t>(op[1]), op[0]);
+  else
+    p = prepare(op, m_ctx);
+  p->run(m_ctx);
+  m_keep->bytes += p->bytes() + sizeof(p) + sizeof(PreparedEffects::Where);
+  m_keep->ops.push_back(std::move(p));
+  m_keep->where.push_back({m_run, op.pc});
 }
 
 void FunctionalCore::execute_ready() {
@@ -86,6 +114,7 @@ void FunctionalCore::execute_ready() {
 }
 
 void FunctionalCore::run_block(const SectionRun& run, const BlockIdentity& id) {
+  m_run = &run;
   m_scalar.reset();
   for (Queue& q : m_queues) {
     q.ops.clear();

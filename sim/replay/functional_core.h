@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "sim/config/chip_config.h"
@@ -23,6 +24,19 @@
 #include "sim/replay/fingerprint.h"
 
 namespace npusim {
+
+// One core's effects in a replayed launch, in the order they took effect, each decoded and
+// checked once (PreparedOp): what a replay of the same launch with the same arguments does
+// again, without walking the program (sim/replay/launch_replay.h, RecordedLaunch::prepared).
+struct PreparedEffects {
+  struct Where {
+    const SectionRun* run;  // the block's section (for a fault's message)
+    uint32_t pc;
+  };
+  std::vector<std::unique_ptr<PreparedOp>> ops;
+  std::vector<Where> where;  // of each op
+  uint64_t bytes = 0;        // host memory held, roughly
+};
 
 class FunctionalCore {
  public:
@@ -49,6 +63,11 @@ class FunctionalCore {
   FunctionalCore(const FunctionalCore&) = delete;
   FunctionalCore& operator=(const FunctionalCore&) = delete;
 
+  // Execute mode of a functional run: also keep every effect taken in `out` (appended, with
+  // the SectionRun of the block it came from). A program that loads (ld) cannot be kept so:
+  // its effects depend on the data it reads; kept_all() is then false.
+  void keep_effects(PreparedEffects* out) { m_keep = out; }
+  bool kept_all() const { return m_keep && !m_keep_failed; }
   // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
   // recorded order (it cannot, for the launch that was recorded) or an instruction faults;
   // fault_pc() then names the instruction.
@@ -74,6 +93,9 @@ class FunctionalCore {
   void take_effect(const IssuedOp& op);
 
   ExecContext m_ctx;
+  PreparedEffects* m_keep = nullptr;
+  const SectionRun* m_run = nullptr;  // of the block running
+  bool m_keep_failed = false;
   const std::vector<uint8_t>& m_order;
   size_t m_next = 0;  // next step of m_order
   const bool m_functional;

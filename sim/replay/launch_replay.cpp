@@ -185,43 +185,95 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
   return true;
 }
 
+namespace {
+
+// "core aic3 pc 12 (k.s:30): <instruction>: <what>" for a fault of a replayed block.
+std::string replay_fault(const isa::Program& program, const AiCore& core, const SectionRun& run,
+                         uint32_t pc, const std::string& what) {
+  const auto& code = run.section->code;
+  const std::string source = program.source.empty() ? program.name : program.source;
+  std::string where = fmt::format("pc {} ({})", pc, source);
+  std::string insn;
+  if (pc < code.size()) {
+    if (code[pc].src_line) where = fmt::format("pc {} ({}:{})", pc, source, code[pc].src_line);
+    if (static_cast<int>(code[pc].op) < isa::kNumOpcodes)
+      insn = isa::disassemble(code[pc], run.section) + ": ";
+  }
+  return fmt::format("core {} {}: {}{}", core.core_name(), where, insn, what);
+}
+
+// The message of the exception being handled.
+std::string current_error() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Bytes a kept effect takes, roughly: the decoded instruction (~100-250 bytes, the vector
+// unit's the largest) and its place in PreparedEffects. # estimate: for the memo's limit only.
+constexpr uint64_t kPreparedEffectBytes = 320;
+
+}  // namespace
+
+uint64_t prepared_bytes_estimate(const RecordedLaunch& rec) {
+  uint64_t effects = 0;
+  for (const RecordedLaunch::CoreBlocks& cb : rec.cores) effects += cb.order.size();
+  return effects * kPreparedEffectBytes;
+}
+
+uint64_t PreparedLaunch::bytes() const {
+  uint64_t n = sizeof(*this);
+  for (const PreparedEffects& e : cores) n += sizeof(e) + e.bytes;
+  return n;
+}
+
 std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const std::vector<uint64_t>& args, int block_dim,
                           const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                          const ChipConfig& cfg, bool functional, WorkerPool& pool) {
+                          const ChipConfig& cfg, bool functional, WorkerPool& pool,
+                          const PreparedLaunch* prepared, PreparedLaunch* keep) {
   for (size_t i = 0; i < rec.runs.size(); ++i)
     rec.runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
+    prepared = nullptr;
+  if (keep && (!functional || prepared)) keep = nullptr;
+  if (keep) {
+    keep->cores.clear();
+    keep->cores.resize(rec.cores.size());
+  }
   std::vector<std::string> faults(rec.cores.size());
+  std::vector<char> kept(rec.cores.size(), 0);
   pool.run(rec.cores.size(), [&](size_t i) {
     const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
     AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    if (prepared) {  // the effects, decoded once, in their order: no program to walk
+      const PreparedEffects& effects = prepared->cores[i];
+      ExecContext ctx{cfg, core.kind_config(), core.local(), gm};
+      size_t e = 0;
+      try {
+        for (; e < effects.ops.size(); ++e) effects.ops[e]->run(ctx);
+      } catch (...) {
+        faults[i] = replay_fault(program, core, *effects.where[e].run, effects.where[e].pc,
+                                 current_error());
+      }
+      return;
+    }
     // Each pool thread replays one core at a time: its queue storage serves them all.
     thread_local FunctionalCore::Queues queues;
     FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
                       FunctionalCore::Mode::execute, &queues);
+    if (keep) fc.keep_effects(&keep->cores[i]);
     for (const RecordedLaunch::Block& b : cb.blocks) {
       const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
-      std::string what;
       try {
         fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock,
                                         core.kind_index()});
-      } catch (const std::exception& e) {
-        what = e.what();
       } catch (...) {
-        what = "unknown error";
-      }
-      if (!what.empty()) {
-        const uint32_t pc = fc.fault_pc();
-        const auto& code = run.section->code;
-        const std::string source = program.source.empty() ? program.name : program.source;
-        std::string where = fmt::format("pc {} ({})", pc, source);
-        std::string insn;
-        if (pc < code.size()) {
-          if (code[pc].src_line) where = fmt::format("pc {} ({}:{})", pc, source, code[pc].src_line);
-          if (static_cast<int>(code[pc].op) < isa::kNumOpcodes)
-            insn = isa::disassemble(code[pc], run.section) + ": ";
-        }
-        faults[i] = fmt::format("core {} {}: {}{}", core.core_name(), where, insn, what);
+        faults[i] = replay_fault(program, core, run, fc.fault_pc(), current_error());
         return;
       }
     }
@@ -231,7 +283,12 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
     if (!fc.finished())
       faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
                               core.core_name());
+    kept[i] = fc.kept_all();
   });
+  if (keep) {
+    keep->complete = std::find(kept.begin(), kept.end(), 0) == kept.end();
+    if (!keep->complete) keep->cores.clear();
+  }
   for (const std::string& f : faults)
     if (!f.empty()) return f;
   return {};
@@ -340,7 +397,7 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   auto it = m_map.find(key);
   if (it == m_map.end()) return nullptr;
   m_lru.splice(m_lru.begin(), m_lru, it->second);
-  return it->second->second.get();
+  return it->second->rec.get();
 }
 
 std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_similar(const LaunchKey& similar) {
@@ -349,26 +406,47 @@ std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_similar(const Laun
   if (it == m_similar.end()) return out;
   for (const LaunchKey& k : it->second) {
     auto e = m_map.find(k);
-    if (e != m_map.end()) out.push_back(e->second->second);
+    if (e != m_map.end()) out.push_back(e->second->rec);
   }
   return out;
 }
 
+const PreparedLaunch* LaunchMemo::prepared(const LaunchKey& key) const {
+  auto it = m_map.find(key);
+  return it == m_map.end() ? nullptr : it->second->prepared.get();
+}
+
+void LaunchMemo::keep_prepared(const LaunchKey& key, std::unique_ptr<PreparedLaunch> p) {
+  auto it = m_map.find(key);
+  if (it == m_map.end() || !p) return;
+  std::unique_ptr<PreparedLaunch>& slot = it->second->prepared;
+  if (slot) m_bytes -= slot->bytes();
+  slot = std::move(p);
+  m_bytes += slot->bytes();
+  m_lru.splice(m_lru.begin(), m_lru, it->second);
+  make_room();
+}
+
 void LaunchMemo::drop(std::list<Entry>::iterator it) {
-  if (it->second.use_count() == 1) m_bytes -= it->second->bytes();  // its last key
-  m_map.erase(it->first);
+  if (it->rec.use_count() == 1) m_bytes -= it->rec->bytes();  // its last key
+  if (it->prepared) m_bytes -= it->prepared->bytes();
+  m_map.erase(it->key);
   m_lru.erase(it);
+}
+
+void LaunchMemo::make_room() {
+  // Never evicting the most recently used key (just added or used).
+  while ((m_map.size() > m_capacity || m_bytes > m_max_bytes) && m_lru.size() > 1)
+    drop(std::prev(m_lru.end()));
 }
 
 void LaunchMemo::add(LaunchKey key, std::shared_ptr<RecordedLaunch> rec) {
   erase(key);
   const bool fresh = rec.use_count() == 1;
   if (fresh) m_bytes += rec->bytes();
-  m_lru.emplace_front(key, std::move(rec));
+  m_lru.push_front(Entry{key, std::move(rec), nullptr});
   m_map.emplace(std::move(key), m_lru.begin());
-  // Make room, never evicting what was just added.
-  while ((m_map.size() > m_capacity || m_bytes > m_max_bytes) && m_lru.size() > 1)
-    drop(std::prev(m_lru.end()));
+  make_room();
   if (m_similar.size() >= 4 * m_capacity) {  // drop the keys whose recording is gone
     for (auto it = m_similar.begin(); it != m_similar.end();) {
       auto& keys = it->second;

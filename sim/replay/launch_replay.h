@@ -28,6 +28,7 @@
 #include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
 #include "sim/replay/fingerprint.h"
+#include "sim/replay/functional_core.h"
 
 namespace npusim {
 
@@ -89,6 +90,20 @@ struct RecordedLaunch {
   uint64_t bytes() const;
 };
 
+// A replayed launch's effects kept for the next replay of the same launch (the same key:
+// program, arguments, block count): each core's effects in the order they took effect, decoded
+// once (PreparedEffects, sim/replay/functional_core.h), in the order of RecordedLaunch::cores.
+// Running them does what walking the blocks again would: the walk of a program without ld is a
+// function of the key alone, and so is every effect it issues. An inference loop replays each
+// launch of its step so, after the first replay.
+struct PreparedLaunch {
+  std::vector<PreparedEffects> cores;
+  bool complete = false;  // every core's effects were kept (none loads)
+  uint64_t bytes() const;
+};
+// The host memory a PreparedLaunch of `rec` would take, roughly (from the number of effects).
+uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
+
 // The blocks each core of `chip` ran in the launch now ending, recorded (Chip::recordings) and
 // about to end (call before Chip::end_launch), with the memory system's record. False if the
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
@@ -98,10 +113,15 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as
 // "core aic3 pc 12 (k.s:30): <instruction>: <what>".
+// prepared (may be null): this launch's effects kept by an earlier replay of it (same key): they
+// are run instead of the blocks. keep (may be null, functional runs only): filled with this
+// replay's effects (complete unless the program loads).
 std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const std::vector<uint64_t>& args, int block_dim,
                           const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                          const ChipConfig& cfg, bool functional, WorkerPool& pool);
+                          const ChipConfig& cfg, bool functional, WorkerPool& pool,
+                          const PreparedLaunch* prepared = nullptr,
+                          PreparedLaunch* keep = nullptr);
 
 // Whether `rec` (recorded with other tensor addresses) times this launch exactly. Running the
 // launch's blocks without effect (FunctionalCore verify mode, cores on `pool`) must give every
@@ -138,11 +158,20 @@ class LaunchMemo {
   // `rec` (kept under another key, from find_similar) found to time the launch `key` too.
   void alias(LaunchKey key, std::shared_ptr<RecordedLaunch> rec);
   void erase(const LaunchKey& key);
+  // The effects kept for `key` (keep_prepared), or null.
+  const PreparedLaunch* prepared(const LaunchKey& key) const;
+  // Keeps `p` with the recording of `key` (which must be kept), counted in the memo's bytes.
+  void keep_prepared(const LaunchKey& key, std::unique_ptr<PreparedLaunch> p);
   size_t size() const { return m_map.size(); }
   uint64_t bytes() const { return m_bytes; }
 
  private:
-  using Entry = std::pair<LaunchKey, std::shared_ptr<RecordedLaunch>>;
+  struct Entry {
+    LaunchKey key;
+    std::shared_ptr<RecordedLaunch> rec;
+    std::unique_ptr<PreparedLaunch> prepared;  // this key's own (the recording may be shared)
+  };
+  void make_room();
   void add(LaunchKey key, std::shared_ptr<RecordedLaunch> rec);
   void drop(std::list<Entry>::iterator it);
   size_t m_capacity;

@@ -48,30 +48,35 @@ UnitFloat unit_float(DataType t) {
   }
 }
 
-// dst = the bits of (sample & (2^W - 1)) * 2^-W. m is scratch (clobbered), e scratch. A
-// leading-zero count by binary search over the W+1-bit word: steps 16, 8, 4, 2, 1 (those up to
-// W: fewer than 2s leading zeros remain before step s), each shifting m left when its top `s`
-// bits are zero; m then has bit W set and the value
-// is 1.f * 2^-k with k the total shift, so the exponent field is bias - k.
+// dst = the bits of (sample & (2^W - 1)) * 2^-W. m and e are scratch (clobbered). A
+// leading-zero count by binary search over the W+1-bit word, without branches (the control
+// flow, and so the kernel's timing, must not depend on the random bits: a launch of it then
+// replays at the next step's key, docs/chip_model.md "Launch replay"): steps s = 16, 8, 4, 2, 1
+// (those up to W: fewer than 2s leading zeros remain before step s), each shifting m left by s
+// when its top s bits are zero (shift = s * (1 - min(m >> (W + 1 - s), 1))). m then has bit W set
+// and the value is 1.f * 2^-k with k the total shift, so the exponent field is bias - k; a zero
+// sample (m still 0: bit W clear) gives +0.0 by multiplying the exponent by bit W of m.
 void emit_unit_float_bits(KernelBuilder& b, const Reg& dst, const Reg& sample, const Reg& m,
                           const Reg& e, const UnitFloat& f) {
   const int w = f.mantissa_bits;
   const int64_t mask = (int64_t{1} << w) - 1;
   b.and_(m, sample, mask, "mantissa bits of the sample");
-  b.movi(dst, 0, "sample mantissa 0: +0.0");
-  b.if_(ne(m, 0), [&] {
-    b.movi(e, f.bias);
-    for (int s = 16; s >= 1; s /= 2) {
-      if (s > w) continue;  // the leading zeros are at most W: steps up to W suffice
-      b.if_(lt(m, int64_t{1} << (w + 1 - s)), [&] {
-        b.shl(m, m, s);
-        b.sub(e, e, s);
-      });
-    }
-    b.shl(dst, e, w, "exponent field");
-    b.and_(m, m, mask, "drop the leading one");
-    b.emit(Opcode::op_or, {dst, dst, m});
-  });
+  b.movi(e, f.bias);
+  for (int s = 16, log2_s = 4; s >= 1; s /= 2, --log2_s) {
+    if (s > w) continue;  // the leading zeros are at most W: steps up to W suffice
+    b.shr(dst, m, w + 1 - s, fmt::format("step {}: shift by {} if the top {} bits are zero", s,
+                                         s, s));
+    b.min(dst, dst, 1);
+    b.emit(Opcode::op_xor, {dst, dst, 1});
+    if (log2_s > 0) b.shl(dst, dst, log2_s);
+    b.shl(m, m, dst);
+    b.sub(e, e, dst);
+  }
+  b.shr(dst, m, w, "1 unless the sample's mantissa was 0");
+  b.mul(e, e, dst);
+  b.shl(dst, e, w, "exponent field");
+  b.and_(m, m, mask, "drop the leading one");
+  b.emit(Opcode::op_or, {dst, dst, m});
 }
 
 // The vector cores' block split of `groups` Philox groups.

@@ -23,9 +23,12 @@
 // Both run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers; a 64-bit `mul` of two
 // zero-extended u32 words is the exact 32x32->64 product Philox needs; the vector unit has no
 // widening 32-bit multiply). Cost: ~14 scalar instructions per Philox round, ~140 per group of
-// four outputs, ~15 per output to build its float bits (no scalar float unit: a leading-zero
-// count by binary search), ~55 scalar instructions per f32 output in all (measured: 4096 f32 in
-// 54 k cycles on tiny's 4 vector cores); groups are spread over the vector cores (at least
+// four outputs, 36 per f32 output to build its float bits (no scalar float unit: a leading-zero
+// count by binary search, without branches so that the timing does not depend on the random
+// bits and a launch replays at the next step's key; 30 for f16, 24 for bf16), ~75 scalar
+// instructions per f32 output in all (measured: 4096 f32 in 79.8 k cycles on tiny's 4 vector
+// cores, 22.4 k on 910b; with the branching float construction before 2026-12-02 57.7 k and
+// 16.9 k for one key, varying with the key); groups are spread over the vector cores (at least
 // kRandomMinGroupsPerBlock per block). Large random tensors are slow.
 #pragma once
 
