@@ -43,6 +43,15 @@
 //     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
 //     convolution (the bias needs one group and the table).
 //
+//   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
+//     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
+//     attributes, NHWC): CANN's convolution epilogue. One launch besides the operand casts: the
+//     cube convolution starting from the bias (the bias table, mmad init 2) with ReLU in
+//     FIXPIPE. Numerics: y = bias + sum x16 * f16(W) in fp32 (the unfused chain rounds the sum
+//     to f32, then adds the bias: one rounding less here). Grouped convolutions and chips
+//     without a bias table run the convolution, then the bias (and ReLU) as a vector launch in
+//     place on y (what BiasAdd and Relu compute, in one pass).
+//
 // Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
 // f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
 // (allow_fp32_to_fp16) or rounded to f16 and widened (allow_mix_precision). must_keep_origin_
@@ -328,20 +337,34 @@ ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const 
   return derived;
 }
 
-// Conv2D and Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias];
-// epsilon, relu: the graph fusion of Conv2D -> BatchNormInference, see the file comment).
+// Conv2D, Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias];
+// epsilon, relu: the graph fusion of Conv2D -> BatchNormInference) and Conv2DBiasAdd (x,
+// filter, bias; relu: the fusion of Conv2D -> BiasAdd [-> Relu]); see the file comment.
 CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "Conv2DBatchNormInference";
-  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7 : op.inputs.size() != 2)
-    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "6 or 7" : "2",
+  const bool bias_add = op.type == "Conv2DBiasAdd";
+  const size_t plain_inputs = bias_add ? 3 : 2;
+  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7
+                 : op.inputs.size() != plain_inputs)
+    op.fail(fmt::format("takes {} inputs, {} given",
+                        batch_norm ? std::string("6 or 7") : std::to_string(plain_inputs),
                         op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
   // Conv2DBatchNormInference: f32 filter and batch norm; x and y f32 or f16 (Tx / Tout: the
   // graph fusion's fp16 hand-off between two of them).
   const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
+                                   : bias_add     ? std::initializer_list<size_t>{0, 1, 2}
                                                   : std::initializer_list<size_t>{0, 1});
+  if (bias_add) {
+    if (dt != DataType::F32)
+      op.fail(fmt::format("dtype {} is not supported: the bias table holds f32 (f32 only)",
+                          data_type_name(dt)));
+    if (op.inputs[2].shape.size() != 1 || op.inputs[2].shape[0] != op.inputs[1].shape[3])
+      op.invalid(fmt::format("bias {} is not [{}], the filter's output channels",
+                             shape_str(op.inputs[2].shape), op.inputs[1].shape[3]));
+  }
   DataType y_type = dt;
   if (batch_norm) {
     if (dt != DataType::F32)
@@ -391,12 +414,27 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_tap = cin * cout;
   s.b_row = cout;
   fold_width(s, x);
+  const bool relu = op.attr_bool("relu", false);
+  if (bias_add) {
+    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
+    // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores).
+    if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
+      append_cube_conv(k, ctx, ct, s, xr, wr);
+      append_bias_epilogue(k, ctx, 2, relu);
+      return k;
+    }
+    const ArgRef bias = input_ref(2);  // f32 [Cout], as the bias table reads it
+    s.name = fmt::format("Conv2DBias{}_{}", relu ? "Relu" : "", data_type_name(y_type));
+    s.bias = true;
+    s.relu = relu;
+    append_cube_conv(k, ctx, ct, s, xr, wr, &bias);
+    return k;
+  }
   if (!batch_norm) {
     const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
     append_cube_conv(k, ctx, ct, s, xr, wr);
     return k;
   }
-  const bool relu = op.attr_bool("relu", false);
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
@@ -991,7 +1029,8 @@ CompiledKernel compile_conv2d(const CompileContext& ctx) {
     check_shape_tensor(ctx.op, i, grad_input ? "input_sizes" : "filter_sizes");
     return compile_without_inputs(ctx, {i}, compile_conv2d);
   }
-  if (t == "Conv2D" || t == "Conv2DBatchNormInference") return compile_conv2d_forward(ctx);
+  if (t == "Conv2D" || t == "Conv2DBatchNormInference" || t == "Conv2DBiasAdd")
+    return compile_conv2d_forward(ctx);
   if (t == "Conv2DBackpropInput") return compile_conv2d_backprop_input(ctx);
   if (t == "Conv2DBackpropFilter") return compile_conv2d_backprop_filter(ctx);
   if (t == "DepthwiseConv2dNative") return compile_depthwise_forward(ctx);

@@ -138,6 +138,24 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
                                  {x, fold.a, fold.shift, output_ref(0)}));
 }
 
+void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input,
+                          bool relu) {
+  const std::vector<int64_t>& shape = k.outputs[0].shape;
+  const int64_t c = shape.back();
+  StreamSpec spec;
+  spec.kernel_name = relu ? "BiasAddRelu_f32" : "BiasAdd_f32";
+  spec.out_type = Dtype::F32;
+  spec.out_shape = shape;
+  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
+                 StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}}};
+  spec.compute = [relu](KernelBuilder& b, const TileOperands& t) {
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, t.out, t.in[0], t.in[1], *t.count);
+    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, t.out, t.out, *t.count);
+  };
+  k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
+                                 {output_ref(0), input_ref(bias_input), output_ref(0)}));
+}
+
 namespace {
 
 CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {

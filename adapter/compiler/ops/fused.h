@@ -1,5 +1,6 @@
 // The batch norm at inference as launch builders, shared by BatchNormInference (ops/fused.cpp)
-// and the convolution with a batch norm folded in (Conv2DBatchNormInference, ops/conv2d.cpp).
+// and the convolution with a batch norm folded in (Conv2DBatchNormInference, ops/conv2d.cpp);
+// the bias epilogue of Conv2DBiasAdd and MatMulBiasAdd where the cube has no bias table.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +32,9 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
                              bool relu, isa::Dtype io_type);
+
+// Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, channels
+// last), bias = input `bias_input` (f32 [c]): what BiasAdd (and Relu) compute, in one pass.
+void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input, bool relu);
 
 }  // namespace npusim::compiler::ops

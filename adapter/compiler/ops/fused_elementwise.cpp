@@ -216,6 +216,31 @@ CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1});
 }
 
+CompiledKernel compile_add_n(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
+  for (size_t n = 1; n < op.inputs.size(); ++n)
+    if (op.inputs[n].shape != op.inputs[0].shape)
+      op.invalid(fmt::format("input {} is {}, input 0 {}: AddN's inputs have one shape", n,
+                             shape_str(op.inputs[n].shape), shape_str(op.inputs[0].shape)));
+  if (auto n = op.attr_int("N", -1); n >= 0 && static_cast<size_t>(n) != op.inputs.size())
+    op.invalid(fmt::format("attribute N = {} does not count the {} inputs", n, op.inputs.size()));
+  // N = 1 is a copy: x0 + 0 would turn -0 into +0, so the copy is the layout family's
+  // BroadcastTo to the input's own shape (a bit-exact move).
+  if (op.inputs.size() == 1) {
+    OpDesc copy;
+    copy.type = "BroadcastTo";
+    copy.inputs = op.inputs;
+    copy.attrs["shape"] = op.inputs[0].shape;
+    return compile_layout(CompileContext{copy, ctx.cfg, ctx.precision});
+  }
+  // acc = x0 + x1, acc = acc + x2, ...: TensorFlow's order, each partial sum rounded to T.
+  std::vector<std::string> steps = {"AddV2 i0 i1"};
+  for (size_t n = 2; n < op.inputs.size(); ++n)
+    steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
+  return fused_steps_kernel(ctx, steps, {steps.size() - 1});
+}
+
 CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const int64_t m = op.attr_int("M", -1);

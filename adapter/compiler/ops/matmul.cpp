@@ -28,9 +28,16 @@
 // Batched products (BatchMatMulV2, ops/batch_matmul.cpp) run the same kernel over the tiles of
 // every product (MatmulTiling's batch fields).
 //
+// MatMulBiasAdd(a, b, bias [n]; transpose_a, transpose_b, relu), f32: the TF plugin's graph
+// fusion of MatMul -> BiasAdd [-> Relu] (CANN's MatMul epilogue): the tile's bias goes GM -> L1
+// with its first k chunk and L1 -> BT before its first mmad, which starts from it (init 2);
+// FIXPIPE applies the ReLU. Numerics: C = bias + sum a16 * b16 in fp32 (the unfused chain rounds
+// the sum to f32 first). Chips without a bias table, and k <= 1 (no cube), add the bias (and
+// ReLU) by a vector launch on C.
+//
 // Not supported yet: f32 on the cube with transpose_a or without transpose_b (load2d
 // transposes only 16-bit fractals; the vector-side transposer of ops/transpose.h could
-// pre-transpose the operand into the workspace), s32, bias.
+// pre-transpose the operand into the workspace), s32, a bias on batched products.
 #include "adapter/compiler/ops/matmul.h"
 
 #include <algorithm>
@@ -43,6 +50,7 @@
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
@@ -66,12 +74,14 @@ int64_t field_max(isa::FieldKind k) { return static_cast<int64_t>(isa::field_imm
 
 // The L1 chunks of A (tm x k) and B (k x tn), ping then pong, in units of k: the list that
 // sizes the chunk (plan_matmul_tiling) and allocates it (MatmulEmitter).
-BufferPlan l1_chunks(int64_t tm, int64_t tn, int64_t isz) {
+// With a bias, two bias rows of tn f32 follow (ids 4, 5 as one twin: id 4).
+BufferPlan l1_chunks(int64_t tm, int64_t tn, int64_t isz, bool bias = false) {
   BufferPlan plan(Buf::L1);
   for (int q = 0; q < 2; ++q) {
     plan.add(fmt::format("A chunk {}", q), static_cast<double>(tm * isz));
     plan.add(fmt::format("B chunk {}", q), static_cast<double>(tn * isz));
   }
+  plan.add_fixed("bias row", static_cast<uint64_t>(tn * kL0cElemBytes), 2, bias);
   return plan;
 }
 
@@ -93,12 +103,12 @@ namespace {
 // The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
 // *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
 bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
-             int64_t k, int64_t* tk0, int64_t* tk1) {
+             int64_t k, int64_t* tk0, int64_t* tk1, bool bias) {
   const uint64_t l1 = core.capacity(Buf::L1), l1_align = KernelBuilder::alignment(cfg, Buf::L1);
   *tk0 = cube_k_step(core, cfg, tm, tn, isz,
                      std::min(round_up(k, kKStep), field_max(isa::FieldKind::RU12)));
   if (*tk0 < kKStep) return false;
-  const BufferPlan chunks = l1_chunks(tm, tn, isz);
+  const BufferPlan chunks = l1_chunks(tm, tn, isz, bias);
   *tk1 = chunks.fit(l1, l1_align, *tk0,
                     std::min(round_up(k, *tk0), field_max(isa::FieldKind::RU16) / *tk0 * *tk0));
   if (*tk1 < *tk0) {
@@ -114,7 +124,7 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch, bool any_side) {
+                                const std::string& op, int64_t batch, bool any_side, bool bias) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
@@ -143,7 +153,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
       int64_t tk0 = 0, tk1 = 0;
-      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1)) continue;
+      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       const int64_t blocks = std::min<int64_t>(core.count, tiles);
       const double waves = static_cast<double>(ceil_div(tiles, blocks));
@@ -183,6 +193,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   best.out_type = out_type;
   best.via_ub = via_ub;
   best.batch = batch;
+  best.bias = bias;
   // Through the UB, C's rows must be whole 32-byte blocks in GM: pad them if they are not.
   const int64_t per_block = layout::kBlockBytes / osz;
   best.c_pitch = via_ub ? round_up(n, per_block) : n;
@@ -219,6 +230,7 @@ class MatmulEmitter {
       b.declare_arg("b", m_t.in_type, {bk, bn});
       b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
+    if (m_t.bias) b.declare_arg("bias", Dtype::F32, {m_t.n});
     Reg steps = b.reg("steps of this block: tiles x k chunks");
     m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
     m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
@@ -232,9 +244,17 @@ class MatmulEmitter {
  private:
   // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB.
   void allocate() {
-    const BufferPlan::Placed l1 = l1_chunks(m_t.tm, m_t.tn, m_isz).allocate(m_b, m_t.tk_l1);
+    const BufferPlan::Placed l1 =
+        l1_chunks(m_t.tm, m_t.tn, m_isz, m_t.bias).allocate(m_b, m_t.tk_l1);
     m_l1a = Twin{{l1[0], l1[2]}};
     m_l1b = Twin{{l1[1], l1[3]}};
+    if (m_t.bias) {
+      m_bias_l1 = l1.twin(4);
+      BufferPlan bt(Buf::BT);
+      const auto row =
+          bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(m_t.tn * kL0cElemBytes), 2);
+      m_bias_bt = bt.allocate(m_b, 0).twin(row);
+    }
     BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), ub(Buf::UB);
     const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk_l0 * m_isz), 2);
     const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
@@ -313,6 +333,17 @@ class MatmulEmitter {
     else  // B stored n x k
       load_nd_chunk(dst, src, rows, n0, k0, n_act, kc, m_t.k, m_t.b_batch_strides, bi, "b",
                     "B^T chunk (n x k)");
+    if (m_t.bias)  // the tile's bias with its first chunk, in the chunk's L1 parity
+      b.if_(eq(ch, 0), [&] {
+        KernelBuilder::Origin r(b, "bias of the tile's columns");
+        select(m_b, dst, p, m_bias_l1);
+        b.add(rows, n_act, 7);
+        b.shr(rows, rows, 3, "32-byte blocks of n_act f32");
+        b.mul(src, n0, kL0cElemBytes);
+        Reg bias = b.load_arg("bias");
+        b.add(src, src, bias);
+        b.emit(Opcode::op_copy_gm2l1, {dst, src, 1, rows, 0, 0}, "bias[n0, n0 + n_act)");
+      });
     m_pipe.l1_loaded(p, "L1 chunk loaded");
   }
 
@@ -392,7 +423,7 @@ class MatmulEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> C");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch}, pt);
+      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu}, pt);
     });
   }
 
@@ -408,6 +439,22 @@ class MatmulEmitter {
     m_pipe.l0_wait_free(q, "L0 buffers free");
     load_l0a(p, q, kk, ks, kc, m_act);
     load_l0b(p, q, kk, ks, kc, n_act);
+    // With a bias, a tile's first step copies its bias into the BT row of the L0 parity (free:
+    // the mmad that last read it, two steps back, freed the L0 buffers waited for above).
+    Reg bt;
+    if (m_t.bias) {
+      bt = b.reg("step: bias row in BT");
+      Label later = b.label("bias_loaded");
+      b.branch(ne(ch, 0), later);
+      b.branch(ne(kk, 0), later);
+      Reg src = b.reg("step: bias in L1"), n = b.reg("step: bias blocks");
+      select(m_b, bt, q, m_bias_bt);
+      select(m_b, src, p, m_bias_l1);
+      b.add(n, n_act, 7);
+      b.shr(n, n, 3, "32-byte blocks of n_act f32");
+      b.emit(Opcode::op_copy_l12bt, {bt, src, n}, "the tile's bias into BT");
+      b.bind(later);
+    }
     m_pipe.l0_loaded(q, "L0 step loaded");
     {
       Reg l0a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
@@ -415,7 +462,13 @@ class MatmulEmitter {
       select(m_b, l0a, q, m_l0a);
       select(m_b, l0b, q, m_l0b);
       select(m_b, l0c, pt, m_l0c);
-      m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk);
+      if (m_t.bias) {
+        select(m_b, bt, q, m_bias_bt);
+        m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk, 2, &bt,
+                    "C = bias + A * B");
+      } else {
+        m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk);
+      }
     }
     m_pipe.l0_read(q, "L0 buffers read");
     m_pipe.next_l0_step();
@@ -527,6 +580,7 @@ class MatmulEmitter {
   const int64_t m_isz, m_osz, m_c0, m_chunks;
   CubePipeline m_pipe;
   Twin m_l1a, m_l1b, m_l0a, m_l0b, m_l0c;
+  Twin m_bias_l1, m_bias_bt;  // with a bias (MatmulTiling::bias)
 };
 
 }  // namespace
@@ -633,13 +687,19 @@ CompiledKernel outer_product_on_vector(const CompileContext& ctx, const MatmulPr
 
 CompiledKernel compile_matmul(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const bool bias_add = op.type == "MatMulBiasAdd";
+  const size_t n_inputs = bias_add ? 3 : 2;
+  if (op.inputs.size() != n_inputs)
+    op.fail(fmt::format("takes {} inputs, {} given", n_inputs, op.inputs.size()));
   const TensorDesc& a = op.inputs[0];
   const TensorDesc& b = op.inputs[1];
   const DataType dt = a.dtype;
   if (b.dtype != dt)
     op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
                         data_type_name(b.dtype)));
+  if (bias_add && dt != DataType::F32)
+    op.fail(fmt::format("dtype {} is not supported: the bias table holds f32 (f32 only)",
+                        data_type_name(dt)));
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
                         data_type_name(dt)));
@@ -656,11 +716,41 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   p.k = k;
   p.trans_a = ta;
   p.trans_b = tb;
+  if (bias_add) {
+    const TensorDesc& bias = op.inputs[2];
+    if (bias.dtype != dt || bias.shape != std::vector<int64_t>{n})
+      op.invalid(fmt::format("bias {} is not {}[{}], the product's columns", bias.str(),
+                             data_type_name(dt), n));
+    p.bias = true;
+    p.relu = op.attr_bool("relu", false);
+  }
   return matmul_launches(ctx, dt, p, TensorDesc{dt, {m, n}});
 }
 
+namespace {
+CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
+                                const TensorDesc& c, bool cube_bias);
+}  // namespace
+
 CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
                                const TensorDesc& c) {
+  if (!p.bias) return product_launches(ctx, dt, p, c, false);
+  if (!p.batch_dims.empty() || c.shape.size() != 2)
+    ctx.op.fail("a bias is supported on single (unbatched) products only");
+  // The cube starts from the bias where it has a bias table and the product runs on it (not
+  // k <= 1, which needs no cube); else the bias (and ReLU) follow as a vector launch.
+  const bool cube_bias = ctx.cfg.has_path(Buf::L1, Buf::BT) && p.k > 1 && p.m > 0 && p.n > 0;
+  CompiledKernel out = product_launches(ctx, dt, p, c, cube_bias);
+  if (!cube_bias && c.num_elements() > 0) append_bias_epilogue(out, ctx, 2, p.relu);
+  return out;
+}
+
+namespace {
+
+// The product's launches; with cube_bias, C starts from input 2 (f32 [n]) in the cube and
+// FIXPIPE applies p.relu.
+CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
+                                const TensorDesc& c, bool cube_bias) {
   const OpDesc& op = ctx.op;
   const ChipConfig& cfg = ctx.cfg;
   const int64_t m = p.m, n = p.n, k = p.k;
@@ -684,7 +774,9 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   const CubeTypes types = cube_types(ctx, dt, p);
   const Dtype cube_in = types.cube_in, fix_out = types.fix_out;
   const bool cast_inputs = types.cast_inputs, cast_output = types.cast_output;
-  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch);
+  MatmulTiling tiling =
+      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch, false, cube_bias);
+  tiling.relu = cube_bias && p.relu;
   tiling.batch_dims = p.batch_dims;
   tiling.a_batch_strides = p.a_batch_strides;
   tiling.b_batch_strides = p.b_batch_strides;
@@ -709,6 +801,7 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   mm.kernel = MatmulEmitter(tiling, cfg, op.str()).emit();
   mm.block_dim = tiling.block_dim;
   mm.args = {a_arg, b_arg, c_arg};
+  if (cube_bias) mm.args.push_back(input_ref(2));
   mm.summary = "cube: " + tiling.str();
   out.launches.push_back(std::move(mm));
   if (c_in_workspace) {
@@ -727,5 +820,7 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace npusim::compiler::ops

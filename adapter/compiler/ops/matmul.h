@@ -35,6 +35,9 @@ struct MatmulTiling {
   int64_t batch = 1;
   std::vector<int64_t> batch_dims, a_batch_strides, b_batch_strides;
   int64_t a_count = 1, b_count = 1;
+  // MatMulBiasAdd (not batched): C starts from bias[n] (argument "bias", f32 [n], copied
+  // L1 -> BT per tile, mmad init 2) and FIXPIPE applies max(C, 0) with relu. Needs the BT.
+  bool bias = false, relu = false;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
 };
@@ -45,9 +48,11 @@ struct MatmulTiling {
 // batch: independent products of this size (BatchMatMul), counted in the cost model's waves.
 // any_side: tile sides may be any multiple of 16 up to 256, not only powers of two (so that a
 // few tiles can be cut into one per cube core; MatMul itself keeps the powers of two).
+// bias: L1 also holds two bias rows of the tile (MatmulTiling::bias).
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch = 1, bool any_side = false);
+                                const std::string& op, int64_t batch = 1, bool any_side = false,
+                                bool bias = false);
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is
@@ -64,6 +69,9 @@ struct MatmulProblem {
   bool trans_a = false, trans_b = false;
   std::vector<int64_t> batch_dims, a_batch_strides, b_batch_strides;
   int64_t a_count = 1, b_count = 1;
+  // MatMulBiasAdd: input 2 is an f32 bias [n] added to C (then max(C, 0) with relu): in the
+  // cube where it has a bias table (MatmulTiling::bias), else as a vector launch on C.
+  bool bias = false, relu = false;
 };
 CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
                                const TensorDesc& c);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/random.h"
 
@@ -101,6 +102,8 @@ const std::vector<OpEntry>& op_table() {
       // element-wise binary with broadcasting (ops/binary.cpp)
       {"AddV2", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"Add", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
+      // AddN: one streaming kernel of N-1 AddV2 steps (ops/fused_elementwise.cpp)
+      {"AddN", "fused_elementwise", compile_add_n, npu_t(K::kElementwise, kFloatTypes)},
       {"Sub", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"Mul", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"RealDiv", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
@@ -142,6 +145,9 @@ const std::vector<OpEntry>& op_table() {
       {"Cast", "cast", compile_cast, cast_registration()},
       // cube (ops/matmul.cpp)
       {"MatMul", "matmul", compile_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
+      // MatMul -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
+      // FIXPIPE)
+      {"MatMulBiasAdd", "matmul", compile_matmul, npu(K::kFusedInference, {{"T", {DT::F32}}})},
       // data movement: strided copies assembled in the UB (ops/layout.cpp)
       {"Transpose", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"perm", 1, "perm"}})},
@@ -270,6 +276,9 @@ const std::vector<OpEntry>& op_table() {
       {"Conv2DBatchNormInference", "fused", compile_conv2d,
        npu(K::kFusedInference,
            {{"T", {DT::F32}}, {"Tx", {DT::F32, DT::F16}}, {"Tout", {DT::F32, DT::F16}}})},
+      // Conv2D -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
+      // FIXPIPE)
+      {"Conv2DBiasAdd", "conv2d", compile_conv2d, npu(K::kFusedInference, {{"T", {DT::F32}}})},
       {"Conv2DBackpropInput", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d,

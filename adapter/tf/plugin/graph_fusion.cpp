@@ -794,6 +794,64 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
+// ---- rewrite 3b: convolution and MatMul epilogues (Conv2DBiasAdd, MatMulBiasAdd) ----
+
+// n's data_format is NHWC (or absent: TensorFlow's default).
+bool nhwc(const tfc::NodeDef& n) {
+  auto f = n.attr().find("data_format");
+  return f == n.attr().end() || f->second.s() == "NHWC";
+}
+
+// Conv2D (NHWC) or MatMul -> BiasAdd (NHWC: the channel last) [-> Relu], all float32 on the
+// NPU on one device, the product read only by the BiasAdd (and the BiasAdd only by the Relu
+// when that is taken): one Conv2DBiasAdd / MatMulBiasAdd in place of the chain's last node (its
+// name kept), with the product's attributes and relu.
+int fuse_bias_epilogues(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                        std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& bias_add = *graph.mutable_node(i);
+    if (bias_add.op() != "BiasAdd" || !on_npu(bias_add) || removed->count(bias_add.name()) ||
+        rm.claimed(bias_add.name()) || !float_node(bias_add) || !nhwc(bias_add) ||
+        bias_add.input_size() < 2)
+      continue;
+    tfc::NodeDef* product = g.producer(bias_add, 0, "Conv2D");
+    const bool conv = product != nullptr;
+    if (!product) product = g.producer(bias_add, 0, "MatMul");
+    if (!product || removed->count(product->name()) || !float_node(*product) ||
+        (conv && !nhwc(*product)) || product->input_size() != 2 ||
+        !rm.removable(*product, 1) || product->device() != bias_add.device())
+      continue;
+    tfc::NodeDef* last = &bias_add;
+    if (tfc::NodeDef* r = g.only_consumer(bias_add.name());
+        r && r->op() == "Relu" && on_npu(*r) && float_node(*r) &&
+        r->device() == bias_add.device() && GraphView::reads(*r, 0, bias_add.name()) &&
+        rm.removable(bias_add, 1) && !rm.claimed(r->name()) && !removed->count(r->name()))
+      last = r;
+    const bool relu = last != &bias_add;
+    const std::vector<std::string> inputs = {product->input(0), product->input(1),
+                                             bias_add.input(1)};
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(tfc::DT_FLOAT);
+    attrs["relu"].set_b(relu);
+    const std::vector<const char*> kept =
+        conv ? std::vector<const char*>{"strides", "padding", "explicit_paddings", "dilations",
+                                        "data_format"}
+             : std::vector<const char*>{"transpose_a", "transpose_b"};
+    for (const char* a : kept)
+      if (auto it = product->attr().find(a); it != product->attr().end()) attrs[a] = it->second;
+    rm.remove(product->name());
+    if (relu) rm.remove(bias_add.name());
+    rm.claim(last->name());
+    rewrite_as(*last, conv ? "Conv2DBiasAdd" : "MatMulBiasAdd", inputs, attrs);
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 // A Conv2DBatchNormInference whose every data consumer is a Conv2DBatchNormInference reading it
 // as x (and nothing else of it) hands its output over in fp16: Tout = half there, Tx = half in
 // the consumers. The cube reads fp16 anyway (allow_fp32_to_fp16): FIXPIPE rounds the result
@@ -2255,6 +2313,11 @@ bool attention_fusion_requested() {
   return on;
 }
 
+bool epilogue_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_EPILOGUE");
+  return on;
+}
+
 bool rope_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_ROPE");
   return on;
@@ -2299,6 +2362,9 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   counts.half_handoffs = half_handoffs(graph, preserve);
   counts.add_relu = fuse_add_relus(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  if (epilogue_fusion_requested()) counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   if (fused_elementwise_registered())

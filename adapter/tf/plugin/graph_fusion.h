@@ -45,6 +45,15 @@
 //      would run moves into the producer's FIXPIPE, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
+//   3b. Conv2DBiasAdd / MatMulBiasAdd, CANN's convolution and MatMul epilogues: Conv2D (NHWC)
+//      or MatMul -> BiasAdd (NHWC) [-> Relu], all float32, the product read only by the
+//      BiasAdd (the Relu taken where it is the BiasAdd's only reader) -> the fused op (x or a,
+//      filter or b, bias; the product's attributes, relu) in place of the last node: the cube
+//      starts from the bias (bias table) and FIXPIPE applies the ReLU (adapter/compiler/ops/
+//      conv2d.cpp, matmul.cpp). Run after 1-3 (an inference batch norm takes its BiasAdd
+//      first) and before 4 (which would take the Relu). Training graphs keep BiasAddGrad (it
+//      reads the gradient, not these nodes). Half and bfloat16 products stay unfused (the bias
+//      table holds f32). NPUSIM_FUSION_EPILOGUE=0 turns this rewrite alone off.
 //   4. FusedElementwise (adapter/compiler/ops/fused_elementwise.h), run last: maximal connected
 //      sets of nodes whose op is fusible (compiler::ops::fusible_elementwise), of one type T in
 //      {float, half, bfloat16}, with no attribute but T, where every node but the set's single
@@ -159,6 +168,7 @@ struct FusionCounts {
   int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
   int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;             // AddRelu nodes created
+  int bias_epilogue = 0;        // Conv2DBiasAdd and MatMulBiasAdd nodes created (rewrite 3b)
   int elementwise = 0;          // FusedElementwise nodes created
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
@@ -168,8 +178,9 @@ struct FusionCounts {
   int rope = 0;                 // RotaryPositionEmbedding nodes created (rewrite 10)
   int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
   int total() const {
-    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables;
+    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + bias_epilogue +
+           elementwise + variable_update + deduplicated + rms_norm + swiglu + attention + rope +
+           rope_tables;
   }
 };
 
@@ -184,6 +195,8 @@ bool variable_update_fusion_requested();
 bool rms_norm_fusion_requested();
 bool swiglu_fusion_requested();
 bool attention_fusion_requested();
+// False when NPUSIM_FUSION_EPILOGUE is "0" (read once): rewrite 3b alone off.
+bool epilogue_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
 bool rope_fusion_requested();
 // fusion_requested() and the fused ops are registered.

@@ -296,12 +296,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "npusim: fusion in %s: %d training batch norms, %d BatchNormInference "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
-                     "%d FusedElementwise, %d FusedVariableUpdate, %d duplicates, %d RmsNorm, "
+                     "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate, %d duplicates, %d RmsNorm, "
                      "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
                      "duplicates)\n",
                      item_id(item).c_str(), counts.training_batch_norm, counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
-                     counts.elementwise, counts.variable_update, counts.deduplicated,
+                     counts.bias_epilogue, counts.elementwise, counts.variable_update, counts.deduplicated,
                      counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
                      counts.rope_tables);
       if (counts.total() > 0) {

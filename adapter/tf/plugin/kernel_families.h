@@ -44,7 +44,7 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
 rt::Status register_npu_graph_kernel();
 
 // Plugin-only ops:
-// ops the compiler lacks, as sequences of compiled ops: AddN, RsqrtGrad
+// ops the compiler lacks, as sequences of compiled ops: RsqrtGrad
 rt::Status register_composed_kernels();
 rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEFAULT variable ops
 // AssignAdd/AssignSubVariableOp on the chip (TensorFlow's C++ kernel API; the only family not

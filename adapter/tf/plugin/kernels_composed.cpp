@@ -1,12 +1,7 @@
 // Ops the compiler has no kernel for, run as a fixed sequence of compiled ops on the op's stream
 // (each compiled once per shape through CompiledOpCache, intermediate results in TensorFlow
-// temporaries; a compiled op's outputs never alias its inputs). Both appear in every Keras train
-// step that the NPU runs:
-// - AddN: gradient accumulation, and Grappler's ArithmeticOptimizer rewrites chains of adds into
-//   it keeping their device, so without an NPU kernel a residual network's graph fails to place.
-//   N-1 compiled AddV2 launches summing left to right in input order (acc = x0 + x1,
-//   acc = acc + x2, ..., the last into the output), each partial sum rounded to T; N = 1 is a
-//   copy (the compiled BroadcastTo to the input's own shape).
+// temporaries; a compiled op's outputs never alias its inputs). (AddN, once composed here, is a
+// compiled op of the table now: ops/fused_elementwise.cpp, one launch, clusterable.)
 // - RsqrtGrad (Keras' BatchNormalization normalises with Rsqrt): TF's CPU kernel evaluates
 //   -0.5 * (dy * y) * (y * y) per element (Eigen's scalar_rsqrt_gradient_op); here the same
 //   products as compiled Mul launches, the constant -0.5 a scalar written by a memset on the
@@ -55,40 +50,6 @@ compiler::OpDesc binary_op(const char* type, const compiler::TensorDesc& a,
   op.inputs = {a, b};
   return op;
 }
-
-class AddNOp : public OpKernel {
- public:
-  explicit AddNOp(OpKernelConstruction*) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    std::vector<Tensor> x;
-    compiler::TensorDesc d;
-    NPU_OP_REQUIRES_OK(ctx, same_shape_inputs(ctx, "AddN", &x, &d));
-    const int n = static_cast<int>(x.size());
-    Tensor out;
-    NPU_OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x[0].dtype(), d.shape, &out));
-    if (n == 1) {
-      compiler::OpDesc copy;
-      copy.type = "BroadcastTo";
-      copy.inputs = {d};
-      copy.attrs["shape"] = d.shape;
-      NPU_OP_REQUIRES_OK(ctx, run_compiled(ctx, copy, {x[0].device_address()},
-                                           {out.device_address()}));
-      return;
-    }
-    Tensor partial[2];
-    for (int t = 0; t < 2 && t < n - 2; ++t)
-      NPU_OP_REQUIRES_OK(ctx, ctx->allocate_temp(x[0].dtype(), d.shape, &partial[t]));
-    const compiler::OpDesc add = binary_op("AddV2", d, d);
-    uint64_t acc = x[0].device_address();
-    for (int i = 1; i < n; ++i) {
-      const uint64_t dst =
-          i == n - 1 ? out.device_address() : partial[(i - 1) % 2].device_address();
-      NPU_OP_REQUIRES_OK(ctx, run_compiled(ctx, add, {acc, x[i].device_address()}, {dst}));
-      acc = dst;
-    }
-  }
-};
 
 // -0.5 in the bits of `t`, repeated to fill 32 bits (memset32's pattern).
 uint32_t minus_half_pattern(TF_DataType t) {
@@ -139,8 +100,6 @@ class RsqrtGradOp : public OpKernel {
 
 rt::Status register_composed_kernels() {
   const std::vector<TF_DataType> floats = tf_types(compiler::ops::kFloatTypes);
-  rt::Status st = register_kernel<AddNOp>(KernelDefBuilder("AddN").TypeConstraint("T", floats));
-  if (!st.ok()) return st;
   return register_kernel<RsqrtGradOp>(KernelDefBuilder("RsqrtGrad").TypeConstraint("T", floats));
 }
 

@@ -13,6 +13,12 @@
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
+//   Conv2DBiasAdd(x: T, filter: T, bias: T) -> y: T     T in {float}; Conv2D's attributes and
+//     relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from the bias, ReLU
+//     in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown here.
+//   MatMulBiasAdd(a: T, b: T, bias: T) -> product: T     T in {float}; transpose_a,
+//     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
+//     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
 //   FusedElementwise(inputs: N * T) -> z: T     T in {float, half, bfloat16}; N >= 1;
 //     steps: list(string): a chain of element-wise ops as one vector kernel
@@ -153,6 +159,12 @@ void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_DeleteShapeHandle(in);
 }
 
+// An output of unknown shape (rank included): for ops whose shape the C shape API cannot
+// derive (window attributes), where input 0's shape would be wrong (a strided convolution).
+void unknown_output(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
 rt::Status register_op_def(const OpDefSpec& spec) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(spec.name);
   for (const char* in : spec.inputs) TF_OpDefinitionBuilderAddInput(b, in);
@@ -188,6 +200,19 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
+      {"Conv2DBiasAdd",
+       {"x: T", "filter: T", "bias: T"},
+       {"y: T"},
+       {"T: {float}", "relu: bool = false", "strides: list(int)", "padding: string",
+        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
+        "data_format: string = 'NHWC'"},
+       unknown_output},
+      {"MatMulBiasAdd",
+       {"a: T", "b: T", "bias: T"},
+       {"product: T"},
+       {"T: {float}", "transpose_a: bool = false", "transpose_b: bool = false",
+        "relu: bool = false"},
+       unknown_output},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
       {"BNTrainingReduce",
        {"x: T"},
