@@ -1,7 +1,7 @@
 """NPU kernels of data movement, generators and the remaining element-wise / NN / reduction ops
 (adapter/tf/plugin/kernels_layout.cpp, kernels_matmul.cpp's BatchMatMulV2 / Einsum,
 kernels_nn.cpp's activations, kernels_reduce.cpp's ArgMax / ArgMin, Pow, Log1p, the logical
-ops, and kernels_composed.cpp's AddN and RsqrtGrad): with soft placement off each runs on /NPU:0
+ops, the compiled AddN and kernels_composed.cpp's RsqrtGrad): with soft placement off each runs on /NPU:0
 and matches TensorFlow on the CPU.
 
 Data movement, selection, one-hot, gather, fill and integer ops are bit-exact (assert_equal).
@@ -292,11 +292,12 @@ def test_pow_log1p_and_logical_ops(npusim, tf, strict_placement):
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
 def test_add_n(npusim, tf, strict_placement, n, dtype):
-    # N-1 compiled AddV2 launches, left to right, each rounded to the type: the CPU kernel's
-    # order may differ, so values are multiples of 1/4 below 64 (every partial sum exact).
+    # One compiled kernel of N-1 AddV2 steps, left to right, each rounded to the type: the CPU
+    # kernel's order may differ, so values are multiples of 1/4 below 64 (every partial sum
+    # exact).
     xs = [(_ints((3, 37), 40 + i, -64, 64) / 4).astype(dtype) for i in range(n)]
     _check(npusim, tf, lambda *t: tf.raw_ops.AddN(inputs=list(t)), xs,
-           "BroadcastTo" if n == 1 else "AddV2")
+           "BroadcastTo" if n == 1 else "AddN")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
