@@ -399,4 +399,44 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
   }
 }
 
+// Conv2DBiasAdd (the graph fusion's Conv2D -> BiasAdd [-> Relu], f32) against the double
+// reference sum x * f + bias [max 0], the convolution's tolerance with the bias as one more term.
+// On a chip with a bias table and one group the bias is the cube's (no launch besides the
+// casts and the convolution); otherwise one vector launch adds it after the convolution.
+inline void check_conv2d_bias_add(const ConvCase& c, bool relu, uint32_t seed,
+                                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+  INFO("Conv2DBiasAdd x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh
+                           << "x" << c.kw << " -> " << c.cout << " stride " << c.sh << " groups "
+                           << c.groups << (relu ? " relu" : ""));
+  const int64_t co = c.cout;
+  HostTensor x = random_tensor(DataType::F32, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
+  HostTensor b = random_tensor(DataType::F32, {co}, -2, 2, seed + 2);
+  auto attrs = c.attrs();
+  attrs["relu"] = relu;
+  compiler::CompiledKernel k = compiler::compile(
+      make_op("Conv2DBiasAdd", {x.desc, f.desc, b.desc}, attrs), test_sim().config(), mode);
+  summarize(k);
+  REQUIRE(k.outputs[0] == (TensorDesc{DataType::F32, y_shape(c)}));
+  compiler::CompiledKernel plain =
+      compiler::compile(make_op("Conv2D", {x.desc, f.desc}, c.attrs()), test_sim().config(), mode);
+  const bool cube_bias = c.groups == 1 && test_sim().config().has_path(isa::Buf::L1, isa::Buf::BT);
+  CHECK(k.launches.size() == plain.launches.size() + (cube_bias ? 0 : 1));
+  RunResult r = run_compiled(test_sim(), k, {x, f, b});
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  for (size_t i = 0; i < ref.value.size(); ++i) {
+    const double bias = b.values[i % static_cast<size_t>(co)];
+    ref.value[i] += bias;
+    ref.abs_sum[i] += std::fabs(bias);
+    ref.terms[i] += 1;
+    if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
+  }
+  check_against(r.outputs[0].values, ref,
+                mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : DataType::F32, true,
+                "y");
+}
+
 }  // namespace npusim::test::conv

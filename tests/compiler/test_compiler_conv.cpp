@@ -109,6 +109,20 @@ TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and t
   check_conv2d_batch_norm(g, true, false, 48, fp16, DataType::F16, DataType::F16);
 }
 
+TEST_CASE("Conv2DBiasAdd: the bias from the bias table, ReLU in FIXPIPE") {
+  check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 50);
+  ConvCase s2{2, 9, 9, 20, 1, 1, 300};  // n tiles with a partial last one
+  s2.sh = s2.sw = 2;
+  check_conv2d_bias_add(s2, false, 51);
+  ConvCase first{1, 20, 20, 3, 7, 7, 24};  // a first layer (the width fold)
+  first.sh = first.sw = 2;
+  first.padding = "VALID";
+  check_conv2d_bias_add(first, true, 52, PrecisionMode::kAllowMixPrecision);
+  ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the bias as its own launch
+  g.groups = 2;
+  check_conv2d_bias_add(g, true, 53);
+}
+
 TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {
   // Several m and n tiles per image (launch summaries).
   ConvCase a{2, 14, 14, 40, 3, 3, 70};

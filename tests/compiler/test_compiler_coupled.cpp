@@ -3,6 +3,7 @@
 // test_compiler_binary.cpp and test_compiler_matmul.cpp; this file elaborates its own chip.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "adapter/compiler/compiler.h"
@@ -84,4 +85,34 @@ TEST_CASE("coupled chip: fp32 MatMul needs a cast (no fp32 cube), vector ops run
   for (size_t i = 0; i < want.size(); ++i)
     want[i] = static_cast<float>(x.values[i] * y.values[i % 7]);
   check_close(r.outputs[0].values, want, 0, 0, "Mul");
+}
+
+TEST_CASE("coupled chip: MatMulBiasAdd adds the bias and ReLU by a vector launch (no bias table)") {
+  const ChipConfig& cfg = sim().config();
+  REQUIRE(!cfg.has_path(isa::Buf::L1, isa::Buf::BT));
+  HostTensor a = random_tensor(DataType::F32, {24, 40}, -2, 2, 7);
+  HostTensor b = random_tensor(DataType::F32, {40, 20}, -2, 2, 8);
+  HostTensor bias = random_tensor(DataType::F32, {20}, -3, 3, 9);
+  auto plain = compiler::compile(make_op("MatMul", {a.desc, b.desc}), cfg);
+  auto k = compiler::compile(
+      make_op("MatMulBiasAdd", {a.desc, b.desc, bias.desc}, {{"relu", true}}), cfg);
+  CHECK(k.launches.size() == plain.launches.size() + 1);
+  RunResult r = run_compiled(sim(), k, {a, b, bias});
+  int bad = 0;
+  for (int64_t i = 0; i < 24; ++i)
+    for (int64_t j = 0; j < 20; ++j) {
+      // fp16 operands (allow_fp32_to_fp16): each product off by at most 2^-10 relative.
+      double sum = bias.values[static_cast<size_t>(j)], s_abs = std::fabs(sum);
+      for (int64_t kk = 0; kk < 40; ++kk) {
+        const double p = a.values[static_cast<size_t>(i * 40 + kk)] *
+                         b.values[static_cast<size_t>(kk * 20 + j)];
+        sum += p;
+        s_abs += std::fabs(p);
+      }
+      const double tol = 2 * (42 * std::ldexp(1.0, -24) + std::ldexp(1.0, -10)) * s_abs;
+      const double got = r.outputs[0].values[static_cast<size_t>(i * 20 + j)];
+      if (!(std::fabs(got - std::max(sum, 0.0)) <= tol) && bad++ < 5)
+        UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << std::max(sum, 0.0));
+    }
+  CHECK(bad == 0);
 }

@@ -40,19 +40,28 @@ struct MatmulCase {
   bool ta, tb;
 };
 
-// Runs MatMul(a, b) and checks every element against the double reference.
-void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed) {
+// Runs MatMul(a, b) and checks every element against the double reference. bias: 0 MatMul;
+// 1 MatMulBiasAdd (an f32 bias [n] added to C, one more term of the sum); 2 the same with relu.
+void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed, int bias = 0) {
   INFO(compiler::data_type_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n
                                     << " ta=" << c.ta << " tb=" << c.tb << " mode "
                                     << compiler::precision_mode_name(mode));
   std::vector<int64_t> sa = c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k};
   std::vector<int64_t> sb = c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n};
   HostTensor a = random_tensor(dt, sa, -2, 2, seed), b = random_tensor(dt, sb, -2, 2, seed + 7);
+  HostTensor bias_t = random_tensor(dt, {c.n}, -3, 3, seed + 9);
   compiler::OpDesc op = make_op("MatMul", {a.desc, b.desc},
                                 {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
+  if (bias) {
+    op.type = "MatMulBiasAdd";
+    op.inputs.push_back(bias_t.desc);
+    op.attrs["relu"] = bias == 2;
+  }
   compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
   for (const compiler::Launch& l : k.launches) INFO(l.summary);
-  RunResult r = run_compiled(test_sim(), k, {a, b});
+  std::vector<HostTensor> inputs = {a, b};
+  if (bias) inputs.push_back(bias_t);
+  RunResult r = run_compiled(test_sim(), k, inputs);
   REQUIRE(r.outputs[0].desc.shape == std::vector<int64_t>{c.m, c.n});
   REQUIRE(r.outputs[0].desc.dtype == dt);
   auto at = [&](int64_t i, int64_t kk) {
@@ -72,10 +81,16 @@ void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed) 
         sum += at(i, kk) * bt(kk, j);
         s_abs += std::fabs(at(i, kk) * bt(kk, j));
       }
+      if (bias) {  // one more term of the fp32 sum
+        const double v = bias_t.values[static_cast<size_t>(j)];
+        sum += v;
+        s_abs += std::fabs(v);
+      }
       double tol = static_cast<double>(c.k + 1) * std::ldexp(1.0, -24) * s_abs +
                    out_half_ulp(rounded_out) * std::fabs(sum);
       if (f16_inputs) tol += std::ldexp(1.0, -10) * s_abs;
       tol *= 2;
+      if (bias == 2) sum = std::max(sum, 0.0);
       double got = r.outputs[0].values[static_cast<size_t>(i * c.n + j)];
       if (!(std::fabs(got - sum) <= tol) && bad++ < 5)
         UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << sum << " +- " << tol);
@@ -110,6 +125,25 @@ TEST_CASE("MatMul bf16 and f32 under the precision modes") {
   check_matmul(DataType::F32, {21, 16, 35, true, true}, PrecisionMode::kAllowFp32ToFp16, 203);
   // Mixed: the result is rounded to fp16 too.
   check_matmul(DataType::F32, {30, 50, 10, false, false}, PrecisionMode::kAllowMixPrecision, 204);
+}
+
+TEST_CASE("MatMulBiasAdd: the bias from the bias table, ReLU in FIXPIPE, no extra launch") {
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  check_matmul(DataType::F32, {19, 37, 21, false, false}, fp16, 300, 1);
+  check_matmul(DataType::F32, {40, 70, 24, true, false}, fp16, 301, 2);
+  check_matmul(DataType::F32, {200, 100, 300, false, true}, fp16, 302, 2);  // several tiles
+  check_matmul(DataType::F32, {30, 50, 10, false, false}, PrecisionMode::kAllowMixPrecision, 303,
+               2);
+  check_matmul(DataType::F32, {8, 1, 12, false, false}, fp16, 304, 2);  // k = 1: vector epilogue
+  compiler::TensorDesc a{DataType::F32, {32, 48}}, b{DataType::F32, {48, 16}};
+  const auto plain = compiler::compile(make_op("MatMul", {a, b}), test_sim().config());
+  const auto fused =
+      compiler::compile(make_op("MatMulBiasAdd", {a, b, {DataType::F32, {16}}}, {{"relu", true}}),
+                        test_sim().config());
+  CHECK(fused.launches.size() == plain.launches.size());
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {a, b, {DataType::F32, {17}}}),
+                                      test_sim().config()),
+                    Catch::Contains("bias"));
 }
 
 TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k = 0") {

@@ -150,6 +150,8 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (tm > 16 && tm / 2 >= round_up(m, kFractalRows)) continue;
       if (tn > 16 && tn / 2 >= round_up(n, kFractalRows)) continue;
       if (via_ub && tm * tn * osz > ub) continue;  // the C tile passes through the UB
+      // A bias row per L0 parity in the bias table (f32).
+      if (bias && static_cast<uint64_t>(2 * tn * kL0cElemBytes) > core.capacity(Buf::BT)) continue;
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
       int64_t tk0 = 0, tk1 = 0;
