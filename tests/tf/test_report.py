@@ -101,13 +101,16 @@ def test_op_summary_has_tf_names_and_typed_msprof_columns(profiled):
     assert [r["Op Name"] for r in rows] == [r["op_name"] for r in inside]
     assert [r["task_start_cycles"] for r in rows] == [r["start_cycle"] for r in inside]
     types = {r["OP Type"] for r in rows}
-    assert {"MatMul", "Relu"} <= types, types
+    # The Dense layers' MatMul -> BiasAdd [-> Relu] run fused (MatMulBiasAdd, graph_fusion.h
+    # rewrite 3b) under the chain's last node's name; the gradients' products stay MatMul.
+    assert {"MatMul", "MatMulBiasAdd", "ReluGrad"} <= types, types
     for r in rows:
-        # TF node names of the traced train function ("sequential/dense/MatMul"), not kernels.
+        # TF node names of the traced train function ("sequential/dense/Relu"), not kernels.
         assert r["Op Name"] != r["kernel"], r
         assert r["Input Data Types"].startswith("DT_"), r
-    matmuls = [r for r in rows if r["OP Type"] == "MatMul"]
-    assert any(r["Input Shapes"] == "16,32;32,16" for r in matmuls), matmuls
+    fused = [r for r in rows if r["OP Type"] == "MatMulBiasAdd"]
+    assert any(r["Input Shapes"] == "16,32;32,16;16" and r["Op Name"].endswith("Relu")
+               for r in fused), fused
 
 
 def test_report_invariants(profiled):

@@ -81,8 +81,11 @@ def test_keras_fit_evaluate_predict_with_soft_placement_off(npusim, tf, strict_p
     kernels = {r["kernel"].split("_")[0] for r in records}
     # Adam's updates (chains and assigns) run as one FusedVariableUpdate per weight
     # (graph_fusion.h, rewrite 5).
-    assert {"MatMul", "BiasAdd", "Relu", "ReluGrad", "SparseSoftmaxCrossEntropyWithLogits",
+    # The Dense layers' MatMul -> BiasAdd [-> Relu] run as one cube kernel each (MatMulBiasAdd,
+    # graph_fusion.h rewrite 3b: the bias and ReLU in the MatMul kernel).
+    assert {"MatMul", "ReluGrad", "SparseSoftmaxCrossEntropyWithLogits",
             "FusedVariableUpdate"} <= kernels, kernels
+    assert any(r["op_type"] == "MatMulBiasAdd" for r in records)
     # The iteration counter: int64 iterations + 1 and its Cast to float32 on the chip.
     assert any(k.startswith("AddV2(s64[]") for k in keys), keys
     assert any(k.startswith("Cast(s64[]") for k in keys), keys
