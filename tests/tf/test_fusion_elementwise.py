@@ -121,8 +121,8 @@ def unhexed(items):
     return [np.frombuffer(bytes.fromhex(h), dtype=d).reshape(s) for d, s, h in items]
 
 
-def fusion_off(code):
-    proc = run_child("import json, os\nos.environ['NPUSIM_FUSION'] = '0'\n" + code,
+def fusion_off(code, variable="NPUSIM_FUSION"):
+    proc = run_child(f"import json, os\nos.environ['{variable}'] = '0'\n" + code,
                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
@@ -168,17 +168,20 @@ def test_chains_fuse_into_fewer_launches_bit_identical_to_unfused(fused_chains):
     assert len(recs) == 3 and off["launches"] == 16, (len(recs), off)
 
 
-def test_adam_training_bit_identical_with_fewer_launches(npusim, tf):  # pylint: disable=unused-argument
-    losses, weights, recs = train_mlp()  # pylint: disable=undefined-variable
+def test_adam_training_bit_identical_with_fewer_launches():
+    # Both sides without the MatMul epilogue (rewrite 3b: the bias added inside the product's
+    # fp32 sum rounds once less, so not bit-identical to MatMul then BiasAdd).
+    on = fusion_off(CHILD_TRAIN, "NPUSIM_FUSION_EPILOGUE")
+    losses, weights = on["losses"], unhexed(on["weights"])
     off = fusion_off(CHILD_TRAIN)
     assert losses == off["losses"], (losses, off["losses"])
     for got, want in zip(weights, unhexed(off["weights"])):
         assert got.tobytes() == want.tobytes()
-    types = {r["op_type"] for r in recs}
+    types = set(on["op_types"])
     assert "FusedElementwise" in types, sorted(types)
     assert "FusedElementwise" not in off["op_types"]
-    print(f"\nAdam step: {len(recs)} launches fused, {off['launches']} unfused")
-    assert len(recs) < off["launches"]
+    print(f"\nAdam step: {on['launches']} launches fused, {off['launches']} unfused")
+    assert on["launches"] < off["launches"]
 
 
 def test_op_definition_infers_the_broadcast_shape(tf):
