@@ -354,7 +354,9 @@ def test_replicas_run_side_by_side_on_their_chips_timelines():
         return sorted((r["kernel"], r["cycles"]) for r in records if "sequential" in r["op_name"])
 
     single = model_kernels(one["launches"][0])
-    assert len(single) >= 17  # 2 dense layers: casts, MatMuls, BiasAdd, Relu and gradients
+    # 2 dense layers: casts, MatMuls (forward: MatMulBiasAdd, the bias and Relu in the cube
+    # kernel) and gradients
+    assert len(single) >= 14
     for c in (0, 1):
         assert two["launches"][c][0]["chip"] == c
         assert model_kernels(two["launches"][c]) == single, c
