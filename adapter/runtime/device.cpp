@@ -281,12 +281,18 @@ Status Device::stream_wait_event(Stream s, Event e) {
   op.event = e.id;
   return enqueue(s, std::move(op));
 }
-Status Device::stream_wait_stream(Stream waiter, Stream other) {
+Status Device::stream_wait_stream(Stream waiter, Stream other, bool order_only) {
   return guard("stream_wait_stream", [&]() -> Status {
     Event e;
     if (Status st = m_driver->create_event(&e); !st.ok()) return st;
     Status st = record_event(e, other);
-    if (st.ok()) st = stream_wait_event(waiter, e);
+    if (st.ok()) {
+      DeviceOp op;
+      op.kind = OpKind::wait_event;
+      op.event = e.id;
+      op.order_only = order_only;
+      st = enqueue(waiter, std::move(op));
+    }
     Status destroyed = m_driver->destroy_event(e);  // a pending record still runs
     return st.ok() ? destroyed : st;
   });
@@ -578,7 +584,7 @@ Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");
   return guard("device_time_cycles", [&] {
     return m_driver->run_task([&] {
-      *cycles = m_driver->device_cycles(m_chip);
+      *cycles = std::max(m_driver->device_cycles(m_chip), m_driver->comm_cycles(m_chip));
       return Status();
     });
   });

@@ -141,7 +141,9 @@ class Device {
   Status stream_wait_event(Stream s, Event e);
   // Operations queued on `waiter` after this call run only after those queued on `other` before
   // it (TF's create_stream_dependency): an internal event recorded on other and waited for.
-  Status stream_wait_stream(Stream waiter, Stream other);
+  // order_only: they run after those, but their device time is not raised to their end (a
+  // collective stream: a collective starts when its input is ready, driver.h).
+  Status stream_wait_stream(Stream waiter, Stream other, bool order_only = false);
   // complete: its latest record has run (true for an event never recorded).
   Status query_event(Event e, bool* complete);
   Status synchronize_event(Event e);  // blocks the calling host thread until query is true
@@ -220,7 +222,8 @@ class Device {
   // until removed or the device is destroyed.
   Status add_observer(ChipObserver* observer);
   Status remove_observer(ChipObserver* observer);
-  Status device_time_cycles(uint64_t* cycles);    // the device timeline now
+  // The device timeline now: the later of the chip's compute and communication timelines.
+  Status device_time_cycles(uint64_t* cycles);
   // Simulator::counters() since open; a chip of a system: its own subtree ("chip<k>").
   Status counters(nlohmann::json* tree);
   // The system's counters (SystemSimulator::counters(): every chip and the links' "fabric"

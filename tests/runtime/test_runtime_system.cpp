@@ -386,3 +386,116 @@ TEST_CASE("each chip has its own device timeline: kernels of two chips overlap")
   CHECK(dev0.destroy_event(start0).ok());
   CHECK(dev1.destroy_event(chip1_done).ok());
 }
+
+TEST_CASE("a collective runs on the communication timeline: it overlaps later independent "
+          "kernels, starts when its input was written, and its readers wait for it") {
+  // HCCL's way (docs/runtime.md, "Simulated time on a system"): each chip computes on a stream
+  // (s), its collectives run on a stream of their own (h) that waits for the compute stream in
+  // execution order only, as the TF plugin queues them.
+  const auto& d = chips();
+  const std::vector<int> ids{2, 3};
+  const uint64_t n = 8192, bytes = n * 2;
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = d[2]->config().core_kind(isa::CoreKind::AIV)->count;
+  struct PerChip {
+    std::vector<uint16_t> x, y;
+    uint64_t x_at = 0, y_at = 0, grad = 0, other = 0, reduced = 0, out = 0;
+    rt::Stream s, h;
+  } c[2];
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    c[i].x = test::random_f16(n, 10 + static_cast<uint32_t>(i));
+    c[i].y = test::random_f16(n, 20 + static_cast<uint32_t>(i));
+    for (uint64_t* p : {&c[i].x_at, &c[i].y_at, &c[i].grad, &c[i].other, &c[i].reduced, &c[i].out})
+      REQUIRE(dev.malloc(bytes, p).ok());
+    REQUIRE(dev.memcpy_h2d(c[i].x_at, c[i].x.data(), bytes).ok());
+    REQUIRE(dev.memcpy_h2d(c[i].y_at, c[i].y.data(), bytes).ok());
+    REQUIRE(dev.create_stream(&c[i].s).ok());
+    REQUIRE(dev.create_stream(&c[i].h).ok());
+  }
+  d[0]->clear_launch_records();
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F16;
+  call.op = ReduceOp::sum;
+  auto group = std::make_shared<rt::CollectiveGroup>(call, 2, "overlap");
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    // The "gradient" (x + y), then the collective of it, then an independent kernel.
+    REQUIRE(dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].y_at, c[i].grad, n}, blocks).ok());
+    REQUIRE(dev.stream_wait_stream(c[i].h, c[i].s, /*order_only=*/true).ok());
+    REQUIRE(dev.collective_async(c[i].h, group, i, c[i].grad, c[i].reduced, n).ok());
+    REQUIRE(dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].x_at, c[i].other, n}, blocks).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    REQUIRE(dev.synchronize_stream(c[i].h).ok());
+    REQUIRE(dev.synchronize_stream(c[i].s).ok());
+  }
+  const rt::CollectiveRecord coll = d[0]->collective_records().back();
+  REQUIRE(coll.chips == ids);
+  uint64_t grad_end = 0;
+  std::vector<rt::LaunchRecord> independent;
+  for (int i = 0; i < 2; ++i) {
+    const auto k = d[static_cast<size_t>(ids[static_cast<size_t>(i)])]->launch_records();
+    REQUIRE(k.size() >= 2);
+    const rt::LaunchRecord &grad = k[k.size() - 2], &other = k.back();
+    grad_end = std::max(grad_end, grad.start_cycle + grad.cycles);
+    independent.push_back(other);
+    // The independent kernel follows the gradient's on the compute timeline, whatever the
+    // collective does.
+    CHECK(other.start_cycle - (grad.start_cycle + grad.cycles) <= 1);
+  }
+  // The collective starts when the later rank's gradient was written (its producer's end), not
+  // after the kernels queued on the chips before the collective was run.
+  CHECK(coll.start_cycle == grad_end);
+  // ... and the chips computed meanwhile: the independent kernels overlap it.
+  for (const rt::LaunchRecord& other : independent) {
+    CHECK(other.start_cycle < coll.end_cycle);
+    CHECK(other.start_cycle + other.cycles > coll.start_cycle);
+  }
+  REQUIRE(independent[0].start_cycle + independent[0].cycles < coll.end_cycle);  // a short kernel
+
+  // A kernel reading the collective's output waits for its end (its host dispatch overlaps the
+  // wait); one that does not read it does not.
+  rt::Device& dev = *d[2];
+  REQUIRE(dev.launch_kernel(c[0].s, program, {c[0].reduced, c[0].x_at, c[0].out, n}, blocks).ok());
+  REQUIRE(dev.synchronize_stream(c[0].s).ok());
+  const rt::LaunchRecord reader = dev.launch_records().back();
+  CHECK(reader.start_cycle - coll.end_cycle <= 1);
+  CHECK(reader.start_cycle >= coll.end_cycle);
+  // The data: every rank holds the sum of the gradients.
+  const auto expected =
+      test::reference_add_f16(test::reference_add_f16(c[0].x, c[0].y),
+                              test::reference_add_f16(c[1].x, c[1].y));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<uint16_t> got(n);
+    REQUIRE(d[static_cast<size_t>(ids[static_cast<size_t>(i)])]
+                ->memcpy_d2h(got.data(), c[i].reduced, bytes)
+                .ok());
+    CHECK(got == expected);
+  }
+  // A chip's device time is the later of its compute and communication timelines.
+  uint64_t t3 = 0;
+  REQUIRE(d[3]->device_time_cycles(&t3).ok());
+  CHECK(t3 >= coll.end_cycle);
+
+  SECTION("a collective after independent work on its own stream starts no earlier than its "
+          "previous collective") {
+    auto second = std::make_shared<rt::CollectiveGroup>(call, 2, "second");
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(d[static_cast<size_t>(ids[static_cast<size_t>(i)])]
+                  ->collective_async(c[i].h, second, i, c[i].x_at, c[i].other, n)
+                  .ok());
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(d[static_cast<size_t>(ids[static_cast<size_t>(i)])]->synchronize_stream(c[i].h).ok());
+    const rt::CollectiveRecord next = d[0]->collective_records().back();
+    // Its input (x) was written long before: only the communication timelines hold it back.
+    CHECK(next.start_cycle == coll.end_cycle);
+  }
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dv = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    for (uint64_t p : {c[i].x_at, c[i].y_at, c[i].grad, c[i].other, c[i].reduced, c[i].out})
+      CHECK(dv.free(p).ok());
+  }
+}

@@ -133,10 +133,14 @@ DenseUpdateStatus queue_collective(TF_OpKernelContext* tf_ctx, const CollectiveS
                           isa::dtype_name(groups.back()->call.dtype)));
       }
     }
-    // The parts start once what TensorFlow queued on the op's stream before them (the inputs'
+    // The parts run once what TensorFlow queued on the op's stream before them (the inputs'
     // producers) has run; `done` comes after them, and only then may TensorFlow run the ops
-    // that read the outputs, so nothing on the op's stream waits for the other ranks.
-    if (rt::Status s = device->stream_wait_stream(hccl, stream); !s.ok()) return s;
+    // that read the outputs, so nothing on the op's stream waits for the other ranks. The wait
+    // orders execution only: in simulated time a collective starts when its input was written
+    // (as GE's HCCL stream waits for the gradient's producer task), not when the chip has run
+    // everything queued before the op, and the chip computes on while it runs (driver.h).
+    if (rt::Status s = device->stream_wait_stream(hccl, stream, /*order_only=*/true); !s.ok())
+      return s;
     for (size_t i = 0; i < tensors.size(); ++i) {
       uint64_t count = 1;
       for (int64_t d : tensors[i].shape) count *= static_cast<uint64_t>(d);
