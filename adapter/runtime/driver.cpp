@@ -451,7 +451,8 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     const std::string where = fmt::format("stream {}: {}", stream, op.describe());
     st = guard(where, [&] {
       try {
-        end = place_collective(g.call, ranks_ready, &p, [&] { r = run_collective(*m_sys, g.call); });
+        end = place_collective(g.call, ranks_ready, &p,
+                               [&] { r = run_collective(*m_sys, g.call); });
       } catch (const Error& e) {  // a malformed call (e.g. ranks of different counts)
         return Status(StatusCode::invalid_argument, where + ": " + e.what());
       }

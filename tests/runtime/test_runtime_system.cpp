@@ -387,8 +387,9 @@ TEST_CASE("each chip has its own device timeline: kernels of two chips overlap")
   CHECK(dev1.destroy_event(chip1_done).ok());
 }
 
-TEST_CASE("a collective runs on the communication timeline: it overlaps later independent "
-          "kernels, starts when its input was written, and its readers wait for it") {
+TEST_CASE(
+    "a collective runs on the communication timeline: it overlaps later independent "
+    "kernels, starts when its input was written, and its readers wait for it") {
   // HCCL's way (docs/runtime.md, "Simulated time on a system"): each chip computes on a stream
   // (s), its collectives run on a stream of their own (h) that waits for the compute stream in
   // execution order only, as the TF plugin queues them.
@@ -465,9 +466,8 @@ TEST_CASE("a collective runs on the communication timeline: it overlaps later in
   CHECK(reader.start_cycle - coll.end_cycle <= 1);
   CHECK(reader.start_cycle >= coll.end_cycle);
   // The data: every rank holds the sum of the gradients.
-  const auto expected =
-      test::reference_add_f16(test::reference_add_f16(c[0].x, c[0].y),
-                              test::reference_add_f16(c[1].x, c[1].y));
+  const auto expected = test::reference_add_f16(test::reference_add_f16(c[0].x, c[0].y),
+                                                test::reference_add_f16(c[1].x, c[1].y));
   for (int i = 0; i < 2; ++i) {
     std::vector<uint16_t> got(n);
     REQUIRE(d[static_cast<size_t>(ids[static_cast<size_t>(i)])]
@@ -480,8 +480,9 @@ TEST_CASE("a collective runs on the communication timeline: it overlaps later in
   REQUIRE(d[3]->device_time_cycles(&t3).ok());
   CHECK(t3 >= coll.end_cycle);
 
-  SECTION("a collective after independent work on its own stream starts no earlier than its "
-          "previous collective") {
+  SECTION(
+      "a collective after independent work on its own stream starts no earlier than its "
+      "previous collective") {
     auto second = std::make_shared<rt::CollectiveGroup>(call, 2, "second");
     for (int i = 0; i < 2; ++i)
       REQUIRE(d[static_cast<size_t>(ids[static_cast<size_t>(i)])]

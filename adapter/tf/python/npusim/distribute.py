@@ -13,16 +13,23 @@ over the modelled links and is reduced where HCCL reduces it, never staged throu
 They work eagerly and inside tf.function.
 
 `import npusim` also makes MirroredStrategy use the NPUs: MirroredStrategy() with no devices
-takes every NPU, and its cross-device ops for NPU replicas are NpuAllReduce (gradients and other
-all-reduces as one NpuCollective per replica). Strategies that need TensorFlow's multi-worker
-runtime (MultiWorkerMirroredStrategy, ParameterServerStrategy) raise NpusimError naming
-MirroredStrategy instead: pluggable devices do not get that runtime.
+takes every NPU, and its cross-device ops for NPU replicas are NpuAllReduce: a batch of gradients
+is fused into segments as the CANN TF adapter's gradient split strategy does (HCCL's default two
+segments of 96.54 % and 3.46 % of the bytes; set_split_strategy_by_size / _by_idx,
+npusim.configure(grad_split=...) or NPUSIM_GRAD_SPLIT choose another), one NpuCollective per
+segment and dtype, queued last segment first (its gradients are computed first in the backward
+pass), so that its all-reduce overlaps the rest of the backward pass in simulated time.
+Strategies that need TensorFlow's multi-worker runtime (MultiWorkerMirroredStrategy,
+ParameterServerStrategy) raise NpusimError naming MirroredStrategy instead: pluggable devices do
+not get that runtime.
 """
 
 import itertools
+import os
 import threading
 import weakref
 
+from ._chakra import HCCL_DEFAULT_SPLIT, gradient_segments
 from ._plugin import NpusimError
 
 REDUCTIONS = ("sum", "prod", "max", "min", "mean")
@@ -101,6 +108,11 @@ def _dtype_groups(tensors):
     return [(indices, f"npusim/{next(_keys)}") for indices in by_dtype.values()]
 
 
+def _single_groups(tensors):
+    """One collective group (one NpuCollective op) per tensor, in order."""
+    return [([i], f"npusim/{next(_keys)}") for i in range(len(tensors))]
+
+
 def _replica_ops(tensors, groups, rank, attrs):
     """This replica's NpuCollective ops (one per dtype group) on the current device; returns its
     outputs in the order of `tensors`. Graph mode: builds them, each depending on the previous
@@ -134,12 +146,14 @@ def _replica_ops(tensors, groups, rank, attrs):
     return outputs
 
 
-def _run(per_replica, collective, reduction="sum", root=0):
+def _run(per_replica, collective, reduction="sum", root=0, one_op_each=False):
+    """one_op_each: one NpuCollective op per tensor, in order (each may run as soon as its own
+    input is computed), instead of one op per dtype holding all of that dtype's tensors."""
     tf = _tf()
     devices = _check_replicas(collective, per_replica)
     if len(devices) == 1:
         return [[tf.identity(t) for t in per_replica[0]]]
-    groups = _dtype_groups(per_replica[0])
+    groups = (_single_groups if one_op_each else _dtype_groups)(per_replica[0])
     attrs = {"collective": collective, "reduction": reduction, "root": root,
              "group_size": len(devices)}
     results = [None] * len(devices)
@@ -182,17 +196,29 @@ def _per_replica_lists(values):
     return lists, batched
 
 
-def all_reduce(values, op="sum"):
+def all_reduce(values, op="sum", fuse=False):
     """The all-reduce of one tensor per NPU: values[r] on replica r's NPU (distinct NPUs, equal
     shapes and dtypes: float32, float16, bfloat16 or int32). Returns a list with the reduction on
     each replica's NPU, in the order given. op: "sum", "prod", "max", "min" or "mean" (sum
     divided by the number of replicas). values[r] may also be a list of tensors: each is reduced
-    with the same tensor of the other replicas, and each result is then a list."""
+    with the same tensor of the other replicas, and each result is then a list.
+
+    fuse: False, one collective per tensor. True, the list is a batch of gradients in variable
+    order, fused as the gradient split strategy says (split_strategy(): HCCL's default two
+    segments, or what set_split_strategy_by_size / _by_idx, configure(grad_split=...) or
+    NPUSIM_GRAD_SPLIT chose): each segment's tensors of one dtype are flattened and concatenated
+    on each NPU, all-reduced by one collective, and split back, the last segment first. Every
+    element is reduced over the same replicas' values as without fusion; the order in which a
+    rank adds them may differ (see docs/multichip.md, "Gradient segments")."""
     if op not in REDUCTIONS:
         raise ValueError(f"all_reduce: op '{op}' is not one of {REDUCTIONS}")
     tf = _tf()
     lists, batched = _per_replica_lists(values)
-    reduced = _run(lists, "all_reduce", "sum" if op == "mean" else op)
+    reduction = "sum" if op == "mean" else op
+    if fuse and split_strategy() is not None:
+        reduced = _fused_all_reduce(lists, reduction)
+    else:
+        reduced = _run(lists, "all_reduce", reduction)
     if op == "mean":
         n = len(lists)
         out = []
@@ -201,6 +227,123 @@ def all_reduce(values, op="sum"):
                 out.append([t / tf.cast(n, t.dtype) for t in tensors])
         reduced = out
     return reduced if batched else [t[0] for t in reduced]
+
+
+# ---- gradient segments (the TF adapter's gradient split strategy)
+
+SPLIT_ENV = "NPUSIM_GRAD_SPLIT"
+
+
+def _parse_split(text, where):
+    """The split strategy a NPUSIM_GRAD_SPLIT value names: None (one collective per tensor),
+    ("size", [percent, ...]) or ("idx", [last index, ...])."""
+    text = text.strip()
+    try:
+        if text in ("", "hccl", "default"):
+            return ("size", list(HCCL_DEFAULT_SPLIT))
+        if text in ("tensor", "none", "off"):
+            return None
+        if text.startswith("idx:"):
+            return ("idx", [int(v) for v in text[4:].split(",")])
+        sizes = [float(v) for v in text.split(",")]
+    except ValueError:
+        sizes = None
+    if not sizes or any(p <= 0 for p in sizes) or abs(sum(sizes) - 100.0) > 1e-6:
+        raise NpusimError(f"{where}: '{text}' is not a gradient split: give 'hccl' (HCCL's "
+                          f"default {HCCL_DEFAULT_SPLIT[0]},{HCCL_DEFAULT_SPLIT[1]}), 'tensor' "
+                          "(one collective per gradient), percentages of the bytes summing to "
+                          "100 ('60,40') or 'idx:' and the last gradient index of each segment "
+                          "('idx:20,100,159')")
+    return ("size", sizes)
+
+
+def split_strategy():
+    """The gradient split strategy NpuAllReduce uses now: None (one collective per gradient),
+    ("size", percentages) or ("idx", last indices). From NPUSIM_GRAD_SPLIT (set by
+    configure(grad_split=...) and the set_split_strategy_* functions); HCCL's default when
+    unset."""
+    return _parse_split(os.environ.get(SPLIT_ENV, "hccl"), SPLIT_ENV)
+
+
+def grad_split_env(value):
+    """The NPUSIM_GRAD_SPLIT text of configure(grad_split=value): 'hccl', 'tensor', a list of
+    percentages, or ('idx', [last indices]); checked."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and value[0] == "idx":
+        text = "idx:" + ",".join(str(int(i)) for i in value[1])
+    elif isinstance(value, (tuple, list)):
+        text = ",".join(repr(float(p)) for p in value)
+    else:
+        raise TypeError(f"grad_split must be 'hccl', 'tensor', a list of percentages or "
+                        f"('idx', [indices]), not {value!r}")
+    _parse_split(text, "grad_split")
+    return text
+
+
+def set_split_strategy_by_size(sizes):
+    """Gradient segments by size, as the CANN TF adapter's set_split_strategy_by_size: each
+    segment's percentage of the gradient bytes, in variable order (summing to 100), e.g.
+    [60, 20, 20]. Applies to the gradients reduced from now on (a tf.function traced before keeps
+    its segments)."""
+    os.environ[SPLIT_ENV] = grad_split_env(list(sizes))
+
+
+def set_split_strategy_by_idx(indices):
+    """Gradient segments by index, as set_split_strategy_by_idx: the last gradient index of each
+    segment, increasing, the last one the last gradient's (checked when gradients are reduced),
+    e.g. [20, 100, 159]."""
+    os.environ[SPLIT_ENV] = grad_split_env(("idx", list(indices)))
+
+
+def _segments(tensors, strategy):
+    """The fused collectives of one replica's gradient list: [[positions], ...], one per segment
+    and dtype, the last segment first. None when a shape is not fully known (then every tensor
+    gets its own collective)."""
+    if not all(t.shape.is_fully_defined() for t in tensors):
+        return None
+    sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
+    kind, values = strategy
+    try:
+        seg = gradient_segments(sizes, split_by_size=values if kind == "size" else None,
+                                split_by_idx=values if kind == "idx" else None)
+    except ValueError as e:
+        raise NpusimError(f"{SPLIT_ENV} for {len(tensors)} gradients: {e}") from None
+    groups = {}
+    for i, (k, t) in enumerate(zip(seg, tensors)):
+        groups.setdefault((k, t.dtype), []).append(i)
+    return [groups[key] for key in sorted(groups, key=lambda key: -key[0])]
+
+
+def _fused_all_reduce(lists, reduction):
+    """all_reduce(fuse=True) of per-replica lists (checked by _run): one collective per segment
+    and dtype, on each replica's tensors flattened and concatenated (a tensor alone in its
+    segment is all-reduced as it is), then split and reshaped back."""
+    tf = _tf()
+    _check_replicas("all_reduce", lists)
+    segments = _segments(lists[0], split_strategy())
+    if segments is None:
+        return _run(lists, "all_reduce", reduction)
+    fused = []
+    for tensors in lists:
+        with tf.device(_device_name(tensors[0])):
+            fused.append([tensors[idx[0]] if len(idx) == 1 else
+                          tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0)
+                          for idx in segments])
+    reduced = _run(fused, "all_reduce", reduction, one_op_each=True)
+    out = []
+    for tensors, pieces in zip(lists, reduced):
+        result = [None] * len(tensors)
+        with tf.device(_device_name(tensors[0])):
+            for idx, piece in zip(segments, pieces):
+                if len(idx) == 1:
+                    result[idx[0]] = piece
+                    continue
+                parts = tf.split(piece, [tensors[i].shape.num_elements() for i in idx], 0)
+                for i, part in zip(idx, parts):
+                    result[i] = tf.reshape(part, tensors[i].shape)
+        out.append(result)
+    return out
 
 
 def broadcast(value, devices):
@@ -268,7 +411,7 @@ def _make_cross_device_ops_class():
             n = len(dense[0].values)
             per_replica = [[v.values[r] for v in dense] for r in range(n)]
             op = "mean" if reduce_op == reduce_util.ReduceOp.MEAN else "sum"
-            reduced = all_reduce(per_replica, op)
+            reduced = all_reduce(per_replica, op, fuse=True)
             from tensorflow.python.distribute import distribute_utils  # pylint: disable=import-outside-toplevel
             from tensorflow.python.distribute import values as value_lib  # pylint: disable=import-outside-toplevel
 
