@@ -464,6 +464,45 @@ Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>
   });
 }
 
+Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group,
+                                int rank, std::vector<CollectivePiece> send,
+                                std::vector<CollectivePiece> recv, uint64_t count) {
+  return guard("collective", [&]() -> Status {
+    if (!group) return Status(StatusCode::invalid_argument, "collective: no group given");
+    const std::string what = fmt::format("{} rank {} on chip {}",
+                                         collective_name(group->call.kind), rank, m_chip);
+    if (group->call.kind != CollectiveKind::all_reduce &&
+        group->call.kind != CollectiveKind::broadcast)
+      return Status(StatusCode::invalid_argument,
+                    what + ": buffers in pieces are for all_reduce and broadcast only");
+    if (send.empty() || recv.empty())
+      return Status(StatusCode::invalid_argument, what + ": no buffer pieces given");
+    if (chips() < 2)
+      return Status(StatusCode::invalid_argument,
+                    what + ": the device is a single chip, not a chip of a system of chips");
+    const uint64_t bytes = count * static_cast<uint64_t>(isa::dtype_size(group->call.dtype));
+    for (auto [name, list] : {std::pair{"send", &send}, {"receive", &recv}}) {
+      uint64_t total = 0;
+      for (const CollectivePiece& p : *list) {
+        if (Status st = check_range(what.c_str(), name, p.addr, p.bytes); !st.ok()) return st;
+        total += p.bytes;
+      }
+      if (total != bytes)
+        return Status(StatusCode::invalid_argument,
+                      fmt::format("{}: the {} pieces hold {} bytes, {} elements need {}", what,
+                                  name, total, count, bytes));
+    }
+    DeviceOp op = transfer_op(OpKind::collective, recv[0].addr, send[0].addr, 0);
+    op.chip = m_chip;
+    op.group = group;
+    op.rank = rank;
+    op.count = count;
+    op.send_pieces = std::move(send);
+    op.recv_pieces = std::move(recv);
+    return m_driver->submit(s, std::move(op));
+  });
+}
+
 Status Device::check_launch(const std::shared_ptr<const isa::Program>& program,
                             const std::vector<uint64_t>& args, int block_dim) {
   if (!program) return Status(StatusCode::invalid_argument, "launch_kernel: no program");

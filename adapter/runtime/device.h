@@ -185,6 +185,12 @@ class Device {
   // is not a chip of a system: invalid_argument now, and the group fails.
   Status collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group, int rank,
                           uint64_t send, uint64_t recv, uint64_t count);
+  // The same with this rank's buffers in pieces (each inside one live allocation), read and
+  // written one after the other as one buffer of `count` elements (all_reduce and broadcast:
+  // HCCL's fused gradient segment, CollectiveCall::send_pieces).
+  Status collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group, int rank,
+                          std::vector<CollectivePiece> send, std::vector<CollectivePiece> recv,
+                          uint64_t count);
 
   // ---- Kernels (aclrtLaunchKernel)
   // Queues one launch. Checked before queueing, each failure invalid_argument naming the kernel:

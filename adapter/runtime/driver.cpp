@@ -373,6 +373,15 @@ std::vector<CollectiveRecord::Link> link_use(const Fabric& fabric,
 }
 }  // namespace
 
+namespace {
+// Rank r's buffer as pieces: its pieces in `list` if it has them, else the one buffer.
+std::vector<CollectivePiece> pieces(const std::vector<std::vector<CollectivePiece>>& list,
+                                    uint64_t addr, uint64_t bytes, size_t r) {
+  if (r < list.size() && !list[r].empty()) return list[r];
+  return {CollectivePiece{addr, bytes}};
+}
+}  // namespace
+
 uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Placement* p,
                                   const std::function<void()>& run) {
   const size_t n = call.chips.size();
@@ -389,8 +398,10 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Pl
     const int c = call.chips[r];
     if (c < 0 || c >= m_chips) continue;  // run_collective names it
     p->start = std::max(p->start, m_comm_timeline[static_cast<size_t>(c)]);
-    if (sends(r) && m_sys->gm(c).in_bounds(call.send[r], send_bytes))
-      p->start = std::max(p->start, input_ready(c, call.send[r], send_bytes));
+    if (!sends(r)) continue;
+    for (const CollectivePiece& piece : pieces(call.send_pieces, call.send[r], send_bytes, r))
+      if (m_sys->gm(c).in_bounds(piece.addr, piece.bytes))
+        p->start = std::max(p->start, input_ready(c, piece.addr, piece.bytes));
   }
   p->sim_start = sim_cycles();
   std::vector<uint64_t> epochs;
@@ -417,9 +428,10 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Pl
   move();
   for (size_t r = 0; r < n; ++r) {
     const bool writes = call.kind != CollectiveKind::send_recv || r == 1;
-    if (writes && recv_bytes)
+    if (!writes || !recv_bytes) continue;
+    for (const CollectivePiece& piece : pieces(call.recv_pieces, call.recv[r], recv_bytes, r))
       m_written[static_cast<size_t>(call.chips[r])].comm_outputs.push_back(
-          {call.recv[r], recv_bytes, end, epochs[r]});
+          {piece.addr, piece.bytes, end, epochs[r]});
   }
   return end;
 }
@@ -812,6 +824,12 @@ Status Driver::join_collective_locked(uint64_t stream, const DeviceOp& op) {
   g.call.send[r] = op.src;
   g.call.recv[r] = op.dst;
   g.call.rank_counts[r] = op.count;
+  if (!op.send_pieces.empty() || !op.recv_pieces.empty()) {
+    g.call.send_pieces.resize(g.call.chips.size());
+    g.call.recv_pieces.resize(g.call.chips.size());
+    g.call.send_pieces[r] = op.send_pieces;
+    g.call.recv_pieces[r] = op.recv_pieces;
+  }
   g.streams[r] = stream;
   g.joined[r] = true;
   if (++g.joined_count == g.ranks()) g.call.count = g.call.rank_counts[0];

@@ -240,6 +240,8 @@ struct DeviceOp {
   std::shared_ptr<CollectiveGroup> group;  // collective: the group; `rank` is this part's rank,
   int rank = 0;                            // src/dst its send/recv buffers on its chip and
   uint64_t count = 0;                      // count its element count (CollectiveCall)
+  // collective: this rank's buffers in pieces (CollectiveCall::send_pieces); empty: src / dst.
+  std::vector<CollectivePiece> send_pieces, recv_pieces;
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

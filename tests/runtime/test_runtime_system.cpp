@@ -500,3 +500,76 @@ TEST_CASE(
       CHECK(dv.free(p).ok());
   }
 }
+
+TEST_CASE("a fused all-reduce over buffer pieces equals one all-reduce per piece and starts "
+          "when its last piece was written") {
+  // HCCL's fused gradient segment: each rank's buffer is two tensors that are not contiguous.
+  const auto& d = chips();
+  const std::vector<int> ids{4, 5};
+  const uint64_t n = 2048, bytes = n * 2;
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = d[4]->config().core_kind(isa::CoreKind::AIV)->count;
+  struct PerChip {
+    std::vector<uint16_t> x, y;
+    uint64_t x_at = 0, y_at = 0, a = 0, b = 0, ra = 0, rb = 0;
+    rt::Stream s, h;
+  } c[2];
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F16;
+  call.op = ReduceOp::sum;
+  auto fused = std::make_shared<rt::CollectiveGroup>(call, 2, "fused");
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    c[i].x = test::random_f16(n, 30 + static_cast<uint32_t>(i));
+    c[i].y = test::random_f16(n, 40 + static_cast<uint32_t>(i));
+    for (uint64_t* p : {&c[i].x_at, &c[i].y_at, &c[i].a, &c[i].b, &c[i].ra, &c[i].rb})
+      REQUIRE(dev.malloc(bytes, p).ok());
+    REQUIRE(dev.memcpy_h2d(c[i].x_at, c[i].x.data(), bytes).ok());
+    REQUIRE(dev.memcpy_h2d(c[i].y_at, c[i].y.data(), bytes).ok());
+    REQUIRE(dev.create_stream(&c[i].s).ok());
+    REQUIRE(dev.create_stream(&c[i].h).ok());
+  }
+  d[0]->clear_launch_records();
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    // Piece a = x + y, then piece b = x + x: b is written last.
+    REQUIRE(dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].y_at, c[i].a, n}, blocks).ok());
+    REQUIRE(dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].x_at, c[i].b, n}, blocks).ok());
+    REQUIRE(dev.stream_wait_stream(c[i].h, c[i].s, /*order_only=*/true).ok());
+    // The pieces' bytes must add up to the count's.
+    CHECK(dev.collective_async(c[i].h, fused, i, {{c[i].a, bytes}}, {{c[i].ra, bytes}}, 2 * n)
+              .code() == StatusCode::invalid_argument);
+    REQUIRE(dev.collective_async(c[i].h, fused, i, {{c[i].a, bytes}, {c[i].b, bytes}},
+                                 {{c[i].ra, bytes}, {c[i].rb, bytes}}, 2 * n)
+                .ok());
+  }
+  uint64_t b_end = 0;
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    REQUIRE(dev.synchronize_stream(c[i].h).ok());
+    REQUIRE(dev.synchronize_stream(c[i].s).ok());
+    const rt::LaunchRecord last = dev.launch_records().back();
+    b_end = std::max(b_end, last.start_cycle + last.cycles);
+  }
+  const rt::CollectiveRecord coll = d[0]->collective_records().back();
+  CHECK(coll.count == 2 * n);
+  CHECK(coll.bytes == 2 * bytes);
+  CHECK(coll.start_cycle == b_end);  // the later piece's writer, on the later chip
+  // Every rank holds, piece by piece, the sum of the ranks' pieces.
+  auto sum = [&](auto piece) {
+    return test::reference_add_f16(piece(c[0]), piece(c[1]));
+  };
+  const auto expect_a = sum([](const PerChip& p) { return test::reference_add_f16(p.x, p.y); });
+  const auto expect_b = sum([](const PerChip& p) { return test::reference_add_f16(p.x, p.x); });
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *d[static_cast<size_t>(ids[static_cast<size_t>(i)])];
+    std::vector<uint16_t> got_a(n), got_b(n);
+    REQUIRE(dev.memcpy_d2h(got_a.data(), c[i].ra, bytes).ok());
+    REQUIRE(dev.memcpy_d2h(got_b.data(), c[i].rb, bytes).ok());
+    CHECK(got_a == expect_a);
+    CHECK(got_b == expect_b);
+    for (uint64_t p : {c[i].x_at, c[i].y_at, c[i].a, c[i].b, c[i].ra, c[i].rb})
+      CHECK(dev.free(p).ok());
+  }
+}

@@ -108,11 +108,6 @@ def _dtype_groups(tensors):
     return [(indices, f"npusim/{next(_keys)}") for indices in by_dtype.values()]
 
 
-def _single_groups(tensors):
-    """One collective group (one NpuCollective op) per tensor, in order."""
-    return [([i], f"npusim/{next(_keys)}") for i in range(len(tensors))]
-
-
 def _replica_ops(tensors, groups, rank, attrs):
     """This replica's NpuCollective ops (one per dtype group) on the current device; returns its
     outputs in the order of `tensors`. Graph mode: builds them, each depending on the previous
@@ -146,16 +141,17 @@ def _replica_ops(tensors, groups, rank, attrs):
     return outputs
 
 
-def _run(per_replica, collective, reduction="sum", root=0, one_op_each=False):
-    """one_op_each: one NpuCollective op per tensor, in order (each may run as soon as its own
-    input is computed), instead of one op per dtype holding all of that dtype's tensors."""
+def _run(per_replica, collective, reduction="sum", root=0, groups=None, fuse=False):
+    """groups: the NpuCollective ops, in order, as lists of tensor positions (one dtype each);
+    default one op per dtype. fuse: each op's tensors are one collective (else one each)."""
     tf = _tf()
     devices = _check_replicas(collective, per_replica)
     if len(devices) == 1:
         return [[tf.identity(t) for t in per_replica[0]]]
-    groups = (_single_groups if one_op_each else _dtype_groups)(per_replica[0])
+    groups = (_dtype_groups(per_replica[0]) if groups is None else
+              [(indices, f"npusim/{next(_keys)}") for indices in groups])
     attrs = {"collective": collective, "reduction": reduction, "root": root,
-             "group_size": len(devices)}
+             "group_size": len(devices), "fuse": bool(fuse)}
     results = [None] * len(devices)
     if not tf.executing_eagerly():
         for rank, device in enumerate(devices):
@@ -206,10 +202,11 @@ def all_reduce(values, op="sum", fuse=False):
     fuse: False, one collective per tensor. True, the list is a batch of gradients in variable
     order, fused as the gradient split strategy says (split_strategy(): HCCL's default two
     segments, or what set_split_strategy_by_size / _by_idx, configure(grad_split=...) or
-    NPUSIM_GRAD_SPLIT chose): each segment's tensors of one dtype are flattened and concatenated
-    on each NPU, all-reduced by one collective, and split back, the last segment first. Every
-    element is reduced over the same replicas' values as without fusion; the order in which a
-    rank adds them may differ (see docs/multichip.md, "Gradient segments")."""
+    NPUSIM_GRAD_SPLIT chose): each segment's tensors of one dtype are all-reduced together as
+    one collective (one NpuCollective op with fuse=True: the tensors are read and written
+    in place, one after the other, as one buffer), the last segment first. Every element is
+    reduced over the same replicas' values as without fusion; the order in which a rank adds
+    them may differ (docs/multichip.md, "Gradient segments and overlap")."""
     if op not in REDUCTIONS:
         raise ValueError(f"all_reduce: op '{op}' is not one of {REDUCTIONS}")
     tf = _tf()
@@ -316,34 +313,14 @@ def _segments(tensors, strategy):
 
 
 def _fused_all_reduce(lists, reduction):
-    """all_reduce(fuse=True) of per-replica lists (checked by _run): one collective per segment
-    and dtype, on each replica's tensors flattened and concatenated (a tensor alone in its
-    segment is all-reduced as it is), then split and reshaped back."""
-    tf = _tf()
+    """all_reduce(fuse=True) of per-replica lists: one NpuCollective per segment and dtype, the
+    last segment first, each one collective over its tensors read and written in place (HCCL's
+    fused segment, as if GE had allocated them contiguously: no copies)."""
     _check_replicas("all_reduce", lists)
     segments = _segments(lists[0], split_strategy())
     if segments is None:
         return _run(lists, "all_reduce", reduction)
-    fused = []
-    for tensors in lists:
-        with tf.device(_device_name(tensors[0])):
-            fused.append([tensors[idx[0]] if len(idx) == 1 else
-                          tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0)
-                          for idx in segments])
-    reduced = _run(fused, "all_reduce", reduction, one_op_each=True)
-    out = []
-    for tensors, pieces in zip(lists, reduced):
-        result = [None] * len(tensors)
-        with tf.device(_device_name(tensors[0])):
-            for idx, piece in zip(segments, pieces):
-                if len(idx) == 1:
-                    result[idx[0]] = piece
-                    continue
-                parts = tf.split(piece, [tensors[i].shape.num_elements() for i in idx], 0)
-                for i, part in zip(idx, parts):
-                    result[i] = tf.reshape(part, tensors[i].shape)
-        out.append(result)
-    return out
+    return _run(lists, "all_reduce", reduction, groups=segments, fuse=True)
 
 
 def broadcast(value, devices):
