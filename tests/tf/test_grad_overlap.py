@@ -5,6 +5,8 @@ timelines from the moment its gradients are written while the chips compute on, 
 are bit for bit those of one all-reduce per gradient (and track one NPU on the global batch).
 Every test runs a child process (the device count is fixed per process)."""
 
+import os
+import sys
 import textwrap
 
 import pytest
@@ -34,19 +36,14 @@ PRELUDE = textwrap.dedent("""
     """)
 
 
-def merged(intervals):
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def overlap(a, b):
-    """Cycles of the union of intervals `a` that lie inside the union of `b`."""
-    return sum(max(0, min(e, be) - max(s, bs)) for s, e in merged(a) for bs, be in merged(b))
+    """Cycles of the union of intervals `a` that lie inside the union of `b` (the benchmark's
+    exposed-communication arithmetic)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "benchmarks"))
+    from bench_data_parallel import covered  # pylint: disable=import-outside-toplevel
+
+    return covered(a, b)
 
 
 def test_gradient_segments_overlap_the_backward_pass_and_match_per_tensor_all_reduce(tmp_path):
