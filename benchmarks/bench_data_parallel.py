@@ -12,9 +12,12 @@ docs/runtime.md "Simulated time on a system"):
 - samples_per_s: global batch / step time; efficiency: samples/s over N x the 1-chip figure
   (the smallest chip count run);
 - compute_us: per chip, the kernels' time in a step (launch records), the slowest chip's;
-- comm_us: the collectives' time in a step (each holds all its chips), comm_share = comm / step;
-  exposed_comm_us: the part of it during which the chip ran no kernel (per chip, the largest);
-- collectives per step and the bytes they all-reduced;
+- comm_us: the collectives' time in a step (on the chips' communication timelines), comm_share =
+  comm / step; exposed_comm_us: the part of it during which the chip ran no kernel (per chip,
+  the largest);
+- collectives per step and the bytes they all-reduced (gradient segments: NPUSIM_GRAD_SPLIT,
+  docs/multichip.md "Gradient segments and overlap"; run with NPUSIM_GRAD_SPLIT=tensor for one
+  all-reduce per gradient);
 - emulation cost: wall and CPU seconds per step (the whole process: TensorFlow, compiler,
   simulator), and both divided by N (issue 15 asks for about N times one chip, not more).
 

@@ -281,12 +281,18 @@ Status Device::stream_wait_event(Stream s, Event e) {
   op.event = e.id;
   return enqueue(s, std::move(op));
 }
-Status Device::stream_wait_stream(Stream waiter, Stream other) {
+Status Device::stream_wait_stream(Stream waiter, Stream other, bool order_only) {
   return guard("stream_wait_stream", [&]() -> Status {
     Event e;
     if (Status st = m_driver->create_event(&e); !st.ok()) return st;
     Status st = record_event(e, other);
-    if (st.ok()) st = stream_wait_event(waiter, e);
+    if (st.ok()) {
+      DeviceOp op;
+      op.kind = OpKind::wait_event;
+      op.event = e.id;
+      op.order_only = order_only;
+      st = enqueue(waiter, std::move(op));
+    }
     Status destroyed = m_driver->destroy_event(e);  // a pending record still runs
     return st.ok() ? destroyed : st;
   });
@@ -458,6 +464,45 @@ Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>
   });
 }
 
+Status Device::collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group,
+                                int rank, std::vector<CollectivePiece> send,
+                                std::vector<CollectivePiece> recv, uint64_t count) {
+  return guard("collective", [&]() -> Status {
+    if (!group) return Status(StatusCode::invalid_argument, "collective: no group given");
+    const std::string what = fmt::format("{} rank {} on chip {}",
+                                         collective_name(group->call.kind), rank, m_chip);
+    if (group->call.kind != CollectiveKind::all_reduce &&
+        group->call.kind != CollectiveKind::broadcast)
+      return Status(StatusCode::invalid_argument,
+                    what + ": buffers in pieces are for all_reduce and broadcast only");
+    if (send.empty() || recv.empty())
+      return Status(StatusCode::invalid_argument, what + ": no buffer pieces given");
+    if (chips() < 2)
+      return Status(StatusCode::invalid_argument,
+                    what + ": the device is a single chip, not a chip of a system of chips");
+    const uint64_t bytes = count * static_cast<uint64_t>(isa::dtype_size(group->call.dtype));
+    for (auto [name, list] : {std::pair{"send", &send}, {"receive", &recv}}) {
+      uint64_t total = 0;
+      for (const CollectivePiece& p : *list) {
+        if (Status st = check_range(what.c_str(), name, p.addr, p.bytes); !st.ok()) return st;
+        total += p.bytes;
+      }
+      if (total != bytes)
+        return Status(StatusCode::invalid_argument,
+                      fmt::format("{}: the {} pieces hold {} bytes, {} elements need {}", what,
+                                  name, total, count, bytes));
+    }
+    DeviceOp op = transfer_op(OpKind::collective, recv[0].addr, send[0].addr, 0);
+    op.chip = m_chip;
+    op.group = group;
+    op.rank = rank;
+    op.count = count;
+    op.send_pieces = std::move(send);
+    op.recv_pieces = std::move(recv);
+    return m_driver->submit(s, std::move(op));
+  });
+}
+
 Status Device::check_launch(const std::shared_ptr<const isa::Program>& program,
                             const std::vector<uint64_t>& args, int block_dim) {
   if (!program) return Status(StatusCode::invalid_argument, "launch_kernel: no program");
@@ -578,7 +623,7 @@ Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");
   return guard("device_time_cycles", [&] {
     return m_driver->run_task([&] {
-      *cycles = m_driver->device_cycles(m_chip);
+      *cycles = std::max(m_driver->device_cycles(m_chip), m_driver->comm_cycles(m_chip));
       return Status();
     });
   });

@@ -141,7 +141,9 @@ class Device {
   Status stream_wait_event(Stream s, Event e);
   // Operations queued on `waiter` after this call run only after those queued on `other` before
   // it (TF's create_stream_dependency): an internal event recorded on other and waited for.
-  Status stream_wait_stream(Stream waiter, Stream other);
+  // order_only: they run after those, but their device time is not raised to their end (a
+  // collective stream: a collective starts when its input is ready, driver.h).
+  Status stream_wait_stream(Stream waiter, Stream other, bool order_only = false);
   // complete: its latest record has run (true for an event never recorded).
   Status query_event(Event e, bool* complete);
   Status synchronize_event(Event e);  // blocks the calling host thread until query is true
@@ -183,6 +185,12 @@ class Device {
   // is not a chip of a system: invalid_argument now, and the group fails.
   Status collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group, int rank,
                           uint64_t send, uint64_t recv, uint64_t count);
+  // The same with this rank's buffers in pieces (each inside one live allocation), read and
+  // written one after the other as one buffer of `count` elements (all_reduce and broadcast:
+  // HCCL's fused gradient segment, CollectiveCall::send_pieces).
+  Status collective_async(Stream s, const std::shared_ptr<CollectiveGroup>& group, int rank,
+                          std::vector<CollectivePiece> send, std::vector<CollectivePiece> recv,
+                          uint64_t count);
 
   // ---- Kernels (aclrtLaunchKernel)
   // Queues one launch. Checked before queueing, each failure invalid_argument naming the kernel:
@@ -220,7 +228,8 @@ class Device {
   // until removed or the device is destroyed.
   Status add_observer(ChipObserver* observer);
   Status remove_observer(ChipObserver* observer);
-  Status device_time_cycles(uint64_t* cycles);    // the device timeline now
+  // The device timeline now: the later of the chip's compute and communication timelines.
+  Status device_time_cycles(uint64_t* cycles);
   // Simulator::counters() since open; a chip of a system: its own subtree ("chip<k>").
   Status counters(nlohmann::json* tree);
   // The system's counters (SystemSimulator::counters(): every chip and the links' "fabric"

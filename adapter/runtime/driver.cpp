@@ -90,6 +90,8 @@ Driver::Driver(const SystemConfig& cfg, const SimOptions& opts, bool record_laun
 void Driver::start(std::function<void()> build, const std::string& what) {
   m_launch_count.assign(static_cast<size_t>(m_chips), 0);
   m_timeline.assign(static_cast<size_t>(m_chips), 0);
+  m_comm_timeline.assign(static_cast<size_t>(m_chips), 0);
+  m_written.assign(static_cast<size_t>(m_chips), WrittenBy{});
   m_streams[0];  // the internal stream of synchronous operations
   m_thread = std::thread([this, build = std::move(build), what] { thread_main(build, what); });
   std::unique_lock<std::mutex> lock(m_mutex);
@@ -215,26 +217,101 @@ bool Driver::collective_ready_locked(const DeviceOp& op) const {
 
 uint64_t Driver::device_cycles(int chip) const { return m_timeline.at(static_cast<size_t>(chip)); }
 
+uint64_t Driver::comm_cycles(int chip) const {
+  return m_comm_timeline.at(static_cast<size_t>(chip));
+}
+
+uint64_t Driver::begin_writes(int chip) {
+  if (!m_sys) return 0;
+  return m_sys->gm(chip).advance_write_epoch() + 1;  // what writes stamp from now on
+}
+
+void Driver::end_writes(int chip, uint64_t epoch, uint64_t end) {
+  if (!m_sys) return;
+  WrittenBy& w = m_written.at(static_cast<size_t>(chip));
+  uint64_t& e = w.end_of[epoch];
+  e = std::max(e, end);
+  while (w.end_of.size() > kWriteEntries) {  // forget the oldest: it ended no later than floor
+    w.floor = std::max(w.floor, w.end_of.begin()->second);
+    w.end_of.erase(w.end_of.begin());
+  }
+}
+
+uint64_t Driver::input_ready(int chip, uint64_t addr, uint64_t bytes) {
+  if (!m_sys || bytes == 0) return 0;
+  WrittenBy& w = m_written.at(static_cast<size_t>(chip));
+  // The op whose epoch is the latest at or below the range's: its writes (and the writes of
+  // driver tasks that ran after it, before the next op) stamped that epoch.
+  const uint64_t epoch = m_sys->gm(chip).last_write_epoch(addr, bytes);
+  auto it = w.end_of.upper_bound(epoch);
+  uint64_t ready = it == w.end_of.begin() ? w.floor : std::prev(it)->second;
+  for (const WrittenBy::CommOutput& o : w.comm_outputs)
+    if (addr < o.addr + o.bytes && o.addr < addr + bytes) ready = std::max(ready, o.ready);
+  return ready;
+}
+
+uint64_t Driver::comm_output_ready(const DeviceOp& op) {
+  if (!m_sys) return 0;
+  WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));
+  DeviceMemory& gm = m_sys->gm(op.chip);
+  const uint64_t now = m_timeline.at(static_cast<size_t>(op.chip));
+  // Outputs the chip's compute timeline has passed, or that were written since, are done with.
+  auto& outs = w.comm_outputs;
+  outs.erase(std::remove_if(outs.begin(), outs.end(),
+                            [&](const WrittenBy::CommOutput& o) {
+                              return o.ready <= now ||
+                                     gm.last_write_epoch(o.addr, o.bytes) > o.epoch;
+                            }),
+             outs.end());
+  if (outs.empty()) return 0;
+  uint64_t ready = 0;
+  auto reads = [&](uint64_t addr, uint64_t bytes) {
+    for (const WrittenBy::CommOutput& o : outs)
+      if (addr < o.addr + o.bytes && o.addr < addr + bytes) ready = std::max(ready, o.ready);
+  };
+  switch (op.kind) {
+    case OpKind::memcpy_d2h:
+    case OpKind::memcpy_d2d:
+    case OpKind::memcpy_peer: reads(op.src, op.bytes); break;
+    case OpKind::launch:
+      for (uint64_t a : op.args) reads(a, 1);
+      if (op.derived.state) {
+        reads(op.derived.addr, op.derived.bytes);
+        for (const DerivedRange& r : op.derived.more) reads(r.addr, r.bytes);
+      }
+      break;
+    default: break;
+  }
+  return ready;
+}
+
 uint64_t Driver::sim_cycles() const { return m_sys ? m_sys->now_cycles() : m_sim->now_cycles(); }
 
 Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
-                                uint64_t modelled, const std::function<void()>& run) {
+                                uint64_t modelled, const std::function<void()>& run,
+                                uint64_t data_ready) {
   Placement p;
   p.start = ready;
   for (int c : chips) p.start = std::max(p.start, m_timeline.at(static_cast<size_t>(c)));
-  p.start += idle;
+  p.start = std::max(p.start + idle, data_ready);
   p.sim_start = sim_cycles();
+  std::vector<uint64_t> epochs;
+  for (int c : chips) epochs.push_back(begin_writes(c));
   // The chips' timelines move to the op's end even if it throws (the simulation may have moved).
   struct MoveTimelines {
     Driver& d;
     const std::vector<int>& chips;
+    const std::vector<uint64_t>& epochs;
     const Placement& p;
     uint64_t modelled;
     ~MoveTimelines() {
       const uint64_t end = p.at(d.sim_cycles()) + modelled;
-      for (int c : chips) d.m_timeline[static_cast<size_t>(c)] = end;
+      for (size_t i = 0; i < chips.size(); ++i) {
+        d.m_timeline[static_cast<size_t>(chips[i])] = end;
+        d.end_writes(chips[i], epochs[i], end);
+      }
     }
-  } move{*this, chips, p, modelled};
+  } move{*this, chips, epochs, p, modelled};
   run();
   return p;
 }
@@ -266,11 +343,14 @@ Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* read
   // MirroredStrategy step: chip k-1 -> chip 0 moved chip 0 past chip k-1's compute, and chip
   // 0 -> chip k, which chip k's graph waited for, came after it.)
   PeerCopyResult r;
-  const Placement p = place({op.chip}, *ready, 0, 0, [&] {
-    r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
-  });
+  const uint64_t dst_epoch = begin_writes(op.dst_chip);
+  const Placement p = place(
+      {op.chip}, *ready, 0, 0,
+      [&] { r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}}); },
+      comm_output_ready(op));
   record_copy(stream, op, p.at(r.start_cycle), r.cycles);
   *ready = device_cycles(op.chip);
+  end_writes(op.dst_chip, dst_epoch, *ready);
   return Status();
 }
 
@@ -293,10 +373,74 @@ std::vector<CollectiveRecord::Link> link_use(const Fabric& fabric,
 }
 }  // namespace
 
+namespace {
+// Rank r's buffer as pieces: its pieces in `list` if it has them, else the one buffer.
+std::vector<CollectivePiece> pieces(const std::vector<std::vector<CollectivePiece>>& list,
+                                    uint64_t addr, uint64_t bytes, size_t r) {
+  if (r < list.size() && !list[r].empty()) return list[r];
+  return {CollectivePiece{addr, bytes}};
+}
+}  // namespace
+
+uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Placement* p,
+                                  const std::function<void()>& run) {
+  const size_t n = call.chips.size();
+  // The ranks whose send buffer the collective reads: all, but the root of a broadcast and
+  // rank 0 of a send_recv.
+  auto sends = [&](size_t r) {
+    if (call.kind == CollectiveKind::broadcast) return static_cast<int>(r) == call.root;
+    if (call.kind == CollectiveKind::send_recv) return r == 0;
+    return true;
+  };
+  const uint64_t send_bytes = collective_send_bytes(call), recv_bytes = collective_recv_bytes(call);
+  p->start = ready;
+  for (size_t r = 0; r < n; ++r) {
+    const int c = call.chips[r];
+    if (c < 0 || c >= m_chips) continue;  // run_collective names it
+    p->start = std::max(p->start, m_comm_timeline[static_cast<size_t>(c)]);
+    if (!sends(r)) continue;
+    for (const CollectivePiece& piece : pieces(call.send_pieces, call.send[r], send_bytes, r))
+      if (m_sys->gm(c).in_bounds(piece.addr, piece.bytes))
+        p->start = std::max(p->start, input_ready(c, piece.addr, piece.bytes));
+  }
+  p->sim_start = sim_cycles();
+  std::vector<uint64_t> epochs;
+  for (int c : call.chips) epochs.push_back(c >= 0 && c < m_chips ? begin_writes(c) : 0);
+  // The communication timelines move to the end even if it throws (the simulation may have
+  // moved); the outputs are pending for their readers once it ran.
+  uint64_t end = p->start;
+  auto move = [&] {
+    end = p->at(sim_cycles());
+    for (size_t r = 0; r < n; ++r) {
+      const int c = call.chips[r];
+      if (c < 0 || c >= m_chips) continue;
+      uint64_t& comm = m_comm_timeline[static_cast<size_t>(c)];
+      comm = std::max(comm, end);
+      end_writes(c, epochs[r], end);
+    }
+  };
+  try {
+    run();
+  } catch (...) {
+    move();
+    throw;
+  }
+  move();
+  for (size_t r = 0; r < n; ++r) {
+    const bool writes = call.kind != CollectiveKind::send_recv || r == 1;
+    if (!writes || !recv_bytes) continue;
+    for (const CollectivePiece& piece : pieces(call.recv_pieces, call.recv[r], recv_bytes, r))
+      m_written[static_cast<size_t>(call.chips[r])].comm_outputs.push_back(
+          {piece.addr, piece.bytes, end, epochs[r]});
+  }
+  return end;
+}
+
 Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
   CollectiveGroup& g = *op.group;
   // Every rank's part is at the head of its stream (collective_ready_locked): the collective
-  // starts once every rank's chip and stream are ready.
+  // starts once every rank's stream and communication timeline are ready and the bytes each rank
+  // sends have been written (driver.h, "Data readiness"); its chips compute on meanwhile.
   uint64_t ranks_ready = *ready;
   {
     std::lock_guard<std::mutex> lock(m_mutex);
@@ -311,6 +455,7 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
   Status st;
   CollectiveResult r;
   Placement p;
+  uint64_t end = *ready;
   if (!m_sys) {
     st = Status(StatusCode::failed_precondition,
                 "collective: the device is a single chip, not a chip of a system");
@@ -318,14 +463,15 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     const std::string where = fmt::format("stream {}: {}", stream, op.describe());
     st = guard(where, [&] {
       try {
-        p = place(g.call.chips, ranks_ready, 0, 0, [&] { r = run_collective(*m_sys, g.call); });
+        end = place_collective(g.call, ranks_ready, &p,
+                               [&] { r = run_collective(*m_sys, g.call); });
       } catch (const Error& e) {  // a malformed call (e.g. ranks of different counts)
         return Status(StatusCode::invalid_argument, where + ": " + e.what());
       }
       return Status();
     });
+    if (!st.ok()) end = std::max(*ready, end);
   }
-  const uint64_t end = m_sys && st.ok() ? device_cycles(op.chip) : *ready;
   if (st.ok() && m_record_launches) {
     CollectiveRecord rec;
     rec.collective = collective_name(g.call.kind);
@@ -368,7 +514,8 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
       case OpKind::memcpy_d2h:
         if (op.bytes) {
           HdcResult r;
-          const Placement p = place({op.chip}, *ready, 0, 0, [&] { r = hdc_copy(op); });
+          const Placement p = place({op.chip}, *ready, 0, 0, [&] { r = hdc_copy(op); },
+                                    comm_output_ready(op));
           record_copy(stream, op, p.at(r.start_cycle), r.cycles);
           *ready = device_cycles(op.chip);
         }
@@ -401,9 +548,10 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
         *event_cycle = std::max(device_cycles(op.chip), *ready);
         return Status();
       case OpKind::wait_event: {
-        // Its stream's next op starts no earlier than the record it waited for (of any chip).
+        // Its stream's next op starts no earlier than the record it waited for (of any chip),
+        // unless the wait orders execution only.
         std::lock_guard<std::mutex> lock(m_mutex);
-        if (auto e = m_events.find(op.event); e != m_events.end())
+        if (auto e = m_events.find(op.event); e != m_events.end() && !op.order_only)
           *ready = std::max(*ready, e->second.cycle);
         return Status();
       }
@@ -434,7 +582,7 @@ void Driver::record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cyc
 
 void Driver::add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cycles,
                                uint64_t* ready) {
-  const Placement p = place({op.chip}, *ready, 0, cycles, [] {});
+  const Placement p = place({op.chip}, *ready, 0, cycles, [] {}, comm_output_ready(op));
   record_copy(stream, op, p.start, cycles);
   *ready = device_cycles(op.chip);
 }
@@ -449,8 +597,8 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   const uint64_t host_dispatch = take_host_dispatch(op);
   const auto wall_start = std::chrono::steady_clock::now();
   KernelResult r;
-  const Placement p =
-      place({op.chip}, *ready, host_dispatch, 0, [&] { r = run_on_chip(op.chip, launch); });
+  const Placement p = place({op.chip}, *ready, host_dispatch, 0,
+                            [&] { r = run_on_chip(op.chip, launch); }, comm_output_ready(op));
   *ready = device_cycles(op.chip);
   const double wall_us = std::chrono::duration<double, std::micro>(
       std::chrono::steady_clock::now() - wall_start).count();
@@ -676,6 +824,12 @@ Status Driver::join_collective_locked(uint64_t stream, const DeviceOp& op) {
   g.call.send[r] = op.src;
   g.call.recv[r] = op.dst;
   g.call.rank_counts[r] = op.count;
+  if (!op.send_pieces.empty() || !op.recv_pieces.empty()) {
+    g.call.send_pieces.resize(g.call.chips.size());
+    g.call.recv_pieces.resize(g.call.chips.size());
+    g.call.send_pieces[r] = op.send_pieces;
+    g.call.recv_pieces[r] = op.recv_pieces;
+  }
   g.streams[r] = stream;
   g.joined[r] = true;
   if (++g.joined_count == g.ranks()) g.call.count = g.call.rank_counts[0];

@@ -21,8 +21,12 @@
 // the host dispatch of a labelled launch; it lasts what the simulation's clock advanced while it
 // ran (or the runtime's own model, for d2d copies and memsets) and moves chip c's timeline to its
 // end. A peer copy is the source chip's operation (the destination's readers wait for an
-// event recorded after it); a collective starts at the latest of every rank's chip and stream
-// and moves all of them. The chips share nothing but
+// event recorded after it). A collective runs on its ranks' communication timelines (HCCL's
+// stream, one per chip), not their compute timelines: it starts at the latest of every rank's
+// communication timeline, stream and the readiness of the input it sends (when the operation
+// that last wrote those bytes ended, from the device memory's write epochs), and moves only the
+// communication timelines; an operation reading its output waits for its end (see "Data
+// readiness" at m_written). The chips share nothing but
 // the links, so placing each operation, simulated alone, on its chip's timeline is exact for
 // kernels and host copies. With one chip the timeline is the simulator's clock plus the time the
 // runtime models itself, as before timelines existed.
@@ -103,8 +107,11 @@ class Driver {
   std::vector<CollectiveRecord> collective_records() const;
   void clear_launch_records();  // of every chip, and the copy and collective records
 
-  // Driver thread only: chip `chip`'s device timeline now, AI-core cycles.
+  // Driver thread only: chip `chip`'s device (compute) timeline now, AI-core cycles.
   uint64_t device_cycles(int chip = 0) const;
+  // Driver thread only: chip `chip`'s communication timeline (the end of its latest collective;
+  // 0 if it ran none), AI-core cycles.
+  uint64_t comm_cycles(int chip = 0) const;
 
  private:
   struct StreamState {
@@ -154,8 +161,16 @@ class Driver {
   // streams are ready at `ready`, after `idle` cycles of host time: it starts at the latest of
   // the chips' timelines and `ready`, plus idle, and every chip's timeline moves to its end (its
   // start plus the simulation's advance plus `modelled`, the cycles the runtime models itself).
+  // `data_ready`: when what the op reads is ready (a collective's output, comm_output_ready);
+  // the op starts no earlier, but its host dispatch (`idle`) overlaps the wait.
   Placement place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
-                  uint64_t modelled, const std::function<void()>& run);
+                  uint64_t modelled, const std::function<void()>& run, uint64_t data_ready = 0);
+  // Runs `run` (a collective: run_collective) on the communication timelines of call.chips:
+  // it starts at the latest of `ready`, those timelines and the readiness of the ranks' send
+  // buffers; moves those timelines to its end, which it returns, and leaves the receive buffers
+  // pending for their readers until then (comm_output_ready). *p: where it ran.
+  uint64_t place_collective(const CollectiveCall& call, uint64_t ready, Placement* p,
+                            const std::function<void()>& run);
   uint64_t sim_cycles() const;  // the simulation's clock
   // The chip model's host link and kernel runs, on the Simulator or on chip `chip` of the system.
   KernelResult run_on_chip(int chip, const KernelLaunch& launch);
@@ -189,6 +204,45 @@ class Driver {
   bool m_functional = true;
   // Driver thread only: every chip's device timeline, AI-core cycles (see above).
   std::vector<uint64_t> m_timeline;
+  // Driver thread only: every chip's communication (HCCL stream) timeline, AI-core cycles.
+  std::vector<uint64_t> m_comm_timeline;
+
+  // Data readiness (systems only; nothing of it runs on a single chip). A collective starts
+  // when the bytes it sends are ready, not when its chips are idle, so the driver keeps, per
+  // chip, when the operations that wrote device memory ended on the timelines:
+  //   - every operation that may write chip c's memory (kernels, copies and fills, a peer copy
+  //     for its destination chip, a collective for its ranks) advances c's write epoch before
+  //     it runs (begin_writes); its writes stamp the new epoch, and end_writes maps that epoch to
+  //     the operation's end. The bytes of a range were last written by the operation of the
+  //     range's latest epoch (DeviceMemory::last_write_epoch, 256-byte blocks: a neighbouring
+  //     write to a shared block can only make a range later, never earlier);
+  //   - a collective's outputs are also kept as ranges with their ready cycle (timing-only runs
+  //     write no data), until the chip's compute timeline passes them or they are overwritten:
+  //     a copy reading such a range, or a kernel with an argument inside one, waits for it. The
+  //     runtime does not know which kernel arguments are addresses: a scalar argument that falls
+  //     inside a pending output range makes the kernel wait too (conservative).
+  struct WrittenBy {
+    std::map<uint64_t, uint64_t> end_of;  // write epoch -> end of the op that stamped it
+    uint64_t floor = 0;  // the latest end among the entries dropped (at most kWriteEntries kept)
+    struct CommOutput {
+      uint64_t addr = 0, bytes = 0;
+      uint64_t ready = 0;  // the collective's end, AI-core cycles
+      uint64_t epoch = 0;  // the write epoch of the collective (a later write supersedes it)
+    };
+    std::vector<CommOutput> comm_outputs;
+  };
+  static constexpr size_t kWriteEntries = 1 << 15;
+  std::vector<WrittenBy> m_written;
+  // The epoch the writes of the op about to run on `chip` stamp (0 on a single chip).
+  uint64_t begin_writes(int chip);
+  // That op ended at `end`: writes stamped `epoch` on `chip` are ready then.
+  void end_writes(int chip, uint64_t epoch, uint64_t end);
+  // When [addr, addr + bytes) of chip `chip` was last written, AI-core cycles on the timelines
+  // (0: before anything the driver timed; a collective's pending output counts).
+  uint64_t input_ready(int chip, uint64_t addr, uint64_t bytes);
+  // When the collective outputs that `op` reads are ready (0 if it reads none): its source
+  // range (copies), derived source ranges, or a kernel argument inside a pending output.
+  uint64_t comm_output_ready(const DeviceOp& op);
   // Driver thread only: the latest LaunchLabel::dispatch values that paid their host dispatch
   // (launches of ops on several streams may interleave).
   static constexpr size_t kRecentDispatches = 64;

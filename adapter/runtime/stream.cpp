@@ -42,7 +42,8 @@ std::string DeviceOp::describe() const {
       return fmt::format("launch of kernel '{}' (block_dim {})", program ? program->name : "",
                          block_dim);
     case OpKind::record_event: return fmt::format("record_event {}", event);
-    case OpKind::wait_event: return fmt::format("wait_event {}", event);
+    case OpKind::wait_event:
+      return fmt::format("wait_event {}{}", event, order_only ? " (order only)" : "");
     case OpKind::host_callback: return "host_callback";
     case OpKind::memcpy_peer:
       return fmt::format("memcpy_peer of {} bytes from chip {} [{:#x}, {:#x}) to chip {} [{:#x}, "

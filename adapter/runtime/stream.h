@@ -202,7 +202,7 @@ struct CollectiveGroup {
   std::vector<uint64_t> streams;  // Stream::id of each rank's part
   int joined_count = 0;
   bool ran = false;  // driver thread: the collective has run; `status` is its outcome
-  uint64_t end_cycle = 0;  // once ran: its end on every rank's chip timeline (AI-core cycles)
+  uint64_t end_cycle = 0;  // once ran: its end on the ranks' communication timelines (cycles)
   Status status;     // a failed join (set when queued) or the collective's outcome
   std::string label;
   // false: a failed collective leaves its parts' streams without error and the caller reads
@@ -230,12 +230,18 @@ struct DeviceOp {
   int block_dim = 1;
   DerivedSource derived;            // launch: state non-null for a derived launch (launch_derived)
   uint64_t event = 0;               // record_event / wait_event: Event::id
+  // wait_event: order only. The stream's later ops run (execute) after the record, but their
+  // start on the timeline is not raised to it: a collective stream's dependency on its inputs'
+  // producers, whose time the driver takes from the inputs' readiness (driver.h).
+  bool order_only = false;
   HostCallback callback;
   int chip = 0;                     // the chip whose stream queues it (of the device's system)
   int dst_chip = 0;                 // memcpy_peer: the destination chip (dst is in its memory)
   std::shared_ptr<CollectiveGroup> group;  // collective: the group; `rank` is this part's rank,
   int rank = 0;                            // src/dst its send/recv buffers on its chip and
   uint64_t count = 0;                      // count its element count (CollectiveCall)
+  // collective: this rank's buffers in pieces (CollectiveCall::send_pieces); empty: src / dst.
+  std::vector<CollectivePiece> send_pieces, recv_pieces;
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

@@ -401,14 +401,39 @@ void check_call(SystemSimulator& sys, const CollectiveCall& c) {
     throw Error(fmt::format("{}: root {} is not a rank (0 to {})", what, c.root, n - 1));
   if (isa::dtype_size(c.dtype) <= 0) throw Error(fmt::format("{}: no element type given", what));
   const uint64_t sb = collective_send_bytes(c), rb = collective_recv_bytes(c);
+  const bool pieces = !c.send_pieces.empty() || !c.recv_pieces.empty();
+  if (pieces && c.kind != CollectiveKind::all_reduce && c.kind != CollectiveKind::broadcast)
+    throw Error(what + ": buffers in pieces are for all_reduce and broadcast only");
+  for (const auto* list : {&c.send_pieces, &c.recv_pieces})
+    if (!list->empty() && list->size() != c.chips.size())
+      throw Error(
+          fmt::format("{}: {} piece lists for {} chips; one per chip", what, list->size(), n));
   for (int r = 0; r < n; ++r) {
     DeviceMemory& g = sys.gm(c.chips[r]);
-    for (auto [name, addr, bytes] : {std::tuple{"send", c.send[r], sb}, {"receive", c.recv[r], rb}})
+    auto check = [&](const char* name, uint64_t addr, uint64_t bytes) {
       if (!g.in_bounds(addr, bytes))
         throw Error(
             fmt::format("{}: rank {} (chip {}): {} buffer [{:#x}, {:#x}) is outside its "
                         "device memory of {} bytes",
                         what, r, c.chips[r], name, addr, addr + bytes, g.capacity()));
+    };
+    for (auto [name, addr, bytes, list] : {std::tuple{"send", c.send[r], sb, &c.send_pieces},
+                                           {"receive", c.recv[r], rb, &c.recv_pieces}}) {
+      if (list->empty() || (*list)[static_cast<size_t>(r)].empty()) {
+        check(name, addr, bytes);
+        continue;
+      }
+      uint64_t total = 0;
+      for (const CollectivePiece& p : (*list)[static_cast<size_t>(r)]) {
+        check(name, p.addr, p.bytes);
+        total += p.bytes;
+      }
+      if (total != bytes)
+        throw Error(
+            fmt::format("{}: rank {} (chip {}): the {} pieces hold {} bytes, the buffer "
+                        "is {}",
+                        what, r, c.chips[r], name, total, bytes));
+    }
   }
 }
 
@@ -416,6 +441,14 @@ void check_call(SystemSimulator& sys, const CollectiveCall& c) {
 struct Buffers {
   std::vector<Bytes> work, out;
 };
+
+// Rank r's pieces in `list` (CollectiveCall::send_pieces / recv_pieces), or null if it has one
+// plain buffer.
+const std::vector<CollectivePiece>* pieces_of(const std::vector<std::vector<CollectivePiece>>& list,
+                                              int r) {
+  if (list.size() <= static_cast<size_t>(r) || list[static_cast<size_t>(r)].empty()) return nullptr;
+  return &list[static_cast<size_t>(r)];
+}
 
 Buffers load_inputs(SystemSimulator& sys, const CollectiveCall& c) {
   const int n = static_cast<int>(c.chips.size());
@@ -427,8 +460,17 @@ Buffers load_inputs(SystemSimulator& sys, const CollectiveCall& c) {
     DeviceMemory& g = sys.gm(c.chips[r]);
     Bytes in(sb);
     const bool has_input = c.kind != CollectiveKind::broadcast || r == c.root;
-    if (sb && has_input && !(c.kind == CollectiveKind::send_recv && r != 0))
-      g.read(c.send[r], in.data(), sb);
+    if (sb && has_input && !(c.kind == CollectiveKind::send_recv && r != 0)) {
+      if (const auto* pieces = pieces_of(c.send_pieces, r)) {
+        uint64_t at = 0;
+        for (const CollectivePiece& p : *pieces) {
+          g.read(p.addr, in.data() + at, p.bytes);
+          at += p.bytes;
+        }
+      } else {
+        g.read(c.send[r], in.data(), sb);
+      }
+    }
     switch (c.kind) {
       case CollectiveKind::all_gather:
         b.work[r].assign(sb * n, 0);
@@ -454,7 +496,16 @@ void store_outputs(SystemSimulator& sys, const CollectiveCall& c, const Buffers&
     if (c.kind == CollectiveKind::send_recv && r != 1) continue;
     const Bytes& from = c.kind == CollectiveKind::all_to_all ? b.out[r] : b.work[r];
     const uint64_t at = c.kind == CollectiveKind::reduce_scatter ? rb * r : 0;
-    if (rb) sys.gm(c.chips[r]).write(c.recv[r], from.data() + at, rb);
+    if (!rb) continue;
+    if (const auto* pieces = pieces_of(c.recv_pieces, r)) {
+      uint64_t off = at;
+      for (const CollectivePiece& p : *pieces) {
+        sys.gm(c.chips[r]).write(p.addr, from.data() + off, p.bytes);
+        off += p.bytes;
+      }
+    } else {
+      sys.gm(c.chips[r]).write(c.recv[r], from.data() + at, rb);
+    }
   }
 }
 

@@ -59,6 +59,11 @@ CollectiveKind collective_from_name(const std::string& s);
 ReduceOp reduce_op_from_name(const std::string& s);
 CollectiveAlgo collective_algo_from_name(const std::string& s);
 
+// A range of a rank's buffer on its chip (CollectiveCall::send_pieces), bytes.
+struct CollectivePiece {
+  uint64_t addr = 0, bytes = 0;
+};
+
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::all_reduce;
   std::vector<int> chips;      // the communicator: rank r is chip chips[r] (distinct chips)
@@ -75,6 +80,12 @@ struct CollectiveCall {
   ReduceOp op = ReduceOp::sum;  // all_reduce, reduce_scatter
   int root = 0;                 // broadcast: the rank that sends; send_recv: rank 0 sends to 1
   CollectiveAlgo algo = CollectiveAlgo::automatic;
+  // Optional, all_reduce and broadcast only: a rank's buffer made of pieces, read (written) one
+  // after the other as one buffer of `count` elements: HCCL's fused gradient segment, several
+  // tensors that GE allocates in one contiguous buffer. When send_pieces[r] (recv_pieces[r]) is
+  // given and not empty it replaces send[r] (recv[r]); its bytes must add up to the buffer's.
+  // The time is the same as for one buffer (collectives are zero-copy in this model).
+  std::vector<std::vector<CollectivePiece>> send_pieces, recv_pieces;
 };
 
 // One step of a collective as it ran: its transfers between chips (all at once over the links)

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <thread>
 
@@ -385,4 +386,188 @@ TEST_CASE("each chip has its own device timeline: kernels of two chips overlap")
   }
   CHECK(dev0.destroy_event(start0).ok());
   CHECK(dev1.destroy_event(chip1_done).ok());
+}
+
+namespace {
+
+// One rank of a two-chip collective test: f16 inputs x and y (from seeds `seed` and seed + 10)
+// on its chip, four more buffers of their size, a compute stream s and a collective stream h.
+struct Rank {
+  rt::Device* dev = nullptr;
+  std::vector<uint16_t> x, y;
+  uint64_t x_at = 0, y_at = 0;
+  std::array<uint64_t, 4> buf{};
+  rt::Stream s, h;
+};
+
+Rank open_rank(int chip, uint64_t n, uint32_t seed) {
+  Rank r;
+  r.dev = chips()[static_cast<size_t>(chip)].get();
+  r.x = test::random_f16(n, seed);
+  r.y = test::random_f16(n, seed + 10);
+  for (uint64_t* p : {&r.x_at, &r.y_at, &r.buf[0], &r.buf[1], &r.buf[2], &r.buf[3]})
+    REQUIRE(r.dev->malloc(n * 2, p).ok());
+  REQUIRE(r.dev->memcpy_h2d(r.x_at, r.x.data(), n * 2).ok());
+  REQUIRE(r.dev->memcpy_h2d(r.y_at, r.y.data(), n * 2).ok());
+  REQUIRE(r.dev->create_stream(&r.s).ok());
+  REQUIRE(r.dev->create_stream(&r.h).ok());
+  return r;
+}
+
+void close_rank(const Rank& r) {
+  for (uint64_t p : {r.x_at, r.y_at, r.buf[0], r.buf[1], r.buf[2], r.buf[3]})
+    CHECK(r.dev->free(p).ok());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a collective runs on the communication timeline: it overlaps later independent "
+    "kernels, starts when its input was written, and its readers wait for it") {
+  // HCCL's way (docs/runtime.md, "Simulated time on a system"): each chip computes on a stream
+  // (s), its collectives run on a stream of their own (h) that waits for the compute stream in
+  // execution order only, as the TF plugin queues them.
+  const auto& d = chips();
+  const std::vector<int> ids{2, 3};
+  const uint64_t n = 8192, bytes = n * 2;
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = d[2]->config().core_kind(isa::CoreKind::AIV)->count;
+  Rank c[2] = {open_rank(2, n, 10), open_rank(3, n, 11)};
+  d[0]->clear_launch_records();
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F16;
+  call.op = ReduceOp::sum;
+  auto group = std::make_shared<rt::CollectiveGroup>(call, 2, "overlap");
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *c[i].dev;
+    // The "gradient" (x + y), then the collective of it, then an independent kernel.
+    REQUIRE(
+        dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].y_at, c[i].buf[0], n}, blocks).ok());
+    REQUIRE(dev.stream_wait_stream(c[i].h, c[i].s, /*order_only=*/true).ok());
+    REQUIRE(dev.collective_async(c[i].h, group, i, c[i].buf[0], c[i].buf[2], n).ok());
+    REQUIRE(
+        dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].x_at, c[i].buf[1], n}, blocks).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *c[i].dev;
+    REQUIRE(dev.synchronize_stream(c[i].h).ok());
+    REQUIRE(dev.synchronize_stream(c[i].s).ok());
+  }
+  const rt::CollectiveRecord coll = d[0]->collective_records().back();
+  REQUIRE(coll.chips == ids);
+  uint64_t grad_end = 0;
+  std::vector<rt::LaunchRecord> independent;
+  for (int i = 0; i < 2; ++i) {
+    const auto k = c[i].dev->launch_records();
+    REQUIRE(k.size() >= 2);
+    const rt::LaunchRecord &grad = k[k.size() - 2], &other = k.back();
+    grad_end = std::max(grad_end, grad.start_cycle + grad.cycles);
+    independent.push_back(other);
+    // The independent kernel follows the gradient's on the compute timeline, whatever the
+    // collective does.
+    CHECK(other.start_cycle - (grad.start_cycle + grad.cycles) <= 1);
+  }
+  // The collective starts when the later rank's gradient was written (its producer's end), not
+  // after the kernels queued on the chips before the collective was run.
+  CHECK(coll.start_cycle == grad_end);
+  // ... and the chips computed meanwhile: the independent kernels overlap it.
+  for (const rt::LaunchRecord& other : independent) {
+    CHECK(other.start_cycle < coll.end_cycle);
+    CHECK(other.start_cycle + other.cycles > coll.start_cycle);
+  }
+  REQUIRE(independent[0].start_cycle + independent[0].cycles < coll.end_cycle);  // a short kernel
+
+  // A kernel reading the collective's output waits for its end (its host dispatch overlaps the
+  // wait); one that does not read it does not.
+  rt::Device& dev = *d[2];
+  REQUIRE(
+      dev.launch_kernel(c[0].s, program, {c[0].buf[2], c[0].x_at, c[0].buf[3], n}, blocks).ok());
+  REQUIRE(dev.synchronize_stream(c[0].s).ok());
+  const rt::LaunchRecord reader = dev.launch_records().back();
+  CHECK(reader.start_cycle - coll.end_cycle <= 1);
+  CHECK(reader.start_cycle >= coll.end_cycle);
+  // The data: every rank holds the sum of the gradients.
+  const auto expected = test::reference_add_f16(test::reference_add_f16(c[0].x, c[0].y),
+                                                test::reference_add_f16(c[1].x, c[1].y));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<uint16_t> got(n);
+    REQUIRE(c[i].dev->memcpy_d2h(got.data(), c[i].buf[2], bytes).ok());
+    CHECK(got == expected);
+  }
+  // A chip's device time is the later of its compute and communication timelines.
+  uint64_t t3 = 0;
+  REQUIRE(d[3]->device_time_cycles(&t3).ok());
+  CHECK(t3 >= coll.end_cycle);
+
+  SECTION(
+      "a collective after independent work on its own stream starts no earlier than its "
+      "previous collective") {
+    auto second = std::make_shared<rt::CollectiveGroup>(call, 2, "second");
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(c[i].dev->collective_async(c[i].h, second, i, c[i].x_at, c[i].buf[1], n).ok());
+    for (int i = 0; i < 2; ++i) REQUIRE(c[i].dev->synchronize_stream(c[i].h).ok());
+    const rt::CollectiveRecord next = d[0]->collective_records().back();
+    // Its input (x) was written long before: only the communication timelines hold it back.
+    CHECK(next.start_cycle == coll.end_cycle);
+  }
+  for (const Rank& r : c) close_rank(r);
+}
+
+TEST_CASE(
+    "a fused all-reduce over buffer pieces equals one all-reduce per piece and starts "
+    "when its last piece was written") {
+  // HCCL's fused gradient segment: each rank's buffer is two tensors that are not contiguous.
+  const auto& d = chips();
+  const uint64_t n = 2048, bytes = n * 2;
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = d[4]->config().core_kind(isa::CoreKind::AIV)->count;
+  Rank c[2] = {open_rank(4, n, 30), open_rank(5, n, 31)};
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = isa::Dtype::F16;
+  call.op = ReduceOp::sum;
+  auto fused = std::make_shared<rt::CollectiveGroup>(call, 2, "fused");
+  d[0]->clear_launch_records();
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *c[i].dev;
+    // Piece a = x + y, then piece b = x + x: b is written last.
+    REQUIRE(
+        dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].y_at, c[i].buf[0], n}, blocks).ok());
+    REQUIRE(
+        dev.launch_kernel(c[i].s, program, {c[i].x_at, c[i].x_at, c[i].buf[1], n}, blocks).ok());
+    REQUIRE(dev.stream_wait_stream(c[i].h, c[i].s, /*order_only=*/true).ok());
+    // The pieces' bytes must add up to the count's.
+    CHECK(dev.collective_async(c[i].h, fused, i, {{c[i].buf[0], bytes}}, {{c[i].buf[2], bytes}},
+                               2 * n)
+              .code() == StatusCode::invalid_argument);
+    REQUIRE(dev.collective_async(c[i].h, fused, i, {{c[i].buf[0], bytes}, {c[i].buf[1], bytes}},
+                                 {{c[i].buf[2], bytes}, {c[i].buf[3], bytes}}, 2 * n)
+                .ok());
+  }
+  uint64_t b_end = 0;
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *c[i].dev;
+    REQUIRE(dev.synchronize_stream(c[i].h).ok());
+    REQUIRE(dev.synchronize_stream(c[i].s).ok());
+    const rt::LaunchRecord last = dev.launch_records().back();
+    b_end = std::max(b_end, last.start_cycle + last.cycles);
+  }
+  const rt::CollectiveRecord coll = d[0]->collective_records().back();
+  CHECK(coll.count == 2 * n);
+  CHECK(coll.bytes == 2 * bytes);
+  CHECK(coll.start_cycle == b_end);  // the later piece's writer, on the later chip
+  // Every rank holds, piece by piece, the sum of the ranks' pieces.
+  auto sum = [&](auto piece) { return test::reference_add_f16(piece(c[0]), piece(c[1])); };
+  const auto expect_a = sum([](const Rank& p) { return test::reference_add_f16(p.x, p.y); });
+  const auto expect_b = sum([](const Rank& p) { return test::reference_add_f16(p.x, p.x); });
+  for (int i = 0; i < 2; ++i) {
+    rt::Device& dev = *c[i].dev;
+    std::vector<uint16_t> got_a(n), got_b(n);
+    REQUIRE(dev.memcpy_d2h(got_a.data(), c[i].buf[2], bytes).ok());
+    REQUIRE(dev.memcpy_d2h(got_b.data(), c[i].buf[3], bytes).ok());
+    CHECK(got_a == expect_a);
+    CHECK(got_b == expect_b);
+  }
+  for (const Rank& r : c) close_rank(r);
 }

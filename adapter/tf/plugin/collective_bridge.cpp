@@ -119,7 +119,8 @@ DenseUpdateStatus queue_collective(TF_OpKernelContext* tf_ctx, const CollectiveS
       std::vector<uint64_t>& calls = reg.calls[spec.group_key];
       calls.resize(std::max(calls.size(), static_cast<size_t>(spec.group_size)), 0);
       const uint64_t call_index = calls[static_cast<size_t>(spec.rank)]++;
-      for (size_t i = 0; i < tensors.size(); ++i) {
+      for (size_t i = 0; i < (spec.fuse ? std::min<size_t>(tensors.size(), 1) : tensors.size());
+           ++i) {
         auto dt = from_tf_dtype(tensors[i].dtype);
         if (!dt)
           return rt::Status(rt::StatusCode::invalid_argument,
@@ -133,15 +134,42 @@ DenseUpdateStatus queue_collective(TF_OpKernelContext* tf_ctx, const CollectiveS
                           isa::dtype_name(groups.back()->call.dtype)));
       }
     }
-    // The parts start once what TensorFlow queued on the op's stream before them (the inputs'
+    // The parts run once what TensorFlow queued on the op's stream before them (the inputs'
     // producers) has run; `done` comes after them, and only then may TensorFlow run the ops
-    // that read the outputs, so nothing on the op's stream waits for the other ranks.
-    if (rt::Status s = device->stream_wait_stream(hccl, stream); !s.ok()) return s;
-    for (size_t i = 0; i < tensors.size(); ++i) {
+    // that read the outputs, so nothing on the op's stream waits for the other ranks. The wait
+    // orders execution only: in simulated time a collective starts when its input was written
+    // (as GE's HCCL stream waits for the gradient's producer task), not when the chip has run
+    // everything queued before the op, and the chip computes on while it runs (driver.h).
+    if (rt::Status s = device->stream_wait_stream(hccl, stream, /*order_only=*/true); !s.ok())
+      return s;
+    auto elements = [](const CollectiveTensor& t) {
       uint64_t count = 1;
-      for (int64_t d : tensors[i].shape) count *= static_cast<uint64_t>(d);
+      for (int64_t d : t.shape) count *= static_cast<uint64_t>(d);
+      return count;
+    };
+    if (spec.fuse && !tensors.empty()) {
+      const uint64_t size = static_cast<uint64_t>(isa::dtype_size(groups[0]->call.dtype));
+      std::vector<CollectivePiece> send, recv;
+      uint64_t count = 0;
+      for (const CollectiveTensor& t : tensors) {
+        const uint64_t n = elements(t);
+        if (n == 0) continue;
+        send.push_back({t.input, n * size});
+        recv.push_back({t.output, n * size});
+        count += n;
+      }
+      if (send.empty()) {  // only empty tensors: one empty collective, as per tensor
+        send.push_back({tensors[0].input, 0});
+        recv.push_back({tensors[0].output, 0});
+      }
+      if (rt::Status s = device->collective_async(hccl, groups[0], spec.rank, std::move(send),
+                                                  std::move(recv), count);
+          !s.ok())
+        return s;
+    }
+    for (size_t i = 0; !spec.fuse && i < tensors.size(); ++i) {
       if (rt::Status s = device->collective_async(hccl, groups[i], spec.rank, tensors[i].input,
-                                                  tensors[i].output, count);
+                                                  tensors[i].output, elements(tensors[i]));
           !s.ok())
         return s;
     }

@@ -38,14 +38,18 @@ struct CollectiveSpec {
   int group_size = 0;
   int rank = 0;
   std::string group_key;
+  // all_reduce, broadcast: the op's tensors are one collective, each rank's buffer their
+  // concatenation (HCCL's fused gradient segment; CollectiveCall::send_pieces), instead of one
+  // collective per tensor.
+  bool fuse = false;
 };
 
-// Queues this rank's part of one collective per tensor (in order) on the chip's collective
-// stream, after what ctx's stream holds; `done` gets the first failure among them, or ok. A
-// malformed call (rank outside the group, a device that is not a chip of a system, a dtype HCCL
-// cannot reduce) fails at once: the returned status, and `done` is not called. Errors found when
-// the collective runs (ranks whose tensors differ in element count) reach `done` for every rank,
-// naming the ranks.
+// Queues this rank's part of one collective per tensor (in order; with spec.fuse one for all of
+// them) on the chip's collective stream, after what ctx's stream holds; `done` gets the first
+// failure among them, or ok. A malformed call (rank outside the group, a device that is not a chip
+// of a system, a dtype HCCL cannot reduce) fails at once: the returned status, and `done` is not
+// called. Errors found when the collective runs (ranks whose tensors differ in element count) reach
+// `done` for every rank, naming the ranks.
 DenseUpdateStatus queue_collective(TF_OpKernelContext* ctx, const CollectiveSpec& spec,
                                    const std::vector<CollectiveTensor>& tensors,
                                    std::function<void(DenseUpdateStatus)> done);

@@ -6,7 +6,9 @@
 //     reduction in {sum, prod, max, min} (all_reduce); root: int (broadcast: the rank whose
 //     inputs every rank's outputs receive; the other ranks' inputs give only shape and dtype);
 //     group_size, rank: this replica's place in the communicator; group_key: names the
-//     communicator's collectives (as NCCL ops' shared_name does).
+//     communicator's collectives (as NCCL ops' shared_name does); fuse: the N inputs are one
+//     collective over their concatenation, read and written in place (HCCL's fused gradient
+//     segment, whose tensors GE allocates contiguously), instead of N collectives.
 //   Not stateful: tf.function's automatic control dependencies chain stateful ops in program
 //   order, which would make replica 1's op wait for replica 0's, and replica 0's op finishes
 //   only once replica 1's has joined. npusim.distribute orders each replica's collectives itself.
@@ -49,6 +51,7 @@ class NpuCollectiveOp : public tfc::AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("group_size", &m_spec.group_size));
     OP_REQUIRES_OK(c, c->GetAttr("rank", &m_spec.rank));
     OP_REQUIRES_OK(c, c->GetAttr("group_key", &m_spec.group_key));
+    OP_REQUIRES_OK(c, c->GetAttr("fuse", &m_spec.fuse));
     OP_REQUIRES(c, m_spec.rank < m_spec.group_size,
                 absl::InvalidArgumentError(absl::StrCat(
                     "rank ", m_spec.rank, " is outside the group of ", m_spec.group_size)));
@@ -103,6 +106,7 @@ absl::Status register_op_def() {
         .Attr("group_size: int >= 1")
         .Attr("rank: int >= 0")
         .Attr("group_key: string")
+        .Attr("fuse: bool = false")
         .SetShapeFn([](tfc::shape_inference::InferenceContext* c) {
           for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
           return absl::OkStatus();

@@ -91,7 +91,7 @@ def _overrides_list(overrides):
 
 
 def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None,
-              graph_mode=None, chips=None, system=None):
+              graph_mode=None, chips=None, system=None, grad_split=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -118,6 +118,13 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
     system: a system preset ("910b-x8", "910b-x16", "tiny-x8") or a system YAML file: every
         chip of it (or the first `chips`) is an NPU device; `chip`, if given, replaces the
         system's chip and `overrides` apply to it. docs/multichip.md, "TensorFlow".
+    grad_split: how MirroredStrategy fuses a step's gradients into all-reduces (the CANN TF
+        adapter's gradient split strategy): "hccl" (default: two segments of 96.54 % and 3.46 %
+        of the bytes), "tensor" (one collective per gradient), a list of percentages of the
+        bytes in variable order ([60, 40]) or ("idx", [last gradient index of each segment]).
+        Sets NPUSIM_GRAD_SPLIT; like graph_mode it may change at any time and applies to the
+        gradients reduced (tf.function graphs traced) after the call. docs/multichip.md,
+        "Gradient segments".
 
     Call it before the first TensorFlow op. Once the device exists its config is fixed:
     asking for another one (another chip count included) raises NpusimError (the same config
@@ -144,6 +151,8 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
     if system is not None:
         env["NPUSIM_SYSTEM"] = os.fspath(system)
 
+    if grad_split is not None:
+        os.environ[distribute.SPLIT_ENV] = distribute.grad_split_env(grad_split)
     if graph_mode is not None:
         if not isinstance(graph_mode, bool):
             raise TypeError(f"graph_mode must be True or False, not {graph_mode!r}")

@@ -13,16 +13,23 @@ over the modelled links and is reduced where HCCL reduces it, never staged throu
 They work eagerly and inside tf.function.
 
 `import npusim` also makes MirroredStrategy use the NPUs: MirroredStrategy() with no devices
-takes every NPU, and its cross-device ops for NPU replicas are NpuAllReduce (gradients and other
-all-reduces as one NpuCollective per replica). Strategies that need TensorFlow's multi-worker
-runtime (MultiWorkerMirroredStrategy, ParameterServerStrategy) raise NpusimError naming
-MirroredStrategy instead: pluggable devices do not get that runtime.
+takes every NPU, and its cross-device ops for NPU replicas are NpuAllReduce: a batch of gradients
+is fused into segments as the CANN TF adapter's gradient split strategy does (HCCL's default two
+segments of 96.54 % and 3.46 % of the bytes; set_split_strategy_by_size / _by_idx,
+npusim.configure(grad_split=...) or NPUSIM_GRAD_SPLIT choose another), one NpuCollective per
+segment and dtype, queued last segment first (its gradients are computed first in the backward
+pass), so that its all-reduce overlaps the rest of the backward pass in simulated time.
+Strategies that need TensorFlow's multi-worker runtime (MultiWorkerMirroredStrategy,
+ParameterServerStrategy) raise NpusimError naming MirroredStrategy instead: pluggable devices do
+not get that runtime.
 """
 
 import itertools
+import os
 import threading
 import weakref
 
+from ._chakra import HCCL_DEFAULT_SPLIT, gradient_segments
 from ._plugin import NpusimError
 
 REDUCTIONS = ("sum", "prod", "max", "min", "mean")
@@ -134,14 +141,17 @@ def _replica_ops(tensors, groups, rank, attrs):
     return outputs
 
 
-def _run(per_replica, collective, reduction="sum", root=0):
+def _run(per_replica, collective, reduction="sum", root=0, groups=None, fuse=False):
+    """groups: the NpuCollective ops, in order, as lists of tensor positions (one dtype each);
+    default one op per dtype. fuse: each op's tensors are one collective (else one each)."""
     tf = _tf()
     devices = _check_replicas(collective, per_replica)
     if len(devices) == 1:
         return [[tf.identity(t) for t in per_replica[0]]]
-    groups = _dtype_groups(per_replica[0])
+    groups = (_dtype_groups(per_replica[0]) if groups is None else
+              [(indices, f"npusim/{next(_keys)}") for indices in groups])
     attrs = {"collective": collective, "reduction": reduction, "root": root,
-             "group_size": len(devices)}
+             "group_size": len(devices), "fuse": bool(fuse)}
     results = [None] * len(devices)
     if not tf.executing_eagerly():
         for rank, device in enumerate(devices):
@@ -182,17 +192,30 @@ def _per_replica_lists(values):
     return lists, batched
 
 
-def all_reduce(values, op="sum"):
+def all_reduce(values, op="sum", fuse=False):
     """The all-reduce of one tensor per NPU: values[r] on replica r's NPU (distinct NPUs, equal
     shapes and dtypes: float32, float16, bfloat16 or int32). Returns a list with the reduction on
     each replica's NPU, in the order given. op: "sum", "prod", "max", "min" or "mean" (sum
     divided by the number of replicas). values[r] may also be a list of tensors: each is reduced
-    with the same tensor of the other replicas, and each result is then a list."""
+    with the same tensor of the other replicas, and each result is then a list.
+
+    fuse: False, one collective per tensor. True, the list is a batch of gradients in variable
+    order, fused as the gradient split strategy says (split_strategy(): HCCL's default two
+    segments, or what set_split_strategy_by_size / _by_idx, configure(grad_split=...) or
+    NPUSIM_GRAD_SPLIT chose): each segment's tensors of one dtype are all-reduced together as
+    one collective (one NpuCollective op with fuse=True: the tensors are read and written
+    in place, one after the other, as one buffer), the last segment first. Every element is
+    reduced over the same replicas' values as without fusion; the order in which a rank adds
+    them may differ (docs/multichip.md, "Gradient segments and overlap")."""
     if op not in REDUCTIONS:
         raise ValueError(f"all_reduce: op '{op}' is not one of {REDUCTIONS}")
     tf = _tf()
     lists, batched = _per_replica_lists(values)
-    reduced = _run(lists, "all_reduce", "sum" if op == "mean" else op)
+    reduction = "sum" if op == "mean" else op
+    if fuse and split_strategy() is not None:
+        reduced = _fused_all_reduce(lists, reduction)
+    else:
+        reduced = _run(lists, "all_reduce", reduction)
     if op == "mean":
         n = len(lists)
         out = []
@@ -201,6 +224,103 @@ def all_reduce(values, op="sum"):
                 out.append([t / tf.cast(n, t.dtype) for t in tensors])
         reduced = out
     return reduced if batched else [t[0] for t in reduced]
+
+
+# ---- gradient segments (the TF adapter's gradient split strategy)
+
+SPLIT_ENV = "NPUSIM_GRAD_SPLIT"
+
+
+def _parse_split(text, where):
+    """The split strategy a NPUSIM_GRAD_SPLIT value names: None (one collective per tensor),
+    ("size", [percent, ...]) or ("idx", [last index, ...])."""
+    text = text.strip()
+    try:
+        if text in ("", "hccl", "default"):
+            return ("size", list(HCCL_DEFAULT_SPLIT))
+        if text in ("tensor", "none", "off"):
+            return None
+        if text.startswith("idx:"):
+            return ("idx", [int(v) for v in text[4:].split(",")])
+        sizes = [float(v) for v in text.split(",")]
+    except ValueError:
+        sizes = None
+    if not sizes or any(p <= 0 for p in sizes) or abs(sum(sizes) - 100.0) > 1e-6:
+        raise NpusimError(f"{where}: '{text}' is not a gradient split: give 'hccl' (HCCL's "
+                          f"default {HCCL_DEFAULT_SPLIT[0]},{HCCL_DEFAULT_SPLIT[1]}), 'tensor' "
+                          "(one collective per gradient), percentages of the bytes summing to "
+                          "100 ('60,40') or 'idx:' and the last gradient index of each segment "
+                          "('idx:20,100,159')")
+    return ("size", sizes)
+
+
+def split_strategy():
+    """The gradient split strategy NpuAllReduce uses now: None (one collective per gradient),
+    ("size", percentages) or ("idx", last indices). From NPUSIM_GRAD_SPLIT (set by
+    configure(grad_split=...) and the set_split_strategy_* functions); HCCL's default when
+    unset."""
+    return _parse_split(os.environ.get(SPLIT_ENV, "hccl"), SPLIT_ENV)
+
+
+def grad_split_env(value):
+    """The NPUSIM_GRAD_SPLIT text of configure(grad_split=value): 'hccl', 'tensor', a list of
+    percentages, or ('idx', [last indices]); checked."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and value[0] == "idx":
+        text = "idx:" + ",".join(str(int(i)) for i in value[1])
+    elif isinstance(value, (tuple, list)):
+        text = ",".join(repr(float(p)) for p in value)
+    else:
+        raise TypeError(f"grad_split must be 'hccl', 'tensor', a list of percentages or "
+                        f"('idx', [indices]), not {value!r}")
+    _parse_split(text, "grad_split")
+    return text
+
+
+def set_split_strategy_by_size(sizes):
+    """Gradient segments by size, as the CANN TF adapter's set_split_strategy_by_size: each
+    segment's percentage of the gradient bytes, in variable order (summing to 100), e.g.
+    [60, 20, 20]. Applies to the gradients reduced from now on (a tf.function traced before keeps
+    its segments)."""
+    os.environ[SPLIT_ENV] = grad_split_env(list(sizes))
+
+
+def set_split_strategy_by_idx(indices):
+    """Gradient segments by index, as set_split_strategy_by_idx: the last gradient index of each
+    segment, increasing, the last one the last gradient's (checked when gradients are reduced),
+    e.g. [20, 100, 159]."""
+    os.environ[SPLIT_ENV] = grad_split_env(("idx", list(indices)))
+
+
+def _segments(tensors, strategy):
+    """The fused collectives of one replica's gradient list: [[positions], ...], one per segment
+    and dtype, the last segment first. None when a shape is not fully known (then every tensor
+    gets its own collective)."""
+    if not all(t.shape.is_fully_defined() for t in tensors):
+        return None
+    sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
+    kind, values = strategy
+    try:
+        seg = gradient_segments(sizes, split_by_size=values if kind == "size" else None,
+                                split_by_idx=values if kind == "idx" else None)
+    except ValueError as e:
+        raise NpusimError(f"{SPLIT_ENV} for {len(tensors)} gradients: {e}") from None
+    groups = {}
+    for i, (k, t) in enumerate(zip(seg, tensors)):
+        groups.setdefault((k, t.dtype), []).append(i)
+    return [groups[key] for key in sorted(groups, key=lambda key: -key[0])]
+
+
+def _fused_all_reduce(lists, reduction):
+    """all_reduce(fuse=True) of per-replica lists: one NpuCollective per segment and dtype, the
+    last segment first, each one collective over its tensors read and written in place (HCCL's
+    fused segment, as if GE had allocated them contiguously: no copies)."""
+    _check_replicas("all_reduce", lists)
+    segments = _segments(lists[0], split_strategy())
+    if segments is None:
+        return _run(lists, "all_reduce", reduction)
+    return _run(lists, "all_reduce", reduction, groups=segments, fuse=True)
 
 
 def broadcast(value, devices):
@@ -268,7 +388,7 @@ def _make_cross_device_ops_class():
             n = len(dense[0].values)
             per_replica = [[v.values[r] for v in dense] for r in range(n)]
             op = "mean" if reduce_op == reduce_util.ReduceOp.MEAN else "sum"
-            reduced = all_reduce(per_replica, op)
+            reduced = all_reduce(per_replica, op, fuse=True)
             from tensorflow.python.distribute import distribute_utils  # pylint: disable=import-outside-toplevel
             from tensorflow.python.distribute import values as value_lib  # pylint: disable=import-outside-toplevel
 
