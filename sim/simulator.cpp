@@ -377,7 +377,7 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        watchdog_budget(I.opts, *launch.program, launch.args), record,
-                       I.opts.replay_record_max_bytes);
+                       I.opts.replay_record_max_bytes, launch.gm_blocks);
   if (!run_to_quiescence_or_limit() && I.chip->outcome() == Chip::Outcome::Deadlock) {
     I.chip->stop_at_time_limit();  // still running at the limit: a fault
     run_to_quiescence();  // unwinds every process

@@ -1,0 +1,25 @@
+#include "sim/chip/l2_placement.h"
+
+#include <limits>
+
+namespace npusim {
+
+uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
+  *run = std::numeric_limits<uint64_t>::max();
+  if (!m_lookup) return addr;
+  auto it = m_blocks.upper_bound(addr);
+  if (it != m_blocks.begin() && addr < std::prev(it)->second.end) {
+    --it;
+  } else {
+    uint64_t start = 0, bytes = 0;
+    if (!m_lookup(addr, &start, &bytes) || bytes == 0 || addr < start || addr - start >= bytes)
+      return addr;
+    it = m_blocks.emplace(start, Placed{start + bytes, m_next}).first;
+    // The next block starts on a fresh line, as every allocator block does.
+    m_next += (bytes + m_line_bytes - 1) / m_line_bytes * m_line_bytes;
+  }
+  *run = it->second.end - addr;
+  return it->second.l2_base + (addr - it->first);
+}
+
+}  // namespace npusim
