@@ -284,6 +284,9 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   const bool replayable =
       I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
       replay_key(*launch.program, launch.args, launch.block_dim, &key, &similar, &loads);
+  if (replayable && !I.cfg.l2_keep_across_launches)  // the cold L2 files lines by block
+    for (LaunchKey* k : {&key, &similar})
+      append_block_extents(launch.gm_blocks, launch.args, &k->args);
   RecordedLaunch* found = replayable ? I.memo.find(key) : nullptr;
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),

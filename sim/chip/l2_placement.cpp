@@ -4,6 +4,15 @@
 
 namespace npusim {
 
+void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
+                          std::vector<uint64_t>* out) {
+  if (!blocks) return;
+  for (size_t i = 0; i < args.size(); ++i) {
+    uint64_t start = 0, bytes = 0;
+    if (blocks(args[i], &start, &bytes)) out->insert(out->end(), {i, args[i] - start, bytes});
+  }
+}
+
 uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
   *run = std::numeric_limits<uint64_t>::max();
   if (!m_lookup) return addr;

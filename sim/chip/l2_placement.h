@@ -24,12 +24,21 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <vector>
 
 namespace npusim {
 
 // The device allocation holding `addr`: sets *start and *bytes of its block and returns true, or
 // returns false if no live block holds it (the runtime's allocator answers; thread-safe).
 using GmBlockLookup = std::function<bool(uint64_t addr, uint64_t* start, uint64_t* bytes)>;
+
+// What a launch's L2 outcome depends on, besides its program and arguments, when its lines are
+// filed by block: the extent of each block its arguments point into (the sizes set where the
+// packed blocks start). Appends (argument index, offset in its block, block bytes) for every
+// argument inside a block to *out: the launch replay keys a recording with them, so a launch
+// replays only onto blocks of the same extents (sim/simulator.cpp).
+void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
+                          std::vector<uint64_t>* out);
 
 class L2Placement {
  public:
