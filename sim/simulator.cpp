@@ -99,6 +99,7 @@ struct Simulator::Impl {
   LaunchMemo memo;
   WorkerPool pool;
   L2Tags verify_l2;  // the L2 a launch at new tensor addresses is checked against
+  L2Placement verify_placement{verify_l2.line_bytes()};  // where the check files its lines
 
   // verify_translation against the L2 this launch would start with (cold, or the chip's own
   // when it keeps its lines); `verify_l2` then holds the L2 as the launch leaves it, and
@@ -107,8 +108,11 @@ struct Simulator::Impl {
               std::vector<GmAccess>* writes) {
     if (cfg.l2_keep_across_launches) verify_l2 = chip->memory().l2();
     else verify_l2.invalidate_all();
+    // As the memory system files them (MemorySystem::begin_launch).
+    verify_placement.begin_launch(cfg.l2_keep_across_launches ? GmBlockLookup()
+                                                               : launch.gm_blocks);
     return verify_translation(rec, *launch.program, launch.args, launch.block_dim, chip->cores(),
-                              gm, cfg, pool, verify_l2, writes);
+                              gm, cfg, pool, verify_l2, verify_placement, writes);
   }
   CounterRegistry counters;
   std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)

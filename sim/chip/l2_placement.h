@@ -26,6 +26,9 @@
 #include <map>
 #include <vector>
 
+#include "sim/chip/l2_tags.h"
+#include "sim/exec/exec.h"
+
 namespace npusim {
 
 // The device allocation holding `addr`: sets *start and *bytes of its block and returns true, or
@@ -70,5 +73,11 @@ class L2Placement {
   std::map<uint64_t, Placed> m_blocks;  // device start -> placement, blocks this launch touched
   uint64_t m_next = kPackedBase;        // L2 address of the next block touched
 };
+
+// Looks GM range `r` up in `l2` at its L2 addresses under `placement`, piece by piece (a range
+// that runs out of its block continues at the next piece's address); the sum of the pieces'
+// outcomes. The memory system times a transfer with it, and the launch replay's check
+// (verify_translation) repeats the lookups with it.
+L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r);
 
 }  // namespace npusim

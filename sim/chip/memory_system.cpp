@@ -81,27 +81,6 @@ void MemorySystem::abort_transfers() {
   m_rate_change.cancel();
 }
 
-L2Outcome MemorySystem::access_l2(const GmAccess& r) {
-  L2Outcome sum;
-  uint64_t addr = r.addr, left = r.bytes;
-  while (left > 0) {
-    uint64_t run = 0;
-    const uint64_t l2_addr = m_placement.l2_address(addr, &run);
-    const uint64_t n = std::min(left, run);
-    const L2Outcome o = m_l2.access_range(l2_addr, n, r.l2, r.write);
-    sum.hit_bytes += o.hit_bytes;
-    sum.miss_bytes += o.miss_bytes;
-    sum.hit_lines += o.hit_lines;
-    sum.miss_lines += o.miss_lines;
-    sum.bypass_lines += o.bypass_lines;
-    sum.absorbed_bytes += o.absorbed_bytes;
-    sum.writeback_bytes += o.writeback_bytes;
-    addr += n;
-    left -= n;
-  }
-  return sum;
-}
-
 void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& delay) {
   GmTransfer* t = p.get_extension<GmTransfer>();
   if (!t || !t->ranges) {
@@ -111,7 +90,7 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // 1. L2 lookup, line by line.
   uint64_t hit = 0, miss = 0;
   for (const GmAccess& r : *t->ranges) {
-    const L2Outcome o = access_l2(r);
+    const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;
     miss += o.miss_bytes + o.writeback_bytes;
     m_l2_hits.add(o.hit_lines);

@@ -84,8 +84,6 @@ class MemorySystem : public sc_core::sc_module {
   void on_rate_change();  // method: a transfer's current phase may have completed
   void advance();         // bring every active transfer's remaining bytes to now
   void settle();          // complete finished phases, recompute rates, schedule next change
-  // Looks up one GM range in the L2 at its L2 addresses (m_placement), piece by piece.
-  L2Outcome access_l2(const GmAccess& r);
 
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
