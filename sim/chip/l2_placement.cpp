@@ -1,6 +1,7 @@
 #include "sim/chip/l2_placement.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 
 namespace npusim {

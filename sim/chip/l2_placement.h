@@ -10,7 +10,7 @@
 // itself: every allocation (block) the launch touches is given an L2 address range of its own,
 // in the order the launch first touches the blocks (the simulated order, which is the same on
 // every run), each on a fresh L2 line, packed one after another from one fixed, way-aligned
-// base. Offsets inside a block are kept, so a tensor's own lines fall in the sets they would at
+// base. Offsets inside a block are kept, so a tensor's own lines conflict with each other as at
 // any line-aligned placement; what no longer matters is where the allocator put the blocks. It
 // is the placement a static memory plan for that launch would give (tensors contiguous, in
 // use order), the same for every run.
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "sim/chip/l2_tags.h"
