@@ -99,6 +99,7 @@ struct Simulator::Impl {
   LaunchMemo memo;
   WorkerPool pool;
   L2Tags verify_l2;  // the L2 a launch at new tensor addresses is checked against
+  L2Placement verify_placement{verify_l2.line_bytes()};  // where the check files its lines
 
   // verify_translation against the L2 this launch would start with (cold, or the chip's own
   // when it keeps its lines); `verify_l2` then holds the L2 as the launch leaves it, and
@@ -107,8 +108,11 @@ struct Simulator::Impl {
               std::vector<GmAccess>* writes) {
     if (cfg.l2_keep_across_launches) verify_l2 = chip->memory().l2();
     else verify_l2.invalidate_all();
+    // As the memory system files them (MemorySystem::begin_launch).
+    verify_placement.begin_launch(cfg.l2_keep_across_launches ? GmBlockLookup()
+                                                               : launch.gm_blocks);
     return verify_translation(rec, *launch.program, launch.args, launch.block_dim, chip->cores(),
-                              gm, cfg, pool, verify_l2, writes);
+                              gm, cfg, pool, verify_l2, verify_placement, writes);
   }
   CounterRegistry counters;
   std::vector<uint64_t> launch_base;  // counter snapshot at the start of the launch (reused)
@@ -284,6 +288,9 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   const bool replayable =
       I.opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
       replay_key(*launch.program, launch.args, launch.block_dim, &key, &similar, &loads);
+  if (replayable && !I.cfg.l2_keep_across_launches)  // the cold L2 files lines by block
+    for (LaunchKey* k : {&key, &similar})
+      append_block_extents(launch.gm_blocks, launch.args, &k->args);
   RecordedLaunch* found = replayable ? I.memo.find(key) : nullptr;
   const auto& observers = I.chip->observers();
   const bool detail = std::any_of(observers.begin(), observers.end(),
@@ -377,7 +384,7 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   const bool record = replayable && !recorded && (!found || stale);
   I.chip->begin_launch(*launch.program, launch.args, launch.block_dim, I.opts.functional,
                        watchdog_budget(I.opts, *launch.program, launch.args), record,
-                       I.opts.replay_record_max_bytes);
+                       I.opts.replay_record_max_bytes, launch.gm_blocks);
   if (!run_to_quiescence_or_limit() && I.chip->outcome() == Chip::Outcome::Deadlock) {
     I.chip->stop_at_time_limit();  // still running at the limit: a fault
     run_to_quiescence();  // unwinds every process

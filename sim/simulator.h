@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "isa/isa.h"
+#include "sim/chip/l2_placement.h"
 #include "sim/config/chip_config.h"
 #include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
@@ -89,6 +90,10 @@ struct KernelLaunch {
   // KernelResult::counter_delta is filled (what a caller that keeps many launches wants: the
   // tree of a 72-core chip costs more than a small launch's simulation).
   bool counter_tree = true;
+  // The device's allocations (the runtime's allocator): with a cold L2 the launch's lines are
+  // filed by allocation, so its L2 outcome does not depend on where its buffers were placed
+  // (sim/chip/l2_placement.h). Empty: lines are filed at their device addresses.
+  GmBlockLookup gm_blocks;
 };
 
 struct KernelResult {

@@ -119,6 +119,17 @@ bool HbmAllocator::contains(uint64_t addr, uint64_t bytes) const {
   return addr < end && bytes <= end - addr;
 }
 
+bool HbmAllocator::block_of(uint64_t addr, uint64_t* start, uint64_t* bytes) const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  auto it = m_live.upper_bound(addr);
+  if (it == m_live.begin()) return false;
+  --it;
+  if (addr - it->first >= it->second) return false;
+  *start = it->first;
+  *bytes = it->second;
+  return true;
+}
+
 void HbmAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(m_mutex);
   m_stats.peak_bytes_in_use = m_stats.bytes_in_use;

@@ -4,8 +4,10 @@
 // coalesced with free neighbours. Every block starts on, and is rounded up to, the alignment
 // given at construction: at least kAlignment bytes (512: the largest GM burst and the L0A/L0B
 // fractal size, so any tensor can be moved by any MTE path without a misaligned head); the
-// device uses its L2 line if that is larger, so no two blocks share an L2 line and a launch's
-// L2 behaviour does not depend on where its tensors were placed. Thread-safe. It only does bookkeeping: it never touches the
+// device uses its L2 line if that is larger, so no two blocks share an L2 line. Where the blocks
+// lie still depends on the order of the requests (TensorFlow's threads); the chip's L2 model
+// files a launch's lines by block (block_of, sim/chip/l2_placement.h), so a launch's L2
+// behaviour does not depend on it. Thread-safe. It only does bookkeeping: it never touches the
 // simulated memory (the device discards freed pages, see device.h).
 #pragma once
 
@@ -51,6 +53,10 @@ class HbmAllocator {
 
   // True if [addr, addr+bytes) lies inside one live block.
   bool contains(uint64_t addr, uint64_t bytes) const;
+  // The live block holding `addr`: sets *start and *bytes (its rounded size) and returns true;
+  // false if no live block holds it. What the chip's L2 model files a launch's lines by
+  // (sim/chip/l2_placement.h, a GmBlockLookup).
+  bool block_of(uint64_t addr, uint64_t* start, uint64_t* bytes) const;
   uint64_t base() const { return m_base; }
   uint64_t alignment() const { return m_alignment; }
   uint64_t end() const { return m_end; }

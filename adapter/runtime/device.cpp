@@ -98,10 +98,12 @@ Device::Device(Key, const ChipConfig& cfg, const SimOptions& sim_opts,
                const RuntimeOptions& rt_opts)
     : m_cfg(cfg),
       m_rt_opts(rt_opts),
-      // Blocks on whole L2 lines: a launch's timing then depends on its tensors' sizes, not on
-      // where the allocator happened to put them (allocator.h).
-      m_allocator(kHbmBase, cfg.hbm_bytes,
-                  std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes)),
+      // Blocks on whole L2 lines, so no two share a line; the L2 model files a launch's lines
+      // by block (KernelLaunch::gm_blocks), so its timing does not depend on where the
+      // allocator put them (allocator.h).
+      m_allocator(std::make_shared<HbmAllocator>(
+          kHbmBase, cfg.hbm_bytes,
+          std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes))),
       m_cache(cfg),
       m_driver(std::make_shared<Driver>(cfg, sim_opts, rt_opts.record_launches)) {}
 
@@ -110,8 +112,9 @@ Device::Device(Key, const ChipConfig& cfg, const RuntimeOptions& rt_opts,
     : m_cfg(cfg),
       m_rt_opts(rt_opts),
       m_chip(chip),
-      m_allocator(kHbmBase, cfg.hbm_bytes,
-                  std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes)),
+      m_allocator(std::make_shared<HbmAllocator>(
+          kHbmBase, cfg.hbm_bytes,
+          std::max<uint64_t>(HbmAllocator::kAlignment, cfg.l2_line_bytes))),
       m_cache(cfg),
       m_driver(std::move(driver)) {}
 
@@ -206,7 +209,7 @@ Status Device::open(const std::string& chip, const std::vector<std::string>& ove
 Status Device::malloc(uint64_t bytes, uint64_t* dev_addr) {
   if (!dev_addr) return null_output("malloc");
   return guard("malloc", [&] {
-    return prefixed(m_allocator.allocate(bytes, dev_addr),
+    return prefixed(m_allocator->allocate(bytes, dev_addr),
                     fmt::format("malloc of {} bytes on chip '{}'", bytes, m_cfg.name));
   });
 }
@@ -216,7 +219,7 @@ Status Device::free(uint64_t dev_addr) {
   return guard(where, [&]() -> Status {
     if (dev_addr == 0) return Status();
     uint64_t size = 0;
-    if (Status st = m_allocator.begin_release(dev_addr, &size); !st.ok())
+    if (Status st = m_allocator->begin_release(dev_addr, &size); !st.ok())
       return prefixed(st, "free");
     Status st;
     if (m_rt_opts.discard_freed_memory)
@@ -224,12 +227,12 @@ Status Device::free(uint64_t dev_addr) {
         m_driver->gm(m_chip).discard(dev_addr, size);
         return Status();
       });
-    m_allocator.finish_release(dev_addr);
+    m_allocator->finish_release(dev_addr);
     return prefixed(st, where);
   });
 }
 
-AllocatorStats Device::memory_stats() const { return m_allocator.stats(); }
+AllocatorStats Device::memory_stats() const { return m_allocator->stats(); }
 
 Status Device::resident_bytes(uint64_t* bytes) {
   if (!bytes) return null_output("resident_bytes");
@@ -311,7 +314,7 @@ Status Device::event_elapsed_us(Event start, Event end, double* us) {
 
 Status Device::check_range(const char* what, const char* which, uint64_t addr,
                            uint64_t bytes) const {
-  if (bytes == 0 || m_allocator.contains(addr, bytes)) return Status();
+  if (bytes == 0 || m_allocator->contains(addr, bytes)) return Status();
   return Status(StatusCode::invalid_argument,
                 fmt::format("{}: {} device range [{:#x}, {:#x}) ({} bytes) is not inside one "
                             "live allocation", what, which, addr, addr + bytes, bytes));
@@ -561,6 +564,9 @@ Status Device::submit_launch(Stream s, std::shared_ptr<const isa::Program> progr
   op.args = std::move(args);
   op.block_dim = block_dim;
   op.derived = std::move(derived);
+  op.gm_blocks = [allocator = m_allocator](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    return allocator->block_of(addr, start, bytes);
+  };
   op.chip = m_chip;
   return m_driver->submit(s, std::move(op));
 }

@@ -111,9 +111,9 @@ class Device {
   // that use the block must have run first (as with aclrtFree); the runtime does not wait.
   Status free(uint64_t dev_addr);
   AllocatorStats memory_stats() const;
-  void reset_memory_peak() { m_allocator.reset_peak(); }
+  void reset_memory_peak() { m_allocator->reset_peak(); }
   // Where blocks start and what their sizes round up to: max(512, the L2 line), bytes.
-  uint64_t memory_alignment() const { return m_allocator.alignment(); }
+  uint64_t memory_alignment() const { return m_allocator->alignment(); }
   // Host bytes the simulated device memory occupies now (touched pages).
   Status resident_bytes(uint64_t* bytes);
 
@@ -267,7 +267,9 @@ class Device {
   const ChipConfig m_cfg;
   const RuntimeOptions m_rt_opts;
   const int m_chip = 0;
-  HbmAllocator m_allocator;
+  // Shared with the launches queued on the driver: the chip's L2 model files a launch's lines
+  // by allocation (KernelLaunch::gm_blocks).
+  std::shared_ptr<HbmAllocator> m_allocator;
   KernelCache m_cache;
   // Programs that passed the verifier: the weak pointer proves the address still names the
   // same program object.

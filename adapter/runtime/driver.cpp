@@ -591,6 +591,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   KernelLaunch launch;
   launch.program = op.program.get();
   launch.args = op.args;
+  launch.gm_blocks = op.gm_blocks;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
   // The device idles while the host dispatches the op.

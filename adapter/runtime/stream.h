@@ -14,6 +14,7 @@
 
 #include "adapter/runtime/status.h"
 #include "isa/isa.h"
+#include "sim/chip/l2_placement.h"
 #include "sim/collective/collective.h"
 #include "sim/counters/counters.h"
 
@@ -229,6 +230,7 @@ struct DeviceOp {
   std::vector<uint64_t> args;
   int block_dim = 1;
   DerivedSource derived;            // launch: state non-null for a derived launch (launch_derived)
+  GmBlockLookup gm_blocks;          // launch: the device's allocations (KernelLaunch::gm_blocks)
   uint64_t event = 0;               // record_event / wait_event: Event::id
   // wait_event: order only. The stream's later ops run (execute) after the record, but their
   // start on the timeline is not raised to it: a collective stream's dependency on its inputs'

@@ -23,6 +23,7 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
       m_cfg(cfg),
       m_abort(abort),
       m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back),
+      m_placement(m_l2.line_bytes()),
       m_l2_hits(chip_counters.add("l2.hits", "lines", "GM line accesses that hit in L2")),
       m_l2_misses(chip_counters.add("l2.misses", "lines", "GM line accesses that missed L2")),
       m_l2_noalloc_hits(chip_counters.add("l2.noalloc_hits", "lines",
@@ -66,8 +67,9 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   dont_initialize();
 }
 
-void MemorySystem::begin_launch(bool record) {
+void MemorySystem::begin_launch(bool record, GmBlockLookup blocks) {
   if (!m_cfg.l2_keep_across_launches) m_l2.invalidate_all();
+  m_placement.begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup() : std::move(blocks));
   m_recording = record;
   m_transfer_order.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
@@ -88,7 +90,7 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // 1. L2 lookup, line by line.
   uint64_t hit = 0, miss = 0;
   for (const GmAccess& r : *t->ranges) {
-    const L2Outcome o = m_l2.access_range(r.addr, r.bytes, r.l2, r.write);
+    const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;
     miss += o.miss_bytes + o.writeback_bytes;
     m_l2_hits.add(o.hit_lines);

@@ -34,6 +34,7 @@
 #include <tlm_utils/multi_passthrough_target_socket.h>
 
 #include "sim/chip/gm_transfer.h"
+#include "sim/chip/l2_placement.h"
 #include "sim/chip/l2_tags.h"
 #include "sim/config/chip_config.h"
 #include "sim/core/core_env.h"
@@ -54,7 +55,10 @@ class MemorySystem : public sc_core::sc_module {
   // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones,
   // unless the chip keeps it (memory.l2.keep_across_launches).
   // record: keep the launch's transfer order and L2 fingerprint (for the launch replay).
-  void begin_launch(bool record = false);
+  // blocks: the device's allocations; with a cold L2 the launch's lines are filed by them
+  // (l2_placement.h), so its L2 outcome does not depend on where its buffers were allocated.
+  // Ignored with a kept L2; empty: lines are filed at their device addresses.
+  void begin_launch(bool record = false, GmBlockLookup blocks = {});
   // The L2's tags between launches: the launch replay checks a recording against a copy of
   // them and installs the copy's end state when it replays (sim/simulator.cpp); a host copy
   // into device memory drops the lines it overwrites.
@@ -84,6 +88,7 @@ class MemorySystem : public sc_core::sc_module {
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
   L2Tags m_l2;
+  L2Placement m_placement;
   bool m_recording = false;
   std::vector<uint16_t> m_transfer_order;
   uint64_t m_l2_fingerprint = kL2FingerprintSeed;

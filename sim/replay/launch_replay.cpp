@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "isa/disassembler.h"
 #include "sim/chip/chip.h"
+#include "sim/chip/l2_placement.h"
 #include "sim/chip/l2_tags.h"
 #include "sim/chip/memory_system.h"
 #include "sim/core/ai_core.h"
@@ -298,7 +299,7 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                         const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        std::vector<GmAccess>* writes) {
+                        L2Placement& placement, std::vector<GmAccess>* writes) {
   std::vector<SectionRun> runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -366,7 +367,7 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
     const uint32_t t = c.by_pipe[pipe][c.next[pipe]++];
     for (size_t r = c.first_range[t], e = r + fc.transfer_sizes()[t]; r < e; ++r) {
       const GmAccess& a = fc.transfer_ranges()[r];
-      h = l2_fingerprint(h, l2.access_range(a.addr, a.bytes, a.l2, a.write));
+      h = l2_fingerprint(h, access_placed(l2, placement, a));
     }
   }
   for (const CoreTransfers& c : ct)

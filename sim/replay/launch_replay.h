@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "isa/isa.h"
+#include "sim/chip/l2_placement.h"
 #include "sim/core/core_env.h"
 #include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
@@ -140,7 +141,7 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                         const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        std::vector<GmAccess>* writes = nullptr);
+                        L2Placement& placement, std::vector<GmAccess>* writes = nullptr);
 
 // Recorded launches by key, at most `capacity` keys and about `max_bytes` of recordings (the
 // least recently used key goes first). A recording verified for other addresses is also kept

@@ -106,7 +106,8 @@ sc_time SystemSimulator::Impl::begin_launches(const std::vector<ChipLaunch>& lau
   const sc_time start = sc_time_stamp();
   for (const ChipLaunch& l : launches)
     chip(l.chip).begin_launch(*l.launch.program, l.launch.args, l.launch.block_dim, opts.functional,
-                              watchdog_budget(opts, *l.launch.program, l.launch.args));
+                              watchdog_budget(opts, *l.launch.program, l.launch.args), false,
+                              UINT64_MAX, l.launch.gm_blocks);
   return start;
 }
 

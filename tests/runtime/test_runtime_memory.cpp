@@ -143,6 +143,20 @@ TEST_CASE("allocator: double free and foreign addresses are invalid_argument; co
   CHECK_THAT(st.message(), Catch::Contains("not the start of a live allocation"));
 }
 
+TEST_CASE("allocator: block_of names the live block holding an address (the L2 files by it)") {
+  HbmAllocator a(kA, 9 * kA);
+  const uint64_t p = alloc(a, 2 * kA), q = alloc(a, 700);  // q's block: 1024 bytes
+  uint64_t start = 0, bytes = 0;
+  CHECK(a.block_of(p, &start, &bytes));
+  CHECK((start == p && bytes == 2 * kA));
+  CHECK(a.block_of(q + 1023, &start, &bytes));
+  CHECK((start == q && bytes == 2 * kA));
+  CHECK_FALSE(a.block_of(q + 1024, &start, &bytes));  // free memory after q
+  CHECK_FALSE(a.block_of(kA - 1, &start, &bytes));    // below the first block
+  REQUIRE(a.release(p).ok());
+  CHECK_FALSE(a.block_of(p, &start, &bytes));
+}
+
 TEST_CASE("device: malloc/free report usage; out of memory fails cleanly and the device stays "
           "usable") {
   auto dev = test::tiny_device();

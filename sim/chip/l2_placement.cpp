@@ -1,0 +1,57 @@
+#include "sim/chip/l2_placement.h"
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+
+namespace npusim {
+
+void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
+                          std::vector<uint64_t>* out) {
+  if (!blocks) return;
+  for (size_t i = 0; i < args.size(); ++i) {
+    uint64_t start = 0, bytes = 0;
+    if (blocks(args[i], &start, &bytes)) out->insert(out->end(), {i, args[i] - start, bytes});
+  }
+}
+
+L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {
+  L2Outcome sum;
+  uint64_t addr = r.addr, left = r.bytes;
+  while (left > 0) {
+    uint64_t run = 0;
+    const uint64_t l2_addr = placement.l2_address(addr, &run);
+    const uint64_t n = std::min(left, run);
+    const L2Outcome o = l2.access_range(l2_addr, n, r.l2, r.write);
+    sum.hit_bytes += o.hit_bytes;
+    sum.miss_bytes += o.miss_bytes;
+    sum.hit_lines += o.hit_lines;
+    sum.miss_lines += o.miss_lines;
+    sum.bypass_lines += o.bypass_lines;
+    sum.absorbed_bytes += o.absorbed_bytes;
+    sum.writeback_bytes += o.writeback_bytes;
+    addr += n;
+    left -= n;
+  }
+  return sum;
+}
+
+uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
+  *run = std::numeric_limits<uint64_t>::max();
+  if (!m_lookup) return addr;
+  auto it = m_blocks.upper_bound(addr);
+  if (it != m_blocks.begin() && addr < std::prev(it)->second.end) {
+    --it;
+  } else {
+    uint64_t start = 0, bytes = 0;
+    if (!m_lookup(addr, &start, &bytes) || bytes == 0 || addr < start || addr - start >= bytes)
+      return addr;
+    it = m_blocks.emplace(start, Placed{start + bytes, m_next}).first;
+    // The next block starts on a fresh line, as every allocator block does.
+    m_next += (bytes + m_line_bytes - 1) / m_line_bytes * m_line_bytes;
+  }
+  *run = it->second.end - addr;
+  return it->second.l2_base + (addr - it->first);
+}
+
+}  // namespace npusim

@@ -1,0 +1,84 @@
+// Where the L2 model files a launch's GM lines: the launch's allocations laid out back to back.
+//
+// Which L2 set a line falls in depends on its address (set = line % sets), so when a launch's
+// working set overflows the L2, its conflict misses depend on where its buffers lie relative to
+// each other. The runtime's allocator places TensorFlow's tensors in the order TensorFlow's
+// threads happen to ask for them, which changes from run to run; the same script then gave a
+// different report (docs/tf_plugin.md, "Device memory"). With a cold L2 at every launch (the
+// default, memory.l2.keep_across_launches false), a launch's L2 outcome depends only on the
+// relative placement of what it touches, so the model takes that placement from the launch
+// itself: every allocation (block) the launch touches is given an L2 address range of its own,
+// in the order the launch first touches the blocks (the simulated order, which is the same on
+// every run), each on a fresh L2 line, packed one after another from one fixed, way-aligned
+// base. Offsets inside a block are kept, so a tensor's own lines conflict with each other as at
+// any line-aligned placement; what no longer matters is where the allocator put the blocks. It
+// is the placement a static memory plan for that launch would give (tensors contiguous, in
+// use order), the same for every run.
+//
+// An address outside every block (no lookup given, or memory the allocator does not manage) is
+// filed at its own address. With a kept L2 (keep_across_launches) the runtime gives no lookup:
+// lines then carry over between launches and are filed at their device addresses, as silicon
+// files them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "sim/chip/l2_tags.h"
+#include "sim/exec/exec.h"
+
+namespace npusim {
+
+// The device allocation holding `addr`: sets *start and *bytes of its block and returns true, or
+// returns false if no live block holds it (the runtime's allocator answers; thread-safe).
+using GmBlockLookup = std::function<bool(uint64_t addr, uint64_t* start, uint64_t* bytes)>;
+
+// What a launch's L2 outcome depends on, besides its program and arguments, when its lines are
+// filed by block: the extent of each block its arguments point into (the sizes set where the
+// packed blocks start). Appends (argument index, offset in its block, block bytes) for every
+// argument inside a block to *out: the launch replay keys a recording with them, so a launch
+// replays only onto blocks of the same extents (sim/simulator.cpp).
+void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
+                          std::vector<uint64_t>* out);
+
+class L2Placement {
+ public:
+  // First L2 address of the packed blocks: above any device address, and a multiple of every
+  // power-of-two way size (l2_bytes / ways), so the first block touched starts in set 0.
+  static constexpr uint64_t kPackedBase = uint64_t(1) << 62;
+
+  explicit L2Placement(uint32_t line_bytes) : m_line_bytes(line_bytes) {}
+
+  // Start of a launch: forgets the previous launch's blocks. An empty lookup files every address
+  // at itself.
+  void begin_launch(GmBlockLookup blocks) {
+    m_lookup = std::move(blocks);
+    m_blocks.clear();
+    m_next = kPackedBase;
+  }
+
+  // The L2 address of device address `addr`; *run = how many bytes from addr on keep a
+  // contiguous L2 address (to the end of addr's block, or everything for an unplaced address).
+  uint64_t l2_address(uint64_t addr, uint64_t* run);
+
+ private:
+  struct Placed {
+    uint64_t end;      // device address past the block
+    uint64_t l2_base;  // L2 address of the block's first byte
+  };
+  uint32_t m_line_bytes;
+  GmBlockLookup m_lookup;
+  std::map<uint64_t, Placed> m_blocks;  // device start -> placement, blocks this launch touched
+  uint64_t m_next = kPackedBase;        // L2 address of the next block touched
+};
+
+// Looks GM range `r` up in `l2` at its L2 addresses under `placement`, piece by piece (a range
+// that runs out of its block continues at the next piece's address); the sum of the pieces'
+// outcomes. The memory system times a transfer with it, and the launch replay's check
+// (verify_translation) repeats the lookups with it.
+L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r);
+
+}  // namespace npusim

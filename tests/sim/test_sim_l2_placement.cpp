@@ -1,0 +1,118 @@
+// The L2 model files a cold launch's lines by allocation (sim/chip/l2_placement.h): a launch's
+// L2 outcome depends on its blocks' sizes and the order it first touches them, not on where the
+// allocator put them. On a direct-mapped L2 of 8 sets (tiny chip, 4 KiB, 1 way, 512-byte lines:
+// one way is 4 KiB), a kernel reads a line of A, a line of B, then A again: filed at device
+// addresses, B 4 KiB above A takes A's set and A's second read misses, B 512 bytes above A does
+// not; filed by block, both placements give the second read of A a hit.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sim/chip/l2_placement.h"
+#include "sim/config/chip_config.h"
+#include "tests/sim/sim_test_util.h"
+
+using namespace npusim;
+using npusim::test::counter;
+
+namespace {
+
+// A lookup over a fixed set of blocks (start -> bytes), as the runtime's allocator answers.
+GmBlockLookup lookup_of(std::map<uint64_t, uint64_t> blocks) {
+  return [blocks](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    auto it = blocks.upper_bound(addr);
+    if (it == blocks.begin()) return false;
+    --it;
+    if (addr - it->first >= it->second) return false;
+    *start = it->first;
+    *bytes = it->second;
+    return true;
+  };
+}
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny", {"memory.l2.bytes=4 KiB", "memory.l2.ways=1"}),
+                     SimOptions{});
+  return s;
+}
+
+const isa::Program& a_b_a() {
+  static const isa::Program p = isa::assemble(
+      ".arg a\n.arg b\n.section aiv\n    ldarg x1, a\n    ldarg x4, b\n    movi x2, 0\n"
+      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // 512 bytes of A
+      "    copy_gm2ub x2, x4, 1, 16, 0, 0\n"  // 512 bytes of B
+      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // A again
+      "    end\n",
+      "a_b_a.s");
+  return p;
+}
+
+KernelResult run(uint64_t a, uint64_t b, GmBlockLookup blocks) {
+  KernelLaunch l;
+  l.program = &a_b_a();
+  l.args = {a, b};
+  l.gm_blocks = std::move(blocks);
+  KernelResult r = sim().run(l);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("l2 placement: blocks packed in first-touch order, offsets kept") {
+  constexpr uint64_t kBase = L2Placement::kPackedBase;
+  L2Placement p(512);
+  p.begin_launch(lookup_of({{0x10000, 1536}, {0x40000, 512}, {0x80000, 1024}}));
+  uint64_t run = 0;
+  // The block at 0x80000 is touched first: it starts the packed range.
+  CHECK(p.l2_address(0x80000 + 700, &run) == kBase + 700);
+  CHECK(run == 1024 - 700);
+  CHECK(p.l2_address(0x10000 + 5, &run) == kBase + 1024 + 5);
+  CHECK(run == 1536 - 5);
+  CHECK(p.l2_address(0x80000, &run) == kBase);  // placed once per launch
+  CHECK(p.l2_address(0x40000 + 511, &run) == kBase + 1024 + 1536 + 511);
+  CHECK(run == 1);
+  // Outside every block: the device address itself, to the end of the range.
+  CHECK(p.l2_address(0x20000, &run) == 0x20000);
+  CHECK(run == UINT64_MAX);
+  // The next launch places afresh, in its own order.
+  p.begin_launch(lookup_of({{0x10000, 1536}, {0x40000, 512}}));
+  CHECK(p.l2_address(0x40000, &run) == kBase);
+  CHECK(p.l2_address(0x10000, &run) == kBase + 512);
+  // No lookup: every address is filed at itself.
+  p.begin_launch({});
+  CHECK(p.l2_address(0x40000, &run) == 0x40000);
+}
+
+TEST_CASE("l2 placement: a launch's L2 outcome does not depend on where its blocks lie") {
+  const ChipConfig& cfg = sim().config();
+  REQUIRE(cfg.l2_line_bytes == 512);
+  REQUIRE(cfg.l2_bytes / (cfg.l2_line_bytes * cfg.l2_ways) == 8);  // one way: 4 KiB
+  REQUIRE_FALSE(cfg.l2_keep_across_launches);
+  constexpr uint64_t kA = 0x100000, kConflict = kA + 4096, kApart = kA + 512;
+
+  // Filed at device addresses (no lookup): B in A's set evicts A.
+  const KernelResult conflict = run(kA, kConflict, {});
+  CHECK(counter(conflict.counters, "chip.l2.hits") == 0);
+  CHECK(counter(conflict.counters, "chip.l2.misses") == 3);
+  const KernelResult apart = run(kA, kApart, {});
+  CHECK(counter(apart.counters, "chip.l2.hits") == 1);
+  CHECK(counter(apart.counters, "chip.l2.misses") == 2);
+  CHECK(conflict.cycles > apart.cycles);
+
+  // Filed by block: the same outcome at every placement, B below A included.
+  const KernelResult by_block[] = {
+      run(kA, kConflict, lookup_of({{kA, 512}, {kConflict, 512}})),
+      run(kA, kApart, lookup_of({{kA, 512}, {kApart, 512}})),
+      run(kA, kA - 4096, lookup_of({{kA, 512}, {kA - 4096, 512}})),
+  };
+  for (const KernelResult& r : by_block) {
+    CHECK(counter(r.counters, "chip.l2.hits") == 1);
+    CHECK(counter(r.counters, "chip.l2.misses") == 2);
+    CHECK(r.cycles == apart.cycles);
+    CHECK(counter_digest(r.counter_delta) == counter_digest(apart.counter_delta));
+  }
+}
