@@ -1738,19 +1738,28 @@ std::optional<std::vector<float>> const_floats(const tfc::NodeDef* n) {
 
 // keras-hub's attention mask, as the fused ops express it.
 struct AttentionMask {
-  // Constant mask [B, 1, Sq, L]: query i sees keys j <= i + offset (causal) or all keys.
+  // Constant mask [B, H.., Sq, L]: query i sees keys j <= i + offset (causal) or all keys.
   bool constant = false, causal = false;
   int64_t offset = 0;
-  // Decode step: mask[b, 0, 0, j] = (j <= index), index the int32 tensor `index`.
+  // Decode step: mask[b, .., 0, j] = (j <= index), index the int32 tensor `index`.
   std::string index;
+  int64_t seq_kv = 0;  // L
+  // The product of the dimensions between batch and query (1: broadcast over the heads; the
+  // query heads where the mask was broadcast to the scores' shape), -1 where not known.
+  int64_t heads = -1;
   std::vector<tfc::NodeDef*> nodes;  // the mask's subgraph (removed if nothing else reads it)
 };
 
-// The mask read by the softmax's SelectV2s: a bool Const of shape [B, 1, Sq, L] that is causal
-// with one offset (or all true), or compute_causal_mask(batch, L, 1, index)[:, None] as
-// grappler leaves it: StridedSlice(BroadcastTo(ExpandDims(GreaterEqual(ExpandDims(pos, 1),
-// range(L)), 0), shape)) with pos = BroadcastTo(Cast(index), [1]) or AddV2(Cast(index), [0]).
-// *seq_q gets the query length the mask is for.
+// The mask read by the softmax's SelectV2s:
+//   - a bool Const of shape [B, H.., Sq, L] (H..: one or two dimensions, each 1 or the heads)
+//     that is causal with one offset (or all true), the same for every batch entry and head;
+//   - a decode step's compute_causal_mask(batch, L, 1, index) as grappler leaves it: c =
+//     BroadcastTo(ExpandDims(GreaterEqual(ExpandDims(pos, 1), range(L)), 0), shape) with pos =
+//     BroadcastTo(Cast(index), [1]) or AddV2(Cast(index), [0]), then given its head axes by
+//     StridedSlice c[:, None] (Llama) or c[:, None, None] (Gemma), or by BroadcastTo(
+//     ExpandDims(c, 1), [B, N, 1, L]) (keras' dot_product_attention: GPT-2).
+// seq_kv: the keys' length L the mask must have (<= 0: any, taken from the mask). *seq_q gets
+// the query length the mask is for.
 std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in, int64_t seq_kv,
                                         int64_t* seq_q) {
   const InputRef r = parse_input(mask_in);
@@ -1759,9 +1768,13 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
   AttentionMask m;
   std::vector<int64_t> shape;
   if (std::optional<std::vector<bool>> v = const_bools(*n, &shape)) {
-    if (shape.size() != 4 || shape[1] != 1 || shape[2] < 1 || shape[3] != seq_kv)
-      return std::nullopt;
-    *seq_q = shape[2];
+    if (shape.size() != 4 && shape.size() != 5) return std::nullopt;
+    const int64_t sq = shape[shape.size() - 2], l = shape.back();
+    if (sq < 1 || l < 1 || (seq_kv > 0 && l != seq_kv)) return std::nullopt;
+    seq_kv = l;
+    *seq_q = sq;
+    m.heads = 1;
+    for (size_t d = 1; d + 2 < shape.size(); ++d) m.heads *= shape[d];
     // all true: no mask; else one offset for every row and batch entry
     for (const std::optional<int64_t> off : {std::optional<int64_t>{}, std::optional<int64_t>{0},
                                              std::optional<int64_t>{seq_kv - *seq_q}}) {
@@ -1775,26 +1788,43 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
       m.constant = true;
       m.causal = off.has_value();
       m.offset = off.value_or(0);
+      m.seq_kv = seq_kv;
       m.nodes = {n};
       return m;
     }
     return std::nullopt;
   }
   *seq_q = 1;  // a decode step's: the position index over keys [0, seq_kv)
-  // StridedSlice [:, None, :, :]
-  tfc::NodeDef* ss = n;
   auto attr_i = [](const tfc::NodeDef* x, const char* a) {
     auto it = x->attr().find(a);
     return it == x->attr().end() ? int64_t{0} : it->second.i();
   };
-  if (ss->op() != "StridedSlice" || attr_i(ss, "new_axis_mask") != 2 ||
-      attr_i(ss, "shrink_axis_mask") != 0 || attr_i(ss, "ellipsis_mask") != 0 ||
-      (attr_i(ss, "begin_mask") & 13) != 13 || (attr_i(ss, "end_mask") & 13) != 13)
-    return std::nullopt;
-  const tfc::NodeDef* strides = input_node(g, *ss, 3);
-  std::optional<std::vector<int64_t>> sv = strides ? const_ints(*strides) : std::nullopt;
-  if (!sv || *sv != std::vector<int64_t>(4, 1)) return std::nullopt;
-  tfc::NodeDef* bc = g.producer(*ss, 0, "BroadcastTo");
+  tfc::NodeDef* bc = nullptr;
+  if (n->op() == "StridedSlice") {
+    // [:, None, :, :] or [:, None, None, :, :]
+    const int64_t new_axes = attr_i(n, "new_axis_mask");
+    const int rank = new_axes == 2 ? 4 : new_axes == 6 ? 5 : 0;
+    const int64_t full = ((int64_t{1} << rank) - 1) & ~new_axes;
+    if (!rank || attr_i(n, "shrink_axis_mask") != 0 || attr_i(n, "ellipsis_mask") != 0 ||
+        (attr_i(n, "begin_mask") & full) != full || (attr_i(n, "end_mask") & full) != full)
+      return std::nullopt;
+    const tfc::NodeDef* strides = input_node(g, *n, 3);
+    std::optional<std::vector<int64_t>> sv = strides ? const_ints(*strides) : std::nullopt;
+    if (!sv || *sv != std::vector<int64_t>(rank, 1)) return std::nullopt;
+    bc = g.producer(*n, 0, "BroadcastTo");
+    m.heads = 1;
+    m.nodes = {n};
+  } else if (n->op() == "BroadcastTo") {
+    // BroadcastTo(ExpandDims(c, 1), [B, N, 1, L])
+    tfc::NodeDef* ed = g.producer(*n, 0, "ExpandDims");
+    std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
+    if (!ed || input_ints(g, *ed, 1) != std::vector<int64_t>{1} || !to || to->size() != 4 ||
+        (*to)[1] < 1 || (*to)[2] != 1)
+      return std::nullopt;
+    bc = g.producer(*ed, 0, "BroadcastTo");
+    m.heads = (*to)[1];
+    m.nodes = {n, ed};
+  }
   tfc::NodeDef* e0 = bc ? g.producer(*bc, 0, "ExpandDims") : nullptr;
   tfc::NodeDef* ge = e0 ? g.producer(*e0, 0, "GreaterEqual") : nullptr;
   tfc::NodeDef* e1 = ge ? g.producer(*ge, 0, "ExpandDims") : nullptr;
@@ -1802,7 +1832,9 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
       input_ints(g, *e1, 1) != std::vector<int64_t>{1} || type_attr(*ge) != tfc::DT_FLOAT)
     return std::nullopt;
   std::optional<std::vector<float>> range = const_floats(input_node(g, *ge, 1));
-  if (!range || static_cast<int64_t>(range->size()) != seq_kv) return std::nullopt;
+  if (!range || range->empty() || (seq_kv > 0 && static_cast<int64_t>(range->size()) != seq_kv))
+    return std::nullopt;
+  seq_kv = static_cast<int64_t>(range->size());
   for (int64_t j = 0; j < seq_kv; ++j)
     if ((*range)[j] != static_cast<float>(j)) return std::nullopt;
   tfc::NodeDef* pos = input_node(g, *e1, 0);
@@ -1817,7 +1849,8 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
   }
   if (!is_cast(cast, tfc::DT_INT32, tfc::DT_FLOAT)) return std::nullopt;
   m.index = cast->input(0);
-  m.nodes = {ss, bc, e0, ge, e1, pos, cast};
+  m.seq_kv = seq_kv;
+  m.nodes.insert(m.nodes.end(), {bc, e0, ge, e1, pos, cast});
   return m;
 }
 
@@ -1877,18 +1910,282 @@ bool fp32_attention_allowed() {
   return s.precision != compiler::PrecisionMode::kKeepFp32;
 }
 
-// Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
-// einsum lowers it), T the compute type, q [B, Sq, N, D], k and v [B, L, Nkv, D]:
+// One attention subgraph matched by rewrite 9, as the fused op takes it: q [B, Sq, N, D], k and
+// v [B, L, Nkv, D] in the model's type, the scores' scale, the mask.
+struct AttentionMatch {
+  std::string q, k, v;
+  double scale = 1.0;
+  int64_t heads = 0, kv_heads = 0;  // N and Nkv (0: the kernel takes them from the shapes)
+  AttentionMask mask;
+  std::vector<tfc::NodeDef*> gone;  // the nodes removed (besides out, rewritten in place)
+};
+
+// The scale of node n where it is Mul(x, scale) or Mul(scale, x) with scale a scalar constant:
+// *x gets x's node (nullptr if n is not so), *x_in (if given) the input naming it.
+std::optional<double> scaled_by(GraphView& g, const tfc::NodeDef* n, tfc::NodeDef** x,
+                                std::string* x_in = nullptr) {
+  *x = nullptr;
+  if (!n || n->op() != "Mul" || n->input_size() < 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    std::optional<double> v = scalar_value(input_node(g, *n, 1 - k));
+    if (v && !parse_input(n->input(k)).control) {
+      *x = input_node(g, *n, k);
+      if (x_in) *x_in = n->input(k);
+      if (*x) return v;
+    }
+  }
+  return std::nullopt;
+}
+
+// Keras' masked softmax over f32 scores: SelectV2(mask, Softmax(SelectV2(mask, x, c)), 0)
+// (keras.layers.Softmax with a mask: Llama, Gemma) or, where `select_after` is false,
+// Softmax(SelectV2(mask, x, c)) (ops.dot_product_attention: GPT-2), c <= -1e4. `last` is the
+// chain's last node (the outer SelectV2 or the Softmax); returns the inner SelectV2, its nodes
+// appended to *gone.
+tfc::NodeDef* masked_softmax(GraphView& g, const Removal& rm, tfc::NodeDef* last,
+                             bool select_after, std::vector<tfc::NodeDef*>* gone) {
+  tfc::NodeDef* sm = last;
+  if (select_after) {
+    if (!last || last->op() != "SelectV2" || !rm.removable(*last, 1) ||
+        scalar_value(input_node(g, *last, 2)) != 0.0)
+      return nullptr;
+    sm = g.producer(*last, 1, "Softmax");
+  }
+  if (!sm || sm->op() != "Softmax" || !on_npu(*sm)) return nullptr;
+  tfc::NodeDef* sel0 = g.producer(*sm, 0, "SelectV2");
+  std::optional<double> fill = sel0 ? scalar_value(input_node(g, *sel0, 2)) : std::nullopt;
+  if (!sel0 || !rm.removable(*sm, 1) || !rm.removable(*sel0, 1) || !fill || *fill > -1e4 ||
+      (select_after && sel0->input(0) != last->input(0)) || type_attr(*sm) != tfc::DT_FLOAT ||
+      type_attr(*sel0) != tfc::DT_FLOAT)
+    return nullptr;
+  if (select_after) gone->push_back(last);
+  gone->insert(gone->end(), {sm, sel0});
+  return sel0;
+}
+
+// LlamaAttention (keras-hub's einsums as keras.ops.einsum lowers them), T the compute type,
+// q [B, Sq, N, D], k and v [B, L, Nkv, D]:
 //   s = BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(repeat(k), [0,2,3,1]))
 //   sc = [Cast to f32](Mul(s, scale))      (no Mul: scale 1)
 //   p = SelectV2(mask, Softmax(SelectV2(mask, sc, c <= -1e4)), 0)
 //   out = Transpose(BatchMatMulV2([Cast to T](p), Transpose(repeat(v), [0,2,1,3])), [0,2,1,3])
-// becomes, in place of out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant
-// causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's
-// mask over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k,
-// v are cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
-// "<out>/npusim_attention"; out becomes the Cast back). Masked scores weigh 0 either way
-// (exp(c - max) underflows to 0 in f32 for c <= -1e4 and scores above -1e4 + 104).
+std::optional<AttentionMatch> match_llama_attention(GraphView& g, const Removal& rm,
+                                                    tfc::NodeDef& out, tfc::DataType t) {
+  if (!transpose_by(g, &out, {0, 2, 1, 3})) return std::nullopt;
+  tfc::NodeDef* pv = input_node(g, out, 0);
+  if (!plain_batch_matmul(pv) || !rm.removable(*pv, 1)) return std::nullopt;
+  tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
+  if (!vt || !rm.removable(*vt, 1)) return std::nullopt;
+  AttentionMatch a;
+  a.gone = {pv, vt};
+  tfc::NodeDef* p = input_node(g, *pv, 0);  // the probabilities, cast to T where T is not f32
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t) || !rm.removable(*p, 1)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, true, &a.gone);
+  if (!sel0) return std::nullopt;
+  // scores: [Cast to f32](Mul(BatchMatMulV2, scale))
+  tfc::NodeDef* sc = input_node(g, *sel0, 1);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(sc, t, tfc::DT_FLOAT) || !rm.removable(*sc, 1)) return std::nullopt;
+    a.gone.push_back(sc);
+    sc = input_node(g, *sc, 0);
+  }
+  tfc::NodeDef* qk = sc;
+  if (sc && sc->op() == "Mul" && type_attr(*sc) == t) {
+    std::optional<double> scale = scaled_by(g, sc, &qk);
+    if (!scale || !plain_batch_matmul(qk) || !rm.removable(*sc, 1)) return std::nullopt;
+    a.scale = *scale;
+    a.gone.push_back(sc);
+  }
+  if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != t)
+    return std::nullopt;
+  tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
+  tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
+  if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) return std::nullopt;
+  a.gone.insert(a.gone.end(), {qk, qt, kt});
+  // K and V, unrepeated alike; their repeats read only here
+  std::optional<KeyValue> k = unrepeated(g, *kt), v = unrepeated(g, *vt);
+  if (!k || !v || k->shape != v->shape || k->heads != v->heads) return std::nullopt;
+  for (tfc::NodeDef* n : k->repeat) a.gone.push_back(n);
+  for (tfc::NodeDef* n : v->repeat) a.gone.push_back(n);
+  for (tfc::NodeDef* n : a.gone)
+    if (!rm.removable(*n, 1)) return std::nullopt;
+  int64_t seq_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), k->shape[1], &seq_q);
+  if (!mask || (mask->heads != 1 && mask->heads != k->heads)) return std::nullopt;
+  // q [B, Sq, N, D] (where TensorFlow recorded q's shape, it must agree)
+  const std::vector<int64_t> qs = {k->shape[0], seq_q, k->heads, k->shape[3]};
+  const std::vector<int64_t> recorded = input_shape(*qt, 0);
+  if (!recorded.empty() && recorded != qs) return std::nullopt;
+  a.q = qt->input(0);
+  a.k = k->source;
+  a.v = v->source;
+  a.heads = qs[2];
+  a.kv_heads = k->shape[2];
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// An Einsum node of `equation` with two data inputs and type t.
+bool einsum_of(const tfc::NodeDef* n, const char* equation, tfc::DataType t) {
+  if (!n || n->op() != "Einsum" || !on_npu(*n) || type_attr(*n) != t) return false;
+  auto it = n->attr().find("equation");
+  return it != n->attr().end() && it->second.s() == equation && n->input_size() >= 2 &&
+         !parse_input(n->input(0)).control && !parse_input(n->input(1)).control;
+}
+
+// keras' ops.dot_product_attention as its TensorFlow backend computes it (keras'
+// MultiHeadAttention without dropout: GPT-2's CachedMultiHeadAttention), T the compute type,
+// q [B, Sq, N, D], k and v [B, L, N, D] (no grouped heads: keras repeats them with tf.repeat
+// first, not matched):
+//   s = Einsum(q, k; "BTNH,BSNH->BNTS")   sc = Mul([Cast to f32](s), scale)
+//   p = Softmax(SelectV2(mask, sc, c <= -1e4))   (the mask broadcast to [B, N, Sq, L])
+//   out = Einsum([Cast to T](p), v; "BNTS,BSNH->BTNH")
+std::optional<AttentionMatch> match_dot_product_attention(GraphView& g, const Removal& rm,
+                                                          tfc::NodeDef& out, tfc::DataType t) {
+  if (!einsum_of(&out, "BNTS,BSNH->BTNH", t)) return std::nullopt;
+  AttentionMatch a;
+  tfc::NodeDef* p = input_node(g, out, 0);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t) || !rm.removable(*p, 1)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, false, &a.gone);
+  tfc::NodeDef* sc = sel0 ? input_node(g, *sel0, 1) : nullptr;
+  tfc::NodeDef* qk = nullptr;
+  std::optional<double> scale = scaled_by(g, sc, &qk);
+  if (!scale || type_attr(*sc) != tfc::DT_FLOAT || !rm.removable(*sc, 1)) return std::nullopt;
+  a.gone.push_back(sc);
+  a.scale = *scale;
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(qk, t, tfc::DT_FLOAT) || !rm.removable(*qk, 1)) return std::nullopt;
+    a.gone.push_back(qk);
+    qk = input_node(g, *qk, 0);
+  }
+  if (!einsum_of(qk, "BTNH,BSNH->BNTS", t) || !rm.removable(*qk, 1)) return std::nullopt;
+  a.gone.push_back(qk);
+  int64_t seq_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), 0, &seq_q);
+  // a constant causal mask must have the scores' query rows (one row broadcast over several
+  // queries is not the fused ops' causal mask)
+  if (!mask || mask->heads < 1 || (mask->constant && mask->causal && seq_q == 1))
+    return std::nullopt;
+  a.q = qk->input(0);
+  a.k = qk->input(1);
+  a.v = out.input(1);
+  // MHA: as many KV heads as query heads; where the mask was broadcast to the scores' shape
+  // its head dimension is N, else the kernel takes N from the shapes.
+  a.heads = a.kv_heads = mask->heads > 1 ? mask->heads : 0;
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// A Reshape of data input 0 to a constant shape of `rank` dimensions: the shape, else empty.
+std::vector<int64_t> reshape_to(GraphView& g, const tfc::NodeDef* n, size_t rank) {
+  if (!n || n->op() != "Reshape" || !on_npu(*n)) return {};
+  std::optional<std::vector<int64_t>> s = input_ints(g, *n, 1);
+  return s && s->size() == rank ? *s : std::vector<int64_t>{};
+}
+
+// Whether `shape` is `want` where the leading (batch) dimension may be -1 in `shape`.
+bool shape_is(const std::vector<int64_t>& shape, const std::vector<int64_t>& want) {
+  if (shape.size() != want.size() || shape.empty()) return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != want[d] && !(d == 0 && shape[d] == -1)) return false;
+  return true;
+}
+
+// Gemma's attention (CachedGemmaAttention._compute_attention without soft-capping, its einsums
+// over grouped heads as keras.ops.einsum lowers them), T the compute type, q [B, Sq, N, D], k and
+// v [B, L, K, D], N = K * G:
+//   qg = Reshape(Mul(q, scale), [B, Sq, K, G, D])
+//   s = Reshape(BatchMatMulV2(Reshape(Transpose(qg, [0,2,3,1,4]), [B, K, G * Sq, D]),
+//                             Transpose(k, [0,2,3,1])), [B, K, G, Sq, L])
+//   p = SelectV2(mask, Softmax(SelectV2(mask, [Cast to f32](s), c <= -1e4)), 0)
+//   o = Reshape(BatchMatMulV2(Reshape([Cast to T](p), [B, K, G * Sq, L]), Transpose(v, [0,2,1,3])),
+//               [B, K, G, Sq, D])
+//   out = Reshape(Transpose(o, [0,3,1,2,4]), [B, Sq, N, D])
+// (the Reshapes' batch dimension may be -1). The query's pre-scaling becomes the fused op's
+// scale_value (applied to the f32 scores instead of to the rounded queries).
+std::optional<AttentionMatch> match_grouped_attention(GraphView& g, const Removal& rm,
+                                                      tfc::NodeDef& out, tfc::DataType t) {
+  const std::vector<int64_t> os = reshape_to(g, &out, 4);
+  if (os.size() != 4) return std::nullopt;
+  const int64_t b = os[0], sq = os[1], n = os[2], d = os[3];
+  tfc::NodeDef* ot = input_node(g, out, 0);
+  AttentionMatch a;
+  if (!transpose_by(g, ot, {0, 3, 1, 2, 4}) || !rm.removable(*ot, 1)) return std::nullopt;
+  tfc::NodeDef* o5 = input_node(g, *ot, 0);
+  const std::vector<int64_t> o5s = reshape_to(g, o5, 5);
+  if (o5s.size() != 5 || o5s[3] != sq || o5s[4] != d || o5s[1] < 1 || o5s[2] < 1 ||
+      o5s[1] * o5s[2] != n || !shape_is(o5s, {b, o5s[1], o5s[2], sq, d}))
+    return std::nullopt;
+  const int64_t kv = o5s[1], groups = o5s[2];
+  tfc::NodeDef* pv = input_node(g, *o5, 0);
+  if (!plain_batch_matmul(pv) || type_attr(*pv) != t) return std::nullopt;
+  tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
+  tfc::NodeDef* p4 = input_node(g, *pv, 0);
+  const std::vector<int64_t> p4s = reshape_to(g, p4, 4);
+  if (!vt || p4s.size() != 4 || !shape_is(p4s, {b, kv, groups * sq, p4s[3]}) || p4s[3] < 1)
+    return std::nullopt;
+  const int64_t seq_kv = p4s[3];
+  a.gone = {ot, o5, pv, vt, p4};
+  tfc::NodeDef* p = input_node(g, *p4, 0);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, true, &a.gone);
+  if (!sel0) return std::nullopt;
+  tfc::NodeDef* s5 = input_node(g, *sel0, 1);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(s5, t, tfc::DT_FLOAT)) return std::nullopt;
+    a.gone.push_back(s5);
+    s5 = input_node(g, *s5, 0);
+  }
+  if (!shape_is(reshape_to(g, s5, 5), {b, kv, groups, sq, seq_kv})) return std::nullopt;
+  tfc::NodeDef* qk = input_node(g, *s5, 0);
+  if (!plain_batch_matmul(qk) || type_attr(*qk) != t) return std::nullopt;
+  tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
+  tfc::NodeDef* q4 = input_node(g, *qk, 0);
+  if (!kt || !shape_is(reshape_to(g, q4, 4), {b, kv, groups * sq, d})) return std::nullopt;
+  tfc::NodeDef* qt = transpose_by(g, input_node(g, *q4, 0), {0, 2, 3, 1, 4});
+  tfc::NodeDef* q5 = qt ? input_node(g, *qt, 0) : nullptr;
+  if (!shape_is(reshape_to(g, q5, 5), {b, sq, kv, groups, d})) return std::nullopt;
+  tfc::NodeDef* q = nullptr;
+  std::string q_in;
+  std::optional<double> scale = scaled_by(g, input_node(g, *q5, 0), &q, &q_in);
+  tfc::NodeDef* qs = input_node(g, *q5, 0);
+  if (!scale || type_attr(*qs) != t) return std::nullopt;
+  a.gone.insert(a.gone.end(), {s5, qk, kt, q4, qt, q5, qs});
+  for (tfc::NodeDef* x : a.gone)
+    if (!rm.removable(*x, 1)) return std::nullopt;
+  int64_t mask_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), seq_kv, &mask_q);
+  if (!mask || mask_q != sq || mask->heads != 1) return std::nullopt;
+  a.q = q_in;
+  a.k = kt->input(0);
+  a.v = vt->input(0);
+  a.scale = *scale;
+  a.heads = n;
+  a.kv_heads = kv;
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// Rewrite 9, fused attention: one of the subgraphs above (match_llama_attention,
+// match_dot_product_attention, match_grouped_attention) ending at node out of the compute type T becomes, in place of
+// out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant causal mask (or none),
+// IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's mask over the first
+// index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k, v are cast to fp16 and
+// the result back (new nodes "<out>/npusim_{q,k,v}_fp16", "<out>/npusim_attention"; out
+// becomes the Cast back). Masked scores weigh 0 either way (exp(c - max) underflows to 0 in f32
+// for c <= -1e4 and scores above -1e4 + 104).
 int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                     std::set<std::string>* removed) {
   GraphView g(graph);
@@ -1899,80 +2196,17 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
   for (int i = 0; i < n_nodes; ++i) {
     tfc::NodeDef& out = *g.at(i);
     const std::optional<tfc::DataType> t = type_attr(out);
-    if (!t || !float_type(*t) || !transpose_by(g, &out, {0, 2, 1, 3})) continue;
-    tfc::NodeDef* pv = input_node(g, out, 0);
-    if (!plain_batch_matmul(pv) || !rm.removable(*pv, 1)) continue;
-    tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
-    if (!vt || !rm.removable(*vt, 1)) continue;
-    std::vector<tfc::NodeDef*> gone = {pv, vt};
-    std::string p_in = pv->input(0);  // the probabilities, cast to T where T is not f32
-    if (*t != tfc::DT_FLOAT) {
-      tfc::NodeDef* pc = input_node(g, *pv, 0);
-      if (!is_cast(pc, tfc::DT_FLOAT, *t) || !rm.removable(*pc, 1)) continue;
-      p_in = pc->input(0);
-      gone.push_back(pc);
-    }
-    const InputRef pr = parse_input(p_in);
-    tfc::NodeDef* sel1 = pr.port ? nullptr : g.node(pr.node);
-    if (!sel1 || sel1->op() != "SelectV2" || !rm.removable(*sel1, 1) ||
-        scalar_value(input_node(g, *sel1, 2)) != 0.0)
-      continue;
-    tfc::NodeDef* sm = g.producer(*sel1, 1, "Softmax");
-    tfc::NodeDef* sel0 = sm ? g.producer(*sm, 0, "SelectV2") : nullptr;
-    std::optional<double> fill = sel0 ? scalar_value(input_node(g, *sel0, 2)) : std::nullopt;
-    if (!sel0 || !rm.removable(*sm, 1) || !rm.removable(*sel0, 1) || !fill || *fill > -1e4 ||
-        sel0->input(0) != sel1->input(0) || type_attr(*sm) != tfc::DT_FLOAT ||
-        type_attr(*sel0) != tfc::DT_FLOAT)
-      continue;
-    gone.insert(gone.end(), {sel1, sm, sel0});
-    // scores: [Cast to f32](Mul(BatchMatMulV2, scale))
-    tfc::NodeDef* sc = input_node(g, *sel0, 1);
-    if (*t != tfc::DT_FLOAT) {
-      if (!is_cast(sc, *t, tfc::DT_FLOAT) || !rm.removable(*sc, 1)) continue;
-      gone.push_back(sc);
-      sc = input_node(g, *sc, 0);
-    }
-    double scale = 1.0;
-    tfc::NodeDef* qk = sc;
-    if (sc && sc->op() == "Mul" && type_attr(*sc) == *t) {
-      qk = nullptr;
-      for (int k = 0; k < 2 && !qk; ++k) {
-        std::optional<double> v = scalar_value(input_node(g, *sc, 1 - k));
-        if (v && plain_batch_matmul(input_node(g, *sc, k))) {
-          scale = *v;
-          qk = input_node(g, *sc, k);
-        }
-      }
-      if (!qk || !rm.removable(*sc, 1)) continue;
-      gone.push_back(sc);
-    }
-    if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != *t) continue;
-    tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
-    tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
-    if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) continue;
-    gone.insert(gone.end(), {qk, qt, kt});
-    // K and V, unrepeated alike; their repeats read only here
-    std::optional<KeyValue> k = unrepeated(g, *kt), v = unrepeated(g, *vt);
-    if (!k || !v || k->shape != v->shape || k->heads != v->heads) continue;
-    std::vector<tfc::NodeDef*> reps = k->repeat;
-    reps.insert(reps.end(), v->repeat.begin(), v->repeat.end());
-    bool ok = true;
-    for (tfc::NodeDef* n : reps) ok = ok && rm.removable(*n, 1);
-    int64_t seq_q = 0;
-    std::optional<AttentionMask> mask =
-        ok ? match_mask(g, sel0->input(0), k->shape[1], &seq_q) : std::nullopt;
-    if (!mask) continue;
-    // q [B, Sq, N, D] (where TensorFlow recorded q's shape, it must agree)
-    const std::vector<int64_t> qs = {k->shape[0], seq_q, k->heads, k->shape[3]};
-    const std::vector<int64_t> recorded = input_shape(*qt, 0);
-    if (!recorded.empty() && recorded != qs) continue;
+    if (!t || !float_type(*t) || !on_npu(out) || rm.claimed(out.name())) continue;
+    std::optional<AttentionMatch> a = match_llama_attention(g, rm, out, *t);
+    if (!a) a = match_dot_product_attention(g, rm, out, *t);
+    if (!a) a = match_grouped_attention(g, rm, out, *t);
+    if (!a) continue;
     if (*t == tfc::DT_FLOAT && !fp32_attention_allowed()) continue;
-    gone.insert(gone.end(), reps.begin(), reps.end());
-    for (tfc::NodeDef* n : gone) rm.remove(n->name());
-    mask_nodes.insert(mask_nodes.end(), mask->nodes.begin(), mask->nodes.end());
+    for (tfc::NodeDef* n : a->gone) rm.remove(n->name());
+    mask_nodes.insert(mask_nodes.end(), a->mask.nodes.begin(), a->mask.nodes.end());
 
     const tfc::DataType ft = *t == tfc::DT_FLOAT ? tfc::DT_HALF : *t;
-    std::string q_in = qt->input(0), k_in = k->source, v_in = v->source;
+    std::string q_in = a->q, k_in = a->k, v_in = a->v;
     const std::string name = out.name(), device = out.device();
     if (*t == tfc::DT_FLOAT) {
       q_in = add_node(graph, name + "/npusim_q_fp16", "Cast", device, {q_in},
@@ -1987,14 +2221,14 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
     }
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(ft);
-    attrs["scale_value"].set_f(static_cast<float>(scale));
+    attrs["scale_value"].set_f(static_cast<float>(a->scale));
     attrs["input_layout"].set_s("BSND");
-    attrs["num_heads"].set_i(qs[2]);
-    attrs["num_key_value_heads"].set_i(k->shape[2]);
+    attrs["num_heads"].set_i(a->heads);
+    attrs["num_key_value_heads"].set_i(a->kv_heads);
     std::vector<std::string> inputs = {q_in, k_in, v_in};
     const char* op = "PromptFlashAttention";
-    if (mask->constant) {
-      attrs["sparse_mode"].set_i(!mask->causal ? 0 : mask->offset == 0 ? 2 : 3);
+    if (a->mask.constant) {
+      attrs["sparse_mode"].set_i(!a->mask.causal ? 0 : a->mask.offset == 0 ? 2 : 3);
     } else {
       op = "IncreFlashAttention";
       tfc::AttrValue one;
@@ -2008,9 +2242,9 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
           add_node(graph, name + "/npusim_one", "Const", device, {}, cattrs)->name();
       std::map<std::string, tfc::AttrValue> aattrs;
       aattrs["T"] = type_value(tfc::DT_INT32);
-      inputs.push_back(
-          add_node(graph, name + "/npusim_kv_length", "AddV2", device, {mask->index, c1}, aattrs)
-              ->name());
+      inputs.push_back(add_node(graph, name + "/npusim_kv_length", "AddV2", device,
+                                {a->mask.index, c1}, aattrs)
+                           ->name());
       attrs["Tlen"] = type_value(tfc::DT_INT32);
     }
     if (*t == tfc::DT_FLOAT) {
