@@ -50,8 +50,8 @@ FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
              "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
              "ROPE": {"RotaryPositionEmbedding"}}
 
-# Child: llama-tiny's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill and
-# two decode steps); the logits, the launches and the op types that launched.
+# Child: a tiny decoder's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill
+# and two decode steps); the logits, the launches and the op types that launched.
 GENERATE = r'''
 import json, sys
 sys.path.insert(0, %r)
@@ -59,29 +59,39 @@ import numpy as np
 import npusim, tensorflow as tf
 import models
 from models import llm
+name = %r
 npusim.configure(chip="tiny")
 with tf.device("/NPU:0"):
-    lm = models.build("llama-tiny", seed=0)
+    lm = models.build(name, seed=0)
     npusim.clear_launch_records()
     tokens, logits = llm.GreedyDecoder(lm, 2, 8, 3).generate(
-        llm.prompt_tokens("llama-tiny", 2, 8, seed=1), return_logits=True)
+        llm.prompt_tokens(name, 2, 8, seed=1), return_logits=True)
 recs = npusim.launch_records()
 types = {}
 for r in recs:
     types[r["op_type"]] = types.get(r["op_type"], 0) + 1
 print("RESULT" + json.dumps({"tokens": tokens.tolist(), "logits": logits.tolist(),
                              "launches": len(recs), "op_types": types}))
-''' % ROOT
+'''
+
+_FUSED_RUNS = {}
 
 
-@pytest.fixture(scope="module")
-def fused_run():
-    return child_result(GENERATE, timeout=300)
+def _fused_run(model):
+    """The model's generation with every rewrite on (once per module)."""
+    if model not in _FUSED_RUNS:
+        _FUSED_RUNS[model] = child_result(GENERATE % (ROOT, model), timeout=300)
+    return _FUSED_RUNS[model]
 
 
-@pytest.mark.parametrize("rewrite", sorted(FUSED_OPS))
-def test_llama_tiny_generation_fused_vs_unfused(fused_run, rewrite):
-    off = child_result(GENERATE, timeout=300, extra_env={f"NPUSIM_FUSION_{rewrite}": "0"})
+@pytest.mark.parametrize("model,rewrite", [("llama-tiny", r) for r in sorted(FUSED_OPS)] + [
+    # GPT-2's attention (keras' dot_product_attention: MHA, its causal mask) and Gemma's
+    # (grouped einsums without a repeat, query pre-scaling)
+    ("gpt2-tiny", "ATTENTION"), ("gemma-tiny", "ATTENTION")])
+def test_tiny_generation_fused_vs_unfused(model, rewrite):
+    fused_run = _fused_run(model)
+    off = child_result(GENERATE % (ROOT, model), timeout=300,
+                       extra_env={f"NPUSIM_FUSION_{rewrite}": "0"})
     on_logits, off_logits = np.array(fused_run["logits"]), np.array(off["logits"])
     err = np.linalg.norm(on_logits - off_logits) / np.linalg.norm(off_logits)
     assert err < LOGITS_RTOL, f"{rewrite}: logits differ by {err:.2e} relative"
@@ -137,6 +147,88 @@ def test_attention_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
     want = _attention_reference(q, k, v, scale)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 5e-3, err
+    assert fused == (0 if second_consumer else 1), fused
+
+
+ATTENTION_RTOL = {"float32": 5e-3, "bfloat16": 2e-2}
+
+
+def _attention_inputs(dtype, heads, kv_heads, seq=8, dim=16, batch=2):
+    """q, k, v in `dtype`'s values (float32 arrays), a causal mask [B, Sq, L]."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((batch, seq, h, dim)).astype(np.float32)
+               for h in (heads, kv_heads, kv_heads))
+    if dtype == "bfloat16":  # the reference sees the values the model's type holds
+        q, k, v = (keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.cast(a, dtype),
+                                                             "float32")) for a in (q, k, v))
+    mask = np.tril(np.ones((seq, seq), bool))[None].repeat(batch, 0)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("second_consumer", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dot_product_attention_pattern_fuses_only_when_exact(npusim, tf, dtype,
+                                                             second_consumer):
+    """GPT-2's attention: keras' ops.dot_product_attention as its TensorFlow backend computes it
+    (MultiHeadAttention without dropout), written out so the scores can have a second reader."""
+    heads, dim = 4, 16
+    q, k, v, mask = _attention_inputs(dtype, heads, heads, dim=dim)
+    scale = 1.0 / np.sqrt(dim)
+
+    @tf.function
+    def attention(q, k, v):
+        q, k, v = (tf.cast(a, dtype) for a in (q, k, v))
+        if not second_consumer:
+            return (keras.ops.dot_product_attention(q, k, v, mask=tf.constant(mask)[:, None],
+                                                    scale=scale),)
+        # keras.src.backend.tensorflow.nn._dot_product_attention_xla
+        logits = tf.cast(tf.einsum("BTNH,BSNH->BNTS", q, k), "float32") * scale
+        logits = tf.where(tf.constant(mask)[:, None], logits, -0.7 * 3.38953e38)
+        probs = tf.cast(tf.nn.softmax(logits, axis=-1), dtype)
+        return tf.einsum("BNTS,BSNH->BTNH", probs, v), logits
+
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = tf.cast(attention(tf.constant(q), tf.constant(k), tf.constant(v))[0],
+                      "float32").numpy()
+    fused = _fused_launches(npusim, "PromptFlashAttention")
+    want = _attention_reference(q, k, v, scale)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < ATTENTION_RTOL[dtype], err
+    assert fused == (0 if second_consumer else 1), fused
+
+
+@pytest.mark.parametrize("second_consumer", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_attention_pattern_fuses_only_when_exact(npusim, tf, dtype, second_consumer):
+    """Gemma's attention (keras-hub's CachedGemmaAttention._compute_attention): the queries
+    pre-scaled, einsums over [B, T, K, G, H] grouped heads (no repeat of K and V), keras' masked
+    Softmax in f32; with a second reader of the logits it stays unfused."""
+    heads, kv_heads, dim = 4, 2, 16
+    q, k, v, mask = _attention_inputs(dtype, heads, kv_heads, dim=dim)
+    scale = 1.0 / np.sqrt(dim)
+    softmax = keras.layers.Softmax(dtype="float32")
+
+    @tf.function
+    def attention(q, k, v):
+        q, k, v = (keras.ops.cast(a, dtype) for a in (q, k, v))
+        q = q * keras.ops.cast(scale, dtype)
+        b, t = q.shape[0], q.shape[1]
+        q = keras.ops.reshape(q, (b, t, kv_heads, heads // kv_heads, dim))
+        logits = keras.ops.einsum("btkgh,bskh->bkgts", q, k)
+        probs = keras.ops.cast(softmax(logits, mask=tf.constant(mask)[:, None, None]), dtype)
+        out = keras.ops.reshape(keras.ops.einsum("bkgts,bskh->btkgh", probs, v),
+                                (b, t, heads, dim))
+        return (out, logits) if second_consumer else (out,)
+
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = keras.ops.convert_to_numpy(keras.ops.cast(
+            attention(tf.constant(q), tf.constant(k), tf.constant(v))[0], "float32"))
+    fused = _fused_launches(npusim, "PromptFlashAttention")
+    want = _attention_reference(q, k, v, scale)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < ATTENTION_RTOL[dtype], err
     assert fused == (0 if second_consumer else 1), fused
 
 
