@@ -31,6 +31,8 @@
 //   SeluGrad     y < 0 ? g * (y + scale_alpha) : g * scale
 //   SwiGlu       silu(gate) * up = gate / (1 + exp(-gate)) * up   (inputs gate, up; Llama's
 //                feed-forward; exp(-gate) = inf gives -0 * up)
+//   GeGlu        gelu(gate) * up   (inputs gate, up; Gemma's feed-forward; attr approximate
+//                as CANN's: 1 (default) Gelu's tanh form, 0 its erf form)
 //   SigmoidGrad  dy * y * (1 - y)                         (inputs y, dy)
 //   TanhGrad     dy * (1 - y * y)                         (inputs y, dy)
 //   SoftplusGrad g / (exp(-x) + 1)                        (g, x = gradients, features)
@@ -311,6 +313,18 @@ void gelu_tanh(Lanes& l, DataType) {
   l.bin(Opcode::op_vdiv, l.out, x, l.tmp[0]);
 }
 
+// GeGlu(gate, up): gelu(gate) * up, gelu written to l.out (from in[0] alone, its last step)
+// then multiplied in place.
+void geglu_tanh(Lanes& l, DataType dt) {
+  gelu_tanh(l, dt);
+  l.bin(Opcode::op_vmul, l.out, l.out, l.in[1]);
+}
+
+void geglu_exact(Lanes& l, DataType dt) {
+  gelu_exact(l, dt);
+  l.bin(Opcode::op_vmul, l.out, l.out, l.in[1]);
+}
+
 // GeluGrad (inputs gradients g, features x; attr approximate as Gelu): g * d gelu(x) / dx.
 //   exact:       Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi), Phi(x) = 0.5 erfc(-x / sqrt 2)
 //   approximate: 0.5 (1 + t) + 0.5 x (1 - t^2) y', t = tanh(y), y = c (x + 0.044715 x^3),
@@ -398,7 +412,11 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
   ActOp gelu{"Gelu", 1, false, op.attr_bool("approximate", false) ? gelu_tanh : gelu_exact};
   ActOp gelu_grad{"GeluGrad", 2, false,
                   op.attr_bool("approximate", false) ? gelu_grad_tanh : gelu_grad_exact};
-  const ActOp* kind = op.type == "Gelu" ? &gelu : op.type == "GeluGrad" ? &gelu_grad : nullptr;
+  ActOp geglu{"GeGlu", 2, false, op.attr_int("approximate", 1) != 0 ? geglu_tanh : geglu_exact};
+  const ActOp* kind = op.type == "Gelu"       ? &gelu
+                      : op.type == "GeluGrad" ? &gelu_grad
+                      : op.type == "GeGlu"    ? &geglu
+                                              : nullptr;
   for (const ActOp& k : kOps)
     if (op.type == k.tf_op) kind = &k;
   if (!kind) op.fail("internal: not an activation op");

@@ -3,6 +3,7 @@
 // Built on TensorFlow's GraphDef protobuf classes (exported by libtensorflow_framework.so.2)
 // like graph_optimizer.cpp; CMakeLists.txt compiles both with TensorFlow's -D flags and NDEBUG.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -2428,6 +2429,169 @@ int dedup_rope_tables(tfc::GraphDef& graph, const std::unordered_set<std::string
                           [&](const tfc::NodeDef& n) { return nodes.count(n.name()) > 0; });
 }
 
+// ---- rewrite 11: GELU (GPT-2's feed-forward) and GeGLU (Gemma's) ----
+
+// For a two-input node n of op `op` and type t, one of whose operands is a scalar constant
+// equal to `value` as t holds it (within t's rounding): the other operand's input text.
+std::optional<std::string> operand_besides(GraphView& g, const tfc::NodeDef* n, const char* op,
+                                           double value, tfc::DataType t) {
+  if (!n || n->op() != op || !on_npu(*n) || type_attr(*n) != t || n->input_size() < 2)
+    return std::nullopt;
+  const double ulp = t == tfc::DT_FLOAT ? 0x1p-23 : t == tfc::DT_HALF ? 0x1p-10 : 0x1p-7;
+  for (int k = 0; k < 2; ++k) {
+    std::optional<double> v = scalar_value(input_node(g, *n, 1 - k));
+    if (v && std::abs(*v - value) <= std::abs(value) * ulp && !parse_input(n->input(k)).control)
+      return n->input(k);
+  }
+  return std::nullopt;
+}
+
+// tf.nn.gelu(x, approximate=True) as TensorFlow builds it, every node of type t:
+//   y = Mul(Mul(0.5, x), AddV2(1.0, Tanh(Mul(0.7978845608, AddV2(x, Mul(0.044715, Pow(x, 3)))))))
+// (operands of Mul / AddV2 in either order; the constants as t holds them). Returns x's input
+// text; the nodes before y (each read once, inside the chain) go to *nodes.
+std::optional<std::string> match_gelu_tanh(GraphView& g, const Removal& rm, const tfc::NodeDef& y,
+                                           tfc::DataType t, std::vector<tfc::NodeDef*>* nodes) {
+  if (y.op() != "Mul" || !on_npu(y) || type_attr(y) != t || y.input_size() < 2)
+    return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    tfc::NodeDef* m0 = input_node(g, y, k);
+    tfc::NodeDef* a1 = input_node(g, y, 1 - k);
+    std::optional<std::string> x = operand_besides(g, m0, "Mul", 0.5, t);
+    std::optional<std::string> th_in = operand_besides(g, a1, "AddV2", 1.0, t);
+    tfc::NodeDef* th = th_in ? g.node(parse_input(*th_in).node) : nullptr;
+    if (!x || !th || th->op() != "Tanh" || type_attr(*th) != t || parse_input(*th_in).port)
+      continue;
+    tfc::NodeDef* m2 = input_node(g, *th, 0);
+    std::optional<std::string> ad_in = operand_besides(g, m2, "Mul", 0.7978845608028654, t);
+    tfc::NodeDef* ad = ad_in && !parse_input(*ad_in).port ? g.node(parse_input(*ad_in).node)
+                                                         : nullptr;
+    if (!ad || ad->op() != "AddV2" || type_attr(*ad) != t || ad->input_size() < 2) continue;
+    for (int j = 0; j < 2; ++j) {
+      if (ad->input(j) != *x) continue;
+      tfc::NodeDef* m1 = input_node(g, *ad, 1 - j);
+      std::optional<std::string> pw_in = operand_besides(g, m1, "Mul", 0.044715, t);
+      tfc::NodeDef* pw = pw_in && !parse_input(*pw_in).port ? g.node(parse_input(*pw_in).node)
+                                                           : nullptr;
+      if (!pw || pw->op() != "Pow" || type_attr(*pw) != t || pw->input_size() < 2 ||
+          pw->input(0) != *x || scalar_value(input_node(g, *pw, 1)) != 3.0)
+        continue;
+      std::vector<tfc::NodeDef*> chain = {m0, a1, th, m2, ad, m1, pw};
+      bool ok = true;
+      for (tfc::NodeDef* n : chain) ok = ok && rm.removable(*n, 1);
+      if (!ok) continue;
+      nodes->insert(nodes->end(), chain.begin(), chain.end());
+      return x;
+    }
+  }
+  return std::nullopt;
+}
+
+// The static shape of a variable's value read as `in`: ReadVariableOp [through Cast or
+// Identity] of a resource argument whose _handle_shapes TensorFlow recorded; empty if unknown.
+std::vector<int64_t> variable_shape(GraphView& g, const std::string& in) {
+  const InputRef r = parse_input(in);
+  const tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  while (n && (n->op() == "Cast" || n->op() == "Identity")) n = input_node(g, *n, 0);
+  const tfc::NodeDef* res = n && n->op() == "ReadVariableOp" ? input_node(g, *n, 0) : nullptr;
+  if (!res) return {};
+  auto it = res->attr().find("_handle_shapes");
+  if (it == res->attr().end() || it->second.list().shape_size() != 1) return {};
+  const tfc::TensorShapeProto& s = it->second.list().shape(0);
+  std::vector<int64_t> dims;
+  for (const auto& d : s.dim()) {
+    if (d.size() < 0) return {};
+    dims.push_back(d.size());
+  }
+  return s.unknown_rank() ? std::vector<int64_t>{} : dims;
+}
+
+// Whether tensors a and b have one shape, proven from their producers: one static shape
+// (static_shape), or the same MatMul / BatchMatMulV2 (same attributes) of one left operand by
+// variables of one static shape (a gated feed-forward's two Dense layers).
+bool same_shape_products(GraphView& g, const std::string& a, const std::string& b) {
+  const std::vector<int64_t> sa = static_shape(g, a), sb = static_shape(g, b);
+  if (!sa.empty() && sa == sb && std::count(sa.begin(), sa.end(), -1) == 0) return true;
+  const InputRef ra = parse_input(a), rb = parse_input(b);
+  const tfc::NodeDef* pa = ra.control || ra.port ? nullptr : g.node(ra.node);
+  const tfc::NodeDef* pb = rb.control || rb.port ? nullptr : g.node(rb.node);
+  if (!pa || !pb || pa->op() != pb->op() ||
+      (pa->op() != "MatMul" && pa->op() != "BatchMatMulV2") || pa->input_size() < 2 ||
+      pb->input_size() < 2 || pa->input(0) != pb->input(0))
+    return false;
+  for (const char* attr : {"transpose_a", "transpose_b", "adj_x", "adj_y", "T"}) {
+    auto ia = pa->attr().find(attr), ib = pb->attr().find(attr);
+    const bool ha = ia != pa->attr().end(), hb = ib != pb->attr().end();
+    if (ha != hb || (ha && ia->second.SerializeAsString() != ib->second.SerializeAsString()))
+      return false;
+  }
+  const std::vector<int64_t> wa = variable_shape(g, pa->input(1));
+  return !wa.empty() && wa == variable_shape(g, pb->input(1));
+}
+
+// Rewrite 11a, GeGlu (Gemma's feed-forward): Mul(gelu, up) or Mul(up, gelu), gelu
+// tf.nn.gelu(gate, approximate=True) (match_gelu_tanh) read only here, gate and up of one shape
+// (same_shape_products) -> GeGlu(gate, up; approximate 1).
+int fuse_geglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (y.op() != "Mul" || !on_npu(y) || !t || !float_type(*t) || rm.claimed(y.name()) ||
+        y.input_size() < 2)
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* gelu = input_node(g, y, k);
+      std::vector<tfc::NodeDef*> nodes;
+      std::optional<std::string> gate =
+          gelu && rm.removable(*gelu, 1) ? match_gelu_tanh(g, rm, *gelu, *t, &nodes)
+                                         : std::nullopt;
+      const std::string up = y.input(1 - k);
+      if (!gate || parse_input(up).control || !same_shape_products(g, *gate, up)) continue;
+      nodes.push_back(gelu);
+      for (tfc::NodeDef* n : nodes) rm.remove(n->name());
+      std::map<std::string, tfc::AttrValue> attrs;
+      attrs["T"] = type_value(*t);
+      attrs["approximate"].set_i(1);
+      rewrite_as(y, "GeGlu", {*gate, up}, attrs);
+      rm.claim(y.name());
+      ++fused;
+      break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// Rewrite 11b, Gelu (GPT-2's feed-forward), after 11a: tf.nn.gelu(x, approximate=True)
+// (match_gelu_tanh) -> Gelu(x; approximate true).
+int fuse_gelus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+               std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (!t || !float_type(*t) || rm.claimed(y.name())) continue;
+    std::vector<tfc::NodeDef*> nodes;
+    std::optional<std::string> x = match_gelu_tanh(g, rm, y, *t, &nodes);
+    if (!x) continue;
+    for (tfc::NodeDef* n : nodes) rm.remove(n->name());
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["approximate"].set_b(true);
+    rewrite_as(y, "Gelu", {*x}, attrs);
+    rm.claim(y.name());
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -2494,6 +2658,16 @@ bool rope_fusion_requested() {
   return on;
 }
 
+bool gelu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_GELU");
+  return on;
+}
+
+bool geglu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_GEGLU");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -2519,6 +2693,12 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
       erase_nodes(graph, removed);
       removed.clear();
     }
+    if (geglu_fusion_requested()) counts.geglu = fuse_geglus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (gelu_fusion_requested()) counts.gelu = fuse_gelus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
   }
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);

@@ -167,9 +167,12 @@ struct FusionCounts {
   int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
   int rope = 0;                 // RotaryPositionEmbedding nodes created (rewrite 10)
   int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
+  int geglu = 0;                // GeGlu nodes created (rewrite 11a)
+  int gelu = 0;                 // Gelu nodes created (rewrite 11b)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables;
+           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables +
+           geglu + gelu;
   }
 };
 
@@ -186,6 +189,10 @@ bool swiglu_fusion_requested();
 bool attention_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
 bool rope_fusion_requested();
+// False when NPUSIM_FUSION_GEGLU / NPUSIM_FUSION_GELU is "0" (each read once): rewrite 11a or
+// 11b alone off.
+bool geglu_fusion_requested();
+bool gelu_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 

@@ -18,6 +18,12 @@
 //     of one shape (Llama's feed-forward; CANN's SwiGlu takes them as the two halves of one
 //     tensor, here they are the two Dense outputs as the model computes them). Computed in f32
 //     (adapter/compiler/ops/activation.cpp).
+//   GeGlu(gate: T, up: T) -> y: T     T in {float, half, bfloat16}: gelu(gate) * up (Gemma's
+//     feed-forward; CANN's GeGlu splits one tensor into the halves and also returns gelu(gate):
+//     here the two Dense outputs, y only); approximate: int = 1, CANN's attribute: 1 the tanh
+//     form, 0 the erf form.
+//   Gelu(x: T) -> y: T     T in {float, half, bfloat16}: approximate: bool = false, as tf.nn.gelu
+//     (CANN's Gelu is the tanh form: approximate = true, which graph rewrite 11 sets).
 //   RmsNorm(x: T, gamma: T) -> y: T     T in {float, half, bfloat16}; epsilon: float = 1e-6:
 //     x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma, gamma [H] (ops/norm.cpp).
 //   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
@@ -61,6 +67,13 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        incre_attrs,
        same_as_input0},
       {"SwiGlu", {"gate: T", "up: T"}, {"y: T"}, {"T: {float, half, bfloat16}"}, same_as_input0},
+      {"GeGlu",
+       {"gate: T", "up: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "approximate: int = 1"},
+       same_as_input0},
+      {"Gelu", {"x: T"}, {"y: T"}, {"T: {float, half, bfloat16}", "approximate: bool = false"},
+       same_as_input0},
       {"RmsNorm",
        {"x: T", "gamma: T"},
        {"y: T"},
