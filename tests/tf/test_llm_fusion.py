@@ -48,7 +48,8 @@ from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-imp
 LOGITS_RTOL = 2e-2
 FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
              "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
-             "ROPE": {"RotaryPositionEmbedding"}}
+             "ROPE": {"RotaryPositionEmbedding"}, "GELU": {"Gelu"}, "GEGLU": {"GeGlu"}}
+LLAMA_REWRITES = ("ATTENTION", "RMS_NORM", "ROPE", "SWIGLU")
 
 # Child: a tiny decoder's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill
 # and two decode steps); the logits, the launches and the op types that launched.
@@ -84,10 +85,11 @@ def _fused_run(model):
     return _FUSED_RUNS[model]
 
 
-@pytest.mark.parametrize("model,rewrite", [("llama-tiny", r) for r in sorted(FUSED_OPS)] + [
+@pytest.mark.parametrize("model,rewrite", [("llama-tiny", r) for r in LLAMA_REWRITES] + [
     # GPT-2's attention (keras' dot_product_attention: MHA, its causal mask) and Gemma's
-    # (grouped einsums without a repeat, query pre-scaling)
-    ("gpt2-tiny", "ATTENTION"), ("gemma-tiny", "ATTENTION")])
+    # (grouped einsums without a repeat, query pre-scaling); GPT-2's GELU, Gemma's GeGLU
+    ("gpt2-tiny", "ATTENTION"), ("gemma-tiny", "ATTENTION"), ("gpt2-tiny", "GELU"),
+    ("gemma-tiny", "GEGLU")])
 def test_tiny_generation_fused_vs_unfused(model, rewrite):
     fused_run = _fused_run(model)
     off = child_result(GENERATE % (ROOT, model), timeout=300,
@@ -230,6 +232,75 @@ def test_grouped_attention_pattern_fuses_only_when_exact(npusim, tf, dtype, seco
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < ATTENTION_RTOL[dtype], err
     assert fused == (0 if second_consumer else 1), fused
+
+
+GELU_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_second_consumer",
+                                  "geglu_broadcast_up"])
+def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
+    """keras' gelu(approximate=True) (tf.nn.gelu's tanh form: GPT-2's feed-forward) and Gemma's
+    GeGLU, gelu(x @ w_gate) * (x @ w_up), against TF on the CPU: one Gelu / GeGlu launch. The
+    fused kernels compute in f32 and round once, TF rounds every step to the type: within a few
+    ulps of the type times the largest output (f32: the tanh's own error, 1e-6). A second reader
+    of an inner node leaves the chain; an `up` of another shape (broadcast) is no GeGlu."""
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-4, 4, (2, 3, 64)).astype(np.float32)
+    with tf.device("/NPU:0"):
+        w_gate = tf.Variable(rng.uniform(-0.5, 0.5, (64, 128)).astype(np.float32))
+        w_up = tf.Variable(rng.uniform(-0.5, 0.5, (64, 1 if "broadcast" in case else 128))
+                           .astype(np.float32))
+
+    @tf.function
+    def ffn(x):
+        x = keras.ops.cast(x, dtype)
+        if case.startswith("gelu"):
+            y = keras.activations.gelu(x, approximate=True)
+            if case == "gelu_second_consumer":
+                return y, keras.ops.tanh(x) * 2.0  # not the chain's Tanh: fused
+            return (y,)
+        gate = keras.ops.matmul(x, keras.ops.cast(w_gate, dtype))
+        up = keras.ops.matmul(x, keras.ops.cast(w_up, dtype))
+        return (keras.activations.gelu(gate, approximate=True) * up,)
+
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in ffn(tf.constant(x))]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in ffn(tf.constant(x))]
+    # matmuls (geglu): the operands rounded to fp16 under allow_fp32_to_fp16 on the NPU
+    ulps = 4 if case.startswith("gelu") else {"float32": 2 ** 14, "float16": 8,
+                                               "bfloat16": 4}[dtype]
+    tol = max(ulps * GELU_ULP[dtype], 1e-6) * np.abs(want[0]).max()
+    assert np.abs(got[0] - want[0]).max() <= tol, (np.abs(got[0] - want[0]).max(), tol)
+    op = "Gelu" if case.startswith("gelu") else "GeGlu"
+    expected = {"gelu": 1, "geglu": 1, "gelu_second_consumer": 1, "geglu_broadcast_up": 0}[case]
+    assert _fused_launches(npusim, op) == expected, [r["op_type"] for r in
+                                                     npusim.launch_records()]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gelu_chain_with_outside_reader_stays_unfused(npusim, tf, dtype):
+    """tf.nn.gelu's inner tanh also read outside the chain: no Gelu."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-4, 4, (4, 64)).astype(np.float32)
+
+    @tf.function
+    def f(x):
+        x = tf.cast(x, dtype)
+        inner = tf.tanh(0.7978845608028654 * (x + tf.cast(0.044715, dtype) * tf.pow(x, 3)))
+        return 0.5 * x * (1.0 + inner), inner
+
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in f(tf.constant(x))]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in f(tf.constant(x))]
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 4 * GELU_ULP[dtype] * max(np.abs(w).max(), 1) + 1e-6
+    assert _fused_launches(npusim, "Gelu") == 0
 
 
 @pytest.mark.parametrize("second_consumer", [False, True])

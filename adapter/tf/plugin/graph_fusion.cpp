@@ -2567,7 +2567,7 @@ int fuse_geglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pre
 }
 
 // Rewrite 11b, Gelu (GPT-2's feed-forward), after 11a: tf.nn.gelu(x, approximate=True)
-// (match_gelu_tanh) -> Gelu(x; approximate true).
+// (match_gelu_tanh) -> Gelu(x; approximate 1).
 int fuse_gelus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                std::set<std::string>* removed) {
   GraphView g(graph);
@@ -2583,7 +2583,7 @@ int fuse_gelus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pres
     for (tfc::NodeDef* n : nodes) rm.remove(n->name());
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(*t);
-    attrs["approximate"].set_b(true);
+    attrs["approximate"].set_i(1);
     rewrite_as(y, "Gelu", {*x}, attrs);
     rm.claim(y.name());
     ++fused;

@@ -22,8 +22,9 @@
 //     feed-forward; CANN's GeGlu splits one tensor into the halves and also returns gelu(gate):
 //     here the two Dense outputs, y only); approximate: int = 1, CANN's attribute: 1 the tanh
 //     form, 0 the erf form.
-//   Gelu(x: T) -> y: T     T in {float, half, bfloat16}: approximate: bool = false, as tf.nn.gelu
-//     (CANN's Gelu is the tanh form: approximate = true, which graph rewrite 11 sets).
+//   Gelu(x: T) -> y: T     T in {float, half, bfloat16}: CANN's Gelu, the tanh form
+//     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (tf.nn.gelu(approximate=True));
+//     approximate: int = 1 as GeGlu's (0: the erf form, tf.nn.gelu's default).
 //   RmsNorm(x: T, gamma: T) -> y: T     T in {float, half, bfloat16}; epsilon: float = 1e-6:
 //     x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma, gamma [H] (ops/norm.cpp).
 //   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
@@ -72,7 +73,7 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        {"y: T"},
        {"T: {float, half, bfloat16}", "approximate: int = 1"},
        same_as_input0},
-      {"Gelu", {"x: T"}, {"y: T"}, {"T: {float, half, bfloat16}", "approximate: bool = false"},
+      {"Gelu", {"x: T"}, {"y: T"}, {"T: {float, half, bfloat16}", "approximate: int = 1"},
        same_as_input0},
       {"RmsNorm",
        {"x: T", "gamma: T"},
