@@ -324,6 +324,7 @@ const std::vector<OpEntry>& op_table() {
       {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"GeGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"LayerNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
       // Variable updates made by the graph pass: the new values as outputs, like the optimizer
       // ops above (its op definition is the plugin's, kernels_fused.cpp)

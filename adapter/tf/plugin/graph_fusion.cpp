@@ -2592,6 +2592,135 @@ int fuse_gelus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pres
   return fused;
 }
 
+// ---- rewrite 12: LayerNorm (GPT-2's keras LayerNormalization over the last axis) ----
+
+// A Mean of data input 0 over the constant axes [-1] with keep_dims, type t.
+bool mean_last_axis(GraphView& g, const tfc::NodeDef* n, tfc::DataType t) {
+  if (!n || n->op() != "Mean" || !on_npu(*n) || type_attr(*n) != t) return false;
+  auto keep = n->attr().find("keep_dims");
+  return keep != n->attr().end() && keep->second.b() &&
+         input_ints(g, *n, 1) == std::vector<int64_t>{-1};
+}
+
+// The [H] parameter (gamma, beta) read as `in`: a Reshape of it to [1, .., 1, H] (keras'
+// broadcast shape: the Reshape, if read only here, goes to *gone) or, without one, `in` itself;
+// its input text, or nullopt.
+std::optional<std::string> norm_param(GraphView& g, const Removal& rm, const std::string& in,
+                                      std::vector<tfc::NodeDef*>* gone) {
+  const InputRef r = parse_input(in);
+  tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  if (!n || n->op() != "Reshape") return r.control ? std::nullopt : std::optional<std::string>(in);
+  std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
+  if (!to || to->empty() || to->back() < 1) return std::nullopt;
+  for (size_t d = 0; d + 1 < to->size(); ++d)
+    if ((*to)[d] != 1) return std::nullopt;
+  if (rm.removable(*n, 1)) gone->push_back(n);
+  return n->input(0);
+}
+
+// Rewrite 12, LayerNorm: keras' LayerNormalization over the last axis as TensorFlow builds it,
+// every node of one type T (float, half, bfloat16):
+//   mean = Mean(x, [-1], keep_dims)   var = Mean(SquaredDifference(x, mean), [-1], keep_dims)
+//   m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+//   y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
+// (operands of Mul / AddV2 in either order; gamma and beta [H] [through a Reshape to
+// [1, .., 1, H]]) -> LayerNorm(x, gamma, beta; epsilon). NPUSIM_FUSION_LAYER_NORM=0 turns it off.
+int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  auto node_of = [&](const std::string& in) -> tfc::NodeDef* {
+    const InputRef r = parse_input(in);
+    return r.control || r.port ? nullptr : g.node(r.node);
+  };
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (y.op() != "AddV2" || !on_npu(y) || !t || !float_type(*t) || y.input_size() < 2 ||
+        rm.claimed(y.name()))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* mul2 = input_node(g, y, k);
+      tfc::NodeDef* add1 = input_node(g, y, 1 - k);
+      if (!mul2 || mul2->op() != "Mul" || type_attr(*mul2) != *t || mul2->input_size() < 2 ||
+          !add1 || add1->op() != "AddV2" || type_attr(*add1) != *t || add1->input_size() < 2)
+        continue;
+      // mul2 = Mul(x, m) with m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+      for (int j = 0; j < 2; ++j) {
+        const std::string x = mul2->input(j);
+        tfc::NodeDef* m = input_node(g, *mul2, 1 - j);
+        if (!m || m->op() != "Mul" || type_attr(*m) != *t || m->input_size() < 2) continue;
+        tfc::NodeDef *rs = nullptr, *mean = nullptr, *mul1 = nullptr, *neg = nullptr;
+        std::string gamma_in, beta_in;
+        for (int a = 0; a < 2 && !rs; ++a) {
+          tfc::NodeDef* c = input_node(g, *m, a);
+          if (c && c->op() == "Rsqrt" && type_attr(*c) == *t) {
+            rs = c;
+            gamma_in = m->input(1 - a);
+          }
+        }
+        tfc::NodeDef* eps_add = rs ? input_node(g, *rs, 0) : nullptr;
+        tfc::NodeDef* var = nullptr;
+        double eps = 0;
+        if (eps_add && eps_add->op() == "AddV2" && type_attr(*eps_add) == *t) {
+          for (int a = 0; a < 2 && !var; ++a) {
+            std::optional<double> e = scalar_value(input_node(g, *eps_add, 1 - a));
+            tfc::NodeDef* v = input_node(g, *eps_add, a);
+            if (e && *e >= 0 && mean_last_axis(g, v, *t)) {
+              var = v;
+              eps = *e;
+            }
+          }
+        }
+        tfc::NodeDef* sqd = var ? input_node(g, *var, 0) : nullptr;
+        if (!sqd || sqd->op() != "SquaredDifference" || type_attr(*sqd) != *t ||
+            sqd->input_size() < 2 || sqd->input(0) != x)
+          continue;
+        mean = input_node(g, *sqd, 1);
+        if (!mean_last_axis(g, mean, *t) || mean->input(0) != x) continue;
+        // add1 = AddV2(Mul(Neg(mean), m), beta)
+        for (int a = 0; a < 2 && !mul1; ++a) {
+          tfc::NodeDef* c = input_node(g, *add1, a);
+          if (!c || c->op() != "Mul" || type_attr(*c) != *t || c->input_size() < 2) continue;
+          for (int b2 = 0; b2 < 2 && !mul1; ++b2) {
+            tfc::NodeDef* ng = input_node(g, *c, b2);
+            if (ng && ng->op() == "Neg" && type_attr(*ng) == *t &&
+                node_of(ng->input(0)) == mean && GraphView::reads(*c, 1 - b2, m->name())) {
+              mul1 = c;
+              neg = ng;
+              beta_in = add1->input(1 - a);
+            }
+          }
+        }
+        if (!mul1) continue;
+        std::vector<tfc::NodeDef*> gone;
+        std::optional<std::string> gamma = norm_param(g, rm, gamma_in, &gone);
+        std::optional<std::string> beta = norm_param(g, rm, beta_in, &gone);
+        if (!gamma || !beta) continue;
+        const std::pair<tfc::NodeDef*, size_t> chain[] = {
+            {mul2, 1}, {add1, 1}, {m, 2}, {rs, 1}, {eps_add, 1}, {var, 1},
+            {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
+        bool ok = true;
+        for (const auto& [n, uses] : chain) ok = ok && rm.removable(*n, uses);
+        if (!ok) continue;
+        for (const auto& [n, uses] : chain) rm.remove(n->name());
+        for (tfc::NodeDef* n : gone) rm.remove(n->name());
+        std::map<std::string, tfc::AttrValue> attrs;
+        attrs["T"] = type_value(*t);
+        attrs["epsilon"].set_f(static_cast<float>(eps));
+        rewrite_as(y, "LayerNorm", {x, *gamma, *beta}, attrs);
+        rm.claim(y.name());
+        ++fused;
+        break;
+      }
+      if (rm.claimed(y.name())) break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -2668,6 +2797,11 @@ bool geglu_fusion_requested() {
   return on;
 }
 
+bool layer_norm_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_LAYER_NORM");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -2697,6 +2831,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     erase_nodes(graph, removed);
     removed.clear();
     if (gelu_fusion_requested()) counts.gelu = fuse_gelus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (layer_norm_fusion_requested())
+      counts.layer_norm = fuse_layer_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
   }

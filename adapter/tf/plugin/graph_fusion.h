@@ -169,10 +169,11 @@ struct FusionCounts {
   int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
   int geglu = 0;                // GeGlu nodes created (rewrite 11a)
   int gelu = 0;                 // Gelu nodes created (rewrite 11b)
+  int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
            variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables +
-           geglu + gelu;
+           geglu + gelu + layer_norm;
   }
 };
 
@@ -193,6 +194,8 @@ bool rope_fusion_requested();
 // 11b alone off.
 bool geglu_fusion_requested();
 bool gelu_fusion_requested();
+// False when NPUSIM_FUSION_LAYER_NORM is "0" (read once): rewrite 12 alone off.
+bool layer_norm_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
