@@ -48,7 +48,8 @@ from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-imp
 LOGITS_RTOL = 2e-2
 FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
              "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
-             "ROPE": {"RotaryPositionEmbedding"}, "GELU": {"Gelu"}, "GEGLU": {"GeGlu"}}
+             "ROPE": {"RotaryPositionEmbedding"}, "GELU": {"Gelu"}, "GEGLU": {"GeGlu"},
+             "LAYER_NORM": {"LayerNorm"}}
 LLAMA_REWRITES = ("ATTENTION", "RMS_NORM", "ROPE", "SWIGLU")
 
 # Child: a tiny decoder's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill
@@ -89,7 +90,7 @@ def _fused_run(model):
     # GPT-2's attention (keras' dot_product_attention: MHA, its causal mask) and Gemma's
     # (grouped einsums without a repeat, query pre-scaling); GPT-2's GELU, Gemma's GeGLU
     ("gpt2-tiny", "ATTENTION"), ("gemma-tiny", "ATTENTION"), ("gpt2-tiny", "GELU"),
-    ("gemma-tiny", "GEGLU")])
+    ("gemma-tiny", "GEGLU"), ("gpt2-tiny", "LAYER_NORM")])
 def test_tiny_generation_fused_vs_unfused(model, rewrite):
     fused_run = _fused_run(model)
     off = child_result(GENERATE % (ROOT, model), timeout=300,
@@ -232,6 +233,46 @@ def test_grouped_attention_pattern_fuses_only_when_exact(npusim, tf, dtype, seco
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < ATTENTION_RTOL[dtype], err
     assert fused == (0 if second_consumer else 1), fused
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["layer", "second_consumer", "not_last_axis"])
+def test_layer_norm_fuses_only_when_exact(npusim, tf, dtype, case):
+    """keras' LayerNormalization (GPT-2's) against TF on the CPU: one LayerNorm launch, within 2
+    ulps of the type times the largest output (f32: 1e-6 relative; the fused kernel computes in
+    f32 and rounds once, keras computes in f32 for f16 / bf16 too). Its mean also read outside
+    the chain, or a normalisation over another axis, stays unfused."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.5, 2, (2, 5, 64)).astype(np.float32)
+    axis = 1 if case == "not_last_axis" else -1
+    layer = keras.layers.LayerNormalization(axis=axis, epsilon=1e-5, dtype=dtype)
+    with tf.device("/NPU:0"):
+        layer.build(x.shape)
+        layer.gamma.assign(rng.uniform(0.5, 1.5, layer.gamma.shape).astype(np.float32))
+        layer.beta.assign(rng.uniform(-0.5, 0.5, layer.beta.shape).astype(np.float32))
+
+    @tf.function
+    def norm(v):
+        v = keras.ops.cast(v, dtype)
+        if case != "second_consumer":
+            return (layer(v),)
+        # keras' LayerNormalization.call written out (f32 inside), its mean also returned
+        v32 = keras.ops.cast(v, "float32")
+        mean, var = tf.nn.moments(v32, axes=[-1], keepdims=True)
+        inv = tf.math.rsqrt(var + 1e-5) * keras.ops.cast(layer.gamma, "float32")
+        y = v32 * inv + (-mean * inv + keras.ops.cast(layer.beta, "float32"))
+        return keras.ops.cast(y, dtype), mean
+
+    with tf.device("/CPU:0"):
+        want = keras.ops.convert_to_numpy(keras.ops.cast(norm(tf.constant(x))[0], "float32"))
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = keras.ops.convert_to_numpy(keras.ops.cast(norm(tf.constant(x))[0], "float32"))
+    ulp = {"float32": 1e-6 / 2, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    err = np.abs(got.astype(np.float64) - want).max()
+    assert err <= 2 * ulp * np.abs(want).max(), err
+    assert _fused_launches(npusim, "LayerNorm") == (1 if case == "layer" else 0), \
+        [r["op_type"] for r in npusim.launch_records()]
 
 
 GELU_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
