@@ -1,12 +1,13 @@
 """The decoder-model ops (npusim.llm: RmsNorm, LayerNorm, SwiGlu, GeGlu, Gelu,
-FlashAttentionScore / PromptFlashAttention, IncreFlashAttention) on /NPU:0 against TensorFlow on the CPU computing the
-same formulas the way keras-hub's Llama layers do (in float32, rounded once to the op's type).
+FlashAttentionScore / PromptFlashAttention, IncreFlashAttention) on /NPU:0 against TensorFlow on
+the CPU computing the same formulas the way keras-hub's layers do (in float32, rounded once to the
+op's type).
 
-Tolerances: RmsNorm, LayerNorm, SwiGlu, GeGlu and Gelu are computed in f32 on the chip and rounded once, so they differ
-from the CPU's f32 result by the f32 differences (summation order, vrsqrt / vexp: ~1e-6
-relative) plus one rounding of the type (half an ulp: 2^-11 for f16, 2^-8 for bf16) on each
-side. Attention rounds the probabilities to the input type before the product with V
-(docs/compiler.md), |error| <= 2^-11 (f16) / 2^-8 (bf16) times max|v| more."""
+Tolerances: RmsNorm, LayerNorm, SwiGlu, GeGlu and Gelu are computed in f32 on the chip and
+rounded once, so they differ from the CPU's f32 result by the f32 differences (summation order,
+vrsqrt / vexp: ~1e-6 relative) plus one rounding of the type (half an ulp: 2^-11 for f16, 2^-8
+for bf16) on each side. Attention rounds the probabilities to the input type before the product
+with V (docs/compiler.md), |error| <= 2^-11 (f16) / 2^-8 (bf16) times max|v| more."""
 
 import numpy as np
 import pytest

@@ -2180,13 +2180,13 @@ std::optional<AttentionMatch> match_grouped_attention(GraphView& g, const Remova
 }
 
 // Rewrite 9, fused attention: one of the subgraphs above (match_llama_attention,
-// match_dot_product_attention, match_grouped_attention) ending at node out of the compute type T becomes, in place of
-// out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant causal mask (or none),
-// IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's mask over the first
-// index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k, v are cast to fp16 and
-// the result back (new nodes "<out>/npusim_{q,k,v}_fp16", "<out>/npusim_attention"; out
-// becomes the Cast back). Masked scores weigh 0 either way (exp(c - max) underflows to 0 in f32
-// for c <= -1e4 and scores above -1e4 + 104).
+// match_dot_product_attention, match_grouped_attention) ending at node out of the compute type
+// T becomes, in place of out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant
+// causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's mask
+// over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k, v are
+// cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
+// "<out>/npusim_attention"; out becomes the Cast back). Masked scores weigh 0 either way
+// (exp(c - max) underflows to 0 in f32 for c <= -1e4 and scores above -1e4 + 104).
 int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                     std::set<std::string>* removed) {
   GraphView g(graph);
