@@ -79,8 +79,7 @@ class RmsNormEmitter {
  public:
   RmsNormEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t,
                  double eps, bool center)
-      : m_k((center ? "LayerNorm_" : "RmsNorm_") + std::string(isa::dtype_name(t)), op.str(),
-            cfg),
+      : m_k((center ? "LayerNorm_" : "RmsNorm_") + std::string(isa::dtype_name(t)), op.str(), cfg),
         m_center(center),
         m_b(m_k.b()),
         m_rows(rows),
@@ -126,11 +125,10 @@ class RmsNormEmitter {
     m_k.resident_groups(
         split, m_rows, G, m_layout, [this](const GroupRegs& g, int q) { load(g, q); },
         [this](const GroupRegs& g, int q) { compute(g, q); });
-    return m_k.finish(
-        split.block_dim,
-        fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {}",
-                    m_center ? "LayerNorm" : "RmsNorm", m_rows, m_h, isa::dtype_name(m_t),
-                    split.block_dim, split.per, G));
+    return m_k.finish(split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {}",
+                                  m_center ? "LayerNorm" : "RmsNorm", m_rows, m_h,
+                                  isa::dtype_name(m_t), split.block_dim, split.per, G));
   }
 
  private:
@@ -258,8 +256,7 @@ CompiledKernel compile_norm(const CompileContext& ctx) {
     op.invalid(fmt::format("takes x, gamma{}: {} inputs given", center ? " and beta" : "",
                            op.inputs.size()));
   const TensorDesc& x = op.inputs[0];
-  if (!data_type_is_float(x.dtype))
-    op.fail("x must be of a float dtype (f32, f16, bf16)");
+  if (!data_type_is_float(x.dtype)) op.fail("x must be of a float dtype (f32, f16, bf16)");
   if (x.shape.empty()) op.invalid("x must have at least one dimension");
   const int64_t H = x.shape.back();
   for (size_t i = 1; i < n_in; ++i) {
