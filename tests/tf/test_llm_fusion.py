@@ -236,14 +236,15 @@ def test_grouped_attention_pattern_fuses_only_when_exact(npusim, tf, dtype, seco
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["layer", "second_consumer", "not_last_axis"])
+@pytest.mark.parametrize("case", ["layer", "second_consumer", "not_last_axis", "width_24"])
 def test_layer_norm_fuses_only_when_exact(npusim, tf, dtype, case):
     """keras' LayerNormalization (GPT-2's) against TF on the CPU: one LayerNorm launch, within 2
     ulps of the type times the largest output (f32: 1e-6 relative; the fused kernel computes in
     f32 and rounds once, keras computes in f32 for f16 / bf16 too). Its mean also read outside
-    the chain, or a normalisation over another axis, stays unfused."""
+    the chain, a normalisation over another axis, or rows of 24 (the kernel takes multiples of
+    16) stay unfused."""
     rng = np.random.default_rng(8)
-    x = rng.normal(0.5, 2, (2, 5, 64)).astype(np.float32)
+    x = rng.normal(0.5, 2, (2, 5, 24 if case == "width_24" else 64)).astype(np.float32)
     axis = 1 if case == "not_last_axis" else -1
     layer = keras.layers.LayerNormalization(axis=axis, epsilon=1e-5, dtype=dtype)
     with tf.device("/NPU:0"):
@@ -279,14 +280,13 @@ GELU_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_second_consumer",
-                                  "geglu_broadcast_up"])
+@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_beside_tanh", "geglu_broadcast_up"])
 def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
     """keras' gelu(approximate=True) (tf.nn.gelu's tanh form: GPT-2's feed-forward) and Gemma's
     GeGLU, gelu(x @ w_gate) * (x @ w_up), against TF on the CPU: one Gelu / GeGlu launch. The
     fused kernels compute in f32 and round once, TF rounds every step to the type: within a few
-    ulps of the type times the largest output (f32: the tanh's own error, 1e-6). A second reader
-    of an inner node leaves the chain; an `up` of another shape (broadcast) is no GeGlu."""
+    ulps of the type times the largest output (f32: the tanh's own error, 1e-6). An `up` of
+    another shape (broadcast) is no GeGlu; a second reader of an inner node: the test below."""
     rng = np.random.default_rng(6)
     x = rng.uniform(-4, 4, (2, 3, 64)).astype(np.float32)
     with tf.device("/NPU:0"):
@@ -299,8 +299,8 @@ def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
         x = keras.ops.cast(x, dtype)
         if case.startswith("gelu"):
             y = keras.activations.gelu(x, approximate=True)
-            if case == "gelu_second_consumer":
-                return y, keras.ops.tanh(x) * 2.0  # not the chain's Tanh: fused
+            if case == "gelu_beside_tanh":  # another Tanh of x, outside the chain: fused
+                return y, keras.ops.tanh(x) * 2.0
             return (y,)
         gate = keras.ops.matmul(x, keras.ops.cast(w_gate, dtype))
         up = keras.ops.matmul(x, keras.ops.cast(w_up, dtype))
@@ -317,7 +317,7 @@ def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
     tol = max(ulps * GELU_ULP[dtype], 1e-6) * np.abs(want[0]).max()
     assert np.abs(got[0] - want[0]).max() <= tol, (np.abs(got[0] - want[0]).max(), tol)
     op = "Gelu" if case.startswith("gelu") else "GeGlu"
-    expected = {"gelu": 1, "geglu": 1, "gelu_second_consumer": 1, "geglu_broadcast_up": 0}[case]
+    expected = {"gelu": 1, "geglu": 1, "gelu_beside_tanh": 1, "geglu_broadcast_up": 0}[case]
     assert _fused_launches(npusim, op) == expected, [r["op_type"] for r in
                                                      npusim.launch_records()]
 

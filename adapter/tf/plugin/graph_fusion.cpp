@@ -2603,18 +2603,24 @@ bool mean_last_axis(GraphView& g, const tfc::NodeDef* n, tfc::DataType t) {
 }
 
 // The [H] parameter (gamma, beta) read as `in`: a Reshape of it to [1, .., 1, H] (keras'
-// broadcast shape: the Reshape, if read only here, goes to *gone) or, without one, `in` itself;
-// its input text, or nullopt.
+// broadcast shape: the Reshape, if read only here, goes to *gone) or, without one, `in` itself
+// where it is a variable's value of shape [H]; its input text (*h: H), or nullopt.
 std::optional<std::string> norm_param(GraphView& g, const Removal& rm, const std::string& in,
-                                      std::vector<tfc::NodeDef*>* gone) {
+                                      std::vector<tfc::NodeDef*>* gone, int64_t* h) {
   const InputRef r = parse_input(in);
   tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
-  if (!n || n->op() != "Reshape") return r.control ? std::nullopt : std::optional<std::string>(in);
+  if (!n || n->op() != "Reshape") {
+    const std::vector<int64_t> s = variable_shape(g, in);
+    if (s.size() != 1) return std::nullopt;
+    *h = s[0];
+    return in;
+  }
   std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
   if (!to || to->empty() || to->back() < 1) return std::nullopt;
   for (size_t d = 0; d + 1 < to->size(); ++d)
     if ((*to)[d] != 1) return std::nullopt;
   if (rm.removable(*n, 1)) gone->push_back(n);
+  *h = to->back();
   return n->input(0);
 }
 
@@ -2624,7 +2630,8 @@ std::optional<std::string> norm_param(GraphView& g, const Removal& rm, const std
 //   m = Mul(Rsqrt(AddV2(var, eps)), gamma)
 //   y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
 // (operands of Mul / AddV2 in either order; gamma and beta [H] [through a Reshape to
-// [1, .., 1, H]]) -> LayerNorm(x, gamma, beta; epsilon). NPUSIM_FUSION_LAYER_NORM=0 turns it off.
+// [1, .., 1, H]], H a multiple of 16: the kernel's rows) -> LayerNorm(x, gamma, beta; epsilon).
+// NPUSIM_FUSION_LAYER_NORM=0 turns it off.
 int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
   GraphView g(graph);
@@ -2695,9 +2702,11 @@ int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
         }
         if (!mul1) continue;
         std::vector<tfc::NodeDef*> gone;
-        std::optional<std::string> gamma = norm_param(g, rm, gamma_in, &gone);
-        std::optional<std::string> beta = norm_param(g, rm, beta_in, &gone);
-        if (!gamma || !beta) continue;
+        int64_t h_gamma = 0, h_beta = 0;
+        std::optional<std::string> gamma = norm_param(g, rm, gamma_in, &gone, &h_gamma);
+        std::optional<std::string> beta = norm_param(g, rm, beta_in, &gone, &h_beta);
+        // H: what the kernel supports (ops/norm.cpp: a multiple of 16)
+        if (!gamma || !beta || h_gamma != h_beta || h_gamma % 16 != 0) continue;
         const std::pair<tfc::NodeDef*, size_t> chain[] = {
             {mul2, 1}, {add1, 1}, {m, 2}, {rs, 1}, {eps_add, 1}, {var, 1},
             {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
