@@ -148,7 +148,8 @@
 //        m = Mul(Rsqrt(AddV2(var, eps)), gamma)
 //        y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
 //      gamma and beta [H] [through Reshapes to [1, .., 1, H]], H a multiple of 16 (the
-//      kernel's) -> LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0 turns it alone off.
+//      kernel's) -> LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0
+//      turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
