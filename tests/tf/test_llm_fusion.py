@@ -280,13 +280,15 @@ GELU_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_beside_tanh", "geglu_broadcast_up"])
+@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_beside_tanh", "geglu_broadcast_up",
+                                  "geglu_gelu_read_twice"])
 def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
     """keras' gelu(approximate=True) (tf.nn.gelu's tanh form: GPT-2's feed-forward) and Gemma's
     GeGLU, gelu(x @ w_gate) * (x @ w_up), against TF on the CPU: one Gelu / GeGlu launch. The
     fused kernels compute in f32 and round once, TF rounds every step to the type: within a few
     ulps of the type times the largest output (f32: the tanh's own error, 1e-6). An `up` of
-    another shape (broadcast) is no GeGlu; a second reader of an inner node: the test below."""
+    another shape (broadcast), or a gelu read elsewhere too, is no GeGlu (the gelu alone becomes
+    a Gelu); a second reader of an inner node: the test below."""
     rng = np.random.default_rng(6)
     x = rng.uniform(-4, 4, (2, 3, 64)).astype(np.float32)
     with tf.device("/NPU:0"):
@@ -304,7 +306,10 @@ def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
             return (y,)
         gate = keras.ops.matmul(x, keras.ops.cast(w_gate, dtype))
         up = keras.ops.matmul(x, keras.ops.cast(w_up, dtype))
-        return (keras.activations.gelu(gate, approximate=True) * up,)
+        gelu = keras.activations.gelu(gate, approximate=True)
+        if case == "geglu_gelu_read_twice":  # the gelu also an output: a Gelu, no GeGlu
+            return gelu * up, gelu
+        return (gelu * up,)
 
     with tf.device("/CPU:0"):
         want = [w.numpy().astype(np.float64) for w in ffn(tf.constant(x))]
@@ -316,10 +321,10 @@ def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
                                                "bfloat16": 4}[dtype]
     tol = max(ulps * GELU_ULP[dtype], 1e-6) * np.abs(want[0]).max()
     assert np.abs(got[0] - want[0]).max() <= tol, (np.abs(got[0] - want[0]).max(), tol)
-    op = "Gelu" if case.startswith("gelu") else "GeGlu"
-    expected = {"gelu": 1, "geglu": 1, "gelu_beside_tanh": 1, "geglu_broadcast_up": 0}[case]
-    assert _fused_launches(npusim, op) == expected, [r["op_type"] for r in
-                                                     npusim.launch_records()]
+    expected = {"gelu": (1, 0), "geglu": (0, 1), "gelu_beside_tanh": (1, 0),
+                "geglu_broadcast_up": (1, 0), "geglu_gelu_read_twice": (1, 0)}[case]
+    got_ops = (_fused_launches(npusim, "Gelu"), _fused_launches(npusim, "GeGlu"))
+    assert got_ops == expected, [r["op_type"] for r in npusim.launch_records()]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
