@@ -157,6 +157,16 @@ const ActCase gelu_tanh{"Gelu", 1, -8, 5, false, [](auto& x, DataType) {
                           return Ref{y, ((2 * std::fabs(yy) + 1) * 4 * kU + 3 * kU) * std::fabs(y)};
                         }};
 
+// GeGlu(gate, up) = gelu(gate) * up (CANN's, Gemma's feed-forward): Gelu's bound on the gelu,
+// times |up|, plus the product's rounding.
+ActCase geglu_case(const ActCase& gelu) {
+  return ActCase{"GeGlu", 2, -8, 5, false, [gelu](auto& x, DataType t) {
+                   const Ref g = gelu.ref(x, t);
+                   const double y = g.value * x[1];
+                   return Ref{y, g.tol * std::fabs(x[1]) + kU * std::fabs(y)};
+                 }};
+}
+
 // GeluGrad(g, x) = g * d, d = gelu'(x), from the terms of d in double:
 //   exact: d = Phi(x) + x phi(x). Phi as Gelu exact: (1.2e-7 + (x^2/2 + 3) 8u + 2u) relative;
 //     x phi(x): exp of -x^2/2 (argument within x^2/2 u absolute) and four roundings:
@@ -248,6 +258,20 @@ TEST_CASE("Gelu: exact (erf) and approximate (tanh)") {
     check_act(c, DataType::F16, {33}, seed++, &op);
     check_act(c, DataType::BF16, {4, 4}, seed++, &op);
   }
+}
+
+TEST_CASE("GeGlu and Gelu with CANN's int attribute approximate (1 tanh, 0 erf)") {
+  uint32_t seed = 60;
+  for (int64_t approx : {0, 1}) {
+    compiler::OpDesc gelu = make_op("Gelu", {}, {{"approximate", approx}});
+    const ActCase& c = approx ? gelu_tanh : gelu_exact;
+    check_act(c, DataType::F32, {3, 64}, seed++, &gelu);
+    compiler::OpDesc geglu = make_op("GeGlu", {}, {{"approximate", approx}});
+    for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16})
+      check_act(geglu_case(c), dt, {5, 96}, seed++, &geglu);
+  }
+  // absent: the tanh form (CANN's default)
+  check_act(geglu_case(gelu_tanh), DataType::F32, {2, 33}, seed++);
 }
 
 TEST_CASE("GeluGrad: exact (erf) and approximate (tanh)") {

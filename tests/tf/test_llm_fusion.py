@@ -48,10 +48,12 @@ from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-imp
 LOGITS_RTOL = 2e-2
 FUSED_OPS = {"RMS_NORM": {"RmsNorm"}, "SWIGLU": {"SwiGlu"},
              "ATTENTION": {"PromptFlashAttention", "IncreFlashAttention"},
-             "ROPE": {"RotaryPositionEmbedding"}}
+             "ROPE": {"RotaryPositionEmbedding"}, "GELU": {"Gelu"}, "GEGLU": {"GeGlu"},
+             "LAYER_NORM": {"LayerNorm"}}
+LLAMA_REWRITES = ("ATTENTION", "RMS_NORM", "ROPE", "SWIGLU")
 
-# Child: llama-tiny's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill and
-# two decode steps); the logits, the launches and the op types that launched.
+# Child: a tiny decoder's greedy generation on the NPU (batch 2, prompt 8, 3 tokens: a prefill
+# and two decode steps); the logits, the launches and the op types that launched.
 GENERATE = r'''
 import json, sys
 sys.path.insert(0, %r)
@@ -59,29 +61,40 @@ import numpy as np
 import npusim, tensorflow as tf
 import models
 from models import llm
+name = %r
 npusim.configure(chip="tiny")
 with tf.device("/NPU:0"):
-    lm = models.build("llama-tiny", seed=0)
+    lm = models.build(name, seed=0)
     npusim.clear_launch_records()
     tokens, logits = llm.GreedyDecoder(lm, 2, 8, 3).generate(
-        llm.prompt_tokens("llama-tiny", 2, 8, seed=1), return_logits=True)
+        llm.prompt_tokens(name, 2, 8, seed=1), return_logits=True)
 recs = npusim.launch_records()
 types = {}
 for r in recs:
     types[r["op_type"]] = types.get(r["op_type"], 0) + 1
 print("RESULT" + json.dumps({"tokens": tokens.tolist(), "logits": logits.tolist(),
                              "launches": len(recs), "op_types": types}))
-''' % ROOT
+'''
+
+_FUSED_RUNS = {}
 
 
-@pytest.fixture(scope="module")
-def fused_run():
-    return child_result(GENERATE, timeout=300)
+def _fused_run(model):
+    """The model's generation with every rewrite on (once per module)."""
+    if model not in _FUSED_RUNS:
+        _FUSED_RUNS[model] = child_result(GENERATE % (ROOT, model), timeout=300)
+    return _FUSED_RUNS[model]
 
 
-@pytest.mark.parametrize("rewrite", sorted(FUSED_OPS))
-def test_llama_tiny_generation_fused_vs_unfused(fused_run, rewrite):
-    off = child_result(GENERATE, timeout=300, extra_env={f"NPUSIM_FUSION_{rewrite}": "0"})
+@pytest.mark.parametrize("model,rewrite", [("llama-tiny", r) for r in LLAMA_REWRITES] + [
+    # GPT-2's attention (keras' dot_product_attention: MHA, its causal mask) and Gemma's
+    # (grouped einsums without a repeat, query pre-scaling); GPT-2's GELU, Gemma's GeGLU
+    ("gpt2-tiny", "ATTENTION"), ("gemma-tiny", "ATTENTION"), ("gpt2-tiny", "GELU"),
+    ("gemma-tiny", "GEGLU"), ("gpt2-tiny", "LAYER_NORM")])
+def test_tiny_generation_fused_vs_unfused(model, rewrite):
+    fused_run = _fused_run(model)
+    off = child_result(GENERATE % (ROOT, model), timeout=300,
+                       extra_env={f"NPUSIM_FUSION_{rewrite}": "0"})
     on_logits, off_logits = np.array(fused_run["logits"]), np.array(off["logits"])
     err = np.linalg.norm(on_logits - off_logits) / np.linalg.norm(off_logits)
     assert err < LOGITS_RTOL, f"{rewrite}: logits differ by {err:.2e} relative"
@@ -138,6 +151,202 @@ def test_attention_pattern_fuses_only_when_exact(npusim, tf, second_consumer):
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 5e-3, err
     assert fused == (0 if second_consumer else 1), fused
+
+
+ATTENTION_RTOL = {"float32": 5e-3, "bfloat16": 2e-2}
+
+
+def _attention_inputs(dtype, heads, kv_heads, seq=8, dim=16, batch=2):
+    """q, k, v in `dtype`'s values (float32 arrays), a causal mask [B, Sq, L]."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((batch, seq, h, dim)).astype(np.float32)
+               for h in (heads, kv_heads, kv_heads))
+    if dtype == "bfloat16":  # the reference sees the values the model's type holds
+        q, k, v = (keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.cast(a, dtype),
+                                                             "float32")) for a in (q, k, v))
+    mask = np.tril(np.ones((seq, seq), bool))[None].repeat(batch, 0)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("second_consumer", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dot_product_attention_pattern_fuses_only_when_exact(npusim, tf, dtype,
+                                                             second_consumer):
+    """GPT-2's attention: keras' ops.dot_product_attention as its TensorFlow backend computes it
+    (MultiHeadAttention without dropout), written out so the scores can have a second reader."""
+    heads, dim = 4, 16
+    q, k, v, mask = _attention_inputs(dtype, heads, heads, dim=dim)
+    scale = 1.0 / np.sqrt(dim)
+
+    @tf.function
+    def attention(q, k, v):
+        q, k, v = (tf.cast(a, dtype) for a in (q, k, v))
+        if not second_consumer:
+            return (keras.ops.dot_product_attention(q, k, v, mask=tf.constant(mask)[:, None],
+                                                    scale=scale),)
+        # keras.src.backend.tensorflow.nn._dot_product_attention_xla
+        logits = tf.cast(tf.einsum("BTNH,BSNH->BNTS", q, k), "float32") * scale
+        logits = tf.where(tf.constant(mask)[:, None], logits, -0.7 * 3.38953e38)
+        probs = tf.cast(tf.nn.softmax(logits, axis=-1), dtype)
+        return tf.einsum("BNTS,BSNH->BTNH", probs, v), logits
+
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = tf.cast(attention(tf.constant(q), tf.constant(k), tf.constant(v))[0],
+                      "float32").numpy()
+    fused = _fused_launches(npusim, "PromptFlashAttention")
+    want = _attention_reference(q, k, v, scale)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < ATTENTION_RTOL[dtype], err
+    assert fused == (0 if second_consumer else 1), fused
+
+
+@pytest.mark.parametrize("second_consumer", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_attention_pattern_fuses_only_when_exact(npusim, tf, dtype, second_consumer):
+    """Gemma's attention (keras-hub's CachedGemmaAttention._compute_attention): the queries
+    pre-scaled, einsums over [B, T, K, G, H] grouped heads (no repeat of K and V), keras' masked
+    Softmax in f32; with a second reader of the logits it stays unfused."""
+    heads, kv_heads, dim = 4, 2, 16
+    q, k, v, mask = _attention_inputs(dtype, heads, kv_heads, dim=dim)
+    scale = 1.0 / np.sqrt(dim)
+    softmax = keras.layers.Softmax(dtype="float32")
+
+    @tf.function
+    def attention(q, k, v):
+        q, k, v = (keras.ops.cast(a, dtype) for a in (q, k, v))
+        q = q * keras.ops.cast(scale, dtype)
+        b, t = q.shape[0], q.shape[1]
+        q = keras.ops.reshape(q, (b, t, kv_heads, heads // kv_heads, dim))
+        logits = keras.ops.einsum("btkgh,bskh->bkgts", q, k)
+        probs = keras.ops.cast(softmax(logits, mask=tf.constant(mask)[:, None, None]), dtype)
+        out = keras.ops.reshape(keras.ops.einsum("bkgts,bskh->btkgh", probs, v),
+                                (b, t, heads, dim))
+        return (out, logits) if second_consumer else (out,)
+
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = keras.ops.convert_to_numpy(keras.ops.cast(
+            attention(tf.constant(q), tf.constant(k), tf.constant(v))[0], "float32"))
+    fused = _fused_launches(npusim, "PromptFlashAttention")
+    want = _attention_reference(q, k, v, scale)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < ATTENTION_RTOL[dtype], err
+    assert fused == (0 if second_consumer else 1), fused
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["layer", "second_consumer", "not_last_axis", "width_24"])
+def test_layer_norm_fuses_only_when_exact(npusim, tf, dtype, case):
+    """keras' LayerNormalization (GPT-2's) against TF on the CPU: one LayerNorm launch, within 2
+    ulps of the type times the largest output (f32: 1e-6 relative; the fused kernel computes in
+    f32 and rounds once, keras computes in f32 for f16 / bf16 too). Its mean also read outside
+    the chain, a normalisation over another axis, or rows of 24 (the kernel takes multiples of
+    16) stay unfused."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.5, 2, (2, 5, 24 if case == "width_24" else 64)).astype(np.float32)
+    axis = 1 if case == "not_last_axis" else -1
+    layer = keras.layers.LayerNormalization(axis=axis, epsilon=1e-5, dtype=dtype)
+    with tf.device("/NPU:0"):
+        layer.build(x.shape)
+        layer.gamma.assign(rng.uniform(0.5, 1.5, layer.gamma.shape).astype(np.float32))
+        layer.beta.assign(rng.uniform(-0.5, 0.5, layer.beta.shape).astype(np.float32))
+
+    @tf.function
+    def norm(v):
+        v = keras.ops.cast(v, dtype)
+        if case != "second_consumer":
+            return (layer(v),)
+        # keras' LayerNormalization.call written out (f32 inside), its mean also returned
+        v32 = keras.ops.cast(v, "float32")
+        mean, var = tf.nn.moments(v32, axes=[-1], keepdims=True)
+        inv = tf.math.rsqrt(var + 1e-5) * keras.ops.cast(layer.gamma, "float32")
+        y = v32 * inv + (-mean * inv + keras.ops.cast(layer.beta, "float32"))
+        return keras.ops.cast(y, dtype), mean
+
+    with tf.device("/CPU:0"):
+        want = keras.ops.convert_to_numpy(keras.ops.cast(norm(tf.constant(x))[0], "float32"))
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = keras.ops.convert_to_numpy(keras.ops.cast(norm(tf.constant(x))[0], "float32"))
+    ulp = {"float32": 1e-6 / 2, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    err = np.abs(got.astype(np.float64) - want).max()
+    assert err <= 2 * ulp * np.abs(want).max(), err
+    assert _fused_launches(npusim, "LayerNorm") == (1 if case == "layer" else 0), \
+        [r["op_type"] for r in npusim.launch_records()]
+
+
+GELU_ULP = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["gelu", "geglu", "gelu_beside_tanh", "geglu_broadcast_up",
+                                  "geglu_gelu_read_twice"])
+def test_gelu_patterns_fuse_only_when_exact(npusim, tf, dtype, case):
+    """keras' gelu(approximate=True) (tf.nn.gelu's tanh form: GPT-2's feed-forward) and Gemma's
+    GeGLU, gelu(x @ w_gate) * (x @ w_up), against TF on the CPU: one Gelu / GeGlu launch. The
+    fused kernels compute in f32 and round once, TF rounds every step to the type: within a few
+    ulps of the type times the largest output (f32: the tanh's own error, 1e-6). An `up` of
+    another shape (broadcast), or a gelu read elsewhere too, is no GeGlu (the gelu alone becomes
+    a Gelu); a second reader of an inner node: the test below."""
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-4, 4, (2, 3, 64)).astype(np.float32)
+    with tf.device("/NPU:0"):
+        w_gate = tf.Variable(rng.uniform(-0.5, 0.5, (64, 128)).astype(np.float32))
+        w_up = tf.Variable(rng.uniform(-0.5, 0.5, (64, 1 if "broadcast" in case else 128))
+                           .astype(np.float32))
+
+    @tf.function
+    def ffn(x):
+        x = keras.ops.cast(x, dtype)
+        if case.startswith("gelu"):
+            y = keras.activations.gelu(x, approximate=True)
+            if case == "gelu_beside_tanh":  # another Tanh of x, outside the chain: fused
+                return y, keras.ops.tanh(x) * 2.0
+            return (y,)
+        gate = keras.ops.matmul(x, keras.ops.cast(w_gate, dtype))
+        up = keras.ops.matmul(x, keras.ops.cast(w_up, dtype))
+        gelu = keras.activations.gelu(gate, approximate=True)
+        if case == "geglu_gelu_read_twice":  # the gelu also an output: a Gelu, no GeGlu
+            return gelu * up, gelu
+        return (gelu * up,)
+
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in ffn(tf.constant(x))]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in ffn(tf.constant(x))]
+    # matmuls (geglu): the operands rounded to fp16 under allow_fp32_to_fp16 on the NPU
+    ulps = 4 if case.startswith("gelu") else {"float32": 2 ** 14, "float16": 8,
+                                               "bfloat16": 4}[dtype]
+    tol = max(ulps * GELU_ULP[dtype], 1e-6) * np.abs(want[0]).max()
+    assert np.abs(got[0] - want[0]).max() <= tol, (np.abs(got[0] - want[0]).max(), tol)
+    expected = {"gelu": (1, 0), "geglu": (0, 1), "gelu_beside_tanh": (1, 0),
+                "geglu_broadcast_up": (1, 0), "geglu_gelu_read_twice": (1, 0)}[case]
+    got_ops = (_fused_launches(npusim, "Gelu"), _fused_launches(npusim, "GeGlu"))
+    assert got_ops == expected, [r["op_type"] for r in npusim.launch_records()]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gelu_chain_with_outside_reader_stays_unfused(npusim, tf, dtype):
+    """tf.nn.gelu's inner tanh also read outside the chain: no Gelu."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-4, 4, (4, 64)).astype(np.float32)
+
+    @tf.function
+    def f(x):
+        x = tf.cast(x, dtype)
+        inner = tf.tanh(0.7978845608028654 * (x + tf.cast(0.044715, dtype) * tf.pow(x, 3)))
+        return 0.5 * x * (1.0 + inner), inner
+
+    with tf.device("/CPU:0"):
+        want = [w.numpy().astype(np.float64) for w in f(tf.constant(x))]
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = [g.numpy().astype(np.float64) for g in f(tf.constant(x))]
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 4 * GELU_ULP[dtype] * max(np.abs(w).max(), 1) + 1e-6
+    assert _fused_launches(npusim, "Gelu") == 0
 
 
 @pytest.mark.parametrize("second_consumer", [False, True])

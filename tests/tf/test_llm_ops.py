@@ -1,12 +1,13 @@
-"""The decoder-model ops (npusim.llm: RmsNorm, SwiGlu, FlashAttentionScore /
-PromptFlashAttention, IncreFlashAttention) on /NPU:0 against TensorFlow on the CPU computing the
-same formulas the way keras-hub's Llama layers do (in float32, rounded once to the op's type).
+"""The decoder-model ops (npusim.llm: RmsNorm, LayerNorm, SwiGlu, GeGlu, Gelu,
+FlashAttentionScore / PromptFlashAttention, IncreFlashAttention) on /NPU:0 against TensorFlow on
+the CPU computing the same formulas the way keras-hub's layers do (in float32, rounded once to the
+op's type).
 
-Tolerances: RmsNorm and SwiGlu are computed in f32 on the chip and rounded once, so they differ
-from the CPU's f32 result by the f32 differences (summation order, vrsqrt / vexp: ~1e-6
-relative) plus one rounding of the type (half an ulp: 2^-11 for f16, 2^-8 for bf16) on each
-side. Attention rounds the probabilities to the input type before the product with V
-(docs/compiler.md), |error| <= 2^-11 (f16) / 2^-8 (bf16) times max|v| more."""
+Tolerances: RmsNorm, LayerNorm, SwiGlu, GeGlu and Gelu are computed in f32 on the chip and
+rounded once, so they differ from the CPU's f32 result by the f32 differences (summation order,
+vrsqrt / vexp: ~1e-6 relative) plus one rounding of the type (half an ulp: 2^-11 for f16, 2^-8
+for bf16) on each side. Attention rounds the probabilities to the input type before the product
+with V (docs/compiler.md), |error| <= 2^-11 (f16) / 2^-8 (bf16) times max|v| more."""
 
 import numpy as np
 import pytest
@@ -65,6 +66,53 @@ def test_rms_norm(npusim, tf, strict_placement, llm, dtype, shape):
     u = ULP_HALF[np.dtype(dtype)]
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
                                rtol=2 * u + 1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(3, 5, 96), (2, 3, 2048)], ids=["short", "long_rows"])
+def test_layer_norm(npusim, tf, strict_placement, llm, dtype, shape):
+    x = _random(shape, dtype, 5, -2, 4)  # off-centre: the mean matters
+    gamma = _random(shape[-1:], dtype, 6, 0.5, 1.5)
+    beta = _random(shape[-1:], dtype, 7, -0.5, 0.5)
+
+    def reference(v, g, b):  # keras' LayerNormalization, in f32, rounded once
+        v32 = tf.cast(v, tf.float32)
+        mean, var = tf.nn.moments(v32, axes=[-1], keepdims=True)
+        y = (v32 - mean) * tf.math.rsqrt(var + 1e-5) * tf.cast(g, tf.float32)
+        return tf.cast(y + tf.cast(b, tf.float32), v.dtype)
+
+    got, kernels = _npu(npusim, tf, lambda v, g, b: llm.layer_norm(v, g, b, epsilon=1e-5), x,
+                        gamma, beta)
+    want = _cpu(tf, reference, x, gamma, beta)
+    assert any(k.startswith("LayerNorm") for k in kernels), kernels
+    u = ULP_HALF[np.dtype(dtype)]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                               rtol=2 * u + 1e-5, atol=2 * u * np.abs(want).max() + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("approximate", [1, 0])
+def test_geglu_and_gelu(npusim, tf, strict_placement, llm, dtype, approximate):
+    gate = _random((4, 7, 64), dtype, 8, -6, 6)
+    up = _random((4, 7, 64), dtype, 9, -2, 2)
+
+    def reference(g, u):  # gelu(gate) * up in f32, rounded once
+        g32 = tf.cast(g, tf.float32)
+        return tf.cast(tf.nn.gelu(g32, approximate=bool(approximate)) * tf.cast(u, tf.float32),
+                       g.dtype)
+
+    got, kernels = _npu(npusim, tf, lambda g, u: llm.geglu(g, u, approximate), gate, up)
+    want = _cpu(tf, reference, gate, up)
+    assert any(k.startswith("GeGlu") for k in kernels), kernels
+    u = ULP_HALF[np.dtype(dtype)]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                               rtol=2 * u + 1e-5, atol=1e-5)
+    got, kernels = _npu(npusim, tf, lambda g: llm.gelu(g, approximate), gate)
+    want = _cpu(tf, lambda g: tf.cast(tf.nn.gelu(tf.cast(g, tf.float32),
+                                                 approximate=bool(approximate)), g.dtype), gate)
+    assert any(k.startswith("Gelu") for k in kernels), kernels
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                               rtol=2 * u + 1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=lambda t: np.dtype(t).name)

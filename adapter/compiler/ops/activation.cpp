@@ -31,12 +31,16 @@
 //   SeluGrad     y < 0 ? g * (y + scale_alpha) : g * scale
 //   SwiGlu       silu(gate) * up = gate / (1 + exp(-gate)) * up   (inputs gate, up; Llama's
 //                feed-forward; exp(-gate) = inf gives -0 * up)
+//   GeGlu        gelu(gate) * up   (inputs gate, up; Gemma's feed-forward; attr approximate
+//                as CANN's, an int: 1 (default) Gelu's tanh form, 0 its erf form; Gelu's
+//                approximate may also be such an int: the plugin's op definition)
 //   SigmoidGrad  dy * y * (1 - y)                         (inputs y, dy)
 //   TanhGrad     dy * (1 - y * y)                         (inputs y, dy)
 //   SoftplusGrad g / (exp(-x) + 1)                        (g, x = gradients, features)
 //   L2Loss       sum(x * x) / 2 over all elements (f32 accumulation), a scalar
 #include <cmath>
 #include <functional>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -311,6 +315,18 @@ void gelu_tanh(Lanes& l, DataType) {
   l.bin(Opcode::op_vdiv, l.out, x, l.tmp[0]);
 }
 
+// GeGlu(gate, up): gelu(gate) * up, gelu written to l.out (from in[0] alone, its last step)
+// then multiplied in place.
+void geglu_tanh(Lanes& l, DataType dt) {
+  gelu_tanh(l, dt);
+  l.bin(Opcode::op_vmul, l.out, l.out, l.in[1]);
+}
+
+void geglu_exact(Lanes& l, DataType dt) {
+  gelu_exact(l, dt);
+  l.bin(Opcode::op_vmul, l.out, l.out, l.in[1]);
+}
+
 // GeluGrad (inputs gradients g, features x; attr approximate as Gelu): g * d gelu(x) / dx.
 //   exact:       Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi), Phi(x) = 0.5 erfc(-x / sqrt 2)
 //   approximate: 0.5 (1 + t) + 0.5 x (1 - t^2) y', t = tanh(y), y = c (x + 0.044715 x^3),
@@ -359,6 +375,16 @@ void gelu_grad_tanh(Lanes& l, DataType) {
   l.bin(Opcode::op_vmul, l.out, g, l.tmp[2]);
 }
 
+// Gelu's / GeGlu's form from attribute approximate: a bool (tf.nn.gelu's; Gelu through
+// `npusim op`) or an int (CANN's, the plugin's Gelu and GeGlu op definitions: 1 the tanh form,
+// 0 the erf form); absent: `fallback`.
+bool approximate_attr(const OpDesc& op, bool fallback) {
+  auto it = op.attrs.find("approximate");
+  if (it != op.attrs.end() && std::holds_alternative<int64_t>(it->second))
+    return op.attr_int("approximate", 0) != 0;
+  return op.attr_bool("approximate", fallback);
+}
+
 int64_t const_bits(Dtype t, double v) {
   return t == Dtype::F32 ? static_cast<int64_t>(f32_to_bits(static_cast<float>(v)))
                          : static_cast<int64_t>(v);
@@ -395,10 +421,14 @@ CompiledKernel compile_l2loss(const CompileContext& ctx) {
 CompiledKernel compile_activation(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   if (op.type == "L2Loss") return compile_l2loss(ctx);
-  ActOp gelu{"Gelu", 1, false, op.attr_bool("approximate", false) ? gelu_tanh : gelu_exact};
+  ActOp gelu{"Gelu", 1, false, approximate_attr(op, false) ? gelu_tanh : gelu_exact};
   ActOp gelu_grad{"GeluGrad", 2, false,
-                  op.attr_bool("approximate", false) ? gelu_grad_tanh : gelu_grad_exact};
-  const ActOp* kind = op.type == "Gelu" ? &gelu : op.type == "GeluGrad" ? &gelu_grad : nullptr;
+                  approximate_attr(op, false) ? gelu_grad_tanh : gelu_grad_exact};
+  ActOp geglu{"GeGlu", 2, false, approximate_attr(op, true) ? geglu_tanh : geglu_exact};
+  const ActOp* kind = op.type == "Gelu"       ? &gelu
+                      : op.type == "GeluGrad" ? &gelu_grad
+                      : op.type == "GeGlu"    ? &geglu
+                                              : nullptr;
   for (const ActOp& k : kOps)
     if (op.type == k.tf_op) kind = &k;
   if (!kind) op.fail("internal: not an activation op");

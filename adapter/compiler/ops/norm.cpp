@@ -16,6 +16,17 @@
 // relative difference ~ log2(H) f32 ulps), vrsqrt is the f32 reciprocal square root; the result
 // is rounded once.
 //
+// LayerNorm (CANN's op type; GPT-2's keras LayerNormalization over the last axis):
+//
+//   y = (x - mean) * rsqrt(mean((x - mean)^2) + epsilon) * gamma + beta
+//
+// inputs x [..., H], gamma and beta [H] of x's dtype; attribute epsilon (default 1e-5); output y.
+// CANN's LayerNorm also returns mean and variance (and takes begin_norm_axis /
+// begin_params_axis): this one normalises over the last axis and returns y only. The same row
+// kernel as RmsNorm's with two more steps: per-row sums of x first, x - sum / H replicated onto
+// the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end. The variance
+// is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
+//
 // Supported: H a multiple of 16 (each row a whole number of 32-byte blocks in every dtype, so
 // a super-row is one row); otherwise a CompileError.
 #include <fmt/format.h>
@@ -37,11 +48,11 @@ constexpr int64_t kRowMultiple = 16;
 
 struct NormBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma;
+  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta;
 };
 
-// Units: rows per group.
-NormBuffers norm_buffers(int64_t H, Dtype t) {
+// Units: rows per group. center: LayerNorm's beta rows too.
+NormBuffers norm_buffers(int64_t H, Dtype t, bool center) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t);
@@ -57,15 +68,19 @@ NormBuffers norm_buffers(int64_t H, Dtype t) {
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
+  n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * sz)), 1, conv && center);
+  n.beta = p.add_fixed("beta (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)), 1, center);
   declare_repeat_overhang(p);
   return n;
 }
 
+// RmsNorm's kernel, or LayerNorm's where center (x centred first, + beta last).
 class RmsNormEmitter {
  public:
   RmsNormEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t,
-                 double eps)
-      : m_k("RmsNorm_" + std::string(isa::dtype_name(t)), op.str(), cfg),
+                 double eps, bool center)
+      : m_k((center ? "LayerNorm_" : "RmsNorm_") + std::string(isa::dtype_name(t)), op.str(), cfg),
+        m_center(center),
         m_b(m_k.b()),
         m_rows(rows),
         m_h(H),
@@ -75,7 +90,7 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t);
+    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     // Groups of whole 8-row blocks where they fit; long rows (Llama's H = 2048 and up in f16 /
     // bf16: 32 KiB of buffers per row) in groups of fewer rows, down to one.
@@ -85,10 +100,11 @@ class RmsNormEmitter {
     if (G == 0) m_b.fail(fmt::format("a row of {} does not fit the UB", m_h));
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+    if (m_center) m_k.arg("beta", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
     m_k.arg("y", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
     std::vector<Reg> args = m_k.load_args();
     m_x = std::move(args[0]);
-    m_y = std::move(args[2]);
+    m_y = std::move(args[m_center ? 3 : 2]);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
     take_buffers(at, {{&m_xw, bufs.xw},
@@ -99,32 +115,36 @@ class RmsNormEmitter {
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
-    load_gamma(args[1], at[bufs.gamma_raw]);
+    load_row(args[1], at[bufs.gamma_raw], m_gamma, "gamma");
+    if (m_center) {
+      m_beta = at[bufs.beta];
+      load_row(args[2], at[bufs.beta_raw], m_beta, "beta");
+    }
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
     m_k.resident_groups(
         split, m_rows, G, m_layout, [this](const GroupRegs& g, int q) { load(g, q); },
         [this](const GroupRegs& g, int q) { compute(g, q); });
-    return m_k.finish(
-        split.block_dim,
-        fmt::format("RmsNorm: {} rows of {} {}, {} blocks of {} rows, groups of {}", m_rows, m_h,
-                    isa::dtype_name(m_t), split.block_dim, split.per, G));
+    return m_k.finish(split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {}",
+                                  m_center ? "LayerNorm" : "RmsNorm", m_rows, m_h,
+                                  isa::dtype_name(m_t), split.block_dim, split.per, G));
   }
 
  private:
-  // gamma -> f32 row, once (single-buffered: MTE2 then V).
-  void load_gamma(const Reg& src, uint64_t raw) {
+  // gamma (beta) -> f32 row `row`, once (single-buffered: MTE2 then V).
+  void load_row(const Reg& src, uint64_t raw, uint64_t row, const char* name) {
     KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, "gamma (f32, resident)");
+    KernelBuilder::Origin o(b, fmt::format("{} (f32, resident)", name));
     const int64_t sz = isa::dtype_size(m_t);
-    const uint64_t dst = m_t == Dtype::F32 ? m_gamma : raw;
-    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, rnd(m_h * sz) / kBlock, 0, 0}, "gamma");
-    const int id = b.flag(isa::Pipe::MTE2, isa::Pipe::V, "gamma loaded");
+    const uint64_t dst = m_t == Dtype::F32 ? row : raw;
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, rnd(m_h * sz) / kBlock, 0, 0}, name);
+    const int id = b.flag(isa::Pipe::MTE2, isa::Pipe::V, fmt::format("{} loaded", name));
     b.set_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
     b.wait_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
     if (m_t != Dtype::F32) {
       Reg n = b.reg_imm("H", m_h);
-      vec_convert(b, Dtype::F32, m_t, m_gamma, raw, RoundMode::kRint, n);
+      vec_convert(b, Dtype::F32, m_t, row, raw, RoundMode::kRint, n);
     }
   }
 
@@ -150,6 +170,18 @@ class RmsNormEmitter {
     if (conv) {
       vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
       sync.release_load(q);
+    }
+    if (m_center) {
+      // x -= sum(x) / H per row, in place (x is this group's f32 rows, read only here).
+      vec_copy_bits(b, kLaneBytes, m_sq, x, lanes);
+      const RowGroup xr{&m_layout, m_sq, &g.supers, &g.slots};
+      rows_to_lanes(b, xr, Combine::kSum, Dtype::F32, m_acc);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
+      Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
+      vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
+      replicate_rows(b, m_r, g.rows, m_rep, m_scratch, m_alt);
+      const RowGroup xc{&m_layout, x, &g.supers, &g.slots};
+      rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, m_rep, false, x);
     }
     // r = rsqrt(sum(x^2) / H + eps) per row.
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, x, x, lanes);
@@ -180,6 +212,9 @@ class RmsNormEmitter {
         const VOperand y(ya, 1, row_rep);
         vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, y, y,
                            VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
+        if (m_center)
+          vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, y, y,
+                             VOperand(static_cast<int64_t>(m_beta) + off, 1, 0), count);
       }
     });
     sync.wait_out_free(q);
@@ -199,6 +234,7 @@ class RmsNormEmitter {
   }
 
   RowKernel m_k;
+  bool m_center;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t;
@@ -206,29 +242,37 @@ class RmsNormEmitter {
   SuperRowLayout m_layout;
   Reg m_x, m_y;
   Twin m_raw_x, m_out;
-  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
+  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_scratch = 0, m_alt = 0, m_gamma = 0,
+           m_beta = 0;
 };
 
 }  // namespace
 
 CompiledKernel compile_norm(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  if (op.inputs.size() != 2)
-    op.invalid(fmt::format("takes x and gamma, {} inputs given", op.inputs.size()));
-  const TensorDesc &x = op.inputs[0], &gamma = op.inputs[1];
-  if (!data_type_is_float(x.dtype) || gamma.dtype != x.dtype)
-    op.fail("x and gamma must have one float dtype (f32, f16, bf16)");
+  const bool center = op.type == "LayerNorm";
+  const size_t n_in = center ? 3 : 2;
+  if (op.inputs.size() != n_in)
+    op.invalid(fmt::format("takes x, gamma{}: {} inputs given", center ? " and beta" : "",
+                           op.inputs.size()));
+  const TensorDesc& x = op.inputs[0];
+  if (!data_type_is_float(x.dtype)) op.fail("x must be of a float dtype (f32, f16, bf16)");
   if (x.shape.empty()) op.invalid("x must have at least one dimension");
   const int64_t H = x.shape.back();
-  if (gamma.shape != std::vector<int64_t>{H})
-    op.invalid(fmt::format("gamma must be [{}] (x's last dimension)", H));
+  for (size_t i = 1; i < n_in; ++i) {
+    const char* name = i == 1 ? "gamma" : "beta";
+    if (op.inputs[i].dtype != x.dtype)
+      op.fail(fmt::format("{} must have x's dtype {}", name, data_type_name(x.dtype)));
+    if (op.inputs[i].shape != std::vector<int64_t>{H})
+      op.invalid(fmt::format("{} must be [{}] (x's last dimension)", name, H));
+  }
   CompiledKernel out;
   out.outputs = {x};
   if (x.num_elements() == 0) return out;
   if (H % kRowMultiple != 0)
     op.fail(fmt::format("last dimension {}: a multiple of {} is supported", H, kRowMultiple));
   RmsNormEmitter e(op, ctx.cfg, x.num_elements() / H, H, device_dtype(x.dtype),
-                   op.attr_float("epsilon", 1e-6));
+                   op.attr_float("epsilon", center ? 1e-5 : 1e-6), center);
   out.launches.push_back(e.build(ctx.cfg));
   return out;
 }

@@ -253,9 +253,9 @@ const std::vector<OpEntry>& op_table() {
       {"Sigmoid", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Tanh", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Softplus", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
-      {"Gelu", "activation", compile_activation,
-       unregistered(
-           "TF has no Gelu op (tf.nn.gelu is a composition); reached through `npusim op`")},
+      // TF has no Gelu op (tf.nn.gelu is a composition): the plugin defines CANN's (graph
+      // rewrite 11 makes it from tf.nn.gelu's approximate form).
+      {"Gelu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"GeluGrad", "activation", compile_activation,
        unregistered("TF has no GeluGrad op (Gelu's gradient is autodiff of the composition)")},
       {"ReluGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
@@ -331,7 +331,9 @@ const std::vector<OpEntry>& op_table() {
       {"PromptFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"IncreFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
+      {"GeGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"LayerNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
       // Variable updates made by the graph pass: the new values as outputs, like the optimizer
       // ops above (its op definition is the plugin's, kernels_fused.cpp)

@@ -83,7 +83,8 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"num_heads", K::kInt},
         {"num_key_value_heads", K::kInt},
         {"epsilon", K::kFloat},
-        {"mode", K::kInt}}},
+        {"mode", K::kInt},
+        {"approximate", K::kInt}}},
   };
   auto it = attrs.find(kernel);
   if (it == attrs.end())

@@ -3,6 +3,7 @@
 // Built on TensorFlow's GraphDef protobuf classes (exported by libtensorflow_framework.so.2)
 // like graph_optimizer.cpp; CMakeLists.txt compiles both with TensorFlow's -D flags and NDEBUG.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -1796,19 +1797,28 @@ std::optional<std::vector<float>> const_floats(const tfc::NodeDef* n) {
 
 // keras-hub's attention mask, as the fused ops express it.
 struct AttentionMask {
-  // Constant mask [B, 1, Sq, L]: query i sees keys j <= i + offset (causal) or all keys.
+  // Constant mask [B, H.., Sq, L]: query i sees keys j <= i + offset (causal) or all keys.
   bool constant = false, causal = false;
   int64_t offset = 0;
-  // Decode step: mask[b, 0, 0, j] = (j <= index), index the int32 tensor `index`.
+  // Decode step: mask[b, .., 0, j] = (j <= index), index the int32 tensor `index`.
   std::string index;
+  int64_t seq_kv = 0;  // L
+  // The product of the dimensions between batch and query (1: broadcast over the heads; the
+  // query heads where the mask was broadcast to the scores' shape), -1 where not known.
+  int64_t heads = -1;
   std::vector<tfc::NodeDef*> nodes;  // the mask's subgraph (removed if nothing else reads it)
 };
 
-// The mask read by the softmax's SelectV2s: a bool Const of shape [B, 1, Sq, L] that is causal
-// with one offset (or all true), or compute_causal_mask(batch, L, 1, index)[:, None] as
-// grappler leaves it: StridedSlice(BroadcastTo(ExpandDims(GreaterEqual(ExpandDims(pos, 1),
-// range(L)), 0), shape)) with pos = BroadcastTo(Cast(index), [1]) or AddV2(Cast(index), [0]).
-// *seq_q gets the query length the mask is for.
+// The mask read by the softmax's SelectV2s:
+//   - a bool Const of shape [B, H.., Sq, L] (H..: one or two dimensions, each 1 or the heads)
+//     that is causal with one offset (or all true), the same for every batch entry and head;
+//   - a decode step's compute_causal_mask(batch, L, 1, index) as grappler leaves it: c =
+//     BroadcastTo(ExpandDims(GreaterEqual(ExpandDims(pos, 1), range(L)), 0), shape) with pos =
+//     BroadcastTo(Cast(index), [1]) or AddV2(Cast(index), [0]), then given its head axes by
+//     StridedSlice c[:, None] (Llama) or c[:, None, None] (Gemma), or by BroadcastTo(
+//     ExpandDims(c, 1), [B, N, 1, L]) (keras' dot_product_attention: GPT-2).
+// seq_kv: the keys' length L the mask must have (<= 0: any, taken from the mask). *seq_q gets
+// the query length the mask is for.
 std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in, int64_t seq_kv,
                                         int64_t* seq_q) {
   const InputRef r = parse_input(mask_in);
@@ -1817,9 +1827,13 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
   AttentionMask m;
   std::vector<int64_t> shape;
   if (std::optional<std::vector<bool>> v = const_bools(*n, &shape)) {
-    if (shape.size() != 4 || shape[1] != 1 || shape[2] < 1 || shape[3] != seq_kv)
-      return std::nullopt;
-    *seq_q = shape[2];
+    if (shape.size() != 4 && shape.size() != 5) return std::nullopt;
+    const int64_t sq = shape[shape.size() - 2], l = shape.back();
+    if (sq < 1 || l < 1 || (seq_kv > 0 && l != seq_kv)) return std::nullopt;
+    seq_kv = l;
+    *seq_q = sq;
+    m.heads = 1;
+    for (size_t d = 1; d + 2 < shape.size(); ++d) m.heads *= shape[d];
     // all true: no mask; else one offset for every row and batch entry
     for (const std::optional<int64_t> off : {std::optional<int64_t>{}, std::optional<int64_t>{0},
                                              std::optional<int64_t>{seq_kv - *seq_q}}) {
@@ -1833,26 +1847,43 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
       m.constant = true;
       m.causal = off.has_value();
       m.offset = off.value_or(0);
+      m.seq_kv = seq_kv;
       m.nodes = {n};
       return m;
     }
     return std::nullopt;
   }
   *seq_q = 1;  // a decode step's: the position index over keys [0, seq_kv)
-  // StridedSlice [:, None, :, :]
-  tfc::NodeDef* ss = n;
   auto attr_i = [](const tfc::NodeDef* x, const char* a) {
     auto it = x->attr().find(a);
     return it == x->attr().end() ? int64_t{0} : it->second.i();
   };
-  if (ss->op() != "StridedSlice" || attr_i(ss, "new_axis_mask") != 2 ||
-      attr_i(ss, "shrink_axis_mask") != 0 || attr_i(ss, "ellipsis_mask") != 0 ||
-      (attr_i(ss, "begin_mask") & 13) != 13 || (attr_i(ss, "end_mask") & 13) != 13)
-    return std::nullopt;
-  const tfc::NodeDef* strides = input_node(g, *ss, 3);
-  std::optional<std::vector<int64_t>> sv = strides ? const_ints(*strides) : std::nullopt;
-  if (!sv || *sv != std::vector<int64_t>(4, 1)) return std::nullopt;
-  tfc::NodeDef* bc = g.producer(*ss, 0, "BroadcastTo");
+  tfc::NodeDef* bc = nullptr;
+  if (n->op() == "StridedSlice") {
+    // [:, None, :, :] or [:, None, None, :, :]
+    const int64_t new_axes = attr_i(n, "new_axis_mask");
+    const int rank = new_axes == 2 ? 4 : new_axes == 6 ? 5 : 0;
+    const int64_t full = ((int64_t{1} << rank) - 1) & ~new_axes;
+    if (!rank || attr_i(n, "shrink_axis_mask") != 0 || attr_i(n, "ellipsis_mask") != 0 ||
+        (attr_i(n, "begin_mask") & full) != full || (attr_i(n, "end_mask") & full) != full)
+      return std::nullopt;
+    const tfc::NodeDef* strides = input_node(g, *n, 3);
+    std::optional<std::vector<int64_t>> sv = strides ? const_ints(*strides) : std::nullopt;
+    if (!sv || *sv != std::vector<int64_t>(rank, 1)) return std::nullopt;
+    bc = g.producer(*n, 0, "BroadcastTo");
+    m.heads = 1;
+    m.nodes = {n};
+  } else if (n->op() == "BroadcastTo") {
+    // BroadcastTo(ExpandDims(c, 1), [B, N, 1, L])
+    tfc::NodeDef* ed = g.producer(*n, 0, "ExpandDims");
+    std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
+    if (!ed || input_ints(g, *ed, 1) != std::vector<int64_t>{1} || !to || to->size() != 4 ||
+        (*to)[1] < 1 || (*to)[2] != 1)
+      return std::nullopt;
+    bc = g.producer(*ed, 0, "BroadcastTo");
+    m.heads = (*to)[1];
+    m.nodes = {n, ed};
+  }
   tfc::NodeDef* e0 = bc ? g.producer(*bc, 0, "ExpandDims") : nullptr;
   tfc::NodeDef* ge = e0 ? g.producer(*e0, 0, "GreaterEqual") : nullptr;
   tfc::NodeDef* e1 = ge ? g.producer(*ge, 0, "ExpandDims") : nullptr;
@@ -1860,7 +1891,9 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
       input_ints(g, *e1, 1) != std::vector<int64_t>{1} || type_attr(*ge) != tfc::DT_FLOAT)
     return std::nullopt;
   std::optional<std::vector<float>> range = const_floats(input_node(g, *ge, 1));
-  if (!range || static_cast<int64_t>(range->size()) != seq_kv) return std::nullopt;
+  if (!range || range->empty() || (seq_kv > 0 && static_cast<int64_t>(range->size()) != seq_kv))
+    return std::nullopt;
+  seq_kv = static_cast<int64_t>(range->size());
   for (int64_t j = 0; j < seq_kv; ++j)
     if ((*range)[j] != static_cast<float>(j)) return std::nullopt;
   tfc::NodeDef* pos = input_node(g, *e1, 0);
@@ -1875,7 +1908,8 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
   }
   if (!is_cast(cast, tfc::DT_INT32, tfc::DT_FLOAT)) return std::nullopt;
   m.index = cast->input(0);
-  m.nodes = {ss, bc, e0, ge, e1, pos, cast};
+  m.seq_kv = seq_kv;
+  m.nodes.insert(m.nodes.end(), {bc, e0, ge, e1, pos, cast});
   return m;
 }
 
@@ -1935,16 +1969,280 @@ bool fp32_attention_allowed() {
   return s.precision != compiler::PrecisionMode::kKeepFp32;
 }
 
-// Rewrite 9, fused attention (keras-hub's LlamaAttention computation, as TensorFlow
-// einsum lowers it), T the compute type, q [B, Sq, N, D], k and v [B, L, Nkv, D]:
+// One attention subgraph matched by rewrite 9, as the fused op takes it: q [B, Sq, N, D], k and
+// v [B, L, Nkv, D] in the model's type, the scores' scale, the mask.
+struct AttentionMatch {
+  std::string q, k, v;
+  double scale = 1.0;
+  int64_t heads = 0, kv_heads = 0;  // N and Nkv (0: the kernel takes them from the shapes)
+  AttentionMask mask;
+  std::vector<tfc::NodeDef*> gone;  // the nodes removed (besides out, rewritten in place)
+};
+
+// The scale of node n where it is Mul(x, scale) or Mul(scale, x) with scale a scalar constant:
+// *x gets x's node (nullptr if n is not so), *x_in (if given) the input naming it.
+std::optional<double> scaled_by(GraphView& g, const tfc::NodeDef* n, tfc::NodeDef** x,
+                                std::string* x_in = nullptr) {
+  *x = nullptr;
+  if (!n || n->op() != "Mul" || n->input_size() < 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    std::optional<double> v = scalar_value(input_node(g, *n, 1 - k));
+    if (v && !parse_input(n->input(k)).control) {
+      *x = input_node(g, *n, k);
+      if (x_in) *x_in = n->input(k);
+      if (*x) return v;
+    }
+  }
+  return std::nullopt;
+}
+
+// Keras' masked softmax over f32 scores: SelectV2(mask, Softmax(SelectV2(mask, x, c)), 0)
+// (keras.layers.Softmax with a mask: Llama, Gemma) or, where `select_after` is false,
+// Softmax(SelectV2(mask, x, c)) (ops.dot_product_attention: GPT-2), c <= -1e4. `last` is the
+// chain's last node (the outer SelectV2 or the Softmax); returns the inner SelectV2, its nodes
+// appended to *gone.
+tfc::NodeDef* masked_softmax(GraphView& g, const Removal& rm, tfc::NodeDef* last,
+                             bool select_after, std::vector<tfc::NodeDef*>* gone) {
+  tfc::NodeDef* sm = last;
+  if (select_after) {
+    if (!last || last->op() != "SelectV2" || !rm.removable(*last, 1) ||
+        scalar_value(input_node(g, *last, 2)) != 0.0)
+      return nullptr;
+    sm = g.producer(*last, 1, "Softmax");
+  }
+  if (!sm || sm->op() != "Softmax" || !on_npu(*sm)) return nullptr;
+  tfc::NodeDef* sel0 = g.producer(*sm, 0, "SelectV2");
+  std::optional<double> fill = sel0 ? scalar_value(input_node(g, *sel0, 2)) : std::nullopt;
+  if (!sel0 || !rm.removable(*sm, 1) || !rm.removable(*sel0, 1) || !fill || *fill > -1e4 ||
+      (select_after && sel0->input(0) != last->input(0)) || type_attr(*sm) != tfc::DT_FLOAT ||
+      type_attr(*sel0) != tfc::DT_FLOAT)
+    return nullptr;
+  if (select_after) gone->push_back(last);
+  gone->insert(gone->end(), {sm, sel0});
+  return sel0;
+}
+
+// LlamaAttention (keras-hub's einsums as keras.ops.einsum lowers them), T the compute type,
+// q [B, Sq, N, D], k and v [B, L, Nkv, D]:
 //   s = BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(repeat(k), [0,2,3,1]))
 //   sc = [Cast to f32](Mul(s, scale))      (no Mul: scale 1)
 //   p = SelectV2(mask, Softmax(SelectV2(mask, sc, c <= -1e4)), 0)
 //   out = Transpose(BatchMatMulV2([Cast to T](p), Transpose(repeat(v), [0,2,1,3])), [0,2,1,3])
-// becomes, in place of out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant
-// causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's
-// mask over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k,
-// v are cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
+std::optional<AttentionMatch> match_llama_attention(GraphView& g, const Removal& rm,
+                                                    tfc::NodeDef& out, tfc::DataType t) {
+  if (!transpose_by(g, &out, {0, 2, 1, 3})) return std::nullopt;
+  tfc::NodeDef* pv = input_node(g, out, 0);
+  if (!plain_batch_matmul(pv) || !rm.removable(*pv, 1)) return std::nullopt;
+  tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
+  if (!vt || !rm.removable(*vt, 1)) return std::nullopt;
+  AttentionMatch a;
+  a.gone = {pv, vt};
+  tfc::NodeDef* p = input_node(g, *pv, 0);  // the probabilities, cast to T where T is not f32
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t) || !rm.removable(*p, 1)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, true, &a.gone);
+  if (!sel0) return std::nullopt;
+  // scores: [Cast to f32](Mul(BatchMatMulV2, scale))
+  tfc::NodeDef* sc = input_node(g, *sel0, 1);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(sc, t, tfc::DT_FLOAT) || !rm.removable(*sc, 1)) return std::nullopt;
+    a.gone.push_back(sc);
+    sc = input_node(g, *sc, 0);
+  }
+  tfc::NodeDef* qk = sc;
+  if (sc && sc->op() == "Mul" && type_attr(*sc) == t) {
+    std::optional<double> scale = scaled_by(g, sc, &qk);
+    if (!scale || !plain_batch_matmul(qk) || !rm.removable(*sc, 1)) return std::nullopt;
+    a.scale = *scale;
+    a.gone.push_back(sc);
+  }
+  if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != t)
+    return std::nullopt;
+  tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
+  tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
+  if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) return std::nullopt;
+  a.gone.insert(a.gone.end(), {qk, qt, kt});
+  // K and V, unrepeated alike; their repeats read only here
+  std::optional<KeyValue> k = unrepeated(g, *kt), v = unrepeated(g, *vt);
+  if (!k || !v || k->shape != v->shape || k->heads != v->heads) return std::nullopt;
+  for (tfc::NodeDef* n : k->repeat) a.gone.push_back(n);
+  for (tfc::NodeDef* n : v->repeat) a.gone.push_back(n);
+  for (tfc::NodeDef* n : a.gone)
+    if (!rm.removable(*n, 1)) return std::nullopt;
+  int64_t seq_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), k->shape[1], &seq_q);
+  if (!mask || (mask->heads != 1 && mask->heads != k->heads)) return std::nullopt;
+  // q [B, Sq, N, D] (where TensorFlow recorded q's shape, it must agree)
+  const std::vector<int64_t> qs = {k->shape[0], seq_q, k->heads, k->shape[3]};
+  const std::vector<int64_t> recorded = input_shape(*qt, 0);
+  if (!recorded.empty() && recorded != qs) return std::nullopt;
+  a.q = qt->input(0);
+  a.k = k->source;
+  a.v = v->source;
+  a.heads = qs[2];
+  a.kv_heads = k->shape[2];
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// An Einsum node of `equation` with two data inputs and type t.
+bool einsum_of(const tfc::NodeDef* n, const char* equation, tfc::DataType t) {
+  if (!n || n->op() != "Einsum" || !on_npu(*n) || type_attr(*n) != t) return false;
+  auto it = n->attr().find("equation");
+  return it != n->attr().end() && it->second.s() == equation && n->input_size() >= 2 &&
+         !parse_input(n->input(0)).control && !parse_input(n->input(1)).control;
+}
+
+// keras' ops.dot_product_attention as its TensorFlow backend computes it (keras'
+// MultiHeadAttention without dropout: GPT-2's CachedMultiHeadAttention), T the compute type,
+// q [B, Sq, N, D], k and v [B, L, N, D] (no grouped heads: keras repeats them with tf.repeat
+// first, not matched):
+//   s = Einsum(q, k; "BTNH,BSNH->BNTS")   sc = Mul([Cast to f32](s), scale)
+//   p = Softmax(SelectV2(mask, sc, c <= -1e4))   (the mask broadcast to [B, N, Sq, L])
+//   out = Einsum([Cast to T](p), v; "BNTS,BSNH->BTNH")
+std::optional<AttentionMatch> match_dot_product_attention(GraphView& g, const Removal& rm,
+                                                          tfc::NodeDef& out, tfc::DataType t) {
+  if (!einsum_of(&out, "BNTS,BSNH->BTNH", t)) return std::nullopt;
+  AttentionMatch a;
+  tfc::NodeDef* p = input_node(g, out, 0);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t) || !rm.removable(*p, 1)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, false, &a.gone);
+  tfc::NodeDef* sc = sel0 ? input_node(g, *sel0, 1) : nullptr;
+  tfc::NodeDef* qk = nullptr;
+  std::optional<double> scale = scaled_by(g, sc, &qk);
+  if (!scale || type_attr(*sc) != tfc::DT_FLOAT || !rm.removable(*sc, 1)) return std::nullopt;
+  a.gone.push_back(sc);
+  a.scale = *scale;
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(qk, t, tfc::DT_FLOAT) || !rm.removable(*qk, 1)) return std::nullopt;
+    a.gone.push_back(qk);
+    qk = input_node(g, *qk, 0);
+  }
+  if (!einsum_of(qk, "BTNH,BSNH->BNTS", t) || !rm.removable(*qk, 1)) return std::nullopt;
+  a.gone.push_back(qk);
+  int64_t seq_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), 0, &seq_q);
+  // a constant causal mask must have the scores' query rows (one row broadcast over several
+  // queries is not the fused ops' causal mask)
+  if (!mask || mask->heads < 1 || (mask->constant && mask->causal && seq_q == 1))
+    return std::nullopt;
+  a.q = qk->input(0);
+  a.k = qk->input(1);
+  a.v = out.input(1);
+  // MHA: as many KV heads as query heads; where the mask was broadcast to the scores' shape
+  // its head dimension is N, else the kernel takes N from the shapes.
+  a.heads = a.kv_heads = mask->heads > 1 ? mask->heads : 0;
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// A Reshape of data input 0 to a constant shape of `rank` dimensions: the shape, else empty.
+std::vector<int64_t> reshape_to(GraphView& g, const tfc::NodeDef* n, size_t rank) {
+  if (!n || n->op() != "Reshape" || !on_npu(*n)) return {};
+  std::optional<std::vector<int64_t>> s = input_ints(g, *n, 1);
+  return s && s->size() == rank ? *s : std::vector<int64_t>{};
+}
+
+// Whether `shape` is `want` where the leading (batch) dimension may be -1 in `shape`.
+bool shape_is(const std::vector<int64_t>& shape, const std::vector<int64_t>& want) {
+  if (shape.size() != want.size() || shape.empty()) return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != want[d] && !(d == 0 && shape[d] == -1)) return false;
+  return true;
+}
+
+// Gemma's attention (CachedGemmaAttention._compute_attention without soft-capping, its einsums
+// over grouped heads as keras.ops.einsum lowers them), T the compute type, q [B, Sq, N, D], k and
+// v [B, L, K, D], N = K * G:
+//   qg = Reshape(Mul(q, scale), [B, Sq, K, G, D])
+//   s = Reshape(BatchMatMulV2(Reshape(Transpose(qg, [0,2,3,1,4]), [B, K, G * Sq, D]),
+//                             Transpose(k, [0,2,3,1])), [B, K, G, Sq, L])
+//   p = SelectV2(mask, Softmax(SelectV2(mask, [Cast to f32](s), c <= -1e4)), 0)
+//   o = Reshape(BatchMatMulV2(Reshape([Cast to T](p), [B, K, G * Sq, L]), Transpose(v, [0,2,1,3])),
+//               [B, K, G, Sq, D])
+//   out = Reshape(Transpose(o, [0,3,1,2,4]), [B, Sq, N, D])
+// (the Reshapes' batch dimension may be -1). The query's pre-scaling becomes the fused op's
+// scale_value (applied to the f32 scores instead of to the rounded queries).
+std::optional<AttentionMatch> match_grouped_attention(GraphView& g, const Removal& rm,
+                                                      tfc::NodeDef& out, tfc::DataType t) {
+  const std::vector<int64_t> os = reshape_to(g, &out, 4);
+  if (os.size() != 4) return std::nullopt;
+  const int64_t b = os[0], sq = os[1], n = os[2], d = os[3];
+  tfc::NodeDef* ot = input_node(g, out, 0);
+  AttentionMatch a;
+  if (!transpose_by(g, ot, {0, 3, 1, 2, 4}) || !rm.removable(*ot, 1)) return std::nullopt;
+  tfc::NodeDef* o5 = input_node(g, *ot, 0);
+  const std::vector<int64_t> o5s = reshape_to(g, o5, 5);
+  if (o5s.size() != 5 || o5s[3] != sq || o5s[4] != d || o5s[1] < 1 || o5s[2] < 1 ||
+      o5s[1] * o5s[2] != n || !shape_is(o5s, {b, o5s[1], o5s[2], sq, d}))
+    return std::nullopt;
+  const int64_t kv = o5s[1], groups = o5s[2];
+  tfc::NodeDef* pv = input_node(g, *o5, 0);
+  if (!plain_batch_matmul(pv) || type_attr(*pv) != t) return std::nullopt;
+  tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
+  tfc::NodeDef* p4 = input_node(g, *pv, 0);
+  const std::vector<int64_t> p4s = reshape_to(g, p4, 4);
+  if (!vt || p4s.size() != 4 || !shape_is(p4s, {b, kv, groups * sq, p4s[3]}) || p4s[3] < 1)
+    return std::nullopt;
+  const int64_t seq_kv = p4s[3];
+  a.gone = {ot, o5, pv, vt, p4};
+  tfc::NodeDef* p = input_node(g, *p4, 0);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(p, tfc::DT_FLOAT, t)) return std::nullopt;
+    a.gone.push_back(p);
+    p = input_node(g, *p, 0);
+  }
+  tfc::NodeDef* sel0 = masked_softmax(g, rm, p, true, &a.gone);
+  if (!sel0) return std::nullopt;
+  tfc::NodeDef* s5 = input_node(g, *sel0, 1);
+  if (t != tfc::DT_FLOAT) {
+    if (!is_cast(s5, t, tfc::DT_FLOAT)) return std::nullopt;
+    a.gone.push_back(s5);
+    s5 = input_node(g, *s5, 0);
+  }
+  if (!shape_is(reshape_to(g, s5, 5), {b, kv, groups, sq, seq_kv})) return std::nullopt;
+  tfc::NodeDef* qk = input_node(g, *s5, 0);
+  if (!plain_batch_matmul(qk) || type_attr(*qk) != t) return std::nullopt;
+  tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
+  tfc::NodeDef* q4 = input_node(g, *qk, 0);
+  if (!kt || !shape_is(reshape_to(g, q4, 4), {b, kv, groups * sq, d})) return std::nullopt;
+  tfc::NodeDef* qt = transpose_by(g, input_node(g, *q4, 0), {0, 2, 3, 1, 4});
+  tfc::NodeDef* q5 = qt ? input_node(g, *qt, 0) : nullptr;
+  if (!shape_is(reshape_to(g, q5, 5), {b, sq, kv, groups, d})) return std::nullopt;
+  tfc::NodeDef* q = nullptr;
+  std::string q_in;
+  std::optional<double> scale = scaled_by(g, input_node(g, *q5, 0), &q, &q_in);
+  tfc::NodeDef* qs = input_node(g, *q5, 0);
+  if (!scale || type_attr(*qs) != t) return std::nullopt;
+  a.gone.insert(a.gone.end(), {s5, qk, kt, q4, qt, q5, qs});
+  for (tfc::NodeDef* x : a.gone)
+    if (!rm.removable(*x, 1)) return std::nullopt;
+  int64_t mask_q = 0;
+  std::optional<AttentionMask> mask = match_mask(g, sel0->input(0), seq_kv, &mask_q);
+  if (!mask || mask_q != sq || mask->heads != 1) return std::nullopt;
+  a.q = q_in;
+  a.k = kt->input(0);
+  a.v = vt->input(0);
+  a.scale = *scale;
+  a.heads = n;
+  a.kv_heads = kv;
+  a.mask = std::move(*mask);
+  return a;
+}
+
+// Rewrite 9, fused attention: one of the subgraphs above (match_llama_attention,
+// match_dot_product_attention, match_grouped_attention) ending at node out of the compute type
+// T becomes, in place of out: PromptFlashAttention(q, k, v; scale, sparse_mode) for a constant
+// causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's mask
+// over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k, v are
+// cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
 // "<out>/npusim_attention"; out becomes the Cast back). Masked scores weigh 0 either way
 // (exp(c - max) underflows to 0 in f32 for c <= -1e4 and scores above -1e4 + 104).
 int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
@@ -1957,80 +2255,17 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
   for (int i = 0; i < n_nodes; ++i) {
     tfc::NodeDef& out = *g.at(i);
     const std::optional<tfc::DataType> t = type_attr(out);
-    if (!t || !float_type(*t) || !transpose_by(g, &out, {0, 2, 1, 3})) continue;
-    tfc::NodeDef* pv = input_node(g, out, 0);
-    if (!plain_batch_matmul(pv) || !rm.removable(*pv, 1)) continue;
-    tfc::NodeDef* vt = transpose_by(g, input_node(g, *pv, 1), {0, 2, 1, 3});
-    if (!vt || !rm.removable(*vt, 1)) continue;
-    std::vector<tfc::NodeDef*> gone = {pv, vt};
-    std::string p_in = pv->input(0);  // the probabilities, cast to T where T is not f32
-    if (*t != tfc::DT_FLOAT) {
-      tfc::NodeDef* pc = input_node(g, *pv, 0);
-      if (!is_cast(pc, tfc::DT_FLOAT, *t) || !rm.removable(*pc, 1)) continue;
-      p_in = pc->input(0);
-      gone.push_back(pc);
-    }
-    const InputRef pr = parse_input(p_in);
-    tfc::NodeDef* sel1 = pr.port ? nullptr : g.node(pr.node);
-    if (!sel1 || sel1->op() != "SelectV2" || !rm.removable(*sel1, 1) ||
-        scalar_value(input_node(g, *sel1, 2)) != 0.0)
-      continue;
-    tfc::NodeDef* sm = g.producer(*sel1, 1, "Softmax");
-    tfc::NodeDef* sel0 = sm ? g.producer(*sm, 0, "SelectV2") : nullptr;
-    std::optional<double> fill = sel0 ? scalar_value(input_node(g, *sel0, 2)) : std::nullopt;
-    if (!sel0 || !rm.removable(*sm, 1) || !rm.removable(*sel0, 1) || !fill || *fill > -1e4 ||
-        sel0->input(0) != sel1->input(0) || type_attr(*sm) != tfc::DT_FLOAT ||
-        type_attr(*sel0) != tfc::DT_FLOAT)
-      continue;
-    gone.insert(gone.end(), {sel1, sm, sel0});
-    // scores: [Cast to f32](Mul(BatchMatMulV2, scale))
-    tfc::NodeDef* sc = input_node(g, *sel0, 1);
-    if (*t != tfc::DT_FLOAT) {
-      if (!is_cast(sc, *t, tfc::DT_FLOAT) || !rm.removable(*sc, 1)) continue;
-      gone.push_back(sc);
-      sc = input_node(g, *sc, 0);
-    }
-    double scale = 1.0;
-    tfc::NodeDef* qk = sc;
-    if (sc && sc->op() == "Mul" && type_attr(*sc) == *t) {
-      qk = nullptr;
-      for (int k = 0; k < 2 && !qk; ++k) {
-        std::optional<double> v = scalar_value(input_node(g, *sc, 1 - k));
-        if (v && plain_batch_matmul(input_node(g, *sc, k))) {
-          scale = *v;
-          qk = input_node(g, *sc, k);
-        }
-      }
-      if (!qk || !rm.removable(*sc, 1)) continue;
-      gone.push_back(sc);
-    }
-    if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != *t) continue;
-    tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
-    tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
-    if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) continue;
-    gone.insert(gone.end(), {qk, qt, kt});
-    // K and V, unrepeated alike; their repeats read only here
-    std::optional<KeyValue> k = unrepeated(g, *kt), v = unrepeated(g, *vt);
-    if (!k || !v || k->shape != v->shape || k->heads != v->heads) continue;
-    std::vector<tfc::NodeDef*> reps = k->repeat;
-    reps.insert(reps.end(), v->repeat.begin(), v->repeat.end());
-    bool ok = true;
-    for (tfc::NodeDef* n : reps) ok = ok && rm.removable(*n, 1);
-    int64_t seq_q = 0;
-    std::optional<AttentionMask> mask =
-        ok ? match_mask(g, sel0->input(0), k->shape[1], &seq_q) : std::nullopt;
-    if (!mask) continue;
-    // q [B, Sq, N, D] (where TensorFlow recorded q's shape, it must agree)
-    const std::vector<int64_t> qs = {k->shape[0], seq_q, k->heads, k->shape[3]};
-    const std::vector<int64_t> recorded = input_shape(*qt, 0);
-    if (!recorded.empty() && recorded != qs) continue;
+    if (!t || !float_type(*t) || !on_npu(out) || rm.claimed(out.name())) continue;
+    std::optional<AttentionMatch> a = match_llama_attention(g, rm, out, *t);
+    if (!a) a = match_dot_product_attention(g, rm, out, *t);
+    if (!a) a = match_grouped_attention(g, rm, out, *t);
+    if (!a) continue;
     if (*t == tfc::DT_FLOAT && !fp32_attention_allowed()) continue;
-    gone.insert(gone.end(), reps.begin(), reps.end());
-    for (tfc::NodeDef* n : gone) rm.remove(n->name());
-    mask_nodes.insert(mask_nodes.end(), mask->nodes.begin(), mask->nodes.end());
+    for (tfc::NodeDef* n : a->gone) rm.remove(n->name());
+    mask_nodes.insert(mask_nodes.end(), a->mask.nodes.begin(), a->mask.nodes.end());
 
     const tfc::DataType ft = *t == tfc::DT_FLOAT ? tfc::DT_HALF : *t;
-    std::string q_in = qt->input(0), k_in = k->source, v_in = v->source;
+    std::string q_in = a->q, k_in = a->k, v_in = a->v;
     const std::string name = out.name(), device = out.device();
     if (*t == tfc::DT_FLOAT) {
       q_in = add_node(graph, name + "/npusim_q_fp16", "Cast", device, {q_in},
@@ -2045,14 +2280,14 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
     }
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(ft);
-    attrs["scale_value"].set_f(static_cast<float>(scale));
+    attrs["scale_value"].set_f(static_cast<float>(a->scale));
     attrs["input_layout"].set_s("BSND");
-    attrs["num_heads"].set_i(qs[2]);
-    attrs["num_key_value_heads"].set_i(k->shape[2]);
+    attrs["num_heads"].set_i(a->heads);
+    attrs["num_key_value_heads"].set_i(a->kv_heads);
     std::vector<std::string> inputs = {q_in, k_in, v_in};
     const char* op = "PromptFlashAttention";
-    if (mask->constant) {
-      attrs["sparse_mode"].set_i(!mask->causal ? 0 : mask->offset == 0 ? 2 : 3);
+    if (a->mask.constant) {
+      attrs["sparse_mode"].set_i(!a->mask.causal ? 0 : a->mask.offset == 0 ? 2 : 3);
     } else {
       op = "IncreFlashAttention";
       tfc::AttrValue one;
@@ -2066,9 +2301,9 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
           add_node(graph, name + "/npusim_one", "Const", device, {}, cattrs)->name();
       std::map<std::string, tfc::AttrValue> aattrs;
       aattrs["T"] = type_value(tfc::DT_INT32);
-      inputs.push_back(
-          add_node(graph, name + "/npusim_kv_length", "AddV2", device, {mask->index, c1}, aattrs)
-              ->name());
+      inputs.push_back(add_node(graph, name + "/npusim_kv_length", "AddV2", device,
+                                {a->mask.index, c1}, aattrs)
+                           ->name());
       attrs["Tlen"] = type_value(tfc::DT_INT32);
     }
     if (*t == tfc::DT_FLOAT) {
@@ -2252,6 +2487,307 @@ int dedup_rope_tables(tfc::GraphDef& graph, const std::unordered_set<std::string
                           [&](const tfc::NodeDef& n) { return nodes.count(n.name()) > 0; });
 }
 
+// ---- rewrite 11: GELU (GPT-2's feed-forward) and GeGLU (Gemma's) ----
+
+// For a two-input node n of op `op` and type t, one of whose operands is a scalar constant
+// equal to `value` as t holds it (within t's rounding): the other operand's input text.
+std::optional<std::string> operand_besides(GraphView& g, const tfc::NodeDef* n, const char* op,
+                                           double value, tfc::DataType t) {
+  if (!n || n->op() != op || !on_npu(*n) || type_attr(*n) != t || n->input_size() < 2)
+    return std::nullopt;
+  const double ulp = t == tfc::DT_FLOAT ? 0x1p-23 : t == tfc::DT_HALF ? 0x1p-10 : 0x1p-7;
+  for (int k = 0; k < 2; ++k) {
+    std::optional<double> v = scalar_value(input_node(g, *n, 1 - k));
+    if (v && std::abs(*v - value) <= std::abs(value) * ulp && !parse_input(n->input(k)).control)
+      return n->input(k);
+  }
+  return std::nullopt;
+}
+
+// tf.nn.gelu(x, approximate=True) as TensorFlow builds it, every node of type t:
+//   y = Mul(Mul(0.5, x), AddV2(1.0, Tanh(Mul(0.7978845608, AddV2(x, Mul(0.044715, Pow(x, 3)))))))
+// (operands of Mul / AddV2 in either order; the constants as t holds them). Returns x's input
+// text; the nodes before y (each read once, inside the chain) go to *nodes.
+std::optional<std::string> match_gelu_tanh(GraphView& g, const Removal& rm, const tfc::NodeDef& y,
+                                           tfc::DataType t, std::vector<tfc::NodeDef*>* nodes) {
+  if (y.op() != "Mul" || !on_npu(y) || type_attr(y) != t || y.input_size() < 2)
+    return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    tfc::NodeDef* m0 = input_node(g, y, k);
+    tfc::NodeDef* a1 = input_node(g, y, 1 - k);
+    std::optional<std::string> x = operand_besides(g, m0, "Mul", 0.5, t);
+    std::optional<std::string> th_in = operand_besides(g, a1, "AddV2", 1.0, t);
+    tfc::NodeDef* th = th_in ? g.node(parse_input(*th_in).node) : nullptr;
+    if (!x || !th || th->op() != "Tanh" || type_attr(*th) != t || parse_input(*th_in).port)
+      continue;
+    tfc::NodeDef* m2 = input_node(g, *th, 0);
+    std::optional<std::string> ad_in = operand_besides(g, m2, "Mul", 0.7978845608028654, t);
+    tfc::NodeDef* ad = ad_in && !parse_input(*ad_in).port ? g.node(parse_input(*ad_in).node)
+                                                         : nullptr;
+    if (!ad || ad->op() != "AddV2" || type_attr(*ad) != t || ad->input_size() < 2) continue;
+    for (int j = 0; j < 2; ++j) {
+      if (ad->input(j) != *x) continue;
+      tfc::NodeDef* m1 = input_node(g, *ad, 1 - j);
+      std::optional<std::string> pw_in = operand_besides(g, m1, "Mul", 0.044715, t);
+      tfc::NodeDef* pw = pw_in && !parse_input(*pw_in).port ? g.node(parse_input(*pw_in).node)
+                                                           : nullptr;
+      if (!pw || pw->op() != "Pow" || type_attr(*pw) != t || pw->input_size() < 2 ||
+          pw->input(0) != *x || scalar_value(input_node(g, *pw, 1)) != 3.0)
+        continue;
+      std::vector<tfc::NodeDef*> chain = {m0, a1, th, m2, ad, m1, pw};
+      bool ok = true;
+      for (tfc::NodeDef* n : chain) ok = ok && rm.removable(*n, 1);
+      if (!ok) continue;
+      nodes->insert(nodes->end(), chain.begin(), chain.end());
+      return x;
+    }
+  }
+  return std::nullopt;
+}
+
+// The static shape of a variable's value read as `in`: ReadVariableOp [through Cast or
+// Identity] of a resource argument whose _handle_shapes TensorFlow recorded; empty if unknown.
+std::vector<int64_t> variable_shape(GraphView& g, const std::string& in) {
+  const InputRef r = parse_input(in);
+  const tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  while (n && (n->op() == "Cast" || n->op() == "Identity")) n = input_node(g, *n, 0);
+  const tfc::NodeDef* res = n && n->op() == "ReadVariableOp" ? input_node(g, *n, 0) : nullptr;
+  if (!res) return {};
+  auto it = res->attr().find("_handle_shapes");
+  if (it == res->attr().end() || it->second.list().shape_size() != 1) return {};
+  const tfc::TensorShapeProto& s = it->second.list().shape(0);
+  std::vector<int64_t> dims;
+  for (const auto& d : s.dim()) {
+    if (d.size() < 0) return {};
+    dims.push_back(d.size());
+  }
+  return s.unknown_rank() ? std::vector<int64_t>{} : dims;
+}
+
+// Whether tensors a and b have one shape, proven from their producers: one static shape
+// (static_shape), or the same MatMul / BatchMatMulV2 (same attributes) of one left operand by
+// variables of one static shape (a gated feed-forward's two Dense layers).
+bool same_shape_products(GraphView& g, const std::string& a, const std::string& b) {
+  const std::vector<int64_t> sa = static_shape(g, a), sb = static_shape(g, b);
+  if (!sa.empty() && sa == sb && std::count(sa.begin(), sa.end(), -1) == 0) return true;
+  const InputRef ra = parse_input(a), rb = parse_input(b);
+  const tfc::NodeDef* pa = ra.control || ra.port ? nullptr : g.node(ra.node);
+  const tfc::NodeDef* pb = rb.control || rb.port ? nullptr : g.node(rb.node);
+  if (!pa || !pb || pa->op() != pb->op() ||
+      (pa->op() != "MatMul" && pa->op() != "BatchMatMulV2") || pa->input_size() < 2 ||
+      pb->input_size() < 2 || pa->input(0) != pb->input(0))
+    return false;
+  for (const char* attr : {"transpose_a", "transpose_b", "adj_x", "adj_y", "T"}) {
+    auto ia = pa->attr().find(attr), ib = pb->attr().find(attr);
+    const bool ha = ia != pa->attr().end(), hb = ib != pb->attr().end();
+    if (ha != hb || (ha && ia->second.SerializeAsString() != ib->second.SerializeAsString()))
+      return false;
+  }
+  const std::vector<int64_t> wa = variable_shape(g, pa->input(1));
+  return !wa.empty() && wa == variable_shape(g, pb->input(1));
+}
+
+// Rewrite 11a, GeGlu (Gemma's feed-forward): Mul(gelu, up) or Mul(up, gelu), gelu
+// tf.nn.gelu(gate, approximate=True) (match_gelu_tanh) read only here, gate and up of one shape
+// (same_shape_products) -> GeGlu(gate, up; approximate 1).
+int fuse_geglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (y.op() != "Mul" || !on_npu(y) || !t || !float_type(*t) || rm.claimed(y.name()) ||
+        y.input_size() < 2)
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* gelu = input_node(g, y, k);
+      std::vector<tfc::NodeDef*> nodes;
+      std::optional<std::string> gate =
+          gelu && rm.removable(*gelu, 1) ? match_gelu_tanh(g, rm, *gelu, *t, &nodes)
+                                         : std::nullopt;
+      const std::string up = y.input(1 - k);
+      if (!gate || parse_input(up).control || !same_shape_products(g, *gate, up)) continue;
+      nodes.push_back(gelu);
+      for (tfc::NodeDef* n : nodes) rm.remove(n->name());
+      std::map<std::string, tfc::AttrValue> attrs;
+      attrs["T"] = type_value(*t);
+      attrs["approximate"].set_i(1);
+      rewrite_as(y, "GeGlu", {*gate, up}, attrs);
+      rm.claim(y.name());
+      ++fused;
+      break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// Rewrite 11b, Gelu (GPT-2's feed-forward), after 11a: tf.nn.gelu(x, approximate=True)
+// (match_gelu_tanh) -> Gelu(x; approximate 1).
+int fuse_gelus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+               std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (!t || !float_type(*t) || rm.claimed(y.name())) continue;
+    std::vector<tfc::NodeDef*> nodes;
+    std::optional<std::string> x = match_gelu_tanh(g, rm, y, *t, &nodes);
+    if (!x) continue;
+    for (tfc::NodeDef* n : nodes) rm.remove(n->name());
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["approximate"].set_i(1);
+    rewrite_as(y, "Gelu", {*x}, attrs);
+    rm.claim(y.name());
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// ---- rewrite 12: LayerNorm (GPT-2's keras LayerNormalization over the last axis) ----
+
+// A Mean of data input 0 over the constant axes [-1] with keep_dims, type t.
+bool mean_last_axis(GraphView& g, const tfc::NodeDef* n, tfc::DataType t) {
+  if (!n || n->op() != "Mean" || !on_npu(*n) || type_attr(*n) != t) return false;
+  auto keep = n->attr().find("keep_dims");
+  return keep != n->attr().end() && keep->second.b() &&
+         input_ints(g, *n, 1) == std::vector<int64_t>{-1};
+}
+
+// The [H] parameter (gamma, beta) read as `in`: a Reshape of it to [1, .., 1, H] (keras'
+// broadcast shape: the Reshape, if read only here, goes to *gone) or, without one, `in` itself
+// where it is a variable's value of shape [H]; its input text (*h: H), or nullopt.
+std::optional<std::string> norm_param(GraphView& g, const Removal& rm, const std::string& in,
+                                      std::vector<tfc::NodeDef*>* gone, int64_t* h) {
+  const InputRef r = parse_input(in);
+  tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  if (!n || n->op() != "Reshape") {
+    const std::vector<int64_t> s = variable_shape(g, in);
+    if (s.size() != 1) return std::nullopt;
+    *h = s[0];
+    return in;
+  }
+  std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
+  if (!to || to->empty() || to->back() < 1) return std::nullopt;
+  for (size_t d = 0; d + 1 < to->size(); ++d)
+    if ((*to)[d] != 1) return std::nullopt;
+  if (rm.removable(*n, 1)) gone->push_back(n);
+  *h = to->back();
+  return n->input(0);
+}
+
+// Rewrite 12, LayerNorm: keras' LayerNormalization over the last axis as TensorFlow builds it,
+// every node of one type T (float, half, bfloat16):
+//   mean = Mean(x, [-1], keep_dims)   var = Mean(SquaredDifference(x, mean), [-1], keep_dims)
+//   m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+//   y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
+// (operands of Mul / AddV2 in either order; gamma and beta [H] [through a Reshape to
+// [1, .., 1, H]], H a multiple of 16: the kernel's rows) -> LayerNorm(x, gamma, beta; epsilon).
+// NPUSIM_FUSION_LAYER_NORM=0 turns it off.
+int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  auto node_of = [&](const std::string& in) -> tfc::NodeDef* {
+    const InputRef r = parse_input(in);
+    return r.control || r.port ? nullptr : g.node(r.node);
+  };
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& y = *g.at(i);
+    const std::optional<tfc::DataType> t = type_attr(y);
+    if (y.op() != "AddV2" || !on_npu(y) || !t || !float_type(*t) || y.input_size() < 2 ||
+        rm.claimed(y.name()))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* mul2 = input_node(g, y, k);
+      tfc::NodeDef* add1 = input_node(g, y, 1 - k);
+      if (!mul2 || mul2->op() != "Mul" || type_attr(*mul2) != *t || mul2->input_size() < 2 ||
+          !add1 || add1->op() != "AddV2" || type_attr(*add1) != *t || add1->input_size() < 2)
+        continue;
+      // mul2 = Mul(x, m) with m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+      for (int j = 0; j < 2; ++j) {
+        const std::string x = mul2->input(j);
+        tfc::NodeDef* m = input_node(g, *mul2, 1 - j);
+        if (!m || m->op() != "Mul" || type_attr(*m) != *t || m->input_size() < 2) continue;
+        tfc::NodeDef *rs = nullptr, *mean = nullptr, *mul1 = nullptr, *neg = nullptr;
+        std::string gamma_in, beta_in;
+        for (int a = 0; a < 2 && !rs; ++a) {
+          tfc::NodeDef* c = input_node(g, *m, a);
+          if (c && c->op() == "Rsqrt" && type_attr(*c) == *t) {
+            rs = c;
+            gamma_in = m->input(1 - a);
+          }
+        }
+        tfc::NodeDef* eps_add = rs ? input_node(g, *rs, 0) : nullptr;
+        tfc::NodeDef* var = nullptr;
+        double eps = 0;
+        if (eps_add && eps_add->op() == "AddV2" && type_attr(*eps_add) == *t) {
+          for (int a = 0; a < 2 && !var; ++a) {
+            std::optional<double> e = scalar_value(input_node(g, *eps_add, 1 - a));
+            tfc::NodeDef* v = input_node(g, *eps_add, a);
+            if (e && *e >= 0 && mean_last_axis(g, v, *t)) {
+              var = v;
+              eps = *e;
+            }
+          }
+        }
+        tfc::NodeDef* sqd = var ? input_node(g, *var, 0) : nullptr;
+        if (!sqd || sqd->op() != "SquaredDifference" || type_attr(*sqd) != *t ||
+            sqd->input_size() < 2 || sqd->input(0) != x)
+          continue;
+        mean = input_node(g, *sqd, 1);
+        if (!mean_last_axis(g, mean, *t) || mean->input(0) != x) continue;
+        // add1 = AddV2(Mul(Neg(mean), m), beta)
+        for (int a = 0; a < 2 && !mul1; ++a) {
+          tfc::NodeDef* c = input_node(g, *add1, a);
+          if (!c || c->op() != "Mul" || type_attr(*c) != *t || c->input_size() < 2) continue;
+          for (int b2 = 0; b2 < 2 && !mul1; ++b2) {
+            tfc::NodeDef* ng = input_node(g, *c, b2);
+            if (ng && ng->op() == "Neg" && type_attr(*ng) == *t &&
+                node_of(ng->input(0)) == mean && GraphView::reads(*c, 1 - b2, m->name())) {
+              mul1 = c;
+              neg = ng;
+              beta_in = add1->input(1 - a);
+            }
+          }
+        }
+        if (!mul1) continue;
+        std::vector<tfc::NodeDef*> gone;
+        int64_t h_gamma = 0, h_beta = 0;
+        std::optional<std::string> gamma = norm_param(g, rm, gamma_in, &gone, &h_gamma);
+        std::optional<std::string> beta = norm_param(g, rm, beta_in, &gone, &h_beta);
+        // H: what the kernel supports (ops/norm.cpp: a multiple of 16)
+        if (!gamma || !beta || h_gamma != h_beta || h_gamma % 16 != 0) continue;
+        const std::pair<tfc::NodeDef*, size_t> chain[] = {
+            {mul2, 1}, {add1, 1}, {m, 2}, {rs, 1}, {eps_add, 1}, {var, 1},
+            {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
+        bool ok = true;
+        for (const auto& [n, uses] : chain) ok = ok && rm.removable(*n, uses);
+        if (!ok) continue;
+        for (const auto& [n, uses] : chain) rm.remove(n->name());
+        for (tfc::NodeDef* n : gone) rm.remove(n->name());
+        std::map<std::string, tfc::AttrValue> attrs;
+        attrs["T"] = type_value(*t);
+        attrs["epsilon"].set_f(static_cast<float>(eps));
+        rewrite_as(y, "LayerNorm", {x, *gamma, *beta}, attrs);
+        rm.claim(y.name());
+        ++fused;
+        break;
+      }
+      if (rm.claimed(y.name())) break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -2323,6 +2859,21 @@ bool rope_fusion_requested() {
   return on;
 }
 
+bool gelu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_GELU");
+  return on;
+}
+
+bool geglu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_GEGLU");
+  return on;
+}
+
+bool layer_norm_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_LAYER_NORM");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -2348,6 +2899,16 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
       erase_nodes(graph, removed);
       removed.clear();
     }
+    if (geglu_fusion_requested()) counts.geglu = fuse_geglus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (gelu_fusion_requested()) counts.gelu = fuse_gelus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (layer_norm_fusion_requested())
+      counts.layer_norm = fuse_layer_norms(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
   }
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);

@@ -93,7 +93,7 @@
 //      unread). Keras' optimizers compute iterations + 1 and its cast once per variable. Two
 //      reads of one variable with the same control inputs read the same value: TensorFlow
 //      orders every writer of a variable against its reads.
-//   7-9, run first (rewrite 4 would take their element-wise steps): keras-hub's decoder
+//   7-12, run first (rewrite 4 would take their element-wise steps): keras-hub's decoder
 //      subgraphs onto CANN's fused ops (kernels_llm.cpp), T the model's compute type (float,
 //      half, bfloat16); where T is half / bfloat16 keras-hub casts to f32 around them (the
 //      optional Casts below), and the fused op takes T and computes in f32.
@@ -106,18 +106,27 @@
 //   8. SwiGlu (Llama's feed-forward): Mul(up, [Cast to T](Mul(gf, Sigmoid(gf)))), gf = gate
 //      [through a Cast T -> f32], gate and up Reshapes to one constant shape (Dense outputs) ->
 //      SwiGlu(gate, up). NPUSIM_FUSION_SWIGLU=0 turns it alone off.
-//   9. Fused attention (LlamaAttention's einsums as TensorFlow lowers them):
+//   9. Fused attention, one of three subgraphs (graph_fusion.cpp states each node):
+//      a. LlamaAttention's einsums as TensorFlow lowers them:
 //        Transpose(BatchMatMulV2([Cast to T](SelectV2(mask, Softmax(SelectV2(mask, [Cast to f32]
 //        (Mul(BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(K, [0,2,3,1])), scale)), c)), 0)),
 //        Transpose(V, [0,2,1,3])), [0,2,1,3])
-//      with c <= -1e4 (keras' -1e9: a masked score weighs 0 either way), K and V either k and v
-//      or keras.ops.repeat(k, G, axis=2) (ExpandDims, Tile, Reshape to a constant shape:
-//      grouped-query heads), q [B, Sq, N, D], k and v [B, L, Nkv, D], and the mask one of
-//        - a bool Const [B, 1, Sq, L], causal with offset 0 or L - Sq (or all true): the
-//          prefill over an empty cache -> PromptFlashAttention(q, k, v; scale_value,
-//          sparse_mode 2, 3 or 0);
-//        - compute_causal_mask(B, L, 1, index)[:, None] as grappler leaves it (GreaterEqual of
-//          the Cast int32 index against a constant range(L)): a decode step ->
+//        K and V either k and v or keras.ops.repeat(k, G, axis=2) (ExpandDims, Tile, Reshape to
+//        a constant shape: grouped-query heads);
+//      b. keras' ops.dot_product_attention in TensorFlow (GPT-2's CachedMultiHeadAttention):
+//        Einsum([Cast to T](Softmax(SelectV2(mask, Mul([Cast to f32](Einsum(q, k;
+//        "BTNH,BSNH->BNTS")), scale), c))), v; "BNTS,BSNH->BTNH") (MHA: Nkv = N);
+//      c. Gemma's CachedGemmaAttention: the queries pre-scaled (Mul(q, scale): the fused op's
+//        scale_value), einsums over grouped heads [B, Sq, K, G, D] without a repeat
+//        (Reshapes, Transposes and BatchMatMulV2s around a masked Softmax as in a);
+//      with c <= -1e4 (keras' -1e9 or -0.7 * FLT_MAX: a masked score weighs 0 either way),
+//      q [B, Sq, N, D], k and v [B, L, Nkv, D], and the mask one of
+//        - a bool Const [B, H.., Sq, L] (H..: 1 or the heads), causal with offset 0 or L - Sq
+//          (or all true): the prefill over an empty cache -> PromptFlashAttention(q, k, v;
+//          scale_value, sparse_mode 2, 3 or 0);
+//        - compute_causal_mask(B, L, 1, index) as grappler leaves it (GreaterEqual of the Cast
+//          int32 index against a constant range(L)), given head axes by [:, None] (a),
+//          [:, None, None] (c) or ExpandDims and BroadcastTo [B, N, 1, L] (b): a decode step ->
 //          IncreFlashAttention(q, k, v, AddV2(index, 1); scale_value, Tlen int32) (new nodes
 //          "<name>/npusim_one", "<name>/npusim_kv_length").
 //      T = float only where the precision mode lets fp32 cube operands round to fp16 (not
@@ -135,6 +144,21 @@
 //      for the queries and for the keys) are deduplicated back through their producers (Cast,
 //      Einsum, Pack, Reshape, ExpandDims, Cos, Sin, ...; same op, attributes and inputs), so a
 //      graph computes each table once. NPUSIM_FUSION_ROPE=0 turns it alone off.
+//   11. GeGlu and Gelu (tf.nn.gelu(x, approximate=True): Gemma's and GPT-2's feed-forwards),
+//      after 10, all of one type T: Mul(Mul(0.5, x), AddV2(1.0, Tanh(Mul(0.7978845608, AddV2(x,
+//      Mul(0.044715, Pow(x, 3))))))) (the constants as T holds them) is
+//        a. with a Mul by `up` where x and up are the same MatMul / BatchMatMulV2 of one operand
+//           by variables of one shape (a gated feed-forward's two Dense layers) or of one static
+//           shape -> GeGlu(x, up; approximate 1) in place of that Mul;
+//        b. else -> Gelu(x; approximate 1) in place of its last Mul.
+//      NPUSIM_FUSION_GEGLU=0 / NPUSIM_FUSION_GELU=0 turn 11a / 11b alone off.
+//   12. LayerNorm (keras' LayerNormalization over the last axis: GPT-2's), all of one type T:
+//        mean = Mean(x, [-1], keep_dims)  var = Mean(SquaredDifference(x, mean), [-1], keep_dims)
+//        m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+//        y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
+//      gamma and beta [H] [through Reshapes to [1, .., 1, H]], H a multiple of 16 (the
+//      kernel's) -> LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0
+//      turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -177,10 +201,13 @@ struct FusionCounts {
   int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
   int rope = 0;                 // RotaryPositionEmbedding nodes created (rewrite 10)
   int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
+  int geglu = 0;                // GeGlu nodes created (rewrite 11a)
+  int gelu = 0;                 // Gelu nodes created (rewrite 11b)
+  int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + bias_epilogue +
            elementwise + variable_update + deduplicated + rms_norm + swiglu + attention + rope +
-           rope_tables;
+           rope_tables + geglu + gelu + layer_norm;
   }
 };
 
@@ -199,6 +226,12 @@ bool attention_fusion_requested();
 bool epilogue_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
 bool rope_fusion_requested();
+// False when NPUSIM_FUSION_GEGLU / NPUSIM_FUSION_GELU is "0" (each read once): rewrite 11a or
+// 11b alone off.
+bool geglu_fusion_requested();
+bool gelu_fusion_requested();
+// False when NPUSIM_FUSION_LAYER_NORM is "0" (read once): rewrite 12 alone off.
+bool layer_norm_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -213,7 +246,7 @@ bool fused_ops_registered();
 bool fused_elementwise_registered();
 // fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
 bool fused_variable_update_registered();
-// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-9).
+// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-12).
 bool llm_ops_registered();
 
 }  // namespace npusim::tf

@@ -18,6 +18,16 @@
 //     of one shape (Llama's feed-forward; CANN's SwiGlu takes them as the two halves of one
 //     tensor, here they are the two Dense outputs as the model computes them). Computed in f32
 //     (adapter/compiler/ops/activation.cpp).
+//   GeGlu(gate: T, up: T) -> y: T     T in {float, half, bfloat16}: gelu(gate) * up (Gemma's
+//     feed-forward; CANN's GeGlu splits one tensor into the halves and also returns gelu(gate):
+//     here the two Dense outputs, y only); approximate: int = 1, CANN's attribute: 1 the tanh
+//     form, 0 the erf form.
+//   Gelu(x: T) -> y: T     T in {float, half, bfloat16}: CANN's Gelu, the tanh form
+//     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (tf.nn.gelu(approximate=True));
+//     approximate: int = 1 as GeGlu's (0: the erf form, tf.nn.gelu's default).
+//   LayerNorm(x: T, gamma: T, beta: T) -> y: T     T in {float, half, bfloat16}; epsilon: float =
+//     1e-5: (x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis, gamma and
+//     beta [H] (ops/norm.cpp; CANN's also returns mean and variance).
 //   RmsNorm(x: T, gamma: T) -> y: T     T in {float, half, bfloat16}; epsilon: float = 1e-6:
 //     x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma, gamma [H] (ops/norm.cpp).
 //   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
@@ -61,6 +71,21 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        incre_attrs,
        same_as_input0},
       {"SwiGlu", {"gate: T", "up: T"}, {"y: T"}, {"T: {float, half, bfloat16}"}, same_as_input0},
+      {"GeGlu",
+       {"gate: T", "up: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "approximate: int = 1"},
+       same_as_input0},
+      {"Gelu",
+       {"x: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "approximate: int = 1"},
+       same_as_input0},
+      {"LayerNorm",
+       {"x: T", "gamma: T", "beta: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "epsilon: float = 1e-5"},
+       same_as_input0},
       {"RmsNorm",
        {"x: T", "gamma: T"},
        {"y: T"},

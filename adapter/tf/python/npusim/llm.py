@@ -9,7 +9,10 @@ as a graph node. They run on the NPU only (the ops have no CPU kernel): call the
     o = llm.flash_attention(q, k, v, sparse_mode=3)          # prefill, causal
     o = llm.incre_flash_attention(q, k_cache, v_cache, 17)    # one decode step, 17 valid keys
     y = llm.rms_norm(x, gamma, epsilon=1e-6)
+    y = llm.layer_norm(x, gamma, beta, epsilon=1e-5)
     y = llm.swiglu(gate, up)
+    y = llm.geglu(gate, up)                                   # gelu(gate) * up, tanh form
+    y = llm.gelu(x)                                           # tanh form (CANN's Gelu)
     y = llm.rotary_embedding(x, cos, sin)
 
 Layouts, numerics and limits: docs/compiler.md, "Decoder-model kernels".
@@ -20,7 +23,7 @@ from tensorflow.python.eager import context, execute
 from tensorflow.python.framework import op_def_library
 
 __all__ = ["flash_attention", "prompt_flash_attention", "incre_flash_attention", "rms_norm",
-           "rotary_embedding", "swiglu"]
+           "layer_norm", "rotary_embedding", "swiglu", "geglu", "gelu"]
 
 
 # Every attribute is given: graph construction does not fill in the defaults of ops a plugin
@@ -83,3 +86,21 @@ def rotary_embedding(x, cos, sin):
 def swiglu(gate, up):
     """silu(gate) * up (Llama's feed-forward)."""
     return _run("SwiGlu", {"gate": gate, "up": up}, {})
+
+
+def layer_norm(x, gamma, beta, epsilon=1e-5):
+    """(x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis (CANN's
+    LayerNorm; y only)."""
+    return _run("LayerNorm", {"x": x, "gamma": gamma, "beta": beta}, {"epsilon": float(epsilon)})
+
+
+def geglu(gate, up, approximate=1):
+    """gelu(gate) * up (Gemma's feed-forward); approximate 1: gelu's tanh form, 0: its erf form
+    (CANN's GeGlu attribute)."""
+    return _run("GeGlu", {"gate": gate, "up": up}, {"approximate": int(approximate)})
+
+
+def gelu(x, approximate=1):
+    """gelu(x): approximate 1 the tanh form (CANN's Gelu, tf.nn.gelu(approximate=True)), 0 the
+    erf form."""
+    return _run("Gelu", {"x": x}, {"approximate": int(approximate)})
