@@ -452,7 +452,7 @@ QuantMatmulProblem parse(const OpDesc& op) {
     op.fail(fmt::format("x is {}; takes f16 or bf16", data_type_name(x.dtype)));
   if (w.dtype != DataType::S8) op.invalid(fmt::format("weight {} must be int8", w.str()));
   if (s.dtype != x.dtype) op.invalid("antiquant_scale must have x's dtype");
-  if (op.attr_int("transpose_x", 0) || op.attr_int("transpose_weight", 0))
+  if (op.attr_bool("transpose_x", false) || op.attr_bool("transpose_weight", false))
     op.fail("transpose_x / transpose_weight are not supported");
   if (op.attr_int("antiquant_group_size", 0) != 0)
     op.fail("per-group scales (antiquant_group_size) are not supported: one scale per column");

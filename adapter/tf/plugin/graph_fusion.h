@@ -126,6 +126,17 @@
 //      for the queries and for the keys) are deduplicated back through their producers (Cast,
 //      Einsum, Pack, Reshape, ExpandDims, Cos, Sin, ...; same op, attributes and inputs), so a
 //      graph computes each table once. NPUSIM_FUSION_ROPE=0 turns it alone off.
+//   11. WeightQuantBatchMatmulV2 (Keras' weight-only int8 Dense / EinsumDense:
+//      model.quantize(config=Int8QuantizationConfig(activation_quantizer=None))), run first (its
+//      Reshape in place of the RealDiv is the Dense output rewrites 8-10 match), T half or
+//      bfloat16:
+//        RealDiv([Reshape to a constant shape](MatMul(a, Cast(w: int8 -> T)) or
+//          BatchMatMulV2(a, Reshape(Cast(w: int8 -> T), 2-D constant shape))), s)
+//      -> Reshape(WeightQuantBatchMatmulV2(a, w [Reshape to 2-D], Reshape(Reciprocal(s), [-1])),
+//      the constant shape) (new nodes "<name>/npusim_matmul", "/npusim_weight",
+//      "/npusim_reciprocal", "/npusim_flat", "/npusim_antiquant_scale"): s is Keras'
+//      kernel_scale, one per output column, its reciprocal CANN's antiquant_scale. MatMul
+//      without transposes. NPUSIM_FUSION_WEIGHT_QUANT=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -167,9 +178,11 @@ struct FusionCounts {
   int attention = 0;            // Prompt- / IncreFlashAttention nodes created (rewrite 9)
   int rope = 0;                 // RotaryPositionEmbedding nodes created (rewrite 10)
   int rope_tables = 0;          // of their cos / sin tables' nodes, duplicates removed
+  int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 11)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + elementwise +
-           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables;
+           variable_update + deduplicated + rms_norm + swiglu + attention + rope + rope_tables +
+           weight_quant_matmul;
   }
 };
 
@@ -186,6 +199,8 @@ bool swiglu_fusion_requested();
 bool attention_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
 bool rope_fusion_requested();
+// False when NPUSIM_FUSION_WEIGHT_QUANT is "0" (read once): rewrite 11 alone off.
+bool weight_quant_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -200,7 +215,7 @@ bool fused_ops_registered();
 bool fused_elementwise_registered();
 // fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
 bool fused_variable_update_registered();
-// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-9).
+// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-11).
 bool llm_ops_registered();
 
 }  // namespace npusim::tf
