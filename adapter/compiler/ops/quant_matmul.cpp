@@ -47,6 +47,7 @@
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/pipe_channel.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/row_kernel.h"
 #include "adapter/compiler/ops/vector_rows.h"
@@ -90,21 +91,7 @@ struct QuantMatmulTiling {
   }
 };
 
-// One buffer handed from a producer pipe to a consumer pipe and back (as in ops/attention.cpp):
-// it starts free (start()), the producer acquires and publishes it, the consumer takes and
-// releases it; drain() consumes the last release before `end`.
-struct Channel {
-  Pipe prod = Pipe::S, cons = Pipe::S;
-  int full = -1, free = -1;
-  Channel(KernelBuilder& b, Pipe p, Pipe c, const std::string& what)
-      : prod(p), cons(c), full(b.flag(p, c, what + " full")), free(b.flag(c, p, what + " free")) {}
-  void start(KernelBuilder& b) const { b.set_flag(cons, prod, free, "buffer free"); }
-  void acquire(KernelBuilder& b) const { b.wait_flag(cons, prod, free, "wait: buffer free"); }
-  void publish(KernelBuilder& b) const { b.set_flag(prod, cons, full, "buffer filled"); }
-  void take(KernelBuilder& b) const { b.wait_flag(prod, cons, full, "wait: buffer filled"); }
-  void release(KernelBuilder& b) const { b.set_flag(cons, prod, free, "buffer released"); }
-  void drain(KernelBuilder& b) const { acquire(b); }
-};
+using Channel = PipeChannel;  // ops/pipe_channel.h
 
 // The buffers of a tile choice (one plan per buffer kind: the fit check and the allocation use
 // the same lists).
