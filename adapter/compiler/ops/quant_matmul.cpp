@@ -97,7 +97,7 @@ using Channel = PipeChannel;  // ops/pipe_channel.h
 // the same lists).
 struct QuantMatmulPlans {
   BufferPlan l1{Buf::L1}, l0a{Buf::L0A}, l0b{Buf::L0B}, l0c{Buf::L0C}, ub{Buf::UB};
-  BufferPlan::Id l1_x, l1_w, l0a_x, l0b_w, l0c_y, ub_w8, ub_w, ub_w32, ub_scale, ub_scale32;
+  BufferPlan::Id l1_x, l1_w, l0a_x, l0b_w, l0c_y, ub_w8, ub_w[2], ub_w32, ub_scale, ub_scale32;
 
   QuantMatmulPlans(int64_t mq, int64_t tn, int64_t tk, int64_t half, Dtype t) {
     const int64_t tsz = isa::dtype_size(t);
@@ -108,7 +108,8 @@ struct QuantMatmulPlans {
     l0b_w = l0b.add_fixed("weight (Zn)", tk * tn * tsz);
     l0c_y = l0c.add_fixed("y accumulators", mq * tn * kL0cElemBytes);
     ub_w8 = ub.add_fixed("int8 weight rows", rnd(half * tn));
-    ub_w = ub.add_fixed("dequantised weight rows", rnd(half * tn * tsz));
+    for (BufferPlan::Id& w : ub_w)  // ping / pong by chunk: a store overlaps the next chunk
+      w = ub.add_fixed("dequantised weight rows", rnd(half * tn * tsz));
     ub_w32 = ub.add_fixed("weight rows (f32)", wide ? half * tn * kLaneBytes : 0);
     ub_scale = ub.add_fixed("scales of the column tile", rnd(tn * tsz));
     ub_scale32 = ub.add_fixed("scales (f32)", wide ? tn * kLaneBytes : 0);
@@ -297,12 +298,15 @@ class QuantMatmulKernel {
     KernelBuilder& b = m_b;
     b.begin_section(b.vector_core_kind());
     const auto ub = m_plans.ub.allocate(b, 0);
-    const uint64_t w8 = ub[m_plans.ub_w8], w = ub[m_plans.ub_w], w32 = ub[m_plans.ub_w32],
-                   scale = ub[m_plans.ub_scale], scale32 = ub[m_plans.ub_scale32];
+    const uint64_t w8 = ub[m_plans.ub_w8], w32 = ub[m_plans.ub_w32], scale = ub[m_plans.ub_scale],
+                   scale32 = ub[m_plans.ub_scale32];
     const bool wide = m_p.type != Dtype::F16;
     const Channel cin(b, Pipe::MTE2, Pipe::V, "int8 weight rows"),
-        cs(b, Pipe::MTE2, Pipe::V, "scales"), cout(b, Pipe::V, Pipe::MTE3, "dequantised rows");
-    for (const Channel* c : {&cin, &cs, &cout}) c->start(b);
+        cs(b, Pipe::MTE2, Pipe::V, "scales");
+    const uint64_t w_at[2] = {ub[m_plans.ub_w[0]], ub[m_plans.ub_w[1]]};
+    const Channel cout[2] = {Channel(b, Pipe::V, Pipe::MTE3, "dequantised rows (ping)"),
+                             Channel(b, Pipe::V, Pipe::MTE3, "dequantised rows (pong)")};
+    for (const Channel* c : {&cin, &cs, &cout[0], &cout[1]}) c->start(b);
     Reg sub = b.reg("vector core in the group");
     b.emit(Opcode::op_get_subblock_id, {sub});
     load_slot();
@@ -343,32 +347,39 @@ class QuantMatmulKernel {
           cin.publish(b);
         }
         cin.take(b);
-        cout.acquire(b);
-        Reg n = b.reg_imm("weight elements", lanes);
-        if (wide) {
-          vec_convert(b, Dtype::F16, Dtype::S8, w, w8, RoundMode::kRint, n);
-          cin.release(b);
-          vec_convert(b, Dtype::F32, Dtype::F16, w32, w, RoundMode::kRint, n);
-          scale_rows(Dtype::F32, w32, scale32);
-          vec_convert(b, m_p.type, Dtype::F32, w, w32, RoundMode::kRint, n);
-        } else {
-          vec_convert(b, Dtype::F16, Dtype::S8, w, w8, RoundMode::kRint, n);
-          cin.release(b);
-          scale_rows(Dtype::F16, w, scale);
-        }
-        cout.publish(b);
-        cout.take(b);
-        b.emit(Opcode::op_cc_wait, {Pipe::MTE3, kSlotFree}, "wait: workspace slot free");
-        {
-          Reg dst = b.reg("slot rows");
-          slot_addr(dst);
-          b.mul_add(dst, sub, m_t.half * m_t.tn * m_tsz, dst);
-          b.emit(Opcode::op_copy_ub2gm, {dst, w, 1, rnd(lanes * m_tsz) / kBlock, 0, 0},
-                 "dequantised rows to the workspace");
-        }
-        b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, kWeightReady}, "weight rows ready");
+        // Buffer g & 1 (the workspace slot's parity): chunk g + 1 converts while g is stored.
+        Reg parity = b.reg("chunk parity");
+        b.and_(parity, m_g, 1);
+        b.by_parity(parity, [&](int par) {
+          const Channel& co = cout[par];
+          const uint64_t w = w_at[par];
+          co.acquire(b);
+          Reg n = b.reg_imm("weight elements", lanes);
+          if (wide) {
+            vec_convert(b, Dtype::F16, Dtype::S8, w, w8, RoundMode::kRint, n);
+            cin.release(b);
+            vec_convert(b, Dtype::F32, Dtype::F16, w32, w, RoundMode::kRint, n);
+            scale_rows(Dtype::F32, w32, scale32);
+            vec_convert(b, m_p.type, Dtype::F32, w, w32, RoundMode::kRint, n);
+          } else {
+            vec_convert(b, Dtype::F16, Dtype::S8, w, w8, RoundMode::kRint, n);
+            cin.release(b);
+            scale_rows(Dtype::F16, w, scale);
+          }
+          co.publish(b);
+          co.take(b);
+          b.emit(Opcode::op_cc_wait, {Pipe::MTE3, kSlotFree}, "wait: workspace slot free");
+          {
+            Reg dst = b.reg("slot rows");
+            slot_addr(dst);
+            b.mul_add(dst, sub, m_t.half * m_t.tn * m_tsz, dst);
+            b.emit(Opcode::op_copy_ub2gm, {dst, w, 1, rnd(lanes * m_tsz) / kBlock, 0, 0},
+                   "dequantised rows to the workspace");
+          }
+          b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, kWeightReady}, "weight rows ready");
+          co.release(b);
+        });
         b.add(m_g, m_g, 1);
-        cout.release(b);
       });
       cs.release(b);
     });
@@ -376,7 +387,7 @@ class QuantMatmulKernel {
       b.emit(Opcode::op_cc_wait, {Pipe::MTE3, kSlotFree}, "the cube's last two slot frees");
     m_slot.release();
     m_g.release();
-    for (const Channel* c : {&cin, &cs, &cout}) c->drain(b);
+    for (const Channel* c : {&cin, &cs, &cout[0], &cout[1]}) c->drain(b);
     b.end();
   }
 
