@@ -413,8 +413,20 @@ QuantMatmulTiling plan_quant_matmul(const QuantMatmulProblem& p, const ChipConfi
   const int64_t per = cfg.aiv_per_aic;
   QuantMatmulTiling t;
   t.mq = std::min(kRowsMax, round_up(p.m, kFrac));
-  for (int64_t tn : {int64_t{128}, int64_t{64}, int64_t{32}})
-    if (t.tn == 0 && p.n % tn == 0) t.tn = tn;
+  // tn: of 128, 64, 32 dividing N, the one with the least work on the busiest core: rounds of
+  // units over the cube cores x (tn + 32), a unit's work taken as its columns plus a fixed cost
+  // of about 32 columns (its chunks' hand-overs; an estimate). A decode step's K / V projections
+  // (N 512) get narrow tiles spread over the cores, wide layers 128 columns.
+  const int64_t m_blocks = ceil_div(p.m, t.mq);
+  int64_t best = 0;
+  for (int64_t tn : {int64_t{128}, int64_t{64}, int64_t{32}}) {
+    if (p.n % tn) continue;
+    const int64_t cost = ceil_div(m_blocks * (p.n / tn), cube.count) * (tn + 32);
+    if (t.tn == 0 || cost < best) {
+      t.tn = tn;
+      best = cost;
+    }
+  }
   // tk: divides K, each vector core's share a whole number of 16-row fractal rows.
   for (int64_t tk : {int64_t{256}, int64_t{128}, int64_t{64}, int64_t{32}}) {
     if (t.tk || p.k % tk || tk % (per * kFrac)) continue;
