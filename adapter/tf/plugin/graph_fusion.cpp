@@ -1697,7 +1697,7 @@ int fuse_swiglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pr
 //   mm = MatMul(a, wc) or BatchMatMulV2(a, wr)  [z = Reshape(mm, constant shape)]
 //   out = RealDiv(z or mm, s)
 // -> "<out>/npusim_weight" = Reshape(w, wr's shape) where wr is there,
-//    "<out>/npusim_antiquant_scale" = Reshape(Reciprocal(s), [-1]) ("<out>/npusim_reciprocal"),
+//    "<out>/npusim_antiquant_scale" = Reciprocal(s) (any shape of N elements),
 //    "<out>/npusim_matmul" = WeightQuantBatchMatmulV2(a, w or npusim_weight, that), and out
 //    becomes Reshape(npusim_matmul, z's shape) (or, without z, the fused op itself).
 // s is Keras' kernel_scale (the quantisation's multiplier, one per output column: the kernel
@@ -1762,20 +1762,11 @@ int fuse_weight_quant_matmuls(tfc::GraphDef& graph, const std::unordered_set<std
         weight = add_node(graph, name + "/npusim_weight", "Reshape", device, {w, w_shape}, wattrs)
                      ->name();
       }
-      tfc::AttrValue flat;
-      flat.mutable_tensor()->set_dtype(tfc::DT_INT32);
-      flat.mutable_tensor()->mutable_tensor_shape()->add_dim()->set_size(1);
-      flat.mutable_tensor()->add_int_val(-1);
-      std::map<std::string, tfc::AttrValue> cattrs;
-      cattrs["dtype"] = type_value(tfc::DT_INT32);
-      cattrs["value"] = flat;
-      const std::string flat_shape =
-          add_node(graph, name + "/npusim_flat", "Const", device, {}, cattrs)->name();
-      const std::string reciprocal =
-          add_node(graph, name + "/npusim_reciprocal", "Reciprocal", device, {scale}, tattrs)
-              ->name();
-      const std::string antiquant = add_node(graph, name + "/npusim_antiquant_scale", "Reshape",
-                                             device, {reciprocal, flat_shape}, rattrs)
+      // The reciprocal feeds the fused op directly (the kernel takes any shape of N elements):
+      // a Reshape between them would split them into two clusters, the Reciprocal then
+      // dispatched on its own at every step.
+      const std::string antiquant = add_node(graph, name + "/npusim_antiquant_scale",
+                                             "Reciprocal", device, {scale}, tattrs)
                                         ->name();
       std::map<std::string, tfc::AttrValue> qattrs = tattrs;
       qattrs["transpose_x"].set_b(false);

@@ -132,11 +132,11 @@
 //      bfloat16:
 //        RealDiv([Reshape to a constant shape](MatMul(a, Cast(w: int8 -> T)) or
 //          BatchMatMulV2(a, Reshape(Cast(w: int8 -> T), 2-D constant shape))), s)
-//      -> Reshape(WeightQuantBatchMatmulV2(a, w [Reshape to 2-D], Reshape(Reciprocal(s), [-1])),
-//      the constant shape) (new nodes "<name>/npusim_matmul", "/npusim_weight",
-//      "/npusim_reciprocal", "/npusim_flat", "/npusim_antiquant_scale"): s is Keras'
-//      kernel_scale, one per output column, its reciprocal CANN's antiquant_scale. MatMul
-//      without transposes. NPUSIM_FUSION_WEIGHT_QUANT=0 turns it alone off.
+//      -> Reshape(WeightQuantBatchMatmulV2(a, w [Reshape to 2-D], Reciprocal(s)), the constant
+//      shape) (new nodes "<name>/npusim_matmul", "/npusim_weight", "/npusim_antiquant_scale"):
+//      s is Keras' kernel_scale, one per output column (any shape of N elements), its
+//      reciprocal CANN's antiquant_scale. MatMul without transposes. NPUSIM_FUSION_WEIGHT_QUANT=0
+//      turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
