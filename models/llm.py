@@ -112,6 +112,31 @@ def build_causal_lm(name, dtype=None, zero_weights=False):
         return lm_cls(backbone=backbone, preprocessor=None)
 
 
+QUANTIZE_MODES = ("int8",)
+
+
+def quantize(lm, mode):
+    """Quantises `lm`'s Dense and EinsumDense kernels (and keras-hub's ReversibleEmbedding, the
+    token embedding and the vocabulary projection) in place, weight-only, as Ascend's quantised
+    inference runs decoders (CANN's WeightQuantBatchMatmulV2): mode "int8" is Keras' int8
+    quantisation without an activation quantizer, Int8QuantizationConfig(activation_quantizer=
+    None): each kernel becomes int8 with one scale per output channel (AbsMax: s = 127 /
+    max|w| over the input axis), and a layer computes x @ cast(w_int8) / s in the model's compute
+    dtype; activations stay in it. The plugin rewrites that subgraph onto
+    WeightQuantBatchMatmulV2 (docs/llm.md). Norms, the rotary tables and the KV cache are
+    unchanged."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"quantize mode '{mode}': one of {', '.join(QUANTIZE_MODES)}")
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    with warnings.catch_warnings():  # "Layer X does not have a `quantize` method": norms, ...
+        warnings.simplefilter("ignore", UserWarning)
+        lm.quantize(config=keras.quantizers.Int8QuantizationConfig(activation_quantizer=None))
+    return lm
+
+
 def cache_shape(backbone, batch, max_len):
     """keras-hub's cache layout for `backbone`: (batch, layers, 2 (key, value), max_len,
     kv_heads, head_dim), as each CausalLM's _build_cache makes it."""

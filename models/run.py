@@ -5,7 +5,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
-        [--dtype DTYPE] [the options above]    (language models: run_generate's docstring)
+        [--dtype DTYPE] [--quantize int8] [the options above]
+        (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
 process): a sweep starts one runner per config.
@@ -62,6 +63,7 @@ measured steps' (the warm-up's are cleared).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +83,9 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="measured steps (infer, train)")
     ap.add_argument("--prompt-len", type=int, default=128, help="generate: prompt tokens")
     ap.add_argument("--gen-len", type=int, default=32, help="generate: generated tokens")
+    ap.add_argument("--quantize", choices=("int8",), default=None,
+                    help="generate: quantise the Dense / EinsumDense kernels weight-only "
+                    "(models.llm.quantize; the dtype must not be float16)")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -291,7 +296,7 @@ def run_generate(a, log, npusim, device, result):
     if a.model not in llm.CONFIGS:
         raise ValueError(f"--mode generate needs a language model ({', '.join(llm.CONFIGS)}), "
                          f"not '{a.model}'")
-    result.update(prompt_len=a.prompt_len, gen_len=a.gen_len, dtype=a.dtype)
+    result.update(prompt_len=a.prompt_len, gen_len=a.gen_len, dtype=a.dtype, quantize=a.quantize)
     del result["steps"], result["input_size"]
     prompt = llm.prompt_tokens(a.model, a.batch, a.prompt_len, seed=0)
     with tf.device(device):
@@ -302,6 +307,12 @@ def run_generate(a, log, npusim, device, result):
 
             keras.utils.set_random_seed(0)
             lm = llm.build_causal_lm(a.model, dtype=a.dtype)
+        if a.quantize:
+            # Timing-only: the int8 kernels and scales Keras adds are zeros from a Fill kernel
+            # too; the quantised values it assigns come from the (zero) float kernels.
+            ctx = llm.unmaterialized_weights() if a.timing_only else contextlib.nullcontext()
+            with ctx:
+                llm.quantize(lm, a.quantize)
         if npusim is not None:
             info = npusim.device_info()["settings"]
             result.update(chip=info["chip"], overrides=info["overrides"],

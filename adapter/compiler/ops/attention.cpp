@@ -57,6 +57,7 @@
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/pipe_channel.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/row_kernel.h"
 #include "adapter/compiler/ops/vector_rows.h"
@@ -79,22 +80,7 @@ constexpr uint64_t kLine = 512;                                 // workspace pie
 constexpr int64_t kCcMode = 2;                                  // cube core <-> its vector cores
 constexpr int kScoresReady = 0, kPvReady = 1, kProbsReady = 2;  // cross-core flag ids
 
-// One buffer handed from a producer pipe to a consumer pipe and back: the producer waits until
-// it is free, fills it and publishes it; the consumer takes it, uses it and releases it. It
-// starts free (start(), issued once) and drain() consumes the last release before `end`.
-struct Channel {
-  Pipe prod = Pipe::S, cons = Pipe::S;
-  int full = -1, free = -1;
-  Channel() = default;
-  Channel(KernelBuilder& b, Pipe p, Pipe c, const std::string& what)
-      : prod(p), cons(c), full(b.flag(p, c, what + " full")), free(b.flag(c, p, what + " free")) {}
-  void start(KernelBuilder& b) const { b.set_flag(cons, prod, free, "buffer free"); }
-  void acquire(KernelBuilder& b) const { b.wait_flag(cons, prod, free, "wait: buffer free"); }
-  void publish(KernelBuilder& b) const { b.set_flag(prod, cons, full, "buffer filled"); }
-  void take(KernelBuilder& b) const { b.wait_flag(prod, cons, full, "wait: buffer filled"); }
-  void release(KernelBuilder& b) const { b.set_flag(cons, prod, free, "buffer released"); }
-  void drain(KernelBuilder& b) const { acquire(b); }
-};
+using Channel = PipeChannel;  // ops/pipe_channel.h
 
 // The buffers of a tile choice, one plan per buffer kind (declared once: the fit check and the
 // allocation use the same lists).

@@ -326,12 +326,15 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kFusedInference, {DT::F32})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
-      // Decoder-model kernels, CANN's op types (ops/attention.cpp; TF ops: kernels_llm.cpp)
+      // Decoder-model kernels, CANN's op types (ops/attention.cpp, ...; TF ops: kernels_llm.cpp)
       {"FlashAttentionScore", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"PromptFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"IncreFlashAttention", "attention", compile_attention, npu_t(K::kLlm, kHalfTypes)},
       {"SwiGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
       {"GeGlu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},
+      // Weight-only int8 MatMul (ops/quant_matmul.cpp): T is x's type, the weight int8
+      {"WeightQuantBatchMatmulV2", "quant_matmul", compile_weight_quant_matmul,
+       npu_t(K::kLlm, kHalfTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"LayerNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},

@@ -126,9 +126,10 @@ CompiledKernel compile_fused(const CompileContext& ctx);  // ops/fused.cpp
 // A chain of element-wise ops as one streaming kernel (FusedElementwise):
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx);  // ops/fused_elementwise.cpp
 // Decoder-model kernels (docs/compiler.md "Decoder-model kernels"):
-CompiledKernel compile_attention(const CompileContext& ctx);  // ops/attention.cpp
-CompiledKernel compile_norm(const CompileContext& ctx);       // ops/norm.cpp (RmsNorm)
-CompiledKernel compile_rope(const CompileContext& ctx);       // ops/rope.cpp
+CompiledKernel compile_attention(const CompileContext& ctx);            // ops/attention.cpp
+CompiledKernel compile_weight_quant_matmul(const CompileContext& ctx);  // ops/quant_matmul.cpp
+CompiledKernel compile_norm(const CompileContext& ctx);                 // ops/norm.cpp (RmsNorm)
+CompiledKernel compile_rope(const CompileContext& ctx);                 // ops/rope.cpp
 // Such a chain writing the new values of variables (FusedVariableUpdate, fused_elementwise.h):
 CompiledKernel compile_fused_variable_update(const CompileContext& ctx);
 

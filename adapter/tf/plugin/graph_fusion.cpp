@@ -1750,6 +1750,104 @@ int fuse_swiglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pr
   return fused;
 }
 
+// Rewrite 13, WeightQuantBatchMatmulV2 (Keras' weight-only int8 Dense / EinsumDense, T half or
+// bfloat16):
+//   wc = Cast(w: int8 -> T)  [wr = Reshape(wc, 2-D constant shape)]
+//   mm = MatMul(a, wc) or BatchMatMulV2(a, wr)  [z = Reshape(mm, constant shape)]
+//   out = RealDiv(z or mm, s)
+// -> "<out>/npusim_weight" = Reshape(w, wr's shape) where wr is there,
+//    "<out>/npusim_antiquant_scale" = Reciprocal(s) (any shape of N elements),
+//    "<out>/npusim_matmul" = WeightQuantBatchMatmulV2(a, w or npusim_weight, that), and out
+//    becomes Reshape(npusim_matmul, z's shape) (or, without z, the fused op itself).
+// s is Keras' kernel_scale (the quantisation's multiplier, one per output column: the kernel
+// checks it has N elements); its reciprocal is CANN's antiquant_scale. MatMul without
+// transposes; a BatchMatMulV2 only with its weight reshaped to 2-D (a weight shared by the batch).
+int fuse_weight_quant_matmuls(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                              std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::vector<std::function<void()>> rewrites;  // applied after the scan (add_node grows graph)
+  int fused = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    std::optional<tfc::DataType> t;
+    tfc::NodeDef* anchor = float_anchor(g, rm, i, "RealDiv", &t);
+    if (!anchor || !half_type(*t) || parse_input(anchor->input(1)).control) continue;
+    tfc::NodeDef& out = *anchor;
+    tfc::NodeDef* z = g.producer(out, 0, "Reshape");
+    if (z && (!const_reshape(g, z) || !rm.removable(*z, 1))) continue;
+    tfc::NodeDef* mm = input_node(g, z ? *z : out, 0);
+    if (!mm || !on_npu(*mm) || type_attr(*mm) != *t || !rm.removable(*mm, 1)) continue;
+    tfc::NodeDef* wr = nullptr;
+    tfc::NodeDef* wc = nullptr;
+    if (mm->op() == "MatMul") {
+      bool transposed = false;
+      for (const char* a : {"transpose_a", "transpose_b"}) {
+        auto it = mm->attr().find(a);
+        transposed |= it != mm->attr().end() && it->second.b();
+      }
+      if (transposed) continue;
+      wc = input_node(g, *mm, 1);
+    } else if (plain_batch_matmul(mm)) {
+      wr = g.producer(*mm, 1, "Reshape");
+      const tfc::NodeDef* shape = wr && const_reshape(g, wr) ? input_node(g, *wr, 1) : nullptr;
+      std::optional<std::vector<int64_t>> dims = shape ? const_ints(*shape) : std::nullopt;
+      if (!dims || dims->size() != 2 || !rm.removable(*wr, 1)) continue;
+      wc = input_node(g, *wr, 0);
+    } else {
+      continue;
+    }
+    if (!is_cast(wc, tfc::DT_INT8, *t) || !rm.removable(*wc, 1) ||
+        parse_input(mm->input(0)).control)
+      continue;
+    for (tfc::NodeDef* n : {z, mm, wr, wc})
+      if (n) rm.remove(n->name());
+    rm.claim(out.name());
+    ++fused;
+    // Copies of what the rewrite reads: the graph's node storage moves as nodes are added.
+    const std::string name = out.name(), device = out.device(), a = mm->input(0),
+                      w = wc->input(0), scale = out.input(1);
+    const std::string w_shape = wr ? wr->input(1) : std::string(),
+                      z_shape = z ? z->input(1) : std::string();
+    const tfc::DataType type = *t;
+    rewrites.push_back([&graph, &g, name, device, a, w, scale, w_shape, z_shape, type] {
+      std::map<std::string, tfc::AttrValue> tattrs;
+      tattrs["T"] = type_value(type);
+      std::map<std::string, tfc::AttrValue> rattrs = tattrs;
+      rattrs["Tshape"] = type_value(tfc::DT_INT32);
+      std::string weight = w;
+      if (!w_shape.empty()) {
+        std::map<std::string, tfc::AttrValue> wattrs = rattrs;
+        wattrs["T"] = type_value(tfc::DT_INT8);
+        weight = add_node(graph, name + "/npusim_weight", "Reshape", device, {w, w_shape}, wattrs)
+                     ->name();
+      }
+      // The reciprocal feeds the fused op directly (the kernel takes any shape of N elements):
+      // a Reshape between them would split them into two clusters, the Reciprocal then
+      // dispatched on its own at every step.
+      const std::string antiquant = add_node(graph, name + "/npusim_antiquant_scale",
+                                             "Reciprocal", device, {scale}, tattrs)
+                                        ->name();
+      std::map<std::string, tfc::AttrValue> qattrs = tattrs;
+      qattrs["transpose_x"].set_b(false);
+      qattrs["transpose_weight"].set_b(false);
+      qattrs["antiquant_group_size"].set_i(0);
+      tfc::NodeDef* o = g.node(name);
+      if (z_shape.empty()) {
+        rewrite_as(*o, "WeightQuantBatchMatmulV2", {a, weight, antiquant}, qattrs);
+        return;
+      }
+      const std::string q = add_node(graph, name + "/npusim_matmul", "WeightQuantBatchMatmulV2",
+                                     device, {a, weight, antiquant}, qattrs)
+                                ->name();
+      o = g.node(name);
+      rewrite_as(*o, "Reshape", {q, z_shape}, rattrs);
+    });
+  }
+  for (const auto& r : rewrites) r();
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 // The bool values of a DT_BOOL Const.
 std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<int64_t>* shape) {
   if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_BOOL) return std::nullopt;
@@ -2874,6 +2972,11 @@ bool layer_norm_fusion_requested() {
   return on;
 }
 
+bool weight_quant_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_WEIGHT_QUANT");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -2881,6 +2984,12 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   std::set<std::string> removed;
   // Decoder-model rewrites first: rewrite 4 would otherwise take their element-wise steps.
   if (llm_ops_registered()) {
+    // Rewrite 11 first: its Reshape in place of the RealDiv is what rewrites 8-10 expect of a
+    // Dense / EinsumDense output.
+    if (weight_quant_fusion_requested())
+      counts.weight_quant_matmul = fuse_weight_quant_matmuls(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
     if (rms_norm_fusion_requested()) counts.rms_norm = fuse_rms_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();

@@ -159,6 +159,17 @@
 //      gamma and beta [H] [through Reshapes to [1, .., 1, H]], H a multiple of 16 (the
 //      kernel's) -> LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0
 //      turns it alone off.
+//   13. WeightQuantBatchMatmulV2 (Keras' weight-only int8 Dense / EinsumDense:
+//      model.quantize(config=Int8QuantizationConfig(activation_quantizer=None))), run first (its
+//      Reshape in place of the RealDiv is the Dense output rewrites 8-10 match), T half or
+//      bfloat16:
+//        RealDiv([Reshape to a constant shape](MatMul(a, Cast(w: int8 -> T)) or
+//          BatchMatMulV2(a, Reshape(Cast(w: int8 -> T), 2-D constant shape))), s)
+//      -> Reshape(WeightQuantBatchMatmulV2(a, w [Reshape to 2-D], Reciprocal(s)), the constant
+//      shape) (new nodes "<name>/npusim_matmul", "/npusim_weight", "/npusim_antiquant_scale"):
+//      s is Keras' kernel_scale, one per output column (any shape of N elements), its
+//      reciprocal CANN's antiquant_scale. MatMul without transposes. NPUSIM_FUSION_WEIGHT_QUANT=0
+//      turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -204,10 +215,11 @@ struct FusionCounts {
   int geglu = 0;                // GeGlu nodes created (rewrite 11a)
   int gelu = 0;                 // Gelu nodes created (rewrite 11b)
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
+  int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int total() const {
     return training_batch_norm + batch_norm + conv_batch_norm + add_relu + bias_epilogue +
            elementwise + variable_update + deduplicated + rms_norm + swiglu + attention + rope +
-           rope_tables + geglu + gelu + layer_norm;
+           rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
   }
 };
 
@@ -232,6 +244,8 @@ bool geglu_fusion_requested();
 bool gelu_fusion_requested();
 // False when NPUSIM_FUSION_LAYER_NORM is "0" (read once): rewrite 12 alone off.
 bool layer_norm_fusion_requested();
+// False when NPUSIM_FUSION_WEIGHT_QUANT is "0" (read once): rewrite 13 alone off.
+bool weight_quant_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
@@ -246,7 +260,7 @@ bool fused_ops_registered();
 bool fused_elementwise_registered();
 // fused_ops_registered() and kernels_optimizer.cpp registered FusedVariableUpdate's NPU kernel.
 bool fused_variable_update_registered();
-// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-12).
+// kernels_llm.cpp registered the decoder-model ops and their NPU kernels (rewrites 7-13).
 bool llm_ops_registered();
 
 }  // namespace npusim::tf

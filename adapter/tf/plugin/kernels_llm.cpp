@@ -33,7 +33,14 @@
 //   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
 //     mode: int = 0 (rotate half, keras-hub's layout): x * cos + rotate_half(x) * sin, x BSND,
 //     cos and sin [S, D] or [1, S, 1, D] (ops/rope.cpp).
+//   WeightQuantBatchMatmulV2(x: T, weight: int8, antiquant_scale: T) -> y: T     T in {half,
+//     bfloat16}: x [..., K] @ (weight [K, N] * antiquant_scale [N]) -> [..., N], the weight
+//     dequantised on chip (ops/quant_matmul.cpp); transpose_x, transpose_weight: bool = false and
+//     antiquant_group_size: int = 0 as CANN has them (only the defaults are supported). CANN's
+//     optional inputs (antiquant_offset, quant_scale, quant_offset, bias) are not taken.
 #include <vector>
+
+#include "tensorflow/c/ops.h"
 
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/graph_fusion.h"
@@ -44,6 +51,32 @@ namespace npusim::tf {
 
 namespace {
 bool g_llm_ops_registered = false;
+
+// WeightQuantBatchMatmulV2: y = x's shape with the last dim replaced by weight's last (N);
+// unknown where a rank is.
+void quant_matmul_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* x = TF_NewShapeHandle();
+  TF_ShapeHandle* w = TF_NewShapeHandle();
+  TF_ShapeHandle* lead = TF_NewShapeHandle();
+  TF_ShapeHandle* n = TF_NewShapeHandle();
+  TF_ShapeHandle* out = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, 0, x, status);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextGetInput(ctx, 1, w, status);
+  const bool known = TF_GetCode(status) == TF_OK && TF_ShapeInferenceContextRankKnown(ctx, x) &&
+                     TF_ShapeInferenceContextRankKnown(ctx, w) &&
+                     TF_ShapeInferenceContextRank(ctx, x) >= 1 &&
+                     TF_ShapeInferenceContextRank(ctx, w) == 2;
+  if (known) {
+    TF_ShapeInferenceContextSubshape(ctx, x, 0, -1, lead, status);
+    if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSubshape(ctx, w, 1, 2, n, status);
+    if (TF_GetCode(status) == TF_OK)
+      TF_ShapeInferenceContextConcatenateShapes(ctx, lead, n, out, status);
+    if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, out, status);
+  } else if (TF_GetCode(status) == TF_OK) {
+    TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+  }
+  for (TF_ShapeHandle* h : {x, w, lead, n, out}) TF_DeleteShapeHandle(h);
+}
 }  // namespace
 
 rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops) {
@@ -96,6 +129,12 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        {"y: T"},
        {"T: {float, half, bfloat16}", "mode: int = 0"},
        same_as_input0},
+      {"WeightQuantBatchMatmulV2",
+       {"x: T", "weight: int8", "antiquant_scale: T"},
+       {"y: T"},
+       {"T: {half, bfloat16}", "transpose_x: bool = false", "transpose_weight: bool = false",
+        "antiquant_group_size: int = 0"},
+       quant_matmul_shape},
   };
   for (const OpDefSpec& d : defs) {
     rt::Status st = register_op_def(d);
