@@ -423,6 +423,9 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
                 ev = json.load(f)["traceEvents"]
             out[f"pipe_events{{k}}"] = sum(1 for e in ev if e.get("ph") == "X"
                                            and e.get("cat") == "insn")
+        d = npusim.write_report({str(tmp_path / "all")!r})
+        with open(os.path.join(d, "device_1", "launches.json")) as f:
+            out["written1"] = [r["kernel"] for r in json.load(f)]
         recs = {{k: npusim.launch_records(with_counters="flat", chip=k) for k in (0, 1)}}
         out["chips"] = sorted({{r["chip"] for k in (0, 1) for r in recs[k]}})
         mm = {{k: [r for r in recs[k] if r["op_type"] == "MatMul"] for k in (0, 1)}}
@@ -436,6 +439,8 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
         assert result[f"pipe_events{k}"] > 0, k
     assert result["counters0"] and result["counters1"]
     assert result["chips"] == [0, 1]
+    # The whole run's report: chip 1's launches before the window too.
+    assert len(result["written1"]) > len(result["ops1"])
     c0, c1 = result["mm_counters"]
     assert any(k.endswith("busy_cycles") and v > 0 for k, v in c1.items()), c1
     assert c0 == c1
