@@ -142,6 +142,10 @@ def child(a):
                 "wall_s_per_step_per_chip": wall / a.steps / n,
                 "cpu_s_per_step_per_chip": cpu / a.steps / n,
                 "warmup_wall_s": warm_wall, "warmup_cpu_s": warm_cpu,
+                # Launches carried out by launch replay (docs/chip_model.md "Launch replay"),
+                # also those recorded on another chip.
+                "replayed_share": (sum(r["replayed"] for x in launches for r in x)
+                                   / max(1, sum(len(x) for x in launches))),
                 "algorithms": sorted({c["algorithm"] for c in info["collectives"]})})
     print("RESULT" + json.dumps(out), flush=True)
 

@@ -67,6 +67,11 @@ struct SimOptions {
   std::string launch_log;
 };
 
+// `o` with the environment's overrides applied (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS,
+// NPUSIM_LAUNCH_LOG); throws ConfigError for a malformed value. Simulator and SystemSimulator
+// apply it to the options they are given.
+SimOptions with_environment(SimOptions o);
+
 // A digest of a launch's counters: every (counter name, reported value) pair of `delta`,
 // independent of the order in which the counters were registered, so two runs that count
 // alike give the same digest (for SimOptions::launch_log).

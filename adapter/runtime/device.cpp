@@ -81,13 +81,6 @@ Status null_output(const char* what) {
                 fmt::format("{}: the output pointer is null", what));
 }
 
-Status unsupported_on_system(const char* what) {
-  return Status(StatusCode::unsupported,
-                fmt::format("{}: a device on a system of chips has no chip observers or trace "
-                            "yet (SystemSimulator); open one chip for pipe-level profiling",
-                            what));
-}
-
 Status prefixed(const Status& s, const std::string& where) {
   return s.ok() ? s : Status(s.code(), where + ": " + s.message());
 }
@@ -607,8 +600,8 @@ Status Device::add_observer(ChipObserver* observer) {
   if (!observer) return Status(StatusCode::invalid_argument, "add_observer: no observer given");
   return guard("add_observer", [&] {
     return m_driver->run_task([&] {
-      if (!m_driver->simulator()) return unsupported_on_system("add_observer");
-      m_driver->simulator()->add_observer(observer);
+      if (Simulator* sim = m_driver->simulator()) sim->add_observer(observer);
+      else m_driver->system()->add_observer(m_chip, observer);
       return Status();
     });
   });
@@ -619,7 +612,8 @@ Status Device::remove_observer(ChipObserver* observer) {
     return Status(StatusCode::invalid_argument, "remove_observer: no observer given");
   return guard("remove_observer", [&] {
     return m_driver->run_task([&] {
-      if (m_driver->simulator()) m_driver->simulator()->remove_observer(observer);
+      if (Simulator* sim = m_driver->simulator()) sim->remove_observer(observer);
+      else m_driver->system()->remove_observer(m_chip, observer);
       return Status();
     });
   });
@@ -665,8 +659,8 @@ Status Device::trace(nlohmann::json* chrome_trace) {
   if (!chrome_trace) return null_output("trace");
   return guard("trace", [&] {
     return m_driver->run_task([&] {
-      if (!m_driver->simulator()) return unsupported_on_system("trace");
-      *chrome_trace = m_driver->simulator()->trace();
+      if (Simulator* sim = m_driver->simulator()) *chrome_trace = sim->trace();
+      else *chrome_trace = m_driver->system()->trace(m_chip);
       return Status();
     });
   });

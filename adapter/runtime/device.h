@@ -222,8 +222,9 @@ class Device {
   // Clears the launch records, the copy records and the collective records (of every chip of
   // the system).
   void clear_launch_records();
-  // Attaches / detaches a ChipObserver (Simulator::add_observer) between operations, on the
-  // driver thread. Its callbacks then run on the driver thread, in simulator time
+  // Attaches / detaches a ChipObserver (Simulator::add_observer; a chip of a system:
+  // SystemSimulator::add_observer on this device's chip) between operations, on the driver
+  // thread. Its callbacks then run on the driver thread, in simulator time
   // (LaunchRecord::sim_start_cycle). The caller keeps ownership; the observer must stay alive
   // until removed or the device is destroyed.
   Status add_observer(ChipObserver* observer);
@@ -235,7 +236,8 @@ class Device {
   // The system's counters (SystemSimulator::counters(): every chip and the links' "fabric"
   // channels); for a single-chip device the same as counters().
   Status system_counters(nlohmann::json* tree);
-  Status trace(nlohmann::json* chrome_trace);     // Simulator::trace() (SimOptions::trace)
+  // Simulator::trace() (SimOptions::trace); a chip of a system: that chip's.
+  Status trace(nlohmann::json* chrome_trace);
 
   KernelCache& kernel_cache() { return m_cache; }
 

@@ -621,10 +621,6 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
     rec.ok = r.ok;
     rec.error = r.error;
     rec.counter_delta = std::move(r.counter_delta);
-    // A chip of a system counts nothing per launch yet: its record reads as a launch that
-    // counted nothing (reports give its times, no utilisation), not as a malformed one.
-    if (m_sys && !rec.counter_delta.is_tree() && rec.counter_delta.size() == 0)
-      rec.counter_delta.set_root("chip");
     rec.sim_start_cycle = r.start_cycle;
     rec.program = op.program;
     rec.label = op.label;

@@ -58,8 +58,8 @@ class Driver {
   // Starts the driver thread, which elaborates the chip; returns once the Simulator is built
   // (or failed: the status says why and the thread has ended).
   Driver(const ChipConfig& cfg, const SimOptions& opts, bool record_launches);
-  // The same for a system of chips: the thread elaborates a SystemSimulator (SimOptions'
-  // functional and watchdog apply; it has no launch replay, observers, trace or launch log).
+  // The same for a system of chips: the thread elaborates a SystemSimulator (every SimOptions
+  // applies to each chip as to a single one: replay shared by the chips, trace, launch log).
   Driver(const SystemConfig& cfg, const SimOptions& opts, bool record_launches);
   // Runs every queued operation that can still run, then ends the thread (which destroys the
   // Simulator). Must not run on the driver thread (i.e. not from a host callback).

@@ -25,24 +25,26 @@ std::string insn_text(const isa::Instruction& in, const isa::Section* section) {
 }  // namespace
 
 Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm,
-           CounterRegistry& counters, std::vector<ChipObserver*> observers)
+           CounterRegistry& counters, std::vector<ChipObserver*> observers,
+           const std::string& counter_root)
     : sc_module(name),
+      m_counter_root(counter_root.empty() ? std::string(basename()) : counter_root),
       m_cfg(cfg),
       m_gm(gm),
       m_observers(std::move(observers)),
-      m_total_cycles(counters.add(std::string(basename()) + ".total_cycles", "cycles",
+      m_total_cycles(counters.add(m_counter_root + ".total_cycles", "cycles",
                                   "cycles spent running kernels (launch to last block done)",
                                   kPsPerCycle)),
       m_task_overhead_cycles(counters.add(
-          std::string(basename()) + ".task_overhead_cycles", "cycles",
+          m_counter_root + ".task_overhead_cycles", "cycles",
           "task overheads in the launches' durations: dispatch, the block starts of the worker "
           "that ended last, completion (docs/chip_model.md)",
           kPsPerCycle)),
-      m_launches(counters.add(std::string(basename()) + ".launches", "launches",
+      m_launches(counters.add(m_counter_root + ".launches", "launches",
                               "kernel launches run")),
-      m_failed_launches(counters.add(std::string(basename()) + ".failed_launches", "launches",
+      m_failed_launches(counters.add(m_counter_root + ".failed_launches", "launches",
                                      "kernel launches that faulted or deadlocked")) {
-  const CounterGroup chip(counters, basename());
+  const CounterGroup chip(counters, m_counter_root);
   int index = 0;
   for (const CoreKindConfig& kind : cfg.core_kinds) {
     for (int i = 0; i < kind.count; ++i, ++index) {

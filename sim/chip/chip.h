@@ -30,9 +30,12 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   SC_HAS_PROCESS(Chip);
   enum class Outcome { Done, Fault, Deadlock };
 
-  // Counters register under "chip."; `observers` are called at every probe point.
+  // Counters register under `counter_root` (the module's name if empty: "chip"); `observers`
+  // are called at every probe point. The chips of a system are modules chip0, chip1, ... with a
+  // counter registry each, their counters all under "chip" as a single chip's.
   Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm,
-       CounterRegistry& counters, std::vector<ChipObserver*> observers);
+       CounterRegistry& counters, std::vector<ChipObserver*> observers,
+       const std::string& counter_root = {});
   ~Chip() override;
 
   // Prepares a launch and dispatches its first blocks (they start when the simulation runs).
@@ -101,6 +104,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void start_blocks();     // method: starts the blocks whose task overheads have passed
   void schedule_starts();  // notifies m_block_start_due for the next block start, if any
 
+  const std::string m_counter_root;  // declared first: the counters below register under it
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
   std::vector<ChipObserver*> m_observers;

@@ -152,6 +152,33 @@ CounterRegistry::RawDelta CounterRegistry::raw_delta_since(
   return d;
 }
 
+CounterRegistry::RawDelta CounterRegistry::translate(const RawDelta& delta,
+                                                     const CounterRegistry& from,
+                                                     std::vector<int64_t>& map) {
+  if (&from == this) return delta;
+  RawDelta out;
+  out.reserve(delta.size());
+  for (const auto& [i, v] : delta) {
+    if (i >= from.m_counters.size())
+      throw Error(fmt::format("counter delta names counter {} of a registry of {}", i,
+                              from.m_counters.size()));
+    if (map.size() <= i) map.resize(i + 1, -1);
+    if (map[i] < 0) {
+      const Counter& c = from.m_counters[i];
+      auto it = m_index.find(c.name());
+      if (it != m_index.end()) {
+        map[i] = static_cast<int64_t>(it->second);
+      } else {
+        add(c.name(), c.unit(), c.desc(), c.m_scale, c.m_kind);
+        map[i] = static_cast<int64_t>(m_counters.size() - 1);
+      }
+    }
+    out.emplace_back(static_cast<uint32_t>(map[i]), v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void CounterRegistry::apply(const RawDelta& delta) {
   for (const auto& [i, raw] : delta) {
     Counter& c = m_counters.at(i);

@@ -156,6 +156,14 @@ class CounterRegistry {
   // What delta_since(base) returns after snapshot(base) and apply(delta), from the delta alone
   // (no pass over every counter of the chip).
   CounterDelta delta_of(const RawDelta& delta) const;
+  // A RawDelta of registry `from` as one of this registry: each counter's index becomes that of
+  // the counter of the same name here, registered now (with from's unit, description, scale and
+  // kind) if this registry has none yet; sorted by index, as raw_delta_since gives it. For the
+  // chips of a system, whose registries name their counters alike ("chip.aic0...") but may
+  // register the lazily created ones in another order: a launch recorded on one chip replays on
+  // another. `map` caches the index mapping between the two registries (keep one per `from`).
+  RawDelta translate(const RawDelta& delta, const CounterRegistry& from,
+                     std::vector<int64_t>& map);
 
  private:
   // Counter i's growth since base, as reported (dump_since's rules).

@@ -66,6 +66,9 @@ struct RecordedLaunch {
   uint64_t duration_ps = 0;   // launch start to its end (KernelResult::cycles before rounding)
   uint64_t quiescent_ps = 0;  // launch start to the simulation going idle (next launch's start)
   CounterRegistry::RawDelta counters;
+  // The registry `counters` indexes: the recording chip's (a chip of the same simulation
+  // replaying it translates them into its own, CounterRegistry::translate).
+  const CounterRegistry* registry = nullptr;
   // The same counters as reported (CounterRegistry::delta_of(counters)), built once: every
   // replay's KernelResult::counter_delta shares it.
   CounterDelta delta;

@@ -8,6 +8,9 @@
 #include "common/error.h"
 #include "sim/chip/chip.h"
 #include "sim/counters/counters.h"
+#include "sim/counters/observer.h"
+#include "sim/counters/trace.h"
+#include "sim/replay/chip_launcher.h"
 #include "sim/sc_driver.h"
 #include "sim/system/fabric.h"
 
@@ -17,20 +20,35 @@ using namespace sc_driver;
 using sc_core::sc_time;
 using sc_core::sc_time_stamp;
 
+namespace {
+constexpr const char* kChipCounterRoot = "chip";  // every chip's counters, as a single chip's
+}  // namespace
+
+// One chip of the system: its memory, counters (under "chip", as a single chip's), module,
+// launcher (replays shared with the other chips through the system's ReplayStore) and trace.
+struct SystemChip {
+  std::unique_ptr<DeviceMemory> gm;
+  std::unique_ptr<CounterRegistry> counters;
+  std::unique_ptr<TraceRecorder> trace;  // SimOptions::trace
+  std::unique_ptr<Chip> chip;
+  std::unique_ptr<ChipLauncher> launcher;
+};
+
 struct SystemSimulator::Impl {
   SystemConfig cfg;
   SimOptions opts;
-  CounterRegistry counters;
-  std::vector<std::unique_ptr<DeviceMemory>> gm;
-  std::vector<std::unique_ptr<Chip>> chips;
+  std::unique_ptr<ReplayStore> store;
+  std::vector<SystemChip> chips;
+  CounterRegistry fabric_counters;  // the links' ("fabric")
   std::unique_ptr<Fabric> fabric;
 
-  Chip& chip(int i) {
+  SystemChip& at(int i) {
     if (i < 0 || i >= cfg.chips())
       throw Error(fmt::format("chip {} does not exist: system '{}' has {} chips (0 to {})", i,
                               cfg.name, cfg.chips(), cfg.chips() - 1));
-    return *chips[static_cast<size_t>(i)];
+    return chips[static_cast<size_t>(i)];
   }
+  Chip& chip(int i) { return *at(i).chip; }
   double cycles_us(uint64_t ps) const {
     return cfg.chip.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
   }
@@ -48,14 +66,25 @@ struct SystemSimulator::Impl {
   }
   // Launches begun by run_alongside are running: transfers then run only until they are done.
   bool launches_running = false;
-  // Checks the launches (distinct chips, a program each), starts them now on one clock edge and
-  // returns that time.
-  sc_time begin_launches(const std::vector<ChipLaunch>& launches);
+  // Launches begun by begin_launches: when they began, which of them run on their chip (the
+  // others were replayed: their results are final) and how long the replayed ones keep their
+  // chips busy.
+  struct Begun {
+    sc_time start;
+    std::vector<bool> running;
+    uint64_t busy_until_ps = 0;
+  };
+  // Checks the launches (distinct chips, a program each), starts them now on one clock edge
+  // (each chip's launcher replays it or begins it on the chip) and fills the replayed ones'
+  // results. alone: nothing runs alongside.
+  Begun begin_launches(const std::vector<ChipLaunch>& launches, bool alone,
+                       std::vector<KernelResult>& results);
   // Runs the simulation until `done` holds: to quiescence when no launch runs alongside, else
   // event by event (the running kernels' events too) until then.
   void run_until(const std::function<bool()>& done, const char* what);
-  // Ends the launches begun at `start` after the simulation stopped; fills their results.
-  void finish_launches(const std::vector<ChipLaunch>& launches, const sc_time& start,
+  // Ends the launches begun after the simulation stopped; fills the results of those that ran
+  // on their chips and lets the replayed ones' time pass.
+  void finish_launches(const std::vector<ChipLaunch>& launches, const Begun& begun,
                        std::vector<KernelResult>& results);
 };
 
@@ -64,15 +93,26 @@ SystemSimulator::SystemSimulator(const SystemConfig& cfg, const SimOptions& opts
   m_impl = std::make_unique<Impl>();
   Impl& I = *m_impl;
   I.cfg = cfg;
-  I.opts = opts;
+  I.opts = with_environment(opts);
+  I.store = std::make_unique<ReplayStore>(I.opts);
+  I.chips.resize(static_cast<size_t>(cfg.chips()));
   try {
     for (int c = 0; c < cfg.chips(); ++c) {
-      I.gm.push_back(std::make_unique<DeviceMemory>(I.cfg.chip.hbm_bytes));
+      SystemChip& sc = I.chips[static_cast<size_t>(c)];
+      sc.gm = std::make_unique<DeviceMemory>(I.cfg.chip.hbm_bytes);
+      sc.counters = std::make_unique<CounterRegistry>();
+      std::vector<ChipObserver*> observers;
+      if (I.opts.trace) {
+        sc.trace = std::make_unique<TraceRecorder>(I.cfg.chip.clock_mhz, I.opts.trace_max_events);
+        observers.push_back(sc.trace.get());
+      }
       const std::string name = fmt::format("chip{}", c);
-      I.chips.push_back(std::make_unique<Chip>(name.c_str(), I.cfg.chip, *I.gm.back(), I.counters,
-                                               std::vector<ChipObserver*>{}));
+      sc.chip = std::make_unique<Chip>(name.c_str(), I.cfg.chip, *sc.gm, *sc.counters, observers,
+                                       kChipCounterRoot);
+      sc.launcher = std::make_unique<ChipLauncher>(*sc.chip, *sc.gm, *sc.counters, I.cfg.chip,
+                                                   *I.store, kChipCounterRoot);
     }
-    I.fabric = std::make_unique<Fabric>("fabric", I.cfg, I.counters);
+    I.fabric = std::make_unique<Fabric>("fabric", I.cfg, I.fabric_counters);
     sc_core::sc_start(sc_core::SC_ZERO_TIME);
   } catch (const sc_core::sc_report& e) {
     throw Error(std::string("SystemC elaboration failed: ") + e.what());
@@ -87,11 +127,11 @@ bool SystemSimulator::functional() const { return m_impl->opts.functional; }
 const Fabric& SystemSimulator::fabric() const { return *m_impl->fabric; }
 
 DeviceMemory& SystemSimulator::gm(int chip) {
-  m_impl->chip(chip);  // checks the index
-  return *m_impl->gm[static_cast<size_t>(chip)];
+  return *m_impl->at(chip).gm;  // checks the index
 }
 
-sc_time SystemSimulator::Impl::begin_launches(const std::vector<ChipLaunch>& launches) {
+SystemSimulator::Impl::Begun SystemSimulator::Impl::begin_launches(
+    const std::vector<ChipLaunch>& launches, bool alone, std::vector<KernelResult>& results) {
   if (launches_running) throw Error("run: kernels already run alongside");
   std::vector<bool> busy(static_cast<size_t>(cfg.chips()));
   for (const ChipLaunch& l : launches) {
@@ -103,12 +143,22 @@ sc_time SystemSimulator::Impl::begin_launches(const std::vector<ChipLaunch>& lau
     busy[static_cast<size_t>(l.chip)] = true;
   }
   start_on_clock_edge();
-  const sc_time start = sc_time_stamp();
-  for (const ChipLaunch& l : launches)
-    chip(l.chip).begin_launch(*l.launch.program, l.launch.args, l.launch.block_dim, opts.functional,
-                              watchdog_budget(opts, *l.launch.program, l.launch.args), false,
-                              UINT64_MAX, l.launch.gm_blocks);
-  return start;
+  Begun b;
+  b.start = sc_time_stamp();
+  b.busy_until_ps = time_ps(b.start);
+  b.running.resize(launches.size());
+  results.resize(launches.size());
+  // A launch's time to quiescence is its own only if it runs alone in the simulation.
+  const bool one = alone && launches.size() == 1;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    ChipLauncher::Begun r = at(launches[i].chip).launcher->begin(launches[i].launch, b.start, one);
+    b.running[i] = !r.done;
+    if (r.done) {
+      results[i] = std::move(r.result);
+      b.busy_until_ps = std::max(b.busy_until_ps, time_ps(b.start) + r.busy_ps);
+    }
+  }
+  return b;
 }
 
 void SystemSimulator::Impl::run_until(const std::function<bool()>& done, const char* what) {
@@ -125,64 +175,52 @@ void SystemSimulator::Impl::run_until(const std::function<bool()>& done, const c
 
 std::vector<KernelResult> SystemSimulator::run(const std::vector<ChipLaunch>& launches) {
   Impl& I = *m_impl;
-  const sc_time start = I.begin_launches(launches);
-  std::vector<KernelResult> results(launches.size());
-  I.finish_launches(launches, start, results);
+  std::vector<KernelResult> results;
+  const Impl::Begun begun = I.begin_launches(launches, /*alone=*/true, results);
+  I.finish_launches(launches, begun, results);
   return results;
 }
 
 std::vector<KernelResult> SystemSimulator::run_alongside(const std::vector<ChipLaunch>& launches,
                                                          const std::function<void()>& alongside) {
   Impl& I = *m_impl;
-  const sc_time start = I.begin_launches(launches);
+  std::vector<KernelResult> results;
+  const Impl::Begun begun = I.begin_launches(launches, /*alone=*/false, results);
   I.launches_running = true;
   try {
     alongside();
   } catch (...) {
     I.launches_running = false;
-    std::vector<KernelResult> ignored(launches.size());
-    I.finish_launches(launches, start, ignored);  // the kernels end before the error goes on
+    I.finish_launches(launches, begun, results);  // the kernels end before the error goes on
     throw;
   }
   I.launches_running = false;
-  std::vector<KernelResult> results(launches.size());
-  I.finish_launches(launches, start, results);
+  I.finish_launches(launches, begun, results);
   return results;
 }
 
 void SystemSimulator::Impl::finish_launches(const std::vector<ChipLaunch>& launches,
-                                            const sc_time& start,
+                                            const Begun& begun,
                                             std::vector<KernelResult>& results) {
   // (Launches that ran alongside may have ended already: then nothing is left to run.)
   if (sc_core::sc_pending_activity() && !run_to_quiescence_or_limit()) {
-    for (const ChipLaunch& l : launches)  // still running at the limit: a fault
-      if (chip(l.chip).outcome() == Chip::Outcome::Deadlock) chip(l.chip).stop_at_time_limit();
+    for (size_t i = 0; i < launches.size(); ++i)  // still running at the limit: a fault
+      if (begun.running[i] && chip(launches[i].chip).outcome() == Chip::Outcome::Deadlock)
+        chip(launches[i].chip).stop_at_time_limit();
     run_to_quiescence();  // unwinds every process
   }
   bool aborted = false;
-  for (size_t i = 0; i < launches.size(); ++i) {
-    Chip& c = chip(launches[i].chip);
-    KernelResult& r = results[i];
-    switch (c.outcome()) {
-      case Chip::Outcome::Done: r.ok = true; break;
-      case Chip::Outcome::Fault: r.error = c.fault_message(); break;
-      case Chip::Outcome::Deadlock:
-        r.error = c.deadlock_report();
-        c.abort();
-        aborted = true;
-        break;
-    }
-  }
+  for (size_t i = 0; i < launches.size(); ++i)
+    if (begun.running[i] && at(launches[i].chip).launcher->settle()) aborted = true;
   if (aborted) run_to_quiescence();  // unwinds every blocked process
-  for (size_t i = 0; i < launches.size(); ++i) {
-    Chip& c = chip(launches[i].chip);
-    KernelResult& r = results[i];
-    const uint64_t duration_ps = time_ps(c.end_time() - start);
-    c.end_launch(r.ok);
-    r.start_cycle = time_ps(start) / kPsPerCycle;
-    r.cycles = ceil_cycles(duration_ps);
-    r.time_us = cycles_us(duration_ps);
-  }
+  for (size_t i = 0; i < launches.size(); ++i)
+    if (begun.running[i]) results[i] = at(launches[i].chip).launcher->finish();
+  // The replayed launches keep their chips busy as long as their simulated runs did.
+  const uint64_t now = time_ps(sc_time_stamp());
+  if (begun.busy_until_ps > now)
+    run_for(sc_time(static_cast<double>(begun.busy_until_ps - now), sc_core::SC_PS));
+  for (size_t i = 0; i < launches.size(); ++i)
+    at(launches[i].chip).launcher->log(launches[i].launch, results[i]);
 }
 
 DeviceMemory& SystemSimulator::gm_range(int chip, uint64_t addr, uint64_t bytes,
@@ -271,6 +309,28 @@ void SystemSimulator::advance(uint64_t cycles) {
 
 uint64_t SystemSimulator::now_cycles() const { return time_ps(sc_time_stamp()) / kPsPerCycle; }
 
-nlohmann::json SystemSimulator::counters() const { return m_impl->counters.dump(); }
+nlohmann::json SystemSimulator::counters() const {
+  nlohmann::json all = m_impl->fabric_counters.dump();
+  for (int c = 0; c < chips(); ++c)
+    all[fmt::format("chip{}", c)] = chip_counters(c)[kChipCounterRoot];
+  return all;
+}
+
+nlohmann::json SystemSimulator::chip_counters(int chip) const {
+  return m_impl->at(chip).counters->dump();
+}
+
+nlohmann::json SystemSimulator::trace(int chip) const {
+  if (const TraceRecorder* t = m_impl->at(chip).trace.get()) return t->to_json();
+  return {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ns"}};
+}
+
+void SystemSimulator::add_observer(int chip, ChipObserver* observer) {
+  m_impl->chip(chip).add_observer(observer);
+}
+
+void SystemSimulator::remove_observer(int chip, ChipObserver* observer) {
+  m_impl->chip(chip).remove_observer(observer);
+}
 
 }  // namespace npusim

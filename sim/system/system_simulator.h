@@ -5,6 +5,8 @@
 // (sim/collective/collective.h) builds on this. Chips are addressed by index 0..chips()-1 (the
 // TensorFlow plugin's device index); a device address is (chip, address in that chip's memory).
 // Like Simulator, at most one SystemSimulator (or Simulator) per process; not thread-safe.
+// Launch replay (SimOptions::replay, sim/replay/chip_launcher.h) works as on one chip, the
+// recordings shared by the chips: a launch recorded on one chip replays on any chip.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 
 namespace npusim {
 
+class ChipObserver;
 class Fabric;
 
 struct ChipLaunch {
@@ -88,6 +91,16 @@ class SystemSimulator {
   uint64_t now_cycles() const;
   // Counters since construction: {"chip0": {...}, ..., "fabric": {"c0->c1": {...}}}.
   nlohmann::json counters() const;
+  // Chip `chip`'s counters since construction, as Simulator::counters() gives a single chip's:
+  // {"chip": {...}} (each chip has its own registry; KernelResult::counters of a launch on it
+  // has the same root). Throws npusim::Error naming the index if there is no such chip.
+  nlohmann::json chip_counters(int chip) const;
+  // Chip `chip`'s Chrome trace (SimOptions::trace), as Simulator::trace() gives a single chip's.
+  nlohmann::json trace(int chip) const;
+  // Attaches an observer to chip `chip` (as Simulator::add_observer): launches on that chip are
+  // then simulated, not replayed, while an attached observer wants their detail.
+  void add_observer(int chip, ChipObserver* observer);
+  void remove_observer(int chip, ChipObserver* observer);
   const Fabric& fabric() const;
 
  private:

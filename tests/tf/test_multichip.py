@@ -388,3 +388,60 @@ def test_replicas_run_side_by_side_on_their_chips_timelines():
     # The updates read the last all-reduce's output: the timelines end after it.
     last = colls[-1]["end_cycle"]
     assert all(t >= last for t in two["after"])
+
+
+def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
+    """npusim.profile() with several NPUs (docs/multichip.md, "Reports of a system run"): every
+    chip's launches in device_<k>/ with their counters and per-pipe trace lanes; launch records
+    of chip 1 carry the chip and counters equal to chip 0's for the same kernel on the same
+    shapes (data-parallel replicas)."""
+    result = child_result(textwrap.dedent(f"""
+        import csv, json, os
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        rng = np.random.default_rng(3)
+        a = rng.normal(size=(64, 96)).astype(np.float32)
+        b = rng.normal(size=(96, 32)).astype(np.float32)
+        with tf.device("/NPU:1"):
+            tf.constant(a) * 2  # before the window
+        out = {{}}
+        with npusim.profile({str(tmp_path / "prof")!r}) as p:
+            for r in range(2):
+                with tf.device(f"/NPU:{{r}}"):
+                    c = tf.matmul(tf.constant(a), tf.constant(b) * (r + 1))
+                    out[f"ok{{r}}"] = bool(np.allclose(c.numpy(), (a @ b) * (r + 1),
+                                                       rtol=2e-2, atol=0.1))
+        for k in (0, 1):
+            d = os.path.join(p.directory, f"device_{{k}}")
+            with open(os.path.join(d, "op_summary.csv"), newline="") as f:
+                out[f"ops{{k}}"] = [r["OP Type"] for r in csv.DictReader(f)]
+            with open(os.path.join(d, "counters.json")) as f:
+                out[f"counters{{k}}"] = json.load(f)
+            with open(os.path.join(d, "trace.json")) as f:
+                ev = json.load(f)["traceEvents"]
+            out[f"pipe_events{{k}}"] = sum(1 for e in ev if e.get("ph") == "X"
+                                           and e.get("cat") == "insn")
+        d = npusim.write_report({str(tmp_path / "all")!r})
+        with open(os.path.join(d, "device_1", "launches.json")) as f:
+            out["written1"] = [r["kernel"] for r in json.load(f)]
+        recs = {{k: npusim.launch_records(with_counters="flat", chip=k) for k in (0, 1)}}
+        out["chips"] = sorted({{r["chip"] for k in (0, 1) for r in recs[k]}})
+        mm = {{k: [r for r in recs[k] if r["op_type"] == "MatMul"] for k in (0, 1)}}
+        out["mm_counters"] = [mm[k][-1]["counters"] for k in (0, 1)]
+        out["mm_cycles"] = [mm[k][-1]["cycles"] for k in (0, 1)]
+        print("RESULT" + json.dumps(out))
+        """), timeout=240)
+    assert result["ok0"] and result["ok1"]
+    for k in (0, 1):
+        assert "MatMul" in result[f"ops{k}"], result[f"ops{k}"]
+        assert result[f"pipe_events{k}"] > 0, k
+    assert result["counters0"] and result["counters1"]
+    assert result["chips"] == [0, 1]
+    # The whole run's report: chip 1's launches before the window too.
+    assert len(result["written1"]) > len(result["ops1"])
+    c0, c1 = result["mm_counters"]
+    assert any(k.endswith("busy_cycles") and v > 0 for k, v in c1.items()), c1
+    assert c0 == c1
+    assert result["mm_cycles"][0] == result["mm_cycles"][1]

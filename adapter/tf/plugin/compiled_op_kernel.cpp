@@ -233,22 +233,32 @@ prof::PipeTraceOptions ReportProfiler::options_from_env() {
   return o;
 }
 
-rt::Status ReportProfiler::start(const prof::PipeTraceOptions& opts) {
-  std::lock_guard<std::mutex> lock(m_mutex);
-  m_requested = true;
-  m_collector.reset(opts);
-  if (m_attached) return rt::ok_status();
-  if (std::shared_ptr<rt::Device> dev = device_if_open()) {
-    rt::Status st = dev->add_observer(&m_collector);
+rt::Status ReportProfiler::attach_all() {
+  const std::vector<std::shared_ptr<rt::Device>> devices = open_devices();
+  if (devices.empty()) return rt::ok_status();
+  if (m_collectors.size() < devices.size()) m_collectors.resize(devices.size());
+  for (size_t k = 0; k < devices.size(); ++k) {
+    if (m_collectors[k]) continue;
+    auto c = std::make_unique<prof::PipeTraceCollector>(m_opts);
+    rt::Status st = devices[k]->add_observer(c.get());
     if (!st.ok()) return st;
-    m_attached = true;
-  } else {
-    m_settled = false;  // attach at the device's first op
+    m_collectors[k] = std::move(c);
   }
   return rt::ok_status();
 }
 
-void ReportProfiler::attach_if_requested(rt::Device& device) {
+rt::Status ReportProfiler::start(const prof::PipeTraceOptions& opts) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_requested = true;
+  m_opts = opts;
+  for (auto& c : m_collectors)
+    if (c) c->reset(opts);
+  if (device_if_open()) return attach_all();
+  m_settled = false;  // attach at the devices' first op
+  return rt::ok_status();
+}
+
+void ReportProfiler::attach_if_requested(rt::Device& /*device*/) {
   if (m_settled.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(m_mutex);
   if (m_settled.load()) return;
@@ -256,16 +266,18 @@ void ReportProfiler::attach_if_requested(rt::Device& device) {
     const char* dir = std::getenv("NPUSIM_REPORT_DIR");
     if (dir && *dir) {
       m_requested = true;
-      m_collector.reset(options_from_env());
+      m_opts = options_from_env();
     }
   }
-  if (m_requested && !m_attached) m_attached = device.add_observer(&m_collector).ok();
+  if (m_requested) (void)attach_all();  // a report without instruction detail otherwise
   m_settled.store(true, std::memory_order_release);
 }
 
-const prof::PipeTraceCollector* ReportProfiler::collector() const {
+const prof::PipeTraceCollector* ReportProfiler::collector(int chip) const {
   std::lock_guard<std::mutex> lock(m_mutex);
-  return m_requested ? &m_collector : nullptr;
+  if (!m_requested || chip < 0 || static_cast<size_t>(chip) >= m_collectors.size())
+    return nullptr;
+  return m_collectors[static_cast<size_t>(chip)].get();
 }
 
 std::string msprof_dtype_name(compiler::DataType t) {

@@ -132,19 +132,20 @@ std::string msprof_dtype_name(compiler::DataType t);
 
 // Collects the per-pipe instruction detail of the NPU's launches for reports (python_hooks.cpp,
 // adapter/profiler/runtime_report.h). Profiling starts when the Python package asks
-// (npusim.profile) or, at the device's opening, when NPUSIM_REPORT_DIR is set; the collector is
-// attached to the device once it is open. Thread-safe.
+// (npusim.profile) or, at the device's opening, when NPUSIM_REPORT_DIR is set; a collector per
+// chip (several NPUs: each a chip of one system) is attached to every device once they are
+// open. Thread-safe.
 class ReportProfiler {
  public:
   static ReportProfiler& instance();
-  // Starts collecting again from the next launch with `opts` (attaching now if the device is
-  // open, else at its first op).
+  // Starts collecting again from the next launch with `opts` (attaching now if the devices are
+  // open, else at their first op).
   rt::Status start(const prof::PipeTraceOptions& opts);
-  // After the device opened (every compile_op; cheap once settled): attaches the collector if
+  // After the devices opened (every compile_op; cheap once settled): attaches the collectors if
   // profiling was asked for, or NPUSIM_REPORT_DIR is set.
   void attach_if_requested(rt::Device& device);
-  // The collector if profiling ever started, else null.
-  const prof::PipeTraceCollector* collector() const;
+  // Chip `chip`'s collector if profiling ever started (and that chip's device opened), else null.
+  const prof::PipeTraceCollector* collector(int chip = 0) const;
   // Limits from NPUSIM_TRACE_DETAIL_LAUNCHES and NPUSIM_TRACE_MAX_EVENTS (defaults:
   // PipeTraceOptions').
   static prof::PipeTraceOptions options_from_env();
@@ -152,8 +153,12 @@ class ReportProfiler {
  private:
   mutable std::mutex m_mutex;
   std::atomic<bool> m_settled{false};  // nothing to do in attach_if_requested
-  bool m_requested = false, m_attached = false;
-  prof::PipeTraceCollector m_collector;
+  bool m_requested = false;
+  prof::PipeTraceOptions m_opts;
+  // By chip; a chip's collector exists once it is attached to that chip's device.
+  std::vector<std::unique_ptr<prof::PipeTraceCollector>> m_collectors;
+  // Attaches a collector to every open device that has none (m_mutex held).
+  rt::Status attach_all();
 };
 
 // The attributes an op family passes to the compiler, and their TF types.

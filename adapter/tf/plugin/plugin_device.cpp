@@ -254,6 +254,12 @@ std::shared_ptr<rt::Device> device_if_open() {
   return st.devices ? st.devices->at(0) : nullptr;
 }
 
+std::vector<std::shared_ptr<rt::Device>> open_devices() {
+  OpenState& st = open_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.devices ? *st.devices : std::vector<std::shared_ptr<rt::Device>>{};
+}
+
 TF_Code tf_code(rt::StatusCode code) {
   switch (code) {
     case rt::StatusCode::ok: return TF_OK;

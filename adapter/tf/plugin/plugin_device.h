@@ -90,8 +90,10 @@ rt::Status open_device(int chip, std::shared_ptr<rt::Device>* out);
 rt::Status malloc_tensor(rt::Device& device, uint64_t bytes, uint64_t* addr);
 rt::Status free_tensor(rt::Device& device, uint64_t addr);
 
-// The device if it has been opened, else null.
+// The device if it has been opened, else null (several NPUs: chip 0's).
 std::shared_ptr<rt::Device> device_if_open();
+// Every NPU device (chip k's at k) if they have been opened, else none.
+std::vector<std::shared_ptr<rt::Device>> open_devices();
 
 // TF status code for a runtime status code (docs/runtime.md, "How the TensorFlow plugin maps").
 TF_Code tf_code(rt::StatusCode code);

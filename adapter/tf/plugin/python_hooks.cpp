@@ -308,7 +308,8 @@ uint64_t json_u64(const nlohmann::json& j, const char* key, uint64_t fallback) {
 // on, with options {"trace_launches", "trace_max_events"} (absent: NPUSIM_TRACE_* or the
 // defaults), and restarts the allocator's peak from the bytes in use now (the report's device
 // memory is the window's). Returns {"origin_cycle": the device timeline now (0 if the device is
-// not open yet), "device_open"} or {"error"}.
+// not open yet), "origin_cycles": each chip's timeline now (several NPUs; [] if not open),
+// "device_open"} or {"error"}.
 NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
   using namespace npusim;
   nlohmann::json j;
@@ -324,6 +325,14 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
       if (!s.ok()) return s;
     }
     j = {{"origin_cycle", now}, {"device_open", dev != nullptr}};
+    // Several NPUs: each chip's own timeline now (the window's start in its device_<k> folder).
+    nlohmann::json origins = nlohmann::json::array();
+    for (const std::shared_ptr<rt::Device>& d : tf::open_devices()) {
+      uint64_t t = 0;
+      if (rt::Status s = d->device_time_cycles(&t); !s.ok()) return s;
+      origins.push_back(t);
+    }
+    j["origin_cycles"] = origins;
     // The window's allocator peak (summary.txt's device memory): from the bytes in use now.
     if (dev) dev->reset_memory_peak();
     return tf::ReportProfiler::instance().start(opts);
@@ -334,7 +343,9 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
 
 // Writes the report folder of the launches since {"origin_cycle"} (default 0: the whole run) to
 // `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
-// trace.json, summary.txt, and the plots when {"python", "plot_script"} are given. Other keys of
+// trace.json, summary.txt, and the plots when {"python", "plot_script"} are given; with several
+// NPUs also device_<k>/ per chip k with the same files (no plots) of that chip's launches since
+// {"origin_cycles"}[k] (default: origin_cycle). Other keys of
 // extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available),
 // "device_memory" (default: the runtime allocator's figures, whose peak npusim_tf_report_begin
 // restarted, and the NpuGraph plans' arenas, npu_graph.h; RuntimeReportInput::extra). Returns
@@ -378,6 +389,30 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
                                    {"max_unplanned_bytes", g.max_unplanned_bytes}};
     }
     j["files"] = prof::write_runtime_report(dir, in);
+    // Several NPUs: every chip's launches in a folder of its own, device_<k>/ (msprof's layout);
+    // the top level keeps chip 0's and the collectives.
+    const std::vector<std::shared_ptr<rt::Device>> devices = tf::open_devices();
+    if (devices.size() > 1) {
+      const nlohmann::json origins = extra.value("origin_cycles", nlohmann::json::array());
+      for (size_t k = 0; k < devices.size(); ++k) {
+        rt::Device& d = *devices[k];
+        prof::RuntimeReportInput ck;
+        ck.title = fmt::format("{}, chip {} of {}", in.title, k, devices.size());
+        ck.config = &d.config();
+        ck.origin_cycle = k < origins.size() && origins[k].is_number_unsigned()
+                              ? origins[k].get<uint64_t>()
+                              : in.origin_cycle;
+        tf::window_records(d, ck.origin_cycle, 0, &ck.launches, &ck.copies);
+        ck.pipe_trace = tf::ReportProfiler::instance().collector(static_cast<int>(k));
+        ck.extra = extra;
+        const rt::AllocatorStats m = d.memory_stats();
+        ck.extra["device_memory"] = {{"allocator_in_use_bytes", m.bytes_in_use},
+                                     {"allocator_peak_bytes", m.peak_bytes_in_use}};
+        for (std::string& f :
+             prof::write_runtime_report(fmt::format("{}/device_{}", dir, k), ck))
+          j["files"].push_back(std::move(f));
+      }
+    }
     const std::string python = extra.value("python", std::string());
     const std::string script = extra.value("plot_script", std::string());
     if (!python.empty() && !script.empty()) {

@@ -275,7 +275,8 @@ def write_report(directory=None):
     (default: NPUSIM_REPORT_DIR): the command line's files (op_summary.csv, op_statistic.csv,
     counters.json, chip.yaml, trace.json, summary.txt, plots; docs/reports.md and _report.py),
     plus the raw device.json, launches.json (with flat counters: launch_records) and
-    compiled_ops.json. Returns the
+    compiled_ops.json; with several NPUs also device_<k>/ per chip k with its launches' report
+    files and launches.json (docs/multichip.md, "Reports of a system run"). Returns the
     directory, or None if the device was never opened (nothing ran on the NPU)."""
     directory = directory or os.environ.get("NPUSIM_REPORT_DIR")
     if not directory:
@@ -295,6 +296,12 @@ def write_report(directory=None):
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
             f.write(text)
     _report.write_report_folder(directory)
+    chips = _hooks.system().get("devices", 1)
+    if chips > 1:
+        for k in range(chips):
+            with open(os.path.join(directory, f"device_{k}", "launches.json"), "w",
+                      encoding="utf-8") as f:
+                f.write(json.dumps(_hooks.launch_records("flat", k)))
     return directory
 
 

@@ -3,7 +3,8 @@
 The report folder is the command line's (`npusim run --report-dir`): op_summary.csv (one row per
 kernel launch, Op Name = the TF node name, OP Type = the TF op type), op_statistic.csv,
 instructions.csv, counters.json, chip.yaml, trace.json (host lane with HDC copies and TF op
-spans, one lane per pipe per core for the first launches), summary.txt and the plots. The
+spans, one lane per pipe per core for the first launches), summary.txt and the plots; with several
+NPUs also a folder device_<k>/ per chip k with its launches (msprof's layout). The
 plugin's C++ report writer (adapter/profiler/runtime_report.h) writes it; this module calls it
 through the plugin's npusim_tf_* hooks (python_hooks.cpp).
 
@@ -88,21 +89,25 @@ def _cpu_fallback_ops():
         return None
 
 
-def _extra(title, origin_cycle, plots):
+def _extra(title, origin_cycle, plots, origin_cycles=None):
     extra = {"title": title, "origin_cycle": int(origin_cycle),
              "cpu_fallback_ops": _cpu_fallback_ops()}
+    if origin_cycles:
+        extra["origin_cycles"] = [int(c) for c in origin_cycles]
     if plots and os.path.isfile(PLOT_SCRIPT):
         extra["python"] = os.environ.get("NPUSIM_PYTHON") or sys.executable
         extra["plot_script"] = PLOT_SCRIPT
     return extra
 
 
-def write_report_folder(directory, origin_cycle=0, title=None, plots=True):
-    """Writes the report folder of the launches since `origin_cycle` (0: the whole run). Returns
-    the hook's answer: {"files": [...], "window": {...}, "plots": {...}}."""
+def write_report_folder(directory, origin_cycle=0, title=None, plots=True, origin_cycles=None):
+    """Writes the report folder of the launches since `origin_cycle` (0: the whole run); with
+    several NPUs also device_<k>/ per chip k, its launches since origin_cycles[k] (default:
+    origin_cycle). Returns the hook's answer: {"files": [...], "window": {...},
+    "plots": {...}}."""
     os.makedirs(directory, exist_ok=True)
     return _hooks().write(directory, _extra(title or f"npusim TensorFlow run ({sys.argv[0]})",
-                                            origin_cycle, plots))
+                                            origin_cycle, plots, origin_cycles))
 
 
 def op_summary(top=None, origin_cycle=0, end_cycle=0):
@@ -150,6 +155,7 @@ class profile:  # pylint: disable=invalid-name  (used like a function: `with npu
             self._options["trace_max_events"] = int(trace_max_events)
         self._plots = plots
         self._window = None
+        self._origin_cycles = []
 
     def __enter__(self):
         if profile._active is not None:
@@ -157,13 +163,15 @@ class profile:  # pylint: disable=invalid-name  (used like a function: `with npu
                               f"{profile._active.directory})")
         begin = _hooks().begin(self._options)
         self._window = {"origin_cycle": begin["origin_cycle"], "end_cycle": 0}
+        self._origin_cycles = begin.get("origin_cycles") or []
         profile._active = self
         return self
 
     def __exit__(self, *exc):
         profile._active = None
         result = write_report_folder(self.directory, self._window["origin_cycle"],
-                                     title=f"npusim.profile({self.directory})", plots=self._plots)
+                                     title=f"npusim.profile({self.directory})", plots=self._plots,
+                                     origin_cycles=self._origin_cycles)
         self.files = result.get("files", [])
         if "window" in result:
             self._window = result["window"]

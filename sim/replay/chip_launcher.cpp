@@ -1,0 +1,307 @@
+#include "sim/replay/chip_launcher.h"
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "sim/chip/chip.h"
+#include "sim/chip/l2_placement.h"
+#include "sim/chip/l2_tags.h"
+#include "sim/counters/counters.h"
+#include "sim/counters/observer.h"
+#include "sim/sc_driver.h"
+
+namespace npusim {
+
+using sc_core::sc_time;
+using sc_core::sc_time_stamp;
+using namespace sc_driver;
+
+namespace {
+
+int replay_thread_count(const SimOptions& o) {
+  if (o.replay == SimOptions::Replay::off) return 1;
+  if (o.replay_threads > 0) return o.replay_threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+}  // namespace
+
+ReplayStore::ReplayStore(const SimOptions& o)
+    : opts(o), memo(o.replay_memo_launches, o.replay_memo_bytes), pool(replay_thread_count(o)) {}
+
+// The launch begin() started on the chip, until finish().
+struct ChipLauncher::Pending {
+  const KernelLaunch* launch = nullptr;
+  sc_time start;
+  LaunchKey key, similar;
+  bool record = false;                 // record it for replay (Chip::begin_launch's record)
+  RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
+  std::string replay_error;            // check mode: the replay's fault, if any
+  DeviceMemory::Snapshot replayed;     // check mode: device memory as the replay left it
+  KernelResult result;                 // the outcome (settle())
+};
+
+ChipLauncher::ChipLauncher(Chip& chip, DeviceMemory& gm, CounterRegistry& counters,
+                           const ChipConfig& cfg, ReplayStore& store, std::string counter_root)
+    : m_chip(chip),
+      m_gm(gm),
+      m_counters(counters),
+      m_cfg(cfg),
+      m_store(store),
+      m_root(std::move(counter_root)),
+      m_verify_l2(
+          std::make_unique<L2Tags>(store.opts.replay == SimOptions::Replay::off ? 0 : cfg.l2_bytes,
+                                   cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back)),
+      m_verify_placement(std::make_unique<L2Placement>(m_verify_l2->line_bytes())) {}
+
+ChipLauncher::~ChipLauncher() = default;
+
+bool ChipLauncher::detail_wanted() const {
+  const auto& observers = m_chip.observers();
+  return std::any_of(observers.begin(), observers.end(),
+                     [](const ChipObserver* o) { return o->wants_launch_detail(); });
+}
+
+bool ChipLauncher::verify(const RecordedLaunch& rec, const KernelLaunch& launch,
+                          std::vector<GmAccess>* writes) {
+  if (m_cfg.l2_keep_across_launches)
+    *m_verify_l2 = m_chip.memory().l2();
+  else
+    m_verify_l2->invalidate_all();
+  // As the memory system files them (MemorySystem::begin_launch).
+  m_verify_placement->begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup()
+                                                                : launch.gm_blocks);
+  return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
+                            m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes);
+}
+
+CounterRegistry::RawDelta ChipLauncher::own_counters(const RecordedLaunch& rec) {
+  if (rec.registry == &m_counters || !rec.registry) return rec.counters;
+  return m_counters.translate(rec.counters, *rec.registry, m_counter_maps[rec.registry]);
+}
+
+// The result of a replayed launch: simulated time moves on (the caller's part) as it did when the
+// launch was simulated, and the counters move by what it counted then.
+KernelResult ChipLauncher::replayed_result(const KernelLaunch& launch, const RecordedLaunch& rec,
+                                           const sc_time& start) {
+  const uint64_t start_ps = time_ps(start);
+  for (ChipObserver* o : m_chip.observers())
+    o->on_kernel_begin(*launch.program, launch.block_dim, start_ps);
+  for (ChipObserver* o : m_chip.observers())
+    o->on_kernel_end(*launch.program, start_ps + rec.duration_ps, true);
+  if (rec.registry == &m_counters || !rec.registry)
+    m_counters.apply(rec.counters);
+  else
+    m_counters.apply(own_counters(rec));
+  KernelResult r;
+  r.ok = true;
+  r.replayed = true;
+  r.start_cycle = start_ps / kPsPerCycle;
+  r.cycles = ceil_cycles(rec.duration_ps);
+  r.time_us = m_cfg.cycles_to_us(static_cast<double>(rec.duration_ps) / kPsPerCycle);
+  // Shares the recording's values (delta_of(rec.counters)); every chip names its counters alike.
+  r.counter_delta = rec.delta;
+  r.counter_delta.set_root(m_root);
+  if (launch.counter_tree) r.counters = r.counter_delta.tree();
+  return r;
+}
+
+ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_time& start,
+                                        bool alone) {
+  const SimOptions& opts = m_store.opts;
+  LaunchMemo& memo = m_store.memo;
+  auto P = std::make_unique<Pending>();
+  P->launch = &launch;
+  P->start = start;
+  // A launch run before is replayed unless an observer wants to see its instructions, and only
+  // one that runs alone (see `alone` in the header).
+  bool loads = false;
+  const bool replayable =
+      alone && opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
+      replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar, &loads);
+  if (replayable && !m_cfg.l2_keep_across_launches)  // the cold L2 files lines by block
+    for (LaunchKey* k : {&P->key, &P->similar})
+      append_block_extents(launch.gm_blocks, launch.args, &k->args);
+  RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
+  const bool detail = detail_wanted();
+  // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
+  RecordedLaunch* recorded =
+      detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr : found;
+  // A timing-only simulator carries out a launch that passed the check by invalidating the GM
+  // ranges the check found it writes: that is all its replay would do (replay_blocks plans
+  // every instruction again to find them).
+  std::vector<GmAccess> writes;
+  std::vector<GmAccess>* const verified_writes = opts.functional ? nullptr : &writes;
+  bool have_writes = false;
+  // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
+  // recording must pass the check with this launch's data first, as one made at other
+  // addresses does; one that fails is recorded afresh below.
+  // So must every recording when the L2 keeps its lines across launches: the L2 this launch
+  // starts with may differ from the recorded run's.
+  const bool keep_l2 = m_cfg.l2_keep_across_launches;
+  const bool checked = recorded && (loads || keep_l2);
+  const bool stale = checked && !verify(*recorded, launch, verified_writes);
+  have_writes = checked && !stale && verified_writes;
+  if (stale) recorded = nullptr;
+  if (replayable && !recorded && !detail) {
+    // The same launch at other tensor addresses (a training step): replay it if the recorded
+    // timing provably holds for these addresses.
+    for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
+      if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
+          verify(*candidate, launch, verified_writes)) {
+        have_writes = verified_writes != nullptr;
+        // Kept under this launch's own key too: the next step finds it without the check.
+        memo.alias(P->key, candidate);
+        recorded = candidate.get();  // the memo keeps it (just added: not evicted)
+        break;
+      }
+  }
+  if (recorded) {
+    const bool check = opts.replay == SimOptions::Replay::check;
+    // The check replays, then simulates the same launch from the same state: device memory
+    // and the buffers of the cores it runs on (a kernel may store bytes it never wrote).
+    DeviceMemory::Snapshot before;
+    std::vector<std::vector<std::vector<uint8_t>>> buffers;
+    if (check) {
+      before = m_gm.snapshot();
+      for (const RecordedLaunch::CoreBlocks& cb : recorded->cores)
+        buffers.push_back(m_chip.cores()[static_cast<size_t>(cb.core)]->local().save());
+    }
+    std::string replay_error;
+    if (have_writes) {
+      for (const GmAccess& a : writes) m_gm.invalidate(a.addr, a.bytes);
+    } else {
+      // The same launch replayed again (its own key, no ld): run the effects its last replay
+      // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.
+      const bool same = recorded == found && !loads && opts.functional;
+      const PreparedLaunch* prepared = same ? memo.prepared(P->key) : nullptr;
+      std::unique_ptr<PreparedLaunch> keep;
+      if (same && !prepared && prepared_bytes_estimate(*recorded) <= opts.replay_memo_bytes / 8)
+        keep = std::make_unique<PreparedLaunch>();
+      replay_error =
+          replay_blocks(*recorded, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
+                        m_gm, m_cfg, opts.functional, m_store.pool, prepared, keep.get());
+      if (keep && keep->complete && replay_error.empty())
+        memo.keep_prepared(P->key, std::move(keep));
+    }
+    if (!check) {
+      Begun b;
+      b.done = true;
+      if (!replay_error.empty()) {
+        // Cannot happen for a launch that ran cleanly with the same operands; report it as the
+        // kernel's fault rather than pretend, and simulate the launch next time.
+        memo.erase(P->key);
+        b.result.error = "replay: " + replay_error;
+        b.result.start_cycle = time_ps(start) / kPsPerCycle;
+        return b;
+      }
+      // The L2 as the simulated launch would have left it (verified above).
+      if (keep_l2) std::swap(m_chip.memory().l2(), *m_verify_l2);
+      m_counters.restart_windows();  // what the snapshot before a simulated launch does
+      b.busy_ps = recorded->quiescent_ps;
+      b.result = replayed_result(launch, *recorded, start);
+      return b;
+    }
+    P->replayed = m_gm.snapshot();
+    P->replay_error = std::move(replay_error);
+    m_gm.restore(before);
+    for (size_t i = 0; i < buffers.size(); ++i)
+      m_chip.cores()[static_cast<size_t>(recorded->cores[i].core)]->local().restore(buffers[i]);
+    P->recorded = recorded;
+  }
+
+  // The counters at the start of the simulated launch (a replay above needs no snapshot).
+  m_counters.snapshot(m_launch_base);
+  P->record = replayable && !recorded && (!found || stale);
+  m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
+                      watchdog_budget(opts, *launch.program, launch.args), P->record,
+                      opts.replay_record_max_bytes, launch.gm_blocks);
+  m_pending = std::move(P);
+  return Begun{};
+}
+
+bool ChipLauncher::settle() {
+  if (!m_pending) throw Error("ChipLauncher::settle: no launch runs on the chip");
+  KernelResult& r = m_pending->result;
+  switch (m_chip.outcome()) {
+    case Chip::Outcome::Done: r.ok = true; return false;
+    case Chip::Outcome::Fault: r.error = m_chip.fault_message(); return false;
+    case Chip::Outcome::Deadlock:
+      r.error = m_chip.deadlock_report();
+      m_chip.abort();  // the caller's next run unwinds every blocked process (zero time)
+      return true;
+  }
+  return false;
+}
+
+KernelResult ChipLauncher::finish() {
+  if (!m_pending) throw Error("ChipLauncher::finish: no launch runs on the chip");
+  std::unique_ptr<Pending> P = std::move(m_pending);
+  const KernelLaunch& launch = *P->launch;
+  KernelResult r = std::move(P->result);
+  const uint64_t duration_ps = time_ps(m_chip.end_time() - P->start);
+  const uint64_t quiescent_ps = time_ps(sc_time_stamp() - P->start);
+  RecordedLaunch rec;
+  // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
+  const bool keep = P->record && m_chip.launch().record && r.ok && !m_chip.mix() &&
+                    record_blocks(*launch.program, m_chip, &rec);
+  m_chip.end_launch(r.ok);
+  r.start_cycle = time_ps(P->start) / kPsPerCycle;
+  r.cycles = ceil_cycles(duration_ps);
+  r.time_us = m_cfg.cycles_to_us(static_cast<double>(duration_ps) / kPsPerCycle);
+  r.counter_delta = m_counters.delta_since(m_launch_base);
+  r.counter_delta.set_root(m_root);
+  if (launch.counter_tree) r.counters = r.counter_delta.tree();
+  r.replayed = P->recorded != nullptr;  // check mode: replayed, then verified by simulating
+  if (P->recorded) check_replay(*launch.program, *P, r, duration_ps, quiescent_ps);
+  if (keep) {
+    rec.duration_ps = duration_ps;
+    rec.quiescent_ps = quiescent_ps;
+    rec.counters = m_counters.raw_delta_since(m_launch_base);
+    rec.registry = &m_counters;
+    rec.delta = m_counters.delta_of(rec.counters);
+    m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec));
+  }
+  return r;
+}
+
+// Replay check (SimOptions::Replay::check): the launch was replayed into P.replayed, then
+// simulated from the same memory into `r`. Throws npusim::Error naming the first difference.
+void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
+                                const KernelResult& r, uint64_t duration_ps,
+                                uint64_t quiescent_ps) {
+  const RecordedLaunch& rec = *P.recorded;
+  const std::string what = fmt::format("replay check of kernel '{}'", program.name);
+  if (!r.ok || !P.replay_error.empty())
+    throw Error(fmt::format("{}: simulated: {}; replayed: {}", what, r.ok ? "ok" : r.error,
+                            P.replay_error.empty() ? "ok" : P.replay_error));
+  if (duration_ps != rec.duration_ps || quiescent_ps != rec.quiescent_ps)
+    throw Error(fmt::format("{}: simulated {} ps (idle after {} ps), recorded {} ps ({} ps)", what,
+                            duration_ps, quiescent_ps, rec.duration_ps, rec.quiescent_ps));
+  const CounterRegistry::RawDelta now = m_counters.raw_delta_since(m_launch_base);
+  if (now != own_counters(rec))
+    throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved)", what,
+                            now.size(), rec.counters.size()));
+  if (auto addr = m_gm.first_difference(P.replayed))
+    throw Error(
+        fmt::format("{}: device memory differs at {:#x} between the simulated and the "
+                    "replayed launch",
+                    what, *addr));
+}
+
+void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) const {
+  const std::string& path = m_store.opts.launch_log;
+  if (path.empty()) return;
+  std::ofstream log(path, std::ios::app);
+  log << launch.program->name << '\t' << launch.block_dim << '\t' << (r.ok ? r.cycles : 0) << '\t'
+      << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\t'
+      << fmt::format("{:016x}", counter_digest(r.counter_delta)) << '\n';
+  if (!log) throw Error(fmt::format("NPUSIM_LAUNCH_LOG: cannot append to '{}'", path));
+}
+
+}  // namespace npusim
