@@ -75,7 +75,7 @@ bool ChipLauncher::verify(const RecordedLaunch& rec, const KernelLaunch& launch,
     m_verify_l2->invalidate_all();
   // As the memory system files them (MemorySystem::begin_launch).
   m_verify_placement->begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup()
-                                                                : launch.gm_blocks);
+                                                                 : launch.gm_blocks);
   return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
                             m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes);
 }
