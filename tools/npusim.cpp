@@ -301,6 +301,9 @@ int main(int argc, char** argv) {
   c_op->add_option("--json", op.json_path, "write the figures as JSON");
   c_op->add_option("--trace", op.trace_path,
                    "write a Chrome-trace timeline of every launch (Perfetto)");
+  c_op->add_option("--before", op.before,
+                   "run OP:DTYPE:SHAPE[,DTYPE:SHAPE...] first, not counted (repeat): e.g. a "
+                   "benchmark's L2 flush, seen with memory.l2.keep_across_launches");
 
   std::string asm_in, asm_out;
   auto* c_asm = app.add_subcommand("asm", "assemble to a binary kernel (.npuk)");

@@ -108,6 +108,60 @@ std::vector<uint8_t> random_bytes(const compiler::TensorDesc& t, std::mt19937& r
   return bytes;
 }
 
+// A --before op, "OP:SPEC[,SPEC...]", compiled for the chip and run on `sim` (its inputs random,
+// its outputs and workspace in the arena). Its figures are not kept: the caller wants the state
+// it leaves (the L2's lines when the chip keeps them across launches). Returns false (after
+// printing why) when a launch failed.
+bool run_before_op(const std::string& spec, Simulator& sim, DeviceArena& arena,
+                   const ChipConfig& cfg, compiler::PrecisionMode precision, std::mt19937& rng,
+                   std::ostream& out) {
+  const std::string where = fmt::format("--before '{}'", spec);
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos || colon == 0)
+    throw Error(where + ": expected OP:DTYPE:SHAPE[,DTYPE:SHAPE...], e.g. ZerosLike:f32:50331648");
+  compiler::OpDesc desc;
+  desc.type = spec.substr(0, colon);
+  std::string rest = spec.substr(colon + 1);
+  for (size_t start = 0; start <= rest.size();) {
+    const size_t comma = std::min(rest.find(',', start), rest.size());
+    desc.inputs.push_back(parse_input(rest.substr(start, comma - start), int(desc.inputs.size())));
+    start = comma + 1;
+  }
+  const compiler::CompiledKernel k = compiler::compile(desc, cfg, precision);
+  std::vector<uint64_t> in_addrs, out_addrs;
+  for (size_t i = 0; i < desc.inputs.size(); ++i) {
+    std::vector<uint8_t> bytes = random_bytes(desc.inputs[i], rng);
+    bytes.resize(compiler::device_buffer_bytes(bytes.size()));
+    in_addrs.push_back(arena.allocate(bytes.size(), fmt::format("{} input {}", where, i)));
+    if (!bytes.empty()) sim.copy_host_to_device(in_addrs.back(), bytes.data(), bytes.size());
+  }
+  for (size_t i = 0; i < k.outputs.size(); ++i)
+    out_addrs.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
+                                       fmt::format("{} output {}", where, i)));
+  const uint64_t workspace =
+      k.workspace_bytes ? arena.allocate(k.workspace_bytes, where + " workspace") : 0;
+  uint64_t cycles = 0;
+  for (size_t i = 0; i < k.launches.size(); ++i) {
+    const compiler::Launch& l = k.launches[i];
+    KernelLaunch kl;
+    kl.program = &l.kernel.program;
+    kl.args = l.bind(in_addrs, out_addrs, workspace);
+    kl.block_dim = l.block_dim;
+    const KernelResult r = sim.run(kl);
+    if (!r.ok) {
+      out << fmt::format("{}: launch {} ({}) failed: {}\n", where, i, l.kernel.program.name,
+                         r.error);
+      return false;
+    }
+    cycles += r.cycles;
+  }
+  out << fmt::format("before: {} ran {} launch(es), {} cycles (not counted){}\n", desc.str(),
+                     k.launches.size(), cycles,
+                     cfg.l2_keep_across_launches ? "" : "; the L2 starts cold at every launch, "
+                     "so it leaves no state (memory.l2.keep_across_launches)");
+  return true;
+}
+
 }  // namespace
 
 int run_op(const OpOptions& o, std::ostream& out) {
@@ -155,6 +209,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
     out_addrs.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
                                        fmt::format("output {}", i)));
   const uint64_t workspace = k.workspace_bytes ? arena.allocate(k.workspace_bytes, "workspace") : 0;
+  for (const std::string& b : o.before)
+    if (!run_before_op(b, sim, arena, cfg, *precision, rng, out)) return 3;
 
   const prof::ChipPeaks peaks = prof::chip_peaks(cfg);
   prof::ReportInput report;

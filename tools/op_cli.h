@@ -25,6 +25,12 @@ struct OpOptions {
   std::string report_dir;
   std::string json_path;               // write the figures as JSON (benchmarks read it)
   std::string trace_path;              // write a Chrome-trace timeline of all launches
+  // Ops run before the op on the same chip, each "OP:SPEC[,SPEC...]" (its inputs as DTYPE:SHAPE,
+  // random data), e.g. "ZerosLike:f32:50331648": what a benchmark harness ran just before the
+  // measured op (a cache flush). Their launches are simulated but not counted in the op's
+  // figures, JSON or report; they matter only through the state they leave, i.e. the L2 when
+  // the chip keeps it across launches (memory.l2.keep_across_launches, write_back).
+  std::vector<std::string> before;
   uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;  // the watchdog
 };
 

@@ -444,6 +444,41 @@ def _(d):
         assert want in p.stderr, (args, p.stderr)
 
 
+@check("op --before: a zero fill's dirty L2 lines are written back by the op's reads (kept L2)")
+def _(d):
+    # The tiny chip's L2 (8 MiB, from its config) filled with dirty lines by a ZerosLike of its
+    # size, then a Mean reading 4 MiB: with a kept, write-back L2 every line the Mean brings in
+    # evicts one dirty line, so HBM carries 4 MiB more (plus the few lines of its partial results
+    # and output); with the L2 cold at every launch the fill leaves nothing and changes nothing.
+    import yaml
+    with open(os.path.join(ROOT, "configs", "chips", "tiny.yaml")) as f:
+        l2 = yaml.safe_load(f)["memory"]["l2"]
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    num, unit = str(l2["bytes"]).split()
+    l2_bytes = int(num) * units[unit]
+    fill = f"ZerosLike:f32:{l2_bytes // 4}"
+    in_bytes = 4 << 20
+    assert in_bytes <= l2_bytes
+
+    def op(*extra):
+        out = f"{d}/op.json"
+        run("op", "Mean", "--input", f"f32:1024x{in_bytes // 4096}", "--attr", "axes=[0,1]",
+            "--chip", "tiny", "--timing-only", "--json", out, *extra)
+        with open(out) as f:
+            j = json.load(f)
+        return j["hbm_bytes"], j["cycles"]
+
+    kept = ["--set", "memory.l2.keep_across_launches=true", "--set", "memory.l2.write_back=true"]
+    hbm0, cyc0 = op(*kept)
+    hbm1, cyc1 = op(*kept, "--before", fill)
+    assert in_bytes <= hbm1 - hbm0 <= in_bytes + (64 << 10), (hbm0, hbm1)
+    assert cyc1 > cyc0, (cyc0, cyc1)
+    assert op() == op("--before", fill), "a cold L2 must not see the fill"
+    p = run("op", "Mean", "--input", "f32:64x64", "--attr", "axes=[0,1]", "--chip", "tiny",
+            "--timing-only", "--before", "ZerosLike", expect_rc=1)
+    assert "--before 'ZerosLike': expected OP:DTYPE:SHAPE" in p.stderr, p.stderr
+
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -20,6 +20,12 @@ results = []
 
 MATMUL = ["f16:256x256", "f16:256x256"]
 FLOPS = 2 * 256 ** 3
+# A kept, write-back L2 and a zero fill of the tiny chip's 8 MiB L2 before the op (a benchmark
+# harness's L2 flush, docs/validation.md).
+KEPT_L2 = {"memory.l2.keep_across_launches": True, "memory.l2.write_back": True}
+FILL = "ZerosLike:f32:2097152"
+
+
 def case(cid, set_, published, workload):
     """One tiny-chip case of the test's case file (workload may name another chip), as a dict."""
     return {"id": cid, "set": set_, "chip": "tiny", **workload, "published": published,
@@ -32,6 +38,9 @@ CASES = yaml.safe_dump({"cases": [
          {"op": "MatMul", "inputs": MATMUL, "work": {"flops": FLOPS}}),
     case("add_us", "held_out", {"value": 3.0, "unit": "us"},
          {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"]}),
+    case("mean_flushed", "calibration", {"value": 20.0, "unit": "us"},
+         {"overrides": KEPT_L2, "op": "Mean", "inputs": ["f32:1024x1024"],
+          "attrs": {"axes": [0, 1]}, "before": [FILL]}),
     case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
          {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
     case("cnn_infer", "held_out", {"value": 20000, "unit": "samples/s"},
@@ -50,10 +59,11 @@ def run(*args):
     return subprocess.run([NPUSIM, *args], capture_output=True, text=True, check=False)
 
 
-def op_reference(tmp, op, inputs, sets=(), report=False):
-    """The op's time (us) and, with report, its op_summary.csv rows, from `npusim op` directly."""
+def op_reference(tmp, op, inputs, sets=(), report=False, extra=()):
+    """The op's time (us) and, with report, its op_summary.csv rows, from `npusim op` directly
+    (EXTRA: more arguments)."""
     out = os.path.join(tmp, f"ref_{op}.json")
-    cmd = ["op", op, "--chip", "tiny", "--timing-only", "--json", out]
+    cmd = ["op", op, "--chip", "tiny", "--timing-only", "--json", out, *extra]
     for i in inputs:
         cmd += ["--input", i]
     for s in sets:
@@ -106,6 +116,14 @@ def main():
               f"{r['simulated']} vs {t_add}")
         err_add = t_add / 3.0 - 1.0
         check("us row: error", abs(r["error"] - err_add) < 1e-9)
+        mean_args = ["f32:1024x1024"], [f"{k}=true" for k in KEPT_L2]
+        t_flushed, _ = op_reference(tmp, "Mean", *mean_args, extra=["--attr", "axes=[0,1]",
+                                                                    "--before", FILL])
+        t_kept, _ = op_reference(tmp, "Mean", *mean_args, extra=["--attr", "axes=[0,1]"])
+        r = rows["mean_flushed"]
+        check("before: the case's ops run first on the case's chip (a flushed L2 is slower)",
+              abs(r["simulated"] - t_flushed) < 1e-9 and t_flushed > t_kept,
+              f"{r['simulated']} vs {t_flushed} (without: {t_kept})")
         hit = [float(x["l2_hit_rate"]) for x in mm_rows]
         dur = [float(x["Task Duration(us)"]) for x in mm_rows]
         ref_hit = sum(h * d for h, d in zip(hit, dur)) / sum(dur)
@@ -153,6 +171,11 @@ def main():
         check("bad key: exit 1 naming file, case and key",
               p.returncode == 1 and "bad.yaml" in p.stderr and "mm_tflops" in p.stderr and "'speed'" in p.stderr,
               p.stderr)
+        with open(bad, "w") as f:
+            f.write(CASES.replace(f"- {FILL}", "- ZerosLike", 1))
+        p = run("validate", "--cases", bad)
+        check("bad before: exit 1 naming the case and the key",
+              p.returncode == 1 and "mean_flushed" in p.stderr and ".before" in p.stderr, p.stderr)
     print(f"{results.count(True)} passed, {results.count(False)} failed")
     return 0 if all(results) else 1
 

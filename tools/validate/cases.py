@@ -11,7 +11,9 @@ A case file (YAML) has one top-level key, `cases`, a list of cases. Every case h
 and one workload:
   op: TF op run by `npusim op` (timing-only): inputs [DTYPE:SHAPE, ...], attrs {name: value},
       precision; work {flops: N} (for TFLOPS) or {bytes: N} (for GB/s); for unit ratio,
-      metric: the op_summary.csv column compared (e.g. l2_hit_rate)
+      metric: the op_summary.csv column compared (e.g. l2_hit_rate); before [OP:SPEC, ...]:
+      ops the measurement ran just before the op (`npusim op --before`, not counted: a
+      benchmark's L2 flush, which shows only with memory.l2.keep_across_launches)
   model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
       steps (default 1), precision; needs_timing_only: true if the published size only runs
       with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
@@ -27,7 +29,7 @@ UNITS = ("us", "ms", "TFLOPS", "GB/s", "samples/s", "ratio")
 COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditions", "blocked",
                "notes")
 KIND_KEYS = {
-    "op": ("op", "inputs", "attrs", "precision", "work", "metric"),
+    "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before"),
     "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
               "interim"),
 }
@@ -87,6 +89,9 @@ def _check_op(path, where, c):
     work = c.get("work", {})
     if need and not (isinstance(work, dict) and isinstance(work.get(need), int) and work[need] > 0):
         _fail(path, where + ".work", f"unit {unit} needs work: {{{need}: positive integer}}")
+    before = c.get("before", [])
+    if not (isinstance(before, list) and all(isinstance(b, str) and ":" in b for b in before)):
+        _fail(path, where + ".before", "must be a list of OP:DTYPE:SHAPE[,DTYPE:SHAPE...]")
     if (unit == "ratio") != ("metric" in c):
         _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
               "(and only ratio cases have one)")

@@ -49,6 +49,8 @@ def op_command(npusim, case, tmp, extra_sets):
         cmd += ["--attr", f"{k}={attr_text(v)}"]
     if "precision" in case:
         cmd += ["--precision", case["precision"]]
+    for b in case.get("before") or []:
+        cmd += ["--before", b]
     return cmd + ["--report-dir", os.path.join(tmp, "report")], out
 
 
