@@ -24,6 +24,7 @@ FLOPS = 2 * 256 ** 3
 # harness's L2 flush, docs/validation.md).
 KEPT_L2 = {"memory.l2.keep_across_launches": True, "memory.l2.write_back": True}
 FILL = "ZerosLike:f32:2097152"
+ADD_BIG = ["f16:2048x2048", "f16:2048x2048"]  # 24 MiB in all, more than the 8 MiB L2
 
 
 def case(cid, set_, published, workload):
@@ -41,6 +42,9 @@ CASES = yaml.safe_dump({"cases": [
     case("mean_flushed", "calibration", {"value": 20.0, "unit": "us"},
          {"overrides": KEPT_L2, "op": "Mean", "inputs": ["f32:1024x1024"],
           "attrs": {"axes": [0, 1]}, "before": [FILL]}),
+    case("add_allocated", "calibration", {"value": 3.0, "unit": "us"},
+         {"overrides": KEPT_L2, "op": "AddV2", "inputs": ADD_BIG,
+          "env": {"NPUSIM_L2_STREAM_POLICY": "0"}}),
     case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
          {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
     case("cnn_infer", "held_out", {"value": 20000, "unit": "samples/s"},
@@ -124,6 +128,17 @@ def main():
         check("before: the case's ops run first on the case's chip (a flushed L2 is slower)",
               abs(r["simulated"] - t_flushed) < 1e-9 and t_flushed > t_kept,
               f"{r['simulated']} vs {t_flushed} (without: {t_kept})")
+        # env: the add's streams keep the normal L2 policy (NPUSIM_L2_STREAM_POLICY=0) instead of
+        # the noalloc inputs a kept, write-back L2 gives a stream larger than the L2.
+        kept_sets = [f"{k}=true" for k in KEPT_L2]
+        os.environ["NPUSIM_L2_STREAM_POLICY"] = "0"
+        t_normal, _ = op_reference(tmp, "AddV2", ADD_BIG, kept_sets)
+        del os.environ["NPUSIM_L2_STREAM_POLICY"]
+        t_policy, _ = op_reference(tmp, "AddV2", ADD_BIG, kept_sets)
+        r = rows["add_allocated"]
+        check("env reaches the case's run (the add's L2 stream policy off)",
+              abs(r["simulated"] - t_normal) < 1e-9 and t_normal != t_policy,
+              f"{r['simulated']} vs {t_normal} (policy on: {t_policy})")
         hit = [float(x["l2_hit_rate"]) for x in mm_rows]
         dur = [float(x["Task Duration(us)"]) for x in mm_rows]
         ref_hit = sum(h * d for h, d in zip(hit, dur)) / sum(dur)
@@ -176,6 +191,11 @@ def main():
         p = run("validate", "--cases", bad)
         check("bad before: exit 1 naming the case and the key",
               p.returncode == 1 and "mean_flushed" in p.stderr and ".before" in p.stderr, p.stderr)
+        with open(bad, "w") as f:
+            f.write(CASES.replace("NPUSIM_L2_STREAM_POLICY", "L2_STREAM_POLICY", 1))
+        p = run("validate", "--cases", bad)
+        check("bad env: exit 1 naming the case and the key",
+              p.returncode == 1 and "add_allocated" in p.stderr and ".env" in p.stderr, p.stderr)
     print(f"{results.count(True)} passed, {results.count(False)} failed")
     return 0 if all(results) else 1
 

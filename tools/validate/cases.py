@@ -13,7 +13,10 @@ and one workload:
       precision; work {flops: N} (for TFLOPS) or {bytes: N} (for GB/s); for unit ratio,
       metric: the op_summary.csv column compared (e.g. l2_hit_rate); before [OP:SPEC, ...]:
       ops the measurement ran just before the op (`npusim op --before`, not counted: a
-      benchmark's L2 flush, which shows only with memory.l2.keep_across_launches)
+      benchmark's L2 flush, which shows only with memory.l2.keep_across_launches); env
+      {NPUSIM_NAME: "value"}: compiler switches of the run that make npusim's kernel do what the
+      measured kernel did (NPUSIM_L2_STREAM_POLICY: "0", an element-wise kernel's inputs
+      allocated in the L2 as Huawei's Add sample's Case 4 does; docs/compiler.md)
   model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
       steps (default 1), precision; needs_timing_only: true if the published size only runs
       with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
@@ -29,7 +32,7 @@ UNITS = ("us", "ms", "TFLOPS", "GB/s", "samples/s", "ratio")
 COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditions", "blocked",
                "notes")
 KIND_KEYS = {
-    "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before"),
+    "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before", "env"),
     "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
               "interim"),
 }
@@ -92,6 +95,10 @@ def _check_op(path, where, c):
     before = c.get("before", [])
     if not (isinstance(before, list) and all(isinstance(b, str) and ":" in b for b in before)):
         _fail(path, where + ".before", "must be a list of OP:DTYPE:SHAPE[,DTYPE:SHAPE...]")
+    env = c.get("env", {})
+    if not (isinstance(env, dict) and all(re.fullmatch(r"NPUSIM_[A-Z0-9_]+", str(k)) and
+                                          isinstance(v, str) for k, v in env.items())):
+        _fail(path, where + ".env", "must be a mapping {NPUSIM_NAME: \"value\"} (strings)")
     if (unit == "ratio") != ("metric" in c):
         _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
               "(and only ratio cases have one)")

@@ -137,16 +137,16 @@ def last_error_line(text):
 _RUNS = {}
 
 
-def execute(cmd, out, tmp, timeout_s):
-    """Runs a command; returns {"result": its JSON, "summary": op_summary rows, "wall_s"} or
-    {"reason": why it failed}."""
-    key = tuple(c.replace(tmp, "<tmp>") for c in cmd)
+def execute(cmd, out, tmp, timeout_s, env=None):
+    """Runs a command (ENV: variables added to this process's environment); returns {"result":
+    its JSON, "summary": op_summary rows, "wall_s"} or {"reason": why it failed}."""
+    key = tuple(c.replace(tmp, "<tmp>") for c in cmd) + tuple(sorted((env or {}).items()))
     if key in _RUNS:
         return _RUNS[key]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                           check=False)
+                           check=False, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return {"reason": f"timed out after {timeout_s:g} s", "wall_s": time.monotonic() - t0}
     run = {"wall_s": time.monotonic() - t0}
@@ -180,7 +180,7 @@ def run_case(case, npusim, timeout_s, extra_sets=()):
     with tempfile.TemporaryDirectory(prefix="npusim_validate_") as tmp:
         cmd, out = (op_command(npusim, case, tmp, extra_sets) if case.kind == "op"
                     else model_command(case, tmp, size, extra_sets))
-        run = execute(cmd, out, tmp, timeout_s)
+        run = execute(cmd, out, tmp, timeout_s, case.get("env"))
     rec["wall_s"] = run["wall_s"]
     if "reason" in run:
         rec["reason"] = run["reason"]
