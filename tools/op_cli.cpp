@@ -108,6 +108,36 @@ std::vector<uint8_t> random_bytes(const compiler::TensorDesc& t, std::mt19937& r
   return bytes;
 }
 
+// A compiled op's device buffers: its inputs (holding input_bytes(i)), outputs and workspace,
+// named "<label>input 0", ... in the arena.
+struct OpBuffers {
+  std::vector<uint64_t> in, out;
+  uint64_t workspace = 0;
+
+  template <class InputBytes>
+  OpBuffers(Simulator& sim, DeviceArena& arena, const compiler::CompiledKernel& k, size_t inputs,
+            InputBytes input_bytes, const std::string& label) {
+    for (size_t i = 0; i < inputs; ++i) {
+      std::vector<uint8_t> bytes = input_bytes(i);
+      bytes.resize(compiler::device_buffer_bytes(bytes.size()));
+      in.push_back(arena.allocate(bytes.size(), fmt::format("{}input {}", label, i)));
+      if (!bytes.empty()) sim.copy_host_to_device(in.back(), bytes.data(), bytes.size());
+    }
+    for (size_t i = 0; i < k.outputs.size(); ++i)
+      out.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
+                                   fmt::format("{}output {}", label, i)));
+    if (k.workspace_bytes) workspace = arena.allocate(k.workspace_bytes, label + "workspace");
+  }
+
+  KernelLaunch launch(const compiler::Launch& l) const {
+    KernelLaunch kl;
+    kl.program = &l.kernel.program;
+    kl.args = l.bind(in, out, workspace);
+    kl.block_dim = l.block_dim;
+    return kl;
+  }
+};
+
 // A --before op, "OP:SPEC[,SPEC...]", compiled for the chip and run on `sim` (its inputs random,
 // its outputs and workspace in the arena). Its figures are not kept: the caller wants the state
 // it leaves (the L2's lines when the chip keeps them across launches). Returns false (after
@@ -128,26 +158,13 @@ bool run_before_op(const std::string& spec, Simulator& sim, DeviceArena& arena,
     start = comma + 1;
   }
   const compiler::CompiledKernel k = compiler::compile(desc, cfg, precision);
-  std::vector<uint64_t> in_addrs, out_addrs;
-  for (size_t i = 0; i < desc.inputs.size(); ++i) {
-    std::vector<uint8_t> bytes = random_bytes(desc.inputs[i], rng);
-    bytes.resize(compiler::device_buffer_bytes(bytes.size()));
-    in_addrs.push_back(arena.allocate(bytes.size(), fmt::format("{} input {}", where, i)));
-    if (!bytes.empty()) sim.copy_host_to_device(in_addrs.back(), bytes.data(), bytes.size());
-  }
-  for (size_t i = 0; i < k.outputs.size(); ++i)
-    out_addrs.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
-                                       fmt::format("{} output {}", where, i)));
-  const uint64_t workspace =
-      k.workspace_bytes ? arena.allocate(k.workspace_bytes, where + " workspace") : 0;
+  const OpBuffers buffers(
+      sim, arena, k, desc.inputs.size(),
+      [&](size_t i) { return random_bytes(desc.inputs[i], rng); }, where + " ");
   uint64_t cycles = 0;
   for (size_t i = 0; i < k.launches.size(); ++i) {
     const compiler::Launch& l = k.launches[i];
-    KernelLaunch kl;
-    kl.program = &l.kernel.program;
-    kl.args = l.bind(in_addrs, out_addrs, workspace);
-    kl.block_dim = l.block_dim;
-    const KernelResult r = sim.run(kl);
+    const KernelResult r = sim.run(buffers.launch(l));
     if (!r.ok) {
       out << fmt::format("{}: launch {} ({}) failed: {}\n", where, i, l.kernel.program.name,
                          r.error);
@@ -196,19 +213,12 @@ int run_op(const OpOptions& o, std::ostream& out) {
   Simulator sim(cfg, so);
   DeviceArena arena(sim);
   std::mt19937 rng(7);
-  std::vector<uint64_t> in_addrs, out_addrs;
-  for (size_t i = 0; i < desc.inputs.size(); ++i) {
-    std::vector<uint8_t> bytes = given[i].dtype.empty() ? random_bytes(desc.inputs[i], rng)
-                                                        : given[i].data;
-    bytes.resize(compiler::device_buffer_bytes(bytes.size()));
-    uint64_t addr = arena.allocate(bytes.size(), fmt::format("input {}", i));
-    if (!bytes.empty()) sim.copy_host_to_device(addr, bytes.data(), bytes.size());
-    in_addrs.push_back(addr);
-  }
-  for (size_t i = 0; i < k.outputs.size(); ++i)
-    out_addrs.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
-                                       fmt::format("output {}", i)));
-  const uint64_t workspace = k.workspace_bytes ? arena.allocate(k.workspace_bytes, "workspace") : 0;
+  const OpBuffers buffers(
+      sim, arena, k, desc.inputs.size(),
+      [&](size_t i) {
+        return given[i].dtype.empty() ? random_bytes(desc.inputs[i], rng) : given[i].data;
+      },
+      "");
   for (const std::string& b : o.before)
     if (!run_before_op(b, sim, arena, cfg, *precision, rng, out)) return 3;
 
@@ -223,11 +233,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   for (size_t i = 0; i < k.launches.size(); ++i) {
     const compiler::Launch& l = k.launches[i];
     if (o.listing) out << l.kernel.listing << "\n";
-    KernelLaunch kl;
-    kl.program = &l.kernel.program;
-    kl.args = l.bind(in_addrs, out_addrs, workspace);
-    kl.block_dim = l.block_dim;
-    KernelResult r = sim.run(kl);
+    KernelResult r = sim.run(buffers.launch(l));
     if (!r.ok) {
       out << fmt::format("launch {} ({}) failed: {}\n", i, l.kernel.program.name, r.error);
       return 3;
@@ -260,7 +266,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
                   : npy_dtype(*isa::dtype_from_name(compiler::data_type_name(t.dtype)));
     a.shape = t.shape;
     a.data.resize(t.bytes());
-    if (!a.data.empty()) sim.copy_device_to_host(a.data.data(), out_addrs[i], a.data.size());
+    if (!a.data.empty()) sim.copy_device_to_host(a.data.data(), buffers.out[i], a.data.size());
     write_npy(o.outputs[i], a);
   }
   const double bound = prof::roofline_cycles(peaks, macs, repeats, hbm);

@@ -18,8 +18,13 @@ SideMetrics side_metrics(const std::vector<const CoreCounters*>& cores, const Un
   for (const CoreCounters* c : cores) m.total_cycles += c->get("active_cycles");
   m.time_us = cfg.cycles_to_us(static_cast<double>(m.total_cycles) / m.cores);
   for (const UnitRatio& d : units) {
+    // A counter tree without the unit's counter (inflight_cycles came later) falls back to
+    // busy_cycles.
     uint64_t busy = 0;
-    for (const CoreCounters* c : cores) busy += c->get(std::string(d.pipe) + ".busy_cycles");
+    const std::string pipe(d.pipe);
+    for (const CoreCounters* c : cores)
+      busy += c->values.count(pipe + "." + d.counter) ? c->get(pipe + "." + d.counter)
+                                                      : c->get(pipe + ".busy_cycles");
     m.ratio[d.name] = m.total_cycles ? static_cast<double>(busy) / m.total_cycles : 0.0;
   }
   return m;

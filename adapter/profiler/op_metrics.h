@@ -74,16 +74,24 @@ struct ChipPeaks {
 };
 ChipPeaks chip_peaks(const ChipConfig& cfg);
 
-// The units behind msprof's ratio columns, in column order: the ratio's name ("aic_<name>_ratio")
-// and the pipe whose busy_cycles it reads.
+// The units behind msprof's ratio columns, in column order: the ratio's name ("aic_<name>_ratio"),
+// the pipe and the pipe counter it reads. msprof counts an instruction's cycles; for MTE1 its
+// documentation says the time excludes waiting for the transfer, for the pipes that move data
+// to or from GM (MTE2, MTE3, FIXPIPE) it does not, so those read inflight_cycles (from an
+// instruction's start until its data has landed) and the others busy_cycles (docs/reports.md).
 struct UnitRatio {
   const char* name;
   const char* pipe;
+  const char* counter = "busy_cycles";
 };
-inline constexpr UnitRatio kCubeSideUnits[] = {
-    {"mac", "m"}, {"scalar", "s"}, {"mte1", "mte1"}, {"mte2", "mte2"}, {"fixpipe", "fix"}};
+inline constexpr UnitRatio kCubeSideUnits[] = {{"mac", "m"},
+                                               {"scalar", "s"},
+                                               {"mte1", "mte1"},
+                                               {"mte2", "mte2", "inflight_cycles"},
+                                               {"fixpipe", "fix", "inflight_cycles"}};
 inline constexpr UnitRatio kVectorSideUnits[] = {
-    {"vec", "v"}, {"scalar", "s"}, {"mte2", "mte2"}, {"mte3", "mte3"}};
+    {"vec", "v"}, {"scalar", "s"}, {"mte2", "mte2", "inflight_cycles"},
+    {"mte3", "mte3", "inflight_cycles"}};
 
 // The msprof ratios of one side of an op: the cube side ("aic": mac, scalar, mte1, mte2, fixpipe)
 // or the vector side ("aiv": vec, scalar, mte2, mte3). On a coupled chip both sides describe the

@@ -79,6 +79,10 @@ struct AiCore::PipeUnit {
         busy(g.add("busy_cycles", "cycles",
                    "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
+        inflight(g.add("inflight_cycles", "cycles",
+                       "cycles an instruction of the pipe executed or its GM data was still in "
+                       "flight (the union of [start, landed]; msprof's MTE2/MTE3/FIXPIPE time)",
+                       kPsPerCycle)),
         stall_flag(g.add("stall.flag_wait", "cycles", "cycles blocked in wait_flag", kPsPerCycle)),
         stall_cross_core(g.add("stall.cross_core_wait", "cycles", "cycles blocked in cc_wait",
                                kPsPerCycle)),
@@ -107,6 +111,9 @@ struct AiCore::PipeUnit {
   // overlaps the pipe's next instructions, as a DMA engine keeps requests in flight, and delays
   // only what must observe completion: set_flag / cc_set from this pipe and draining it.
   sc_core::sc_time complete_at = sc_core::SC_ZERO_TIME;
+  // The end of the instruction intervals counted in `inflight` so far (they overlap: a GM
+  // transfer's data lands after the pipe has moved on).
+  sc_core::sc_time inflight_until = sc_core::SC_ZERO_TIME;
   sc_core::sc_event pushed, popped, drained;
   sc_core::sc_event_or_list popped_or_abort, drained_or_abort;  // waited by the scalar unit
   Waiter waiter;  // the pipe process's
@@ -116,6 +123,7 @@ struct AiCore::PipeUnit {
 
   CounterGroup counters;
   Counter& busy;
+  Counter& inflight;
   Counter& stall_flag;
   Counter& stall_cross_core;
   Counter& stall_mem;
@@ -215,6 +223,7 @@ void AiCore::reset() {
     u->executing = false;
     u->blocked = {};
     u->complete_at = SC_ZERO_TIME;
+    u->inflight_until = SC_ZERO_TIME;
   }
   clear_flags();
   for (auto& f : m_cross_core) f.flows.clear();
@@ -596,6 +605,12 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       else invalidate_gm_writes(cost, m_gm);
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
+      // In flight from its start until its data has landed (complete_at covers this transfer).
+      const sc_time end =
+          cost.gm.empty() ? sc_time_stamp() : std::max(sc_time_stamp(), u.complete_at);
+      const sc_time from = std::max(start, u.inflight_until);
+      if (end > from) u.inflight.add(time_ps(end - from));
+      u.inflight_until = std::max(u.inflight_until, end);
       u.stall_bank.add(cost.bank_conflict_cycles * kPsPerCycle);
       if (cost.path_src != cost.path_dst && cost.bytes) {
         Counter*& c = u.path_bytes[static_cast<size_t>(cost.path_src)]

@@ -75,6 +75,30 @@ std::vector<std::string> lines_of(const std::string& path) {
 
 }  // namespace
 
+TEST_CASE("metrics: MTE2, MTE3 and FIXPIPE ratios read in-flight cycles, the others busy") {
+  // msprof counts an instruction's cycles; for MTE1 without the transfer's wait, for the pipes
+  // that move GM data until it has landed (inflight_cycles). A tree without inflight_cycles
+  // (recorded before the counter existed) falls back to busy_cycles.
+  const ChipConfig cfg = load_chip_config("tiny");
+  json chip = memory(30, 70, 200000, 8192);
+  chip["aic0"] = cube_core(1000, 500, 100, 200, 300, 20, 1000);
+  chip["aic0"]["mte2"]["inflight_cycles"] = leaf(900);
+  chip["aic0"]["fix"]["inflight_cycles"] = leaf(70);
+  chip["aic0"]["mte1"]["inflight_cycles"] = leaf(999);  // MTE1 reads busy_cycles: ignored
+  chip["aiv0"] = vector_core(2000, 100, 50, 400, 300, 10);
+  chip["aiv0"]["mte3"]["inflight_cycles"] = leaf(700);  // aiv0's mte2 has none: busy
+  prof::OpRecord op;
+  op.cycles = 2000;
+  op.counters = CounterDelta(json{{"chip", chip}});
+  const prof::OpMetrics m = prof::compute_op_metrics(op, cfg);
+  CHECK(m.aic.ratio.at("mte2") == Approx(900.0 / 1000));
+  CHECK(m.aic.ratio.at("fixpipe") == Approx(70.0 / 1000));
+  CHECK(m.aic.ratio.at("mte1") == Approx(200.0 / 1000));
+  CHECK(m.aic.ratio.at("mac") == Approx(500.0 / 1000));
+  CHECK(m.aiv.ratio.at("mte3") == Approx(700.0 / 2000));
+  CHECK(m.aiv.ratio.at("mte2") == Approx(400.0 / 2000));
+}
+
 TEST_CASE("metrics: a cube op on a split chip") {
   const ChipConfig cfg = load_chip_config("tiny");
   REQUIRE(cfg.split);

@@ -67,6 +67,8 @@ TEST_CASE("one copy_gm2ub alone: path latency + HBM latency + bytes / port rate"
   CHECK(counter(r.counters, "chip.task_overhead_cycles") == task_overhead(cfg()));
   // The pipe is occupied by the bandwidth phase only; the latencies overlap what follows.
   CHECK(counter(r.counters, "chip.aiv0.mte2.busy_cycles") == 8192 / 32);
+  // In flight from its start until the data has landed: the whole copy (msprof's MTE2 time).
+  CHECK(counter(r.counters, "chip.aiv0.mte2.inflight_cycles") == ceil_u(copy));
   CHECK(counter(r.counters, "chip.aiv0.mte2.stall.mem_contention") == 0);
   CHECK(counter(r.counters, "chip.aiv0.mte2.bytes.gm_to_ub") == 8192);
   CHECK(counter(r.counters, "chip.l2.misses") == 8192 / cfg().l2_line_bytes);
@@ -209,6 +211,11 @@ TEST_CASE("double buffering overlaps MTE2 with V: total < sum of the stages") {
   CHECK(rd.cycles < rs.cycles);
   CHECK(counter(rd.counters, "chip.aiv0.v.stall.bank_conflict") == 0);
   CHECK(counter(rd.counters, "chip.aiv0.v.busy_cycles") == ceil_u(2 * vec));
+  // The two copies, one after the other, each in flight until its data landed; V's in-flight
+  // time is its busy time (no GM).
+  CHECK(counter(rd.counters, "chip.aiv0.mte2.inflight_cycles") == ceil_u(2 * copy));
+  CHECK(counter(rd.counters, "chip.aiv0.v.inflight_cycles") ==
+        counter(rd.counters, "chip.aiv0.v.busy_cycles"));
   CHECK(counter(rd.counters, "chip.aiv0.v.repeats") == 64);
   // V waited for tile 0 and, after finishing it, for tile 1.
   CHECK(counter(rd.counters, "chip.aiv0.v.stall.flag_wait") > 0);
