@@ -37,8 +37,10 @@ DataType npy_data_type(const NpyArray& a, const std::string& where) {
 }
 
 // "f32:8x3" -> TensorDesc; an empty shape ("f32:") is a scalar.
-compiler::TensorDesc parse_input(const std::string& spec, int index) {
-  const std::string where = fmt::format("--input {} ('{}')", index, spec);
+// `prefix`: where the spec came from, for errors ("--input", then the index).
+compiler::TensorDesc parse_input(const std::string& spec, int index,
+                                 const std::string& prefix = "--input") {
+  const std::string where = fmt::format("{} {} ('{}')", prefix, index, spec);
   auto colon = spec.find(':');
   if (colon == std::string::npos)
     throw Error(where + ": expected DTYPE:SHAPE, e.g. f16:64x128 (f32:, for a scalar)");
@@ -154,10 +156,16 @@ bool run_before_op(const std::string& spec, Simulator& sim, DeviceArena& arena,
   std::string rest = spec.substr(colon + 1);
   for (size_t start = 0; start <= rest.size();) {
     const size_t comma = std::min(rest.find(',', start), rest.size());
-    desc.inputs.push_back(parse_input(rest.substr(start, comma - start), int(desc.inputs.size())));
+    desc.inputs.push_back(
+        parse_input(rest.substr(start, comma - start), int(desc.inputs.size()), where + " input"));
     start = comma + 1;
   }
-  const compiler::CompiledKernel k = compiler::compile(desc, cfg, precision);
+  compiler::CompiledKernel k;
+  try {
+    k = compiler::compile(desc, cfg, precision);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: {}", where, e.what()));
+  }
   const OpBuffers buffers(
       sim, arena, k, desc.inputs.size(),
       [&](size_t i) { return random_bytes(desc.inputs[i], rng); }, where + " ");

@@ -477,6 +477,9 @@ def _(d):
     p = run("op", "Mean", "--input", "f32:64x64", "--attr", "axes=[0,1]", "--chip", "tiny",
             "--timing-only", "--before", "ZerosLike", expect_rc=1)
     assert "--before 'ZerosLike': expected OP:DTYPE:SHAPE" in p.stderr, p.stderr
+    p = run("op", "Mean", "--input", "f32:64x64", "--attr", "axes=[0,1]", "--chip", "tiny",
+            "--timing-only", "--before", "Nope:f32:4", expect_rc=1)
+    assert "--before 'Nope:f32:4': Nope(f32[4]): op Nope is not supported" in p.stderr, p.stderr
 
 
 failed = sum(1 for _, e in results if e is not None)
