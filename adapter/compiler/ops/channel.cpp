@@ -49,7 +49,8 @@ namespace {
 
 // Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
 // per item and channel group: clear the sums, (centered) load m, accumulate the tiles, fold the
-// tp running sums and store them.
+// tp running sums and store them. The raw input tiles are double-buffered (ping and pong, the
+// tile loop unrolled twice): MTE2 loads tile t+1 while V accumulates tile t.
 class ChannelSumEmitter {
  public:
   using Kind = ChannelSumSpec::Kind;
@@ -62,7 +63,8 @@ class ChannelSumEmitter {
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_m(const Reg& g);
-  void accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
+  void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
+  void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void fold_sums(uint64_t acc);
@@ -79,9 +81,11 @@ class ChannelSumEmitter {
   int64_t m_per = 0;         // pixels per block
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
-  uint64_t m_a_raw = 0, m_a32 = 0, m_b_raw = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
+  uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
+  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
   std::optional<PixelOps> m_px;
-  int m_in_free = 0, m_in_ready = 0, m_acc_ready = 0, m_acc_free = 0;
+  FlagPair m_in_free, m_in_ready;
+  int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
 };
 
 ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -94,8 +98,8 @@ ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& 
       m_sa(isa::dtype_size(s.a_type)),
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0) {}
 
-// Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (raw + f32),
-// b (raw + f32), the accumulator.
+// Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (2 raw + f32),
+// b (2 raw + f32), the accumulators (f32 copies only for f16 / bf16 inputs).
 void ChannelSumEmitter::plan_tile() {
   const ChannelSumSpec& s = m_s;
   const int64_t sa = m_sa, sb = m_sb;
@@ -107,10 +111,11 @@ void ChannelSumEmitter::plan_tile() {
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
-    const uint64_t per =
-        static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4 + (s.plain_sum ? 4 : 0));
+    const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
+    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
+                                               (s.plain_sum ? 4 : 0));
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
-           6 * (PixelOps::kPixelSlack + 32);
+           8 * (PixelOps::kPixelSlack + 32);
   };
   int64_t tp = 1;
   while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
@@ -133,12 +138,16 @@ void ChannelSumEmitter::allocate() {
   KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
   const uint64_t tile = m_tile;
-  m_a_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sa) + slack, "a (raw)");
-  m_a32 = m_sa == 4 ? m_a_raw : b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
-  if (m_has_b) {
-    m_b_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sb) + slack, "b (raw)");
-    m_b32 = m_sb == 4 ? m_b_raw : b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
+  // f32 inputs are computed on in their raw buffer (m_a32 / m_b32 = 0: that tile's raw one).
+  for (int q = 0; q < 2; ++q) {
+    const char* name = q ? "a (raw, pong)" : "a (raw, ping)";
+    m_a_raw[q] = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sa) + slack, name);
+    if (m_has_b)
+      m_b_raw[q] = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sb) + slack,
+                           q ? "b (raw, pong)" : "b (raw, ping)");
   }
+  if (m_sa != 4) m_a32 = b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
+  if (m_has_b && m_sb != 4) m_b32 = b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
   if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
   m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
   if (m_s.plain_sum) m_acc2 = b.alloc(Buf::UB, tile * 4 + slack, "plain accumulators");
@@ -175,11 +184,14 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   ChannelSumLaunch out;
   declare_args(out);
 
-  m_in_free = b.flag(Pipe::V, Pipe::MTE2, "tile free");
-  m_in_ready = b.flag(Pipe::MTE2, Pipe::V, "tile loaded");
+  m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "tile free");
+  m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "tile loaded");
+  m_m_free = b.flag(Pipe::V, Pipe::MTE2, "m free");
+  m_m_ready = b.flag(Pipe::MTE2, Pipe::V, "m loaded");
   m_acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
   m_acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  for (int q = 0; q < 2; ++q) b.set_flag(m_in_free, q);
+  b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   // The block id stays live (it indexes the partials): the range is computed from it.
   Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
@@ -191,7 +203,8 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   b.for_range(item, 0, s.batch, 1, [&] {
     b.for_range(g, 0, s.cp / m_ct, 1, [&] { emit_group(p0, p1, blk, item, g); });
   });
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  for (int q = 0; q < 2; ++q) b.wait_flag(m_in_free, q);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   b.end();
   out.launch.kernel = b.finish();
@@ -215,8 +228,8 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2, 0, n);
   }
   if (m_s.centered) load_m(g);
-  Reg t0 = b.reg("tile start");
-  b.for_range(t0, p0, p1, m_tp, [&] { accumulate_tile(t0, p1, item, g); });
+  accumulate_tiles(p0, p1, item, g);
+  if (m_s.centered) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   fold_sums(m_acc);
   if (m_s.plain_sum) fold_sums(m_acc2);
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
@@ -226,46 +239,66 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
-// m's channel group, once per group (MTE2 and V are in order through the flags).
+// m's channel group, once per group; V releases it after the group's last tile.
 void ChannelSumEmitter::load_m(const Reg& g) {
   KernelBuilder& b = m_b;
   const int64_t ct = m_ct;
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m_m));
   b.mul(t, g, ct * 4);
   b.add(src, src, t);
   b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
-  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
+  b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
 }
 
-// The tile at pixel t0: load a (and b), widen to f32, (centered) subtract m, square or
-// multiply, add into the running sums.
-void ChannelSumEmitter::accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item,
+// The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
+// buffers (the loop unrolled twice, as the streaming kernel's).
+void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
+                                         const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg t0 = b.reg("tile start");
+  b.mov(t0, p0);
+  Label loop = b.label("tiles"), done = b.label("tiles_end");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) {
+    b.branch(ge(t0, p1), done);
+    accumulate_tile(q, t0, p1, item, g);
+    b.add(t0, t0, m_tp);
+  }
+  b.jmp(loop);
+  b.bind(done);
+}
+
+// The tile at pixel t0 in buffers q: load a (and b), widen to f32, (centered) subtract m,
+// square or multiply, add into the running sums.
+void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item,
                                         const Reg& g) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
   PixelOps& px = *m_px;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
   Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
   b.sub(n, p1, t0);
   b.min(n, n, m_tp);
   b.mul(cnt, n, m_ct);
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
-  load_tile("a", m_a_raw, m_sa, s.a_batch_stride, n, t0, item, g);
-  if (m_has_b) load_tile("b", m_b_raw, m_sb, s.b_batch_stride, n, t0, item, g);
-  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  px.widen(m_a32, m_a_raw, s.a_type, cnt);
-  if (m_has_b) px.widen(m_b32, m_b_raw, s.b_type, cnt);
+  b.wait_flag(m_in_free, q);
+  load_tile("a", m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
+  if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
+  b.set_flag(m_in_ready, q);
+  b.wait_flag(m_in_ready, q);
+  const uint64_t a32 = m_sa == 4 ? m_a_raw[q] : m_a32;
+  const uint64_t b32 = m_has_b && m_sb == 4 ? m_b_raw[q] : m_b32;
+  px.widen(a32, m_a_raw[q], s.a_type, cnt);
+  if (m_has_b) px.widen(b32, m_b_raw[q], s.b_type, cnt);
   if (s.plain_sum)
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? m_b32 : m_a32, cnt);
-  if (s.centered) px.binary(Opcode::op_vsub, m_a32, 1, m_a32, 1, m_m, 0, n);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
+  if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m_m, 0, n);
   if (s.kind == Kind::kSumSquares)
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_a32, cnt);
-  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_b32, cnt);
-  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, m_a32, cnt);
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, a32, cnt);
+  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, b32, cnt);
+  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, a32, cnt);
+  b.set_flag(m_in_free, q);
 }
 
 // n pixels of the group's channels from `arg` into dst.
