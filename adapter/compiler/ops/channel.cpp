@@ -62,7 +62,9 @@ class ChannelSumEmitter {
   void allocate();
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
-  void load_m(const Reg& g);
+  void load_vectors(const Reg& g);
+  void load_vector(const char* arg, uint64_t dst, const Reg& g);
+  void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
   void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
@@ -83,9 +85,11 @@ class ChannelSumEmitter {
   uint64_t m_tile = 0;  // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
+  uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
+  bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
 };
 
 ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -95,6 +99,7 @@ ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& 
       m_kind(m_b.vector_core_kind()),
       m_core(*cfg.core_kind(m_kind)),
       m_has_b(s.kind == Kind::kSumProduct),
+      m_vectors(s.centered || s.relu_mask),
       m_sa(isa::dtype_size(s.a_type)),
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0) {}
 
@@ -106,16 +111,19 @@ void ChannelSumEmitter::plan_tile() {
   const bool has_b = m_has_b;
   if (s.plain_sum && s.kind == Kind::kSum)
     m_b.fail("a second plain sum needs kSumSquares or kSumProduct");
+  if (s.relu_mask && (!has_b || s.a_type != Dtype::F32 || s.b_type != Dtype::F32))
+    m_b.fail("a ReLU mask needs kSumProduct of f32 tensors");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
     const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
+    // relu_mask: the pre-activation (f32) and the mask bits; fa, fs and two constant repeats.
     const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
-                                               (s.plain_sum ? 4 : 0));
-    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
-           8 * (PixelOps::kPixelSlack + 32);
+                                               (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
+    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 * 3 +
+           14 * (PixelOps::kPixelSlack + 32);
   };
   int64_t tp = 1;
   while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
@@ -149,6 +157,14 @@ void ChannelSumEmitter::allocate() {
   if (m_sa != 4) m_a32 = b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
   if (m_has_b && m_sb != 4) m_b32 = b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
   if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
+  if (m_s.relu_mask) {
+    m_fa = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "fa");
+    m_fs = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "fs");
+    m_z = b.alloc(Buf::UB, tile * 4 + slack, "pre-activation fa * a + fs");
+    m_bits = b.alloc(Buf::UB, ceil_div(tile, 8) + slack, "mask bits");
+    m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
+    m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
+  }
   m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
   if (m_s.plain_sum) m_acc2 = b.alloc(Buf::UB, tile * 4 + slack, "plain accumulators");
 }
@@ -165,6 +181,12 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
   if (s.centered) {
     b.declare_arg("m", Dtype::F32, {s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
+  }
+  if (s.relu_mask) {
+    b.declare_arg("fa", Dtype::F32, {s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 3, 0});
+    b.declare_arg("fs", Dtype::F32, {s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 4, 0});
   }
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
@@ -192,6 +214,10 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   m_acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
   for (int q = 0; q < 2; ++q) b.set_flag(m_in_free, q);
   b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
+  if (s.relu_mask) {
+    vec_fill_repeat(b, Dtype::F32, m_one, 1.0);
+    vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);
+  }
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   // The block id stays live (it indexes the partials): the range is computed from it.
   Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
@@ -227,9 +253,9 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     vec_dup_bits(b, 4, m_acc, 0, n);
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2, 0, n);
   }
-  if (m_s.centered) load_m(g);
+  if (m_vectors) load_vectors(g);
   accumulate_tiles(p0, p1, item, g);
-  if (m_s.centered) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
+  if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   fold_sums(m_acc);
   if (m_s.plain_sum) fold_sums(m_acc2);
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
@@ -239,17 +265,40 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
-// m's channel group, once per group; V releases it after the group's last tile.
-void ChannelSumEmitter::load_m(const Reg& g) {
+// The group's per-channel vectors (m; fa and fs), once per group; V releases them after the
+// group's last tile.
+void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
-  const int64_t ct = m_ct;
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
-  Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m_m));
-  b.mul(t, g, ct * 4);
-  b.add(src, src, t);
-  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
+  if (m_s.centered) load_vector("m", m_m, g);
+  if (m_s.relu_mask) {
+    load_vector("fa", m_fa, g);
+    load_vector("fs", m_fs, g);
+  }
   b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
+}
+
+void ChannelSumEmitter::load_vector(const char* arg, uint64_t dst, const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("vector buffer", int64_t(dst));
+  b.mul(t, g, m_ct * 4);
+  b.add(src, src, t);
+  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, m_ct * 4 / 32, 0, 0},
+         fmt::format("{}, channel group", arg));
+}
+
+// b32 *= (fa * a32 + fs > 0 ? 1 : 0) over the tile's n pixels (cnt elements): the pre-activation
+// with the instructions BNTrainingUpdate's apply uses (vmul, then vadd: the same bits), the
+// factor and product as ReluGrad's.
+void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
+  KernelBuilder& b = m_b;
+  PixelOps& px = *m_px;
+  px.binary(Opcode::op_vmul, m_z, 1, a32, 1, m_fa, 0, n);
+  px.binary(Opcode::op_vadd, m_z, 1, m_z, 1, m_fs, 0, n);
+  vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_zero, cnt, true);
+  vec_select(b, Dtype::F32, m_z, m_one, m_zero, m_bits, cnt, true, true);
+  vec_binary(b, Opcode::op_vmul, Dtype::F32, b32, b32, m_z, cnt);
 }
 
 // The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
@@ -291,6 +340,7 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   const uint64_t b32 = m_has_b && m_sb == 4 ? m_b_raw[q] : m_b32;
   px.widen(a32, m_a_raw[q], s.a_type, cnt);
   if (m_has_b) px.widen(b32, m_b_raw[q], s.b_type, cnt);
+  if (s.relu_mask) relu_mask(a32, b32, n, cnt);
   if (s.plain_sum)
     vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
   if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m_m, 0, n);
