@@ -125,8 +125,13 @@ void ChannelSumEmitter::plan_tile() {
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 * 3 +
            14 * (PixelOps::kPixelSlack + 32);
   };
+  // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
+  // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
+  // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
+  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
+  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
   int64_t tp = 1;
-  while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
+  while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
   int64_t ct = 0;
   for (;;) {
     for (int64_t c = unit; c <= s.cp; c += unit)
@@ -137,8 +142,6 @@ void ChannelSumEmitter::plan_tile() {
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
   m_tp = tp;
   m_ct = ct;
-  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
-  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
   m_tile = static_cast<uint64_t>(tp * ct);
 }
 
