@@ -624,25 +624,16 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.cp = x.cp;
   std::vector<ArgRef> sum_inputs = {x.ref, dy.ref, mean};
   if (relu) {
-    // The forward pass's a and shift (cp long: the sums read the padded channels too).
-    const ArgRef a = workspace_take(k, static_cast<uint64_t>(x.cp) * 4),
-                 shift = workspace_take(k, static_cast<uint64_t>(x.cp) * 4);
-    ChannelEpilogueSpec f;
-    f.name = "BNTrainingUpdateGradFold";
-    f.spread = true;
-    f.c = t.c;
-    f.vectors = 4;  // batch_mean, batch_variance, scale, offset
-    f.outputs = 2;  // a, shift
-    f.temps = 1;
-    f.compute = [eps](KernelBuilder& b, const EpilogueOperands& o) {
-      bnt_fold(b, *o.count, o.vectors[0], o.vectors[1], o.vectors[2], o.vectors[3], o.outputs[0],
-               o.outputs[1], o.temps[0], eps);
-    };
-    k.launches.push_back(with_args(build_channel_epilogue(f, ctx.cfg, op.str()),
-                                   {input_ref(2), input_ref(3), input_ref(4), input_ref(5), a,
-                                    shift}));
+    // The forward pass's a and shift, recomputed per channel group inside the sums from the
+    // statistics, scale and offset (cp long: the sums read the padded channels too).
     s.relu_mask = true;
-    sum_inputs.insert(sum_inputs.end(), {a, shift});
+    s.mask_vectors = 3;  // batch_variance, scale, offset
+    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v,
+                        uint64_t a, uint64_t shift, uint64_t tmp) {
+      bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
+    };
+    for (int i : {3, 4, 5})
+      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x.cp, ctx.cfg));
   }
   ArgRef sdy;
   auto [sdyx, blocks] = append_sum(k, op, s, sum_inputs, ctx.cfg, &sdy);

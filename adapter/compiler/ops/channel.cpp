@@ -63,7 +63,7 @@ class ChannelSumEmitter {
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
-  void load_vector(const char* arg, uint64_t dst, const Reg& g);
+  void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
   void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
   void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
@@ -86,6 +86,7 @@ class ChannelSumEmitter {
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
+  std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
@@ -111,19 +112,22 @@ void ChannelSumEmitter::plan_tile() {
   const bool has_b = m_has_b;
   if (s.plain_sum && s.kind == Kind::kSum)
     m_b.fail("a second plain sum needs kSumSquares or kSumProduct");
-  if (s.relu_mask && (!has_b || s.a_type != Dtype::F32 || s.b_type != Dtype::F32))
-    m_b.fail("a ReLU mask needs kSumProduct of f32 tensors");
+  if (s.relu_mask && (!has_b || !s.centered || !s.mask_fold || s.a_type != Dtype::F32 ||
+                      s.b_type != Dtype::F32))
+    m_b.fail("a ReLU mask needs a centered kSumProduct of f32 tensors and its fold");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
     const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
-    // relu_mask: the pre-activation (f32) and the mask bits; fa, fs and two constant repeats.
+    // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
+    // constant repeats.
+    const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
     const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
                                                (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
-    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 * 3 +
-           14 * (PixelOps::kPixelSlack + 32);
+    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct * 4 * vectors) +
+           static_cast<uint64_t>(11 + vectors) * (PixelOps::kPixelSlack + 32);
   };
   // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
@@ -165,6 +169,9 @@ void ChannelSumEmitter::allocate() {
     m_fs = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "fs");
     m_z = b.alloc(Buf::UB, tile * 4 + slack, "pre-activation fa * a + fs");
     m_bits = b.alloc(Buf::UB, ceil_div(tile, 8) + slack, "mask bits");
+    for (int i = 0; i < m_s.mask_vectors; ++i)
+      m_mask.push_back(b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack,
+                               fmt::format("mask vector {}", i)));
     m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
     m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
   }
@@ -185,11 +192,9 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
     b.declare_arg("m", Dtype::F32, {s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
   }
-  if (s.relu_mask) {
-    b.declare_arg("fa", Dtype::F32, {s.cp});
-    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 3, 0});
-    b.declare_arg("fs", Dtype::F32, {s.cp});
-    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 4, 0});
+  for (int i = 0; s.relu_mask && i < s.mask_vectors; ++i) {
+    b.declare_arg(fmt::format("mask{}", i), Dtype::F32, {s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 3 + i, 0});
   }
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
@@ -268,21 +273,26 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
-// The group's per-channel vectors (m; fa and fs), once per group; V releases them after the
-// group's last tile.
+// The group's per-channel vectors (m; the mask vectors, then fa and fs from them), once per
+// group; V releases them after the group's last tile.
 void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (m_s.centered) load_vector("m", m_m, g);
-  if (m_s.relu_mask) {
-    load_vector("fa", m_fa, g);
-    load_vector("fs", m_fs, g);
-  }
+  for (size_t i = 0; i < m_mask.size(); ++i)
+    load_vector(fmt::format("mask{}", i), m_mask[i], g);
   b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
+  if (m_s.relu_mask) {
+    KernelBuilder::Origin o(b, "the ReLU's fold, channel group");
+    std::vector<uint64_t> vectors = {m_m};
+    vectors.insert(vectors.end(), m_mask.begin(), m_mask.end());
+    Reg n = b.reg_imm("channels", m_ct);
+    m_s.mask_fold(b, n, vectors, m_fa, m_fs, m_z);
+  }
 }
 
-void ChannelSumEmitter::load_vector(const char* arg, uint64_t dst, const Reg& g) {
+void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const Reg& g) {
   KernelBuilder& b = m_b;
   Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("vector buffer", int64_t(dst));
   b.mul(t, g, m_ct * 4);
