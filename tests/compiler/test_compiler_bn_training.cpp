@@ -131,8 +131,7 @@ void check_grads(const GradCase& gc) {
   HostTensor mean = random_tensor(DataType::F32, {c}, 0, 1, gc.seed + 3);
   HostTensor var = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 4);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, gc.seed + 5);
-  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps},
-                                                            {"relu", gc.relu}};
+  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}, {"relu", gc.relu}};
   // relu: the gradient arriving at relu(x a + shift) goes back through the ReLU.
   HostTensor g = dy;
   if (gc.relu) {

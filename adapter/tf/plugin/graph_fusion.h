@@ -228,9 +228,9 @@ struct FusionCounts {
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int total() const {
-    return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu + bias_epilogue +
-           elementwise + variable_update + deduplicated + rms_norm + swiglu + attention + rope +
-           rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
+    return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
+           bias_epilogue + elementwise + variable_update + deduplicated + rms_norm + swiglu +
+           attention + rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
   }
 };
 
