@@ -84,7 +84,7 @@ class ChannelSumEmitter {
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
-  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
+  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
@@ -125,9 +125,13 @@ void ChannelSumEmitter::plan_tile() {
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
     const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
+                                               (s.kind != Kind::kSum ? 4 : 0) +
                                                (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
+    // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
+    const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
+                          static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct * 4 * vectors) +
-           static_cast<uint64_t>(11 + vectors) * (PixelOps::kPixelSlack + 32);
+           static_cast<uint64_t>(12 + vectors) * (PixelOps::kPixelSlack + 32 + span);
   };
   // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
@@ -149,34 +153,53 @@ void ChannelSumEmitter::plan_tile() {
   m_tile = static_cast<uint64_t>(tp * ct);
 }
 
+// UB buffers, each starting in a bank window of its own among those an instruction combines
+// (the vector unit's bank model: a repeat's operands in the same banks take turns; the UB's
+// banks x width bytes hold span / 256 windows of one repeat): a 0, b 1, the accumulators 2
+// and 3, the product 4, m and the pre-activation 5; fa and fs share 2, the mask bits 3
+// (none of them meets the accumulators in an instruction).
 void ChannelSumEmitter::allocate() {
   KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
   const uint64_t tile = m_tile;
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes;
+  const uint64_t windows = span / vec::kRepeatBytes;
+  // Allocates `bytes` starting at bank window w (mod the windows there are; none: as it comes).
+  auto alloc = [&](uint64_t bytes, const std::string& name, uint64_t w) {
+    if (windows > 1 && span % vec::kRepeatBytes == 0) {
+      const uint64_t used = m_core.capacity(Buf::UB) - b.free_bytes(Buf::UB);
+      const uint64_t at = (w % windows) * vec::kRepeatBytes;
+      const uint64_t pad = (at + span - used % span) % span;
+      if (pad) b.alloc(Buf::UB, pad, "bank window padding");
+    }
+    return b.alloc(Buf::UB, bytes, name);
+  };
   // f32 inputs are computed on in their raw buffer (m_a32 / m_b32 = 0: that tile's raw one).
   for (int q = 0; q < 2; ++q) {
     const char* name = q ? "a (raw, pong)" : "a (raw, ping)";
-    m_a_raw[q] = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sa) + slack, name);
+    m_a_raw[q] = alloc(tile * static_cast<uint64_t>(m_sa) + slack, name, 0);
     if (m_has_b)
-      m_b_raw[q] = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sb) + slack,
-                           q ? "b (raw, pong)" : "b (raw, ping)");
+      m_b_raw[q] = alloc(tile * static_cast<uint64_t>(m_sb) + slack,
+                         q ? "b (raw, pong)" : "b (raw, ping)", 1);
   }
-  if (m_sa != 4) m_a32 = b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
-  if (m_has_b && m_sb != 4) m_b32 = b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
-  if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
+  if (m_sa != 4) m_a32 = alloc(tile * 4 + slack, "a (f32)", 0);
+  if (m_has_b && m_sb != 4) m_b32 = alloc(tile * 4 + slack, "b (f32)", 1);
+  if (m_s.kind != Kind::kSum) m_t = alloc(tile * 4 + slack, "products", 4);
+  if (m_s.centered) m_m = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "m", 5);
   if (m_s.relu_mask) {
-    m_fa = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "fa");
-    m_fs = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "fs");
-    m_z = b.alloc(Buf::UB, tile * 4 + slack, "pre-activation fa * a + fs");
-    m_bits = b.alloc(Buf::UB, ceil_div(tile, 8) + slack, "mask bits");
+    m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", 2);
+    m_fs = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fs", 2);
+    m_z = alloc(tile * 4 + slack, "pre-activation fa * a + fs", 5);
+    m_bits = alloc(ceil_div(tile, 8) + slack, "mask bits", 3);
     for (int i = 0; i < m_s.mask_vectors; ++i)
       m_mask.push_back(b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack,
                                fmt::format("mask vector {}", i)));
     m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
     m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
   }
-  m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
-  if (m_s.plain_sum) m_acc2 = b.alloc(Buf::UB, tile * 4 + slack, "plain accumulators");
+  m_acc = alloc(tile * 4 + slack, "accumulators", 2);
+  if (m_s.plain_sum) m_acc2 = alloc(tile * 4 + slack, "plain accumulators", 3);
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
@@ -357,10 +380,13 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   if (s.plain_sum)
     vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
   if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m_m, 0, n);
+  // The square or product into a buffer of its own (in place, a's banks would serve a third
+  // access per repeat).
+  uint64_t term = a32;
   if (s.kind == Kind::kSumSquares)
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, a32, cnt);
-  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, a32, a32, b32, cnt);
-  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, a32, cnt);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, term = m_t, a32, a32, cnt);
+  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = m_t, a32, b32, cnt);
+  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, term, cnt);
   b.set_flag(m_in_free, q);
 }
 
