@@ -125,7 +125,7 @@ void ChannelSumEmitter::plan_tile() {
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
     const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
-                                               (s.kind != Kind::kSum ? 4 : 0) +
+                                               (s.kind != Kind::kSum || s.centered ? 4 : 0) +
                                                (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
     // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
     const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
@@ -185,7 +185,8 @@ void ChannelSumEmitter::allocate() {
   }
   if (m_sa != 4) m_a32 = alloc(tile * 4 + slack, "a (f32)", 0);
   if (m_has_b && m_sb != 4) m_b32 = alloc(tile * 4 + slack, "b (f32)", 1);
-  if (m_s.kind != Kind::kSum) m_t = alloc(tile * 4 + slack, "products", 4);
+  if (m_s.kind != Kind::kSum || m_s.centered)
+    m_t = alloc(tile * 4 + slack, "scratch: a - m, or the products", 4);
   if (m_s.centered) m_m = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "m", 5);
   if (m_s.relu_mask) {
     m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", 2);
@@ -379,13 +380,16 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   if (s.relu_mask) relu_mask(a32, b32, n, cnt);
   if (s.plain_sum)
     vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
-  if (s.centered) px.binary(Opcode::op_vsub, a32, 1, a32, 1, m_m, 0, n);
-  // The square or product into a buffer of its own (in place, a's banks would serve a third
-  // access per repeat).
-  uint64_t term = a32;
+  // No step in place where it can be helped (the bank model: a destination that is also a
+  // source takes a second access to its banks per repeat): a - m into the scratch, the square
+  // or product into whichever of the scratch and a's tile is not its source.
+  uint64_t x = a32;
+  if (s.centered) px.binary(Opcode::op_vsub, x = m_t, 1, a32, 1, m_m, 0, n);
+  const uint64_t product = x == a32 ? m_t : a32;
+  uint64_t term = x;
   if (s.kind == Kind::kSumSquares)
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, term = m_t, a32, a32, cnt);
-  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = m_t, a32, b32, cnt);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, x, cnt);
+  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, b32, cnt);
   vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, term, cnt);
   b.set_flag(m_in_free, q);
 }
