@@ -13,7 +13,6 @@ BNTrainingUpdateGrad and BNTrainingReduceGrad goes, and both mask g themselves.
   pattern with neither folds and agrees with the CPU.
 """
 
-import json
 import os
 import sys
 
@@ -24,7 +23,10 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import FIT_STEPS, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import FIT_STEPS  # noqa: E402  pylint: disable=wrong-import-position
+# The training batch norm's own test's helpers: a child's RESULT line, lists within tolerances.
+from test_fusion_bn_training import (  # noqa: E402  pylint: disable=wrong-import-position
+    assert_close_lists, child_result)
 
 KERAS_CODE = FIT_STEPS + r'''
 import json
@@ -98,19 +100,6 @@ def run(variant, device):
 print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
                               for v in ("fusible", "second_consumer", "fetched")}))
 '''
-
-
-def child_result(code, extra_env=None):
-    proc = run_child(code, timeout=600, extra_env=extra_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
-
-
-def assert_close_lists(got, want, rtol, atol):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
 
 
 def test_keras_training_folded_matches_unfolded_and_cpu():
