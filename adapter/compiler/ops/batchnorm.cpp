@@ -131,7 +131,8 @@ void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& 
                             compute,
                         const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
                         std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>
-                            prologue = {}) {
+                            prologue = {},
+                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = name;
@@ -163,6 +164,14 @@ void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& 
     u.in.assign(t.in.begin() + static_cast<long>(nt), t.in.end());  // the vectors
     compute(b, u, f32);
   };
+  // The once-per-block work on the vectors' resident tiles, given the operands as compute's.
+  if (resident)
+    spec.resident_compute = [=](KernelBuilder& b, const TileOperands& t) {
+      TileOperands u = t;
+      u.temp.assign(t.temp.begin() + (widen ? static_cast<long>(nt) : 0), t.temp.end());
+      u.in.assign(t.in.begin() + static_cast<long>(nt), t.in.end());
+      resident(b, u);
+    };
   std::vector<ArgRef> args = tensors;
   args.insert(args.end(), vectors.begin(), vectors.end());
   args.push_back(out);
@@ -346,10 +355,13 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
 }
 
 // The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
-// to output 0; `vectors` = {mdy, mean, c2, c1[, a, shift]}, f32 [c]. With a and shift (T = f32),
-// dy is first masked as ReluGrad(dy, relu(x * a + shift)) (the file comment's relu = true).
+// to output 0; `vectors` = {mdy, mean, c2, c1[, unused, shift]}, f32 [c]: their tiles as
+// `resident` leaves them, when given (it computes them from what the vectors are). With six
+// vectors (T = f32), dy is first masked as ReluGrad(dy, relu(x * c1 + shift)) (the file
+// comment's relu = true; BNTrainingUpdate's a is c1, the same instructions).
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
-                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg) {
+                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
+                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const bool relu = vectors.size() == 6;
   append_elementwise(
       k, op, fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt)), shape, dt,
@@ -360,7 +372,7 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
         if (relu) {
           // temps: u, the mask bits, then one repeat of 1.0f and one of 0.0f (the prologue's)
           const uint64_t bits = t.temp[1], one = t.temp[2], zero = t.temp[3];
-          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, f[1], t.in[4], n);  // as the apply
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, f[1], t.in[3], n);  // as the apply
           vec_binary(b, Opcode::op_vadd, Dtype::F32, u, u, t.in[5], n);
           vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, u, zero, n, true);
           vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
@@ -382,7 +394,8 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
         vec_fill_repeat(b, Dtype::F32, temp[2], 1.0);
         vec_fill_repeat(b, Dtype::F32, temp[3], 0.0);
       }
-           : std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>{});
+           : std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>{},
+      std::move(resident));
 }
 
 CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
@@ -671,40 +684,29 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
   CompiledKernel k;
   k.outputs = {TensorDesc{t.dt, t.shape}};
-  const uint64_t bytes = static_cast<uint64_t>(t.c) * 4;
-  const ArgRef c1 = workspace_take(k, bytes), mdy = workspace_take(k, bytes),
-               c2 = workspace_take(k, bytes);
-  ChannelEpilogueSpec e;
-  e.name = "BNTrainingReduceGradCoefficients";
-  e.spread = true;
-  e.c = t.c;
-  e.vectors = relu ? 6 : 4;  // diff_scale, diff_offset, scale, variance (, mean, offset)
-  e.outputs = relu ? 5 : 3;  // c1, mdy, c2 (, a, shift)
-  e.temps = 1;
-  e.compute = [eps, inv, relu](KernelBuilder& b, const EpilogueOperands& o) {
-    const Reg& n = *o.count;
-    const uint64_t r = o.temps[0];
-    f32_scalar(b, Opcode::op_vadds, r, o.vectors[3], eps, n);
-    f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.vectors[2], r, n);     // c1 = scale * r
-    f32_scalar(b, Opcode::op_vmuls, o.outputs[1], o.vectors[1], inv, n);  // mdy
-    f32_binary(b, Opcode::op_vmul, o.outputs[2], r, o.vectors[0], n);
-    f32_scalar(b, Opcode::op_vmuls, o.outputs[2], o.outputs[2], inv, n);  // c2
-    if (relu)
-      bnt_fold(b, n, o.vectors[4], o.vectors[3], o.vectors[2], o.vectors[5], o.outputs[3],
-               o.outputs[4], r, eps);
-  };
-  std::vector<ArgRef> args = {input_ref(2), input_ref(3), input_ref(4), input_ref(6)};
-  if (relu) args.insert(args.end(), {input_ref(5), input_ref(7)});
-  args.insert(args.end(), {c1, mdy, c2});
-  std::vector<ArgRef> vectors = {mdy, input_ref(5), c2, c1};
-  if (relu) {
-    const ArgRef a = workspace_take(k, bytes), shift = workspace_take(k, bytes);
-    args.insert(args.end(), {a, shift});
-    vectors.insert(vectors.end(), {a, shift});
-  }
-  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), args));
-  append_training_dx(k, op, t.shape, t.dt, vectors, ctx.cfg);
+  // One launch: each block computes the coefficients once on the per-channel vectors' resident
+  // tiles, in place (lane by lane, the instructions of a per-channel epilogue: the same bits):
+  // diff_offset -> mdy, diff_scale -> c2, scale -> c1 (= BNTrainingUpdate's a), offset -> shift.
+  std::vector<ArgRef> vectors = {input_ref(3), input_ref(5), input_ref(2), input_ref(4),
+                                 input_ref(6)};
+  if (relu) vectors.push_back(input_ref(7));
+  append_training_dx(
+      k, op, t.shape, t.dt, vectors, ctx.cfg,
+      [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
+        const Reg& n = *o.count;
+        const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1], ds_c2 = o.in[2],
+                       scale_c1 = o.in[3], var = o.in[4];
+        f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
+        f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+        f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);  // c1 = scale * r
+        f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
+        f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
+        f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
+        if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+          f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
+          f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
+        }
+      });
   return k;
 }
 
