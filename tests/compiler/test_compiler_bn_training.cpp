@@ -11,6 +11,9 @@
 //     |x a| ea + |m a| (ea + 2 e) + 4 e (|x a| + |shift|);
 //   diff_scale = r sum dy (x - m): (K + 2) e r sum|dy (x - m)| + 4 e |diff_scale|;
 //   dx = c1 ((dy - mdy) - (x - m) c2): the rounding of each step, 4 e per term and of c1, c2.
+// With relu (the ReLU's gradient folded in), dy is replaced by dy * (x a + shift > 0), the
+// forward pass's a = scale / sqrt(v + eps) and shift = offset - m a; x is drawn so that no
+// pre-activation lies within 1e-3 of 0 (the mask is then the same in f32 and in double).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -114,6 +117,7 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed) {
 struct GradCase {
   std::vector<int64_t> shape;
   uint32_t seed;
+  bool relu = false;
 };
 
 void check_grads(const GradCase& gc) {
@@ -126,17 +130,35 @@ void check_grads(const GradCase& gc) {
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 2);
   HostTensor mean = random_tensor(DataType::F32, {c}, 0, 1, gc.seed + 3);
   HostTensor var = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 4);
-  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}};
-  RunResult sums = run("BNTrainingUpdateGrad", {dy, x, mean, var}, attrs, 2);
+  HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, gc.seed + 5);
+  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}, {"relu", gc.relu}};
+  // relu: the gradient arriving at relu(x a + shift) goes back through the ReLU.
+  HostTensor g = dy;
+  if (gc.relu) {
+    for (int64_t j = 0; j < c; ++j) {
+      const double a = scale.values[j] / std::sqrt(var.values[j] + eps),
+                   shift = offset.values[j] - mean.values[j] * a;
+      for (int64_t i = 0; i < r; ++i) {
+        const size_t q = static_cast<size_t>(i * c + j);
+        if (std::fabs(x.values[q] * a + shift) < 1e-3) x.values[q] += 0.01;
+        if (x.values[q] * a + shift <= 0) g.values[q] = 0;
+      }
+    }
+  }
+  const std::vector<HostTensor> fold =
+      gc.relu ? std::vector<HostTensor>{scale, offset} : std::vector<HostTensor>{};
+  std::vector<HostTensor> in = {dy, x, mean, var};
+  in.insert(in.end(), fold.begin(), fold.end());
+  RunResult sums = run("BNTrainingUpdateGrad", in, attrs, 2);
   std::vector<double> ds(c), dof(c), tds(c), tdof(c), rs(c);
   for (int64_t j = 0; j < c; ++j) {
     double sdyx = 0, adyx = 0, ady = 0;
     for (int64_t i = 0; i < r; ++i) {
-      const double g = at(dy, i, j, c), xm = at(x, i, j, c) - mean.values[j];
-      dof[j] += g;
-      ady += std::fabs(g);
-      sdyx += g * xm;
-      adyx += std::fabs(g * xm);
+      const double gi = at(g, i, j, c), xm = at(x, i, j, c) - mean.values[j];
+      dof[j] += gi;
+      ady += std::fabs(gi);
+      sdyx += gi * xm;
+      adyx += std::fabs(gi * xm);
     }
     rs[j] = 1 / std::sqrt(var.values[j] + eps);
     ds[j] = sdyx * rs[j];
@@ -147,17 +169,19 @@ void check_grads(const GradCase& gc) {
   check_within_bounds(sums.outputs[1].values, dof, tdof, "diff_offset");
   // The x gradient from the f32 sums the first op returned.
   HostTensor dsv = vec(sums.outputs[0].values), dofv = vec(sums.outputs[1].values);
-  RunResult dx = run("BNTrainingReduceGrad", {dy, x, dsv, dofv, scale, mean, var}, attrs, 1);
+  in = {dy, x, dsv, dofv, scale, mean, var};
+  if (gc.relu) in.push_back(offset);
+  RunResult dx = run("BNTrainingReduceGrad", in, attrs, 1);
   std::vector<double> want(x.values.size()), tol(x.values.size());
   for (int64_t j = 0; j < c; ++j) {
     const double c1 = scale.values[j] * rs[j], mdy = dofv.values[j] / static_cast<double>(r),
                  c2 = rs[j] * dsv.values[j] / static_cast<double>(r);
     for (int64_t i = 0; i < r; ++i) {
       const size_t q = static_cast<size_t>(i * c + j);
-      const double xm = x.values[q] - mean.values[j], inner = (dy.values[q] - mdy) - xm * c2;
+      const double xm = x.values[q] - mean.values[j], inner = (g.values[q] - mdy) - xm * c2;
       want[q] = c1 * inner;
       tol[q] =
-          std::fabs(c1) * 6 * kE * (std::fabs(dy.values[q]) + std::fabs(mdy) + std::fabs(xm * c2)) +
+          std::fabs(c1) * 6 * kE * (std::fabs(g.values[q]) + std::fabs(mdy) + std::fabs(xm * c2)) +
           4 * kE * std::fabs(c1 * inner);
     }
   }
@@ -185,6 +209,19 @@ TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad: the training gradient"
   check_grads({{1, 4, 4, 7}, 21});
   check_grads({{3, 4, 4, 32}, 22});
   check_grads({{1, 4, 4, 200}, 23});
+}
+
+TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad with relu: ReluGrad folded in") {
+  check_grads({{2, 3, 5, 16}, 30, true});
+  check_grads({{1, 4, 4, 7}, 31, true});  // channels padded to whole blocks
+  check_grads({{3, 4, 4, 32}, 32, true});
+  check_grads({{1, 4, 4, 200}, 33, true});
+  // relu needs the fold's inputs, and f32
+  const TensorDesc x{DataType::F32, {2, 4, 4, 8}}, v{DataType::F32, {8}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v}, {{"relu", true}}))
+            .message.find("with relu = true takes 6 inputs, 4 given") != std::string::npos);
+  CHECK(compile_refusal(make_op("BNTrainingReduceGrad", {x, x, v, v, v, v, v, v}))
+            .message.find("takes 7 inputs without relu, 8 given") != std::string::npos);
 }
 
 TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {

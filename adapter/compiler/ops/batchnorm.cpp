@@ -34,6 +34,14 @@
 //   BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance;
 //     epsilon) -> dx = c1 * ((dy - diff_offset / R) - (x - m) * c2), c1 = scale * r,
 //     c2 = r * diff_scale / R, r = rsqrt(v + eps): one pass over dy and x.
+//   With relu = true (the graph pass's ReluGrad folded in, CANN's fusion of the ReLU's gradient
+//   into the batch norm's): BNTrainingUpdateGrad takes scale and offset as inputs 4 and 5,
+//   BNTrainingReduceGrad offset as input 7, and both read dy as the gradient of the ReLU's
+//   output y = relu(x * a + shift) of BNTrainingUpdate(relu = true), taking it back through the
+//   ReLU on the fly: dy * (x * a + shift > 0 ? 1 : 0), as ReluGrad(dy, y). a and shift are
+//   recomputed from batch_mean, batch_variance, scale and offset with BNTrainingUpdate's
+//   instructions (bnt_fold), so x * a + shift is y's pre-activation bit for bit and the mask is
+//   ReluGrad's; y is not read (one pass over dy and x each, as without the ReLU).
 //   The variance from the sum of squares (as CANN's BNTrainingReduce) loses precision where
 //   |mean| >> std (cancellation, relative error about 2^-24 * mean^2 / v), which a batch norm
 //   after a convolution does not see in practice; TF's graph subtracts the mean first.
@@ -111,7 +119,9 @@ void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc&
   k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, cfg), {output_ref(out)}));
 }
 
-// The element-wise pass: out = f(tensors, per-channel vectors), computed in f32.
+// The element-wise pass: out = f(tensors, per-channel vectors), computed in f32. compute's
+// temps: `temps` f32 tiles, then `extra_temps` (whose constants `prologue` fills, given every
+// temp of the kernel: for f16 / bf16 the widened tensors' come first).
 void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& name,
                         const std::vector<int64_t>& shape, DataType dt,
                         const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
@@ -119,7 +129,10 @@ void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& 
                         std::function<void(KernelBuilder&, const TileOperands&,
                                            const std::vector<uint64_t>& f32_tensors)>
                             compute,
-                        const ChipConfig& cfg) {
+                        const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
+                        std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>
+                            prologue = {},
+                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = name;
@@ -133,6 +146,8 @@ void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& 
   const size_t nt = tensors.size();
   for (size_t i = 0; i < (widen ? nt : 0) + static_cast<size_t>(temps); ++i)
     spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0});
+  spec.temps.insert(spec.temps.end(), extra_temps.begin(), extra_temps.end());
+  spec.prologue = std::move(prologue);
   spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
     std::vector<uint64_t> f32;
     for (size_t i = 0; i < nt; ++i) {
@@ -149,6 +164,14 @@ void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& 
     u.in.assign(t.in.begin() + static_cast<long>(nt), t.in.end());  // the vectors
     compute(b, u, f32);
   };
+  // The once-per-block work on the vectors' resident tiles, given the operands as compute's.
+  if (resident)
+    spec.resident_compute = [=](KernelBuilder& b, const TileOperands& t) {
+      TileOperands u = t;
+      u.temp.assign(t.temp.begin() + (widen ? static_cast<long>(nt) : 0), t.temp.end());
+      u.in.assign(t.in.begin() + static_cast<long>(nt), t.in.end());
+      resident(b, u);
+    };
   std::vector<ArgRef> args = tensors;
   args.insert(args.end(), vectors.begin(), vectors.end());
   args.push_back(out);
@@ -332,15 +355,29 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
 }
 
 // The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
-// to output 0; `vectors` = {mdy, mean, c2, c1}, f32 [c].
+// to output 0; `vectors` = {mdy, mean, c2, c1[, unused, shift]}, f32 [c]: their tiles as
+// `resident` leaves them, when given (it computes them from what the vectors are). With six
+// vectors (T = f32), dy is first masked as ReluGrad(dy, relu(x * c1 + shift)) (the file
+// comment's relu = true; BNTrainingUpdate's a is c1, the same instructions).
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
-                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg) {
+                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
+                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
+  const bool relu = vectors.size() == 6;
   append_elementwise(
-      k, op, fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape, dt,
+      k, op, fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt)), shape, dt,
       {input_ref(0), input_ref(1)}, vectors, output_ref(0), 1,
-      [dt](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
+      [dt, relu](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
         const Reg& n = *t.count;
         const uint64_t u = t.temp[0];
+        if (relu) {
+          // temps: u, the mask bits, then one repeat of 1.0f and one of 0.0f (the prologue's)
+          const uint64_t bits = t.temp[1], one = t.temp[2], zero = t.temp[3];
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, f[1], t.in[3], n);  // as the apply
+          vec_binary(b, Opcode::op_vadd, Dtype::F32, u, u, t.in[5], n);
+          vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, u, zero, n, true);
+          vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
+          vec_binary(b, Opcode::op_vmul, Dtype::F32, f[0], f[0], u, n);  // ReluGrad's product
+        }
         vec_binary(b, Opcode::op_vsub, Dtype::F32, u, f[0], t.in[0], n);
         vec_binary(b, Opcode::op_vsub, Dtype::F32, f[1], f[1], t.in[1], n);
         vec_binary(b, Opcode::op_vmul, Dtype::F32, f[1], f[1], t.in[2], n);
@@ -348,7 +385,17 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
         vec_binary(b, Opcode::op_vmul, Dtype::F32, u, u, t.in[3], n);
         store_f32(b, t, u, dt);
       },
-      cfg);
+      cfg,
+      relu ? std::vector<TempSpec>{{"mask bits", 1.0 / 8, 0},
+                                   {"1.0f repeat", 0, vec::kRepeatBytes},
+                                   {"0.0f repeat", 0, vec::kRepeatBytes}}
+           : std::vector<TempSpec>{},
+      relu ? [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+        vec_fill_repeat(b, Dtype::F32, temp[2], 1.0);
+        vec_fill_repeat(b, Dtype::F32, temp[3], 0.0);
+      }
+           : std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>{},
+      std::move(resident));
 }
 
 CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
@@ -500,6 +547,18 @@ CompiledKernel compile_bn_training_reduce(const CompileContext& ctx) {
   return k;
 }
 
+// BNTrainingUpdate's fold from the batch statistics (f32 [count] in the UB): a = rsqrt(v + eps)
+// * scale, shift = offset - m * a (tmp: scratch). The ReLU-masked gradients recompute a and
+// shift with it, so they get the same bits as the forward pass's apply used.
+void bnt_fold(KernelBuilder& b, const Reg& n, uint64_t m, uint64_t v, uint64_t scale,
+              uint64_t offset, uint64_t a, uint64_t shift, uint64_t tmp, double eps) {
+  f32_scalar(b, Opcode::op_vadds, a, v, eps, n);
+  f32_unary(b, Opcode::op_vrsqrt, a, a, n);
+  f32_binary(b, Opcode::op_vmul, a, a, scale, n);  // a = rsqrt(v + eps) * scale
+  f32_binary(b, Opcode::op_vmul, tmp, m, a, n);
+  f32_binary(b, Opcode::op_vsub, shift, offset, tmp, n);  // shift = offset - m * a
+}
+
 // BNTrainingUpdate(x, sum, square_sum, scale, offset) -> y, batch_mean, batch_variance.
 CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -530,11 +589,7 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
     f32_binary(b, Opcode::op_vmul, tmp, m, m, n);
     f32_binary(b, Opcode::op_vsub, v, v, tmp, n);
     f32_unary(b, Opcode::op_vrelu, v, v, n);  // v = max(square_sum / R - m^2, 0)
-    f32_scalar(b, Opcode::op_vadds, a, v, eps, n);
-    f32_unary(b, Opcode::op_vrsqrt, a, a, n);
-    f32_binary(b, Opcode::op_vmul, a, a, o.vectors[2], n);  // a = rsqrt(v + eps) * scale
-    f32_binary(b, Opcode::op_vmul, tmp, m, a, n);
-    f32_binary(b, Opcode::op_vsub, shift, o.vectors[3], tmp, n);  // shift = offset - m * a
+    bnt_fold(b, n, m, v, o.vectors[2], o.vectors[3], a, shift, tmp, eps);
   };
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
                                  {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
@@ -544,11 +599,28 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   return k;
 }
 
-// BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance) -> diff_scale, diff_offset: one pass
-// over dy and x summing dy and dy * (x - m).
+// The relu attribute of the ReLU-masked gradients (file comment): T must be f32 (the forward
+// BNTrainingUpdate's), and the op has `inputs` inputs with it, `inputs - extra` without.
+bool relu_attr(const OpDesc& op, size_t inputs, size_t extra) {
+  const bool relu = op.attr_bool("relu", false);
+  if (relu && op.inputs.size() != inputs)
+    op.fail(fmt::format("with relu = true takes {} inputs, {} given", inputs, op.inputs.size()));
+  if (!relu && op.inputs.size() == inputs && extra)
+    op.fail(fmt::format("takes {} inputs without relu, {} given", inputs - extra,
+                        op.inputs.size()));
+  return relu;
+}
+
+// BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance[, scale, offset]) -> diff_scale,
+// diff_offset: one pass over dy and x summing dy and dy * (x - m) (relu: dy masked first).
 CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const TrainingShape t = training_shape(op, 4, {0, 1}, {2, 3});
+  const bool relu = relu_attr(op, 6, 2);
+  const TrainingShape t =
+      relu ? training_shape(op, 6, {0, 1}, {2, 3, 4, 5}) : training_shape(op, 4, {0, 1}, {2, 3});
+  if (relu && t.dt != DataType::F32)
+    op.fail(fmt::format("relu = true needs T = f32 (BNTrainingUpdate's), got {}",
+                        data_type_name(t.dt)));
   const double eps = op.attr_float("epsilon", 0.001);
   CompiledKernel k;
   const TensorDesc vec{DataType::F32, {t.c}};
@@ -563,8 +635,21 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   s.cp = x.cp;
+  std::vector<ArgRef> sum_inputs = {x.ref, dy.ref, mean};
+  if (relu) {
+    // The forward pass's a and shift, recomputed per channel group inside the sums from the
+    // statistics, scale and offset (cp long: the sums read the padded channels too).
+    s.relu_mask = true;
+    s.mask_vectors = 3;  // batch_variance, scale, offset
+    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v,
+                        uint64_t a, uint64_t shift, uint64_t tmp) {
+      bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
+    };
+    for (int i : {3, 4, 5})
+      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x.cp, ctx.cfg));
+  }
   ArgRef sdy;
-  auto [sdyx, blocks] = append_sum(k, op, s, {x.ref, dy.ref, mean}, ctx.cfg, &sdy);
+  auto [sdyx, blocks] = append_sum(k, op, s, sum_inputs, ctx.cfg, &sdy);
   ChannelEpilogueSpec e;
   e.name = "BNTrainingUpdateGradSums";
   e.spread = true;
@@ -585,38 +670,43 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   return k;
 }
 
-// BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance) -> dx.
+// BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance[,
+// offset]) -> dx (relu: dy masked first).
 CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const TrainingShape t = training_shape(op, 7, {0, 1}, {2, 3, 4, 5, 6});
+  const bool relu = relu_attr(op, 8, 1);
+  const TrainingShape t = relu ? training_shape(op, 8, {0, 1}, {2, 3, 4, 5, 6, 7})
+                               : training_shape(op, 7, {0, 1}, {2, 3, 4, 5, 6});
+  if (relu && t.dt != DataType::F32)
+    op.fail(fmt::format("relu = true needs T = f32 (BNTrainingUpdate's), got {}",
+                        data_type_name(t.dt)));
   const double eps = op.attr_float("epsilon", 0.001);
   const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
   CompiledKernel k;
   k.outputs = {TensorDesc{t.dt, t.shape}};
-  const uint64_t bytes = static_cast<uint64_t>(t.c) * 4;
-  const ArgRef c1 = workspace_take(k, bytes), mdy = workspace_take(k, bytes),
-               c2 = workspace_take(k, bytes);
-  ChannelEpilogueSpec e;
-  e.name = "BNTrainingReduceGradCoefficients";
-  e.spread = true;
-  e.c = t.c;
-  e.vectors = 4;  // diff_scale, diff_offset, scale, variance
-  e.outputs = 3;  // c1, mdy, c2
-  e.temps = 1;
-  e.compute = [eps, inv](KernelBuilder& b, const EpilogueOperands& o) {
-    const Reg& n = *o.count;
-    const uint64_t r = o.temps[0];
-    f32_scalar(b, Opcode::op_vadds, r, o.vectors[3], eps, n);
-    f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-    f32_binary(b, Opcode::op_vmul, o.outputs[0], o.vectors[2], r, n);     // c1 = scale * r
-    f32_scalar(b, Opcode::op_vmuls, o.outputs[1], o.vectors[1], inv, n);  // mdy
-    f32_binary(b, Opcode::op_vmul, o.outputs[2], r, o.vectors[0], n);
-    f32_scalar(b, Opcode::op_vmuls, o.outputs[2], o.outputs[2], inv, n);  // c2
-  };
-  k.launches.push_back(
-      with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
-                {input_ref(2), input_ref(3), input_ref(4), input_ref(6), c1, mdy, c2}));
-  append_training_dx(k, op, t.shape, t.dt, {mdy, input_ref(5), c2, c1}, ctx.cfg);
+  // One launch: each block computes the coefficients once on the per-channel vectors' resident
+  // tiles, in place (lane by lane, the instructions of a per-channel epilogue: the same bits):
+  // diff_offset -> mdy, diff_scale -> c2, scale -> c1 (= BNTrainingUpdate's a), offset -> shift.
+  std::vector<ArgRef> vectors = {input_ref(3), input_ref(5), input_ref(2), input_ref(4),
+                                 input_ref(6)};
+  if (relu) vectors.push_back(input_ref(7));
+  append_training_dx(
+      k, op, t.shape, t.dt, vectors, ctx.cfg,
+      [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
+        const Reg& n = *o.count;
+        const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1], ds_c2 = o.in[2],
+                       scale_c1 = o.in[3], var = o.in[4];
+        f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
+        f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+        f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);  // c1 = scale * r
+        f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
+        f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
+        f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
+        if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+          f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
+          f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
+        }
+      });
   return k;
 }
 

@@ -49,7 +49,8 @@ namespace {
 
 // Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
 // per item and channel group: clear the sums, (centered) load m, accumulate the tiles, fold the
-// tp running sums and store them.
+// tp running sums and store them. The raw input tiles are double-buffered (ping and pong, the
+// tile loop unrolled twice): MTE2 loads tile t+1 while V accumulates tile t.
 class ChannelSumEmitter {
  public:
   using Kind = ChannelSumSpec::Kind;
@@ -61,8 +62,11 @@ class ChannelSumEmitter {
   void allocate();
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
-  void load_m(const Reg& g);
-  void accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
+  void load_vectors(const Reg& g);
+  void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
+  void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
+  void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
+  void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void fold_sums(uint64_t acc);
@@ -79,9 +83,14 @@ class ChannelSumEmitter {
   int64_t m_per = 0;         // pixels per block
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
-  uint64_t m_a_raw = 0, m_a32 = 0, m_b_raw = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0;
+  uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
+  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0, m_t = 0;
+  uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
+  std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
-  int m_in_free = 0, m_in_ready = 0, m_acc_ready = 0, m_acc_free = 0;
+  FlagPair m_in_free, m_in_ready;
+  int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
+  bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
 };
 
 ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -91,29 +100,46 @@ ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& 
       m_kind(m_b.vector_core_kind()),
       m_core(*cfg.core_kind(m_kind)),
       m_has_b(s.kind == Kind::kSumProduct),
+      m_vectors(s.centered || s.relu_mask),
       m_sa(isa::dtype_size(s.a_type)),
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0) {}
 
-// Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (raw + f32),
-// b (raw + f32), the accumulator.
+// Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (2 raw + f32),
+// b (2 raw + f32), the accumulators (f32 copies only for f16 / bf16 inputs).
 void ChannelSumEmitter::plan_tile() {
   const ChannelSumSpec& s = m_s;
   const int64_t sa = m_sa, sb = m_sb;
   const bool has_b = m_has_b;
   if (s.plain_sum && s.kind == Kind::kSum)
     m_b.fail("a second plain sum needs kSumSquares or kSumProduct");
+  if (s.relu_mask && (!has_b || !s.centered || !s.mask_fold || s.a_type != Dtype::F32 ||
+                      s.b_type != Dtype::F32))
+    m_b.fail("a ReLU mask needs a centered kSumProduct of f32 tensors and its fold");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct) {
-    const uint64_t per =
-        static_cast<uint64_t>(sa + 4 + (has_b ? sb + 4 : 0) + 4 + (s.plain_sum ? 4 : 0));
-    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct) * 4 +
-           6 * (PixelOps::kPixelSlack + 32);
+    const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
+    // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
+    // constant repeats.
+    const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
+    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
+                                               (s.kind != Kind::kSum || s.centered ? 4 : 0) +
+                                               (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
+    // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
+    const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
+                          static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
+    return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct * 4 * vectors) +
+           static_cast<uint64_t>(12 + vectors) * (PixelOps::kPixelSlack + 32 + span);
   };
+  // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
+  // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
+  // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
+  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
+  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
   int64_t tp = 1;
-  while (tp * 2 <= kMaxTilePixels && tp * 2 <= std::max<int64_t>(s.pixels, 1)) tp *= 2;
+  while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
   int64_t ct = 0;
   for (;;) {
     for (int64_t c = unit; c <= s.cp; c += unit)
@@ -124,24 +150,57 @@ void ChannelSumEmitter::plan_tile() {
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
   m_tp = tp;
   m_ct = ct;
-  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
-  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
   m_tile = static_cast<uint64_t>(tp * ct);
 }
 
+// UB buffers, each starting in a bank window of its own among those an instruction combines
+// (the vector unit's bank model: a repeat's operands in the same banks take turns; the UB's
+// banks x width bytes hold span / 256 windows of one repeat): a 0, b 1, the accumulators 2
+// and 3, the product 4, m and the pre-activation 5; fa and fs share 2, the mask bits 3
+// (none of them meets the accumulators in an instruction).
 void ChannelSumEmitter::allocate() {
   KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
   const uint64_t tile = m_tile;
-  m_a_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sa) + slack, "a (raw)");
-  m_a32 = m_sa == 4 ? m_a_raw : b.alloc(Buf::UB, tile * 4 + slack, "a (f32)");
-  if (m_has_b) {
-    m_b_raw = b.alloc(Buf::UB, tile * static_cast<uint64_t>(m_sb) + slack, "b (raw)");
-    m_b32 = m_sb == 4 ? m_b_raw : b.alloc(Buf::UB, tile * 4 + slack, "b (f32)");
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes;
+  const uint64_t windows = span / vec::kRepeatBytes;
+  // Allocates `bytes` starting at bank window w (mod the windows there are; none: as it comes).
+  auto alloc = [&](uint64_t bytes, const std::string& name, uint64_t w) {
+    if (windows > 1 && span % vec::kRepeatBytes == 0) {
+      const uint64_t used = m_core.capacity(Buf::UB) - b.free_bytes(Buf::UB);
+      const uint64_t at = (w % windows) * vec::kRepeatBytes;
+      const uint64_t pad = (at + span - used % span) % span;
+      if (pad) b.alloc(Buf::UB, pad, "bank window padding");
+    }
+    return b.alloc(Buf::UB, bytes, name);
+  };
+  // f32 inputs are computed on in their raw buffer (m_a32 / m_b32 = 0: that tile's raw one).
+  for (int q = 0; q < 2; ++q) {
+    const char* name = q ? "a (raw, pong)" : "a (raw, ping)";
+    m_a_raw[q] = alloc(tile * static_cast<uint64_t>(m_sa) + slack, name, 0);
+    if (m_has_b)
+      m_b_raw[q] = alloc(tile * static_cast<uint64_t>(m_sb) + slack,
+                         q ? "b (raw, pong)" : "b (raw, ping)", 1);
   }
-  if (m_s.centered) m_m = b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack, "m");
-  m_acc = b.alloc(Buf::UB, tile * 4 + slack, "accumulators");
-  if (m_s.plain_sum) m_acc2 = b.alloc(Buf::UB, tile * 4 + slack, "plain accumulators");
+  if (m_sa != 4) m_a32 = alloc(tile * 4 + slack, "a (f32)", 0);
+  if (m_has_b && m_sb != 4) m_b32 = alloc(tile * 4 + slack, "b (f32)", 1);
+  if (m_s.kind != Kind::kSum || m_s.centered)
+    m_t = alloc(tile * 4 + slack, "scratch: a - m, or the products", 4);
+  if (m_s.centered) m_m = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "m", 5);
+  if (m_s.relu_mask) {
+    m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", 2);
+    m_fs = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fs", 2);
+    m_z = alloc(tile * 4 + slack, "pre-activation fa * a + fs", 5);
+    m_bits = alloc(ceil_div(tile, 8) + slack, "mask bits", 3);
+    for (int i = 0; i < m_s.mask_vectors; ++i)
+      m_mask.push_back(b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack,
+                               fmt::format("mask vector {}", i)));
+    m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
+    m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
+  }
+  m_acc = alloc(tile * 4 + slack, "accumulators", 2);
+  if (m_s.plain_sum) m_acc2 = alloc(tile * 4 + slack, "plain accumulators", 3);
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
@@ -156,6 +215,10 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
   if (s.centered) {
     b.declare_arg("m", Dtype::F32, {s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
+  }
+  for (int i = 0; s.relu_mask && i < s.mask_vectors; ++i) {
+    b.declare_arg(fmt::format("mask{}", i), Dtype::F32, {s.cp});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 3 + i, 0});
   }
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
@@ -175,11 +238,18 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   ChannelSumLaunch out;
   declare_args(out);
 
-  m_in_free = b.flag(Pipe::V, Pipe::MTE2, "tile free");
-  m_in_ready = b.flag(Pipe::MTE2, Pipe::V, "tile loaded");
+  m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "tile free");
+  m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "tile loaded");
+  m_m_free = b.flag(Pipe::V, Pipe::MTE2, "m free");
+  m_m_ready = b.flag(Pipe::MTE2, Pipe::V, "m loaded");
   m_acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
   m_acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  for (int q = 0; q < 2; ++q) b.set_flag(m_in_free, q);
+  b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
+  if (s.relu_mask) {
+    vec_fill_repeat(b, Dtype::F32, m_one, 1.0);
+    vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);
+  }
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   // The block id stays live (it indexes the partials): the range is computed from it.
   Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
@@ -191,7 +261,8 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   b.for_range(item, 0, s.batch, 1, [&] {
     b.for_range(g, 0, s.cp / m_ct, 1, [&] { emit_group(p0, p1, blk, item, g); });
   });
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  for (int q = 0; q < 2; ++q) b.wait_flag(m_in_free, q);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   b.end();
   out.launch.kernel = b.finish();
@@ -214,9 +285,9 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     vec_dup_bits(b, 4, m_acc, 0, n);
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2, 0, n);
   }
-  if (m_s.centered) load_m(g);
-  Reg t0 = b.reg("tile start");
-  b.for_range(t0, p0, p1, m_tp, [&] { accumulate_tile(t0, p1, item, g); });
+  if (m_vectors) load_vectors(g);
+  accumulate_tiles(p0, p1, item, g);
+  if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   fold_sums(m_acc);
   if (m_s.plain_sum) fold_sums(m_acc2);
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
@@ -226,46 +297,101 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
-// m's channel group, once per group (MTE2 and V are in order through the flags).
-void ChannelSumEmitter::load_m(const Reg& g) {
+// The group's per-channel vectors (m; the mask vectors, then fa and fs from them), once per
+// group; V releases them after the group's last tile.
+void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
-  const int64_t ct = m_ct;
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
-  Reg src = b.load_arg("m"), t = b.reg("temp"), d = b.reg_imm("m buffer", int64_t(m_m));
-  b.mul(t, g, ct * 4);
-  b.add(src, src, t);
-  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ct * 4 / 32, 0, 0}, "m, channel group");
-  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+  b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
+  if (m_s.centered) load_vector("m", m_m, g);
+  for (size_t i = 0; i < m_mask.size(); ++i)
+    load_vector(fmt::format("mask{}", i), m_mask[i], g);
+  b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
+  b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
+  if (m_s.relu_mask) {
+    KernelBuilder::Origin o(b, "the ReLU's fold, channel group");
+    std::vector<uint64_t> vectors = {m_m};
+    vectors.insert(vectors.end(), m_mask.begin(), m_mask.end());
+    Reg n = b.reg_imm("channels", m_ct);
+    m_s.mask_fold(b, n, vectors, m_fa, m_fs, m_z);
+  }
 }
 
-// The tile at pixel t0: load a (and b), widen to f32, (centered) subtract m, square or
-// multiply, add into the running sums.
-void ChannelSumEmitter::accumulate_tile(const Reg& t0, const Reg& p1, const Reg& item,
+void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("vector buffer", int64_t(dst));
+  b.mul(t, g, m_ct * 4);
+  b.add(src, src, t);
+  b.emit(Opcode::op_copy_gm2ub, {d, src, 1, m_ct * 4 / 32, 0, 0},
+         fmt::format("{}, channel group", arg));
+}
+
+// b32 *= (fa * a32 + fs > 0 ? 1 : 0) over the tile's n pixels (cnt elements): the pre-activation
+// with the instructions BNTrainingUpdate's apply uses (vmul, then vadd: the same bits), the
+// factor and product as ReluGrad's.
+void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
+  KernelBuilder& b = m_b;
+  PixelOps& px = *m_px;
+  px.binary(Opcode::op_vmul, m_z, 1, a32, 1, m_fa, 0, n);
+  px.binary(Opcode::op_vadd, m_z, 1, m_z, 1, m_fs, 0, n);
+  vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_zero, cnt, true);
+  vec_select(b, Dtype::F32, m_z, m_one, m_zero, m_bits, cnt, true, true);
+  vec_binary(b, Opcode::op_vmul, Dtype::F32, b32, b32, m_z, cnt);
+}
+
+// The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
+// buffers (the loop unrolled twice, as the streaming kernel's).
+void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
+                                         const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg t0 = b.reg("tile start");
+  b.mov(t0, p0);
+  Label loop = b.label("tiles"), done = b.label("tiles_end");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) {
+    b.branch(ge(t0, p1), done);
+    accumulate_tile(q, t0, p1, item, g);
+    b.add(t0, t0, m_tp);
+  }
+  b.jmp(loop);
+  b.bind(done);
+}
+
+// The tile at pixel t0 in buffers q: load a (and b), widen to f32, (centered) subtract m,
+// square or multiply, add into the running sums.
+void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item,
                                         const Reg& g) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
   PixelOps& px = *m_px;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
   Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
   b.sub(n, p1, t0);
   b.min(n, n, m_tp);
   b.mul(cnt, n, m_ct);
-  b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
-  load_tile("a", m_a_raw, m_sa, s.a_batch_stride, n, t0, item, g);
-  if (m_has_b) load_tile("b", m_b_raw, m_sb, s.b_batch_stride, n, t0, item, g);
-  b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
-  px.widen(m_a32, m_a_raw, s.a_type, cnt);
-  if (m_has_b) px.widen(m_b32, m_b_raw, s.b_type, cnt);
+  b.wait_flag(m_in_free, q);
+  load_tile("a", m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
+  if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
+  b.set_flag(m_in_ready, q);
+  b.wait_flag(m_in_ready, q);
+  const uint64_t a32 = m_sa == 4 ? m_a_raw[q] : m_a32;
+  const uint64_t b32 = m_has_b && m_sb == 4 ? m_b_raw[q] : m_b32;
+  px.widen(a32, m_a_raw[q], s.a_type, cnt);
+  if (m_has_b) px.widen(b32, m_b_raw[q], s.b_type, cnt);
+  if (s.relu_mask) relu_mask(a32, b32, n, cnt);
   if (s.plain_sum)
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? m_b32 : m_a32, cnt);
-  if (s.centered) px.binary(Opcode::op_vsub, m_a32, 1, m_a32, 1, m_m, 0, n);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
+  // No step in place where it can be helped (the bank model: a destination that is also a
+  // source takes a second access to its banks per repeat): a - m into the scratch, the square
+  // or product into whichever of the scratch and a's tile is not its source.
+  uint64_t x = a32;
+  if (s.centered) px.binary(Opcode::op_vsub, x = m_t, 1, a32, 1, m_m, 0, n);
+  const uint64_t product = x == a32 ? m_t : a32;
+  uint64_t term = x;
   if (s.kind == Kind::kSumSquares)
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_a32, cnt);
-  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, m_a32, m_a32, m_b32, cnt);
-  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, m_a32, cnt);
-  b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, x, cnt);
+  if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, b32, cnt);
+  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, term, cnt);
+  b.set_flag(m_in_free, q);
 }
 
 // n pixels of the group's channels from `arg` into dst.

@@ -8,6 +8,11 @@
 //                           and with plain_sum, in the same pass, a second set of partials:
 //                             kSumSquares  sum a             (before centring)
 //                             kSumProduct  sum b
+//                           with relu_mask (kSumProduct, centered), b is first replaced by
+//                           b * (fa * a + fs > 0 ? 1 : 0): the gradient b of relu(fa * a + fs)
+//                           taken back through the ReLU, as ReluGrad does; fa and fs are
+//                           computed per channel group by mask_fold from m and mask_vectors
+//                           more f32 [cp] vectors
 //                           of tensors laid out [pixels][cp] with cp * element size a multiple
 //                           of 32 bytes (callers copy other channel counts to a padded layout).
 //                           Block k of the launch sums pixels [k * per, (k+1) * per) and writes
@@ -44,11 +49,19 @@ struct ChannelSumSpec {
   int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
   bool centered = false;  // subtract m (f32 [cp], argument "m") from a
   bool plain_sum = false;  // also sum a (kSumSquares) or b (kSumProduct) into "partials2"
+  bool relu_mask = false;  // kSumProduct, centered: mask b by fa * a + fs > 0
+  int mask_vectors = 0;    // relu_mask: vectors read besides m (arguments "mask0", ...)
+  // relu_mask: writes fa and fs (f32, `count` lanes in the UB) from vectors = {m, mask0, ...};
+  // tmp: a scratch of as many lanes.
+  std::function<void(KernelBuilder& b, const Reg& count, const std::vector<uint64_t>& vectors,
+                     uint64_t fa, uint64_t fs, uint64_t tmp)>
+      mask_fold;
 };
 
 struct ChannelSumLaunch {
   Launch launch;   // arguments (rebind them): a, then b (kSumProduct), then m (centered), then
-                   // partials, then partials2 (plain_sum; the same layout)
+                   // the mask vectors (relu_mask), then partials, then partials2 (plain_sum;
+                   // the same layout)
   int blocks = 0;  // partials are [batch][blocks][cp] f32
 };
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,

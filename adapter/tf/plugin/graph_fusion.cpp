@@ -674,6 +674,83 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
   return static_cast<int>(found.size());
 }
 
+// ---- Rewrite 0b: the ReLU's gradient folded into rewrite 0's gradients (graph_fusion.h) ----
+
+// Whether input i of n reads output `port` of node `name` (a data edge).
+bool reads_output(const tfc::NodeDef& n, int i, const std::string& name, int port) {
+  if (i >= n.input_size()) return false;
+  const InputRef r = parse_input(n.input(i));
+  return !r.control && r.node == name && r.port == port;
+}
+
+// ReluGrad(g, y) with y = output 0 of a BNTrainingUpdate(relu = true) whose gradients (rewrite
+// 0's BNTrainingUpdateGrad and BNTrainingReduceGrad of the same x and statistics) are the
+// ReluGrad's only two consumers: both read g and take it back through the ReLU themselves
+// (relu = true, with the fold's scale and offset as extra inputs); the ReluGrad goes.
+int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                       std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  struct Fold {
+    tfc::NodeDef *relu_grad, *update, *update_grad, *reduce_grad;
+  };
+  std::vector<Fold> found;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& ug = *graph.mutable_node(i);
+    if (ug.op() != "BNTrainingUpdateGrad" || ug.input_size() < 4 || !on_npu(ug)) continue;
+    if (auto r = ug.attr().find("relu"); r != ug.attr().end() && r->second.b()) continue;
+    tfc::NodeDef* rg = g.producer(ug, 0, "ReluGrad");
+    if (!rg || !float_node(*rg) || rg->input_size() < 2 || !rm.removable(*rg, 2)) continue;
+    const InputRef y = parse_input(rg->input(1));
+    tfc::NodeDef* update = y.control || y.port != 0 ? nullptr : g.node(y.node);
+    if (!update || update->op() != "BNTrainingUpdate" || update->input_size() < 5 ||
+        !on_npu(*update))
+      continue;
+    if (auto r = update->attr().find("relu"); r == update->attr().end() || !r->second.b()) continue;
+    // The same batch norm: x, and the statistics of that BNTrainingUpdate.
+    if (ug.input(1) != update->input(0) || !reads_output(ug, 2, update->name(), 1) ||
+        !reads_output(ug, 3, update->name(), 2))
+      continue;
+    tfc::NodeDef* rd = nullptr;
+    for (int k : g.consumer_indices(rg->name()))
+      if (g.at(k) != &ug) rd = g.at(k);
+    if (!rd || rd->op() != "BNTrainingReduceGrad" || rd->input_size() < 7 || !on_npu(*rd) ||
+        !reads_output(*rd, 0, rg->name(), 0) || rd->input(1) != ug.input(1) ||
+        !reads_output(*rd, 2, ug.name(), 0) || !reads_output(*rd, 3, ug.name(), 1) ||
+        rd->input(4) != update->input(3) || !reads_output(*rd, 5, update->name(), 1) ||
+        !reads_output(*rd, 6, update->name(), 2) || rm.claimed(ug.name()) ||
+        rm.claimed(rd->name()))
+      continue;
+    if (auto r = rd->attr().find("relu"); r != rd->attr().end() && r->second.b()) continue;
+    rm.remove(rg->name());
+    rm.claim(ug.name());
+    rm.claim(rd->name());
+    found.push_back({rg, update, &ug, rd});
+  }
+  for (const Fold& f : found) {
+    const std::string grad = f.relu_grad->input(0);
+    std::map<std::string, tfc::AttrValue> attrs = {{"T", type_value(tfc::DT_FLOAT)}};
+    if (auto e = f.update_grad->attr().find("epsilon"); e != f.update_grad->attr().end())
+      attrs["epsilon"] = e->second;
+    attrs["relu"].set_b(true);
+    attrs["N"].set_i(2);
+    std::vector<std::string> in(f.update_grad->input().begin(),
+                                f.update_grad->input().begin() + 4);
+    in[0] = grad;
+    in.insert(in.end(), {f.update->input(3), f.update->input(4)});  // scale, offset
+    rewrite_as(*f.update_grad, "BNTrainingUpdateGrad", in, attrs);
+    attrs["N"].set_i(1);
+    in.assign(f.reduce_grad->input().begin(), f.reduce_grad->input().begin() + 7);
+    in[0] = grad;
+    in.push_back(f.update->input(4));  // offset
+    rewrite_as(*f.reduce_grad, "BNTrainingReduceGrad", in, attrs);
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return static_cast<int>(found.size());
+}
+
+// ---- end of rewrite 0b ----
+
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
   GraphView g(graph);
@@ -2916,6 +2993,14 @@ bool training_fusion_requested() {
   return on;
 }
 
+bool bn_relu_grad_fusion_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_BN_RELU_GRAD");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 bool variable_update_fusion_requested() {
   static const bool on = [] {
     const char* v = std::getenv("NPUSIM_FUSION_VARIABLE_UPDATE");
@@ -3021,6 +3106,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   }
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    if (bn_relu_grad_fusion_requested())
+      counts.bn_relu_grad = fuse_bn_relu_grads(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
   }

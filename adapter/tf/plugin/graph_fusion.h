@@ -31,6 +31,16 @@
 //      control edges), all float. A batch norm whose gradient is not in the same graph, or that
 //      differs in any node, is left to the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns
 //      this rewrite alone off.
+//   0b. The ReLU's gradient folded into rewrite 0's gradients (CANN's fusion of ReluGrad into
+//      the batch norm's backward), right after 0: ReluGrad(g, y) where y is output 0 of a
+//      BNTrainingUpdate with relu = true and the ReluGrad's only consumers are that batch
+//      norm's BNTrainingUpdateGrad and BNTrainingReduceGrad (reading it as their gradient;
+//      not preserved, no control edges): both read g instead, with relu = true and the fold's
+//      inputs added (BNTrainingUpdateGrad(g, x, batch_mean, batch_variance, scale, offset),
+//      BNTrainingReduceGrad(..., batch_variance, offset)), and mask g by x * a + shift > 0,
+//      the ReLU's own pre-activation recomputed bit for bit (adapter/compiler/ops/
+//      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). Runs with
+//      rewrite 0 only; NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -199,6 +209,7 @@ namespace npusim::tf {
 
 struct FusionCounts {
   int training_batch_norm = 0;  // training batch norms fused (4 nodes each, rewrite 0)
+  int bn_relu_grad = 0;         // ReluGrads folded into rewrite 0's gradients (rewrite 0b)
   int batch_norm = 0;           // BatchNormInference nodes created (before 2 folds some in)
   int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
   int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
@@ -217,9 +228,9 @@ struct FusionCounts {
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int total() const {
-    return training_batch_norm + batch_norm + conv_batch_norm + add_relu + bias_epilogue +
-           elementwise + variable_update + deduplicated + rms_norm + swiglu + attention + rope +
-           rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
+    return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
+           bias_epilogue + elementwise + variable_update + deduplicated + rms_norm + swiglu +
+           attention + rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
   }
 };
 
@@ -227,6 +238,8 @@ struct FusionCounts {
 bool fusion_requested();
 // False when NPUSIM_FUSION_BN_TRAINING is "0" (read once): rewrite 0 alone off.
 bool training_fusion_requested();
+// False when NPUSIM_FUSION_BN_RELU_GRAD is "0" (read once): rewrite 0b alone off.
+bool bn_relu_grad_fusion_requested();
 // False when NPUSIM_FUSION_VARIABLE_UPDATE is "0" (read once): rewrite 5 alone off.
 bool variable_update_fusion_requested();
 // False when NPUSIM_FUSION_RMS_NORM / _SWIGLU / _ATTENTION is "0" (each read once): rewrite 7,

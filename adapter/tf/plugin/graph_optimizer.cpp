@@ -293,13 +293,15 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(stderr,
-                     "npusim: fusion in %s: %d training batch norms, %d BatchNormInference "
+                     "npusim: fusion in %s: %d training batch norms (%d ReluGrads folded "
+                     "in), %d BatchNormInference "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
                      "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate, %d duplicates, %d RmsNorm, "
                      "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
                      "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2\n",
-                     item_id(item).c_str(), counts.training_batch_norm, counts.batch_norm,
+                     item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
+                     counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
                      counts.bias_epilogue, counts.elementwise, counts.variable_update, counts.deduplicated,
                      counts.rms_norm, counts.swiglu, counts.attention, counts.rope,

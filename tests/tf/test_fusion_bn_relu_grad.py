@@ -1,0 +1,133 @@
+"""The ReLU's gradient folded into the training batch norm's gradient (adapter/tf/plugin/
+graph_fusion.h, rewrite 0b; the kernels in adapter/compiler/ops/batchnorm.cpp, relu = true):
+ReluGrad(g, y) of a BNTrainingUpdate(relu = true) read only by that batch norm's
+BNTrainingUpdateGrad and BNTrainingReduceGrad goes, and both mask g themselves.
+
+- a Keras Conv2D + BatchNormalization + ReLU model trained three steps (SGD) gives the same
+  losses and weights as with NPUSIM_FUSION_BN_RELU_GRAD=0 in a child process (the mask is
+  ReluGrad's bit for bit: the fused kernels recompute the ReLU's pre-activation with the
+  forward pass's instructions) and, within the cube's fp16 operands, as TensorFlow on the CPU;
+  without the ReluGrad launch (one launch fewer per step);
+- patterns that must not fold keep their ReluGrad and still compute the CPU's results: the
+  ReluGrad's output also read by another node, and fetched itself; the same hand-written
+  pattern with neither folds and agrees with the CPU.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import FIT_STEPS  # noqa: E402  pylint: disable=wrong-import-position
+# The training batch norm's own test's helpers: a child's RESULT line, lists within tolerances.
+from test_fusion_bn_training import (  # noqa: E402  pylint: disable=wrong-import-position
+    assert_close_lists, child_result)
+
+KERAS_CODE = FIT_STEPS + r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+
+def train(device):
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inp)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.SGD(0.1)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
+        losses = fit_steps(model, opt, x, y, device)
+    recs = npusim.launch_records() if device != "/CPU:0" else []
+    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
+            "launches": len(recs), "types": sorted({r["op_type"] for r in recs})}
+
+
+print("RESULT " + json.dumps({"npu": train("/NPU:0"), "cpu": train("/CPU:0")}))
+'''
+
+# The training batch norm as Keras 3 writes it (rewrite 0 fuses it), with a ReLU whose
+# gradient is also read elsewhere in the variants that must not fold.
+PATTERN_CODE = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+
+def pattern(x, gamma, beta, variant):
+    with tf.GradientTape() as tape:
+        tape.watch([x, gamma, beta])
+        mean = tf.reduce_mean(x, [0, 1, 2], keepdims=True)
+        var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), [0, 1, 2],
+                             keepdims=True)
+        mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
+        inv = tf.math.rsqrt(var + 1e-3) * gamma
+        z = x * inv + (beta - mean * inv)
+        y = tf.nn.relu(z)
+        loss = tf.reduce_sum(y * tf.cast(tf.range(8), y.dtype))
+    if variant == "fusible":
+        return [y] + tape.gradient(loss, [x, gamma, beta])
+    grads = tape.gradient(loss, [x, gamma, beta, z])  # dz: the ReluGrad's output
+    extra = [grads[3] * 3.0] if variant == "second_consumer" else [grads[3]]
+    return [y] + grads[:3] + extra
+
+
+def run(variant, device):
+    rng = np.random.default_rng(1)
+    args = [tf.constant(rng.standard_normal((2, 4, 4, 8)).astype(np.float32)),
+            tf.constant(rng.uniform(0.5, 2, 8).astype(np.float32)),
+            tf.constant(rng.uniform(-1, 1, 8).astype(np.float32))]
+    with tf.device(device):
+        npusim.clear_launch_records()
+        outs = tf.function(lambda *a: pattern(*a, variant))(*args)
+        outs = [o.numpy().astype(np.float64).tolist() for o in outs]
+    return {"outs": outs, "types": sorted({r["op_type"] for r in npusim.launch_records()})}
+
+
+print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
+                              for v in ("fusible", "second_consumer", "fetched")}))
+'''
+
+
+def test_keras_training_folded_matches_unfolded_and_cpu():
+    folded = child_result(KERAS_CODE)
+    unfolded = child_result(KERAS_CODE, {"NPUSIM_FUSION_BN_RELU_GRAD": "0"})
+    assert "ReluGrad" not in folded["npu"]["types"]
+    assert "ReluGrad" in unfolded["npu"]["types"]
+    assert {"BNTrainingUpdateGrad", "BNTrainingReduceGrad"} <= set(folded["npu"]["types"])
+    # One ReluGrad launch per training step fewer (fit_steps: three steps and a warm-up).
+    assert folded["npu"]["launches"] < unfolded["npu"]["launches"]
+    # The mask is ReluGrad's and the sums see the same masked gradient: f32 rounding alone.
+    assert_close_lists(folded["npu"]["losses"], unfolded["npu"]["losses"], 1e-6, 1e-7)
+    assert_close_lists(folded["npu"]["weights"], unfolded["npu"]["weights"], 1e-5, 1e-7)
+    # TensorFlow on the CPU: the convolution's operands reach the cube in fp16 on the NPU.
+    assert_close_lists(folded["npu"]["losses"], folded["cpu"]["losses"], 1e-3, 1e-5)
+    assert_close_lists(folded["npu"]["weights"], folded["cpu"]["weights"], 2e-2, 5e-3)
+
+
+@pytest.fixture(scope="module")
+def pattern_runs():
+    return child_result(PATTERN_CODE)
+
+
+@pytest.mark.parametrize("variant", ["fusible", "second_consumer", "fetched"])
+def test_pattern_variants(pattern_runs, variant):
+    run = pattern_runs[variant]
+    types = set(run["npu"]["types"])
+    assert "BNTrainingReduceGrad" in types  # rewrite 0 took the batch norm in every variant
+    assert ("ReluGrad" in types) == (variant != "fusible")
+    for got, want in zip(run["npu"]["outs"], run["cpu"]["outs"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
