@@ -118,7 +118,8 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 // "chip", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
 // "loads_data" (the kernel reads device memory with ld: loads_data() above),
-// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
+// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch),
+// "reads_collective" (the id of the latest collective whose output it reads, 0: none)
 // [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
 //  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
@@ -150,6 +151,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters, int chip
         e["graph_run"] = r.label->graph_run;
       }
       e["host_dispatch_cycles"] = r.host_dispatch_cycles;
+      e["reads_collective"] = r.reads_collective;
       if (with_counters == 1) e["counters"] = r.counters();
       if (with_counters == 2) e["counters"] = flat_counters(r.counter_delta);
       j.push_back(std::move(e));
@@ -235,7 +237,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
   }
   j["collectives"] = nlohmann::json::array();
   for (const rt::CollectiveRecord& r : dev->collective_records())
-    j["collectives"].push_back({{"collective", r.collective},
+    j["collectives"].push_back({{"id", r.id},
+                                {"collective", r.collective},
                                 {"algorithm", r.algorithm},
                                 {"op", r.op},
                                 {"dtype", r.dtype},
@@ -244,6 +247,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
                                 {"bytes", r.bytes},
                                 {"link_bytes", r.link_bytes},
                                 {"chips", r.chips},
+                                {"input_launch", r.input_launch},
                                 {"start_cycle", r.start_cycle},
                                 {"end_cycle", r.end_cycle},
                                 {"steps", r.steps},
