@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sim/memory/device_memory.h"
+#include "sim/sc_driver.h"
 #include "sim/system/fabric.h"
 
 namespace npusim::rt {
@@ -302,6 +303,10 @@ uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
 
 uint64_t Driver::sim_cycles() const { return m_sys ? m_sys->now_cycles() : m_sim->now_cycles(); }
 
+void Driver::align_simulation() {
+  if (m_sys) sc_driver::start_on_clock_edge();
+}
+
 Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
                                 uint64_t modelled, const std::function<void()>& run,
                                 uint64_t data_ready) {
@@ -309,6 +314,7 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
   p.start = ready;
   for (int c : chips) p.start = std::max(p.start, m_timeline.at(static_cast<size_t>(c)));
   p.start = std::max(p.start + idle, data_ready);
+  align_simulation();
   p.sim_start = sim_cycles();
   std::vector<uint64_t> epochs;
   for (int c : chips) epochs.push_back(begin_writes(c));
@@ -329,6 +335,7 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
     }
   } move{*this, chips, epochs, p, modelled};
   run();
+  align_simulation();
   return p;
 }
 
@@ -424,6 +431,7 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t id, uint6
             std::max((*input_launch)[r], this->input_launch(c, piece.addr, piece.bytes));
       }
   }
+  align_simulation();
   p->sim_start = sim_cycles();
   std::vector<uint64_t> epochs;
   for (int c : call.chips) epochs.push_back(c >= 0 && c < m_chips ? begin_writes(c) : 0);
@@ -442,6 +450,7 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t id, uint6
   };
   try {
     run();
+    align_simulation();
   } catch (...) {
     move();
     throw;
@@ -510,7 +519,9 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     rec.chips = g.call.chips;
     rec.input_launch = std::move(input_launch);
     rec.start_cycle = p.at(r.start_cycle);
-    rec.end_cycle = rec.start_cycle + r.cycles;
+    // Its end on the communication timelines: the last cycle it occupied, counted whole
+    // (align_simulation), the start of what waits for it.
+    rec.end_cycle = std::max(rec.start_cycle + r.cycles, end);
     for (CollectiveStep& step : r.step_records) step.start_cycle = p.at(step.start_cycle);
     rec.steps = r.steps;
     rec.inline_reduce = r.inline_reduce;

@@ -176,6 +176,16 @@ class Driver {
                             const std::function<void()>& run,
                             std::vector<int64_t>* input_launch);
   uint64_t sim_cycles() const;  // the simulation's clock
+  // On a system, lets the rest of the current AI-core cycle pass (sc_driver::
+  // start_on_clock_edge). place() and place_collective() call it before an op's start and after
+  // its end are read off the simulation's clock: every op then starts on a clock edge and spans
+  // ceil(its duration) cycles of its timeline, the cycles its record gives, whatever the phase
+  // at which the simulation reached it. (Without it an op's span took the floor of its end and
+  // the rest of the cycle the op before had left: a cycle more or less depending on the order
+  // in which TensorFlow issued the chips' independent ops, and a record one cycle past the next
+  // op's start, which the reports cut, at places that moved with that order.) A single chip's
+  // timeline is left as it was.
+  void align_simulation();
   // The chip model's host link and kernel runs, on the Simulator or on chip `chip` of the system.
   KernelResult run_on_chip(int chip, const KernelLaunch& launch);
   HdcResult hdc_copy(const DeviceOp& op);

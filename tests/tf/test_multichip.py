@@ -3,6 +3,7 @@ copies between NPUs over the links, npusim.distribute's collectives against nump
 MirroredStrategy training against one NPU on the global batch, and the errors. Every test runs
 a child process (the device count is fixed per process)."""
 
+import re
 import textwrap
 
 import pytest
@@ -445,3 +446,62 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
     assert any(k.endswith("busy_cycles") and v > 0 for k, v in c1.items()), c1
     assert c0 == c1
     assert result["mm_cycles"][0] == result["mm_cycles"][1]
+
+
+def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
+    """The same MirroredStrategy training on 2 tiny NPUs in two processes gives the same
+    simulated time on every chip: each chip's timeline, every kernel's cycles, every collective's
+    start and end, the reports' summary.txt (top level and per device; not its task ids and
+    allocator peak) and op_summary.csv's task durations per device. TensorFlow's executor may issue a chip's independent ops in another
+    order from run to run; an op's span on its chip's timeline must not depend on that (the
+    driver starts every op on a clock edge before reading the simulation's clock)."""
+    def run(k):
+        report = tmp_path / f"report{k}"
+        return child_result(mlp_on_two_npus(64) + textwrap.dedent(f"""
+            import csv, os
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = build()
+                model.set_weights(init)
+                model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+            model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+            info = npusim.system_info()
+            npusim.write_report({str(report)!r})
+            out = {{"timeline": info["timeline_cycles"],
+                    "collectives": [(c["collective"], c["bytes"], c["start_cycle"],
+                                     c["end_cycle"]) for c in info["collectives"]],
+                    "kernels": [sorted((r["op_name"], r["kernel"], r["cycles"])
+                                       for r in npusim.launch_records(chip=c)) for c in (0, 1)],
+                    "summary": {{}}, "op_summary": {{}}}}
+            for d in ("", "device_0", "device_1"):
+                with open(os.path.join({str(report)!r}, d, "summary.txt")) as f:
+                    out["summary"][d] = f.read()
+                if d:
+                    with open(os.path.join({str(report)!r}, d, "op_summary.csv")) as f:
+                        out["op_summary"][d] = sorted(
+                            (r["Op Name"], r["OP Type"], r["task_duration_cycles"])
+                            for r in csv.DictReader(f))
+            print("RESULT" + json.dumps(out))
+            """), timeout=600)
+
+    first, second = run(1), run(2)
+    assert len(first["collectives"]) >= 4 and all(len(k) > 0 for k in first["kernels"])
+    for key in ("timeline", "collectives", "kernels", "op_summary"):
+        assert first[key] == second[key], key
+    # summary.txt but for what names the order TensorFlow's executor issued the ops in, which is
+    # not simulated time: the task ids of "Top ops by time" (its rows are compared as a set) and
+    # the allocator's peak (when TensorFlow freed a tensor).
+    def timed(text):
+        lines, top = [], []
+        for line in text.splitlines():
+            if top and re.match(r" +\d+ ", line):  # a row: task id, op, figures
+                top[-1].append(line.split(None, 1)[1])
+                continue
+            if line.startswith("Top ops by time"):
+                top.append([])
+            if not line.startswith("  TensorFlow's allocator"):
+                lines.append(line)
+        return lines, [sorted(t) for t in top]
+
+    for d, text in first["summary"].items():
+        assert "Device memory" in text and timed(text) == timed(second["summary"][d]), d
