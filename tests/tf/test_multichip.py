@@ -427,6 +427,13 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
         d = npusim.write_report({str(tmp_path / "all")!r})
         with open(os.path.join(d, "device_1", "launches.json")) as f:
             out["written1"] = [r["kernel"] for r in json.load(f)]
+        out["pngs"] = {{s: sorted(f for f in os.listdir(os.path.join(d, s)) if f.endswith(".png"))
+                       for s in ("", "device_0", "device_1")}}
+        try:
+            import matplotlib  # noqa: F401
+            out["matplotlib"] = True
+        except ImportError:
+            out["matplotlib"] = False
         recs = {{k: npusim.launch_records(with_counters="flat", chip=k) for k in (0, 1)}}
         out["chips"] = sorted({{r["chip"] for k in (0, 1) for r in recs[k]}})
         mm = {{k: [r for r in recs[k] if r["op_type"] == "MatMul"] for k in (0, 1)}}
@@ -442,6 +449,10 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
     assert result["chips"] == [0, 1]
     # The whole run's report: chip 1's launches before the window too.
     assert len(result["written1"]) > len(result["ops1"])
+    # Every folder has the plots (with matplotlib; each device_<k>/ of its chip's launches).
+    if result["matplotlib"]:
+        for sub, pngs in result["pngs"].items():
+            assert pngs == ["op_time.png", "roofline.png"], (sub, pngs)
     c0, c1 = result["mm_counters"]
     assert any(k.endswith("busy_cycles") and v > 0 for k, v in c1.items()), c1
     assert c0 == c1

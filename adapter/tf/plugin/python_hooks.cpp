@@ -348,13 +348,14 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
 // Writes the report folder of the launches since {"origin_cycle"} (default 0: the whole run) to
 // `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
 // trace.json, summary.txt, and the plots when {"python", "plot_script"} are given; with several
-// NPUs also device_<k>/ per chip k with the same files (no plots) of that chip's launches since
+// NPUs also device_<k>/ per chip k with the same files (and plots) of that chip's launches since
 // {"origin_cycles"}[k] (default: origin_cycle). Other keys of
 // extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available),
 // "device_memory" (default: the runtime allocator's figures, whose peak npusim_tf_report_begin
 // restarted, and the NpuGraph plans' arenas, npu_graph.h; RuntimeReportInput::extra). Returns
 // {"files": [...], "window": {"origin_cycle", "end_cycle": the device timeline now},
-// "plots": {"ok", "output"}} or {"error"}; {"files": []} if the device never opened.
+// "plots": {"ok", "output"}[, "device_plots": [{"ok", "output"} per chip]]} or {"error"};
+// {"files": []} if the device never opened.
 NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra_json) {
   using namespace npusim;
   nlohmann::json j;
@@ -422,6 +423,15 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     if (!python.empty() && !script.empty()) {
       const prof::PlotResult plots = prof::run_plot_script(dir, python, script);
       j["plots"] = {{"ok", plots.ok}, {"output", plots.output}};
+      // Several NPUs: each device_<k>/ gets its chip's plots too (the same script on its files).
+      if (devices.size() > 1) {
+        j["device_plots"] = nlohmann::json::array();
+        for (size_t k = 0; k < devices.size(); ++k) {
+          const prof::PlotResult p =
+              prof::run_plot_script(fmt::format("{}/device_{}", dir, k), python, script);
+          j["device_plots"].push_back({{"ok", p.ok}, {"output", p.output}});
+        }
+      }
     }
     return rt::ok_status();
   });
