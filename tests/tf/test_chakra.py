@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import subprocess
+import textwrap
 
 import numpy as np
 import pytest
@@ -262,26 +263,12 @@ def test_mirrored_strategy_step_on_two_npus(tmp_path, schema):
     durations, its collective nodes the driver's collective records (type, bytes, communicator),
     and dependencies that the chips' timelines satisfy: a collective after the compute node
     that last wrote its input (a gradient op), its readers (the optimizer) after it."""
-    from conftest import child_result  # pylint: disable=import-outside-toplevel
-    import textwrap
+    from conftest import child_result, mlp_on_two_npus  # pylint: disable=import-outside-toplevel
     out_dir = tmp_path / "et"
-    result = child_result(textwrap.dedent(f"""
-        import json
-        import numpy as np
-        import npusim
-        npusim.configure(chip="tiny", chips=2)
-        import tensorflow as tf
-        import keras
-        keras.utils.set_random_seed(1)
-        rng = np.random.default_rng(2)
-        x = rng.normal(size=(32, 12)).astype(np.float32)
-        y = rng.integers(0, 4, size=(32,)).astype(np.int64)
-        strategy = tf.distribute.MirroredStrategy()
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
-                                      keras.layers.Dense(4)])
-            model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    result = child_result(mlp_on_two_npus(32) + textwrap.dedent(f"""
+        with tf.distribute.MirroredStrategy().scope():
+            model = build()
+            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
         before = model.get_weights()
         out = npusim.export_chakra({str(out_dir)!r}, model=model, x=x, y=y)
         info = npusim.system_info()

@@ -10,33 +10,10 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from conftest import child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    child_result, mlp_on_two_npus, run_child)
 
 SYSTEM_TINY_X8 = {"NPUSIM_SYSTEM": "tiny-x8"}
-
-
-def mlp_on_two_npus(samples):
-    """A child's prelude: 2 tiny NPUs, an MLP builder, its initial weights `init`, `samples`
-    inputs `x` and labels `y`, and its `loss`."""
-    return textwrap.dedent(f"""
-        import json
-        import numpy as np
-        import npusim
-        npusim.configure(chip="tiny", chips=2)
-        import tensorflow as tf
-        import keras
-
-        def build():
-            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
-                                     keras.layers.Dense(4)])
-
-        keras.utils.set_random_seed(1)
-        rng = np.random.default_rng(2)
-        x = rng.normal(size=({samples}, 12)).astype(np.float32)
-        y = rng.integers(0, 4, size=({samples},)).astype(np.int64)
-        init = build().get_weights()
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        """)
 
 
 def test_eight_npus_copies_over_links_and_collectives_against_numpy():

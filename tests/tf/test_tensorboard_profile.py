@@ -7,6 +7,7 @@ window, its TF node name and op type, and its start and duration in ps from the 
 import csv
 import glob
 import os
+import textwrap
 from fractions import Fraction
 
 import numpy as np
@@ -167,25 +168,12 @@ def test_a_plane_per_npu_with_its_launches_and_collectives(tmp_path):
     the kernels that chip ran in the window (its launch records between its timeline at start and
     at stop) and a Communication line with the collectives of the window, timed as the driver's
     collective records, on one clock (a collective starts at the same ps on both planes)."""
-    import textwrap  # pylint: disable=import-outside-toplevel
-    from conftest import child_result  # pylint: disable=import-outside-toplevel
+    from conftest import child_result, mlp_on_two_npus  # pylint: disable=import-outside-toplevel
     logdir = tmp_path / "tb"
-    result = child_result(textwrap.dedent(f"""
-        import json
-        import numpy as np
-        import npusim
-        npusim.configure(chip="tiny", chips=2)
-        import tensorflow as tf
-        import keras
-        keras.utils.set_random_seed(1)
-        rng = np.random.default_rng(2)
-        x = rng.normal(size=(32, 12)).astype(np.float32)
-        y = rng.integers(0, 4, size=(32,)).astype(np.int64)
+    result = child_result(mlp_on_two_npus(32) + textwrap.dedent(f"""
         with tf.distribute.MirroredStrategy().scope():
-            model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
-                                      keras.layers.Dense(4)])
-            model.compile(optimizer=keras.optimizers.SGD(0.1),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model = build()
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # compiles
         before = npusim.system_info()["timeline_cycles"]
         tf.profiler.experimental.start({str(logdir)!r})
