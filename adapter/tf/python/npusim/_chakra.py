@@ -22,6 +22,12 @@ the step is traced as a tf.function around model.train_step, and for every train
 the ops that write it (Assign*VariableOp) are followed back to the gradient ops they read
 (those under the tape's gradient scope). Launches are matched to graph ops by node name.
 
+With several NPUs (a model compiled under MirroredStrategy, or no model: what ran since
+clear_launch_records()) the traces are what ran, one per chip (export_recorded,
+build_chip_nodes): each chip's own launches as compute nodes, its collectives as the collective
+engine timed them, and the dependencies the runtime's data readiness used (the launch that last
+wrote a collective's input, the launches that read its output).
+
 The file format is Chakra's: a varint-length-prefixed GlobalMetadata message, then one
 length-prefixed Node message per node. The messages are written by the small protobuf wire
 encoder below (no generated code, so no dependency on a protobuf release);
