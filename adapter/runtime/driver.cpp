@@ -264,13 +264,16 @@ uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
   WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));
   DeviceMemory& gm = m_sys->gm(op.chip);
   const uint64_t now = m_timeline.at(static_cast<size_t>(op.chip));
-  // Outputs written since are done with. Those the chip's compute timeline has passed delay
-  // nothing (the timeline only moves on) but stay for the record of their readers, up to
-  // kCommOutputs of them (the oldest passed ones go first).
+  // A pending output (the chip's compute timeline has not passed it) written since is done
+  // with. Passed ones delay nothing (the timeline only moves on) but stay for the record of their
+  // readers, up to kCommOutputs of them (the oldest go first); whether what a reader reads of one
+  // was written since is checked on that part only (a whole segment's blocks per op would cost
+  // more than the op).
   auto& outs = w.comm_outputs;
   outs.erase(std::remove_if(outs.begin(), outs.end(),
                             [&](const WrittenBy::CommOutput& o) {
-                              return gm.last_write_epoch(o.addr, o.bytes) > o.epoch;
+                              return o.ready > now &&
+                                     gm.last_write_epoch(o.addr, o.bytes) > o.epoch;
                             }),
              outs.end());
   for (auto it = outs.begin(); outs.size() > kCommOutputs && it != outs.end();)
@@ -278,11 +281,16 @@ uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
   if (outs.empty()) return 0;
   uint64_t ready = 0, latest = 0;
   auto reads = [&](uint64_t addr, uint64_t bytes) {
-    for (const WrittenBy::CommOutput& o : outs)
-      if (addr < o.addr + o.bytes && o.addr < addr + bytes) {
-        if (o.ready > now) ready = std::max(ready, o.ready);
+    for (const WrittenBy::CommOutput& o : outs) {
+      const uint64_t lo = std::max(addr, o.addr), hi = std::min(addr + bytes, o.addr + o.bytes);
+      if (lo >= hi) continue;
+      if (o.ready > now) {
+        ready = std::max(ready, o.ready);
+        latest = std::max(latest, o.collective);
+      } else if (gm.last_write_epoch(lo, hi - lo) <= o.epoch) {
         latest = std::max(latest, o.collective);
       }
+    }
   };
   switch (op.kind) {
     case OpKind::memcpy_d2h:

@@ -231,9 +231,11 @@ class Driver {
   //     range's latest epoch (DeviceMemory::last_write_epoch, 256-byte blocks: a neighbouring
   //     write to a shared block can only make a range later, never earlier);
   //   - a collective's outputs are also kept as ranges with their ready cycle (timing-only runs
-  //     write no data) until they are overwritten: a copy reading such a range, or a kernel with
-  //     an argument inside one, waits for it while it is pending (the chip's compute timeline
-  //     has not passed it), and a launch reading one records it (LaunchRecord::reads_collective). The
+  //     write no data): a copy reading such a range, or a kernel with an argument inside one,
+  //     waits for it while it is pending (the chip's compute timeline has not passed it; until
+  //     then an overwritten one is dropped), and a launch reading a part of one not overwritten
+  //     since records it (LaunchRecord::reads_collective; passed ones are kept for that, the
+  //     latest kCommOutputs). The
   //     runtime does not know which kernel arguments are addresses: a scalar argument that falls
   //     inside a pending output range makes the kernel wait too (conservative).
   struct WrittenBy {
