@@ -242,9 +242,44 @@ LineBuilder tf_op_line(PlaneBuild& b, const std::vector<rt::LaunchRecord>& launc
   return line;
 }
 
+// One event per collective of the chip that starts in the window.
+LineBuilder comm_line(PlaneBuild& b, const std::vector<rt::CollectiveRecord>& comms) {
+  LineBuilder line;
+  for (const rt::CollectiveRecord& c : comms) {
+    const auto rank = std::find(c.chips.begin(), c.chips.end(), b.w.device_ordinal);
+    if (rank == c.chips.end() || !b.in_window(c.start_cycle)) continue;
+    const int64_t begin = cycles_to_ps(c.start_cycle - b.w.origin_cycle, b.cfg.clock_mhz);
+    const int64_t dur = cycles_to_ps(c.end_cycle - c.start_cycle, b.cfg.clock_mhz);
+    ProtoWriter e = open_event(b.meta.event("hcom_" + c.collective), begin, dur);
+    StatWriter s(e, kEventStats, b.meta);
+    s.u64("id", c.id);
+    s.str("label", c.label);
+    s.str("algorithm", c.algorithm);
+    s.u64("bytes", c.bytes);
+    s.str("chips", fmt::format("{}", fmt::join(c.chips, ",")));
+    s.i64("rank", rank - c.chips.begin());
+    s.u64("start_cycle", c.start_cycle);
+    s.u64("cycles", c.end_cycle - c.start_cycle);
+    close_event(line, e, begin + dur);
+  }
+  return line;
+}
+
 }  // namespace
 
 std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const ChipConfig& cfg,
+                       const XPlaneWindow& w) {
+  return xspace_of({npu_xplane(launches, {}, cfg, w)});
+}
+
+std::string xspace_of(const std::vector<std::string>& planes) {
+  ProtoWriter space;
+  for (const std::string& plane : planes) space.string_field(kSpacePlanes, plane);
+  return space.bytes();
+}
+
+std::string npu_xplane(const std::vector<rt::LaunchRecord>& launches,
+                       const std::vector<rt::CollectiveRecord>& comms, const ChipConfig& cfg,
                        const XPlaneWindow& w) {
   const std::vector<OpRecord> ops = op_records(launches, cfg);
   PlaneBuild b{ops, cfg, w, {}, {}};
@@ -258,15 +293,16 @@ std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const Chip
     plane.string_field(
         kPlaneLines, line_bytes(static_cast<int64_t>(stream) + 1, fmt::format("Stream #{}", stream),
                                 w.origin_walltime_ns, line));
+  if (!comms.empty())
+    plane.string_field(kPlaneLines, line_bytes(kCommLineId, "Communication", w.origin_walltime_ns,
+                                               comm_line(b, comms)));
   StatWriter ps(plane, kPlaneStats, b.meta);
   ps.f64("clock_mhz", cfg.clock_mhz);
   ps.u64("origin_cycle", w.origin_cycle);
   ps.u64("end_cycle", w.end_cycle);
   ps.str("chip", cfg.name);
   b.meta.write(plane);
-  ProtoWriter space;
-  space.string_field(kSpacePlanes, plane.bytes());
-  return space.bytes();
+  return plane.bytes();
 }
 
 }  // namespace npusim::prof

@@ -70,4 +70,18 @@ int64_t cycles_to_ps(uint64_t cycles, double clock_mhz);
 std::string npu_xspace(const std::vector<rt::LaunchRecord>& launches, const ChipConfig& cfg,
                        const XPlaneWindow& w);
 
+// One such plane (a serialized XPlane) for chip w.device_ordinal of a system, with, besides
+// npu_xspace's lines, a line "Communication" (id kCommLineId) with one event per collective of
+// `comms` whose communicator holds the chip and that starts in the window: metadata name
+// "hcom_<collective>" (e.g. hcom_all_reduce), offset and duration from its start and end cycle,
+// stats id, label, algorithm, bytes (one rank's buffer), chips ("0,1"), rank, start_cycle,
+// cycles.
+inline constexpr int64_t kCommLineId = int64_t{1} << 40;
+std::string npu_xplane(const std::vector<rt::LaunchRecord>& launches,
+                       const std::vector<rt::CollectiveRecord>& comms, const ChipConfig& cfg,
+                       const XPlaneWindow& w);
+
+// A serialized XSpace of serialized XPlanes.
+std::string xspace_of(const std::vector<std::string>& planes);
+
 }  // namespace npusim::prof

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sim/memory/device_memory.h"
+#include "sim/sc_driver.h"
 #include "sim/system/fabric.h"
 
 namespace npusim::rt {
@@ -250,24 +251,46 @@ uint64_t Driver::input_ready(int chip, uint64_t addr, uint64_t bytes) {
   return ready;
 }
 
-uint64_t Driver::comm_output_ready(const DeviceOp& op) {
+int64_t Driver::input_launch(int chip, uint64_t addr, uint64_t bytes) const {
+  if (!m_sys || bytes == 0) return -1;
+  const WrittenBy& w = m_written.at(static_cast<size_t>(chip));
+  auto it = w.launch_of.upper_bound(m_sys->gm(chip).last_write_epoch(addr, bytes));
+  return it == w.launch_of.begin() ? -1 : static_cast<int64_t>(std::prev(it)->second);
+}
+
+uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
+  if (collective) *collective = 0;
   if (!m_sys) return 0;
   WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));
   DeviceMemory& gm = m_sys->gm(op.chip);
   const uint64_t now = m_timeline.at(static_cast<size_t>(op.chip));
-  // Outputs the chip's compute timeline has passed, or that were written since, are done with.
+  // A pending output (the chip's compute timeline has not passed it) written since is done
+  // with. Passed ones delay nothing (the timeline only moves on) but stay for the record of their
+  // readers, up to kCommOutputs of them (the oldest go first); whether what a reader reads of one
+  // was written since is checked on that part only (a whole segment's blocks per op would cost
+  // more than the op).
   auto& outs = w.comm_outputs;
   outs.erase(std::remove_if(outs.begin(), outs.end(),
                             [&](const WrittenBy::CommOutput& o) {
-                              return o.ready <= now ||
+                              return o.ready > now &&
                                      gm.last_write_epoch(o.addr, o.bytes) > o.epoch;
                             }),
              outs.end());
+  for (auto it = outs.begin(); outs.size() > kCommOutputs && it != outs.end();)
+    it = it->ready <= now ? outs.erase(it) : std::next(it);
   if (outs.empty()) return 0;
-  uint64_t ready = 0;
+  uint64_t ready = 0, latest = 0;
   auto reads = [&](uint64_t addr, uint64_t bytes) {
-    for (const WrittenBy::CommOutput& o : outs)
-      if (addr < o.addr + o.bytes && o.addr < addr + bytes) ready = std::max(ready, o.ready);
+    for (const WrittenBy::CommOutput& o : outs) {
+      const uint64_t lo = std::max(addr, o.addr), hi = std::min(addr + bytes, o.addr + o.bytes);
+      if (lo >= hi) continue;
+      if (o.ready > now) {
+        ready = std::max(ready, o.ready);
+        latest = std::max(latest, o.collective);
+      } else if (gm.last_write_epoch(lo, hi - lo) <= o.epoch) {
+        latest = std::max(latest, o.collective);
+      }
+    }
   };
   switch (op.kind) {
     case OpKind::memcpy_d2h:
@@ -282,10 +305,15 @@ uint64_t Driver::comm_output_ready(const DeviceOp& op) {
       break;
     default: break;
   }
+  if (collective) *collective = latest;
   return ready;
 }
 
 uint64_t Driver::sim_cycles() const { return m_sys ? m_sys->now_cycles() : m_sim->now_cycles(); }
+
+void Driver::align_simulation() {
+  if (m_sys) sc_driver::start_on_clock_edge();
+}
 
 Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, uint64_t idle,
                                 uint64_t modelled, const std::function<void()>& run,
@@ -294,9 +322,11 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
   p.start = ready;
   for (int c : chips) p.start = std::max(p.start, m_timeline.at(static_cast<size_t>(c)));
   p.start = std::max(p.start + idle, data_ready);
+  align_simulation();
   p.sim_start = sim_cycles();
   std::vector<uint64_t> epochs;
   for (int c : chips) epochs.push_back(begin_writes(c));
+  p.write_epoch = epochs.empty() ? 0 : epochs[0];
   // The chips' timelines move to the op's end even if it throws (the simulation may have moved).
   struct MoveTimelines {
     Driver& d;
@@ -313,6 +343,7 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
     }
   } move{*this, chips, epochs, p, modelled};
   run();
+  align_simulation();
   return p;
 }
 
@@ -382,8 +413,9 @@ std::vector<CollectivePiece> pieces(const std::vector<std::vector<CollectivePiec
 }
 }  // namespace
 
-uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Placement* p,
-                                  const std::function<void()>& run) {
+uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t id, uint64_t ready,
+                                  Placement* p, const std::function<void()>& run,
+                                  std::vector<int64_t>* input_launch) {
   const size_t n = call.chips.size();
   // The ranks whose send buffer the collective reads: all, but the root of a broadcast and
   // rank 0 of a send_recv.
@@ -394,15 +426,20 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Pl
   };
   const uint64_t send_bytes = collective_send_bytes(call), recv_bytes = collective_recv_bytes(call);
   p->start = ready;
+  input_launch->assign(n, -1);
   for (size_t r = 0; r < n; ++r) {
     const int c = call.chips[r];
     if (c < 0 || c >= m_chips) continue;  // run_collective names it
     p->start = std::max(p->start, m_comm_timeline[static_cast<size_t>(c)]);
     if (!sends(r)) continue;
     for (const CollectivePiece& piece : pieces(call.send_pieces, call.send[r], send_bytes, r))
-      if (m_sys->gm(c).in_bounds(piece.addr, piece.bytes))
+      if (m_sys->gm(c).in_bounds(piece.addr, piece.bytes)) {
         p->start = std::max(p->start, input_ready(c, piece.addr, piece.bytes));
+        (*input_launch)[r] =
+            std::max((*input_launch)[r], this->input_launch(c, piece.addr, piece.bytes));
+      }
   }
+  align_simulation();
   p->sim_start = sim_cycles();
   std::vector<uint64_t> epochs;
   for (int c : call.chips) epochs.push_back(c >= 0 && c < m_chips ? begin_writes(c) : 0);
@@ -421,6 +458,7 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Pl
   };
   try {
     run();
+    align_simulation();
   } catch (...) {
     move();
     throw;
@@ -431,7 +469,7 @@ uint64_t Driver::place_collective(const CollectiveCall& call, uint64_t ready, Pl
     if (!writes || !recv_bytes) continue;
     for (const CollectivePiece& piece : pieces(call.recv_pieces, call.recv[r], recv_bytes, r))
       m_written[static_cast<size_t>(call.chips[r])].comm_outputs.push_back(
-          {piece.addr, piece.bytes, end, epochs[r]});
+          {piece.addr, piece.bytes, end, epochs[r], id});
   }
   return end;
 }
@@ -456,6 +494,8 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
   CollectiveResult r;
   Placement p;
   uint64_t end = *ready;
+  const uint64_t id = ++m_collective_count;
+  std::vector<int64_t> input_launch;
   if (!m_sys) {
     st = Status(StatusCode::failed_precondition,
                 "collective: the device is a single chip, not a chip of a system");
@@ -463,8 +503,8 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     const std::string where = fmt::format("stream {}: {}", stream, op.describe());
     st = guard(where, [&] {
       try {
-        end = place_collective(g.call, ranks_ready, &p,
-                               [&] { r = run_collective(*m_sys, g.call); });
+        end = place_collective(g.call, id, ranks_ready, &p,
+                               [&] { r = run_collective(*m_sys, g.call); }, &input_launch);
       } catch (const Error& e) {  // a malformed call (e.g. ranks of different counts)
         return Status(StatusCode::invalid_argument, where + ": " + e.what());
       }
@@ -474,6 +514,7 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
   }
   if (st.ok() && m_record_launches) {
     CollectiveRecord rec;
+    rec.id = id;
     rec.collective = collective_name(g.call.kind);
     rec.algorithm = r.algorithm;
     if (g.call.kind == CollectiveKind::all_reduce || g.call.kind == CollectiveKind::reduce_scatter)
@@ -484,8 +525,11 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     rec.bytes = collective_send_bytes(g.call);
     rec.link_bytes = r.link_bytes;
     rec.chips = g.call.chips;
+    rec.input_launch = std::move(input_launch);
     rec.start_cycle = p.at(r.start_cycle);
-    rec.end_cycle = rec.start_cycle + r.cycles;
+    // Its end on the communication timelines: the last cycle it occupied, counted whole
+    // (align_simulation), the start of what waits for it.
+    rec.end_cycle = std::max(rec.start_cycle + r.cycles, end);
     for (CollectiveStep& step : r.step_records) step.start_cycle = p.at(step.start_cycle);
     rec.steps = r.steps;
     rec.inline_reduce = r.inline_reduce;
@@ -598,12 +642,19 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   const uint64_t host_dispatch = take_host_dispatch(op);
   const auto wall_start = std::chrono::steady_clock::now();
   KernelResult r;
+  uint64_t reads_collective = 0;
+  const uint64_t data_ready = comm_output_ready(op, &reads_collective);
   const Placement p = place({op.chip}, *ready, host_dispatch, 0,
-                            [&] { r = run_on_chip(op.chip, launch); }, comm_output_ready(op));
+                            [&] { r = run_on_chip(op.chip, launch); }, data_ready);
   *ready = device_cycles(op.chip);
   const double wall_us = std::chrono::duration<double, std::micro>(
       std::chrono::steady_clock::now() - wall_start).count();
   const uint64_t index = m_launch_count.at(static_cast<size_t>(op.chip))++;
+  if (m_sys) {  // the launch's writes stamped p.write_epoch: which kernel wrote what
+    WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));
+    w.launch_of[p.write_epoch] = index;
+    if (w.launch_of.size() > kWriteEntries) w.launch_of.erase(w.launch_of.begin());
+  }
   const std::string& name = op.program->name;
   if (m_record_launches) {
     LaunchRecord rec;
@@ -624,6 +675,7 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
     rec.sim_start_cycle = r.start_cycle;
     rec.program = op.program;
     rec.label = op.label;
+    rec.reads_collective = reads_collective;
     std::lock_guard<std::mutex> lock(m_mutex);
     m_records.push_back(std::move(rec));
   }

@@ -155,6 +155,7 @@ class Driver {
   // it began, so that a cycle of the simulation's clock during the op maps onto the timeline.
   struct Placement {
     uint64_t start = 0, sim_start = 0;
+    uint64_t write_epoch = 0;  // the epoch the op's writes stamp on its first chip (begin_writes)
     uint64_t at(uint64_t sim_cycle) const { return start + (sim_cycle - sim_start); }
   };
   // Runs `run` (which advances the simulation's clock, or not) as an op of `chips`, whose
@@ -169,9 +170,22 @@ class Driver {
   // it starts at the latest of `ready`, those timelines and the readiness of the ranks' send
   // buffers; moves those timelines to its end, which it returns, and leaves the receive buffers
   // pending for their readers until then (comm_output_ready). *p: where it ran.
-  uint64_t place_collective(const CollectiveCall& call, uint64_t ready, Placement* p,
-                            const std::function<void()>& run);
+  // `id`: the collective's CollectiveRecord::id (its outputs carry it for their readers);
+  // *input_launch: per rank, input_launch() of the bytes it sends (-1: sends none).
+  uint64_t place_collective(const CollectiveCall& call, uint64_t id, uint64_t ready, Placement* p,
+                            const std::function<void()>& run,
+                            std::vector<int64_t>* input_launch);
   uint64_t sim_cycles() const;  // the simulation's clock
+  // On a system, lets the rest of the current AI-core cycle pass (sc_driver::
+  // start_on_clock_edge). place() and place_collective() call it before an op's start and after
+  // its end are read off the simulation's clock: every op then starts on a clock edge and spans
+  // ceil(its duration) cycles of its timeline, the cycles its record gives, whatever the phase
+  // at which the simulation reached it. (Without it an op's span took the floor of its end and
+  // the rest of the cycle the op before had left: a cycle more or less depending on the order
+  // in which TensorFlow issued the chips' independent ops, and a record one cycle past the next
+  // op's start, which the reports cut, at places that moved with that order.) A single chip's
+  // timeline is left as it was.
+  void align_simulation();
   // The chip model's host link and kernel runs, on the Simulator or on chip `chip` of the system.
   KernelResult run_on_chip(int chip, const KernelLaunch& launch);
   HdcResult hdc_copy(const DeviceOp& op);
@@ -217,8 +231,11 @@ class Driver {
   //     range's latest epoch (DeviceMemory::last_write_epoch, 256-byte blocks: a neighbouring
   //     write to a shared block can only make a range later, never earlier);
   //   - a collective's outputs are also kept as ranges with their ready cycle (timing-only runs
-  //     write no data), until the chip's compute timeline passes them or they are overwritten:
-  //     a copy reading such a range, or a kernel with an argument inside one, waits for it. The
+  //     write no data): a copy reading such a range, or a kernel with an argument inside one,
+  //     waits for it while it is pending (the chip's compute timeline has not passed it; until
+  //     then an overwritten one is dropped), and a launch reading a part of one not overwritten
+  //     since records it (LaunchRecord::reads_collective; passed ones are kept for that, the
+  //     latest kCommOutputs). The
   //     runtime does not know which kernel arguments are addresses: a scalar argument that falls
   //     inside a pending output range makes the kernel wait too (conservative).
   struct WrittenBy {
@@ -228,10 +245,15 @@ class Driver {
       uint64_t addr = 0, bytes = 0;
       uint64_t ready = 0;  // the collective's end, AI-core cycles
       uint64_t epoch = 0;  // the write epoch of the collective (a later write supersedes it)
+      uint64_t collective = 0;  // its CollectiveRecord::id
     };
     std::vector<CommOutput> comm_outputs;
+    // write epoch -> LaunchRecord::index of the launch whose writes stamped it (launches only;
+    // at most kWriteEntries kept): which kernel wrote a collective's input.
+    std::map<uint64_t, uint64_t> launch_of;
   };
   static constexpr size_t kWriteEntries = 1 << 15;
+  static constexpr size_t kCommOutputs = 1 << 12;  // comm_outputs kept once passed
   std::vector<WrittenBy> m_written;
   // The epoch the writes of the op about to run on `chip` stamp (0 on a single chip).
   uint64_t begin_writes(int chip);
@@ -240,9 +262,16 @@ class Driver {
   // When [addr, addr + bytes) of chip `chip` was last written, AI-core cycles on the timelines
   // (0: before anything the driver timed; a collective's pending output counts).
   uint64_t input_ready(int chip, uint64_t addr, uint64_t bytes);
+  // LaunchRecord::index of the latest launch on `chip` whose write epoch is at or below the
+  // range's last write (the kernel that wrote it, or the last one before the copy that did);
+  // -1: none known.
+  int64_t input_launch(int chip, uint64_t addr, uint64_t bytes) const;
   // When the collective outputs that `op` reads are ready (0 if it reads none): its source
   // range (copies), derived source ranges, or a kernel argument inside a pending output.
-  uint64_t comm_output_ready(const DeviceOp& op);
+  // *collective (if given): the latest CollectiveRecord::id among the outputs it reads that were
+  // not overwritten since, pending or not (0: none).
+  uint64_t comm_output_ready(const DeviceOp& op, uint64_t* collective = nullptr);
+  uint64_t m_collective_count = 0;  // driver thread only: collectives placed (ids)
   // Driver thread only: the latest LaunchLabel::dispatch values that paid their host dispatch
   // (launches of ops on several streams may interleave).
   static constexpr size_t kRecentDispatches = 64;

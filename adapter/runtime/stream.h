@@ -118,6 +118,10 @@ struct LaunchRecord {
   uint64_t sim_start_cycle = 0;
   std::shared_ptr<const isa::Program> program;  // the program launched
   std::shared_ptr<const LaunchLabel> label;      // null unless the launcher gave one
+  // CollectiveRecord::id of the latest collective whose output this launch reads (an argument
+  // inside one of its receive buffers, not overwritten since), 0: none. The launch started no
+  // earlier than that collective's end (Driver, "Data readiness").
+  uint64_t reads_collective = 0;
 };
 
 enum class OpKind {
@@ -152,6 +156,7 @@ struct CopyRecord {
 // One collective as the chips ran it (run_collective), recorded with the launches
 // (RuntimeOptions::record_launches): what the profiler's communication rows read. Plain data.
 struct CollectiveRecord {
+  uint64_t id = 0;          // 1, 2, ...: the device's collectives in the order they ran
   std::string collective;   // collective_name(): "all_reduce", "broadcast", ...
   std::string algorithm;    // CollectiveResult::algorithm: "mesh", "ring", ...
   std::string op;           // reduce_op_name() for reductions ("sum", ...), else ""
@@ -161,6 +166,10 @@ struct CollectiveRecord {
   uint64_t bytes = 0;       // bytes of one rank's input buffer (collective_send_bytes)
   uint64_t link_bytes = 0;  // bytes sent over the links, all ranks together
   std::vector<int> chips;   // the communicator: rank r is chips[r]
+  // Per rank: LaunchRecord::index (on chips[r]) of the latest launch at or before the last write
+  // of the bytes the rank sends (the kernel that wrote them, or the last one before the copy or
+  // fill that did); -1: none (nothing written by a launch, or a rank that sends nothing).
+  std::vector<int64_t> input_launch;
   uint64_t start_cycle = 0; // on the device timeline, AI-core cycles
   uint64_t end_cycle = 0;   // start_cycle + the collective's cycles
   int steps = 0;

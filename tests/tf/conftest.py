@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -100,6 +101,31 @@ def child_result(code, timeout=600, extra_env=None):
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
     return json.loads(line[len("RESULT"):])
+
+
+def mlp_on_two_npus(samples):
+    """A child's prelude (run_child): 2 tiny NPUs, an MLP builder `build`, its initial weights
+    `init`, `samples` inputs `x` and labels `y`, and its `loss`; json, np, npusim, tf and keras
+    imported."""
+    return textwrap.dedent(f"""
+        import json
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        import keras
+
+        def build():
+            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
+                                     keras.layers.Dense(4)])
+
+        keras.utils.set_random_seed(1)
+        rng = np.random.default_rng(2)
+        x = rng.normal(size=({samples}, 12)).astype(np.float32)
+        y = rng.integers(0, 4, size=({samples},)).astype(np.int64)
+        init = build().get_weights()
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        """)
 
 
 # Quiet TensorFlow's C++ logging (set before any test module imports tensorflow). Test modules

@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import subprocess
+import textwrap
 
 import numpy as np
 import pytest
@@ -202,3 +203,130 @@ def test_keras_training_step(tmp_path, schema):
         assert all("gradient_tape" not in n.name and "sequential" not in n.name
                    for n in consumers), [n.name for n in consumers]
         assert min(position[n.id] for n in consumers) > max(position[p.id] for p in producers)
+
+
+def test_chip_nodes_follow_the_records(schema):
+    """build_chip_nodes on made-up records of one chip: a compute node per op run, chained; a
+    collective node per collective of the chip, after the op run that wrote its input and the
+    chip's previous collective; the op run that reads its output after it."""
+    from npusim import _chakra
+
+    def launch(index, op, start, cycles, reads=0):
+        return {"index": index, "kernel": op.lower(), "op_name": op, "op_type": op,
+                "dispatch": index + 1, "start_cycle": start, "cycles": cycles,
+                "time_us": cycles / 1000.0, "reads_collective": reads}
+
+    # Chip 1's launches 7..11 (earlier ones fell before the window); collective 3 reads what
+    # launch 8 wrote, collective 4 what launch 6 (before the window) wrote; launch 10 reads
+    # collective 4's output, launch 11 collective 3's. Collective 5 is chips 0 and 2 only.
+    launches = [launch(7, "A", 1000, 500), launch(8, "B", 1500, 2000),
+                launch(9, "C", 3500, 3000), launch(10, "D", 9000, 700, reads=4),
+                launch(11, "E", 9700, 300, reads=3)]
+    colls = [{"id": 3, "collective": "all_reduce", "algorithm": "mesh", "chips": [0, 1],
+              "input_launch": [4, 8], "bytes": 4096, "start_cycle": 3500, "end_cycle": 5500,
+              "label": "seg1"},
+             {"id": 4, "collective": "all_gather", "algorithm": "mesh", "chips": [1, 0],
+              "input_launch": [6, 5], "bytes": 64, "start_cycle": 5500, "end_cycle": 9000},
+             {"id": 5, "collective": "all_reduce", "algorithm": "mesh", "chips": [0, 2],
+              "input_launch": [5, 2], "bytes": 64, "start_cycle": 5500, "end_cycle": 6000}]
+    nodes, runs = _chakra.build_chip_nodes(1, launches, colls, clock_mhz=1000.0,
+                                           origin_cycle=1000)
+    assert [r["name"] for r in runs] == ["A", "B", "C", "D", "E"]
+    by_name = {n["name"]: n for n in nodes}
+    c3, c4 = nodes[5], nodes[6]
+    assert len(nodes) == 7 and c3["name"].startswith("hcom_all_reduce_3")
+    assert [n["data_deps"] for n in nodes[:5]] == [[], [0], [1], [2, 6], [3, 5]]
+    assert c3["data_deps"] == [1] and c4["data_deps"] == [5]
+    assert c3["type"] == _chakra.COMM_COLL_NODE and c3["start_time_micros"] == 2
+    assert by_name["C"]["start_time_micros"] == 2 and c4["duration_micros"] == 4
+
+
+def _run_of_records(records, comp, coll_attrs):
+    """Splits `records` (a chip's launches, in order) into the compute nodes `comp` (in order):
+    node i takes the next attrs(comp[i])["kernels"] launches, all of its TF op. Returns per node
+    its (first start, last end) cycles and its launches."""
+    at, spans = 0, []
+    for n in comp:
+        k = attrs(n)["kernels"]
+        mine = records[at:at + k]
+        assert len(mine) == k and all(r["op_name"] == n.name for r in mine), n.name
+        spans.append({"start": mine[0]["start_cycle"],
+                      "end": mine[-1]["start_cycle"] + mine[-1]["cycles"], "launches": mine})
+        at += k
+    assert at == len(records), "launches not in any compute node"
+    return spans
+
+
+def test_mirrored_strategy_step_on_two_npus(tmp_path, schema):
+    """export_chakra of a model compiled under MirroredStrategy on 2 tiny NPUs writes what ran:
+    one trace per chip, its compute nodes the chip's own launches with their simulated
+    durations, its collective nodes the driver's collective records (type, bytes, communicator),
+    and dependencies that the chips' timelines satisfy: a collective after the compute node
+    that last wrote its input (a gradient op), its readers (the optimizer) after it."""
+    from conftest import child_result, mlp_on_two_npus  # pylint: disable=import-outside-toplevel
+    out_dir = tmp_path / "et"
+    result = child_result(mlp_on_two_npus(32) + textwrap.dedent(f"""
+        with tf.distribute.MirroredStrategy().scope():
+            model = build()
+            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+        before = model.get_weights()
+        out = npusim.export_chakra({str(out_dir)!r}, model=model, x=x, y=y)
+        info = npusim.system_info()
+        res = {{"out": out, "launches": [npusim.launch_records(chip=c) for c in (0, 1)],
+                "collectives": info["collectives"],
+                "variable_bytes": sum(int(np.prod(v.shape)) * 4
+                                      for v in model.trainable_variables),
+                "restored": all(bool(np.array_equal(a, b))
+                                for a, b in zip(before, model.get_weights()))}}
+        print("RESULT" + json.dumps(res))
+        """), timeout=600)
+    assert result["restored"]
+    colls = result["collectives"]
+    assert len(colls) >= 2 and all(c["chips"] == [0, 1] for c in colls)
+    assert result["out"]["files"] == [str(out_dir / f"npusim.{k}.et") for k in (0, 1)]
+    t = schema["NodeType"]
+    for k in (0, 1):
+        meta, nodes = parse_trace(str(out_dir / f"npusim.{k}.et"), schema)
+        assert attrs(meta)["ranks"] == 2 and attrs(meta)["rank"] == k
+        check_acyclic(nodes)
+        check_astra_fields(nodes, schema)
+        records = result["launches"][k]
+        assert records and all(r["chip"] == k for r in records)
+        comp = [n for n in nodes if n.type == t["COMP_NODE"]]
+        coll = [n for n in nodes if n.type == t["COMM_COLL_NODE"]]
+        # Compute: the chip's own launches, in order, each node with its launches' time.
+        spans = _run_of_records(records, comp, attrs)
+        for n, s in zip(comp, spans):
+            exact_ns = 1e3 * sum(r["time_us"] for r in s["launches"])
+            assert abs(attrs(n)["npusim_duration_ns"] - exact_ns) <= 0.5, n.name
+        total_us = sum(r["time_us"] for r in records)
+        assert abs(sum(n.duration_micros for n in comp) - total_us) <= 0.5
+        # Communication: the driver's collectives of this chip, in order, with their bytes.
+        assert len(coll) == len(colls)
+        for n, c in zip(coll, colls):
+            a = attrs(n)
+            assert a["comm_type"] == schema["CollectiveCommType"]["ALL_REDUCE"]
+            assert a["comm_size"] == c["bytes"] and a["comm_group"] == "0,1"
+            assert a["rank"] == k and a["algorithm"] == c["algorithm"]
+        # Dependencies as the timelines ran them: every node starts after its dependencies end
+        # (cycles of the records; a record's end is rounded up, so one cycle of slack).
+        window = {n.id: (s["start"], s["end"]) for n, s in zip(comp, spans)}
+        window.update({n.id: (c["start_cycle"], c["end_cycle"]) for n, c in zip(coll, colls)})
+        for n in nodes:
+            for d in n.data_deps:
+                assert window[d][1] <= window[n.id][0] + 1, (n.name, d)
+        # The step's collectives are the gradient segments' all-reduces (HCCL's default split:
+        # together every trainable variable's bytes), each after the gradient op that wrote the
+        # last of its input (a gradient-tape op) and before the optimizer ops that read its
+        # output (the updates; no gradient op waits for it).
+        assert sum(attrs(n)["comm_size"] for n in coll) == result["variable_bytes"]
+        position = {n.id: i for i, n in enumerate(comp)}
+        for n in coll:
+            writers = [d for d in n.data_deps if d in position]
+            readers = [m for m in comp if n.id in m.data_deps]
+            assert len(writers) == 1, n.name
+            w = comp[position[writers[0]]]
+            assert "gradient_tape" in w.name, (n.name, w.name)
+            assert readers and all("gradient_tape" not in m.name for m in readers), n.name
+            assert any("update" in m.name for m in readers), [m.name for m in readers]
+            assert all(position[m.id] > position[w.id] for m in readers)

@@ -3,39 +3,17 @@ copies between NPUs over the links, npusim.distribute's collectives against nump
 MirroredStrategy training against one NPU on the global batch, and the errors. Every test runs
 a child process (the device count is fixed per process)."""
 
+import re
 import textwrap
 
 import pytest
 
 pytest.importorskip("tensorflow")
 
-from conftest import child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    child_result, mlp_on_two_npus, run_child)
 
 SYSTEM_TINY_X8 = {"NPUSIM_SYSTEM": "tiny-x8"}
-
-
-def mlp_on_two_npus(samples):
-    """A child's prelude: 2 tiny NPUs, an MLP builder, its initial weights `init`, `samples`
-    inputs `x` and labels `y`, and its `loss`."""
-    return textwrap.dedent(f"""
-        import json
-        import numpy as np
-        import npusim
-        npusim.configure(chip="tiny", chips=2)
-        import tensorflow as tf
-        import keras
-
-        def build():
-            return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, "relu"),
-                                     keras.layers.Dense(4)])
-
-        keras.utils.set_random_seed(1)
-        rng = np.random.default_rng(2)
-        x = rng.normal(size=({samples}, 12)).astype(np.float32)
-        y = rng.integers(0, 4, size=({samples},)).astype(np.int64)
-        init = build().get_weights()
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        """)
 
 
 def test_eight_npus_copies_over_links_and_collectives_against_numpy():
@@ -426,6 +404,13 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
         d = npusim.write_report({str(tmp_path / "all")!r})
         with open(os.path.join(d, "device_1", "launches.json")) as f:
             out["written1"] = [r["kernel"] for r in json.load(f)]
+        out["pngs"] = {{s: sorted(f for f in os.listdir(os.path.join(d, s)) if f.endswith(".png"))
+                       for s in ("", "device_0", "device_1")}}
+        try:
+            import matplotlib  # noqa: F401
+            out["matplotlib"] = True
+        except ImportError:
+            out["matplotlib"] = False
         recs = {{k: npusim.launch_records(with_counters="flat", chip=k) for k in (0, 1)}}
         out["chips"] = sorted({{r["chip"] for k in (0, 1) for r in recs[k]}})
         mm = {{k: [r for r in recs[k] if r["op_type"] == "MatMul"] for k in (0, 1)}}
@@ -441,7 +426,70 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
     assert result["chips"] == [0, 1]
     # The whole run's report: chip 1's launches before the window too.
     assert len(result["written1"]) > len(result["ops1"])
+    # Every folder has the plots (with matplotlib; each device_<k>/ of its chip's launches).
+    if result["matplotlib"]:
+        for sub, pngs in result["pngs"].items():
+            assert pngs == ["op_time.png", "roofline.png"], (sub, pngs)
     c0, c1 = result["mm_counters"]
     assert any(k.endswith("busy_cycles") and v > 0 for k, v in c1.items()), c1
     assert c0 == c1
     assert result["mm_cycles"][0] == result["mm_cycles"][1]
+
+
+def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
+    """The same MirroredStrategy training on 2 tiny NPUs in two processes gives the same
+    simulated time on every chip: each chip's timeline, every kernel's cycles, every collective's
+    start and end, the reports' summary.txt (top level and per device; not its task ids and
+    allocator peak) and op_summary.csv's task durations per device. TensorFlow's executor may issue a chip's independent ops in another
+    order from run to run; an op's span on its chip's timeline must not depend on that (the
+    driver starts every op on a clock edge before reading the simulation's clock)."""
+    def run(k):
+        report = tmp_path / f"report{k}"
+        return child_result(mlp_on_two_npus(64) + textwrap.dedent(f"""
+            import csv, os
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = build()
+                model.set_weights(init)
+                model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+            model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+            info = npusim.system_info()
+            npusim.write_report({str(report)!r})
+            out = {{"timeline": info["timeline_cycles"],
+                    "collectives": [(c["collective"], c["bytes"], c["start_cycle"],
+                                     c["end_cycle"]) for c in info["collectives"]],
+                    "kernels": [sorted((r["op_name"], r["kernel"], r["cycles"])
+                                       for r in npusim.launch_records(chip=c)) for c in (0, 1)],
+                    "summary": {{}}, "op_summary": {{}}}}
+            for d in ("", "device_0", "device_1"):
+                with open(os.path.join({str(report)!r}, d, "summary.txt")) as f:
+                    out["summary"][d] = f.read()
+                if d:
+                    with open(os.path.join({str(report)!r}, d, "op_summary.csv")) as f:
+                        out["op_summary"][d] = sorted(
+                            (r["Op Name"], r["OP Type"], r["task_duration_cycles"])
+                            for r in csv.DictReader(f))
+            print("RESULT" + json.dumps(out))
+            """), timeout=600)
+
+    first, second = run(1), run(2)
+    assert len(first["collectives"]) >= 4 and all(len(k) > 0 for k in first["kernels"])
+    for key in ("timeline", "collectives", "kernels", "op_summary"):
+        assert first[key] == second[key], key
+    # summary.txt but for what names the order TensorFlow's executor issued the ops in, which is
+    # not simulated time: the task ids of "Top ops by time" (its rows are compared as a set) and
+    # the allocator's peak (when TensorFlow freed a tensor).
+    def timed(text):
+        lines, top = [], []
+        for line in text.splitlines():
+            if top and re.match(r" +\d+ ", line):  # a row: task id, op, figures
+                top[-1].append(line.split(None, 1)[1])
+                continue
+            if line.startswith("Top ops by time"):
+                top.append([])
+            if not line.startswith("  TensorFlow's allocator"):
+                lines.append(line)
+        return lines, [sorted(t) for t in top]
+
+    for d, text in first["summary"].items():
+        assert "Device memory" in text and timed(text) == timed(second["summary"][d]), d

@@ -7,6 +7,7 @@ window, its TF node name and op type, and its start and duration in ps from the 
 import csv
 import glob
 import os
+import textwrap
 from fractions import Fraction
 
 import numpy as np
@@ -160,3 +161,55 @@ def test_profiler_start_stop_around_eager_ops(npusim, tf, tmp_path):  # pylint: 
     types = [st["tf_op"].rsplit(":", 1)[1] for _, _, st in _kernel_events(plane)]
     assert types[0] == "Exp" and types[-1] == "MatMul", types
     assert set(types) == {"Exp", "MatMul"}, types
+
+
+def test_a_plane_per_npu_with_its_launches_and_collectives(tmp_path):
+    """tf.profiler around a MirroredStrategy step on 2 tiny NPUs: one plane per NPU, each with
+    the kernels that chip ran in the window (its launch records between its timeline at start and
+    at stop) and a Communication line with the collectives of the window, timed as the driver's
+    collective records, on one clock (a collective starts at the same ps on both planes)."""
+    from conftest import child_result, mlp_on_two_npus  # pylint: disable=import-outside-toplevel
+    logdir = tmp_path / "tb"
+    result = child_result(mlp_on_two_npus(32) + textwrap.dedent(f"""
+        with tf.distribute.MirroredStrategy().scope():
+            model = build()
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # compiles
+        before = npusim.system_info()["timeline_cycles"]
+        tf.profiler.experimental.start({str(logdir)!r})
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        tf.profiler.experimental.stop()
+        info = npusim.system_info()
+        print("RESULT" + json.dumps({{
+            "before": before, "after": info["timeline_cycles"],
+            "launches": [npusim.launch_records(chip=c) for c in (0, 1)],
+            "collectives": info["collectives"]}}))
+        """), timeout=600)
+    space = _xspace(str(logdir))
+    planes = {p.name: p for p in space.planes if p.name.startswith("/device:CUSTOM:NPU:")}
+    assert sorted(planes) == ["/device:CUSTOM:NPU:0", "/device:CUSTOM:NPU:1"]
+    comm_ps = []
+    for k in (0, 1):
+        plane = planes[f"/device:CUSTOM:NPU:{k}"]
+        assert plane.id == k
+        pstats = _stats(plane, plane)
+        clock, origin = pstats["clock_mhz"], pstats["origin_cycle"]
+        lo, hi = result["before"][k], result["after"][k]
+        window = [r for r in result["launches"][k] if lo <= r["start_cycle"] < hi]
+        kernels = _kernel_events(plane)
+        assert len(window) > 0 and len(kernels) == len(window), k
+        assert sorted(st["start_cycle"] for _, _, st in kernels) == [r["start_cycle"]
+                                                                     for r in window]
+        colls = [c for c in result["collectives"] if c["start_cycle"] >= lo and k in c["chips"]]
+        assert colls
+        [line] = [ln for ln in plane.lines if ln.name == "Communication"]
+        events = list(_events(plane, line))
+        assert len(events) == len(colls), k
+        for (name, e, st), c in zip(events, colls):
+            assert name == "hcom_" + c["collective"] and st["id"] == c["id"]
+            assert st["bytes"] == c["bytes"] and st["chips"] == "0,1" and st["rank"] == k
+            assert e.offset_ps == _ps(c["start_cycle"] - origin, clock)
+            assert e.duration_ps == _ps(c["end_cycle"] - c["start_cycle"], clock)
+        comm_ps.append([line.timestamp_ns * 1000 + e.offset_ps for _, e, _ in events])
+    # One clock: each collective at the same instant on both planes (up to the lines' whole ns).
+    assert all(abs(a - b) < 1000 for a, b in zip(*comm_ps)), comm_ps

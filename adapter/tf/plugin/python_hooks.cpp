@@ -118,7 +118,8 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 // "chip", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
 // "loads_data" (the kernel reads device memory with ld: loads_data() above),
-// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch)
+// "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch),
+// "reads_collective" (the id of the latest collective whose output it reads, 0: none)
 // [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
 //  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
@@ -150,6 +151,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters, int chip
         e["graph_run"] = r.label->graph_run;
       }
       e["host_dispatch_cycles"] = r.host_dispatch_cycles;
+      e["reads_collective"] = r.reads_collective;
       if (with_counters == 1) e["counters"] = r.counters();
       if (with_counters == 2) e["counters"] = flat_counters(r.counter_delta);
       j.push_back(std::move(e));
@@ -235,7 +237,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
   }
   j["collectives"] = nlohmann::json::array();
   for (const rt::CollectiveRecord& r : dev->collective_records())
-    j["collectives"].push_back({{"collective", r.collective},
+    j["collectives"].push_back({{"id", r.id},
+                                {"collective", r.collective},
                                 {"algorithm", r.algorithm},
                                 {"op", r.op},
                                 {"dtype", r.dtype},
@@ -244,6 +247,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
                                 {"bytes", r.bytes},
                                 {"link_bytes", r.link_bytes},
                                 {"chips", r.chips},
+                                {"input_launch", r.input_launch},
                                 {"start_cycle", r.start_cycle},
                                 {"end_cycle", r.end_cycle},
                                 {"steps", r.steps},
@@ -344,13 +348,14 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
 // Writes the report folder of the launches since {"origin_cycle"} (default 0: the whole run) to
 // `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
 // trace.json, summary.txt, and the plots when {"python", "plot_script"} are given; with several
-// NPUs also device_<k>/ per chip k with the same files (no plots) of that chip's launches since
+// NPUs also device_<k>/ per chip k with the same files (and plots) of that chip's launches since
 // {"origin_cycles"}[k] (default: origin_cycle). Other keys of
 // extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available),
 // "device_memory" (default: the runtime allocator's figures, whose peak npusim_tf_report_begin
 // restarted, and the NpuGraph plans' arenas, npu_graph.h; RuntimeReportInput::extra). Returns
 // {"files": [...], "window": {"origin_cycle", "end_cycle": the device timeline now},
-// "plots": {"ok", "output"}} or {"error"}; {"files": []} if the device never opened.
+// "plots": {"ok", "output"}[, "device_plots": [{"ok", "output"} per chip]]} or {"error"};
+// {"files": []} if the device never opened.
 NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra_json) {
   using namespace npusim;
   nlohmann::json j;
@@ -418,6 +423,15 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     if (!python.empty() && !script.empty()) {
       const prof::PlotResult plots = prof::run_plot_script(dir, python, script);
       j["plots"] = {{"ok", plots.ok}, {"output", plots.output}};
+      // Several NPUs: each device_<k>/ gets its chip's plots too (the same script on its files).
+      if (devices.size() > 1) {
+        j["device_plots"] = nlohmann::json::array();
+        for (size_t k = 0; k < devices.size(); ++k) {
+          const prof::PlotResult p =
+              prof::run_plot_script(fmt::format("{}/device_{}", dir, k), python, script);
+          j["device_plots"].push_back({{"ok", p.ok}, {"output", p.output}});
+        }
+      }
     }
     return rt::ok_status();
   });

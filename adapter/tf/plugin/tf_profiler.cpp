@@ -7,10 +7,12 @@
 //
 // Time: the device timeline at start() is the host's wall clock at start(); device time runs at
 // the chip's clock_mhz from there (docs/reports.md, "TensorBoard (TensorFlow's profiler)").
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "adapter/profiler/xplane_writer.h"
 #include "adapter/tf/plugin/launch_window.h"
@@ -24,7 +26,9 @@ namespace {
 struct ProfileState {
   std::mutex mutex;
   bool running = false;
-  prof::XPlaneWindow window;
+  prof::XPlaneWindow window;  // chip 0's (NPU:0); origin_walltime_ns is every chip's
+  // Several NPUs: each chip's own timeline at start and stop (its launches in the window).
+  std::vector<uint64_t> origins, ends;
   std::string xspace;  // serialized between collect_data_xspace's size query and its copy
 };
 
@@ -39,6 +43,17 @@ rt::Status device_now(uint64_t* cycles) {
   *cycles = 0;
   std::shared_ptr<rt::Device> dev = device_if_open();
   return dev ? dev->device_time_cycles(cycles) : rt::ok_status();
+}
+
+// Every open chip's timeline now (empty if the device is not open yet).
+rt::Status chips_now(std::vector<uint64_t>* cycles) {
+  cycles->clear();
+  for (const std::shared_ptr<rt::Device>& d : open_devices()) {
+    uint64_t t = 0;
+    if (rt::Status s = d->device_time_cycles(&t); !s.ok()) return s;
+    cycles->push_back(t);
+  }
+  return rt::ok_status();
 }
 
 int64_t wall_clock_ns() {
@@ -57,7 +72,9 @@ void profiler_start(const TP_Profiler*, TF_Status* status) {
   if (s.running) return set_error(status, TF_FAILED_PRECONDITION, "already started");
   uint64_t origin = 0;
   rt::Status st = device_now(&origin);
+  if (st.ok()) st = chips_now(&s.origins);
   if (!st.ok()) return set_tf_status(st, status);
+  s.ends.clear();
   s.window = prof::XPlaneWindow{};
   s.window.origin_cycle = origin;
   s.window.origin_walltime_ns = wall_clock_ns();
@@ -72,6 +89,7 @@ void profiler_stop(const TP_Profiler*, TF_Status* status) {
   if (!s.running) return TF_SetStatus(status, TF_OK, "");
   uint64_t end = 0;
   rt::Status st = device_now(&end);
+  if (st.ok()) st = chips_now(&s.ends);
   if (!st.ok()) return set_tf_status(st, status);
   s.window.end_cycle = end;
   s.running = false;
@@ -79,14 +97,48 @@ void profiler_stop(const TP_Profiler*, TF_Status* status) {
 }
 
 // The window's XSpace; empty when the device never opened (TensorFlow then adds no plane).
-rt::Status build_xspace(const prof::XPlaneWindow& w, std::string* out) {
+// Several NPUs: a plane per chip k, "/device:CUSTOM:NPU:k", with the launches that started on
+// its timeline between its position at start and at stop, and its collectives' lane. The chips'
+// timelines count one clock (a collective starts at the same cycle on all its chips), so every
+// plane maps device cycles onto the host's clock from one origin: the earliest chip timeline at
+// start is the host's wall clock at start (on one chip: its timeline, as before). (An origin
+// moved back before start would put a plane's lines before the session's start, which
+// TensorFlow then leaves un-normalised.)
+rt::Status build_xspace(const ProfileState& s, std::string* out) {
+  const prof::XPlaneWindow& w = s.window;
   std::shared_ptr<rt::Device> dev = device_if_open();
   if (!dev) return rt::ok_status();
   if (!opened_settings().record_launches)
     log_warning("the NPU's profile plane has no kernels: NPUSIM_RECORD_LAUNCHES=0");
-  std::vector<rt::LaunchRecord> launches;
-  window_records(*dev, w.origin_cycle, 0, &launches, nullptr);
-  *out = prof::npu_xspace(launches, dev->config(), w);
+  const std::vector<std::shared_ptr<rt::Device>> devices = open_devices();
+  if (devices.size() <= 1) {
+    std::vector<rt::LaunchRecord> launches;
+    window_records(*dev, w.origin_cycle, 0, &launches, nullptr);
+    *out = prof::npu_xspace(launches, dev->config(), w);
+    return rt::ok_status();
+  }
+  const std::vector<rt::CollectiveRecord> comms = dev->collective_records();
+  // Each chip's window from its timeline at start (a chip opened since: from chip 0's origin).
+  auto from = [&](size_t k) { return k < s.origins.size() ? s.origins[k] : w.origin_cycle; };
+  uint64_t origin = w.origin_cycle;
+  for (size_t k = 0; k < devices.size(); ++k) origin = std::min(origin, from(k));
+  std::vector<std::string> planes;
+  for (size_t k = 0; k < devices.size(); ++k) {
+    rt::Device& d = *devices[k];
+    prof::XPlaneWindow ck = w;
+    ck.device_ordinal = static_cast<int>(k);
+    ck.origin_cycle = origin;
+    ck.end_cycle = k < s.ends.size() ? s.ends[k] : w.end_cycle;
+    // Chip k's launches and collectives from its own start on (those before ran before the
+    // window, even if they lie after another chip's start).
+    std::vector<rt::LaunchRecord> launches;
+    window_records(d, from(k), 0, &launches, nullptr);
+    std::vector<rt::CollectiveRecord> mine;
+    for (const rt::CollectiveRecord& c : comms)
+      if (c.start_cycle >= from(k)) mine.push_back(c);
+    planes.push_back(prof::npu_xplane(launches, mine, d.config(), ck));
+  }
+  *out = prof::xspace_of(planes);
   return rt::ok_status();
 }
 
@@ -97,8 +149,7 @@ void profiler_collect_data_xspace(const TP_Profiler*, uint8_t* buffer, size_t* s
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!buffer) {
     s.xspace.clear();
-    rt::Status st =
-        rt::guard("collect_data_xspace", [&] { return build_xspace(s.window, &s.xspace); });
+    rt::Status st = rt::guard("collect_data_xspace", [&] { return build_xspace(s, &s.xspace); });
     *size_in_bytes = s.xspace.size();
     return set_tf_status(st, status);
   }

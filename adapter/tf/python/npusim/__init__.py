@@ -217,8 +217,11 @@ def system_info():
     "fabric" (per link direction: bytes and busy cycles since open), "peer_copies" (tensors
     copied between NPUs over the links: src_chip, dst_chip, bytes, start_cycle, cycles),
     "timeline_cycles" (each chip's device timeline now: every chip has its own, docs/runtime.md
-    "Simulated time") and "collectives" (each collective run: collective, algorithm, op, dtype,
-    label, count, bytes, link_bytes, chips, start_cycle, end_cycle, steps, inline_reduce)}.
+    "Simulated time") and "collectives" (each collective run: id (1, 2, ... in the order they
+    ran), collective, algorithm, op, dtype, label, count, bytes, link_bytes, chips,
+    input_launch (per rank: the index among launch_records(chip=chips[r]) of the launch that
+    last wrote the bytes it sends, or the last one before the copy that did; -1: none),
+    start_cycle, end_cycle, steps, inline_reduce)}.
     Cycles are AI-core cycles on the chips' timelines."""
     return _hooks.system()
 
@@ -239,7 +242,9 @@ def launch_records(with_counters=False, chip=0):
     launched it), and the launch's counters if asked: with_counters=True gives the counter tree
     (units and descriptions, as counters.json), "flat" a dict {"aic0.mte2.busy_cycles": value}
     of the same counters (what launches.json holds: a fraction of the bytes). start_cycle is on
-    the chip's own device timeline. A chip that is not an NPU raises NpusimError."""
+    the chip's own device timeline; index is the launch's position among the chip's launches;
+    reads_collective the id (system_info()["collectives"]) of the latest collective whose
+    output the launch reads, 0 if none. A chip that is not an NPU raises NpusimError."""
     records = _hooks.launch_records(with_counters, chip)
     if isinstance(records, dict) and "error" in records:
         raise NpusimError(records["error"])

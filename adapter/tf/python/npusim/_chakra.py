@@ -22,6 +22,12 @@ the step is traced as a tf.function around model.train_step, and for every train
 the ops that write it (Assign*VariableOp) are followed back to the gradient ops they read
 (those under the tape's gradient scope). Launches are matched to graph ops by node name.
 
+With several NPUs (a model compiled under MirroredStrategy, or no model: what ran since
+clear_launch_records()) the traces are what ran, one per chip (export_recorded,
+build_chip_nodes): each chip's own launches as compute nodes, its collectives as the collective
+engine timed them, and the dependencies the runtime's data readiness used (the launch that last
+wrote a collective's input, the launches that read its output).
+
 The file format is Chakra's: a varint-length-prefixed GlobalMetadata message, then one
 length-prefixed Node message per node. The messages are written by the small protobuf wire
 encoder below (no generated code, so no dependency on a protobuf release);
@@ -34,8 +40,13 @@ import re
 
 # Chakra's enums (chakra_et_def.proto): NodeType and CollectiveCommType values.
 COMP_NODE = 4
+COMM_SEND_NODE = 5
+COMM_RECV_NODE = 6
 COMM_COLL_NODE = 7
 ALL_REDUCE = 0
+# The collective engine's collectives (CollectiveRecord::collective) as Chakra's comm_type.
+COMM_TYPES = {"all_reduce": ALL_REDUCE, "all_gather": 2, "broadcast": 5, "all_to_all": 6,
+              "reduce_scatter": 7}
 
 # HCCL's default gradient segmentation: two segments of 96.54 % and 3.46 % of the gradient bytes
 # (CANN TensorFlow migration guide, "Adjusting Gradient Splitting Strategy";
@@ -124,17 +135,22 @@ def delimited(message):
 
 def op_runs(records):
     """The launch records of one step grouped into TF op runs (consecutive launches of one
-    node): [{"name", "type", "kernels", "start_cycle", "cycles", "time_us"}] in order; cycles
-    and time_us are the launches' summed durations."""
+    node and, where the records say, one dispatch of it): [{"name", "type", "kernels",
+    "start_cycle", "cycles", "time_us", "launches"}] in order; cycles and time_us are the
+    launches' summed durations, launches their records' "index" values."""
     runs = []
     for r in records:
         name = r.get("op_name") or r["kernel"]
-        if not runs or runs[-1]["name"] != name:
+        dispatch = r.get("dispatch") or 0
+        if not runs or runs[-1]["name"] != name or (dispatch and runs[-1]["dispatch"] and
+                                                     runs[-1]["dispatch"] != dispatch):
             runs.append({"name": name, "type": r.get("op_type") or r["kernel"], "kernels": 0,
-                         "start_cycle": r["start_cycle"], "cycles": 0, "time_us": 0.0})
+                         "start_cycle": r["start_cycle"], "cycles": 0, "time_us": 0.0,
+                         "dispatch": dispatch, "launches": []})
         runs[-1]["kernels"] += 1
         runs[-1]["cycles"] += r["cycles"]
         runs[-1]["time_us"] += r["time_us"]
+        runs[-1]["launches"].append(r.get("index"))
     return runs
 
 
@@ -241,9 +257,7 @@ def build_nodes(runs, gradients, split_by_size=None, split_by_idx=None):
         deps = ([position - 1] if position else []) + sorted(coll_id[k] for k in needs[i])
         nodes.append({"id": position, "name": run["name"], "type": COMP_NODE,
                       "data_deps": deps, "duration_micros": durations[position],
-                      "attr": [attr_bool("is_cpu_op", False), attr_string("op_type", run["type"]),
-                               attr_int64("kernels", run["kernels"]),
-                               attr_int64("npusim_duration_ns", round(run["time_us"] * 1e3))]})
+                      "attr": _compute_attrs(run)})
     for k, seg in enumerate(segments):
         nodes.append({"id": coll_id[k], "name": f"hcom_allReduce_segment{k}",
                       "type": COMM_COLL_NODE,
@@ -255,6 +269,87 @@ def build_nodes(runs, gradients, split_by_size=None, split_by_idx=None):
     return nodes, segments
 
 
+def _compute_attrs(run):
+    return [attr_bool("is_cpu_op", False), attr_string("op_type", run["type"]),
+            attr_int64("kernels", run["kernels"]),
+            attr_int64("npusim_duration_ns", round(run["time_us"] * 1e3))]
+
+
+def build_chip_nodes(chip, launches, collectives, clock_mhz, origin_cycle=0):
+    """The nodes of chip `chip`'s trace from what ran on it: `launches` its launch records
+    (launch_records(chip=chip) of the step, in order), `collectives` the system's collective
+    records of the step (system_info()["collectives"]; those without `chip` are skipped).
+
+    - A COMP_NODE per TF op run (op_runs) with the chip's simulated durations, each depending
+      on the one before (the chip runs one operation at a time), and on the collective whose
+      output one of its launches reads (LaunchRecord::reads_collective);
+    - a COMM_COLL_NODE per collective of the chip, in the order they ran (the communication
+      stream: each depends on the one before), depending on the op run of the launch that last
+      wrote the bytes this rank sends (CollectiveRecord::input_launch), with comm_type,
+      comm_size (one rank's buffer, bytes), the communicator, algorithm and simulated time;
+      send_recv is a COMM_SEND_NODE on its rank 0 and a COMM_RECV_NODE on its rank 1.
+    start_time_micros is each node's start on the chip's timelines, from origin_cycle.
+    Returns (nodes, runs)."""
+    runs = op_runs(launches)
+    node_of_launch = {i: n for n, run in enumerate(runs) for i in run["launches"]}
+    mine = sorted((c for c in collectives if chip in c["chips"]), key=lambda c: c["id"])
+    comm_id = {c["id"]: len(runs) + k for k, c in enumerate(mine)}
+
+    def micros(cycle):
+        return max(0, int(round((cycle - origin_cycle) / clock_mhz)))
+
+    nodes = []
+    durations = _rounded_durations([run["time_us"] for run in runs])
+    by_index = {r.get("index"): r for r in launches}
+    for n, run in enumerate(runs):
+        deps = [n - 1] if n else []
+        read = max((by_index[i].get("reads_collective", 0) for i in run["launches"]), default=0)
+        if read in comm_id:
+            deps.append(comm_id[read])
+        nodes.append({"id": n, "name": run["name"], "type": COMP_NODE, "data_deps": deps,
+                      "start_time_micros": micros(run["start_cycle"]),
+                      "duration_micros": durations[n], "attr": _compute_attrs(run)})
+    previous = None
+    for c in mine:
+        rank = c["chips"].index(chip)
+        deps = [] if previous is None else [comm_id[previous]]
+        writer = (c.get("input_launch") or [-1] * len(c["chips"]))[rank]
+        if writer in node_of_launch:
+            deps.insert(0, node_of_launch[writer])
+        cycles = c["end_cycle"] - c["start_cycle"]
+        attrs = [attr_bool("is_cpu_op", False), attr_int64("comm_size", c["bytes"]),
+                 attr_string("collective", c["collective"]),
+                 attr_string("algorithm", c["algorithm"]),
+                 attr_string("comm_group", ",".join(str(k) for k in c["chips"])),
+                 attr_int64("rank", rank), attr_string("label", c.get("label", "")),
+                 attr_int64("npusim_duration_ns", round(1e3 * cycles / clock_mhz))]
+        if c["collective"] == "send_recv":
+            kind = COMM_SEND_NODE if rank == 0 else COMM_RECV_NODE
+            attrs += [attr_int64("comm_src", c["chips"][0]), attr_int64("comm_dst", c["chips"][1]),
+                      attr_int64("comm_tag", c["id"])]
+        elif c["collective"] in COMM_TYPES:
+            kind = COMM_COLL_NODE
+            attrs.insert(1, attr_int64("comm_type", COMM_TYPES[c["collective"]]))
+        else:
+            raise ValueError(f"collective {c['id']} ({c['collective']}): no Chakra node type")
+        nodes.append({"id": comm_id[c["id"]],
+                      "name": f"hcom_{c['collective']}_{c['id']}" + (
+                          f" ({c['label']})" if c.get("label") else ""),
+                      "type": kind, "data_deps": deps,
+                      "start_time_micros": micros(c["start_cycle"]),
+                      "duration_micros": int(round(cycles / clock_mhz)), "attr": attrs})
+        previous = c["id"]
+    return nodes, runs
+
+
+def write_trace(path, nodes, metadata_attrs=()):
+    """One execution-trace file: the GlobalMetadata, then the nodes."""
+    with open(path, "wb") as f:
+        f.write(delimited(global_metadata(SCHEMA_VERSION, metadata_attrs)) + b"".join(
+            delimited(node_message(n)) for n in nodes))
+    return path
+
+
 def write_traces(directory, nodes, chips, metadata_attrs=(), prefix="npusim"):
     """Writes <directory>/<prefix>.<rank>.et for every rank (ASTRA-sim's
     --workload-configuration=<directory>/<prefix>); data-parallel ranks run the same step, so
@@ -262,15 +357,8 @@ def write_traces(directory, nodes, chips, metadata_attrs=(), prefix="npusim"):
     if int(chips) < 1:
         raise ValueError(f"chips must be at least 1, got {chips}")
     os.makedirs(directory, exist_ok=True)
-    body = delimited(global_metadata(SCHEMA_VERSION, metadata_attrs)) + b"".join(
-        delimited(node_message(n)) for n in nodes)
-    paths = []
-    for rank in range(int(chips)):
-        path = os.path.join(directory, f"{prefix}.{rank}.et")
-        with open(path, "wb") as f:
-            f.write(body)
-        paths.append(path)
-    return paths
+    return [write_trace(os.path.join(directory, f"{prefix}.{rank}.et"), nodes, metadata_attrs)
+            for rank in range(int(chips))]
 
 
 # ---- the step's graph -----------------------------------------------------------------------
@@ -426,12 +514,98 @@ def attach_runs(runs, grads):
     return out
 
 
-def export_chakra(directory, chips, model, x, y, split_by_size=None, split_by_idx=None,
-                  prefix="npusim"):
-    """Writes the Chakra execution traces of one data-parallel training step of `model` (a
-    compiled Keras model) on `chips` ranks, each training on a batch like (x, y): see the
-    module's docstring. Returns {"files", "nodes", "compute_nodes", "segments" (bytes and
-    variables of each all-reduce), "compute_us" (the step's kernel time on one chip)}."""
+def _replicas(model):
+    """How many replicas the model's distribution strategy runs (1 without one)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+
+
+def _clock_mhz():
+    """The chips' clock (chip config clock_mhz): cycles of the records -> microseconds."""
+    from . import _hooks  # pylint: disable=import-outside-toplevel
+    match = re.search(r"^clock_mhz:\s*([0-9.eE+-]+)", _hooks.chip_config_yaml() or "", re.M)
+    if not match:
+        raise RuntimeError("export_chakra: the chip config has no clock_mhz")
+    return float(match.group(1))
+
+
+def _distributed_step(model, x, y):
+    """Runs one training step of `model` (compiled under a MirroredStrategy of NPUs) on the
+    global batch (x, y) twice with train_on_batch (the first compiles), recording the second,
+    and puts the model's, optimizer's and metrics' variables back."""
+    from . import clear_launch_records  # pylint: disable=import-outside-toplevel
+
+    state = _training_state(model)
+    saved = [v.numpy() for v in state]
+    try:
+        model.train_on_batch(x, y)
+        clear_launch_records()
+        model.train_on_batch(x, y)
+    finally:
+        for v, value in zip(state, saved):
+            v.assign(value)
+
+
+def export_recorded(directory, prefix="npusim"):
+    """Writes one Chakra trace per NPU, <directory>/<prefix>.<k>.et for NPU:k, of what ran on
+    the NPUs since clear_launch_records(): every chip's launches and the collectives as the
+    collective engine timed them (build_chip_nodes). Returns {"files", "nodes" (per chip),
+    "compute_nodes" (per chip), "collectives" (per chip), "compute_us" (per chip)}."""
+    from . import device_info, launch_records, system_info  # pylint: disable=import-outside-toplevel
+
+    info = system_info()
+    if not info.get("open"):
+        raise RuntimeError("export_chakra: nothing ran on the NPU (the device is not open)")
+    chips = len(info.get("timeline_cycles", [])) or 1
+    launches = [launch_records(chip=k) for k in range(chips)]
+    collectives = info.get("collectives", [])
+    if not any(launches):
+        raise RuntimeError("export_chakra: no launch recorded since clear_launch_records()")
+    starts = [r["start_cycle"] for rs in launches for r in rs]
+    starts += [c["start_cycle"] for c in collectives]
+    origin = min(starts)
+    clock = _clock_mhz()
+    chip_name = str(device_info().get("settings", {}).get("chip", ""))
+    os.makedirs(directory, exist_ok=True)
+    out = {"files": [], "nodes": [], "compute_nodes": [], "collectives": [], "compute_us": []}
+    for k in range(chips):
+        nodes, runs = build_chip_nodes(k, launches[k], collectives, clock, origin)
+        meta = [attr_string("source", "npusim"), attr_string("chip", chip_name),
+                attr_int64("ranks", chips), attr_int64("rank", k),
+                attr_int64("origin_cycle", origin)]
+        out["files"].append(write_trace(os.path.join(directory, f"{prefix}.{k}.et"), nodes,
+                                        meta))
+        out["nodes"].append(len(nodes))
+        out["compute_nodes"].append(len(runs))
+        out["collectives"].append(len(nodes) - len(runs))
+        out["compute_us"].append(sum(r["time_us"] for r in runs))
+    return out
+
+
+def export_chakra(directory, chips=None, model=None, x=None, y=None, split_by_size=None,
+                  split_by_idx=None, prefix="npusim"):
+    """Writes the Chakra execution traces of one data-parallel training step (see the module's
+    docstring and docs/multichip.md).
+
+    - `model` compiled under a MirroredStrategy of several NPUs: runs one step on the global
+      batch (x, y) and writes what ran, one trace per NPU (export_recorded); `chips`, if given,
+      must be the replica count.
+    - `model` on one NPU: runs one step on (x, y) and writes it as `chips` ranks' traces
+      (the same step on every rank, its all-reduces from the gradients' sizes). Returns
+      {"files", "nodes", "compute_nodes", "segments" (bytes and variables of each all-reduce),
+      "compute_us" (the step's kernel time on one chip)}.
+    - no `model`: writes what ran on the NPUs since clear_launch_records() (export_recorded)."""
+    if model is None:
+        return export_recorded(directory, prefix)
+    replicas = _replicas(model)
+    if replicas > 1:
+        if chips is not None and int(chips) != replicas:
+            raise ValueError(f"export_chakra: chips={chips}, but the model's strategy runs "
+                             f"{replicas} replicas (one trace per NPU it ran on)")
+        _distributed_step(model, x, y)
+        return export_recorded(directory, prefix)
+    if chips is None:
+        raise ValueError("export_chakra: give chips (the ranks) for a model on one NPU")
     from . import device_info  # pylint: disable=import-outside-toplevel
 
     records, grads = trace_step(model, x, y)
