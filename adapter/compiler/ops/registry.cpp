@@ -318,12 +318,15 @@ const std::vector<OpEntry>& op_table() {
       {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
-      {"BNTrainingReduce", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
-      {"BNTrainingUpdate", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
+      // (T = f16: x and dy in f16, statistics f32, as CANN's; allow_mix_precision's graph pass)
+      {"BNTrainingReduce", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
+      {"BNTrainingUpdate", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"BNTrainingUpdateGrad", "batchnorm", compile_batchnorm,
-       npu_t(K::kFusedInference, {DT::F32})},
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"BNTrainingReduceGrad", "batchnorm", compile_batchnorm,
-       npu_t(K::kFusedInference, {DT::F32})},
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
       // Decoder-model kernels, CANN's op types (ops/attention.cpp, ...; TF ops: kernels_llm.cpp)

@@ -38,7 +38,7 @@
 //     -> diff_scale: float, diff_offset: float              epsilon: float
 //   BNTrainingReduceGrad(grads: T, x: T, diff_scale: float, diff_offset: float, scale: float,
 //                        batch_mean: float, batch_variance: float) -> y: T     epsilon: float
-//     T in {float}: batch norm in training as CANN splits it (adapter/compiler/ops/
+//     T in {float, half}: batch norm in training as CANN splits it (adapter/compiler/ops/
 //     batchnorm.cpp states the formulas), x NHWC, the per-channel tensors [C].
 //
 // The kernels keep the fused node's name and these op types, so launch records and reports
@@ -217,23 +217,23 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
       {"BNTrainingReduce",
        {"x: T"},
        {"sum: float", "square_sum: float"},
-       {"T: {float}"},
+       {"T: {float, half}"},
        reduce_shape},
       {"BNTrainingUpdate",
        {"x: T", "sum: float", "square_sum: float", "scale: float", "offset: float"},
        {"y: T", "batch_mean: float", "batch_variance: float"},
-       {"T: {float}", "epsilon: float = 0.001", "relu: bool = false"},
+       {"T: {float, half}", "epsilon: float = 0.001", "relu: bool = false"},
        update_shape},
       {"BNTrainingUpdateGrad",
        {"grads: T", "x: T", "batch_mean: float", "batch_variance: float"},
        {"diff_scale: float", "diff_offset: float"},
-       {"T: {float}", "epsilon: float = 0.001"},
+       {"T: {float, half}", "epsilon: float = 0.001"},
        update_grad_shape},
       {"BNTrainingReduceGrad",
        {"grads: T", "x: T", "diff_scale: float", "diff_offset: float", "scale: float",
         "batch_mean: float", "batch_variance: float"},
        {"y: T"},
-       {"T: {float}", "epsilon: float = 0.001"},
+       {"T: {float, half}", "epsilon: float = 0.001"},
        same_as_input0},
       {"FusedElementwise",
        {"inputs: N * T"},
