@@ -288,7 +288,8 @@ MixedPrecisionCounts apply_mixed_precision(
       if ((node.op() == "Conv2DBiasAdd" || node.op() == "MatMulBiasAdd") && candidate(node) &&
           category(lists, node.op()) == Category::kTrust && !has_half_kernel(as_half(node))) {
         std::vector<tfc::NodeDef> parts = split_bias_epilogue(node);
-        if (has_half_kernel(as_half(parts[0]))) {
+        if (category(lists, parts[0].op()) == Category::kTrust &&
+            has_half_kernel(as_half(parts[0]))) {
           for (tfc::NodeDef& p : parts) *rebuilt.add_node() = std::move(p);
           ++counts.split;
           any = true;
