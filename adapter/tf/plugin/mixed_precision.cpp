@@ -45,8 +45,8 @@ const std::vector<const char*> kBlockList = {
     // SparseSoftmaxCrossEntropyWithLogits), and the losses' reductions: a sum over a batch or
     // a feature map needs float32's range and precision (CANN: ReduceSum, ReduceMean,
     // ReduceProd).
-    "Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
-    "SparseSoftmaxCrossEntropyWithLogits", "Sum", "Mean", "Prod", "L2Loss",
+    "Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits",
+    "Sum", "Mean", "Prod", "L2Loss",
     // The optimizer's variable updates stay float32 (CANN: ApplyAdam, ApplyMomentum, ...; the
     // variables themselves are float32).
     "ResourceApplyGradientDescent", "ResourceApplyMomentum", "ResourceApplyKerasMomentum",
@@ -56,11 +56,28 @@ const std::vector<const char*> kBlockList = {
 // Ops never changed whatever the lists say: function plumbing and control flow route tensors
 // whose types are fixed by the function's signature or by the loop.
 bool untouchable(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "Switch", "Merge", "Enter", "Exit",
-      "NextIteration", "LoopCond", "If", "StatelessIf", "While", "StatelessWhile",
-      "PartitionedCall", "StatefulPartitionedCall", "Placeholder", "ReadVariableOp",
-      "VarHandleOp", "Const", "NoOp", "NpuGraph"};
+  static const std::set<std::string> kOps = {"_Arg",
+                                             "_Retval",
+                                             "_DeviceArg",
+                                             "_DeviceRetval",
+                                             "Switch",
+                                             "Merge",
+                                             "Enter",
+                                             "Exit",
+                                             "NextIteration",
+                                             "LoopCond",
+                                             "If",
+                                             "StatelessIf",
+                                             "While",
+                                             "StatelessWhile",
+                                             "PartitionedCall",
+                                             "StatefulPartitionedCall",
+                                             "Placeholder",
+                                             "ReadVariableOp",
+                                             "VarHandleOp",
+                                             "Const",
+                                             "NoOp",
+                                             "NpuGraph"};
   return kOps.count(op) > 0;
 }
 
@@ -106,11 +123,10 @@ std::vector<tfc::NodeDef> split_bias_epilogue(const tfc::NodeDef& fused) {
   const bool conv = fused.op() == "Conv2DBiasAdd";
   const auto& attrs = fused.attr();
   const bool relu = attrs.count("relu") && attrs.at("relu").b();
-  tfc::NodeDef product =
-      new_node(fused.name() + (conv ? "/npusim_conv" : "/npusim_matmul"), conv ? "Conv2D" : "MatMul",
-               fused.device());
-  tfc::NodeDef bias = new_node(relu ? fused.name() + "/npusim_bias" : fused.name(), "BiasAdd",
-                               fused.device());
+  tfc::NodeDef product = new_node(fused.name() + (conv ? "/npusim_conv" : "/npusim_matmul"),
+                                  conv ? "Conv2D" : "MatMul", fused.device());
+  tfc::NodeDef bias =
+      new_node(relu ? fused.name() + "/npusim_bias" : fused.name(), "BiasAdd", fused.device());
   std::vector<std::string> data, control;
   for (const std::string& in : fused.input()) (is_control(in) ? control : data).push_back(in);
   product.add_input(data.at(0));
@@ -206,7 +222,8 @@ rt::Status load_mix_lists(const std::string& path, MixLists* out) {
   } catch (const std::exception& e) {
     return bad(std::string("not valid JSON: ") + e.what());
   }
-  if (!j.is_object()) return bad("the top level must be an object with \"black-list\" / \"white-list\"");
+  if (!j.is_object())
+    return bad("the top level must be an object with \"black-list\" / \"white-list\"");
   for (const auto& [list_key, list] : j.items()) {
     const bool black = list_key == "black-list";
     if (!black && list_key != "white-list")
@@ -274,8 +291,8 @@ MixedPrecisionCounts apply_mixed_precision(
   };
   const auto candidate = [&](const tfc::NodeDef& node) {
     const tfc::AttrValue* t = type_attr(node);
-    return on_npu(node.device()) && !untouchable(node.op()) && !preserve.count(node.name()) &&
-           t && t->type() == tfc::DT_FLOAT;
+    return on_npu(node.device()) && !untouchable(node.op()) && !preserve.count(node.name()) && t &&
+           t->type() == tfc::DT_FLOAT;
   };
 
   // 1. Bias epilogues whose product would run in float16 but whose fused kernel is float32
@@ -383,7 +400,8 @@ MixedPrecisionCounts apply_mixed_precision(
       auto [it, fresh] = casts.try_emplace({tensor, want}, "");
       if (fresh) {
         const tfc::NodeDef& producer = graph.node(p);
-        std::string cast_name = name + "/npusim_amp_" + std::to_string(port) + "_" + short_name(want);
+        std::string cast_name =
+            name + "/npusim_amp_" + std::to_string(port) + "_" + short_name(want);
         while (index.count(cast_name)) cast_name += "_";
         index[cast_name] = -1;
         tfc::NodeDef cast = new_node(cast_name, "Cast",

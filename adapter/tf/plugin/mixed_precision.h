@@ -76,9 +76,9 @@ const MixLists& builtin_mix_lists();
 rt::Status load_mix_lists(const std::string& path, MixLists* out);
 
 struct MixedPrecisionCounts {
-  int half_nodes = 0;  // nodes turned to float16
-  int casts = 0;       // Cast nodes inserted
-  int split = 0;       // Conv2DBiasAdd / MatMulBiasAdd nodes split back to run in float16
+  int half_nodes = 0;      // nodes turned to float16
+  int casts = 0;           // Cast nodes inserted
+  int split = 0;           // Conv2DBiasAdd / MatMulBiasAdd nodes split back to run in float16
   int no_half_kernel = 0;  // trust- or graylisted nodes left float32: no float16 NPU kernel
   int total() const { return half_nodes + casts + split; }
 };
