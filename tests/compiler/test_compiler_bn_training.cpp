@@ -129,7 +129,7 @@ void check_grads(const GradCase& gc) {
   const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
   const double eps = 0.001, k = static_cast<double>(r + 16);
   INFO("BNTrainingUpdateGrad / BNTrainingReduceGrad " << compiler::shape_str(shape) << " "
-                                                       << compiler::data_type_name(gc.dt));
+                                                      << compiler::data_type_name(gc.dt));
   HostTensor dy = random_tensor(gc.dt, shape, -1, 1, gc.seed);
   HostTensor x = random_tensor(gc.dt, shape, -2, 3, gc.seed + 1);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 2);

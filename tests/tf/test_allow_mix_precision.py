@@ -125,11 +125,12 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     assert npu["losses"][-1] < npu["losses"][0]
     assert npu["variables"] == ["float32"]
     nodes = npu["nodes"]
-    # trustlist: half
-    for op in ("Conv2D", "MatMul", "Conv2DBackpropFilter"):
+    # trustlist: half (the convolution with its bias epilogue, the bias f32 in the bias table;
+    # the Dense layer's MatMulBiasAdd, whose kernel is f32 only, split into MatMul and BiasAdd)
+    for op in ("Conv2DBiasAdd", "MatMul", "Conv2DBackpropFilter"):
         assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
-    # graylist after them: half (the bias add split from the fused epilogue, the training
-    # batch norm's four ops, ReLU's gradient)
+    # graylist after them: half (the Dense layer's bias add, the training batch norm's four
+    # ops, ReLU's gradient)
     for op in ("BiasAdd", "BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
                "BNTrainingReduceGrad", "ReluGrad"):
         assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
@@ -146,7 +147,7 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     assert casts and len(casts) == len(set(casts))
     # the kernels that ran: fp16 convolution and batch norm
     kernels = {k for _, k in npu["kernels"]}
-    assert {"Conv2D_f16", "BatchNormInferenceRelu_f16", "BiasAdd_f16"} <= kernels, kernels
+    assert {"Conv2DBias_f16", "BatchNormInferenceRelu_f16", "BiasAdd_f16"} <= kernels, kernels
     # NPUSIM_MIX_PRECISION_GRAPH=0: every node float, as before the pass
     assert "float16" not in {t for _, _, t in off["nodes"]}, off["nodes"]
     assert not any("f16" in k for _, k in off["kernels"] if not k.startswith(("Cast", "MatMul",
@@ -170,10 +171,12 @@ def test_modify_mixlist_moves_conv2d_to_blocklist(tmp_path):
     for op in ("BNTrainingReduce", "BNTrainingUpdate"):
         assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
     assert _types(nodes, "BiasAdd") == ["float16"]
-    # the Dense layer's MatMul stays trustlisted; Conv2DBackpropFilter, now graylisted, follows
-    # its half gradient input
+    # the Dense layer's MatMul stays trustlisted; the batch norm's gradient reads the float32
+    # convolution's output (blocklisted: it follows it), and Conv2DBackpropFilter, moved to the
+    # graylist, follows that float32 gradient
     assert _types(nodes, "MatMul") == ["float16"]
-    assert _types(nodes, "Conv2DBackpropFilter") == ["float16"]
+    for op in ("BNTrainingUpdateGrad", "BNTrainingReduceGrad", "Conv2DBackpropFilter"):
+        assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
 
 
 ERRORS = r'''

@@ -278,7 +278,9 @@ const std::vector<OpEntry>& op_table() {
            {{"T", {DT::F32}}, {"Tx", {DT::F32, DT::F16}}, {"Tout", {DT::F32, DT::F16}}})},
       // Conv2D -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
       // FIXPIPE)
-      {"Conv2DBiasAdd", "conv2d", compile_conv2d, npu(K::kFusedInference, {{"T", {DT::F32}}})},
+      // (T = f16, bias f32: allow_mix_precision's graph pass; the bias table holds f32)
+      {"Conv2DBiasAdd", "conv2d", compile_conv2d,
+       npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
       {"Conv2DBackpropInput", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d,

@@ -13,9 +13,11 @@
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
-//   Conv2DBiasAdd(x: T, filter: T, bias: T) -> y: T     T in {float}; Conv2D's attributes and
-//     relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from the bias, ReLU
-//     in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown here.
+//   Conv2DBiasAdd(x: T, filter: T, bias: Tbias) -> y: T     T in {float, half}, Tbias in
+//     {float} (default; half T: allow_mix_precision's graph pass, mixed_precision.h); Conv2D's
+//     attributes and relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from
+//     the bias, ReLU in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown
+//     here.
 //   MatMulBiasAdd(a: T, b: T, bias: T) -> product: T     T in {float}; transpose_a,
 //     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
 //     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
@@ -201,9 +203,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
       {"Conv2DBiasAdd",
-       {"x: T", "filter: T", "bias: T"},
+       {"x: T", "filter: T", "bias: Tbias"},
        {"y: T"},
-       {"T: {float}", "relu: bool = false", "strides: list(int)", "padding: string",
+       {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "relu: bool = false",
+        "strides: list(int)", "padding: string",
         "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
         "data_format: string = 'NHWC'"},
        unknown_output},

@@ -31,11 +31,21 @@ namespace tfc = ::tensorflow;
 const std::vector<const char*> kTrustList = {
     // The cube's products and their gradients (CANN: Conv2D, Conv2DBackpropInput,
     // Conv2DBackpropFilter, DepthwiseConv2D..., MatMulV2, BatchMatMulV2).
-    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative",
-    "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter", "MatMul",
-    "BatchMatMul", "BatchMatMulV2", "Einsum",
-    // graph_fusion.h's bias epilogues of those products (CANN: Conv2D / MatMulV2 with a bias).
-    "Conv2DBiasAdd", "MatMulBiasAdd"};
+    "Conv2D",
+    "Conv2DBackpropInput",
+    "Conv2DBackpropFilter",
+    "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter",
+    "MatMul",
+    "BatchMatMul",
+    "BatchMatMulV2",
+    "Einsum"};
+
+// graph_fusion.h's bias epilogues are on the list of their product (CANN: Conv2D / MatMulV2
+// with a bias input), so a user's list naming the product covers them.
+const std::map<std::string, std::string> kEpilogueProduct = {{"Conv2DBiasAdd", "Conv2D"},
+                                                             {"MatMulBiasAdd", "MatMul"}};
 
 const std::vector<const char*> kBlockList = {
     // Exponentials and logarithms: exp overflows float16 above 11.1, log loses its small
@@ -180,7 +190,9 @@ std::vector<int> topological_order(const tfc::GraphDef& graph) {
 
 enum class Category { kTrust, kBlock, kGray };
 
-Category category(const MixLists& lists, const std::string& op) {
+Category category(const MixLists& lists, const std::string& type) {
+  const auto product = kEpilogueProduct.find(type);
+  const std::string& op = product == kEpilogueProduct.end() ? type : product->second;
   if (lists.trust.count(op)) return Category::kTrust;
   if (lists.block.count(op)) return Category::kBlock;
   return Category::kGray;
@@ -284,9 +296,12 @@ MixedPrecisionCounts apply_mixed_precision(
     tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve, const MixLists& lists,
     const std::function<bool(const tfc::NodeDef&)>& has_half_kernel) {
   MixedPrecisionCounts counts;
+  // The node with T = half and its default attributes spelled out (the kernel registry matches
+  // the constraints of attributes the node leaves at their defaults, e.g. Conv2DBiasAdd's Tbias).
   const auto as_half = [](const tfc::NodeDef& node) {
     tfc::NodeDef h = node;
     (*h.mutable_attr())["T"].set_type(tfc::DT_HALF);
+    add_defaults(&h);
     return h;
   };
   const auto candidate = [&](const tfc::NodeDef& node) {
@@ -305,8 +320,7 @@ MixedPrecisionCounts apply_mixed_precision(
       if ((node.op() == "Conv2DBiasAdd" || node.op() == "MatMulBiasAdd") && candidate(node) &&
           category(lists, node.op()) == Category::kTrust && !has_half_kernel(as_half(node))) {
         std::vector<tfc::NodeDef> parts = split_bias_epilogue(node);
-        if (category(lists, parts[0].op()) == Category::kTrust &&
-            has_half_kernel(as_half(parts[0]))) {
+        if (has_half_kernel(as_half(parts[0]))) {
           for (tfc::NodeDef& p : parts) *rebuilt.add_node() = std::move(p);
           ++counts.split;
           any = true;

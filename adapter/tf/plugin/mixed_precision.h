@@ -34,10 +34,11 @@
 //     on the producer's device when that is the NPU (else the consumer's). Variables stay
 //     float32: a ReadVariableOp is not flipped, its value is cast for float16 readers, and the
 //     optimizer's updates (blocklisted) read float32 gradients.
-//   - First, a Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b, whose kernels are
-//     float32 only) on the trustlist whose product (Conv2D / MatMul) is on the trustlist too is
-//     split back into that product, a BiasAdd and a Relu, which have float16 kernels (the
-//     walk below then turns them to float16); otherwise it stays fused, in float32.
+//   - First, a Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b; on the list of its
+//     product, Conv2D / MatMul) that is trustlisted but has no float16 kernel (MatMulBiasAdd's
+//     is float32 only; Conv2DBiasAdd has one, its bias staying float32 as the bias table holds
+//     it) is split back into that product, a BiasAdd and a Relu, which have float16 kernels
+//     (the walk below then turns them to float16); otherwise it stays fused.
 // Graphs with a cycle (while loops) are left as they are.
 //
 // NPUSIM_MIX_PRECISION_GRAPH=0 turns the pass off: allow_mix_precision then only changes how
