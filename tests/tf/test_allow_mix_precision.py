@@ -191,20 +191,29 @@ for path in sys.argv[1:]:
 '''
 
 
-@pytest.mark.parametrize("content,key", [
+BAD_FILES = [
     ('{"black-list": {"to-add": ["Exp"]}, "grey-list": {}}', "grey-list"),
     ('{"black-list": {"to-ad": ["Exp"]}}', "black-list.to-ad"),
     ('{"white-list": {"to-add": "Conv2D"}}', "white-list.to-add"),
     ('{"white-list": {"to-add": ["MatMul", 3]}}', "white-list.to-add[1]"),
     ('{"black-list": {"to-remove": ["Conv2D"]}}', "black-list.to-remove[0]"),
     ('{"black-list": ', "not valid JSON"),
-])
-def test_bad_mixlist_is_a_clear_error(tmp_path, content, key):
-    path = tmp_path / "mix.json"
-    path.write_text(content)
-    env = {"TF_ENABLE_ONEDNN_OPTS": "0"}
-    proc = run_child(ERRORS.replace("sys.argv[1:]", json.dumps([str(path)])), extra_env=env)
+]
+
+
+def test_bad_mixlist_is_a_clear_error(tmp_path):
+    """Each bad file in one child (configure() restores the environment after each error)."""
+    paths = []
+    for i, (content, _) in enumerate(BAD_FILES):
+        paths.append(tmp_path / f"mix{i}.json")
+        paths[-1].write_text(content)
+    missing = tmp_path / "missing.json"
+    code = ERRORS.replace("sys.argv[1:]", json.dumps([str(p) for p in paths + [missing]]))
+    proc = run_child(code, extra_env={"TF_ENABLE_ONEDNN_OPTS": "0"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT-")][-1]
-    _, error = json.loads(line[len("RESULT-"):])
-    assert error is not None and str(path) in error and key in error, error
+    errors = dict(json.loads(l[len("RESULT-"):]) for l in proc.stdout.splitlines()
+                  if l.startswith("RESULT-"))
+    for path, (_, key) in zip(paths, BAD_FILES):
+        error = errors[str(path)]
+        assert error is not None and str(path) in error and key in error, error
+    assert errors[str(missing)] is not None and str(missing) in errors[str(missing)]
