@@ -268,27 +268,29 @@ rt::Status load_mix_lists(const std::string& path, MixLists* out) {
   return rt::ok_status();
 }
 
+namespace {
+
+// The device's settings once it is open, else the environment's; false if those are invalid.
+bool current_settings(PluginSettings* s) {
+  if (!device_if_open()) return settings_from_env(s).ok();
+  *s = opened_settings();
+  return true;
+}
+
+}  // namespace
+
 bool mixed_precision_requested() {
   const char* env = std::getenv("NPUSIM_MIX_PRECISION_GRAPH");
   if (env && std::string(env) == "0") return false;
   PluginSettings s;
-  if (device_if_open()) {
-    s = opened_settings();
-  } else if (!settings_from_env(&s).ok()) {
-    return false;
-  }
-  return s.precision == compiler::PrecisionMode::kAllowMixPrecision;
+  return current_settings(&s) && s.precision == compiler::PrecisionMode::kAllowMixPrecision;
 }
 
 MixLists mixed_precision_lists() {
   PluginSettings s;
-  if (device_if_open()) {
-    s = opened_settings();
-  } else if (!settings_from_env(&s).ok()) {
-    return builtin_mix_lists();
-  }
   MixLists lists;
-  if (!load_mix_lists(s.modify_mixlist, &lists).ok()) return builtin_mix_lists();
+  if (!current_settings(&s) || !load_mix_lists(s.modify_mixlist, &lists).ok())
+    return builtin_mix_lists();
   return lists;
 }
 
