@@ -403,21 +403,23 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
 // reference sum x * f + bias [max 0], the convolution's tolerance with the bias as one more term.
 // On a chip with a bias table and one group the bias is the cube's (no launch besides the
 // casts and the convolution); otherwise one vector launch adds it after the convolution.
+// dt: x, filter and y (f16: allow_mix_precision's graph pass); the bias is f32 either way.
 inline void check_conv2d_bias_add(const ConvCase& c, bool relu, uint32_t seed,
-                                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16) {
+                                  PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
+                                  DataType dt = DataType::F32) {
   INFO("Conv2DBiasAdd x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh
                            << "x" << c.kw << " -> " << c.cout << " stride " << c.sh << " groups "
-                           << c.groups << (relu ? " relu" : ""));
+                           << c.groups << (relu ? " relu " : " ") << compiler::data_type_name(dt));
   const int64_t co = c.cout;
-  HostTensor x = random_tensor(DataType::F32, {c.n, c.h, c.w, c.c}, -2, 2, seed);
-  HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
+  HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed + 1);
   HostTensor b = random_tensor(DataType::F32, {co}, -2, 2, seed + 2);
   auto attrs = c.attrs();
   attrs["relu"] = relu;
   compiler::CompiledKernel k = compiler::compile(
       make_op("Conv2DBiasAdd", {x.desc, f.desc, b.desc}, attrs), test_sim().config(), mode);
   summarize(k);
-  REQUIRE(k.outputs[0] == (TensorDesc{DataType::F32, y_shape(c)}));
+  REQUIRE(k.outputs[0] == (TensorDesc{dt, y_shape(c)}));
   compiler::CompiledKernel plain =
       compiler::compile(make_op("Conv2D", {x.desc, f.desc}, c.attrs()), test_sim().config(), mode);
   const bool cube_bias = c.groups == 1 && test_sim().config().has_path(isa::Buf::L1, isa::Buf::BT);
@@ -435,8 +437,7 @@ inline void check_conv2d_bias_add(const ConvCase& c, bool relu, uint32_t seed,
     if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
   }
   check_against(r.outputs[0].values, ref,
-                mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : DataType::F32, true,
-                "y");
+                mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt, true, "y");
 }
 
 }  // namespace npusim::test::conv

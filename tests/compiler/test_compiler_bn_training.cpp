@@ -14,6 +14,9 @@
 // With relu (the ReLU's gradient folded in), dy is replaced by dy * (x a + shift > 0), the
 // forward pass's a = scale / sqrt(v + eps) and shift = offset - m a; x is drawn so that no
 // pre-activation lies within 1e-3 of 0 (the mask is then the same in f32 and in double).
+// With x (and dy) f16 (allow_mix_precision's graph pass: x / dy f16, statistics f32) the inputs
+// are exact f16 values, every sum and statistic is the same f32 computation, and y / dx are
+// rounded once more to f16: + 2^-11 |y| (round to nearest).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -30,6 +33,7 @@ using compiler::TensorDesc;
 namespace {
 
 constexpr double kE = 1.0 / (1 << 24);
+constexpr double kH = 1.0 / (1 << 11);  // f16's unit roundoff
 
 // Element (pixel i, channel j) of an [R, C] tensor.
 double at(const HostTensor& t, int64_t i, int64_t j, int64_t c) {
@@ -50,10 +54,10 @@ RunResult run(const std::string& type, const std::vector<HostTensor>& in,
   return run_compiled(test_sim(), k, in);
 }
 
-void check_reduce(const std::vector<int64_t>& shape, uint32_t seed) {
+void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt = DataType::F32) {
   const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
-  INFO("BNTrainingReduce " << compiler::shape_str(shape));
-  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, seed);
+  INFO("BNTrainingReduce " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
   RunResult res = run("BNTrainingReduce", {x}, {}, 2);
   std::vector<double> s(c), sq(c), ts(c), tsq(c);
   const double k = static_cast<double>(r + 16);
@@ -72,11 +76,13 @@ void check_reduce(const std::vector<int64_t>& shape, uint32_t seed) {
   check_within_bounds(res.outputs[1].values, sq, tsq, "square_sum");
 }
 
-void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed) {
+void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
+                  DataType dt = DataType::F32) {
   const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
   const double eps = 0.001;
-  INFO("BNTrainingUpdate " << compiler::shape_str(shape) << (relu ? " relu" : ""));
-  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, seed);
+  INFO("BNTrainingUpdate " << compiler::shape_str(shape) << (relu ? " relu " : " ")
+                           << compiler::data_type_name(dt));
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 1);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 2);
   // The sums of x, rounded to f32 as BNTrainingReduce hands them over.
@@ -107,6 +113,7 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed) {
       y[q] = relu ? std::max(raw, 0.0) : raw;
       ty[q] = std::fabs(xa) * ea + std::fabs(m[j] * a) * (ea + 2 * kE) +
               4 * kE * (std::fabs(xa) + std::fabs(shift));
+      if (dt == DataType::F16) ty[q] = ty[q] * (1 + kH) + kH * std::fabs(y[q]);
     }
   }
   check_within_bounds(res.outputs[0].values, y, ty, "y");
@@ -118,15 +125,17 @@ struct GradCase {
   std::vector<int64_t> shape;
   uint32_t seed;
   bool relu = false;
+  DataType dt = DataType::F32;  // of dy, x and dx
 };
 
 void check_grads(const GradCase& gc) {
   const std::vector<int64_t>& shape = gc.shape;
   const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
   const double eps = 0.001, k = static_cast<double>(r + 16);
-  INFO("BNTrainingUpdateGrad / BNTrainingReduceGrad " << compiler::shape_str(shape));
-  HostTensor dy = random_tensor(DataType::F32, shape, -1, 1, gc.seed);
-  HostTensor x = random_tensor(DataType::F32, shape, -2, 3, gc.seed + 1);
+  INFO("BNTrainingUpdateGrad / BNTrainingReduceGrad " << compiler::shape_str(shape) << " "
+                                                      << compiler::data_type_name(gc.dt));
+  HostTensor dy = random_tensor(gc.dt, shape, -1, 1, gc.seed);
+  HostTensor x = random_tensor(gc.dt, shape, -2, 3, gc.seed + 1);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 2);
   HostTensor mean = random_tensor(DataType::F32, {c}, 0, 1, gc.seed + 3);
   HostTensor var = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 4);
@@ -183,6 +192,7 @@ void check_grads(const GradCase& gc) {
       tol[q] =
           std::fabs(c1) * 6 * kE * (std::fabs(g.values[q]) + std::fabs(mdy) + std::fabs(xm * c2)) +
           4 * kE * std::fabs(c1 * inner);
+      if (gc.dt == DataType::F16) tol[q] = tol[q] * (1 + kH) + kH * std::fabs(want[q]);
     }
   }
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
@@ -222,6 +232,15 @@ TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad with relu: ReluGrad fol
             .message.find("with relu = true takes 6 inputs, 4 given") != std::string::npos);
   CHECK(compile_refusal(make_op("BNTrainingReduceGrad", {x, x, v, v, v, v, v, v}))
             .message.find("takes 7 inputs without relu, 8 given") != std::string::npos);
+}
+
+TEST_CASE("BNTraining ops with f16 x and dy: f32 statistics, f16 y and dx") {
+  check_reduce({2, 3, 5, 16}, 30, DataType::F16);
+  check_reduce({1, 4, 4, 7}, 31, DataType::F16);  // channels padded to whole blocks
+  check_update({2, 3, 5, 16}, true, 32, DataType::F16);
+  check_update({1, 4, 4, 200}, false, 33, DataType::F16);
+  check_grads({{2, 3, 5, 16}, 34, false, DataType::F16});
+  check_grads({{1, 4, 4, 7}, 35, false, DataType::F16});
 }
 
 TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {

@@ -121,6 +121,12 @@ TEST_CASE("Conv2DBiasAdd: the bias from the bias table, ReLU in FIXPIPE") {
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the bias as its own launch
   g.groups = 2;
   check_conv2d_bias_add(g, true, 53);
+  // f16 x and filter, f32 bias, f16 y (allow_mix_precision's graph pass): from the bias table,
+  // and grouped with the bias as an f16 vector launch
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 54, fp16, DataType::F16);
+  check_conv2d_bias_add(s2, false, 55, fp16, DataType::F16);
+  check_conv2d_bias_add(g, true, 56, fp16, DataType::F16);
 }
 
 TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {

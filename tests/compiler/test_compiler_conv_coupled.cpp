@@ -99,6 +99,9 @@ TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused b
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 30);
   check_conv2d_bias_add(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, 31);
+  // f16 x, filter and y with the f32 bias (allow_mix_precision): the f16 bias launch
+  check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 32,
+                        PrecisionMode::kAllowFp32ToFp16, DataType::F16);
 }
 
 TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padded taps") {

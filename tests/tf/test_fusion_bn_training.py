@@ -13,8 +13,10 @@ BNTrainingReduceGrad.
   the gradient's Sums);
 - patterns that must not fuse stay unfused and still compute the CPU's results: the same batch
   norm in inference mode inside a training step, a second consumer of an intermediate of the
-  pattern (the normalisation factor also read by another node), and the pattern in float16 (the fused
-  kernels are float32 only); a hand-written copy of the pattern in float32 does fuse.
+  pattern (the normalisation factor also read by another node), and the pattern in float16 (the
+  rewrite matches float32 graphs; under allow_mix_precision the graph pass of
+  adapter/tf/plugin/mixed_precision.h turns the fused ops to float16 after it); a hand-written
+  copy of the pattern in float32 does fuse.
 """
 
 import json

@@ -563,8 +563,10 @@ void bnt_fold(KernelBuilder& b, const Reg& n, uint64_t m, uint64_t v, uint64_t s
 CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const TrainingShape t = training_shape(op, 5, {0}, {1, 2, 3, 4});
-  if (t.dt != DataType::F32)
-    op.fail(fmt::format("T = {} is not supported (f32)", data_type_name(t.dt)));
+  // x and y f32, or f16 (allow_mix_precision's graph pass): widened, computed in f32, rounded
+  // once (append_batch_norm_apply).
+  if (t.dt != DataType::F32 && t.dt != DataType::F16)
+    op.fail(fmt::format("T = {} is not supported (f32, f16)", data_type_name(t.dt)));
   const double eps = op.attr_float("epsilon", 0.001);
   const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
   CompiledKernel k;
@@ -595,7 +597,7 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
                                  {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
   append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, op.attr_bool("relu", false),
-                          Dtype::F32);
+                          device_dtype(t.dt));
   return k;
 }
 

@@ -50,7 +50,9 @@
 //     FIXPIPE. Numerics: y = bias + sum x16 * f16(W) in fp32 (the unfused chain rounds the sum
 //     to f32, then adds the bias: one rounding less here). Grouped convolutions and chips
 //     without a bias table run the convolution, then the bias (and ReLU) as a vector launch in
-//     place on y (what BiasAdd and Relu compute, in one pass).
+//     place on y (what BiasAdd and Relu compute, in one pass). x and filter f16 (the TF
+//     plugin's allow_mix_precision pass) with the bias f32: y f16, FIXPIPE rounding the fp32
+//     sum once (the vector launch: widened, added in f32, rounded once).
 //
 // Dtypes: f16, bf16 (cube permitting), f32 under the precision modes as MatMul: inputs cast to
 // f16 (RNE) by vector launches, fp32 accumulation in L0C, the output written as f32
@@ -355,12 +357,14 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   // Conv2DBatchNormInference: f32 filter and batch norm; x and y f32 or f16 (Tx / Tout: the
   // graph fusion's fp16 hand-off between two of them).
   const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
-                                   : bias_add     ? std::initializer_list<size_t>{0, 1, 2}
                                                   : std::initializer_list<size_t>{0, 1});
   if (bias_add) {
-    if (dt != DataType::F32)
-      op.fail(fmt::format("dtype {} is not supported: the bias table holds f32 (f32 only)",
-                          data_type_name(dt)));
+    // x and filter f32, or f16 (allow_mix_precision's graph pass: y f16); the bias f32 either
+    // way, as the bias table holds it.
+    if (dt != DataType::F32 && dt != DataType::F16)
+      op.fail(fmt::format("dtype {} is not supported (f32, f16)", data_type_name(dt)));
+    if (op.inputs[2].dtype != DataType::F32)
+      op.fail(fmt::format("bias is {}: the bias table holds f32", data_type_name(op.inputs[2].dtype)));
     if (op.inputs[2].shape.size() != 1 || op.inputs[2].shape[0] != op.inputs[1].shape[3])
       op.invalid(fmt::format("bias {} is not [{}], the filter's output channels",
                              shape_str(op.inputs[2].shape), op.inputs[1].shape[3]));

@@ -142,15 +142,22 @@ void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias
                           bool relu) {
   const std::vector<int64_t>& shape = k.outputs[0].shape;
   const int64_t c = shape.back();
+  const Dtype io = device_dtype(k.outputs[0].dtype);
+  const bool f16 = io == Dtype::F16;
   StreamSpec spec;
-  spec.kernel_name = relu ? "BiasAddRelu_f32" : "BiasAdd_f32";
-  spec.out_type = Dtype::F32;
+  spec.kernel_name = fmt::format("{}_{}", relu ? "BiasAddRelu" : "BiasAdd", isa::dtype_name(io));
+  spec.out_type = io;
   spec.out_shape = shape;
-  spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
+  spec.inputs = {StreamInput{io, broadcast_view(shape, shape), shape},
                  StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}}};
-  spec.compute = [relu](KernelBuilder& b, const TileOperands& t) {
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, t.out, t.in[0], t.in[1], *t.count);
-    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, t.out, t.out, *t.count);
+  if (f16) spec.temps = {TempSpec{"y (f32)", 4, 0}};
+  spec.compute = [relu, f16](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t y = f16 ? t.temp[0] : t.out;
+    if (f16) vec_convert(b, Dtype::F32, Dtype::F16, y, t.in[0], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, y, f16 ? y : t.in[0], t.in[1], n);
+    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, y, y, n);
+    if (f16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
   };
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {output_ref(0), input_ref(bias_input), output_ref(0)}));

@@ -33,8 +33,9 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
                              bool relu, isa::Dtype io_type);
 
-// Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, channels
-// last), bias = input `bias_input` (f32 [c]): what BiasAdd (and Relu) compute, in one pass.
+// Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, or f16: widened
+// exactly, computed in f32, rounded once; channels last), bias = input `bias_input` (f32 [c]):
+// what BiasAdd (and Relu) compute, in one pass.
 void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input, bool relu);
 
 }  // namespace npusim::compiler::ops

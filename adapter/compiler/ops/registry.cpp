@@ -278,7 +278,9 @@ const std::vector<OpEntry>& op_table() {
            {{"T", {DT::F32}}, {"Tx", {DT::F32, DT::F16}}, {"Tout", {DT::F32, DT::F16}}})},
       // Conv2D -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
       // FIXPIPE)
-      {"Conv2DBiasAdd", "conv2d", compile_conv2d, npu(K::kFusedInference, {{"T", {DT::F32}}})},
+      // (T = f16, bias f32: allow_mix_precision's graph pass; the bias table holds f32)
+      {"Conv2DBiasAdd", "conv2d", compile_conv2d,
+       npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
       {"Conv2DBackpropInput", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d,
@@ -318,12 +320,15 @@ const std::vector<OpEntry>& op_table() {
       {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
-      {"BNTrainingReduce", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
-      {"BNTrainingUpdate", "batchnorm", compile_batchnorm, npu_t(K::kFusedInference, {DT::F32})},
+      // (T = f16: x and dy in f16, statistics f32, as CANN's; allow_mix_precision's graph pass)
+      {"BNTrainingReduce", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
+      {"BNTrainingUpdate", "batchnorm", compile_batchnorm,
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"BNTrainingUpdateGrad", "batchnorm", compile_batchnorm,
-       npu_t(K::kFusedInference, {DT::F32})},
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"BNTrainingReduceGrad", "batchnorm", compile_batchnorm,
-       npu_t(K::kFusedInference, {DT::F32})},
+       npu_t(K::kFusedInference, {DT::F32, DT::F16})},
       {"FusedElementwise", "fused_elementwise", compile_fused_elementwise,
        npu_t(K::kFusedInference, kFloatTypes)},
       // Decoder-model kernels, CANN's op types (ops/attention.cpp, ...; TF ops: kernels_llm.cpp)

@@ -1,7 +1,8 @@
 // TF_InitGraph: a graph optimizer plugin (TensorFlow's grappler C API,
 // tensorflow/c/experimental/grappler/grappler.h) that records the ops soft placement put on the
 // CPU because the NPU has no kernel for them (cpu_fallbacks.h), then applies the inference
-// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none), replaces connected sets
+// fusions of graph_fusion.h to the NPU's nodes (NPUSIM_FUSION=0: none), under allow_mix_precision
+// CANN's automatic mixed precision (mixed_precision.h), replaces connected sets
 // of compiled NPU nodes by NpuGraph nodes run as whole graphs (npu_graph.h; NPUSIM_GRAPH=0:
 // none), and marks the NPU nodes' inputs that are variable values or constants
 // (stable_inputs.h).
@@ -29,7 +30,7 @@
 // Like kernels_resource_variables.cpp this file is compiled against TensorFlow's C++ headers
 // (GraphDef, FindKernelDef; all exported by libtensorflow_framework.so.2, included through
 // tf_graph_headers.h) and includes no npusim header but the standard-library-only
-// cpu_fallbacks.h, graph_fusion.h and npu_graph.h.
+// cpu_fallbacks.h, graph_fusion.h, mixed_precision.h and npu_graph.h.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -47,6 +48,7 @@
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 #include "adapter/tf/plugin/stable_inputs.h"
@@ -268,7 +270,8 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
   return changed;
 }
 
-// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h), clusters the NPU
+// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h) and the mixed
+// precision pass (mixed_precision.h), clusters the NPU
 // nodes into NpuGraph nodes (npu_graph.h), then marks the NPU nodes' stable inputs (the NpuGraph
 // nodes' too); the output is the input unless one of them changed the graph.
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
@@ -314,6 +317,31 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     } catch (const std::exception& e) {
       // A graph the fusion cannot handle is left unfused.
       log_fusion_error(e.what());
+    }
+  }
+  if (parsed && mixed_precision_requested()) {
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const MixedPrecisionCounts counts = apply_mixed_precision(
+          graph, cc_item->NodesToPreserve(), mixed_precision_lists(),
+          [](const tfc::NodeDef& node) {
+            // The batch norm's gradients with the ReLU's gradient folded in (rewrite 0b) mask dy
+            // with BNTrainingUpdate's f32 pre-activation: their kernels take T = f32 only.
+            const bool relu_grad = (node.op() == "BNTrainingUpdateGrad" ||
+                                    node.op() == "BNTrainingReduceGrad") &&
+                                   node.attr().count("relu") && node.attr().at("relu").b();
+            return !relu_grad && has_npu_kernel(node);
+          });
+      if (std::getenv("NPUSIM_FUSION_LOG") && counts.total() > 0)
+        std::fprintf(stderr,
+                     "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d bias "
+                     "epilogues split, %d left float32 (no float16 kernel)\n",
+                     item_id(item).c_str(), counts.half_nodes, counts.casts, counts.split,
+                     counts.no_half_kernel);
+      changed |= counts.total() > 0;
+    } catch (const std::exception& e) {
+      // A graph the pass cannot handle keeps float32 (allow_mix_precision's cube rounding).
+      std::fprintf(stderr, "npusim: mixed precision skipped: %s\n", e.what());
     }
   }
   if (parsed && graph_mode_enabled()) {

@@ -13,9 +13,11 @@
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
-//   Conv2DBiasAdd(x: T, filter: T, bias: T) -> y: T     T in {float}; Conv2D's attributes and
-//     relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from the bias, ReLU
-//     in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown here.
+//   Conv2DBiasAdd(x: T, filter: T, bias: Tbias) -> y: T     T in {float, half}, Tbias in
+//     {float} (default; half T: allow_mix_precision's graph pass, mixed_precision.h); Conv2D's
+//     attributes and relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from
+//     the bias, ReLU in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown
+//     here.
 //   MatMulBiasAdd(a: T, b: T, bias: T) -> product: T     T in {float}; transpose_a,
 //     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
 //     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
@@ -38,7 +40,7 @@
 //     -> diff_scale: float, diff_offset: float              epsilon: float
 //   BNTrainingReduceGrad(grads: T, x: T, diff_scale: float, diff_offset: float, scale: float,
 //                        batch_mean: float, batch_variance: float) -> y: T     epsilon: float
-//     T in {float}: batch norm in training as CANN splits it (adapter/compiler/ops/
+//     T in {float, half}: batch norm in training as CANN splits it (adapter/compiler/ops/
 //     batchnorm.cpp states the formulas), x NHWC, the per-channel tensors [C].
 //
 // The kernels keep the fused node's name and these op types, so launch records and reports
@@ -201,9 +203,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_shape},
       {"Conv2DBiasAdd",
-       {"x: T", "filter: T", "bias: T"},
+       {"x: T", "filter: T", "bias: Tbias"},
        {"y: T"},
-       {"T: {float}", "relu: bool = false", "strides: list(int)", "padding: string",
+       {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "relu: bool = false",
+        "strides: list(int)", "padding: string",
         "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
         "data_format: string = 'NHWC'"},
        unknown_output},
@@ -217,25 +220,25 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
       {"BNTrainingReduce",
        {"x: T"},
        {"sum: float", "square_sum: float"},
-       {"T: {float}"},
+       {"T: {float, half}"},
        reduce_shape},
       {"BNTrainingUpdate",
        {"x: T", "sum: float", "square_sum: float", "scale: float", "offset: float"},
        {"y: T", "batch_mean: float", "batch_variance: float"},
-       {"T: {float}", "epsilon: float = 0.001", "relu: bool = false"},
+       {"T: {float, half}", "epsilon: float = 0.001", "relu: bool = false"},
        update_shape},
       // relu = true: grads is the gradient of BNTrainingUpdate(relu = true)'s y, taken back
       // through the ReLU in the kernel; fold = scale, offset (N = 2) / offset (N = 1).
       {"BNTrainingUpdateGrad",
        {"grads: T", "x: T", "batch_mean: float", "batch_variance: float", "fold: N * float"},
        {"diff_scale: float", "diff_offset: float"},
-       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
+       {"T: {float, half}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        update_grad_shape},
       {"BNTrainingReduceGrad",
        {"grads: T", "x: T", "diff_scale: float", "diff_offset: float", "scale: float",
         "batch_mean: float", "batch_variance: float", "fold: N * float"},
        {"y: T"},
-       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
+       {"T: {float, half}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        same_as_input0},
       {"FusedElementwise",
        {"inputs: N * T"},

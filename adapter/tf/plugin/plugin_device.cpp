@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "adapter/tf/plugin/mixed_precision.h"
+
 namespace npusim::tf {
 namespace {
 
@@ -87,6 +89,13 @@ rt::Status settings_from_env(PluginSettings* out) {
                             "' (must_keep_origin_dtype, allow_fp32_to_fp16, "
                             "allow_mix_precision)");
     s.precision = *m;
+  }
+  s.modify_mixlist = env_or("NPUSIM_MODIFY_MIXLIST", "");
+  if (!s.modify_mixlist.empty()) {
+    MixLists lists;
+    rt::Status st = load_mix_lists(s.modify_mixlist, &lists);
+    if (!st.ok())
+      return rt::Status(rt::StatusCode::invalid_argument, "NPUSIM_MODIFY_MIXLIST: " + st.message());
   }
   std::string record = env_or("NPUSIM_RECORD_LAUNCHES", "1");
   if (record != "0" && record != "1")

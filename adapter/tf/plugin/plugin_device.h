@@ -54,6 +54,9 @@ struct PluginSettings {
   bool chip_given = false;  // NPUSIM_CHIP was set (with a system: it replaces the system's chip)
   int chips = 0;            // NPUSIM_CHIPS; 0: not given
   std::string system;       // NPUSIM_SYSTEM; empty: none
+  // NPUSIM_MODIFY_MIXLIST: CANN's modify_mixlist json for allow_mix_precision
+  // (mixed_precision.h); empty: the built-in lists. Checked when the settings are read.
+  std::string modify_mixlist;
   // Several chips (a system) rather than the one chip of a plain device.
   bool multichip() const { return !system.empty() || chips > 1; }
 };

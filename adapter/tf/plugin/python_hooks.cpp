@@ -38,7 +38,8 @@ nlohmann::json settings_json(const npusim::tf::PluginSettings& s) {
           {"max_insns_per_block", s.max_insns_per_block},
           {"functional", s.functional},
           {"chips", s.chips},
-          {"system", s.system}};
+          {"system", s.system},
+          {"modify_mixlist", s.modify_mixlist}};
 }
 
 // Whether the program reads device memory with the scalar unit (ld): only such a kernel's

@@ -11,7 +11,7 @@ registered later never appears in the process. Importing npusim too late raises 
 saying so.
 
 The chip is chosen when TensorFlow creates the device, from NPUSIM_CHIP (default 910b),
-NPUSIM_CHIP_OVERRIDES, NPUSIM_PRECISION_MODE and NPUSIM_FUNCTIONAL (0: timing-only); configure()
+NPUSIM_CHIP_OVERRIDES, NPUSIM_PRECISION_MODE, NPUSIM_MODIFY_MIXLIST and NPUSIM_FUNCTIONAL (0: timing-only); configure()
 sets them. NPUSIM_RECORD_LAUNCHES=0 turns off the per-launch records (launch_records()), which
 otherwise grow with every kernel.
 One process runs one chip config (SystemC elaborates one chip per process). NPUSIM_CHIPS=N or
@@ -91,7 +91,7 @@ def _overrides_list(overrides):
 
 
 def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, functional=None,
-              graph_mode=None, chips=None, system=None, grad_split=None):
+              graph_mode=None, chips=None, system=None, grad_split=None, modify_mixlist=None):
     """Chooses the chip TensorFlow's NPU will emulate. Arguments left None keep their setting.
 
     chip: a preset name ("910b", "910", "310p", "tiny") or a chip YAML file.
@@ -100,7 +100,13 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
     report_dir: where write_report() writes the whole run's report folder at interpreter exit
         (op_summary.csv, trace.json, summary.txt, ...: docs/reports.md, "From TensorFlow").
     precision_mode: how fp32 cube ops run (CANN names): must_keep_origin_dtype,
-        allow_fp32_to_fp16 (default), allow_mix_precision.
+        allow_fp32_to_fp16 (default), allow_mix_precision (CANN's automatic mixed precision: a
+        graph pass runs the trustlisted ops, and the graylisted ones after them, in float16:
+        docs/tf_plugin.md, "Mixed precision").
+    modify_mixlist: a json file in CANN's modify_mixlist format ({"black-list": {"to-add":
+        [...], "to-remove": [...]}, "white-list": {...}}) changing allow_mix_precision's
+        built-in lists; "" goes back to them. A file that does not load raises NpusimError
+        naming the file and key.
     functional: True (default) computes every kernel's results; False runs timing-only: every
         launch takes the simulated time and counts exactly what a functional run would, but
         kernels compute nothing and device memory holds no data, so every tensor the NPU
@@ -140,6 +146,8 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
         if precision_mode not in PRECISION_MODES:
             raise ValueError(f"precision_mode '{precision_mode}' is not one of {PRECISION_MODES}")
         env["NPUSIM_PRECISION_MODE"] = precision_mode
+    if modify_mixlist is not None:
+        env["NPUSIM_MODIFY_MIXLIST"] = os.fspath(modify_mixlist)
     if functional is not None:
         if not isinstance(functional, bool):
             raise TypeError(f"functional must be True or False, not {functional!r}")
@@ -170,6 +178,7 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
             functional=(functional if functional is not None else current["functional"]),
             chips=(chips if chips is not None else current["chips"]),
             system=(os.fspath(system) if system is not None else current["system"]),
+            modify_mixlist=env.get("NPUSIM_MODIFY_MIXLIST", current["modify_mixlist"]),
         )
         if wanted != current:
             raise NpusimError(

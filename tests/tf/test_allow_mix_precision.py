@@ -1,0 +1,219 @@
+"""precision_mode allow_mix_precision: CANN's automatic mixed precision as a graph pass
+(adapter/tf/plugin/mixed_precision.h). A small CNN (Conv2D with bias, BatchNormalization, ReLU,
+global average pooling, Dense) trained three Adam steps with a softmax cross-entropy loss:
+
+- the losses track TensorFlow on the CPU in float32 within the tolerance fp16 rounding allows
+  (below), while the step's kernels run in fp16 (launch records);
+- the graph after the pass (NPUSIM_GRAPH_DUMP, NPUSIM_GRAPH=0 so the nodes stay visible) has
+  the trustlisted Conv2D, MatMul and convolution gradient in half, the graylisted BiasAdd and
+  training batch norm after them in half (x and dy; the statistics float), the blocklisted
+  loss and the optimizer's variable updates in float, and the graylisted BiasAddGrad of the
+  loss' gradient in float (it follows the blocklisted loss); variables stay float;
+- NPUSIM_MIX_PRECISION_GRAPH=0 leaves every node float (the cube-only rounding of before);
+- a modify_mixlist file moving Conv2D to the blocklist keeps the convolution float, and the
+  graylisted ops after it follow it;
+- a bad modify_mixlist file is an NpusimError from configure() naming the file and the key.
+
+Tolerance: the NPU rounds each activation to fp16 (unit roundoff u = 2^-11) where the CPU keeps
+float32. Along the forward path an element is rounded at most 8 times (convolution operands
+and output, bias add, batch norm output, the pooled features, the Dense operands and output),
+so the logits' relative error is at most ~8u; a softmax cross-entropy's gradient in the logits
+has an L1 norm of at most 2, so |dL| <= 2 * 8u * max|logit|. Three steps of Adam(0.01) move
+the weights by at most 0.01 each per step, by amounts that differ between the runs only
+through the same roundings: we allow three times the one-step bound on the loss' scale,
+rtol = 3 * 16u ~= 2.3e-2 of (loss + max|logit|).
+"""
+
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+CODE = r'''
+import glob, json, os
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+from tensorflow.core.framework import graph_pb2
+
+
+def train(device):
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(16, 3, padding="same")(inp)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.Adam(0.01)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return loss, tf.reduce_max(tf.abs(logits))
+
+        out = [step(x, y) for _ in range(3)]
+        return ([float(l.numpy()) for l, _ in out], [float(m.numpy()) for _, m in out],
+                [w.dtype for w in model.weights])
+
+
+def step_graph(folder):
+    """The step function's graph as the plugin's optimizer returned it last: {name: (op, T)}."""
+    path = sorted(glob.glob(os.path.join(folder, "*step*.after.pb")),
+                  key=lambda p: int(p.split(".")[-3]))[-1]
+    g = graph_pb2.GraphDef()
+    with open(path, "rb") as f:
+        g.ParseFromString(f.read())
+    return [(n.name, n.op, tf.dtypes.as_dtype(n.attr["T"].type).name if "T" in n.attr else None)
+            for n in g.node]
+
+
+def run(folder):
+    os.makedirs(folder, exist_ok=True)
+    os.environ["NPUSIM_GRAPH_DUMP"] = folder
+    npusim.clear_launch_records()
+    losses, max_logits, dtypes = train("/NPU:0")
+    kernels = sorted({(r["op_type"], r["kernel"]) for r in npusim.launch_records()})
+    os.environ.pop("NPUSIM_GRAPH_DUMP")
+    return {"losses": losses, "max_logits": max_logits, "nodes": step_graph(folder),
+            "kernels": kernels, "variables": sorted({str(d) for d in dtypes})}
+
+
+out = {"npu": run(os.path.join(os.environ["DUMP"], "mix"))}
+if os.environ.get("OFF_TOO"):
+    os.environ["NPUSIM_MIX_PRECISION_GRAPH"] = "0"
+    out["off"] = run(os.path.join(os.environ["DUMP"], "off"))
+    cpu = train("/CPU:0")
+    out["cpu"] = {"losses": cpu[0], "max_logits": cpu[1]}
+print("RESULT " + json.dumps(out))
+'''
+
+ENV = {"NPUSIM_PRECISION_MODE": "allow_mix_precision", "NPUSIM_GRAPH": "0",
+       "TF_ENABLE_ONEDNN_OPTS": "0"}
+U = 2.0 ** -11
+
+
+def _types(nodes, op):
+    """The T of every node of type `op`."""
+    return sorted({t for _, o, t in nodes if o == op})
+
+
+def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
+    res = child_result(CODE, extra_env=dict(ENV, DUMP=str(tmp_path), OFF_TOO="1"))
+    npu, off, cpu = res["npu"], res["off"], res["cpu"]
+    # Losses against TensorFlow on the CPU in float32 (tolerance: module docstring).
+    for got, want, logit in zip(npu["losses"], cpu["losses"], cpu["max_logits"]):
+        assert abs(got - want) <= 3 * 16 * U * (abs(want) + logit), (npu["losses"], cpu["losses"])
+    assert npu["losses"][-1] < npu["losses"][0]
+    assert npu["variables"] == ["float32"]
+    nodes = npu["nodes"]
+    # trustlist: half (the convolution with its bias epilogue, the bias f32 in the bias table;
+    # the Dense layer's MatMulBiasAdd, whose kernel is f32 only, split into MatMul and BiasAdd)
+    for op in ("Conv2DBiasAdd", "MatMul", "Conv2DBackpropFilter"):
+        assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
+    # graylist after them: half (the Dense layer's bias add, the training batch norm's four
+    # ops, ReLU's gradient)
+    for op in ("BiasAdd", "BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
+               "BNTrainingReduceGrad", "ReluGrad"):
+        assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
+    # blocklist: float; the optimizer's updates float
+    for op in ("SparseSoftmaxCrossEntropyWithLogits", "Mean", "FusedVariableUpdate"):
+        assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
+    # graylist after the blocklisted loss: the Dense bias gradient follows it (float), the
+    # convolution's bias gradient follows the half batch-norm gradient
+    bias_grads = {name: t for name, op, t in nodes if op == "BiasAddGrad"}
+    assert sorted(bias_grads.values()) == ["float16", "float32"], bias_grads
+    assert [t for name, t in bias_grads.items() if "dense" in name] == ["float32"], bias_grads
+    # one Cast per tensor and type
+    casts = [(name, op) for name, op, _ in nodes if op == "Cast" and "npusim_amp" in name]
+    assert casts and len(casts) == len(set(casts))
+    # the kernels that ran: fp16 convolution and batch norm
+    kernels = {k for _, k in npu["kernels"]}
+    assert {"Conv2DBias_f16", "BatchNormInferenceRelu_f16", "BiasAdd_f16"} <= kernels, kernels
+    # NPUSIM_MIX_PRECISION_GRAPH=0: every node float, as before the pass
+    assert "float16" not in {t for _, _, t in off["nodes"]}, off["nodes"]
+    assert not any("f16" in k for _, k in off["kernels"] if not k.startswith(("Cast", "MatMul",
+                                                                               "Img2col"))), \
+        off["kernels"]
+
+
+def test_modify_mixlist_moves_conv2d_to_blocklist(tmp_path):
+    mixlist = tmp_path / "ops_info.json"
+    mixlist.write_text(json.dumps({"black-list": {"to-add": ["Conv2D"]},
+                                   "white-list": {"to-remove": ["Conv2DBackpropFilter"]}}))
+    res = child_result(CODE, extra_env=dict(ENV, DUMP=str(tmp_path),
+                                            NPUSIM_MODIFY_MIXLIST=str(mixlist)))
+    nodes = res["npu"]["nodes"]
+    # the convolution stays float32 and keeps its fused bias epilogue (not split: its product
+    # is not reduced)
+    assert _types(nodes, "Conv2D") == []
+    assert _types(nodes, "Conv2DBiasAdd") == ["float32"]
+    # graylisted ops after the float convolution follow it; the Dense layer's bias add follows
+    # its half MatMul
+    for op in ("BNTrainingReduce", "BNTrainingUpdate"):
+        assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
+    assert _types(nodes, "BiasAdd") == ["float16"]
+    # the Dense layer's MatMul stays trustlisted; the batch norm's gradient reads the float32
+    # convolution's output (blocklisted: it follows it), and Conv2DBackpropFilter, moved to the
+    # graylist, follows that float32 gradient
+    assert _types(nodes, "MatMul") == ["float16"]
+    for op in ("BNTrainingUpdateGrad", "BNTrainingReduceGrad", "Conv2DBackpropFilter"):
+        assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
+
+
+ERRORS = r'''
+import json, sys
+import npusim
+for path in sys.argv[1:]:
+    try:
+        npusim.configure(precision_mode="allow_mix_precision", modify_mixlist=path)
+        print("RESULT-" + json.dumps([path, None]))
+    except npusim.NpusimError as e:
+        print("RESULT-" + json.dumps([path, str(e)]))
+'''
+
+
+BAD_FILES = [
+    ('{"black-list": {"to-add": ["Exp"]}, "grey-list": {}}', "grey-list"),
+    ('{"black-list": {"to-ad": ["Exp"]}}', "black-list.to-ad"),
+    ('{"white-list": {"to-add": "Conv2D"}}', "white-list.to-add"),
+    ('{"white-list": {"to-add": ["MatMul", 3]}}', "white-list.to-add[1]"),
+    ('{"black-list": {"to-remove": ["Conv2D"]}}', "black-list.to-remove[0]"),
+    ('{"black-list": ', "not valid JSON"),
+]
+
+
+def test_bad_mixlist_is_a_clear_error(tmp_path):
+    """Each bad file in one child (configure() restores the environment after each error)."""
+    paths = []
+    for i, (content, _) in enumerate(BAD_FILES):
+        paths.append(tmp_path / f"mix{i}.json")
+        paths[-1].write_text(content)
+    missing = tmp_path / "missing.json"
+    code = ERRORS.replace("sys.argv[1:]", json.dumps([str(p) for p in paths + [missing]]))
+    proc = run_child(code, extra_env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = dict(json.loads(l[len("RESULT-"):]) for l in proc.stdout.splitlines()
+                  if l.startswith("RESULT-"))
+    for path, (_, key) in zip(paths, BAD_FILES):
+        error = errors[str(path)]
+        assert error is not None and str(path) in error and key in error, error
+    assert errors[str(missing)] is not None and str(missing) in errors[str(missing)]
