@@ -54,6 +54,10 @@ with tf.device("/NPU:0"):
 recs = npusim.launch_records()
 step = {}
 for r in recs[marks[0]:]:
+    # A weight's fp16 copy for a MatMul run node by node is kept between runs or cast again,
+    # as the plugin's kept-copy cache has it (it varies between runs): not counted.
+    if r["op_type"] == "MatMul" and r["kernel"].startswith("Cast_"):
+        continue
     step[r["op_type"]] = step.get(r["op_type"], 0) + 1
 print("RESULT" + json.dumps({
     "tokens": got.tolist(), "logits": got_logits.tolist(), "cpu_tokens": want.tolist(),
