@@ -553,8 +553,9 @@ class NpuGraphKernel : public OpKernel {
   // boundary (as every buffer does), else the op runs as before.
   // The decode step of a keras-hub decoder slices the KV cache per layer and into K and V,
   // writes the new row (XlaDynamicUpdateSlice) and stacks K and V and then the layers again:
-  // with batch 1 the slices are views of the cache and the stacks the updates' own buffers,
-  // so the step copies the cache once (each update copies its slice) instead of five times.
+  // with batch 1 the slices are views of the cache and a stack whose inputs are written in the
+  // same run holds them in place, so a step held in one run copies the cache once (each update
+  // copies its slice) instead of five times (docs/llm.md, "KV cache in place").
   void place_in_place(Plan* plan, std::vector<graph::PlannedBuffer>* buffers,
                       std::vector<Place>* within) const {
     constexpr uint64_t kAlign = compiler::kDeviceBufferAlign;
