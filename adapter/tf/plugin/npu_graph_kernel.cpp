@@ -538,9 +538,9 @@ class NpuGraphKernel : public OpKernel {
 
   // Places slices and concatenations in memory instead of running them (CompiledKernel's
   // view_offsets and concat_offsets; CANN's graph engine likewise emits no task for them):
-  // - a slice (StridedSlice, Slice, Split, Unpack) whose every non-empty output is contiguous
-  //   in its input, an arena buffer of this plan, gets its outputs' buffers inside its input
-  //   (a graph input or output, or an arena buffer);
+  // - a slice (StridedSlice, Slice, Split, Unpack) whose every non-empty output (an arena
+  //   buffer of this plan) is contiguous in its input gets its outputs' buffers inside its
+  //   input (a graph input or output, or an arena buffer);
   // - a concatenation (Pack, ConcatV2) whose every non-empty input is an arena buffer of its
   //   own (written by one step of this plan, not already inside another place, not two inputs
   //   of it) gets those buffers inside its output (an arena buffer or a graph output): the
