@@ -87,6 +87,19 @@ struct CompiledKernel {
   std::vector<Launch> launches;      // run in order; empty: nothing to run
   uint64_t workspace_bytes = 0;      // GM scratch shared by the launches (0: none)
   std::vector<DerivedTensor> derived;  // tensors a caller may keep across runs (see top)
+  // Placements a graph's memory planner may make instead of running the launches (CANN's
+  // graph engine likewise emits no task for a slice it reads in place or a concatenation whose
+  // inputs it allocates contiguously). Byte offsets; -1 (or empty): not so.
+  // view_offsets[j] >= 0: output j equals the bytes of input view_input from that offset on
+  //   (a slice that is contiguous in the input). A planner placing every output there runs
+  //   nothing.
+  // concat_offsets[i] >= 0: input i equals the bytes of output 0 from that offset on (a
+  //   concatenation of contiguous pieces). A planner having every input's producer write its
+  //   piece there runs nothing. The pieces' offsets and sizes need not be multiples of
+  //   kDeviceBufferAlign: the planner checks that a producer's tail write stays in its piece.
+  std::vector<int64_t> view_offsets;
+  int view_input = 0;
+  std::vector<int64_t> concat_offsets;
 };
 
 // Compiles `op` for chip `cfg`. Throws CompileError naming the op and the reason for an unknown

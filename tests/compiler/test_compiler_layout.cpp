@@ -297,6 +297,77 @@ TEST_CASE("StridedSliceGrad scatters dy into zeros") {
   }
 }
 
+// The placements a graph planner may make instead of a launch (CompiledKernel::view_offsets,
+// concat_offsets): checked against the bytes the kernels move. A claimed view offset o means
+// output j's elements are the input's from element o / size on, in order; a claimed concat
+// offset that input i's elements are the output's from there on.
+TEST_CASE("contiguous slices and concatenations state their in-place byte offsets") {
+  const DataType dt = DataType::BF16;
+  const int64_t size = 2;
+  // keras-hub's KV cache (batch 1, 2 layers, K/V, 13 positions, 2 heads, 16): cache[:, 1],
+  // then its V half [:, 1]: contiguous.
+  const Shape cache = {1, 2, 2, 13, 2, 16};
+  HostTensor x = distinct(dt, cache, 7);
+  const int64_t layer = 2 * 13 * 2 * 16, half = 13 * 2 * 16;
+  auto check_view = [&](const compiler::OpDesc& op, const HostTensor& in, int64_t want_elems) {
+    INFO(op.str());
+    const compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.view_offsets == std::vector<int64_t>{want_elems * size});
+    CHECK(k.view_input == 0);
+    HostTensor want = reference(dt, k.outputs[0].shape, in, [&](const Index& i) {
+      return want_elems + flatten(i, k.outputs[0].shape);
+    });
+    check(op, {in}, {want});
+  };
+  check_view(make_op("StridedSlice", {x.desc},
+                     {{"begin", Index{0, 1}}, {"end", Index{0, 2}}, {"strides", Index{1, 1}},
+                      {"begin_mask", int64_t{1}}, {"end_mask", int64_t{1}},
+                      {"shrink_axis_mask", int64_t{2}}}),
+             x, layer);
+  HostTensor one{TensorDesc{dt, {1, 2, 13, 2, 16}}, {}};
+  one.values.assign(x.values.begin() + layer, x.values.begin() + 2 * layer);
+  check_view(make_op("StridedSlice", {one.desc},
+                     {{"begin", Index{0, 1}}, {"end", Index{0, 2}}, {"strides", Index{1, 1}},
+                      {"begin_mask", int64_t{1}}, {"end_mask", int64_t{1}},
+                      {"shrink_axis_mask", int64_t{2}}}),
+             one, half);
+  check_view(make_op("Slice", {x.desc}, {{"begin", Index{0, 1, 0, 2, 0, 0}},
+                                         {"size", Index{1, 1, 1, 4, -1, -1}}}),
+             x, layer + 2 * 32);
+  // With batch 2 the layer's rows are apart: no view.
+  const HostTensor x2 = distinct(dt, {2, 2, 2, 13, 2, 16}, 9);
+  const compiler::CompiledKernel strided = compiler::compile(
+      make_op("StridedSlice", {x2.desc},
+              {{"begin", Index{0, 1}}, {"end", Index{0, 2}}, {"strides", Index{1, 1}},
+               {"begin_mask", int64_t{1}}, {"end_mask", int64_t{1}},
+               {"shrink_axis_mask", int64_t{2}}}),
+      test_sim().config());
+  CHECK(strided.view_offsets == std::vector<int64_t>{-1});
+  // Split (split_dim first, as TF passes it): the view is of input 1, the value.
+  const compiler::CompiledKernel split = compiler::compile(
+      make_op("Split", {TensorDesc{DataType::S32, {}}, one.desc},
+              {{"split_dim", int64_t{1}}, {"num_split", int64_t{2}}}),
+      test_sim().config());
+  CHECK(split.view_input == 1);
+  CHECK(split.view_offsets == std::vector<int64_t>{0, half * size});
+
+  // Pack of K and V, then of the layers: the pieces in order; along an inner axis none.
+  HostTensor k = distinct(dt, {1, 13, 2, 16}, 11), v = distinct(dt, {1, 13, 2, 16}, 12);
+  const compiler::OpDesc pack = make_op("Pack", {k.desc, v.desc}, {{"axis", int64_t{1}}});
+  const compiler::CompiledKernel packed = compiler::compile(pack, test_sim().config());
+  REQUIRE(packed.concat_offsets == std::vector<int64_t>{0, half * size});
+  HostTensor kv{TensorDesc{dt, {1, 2, 13, 2, 16}}, k.values};
+  kv.values.insert(kv.values.end(), v.values.begin(), v.values.end());
+  check(pack, {k, v}, {kv});
+  HostTensor ragged = distinct(dt, {1, 3, 16}, 13), rest = distinct(dt, {1, 5, 16}, 14);
+  const compiler::CompiledKernel concat = compiler::compile(
+      make_op("ConcatV2", {ragged.desc, rest.desc}, {{"axis", int64_t{1}}}), test_sim().config());
+  CHECK(concat.concat_offsets == std::vector<int64_t>{0, 3 * 16 * size});
+  const compiler::CompiledKernel inner = compiler::compile(
+      make_op("Pack", {x2.desc, x2.desc}, {{"axis", int64_t{1}}}), test_sim().config());
+  CHECK(inner.concat_offsets.empty());
+}
+
 TEST_CASE("XlaDynamicUpdateSlice writes the update at clamped starts") {
   uint32_t seed = 110;
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BOOL, DataType::S64}) {

@@ -95,6 +95,13 @@ CompiledKernel compile_without_inputs(const CompileContext& ctx, const std::vect
       if (a.kind == ArgRef::Kind::kInput) a.index = kept.at(static_cast<size_t>(a.index));
   for (DerivedTensor& d : k.derived)
     for (int& i : d.inputs) i = kept.at(static_cast<size_t>(i));
+  if (!k.view_offsets.empty()) k.view_input = kept.at(static_cast<size_t>(k.view_input));
+  if (!k.concat_offsets.empty()) {
+    std::vector<int64_t> at(ctx.op.inputs.size(), -1);
+    for (size_t i = 0; i < k.concat_offsets.size(); ++i)
+      at.at(static_cast<size_t>(kept.at(i))) = k.concat_offsets[i];
+    k.concat_offsets = std::move(at);
+  }
   return k;
 }
 

@@ -89,12 +89,29 @@ CompiledKernel single(const CompileContext& ctx, const TensorDesc& out, const As
   return k;
 }
 
-// Several outputs, each a view of input 0: one launch per non-empty output.
+// The element offset of `v` in its input when it reads one contiguous run (dims of size 1
+// aside, each stride the product of the later dims); nullopt otherwise.
+std::optional<int64_t> contiguous_view_offset(const StridedView& v) {
+  int64_t expect = 1;
+  for (size_t d = v.dims.size(); d-- > 0;) {
+    if (v.dims[d] == 0) return std::nullopt;
+    if (v.dims[d] == 1) continue;
+    if (v.strides[d] != expect) return std::nullopt;
+    expect *= v.dims[d];
+  }
+  return v.offset;
+}
+
+// Several outputs, each a view of input 0: one launch per non-empty output; view_offsets where
+// the view is contiguous.
 CompiledKernel views(const CompileContext& ctx, DataType dt, const std::vector<TensorDesc>& outs,
                      const std::vector<StridedView>& vs) {
   LaunchPlan plan(outs);
   const TensorDesc& in = ctx.op.inputs[0];
+  std::vector<int64_t> offsets;
   for (size_t j = 0; j < outs.size(); ++j) {
+    const std::optional<int64_t> at = contiguous_view_offset(vs[j]);
+    offsets.push_back(at ? *at * static_cast<int64_t>(data_type_bytes(dt)) : -1);
     if (outs[j].num_elements() == 0) continue;
     AssembleSpec spec = view_spec(fmt::format("{}_{}", kname(ctx.op, dt), j), dt, in.shape,
                                   outs[j].shape, vs[j]);
@@ -102,7 +119,9 @@ CompiledKernel views(const CompileContext& ctx, DataType dt, const std::vector<T
              {LaunchPlan::input(0), LaunchPlan::output(static_cast<int>(j))},
              fmt::format("output {}", j));
   }
-  return std::move(plan).finish();
+  CompiledKernel k = std::move(plan).finish();
+  k.view_offsets = std::move(offsets);
+  return k;
 }
 
 // ---- boxes: an output with one input region (and a background) ----
@@ -242,6 +261,10 @@ CompiledKernel concat_in_groups(const CompileContext& ctx, DataType dt,
   return std::move(plan).finish();
 }
 
+CompiledKernel concat_kernel(const CompileContext& ctx, DataType dt,
+                             const std::vector<std::vector<int64_t>>& shapes, int64_t axis,
+                             const TensorDesc& out);
+
 // ConcatV2 (attr axis) and Pack (attr axis; inputs gain a dim of 1 there).
 CompiledKernel compile_concat(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -276,7 +299,27 @@ CompiledKernel compile_concat(const CompileContext& ctx) {
     out_shape[static_cast<size_t>(axis)] += shapes[k][static_cast<size_t>(axis)];
   }
   const TensorDesc out{dt, out_shape};
-  if (op.inputs.size() > max_concat_inputs()) return concat_in_groups(ctx, dt, shapes, axis, out);
+  CompiledKernel k = op.inputs.size() > max_concat_inputs()
+                         ? concat_in_groups(ctx, dt, shapes, axis, out)
+                         : concat_kernel(ctx, dt, shapes, axis, out);
+  // With nothing before the axis (outer 1) every input is one contiguous piece of the output.
+  if (dims_product(out_shape, 0, static_cast<size_t>(axis)) == 1) {
+    const int64_t inner = dims_product(out_shape, static_cast<size_t>(axis) + 1);
+    int64_t col = 0;
+    for (const auto& shape : shapes) {
+      k.concat_offsets.push_back(col * static_cast<int64_t>(data_type_bytes(dt)));
+      col += shape[static_cast<size_t>(axis)] * inner;
+    }
+  }
+  return k;
+}
+
+// compile_concat's single launch (at most max_concat_inputs() inputs).
+CompiledKernel concat_kernel(const CompileContext& ctx, DataType dt,
+                             const std::vector<std::vector<int64_t>>& shapes, int64_t axis,
+                             const TensorDesc& out) {
+  const OpDesc& op = ctx.op;
+  const std::vector<int64_t>& out_shape = out.shape;
   AssembleSpec spec;
   spec.kernel_name = kname(op, dt);
   spec.dtype = dt;

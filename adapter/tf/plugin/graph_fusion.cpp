@@ -1632,6 +1632,8 @@ std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataTy
   return a;
 }
 
+std::vector<int64_t> variable_shape(GraphView& g, const std::string& in);  // below
+
 // Rewrite 7, RmsNorm (keras-hub's LlamaLayerNorm / Llama3's, Gemma's RMSNormalization), T the
 // model's compute type:
 //   [xf = Cast(x: T -> f32)]  p = Pow(xf, 2.0) or Square(xf)  m = Mean(p, last axis, keep_dims)
@@ -1640,7 +1642,7 @@ std::map<std::string, tfc::AttrValue> cast_attrs(tfc::DataType from, tfc::DataTy
 // gf the scale: a variable's value [through a Cast T -> f32] (read by the fused op as gamma; the
 // Cast goes if nothing else reads it), or Gemma's AddV2(1.0, that) (it stays: for T = f32 the
 // fused op reads it, else a new Cast of it to T, "<last>/npusim_gamma"). Operands of Mul / AddV2
-// in either order.
+// in either order. The scale's variable [H], H a multiple of 16 (the kernel's rows).
 int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                    std::set<std::string>* removed) {
   GraphView g(graph);
@@ -1714,6 +1716,13 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
               // gamma is a variable's value (the layer's scale; the kernel checks it is [H])
               const tfc::NodeDef* gv = g.node(parse_input(gamma).node);
               if (!gv || (gv != one_plus && gv->op() != "ReadVariableOp")) continue;
+              // H, the scale variable's [H], what the kernel takes (ops/norm.cpp: a multiple
+              // of 16); unknown: left unfused, as a width the kernel refuses would fail the run
+              std::string scale = gamma;
+              for (int k = 0; gv == one_plus && k < 2; ++k)
+                if (scalar_value(input_node(g, *one_plus, k)) != 1.0) scale = one_plus->input(k);
+              const std::vector<int64_t> h = variable_shape(g, scale);
+              if (h.size() != 1 || h[0] % 16 != 0) continue;
               // xf (a Cast) is read by p and xr only
               if (xcast && !rm.removable(*xcast, 2)) continue;
               std::vector<tfc::NodeDef*> gone = {p, m, a, r, xr};

@@ -110,8 +110,8 @@
 //   7. RmsNorm (LlamaLayerNorm, Gemma's RMSNormalization): [xf = Cast(x: T -> f32)] Mul(Mul(xf,
 //      Rsqrt(a) or Reciprocal(Sqrt(a))), gamma) [-> Cast to T], a = AddV2(Mean(Pow(xf, 2.0) or
 //      Square(xf), axis -1, keep_dims), eps), gamma a ReadVariableOp [through a Cast T -> f32]
-//      or Gemma's AddV2(1.0, that) (kept; cast to T where T is not f32) -> RmsNorm(x, gamma;
-//      epsilon).
+//      or Gemma's AddV2(1.0, that) (kept; cast to T where T is not f32), the variable [H] with
+//      H a multiple of 16 (the kernel's rows) -> RmsNorm(x, gamma; epsilon).
 //      NPUSIM_FUSION_RMS_NORM=0 turns it alone off.
 //   8. SwiGlu (Llama's feed-forward): Mul(up, [Cast to T](Mul(gf, Sigmoid(gf)))), gf = gate
 //      [through a Cast T -> f32], gate and up Reshapes to one constant shape (Dense outputs) ->

@@ -109,6 +109,9 @@ ClusterCounts cluster_npu_graph(tensorflow::GraphDef& graph,
 bool graph_mode_enabled();
 // Whether sets may hold variable updates: graph mode, and NPUSIM_GRAPH_UPDATES is not "0".
 bool graph_updates_enabled();
+// Whether a plan places contiguous slices in their inputs and concatenations' pieces in their
+// outputs instead of running them (NPUSIM_GRAPH_IN_PLACE is not "0"; read when a plan is built).
+bool in_place_enabled();
 
 // ---- Implemented by the C API side (npu_graph_kernel.cpp), for graph_cluster.cpp:
 // Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table (the ops a

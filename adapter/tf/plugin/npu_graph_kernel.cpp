@@ -52,7 +52,8 @@ bool g_registered = false;
 struct Place {
   // none: address 0; variable: a variable's tensor; new_value: the new buffer of a variable.
   enum class Kind { none, input, output, arena, variable, new_value } kind = Kind::none;
-  uint64_t index = 0;  // input, output or variable index, or arena offset
+  uint64_t index = 0;   // input, output or variable index, or arena offset
+  uint64_t offset = 0;  // bytes into it (a slice read in place, a piece of a concatenation)
 };
 
 struct Step {
@@ -67,6 +68,9 @@ struct Step {
   std::vector<std::pair<int, int>> derived_from;
   std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
   std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
+  // A slice whose outputs the plan placed in its input, or a concatenation whose inputs' steps
+  // write their pieces into its output (place_in_place): nothing to launch.
+  bool in_place = false;
 };
 
 struct Plan {
@@ -272,11 +276,11 @@ class NpuGraphKernel : public OpKernel {
       NPU_OP_REQUIRES_OK(ctx, m_arenas.take(device, plan.get(), &arena_addr));
     auto address = [&](const Place& p) -> uint64_t {
       switch (p.kind) {
-        case Place::Kind::input: return input_addrs[p.index];
-        case Place::Kind::output: return output_addrs[p.index];
-        case Place::Kind::arena: return arena_addr + p.index;
-        case Place::Kind::variable: return variable_addrs[p.index];
-        case Place::Kind::new_value: return new_value_addrs[p.index];
+        case Place::Kind::input: return input_addrs[p.index] + p.offset;
+        case Place::Kind::output: return output_addrs[p.index] + p.offset;
+        case Place::Kind::arena: return arena_addr + p.index + p.offset;
+        case Place::Kind::variable: return variable_addrs[p.index] + p.offset;
+        case Place::Kind::new_value: return new_value_addrs[p.index] + p.offset;
         default: return 0;
       }
     };
@@ -290,7 +294,7 @@ class NpuGraphKernel : public OpKernel {
     rt::Status st = rt::ok_status();
     for (size_t n = 0; n < plan->steps.size(); ++n) {
       const Step& s = plan->steps[n];
-      if (s.compiled->kernel.launches.empty()) continue;  // every output is empty
+      if (s.in_place || s.compiled->kernel.launches.empty()) continue;  // nothing to run
       std::vector<uint64_t> in, out;
       for (const Place& p : s.inputs) in.push_back(address(p));
       for (const Place& p : s.outputs) out.push_back(address(p));
@@ -475,18 +479,42 @@ class NpuGraphKernel : public OpKernel {
       plan->steps.push_back(std::move(s));
       share_derived(n, plan, &buffers, &derived_key);
     }
-    for (const graph::PlannedBuffer& b : buffers) plan->unplanned_bytes += b.bytes;
-    plan->arena_bytes = graph::plan_memory(buffers);
-    // Buffer indices -> arena offsets.
+    // Buffers placed inside another place (a slice's outputs in its input, a concatenation's
+    // pieces in its output) take no bytes of their own; the rest are planned.
+    std::vector<Place> within(buffers.size());
+    if (in_place_enabled()) place_in_place(plan, &buffers, &within);
+    std::vector<graph::PlannedBuffer> own;
+    std::vector<size_t> own_index(buffers.size(), 0);
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      if (within[b].kind != Place::Kind::none) continue;
+      own_index[b] = own.size();
+      own.push_back(buffers[b]);
+      plan->unplanned_bytes += buffers[b].bytes;
+    }
+    plan->arena_bytes = graph::plan_memory(own);
+    // Buffer indices -> places: the arena offset of the buffer, or of the place it lies in.
+    auto place = [&](Place& p) {
+      if (p.kind != Place::Kind::arena) return;
+      uint64_t offset = p.offset;
+      size_t b = p.index;
+      while (within[b].kind != Place::Kind::none) {
+        offset += within[b].offset;
+        if (within[b].kind != Place::Kind::arena) {
+          p = {within[b].kind, within[b].index, offset};
+          return;
+        }
+        b = within[b].index;
+      }
+      p = {Place::Kind::arena, own[own_index[b]].offset, offset};
+    };
     for (size_t n = 0; n < plan->steps.size(); ++n) {
       Step& s = plan->steps[n];
-      auto place = [&](Place& p) {
-        if (p.kind == Place::Kind::arena) p.index = buffers[p.index].offset;
-      };
       for (Place& p : s.outputs) place(p);
       for (Place& p : s.derived_at) place(p);
-      if (workspace_of[n] >= 0)
-        s.workspace = {Place::Kind::arena, buffers[static_cast<size_t>(workspace_of[n])].offset};
+      if (workspace_of[n] >= 0) {
+        s.workspace = {Place::Kind::arena, static_cast<uint64_t>(workspace_of[n])};
+        place(s.workspace);
+      }
     }
     // Inputs read earlier steps' outputs: copy their (now placed) places.
     for (size_t n = 0; n < plan->steps.size(); ++n) {
@@ -506,6 +534,87 @@ class NpuGraphKernel : public OpKernel {
                               m_spec.nodes[o.node].name + "', which has fewer outputs");
     }
     return rt::ok_status();
+  }
+
+  // Places slices and concatenations in memory instead of running them (CompiledKernel's
+  // view_offsets and concat_offsets; CANN's graph engine likewise emits no task for them):
+  // - a slice (StridedSlice, Slice, Split, Unpack) whose every non-empty output (an arena
+  //   buffer of this plan) is contiguous in its input gets its outputs' buffers inside its
+  //   input (a graph input or output, or an arena buffer);
+  // - a concatenation (Pack, ConcatV2) whose every non-empty input is an arena buffer of its
+  //   own (written by one step of this plan, not already inside another place, not two inputs
+  //   of it) gets those buffers inside its output (an arena buffer or a graph output): the
+  //   producers write their pieces there.
+  // (*within)[b] is where buffer b lies (kind arena: index is a buffer index, offset bytes into
+  // it); its liveness joins that of the buffer it ends in. Safe because every place is written
+  // by one step per run and nothing writes into its inputs: a slice's readers and a piece's
+  // readers read bytes nobody overwrites; a piece's producer's tail write (device_buffer_bytes)
+  // must stay inside its piece, and every piece and view must start on a kDeviceBufferAlign
+  // boundary (as every buffer does), else the op runs as before.
+  // The decode step of a keras-hub decoder slices the KV cache per layer and into K and V,
+  // writes the new row (XlaDynamicUpdateSlice) and stacks K and V and then the layers again:
+  // with batch 1 the slices are views of the cache and a stack whose inputs are written in the
+  // same run holds them in place, so a step held in one run copies the cache once (each update
+  // copies its slice) instead of five times (docs/llm.md, "KV cache in place").
+  void place_in_place(Plan* plan, std::vector<graph::PlannedBuffer>* buffers,
+                      std::vector<Place>* within) const {
+    constexpr uint64_t kAlign = compiler::kDeviceBufferAlign;
+    for (size_t n = 0; n < plan->steps.size(); ++n) {
+      Step& s = plan->steps[n];
+      const compiler::CompiledKernel& k = s.compiled->kernel;
+      if (!k.view_offsets.empty()) {
+        const size_t in = static_cast<size_t>(k.view_input);
+        const Place src = in < s.inputs.size() ? s.inputs[in] : Place{};
+        if (src.kind != Place::Kind::input && src.kind != Place::Kind::output &&
+            src.kind != Place::Kind::arena)
+          continue;
+        bool all = k.view_offsets.size() == s.outputs.size();
+        for (size_t j = 0; all && j < s.outputs.size(); ++j) {
+          const bool empty = k.outputs[j].bytes() == 0;
+          all = empty || (s.outputs[j].kind == Place::Kind::arena && k.view_offsets[j] >= 0 &&
+                          static_cast<uint64_t>(k.view_offsets[j]) % kAlign == 0);
+        }
+        if (!all) continue;
+        for (size_t j = 0; j < s.outputs.size(); ++j)
+          if (s.outputs[j].kind == Place::Kind::arena)
+            (*within)[s.outputs[j].index] = {src.kind, src.index,
+                                             static_cast<uint64_t>(k.view_offsets[j])};
+        s.in_place = true;
+      } else if (!k.concat_offsets.empty() && k.outputs.size() == 1) {
+        const Place dst = s.outputs[0];
+        if (dst.kind != Place::Kind::arena && dst.kind != Place::Kind::output) continue;
+        bool all = k.concat_offsets.size() == s.inputs.size();
+        uint64_t end = 0;  // where the previous piece's tail write ends
+        std::vector<uint64_t> pieces;
+        for (size_t i = 0; all && i < s.inputs.size(); ++i) {
+          const uint64_t bytes = s.op.inputs[i].bytes();
+          if (bytes == 0) continue;
+          const Place& p = s.inputs[i];
+          const int64_t at = k.concat_offsets[i];
+          all = at >= 0 && static_cast<uint64_t>(at) % kAlign == 0 &&
+                static_cast<uint64_t>(at) >= end && p.kind == Place::Kind::arena && p.offset == 0 &&
+                (*within)[p.index].kind == Place::Kind::none &&
+                std::find(pieces.begin(), pieces.end(), p.index) == pieces.end();
+          pieces.push_back(p.index);
+          end = static_cast<uint64_t>(at) + compiler::device_buffer_bytes(bytes);
+        }
+        if (!all) continue;
+        for (size_t i = 0; i < s.inputs.size(); ++i)
+          if (s.op.inputs[i].bytes() > 0)
+            (*within)[s.inputs[i].index] = {dst.kind, dst.index,
+                                            static_cast<uint64_t>(k.concat_offsets[i])};
+        s.in_place = true;
+      }
+    }
+    // Each buffer placed inside an arena buffer extends that buffer's liveness.
+    for (size_t b = 0; b < buffers->size(); ++b) {
+      size_t root = b;
+      while ((*within)[root].kind == Place::Kind::arena) root = (*within)[root].index;
+      if (root == b || (*within)[root].kind != Place::Kind::none) continue;
+      graph::PlannedBuffer& r = (*buffers)[root];
+      r.first = std::min(r.first, (*buffers)[b].first);
+      r.last = std::max(r.last, (*buffers)[b].last);
+    }
   }
 
   // Step n's derived tensors that are a plain cast of one of its inputs (compose.cpp's
@@ -600,6 +709,11 @@ bool npu_graph_registered() { return g_registered; }
 bool graph_mode_enabled() {
   const char* v = std::getenv("NPUSIM_GRAPH");
   return g_registered && !(v && std::string(v) == "0");
+}
+
+bool in_place_enabled() {
+  const char* v = std::getenv("NPUSIM_GRAPH_IN_PLACE");
+  return !(v && std::string(v) == "0");
 }
 
 bool graph_updates_enabled() {
