@@ -31,6 +31,7 @@
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/plugin_device.h"
 #include "common/numeric.h"
 
@@ -3117,7 +3118,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
-    if (bn_relu_grad_fusion_requested())
+    // Not under allow_mix_precision's graph pass: the folded gradients' kernels take f32 only
+    // (batchnorm.cpp), and the pass would have to cast their f16 dy and x up, a pass more than
+    // the f16 ReluGrad it saves.
+    if (bn_relu_grad_fusion_requested() && !mixed_precision_requested())
       counts.bn_relu_grad = fuse_bn_relu_grads(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();

@@ -324,14 +324,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       const MixedPrecisionCounts counts = apply_mixed_precision(
           graph, cc_item->NodesToPreserve(), mixed_precision_lists(),
-          [](const tfc::NodeDef& node) {
-            // The batch norm's gradients with the ReLU's gradient folded in (rewrite 0b) mask dy
-            // with BNTrainingUpdate's f32 pre-activation: their kernels take T = f32 only.
-            const bool relu_grad = (node.op() == "BNTrainingUpdateGrad" ||
-                                    node.op() == "BNTrainingReduceGrad") &&
-                                   node.attr().count("relu") && node.attr().at("relu").b();
-            return !relu_grad && has_npu_kernel(node);
-          });
+          [](const tfc::NodeDef& node) { return has_npu_kernel(node); });
       if (std::getenv("NPUSIM_FUSION_LOG") && counts.total() > 0)
         std::fprintf(stderr,
                      "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d bias "
