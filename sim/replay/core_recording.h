@@ -31,6 +31,12 @@ class CoreRecording final : public CoreRecorder {
   const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
   // The GM ranges the core's instructions touched, in the same order.
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
+  // For each pipe instruction with GM ranges, in the same order: its pc and the index of its
+  // first range in gm_accesses() (its ranges run to the next one's first, or to the end).
+  struct GmOp {
+    uint32_t pc, first;
+  };
+  const std::vector<GmOp>& gm_ops() const { return m_gm_ops; }
   // The pipe of each GM transfer, in the order the transfers reached the memory system (its
   // L2 lookups, MemorySystem::transfer_order), not the order they took effect in.
   const std::vector<uint8_t>& transfer_pipes() const { return m_transfer_pipes; }
@@ -41,6 +47,7 @@ class CoreRecording final : public CoreRecorder {
   CoreEnv& m_env;
   std::vector<uint8_t> m_exec_order;
   std::vector<GmAccess> m_gm_accesses;
+  std::vector<GmOp> m_gm_ops;
   std::vector<uint8_t> m_transfer_pipes;
   CoreFingerprint m_fingerprint;
 };
