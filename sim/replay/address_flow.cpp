@@ -48,12 +48,19 @@ struct Lattice {
 
 bool is_alu(Opcode op) {
   switch (op) {
-    case Opcode::op_add: case Opcode::op_sub: case Opcode::op_mul: case Opcode::op_div:
-    case Opcode::op_rem: case Opcode::op_and: case Opcode::op_or: case Opcode::op_xor:
-    case Opcode::op_shl: case Opcode::op_shr: case Opcode::op_min: case Opcode::op_max:
-      return true;
-    default:
-      return false;
+    case Opcode::op_add:
+    case Opcode::op_sub:
+    case Opcode::op_mul:
+    case Opcode::op_div:
+    case Opcode::op_rem:
+    case Opcode::op_and:
+    case Opcode::op_or:
+    case Opcode::op_xor:
+    case Opcode::op_shl:
+    case Opcode::op_shr:
+    case Opcode::op_min:
+    case Opcode::op_max: return true;
+    default: return false;
   }
 }
 
@@ -61,29 +68,30 @@ bool is_alu(Opcode op) {
 // matters here (their operands are followed through the lattice instead).
 bool writes_xd(Opcode op) {
   switch (op) {
-    case Opcode::op_movi: case Opcode::op_mov: case Opcode::op_ldarg:
-    case Opcode::op_get_block_id: case Opcode::op_get_block_num:
-    case Opcode::op_get_subblock_id: case Opcode::op_get_core_id:
-      return true;
-    default:
-      return is_alu(op);
+    case Opcode::op_movi:
+    case Opcode::op_mov:
+    case Opcode::op_ldarg:
+    case Opcode::op_get_block_id:
+    case Opcode::op_get_block_num:
+    case Opcode::op_get_subblock_id:
+    case Opcode::op_get_core_id: return true;
+    default: return is_alu(op);
   }
 }
 
 // The field holding the instruction's GM address, or -1 (no GM operand).
 int gm_field(const isa::Instruction& in) {
   switch (in.op) {
-    case Opcode::op_copy_gm2l1: case Opcode::op_copy_gm2ub: case Opcode::op_nd2nz:
-      return isa::field_index(in.op, "xsrc");
-    case Opcode::op_copy_ub2gm:
-      return isa::field_index(in.op, "xdst");
+    case Opcode::op_copy_gm2l1:
+    case Opcode::op_copy_gm2ub:
+    case Opcode::op_nd2nz: return isa::field_index(in.op, "xsrc");
+    case Opcode::op_copy_ub2gm: return isa::field_index(in.op, "xdst");
     case Opcode::op_fixpipe: {
       const int dst = isa::field_index(in.op, "dst");
       if (in.ops[static_cast<size_t>(dst)].value != static_cast<int64_t>(isa::Buf::GM)) return -1;
       return isa::field_index(in.op, "xdst");
     }
-    default:
-      return -1;
+    default: return -1;
   }
 }
 
@@ -101,7 +109,10 @@ int successors(const isa::Instruction& in, uint32_t pc, uint32_t n, uint32_t out
     case Opcode::op_jmp:
       if (target() < n) out[k++] = static_cast<uint32_t>(target());
       return k;
-    case Opcode::op_beq: case Opcode::op_bne: case Opcode::op_blt: case Opcode::op_bge:
+    case Opcode::op_beq:
+    case Opcode::op_bne:
+    case Opcode::op_blt:
+    case Opcode::op_bge:
       if (target() < n) out[k++] = static_cast<uint32_t>(target());
       break;
     default: break;
@@ -149,8 +160,8 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
       if (ins.op == Opcode::op_ld || ins.op == Opcode::op_st || ins.op == Opcode::op_cc_set ||
           ins.op == Opcode::op_cc_wait || static_cast<int>(ins.op) >= isa::kNumOpcodes) {
         flow.why = fmt::format("section {} pc {}: {} is not followed", where, pc,
-                               static_cast<int>(ins.op) < isa::kNumOpcodes
-                                   ? ins.desc().mnemonic : "an unknown opcode");
+                               static_cast<int>(ins.op) < isa::kNumOpcodes ? ins.desc().mnemonic
+                                                                           : "an unknown opcode");
         return flow;
       }
       State out = in[pc];
@@ -162,7 +173,8 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
           case Opcode::op_mov: d = r[reg(ins.ops[1])]; break;
           case Opcode::op_ldarg:
             d = ins.ops[1].value >= 0 && static_cast<size_t>(ins.ops[1].value) < nargs
-                    ? static_cast<Val>(ins.ops[1].value) : kTop;
+                    ? static_cast<Val>(ins.ops[1].value)
+                    : kTop;
             break;
           case Opcode::op_add: d = lat.add(r[reg(ins.ops[1])], b()); break;
           case Opcode::op_sub: d = lat.sub(r[reg(ins.ops[1])], b()); break;
@@ -192,8 +204,8 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
       const auto& fields = ins.desc().fields;
       const int gmf = gm_field(ins);
       for (size_t f = 0; f < fields.size(); ++f) {
-        const bool is_reg =
-            fields[f].kind == FieldKind::Reg || (isa::field_is_reg_or_imm(fields[f].kind) && ins.ops[f].is_reg);
+        const bool is_reg = fields[f].kind == FieldKind::Reg ||
+                            (isa::field_is_reg_or_imm(fields[f].kind) && ins.ops[f].is_reg);
         if (!is_reg) continue;
         const Val v = in[pc][reg(ins.ops[f])];
         if (static_cast<int>(f) == gmf) {

@@ -159,7 +159,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     if (!P->flow->ok) P->flow = nullptr;
   }
   if (!walk && !P->flow) replayable = false;  // nothing to record it for
-  if (replayable && !keep_l2)  // the cold L2 files lines by block
+  if (replayable && !keep_l2)                 // the cold L2 files lines by block
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
@@ -181,8 +181,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // By translation: its own recording, or the latest one at other addresses that applies.
     const uint64_t granule = [&] {
       auto it = m_cfg.align_bytes.find(isa::Buf::GM);
-      return it == m_cfg.align_bytes.end() || it->second == 0 ? uint64_t{1}
-                                                              : uint64_t{it->second};
+      return it == m_cfg.align_bytes.end() || it->second == 0 ? uint64_t{1} : uint64_t{it->second};
     }();
     if (found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes)) {
       recorded = found;
@@ -190,7 +189,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
         if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
-          recorded = candidate.get();       // the memo keeps it (just added: not evicted)
+          recorded = candidate.get();     // the memo keeps it (just added: not evicted)
           break;
         }
     }

@@ -60,8 +60,12 @@ json workload(Mode mode) {
     l.block_dim = block_dim;
     l.gm_blocks = lookup(&blocks);
     const KernelResult r = sim.run(l);
-    out[name] = {{"ok", r.ok},         {"error", r.error},       {"cycles", r.cycles},
-                 {"start", r.start_cycle}, {"counters", r.counters}, {"replayed", r.replayed},
+    out[name] = {{"ok", r.ok},
+                 {"error", r.error},
+                 {"cycles", r.cycles},
+                 {"start", r.start_cycle},
+                 {"counters", r.counters},
+                 {"replayed", r.replayed},
                  {"now", sim.now_cycles()}};
   };
   // Three fp16 vectors of n elements, each in a block of its own at `base` (block i at
@@ -92,14 +96,14 @@ json workload(Mode mode) {
   run("vadd_offset", vadd, {0x6000200, 0x6100000, 0x6200000, n}, 3);
   // A launch whose tensors overflow the 8 MiB L2 (4 MiB each): its evictions follow the layout.
   const uint64_t big = 2 * 1024 * 1024, bbytes = 2 * big;
-  for (const auto& [name, base] : {std::pair<std::string, uint64_t>{"vadd_big", 0x10000000},
-                                   {"vadd_big_moved", 0x20a00000}}) {
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"vadd_big", 0x10000000}, {"vadd_big_moved", 0x20a00000}}) {
     blocks = {{base, bbytes}, {base + 0x1000000, bbytes}, {base + 0x3000000, bbytes}};
     run(name, vadd, {base, base + 0x1000000, base + 0x3000000, big}, 3);
   }
   // The cube kernel, moved.
-  for (const auto& [name, base] : {std::pair<std::string, uint64_t>{"gemm", 0x8000000},
-                                   {"gemm_moved", 0x9300000}}) {
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"gemm", 0x8000000}, {"gemm_moved", 0x9300000}}) {
     blocks = {{base, 0x80000}, {base + 0x100000, 0x80000}, {base + 0x200000, 0x80000}};
     run(name, gemm, {base, base + 0x100000, base + 0x200000, 256, 256, 512}, 2);
   }
@@ -136,13 +140,14 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
-  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved"}) {
+  for (const char* k :
+       {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved", "gemm_moved"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
-  for (const char* k : {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm"}) {
+  for (const char* k :
+       {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
   }
@@ -152,7 +157,8 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
 
 namespace {
 
-AddressFlow flow_of(const std::string& body, const std::string& args = ".arg x, f16[64]\n.arg y, f16[64]\n.arg n\n") {
+AddressFlow flow_of(const std::string& body,
+                    const std::string& args = ".arg x, f16[64]\n.arg y, f16[64]\n.arg n\n") {
   return analyze_address_flow(isa::assemble(args + ".section aiv\n" + body, "flow.s"));
 }
 
@@ -193,7 +199,8 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
   // two tensors at a join, a GM operand from no argument, ld.
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"  ldarg x1, x\n  bne x1, 0, l\nl:\n  end\n", "bne reads tensor argument 0"},
-      {"  ldarg x1, x\n  copy_gm2ub x1, x1, 1, 1, 0, 0\n  end\n", "copy_gm2ub reads tensor argument 0 in xdst"},
+      {"  ldarg x1, x\n  copy_gm2ub x1, x1, 1, 1, 0, 0\n  end\n",
+       "copy_gm2ub reads tensor argument 0 in xdst"},
       {"  ldarg x1, x\n  shl x1, x1, 1\n  movi x3, 0\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
        "the GM operand xsrc holds a value mixed from tensor addresses"},
       {"  ldarg x1, x\n  ldarg x2, n\n  beq x2, 0, l\n  ldarg x1, y\nl:\n  movi x3, 0\n"
