@@ -2,6 +2,7 @@
 
 #include <array>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -12,19 +13,22 @@ using isa::Opcode;
 
 namespace {
 
-// A register's abstract value: kBot, kFixed, kTop or an argument index (Arg(k)).
+// A register's abstract value: kBot, kFixed, kData, kTop or an argument index (Arg(k)).
 using Val = int32_t;
-constexpr Val kBot = -3, kTop = -2, kFixed = -1;
+constexpr Val kBot = -4, kData = -3, kTop = -2, kFixed = -1;
 using State = std::array<Val, isa::kNumRegs>;
 
 struct Lattice {
   std::vector<bool> typed;  // by argument index
   // The same for every launch with the same untyped arguments.
   bool fixed(Val v) const { return v == kFixed || (v >= 0 && !typed[static_cast<size_t>(v)]); }
+  // Fixed or loaded data: no tensor address in it.
+  bool addressless(Val v) const { return fixed(v) || v == kData; }
   Val join(Val a, Val b) const {
     if (a == b || b == kBot) return a;
     if (a == kBot) return b;
     if (fixed(a) && fixed(b)) return kFixed;
+    if (addressless(a) && addressless(b)) return kData;
     return kTop;
   }
   // a + b, a - b, or another operation of the scalar ALU.
@@ -32,17 +36,18 @@ struct Lattice {
     if (a == kBot || b == kBot) return kBot;
     if (a >= 0 && fixed(b)) return a;
     if (b >= 0 && fixed(a)) return b;
-    return fixed(a) && fixed(b) ? kFixed : kTop;
+    return other(a, b);
   }
   Val sub(Val a, Val b) const {
     if (a == kBot || b == kBot) return kBot;
     if (a >= 0 && fixed(b)) return a;
     if (a >= 0 && a == b) return kFixed;  // the argument cancels
-    return fixed(a) && fixed(b) ? kFixed : kTop;
+    return other(a, b);
   }
   Val other(Val a, Val b) const {
     if (a == kBot || b == kBot) return kBot;
-    return fixed(a) && fixed(b) ? kFixed : kTop;
+    if (fixed(a) && fixed(b)) return kFixed;
+    return addressless(a) && addressless(b) ? kData : kTop;
   }
 };
 
@@ -74,7 +79,8 @@ bool writes_xd(Opcode op) {
     case Opcode::op_get_block_id:
     case Opcode::op_get_block_num:
     case Opcode::op_get_subblock_id:
-    case Opcode::op_get_core_id: return true;
+    case Opcode::op_get_core_id:
+    case Opcode::op_ld: return true;
     default: return is_alu(op);
   }
 }
@@ -86,6 +92,8 @@ int gm_field(const isa::Instruction& in) {
     case Opcode::op_copy_gm2ub:
     case Opcode::op_nd2nz: return isa::field_index(in.op, "xsrc");
     case Opcode::op_copy_ub2gm: return isa::field_index(in.op, "xdst");
+    case Opcode::op_ld:
+    case Opcode::op_st: return isa::field_index(in.op, "xaddr");
     case Opcode::op_fixpipe: {
       const int dst = isa::field_index(in.op, "dst");
       if (in.ops[static_cast<size_t>(dst)].value != static_cast<int64_t>(isa::Buf::GM)) return -1;
@@ -93,6 +101,14 @@ int gm_field(const isa::Instruction& in) {
     }
     default: return -1;
   }
+}
+
+// Whether field f of `in` is only data: its value reaches results, never a cost, an address
+// or the control flow (the vector unit's scalar operand, which sim/exec/vector.cpp reads in
+// execute() only, and the value st stores).
+bool data_field(const isa::Instruction& in, size_t f) {
+  const std::string_view name = in.desc().fields[f].name;
+  return name == "xscalar" || (in.op == Opcode::op_st && name == "xs");
 }
 
 // Successor pcs of `in` at `pc` (n: the section's length; a pc >= n ends the block).
@@ -123,6 +139,7 @@ int successors(const isa::Instruction& in, uint32_t pc, uint32_t n, uint32_t out
 
 std::string describe(Val v, const Lattice& l) {
   if (v == kTop) return "a value mixed from tensor addresses";
+  if (v == kData) return "a loaded value";
   if (v >= 0 && l.typed[static_cast<size_t>(v)]) return fmt::format("tensor argument {}", v);
   return "a value not derived from an argument";
 }
@@ -152,13 +169,13 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
       reached[0] = true;
       work.push_back(0);
     }
-    // Forward to the fixpoint (the lattice has height 3 per register).
+    // Forward to the fixpoint (the lattice has height 4 per register).
     while (!work.empty()) {
       const uint32_t pc = work.back();
       work.pop_back();
       const isa::Instruction& ins = s.code[pc];
-      if (ins.op == Opcode::op_ld || ins.op == Opcode::op_st || ins.op == Opcode::op_cc_set ||
-          ins.op == Opcode::op_cc_wait || static_cast<int>(ins.op) >= isa::kNumOpcodes) {
+      if (ins.op == Opcode::op_cc_set || ins.op == Opcode::op_cc_wait ||
+          static_cast<int>(ins.op) >= isa::kNumOpcodes) {
         flow.why = fmt::format("section {} pc {}: {} is not followed", where, pc,
                                static_cast<int>(ins.op) < isa::kNumOpcodes ? ins.desc().mnemonic
                                                                            : "an unknown opcode");
@@ -171,6 +188,7 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
         const auto b = [&] { return ins.ops[2].is_reg ? r[reg(ins.ops[2])] : kFixed; };
         switch (ins.op) {
           case Opcode::op_mov: d = r[reg(ins.ops[1])]; break;
+          case Opcode::op_ld: d = kData; break;
           case Opcode::op_ldarg:
             d = ins.ops[1].value >= 0 && static_cast<size_t>(ins.ops[1].value) < nargs
                     ? static_cast<Val>(ins.ops[1].value)
@@ -195,15 +213,19 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
       }
     }
     // At the fixpoint: every register an instruction reads must be fixed, but the GM operand,
-    // which must be one argument plus a fixed offset.
+    // which must be one argument plus a fixed offset, and data operands, which may hold
+    // anything.
     std::vector<int16_t> gm(n, -1);
     for (uint32_t pc = 0; pc < n; ++pc) {
       if (!reached[pc]) continue;
       const isa::Instruction& ins = s.code[pc];
-      if (writes_xd(ins.op)) continue;  // followed through the lattice above
+      // The operands of instructions that write xd are followed through the lattice above; ld's
+      // address is a GM operand.
+      if (writes_xd(ins.op) && ins.op != Opcode::op_ld) continue;
       const auto& fields = ins.desc().fields;
       const int gmf = gm_field(ins);
-      for (size_t f = 0; f < fields.size(); ++f) {
+      for (size_t f = ins.op == Opcode::op_ld ? 1 : 0; f < fields.size(); ++f) {
+        if (data_field(ins, f)) continue;
         const bool is_reg = fields[f].kind == FieldKind::Reg ||
                             (isa::field_is_reg_or_imm(fields[f].kind) && ins.ops[f].is_reg);
         if (!is_reg) continue;

@@ -12,11 +12,16 @@
 // control flow are then the recorded run's, and only the L2 could tell the launches apart.
 //
 // The analysis is an abstract interpretation of each section over the lattice
-//   Bot < Fixed, Arg(k) < Top
+//   Bot < Fixed < Data < Top,  Bot < Arg(k) < Top
 // per scalar register, where Fixed is a value that is the same for every launch with the same
 // untyped arguments and block count, Arg(k) is argument k's value plus a Fixed value (for an
-// untyped argument k that is Fixed too, but its provenance is kept for the GM operands), and Top
-// is anything else. Registers start Fixed at every block (AiCore::run_block resets them).
+// untyped argument k that is Fixed too, but its provenance is kept for the GM operands), Data
+// is a value computed from what ld loaded (and Fixed values), and Top is anything else.
+// Registers start Fixed at every block (AiCore::run_block resets them). Data may reach only
+// data operands (the vector unit's xscalar, the value st stores), whose values plan() does not
+// read; so a kernel that broadcasts a loaded scalar (an optimizer's learning rate) moves with
+// its tensors too. ld and st take their address, a GM operand, like a transfer (the scalar
+// unit's accesses do not go through the L2: docs/chip_model.md).
 #pragma once
 
 #include <cstdint>
@@ -33,13 +38,14 @@ struct AddressFlow {
   bool ok = false;
   std::string why;
   // For each section of the program, for each pc: the argument whose address (plus a fixed
-  // offset) the instruction's GM operand holds, or -1 if it has no GM operand. Filled if ok.
+  // offset) the instruction's GM operand (a transfer's, ld's or st's) holds, or -1 if it has
+  // none. Filled if ok.
   std::vector<std::vector<int16_t>> gm_arg;
 };
 
-// Analyses `program` (every section). A program with ld (data may steer it), cc_set or cc_wait
-// (another core's progress may), st, or a GM operand not derived from exactly one argument is
-// not ok.
+// Analyses `program` (every section). A program with cc_set or cc_wait (another core's progress
+// may steer it), a loaded value or tensor address anywhere but where allowed above, or a GM
+// operand not derived from exactly one argument is not ok.
 AddressFlow analyze_address_flow(const isa::Program& program);
 
 }  // namespace npusim

@@ -2,10 +2,11 @@
 
 namespace npusim {
 
-void CoreRecording::on_scalar_gm(const GmAccess& access) {
+void CoreRecording::on_scalar_gm(uint32_t pc, const GmAccess& access) {
   m_exec_order.push_back(static_cast<uint8_t>(isa::Pipe::S));
+  m_gm_ops.push_back({pc, static_cast<uint32_t>(m_gm_accesses.size())});
   m_gm_accesses.push_back(access);
-  m_env.recorded(1 + sizeof(GmAccess));  // last: it may drop this record
+  m_env.recorded(1 + sizeof(GmAccess) + sizeof(GmOp));  // last: it may drop this record
 }
 
 void CoreRecording::on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) {

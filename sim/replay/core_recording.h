@@ -19,7 +19,7 @@ class CoreRecording final : public CoreRecorder {
   explicit CoreRecording(CoreEnv& env) : m_env(env) {}
 
   void on_scalar_pc(uint32_t pc) override { m_fingerprint.add_pc(pc); }
-  void on_scalar_gm(const GmAccess& access) override;
+  void on_scalar_gm(uint32_t pc, const GmAccess& access) override;
   void on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) override;
   void on_gm_transfer(isa::Pipe pipe) override;
   // Frees the records: the launch is no longer recorded (no probe follows).
@@ -31,8 +31,9 @@ class CoreRecording final : public CoreRecorder {
   const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
   // The GM ranges the core's instructions touched, in the same order.
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
-  // For each pipe instruction with GM ranges, in the same order: its pc and the index of its
-  // first range in gm_accesses() (its ranges run to the next one's first, or to the end).
+  // For each instruction with GM ranges (pipe instructions, ld, st), in the same order: its pc
+  // and the index of its first range in gm_accesses() (its ranges run to the next one's first,
+  // or to the end).
   struct GmOp {
     uint32_t pc, first;
   };

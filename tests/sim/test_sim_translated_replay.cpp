@@ -34,6 +34,31 @@ GmBlockLookup lookup(const Blocks* blocks) {
   };
 }
 
+// y = s * x over 128 fp16, s a scalar tensor the scalar unit loads (an optimizer's learning
+// rate): the loaded value reaches only the vector unit's scalar operand.
+const char* kScale = R"(
+.arg x, f16[128]
+.arg s, f32[1]
+.arg y, f16[128]
+.section aiv
+    ldarg x1, x
+    ldarg x2, s
+    ldarg x3, y
+    ld x5, x2
+    movi x6, 0
+    movi x7, 1024
+    copy_gm2ub x6, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x7, x6, x5, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x3, x7, 1, 8, 0, 0
+    add x4, x3, 256
+    st x5, x4
+    end
+)";
+
 enum class Mode { simulate, translate, check };
 
 // A timing-only tiny chip runs a sequence of launches whose tensors move between blocks (the
@@ -50,6 +75,7 @@ json workload(Mode mode) {
   Simulator sim(load_chip_config("tiny"), opts);
   const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
+  const isa::Program scale = isa::assemble(kScale, "scale.s");
   Blocks blocks;
   json out;
   auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
@@ -107,6 +133,12 @@ json workload(Mode mode) {
     blocks = {{base, 0x80000}, {base + 0x100000, 0x80000}, {base + 0x200000, 0x80000}};
     run(name, gemm, {base, base + 0x100000, base + 0x200000, 256, 256, 512}, 2);
   }
+  // ld and st (the stored value is data; y's block holds the 8 bytes st writes past y).
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"scale", 0xa000000}, {"scale_moved", 0xa765000}}) {
+    blocks = {{base, 512}, {base + 0x1000, 512}, {base + 0x2000, 512}};
+    run(name, scale, {base, base + 0x1000, base + 0x2000}, 1);
+  }
   out["totals"] = sim.counters();
   out["now"] = sim.now_cycles();
   return out;
@@ -140,14 +172,14 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
-  for (const char* k :
-       {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved", "gemm_moved"}) {
+  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
+                        "gemm_moved", "scale_moved"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
   for (const char* k :
-       {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm"}) {
+       {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm", "scale"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
   }
@@ -208,7 +240,9 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
        "the GM operand xsrc holds a value mixed from tensor addresses"},
       {"  movi x1, 4096\n  movi x3, 0\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
        "the GM operand xsrc holds a value not derived from an argument"},
-      {"  ldarg x1, x\n  ld x2, x1\n  end\n", "ld is not followed"},
+      {"  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\nl:\n  end\n", "bne reads a loaded value in xa"},
+      {"  ldarg x1, x\n  ld x2, x1\n  add x1, x1, x2\n  ld x3, x1\n  end\n",
+       "the GM operand xaddr holds a value mixed from tensor addresses"},
   };
   for (const auto& [code, why] : bad) {
     INFO(code);
