@@ -309,8 +309,21 @@ KernelResult ChipLauncher::finish() {
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
   const bool keep = P->record && m_chip.launch().record && r.ok && !m_chip.mix() &&
                     record_blocks(*launch.program, m_chip, &rec);
-  if (keep && P->flow)
+  if (keep && P->flow) {
     record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, &rec);
+    // Without replays that walk the program, the recording serves translation only: its walk
+    // (sections, effect order, transfer order) is never read and need not take memo space.
+    if (m_store.opts.replay == SimOptions::Replay::off) {
+      rec.runs.clear();
+      rec.run_section.clear();
+      for (RecordedLaunch::CoreBlocks& cb : rec.cores) {
+        std::vector<uint8_t>().swap(cb.order);
+        std::vector<uint8_t>().swap(cb.transfer_pipes);
+        cb.blocks.clear();
+      }
+      std::vector<uint16_t>().swap(rec.transfer_order);
+    }
+  }
   m_chip.end_launch(r.ok);
   r.start_cycle = time_ps(P->start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);
