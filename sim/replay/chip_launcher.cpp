@@ -279,7 +279,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->record = replayable && !recorded && (!found || stale);
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, launch.gm_blocks);
+                      opts.replay_record_max_bytes, launch.gm_blocks, /*record_lean=*/!walk);
   m_pending = std::move(P);
   return Begun{};
 }

@@ -197,6 +197,20 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
     uint64_t start = 0, end = 0;
   };
   std::vector<Block> blocks(args.size());
+  // The block of the argument the GM operand at `pc` derives from, or null.
+  auto block_at = [&](const std::vector<int16_t>& gm_arg, uint32_t pc) -> const Block* {
+    const int k = pc < gm_arg.size() ? gm_arg[pc] : -1;
+    if (k < 0 || static_cast<size_t>(k) >= args.size()) return nullptr;
+    Block& b = blocks[static_cast<size_t>(k)];
+    if (!b.looked) {
+      uint64_t start = 0, bytes = 0;
+      b.looked = true;
+      b.found = gm_blocks(args[static_cast<size_t>(k)], &start, &bytes);
+      b.start = start;
+      b.end = start + bytes;
+    }
+    return b.found ? &b : nullptr;
+  };
   auto translation = std::make_shared<RecordedLaunch::Translation>();
   translation->args = args;
   std::vector<Range> writes;  // Range::core holds the argument
@@ -211,25 +225,25 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
     const std::vector<int16_t>& gm_arg =
         flow.gm_arg[static_cast<size_t>(section - program.sections.data())];
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
+    // Every range each instruction touched lies in its argument's block: its span does.
+    const std::vector<CoreRecording::Span>& spans = r.spans();
+    for (uint32_t pc = 0; pc < spans.size(); ++pc) {
+      if (spans[pc].end == 0) continue;
+      const Block* b = block_at(gm_arg, pc);
+      if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
+    }
+    // The ranges written (a lean recording holds only those), by argument.
     const std::vector<GmAccess>& accesses = r.gm_accesses();
     const auto& ops = r.gm_ops();
     for (size_t o = 0; o < ops.size(); ++o) {
-      const int k = ops[o].pc < gm_arg.size() ? gm_arg[ops[o].pc] : -1;
-      if (k < 0 || static_cast<size_t>(k) >= args.size()) return;
-      Block& b = blocks[static_cast<size_t>(k)];
-      if (!b.looked) {
-        uint64_t start = 0, bytes = 0;
-        b.looked = true;
-        b.found = gm_blocks(args[static_cast<size_t>(k)], &start, &bytes);
-        b.start = start;
-        b.end = start + bytes;
-      }
-      if (!b.found) return;
+      const Block* b = block_at(gm_arg, ops[o].pc);
+      if (!b) return;
+      const int k = gm_arg[ops[o].pc];
       const size_t end = o + 1 < ops.size() ? ops[o + 1].first : accesses.size();
       for (size_t i = ops[o].first; i < end; ++i) {
         const GmAccess& a = accesses[i];
-        if (a.addr < b.start || a.addr + a.bytes > b.end || a.addr + a.bytes < a.addr) return;
-        if (a.write) writes.push_back({a.addr - b.start, a.addr - b.start + a.bytes, k});
+        if (a.addr < b->start || a.addr + a.bytes > b->end || a.addr + a.bytes < a.addr) return;
+        if (a.write) writes.push_back({a.addr - b->start, a.addr - b->start + a.bytes, k});
       }
     }
   }
