@@ -219,8 +219,16 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
     for (uint32_t pc = 0; pc < n; ++pc) {
       if (!reached[pc]) continue;
       const isa::Instruction& ins = s.code[pc];
-      // The operands of instructions that write xd are followed through the lattice above; ld's
-      // address is a GM operand.
+      // A divisor that is not fixed may be zero in one launch and not in another: the fault
+      // (KernelFault "division by zero") would then differ.
+      if ((ins.op == Opcode::op_div || ins.op == Opcode::op_rem) && ins.ops[2].is_reg &&
+          !lat.fixed(in[pc][reg(ins.ops[2])])) {
+        flow.why = fmt::format("section {} pc {}: {} divides by {}", where, pc, ins.desc().mnemonic,
+                               describe(in[pc][reg(ins.ops[2])], lat));
+        return flow;
+      }
+      // The other operands of instructions that write xd are followed through the lattice
+      // above; ld's address is a GM operand.
       if (writes_xd(ins.op) && ins.op != Opcode::op_ld) continue;
       const auto& fields = ins.desc().fields;
       const int gmf = gm_field(ins);

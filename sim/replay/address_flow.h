@@ -44,8 +44,9 @@ struct AddressFlow {
 };
 
 // Analyses `program` (every section). A program with cc_set or cc_wait (another core's progress
-// may steer it), a loaded value or tensor address anywhere but where allowed above, or a GM
-// operand not derived from exactly one argument is not ok.
+// may steer it), a loaded value or tensor address anywhere but where allowed above (a divisor
+// included: one launch's may be zero), or a GM operand not derived from exactly one argument
+// is not ok.
 AddressFlow analyze_address_flow(const isa::Program& program);
 
 }  // namespace npusim

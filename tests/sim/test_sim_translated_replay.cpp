@@ -241,6 +241,8 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
       {"  movi x1, 4096\n  movi x3, 0\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
        "the GM operand xsrc holds a value not derived from an argument"},
       {"  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\nl:\n  end\n", "bne reads a loaded value in xa"},
+      {"  ldarg x1, x\n  ld x2, x1\n  movi x3, 7\n  div x3, x3, x2\n  end\n",
+       "div divides by a loaded value"},
       {"  ldarg x1, x\n  ld x2, x1\n  add x1, x1, x2\n  ld x3, x1\n  end\n",
        "the GM operand xaddr holds a value mixed from tensor addresses"},
   };
