@@ -94,10 +94,19 @@ struct Simulator::Impl {
 SimOptions with_environment(SimOptions o) {
   if (const char* v = std::getenv("NPUSIM_REPLAY"); v && *v) {
     if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) o.replay = SimOptions::Replay::on;
-    else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) o.replay = SimOptions::Replay::off;
+    else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) {
+      o.replay = SimOptions::Replay::off;
+      o.replay_translated = false;
+    }
     else if (!std::strcmp(v, "check")) o.replay = SimOptions::Replay::check;
     else
       throw ConfigError(fmt::format("NPUSIM_REPLAY='{}': expected on, off or check", v));
+  }
+  if (const char* v = std::getenv("NPUSIM_REPLAY_TRANSLATED"); v && *v) {
+    if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) o.replay_translated = true;
+    else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) o.replay_translated = false;
+    else
+      throw ConfigError(fmt::format("NPUSIM_REPLAY_TRANSLATED='{}': expected on or off", v));
   }
   if (const char* v = std::getenv("NPUSIM_REPLAY_THREADS"); v && *v) {
     char* end = nullptr;

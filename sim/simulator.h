@@ -43,6 +43,14 @@ struct SimOptions {
   // The environment variable NPUSIM_REPLAY (on|off|check) overrides this.
   enum class Replay { on, off, check };
   Replay replay = Replay::on;
+  // Timing-only runs (functional false) with a cold L2 only: a launch whose recording
+  // provably times it at its tensor addresses by translation alone (translated_writes,
+  // sim/replay/launch_replay.h: the program moves with its tensors and they lie in blocks laid
+  // out as then) is replayed without walking its program, also when `replay` is off, which then
+  // records only such programs. Exact: the same cycles and counters as simulating
+  // (Replay::check verifies every one). The environment variable NPUSIM_REPLAY_TRANSLATED
+  // (on|off) overrides it; NPUSIM_REPLAY=off turns it off too.
+  bool replay_translated = true;
   // Host threads a replayed launch's cores run on; 0: the host's hardware threads (at most 8).
   // NPUSIM_REPLAY_THREADS overrides it.
   int replay_threads = 0;
@@ -67,7 +75,7 @@ struct SimOptions {
   std::string launch_log;
 };
 
-// `o` with the environment's overrides applied (NPUSIM_REPLAY, NPUSIM_REPLAY_THREADS,
+// `o` with the environment's overrides applied (NPUSIM_REPLAY, NPUSIM_REPLAY_TRANSLATED, NPUSIM_REPLAY_THREADS,
 // NPUSIM_LAUNCH_LOG); throws ConfigError for a malformed value. Simulator and SystemSimulator
 // apply it to the options they are given.
 SimOptions with_environment(SimOptions o);

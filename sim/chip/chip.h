@@ -43,11 +43,12 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // record: attach a CoreRecording to every core for the launch (recordings()), dropped if the
   // recording passes record_max_bytes (launch().record is then false).
   // gm_blocks: the device's allocations, by which a cold L2 files the launch's lines
-  // (MemorySystem::begin_launch).
+  // (MemorySystem::begin_launch). record_lean: the recordings are lean (CoreRecording), for a
+  // timing-only replay by translation only, and the memory system records nothing.
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX,
-                    GmBlockLookup gm_blocks = {});
+                    GmBlockLookup gm_blocks = {}, bool record_lean = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }

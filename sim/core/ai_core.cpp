@@ -386,12 +386,12 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         m_gm.read(addr, &v, 8);
         dst() = v;
         // Where it read, among the effects (the replay reads there).
-        if (m_recorder) m_recorder->on_scalar_gm({addr, 8, false});
+        if (m_recorder) m_recorder->on_scalar_gm(pc, {addr, 8, false});
       } else {
         const int64_t v = m_scalar.operand(in, 0);
         if (m_launch.functional) m_gm.write(addr, &v, 8);
         else m_gm.invalidate(addr, 8);
-        if (m_recorder) m_recorder->on_scalar_gm({addr, 8, true});
+        if (m_recorder) m_recorder->on_scalar_gm(pc, {addr, 8, true});
       }
       break;
     }

@@ -16,8 +16,8 @@ class CoreRecorder {
   virtual ~CoreRecorder() = default;
   // The scalar unit executes the instruction at `pc` (`end` included), in program order.
   virtual void on_scalar_pc(uint32_t pc) = 0;
-  // A scalar ld (access.write false) or st took effect on its 8 GM bytes.
-  virtual void on_scalar_gm(const GmAccess& access) = 0;
+  // The scalar ld (access.write false) or st at `pc` took effect on its 8 GM bytes.
+  virtual void on_scalar_gm(uint32_t pc, const GmAccess& access) = 0;
   // Pipe instruction `pc` took effect on `pipe` with `cost` (its plan(), GM ranges included).
   // With on_scalar_gm, in the order effects take place on this core.
   virtual void on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) = 0;

@@ -29,10 +29,34 @@ int replay_thread_count(const SimOptions& o) {
   return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
 }
 
+// For each argument inside an allocation block, the index of the first argument in the same
+// block: with append_block_extents (offset and size of each argument's block), how the
+// launch's arguments share blocks, which the translated replay needs to be the same.
+void append_block_sharing(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
+                          std::vector<uint64_t>* out) {
+  if (!blocks) return;
+  std::vector<std::pair<uint64_t, size_t>> starts;  // block start, first argument in it
+  for (size_t i = 0; i < args.size(); ++i) {
+    uint64_t start = 0, bytes = 0;
+    if (!blocks(args[i], &start, &bytes)) continue;
+    size_t first = i;
+    for (const auto& [s, j] : starts)
+      if (s == start) first = j;
+    if (first == i) starts.emplace_back(start, i);
+    out->push_back(first);
+  }
+}
+
 }  // namespace
 
 ReplayStore::ReplayStore(const SimOptions& o)
     : opts(o), memo(o.replay_memo_launches, o.replay_memo_bytes), pool(replay_thread_count(o)) {}
+
+const AddressFlow& ReplayStore::address_flow(const LaunchKey& key, const isa::Program& program) {
+  auto [it, added] = m_flows.try_emplace({key.program_hash[0], key.program_hash[1]});
+  if (added) it->second = analyze_address_flow(program);
+  return it->second;
+}
 
 // The launch begin() started on the chip, until finish().
 struct ChipLauncher::Pending {
@@ -40,6 +64,7 @@ struct ChipLauncher::Pending {
   sc_time start;
   LaunchKey key, similar;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
+  const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
   std::string replay_error;            // check mode: the replay's fault, if any
   DeviceMemory::Snapshot replayed;     // check mode: device memory as the replay left it
@@ -119,47 +144,81 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->launch = &launch;
   P->start = start;
   // A launch run before is replayed unless an observer wants to see its instructions, and only
-  // one that runs alone (see `alone` in the header).
+  // one that runs alone (see `alone` in the header). A timing-only run with a cold L2 also
+  // replays by translation (SimOptions::replay_translated), even with `replay` off.
+  const bool keep_l2 = m_cfg.l2_keep_across_launches;
+  const bool translate =
+      !opts.functional && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
+  const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
   bool loads = false;
-  const bool replayable =
-      alone && opts.replay != SimOptions::Replay::off && launch.block_dim >= 1 &&
+  bool replayable =
+      alone && (walk || translate) && launch.block_dim >= 1 &&
       replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar, &loads);
-  if (replayable && !m_cfg.l2_keep_across_launches)  // the cold L2 files lines by block
-    for (LaunchKey* k : {&P->key, &P->similar})
+  if (replayable && translate) {
+    P->flow = &m_store.address_flow(P->key, *launch.program);
+    if (!P->flow->ok) P->flow = nullptr;
+  }
+  if (!walk && !P->flow) replayable = false;  // nothing to record it for
+  if (replayable && !keep_l2)                 // the cold L2 files lines by block
+    for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
+      append_block_sharing(launch.gm_blocks, launch.args, &k->args);
+    }
   RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
   const bool detail = detail_wanted();
-  // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
-  RecordedLaunch* recorded =
-      detail || (found && time_ps(start) + found->quiescent_ps > kSimTimeLimitPs) ? nullptr : found;
+  const auto in_time = [&](const RecordedLaunch& r) {
+    return time_ps(start) + r.quiescent_ps <= kSimTimeLimitPs;
+  };
   // A timing-only simulator carries out a launch that passed the check by invalidating the GM
   // ranges the check found it writes: that is all its replay would do (replay_blocks plans
   // every instruction again to find them).
   std::vector<GmAccess> writes;
   std::vector<GmAccess>* const verified_writes = opts.functional ? nullptr : &writes;
   bool have_writes = false;
-  // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
-  // recording must pass the check with this launch's data first, as one made at other
-  // addresses does; one that fails is recorded afresh below.
-  // So must every recording when the L2 keeps its lines across launches: the L2 this launch
-  // starts with may differ from the recorded run's.
-  const bool keep_l2 = m_cfg.l2_keep_across_launches;
-  const bool checked = recorded && (loads || keep_l2);
-  const bool stale = checked && !verify(*recorded, launch, verified_writes);
-  have_writes = checked && !stale && verified_writes;
-  if (stale) recorded = nullptr;
-  if (replayable && !recorded && !detail) {
-    // The same launch at other tensor addresses (a training step): replay it if the recorded
-    // timing provably holds for these addresses.
-    for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
-      if (time_ps(start) + candidate->quiescent_ps <= kSimTimeLimitPs &&
-          verify(*candidate, launch, verified_writes)) {
-        have_writes = verified_writes != nullptr;
-        // Kept under this launch's own key too: the next step finds it without the check.
-        memo.alias(P->key, candidate);
-        recorded = candidate.get();  // the memo keeps it (just added: not evicted)
-        break;
-      }
+  RecordedLaunch* recorded = nullptr;
+  bool stale = false;
+  if (P->flow && !detail) {
+    // By translation: its own recording, or the latest one at other addresses that applies.
+    const uint64_t granule = [&] {
+      auto it = m_cfg.align_bytes.find(isa::Buf::GM);
+      return it == m_cfg.align_bytes.end() || it->second == 0 ? uint64_t{1} : uint64_t{it->second};
+    }();
+    if (found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes)) {
+      recorded = found;
+    } else {
+      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
+        if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes)) {
+          memo.alias(P->key, candidate);  // the next step finds it by its own key
+          recorded = candidate.get();     // the memo keeps it (just added: not evicted)
+          break;
+        }
+    }
+    have_writes = recorded != nullptr;
+  }
+  if (!recorded && walk) {
+    // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
+    recorded = detail || (found && !in_time(*found)) ? nullptr : found;
+    // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
+    // recording must pass the check with this launch's data first, as one made at other
+    // addresses does; one that fails is recorded afresh below.
+    // So must every recording when the L2 keeps its lines across launches: the L2 this launch
+    // starts with may differ from the recorded run's.
+    const bool checked = recorded && (loads || keep_l2);
+    stale = checked && !verify(*recorded, launch, verified_writes);
+    have_writes = checked && !stale && verified_writes;
+    if (stale) recorded = nullptr;
+    if (replayable && !recorded && !detail) {
+      // The same launch at other tensor addresses (a training step): replay it if the recorded
+      // timing provably holds for these addresses.
+      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
+        if (in_time(*candidate) && verify(*candidate, launch, verified_writes)) {
+          have_writes = verified_writes != nullptr;
+          // Kept under this launch's own key too: the next step finds it without the check.
+          memo.alias(P->key, candidate);
+          recorded = candidate.get();  // the memo keeps it (just added: not evicted)
+          break;
+        }
+    }
   }
   if (recorded) {
     const bool check = opts.replay == SimOptions::Replay::check;
@@ -220,7 +279,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->record = replayable && !recorded && (!found || stale);
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, launch.gm_blocks);
+                      opts.replay_record_max_bytes, launch.gm_blocks, /*record_lean=*/!walk);
   m_pending = std::move(P);
   return Begun{};
 }
@@ -250,6 +309,21 @@ KernelResult ChipLauncher::finish() {
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
   const bool keep = P->record && m_chip.launch().record && r.ok && !m_chip.mix() &&
                     record_blocks(*launch.program, m_chip, &rec);
+  if (keep && P->flow) {
+    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, &rec);
+    // Without replays that walk the program, the recording serves translation only: its walk
+    // (sections, effect order, transfer order) is never read and need not take memo space.
+    if (m_store.opts.replay == SimOptions::Replay::off) {
+      rec.runs.clear();
+      rec.run_section.clear();
+      for (RecordedLaunch::CoreBlocks& cb : rec.cores) {
+        std::vector<uint8_t>().swap(cb.order);
+        std::vector<uint8_t>().swap(cb.transfer_pipes);
+        cb.blocks.clear();
+      }
+      std::vector<uint16_t>().swap(rec.transfer_order);
+    }
+  }
   m_chip.end_launch(r.ok);
   r.start_cycle = time_ps(P->start) / kPsPerCycle;
   r.cycles = ceil_cycles(duration_ps);

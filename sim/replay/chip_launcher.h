@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -40,6 +41,11 @@ struct ReplayStore {
   SimOptions opts;
   LaunchMemo memo;
   WorkerPool pool;
+  // analyze_address_flow of each program seen, by LaunchKey::program_hash.
+  const AddressFlow& address_flow(const LaunchKey& key, const isa::Program& program);
+
+ private:
+  std::map<std::pair<uint64_t, uint64_t>, AddressFlow> m_flows;
 };
 
 class ChipLauncher {

@@ -16,10 +16,16 @@ namespace npusim {
 
 class CoreRecording final : public CoreRecorder {
  public:
-  explicit CoreRecording(CoreEnv& env) : m_env(env) {}
+  // lean: record only what a timing-only replay by translation needs (record_translation,
+  // sim/replay/launch_replay.h): the GM ranges written, with their pcs, and spans(); no effect
+  // order, fingerprint, transfer pipes or ranges read. A long launch then records a fraction
+  // of the bytes (its reads are most of its ranges) and stays under the recording's bound.
+  explicit CoreRecording(CoreEnv& env, bool lean = false) : m_env(env), m_lean(lean) {}
 
-  void on_scalar_pc(uint32_t pc) override { m_fingerprint.add_pc(pc); }
-  void on_scalar_gm(const GmAccess& access) override;
+  void on_scalar_pc(uint32_t pc) override {
+    if (!m_lean) m_fingerprint.add_pc(pc);
+  }
+  void on_scalar_gm(uint32_t pc, const GmAccess& access) override;
   void on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost) override;
   void on_gm_transfer(isa::Pipe pipe) override;
   // Frees the records: the launch is no longer recorded (no probe follows).
@@ -29,8 +35,22 @@ class CoreRecording final : public CoreRecorder {
   // sync instructions left out, in the order they took effect: the replay executes in this
   // order.
   const std::vector<uint8_t>& exec_order() const { return m_exec_order; }
-  // The GM ranges the core's instructions touched, in the same order.
+  bool lean() const { return m_lean; }
+  // The GM ranges the core's instructions touched, in the same order (lean: those written).
   const std::vector<GmAccess>& gm_accesses() const { return m_gm_accesses; }
+  // For each instruction with GM ranges (pipe instructions, ld, st), in the same order: its pc
+  // and the index of its first range in gm_accesses() (its ranges run to the next one's first,
+  // or to the end).
+  struct GmOp {
+    uint32_t pc, first;
+  };
+  const std::vector<GmOp>& gm_ops() const { return m_gm_ops; }
+  // By pc: the span [begin, end) of every GM range (read or written) the instruction at that
+  // pc touched in the launch; end 0 if none (pcs of the section the core ran).
+  struct Span {
+    uint64_t begin = UINT64_MAX, end = 0;
+  };
+  const std::vector<Span>& spans() const { return m_spans; }
   // The pipe of each GM transfer, in the order the transfers reached the memory system (its
   // L2 lookups, MemorySystem::transfer_order), not the order they took effect in.
   const std::vector<uint8_t>& transfer_pipes() const { return m_transfer_pipes; }
@@ -38,9 +58,15 @@ class CoreRecording final : public CoreRecorder {
   const CoreFingerprint& fingerprint() const { return m_fingerprint; }
 
  private:
+  // Notes `access` of the instruction at pc: its span, and (lean: if written) the range.
+  // Returns the bytes recorded.
+  uint64_t note(uint32_t pc, const GmAccess& access);
   CoreEnv& m_env;
+  bool m_lean;
+  std::vector<Span> m_spans;
   std::vector<uint8_t> m_exec_order;
   std::vector<GmAccess> m_gm_accesses;
+  std::vector<GmOp> m_gm_ops;
   std::vector<uint8_t> m_transfer_pipes;
   CoreFingerprint m_fingerprint;
 };

@@ -186,6 +186,91 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
   return true;
 }
 
+void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
+                        const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
+                        RecordedLaunch* rec) {
+  rec->translation.reset();
+  if (!flow.ok || !gm_blocks || flow.gm_arg.size() != program.sections.size()) return;
+  // The block of each argument a GM operand derives from, looked up once.
+  struct Block {
+    bool looked = false, found = false;
+    uint64_t start = 0, end = 0;
+  };
+  std::vector<Block> blocks(args.size());
+  // The block of the argument the GM operand at `pc` derives from, or null.
+  auto block_at = [&](const std::vector<int16_t>& gm_arg, uint32_t pc) -> const Block* {
+    const int k = pc < gm_arg.size() ? gm_arg[pc] : -1;
+    if (k < 0 || static_cast<size_t>(k) >= args.size()) return nullptr;
+    Block& b = blocks[static_cast<size_t>(k)];
+    if (!b.looked) {
+      uint64_t start = 0, bytes = 0;
+      b.looked = true;
+      b.found = gm_blocks(args[static_cast<size_t>(k)], &start, &bytes);
+      b.start = start;
+      b.end = start + bytes;
+    }
+    return b.found ? &b : nullptr;
+  };
+  auto translation = std::make_shared<RecordedLaunch::Translation>();
+  translation->args = args;
+  std::vector<Range> writes;  // Range::core holds the argument
+  const auto& recordings = chip.recordings();
+  for (const auto& core : chip.cores()) {
+    const auto& assigned = core->assigned_blocks();
+    if (assigned.empty()) continue;
+    // The section the core ran (a core of one kind runs one section).
+    const isa::Section* section = assigned.front().run->section;
+    for (const AiCore::AssignedBlock& a : assigned)
+      if (a.run->section != section) return;
+    const std::vector<int16_t>& gm_arg =
+        flow.gm_arg[static_cast<size_t>(section - program.sections.data())];
+    const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
+    // Every range each instruction touched lies in its argument's block: its span does.
+    const std::vector<CoreRecording::Span>& spans = r.spans();
+    for (uint32_t pc = 0; pc < spans.size(); ++pc) {
+      if (spans[pc].end == 0) continue;
+      const Block* b = block_at(gm_arg, pc);
+      if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
+    }
+    // The ranges written (a lean recording holds only those), by argument.
+    const std::vector<GmAccess>& accesses = r.gm_accesses();
+    const auto& ops = r.gm_ops();
+    for (size_t o = 0; o < ops.size(); ++o) {
+      const Block* b = block_at(gm_arg, ops[o].pc);
+      if (!b) return;
+      const int k = gm_arg[ops[o].pc];
+      const size_t end = o + 1 < ops.size() ? ops[o + 1].first : accesses.size();
+      for (size_t i = ops[o].first; i < end; ++i) {
+        const GmAccess& a = accesses[i];
+        if (a.addr < b->start || a.addr + a.bytes > b->end || a.addr + a.bytes < a.addr) return;
+        if (a.write) writes.push_back({a.addr - b->start, a.addr - b->start + a.bytes, k});
+      }
+    }
+  }
+  // Their union, by argument: every write stamps the same epoch (DeviceMemory::invalidate).
+  std::map<int, std::vector<Range>> by_arg;
+  for (const Range& w : writes) by_arg[w.core].push_back(w);
+  for (auto& [k, list] : by_arg)
+    for (const Range& m : merged(std::move(list)))
+      translation->writes.push_back({static_cast<uint32_t>(k),
+                                     m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
+                                     m.end - m.begin});
+  rec->translation = std::move(translation);
+}
+
+bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                       uint64_t granule, std::vector<GmAccess>* writes) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || t->args.size() != args.size() || granule == 0) return false;
+  for (size_t k = 0; k < args.size(); ++k)
+    if ((args[k] - t->args[k]) % granule != 0) return false;
+  writes->clear();
+  writes->reserve(t->writes.size());
+  for (const RecordedLaunch::Translation::Write& w : t->writes)
+    writes->push_back({args[w.arg] + w.offset, w.bytes, true, isa::L2Hint::NORMAL});
+  return true;
+}
+
 namespace {
 
 // "core aic3 pc 12 (k.s:30): <instruction>: <what>" for a fault of a replayed block.
@@ -391,6 +476,9 @@ uint64_t RecordedLaunch::bytes() const {
     n += r.decoded.size() * (sizeof(DecodedInsn) + sizeof(std::string));
   for (const CoreBlocks& c : cores)
     n += c.order.size() + c.transfer_pipes.size() + c.blocks.size() * sizeof(Block);
+  if (translation)
+    n += sizeof(*translation) + translation->args.size() * sizeof(uint64_t) +
+         translation->writes.size() * sizeof(Translation::Write);
   return n;
 }
 

@@ -28,6 +28,7 @@
 #include "sim/core/core_env.h"
 #include "sim/counters/counters.h"
 #include "sim/memory/device_memory.h"
+#include "sim/replay/address_flow.h"
 #include "sim/replay/fingerprint.h"
 #include "sim/replay/functional_core.h"
 
@@ -90,6 +91,19 @@ struct RecordedLaunch {
   // MemorySystem::transfer_order and l2_fingerprint of the recorded run.
   std::vector<uint16_t> transfer_order;
   uint64_t l2_fingerprint = 0;
+  // Set if a timing-only simulator may carry out this launch at other tensor addresses by
+  // translation alone (record_translation): the GM ranges it writes, relative to its arguments.
+  struct Translation {
+    std::vector<uint64_t> args;  // the recorded launch's
+    struct Write {
+      uint32_t arg;           // index into args
+      // The range [args[arg] + offset, + bytes) (offset mod 2^64: a range may lie below its
+      // argument, in the argument's block).
+      uint64_t offset, bytes;
+    };
+    std::vector<Write> writes;  // every range the launch wrote, merged (their union)
+  };
+  std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
   uint64_t bytes() const;
 };
@@ -113,6 +127,32 @@ uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
 // so the result depends on the order of the cores (in a simulated run, on their timing).
 bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec);
+
+// Timing-only replay by translation. A launch of the same program with the same untyped
+// arguments and block count (LaunchKey's `similar`) at other tensor addresses takes the recorded
+// launch's cycles and counters, and writes its ranges moved with their arguments, if
+//   (1) the program moves with its tensors (analyze_address_flow: its control flow and every
+//       operand but the transfers' GM addresses are the same, and each GM address moves by the
+//       displacement of the one argument it derives from), so every instruction's plan() is the
+//       same but for its GM ranges, which move with their argument (plan() reads a GM address
+//       only to form its ranges and to check it against the GM alignment, which a displacement
+//       by a multiple of that alignment keeps);
+//   (2) every GM range of the recorded run lies inside the allocation block of its argument
+//       (checked here), and each argument lies in a block of the same size at the same offset as
+//       then, arguments sharing a block then sharing one now (the launch's key holds both), so
+//       under the L2's filing by block (sim/chip/l2_placement.h, a cold L2) every range has the
+//       same L2 address as then: the same hits and misses in the same order, the same timing;
+//   (3) no core touches bytes another writes, as then (the blocks keep their relative layout).
+// Nothing of the launch is walked: its check is a key lookup and one subtraction per argument.
+// Fills rec->translation when `flow` is ok and (2) holds for the launch `chip` just recorded
+// (call before Chip::end_launch); gm_blocks is the launch's (KernelLaunch::gm_blocks).
+void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
+                        const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
+                        RecordedLaunch* rec);
+// The ranges a launch with arguments `args` writes when `rec` times it by translation (in
+// *writes), or false if a displacement is not a multiple of `granule` bytes (the GM alignment).
+bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                       uint64_t granule, std::vector<GmAccess>* writes);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as

@@ -1,0 +1,255 @@
+// Timing-only replay by translation (sim/replay/launch_replay.h, record_translation and
+// translated_writes; sim/replay/address_flow.h): a timing-only simulator replays a launch whose
+// tensors moved to blocks laid out as the recorded launch's, without walking its program, and
+// every launch then has exactly the cycles and counters of simulating it. Each mode runs in a
+// forked child (SystemC elaborates one chip per process).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "isa/assembler.h"
+#include "sim/config/chip_config.h"
+#include "sim/replay/address_flow.h"
+#include "tests/common/child_process.h"
+#include "tests/sim/sim_test_util.h"
+
+using namespace npusim;
+using nlohmann::json;
+
+namespace {
+
+// The runtime's allocator as the launch sees it (KernelLaunch::gm_blocks): block start -> bytes.
+using Blocks = std::map<uint64_t, uint64_t>;
+GmBlockLookup lookup(const Blocks* blocks) {
+  return [blocks](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    auto it = blocks->upper_bound(addr);
+    if (it == blocks->begin()) return false;
+    --it;
+    if (addr >= it->first + it->second) return false;
+    *start = it->first;
+    *bytes = it->second;
+    return true;
+  };
+}
+
+// y = s * x over 128 fp16, s a scalar tensor the scalar unit loads (an optimizer's learning
+// rate): the loaded value reaches only the vector unit's scalar operand.
+const char* kScale = R"(
+.arg x, f16[128]
+.arg s, f32[1]
+.arg y, f16[128]
+.section aiv
+    ldarg x1, x
+    ldarg x2, s
+    ldarg x3, y
+    ld x5, x2
+    movi x6, 0
+    movi x7, 1024
+    copy_gm2ub x6, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x7, x6, x5, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x3, x7, 1, 8, 0, 0
+    add x4, x3, 256
+    st x5, x4
+    end
+)";
+
+enum class Mode { simulate, translate, check };
+
+// A timing-only tiny chip runs a sequence of launches whose tensors move between blocks (the
+// TensorFlow allocator of a training step), in `mode`: simulate every launch; replay by
+// translation only (SimOptions::replay off, as the TF plugin sets it for timing-only runs); or
+// replay, then also simulate and throw on any difference (Replay::check).
+json workload(Mode mode) {
+  unsetenv("NPUSIM_REPLAY");
+  unsetenv("NPUSIM_REPLAY_TRANSLATED");
+  SimOptions opts;
+  opts.functional = false;
+  opts.replay = mode == Mode::check ? SimOptions::Replay::check : SimOptions::Replay::off;
+  opts.replay_translated = mode != Mode::simulate;
+  Simulator sim(load_chip_config("tiny"), opts);
+  const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
+  const isa::Program scale = isa::assemble(kScale, "scale.s");
+  Blocks blocks;
+  json out;
+  auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
+                 int block_dim) {
+    KernelLaunch l;
+    l.program = &p;
+    l.args = std::move(args);
+    l.block_dim = block_dim;
+    l.gm_blocks = lookup(&blocks);
+    const KernelResult r = sim.run(l);
+    out[name] = {{"ok", r.ok},
+                 {"error", r.error},
+                 {"cycles", r.cycles},
+                 {"start", r.start_cycle},
+                 {"counters", r.counters},
+                 {"replayed", r.replayed},
+                 {"now", sim.now_cycles()}};
+  };
+  // Three fp16 vectors of n elements, each in a block of its own at `base` (block i at
+  // base + i * stride), x and z one block when in_place.
+  const uint64_t n = 20000, vbytes = 40960;
+  auto vadd_at = [&](const std::string& name, uint64_t base, uint64_t stride, bool in_place,
+                     uint64_t z_bytes = 40960) {
+    blocks.clear();
+    blocks[base] = vbytes;
+    blocks[base + stride] = vbytes;
+    if (!in_place) blocks[base + 2 * stride] = z_bytes;
+    const uint64_t z = in_place ? base : base + 2 * stride;
+    run(name, vadd, {base, base + stride, z, n}, 3);
+  };
+  vadd_at("vadd", 0x1000000, 0x100000, false);
+  vadd_at("vadd_again", 0x1000000, 0x100000, false);           // same addresses
+  vadd_at("vadd_moved", 0x2345000, 0x31000, false);            // other blocks, same layout
+  vadd_at("vadd_z_block", 0x3000000, 0x100000, false, 49152);  // z's block larger: other key
+  // In place: x and z one block, at the offsets and sizes of vadd's: the stores hit the lines
+  // the loads brought in, so the recording of vadd must not time it.
+  vadd_at("vadd_in_place", 0x4000000, 0x100000, true);
+  vadd_at("vadd_in_place_moved", 0x5000000, 0x80000, true);
+  // x at offset 512 in its block: another L2 layout, another key.
+  blocks.clear();
+  blocks[0x6000000] = vbytes + 512;
+  blocks[0x6100000] = vbytes;
+  blocks[0x6200000] = vbytes;
+  run("vadd_offset", vadd, {0x6000200, 0x6100000, 0x6200000, n}, 3);
+  // A launch whose tensors overflow the 8 MiB L2 (4 MiB each): its evictions follow the layout.
+  const uint64_t big = 2 * 1024 * 1024, bbytes = 2 * big;
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"vadd_big", 0x10000000}, {"vadd_big_moved", 0x20a00000}}) {
+    blocks = {{base, bbytes}, {base + 0x1000000, bbytes}, {base + 0x3000000, bbytes}};
+    run(name, vadd, {base, base + 0x1000000, base + 0x3000000, big}, 3);
+  }
+  // The cube kernel, moved.
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"gemm", 0x8000000}, {"gemm_moved", 0x9300000}}) {
+    blocks = {{base, 0x80000}, {base + 0x100000, 0x80000}, {base + 0x200000, 0x80000}};
+    run(name, gemm, {base, base + 0x100000, base + 0x200000, 256, 256, 512}, 2);
+  }
+  // ld and st (the stored value is data; y's block holds the 8 bytes st writes past y).
+  for (const auto& [name, base] :
+       {std::pair<std::string, uint64_t>{"scale", 0xa000000}, {"scale_moved", 0xa765000}}) {
+    blocks = {{base, 512}, {base + 0x1000, 512}, {base + 0x2000, 512}};
+    run(name, scale, {base, base + 0x1000, base + 0x2000}, 1);
+  }
+  out["totals"] = sim.counters();
+  out["now"] = sim.now_cycles();
+  return out;
+}
+
+json run_in_child(Mode mode) {
+  return json::parse(test::run_in_child([mode] { return workload(mode).dump(); }));
+}
+
+}  // namespace
+
+TEST_CASE("a timing-only replay by translation gives exactly what simulating gives") {
+  const json sim = run_in_child(Mode::simulate);
+  const json translated = run_in_child(Mode::translate);
+  const json check = run_in_child(Mode::check);  // throws on any difference
+  for (const json* run : {&translated, &check})
+    for (const auto& [name, value] : sim.items()) {
+      INFO(name);
+      if (value.is_object() && value.contains("replayed")) {
+        CHECK(value["ok"] == true);
+        json a = value, b = (*run)[name];
+        a.erase("replayed");
+        b.erase("replayed");
+        CHECK(a == b);
+      } else {
+        CHECK(value == (*run)[name]);
+      }
+    }
+  for (const auto& [name, value] : sim.items())
+    if (value.is_object() && value.contains("replayed")) CHECK(value["replayed"] == false);
+  // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
+  // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
+  // its block or the sharing of blocks differ.
+  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
+                        "gemm_moved", "scale_moved"}) {
+    INFO(k);
+    CHECK(translated[k]["replayed"] == true);
+    CHECK(check[k]["replayed"] == true);
+  }
+  for (const char* k :
+       {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm", "scale"}) {
+    INFO(k);
+    CHECK(translated[k]["replayed"] == false);
+  }
+  // The in-place launch really times differently (its stores hit the loaded lines).
+  CHECK(sim["vadd_in_place"]["counters"] != sim["vadd"]["counters"]);
+}
+
+namespace {
+
+AddressFlow flow_of(const std::string& body,
+                    const std::string& args = ".arg x, f16[64]\n.arg y, f16[64]\n.arg n\n") {
+  return analyze_address_flow(isa::assemble(args + ".section aiv\n" + body, "flow.s"));
+}
+
+}  // namespace
+
+TEST_CASE("the address flow follows tensor addresses to the GM operands") {
+  const AddressFlow vadd =
+      analyze_address_flow(isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s"));
+  INFO(vadd.why);
+  REQUIRE(vadd.ok);
+  // Every copy_gm2ub reads x (0) or y (1), every copy_ub2gm writes z (2).
+  const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  int loads = 0, stores = 0;
+  for (size_t pc = 0; pc < p.sections[0].code.size(); ++pc) {
+    const isa::Opcode op = p.sections[0].code[pc].op;
+    const int k = vadd.gm_arg[0][pc];
+    if (op == isa::Opcode::op_copy_gm2ub) {
+      CHECK((k == 0 || k == 1));
+      ++loads;
+    } else if (op == isa::Opcode::op_copy_ub2gm) {
+      CHECK(k == 2);
+      ++stores;
+    } else {
+      CHECK(k == -1);
+    }
+  }
+  CHECK(loads > 0);
+  CHECK(stores > 0);
+  CHECK(analyze_address_flow(isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s")).ok);
+
+  // A pointer advanced in a loop, an untyped length in the branch: follows.
+  const AddressFlow loop = flow_of(
+      "  ldarg x1, x\n  ldarg x2, n\n  movi x3, 0\nl:\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n"
+      "  add x1, x1, 32\n  sub x2, x2, 1\n  bne x2, 0, l\n  end\n");
+  INFO(loop.why);
+  CHECK(loop.ok);
+  // Not followed, with the reason: an address in a branch, in a UB operand, scaled, mixed from
+  // two tensors at a join, a GM operand from no argument, ld.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"  ldarg x1, x\n  bne x1, 0, l\nl:\n  end\n", "bne reads tensor argument 0"},
+      {"  ldarg x1, x\n  copy_gm2ub x1, x1, 1, 1, 0, 0\n  end\n",
+       "copy_gm2ub reads tensor argument 0 in xdst"},
+      {"  ldarg x1, x\n  shl x1, x1, 1\n  movi x3, 0\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
+       "the GM operand xsrc holds a value mixed from tensor addresses"},
+      {"  ldarg x1, x\n  ldarg x2, n\n  beq x2, 0, l\n  ldarg x1, y\nl:\n  movi x3, 0\n"
+       "  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
+       "the GM operand xsrc holds a value mixed from tensor addresses"},
+      {"  movi x1, 4096\n  movi x3, 0\n  copy_gm2ub x3, x1, 1, 1, 0, 0\n  end\n",
+       "the GM operand xsrc holds a value not derived from an argument"},
+      {"  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\nl:\n  end\n", "bne reads a loaded value in xa"},
+      {"  ldarg x1, x\n  ld x2, x1\n  movi x3, 7\n  div x3, x3, x2\n  end\n",
+       "div divides by a loaded value"},
+      {"  ldarg x1, x\n  ld x2, x1\n  add x1, x1, x2\n  ld x3, x1\n  end\n",
+       "the GM operand xaddr holds a value mixed from tensor addresses"},
+  };
+  for (const auto& [code, why] : bad) {
+    INFO(code);
+    const AddressFlow f = flow_of(code);
+    CHECK_FALSE(f.ok);
+    CHECK_THAT(f.why, Catch::Matchers::Contains(why));
+  }
+}
