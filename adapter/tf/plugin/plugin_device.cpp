@@ -206,10 +206,13 @@ rt::Status open_device(int chip, std::shared_ptr<rt::Device>* out) {
       SimOptions sim_opts;
       sim_opts.max_insns_per_block = st.settings.max_insns_per_block;
       sim_opts.functional = st.settings.functional;
-      // A timing-only replay saves no computation, only SystemC events, and still plans every
-      // instruction (its writes become undefined) and checks the L2 for launches at new
-      // addresses: it costs more than it saves (docs/tf_plugin.md, "Timing-only runs").
-      // NPUSIM_REPLAY=on still turns it on (Simulator reads it).
+      // The walking replay saves a timing-only run no computation, only SystemC events, and
+      // still plans every instruction (its writes become undefined) and checks the L2 for
+      // launches at new addresses: it costs more than it saves (docs/tf_plugin.md, "Timing-only
+      // runs"), so it is off here; NPUSIM_REPLAY=on still turns it on (Simulator reads it).
+      // What timing-only runs replay instead is the translated replay, on by default
+      // (SimOptions::replay_translated, docs/chip_model.md "Timing-only replay by translation"):
+      // no walk, a key lookup; NPUSIM_REPLAY_TRANSLATED=off turns it off.
       if (!sim_opts.functional) sim_opts.replay = SimOptions::Replay::off;
       if (st.settings.multichip()) {
         SystemConfig sys;
