@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 
 namespace npusim::tf {
@@ -50,14 +51,6 @@ bool is_control_flow(const std::string& op) {
       "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
       "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
   return kOps.count(op) > 0;
-}
-
-// "name:3" -> ("name", 3); "name" -> ("name", 0); "^name" -> ("name", -1).
-std::pair<std::string, int> split_input(const std::string& in) {
-  if (!in.empty() && in[0] == '^') return {in.substr(1), -1};
-  const size_t colon = in.rfind(':');
-  if (colon == std::string::npos) return {in, 0};
-  return {in.substr(0, colon), std::stoi(in.substr(colon + 1))};
 }
 
 std::string tensor_name(const std::string& node, int port) {

@@ -12,6 +12,7 @@
 
 #include "adapter/runtime/status.h"
 #include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 #include "common/input_file.h"
 
@@ -93,13 +94,6 @@ bool untouchable(const std::string& op) {
 
 bool on_npu(const std::string& device) { return device.find("/device:NPU:") != std::string::npos; }
 
-// "a:b" parts of a data input: (node, port).
-std::pair<std::string, int> parse_input(const std::string& in) {
-  const size_t colon = in.rfind(':');
-  if (colon == std::string::npos) return {in, 0};
-  return {in.substr(0, colon), std::atoi(in.c_str() + colon + 1)};
-}
-
 bool is_control(const std::string& in) { return !in.empty() && in[0] == '^'; }
 
 // The node's input and output types from the op registry; false for an op it does not know.
@@ -171,7 +165,7 @@ std::vector<int> topological_order(const tfc::GraphDef& graph) {
   std::vector<std::vector<int>> consumers(n);
   for (int i = 0; i < n; ++i) {
     for (const std::string& in : graph.node(i).input()) {
-      const std::string name = parse_input(is_control(in) ? in.substr(1) : in).first;
+      const std::string name = split_input(in).first;
       const auto it = index.find(name);
       if (it == index.end()) return {};
       consumers[it->second].push_back(i);
@@ -365,7 +359,7 @@ MixedPrecisionCounts apply_mixed_precision(
       if (is_control(in)) continue;
       const int k = data++;
       if (k >= static_cast<int>(in_types[i].size()) || in_types[i][k] != tfc::DT_FLOAT) continue;
-      const auto [name, port] = parse_input(in);
+      const auto [name, port] = split_input(in);
       const int p = index.at(name);
       if (state[p] == State::kBlocked) blocked_input = true;
       if (typed[p] && port < static_cast<int>(out_types[p].size()) &&
@@ -404,7 +398,7 @@ MixedPrecisionCounts apply_mixed_precision(
       if (is_control(in)) continue;
       const int k = data++;
       if (k >= static_cast<int>(in_types[i].size())) continue;
-      const auto [name, port] = parse_input(in);
+      const auto [name, port] = split_input(in);
       const int p = index.at(name);
       if (!typed[p] || port >= static_cast<int>(out_types[p].size())) continue;
       const tfc::DataType have = out_types[p][port], want = in_types[i][k];
