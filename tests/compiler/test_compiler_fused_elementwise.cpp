@@ -405,3 +405,88 @@ TEST_CASE("list(string) attributes: the cache key tells every two lists apart") 
   CHECK(key({"a;b"}) != key({"a", "b"}));
   CHECK(key({""}) != key({}));
 }
+
+// The multi-tensor form (members > 1, graph_fusion.h rewrite 5b): Keras' Adam over variables of
+// many shapes in one op. The small variables' updates are segments of one launch (elements split
+// over the cores across variables), a large one keeps its own launch; every new value must be
+// bit-identical to the member's own FusedVariableUpdate (which the test above checks against the
+// unfused ops and the formula), in fewer cycles than those launches together.
+TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit-identical") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // above the segment limit
+  const std::vector<std::vector<int64_t>> shapes = {{37},  {5, 3},  {1}, {128},       {2, 65},
+                                                    {300}, {large}, {8}, {3, 3, 4, 2}};
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(t));
+    const size_t g_count = shapes.size();
+    std::vector<std::vector<HostTensor>> member(g_count);
+    for (size_t g = 0; g < g_count; ++g) {
+      const uint64_t seed = 100 + 10 * g;
+      const std::vector<int64_t>& s = shapes[g];
+      member[g] = {
+          random_tensor(t, s, -1, 1, seed),           random_tensor(t, s, 0, 2, seed + 1),
+          random_tensor(t, s, -1, 1, seed + 2),       random_tensor(t, s, -3, 3, seed + 3),
+          random_tensor(t, {}, 0.1, 0.2, seed + 4),   random_tensor(t, {}, 1e-3, 2e-3, seed + 5),
+          random_tensor(t, {}, 1e-3, 2e-3, seed + 6), random_tensor(t, {}, 1e-7, 2e-7, seed + 7)};
+    }
+    // Inputs: every member's 3 variables, then every member's 5 other inputs.
+    std::vector<HostTensor> in;
+    for (size_t g = 0; g < g_count; ++g)
+      in.insert(in.end(), member[g].begin(), member[g].begin() + 3);
+    for (size_t g = 0; g < g_count; ++g)
+      in.insert(in.end(), member[g].begin() + 3, member[g].end());
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& h : in) descs.push_back(h.desc);
+    const OpDesc op = make_op("FusedVariableUpdate", descs,
+                              {{"T", std::string(compiler::data_type_name(t))},
+                               {"M", AttrValue(static_cast<int64_t>(3 * g_count))},
+                               {"members", AttrValue(static_cast<int64_t>(g_count))},
+                               {"steps", AttrValue(kKerasAdam)},
+                               {"updates", AttrValue(kKerasAdamUpdates)}});
+    const CompiledKernel k = compiler::compile(op, cfg);
+    REQUIRE(k.outputs.size() == 3 * g_count);
+    REQUIRE(k.launches.size() == 2);  // the large variable's own, the others' together
+    CHECK(k.launches[1].summary.find("8 segments") != std::string::npos);
+    const RunResult multi = run_compiled(test_sim(), k, in);
+    uint64_t own_cycles = 0;
+    for (size_t g = 0; g < g_count; ++g) {
+      INFO("member " << g << " " << compiler::shape_str(shapes[g]));
+      const CompiledKernel one =
+          compiler::compile(variable_update_op(member[g], kKerasAdam, kKerasAdamUpdates), cfg);
+      const RunResult own = run_compiled(test_sim(), one, member[g]);
+      own_cycles += own.cycles;
+      for (size_t j = 0; j < 3; ++j) {
+        INFO("variable " << j);
+        REQUIRE(multi.outputs[3 * g + j].desc.shape == shapes[g]);
+        check_bit_identical(multi.outputs[3 * g + j], own.outputs[j]);
+      }
+    }
+    WARN(op.str() << ": multi-tensor " << k.launches.size() << " launches, " << multi.cycles
+                  << " cycles; one op per variable " << g_count << " launches, " << own_cycles
+                  << " cycles");
+    CHECK(multi.cycles < own_cycles);
+  }
+}
+
+TEST_CASE("bad multi-tensor FusedVariableUpdate ops: an InvalidOpError naming the problem") {
+  const TensorDesc a{DataType::F32, {4, 8}}, b{DataType::F32, {3}}, s{DataType::F32, {}};
+  auto refused = [](const std::vector<TensorDesc>& inputs, int64_t m, int64_t members,
+                    const std::vector<std::string>& words) {
+    const OpDesc op = make_op("FusedVariableUpdate", inputs,
+                              {{"M", AttrValue(m)},
+                               {"members", AttrValue(members)},
+                               {"steps", AttrValue(Steps{"Mul i0 i1"})},
+                               {"updates", AttrValue(std::vector<int64_t>{0})}});
+    INFO(op.str());
+    const CompileRefusal r = compile_refusal(op);
+    INFO(r.message);
+    CHECK(r.invalid);
+    for (const std::string& w : words) CHECK(r.message.find(w) != std::string::npos);
+  };
+  refused({a, b, s, s, s}, 2, 2, {"members = 2", "3 other inputs"});
+  refused({a, b, s}, 2, 2, {"members = 2", "1 other inputs"});
+  refused({a, b, b, s}, 3, 3, {"members = 3", "1 other inputs"});
+  // Member 1's variable is smaller than its steps' result.
+  refused({a, b, s, a}, 2, 2, {"member 1", "[4,8]", "[3]"});
+}

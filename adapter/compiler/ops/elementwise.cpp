@@ -206,10 +206,15 @@ struct GatherRegs {
 class StreamEmitter {
  public:
   StreamEmitter(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
+  // Multi-tensor mode (build_multi_stream_kernel): one segment per spec.
+  StreamEmitter(const std::string& op, const std::vector<StreamSpec>& segments,
+                const ChipConfig& cfg);
   Launch build();
 
  private:
   void plan_inputs();
+  void plan_segment_inputs();
+  void emit_segments(Launch& launch);
   StreamBuffers declare_buffers() const;
   int64_t fit_tile() const;
   void plan_tiles();
@@ -231,7 +236,12 @@ class StreamEmitter {
   std::string summary() const;
 
   KernelBuilder m_b;
-  const StreamSpec& m_spec;
+  const StreamSpec* m_spec;  // the segment being emitted (the only one outside multi mode)
+  // Multi-tensor mode: the segments' specs, each one's access per input, and its first
+  // element in the concatenated range (each segment padded to whole output granules).
+  std::vector<const StreamSpec*> m_segments;
+  std::vector<std::vector<Access>> m_seg_access;
+  std::vector<int64_t> m_seg_start;
   const isa::CoreKind m_kind;
   const CoreKindConfig& m_core;
   std::vector<isa::Dtype> m_out_types;  // out_type, then more_out_types
@@ -259,7 +269,7 @@ class StreamEmitter {
 
 StreamEmitter::StreamEmitter(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg)
     : m_b(spec.kernel_name, op, cfg),
-      m_spec(spec),
+      m_spec(&spec),
       m_kind(m_b.vector_core_kind()),
       m_core(*cfg.core_kind(m_kind)) {
   m_out_types.push_back(spec.out_type);
@@ -271,8 +281,35 @@ StreamEmitter::StreamEmitter(const std::string& op, const StreamSpec& spec, cons
   m_granule = kBlockBytes / osize;
 }
 
+StreamEmitter::StreamEmitter(const std::string& op, const std::vector<StreamSpec>& segments,
+                             const ChipConfig& cfg)
+    : StreamEmitter(op, segments.at(0), cfg) {
+  const StreamSpec& first = segments[0];
+  m_n = 0;
+  for (size_t g = 0; g < segments.size(); ++g) {
+    const StreamSpec& s = segments[g];
+    if (s.inputs.size() != first.inputs.size() || s.out_type != first.out_type ||
+        s.more_out_types != first.more_out_types || s.temps.size() != first.temps.size())
+      m_b.fail(
+          fmt::format("internal: multi-tensor segment {} differs from segment 0 in its "
+                      "inputs, outputs or temporaries",
+                      g));
+    for (size_t k = 0; k < s.inputs.size(); ++k)
+      if (s.inputs[k].type != first.inputs[k].type)
+        m_b.fail(fmt::format("internal: multi-tensor segment {}: input {} is {}, segment 0's {}", g,
+                             k, isa::dtype_name(s.inputs[k].type),
+                             isa::dtype_name(first.inputs[k].type)));
+    int64_t n = 1;
+    for (int64_t d : s.out_shape) n *= d;
+    if (n <= 0) m_b.fail(fmt::format("internal: multi-tensor segment {} is empty", g));
+    m_segments.push_back(&s);
+    m_seg_start.push_back(m_n);
+    m_n += round_up(n, m_granule);
+  }
+}
+
 void StreamEmitter::plan_inputs() {
-  for (const StreamInput& in : m_spec.inputs) {
+  for (const StreamInput& in : m_spec->inputs) {
     InputPlan p;
     p.size = isa::dtype_size(in.type);
     if (in.view.identity()) {
@@ -289,6 +326,41 @@ void StreamEmitter::plan_inputs() {
   }
 }
 
+// Multi-tensor mode: each segment's inputs are flat (its output's shape) or splats (built per
+// segment as a resident tile); the declared buffer of an input is two tiles if any segment
+// streams it, else one. Every segment has a flat input (FusedVariableUpdate's variables are).
+void StreamEmitter::plan_segment_inputs() {
+  for (size_t g = 0; g < m_segments.size(); ++g) {
+    std::vector<Access> access;
+    for (size_t k = 0; k < m_segments[g]->inputs.size(); ++k) {
+      const BroadcastView& v = m_segments[g]->inputs[k].view;
+      if (v.identity())
+        access.push_back(Access::kFlat);
+      else if (v.splat())
+        access.push_back(Access::kResident);
+      else
+        m_b.fail(
+            fmt::format("internal: multi-tensor segment {}: input {} is neither of the "
+                        "output's shape nor one element",
+                        g, k));
+    }
+    if (std::find(access.begin(), access.end(), Access::kFlat) == access.end())
+      m_b.fail(fmt::format("internal: multi-tensor segment {} has no input of its shape", g));
+    m_seg_access.push_back(access);
+  }
+  for (size_t k = 0; k < m_segments[0]->inputs.size(); ++k) {
+    InputPlan p;
+    p.size = isa::dtype_size(m_segments[0]->inputs[k].type);
+    p.access = Access::kResident;
+    p.period = 1;
+    for (const std::vector<Access>& a : m_seg_access)
+      if (a[k] == Access::kFlat) p.access = Access::kFlat;
+    if (p.access != Access::kFlat && p.size == 1)
+      m_b.fail("broadcasting a 1-byte input is not supported yet");
+    m_in.push_back(p);
+  }
+}
+
 StreamBuffers StreamEmitter::declare_buffers() const {
   StreamBuffers d;
   int scratch_size = 0;
@@ -296,14 +368,14 @@ StreamBuffers StreamEmitter::declare_buffers() const {
     const InputPlan& p = m_in[k];
     d.in.push_back(
         d.plan.add(fmt::format("in{} tile", k), p.size, 0, p.access == Access::kResident ? 1 : 2));
-    if (p.access != Access::kFlat && needs_scratch(m_spec.inputs[k].view))
+    if (p.access != Access::kFlat && needs_scratch(m_spec->inputs[k].view))
       scratch_size = std::max(scratch_size, p.size);
   }
   for (size_t j = 0; j < m_out_types.size(); ++j)
     d.out.push_back(d.plan.add(j ? fmt::format("out{} tile", j) : "out tile",
                                isa::dtype_size(m_out_types[j]), 0, 2));
   d.scratch = d.plan.add("gather scratch", scratch_size, kBlockBytes, 1, scratch_size > 0);
-  for (const TempSpec& t : m_spec.temps)
+  for (const TempSpec& t : m_spec->temps)
     d.temp.push_back(d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes));
   return d;
 }
@@ -350,7 +422,7 @@ void StreamEmitter::plan_tiles() {
   for (size_t k = 0; k < m_in.size(); ++k) {
     if (m_in[k].access == Access::kFlat)
       m_any_flat = true;
-    else if (needs_scratch(m_spec.inputs[k].view))
+    else if (needs_scratch(m_spec->inputs[k].view))
       m_scratch_size = std::max(m_scratch_size, m_in[k].size);
   }
 }
@@ -397,15 +469,15 @@ void StreamEmitter::allocate() {
 
 // Arguments in0..in<n-1>, out, out1.., their addresses, and this block's range [pos, end).
 void StreamEmitter::load_args(Launch& launch) {
-  for (size_t k = 0; k < m_spec.inputs.size(); ++k) {
-    m_b.declare_arg(fmt::format("in{}", k), m_spec.inputs[k].type, m_spec.inputs[k].shape);
+  for (size_t k = 0; k < m_spec->inputs.size(); ++k) {
+    m_b.declare_arg(fmt::format("in{}", k), m_spec->inputs[k].type, m_spec->inputs[k].shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(k), 0});
   }
   for (size_t j = 0; j < m_out_types.size(); ++j) {
-    m_b.declare_arg(j ? fmt::format("out{}", j) : "out", m_out_types[j], m_spec.out_shape);
+    m_b.declare_arg(j ? fmt::format("out{}", j) : "out", m_out_types[j], m_spec->out_shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, static_cast<int>(j), 0});
   }
-  for (size_t k = 0; k < m_spec.inputs.size(); ++k)
+  for (size_t k = 0; k < m_spec->inputs.size(); ++k)
     m_in_addr.push_back(m_b.load_arg(fmt::format("in{}", k)));
   for (size_t j = 0; j < m_out_types.size(); ++j)
     m_out_addr.push_back(m_b.load_arg(j ? fmt::format("out{}", j) : "out"));
@@ -442,7 +514,7 @@ void StreamEmitter::build_resident_inputs() {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
     KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
-    const int64_t built = m_spec.inputs[k].view.splat() ? m_tile : m_period;
+    const int64_t built = m_spec->inputs[k].view.splat() ? m_tile : m_period;
     Reg zero = m_b.reg_imm("resident: position 0", 0);
     Reg len = m_b.reg_imm("resident: elements", built);
     emit_gather(static_cast<int>(k), p.buf[0], zero, len);
@@ -503,7 +575,7 @@ void StreamEmitter::compute(int q) {
   t.count = &m_cnt;
   t.tile_elems = m_tile;
   KernelBuilder::Origin c(m_b, "compute");
-  m_spec.compute(m_b, t);
+  m_spec->compute(m_b, t);
 }
 
 void StreamEmitter::compute_resident() {
@@ -514,7 +586,7 @@ void StreamEmitter::compute_resident() {
   t.count = &whole;
   t.tile_elems = m_tile;
   KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
-  m_spec.resident_compute(m_b, t);
+  m_spec->resident_compute(m_b, t);
 }
 
 void StreamEmitter::store_outputs(int q) {
@@ -545,7 +617,7 @@ void StreamEmitter::emit_drain() {
 // pieces from last to first (see elementwise.h). buf must hold output position pos at a 32-byte
 // boundary (tiles start at multiples of the output granule).
 void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt) {
-  const BroadcastView& v = m_spec.inputs[static_cast<size_t>(k)].view;
+  const BroadcastView& v = m_spec->inputs[static_cast<size_t>(k)].view;
   const int size = m_in[static_cast<size_t>(k)].size;
   const int64_t inner = v.dims.back();
   const bool contiguous = v.strides.back() != 0;
@@ -635,11 +707,91 @@ std::string StreamEmitter::summary() const {
   for (size_t j = 1; j < m_out_types.size(); ++j)
     outs += fmt::format(" + {}", isa::dtype_name(m_out_types[j]));
   return fmt::format("{}: {} elements of {}{}, {} blocks of {}, tile {} elements{}{}",
-                     m_spec.kernel_name, m_n, isa::dtype_name(m_out_types[0]), outs, m_block_dim,
+                     m_spec->kernel_name, m_n, isa::dtype_name(m_out_types[0]), outs, m_block_dim,
                      m_per, m_tile, accesses.empty() ? "" : "; ", accesses);
 }
 
+// Multi-tensor mode: this block's range of the concatenated segments, then per segment (code
+// for each, in order) the part of the range inside it as one single-tensor stream: the
+// segment's addresses loaded, its resident tiles and uniform work built, its tile loop; one
+// drain at the end.
+// A segment's outputs get whole 32-byte blocks of its own buffer (segments start at whole
+// granules of the range), so no two blocks write one output block.
+void StreamEmitter::emit_segments(Launch& launch) {
+  const size_t n_in = m_segments[0]->inputs.size(), n_out = m_out_types.size();
+  for (size_t g = 0; g < m_segments.size(); ++g) {
+    for (size_t k = 0; k < n_in; ++k) {
+      m_b.declare_arg(fmt::format("s{}_in{}", g, k), m_segments[g]->inputs[k].type,
+                      m_segments[g]->inputs[k].shape);
+      launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(g * n_in + k), 0});
+    }
+    for (size_t j = 0; j < n_out; ++j) {
+      m_b.declare_arg(fmt::format("s{}_out{}", g, j), m_out_types[j], m_segments[g]->out_shape);
+      launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, static_cast<int>(g * n_out + j), 0});
+    }
+  }
+  for (size_t k = 0; k < n_in; ++k) m_in_addr.push_back(m_b.reg(fmt::format("in{} address", k)));
+  for (size_t j = 0; j < n_out; ++j) m_out_addr.push_back(m_b.reg(fmt::format("out{} address", j)));
+  Reg first = m_b.reg("start of this block's range (all segments)");
+  Reg last = m_b.reg("end of this block's range (all segments)");
+  emit_block_range(m_b, first, last, m_per, m_n);
+  m_pos = m_b.reg("tile start");
+  m_end = m_b.reg("end of this block's range in the segment");
+  m_cnt = m_b.reg("tile elements");
+  init_flags();
+  if (m_segments[0]->prologue) {
+    KernelBuilder::Origin o(m_b, "prologue");
+    m_segments[0]->prologue(m_b, m_temp);
+  }
+  for (size_t g = 0; g < m_segments.size(); ++g) {
+    m_spec = m_segments[g];
+    for (size_t k = 0; k < n_in; ++k) m_in[k].access = m_seg_access[g][k];
+    int64_t n = 1;
+    for (int64_t d : m_spec->out_shape) n *= d;
+    const int64_t start = m_seg_start[g];
+    KernelBuilder::Origin o(m_b, fmt::format("segment {}: {} elements at {}", g, n, start));
+    Label next = m_b.label(fmt::format("segment{}_done", g));
+    m_b.sub(m_pos, first, start);
+    m_b.max(m_pos, m_pos, 0, "first element of the segment in this block's range");
+    m_b.sub(m_end, last, start);
+    m_b.min(m_end, m_end, n, "end of it");
+    m_b.branch(ge(m_pos, m_end), next);
+    for (size_t k = 0; k < n_in; ++k)
+      m_b.emit(Opcode::op_ldarg, {m_in_addr[k], static_cast<int64_t>(g * (n_in + n_out) + k)},
+               fmt::format("segment {} in{}", g, k));
+    for (size_t j = 0; j < n_out; ++j)
+      m_b.emit(Opcode::op_ldarg,
+               {m_out_addr[j], static_cast<int64_t>(g * (n_in + n_out) + n_in + j)},
+               fmt::format("segment {} out{}", g, j));
+    build_resident_inputs();
+    if (m_spec->resident_compute) compute_resident();
+    // The tile loop exits to the next segment without a drain: each parity's free flags are
+    // set once between any two tiles, whichever parity comes next, so the next segment starts
+    // with its ping tile as the first segment did.
+    Label loop = m_b.label(fmt::format("segment{}_tiles", g));
+    m_b.bind(loop);
+    for (int q = 0; q < 2; ++q) emit_tile(q, next);
+    m_b.jmp(loop);
+    m_b.bind(next);
+  }
+  emit_drain();
+}
+
 Launch StreamEmitter::build() {
+  if (!m_segments.empty()) {
+    plan_segment_inputs();
+    plan_tiles();
+    plan_l2();
+    m_b.begin_section(m_kind);
+    allocate();
+    Launch launch;
+    emit_segments(launch);
+    m_b.end();
+    launch.summary = fmt::format("{} segments; {}", m_segments.size(), summary());
+    launch.block_dim = m_block_dim;
+    launch.kernel = m_b.finish();
+    return launch;
+  }
   plan_inputs();
   plan_tiles();
   plan_l2();
@@ -649,11 +801,11 @@ Launch StreamEmitter::build() {
   load_args(launch);
   init_flags();
   build_resident_inputs();
-  if (m_spec.prologue) {
+  if (m_spec->prologue) {
     KernelBuilder::Origin o(m_b, "prologue");
-    m_spec.prologue(m_b, m_temp);
+    m_spec->prologue(m_b, m_temp);
   }
-  if (m_spec.resident_compute) compute_resident();
+  if (m_spec->resident_compute) compute_resident();
   // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
   Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
   m_b.bind(loop);
@@ -672,6 +824,12 @@ Launch StreamEmitter::build() {
 
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg) {
   return StreamEmitter(op, spec, cfg).build();
+}
+
+Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
+                                 const ChipConfig& cfg) {
+  if (segments.empty()) throw std::logic_error("build_multi_stream_kernel: no segments");
+  return StreamEmitter(op, segments, cfg).build();
 }
 
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,

@@ -111,6 +111,19 @@ bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec
 // out1, out2, ... (kOutput 1, 2, ...).
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
 
+// A multi-tensor stream (as CANN's foreach kernels and torch_npu's / apex's multi-tensor apply
+// walk a list of tensors in one launch): segment g is a stream of its own spec (its inputs
+// flat, i.e. of its output's shape, or single elements; every segment has a flat input) and
+// the same input types, outputs and temporaries as segment 0 (the compute may differ, e.g. in
+// which steps are uniform). The segments' elements, each segment padded to whole 32-byte output
+// blocks, form one range split over the vector cores as build_stream_kernel splits one output;
+// each block streams the part of its range in each segment with that segment's addresses,
+// every element computed by the segment's own compute, so the values are those of
+// build_stream_kernel(segment) bit for bit. Arguments, segment by segment: its inputs (ArgRef
+// kInput g * n_inputs + k), then its outputs (kOutput g * n_outputs + j).
+Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
+                                 const ChipConfig& cfg);
+
 // The CompiledKernel of a one-launch element-wise op with output `out`: no launch when `out`
 // has no elements (nothing to compute), else build_stream_kernel(spec).
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
