@@ -106,8 +106,12 @@ print("RESULT " + json.dumps({v: run(v) for v in ("fusible", "read_outside", "se
 
 @pytest.fixture(scope="module")
 def keras_runs():
-    return (child_result(KERAS_CODE),
-            child_result(KERAS_CODE, extra_env={"NPUSIM_FUSION_VARIABLE_UPDATE": "0"}))
+    # Rewrite 5 alone: rewrite 5b would merge the groups into one multi-tensor node
+    # (tests/tf/test_multi_tensor_update.py).
+    alone = {"NPUSIM_FUSION_MULTI_TENSOR": "0"}
+    return (child_result(KERAS_CODE, extra_env=alone),
+            child_result(KERAS_CODE,
+                         extra_env={**alone, "NPUSIM_FUSION_VARIABLE_UPDATE": "0"}))
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)

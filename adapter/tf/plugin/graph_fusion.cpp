@@ -1411,6 +1411,219 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
+// ---- rewrite 5b: multi-tensor variable updates ----
+
+// Whether the graph with each group's nodes contracted to one node is acyclic (Kahn's
+// algorithm on node indices, a group's members all mapped to its first member).
+bool acyclic_contracted(const tfc::GraphDef& graph,
+                        const std::unordered_map<std::string, int>& index,
+                        const std::vector<std::vector<int>>& groups) {
+  const int n = graph.node_size();
+  std::vector<int> id(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) id[static_cast<size_t>(i)] = i;
+  for (const std::vector<int>& g : groups)
+    for (int i : g) id[static_cast<size_t>(i)] = g[0];
+  std::vector<std::vector<int>> out(static_cast<size_t>(n));
+  std::vector<int> in_degree(static_cast<size_t>(n), 0);
+  for (int j = 0; j < n; ++j)
+    for (const std::string& in : graph.node(j).input()) {
+      auto it = index.find(parse_input(in).node);
+      if (it == index.end()) continue;
+      const int a = id[static_cast<size_t>(it->second)], b = id[static_cast<size_t>(j)];
+      if (a == b) continue;
+      out[static_cast<size_t>(a)].push_back(b);
+      ++in_degree[static_cast<size_t>(b)];
+    }
+  std::vector<int> ready;
+  int nodes = 0;
+  for (int i = 0; i < n; ++i)
+    if (id[static_cast<size_t>(i)] == i) {
+      ++nodes;
+      if (in_degree[static_cast<size_t>(i)] == 0) ready.push_back(i);
+    }
+  int done = 0;
+  while (!ready.empty()) {
+    const int i = ready.back();
+    ready.pop_back();
+    ++done;
+    for (int c : out[static_cast<size_t>(i)])
+      if (--in_degree[static_cast<size_t>(c)] == 0) ready.push_back(c);
+  }
+  return done == nodes;
+}
+
+int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                           std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
+  // Candidates by key: device, T, M, N, steps, updates (one optimizer's updates of one type).
+  std::map<std::string, std::vector<int>> by_key;
+  std::vector<std::string> key_order;
+  for (int i = 0; i < n_nodes; ++i) {
+    const tfc::NodeDef& n = graph.node(i);
+    if (n.op() != "FusedVariableUpdate" || !on_npu(n)) continue;
+    const auto members = n.attr().find("members");
+    if (members != n.attr().end() && members->second.i() != 1) continue;
+    std::string key = n.device();
+    for (const char* a : {"T", "M", "N", "steps", "updates"}) {
+      const auto it = n.attr().find(a);
+      if (it == n.attr().end()) {
+        key.clear();
+        break;
+      }
+      key += "|" + it->second.SerializeAsString();
+    }
+    if (key.empty()) continue;
+    if (!by_key.count(key)) key_order.push_back(key);
+    by_key[key].push_back(i);
+  }
+  // Out-edges (data and control) by graph index.
+  std::vector<std::vector<int>> out(static_cast<size_t>(n_nodes));
+  for (int i = 0; i < n_nodes; ++i)
+    for (const std::string& in : graph.node(i).input()) {
+      auto it = index.find(parse_input(in).node);
+      if (it != index.end()) out[static_cast<size_t>(it->second)].push_back(i);
+    }
+  // Nodes reachable from node i (itself excluded).
+  auto reachable = [&](int from) {
+    std::vector<char> seen(static_cast<size_t>(n_nodes), 0);
+    std::vector<int> stack = {from};
+    while (!stack.empty()) {
+      const int i = stack.back();
+      stack.pop_back();
+      for (int c : out[static_cast<size_t>(i)])
+        if (!seen[static_cast<size_t>(c)]) {
+          seen[static_cast<size_t>(c)] = 1;
+          stack.push_back(c);
+        }
+    }
+    return seen;
+  };
+  // Groups: per key, greedily, updates no one of which depends on another (no path either
+  // way, so the merged node sits on no cycle by itself); each group kept only if the graph with
+  // every kept group contracted stays acyclic.
+  std::vector<std::vector<int>> groups;
+  for (const std::string& key : key_order) {
+    const std::vector<int>& cands = by_key[key];
+    if (cands.size() < 2) continue;
+    std::vector<std::vector<char>> reach;
+    for (int c : cands) reach.push_back(reachable(c));
+    std::vector<std::vector<size_t>> open;  // candidate positions per group of this key
+    for (size_t a = 0; a < cands.size(); ++a) {
+      bool placed = false;
+      for (std::vector<size_t>& g : open) {
+        bool independent = true;
+        for (size_t b : g)
+          independent = independent && !reach[a][static_cast<size_t>(cands[b])] &&
+                        !reach[b][static_cast<size_t>(cands[a])];
+        if (independent) {
+          g.push_back(a);
+          placed = true;
+          break;
+        }
+      }
+      if (!placed) open.push_back({a});
+    }
+    for (const std::vector<size_t>& g : open) {
+      if (g.size() < 2) continue;
+      std::vector<int> nodes;
+      for (size_t a : g) nodes.push_back(cands[a]);
+      groups.push_back(nodes);
+      if (!acyclic_contracted(graph, index, groups)) groups.pop_back();
+    }
+  }
+
+  std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
+  int made = 0;
+  for (const std::vector<int>& members : groups) {
+    std::string name;
+    for (int k = made;; ++k) {
+      name = "npusim_multi_tensor_update_" + std::to_string(k);
+      if (!index.count(name)) break;
+    }
+    const tfc::NodeDef& first = graph.node(members[0]);
+    const int64_t m = first.attr().at("M").i(), n = first.attr().at("N").i();
+    std::vector<std::string> handles, others, controls;
+    std::set<std::string> member_names, control_set;
+    for (int i : members) member_names.insert(graph.node(i).name());
+    for (int i : members) {
+      const tfc::NodeDef& u = graph.node(i);
+      int data = 0;
+      for (const std::string& in : u.input()) {
+        const InputRef r = parse_input(in);
+        if (r.control) {
+          if (!member_names.count(r.node) && control_set.insert(r.node).second)
+            controls.push_back("^" + r.node);
+          continue;
+        }
+        (data++ < m ? handles : others).push_back(in);
+      }
+    }
+    tfc::NodeDef node;
+    node.set_name(name);
+    node.set_op("FusedVariableUpdate");
+    node.set_device(first.device());
+    for (const std::string& in : handles) node.add_input(in);
+    for (const std::string& in : others) node.add_input(in);
+    for (const std::string& c : controls) node.add_input(c);
+    auto& attrs = *node.mutable_attr();
+    for (const auto& [a, value] : first.attr())
+      if (!a.empty() && a[0] == '_') attrs[a] = value;
+    attrs["T"] = first.attr().at("T");
+    attrs["steps"] = first.attr().at("steps");
+    attrs["updates"] = first.attr().at("updates");
+    attrs["M"].set_i(m * static_cast<int64_t>(members.size()));
+    attrs["N"].set_i(n * static_cast<int64_t>(members.size()));
+    attrs["members"].set_i(static_cast<int64_t>(members.size()));
+    // The members' names, for people reading the graph or an error naming this node.
+    for (int i : members) attrs["_npusim_members"].mutable_list()->add_s(graph.node(i).name());
+    for (int i : members) {
+      tfc::NodeDef& u = *graph.mutable_node(i);
+      if (preserve.count(u.name())) {
+        // A function's control output keeps its name, as a NoOp after the group's node.
+        rewrite_as(u, "NoOp", {}, {});
+        u.clear_input();
+        u.add_input("^" + name);
+        continue;
+      }
+      removed->insert(u.name());
+      control_redirect[u.name()] = name;
+    }
+    *graph.add_node() = std::move(node);
+    ++made;
+  }
+  // Control edges from removed members now come from their group's node (once per consumer).
+  if (!control_redirect.empty())
+    for (int i = 0; i < graph.node_size(); ++i) {
+      tfc::NodeDef& n = *graph.mutable_node(i);
+      if (removed->count(n.name())) continue;
+      std::set<std::string> had;
+      std::vector<std::string> kept_inputs;
+      bool changed = false;
+      for (const std::string& in : n.input()) {
+        const InputRef r = parse_input(in);
+        std::string text = in;
+        if (r.control) {
+          auto it = control_redirect.find(r.node);
+          if (it != control_redirect.end()) {
+            text = "^" + it->second;
+            changed = true;
+          }
+          if (text == "^" + n.name() || !had.insert(text).second) {
+            changed = true;
+            continue;
+          }
+        }
+        kept_inputs.push_back(text);
+      }
+      if (!changed) continue;
+      n.clear_input();
+      for (const std::string& in : kept_inputs) n.add_input(in);
+    }
+  return made;
+}
+
 // ---- rewrite 6: duplicate pure nodes ----
 
 // Ops whose result depends only on their inputs and attributes (no state, no randomness), so
@@ -3042,6 +3255,11 @@ bool attention_fusion_requested() {
   return on;
 }
 
+bool multi_tensor_update_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_MULTI_TENSOR");
+  return on;
+}
+
 bool epilogue_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_EPILOGUE");
   return on;
@@ -3150,6 +3368,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   counts.deduplicated = dedup_pure_nodes(graph, preserve, &removed);
   erase_nodes(graph, removed);
+  removed.clear();
+  if (multi_tensor_update_requested() && fused_variable_update_registered()) {
+    counts.multi_tensor_update = group_variable_updates(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+  }
   return counts;
 }
 

@@ -94,6 +94,17 @@
 //      writer of its variable). Only while kernels_optimizer.cpp registered its kernel
 //      (fused_variable_update_registered()); NPUSIM_FUSION_VARIABLE_UPDATE=0 turns this
 //      rewrite alone off.
+//   5b. Multi-tensor updates, after 6: FusedVariableUpdate nodes of one optimizer (the same
+//      device, T, M, N, steps and updates), none of which depends on another (no path between
+//      them), become one node "npusim_multi_tensor_update_<k>" (attribute members = their
+//      count; its resources and inputs the members' in turn; `_npusim_members` their names),
+//      as CANN's foreach / multi-tensor apply kernels update a list of tensors in one launch:
+//      the compiler runs the small members (at most 1024 elements per vector core, all inputs
+//      of the variable's shape or single elements) as segments of one multi-tensor launch and
+//      the others as launches of their own, each value computed as by the member's own kernel,
+//      bit for bit. Members TensorFlow must preserve stay as NoOps after the node; control
+//      edges from the others come from it. A group is left out if contracting it would close a
+//      cycle. NPUSIM_FUSION_MULTI_TENSOR=0 turns this rewrite alone off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
 //      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
 //      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and
@@ -217,6 +228,7 @@ struct FusionCounts {
   int bias_epilogue = 0;        // Conv2DBiasAdd and MatMulBiasAdd nodes created (rewrite 3b)
   int elementwise = 0;          // FusedElementwise nodes created
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
+  int multi_tensor_update = 0;  // multi-tensor FusedVariableUpdate nodes created (rewrite 5b)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
   int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
   int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
@@ -229,8 +241,9 @@ struct FusionCounts {
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
-           bias_epilogue + elementwise + variable_update + deduplicated + rms_norm + swiglu +
-           attention + rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul;
+           bias_epilogue + elementwise + variable_update + multi_tensor_update + deduplicated +
+           rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu + layer_norm +
+           weight_quant_matmul;
   }
 };
 
@@ -247,6 +260,8 @@ bool variable_update_fusion_requested();
 bool rms_norm_fusion_requested();
 bool swiglu_fusion_requested();
 bool attention_fusion_requested();
+// False when NPUSIM_FUSION_MULTI_TENSOR is "0" (read once): rewrite 5b alone off.
+bool multi_tensor_update_requested();
 // False when NPUSIM_FUSION_EPILOGUE is "0" (read once): rewrite 3b alone off.
 bool epilogue_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.

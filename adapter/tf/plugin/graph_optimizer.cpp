@@ -300,13 +300,15 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "in), %d BatchNormInference "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
-                     "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate, %d duplicates, %d RmsNorm, "
+                     "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
+                     "multi-tensor), %d duplicates, %d RmsNorm, "
                      "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
                      "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2\n",
                      item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
                      counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
-                     counts.bias_epilogue, counts.elementwise, counts.variable_update, counts.deduplicated,
+                     counts.bias_epilogue, counts.elementwise, counts.variable_update,
+                     counts.multi_tensor_update, counts.deduplicated,
                      counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
                      counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
                      counts.weight_quant_matmul);

@@ -30,7 +30,10 @@
 //   FusedVariableUpdate(resources: M * resource, inputs: N * T)     T in {float, half,
 //     bfloat16}; M >= 1; N >= 0; steps: list(string); updates: list(int): the new values of M
 //     variables of one shape from one chain of element-wise steps (fused_elementwise.h), one
-//     launch; stateful, no outputs. Its kernel is kernels_optimizer.cpp's (it updates
+//     launch; stateful, no outputs. members: int >= 1 = 1: that many such updates of the same
+//     steps in one op (graph_fusion.h, rewrite 5b), member g's variables the g-th M / members
+//     resources, its inputs the g-th N / members inputs; one multi-tensor launch for the small
+//     ones. Its kernel is kernels_optimizer.cpp's (it updates
 //     variables, on TensorFlow's C++ kernel API); registered here is only its definition.
 //
 //   BNTrainingReduce(x: T) -> sum: float, square_sum: float
@@ -249,7 +252,7 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"resources: M * resource", "inputs: N * T"},
        {},
        {"T: {float, half, bfloat16}", "M: int >= 1", "N: int >= 0", "steps: list(string)",
-        "updates: list(int)"},
+        "updates: list(int)", "members: int >= 1 = 1"},
        no_outputs,
        true},
   };

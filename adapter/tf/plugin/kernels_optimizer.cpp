@@ -128,10 +128,10 @@ class UpdateKernel : public tfc::OpKernel {
     return absl::OkStatus();
   }
 
-  // Variable i (named `what` in messages) is initialized, of type `dtype` and of variable 0's
-  // shape.
+  // Variable i (named `what` in messages) is initialized, of type `dtype` and of variable
+  // `first`'s shape.
   absl::Status check_variable(const LockedVariables& vars, int i, const std::string& what,
-                              tfc::DataType dtype) const {
+                              tfc::DataType dtype, int first = 0) const {
     const tfc::Tensor* t = vars[i]->tensor();
     if (!vars[i]->is_initialized)
       return absl::FailedPreconditionError(
@@ -140,10 +140,10 @@ class UpdateKernel : public tfc::OpKernel {
       return absl::InvalidArgumentError(absl::StrCat(name(), ": ", what, " is ",
                                                      tfc::DataTypeString(t->dtype()),
                                                      ", the op's T is ", tfc::DataTypeString(dtype)));
-    if (!t->shape().IsSameSize(vars[0]->tensor()->shape()))
+    if (!t->shape().IsSameSize(vars[first]->tensor()->shape()))
       return absl::InvalidArgumentError(absl::StrCat(
           "var and ", what, " do not have the same shape",
-          vars[0]->tensor()->shape().DebugString(), " ", t->shape().DebugString()));
+          vars[first]->tensor()->shape().DebugString(), " ", t->shape().DebugString()));
     return absl::OkStatus();
   }
 };
@@ -211,13 +211,15 @@ class ResourceApplyOp : public UpdateKernel {
   bool m_nesterov = false;
 };
 
-// FusedVariableUpdate(resources: M * resource, inputs: N * T; steps, updates): the graph
-// fusion's form of an optimizer's AssignAdd / AssignSub / Assign VariableOps with the chains
-// feeding them (graph_fusion.h, rewrite 5; the compiler's contract in
+// FusedVariableUpdate(resources: M * resource, inputs: N * T; steps, updates, members): the
+// graph fusion's form of an optimizer's AssignAdd / AssignSub / Assign VariableOps with the
+// chains feeding them (graph_fusion.h, rewrites 5 and 5b; the compiler's contract in
 // adapter/compiler/ops/fused_elementwise.h). Compute as ResourceApplyOp's: the variables locked,
-// checked (initialized, of type T, one shape, distinct), a new buffer per variable, one compiled
-// launch writing every new value, the buffers made the variables' tensors; on any error no
-// variable changes. The inputs must broadcast to the variables' shape (the compiler checks).
+// checked (initialized, of type T, one shape per member, distinct), a new buffer per variable,
+// the compiled launches writing every new value, the buffers made the variables' tensors; on
+// any error no variable changes. The inputs must broadcast to the variables' shape (the
+// compiler checks). With members > 1 (rewrite 5b: one update of several variables' chains, as
+// CANN's multi-tensor kernels), member g's variables are M / members consecutive resources.
 class FusedVariableUpdateOp : public UpdateKernel {
  public:
   explicit FusedVariableUpdateOp(tfc::OpKernelConstruction* c) : UpdateKernel(c) {
@@ -225,6 +227,11 @@ class FusedVariableUpdateOp : public UpdateKernel {
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_variables));
     OP_REQUIRES_OK(c, c->GetAttr("steps", &m_steps));
     OP_REQUIRES_OK(c, c->GetAttr("updates", &m_updates));
+    if (c->HasAttr("members")) OP_REQUIRES_OK(c, c->GetAttr("members", &m_members));
+    OP_REQUIRES(c, m_members >= 1 && m_variables % m_members == 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    c->def().name(), ": members = ", m_members, " does not divide M = ",
+                    m_variables)));
   }
 
  private:
@@ -234,8 +241,12 @@ class FusedVariableUpdateOp : public UpdateKernel {
     absl::Status st = vars.lock(ctx, n);
     if (!st.ok()) return st;
     const tfc::Tensor& var = *vars[0]->tensor();
+    const int per_member = n / static_cast<int>(m_members);
     for (int i = 0; i < n; ++i) {
-      st = check_variable(vars, i, absl::StrCat("variable ", i), m_dtype);
+      const std::string what =
+          m_members > 1 ? absl::StrCat("variable ", i, " (member ", i / per_member, ")")
+                        : absl::StrCat("variable ", i);
+      st = check_variable(vars, i, what, m_dtype, i / per_member * per_member);
       if (!st.ok()) return st;
       for (int j = 0; j < i; ++j)
         if (vars[j] == vars[i])
@@ -247,11 +258,19 @@ class FusedVariableUpdateOp : public UpdateKernel {
       inputs.push_back(update_tensor(i < n ? *vars[i]->tensor() : ctx->input(i)));
     std::vector<tfc::Tensor> updated;
     std::vector<UpdateTensor> outputs;
-    st = allocate_new_values(ctx, var, n, &updated, &outputs);
-    if (!st.ok()) return st;
-    if (var.NumElements() > 0) {
+    int64_t elements = 0;
+    updated.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {  // each like its own variable (members differ in shape)
+      st = allocate_like(ctx, *vars[i]->tensor(), &updated[static_cast<size_t>(i)]);
+      if (!st.ok()) return st;
+      outputs.push_back(update_tensor(updated[static_cast<size_t>(i)]));
+      elements += vars[i]->tensor()->NumElements();
+    }
+    (void)var;
+    if (elements > 0) {
       UpdateAttrs attrs;
       attrs.ints = {{"M", m_variables}};
+      if (m_members > 1) attrs.ints.emplace_back("members", m_members);
       attrs.int_lists = {{"updates", m_updates}};
       attrs.string_lists = {{"steps", m_steps}};
       // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
@@ -265,6 +284,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
 
   tfc::DataType m_dtype = tfc::DT_INVALID;
   int64_t m_variables = 0;
+  int64_t m_members = 1;
   std::vector<std::string> m_steps;
   std::vector<int64_t> m_updates;
 };

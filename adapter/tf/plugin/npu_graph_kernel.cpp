@@ -660,8 +660,11 @@ class NpuGraphKernel : public OpKernel {
   static const std::vector<AttrSpec>& variable_update_attrs(
       const std::vector<HostAttrInput>** host) {
     using K = AttrSpec::Kind;
-    static const std::vector<AttrSpec> attrs = {
-        {"T", K::kType}, {"M", K::kInt}, {"steps", K::kStrings}, {"updates", K::kInts}};
+    static const std::vector<AttrSpec> attrs = {{"T", K::kType},
+                                                {"M", K::kInt},
+                                                {"steps", K::kStrings},
+                                                {"updates", K::kInts},
+                                                {"members", K::kInt}};
     static const std::vector<HostAttrInput> none;
     *host = &none;
     return attrs;
