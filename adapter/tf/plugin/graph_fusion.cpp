@@ -1067,6 +1067,39 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
   return fused;
 }
 
+// Control inputs "^a" of the nodes not in `removed` become "^redirect[a]" where a is redirected,
+// each control input once, none from the node itself.
+void redirect_controls(tfc::GraphDef& graph, const std::set<std::string>& removed,
+                       const std::unordered_map<std::string, std::string>& redirect) {
+  if (redirect.empty()) return;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed.count(n.name())) continue;
+    std::set<std::string> had;
+    std::vector<std::string> kept_inputs;
+    bool changed = false;
+    for (const std::string& in : n.input()) {
+      const InputRef r = parse_input(in);
+      std::string text = in;
+      if (r.control) {
+        auto it = redirect.find(r.node);
+        if (it != redirect.end()) {
+          text = "^" + it->second;
+          changed = true;
+        }
+        if (text == "^" + n.name() || !had.insert(text).second) {
+          changed = true;
+          continue;
+        }
+      }
+      kept_inputs.push_back(text);
+    }
+    if (!changed) continue;
+    n.clear_input();
+    for (const std::string& in : kept_inputs) n.add_input(in);
+  }
+}
+
 // ---- rewrite 5: variable updates (FusedVariableUpdate) ----
 
 // The value a variable update reads, as FusedVariableUpdate's steps see it.
@@ -1381,33 +1414,7 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
     ++fused;
   }
   // Control edges from removed nodes now come from the fused node (once per consumer).
-  if (!control_redirect.empty())
-    for (int i = 0; i < n_nodes; ++i) {
-      tfc::NodeDef& n = *graph.mutable_node(i);
-      if (removed->count(n.name())) continue;
-      std::set<std::string> had;
-      std::vector<std::string> kept_inputs;
-      bool changed = false;
-      for (const std::string& in : n.input()) {
-        const InputRef r = parse_input(in);
-        std::string text = in;
-        if (r.control) {
-          auto it = control_redirect.find(r.node);
-          if (it != control_redirect.end()) {
-            text = "^" + it->second;
-            changed = true;
-          }
-          if (text == "^" + n.name() || !had.insert(text).second) {
-            changed = true;
-            continue;
-          }
-        }
-        kept_inputs.push_back(text);
-      }
-      if (!changed) continue;
-      n.clear_input();
-      for (const std::string& in : kept_inputs) n.add_input(in);
-    }
+  redirect_controls(graph, *removed, control_redirect);
   return fused;
 }
 
@@ -1594,33 +1601,7 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     ++made;
   }
   // Control edges from removed members now come from their group's node (once per consumer).
-  if (!control_redirect.empty())
-    for (int i = 0; i < graph.node_size(); ++i) {
-      tfc::NodeDef& n = *graph.mutable_node(i);
-      if (removed->count(n.name())) continue;
-      std::set<std::string> had;
-      std::vector<std::string> kept_inputs;
-      bool changed = false;
-      for (const std::string& in : n.input()) {
-        const InputRef r = parse_input(in);
-        std::string text = in;
-        if (r.control) {
-          auto it = control_redirect.find(r.node);
-          if (it != control_redirect.end()) {
-            text = "^" + it->second;
-            changed = true;
-          }
-          if (text == "^" + n.name() || !had.insert(text).second) {
-            changed = true;
-            continue;
-          }
-        }
-        kept_inputs.push_back(text);
-      }
-      if (!changed) continue;
-      n.clear_input();
-      for (const std::string& in : kept_inputs) n.add_input(in);
-    }
+  redirect_controls(graph, *removed, control_redirect);
   return made;
 }
 
