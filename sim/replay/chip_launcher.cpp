@@ -23,6 +23,12 @@ using namespace sc_driver;
 
 namespace {
 
+// The effects a check keeps for its replay (VerifiedEffects, ~240 bytes each) stay allocated from
+// launch to launch, per chip, so they are bounded by this share of replay_memo_bytes (32 MiB of
+// the default 1 GiB, ~140 k effects: the checked launches of a training step are mostly far
+// smaller); a larger launch walks its program again. # estimate: host memory, no hardware figure.
+constexpr uint64_t kVerifiedEffectsShare = 32;
+
 int replay_thread_count(const SimOptions& o) {
   if (o.replay == SimOptions::Replay::off) return 1;
   if (o.replay_threads > 0) return o.replay_threads;
@@ -103,7 +109,7 @@ bool ChipLauncher::verify(RecordedLaunch& rec, const KernelLaunch& launch,
                                                                  : launch.gm_blocks);
   return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
                             m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes,
-                            effects, m_store.opts.replay_memo_bytes / 8);
+                            effects, m_store.opts.replay_memo_bytes / kVerifiedEffectsShare);
 }
 
 CounterRegistry::RawDelta ChipLauncher::own_counters(const RecordedLaunch& rec) {
@@ -178,8 +184,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   bool have_writes = false;
   // A functional simulator keeps the effects of the launch a check passes for (the check walks
   // the blocks; the replay then runs what it issued rather than walking them again).
-  VerifiedEffects verified;
-  VerifiedEffects* const verified_effects = opts.functional ? &verified : nullptr;
+  m_verified.valid = false;
+  VerifiedEffects* const verified_effects = opts.functional ? &m_verified : nullptr;
   RecordedLaunch* recorded = nullptr;
   bool stale = false;
   if (P->flow && !detail) {
@@ -239,9 +245,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     std::string replay_error;
     if (have_writes) {
       for (const GmAccess& a : writes) m_gm.invalidate(a.addr, a.bytes);
-    } else if (!verified.cores.empty()) {  // the check passed for `recorded` and kept them
-      replay_error = run_verified(verified, *recorded, *launch.program, m_chip.cores(), m_gm, m_cfg,
-                                  m_store.pool);
+    } else if (m_verified.valid) {  // the check passed for `recorded` and kept them
+      replay_error = run_verified(m_verified, *recorded, *launch.program, m_chip.cores(), m_gm,
+                                  m_cfg, m_store.pool);
     } else {
       // The same launch replayed again (its own key, no ld): run the effects its last replay
       // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.

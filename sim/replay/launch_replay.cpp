@@ -390,21 +390,20 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
   if (effects) {
-    effects->cores.clear();
-    uint64_t steps = 0;  // effects (and loads) of the recorded run
+    effects->valid = false;  // until this check passes
+    uint64_t steps = 0;      // effects (and loads) of the recorded run
     for (const RecordedLaunch::CoreBlocks& cb : rec.cores) steps += cb.order.size();
     const uint64_t per_effect = sizeof(IssuedOp) + sizeof(PreparedEffects::Where);
-    if (steps * per_effect <= effects_max_bytes) effects->cores.resize(rec.cores.size());
-    else effects = nullptr;
-  }
-  // A failed check leaves no effects (they may be partial, or another launch's).
-  struct Discard {
-    VerifiedEffects* effects;
-    bool passed = false;
-    ~Discard() {
-      if (effects && !passed) effects->cores.clear();
+    if (steps * per_effect <= effects_max_bytes) {
+      effects->cores.resize(rec.cores.size());
+      for (IssuedEffects& e : effects->cores) {
+        e.ops.clear();
+        e.where.clear();
+      }
+    } else {
+      effects = nullptr;
     }
-  } discard{effects};
+  }
   std::vector<std::unique_ptr<FunctionalCore>> verified(rec.cores.size());
   std::vector<char> ok(rec.cores.size(), 0);
   pool.run(rec.cores.size(), [&](size_t i) {
@@ -487,7 +486,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
         for (const GmAccess& a : *list)
           if (a.write) writes->push_back(a);
   }
-  discard.passed = true;
+  if (effects) effects->valid = true;
   return true;
 }
 
@@ -495,7 +494,7 @@ std::string run_verified(const VerifiedEffects& effects, const RecordedLaunch& r
                          const isa::Program& program,
                          const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                          const ChipConfig& cfg, WorkerPool& pool) {
-  if (effects.cores.size() != rec.cores.size())
+  if (!effects.valid || effects.cores.size() != rec.cores.size())
     throw Error("run_verified: the effects are not those of this recording's cores");
   std::vector<std::string> faults(rec.cores.size());
   pool.run(rec.cores.size(), [&](size_t i) {

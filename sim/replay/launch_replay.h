@@ -182,11 +182,12 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 // without running its blocks again.
 // effects (may be null; functional simulators): on success, each core's effects in effect
 // order (in the order of rec.cores), which run_verified carries out as replay_blocks would, the
-// check having walked the blocks already; none are kept (effects->cores empty) when they would
-// take more than `effects_max_bytes` of host memory, and none on failure. rec's runs are pointed
-// at `program`'s sections (as replay_blocks does).
+// check having walked the blocks already; `valid` is false when they would take more than
+// `effects_max_bytes` of host memory, and on failure. rec's runs are pointed at `program`'s
+// sections (as replay_blocks does).
 struct VerifiedEffects {
-  std::vector<IssuedEffects> cores;
+  std::vector<IssuedEffects> cores;  // storage reused from check to check (capacity kept)
+  bool valid = false;                // `cores` holds the effects of the check that passed last
 };
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
