@@ -22,27 +22,6 @@ std::optional<RoundMode> round_mode_from_field(int64_t v) {
   return static_cast<RoundMode>(v);
 }
 
-double round_to_integral(double x, RoundMode m) {
-  double r = x;
-  switch (m) {
-    case RoundMode::kRint: {
-      // Ties to even, independent of the host's current rounding mode. a - floor(a) is exact
-      // for a >= 0 (Sterbenz for a >= 1; floor is 0 below).
-      double a = std::fabs(x);
-      double f = std::floor(a);
-      double frac = a - f;
-      if (frac > 0.5 || (frac == 0.5 && std::fmod(f, 2.0) != 0.0)) f += 1.0;
-      r = std::copysign(f, x);
-      break;
-    }
-    case RoundMode::kFloor: r = std::floor(x); break;
-    case RoundMode::kCeil: r = std::ceil(x); break;
-    case RoundMode::kAway: r = std::round(x); break;
-    case RoundMode::kTrunc: r = std::trunc(x); break;
-  }
-  return r == 0.0 ? std::copysign(0.0, x) : r;
-}
-
 double round_to_float_format(double x, int frac_bits, int max_exp, RoundMode m) {
   if (!std::isfinite(x) || x == 0.0) return x;
   const int min_exp = 1 - max_exp;

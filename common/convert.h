@@ -99,7 +99,28 @@ inline uint16_t narrow_bf16_rne(float v) {
 inline float canonical_f32(float v) { return v != v ? bits_to_f32(kF32CanonicalNan) : v; }
 
 // x rounded to an integral value with mode m (the sign of a zero result follows x).
-double round_to_integral(double x, RoundMode m);
+// Inline: every float -> int element conversion runs it.
+inline double round_to_integral(double x, RoundMode m) {
+  double r = x;
+  switch (m) {
+    case RoundMode::kRint: {
+      // Ties to even, independent of the host's current rounding mode. a - floor(a) is exact
+      // for a >= 0 (Sterbenz for a >= 1; floor is 0 below). A tie has a < 2^52, so f fits an
+      // int64 for the parity test.
+      double a = std::fabs(x);
+      double f = std::floor(a);
+      double frac = a - f;
+      if (frac > 0.5 || (frac == 0.5 && (static_cast<int64_t>(f) & 1) != 0)) f += 1.0;
+      r = std::copysign(f, x);
+      break;
+    }
+    case RoundMode::kFloor: r = std::floor(x); break;
+    case RoundMode::kCeil: r = std::ceil(x); break;
+    case RoundMode::kAway: r = std::round(x); break;
+    case RoundMode::kTrunc: r = std::trunc(x); break;
+  }
+  return r == 0.0 ? std::copysign(0.0, x) : r;
+}
 
 // x rounded to a binary float format with frac_bits stored fraction bits and normal exponents
 // [1 - max_exp, max_exp], per the contract above. Returns the rounded value (or +-inf) as a
@@ -157,6 +178,8 @@ inline void store_bits(uint8_t* p, Storage s) {
 
 template <>
 struct Elem<isa::Dtype::F32> {
+  // Integers of magnitude up to this (24 significand bits) are exactly representable.
+  static constexpr int64_t kExactInt = int64_t{1} << 24;
   using storage = uint32_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -168,6 +191,8 @@ struct Elem<isa::Dtype::F32> {
 };
 template <>
 struct Elem<isa::Dtype::F16> {
+  // Integers of magnitude up to this (11 significand bits) are exactly representable.
+  static constexpr int64_t kExactInt = int64_t{1} << 11;
   using storage = uint16_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -179,6 +204,8 @@ struct Elem<isa::Dtype::F16> {
 };
 template <>
 struct Elem<isa::Dtype::BF16> {
+  // Integers of magnitude up to this (8 significand bits) are exactly representable.
+  static constexpr int64_t kExactInt = int64_t{1} << 8;
   using storage = uint16_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -225,6 +252,10 @@ inline typename Elem<D>::storage convert_element(typename Elem<S>::storage s, Ro
   } else if constexpr (SE::is_float) {
     return DE::round_from(static_cast<double>(SE::to_compute(s)), m);
   } else if constexpr (DE::is_float) {
+    // An integer the destination represents exactly converts so in every mode (indices, counts,
+    // labels: nearly every one), through float exactly; only larger ones need rounding.
+    const int64_t v = static_cast<int64_t>(s);
+    if (v >= -DE::kExactInt && v <= DE::kExactInt) return DE::from_compute(static_cast<float>(v));
     return DE::round_from(static_cast<double>(s), m);
   } else {
     return saturate_int<typename DE::storage>(static_cast<int64_t>(s));

@@ -23,6 +23,12 @@ using namespace sc_driver;
 
 namespace {
 
+// The effects a check keeps for its replay (VerifiedEffects, ~240 bytes each) stay allocated from
+// launch to launch, per chip, so they are bounded by this share of replay_memo_bytes (32 MiB of
+// the default 1 GiB, ~140 k effects: the checked launches of a training step are mostly far
+// smaller); a larger launch walks its program again. # estimate: host memory, no hardware figure.
+constexpr uint64_t kVerifiedEffectsShare = 32;
+
 int replay_thread_count(const SimOptions& o) {
   if (o.replay == SimOptions::Replay::off) return 1;
   if (o.replay_threads > 0) return o.replay_threads;
@@ -92,8 +98,8 @@ bool ChipLauncher::detail_wanted() const {
                      [](const ChipObserver* o) { return o->wants_launch_detail(); });
 }
 
-bool ChipLauncher::verify(const RecordedLaunch& rec, const KernelLaunch& launch,
-                          std::vector<GmAccess>* writes) {
+bool ChipLauncher::verify(RecordedLaunch& rec, const KernelLaunch& launch,
+                          std::vector<GmAccess>* writes, VerifiedEffects* effects) {
   if (m_cfg.l2_keep_across_launches)
     *m_verify_l2 = m_chip.memory().l2();
   else
@@ -102,7 +108,8 @@ bool ChipLauncher::verify(const RecordedLaunch& rec, const KernelLaunch& launch,
   m_verify_placement->begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup()
                                                                  : launch.gm_blocks);
   return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
-                            m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes);
+                            m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes,
+                            effects, m_store.opts.replay_memo_bytes / kVerifiedEffectsShare);
 }
 
 CounterRegistry::RawDelta ChipLauncher::own_counters(const RecordedLaunch& rec) {
@@ -175,6 +182,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   std::vector<GmAccess> writes;
   std::vector<GmAccess>* const verified_writes = opts.functional ? nullptr : &writes;
   bool have_writes = false;
+  // A functional simulator keeps the effects of the launch a check passes for (the check walks
+  // the blocks; the replay then runs what it issued rather than walking them again).
+  m_verified.valid = false;
+  VerifiedEffects* const verified_effects = opts.functional ? &m_verified : nullptr;
   RecordedLaunch* recorded = nullptr;
   bool stale = false;
   if (P->flow && !detail) {
@@ -204,14 +215,14 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // So must every recording when the L2 keeps its lines across launches: the L2 this launch
     // starts with may differ from the recorded run's.
     const bool checked = recorded && (loads || keep_l2);
-    stale = checked && !verify(*recorded, launch, verified_writes);
+    stale = checked && !verify(*recorded, launch, verified_writes, verified_effects);
     have_writes = checked && !stale && verified_writes;
     if (stale) recorded = nullptr;
     if (replayable && !recorded && !detail) {
       // The same launch at other tensor addresses (a training step): replay it if the recorded
       // timing provably holds for these addresses.
       for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
-        if (in_time(*candidate) && verify(*candidate, launch, verified_writes)) {
+        if (in_time(*candidate) && verify(*candidate, launch, verified_writes, verified_effects)) {
           have_writes = verified_writes != nullptr;
           // Kept under this launch's own key too: the next step finds it without the check.
           memo.alias(P->key, candidate);
@@ -234,6 +245,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     std::string replay_error;
     if (have_writes) {
       for (const GmAccess& a : writes) m_gm.invalidate(a.addr, a.bytes);
+    } else if (m_verified.valid) {  // the check passed for `recorded` and kept them
+      replay_error = run_verified(m_verified, *recorded, *launch.program, m_chip.cores(), m_gm,
+                                  m_cfg, m_store.pool);
     } else {
       // The same launch replayed again (its own key, no ld): run the effects its last replay
       // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.

@@ -89,8 +89,9 @@ class ChipLauncher {
 
  private:
   struct Pending;
-  // verify_translation against the L2 this launch would start with.
-  bool verify(const RecordedLaunch& rec, const KernelLaunch& launch, std::vector<GmAccess>* writes);
+  // verify_translation against the L2 this launch would start with (effects: see there).
+  bool verify(RecordedLaunch& rec, const KernelLaunch& launch, std::vector<GmAccess>* writes,
+              VerifiedEffects* effects);
   // rec's counters as this chip's registry's (CounterRegistry::translate).
   CounterRegistry::RawDelta own_counters(const RecordedLaunch& rec);
   KernelResult replayed_result(const KernelLaunch& launch, const RecordedLaunch& rec,
@@ -106,6 +107,7 @@ class ChipLauncher {
   std::string m_root;
   std::unique_ptr<L2Tags> m_verify_l2;  // the L2 a launch at new tensor addresses is checked on
   std::unique_ptr<L2Placement> m_verify_placement;  // where the check files its lines
+  VerifiedEffects m_verified;           // the effects the last check kept (storage reused)
   std::vector<uint64_t> m_launch_base;  // counter snapshot at the start of the launch (reused)
   // CounterRegistry::translate's index maps, by the registry a recording was made on.
   std::unordered_map<const CounterRegistry*, std::vector<int64_t>> m_counter_maps;

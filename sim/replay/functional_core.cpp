@@ -63,15 +63,19 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
   if (m_verify) {
     if (op.op() == Opcode::op_st) {
       m_stores.push_back({static_cast<uint64_t>(op[1]), 8, true});
-      return;
+    } else {
+      const ExecCost cost = plan(op, m_ctx);
+      if (!cost.gm.empty()) {
+        m_ranges.insert(m_ranges.end(), cost.gm.begin(), cost.gm.end());
+        m_sizes.push_back(static_cast<uint32_t>(cost.gm.size()));
+        m_pipes.push_back(m_order[m_next]);
+      }
+      m_fingerprint.add_cost(op.pc, cost);
     }
-    const ExecCost cost = plan(op, m_ctx);
-    if (!cost.gm.empty()) {
-      m_ranges.insert(m_ranges.end(), cost.gm.begin(), cost.gm.end());
-      m_sizes.push_back(static_cast<uint32_t>(cost.gm.size()));
-      m_pipes.push_back(m_order[m_next]);
+    if (m_issued) {  // planned: execute() may take it
+      m_issued->ops.push_back(op);
+      m_issued->where.push_back({m_run, op.pc});
     }
-    m_fingerprint.add_cost(op.pc, cost);
     return;
   }
   if (!m_functional) {
@@ -97,6 +101,18 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
   m_keep->bytes += p->bytes() + sizeof(p) + sizeof(PreparedEffects::Where);
   m_keep->ops.push_back(std::move(p));
   m_keep->where.push_back({m_run, op.pc});
+}
+
+void run_issued(const IssuedEffects& effects, ExecContext& ctx, size_t* at) {
+  for (*at = 0; *at < effects.ops.size(); ++*at) {
+    const IssuedOp& op = effects.ops[*at];
+    if (op.op() == Opcode::op_st) {
+      const int64_t v = op[0];
+      ctx.gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+    } else {
+      execute(op, ctx);
+    }
+  }
 }
 
 void FunctionalCore::execute_ready() {

@@ -38,6 +38,18 @@ struct PreparedEffects {
   uint64_t bytes = 0;        // host memory held, roughly
 };
 
+// One core's effects in a launch that passed the replay check (verify mode), in the order they
+// take effect, as the scalar unit issued them (operands resolved): running them in order
+// (run_issued) does what a replay walking the core's blocks in execute mode would. The check
+// has walked the program once already; this spares the replay a second walk.
+struct IssuedEffects {
+  std::vector<IssuedOp> ops;                 // pipe instructions and scalar st, no ld
+  std::vector<PreparedEffects::Where> where;  // of each op
+};
+// Carries out `effects` in their order on ctx (a scalar st writes its 8 bytes; anything else
+// is execute()d). *at: the index of the op running (of the one that threw, if one faults).
+void run_issued(const IssuedEffects& effects, ExecContext& ctx, size_t* at);
+
 class FunctionalCore {
  public:
   // order: the pipes whose instructions took effect one after another in the timed run, over
@@ -68,6 +80,10 @@ class FunctionalCore {
   // its effects depend on the data it reads; kept_all() is then false.
   void keep_effects(PreparedEffects* out) { m_keep = out; }
   bool kept_all() const { return m_keep && !m_keep_failed; }
+  // Verify mode of a functional run: also keep every effect the blocks issue, in effect order,
+  // in `out` (appended). The ld values the walk uses are the launch's own only if the check
+  // passes (no core loads bytes the launch writes), and only then are they the replay's.
+  void keep_issued(IssuedEffects* out) { m_issued = out; }
   // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
   // recorded order (it cannot, for the launch that was recorded) or an instruction faults;
   // fault_pc() then names the instruction.
@@ -94,6 +110,7 @@ class FunctionalCore {
 
   ExecContext m_ctx;
   PreparedEffects* m_keep = nullptr;
+  IssuedEffects* m_issued = nullptr;
   const SectionRun* m_run = nullptr;  // of the block running
   bool m_keep_failed = false;
   const std::vector<uint8_t>& m_order;

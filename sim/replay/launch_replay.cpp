@@ -380,14 +380,30 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   return {};
 }
 
-bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
+bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                         const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes) {
-  std::vector<SectionRun> runs = rec.runs;
+                        L2Placement& placement, std::vector<GmAccess>* writes,
+                        VerifiedEffects* effects, uint64_t effects_max_bytes) {
+  std::vector<SectionRun>& runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
+  if (effects) {
+    effects->valid = false;  // until this check passes
+    uint64_t steps = 0;      // effects (and loads) of the recorded run
+    for (const RecordedLaunch::CoreBlocks& cb : rec.cores) steps += cb.order.size();
+    const uint64_t per_effect = sizeof(IssuedOp) + sizeof(PreparedEffects::Where);
+    if (steps * per_effect <= effects_max_bytes) {
+      effects->cores.resize(rec.cores.size());
+      for (IssuedEffects& e : effects->cores) {
+        e.ops.clear();
+        e.where.clear();
+      }
+    } else {
+      effects = nullptr;
+    }
+  }
   std::vector<std::unique_ptr<FunctionalCore>> verified(rec.cores.size());
   std::vector<char> ok(rec.cores.size(), 0);
   pool.run(rec.cores.size(), [&](size_t i) {
@@ -395,6 +411,11 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
     AiCore& core = *cores.at(static_cast<size_t>(cb.core));
     auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
                                                cb.order, true, FunctionalCore::Mode::verify);
+    if (effects) {
+      effects->cores[i].ops.reserve(cb.order.size());
+      effects->cores[i].where.reserve(cb.order.size());
+      fc->keep_issued(&effects->cores[i]);
+    }
     bool ran = true;
     try {
       for (const RecordedLaunch::Block& b : cb.blocks)
@@ -465,7 +486,34 @@ bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
         for (const GmAccess& a : *list)
           if (a.write) writes->push_back(a);
   }
+  if (effects) effects->valid = true;
   return true;
+}
+
+std::string run_verified(const VerifiedEffects& effects, const RecordedLaunch& rec,
+                         const isa::Program& program,
+                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                         const ChipConfig& cfg, WorkerPool& pool) {
+  if (!effects.valid || effects.cores.size() != rec.cores.size())
+    throw Error("run_verified: the effects are not those of this recording's cores");
+  std::vector<std::string> faults(rec.cores.size());
+  pool.run(rec.cores.size(), [&](size_t i) {
+    AiCore& core = *cores.at(static_cast<size_t>(rec.cores[i].core));
+    ExecContext ctx{cfg, core.kind_config(), core.local(), gm};
+    const IssuedEffects& e = effects.cores[i];
+    size_t at = 0;
+    try {
+      run_issued(e, ctx, &at);
+    } catch (...) {
+      faults[i] = replay_fault(program, core, *e.where[at].run, e.where[at].pc, current_error());
+    }
+    // As replay_blocks: execute() notes buffer high-water marks, which the recorded counters
+    // already hold.
+    core.local().reset_high_water();
+  });
+  for (const std::string& f : faults)
+    if (!f.empty()) return f;
+  return {};
 }
 
 uint64_t RecordedLaunch::bytes() const {

@@ -180,11 +180,28 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 // st's 8 bytes, core by core in execution order), which is all a timing-only simulator needs
 // to carry the launch out (DeviceMemory::invalidate of each range, as replay_blocks would),
 // without running its blocks again.
-bool verify_translation(const RecordedLaunch& rec, const isa::Program& program,
+// effects (may be null; functional simulators): on success, each core's effects in effect
+// order (in the order of rec.cores), which run_verified carries out as replay_blocks would, the
+// check having walked the blocks already; `valid` is false when they would take more than
+// `effects_max_bytes` of host memory, and on failure. rec's runs are pointed at `program`'s
+// sections (as replay_blocks does).
+struct VerifiedEffects {
+  std::vector<IssuedEffects> cores;  // storage reused from check to check (capacity kept)
+  bool valid = false;                // `cores` holds the effects of the check that passed last
+};
+bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                         const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes = nullptr);
+                        L2Placement& placement, std::vector<GmAccess>* writes = nullptr,
+                        VerifiedEffects* effects = nullptr, uint64_t effects_max_bytes = 0);
+// Carries out the effects verify_translation kept for `rec` and this launch (cores on `pool`):
+// what replay_blocks(rec, ...) would do, without walking the blocks. Returns "" or the first
+// fault as replay_blocks does.
+std::string run_verified(const VerifiedEffects& effects, const RecordedLaunch& rec,
+                         const isa::Program& program,
+                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                         const ChipConfig& cfg, WorkerPool& pool);
 
 // Recorded launches by key, at most `capacity` keys and about `max_bytes` of recordings (the
 // least recently used key goes first). A recording verified for other addresses is also kept

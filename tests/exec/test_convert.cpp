@@ -5,6 +5,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "common/convert.h"
@@ -223,6 +224,39 @@ TEST_CASE("convert_element: every pair of element types and every mode") {
   }
   uint32_t x = 0;
   CHECK_THROWS_AS(convert_element(Dtype::S64, &x, Dtype::F32, &x, RoundMode::kRint), Error);
+}
+
+TEST_CASE("int -> float at the edge of exact integers, in any host rounding mode") {
+  // Integers the destination holds exactly convert without rounding (a fast path); the first
+  // ones past it round by mode. Both sides of each edge against the reference, also with the
+  // host rounding upward (the fast path must not depend on it).
+  std::vector<int32_t> values;
+  for (int64_t edge : {int64_t{1} << 8, int64_t{1} << 11, int64_t{1} << 24})
+    for (int64_t d = -5; d <= 5; ++d)
+      for (int64_t sign : {1, -1}) values.push_back(static_cast<int32_t>(sign * (edge + d)));
+  values.push_back(std::numeric_limits<int32_t>::min());
+  values.push_back(std::numeric_limits<int32_t>::max());
+  for (int host : {FE_TONEAREST, FE_UPWARD}) {
+    std::fesetround(host);
+    for (Dtype dst : {Dtype::F32, Dtype::F16, Dtype::BF16})
+      for (int mode = 0; mode < kNumRoundModes; ++mode)
+        for (int32_t v : values) {
+          uint32_t got = 0;
+          convert_element(dst, &got, Dtype::S32, &v, static_cast<RoundMode>(mode));
+          std::fesetround(FE_TONEAREST);  // for the reference's and Catch's own arithmetic
+          const uint32_t want =
+              ref_convert(dst, Dtype::S32, static_cast<uint32_t>(v), static_cast<RefRound>(mode));
+          INFO(isa::dtype_name(dst) << " mode " << mode << " value " << v << " host " << host);
+          REQUIRE(got == want);
+          std::fesetround(host);
+        }
+    std::fesetround(FE_TONEAREST);
+  }
+  // round_to_integral's ties at the largest magnitudes that have them (below 2^52).
+  for (double x : {4503599627370495.5, -4503599627370495.5, 4503599627370494.5, 2251799813685248.5})
+    for (int mode = 0; mode < kNumRoundModes; ++mode)
+      CHECK(round_to_integral(x, static_cast<RoundMode>(mode)) ==
+            static_cast<double>(ref_round_integer(x, static_cast<RefRound>(mode))));
 }
 
 TEST_CASE("round mode field decoding") {
