@@ -4,7 +4,8 @@ Every test here needs tensorflow; without it the whole folder is skipped. The pl
 from NPUSIM_TF_PLUGIN, else $NPUSIM_BUILD_DIR/libnpusim_tf_plugin.so (default build/); the
 npusim package from the repository (adapter/tf/python). All tests of one pytest process share
 one TensorFlow and one emulated chip: the tiny preset (NPUSIM_CHIP=tiny), which keeps kernels
-fast. Tests that need a fresh process (import order, configure before the device exists) run
+fast, whichever test opens the NPU first (the environment is set when this file loads). Tests
+that need a fresh process (import order, configure before the device exists) run
 a child Python (run_child).
 """
 
@@ -129,19 +130,27 @@ def mlp_on_two_npus(samples):
         """)
 
 
-# Quiet TensorFlow's C++ logging (set before any test module imports tensorflow). Test modules
-# start with pytest.importorskip("tensorflow"), so without it every module is reported skipped.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-@pytest.fixture(scope="session")
-def npusim():
+def _use_the_test_chip():
+    """Sets this process up for the tests' chip (tiny) before any test module runs. The chip
+    config is fixed when the process's first NPU op opens the device (one per process), so it
+    must not depend on which test comes first: a test that imports npusim without the `npusim`
+    fixture, run before the others, would otherwise open the default 910b, and every later
+    configure(chip="tiny") would raise "already in use" (test files failed in some orders)."""
     os.environ.update({k: v for k, v in child_env().items()
-                       if k in ("NPUSIM_TF_PLUGIN", "NPUSIM_CHIP", "TF_CPP_MIN_LOG_LEVEL")})
+                       if k in ("NPUSIM_TF_PLUGIN", "NPUSIM_CHIP")})
+    # Quiet TensorFlow's C++ logging (before any test module imports tensorflow).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in RESET_VARIABLES:
         os.environ.pop(name, None)
     if PACKAGE_DIR not in sys.path:
         sys.path.insert(0, PACKAGE_DIR)
+
+
+_use_the_test_chip()
+
+
+@pytest.fixture(scope="session")
+def npusim():
     import npusim as module  # pylint: disable=import-outside-toplevel
 
     module.configure(chip="tiny")

@@ -217,3 +217,81 @@ def test_bad_mixlist_is_a_clear_error(tmp_path):
         error = errors[str(path)]
         assert error is not None and str(path) in error and key in error, error
     assert errors[str(missing)] is not None and str(missing) in errors[str(missing)]
+
+
+# Inference reading a float32 constant in float16 (a frozen graph's weights), then training
+# reading a variable in float16, under allow_mix_precision; node by node or as whole graphs.
+# Prints every call's Cast launches (op name) and the inference result.
+CONST_AND_VARIABLE_CASTS = r'''
+import json
+import numpy as np
+import npusim
+npusim.configure(precision_mode="allow_mix_precision", graph_mode={graph_mode})
+import tensorflow as tf
+rng = np.random.default_rng(4)
+x_np = rng.standard_normal((16, 64)).astype(np.float32)
+w_np = rng.standard_normal((64, 32)).astype(np.float32) * 0.1
+
+
+def casts():
+    return [r["op_name"] for r in npusim.launch_records() if r["kernel"].startswith("Cast")]
+
+
+@tf.function
+def infer(x):
+    return tf.nn.relu(tf.matmul(x, tf.constant(w_np, name="frozen_weight")))
+
+
+v = tf.Variable(w_np)
+
+
+@tf.function
+def train(x):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(x, v) ** 2)
+    v.assign_sub(1e-3 * tape.gradient(loss, v))
+    return loss
+
+
+x = tf.constant(x_np)
+result = {{"infer": [], "train": []}}
+with tf.device("/NPU:0"):
+    for _ in range(2):
+        npusim.clear_launch_records()
+        y = infer(x).numpy()
+        result["infer"].append(casts())
+    for _ in range(2):
+        npusim.clear_launch_records()
+        train(x).numpy()
+        result["train"].append(casts())
+result["y"] = y.tolist()
+print("RESULT" + json.dumps(result))
+'''
+
+
+@pytest.mark.parametrize("graph_mode", [False, True], ids=["node_by_node", "whole_graph"])
+def test_constants_read_in_float16_are_folded_and_changed_weights_cast(graph_mode):
+    """A float32 Const read by a float16 MatMul is stored in float16 by the pass (as CANN's graph
+    engine folds the Cast): no call casts it, the input x is cast at every call. (Node by node,
+    TensorFlow's constant folding folds the pass's Cast too; in a whole graph, the default, only
+    the pass can: before it, every call launched that Cast.) A variable the step writes is cast
+    at every training step (its float32 master copy changed). The result is that of the float16
+    product of the rounded operands."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    result = child_result(CONST_AND_VARIABLE_CASTS.format(graph_mode=graph_mode))
+    for casts in result["infer"]:
+        assert not [c for c in casts if "frozen_weight" in c], casts
+        # Casts to float16: x's, at every call (the result's cast back to float32 is not one).
+        assert [c for c in casts if c.endswith("_f16")] == ["x/npusim_amp_0_f16"], casts
+    for casts in result["train"]:  # x's and the changed variable's casts, at every step
+        assert len([c for c in casts if "ReadVariableOp" in c]) >= 1, casts
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 32)).astype(np.float32) * 0.1
+    # The reference: the float16 operands multiplied exactly (float64), rounded to float16 once.
+    want = np.maximum(x.astype(np.float16).astype(np.float64) @
+                      w.astype(np.float16).astype(np.float64), 0).astype(np.float16)
+    # fp32 accumulation and one fp16 rounding of the output: within 1 fp16 ulp (2^-10 relative).
+    np.testing.assert_allclose(np.array(result["y"], dtype=np.float32), want.astype(np.float32),
+                               rtol=2.0 ** -10, atol=1e-3)

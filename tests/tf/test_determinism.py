@@ -13,10 +13,16 @@ placement follows TensorFlow's allocation order, which changes from run to run. 
 process places the tensors elsewhere for certain: it keeps three tensors on the NPU before
 training. The L2 model files a launch's lines by allocation (sim/chip/l2_placement.h), so the
 report does not change.
+
+The third test runs a training step node by node in which several MatMuls read one activation:
+each step's launch list (kernel by TF node) is the same at every step and in two processes. The
+casts of an activation's f16 copy used to be kept or not depending on the addresses TensorFlow's
+allocation order gave it and on which executor thread reached the derived-tensor cache first.
 """
 
 import csv
 import collections
+import json
 import os
 import sys
 
@@ -125,3 +131,55 @@ def test_keras_fit_twice_gives_the_same_report(tmp_path):
 
 def test_keras_fit_overflowing_the_l2_gives_the_same_report_wherever_its_tensors_lie(tmp_path):
     assert_same_report(tmp_path, CHILD_RESIDUAL, SMALL_L2, pad_b=PAD)
+
+
+# A step run node by node (graph_mode=False) where six MatMuls read one activation `h` (each
+# casts it to fp16) and the weights change every step; prints every step's launches.
+CHILD_SHARED_ACTIVATION = r'''
+import json
+import numpy as np
+import npusim
+npusim.configure(graph_mode=False)
+import tensorflow as tf
+rng = np.random.default_rng(0)
+x = tf.constant(rng.standard_normal((32, 64)).astype(np.float32))
+w0 = tf.Variable(rng.standard_normal((64, 64)).astype(np.float32) * 0.1)
+ws = [tf.Variable(rng.standard_normal((64, 32)).astype(np.float32) * 0.1) for _ in range(6)]
+opt = tf.keras.optimizers.SGD(0.01)
+
+@tf.function
+def step(x):
+    with tf.GradientTape() as tape:
+        h = tf.nn.relu(tf.matmul(x * 2.0, w0))
+        loss = tf.add_n([tf.reduce_sum(tf.matmul(h, w) ** 2) for w in ws])
+    variables = [w0] + ws
+    opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+
+steps = []
+for _ in range(7):
+    npusim.clear_launch_records()
+    step(x).numpy()
+    steps.append(sorted([r["op_name"], r["kernel"], r["cycles"]] for r in npusim.launch_records()))
+print("STEPS" + json.dumps(steps))
+'''
+
+
+def test_node_by_node_step_launches_the_same_kernels_every_step_and_every_run():
+    runs = []
+    for _ in range(2):
+        proc = run_child(CHILD_SHARED_ACTIVATION, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads([l for l in proc.stdout.splitlines()
+                                if l.startswith("STEPS")][-1][len("STEPS"):]))
+    for steps in runs:
+        # The first step's launches may differ (its first-run work, e.g. the weights' first
+        # casts); every later step is the same step.
+        counts = [len(s) for s in steps]
+        assert all(s == steps[1] for s in steps[2:]), f"launches per step {counts}"
+        # The six MatMuls reading `h` (MatMul_1 .. MatMul_6) each cast it and their weight, which
+        # the step before changed: nothing derived from an activation is kept.
+        casts = collections.Counter(op for op, kernel, _ in steps[1]
+                                    if kernel.startswith("Cast_f32_f16"))
+        assert [casts[f"MatMul_{k}"] for k in range(1, 7)] == [2] * 6, casts
+    assert runs[0] == runs[1], f"{[len(s) for s in runs[0]]} vs {[len(s) for s in runs[1]]}"

@@ -70,6 +70,19 @@ def test_tensor_round_trip_through_npu_memory(tf, dtype):
     np.testing.assert_array_equal(back, host)
 
 
+def test_a_test_without_the_fixture_opens_the_test_chip():
+    """This test asks for no fixture: were it the first of its process to run an NPU op, it
+    would open the NPU with the process's settings, and the tests after it (which ask for the
+    tiny chip) would fail if that were another chip. conftest.py sets the tiny chip when it
+    loads, so the test files run in any order in one process."""
+    import npusim  # pylint: disable=import-outside-toplevel,redefined-outer-name
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel,redefined-outer-name
+
+    with tf.device("/NPU:0"):
+        tf.identity(tf.zeros([1])).numpy()
+    assert npusim.device_info()["settings"]["chip"] == "tiny"
+
+
 def test_large_tensor_round_trip(tf):
     host = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: many pages
     with tf.device("/NPU:0"):
@@ -81,9 +94,12 @@ def test_configure_cannot_change_an_open_device(npusim, tf):
     with tf.device("/NPU:0"):
         tf.identity(tf.zeros([1]))
     npusim.configure(chip="tiny")  # the same config: fine
-    with pytest.raises(npusim.NpusimError, match="already in use"):
+    # The error names the setting that would change, both values, and the rule.
+    with pytest.raises(npusim.NpusimError,
+                       match=r"already in use.*chip 'tiny' -> '910b'.*one chip config per process"):
         npusim.configure(chip="910b")
-    with pytest.raises(npusim.NpusimError, match="already in use"):
+    with pytest.raises(npusim.NpusimError, match=r"already in use.*overrides \[\] -> "
+                                                 r"\['memory.hbm.gbps=900'\]"):
         npusim.configure(overrides={"memory.hbm.gbps": 900})
     assert npusim.device_info()["settings"]["chip"] == "tiny"
 

@@ -86,8 +86,9 @@ std::vector<std::string> CompiledOpCache::keys() const {
 CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs,
                                    std::vector<HostAttrInput> host_attrs)
     : m_type(ctx->type_string()), m_host_attrs(std::move(host_attrs)) {
-  if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable_inputs).ok())
-    m_stable_inputs.clear();  // only a hint
+  m_stable_inputs.marked = ctx->HasAttr(kStableInputsAttr);
+  if (m_stable_inputs.marked && !ctx->GetAttr(kStableInputsAttr, &m_stable_inputs.positions).ok())
+    m_stable_inputs = {};  // only a hint
   for (const AttrSpec& a : attrs) {
     if (!ctx->HasAttr(a.name)) continue;
     rt::Status st;
@@ -306,7 +307,7 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
                              const compiler::OpDesc& op, const CompiledOp& compiled,
                              const std::vector<uint64_t>& input_addrs,
                              const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
-                             const std::vector<int64_t>& stable_inputs,
+                             const StableInputs& stable_inputs,
                              const std::shared_ptr<const rt::LaunchLabel>& label,
                              std::vector<std::shared_ptr<const void>>* hold,
                              const DerivedPlacement* placement) {
@@ -337,10 +338,11 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
         const uint64_t addr = input_addrs.at(static_cast<size_t>(i));
         const uint64_t bytes = op.inputs.at(static_cast<size_t>(i)).bytes();
         if (addr != 0 && bytes != 0) sources.push_back({addr, bytes});
-        stable = stable &&
-                 std::find(stable_inputs.begin(), stable_inputs.end(), i) != stable_inputs.end();
+        stable = stable && stable_inputs.stable(i);
       }
-      if (sources.size() == t.inputs.size()) {  // else an empty source: nothing to keep
+      // An empty source: nothing to keep. A source the graph knows to be rewritten between
+      // runs: computed every run, never watched (StableInputs::marked).
+      if (sources.size() == t.inputs.size() && (stable || !stable_inputs.marked)) {
         uses[d] = DerivedTensorCache::instance().use(device_ptr, k, d, sources, stable);
         derived_addrs[d] = uses[d].addr;
         derived_of_launch.at(t.launch) = static_cast<int>(d);
@@ -371,7 +373,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
-                              const std::vector<int64_t>& stable_inputs) {
+                              const StableInputs& stable_inputs) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   if (k.launches.empty()) return rt::ok_status();  // every output is empty

@@ -25,6 +25,7 @@
 #include "adapter/profiler/pipe_trace.h"
 #include "adapter/runtime/device.h"
 #include "adapter/tf/plugin/kernel.h"
+#include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
 
@@ -81,13 +82,13 @@ rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
 // one dispatch id per call (so the launches of one run of the op share it). Derived tensors
 // (the casts of cube operands) are kept across runs where their source is stable
 // (derived_tensor_cache.h, keep_derived_tensors()).
-// stable_inputs: positions of inputs the graph marked as variable values or constants
-// (stable_inputs.h).
+// stable_inputs: what the graph optimizer marked (stable_inputs.h): the inputs that are variable
+// values or constants, and whether an unmarked input may be watched.
 rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device,
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
-                              const std::vector<int64_t>& stable_inputs = {});
+                              const StableInputs& stable_inputs = {});
 
 // Where a caller that queues several ops puts their derived tensors (compiler::DerivedTensor),
 // to share one between ops of a run (the NpuGraph kernel: two MatMuls reading one f32 tensor
@@ -111,7 +112,7 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stre
                              const compiler::OpDesc& op, const CompiledOp& compiled,
                              const std::vector<uint64_t>& input_addrs,
                              const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
-                             const std::vector<int64_t>& stable_inputs,
+                             const StableInputs& stable_inputs,
                              const std::shared_ptr<const rt::LaunchLabel>& label,
                              std::vector<std::shared_ptr<const void>>* hold,
                              const DerivedPlacement* placement = nullptr);
@@ -187,7 +188,7 @@ class CompiledOpKernel : public OpKernel {
   std::string m_type;
   std::map<std::string, compiler::AttrValue> m_attrs;
   std::vector<HostAttrInput> m_host_attrs;
-  std::vector<int64_t> m_stable_inputs;  // kStableInputsAttr, if the graph optimizer set it
+  StableInputs m_stable_inputs;  // kStableInputsAttr, if the graph optimizer set it
 };
 
 }  // namespace npusim::tf

@@ -6,8 +6,10 @@
 // variable is written: in inference the weights are cast once, in training after every update.
 //
 // Which sources get a buffer: those the graph optimizer marked as a variable's value or a
-// constant (stable_inputs.h), at once; any other (eager ops, unmarked graphs) is first computed
-// in the op's workspace while the runtime watches its source (rt::DerivedState), and once a run
+// constant (stable_inputs.h), at once; the other inputs of a marked node never (the caller does
+// not ask: StableInputs::marked); any source of an op the optimizer did not see (eager ops) is
+// first computed in the op's workspace while the runtime watches its source
+// (rt::DerivedState), and once a run
 // finds the source unchanged since the previous run (a weight; never an activation, which is
 // rewritten every step) the next run gives it a buffer. From then on the driver leaves the
 // launch out whenever the source has not been written since the buffer was filled (device

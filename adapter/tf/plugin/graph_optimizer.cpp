@@ -239,11 +239,12 @@ const tfc::NodeDef* producer(const std::map<std::string, const tfc::NodeDef*>& n
   return nullptr;
 }
 
-// Gives every NPU node whose data inputs include a variable's value (ReadVariableOp) or a
-// constant the attribute kStableInputsAttr: those inputs' positions. Such a value is not
-// rewritten between steps unless the variable is assigned, so the kernel keeps what it derives
-// from it at once (derived_tensor_cache.h) instead of first watching it change or not. Returns
-// the nodes whose attribute changed.
+// Gives every NPU node with data inputs the attribute kStableInputsAttr: the positions of those
+// inputs that are a variable's value (ReadVariableOp) or a constant, possibly none. Such a value
+// is not rewritten between steps unless the variable is assigned, so the kernel keeps what it
+// derives from it at once (derived_tensor_cache.h); what it derives from any other input it
+// computes every run (StableInputs::marked: the step's launches follow from the graph, not from
+// tensor addresses or thread timing). Returns the nodes whose attribute changed.
 int mark_stable_inputs(tfc::GraphDef& graph) {
   std::map<std::string, const tfc::NodeDef*> nodes;
   for (const tfc::NodeDef& node : graph.node()) nodes[node.name()] = &node;
@@ -258,8 +259,9 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
       if (p && (p->op() == "ReadVariableOp" || p->op() == "Const")) stable.push_back(data_index);
       ++data_index;
     }
-    if (stable.empty()) continue;
+    if (data_index == 0) continue;
     tfc::AttrValue value;
+    value.mutable_list();  // an empty list is a list too
     for (int64_t i : stable) value.mutable_list()->add_i(i);
     auto& attrs = *node.mutable_attr();
     const auto it = attrs.find(kStableInputsAttr);
@@ -329,9 +331,11 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
           [](const tfc::NodeDef& node) { return has_npu_kernel(node); });
       if (std::getenv("NPUSIM_FUSION_LOG") && counts.total() > 0)
         std::fprintf(stderr,
-                     "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d bias "
-                     "epilogues split, %d left float32 (no float16 kernel)\n",
-                     item_id(item).c_str(), counts.half_nodes, counts.casts, counts.split,
+                     "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d Consts "
+                     "folded to float16, %d bias epilogues split, %d left float32 (no float16 "
+                     "kernel)\n",
+                     item_id(item).c_str(), counts.half_nodes, counts.casts, counts.folded_consts,
+                     counts.split,
                      counts.no_half_kernel);
       changed |= counts.total() > 0;
     } catch (const std::exception& e) {

@@ -3,7 +3,9 @@
 #include "adapter/tf/plugin/mixed_precision.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 #include "common/input_file.h"
+#include "common/numeric.h"
 
 namespace npusim::tf {
 namespace {
@@ -197,6 +200,48 @@ const tfc::AttrValue* type_attr(const tfc::NodeDef& node) {
   const auto it = node.attr().find("T");
   if (it == node.attr().end() || it->second.value_case() != tfc::AttrValue::kType) return nullptr;
   return &it->second;
+}
+
+// The float16 Const holding `c`'s float32 values rounded as a Cast rounds them (to nearest,
+// ties to even: common/numeric.h), named `name`; nullopt if `c` is no float32 Const whose values
+// it can read. CANN's graph engine folds such a Cast at compile time: the weights of a frozen
+// graph are stored in float16 and no launch casts them at each run.
+std::optional<tfc::NodeDef> half_const(const tfc::NodeDef& c, const std::string& name) {
+  const auto dt = c.attr().find("dtype");
+  const auto value = c.attr().find("value");
+  if (c.op() != "Const" || dt == c.attr().end() || dt->second.type() != tfc::DT_FLOAT ||
+      value == c.attr().end() || value->second.value_case() != tfc::AttrValue::kTensor)
+    return std::nullopt;
+  const tfc::TensorProto& t = value->second.tensor();
+  if (t.dtype() != tfc::DT_FLOAT) return std::nullopt;
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) {
+    if (d.size() < 0) return std::nullopt;
+    elements *= d.size();
+  }
+  std::vector<float> v(static_cast<size_t>(elements), 0.0f);  // no values: TF's zeros
+  if (t.float_val_size() > 0) {  // the last value repeats to fill the shape
+    for (int64_t i = 0; i < elements; ++i)
+      v[static_cast<size_t>(i)] =
+          t.float_val(static_cast<int>(std::min<int64_t>(i, t.float_val_size() - 1)));
+  } else if (!t.tensor_content().empty()) {
+    if (t.tensor_content().size() != v.size() * sizeof(float)) return std::nullopt;
+    std::memcpy(v.data(), t.tensor_content().data(), t.tensor_content().size());
+  }
+  std::string bytes(v.size() * sizeof(uint16_t), '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t h = f32_to_f16(v[i]);
+    std::memcpy(&bytes[i * sizeof h], &h, sizeof h);
+  }
+  tfc::NodeDef out = new_node(name, "Const", c.device());
+  for (const std::string& in : c.input())  // a Const has control inputs only
+    out.add_input(in);
+  (*out.mutable_attr())["dtype"].set_type(tfc::DT_HALF);
+  tfc::TensorProto* h = (*out.mutable_attr())["value"].mutable_tensor();
+  h->set_dtype(tfc::DT_HALF);
+  *h->mutable_tensor_shape() = t.tensor_shape();
+  h->set_tensor_content(bytes);
+  return out;
 }
 
 const char* short_name(tfc::DataType t) { return t == tfc::DT_HALF ? "f16" : "f32"; }
@@ -386,7 +431,7 @@ MixedPrecisionCounts apply_mixed_precision(
   if (counts.half_nodes == 0) return counts;
 
   // 3. Casts where a producer's output type differs from what its consumer reads; one per
-  //    (tensor, type).
+  //    (tensor, type). A float32 Const read in float16 becomes a float16 Const (half_const).
   std::map<std::pair<std::string, tfc::DataType>, std::string> casts;
   std::vector<tfc::NodeDef> added;
   for (int i = 0; i < n; ++i) {
@@ -414,6 +459,15 @@ MixedPrecisionCounts apply_mixed_precision(
             name + "/npusim_amp_" + std::to_string(port) + "_" + short_name(want);
         while (index.count(cast_name)) cast_name += "_";
         index[cast_name] = -1;
+        it->second = cast_name;
+        if (want == tfc::DT_HALF) {
+          if (std::optional<tfc::NodeDef> folded = half_const(producer, cast_name)) {
+            added.push_back(std::move(*folded));
+            ++counts.folded_consts;
+            node.set_input(j, it->second);
+            continue;
+          }
+        }
         tfc::NodeDef cast = new_node(cast_name, "Cast",
                                      on_npu(producer.device()) ? producer.device() : node.device());
         cast.add_input(tensor);
@@ -421,7 +475,6 @@ MixedPrecisionCounts apply_mixed_precision(
         (*cast.mutable_attr())["DstT"].set_type(want);
         (*cast.mutable_attr())["Truncate"].set_b(false);
         added.push_back(cast);
-        it->second = cast_name;
         ++counts.casts;
       }
       node.set_input(j, it->second);

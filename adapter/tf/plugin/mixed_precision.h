@@ -79,9 +79,10 @@ rt::Status load_mix_lists(const std::string& path, MixLists* out);
 struct MixedPrecisionCounts {
   int half_nodes = 0;      // nodes turned to float16
   int casts = 0;           // Cast nodes inserted
+  int folded_consts = 0;   // float32 Consts read in float16: a float16 Const instead of a Cast
   int split = 0;           // Conv2DBiasAdd / MatMulBiasAdd nodes split back to run in float16
   int no_half_kernel = 0;  // trust- or graylisted nodes left float32: no float16 NPU kernel
-  int total() const { return half_nodes + casts + split; }
+  int total() const { return half_nodes + casts + folded_consts + split; }
 };
 
 // Whether the pass applies: the device's precision mode (opened, else the environment's) is

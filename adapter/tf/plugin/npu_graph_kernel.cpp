@@ -66,7 +66,7 @@ struct Step {
   // tensor) that computed it already in this run (-1: none), whose launch is then left out.
   std::vector<Place> derived_at;
   std::vector<std::pair<int, int>> derived_from;
-  std::vector<int64_t> stable_inputs;            // positions fed by stable inputs of the graph
+  StableInputs stable_inputs;                    // inputs fed by stable inputs of the graph
   std::shared_ptr<const rt::LaunchLabel> label;  // dispatch set per run
   // A slice whose outputs the plan placed in its input, or a concatenation whose inputs' steps
   // write their pieces into its output (place_in_place): nothing to launch.
@@ -185,8 +185,11 @@ class NpuGraphKernel : public OpKernel {
           rt::Status(rt::StatusCode::invalid_argument, "NpuGraph '" + m_name + "': " + error));
       return;
     }
-    if (ctx->HasAttr(kStableInputsAttr) && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok())
-      m_stable.clear();  // only a hint
+    m_marked = ctx->HasAttr(kStableInputsAttr);
+    if (m_marked && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok()) {
+      m_marked = false;  // only a hint
+      m_stable.clear();
+    }
     if (ctx->HasAttr(kVariablesAttr)) {
       st = ctx->GetAttr(kVariablesAttr, &m_variables);
       if (st.ok() && m_variables != m_spec.num_variables)
@@ -392,6 +395,7 @@ class NpuGraphKernel : public OpKernel {
         return rt::Status(rt::StatusCode::internal,
                           "NpuGraph '" + m_name + "': " + what() + " is no compiled op");
       Step s;
+      s.stable_inputs.marked = m_marked;
       s.op.type = node.op;
       for (const AttrSpec& a : *specs) {
         const auto it = node.attrs.find(a.name);
@@ -412,7 +416,7 @@ class NpuGraphKernel : public OpKernel {
           d = in.at(static_cast<size_t>(src.input));
           p = {Place::Kind::input, static_cast<uint64_t>(src.input)};
           if (std::find(m_stable.begin(), m_stable.end(), src.input) != m_stable.end())
-            s.stable_inputs.push_back(static_cast<int64_t>(i));
+            s.stable_inputs.positions.push_back(static_cast<int64_t>(i));
         } else if (src.host_const >= 0) {
           const Tensor t = host_tensor(m_spec.consts.at(static_cast<size_t>(src.host_const)));
           if (!t.valid()) return rt::Status(rt::StatusCode::internal, what() + ": a host constant");
@@ -682,6 +686,7 @@ class NpuGraphKernel : public OpKernel {
   std::string m_name;
   NpuGraphSpec m_spec;
   std::vector<int64_t> m_stable;
+  bool m_marked = false;    // the graph optimizer gave the node kStableInputsAttr (StableInputs)
   int64_t m_variables = 0;  // V
   std::mutex m_mutex;
   std::map<std::string, std::shared_ptr<const Plan>> m_plans;  // by input signature

@@ -181,10 +181,13 @@ def configure(chip=None, overrides=None, report_dir=None, precision_mode=None, f
             modify_mixlist=env.get("NPUSIM_MODIFY_MIXLIST", current["modify_mixlist"]),
         )
         if wanted != current:
+            changes = ", ".join(f"{k} {current[k]!r} -> {wanted[k]!r}" for k in wanted
+                                if wanted[k] != current.get(k))
             raise NpusimError(
-                f"the NPU is already in use with {json.dumps(current)}; this process cannot "
-                f"switch to {json.dumps(wanted)} (one chip config per process: start a new "
-                "process, e.g. one per config in a sweep)")
+                f"configure: the NPU is already in use, opened by this process's first NPU op "
+                f"with {json.dumps(current)}; cannot change {changes}: one chip config per "
+                "process (call configure() before the first op, or start a new process per "
+                "config, e.g. one per config in a sweep)")
     elif env:
         previous = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
