@@ -85,9 +85,9 @@ class ChannelSumEmitter {
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
-  // The running sums (and the plain ones) ping-pong: a tile's sums go from acc[q] into
-  // acc[1 - q] (q its ping / pong), never in place (the bank model: a destination that is also
-  // a source takes a second access to its banks per repeat).
+  // The running sums (and the plain ones) ping-pong where the tile stays as large: a tile's
+  // sums go from acc[q] into acc[1 - q] (q its ping / pong), never in place (the bank model: a
+  // destination that is also a source takes a second access to its banks per repeat).
   uint64_t m_acc[2] = {0, 0}, m_acc2[2] = {0, 0};
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
@@ -96,6 +96,7 @@ class ChannelSumEmitter {
   FlagPair m_in_free, m_in_ready;
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
   bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
+  bool m_pingpong = false;  // the sums ping-pong (else acc[1] == acc[0]: in place)
 };
 
 ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -124,35 +125,46 @@ void ChannelSumEmitter::plan_tile() {
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
-  auto need = [&](int64_t t, int64_t ct) {
+  auto need = [&](int64_t t, int64_t ct, bool pingpong) {
+    const int accs = pingpong ? 2 : 1;
     const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
     // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
-    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 2 * 4 +
+    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + accs * 4 +
                                                (s.kind != Kind::kSum || s.centered ? 4 : 0) +
-                                               (s.plain_sum ? 2 * 4 : 0) + (s.relu_mask ? 5 : 0));
+                                               (s.plain_sum ? accs * 4 : 0) +
+                                               (s.relu_mask ? 5 : 0));
     // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
     const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
                           static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct * 4 * vectors) +
-           static_cast<uint64_t>(14 + vectors) * (PixelOps::kPixelSlack + 32 + span);
+           static_cast<uint64_t>(10 + 2 * accs + vectors) * (PixelOps::kPixelSlack + 32 + span);
   };
   // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
   // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
   m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
   m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
-  int64_t tp = 1;
-  while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
-  int64_t ct = 0;
-  for (;;) {
-    for (int64_t c = unit; c <= s.cp; c += unit)
-      if (s.cp % c == 0 && need(tp, c) <= ub) ct = c;
-    if (ct || tp == 1) break;
-    tp /= 2;
-  }
+  // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums only
+  // where the same tile fits them (measured, docs/compiler.md "The channel sums' pipeline": a
+  // smaller tile for them, in pixels or channels, cost more than the in-place accumulation
+  // saves at several of ResNet-50's shapes).
+  auto largest = [&](bool pingpong) {
+    int64_t tp = 1;
+    while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
+    int64_t ct = 0;
+    for (;;) {
+      for (int64_t c = unit; c <= s.cp; c += unit)
+        if (s.cp % c == 0 && need(tp, c, pingpong) <= ub) ct = c;
+      if (ct || tp == 1) break;
+      tp /= 2;
+    }
+    return std::pair<int64_t, int64_t>{tp, ct};
+  };
+  const auto [tp, ct] = largest(false);
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
+  m_pingpong = largest(true) == std::pair<int64_t, int64_t>{tp, ct};
   m_tp = tp;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
@@ -205,11 +217,11 @@ void ChannelSumEmitter::allocate() {
     m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
     m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
   }
-  m_acc[0] = alloc(tile * 4 + slack, "accumulators (ping)", 2);
-  m_acc[1] = alloc(tile * 4 + slack, "accumulators (pong)", 5);
+  m_acc[0] = alloc(tile * 4 + slack, "accumulators", 2);
+  m_acc[1] = m_pingpong ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
   if (m_s.plain_sum) {
-    m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators (ping)", 3);
-    m_acc2[1] = alloc(tile * 4 + slack, "plain accumulators (pong)", 4);
+    m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
+    m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
   }
 }
 
@@ -297,7 +309,6 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   }
   if (m_vectors) load_vectors(g);
   accumulate_tiles(p0, p1, item, g);  // the group's folded sums in acc[0] (and acc2[0])
-  if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   store_sums("partials", m_acc[0], blk, item, g);
@@ -347,8 +358,9 @@ void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, cons
 }
 
 // The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
-// buffers (the loop unrolled twice, as the streaming kernel's), then the running sums folded
-// into acc[0]: the loop leaves before a ping tile with the sums in acc[0], before a pong tile
+// buffers (the loop unrolled twice, as the streaming kernel's), then the group's vectors
+// released and the running sums folded into acc[0]: with ping-pong sums the loop leaves before
+// a ping tile with the sums in acc[0], before a pong tile (or after a partial one, in place)
 // with them in acc[1], so each exit folds from its own.
 void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
                                          const Reg& g) {
@@ -356,7 +368,11 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   Reg t0 = b.reg("tile start");
   b.mov(t0, p0);
   Label loop = b.label("tiles"), end = b.label("tiles_end");
-  Label exit[2] = {b.label("tiles_end_sums_in_ping"), b.label("tiles_end_sums_in_pong")};
+  // In place (acc[1] == acc[0]) both exits are the same.
+  const int exits = m_pingpong ? 2 : 1;
+  Label exit[2] = {b.label("tiles_end_sums_in_ping"),
+                   m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
+  if (!m_pingpong) exit[1] = exit[0];
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
     b.branch(ge(t0, p1), exit[q]);
@@ -364,11 +380,12 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
     b.add(t0, t0, m_tp);
   }
   b.jmp(loop);
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < exits; ++q) {
     b.bind(exit[q]);
+    if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);  // the group's vectors are done
     fold_into_first(m_acc, q);
     if (m_s.plain_sum) fold_into_first(m_acc2, q);
-    if (q == 0) b.jmp(end);
+    if (q + 1 < exits) b.jmp(end);
   }
   b.bind(end);
 }
@@ -393,6 +410,10 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   b.set_flag(m_in_ready, q);
   b.wait_flag(m_in_ready, q);
   auto accumulate = [&](const uint64_t (&acc)[2], uint64_t src) {
+    if (!m_pingpong) {
+      vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[0], acc[0], src, cnt);
+      return;
+    }
     Label full = b.label("full_tile"), next = b.label("accumulated");
     b.branch(ge(n, m_tp), full);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[q], acc[q], src, cnt);
@@ -419,7 +440,7 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, b32, cnt);
   accumulate(m_acc, term);
   b.set_flag(m_in_free, q);
-  b.branch(lt(n, m_tp), partial_exit);
+  if (m_pingpong) b.branch(lt(n, m_tp), partial_exit);
 }
 
 // n pixels of the group's channels from `arg` into dst.
@@ -451,7 +472,7 @@ void ChannelSumEmitter::fold_into_first(const uint64_t (&acc)[2], int from) {
     vec_binary(m_b, Opcode::op_vadd, Dtype::F32, acc[1 - at], acc[at],
                acc[at] + static_cast<uint64_t>(h * m_ct) * 4, n);
   }
-  if (at != 0) {
+  if (acc[at] != acc[0]) {
     Reg n = m_b.reg_imm("channels", m_ct);
     f32_copy(m_b, acc[0], acc[1], n);
   }
