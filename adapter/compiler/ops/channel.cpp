@@ -22,6 +22,9 @@ namespace {
 
 constexpr int64_t kMaxTilePixels = 128;  // a power of two <= PixelOps::kPixChunk
 constexpr int64_t kF32Tile = 64;         // epilogue channel tiles: whole f32 repeats
+// Tiles per block and channel group from which the channel sums ping-pong in a smaller tile
+// (measured at ResNet-50's shapes, docs/compiler.md: 5 and 17 gain, 2 lose).
+constexpr int64_t kPingPongTiles = 4;
 
 }  // namespace
 
@@ -146,10 +149,11 @@ void ChannelSumEmitter::plan_tile() {
   // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
   m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
   m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
-  // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums only
-  // where the same tile fits them (measured, docs/compiler.md "The channel sums' pipeline": a
-  // smaller tile for them, in pixels or channels, cost more than the in-place accumulation
-  // saves at several of ResNet-50's shapes).
+  // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums where
+  // the same tile fits them, or where their own largest tile still leaves a block at least
+  // kPingPongTiles tiles per channel group (measured, docs/compiler.md "The channel sums'
+  // pipeline": with fewer, the smaller tile's extra groups, each cleared, folded and stored,
+  // cost more than the in-place accumulation; with more, the accumulation dominates).
   auto largest = [&](bool pingpong) {
     int64_t tp = 1;
     while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
@@ -162,9 +166,14 @@ void ChannelSumEmitter::plan_tile() {
     }
     return std::pair<int64_t, int64_t>{tp, ct};
   };
-  const auto [tp, ct] = largest(false);
+  auto [tp, ct] = largest(false);
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
-  m_pingpong = largest(true) == std::pair<int64_t, int64_t>{tp, ct};
+  const auto [tp2, ct2] = largest(true);
+  m_pingpong = ct2 > 0 && ((tp2 == tp && ct2 == ct) || ceil_div(m_per, tp2) >= kPingPongTiles);
+  if (m_pingpong) {
+    tp = tp2;
+    ct = ct2;
+  }
   m_tp = tp;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
