@@ -169,7 +169,10 @@ void ChannelSumEmitter::plan_tile() {
   auto [tp, ct] = largest(false);
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
   const auto [tp2, ct2] = largest(true);
-  m_pingpong = ct2 > 0 && ((tp2 == tp && ct2 == ct) || ceil_div(m_per, tp2) >= kPingPongTiles);
+  // (Not the ReLU-masked sums: their pre-activation and mask buffers make the smaller tile
+  // much smaller; measured slower, docs/compiler.md.)
+  m_pingpong = ct2 > 0 && ((tp2 == tp && ct2 == ct) ||
+                           (!s.relu_mask && ceil_div(m_per, tp2) >= kPingPongTiles));
   if (m_pingpong) {
     tp = tp2;
     ct = ct2;
