@@ -243,6 +243,20 @@ TEST_CASE("BNTraining ops with f16 x and dy: f32 statistics, f16 y and dx") {
   check_grads({{1, 4, 4, 7}, 35, false, DataType::F16});
 }
 
+TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile") {
+  // The sums ping-pong between two accumulators per tile (ops/channel.cpp); the tiny chip's 4
+  // vector blocks get, per image: 6 pixels (tiles of 4: a full, then a partial one), 300
+  // (128, 128, 44: the partial one after an even count), 384 (three full tiles of 128).
+  check_reduce({2, 4, 6, 16}, 40);
+  check_reduce({1, 20, 60, 16}, 41);
+  check_reduce({1, 32, 48, 16}, 42);
+  check_reduce({1, 20, 60, 16}, 43, DataType::F16);
+  check_grads({{2, 4, 6, 16}, 44});
+  check_grads({{1, 20, 60, 16}, 45});
+  check_grads({{1, 32, 48, 16}, 46, true});
+  check_grads({{1, 32, 48, 16}, 47, false, DataType::F16});
+}
+
 TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {
   const TensorDesc x{DataType::F32, {2, 4, 4, 8}}, v{DataType::F32, {8}}, v7{DataType::F32, {7}};
   CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v}))

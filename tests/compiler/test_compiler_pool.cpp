@@ -229,6 +229,27 @@ TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum") {
   for (const PoolCase& p : kCases) check_max_grad(DataType::F32, p, seed++);
   check_max_grad(DataType::F16, kCases[0], seed++);
   check_max_grad(DataType::BF16, kCases[2], seed++);
+  check_max_grad(DataType::F16, kCases[4], seed++);  // two 64-lane parts, SAME padding rows
+}
+
+TEST_CASE("MaxPoolGrad f16/bf16 takes the f32 kernel's channel group at ResNet-50's pool") {
+  // ResNet-50's stem pool (3x3 stride 2 VALID over the padded 114x114x64 map), few rows: the
+  // f32 kernel holds all 64 channels of a pixel in the UB; the raw f16/bf16 rows share their
+  // UB with the window's f32 rows (pool.cpp), so the narrow types fit the same group.
+  const PoolCase p{1, 7, 114, 64, 3, 3, 2, 2, "VALID"};
+  auto summary = [&](DataType dt) {
+    HostTensor x = random_tensor(dt, p.x_shape(), -1, 1, 1);
+    HostTensor y = random_tensor(dt, p.y_shape(), -1, 1, 2);
+    auto k = compile_op(make_op("MaxPoolGrad", {x.desc, y.desc, y.desc}, p.attrs()));
+    REQUIRE(k.launches.size() == 1);
+    return k.launches[0].summary;
+  };
+  CHECK_THAT(summary(DataType::F32), Catch::Contains("x 64 channels"));
+  CHECK_THAT(summary(DataType::F16), Catch::Contains("x 64 channels"));
+  CHECK_THAT(summary(DataType::BF16), Catch::Contains("x 64 channels"));
+  uint32_t seed = 300;
+  check_max_grad(DataType::F16, p, seed++);
+  check_max_grad(DataType::BF16, p, seed++);
 }
 
 TEST_CASE("AvgPoolGrad spreads dy / count over each window") {

@@ -22,6 +22,9 @@ namespace {
 
 constexpr int64_t kMaxTilePixels = 128;  // a power of two <= PixelOps::kPixChunk
 constexpr int64_t kF32Tile = 64;         // epilogue channel tiles: whole f32 repeats
+// Tiles per block and channel group from which the channel sums ping-pong in a smaller tile
+// (measured at ResNet-50's shapes, docs/compiler.md: 5 and 17 gain, 2 lose).
+constexpr int64_t kPingPongTiles = 4;
 
 }  // namespace
 
@@ -66,10 +69,11 @@ class ChannelSumEmitter {
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
   void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
-  void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
+  void fold_into_first(const uint64_t (&acc)[2], int from);
+  void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g,
+                       Label partial_exit);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
-  void fold_sums(uint64_t acc);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
 
   KernelBuilder m_b;
@@ -84,13 +88,18 @@ class ChannelSumEmitter {
   int m_blocks = 0;
   uint64_t m_tile = 0;  // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
-  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_acc = 0, m_acc2 = 0, m_t = 0;
+  // The running sums (and the plain ones) ping-pong where the tile stays as large: a tile's
+  // sums go from acc[q] into acc[1 - q] (q its ping / pong), never in place (the bank model: a
+  // destination that is also a source takes a second access to its banks per repeat).
+  uint64_t m_acc[2] = {0, 0}, m_acc2[2] = {0, 0};
+  uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
   bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
+  bool m_pingpong = false;  // the sums ping-pong (else acc[1] == acc[0]: in place)
 };
 
 ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
@@ -119,35 +128,55 @@ void ChannelSumEmitter::plan_tile() {
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB);
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
-  auto need = [&](int64_t t, int64_t ct) {
+  auto need = [&](int64_t t, int64_t ct, bool pingpong) {
+    const int accs = pingpong ? 2 : 1;
     const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
     // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
-    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + 4 +
+    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + accs * 4 +
                                                (s.kind != Kind::kSum || s.centered ? 4 : 0) +
-                                               (s.plain_sum ? 4 : 0) + (s.relu_mask ? 5 : 0));
+                                               (s.plain_sum ? accs * 4 : 0) +
+                                               (s.relu_mask ? 5 : 0));
     // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
     const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
                           static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
     return static_cast<uint64_t>(t * ct) * per + static_cast<uint64_t>(ct * 4 * vectors) +
-           static_cast<uint64_t>(12 + vectors) * (PixelOps::kPixelSlack + 32 + span);
+           static_cast<uint64_t>(10 + 2 * accs + vectors) * (PixelOps::kPixelSlack + 32 + span);
   };
   // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
   // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
   m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
   m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
-  int64_t tp = 1;
-  while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
-  int64_t ct = 0;
-  for (;;) {
-    for (int64_t c = unit; c <= s.cp; c += unit)
-      if (s.cp % c == 0 && need(tp, c) <= ub) ct = c;
-    if (ct || tp == 1) break;
-    tp /= 2;
-  }
+  // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums where
+  // the same tile fits them, or where their own largest tile still leaves a block at least
+  // kPingPongTiles tiles per channel group (measured, docs/compiler.md "The channel sums'
+  // pipeline": with fewer, the smaller tile's extra groups, each cleared, folded and stored,
+  // cost more than the in-place accumulation; with more, the accumulation dominates).
+  auto largest = [&](bool pingpong) {
+    int64_t tp = 1;
+    while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
+    int64_t ct = 0;
+    for (;;) {
+      for (int64_t c = unit; c <= s.cp; c += unit)
+        if (s.cp % c == 0 && need(tp, c, pingpong) <= ub) ct = c;
+      if (ct || tp == 1) break;
+      tp /= 2;
+    }
+    return std::pair<int64_t, int64_t>{tp, ct};
+  };
+  auto [tp, ct] = largest(false);
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
+  const auto [tp2, ct2] = largest(true);
+  // (Not the ReLU-masked sums: their pre-activation and mask buffers make the smaller tile
+  // much smaller; measured slower, docs/compiler.md.)
+  m_pingpong = ct2 > 0 && ((tp2 == tp && ct2 == ct) ||
+                           (!s.relu_mask && ceil_div(m_per, tp2) >= kPingPongTiles));
+  if (m_pingpong) {
+    tp = tp2;
+    ct = ct2;
+  }
   m_tp = tp;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
@@ -156,8 +185,9 @@ void ChannelSumEmitter::plan_tile() {
 // UB buffers, each starting in a bank window of its own among those an instruction combines
 // (the vector unit's bank model: a repeat's operands in the same banks take turns; the UB's
 // banks x width bytes hold span / 256 windows of one repeat): a 0, b 1, the accumulators 2
-// and 3, the product 4, m and the pre-activation 5; fa and fs share 2, the mask bits 3
-// (none of them meets the accumulators in an instruction).
+// (ping) and 5 (pong), the plain ones 3 and 4, the product 4, m and the pre-activation 5; fa
+// and fs share 2, the mask bits 3 (none of them meets the accumulators in an instruction; an
+// accumulation combines its two accumulators with a, b or the product).
 void ChannelSumEmitter::allocate() {
   KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
@@ -199,8 +229,12 @@ void ChannelSumEmitter::allocate() {
     m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
     m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
   }
-  m_acc = alloc(tile * 4 + slack, "accumulators", 2);
-  if (m_s.plain_sum) m_acc2 = alloc(tile * 4 + slack, "plain accumulators", 3);
+  m_acc[0] = alloc(tile * 4 + slack, "accumulators", 2);
+  m_acc[1] = m_pingpong ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
+  if (m_s.plain_sum) {
+    m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
+    m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
+  }
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
@@ -282,18 +316,15 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
   b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   {
     Reg n = b.reg_imm("elements", static_cast<int64_t>(m_tile));
-    vec_dup_bits(b, 4, m_acc, 0, n);
-    if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2, 0, n);
+    vec_dup_bits(b, 4, m_acc[0], 0, n);
+    if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2[0], 0, n);
   }
   if (m_vectors) load_vectors(g);
-  accumulate_tiles(p0, p1, item, g);
-  if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
-  fold_sums(m_acc);
-  if (m_s.plain_sum) fold_sums(m_acc2);
+  accumulate_tiles(p0, p1, item, g);  // the group's folded sums in acc[0] (and acc2[0])
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
-  store_sums("partials", m_acc, blk, item, g);
-  if (m_s.plain_sum) store_sums("partials2", m_acc2, blk, item, g);
+  store_sums("partials", m_acc[0], blk, item, g);
+  if (m_s.plain_sum) store_sums("partials2", m_acc2[0], blk, item, g);
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
 }
 
@@ -339,27 +370,44 @@ void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, cons
 }
 
 // The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
-// buffers (the loop unrolled twice, as the streaming kernel's).
+// buffers (the loop unrolled twice, as the streaming kernel's), then the group's vectors
+// released and the running sums folded into acc[0]: with ping-pong sums the loop leaves before
+// a ping tile with the sums in acc[0], before a pong tile (or after a partial one, in place)
+// with them in acc[1], so each exit folds from its own.
 void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
                                          const Reg& g) {
   KernelBuilder& b = m_b;
   Reg t0 = b.reg("tile start");
   b.mov(t0, p0);
-  Label loop = b.label("tiles"), done = b.label("tiles_end");
+  Label loop = b.label("tiles"), end = b.label("tiles_end");
+  // In place (acc[1] == acc[0]) both exits are the same.
+  const int exits = m_pingpong ? 2 : 1;
+  Label exit[2] = {b.label("tiles_end_sums_in_ping"),
+                   m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
+  if (!m_pingpong) exit[1] = exit[0];
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
-    b.branch(ge(t0, p1), done);
-    accumulate_tile(q, t0, p1, item, g);
+    b.branch(ge(t0, p1), exit[q]);
+    accumulate_tile(q, t0, p1, item, g, exit[q]);
     b.add(t0, t0, m_tp);
   }
   b.jmp(loop);
-  b.bind(done);
+  for (int q = 0; q < exits; ++q) {
+    b.bind(exit[q]);
+    if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);  // the group's vectors are done
+    fold_into_first(m_acc, q);
+    if (m_s.plain_sum) fold_into_first(m_acc2, q);
+    if (q + 1 < exits) b.jmp(end);
+  }
+  b.bind(end);
 }
 
 // The tile at pixel t0 in buffers q: load a (and b), widen to f32, (centered) subtract m,
-// square or multiply, add into the running sums.
+// square or multiply, add into the running sums: from acc[q] into acc[1 - q]; a partial tile
+// (fewer than tp pixels: the block's last) adds in place into acc[q], as acc[1 - q] would keep
+// stale sums past its pixels, and leaves to partial_exit (the sums in acc[q]).
 void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item,
-                                        const Reg& g) {
+                                        const Reg& g, Label partial_exit) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
   PixelOps& px = *m_px;
@@ -373,13 +421,25 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
   b.set_flag(m_in_ready, q);
   b.wait_flag(m_in_ready, q);
+  auto accumulate = [&](const uint64_t (&acc)[2], uint64_t src) {
+    if (!m_pingpong) {
+      vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[0], acc[0], src, cnt);
+      return;
+    }
+    Label full = b.label("full_tile"), next = b.label("accumulated");
+    b.branch(ge(n, m_tp), full);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[q], acc[q], src, cnt);
+    b.jmp(next);
+    b.bind(full);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[1 - q], acc[q], src, cnt);
+    b.bind(next);
+  };
   const uint64_t a32 = m_sa == 4 ? m_a_raw[q] : m_a32;
   const uint64_t b32 = m_has_b && m_sb == 4 ? m_b_raw[q] : m_b32;
   px.widen(a32, m_a_raw[q], s.a_type, cnt);
   if (m_has_b) px.widen(b32, m_b_raw[q], s.b_type, cnt);
   if (s.relu_mask) relu_mask(a32, b32, n, cnt);
-  if (s.plain_sum)
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc2, m_acc2, m_has_b ? b32 : a32, cnt);
+  if (s.plain_sum) accumulate(m_acc2, m_has_b ? b32 : a32);
   // No step in place where it can be helped (the bank model: a destination that is also a
   // source takes a second access to its banks per repeat): a - m into the scratch, the square
   // or product into whichever of the scratch and a's tile is not its source.
@@ -390,8 +450,9 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   if (s.kind == Kind::kSumSquares)
     vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, x, cnt);
   if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, b32, cnt);
-  vec_binary(b, Opcode::op_vadd, Dtype::F32, m_acc, m_acc, term, cnt);
+  accumulate(m_acc, term);
   b.set_flag(m_in_free, q);
+  if (m_pingpong) b.branch(lt(n, m_tp), partial_exit);
 }
 
 // n pixels of the group's channels from `arg` into dst.
@@ -413,12 +474,19 @@ void ChannelSumEmitter::load_tile(const char* arg, uint64_t dst, int64_t size, i
          fmt::format("{}: tile pixels, the group's channels", arg));
 }
 
-// Fold the tp running sums at acc pairwise.
-void ChannelSumEmitter::fold_sums(uint64_t acc) {
-  for (int64_t h = m_tp / 2; h >= 1; h /= 2) {
+// Folds the tp running sums at acc[from] pairwise, each step from one buffer into the other
+// (never in place), the group's ct sums ending in acc[0] (a copy of them if the steps end in
+// acc[1]).
+void ChannelSumEmitter::fold_into_first(const uint64_t (&acc)[2], int from) {
+  int at = from;
+  for (int64_t h = m_tp / 2; h >= 1; h /= 2, at = 1 - at) {
     Reg n = m_b.reg_imm("elements", h * m_ct);
-    vec_binary(m_b, Opcode::op_vadd, Dtype::F32, acc, acc,
-               acc + static_cast<uint64_t>(h * m_ct) * 4, n);
+    vec_binary(m_b, Opcode::op_vadd, Dtype::F32, acc[1 - at], acc[at],
+               acc[at] + static_cast<uint64_t>(h * m_ct) * 4, n);
+  }
+  if (acc[at] != acc[0]) {
+    Reg n = m_b.reg_imm("channels", m_ct);
+    f32_copy(m_b, acc[0], acc[1], n);
   }
 }
 

@@ -179,10 +179,16 @@ class PoolEmitter {
         buffers = static_cast<int>(2 * kh + 2);
         break;
       case PoolKind::kMaxGrad:
-        bytes = kh * w * (f + r) + o * (f + r) + 4 * o * f + w * (f + r) +
+        bytes = kh * w * f + o * f + w * f +
                 static_cast<uint64_t>(ceil_div(ct, kLanes) * round_up(m_s.ow, 4) * 8) +
                 2 * static_cast<uint64_t>(ct) * f;
-        buffers = static_cast<int>(2 * kh + 10);
+        if (raw()) {  // the raw rows in the scratch, the dx row narrowed into row 0
+          bytes += grad_scratch_bytes(ct);
+          buffers = static_cast<int>(kh + 6);
+        } else {
+          bytes += 4 * o * f;
+          buffers = static_cast<int>(kh + 9);
+        }
         break;
       case PoolKind::kAvgGrad:
         bytes = o * (f + r) + o * f + w * (f + r);
@@ -190,6 +196,24 @@ class PoolEmitter {
         break;
     }
     return bytes + static_cast<uint64_t>(buffers) * (kSlack + 32);
+  }
+
+  // MaxPoolGrad on f16/bf16: the raw (unwidened) x rows and dy row are dead once widened, and
+  // the window's f32 max, found, eq and first-max rows are written only after that, so both
+  // sets share one scratch region (grad_item widens every row of a window row before it
+  // writes the max: the V pipe runs in order, and MTE2 refills the raw rows only after V
+  // frees the window row's inputs). Each view keeps its own slack, as a buffer of its own would.
+  static uint64_t view_bytes(uint64_t bytes) { return round_up(bytes + kSlack, uint64_t{32}); }
+  uint64_t grad_raw_view(int64_t pixels, int64_t ct) const {
+    return view_bytes(static_cast<uint64_t>(pixels * ct * m_size));
+  }
+  uint64_t grad_f32_view(int64_t ct) const {
+    return view_bytes(static_cast<uint64_t>(m_s.ow * ct * 4));
+  }
+  uint64_t grad_scratch_bytes(int64_t ct) const {
+    const uint64_t raw_rows =
+        static_cast<uint64_t>(m_s.kh) * grad_raw_view(m_s.w, ct) + grad_raw_view(m_s.ow, ct);
+    return std::max(raw_rows, 4 * grad_f32_view(ct));
   }
 
   // The largest channel group (dividing cp, a multiple of the raw block) that fits the UB.
@@ -214,11 +238,38 @@ class PoolEmitter {
   void allocate() {
     const uint64_t w = static_cast<uint64_t>(m_s.w * m_ct), o = static_cast<uint64_t>(m_s.ow * m_ct);
     const uint64_t sz = static_cast<uint64_t>(m_size);
+    const bool scratch = m_s.kind == PoolKind::kMaxGrad && raw();
     if (m_s.kind != PoolKind::kAvgGrad)
       for (int64_t k = 0; k < m_s.kh; ++k) {
         m_rows.push_back(buf(w * 4, fmt::format("row {} (f32)", k)));
-        m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k)) : m_rows.back());
+        if (!scratch)
+          m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k))
+                                     : m_rows.back());
       }
+    if (scratch) {
+      // grad_scratch_bytes(): raw x rows and dy row, or the window's four f32 rows.
+      m_dy = buf(o * 4, "dy row (f32)");
+      const uint64_t base = m_b.alloc(Buf::UB, grad_scratch_bytes(m_ct),
+                                      "raw x and dy rows / window max, found, eq, first max");
+      uint64_t at = base;
+      for (int64_t k = 0; k < m_s.kh; ++k, at += grad_raw_view(m_s.w, m_ct))
+        m_raw_rows.push_back(at);
+      m_raw_dy = at;
+      const uint64_t v = grad_f32_view(m_ct);
+      m_max = base;
+      m_found = base + v;
+      m_eq = base + 2 * v;
+      m_tmp = base + 3 * v;
+      m_bits =
+          buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
+      m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
+      m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
+      m_out = buf(w * 4, "dx row (f32)");
+      // Row 0's f32 x is dead after the window rows; the next item widens into it only after
+      // MTE3 has stored dx (grad_item waits for m_out_free first).
+      m_raw_out = m_rows[0];
+      return;
+    }
     switch (m_s.kind) {
       case PoolKind::kMax:
       case PoolKind::kAvg:
@@ -463,12 +514,18 @@ class PoolEmitter {
           binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1, hi - lo);
         }
       } else {
-        // The window max, then the first max in scan order up to row ih.
+        // The window max, then the first max in scan order up to row ih. Raw rows are all
+        // widened first: they share the scratch with m_max, m_found, m_eq and m_tmp.
+        if (raw())
+          for (int64_t kh = 0; kh < m_s.kh; ++kh) {
+            window_row(kh);
+            if_in(r, m_s.h, [&] { widen(m_rows[kh], m_raw_rows[kh], m_s.w); });
+          }
         fill(m_max, 0xFF800000u, m_s.ow);
         for (int64_t kh = 0; kh < m_s.kh; ++kh) {
           window_row(kh);
           if_in(r, m_s.h, [&] {
-            widen(m_rows[kh], m_raw_rows[kh], m_s.w);
+            if (!raw()) widen(m_rows[kh], m_raw_rows[kh], m_s.w);  // f32: no conversion
             for (int64_t kw = 0; kw < m_s.kw; ++kw) {
               auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
               binary(Opcode::op_vmax, m_max, lo, 1, m_max, lo, 1, m_rows[kh],
