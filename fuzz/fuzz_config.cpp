@@ -40,7 +40,7 @@ void check_rates(const ChipConfig& cfg) {
     require_finishes(cfg, fmt::format("one page over path {}->{}", isa::buf_name(path.first),
                                       isa::buf_name(path.second)),
                      kPage / rate);
-  require_finishes(cfg, "one page from HBM", kPage / cfg.hbm_bytes_per_cycle());
+  require_finishes(cfg, "one page from HBM", kPage / cfg.hbm_sustained_bytes_per_cycle());
   if (cfg.l2_bytes > 0) {
     require_finishes(cfg, "one page from L2", kPage / cfg.l2_bytes_per_cycle());
     for (double port : {cfg.l2_read_bytes_per_cycle, cfg.l2_write_bytes_per_cycle})

@@ -18,11 +18,11 @@
 //
 // Simulated time. The device timeline (AI-core cycles) is the simulator's clock plus the
 // durations of device-to-device copies and memsets, which the runtime models itself: each is one
-// HBM access plus its bytes at the full HBM bandwidth, a d2d copy's bytes counted twice (read and
-// write): cycles = ceil(hbm_latency_cycles + k * bytes / hbm_bytes_per_cycle), k = 2 for d2d,
-// 1 for memset; and the host dispatch of labelled launches (LaunchLabel::host_dispatch, the chip's
-// host.op_dispatch_us or host.graph_dispatch_us), during which the device idles before the
-// launch. Operations of one chip run one after another, so kernels of different streams
+// HBM access plus its bytes at the sustained HBM rate, a d2d copy's bytes counted twice (read and
+// write): cycles = ceil(hbm_latency_cycles + k * bytes / hbm_sustained_bytes_per_cycle), k = 2
+// for d2d, 1 for memset; and the host dispatch of labelled launches (LaunchLabel::host_dispatch,
+// the chip's host.op_dispatch_us or host.graph_dispatch_us), during which the device idles
+// before the launch. Operations of one chip run one after another, so kernels of different streams
 // do not overlap on the chip (concurrent kernels are not modelled yet) and the timeline does not
 // advance while the device is idle. Host<->device copies are timed by the simulator's HDC link.
 // On a system every chip has its own timeline (driver.h): an operation starts at the later of

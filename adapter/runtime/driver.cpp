@@ -57,11 +57,11 @@ void fill32_gm(DeviceMemory& gm, uint64_t dst, uint32_t pattern, uint64_t bytes)
 }
 
 // Simulated duration of moving `bytes` across the HBM interface: one HBM latency plus the bytes
-// at the full HBM bandwidth (docs/runtime.md, "Timing").
+// at the sustained HBM rate (peak x memory.hbm.efficiency; docs/runtime.md, "Timing").
 uint64_t hbm_transfer_cycles(const ChipConfig& cfg, uint64_t bytes) {
   if (bytes == 0) return 0;
   return static_cast<uint64_t>(std::ceil(cfg.hbm_latency_cycles +
-                                         static_cast<double>(bytes) / cfg.hbm_bytes_per_cycle()));
+                                         static_cast<double>(bytes) / cfg.hbm_sustained_bytes_per_cycle()));
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   if (cfg.l2_bytes > 0 && !(cfg.l2_gbps > 0))
     throw ConfigError(fmt::format("{}: memory.l2.gbps ({}) must be positive when the chip has "
                                   "an L2", cfg.source_file, cfg.l2_gbps));
-  m_bandwidth[kHbm] = cfg.hbm_bytes_per_cycle();
+  m_bandwidth[kHbm] = cfg.hbm_sustained_bytes_per_cycle();  // peak x memory.hbm.efficiency
   m_bandwidth[kL2] = cfg.l2_bytes > 0 ? cfg.l2_bytes_per_cycle() : m_bandwidth[kHbm];
   port.register_b_transport(this, &MemorySystem::b_transport);
   SC_METHOD(on_rate_change);

@@ -537,7 +537,7 @@ uint64_t vector_reduce_cycles(const SystemConfig& cfg, uint64_t bytes) {
     if (k.has(isa::Pipe::V)) vector_cores += k.count;
   const double vec = static_cast<double>(bytes) /
                      (static_cast<double>(vector_cores) * chip.vector_bytes_per_cycle);
-  const double mem = 3.0 * static_cast<double>(bytes) / chip.hbm_bytes_per_cycle();
+  const double mem = 3.0 * static_cast<double>(bytes) / chip.hbm_sustained_bytes_per_cycle();
   return static_cast<uint64_t>(
       std::ceil(cfg.reduce_kernel_launch_us * chip.clock_mhz + std::max(vec, mem)));
 }

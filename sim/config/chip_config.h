@@ -69,7 +69,11 @@ struct ChipConfig {
 
   // memory system (shared by all cores)
   uint64_t hbm_bytes = 0;           // device memory capacity
-  double hbm_gbps = 0;              // HBM bandwidth, GB/s (10^9 B/s)
+  double hbm_gbps = 0;              // HBM peak bandwidth, GB/s (10^9 B/s)
+  // Sustained / peak HBM rate, in (0, 1]: what the memory system moves per cycle of a stream is
+  // hbm_gbps * hbm_efficiency (refresh, bank and bus-turnaround losses of the DRAM); peak
+  // figures (rooflines, the bandwidth TensorFlow is told) keep hbm_gbps.
+  double hbm_efficiency = 1.0;
   uint64_t l2_bytes = 0;            // L2 capacity
   double l2_gbps = 0;               // L2 bandwidth, GB/s
   uint32_t l2_line_bytes = 512;
@@ -113,7 +117,9 @@ struct ChipConfig {
   int cross_core_max_pending = 15;
 
   // derived helpers
-  double hbm_bytes_per_cycle() const { return hbm_gbps * 1e3 / clock_mhz; }
+  double hbm_bytes_per_cycle() const { return hbm_gbps * 1e3 / clock_mhz; }  // peak
+  // What a transfer over HBM moves per cycle (peak x efficiency): every simulated HBM access.
+  double hbm_sustained_bytes_per_cycle() const { return hbm_bytes_per_cycle() * hbm_efficiency; }
   double l2_bytes_per_cycle() const { return l2_gbps * 1e3 / clock_mhz; }
   double hdc_bytes_per_cycle() const { return hdc_gbps * 1e3 / clock_mhz; }
   double cycles_to_us(double cycles) const { return cycles / clock_mhz; }

@@ -69,6 +69,7 @@ const char* const kSchemaKeys[] = {
     "paths.<path>.latency_cycles",
     "memory.hbm.bytes",
     "memory.hbm.gbps",
+    "memory.hbm.efficiency",
     "memory.hbm.latency_cycles",
     "memory.l2.bytes",
     "memory.l2.gbps",
@@ -357,6 +358,16 @@ void parse_memory(const Reader& r, ChipConfig& c) {
   c.hbm_bytes = r.get_bytes("memory.hbm.bytes", kMaxDeviceBytes);
   c.hbm_gbps =
       r.get_gbps("memory.hbm.gbps", c.clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
+  if (r.has("memory.hbm.efficiency")) {
+    c.hbm_efficiency = r.get_number("memory.hbm.efficiency", 0, true, 1);
+    if (c.hbm_sustained_bytes_per_cycle() < kMinBytesPerCycle)
+      r.fail("memory.hbm.efficiency",
+             fmt::format("{} x memory.hbm.gbps {} is {:g} bytes per cycle at clock_mhz {}; "
+                         "expected at least {:g}, i.e. an efficiency in [{:g}, 1] at this rate",
+                         c.hbm_efficiency, c.hbm_gbps, c.hbm_sustained_bytes_per_cycle(),
+                         c.clock_mhz, kMinBytesPerCycle,
+                         kMinBytesPerCycle / c.hbm_bytes_per_cycle()));
+  }
   c.hbm_latency_cycles = r.get_int("memory.hbm.latency_cycles", 0, kMaxLatencyCycles);
   c.l2_bytes = r.get_bytes("memory.l2.bytes", kMaxDeviceBytes);
   c.l2_gbps = r.get_gbps("memory.l2.gbps", c.clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
@@ -503,8 +514,11 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
     o << fmt::format("  {}: {{bytes_per_cycle: {}, latency_cycles: {}}}\n",
                      path_name(path.first, path.second), rate,
                      c.path_latency(path.first, path.second));
-  o << fmt::format("memory:\n  hbm:\n    bytes: {}\n    gbps: {}\n    latency_cycles: {}\n",
-                   format_bytes(c.hbm_bytes), c.hbm_gbps, c.hbm_latency_cycles);
+  o << fmt::format("memory:\n  hbm:\n    bytes: {}\n    gbps: {}\n", format_bytes(c.hbm_bytes),
+                   c.hbm_gbps);
+  // Optional, as the L2's keys below: dumped only when not at its default.
+  if (c.hbm_efficiency != 1.0) o << fmt::format("    efficiency: {}\n", c.hbm_efficiency);
+  o << fmt::format("    latency_cycles: {}\n", c.hbm_latency_cycles);
   o << fmt::format(
       "  l2:\n    bytes: {}\n    gbps: {}\n    line_bytes: {}\n    ways: {}\n"
       "    latency_cycles: {}\n    core_read_bytes_per_cycle: {}\n"

@@ -75,8 +75,8 @@ TEST_CASE("a stream kernel stores every output of every tile and block") {
 TEST_CASE("stream L2 policy: noalloc streams larger than a kept L2, normal ones that fit") {
   // An L2 of 1 MiB. in0 is flat (4 bytes per element), in1 resident (gathered once: always
   // normal); the outputs take 4 + 2 bytes per element.
-  // The policy applies when the L2 is kept across launches or written back; on the presets (cold
-  // at every launch, write-through) every stream is normal.
+  // The policy applies when the L2 is kept across launches or written back; on a cold,
+  // write-through L2 (the tiny preset's) every stream is normal.
   const ChipConfig cfg =
       load_chip_config("tiny", {"memory.l2.bytes=1 MiB", "memory.l2.keep_across_launches=true"});
   REQUIRE(cfg.l2_bytes == 1u << 20);

@@ -100,6 +100,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.path_latency_cycles == b.path_latency_cycles);
   CHECK(a.hbm_bytes == b.hbm_bytes);
   CHECK(a.hbm_gbps == b.hbm_gbps);
+  CHECK(a.hbm_efficiency == b.hbm_efficiency);
   CHECK(a.l2_bytes == b.l2_bytes);
   CHECK(a.l2_gbps == b.l2_gbps);
   CHECK(a.l2_line_bytes == b.l2_line_bytes);
@@ -108,6 +109,8 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_latency_cycles == b.l2_latency_cycles);
   CHECK(a.l2_read_bytes_per_cycle == b.l2_read_bytes_per_cycle);
   CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
+  CHECK(a.l2_keep_across_launches == b.l2_keep_across_launches);
+  CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.hdc_gbps == b.hdc_gbps);
   CHECK(a.hdc_latency_us == b.hdc_latency_us);
   CHECK(a.task_dispatch_us == b.task_dispatch_us);
@@ -251,6 +254,12 @@ TEST_CASE("tiny: the 910b core with few cores and small memories") {
   t.core_kinds[1].count = b.core_kinds[1].count;
   t.hbm_bytes = b.hbm_bytes;
   t.l2_bytes = b.l2_bytes;
+  // The tests' memory timing: the peak HBM rate and a write-through L2 (910b models silicon's
+  // sustained rate and write-back L2).
+  CHECK(t.hbm_efficiency == 1.0);
+  CHECK_FALSE(t.l2_write_back);
+  t.hbm_efficiency = b.hbm_efficiency;
+  t.l2_write_back = b.l2_write_back;
   check_same(t, b);
 }
 
@@ -451,6 +460,14 @@ TEST_CASE("the dump reads back to an equal config") {
     CHECK(r.hbm_bytes == 3000000000ull);
     CHECK(r.path_rate(Buf::L1, Buf::L0A) == 333.3);
   }
+  SECTION("the HBM efficiency: dumped only when set, and read back") {
+    CHECK(dump_chip_config_yaml(load_chip_config("tiny")).find("efficiency") == std::string::npos);
+    ChipConfig c = load_chip_config("tiny", {"memory.hbm.efficiency=0.625"});
+    CHECK(c.hbm_sustained_bytes_per_cycle() == Approx(c.hbm_bytes_per_cycle() * 0.625));
+    ChipConfig r = reload_dump(c);
+    check_same(r, c);
+    CHECK(r.hbm_efficiency == 0.625);
+  }
   SECTION("the unit-test chip built in code") {
     ChipConfig c = test::coupled_test_chip();
     check_same(reload_dump(c), c);
@@ -525,6 +542,12 @@ TEST_CASE("every numeric key is range-checked where it is loaded") {
       {{"memory.hbm.gbps=1e-300"}, "memory.hbm.gbps"},
       {{"memory.hbm.gbps=" + too_slow_hbm_gbps}, "memory.hbm.gbps"},
       {{"memory.hbm.gbps=" + slowest_hbm_gbps}, ""},
+      {{"memory.hbm.efficiency=0"}, "memory.hbm.efficiency"},
+      {{"memory.hbm.efficiency=1.01"}, "memory.hbm.efficiency"},
+      {{"memory.hbm.efficiency=x"}, "memory.hbm.efficiency"},
+      {{"memory.hbm.gbps=" + slowest_hbm_gbps, "memory.hbm.efficiency=0.5"},
+       "memory.hbm.efficiency"},  // sustained below the slowest rate
+      {{"memory.hbm.efficiency=1"}, ""},
       {{"memory.l2.gbps=1e-300"}, "memory.l2.gbps"},
       {{"memory.l2.core_read_bytes_per_cycle=1e-300"}, "memory.l2.core_read_bytes_per_cycle"},
       {{"memory.l2.core_write_bytes_per_cycle=1e-300"}, "memory.l2.core_write_bytes_per_cycle"},

@@ -137,7 +137,7 @@ TEST_CASE("profiler: per-instruction cycles of a small kernel, derived from the 
   const auto& copy = row_at(t, 2);
   CHECK(copy.lane == Lane::MTE2);
   const double rate = std::min(chip().path_rate(isa::Buf::GM, isa::Buf::UB),
-                               chip().hbm_bytes_per_cycle());
+                               chip().hbm_sustained_bytes_per_cycle());
   CHECK(double(copy.busy_ps) == Approx(8192.0 / rate * kPs).margin(1));
   CHECK(copy.wait_ps == 0);
   // set_flag mte2, v waits on the MTE2 lane for the copy to land: the path latency plus the HBM

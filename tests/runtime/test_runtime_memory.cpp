@@ -292,7 +292,7 @@ TEST_CASE("device: a d2d copy and a memset advance the device timeline by the HB
   // tiny (from 910b): hbm_latency_cycles 500, hbm 1800 GB/s at 1850 MHz = 972.97 B/cycle.
   // d2d moves the bytes twice: ceil(500 + 2 * 262144 / 972.97) = ceil(1038.85) = 1039 cycles;
   // memset once: ceil(500 + 262144 / 972.97) = ceil(769.43) = 770 cycles.
-  const double bpc = cfg.hbm_bytes_per_cycle();
+  const double bpc = cfg.hbm_sustained_bytes_per_cycle();
   const double d2d_cycles = std::ceil(cfg.hbm_latency_cycles + 2.0 * n / bpc);
   const double memset_cycles = std::ceil(cfg.hbm_latency_cycles + 1.0 * n / bpc);
   CHECK(d2d_cycles == 1039);

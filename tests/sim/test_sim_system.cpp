@@ -302,7 +302,7 @@ TEST_CASE("ring all-reduce time follows from the link config", "[collective]") {
   c.op = ReduceOp::prod;
   const ChipConfig& chip = cfg.chip;
   const double vec = double(block) / (chip.core_kinds[1].count * chip.vector_bytes_per_cycle);
-  const double mem = 3.0 * double(block) / chip.hbm_bytes_per_cycle();
+  const double mem = 3.0 * double(block) / chip.hbm_sustained_bytes_per_cycle();
   const uint64_t reduce = static_cast<uint64_t>(
       std::ceil(cfg.reduce_kernel_launch_us * chip.clock_mhz + std::max(vec, mem)));
   r = run_collective(s, c);
