@@ -10,8 +10,10 @@ The bound N on a decode step's task lists is derived from the step's graph: its 
 (all but arguments, constants, variable reads, Identity and NoOp) form N connected pieces
 through data edges, and each piece of ops that all run on the NPU as compiled ops or views is
 one set, one task list. Asserted: every launch of each decode step belongs to a whole-graph run
-(none dispatched node by node) and the step's runs are at most N; the greedy tokens are
-TensorFlow's on the CPU (the precondition on the CPU's top-2 margin as tests/tf/test_llm.py).
+(none dispatched node by node) and the step's runs are at most N; the decode attention is fused
+(IncreFlashAttention), also for a Llama with as many KV heads as query heads (MHA, Llama 2 7B's
+form); the greedy tokens are TensorFlow's on the CPU (the precondition on the CPU's top-2
+margin as tests/tf/test_llm.py).
 """
 
 import os
@@ -56,7 +58,8 @@ steps = []
 for a, b in zip(marks, marks[1:]):
     runs = [r["graph_run"] for r in recs[a:b]]
     steps.append({"launches": len(runs), "node_by_node": runs.count(0),
-                  "graph_runs": len(set(runs) - {0})})
+                  "graph_runs": len(set(runs) - {0}),
+                  "ops": sorted({r["op_type"] for r in recs[a:b]})})
 # The step's graph as traced: its computing ops' connected pieces (data edges).
 graph = dec.step.get_concrete_function(
     tf.TensorSpec([batch], tf.int32), tf.TensorSpec(dec.cache_shape, npu.compute_dtype),
@@ -80,16 +83,21 @@ print("RESULT" + json.dumps({
 '''
 
 
-@pytest.mark.parametrize("name", ["llama-tiny"])
+# llama-tiny: grouped-query heads (keras-hub repeats K / V); llama-tiny-mha: as many KV heads as
+# query heads (Llama 2 7B's form: a repeat by 1, which grappler reduces to Reshape(ExpandDims)).
+@pytest.mark.parametrize("name", ["llama-tiny", "llama-tiny-mha"])
 def test_decode_step_is_one_task_list(name):
     r = child_result(GENERATE % (ROOT, name), timeout=600)
     assert r["ok"] and not r["fallback"], r["fallback"]
-    print(f"\n{name}: decode steps {r['steps']}, pieces of the step's graph {r['pieces']}")
+    print(f"\n{name}: decode steps {[{k: v for k, v in s.items() if k != 'ops'} for s in r['steps']]}, "
+          f"pieces of the step's graph {r['pieces']}")
     assert len(r["steps"]) == 2
     for step in r["steps"]:
         assert step["launches"] > 0
         assert step["node_by_node"] == 0, step
         assert step["graph_runs"] <= r["pieces"], step
+        # The decode attention fused (rewrite 9), not its Softmax and products.
+        assert "IncreFlashAttention" in step["ops"] and "Softmax" not in step["ops"], step
     got, want = np.array(r["tokens"]), np.array(r["cpu_tokens"])
     got_logits, want_logits = np.array(r["logits"]), np.array(r["cpu_logits"])
     d = float(np.abs(got_logits - want_logits).max())
