@@ -45,6 +45,8 @@ CONFIGS = {
                                max_sequence_length=256, dropout=0.0), "test size"),
     "llama-tiny": ("Llama", dict(_TINY, num_query_heads=4, num_key_value_heads=2,
                                  intermediate_dim=128), "test size"),
+    "llama-tiny-mha": ("Llama", dict(_TINY, num_query_heads=4, num_key_value_heads=4,
+                                     intermediate_dim=128), "test size: MHA, as Llama 2 7B"),
     "gemma-tiny": ("Gemma", dict(_TINY, num_query_heads=4, num_key_value_heads=1, head_dim=16,
                                  intermediate_dim=256), "test size"),
     # Llama 3.2 1B: 16 layers, hidden 2048, FFN 8192, 32 query / 8 KV heads (head_dim 64),

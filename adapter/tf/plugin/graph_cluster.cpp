@@ -12,6 +12,10 @@
 //    variables; a set never holds two updates of one handle (the second would read the
 //    variable's old value); TensorFlow may preserve it (a function's control output): it then
 //    stays as a NoOp of its name, after the NpuGraph node;
+//  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze) whose host input comes
+//    from a Const: it joins only the set of its input's producer (a set never starts with a
+//    view, so its place is always an earlier step's), and an outside reader of its output reads
+//    a copy of it left outside the set (below);
 //  - its graph has no control flow (Switch, Merge, Enter, Exit, NextIteration: the tensors of a
 //    lowered cond or loop may be dead, which a task list cannot express), in which case nothing
 //    of that graph is clustered.
@@ -24,7 +28,10 @@
 // The rewrite: the NpuGraph node takes the cluster's external data inputs (deduplicated) and the
 // members' control inputs from outside; each member output read outside (data) becomes one
 // output; outside readers are rewired to it, and control edges from members to the NpuGraph
-// node. Its name is "npu_graph_<N>" (unused in the graph), its device the members'.
+// node. Its name is "npu_graph_<N>" (unused in the graph), its device the members'. A view
+// member read outside the set stays outside too, under its name, as TensorFlow's own (free)
+// kernel reading the NpuGraph output it views (or its input's copy, for a view of a view): so
+// no graph output is a view, and readers that look it up by name still find it.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -88,6 +95,18 @@ std::vector<int> host_input_positions(const tfc::NodeDef& node, const std::vecto
 
 bool is_update(const tfc::NodeDef& n) { return n.op() == kVariableUpdateOp; }
 
+bool is_view(const tfc::NodeDef& n) {
+  std::vector<int> host;
+  return npu_graph_view_op(n.op(), &host);
+}
+
+// The positions of `op`'s inputs read on the host, for a view or a compiled op.
+std::vector<int> member_host_inputs(const std::string& op) {
+  std::vector<int> host;
+  if (!npu_graph_view_op(op, &host)) npu_graph_clusterable_op(op, &host);
+  return host;
+}
+
 // An update's resource inputs (its first M inputs, as written).
 std::vector<std::string> update_handles(const tfc::NodeDef& n) {
   const auto m = n.attr().find("M");
@@ -103,7 +122,10 @@ bool clusterable(const Graph& g, const tfc::NodeDef& node,
     return on_npu(node) && graph_updates_enabled() && !update_handles(node).empty();
   if (!on_npu(node) || preserve.count(node.name())) return false;
   std::vector<int> host;
-  if (!npu_graph_clusterable_op(node.op(), &host)) return false;
+  if (!npu_graph_view_op(node.op(), &host) && !npu_graph_clusterable_op(node.op(), &host))
+    return false;
+  if (is_view(node) && (node.input_size() == 0 || split_input(node.input(0)).second < 0))
+    return false;
   const std::vector<int> pos = host_input_positions(node, host);
   for (int p : pos) {
     if (p < 0 || p >= node.input_size()) return false;
@@ -234,6 +256,11 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   };
   for (int u : order) {
     if (!ok[u]) continue;
+    // A view joins its input's set only: edges out of it count once it is there.
+    if (is_view(*g.nodes[u])) {
+      const auto in = g.index.find(split_input(g.nodes[u]->input(0)).first);
+      if (in == g.index.end() || sets.find(in->second) != sets.find(u)) continue;
+    }
     for (int v : g.succ[u]) {
       if (!ok[v]) continue;
       // Only data edges join sets.
@@ -269,7 +296,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   std::unordered_map<std::string, std::string> rename;          // "member:port" -> "npu_graph_N:K"
   std::unordered_map<std::string, std::string> control_rename;  // member -> npu_graph_N
   std::unordered_set<int> removed;
-  std::vector<tfc::NodeDef> created, kept_noops;
+  std::vector<tfc::NodeDef> created, kept_noops, view_copies;
   for (auto& [root, list] : members) {
     if (list.size() < 2) continue;
     std::sort(list.begin(), list.end(), [&](int x, int y) { return position[x] < position[y]; });
@@ -291,9 +318,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     bool typed = true;
     for (int m : list) {
       const tfc::NodeDef& member = *g.nodes[m];
-      std::vector<int> host;
-      npu_graph_clusterable_op(member.op(), &host);
-      const std::vector<int> host_pos = host_input_positions(member, host);
+      const std::vector<int> host_pos =
+          host_input_positions(member, member_host_inputs(member.op()));
       tfc::NodeDef* copy = sub.add_node();
       *copy = member;
       copy->clear_device();
@@ -340,21 +366,41 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     for (const std::string& c : consts) *sub.add_node() = *g.nodes[g.index.at(c)];
     for (tfc::NodeDef& c : *sub.mutable_node())
       if (c.op() == "Const") c.clear_device();
-    // Outputs: member outputs read by a data edge from outside the set.
-    std::vector<std::string> outputs;
-    std::map<std::string, int> output_of;
+    // View members read outside the set stay outside as well (a copy under their name), and
+    // so does a view member such a copy reads.
+    std::set<std::string> kept_views;
     for (size_t v = 0; v < g.nodes.size(); ++v) {
       if (names.count(g.nodes[v]->name())) continue;
       for (const std::string& in : g.nodes[v]->input()) {
         const auto [src, port] = split_input(in);
-        if (port < 0 || !names.count(src)) continue;
+        if (port >= 0 && names.count(src) && is_view(*g.nodes[g.index.at(src)]))
+          kept_views.insert(src);
+      }
+    }
+    for (std::vector<std::string> todo(kept_views.begin(), kept_views.end()); !todo.empty();) {
+      const std::string src = split_input(g.nodes[g.index.at(todo.back())]->input(0)).first;
+      todo.pop_back();
+      if (names.count(src) && is_view(*g.nodes[g.index.at(src)]) && kept_views.insert(src).second)
+        todo.push_back(src);
+    }
+    // Outputs: member outputs read by a data edge from outside the set (the kept views' copies
+    // included), but the kept views (their readers read the copies).
+    std::vector<std::string> outputs;
+    std::map<std::string, int> output_of;
+    auto read_outside = [&](const tfc::NodeDef& reader) {
+      for (const std::string& in : reader.input()) {
+        const auto [src, port] = split_input(in);
+        if (port < 0 || !names.count(src) || kept_views.count(src)) continue;
         const std::string t = src + ":" + std::to_string(port);
         if (!output_of.count(t)) {
           output_of[t] = static_cast<int>(outputs.size());
           outputs.push_back(t);
         }
       }
-    }
+    };
+    for (size_t v = 0; v < g.nodes.size(); ++v)
+      if (!names.count(g.nodes[v]->name())) read_outside(*g.nodes[v]);
+    for (const std::string& v : kept_views) read_outside(*g.nodes[g.index.at(v)]);
     auto& tout = *(*node.mutable_attr())["Tout"].mutable_list();
     for (const std::string& t : outputs) {
       const auto [src, port] = split_input(t);
@@ -379,8 +425,10 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       rename[tensor_name(src, port)] = name + ":" + std::to_string(k);
       if (port == 0) rename[src + ":0"] = name + ":" + std::to_string(k);
     }
+    for (const std::string& v : kept_views) view_copies.push_back(*g.nodes[g.index.at(v)]);
     for (int m : list) {
       removed.insert(m);
+      if (kept_views.count(g.nodes[m]->name())) continue;  // its copy keeps the name
       // A preserved update stays as a NoOp after the NpuGraph node (its control consumers wait
       // for it as before).
       if (preserve.count(g.nodes[m]->name())) {
@@ -421,9 +469,13 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   tfc::GraphDef out;
   *out.mutable_versions() = graph.versions();
   *out.mutable_library() = graph.library();
-  for (size_t v = 0; v < g.nodes.size(); ++v) {
-    if (removed.count(static_cast<int>(v))) continue;
-    tfc::NodeDef n = *g.nodes[v];
+  // The graph's nodes but the members, and the kept views' copies: inputs from members renamed.
+  std::vector<const tfc::NodeDef*> kept;
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (!removed.count(static_cast<int>(v))) kept.push_back(g.nodes[v]);
+  for (const tfc::NodeDef& n : view_copies) kept.push_back(&n);
+  for (const tfc::NodeDef* k : kept) {
+    tfc::NodeDef n = *k;
     std::vector<std::string> inputs(n.input().begin(), n.input().end());
     n.clear_input();
     std::set<std::string> seen_controls;

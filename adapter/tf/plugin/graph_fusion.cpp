@@ -2294,7 +2294,8 @@ std::optional<AttentionMask> match_mask(GraphView& g, const std::string& mask_in
 
 // The key or value as the attention reads it: t itself (one query head per KV head) or
 // keras.ops.repeat(t, G, axis=2) as Reshape(Tile(ExpandDims(t, 3), [1, 1, 1, G, 1]),
-// [B, L, Nkv * G, D]).
+// [B, L, Nkv * G, D]), or with G = 1 as Reshape(ExpandDims(t, 3), [B, L, Nkv, D]) (grappler
+// removes a Tile by ones: keras-hub's LlamaAttention repeats by 1 for MHA).
 struct KeyValue {
   std::string source;                 // t
   std::vector<int64_t> shape;         // t's [B, L, Nkv, D]
@@ -2310,6 +2311,9 @@ std::optional<KeyValue> unrepeated(GraphView& g, const tfc::NodeDef& tr) {
   tfc::NodeDef* n = input_node(g, tr, 0);
   tfc::NodeDef* tile = n && n->op() == "Reshape" ? g.producer(*n, 0, "Tile") : nullptr;
   tfc::NodeDef* ed = tile ? g.producer(*tile, 0, "ExpandDims") : nullptr;
+  // keras' repeat by 1 (MHA: as many KV heads as query heads, Llama 2 7B): grappler drops the
+  // Tile of multiples 1, leaving Reshape(ExpandDims(x, 3)).
+  if (!tile && n && n->op() == "Reshape") ed = g.producer(*n, 0, "ExpandDims");
   if (!ed) {
     kv.shape = input_shape(tr, 0);
     if (kv.shape.size() != 4) return std::nullopt;
@@ -2317,7 +2321,8 @@ std::optional<KeyValue> unrepeated(GraphView& g, const tfc::NodeDef& tr) {
     return kv;
   }
   std::optional<std::vector<int64_t>> dim = input_ints(g, *ed, 1);
-  std::optional<std::vector<int64_t>> mult = input_ints(g, *tile, 1);
+  std::optional<std::vector<int64_t>> mult =
+      tile ? input_ints(g, *tile, 1) : std::vector<int64_t>{1, 1, 1, 1, 1};
   std::optional<std::vector<int64_t>> to = input_ints(g, *n, 1);
   if (!dim || !mult || !to || mult->size() != 5 || to->size() != 4 ||
       !(*dim == std::vector<int64_t>{3} || *dim == std::vector<int64_t>{-2}))
@@ -2331,7 +2336,7 @@ std::optional<KeyValue> unrepeated(GraphView& g, const tfc::NodeDef& tr) {
   kv.source = ed->input(0);
   kv.shape = {(*to)[0], (*to)[1], (*to)[2] / reps, (*to)[3]};
   kv.heads = (*to)[2];
-  kv.repeat = {n, tile, ed};
+  kv.repeat = tile ? std::vector<tfc::NodeDef*>{n, tile, ed} : std::vector<tfc::NodeDef*>{n, ed};
   return kv;
 }
 

@@ -133,7 +133,8 @@
 //        (Mul(BatchMatMulV2(Transpose(q, [0,2,1,3]), Transpose(K, [0,2,3,1])), scale)), c)), 0)),
 //        Transpose(V, [0,2,1,3])), [0,2,1,3])
 //        K and V either k and v or keras.ops.repeat(k, G, axis=2) (ExpandDims, Tile, Reshape to
-//        a constant shape: grouped-query heads);
+//        a constant shape: grouped-query heads; with G = 1, MHA, grappler leaves ExpandDims,
+//        Reshape);
 //      b. keras' ops.dot_product_attention in TensorFlow (GPT-2's CachedMultiHeadAttention):
 //        Einsum([Cast to T](Softmax(SelectV2(mask, Mul([Cast to f32](Einsum(q, k;
 //        "BTNH,BSNH->BNTS")), scale), c))), v; "BNTS,BSNH->BTNH") (MHA: Nkv = N);

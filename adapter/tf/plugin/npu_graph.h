@@ -113,6 +113,24 @@ bool graph_updates_enabled();
 // outputs instead of running them (NPUSIM_GRAPH_IN_PLACE is not "0"; read when a plan is built).
 bool in_place_enabled();
 
+// The shape ops a set holds as placements, not launches (CANN's graph engine likewise emits no
+// task for them): Reshape (its shape a host input from a Const), ExpandDims (its axis likewise)
+// and Squeeze. A view's output is its input's bytes under another shape: the plan gives it its
+// input's place. Node by node TensorFlow runs them on the host (no launch) but each one ends an
+// NpuGraph set, which cut keras' Dense over 3-D inputs (Tensordot: Reshape, MatMul, Reshape) out
+// of the sets around it. `host_inputs` receives the positions read on the host (Const values).
+inline bool npu_graph_view_op(const std::string& op, std::vector<int>* host_inputs) {
+  if (op == "Reshape" || op == "ExpandDims") {
+    *host_inputs = {1};
+    return true;
+  }
+  if (op == "Squeeze") {
+    host_inputs->clear();
+    return true;
+  }
+  return false;
+}
+
 // ---- Implemented by the C API side (npu_graph_kernel.cpp), for graph_cluster.cpp:
 // Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table (the ops a
 // cluster may hold); `host_inputs` receives the positions of its inputs read on the host as

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "tensorflow/c/ops.h"
@@ -387,6 +388,11 @@ class NpuGraphKernel : public OpKernel {
     for (size_t n = 0; n < m_spec.nodes.size(); ++n) {
       const NpuGraphSpec::Node& node = m_spec.nodes[n];
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
+      if (std::vector<int> view_host; npu_graph_view_op(node.op, &view_host)) {
+        rt::Status st = plan_view(n, in, output_of, plan, &buffers, &buffer_of);
+        if (!st.ok()) return st;
+        continue;
+      }
       const std::vector<HostAttrInput>* host = nullptr;
       const bool update = node.op == kVariableUpdateOp;
       const std::vector<AttrSpec>* specs =
@@ -537,6 +543,128 @@ class NpuGraphKernel : public OpKernel {
                               " names port " + std::to_string(o.port) + " of '" +
                               m_spec.nodes[o.node].name + "', which has fewer outputs");
     }
+    return rt::ok_status();
+  }
+
+  // Step n, a view (npu_graph_view_op): its output is its input's place (an input of the graph
+  // or an earlier step's output, not yet placed: the same buffer) under the shape the op gives;
+  // nothing launches, and its readers extend the liveness of the buffer it views. The
+  // clustering never makes a view an output of the graph (graph_cluster.cpp keeps such a view
+  // outside), so a view never needs bytes of its own.
+  rt::Status plan_view(size_t n, const std::vector<compiler::TensorDesc>& in,
+                       const std::map<std::pair<int, int>, int>& output_of, Plan* plan,
+                       std::vector<graph::PlannedBuffer>* buffers,
+                       std::map<std::pair<int, int>, int>* buffer_of) const {
+    const NpuGraphSpec::Node& node = m_spec.nodes[n];
+    const std::string what =
+        "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + ")";
+    const auto fail = [&](const std::string& why) {
+      return rt::Status(rt::StatusCode::invalid_argument, what + ": " + why);
+    };
+    if (node.inputs.empty() || (node.inputs[0].input < 0 && node.inputs[0].node < 0))
+      return fail("its tensor input is no input of the graph and no earlier node's output");
+    if (output_of.count({static_cast<int>(n), 0}))
+      return fail("is an output of the graph, which a view cannot be");
+    const NpuGraphSpec::Source& src = node.inputs[0];
+    Step s;
+    s.op.type = node.op;
+    s.in_place = true;
+    compiler::TensorDesc d;
+    Place p;
+    if (src.input >= 0) {
+      d = in.at(static_cast<size_t>(src.input));
+      p = {Place::Kind::input, static_cast<uint64_t>(src.input)};
+    } else {
+      const Step& from = plan->steps.at(static_cast<size_t>(src.node));
+      if (src.port >= static_cast<int>(from.compiled->kernel.outputs.size()))
+        return fail("reads output " + std::to_string(src.port) + " of '" + from.label->op_name +
+                    "', which has fewer");
+      d = from.compiled->kernel.outputs[static_cast<size_t>(src.port)];
+      p = from.outputs[static_cast<size_t>(src.port)];
+      const auto b = buffer_of->find({src.node, src.port});
+      if (b != buffer_of->end()) {
+        (*buffers)[static_cast<size_t>(b->second)].last = static_cast<int>(n);
+        (*buffer_of)[{static_cast<int>(n), 0}] = b->second;
+      }
+    }
+    // The Const input (Reshape's shape, ExpandDims' axis) as integers.
+    std::vector<int64_t> values;
+    if (node.op != "Squeeze") {
+      if (node.inputs.size() != 2 || node.inputs[1].host_const < 0)
+        return fail("its input 1 is not a constant");
+      const NpuGraphSpec::HostConst& c =
+          m_spec.consts.at(static_cast<size_t>(node.inputs[1].host_const));
+      if (c.tf_dtype == TF_INT32) {
+        for (size_t i = 0; i + 4 <= c.bytes.size(); i += 4) {
+          int32_t v;
+          std::memcpy(&v, c.bytes.data() + i, 4);
+          values.push_back(v);
+        }
+      } else if (c.tf_dtype == TF_INT64) {
+        for (size_t i = 0; i + 8 <= c.bytes.size(); i += 8) {
+          int64_t v;
+          std::memcpy(&v, c.bytes.data() + i, 8);
+          values.push_back(v);
+        }
+      } else {
+        return fail("its input 1 is " + tf_dtype_name(static_cast<TF_DataType>(c.tf_dtype)) +
+                    ", not int32 or int64");
+      }
+    }
+    compiler::TensorDesc out{d.dtype, {}};
+    const int64_t rank = static_cast<int64_t>(d.shape.size());
+    if (node.op == "Reshape") {
+      int64_t known = 1, unknown = -1;
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (values[i] == -1 && unknown < 0) {
+          unknown = static_cast<int64_t>(i);
+        } else if (values[i] < 0) {
+          return fail("shape " + compiler::TensorDesc{d.dtype, values}.str() + " is invalid");
+        } else {
+          known *= values[i];
+        }
+      }
+      out.shape = values;
+      if (unknown >= 0 && known > 0 && d.num_elements() % known == 0)
+        out.shape[static_cast<size_t>(unknown)] = d.num_elements() / known;
+      else if (unknown >= 0 && !(known == 0 && d.num_elements() == 0))
+        return fail("cannot reshape " + d.str() + " to " +
+                    compiler::TensorDesc{d.dtype, values}.str());
+      else if (unknown >= 0)
+        out.shape[static_cast<size_t>(unknown)] = 0;
+      if (out.num_elements() != d.num_elements())
+        return fail("cannot reshape " + d.str() + " to " +
+                    compiler::TensorDesc{d.dtype, values}.str());
+    } else if (node.op == "ExpandDims") {
+      if (values.size() != 1) return fail("its axis is not one value");
+      const int64_t axis = values[0] < 0 ? values[0] + rank + 1 : values[0];
+      if (axis < 0 || axis > rank)
+        return fail("axis " + std::to_string(values[0]) + " is out of range for " + d.str());
+      out.shape = d.shape;
+      out.shape.insert(out.shape.begin() + axis, 1);
+    } else {  // Squeeze
+      std::vector<int64_t> dims;
+      const auto it = node.attrs.find("squeeze_dims");
+      if (it != node.attrs.end())
+        if (const auto* v = std::get_if<std::vector<int64_t>>(&it->second)) dims = *v;
+      std::vector<char> drop(d.shape.size(), 0);
+      for (int64_t a : dims) {
+        const int64_t axis = a < 0 ? a + rank : a;
+        if (axis < 0 || axis >= rank || d.shape[static_cast<size_t>(axis)] != 1)
+          return fail("cannot squeeze dimension " + std::to_string(a) + " of " + d.str());
+        drop[static_cast<size_t>(axis)] = 1;
+      }
+      for (size_t i = 0; i < d.shape.size(); ++i)
+        if (!(dims.empty() ? d.shape[i] == 1 : drop[i])) out.shape.push_back(d.shape[i]);
+    }
+    s.op.inputs.push_back(d);
+    s.inputs.push_back(p);
+    auto compiled = std::make_shared<CompiledOp>();
+    compiled->kernel.outputs = {out};
+    s.outputs = {p};
+    s.label = launch_label(node.name, s.op, compiled->kernel);
+    s.compiled = std::move(compiled);
+    plan->steps.push_back(std::move(s));
     return rt::ok_status();
   }
 
