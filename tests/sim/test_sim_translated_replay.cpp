@@ -1,7 +1,9 @@
 // Timing-only replay by translation (sim/replay/launch_replay.h, record_translation and
 // translated_writes; sim/replay/address_flow.h): a timing-only simulator replays a launch whose
 // tensors moved to blocks laid out as the recorded launch's, without walking its program, and
-// every launch then has exactly the cycles and counters of simulating it. Each mode runs in a
+// every launch then has exactly the cycles and counters of simulating it; with relocation
+// (relocated_writes), also a launch at other offsets in its blocks that cannot evict an L2
+// line. Each mode runs in a
 // forked child (SystemC elaborates one chip per process).
 #include <catch2/catch.hpp>
 
