@@ -68,6 +68,34 @@ def parse_args():
     return ap.parse_args()
 
 
+def replay_split(records):
+    """What was replayed and what simulated: the share of the launches' cycles replayed, and
+    the simulated launches split into the first of their kernel and block count in the step
+    (nothing to replay them from) and those of a kernel seen before (a replay was refused: other
+    arguments, tensors at other offsets in their blocks, a kernel that loads data...), with their
+    own host wall time (wall_us) and the latter's count by TF op type (top 8)."""
+    seen, out = set(), {"first": 0, "again": 0, "first_wall_s": 0.0, "again_wall_s": 0.0}
+    again_by_type = {}
+    total = replayed = 0
+    for r in records:
+        cycles = r.get("cycles") or 0
+        total += cycles
+        key = (r.get("kernel"), r.get("block_dim"))
+        if r.get("replayed"):
+            replayed += cycles
+        else:
+            kind = "again" if key in seen else "first"
+            out[kind] += 1
+            out[kind + "_wall_s"] += (r.get("wall_us") or 0) / 1e6
+            if kind == "again":
+                t = r.get("op_type") or "?"
+                again_by_type[t] = again_by_type.get(t, 0) + 1
+        seen.add(key)
+    out["replayed_cycles_share"] = replayed / total if total else 0.0
+    out["again_by_op_type"] = dict(sorted(again_by_type.items(), key=lambda kv: -kv[1])[:8])
+    return out
+
+
 def main():
     a = parse_args()
     import npusim  # before TensorFlow's first op
@@ -109,10 +137,12 @@ def main():
         rss = maxrss_gib()
         records = npusim.launch_records()
         figures = run.npu_figures(npusim, a.batch, 1, records, [])
+        replay = replay_split(records)
         steps.append({"wall_s": wall, "cpu_s": cpu, "max_rss_gib": rss,
                       "simulated_us": figures.get("simulated_us_per_step"),
                       "kernels": len(records),
                       "replayed": sum(1 for r in records if r.get("replayed")),
+                      "replay": replay,
                       "launch_wall_s": figures["emulator_wall_s_per_step"],
                       "launch_wall_s_by_op_type": {
                           k: round(v, 3) for k, v in
@@ -124,6 +154,11 @@ def main():
               f"{s['launch_wall_s']:.1f} s, the rest (TensorFlow, compiler, Python) "
               f"{s['wall_s'] - s['launch_wall_s']:.1f} s; host max RSS {rss:.1f} GiB",
               flush=True)
+        print(f"  replayed {replay['replayed_cycles_share']:.0%} of the launches' cycles; "
+              f"simulated: {replay['first']} first launches of a kernel and block count "
+              f"({replay['first_wall_s']:.1f} s of their own wall), {replay['again']} of one "
+              f"seen before ({replay['again_wall_s']:.1f} s; by op type: "
+              f"{replay['again_by_op_type']})", flush=True)
     t0 = time.perf_counter()
     if not a.no_report:
         report.__exit__(None, None, None)

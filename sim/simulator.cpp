@@ -108,6 +108,12 @@ SimOptions with_environment(SimOptions o) {
     else
       throw ConfigError(fmt::format("NPUSIM_REPLAY_TRANSLATED='{}': expected on or off", v));
   }
+  if (const char* v = std::getenv("NPUSIM_REPLAY_RELOCATE"); v && *v) {
+    if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) o.replay_relocate = true;
+    else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) o.replay_relocate = false;
+    else
+      throw ConfigError(fmt::format("NPUSIM_REPLAY_RELOCATE='{}': expected on or off", v));
+  }
   if (const char* v = std::getenv("NPUSIM_REPLAY_THREADS"); v && *v) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);

@@ -51,6 +51,12 @@ struct SimOptions {
   // (Replay::check verifies every one). The environment variable NPUSIM_REPLAY_TRANSLATED
   // (on|off) overrides it; NPUSIM_REPLAY=off turns it off too.
   bool replay_translated = true;
+  // With replay_translated: a launch whose tensors lie at other offsets in their blocks (or in
+  // blocks of other sizes) than the recording's is also replayed by translation, when the
+  // launch can evict no L2 line and its arguments keep their offsets modulo the L2 line and
+  // which lines they share (relocated_writes, sim/replay/launch_replay.h). Exact, as
+  // translation is. The environment variable NPUSIM_REPLAY_RELOCATE (on|off) overrides it.
+  bool replay_relocate = true;
   // Host threads a replayed launch's cores run on; 0: the host's hardware threads (at most 8).
   // NPUSIM_REPLAY_THREADS overrides it.
   int replay_threads = 0;

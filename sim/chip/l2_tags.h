@@ -35,6 +35,8 @@ class L2Tags {
   // Otherwise the L2 is written through: a write miss goes to HBM (and allocates, under NORMAL).
   L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back = false);
   uint32_t line_bytes() const { return m_line_bytes; }
+  uint64_t sets() const { return m_sets; }  // 0: no L2
+  int ways() const { return m_ways; }
   // Every line of [addr, addr + bytes) in address order (a GM range of a transfer) under policy
   // `l2`: NORMAL looks up and fills missing lines; NOALLOC looks up and leaves missing lines
   // absent; BYPASS looks nothing up (all bytes missing) and, for a write, drops the lines

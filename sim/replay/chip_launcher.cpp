@@ -69,6 +69,8 @@ struct ChipLauncher::Pending {
   const KernelLaunch* launch = nullptr;
   sc_time start;
   LaunchKey key, similar;
+  // `similar` without the block extents (set with `flow` when relocation is on).
+  LaunchKey loose;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
   const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
@@ -163,7 +165,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar, &loads);
   if (replayable && translate) {
     P->flow = &m_store.address_flow(P->key, *launch.program);
-    if (!P->flow->ok) P->flow = nullptr;
+    if (!P->flow->ok)
+      P->flow = nullptr;
+    else if (opts.replay_relocate)
+      P->loose = P->similar;  // before the extents below
   }
   if (!walk && !P->flow) replayable = false;  // nothing to record it for
   if (replayable && !keep_l2)                 // the cold L2 files lines by block
@@ -203,6 +208,16 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
           break;
         }
+      // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
+      // no line (relocated_writes).
+      if (!recorded && opts.replay_relocate)
+        for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose))
+          if (in_time(*candidate) &&
+              relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes)) {
+            memo.alias(P->key, candidate);
+            recorded = candidate.get();
+            break;
+          }
     }
     have_writes = recorded != nullptr;
   }
@@ -353,7 +368,10 @@ KernelResult ChipLauncher::finish() {
     rec.counters = m_counters.raw_delta_since(m_launch_base);
     rec.registry = &m_counters;
     rec.delta = m_counters.delta_of(rec.counters);
-    m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec));
+    const bool relocatable =
+        P->flow && m_store.opts.replay_relocate && rec.translation && rec.translation->fits_l2;
+    m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec),
+                        relocatable ? &P->loose : nullptr);
   }
   return r;
 }

@@ -213,6 +213,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   };
   auto translation = std::make_shared<RecordedLaunch::Translation>();
   translation->args = args;
+  std::vector<RecordedLaunch::Translation::Extent>& extents = translation->extents;
+  extents.resize(args.size());
   std::vector<Range> writes;  // Range::core holds the argument
   const auto& recordings = chip.recordings();
   for (const auto& core : chip.cores()) {
@@ -231,6 +233,11 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       if (spans[pc].end == 0) continue;
       const Block* b = block_at(gm_arg, pc);
       if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
+      RecordedLaunch::Translation::Extent& e =
+          extents[static_cast<size_t>(gm_arg[pc])];
+      e.lo = e.touched ? std::min(e.lo, spans[pc].begin - b->start) : spans[pc].begin - b->start;
+      e.hi = e.touched ? std::max(e.hi, spans[pc].end - b->start) : spans[pc].end - b->start;
+      e.touched = true;
     }
     // The ranges written (a lean recording holds only those), by argument.
     const std::vector<GmAccess>& accesses = r.gm_accesses();
@@ -255,6 +262,22 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       translation->writes.push_back({static_cast<uint32_t>(k),
                                      m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
                                      m.end - m.begin});
+  // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
+  // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
+  // ceil(n / sets) of them in any one set.
+  const L2Tags& l2 = chip.memory().l2();
+  const uint64_t line = l2.line_bytes(), sets = l2.sets();
+  uint64_t per_set = 0;
+  for (size_t k = 0; k < args.size(); ++k) {
+    RecordedLaunch::Translation::Extent& e = extents[k];
+    if (!e.touched) continue;
+    e.block_start = blocks[k].start;
+    e.offset = args[k] - blocks[k].start;
+    const uint64_t lines = (e.hi + line - 1) / line - e.lo / line;
+    if (sets > 0) per_set += (lines + sets - 1) / sets;
+  }
+  translation->line_bytes = static_cast<uint32_t>(line);
+  translation->fits_l2 = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
   rec->translation = std::move(translation);
 }
 
@@ -269,6 +292,53 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
   for (const RecordedLaunch::Translation::Write& w : t->writes)
     writes->push_back({args[w.arg] + w.offset, w.bytes, true, isa::L2Hint::NORMAL});
   return true;
+}
+
+bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                      const GmBlockLookup& blocks, uint64_t granule,
+                      std::vector<GmAccess>* writes) {
+  using Extent = RecordedLaunch::Translation::Extent;
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || !t->fits_l2 || !blocks || t->args.size() != args.size() ||
+      t->extents.size() != args.size() || t->line_bytes == 0)
+    return false;
+  const uint64_t line = t->line_bytes;
+  // (2) Each touched argument now: its block, offset and moved span (as offsets in the block).
+  std::vector<Extent> now(args.size());
+  for (size_t k = 0; k < args.size(); ++k) {
+    const Extent& e = t->extents[k];
+    if (!e.touched) continue;
+    uint64_t start = 0, bytes = 0;
+    if (!blocks(args[k], &start, &bytes) || args[k] < start) return false;
+    Extent& n = now[k];
+    n.touched = true;
+    n.block_start = start;
+    n.offset = args[k] - start;
+    // The same offset modulo a line in its block (the L2's filing) and in device memory.
+    if (n.offset % line != e.offset % line || (args[k] - t->args[k]) % line != 0) return false;
+    // The span moves with the argument: [lo, hi) - e.offset + n.offset, inside [0, bytes).
+    if (n.offset + e.lo < e.offset) return false;
+    n.lo = n.offset + e.lo - e.offset;
+    n.hi = n.offset + e.hi - e.offset;
+    if (n.hi > bytes) return false;
+  }
+  // (3) Arguments sharing a line, then or now, keep their distance in one block.
+  const auto share_line = [line](const Extent& a, const Extent& b) {
+    return a.block_start == b.block_start && a.lo / line < (b.hi + line - 1) / line &&
+           b.lo / line < (a.hi + line - 1) / line;
+  };
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (!now[j].touched) continue;
+    for (size_t k = j + 1; k < args.size(); ++k) {
+      if (!now[k].touched) continue;
+      const Extent &ej = t->extents[j], &ek = t->extents[k];
+      if (!share_line(ej, ek) && !share_line(now[j], now[k])) continue;
+      if (ej.block_start != ek.block_start || now[j].block_start != now[k].block_start ||
+          ek.offset - ej.offset != now[k].offset - now[j].offset)
+        return false;
+    }
+  }
+  return translated_writes(rec, args, granule, writes);
 }
 
 namespace {
@@ -526,7 +596,8 @@ uint64_t RecordedLaunch::bytes() const {
     n += c.order.size() + c.transfer_pipes.size() + c.blocks.size() * sizeof(Block);
   if (translation)
     n += sizeof(*translation) + translation->args.size() * sizeof(uint64_t) +
-         translation->writes.size() * sizeof(Translation::Write);
+         translation->writes.size() * sizeof(Translation::Write) +
+         translation->extents.size() * sizeof(Translation::Extent);
   return n;
 }
 
@@ -537,15 +608,24 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
   return it->second->rec.get();
 }
 
-std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_similar(const LaunchKey& similar) {
+std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::kept(const Index& index,
+                                                               const LaunchKey& k) const {
   std::vector<std::shared_ptr<RecordedLaunch>> out;
-  auto it = m_similar.find(similar);
-  if (it == m_similar.end()) return out;
-  for (const LaunchKey& k : it->second) {
-    auto e = m_map.find(k);
+  auto it = index.find(k);
+  if (it == index.end()) return out;
+  for (const LaunchKey& key : it->second) {
+    auto e = m_map.find(key);
     if (e != m_map.end()) out.push_back(e->second->rec);
   }
   return out;
+}
+
+std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_similar(const LaunchKey& similar) {
+  return kept(m_similar, similar);
+}
+
+std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::find_loose(const LaunchKey& loose) {
+  return kept(m_loose, loose);
 }
 
 const PreparedLaunch* LaunchMemo::prepared(const LaunchKey& key) const {
@@ -584,22 +664,33 @@ void LaunchMemo::add(LaunchKey key, std::shared_ptr<RecordedLaunch> rec) {
   m_lru.push_front(Entry{key, std::move(rec), nullptr});
   m_map.emplace(std::move(key), m_lru.begin());
   make_room();
-  if (m_similar.size() >= 4 * m_capacity) {  // drop the keys whose recording is gone
-    for (auto it = m_similar.begin(); it != m_similar.end();) {
-      auto& keys = it->second;
-      keys.erase(std::remove_if(keys.begin(), keys.end(),
-                                [&](const LaunchKey& k) { return !m_map.count(k); }),
-                 keys.end());
-      it = keys.empty() ? m_similar.erase(it) : std::next(it);
-    }
+  prune(m_similar);
+  prune(m_loose);
+}
+
+void LaunchMemo::prune(Index& index) {
+  if (index.size() < 4 * m_capacity) return;
+  // Drop the keys whose recording is gone.
+  for (auto it = index.begin(); it != index.end();) {
+    auto& keys = it->second;
+    keys.erase(std::remove_if(keys.begin(), keys.end(),
+                              [&](const LaunchKey& k) { return !m_map.count(k); }),
+               keys.end());
+    it = keys.empty() ? index.erase(it) : std::next(it);
   }
 }
 
-void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec) {
-  if (m_capacity == 0) return;
-  std::vector<LaunchKey>& keys = m_similar[std::move(similar)];
+void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key) {
+  std::vector<LaunchKey>& keys = index[std::move(k)];
   keys.insert(keys.begin(), key);
   if (keys.size() > kSimilar) keys.pop_back();
+}
+
+void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec,
+                        const LaunchKey* loose) {
+  if (m_capacity == 0) return;
+  index(m_similar, std::move(similar), key);
+  if (loose) index(m_loose, *loose, key);
   add(std::move(key), std::make_shared<RecordedLaunch>(std::move(rec)));
 }
 

@@ -102,6 +102,20 @@ struct RecordedLaunch {
       uint64_t offset, bytes;
     };
     std::vector<Write> writes;  // every range the launch wrote, merged (their union)
+    // For a replay at other offsets in the arguments' blocks (relocated_writes): per argument,
+    // where it lay and the span of the GM ranges that derive from it.
+    struct Extent {
+      bool touched = false;      // some GM range derives from it (it then lies in a block)
+      uint64_t block_start = 0;  // its block's first device address
+      uint64_t offset = 0;       // args[k] - block_start
+      uint64_t lo = 0, hi = 0;   // the span [lo, hi) of its ranges, as offsets in its block
+    };
+    std::vector<Extent> extents;  // [argument]
+    // Whether no set of the L2 can receive more distinct lines than it has ways, wherever each
+    // argument's span lies (sum over the touched arguments of ceil(lines of its span / sets)
+    // at most the ways): then the launch evicts no line, at any line-aligned placement.
+    bool fits_l2 = false;
+    uint32_t line_bytes = 0;  // the L2 line the spans were counted in
   };
   std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
@@ -153,6 +167,27 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
 // *writes), or false if a displacement is not a multiple of `granule` bytes (the GM alignment).
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
                        uint64_t granule, std::vector<GmAccess>* writes);
+// Relocation (SimOptions::replay_relocate): whether `rec` (timed by translation at other offsets
+// in its arguments' blocks, or in blocks of other sizes) times this launch exactly. The L2's
+// outcome for a launch that evicts no line depends only on which of its accesses share a line
+// (a lookup hits iff an earlier one filled its line and no bypassing write dropped it), and on
+// how each range splits into lines. So it holds if
+//   (1) the recorded launch evicts no line at any placement (Translation::fits_l2), and so does
+//       this one (its spans are the same sizes, at the same offsets modulo a line);
+//   (2) each touched argument lies at the same offset modulo the L2 line in its block as then,
+//       and its moved span lies inside its block (under the L2's filing by block,
+//       sim/chip/l2_placement.h, every range then moves by whole lines, as one piece);
+//   (3) two touched arguments whose spans share a line, then or now, lie in one block, then and
+//       now, at the same distance from each other: every other pair touches disjoint lines
+//       (blocks are filed on lines of their own), so the same accesses share lines and bytes
+//       as then, and no core touches bytes another writes, as then.
+// Together with translated_writes' conditions (the program moves with its tensors, every
+// displacement a multiple of the GM alignment), every lookup then hits and misses as recorded,
+// so every transfer, and the launch, takes the recorded time. Fills *writes as
+// translated_writes does.
+bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                      const GmBlockLookup& blocks, uint64_t granule,
+                      std::vector<GmAccess>* writes);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as
@@ -214,8 +249,13 @@ class LaunchMemo {
   // first, at most kSimilar.
   static constexpr size_t kSimilar = 4;
   std::vector<std::shared_ptr<RecordedLaunch>> find_similar(const LaunchKey& similar);
-  // A new recording: under `key`, and one of those `similar` finds.
-  void insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec);
+  // The recordings inserted with this loose key (the similar key without the arguments'
+  // block extents: relocated_writes' candidates), latest first, at most kSimilar.
+  std::vector<std::shared_ptr<RecordedLaunch>> find_loose(const LaunchKey& loose);
+  // A new recording: under `key`, one of those `similar` finds and, if `loose` is given, one
+  // of those find_loose(*loose) finds.
+  void insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec,
+              const LaunchKey* loose = nullptr);
   // `rec` (kept under another key, from find_similar) found to time the launch `key` too.
   void alias(LaunchKey key, std::shared_ptr<RecordedLaunch> rec);
   void erase(const LaunchKey& key);
@@ -239,8 +279,12 @@ class LaunchMemo {
   uint64_t m_max_bytes, m_bytes = 0;
   std::list<Entry> m_lru;  // most recently used first
   std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
-  // similar key -> exact keys, latest first
-  std::unordered_map<LaunchKey, std::vector<LaunchKey>, LaunchKeyHash> m_similar;
+  using Index = std::unordered_map<LaunchKey, std::vector<LaunchKey>, LaunchKeyHash>;
+  std::vector<std::shared_ptr<RecordedLaunch>> kept(const Index& index, const LaunchKey& k) const;
+  static void index(Index& index, LaunchKey k, const LaunchKey& key);
+  void prune(Index& index);
+  // similar key -> exact keys, latest first; the same for loose keys
+  Index m_similar, m_loose;
 };
 
 }  // namespace npusim

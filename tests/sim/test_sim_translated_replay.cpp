@@ -1,7 +1,9 @@
 // Timing-only replay by translation (sim/replay/launch_replay.h, record_translation and
 // translated_writes; sim/replay/address_flow.h): a timing-only simulator replays a launch whose
 // tensors moved to blocks laid out as the recorded launch's, without walking its program, and
-// every launch then has exactly the cycles and counters of simulating it. Each mode runs in a
+// every launch then has exactly the cycles and counters of simulating it; with relocation
+// (relocated_writes), also a launch at other offsets in its blocks that cannot evict an L2
+// line. Each mode runs in a
 // forked child (SystemC elaborates one chip per process).
 #include <catch2/catch.hpp>
 
@@ -59,19 +61,22 @@ const char* kScale = R"(
     end
 )";
 
-enum class Mode { simulate, translate, check };
+enum class Mode { simulate, translate, relocate, check };
 
 // A timing-only tiny chip runs a sequence of launches whose tensors move between blocks (the
 // TensorFlow allocator of a training step), in `mode`: simulate every launch; replay by
-// translation only (SimOptions::replay off, as the TF plugin sets it for timing-only runs); or
-// replay, then also simulate and throw on any difference (Replay::check).
+// translation only (SimOptions::replay off, as the TF plugin sets it for timing-only runs),
+// without relocation (translate) or with it (relocate, SimOptions::replay_relocate); or replay
+// with relocation, then also simulate and throw on any difference (Replay::check).
 json workload(Mode mode) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
+  unsetenv("NPUSIM_REPLAY_RELOCATE");
   SimOptions opts;
   opts.functional = false;
   opts.replay = mode == Mode::check ? SimOptions::Replay::check : SimOptions::Replay::off;
   opts.replay_translated = mode != Mode::simulate;
+  opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
   Simulator sim(load_chip_config("tiny"), opts);
   const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
@@ -114,12 +119,25 @@ json workload(Mode mode) {
   // the loads brought in, so the recording of vadd must not time it.
   vadd_at("vadd_in_place", 0x4000000, 0x100000, true);
   vadd_at("vadd_in_place_moved", 0x5000000, 0x80000, true);
-  // x at offset 512 in its block: another L2 layout, another key.
+  // x at offset 512 in its block: another L2 layout, another key; relocation replays it (the
+  // launch fits the L2 at any placement, x keeps its offset modulo the 512-byte line).
   blocks.clear();
   blocks[0x6000000] = vbytes + 512;
   blocks[0x6100000] = vbytes;
   blocks[0x6200000] = vbytes;
   run("vadd_offset", vadd, {0x6000200, 0x6100000, 0x6200000, n}, 3);
+  // x at offset 256: its ranges split into lines differently; never relocated.
+  blocks.clear();
+  blocks[0x6800000] = vbytes + 512;
+  blocks[0x6900000] = vbytes;
+  blocks[0x6a00000] = vbytes;
+  run("vadd_offset_256", vadd, {0x6800100, 0x6900000, 0x6a00000, n}, 3);
+  // x and z in one block, on lines of their own: relocated from vadd (no line shared, then or
+  // now), unlike vadd_in_place, whose z shares x's lines.
+  blocks.clear();
+  blocks[0x7000000] = 0x20000;
+  blocks[0x7100000] = vbytes;
+  run("vadd_in_place_near", vadd, {0x7000000, 0x7100000, 0x7010000, n}, 3);
   // A launch whose tensors overflow the 8 MiB L2 (4 MiB each): its evictions follow the layout.
   const uint64_t big = 2 * 1024 * 1024, bbytes = 2 * big;
   for (const auto& [name, base] :
@@ -127,6 +145,9 @@ json workload(Mode mode) {
     blocks = {{base, bbytes}, {base + 0x1000000, bbytes}, {base + 0x3000000, bbytes}};
     run(name, vadd, {base, base + 0x1000000, base + 0x3000000, big}, 3);
   }
+  // The same at offset 512 of a larger block: it may evict, so it is never relocated.
+  blocks = {{0x30000000, bbytes + 512}, {0x31000000, bbytes}, {0x33000000, bbytes}};
+  run("vadd_big_offset", vadd, {0x30000200, 0x31000000, 0x33000000, big}, 3);
   // The cube kernel, moved.
   for (const auto& [name, base] :
        {std::pair<std::string, uint64_t>{"gemm", 0x8000000}, {"gemm_moved", 0x9300000}}) {
@@ -153,8 +174,9 @@ json run_in_child(Mode mode) {
 TEST_CASE("a timing-only replay by translation gives exactly what simulating gives") {
   const json sim = run_in_child(Mode::simulate);
   const json translated = run_in_child(Mode::translate);
+  const json relocated = run_in_child(Mode::relocate);
   const json check = run_in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &check})
+  for (const json* run : {&translated, &relocated, &check})
     for (const auto& [name, value] : sim.items()) {
       INFO(name);
       if (value.is_object() && value.contains("replayed")) {
@@ -176,12 +198,26 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
                         "gemm_moved", "scale_moved"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
+    CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
-  for (const char* k :
-       {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_big", "gemm", "scale"}) {
+  for (const char* k : {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_offset_256",
+                        "vadd_in_place_near", "vadd_big", "vadd_big_offset", "gemm", "scale"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
+  }
+  // Relocation also replays a launch at another offset in its block (a multiple of the line),
+  // in a block of another size, or sharing a block on lines of its own; not where it could
+  // evict, an offset moved by part of a line, or arguments that share lines then or now.
+  for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near"}) {
+    INFO(k);
+    CHECK(relocated[k]["replayed"] == true);
+    CHECK(check[k]["replayed"] == true);
+  }
+  for (const char* k : {"vadd", "vadd_in_place", "vadd_offset_256", "vadd_big", "vadd_big_offset",
+                        "gemm", "scale"}) {
+    INFO(k);
+    CHECK(relocated[k]["replayed"] == false);
   }
   // The in-place launch really times differently (its stores hit the loaded lines).
   CHECK(sim["vadd_in_place"]["counters"] != sim["vadd"]["counters"]);
