@@ -4,7 +4,7 @@ FusedVariableUpdate nodes of one optimizer become one node whose small members r
 of one launch, as CANN's foreach / multi-tensor apply kernels update a list of tensors.
 
 A Keras 3 MLP of many small layers trained three steps with Adam and with SGD with momentum:
-- gives bit for bit the losses and weights of the same run with NPUSIM_FUSION_MULTI_TENSOR=0 in
+- gives bit for bit the losses and weights of the same run without it (the default) in
   a child process (each element goes through the member's own instruction sequence), both with
   the updates inside the NpuGraph task lists and node by node (NPUSIM_GRAPH_UPDATES=0, the
   FusedVariableUpdate kernel of kernels_optimizer.cpp);
@@ -70,9 +70,10 @@ print("RESULT " + json.dumps(out))
 def runs():
     code = "import os\n" + CODE
     return {
-        "multi": child_result(code, extra_env={"WITH_CPU": "1"}),
+        "multi": child_result(code, extra_env={"WITH_CPU": "1", "NPUSIM_FUSION_MULTI_TENSOR": "1"}),
         "off": child_result(code, extra_env={"NPUSIM_FUSION_MULTI_TENSOR": "0"}),
-        "multi_alone": child_result(code, extra_env={"NPUSIM_GRAPH_UPDATES": "0"}),
+        "multi_alone": child_result(code, extra_env={"NPUSIM_GRAPH_UPDATES": "0",
+                                                     "NPUSIM_FUSION_MULTI_TENSOR": "1"}),
     }
 
 

@@ -1462,6 +1462,13 @@ bool acyclic_contracted(const tfc::GraphDef& graph,
 int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                            std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
+  // Not in a graph with collectives (a data-parallel step): one group's launch would wait for
+  // every gradient segment's all-reduce, where per-variable updates start as soon as their own
+  // segment has arrived, and the driver's collective read tracking (the readers of a
+  // collective's output in Chakra traces and the overlap model) does not follow a group's
+  // member table yet (docs/multichip.md).
+  for (int i = 0; i < n_nodes; ++i)
+    if (graph.node(i).op() == "NpuCollective") return 0;
   std::unordered_map<std::string, int> index;
   for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
   // Candidates by key: device, T, M, N, steps, updates (one optimizer's updates of one type).
@@ -3241,8 +3248,13 @@ bool attention_fusion_requested() {
   return on;
 }
 
+// Opt-in (NPUSIM_FUSION_MULTI_TENSOR=1) until the Chakra export (which finds a variable's
+// update by its node name) and the collective read tracking follow a group's members.
 bool multi_tensor_update_requested() {
-  static const bool on = switch_on("NPUSIM_FUSION_MULTI_TENSOR");
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_MULTI_TENSOR");
+    return v && std::string(v) == "1";
+  }();
   return on;
 }
 
