@@ -304,6 +304,12 @@ int main(int argc, char** argv) {
   c_op->add_option("--before", op.before,
                    "run OP:DTYPE:SHAPE[,DTYPE:SHAPE...] first, not counted (repeat): e.g. a "
                    "benchmark's L2 flush, seen with memory.l2.keep_across_launches");
+  c_op->add_option(
+      "--host-loop", op.host_loop,
+      "call the op N times back to back from an eager host that pays "
+      "host.op_dispatch_us a call and runs ahead of the device; print the loop's time");
+  c_op->add_option("--host-warmup", op.host_warmup,
+                   "with --host-loop: N calls first, not counted (a benchmark's warm-ups)");
 
   std::string asm_in, asm_out;
   auto* c_asm = app.add_subcommand("asm", "assemble to a binary kernel (.npuk)");

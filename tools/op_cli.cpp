@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -187,6 +188,22 @@ bool run_before_op(const std::string& spec, Simulator& sim, DeviceArena& arena,
   return true;
 }
 
+// The op called `calls` times back to back by an eager host loop (a benchmark timing N framework
+// calls between two device synchronizes): each call's host issue takes `issue` cycles, the host
+// runs ahead of the device (an asynchronous launch queue), and a call's first launch starts when
+// both its issue and the device's previous launch are done. `launch_cycles[c]`: call c's launches'
+// Task Durations in order. Returns the loop's cycles, from the first issue's start to the last
+// launch's end (a device synchronize that returns at once).
+uint64_t host_loop_cycles(const std::vector<std::vector<uint64_t>>& launch_cycles, uint64_t issue) {
+  uint64_t host = 0, device = 0;
+  for (const auto& call : launch_cycles) {
+    host += issue;
+    device = std::max(device, host);
+    for (uint64_t c : call) device += c;
+  }
+  return device;
+}
+
 }  // namespace
 
 int run_op(const OpOptions& o, std::ostream& out) {
@@ -229,6 +246,34 @@ int run_op(const OpOptions& o, std::ostream& out) {
       "");
   for (const std::string& b : o.before)
     if (!run_before_op(b, sim, arena, cfg, *precision, rng, out)) return 3;
+  if (o.host_loop < 0 || o.host_warmup < 0)
+    throw Error(
+        fmt::format("--host-loop {} / --host-warmup {}: not negative", o.host_loop, o.host_warmup));
+  if (o.host_warmup > 0 && o.host_loop == 0)
+    throw Error("--host-warmup needs --host-loop (the warm-up calls precede a loop)");
+  // A call of the op outside the figures (a host loop's warm-ups and its calls after the first):
+  // its launches' cycles, or nullopt after printing why a launch failed.
+  auto uncounted_call = [&](const char* what, int index) -> std::optional<std::vector<uint64_t>> {
+    std::vector<uint64_t> cycles;
+    for (size_t i = 0; i < k.launches.size(); ++i) {
+      const KernelResult r = sim.run(buffers.launch(k.launches[i]));
+      if (!r.ok) {
+        out << fmt::format("{} call {}: launch {} ({}) failed: {}\n", what, index, i,
+                           k.launches[i].kernel.program.name, r.error);
+        return std::nullopt;
+      }
+      cycles.push_back(r.cycles);
+    }
+    return cycles;
+  };
+  // With the L2 cold at every launch, a launch's timing does not depend on what ran before
+  // (docs/chip_model.md "L2 state between launches"): the warm-ups leave no state and every call
+  // of the loop times as its first, so they are not simulated again (a large GEMM's 36 calls
+  // would take 36 times as long). With a kept L2 every call runs.
+  const bool calls_alike = !cfg.l2_keep_across_launches;
+  for (int c = 0; c < o.host_warmup && !calls_alike; ++c)
+    if (!uncounted_call("--host-warmup", c)) return 3;
+  std::vector<std::vector<uint64_t>> loop_cycles(1);  // per call of the host loop, its launches
 
   const prof::ChipPeaks peaks = prof::chip_peaks(cfg);
   prof::ReportInput report;
@@ -250,6 +295,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     rec.op_type = desc.type;
     const prof::OpMetrics m = prof::compute_op_metrics(rec, cfg);
     cycles += r.cycles;
+    loop_cycles[0].push_back(r.cycles);
     macs += m.macs;
     repeats += m.vector_repeats;
     hbm += m.hbm_read_bytes + m.hbm_write_bytes;
@@ -262,6 +308,40 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         {"time_us", r.time_us}, {"cube_utilization_pct", m.cube_utilization_pct},
                         {"roofline_bound_us", m.roofline_bound_us}});
     report.ops.push_back(std::move(rec));
+  }
+  nlohmann::json host_loop;  // null without --host-loop
+  if (o.host_loop > 0) {
+    for (int c = 1; c < o.host_loop; ++c) {
+      auto call = calls_alike ? std::optional(loop_cycles[0]) : uncounted_call("--host-loop", c);
+      if (!call) return 3;
+      loop_cycles.push_back(std::move(*call));
+    }
+    const uint64_t issue = cfg.us_to_cycles(cfg.host_op_dispatch_us);
+    const uint64_t loop = host_loop_cycles(loop_cycles, issue);
+    uint64_t device = 0;
+    nlohmann::json call_cycles = nlohmann::json::array();  // per call, its launches' cycles
+    for (const auto& call : loop_cycles) {
+      uint64_t sum = 0;
+      for (uint64_t c : call) sum += c;
+      call_cycles.push_back(sum);
+      device += sum;
+    }
+    const double per_call_us = cfg.cycles_to_us(double(loop)) / o.host_loop;
+    const bool host_bound = loop > device + issue;  // the device waited between calls
+    out << fmt::format(
+        "host loop: {} call(s) after {} warm-up(s), host issue {:.2f} us a call "
+        "(host.op_dispatch_us): {:.2f} us = {:.2f} us a call; device busy {:.2f} us; {}-bound\n",
+        o.host_loop, o.host_warmup, cfg.cycles_to_us(double(issue)), cfg.cycles_to_us(double(loop)),
+        per_call_us, cfg.cycles_to_us(double(device)), host_bound ? "host" : "device");
+    host_loop = {{"calls", o.host_loop},
+                 {"warmup", o.host_warmup},
+                 {"host_issue_us", cfg.cycles_to_us(double(issue))},
+                 {"loop_cycles", loop},
+                 {"loop_us", cfg.cycles_to_us(double(loop))},
+                 {"per_call_us", per_call_us},
+                 {"device_busy_us", cfg.cycles_to_us(double(device))},
+                 {"call_cycles", call_cycles},
+                 {"bound", host_bound ? "host" : "device"}};
   }
   if (o.outputs.size() > k.outputs.size())
     throw Error(fmt::format("{} has {} output(s), {} --output files given", desc.str(),
@@ -300,7 +380,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         {"buffer_high_water_bytes", high_water}, {"activity", activity},
                         {"roofline_bound_us", cfg.cycles_to_us(bound)},
                         {"roofline_ratio", bound > 0 ? double(cycles) / bound : 0.0},
-                        {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches}}
+                        {"compile_s", compile_s}, {"wall_s", wall_s}, {"launches", launches},
+                        {"host_loop", host_loop}}
                              .dump(1)
       << "\n";
   }

@@ -31,6 +31,16 @@ struct OpOptions {
   // figures, JSON or report; they matter only through the state they leave, i.e. the L2 when
   // the chip keeps it across launches (memory.l2.keep_across_launches, write_back).
   std::vector<std::string> before;
+  // --host-loop N: the op called N times back to back by an eager host loop, as a benchmark that
+  // times N framework calls between two device synchronizes (e.g. a torch.mm loop): each call's
+  // host issue costs host.op_dispatch_us, the host runs ahead of the device, and the loop's time
+  // (first issue to last launch's end) and its time per call are printed and in the JSON's
+  // "host_loop". The op's other figures, launches and report are of the loop's first call.
+  // --host-warmup W: W calls before the loop (the device synchronised after them), not counted.
+  // With the L2 cold at every launch the calls are alike and only the first is simulated; with
+  // memory.l2.keep_across_launches every warm-up and call runs.
+  int host_loop = 0;
+  int host_warmup = 0;
   uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;  // the watchdog
 };
 

@@ -482,6 +482,60 @@ def _(d):
     assert "--before 'Nope:f32:4': Nope(f32[4]): op Nope is not supported" in p.stderr, p.stderr
 
 
+
+@check("op --host-loop: an eager host running ahead of the device, host- or device-bound")
+def _(d):
+    # The loop's time from the op's own Task Durations (every call of a cold-L2 op is alike) and
+    # host.op_dispatch_us, by the max-plus recurrence of a host that issues call c at
+    # (c + 1) x issue and a device that starts it when both it and the previous call are done.
+    def op(size, issue_us, calls, warmup=0, *extra):
+        out = f"{d}/op.json"
+        p = run("op", "MatMul", "--input", f"f16:{size}x{size}", "--input", f"f16:{size}x{size}",
+                "--chip", "tiny", "--timing-only", "--set", f"host.op_dispatch_us={issue_us}",
+                "--host-loop", str(calls), "--host-warmup", str(warmup), "--json", out, *extra)
+        with open(out) as f:
+            return json.load(f), p.stdout
+
+    def recurrence(issue, call_cycles):
+        host = device = 0
+        for c in call_cycles:
+            host += issue
+            device = max(device, host) + c
+        return device
+
+    for size, issue_us, want in ((64, 50, "host"), (256, 0.5, "device")):
+        j, text = op(size, issue_us, 5, warmup=2)
+        mhz = j["cycles"] / j["time_us"]  # the chip's clock (tiny extends the 910b preset)
+        issue, per_call = round(issue_us * mhz), [l["cycles"] for l in j["launches"]]
+        device = recurrence(issue, [sum(per_call)] * 5)
+        loop = j["host_loop"]
+        assert loop["call_cycles"] == [sum(per_call)] * 5, loop
+        assert loop["loop_cycles"] == device, (loop, device)
+        assert abs(loop["per_call_us"] - device / mhz / 5) < 1e-9, loop
+        assert loop["bound"] == want and loop["calls"] == 5 and loop["warmup"] == 2, loop
+        assert abs(loop["device_busy_us"] - 5 * sum(per_call) / mhz) < 1e-9, loop
+        assert f"{want}-bound" in text, text
+    j, _ = op(64, 0, 1)
+    assert j["host_loop"]["loop_cycles"] == j["cycles"], j["host_loop"]
+    # A kept L2: every call runs; the second finds the first's lines in the L2 and is faster
+    # than the first, which starts cold; a warm-up makes the first call a warm one too.
+    cold, _ = op(256, 0.5, 1)
+    kept = ("--set", "memory.l2.keep_across_launches=true")
+    j, _ = op(256, 0.5, 3, 0, *kept)
+    loop = j["host_loop"]
+    assert loop["call_cycles"][0] == j["cycles"] == cold["cycles"], (loop, cold["cycles"])
+    assert loop["call_cycles"][1] < loop["call_cycles"][0], loop
+    assert loop["loop_cycles"] == recurrence(round(0.5 * mhz), loop["call_cycles"]), loop
+    j, _ = op(256, 0.5, 3, 1, *kept)
+    assert j["host_loop"]["call_cycles"][0] < cold["cycles"], j["host_loop"]
+    p = run("op", "MatMul", "--input", "f16:64x64", "--input", "f16:64x64", "--chip", "tiny",
+            "--timing-only", "--host-warmup", "2", expect_rc=1)
+    assert "--host-warmup needs --host-loop" in p.stderr, p.stderr
+    p = run("op", "MatMul", "--input", "f16:64x64", "--input", "f16:64x64", "--chip", "tiny",
+            "--timing-only", "--host-loop", "-1", expect_rc=1)
+    assert "--host-loop -1" in p.stderr, p.stderr
+
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -25,6 +25,8 @@ FLOPS = 2 * 256 ** 3
 KEPT_L2 = {"memory.l2.keep_across_launches": True, "memory.l2.write_back": True}
 FILL = "ZerosLike:f32:2097152"
 ADD_BIG = ["f16:2048x2048", "f16:2048x2048"]  # 24 MiB in all, more than the 8 MiB L2
+# A host issue far longer than the 256^3 MatMul on the tiny chip: the loop is host-bound.
+LOOP_ISSUE_US = 100
 
 
 def case(cid, set_, published, workload):
@@ -45,6 +47,9 @@ CASES = yaml.safe_dump({"cases": [
     case("add_allocated", "calibration", {"value": 3.0, "unit": "us"},
          {"overrides": KEPT_L2, "op": "AddV2", "inputs": ADD_BIG,
           "env": {"NPUSIM_L2_STREAM_POLICY": "0"}}),
+    case("mm_loop", "calibration", {"value": 0.2, "unit": "TFLOPS"},
+         {"overrides": {"host.op_dispatch_us": LOOP_ISSUE_US}, "op": "MatMul", "inputs": MATMUL,
+          "work": {"flops": FLOPS}, "host_loop": {"calls": 30, "warmup": 6}}),
     case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
          {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
     case("cnn_infer", "held_out", {"value": 20000, "unit": "samples/s"},
@@ -139,6 +144,19 @@ def main():
         check("env reaches the case's run (the add's L2 stream policy off)",
               abs(r["simulated"] - t_normal) < 1e-9 and t_normal != t_policy,
               f"{r['simulated']} vs {t_normal} (policy on: {t_policy})")
+        # host_loop: 30 calls of a host-bound loop take 30 issues and the last call's kernel, per
+        # call (issue + t / 30) with the issue in whole cycles (clock from the op's own figures).
+        out_ref = os.path.join(tmp, "ref_mm.json")
+        p_ref = run("op", "MatMul", "--chip", "tiny", "--timing-only", "--json", out_ref,
+                    *sum((["--input", i] for i in MATMUL), []))
+        ref = json.load(open(out_ref))
+        mhz = ref["cycles"] / ref["time_us"]
+        per_call_us = (30 * round(LOOP_ISSUE_US * mhz) + ref["cycles"]) / mhz / 30
+        r = rows["mm_loop"]
+        check("host_loop row: flops / the loop's time per call (host-bound: issue + kernel / 30)",
+              p_ref.returncode == 0 and ref["time_us"] < LOOP_ISSUE_US and
+              abs(r["simulated"] - FLOPS / (per_call_us * 1e6)) < 1e-9 * r["simulated"],
+              f"{r['simulated']} vs {FLOPS / (per_call_us * 1e6)}")
         hit = [float(x["l2_hit_rate"]) for x in mm_rows]
         dur = [float(x["Task Duration(us)"]) for x in mm_rows]
         ref_hit = sum(h * d for h, d in zip(hit, dur)) / sum(dur)
@@ -191,6 +209,11 @@ def main():
         p = run("validate", "--cases", bad)
         check("bad before: exit 1 naming the case and the key",
               p.returncode == 1 and "mean_flushed" in p.stderr and ".before" in p.stderr, p.stderr)
+        with open(bad, "w") as f:
+            f.write(CASES.replace("calls: 30", "calls: 0", 1))
+        p = run("validate", "--cases", bad)
+        check("bad host_loop: exit 1 naming the case and the key",
+              p.returncode == 1 and "mm_loop" in p.stderr and ".host_loop" in p.stderr, p.stderr)
         with open(bad, "w") as f:
             f.write(CASES.replace("NPUSIM_L2_STREAM_POLICY", "L2_STREAM_POLICY", 1))
         p = run("validate", "--cases", bad)

@@ -16,7 +16,11 @@ and one workload:
       benchmark's L2 flush, which shows only with memory.l2.keep_across_launches); env
       {NPUSIM_NAME: "value"}: compiler switches of the run that make npusim's kernel do what the
       measured kernel did (NPUSIM_L2_STREAM_POLICY: "0", an element-wise kernel's inputs
-      allocated in the L2 as Huawei's Add sample's Case 4 does; docs/compiler.md)
+      allocated in the L2 as Huawei's Add sample's Case 4 does; docs/compiler.md);
+      host_loop {calls: N, warmup: W}: the measurement timed N eager framework calls of the op
+      back to back (after W warm-ups) and divided by N, e.g. a torch.mm loop around a device
+      synchronize: the figure is the time per call of `npusim op --host-loop N --host-warmup W`
+      (host issue host.op_dispatch_us a call, the host running ahead of the device)
   model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
       steps (default 1), precision; needs_timing_only: true if the published size only runs
       with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
@@ -32,7 +36,7 @@ UNITS = ("us", "ms", "TFLOPS", "GB/s", "samples/s", "ratio")
 COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditions", "blocked",
                "notes")
 KIND_KEYS = {
-    "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before", "env"),
+    "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before", "env", "host_loop"),
     "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
               "interim"),
 }
@@ -99,6 +103,14 @@ def _check_op(path, where, c):
     if not (isinstance(env, dict) and all(re.fullmatch(r"NPUSIM_[A-Z0-9_]+", str(k)) and
                                           isinstance(v, str) for k, v in env.items())):
         _fail(path, where + ".env", "must be a mapping {NPUSIM_NAME: \"value\"} (strings)")
+    loop = c.get("host_loop")
+    if loop is not None:
+        if not (isinstance(loop, dict) and set(loop) <= {"calls", "warmup"} and "calls" in loop and
+                all(isinstance(v, int) and not isinstance(v, bool) for v in loop.values()) and
+                loop["calls"] >= 1 and loop.get("warmup", 0) >= 0):
+            _fail(path, where + ".host_loop", "must be {calls: N >= 1, warmup: N >= 0}")
+        if unit == "ratio":
+            _fail(path, where + ".host_loop", "a ratio case reads a counter, not a loop's time")
     if (unit == "ratio") != ("metric" in c):
         _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
               "(and only ratio cases have one)")

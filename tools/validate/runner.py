@@ -1,8 +1,9 @@
 """Runs one case and returns its simulated figure in the published unit.
 
 op cases run `npusim op OP ... --timing-only --json --report-dir` (a ratio case's figure is an
-op_summary.csv column, averaged over the op's launches weighted by Task Duration); cases of one
-op with the same inputs share its run;
+op_summary.csv column, averaged over the op's launches weighted by Task Duration; a host-loop
+case's is the loop's time per call, `--host-loop`); cases of one op with the same command share
+its run;
 model cases run `python -m models.run ... --json` from the repository root with this Python.
 A model case that needs timing-only TensorFlow runs uses them when models.run has
 --timing-only; until then it runs its interim size (and says so) or is reported as waiting.
@@ -51,6 +52,9 @@ def op_command(npusim, case, tmp, extra_sets):
         cmd += ["--precision", case["precision"]]
     for b in case.get("before") or []:
         cmd += ["--before", b]
+    loop = case.get("host_loop")
+    if loop:
+        cmd += ["--host-loop", str(loop["calls"]), "--host-warmup", str(loop.get("warmup", 0))]
     return cmd + ["--report-dir", os.path.join(tmp, "report")], out
 
 
@@ -110,7 +114,9 @@ def simulated_value(case, run):
         return run["result"]["samples_per_s"]
     if unit == "ratio":
         return summary_column(run["summary"], case["metric"])
-    t_us = run["result"]["time_us"]
+    # A host loop's figure is its time per call (the measurement divided the loop by its calls).
+    t_us = run["result"]["host_loop"]["per_call_us"] if case.get("host_loop") else \
+        run["result"]["time_us"]
     return {"us": t_us, "ms": t_us / 1e3,
             "TFLOPS": case.get("work", {}).get("flops", 0) / (t_us * 1e6),
             "GB/s": case.get("work", {}).get("bytes", 0) / (t_us * 1e3)}[unit]
