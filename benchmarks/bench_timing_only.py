@@ -76,7 +76,9 @@ def replay_split(records):
     the simulated launches split into the first of their kernel and block count in the step
     (nothing to replay them from) and those of a kernel seen before (a replay was refused: other
     arguments, tensors at other offsets in their blocks, a kernel that loads data...), with their
-    own host wall time (wall_us) and the latter's count by TF op type (top 8)."""
+    own host wall time (wall_us) and the latter's count by TF op type (top 8). A kernel's name
+    does not hold its shape: most "seen before" are the first launch of a kernel at a shape
+    (untyped arguments); the replay log (NPUSIM_REPLAY_LOG) tells each launch's reason."""
     seen, out = set(), {"first": 0, "again": 0, "first_wall_s": 0.0, "again_wall_s": 0.0}
     again_by_type = {}
     total = replayed = 0
