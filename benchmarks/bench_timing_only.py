@@ -14,6 +14,9 @@ plugin compiles every kernel in it) inside npusim.profile(report dir), and print
   models.run's simulated_us_per_step) and the kernels it launched;
 - where the wall time went: the kernel launches' own host time (launch records' wall_us, the
   simulator), by TF op type, and what is left (TensorFlow, the kernel compiler, Python);
+- with NPUSIM_REPLAY_LOG=FILE set (the replay log, sim/simulator.h SimOptions::replay_log),
+  the step's simulated launches by the reason no recording timed them, with their CPU seconds
+  (benchmarks/replay_log_summary.py);
 - report_s: the time npusim.profile took to write the step's report folder (op_summary.csv,
   op_statistic.csv, trace.json, summary.txt, plots) and its path; peak host memory (ru_maxrss)
   after each step and at the end.
@@ -73,7 +76,9 @@ def replay_split(records):
     the simulated launches split into the first of their kernel and block count in the step
     (nothing to replay them from) and those of a kernel seen before (a replay was refused: other
     arguments, tensors at other offsets in their blocks, a kernel that loads data...), with their
-    own host wall time (wall_us) and the latter's count by TF op type (top 8)."""
+    own host wall time (wall_us) and the latter's count by TF op type (top 8). A kernel's name
+    does not hold its shape: most "seen before" are the first launch of a kernel at a shape
+    (untyped arguments); the replay log (NPUSIM_REPLAY_LOG) tells each launch's reason."""
     seen, out = set(), {"first": 0, "again": 0, "first_wall_s": 0.0, "again_wall_s": 0.0}
     again_by_type = {}
     total = replayed = 0
@@ -94,6 +99,17 @@ def replay_split(records):
     out["replayed_cycles_share"] = replayed / total if total else 0.0
     out["again_by_op_type"] = dict(sorted(again_by_type.items(), key=lambda kv: -kv[1])[:8])
     return out
+
+
+def replay_log_lines():
+    """The lines of the replay log so far (NPUSIM_REPLAY_LOG), or None when it is not written."""
+    path = os.environ.get("NPUSIM_REPLAY_LOG")
+    if not path:
+        return None
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [line for line in f if line.strip()]
 
 
 def main():
@@ -127,6 +143,7 @@ def main():
             report.__enter__()  # pylint: disable=unnecessary-dunder-call
         profiler = cProfile.Profile() if a.profile and i == 0 else None
         npusim.clear_launch_records()
+        logged = replay_log_lines()
         c0, t0 = cpu_s(), time.perf_counter()
         if profiler:
             profiler.runcall(step)
@@ -159,6 +176,17 @@ def main():
               f"({replay['first_wall_s']:.1f} s of their own wall), {replay['again']} of one "
               f"seen before ({replay['again_wall_s']:.1f} s; by op type: "
               f"{replay['again_by_op_type']})", flush=True)
+        if logged is not None:
+            from benchmarks.replay_log_summary import summarise
+            why = summarise(replay_log_lines()[len(logged):], top=3)
+            s["replay_log"] = why
+            print("  simulated launches by reason (replay log; the simulation thread's CPU s):",
+                  flush=True)
+            for reason, r in why["simulated_by_reason"].items():
+                top = ", ".join(f"{k['launches']} {k['kernel']} {k['cpu_s']:.1f} s"
+                                for k in r["top_kernels"])
+                print(f"    {r['launches']} launches, {r['cpu_s']:.1f} CPU-s: {reason} ({top})",
+                      flush=True)
     t0 = time.perf_counter()
     if not a.no_report:
         report.__exit__(None, None, None)

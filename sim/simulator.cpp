@@ -123,6 +123,7 @@ SimOptions with_environment(SimOptions o) {
     o.replay_threads = static_cast<int>(n);
   }
   if (const char* v = std::getenv("NPUSIM_LAUNCH_LOG"); v && *v) o.launch_log = v;
+  if (const char* v = std::getenv("NPUSIM_REPLAY_LOG"); v && *v) o.replay_log = v;
   return o;
 }
 

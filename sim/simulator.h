@@ -79,10 +79,21 @@ struct SimOptions {
   // shows whether a change moved any kernel's code, timing or counters. The environment
   // variable NPUSIM_LAUNCH_LOG sets it.
   std::string launch_log;
+  // If set, every launch appends one line to this file: kernel name, block_dim, cycles (0 for a
+  // launch that failed), the simulation thread's CPU microseconds from the launch's start to
+  // its log line (a replay's worker threads not counted), whether it was replayed or
+  // simulated, and how or why (tab-separated): a replay by its own key, by translation,
+  // relocated or after a check; a simulated launch the reason no recording timed it (the first
+  // of its program, untyped arguments and block count; the condition the latest recording at
+  // another layout failed, e.g. an L2 eviction possible; an address flow the analysis does not
+  // follow; an observer), then what its own recording gives later launches. The environment
+  // variable NPUSIM_REPLAY_LOG sets it.
+  std::string replay_log;
 };
 
-// `o` with the environment's overrides applied (NPUSIM_REPLAY, NPUSIM_REPLAY_TRANSLATED, NPUSIM_REPLAY_THREADS,
-// NPUSIM_LAUNCH_LOG); throws ConfigError for a malformed value. Simulator and SystemSimulator
+// `o` with the environment's overrides applied (NPUSIM_REPLAY, NPUSIM_REPLAY_TRANSLATED,
+// NPUSIM_REPLAY_RELOCATE, NPUSIM_REPLAY_THREADS, NPUSIM_LAUNCH_LOG, NPUSIM_REPLAY_LOG); throws
+// ConfigError for a malformed value. Simulator and SystemSimulator
 // apply it to the options they are given.
 SimOptions with_environment(SimOptions o);
 

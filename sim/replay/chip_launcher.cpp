@@ -1,5 +1,7 @@
 #include "sim/replay/chip_launcher.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <fstream>
 #include <thread>
@@ -28,6 +30,13 @@ namespace {
 // the default 1 GiB, ~140 k effects: the checked launches of a training step are mostly far
 // smaller); a larger launch walks its program again. # estimate: host memory, no hardware figure.
 constexpr uint64_t kVerifiedEffectsShare = 32;
+
+// CPU time of the calling thread (the one the simulation runs on), in nanoseconds.
+uint64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
 
 int replay_thread_count(const SimOptions& o) {
   if (o.replay == SimOptions::Replay::off) return 1;
@@ -77,6 +86,7 @@ struct ChipLauncher::Pending {
   std::string replay_error;            // check mode: the replay's fault, if any
   DeviceMemory::Snapshot replayed;     // check mode: device memory as the replay left it
   KernelResult result;                 // the outcome (settle())
+  std::string note;                    // replay log: how it was replayed, or why it was not
 };
 
 ChipLauncher::ChipLauncher(Chip& chip, DeviceMemory& gm, CounterRegistry& counters,
@@ -163,8 +173,20 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   bool replayable =
       alone && (walk || translate) && launch.block_dim >= 1 &&
       replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar, &loads);
+  // The replay log's line (SimOptions::replay_log): why a launch is simulated, else how it was
+  // replayed. Built only when the log is written.
+  const bool logging = !opts.replay_log.empty();
+  if (logging) m_begin_cpu_ns = thread_cpu_ns();
+  std::string why;
+  if (logging)
+    why = !alone                 ? "runs beside other launches"
+          : !(walk || translate) ? "replay off (translation: timing-only, cold L2, blocks)"
+          : launch.block_dim < 1 ? "no blocks"
+          : !replayable          ? "the program has cc_set or cc_wait"
+                                 : "";
   if (replayable && translate) {
     P->flow = &m_store.address_flow(P->key, *launch.program);
+    if (logging && !P->flow->ok) why = "address flow not followed: " + P->flow->why;
     if (!P->flow->ok)
       P->flow = nullptr;
     else if (opts.replay_relocate)
@@ -193,6 +215,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   VerifiedEffects* const verified_effects = opts.functional ? &m_verified : nullptr;
   RecordedLaunch* recorded = nullptr;
   bool stale = false;
+  std::string how;  // replay log: how `recorded` times it
+  if (logging && replayable && detail) why = "an observer wants its instructions";
   if (P->flow && !detail) {
     // By translation: its own recording, or the latest one at other addresses that applies.
     const uint64_t granule = [&] {
@@ -201,23 +225,42 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     }();
     if (found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes)) {
       recorded = found;
+      how = "translated, its own key";
     } else {
-      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
+      size_t candidates = 0;
+      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar)) {
+        ++candidates;
         if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
+          how = "translated, other addresses in blocks laid out alike";
           break;
         }
+        if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
+      }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
       // no line (relocated_writes).
       if (!recorded && opts.replay_relocate)
-        for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose))
+        for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
+          std::string refused;
           if (in_time(*candidate) &&
-              relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes)) {
+              relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
+                               logging ? &refused : nullptr)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
+            how = "relocated";
             break;
           }
+          // The latest recording's reason (the first refusal) stands for the others.
+          if (logging && candidates++ == 0)
+            why = "other block layout: " + (refused.empty() ? "past the time limit" : refused);
+        }
+      if (logging && !recorded && candidates == 0) {
+        auto it = m_store.unrelocatable.find(P->loose);
+        why = opts.replay_relocate && it != m_store.unrelocatable.end()
+                  ? "other block layout: " + it->second
+                  : "no recording of its program, untyped arguments and block count";
+      }
     }
     have_writes = recorded != nullptr;
   }
@@ -242,10 +285,18 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           // Kept under this launch's own key too: the next step finds it without the check.
           memo.alias(P->key, candidate);
           recorded = candidate.get();  // the memo keeps it (just added: not evicted)
+          how = "checked at other addresses";
           break;
         }
     }
+    if (logging && recorded && how.empty())
+      how = (loads || keep_l2) ? "its own key, checked" : "its own key";
+    if (logging && !recorded && replayable && !detail && P->flow == nullptr)
+      why = stale   ? "its recording failed the check"
+            : found ? "past the time limit"
+                    : "no recording passed the check";
   }
+  if (logging) P->note = recorded ? "replayed\t" + how : "simulated\t" + why;
   if (recorded) {
     const bool check = opts.replay == SimOptions::Replay::check;
     // The check replays, then simulates the same launch from the same state: device memory
@@ -284,6 +335,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         // Cannot happen for a launch that ran cleanly with the same operands; report it as the
         // kernel's fault rather than pretend, and simulate the launch next time.
         memo.erase(P->key);
+        m_replay_note = "replayed\tfaulted: " + replay_error;
         b.result.error = "replay: " + replay_error;
         b.result.start_cycle = time_ps(start) / kPsPerCycle;
         return b;
@@ -291,6 +343,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       // The L2 as the simulated launch would have left it (verified above).
       if (keep_l2) std::swap(m_chip.memory().l2(), *m_verify_l2);
       m_counters.restart_windows();  // what the snapshot before a simulated launch does
+      m_replay_note = std::move(P->note);
       b.busy_ps = recorded->quiescent_ps;
       b.result = replayed_result(launch, *recorded, start);
       return b;
@@ -370,9 +423,33 @@ KernelResult ChipLauncher::finish() {
     rec.delta = m_counters.delta_of(rec.counters);
     const bool relocatable =
         P->flow && m_store.opts.replay_relocate && rec.translation && rec.translation->fits_l2;
+    if (!m_store.opts.replay_log.empty()) {
+      const RecordedLaunch::Translation* t = rec.translation.get();
+      P->note += !P->flow ? "; recorded"
+                 : !t     ? "; recorded, not translatable (a GM range outside its argument's block)"
+                 : t->fits_l2 ? "; recorded, relocatable"
+                              : fmt::format("; recorded, may evict ({} L2 ways of {})",
+                                            t->ways_needed, t->ways);
+      if (P->flow && m_store.opts.replay_relocate) {
+        if (relocatable)
+          m_store.unrelocatable.erase(P->loose);
+        else
+          m_store.unrelocatable[P->loose] =
+              t ? fmt::format("may evict: its spans need {} L2 ways of {} at some placement",
+                              t->ways_needed, t->ways)
+                : "its recordings are not translatable";
+      }
+    }
     m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec),
                         relocatable ? &P->loose : nullptr);
+  } else if (P->record && !m_store.opts.replay_log.empty()) {
+    P->note += !r.ok                     ? "; not recorded: failed"
+               : !m_chip.launch().record ? "; not recorded: past replay_record_max_bytes"
+               : m_chip.mix()            ? "; not recorded: a mix kernel"
+                                         : "; not recorded: a core touched bytes another wrote";
   }
+  if (P->recorded && !P->note.empty()) P->note += ", checked by simulating";
+  m_replay_note = std::move(P->note);
   return r;
 }
 
@@ -401,13 +478,21 @@ void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
 }
 
 void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) const {
-  const std::string& path = m_store.opts.launch_log;
-  if (path.empty()) return;
-  std::ofstream log(path, std::ios::app);
-  log << launch.program->name << '\t' << launch.block_dim << '\t' << (r.ok ? r.cycles : 0) << '\t'
-      << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\t'
-      << fmt::format("{:016x}", counter_digest(r.counter_delta)) << '\n';
-  if (!log) throw Error(fmt::format("NPUSIM_LAUNCH_LOG: cannot append to '{}'", path));
+  const SimOptions& opts = m_store.opts;
+  const uint64_t cycles = r.ok ? r.cycles : 0;
+  if (!opts.launch_log.empty()) {
+    std::ofstream log(opts.launch_log, std::ios::app);
+    log << launch.program->name << '\t' << launch.block_dim << '\t' << cycles << '\t'
+        << fmt::format("{:016x}", isa::program_digest(*launch.program)) << '\t'
+        << fmt::format("{:016x}", counter_digest(r.counter_delta)) << '\n';
+    if (!log) throw Error(fmt::format("NPUSIM_LAUNCH_LOG: cannot append to '{}'", opts.launch_log));
+  }
+  if (!opts.replay_log.empty()) {
+    std::ofstream log(opts.replay_log, std::ios::app);
+    log << launch.program->name << '\t' << launch.block_dim << '\t' << cycles << '\t'
+        << (thread_cpu_ns() - m_begin_cpu_ns) / 1000 << '\t' << m_replay_note << '\n';
+    if (!log) throw Error(fmt::format("NPUSIM_REPLAY_LOG: cannot append to '{}'", opts.replay_log));
+  }
 }
 
 }  // namespace npusim

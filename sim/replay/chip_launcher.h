@@ -43,6 +43,10 @@ struct ReplayStore {
   WorkerPool pool;
   // analyze_address_flow of each program seen, by LaunchKey::program_hash.
   const AddressFlow& address_flow(const LaunchKey& key, const isa::Program& program);
+  // For the replay log (SimOptions::replay_log set): by relocation key (the similar key without
+  // the block extents), why the latest recording of such a launch that relocation may not use
+  // (it may evict an L2 line) refuses, so that a launch with no candidate says so.
+  std::unordered_map<LaunchKey, std::string, LaunchKeyHash> unrelocatable;
 
  private:
   std::map<std::pair<uint64_t, uint64_t>, AddressFlow> m_flows;
@@ -81,7 +85,7 @@ class ChipLauncher {
   // Ends the launch begin() started on the chip; the simulation is quiescent. Returns its
   // result (throws npusim::Error in check mode if its replay differed from simulating it).
   KernelResult finish();
-  // Appends the launch's line to SimOptions::launch_log, if set.
+  // Appends the launch's line to SimOptions::launch_log and to SimOptions::replay_log, if set.
   void log(const KernelLaunch& launch, const KernelResult& r) const;
 
   // Whether an observer attached to the chip needs the instructions of launches (no replay).
@@ -112,6 +116,10 @@ class ChipLauncher {
   // CounterRegistry::translate's index maps, by the registry a recording was made on.
   std::unordered_map<const CounterRegistry*, std::vector<int64_t>> m_counter_maps;
   std::unique_ptr<Pending> m_pending;  // the launch running on the chip
+  // The last launch's replay log entry: "replayed\t<how>" or "simulated\t<why>[; <recording>]"
+  // (filled only when SimOptions::replay_log is set).
+  std::string m_replay_note;
+  uint64_t m_begin_cpu_ns = 0;  // the calling thread's CPU time at begin() (replay log only)
 };
 
 }  // namespace npusim

@@ -278,6 +278,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   }
   translation->line_bytes = static_cast<uint32_t>(line);
   translation->fits_l2 = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
+  translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
+  translation->ways = static_cast<uint32_t>(l2.ways());
   rec->translation = std::move(translation);
 }
 
@@ -295,13 +297,20 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 }
 
 bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
-                      const GmBlockLookup& blocks, uint64_t granule,
-                      std::vector<GmAccess>* writes) {
+                      const GmBlockLookup& blocks, uint64_t granule, std::vector<GmAccess>* writes,
+                      std::string* why) {
   using Extent = RecordedLaunch::Translation::Extent;
-  const RecordedLaunch::Translation* t = rec.translation.get();
-  if (!t || !t->fits_l2 || !blocks || t->args.size() != args.size() ||
-      t->extents.size() != args.size() || t->line_bytes == 0)
+  const auto refuse = [why](std::string what) {
+    if (why) *why = std::move(what);
     return false;
+  };
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || !blocks || t->args.size() != args.size() || t->extents.size() != args.size() ||
+      t->line_bytes == 0)
+    return refuse("the recording is not translatable");
+  if (!t->fits_l2)
+    return refuse(fmt::format("may evict: its spans need {} L2 ways of {} at some placement",
+                              t->ways_needed, t->ways));
   const uint64_t line = t->line_bytes;
   // (2) Each touched argument now: its block, offset and moved span (as offsets in the block).
   std::vector<Extent> now(args.size());
@@ -309,18 +318,21 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
     const Extent& e = t->extents[k];
     if (!e.touched) continue;
     uint64_t start = 0, bytes = 0;
-    if (!blocks(args[k], &start, &bytes) || args[k] < start) return false;
+    if (!blocks(args[k], &start, &bytes) || args[k] < start)
+      return refuse(fmt::format("argument {} lies in no allocation block", k));
     Extent& n = now[k];
     n.touched = true;
     n.block_start = start;
     n.offset = args[k] - start;
     // The same offset modulo a line in its block (the L2's filing) and in device memory.
-    if (n.offset % line != e.offset % line || (args[k] - t->args[k]) % line != 0) return false;
+    if (n.offset % line != e.offset % line || (args[k] - t->args[k]) % line != 0)
+      return refuse(fmt::format("argument {} at another offset modulo the L2 line ({} against {})",
+                                k, n.offset % line, e.offset % line));
     // The span moves with the argument: [lo, hi) - e.offset + n.offset, inside [0, bytes).
-    if (n.offset + e.lo < e.offset) return false;
     n.lo = n.offset + e.lo - e.offset;
     n.hi = n.offset + e.hi - e.offset;
-    if (n.hi > bytes) return false;
+    if (n.offset + e.lo < e.offset || n.hi > bytes)
+      return refuse(fmt::format("argument {}'s span would leave its block", k));
   }
   // (3) Arguments sharing a line, then or now, keep their distance in one block.
   const auto share_line = [line](const Extent& a, const Extent& b) {
@@ -335,10 +347,13 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
       if (!share_line(ej, ek) && !share_line(now[j], now[k])) continue;
       if (ej.block_start != ek.block_start || now[j].block_start != now[k].block_start ||
           ek.offset - ej.offset != now[k].offset - now[j].offset)
-        return false;
+        return refuse(fmt::format("arguments {} and {} share L2 lines differently", j, k));
     }
   }
-  return translated_writes(rec, args, granule, writes);
+  if (!translated_writes(rec, args, granule, writes))
+    return refuse(
+        fmt::format("a displacement is not a multiple of the GM alignment ({} bytes)", granule));
+  return true;
 }
 
 namespace {

@@ -115,6 +115,8 @@ struct RecordedLaunch {
     // argument's span lies (sum over the touched arguments of ceil(lines of its span / sets)
     // at most the ways): then the launch evicts no line, at any line-aligned placement.
     bool fits_l2 = false;
+    // The sum above and the L2's ways (fits_l2: ways_needed <= ways), for the replay log.
+    uint32_t ways_needed = 0, ways = 0;
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
   };
   std::shared_ptr<const Translation> translation;
@@ -184,10 +186,11 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 // Together with translated_writes' conditions (the program moves with its tensors, every
 // displacement a multiple of the GM alignment), every lookup then hits and misses as recorded,
 // so every transfer, and the launch, takes the recorded time. Fills *writes as
-// translated_writes does.
+// translated_writes does. why (may be null): on false, the condition that failed (the replay
+// log's reason, SimOptions::replay_log).
 bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
-                      const GmBlockLookup& blocks, uint64_t granule,
-                      std::vector<GmAccess>* writes);
+                      const GmBlockLookup& blocks, uint64_t granule, std::vector<GmAccess>* writes,
+                      std::string* why = nullptr);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
 // Returns "" or the first fault (lowest core index first) as

@@ -7,7 +7,10 @@
 // forked child (SystemC elaborates one chip per process).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -72,11 +75,21 @@ json workload(Mode mode) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
   unsetenv("NPUSIM_REPLAY_RELOCATE");
+  unsetenv("NPUSIM_REPLAY_LOG");
   SimOptions opts;
   opts.functional = false;
   opts.replay = mode == Mode::check ? SimOptions::Replay::check : SimOptions::Replay::off;
   opts.replay_translated = mode != Mode::simulate;
   opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
+  // With relocation, each launch's line of the replay log (SimOptions::replay_log) too.
+  const std::string replay_log = (std::filesystem::temp_directory_path() /
+                                  ("npusim_replay_log_" + std::to_string(getpid()) + ".tsv"))
+                                     .string();
+  if (mode == Mode::relocate) {
+    std::filesystem::remove(replay_log);
+    opts.replay_log = replay_log;
+  }
+  std::ifstream replay_lines;
   Simulator sim(load_chip_config("tiny"), opts);
   const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
@@ -98,6 +111,12 @@ json workload(Mode mode) {
                  {"counters", r.counters},
                  {"replayed", r.replayed},
                  {"now", sim.now_cycles()}};
+    if (mode != Mode::relocate) return;
+    if (!replay_lines.is_open()) replay_lines.open(replay_log);
+    replay_lines.clear();  // past the end of the last line read
+    std::string line;
+    std::getline(replay_lines, line);
+    out["replay_log"][name] = line;
   };
   // Three fp16 vectors of n elements, each in a block of its own at `base` (block i at
   // base + i * stride), x and z one block when in_place.
@@ -162,6 +181,7 @@ json workload(Mode mode) {
   }
   out["totals"] = sim.counters();
   out["now"] = sim.now_cycles();
+  if (mode == Mode::relocate) std::filesystem::remove(replay_log);
   return out;
 }
 
@@ -221,6 +241,38 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   }
   // The in-place launch really times differently (its stores hit the loaded lines).
   CHECK(sim["vadd_in_place"]["counters"] != sim["vadd"]["counters"]);
+
+  // The replay log names how each launch was replayed, or why it was simulated: kernel,
+  // blocks, cycles (checked), host CPU time, then the verdict.
+  const json& log = relocated["replay_log"];
+  const auto verdict = [&](const char* k) {
+    INFO(k);
+    std::vector<std::string> fields;
+    std::string line = log.value(k, "");
+    for (size_t at = 0; fields.size() < 4 && (at = line.find('\t')) != std::string::npos;
+         line.erase(0, at + 1))
+      fields.push_back(line.substr(0, at));
+    REQUIRE(fields.size() == 4);
+    CHECK(fields[2] == std::to_string(relocated[k]["cycles"].get<uint64_t>()));
+    return line;
+  };
+  CHECK(verdict("vadd") ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "relocatable");
+  CHECK(verdict("vadd_again") == "replayed\ttranslated, its own key");
+  CHECK(verdict("vadd_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
+  CHECK(verdict("vadd_offset") == "replayed\trelocated");
+  CHECK(verdict("vadd_offset_256") ==
+        "simulated\tother block layout: argument 0 at another offset modulo the L2 line (256 "
+        "against 0); recorded, relocatable");
+  CHECK(verdict("vadd_in_place") ==
+        "simulated\tother block layout: arguments 0 and 2 share L2 lines differently; "
+        "recorded, relocatable");
+  const std::string big = verdict("vadd_big"), big_offset = verdict("vadd_big_offset");
+  CHECK(big.rfind("simulated\tno recording of its program", 0) == 0);
+  CHECK(big.find("; recorded, may evict (") != std::string::npos);
+  CHECK(big_offset.rfind("simulated\tother block layout: may evict: its spans need ", 0) == 0);
+  CHECK(verdict("gemm_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
 }
 
 namespace {
