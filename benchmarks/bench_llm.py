@@ -92,6 +92,11 @@ def main():
               f"{npu['weight_bytes'] / 2**30:.2f} GiB + KV cache "
               f"{npu['kv_cache_bytes'] / 2**20:.1f} MiB at the HBM bandwidth): the step takes "
               f"{out['decode_vs_roofline']:.2f} x that")
+    if "decode_roofline_sustained_us" in npu and "tpot_us" in npu:
+        out["decode_vs_sustained_roofline"] = npu["tpot_us"] / npu["decode_roofline_sustained_us"]
+        print(f"  at the sustained HBM rate (memory.hbm.efficiency) the roofline is "
+              f"{npu['decode_roofline_sustained_us'] / 1e3:.3f} ms: the step takes "
+              f"{out['decode_vs_sustained_roofline']:.2f} x that")
     print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.1f} s wall per token, "
           f"prefill {npu['wall_s_prefill']:.1f} s, warm-up {npu['warmup_wall_s']:.1f} s "
           f"(process {npu_wall:.0f} s)")
