@@ -19,7 +19,8 @@ same either way (docs/tf_plugin.md, "Timing-only runs"). Weights are the model's
 allow_fp32_to_fp16 with the weights cast once and kept).
 
 Usage: .venv/bin/python benchmarks/bench_llm.py [--model llama-1b] [--prompt-len 128]
-       [--gen-len 32] [--batch 1] [--dtype bfloat16] [--chip 910b] [--functional] [--no-cpu]
+       [--gen-len 32] [--batch 1] [--dtype bfloat16] [--quantize int8] [--chip 910b]
+       [--functional] [--no-cpu]
        [--report-dir DIR] [--json OUT]
 """
 import argparse
@@ -39,6 +40,8 @@ def parse_args():
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quantize", default=None, choices=["int8"],
+                    help="weight-only int8 (models.run --quantize; docs/llm.md)")
     ap.add_argument("--chip", default="910b")
     ap.add_argument("--functional", action="store_true",
                     help="compute on the NPU (default: timing-only)")
@@ -53,6 +56,8 @@ def run(args, device):
     cmd = [sys.executable, "-m", "models.run", "--model", args.model, "--mode", "generate",
            "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len),
            "--batch", str(args.batch), "--dtype", args.dtype, "--device", device, "--quiet"]
+    if args.quantize:
+        cmd += ["--quantize", args.quantize]
     if device == "NPU":
         cmd += ["--chip", args.chip]
         if not args.functional:
@@ -71,7 +76,7 @@ def run(args, device):
 def main():
     args = parse_args()
     out = {"model": args.model, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
-           "batch": args.batch, "dtype": args.dtype, "chip": args.chip,
+           "batch": args.batch, "dtype": args.dtype, "quantize": args.quantize, "chip": args.chip,
            "npu_mode": "functional" if args.functional else "timing-only"}
     npu, npu_wall = run(args, "NPU")
     out["npu"] = npu
@@ -79,7 +84,9 @@ def main():
     if not npu.get("ok"):
         print(json.dumps(out))
         return 1
-    print(f"{args.model} on {npu['chip']} ({out['npu_mode']}, {args.dtype}), batch {args.batch},"
+    weights = f", {args.quantize} weights" if args.quantize else ""
+    print(f"{args.model} on {npu['chip']} ({out['npu_mode']}, {args.dtype}{weights}), batch "
+          f"{args.batch},"
           f" prompt {args.prompt_len} + {args.gen_len} tokens:")
     print(f"  TTFT {npu['ttft_us'] / 1e3:.2f} ms ({npu['prefill_kernels']} kernels), "
           f"TPOT {npu.get('tpot_us', float('nan')) / 1e3:.3f} ms "
@@ -92,6 +99,11 @@ def main():
               f"{npu['weight_bytes'] / 2**30:.2f} GiB + KV cache "
               f"{npu['kv_cache_bytes'] / 2**20:.1f} MiB at the HBM bandwidth): the step takes "
               f"{out['decode_vs_roofline']:.2f} x that")
+    if "decode_roofline_sustained_us" in npu and "tpot_us" in npu:
+        out["decode_vs_sustained_roofline"] = npu["tpot_us"] / npu["decode_roofline_sustained_us"]
+        print(f"  at the sustained HBM rate (memory.hbm.efficiency) the roofline is "
+              f"{npu['decode_roofline_sustained_us'] / 1e3:.3f} ms: the step takes "
+              f"{out['decode_vs_sustained_roofline']:.2f} x that")
     print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.1f} s wall per token, "
           f"prefill {npu['wall_s_prefill']:.1f} s, warm-up {npu['warmup_wall_s']:.1f} s "
           f"(process {npu_wall:.0f} s)")

@@ -122,8 +122,9 @@ def parse_args(argv=None):
 
 
 def chip_peaks(npusim):
-    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle, hbm_gbps} of the whole chip,
-    from the resolved chip config the plugin loaded; None if it cannot be read."""
+    """{clock_mhz, cube_macs_per_cycle, vector_repeats_per_cycle, hbm_gbps, hbm_efficiency} of
+    the whole chip, from the resolved chip config the plugin loaded; None if it cannot be
+    read."""
     try:
         import yaml  # pylint: disable=import-outside-toplevel
 
@@ -145,6 +146,8 @@ def chip_peaks(npusim):
         "vector_repeats_per_cycle": cfg["vector"]["bytes_per_cycle"] / 256.0 * vector_cores,
         # GB/s; None if the config has none
         "hbm_gbps": cfg.get("memory", {}).get("hbm", {}).get("gbps"),
+        # sustained / peak HBM rate (memory.hbm.efficiency; 1 where the config has none)
+        "hbm_efficiency": float(cfg.get("memory", {}).get("hbm", {}).get("efficiency", 1.0)),
     }
 
 
@@ -286,6 +289,8 @@ def run_generate(a, log, npusim, device, result):
       weight_bytes, kv_cache_bytes, decode_roofline_us   (weight bytes + cache bytes) / HBM
                           bandwidth (memory.hbm.gbps): the time a batch-1 decode step needs at
                           least to read its weights and cache once
+      decode_roofline_sustained_us   the same at the sustained rate the chip model streams at
+                          (memory.hbm.gbps x memory.hbm.efficiency)
       wall_s_per_token    host wall time per decode step (the emulator's cost; on the CPU:
                           TensorFlow's), wall_s_prefill
     and tokens (the generated ids; undefined with --timing-only)."""
@@ -376,6 +381,8 @@ def run_generate(a, log, npusim, device, result):
     if peaks and peaks["hbm_gbps"]:
         result["decode_roofline_us"] = (result["weight_bytes"] + result["kv_cache_bytes"]) / (
             peaks["hbm_gbps"] * 1e3)
+        result["decode_roofline_sustained_us"] = (
+            result["decode_roofline_us"] / peaks["hbm_efficiency"])
     return device_extras(npusim, tf, result)
 
 

@@ -26,32 +26,12 @@ pytest.importorskip("keras")
 pytest.importorskip("keras_hub")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import ROOT, child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-position
+from llm_child import assert_cpu_tokens, greedy_generation  # noqa: E402  pylint: disable=wrong-import-position
 
-# Child: llama-tiny's greedy generation (batch 1, prompt 8, 3 tokens: a prefill and two decode
-# steps) on the CPU and on the NPU with the CPU's weights; the NPU's logits and the op types of
-# the decode steps' launches.
-GENERATE = r'''
-import json, sys
-sys.path.insert(0, %r)
-import npusim, tensorflow as tf
-import models
-from models import llm
-name, batch, prompt_len, gen_len = "llama-tiny", %d, 8, 3
-npusim.configure(chip="tiny")
-prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
-with tf.device("/CPU:0"):
-    cpu = models.build(name, seed=0)
-    want, want_logits = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(
-        prompt, return_logits=True)
-marks = []
-with tf.device("/NPU:0"):
-    npu = models.build(name, seed=0)
-    npu.set_weights(cpu.get_weights())
-    npusim.clear_launch_records()
-    got, got_logits = llm.GreedyDecoder(npu, batch, prompt_len, gen_len).generate(
-        prompt, return_logits=True, on_token=lambda i: marks.append(len(npusim.launch_records())))
-recs = npusim.launch_records()
+# After llama-tiny's greedy generation (tests/tf/llm_child.py): the op types of the decode
+# steps' launches.
+STEP_OPS = r'''
 step = {}
 for r in recs[marks[0]:]:
     # A weight's fp16 copy for a MatMul run node by node is kept between runs or cast again,
@@ -59,15 +39,12 @@ for r in recs[marks[0]:]:
     if r["op_type"] == "MatMul" and r["kernel"].startswith("Cast_"):
         continue
     step[r["op_type"]] = step.get(r["op_type"], 0) + 1
-print("RESULT" + json.dumps({
-    "tokens": got.tolist(), "logits": got_logits.tolist(), "cpu_tokens": want.tolist(),
-    "cpu_logits": want_logits.tolist(), "step_ops": step, "ok": all(r["ok"] for r in recs),
-    "layers": npu.backbone.num_layers}))
+extra = {"step_ops": step, "layers": npu.backbone.num_layers}
 '''
 
 
 def _generate(batch, in_place):
-    return child_result(GENERATE % (ROOT, batch), timeout=600,
+    return child_result(greedy_generation("llama-tiny", batch, STEP_OPS), timeout=600,
                         extra_env=None if in_place else {"NPUSIM_GRAPH_IN_PLACE": "0"})
 
 
@@ -77,13 +54,7 @@ def test_llama_decode_step_updates_the_cache_in_place():
     layers, steps = on["layers"], 2
     # Values: every bit as with the copies; the tokens the CPU's.
     np.testing.assert_array_equal(np.array(on["logits"]), np.array(off["logits"]))
-    got, want = np.array(on["tokens"]), np.array(on["cpu_tokens"])
-    got_logits, want_logits = np.array(on["logits"]), np.array(on["cpu_logits"])
-    d = float(np.abs(got_logits - want_logits).max())
-    top2 = np.sort(want_logits, axis=-1)[..., -2:]
-    margin = float((top2[..., 1] - top2[..., 0]).min())
-    assert margin > 2 * d, "precondition: the CPU's two best logits are too close to compare"
-    np.testing.assert_array_equal(got, want)
+    assert_cpu_tokens(on)
     # Launches of the two decode steps: the copies gone, the cache writes kept.
     on_ops, off_ops = on["step_ops"], off["step_ops"]
     print(f"\ndecode steps, in place: {on_ops}\ncopies: {off_ops}")

@@ -167,6 +167,16 @@ def test_runner_generate_figures(tmp_path):
     shape = (2, cfg["num_layers"], 2, 9, cfg["num_key_value_heads"],
              cfg["hidden_dim"] // cfg["num_query_heads"])
     assert r["kv_cache_bytes"] == 4 * int(np.prod(shape))
+    # The roofline at the peak HBM rate and at the sustained one (memory.hbm.efficiency).
+    import yaml  # pylint: disable=import-outside-toplevel
+    hbm = {}
+    for chip in ("910b", "tiny"):  # tiny.yaml extends 910b.yaml: its keys override
+        with open(os.path.join(ROOT, "configs", "chips", chip + ".yaml"), encoding="utf-8") as f:
+            hbm.update(yaml.safe_load(f)["memory"]["hbm"])
+    assert r["decode_roofline_us"] == pytest.approx(
+        (r["weight_bytes"] + r["kv_cache_bytes"]) / (hbm["gbps"] * 1e3))
+    assert r["decode_roofline_sustained_us"] == pytest.approx(
+        r["decode_roofline_us"] / hbm.get("efficiency", 1.0))
 
 
 def test_unmaterialized_weights_are_zeros_from_the_chip(npusim, tf):

@@ -732,10 +732,38 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
 namespace {
 CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
                                 const TensorDesc& c, bool cube_bias);
+
+// A batched product whose B is shared by every product (all of B's batch strides 0: one stored
+// matrix, e.g. keras' EinsumDense `btd,dnh->btnh` as BatchMatMulV2 of x [b, t, d] by the weight
+// [d, n*h]) and whose A products are stored one after another untransposed (A [batch.., m, k]
+// row-major, no broadcast dim) is one product of A viewed as [batch * m, k] by B: C [batch.., m,
+// n] is the same bytes as [batch * m, n] (the product keras' Dense computes for the same layer
+// through Tensordot's Reshapes). Batched, each product's m rows (padded to the cube's 16) read
+// all of B again; folded, B is read once per row tile of up to tm rows: llama-7b's attention
+// projections at batch 16 (m = 1) read their weights once instead of 16 times. Numerics as
+// MatMul's (f32 accumulation, one rounding of C).
+MatmulProblem fold_shared_b_batch(const MatmulProblem& p) {
+  if (p.batch_dims.empty() || p.trans_a || p.b_count != 1) return p;
+  int64_t batch = 1;
+  for (size_t d = p.batch_dims.size(); d-- > 0;) {
+    if (p.batch_dims[d] == 1) continue;  // any stride
+    if (p.b_batch_strides[d] != 0 || p.a_batch_strides[d] != batch * p.m * p.k) return p;
+    batch *= p.batch_dims[d];
+  }
+  MatmulProblem folded = p;
+  folded.m = batch * p.m;
+  folded.batch_dims.clear();
+  folded.a_batch_strides.clear();
+  folded.b_batch_strides.clear();
+  folded.a_count = 1;
+  return folded;
+}
+
 }  // namespace
 
-CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
+CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& given,
                                const TensorDesc& c) {
+  const MatmulProblem p = fold_shared_b_batch(given);
   if (!p.bias) return product_launches(ctx, dt, p, c, false);
   if (!p.batch_dims.empty() || c.shape.size() != 2)
     ctx.op.fail("a bias is supported on single (unbatched) products only");

@@ -2136,6 +2136,55 @@ int fuse_weight_quant_matmuls(tfc::GraphDef& graph, const std::unordered_set<std
   return fused;
 }
 
+bool fp32_attention_allowed();  // below
+
+// Rewrite 14, a 2-D Transpose folded into the MatMul reading it (grappler's arithmetic
+// optimizer does this, FoldTransposeIntoMatMul, but the plugin turns that optimizer off):
+//   wt = Transpose(w, [1, 0])  MatMul(a, wt) -> MatMul(a, w; transpose_b = !transpose_b)
+// (likewise input 0 and transpose_a), the Transpose read only by the MatMul. Keras'
+// ReversibleEmbedding with tied weights (Llama 3.2 1B's vocabulary projection) multiplies by
+// transpose(embeddings) in every call: a copy of the whole table per decode step, where the cube
+// reads a transposed operand as it is stored (load2d's transposing fractal loads). T half or
+// bfloat16, or float where its cube operands round to fp16 anyway (the transposing load takes
+// 16-bit fractals; under must_keep_origin_dtype the f32 product cannot be transposed).
+int fold_matmul_transposes(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                           std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  const bool f32_ok = fp32_attention_allowed();
+  int folded = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& mm = *graph.mutable_node(i);
+    if (mm.op() != "MatMul" || !on_npu(mm) || rm.claimed(mm.name())) continue;
+    const std::optional<tfc::DataType> t = type_attr(mm);
+    if (!t || (!half_type(*t) && !(*t == tfc::DT_FLOAT && f32_ok))) continue;
+    for (int operand = 0; operand < 2; ++operand) {
+      tfc::NodeDef* tr = transpose_by(g, input_node(g, mm, operand), {1, 0});
+      if (!tr || !rm.removable(*tr, 1) || parse_input(tr->input(0)).control) continue;
+      const char* attr = operand == 0 ? "transpose_a" : "transpose_b";
+      auto it = mm.attr().find(attr);
+      const bool was = it != mm.attr().end() && it->second.b();
+      rm.remove(tr->name());
+      mm.set_input(operand, tr->input(0));
+      (*mm.mutable_attr())[attr].set_b(!was);
+      // TensorFlow's recorded shape of the operand is now the untransposed one.
+      auto shapes = mm.mutable_attr()->find("_input_shapes");
+      if (shapes != mm.mutable_attr()->end() &&
+          operand < shapes->second.list().shape_size()) {
+        tfc::TensorShapeProto* sh = shapes->second.mutable_list()->mutable_shape(operand);
+        if (sh->dim_size() == 2) {
+          const int64_t d0 = sh->dim(0).size();
+          sh->mutable_dim(0)->set_size(sh->dim(1).size());
+          sh->mutable_dim(1)->set_size(d0);
+        }
+      }
+      ++folded;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return folded;
+}
+
 // The bool values of a DT_BOOL Const.
 std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<int64_t>* shape) {
   if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_BOOL) return std::nullopt;
@@ -3288,6 +3337,11 @@ bool weight_quant_fusion_requested() {
   return on;
 }
 
+bool transpose_fold_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_TRANSPOSE_FOLD");
+  return on;
+}
+
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -3330,6 +3384,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     erase_nodes(graph, removed);
     removed.clear();
   }
+  // After rewrite 13, which takes MatMuls without transposes only.
+  if (transpose_fold_requested())
+    counts.matmul_transposes = fold_matmul_transposes(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
   if (training_fusion_requested()) {
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);

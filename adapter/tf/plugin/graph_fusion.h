@@ -192,6 +192,15 @@
 //      s is Keras' kernel_scale, one per output column (any shape of N elements), its
 //      reciprocal CANN's antiquant_scale. MatMul without transposes. NPUSIM_FUSION_WEIGHT_QUANT=0
 //      turns it alone off.
+//   14. A 2-D Transpose folded into its MatMul, after 13 (which takes MatMuls without
+//      transposes): MatMul(a, Transpose(w, [1, 0])) -> MatMul(a, w; transpose_b flipped), and
+//      input 0 with transpose_a, the Transpose read only by the MatMul; T half or bfloat16, or
+//      float unless the precision mode is must_keep_origin_dtype (the cube's transposing loads
+//      take 16-bit fractals). Keras' tied ReversibleEmbedding multiplies by
+//      transpose(embeddings): the vocabulary table is then read as stored instead of copied
+//      every call. Grappler's arithmetic optimizer, which the plugin turns off (below), has the
+//      same fold. Any MatMul on the NPU, not only decoders'. NPUSIM_FUSION_TRANSPOSE_FOLD=0
+//      turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -240,11 +249,12 @@ struct FusionCounts {
   int gelu = 0;                 // Gelu nodes created (rewrite 11b)
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
+  int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
            bias_epilogue + elementwise + variable_update + multi_tensor_update + deduplicated +
            rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu + layer_norm +
-           weight_quant_matmul;
+           weight_quant_matmul + matmul_transposes;
   }
 };
 
@@ -275,6 +285,8 @@ bool gelu_fusion_requested();
 bool layer_norm_fusion_requested();
 // False when NPUSIM_FUSION_WEIGHT_QUANT is "0" (read once): rewrite 13 alone off.
 bool weight_quant_fusion_requested();
+// False when NPUSIM_FUSION_TRANSPOSE_FOLD is "0" (read once): rewrite 14 alone off.
+bool transpose_fold_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 
