@@ -54,11 +54,10 @@ RunResult run(const std::string& type, const std::vector<HostTensor>& in,
   return run_compiled(test_sim(), k, in);
 }
 
-void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt = DataType::F32) {
-  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
-  INFO("BNTrainingReduce " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
-  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
-  RunResult res = run("BNTrainingReduce", {x}, {}, 2);
+// outputs[first] and outputs[first + 1] of res: the per-channel sum and sum of squares of x
+// ([R, c]) within their bounds (the file comment).
+void check_channel_sums(const HostTensor& x, int64_t c, const RunResult& res, size_t first) {
+  const int64_t r = static_cast<int64_t>(x.values.size()) / c;
   std::vector<double> s(c), sq(c), ts(c), tsq(c);
   const double k = static_cast<double>(r + 16);
   for (int64_t j = 0; j < c; ++j) {
@@ -72,8 +71,14 @@ void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt 
     ts[j] = k * kE * sa;
     tsq[j] = (k + 1) * kE * sq[j];
   }
-  check_within_bounds(res.outputs[0].values, s, ts, "sum");
-  check_within_bounds(res.outputs[1].values, sq, tsq, "square_sum");
+  check_within_bounds(res.outputs[first].values, s, ts, "sum");
+  check_within_bounds(res.outputs[first + 1].values, sq, tsq, "square_sum");
+}
+
+void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt = DataType::F32) {
+  INFO("BNTrainingReduce " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
+  check_channel_sums(x, shape[3], run("BNTrainingReduce", {x}, {}, 2), 0);
 }
 
 void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
@@ -223,23 +228,7 @@ void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t
   RunResult fused = run("Conv2DBNTrainingReduce", in, attrs, 3);
   RunResult conv = run(bias ? "Conv2DBiasAdd" : "Conv2D", in, attrs, 1);
   CHECK(fused.outputs[0].values == conv.outputs[0].values);
-  const HostTensor& y = fused.outputs[0];
-  const int64_t c = ws[3], r = static_cast<int64_t>(y.values.size()) / c;
-  const double kr = static_cast<double>(r + 16);
-  std::vector<double> s(c), sq(c), ts(c), tsq(c);
-  for (int64_t j = 0; j < c; ++j) {
-    double sa = 0;
-    for (int64_t i = 0; i < r; ++i) {
-      const double v = at(y, i, j, c);
-      s[j] += v;
-      sq[j] += v * v;
-      sa += std::fabs(v);
-    }
-    ts[j] = kr * kE * sa;
-    tsq[j] = (kr + 1) * kE * sq[j];
-  }
-  check_within_bounds(fused.outputs[1].values, s, ts, "sum");
-  check_within_bounds(fused.outputs[2].values, sq, tsq, "square_sum");
+  check_channel_sums(fused.outputs[0], ws[3], fused, 1);
 }
 
 }  // namespace
