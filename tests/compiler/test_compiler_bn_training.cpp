@@ -54,11 +54,10 @@ RunResult run(const std::string& type, const std::vector<HostTensor>& in,
   return run_compiled(test_sim(), k, in);
 }
 
-void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt = DataType::F32) {
-  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
-  INFO("BNTrainingReduce " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
-  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
-  RunResult res = run("BNTrainingReduce", {x}, {}, 2);
+// outputs[first] and outputs[first + 1] of res: the per-channel sum and sum of squares of x
+// ([R, c]) within their bounds (the file comment).
+void check_channel_sums(const HostTensor& x, int64_t c, const RunResult& res, size_t first) {
+  const int64_t r = static_cast<int64_t>(x.values.size()) / c;
   std::vector<double> s(c), sq(c), ts(c), tsq(c);
   const double k = static_cast<double>(r + 16);
   for (int64_t j = 0; j < c; ++j) {
@@ -72,8 +71,14 @@ void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt 
     ts[j] = k * kE * sa;
     tsq[j] = (k + 1) * kE * sq[j];
   }
-  check_within_bounds(res.outputs[0].values, s, ts, "sum");
-  check_within_bounds(res.outputs[1].values, sq, tsq, "square_sum");
+  check_within_bounds(res.outputs[first].values, s, ts, "sum");
+  check_within_bounds(res.outputs[first + 1].values, sq, tsq, "square_sum");
+}
+
+void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt = DataType::F32) {
+  INFO("BNTrainingReduce " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
+  check_channel_sums(x, shape[3], run("BNTrainingReduce", {x}, {}, 2), 0);
 }
 
 void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
@@ -198,7 +203,43 @@ void check_grads(const GradCase& gc) {
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
 }
 
+// Conv2DBNTrainingReduce (ops/conv2d.cpp): y bit for bit as Conv2D / Conv2DBiasAdd compute it
+// (the same cube kernel; the vector cores only read y), and sum / square_sum of that y within
+// BNTrainingReduce's bounds (K e sum|y|, (K + 1) e sum y^2). On split chips the sums are the
+// convolution kernel's (a mix kernel, no channel-sum launch of its own).
+void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws, bool bias,
+                       DataType dt, uint32_t seed, bool whole_blocks = true) {
+  INFO("Conv2DBNTrainingReduce x " << compiler::shape_str(xs) << " filter "
+                                   << compiler::shape_str(ws) << (bias ? " bias " : " ")
+                                   << compiler::data_type_name(dt));
+  std::vector<HostTensor> in = {random_tensor(dt, xs, -1, 1, seed),
+                                random_tensor(dt, ws, -0.5, 0.5, seed + 1)};
+  if (bias) in.push_back(random_tensor(DataType::F32, {ws[3]}, -1, 1, seed + 2));
+  const std::map<std::string, compiler::AttrValue> attrs = {
+      {"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}};
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : in) descs.push_back(t.desc);
+  const auto k =
+      compiler::compile(make_op("Conv2DBNTrainingReduce", descs, attrs), test_sim().config());
+  bool channel_sum_launch = false;
+  for (const auto& l : k.launches)
+    channel_sum_launch |= l.kernel.program.name.rfind("ChannelSum", 0) == 0;
+  CHECK(channel_sum_launch == (!test_sim().config().split || !whole_blocks));
+  RunResult fused = run("Conv2DBNTrainingReduce", in, attrs, 3);
+  RunResult conv = run(bias ? "Conv2DBiasAdd" : "Conv2D", in, attrs, 1);
+  CHECK(fused.outputs[0].values == conv.outputs[0].values);
+  check_channel_sums(fused.outputs[0], ws[3], fused, 1);
+}
+
 }  // namespace
+
+TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's output") {
+  check_conv_reduce({2, 6, 7, 16}, {3, 3, 16, 32}, true, DataType::F16, 50);
+  check_conv_reduce({3, 5, 5, 24}, {1, 1, 24, 64}, false, DataType::F16, 51);
+  check_conv_reduce({2, 6, 6, 8}, {3, 3, 8, 16}, true, DataType::F32, 52);
+  // 7 f16 channels are not whole 32-byte pixels: BNTrainingReduce's launches on y instead
+  check_conv_reduce({1, 4, 4, 16}, {1, 1, 16, 7}, true, DataType::F16, 53, false);
+}
 
 TEST_CASE("BNTrainingReduce: per-channel sum and sum of squares in one pass") {
   check_reduce({2, 3, 5, 16}, 1);

@@ -54,6 +54,7 @@
 // from a channel-padded copy of the tensors in the workspace.
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/batchnorm.h"
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
@@ -522,28 +523,7 @@ CompiledKernel compile_bn_training_reduce(const CompileContext& ctx) {
   const TrainingShape t = training_shape(op, 1, {0}, {});
   CompiledKernel k;
   k.outputs = {TensorDesc{DataType::F32, {t.c}}, TensorDesc{DataType::F32, {t.c}}};
-  const Padded x = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
-  ChannelSumSpec s;
-  s.kind = ChannelSumSpec::Kind::kSumSquares;
-  s.plain_sum = true;
-  s.a_type = device_dtype(t.dt);
-  s.pixels = t.pixels;
-  s.cp = x.cp;
-  ArgRef sums;
-  auto [squares, blocks] = append_sum(k, op, s, {x.ref}, ctx.cfg, &sums);
-  ChannelEpilogueSpec e;
-  e.name = "BNTrainingReduceSums";
-  e.spread = true;
-  e.c = t.c;
-  e.partial_cp = x.cp;
-  e.partial_blocks = {blocks, blocks};
-  e.outputs = 2;
-  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
-    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
-  };
-  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
-                                 {sums, squares, output_ref(0), output_ref(1)}));
+  append_bn_training_reduce(k, op, input_ref(0), t.pixels, t.c, t.dt, 0, ctx.cfg);
   return k;
 }
 
@@ -713,6 +693,39 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
 }
 
 }  // namespace
+
+void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x,
+                               int64_t pixels, int64_t c, DataType dt, int out,
+                               const ChipConfig& cfg) {
+  const Padded xp = padded(k, op, x, pixels, c, dt, cfg);
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumSquares;
+  s.plain_sum = true;
+  s.a_type = device_dtype(dt);
+  s.pixels = pixels;
+  s.cp = xp.cp;
+  ArgRef sums;
+  auto [squares, blocks] = append_sum(k, op, s, {xp.ref}, cfg, &sums);
+  append_bn_training_reduce_sums(k, op, sums, squares, blocks, c, xp.cp, out, cfg);
+}
+
+void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
+                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
+                                    int out, const ChipConfig& cfg) {
+  ChannelEpilogueSpec e;
+  e.name = "BNTrainingReduceSums";
+  e.spread = true;
+  e.c = c;
+  e.partial_cp = cp;
+  e.partial_blocks = {blocks, blocks};
+  e.outputs = 2;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
+                                 {sums, squares, output_ref(out), output_ref(out + 1)}));
+}
 
 CompiledKernel compile_batchnorm(const CompileContext& ctx) {
   if (ctx.op.type == "FusedBatchNormV3") return compile_fused_batch_norm(ctx);

@@ -57,8 +57,11 @@ namespace {
 class ChannelSumEmitter {
  public:
   using Kind = ChannelSumSpec::Kind;
-  ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg, const std::string& op);
+  // Emits into b: a kernel of its own (build), or the vector section of a mix kernel
+  // (emit_section).
+  ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s);
   ChannelSumLaunch build();
+  int emit_section(const ChannelSumSection& sec);
 
  private:
   void plan_tile();
@@ -75,8 +78,12 @@ class ChannelSumEmitter {
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
+  // The section's body from its first instruction to its end; blk = this core's block among
+  // m_blocks (computed by `block`), `wait` issued before any input is read.
+  void emit_body(const std::function<void(const Reg& blk)>& block,
+                 const std::function<void()>& wait);
 
-  KernelBuilder m_b;
+  KernelBuilder& m_b;
   const ChannelSumSpec& m_s;
   const isa::CoreKind m_kind;
   const CoreKindConfig& m_core;
@@ -100,14 +107,16 @@ class ChannelSumEmitter {
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
   bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
   bool m_pingpong = false;  // the sums ping-pong (else acc[1] == acc[0]: in place)
+  const char* m_a_arg = "a";    // the argument holding a
+  int64_t m_vector_blocks = 0;  // a section's vector cores (0: a kernel of its own, the
+                                // chip's vector cores)
 };
 
-ChannelSumEmitter::ChannelSumEmitter(const ChannelSumSpec& s, const ChipConfig& cfg,
-                                     const std::string& op)
-    : m_b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg),
+ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
+    : m_b(b),
       m_s(s),
       m_kind(m_b.vector_core_kind()),
-      m_core(*cfg.core_kind(m_kind)),
+      m_core(*b.config().core_kind(m_kind)),
       m_has_b(s.kind == Kind::kSumProduct),
       m_vectors(s.centered || s.relu_mask),
       m_sa(isa::dtype_size(s.a_type)),
@@ -147,7 +156,8 @@ void ChannelSumEmitter::plan_tile() {
   // Blocks split the pixels; a tile holds at most a block's pixels (its accumulators are
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
   // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
-  m_per = ceil_div(s.pixels, std::min<int64_t>(m_core.count, s.pixels));
+  const int64_t cores = m_vector_blocks ? m_vector_blocks : m_core.count;
+  m_per = ceil_div(s.pixels, std::min<int64_t>(cores, s.pixels));
   m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
   // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums where
   // the same tile fits them, or where their own largest tile still leaves a block at least
@@ -240,7 +250,7 @@ void ChannelSumEmitter::allocate() {
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
-  b.declare_arg("a", s.a_type, {});
+  b.declare_arg(m_a_arg, s.a_type, {});
   out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 0, 0});
   if (m_has_b) {
     b.declare_arg("b", s.b_type, {});
@@ -264,20 +274,70 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
 
 ChannelSumLaunch ChannelSumEmitter::build() {
   KernelBuilder& b = m_b;
-  const ChannelSumSpec& s = m_s;
   plan_tile();
   b.begin_section(m_kind);
   allocate();
   m_px.emplace(b, m_ct);
   ChannelSumLaunch out;
   declare_args(out);
+  emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
+  b.end();
+  out.launch.kernel = b.finish();
+  out.launch.block_dim = m_blocks;
+  out.blocks = m_blocks;
+  out.launch.summary = fmt::format(
+      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
+      "tiles of {} pixels x {} channels",
+      m_s.batch, m_s.pixels, m_s.cp, isa::dtype_name(m_s.a_type), m_blocks, m_per, m_tp, m_ct);
+  return out;
+}
 
+int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  if (m_has_b || s.centered || s.relu_mask || s.batch != 1)
+    b.fail("a channel-sum section sums one tensor a (kSum or kSumSquares, one item)");
+  if (sec.groups < 1) b.fail("a channel-sum section needs at least one group");
+  m_a_arg = sec.a_arg;
+  m_vector_blocks = sec.groups * static_cast<int64_t>(b.config().aiv_per_aic);
+  plan_tile();
+  b.begin_section(m_kind);
+  allocate();
+  m_px.emplace(b, m_ct);
+  b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
+  if (s.plain_sum) b.declare_arg("partials2", Dtype::F32, {s.batch, m_blocks, s.cp});
+  emit_body(
+      [&](const Reg& blk) {
+        // vector core v of group g: block g * aiv_per_aic + v
+        Reg sub = b.reg("vector core in the group");
+        b.emit(Opcode::op_get_block_id, {blk});
+        b.emit(Opcode::op_get_subblock_id, {sub});
+        b.mul_add(blk, blk, static_cast<int64_t>(b.config().aiv_per_aic), sub);
+      },
+      sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
+  b.end();
+  return m_blocks;
+}
+
+void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& block,
+                                  const std::function<void()>& wait) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
   m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "tile free");
   m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "tile loaded");
   m_m_free = b.flag(Pipe::V, Pipe::MTE2, "m free");
   m_m_ready = b.flag(Pipe::MTE2, Pipe::V, "m loaded");
   m_acc_ready = b.flag(Pipe::V, Pipe::MTE3, "sums ready");
   m_acc_free = b.flag(Pipe::MTE3, Pipe::V, "sums stored");
+  // The block id stays live (it indexes the partials): the range is computed from it.
+  Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
+  Label done = b.label("no pixels for this block");
+  if (m_vector_blocks) {
+    block(blk);
+    if (wait) wait();
+    // Vector cores past the pixels write nothing.
+    if (m_vector_blocks > m_blocks) b.branch(ge(blk, m_blocks), done);
+  }
   for (int q = 0; q < 2; ++q) b.set_flag(m_in_free, q);
   b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (s.relu_mask) {
@@ -285,9 +345,7 @@ ChannelSumLaunch ChannelSumEmitter::build() {
     vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);
   }
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
-  // The block id stays live (it indexes the partials): the range is computed from it.
-  Reg p0 = b.reg("first pixel"), p1 = b.reg("end pixel"), blk = b.reg("block");
-  b.emit(Opcode::op_get_block_id, {blk});
+  if (!m_vector_blocks) block(blk);
   b.mul(p0, blk, m_per);
   b.add(p1, p0, m_per);
   b.min(p1, p1, s.pixels);
@@ -298,15 +356,7 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   for (int q = 0; q < 2; ++q) b.wait_flag(m_in_free, q);
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   b.wait_flag(Pipe::MTE3, Pipe::V, m_acc_free);
-  b.end();
-  out.launch.kernel = b.finish();
-  out.launch.block_dim = m_blocks;
-  out.blocks = m_blocks;
-  out.launch.summary = fmt::format(
-      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-      "tiles of {} pixels x {} channels",
-      s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct);
-  return out;
+  b.bind(done);
 }
 
 void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item,
@@ -417,7 +467,7 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
   b.min(n, n, m_tp);
   b.mul(cnt, n, m_ct);
   b.wait_flag(m_in_free, q);
-  load_tile("a", m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
+  load_tile(m_a_arg, m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
   if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
   b.set_flag(m_in_ready, q);
   b.wait_flag(m_in_ready, q);
@@ -510,7 +560,13 @@ void ChannelSumEmitter::store_sums(const char* arg, uint64_t acc, const Reg& blk
 
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
                                    const std::string& op) {
-  return ChannelSumEmitter(s, cfg, op).build();
+  KernelBuilder b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg);
+  return ChannelSumEmitter(b, s).build();
+}
+
+int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
+                             const ChannelSumSection& sec) {
+  return ChannelSumEmitter(b, s).emit_section(sec);
 }
 
 Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,

@@ -67,6 +67,22 @@ struct ChannelSumLaunch {
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
                                    const std::string& op);
 
+// The channel sums of a (kSum or kSumSquares [+ plain_sum], one item, not centred) as the
+// vector section of a mix kernel another emitter builds in b (split chips: `groups` blocks,
+// each a cube core and its aiv_per_aic vector cores; vector core v of group g sums block
+// g * aiv_per_aic + v of the pixels). a is the kernel argument a_arg, declared by the caller;
+// the section declares "partials" (and "partials2") after the arguments declared before it.
+// wait (if set) emits the instructions every vector core issues before it reads a (e.g. a
+// cross-core wait for the cube's output). Returns the blocks that write partials (the
+// epilogue's partial_blocks; vector cores past the pixels write none).
+struct ChannelSumSection {
+  const char* a_arg = "a";
+  int groups = 1;
+  std::function<void(KernelBuilder&)> wait;
+};
+int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
+                             const ChannelSumSection& sec);
+
 // The UB operands of one channel tile of the epilogue (all f32, `count` channels).
 struct EpilogueOperands {
   std::vector<uint64_t> sums;     // per partial set: the sum over its blocks

@@ -87,6 +87,13 @@ struct CubeConvSpec {
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
   bool bias = false, relu = false;
+  // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
+  // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,
+  // read y back (from the L2 it was just written to) and sum its channels: per vector core f32
+  // partials of sum y and sum y^2 (ops/channel.h's sums as a section, arguments "partials" and
+  // "partials2" after y and bias; an epilogue adds them). y dense (pitch() == cy), its pixels
+  // whole 32-byte blocks.
+  bool bn_stats = false;
   // x's element strides in GM between pixels, rows and images (0: NHWC of hs x ws x cs, the
   // default). Other strides view x differently, e.g. the width fold of ops/conv2d.cpp: pixels
   // cin apart holding kw * cin channels (overlapping windows). No zero insertion or stacking.
@@ -146,9 +153,11 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
 CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_t kc1,
                                  bool resident, const ChipConfig& cfg, const std::string& op);
 
-// The kernel. Arguments: x (the feature map), w (the weights), y (the output).
+// The kernel. Arguments: x (the feature map), w (the weights), y (the output) [, bias]
+// [, partials, partials2]. With bn_stats, *stats_blocks (if given) is set to the vector blocks
+// that write partials ([stats_blocks][cy] f32 each).
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
-                       const std::string& op);
+                       const std::string& op, int* stats_blocks = nullptr);
 
 // ---- the cube img2col kernel ----
 

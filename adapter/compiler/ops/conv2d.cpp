@@ -68,6 +68,7 @@
 // full input list (the shape tensor is then checked and ignored).
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/batchnorm.h"
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
@@ -225,14 +226,24 @@ ArgRef cube_operand(CompiledKernel& k, const CompileContext& ctx, const CubeType
   return append_input_cast(k, ctx.op, static_cast<int>(input), ct.cube, ctx.cfg);
 }
 
+// Conv2DBNTrainingReduce's statistics (outputs 1 and 2): wanted by the op; done once the
+// convolution's kernel computes them (its vector cores) and their epilogue is appended.
+struct BnStats {
+  bool wanted = false, done = false;
+};
+
 // Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
 // With spec.bias, `bias` is its f32 [cy] workspace tensor. On chips without an l0c->gm path
 // the output leaves the cube through the UB in whole 32-byte blocks: when a row of y (cy
 // channels) is not whole blocks, the kernel writes rows padded to blocks into the workspace
 // and the strided copy (with the widening, if any) packs them into the output.
+// With stats->wanted, on split chips where the kernel writes y densely in whole 32-byte
+// pixels, the kernel also sums y's channels (CubeConvSpec::bn_stats: sum and sum of squares
+// of y as FIXPIPE wrote it, before any widening, which is exact) and BNTrainingReduce's
+// epilogue follows; else stats->done stays false.
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
-                      const ArgRef* bias = nullptr) {
+                      const ArgRef* bias = nullptr, BnStats* stats = nullptr) {
   const TensorDesc& out = k.outputs[0];
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
@@ -246,13 +257,32 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
-  k.launches.push_back(with_args(build_cube_conv(spec, t, ctx.cfg, ctx.op.str()), args));
+  spec.bn_stats = stats && stats->wanted && ctx.cfg.split && !padded &&
+                  !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
+                  (spec.cy * osz) % layout::kBlockBytes == 0;
+  ArgRef sums, squares;
+  if (spec.bn_stats) spec.name += "_BNTrainingReduce";
+  int blocks = 0;
+  Launch conv = build_cube_conv(spec, t, ctx.cfg, ctx.op.str(), &blocks);
+  if (spec.bn_stats) {
+    const uint64_t bytes = static_cast<uint64_t>(blocks * spec.cy) * 4;
+    sums = workspace_take(k, bytes);
+    squares = workspace_take(k, bytes);
+    args.push_back(squares);  // "partials": the sums of squares (the channel sum's kind)
+    args.push_back(sums);     // "partials2": the plain sums
+  }
+  k.launches.push_back(with_args(std::move(conv), args));
   if (padded)
     append_strided_copy(k, ctx.op, y, output_ref(0), rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : out.dtype, out.dtype, ctx.cfg);
   else if (ct.widen)
     append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
                         DataType::F16, out.dtype, ctx.cfg);
+  if (spec.bn_stats) {
+    append_bn_training_reduce_sums(k, ctx.op, sums, squares, blocks, spec.cy, spec.cy, 1,
+                                   ctx.cfg);
+    stats->done = true;
+  }
 }
 
 // The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks
@@ -345,7 +375,13 @@ ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const 
 CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "Conv2DBatchNormInference";
-  const bool bias_add = op.type == "Conv2DBiasAdd";
+  // Conv2DBNTrainingReduce: Conv2D (x, filter) or Conv2DBiasAdd (x, filter, bias) with
+  // BNTrainingReduce's outputs sum and square_sum of y
+  BnStats stats;
+  stats.wanted = op.type == "Conv2DBNTrainingReduce";
+  if (stats.wanted && op.inputs.size() != 2 && op.inputs.size() != 3)
+    op.fail(fmt::format("takes x, filter [, bias]: 2 or 3 inputs, {} given", op.inputs.size()));
+  const bool bias_add = op.type == "Conv2DBiasAdd" || (stats.wanted && op.inputs.size() == 3);
   const size_t plain_inputs = bias_add ? 3 : 2;
   if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7
                  : op.inputs.size() != plain_inputs)
@@ -392,15 +428,30 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
   CompiledKernel k;
   k.outputs = {TensorDesc{y_type, {x[0], cw.h.out, cw.w.out, cout}}};
+  if (stats.wanted) {
+    k.outputs.push_back(TensorDesc{DataType::F32, {cout}});  // sum
+    k.outputs.push_back(TensorDesc{DataType::F32, {cout}});  // square_sum
+    if (k.outputs[0].num_elements() == 0)
+      op.fail(fmt::format("the batch norm's statistics need a non-empty y, got {}",
+                          shape_str(k.outputs[0].shape)));
+  }
   CubeTypes ct = cube_types(ctx, dt);
   if (y_type == DataType::F16) {  // FIXPIPE rounds the f32 result to the f16 output
     ct.fix_out = Dtype::F16;
     ct.widen = false;
   }
+  // The statistics as launches of their own on y where the convolution's kernel does not
+  // compute them.
+  auto finish = [&]() -> CompiledKernel& {
+    if (stats.wanted && !stats.done)
+      append_bn_training_reduce(k, op, output_ref(0), k.outputs[0].num_elements() / cout, cout,
+                                y_type, 1, ctx.cfg);
+    return k;
+  };
   if (k.outputs[0].num_elements() == 0) return k;
   if (c == 0 || f[0] * f[1] == 0) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
-    return k;
+    return finish();
   }
   CubeConvSpec s;
   s.name = fmt::format("Conv2D_{}", data_type_name(dt));
@@ -425,19 +476,21 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
       append_cube_conv(k, ctx, ct, s, xr, wr);
       append_bias_epilogue(k, ctx, 2, relu);
-      return k;
+      return finish();
     }
     const ArgRef bias = input_ref(2);  // f32 [Cout], as the bias table reads it
     s.name = fmt::format("Conv2DBias{}_{}", relu ? "Relu" : "", data_type_name(y_type));
     s.bias = true;
     s.relu = relu;
-    append_cube_conv(k, ctx, ct, s, xr, wr, &bias);
-    return k;
+    append_cube_conv(k, ctx, ct, s, xr, wr, &bias, &stats);
+    return finish();
   }
   if (!batch_norm) {
     const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
-    append_cube_conv(k, ctx, ct, s, xr, wr);
-    return k;
+    if (relu) s.name = fmt::format("Conv2DRelu_{}", data_type_name(dt));
+    s.relu = relu;
+    append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, &stats);
+    return finish();
   }
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
@@ -1033,7 +1086,8 @@ CompiledKernel compile_conv2d(const CompileContext& ctx) {
     check_shape_tensor(ctx.op, i, grad_input ? "input_sizes" : "filter_sizes");
     return compile_without_inputs(ctx, {i}, compile_conv2d);
   }
-  if (t == "Conv2D" || t == "Conv2DBatchNormInference" || t == "Conv2DBiasAdd")
+  if (t == "Conv2D" || t == "Conv2DBatchNormInference" || t == "Conv2DBiasAdd" ||
+      t == "Conv2DBNTrainingReduce")
     return compile_conv2d_forward(ctx);
   if (t == "Conv2DBackpropInput") return compile_conv2d_backprop_input(ctx);
   if (t == "Conv2DBackpropFilter") return compile_conv2d_backprop_filter(ctx);

@@ -35,6 +35,7 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
@@ -90,6 +91,16 @@ class ConvEmitter {
         m_pipe(m_b, t.l0c_buffers) {}
 
   BuiltKernel emit() {
+    cube_section();
+    if (m_s.bn_stats) emit_stats();
+    return m_b.finish();
+  }
+
+  int stats_blocks() const { return m_stats_blocks; }
+
+ private:
+  // The cube section (its registers released before a vector section begins).
+  void cube_section() {
     KernelBuilder& b = m_b;
     b.begin_section(b.cube_core_kind());
     allocate();
@@ -118,11 +129,45 @@ class ConvEmitter {
     };
     m_pipe.run(
         steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
+    if (m_s.bn_stats) {
+      // FIX is in order: after its last tile's FIXPIPE this block's part of y is in GM. A
+      // barrier of the launch's cube cores, then each tells its own vector cores.
+      KernelBuilder::Origin o(b, "y complete: hand it to the vector cores");
+      b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcAllCube, kTilesStored}, "this core's tiles stored");
+      b.emit(Opcode::op_cc_wait, {Pipe::FIX, kTilesStored}, "wait: every cube core's tiles");
+      b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcGroup, kYStored}, "y stored: to the vector cores");
+      m_pipe.release_registers();
+    }
     b.end();
-    return b.finish();
   }
 
- private:
+  // Cross-core flags of bn_stats (cc_set modes: 0 all cube cores of the launch, 2 a cube core
+  // with its vector cores).
+  static constexpr int kCcAllCube = 0, kCcGroup = 2;
+  static constexpr int kTilesStored = 0, kYStored = 1;
+
+  // bn_stats: the vector section, sum and sum of squares of y per channel.
+  void emit_stats() {
+    if (m_s.pitch() != m_s.cy || (m_s.cy * m_osz) % 32 != 0)
+      m_b.fail(
+          fmt::format("batch-norm statistics need y dense with whole 32-byte pixels ({} "
+                      "channels of {} bytes, pitch {})",
+                      m_s.cy, m_osz, m_s.pitch()));
+    ChannelSumSpec cs;
+    cs.kind = ChannelSumSpec::Kind::kSumSquares;
+    cs.plain_sum = true;
+    cs.a_type = m_s.out_type;
+    cs.pixels = m_s.images * m_s.oh() * m_s.ow();
+    cs.cp = m_s.cy;
+    ChannelSumSection sec;
+    sec.a_arg = "y";
+    sec.groups = m_t.block_dim;
+    sec.wait = [](KernelBuilder& b) {
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kYStored}, "wait: y stored by every cube core");
+    };
+    m_stats_blocks = emit_channel_sum_section(m_b, cs, sec);
+  }
+
   bool resident() const { return m_t.resident; }
 
   // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
@@ -630,21 +675,25 @@ class ConvEmitter {
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
   const Reg* m_tbeg = nullptr;
+  int m_stats_blocks = 0;
 };
 
 }  // namespace
 
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
-                       const std::string& op) {
+                       const std::string& op, int* stats_blocks) {
   Launch l;
-  l.kernel = ConvEmitter(s, t, cfg, op).emit();
+  ConvEmitter e(s, t, cfg, op);
+  l.kernel = e.emit();
+  if (stats_blocks) *stats_blocks = e.stats_blocks();
   l.block_dim = t.block_dim;
   l.args = {input_ref(0), input_ref(1), output_ref(0)};
   if (s.bias) l.args.push_back(input_ref(2));  // (callers rebind the arguments)
   l.summary = fmt::format(
-      "cube conv{}{} {}x{}x{}x{} {} ({}x{} window, stride {}x{}, dilation "
+      "cube conv{}{}{} {}x{}x{}x{} {} ({}x{} window, stride {}x{}, dilation "
       "{}x{}, zero insertion {}x{}, {} group(s) of {} -> {}): {}",
-      s.bias ? " + bias" : "", s.relu ? " + relu" : "", s.images, s.hs, s.ws, s.cs,
+      s.bias ? " + bias" : "", s.relu ? " + relu" : "",
+      s.bn_stats ? " + batch-norm statistics" : "", s.images, s.hs, s.ws, s.cs,
       isa::dtype_name(s.in_type), s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.up_h, s.up_w, s.groups,
       s.cg_in, s.cg_out, t.str());
   return l;

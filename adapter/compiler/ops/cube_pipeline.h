@@ -118,6 +118,9 @@ class CubePipeline {
   };
   void run(const Reg& steps, const std::function<void(const Reg&)>& load,
            const std::function<void(const Reg&)>& compute, const Hooks& hooks = {});
+  // Releases the pipeline's own register (after run, before another section of the kernel
+  // begins: no register may be held then).
+  void release_registers() { m_l0_steps.release(); }
 
   // p = step & 1 (the L1 buffer of step s).
   void l1_parity(const Reg& p, const Reg& s) { m_b.and_(p, s, 1); }

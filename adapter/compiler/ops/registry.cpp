@@ -281,6 +281,11 @@ const std::vector<OpEntry>& op_table() {
       // (T = f16, bias f32: allow_mix_precision's graph pass; the bias table holds f32)
       {"Conv2DBiasAdd", "conv2d", compile_conv2d,
        npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
+      // Conv2D / Conv2DBiasAdd -> BNTrainingReduce fused by the TF plugin's graph pass
+      // (CANN's Conv2D + BNTrainingReduce fusion: the convolution's vector cores compute the
+      // batch norm's sums of y)
+      {"Conv2DBNTrainingReduce", "conv2d", compile_conv2d,
+       npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
       {"Conv2DBackpropInput", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d,

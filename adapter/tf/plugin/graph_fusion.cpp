@@ -3228,6 +3228,62 @@ int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
   return fused;
 }
 
+// ---- rewrite 15: the batch norm's statistics as a convolution epilogue ----
+
+// BNTrainingReduce(x) with x output 0 of a Conv2D or Conv2DBiasAdd (NHWC) of the same T
+// (float or half) on the same device: the convolution becomes Conv2DBNTrainingReduce (its
+// name, inputs and attributes kept; outputs y, sum, square_sum), the BNTrainingReduce's
+// readers read its outputs 1 and 2, and the BNTrainingReduce goes. The BNTrainingReduce must
+// be removable (not preserved, no control edges, only x as input); the convolution's other
+// readers are fine (y is still written).
+int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  // The BNTrainingReduce's outputs -> the fused convolution's.
+  std::map<std::string, std::string> renamed;
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& reduce = *graph.mutable_node(i);
+    if (reduce.op() != "BNTrainingReduce" || reduce.input_size() != 1 ||
+        !rm.removable(reduce, g.consumers(reduce.name())))
+      continue;
+    tfc::NodeDef* conv = g.producer(reduce, 0, "Conv2D");
+    if (!conv) conv = g.producer(reduce, 0, "Conv2DBiasAdd");
+    const std::optional<tfc::DataType> t = type_attr(reduce);
+    if (!conv || rm.claimed(conv->name()) || !on_npu(*conv) ||
+        conv->device() != reduce.device() || !nhwc(*conv) || type_attr(*conv) != t ||
+        (t != tfc::DT_FLOAT && t != tfc::DT_HALF) ||
+        type_attr(*conv, "Tbias").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT)
+      continue;
+    const bool bias = conv->op() == "Conv2DBiasAdd";
+    std::vector<std::string> inputs;
+    for (int k = 0; k < conv->input_size(); ++k)
+      if (conv->input(k).empty() || conv->input(k)[0] != '^') inputs.push_back(conv->input(k));
+    if (inputs.size() != (bias ? 3u : 2u)) continue;
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["N"].set_i(bias ? 1 : 0);
+    for (const char* a :
+         {"relu", "strides", "padding", "explicit_paddings", "dilations", "data_format"})
+      if (auto it = conv->attr().find(a); it != conv->attr().end()) attrs[a] = it->second;
+    // The node names the fused node stands for besides its own (reports keep both).
+    attrs["_npusim_fused"].mutable_list()->add_s(reduce.name());
+    renamed[reduce.name()] = conv->name() + ":1";
+    renamed[reduce.name() + ":0"] = conv->name() + ":1";
+    renamed[reduce.name() + ":1"] = conv->name() + ":2";
+    rm.claim(conv->name());
+    rm.remove(reduce.name());
+    rewrite_as(*conv, "Conv2DBNTrainingReduce", inputs, attrs);
+    ++fused;
+  }
+  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
+    for (std::string& in : *graph.mutable_node(i)->mutable_input())
+      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -3343,6 +3399,19 @@ bool transpose_fold_requested() {
 }
 
 bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
+
+bool conv_bn_reduce_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_CONV_BN_REDUCE");
+  return on;
+}
+
+int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !conv_bn_reduce_fusion_requested()) return 0;
+  std::set<std::string> removed;
+  const int fused = fuse_conv_bn_reduces_in(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return fused;
+}
 
 FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   FusionCounts counts;

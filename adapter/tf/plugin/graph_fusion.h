@@ -201,6 +201,18 @@
 //      every call. Grappler's arithmetic optimizer, which the plugin turns off (below), has the
 //      same fold. Any MatMul on the NPU, not only decoders'. NPUSIM_FUSION_TRANSPOSE_FOLD=0
 //      turns it alone off.
+//   15. Conv2DBNTrainingReduce, CANN's Conv2D + BNTrainingReduce fusion, run by the optimizer
+//      after the mixed precision pass (fuse_conv_bn_reduces below; so a convolution and its
+//      batch norm in float16 meet as they will run): BNTrainingReduce(x) (rewrite 0's) whose x
+//      is output 0 of a Conv2D or Conv2DBiasAdd (NHWC, T float or half, Tbias float) on the
+//      same device -> the convolution rewritten in place as Conv2DBNTrainingReduce(x, filter,
+//      bias: N * float; T, N, relu and the convolution's attributes) -> y, sum, square_sum,
+//      its name kept, `_npusim_fused` naming the BNTrainingReduce, whose readers now read
+//      outputs 1 and 2 and which goes. The convolution's kernel computes the sums on its
+//      vector cores from the y it just wrote (adapter/compiler/ops/conv2d.cpp): no launch and
+//      no HBM pass of its own. The convolution's other readers are fine; the BNTrainingReduce
+//      must have no control edges and not be preserved. NPUSIM_FUSION_CONV_BN_REDUCE=0 turns
+//      it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -289,6 +301,12 @@ bool weight_quant_fusion_requested();
 bool transpose_fold_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
+// False when NPUSIM_FUSION_CONV_BN_REDUCE is "0" (read once): rewrite 15 alone off.
+bool conv_bn_reduce_fusion_requested();
+// Rewrite 15 (above) on `graph` while fusion_enabled() and requested; returns the
+// Conv2DBNTrainingReduce nodes created.
+int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
+                         const std::unordered_set<std::string>& preserve);
 
 // Applies the rewrites to `graph`; returns how many fused nodes were created (0: unchanged).
 FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,

@@ -344,6 +344,18 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       std::fprintf(stderr, "npusim: mixed precision skipped: %s\n", e.what());
     }
   }
+  if (parsed) {
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const int fused = fuse_conv_bn_reduces(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && fused > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d Conv2DBNTrainingReduce\n",
+                     item_id(item).c_str(), fused);
+      changed |= fused > 0;
+    } catch (const std::exception& e) {
+      log_fusion_error(e.what());
+    }
+  }
   if (parsed && graph_mode_enabled()) {
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);

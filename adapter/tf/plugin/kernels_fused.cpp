@@ -18,6 +18,11 @@
 //     attributes and relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from
 //     the bias, ReLU in FIXPIPE (adapter/compiler/ops/conv2d.cpp); y's shape is left unknown
 //     here.
+//   Conv2DBNTrainingReduce(x: T, filter: T, bias: N * Tbias) -> y: T, sum: float,
+//                          square_sum: float     T in {float, half}, N in {0, 1}, Tbias in
+//     {float}; Conv2D's attributes and relu: Conv2D / Conv2DBiasAdd (N = 1) with the
+//     BNTrainingReduce of its output (graph_fusion.h rewrite 15): the per-channel sum and sum
+//     of squares of y computed by the convolution's kernel (adapter/compiler/ops/conv2d.cpp).
 //   MatMulBiasAdd(a: T, b: T, bias: T) -> product: T     T in {float}; transpose_a,
 //     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
 //     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
@@ -210,6 +215,14 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"y: T"},
        {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "relu: bool = false",
         "strides: list(int)", "padding: string",
+        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
+        "data_format: string = 'NHWC'"},
+       unknown_output},
+      {"Conv2DBNTrainingReduce",
+       {"x: T", "filter: T", "bias: N * Tbias"},
+       {"y: T", "sum: float", "square_sum: float"},
+       {"T: {float, half}", "N: int >= 0 = 0", "Tbias: {float} = DT_FLOAT",
+        "relu: bool = false", "strides: list(int)", "padding: string",
         "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
         "data_format: string = 'NHWC'"},
        unknown_output},

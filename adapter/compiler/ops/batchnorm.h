@@ -1,0 +1,26 @@
+// BNTrainingReduce's launches (ops/batchnorm.cpp) for the ops that produce the statistics
+// themselves: the convolution with the batch norm's reduction as its epilogue
+// (Conv2DBNTrainingReduce, ops/conv2d.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/registry.h"
+
+namespace npusim::compiler::ops {
+
+// sum and square_sum (f32 [c], the op's outputs `out` and `out + 1`) of x ([pixels][c] of dt):
+// the channel sum over x (through a channel-padded copy unless c * size is whole 32-byte
+// blocks), then the epilogue adding its blocks' partials, as BNTrainingReduce.
+void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x,
+                               int64_t pixels, int64_t c, DataType dt, int out,
+                               const ChipConfig& cfg);
+
+// The epilogue alone: outputs `out` and `out + 1` = the sums over `blocks` partials of
+// [blocks][cp] f32 at sums (plain sums) and squares (sums of squares), c <= cp channels.
+void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
+                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
+                                    int out, const ChipConfig& cfg);
+
+}  // namespace npusim::compiler::ops
