@@ -946,6 +946,7 @@ Status Driver::synchronize_stream(Stream s, bool host_waits) {
 void Driver::wait_streams_locked(std::unique_lock<std::mutex>& lock,
                                  const std::map<uint64_t, uint64_t>& targets, bool host_waits) {
   // Register the ops waited for (stream 0's ops belong to any chip: their callers observe them).
+  std::vector<std::pair<uint64_t, uint64_t>> registered;  // (stream id, target)
   for (const auto& [id, target] : targets) {
     auto it = m_streams.find(id);
     if (id == 0 || it == m_streams.end()) continue;
@@ -954,6 +955,7 @@ void Driver::wait_streams_locked(std::unique_lock<std::mutex>& lock,
       continue;
     }
     it->second.sync_targets[target].waiters++;
+    registered.emplace_back(id, target);
   }
   m_done.wait(lock, [&] {
     for (const auto& [id, target] : targets) {
@@ -962,9 +964,9 @@ void Driver::wait_streams_locked(std::unique_lock<std::mutex>& lock,
     }
     return true;
   });
-  for (const auto& [id, target] : targets) {
+  for (const auto& [id, target] : registered) {
     auto it = m_streams.find(id);
-    if (id == 0 || it == m_streams.end()) continue;
+    if (it == m_streams.end()) continue;
     auto t = it->second.sync_targets.find(target);
     if (t == it->second.sync_targets.end()) continue;
     observe_locked(host_waits ? t->second.ready : t->second.read);
