@@ -247,6 +247,10 @@ Status Device::destroy_stream(Stream s) {
 Status Device::synchronize_stream(Stream s) {
   return guard("synchronize_stream", [&] { return m_driver->synchronize_stream(s); });
 }
+Status Device::wait_stream_unobserved(Stream s) {
+  return guard("synchronize_stream",
+               [&] { return m_driver->synchronize_stream(s, /*host_waits=*/false); });
+}
 Status Device::query_stream(Stream s, bool* idle) {
   if (!idle) return null_output("query_stream");
   return guard("query_stream", [&] { return m_driver->query_stream(s, idle); });
@@ -627,6 +631,12 @@ Status Device::device_time_cycles(uint64_t* cycles) {
       return Status();
     });
   });
+}
+
+Status Device::host_time_cycles(uint64_t* cycles) {
+  if (!cycles) return null_output("host_time_cycles");
+  *cycles = m_driver->host_cycles();
+  return Status();
 }
 
 Status Device::counters(nlohmann::json* tree) {

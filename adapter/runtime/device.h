@@ -124,6 +124,10 @@ class Device {
   // Waits until the operations queued on s before the call have run; returns the first failure
   // among them (kernel_fault, ...) and clears it, so the next synchronize is ok.
   Status synchronize_stream(Stream s);
+  // The same, for a wait the program itself would not make (an emulator's kernel that waits for
+  // its launches before returning, where a real device's returns at once): the host clock
+  // (Driver, "The host clock") learns only the read-backs it covers, not where the stream stands.
+  Status wait_stream_unobserved(Stream s);
   // idle: every queued operation has run.
   Status query_stream(Stream s, bool* idle);
   // The failure synchronize_stream would return now (not cleared); ok if none.
@@ -231,6 +235,10 @@ class Device {
   Status remove_observer(ChipObserver* observer);
   // The device timeline now: the later of the chip's compute and communication timelines.
   Status device_time_cycles(uint64_t* cycles);
+  // The host clock of the device's system (Driver, "The host clock"): the latest device time the
+  // host has observed, which every op queued from now on starts no earlier than; 0 on a single
+  // chip.
+  Status host_time_cycles(uint64_t* cycles);
   // Simulator::counters() since open; a chip of a system: its own subtree ("chip<k>").
   Status counters(nlohmann::json* tree);
   // The system's counters (SystemSimulator::counters(): every chip and the links' "fabric"

@@ -164,7 +164,8 @@ void Driver::loop() {
       s->queue.pop_front();
       s->executing = true;
       m_last_served = id;
-      uint64_t ready = id == 0 ? 0 : s->ready_cycle;
+      // Queued after the host observed host_cycle: it starts no earlier (driver.h).
+      uint64_t ready = std::max(id == 0 ? 0 : s->ready_cycle, op.host_cycle);
       lock.unlock();
       uint64_t event_cycle = 0;
       Status st = execute(id, op, &ready, &event_cycle);
@@ -220,6 +221,15 @@ uint64_t Driver::device_cycles(int chip) const { return m_timeline.at(static_cas
 
 uint64_t Driver::comm_cycles(int chip) const {
   return m_comm_timeline.at(static_cast<size_t>(chip));
+}
+
+uint64_t Driver::host_cycles() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_host_cycle;
+}
+
+void Driver::observe_locked(uint64_t cycle) {
+  if (m_chips > 1) m_host_cycle = std::max(m_host_cycle, cycle);
 }
 
 uint64_t Driver::begin_writes(int chip) {
@@ -489,6 +499,7 @@ Status Driver::run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t
     for (uint64_t id : g.streams)
       if (auto it = m_streams.find(id); it != m_streams.end() && id != 0)
         ranks_ready = std::max(ranks_ready, it->second.ready_cycle);
+    ranks_ready = std::max(ranks_ready, g.host_cycle);  // queued after the host observed it
   }
   Status st;
   CollectiveResult r;
@@ -600,6 +611,11 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
         return Status();
       }
       case OpKind::host_callback: {
+        {  // the host holds what its stream read back before it
+          std::lock_guard<std::mutex> lock(m_mutex);
+          if (auto it = m_streams.find(stream); it != m_streams.end())
+            observe_locked(it->second.read_cycle);
+        }
         Status st = op.callback ? op.callback() : Status();
         if (!st.ok()) return Status(st.code(), where + ": " + st.message());
         return st;
@@ -736,6 +752,11 @@ void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& o
   s.executing = false;
   s.completed++;
   if (stream_id != 0) s.ready_cycle = ready;
+  if (op.kind == OpKind::memcpy_d2h && st.ok()) s.read_cycle = std::max(s.read_cycle, ready);
+  if (auto t = s.sync_targets.find(s.completed); t != s.sync_targets.end()) {
+    t->second.ready = ready;
+    t->second.read = s.read_cycle;
+  }
   if (op.kind == OpKind::record_event) {
     auto e = m_events.find(op.event);
     if (e != m_events.end()) {
@@ -743,12 +764,14 @@ void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& o
       if (op.event_generation > ev.completed) {
         ev.completed = op.event_generation;
         ev.cycle = event_cycle;
+        ev.read_cycle = s.read_cycle;
       }
       if (ev.destroyed && ev.completed >= ev.recorded) m_events.erase(e);
     }
   }
   if (op.completion) {
     op.completion->status = std::move(st);
+    op.completion->end_cycle = ready;
     op.completion->done = true;
   } else if (!st.ok()) {
     if (s.error.ok()) s.error = std::move(st);
@@ -825,12 +848,14 @@ Status Driver::submit(Stream s, DeviceOp op) {
                   fmt::format("{}: stream {} belongs to chip {}, not chip {}",
                               op_kind_name(op.kind), s.id, st->chip, op.chip));
   if (op.kind == OpKind::collective) {
+    op.group->host_cycle = std::max(op.group->host_cycle, m_host_cycle);
     if (Status r = join_collective_locked(s.id, op); !r.ok()) {
       m_work.notify_one();  // the group failed: its parts already queued can now complete
       return r;
     }
   }
   op.seq = m_next_seq++;
+  op.host_cycle = m_host_cycle;
   st->queue.push_back(std::move(op));
   st->submitted++;
   m_work.notify_one();
@@ -844,11 +869,13 @@ Status Driver::submit_sync(DeviceOp op) {
   op.barrier = true;
   std::unique_lock<std::mutex> lock(m_mutex);
   op.seq = m_next_seq++;
+  op.host_cycle = m_host_cycle;
   StreamState& internal = m_streams[0];
   internal.queue.push_back(std::move(op));
   internal.submitted++;
   m_work.notify_one();
   m_done.wait(lock, [&] { return completion->done; });
+  observe_locked(completion->end_cycle);
   return completion->status;
 }
 
@@ -905,19 +932,46 @@ Status Driver::take_error_locked(uint64_t id, StreamState& s) {
                                         more, id));
 }
 
-Status Driver::synchronize_stream(Stream s) {
+Status Driver::synchronize_stream(Stream s, bool host_waits) {
   if (on_driver_thread()) return not_on_driver_thread("synchronize_stream");
   std::unique_lock<std::mutex> lock(m_mutex);
   StreamState* st = nullptr;
   if (Status r = find_stream_locked(s, "synchronize_stream", &st); !r.ok()) return r;
-  const uint64_t target = st->submitted;
-  m_done.wait(lock, [&] {
-    auto it = m_streams.find(s.id);
-    return it == m_streams.end() || it->second.completed >= target;
-  });
+  wait_streams_locked(lock, {{s.id, st->submitted}}, host_waits);
   auto it = m_streams.find(s.id);
   if (it == m_streams.end()) return Status();
   return take_error_locked(s.id, it->second);
+}
+
+void Driver::wait_streams_locked(std::unique_lock<std::mutex>& lock,
+                                 const std::map<uint64_t, uint64_t>& targets, bool host_waits) {
+  // Register the ops waited for (stream 0's ops belong to any chip: their callers observe them).
+  std::vector<std::pair<uint64_t, uint64_t>> registered;  // (stream id, target)
+  for (const auto& [id, target] : targets) {
+    auto it = m_streams.find(id);
+    if (id == 0 || it == m_streams.end()) continue;
+    if (it->second.completed >= target) {  // (== target: targets are counts queued so far)
+      observe_locked(host_waits ? it->second.ready_cycle : it->second.read_cycle);
+      continue;
+    }
+    it->second.sync_targets[target].waiters++;
+    registered.emplace_back(id, target);
+  }
+  m_done.wait(lock, [&] {
+    for (const auto& [id, target] : targets) {
+      auto it = m_streams.find(id);
+      if (it != m_streams.end() && it->second.completed < target) return false;
+    }
+    return true;
+  });
+  for (const auto& [id, target] : registered) {
+    auto it = m_streams.find(id);
+    if (it == m_streams.end()) continue;
+    auto t = it->second.sync_targets.find(target);
+    if (t == it->second.sync_targets.end()) continue;
+    observe_locked(host_waits ? t->second.ready : t->second.read);
+    if (--t->second.waiters == 0) it->second.sync_targets.erase(t);
+  }
 }
 
 Status Driver::query_stream(Stream s, bool* idle) {
@@ -925,6 +979,7 @@ Status Driver::query_stream(Stream s, bool* idle) {
   StreamState* st = nullptr;
   if (Status r = find_stream_locked(s, "query_stream", &st); !r.ok()) return r;
   *idle = st->completed == st->submitted;
+  if (*idle) observe_locked(st->read_cycle);
   return Status();
 }
 
@@ -941,13 +996,7 @@ Status Driver::synchronize_all(int chip) {
   std::map<uint64_t, uint64_t> targets;
   for (const auto& [id, st] : m_streams)
     if (id == 0 || st.chip == chip) targets[id] = st.submitted;
-  m_done.wait(lock, [&] {
-    for (const auto& [id, target] : targets) {
-      auto it = m_streams.find(id);
-      if (it != m_streams.end() && it->second.completed < target) return false;
-    }
-    return true;
-  });
+  wait_streams_locked(lock, targets, /*host_waits=*/true);
   Status first;
   std::string all;
   for (auto& [id, st] : m_streams) {
@@ -981,6 +1030,7 @@ Status Driver::query_event(Event e, bool* complete) {
   EventState* ev = nullptr;
   if (Status r = find_event_locked(e, "query_event", &ev); !r.ok()) return r;
   *complete = ev->completed >= ev->recorded;
+  if (*complete && ev->recorded > 0) observe_locked(ev->read_cycle);
   return Status();
 }
 
@@ -994,6 +1044,10 @@ Status Driver::synchronize_event(Event e) {
     auto it = m_events.find(e.id);
     return it == m_events.end() || it->second.completed >= target;
   });
+  // The record waited for, if no later one of the event ran meanwhile (its time is then gone).
+  if (auto it = m_events.find(e.id); target > 0 && it != m_events.end() &&
+                                     it->second.completed == target)
+    observe_locked(it->second.cycle);
   return Status();
 }
 

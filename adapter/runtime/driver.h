@@ -30,6 +30,23 @@
 // the links, so placing each operation, simulated alone, on its chip's timeline is exact for
 // kernels and host copies. With one chip the timeline is the simulator's clock plus the time the
 // runtime models itself, as before timelines existed.
+//
+// The host clock (systems only; docs/runtime.md, "The host clock"): the chips' timelines are
+// tied together by what the host waits for. The host's time is the latest device time it has
+// observed:
+//   - blocking: the end of what a synchronize_stream, synchronize_all, synchronize_event or a
+//     synchronous op (submit_sync) waited for (the host thread stood still until then), unless
+//     the wait is the emulator's own (synchronize_stream's host_waits);
+//   - asynchronous (query_event or query_stream finding the work complete, a host callback
+//     running): the end of the latest device-to-host copy the observed work includes, i.e. a
+//     result read back (StreamState::read_cycle). Only read-backs: TensorFlow polls events and
+//     runs callbacks for every copy and asynchronous kernel, and one that merely completes
+//     tells the host nothing it acts on; its executor threads queue independent ops in their
+//     own order, which must not move simulated time.
+// Every op is stamped with the host clock when it is queued (DeviceOp::host_cycle) and starts no
+// earlier on its chip: a kernel the host queues on chip 1 after reading a result of chip 0
+// starts after that read ended on chip 0's timeline. With one chip nothing is stamped (the host
+// never observes a time past the chip's timeline).
 #pragma once
 
 #include <condition_variable>
@@ -88,7 +105,11 @@ class Driver {
   DeviceMemory& gm(int chip);
 
   // Waits for the ops queued on s before the call; returns the stream's error and clears it.
-  Status synchronize_stream(Stream s);
+  // host_waits: the program's host waits (the host clock learns the end of what it waited
+  // for); false: a wait of the emulator's own that the program would not make (the TF
+  // plugin's kernels wait for their launches before Compute returns, where a real device's
+  // kernels return at once), which the host clock counts as an asynchronous observation.
+  Status synchronize_stream(Stream s, bool host_waits = true);
   Status query_stream(Stream s, bool* idle);
   Status stream_error(Stream s);  // the pending error, not cleared
   // Waits for the ops queued on every stream of `chip` before the call; returns (and clears) the
@@ -112,6 +133,8 @@ class Driver {
   // Driver thread only: chip `chip`'s communication timeline (the end of its latest collective;
   // 0 if it ran none), AI-core cycles.
   uint64_t comm_cycles(int chip = 0) const;
+  // The host clock (above) now, AI-core cycles; 0 on a single chip.
+  uint64_t host_cycles() const;
 
  private:
   struct StreamState {
@@ -123,6 +146,18 @@ class Driver {
     // Driver thread (set in finish_locked): when the stream's next op may start on its chip's
     // timeline, AI-core cycles. Unused for the internal stream 0, whose ops belong to any chip.
     uint64_t ready_cycle = 0;
+    // Host threads in synchronize_stream / synchronize_all waiting for the stream's op number
+    // `completed` (key) to finish: its ready_cycle and read_cycle then (filled in by
+    // finish_locked) and the number of waiters. The host clock learns exactly the end of what
+    // it waited for, not that of ops queued meanwhile by other threads.
+    struct SyncTarget {
+      uint64_t ready = 0, read = 0;
+      int waiters = 0;
+    };
+    std::map<uint64_t, SyncTarget> sync_targets;
+    // Driver thread (set in finish_locked): the end of the latest memcpy_d2h the stream ran,
+    // AI-core cycles (what an asynchronous observation of the stream tells the host clock).
+    uint64_t read_cycle = 0;
     Status error;                   // first unreported failure
     uint64_t more_errors = 0;       // failures after it, before it was reported
   };
@@ -130,6 +165,7 @@ class Driver {
     uint64_t recorded = 0;   // records queued (generation of the latest)
     uint64_t completed = 0;  // generation of the latest record that ran
     uint64_t cycle = 0;      // where that record ran on its chip's timeline
+    uint64_t read_cycle = 0; // its stream's read_cycle then (the read-backs it follows)
     bool destroyed = false;
   };
   struct Task {
@@ -208,6 +244,13 @@ class Driver {
   Status join_collective_locked(uint64_t stream, const DeviceOp& op);
   Status find_event_locked(Event e, const char* what, EventState** out);
   Status take_error_locked(uint64_t id, StreamState& s);
+  // The host has observed device time `cycle` (systems only): the host clock moves to it.
+  void observe_locked(uint64_t cycle);
+  // Waits (lock held, released while waiting) until each of `targets` (stream id -> op count)
+  // has completed that many ops, then observes where each stream stood after its target op
+  // (host_waits) or the read-backs up to it (not).
+  void wait_streams_locked(std::unique_lock<std::mutex>& lock,
+                           const std::map<uint64_t, uint64_t>& targets, bool host_waits);
   Status not_on_driver_thread(const char* what) const;
 
   const bool m_record_launches;
@@ -288,6 +331,7 @@ class Driver {
   std::vector<CopyRecord> m_copy_records;
   std::vector<CollectiveRecord> m_collective_records;
   uint64_t m_next_stream = 1, m_next_event = 1, m_next_seq = 1;
+  uint64_t m_host_cycle = 0;  // the host clock (above), AI-core cycles; stays 0 on one chip
   uint64_t m_last_served = 0;
   bool m_started = false, m_stop = false;
   Status m_start_status;

@@ -212,6 +212,9 @@ struct CollectiveGroup {
   std::vector<uint64_t> streams;  // Stream::id of each rank's part
   int joined_count = 0;
   bool ran = false;  // driver thread: the collective has run; `status` is its outcome
+  // The latest host clock among its parts' submissions (DeviceOp::host_cycle): it starts no
+  // earlier, on every rank.
+  uint64_t host_cycle = 0;
   uint64_t end_cycle = 0;  // once ran: its end on the ranks' communication timelines (cycles)
   Status status;     // a failed join (set when queued) or the collective's outcome
   std::string label;
@@ -225,6 +228,7 @@ struct CollectiveGroup {
 struct OpCompletion {
   bool done = false;
   Status status;
+  uint64_t end_cycle = 0;  // where the op ended on its chip's timeline, AI-core cycles
 };
 
 struct DeviceOp {
@@ -256,6 +260,9 @@ struct DeviceOp {
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order
+  // The host clock when it was queued (systems only; 0 on a single chip): the op starts no
+  // earlier on its chip's timeline (Driver, "The host clock").
+  uint64_t host_cycle = 0;
   uint64_t event_generation = 0;    // record: this record's number; wait: the record awaited
   bool barrier = false;             // runs after every op submitted before it, on any stream
   std::shared_ptr<OpCompletion> completion;  // synchronous ops only

@@ -508,8 +508,11 @@ TEST_CASE(
       REQUIRE(c[i].dev->collective_async(c[i].h, second, i, c[i].x_at, c[i].buf[1], n).ok());
     for (int i = 0; i < 2; ++i) REQUIRE(c[i].dev->synchronize_stream(c[i].h).ok());
     const rt::CollectiveRecord next = d[0]->collective_records().back();
-    // Its input (x) was written long before: only the communication timelines hold it back.
-    CHECK(next.start_cycle == coll.end_cycle);
+    // Its input (x) was written long before, but it was queued after the host read the sums
+    // back (the synchronous copies above, chip 3's last, ending where chip 3's timeline
+    // stands): the host clock holds it back, past its previous collective's end.
+    CHECK(t3 > coll.end_cycle);
+    CHECK(next.start_cycle == t3);
   }
   for (const Rank& r : c) close_rank(r);
 }
@@ -569,5 +572,84 @@ TEST_CASE(
     CHECK(got_a == expect_a);
     CHECK(got_b == expect_b);
   }
+  for (const Rank& r : c) close_rank(r);
+}
+
+TEST_CASE(
+    "the host clock: work queued after the host read a chip's result starts after that read, "
+    "on every chip; a completion the host only polls does not hold the chips") {
+  // docs/runtime.md, "The host clock". Chip 6 is kept busier than chip 7, so chip 7's own
+  // timeline would let its kernels start before chip 6's work ended.
+  const auto& d = chips();
+  const uint64_t n = 8192, bytes = n * 2;
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = d[6]->config().core_kind(isa::CoreKind::AIV)->count;
+  Rank c[2] = {open_rank(6, n, 50), open_rank(7, n, 51)};
+  rt::Device &dev6 = *c[0].dev, &dev7 = *c[1].dev;
+  auto kernels = [&](Rank& r, int count) {
+    for (int k = 0; k < count; ++k)
+      REQUIRE(r.dev->launch_kernel(r.s, program, {r.x_at, r.y_at, r.buf[0], n}, blocks).ok());
+  };
+  auto last_launch = [](rt::Device& dev) { return dev.launch_records().back(); };
+  auto poll = [](rt::Device& dev, rt::Event e) {  // until complete, as a host thread polls
+    bool done = false;
+    rt::Status st;
+    do st = dev.query_event(e, &done);
+    while (st.ok() && !done);
+    REQUIRE(st.ok());
+  };
+  std::vector<uint16_t> back(n);
+
+  // Blocking: the host waits for chip 6's stream (a synchronous read), then queues on chip 7.
+  kernels(c[0], 4);
+  REQUIRE(dev6.memcpy_d2h_async(c[0].s, back.data(), c[0].buf[0], bytes).ok());
+  REQUIRE(dev6.synchronize_stream(c[0].s).ok());
+  const uint64_t read6 = timeline(6);  // the copy's end: the stream's last op
+  const uint64_t free7 = timeline(7);
+  REQUIRE(free7 < read6);  // chip 7 could start earlier on its own
+  kernels(c[1], 1);
+  REQUIRE(dev7.synchronize_stream(c[1].s).ok());
+  const rt::LaunchRecord after_sync = last_launch(dev7);
+  CHECK(after_sync.start_cycle >= read6);
+  CHECK(after_sync.start_cycle - read6 <= 1 + after_sync.host_dispatch_cycles);
+
+  // Asynchronous: chip 6 reads a result back behind more kernels and records an event; the host
+  // polls the event until it completes (as TensorFlow's event manager does), then queues on
+  // chip 7.
+  kernels(c[0], 6);
+  REQUIRE(dev6.memcpy_d2h_async(c[0].s, back.data(), c[0].buf[0], bytes).ok());
+  rt::Event read;
+  REQUIRE(dev6.create_event(&read).ok());
+  REQUIRE(dev6.record_event(read, c[0].s).ok());
+  poll(dev6, read);
+  const auto copies6 = dev6.copy_records();
+  REQUIRE(!copies6.empty());
+  const rt::CopyRecord& copy = copies6.back();
+  REQUIRE(copy.kind == rt::OpKind::memcpy_d2h);
+  const uint64_t copy_end = copy.start_cycle + copy.cycles;
+  REQUIRE(timeline(7) < copy.start_cycle);
+  kernels(c[1], 1);
+  REQUIRE(dev7.synchronize_stream(c[1].s).ok());
+  const rt::LaunchRecord after_poll = last_launch(dev7);
+  CHECK(after_poll.start_cycle + 1 >= copy_end);  // the copy's cycles are rounded up
+  CHECK(after_poll.start_cycle <= copy_end + 1 + after_poll.host_dispatch_cycles);
+
+  // A completion without a read-back (kernels, then an event the host polls) tells the host
+  // nothing: chip 7's next kernel starts where chip 7 stands, long before chip 6's end.
+  const uint64_t stand7 = timeline(7);
+  kernels(c[0], 6);
+  rt::Event computed;
+  REQUIRE(dev6.create_event(&computed).ok());
+  REQUIRE(dev6.record_event(computed, c[0].s).ok());
+  poll(dev6, computed);
+  kernels(c[1], 1);
+  REQUIRE(dev7.synchronize_stream(c[1].s).ok());
+  const rt::LaunchRecord independent = last_launch(dev7);
+  CHECK(independent.start_cycle - stand7 <= 1 + independent.host_dispatch_cycles);
+  CHECK(independent.start_cycle < timeline(6));
+
+  REQUIRE(dev6.synchronize_stream(c[0].s).ok());
+  CHECK(dev6.destroy_event(read).ok());
+  CHECK(dev6.destroy_event(computed).ok());
   for (const Rank& r : c) close_rank(r);
 }

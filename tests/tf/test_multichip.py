@@ -368,6 +368,59 @@ def test_replicas_run_side_by_side_on_their_chips_timelines():
     assert all(t >= last for t in two["after"])
 
 
+def test_an_op_queued_after_the_host_read_chip_0_starts_after_the_read_on_chip_1():
+    """The host clock (docs/runtime.md, "The host clock"): the chips' timelines are tied by what
+    the host reads back. Eagerly, chip 0 computes a chain of MatMuls; a MatMul queued on chip 1
+    meanwhile starts on chip 1's own timeline, alongside the chain; a Relu queued on chip 1 after
+    `.numpy()` of the chain's result starts after that read ended on chip 0's timeline, although
+    chip 1 was free long before."""
+    result = child_result(textwrap.dedent("""
+        import json
+        import numpy as np
+        import npusim
+        npusim.configure(chip="tiny", chips=2)
+        import tensorflow as tf
+        a = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32) * 0.05
+        with tf.device("/NPU:1"):
+            b = tf.constant(a) * 1.0
+        b.numpy()
+        npusim.clear_launch_records()
+        with tf.device("/NPU:0"):
+            h = tf.constant(a)
+            for _ in range(8):
+                h = tf.matmul(h, h)
+        with tf.device("/NPU:1"):
+            alongside = tf.matmul(b, b)  # queued before any read of chip 0
+        host_before = npusim.system_info()["host_cycles"]
+        got = h.numpy()
+        host_after = npusim.system_info()["host_cycles"]
+        with tf.device("/NPU:1"):
+            after = tf.nn.relu(b)  # queued after the read
+        after.numpy(), alongside.numpy()
+        print("RESULT" + json.dumps({
+            "launches": [npusim.launch_records(chip=c) for c in (0, 1)],
+            "host_before": host_before, "host_after": host_after,
+            "finite": bool(np.isfinite(got).all())}))
+        """), timeout=600)
+    chip0, chip1 = result["launches"]
+    chain = [r for r in chip0 if r["op_type"] == "MatMul"]
+    assert len(chain) >= 8 and result["finite"]
+    chain_end = max(r["start_cycle"] + r["cycles"] for r in chain)
+    # The MatMul's launches (casts to fp16, the cube kernel) and the Relu's, on chip 1.
+    alongside = [r for r in chip1 if r["op_type"] == "MatMul"]
+    after = [r for r in chip1 if r["op_type"] == "Relu"]
+    assert alongside and after, [(r["op_type"], r["kernel"]) for r in chip1]
+    # Queued before the read: chip 1 computed alongside chip 0's chain.
+    assert alongside[0]["start_cycle"] < chain_end
+    # Nothing read yet, the host clock stood before the chain's end; the read followed it.
+    assert result["host_before"] < chain_end <= result["host_after"]
+    # Queued after the read: no earlier than its end (plus the op's host dispatch).
+    first = after[0]
+    assert first["start_cycle"] >= result["host_after"]
+    assert first["start_cycle"] - result["host_after"] <= first["host_dispatch_cycles"] + 1
+    assert first["start_cycle"] > alongside[-1]["start_cycle"] + alongside[-1]["cycles"]
+
+
 def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
     """npusim.profile() with several NPUs (docs/multichip.md, "Reports of a system run"): every
     chip's launches in device_<k>/ with their counters and per-pipe trace lanes; launch records
@@ -438,8 +491,8 @@ def test_profile_on_two_npus_writes_a_report_folder_per_chip(tmp_path):
 
 def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
     """The same MirroredStrategy training on 2 tiny NPUs in two processes gives the same
-    simulated time on every chip: each chip's timeline, every kernel's cycles, every collective's
-    start and end, the reports' summary.txt (top level and per device; not its task ids and
+    simulated time on every chip: each chip's timeline, the host clock, every kernel's cycles,
+    every collective's start and end, the reports' summary.txt (top level and per device; not its task ids and
     allocator peak) and op_summary.csv's task durations per device. TensorFlow's executor may issue a chip's independent ops in another
     order from run to run; an op's span on its chip's timeline must not depend on that (the
     driver starts every op on a clock edge before reading the simulation's clock)."""
@@ -455,7 +508,7 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
             model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
             info = npusim.system_info()
             npusim.write_report({str(report)!r})
-            out = {{"timeline": info["timeline_cycles"],
+            out = {{"timeline": info["timeline_cycles"], "host": info["host_cycles"],
                     "collectives": [(c["collective"], c["bytes"], c["start_cycle"],
                                      c["end_cycle"]) for c in info["collectives"]],
                     "kernels": [sorted((r["op_name"], r["kernel"], r["cycles"])
@@ -474,7 +527,8 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
 
     first, second = run(1), run(2)
     assert len(first["collectives"]) >= 4 and all(len(k) > 0 for k in first["kernels"])
-    for key in ("timeline", "collectives", "kernels", "op_summary"):
+    assert first["host"] > 0  # fit read the losses back: the host clock moved
+    for key in ("timeline", "host", "collectives", "kernels", "op_summary"):
         assert first[key] == second[key], key
     # summary.txt but for what names the order TensorFlow's executor issued the ops in, which is
     # not simulated time: the task ids of "Top ops by time" (its rows are compared as a set) and

@@ -327,8 +327,9 @@ class NpuGraphKernel : public OpKernel {
       }
     }
     // Always wait, also after a failed launch: launches already queued use the inputs, outputs
-    // and arena, which TensorFlow may reuse once Compute returns.
-    rt::Status sync = device->synchronize_stream(stream);
+    // and arena, which TensorFlow may reuse once Compute returns. (The emulator's wait: the host
+    // clock does not learn the stream's end, as for one op's launches.)
+    rt::Status sync = device->wait_stream_unobserved(stream);
     if (st.ok()) st = sync;
     if (arena_addr) m_arenas.give_back(plan.get(), arena_addr);
     // Every launch ran: the updated variables take their new values (still locked).

@@ -201,7 +201,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_check_env_settings() {
 // "fabric": {channel: counters} (the links' bytes and busy cycles since open),
 // "peer_copies": [{"src_chip", "dst_chip", "bytes", "start_cycle", "cycles"}] (copies between
 // NPUs over the links, every chip's), "memory": [{"bytes_in_use", "peak_bytes_in_use"}] per
-// chip, "timeline_cycles": [each chip's device timeline now, AI-core cycles] and
+// chip, "timeline_cycles": [each chip's device timeline now, AI-core cycles], "host_cycles" (the
+// host clock: the latest device time the host observed, rt::Driver) and
 // "collectives": [rt::CollectiveRecord as dicts]}.
 NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
   using namespace npusim;
@@ -236,6 +237,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_system_json() {
                                     {"start_cycle", r.start_cycle},
                                     {"cycles", r.cycles}});
   }
+  uint64_t host = 0;
+  if (dev->host_time_cycles(&host).ok()) j["host_cycles"] = host;
   j["collectives"] = nlohmann::json::array();
   for (const rt::CollectiveRecord& r : dev->collective_records())
     j["collectives"].push_back({{"id", r.id},

@@ -229,7 +229,9 @@ def system_info():
     "fabric" (per link direction: bytes and busy cycles since open), "peer_copies" (tensors
     copied between NPUs over the links: src_chip, dst_chip, bytes, start_cycle, cycles),
     "timeline_cycles" (each chip's device timeline now: every chip has its own, docs/runtime.md
-    "Simulated time") and "collectives" (each collective run: id (1, 2, ... in the order they
+    "Simulated time"), "host_cycles" (the host clock: the latest device time the host has
+    observed, e.g. a tensor read back; ops queued later start no earlier on any chip,
+    docs/runtime.md "The host clock") and "collectives" (each collective run: id (1, 2, ... in the order they
     ran), collective, algorithm, op, dtype, label, count, bytes, link_bytes, chips,
     input_launch (per rank: the index among launch_records(chip=chips[r]) of the launch that
     last wrote the bytes it sends, or the last one before the copy that did; -1: none),
