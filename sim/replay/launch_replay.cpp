@@ -494,8 +494,13 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   pool.run(rec.cores.size(), [&](size_t i) {
     const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
     AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    // As in replay_blocks, each pool thread lends its cores one queue storage (~90 KB a core
+    // otherwise allocated and freed per check: a 48-core check took ~4 MB of heap). The queues
+    // serve the walk only; `verified` keeps the cores for their ranges and fingerprints.
+    thread_local FunctionalCore::Queues queues;
     auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
-                                               cb.order, true, FunctionalCore::Mode::verify);
+                                               cb.order, true, FunctionalCore::Mode::verify,
+                                               &queues);
     if (effects) {
       effects->cores[i].ops.reserve(cb.order.size());
       effects->cores[i].where.reserve(cb.order.size());
