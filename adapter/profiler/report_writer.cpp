@@ -160,6 +160,11 @@ void write_op_summary(const std::string& path, const ReportInput& in,
     return !op.kernel.empty() && op.kernel != op.op_name;
   });
   if (kernel_column) head.push_back("kernel");
+  // The members column only when a launch names the original nodes it computes (a multi-tensor
+  // update's).
+  const bool members_column = std::any_of(in.ops.begin(), in.ops.end(),
+                                          [](const OpRecord& op) { return !op.members.empty(); });
+  if (members_column) head.push_back("members");
   const bool comm_columns = !in.comms.empty();
   if (comm_columns) head.insert(head.end(), std::begin(kCommColumns), std::end(kCommColumns));
   f.row(head);
@@ -196,6 +201,11 @@ void write_op_summary(const std::string& path, const ReportInput& in,
       row.push_back(std::to_string(it == m.stall_cycles.end() ? 0 : it->second));
     }
     if (kernel_column) row.push_back(op.kernel.empty() ? op.op_name : op.kernel);
+    if (members_column) {
+      std::string names;
+      for (const std::string& m : op.members) names += (names.empty() ? "" : ";") + m;
+      row.push_back(names);
+    }
     if (comm_columns) {
       row.push_back(std::to_string(op.chip));
       row.insert(row.end(), std::size(kCommColumns) - 1, kNa);
