@@ -37,6 +37,10 @@ struct OpRecord {
   // The kernel (isa::Program::name) when it differs from op_name: a TF op's launches; op_summary
   // then has a `kernel` column. "" for the CLI's ops.
   std::string kernel;
+  // A launch of a multi-tensor optimizer update (rt::LaunchLabel::members): the original node
+  // names of the members it computes (op_name is the merged node's); op_summary then has a
+  // `members` column (the names joined by ';'). Empty otherwise.
+  std::vector<std::string> members;
   uint64_t stream = 0;
   int chip = 0;              // the chip it ran on (a system run's reports; 0 for one chip)
   uint64_t start_cycle = 0;  // on the device timeline, AI-core cycles

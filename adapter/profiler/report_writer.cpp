@@ -159,6 +159,11 @@ void write_op_summary(const std::string& path, const ReportInput& in,
   const bool kernel_column = std::any_of(in.ops.begin(), in.ops.end(), [](const OpRecord& op) {
     return !op.kernel.empty() && op.kernel != op.op_name;
   });
+  // The members column only when a launch names the original nodes it computes (a multi-tensor
+  // update's); before `kernel`, which stays last.
+  const bool members_column = std::any_of(in.ops.begin(), in.ops.end(),
+                                          [](const OpRecord& op) { return !op.members.empty(); });
+  if (members_column) head.push_back("members");
   if (kernel_column) head.push_back("kernel");
   const bool comm_columns = !in.comms.empty();
   if (comm_columns) head.insert(head.end(), std::begin(kCommColumns), std::end(kCommColumns));
@@ -194,6 +199,11 @@ void write_op_summary(const std::string& path, const ReportInput& in,
     for (const std::string& s : stalls) {
       auto it = m.stall_cycles.find(s);
       row.push_back(std::to_string(it == m.stall_cycles.end() ? 0 : it->second));
+    }
+    if (members_column) {
+      std::string names;
+      for (const std::string& m : op.members) names += (names.empty() ? "" : ";") + m;
+      row.push_back(names);
     }
     if (kernel_column) row.push_back(op.kernel.empty() ? op.op_name : op.kernel);
     if (comm_columns) {

@@ -274,6 +274,7 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
     op.op_type = r.label->op_type.empty() ? r.kernel : r.label->op_type;
     op.inputs = tensor_descs(r.label->inputs);
     op.outputs = tensor_descs(r.label->outputs);
+    op.members = r.label->members;
   } else {
     op.op_name = op.op_type = r.kernel;
   }
@@ -420,6 +421,7 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
                   {"args", {{"task_id", i}, {"op_name", op.op_name}, {"op_type", op.op_type},
                             {"task_type", op.task_type}, {"block_dim", op.block_dim},
                             {"ok", in.launches[i].ok}}}});
+    if (!op.members.empty()) ev.back()["args"]["members"] = op.members;
   }
 
   json other = {{"clock_mhz", cfg.clock_mhz}, {"launches", ops.size()}};

@@ -89,6 +89,11 @@ struct LaunchLabel {
   // keeps its own `dispatch`, so reports show the nodes as before; the run's first launch pays
   // host_dispatch = graph, the others none. A fault names the node (op_name, op_type).
   uint64_t graph_run = 0;
+  // The original nodes a launch computes when its node merged several (the members of a
+  // multi-tensor optimizer update, docs/tf_plugin.md "Optimizer updates"): their names, in
+  // order (one for a member's launch of its own, several for a multi-tensor launch); op_name
+  // is the merged node's, inputs and outputs those members' tensors. Empty otherwise.
+  std::vector<std::string> members;
 };
 
 // One kernel launch as the chip ran it; the profiler reads these.

@@ -106,22 +106,34 @@ def test_gradient_segments_overlap_the_backward_pass_and_match_per_tensor_all_re
     assert len(tensor["collectives"]) == len(sizes) * steps
     assert sorted(c["count"] for c in tensor["collectives"]) == sorted(sizes * steps)
 
-    # The last segment's all-reduce starts before its chips' backward pass is over: each chip
-    # computes (the first layers' gradients) while it runs.
-    for c in (0, 1):
-        comm = [(r["start_cycle"], r["end_cycle"]) for r in fused["collectives"]]
-        assert overlap(comm, fused["launches"][c]) > 0, c
+    # The last segment's all-reduce (each step's first) starts before the backward pass is over:
+    # it starts once every rank has written its gradients, and the rank that wrote them last (the
+    # one whose launch ends latest by the collective's start) computes the first layers'
+    # gradients while it runs. (The other rank may have finished its backward pass before: the
+    # chips' timelines are skewed by the work only chip 0 does, the metrics and the loss's mean,
+    # and by each chip's host dispatches.)
+    def gating_chip(coll):
+        return max((0, 1), key=lambda c: max(e for _, e in fused["launches"][c]
+                                             if e <= coll["start_cycle"] + 1))
+
+    gating = set()
+    for coll in fused["collectives"][0::2]:
+        c = gating_chip(coll)
+        gating.add(c)
+        assert overlap([(coll["start_cycle"], coll["end_cycle"])], fused["launches"][c]) > 0, c
     # Per step the segments run in order on the communication timeline, and the chips'
     # timelines end after the last one (the updates read its output).
     for a, b in zip(fused["collectives"], fused["collectives"][1:]):
         assert b["start_cycle"] >= a["end_cycle"]
     assert all(t >= fused["collectives"][-1]["end_cycle"] for t in fused["after"])
-    # summary.txt splits chip 0's time: its overlap of communication and compute is real now.
+    # summary.txt splits each chip's time: the overlap of communication and compute is real on
+    # the chips that gated a segment's all-reduce.
     lines = result["summary"].split("Time per chip")[1].splitlines()
-    row = next(ln.split() for ln in lines if ln.split() and ln.split()[0] == "0")
-    compute_us, comm_us, overlap_us, exposed_us = (float(v) for v in row[1:5])
-    assert overlap_us > 0
-    assert exposed_us == pytest.approx(comm_us - overlap_us, abs=2e-3)
+    for chip in (0, 1):
+        row = next(ln.split() for ln in lines if ln.split() and ln.split()[0] == str(chip))
+        compute_us, comm_us, overlap_us, exposed_us = (float(v) for v in row[1:5])
+        assert overlap_us > 0 or chip not in gating, chip
+        assert exposed_us == pytest.approx(comm_us - overlap_us, abs=2e-3)
     # Fewer collectives, so fewer link latencies: the fused step is not slower in total link time.
     def busy(run):
         return sum(c["end_cycle"] - c["start_cycle"] for c in run["collectives"])

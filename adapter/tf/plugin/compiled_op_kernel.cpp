@@ -191,6 +191,48 @@ rt::LaunchTensor launch_tensor(const compiler::TensorDesc& t) {
   return {t.shape, msprof_dtype_name(t.dtype)};
 }
 
+// The label of launch `l` of a node that merged several members (a multi-tensor
+// FusedVariableUpdate, attribute members > 1; LaunchLabel::members): `label` (the node's,
+// members = every member's name in order) narrowed to the members `l` computes, those whose
+// outputs it writes (member g's outputs are g * M / members ...): their names and tensors
+// (variables g * M / members ..., other inputs M + g * N / members ..., outputs as its
+// variables); op_name stays the node's. `label` itself for other ops or where the names do not
+// match the op.
+std::shared_ptr<const rt::LaunchLabel> member_label(
+    const std::shared_ptr<const rt::LaunchLabel>& label, const compiler::OpDesc& op,
+    const compiler::Launch& l) {
+  if (!label || label->members.empty()) return label;
+  const int64_t members = op.attr_int("members", 1), m = op.attr_int("M", -1);
+  if (members < 2 || m < members || m % members != 0 ||
+      label->members.size() != static_cast<size_t>(members) ||
+      label->outputs.size() != static_cast<size_t>(m) ||
+      label->inputs.size() < static_cast<size_t>(m))
+    return label;
+  const size_t per_m = static_cast<size_t>(m / members);
+  std::vector<int> written;  // the members whose outputs `l` writes, in argument order
+  for (const compiler::ArgRef& a : l.args) {
+    if (a.kind != compiler::ArgRef::Kind::kOutput || a.index < 0 || a.index >= m) continue;
+    const int g = a.index / static_cast<int>(per_m);
+    if (std::find(written.begin(), written.end(), g) == written.end()) written.push_back(g);
+  }
+  if (written.empty()) return label;
+  const size_t per_n =
+      (label->inputs.size() - static_cast<size_t>(m)) / static_cast<size_t>(members);
+  auto out = std::make_shared<rt::LaunchLabel>(*label);
+  out->inputs.clear();
+  out->outputs.clear();
+  out->members.clear();
+  for (int g : written) {
+    const size_t gs = static_cast<size_t>(g);
+    out->members.push_back(label->members[gs]);
+    for (size_t j = 0; j < per_m; ++j) out->inputs.push_back(label->inputs[gs * per_m + j]);
+    for (size_t k = 0; k < per_n; ++k)
+      out->inputs.push_back(label->inputs[static_cast<size_t>(m) + gs * per_n + k]);
+    for (size_t j = 0; j < per_m; ++j) out->outputs.push_back(label->outputs[gs * per_m + j]);
+  }
+  return out;
+}
+
 }  // namespace
 
 uint64_t next_dispatch_id() {
@@ -199,9 +241,11 @@ uint64_t next_dispatch_id() {
 }
 
 std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
-                                              const compiler::CompiledKernel& k) {
+                                              const compiler::CompiledKernel& k,
+                                              const std::vector<std::string>& members) {
   auto label = std::make_shared<rt::LaunchLabel>();
   label->op_name = node;
+  label->members = members;
   label->op_type = op.type;
   for (const compiler::TensorDesc& t : op.inputs) label->inputs.push_back(launch_tensor(t));
   for (const compiler::TensorDesc& t : k.outputs) label->outputs.push_back(launch_tensor(t));
@@ -358,11 +402,12 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
     if (left_out[i]) continue;
     const compiler::Launch& l = k.launches[i];
     std::vector<uint64_t> args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
+    const std::shared_ptr<const rt::LaunchLabel> mine = member_label(label, op, l);
     if (derived_of_launch[i] >= 0)
       st = device.launch_derived(stream, compiled.programs[i], std::move(args), l.block_dim,
-                                 label, uses[static_cast<size_t>(derived_of_launch[i])].source);
+                                 mine, uses[static_cast<size_t>(derived_of_launch[i])].source);
     else
-      st = device.launch_kernel(stream, compiled.programs[i], std::move(args), l.block_dim, label);
+      st = device.launch_kernel(stream, compiled.programs[i], std::move(args), l.block_dim, mine);
   }
   for (DerivedTensorCache::Use& u : uses)
     if (u.hold) hold->push_back(std::move(u.hold));
@@ -373,7 +418,8 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
-                              const StableInputs& stable_inputs) {
+                              const StableInputs& stable_inputs,
+                              const std::vector<std::string>& members) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   if (k.launches.empty()) return rt::ok_status();  // every output is empty
@@ -390,7 +436,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
   rt::Stream stream;
   rt::Status st = ctx->npu_stream(&stream);
   if (!st.ok()) return st;
-  std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k);
+  std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k, members);
   label->dispatch = next_dispatch_id();
   std::vector<std::shared_ptr<const void>> hold;
   st = queue_compiled_op(device_ptr, stream, op, compiled, input_addrs, output_addrs,

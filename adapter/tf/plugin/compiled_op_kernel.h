@@ -84,11 +84,14 @@ rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
 // (derived_tensor_cache.h, keep_derived_tensors()).
 // stable_inputs: what the graph optimizer marked (stable_inputs.h): the inputs that are variable
 // values or constants, and whether an unmarked input may be watched.
+// members: the names of the original nodes an op of several members stands for (a multi-tensor
+// update's `_npusim_members`), which name its launches (launch_label); empty for other ops.
 rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device,
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
-                              const StableInputs& stable_inputs = {});
+                              const StableInputs& stable_inputs = {},
+                              const std::vector<std::string>& members = {});
 
 // Where a caller that queues several ops puts their derived tensors (compiler::DerivedTensor),
 // to share one between ops of a run (the NpuGraph kernel: two MatMuls reading one f32 tensor
@@ -105,7 +108,8 @@ struct DerivedPlacement {
 
 // Queues every launch of `compiled` on `stream` without waiting: launch_compiled_op's work after
 // the workspace, for callers that queue several ops and synchronise once (the NpuGraph kernel,
-// npu_graph.h). Every launch carries `label`; `hold` receives what must stay alive until the
+// npu_graph.h). Every launch carries `label` (for an op of several members narrowed to the
+// members the launch computes: launch_label); `hold` receives what must stay alive until the
 // launches have run (derived tensors' buffers). An error is the first launch that could not be
 // queued; faults come at the stream's synchronisation.
 rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stream stream,
@@ -118,9 +122,13 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stre
                              const DerivedPlacement* placement = nullptr);
 
 // The label of a run of `op` (compiled as `k`) for node `node`: its name, op type and tensors;
-// dispatch 0 and host_dispatch eager_op, for the caller to set.
+// dispatch 0 and host_dispatch eager_op, for the caller to set. members: for a node that merged
+// several (a multi-tensor update, attribute members > 1), the members' names in order (its
+// `_npusim_members`): queue_compiled_op then gives each launch the names and tensors of the
+// members whose outputs it writes (rt::LaunchLabel::members), op_name the node's.
 std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
-                                              const compiler::CompiledKernel& k);
+                                              const compiler::CompiledKernel& k,
+                                              const std::vector<std::string>& members = {});
 // A new LaunchLabel::dispatch value (one per run of an op or of a graph), never 0.
 uint64_t next_dispatch_id();
 

@@ -58,7 +58,8 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
                                          " tensor of the variable's shape"));
       output_addrs.push_back(outputs[i].address);
     }
-    return in_context(launch_compiled_op(&ctx, device, op, *compiled, input_addrs, output_addrs));
+    return in_context(launch_compiled_op(&ctx, device, op, *compiled, input_addrs, output_addrs,
+                                         {}, more.members));
   });
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};

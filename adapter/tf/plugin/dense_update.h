@@ -48,6 +48,9 @@ struct UpdateAttrs {
   std::vector<std::pair<std::string, int64_t>> ints;
   std::vector<std::pair<std::string, std::vector<int64_t>>> int_lists;
   std::vector<std::pair<std::string, std::vector<std::string>>> string_lists;
+  // Not an attribute: the member names of a multi-tensor update (its `_npusim_members`), which
+  // name its launches (launch_compiled_op).
+  std::vector<std::string> members;
 };
 
 // Runs the compiler's op `op_type` (e.g. "ResourceApplyAdam") with attribute T = inputs[0]'s

@@ -534,6 +534,8 @@ bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& o
     NpuGraphSpec::Node node;
     node.name = n.name();
     node.op = n.op();
+    if (const auto m = n.attr().find("_npusim_members"); m != n.attr().end())
+      node.members.assign(m->second.list().s().begin(), m->second.list().s().end());
     for (const auto& [name, value] : n.attr()) {
       if (!name.empty() && name[0] == '_') continue;
       switch (value.value_case()) {

@@ -1462,16 +1462,40 @@ bool acyclic_contracted(const tfc::GraphDef& graph,
 int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                            std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
-  // Not in a graph with collectives (a data-parallel step): one group's launch would wait for
-  // every gradient segment's all-reduce, where per-variable updates start as soon as their own
-  // segment has arrived, and the driver's collective read tracking (the readers of a
-  // collective's output in Chakra traces and the overlap model) does not follow a group's
-  // member table yet (docs/multichip.md).
-  for (int i = 0; i < n_nodes; ++i)
-    if (graph.node(i).op() == "NpuCollective") return 0;
   std::unordered_map<std::string, int> index;
   for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
-  // Candidates by key: device, T, M, N, steps, updates (one optimizer's updates of one type).
+  // In a data-parallel step the updates wait for their gradient segment's all-reduce (an
+  // NpuCollective node; docs/multichip.md, "Gradient segments and overlap"): members must wait
+  // for the same collectives, or the group's launch would wait for a later segment where its
+  // members' own launches start as soon as their segment has arrived. So the key of a
+  // candidate includes the NpuCollective nodes it depends on (data or control, through any
+  // path); in a graph without collectives that part is empty.
+  std::vector<int> collectives;
+  for (int i = 0; i < n_nodes; ++i)
+    if (graph.node(i).op() == "NpuCollective") collectives.push_back(i);
+  auto collectives_before = [&](int node) {
+    std::string names;
+    if (collectives.empty()) return names;
+    std::vector<char> seen(static_cast<size_t>(n_nodes), 0);
+    std::vector<int> stack = {node};
+    std::vector<std::string> found;
+    while (!stack.empty()) {
+      const int i = stack.back();
+      stack.pop_back();
+      for (const std::string& in : graph.node(i).input()) {
+        auto it = index.find(parse_input(in).node);
+        if (it == index.end() || seen[static_cast<size_t>(it->second)]) continue;
+        seen[static_cast<size_t>(it->second)] = 1;
+        if (graph.node(it->second).op() == "NpuCollective") found.push_back(it->first);
+        stack.push_back(it->second);
+      }
+    }
+    std::sort(found.begin(), found.end());
+    for (const std::string& f : found) names += "|" + f;
+    return names;
+  };
+  // Candidates by key: device, T, M, N, steps, updates (one optimizer's updates of one type)
+  // and the collectives they wait for.
   std::map<std::string, std::vector<int>> by_key;
   std::vector<std::string> key_order;
   for (int i = 0; i < n_nodes; ++i) {
@@ -1489,6 +1513,7 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
       key += "|" + it->second.SerializeAsString();
     }
     if (key.empty()) continue;
+    key += "|collectives" + collectives_before(i);
     if (!by_key.count(key)) key_order.push_back(key);
     by_key[key].push_back(i);
   }
@@ -3353,13 +3378,8 @@ bool attention_fusion_requested() {
   return on;
 }
 
-// Opt-in (NPUSIM_FUSION_MULTI_TENSOR=1) until the Chakra export (which finds a variable's
-// update by its node name) and the collective read tracking follow a group's members.
 bool multi_tensor_update_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("NPUSIM_FUSION_MULTI_TENSOR");
-    return v && std::string(v) == "1";
-  }();
+  static const bool on = switch_on("NPUSIM_FUSION_MULTI_TENSOR");
   return on;
 }
 

@@ -95,16 +95,18 @@
 //      (fused_variable_update_registered()); NPUSIM_FUSION_VARIABLE_UPDATE=0 turns this
 //      rewrite alone off.
 //   5b. Multi-tensor updates, after 6: FusedVariableUpdate nodes of one optimizer (the same
-//      device, T, M, N, steps and updates), none of which depends on another (no path between
-//      them), become one node "npusim_multi_tensor_update_<k>" (attribute members = their
-//      count; its resources and inputs the members' in turn; `_npusim_members` their names),
-//      as CANN's foreach / multi-tensor apply kernels update a list of tensors in one launch:
-//      the compiler runs the small members (at most 1024 elements per vector core, all inputs
-//      of the variable's shape or single elements) as segments of one multi-tensor launch and
-//      the others as launches of their own, each value computed as by the member's own kernel,
-//      bit for bit. Members TensorFlow must preserve stay as NoOps after the node; control
-//      edges from the others come from it. A group is left out if contracting it would close a
-//      cycle. NPUSIM_FUSION_MULTI_TENSOR=0 turns this rewrite alone off.
+//      device, T, M, N, steps and updates) that wait for the same NpuCollective nodes (in a
+//      data-parallel step: one gradient segment's all-reduce, so a group never waits for a
+//      later segment), none of which depends on another (no path between them), become one node
+//      "npusim_multi_tensor_update_<k>" (attribute members = their count; its resources and inputs
+//      the members' in turn; `_npusim_members` their names), as CANN's foreach / multi-tensor apply
+//      kernels update a list of tensors in one launch: the compiler runs the small members (at most
+//      1024 elements per vector core, all inputs of the variable's shape or single elements) as
+//      segments of one multi-tensor launch and the others as launches of their own, each value
+//      computed as by the member's own kernel, bit for bit. Members TensorFlow must preserve stay
+//      as NoOps after the node; control edges from the others come from it. A group is left out if
+//      contracting it would close a cycle. NPUSIM_FUSION_MULTI_TENSOR=0 turns this rewrite alone
+//      off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
 //      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
 //      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and

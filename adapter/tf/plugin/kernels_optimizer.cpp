@@ -228,6 +228,8 @@ class FusedVariableUpdateOp : public UpdateKernel {
     OP_REQUIRES_OK(c, c->GetAttr("steps", &m_steps));
     OP_REQUIRES_OK(c, c->GetAttr("updates", &m_updates));
     if (c->HasAttr("members")) OP_REQUIRES_OK(c, c->GetAttr("members", &m_members));
+    if (c->HasAttr("_npusim_members"))
+      OP_REQUIRES_OK(c, c->GetAttr("_npusim_members", &m_member_names));
     OP_REQUIRES(c, m_members >= 1 && m_variables % m_members == 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     c->def().name(), ": members = ", m_members, " does not divide M = ",
@@ -244,7 +246,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
     const int per_member = n / static_cast<int>(m_members);
     for (int i = 0; i < n; ++i) {
       const std::string what =
-          m_members > 1 ? absl::StrCat("variable ", i, " (member ", i / per_member, ")")
+          m_members > 1 ? absl::StrCat("variable ", i, " (", member_name(i / per_member), ")")
                         : absl::StrCat("variable ", i);
       st = check_variable(vars, i, what, m_dtype, i / per_member * per_member);
       if (!st.ok()) return st;
@@ -273,6 +275,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
       if (m_members > 1) attrs.ints.emplace_back("members", m_members);
       attrs.int_lists = {{"updates", m_updates}};
       attrs.string_lists = {{"steps", m_steps}};
+      attrs.members = m_member_names;
       // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
       st = to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx),
                                        "FusedVariableUpdate", {}, inputs, outputs, attrs));
@@ -282,9 +285,18 @@ class FusedVariableUpdateOp : public UpdateKernel {
     return absl::OkStatus();
   }
 
+  // "member g" and, where the graph pass recorded it, the member's original node name.
+  std::string member_name(int g) const {
+    const std::string index = absl::StrCat("member ", g);
+    return static_cast<size_t>(g) < m_member_names.size()
+               ? absl::StrCat(index, ", node '", m_member_names[static_cast<size_t>(g)], "'")
+               : index;
+  }
+
   tfc::DataType m_dtype = tfc::DT_INVALID;
   int64_t m_variables = 0;
   int64_t m_members = 1;
+  std::vector<std::string> m_member_names;  // `_npusim_members`: the original nodes' names
   std::vector<std::string> m_steps;
   std::vector<int64_t> m_updates;
 };

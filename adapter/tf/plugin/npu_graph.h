@@ -81,6 +81,9 @@ struct NpuGraphSpec {
     // compiler type names); the kernel keeps those its op's kernel class reads.
     std::map<std::string, compiler::AttrValue> attrs;
     std::vector<Source> inputs;
+    // A multi-tensor update's `_npusim_members` (the original nodes' names, for its launches'
+    // labels: launch_label); empty for other nodes.
+    std::vector<std::string> members;
   };
   std::vector<Node> nodes;  // in task order
   std::vector<HostConst> consts;

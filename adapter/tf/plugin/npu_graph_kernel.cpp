@@ -486,7 +486,7 @@ class NpuGraphKernel : public OpKernel {
                            compiler::device_buffer_bytes(k.workspace_bytes), static_cast<int>(n),
                            static_cast<int>(n), 0});
       }
-      s.label = launch_label(node.name, s.op, k);
+      s.label = launch_label(node.name, s.op, k, node.members);
       plan->steps.push_back(std::move(s));
       share_derived(n, plan, &buffers, &derived_key);
     }

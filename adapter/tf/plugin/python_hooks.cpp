@@ -122,7 +122,9 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 // "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch),
 // "reads_collective" (the id of the latest collective whose output it reads, 0: none)
 // [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
-//  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)]
+//  "graph_run" (nonzero: launches of one run of a whole graph share it: npu_graph.h)
+//  [, "members" (a launch of a multi-tensor update's node: the original node names of the
+//  members it computes; op_name is the merged node's: rt::LaunchLabel::members)]]
 // [, "counters"]}] (op_name/op_type: the TF op that launched it). [] if the device is not open.
 // with_counters: 0 none; 1 the counter tree (Simulator::counters layout, with units and
 // descriptions); 2 flat {"aic0.mte2.busy_cycles": value, ...}: the tree's leaves by dotted name
@@ -150,6 +152,7 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters, int chip
         e["op_type"] = r.label->op_type;
         e["dispatch"] = r.label->dispatch;
         e["graph_run"] = r.label->graph_run;
+        if (!r.label->members.empty()) e["members"] = r.label->members;
       }
       e["host_dispatch_cycles"] = r.host_dispatch_cycles;
       e["reads_collective"] = r.reads_collective;

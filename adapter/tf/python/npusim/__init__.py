@@ -253,7 +253,9 @@ def launch_records(with_counters=False, chip=0):
     identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
     kernel reads device memory with its scalar unit, so its timing can depend on data: in a
     timing-only run it may differ from a functional one), op_name and op_type (the TF op that
-    launched it), and the launch's counters if asked: with_counters=True gives the counter tree
+    launched it; a multi-tensor optimizer update's launches also give "members", the original
+    node names of the members each computes: docs/tf_plugin.md "Optimizer updates"), and the
+    launch's counters if asked: with_counters=True gives the counter tree
     (units and descriptions, as counters.json), "flat" a dict {"aic0.mte2.busy_cycles": value}
     of the same counters (what launches.json holds: a fraction of the bytes). start_cycle is on
     the chip's own device timeline; index is the launch's position among the chip's launches;

@@ -20,7 +20,8 @@ file). Each file holds
 Which op produces a variable's gradient and which ops update it comes from the step's graph:
 the step is traced as a tf.function around model.train_step, and for every trainable variable
 the ops that write it (Assign*VariableOp) are followed back to the gradient ops they read
-(those under the tape's gradient scope). Launches are matched to graph ops by node name.
+(those under the tape's gradient scope). Launches are matched to graph ops by node name (a
+multi-tensor update's launch by its members' names, launch_records() "members").
 
 With several NPUs (a model compiled under MirroredStrategy, or no model: what ran since
 clear_launch_records()) the traces are what ran, one per chip (export_recorded,
@@ -136,8 +137,9 @@ def delimited(message):
 def op_runs(records):
     """The launch records of one step grouped into TF op runs (consecutive launches of one
     node and, where the records say, one dispatch of it): [{"name", "type", "kernels",
-    "start_cycle", "cycles", "time_us", "launches"}] in order; cycles and time_us are the
-    launches' summed durations, launches their records' "index" values."""
+    "start_cycle", "cycles", "time_us", "launches", "members"}] in order; cycles and time_us are
+    the launches' summed durations, launches their records' "index" values, members the original
+    node names a multi-tensor update's launches name (launch_records(), "members")."""
     runs = []
     for r in records:
         name = r.get("op_name") or r["kernel"]
@@ -146,7 +148,9 @@ def op_runs(records):
                                                      runs[-1]["dispatch"] != dispatch):
             runs.append({"name": name, "type": r.get("op_type") or r["kernel"], "kernels": 0,
                          "start_cycle": r["start_cycle"], "cycles": 0, "time_us": 0.0,
-                         "dispatch": dispatch, "launches": []})
+                         "dispatch": dispatch, "launches": [], "members": []})
+        runs[-1]["members"] += [m for m in r.get("members") or []
+                                if m not in runs[-1]["members"]]
         runs[-1]["kernels"] += 1
         runs[-1]["cycles"] += r["cycles"]
         runs[-1]["time_us"] += r["time_us"]
@@ -500,8 +504,11 @@ def attach_runs(runs, grads):
     """Graph op names of trace_step() as indices of `runs` (op_runs()): a gradient's producers
     are the runs of its gradient ops that ran on the NPU (if none did, e.g. a fusion renamed
     them, the last run before the first update of any variable); its updates the runs of its
-    update ops."""
-    index = {r["name"]: i for i, r in enumerate(runs)}
+    update ops (a run of a multi-tensor update stands for its members' names too)."""
+    index = {}
+    for i, r in enumerate(runs):
+        for name in [r["name"]] + r.get("members", []):
+            index[name] = i
     first_update = min((index[n] for g in grads for n in g["updates"] if n in index),
                        default=len(runs))
     out = []
