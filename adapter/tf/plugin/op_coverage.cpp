@@ -20,6 +20,8 @@ const std::vector<OpReason>& plugin_only_ops() {
       {"RsqrtGrad", "composed of the compiler's Mul (kernels_composed.cpp)"},
       {"AssignAddVariableOp", "the compiler's AddV2 on a locked variable"},
       {"AssignSubVariableOp", "the compiler's Sub on a locked variable"},
+      {"ResourceDynamicUpdateSlice",
+       "the compiler's Pack (a copy) into a locked variable's buffer, in place"},
       {"ResourceApplyKerasMomentum", "composed of the compiler's Mul/Sub/AddV2"},
       {"RandomUniform", "the compiler's StatelessRandomUniformV2 on the kernel's own seed"},
       {"Bitcast", "the output aliases the input's buffer: no kernel runs"},

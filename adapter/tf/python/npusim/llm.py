@@ -23,7 +23,7 @@ from tensorflow.python.eager import context, execute
 from tensorflow.python.framework import op_def_library
 
 __all__ = ["flash_attention", "prompt_flash_attention", "incre_flash_attention", "rms_norm",
-           "layer_norm", "rotary_embedding", "swiglu", "geglu", "gelu"]
+           "layer_norm", "rotary_embedding", "swiglu", "geglu", "gelu", "update_variable_slice"]
 
 
 # Every attribute is given: graph construction does not fill in the defaults of ops a plugin
@@ -104,3 +104,28 @@ def gelu(x, approximate=1):
     """gelu(x): approximate 1 the tanh form (CANN's Gelu, tf.nn.gelu(approximate=True)), 0 the
     erf form."""
     return _run("Gelu", {"x": x}, {"approximate": int(approximate)})
+
+
+def update_variable_slice(variable, update, indices):
+    """Writes `update` into the resource variable `variable` (on the NPU) at the start
+    `indices` ([rank] int32 or int64), in place: XlaDynamicUpdateSlice's result (each start
+    clamped to [0, variable dim - update dim]) without copying the variable, only the update's
+    bytes move (a KV cache held in a variable per layer gets the new token's row). The plugin's
+    op ResourceDynamicUpdateSlice (adapter/tf/plugin/kernels_resource_variables.cpp: one launch
+    per contiguous run of the update, each run whole 32-byte blocks). Eagerly it runs now and
+    returns None; inside tf.function it returns the op (automatic control dependencies order it
+    with the function's other reads and writes of the variable)."""
+    handle = variable.handle
+    update = tf.convert_to_tensor(update, dtype=variable.dtype)
+    with tf.device("/CPU:0"):  # the kernel reads the starts in host memory
+        indices = tf.convert_to_tensor(indices)
+    if indices.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"indices must be int32 or int64, not {indices.dtype.name}")
+    if context.executing_eagerly():
+        execute.execute("ResourceDynamicUpdateSlice", 0, inputs=[handle, update, indices],
+                        attrs=("T", update.dtype.as_datatype_enum,
+                               "Tindices", indices.dtype.as_datatype_enum),
+                        ctx=context.context())
+        return None
+    return op_def_library._apply_op_helper("ResourceDynamicUpdateSlice", resource=handle,
+                                           update=update, indices=indices)[2]
