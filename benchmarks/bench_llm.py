@@ -19,7 +19,8 @@ same either way (docs/tf_plugin.md, "Timing-only runs"). Weights are the model's
 allow_fp32_to_fp16 with the weights cast once and kept).
 
 Usage: .venv/bin/python benchmarks/bench_llm.py [--model llama-1b] [--prompt-len 128]
-       [--gen-len 32] [--batch 1] [--dtype bfloat16] [--quantize int8] [--chip 910b]
+       [--gen-len 32] [--batch 1] [--dtype bfloat16] [--quantize int8] [--resident-cache]
+       [--chip 910b]
        [--functional] [--no-cpu]
        [--report-dir DIR] [--json OUT]
 """
@@ -42,6 +43,9 @@ def parse_args():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--quantize", default=None, choices=["int8"],
                     help="weight-only int8 (models.run --quantize; docs/llm.md)")
+    ap.add_argument("--resident-cache", action="store_true",
+                    help="NPU: the KV cache as a variable per layer written in place "
+                    "(models.run --resident-cache; docs/llm.md)")
     ap.add_argument("--chip", default="910b")
     ap.add_argument("--functional", action="store_true",
                     help="compute on the NPU (default: timing-only)")
@@ -60,6 +64,8 @@ def run(args, device):
         cmd += ["--quantize", args.quantize]
     if device == "NPU":
         cmd += ["--chip", args.chip]
+        if args.resident_cache:
+            cmd.append("--resident-cache")
         if not args.functional:
             cmd.append("--timing-only")
         if args.report_dir:
@@ -76,7 +82,8 @@ def run(args, device):
 def main():
     args = parse_args()
     out = {"model": args.model, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
-           "batch": args.batch, "dtype": args.dtype, "quantize": args.quantize, "chip": args.chip,
+           "batch": args.batch, "dtype": args.dtype, "quantize": args.quantize,
+           "resident_cache": args.resident_cache, "chip": args.chip,
            "npu_mode": "functional" if args.functional else "timing-only"}
     npu, npu_wall = run(args, "NPU")
     out["npu"] = npu

@@ -214,6 +214,91 @@ class GreedyDecoder:
         return (tokens, np.stack(logits, axis=1)) if return_logits else tokens
 
 
+class ResidentCacheDecoder(GreedyDecoder):
+    """GreedyDecoder with the KV cache resident on the device, as Ascend's serving stacks hold
+    it: a key and a value variable per layer, (batch, max_len, kv_heads, head_dim) each, created
+    on the device that is current at generate(). The prefill runs keras-hub's call_with_cache
+    and assigns each layer's cache to its variables (once); a decode step runs the layers
+    itself (keras-hub's sublayers and attention, the same computation as call_with_cache) and
+    writes the new token's key and value rows into the variables in place
+    (npusim.llm.update_variable_slice: the plugin's ResourceDynamicUpdateSlice), then attends
+    over the variables' values: no copy of the cache per step. Needs the plugin (the op has no
+    CPU kernel, so the calls must be placed on the NPU) and a Llama-family backbone (Llama,
+    Llama3: its decoder layer's structure is what _step computes). The cache argument and
+    result of prefill / step are None."""
+
+    def __init__(self, lm, batch, prompt_len, gen_len):
+        super().__init__(lm, batch, prompt_len, gen_len)
+        layer = lm.backbone.transformer_layers[0]
+        attention = getattr(layer, "_self_attention_layer", None)
+        if not all(hasattr(attention, a) for a in ("_key_dense", "rotary_embedding_layer",
+                                                    "_compute_attention")) or \
+                not hasattr(layer, "_feedforward_gate_dense"):
+            raise ValueError(f"ResidentCacheDecoder runs Llama-family decoder layers, not "
+                             f"{type(layer).__name__}")
+        self.keys, self.values = [], []
+        traced = self.prefill
+
+        def prefill(prompt):  # GreedyDecoder's, creating the cache variables at the first call
+            self._make_cache()
+            return traced(prompt)
+
+        self.prefill = prefill
+
+    def _make_cache(self):
+        """The per-layer variables (zeros), on the current device, once."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        if self.keys:
+            return
+        batch, layers, _, max_len, kv_heads, head_dim = self.cache_shape
+        shape = (batch, max_len, kv_heads, head_dim)
+        for i in range(layers):
+            for kind, out in (("key", self.keys), ("value", self.values)):
+                out.append(tf.Variable(tf.zeros(shape, self.lm.compute_dtype), trainable=False,
+                                       name=f"kv_cache_{kind}_{i}"))
+
+    def _prefill(self, prompt):
+        token, cache, last = super()._prefill(prompt)
+        for i, (key, value) in enumerate(zip(self.keys, self.values)):
+            key.assign(cache[:, i, 0])
+            value.assign(cache[:, i, 1])
+        return token, None, last
+
+    def _step(self, token, cache, index):
+        # pylint: disable=import-outside-toplevel,protected-access
+        import keras
+        import tensorflow as tf
+        from keras_hub.src.layers.modeling.transformer_layer_utils import compute_causal_mask
+        from npusim.llm import update_variable_slice
+
+        del cache  # resident: self.keys, self.values
+        backbone = self.lm.backbone
+        x = backbone.token_embedding(token[:, None])
+        mask = compute_causal_mask(self.batch, self.max_len, 1, index)
+        start = tf.stack([0, index, 0, 0])
+        for layer, key_cache, value_cache in zip(backbone.transformer_layers, self.keys,
+                                                 self.values):
+            attention = layer._self_attention_layer
+            h = layer._self_attention_layernorm(x)
+            query = attention.rotary_embedding_layer(attention._query_dense(h), start_index=index)
+            key = attention.rotary_embedding_layer(attention._key_dense(h), start_index=index)
+            update_variable_slice(key_cache, key, start)
+            update_variable_slice(value_cache, attention._value_dense(h), start)
+            groups = attention.num_key_value_groups
+            key = keras.ops.repeat(key_cache.read_value(), repeats=groups, axis=2)
+            value = keras.ops.repeat(value_cache.read_value(), repeats=groups, axis=2)
+            x = x + attention._output_dense(attention._compute_attention(query, key, value, mask))
+            # the feed-forward block as LlamaTransformerDecoder.call computes it
+            h = layer._feedforward_layernorm(x)
+            gate = keras.ops.cast(layer.activation(
+                keras.ops.cast(layer._feedforward_gate_dense(h), "float32")), layer.compute_dtype)
+            x = x + layer._feedforward_output_dense(
+                keras.ops.multiply(layer._feedforward_intermediate_dense(h), gate))
+        logits = backbone.token_embedding(backbone.layer_norm(x), reverse=True)
+        return self._next_token(logits, None)
+
+
 def prompt_tokens(name, batch, prompt_len, seed=0):
     """A deterministic random prompt (batch, prompt_len) int32 over the model's vocabulary."""
     rng = np.random.default_rng(seed)

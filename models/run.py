@@ -5,7 +5,7 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
-        [--dtype DTYPE] [--quantize int8] [the options above]
+        [--dtype DTYPE] [--quantize int8] [--resident-cache] [the options above]
         (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
@@ -86,6 +86,9 @@ def parse_args(argv=None):
     ap.add_argument("--quantize", choices=("int8",), default=None,
                     help="generate: quantise the Dense / EinsumDense kernels weight-only "
                     "(models.llm.quantize; the dtype must not be float16)")
+    ap.add_argument("--resident-cache", action="store_true",
+                    help="generate: the KV cache as a variable per layer written in place "
+                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU)")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -324,7 +327,9 @@ def run_generate(a, log, npusim, device, result):
                           precision_mode=info["precision_mode"])
         result["weight_bytes"] = int(sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in lm.weights))
-        gen = llm.GreedyDecoder(lm, a.batch, a.prompt_len, a.gen_len)
+        decoder = llm.ResidentCacheDecoder if a.resident_cache else llm.GreedyDecoder
+        gen = decoder(lm, a.batch, a.prompt_len, a.gen_len)
+        result["resident_cache"] = a.resident_cache
         result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(
             lm.compute_dtype).size
         log(f"{a.model} generate batch {a.batch} prompt {a.prompt_len} + {a.gen_len} on "

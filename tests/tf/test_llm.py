@@ -194,3 +194,68 @@ def test_unmaterialized_weights_are_zeros_from_the_chip(npusim, tf):
     assert any(k.startswith("Fill") for k in kernels), kernels
     assert not any("Random" in k for k in kernels), kernels
     assert np.any(dense.kernel.numpy())
+
+
+@pytest.mark.parametrize("name,batch", [("llama-tiny", 1), ("llama-tiny-mha", 2)])
+def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch):
+    """ResidentCacheDecoder: the CPU's greedy tokens, and a decode step that writes the new
+    token's key and value rows into the per-layer cache variables and copies no cache: its
+    in-place updates write exactly layers x 2 x batch x kv_heads x head_dim elements per step
+    (from the model's configuration) and no data-movement launch of the step writes as many
+    bytes as one layer's key cache, while the copying decoder's (GreedyDecoder) write at least
+    the whole cache per step. (Compute launches are not bounded: products and attention write
+    split-K partials to workspace; a float32 model's attention converts the cache to fp16
+    under allow_fp32_to_fp16, in both decoders.)"""
+    prompt_len, gen_len = 24, 4
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+    cpu, npu = build_pair(tf, name)
+    with tf.device("/CPU:0"):
+        want = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(prompt)
+    _, layers, _, max_len, kv_heads, head_dim = llm.cache_shape(npu.backbone, batch,
+                                                                prompt_len + gen_len)
+    itemsize = np.dtype(npu.compute_dtype).itemsize
+    layer_cache = batch * max_len * kv_heads * head_dim * itemsize
+    logits = batch * llm.vocabulary_size(name) * 4
+    assert layer_cache > logits, "precondition: a layer's cache outweighs the logits"
+    rows = layers * 2 * batch * kv_heads * head_dim * itemsize
+
+    def step_writes(decoder):
+        steps = []
+
+        def on_token(i):
+            if i:
+                steps.append(npusim.launch_records(with_counters="flat"))
+            npusim.clear_launch_records()
+
+        with tf.device("/NPU:0"):
+            tokens = decoder.generate(prompt, on_token=on_token)
+        assert all(r["ok"] for s in steps for r in s)
+        return tokens, steps
+
+    def moved(records):
+        return [r for r in records if r["op_type"] in DATA_MOVEMENT]
+
+    got, steps = step_writes(llm.ResidentCacheDecoder(npu, batch, prompt_len, gen_len))
+    _, copying = step_writes(llm.GreedyDecoder(npu, batch, prompt_len, gen_len))
+    for records in steps:
+        updates = [r for r in records if r["op_name"].startswith("ResourceDynamicUpdateSlice")]
+        assert sum(_gm_write_bytes(r) for r in updates) == rows
+        largest = max(_gm_write_bytes(r) for r in moved(records))
+        assert largest < layer_cache, [(r["op_name"], _gm_write_bytes(r)) for r in records]
+    copied = sum(_gm_write_bytes(r) for r in moved(copying[-1]))
+    assert copied >= 2 * layers * layer_cache
+    print(f"\n{name} batch {batch}: {got.tolist()}; a step writes {rows} bytes of new rows, "
+          f"{sum(_gm_write_bytes(r) for r in moved(steps[-1]))} bytes by data movement, "
+          f"{sum(_gm_write_bytes(r) for r in steps[-1])} in all (copying decoder: {copied}, "
+          f"{sum(_gm_write_bytes(r) for r in copying[-1])})")
+    np.testing.assert_array_equal(got, want)
+
+
+# Launches that move data (no arithmetic): a cache copy would be one of them.
+DATA_MOVEMENT = {"XlaDynamicUpdateSlice", "StridedSlice", "Slice", "Pack", "ConcatV2", "Unpack",
+                 "Split", "SplitV", "Tile", "BroadcastTo", "Transpose", "Pad"}
+
+
+def _gm_write_bytes(record):
+    return sum(v for k, v in record["counters"].items()
+               if ".bytes." in k and k.endswith("_to_gm"))
