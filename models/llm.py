@@ -24,6 +24,9 @@ kv_heads, head_dim) in the model's compute dtype, max_len = prompt_len + gen_len
   token against the cache (attention over all max_len positions, masked beyond index, as
   keras-hub computes it), argmax: the next token.
 Both are tf.functions traced once (index is a tensor), so every decode step is the same graph.
+ResidentCacheDecoder (Llama-family models, on the NPU) holds the cache as a key and a value
+variable per layer and writes each step's new rows into them in place (docs/llm.md, "Resident
+KV cache").
 """
 
 import contextlib
@@ -237,7 +240,13 @@ class ResidentCacheDecoder(GreedyDecoder):
             raise ValueError(f"ResidentCacheDecoder runs Llama-family decoder layers, not "
                              f"{type(layer).__name__}")
         self.keys, self.values = [], []
-        traced = self.prefill
+        # No autograph: the step has no data-dependent Python control flow, and autograph's
+        # conversion of its calls was seen to resolve one to another converted function in a
+        # 7B run ("_prefill() takes 2 positional arguments but 4 were given").
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        self.step = tf.function(self._step, autograph=False)
+        traced = tf.function(self._prefill, autograph=False)
 
         def prefill(prompt):  # GreedyDecoder's, creating the cache variables at the first call
             self._make_cache()
@@ -259,7 +268,7 @@ class ResidentCacheDecoder(GreedyDecoder):
                                        name=f"kv_cache_{kind}_{i}"))
 
     def _prefill(self, prompt):
-        token, cache, last = super()._prefill(prompt)
+        token, cache, last = GreedyDecoder._prefill(self, prompt)
         for i, (key, value) in enumerate(zip(self.keys, self.values)):
             key.assign(cache[:, i, 0])
             value.assign(cache[:, i, 1])
