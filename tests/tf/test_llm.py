@@ -259,3 +259,10 @@ DATA_MOVEMENT = {"XlaDynamicUpdateSlice", "StridedSlice", "Slice", "Pack", "Conc
 def _gm_write_bytes(record):
     return sum(v for k, v in record["counters"].items()
                if ".bytes." in k and k.endswith("_to_gm"))
+
+
+def test_resident_cache_decoder_refuses_other_families(tf):
+    with tf.device("/CPU:0"):
+        lm = models.build("gpt2-tiny", seed=0)
+    with pytest.raises(ValueError, match="Llama-family"):
+        llm.ResidentCacheDecoder(lm, 1, 4, 2)
