@@ -282,6 +282,31 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split o
   CHECK(has_launch(names, "Sum_f32"));
 }
 
+TEST_CASE("Img2col: the blocks touch disjoint GM bytes, so the launch replays") {
+  // A launch is recorded for replay only if no block touches GM bytes another block writes
+  // (sim/replay/launch_replay.h, record_blocks). Each block of the img2col kernel writes the
+  // 0/1 repetition matrix to a copy of its own and reads only that, its output rows being its
+  // tiles': run twice at the same addresses, the launch is replayed the second time.
+  ConvCase c{2, 5, 7, 20, 1, 1, 24};
+  c.sh = c.sw = 2;  // stride 2 subsamples x: img2col, one tile per image
+  HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 90);
+  HostTensor sizes{TensorDesc{DataType::S32, {4}},
+                   {double(c.kh), double(c.kw), double(c.c), double(c.cout)}};
+  HostTensor dy = random_tensor(DataType::F16, y_shape(c), -1, 1, 91);
+  auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
+  op.outputs = {TensorDesc{DataType::F16, filter_shape(c)}};
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+  summarize(k);
+  auto img2col = std::find_if(k.launches.begin(), k.launches.end(), [](const auto& l) {
+    return l.kernel.program.name.rfind("Img2col", 0) == 0;
+  });
+  REQUIRE(img2col != k.launches.end());
+  REQUIRE(img2col->block_dim >= 2);
+  k.launches = {*img2col};
+  run_compiled(test_sim(), k, {x, sizes, dy});
+  CHECK(run_compiled(test_sim(), k, {x, sizes, dy}).replayed == 1);
+}
+
 TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {
   ConvCase a{2, 7, 6, 5, 3, 3, 0};  // 5 channels, multiplier 1
   ConvCase b{1, 9, 8, 20, 3, 2, 0};  // 2 groups, the second partial; stride, dilation

@@ -21,6 +21,7 @@
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
+#include "isa/layout.h"
 #include "sim/config/chip_config.h"
 
 namespace npusim::compiler::ops {
@@ -168,9 +169,10 @@ Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const Chi
 //   out + ((i * OH*OW + m) * row_stride + tap * tap_stride + c * rep + r)  (elements).
 // It runs load3d (one tap, one 16-channel block at a time) and multiplies by a 16 x 16*rep
 // 0/1 matrix on the cube (the only way from L0A back to GM), so the values are exact; FIXPIPE
-// writes them as out_type. Arguments (bind them): x, out, rep (512 * rep bytes of workspace
-// the kernel fills with the 0/1 matrix by scalar stores). Output columns of a position that no
-// channel maps to are not written.
+// writes them as out_type. Arguments (bind them): x, out, rep (img2col_rep_bytes of workspace:
+// each block fills a copy of its own with the 0/1 matrix by scalar stores and reads only that
+// copy, so no block touches bytes another writes). Output columns of a position that no channel
+// maps to are not written.
 struct Img2colSpec {
   isa::Dtype in_type = isa::Dtype::F16, out_type = isa::Dtype::F16;
   int64_t images = 1, h = 1, w = 1, c = 1;
@@ -185,6 +187,14 @@ struct Img2colSpec {
   int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
 };
 Launch build_img2col(const Img2colSpec& s, const ChipConfig& cfg, const std::string& op);
+// The bytes of one block's copy of the repetition matrix (a 16 x 16*rep fp16 matrix in the Zn
+// layout), and of the "rep" workspace of an img2col launch of block_dim blocks.
+inline uint64_t img2col_rep_copy_bytes(int64_t rep) {
+  return layout::kFractalBytes * static_cast<uint64_t>(rep);
+}
+inline uint64_t img2col_rep_bytes(int64_t rep, int block_dim) {
+  return img2col_rep_copy_bytes(rep) * static_cast<uint64_t>(block_dim);
+}
 
 // ---- launch helpers ----
 

@@ -708,10 +708,10 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
     s.kw = 1;
     s.tap_stride = s.c;
   }
+  Launch l = build_img2col(s, ctx.cfg, ctx.op.str());
   const ArgRef cols = workspace_take(k, static_cast<uint64_t>(elements) * data_type_bytes(cube));
-  const ArgRef rep_ws = workspace_take(k, 512 * static_cast<uint64_t>(rep));
-  k.launches.push_back(
-      with_args(build_img2col(s, ctx.cfg, ctx.op.str()), {x, cols, rep_ws}));
+  const ArgRef rep_ws = workspace_take(k, img2col_rep_bytes(rep, l.block_dim));
+  k.launches.push_back(with_args(std::move(l), {x, cols, rep_ws}));
   return cols;
 }
 

@@ -35,7 +35,7 @@ struct Img2colBuffers {
   BufferPlan::Id slab, l1_rep, a, l0b_rep, c;
 
   Img2colBuffers(const Img2colSpec& s, int64_t tm, int64_t kc1, int64_t slab_bytes) {
-    const uint64_t rep_bytes = kFractalBytes * static_cast<uint64_t>(s.rep);
+    const uint64_t rep_bytes = img2col_rep_copy_bytes(s.rep);
     slab = l1.add_fixed("slab", static_cast<uint64_t>(slab_bytes), 2);
     l1_rep = l1.add_fixed("repetition matrix", rep_bytes);
     a = l0a.add_fixed("A", static_cast<uint64_t>(tm * kBlk * isa::dtype_size(s.in_type)), 2);
@@ -146,7 +146,7 @@ class Img2colEmitter {
     b.begin_section(b.cube_core_kind());
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.h, m_s.w, m_s.c});
     b.declare_arg("out", m_s.out_type, {});
-    b.declare_arg("rep", Dtype::U16, {16 * m_s.rep * 16});
+    b.declare_arg("rep", Dtype::U16, {16 * m_s.rep * 16 * m_t.block_dim});
     const Img2colBuffers plan(m_s, m_t.tm, m_t.kc1, m_t.slab_bytes);
     const BufferPlan::Placed l1 = plan.l1.allocate(b, 0);
     m_slab_buf = l1.twin(plan.slab);
@@ -183,14 +183,26 @@ class Img2colEmitter {
   }
 
  private:
+  // This block's copy of the repetition matrix in the "rep" workspace (one copy per
+  // block, img2col_rep_bytes: no block touches bytes another writes, so the launch's result
+  // does not depend on the order of the cores, and it can be recorded for replay).
+  Reg rep_copy() {
+    KernelBuilder& b = m_b;
+    Reg addr = b.load_arg("rep"), blk = b.reg("block");
+    b.emit(Opcode::op_get_block_id, {blk});
+    b.mul(blk, blk, static_cast<int64_t>(img2col_rep_copy_bytes(m_s.rep)));
+    b.add(addr, addr, blk, "this block's copy");
+    return addr;
+  }
+
   // The repetition matrix (written to GM by write_rep_matrix): GM -> L1 at l1_rep -> L0B.
   void load_rep_matrix(uint64_t l1_rep) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "repetition matrix: GM -> L1 -> L0B");
-    const uint64_t rep_bytes = kFractalBytes * static_cast<uint64_t>(m_s.rep);
+    const uint64_t rep_bytes = img2col_rep_copy_bytes(m_s.rep);
     const int f = b.flag(Pipe::MTE2, Pipe::MTE1, "repetition matrix in L1");
     const int g = b.flag(Pipe::MTE1, Pipe::M, "repetition matrix in L0B");
-    Reg src = b.load_arg("rep"), dst = b.reg_imm("L1", static_cast<int64_t>(l1_rep));
+    Reg src = rep_copy(), dst = b.reg_imm("L1", static_cast<int64_t>(l1_rep));
     b.emit(Opcode::op_copy_gm2l1, {dst, src, 1, static_cast<int64_t>(rep_bytes / kBlkBytes), 0, 0});
     b.set_flag(Pipe::MTE2, Pipe::MTE1, f);
     b.wait_flag(Pipe::MTE2, Pipe::MTE1, f);
@@ -218,12 +230,12 @@ class Img2colEmitter {
   }
 
   // The 16 x 16*rep matrix B (B[k][n] = 1 iff n / rep == k) in the L0B (Zn) layout, written to
-  // the "rep" workspace by scalar stores (every block writes the same bytes).
+  // this block's copy in the "rep" workspace by scalar stores.
   void write_rep_matrix() {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "repetition matrix (Zn) -> GM by scalar stores");
     const uint64_t one = m_s.in_type == Dtype::BF16 ? 0x3F80 : 0x3C00;
-    Reg addr = b.load_arg("rep"), v = b.reg("word");
+    Reg addr = rep_copy(), v = b.reg("word");
     const int64_t halves = 256 * m_s.rep;
     for (int64_t w0 = 0; w0 < halves; w0 += 4) {
       uint64_t word = 0;
