@@ -206,7 +206,7 @@ void check_grads(const GradCase& gc) {
 // Conv2DBNTrainingReduce (ops/conv2d.cpp): y bit for bit as Conv2D / Conv2DBiasAdd compute it
 // (the same cube kernel; the vector cores only read y), and sum / square_sum of that y within
 // BNTrainingReduce's bounds (K e sum|y|, (K + 1) e sum y^2). On split chips the sums are the
-// convolution kernel's (a mix kernel, no channel-sum launch of its own).
+// convolution kernel's (a mix kernel: no channel-sum launch and no epilogue launch of its own).
 void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws, bool bias,
                        DataType dt, uint32_t seed, bool whole_blocks = true) {
   INFO("Conv2DBNTrainingReduce x " << compiler::shape_str(xs) << " filter "
@@ -221,10 +221,14 @@ void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t
   for (const HostTensor& t : in) descs.push_back(t.desc);
   const auto k =
       compiler::compile(make_op("Conv2DBNTrainingReduce", descs, attrs), test_sim().config());
-  bool channel_sum_launch = false;
-  for (const auto& l : k.launches)
+  bool channel_sum_launch = false, epilogue_launch = false;
+  for (const auto& l : k.launches) {
     channel_sum_launch |= l.kernel.program.name.rfind("ChannelSum", 0) == 0;
+    epilogue_launch |= l.kernel.program.name == "BNTrainingReduceSums";
+  }
   CHECK(channel_sum_launch == (!test_sim().config().split || !whole_blocks));
+  // the mix kernel adds its vector cores' partials itself, after their barrier
+  CHECK(epilogue_launch == channel_sum_launch);
   RunResult fused = run("Conv2DBNTrainingReduce", in, attrs, 3);
   RunResult conv = run(bias ? "Conv2DBiasAdd" : "Conv2D", in, attrs, 1);
   CHECK(fused.outputs[0].values == conv.outputs[0].values);
