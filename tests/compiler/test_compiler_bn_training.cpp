@@ -241,6 +241,8 @@ TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's ou
   check_conv_reduce({2, 6, 7, 16}, {3, 3, 16, 32}, true, DataType::F16, 50);
   check_conv_reduce({3, 5, 5, 24}, {1, 1, 24, 64}, false, DataType::F16, 51);
   check_conv_reduce({2, 6, 6, 8}, {3, 3, 8, 16}, true, DataType::F32, 52);
+  // one pixel: a vector core without pixels still joins the barrier before the epilogue
+  check_conv_reduce({1, 1, 1, 32}, {1, 1, 32, 64}, false, DataType::F16, 54);
   // 7 f16 channels are not whole 32-byte pixels: BNTrainingReduce's launches on y instead
   check_conv_reduce({1, 4, 4, 16}, {1, 1, 16, 7}, true, DataType::F16, 53, false);
 }
