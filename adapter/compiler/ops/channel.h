@@ -67,8 +67,6 @@ struct ChannelSumLaunch {
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
                                    const std::string& op);
 
-
-
 // The UB operands of one channel tile of the epilogue (all f32, `count` channels).
 struct EpilogueOperands {
   std::vector<uint64_t> sums;     // per partial set: the sum over its blocks
