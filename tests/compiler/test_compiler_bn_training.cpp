@@ -206,7 +206,7 @@ void check_grads(const GradCase& gc) {
 // Conv2DBNTrainingReduce (ops/conv2d.cpp): y bit for bit as Conv2D / Conv2DBiasAdd compute it
 // (the same cube kernel; the vector cores only read y), and sum / square_sum of that y within
 // BNTrainingReduce's bounds (K e sum|y|, (K + 1) e sum y^2). On split chips the sums are the
-// convolution kernel's (a mix kernel, no channel-sum launch of its own).
+// convolution kernel's (a mix kernel: no channel-sum launch and no epilogue launch of its own).
 void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws, bool bias,
                        DataType dt, uint32_t seed, bool whole_blocks = true) {
   INFO("Conv2DBNTrainingReduce x " << compiler::shape_str(xs) << " filter "
@@ -221,10 +221,14 @@ void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t
   for (const HostTensor& t : in) descs.push_back(t.desc);
   const auto k =
       compiler::compile(make_op("Conv2DBNTrainingReduce", descs, attrs), test_sim().config());
-  bool channel_sum_launch = false;
-  for (const auto& l : k.launches)
+  bool channel_sum_launch = false, epilogue_launch = false;
+  for (const auto& l : k.launches) {
     channel_sum_launch |= l.kernel.program.name.rfind("ChannelSum", 0) == 0;
+    epilogue_launch |= l.kernel.program.name == "BNTrainingReduceSums";
+  }
   CHECK(channel_sum_launch == (!test_sim().config().split || !whole_blocks));
+  // the mix kernel adds its vector cores' partials itself, after their barrier
+  CHECK(epilogue_launch == channel_sum_launch);
   RunResult fused = run("Conv2DBNTrainingReduce", in, attrs, 3);
   RunResult conv = run(bias ? "Conv2DBiasAdd" : "Conv2D", in, attrs, 1);
   CHECK(fused.outputs[0].values == conv.outputs[0].values);
@@ -237,6 +241,8 @@ TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's ou
   check_conv_reduce({2, 6, 7, 16}, {3, 3, 16, 32}, true, DataType::F16, 50);
   check_conv_reduce({3, 5, 5, 24}, {1, 1, 24, 64}, false, DataType::F16, 51);
   check_conv_reduce({2, 6, 6, 8}, {3, 3, 8, 16}, true, DataType::F32, 52);
+  // one pixel: a vector core without pixels still joins the barrier before the epilogue
+  check_conv_reduce({1, 1, 1, 32}, {1, 1, 32, 64}, false, DataType::F16, 54);
   // 7 f16 channels are not whole 32-byte pixels: BNTrainingReduce's launches on y instead
   check_conv_reduce({1, 4, 4, 16}, {1, 1, 16, 7}, true, DataType::F16, 53, false);
 }

@@ -709,9 +709,7 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
   append_bn_training_reduce_sums(k, op, sums, squares, blocks, c, xp.cp, out, cfg);
 }
 
-void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
-                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
-                                    int out, const ChipConfig& cfg) {
+ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp) {
   ChannelEpilogueSpec e;
   e.name = "BNTrainingReduceSums";
   e.spread = true;
@@ -723,6 +721,13 @@ void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const A
     f32_copy(b, o.outputs[0], o.sums[0], *o.count);
     f32_copy(b, o.outputs[1], o.sums[1], *o.count);
   };
+  return e;
+}
+
+void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
+                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
+                                    int out, const ChipConfig& cfg) {
+  const ChannelEpilogueSpec e = bn_training_reduce_sums_epilogue(blocks, c, cp);
   k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
                                  {sums, squares, output_ref(out), output_ref(out + 1)}));
 }

@@ -78,6 +78,8 @@ class ChannelSumEmitter {
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
+  void section_block(const Reg& blk);
+  void emit_partials_barrier(int id);
   // The section's body from its first instruction to its end; blk = this core's block among
   // m_blocks (computed by `block`), `wait` issued before any input is read.
   void emit_body(const std::function<void(const Reg& blk)>& block,
@@ -110,6 +112,7 @@ class ChannelSumEmitter {
   const char* m_a_arg = "a";    // the argument holding a
   int64_t m_vector_blocks = 0;  // a section's vector cores (0: a kernel of its own, the
                                 // chip's vector cores)
+  uint64_t m_ub_reserved = 0;   // UB bytes the sums leave to a section's epilogue
 };
 
 ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
@@ -135,7 +138,7 @@ void ChannelSumEmitter::plan_tile() {
     m_b.fail("a ReLU mask needs a centered kSumProduct of f32 tensors and its fold");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
-  const uint64_t ub = m_core.capacity(Buf::UB);
+  const uint64_t ub = m_core.capacity(Buf::UB) - m_ub_reserved;
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
   auto need = [&](int64_t t, int64_t ct, bool pingpong) {
     const int accs = pingpong ? 2 : 1;
@@ -292,6 +295,125 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   return out;
 }
 
+// Where an epilogue's tiles go: channel tiles of ct f32 spread over `blocks` cores (tile k on
+// core k mod blocks).
+struct EpiloguePlan {
+  int64_t ct = kF32Tile;
+  int blocks = 1;
+  uint64_t need = 0;  // UB bytes of its buffers (with their alignment)
+};
+
+// The largest channel tile whose buffers fit `ub` bytes of UB (with spread, at most c / cores
+// channels in whole f32 repeats, so that every one of `cores` cores gets a tile).
+EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub,
+                           int cores) {
+  int max_blocks = 1;
+  for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
+  const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
+  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
+  auto need = [&](int64_t c) {
+    return static_cast<uint64_t>(c) * 4 *
+               (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
+           static_cast<uint64_t>(nbuf + 1) * 64;
+  };
+  const int64_t cap = s.spread ? static_cast<int64_t>(round_up(
+                                     static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
+                               : std::numeric_limits<int64_t>::max();
+  EpiloguePlan p;
+  while (p.ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
+         p.ct * 2 <= cap && need(p.ct * 2) <= ub)
+    p.ct *= 2;
+  p.blocks = s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, p.ct), cores)) : 1;
+  p.need = need(p.ct);
+  if (p.need > ub) b.fail("the channel epilogue does not fit the UB");
+  return p;
+}
+
+// The epilogue's tiles in the section begun in b (arguments declared by the caller: partial
+// set i in partial_args[i], "vector{i}", "output{i}"); core = this core's index among
+// p.blocks (unused when p.blocks is 1; cores past p.blocks take no tile).
+void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const EpiloguePlan& p,
+                         const std::vector<std::string>& partial_args, const Reg* core) {
+  const int64_t ct = p.ct;
+  int max_blocks = 1;
+  for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
+  const uint64_t row = static_cast<uint64_t>(ct) * 4;
+  EpilogueOperands ops;
+  const uint64_t partial = b.alloc(Buf::UB, row * static_cast<uint64_t>(max_blocks), "partials");
+  for (size_t i = 0; i < s.partial_blocks.size(); ++i)
+    ops.sums.push_back(b.alloc(Buf::UB, row, fmt::format("sum {}", i)));
+  for (int i = 0; i < s.vectors; ++i)
+    ops.vectors.push_back(b.alloc(Buf::UB, row, fmt::format("vector {}", i)));
+  for (int i = 0; i < s.outputs; ++i)
+    ops.outputs.push_back(b.alloc(Buf::UB, row, fmt::format("output {}", i)));
+  for (int i = 0; i < s.temps; ++i)
+    ops.temps.push_back(b.alloc(Buf::UB, row, fmt::format("temp {}", i)));
+  const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
+  const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
+  const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
+  const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
+  Reg item = b.reg("item");
+  b.for_range(item, 0, s.batch, 1, [&] {
+    for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
+      const auto tile = [&, c0] {
+        KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
+        const int64_t cn = std::min(ct, s.c - c0);
+        const int64_t blocks = ceil_div(cn * 4, 32);
+        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+          const int nb = s.partial_blocks[i];
+          Reg src = b.load_arg(partial_args[i]), t = b.reg("offset"),
+              d = b.reg_imm("partials", int64_t(partial));
+          b.mul(t, item, nb * s.partial_cp * 4);
+          b.add(src, src, t);
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
+                                         ct * 4 / 32 - blocks},
+                 "the blocks' partial sums");
+          b.set_flag(Pipe::MTE2, Pipe::V, ready);
+          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+          Reg n = b.reg_imm("channels", cn);
+          f32_copy(b, ops.sums[i], partial, n);
+          for (int k = 1; k < nb; ++k)
+            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                       partial + static_cast<uint64_t>(k) * row, n);
+          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+        }
+        for (int i = 0; i < s.vectors; ++i) {
+          Reg src = b.load_arg(fmt::format("vector{}", i)),
+              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+          b.add(src, src, c0 * 4);
+          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+        }
+        b.set_flag(Pipe::MTE2, Pipe::V, ready);
+        b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+        Reg n = b.reg_imm("channels", cn);
+        ops.count = &n;
+        s.compute(b, ops);
+        b.set_flag(Pipe::V, Pipe::MTE3, done);
+        b.wait_flag(Pipe::V, Pipe::MTE3, done);
+        for (int i = 0; i < s.outputs; ++i) {
+          Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
+              src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
+          b.mul(t, item, s.out_pitch * 4);
+          b.add(dst, dst, t);
+          b.add(dst, dst, c0 * 4);
+          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
+        }
+        // The next tile's loads overwrite buffers the stores read.
+        b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
+        b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
+      };
+      if (p.blocks > 1) {
+        b.if_(eq(*core, (c0 / ct) % p.blocks), tile);  // tile k on core k mod blocks
+      } else {
+        tile();
+      }
+    }
+  });
+}
+
 int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
@@ -300,23 +422,58 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   if (sec.groups < 1) b.fail("a channel-sum section needs at least one group");
   m_a_arg = sec.a_arg;
   m_vector_blocks = sec.groups * static_cast<int64_t>(b.config().aiv_per_aic);
+  const int cores = static_cast<int>(m_vector_blocks);
+  std::optional<ChannelEpilogueSpec> e;
+  if (sec.epilogue) {
+    e = *sec.epilogue;
+    if (e->vectors != 0 || e->batch != 1 || e->c > s.cp)
+      b.fail("a channel-sum section's epilogue reads the section's partial sets, no vectors");
+    e->partial_cp = s.cp;
+    // The UB its tiles need with as many partials as there are vector cores (the most blocks
+    // the sums can have), kept from the sums' tiles.
+    e->partial_blocks.assign(sec.epilogue_sets.size(), cores);
+    m_ub_reserved = plan_epilogue(b, *e, m_core.capacity(Buf::UB), cores).need;
+  }
   plan_tile();
   b.begin_section(m_kind);
   allocate();
   m_px.emplace(b, m_ct);
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
   if (s.plain_sum) b.declare_arg("partials2", Dtype::F32, {s.batch, m_blocks, s.cp});
-  emit_body(
-      [&](const Reg& blk) {
-        // vector core v of group g: block g * aiv_per_aic + v
-        Reg sub = b.reg("vector core in the group");
-        b.emit(Opcode::op_get_block_id, {blk});
-        b.emit(Opcode::op_get_subblock_id, {sub});
-        b.mul_add(blk, blk, static_cast<int64_t>(b.config().aiv_per_aic), sub);
-      },
+  if (sec.epilogue)
+    for (int i = 0; i < sec.epilogue->outputs; ++i)
+      b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+  emit_body([&](const Reg& blk) { section_block(blk); },
       sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
+  if (e) {
+    e->partial_blocks.assign(sec.epilogue_sets.size(), m_blocks);
+    emit_partials_barrier(sec.barrier_flag);
+    m_px.reset();
+    const EpiloguePlan p = plan_epilogue(b, *e, b.free_bytes(Buf::UB), cores);
+    Reg core = b.reg("vector core of the launch");
+    section_block(core);
+    emit_epilogue_tiles(b, *e, p, sec.epilogue_sets, &core);
+  }
   b.end();
   return m_blocks;
+}
+
+// Every vector core of the launch, including those without pixels, signals once its partials
+// are in GM (cc_set from MTE3, which issues after the stores and waits for them to land) and
+// waits for all (MTE2: the first to read another core's partials).
+void ChannelSumEmitter::emit_partials_barrier(int id) {
+  KernelBuilder::Origin o(m_b, "barrier: every vector core's partials stored");
+  m_b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, id}, "this core's partials stored");
+  m_b.emit(Opcode::op_cc_wait, {Pipe::MTE2, id}, "wait: every vector core's partials");
+}
+
+// blk = this vector core's index in a section: vector core v of group g is g * aiv_per_aic + v.
+void ChannelSumEmitter::section_block(const Reg& blk) {
+  KernelBuilder& b = m_b;
+  Reg sub = b.reg("vector core in the group");
+  b.emit(Opcode::op_get_block_id, {blk});
+  b.emit(Opcode::op_get_subblock_id, {sub});
+  b.mul_add(blk, blk, static_cast<int64_t>(b.config().aiv_per_aic), sub);
 }
 
 void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& block,
@@ -573,44 +730,14 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
                               const std::string& op) {
   KernelBuilder b(s.name.empty() ? "ChannelEpilogue" : s.name, op, cfg);
   const isa::CoreKind kind = b.vector_core_kind();
-  const uint64_t ub = cfg.core_kind(kind)->capacity(Buf::UB);
-  int max_blocks = 1;
-  for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
-  const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
-  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
-  int64_t ct = kF32Tile;
-  auto need = [&](int64_t c) {
-    return static_cast<uint64_t>(c) * 4 *
-               (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
-           static_cast<uint64_t>(nbuf + 1) * 64;
-  };
-  // Spread: tiles of at most c / cores channels (whole f32 repeats), so every core gets one.
-  const int cores = cfg.core_kind(kind)->count;
-  const int64_t cap = s.spread ? static_cast<int64_t>(round_up(
-                                     static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
-                               : std::numeric_limits<int64_t>::max();
-  while (ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
-         ct * 2 <= cap && need(ct * 2) <= ub)
-    ct *= 2;
-  const int launch_blocks =
-      s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, ct), cores)) : 1;
-  if (need(ct) > ub) b.fail("the channel epilogue does not fit the UB");
+  const EpiloguePlan p =
+      plan_epilogue(b, s, cfg.core_kind(kind)->capacity(Buf::UB), cfg.core_kind(kind)->count);
   b.begin_section(kind);
-  const uint64_t row = static_cast<uint64_t>(ct) * 4;
-  EpilogueOperands ops;
-  const uint64_t partial = b.alloc(Buf::UB, row * static_cast<uint64_t>(max_blocks), "partials");
-  for (size_t i = 0; i < s.partial_blocks.size(); ++i)
-    ops.sums.push_back(b.alloc(Buf::UB, row, fmt::format("sum {}", i)));
-  for (int i = 0; i < s.vectors; ++i)
-    ops.vectors.push_back(b.alloc(Buf::UB, row, fmt::format("vector {}", i)));
-  for (int i = 0; i < s.outputs; ++i)
-    ops.outputs.push_back(b.alloc(Buf::UB, row, fmt::format("output {}", i)));
-  for (int i = 0; i < s.temps; ++i)
-    ops.temps.push_back(b.alloc(Buf::UB, row, fmt::format("temp {}", i)));
   Launch l;
+  std::vector<std::string> partial_args;
   for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
-    b.declare_arg(fmt::format("partials{}", i), Dtype::F32,
-                  {s.batch, s.partial_blocks[i], s.partial_cp});
+    partial_args.push_back(fmt::format("partials{}", i));
+    b.declare_arg(partial_args.back(), Dtype::F32, {s.batch, s.partial_blocks[i], s.partial_cp});
     l.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
   }
   for (int i = 0; i < s.vectors; ++i) {
@@ -621,79 +748,16 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
     b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
     l.args.push_back(ArgRef{ArgRef::Kind::kOutput, i, 0});
   }
-  const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
-  const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
-  const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
-  const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
-  Reg item = b.reg("item");
   std::optional<Reg> blk;  // spread: which tiles are this block's
-  if (launch_blocks > 1) {
+  if (p.blocks > 1) {
     blk.emplace(b.reg("block"));
     b.emit(Opcode::op_get_block_id, {*blk});
   }
-  b.for_range(item, 0, s.batch, 1, [&] {
-    for (int64_t c0 = 0; c0 < s.c; c0 += ct) {
-      const auto tile = [&, c0] {
-        KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
-        const int64_t cn = std::min(ct, s.c - c0);
-        const int64_t blocks = ceil_div(cn * 4, 32);
-        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
-          const int nb = s.partial_blocks[i];
-          Reg src = b.load_arg(fmt::format("partials{}", i)), t = b.reg("offset"),
-              d = b.reg_imm("partials", int64_t(partial));
-          b.mul(t, item, nb * s.partial_cp * 4);
-          b.add(src, src, t);
-          b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
-                                         ct * 4 / 32 - blocks},
-                 "the blocks' partial sums");
-          b.set_flag(Pipe::MTE2, Pipe::V, ready);
-          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-          Reg n = b.reg_imm("channels", cn);
-          f32_copy(b, ops.sums[i], partial, n);
-          for (int k = 1; k < nb; ++k)
-            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                       partial + static_cast<uint64_t>(k) * row, n);
-          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
-          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
-          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
-        }
-        for (int i = 0; i < s.vectors; ++i) {
-          Reg src = b.load_arg(fmt::format("vector{}", i)),
-              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
-          b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
-        }
-        b.set_flag(Pipe::MTE2, Pipe::V, ready);
-        b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-        Reg n = b.reg_imm("channels", cn);
-        ops.count = &n;
-        s.compute(b, ops);
-        b.set_flag(Pipe::V, Pipe::MTE3, done);
-        b.wait_flag(Pipe::V, Pipe::MTE3, done);
-        for (int i = 0; i < s.outputs; ++i) {
-          Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
-              src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
-          b.mul(t, item, s.out_pitch * 4);
-          b.add(dst, dst, t);
-          b.add(dst, dst, c0 * 4);
-          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
-        }
-        // The next tile's loads overwrite buffers the stores read.
-        b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
-        b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
-      };
-      if (launch_blocks > 1) {
-        b.if_(eq(*blk, (c0 / ct) % launch_blocks), tile);  // tile k on block k mod blocks
-      } else {
-        tile();
-      }
-    }
-  });
+  emit_epilogue_tiles(b, s, p, partial_args, blk ? &*blk : nullptr);
   b.end();
   l.kernel = b.finish();
-  l.block_dim = launch_blocks;
-  l.summary = fmt::format("{}: {} channels x {} items, tiles of {}", s.name, s.c, s.batch, ct);
+  l.block_dim = p.blocks;
+  l.summary = fmt::format("{}: {} channels x {} items, tiles of {}", s.name, s.c, s.batch, p.ct);
   return l;
 }
 

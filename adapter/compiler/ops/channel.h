@@ -67,22 +67,6 @@ struct ChannelSumLaunch {
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
                                    const std::string& op);
 
-// The channel sums of a (kSum or kSumSquares [+ plain_sum], one item, not centred) as the
-// vector section of a mix kernel another emitter builds in b (split chips: `groups` blocks,
-// each a cube core and its aiv_per_aic vector cores; vector core v of group g sums block
-// g * aiv_per_aic + v of the pixels). a is the kernel argument a_arg, declared by the caller;
-// the section declares "partials" (and "partials2") after the arguments declared before it.
-// wait (if set) emits the instructions every vector core issues before it reads a (e.g. a
-// cross-core wait for the cube's output). Returns the blocks that write partials (the
-// epilogue's partial_blocks; vector cores past the pixels write none).
-struct ChannelSumSection {
-  const char* a_arg = "a";
-  int groups = 1;
-  std::function<void(KernelBuilder&)> wait;
-};
-int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
-                             const ChannelSumSection& sec);
-
 // The UB operands of one channel tile of the epilogue (all f32, `count` channels).
 struct EpilogueOperands {
   std::vector<uint64_t> sums;     // per partial set: the sum over its blocks
@@ -108,6 +92,34 @@ struct ChannelEpilogueSpec {
 // Arguments (rebind them): the partial sets, then the vectors, then the outputs.
 Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
                               const std::string& op);
+
+// The channel sums of a (kSum or kSumSquares [+ plain_sum], one item, not centred) as the
+// vector section of a mix kernel another emitter builds in b (split chips: `groups` blocks,
+// each a cube core and its aiv_per_aic vector cores; vector core v of group g sums block
+// g * aiv_per_aic + v of the pixels). a is the kernel argument a_arg, declared by the caller;
+// the section declares "partials" (and "partials2") after the arguments declared before it.
+// wait (if set) emits the instructions every vector core issues before it reads a (e.g. a
+// cross-core wait for the cube's output). Returns the blocks that write partials (the
+// epilogue's partial_blocks; vector cores past the pixels write none).
+// With epilogue set, the kernel also adds the partials itself: once every vector core of the
+// launch has stored its partials (a barrier of the launch's vector cores, cross-core flag
+// barrier_flag), the epilogue's channel tiles are spread over the vector cores (tile k on
+// vector core k mod its blocks), each summing the blocks' partials in block order, as
+// build_channel_epilogue does (the same sums, bit for bit). Its partial sets are the section's
+// arguments named in epilogue_sets ("partials", "partials2"; partial_blocks is set from the
+// section's blocks), it has no input vectors, and it declares its outputs "output0", ...
+// after partials2. The sums' tiles leave the epilogue's UB buffers free (planned for as many
+// partials as the section has vector cores).
+struct ChannelSumSection {
+  const char* a_arg = "a";
+  int groups = 1;
+  std::function<void(KernelBuilder&)> wait;
+  const ChannelEpilogueSpec* epilogue = nullptr;
+  std::vector<std::string> epilogue_sets;
+  int barrier_flag = 0;
+};
+int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
+                             const ChannelSumSection& sec);
 
 // Counter-mode helpers over `count` f32 lanes for epilogue code.
 void f32_binary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, uint64_t c,

@@ -91,9 +91,11 @@ struct CubeConvSpec {
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,
   // read y back (from the L2 it was just written to) and sum its channels: per vector core f32
-  // partials of sum y and sum y^2 (ops/channel.h's sums as a section, arguments "partials" and
-  // "partials2" after y and bias; an epilogue adds them). y dense (pitch() == cy), its pixels
-  // whole 32-byte blocks.
+  // partials of sum y^2 and sum y (ops/channel.h's sums as a section, workspace arguments
+  // "partials" and "partials2" after y and bias), then after a barrier of the vector cores
+  // add the partials in block order (BNTrainingReduce's epilogue in the kernel) into the
+  // arguments "output0" (sum, f32 [cy]) and "output1" (square_sum). y dense (pitch() == cy),
+  // its pixels whole 32-byte blocks.
   bool bn_stats = false;
   // x's element strides in GM between pixels, rows and images (0: NHWC of hs x ws x cs, the
   // default). Other strides view x differently, e.g. the width fold of ops/conv2d.cpp: pixels
@@ -155,8 +157,8 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
                                  bool resident, const ChipConfig& cfg, const std::string& op);
 
 // The kernel. Arguments: x (the feature map), w (the weights), y (the output) [, bias]
-// [, partials, partials2]. With bn_stats, *stats_blocks (if given) is set to the vector blocks
-// that write partials ([stats_blocks][cy] f32 each).
+// [, partials, partials2, sum, square_sum]. With bn_stats, *stats_blocks (if given) is set to
+// the vector blocks that write partials ([stats_blocks][cy] f32 each).
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
                        const std::string& op, int* stats_blocks = nullptr);
 

@@ -239,8 +239,8 @@ struct BnStats {
 // and the strided copy (with the widening, if any) packs them into the output.
 // With stats->wanted, on split chips where the kernel writes y densely in whole 32-byte
 // pixels, the kernel also sums y's channels (CubeConvSpec::bn_stats: sum and sum of squares
-// of y as FIXPIPE wrote it, before any widening, which is exact) and BNTrainingReduce's
-// epilogue follows; else stats->done stays false.
+// of y as FIXPIPE wrote it, before any widening, which is exact, and BNTrainingReduce's
+// epilogue adding the vector cores' partials as its last phase); else stats->done stays false.
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr) {
@@ -270,6 +270,9 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     squares = workspace_take(k, bytes);
     args.push_back(squares);  // "partials": the sums of squares (the channel sum's kind)
     args.push_back(sums);     // "partials2": the plain sums
+    args.push_back(output_ref(1));  // sum and square_sum, added by the kernel's epilogue
+    args.push_back(output_ref(2));
+    stats->done = true;
   }
   k.launches.push_back(with_args(std::move(conv), args));
   if (padded)
@@ -278,11 +281,6 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   else if (ct.widen)
     append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
                         DataType::F16, out.dtype, ctx.cfg);
-  if (spec.bn_stats) {
-    append_bn_training_reduce_sums(k, ctx.op, sums, squares, blocks, spec.cy, spec.cy, 1,
-                                   ctx.cfg);
-    stats->done = true;
-  }
 }
 
 // The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks

@@ -35,6 +35,7 @@
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/batchnorm.h"
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
@@ -141,12 +142,14 @@ class ConvEmitter {
     b.end();
   }
 
-  // Cross-core flags of bn_stats (cc_set modes: 0 all cube cores of the launch, 2 a cube core
-  // with its vector cores).
+  // Cross-core flags of bn_stats (cc_set modes: 0 all cores of the setter's kind in the
+  // launch, 2 a cube core with its vector cores).
   static constexpr int kCcAllCube = 0, kCcGroup = 2;
-  static constexpr int kTilesStored = 0, kYStored = 1;
+  static constexpr int kTilesStored = 0, kYStored = 1, kPartialsStored = 2;
 
-  // bn_stats: the vector section, sum and sum of squares of y per channel.
+  // bn_stats: the vector section, sum and sum of squares of y per channel, then (after a
+  // barrier of the vector cores) their epilogue adding the vector cores' partials in block
+  // order into the outputs sum and square_sum.
   void emit_stats() {
     if (m_s.pitch() != m_s.cy || (m_s.cy * m_osz) % 32 != 0)
       m_b.fail(
@@ -165,6 +168,10 @@ class ConvEmitter {
     sec.wait = [](KernelBuilder& b) {
       b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kYStored}, "wait: y stored by every cube core");
     };
+    const ChannelEpilogueSpec e = bn_training_reduce_sums_epilogue(0, m_s.cy, m_s.cy);
+    sec.epilogue = &e;
+    sec.epilogue_sets = {"partials2", "partials"};  // plain sums, sums of squares
+    sec.barrier_flag = kPartialsStored;
     m_stats_blocks = emit_channel_sum_section(m_b, cs, sec);
   }
 
