@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from conftest import run_child  # noqa: E402
+from conftest import child_result, run_child  # noqa: E402
 
 
 def _rng(seed):
@@ -115,3 +115,127 @@ print("casts", counts)
 """)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "casts [2, 2, 2]" in out.stdout, out.stdout
+
+
+# A child (child_result): a two-layer Keras MLP predicts under allow_mix_precision; the weights'
+# casts to float16 are Cast steps of the graph (mixed_precision.h) reading the variables.
+MIXED_PRECISION_PREDICT = r'''
+import json
+import numpy as np
+import npusim
+npusim.configure(precision_mode="allow_mix_precision")
+import tensorflow as tf
+import keras
+
+rng = np.random.default_rng(21)
+x = rng.standard_normal((8, 24)).astype(np.float32)
+with tf.device("/NPU:0"):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((24,)), keras.layers.Dense(32, activation="relu", name="hidden"),
+                              keras.layers.Dense(8, name="out")])
+
+    def run():
+        npusim.clear_launch_records()
+        y = model.predict(x, batch_size=8, verbose=0)
+        recs = npusim.launch_records()
+        assert all(r["ok"] for r in recs)
+        casts = [r["op_name"] for r in recs if r["kernel"].startswith("Cast")]
+        return {"y": y.tolist(), "casts": casts,
+                "weights": [w.numpy().tolist() for w in model.weights]}
+
+    out = {"first": run(), "second": run()}
+    k = model.layers[0].kernel
+    k.assign(k.numpy() * -0.5)
+    out["assigned"] = run()
+    out["again"] = run()
+print("RESULT" + json.dumps(out))
+'''
+
+
+def _mlp_reference(x, w1, b1, w2, b2):
+    """The MLP in float16 as the pass runs it: every operand and result rounded to float16, the
+    products accumulated exactly (float64)."""
+    r16 = lambda a: np.asarray(a, np.float64).astype(np.float16).astype(np.float64)  # noqa: E731
+    h = np.maximum(r16(r16(r16(x) @ r16(w1)) + r16(b1)), 0)
+    return r16(r16(h @ r16(w2)) + r16(b2))
+
+
+def test_mixed_precision_predict_casts_each_weight_once():
+    """Under allow_mix_precision a Cast of a variable's value is a step of the graph of its own:
+    it is kept (npu_graph_kernel.cpp keep_stable_casts), so a second predict() launches no cast
+    of a weight and gives the same outputs; after an assignment the kernel's cast runs again
+    and the outputs follow the new weights."""
+    out = child_result(MIXED_PRECISION_PREDICT)
+    x = np.random.default_rng(21).standard_normal((8, 24)).astype(np.float32)
+
+    def weight_casts(run):
+        return sorted(c for c in run["casts"] if "ReadVariableOp" in c)
+
+    first = weight_casts(out["first"])
+    assert len(first) == 4, out["first"]["casts"]  # two kernels, two biases
+    assert weight_casts(out["second"]) == []
+    np.testing.assert_array_equal(out["second"]["y"], out["first"]["y"])
+    # The assignment writes the first kernel only: its cast alone runs again, once.
+    redone = weight_casts(out["assigned"])
+    assert len(redone) == 1 and "/hidden" in redone[0] and redone[0] in first, redone
+    assert weight_casts(out["again"]) == []
+    np.testing.assert_array_equal(out["again"]["y"], out["assigned"]["y"])
+    for run in ("first", "assigned"):
+        want = _mlp_reference(x, *out[run]["weights"])
+        # Summation order within fp32 accumulation: 2 fp16 ulps of the largest output.
+        np.testing.assert_allclose(out[run]["y"], want, rtol=2.0 ** -9,
+                                   atol=2.0 ** -9 * np.abs(want).max())
+    assert not np.allclose(out["assigned"]["y"], out["first"]["y"])
+
+
+# A child: four MatMuls of one input with weights of 2, 4, 6 and 8 KiB in float16, run node by
+# node (their ops may run on several executor threads) under a derived-tensor budget of 6 KiB.
+TINY_BUDGET = r'''
+import json
+import numpy as np
+import npusim
+npusim.configure(graph_mode={graph_mode})
+import tensorflow as tf
+
+rng = np.random.default_rng(5)
+x = rng.standard_normal((4, 64)).astype(np.float32)
+with tf.device("/NPU:0"):
+    ws = [tf.Variable(rng.standard_normal((64, n)).astype(np.float32), name=f"w{{n}}")
+          for n in (64, 48, 32, 16)]
+
+    @tf.function
+    def f(t):
+        return tf.concat([tf.matmul(t, w) for w in ws], axis=1)
+
+    steps = []
+    for _ in range(4):
+        npusim.clear_launch_records()
+        y = f(tf.identity(tf.constant(x))).numpy()
+        steps.append(sorted((r["op_name"], r["kernel"]) for r in npusim.launch_records()))
+print("RESULT" + json.dumps({{"steps": steps, "y": y.tolist()}}))
+'''
+
+
+@pytest.mark.parametrize("graph_mode", [False, True], ids=["node_by_node", "whole_graph"])
+def test_tiny_budget_keeps_the_same_casts_in_every_process(graph_mode):
+    """When the budget is short the buffers kept are chosen by rank (smallest first,
+    derived_tensor_cache.h), not by the order of lookups: the 6 KiB budget holds the 2 and 4 KiB
+    casts, never the 6 or 8 KiB ones, whatever order the steps looked them up in; two processes
+    launch the same kernels at every step. (Before, the least recently used buffer went first:
+    the 6 KiB cast took the budget from the other two at each step, and they from it.)"""
+    code = TINY_BUDGET.format(graph_mode=graph_mode)
+    env = {"NPUSIM_DERIVED_BUDGET": str(2048 + 4096)}
+    a, b = (child_result(code, extra_env=env) for _ in range(2))
+    assert a["steps"] == b["steps"]
+    matmul_casts = lambda step: sorted(  # noqa: E731
+        name for name, kernel in step if kernel.startswith("Cast") and "MatMul" in name)
+    first = matmul_casts(a["steps"][0])
+    for step in a["steps"][1:]:
+        # The 2 and 4 KiB weights' casts are left out; x's and the 6 and 8 KiB weights' run.
+        assert len(matmul_casts(step)) == len(first) - 2, (first, matmul_casts(step))
+    r16 = lambda v: np.asarray(v).astype(np.float16).astype(np.float64)  # noqa: E731
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    ws = [rng.standard_normal((64, n)).astype(np.float32) for n in (64, 48, 32, 16)]
+    want = np.concatenate([r16(x) @ r16(w) for w in ws], axis=1)
+    np.testing.assert_allclose(a["y"], want, rtol=0, atol=1e-4)

@@ -414,6 +414,41 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
   return st;
 }
 
+bool keepable_output(const CompiledOp& compiled) {
+  const compiler::CompiledKernel& k = compiled.kernel;
+  return k.launches.size() == 1 && k.workspace_bytes == 0 && k.outputs.size() == 1 &&
+         k.outputs[0].bytes() > 0 && k.derived.empty();
+}
+
+rt::Status queue_kept_output_op(const std::shared_ptr<rt::Device>& device, rt::Stream stream,
+                                const compiler::OpDesc& op, const CompiledOp& compiled,
+                                const std::vector<uint64_t>& input_addrs, uint64_t fallback_output,
+                                const std::shared_ptr<const rt::LaunchLabel>& label,
+                                std::vector<std::shared_ptr<const void>>* hold,
+                                uint64_t* output_addr) {
+  *output_addr = fallback_output;
+  std::vector<rt::DerivedRange> sources;
+  for (size_t i = 0; i < input_addrs.size(); ++i)
+    if (input_addrs[i] != 0 && op.inputs.at(i).bytes() != 0)
+      sources.push_back({input_addrs[i], op.inputs[i].bytes()});
+  if (keep_derived_tensors() && keepable_output(compiled) && !sources.empty() &&
+      sources.size() == input_addrs.size()) {
+    DerivedTensorCache::Use u =
+        DerivedTensorCache::instance().use_output(device, compiled.kernel, sources);
+    if (u.addr) {
+      *output_addr = u.addr;
+      const compiler::Launch& l = compiled.kernel.launches[0];
+      rt::Status st =
+          device->launch_derived(stream, compiled.programs[0], l.bind(input_addrs, {u.addr}, 0, {}),
+                                 l.block_dim, label, u.source);
+      hold->push_back(std::move(u.hold));
+      return st;
+    }
+  }
+  return queue_compiled_op(device, stream, op, compiled, input_addrs, {fallback_output}, 0, {},
+                           label, hold);
+}
+
 rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device_ptr,
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,

@@ -121,6 +121,23 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stre
                              std::vector<std::shared_ptr<const void>>* hold,
                              const DerivedPlacement* placement = nullptr);
 
+// Whether `compiled` can be kept whole across runs by queue_kept_output_op: one launch, no
+// workspace, one non-empty output, no derived tensors of its own.
+bool keepable_output(const CompiledOp& compiled);
+
+// Queues a step whose every input is stable (a graph's Cast of a variable's value:
+// derived_tensor_cache.h) so that its output is kept across runs: the output goes to a buffer of
+// the derived-tensor cache and the launch is left out by the driver while no input byte was
+// written since it last filled that buffer (rt::Device::launch_derived). Without a buffer (the
+// budget is spent, NPUSIM_KEEP_DERIVED=0, !keepable_output) it runs as queue_compiled_op with its
+// output at `fallback_output`. *output_addr: where the output is in this run.
+rt::Status queue_kept_output_op(const std::shared_ptr<rt::Device>& device, rt::Stream stream,
+                                const compiler::OpDesc& op, const CompiledOp& compiled,
+                                const std::vector<uint64_t>& input_addrs, uint64_t fallback_output,
+                                const std::shared_ptr<const rt::LaunchLabel>& label,
+                                std::vector<std::shared_ptr<const void>>* hold,
+                                uint64_t* output_addr);
+
 // The label of a run of `op` (compiled as `k`) for node `node`: its name, op type and tensors;
 // dispatch 0 and host_dispatch eager_op, for the caller to set. members: for a node that merged
 // several (a multi-tensor update, attribute members > 1), the members' names in order (its

@@ -17,14 +17,22 @@
 // is taken on the driver thread in stream order, just before the launch would run; the marks
 // and the watching only decide where the tensor lives.
 //
+// A graph's Cast step reading a stable input alone (mixed precision's cast of a variable's value,
+// mixed_precision.h) is kept the same way as a whole: its output gets a buffer (use_output) and
+// its one launch is left out while the variable is unchanged (npu_graph_kernel.cpp).
+//
 // The buffers come from the runtime's allocator, as every tensor's do (stream_executor.cpp);
-// they take at most 1/kBudgetDivisor of the device memory, like CANN's
-// separate variable memory pool. Least recently used entries are evicted first; a buffer in use
-// by a running op is freed when that op's launches are done. Thread-safe.
+// they take at most 1/kBudgetDivisor of the device memory (NPUSIM_DERIVED_BUDGET: that many
+// bytes instead), like CANN's separate variable memory pool. When the budget is short, a
+// tensor's buffer is made room for by giving up buffers of lower rank only (Entry::ranks_above:
+// the smaller first, then by kernel key), never by the order of lookups, which TensorFlow's
+// executor threads set: which casts a step leaves out then does not vary from run to run. A
+// buffer in use by a running op is freed when that op's launches are done. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -68,15 +76,35 @@ class DerivedTensorCache {
   Use use(const std::shared_ptr<rt::Device>& device, const compiler::CompiledKernel& kernel,
           size_t d, const std::vector<rt::DerivedRange>& sources, bool stable_sources);
 
+  // For output 0 of `kernel`, a step of one launch that reads the inputs at `sources` alone,
+  // each a stable input (a graph's Cast of a variable's value): as `use` for a stable derived
+  // tensor; u.addr is where the step writes its output (0: no buffer, the caller's place).
+  Use use_output(const std::shared_ptr<rt::Device>& device, const compiler::CompiledKernel& kernel,
+                 const std::vector<rt::DerivedRange>& sources);
+
+  // TensorFlow freed the tensor at [addr, addr + bytes) of `device`: what was derived from it is
+  // dropped (a variable given a new buffer leaves no stale buffer holding the budget).
+  void source_freed(const rt::Device& device, uint64_t addr, uint64_t bytes);
+
   DerivedTensorCacheStats stats() const;
+
+  // The bytes the buffers may take on `device` (top of file).
+  static uint64_t budget_bytes(const rt::Device& device);
 
  private:
   struct Entry;
-  void evict_locked(uint64_t budget);
+  // `what`: the tensor without its sources (kernel key and tensor); tensor_bytes: its bytes.
+  Use use_keyed(const std::shared_ptr<rt::Device>& device, const std::string& what,
+                uint64_t tensor_bytes, const std::vector<rt::DerivedRange>& sources,
+                bool stable_sources);
+  bool make_room_locked(const Entry& e, uint64_t budget);
+  void drop_watched_locked();
+  void erase_locked(const std::string& key);
 
   mutable std::mutex m_mutex;
-  std::list<std::string> m_lru;  // keys, most recently used first
+  std::list<std::string> m_lru;  // keys, most recently used first (for drop_watched_locked)
   std::unordered_map<std::string, std::shared_ptr<Entry>> m_entries;
+  std::multimap<std::pair<int, uint64_t>, std::string> m_by_source;  // (chip, source) -> key
   DerivedTensorCacheStats m_stats;
 };
 

@@ -51,9 +51,10 @@ bool g_registered = false;
 
 // Where a tensor of a step lives in a run.
 struct Place {
-  // none: address 0; variable: a variable's tensor; new_value: the new buffer of a variable.
-  enum class Kind { none, input, output, arena, variable, new_value } kind = Kind::none;
-  uint64_t index = 0;   // input, output or variable index, or arena offset
+  // none: address 0; variable: a variable's tensor; new_value: the new buffer of a variable;
+  // kept: the output of a kept step (Step::kept), where that step put it in this run.
+  enum class Kind { none, input, output, arena, variable, new_value, kept } kind = Kind::none;
+  uint64_t index = 0;   // input, output, variable or kept index, or arena offset
   uint64_t offset = 0;  // bytes into it (a slice read in place, a piece of a concatenation)
 };
 
@@ -72,6 +73,10 @@ struct Step {
   // A slice whose outputs the plan placed in its input, or a concatenation whose inputs' steps
   // write their pieces into its output (place_in_place): nothing to launch.
   bool in_place = false;
+  // >= 0: a Cast of stable inputs of the graph alone (a variable's value cast for a float16
+  // reader, mixed_precision.h), its output kept across runs (queue_kept_output_op): the index
+  // of Plan::kept_fallback, and of the Place::Kind::kept places reading that output.
+  int kept = -1;
 };
 
 struct Plan {
@@ -79,6 +84,8 @@ struct Plan {
   std::vector<compiler::TensorDesc> outputs;
   uint64_t arena_bytes = 0;      // the static plan's peak
   uint64_t unplanned_bytes = 0;  // the same buffers without reuse
+  // Per kept step (Step::kept): where its output goes when the cache gives it no buffer.
+  std::vector<Place> kept_fallback;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -278,6 +285,7 @@ class NpuGraphKernel : public OpKernel {
     uint64_t arena_addr = 0;
     if (plan->arena_bytes > 0)
       NPU_OP_REQUIRES_OK(ctx, m_arenas.take(device, plan.get(), &arena_addr));
+    std::vector<uint64_t> kept_addrs(plan->kept_fallback.size(), 0);  // set by the kept steps
     auto address = [&](const Place& p) -> uint64_t {
       switch (p.kind) {
         case Place::Kind::input: return input_addrs[p.index] + p.offset;
@@ -285,6 +293,7 @@ class NpuGraphKernel : public OpKernel {
         case Place::Kind::arena: return arena_addr + p.index + p.offset;
         case Place::Kind::variable: return variable_addrs[p.index] + p.offset;
         case Place::Kind::new_value: return new_value_addrs[p.index] + p.offset;
+        case Place::Kind::kept: return kept_addrs[p.index] + p.offset;
         default: return 0;
       }
     };
@@ -318,8 +327,13 @@ class NpuGraphKernel : public OpKernel {
       label->host_dispatch =
           paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
       paid = true;
-      st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
-                             s.stable_inputs, label, &hold, &placement);
+      if (s.kept >= 0)
+        st = queue_kept_output_op(device, stream, s.op, *s.compiled, in,
+                                  address(plan->kept_fallback[static_cast<size_t>(s.kept)]), label,
+                                  &hold, &kept_addrs[static_cast<size_t>(s.kept)]);
+      else
+        st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
+                               s.stable_inputs, label, &hold, &placement);
       if (!st.ok()) {
         st = rt::Status(st.code(),
                         "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
@@ -503,6 +517,7 @@ class NpuGraphKernel : public OpKernel {
       plan->unplanned_bytes += buffers[b].bytes;
     }
     plan->arena_bytes = graph::plan_memory(own);
+    keep_stable_casts(within, plan);
     // Buffer indices -> places: the arena offset of the buffer, or of the place it lies in.
     auto place = [&](Place& p) {
       if (p.kind != Place::Kind::arena) return;
@@ -518,6 +533,7 @@ class NpuGraphKernel : public OpKernel {
       }
       p = {Place::Kind::arena, own[own_index[b]].offset, offset};
     };
+    for (Place& p : plan->kept_fallback) place(p);
     for (size_t n = 0; n < plan->steps.size(); ++n) {
       Step& s = plan->steps[n];
       for (Place& p : s.outputs) place(p);
@@ -545,6 +561,38 @@ class NpuGraphKernel : public OpKernel {
                               m_spec.nodes[o.node].name + "', which has fewer outputs");
     }
     return rt::ok_status();
+  }
+
+  // Marks the steps whose output is kept across runs (Step::kept): a Cast reading stable inputs
+  // of the graph alone (StableInputs) into an arena buffer of its own (no place lies inside it,
+  // it lies inside none), compiled as one launch (keepable_output). Before the places are
+  // placed: every place of that buffer (the step's output, views of it) becomes a kept place;
+  // the buffer stays in the plan, where the output goes when the cache gives it no buffer.
+  // CANN's graph engine likewise fuses a variable's Cast into the variable
+  // (derived_tensor_cache.h).
+  static void keep_stable_casts(const std::vector<Place>& within, Plan* plan) {
+    if (!keep_derived_tensors()) return;
+    std::vector<char> hosts(within.size(), 0);  // buffers some other buffer lies in
+    for (const Place& w : within)
+      if (w.kind == Place::Kind::arena) hosts.at(w.index) = 1;
+    for (Step& s : plan->steps) {
+      if (s.in_place || s.op.type != "Cast" || s.inputs.empty() || !keepable_output(*s.compiled))
+        continue;
+      bool stable = true;
+      for (size_t i = 0; i < s.inputs.size(); ++i)
+        stable = stable && s.inputs[i].kind == Place::Kind::input &&
+                 s.stable_inputs.stable(static_cast<int64_t>(i));
+      const Place out = s.outputs.at(0);
+      if (!stable || out.kind != Place::Kind::arena || out.offset != 0 || hosts.at(out.index) ||
+          within.at(out.index).kind != Place::Kind::none)
+        continue;
+      s.kept = static_cast<int>(plan->kept_fallback.size());
+      plan->kept_fallback.push_back(out);
+      for (Step& t : plan->steps)
+        for (Place& p : t.outputs)
+          if (p.kind == Place::Kind::arena && p.index == out.index)
+            p = {Place::Kind::kept, static_cast<uint64_t>(s.kept), p.offset};
+    }
   }
 
   // Step n, a view (npu_graph_view_op): its output is its input's place (an input of the graph

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "adapter/compiler/op_desc.h"
+#include "adapter/tf/plugin/derived_tensor_cache.h"
 #include "adapter/tf/plugin/plugin_device.h"
 #include "adapter/tf/plugin/se_handles.h"
 
@@ -121,8 +122,11 @@ void allocate(const SP_Device* d, uint64_t size, int64_t /*memory_space*/,
 
 void deallocate(const SP_Device* d, SP_DeviceMemoryBase* mem) {
   if (!mem->opaque) return;
-  rt::Status st = free_tensor(dev(d), addr(mem));
+  const uint64_t a = addr(mem);
+  rt::Status st = free_tensor(dev(d), a);
   if (!st.ok()) log_error("deallocate: " + st.message());
+  // What the derived-tensor cache kept of this tensor (a weight's fp16 copy) is stale now.
+  DerivedTensorCache::instance().source_freed(dev(d), a, mem->size);
   mem->opaque = nullptr;
   mem->size = 0;
 }
