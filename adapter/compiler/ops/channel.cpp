@@ -121,9 +121,9 @@ ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
       m_kind(m_b.vector_core_kind()),
       m_core(*b.config().core_kind(m_kind)),
       m_has_b(s.kind == Kind::kSumProduct),
-      m_vectors(s.centered || s.relu_mask),
       m_sa(isa::dtype_size(s.a_type)),
-      m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0) {}
+      m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0),
+      m_vectors(s.centered || s.relu_mask) {}
 
 // Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (2 raw + f32),
 // b (2 raw + f32), the accumulators (f32 copies only for f16 / bf16 inputs).
