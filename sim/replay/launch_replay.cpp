@@ -75,8 +75,8 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
 namespace {
 
 // The L2 lines that blocks (start -> bytes) take when filed back to back, each from a fresh line
-// (sim/chip/l2_placement.h): they then lie on consecutive lines from set 0, so no set receives
-// more than ceil(lines / sets) of them.
+// (sim/chip/l2_placement.h): they then lie on consecutive lines (set = line % sets), so no set
+// receives more than ceil(lines / sets) of them, wherever the first one falls.
 uint64_t packed_lines(const std::map<uint64_t, uint64_t>& blocks, uint64_t line) {
   uint64_t lines = 0;
   for (const auto& [start, bytes] : blocks) lines += (bytes + line - 1) / line;

@@ -115,7 +115,7 @@ struct RecordedLaunch {
     // argument's span lies (sum over the touched arguments of ceil(lines of its span / sets)
     // at most the ways): then the launch evicts no line, at any line-aligned placement.
     bool fits_any_placement = false;
-    // Whether the touched blocks, filed back to back on lines of their own from set 0
+    // Whether the touched blocks, filed back to back on lines of their own
     // (sim/chip/l2_placement.h), take at most sets x ways lines: then each set receives at most
     // `ways` of them and the launch evicts no line under that filing, whatever its spans. A
     // launch of many small tensors (a multi-tensor optimizer update) fits so, not at any
