@@ -74,6 +74,15 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
 
 namespace {
 
+// The L2 lines that blocks (start -> bytes) take when filed back to back, each from a fresh line
+// (sim/chip/l2_placement.h): they then lie on consecutive lines (set = line % sets), so no set
+// receives more than ceil(lines / sets) of them, wherever the first one falls.
+uint64_t packed_lines(const std::map<uint64_t, uint64_t>& blocks, uint64_t line) {
+  uint64_t lines = 0;
+  for (const auto& [start, bytes] : blocks) lines += (bytes + line - 1) / line;
+  return lines;
+}
+
 struct Range {
   uint64_t begin, end;
   int core;
@@ -268,16 +277,22 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   const L2Tags& l2 = chip.memory().l2();
   const uint64_t line = l2.line_bytes(), sets = l2.sets();
   uint64_t per_set = 0;
+  std::map<uint64_t, uint64_t> touched_blocks;  // block start -> bytes
   for (size_t k = 0; k < args.size(); ++k) {
     RecordedLaunch::Translation::Extent& e = extents[k];
     if (!e.touched) continue;
     e.block_start = blocks[k].start;
     e.offset = args[k] - blocks[k].start;
+    touched_blocks[blocks[k].start] = blocks[k].end - blocks[k].start;
     const uint64_t lines = (e.hi + line - 1) / line - e.lo / line;
     if (sets > 0) per_set += (lines + sets - 1) / sets;
   }
   translation->line_bytes = static_cast<uint32_t>(line);
-  translation->fits_l2 = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
+  translation->l2_lines = sets * static_cast<uint64_t>(l2.ways());
+  translation->fits_any_placement = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
+  translation->fits_packed =
+      sets > 0 && packed_lines(touched_blocks, line) <= translation->l2_lines;
+  translation->fits_l2 = translation->fits_any_placement || translation->fits_packed;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
   rec->translation = std::move(translation);
@@ -314,6 +329,7 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
   const uint64_t line = t->line_bytes;
   // (2) Each touched argument now: its block, offset and moved span (as offsets in the block).
   std::vector<Extent> now(args.size());
+  std::map<uint64_t, uint64_t> now_blocks;  // block start -> bytes (for (1) by fits_packed)
   for (size_t k = 0; k < args.size(); ++k) {
     const Extent& e = t->extents[k];
     if (!e.touched) continue;
@@ -333,6 +349,14 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
     n.hi = n.offset + e.hi - e.offset;
     if (n.offset + e.lo < e.offset || n.hi > bytes)
       return refuse(fmt::format("argument {}'s span would leave its block", k));
+    now_blocks[start] = bytes;
+  }
+  // (1) for a recording that fits only under the filing by block: so must this launch's blocks.
+  if (!t->fits_any_placement) {
+    const uint64_t lines = packed_lines(now_blocks, line);
+    if (lines > t->l2_lines)
+      return refuse(fmt::format("may evict: its blocks take {} L2 lines of {}", lines,
+                                t->l2_lines));
   }
   // (3) Arguments sharing a line, then or now, keep their distance in one block.
   const auto share_line = [line](const Extent& a, const Extent& b) {

@@ -114,10 +114,21 @@ struct RecordedLaunch {
     // Whether no set of the L2 can receive more distinct lines than it has ways, wherever each
     // argument's span lies (sum over the touched arguments of ceil(lines of its span / sets)
     // at most the ways): then the launch evicts no line, at any line-aligned placement.
+    bool fits_any_placement = false;
+    // Whether the touched blocks, filed back to back on lines of their own
+    // (sim/chip/l2_placement.h), take at most sets x ways lines: then each set receives at most
+    // `ways` of them and the launch evicts no line under that filing, whatever its spans. A
+    // launch of many small tensors (a multi-tensor optimizer update) fits so, not at any
+    // placement (its bound above counts a way per tensor).
+    bool fits_packed = false;
+    // fits_any_placement or fits_packed: relocated_writes may time this launch elsewhere (a
+    // relocation onto blocks of other sizes then checks fits_packed for those too).
     bool fits_l2 = false;
-    // The sum above and the L2's ways (fits_l2: ways_needed <= ways), for the replay log.
+    // The sum of the first bound and the L2's ways (fits_any_placement: ways_needed <= ways),
+    // for the replay log.
     uint32_t ways_needed = 0, ways = 0;
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
+    uint64_t l2_lines = 0;    // the L2's sets x ways (fits_packed's limit)
   };
   std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
@@ -174,8 +185,10 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 // outcome for a launch that evicts no line depends only on which of its accesses share a line
 // (a lookup hits iff an earlier one filled its line and no bypassing write dropped it), and on
 // how each range splits into lines. So it holds if
-//   (1) the recorded launch evicts no line at any placement (Translation::fits_l2), and so does
-//       this one (its spans are the same sizes, at the same offsets modulo a line);
+//   (1) the recorded launch evicts no line at any placement (Translation::fits_any_placement),
+//       and so does this one (its spans are the same sizes, at the same offsets modulo a line);
+//       or, under the L2's filing by block, both launches' touched blocks take at most the L2's
+//       lines (Translation::fits_packed, checked for this launch's blocks here);
 //   (2) each touched argument lies at the same offset modulo the L2 line in its block as then,
 //       and its moved span lies inside its block (under the L2's filing by block,
 //       sim/chip/l2_placement.h, every range then moves by whole lines, as one piece);

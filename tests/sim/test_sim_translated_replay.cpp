@@ -167,6 +167,17 @@ json workload(Mode mode) {
   // The same at offset 512 of a larger block: it may evict, so it is never relocated.
   blocks = {{0x30000000, bbytes + 512}, {0x31000000, bbytes}, {0x33000000, bbytes}};
   run("vadd_big_offset", vadd, {0x30000200, 0x31000000, 0x33000000, big}, 3);
+  // Tensors of 5 x 1024 + 1 lines each (the tiny L2: 1024 sets of 16 ways): at some placement
+  // each puts 6 lines in one set, 18 > 16 ways, but filed back to back (the L2's filing by
+  // block) the three take 15,363 of the L2's 16,384 lines and evict none. Relocated at offset 512
+  // of larger blocks that still fit so; not where x's block grows past the L2's lines.
+  const uint64_t packed = (5 * 1024 + 1) * 256, pbytes = 2 * packed;
+  blocks = {{0x34000000, pbytes}, {0x34400000, pbytes}, {0x34800000, pbytes}};
+  run("vadd_packed", vadd, {0x34000000, 0x34400000, 0x34800000, packed}, 3);
+  blocks = {{0x34c00000, pbytes + 512}, {0x35000000, pbytes}, {0x35400000, pbytes}};
+  run("vadd_packed_offset", vadd, {0x34c00200, 0x35000000, 0x35400000, packed}, 3);
+  blocks = {{0x35800000, pbytes + 0x100000}, {0x35c00000, pbytes}, {0x36000000, pbytes}};
+  run("vadd_packed_large_block", vadd, {0x35800200, 0x35c00000, 0x36000000, packed}, 3);
   // The cube kernel, moved.
   for (const auto& [name, base] :
        {std::pair<std::string, uint64_t>{"gemm", 0x8000000}, {"gemm_moved", 0x9300000}}) {
@@ -229,13 +240,14 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // Relocation also replays a launch at another offset in its block (a multiple of the line),
   // in a block of another size, or sharing a block on lines of its own; not where it could
   // evict, an offset moved by part of a line, or arguments that share lines then or now.
-  for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near"}) {
+  for (const char* k :
+       {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
   for (const char* k : {"vadd", "vadd_in_place", "vadd_offset_256", "vadd_big", "vadd_big_offset",
-                        "gemm", "scale"}) {
+                        "vadd_packed", "vadd_packed_large_block", "gemm", "scale"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == false);
   }
@@ -272,6 +284,13 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   CHECK(big.rfind("simulated\tno recording of its program", 0) == 0);
   CHECK(big.find("; recorded, may evict (") != std::string::npos);
   CHECK(big_offset.rfind("simulated\tother block layout: may evict: its spans need ", 0) == 0);
+  CHECK(verdict("vadd_packed") ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "relocatable");
+  CHECK(verdict("vadd_packed_offset") == "replayed\trelocated");
+  CHECK(verdict("vadd_packed_large_block") ==
+        "simulated\tother block layout: may evict: its blocks take 17411 L2 lines of 16384; "
+        "recorded, may evict (18 L2 ways of 16)");
   CHECK(verdict("gemm_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
 }
 
