@@ -166,9 +166,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // one that runs alone (see `alone` in the header). A timing-only run with a cold L2 also
   // replays by translation (SimOptions::replay_translated), even with `replay` off.
   const bool keep_l2 = m_cfg.l2_keep_across_launches;
-  const bool translate =
-      !opts.functional && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
+  // A functional run replays a translated launch by walking its blocks at its own arguments
+  // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
+  const bool translate =
+      (!opts.functional || walk) && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
   bool loads = false;
   bool replayable =
       alone && (walk || translate) && launch.block_dim >= 1 &&
@@ -262,7 +264,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
                   : "no recording of its program, untyped arguments and block count";
       }
     }
-    have_writes = recorded != nullptr;
+    // A timing-only run carries it out by the translated ranges alone; a functional one runs
+    // its effects below (replay_blocks at these arguments).
+    have_writes = recorded != nullptr && !opts.functional;
   }
   if (!recorded && walk) {
     // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
