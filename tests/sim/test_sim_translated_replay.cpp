@@ -211,6 +211,23 @@ json run_in_child(Mode mode, bool functional = false) {
       test::run_in_child([mode, functional] { return workload(mode, functional).dump(); }));
 }
 
+// Every launch of `run` (results, cycles, counters, simulated time, outputs) as in `sim`, every
+// simulated launch ok.
+void check_same_as_simulated(const json& sim, const json& run) {
+  for (const auto& [name, value] : sim.items()) {
+    INFO(name);
+    if (value.is_object() && value.contains("replayed")) {
+      CHECK(value["ok"] == true);
+      json a = value, b = run[name];
+      a.erase("replayed");
+      b.erase("replayed");
+      CHECK(a == b);
+    } else {
+      CHECK(value == run[name]);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a timing-only replay by translation gives exactly what simulating gives") {
@@ -218,19 +235,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   const json translated = run_in_child(Mode::translate);
   const json relocated = run_in_child(Mode::relocate);
   const json check = run_in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &relocated, &check})
-    for (const auto& [name, value] : sim.items()) {
-      INFO(name);
-      if (value.is_object() && value.contains("replayed")) {
-        CHECK(value["ok"] == true);
-        json a = value, b = (*run)[name];
-        a.erase("replayed");
-        b.erase("replayed");
-        CHECK(a == b);
-      } else {
-        CHECK(value == (*run)[name]);
-      }
-    }
+  for (const json* run : {&translated, &relocated, &check}) check_same_as_simulated(sim, *run);
   for (const auto& [name, value] : sim.items())
     if (value.is_object() && value.contains("replayed")) CHECK(value["replayed"] == false);
   // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
@@ -303,19 +308,7 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
   const json sim = run_in_child(Mode::simulate, true);
   const json relocated = run_in_child(Mode::relocate, true);
   const json check = run_in_child(Mode::check, true);  // throws on any difference
-  for (const json* run : {&relocated, &check})
-    for (const auto& [name, value] : sim.items()) {
-      INFO(name);
-      if (value.is_object() && value.contains("replayed")) {
-        CHECK(value["ok"] == true);
-        json a = value, b = (*run)[name];
-        a.erase("replayed");
-        b.erase("replayed");
-        CHECK(a == b);
-      } else {
-        CHECK(value == (*run)[name]);
-      }
-    }
+  for (const json* run : {&relocated, &check}) check_same_as_simulated(sim, *run);
   // The outputs were computed (vadd: x + y of the patterns), not left as filled.
   CHECK(sim["vadd_moved_out"] != sim["vadd_out"]);
   const json& log = relocated["replay_log"];
