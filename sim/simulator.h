@@ -43,11 +43,12 @@ struct SimOptions {
   // The environment variable NPUSIM_REPLAY (on|off|check) overrides this.
   enum class Replay { on, off, check };
   Replay replay = Replay::on;
-  // Timing-only runs (functional false) with a cold L2 only: a launch whose recording
-  // provably times it at its tensor addresses by translation alone (translated_writes,
-  // sim/replay/launch_replay.h: the program moves with its tensors and they lie in blocks laid
-  // out as then) is replayed without walking its program, also when `replay` is off, which then
-  // records only such programs. Exact: the same cycles and counters as simulating
+  // With a cold L2 only: a launch whose recording provably times it at its tensor addresses by
+  // translation alone (translated_writes, sim/replay/launch_replay.h: the program moves with
+  // its tensors and they lie in blocks laid out as then) is replayed without the check. A
+  // timing-only run (functional false) does so without walking its program, also when
+  // `replay` is off, which then records only such programs; a functional run walks it once for
+  // its effects (with `replay` on). Exact: the same cycles and counters as simulating
   // (Replay::check verifies every one). The environment variable NPUSIM_REPLAY_TRANSLATED
   // (on|off) overrides it; NPUSIM_REPLAY=off turns it off too.
   bool replay_translated = true;

@@ -166,9 +166,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // one that runs alone (see `alone` in the header). A timing-only run with a cold L2 also
   // replays by translation (SimOptions::replay_translated), even with `replay` off.
   const bool keep_l2 = m_cfg.l2_keep_across_launches;
-  const bool translate =
-      !opts.functional && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
+  // A functional run replays a translated launch by walking its blocks at its own arguments
+  // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
+  const bool translate =
+      (!opts.functional || walk) && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
   bool loads = false;
   bool replayable =
       alone && (walk || translate) && launch.block_dim >= 1 &&
@@ -262,7 +264,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
                   : "no recording of its program, untyped arguments and block count";
       }
     }
-    have_writes = recorded != nullptr;
+    // A timing-only run carries it out by the translated ranges alone; a functional one runs
+    // its effects below (replay_blocks at these arguments).
+    have_writes = recorded != nullptr && !opts.functional;
   }
   if (!recorded && walk) {
     // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
@@ -272,7 +276,15 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // addresses does; one that fails is recorded afresh below.
     // So must every recording when the L2 keeps its lines across launches: the L2 this launch
     // starts with may differ from the recorded run's.
-    const bool checked = recorded && (loads || keep_l2);
+    // Not needed under its own key when the loaded values reach data operands only (the
+    // program's address flow is followed, analyze_address_flow): every operand that plan()
+    // reads, every branch, loop count, mask and address is then the same for any data, so the
+    // walk times as recorded (the same ranges, no core touching bytes another writes, as
+    // recorded or checked at these addresses when it was aliased) whatever ld reads. The
+    // replay's walk reads each ld where the recorded order places it (replay_blocks).
+    const bool data_only_loads = loads && recorded && recorded == found && !keep_l2 &&
+                                 m_store.address_flow(P->key, *launch.program).ok;
+    const bool checked = recorded && ((loads && !data_only_loads) || keep_l2);
     stale = checked && !verify(*recorded, launch, verified_writes, verified_effects);
     have_writes = checked && !stale && verified_writes;
     if (stale) recorded = nullptr;
@@ -290,7 +302,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         }
     }
     if (logging && recorded && how.empty())
-      how = (loads || keep_l2) ? "its own key, checked" : "its own key";
+      how = data_only_loads      ? "its own key, loads reach data operands only"
+            : (loads || keep_l2) ? "its own key, checked"
+                                 : "its own key";
     if (logging && !recorded && replayable && !detail && P->flow == nullptr)
       why = stale   ? "its recording failed the check"
             : found ? "past the time limit"

@@ -2,12 +2,17 @@
 // replayed, and a run with replay gives exactly what a run without it gives (results, cycles,
 // per-launch counters, the chip's totals, simulated time), also for a kernel whose pipes race
 // and for a launch whose tensors moved.
-// Launches that cannot be replayed (ld, cores writing each other's bytes, faults) are simulated
-// every time. Each mode runs in a forked child process (SystemC elaborates one chip per
-// process); this process never constructs a Simulator itself.
+// Launches that cannot be replayed (cores writing each other's bytes, faults) are simulated
+// every time; one whose ld steers its control flow replays only after a check. Each mode runs
+// in a forked child process (SystemC elaborates one chip per process); this process never
+// constructs a Simulator itself.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <unistd.h>
 #include <string>
 
 #include "common/numeric.h"
@@ -91,7 +96,8 @@ loop:
 )";
 
 // ld of bytes the core itself stores first: the check (which applies no effects) cannot vouch
-// for the value, so the launch is simulated every time.
+// for the value; the loaded value only reaches a stored one, so the launch replays unchecked
+// under its own key.
 const char* kStoreLoad = R"(
 .arg p
 .section aiv
@@ -101,6 +107,30 @@ const char* kStoreLoad = R"(
     ld x3, x1
     add x4, x1, 8
     st x3, x4
+    end
+)";
+
+// y = x * s over 128 fp16, s the fp32 scalar at p (an optimizer's learning rate): the loaded
+// value reaches only the vector unit's scalar operand, so under its own key the launch replays
+// without the check whatever p holds (the replay log says so).
+const char* kLoadScale = R"(
+.arg x
+.arg p
+.arg y
+.section aiv
+    ldarg x1, x
+    ldarg x7, p
+    ldarg x2, y
+    ld x5, x7
+    movi x3, 0
+    movi x4, 1024
+    copy_gm2ub x3, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x4, x3, x5, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x2, x4, 1, 8, 0, 0
     end
 )";
 
@@ -147,10 +177,13 @@ std::vector<uint16_t> f16_data(uint64_t n, float scale) {
 
 // Runs the workload on a fresh chip in this (child) process with replay `mode`; `functional`
 // false: a timing-only simulator.
-json workload(SimOptions::Replay mode, int threads, bool functional = true) {
+// replay_log: SimOptions::replay_log (empty: none).
+json workload(SimOptions::Replay mode, int threads, bool functional = true,
+              const std::string& replay_log = "") {
   unsetenv("NPUSIM_REPLAY");  // the options below are what this test compares
   unsetenv("NPUSIM_REPLAY_THREADS");
   SimOptions opts;
+  opts.replay_log = replay_log;
   opts.replay = mode;
   opts.replay_threads = threads;
   opts.functional = functional;
@@ -171,6 +204,7 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true) {
   isa::Program loop = isa::assemble(kLoadLoop, "loop.s");
   isa::Program stld = isa::assemble(kStoreLoad, "stld.s");
   isa::Program overlap = isa::assemble(kOverlap, "overlap.s");
+  isa::Program scale = isa::assemble(kLoadScale, "scale.s");
   for (int round = 0; round < 3; ++round) {
     // New data every round: a replay computes with the data it is given.
     const std::string r = std::to_string(round);
@@ -194,6 +228,10 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true) {
     record("stld" + r, launch(sim, stld, {kW + 128}, 1));
     out["stld_out" + r] = read_gm<int64_t>(sim, kW + 136, 1);
     record("fault" + r, launch(sim, fault, {}, 1));
+    // Another scalar every round.
+    write_gm(sim, kW + 256, std::vector<uint32_t>{f32_to_bits(0.5f + round), 0});
+    record("scale" + r, launch(sim, scale, {kX, kW + 256, kZ}, 1));
+    out["scale_out" + r] = read_gm<uint16_t>(sim, kZ, 128);
   }
   // A different block count or size argument is another launch.
   record("vadd_blocks", launch(sim, vadd, {kX, kY, kZ, n}, 2));
@@ -229,9 +267,11 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true) {
   return out;
 }
 
-json run_in_child(SimOptions::Replay mode, int threads = 0, bool functional = true) {
-  return json::parse(test::run_in_child(
-      [mode, threads, functional] { return workload(mode, threads, functional).dump(); }));
+json run_in_child(SimOptions::Replay mode, int threads = 0, bool functional = true,
+                  const std::string& replay_log = "") {
+  return json::parse(test::run_in_child([mode, threads, functional, replay_log] {
+    return workload(mode, threads, functional, replay_log).dump();
+  }));
 }
 
 // Every launch of `run` (results, cycles, counters, simulated time) and the totals as in `off`.
@@ -274,6 +314,12 @@ TEST_CASE("replay gives exactly what simulating every launch gives") {
   CHECK(off["loop_out2"] == json(std::vector<int64_t>{15}));
   CHECK(off["loop2"]["cycles"] > off["loop1"]["cycles"]);
   CHECK(off["fault0"]["ok"] == false);
+  // The scaled tile of round 2 (x of round 2, s = 2.5).
+  const auto scaled = off["scale_out2"].get<std::vector<uint16_t>>();
+  bool scale_correct = true;
+  for (size_t i = 0; i < scaled.size(); ++i)
+    scale_correct &= scaled[i] == f32_to_f16(f16_to_f32(x[i]) * 2.5f);
+  CHECK(scale_correct);
 }
 
 // A timing-only simulator carries out a launch that passed the address check by invalidating
@@ -311,9 +357,47 @@ TEST_CASE("which launches are replayed") {
   }
   CHECK(on["ldst2"]["replayed"] == true);
   CHECK(on["loop2"]["replayed"] == false);
-  // Cores writing each other's bytes, an ld of the core's own stores, faults: simulated every
-  // time.
-  for (const char* k : {"same", "stld", "fault"})
+  // A loaded value that reaches data operands only (the vector unit's scalar, the value st
+  // stores): under its own key the launch replays without the check, whatever it loads; one that
+  // reaches a branch is checked.
+  for (int round = 0; round < 3; ++round) {
+    INFO("scale" << round);
+    CHECK(on["scale" + std::to_string(round)]["replayed"] == (round > 0));
+  }
+  // So is an ld of the core's own stores (which the check, applying no effects, could not vouch
+  // for): the replay's walk stores, then loads, in the recorded order.
+  for (int round = 0; round < 3; ++round) {
+    INFO("stld" << round);
+    CHECK(on["stld" + std::to_string(round)]["replayed"] == (round > 0));
+  }
+  const std::string log_path = (std::filesystem::temp_directory_path() /
+                                ("replay_log_" + std::to_string(getpid())))
+                                   .string();
+  std::filesystem::remove(log_path);
+  run_in_child(SimOptions::Replay::on, 0, true, log_path);
+  std::map<std::string, std::vector<std::string>> notes;  // kernel -> its launches' notes
+  {
+    std::ifstream log(log_path);
+    // kernel, blocks, cycles, CPU us, then the note ("replayed" or "simulated", a tab, why)
+    for (std::string line; std::getline(log, line);) {
+      size_t at = 0;
+      for (int field = 0; field < 4 && at != std::string::npos; ++field)
+        at = line.find('\t', at + 1);
+      if (at != std::string::npos)
+        notes[line.substr(0, line.find('\t'))].push_back(line.substr(at + 1));
+    }
+  }
+  std::filesystem::remove(log_path);
+  for (const char* k : {"scale", "ldst", "stld"}) {
+    INFO(k);
+    REQUIRE(notes[k].size() == 3);
+    CHECK(notes[k][1] == "replayed\tits own key, loads reach data operands only");
+    CHECK(notes[k][2] == "replayed\tits own key, loads reach data operands only");
+  }
+  REQUIRE(notes["loop"].size() == 3);
+  CHECK(notes["loop"][1] == "replayed\tits own key, checked");
+  // Cores writing each other's bytes, faults: simulated every time.
+  for (const char* k : {"same", "fault"})
     for (int round = 0; round < 3; ++round) {
       INFO(k << round);
       CHECK(on[std::string(k) + std::to_string(round)]["replayed"] == false);

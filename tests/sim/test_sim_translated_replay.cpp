@@ -3,8 +3,9 @@
 // tensors moved to blocks laid out as the recorded launch's, without walking its program, and
 // every launch then has exactly the cycles and counters of simulating it; with relocation
 // (relocated_writes), also a launch at other offsets in its blocks that cannot evict an L2
-// line. Each mode runs in a
-// forked child (SystemC elaborates one chip per process).
+// line. A functional simulator replays such a launch by walking its blocks at its own
+// arguments, the translation standing in for the check. Each mode runs in a forked child
+// (SystemC elaborates one chip per process).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <map>
 #include <string>
 
+#include "common/numeric.h"
 #include "isa/assembler.h"
 #include "sim/config/chip_config.h"
 #include "sim/replay/address_flow.h"
@@ -71,14 +73,18 @@ enum class Mode { simulate, translate, relocate, check };
 // translation only (SimOptions::replay off, as the TF plugin sets it for timing-only runs),
 // without relocation (translate) or with it (relocate, SimOptions::replay_relocate); or replay
 // with relocation, then also simulate and throw on any difference (Replay::check).
-json workload(Mode mode) {
+// functional: a functional simulator instead, replays walking the program (Replay::on), every
+// launch's inputs filled with data and its output's bytes kept (out[name + "_out"]).
+json workload(Mode mode, bool functional = false) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
   unsetenv("NPUSIM_REPLAY_RELOCATE");
   unsetenv("NPUSIM_REPLAY_LOG");
   SimOptions opts;
-  opts.functional = false;
-  opts.replay = mode == Mode::check ? SimOptions::Replay::check : SimOptions::Replay::off;
+  opts.functional = functional;
+  opts.replay = mode == Mode::check                    ? SimOptions::Replay::check
+                : functional && mode != Mode::simulate ? SimOptions::Replay::on
+                                                       : SimOptions::Replay::off;
   opts.replay_translated = mode != Mode::simulate;
   opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
   // With relocation, each launch's line of the replay log (SimOptions::replay_log) too.
@@ -103,7 +109,22 @@ json workload(Mode mode) {
     l.args = std::move(args);
     l.block_dim = block_dim;
     l.gm_blocks = lookup(&blocks);
+    // Every block's bytes a pattern of the block's address (the same in every mode).
+    if (functional)
+      for (const auto& [start, bytes] : blocks) {
+        std::vector<uint16_t> v(bytes / 2);
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = f32_to_f16(static_cast<float>((i * 7 + start / 512) % 61) * 0.125f - 3.0f);
+        test::write_gm(sim, start, v);
+      }
     const KernelResult r = sim.run(l);
+    // The output (the third argument) to the end of its block.
+    if (functional) {
+      auto it = blocks.upper_bound(l.args[2]);
+      --it;
+      out[name + "_out"] =
+          test::read_gm<uint16_t>(sim, l.args[2], (it->first + it->second - l.args[2]) / 2);
+    }
     out[name] = {{"ok", r.ok},
                  {"error", r.error},
                  {"cycles", r.cycles},
@@ -196,8 +217,26 @@ json workload(Mode mode) {
   return out;
 }
 
-json run_in_child(Mode mode) {
-  return json::parse(test::run_in_child([mode] { return workload(mode).dump(); }));
+json run_in_child(Mode mode, bool functional = false) {
+  return json::parse(
+      test::run_in_child([mode, functional] { return workload(mode, functional).dump(); }));
+}
+
+// Every launch of `run` (results, cycles, counters, simulated time, outputs) as in `sim`, every
+// simulated launch ok.
+void check_same_as_simulated(const json& sim, const json& run) {
+  for (const auto& [name, value] : sim.items()) {
+    INFO(name);
+    if (value.is_object() && value.contains("replayed")) {
+      CHECK(value["ok"] == true);
+      json a = value, b = run[name];
+      a.erase("replayed");
+      b.erase("replayed");
+      CHECK(a == b);
+    } else {
+      CHECK(value == run[name]);
+    }
+  }
 }
 
 }  // namespace
@@ -207,19 +246,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   const json translated = run_in_child(Mode::translate);
   const json relocated = run_in_child(Mode::relocate);
   const json check = run_in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &relocated, &check})
-    for (const auto& [name, value] : sim.items()) {
-      INFO(name);
-      if (value.is_object() && value.contains("replayed")) {
-        CHECK(value["ok"] == true);
-        json a = value, b = (*run)[name];
-        a.erase("replayed");
-        b.erase("replayed");
-        CHECK(a == b);
-      } else {
-        CHECK(value == (*run)[name]);
-      }
-    }
+  for (const json* run : {&translated, &relocated, &check}) check_same_as_simulated(sim, *run);
   for (const auto& [name, value] : sim.items())
     if (value.is_object() && value.contains("replayed")) CHECK(value["replayed"] == false);
   // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
@@ -292,6 +319,31 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
         "simulated\tother block layout: may evict: its blocks take 17411 L2 lines of 16384; "
         "recorded, may evict (18 L2 ways of 16)");
   CHECK(verdict("gemm_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
+}
+
+// In a functional simulator, translation stands in for the check of a launch at other
+// addresses (or under its own key, with ld): the replay walks its blocks at its own arguments.
+TEST_CASE("a functional replay by translation gives exactly what simulating gives") {
+  const json sim = run_in_child(Mode::simulate, true);
+  const json relocated = run_in_child(Mode::relocate, true);
+  const json check = run_in_child(Mode::check, true);  // throws on any difference
+  for (const json* run : {&relocated, &check}) check_same_as_simulated(sim, *run);
+  // The outputs were computed (vadd: x + y of the patterns), not left as filled.
+  CHECK(sim["vadd_moved_out"] != sim["vadd_out"]);
+  const json& log = relocated["replay_log"];
+  const auto verdict = [&](const char* k) {
+    std::string line = log.value(k, "");
+    for (int field = 0; field < 4 && !line.empty(); ++field)
+      line.erase(0, line.find('\t') == std::string::npos ? line.size() : line.find('\t') + 1);
+    return line;
+  };
+  for (const char* k : {"vadd_moved", "vadd_in_place_moved", "gemm_moved", "scale_moved"}) {
+    INFO(k);
+    CHECK(verdict(k) == "replayed\ttranslated, other addresses in blocks laid out alike");
+    CHECK(check[k]["replayed"] == true);
+  }
+  CHECK(verdict("vadd_again") == "replayed\ttranslated, its own key");
+  CHECK(verdict("vadd_offset") == "replayed\trelocated");
 }
 
 namespace {
