@@ -96,6 +96,56 @@ def test_kernel_fault_is_an_op_error_and_the_process_survives():
     assert result["records"] and not any(ok for _, ok, _ in result["records"])
 
 
+# The variable kernels written on TensorFlow's C++ API (adapter/tf/plugin/tf_cc_kernel_util.h,
+# GuardedOpKernel): AssignAddVariableOp, ResourceApplyGradientDescent (an optimizer kernel) and
+# ResourceDynamicUpdateSlice (npusim.llm.update_variable_slice), each faulting on the chip under
+# the watchdog as FAULT_CHILD's kernels do.
+VARIABLE_FAULT_CHILD = r"""
+import json, os
+import numpy as np
+import npusim
+os.environ["NPUSIM_MAX_INSNS_PER_BLOCK"] = "8"
+npusim.configure(chip="tiny")
+import tensorflow as tf
+import npusim.llm
+start = np.arange(64, dtype=np.float32).reshape(2, 32)
+ones = np.ones_like(start)  # copied to the chip: no kernel
+out = {}
+with tf.device("/NPU:0"):
+    v = tf.Variable(start)
+    updates = {
+        "AssignAddVariableOp": lambda: v.assign_add(ones),
+        "ResourceApplyGradientDescent": lambda: tf.raw_ops.ResourceApplyGradientDescent(
+            var=v.handle, alpha=tf.constant(np.float32(0.5)), delta=tf.constant(ones)),
+        "ResourceDynamicUpdateSlice": lambda: npusim.llm.update_variable_slice(
+            v, np.ones((1, 32), np.float32), [1, 0]),
+    }
+    for op, update in updates.items():
+        try:
+            update()
+            out[op] = {"error": None}
+        except tf.errors.OpError as e:
+            out[op] = {"error": [type(e).__name__, e.message]}
+        out[op]["value"] = v.numpy().tolist()
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_variable_kernel_fault_names_the_op_and_keeps_the_value():
+    result = _result(run_child(VARIABLE_FAULT_CHILD))
+    assert set(result) == {"AssignAddVariableOp", "ResourceApplyGradientDescent",
+                           "ResourceDynamicUpdateSlice"}, result
+    start = np.arange(64, dtype=np.float32).reshape(2, 32).tolist()
+    for op, run in result.items():
+        assert run["error"] is not None, f"{op} ran past the watchdog"
+        kind, message = run["error"]
+        assert kind == "InternalError", run["error"]
+        assert op in message and "on the NPU" in message, message
+        assert "instructions" in message, message
+        # A faulted update publishes nothing: the variable keeps its value.
+        assert run["value"] == start, (op, run["value"])
+
+
 def test_unsupported_op_with_soft_placement_off_is_a_placement_error(npusim, tf,
                                                                      strict_placement):
     # Zeta has CPU kernels only. Eager: TensorFlow's "no kernel" error for the NPU.

@@ -22,7 +22,6 @@
 // queues this rank's part on the NPU stream and returns; `done` runs once the collective has
 // run (collective_bridge.h). The C API has no asynchronous kernels. As in
 // kernels_resource_variables.cpp, this file includes only C-API bridge headers of npusim.
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -71,20 +70,17 @@ class NpuCollectiveOp : public tfc::AsyncOpKernel {
                          std::vector<int64_t>(dims.begin(), dims.end()), device_address(in),
                          device_address(*out)});
     }
-    DenseUpdateStatus st;
-    try {
+    const absl::Status st = guarded_compute(*this, [&] {
       // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (tensorflow/c/
       // kernels.cc casts it back), so the C-API layer can find the op's stream and device.
-      st = queue_collective(reinterpret_cast<TF_OpKernelContext*>(ctx), m_spec, tensors,
-                            [ctx, done](DenseUpdateStatus result) {
-                              if (!result.ok()) ctx->SetStatus(to_absl(result));
-                              done();
-                            });
-    } catch (const std::exception& e) {
-      st = {TF_INTERNAL, e.what()};
-    }
+      return to_absl(queue_collective(reinterpret_cast<TF_OpKernelContext*>(ctx), m_spec, tensors,
+                                      [ctx, done](DenseUpdateStatus result) {
+                                        if (!result.ok()) ctx->SetStatus(to_absl(result));
+                                        done();
+                                      }));
+    });
     if (!st.ok()) {
-      ctx->SetStatus(to_absl(st));
+      ctx->SetStatus(st);
       done();
     }
   }

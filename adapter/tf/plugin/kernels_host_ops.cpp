@@ -20,7 +20,6 @@
 //                      as for any host-memory output.
 // The CPU kernels dereference nothing but host memory. Registering OptionalFromValue for the NPU
 // would break that invariant (an Optional holding device tensors read back as host memory).
-#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,9 +32,9 @@ namespace {
 
 using namespace cc;  // NOLINT: tfc, register_npu_kernel
 
-class HostRoutedOp : public tfc::OpKernel {
+class HostRoutedOp : public GuardedOpKernel {
  public:
-  explicit HostRoutedOp(tfc::OpKernelConstruction* c) : OpKernel(c) {
+  explicit HostRoutedOp(tfc::OpKernelConstruction* c) : GuardedOpKernel(c) {
     absl::Status st;
     m_cpu = tfc::CreateOpKernel(tfc::DeviceType(tfc::DEVICE_CPU), c->device(),
                                 c->device()->GetAllocator(tfc::AllocatorAttributes()), def(),
@@ -45,15 +44,14 @@ class HostRoutedOp : public tfc::OpKernel {
     OP_REQUIRES_OK(c, st);
   }
 
-  void Compute(tfc::OpKernelContext* ctx) override {
-    try {
-      m_cpu->Compute(ctx);
-    } catch (const std::exception& e) {
-      ctx->SetStatus(absl::InternalError(absl::StrCat(name(), " on the NPU: ", e.what())));
-    }
-  }
 
  private:
+  // The CPU kernel sets the context's status itself.
+  absl::Status compute(tfc::OpKernelContext* ctx) override {
+    m_cpu->Compute(ctx);
+    return ctx->status();
+  }
+
   std::unique_ptr<tfc::OpKernel> m_cpu;
 };
 

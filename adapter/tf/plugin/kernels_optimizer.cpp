@@ -98,23 +98,12 @@ const ApplyOpDef* find_apply_op(const std::string& type) {
   return nullptr;
 }
 
-// A variable update kernel: Compute runs update() and makes its status, or an exception's
-// message, the op's status (no exception may reach TensorFlow; only std::bad_alloc could come
-// from here).
-class UpdateKernel : public tfc::OpKernel {
+// A variable update kernel: its compute() runs the update (GuardedOpKernel).
+class UpdateKernel : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tfc::OpKernelContext* ctx) final {
-    try {
-      ctx->SetStatus(update(ctx));
-    } catch (const std::exception& e) {
-      ctx->SetStatus(absl::InternalError(absl::StrCat(name(), " on the NPU: ", e.what())));
-    }
-  }
+  using GuardedOpKernel::GuardedOpKernel;
 
  protected:
-  virtual absl::Status update(tfc::OpKernelContext* ctx) = 0;
-
   // New buffers like `var` for the new values of n variables, and their UpdateTensors.
   static absl::Status allocate_new_values(tfc::OpKernelContext* ctx, const tfc::Tensor& var, int n,
                                           std::vector<tfc::Tensor>* updated,
@@ -157,7 +146,7 @@ class ResourceApplyOp : public UpdateKernel {
   }
 
  private:
-  absl::Status update(tfc::OpKernelContext* ctx) override {
+  absl::Status compute(tfc::OpKernelContext* ctx) override {
     const int n = static_cast<int>(m_def.variables.size());
     LockedVariables vars;
     absl::Status st = vars.lock(ctx, n);
@@ -237,7 +226,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
   }
 
  private:
-  absl::Status update(tfc::OpKernelContext* ctx) override {
+  absl::Status compute(tfc::OpKernelContext* ctx) override {
     const int n = static_cast<int>(m_variables);
     LockedVariables vars;
     absl::Status st = vars.lock(ctx, n);

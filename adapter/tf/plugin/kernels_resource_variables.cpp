@@ -37,7 +37,6 @@
 // sparse ops are refused on the NPU: kernels_variables.cpp), VarIsInitializedOp and
 // DestroyResourceOp (host memory only).
 #include <algorithm>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -58,21 +57,12 @@ using namespace cc;  // NOLINT: tfc, device_address, register_npu_kernel, ...
 
 // AssignAddVariableOp (binary_op "AddV2") and AssignSubVariableOp ("Sub").
 template <const char* kBinaryOp>
-class AssignUpdateVariableOp : public tfc::OpKernel {
+class AssignUpdateVariableOp : public GuardedOpKernel {
  public:
-  explicit AssignUpdateVariableOp(tfc::OpKernelConstruction* c) : OpKernel(c) {}
-
-  void Compute(tfc::OpKernelContext* ctx) override {
-    // No exception may reach TensorFlow (only std::bad_alloc could come from here).
-    try {
-      ctx->SetStatus(update(ctx));
-    } catch (const std::exception& e) {
-      ctx->SetStatus(absl::InternalError(absl::StrCat(name(), " on the NPU: ", e.what())));
-    }
-  }
+  using GuardedOpKernel::GuardedOpKernel;
 
  private:
-  absl::Status update(tfc::OpKernelContext* ctx) {
+  absl::Status compute(tfc::OpKernelContext* ctx) override {
     tfc::core::RefCountPtr<tfc::Var> variable;
     absl::Status st = tfc::LookupResource(ctx, tfc::HandleFromInput(ctx, 0), &variable);
     if (!st.ok()) return st;
@@ -122,17 +112,9 @@ class AssignUpdateVariableOp : public tfc::OpKernel {
 // (UnimplementedError otherwise). Copy on write, as TensorFlow's in-place updates: when the
 // buffer is shared (a tensor read from the variable is still alive) it is first copied to a
 // new buffer, so that reader keeps the old value.
-class DynamicUpdateSliceVariableOp : public tfc::OpKernel {
+class DynamicUpdateSliceVariableOp : public GuardedOpKernel {
  public:
-  explicit DynamicUpdateSliceVariableOp(tfc::OpKernelConstruction* c) : OpKernel(c) {}
-
-  void Compute(tfc::OpKernelContext* ctx) override {
-    try {
-      ctx->SetStatus(update(ctx));
-    } catch (const std::exception& e) {
-      ctx->SetStatus(absl::InternalError(absl::StrCat(name(), " on the NPU: ", e.what())));
-    }
-  }
+  using GuardedOpKernel::GuardedOpKernel;
 
  private:
   absl::Status invalid(const std::string& what) const {
@@ -159,7 +141,7 @@ class DynamicUpdateSliceVariableOp : public tfc::OpKernel {
                                        attrs));
   }
 
-  absl::Status update(tfc::OpKernelContext* ctx) {
+  absl::Status compute(tfc::OpKernelContext* ctx) override {
     tfc::core::RefCountPtr<tfc::Var> variable;
     absl::Status st = tfc::LookupResource(ctx, tfc::HandleFromInput(ctx, 0), &variable);
     if (!st.ok()) return st;

@@ -1,11 +1,13 @@
 // Helpers shared by the plugin's kernels written on TensorFlow's C++ kernel API
-// (kernels_resource_variables.cpp, kernels_optimizer.cpp; kernels_resource_variables.cpp says
-// why they use it). Only those files include this header: it pulls in TensorFlow's C++ headers,
-// compiled with the wheel's flags (CMakeLists.txt), and must never meet npusim's own headers.
+// (kernels_resource_variables.cpp, kernels_optimizer.cpp, kernels_collective.cpp,
+// kernels_host_ops.cpp; kernels_resource_variables.cpp says why they use it). Only those files
+// include this header: it pulls in TensorFlow's C++ headers, compiled with the wheel's flags
+// (CMakeLists.txt), and must never meet npusim's own headers.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +60,31 @@ inline absl::Status allocate_like(tfc::OpKernelContext* ctx, const tfc::Tensor& 
 inline absl::Status to_absl(const DenseUpdateStatus& u) {
   return u.ok() ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(u.code), u.message);
 }
+
+// The status `body()` returns (an absl::Status), run as `kernel`'s work: no exception may reach
+// TensorFlow, so one escaping `body` (of the standard ones only std::bad_alloc can come from the
+// plugin's code) becomes an InternalError "<node name> on the NPU: <what()>".
+template <typename Body>
+absl::Status guarded_compute(const tfc::OpKernel& kernel, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(kernel.name(), " on the NPU: ", e.what()));
+  }
+}
+
+// A synchronous NPU kernel whose work is compute(ctx): Compute makes its status, or an
+// exception's message (guarded_compute), the op's status.
+class GuardedOpKernel : public tfc::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tfc::OpKernelContext* ctx) final {
+    ctx->SetStatus(guarded_compute(*this, [&] { return compute(ctx); }));
+  }
+
+ protected:
+  virtual absl::Status compute(tfc::OpKernelContext* ctx) = 0;
+};
 
 // Registers `Kernel` for the NPU: what REGISTER_KERNEL_BUILDER expands to, done when
 // TF_InitKernel runs rather than at load time (init_kernels.cpp keeps the list of families
