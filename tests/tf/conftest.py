@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -94,6 +95,52 @@ def fit_steps(model, opt, x, y, device, steps=3):
         losses.append(float(step(x, y).numpy()))
     return losses
 """
+
+
+# Child code (run_child) defining train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1,
+# batch=4): Keras Input (8, 8, 3) -> `blocks` x (Conv2D -> BatchNormalization(axis) -> ReLU; the
+# first convolution 16 filters 3x3 "same", the second 32 filters 1x1) -> GlobalAveragePooling2D
+# -> Dense(4), seeded (keras.utils.set_random_seed(0)), trained three SGD(0.1) steps (FIT_STEPS)
+# on a fixed batch of `batch` samples under `device`. Returns its losses, weights, and the last
+# step's launches (none on the CPU): their count, op types, (op type, kernel) pairs ("ops") and
+# (op type, op name) pairs ("names").
+CONV_BN_RELU_TRAIN = FIT_STEPS + r"""
+def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4):
+    import numpy as np
+    import npusim
+    import tensorflow as tf
+    import keras
+
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = inp
+        for conv in [dict(filters=16, kernel_size=3, padding="same"),
+                     dict(filters=32, kernel_size=1)][:blocks]:
+            h = keras.layers.Conv2D(**conv, use_bias=use_bias)(h)
+            h = keras.layers.BatchNormalization(axis=axis)(h)
+            h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.SGD(0.1)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((batch, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.standard_normal((batch, 4)).astype(np.float32))
+        losses = fit_steps(model, opt, x, y, device)
+    recs = npusim.launch_records() if device != "/CPU:0" else []
+    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
+            "launches": len(recs), "types": sorted({r["op_type"] for r in recs}),
+            "ops": sorted({(r["op_type"], r["kernel"]) for r in recs}),
+            "names": sorted({(r["op_type"], r["op_name"]) for r in recs})}
+"""
+
+
+def assert_close_lists(got, want, rtol, atol):
+    """got and want: lists of equal length whose items (arrays, nested lists) agree within
+    numpy's assert_allclose(rtol, atol)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
 
 
 def child_result(code, timeout=600, extra_env=None):

@@ -23,39 +23,13 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import FIT_STEPS  # noqa: E402  pylint: disable=wrong-import-position
-# The training batch norm's own test's helpers: a child's RESULT line, lists within tolerances.
-from test_fusion_bn_training import (  # noqa: E402  pylint: disable=wrong-import-position
-    assert_close_lists, child_result)
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
 
-KERAS_CODE = FIT_STEPS + r'''
+KERAS_CODE = CONV_BN_RELU_TRAIN + r'''
 import json
-import numpy as np
-import npusim
-import tensorflow as tf
-import keras
-
-
-def train(device):
-    keras.utils.set_random_seed(0)
-    with tf.device(device):
-        inp = keras.Input((8, 8, 3))
-        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inp)
-        h = keras.layers.BatchNormalization()(h)
-        h = keras.layers.ReLU()(h)
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inp, keras.layers.Dense(4)(h))
-        opt = keras.optimizers.SGD(0.1)
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
-        losses = fit_steps(model, opt, x, y, device)
-    recs = npusim.launch_records() if device != "/CPU:0" else []
-    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
-            "launches": len(recs), "types": sorted({r["op_type"] for r in recs})}
-
-
-print("RESULT " + json.dumps({"npu": train("/NPU:0"), "cpu": train("/CPU:0")}))
+print("RESULT " + json.dumps({"npu": train_conv_bn_relu("/NPU:0"),
+                              "cpu": train_conv_bn_relu("/CPU:0")}))
 '''
 
 # The training batch norm as Keras 3 writes it (rewrite 0 fuses it), with a ReLU whose
@@ -104,7 +78,7 @@ print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0
 
 def test_keras_training_folded_matches_unfolded_and_cpu():
     folded = child_result(KERAS_CODE)
-    unfolded = child_result(KERAS_CODE, {"NPUSIM_FUSION_BN_RELU_GRAD": "0"})
+    unfolded = child_result(KERAS_CODE, extra_env={"NPUSIM_FUSION_BN_RELU_GRAD": "0"})
     assert "ReluGrad" not in folded["npu"]["types"]
     assert "ReluGrad" in unfolded["npu"]["types"]
     assert {"BNTrainingUpdateGrad", "BNTrainingReduceGrad"} <= set(folded["npu"]["types"])

@@ -30,44 +30,21 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import FIT_STEPS, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
 
 BN_TYPES = {"BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
             "BNTrainingReduceGrad"}
 
 # Runs in child processes: a Keras training run on `device`, its losses, weights and launches.
-KERAS_CODE = FIT_STEPS + r'''
-import json, os
-import numpy as np
-import npusim
-import tensorflow as tf
-import keras
-
-
-def train(device, axis, batch):
-    keras.utils.set_random_seed(0)
-    with tf.device(device):
-        inp = keras.Input((8, 8, 3))
-        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inp)
-        h = keras.layers.BatchNormalization(axis=axis)(h)
-        h = keras.layers.ReLU()(h)
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inp, keras.layers.Dense(4)(h))
-        opt = keras.optimizers.SGD(0.1)
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((batch, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.standard_normal((batch, 4)).astype(np.float32))
-        losses = fit_steps(model, opt, x, y, device)
-    recs = npusim.launch_records() if device != "/CPU:0" else []
-    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
-            "launches": len(recs),
-            "ops": sorted({(r["op_type"], r["op_name"]) for r in recs})}
-
+KERAS_CODE = CONV_BN_RELU_TRAIN + r'''
+import json
 
 out = {}
 # axis 3 with a batch of one: grappler drops the unit batch axis from the gradient's Sums
 for axis, batch in ((-1, 4), (3, 1)):
-    out[axis] = {"npu": train("/NPU:0", axis, batch), "cpu": train("/CPU:0", axis, batch)}
+    out[axis] = {"npu": train_conv_bn_relu("/NPU:0", axis=axis, batch=batch),
+                 "cpu": train_conv_bn_relu("/CPU:0", axis=axis, batch=batch)}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -139,13 +116,6 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def child_result(code, extra_env=None):
-    proc = run_child(code, timeout=600, extra_env=extra_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
-
-
 # Rewrite 0 alone: rewrite 15 (the BNTrainingReduce taken into the convolution before it,
 # tests/tf/test_fusion_conv_bn_reduce.py) off, so that all four ops stay visible.
 CONV_BN_REDUCE_OFF = {"NPUSIM_FUSION_CONV_BN_REDUCE": "0"}
@@ -153,14 +123,9 @@ CONV_BN_REDUCE_OFF = {"NPUSIM_FUSION_CONV_BN_REDUCE": "0"}
 
 @pytest.fixture(scope="module")
 def keras_runs():
-    return (child_result(KERAS_CODE, CONV_BN_REDUCE_OFF),
-            child_result(KERAS_CODE, dict(CONV_BN_REDUCE_OFF, NPUSIM_FUSION_BN_TRAINING="0")))
-
-
-def assert_close_lists(got, want, rtol, atol):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+    return (child_result(KERAS_CODE, extra_env=CONV_BN_REDUCE_OFF),
+            child_result(KERAS_CODE,
+                         extra_env=dict(CONV_BN_REDUCE_OFF, NPUSIM_FUSION_BN_TRAINING="0")))
 
 
 @pytest.mark.parametrize("axis", ["-1", "3"])
@@ -179,7 +144,7 @@ def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, axis):
     assert_close_lists(fused["npu"]["losses"], fused["cpu"]["losses"], 1e-3, 1e-5)
     assert_close_lists(fused["npu"]["weights"], fused["cpu"]["weights"], 2e-2, 5e-3)
     # The fused launches keep the names of the nodes they replace.
-    names = {t: n for t, n in fused["npu"]["ops"] if t in BN_TYPES}
+    names = {t: n for t, n in fused["npu"]["names"] if t in BN_TYPES}
     assert names["BNTrainingReduce"].endswith("moments/variance")
     assert "re_lu" in names["BNTrainingUpdate"] and names["BNTrainingUpdate"].endswith("/Relu")
     assert names["BNTrainingUpdateGrad"].endswith("batchnorm/mul/Mul_1")

@@ -32,47 +32,21 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import FIT_STEPS, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
 
 OFF = {"NPUSIM_FUSION_CONV_BN_REDUCE": "0"}
 MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
 
 
-def child_result(code, extra_env=None):
-    proc = run_child(code, timeout=600, extra_env=extra_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
-
-
-# Keras Conv2D [bias] -> BatchNormalization -> ReLU -> pool -> Dense, three SGD steps on the NPU.
-KERAS_CODE = FIT_STEPS + r'''
+# Keras Conv2D [bias] -> BatchNormalization -> ReLU twice -> pool -> Dense, three SGD steps on
+# the NPU.
+KERAS_CODE = CONV_BN_RELU_TRAIN + r'''
 import json
-import numpy as np
-import npusim
-import tensorflow as tf
-import keras
 
 
 def train(use_bias):
-    keras.utils.set_random_seed(0)
-    with tf.device("/NPU:0"):
-        inp = keras.Input((8, 8, 3))
-        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=use_bias)(inp)
-        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
-        h = keras.layers.Conv2D(32, 1, use_bias=use_bias)(h)
-        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inp, keras.layers.Dense(4)(h))
-        opt = keras.optimizers.SGD(0.1)
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
-        losses = fit_steps(model, opt, x, y, "/NPU:0")
-    recs = npusim.launch_records()
-    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
-            "launches": len(recs),
-            "ops": sorted({(r["op_type"], r["kernel"]) for r in recs})}
+    return train_conv_bn_relu("/NPU:0", use_bias, blocks=2)
 
 
 print("RESULT " + json.dumps({"bias": train(True), "no_bias": train(False)}))
@@ -81,14 +55,9 @@ print("RESULT " + json.dumps({"bias": train(True), "no_bias": train(False)}))
 
 @pytest.fixture(scope="module")
 def keras_runs():
-    return {"fp32": (child_result(KERAS_CODE), child_result(KERAS_CODE, OFF)),
-            "mix": (child_result(KERAS_CODE, MIX), child_result(KERAS_CODE, dict(MIX, **OFF)))}
-
-
-def assert_close_lists(got, want, rtol, atol):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+    return {"fp32": (child_result(KERAS_CODE), child_result(KERAS_CODE, extra_env=OFF)),
+            "mix": (child_result(KERAS_CODE, extra_env=MIX),
+                    child_result(KERAS_CODE, extra_env=dict(MIX, **OFF)))}
 
 
 @pytest.mark.parametrize("mode", ["fp32", "mix"])
@@ -234,7 +203,7 @@ print("RESULT " + json.dumps({"losses": losses, "launches": len(recs),
 
 def test_cnn_whole_graph_fused_tracks_node_by_node_unfused():
     graph = child_result(CNN_CODE)
-    nodes = child_result(CNN_CODE, dict(OFF, NPUSIM_GRAPH="0"))
+    nodes = child_result(CNN_CODE, extra_env=dict(OFF, NPUSIM_GRAPH="0"))
     assert "Conv2DBNTrainingReduce" in graph["types"] and "BNTrainingReduce" not in graph["types"]
     assert "BNTrainingReduce" in nodes["types"]
     # Two batch norms: their channel-sum and epilogue launches go (node by node also casts
