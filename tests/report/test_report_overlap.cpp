@@ -39,7 +39,7 @@ std::vector<ChipLaunch> vadd_launches(SystemSimulator& s, const isa::Program& p,
     s.gm(chip).write(kX, x.data(), 2 * kN);
     s.gm(chip).write(kY, y.data(), 2 * kN);
     s.gm(chip).write(kZ, z.data(), 2 * kN);
-    launches.push_back({chip, KernelLaunch{&p, {kX, kY, kZ, kN}, 4}});
+    launches.push_back({chip, test::kernel_launch(p, {kX, kY, kZ, kN}, 4)});
   }
   return launches;
 }

@@ -55,13 +55,19 @@ inline uint64_t task_overhead(const ChipConfig& cfg, uint64_t blocks = 1) {
          us_cycles(cfg, cfg.task_done_us);
 }
 
-inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,
-                           int block_dim) {
+// A launch of `prog` with `args` on `block_dim` blocks, its other fields at their defaults.
+inline KernelLaunch kernel_launch(const isa::Program& prog, std::vector<uint64_t> args,
+                                  int block_dim) {
   KernelLaunch l;
   l.program = &prog;
   l.args = std::move(args);
   l.block_dim = block_dim;
-  return sim.run(l);
+  return l;
+}
+
+inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,
+                           int block_dim) {
+  return sim.run(kernel_launch(prog, std::move(args), block_dim));
 }
 
 // A cycle count derived in floating point, rounded up as the simulator rounds a launch's end

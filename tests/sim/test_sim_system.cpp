@@ -170,7 +170,7 @@ TEST_CASE("kernels run on several chips at once", "[system]") {
       x[i] = f32_to_f16(float(i % 50 + chip)), y[i] = f32_to_f16(1.0f);
     s.gm(chip).write(kSend, x.data(), 2 * n);
     s.gm(chip).write(kSend + 2 * n, y.data(), 2 * n);
-    launches.push_back({chip, KernelLaunch{&p, {kSend, kSend + 2 * n, kRecv, n}, 4}});
+    launches.push_back({chip, test::kernel_launch(p, {kSend, kSend + 2 * n, kRecv, n}, 4)});
   }
   const uint64_t before = s.now_cycles();
   std::vector<KernelResult> r = s.run(launches);

@@ -83,7 +83,7 @@ json workload(SimOptions::Replay mode, bool functional = true) {
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
   json out;
   auto launch = [&](int chip, const isa::Program& p, std::vector<uint64_t> args, int blocks) {
-    return ChipLaunch{chip, KernelLaunch{&p, std::move(args), blocks}};
+    return ChipLaunch{chip, test::kernel_launch(p, std::move(args), blocks)};
   };
   auto record = [&](const std::string& name, const std::vector<KernelResult>& rs) {
     for (size_t i = 0; i < rs.size(); ++i)
@@ -201,10 +201,11 @@ TEST_CASE("a system chip's launch counts what a single chip counts", "[system][c
     SystemSimulator s(load_system_config("tiny-x8"), opts);
     const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
     const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
-    s.run({ChipLaunch{0, KernelLaunch{&gemm, {kX, kY, kW, 256, 256, 512}, 2}}});
+    s.run({ChipLaunch{0, test::kernel_launch(gemm, {kX, kY, kW, 256, 256, 512}, 2)}});
     put(s, 2, kX, f16_data(kN, 0.5f));
     put(s, 2, kY, f16_data(kN, 2.0f));
-    const KernelResult r = s.run({ChipLaunch{2, KernelLaunch{&vadd, {kX, kY, kZ, kN}, 3}}})[0];
+    const KernelResult r =
+        s.run({ChipLaunch{2, test::kernel_launch(vadd, {kX, kY, kZ, kN}, 3)}})[0];
     return json{
         {"launch", result_json(r, 0)}, {"chip2", s.chip_counters(2)}, {"all", s.counters()}};
   };
@@ -244,7 +245,7 @@ TEST_CASE("an observer on a system chip sees its launches, which are then simula
     SystemSimulator s(load_system_config("tiny-x8"), opts);
     const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
     Probe probe;
-    const KernelLaunch l{&vadd, {kX, kY, kZ, kN}, 3};
+    const KernelLaunch l = test::kernel_launch(vadd, {kX, kY, kZ, kN}, 3);
     s.run({ChipLaunch{0, l}});
     s.add_observer(1, &probe);
     const KernelResult observed = s.run({ChipLaunch{1, l}})[0];
@@ -274,7 +275,7 @@ TEST_CASE("every system chip has its trace", "[system]") {
     opts.trace = true;
     SystemSimulator s(load_system_config("tiny-x8"), opts);
     const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-    const KernelLaunch l{&vadd, {kX, kY, kZ, kN}, 3};
+    const KernelLaunch l = test::kernel_launch(vadd, {kX, kY, kZ, kN}, 3);
     s.run({ChipLaunch{0, l}});
     s.run({ChipLaunch{1, l}, ChipLaunch{3, l}});
     json n;

@@ -17,6 +17,15 @@
 
 namespace {
 
+// A StreamExecutor C API struct as TensorFlow makes them: its struct_size set, every other member
+// zero (value-initialised, where `T t{SIZE}` leaves them to -Wmissing-field-initializers).
+template <typename T>
+T se_struct(size_t struct_size) {
+  T t{};
+  t.struct_size = struct_size;
+  return t;
+}
+
 struct StatusDeleter {
   void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
 };
@@ -24,13 +33,14 @@ using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
 
 // The platform, its device and stream executor, set up once per process (one chip).
 struct Plugin {
-  SE_PlatformRegistrationParams params{SE_PLATFORM_REGISTRATION_PARAMS_STRUCT_SIZE};
-  SP_Platform platform{SP_PLATFORM_STRUCT_SIZE};
-  SP_PlatformFns platform_fns{SP_PLATFORM_FNS_STRUCT_SIZE};
-  SP_DeviceFns device_fns{SP_DEVICE_FNS_STRUCT_SIZE};
-  SP_StreamExecutor se{SP_STREAMEXECUTOR_STRUCT_SIZE};
-  SP_TimerFns timer_fns{SP_TIMER_FNS_STRUCT_SIZE};
-  SP_Device device{SP_DEVICE_STRUCT_SIZE};
+  SE_PlatformRegistrationParams params =
+      se_struct<SE_PlatformRegistrationParams>(SE_PLATFORM_REGISTRATION_PARAMS_STRUCT_SIZE);
+  SP_Platform platform = se_struct<SP_Platform>(SP_PLATFORM_STRUCT_SIZE);
+  SP_PlatformFns platform_fns = se_struct<SP_PlatformFns>(SP_PLATFORM_FNS_STRUCT_SIZE);
+  SP_DeviceFns device_fns = se_struct<SP_DeviceFns>(SP_DEVICE_FNS_STRUCT_SIZE);
+  SP_StreamExecutor se = se_struct<SP_StreamExecutor>(SP_STREAMEXECUTOR_STRUCT_SIZE);
+  SP_TimerFns timer_fns = se_struct<SP_TimerFns>(SP_TIMER_FNS_STRUCT_SIZE);
+  SP_Device device = se_struct<SP_Device>(SP_DEVICE_STRUCT_SIZE);
   StatusPtr status{TF_NewStatus()};
 
   Plugin() {
@@ -42,12 +52,13 @@ struct Plugin {
     SE_InitPlugin(&params, status.get());
     REQUIRE(TF_GetCode(status.get()) == TF_OK);
 
-    SE_CreateDeviceFnsParams dfp{SE_CREATE_DEVICE_FNS_PARAMS_STRUCT_SIZE};
+    auto dfp = se_struct<SE_CreateDeviceFnsParams>(SE_CREATE_DEVICE_FNS_PARAMS_STRUCT_SIZE);
     dfp.device_fns = &device_fns;
     platform_fns.create_device_fns(&platform, &dfp, status.get());
     REQUIRE(TF_GetCode(status.get()) == TF_OK);
 
-    SE_CreateStreamExecutorParams sep{SE_CREATE_STREAM_EXECUTOR_PARAMS_STRUCT_SIZE};
+    auto sep =
+        se_struct<SE_CreateStreamExecutorParams>(SE_CREATE_STREAM_EXECUTOR_PARAMS_STRUCT_SIZE);
     sep.stream_executor = &se;
     platform_fns.create_stream_executor(&platform, &sep, status.get());
     REQUIRE(TF_GetCode(status.get()) == TF_OK);
@@ -55,7 +66,7 @@ struct Plugin {
     platform_fns.create_timer_fns(&platform, &timer_fns, status.get());
     REQUIRE(TF_GetCode(status.get()) == TF_OK);
 
-    SE_CreateDeviceParams cdp{SE_CREATE_DEVICE_PARAMS_STRUCT_SIZE};
+    auto cdp = se_struct<SE_CreateDeviceParams>(SE_CREATE_DEVICE_PARAMS_STRUCT_SIZE);
     cdp.ordinal = 0;
     cdp.device = &device;
     platform_fns.create_device(&platform, &cdp, status.get());
@@ -63,7 +74,7 @@ struct Plugin {
   }
 
   SP_DeviceMemoryBase allocate(uint64_t bytes) {
-    SP_DeviceMemoryBase m{SP_DEVICE_MEMORY_BASE_STRUCT_SIZE};
+    auto m = se_struct<SP_DeviceMemoryBase>(SP_DEVICE_MEMORY_BASE_STRUCT_SIZE);
     se.allocate(&device, bytes, 0, &m);
     return m;
   }
@@ -203,10 +214,10 @@ TEST_CASE("allocation failure is a null pointer; stats follow allocations") {
   SP_DeviceMemoryBase zero = p.allocate(0);
   CHECK(zero.opaque == nullptr);
 
-  SP_AllocatorStats before{SP_ALLOCATORSTATS_STRUCT_SIZE};
+  SP_AllocatorStats before = se_struct<SP_AllocatorStats>(SP_ALLOCATORSTATS_STRUCT_SIZE);
   REQUIRE(p.se.get_allocator_stats(&p.device, &before));
   SP_DeviceMemoryBase a = p.allocate(10000);
-  SP_AllocatorStats during{SP_ALLOCATORSTATS_STRUCT_SIZE};
+  SP_AllocatorStats during = se_struct<SP_AllocatorStats>(SP_ALLOCATORSTATS_STRUCT_SIZE);
   REQUIRE(p.se.get_allocator_stats(&p.device, &during));
   // A guard line (tiny: memory.l2.line_bytes = 512) + 10000 bytes + 32 bytes of read-past
   // padding, rounded up to whole 512-byte lines (plugin_device.h malloc_tensor).
