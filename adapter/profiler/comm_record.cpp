@@ -8,6 +8,7 @@
 
 #include "adapter/profiler/op_metrics.h"
 #include "common/error.h"
+#include "sim/counters/trace.h"
 #include "sim/system/fabric.h"
 
 namespace npusim::prof {
@@ -43,11 +44,7 @@ void collect_bytes(const json& node, const std::string& path,
     collect_bytes(child, path.empty() ? key : path + "." + key, out);
 }
 
-json meta(const char* what, uint32_t pid, int tid, const char* key, const json& value) {
-  json e = {{"ph", "M"}, {"name", what}, {"pid", pid}, {"args", {{key, value}}}};
-  if (tid >= 0) e["tid"] = tid;
-  return e;
-}
+using trace_events::meta;
 
 }  // namespace
 

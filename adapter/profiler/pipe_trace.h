@@ -9,18 +9,17 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "sim/counters/observer.h"
+#include "sim/counters/trace.h"
 
 namespace npusim::prof {
 
 struct PipeTraceOptions {
-  uint64_t detail_launches = 50;     // launches recorded in full detail (from the first seen)
-  uint64_t max_events = 1'000'000;   // instruction + flow events kept in all
+  uint64_t detail_launches = 50;    // launches recorded in full detail (from the first seen)
+  uint64_t max_events = 1'000'000;  // instruction + flow events kept in all
 };
 
 class PipeTraceCollector : public ChipObserver {
@@ -32,10 +31,10 @@ class PipeTraceCollector : public ChipObserver {
   PipeTraceOptions options() const;
 
   struct Stats {
-    uint64_t launches_seen = 0;       // since the last reset
-    uint64_t launches_detailed = 0;   // of those, recorded (at least partly) in detail
-    uint64_t events = 0;              // instruction and flow events kept
-    uint64_t dropped_events = 0;      // events of detailed launches past max_events
+    uint64_t launches_seen = 0;            // since the last reset
+    uint64_t launches_detailed = 0;        // of those, recorded (at least partly) in detail
+    uint64_t events = 0;                   // instruction and flow events kept
+    uint64_t dropped_events = 0;           // events of detailed launches past max_events
     bool last_detailed_truncated = false;  // max_events was reached inside a detailed launch
   };
   Stats stats() const;
@@ -74,7 +73,6 @@ class PipeTraceCollector : public ChipObserver {
     uint32_t text, loc;         // slices: string table indices
   };
   bool admit_locked();
-  uint32_t intern_locked(const std::string& s);
   void render(nlohmann::json& events, double clock_mhz,
               const std::vector<int64_t>& launch_offsets_ps) const;
 
@@ -85,10 +83,7 @@ class PipeTraceCollector : public ChipObserver {
   bool m_in_detail = false;              // the running launch is recorded
   std::vector<uint64_t> m_launch_begin;  // detailed launches' begin, simulator ps
   std::vector<Event> m_events;
-  std::vector<std::string> m_strings;
-  std::unordered_map<std::string, uint32_t> m_string_index;
-  std::unordered_map<const isa::Instruction*, std::pair<uint32_t, uint32_t>> m_insn_text;
-  std::string m_source;
+  trace_events::Strings m_strings;
 };
 
 template <typename OffsetFn>

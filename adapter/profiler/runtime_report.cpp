@@ -12,21 +12,19 @@
 #include "adapter/profiler/report_writer.h"
 #include "common/error.h"
 #include "isa/layout.h"
+#include "sim/counters/trace.h"
 
 namespace npusim::prof {
 namespace {
 
 using nlohmann::json;
 
-// Trace ids: host and chip processes first; cores from pid 100 (pipe_trace.cpp).
+// Trace ids: host and chip processes first; cores from pid 100
+// (trace_events::kCorePidBase, sim/counters/trace.h).
 constexpr uint32_t kHostPid = 1, kChipPid = 2;
 constexpr uint32_t kTfOpsTid = 1, kH2dTid = 2, kD2hTid = 3, kDeviceCopyTid = 4, kKernelTid = 1;
 
-json meta(const char* what, uint32_t pid, int64_t tid, const char* key, json value) {
-  json e = {{"ph", "M"}, {"name", what}, {"pid", pid}, {"args", {{key, value}}}};
-  if (tid >= 0) e["tid"] = tid;
-  return e;
-}
+using trace_events::meta;
 
 // Without a program: the task type from the kinds of the cores that ran.
 std::string task_type_from_counters(const CounterDelta& counters, const ChipConfig& cfg) {

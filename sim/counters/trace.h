@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,55 @@
 #include "sim/counters/observer.h"
 
 namespace npusim {
+
+// The per-core part of a chip timeline, shared by TraceRecorder and the profiler's pipe trace
+// (adapter/profiler/pipe_trace.h) so that both read alike in Perfetto: one process per core from
+// pid kCorePidBase, one thread per lane (tid Lane + 1), instruction slices and flag flows.
+namespace trace_events {
+
+constexpr uint32_t kCorePidBase = 100;
+inline uint32_t core_pid(int core) { return kCorePidBase + static_cast<uint32_t>(core); }
+inline uint32_t lane_tid(Lane l) { return static_cast<uint32_t>(l) + 1; }
+
+// A metadata event ("ph":"M") `what` of process `pid` (and of thread `tid` if >= 0) with args
+// {key: value}.
+nlohmann::json meta(const char* what, uint32_t pid, int64_t tid, const char* key,
+                    nlohmann::json value);
+// The metadata of core `core`'s process: its name, its sort index, and its lanes' threads (named
+// after the lanes, sorted in lane order).
+void append_core_process(nlohmann::json& events, int core, const std::string& name, int sort_index);
+// An instruction's complete event ("ph":"X", category "insn") on (pid, tid) from ts_us for
+// dur_us: named by its text, args pc, source line and text.
+nlohmann::json instruction(uint32_t pid, uint32_t tid, double ts_us, double dur_us, uint64_t pc,
+                           const std::string& text, const std::string& line);
+// A flag edge's flow event `id` on (pid, tid) at ts_us: "s" at the set (begin), "f" at the
+// released wait (bound to the enclosing slice).
+nlohmann::json flag_flow(uint32_t pid, uint32_t tid, double ts_us, bool begin, uint64_t id);
+
+// A trace's strings, each stored once, and the running program's instructions' (text, source
+// line) string indices, each formatted once per launch.
+class Strings {
+ public:
+  uint32_t intern(const std::string& s);
+  const std::string& operator[](uint32_t i) const { return m_strings[i]; }
+  // A launch of `prog` begins: its instructions' lines are "<source>:<line>", source being the
+  // program's source file (its name without one). Forgets the earlier launch's instructions
+  // (their addresses may be reused).
+  void begin_program(const isa::Program& prog);
+  const std::string& source() const { return m_source; }
+  // (text, line) of instruction `in` of the running program's `section`.
+  std::pair<uint32_t, uint32_t> instruction(const isa::Instruction& in,
+                                            const isa::Section& section);
+  void clear();  // everything
+
+ private:
+  std::vector<std::string> m_strings;
+  std::unordered_map<std::string, uint32_t> m_index;
+  std::unordered_map<const isa::Instruction*, std::pair<uint32_t, uint32_t>> m_insn_text;
+  std::string m_source;
+};
+
+}  // namespace trace_events
 
 class TraceRecorder : public ChipObserver {
  public:
@@ -47,7 +97,6 @@ class TraceRecorder : public ChipObserver {
     uint64_t arg;               // slices: bytes for HDC, block_dim for kernels
   };
   bool admit();
-  uint32_t intern(const std::string& s);
   double us(uint64_t ps) const { return static_cast<double>(ps) / 1000.0 / m_clock_mhz; }
 
   double m_clock_mhz;
@@ -55,11 +104,7 @@ class TraceRecorder : public ChipObserver {
   uint64_t m_recorded = 0, m_dropped = 0;
   std::vector<std::pair<int, std::string>> m_cores;
   std::vector<Event> m_events;
-  std::vector<std::string> m_strings;
-  std::unordered_map<std::string, uint32_t> m_string_index;
-  // Per launch: instruction -> (text, location) string indices, so each is formatted once.
-  std::unordered_map<const isa::Instruction*, std::pair<uint32_t, uint32_t>> m_insn_text;
-  std::string m_source;           // source file of the running program
+  trace_events::Strings m_strings;
   uint64_t m_kernel_start = 0;
   int m_block_dim = 0;
 };
