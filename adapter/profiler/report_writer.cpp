@@ -117,10 +117,22 @@ struct CommTask {
   uint64_t wait_cycles = 0;
 };
 
-std::vector<CommTask> comm_tasks(const ReportInput& in) {
-  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> busy;  // chip -> [start, end)
+// Time intervals [start, end) in cycles.
+using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// Every chip's kernels, chip -> their [start, end): the ops' and the other chips' of a system run
+// (ReportInput::other_chip_kernels).
+std::map<int, Intervals> kernel_spans_by_chip(const ReportInput& in) {
+  std::map<int, Intervals> out;
   for (const OpRecord& op : in.ops)
-    busy[op.chip].push_back({op.start_cycle, op.start_cycle + op.cycles});
+    out[op.chip].push_back({op.start_cycle, op.start_cycle + op.cycles});
+  for (const auto& [chip, spans] : in.other_chip_kernels)
+    out[chip].insert(out[chip].end(), spans.begin(), spans.end());
+  return out;
+}
+
+std::vector<CommTask> comm_tasks(const ReportInput& in) {
+  std::map<int, Intervals> busy = kernel_spans_by_chip(in);  // chip -> kernels and collectives
   for (const CommRecord& c : in.comms)
     for (int chip : c.chips) busy[chip].push_back({c.start_cycle, c.start_cycle + c.cycles});
   std::vector<CommTask> out;
@@ -363,9 +375,6 @@ std::string short_name(const std::string& s) {
   return s.size() <= kMax ? s : "..." + s.substr(s.size() - (kMax - 3));
 }
 
-// Time intervals [start, end) in cycles.
-using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
-
 // Sorted, overlapping and touching intervals joined.
 Intervals merged(Intervals v) {
   std::sort(v.begin(), v.end());
@@ -427,9 +436,7 @@ std::string comm_summary_text(const ReportInput& in) {
     o << fmt::format("  {:<18} {:<18} {:>6} {:>10} {:>14} {:>12.3f} {:>12.3f} {:>12.3f}\n",
                      key.first, key.second, g.count, g.ranks, g.bytes, us, algbw, algbw * g.bus);
   }
-  std::map<int, Intervals> compute, comm;
-  for (const OpRecord& op : in.ops)
-    compute[op.chip].push_back({op.start_cycle, op.start_cycle + op.cycles});
+  std::map<int, Intervals> compute = kernel_spans_by_chip(in), comm;
   for (const CommRecord& c : in.comms)
     for (int chip : c.chips) comm[chip].push_back({c.start_cycle, c.start_cycle + c.cycles});
   std::set<int> chips;

@@ -13,7 +13,10 @@
 // tools/npusim_report_plots.py, which reads op_summary.csv, op_statistic.csv and chip.yaml.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +35,12 @@ struct ReportInput {
   // the ops' (and its communication columns), their trace lanes and summary.txt's split of each
   // chip's time into compute, communication and overlap.
   std::vector<CommRecord> comms;
+  // Kernels of chips whose ops are not in `ops`, as [start, end) spans in cycles on their
+  // timelines, keyed by chip: a system run's top-level report lists chip 0's ops but splits the
+  // time of every chip its collectives ran on (summary.txt "Time per chip"), whose compute is
+  // then `ops` of that chip plus these. Empty when `ops` holds every chip's kernels (the
+  // command line's reports).
+  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> other_chip_kernels;
   // Simulator::counters() at the end of the run (whole-run totals: HDC link); null if unknown.
   nlohmann::json session_counters;
   uint64_t end_cycle = 0;          // the device timeline at the end of the run (0: last op's end)

@@ -253,14 +253,26 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
 
 }  // namespace
 
+std::vector<std::pair<uint64_t, uint64_t>> kernel_spans(
+    const std::vector<rt::LaunchRecord>& launches) {
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const rt::LaunchRecord& l : launches)
+    spans.push_back({l.start_cycle, l.start_cycle + l.cycles});
+  for (size_t i = 0; i + 1 < spans.size(); ++i) {
+    const uint64_t next = spans[i + 1].first;
+    if (spans[i].second > next && spans[i].second - next <= 1 && next >= spans[i].first)
+      spans[i].second = next;
+  }
+  return spans;
+}
+
 std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
                                  const ChipConfig& cfg) {
+  const std::vector<std::pair<uint64_t, uint64_t>> spans = kernel_spans(launches);
   std::vector<OpRecord> ops;
-  for (const rt::LaunchRecord& l : launches) ops.push_back(op_record(l, cfg));
-  for (size_t i = 0; i + 1 < ops.size(); ++i) {
-    const uint64_t end = ops[i].start_cycle + ops[i].cycles, next = ops[i + 1].start_cycle;
-    if (end > next && end - next <= 1 && next >= ops[i].start_cycle)
-      ops[i].cycles = next - ops[i].start_cycle;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    ops.push_back(op_record(launches[i], cfg));
+    ops.back().cycles = spans[i].second - spans[i].first;
   }
   return ops;
 }
@@ -280,6 +292,7 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   op.task_type = r.program ? task_type_of(*r.program, cfg)
                            : task_type_from_counters(r.counter_delta, cfg);
   op.stream = r.stream;
+  op.chip = r.chip;
   op.start_cycle = r.start_cycle;
   op.cycles = r.cycles;
   op.host_dispatch_cycles = r.host_dispatch_cycles;
@@ -466,6 +479,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
     }
   }
   r.comms = in.comms;
+  r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;

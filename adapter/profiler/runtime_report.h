@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +34,10 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg);
 // is cut to that start. The rows of op_summary.csv, the trace and the TensorBoard profile.
 std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
                                  const ChipConfig& cfg);
+// The launches' [start, end) on their timeline, cycles, with op_records' cut: what a report
+// counts as their kernel time (ReportInput::other_chip_kernels of a system run's other chips).
+std::vector<std::pair<uint64_t, uint64_t>> kernel_spans(
+    const std::vector<rt::LaunchRecord>& launches);
 
 // One run of a TF op (launches sharing a LaunchLabel::dispatch): from its first launch's start
 // to its last launch's end on the device timeline.
@@ -89,6 +95,9 @@ struct RuntimeReportInput {
   const PipeTraceCollector* pipe_trace = nullptr;  // instruction detail; null: none
   // The window's collectives (several chips; comm_record.h): HCCL rows and lanes per chip.
   std::vector<CommRecord> comms;
+  // The window's kernels of the system's other chips (ReportInput::other_chip_kernels: the
+  // per-chip split of summary.txt counts them; kernel_spans of each chip's launches).
+  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> other_chip_kernels;
   // Model-level facts from the caller: "cpu_fallback_ops" (any JSON; null or absent: "not
   // available"); "device_memory" (absent: no section): {"allocator_peak_bytes",
   // "allocator_in_use_bytes", "graph_plans", "arenas_held", "arena_bytes_held",

@@ -296,3 +296,49 @@ TEST_CASE("runtime report: a task end rounded past the next start is cut to it")
   ls[1].start_cycle = 50;
   CHECK(prof::op_type_summary(ls, cfg)[0].time_us == Approx(201 / cfg.clock_mhz));
 }
+
+TEST_CASE("runtime report: a system run's top level splits every chip's time, not only chip 0's") {
+  const ChipConfig cfg = load_chip_config("tiny");
+  prof::RuntimeReportInput in;
+  in.title = "test";
+  in.config = &cfg;
+  // Chip 0 computes over [0, 100), chip 1 over [50, 200) and [250, 300) (a record one cycle past
+  // the next start: cut as op_records cuts); an all-reduce of both runs over [80, 260).
+  in.launches = {launch("a", 0, 100, {{"aiv0", vector_core(100, 50, 1)}}, label("x", "Mul", 1))};
+  std::vector<rt::LaunchRecord> chip1 = {
+      launch("b", 50, 151, {{"aiv0", vector_core(151, 50, 1)}}, label("y", "Mul", 2)),
+      launch("c", 200, 100, {{"aiv0", vector_core(100, 50, 1)}}, label("z", "Mul", 3))};
+  for (rt::LaunchRecord& r : chip1) r.chip = 1;
+  const auto spans = prof::kernel_spans(chip1);
+  REQUIRE(spans.size() == 2);
+  CHECK(spans[0] == std::pair<uint64_t, uint64_t>{50, 200});
+  CHECK(spans[1] == std::pair<uint64_t, uint64_t>{200, 300});
+  in.other_chip_kernels[1] = spans;
+  prof::CommRecord c;
+  c.op_name = "hcom_allReduce_0";
+  c.op_type = "HcomAllReduce";
+  c.collective = "all_reduce";
+  c.algorithm = "mesh";
+  c.chips = {0, 1};
+  c.dtype = "DT_FLOAT";
+  c.reduce_op = "sum";
+  c.bytes = 1024;
+  c.start_cycle = 80;
+  c.cycles = 180;
+  in.comms = {c};
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "npusim_test_runtime_report_system").string();
+  std::filesystem::remove_all(dir);
+  prof::write_runtime_report(dir, in);
+  const std::string summary = read_file(dir + "/summary.txt");
+  INFO(summary);
+  auto us = [&](uint64_t cycles) { return fmt::format("{:.3f}", cycles / cfg.clock_mhz); };
+  auto row = [&](int chip, uint64_t compute, uint64_t comm, uint64_t both) {
+    return fmt::format("{:>7} {:>14} {:>14} {:>14} {:>14} {:>14}", chip, us(compute), us(comm),
+                       us(both), us(comm - both), us(compute + comm - both));
+  };
+  // Chip 0: compute [0, 100), overlap [80, 100); chip 1: compute [50, 300), overlap [80, 260).
+  CHECK(summary.find(row(0, 100, 180, 20)) != std::string::npos);
+  CHECK(summary.find(row(1, 250, 180, 180)) != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

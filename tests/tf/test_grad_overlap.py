@@ -6,6 +6,7 @@ are bit for bit those of one all-reduce per gradient (and track one NPU on the g
 Every test runs a child process (the device count is fixed per process)."""
 
 import os
+import re
 import sys
 import textwrap
 
@@ -126,12 +127,22 @@ def test_gradient_segments_overlap_the_backward_pass_and_match_per_tensor_all_re
     for a, b in zip(fused["collectives"], fused["collectives"][1:]):
         assert b["start_cycle"] >= a["end_cycle"]
     assert all(t >= fused["collectives"][-1]["end_cycle"] for t in fused["after"])
-    # summary.txt splits each chip's time: the overlap of communication and compute is real on
-    # the chips that gated a segment's all-reduce.
+    # summary.txt splits each chip's time: compute = the union of the chip's kernels (the top
+    # level lists chip 0's launches but counts every chip's here), communication = the union of
+    # the collectives it is a rank of, overlap = both at once, derived here from the records;
+    # the overlap is real on the chips that gated a segment's all-reduce.
+    clock_mhz = float(re.search(r"^clock_mhz:\s*([0-9.eE+-]+)",
+                                (tmp_path / "chip.yaml").read_text(), re.M).group(1))
     lines = result["summary"].split("Time per chip")[1].splitlines()
     for chip in (0, 1):
         row = next(ln.split() for ln in lines if ln.split() and ln.split()[0] == str(chip))
         compute_us, comm_us, overlap_us, exposed_us = (float(v) for v in row[1:5])
+        kernels = fused["launches"][chip]
+        comms = [(c["start_cycle"], c["end_cycle"]) for c in fused["collectives"]
+                 if chip in c["chips"]]
+        assert compute_us == pytest.approx(overlap(kernels, kernels) / clock_mhz, abs=2e-3), chip
+        assert comm_us == pytest.approx(overlap(comms, comms) / clock_mhz, abs=2e-3), chip
+        assert overlap_us == pytest.approx(overlap(comms, kernels) / clock_mhz, abs=2e-3), chip
         assert overlap_us > 0 or chip not in gating, chip
         assert exposed_us == pytest.approx(comm_us - overlap_us, abs=2e-3)
     # Fewer collectives, so fewer link latencies: the fused step is not slower in total link time.

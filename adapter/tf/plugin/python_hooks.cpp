@@ -400,15 +400,16 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
                                    {"max_arena_bytes", g.max_arena_bytes},
                                    {"max_unplanned_bytes", g.max_unplanned_bytes}};
     }
-    j["files"] = prof::write_runtime_report(dir, in);
     // Several NPUs: every chip's launches in a folder of its own, device_<k>/ (msprof's layout);
-    // the top level keeps chip 0's and the collectives.
+    // the top level keeps chip 0's and the collectives, and its per-chip time split counts the
+    // other chips' kernels of their windows.
     const std::vector<std::shared_ptr<rt::Device>> devices = tf::open_devices();
+    std::vector<prof::RuntimeReportInput> chip_inputs;
     if (devices.size() > 1) {
       const nlohmann::json origins = extra.value("origin_cycles", nlohmann::json::array());
       for (size_t k = 0; k < devices.size(); ++k) {
         rt::Device& d = *devices[k];
-        prof::RuntimeReportInput ck;
+        prof::RuntimeReportInput& ck = chip_inputs.emplace_back();
         ck.title = fmt::format("{}, chip {} of {}", in.title, k, devices.size());
         ck.config = &d.config();
         ck.origin_cycle = k < origins.size() && origins[k].is_number_unsigned()
@@ -420,11 +421,14 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
         const rt::AllocatorStats m = d.memory_stats();
         ck.extra["device_memory"] = {{"allocator_in_use_bytes", m.bytes_in_use},
                                      {"allocator_peak_bytes", m.peak_bytes_in_use}};
-        for (std::string& f :
-             prof::write_runtime_report(fmt::format("{}/device_{}", dir, k), ck))
-          j["files"].push_back(std::move(f));
+        if (k > 0) in.other_chip_kernels[static_cast<int>(k)] = prof::kernel_spans(ck.launches);
       }
     }
+    j["files"] = prof::write_runtime_report(dir, in);
+    for (size_t k = 0; k < chip_inputs.size(); ++k)
+      for (std::string& f :
+           prof::write_runtime_report(fmt::format("{}/device_{}", dir, k), chip_inputs[k]))
+        j["files"].push_back(std::move(f));
     const std::string python = extra.value("python", std::string());
     const std::string script = extra.value("plot_script", std::string());
     if (!python.empty() && !script.empty()) {
