@@ -17,6 +17,7 @@
 // when all its lanes are active.
 #include <array>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -87,7 +88,11 @@ struct HasBulk<F, std::void_t<decltype(&F::bulk)>> : std::true_type {};
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
 // before its destination is written), which lets the compiler vectorise the element loop.
-template <class Dst, class F, class... Src>
+// Reuse (one source only): a lane whose source bits equal the previous lane's takes that lane's
+// result instead of calling f again, for element functions costly enough to pay for the compare
+// (libm's expf/logf, conversions with a rounding mode); f is a pure function of the source bits,
+// so the results are the same. Broadcast operands (a scalar spread over a tile) hit it.
+template <class Dst, class F, bool Reuse, class... Src>
 struct Elementwise {
   F f;
   template <size_t N, class Run>
@@ -108,6 +113,20 @@ struct Elementwise {
     if constexpr (HasBulk<F>::value) {
       static_assert(sizeof...(P) == 1, "bulk element functions take one source");
       F::bulk(s..., out, Run);
+    } else if constexpr (Reuse) {
+      static_assert(sizeof...(Src) == 1, "reuse compares one source");
+      using SS = typename std::tuple_element_t<0, std::tuple<Src...>>::storage;
+      const uint8_t* src = std::get<0>(std::make_tuple(s...));
+      SS prev{};
+      for (int i = 0; i < Run; ++i) {
+        const SS bits = load_bits<SS>(src + i * sizeof(SS));
+        if (i > 0 && bits == prev) {
+          out[i] = out[i - 1];
+        } else {
+          out[i] = Dst::from_compute(f(Src::load(src + i * sizeof(SS))...));
+          prev = bits;
+        }
+      }
     } else {
       for (int i = 0; i < Run; ++i)
         out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
@@ -120,14 +139,19 @@ struct Elementwise {
     }
   }
 };
-template <class Dst, class... Src, class F>
-void elementwise(const VecInsn& vi, uint8_t* ub, F f) {
+template <bool Reuse, class Dst, class... Src, class F>
+void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
   constexpr size_t N = 1 + sizeof...(Src);
   constexpr int widest = std::max({int(sizeof(typename Dst::storage)),
                                    int(sizeof(typename Src::storage))...});
   std::array<const VecOperand*, N> ops{};
   for (size_t k = 0; k < N; ++k) ops[k] = &vi.operand[k];  // dst, src0, src1 slots
-  for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Src...>{f});
+  for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Reuse, Src...>{f});
+}
+// Without reuse: every lane calls f.
+template <class Dst, class... Src, class F>
+void elementwise(const VecInsn& vi, uint8_t* ub, F f) {
+  elementwise_reusing<false, Dst, Src...>(vi, ub, f);
 }
 
 // The scalar operand as a compute value: fp32 bits rounded to nearest even for float types,
@@ -164,9 +188,23 @@ void run_compare_as(const VecInsn& vi, uint8_t* ub) {
   for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 2> p, int first,
                                       int n, const Lanes& active) {
     if (first == 0) bits = Lanes{};
-    for (int i = 0; i < n; ++i)
-      if (active.test(first + i) && compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
-        bits.set(first + i);
+    if (active.all(first, n)) {
+      // Without branches on the data, 64 lanes to a word: a run never crosses a word (it is a
+      // whole repeat, or one block of 8 or 16 lanes starting at a multiple of its size).
+      for (int base = 0; base < n; base += 64) {
+        uint64_t word = 0;
+        for (int i = base; i < std::min(n, base + 64); ++i)
+          word |= uint64_t{compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size))}
+                  << (i - base);
+        const int lane = first + base;
+        (lane < 64 ? bits.lo : bits.hi) |= word << (lane & 63);
+      }
+    } else {
+      for (int i = 0; i < n; ++i)
+        if (active.test(first + i) &&
+            compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
+          bits.set(first + i);
+    }
     if (first + n == vi.lanes) {
       // Lane i is bit i % 8 of byte i / 8 of the repeat's row.
       uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
@@ -202,7 +240,8 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
       elementwise<R, R>(vi, ub, [](typename R::storage a) { return a; });
     } else {
       using Fn = typename Op::Elementwise;
-      elementwise<E, E>(vi, ub, [](T a) { return Fn::apply(a); });
+      constexpr bool costly = Op::cost == vec::CostClass::kTranscendental;
+      elementwise_reusing<costly, E, E>(vi, ub, [](T a) { return Fn::apply(a); });
     }
   } else if constexpr (Op::family == Family::kScalar) {
     using Fn = typename Op::Elementwise;
@@ -225,6 +264,23 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
     for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 3> p, int first,
                                         int n, const Lanes& active) {
       const uint8_t* bits = ub + sel.addr + r * sel.rep_bytes;
+      // All lanes active and each source the destination itself or apart from it: the lanes
+      // do not see each other's results, so a loop without branches on the data gives the
+      // lane-by-lane result below.
+      const auto apart = [&](const uint8_t* q) {
+        return q == p[0] || q + n * size <= p[0] || p[0] + n * size <= q;
+      };
+      if (active.all(first, n) && apart(p[1]) && apart(p[2])) {
+        using S = typename R::storage;
+        for (int i = 0; i < n; ++i) {
+          const int lane = first + i;
+          const S take0 = static_cast<S>(0) - static_cast<S>((bits[lane / 8] >> (lane % 8)) & 1u);
+          const S v = static_cast<S>((load_bits<S>(p[1] + i * size) & take0) |
+                                     (load_bits<S>(p[2] + i * size) & static_cast<S>(~take0)));
+          store_bits<S>(p[0] + i * size, v);
+        }
+        return;
+      }
       for (int i = 0; i < n; ++i) {
         int lane = first + i;
         if (!active.test(lane)) continue;
@@ -279,8 +335,8 @@ void run_convert(const VecInsn& vi, uint8_t* ub) {
   } else if constexpr (To == Dtype::F32 && From == Dtype::F16) {
     return elementwise<DR, SR>(vi, ub, F16ToF32{});
   }
-  elementwise<DR, SR>(vi, ub,
-                      [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
+  elementwise_reusing<true, DR, SR>(
+      vi, ub, [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
 }
 
 void run_transpose(const VecInsn& vi, uint8_t* ub) {
