@@ -21,6 +21,10 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <fmt/format.h>
 
 #include "common/convert.h"
@@ -178,6 +182,32 @@ bool compare(T a, T b) {
   return false;
 }
 
+#if defined(__SSE2__)
+// compare<C> on four f32 lanes: all ones where it holds. The SSE predicates treat NaN as
+// compare() does (false but for NE; -0 == +0).
+template <isa::Cmp C>
+__m128 compare4(__m128 a, __m128 b) {
+  switch (C) {
+    case isa::Cmp::EQ: return _mm_cmpeq_ps(a, b);
+    case isa::Cmp::NE: return _mm_cmpneq_ps(a, b);
+    case isa::Cmp::LT: return _mm_cmplt_ps(a, b);
+    case isa::Cmp::GT: return _mm_cmpgt_ps(a, b);
+    case isa::Cmp::LE: return _mm_cmple_ps(a, b);
+    case isa::Cmp::GE: return _mm_cmpge_ps(a, b);
+  }
+  return _mm_setzero_ps();
+}
+
+// Four 32-bit lanes, all ones where bit i of `nibble` is set.
+inline __m128i nibble_lanes(unsigned nibble) {
+  return _mm_sub_epi32(_mm_setzero_si128(),
+                       _mm_set_epi32(static_cast<int>((nibble >> 3) & 1u),
+                                     static_cast<int>((nibble >> 2) & 1u),
+                                     static_cast<int>((nibble >> 1) & 1u),
+                                     static_cast<int>(nibble & 1u)));
+}
+#endif
+
 template <Dtype D, isa::Cmp C>
 void run_compare_as(const VecInsn& vi, uint8_t* ub) {
   using E = Elem<D>;
@@ -185,12 +215,33 @@ void run_compare_as(const VecInsn& vi, uint8_t* ub) {
   const VecOperand& dst = vi.operand[vec::kDst];
   std::array<const VecOperand*, 2> ops{&vi.operand[vec::kSrc0], &vi.operand[vec::kSrc1]};
   Lanes bits;
+  // After a repeat's last run: its bits to the destination row (lane i is bit i % 8 of byte
+  // i / 8).
+  const auto finish_repeat = [&](uint64_t r, int first, int n) {
+    if (first + n != vi.lanes) return;
+    uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
+    for (int byte = 0; byte < dst.bytes_per_repeat; ++byte)
+      row[byte] = static_cast<uint8_t>(
+          (byte < 8 ? bits.lo >> (8 * byte) : bits.hi >> (8 * (byte - 8))) & 0xffu);
+  };
   for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 2> p, int first,
                                       int n, const Lanes& active) {
     if (first == 0) bits = Lanes{};
     if (active.all(first, n)) {
       // Without branches on the data, 64 lanes to a word: a run never crosses a word (it is a
       // whole repeat, or one block of 8 or 16 lanes starting at a multiple of its size).
+#if defined(__SSE2__)
+      if constexpr (D == Dtype::F32) {  // 4 lanes at a time (a run is 8 or 64 lanes)
+        uint64_t word = 0;
+        for (int i = 0; i < n; i += 4)
+          word |= uint64_t(_mm_movemask_ps(compare4<C>(
+                      _mm_loadu_ps(reinterpret_cast<const float*>(p[0] + i * size)),
+                      _mm_loadu_ps(reinterpret_cast<const float*>(p[1] + i * size)))))
+                  << i;
+        (first < 64 ? bits.lo : bits.hi) |= word << (first & 63);
+        return finish_repeat(r, first, n);
+      }
+#endif
       for (int base = 0; base < n; base += 64) {
         uint64_t word = 0;
         for (int i = base; i < std::min(n, base + 64); ++i)
@@ -205,13 +256,7 @@ void run_compare_as(const VecInsn& vi, uint8_t* ub) {
             compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
           bits.set(first + i);
     }
-    if (first + n == vi.lanes) {
-      // Lane i is bit i % 8 of byte i / 8 of the repeat's row.
-      uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
-      for (int byte = 0; byte < dst.bytes_per_repeat; ++byte)
-        row[byte] = static_cast<uint8_t>((byte < 8 ? bits.lo >> (8 * byte)
-                                                   : bits.hi >> (8 * (byte - 8))) & 0xffu);
-    }
+    finish_repeat(r, first, n);
   });
 }
 
@@ -271,6 +316,19 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
         return q == p[0] || q + n * size <= p[0] || p[0] + n * size <= q;
       };
       if (active.all(first, n) && apart(p[1]) && apart(p[2])) {
+#if defined(__SSE2__)
+        if constexpr (size == 4) {  // 4 lanes at a time, a nibble of selector bits each
+          for (int i = 0; i < n; i += 4) {
+            const int lane = first + i;  // a multiple of 4: its nibble lies in one byte
+            const __m128i m = nibble_lanes((bits[lane / 8] >> (lane % 8)) & 0xfu);
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + i * size));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + i * size));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(p[0] + i * size),
+                             _mm_or_si128(_mm_and_si128(m, a), _mm_andnot_si128(m, b)));
+          }
+          return;
+        }
+#endif
         using S = typename R::storage;
         for (int i = 0; i < n; ++i) {
           const int lane = first + i;
