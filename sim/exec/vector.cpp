@@ -17,8 +17,13 @@
 // when all its lanes are active.
 #include <array>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <fmt/format.h>
 
@@ -87,7 +92,11 @@ struct HasBulk<F, std::void_t<decltype(&F::bulk)>> : std::true_type {};
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
 // before its destination is written), which lets the compiler vectorise the element loop.
-template <class Dst, class F, class... Src>
+// Reuse (one source only): a lane whose source bits equal the previous lane's takes that lane's
+// result instead of calling f again, for element functions costly enough to pay for the compare
+// (libm's expf/logf, conversions with a rounding mode); f is a pure function of the source bits,
+// so the results are the same. Broadcast operands (a scalar spread over a tile) hit it.
+template <class Dst, class F, bool Reuse, class... Src>
 struct Elementwise {
   F f;
   template <size_t N, class Run>
@@ -108,6 +117,20 @@ struct Elementwise {
     if constexpr (HasBulk<F>::value) {
       static_assert(sizeof...(P) == 1, "bulk element functions take one source");
       F::bulk(s..., out, Run);
+    } else if constexpr (Reuse) {
+      static_assert(sizeof...(Src) == 1, "reuse compares one source");
+      using SS = typename std::tuple_element_t<0, std::tuple<Src...>>::storage;
+      const uint8_t* src = std::get<0>(std::make_tuple(s...));
+      SS prev{};
+      for (int i = 0; i < Run; ++i) {
+        const SS bits = load_bits<SS>(src + i * sizeof(SS));
+        if (i > 0 && bits == prev) {
+          out[i] = out[i - 1];
+        } else {
+          out[i] = Dst::from_compute(f(Src::load(src + i * sizeof(SS))...));
+          prev = bits;
+        }
+      }
     } else {
       for (int i = 0; i < Run; ++i)
         out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
@@ -120,14 +143,19 @@ struct Elementwise {
     }
   }
 };
-template <class Dst, class... Src, class F>
-void elementwise(const VecInsn& vi, uint8_t* ub, F f) {
+template <bool Reuse, class Dst, class... Src, class F>
+void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
   constexpr size_t N = 1 + sizeof...(Src);
   constexpr int widest = std::max({int(sizeof(typename Dst::storage)),
                                    int(sizeof(typename Src::storage))...});
   std::array<const VecOperand*, N> ops{};
   for (size_t k = 0; k < N; ++k) ops[k] = &vi.operand[k];  // dst, src0, src1 slots
-  for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Src...>{f});
+  for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Reuse, Src...>{f});
+}
+// Without reuse: every lane calls f.
+template <class Dst, class... Src, class F>
+void elementwise(const VecInsn& vi, uint8_t* ub, F f) {
+  elementwise_reusing<false, Dst, Src...>(vi, ub, f);
 }
 
 // The scalar operand as a compute value: fp32 bits rounded to nearest even for float types,
@@ -154,6 +182,32 @@ bool compare(T a, T b) {
   return false;
 }
 
+#if defined(__SSE2__)
+// compare<C> on four f32 lanes: all ones where it holds. The SSE predicates treat NaN as
+// compare() does (false but for NE; -0 == +0).
+template <isa::Cmp C>
+__m128 compare4(__m128 a, __m128 b) {
+  switch (C) {
+    case isa::Cmp::EQ: return _mm_cmpeq_ps(a, b);
+    case isa::Cmp::NE: return _mm_cmpneq_ps(a, b);
+    case isa::Cmp::LT: return _mm_cmplt_ps(a, b);
+    case isa::Cmp::GT: return _mm_cmpgt_ps(a, b);
+    case isa::Cmp::LE: return _mm_cmple_ps(a, b);
+    case isa::Cmp::GE: return _mm_cmpge_ps(a, b);
+  }
+  return _mm_setzero_ps();
+}
+
+// Four 32-bit lanes, all ones where bit i of `nibble` is set.
+inline __m128i nibble_lanes(unsigned nibble) {
+  return _mm_sub_epi32(_mm_setzero_si128(),
+                       _mm_set_epi32(static_cast<int>((nibble >> 3) & 1u),
+                                     static_cast<int>((nibble >> 2) & 1u),
+                                     static_cast<int>((nibble >> 1) & 1u),
+                                     static_cast<int>(nibble & 1u)));
+}
+#endif
+
 template <Dtype D, isa::Cmp C>
 void run_compare_as(const VecInsn& vi, uint8_t* ub) {
   using E = Elem<D>;
@@ -161,19 +215,48 @@ void run_compare_as(const VecInsn& vi, uint8_t* ub) {
   const VecOperand& dst = vi.operand[vec::kDst];
   std::array<const VecOperand*, 2> ops{&vi.operand[vec::kSrc0], &vi.operand[vec::kSrc1]};
   Lanes bits;
+  // After a repeat's last run: its bits to the destination row (lane i is bit i % 8 of byte
+  // i / 8).
+  const auto finish_repeat = [&](uint64_t r, int first, int n) {
+    if (first + n != vi.lanes) return;
+    uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
+    for (int byte = 0; byte < dst.bytes_per_repeat; ++byte)
+      row[byte] = static_cast<uint8_t>(
+          (byte < 8 ? bits.lo >> (8 * byte) : bits.hi >> (8 * (byte - 8))) & 0xffu);
+  };
   for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 2> p, int first,
                                       int n, const Lanes& active) {
     if (first == 0) bits = Lanes{};
-    for (int i = 0; i < n; ++i)
-      if (active.test(first + i) && compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
-        bits.set(first + i);
-    if (first + n == vi.lanes) {
-      // Lane i is bit i % 8 of byte i / 8 of the repeat's row.
-      uint8_t* row = ub + dst.addr + r * dst.rep_bytes;
-      for (int byte = 0; byte < dst.bytes_per_repeat; ++byte)
-        row[byte] = static_cast<uint8_t>((byte < 8 ? bits.lo >> (8 * byte)
-                                                   : bits.hi >> (8 * (byte - 8))) & 0xffu);
+    if (active.all(first, n)) {
+      // Without branches on the data, 64 lanes to a word: a run never crosses a word (it is a
+      // whole repeat, or one block of 8 or 16 lanes starting at a multiple of its size).
+#if defined(__SSE2__)
+      if constexpr (D == Dtype::F32) {  // 4 lanes at a time (a run is 8 or 64 lanes)
+        uint64_t word = 0;
+        for (int i = 0; i < n; i += 4)
+          word |= uint64_t(_mm_movemask_ps(compare4<C>(
+                      _mm_loadu_ps(reinterpret_cast<const float*>(p[0] + i * size)),
+                      _mm_loadu_ps(reinterpret_cast<const float*>(p[1] + i * size)))))
+                  << i;
+        (first < 64 ? bits.lo : bits.hi) |= word << (first & 63);
+        return finish_repeat(r, first, n);
+      }
+#endif
+      for (int base = 0; base < n; base += 64) {
+        uint64_t word = 0;
+        for (int i = base; i < std::min(n, base + 64); ++i)
+          word |= uint64_t{compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size))}
+                  << (i - base);
+        const int lane = first + base;
+        (lane < 64 ? bits.lo : bits.hi) |= word << (lane & 63);
+      }
+    } else {
+      for (int i = 0; i < n; ++i)
+        if (active.test(first + i) &&
+            compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
+          bits.set(first + i);
     }
+    finish_repeat(r, first, n);
   });
 }
 
@@ -202,7 +285,8 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
       elementwise<R, R>(vi, ub, [](typename R::storage a) { return a; });
     } else {
       using Fn = typename Op::Elementwise;
-      elementwise<E, E>(vi, ub, [](T a) { return Fn::apply(a); });
+      constexpr bool costly = Op::cost == vec::CostClass::kTranscendental;
+      elementwise_reusing<costly, E, E>(vi, ub, [](T a) { return Fn::apply(a); });
     }
   } else if constexpr (Op::family == Family::kScalar) {
     using Fn = typename Op::Elementwise;
@@ -225,6 +309,36 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
     for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 3> p, int first,
                                         int n, const Lanes& active) {
       const uint8_t* bits = ub + sel.addr + r * sel.rep_bytes;
+      // All lanes active and each source the destination itself or apart from it: the lanes
+      // do not see each other's results, so a loop without branches on the data gives the
+      // lane-by-lane result below.
+      const auto apart = [&](const uint8_t* q) {
+        return q == p[0] || q + n * size <= p[0] || p[0] + n * size <= q;
+      };
+      if (active.all(first, n) && apart(p[1]) && apart(p[2])) {
+#if defined(__SSE2__)
+        if constexpr (size == 4) {  // 4 lanes at a time, a nibble of selector bits each
+          for (int i = 0; i < n; i += 4) {
+            const int lane = first + i;  // a multiple of 4: its nibble lies in one byte
+            const __m128i m = nibble_lanes((bits[lane / 8] >> (lane % 8)) & 0xfu);
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + i * size));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + i * size));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(p[0] + i * size),
+                             _mm_or_si128(_mm_and_si128(m, a), _mm_andnot_si128(m, b)));
+          }
+          return;
+        }
+#endif
+        using S = typename R::storage;
+        for (int i = 0; i < n; ++i) {
+          const int lane = first + i;
+          const S take0 = static_cast<S>(0) - static_cast<S>((bits[lane / 8] >> (lane % 8)) & 1u);
+          const S v = static_cast<S>((load_bits<S>(p[1] + i * size) & take0) |
+                                     (load_bits<S>(p[2] + i * size) & static_cast<S>(~take0)));
+          store_bits<S>(p[0] + i * size, v);
+        }
+        return;
+      }
       for (int i = 0; i < n; ++i) {
         int lane = first + i;
         if (!active.test(lane)) continue;
@@ -279,8 +393,8 @@ void run_convert(const VecInsn& vi, uint8_t* ub) {
   } else if constexpr (To == Dtype::F32 && From == Dtype::F16) {
     return elementwise<DR, SR>(vi, ub, F16ToF32{});
   }
-  elementwise<DR, SR>(vi, ub,
-                      [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
+  elementwise_reusing<true, DR, SR>(
+      vi, ub, [m](typename SR::storage s) { return convert_element<To, From>(s, m); });
 }
 
 void run_transpose(const VecInsn& vi, uint8_t* ub) {

@@ -50,19 +50,26 @@ using RefFn = std::function<uint32_t(uint32_t, uint32_t)>;
 
 // Runs `op` (type t) with geometry g and compares the whole UB with the reference image.
 // nsrc: 1 (VUN/VSCL) or 2 (VBIN). scalar: the xscalar register value for VSCL.
+// run: the sources come in runs of that many equal values (a broadcast operand's pattern).
 void check_elementwise(Opcode op, Dtype t, const Geometry& g, int nsrc, const RefFn& ref,
-                       std::optional<int64_t> scalar = std::nullopt, uint32_t seed = 1) {
+                       std::optional<int64_t> scalar = std::nullopt, uint32_t seed = 1,
+                       int run = 1) {
   const int size = isa::dtype_size(t), lanes = 256 / size;
   const uint64_t repeats = repeats_of(g, lanes);
   VecHarness h;
   h.randomize(seed);
   ValuePool pool(t, seed);
+  uint32_t a = 0, b = 0;
+  int left = 0;  // lanes still to take a and b
   for (uint64_t r = 0; r < repeats; ++r)
     for (int lane = 0; lane < lanes; ++lane) {
-      h.put_elem(ref_lane_addr(kSrc0, g.src0_blk, g.src0_rep, size, r, lane), size, pool.next());
-      if (nsrc == 2)
-        h.put_elem(ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep, size, r, lane), size,
-                   pool.next());
+      if (left-- == 0) {
+        a = pool.next();
+        if (nsrc == 2) b = pool.next();
+        left = run - 1;
+      }
+      h.put_elem(ref_lane_addr(kSrc0, g.src0_blk, g.src0_rep, size, r, lane), size, a);
+      if (nsrc == 2) h.put_elem(ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep, size, r, lane), size, b);
     }
   const std::vector<uint8_t> before = h.snapshot();
 
@@ -237,6 +244,19 @@ TEST_CASE("VUN: exp ln sqrt rsqrt rec abs relu not copy, every type and operand 
         check_elementwise(
             c.op, t, g, 1, [&](uint32_t a, uint32_t) { return ref_unary(c.op, t, a); },
             std::nullopt, seed++);
+}
+
+TEST_CASE("VUN: exp ln sqrt rsqrt rec on sources in runs of equal values (broadcasts)") {
+  const Opcode ops[] = {Opcode::op_vexp, Opcode::op_vln, Opcode::op_vsqrt, Opcode::op_vrsqrt,
+                        Opcode::op_vrec};
+  uint32_t seed = 150;
+  for (Opcode op : ops)
+    for (Dtype t : kFloats)
+      for (const Geometry& g : geometries(256 / isa::dtype_size(t)))
+        for (int run : {3, 70})  // across blocks and repeats; longer than an f32 repeat
+          check_elementwise(
+              op, t, g, 1, [&](uint32_t a, uint32_t) { return ref_unary(op, t, a); },
+              std::nullopt, seed++, run);
 }
 
 TEST_CASE("VSCL: adds muls maxs mins lrelu, scalar rounded to the type") {

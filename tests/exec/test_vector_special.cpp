@@ -113,6 +113,35 @@ TEST_CASE("vcmp: one bit per active lane, 0 for inactive lanes, every comparison
   }
 }
 
+TEST_CASE("vsel in place: dst is src0 or src1, every type") {
+  uint32_t seed = 70;
+  for (Dtype t : kArith)
+    for (int into = 1; into <= 2; ++into) {
+      const int size = isa::dtype_size(t), lanes = 256 / size;
+      const uint64_t at = into == 1 ? kSrc0 : kSrc1;
+      VecHarness h;
+      h.randomize(seed++);
+      const std::vector<uint8_t> before = h.snapshot();
+      VecOp o(Opcode::op_vsel,
+              {{"type", dt(t)}, {"xdst", static_cast<int64_t>(at)}, {"xsrc0", kSrc0},
+               {"xsrc1", kSrc1}, {"xsel", kSel}, {"repeat", 2}, {"dst_blk", 1}, {"src0_blk", 1},
+               {"src1_blk", 1}, {"dst_rep", 8}, {"src0_rep", 8}, {"src1_rep", 8}},
+              VectorMask{});
+      h.run(o);
+      std::vector<uint8_t> expected = before;
+      for (uint64_t r = 0; r < 2; ++r)
+        for (int lane = 0; lane < lanes; ++lane) {
+          const bool bit = (before[kSel + r * lanes / 8 + lane / 8] >> (lane % 8)) & 1;
+          const uint64_t off = r * 256 + static_cast<uint64_t>(lane * size);
+          element_to(expected, at + off, size,
+                     element_from(before, (bit ? kSrc0 : kSrc1) + off, size));
+        }
+      check_image(h, expected,
+                  std::string("vsel in place.") + isa::dtype_name(t) + " into src" +
+                      std::to_string(into - 1));
+    }
+}
+
 TEST_CASE("vcmp of NaN: only ne is true") {
   VecHarness h;
   h.put<uint16_t>(kSrc0, 0x7e01);  // f16 NaN
@@ -235,7 +264,9 @@ TEST_CASE("vcadd vcmax vcmin: one result per repeat over the active lanes") {
   CHECK(ref_reduce(Opcode::op_vcmin, Dtype::S16, {}) == 0x7fff);
 }
 
-TEST_CASE("vconv: every type pair and rounding mode, lanes = 256 / wider size") {
+// Sources come in runs of `run` equal values (run 1: every lane its own), as a broadcast
+// operand gives: the executor reuses a lane's result for the next lane with the same bits.
+void check_vconv_all(int run) {
   const Dtype types[] = {Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::S32,
                          Dtype::S16, Dtype::S8,  Dtype::U8,   Dtype::U16};
   uint32_t seed = 300;
@@ -257,9 +288,13 @@ TEST_CASE("vconv: every type pair and rounding mode, lanes = 256 / wider size") 
         VecHarness h;
         h.randomize(seed);
         ValuePool pool(from, seed++);
+        uint32_t value = 0;
+        int left = 0;  // lanes still to take `value`
         for (uint64_t r = 0; r < repeats; ++r)
-          for (int lane = 0; lane < lanes; ++lane)
-            h.put_elem(ref_lane_addr(kSrc0, src_blk, src_rep, ssize, r, lane), ssize, pool.next());
+          for (int lane = 0; lane < lanes; ++lane) {
+            if (left-- == 0) value = pool.next(), left = run - 1;
+            h.put_elem(ref_lane_addr(kSrc0, src_blk, src_rep, ssize, r, lane), ssize, value);
+          }
         const std::vector<uint8_t> before = h.snapshot();
         VecOp o(Opcode::op_vconv,
                 {{"dst_type", dt(to)}, {"src_type", dt(from)}, {"xdst", kDst}, {"xsrc", kSrc0},
@@ -280,10 +315,19 @@ TEST_CASE("vconv: every type pair and rounding mode, lanes = 256 / wider size") 
           }
         check_image(h, expected,
                     std::string("vconv ") + isa::dtype_name(from) + " -> " + isa::dtype_name(to) +
-                        " round " + std::to_string(mode));
+                        " round " + std::to_string(mode) + ", runs of " + std::to_string(run));
         CHECK(cost.bytes == active * dsize);
       }
     }
+}
+
+TEST_CASE("vconv: every type pair and rounding mode, lanes = 256 / wider size") {
+  check_vconv_all(1);
+}
+
+TEST_CASE("vconv: sources in runs of equal values (broadcast operands)") {
+  check_vconv_all(3);   // runs across blocks and repeats
+  check_vconv_all(70);  // longer than an f32 repeat
 }
 
 TEST_CASE("vdup: the scalar, rounded to the type, on active lanes") {
