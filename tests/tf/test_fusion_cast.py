@@ -27,9 +27,9 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import SMALL_CNN_TRAINING, child_result  # noqa: E402  pylint: disable=wrong-import-position
 
-CODE = r'''
+CODE = SMALL_CNN_TRAINING + r'''
 import glob, json, os
 import numpy as np
 import npusim
@@ -75,33 +75,12 @@ def variables_run():
 def cnn_run(folder):
     os.makedirs(folder, exist_ok=True)
     os.environ["NPUSIM_GRAPH_DUMP"] = folder
-    keras.utils.set_random_seed(0)
+    model, step, x, y = small_cnn_training("/NPU:0")
+    losses = []
     with tf.device("/NPU:0"):
-        inp = keras.Input((8, 8, 3))
-        h = keras.layers.Conv2D(16, 3, padding="same")(inp)
-        h = keras.layers.BatchNormalization()(h)
-        h = keras.layers.ReLU()(h)
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inp, keras.layers.Dense(4)(h))
-        opt = keras.optimizers.Adam(0.01)
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                    y, logits, from_logits=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                    model.trainable_variables))
-            return loss
-
-        losses = []
         for _ in range(3):
             npusim.clear_launch_records()
-            losses.append(float(step(x, y).numpy()))
+            losses.append(float(step(x, y)[0].numpy()))
     recs = npusim.launch_records()
     os.environ.pop("NPUSIM_GRAPH_DUMP")
     path = sorted(glob.glob(os.path.join(folder, "*step*.after.pb")),
