@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "adapter/compiler/compiler.h"
@@ -37,9 +39,11 @@ struct ChainRun {
 };
 
 // The chain unfused: step k "<op> <a>[ <b>]" compiled as op(a, b) on the inputs (i<n>) and the
-// earlier results (s<j>), at their own shapes; the last result broadcast to out_shape.
+// earlier results (s<j>), at their own shapes ("Cast i<n>" as TF's Cast to `t`, the chain's T,
+// by default input 0's type); the last result broadcast to out_shape.
 ChainRun run_unfused(const std::vector<HostTensor>& inputs, const Steps& steps,
-                     const std::vector<int64_t>& out_shape) {
+                     const std::vector<int64_t>& out_shape,
+                     std::optional<DataType> t = std::nullopt) {
   ChainRun r;
   std::vector<HostTensor> results;
   for (const std::string& text : steps) {
@@ -53,7 +57,10 @@ ChainRun run_unfused(const std::vector<HostTensor>& inputs, const Steps& steps,
     }
     std::vector<TensorDesc> descs;
     for (const HostTensor& t : args) descs.push_back(t.desc);
-    const CompiledKernel k = compiler::compile(make_op(name, descs), test_sim().config());
+    std::map<std::string, AttrValue> attrs;
+    if (name == compiler::ops::kCastStep)
+      attrs["DstT"] = std::string(compiler::data_type_name(t ? *t : inputs.at(0).desc.dtype));
+    const CompiledKernel k = compiler::compile(make_op(name, descs, attrs), test_sim().config());
     RunResult run = run_compiled(test_sim(), k, args);
     r.cycles += run.cycles;
     r.launches += k.launches.size();
@@ -112,7 +119,113 @@ std::vector<HostTensor> adam_inputs(DataType t, const std::vector<int64_t>& shap
           random_tensor(t, {1}, 1e-4, 1e-3, seed + 5)};  // eps
 }
 
+// `steps` with input n cast to T first: "Cast i<n>" becomes step 0, the steps' reads of i<n>
+// read it (s0), every s<j> becomes s<j+1> (as the plugin's graph pass folds a Cast feeding a
+// chain or an update).
+Steps with_input_cast(const Steps& steps, size_t n) {
+  Steps out = {std::string(compiler::ops::kCastStep) + " i" + std::to_string(n)};
+  for (const std::string& text : steps) {
+    std::istringstream words(text);
+    std::string word, renamed;
+    words >> renamed;
+    while (words >> word) {
+      const size_t x = std::stoul(word.substr(1));
+      renamed += word[0] == 's' ? " s" + std::to_string(x + 1)
+                 : x == n       ? std::string(" s0")
+                                : " " + word;
+    }
+    out.push_back(renamed);
+  }
+  return out;
+}
+
+std::vector<int64_t> shifted(std::vector<int64_t> updates) {
+  for (int64_t& u : updates) ++u;
+  return updates;
+}
+
 }  // namespace
+
+TEST_CASE("Cast steps: an input of another float type cast in the chain, bit-identical") {
+  // (T, the cast input's type): float32 from float16 / bfloat16 (a gradient read by the f32
+  // optimizer under mixed precision) and back (an f32 tensor read by an f16 chain).
+  const std::vector<int64_t> shape =
+      test_chip_is_tiny() ? std::vector<int64_t>{37, 129} : std::vector<int64_t>{3, 101, 517};
+  const std::pair<DataType, DataType> pairs[] = {{DataType::F32, DataType::F16},
+                                                 {DataType::F32, DataType::BF16},
+                                                 {DataType::F16, DataType::F32},
+                                                 {DataType::BF16, DataType::F32}};
+  for (const auto& [t, src] : pairs) {
+    INFO("T " << compiler::data_type_name(t) << ", input 0 " << compiler::data_type_name(src));
+    // (Cast(x) * y + Cast(x)) * z, the cast's value read twice, z a broadcast scalar; x's
+    // range beyond float16's precision so the rounding of the cast matters.
+    const std::vector<HostTensor> in = {random_tensor(src, shape, -300, 300, 71),
+                                        random_tensor(t, shape, -2, 2, 72),
+                                        random_tensor(t, {}, 0.5, 1.5, 73)};
+    const Steps steps = {"Cast i0", "Mul s0 i1", "AddV2 s1 s0", "Mul s2 i2"};
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& h : in) descs.push_back(h.desc);
+    const OpDesc op =
+        make_op("FusedElementwise", descs,
+                {{"T", std::string(compiler::data_type_name(t))}, {"steps", AttrValue(steps)}});
+    INFO(op.str());
+    const CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    REQUIRE(k.outputs.size() == 1);
+    CHECK(k.outputs[0].dtype == t);
+    const RunResult fused = run_compiled(test_sim(), k, in);
+    const ChainRun unfused = run_unfused(in, steps, shape, t);
+    check_bit_identical(fused.outputs[0], unfused.result);
+    // The cast itself against the host's conversion: Cast(x) * 1 + Cast(x) is 2 Cast(x)
+    // exactly, so with y = 1, z = 0.5 the output is Cast(x), each element x rounded to T.
+    std::vector<HostTensor> ones = in;
+    ones[1] = HostTensor{in[1].desc, std::vector<double>(in[1].values.size(), 1.0)};
+    ones[2] = HostTensor{in[2].desc, {0.5}};
+    const RunResult cast = run_compiled(test_sim(), k, ones);
+    size_t bad = 0;
+    for (size_t i = 0; i < in[0].values.size(); ++i) {
+      const double want = round_to(t, in[0].values[i]);
+      if (cast.outputs[0].values[i] != want && bad++ < 5)
+        UNSCOPED_INFO("element " << i << ": " << in[0].values[i] << " cast to "
+                                 << cast.outputs[0].values[i] << ", want " << want);
+    }
+    INFO(bad << " casts differ from the host's round to nearest even");
+    CHECK(bad == 0);
+    WARN(op.str() << ": fused 1 launch, " << fused.cycles << " cycles; unfused " << unfused.launches
+                  << " launches, " << unfused.cycles << " cycles");
+    CHECK(unfused.launches == steps.size());
+    CHECK(fused.cycles < unfused.cycles);
+  }
+}
+
+TEST_CASE("Cast steps that are refused: the pair, the operand, other readers of the input") {
+  const TensorDesc f32{DataType::F32, {4, 8}}, f16{DataType::F16, {4, 8}},
+      bf16{DataType::BF16, {4, 8}}, s32{DataType::S32, {4, 8}};
+  auto refused = [](const std::vector<TensorDesc>& inputs, const std::string& t, const Steps& steps,
+                    bool want_invalid, const std::vector<std::string>& words) {
+    const OpDesc op = make_op("FusedElementwise", inputs, {{"T", t}, {"steps", AttrValue(steps)}});
+    INFO(op.str());
+    const CompileRefusal r = compile_refusal(op);
+    INFO(r.message);
+    CHECK(r.invalid == want_invalid);
+    for (const std::string& w : words) CHECK(r.message.find(w) != std::string::npos);
+  };
+  // Pairs without one vconv (float16 <-> bfloat16), integers, the same type: not steps.
+  refused({f16, bf16}, "bf16", {"Cast i0", "Mul s0 i1"}, false, {"step 0", "f16 -> bf16"});
+  refused({s32, f32}, "f32", {"Cast i0", "Mul s0 i1"}, false, {"step 0", "s32 -> f32"});
+  refused({f32, f32}, "f32", {"Cast i0", "Mul s0 i1"}, false, {"step 0", "f32 -> f32"});
+  // A step's result is of type T already; Cast takes one operand.
+  refused({f32, f32}, "f32", {"Mul i0 i1", "Cast s0"}, true, {"step 1", "reads an input"});
+  refused({f16, f32}, "f32", {"Cast i0 i1"}, true, {"step 0", "Cast takes 1 operand"});
+  // An input of another type read by a step other than a Cast.
+  refused({f16, f32}, "f32", {"Cast i0", "Mul i0 i1"}, true,
+          {"input 0", "f16", "step 1", "Cast steps only"});
+  CHECK(compiler::ops::fusible_cast(DataType::F16, DataType::F32));
+  CHECK(compiler::ops::fusible_cast(DataType::F32, DataType::BF16));
+  CHECK_FALSE(compiler::ops::fusible_cast(DataType::F16, DataType::BF16));
+  CHECK_FALSE(compiler::ops::fusible_cast(DataType::F32, DataType::F32));
+  CHECK_FALSE(compiler::ops::fusible_cast(DataType::S32, DataType::F32));
+}
 
 TEST_CASE("fused Adam-like chain: bit-identical to the unfused ops, one launch, fewer cycles") {
   const std::vector<int64_t> shape =
@@ -283,27 +396,36 @@ OpDesc variable_update_op(const std::vector<HostTensor>& inputs, const Steps& st
 TEST_CASE("FusedVariableUpdate: Keras' Adam, the new m, v and var in one launch, bit-identical") {
   const std::vector<int64_t> shape =
       test_chip_is_tiny() ? std::vector<int64_t>{37, 129} : std::vector<int64_t>{3, 101, 517};
-  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
-    INFO(compiler::data_type_name(t));
+  // (T, the gradient's type): under mixed precision the f32 update reads an f16 gradient, its
+  // Cast a step of the update (with_input_cast).
+  const std::pair<DataType, DataType> types[] = {{DataType::F32, DataType::F32},
+                                                 {DataType::F16, DataType::F16},
+                                                 {DataType::BF16, DataType::BF16},
+                                                 {DataType::F32, DataType::F16}};
+  for (const auto& [t, gt] : types) {
+    INFO(compiler::data_type_name(t) << ", gradient " << compiler::data_type_name(gt));
+    const Steps steps = gt == t ? kKerasAdam : with_input_cast(kKerasAdam, 3);
+    const std::vector<int64_t> updates = gt == t ? kKerasAdamUpdates : shifted(kKerasAdamUpdates);
     const std::vector<HostTensor> in = {random_tensor(t, shape, -1, 1, 51),     // m
                                         random_tensor(t, shape, 0, 2, 52),      // v
                                         random_tensor(t, shape, -1, 1, 53),     // var
-                                        random_tensor(t, shape, -3, 3, 54),     // g
+                                        random_tensor(gt, shape, -3, 3, 54),    // g
                                         random_tensor(t, {}, 0.1, 0.1, 55),     // 1 - beta_1
                                         random_tensor(t, {}, 1e-3, 1e-3, 56),   // 1 - beta_2
                                         random_tensor(t, {}, 1e-3, 2e-3, 57),   // alpha
                                         random_tensor(t, {}, 1e-7, 1e-7, 58)};  // epsilon
-    const OpDesc op = variable_update_op(in, kKerasAdam, kKerasAdamUpdates);
+    const OpDesc op = variable_update_op(in, steps, updates);
     INFO(op.str());
     const CompiledKernel k = compiler::compile(op, test_sim().config());
     REQUIRE(k.launches.size() == 1);
     REQUIRE(k.outputs.size() == 3);
     const RunResult fused = run_compiled(test_sim(), k, in);
-    const ChainRun unfused = run_unfused(in, kKerasAdam, shape);
+    const ChainRun unfused = run_unfused(in, steps, shape);
     for (size_t j = 0; j < 3; ++j) {
       INFO("variable " << j);
-      check_bit_identical(fused.outputs[j], unfused.steps[kKerasAdamUpdates[j]]);
+      check_bit_identical(fused.outputs[j], unfused.steps[static_cast<size_t>(updates[j])]);
     }
+    if (gt != t) CHECK(unfused.launches == steps.size());  // the Cast's launch among them
     WARN(op.str() << ": fused 1 launch, " << fused.cycles << " cycles; unfused " << unfused.launches
                   << " launches, " << unfused.cycles << " cycles");
     CHECK(fused.cycles < unfused.cycles);
@@ -417,8 +539,13 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
   const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // above the segment limit
   const std::vector<std::vector<int64_t>> shapes = {{37},  {5, 3},  {1}, {128},       {2, 65},
                                                     {300}, {large}, {8}, {3, 3, 4, 2}};
-  for (DataType t : {DataType::F32, DataType::F16}) {
-    INFO(compiler::data_type_name(t));
+  const std::pair<DataType, DataType> types[] = {{DataType::F32, DataType::F32},
+                                                 {DataType::F16, DataType::F16},
+                                                 {DataType::F32, DataType::F16}};
+  for (const auto& [t, gt] : types) {
+    INFO(compiler::data_type_name(t) << ", gradient " << compiler::data_type_name(gt));
+    const Steps steps = gt == t ? kKerasAdam : with_input_cast(kKerasAdam, 3);
+    const std::vector<int64_t> updates = gt == t ? kKerasAdamUpdates : shifted(kKerasAdamUpdates);
     const size_t g_count = shapes.size();
     std::vector<std::vector<HostTensor>> member(g_count);
     for (size_t g = 0; g < g_count; ++g) {
@@ -426,7 +553,7 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
       const std::vector<int64_t>& s = shapes[g];
       member[g] = {
           random_tensor(t, s, -1, 1, seed),           random_tensor(t, s, 0, 2, seed + 1),
-          random_tensor(t, s, -1, 1, seed + 2),       random_tensor(t, s, -3, 3, seed + 3),
+          random_tensor(t, s, -1, 1, seed + 2),       random_tensor(gt, s, -3, 3, seed + 3),
           random_tensor(t, {}, 0.1, 0.2, seed + 4),   random_tensor(t, {}, 1e-3, 2e-3, seed + 5),
           random_tensor(t, {}, 1e-3, 2e-3, seed + 6), random_tensor(t, {}, 1e-7, 2e-7, seed + 7)};
     }
@@ -442,8 +569,8 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
                               {{"T", std::string(compiler::data_type_name(t))},
                                {"M", AttrValue(static_cast<int64_t>(3 * g_count))},
                                {"members", AttrValue(static_cast<int64_t>(g_count))},
-                               {"steps", AttrValue(kKerasAdam)},
-                               {"updates", AttrValue(kKerasAdamUpdates)}});
+                               {"steps", AttrValue(steps)},
+                               {"updates", AttrValue(updates)}});
     const CompiledKernel k = compiler::compile(op, cfg);
     REQUIRE(k.outputs.size() == 3 * g_count);
     REQUIRE(k.launches.size() == 2);  // the large variable's own, the others' together
@@ -453,7 +580,7 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
     for (size_t g = 0; g < g_count; ++g) {
       INFO("member " << g << " " << compiler::shape_str(shapes[g]));
       const CompiledKernel one =
-          compiler::compile(variable_update_op(member[g], kKerasAdam, kKerasAdamUpdates), cfg);
+          compiler::compile(variable_update_op(member[g], steps, updates), cfg);
       const RunResult own = run_compiled(test_sim(), one, member[g]);
       own_cycles += own.cycles;
       for (size_t j = 0; j < 3; ++j) {

@@ -135,6 +135,44 @@ def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4):
 """
 
 
+# Child code (run_child) defining small_cnn_training(device): a small CNN (Conv2D with bias,
+# BatchNormalization, ReLU, global average pooling, Dense), Adam(0.01), a batch of 4 8x8x3 images
+# with integer labels, built under the device scope after keras.utils.set_random_seed(0); returns
+# (model, step, x, y), step(x, y) a tf.function of one softmax cross-entropy training step
+# returning (loss, max |logit|), to be called under the device scope.
+SMALL_CNN_TRAINING = r"""
+def small_cnn_training(device):
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(16, 3, padding="same")(inp)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.Adam(0.01)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss, tf.reduce_max(tf.abs(logits))
+
+    return model, step, x, y
+"""
+
+
 def assert_close_lists(got, want, rtol, atol):
     """got and want: lists of equal length whose items (arrays, nested lists) agree within
     numpy's assert_allclose(rtol, atol)."""

@@ -35,9 +35,9 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import SMALL_CNN_TRAINING, child_result, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
-CODE = r'''
+CODE = SMALL_CNN_TRAINING + r'''
 import glob, json, os
 import numpy as np
 import npusim
@@ -47,32 +47,11 @@ from tensorflow.core.framework import graph_pb2
 
 
 def train(device):
-    keras.utils.set_random_seed(0)
+    model, step, x, y = small_cnn_training(device)
     with tf.device(device):
-        inp = keras.Input((8, 8, 3))
-        h = keras.layers.Conv2D(16, 3, padding="same")(inp)
-        h = keras.layers.BatchNormalization()(h)
-        h = keras.layers.ReLU()(h)
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inp, keras.layers.Dense(4)(h))
-        opt = keras.optimizers.Adam(0.01)
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
-        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                    y, logits, from_logits=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                    model.trainable_variables))
-            return loss, tf.reduce_max(tf.abs(logits))
-
         out = [step(x, y) for _ in range(3)]
-        return ([float(l.numpy()) for l, _ in out], [float(m.numpy()) for _, m in out],
-                [w.dtype for w in model.weights])
+    return ([float(l.numpy()) for l, _ in out], [float(m.numpy()) for _, m in out],
+            [w.dtype for w in model.weights])
 
 
 def step_graph(folder):

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 
@@ -32,17 +34,21 @@ struct Step {
   std::vector<Operand> operands;
   StreamSpec work;        // temps, prologue, compute of the step's op
   size_t first_temp = 0;  // its temps' position in the fused kernel's temps
+  bool cast = false;      // a Cast step (fused_elementwise.h)
 };
 
-// The step's tile work at `type` and its number of operands; 0 if not fusible.
+// The step's tile work at `type` and its number of operands; 0 if not fusible. (Cast is
+// parsed by parse_step: its work depends on its operand's type.)
 size_t tile_work(const std::string& tf_op, Dtype type, StreamSpec& work) {
   if (binary_tile_work(tf_op, type, work)) return 2;
   if (unary_tile_work(tf_op, type, work)) return 1;
   return 0;
 }
 
-// Parses step k, "<TfOp> <operand>[ <operand>]" (single spaces), with n_inputs inputs.
-Step parse_step(const OpDesc& op, size_t k, const std::string& text, size_t n_inputs, Dtype type) {
+// Parses step k, "<TfOp> <operand>[ <operand>]" (single spaces), over op.inputs; T = `dt`.
+Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt) {
+  const size_t n_inputs = op.inputs.size();
+  const Dtype type = device_dtype(dt);
   auto invalid = [&](const std::string& what) {
     op.invalid(fmt::format("step {} '{}': {}", k, text, what));
   };
@@ -55,7 +61,8 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, size_t n_in
   for (const std::string& w : words)
     if (w.empty()) invalid("empty word (words are separated by one space)");
   Step s;
-  const size_t arity = tile_work(words[0], type, s.work);
+  s.cast = words[0] == kCastStep;
+  const size_t arity = s.cast ? 1 : tile_work(words[0], type, s.work);
   if (arity == 0)
     op.fail(
         fmt::format("step {} '{}': {} is not a fusible element-wise op (one of the float ops "
@@ -81,6 +88,19 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, size_t n_in
                           n_inputs == 1 ? "" : "s"));
     s.operands.push_back(o);
   }
+  if (s.cast) {
+    // Cast i<n>: input n, of a float type other than T, converted to T with TF's Cast
+    // rounding (round to nearest even), the cast kernel's own vconv (ops/cast.cpp).
+    if (s.operands[0].step)
+      invalid("Cast reads an input (i<n>): the steps' results are of type T already");
+    const DataType src = op.inputs[s.operands[0].index].dtype;
+    if (!fusible_cast(src, dt))
+      op.fail(
+          fmt::format("step {} '{}': Cast {} -> {} is not a fusible cast (float32 to or from "
+                      "float16 / bfloat16)",
+                      k, text, data_type_name(src), data_type_name(dt)));
+    s.work = cast_spec(src, dt, false, {1});
+  }
   return s;
 }
 
@@ -91,7 +111,19 @@ bool fusible_elementwise(const std::string& tf_op) {
   return tile_work(tf_op, Dtype::F32, work) > 0;
 }
 
+bool fusible_cast(DataType src, DataType dst) {
+  return data_type_is_float(src) && data_type_is_float(dst) &&
+         (src == DataType::F32) != (dst == DataType::F32);
+}
+
 namespace {
+
+// T: the attribute where given (an input read by Cast steps may be of another type), else
+// input 0's type (the op has at least one input).
+DataType steps_type(const OpDesc& op) {
+  const std::optional<DataType> t = op.attr_type("T");
+  return t ? *t : op.inputs[0].dtype;
+}
 
 // The stream of `texts` (fused_elementwise.h's steps) over op.inputs: output j is the result of
 // step output_steps[j] (distinct steps, each of the inputs' broadcast shape). Steps that are
@@ -99,30 +131,34 @@ namespace {
 StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& texts,
                             const std::vector<size_t>& output_steps) {
   if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
-  const DataType dt = op.inputs[0].dtype;
+  const DataType dt = steps_type(op);
+  if (!data_type_is_float(dt))
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
+  if (texts.empty()) op.invalid("attribute 'steps' is missing or empty");
   std::vector<int64_t> shape = op.inputs[0].shape;
   for (size_t n = 1; n < op.inputs.size(); ++n) {
     const TensorDesc& in = op.inputs[n];
-    if (in.dtype != dt)
-      op.invalid(fmt::format("input {} is {}, input 0 {}: the inputs have one type T", n,
-                             data_type_name(in.dtype), data_type_name(dt)));
     auto b = broadcast_shapes(shape, in.shape);
     if (!b)
       op.invalid(fmt::format("input {} of shape {} does not broadcast to {}", n,
                              shape_str(in.shape), shape_str(shape)));
     shape = *b;
   }
-  if (auto t = op.attr_type("T"); t && *t != dt)
-    op.invalid(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
-                           data_type_name(dt)));
-  if (!data_type_is_float(dt))
-    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
-  if (texts.empty()) op.invalid("attribute 'steps' is missing or empty");
 
   const Dtype type = device_dtype(dt);
   std::vector<Step> steps;
-  for (size_t k = 0; k < texts.size(); ++k)
-    steps.push_back(parse_step(op, k, texts[k], op.inputs.size(), type));
+  for (size_t k = 0; k < texts.size(); ++k) steps.push_back(parse_step(op, k, texts[k], dt));
+  // The inputs have type T, but for those read by Cast steps only (their own float type).
+  for (size_t n = 0; n < op.inputs.size(); ++n) {
+    if (op.inputs[n].dtype == dt) continue;
+    for (size_t k = 0; k < steps.size(); ++k)
+      for (const Operand& o : steps[k].operands)
+        if (!o.step && o.index == n && !steps[k].cast)
+          op.invalid(
+              fmt::format("input {} is {}, T {}: step {} '{}' reads it (an input of "
+                          "another type than T is read by Cast steps only)",
+                          n, data_type_name(op.inputs[n].dtype), data_type_name(dt), k, texts[k]));
+  }
   // Where each step's result lives: output j (>= 0) or an intermediate temporary (-1).
   std::vector<int> output_of(steps.size(), -1);
   for (size_t j = 0; j < output_steps.size(); ++j) {
@@ -209,7 +245,7 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
 CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<std::string>& texts,
                                   const std::vector<size_t>& output_steps) {
   const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps);
-  const TensorDesc out{ctx.op.inputs[0].dtype, spec.out_shape};
+  const TensorDesc out{steps_type(ctx.op), spec.out_shape};
   CompiledKernel k = stream_kernel(ctx, out, spec);
   k.outputs.assign(output_steps.size(), out);
   return k;

@@ -4,11 +4,16 @@
 // rewrites NPU chains of fusible ops into this op.
 //
 // The op (TF op and compiler op "FusedElementwise"):
-//   inputs   N tensors of one type T (float, half or bfloat16), numpy-broadcastable to the output;
-//   attr T   their type; every step's result has type T too;
+//   inputs   N tensors of type T (float, half or bfloat16), numpy-broadcastable to the output;
+//            an input read only by Cast steps may be of another float type (below);
+//   attr T   the steps' type (default: input 0's); every step's result has type T;
 //   attr steps  list(string), in evaluation order; step k is "<TfOp> <operand>[ <operand>]",
 //            each operand "i<n>" (input n) or "s<j>" (the result of step j < k), e.g.
-//            {"Sub i0 i1", "Mul s0 i2"} computes (i0 - i1) * i2;
+//            {"Sub i0 i1", "Mul s0 i2"} computes (i0 - i1) * i2; "Cast i<n>" converts input n
+//            from its type to T as TF's Cast (Truncate false: round to nearest even) with the
+//            cast kernel's vconv, so a cast folded into the chain gives the Cast op's bits
+//            (pairs: fusible_cast below; the graph pass folds the casts feeding a chain or an
+//            optimizer update, as CANN folds casts into their consumers);
 //   output   one tensor: the last step's result, of the inputs' broadcast shape.
 // Every step is evaluated at every output position (a step on broadcast operands repeats its
 // value), with the same vector instructions, temporaries and roundings as the op's own kernel,
@@ -18,8 +23,9 @@
 // variables in one kernel, as CANN's graph engine turns an optimizer's update chain into one
 // ApplyAdam-like op. The graph pass makes it from an optimizer's AssignAdd / AssignSub /
 // Assign VariableOps and the chains feeding them (graph_fusion.h, rewrite 5).
-//   inputs   the M variables' current values (one shape), then the other inputs; all of type T,
-//            every input broadcastable to the variables' shape;
+//   inputs   the M variables' current values (one shape, type T), then the other inputs, of
+//            type T or (read by Cast steps only) another float type, every input broadcastable
+//            to the variables' shape;
 //   attr M   the number of variables; attr T, steps as FusedElementwise's (operand i<j>, j < M,
 //            is variable j's value before the update);
 //   attr updates  list(int), M entries: variable j's new value is the result of step
@@ -31,6 +37,8 @@
 #pragma once
 
 #include <string>
+
+#include "adapter/compiler/op_desc.h"
 
 namespace npusim::compiler {
 struct CompiledKernel;  // adapter/compiler/compiler.h
@@ -49,5 +57,13 @@ CompiledKernel compile_add_n(const CompileContext& ctx);
 // Whether `tf_op` may be a step of FusedElementwise for inputs and output of one float type T
 // (the element-wise ops of ops/binary.cpp and ops/unary.cpp whose result has their inputs' type).
 bool fusible_elementwise(const std::string& tf_op);
+
+// The step that casts an input to T ("Cast i<n>").
+inline constexpr const char* kCastStep = "Cast";
+
+// Whether a Cast step may convert an input of type `src` to T = `dst`: float32 to or from
+// float16 / bfloat16 (one vconv each way). Other pairs (float16 <-> bfloat16, integers, the
+// same type) are not steps: such a Cast keeps its own launch.
+bool fusible_cast(DataType src, DataType dst);
 
 }  // namespace npusim::compiler::ops

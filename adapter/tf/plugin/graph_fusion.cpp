@@ -1383,7 +1383,8 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(*t);
     attrs["M"].set_i(m);
-    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
+    attrs["Tin"].mutable_list();
+    for (size_t k = 0; k < inputs.size(); ++k) attrs["Tin"].mutable_list()->add_type(*t);
     for (const std::string& s : steps) attrs["steps"].mutable_list()->add_s(s);
     attrs["updates"].mutable_list();
     for (int64_t s : update_step) attrs["updates"].mutable_list()->add_i(s);
@@ -1494,8 +1495,9 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     for (const std::string& f : found) names += "|" + f;
     return names;
   };
-  // Candidates by key: device, T, M, N, steps, updates (one optimizer's updates of one type)
-  // and the collectives they wait for.
+  // Candidates by key: device, T, M, Tin, steps, updates (one optimizer's updates of one type,
+  // the same inputs' types: a gradient cast in or not, rewrite 5c) and the collectives they wait
+  // for.
   std::map<std::string, std::vector<int>> by_key;
   std::vector<std::string> key_order;
   for (int i = 0; i < n_nodes; ++i) {
@@ -1504,7 +1506,7 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     const auto members = n.attr().find("members");
     if (members != n.attr().end() && members->second.i() != 1) continue;
     std::string key = n.device();
-    for (const char* a : {"T", "M", "N", "steps", "updates"}) {
+    for (const char* a : {"T", "M", "Tin", "steps", "updates"}) {
       const auto it = n.attr().find(a);
       if (it == n.attr().end()) {
         key.clear();
@@ -1582,7 +1584,7 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
       if (!index.count(name)) break;
     }
     const tfc::NodeDef& first = graph.node(members[0]);
-    const int64_t m = first.attr().at("M").i(), n = first.attr().at("N").i();
+    const int64_t m = first.attr().at("M").i();
     std::vector<std::string> handles, others, controls;
     std::set<std::string> member_names, control_set;
     for (int i : members) member_names.insert(graph.node(i).name());
@@ -1613,7 +1615,10 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     attrs["steps"] = first.attr().at("steps");
     attrs["updates"] = first.attr().at("updates");
     attrs["M"].set_i(m * static_cast<int64_t>(members.size()));
-    attrs["N"].set_i(n * static_cast<int64_t>(members.size()));
+    attrs["Tin"].mutable_list();
+    for (int i : members)
+      for (int t : graph.node(i).attr().at("Tin").list().type())
+        attrs["Tin"].mutable_list()->add_type(static_cast<tfc::DataType>(t));
     attrs["members"].set_i(static_cast<int64_t>(members.size()));
     // The members' names, for people reading the graph or an error naming this node.
     for (int i : members) attrs["_npusim_members"].mutable_list()->add_s(graph.node(i).name());
@@ -1635,6 +1640,189 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
   // Control edges from removed members now come from their group's node (once per consumer).
   redirect_controls(graph, *removed, control_redirect);
   return made;
+}
+
+// ---- rewrite 5c: casts folded into the variable updates ----
+
+// Under mixed precision the float32 optimizer reads float16 gradients through Casts; CANN folds
+// such a cast into the update kernel. Each FusedVariableUpdate (one member) input that is a
+// Cast's output becomes the Cast's input, and the update's steps cast it first ("Cast i<n>",
+// fused_elementwise.h): the update's kernel converts the tile in the UB with the Cast kernel's
+// own vconv, so the new values are the same bits. The Cast must be on the update's device, of a
+// fusible pair (compiler::ops::fusible_cast: float32 from float16 / bfloat16), Truncate false,
+// with no control edges either way, not preserved, and read by this update alone (once). Returns
+// the Casts folded.
+bool is_cast(const tfc::NodeDef* n, std::optional<tfc::DataType> from,
+             std::optional<tfc::DataType> to);  // below
+
+// The compiler's type of a TensorFlow float type (nullopt for the others).
+std::optional<compiler::DataType> compiler_float_type(tfc::DataType t) {
+  switch (t) {
+    case tfc::DT_FLOAT: return compiler::DataType::F32;
+    case tfc::DT_HALF: return compiler::DataType::F16;
+    case tfc::DT_BFLOAT16: return compiler::DataType::BF16;
+    default: return std::nullopt;
+  }
+}
+
+// `steps` (fused_elementwise.h) with `casts` ("Cast i<n>") put first: a step reading a cast
+// input reads its Cast step, every s<j> becomes s<j + casts>.
+std::vector<std::string> steps_with_casts(const tfc::AttrValue& steps,
+                                          const std::vector<std::string>& casts) {
+  std::map<std::string, std::string> cast_step;  // "i<n>" -> "s<k>"
+  for (size_t k = 0; k < casts.size(); ++k)
+    cast_step[casts[k].substr(casts[k].find(' ') + 1)] = "s" + std::to_string(k);
+  std::vector<std::string> out = casts;
+  for (const std::string& text : steps.list().s()) {
+    std::istringstream words(text);
+    std::string word, renamed;
+    words >> renamed;
+    while (words >> word) {
+      auto it = cast_step.find(word);
+      renamed += " " + (it != cast_step.end() ? it->second
+                        : word[0] == 's'
+                            ? "s" + std::to_string(std::stoul(word.substr(1)) + casts.size())
+                            : word);
+    }
+    out.push_back(renamed);
+  }
+  return out;
+}
+
+int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                      std::set<std::string>* removed) {
+  GraphView g(graph);
+  int folded = 0;
+  std::vector<tfc::NodeDef> added;                       // split-off members' nodes
+  std::map<std::string, std::vector<std::string>> also;  // node -> nodes split off it
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& u = *graph.mutable_node(i);
+    if (u.op() != "FusedVariableUpdate" || !on_npu(u) || removed->count(u.name())) continue;
+    const std::optional<tfc::DataType> t = type_attr(u);
+    const auto tin = u.attr().find("Tin");
+    const auto members_attr = u.attr().find("members");
+    const int64_t members = members_attr == u.attr().end() ? 1 : members_attr->second.i();
+    if (!t || tin == u.attr().end() || !u.attr().count("M") || members < 1) continue;
+    const int64_t m = u.attr().at("M").i();
+    const std::vector<int> types(tin->second.list().type().begin(),
+                                 tin->second.list().type().end());
+    int data = 0;  // data inputs: M handles, then the others
+    while (data < u.input_size() && !parse_input(u.input(data)).control) ++data;
+    if (m % members || data != m + static_cast<int64_t>(types.size()) ||
+        types.size() % static_cast<size_t>(members))
+      continue;
+    // Member g's inputs: its M / members variables, then its per_n others (rewrite 5b).
+    const size_t per_m = static_cast<size_t>(m / members);
+    const size_t per_n = types.size() / static_cast<size_t>(members);
+    // The foldable Cast feeding data input p, or nullptr.
+    auto foldable = [&](size_t p) -> tfc::NodeDef* {
+      tfc::NodeDef* c = g.producer(u, static_cast<int>(p), "Cast");
+      if (!c || !is_cast(c, std::nullopt, *t) || c->device() != u.device()) return nullptr;
+      const auto truncate = c->attr().find("Truncate");
+      if (truncate != c->attr().end() && truncate->second.b()) return nullptr;
+      const auto src = compiler_float_type(*type_attr(*c, "SrcT"));
+      const auto dst = compiler_float_type(*t);
+      if (!src || !dst || !compiler::ops::fusible_cast(*src, *dst)) return nullptr;
+      if (preserve.count(c->name()) || has_control_inputs(*c) || g.control_target(c->name()) ||
+          g.consumers(c->name()) != 1 || removed->count(c->name()))
+        return nullptr;
+      return c;
+    };
+    // The steps are common to the members: members whose foldable casts differ (a float16
+    // gradient and a float32 one) go to nodes of their own, one per signature (per input k,
+    // the cast's source type or -1), in the order of their first member.
+    std::vector<std::vector<tfc::NodeDef*>> cast(static_cast<size_t>(members));
+    std::map<std::vector<int>, std::vector<size_t>> by_signature;
+    std::vector<std::vector<int>> signature_order;
+    for (size_t gi = 0; gi < static_cast<size_t>(members); ++gi) {
+      std::vector<int> sig;
+      for (size_t k = 0; k < per_n; ++k) {
+        tfc::NodeDef* c = foldable(static_cast<size_t>(m) + gi * per_n + k);
+        cast[gi].push_back(c);
+        sig.push_back(c ? static_cast<int>(*type_attr(*c, "SrcT")) : -1);
+      }
+      if (!by_signature.count(sig)) signature_order.push_back(sig);
+      by_signature[sig].push_back(gi);
+    }
+    const std::vector<int> none(per_n, -1);
+    if (signature_order.size() == 1 && signature_order[0] == none) continue;
+    // The node keeps the members without casts (or the first signature's).
+    const std::vector<int> kept = by_signature.count(none) ? none : signature_order[0];
+    const tfc::NodeDef original = u;
+    std::vector<std::string> controls;
+    for (int p = data; p < original.input_size(); ++p) controls.push_back(original.input(p));
+    std::vector<std::string> names;  // `_npusim_members`
+    if (const auto it = original.attr().find("_npusim_members"); it != original.attr().end())
+      names.assign(it->second.list().s().begin(), it->second.list().s().end());
+    int split = 0;
+    for (const std::vector<int>& sig : signature_order) {
+      const std::vector<size_t>& group = by_signature.at(sig);
+      std::vector<std::string> casts, handles, others;
+      for (size_t k = 0; k < per_n; ++k)
+        if (sig[k] >= 0)
+          casts.push_back(std::string(compiler::ops::kCastStep) + " i" +
+                          std::to_string(per_m + k));
+      tfc::NodeDef node;
+      node.set_op(original.op());
+      node.set_device(original.device());
+      auto& attrs = *node.mutable_attr();
+      attrs = original.attr();
+      attrs["Tin"].mutable_list()->clear_type();
+      attrs["_npusim_members"].mutable_list()->clear_s();
+      for (size_t gi : group) {
+        for (size_t j = 0; j < per_m; ++j) handles.push_back(original.input(int(gi * per_m + j)));
+        for (size_t k = 0; k < per_n; ++k) {
+          const size_t at = gi * per_n + k;
+          tfc::NodeDef* c = cast[gi][k];
+          const bool fold = sig[k] >= 0;
+          others.push_back(fold ? c->input(0) : original.input(int(m + at)));
+          attrs["Tin"].mutable_list()->add_type(
+              static_cast<tfc::DataType>(fold ? sig[k] : types[at]));
+          if (fold) {
+            removed->insert(c->name());
+            ++folded;
+          }
+        }
+        if (gi < names.size()) attrs["_npusim_members"].mutable_list()->add_s(names[gi]);
+      }
+      if (attrs["_npusim_members"].list().s_size() == 0) attrs.erase("_npusim_members");
+      attrs["M"].set_i(static_cast<int64_t>(per_m * group.size()));
+      attrs["members"].set_i(static_cast<int64_t>(group.size()));
+      if (!casts.empty()) {
+        attrs["steps"].mutable_list()->clear_s();
+        for (const std::string& text : steps_with_casts(original.attr().at("steps"), casts))
+          attrs["steps"].mutable_list()->add_s(text);
+        attrs["updates"].mutable_list()->clear_i();
+        for (int64_t up : original.attr().at("updates").list().i())
+          attrs["updates"].mutable_list()->add_i(up + static_cast<int64_t>(casts.size()));
+      }
+      for (const std::string& in : handles) node.add_input(in);
+      for (const std::string& in : others) node.add_input(in);
+      for (const std::string& c : controls) node.add_input(c);
+      if (sig == kept) {
+        node.set_name(original.name());
+        u = std::move(node);
+        continue;
+      }
+      node.set_name(original.name() + "/npusim_cast_folded_" + std::to_string(split++));
+      also[original.name()].push_back(node.name());
+      added.push_back(std::move(node));
+    }
+  }
+  // A node depending on a split node by a control edge depends on its parts too.
+  if (!also.empty())
+    for (tfc::NodeDef& n : *graph.mutable_node()) {
+      std::vector<std::string> more;
+      for (const std::string& in : n.input()) {
+        const InputRef r = parse_input(in);
+        if (!r.control) continue;
+        if (const auto it = also.find(r.node); it != also.end())
+          for (const std::string& name : it->second) more.push_back("^" + name);
+      }
+      for (const std::string& c : more) n.add_input(c);
+    }
+  for (tfc::NodeDef& n : added) *graph.add_node() = std::move(n);
+  return folded;
 }
 
 // ---- rewrite 6: duplicate pure nodes ----
@@ -3363,6 +3551,11 @@ bool switch_on(const char* variable) {
 }
 }  // namespace
 
+bool cast_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_CAST");
+  return on;
+}
+
 bool rms_norm_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_RMS_NORM");
   return on;
@@ -3423,6 +3616,15 @@ bool fusion_enabled() { return fusion_requested() && fused_ops_registered(); }
 bool conv_bn_reduce_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CONV_BN_REDUCE");
   return on;
+}
+
+int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !cast_fusion_requested() || !fused_variable_update_registered())
+    return 0;
+  std::set<std::string> removed;
+  const int folded = fold_update_casts(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return folded;
 }
 
 int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
@@ -3513,6 +3715,12 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   }
   removed.clear();
   counts.deduplicated = dedup_pure_nodes(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  // After 6, which leaves one Cast per gradient (and one reader where the update is its only
+  // one); before 5b, which groups updates of the same steps and input types.
+  if (cast_fusion_requested() && fused_variable_update_registered())
+    counts.update_casts = fold_update_casts(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   if (multi_tensor_update_requested() && fused_variable_update_registered()) {

@@ -107,6 +107,17 @@
 //      as NoOps after the node; control edges from the others come from it. A group is left out if
 //      contracting it would close a cycle. NPUSIM_FUSION_MULTI_TENSOR=0 turns this rewrite alone
 //      off.
+//   5c. Casts folded into the updates, after 6 and before 5b (CANN folds a cast into the kernel
+//      consuming it): a FusedVariableUpdate input produced by a Cast (float16 / bfloat16 ->
+//      float32 under allow_mix_precision: the f32 optimizer's gradients; the pairs of
+//      compiler::ops::fusible_cast, Truncate false) on the update's device, read by that update
+//      alone, with no control edges and not preserved, becomes the Cast's input: the update's
+//      steps start with "Cast i<n>" (fused_elementwise.h; its other steps read that step) and
+//      Tin names the input's own type. In a multi-tensor node (5b) an input is folded where
+//      every member's is (the steps are common). Run again after the mixed precision pass,
+//      which inserts the gradients' Casts (fold_update_casts below). The update computes the cast
+//      in its tile, with the Cast kernel's vconv: the same values, one launch and one HBM pass less
+//      per gradient. NPUSIM_FUSION_CAST=0 turns this rewrite alone off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
 //      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
 //      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and
@@ -253,6 +264,7 @@ struct FusionCounts {
   int elementwise = 0;          // FusedElementwise nodes created
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
   int multi_tensor_update = 0;  // multi-tensor FusedVariableUpdate nodes created (rewrite 5b)
+  int update_casts = 0;         // Casts folded into FusedVariableUpdate nodes (rewrite 5c)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
   int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
   int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
@@ -266,9 +278,9 @@ struct FusionCounts {
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
-           bias_epilogue + elementwise + variable_update + multi_tensor_update + deduplicated +
-           rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu + layer_norm +
-           weight_quant_matmul + matmul_transposes;
+           bias_epilogue + elementwise + variable_update + multi_tensor_update + update_casts +
+           deduplicated + rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu +
+           layer_norm + weight_quant_matmul + matmul_transposes;
   }
 };
 
@@ -287,6 +299,8 @@ bool swiglu_fusion_requested();
 bool attention_fusion_requested();
 // False when NPUSIM_FUSION_MULTI_TENSOR is "0" (read once): rewrite 5b alone off.
 bool multi_tensor_update_requested();
+// False when NPUSIM_FUSION_CAST is "0" (read once): rewrite 5c alone off.
+bool cast_fusion_requested();
 // False when NPUSIM_FUSION_EPILOGUE is "0" (read once): rewrite 3b alone off.
 bool epilogue_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.
@@ -309,6 +323,11 @@ bool conv_bn_reduce_fusion_requested();
 // Conv2DBNTrainingReduce nodes created.
 int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
                          const std::unordered_set<std::string>& preserve);
+
+// Rewrite 5c (above) on `graph` while fusion_enabled() and requested, for the Casts the mixed
+// precision pass (mixed_precision.h) puts before the updates after the other rewrites ran;
+// returns the Casts folded.
+int fold_update_casts(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
 
 // Applies the rewrites to `graph`; returns how many fused nodes were created (0: unchanged).
 FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,

@@ -303,7 +303,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
                      "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
-                     "multi-tensor), %d duplicates, %d RmsNorm, "
+                     "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
                      "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
                      "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
                      "Transposes folded into MatMuls\n",
@@ -311,7 +311,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      counts.batch_norm,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
                      counts.bias_epilogue, counts.elementwise, counts.variable_update,
-                     counts.multi_tensor_update, counts.deduplicated,
+                     counts.multi_tensor_update, counts.update_casts, counts.deduplicated,
                      counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
                      counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
                      counts.weight_quant_matmul, counts.matmul_transposes);
@@ -352,6 +352,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d Conv2DBNTrainingReduce\n",
                      item_id(item).c_str(), fused);
       changed |= fused > 0;
+      // The Casts the mixed precision pass put before the variable updates (rewrite 5c).
+      const int casts = fold_update_casts(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && casts > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d Casts folded into variable updates\n",
+                     item_id(item).c_str(), casts);
+      changed |= casts > 0;
     } catch (const std::exception& e) {
       log_fusion_error(e.what());
     }

@@ -32,12 +32,14 @@
 //     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
 //     broadcast shape.
 //
-//   FusedVariableUpdate(resources: M * resource, inputs: N * T)     T in {float, half,
-//     bfloat16}; M >= 1; N >= 0; steps: list(string); updates: list(int): the new values of M
-//     variables of one shape from one chain of element-wise steps (fused_elementwise.h), one
-//     launch; stateful, no outputs. members: int >= 1 = 1: that many such updates of the same
-//     steps in one op (graph_fusion.h, rewrite 5b), member g's variables the g-th M / members
-//     resources, its inputs the g-th N / members inputs; one multi-tensor launch for the small
+//   FusedVariableUpdate(resources: M * resource, inputs: Tin)     T in {float, half,
+//     bfloat16}; M >= 1; Tin: list of float types (T, or another float type for an input the
+//     steps cast to T: graph_fusion.h rewrite 5c); steps: list(string); updates: list(int): the
+//     new values of M variables of one shape from one chain of element-wise steps
+//     (fused_elementwise.h), one launch; stateful, no outputs. members: int >= 1 = 1: that many
+//     such updates of the same steps in one op (graph_fusion.h, rewrite 5b), member g's
+//     variables the g-th M / members resources, its inputs the g-th of members equal parts of
+//     the inputs; one multi-tensor launch for the small
 //     ones. Its kernel is kernels_optimizer.cpp's (it updates
 //     variables, on TensorFlow's C++ kernel API); registered here is only its definition.
 //
@@ -262,10 +264,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"T: {float, half, bfloat16}", "N: int >= 1", "steps: list(string)"},
        broadcast_shape},
       {"FusedVariableUpdate",
-       {"resources: M * resource", "inputs: N * T"},
+       {"resources: M * resource", "inputs: Tin"},
        {},
-       {"T: {float, half, bfloat16}", "M: int >= 1", "N: int >= 0", "steps: list(string)",
-        "updates: list(int)", "members: int >= 1 = 1"},
+       {"T: {float, half, bfloat16}", "M: int >= 1", "Tin: list({float, half, bfloat16}) >= 0",
+        "steps: list(string)", "updates: list(int)", "members: int >= 1 = 1"},
        no_outputs,
        true},
   };
