@@ -46,14 +46,14 @@ size_t LaunchKeyHash::operator()(const LaunchKey& k) const {
 }
 
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key, LaunchKey* similar, bool* loads) {
+                LaunchKey* key, LaunchKey* similar, bool* loads, bool* cross_core) {
   Hasher h;
-  bool has_ld = false;
+  bool has_ld = false, has_cc = false;
   for (const isa::Section& s : program.sections) {
     h.add(0x5ec7000000000000ull | static_cast<uint64_t>(s.kind));
     h.add(s.code.size());
     for (const isa::Instruction& in : s.code) {
-      if (in.op == Opcode::op_cc_set || in.op == Opcode::op_cc_wait) return false;
+      has_cc = has_cc || in.op == Opcode::op_cc_set || in.op == Opcode::op_cc_wait;
       has_ld = has_ld || in.op == Opcode::op_ld;
       h.add(static_cast<uint64_t>(in.op));
       const size_t n = static_cast<int>(in.op) < isa::kNumOpcodes ? in.desc().fields.size() : 0;
@@ -61,7 +61,9 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
         h.add(static_cast<uint64_t>(in.ops[f].value) * 2 + (in.ops[f].is_reg ? 1 : 0));
     }
   }
+  if (has_cc && !cross_core) return false;
   if (loads) *loads = has_ld;
+  if (cross_core) *cross_core = has_cc;
   key->program_hash[0] = h.a;
   key->program_hash[1] = h.b;
   key->args = args;
