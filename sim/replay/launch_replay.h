@@ -157,7 +157,8 @@ uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
 // The blocks each core of `chip` ran in the launch now ending, recorded (Chip::recordings) and
 // about to end (call before Chip::end_launch), with the memory system's record. False if the
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
-// so the result depends on the order of the cores (in a simulated run, on their timing).
+// so the result depends on the order of the cores (in a simulated run, on their timing). A lean
+// recording (CoreRecording, translation only) is never refused so: its replay runs nothing.
 bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec);
 
 // Timing-only replay by translation. A launch of the same program with the same untyped

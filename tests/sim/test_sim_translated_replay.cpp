@@ -70,10 +70,11 @@ const char* kScale = R"(
 // A mix kernel whose cores meet at cross-core flags (the pattern of a fused convolution with
 // its batch-norm reduction): per block, the cube core loads its 2 KiB slice of x into L1, spins
 // for a time that grows with its block id, then lets its two vector cores go (cc_set mode 2);
-// each scales its half of the slice into y, signals the cube core from MTE3 (after its store
-// landed) and meets the other at a barrier (mode 1); the cube core waits for both and loads
-// the slice of y they stored. Its timing thus depends on the cores' progress, and the cube core
-// reads bytes the vector cores write.
+// each scales its half of the slice into y (and both store the slice's first 32 bytes: two
+// cores writing the same bytes), signals the cube core from MTE3 (after its stores landed) and
+// meets the other at a barrier (mode 1); the cube core waits for both and loads the slice of y
+// they stored. Its timing thus depends on the cores' progress, and the cube core reads bytes
+// the vector cores write.
 const char* kHandoff = R"(
 .arg x, f16[2048]
 .arg s, f32[1]
@@ -104,6 +105,7 @@ spin:
     get_block_id x2
     get_subblock_id x5
     mul x4, x2, 2048
+    add x11, x3, x4
     mul x9, x5, 1024
     add x4, x4, x9
     add x1, x1, x4
@@ -119,6 +121,7 @@ spin:
     set_flag v, mte3, 0
     wait_flag v, mte3, 0
     copy_ub2gm x3, x7, 1, 32, 0, 0
+    copy_ub2gm x11, x7, 1, 1, 0, 0
     cc_set mte3, 2, 1
     cc_set mte3, 1, 2
     cc_wait s, 2
