@@ -22,6 +22,13 @@
 // read; so a kernel that broadcasts a loaded scalar (an optimizer's learning rate) moves with
 // its tensors too. ld and st take their address, a GM operand, like a transfer (the scalar
 // unit's accesses do not go through the L2: docs/chip_model.md).
+//
+// Cross-core flags (cc_set / cc_wait) are followed too: their operands are immediates, and a
+// core's progress is turned into time only, never into a register value. By induction over the
+// simulated run, two launches of one key whose instructions cost the same and whose transfers
+// see the same L2 hits and misses (the translated replay's conditions) reach every cc_set and
+// cc_wait at the same times, so the waits end at the same times as well. The analysis notes
+// them (AddressFlow::cross_core); whether such a program replays is the caller's choice.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +48,13 @@ struct AddressFlow {
   // offset) the instruction's GM operand (a transfer's, ld's or st's) holds, or -1 if it has
   // none. Filled if ok.
   std::vector<std::vector<int16_t>> gm_arg;
+  // Whether the program has cc_set or cc_wait (analysed whether ok or not, up to `why`).
+  bool cross_core = false;
 };
 
-// Analyses `program` (every section). A program with cc_set or cc_wait (another core's progress
-// may steer it), a loaded value or tensor address anywhere but where allowed above (a divisor
-// included: one launch's may be zero), or a GM operand not derived from exactly one argument
-// is not ok.
+// Analyses `program` (every section). A program with a loaded value or tensor address anywhere but
+// where allowed above (a divisor included: one launch's may be zero), or a GM operand not derived
+// from exactly one argument is not ok.
 AddressFlow analyze_address_flow(const isa::Program& program);
 
 }  // namespace npusim

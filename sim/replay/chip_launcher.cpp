@@ -81,6 +81,7 @@ struct ChipLauncher::Pending {
   // `similar` without the block extents (set with `flow` when relocation is on).
   LaunchKey loose;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
+  bool lean = false;                   // ... for replays by translation only (CoreRecording)
   const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
   std::string replay_error;            // check mode: the replay's fault, if any
@@ -171,10 +172,17 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
   const bool translate =
       (!opts.functional || walk) && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
-  bool loads = false;
-  bool replayable =
-      alone && (walk || translate) && launch.block_dim >= 1 &&
-      replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar, &loads);
+  bool loads = false, cross_core = false;
+  bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
+                    replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,
+                               &loads, &cross_core);
+  // A program with cross-core flags replays by translation in a timing-only simulator only:
+  // a replay that walks the program skips flags and runs the cores apart, which is exact only
+  // if no core reads what another writes, the very thing such flags order (a mix kernel's
+  // cube core storing tiles its vector cores then reduce). Translation runs nothing; its
+  // timing holds by the induction in sim/replay/address_flow.h.
+  const bool translation_only = cross_core;
+  if (cross_core && (opts.functional || !translate)) replayable = false;
   // The replay log's line (SimOptions::replay_log): why a launch is simulated, else how it was
   // replayed. Built only when the log is written.
   const bool logging = !opts.replay_log.empty();
@@ -184,8 +192,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     why = !alone                 ? "runs beside other launches"
           : !(walk || translate) ? "replay off (translation: timing-only, cold L2, blocks)"
           : launch.block_dim < 1 ? "no blocks"
-          : !replayable          ? "the program has cc_set or cc_wait"
-                                 : "";
+          : !replayable ? "the program has cc_set or cc_wait (replayed only by translation, "
+                          "timing-only)"
+                        : "";
   if (replayable && translate) {
     P->flow = &m_store.address_flow(P->key, *launch.program);
     if (logging && !P->flow->ok) why = "address flow not followed: " + P->flow->why;
@@ -194,8 +203,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     else if (opts.replay_relocate)
       P->loose = P->similar;  // before the extents below
   }
-  if (!walk && !P->flow) replayable = false;  // nothing to record it for
-  if (replayable && !keep_l2)                 // the cold L2 files lines by block
+  if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
+  if (replayable && !keep_l2)  // the cold L2 files lines by block
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
@@ -268,7 +277,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // its effects below (replay_blocks at these arguments).
     have_writes = recorded != nullptr && !opts.functional;
   }
-  if (!recorded && walk) {
+  if (!recorded && walk && !translation_only) {
     // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
     recorded = detail || (found && !in_time(*found)) ? nullptr : found;
     // With an ld, this launch's data may steer it elsewhere than the recorded run's: the
@@ -373,9 +382,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // The counters at the start of the simulated launch (a replay above needs no snapshot).
   m_counters.snapshot(m_launch_base);
   P->record = replayable && !recorded && (!found || stale);
+  // Without replays that walk the program, the recording serves translation only.
+  P->lean = !walk || translation_only;
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, launch.gm_blocks, /*record_lean=*/!walk);
+                      opts.replay_record_max_bytes, launch.gm_blocks, P->lean);
   m_pending = std::move(P);
   return Begun{};
 }
@@ -402,14 +413,16 @@ KernelResult ChipLauncher::finish() {
   const uint64_t duration_ps = time_ps(m_chip.end_time() - P->start);
   const uint64_t quiescent_ps = time_ps(sc_time_stamp() - P->start);
   RecordedLaunch rec;
-  // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept.
-  const bool keep = P->record && m_chip.launch().record && r.ok && !m_chip.mix() &&
+  // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept. A mix
+  // kernel's blocks span several cores, which a replay that walks them does not model; a lean
+  // recording (translation only) walks nothing.
+  const bool keep = P->record && m_chip.launch().record && r.ok && (!m_chip.mix() || P->lean) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
     record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, &rec);
-    // Without replays that walk the program, the recording serves translation only: its walk
-    // (sections, effect order, transfer order) is never read and need not take memo space.
-    if (m_store.opts.replay == SimOptions::Replay::off) {
+    // A lean recording serves translation only: its walk (sections, effect order, transfer
+    // order) is never read and need not take memo space.
+    if (P->lean) {
       rec.runs.clear();
       rec.run_section.clear();
       for (RecordedLaunch::CoreBlocks& cb : rec.cores) {
@@ -457,10 +470,10 @@ KernelResult ChipLauncher::finish() {
     m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec),
                         relocatable ? &P->loose : nullptr);
   } else if (P->record && !m_store.opts.replay_log.empty()) {
-    P->note += !r.ok                     ? "; not recorded: failed"
-               : !m_chip.launch().record ? "; not recorded: past replay_record_max_bytes"
-               : m_chip.mix()            ? "; not recorded: a mix kernel"
-                                         : "; not recorded: a core touched bytes another wrote";
+    P->note += !r.ok                      ? "; not recorded: failed"
+               : !m_chip.launch().record  ? "; not recorded: past replay_record_max_bytes"
+               : m_chip.mix() && !P->lean ? "; not recorded: a mix kernel"
+                                          : "; not recorded: a core touched bytes another wrote";
   }
   if (P->recorded && !P->note.empty()) P->note += ", checked by simulating";
   m_replay_note = std::move(P->note);

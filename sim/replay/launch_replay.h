@@ -3,7 +3,8 @@
 // the same amount, because
 //   - timing depends only on operand values and the config, never on buffer contents
 //     (sim/exec/exec.h: plan()), and a program that can be replayed has no instruction that
-//     turns data into an operand value (ld) or waits on another core (cc_set / cc_wait);
+//     turns data into an operand value (ld) or waits on another core (cc_set / cc_wait; such
+//     programs replay only by translation, timing-only: Translation below);
 //   - every launch starts from the same state: L2 cold, cores reset, the chip otherwise idle
 //     (one launch at a time).
 // So the Simulator records the first run of such a launch (RecordedLaunch) and, when the same
@@ -53,14 +54,18 @@ struct LaunchKeyHash {
   size_t operator()(const LaunchKey& k) const;
 };
 
-// The key of a launch, or false if the program cannot be replayed (it has cc_set or cc_wait,
-// whose timing depends on another core's progress). `similar` gets the key with every tensor
-// address (a typed argument, isa::ArgInfo) left out: the launches a recording may time after a
-// check of their addresses (verify_translation). `loads` (may be null): whether the program has
-// an ld, so that data can reach its control flow or operands: a recording then times a launch
-// only after verify_translation with the launch's data, even under the same key.
+// The key of a launch. `similar` gets the key with every tensor address (a typed argument,
+// isa::ArgInfo) left out: the launches a recording may time after a check of their addresses
+// (verify_translation). `loads` (may be null): whether the program has an ld, so that data can
+// reach its control flow or operands: a recording then times a launch only after
+// verify_translation with the launch's data, even under the same key. `cross_core` (may be
+// null): whether the program has cc_set or cc_wait, whose timing depends on other cores'
+// progress; such a program replays only by translation in a timing-only simulator (the
+// functional replay skips flags and runs cores apart: docs/chip_model.md, "Cross-core flags").
+// With `cross_core` null such a program has no key (false).
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
-                LaunchKey* key, LaunchKey* similar, bool* loads = nullptr);
+                LaunchKey* key, LaunchKey* similar, bool* loads = nullptr,
+                bool* cross_core = nullptr);
 
 // What replaying a launch needs from its simulated run.
 struct RecordedLaunch {
@@ -152,7 +157,8 @@ uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
 // The blocks each core of `chip` ran in the launch now ending, recorded (Chip::recordings) and
 // about to end (call before Chip::end_launch), with the memory system's record. False if the
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
-// so the result depends on the order of the cores (in a simulated run, on their timing).
+// so the result depends on the order of the cores (in a simulated run, on their timing). A lean
+// recording (CoreRecording, translation only) is never refused so: its replay runs nothing.
 bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec);
 
 // Timing-only replay by translation. A launch of the same program with the same untyped

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "common/numeric.h"
 #include "isa/assembler.h"
@@ -66,6 +67,67 @@ const char* kScale = R"(
     end
 )";
 
+// A mix kernel whose cores meet at cross-core flags (the pattern of a fused convolution with
+// its batch-norm reduction): per block, the cube core loads its 2 KiB slice of x into L1, spins
+// for a time that grows with its block id, then lets its two vector cores go (cc_set mode 2);
+// each scales its half of the slice into y (and both store the slice's first 32 bytes: two
+// cores writing the same bytes), signals the cube core from MTE3 (after its stores landed) and
+// meets the other at a barrier (mode 1); the cube core waits for both and loads the slice of y
+// they stored. Its timing thus depends on the cores' progress, and the cube core reads bytes
+// the vector cores write.
+const char* kHandoff = R"(
+.arg x, f16[2048]
+.arg s, f32[1]
+.arg y, f16[2048]
+.section aic
+    ldarg x1, x
+    ldarg x3, y
+    get_block_id x2
+    mul x4, x2, 2048
+    add x1, x1, x4
+    add x3, x3, x4
+    movi x6, 0
+    copy_gm2l1 x6, x1, 1, 64, 0, 0
+    mul x8, x2, 40
+    add x8, x8, 20
+    movi x7, 0
+spin:
+    add x7, x7, 1
+    blt x7, x8, spin
+    cc_set s, 2, 0
+    cc_wait s, 1
+    cc_wait s, 1
+    copy_gm2l1 x6, x3, 1, 64, 0, 0
+    end
+.section aiv
+    ldarg x1, x
+    ldarg x3, y
+    get_block_id x2
+    get_subblock_id x5
+    mul x4, x2, 2048
+    add x11, x3, x4
+    mul x9, x5, 1024
+    add x4, x4, x9
+    add x1, x1, x4
+    add x3, x3, x4
+    movi x6, 0
+    movi x7, 1024
+    movi x9, 2
+    cc_wait s, 0
+    copy_gm2ub x6, x1, 1, 32, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x7, x6, x9, 4, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x3, x7, 1, 32, 0, 0
+    copy_ub2gm x11, x7, 1, 1, 0, 0
+    cc_set mte3, 2, 1
+    cc_set mte3, 1, 2
+    cc_wait s, 2
+    end
+)";
+
 enum class Mode { simulate, translate, relocate, check };
 
 // A timing-only tiny chip runs a sequence of launches whose tensors move between blocks (the
@@ -100,6 +162,7 @@ json workload(Mode mode, bool functional = false) {
   const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
   const isa::Program scale = isa::assemble(kScale, "scale.s");
+  const isa::Program handoff = isa::assemble(kHandoff, "handoff.s");
   Blocks blocks;
   json out;
   auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
@@ -211,6 +274,15 @@ json workload(Mode mode, bool functional = false) {
     blocks = {{base, 512}, {base + 0x1000, 512}, {base + 0x2000, 512}};
     run(name, scale, {base, base + 0x1000, base + 0x2000}, 1);
   }
+  // The mix kernel with cross-core flags, moved; then with y at another offset in its block
+  // (relocated).
+  for (const auto& [name, base, y_offset] :
+       {std::tuple<std::string, uint64_t, uint64_t>{"handoff", 0xb000000, 0},
+        {"handoff_moved", 0xb340000, 0},
+        {"handoff_offset", 0xb800000, 1024}}) {
+    blocks = {{base, 4096}, {base + 0x10000, 512}, {base + 0x20000, 4096 + y_offset}};
+    run(name, handoff, {base, base + 0x10000, base + 0x20000 + y_offset}, 2);
+  }
   out["totals"] = sim.counters();
   out["now"] = sim.now_cycles();
   if (mode == Mode::relocate) std::filesystem::remove(replay_log);
@@ -253,33 +325,36 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
   for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved", "scale_moved"}) {
+                        "gemm_moved", "scale_moved", "handoff_moved"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
   for (const char* k : {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_offset_256",
-                        "vadd_in_place_near", "vadd_big", "vadd_big_offset", "gemm", "scale"}) {
+                        "vadd_in_place_near", "vadd_big", "vadd_big_offset", "gemm", "scale",
+                        "handoff", "handoff_offset"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
   }
   // Relocation also replays a launch at another offset in its block (a multiple of the line),
   // in a block of another size, or sharing a block on lines of its own; not where it could
   // evict, an offset moved by part of a line, or arguments that share lines then or now.
-  for (const char* k :
-       {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset"}) {
+  for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset",
+                        "handoff_offset"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
   for (const char* k : {"vadd", "vadd_in_place", "vadd_offset_256", "vadd_big", "vadd_big_offset",
-                        "vadd_packed", "vadd_packed_large_block", "gemm", "scale"}) {
+                        "vadd_packed", "vadd_packed_large_block", "gemm", "scale", "handoff"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == false);
   }
   // The in-place launch really times differently (its stores hit the loaded lines).
   CHECK(sim["vadd_in_place"]["counters"] != sim["vadd"]["counters"]);
+  // The mix kernel's vector cores really wait on the cube core (the flags move its timing).
+  CHECK(test::counter(sim["handoff"]["counters"], "chip.aiv0.s.stall.cross_core_wait") > 0);
 
   // The replay log names how each launch was replayed, or why it was simulated: kernel,
   // blocks, cycles (checked), host CPU time, then the verdict.
@@ -319,6 +394,12 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
         "simulated\tother block layout: may evict: its blocks take 17411 L2 lines of 16384; "
         "recorded, may evict (18 L2 ways of 16)");
   CHECK(verdict("gemm_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
+  CHECK(verdict("handoff") ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "relocatable");
+  CHECK(verdict("handoff_moved") ==
+        "replayed\ttranslated, other addresses in blocks laid out alike");
+  CHECK(verdict("handoff_offset") == "replayed\trelocated");
 }
 
 // In a functional simulator, translation stands in for the check of a launch at other
@@ -344,6 +425,14 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
   }
   CHECK(verdict("vadd_again") == "replayed\ttranslated, its own key");
   CHECK(verdict("vadd_offset") == "replayed\trelocated");
+  // A program with cross-core flags is simulated every time in a functional simulator.
+  for (const char* k : {"handoff", "handoff_moved", "handoff_offset"}) {
+    INFO(k);
+    CHECK(verdict(k) ==
+          "simulated\tthe program has cc_set or cc_wait (replayed only by translation, "
+          "timing-only)");
+    CHECK(check[k]["replayed"] == false);
+  }
 }
 
 namespace {
@@ -379,6 +468,12 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
   CHECK(loads > 0);
   CHECK(stores > 0);
   CHECK(analyze_address_flow(isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s")).ok);
+  CHECK_FALSE(vadd.cross_core);
+  // Cross-core flags take immediates only: followed, and noted.
+  const AddressFlow handoff = analyze_address_flow(isa::assemble(kHandoff, "handoff.s"));
+  INFO(handoff.why);
+  CHECK(handoff.ok);
+  CHECK(handoff.cross_core);
 
   // A pointer advanced in a loop, an untyped length in the branch: follows.
   const AddressFlow loop = flow_of(
