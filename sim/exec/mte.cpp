@@ -239,8 +239,9 @@ struct Load2d {
       const uint8_t* in = ctx.local.at(Buf::L1, xsrc + f * src_stride * kFractalBytes,
                                        kFractalBytes);
       uint8_t* o = out + f * kFractalBytes;
-      if (!transpose) {
-        std::memcpy(o, in, kFractalBytes);
+      if (!transpose) {  // 32 bytes at a time: a 512-byte memcpy compiles to `rep movsq`
+        for (uint64_t b = 0; b < kFractalBytes; b += kBlockBytes)
+          std::memcpy(o + b, in + b, kBlockBytes);
         continue;
       }
       transpose_fractal_16bit(in, o);
@@ -357,7 +358,11 @@ struct Load3d {
               if (g.stride_w == 1)
                 run = std::min({uint64_t(ow_count - ow), uint64_t(w - iw),
                                 kFractalRows - rr % kFractalRows, rows - rr});
-              std::memcpy(dst, plane + (ih * w + iw) * block, run * kBlockBytes);
+              // Block by block (fixed 32-byte copies): one memcpy of run * 32 bytes, at most
+              // 512, compiles to `rep movsq`, whose start-up cost exceeds such a copy.
+              const uint8_t* src = plane + (ih * w + iw) * block;
+              for (uint64_t i = 0; i < run; ++i)
+                std::memcpy(dst + i * kBlockBytes, src + i * kBlockBytes, kBlockBytes);
             } else {
               std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
               std::memset(dst + bytes, 0, kBlockBytes - bytes);
@@ -407,17 +412,23 @@ inline float fix_value(uint32_t word, float scale, bool relu) {
   return v;
 }
 
-// fix_value's ReLU on n floats in place: v < 0 ? 0 : v (NaN and -0 stay as they are).
-inline void relu_f32(float* v, uint64_t n) {
+// n L0C words copied as f32 values to out (any alignment), each through fix_value's ReLU when
+// relu is set (v < 0 ? +0 : v, so NaN and -0 stay as they are), 4 lanes at a time. (A plain
+// memcpy of up to 1 KiB compiles to `rep movsq`, and the scalar ReLU branches per value.)
+inline void copy_f32_relu(const uint32_t* in, uint8_t* out, uint64_t n, bool relu) {
   uint64_t i = 0;
 #if defined(__SSE2__)
   const __m128 zero = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) {
-    const __m128 x = _mm_loadu_ps(v + i);
-    _mm_storeu_ps(v + i, _mm_andnot_ps(_mm_cmplt_ps(x, zero), x));  // ordered: NaN < 0 false
+    __m128 x = _mm_loadu_ps(reinterpret_cast<const float*>(in + i));
+    if (relu) x = _mm_andnot_ps(_mm_cmplt_ps(x, zero), x);  // ordered: NaN < 0 false
+    _mm_storeu_ps(reinterpret_cast<float*>(out + i * 4), x);
   }
 #endif
-  for (; i < n; ++i) v[i] = v[i] < 0 ? 0.0f : v[i];
+  for (; i < n; ++i) {
+    const uint32_t w = relu && bits_to_f32(in[i]) < 0 ? 0u : in[i];
+    std::memcpy(out + i * 4, &w, 4);
+  }
 }
 
 // Converts one row of n L0C values (raw 32-bit words) into dst elements: fix_value, then narrow.
@@ -429,8 +440,7 @@ void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool
     for (uint64_t i0 = 0; i0 < n; i0 += kChunk) {
       const uint64_t cnt = std::min(kChunk, n - i0);
       if constexpr (kConv == FixConv::F32_F16) {  // fix_value's steps, 4 lanes at a time
-        std::memcpy(v, in + i0, cnt * 4);
-        if (relu) relu_f32(v, cnt);
+        copy_f32_relu(in + i0, reinterpret_cast<uint8_t*>(v), cnt, relu);
       } else {
         for (uint64_t i = 0; i < cnt; ++i) v[i] = fix_value<kConv>(in[i0 + i], scale, relu);
       }
@@ -439,14 +449,7 @@ void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool
     return;
   }
   if constexpr (kConv == FixConv::F32_F32) {  // the word itself, or +0 for a value below 0
-    if (!relu) {
-      std::memcpy(out, in, n * 4);
-      return;
-    }
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint32_t w = bits_to_f32(in[i]) < 0 ? 0u : in[i];
-      std::memcpy(out + i * 4, &w, 4);
-    }
+    copy_f32_relu(in, out, n, relu);
     return;
   }
   for (uint64_t i = 0; i < n; ++i) {

@@ -15,6 +15,7 @@
 // lanes that are contiguous in every operand (the whole repeat when all block strides are one
 // block, else one block of the widest operand) are processed as one run, with a mask-free loop
 // when all its lanes are active.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <tuple>
@@ -143,6 +144,34 @@ struct Elementwise {
     }
   }
 };
+
+// How many leading elements of a dense span the instruction writes, or 0 where it is not one
+// span: each operand's blocks and repeats lie back to back (lane i of repeat r is element
+// r * lanes + i of the operand's byte range), the active lanes are exactly the first n of
+// those elements (no mask, a counter mask, or a normal mask with every lane set), and the
+// destination's range overlaps no source's. Then one pass over n elements gives what the
+// repeat-by-repeat order gives (each element's result depends on its own sources only).
+template <size_t N>
+uint64_t dense_span_elements(const VecInsn& vi, const std::array<const VecOperand*, N>& ops) {
+  const uint64_t lanes = static_cast<uint64_t>(vi.lanes), total = vi.repeats * lanes;
+  for (const VecOperand* o : ops) {
+    const uint64_t per_repeat = static_cast<uint64_t>(o->bytes_per_repeat);
+    if (o->dense || per_repeat != lanes * static_cast<uint64_t>(o->elem_size) ||
+        o->rep_bytes != per_repeat ||
+        (o->blocks_per_repeat() > 1 && o->blk_bytes != static_cast<uint64_t>(kBlockBytes)))
+      return 0;
+  }
+  const VecOperand& d = *ops[0];
+  for (size_t k = 1; k < N; ++k) {
+    const VecOperand& s = *ops[k];
+    if (d.addr < s.addr + vi.repeats * s.rep_bytes && s.addr < d.addr + vi.repeats * d.rep_bytes)
+      return 0;
+  }
+  if (!vi.masked) return total;
+  if (vi.mask.counter_mode) return std::min<uint64_t>(vi.mask.count, total);
+  return vi.active(0).all(0, vi.lanes) ? total : 0;
+}
+
 template <bool Reuse, class Dst, class... Src, class F>
 void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
   constexpr size_t N = 1 + sizeof...(Src);
@@ -150,6 +179,13 @@ void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
                                    int(sizeof(typename Src::storage))...});
   std::array<const VecOperand*, N> ops{};
   for (size_t k = 0; k < N; ++k) ops[k] = &vi.operand[k];  // dst, src0, src1 slots
+  if constexpr (HasBulk<F>::value) {  // a cast of a whole tile: one bulk conversion
+    if (const uint64_t n = dense_span_elements(vi, ops)) {
+      F::bulk(ub + ops[1]->addr, reinterpret_cast<typename Dst::storage*>(ub + ops[0]->addr),
+              static_cast<int>(n));
+      return;
+    }
+  }
   for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Reuse, Src...>{f});
 }
 // Without reuse: every lane calls f.

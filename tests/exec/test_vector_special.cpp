@@ -330,6 +330,41 @@ TEST_CASE("vconv: sources in runs of equal values (broadcast operands)") {
   check_vconv_all(70);  // longer than an f32 repeat
 }
 
+TEST_CASE("vconv f32 -> f16 over overlapping operands keeps the repeat-by-repeat order") {
+  // Contiguous operands (a whole tile converted in one pass when they do not overlap,
+  // vector.cpp) whose ranges overlap: each repeat reads its 64 f32 before writing its 64 f16.
+  // Destination 64 bytes past the source: repeat 0 converts its own 64 values although its
+  // results land on its source's third 32-byte block (a pass 8 values at a time would read
+  // them converted); 384 bytes past: repeat 0 overwrites half of repeat 1's source, which
+  // repeat 1 then reads as f32; 0: in place.
+  const int lanes = 64;
+  const int64_t repeats = 4;
+  for (uint64_t shift : {0u, 64u, 384u}) {
+    VecHarness h;
+    h.randomize(800 + shift);
+    ValuePool pool(Dtype::F32, 900 + shift);
+    for (int i = 0; i < lanes * repeats; ++i) h.put_elem(kSrc0 + 4 * i, 4, pool.next());
+    std::vector<uint8_t> expected = h.snapshot();
+    const uint64_t dst = kSrc0 + shift;
+    for (int64_t r = 0; r < repeats; ++r) {
+      uint32_t in[lanes];
+      for (int i = 0; i < lanes; ++i)
+        in[i] = element_from(expected, kSrc0 + (r * lanes + i) * 4, 4);
+      for (int i = 0; i < lanes; ++i)
+        element_to(expected, dst + (r * lanes + i) * 2, 2,
+                   ref_convert(Dtype::F16, Dtype::F32, in[i], RefRound::kRint));
+    }
+    VecOp o(Opcode::op_vconv,
+            {{"dst_type", dt(Dtype::F16)}, {"src_type", dt(Dtype::F32)}, {"xdst", int64_t(dst)},
+             {"xsrc", kSrc0}, {"repeat", repeats}, {"dst_blk", 1}, {"src_blk", 1},
+             {"dst_rep", 4}, {"src_rep", 8}, {"round", 0}},
+            VectorMask{});
+    h.run(o);
+    check_image(h, expected, "vconv f32 -> f16, destination " + std::to_string(shift) +
+                                 " bytes past the source");
+  }
+}
+
 TEST_CASE("vdup: the scalar, rounded to the type, on active lanes") {
   uint32_t seed = 500;
   const float fval = 0.1f;  // inexact in f16 and bf16
