@@ -111,7 +111,7 @@ def main():
         print(f"  at the sustained HBM rate (memory.hbm.efficiency) the roofline is "
               f"{npu['decode_roofline_sustained_us'] / 1e3:.3f} ms: the step takes "
               f"{out['decode_vs_sustained_roofline']:.2f} x that")
-    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.1f} s wall per token, "
+    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.3f} s wall per token, "
           f"prefill {npu['wall_s_prefill']:.1f} s, warm-up {npu['warmup_wall_s']:.1f} s "
           f"(process {npu_wall:.0f} s)")
     if npu.get("cpu_fallback_ops"):
@@ -124,7 +124,7 @@ def main():
             out["emulator_vs_cpu_per_token"] = npu["wall_s_per_token"] / cpu["wall_s_per_token"]
             print(f"  TensorFlow CPU: {cpu['wall_s_per_token']:.3f} s per token, prefill "
                   f"{cpu['wall_s_prefill']:.2f} s: the emulator takes "
-                  f"{out['emulator_vs_cpu_per_token']:.0f} x its wall time per token")
+                  f"{out['emulator_vs_cpu_per_token']:.3g} x its wall time per token")
         elif not cpu.get("ok"):
             print(f"  TensorFlow CPU run failed: {cpu.get('error')}")
     if args.json_out:

@@ -30,6 +30,7 @@ L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {
     sum.bypass_lines += o.bypass_lines;
     sum.absorbed_bytes += o.absorbed_bytes;
     sum.writeback_bytes += o.writeback_bytes;
+    sum.fill_bytes += o.fill_bytes;
     addr += n;
     left -= n;
   }

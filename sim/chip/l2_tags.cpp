@@ -113,6 +113,7 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
       ++o.hit_lines;
     } else {
       (absorb ? o.absorbed_bytes : o.miss_bytes) += n;
+      if (allocate && !write) o.fill_bytes += m_line_bytes - n;  // the rest of the line
       ++o.miss_lines;
     }
     addr += n;

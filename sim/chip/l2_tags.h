@@ -15,8 +15,8 @@
 namespace npusim {
 
 // What looking up one GM range found. hit_bytes + absorbed_bytes are served by the L2,
-// miss_bytes + writeback_bytes by HBM. Bypassed bytes count as missing bytes (HBM) but are no
-// lookups: they add to miss_bytes and bypass_lines, never to miss_lines.
+// miss_bytes + fill_bytes + writeback_bytes by HBM. Bypassed bytes count as missing bytes (HBM)
+// but are no lookups: they add to miss_bytes and bypass_lines, never to miss_lines.
 struct L2Outcome {
   uint64_t hit_bytes = 0, miss_bytes = 0;  // bytes in lines that hit / missed (or bypassed)
   uint64_t hit_lines = 0, miss_lines = 0;  // lookups that hit / missed
@@ -24,6 +24,10 @@ struct L2Outcome {
   // Write-back L2 only: bytes of a write that missed and were taken into a newly allocated
   // line (not in miss_bytes), and bytes of dirty lines evicted to make room (written to HBM).
   uint64_t absorbed_bytes = 0, writeback_bytes = 0;
+  // A read that misses and allocates fills its whole line from HBM: the line's bytes the read
+  // did not ask for (line_bytes - the bytes of the range in that line) are read from HBM too,
+  // and a later access to them hits. Writes allocate without a fill (not counted here).
+  uint64_t fill_bytes = 0;
 };
 
 class L2Tags {

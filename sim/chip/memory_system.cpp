@@ -88,11 +88,12 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     return;
   }
   // 1. L2 lookup, line by line.
-  uint64_t hit = 0, miss = 0;
+  uint64_t hit = 0, miss = 0, fill = 0;  // fill: part of miss, HBM -> L2 only
   for (const GmAccess& r : *t->ranges) {
     const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;
-    miss += o.miss_bytes + o.writeback_bytes;
+    miss += o.miss_bytes + o.fill_bytes + o.writeback_bytes;
+    fill += o.fill_bytes;
     m_l2_hits.add(o.hit_lines);
     m_l2_misses.add(o.miss_lines);
     if (r.l2 == isa::L2Hint::NOALLOC) {
@@ -102,6 +103,7 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     m_l2_bypass_lines.add(o.bypass_lines);
     (r.write ? m_l2_write_bytes : m_l2_read_bytes).add(o.hit_bytes + o.absorbed_bytes);
     (r.write ? m_hbm_write_bytes : m_hbm_read_bytes).add(o.miss_bytes);
+    m_hbm_read_bytes.add(o.fill_bytes);
     m_hbm_write_bytes.add(o.writeback_bytes);
     m_l2_writeback_bytes.add(o.writeback_bytes);
     if (m_recording) m_l2_fingerprint = npusim::l2_fingerprint(m_l2_fingerprint, o);
@@ -119,10 +121,14 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   delay += cycles_to_time(latency);
   m_abort.check();
   // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
-  // the core's L2 port rate for the direction (the path rate if the chip gives none).
+  // the core's L2 port rate for the direction (the path rate if the chip gives none). The lines'
+  // fill beyond the bytes asked for goes from HBM into the L2 only, not through the core's port:
+  // the HBM phase's cap is the port rate scaled by its bytes over those the core receives.
   const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
   const double l2_port = write ? m_cfg.l2_write_bytes_per_cycle : m_cfg.l2_read_bytes_per_cycle;
-  t->port[kHbm] = t->port_rate;
+  t->port[kHbm] = fill > 0 && t->port_rate > 0
+                      ? t->port_rate * static_cast<double>(miss) / static_cast<double>(miss - fill)
+                      : t->port_rate;
   t->port[kL2] = l2_port > 0 ? l2_port : t->port_rate;
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {

@@ -51,6 +51,7 @@ inline uint64_t l2_fingerprint(uint64_t h, const L2Outcome& o) {
   h = CoreFingerprint::mix(h, o.hit_lines);
   h = CoreFingerprint::mix(h, o.absorbed_bytes);
   h = CoreFingerprint::mix(h, o.writeback_bytes);
+  h = CoreFingerprint::mix(h, o.fill_bytes);
   return CoreFingerprint::mix(h, o.miss_lines);
 }
 

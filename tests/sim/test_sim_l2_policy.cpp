@@ -35,6 +35,9 @@ const ChipConfig& cfg() { return sim().config(); }
 // L2 read port), 14 lines of 512 B when 512-aligned.
 constexpr uint64_t kBytes = 7040;
 constexpr uint64_t kLines = 14;
+// A read that misses fills whole lines from HBM: the last line's 128 bytes past kBytes too (into
+// the L2 only: the core's port moves kBytes, so the timing is kBytes at the port's rate).
+constexpr uint64_t kFill = kLines * 512 - kBytes;
 
 // One GM read of kBytes, alone: from HBM (miss) or from L2 (hit), to landing.
 double gm_read(bool hit) {
@@ -72,7 +75,7 @@ TEST_CASE("a noalloc write leaves its lines absent; a normal write allocates the
   CHECK(counter(s.counters, "chip.l2.misses") == 2 * kLines);  // the read back misses too
   CHECK(counter(s.counters, "chip.l2.hits") == 0);
   CHECK(counter(s.counters, "chip.hbm.write_bytes") == kBytes);
-  CHECK(counter(s.counters, "chip.hbm.read_bytes") == kBytes);
+  CHECK(counter(s.counters, "chip.hbm.read_bytes") == kBytes + kFill);
 
   KernelResult n = run("    copy_ub2gm x1, x2, 1, 220, 0, 0\n" + read_back, 0x1100000);
   CHECK(counter(n.counters, "chip.l2.noalloc_misses") == 0);
@@ -96,9 +99,9 @@ TEST_CASE("a noalloc read hits lines that are present") {
 
 TEST_CASE("bypass reads HBM even when the lines are present; a bypass write drops them") {
   // MTE2 runs both copies in order, each occupying it for its bandwidth phase: the first misses
-  // (7040 / 32 = 220 cycles, then lands 32 + 500 later), the second bypasses L2 and moves at
-  // the GM port like a miss: 220 more, landing 32 + 500 after that. 3 scalar instructions come
-  // before them.
+  // (7040 / 32 = 220 cycles at the core's port, its lines' 128 more bytes of fill into the L2
+  // alongside; then lands 32 + 500 later), the second bypasses L2 and moves at the GM port like
+  // a miss: 220 more, landing 32 + 500 after that. 3 scalar instructions come before them.
   KernelResult r =
       run("    copy_gm2ub x2, x1, 1, 220, 0, 0\n"
           "    copy_gm2ub.bypass x3, x1, 1, 220, 0, 0\n",
@@ -111,7 +114,7 @@ TEST_CASE("bypass reads HBM even when the lines are present; a bypass write drop
   CHECK(counter(r.counters, "chip.l2.bypass_lines") == kLines);
   CHECK(counter(r.counters, "chip.l2.misses") == kLines);
   CHECK(counter(r.counters, "chip.l2.hits") == 0);
-  CHECK(counter(r.counters, "chip.hbm.read_bytes") == 2 * kBytes);
+  CHECK(counter(r.counters, "chip.hbm.read_bytes") == 2 * kBytes + kFill);
 
   KernelResult w =
       run("    copy_gm2ub x2, x1, 1, 220, 0, 0\n"
@@ -154,4 +157,31 @@ TEST_CASE("kept across launches: a launch reading the previous one's output hits
   CHECK(counter(miss.counters, "chip.l2.hits") == 0);
   CHECK(miss.cycles == task_overhead(cfg()) + ceil_cycles(3 + gm_read(false)));
   CHECK(miss.cycles - task_overhead(cfg()) == 755);
+}
+
+TEST_CASE("a read missing part of a line fills the whole line from HBM; its other bytes hit") {
+  // kLines bursts of one 32-byte block, one per L2 line (a gap of a line less a block), then
+  // the block after each: the first read misses every line and reads each whole line from HBM
+  // (the fill), the second hits every line and reads nothing from HBM.
+  const uint64_t block = 32, line = cfg().l2_line_bytes, gap = line / block - 1;
+  const std::string strided =
+      "    copy_gm2ub x2, x1, " + std::to_string(kLines) + ", 1, " + std::to_string(gap) + ", 0\n";
+  KernelResult r = run(strided +
+                           "    add x1, x1, 32\n"
+                           "    copy_gm2ub x3, x1, " +
+                           std::to_string(kLines) + ", 1, " + std::to_string(gap) + ", 0\n",
+                       0x1600000);
+  CHECK(counter(r.counters, "chip.l2.misses") == kLines);
+  CHECK(counter(r.counters, "chip.l2.hits") == kLines);
+  CHECK(counter(r.counters, "chip.hbm.read_bytes") == kLines * line);
+  CHECK(counter(r.counters, "chip.l2.read_bytes") == kLines * block);
+  // Alone, the first read moves the whole lines over HBM; only its blocks pass the core's port
+  // (the fill goes into the L2), so the port's cap on the flow is scaled by line / block.
+  KernelResult one = run(strided, 0x1700000);
+  const double flow =
+      static_cast<double>(kLines * line) /
+      std::min(cfg().path_rate(Buf::GM, Buf::UB) * line / block, cfg().hbm_bytes_per_cycle());
+  CHECK(one.cycles == task_overhead(cfg()) + ceil_cycles(3 + cfg().path_latency(Buf::GM, Buf::UB) +
+                                                         cfg().hbm_latency_cycles + flow));
+  CHECK(counter(one.counters, "chip.hbm.read_bytes") == kLines * line);
 }

@@ -62,7 +62,8 @@ class RefL2 {
       else
         o.miss_bytes += n;
       if (!allocate) continue;
-      if (set.size() == m_ways) {  // evict the least recently used
+      if (!write) o.fill_bytes += m_line_bytes - n;  // a read fills its whole line
+      if (set.size() == m_ways) {                    // evict the least recently used
         if (m_write_back && set.front().dirty) o.writeback_bytes += m_line_bytes;
         set.erase(set.begin());
       }
@@ -107,6 +108,7 @@ void require_same(const L2Outcome& a, const L2Outcome& b, int step) {
   REQUIRE(a.bypass_lines == b.bypass_lines);
   REQUIRE(a.absorbed_bytes == b.absorbed_bytes);
   REQUIRE(a.writeback_bytes == b.writeback_bytes);
+  REQUIRE(a.fill_bytes == b.fill_bytes);
 }
 
 // `sets` sets of `ways` lines of 64 bytes; addresses within `span` bytes.

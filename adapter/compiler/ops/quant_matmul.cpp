@@ -28,10 +28,12 @@
 //                       valid rows to T into y.
 //
 // Synchronisation: inside a core every buffer is a Channel (producer pipe, consumer pipe, a full
-// and a free flag); between the cores cross-core counting flags (cc_set mode 2): kWeightReady
-// counts on the cube core (once per vector core and chunk), kSlotFree on each vector core. The
+// and a free flag); between the cores cross-core counting flags (cc_set mode 2): vector core v's
+// weight_ready(v) counts on the cube core (once per chunk), kSlotFree on each vector core. The
 // cube core sets kSlotFree twice at the start (both slots free), the vector cores wait for it
-// before writing a slot and twice more at the end, so every set is consumed.
+// before writing a slot and twice more at the end, so every set is consumed. Each vector core
+// has its own ready id: with two slots a vector core may finish chunks g and g + 1 before the
+// other finishes g, and one shared counter would then let the cube read slot g half written.
 //
 // Numerics: the dequantised weight is round_T(w * s): the product of an int8 (exact in f16) and
 // a T scale is exact in f32, so the f16 vmul and bf16's f32 vmul each round it once. The
@@ -68,7 +70,8 @@ constexpr int64_t kFracBytes = layout::kFractalBytes;  // one 16 x 16 16-bit fra
 constexpr int64_t kRowsMax = 128;                      // mq at most (the cube's m per unit)
 constexpr uint64_t kLine = 512;                        // workspace slots start on L2 lines
 constexpr int64_t kCcMode = 2;                         // cube core <-> its vector cores
-constexpr int kWeightReady = 0, kSlotFree = 1;         // cross-core flag ids
+constexpr int kSlotFree = 0;                           // cross-core flag ids: kSlotFree and
+int weight_ready(int v) { return 1 + v; }              // one per vector core of the group
 
 struct QuantMatmulProblem {
   int64_t m = 0, k = 0, n = 0;
@@ -230,7 +233,8 @@ class QuantMatmulKernel {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "one K chunk: x and the dequantised weight -> L1 -> L0 -> mmad");
     for (int v = 0; v < m_cfg.aiv_per_aic; ++v)
-      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kWeightReady}, "wait: weight rows of a vector core");
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, weight_ready(v)},
+             "wait: weight rows of vector core " + std::to_string(v));
     {
       Reg src = b.reg("x address");
       b.mul(src, m0, m_p.k);
@@ -376,7 +380,11 @@ class QuantMatmulKernel {
             b.emit(Opcode::op_copy_ub2gm, {dst, w, 1, rnd(lanes * m_tsz) / kBlock, 0, 0},
                    "dequantised rows to the workspace");
           }
-          b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, kWeightReady}, "weight rows ready");
+          for (int v = 0; v < m_cfg.aiv_per_aic; ++v)  // this core's id: v == sub
+            b.if_(eq(sub, v), [&] {
+              b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, weight_ready(v)},
+                     "weight rows ready");
+            });
           co.release(b);
         });
         b.add(m_g, m_g, 1);
@@ -411,6 +419,11 @@ QuantMatmulTiling plan_quant_matmul(const QuantMatmulProblem& p, const ChipConfi
   require_l0c_to_gm(cfg, op, "the quantised MatMul's y tiles");
   const VectorCores vec = VectorCores::of(cfg);
   const int64_t per = cfg.aiv_per_aic;
+  if (weight_ready(cfg.aiv_per_aic - 1) >= cfg.cross_core_flag_ids)
+    throw CompileError(fmt::format(
+        "{}: WeightQuantBatchMatmulV2 needs {} cross-core flag ids (one per vector core of a "
+        "group and one more); the chip has {} (sync.cross_core_flag_ids)",
+        op, weight_ready(cfg.aiv_per_aic - 1) + 1, cfg.cross_core_flag_ids));
   QuantMatmulTiling t;
   t.mq = std::min(kRowsMax, round_up(p.m, kFrac));
   // tn: of 128, 64, 32 dividing N, the one with the least work on the busiest core: rounds of
