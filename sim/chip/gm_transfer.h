@@ -21,6 +21,9 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   // Request.
   const std::vector<GmAccess>* ranges = nullptr;
   double port_rate = 0;  // bytes per cycle this core's path can move; 0 = not limited by the core
+  // Bytes per cycle the path moves into or out of L2 lines; 0 = the chip's L2 port rate for
+  // the direction (memory.l2.core_read/write_bytes_per_cycle).
+  double l2_port_rate = 0;
   // Result.
   sc_core::sc_time transfer_time;  // time in the bandwidth-shared phase (after latency)
   double alone_cycles = 0;         // what that phase takes with no other transfer active
@@ -31,6 +34,9 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   double remaining[2] = {0, 0};
   int phase = 0;
   double port[2] = {0, 0};  // the core's port rate in each phase (0: not limited by the core)
+  // Of the HBM phase's bytes, the share HBM writes: a write's own missing bytes and the dirty
+  // lines the transfer evicts (memory.hbm.turnaround_loss prices the read/write mix).
+  double hbm_write_share = 0;
   double rate = 0;          // current bytes per cycle
   sc_core::sc_event done;
   // What the initiating process waits on while the transfer flows: `done`, or `abort`, which
@@ -49,6 +55,7 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
     const auto& o = static_cast<const GmTransfer&>(other);
     ranges = o.ranges;
     port_rate = o.port_rate;
+    l2_port_rate = o.l2_port_rate;
   }
 };
 

@@ -87,13 +87,17 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     p.set_response_status(tlm::TLM_GENERIC_ERROR_RESPONSE);
     return;
   }
-  // 1. L2 lookup, line by line.
-  uint64_t hit = 0, miss = 0, fill = 0;  // fill: part of miss, HBM -> L2 only
+  const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
+  // 1. L2 lookup, line by line. own_miss: the instruction's own bytes that go to HBM; the rest
+  // of `miss` is the fill of the lines its reads allocate beyond the bytes asked for (HBM -> L2
+  // only) and dirty lines its allocations evict (HBM writes, `writeback`).
+  uint64_t hit = 0, miss = 0, own_miss = 0, writeback = 0;
   for (const GmAccess& r : *t->ranges) {
     const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;
     miss += o.miss_bytes + o.fill_bytes + o.writeback_bytes;
-    fill += o.fill_bytes;
+    own_miss += o.miss_bytes;
+    writeback += o.writeback_bytes;
     m_l2_hits.add(o.hit_lines);
     m_l2_misses.add(o.miss_lines);
     if (r.l2 == isa::L2Hint::NOALLOC) {
@@ -121,20 +125,26 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   delay += cycles_to_time(latency);
   m_abort.check();
   // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
-  // the core's L2 port rate for the direction (the path rate if the chip gives none). The lines'
-  // fill beyond the bytes asked for goes from HBM into the L2 only, not through the core's port:
-  // the HBM phase's cap is the port rate scaled by its bytes over those the core receives.
-  const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
+  // the core's L2 port rate for the direction (the path rate if the chip gives none). A read's
+  // line fill beyond the bytes asked for goes from HBM into the L2 only, and evicted dirty lines
+  // go from the L2 to HBM, neither through the core: they share the HBM phase but not the port,
+  // whose limit is scaled so that the core's own bytes move at the path rate (no limit when the
+  // phase has none of the core's own bytes).
   const double l2_port = write ? m_cfg.l2_write_bytes_per_cycle : m_cfg.l2_read_bytes_per_cycle;
-  t->port[kHbm] = fill > 0 && t->port_rate > 0
-                      ? t->port_rate * static_cast<double>(miss) / static_cast<double>(miss - fill)
-                      : t->port_rate;
-  t->port[kL2] = l2_port > 0 ? l2_port : t->port_rate;
+  t->port[kHbm] = own_miss == 0 || t->port_rate <= 0
+                      ? 0
+                      : t->port_rate * static_cast<double>(miss) / static_cast<double>(own_miss);
+  t->hbm_write_share =
+      miss == 0 ? 0
+                : static_cast<double>(write ? own_miss + writeback : writeback) /
+                      static_cast<double>(miss);
+  t->port[kL2] = t->l2_port_rate > 0 ? t->l2_port_rate : l2_port > 0 ? l2_port : t->port_rate;
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {
     const double bytes = static_cast<double>(r == kHbm ? miss : hit);
-    const double alone_rate =
-        t->port[r] > 0 ? std::min(t->port[r], m_bandwidth[r]) : m_bandwidth[r];
+    const double bandwidth =
+        r == kHbm ? m_cfg.hbm_mixed_bytes_per_cycle(t->hbm_write_share) : m_bandwidth[r];
+    const double alone_rate = t->port[r] > 0 ? std::min(t->port[r], bandwidth) : bandwidth;
     t->alone_cycles += bytes / alone_rate;
   }
   const sc_time start = sc_core::sc_time_stamp();
@@ -193,11 +203,25 @@ void MemorySystem::settle() {
     }
   }
   // Rates: each transfer gets min(its port rate, resource bandwidth / users of the resource).
+  // HBM's bandwidth is that of the read/write mix of its users, each weighing as the share it
+  // would get at the sustained rate (memory.hbm.turnaround_loss; none unless the chip sets it).
   m_users[kHbm] = m_users[kL2] = 0;
   for (const GmTransfer* t : m_active) ++m_users[t->phase];
+  double bandwidth[2] = {m_bandwidth[kHbm], m_bandwidth[kL2]};
+  if (m_users[kHbm] > 0 && m_cfg.hbm_turnaround_loss > 0) {
+    const double share = m_bandwidth[kHbm] / m_users[kHbm];
+    double bytes = 0, written = 0;
+    for (const GmTransfer* t : m_active) {
+      if (t->phase != kHbm) continue;
+      const double rate = t->port[kHbm] > 0 ? std::min(t->port[kHbm], share) : share;
+      bytes += rate;
+      written += rate * t->hbm_write_share;
+    }
+    bandwidth[kHbm] = m_cfg.hbm_mixed_bytes_per_cycle(written / bytes);
+  }
   double next = std::numeric_limits<double>::infinity();
   for (GmTransfer* t : m_active) {
-    const double share = m_bandwidth[t->phase] / m_users[t->phase];
+    const double share = bandwidth[t->phase] / m_users[t->phase];
     const double port = t->port[t->phase];
     t->rate = port > 0 ? std::min(port, share) : share;
     next = std::min(next, t->remaining[t->phase] / t->rate);

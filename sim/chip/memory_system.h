@@ -16,14 +16,18 @@
 //      active on a resource of bandwidth B bytes/cycle, each moves at
 //      rate = min(port, B / n), recomputed whenever a transfer starts or ends (one simulation
 //      event per change, never per byte or burst). port is the core's GM path rate
-//      (ExecCost::gm_core_rate) for the HBM phase and the core's L2 port rate for the direction
-//      (l2_read/write_bytes_per_cycle; the path rate if 0) for the L2 phase.
+//      (ExecCost::gm_core_rate) for the HBM phase and, for the L2 phase, the path's L2 rate
+//      (GmTransfer::l2_port_rate: a UB -> GM write's l2_ub_write_bytes_per_cycle) or else the
+//      core's L2 port rate for the direction (l2_read/write_bytes_per_cycle; the path rate if 0).
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
 // an allocating write miss is absorbed at L2 bandwidth too, and a dirty line evicted by a
-// transfer adds its bytes to that transfer's HBM phase. Each range carries its instruction's
-// L2 policy (isa.h L2Hint): noalloc leaves missing lines unallocated, bypass skips the L2 (all
-// bytes over HBM). The full derivation is in docs/chip_model.md.
+// transfer adds its bytes to that transfer's HBM phase; they go from the L2 to HBM, so the
+// phase's port limit is scaled to let the core's own bytes through at the port rate. HBM's
+// bandwidth B is the sustained rate less memory.hbm.turnaround_loss x 2 min(f, 1 - f) of it,
+// f the write share of the bytes the HBM phases in flight move. Each range carries its
+// instruction's L2 policy (isa.h L2Hint): noalloc leaves missing lines unallocated, bypass
+// skips the L2 (all bytes over HBM). The full derivation is in docs/chip_model.md.
 #pragma once
 
 #include <cstdint>

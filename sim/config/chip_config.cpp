@@ -39,6 +39,10 @@ const CoreKindConfig* ChipConfig::core_kind(isa::CoreKind k) const {
     if (c.kind == k) return &c;
   return nullptr;
 }
+double ChipConfig::hbm_mixed_bytes_per_cycle(double write_share) const {
+  const double minority = std::min(write_share, 1.0 - write_share);
+  return hbm_sustained_bytes_per_cycle() * (1.0 - hbm_turnaround_loss * 2.0 * minority);
+}
 uint64_t ChipConfig::us_to_cycles(double us) const {
   return static_cast<uint64_t>(std::llround(us * clock_mhz));
 }

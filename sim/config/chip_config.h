@@ -74,6 +74,10 @@ struct ChipConfig {
   // hbm_gbps * hbm_efficiency (refresh, bank and bus-turnaround losses of the DRAM); peak
   // figures (rooflines, the bandwidth TensorFlow is told) keep hbm_gbps.
   double hbm_efficiency = 1.0;
+  // Share of that sustained rate lost while HBM carries an even mix of reads and writes (the
+  // data bus turning around between directions), in [0, 1); at a write share f of the bytes in
+  // flight the loss is hbm_turnaround_loss * 2 * min(f, 1 - f): none for a one-way stream.
+  double hbm_turnaround_loss = 0.0;
   uint64_t l2_bytes = 0;            // L2 capacity
   double l2_gbps = 0;               // L2 bandwidth, GB/s
   uint32_t l2_line_bytes = 512;
@@ -84,6 +88,9 @@ struct ChipConfig {
   // core's GM path rate (path_bytes_per_cycle of gm->l1 / gm->ub / ub->gm / l0c->gm).
   double l2_read_bytes_per_cycle = 0;
   double l2_write_bytes_per_cycle = 0;
+  // A vector core's UB -> GM writes that land in L2 move at up to this rate instead (the
+  // platform file's ub_to_l2_rate); 0: l2_write_bytes_per_cycle, as every other writer.
+  double l2_ub_write_bytes_per_cycle = 0;
   int l2_latency_cycles = 0;        // added once per GM transfer that hits L2
   // false: the L2 starts cold at every launch (a launch's timing does not depend on what ran
   // before it); true: its lines stay from one launch to the next, as on silicon, so a consumer
@@ -120,6 +127,9 @@ struct ChipConfig {
   double hbm_bytes_per_cycle() const { return hbm_gbps * 1e3 / clock_mhz; }  // peak
   // What a transfer over HBM moves per cycle (peak x efficiency): every simulated HBM access.
   double hbm_sustained_bytes_per_cycle() const { return hbm_bytes_per_cycle() * hbm_efficiency; }
+  // The memory system's HBM rate, bytes per cycle, while a share write_share of its bytes in
+  // flight are writes (sustained rate less the turnaround loss of that mix).
+  double hbm_mixed_bytes_per_cycle(double write_share) const;
   double l2_bytes_per_cycle() const { return l2_gbps * 1e3 / clock_mhz; }
   double hdc_bytes_per_cycle() const { return hdc_gbps * 1e3 / clock_mhz; }
   double cycles_to_us(double cycles) const { return cycles / clock_mhz; }

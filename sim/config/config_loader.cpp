@@ -70,6 +70,7 @@ const char* const kSchemaKeys[] = {
     "memory.hbm.bytes",
     "memory.hbm.gbps",
     "memory.hbm.efficiency",
+    "memory.hbm.turnaround_loss",
     "memory.hbm.latency_cycles",
     "memory.l2.bytes",
     "memory.l2.gbps",
@@ -78,6 +79,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.latency_cycles",
     "memory.l2.core_read_bytes_per_cycle",
     "memory.l2.core_write_bytes_per_cycle",
+    "memory.l2.ub_write_bytes_per_cycle",
     "memory.l2.keep_across_launches",
     "memory.l2.write_back",
     "task.dispatch_us",
@@ -368,6 +370,13 @@ void parse_memory(const Reader& r, ChipConfig& c) {
                          c.clock_mhz, kMinBytesPerCycle,
                          kMinBytesPerCycle / c.hbm_bytes_per_cycle()));
   }
+  if (r.has("memory.hbm.turnaround_loss")) {
+    c.hbm_turnaround_loss = r.get_number("memory.hbm.turnaround_loss", 0, false, 0.9);
+    if (c.hbm_mixed_bytes_per_cycle(0.5) < kMinBytesPerCycle)
+      r.fail("memory.hbm.turnaround_loss",
+             fmt::format("an even read/write mix would move {:g} bytes per cycle; expected at "
+                         "least {:g}", c.hbm_mixed_bytes_per_cycle(0.5), kMinBytesPerCycle));
+  }
   c.hbm_latency_cycles = r.get_int("memory.hbm.latency_cycles", 0, kMaxLatencyCycles);
   c.l2_bytes = r.get_bytes("memory.l2.bytes", kMaxDeviceBytes);
   c.l2_gbps = r.get_gbps("memory.l2.gbps", c.clock_mhz, kMinBytesPerCycle, kMaxBytesPerCycle);
@@ -379,6 +388,14 @@ void parse_memory(const Reader& r, ChipConfig& c) {
                                            kMinBytesPerCycle, false, kMaxBytesPerCycle);
   c.l2_write_bytes_per_cycle = r.get_number("memory.l2.core_write_bytes_per_cycle",
                                             kMinBytesPerCycle, false, kMaxBytesPerCycle);
+  if (r.has("memory.l2.ub_write_bytes_per_cycle")) {  // 0: as core_write_bytes_per_cycle
+    c.l2_ub_write_bytes_per_cycle =
+        r.get_number("memory.l2.ub_write_bytes_per_cycle", 0, false, kMaxBytesPerCycle);
+    if (c.l2_ub_write_bytes_per_cycle != 0 && c.l2_ub_write_bytes_per_cycle < kMinBytesPerCycle)
+      r.fail("memory.l2.ub_write_bytes_per_cycle",
+             fmt::format("expected 0 (as core_write_bytes_per_cycle) or at least {:g}, got {:g}",
+                         kMinBytesPerCycle, c.l2_ub_write_bytes_per_cycle));
+  }
   c.l2_keep_across_launches = r.has("memory.l2.keep_across_launches") &&
                               r.get_bool("memory.l2.keep_across_launches");
   c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
@@ -518,6 +535,8 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
                    c.hbm_gbps);
   // Optional, as the L2's keys below: dumped only when not at its default.
   if (c.hbm_efficiency != 1.0) o << fmt::format("    efficiency: {}\n", c.hbm_efficiency);
+  if (c.hbm_turnaround_loss != 0.0)
+    o << fmt::format("    turnaround_loss: {}\n", c.hbm_turnaround_loss);
   o << fmt::format("    latency_cycles: {}\n", c.hbm_latency_cycles);
   o << fmt::format(
       "  l2:\n    bytes: {}\n    gbps: {}\n    line_bytes: {}\n    ways: {}\n"
@@ -527,6 +546,8 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       c.l2_read_bytes_per_cycle, c.l2_write_bytes_per_cycle);
   // The optional keys only when set: a config at their defaults dumps as it did before they
   // existed (offline models and kernel caches keyed by the dump stay valid).
+  if (c.l2_ub_write_bytes_per_cycle != 0)
+    o << fmt::format("    ub_write_bytes_per_cycle: {}\n", c.l2_ub_write_bytes_per_cycle);
   if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
   if (c.l2_write_back) o << "    write_back: true\n";
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",

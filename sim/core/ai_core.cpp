@@ -636,6 +636,9 @@ void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
   GmTransfer& t = *u.transfer;
   t.ranges = &cost.gm;
   t.port_rate = cost.gm_core_rate;
+  t.l2_port_rate = cost.path_src == isa::Buf::UB && cost.path_dst == isa::Buf::GM
+                       ? m_cfg.l2_ub_write_bytes_per_cycle
+                       : 0;
   uint64_t bytes = 0;
   for (const GmAccess& a : cost.gm) bytes += a.bytes;
   tlm::tlm_generic_payload& p = u.payload;

@@ -101,6 +101,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.hbm_bytes == b.hbm_bytes);
   CHECK(a.hbm_gbps == b.hbm_gbps);
   CHECK(a.hbm_efficiency == b.hbm_efficiency);
+  CHECK(a.hbm_turnaround_loss == b.hbm_turnaround_loss);
   CHECK(a.l2_bytes == b.l2_bytes);
   CHECK(a.l2_gbps == b.l2_gbps);
   CHECK(a.l2_line_bytes == b.l2_line_bytes);
@@ -109,6 +110,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_latency_cycles == b.l2_latency_cycles);
   CHECK(a.l2_read_bytes_per_cycle == b.l2_read_bytes_per_cycle);
   CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
+  CHECK(a.l2_ub_write_bytes_per_cycle == b.l2_ub_write_bytes_per_cycle);
   CHECK(a.l2_keep_across_launches == b.l2_keep_across_launches);
   CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.hdc_gbps == b.hdc_gbps);
@@ -254,12 +256,19 @@ TEST_CASE("tiny: the 910b core with few cores and small memories") {
   t.core_kinds[1].count = b.core_kinds[1].count;
   t.hbm_bytes = b.hbm_bytes;
   t.l2_bytes = b.l2_bytes;
-  // The tests' memory timing: the peak HBM rate and a write-through L2 (910b models silicon's
-  // sustained rate and write-back L2).
+  // The tests' memory timing: the peak HBM rate with no read/write turnaround loss, a
+  // write-through L2 and one L2 write port for every writer (910b models silicon's sustained
+  // rate, its turnarounds, write-back L2 and the UB's own L2 write rate).
   CHECK(t.hbm_efficiency == 1.0);
+  CHECK(t.hbm_turnaround_loss == 0.0);
   CHECK_FALSE(t.l2_write_back);
+  CHECK(t.l2_ub_write_bytes_per_cycle == 0.0);
+  CHECK(b.hbm_turnaround_loss > 0.0);
+  CHECK(b.l2_ub_write_bytes_per_cycle == 64);
   t.hbm_efficiency = b.hbm_efficiency;
+  t.hbm_turnaround_loss = b.hbm_turnaround_loss;
   t.l2_write_back = b.l2_write_back;
+  t.l2_ub_write_bytes_per_cycle = b.l2_ub_write_bytes_per_cycle;
   check_same(t, b);
 }
 
@@ -467,6 +476,17 @@ TEST_CASE("the dump reads back to an equal config") {
     ChipConfig r = reload_dump(c);
     check_same(r, c);
     CHECK(r.hbm_efficiency == 0.625);
+  }
+  SECTION("the HBM turnaround loss and the UB's L2 write rate: dumped only when set") {
+    const std::string tiny = dump_chip_config_yaml(load_chip_config("tiny"));
+    CHECK(tiny.find("turnaround_loss") == std::string::npos);
+    CHECK(tiny.find("ub_write_bytes_per_cycle") == std::string::npos);
+    ChipConfig c = load_chip_config(
+        "tiny", {"memory.hbm.turnaround_loss=0.25", "memory.l2.ub_write_bytes_per_cycle=48"});
+    ChipConfig r = reload_dump(c);
+    check_same(r, c);
+    CHECK(r.hbm_turnaround_loss == 0.25);
+    CHECK(r.l2_ub_write_bytes_per_cycle == 48);
   }
   SECTION("the unit-test chip built in code") {
     ChipConfig c = test::coupled_test_chip();
