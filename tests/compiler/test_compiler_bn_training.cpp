@@ -44,11 +44,15 @@ HostTensor vec(std::vector<double> v) {
   return HostTensor{TensorDesc{DataType::F32, {static_cast<int64_t>(v.size())}}, std::move(v)};
 }
 
+// The chip the kernels are compiled for (null: the test chip); they always run on the test chip.
+const ChipConfig* g_compile_for = nullptr;
+
 RunResult run(const std::string& type, const std::vector<HostTensor>& in,
               std::map<std::string, compiler::AttrValue> attrs, size_t outputs) {
   std::vector<TensorDesc> descs;
   for (const HostTensor& t : in) descs.push_back(t.desc);
-  auto k = compiler::compile(make_op(type, descs, std::move(attrs)), test_sim().config());
+  auto k = compiler::compile(make_op(type, descs, std::move(attrs)),
+                             g_compile_for ? *g_compile_for : test_sim().config());
   for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == outputs);
   return run_compiled(test_sim(), k, in);
@@ -302,6 +306,30 @@ TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile
   check_grads({{1, 20, 60, 16}, 45});
   check_grads({{1, 32, 48, 16}, 46, true});
   check_grads({{1, 32, 48, 16}, 47, false, DataType::F16});
+}
+
+TEST_CASE("BNTraining channel sums: whole pixels per tile where the inputs overflow the L2") {
+  // Compiled for the test chip with a 64 KiB L2, a 6144-pixel x 256-channel sum (6 MiB of f32)
+  // overflows it: its tiles take all 256 channels (ops/channel.cpp), where with the test chip's
+  // own L2 (8 MiB tiny, 192 MiB 910b) they take 128 pixels first and split the channels. Same
+  // sums either way.
+  ChipConfig small = test_sim().config();
+  small.l2_bytes = 64 << 10;
+  const TensorDesc x{DataType::F32, {1, 64, 96, 256}};
+  const auto tiles = [&](const ChipConfig& cfg) {
+    auto k = compiler::compile(make_op("BNTrainingReduce", {x}, {}), cfg);
+    std::string all;
+    for (const auto& l : k.launches) all += l.summary + "\n";
+    return all;
+  };
+  CHECK(tiles(small).find("x 256 channels") != std::string::npos);
+  CHECK(tiles(test_sim().config()).find("x 256 channels") == std::string::npos);
+  g_compile_for = &small;
+  check_reduce({1, 64, 96, 256}, 50);
+  check_reduce({1, 64, 96, 256}, 51, DataType::F16);
+  check_grads({{1, 64, 96, 256}, 52});
+  check_grads({{1, 64, 96, 256}, 53, true});
+  g_compile_for = nullptr;
 }
 
 TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {

@@ -167,10 +167,27 @@ void ChannelSumEmitter::plan_tile() {
   // kPingPongTiles tiles per channel group (measured, docs/compiler.md "The channel sums'
   // pipeline": with fewer, the smaller tile's extra groups, each cleared, folded and stored,
   // cost more than the in-place accumulation; with more, the accumulation dominates).
+  // Where the launch's inputs overflow the L2, channels first: a channel group reads a piece of
+  // every pixel's lines, and with the groups outside the pixel loop each group fetches the
+  // block's lines from HBM again once the L2 cannot hold them in between (ResNet-50's batch
+  // norm sums at batch 16 and more, docs/validation.md "The model cases").
+  const int64_t in_bytes = s.batch * s.pixels * s.cp * (sa + (has_b ? sb : 0));
+  const bool channels_first = static_cast<uint64_t>(in_bytes) > m_b.config().l2_bytes;
   auto largest = [&](bool pingpong) {
     int64_t tp = 1;
     while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
     int64_t ct = 0;
+    if (channels_first) {
+      for (int64_t c = s.cp; c >= unit && !ct; c -= unit) {
+        if (s.cp % c != 0) continue;
+        for (int64_t t = tp; t >= 1 && !ct; t /= 2)
+          if (need(t, c, pingpong) <= ub) {
+            tp = t;
+            ct = c;
+          }
+      }
+      return std::pair<int64_t, int64_t>{tp, ct};
+    }
     for (;;) {
       for (int64_t c = unit; c <= s.cp; c += unit)
         if (s.cp % c == 0 && need(tp, c, pingpong) <= ub) ct = c;
