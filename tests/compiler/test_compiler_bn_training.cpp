@@ -316,19 +316,25 @@ TEST_CASE("BNTraining channel sums: whole pixels per tile where the inputs overf
   ChipConfig small = test_sim().config();
   small.l2_bytes = 64 << 10;
   const TensorDesc x{DataType::F32, {1, 64, 96, 256}};
-  const auto tiles = [&](const ChipConfig& cfg) {
-    auto k = compiler::compile(make_op("BNTrainingReduce", {x}, {}), cfg);
+  const auto tiles = [](const ChipConfig& cfg, const TensorDesc& in) {
+    auto k = compiler::compile(make_op("BNTrainingReduce", {in}, {}), cfg);
     std::string all;
     for (const auto& l : k.launches) all += l.summary + "\n";
     return all;
   };
-  CHECK(tiles(small).find("x 256 channels") != std::string::npos);
-  CHECK(tiles(test_sim().config()).find("x 256 channels") == std::string::npos);
+  CHECK(tiles(small, x).find("x 256 channels") != std::string::npos);
+  CHECK(tiles(test_sim().config(), x).find("x 256 channels") == std::string::npos);
   g_compile_for = &small;
   check_reduce({1, 64, 96, 256}, 50);
   check_reduce({1, 64, 96, 256}, 51, DataType::F16);
   check_grads({{1, 64, 96, 256}, 52});
   check_grads({{1, 64, 96, 256}, 53, true});
+  // 2048 channels (ResNet-50's last stage): a pixel's f32 row of all of them would be a
+  // 256-block repeat stride, one more than the stride fields hold, so the tile takes 1024.
+  const TensorDesc wide{DataType::F32, {1, 4, 4, 2048}};
+  CHECK(tiles(small, wide).find("x 1024 channels") != std::string::npos);
+  check_reduce({1, 4, 4, 2048}, 54);
+  check_grads({{1, 4, 4, 2048}, 55});
   g_compile_for = nullptr;
 }
 

@@ -8,6 +8,7 @@
 
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -173,13 +174,18 @@ void ChannelSumEmitter::plan_tile() {
   // norm sums at batch 16 and more, docs/validation.md "The model cases").
   const int64_t in_bytes = s.batch * s.pixels * s.cp * (sa + (has_b ? sb : 0));
   const bool channels_first = static_cast<uint64_t>(in_bytes) > m_b.config().l2_bytes;
+  // A tile's pixels are the repeats of its instructions: a pixel's widest row (ct f32 values)
+  // is the repeat stride, at most kMaxRepeat blocks (the RU8 stride fields).
+  auto channels_fit = [&](int64_t c) {
+    return s.cp % c == 0 && c * 4 <= kMaxRepeat * vec::kBlockBytes;
+  };
   auto largest = [&](bool pingpong) {
     int64_t tp = 1;
     while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
     int64_t ct = 0;
     if (channels_first) {
       for (int64_t c = s.cp; c >= unit && !ct; c -= unit) {
-        if (s.cp % c != 0) continue;
+        if (!channels_fit(c)) continue;
         for (int64_t t = tp; t >= 1 && !ct; t /= 2)
           if (need(t, c, pingpong) <= ub) {
             tp = t;
@@ -190,7 +196,7 @@ void ChannelSumEmitter::plan_tile() {
     }
     for (;;) {
       for (int64_t c = unit; c <= s.cp; c += unit)
-        if (s.cp % c == 0 && need(tp, c, pingpong) <= ub) ct = c;
+        if (channels_fit(c) && need(tp, c, pingpong) <= ub) ct = c;
       if (ct || tp == 1) break;
       tp /= 2;
     }
