@@ -25,6 +25,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <fmt/format.h>
 
@@ -90,6 +93,16 @@ struct HasBulk : std::false_type {};
 template <class F>
 struct HasBulk<F, std::void_t<decltype(&F::bulk)>> : std::true_type {};
 
+// Runs shorter than this (one block of 8 lanes) take the element loop, inlined, even where F
+// has bulk_f32: a call costs more than the four-lane loop saves there.
+constexpr int kBulkF32MinRun = 64;
+// Whether an element function of two f32 sources also computes whole runs: F::bulk_f32(a, b,
+// out, n) writes out[i] = the f32 bits of f(a[i], b[i]) (NaN canonical) for i < n.
+template <class F, class = void>
+struct HasBulkF32 : std::false_type {};
+template <class F>
+struct HasBulkF32<F, std::void_t<decltype(&F::bulk_f32)>> : std::true_type {};
+
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
 // before its destination is written), which lets the compiler vectorise the element loop.
@@ -118,6 +131,9 @@ struct Elementwise {
     if constexpr (HasBulk<F>::value) {
       static_assert(sizeof...(P) == 1, "bulk element functions take one source");
       F::bulk(s..., out, Run);
+    } else if constexpr (HasBulkF32<F>::value && Run >= kBulkF32MinRun) {
+      static_assert(sizeof...(P) == 2 && dsize == 4, "bulk_f32 takes two f32 sources");
+      F::bulk_f32(s..., out, Run);
     } else if constexpr (Reuse) {
       static_assert(sizeof...(Src) == 1, "reuse compares one source");
       using SS = typename std::tuple_element_t<0, std::tuple<Src...>>::storage;
@@ -308,13 +324,105 @@ void run_compare(const VecInsn& vi, uint8_t* ub) {
   }
 }
 
+// f32 add, sub, mul and div of whole runs in AVX-512 or AVX registers where the host has them:
+// each lane is the same IEEE operation as the scalar `a op b` (rounded to nearest even under
+// the same MXCSR), then a NaN is replaced by the canonical NaN (Elem<F32>::from_compute), so
+// the bits are those of the element loop. The element loop, compiled for SSE2, computed four
+// lanes at a time; the batch-norm and optimizer kernels spend most of their vector time here.
+enum class WideF32 { kAdd, kSub, kMul, kDiv };
+template <class Fn>
+constexpr WideF32 wide_f32_of() {
+  if constexpr (std::is_same_v<Fn, vec::Add>) return WideF32::kAdd;
+  else if constexpr (std::is_same_v<Fn, vec::Sub>) return WideF32::kSub;
+  else if constexpr (std::is_same_v<Fn, vec::Mul>) return WideF32::kMul;
+  else return WideF32::kDiv;
+}
+template <class Fn>
+inline constexpr bool kWideF32 = std::is_same_v<Fn, vec::Add> || std::is_same_v<Fn, vec::Sub> ||
+                                 std::is_same_v<Fn, vec::Mul> || std::is_same_v<Fn, vec::Div>;
+
+// out[i] = bits of canonical_f32(a[i] op b[i]) for i in [from, n), one lane at a time.
+template <WideF32 W>
+void binary_f32_scalar(const uint8_t* a, const uint8_t* b, uint32_t* out, int from, int n) {
+  for (int i = from; i < n; ++i) {
+    const float x = Elem<Dtype::F32>::load(a + 4 * i), y = Elem<Dtype::F32>::load(b + 4 * i);
+    float r;
+    if constexpr (W == WideF32::kAdd) r = x + y;
+    else if constexpr (W == WideF32::kSub) r = x - y;
+    else if constexpr (W == WideF32::kMul) r = x * y;
+    else r = x / y;
+    out[i] = Elem<Dtype::F32>::from_compute(r);
+  }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define NPUSIM_VECTOR_X86_VARIANTS 1
+template <WideF32 W>
+__attribute__((target("avx512f"))) void binary_f32_avx512(const uint8_t* a, const uint8_t* b,
+                                                          uint32_t* out, int n) {
+  const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kF32CanonicalNan)));
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(a + 4 * i), y = _mm512_loadu_ps(b + 4 * i);
+    __m512 r;
+    if constexpr (W == WideF32::kAdd) r = _mm512_add_ps(x, y);
+    else if constexpr (W == WideF32::kSub) r = _mm512_sub_ps(x, y);
+    else if constexpr (W == WideF32::kMul) r = _mm512_mul_ps(x, y);
+    else r = _mm512_div_ps(x, y);
+    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), r, nan);
+    _mm512_storeu_ps(out + i, r);
+  }
+  binary_f32_scalar<W>(a, b, out, i, n);
+}
+template <WideF32 W>
+__attribute__((target("avx"))) void binary_f32_avx(const uint8_t* a, const uint8_t* b,
+                                                   uint32_t* out, int n) {
+  const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kF32CanonicalNan)));
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(reinterpret_cast<const float*>(a + 4 * i));
+    const __m256 y = _mm256_loadu_ps(reinterpret_cast<const float*>(b + 4 * i));
+    __m256 r;
+    if constexpr (W == WideF32::kAdd) r = _mm256_add_ps(x, y);
+    else if constexpr (W == WideF32::kSub) r = _mm256_sub_ps(x, y);
+    else if constexpr (W == WideF32::kMul) r = _mm256_mul_ps(x, y);
+    else r = _mm256_div_ps(x, y);
+    // (and / andnot / or: GCC splits _mm256_blendv_ps with a compare's mask into lanes)
+    const __m256 is_nan = _mm256_cmp_ps(r, r, _CMP_UNORD_Q);
+    r = _mm256_or_ps(_mm256_andnot_ps(is_nan, r), _mm256_and_ps(is_nan, nan));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + i), r);
+  }
+  binary_f32_scalar<W>(a, b, out, i, n);
+}
+#endif
+
+// The element function of a binary f32 op with bulk_f32 (Elementwise) for whole runs.
+template <class Fn>
+struct WideBinaryF32 {
+  static constexpr WideF32 kOp = wide_f32_of<Fn>();
+  float operator()(float a, float b) const { return Fn::apply(a, b); }
+  static void bulk_f32(const uint8_t* a, const uint8_t* b, uint32_t* out, int n) {
+#ifdef NPUSIM_VECTOR_X86_VARIANTS
+    static const int isa_level = __builtin_cpu_supports("avx512f") ? 2
+                                 : __builtin_cpu_supports("avx")   ? 1
+                                                                   : 0;
+    if (isa_level == 2) return binary_f32_avx512<kOp>(a, b, out, n);
+    if (isa_level == 1) return binary_f32_avx<kOp>(a, b, out, n);
+#endif
+    binary_f32_scalar<kOp>(a, b, out, 0, n);
+  }
+};
+
 template <class Op, Dtype D>
 void run_typed(const VecInsn& vi, uint8_t* ub) {
   using E = Elem<D>;
   using T = typename E::compute;
   if constexpr (Op::family == Family::kBinary) {
     using Fn = typename Op::Elementwise;
-    elementwise<E, E, E>(vi, ub, [](T a, T b) { return Fn::apply(a, b); });
+    if constexpr (D == Dtype::F32 && kWideF32<Fn>)
+      elementwise<E, E, E>(vi, ub, WideBinaryF32<Fn>{});
+    else
+      elementwise<E, E, E>(vi, ub, [](T a, T b) { return Fn::apply(a, b); });
   } else if constexpr (Op::family == Family::kUnary) {
     if constexpr (Op::kMove) {
       using R = RawOfSize<sizeof(typename E::storage)>;
