@@ -569,7 +569,8 @@ struct KSplit {
 
 // The planner's estimate of a tiling's cycles on its busiest cube core: its tiles run in waves,
 // each k of a tile costs the slower of its gm->l1 loads and its mmads (plan_matmul_tiling's
-// model), and its C tiles leave through FIXPIPE at the l0c->gm rate.
+// model), and its C tiles leave through FIXPIPE at the l0c->gm rate, or through the UB (FIXPIPE
+// into it, MTE3 out of it, overlapped) at the slower of l0c->ub and ub->gm.
 double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
   const double isz = isa::dtype_size(t.in_type), osz = isa::dtype_size(t.out_type);
   const int64_t tiles = t.batch * t.tiles_m * t.tiles_n;
@@ -577,7 +578,10 @@ double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
   const double load = static_cast<double>(t.tm + t.tn) * isz / cfg.path_rate(Buf::GM, Buf::L1);
   const double cube =
       static_cast<double>(ceil_div(t.tm, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) / cfg.cube_k;
-  const double store = static_cast<double>(t.tm * t.tn) * osz / cfg.path_rate(Buf::L0C, Buf::GM);
+  const double store_rate =
+      t.via_ub ? std::min(cfg.path_rate(Buf::L0C, Buf::UB), cfg.path_rate(Buf::UB, Buf::GM))
+               : cfg.path_rate(Buf::L0C, Buf::GM);
+  const double store = static_cast<double>(t.tm * t.tn) * osz / store_rate;
   return waves * (static_cast<double>(t.k) * std::max(load, cube) + store);
 }
 
@@ -587,20 +591,21 @@ double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
 // slower than the model said (more partial products, shorter chunk loads), longer ones faster.
 constexpr int64_t kMinPartPositions = 4096;
 
+// `may_split`: the caller can take partial products of m x n unpadded (on chips whose C leaves
+// L0C through the UB, an img2col whose taps are padded to a block cannot).
 KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
-                    const std::string& op) {
+                    const std::string& op, bool may_split) {
   // The unsplit product may take tiles of any multiple of 16 (ResNet-50's 1x1 layers at 14x14
   // and 7x7: 16 power-of-two tiles on 24 cores become 24). The parts keep the powers of two:
   // with any side the first layer's parts took one 160x64 tile each instead of three 64x64
   // ones and ran 1.8x slower (the model counts loads at the gm->l1 rate that the 64x64 tiles
   // share through L2).
   KSplit best;
-  // Chips whose C leaves L0C through the UB (padded rows): the MatMul's own tiling, unsplit.
-  if (cube_store_via_ub(cfg, cube_core(cfg, op), op)) {
-    best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op);
-    return best;
-  }
-  best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, true);
+  // Chips whose C leaves L0C through the UB (padded rows): the unsplit product takes the
+  // MatMul's own tiling (power-of-two sides).
+  const bool via_ub = cube_store_via_ub(cfg, cube_core(cfg, op), op);
+  best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, !via_ub);
+  if (!may_split) return best;
   double best_cycles = matmul_estimate(best.tiling, cfg);
   const int cores = cube_core(cfg, op).count;
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
@@ -617,6 +622,7 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
     if (k % parts != 0 || k / parts < kMinPartPositions) continue;
     MatmulTiling t =
         plan_matmul_tiling(m, n, k / parts, true, false, in, Dtype::F32, cfg, op, parts);
+    if (t.c_pitch != n) continue;  // through the UB: f32 rows of n not whole blocks
     const double cycles =
         matmul_estimate(t, cfg) + launch + static_cast<double>(parts * m * n * 4) / sum_rate;
     if (cycles >= best_cycles) continue;
@@ -756,14 +762,14 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
                                 : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp,
                                                  positions * taps * cp, cp == f[2]);
   const KSplit split = plan_k_split(taps * cp, f[3], positions, device_dtype(ct.cube), ct.fix_out,
-                                    ctx.cfg, op.str());
+                                    ctx.cfg, op.str(), cp == f[2]);
   const MatmulTiling& t = split.tiling;
   const bool padded = cp != f[2] || t.c_pitch != f[3];
   if (cp != f[2] && t.c_pitch != f[3])
     op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
                         "channels both need padding, not supported",
                         ctx.cfg.name, f[2], f[3]));
-  if (split.parts > 1) {  // never through the UB (plan_k_split)
+  if (split.parts > 1) {  // partials of taps * f[2] x f[3], unpadded (plan_k_split)
     const int64_t mn = taps * f[2] * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
     Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
