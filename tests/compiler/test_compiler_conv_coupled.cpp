@@ -127,10 +127,13 @@ TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col with padded taps, the lon
       DataType::F16, ConvCase{8, 64, 64, 16, 1, 1, 16}.window(2, 2, 1, 1, "VALID"), 36);
   CHECK(has_launch(img2col, "Img2col"));
   CHECK(has_launch(img2col, "Sum_f32"));
-  // Padded taps (3 channels) keep the unsplit product: its rows are dropped by the copy.
-  CHECK_FALSE(
-      has_launch(check_conv2d_backprop_filter(DataType::F16, ConvCase{8, 32, 32, 3, 3, 3, 16}, 37),
-                 "Sum_f32"));
+  // Padded taps (3 channels, each tap's rows padded to 16): the summed partials' padded rows
+  // are dropped by the packing copy (f32, and f16 rounded then widened).
+  for (auto [dt, mode] : {std::pair{DataType::F16, PrecisionMode::kAllowFp32ToFp16},
+                          std::pair{DataType::F32, PrecisionMode::kAllowFp32ToFp16},
+                          std::pair{DataType::F32, PrecisionMode::kAllowMixPrecision}})
+    CHECK(has_launch(check_conv2d_backprop_filter(dt, ConvCase{8, 32, 32, 3, 3, 3, 16}, 37, mode),
+                     "Sum_f32"));
   // Both padded: not supported, said so.
   auto op =
       make_op("Conv2DBackpropFilter",

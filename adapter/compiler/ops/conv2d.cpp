@@ -591,10 +591,8 @@ double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
 // slower than the model said (more partial products, shorter chunk loads), longer ones faster.
 constexpr int64_t kMinPartPositions = 4096;
 
-// `may_split`: the caller can take partial products of m x n unpadded (on chips whose C leaves
-// L0C through the UB, an img2col whose taps are padded to a block cannot).
 KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
-                    const std::string& op, bool may_split) {
+                    const std::string& op) {
   // The unsplit product may take tiles of any multiple of 16 (ResNet-50's 1x1 layers at 14x14
   // and 7x7: 16 power-of-two tiles on 24 cores become 24). The parts keep the powers of two:
   // with any side the first layer's parts took one 160x64 tile each instead of three 64x64
@@ -605,7 +603,6 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   // MatMul's own tiling (power-of-two sides).
   const bool via_ub = cube_store_via_ub(cfg, cube_core(cfg, op), op);
   best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, !via_ub);
-  if (!may_split) return best;
   double best_cycles = matmul_estimate(best.tiling, cfg);
   const int cores = cube_core(cfg, op).count;
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
@@ -637,20 +634,24 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   return best;
 }
 
-// Output 0 (dt, m * n elements) = the sum over `parts` of the f32 partial products at
-// `partials` ([parts][m * n]): a Sum over the first axis (the reduction engine, f32), then the
-// cast to dt when it is not f32; `round_f16` (allow_mix_precision) rounds the sum to f16 before
-// widening it, as the unsplit kernel's f16 FIXPIPE output.
+// Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
+// ([parts][mn]): a Sum over the first axis (the reduction engine, f32), then the copy that
+// packs its rows (`rows` x `cols` of a padded `pitch`: img2col's taps padded to a block through
+// the UB; rows 1: dense) and casts to dt when it is not f32; `round_f16` (allow_mix_precision)
+// rounds the sum to f16 before widening it, as the unsplit kernel's f16 FIXPIPE output.
 void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
-                        int64_t parts, int64_t mn, bool round_f16) {
+                        int64_t parts, int64_t mn, bool round_f16, int64_t rows = 1,
+                        int64_t cols = 0, int64_t pitch = 0) {
   const DataType dt = k.outputs[0].dtype;
+  if (rows == 1) cols = pitch = mn;
+  const int64_t out_n = rows * cols;
   LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
   ReduceRequest req;
   req.input = TensorDesc{DataType::F32, {parts, mn}};
   req.reduced = {true, false};
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   const CompiledKernel sum = std::move(plan).finish();
-  const bool direct = dt == DataType::F32 && !round_f16;
+  const bool direct = dt == DataType::F32 && !round_f16 && pitch == cols;
   const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
   const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
   for (Launch l : sum.launches) {
@@ -667,12 +668,15 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
   }
   if (direct) return;
   if (!round_f16) {
-    append_strided_copy(k, ctx.op, total, output_ref(0), 1, mn, mn, DataType::F32, dt, ctx.cfg);
+    append_strided_copy(k, ctx.op, total, output_ref(0), rows, cols, pitch, DataType::F32, dt,
+                        ctx.cfg);
     return;
   }
-  const ArgRef half = workspace_take(k, static_cast<uint64_t>(mn) * 2);
-  append_strided_copy(k, ctx.op, total, half, 1, mn, mn, DataType::F32, DataType::F16, ctx.cfg);
-  append_strided_copy(k, ctx.op, half, output_ref(0), 1, mn, mn, DataType::F16, dt, ctx.cfg);
+  const ArgRef half = workspace_take(k, static_cast<uint64_t>(out_n) * 2);
+  append_strided_copy(k, ctx.op, total, half, rows, cols, pitch, DataType::F32, DataType::F16,
+                      ctx.cfg);
+  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt,
+                      ctx.cfg);
 }
 
 // img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
@@ -762,21 +766,25 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
                                 : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp,
                                                  positions * taps * cp, cp == f[2]);
   const KSplit split = plan_k_split(taps * cp, f[3], positions, device_dtype(ct.cube), ct.fix_out,
-                                    ctx.cfg, op.str(), cp == f[2]);
+                                    ctx.cfg, op.str());
   const MatmulTiling& t = split.tiling;
   const bool padded = cp != f[2] || t.c_pitch != f[3];
   if (cp != f[2] && t.c_pitch != f[3])
     op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
                         "channels both need padding, not supported",
                         ctx.cfg.name, f[2], f[3]));
-  if (split.parts > 1) {  // partials of taps * f[2] x f[3], unpadded (plan_k_split)
-    const int64_t mn = taps * f[2] * f[3];
+  if (split.parts > 1) {  // partials of taps * cp x f[3] (plan_k_split: c_pitch == f[3])
+    const int64_t mn = taps * cp * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
     Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
     mm.summary = fmt::format("img2col^T x dy, {} parts of {} positions: {}", split.parts,
                              positions / split.parts, mm.summary);
     k.launches.push_back(std::move(mm));
-    append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
+    if (cp != f[2])  // per tap: cin x cout of cp x cout
+      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen, taps, f[2] * f[3],
+                         cp * f[3]);
+    else
+      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
     return k;
   }
   ArgRef out = output_ref(0);
