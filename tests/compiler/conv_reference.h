@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "adapter/compiler/compiler.h"
@@ -265,6 +266,17 @@ inline std::vector<std::string> check_conv2d_backprop_filter(
   for (const compiler::Launch& l : k.launches)
     launches.push_back(l.kernel.program.name + ": " + l.summary);
   return launches;
+}
+
+// Whether one of the launches' "name: summary" (check_conv2d_backprop_filter's list) starts
+// with / contains `text`.
+inline bool has_launch(const std::vector<std::string>& launches, const std::string& prefix) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+}
+inline bool mentions(const std::vector<std::string>& launches, const std::string& text) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const std::string& n) { return n.find(text) != std::string::npos; });
 }
 
 // Depthwise: x [n, h, w, c], filter [kh, kw, c, m] (the case's cout = c * m, groups unused);

@@ -227,19 +227,6 @@ TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
   check_conv2d_backprop_filter(DataType::F16, h, 43);
 }
 
-namespace {
-
-// Whether a launch's "name: summary" starts with / contains `text`.
-bool has_launch(const std::vector<std::string>& launches, const std::string& prefix) {
-  return std::any_of(launches.begin(), launches.end(),
-                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
-}
-bool mentions(const std::vector<std::string>& launches, const std::string& text) {
-  return std::any_of(launches.begin(), launches.end(),
-                     [&](const std::string& n) { return n.find(text) != std::string::npos; });
-}
-
-}  // namespace
 
 TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split over the cores") {
   // A 1x1 window of stride 1: x is the img2col matrix, no Img2col launch.

@@ -104,7 +104,7 @@ TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias
                         PrecisionMode::kAllowFp32ToFp16, DataType::F16);
 }
 
-TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padded taps") {
+TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col with padded taps, the long k split") {
   // 3 input channels: each tap padded to 16; 9 output channels: the MatMul's rows padded
   check_conv2d_backprop_filter(DataType::F16,
                                ConvCase{2, 9, 9, 3, 3, 3, 32}.window(2, 2, 1, 1, "SAME"), 30);
@@ -114,6 +114,26 @@ TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col through the UB with padde
   check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 5, 3, 3, 24}, 32);
   check_conv2d_backprop_filter(DataType::F32, ConvCase{1, 6, 5, 32, 1, 1, 16}, 33,
                                PrecisionMode::kAllowMixPrecision);
+  // A long k (8 x 32 x 32 positions) and one output tile: split into parts over the two cube
+  // cores, f32 partial products (rows of 16 f32, whole blocks) summed by the vector cores; also
+  // after an img2col whose taps need no padding (stride 2, 16 channels), and under
+  // allow_mix_precision.
+  ConvCase s{8, 32, 32, 16, 1, 1, 16};
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, s, 34), "Sum_f32"));
+  CHECK(has_launch(
+      check_conv2d_backprop_filter(DataType::F32, s, 35, PrecisionMode::kAllowMixPrecision),
+      "Sum_f32"));
+  const std::vector<std::string> img2col = check_conv2d_backprop_filter(
+      DataType::F16, ConvCase{8, 64, 64, 16, 1, 1, 16}.window(2, 2, 1, 1, "VALID"), 36);
+  CHECK(has_launch(img2col, "Img2col"));
+  CHECK(has_launch(img2col, "Sum_f32"));
+  // Padded taps (3 channels, each tap's rows padded to 16): the summed partials' padded rows
+  // are dropped by the packing copy (f32, and f16 rounded then widened).
+  for (auto [dt, mode] : {std::pair{DataType::F16, PrecisionMode::kAllowFp32ToFp16},
+                          std::pair{DataType::F32, PrecisionMode::kAllowFp32ToFp16},
+                          std::pair{DataType::F32, PrecisionMode::kAllowMixPrecision}})
+    CHECK(has_launch(check_conv2d_backprop_filter(dt, ConvCase{8, 32, 32, 3, 3, 3, 16}, 37, mode),
+                     "Sum_f32"));
   // Both padded: not supported, said so.
   auto op =
       make_op("Conv2DBackpropFilter",

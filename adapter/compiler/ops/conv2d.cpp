@@ -569,7 +569,8 @@ struct KSplit {
 
 // The planner's estimate of a tiling's cycles on its busiest cube core: its tiles run in waves,
 // each k of a tile costs the slower of its gm->l1 loads and its mmads (plan_matmul_tiling's
-// model), and its C tiles leave through FIXPIPE at the l0c->gm rate.
+// model), and its C tiles leave through FIXPIPE at the l0c->gm rate, or through the UB (FIXPIPE
+// into it, MTE3 out of it, overlapped) at the slower of l0c->ub and ub->gm.
 double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
   const double isz = isa::dtype_size(t.in_type), osz = isa::dtype_size(t.out_type);
   const int64_t tiles = t.batch * t.tiles_m * t.tiles_n;
@@ -577,7 +578,10 @@ double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
   const double load = static_cast<double>(t.tm + t.tn) * isz / cfg.path_rate(Buf::GM, Buf::L1);
   const double cube =
       static_cast<double>(ceil_div(t.tm, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) / cfg.cube_k;
-  const double store = static_cast<double>(t.tm * t.tn) * osz / cfg.path_rate(Buf::L0C, Buf::GM);
+  const double store_rate =
+      t.via_ub ? std::min(cfg.path_rate(Buf::L0C, Buf::UB), cfg.path_rate(Buf::UB, Buf::GM))
+               : cfg.path_rate(Buf::L0C, Buf::GM);
+  const double store = static_cast<double>(t.tm * t.tn) * osz / store_rate;
   return waves * (static_cast<double>(t.k) * std::max(load, cube) + store);
 }
 
@@ -595,12 +599,10 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   // ones and ran 1.8x slower (the model counts loads at the gm->l1 rate that the 64x64 tiles
   // share through L2).
   KSplit best;
-  // Chips whose C leaves L0C through the UB (padded rows): the MatMul's own tiling, unsplit.
-  if (cube_store_via_ub(cfg, cube_core(cfg, op), op)) {
-    best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op);
-    return best;
-  }
-  best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, true);
+  // Chips whose C leaves L0C through the UB (padded rows): the unsplit product takes the
+  // MatMul's own tiling (power-of-two sides).
+  const bool via_ub = cube_store_via_ub(cfg, cube_core(cfg, op), op);
+  best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, !via_ub);
   double best_cycles = matmul_estimate(best.tiling, cfg);
   const int cores = cube_core(cfg, op).count;
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
@@ -617,6 +619,7 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
     if (k % parts != 0 || k / parts < kMinPartPositions) continue;
     MatmulTiling t =
         plan_matmul_tiling(m, n, k / parts, true, false, in, Dtype::F32, cfg, op, parts);
+    if (t.c_pitch != n) continue;  // through the UB: f32 rows of n not whole blocks
     const double cycles =
         matmul_estimate(t, cfg) + launch + static_cast<double>(parts * m * n * 4) / sum_rate;
     if (cycles >= best_cycles) continue;
@@ -631,20 +634,24 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   return best;
 }
 
-// Output 0 (dt, m * n elements) = the sum over `parts` of the f32 partial products at
-// `partials` ([parts][m * n]): a Sum over the first axis (the reduction engine, f32), then the
-// cast to dt when it is not f32; `round_f16` (allow_mix_precision) rounds the sum to f16 before
-// widening it, as the unsplit kernel's f16 FIXPIPE output.
+// Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
+// ([parts][mn]): a Sum over the first axis (the reduction engine, f32), then the copy that
+// packs its rows (`rows` x `cols` of a padded `pitch`: img2col's taps padded to a block through
+// the UB; rows 1: dense) and casts to dt when it is not f32; `round_f16` (allow_mix_precision)
+// rounds the sum to f16 before widening it, as the unsplit kernel's f16 FIXPIPE output.
 void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
-                        int64_t parts, int64_t mn, bool round_f16) {
+                        int64_t parts, int64_t mn, bool round_f16, int64_t rows = 1,
+                        int64_t cols = 0, int64_t pitch = 0) {
   const DataType dt = k.outputs[0].dtype;
+  if (rows == 1) cols = pitch = mn;
+  const int64_t out_n = rows * cols;
   LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
   ReduceRequest req;
   req.input = TensorDesc{DataType::F32, {parts, mn}};
   req.reduced = {true, false};
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   const CompiledKernel sum = std::move(plan).finish();
-  const bool direct = dt == DataType::F32 && !round_f16;
+  const bool direct = dt == DataType::F32 && !round_f16 && pitch == cols;
   const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
   const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
   for (Launch l : sum.launches) {
@@ -661,12 +668,15 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
   }
   if (direct) return;
   if (!round_f16) {
-    append_strided_copy(k, ctx.op, total, output_ref(0), 1, mn, mn, DataType::F32, dt, ctx.cfg);
+    append_strided_copy(k, ctx.op, total, output_ref(0), rows, cols, pitch, DataType::F32, dt,
+                        ctx.cfg);
     return;
   }
-  const ArgRef half = workspace_take(k, static_cast<uint64_t>(mn) * 2);
-  append_strided_copy(k, ctx.op, total, half, 1, mn, mn, DataType::F32, DataType::F16, ctx.cfg);
-  append_strided_copy(k, ctx.op, half, output_ref(0), 1, mn, mn, DataType::F16, dt, ctx.cfg);
+  const ArgRef half = workspace_take(k, static_cast<uint64_t>(out_n) * 2);
+  append_strided_copy(k, ctx.op, total, half, rows, cols, pitch, DataType::F32, DataType::F16,
+                      ctx.cfg);
+  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt,
+                      ctx.cfg);
 }
 
 // img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
@@ -763,14 +773,18 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
                         "channels both need padding, not supported",
                         ctx.cfg.name, f[2], f[3]));
-  if (split.parts > 1) {  // never through the UB (plan_k_split)
-    const int64_t mn = taps * f[2] * f[3];
+  if (split.parts > 1) {  // partials of taps * cp x f[3] (plan_k_split: c_pitch == f[3])
+    const int64_t mn = taps * cp * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
     Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
     mm.summary = fmt::format("img2col^T x dy, {} parts of {} positions: {}", split.parts,
                              positions / split.parts, mm.summary);
     k.launches.push_back(std::move(mm));
-    append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
+    if (cp != f[2])  // per tap: cin x cout of cp x cout
+      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen, taps, f[2] * f[3],
+                         cp * f[3]);
+    else
+      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
     return k;
   }
   ArgRef out = output_ref(0);
