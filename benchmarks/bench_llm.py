@@ -12,16 +12,19 @@ process), so the figures are the runner's (models/run.py, run_generate):
 - CPU: TensorFlow's wall time per token for the same model and prompt (the emulator's cost is
   compared with it: how many times slower emulating the chip is than running the model).
 
-The NPU run is timing-only by default (--functional to compute): a functional 1B run simulates
-every instruction's data too, minutes per token on a 2-core host; the simulated figures are the
-same either way (docs/tf_plugin.md, "Timing-only runs"). Weights are the model's dtype
+The NPU run is functional by default: the chip computes every instruction's data, the weights
+are random (seed 0, as on the CPU) and the tokens are the model's; the two runs' greedy tokens
+are compared (bf16 rounding differs between the chip and the CPU, so an argmax may flip where
+two logits are close: the count is printed, not required). --timing-only skips the data
+(llama-7b: its weights never materialised); the simulated figures are the same either way
+(docs/tf_plugin.md, "Timing-only runs"). Weights are the model's dtype
 (--dtype, default bfloat16 as Llama 3.2 is published; float32 runs the cube in fp16 under
 allow_fp32_to_fp16 with the weights cast once and kept).
 
 Usage: .venv/bin/python benchmarks/bench_llm.py [--model llama-1b] [--prompt-len 128]
        [--gen-len 32] [--batch 1] [--dtype bfloat16] [--quantize int8] [--resident-cache]
        [--chip 910b]
-       [--functional] [--no-cpu]
+       [--timing-only] [--no-cpu]
        [--report-dir DIR] [--json OUT]
 """
 import argparse
@@ -47,8 +50,9 @@ def parse_args():
                     help="NPU: the KV cache as a variable per layer written in place "
                     "(models.run --resident-cache; docs/llm.md)")
     ap.add_argument("--chip", default="910b")
-    ap.add_argument("--functional", action="store_true",
-                    help="compute on the NPU (default: timing-only)")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="NPU: simulate the times without computing the data (default: "
+                    "functional)")
     ap.add_argument("--no-cpu", action="store_true", help="skip the TensorFlow-CPU run")
     ap.add_argument("--report-dir", default=None, help="the NPU run's msprof-style report")
     ap.add_argument("--json", dest="json_out", default=None)
@@ -66,7 +70,7 @@ def run(args, device):
         cmd += ["--chip", args.chip]
         if args.resident_cache:
             cmd.append("--resident-cache")
-        if not args.functional:
+        if args.timing_only:
             cmd.append("--timing-only")
         if args.report_dir:
             cmd += ["--report-dir", args.report_dir]
@@ -79,12 +83,17 @@ def run(args, device):
     return json.loads(lines[-1]), wall
 
 
+def _flat(tokens):
+    """The (batch, gen_len) token list row by row."""
+    return [t for row in tokens for t in row]
+
+
 def main():
     args = parse_args()
     out = {"model": args.model, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
            "batch": args.batch, "dtype": args.dtype, "quantize": args.quantize,
            "resident_cache": args.resident_cache, "chip": args.chip,
-           "npu_mode": "functional" if args.functional else "timing-only"}
+           "npu_mode": "timing-only" if args.timing_only else "functional"}
     npu, npu_wall = run(args, "NPU")
     out["npu"] = npu
     out["npu_process_wall_s"] = npu_wall
@@ -125,8 +134,22 @@ def main():
             print(f"  TensorFlow CPU: {cpu['wall_s_per_token']:.3f} s per token, prefill "
                   f"{cpu['wall_s_prefill']:.2f} s: the emulator takes "
                   f"{out['emulator_vs_cpu_per_token']:.3g} x its wall time per token")
+            if "cpu_s_per_token" in cpu and "cpu_s_per_token" in npu:
+                out["emulator_vs_cpu_cpu_time_per_token"] = (npu["cpu_s_per_token"] /
+                                                             cpu["cpu_s_per_token"])
+                print(f"  CPU time per token (all threads; a loaded host inflates the wall "
+                      f"times): emulator {npu['cpu_s_per_token']:.3f} s, TensorFlow "
+                      f"{cpu['cpu_s_per_token']:.3f} s: "
+                      f"{out['emulator_vs_cpu_cpu_time_per_token']:.3g} x")
         elif not cpu.get("ok"):
             print(f"  TensorFlow CPU run failed: {cpu.get('error')}")
+        if cpu.get("ok") and not args.timing_only:
+            same = [a == b for a, b in zip(_flat(npu["tokens"]), _flat(cpu["tokens"]))]
+            first = same.index(False) if False in same else len(same)
+            out["tokens_equal_cpu"] = sum(same)
+            out["tokens_equal_cpu_leading"] = first
+            print(f"  greedy tokens: {sum(same)} of {len(same)} equal to the CPU's (the first "
+                  f"{first} in a row)")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

@@ -296,6 +296,8 @@ def run_generate(a, log, npusim, device, result):
                           (memory.hbm.gbps x memory.hbm.efficiency)
       wall_s_per_token    host wall time per decode step (the emulator's cost; on the CPU:
                           TensorFlow's), wall_s_prefill
+      cpu_s_per_token     the process's CPU time (all threads) per decode step: the cost
+                          without the waits for a CPU that a loaded host adds to the wall time
     and tokens (the generated ids; undefined with --timing-only)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -339,15 +341,16 @@ def run_generate(a, log, npusim, device, result):
         gen.step(token, cache, tf.constant(a.prompt_len, tf.int32))[0].numpy()
         result["warmup_wall_s"] = time.perf_counter() - t0
 
-        marks, walls = [], []
+        marks, walls, cpus = [], [], []
         if npusim is not None:
             npusim.clear_launch_records()
-        last = [time.perf_counter()]
+        last = [time.perf_counter(), time.process_time()]
 
         def on_token(i):
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time()
             walls.append(now - last[0])
-            last[0] = now
+            cpus.append(cpu - last[1])
+            last[0], last[1] = now, cpu
             if npusim is not None:
                 marks.append(len(npusim.launch_records()))
             log(f"  token {i + 1}/{a.gen_len}: {walls[-1]:.2f} s wall")
@@ -357,6 +360,7 @@ def run_generate(a, log, npusim, device, result):
     result["wall_s_prefill"] = walls[0]
     if len(walls) > 1:
         result["wall_s_per_token"] = float(np.mean(walls[1:]))
+        result["cpu_s_per_token"] = float(np.mean(cpus[1:]))
     if npusim is None:
         if len(walls) > 1:
             result["decode_tokens_per_s"] = a.batch / result["wall_s_per_token"]

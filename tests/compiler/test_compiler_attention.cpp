@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -251,4 +252,43 @@ TEST_CASE("fused attention refuses what it does not support") {
   c.seq_q = 20;
   c.sparse_mode = 3;  // more queries than keys
   CHECK(compile_refusal(attention_op(c)).invalid);
+}
+
+// The cube computes S_{j+1} before it waits for both vector cores' P_j, so one vector core may
+// publish P_j and P_{j+1} before the other publishes P_j. Cross-core flags count per id: if both
+// vector cores set one id, the cube's two waits could both take the faster core's sets and read
+// the other core's rows of P_j before they are written. Each wait of the cube for its vector
+// cores must name an id of its own (one per vector core), and the vector cores must set each.
+TEST_CASE("fused attention: the cube waits for each vector core's P rows on that core's flag") {
+  const ChipConfig& cfg = test_sim().config();
+  REQUIRE(cfg.aiv_per_aic >= 2);
+  for (const Case& c : {Case{"PromptFlashAttention", DataType::F16, 1, 150, 150, 4, 2, 64, 3},
+                        Case{"IncreFlashAttention", DataType::F16, 2, 1, 300, 8, 2, 64, 0, 201}}) {
+    const OpDesc op = attention_op(c);
+    INFO(op.str());
+    const compiler::CompiledKernel k = compiler::compile(op, cfg);
+    REQUIRE(k.launches.size() == 1);
+    const isa::Program& prog = k.launches[0].kernel.program;
+    const isa::Section* aic = prog.find(isa::CoreKind::AIC);
+    const isa::Section* aiv = prog.find(isa::CoreKind::AIV);
+    REQUIRE(aic != nullptr);
+    REQUIRE(aiv != nullptr);
+    std::set<int64_t> set_by_vector;
+    for (const isa::Instruction& in : aiv->code)
+      if (in.op == isa::Opcode::op_cc_set) set_by_vector.insert(in.ops[2].value);
+    // Runs of back-to-back cc_waits: the cube waiting for its vector cores.
+    int runs = 0;
+    for (size_t i = 0; i < aic->code.size(); ++i) {
+      if (aic->code[i].op != isa::Opcode::op_cc_wait) continue;
+      std::set<int64_t> ids;
+      size_t n = 0;
+      for (; i < aic->code.size() && aic->code[i].op == isa::Opcode::op_cc_wait; ++i, ++n)
+        ids.insert(aic->code[i].ops[1].value);
+      ++runs;
+      CHECK(n == static_cast<size_t>(cfg.aiv_per_aic));
+      CHECK(ids.size() == n);  // one id per vector core, none waited for twice
+      for (int64_t id : ids) CHECK(set_by_vector.count(id) == 1);
+    }
+    CHECK(runs >= 1);
+  }
 }

@@ -36,8 +36,11 @@
 //
 // Synchronisation: within a core every buffer is a Channel (producer pipe, consumer pipe, a
 // full and a free flag; buffers start free); between the cores cross-core counting flags
-// (cc_set mode 2): kScoresReady and kPvReady count on each vector core, kProbsReady on the
-// cube core (once per vector core).
+// (cc_set mode 2): kScoresReady and kPvReady count on each vector core, vector core v's
+// probs_ready(v) on the cube core (once per KV tile). Each vector core has its own ready id: the
+// cube computes S_{j+1} before it waits for P_j, so one vector core may publish P_j and P_{j+1}
+// before the other publishes P_j; one counter shared by both would then let the cube read P slot
+// j & 1 half written (and overwrite the S slot the slower core still reads).
 //
 // Numerics: S and P V accumulate in f32 on the cube; the softmax runs in f32 (vexp, f32 max
 // and sums); P is rounded to the input type before the product with V (as CANN's kernels do);
@@ -73,12 +76,13 @@ using isa::Pipe;
 
 namespace {
 
-constexpr int64_t kFrac = 16;                                   // rows / columns of a fractal
-constexpr int64_t kFracBytes = layout::kFractalBytes;           // one 16 x 16 16-bit fractal
-constexpr int64_t kRowsMax = 128;                               // mq at most (cube m, UB rows)
-constexpr uint64_t kLine = 512;                                 // workspace pieces per L2 line
-constexpr int64_t kCcMode = 2;                                  // cube core <-> its vector cores
-constexpr int kScoresReady = 0, kPvReady = 1, kProbsReady = 2;  // cross-core flag ids
+constexpr int64_t kFrac = 16;                          // rows / columns of a fractal
+constexpr int64_t kFracBytes = layout::kFractalBytes;  // one 16 x 16 16-bit fractal
+constexpr int64_t kRowsMax = 128;                      // mq at most (cube m, UB rows)
+constexpr uint64_t kLine = 512;                        // workspace pieces per L2 line
+constexpr int64_t kCcMode = 2;                         // cube core <-> its vector cores
+constexpr int kScoresReady = 0, kPvReady = 1;          // cross-core flag ids: these two and
+int probs_ready(int v) { return 2 + v; }               // one per vector core of the group
 
 using Channel = PipeChannel;  // ops/pipe_channel.h
 
@@ -431,7 +435,8 @@ class AttentionKernel {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "P V (one KV tile)");
     for (int v = 0; v < m_cfg.aiv_per_aic; ++v)
-      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kProbsReady}, "wait: P rows of a vector core");
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, probs_ready(v)},
+             "wait: P rows of vector core " + std::to_string(v));
     {
       Reg keys = b.reg("keys"), src = b.reg("V address");
       l1pv.acquire(b);
@@ -667,7 +672,10 @@ class AttentionKernel {
       b.emit(Opcode::op_copy_ub2gm, {dst, m_p16, 1, rnd(s_lanes * m_isz) / kBlock, 0, 0},
              "P rows to the workspace");
     }
-    b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, kProbsReady}, "P rows ready -> cube");
+    for (int v = 0; v < m_cfg.aiv_per_aic; ++v)  // this core's id: v == sub
+      b.if_(eq(m_sub, v), [&] {
+        b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcMode, probs_ready(v)}, "P rows ready -> cube");
+      });
     p_out.release(b);
   }
 
@@ -760,6 +768,11 @@ AttentionTiling plan_attention(const AttentionProblem& p, const ChipConfig& cfg,
   require_l0c_to_gm(cfg, op, "fused attention's S and P V tiles");
   const VectorCores vec = VectorCores::of(cfg);
   const int64_t per = cfg.aiv_per_aic;
+  if (probs_ready(cfg.aiv_per_aic - 1) >= cfg.cross_core_flag_ids)
+    throw CompileError(fmt::format(
+        "{}: fused attention needs {} cross-core flag ids (one per vector core of a group and "
+        "two more); the chip has {} (sync.cross_core_flag_ids)",
+        op, probs_ready(cfg.aiv_per_aic - 1) + 1, cfg.cross_core_flag_ids));
   AttentionTiling t;
   t.group = p.heads / p.kv_heads;
   t.grouped = p.seq_q == 1;
