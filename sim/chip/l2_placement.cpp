@@ -40,6 +40,10 @@ L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {
 uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
   *run = std::numeric_limits<uint64_t>::max();
   if (!m_lookup) return addr;
+  if (addr >= m_last.start && addr < m_last.placed.end) {
+    *run = m_last.placed.end - addr;
+    return m_last.placed.l2_base + (addr - m_last.start);
+  }
   auto it = m_blocks.upper_bound(addr);
   if (it != m_blocks.begin() && addr < std::prev(it)->second.end) {
     --it;
@@ -51,6 +55,7 @@ uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
     // The next block starts on a fresh line, as every allocator block does.
     m_next += (bytes + m_line_bytes - 1) / m_line_bytes * m_line_bytes;
   }
+  m_last = {it->first, it->second};
   *run = it->second.end - addr;
   return it->second.l2_base + (addr - it->first);
 }

@@ -58,6 +58,7 @@ class L2Placement {
     m_lookup = std::move(blocks);
     m_blocks.clear();
     m_next = kPackedBase;
+    m_last = {};
   }
 
   // The L2 address of device address `addr`; *run = how many bytes from addr on keep a
@@ -69,10 +70,18 @@ class L2Placement {
     uint64_t end;      // device address past the block
     uint64_t l2_base;  // L2 address of the block's first byte
   };
+  // The block of the latest l2_address() that found one (start, and its placement; end 0:
+  // none). A transfer's ranges (rows of a strided copy) mostly lie in the block of the range
+  // before, which this finds without searching m_blocks.
+  struct Last {
+    uint64_t start = 0;
+    Placed placed{0, 0};
+  };
   uint32_t m_line_bytes;
   GmBlockLookup m_lookup;
   std::map<uint64_t, Placed> m_blocks;  // device start -> placement, blocks this launch touched
   uint64_t m_next = kPackedBase;        // L2 address of the next block touched
+  Last m_last;
 };
 
 // Looks GM range `r` up in `l2` at its L2 addresses under `placement`, piece by piece (a range

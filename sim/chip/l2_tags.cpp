@@ -19,68 +19,70 @@ L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool writ
   }
   const uint64_t set_bytes = static_cast<uint64_t>(line_bytes) * static_cast<uint64_t>(ways);
   m_sets = capacity_bytes == 0 ? 0 : std::max<uint64_t>(1, capacity_bytes / set_bytes);
-  const size_t n = static_cast<size_t>(m_sets * static_cast<uint64_t>(ways));
-  m_set_gen.assign(static_cast<size_t>(m_sets), 0);  // every set older than generation 1
-  m_tag.assign(n, kInvalidTag);
-  m_used.assign(n, 0);
-  m_dirty.assign(m_write_back ? n : 0, 0);
+  m_set.assign(static_cast<size_t>(m_sets), SetState{});  // every set older than generation 1
+  m_entry.assign(static_cast<size_t>(m_sets * static_cast<uint64_t>(ways)), 0);
 }
 
 long L2Tags::find(uint64_t line) const {
   if (m_sets == 0) return -1;
   const size_t set = static_cast<size_t>(line % m_sets);
   if (!set_current(set)) return -1;
-  const size_t base = set * static_cast<size_t>(m_ways);
-  for (size_t w = base; w < base + static_cast<size_t>(m_ways); ++w)
-    if (m_tag[w] == line) return static_cast<long>(w);
+  const uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
+  for (uint32_t i = 0; i < m_set[set].count; ++i)
+    if (entry_line(e[i]) == line) return static_cast<long>(i);
   return -1;
 }
 
 bool L2Tags::contains(uint64_t addr) const { return find(addr / m_line_bytes) >= 0; }
 
+void L2Tags::erase(size_t set, size_t i) {
+  uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
+  uint32_t& count = m_set[set].count;
+  std::copy(e + i + 1, e + count, e + i);
+  --count;
+}
+
 void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
   if (m_sets == 0 || bytes == 0) return;
   const uint64_t first = addr / m_line_bytes, last = (addr + bytes - 1) / m_line_bytes;
-  if (last - first >= m_tag.size()) {  // more lines than the L2 holds: scan the tags once
-    // (A stale set's tags may be dropped too: refresh_set empties them anyway.)
-    for (size_t w = 0; w < m_tag.size(); ++w)
-      if (m_tag[w] >= first && m_tag[w] <= last) m_tag[w] = kInvalidTag;
+  if (last - first >= m_entry.size()) {  // more lines than the L2 holds: scan the sets once
+    for (size_t set = 0; set < m_set.size(); ++set) {
+      if (!set_current(set)) continue;
+      uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
+      uint32_t& count = m_set[set].count;
+      // Keeps the lines outside [first, last] in their order.
+      auto dropped = [&](uint64_t x) { return entry_line(x) >= first && entry_line(x) <= last; };
+      count = static_cast<uint32_t>(std::remove_if(e, e + count, dropped) - e);
+    }
     return;
   }
   for (uint64_t line = first; line <= last; ++line) {
-    const long w = find(line);
-    if (w >= 0) m_tag[static_cast<size_t>(w)] = kInvalidTag;
+    const long i = find(line);
+    if (i >= 0) erase(static_cast<size_t>(line % m_sets), static_cast<size_t>(i));
   }
 }
 
 bool L2Tags::access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback) {
-  const bool dirty = m_write_back && write;
+  const uint64_t dirty = m_write_back && write ? kDirty : 0;
   refresh_set(set);
-  const size_t base = set * static_cast<size_t>(m_ways);
-  ++m_clock;
-  size_t victim = base;
-  bool victim_valid = true;
-  for (size_t w = base; w < base + static_cast<size_t>(m_ways); ++w) {
-    const bool valid = m_tag[w] != kInvalidTag;
-    if (m_tag[w] == line) {
-      m_used[w] = m_clock;
-      if (dirty) m_dirty[w] = 1;
-      return true;
-    }
-    if (!allocate) continue;
-    // Prefer an invalid way, else the least recently used one.
-    if (victim_valid && (!valid || m_used[w] < m_used[victim])) {
-      victim = w;
-      victim_valid = valid;
-    }
+  uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
+  uint32_t& count = m_set[set].count;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (entry_line(e[i]) != line) continue;
+    // A hit becomes the most recently used: the lines more recent than it move down by one.
+    const uint64_t hit = e[i] | dirty;
+    std::copy_backward(e, e + i, e + i + 1);
+    e[0] = hit;
+    return true;
   }
   if (!allocate) return false;
-  if (m_write_back) {
-    if (victim_valid && m_dirty[victim]) *writeback += m_line_bytes;
-    m_dirty[victim] = dirty ? 1 : 0;
+  if (count == static_cast<uint32_t>(m_ways)) {  // full: the least recently used line leaves
+    if (e[count - 1] & kDirty) *writeback += m_line_bytes;
+    --count;
   }
-  m_tag[victim] = line;
-  m_used[victim] = m_clock;
+  std::copy_backward(e, e + count, e + count + 1);
+  e[0] = line << 1 | dirty;
+  ++count;
   return false;
 }
 
@@ -125,7 +127,7 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
 
 void L2Tags::invalidate_all() {
   if (++m_generation == 0) {  // wrapped: really clear
-    std::fill(m_set_gen.begin(), m_set_gen.end(), 0);
+    std::fill(m_set.begin(), m_set.end(), SetState{});
     m_generation = 1;
   }
 }

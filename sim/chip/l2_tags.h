@@ -59,39 +59,45 @@ class L2Tags {
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
   // Looks up line `line` (a line address: byte address / line bytes) in its set `set`
-  // (= line % sets); on a miss, fills it (evicting the LRU way) if `allocate`, adding a dirty
-  // victim's bytes to *writeback. A write marks the line dirty (write-back L2). Returns true on
-  // a hit. Requires sets > 0. access_range walks a range's lines with `set` stepping from set
-  // to set, so no line costs a division.
+  // (= line % sets); on a miss, fills it (evicting the least recently used line of a full set)
+  // if `allocate`, adding a dirty victim's bytes to *writeback. A write marks the line dirty
+  // (write-back L2). Returns true on a hit. Requires sets > 0. access_range walks a range's
+  // lines with `set` stepping from set to set, so no line costs a division.
   bool access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback);
-  // The way holding `line` in its set, or -1.
+  // Position of `line` in its set's recency order (0 = most recent), or -1.
   long find(uint64_t line) const;
-  // Makes set `set` current: a set last touched before the latest invalidate_all() has every
-  // way emptied (tags kInvalidTag, not dirty) and takes the current generation. Every lookup
-  // goes through it, so the tags of a set are valid iff they are not kInvalidTag.
+  // Removes the entry at position `i` of set `set`, keeping the others' order.
+  void erase(size_t set, size_t i);
+  // Makes set `set` current: a set last touched before the latest invalidate_all() holds no
+  // line and takes the current generation. Every lookup goes through it, so a set's entries
+  // are its first m_set[set].count slots once it is current.
   void refresh_set(size_t set) {
-    if (m_set_gen[set] == m_generation) return;
-    m_set_gen[set] = m_generation;
-    const size_t base = set * static_cast<size_t>(m_ways);
-    std::fill_n(m_tag.begin() + static_cast<std::ptrdiff_t>(base), m_ways, kInvalidTag);
-    if (m_write_back)
-      std::fill_n(m_dirty.begin() + static_cast<std::ptrdiff_t>(base), m_ways, uint8_t{0});
+    SetState& s = m_set[set];
+    if (s.gen == m_generation) return;
+    s.gen = m_generation;
+    s.count = 0;
   }
-  bool set_current(size_t set) const { return m_set_gen[set] == m_generation; }
-  // An empty way's tag: no line address (a GM byte address / line_bytes) reaches it.
-  static constexpr uint64_t kInvalidTag = ~uint64_t{0};
+  bool set_current(size_t set) const { return m_set[set].gen == m_generation; }
+  // An entry: the line address shifted left by one, its low bit the dirty bit (written since
+  // filled; write-back L2 only). Line addresses stay below 2^63 (device addresses, and the
+  // L2 placement's packed addresses from 2^62: l2_placement.h), so the shift loses nothing.
+  static uint64_t entry_line(uint64_t e) { return e >> 1; }
+  static constexpr uint64_t kDirty = 1;
+  struct SetState {
+    uint32_t gen = 0;    // the generation the set's entries belong to
+    uint32_t count = 0;  // lines held (valid while gen is current)
+  };
   uint32_t m_line_bytes;
   int m_ways;
   bool m_write_back;
   uint64_t m_sets;
-  uint64_t m_clock = 0;  // LRU time stamps
-  // invalidate_all() starts a new generation; a set whose m_set_gen is older holds no line.
-  // One number per set (not per way) keeps a lookup's memory traffic to the set's own tags.
+  // invalidate_all() starts a new generation; a set whose gen is older holds no line.
   uint32_t m_generation = 1;
-  std::vector<uint32_t> m_set_gen;  // [set]: the generation the set's ways belong to
-  std::vector<uint64_t> m_tag;      // [set * ways + way]: line address, or kInvalidTag
-  std::vector<uint64_t> m_used;     // last access stamp
-  std::vector<uint8_t> m_dirty;     // written since filled (write-back L2 only)
+  std::vector<SetState> m_set;  // [set]
+  // [set * ways + i], i < the set's count: its lines from the most to the least recently used
+  // (LRU order by position rather than by time stamps: one array of 8 bytes a way, so a
+  // lookup reads a set's lines from one run of host memory, and a victim is the last entry).
+  std::vector<uint64_t> m_entry;
 };
 
 }  // namespace npusim

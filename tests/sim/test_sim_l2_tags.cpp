@@ -1,9 +1,9 @@
 // L2Tags (sim/chip/l2_tags.h) against a reference written here the plain way: per set a list of
 // lines ordered from least to most recently used, a miss that allocates evicts the front when
 // the set is full, a dropped line leaves the list, and emptying the cache clears every list. A
-// seeded random sequence of lookups (every policy, reads and writes), range drops and
-// emptyings must give the same outcome, line by line, and the same contents. Small geometries,
-// so sets fill, evict and hold dirty lines often.
+// seeded random sequence of lookups (every policy, reads and writes), range drops (some longer
+// than the L2) and emptyings must give the same outcome, line by line, and the same contents.
+// Small geometries, so sets fill, evict and hold dirty lines often.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -125,8 +125,11 @@ void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_
       l2.invalidate_all();
       ref.invalidate_all();
     } else if (kind < 6) {
-      l2.invalidate_range(addr, bytes);
-      ref.invalidate_range(addr, bytes);
+      // One drop in four spans more lines than the L2 holds (L2Tags scans its sets instead).
+      const uint64_t drop =
+          kind == 5 ? sets * kLine * static_cast<uint64_t>(ways) + pick(span) : bytes;
+      l2.invalidate_range(addr, drop);
+      ref.invalidate_range(addr, drop);
     } else {
       const uint64_t p = pick(10);
       const isa::L2Hint hint = p < 7   ? isa::L2Hint::NORMAL
