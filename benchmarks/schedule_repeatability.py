@@ -9,9 +9,9 @@ on the order in which TensorFlow's executor issued the ops.
     .venv/bin/python benchmarks/schedule_repeatability.py --runs 4 [--inter-op-threads 1]
         [--launch-order off]
 
---launch-order off (NPUSIM_LAUNCH_ORDER=0) leaves the step's ops in the order TensorFlow's
-executor issues them, as before the plugin chained each NPU's nodes (docs/multichip.md,
-"Launch order").
+--launch-order on (default; NPUSIM_LAUNCH_ORDER=1) chains each NPU's nodes in the plugin's
+canonical order; off leaves the step's ops in the order TensorFlow's executor issues them
+(docs/multichip.md, "Launch order").
 """
 import argparse
 import hashlib

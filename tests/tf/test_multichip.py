@@ -528,7 +528,7 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
                             (r["Task ID"], r["Op Name"], r["OP Type"], r["task_start_cycles"],
                              r["task_duration_cycles"]) for r in csv.DictReader(f)]
             print("RESULT" + json.dumps(out))
-            """), timeout=600)
+            """), timeout=600, extra_env={"NPUSIM_LAUNCH_ORDER": "1"})
 
     first, second = run(1), run(2)
     assert len(first["collectives"]) >= 4 and all(len(k) > 0 for k in first["launches"])

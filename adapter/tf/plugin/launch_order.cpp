@@ -50,7 +50,7 @@ bool chained(const tfc::NodeDef& n) {
 
 bool launch_order_enabled() {
   const char* v = std::getenv("NPUSIM_LAUNCH_ORDER");
-  return !(v && std::string(v) == "0");
+  return v && std::string(v) == "1";
 }
 
 int unorder_npu_launches(tfc::GraphDef& graph) {
