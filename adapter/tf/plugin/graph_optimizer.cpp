@@ -292,16 +292,6 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     // Counting is best effort.
   }
   bool changed = false;
-  if (parsed) {
-    try {
-      // An earlier call's launch order comes off first: the passes below see the graph as
-      // TensorFlow built it (launch_order.h).
-      changed |= unorder_npu_launches(graph) > 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "npusim: launch order skipped: %s\n", e.what());
-      parsed = false;
-    }
-  }
   if (parsed && fusion_enabled()) {
     tfc::GraphDef fused = graph;
     try {

@@ -53,25 +53,6 @@ bool launch_order_enabled() {
   return v && std::string(v) == "1";
 }
 
-int unorder_npu_launches(tfc::GraphDef& graph) {
-  int changed = 0;
-  for (tfc::NodeDef& node : *graph.mutable_node()) {
-    auto& attrs = *node.mutable_attr();
-    const auto it = attrs.find(kOrderAfterAttr);
-    if (it == attrs.end()) continue;
-    const std::string edge = "^" + it->second.s();
-    auto* inputs = node.mutable_input();
-    for (int i = 0; i < inputs->size(); ++i)
-      if (inputs->Get(i) == edge) {
-        inputs->erase(inputs->begin() + i);
-        break;
-      }
-    attrs.erase(it);
-    ++changed;
-  }
-  return changed;
-}
-
 int order_npu_launches(tfc::GraphDef& graph) {
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;

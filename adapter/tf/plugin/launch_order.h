@@ -32,11 +32,14 @@
 // edge from a node of a dead branch would make its successor dead, and edges between frames are
 // invalid.
 //
-// The meta-optimizer calls the optimizer more than once on a graph: each call first removes the
-// edges an earlier call added (each chained node names its added predecessor in the attribute
-// kOrderAfterAttr), so the other passes (fusion, clustering) see the graph as TensorFlow built
-// it, and the chain is laid again over their result. An edge that was already there is left
-// alone and not recorded.
+// The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
+// between: the chain stays, and each call adds only the edges it lacks (over the nodes the
+// fusions made since). The chain must not come off: TensorFlow's dependency optimizer drops
+// control edges that the chain makes redundant (the automatic control dependencies between a
+// variable's reads and updates among them), so a graph without the chain lost them (an earlier
+// version removed it at each call: an SGD fit read and updated variables out of order, and a
+// multi-tensor update was given one variable twice). Each added edge is named in the
+// attribute kOrderAfterAttr of the node it enters.
 #pragma once
 
 #include <string>
@@ -52,15 +55,9 @@ namespace npusim::tf {
 inline constexpr const char* kOrderAfterAttr = "_npusim_order_after";
 
 // NPUSIM_LAUNCH_ORDER=1 in the environment (read at each graph optimization) turns the chain
-// on; by default graphs run in the order TensorFlow's executor issues them. Opt-in because, on,
-// tests/tf/test_grad_overlap.py's fits (an MLP on NPU:0, then MirroredStrategy on 2 NPUs, SGD,
-// in one process) fail: "npusim_multi_tensor_update_0: variables 0 and 1 are the same
-// variable"; the cause is not found yet.
+// on; by default graphs run in the order TensorFlow's executor issues them (opt-in until the
+// test suite has run with it on: docs/multichip.md, "Launch order").
 bool launch_order_enabled();
-
-// Removes the control edges order_npu_launches added to `graph` (and their attributes); returns
-// how many nodes changed.
-int unorder_npu_launches(tensorflow::GraphDef& graph);
 
 // Chains each NPU's nodes of `graph` in the canonical order above with control edges; returns
 // the edges added (0 for a graph with control flow or without two chained nodes on a device).
