@@ -7,6 +7,11 @@ gave. Every kernel's cycles should be the same in every run; the rest shows what
 on the order in which TensorFlow's executor issued the ops.
 
     .venv/bin/python benchmarks/schedule_repeatability.py --runs 4 [--inter-op-threads 1]
+        [--launch-order off]
+
+--launch-order on (default; NPUSIM_LAUNCH_ORDER=1) chains each NPU's nodes in the plugin's
+canonical order; off leaves the step's ops in the order TensorFlow's executor issues them
+(docs/multichip.md, "Launch order").
 """
 import argparse
 import hashlib
@@ -46,6 +51,8 @@ CHILD = textwrap.dedent("""
         "launches": [[(r["op_name"], r["kernel"], r["start_cycle"], r["cycles"])
                       for r in npusim.launch_records(chip=c)] for c in (0, 1)],
         "collectives": [c["start_cycle"] for c in info["collectives"]],
+        "peer_copies": [(c["src_chip"], c["dst_chip"], c["bytes"], c["start_cycle"])
+                        for c in info["peer_copies"]],
         "timelines": info["timeline_cycles"]}}))
     """)
 
@@ -59,12 +66,16 @@ def main():
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--inter-op-threads", type=int, default=0,
                     help="TensorFlow's inter-op threads (0: its default)")
+    ap.add_argument("--launch-order", choices=("on", "off"), default="on",
+                    help="the plugin's canonical launch order (off: NPUSIM_LAUNCH_ORDER=0)")
     args = ap.parse_args()
     code = CHILD.format(threads=args.inter_op_threads)
     schedules, orders, cycles = set(), set(), set()
+    first = None
     for run in range(args.runs):
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=False)
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                                    NPUSIM_LAUNCH_ORDER="1" if args.launch_order == "on" else "0"), check=False)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")), None)
         if line is None:
             sys.exit(f"run {run + 1} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -72,11 +83,21 @@ def main():
         order = [signature([(n, k) for n, k, _, _ in chip]) for chip in r["launches"]]
         kernel_cycles = signature([sorted((n, k, c) for n, k, _, c in chip)
                                    for chip in r["launches"]])
-        schedules.add(signature([r["launches"], r["collectives"], r["timelines"]]))
+        schedules.add(signature([r["launches"], r["collectives"], r["peer_copies"],
+                                 r["timelines"]]))
         orders.add(tuple(order))
         cycles.add(kernel_cycles)
         print(f"run {run + 1}: collectives start {r['collectives']}, timelines end "
               f"{r['timelines']}, launch order per chip {order}, kernel cycles {kernel_cycles}")
+        first = first or r
+        if r["peer_copies"] != first["peer_copies"]:
+            print(f"  peer copies (src, dst, bytes, start) {r['peer_copies']} (run 1: "
+                  f"{first['peer_copies']})")
+        for chip, (a, b) in enumerate(zip(first["launches"], r["launches"])):
+            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if diff is not None:
+                print(f"  chip {chip}: first launch unlike run 1's: #{diff} {b[diff]} "
+                      f"(run 1: {a[diff]}, before it {a[max(diff - 1, 0)]})")
     print(f"{args.runs} runs: {len(schedules)} distinct schedules, {len(orders)} launch orders, "
           f"{len(cycles)} kernel-cycle sets (1 each: repeatable)")
 

@@ -379,8 +379,11 @@ DeviceOp memset_op(OpKind kind, uint64_t dst, uint32_t pattern, uint64_t bytes) 
 Status Device::memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes) {
   return submit_transfer(&s, h2d_op(dst, src, bytes));
 }
-Status Device::memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes) {
-  return submit_transfer(&s, d2h_op(dst, src, bytes));
+Status Device::memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes,
+                                CopyTiming timing) {
+  DeviceOp op = d2h_op(dst, src, bytes);
+  op.timed_by_data = timing == CopyTiming::data && chips() > 1;
+  return submit_transfer(&s, std::move(op));
 }
 Status Device::memcpy_d2d_async(Stream s, uint64_t dst, uint64_t src, uint64_t bytes) {
   return submit_transfer(&s, transfer_op(OpKind::memcpy_d2d, dst, src, bytes));
@@ -408,15 +411,15 @@ Status Device::memset32(uint64_t dst, uint32_t pattern, uint64_t bytes) {
 }
 
 Status Device::memcpy_peer_async(Stream s, Device& dst_device, uint64_t dst, uint64_t src,
-                                 uint64_t bytes) {
-  return submit_peer_copy(&s, dst_device, dst, src, bytes);
+                                 uint64_t bytes, CopyTiming timing) {
+  return submit_peer_copy(&s, dst_device, dst, src, bytes, timing);
 }
 Status Device::memcpy_peer(Device& dst_device, uint64_t dst, uint64_t src, uint64_t bytes) {
   return submit_peer_copy(nullptr, dst_device, dst, src, bytes);
 }
 
 Status Device::submit_peer_copy(const Stream* s, Device& dst_device, uint64_t dst, uint64_t src,
-                                uint64_t bytes) {
+                                uint64_t bytes, CopyTiming timing) {
   return guard("memcpy_peer", [&]() -> Status {
     if (dst_device.m_driver != m_driver || chips() < 2)
       return Status(StatusCode::invalid_argument,
@@ -432,6 +435,7 @@ Status Device::submit_peer_copy(const Stream* s, Device& dst_device, uint64_t ds
     DeviceOp op = transfer_op(OpKind::memcpy_peer, dst, src, bytes);
     op.chip = m_chip;
     op.dst_chip = dst_device.m_chip;
+    op.timed_by_data = timing == CopyTiming::data;
     if (s) return m_driver->submit(*s, std::move(op));
     return m_driver->submit_sync(std::move(op));
   });
@@ -627,7 +631,8 @@ Status Device::device_time_cycles(uint64_t* cycles) {
   if (!cycles) return null_output("device_time_cycles");
   return guard("device_time_cycles", [&] {
     return m_driver->run_task([&] {
-      *cycles = std::max(m_driver->device_cycles(m_chip), m_driver->comm_cycles(m_chip));
+      *cycles = std::max({m_driver->device_cycles(m_chip), m_driver->comm_cycles(m_chip),
+                          m_driver->copy_cycles(m_chip)});
       return Status();
     });
   });

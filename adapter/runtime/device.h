@@ -159,7 +159,16 @@ class Device {
   // async copies must stay valid until the copy has run. h2d/d2h move over the HDC link model;
   // d2d and memset are timed as in "Simulated time" above. Zero bytes is a no-op.
   Status memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes);
-  Status memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes);
+  // CopyTiming::data (d2h and peer copies on a system of chips; elsewhere as stream): the copy
+  // is a copy engine's (DMA) transfer that starts when the bytes it reads were written (their
+  // last writer's end: the driver's data readiness) and no earlier than the host clock when it
+  // was queued, not at its stream's ready time or its chip's compute timeline; it occupies no compute timeline
+  // and its stream's next record stamps its end. For a framework that orders a copy after the
+  // whole stream that produced its source (TensorFlow's copy streams wait for the compute
+  // stream), where the copy lands among the chip's kernels would otherwise depend on how far
+  // the host had queued when it asked for the copy (docs/runtime.md, "Copies timed by data").
+  Status memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes,
+                          CopyTiming timing = CopyTiming::stream);
   Status memcpy_d2d_async(Stream s, uint64_t dst, uint64_t src, uint64_t bytes);  // memmove
   Status memset8_async(Stream s, uint64_t dst, uint8_t value, uint64_t bytes);
   // Fills with a little-endian 32-bit pattern; dst and bytes must be multiples of 4.
@@ -176,7 +185,7 @@ class Device {
   // invalid_argument if dst_device is not a chip of the same system, or a range is not inside
   // one live allocation of its chip. The synchronous form runs as memcpy_d2d's does.
   Status memcpy_peer_async(Stream s, Device& dst_device, uint64_t dst, uint64_t src,
-                           uint64_t bytes);
+                           uint64_t bytes, CopyTiming timing = CopyTiming::stream);
   Status memcpy_peer(Device& dst_device, uint64_t dst, uint64_t src, uint64_t bytes);
 
   // ---- Collectives (HCCL: HcclAllReduce, HcclBroadcast, ... on a communicator)
@@ -272,7 +281,7 @@ class Device {
   // null, runs it synchronously.
   Status submit_transfer(const Stream* s, DeviceOp op);
   Status submit_peer_copy(const Stream* s, Device& dst_device, uint64_t dst, uint64_t src,
-                          uint64_t bytes);
+                          uint64_t bytes, CopyTiming timing = CopyTiming::stream);
 
   const ChipConfig m_cfg;
   const RuntimeOptions m_rt_opts;

@@ -92,6 +92,7 @@ void Driver::start(std::function<void()> build, const std::string& what) {
   m_launch_count.assign(static_cast<size_t>(m_chips), 0);
   m_timeline.assign(static_cast<size_t>(m_chips), 0);
   m_comm_timeline.assign(static_cast<size_t>(m_chips), 0);
+  m_copy_end.assign(static_cast<size_t>(m_chips), 0);
   m_written.assign(static_cast<size_t>(m_chips), WrittenBy{});
   m_streams[0];  // the internal stream of synchronous operations
   m_thread = std::thread([this, build = std::move(build), what] { thread_main(build, what); });
@@ -166,6 +167,7 @@ void Driver::loop() {
       m_last_served = id;
       // Queued after the host observed host_cycle: it starts no earlier (driver.h).
       uint64_t ready = std::max(id == 0 ? 0 : s->ready_cycle, op.host_cycle);
+      if (op.kind == OpKind::record_event) op.timed_by_data = s->after_data_timed_copy;
       lock.unlock();
       uint64_t event_cycle = 0;
       Status st = execute(id, op, &ready, &event_cycle);
@@ -222,6 +224,8 @@ uint64_t Driver::device_cycles(int chip) const { return m_timeline.at(static_cas
 uint64_t Driver::comm_cycles(int chip) const {
   return m_comm_timeline.at(static_cast<size_t>(chip));
 }
+
+uint64_t Driver::copy_cycles(int chip) const { return m_copy_end.at(static_cast<size_t>(chip)); }
 
 uint64_t Driver::host_cycles() const {
   std::lock_guard<std::mutex> lock(m_mutex);
@@ -357,6 +361,32 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
   return p;
 }
 
+Driver::Placement Driver::place_by_data(const DeviceOp& op, const std::function<void()>& run,
+                                        uint64_t* end) {
+  Placement p;
+  p.start = std::max({op.host_cycle, input_ready(op.chip, op.src, op.bytes),
+                      comm_output_ready(op)});
+  align_simulation();
+  p.sim_start = sim_cycles();
+  const bool peer = op.kind == OpKind::memcpy_peer;
+  const uint64_t dst_epoch = peer ? begin_writes(op.dst_chip) : 0;
+  auto finish = [&] {
+    *end = p.at(sim_cycles());
+    uint64_t& last = m_copy_end.at(static_cast<size_t>(op.chip));
+    last = std::max(last, *end);
+    if (peer) end_writes(op.dst_chip, dst_epoch, *end);
+  };
+  try {
+    run();
+    align_simulation();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  return p;
+}
+
 DeviceMemory& Driver::gm(int chip) { return m_sys ? m_sys->gm(chip) : m_sim->gm(); }
 
 KernelResult Driver::run_on_chip(int chip, const KernelLaunch& launch) {
@@ -378,17 +408,23 @@ Status Driver::run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* read
                   "memcpy_peer: the device is a single chip, not a chip of a system");
   if (op.bytes == 0) return Status();
   // Queued on the source chip's stream: it starts when that stream and chip are free and holds
-  // the source chip's timeline. The destination chip computes on meanwhile (the copy is the
+  // the source chip's timeline (a copy timed by its data: when its source was written, off the
+  // timelines, place_by_data). The destination chip computes on meanwhile (the copy is the
   // source's DMA): its work that reads the bytes waits for an event recorded after the copy, as
   // TensorFlow orders it. (Holding the destination too chained the replicas of a
   // MirroredStrategy step: chip k-1 -> chip 0 moved chip 0 past chip k-1's compute, and chip
   // 0 -> chip k, which chip k's graph waited for, came after it.)
   PeerCopyResult r;
+  const auto copy = [&] {
+    r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}});
+  };
+  if (op.timed_by_data) {
+    const Placement p = place_by_data(op, copy, ready);
+    record_copy(stream, op, p.at(r.start_cycle), r.cycles);
+    return Status();
+  }
   const uint64_t dst_epoch = begin_writes(op.dst_chip);
-  const Placement p = place(
-      {op.chip}, *ready, 0, 0,
-      [&] { r = m_sys->copy_peer({PeerCopy{op.chip, op.src, op.dst_chip, op.dst, op.bytes}}); },
-      comm_output_ready(op));
+  const Placement p = place({op.chip}, *ready, 0, 0, copy, comm_output_ready(op));
   record_copy(stream, op, p.at(r.start_cycle), r.cycles);
   *ready = device_cycles(op.chip);
   end_writes(op.dst_chip, dst_epoch, *ready);
@@ -567,7 +603,11 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
     switch (op.kind) {
       case OpKind::memcpy_h2d:
       case OpKind::memcpy_d2h:
-        if (op.bytes) {
+        if (op.bytes && op.timed_by_data && m_sys) {
+          HdcResult r;
+          const Placement p = place_by_data(op, [&] { r = hdc_copy(op); }, ready);
+          record_copy(stream, op, p.at(r.start_cycle), r.cycles);
+        } else if (op.bytes) {
           HdcResult r;
           const Placement p = place({op.chip}, *ready, 0, 0, [&] { r = hdc_copy(op); },
                                     comm_output_ready(op));
@@ -599,8 +639,9 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
         return op.derived.state ? run_derived_launch(stream, op, ready)
                                 : run_launch(stream, op, ready);
       case OpKind::record_event:
-        // Complete once its stream's earlier ops have run, on its chip's timeline.
-        *event_cycle = std::max(device_cycles(op.chip), *ready);
+        // Complete once its stream's earlier ops have run, on its chip's timeline (after a copy
+        // timed by its data: at that copy's end, off the timeline).
+        *event_cycle = op.timed_by_data ? *ready : std::max(device_cycles(op.chip), *ready);
         return Status();
       case OpKind::wait_event: {
         // Its stream's next op starts no earlier than the record it waited for (of any chip),
@@ -753,6 +794,9 @@ void Driver::finish_locked(uint64_t stream_id, StreamState& s, const DeviceOp& o
   s.completed++;
   if (stream_id != 0) s.ready_cycle = ready;
   if (op.kind == OpKind::memcpy_d2h && st.ok()) s.read_cycle = std::max(s.read_cycle, ready);
+  if (op.kind != OpKind::record_event && op.kind != OpKind::wait_event &&
+      op.kind != OpKind::host_callback)
+    s.after_data_timed_copy = op.timed_by_data;
   if (auto t = s.sync_targets.find(s.completed); t != s.sync_targets.end()) {
     t->second.ready = ready;
     t->second.read = s.read_cycle;

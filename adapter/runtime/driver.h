@@ -133,6 +133,9 @@ class Driver {
   // Driver thread only: chip `chip`'s communication timeline (the end of its latest collective;
   // 0 if it ran none), AI-core cycles.
   uint64_t comm_cycles(int chip = 0) const;
+  // Driver thread only: the end of chip `chip`'s latest copy timed by its data (below; 0 if
+  // none), AI-core cycles.
+  uint64_t copy_cycles(int chip = 0) const;
   // The host clock (above) now, AI-core cycles; 0 on a single chip.
   uint64_t host_cycles() const;
 
@@ -158,6 +161,9 @@ class Driver {
     // Driver thread (set in finish_locked): the end of the latest memcpy_d2h the stream ran,
     // AI-core cycles (what an asynchronous observation of the stream tells the host clock).
     uint64_t read_cycle = 0;
+    // Driver thread: the stream's latest op that took time was a copy timed by its data (a
+    // record then stamps that copy's end, not the chip's compute timeline).
+    bool after_data_timed_copy = false;
     Status error;                   // first unreported failure
     uint64_t more_errors = 0;       // failures after it, before it was reported
   };
@@ -211,6 +217,16 @@ class Driver {
   uint64_t place_collective(const CollectiveCall& call, uint64_t id, uint64_t ready, Placement* p,
                             const std::function<void()>& run,
                             std::vector<int64_t>* input_launch);
+  // Copies timed by their data (DeviceOp::timed_by_data, systems only): a copy engine's transfer,
+  // beside the chip's compute. Runs `run` (the copy) starting at the later of when the bytes
+  // `op` reads were written (input_ready, comm_output_ready) and the host clock when it was
+  // queued (a read-back the host asks for after observing a time does not start before it):
+  // not at its stream's ready time (the framework's wait for a whole stream, which depends on
+  // how far the host had queued), nor at a timeline of its chip, which it leaves alone.
+  // Copies of a chip do not queue behind each other (an engine per copy: optimistic where a
+  // chip's copies overlap). A peer copy's destination bytes are ready at its end (write epochs).
+  // Returns where it ran; *end: its end, which also raises copy_cycles(op.chip).
+  Placement place_by_data(const DeviceOp& op, const std::function<void()>& run, uint64_t* end);
   uint64_t sim_cycles() const;  // the simulation's clock
   // On a system, lets the rest of the current AI-core cycle pass (sc_driver::
   // start_on_clock_edge). place() and place_collective() call it before an op's start and after
@@ -263,6 +279,8 @@ class Driver {
   std::vector<uint64_t> m_timeline;
   // Driver thread only: every chip's communication (HCCL stream) timeline, AI-core cycles.
   std::vector<uint64_t> m_comm_timeline;
+  // Driver thread only: every chip's latest end of a copy timed by its data, AI-core cycles.
+  std::vector<uint64_t> m_copy_end;
 
   // Data readiness (systems only; nothing of it runs on a single chip). A collective starts
   // when the bytes it sends are ready, not when its chips are idle, so the driver keeps, per

@@ -144,6 +144,12 @@ enum class OpKind {
 };
 const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 
+// How an asynchronous copy is placed on a system's timelines (Device::memcpy_d2h_async).
+enum class CopyTiming {
+  stream,  // at its stream's ready time and its chip's compute timeline, which it occupies
+  data,    // a copy engine's transfer: when the bytes it reads were written (DeviceOp::timed_by_data)
+};
+
 // One copy or fill as the device ran it (kinds memcpy_h2d, memcpy_d2h, memcpy_d2d, memset8,
 // memset32), recorded with the launches (RuntimeOptions::record_launches). Zero-byte ones are
 // not recorded.
@@ -254,6 +260,12 @@ struct DeviceOp {
   // start on the timeline is not raised to it: a collective stream's dependency on its inputs'
   // producers, whose time the driver takes from the inputs' readiness (driver.h).
   bool order_only = false;
+  // memcpy_d2h / memcpy_peer on a system of chips: a copy engine's transfer timed by its data
+  // (Device::memcpy_d2h_async, CopyTiming::data): it starts when the bytes it reads were
+  // written (and no earlier than the host clock when it was queued), not where its stream and
+  // chip stand, and occupies no compute timeline. record_event: set by the driver when its stream's latest op was such a
+  // copy (the record then stamps that copy's end, not the chip's compute timeline).
+  bool timed_by_data = false;
   HostCallback callback;
   int chip = 0;                     // the chip whose stream queues it (of the device's system)
   int dst_chip = 0;                 // memcpy_peer: the destination chip (dst is in its memory)

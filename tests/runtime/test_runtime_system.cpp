@@ -1,10 +1,12 @@
 // The runtime over a system of chips (Device::open_system on tiny-x8): per-chip memory, streams
 // and kernels, copies between chips over the links (with their link counters and records),
-// collectives queued rank by rank on the chips' streams, and the errors of each.
+// collectives queued rank by rank on the chips' streams, the errors of each, and copies timed by
+// their data.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -652,4 +654,82 @@ TEST_CASE(
   CHECK(dev6.destroy_event(read).ok());
   CHECK(dev6.destroy_event(computed).ok());
   for (const Rank& r : c) close_rank(r);
+}
+
+TEST_CASE("a copy timed by its data starts when its source was written, beside the compute") {
+  // As TensorFlow reads a result back: the copy stream waits for everything queued on the
+  // compute stream, then copies the first kernel's output. Timed by its stream, the copy starts
+  // after the last kernel queued before it (how far the host had queued); timed by its data,
+  // when the first kernel ended, and the compute timeline goes on without it.
+  rt::Device& dev = *chips()[4];
+  const uint64_t n = 8192, bytes = n * 2;
+  const auto x = test::random_f16(n, 5), y = test::random_f16(n, 6);
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = dev.config().core_kind(isa::CoreKind::AIV)->count;
+  uint64_t bx = 0, by = 0, z1 = 0, z2 = 0;
+  for (uint64_t* p : {&bx, &by, &z1, &z2}) REQUIRE(dev.malloc(bytes, p).ok());
+  REQUIRE(dev.memcpy_h2d(bx, x.data(), bytes).ok());
+  REQUIRE(dev.memcpy_h2d(by, y.data(), bytes).ok());
+  rt::Stream compute, copies;
+  REQUIRE(dev.create_stream(&compute).ok());
+  REQUIRE(dev.create_stream(&copies).ok());
+  rt::Event written, read;
+  REQUIRE(dev.create_event(&written).ok());
+  REQUIRE(dev.create_event(&read).ok());
+  struct Run {
+    std::vector<rt::LaunchRecord> launches;  // z1 = x + y, z2 twice, then one after the copy
+    rt::CopyRecord copy;
+    double written_to_read_us = 0;
+    std::vector<uint16_t> host;
+  };
+  auto run = [&](rt::CopyTiming timing) {
+    Run r;
+    r.host.assign(n, 0);
+    dev.clear_launch_records();
+    REQUIRE(dev.launch_kernel(compute, program, {bx, by, z1, n}, blocks).ok());
+    REQUIRE(dev.record_event(written, compute).ok());
+    REQUIRE(dev.launch_kernel(compute, program, {bx, by, z2, n}, blocks).ok());
+    REQUIRE(dev.launch_kernel(compute, program, {z2, by, z2, n}, blocks).ok());
+    REQUIRE(dev.stream_wait_stream(copies, compute).ok());
+    REQUIRE(dev.memcpy_d2h_async(copies, r.host.data(), z1, bytes, timing).ok());
+    REQUIRE(dev.record_event(read, copies).ok());
+    // Queued before the host waits for the read (after it, the host clock holds it back).
+    REQUIRE(dev.launch_kernel(compute, program, {z2, bx, z2, n}, blocks).ok());
+    REQUIRE(dev.synchronize_stream(copies).ok());
+    REQUIRE(dev.synchronize_stream(compute).ok());
+    r.launches = dev.launch_records();
+    r.copy = dev.copy_records().back();
+    REQUIRE(dev.event_elapsed_us(written, read, &r.written_to_read_us).ok());
+    return r;
+  };
+  const Run by_stream = run(rt::CopyTiming::stream), by_data = run(rt::CopyTiming::data);
+  std::vector<uint16_t> z1_now(n);
+  REQUIRE(dev.memcpy_d2h(z1_now.data(), z1, bytes).ok());
+  CHECK(by_data.host == z1_now);  // the copy still read what the first kernel wrote
+  CHECK(by_stream.host == z1_now);
+  for (const Run* r : {&by_stream, &by_data}) {
+    REQUIRE(r->launches.size() == 4);
+    REQUIRE(r->copy.kind == rt::OpKind::memcpy_d2h);
+  }
+  auto end = [](const rt::LaunchRecord& l) { return l.start_cycle + l.cycles; };
+  // By its stream: after the third kernel, holding the chip's timeline (the fourth kernel runs
+  // before or after it, as the driver gets them).
+  CHECK(by_stream.copy.start_cycle >= end(by_stream.launches[2]));
+  // By its data: at the first kernel's end (on the next clock edge), before the third kernel
+  // even starts; the fourth kernel follows the third, not the copy; the record after the copy
+  // stamps the copy's end.
+  const rt::LaunchRecord* l = by_data.launches.data();
+  CHECK(by_data.copy.start_cycle - end(l[0]) <= 1);
+  CHECK(by_data.copy.start_cycle < l[2].start_cycle);
+  CHECK(l[3].start_cycle - end(l[2]) <= 1);
+  CHECK(by_data.copy.cycles == by_stream.copy.cycles);
+  const double copy_us =
+      dev.config().cycles_to_us(double(by_data.copy.start_cycle + by_data.copy.cycles - end(l[0])));
+  CHECK(std::abs(by_data.written_to_read_us - copy_us) <= dev.config().cycles_to_us(2.0));
+
+  CHECK(dev.destroy_event(written).ok());
+  CHECK(dev.destroy_event(read).ok());
+  CHECK(dev.destroy_stream(compute).ok());
+  CHECK(dev.destroy_stream(copies).ok());
+  for (uint64_t p : {bx, by, z1, z2}) CHECK(dev.free(p).ok());
 }

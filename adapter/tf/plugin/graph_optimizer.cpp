@@ -48,6 +48,7 @@
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/launch_order.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
@@ -380,6 +381,18 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       changed |= mark_stable_inputs(graph) > 0;
     } catch (const std::exception&) {
       // Marking is an optimisation: without it the kernels learn which inputs are stable.
+    }
+  }
+  if (parsed && launch_order_enabled()) {
+    try {
+      const int edges = order_npu_launches(graph);
+      if (std::getenv("NPUSIM_FUSION_LOG") && edges > 0)
+        std::fprintf(stderr, "npusim: launch order in %s: %d control edges\n",
+                     item_id(item).c_str(), edges);
+      changed |= edges > 0;
+    } catch (const std::exception& e) {
+      // The graph then runs in the order TensorFlow's executor issues it.
+      std::fprintf(stderr, "npusim: launch order skipped: %s\n", e.what());
     }
   }
   if (parsed) dump_graph(graph, item_id(item), pass, "after");

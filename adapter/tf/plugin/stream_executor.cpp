@@ -327,9 +327,16 @@ void destroy_timer_fns(const SP_Platform*, SP_TimerFns*) {}
 
 // ---- copies and fills
 
+// TensorFlow queues its copies out of a device on a copy stream that first waits for everything
+// queued so far on the compute stream (PluggableDeviceUtil); how much that is depends on how far
+// its executor threads had got. On a system of chips the copies are therefore timed by their data
+// (rt::CopyTiming::data): a copy starts when its source was written, whatever else was queued, so
+// a step's timelines repeat from run to run (docs/runtime.md, "Copies timed by data").
 void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
                  const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
-  set_tf_status(dev(d).memcpy_d2h_async(stream->stream, host_dst, addr(src), size), status);
+  set_tf_status(dev(d).memcpy_d2h_async(stream->stream, host_dst, addr(src), size,
+                                        rt::CopyTiming::data),
+                status);
 }
 
 void memcpy_htod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
@@ -357,7 +364,8 @@ void memcpy_dtod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
   if (st.ok())
     st = to.get() == &dev(d)
              ? dev(d).memcpy_d2d_async(stream->stream, addr(dst), addr(src), size)
-             : dev(d).memcpy_peer_async(stream->stream, *to, addr(dst), addr(src), size);
+             : dev(d).memcpy_peer_async(stream->stream, *to, addr(dst), addr(src), size,
+                                        rt::CopyTiming::data);
   set_tf_status(st, status);
 }
 
