@@ -31,7 +31,8 @@
 //     vector channel reduction (ops/channel.h) sums the products over p for each tap.
 //   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias]) -> y
 //     the TF plugin's graph fusion of Conv2D -> BatchNormInference (a convolution followed by
-//     a batch norm at inference, with the Relu after it when relu=true), f32: CANN's graph
+//     a batch norm at inference, with the Relu after it when relu=true, the Relu6 when
+//     relu6=true), f32: CANN's graph
 //     engine folds such a batch norm into the convolution. Launches: the batch norm's fold
 //     (a = rsqrt(variance + eps) * scale, shift; ops/fused.h), the folded filter
 //     f16(W * a) (a derived tensor of filter, scale and variance: computed again only when
@@ -41,7 +42,8 @@
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
 //     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
 //     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
-//     convolution (the bias needs one group and the table).
+//     convolution (the bias needs one group and the table), and so does relu6: FIXPIPE's ReLU
+//     clamps at 0 only, the batch norm's vector launch clamps at 0 and 6.
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
@@ -493,11 +495,13 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
-  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores): else
-  // the batch norm as its own launch.
-  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
+  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores), and
+  // FIXPIPE clamps at 0 only (the fixpipe instruction's relu bit): else the batch norm, with
+  // the activation, as its own launch.
+  const Activation act = activation_attr(op);
+  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT) || act == Activation::kRelu6) {
     append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
-    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu,
+    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, act,
                             device_dtype(y_type));
     return k;
   }
@@ -912,12 +916,18 @@ DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f
   return DepthwiseShapes{c, f[3], (c + 15) / 16};
 }
 
-// The block-diagonal filter in the workspace from filter input `input` (cube type).
+// The block-diagonal filter from filter input `input` (cube type): a derived tensor of that
+// input (compiler.h), so a caller keeps it while the filter is unchanged (an inference's
+// weights: built once, not at every run).
 ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                         size_t input, const std::vector<int64_t>& f) {
   const ArgRef w = cube_operand(k, ctx, ct, input);
   const int64_t taps = f[0] * f[1], groups = (f[2] + 15) / 16;
-  const ArgRef wbd = workspace_take(k, static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2);
+  const uint64_t bytes = static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2;
+  const ArgRef ws = workspace_take(k, bytes);
+  const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(DerivedTensor{{static_cast<int>(input)}, k.launches.size(), bytes,
+                                    "block-diagonal depthwise filter"});
   k.launches.push_back(with_args(
       build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()),
       {w, wbd}));

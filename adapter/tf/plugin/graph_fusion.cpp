@@ -776,15 +776,16 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     for (const std::string* p : {&c->scale, &c->offset, &c->mean, &c->variance})
       ok = ok && channel_vector(g, *p);
     if (!ok || rm.claimed(add_1.name())) continue;
-    // A Relu that is add_1's only consumer becomes the fused node.
+    // A Relu or Relu6 that is add_1's only consumer becomes the fused node.
     tfc::NodeDef* last = &add_1;
-    bool relu = false;
+    bool relu = false, relu6 = false;
     if (tfc::NodeDef* r = g.only_consumer(add_1.name());
-        r && r->op() == "Relu" && on_npu(*r) && float_node(*r) &&
+        r && (r->op() == "Relu" || r->op() == "Relu6") && on_npu(*r) && float_node(*r) &&
         GraphView::reads(*r, 0, add_1.name()) && rm.removable(add_1, 1) &&
         !rm.claimed(r->name())) {
       last = r;
-      relu = true;
+      relu = r->op() == "Relu";
+      relu6 = !relu;
     }
     // A BiasAdd (NHWC) whose only consumer is mul_1 is folded in.
     std::vector<std::string> inputs = {c->x, c->scale, c->offset, c->mean, c->variance};
@@ -800,7 +801,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
       }
     }
     for (tfc::NodeDef* n : c->inner) rm.remove(n->name());
-    if (relu) rm.remove(add_1.name());
+    if (last != &add_1) rm.remove(add_1.name());
     rm.claim(last->name());
     // The epsilon Const goes when the chain was its only consumer (wherever it was placed).
     const tfc::NodeDef& eps = *c->eps_const;
@@ -812,6 +813,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     w.attrs["N"].set_i(static_cast<int64_t>(inputs.size()) - 5);
     w.attrs["epsilon"].set_f(c->epsilon);
     w.attrs["relu"].set_b(relu);
+    if (relu6) w.attrs["relu6"].set_b(true);
     rewrites.push_back(std::move(w));
   }
   for (Rewrite& w : rewrites) rewrite_as(*w.last, "BatchNormInference", w.inputs, w.attrs);
@@ -861,7 +863,7 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
     for (int k = 1; k < bn.input_size(); ++k)
       if (bn.input(k).empty() || bn.input(k)[0] != '^') inputs.push_back(bn.input(k));
     std::map<std::string, tfc::AttrValue> attrs;
-    for (const char* a : {"T", "N", "epsilon", "relu"})
+    for (const char* a : {"T", "N", "epsilon", "relu", "relu6"})
       if (auto it = bn.attr().find(a); it != bn.attr().end()) attrs[a] = it->second;
     for (const char* a : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
       if (auto it = conv->attr().find(a); it != conv->attr().end()) attrs[a] = it->second;
@@ -873,13 +875,54 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
-// ---- rewrite 3b: convolution and MatMul epilogues (Conv2DBiasAdd, MatMulBiasAdd) ----
+// ---- rewrite 1b: zero padding absorbed into the convolution ----
 
 // n's data_format is NHWC (or absent: TensorFlow's default).
 bool nhwc(const tfc::NodeDef& n) {
   auto f = n.attr().find("data_format");
   return f == n.attr().end() || f->second.s() == "NHWC";
 }
+
+// Pad / PadV2 (constant 0) of an NHWC tensor along H and W only, read only by a Conv2D or
+// DepthwiseConv2dNative (NHWC, padding VALID, same device and T) as its input: the convolution
+// reads the Pad's input with padding EXPLICIT and the Pad's amounts, and the Pad goes (the
+// window pads with zeros: the same products and sums, a copy of the activation less).
+int absorb_conv_pads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int absorbed = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& conv = *graph.mutable_node(i);
+    if ((conv.op() != "Conv2D" && conv.op() != "DepthwiseConv2dNative") || !on_npu(conv) ||
+        !nhwc(conv) || conv.input_size() < 2)
+      continue;
+    auto padding = conv.attr().find("padding");
+    if (padding == conv.attr().end() || padding->second.s() != "VALID") continue;
+    tfc::NodeDef* pad = g.producer(conv, 0, "Pad");
+    if (!pad) pad = g.producer(conv, 0, "PadV2");
+    if (!pad || pad->device() != conv.device() || type_attr(*pad) != type_attr(conv) ||
+        pad->input_size() != (pad->op() == "Pad" ? 2 : 3) || !rm.removable(*pad, 1))
+      continue;
+    if (pad->op() == "PadV2" && !scalar_const_is(input_node(g, *pad, 2), 0.0)) continue;
+    const tfc::NodeDef* amounts = input_node(g, *pad, 1);
+    std::optional<std::vector<int64_t>> p = amounts ? const_ints(*amounts) : std::nullopt;
+    if (!p || p->size() != 8 || (*p)[0] || (*p)[1] || (*p)[6] || (*p)[7] ||
+        *std::min_element(p->begin(), p->end()) < 0)
+      continue;
+    tfc::AttrValue explicit_paddings;
+    for (int64_t v : *p) explicit_paddings.mutable_list()->add_i(v);
+    *conv.mutable_input(0) = pad->input(0);
+    (*conv.mutable_attr())["padding"].set_s("EXPLICIT");
+    (*conv.mutable_attr())["explicit_paddings"] = explicit_paddings;
+    rm.remove(pad->name());
+    ++absorbed;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return absorbed;
+}
+
+// ---- rewrite 3b: convolution and MatMul epilogues (Conv2DBiasAdd, MatMulBiasAdd) ----
 
 // Conv2D (NHWC) or MatMul -> BiasAdd (NHWC: the channel last) [-> Relu], all float32 on the
 // NPU on one device, the product read only by the BiasAdd (and the BiasAdd only by the Relu
@@ -3693,6 +3736,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     removed.clear();
   }
   counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  // Before 2, which copies the convolution's padding attributes.
+  counts.conv_pad = absorb_conv_pads(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);
