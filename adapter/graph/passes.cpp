@@ -383,7 +383,7 @@ std::vector<FusionRecord> fuse_elementwise_chains(Graph& g) {
 std::vector<FusionRecord> half_handoffs(Graph& g) {
   std::vector<FusionRecord> done;
   const auto consumers = g.consumers();
-  for (int i : nodes_of(g, {"Conv2DBatchNormInference"})) {
+  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "BatchNormInference"})) {
     Node& n = g.nodes[i];
     if (g.is_output({i, 0})) continue;
     auto it = consumers.find({i, 0});
@@ -402,8 +402,7 @@ std::vector<FusionRecord> half_handoffs(Graph& g) {
       g.nodes[c].attrs["Tx"] = std::string("f16");
       readers.push_back(g.nodes[c].name);
     }
-    done.push_back(
-        {"Conv2DBatchNormInference -> Conv2DBatchNormInference in fp16", n.name, readers});
+    done.push_back({n.op + " -> Conv2DBatchNormInference in fp16", n.name, readers});
   }
   return done;
 }

@@ -40,7 +40,8 @@ std::vector<FusionRecord> fold_conv_epilogues(Graph& g);
 // vector pass after the convolution instead of one per op (its fold an init task).
 std::vector<FusionRecord> fold_depthwise_epilogues(Graph& g);
 
-// A Conv2DBatchNormInference read only as the x of other Conv2DBatchNormInference nodes hands
+// A Conv2DBatchNormInference (or BatchNormInference: a depthwise convolution's, from
+// fold_depthwise_epilogues) read only as the x of Conv2DBatchNormInference nodes hands
 // its output over in fp16 (Tout = f16 there, Tx = f16 in the readers): the cube reads fp16
 // anyway, so FIXPIPE's one rounding replaces a cast launch per reader, the same RNE rounding of
 // the same f32 values. The record's `absorbed` lists the readers.

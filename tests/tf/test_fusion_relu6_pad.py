@@ -53,7 +53,8 @@ def set_batch_norms(model, seed, gamma=(0.5, 1.5), beta=(-0.5, 0.5)):
 
 def build_block(outputs=("out",), wide=True):
     """MobileNetV2's stride-2 block (keras.applications' layer order); `outputs` names the
-    model's outputs: out, expanded (the expansion's ReLU6), expanded_bn (its input), padded.
+    model's outputs: out, expanded (the expansion's ReLU6), expanded_bn (its input), padded,
+    dw (the depthwise convolution's ReLU6).
     wide: batch-norm parameters and input that put many pre-activations beyond 6."""
     keras.utils.set_random_seed(21)
     inp = keras.Input((8, 8, 8))
@@ -63,10 +64,11 @@ def build_block(outputs=("out",), wide=True):
     padded = keras.layers.ZeroPadding2D(((0, 1), (0, 1)))(expanded)
     h = keras.layers.DepthwiseConv2D(3, strides=2, padding="valid", use_bias=False)(padded)
     h = keras.layers.BatchNormalization(epsilon=1e-3, momentum=0.999)(h)
-    h = keras.layers.ReLU(6.0)(h)
-    h = keras.layers.Conv2D(8, 1, use_bias=False)(h)
+    dw = keras.layers.ReLU(6.0)(h)
+    h = keras.layers.Conv2D(8, 1, use_bias=False)(dw)
     out = keras.layers.BatchNormalization(epsilon=1e-3, momentum=0.999)(h)
-    named = {"out": out, "expanded": expanded, "expanded_bn": expanded_bn, "padded": padded}
+    named = {"out": out, "expanded": expanded, "expanded_bn": expanded_bn, "padded": padded,
+             "dw": dw}
     model = keras.Model(inp, [named[o] for o in outputs])
     if wide:  # the ReLU6s clamp at 6 as well as at 0
         set_batch_norms(model, 5, gamma=(1.0, 4.0), beta=(-1.0, 4.0))
@@ -140,12 +142,31 @@ def test_relu6_and_pad_leave_no_launches_of_their_own(block):
     for gone in ("Relu6", "Pad", "PadV2", "Conv2D", "Rsqrt", "Mul", "Sub", "AddV2"):
         assert gone not in types, f"{gone} was not fused: {sorted(types)}"
     assert {"Conv2DBatchNormInference", "BatchNormInference", "DepthwiseConv2dNative"} <= types
-    clamps = [r for r in recs if r["kernel"] == "BatchNormInferenceRelu6_f32"]
-    # the expansion's (Conv2DBatchNormInference) and the depthwise batch norm's
-    assert sorted(r["op_type"] for r in clamps) == ["BatchNormInference",
-                                                    "Conv2DBatchNormInference"], clamps
+    clamps = {r["op_type"]: r["kernel"] for r in recs
+              if r["kernel"].startswith("BatchNormInferenceRelu6")}
+    # the expansion's (Conv2DBatchNormInference) and the depthwise batch norm's, which hands
+    # its result to the projection in fp16 (f32 in, f16 out)
+    assert clamps == {"Conv2DBatchNormInference": "BatchNormInferenceRelu6_f32",
+                      "BatchNormInference": "BatchNormInferenceRelu6_f32_f16"}, clamps
     # the fused nodes keep the ReLU6 layers' names
-    assert all("re_lu" in r["op_name"] for r in clamps), [r["op_name"] for r in clamps]
+    assert all("re_lu" in r["op_name"] for r in recs
+               if r["kernel"].startswith("BatchNormInferenceRelu6")), recs
+
+
+def test_fp16_handoff_from_the_depthwise_batch_norm(npusim, tf, block):
+    """The depthwise batch norm's only reader is the projection: it writes f16 (the RNE rounding
+    the projection's input cast applies), the projection casts nothing, and the output is bit
+    for bit the one of the same block whose depthwise ReLU6 is also fetched (then f32, cast by
+    the projection)."""
+    model, x = build_block(outputs=("out", "dw"))  # pylint: disable=undefined-variable
+    got, recs = run_npu(npusim, tf, model, x)
+    np.testing.assert_array_equal(got[0], block["got"])
+    def projection_casts(records):  # the projection's fused node is its batch norm's add_1
+        return [r for r in records if r["op_name"].endswith("batchnorm/add_1") and
+                r["kernel"].startswith("Cast")]
+    assert projection_casts(block["records"]) == [] and len(projection_casts(recs)) == 1
+    assert any(r["kernel"] == "BatchNormInferenceRelu6_f32" and r["op_type"] == "BatchNormInference"
+               for r in recs)
 
 
 def test_fewer_launches_than_with_fusion_off(block):

@@ -502,7 +502,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT) || act == Activation::kRelu6) {
     append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
     append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, act,
-                            device_dtype(y_type));
+                            device_dtype(y_type), device_dtype(y_type));
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);

@@ -974,10 +974,11 @@ int fuse_bias_epilogues(tfc::GraphDef& graph, const std::unordered_set<std::stri
   return fused;
 }
 
-// A Conv2DBatchNormInference whose every data consumer is a Conv2DBatchNormInference reading it
-// as x (and nothing else of it) hands its output over in fp16: Tout = half there, Tx = half in
-// the consumers. The cube reads fp16 anyway (allow_fp32_to_fp16): FIXPIPE rounds the result
-// once instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
+// A Conv2DBatchNormInference or BatchNormInference whose every data consumer is a
+// Conv2DBatchNormInference reading it as x (and nothing else of it) hands its output over in
+// fp16: Tout = half there, Tx = half in the consumers. The cube reads fp16 anyway
+// (allow_fp32_to_fp16): FIXPIPE (or the batch norm's vector pass) rounds the result once
+// instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
 int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   GraphView g(graph);
   std::unordered_map<std::string, std::vector<tfc::NodeDef*>> readers;  // producer -> consumers
@@ -987,7 +988,8 @@ int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& p
       const InputRef r = parse_input(n.input(k));
       if (r.control) continue;
       tfc::NodeDef* p = g.node(r.node);
-      if (!p || p->op() != "Conv2DBatchNormInference") continue;
+      if (!p || (p->op() != "Conv2DBatchNormInference" && p->op() != "BatchNormInference"))
+        continue;
       const bool x_of_conv = n.op() == "Conv2DBatchNormInference" && k == 0 && r.port == 0 &&
                              on_npu(n) && type_attr(n, "Tx").value_or(tfc::DT_FLOAT) ==
                                               tfc::DT_FLOAT;

@@ -58,9 +58,10 @@
 //   2. Conv2DBatchNormInference: a BatchNormInference (from 1) whose x is a Conv2D (NHWC, float)
 //      with no other consumer: the batch norm folded into the convolution (CANN's graph engine
 //      does this at inference); the convolution's attributes, the batch norm's inputs after x.
-//      Where all of one's data consumers are such convolutions reading it as x, its output goes
-//      to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
-//      would run moves into the producer's FIXPIPE, with the same rounding.
+//      Where all of one's (or of a BatchNormInference's: MobileNetV2's depthwise batch norm
+//      before the projection) data consumers are such convolutions reading it as x, its output
+//      goes to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
+//      would run moves into the producer's FIXPIPE or vector pass, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
 //   3b. Conv2DBiasAdd / MatMulBiasAdd, CANN's convolution and MatMul epilogues: Conv2D (NHWC)

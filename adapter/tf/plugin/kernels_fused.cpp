@@ -3,8 +3,9 @@
 // libtensorflow_framework.so.2) and their NPU kernels (compiled by adapter/compiler/ops/
 // fused.cpp, which states the formulas):
 //
-//   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: T
-//     T in {float}; N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
+//   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: Tout
+//     T in {float}; Tout in {float, half} (default float; half where the graph fusion hands y
+//     to convolutions in fp16); N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
 //     relu, relu6: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]
 //     with relu; min(max(., 0), 6) with relu6: a Relu6 after the chain).
 //   Conv2DBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T, variance: T,
@@ -203,9 +204,9 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
   const OpDefSpec defs[] = {
       {"BatchNormInference",
        {"x: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
-       {"y: T"},
-       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
-        "relu6: bool = false"},
+       {"y: Tout"},
+       {"T: {float}", "Tout: {float, half} = DT_FLOAT", "N: int >= 0 = 0",
+        "epsilon: float = 0.001", "relu: bool = false", "relu6: bool = false"},
        same_as_input0},
       {"Conv2DBatchNormInference",
        {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
