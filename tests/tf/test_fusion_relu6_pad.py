@@ -141,32 +141,31 @@ def test_relu6_and_pad_leave_no_launches_of_their_own(block):
     types = {r["op_type"] for r in recs}
     for gone in ("Relu6", "Pad", "PadV2", "Conv2D", "Rsqrt", "Mul", "Sub", "AddV2"):
         assert gone not in types, f"{gone} was not fused: {sorted(types)}"
-    assert {"Conv2DBatchNormInference", "BatchNormInference", "DepthwiseConv2dNative"} <= types
+    assert types == {"Conv2DBatchNormInference", "DepthwiseConv2dBatchNormInference"}, types
     clamps = {r["op_type"]: r["kernel"] for r in recs
               if r["kernel"].startswith("BatchNormInferenceRelu6")}
-    # the expansion's (Conv2DBatchNormInference) and the depthwise batch norm's, which hands
-    # its result to the projection in fp16 (f32 in, f16 out)
-    assert clamps == {"Conv2DBatchNormInference": "BatchNormInferenceRelu6_f32",
-                      "BatchNormInference": "BatchNormInferenceRelu6_f32_f16"}, clamps
+    # the expansion's and the depthwise convolution's, each handing its result to the next
+    # convolution in fp16 (the cube's f32 result in, f16 out)
+    assert clamps == {"Conv2DBatchNormInference": "BatchNormInferenceRelu6_f32_f16",
+                      "DepthwiseConv2dBatchNormInference": "BatchNormInferenceRelu6_f32_f16"}, clamps
     # the fused nodes keep the ReLU6 layers' names
     assert all("re_lu" in r["op_name"] for r in recs
                if r["kernel"].startswith("BatchNormInferenceRelu6")), recs
 
 
-def test_fp16_handoff_from_the_depthwise_batch_norm(npusim, tf, block):
-    """The depthwise batch norm's only reader is the projection: it writes f16 (the RNE rounding
-    the projection's input cast applies), the projection casts nothing, and the output is bit
-    for bit the one of the same block whose depthwise ReLU6 is also fetched (then f32, cast by
-    the projection)."""
-    model, x = build_block(outputs=("out", "dw"))  # pylint: disable=undefined-variable
+@pytest.mark.parametrize("fetched", ["expanded", "dw"])
+def test_fp16_handoffs_between_the_fused_convolutions(npusim, tf, block, fetched):
+    """Each fused convolution whose only reader is the next one writes f16 (its batch norm's
+    pass rounds the f32 result once, RNE: the rounding the reader's input cast applies), so the
+    block's only cast is x's. Fetching an intermediate as well keeps it f32 and brings its
+    reader's cast back; the output is the same bits."""
+    model, x = build_block(outputs=("out", fetched))  # pylint: disable=undefined-variable
     got, recs = run_npu(npusim, tf, model, x)
     np.testing.assert_array_equal(got[0], block["got"])
-    def projection_casts(records):  # the projection's fused node is its batch norm's add_1
-        return [r for r in records if r["op_name"].endswith("batchnorm/add_1") and
-                r["kernel"].startswith("Cast")]
-    assert projection_casts(block["records"]) == [] and len(projection_casts(recs)) == 1
-    assert any(r["kernel"] == "BatchNormInferenceRelu6_f32" and r["op_type"] == "BatchNormInference"
-               for r in recs)
+    casts = lambda records: sorted(r["op_type"] for r in records if r["kernel"].startswith("Cast"))
+    assert casts(block["records"]) == ["Conv2DBatchNormInference"]  # x's
+    reader = "DepthwiseConv2dBatchNormInference" if fetched == "expanded" else "Conv2DBatchNormInference"
+    assert casts(recs) == sorted(["Conv2DBatchNormInference", reader])
 
 
 def test_fewer_launches_than_with_fusion_off(block):

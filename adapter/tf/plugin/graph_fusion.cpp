@@ -845,7 +845,8 @@ int fuse_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
 }
 
 // Conv2D -> BatchNormInference (the batch norm's x, the convolution's only consumer) ->
-// Conv2DBatchNormInference in place of the batch norm.
+// Conv2DBatchNormInference in place of the batch norm; DepthwiseConv2dNative alike ->
+// DepthwiseConv2dBatchNormInference.
 int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                           std::set<std::string>* removed) {
   GraphView g(graph);
@@ -855,7 +856,10 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
     tfc::NodeDef& bn = *graph.mutable_node(i);
     if (bn.op() != "BatchNormInference" || !on_npu(bn) || bn.input_size() < 5) continue;
     tfc::NodeDef* conv = g.producer(bn, 0, "Conv2D");
-    if (!conv || !float_node(*conv) || conv->input_size() != 2 || !rm.removable(*conv, 1))
+    const bool depthwise = !conv;
+    if (!conv) conv = g.producer(bn, 0, "DepthwiseConv2dNative");
+    if (!conv || !float_node(*conv) || conv->input_size() != 2 || !rm.removable(*conv, 1) ||
+        type_attr(bn, "Tout").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT)
       continue;
     auto f = conv->attr().find("data_format");
     if (f != conv->attr().end() && f->second.s() != "NHWC") continue;
@@ -868,7 +872,8 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
     for (const char* a : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
       if (auto it = conv->attr().find(a); it != conv->attr().end()) attrs[a] = it->second;
     rm.remove(conv->name());
-    rewrite_as(bn, "Conv2DBatchNormInference", inputs, attrs);
+    rewrite_as(bn, depthwise ? "DepthwiseConv2dBatchNormInference" : "Conv2DBatchNormInference",
+               inputs, attrs);
     ++fused;
   }
   removed->insert(rm.removed().begin(), rm.removed().end());
@@ -988,9 +993,12 @@ int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& p
       const InputRef r = parse_input(n.input(k));
       if (r.control) continue;
       tfc::NodeDef* p = g.node(r.node);
-      if (!p || (p->op() != "Conv2DBatchNormInference" && p->op() != "BatchNormInference"))
+      if (!p || (p->op() != "Conv2DBatchNormInference" && p->op() != "BatchNormInference" &&
+                 p->op() != "DepthwiseConv2dBatchNormInference"))
         continue;
-      const bool x_of_conv = n.op() == "Conv2DBatchNormInference" && k == 0 && r.port == 0 &&
+      const bool x_of_conv = (n.op() == "Conv2DBatchNormInference" ||
+                              n.op() == "DepthwiseConv2dBatchNormInference") &&
+                             k == 0 && r.port == 0 &&
                              on_npu(n) && type_attr(n, "Tx").value_or(tfc::DT_FLOAT) ==
                                               tfc::DT_FLOAT;
       readers[p->name()].push_back(x_of_conv ? &n : nullptr);

@@ -58,8 +58,10 @@
 //   2. Conv2DBatchNormInference: a BatchNormInference (from 1) whose x is a Conv2D (NHWC, float)
 //      with no other consumer: the batch norm folded into the convolution (CANN's graph engine
 //      does this at inference); the convolution's attributes, the batch norm's inputs after x.
-//      Where all of one's (or of a BatchNormInference's: MobileNetV2's depthwise batch norm
-//      before the projection) data consumers are such convolutions reading it as x, its output
+//      A DepthwiseConv2dNative so -> DepthwiseConv2dBatchNormInference (the depthwise
+//      convolution, then the batch norm's vector pass).
+//      Where all of one's (or of a BatchNormInference's) data consumers are such convolutions
+//      (Conv2D or depthwise) reading it as x, its output
 //      goes to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
 //      would run moves into the producer's FIXPIPE or vector pass, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a

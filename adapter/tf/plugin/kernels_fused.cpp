@@ -16,6 +16,10 @@
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
+//   DepthwiseConv2dBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T,
+//                                     variance: T, bias: N * T) -> y: Tout
+//     the same for DepthwiseConv2dNative -> BatchNormInference (MobileNetV2's depthwise
+//     convolutions): the depthwise convolution, then the batch norm's vector pass.
 //   Conv2DBiasAdd(x: T, filter: T, bias: Tbias) -> y: T     T in {float, half}, Tbias in
 //     {float} (default; half T: allow_mix_precision's graph pass, mixed_precision.h); Conv2D's
 //     attributes and relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from
@@ -216,6 +220,15 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "relu6: bool = false", "strides: list(int)", "padding: string",
         "explicit_paddings: list(int) = []",
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
+       unknown_shape},
+      {"DepthwiseConv2dBatchNormInference",
+       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"y: Tout"},
+       {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
+        "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+        "relu6: bool = false", "strides: list(int)", "padding: string",
+        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
+        "data_format: string = 'NHWC'"},
        unknown_shape},
       {"Conv2DBiasAdd",
        {"x: T", "filter: T", "bias: Tbias"},
