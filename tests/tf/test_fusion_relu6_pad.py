@@ -1,7 +1,8 @@
 """MobileNetV2's inference fusions (adapter/tf/plugin/graph_fusion.h rewrites 1, 1b and 2,
-docs/tf_plugin.md "Inference fusions"): ReLU6 in the batch norm's pass (BatchNormInference and
-Conv2DBatchNormInference with relu6), and the ZeroPadding2D before a strided depthwise
-convolution absorbed into the convolution's padding (EXPLICIT).
+docs/tf_plugin.md "Inference fusions"): ReLU6 in the batch norm's pass (relu6), the
+ZeroPadding2D before a strided depthwise convolution absorbed into the convolution's padding
+(EXPLICIT), the depthwise convolution with its batch norm (DepthwiseConv2dBatchNormInference),
+and the f16 hand-offs between the fused convolutions.
 
 A MobileNetV2 inverted-residual block (1x1 expansion + BN + ReLU6, ZeroPadding2D, 3x3
 depthwise of stride 2 + BN + ReLU6, 1x1 projection + BN) runs with training=False in a
@@ -15,6 +16,8 @@ tf.function on the NPU (tiny chip):
 - the launch records have no Relu6 and no Pad launches, the two clamps run in the batch norms'
   passes (BatchNormInferenceRelu6 kernels), and the same block with NPUSIM_FUSION=0 (a child
   process) launches at least the Relu6 and Pad passes more;
+- the only cast is x's: each fused convolution hands its output to the next in f16, bit for
+  bit what the reader's cast gives (the same block with the intermediate also fetched);
 - what must not fuse stays as it was and still matches the CPU: a ReLU6 whose input is also a
   model output, a Pad whose output is also a model output, a Pad along channels, a ReLU6 in
   float16 (Keras' mixed_float16 BatchNormalization casts back to half before it), and a
