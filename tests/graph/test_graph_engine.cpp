@@ -279,6 +279,38 @@ TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vect
   CHECK(clamped_high > 0);
 }
 
+// DepthwiseGraph's output read by a 1x1 Conv2D (16 -> 8) + BiasAdd, MobileNetV2's projection;
+// with `relu6_output` the depthwise step's Relu6 is a graph output too.
+Graph depthwise_then_projection(bool relu6_output) {
+  const DepthwiseGraph dg;
+  Graph g = dg.graph(false);
+  const TensorRef relu6 = g.outputs[0].tensor;
+  const int w = add_const(g, "pw", {1, 1, 16, 8}, random_floats(16 * 8, 45));
+  const TensorDesc t{DataType::F32, {1, 3, 3, 8}};
+  const int conv = add_node(g, "proj", "Conv2D", {relu6, {w, 0}}, t);
+  g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+  g.nodes[conv].attrs["padding"] = std::string("VALID");
+  const int b = add_const(g, "pb", {8}, random_floats(8, 46));
+  const int bias = add_node(g, "proj_bias", "BiasAdd", {{conv, 0}, {b, 0}}, t);
+  g.outputs = {{"y", {bias, 0}}};
+  if (relu6_output) g.outputs.push_back({"relu6", relu6});
+  return g;
+}
+
+TEST_CASE("fp16 hand-off from the depthwise batch norm to the projection: bit-identical") {
+  const OmModel half = compile_graph(depthwise_then_projection(false), tiny());
+  const OmModel kept = compile_graph(depthwise_then_projection(true), tiny());
+  std::vector<std::string> handoffs;
+  for (const auto& f : half.info["fusions"])
+    if (f["pattern"].get<std::string>().find("in fp16") != std::string::npos)
+      handoffs.push_back(f["pattern"]);
+  CHECK(handoffs ==
+        std::vector<std::string>{"BatchNormInference -> Conv2DBatchNormInference in fp16"});
+  CHECK(half.tasks.size() + 1 == kept.tasks.size());  // the projection's input cast
+  const std::vector<NpyArray> in = {f32_array({1, 7, 7, 16}, DepthwiseGraph().x)};
+  CHECK(run_model(half, in) == run_model(kept, in));
+}
+
 TEST_CASE("element-wise chain: one FusedElementwise launch, bit-identical to the unfused ops") {
   Graph g;
   const TensorDesc t{DataType::F32, {2, 64}};
