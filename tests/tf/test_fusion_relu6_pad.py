@@ -286,3 +286,45 @@ def test_training_step_keeps_pad_and_relu6(npusim, tf):
         assert rel_error(g, w) < 2 * RTOL, [(v.path, rel_error(a, b)) for v, a, b in zip(model_npu.trainable_variables, got, want)]
     types = {r["op_type"] for r in recs}
     assert {"Pad", "Relu6"} <= types, sorted(types)
+
+
+MIX_CHILD_CODE = MODEL_CODE + r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+model, x = build_block()
+with tf.device("/CPU:0"):
+    want = model(tf.constant(x), training=False).numpy()
+with tf.device("/NPU:0"):
+    f = tf.function(lambda t: model(t, training=False))
+    f(tf.constant(x))
+    n0 = len(npusim.launch_records())
+    got = f(tf.constant(x)).numpy()
+    recs = npusim.launch_records()[n0:]
+err = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+print("RESULT " + json.dumps({"err": err, "dtype": str(got.dtype),
+                              "kernels": [[r["op_type"], r["kernel"]] for r in recs]}))
+'''
+
+
+def test_allow_mix_precision_runs_the_fused_convolutions_in_float16():
+    """Under allow_mix_precision the mixed precision pass puts the fused convolutions on their
+    product's trustlist and runs them in float16 through Tx / Tout (filter and batch norm stay
+    float32): every activation between them is f16, the only casts are x's on the way in and
+    the result's on the way out, and the output matches the CPU (the same roundings as the
+    default mode's hand-offs, plus the output's own f16 rounding)."""
+    proc = run_child(MIX_CHILD_CODE, timeout=300,
+                     extra_env={"NPUSIM_PRECISION_MODE": "allow_mix_precision"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    res = json.loads(line[len("RESULT "):])
+    assert res["dtype"] == "float32" and res["err"] < RTOL, res
+    kernels = [tuple(k) for k in res["kernels"]]
+    casts = sorted(k for t, k in kernels if k.startswith("Cast"))
+    assert casts == ["Cast_f16_f32", "Cast_f32_f16"], kernels
+    passes = sorted(k for t, k in kernels if k.startswith("BatchNormInference"))
+    # expansion and depthwise: ReLU6 in the batch norm's pass, the cube's f32 result in, f16
+    # out; the projection (no clamp, the tiny chip has a bias table): FIXPIPE writes f16
+    assert passes == ["BatchNormInferenceRelu6_f32_f16"] * 2, kernels
+    assert ("Conv2DBatchNormInference", "Conv2DBias_f16") in kernels, kernels
