@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -71,12 +72,35 @@ bool fold_affine(const Graph& g, const Node& n, const TensorRef& x, std::vector<
   return true;
 }
 
+// The string attribute `name` of n, or `otherwise` where it is absent or not a string.
+std::string string_attr(const Node& n, const char* name, const char* otherwise) {
+  auto it = n.attrs.find(name);
+  const std::string* v = it == n.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
+  return v ? *v : otherwise;
+}
+
+// The values of an s32 / s64 Const.
+std::optional<std::vector<int64_t>> const_ints(const Node& n) {
+  if (n.op != "Const" || n.outputs.size() != 1) return std::nullopt;
+  const DataType t = n.outputs[0].dtype;
+  if (t != DataType::S32 && t != DataType::S64) return std::nullopt;
+  const size_t size = t == DataType::S32 ? 4 : 8;
+  std::vector<int64_t> v(n.value.size() / size);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (size == 4) {
+      int32_t x;
+      std::memcpy(&x, n.value.data() + i * 4, 4);
+      v[i] = x;
+    } else {
+      std::memcpy(&v[i], n.value.data() + i * 8, 8);
+    }
+  }
+  return v;
+}
+
 bool conv_foldable(const Graph& g, const Node& n) {
   if (n.op != "Conv2D" || n.inputs.size() != 2 || !g.is_const(n.inputs[1])) return false;
-  auto fmt = n.attrs.find("data_format");
-  if (fmt != n.attrs.end() && std::get_if<std::string>(&fmt->second) &&
-      std::get<std::string>(fmt->second) != "NHWC")
-    return false;
+  if (string_attr(n, "data_format", "NHWC") != "NHWC") return false;
   const TensorDesc& x = g.desc(n.inputs[0]);
   const TensorDesc& f = g.desc(n.inputs[1]);
   return x.dtype == DataType::F32 && f.dtype == DataType::F32 && x.shape.size() == 4 &&
@@ -85,13 +109,14 @@ bool conv_foldable(const Graph& g, const Node& n) {
 
 // Rewrites the chain's last node as the convolution with the folded filter and bias.
 void rewrite_conv(Graph& g, int conv, int last, const std::vector<float>& scale,
-                  const std::vector<float>& shift, bool relu, std::vector<std::string> absorbed) {
+                  const std::vector<float>& shift, const std::string& activation,
+                  std::vector<std::string> absorbed) {
   const Node& c = g.nodes[conv];
   const TensorRef x = c.inputs[0];
   const TensorDesc fdesc = g.desc(c.inputs[1]);
   std::vector<float> w = const_floats(g.nodes[c.inputs[1].node]);
   for (size_t i = 0; i < w.size(); ++i) w[i] *= scale[i % scale.size()];  // HWIO: O innermost
-  const std::string& name = g.nodes[last].name;
+  const std::string name = g.nodes[last].name;  // a copy: add_const grows g.nodes
   const int64_t ch = int64_t(scale.size());
   const std::vector<float> ones(scale.size(), 1.0f), zeros(scale.size(), 0.0f);
   const int wi = add_const(g, name + "/folded_filter", fdesc.shape, w);
@@ -102,7 +127,8 @@ void rewrite_conv(Graph& g, int conv, int last, const std::vector<float>& scale,
   Node& out = g.nodes[last];
   std::map<std::string, compiler::AttrValue> attrs = g.nodes[conv].attrs;
   attrs["epsilon"] = 0.0;  // rsqrt(1 + 0) * 1 = 1: the filter already holds the scale
-  attrs["relu"] = relu;
+  attrs["relu"] = activation == "Relu";
+  attrs["relu6"] = activation == "Relu6";
   attrs["T"] = std::string("f32");
   out.op = "Conv2DBatchNormInference";
   out.attrs = attrs;
@@ -110,11 +136,13 @@ void rewrite_conv(Graph& g, int conv, int last, const std::vector<float>& scale,
   out.fused = std::move(absorbed);
 }
 
-// Every node but the last of a chain is marked dead; returns the absorbed names.
+// Every node but the last of a chain is marked dead; returns the absorbed names (and those an
+// earlier pass folded into them).
 std::vector<std::string> absorb(Graph& g, const std::vector<int>& chain) {
   std::vector<std::string> names;
   for (size_t i = 0; i + 1 < chain.size(); ++i) {
     g.nodes[chain[i]].dead = true;
+    names.insert(names.end(), g.nodes[chain[i]].fused.begin(), g.nodes[chain[i]].fused.end());
     names.push_back(g.nodes[chain[i]].name);
   }
   return names;
@@ -177,31 +205,131 @@ std::vector<int> nodes_of(const Graph& g, std::initializer_list<const char*> ops
 
 }  // namespace
 
+namespace {
+
+// The chain after node `first` (a convolution of `ch` output channels): per-channel affine steps,
+// each the only reader of the one before, optionally ended by a Relu or Relu6 (`activation`),
+// folded into scale and shift. chain[0] is `first`.
+struct AffineChain {
+  std::vector<int> chain;
+  std::vector<float> scale, shift;
+  std::string activation;
+  int affine_steps = 0;
+};
+
+AffineChain walk_affine_chain(const Graph& g, int first) {
+  const auto consumers = g.consumers();
+  const int64_t ch = g.nodes[first].outputs[0].shape[3];
+  AffineChain a;
+  a.chain = {first};
+  a.scale.assign(ch, 1.0f);
+  a.shift.assign(ch, 0.0f);
+  while (a.activation.empty()) {
+    const TensorRef y{a.chain.back(), 0};
+    auto next = sole_consumer(g, consumers, y);
+    if (!next) break;
+    const Node& n = g.nodes[*next];
+    if ((n.op == "Relu" || n.op == "Relu6") && n.outputs[0] == g.desc(y)) {
+      a.activation = n.op;
+    } else if (fold_affine(g, n, y, a.scale, a.shift)) {
+      ++a.affine_steps;
+    } else {
+      break;
+    }
+    a.chain.push_back(*next);
+  }
+  return a;
+}
+
+}  // namespace
+
+std::vector<FusionRecord> absorb_conv_pads(Graph& g) {
+  std::vector<FusionRecord> done;
+  const auto consumers = g.consumers();
+  for (int i : nodes_of(g, {"Pad", "PadV2"})) {
+    Node& pad = g.nodes[i];
+    if (pad.inputs.size() != (pad.op == "Pad" ? 2u : 3u) || !g.is_const(pad.inputs[1])) continue;
+    if (pad.op == "PadV2") {  // the constant must be a zero of the padded type
+      const Node& v = g.nodes[pad.inputs[2].node];
+      if (v.op != "Const" || v.value.empty() ||
+          std::any_of(v.value.begin(), v.value.end(), [](uint8_t b) { return b != 0; }))
+        continue;
+    }
+    const std::optional<std::vector<int64_t>> p = const_ints(g.nodes[pad.inputs[1].node]);
+    if (!p || p->size() != 8 || (*p)[0] || (*p)[1] || (*p)[6] || (*p)[7] ||
+        *std::min_element(p->begin(), p->end()) < 0)
+      continue;
+    auto next = sole_consumer(g, consumers, {i, 0});
+    if (!next) continue;
+    Node& conv = g.nodes[*next];
+    if ((conv.op != "Conv2D" && conv.op != "DepthwiseConv2dNative") || conv.inputs.empty() ||
+        !(conv.inputs[0] == TensorRef{i, 0}) || string_attr(conv, "padding", "") != "VALID" ||
+        string_attr(conv, "data_format", "NHWC") != "NHWC")
+      continue;
+    conv.inputs[0] = pad.inputs[0];
+    conv.attrs["padding"] = std::string("EXPLICIT");
+    conv.attrs["explicit_paddings"] = *p;
+    conv.fused.push_back(pad.name);
+    pad.dead = true;
+    done.push_back(
+        {pad.op + "+" + conv.op + " -> " + conv.op + " (padding EXPLICIT)", conv.name, {pad.name}});
+  }
+  return done;
+}
+
+std::vector<FusionRecord> fold_depthwise_epilogues(Graph& g) {
+  std::vector<FusionRecord> done;
+  for (int i : nodes_of(g, {"DepthwiseConv2dNative"})) {
+    Node& conv = g.nodes[i];
+    if (conv.inputs.size() != 2 || !g.is_const(conv.inputs[1]) ||
+        string_attr(conv, "data_format", "NHWC") != "NHWC" || conv.outputs.size() != 1 ||
+        conv.outputs[0].dtype != DataType::F32 || g.desc(conv.inputs[1]).dtype != DataType::F32)
+      continue;
+    const AffineChain a = walk_affine_chain(g, i);
+    if (a.affine_steps == 0) continue;  // a lone Relu: nothing to fold
+    // The filter [KH, KW, C, M]: output channel c * M + q is the innermost index.
+    const TensorRef f = conv.inputs[1];
+    std::vector<float> w = const_floats(g.nodes[f.node]);
+    for (size_t k = 0; k < w.size(); ++k) w[k] *= a.scale[k % a.scale.size()];
+    const std::string name = g.nodes[a.chain.back()].name;  // add_const grows g.nodes
+    const int64_t ch = int64_t(a.scale.size());
+    const std::vector<float> ones(a.scale.size(), 1.0f), zeros(a.scale.size(), 0.0f);
+    const std::vector<int64_t> fshape = g.desc(f).shape;
+    const int wi = add_const(g, name + "/folded_filter", fshape, w);
+    const int gi = add_const(g, name + "/scale", {ch}, ones);
+    const int bi = add_const(g, name + "/shift", {ch}, a.shift);
+    const int mi = add_const(g, name + "/mean", {ch}, zeros);
+    const int vi = add_const(g, name + "/variance", {ch}, ones);
+    g.nodes[i].inputs[1] = {wi, 0};  // (g.nodes may have moved: index, not the reference)
+    const std::string pattern =
+        chain_pattern(g, a.chain, "DepthwiseConv2dNative+BatchNormInference");
+    Node& out = g.nodes[a.chain.back()];
+    out.op = "BatchNormInference";
+    out.attrs = {{"T", std::string("f32")},
+                 {"epsilon", 0.0},  // rsqrt(1 + 0) * 1 = 1: the filter holds the scale
+                 {"relu", a.activation == "Relu"},
+                 {"relu6", a.activation == "Relu6"}};
+    out.inputs = {{i, 0}, {gi, 0}, {bi, 0}, {mi, 0}, {vi, 0}};
+    std::vector<int> absorbed(a.chain.begin() + 1, a.chain.end());
+    out.fused = absorb(g, absorbed);
+    done.push_back({pattern, out.name, out.fused});
+  }
+  return done;
+}
+
 std::vector<FusionRecord> fold_conv_epilogues(Graph& g) {
   std::vector<FusionRecord> done;
   const size_t n_nodes = g.nodes.size();
   for (size_t i = 0; i < n_nodes; ++i) {
     if (g.nodes[i].dead || !conv_foldable(g, g.nodes[i])) continue;
-    const auto consumers = g.consumers();
-    const int64_t ch = g.nodes[i].outputs[0].shape[3];
-    std::vector<float> scale(ch, 1.0f), shift(ch, 0.0f);
-    std::vector<int> chain = {int(i)};
-    bool relu = false;
-    while (!relu) {
-      const TensorRef y{chain.back(), 0};
-      auto next = sole_consumer(g, consumers, y);
-      if (!next) break;
-      const Node& n = g.nodes[*next];
-      if (n.op == "Relu" && n.outputs[0] == g.desc(y)) {
-        relu = true;
-      } else if (!fold_affine(g, n, y, scale, shift)) {
-        break;
-      }
-      chain.push_back(*next);
-    }
+    const AffineChain a = walk_affine_chain(g, int(i));
+    const std::vector<int>& chain = a.chain;
+    const std::vector<float>& scale = a.scale;
+    const std::vector<float>& shift = a.shift;
+    const std::string& activation = a.activation;
     if (chain.size() < 2) continue;
     const std::string pattern = chain_pattern(g, chain, "Conv2DBatchNormInference");
-    rewrite_conv(g, int(i), chain.back(), scale, shift, relu, absorb(g, chain));
+    rewrite_conv(g, int(i), chain.back(), scale, shift, activation, absorb(g, chain));
     done.push_back({pattern, g.nodes[chain.back()].name, g.nodes[chain.back()].fused});
   }
   return done;
@@ -255,7 +383,7 @@ std::vector<FusionRecord> fuse_elementwise_chains(Graph& g) {
 std::vector<FusionRecord> half_handoffs(Graph& g) {
   std::vector<FusionRecord> done;
   const auto consumers = g.consumers();
-  for (int i : nodes_of(g, {"Conv2DBatchNormInference"})) {
+  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "BatchNormInference"})) {
     Node& n = g.nodes[i];
     if (g.is_output({i, 0})) continue;
     auto it = consumers.find({i, 0});
@@ -274,14 +402,17 @@ std::vector<FusionRecord> half_handoffs(Graph& g) {
       g.nodes[c].attrs["Tx"] = std::string("f16");
       readers.push_back(g.nodes[c].name);
     }
-    done.push_back(
-        {"Conv2DBatchNormInference -> Conv2DBatchNormInference in fp16", n.name, readers});
+    done.push_back({n.op + " -> Conv2DBatchNormInference in fp16", n.name, readers});
   }
   return done;
 }
 
 std::vector<FusionRecord> run_fusion_passes(Graph& g, compiler::PrecisionMode precision) {
-  std::vector<FusionRecord> all = fold_conv_epilogues(g);
+  std::vector<FusionRecord> all = absorb_conv_pads(g);
+  for (auto* pass : {fold_conv_epilogues, fold_depthwise_epilogues}) {
+    std::vector<FusionRecord> r = pass(g);
+    all.insert(all.end(), r.begin(), r.end());
+  }
   if (precision != compiler::PrecisionMode::kKeepFp32) {
     std::vector<FusionRecord> r = half_handoffs(g);
     all.insert(all.end(), r.begin(), r.end());

@@ -183,6 +183,134 @@ TEST_CASE("fp16 hand-off between fused convolutions: one cast fewer, bit-identic
   CHECK(run_model(half, in) == run_model(kept, in));
 }
 
+// MobileNetV2's strided depthwise step: x[1,7,7,16] -> Pad [[0,0],[0,1],[0,1],[0,0]] ->
+// DepthwiseConv2dNative 3x3 stride 2 VALID (multiplier 1) -> Mul s -> AddV2 b -> Relu6; with
+// `pad_output` the Pad's result is a graph output too.
+struct DepthwiseGraph {
+  std::vector<float> x = random_floats(7 * 7 * 16, 41), w = random_floats(3 * 3 * 16, 42),
+                     s = random_floats(16, 43), b = random_floats(16, 44);
+  DepthwiseGraph() {
+    for (float& v : x) v *= 4;  // pre-activations beyond 6 too: both clamps are exercised
+    for (float& v : s) v *= 3;
+    for (float& v : b) v *= 3;
+  }
+  Graph graph(bool pad_output) const {
+    Graph g;
+    const int in = add_node(g, "x", "Placeholder", {}, {DataType::F32, {1, 7, 7, 16}});
+    const int amounts = add_node(g, "amounts", "Const", {}, {DataType::S32, {4, 2}});
+    const std::vector<int32_t> p = {0, 0, 0, 1, 0, 1, 0, 0};
+    g.nodes[amounts].value.resize(p.size() * 4);
+    std::memcpy(g.nodes[amounts].value.data(), p.data(), p.size() * 4);
+    const int pad =
+        add_node(g, "pad", "Pad", {{in, 0}, {amounts, 0}}, {DataType::F32, {1, 8, 8, 16}});
+    const int wc = add_const(g, "w", {3, 3, 16, 1}, w);
+    const TensorDesc t{DataType::F32, {1, 3, 3, 16}};
+    const int dw = add_node(g, "dw", "DepthwiseConv2dNative", {{pad, 0}, {wc, 0}}, t);
+    g.nodes[dw].attrs["strides"] = std::vector<int64_t>{1, 2, 2, 1};
+    g.nodes[dw].attrs["padding"] = std::string("VALID");
+    const int sc = add_const(g, "s", {16}, s);
+    const int mul = add_node(g, "mul", "Mul", {{dw, 0}, {sc, 0}}, t);
+    const int bc = add_const(g, "b", {16}, b);
+    const int add = add_node(g, "add", "AddV2", {{mul, 0}, {bc, 0}}, t);
+    const int relu6 = add_node(g, "relu6", "Relu6", {{add, 0}}, t);
+    g.inputs = {{"x", {in, 0}}};
+    g.outputs = {{"y", {relu6, 0}}};
+    if (pad_output) g.outputs.push_back({"padded", {pad, 0}});
+    return g;
+  }
+  // min(max(depthwise(pad(x), w) * s + b, 0), 6) in double.
+  std::vector<double> reference() const {
+    std::vector<double> y(3 * 3 * 16);
+    for (int oh = 0; oh < 3; ++oh)
+      for (int ow = 0; ow < 3; ++ow)
+        for (int c = 0; c < 16; ++c) {
+          double acc = 0;
+          for (int kh = 0; kh < 3; ++kh)
+            for (int kw = 0; kw < 3; ++kw) {
+              const int h = 2 * oh + kh, wi = 2 * ow + kw;  // padded row / column
+              if (h < 7 && wi < 7)  // the pad adds a zero row and column at the end
+                acc += double(x[(h * 7 + wi) * 16 + c]) * w[(kh * 3 + kw) * 16 + c];
+            }
+          y[(oh * 3 + ow) * 16 + c] = std::min(std::max(acc * s[c] + b[c], 0.0), 6.0);
+        }
+    return y;
+  }
+};
+
+TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vector pass") {
+  const DepthwiseGraph dg;
+  EngineOptions unfused;
+  unfused.fusion = false;
+  const OmModel fused_model = compile_graph(dg.graph(false), tiny());
+  const OmModel kept_model = compile_graph(dg.graph(true), tiny());  // the Pad is read outside
+  const OmModel plain_model = compile_graph(dg.graph(false), tiny(), unfused);
+  std::vector<std::string> patterns;
+  for (const auto& f : fused_model.info["fusions"]) patterns.push_back(f["pattern"]);
+  CHECK(patterns == std::vector<std::string>{
+                        "Pad+DepthwiseConv2dNative -> DepthwiseConv2dNative (padding EXPLICIT)",
+                        "DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
+                        "DepthwiseConv2dNative+BatchNormInference"});
+  std::vector<std::string> kept_patterns;
+  for (const auto& f : kept_model.info["fusions"]) kept_patterns.push_back(f["pattern"]);
+  CHECK(kept_patterns == std::vector<std::string>{"DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
+                                                  "DepthwiseConv2dNative+BatchNormInference"});
+  // Per inference: the Pad's copy and the Mul and AddV2 launches go, the Relu6 is the batch
+  // norm's pass (its fold and the folded filter's casts are init tasks).
+  CHECK(fused_model.tasks.size() + 3 <= plain_model.tasks.size());
+  CHECK(fused_model.tasks.size() < kept_model.tasks.size());
+  const std::vector<NpyArray> in = {f32_array({1, 7, 7, 16}, dg.x)};
+  const std::vector<double> ref = dg.reference();
+  const std::vector<float> fused = run_model(fused_model, in), plain = run_model(plain_model, in),
+                           kept = run_model(kept_model, in);
+  REQUIRE(fused.size() == ref.size());
+  int clamped_low = 0, clamped_high = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    // fp16 operands (allow_fp32_to_fp16): 9 products of ~2^-11 relative error each, scaled by
+    // |s| <= 3 and x by 4: within 2e-2 of (1 + |y|) as the Conv2D case.
+    CHECK(std::abs(fused[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+    CHECK(std::abs(plain[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+    CHECK(std::abs(kept[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+    CHECK(fused[i] >= 0.0f);
+    CHECK(fused[i] <= 6.0f);
+    clamped_low += ref[i] == 0.0;
+    clamped_high += ref[i] == 6.0;
+  }
+  CHECK(clamped_low > 0);
+  CHECK(clamped_high > 0);
+}
+
+// DepthwiseGraph's output read by a 1x1 Conv2D (16 -> 8) + BiasAdd, MobileNetV2's projection;
+// with `relu6_output` the depthwise step's Relu6 is a graph output too.
+Graph depthwise_then_projection(bool relu6_output) {
+  const DepthwiseGraph dg;
+  Graph g = dg.graph(false);
+  const TensorRef relu6 = g.outputs[0].tensor;
+  const int w = add_const(g, "pw", {1, 1, 16, 8}, random_floats(16 * 8, 45));
+  const TensorDesc t{DataType::F32, {1, 3, 3, 8}};
+  const int conv = add_node(g, "proj", "Conv2D", {relu6, {w, 0}}, t);
+  g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+  g.nodes[conv].attrs["padding"] = std::string("VALID");
+  const int b = add_const(g, "pb", {8}, random_floats(8, 46));
+  const int bias = add_node(g, "proj_bias", "BiasAdd", {{conv, 0}, {b, 0}}, t);
+  g.outputs = {{"y", {bias, 0}}};
+  if (relu6_output) g.outputs.push_back({"relu6", relu6});
+  return g;
+}
+
+TEST_CASE("fp16 hand-off from the depthwise batch norm to the projection: bit-identical") {
+  const OmModel half = compile_graph(depthwise_then_projection(false), tiny());
+  const OmModel kept = compile_graph(depthwise_then_projection(true), tiny());
+  std::vector<std::string> handoffs;
+  for (const auto& f : half.info["fusions"])
+    if (f["pattern"].get<std::string>().find("in fp16") != std::string::npos)
+      handoffs.push_back(f["pattern"]);
+  CHECK(handoffs ==
+        std::vector<std::string>{"BatchNormInference -> Conv2DBatchNormInference in fp16"});
+  CHECK(half.tasks.size() + 1 == kept.tasks.size());  // the projection's input cast
+  const std::vector<NpyArray> in = {f32_array({1, 7, 7, 16}, DepthwiseGraph().x)};
+  CHECK(run_model(half, in) == run_model(kept, in));
+}
+
 TEST_CASE("element-wise chain: one FusedElementwise launch, bit-identical to the unfused ops") {
   Graph g;
   const TensorDesc t{DataType::F32, {2, 64}};

@@ -576,8 +576,9 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
                                  {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
-  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, op.attr_bool("relu", false),
-                          device_dtype(t.dt));
+  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold,
+                          op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone,
+                          device_dtype(t.dt), device_dtype(t.dt));
   return k;
 }
 

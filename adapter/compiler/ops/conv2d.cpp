@@ -31,7 +31,8 @@
 //     vector channel reduction (ops/channel.h) sums the products over p for each tap.
 //   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias]) -> y
 //     the TF plugin's graph fusion of Conv2D -> BatchNormInference (a convolution followed by
-//     a batch norm at inference, with the Relu after it when relu=true), f32: CANN's graph
+//     a batch norm at inference, with the Relu after it when relu=true, the Relu6 when
+//     relu6=true), f32: CANN's graph
 //     engine folds such a batch norm into the convolution. Launches: the batch norm's fold
 //     (a = rsqrt(variance + eps) * scale, shift; ops/fused.h), the folded filter
 //     f16(W * a) (a derived tensor of filter, scale and variance: computed again only when
@@ -41,7 +42,8 @@
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
 //     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
 //     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
-//     convolution (the bias needs one group and the table).
+//     convolution (the bias needs one group and the table), and so does relu6: FIXPIPE's ReLU
+//     clamps at 0 only, the batch norm's vector launch clamps at 0 and 6.
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
@@ -117,6 +119,22 @@ void fold_width(CubeConvSpec& s, const std::vector<int64_t>& x) {
   s.cs = s.cg_in = s.kw * c;
   s.kw = 1;
   s.b_tap = s.cs * s.cy;
+}
+
+// A convolution with a batch norm (Conv2DBatchNormInference, DepthwiseConv2dBatchNormInference):
+// the filter (dtype dt) f32, x f32 or f16 (Tx: a fused producer's fp16 hand-off), y f32 or f16
+// (Tout); returns y's type.
+DataType batch_norm_conv_y_type(const OpDesc& op, DataType dt) {
+  if (dt != DataType::F32)
+    op.fail(fmt::format("filter is {}, only f32 is supported", data_type_name(dt)));
+  const DataType xt = op.inputs[0].dtype;
+  if ((xt != DataType::F32 && xt != DataType::F16) || op.attr_type("Tx").value_or(xt) != xt)
+    op.fail(fmt::format("x is {} (attribute Tx {}): f32 or f16 expected", data_type_name(xt),
+                        data_type_name(op.attr_type("Tx").value_or(xt))));
+  const DataType y_type = op.attr_type("Tout").value_or(DataType::F32);
+  if (y_type != DataType::F32 && y_type != DataType::F16)
+    op.fail(fmt::format("attribute Tout = {}: f32 or f16 expected", data_type_name(y_type)));
+  return y_type;
 }
 
 // Conv2DBatchNormInference's batch-norm inputs (scale, offset, mean, variance, bias follow).
@@ -241,10 +259,17 @@ struct BnStats {
 // pixels, the kernel also sums y's channels (CubeConvSpec::bn_stats: sum and sum of squares
 // of y as FIXPIPE wrote it, before any widening, which is exact, and BNTrainingReduce's
 // epilogue adding the vector cores' partials as its last phase); else stats->done stays false.
+// With y_f32, the cube writes y as f32 to that workspace tensor instead of output 0 (ct.fix_out
+// F32, no widening: a vector pass after it reads y and rounds it once to the output's type).
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
-                      const ArgRef* bias = nullptr, BnStats* stats = nullptr) {
+                      const ArgRef* bias = nullptr, BnStats* stats = nullptr,
+                      const ArgRef* y_f32 = nullptr) {
   const TensorDesc& out = k.outputs[0];
+  if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
+    ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
+  const ArgRef final_y = y_f32 ? *y_f32 : output_ref(0);
+  const DataType final_type = y_f32 ? DataType::F32 : out.dtype;
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
   const int64_t osz = isa::dtype_size(spec.out_type);
@@ -253,7 +278,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
   const int64_t rows = out.num_elements() / spec.cy;
   const bool padded = spec.pitch() != spec.cy;
-  ArgRef y = output_ref(0);
+  ArgRef y = final_y;
   if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
@@ -276,11 +301,32 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   }
   k.launches.push_back(with_args(std::move(conv), args));
   if (padded)
-    append_strided_copy(k, ctx.op, y, output_ref(0), rows, spec.cy, spec.pitch(),
-                        ct.widen ? DataType::F16 : out.dtype, out.dtype, ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
+                        ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
   else if (ct.widen)
-    append_strided_copy(k, ctx.op, y, output_ref(0), 1, out.num_elements(), out.num_elements(),
-                        DataType::F16, out.dtype, ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
+                        DataType::F16, final_type, ctx.cfg);
+}
+
+// The convolution (x, w as the cube reads them), then the batch norm's vector pass `fold` with
+// the op's activation into output 0 (y_type): where the cube cannot add the shift itself. An
+// f16 y is rounded once, by the pass, from the cube's f32 result in the workspace.
+void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
+                                 const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
+                                 const BatchNormFold& fold, DataType y_type) {
+  const Activation act = activation_attr(ctx.op);
+  const std::vector<int64_t>& shape = k.outputs[0].shape;
+  if (y_type != DataType::F16) {
+    append_cube_conv(k, ctx, ct, s, x, w);
+    append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),
+                            device_dtype(y_type));
+    return;
+  }
+  ct.fix_out = Dtype::F32;
+  ct.widen = false;
+  const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
+  append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
+  append_batch_norm_apply(k, ctx, y32, shape, fold, act, Dtype::F32, Dtype::F16);
 }
 
 // The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks
@@ -403,18 +449,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
       op.invalid(fmt::format("bias {} is not [{}], the filter's output channels",
                              shape_str(op.inputs[2].shape), op.inputs[1].shape[3]));
   }
-  DataType y_type = dt;
-  if (batch_norm) {
-    if (dt != DataType::F32)
-      op.fail(fmt::format("filter is {}, only f32 is supported", data_type_name(dt)));
-    const DataType xt = op.inputs[0].dtype;
-    if ((xt != DataType::F32 && xt != DataType::F16) || op.attr_type("Tx").value_or(xt) != xt)
-      op.fail(fmt::format("x is {} (attribute Tx {}): f32 or f16 expected", data_type_name(xt),
-                          data_type_name(op.attr_type("Tx").value_or(xt))));
-    y_type = op.attr_type("Tout").value_or(DataType::F32);
-    if (y_type != DataType::F32 && y_type != DataType::F16)
-      op.fail(fmt::format("attribute Tout = {}: f32 or f16 expected", data_type_name(y_type)));
-  }
+  const DataType y_type = batch_norm ? batch_norm_conv_y_type(op, dt) : dt;
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const int64_t c = x[3], cin = f[2], cout = f[3];
@@ -493,12 +528,12 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
-  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores): else
-  // the batch norm as its own launch.
-  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
-    append_cube_conv(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1));
-    append_batch_norm_apply(k, ctx, output_ref(0), k.outputs[0].shape, fold, relu,
-                            device_dtype(y_type));
+  // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores), and
+  // FIXPIPE clamps at 0 only (the fixpipe instruction's relu bit): else the batch norm, with
+  // the activation, as its own launch.
+  if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT) ||
+      activation_attr(op) == Activation::kRelu6) {
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
@@ -926,33 +961,54 @@ DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f
   return DepthwiseShapes{c, f[3], (c + 15) / 16};
 }
 
-// The block-diagonal filter in the workspace from filter input `input` (cube type).
+// The block-diagonal filter from filter input `input` (cube type): a derived tensor of that
+// input (compiler.h), so a caller keeps it while the filter is unchanged (an inference's
+// weights: built once, not at every run).
 ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                         size_t input, const std::vector<int64_t>& f) {
   const ArgRef w = cube_operand(k, ctx, ct, input);
   const int64_t taps = f[0] * f[1], groups = (f[2] + 15) / 16;
-  const ArgRef wbd = workspace_take(k, static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2);
+  const uint64_t bytes = static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2;
+  const ArgRef ws = workspace_take(k, bytes);
+  const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(DerivedTensor{{static_cast<int>(input)}, k.launches.size(), bytes,
+                                    "block-diagonal depthwise filter"});
   k.launches.push_back(with_args(
       build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()),
       {w, wbd}));
   return wbd;
 }
 
+// DepthwiseConv2dNative, and DepthwiseConv2dBatchNormInference (x, filter, scale, offset, mean,
+// variance[, bias]; epsilon, relu, relu6, Tx, Tout: the graph fusion of DepthwiseConv2dNative ->
+// BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
+// y = conv * a + shift, the activation, one rounding to Tout) as Conv2DBatchNormInference runs
+// it where the cube has no bias for it. x may be f16 (Tx: a fused producer's fp16 hand-off, what
+// the cube reads), y f16 (Tout); filter and batch norm f32.
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  const bool batch_norm = op.type == "DepthwiseConv2dBatchNormInference";
+  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7 : op.inputs.size() != 2)
+    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "6 or 7" : "2",
+                        op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
-  const DataType dt = common_dtype(op, {0, 1});
+  const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
+                                                  : std::initializer_list<size_t>{0, 1});
+  const DataType y_type = batch_norm ? batch_norm_conv_y_type(op, dt) : dt;
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const DepthwiseShapes d = depthwise_shapes(op, f, x[3]);
   const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
   CompiledKernel k;
-  k.outputs = {TensorDesc{dt, {x[0], cw.h.out, cw.w.out, d.c * d.m}}};
+  k.outputs = {TensorDesc{y_type, {x[0], cw.h.out, cw.w.out, d.c * d.m}}};
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
-  const ArgRef xr = cube_operand(k, ctx, ct, 0);
+  BatchNormFold fold;
+  if (batch_norm) fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  // x in f16 already (Tx = half) is what the cube reads.
+  const ArgRef xr =
+      op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
   const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
   CubeConvSpec s;
   s.name = fmt::format("DepthwiseConv2dNative_{}", data_type_name(dt));
@@ -969,7 +1025,10 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_tap = 256 * d.m;
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
-  append_cube_conv(k, ctx, ct, s, xr, wbd);
+  if (batch_norm)
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type);
+  else
+    append_cube_conv(k, ctx, ct, s, xr, wbd);
   return k;
 }
 
@@ -1103,7 +1162,8 @@ CompiledKernel compile_conv2d(const CompileContext& ctx) {
     return compile_conv2d_forward(ctx);
   if (t == "Conv2DBackpropInput") return compile_conv2d_backprop_input(ctx);
   if (t == "Conv2DBackpropFilter") return compile_conv2d_backprop_filter(ctx);
-  if (t == "DepthwiseConv2dNative") return compile_depthwise_forward(ctx);
+  if (t == "DepthwiseConv2dNative" || t == "DepthwiseConv2dBatchNormInference")
+    return compile_depthwise_forward(ctx);
   if (t == "DepthwiseConv2dNativeBackpropInput") return compile_depthwise_backprop_input(ctx);
   if (t == "DepthwiseConv2dNativeBackpropFilter") return compile_depthwise_backprop_filter(ctx);
   ctx.op.fail("not a conv2d-family op");

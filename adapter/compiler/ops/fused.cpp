@@ -3,7 +3,7 @@
 // plugin registers their definitions (kernels_fused.cpp). Like CANN's graph engine fusions, each
 // runs as at most two launches instead of one per op of the chain.
 //
-// BatchNormInference(x, scale, offset, mean, variance[, bias]; epsilon, relu) -> y
+// BatchNormInference(x, scale, offset, mean, variance[, bias]; epsilon, relu, relu6, Tout) -> y
 //   x: f32 [..., C] (channel last: NHWC feature maps, Dense outputs); the others f32 [C] (or
 //   [1, ..., 1, C] of at most x's rank: Keras reshapes them so for a positive channel axis). The
 //   optional sixth input is the bias of a BiasAdd that produced x (the fused chain is then
@@ -15,7 +15,10 @@
 //       shift = offset - mean * a                 (no bias: the chain's own rounding steps)
 //       shift = offset + (bias - mean) * a        (with bias)
 //     launch 2 (streaming kernel, a and shift resident in the UB):
-//       y = x * a + shift, then max(y, 0) when relu.
+//       y = x * a + shift, then max(y, 0) when relu, min(max(y, 0), 6) when relu6 (a Relu6
+//       after the chain, as CANN fuses it into the batch norm's or convolution's epilogue),
+//       rounded once to Tout (f32, or f16 where the graph fusion hands y to convolutions:
+//       the RNE rounding their input cast would apply, so their result is the same bits).
 //   Numerics: without a bias each step is the f32 operation TF's kernels run, so y matches the
 //   unfused chain bit for bit wherever vrsqrt matches TF's Rsqrt. With a bias the fold reorders
 //   (x + bias) * a + (offset - mean * a) into x * a + (offset + (bias - mean) * a): a few f32
@@ -111,28 +114,53 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
   return fold;
 }
 
+Activation activation_attr(const OpDesc& op) {
+  if (op.attr_bool("relu6", false)) return Activation::kRelu6;
+  return op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone;
+}
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::kNone: return "";
+    case Activation::kRelu: return "Relu";
+    case Activation::kRelu6: return "Relu6";
+  }
+  return "";
+}
+
+void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count) {
+  if (act == Activation::kRelu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, y, y, count);
+  if (act == Activation::kRelu6) {
+    f32_scalar(b, Opcode::op_vmaxs, y, y, 0.0, count);
+    f32_scalar(b, Opcode::op_vmins, y, y, 6.0, count);
+  }
+}
+
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             bool relu, Dtype io_type) {
+                             Activation act, Dtype x_type, Dtype y_type) {
   const int64_t c = shape.back();
   StreamSpec spec;
-  spec.kernel_name = fmt::format("{}_{}", relu ? "BatchNormInferenceRelu" : "BatchNormInference",
-                                 isa::dtype_name(io_type));
-  spec.out_type = io_type;
+  spec.kernel_name =
+      x_type == y_type
+          ? fmt::format("BatchNormInference{}_{}", activation_name(act), isa::dtype_name(y_type))
+          : fmt::format("BatchNormInference{}_{}_{}", activation_name(act),
+                        isa::dtype_name(x_type), isa::dtype_name(y_type));
+  spec.out_type = y_type;
   spec.out_shape = shape;
-  spec.inputs = {StreamInput{io_type, broadcast_view(shape, shape), shape},
+  spec.inputs = {StreamInput{x_type, broadcast_view(shape, shape), shape},
                  StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}},
                  StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}}};
-  const bool f16 = io_type == Dtype::F16;
-  if (f16) spec.temps = {TempSpec{"y (f32)", 4, 0}};
-  spec.compute = [relu, f16](KernelBuilder& b, const TileOperands& t) {
+  const bool x16 = x_type == Dtype::F16, y16 = y_type == Dtype::F16;
+  if (y16) spec.temps = {TempSpec{"y (f32)", 4, 0}};
+  spec.compute = [act, x16, y16](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
-    const uint64_t y = f16 ? t.temp[0] : t.out;
-    if (f16) vec_convert(b, Dtype::F32, Dtype::F16, y, t.in[0], RoundMode::kRint, n);
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, y, f16 ? y : t.in[0], t.in[1], n);
+    const uint64_t y = y16 ? t.temp[0] : t.out;
+    if (x16) vec_convert(b, Dtype::F32, Dtype::F16, y, t.in[0], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, y, x16 ? y : t.in[0], t.in[1], n);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, y, y, t.in[2], n);
-    if (relu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, y, y, n);
-    if (f16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
+    append_activation(b, act, y, n);
+    if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
   };
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {x, fold.a, fold.shift, output_ref(0)}));
@@ -178,12 +206,16 @@ CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
     op.fail(fmt::format("attribute T = {} does not match x's {}", data_type_name(*t),
                         data_type_name(x.dtype)));
   if (x.shape.empty()) op.fail("x must have rank >= 1 (channels last)");
+  // y f32, or f16 (Tout: the graph fusion's fp16 hand-off to convolutions, which read f16)
+  const DataType y_type = op.attr_type("Tout").value_or(DataType::F32);
+  if (y_type != DataType::F32 && y_type != DataType::F16)
+    op.fail(fmt::format("attribute Tout = {}: f32 or f16 expected", data_type_name(y_type)));
   CompiledKernel k;
-  k.outputs = {x};
+  k.outputs = {TensorDesc{y_type, x.shape}};
   if (x.num_elements() == 0) return k;
   const BatchNormFold fold = append_batch_norm_fold(k, ctx, 1, x.shape);
-  append_batch_norm_apply(k, ctx, input_ref(0), x.shape, fold, op.attr_bool("relu", false),
-                          Dtype::F32);
+  append_batch_norm_apply(k, ctx, input_ref(0), x.shape, fold, activation_attr(op), Dtype::F32,
+                          device_dtype(y_type));
   return k;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler::ops {
@@ -26,12 +27,27 @@ struct BatchNormFold {
 BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
                                      const std::vector<int64_t>& y_shape);
 
-// Appends y = x * a + shift (then max(y, 0) with relu) over `shape` (channels last), from the
-// tensor x to output 0 (x may be output 0 itself: each tile is read before it is written).
-// x and y are io_type (f32, or f16: widened exactly, computed in f32, rounded once).
+// The activation a fused inference op applies to its f32 result before the one rounding to
+// its output type: none, ReLU max(y, 0), or ReLU6 min(max(y, 0), 6) (MobileNet's; the same
+// vmaxs / vmins pair as the Relu6 kernel, so bit for bit the unfused Relu6 of the f32 value).
+enum class Activation { kNone, kRelu, kRelu6 };
+
+// The op's activation from its bool attributes relu6 (taken first) and relu (both default false).
+Activation activation_attr(const OpDesc& op);
+
+// "", "Relu" or "Relu6": the kernel-name suffix of an activation.
+const char* activation_name(Activation act);
+
+// Emits `act` in place on `count` f32 elements at UB address y.
+void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count);
+
+// Appends y = x * a + shift (then the activation) over `shape` (channels last), from the tensor
+// x to output 0 (x may be output 0 itself when of y's type: each tile is read before it is
+// written). x is x_type, y y_type, each f32 or f16 (widened exactly, computed in f32, rounded
+// once).
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             bool relu, isa::Dtype io_type);
+                             Activation act, isa::Dtype x_type, isa::Dtype y_type);
 
 // Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, or f16: widened
 // exactly, computed in f32, rounded once; channels last), bias = input `bias_input` (f32 [c]):

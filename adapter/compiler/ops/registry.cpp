@@ -291,6 +291,10 @@ const std::vector<OpEntry>& op_table() {
       {"Conv2DBackpropFilter", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"filter_sizes", 1, "filter_sizes"}})},
       {"DepthwiseConv2dNative", "conv2d", compile_conv2d, npu_t(K::kWindow, kFloatTypes)},
+      // DepthwiseConv2dNative -> BatchNormInference fused by the TF plugin's graph pass
+      {"DepthwiseConv2dBatchNormInference", "fused", compile_conv2d,
+       npu(K::kFusedInference,
+           {{"T", {DT::F32}}, {"Tx", {DT::F32, DT::F16}}, {"Tout", {DT::F32, DT::F16}}})},
       {"DepthwiseConv2dNativeBackpropInput", "conv2d", compile_conv2d,
        npu_t(K::kWindow, kFloatTypes, {{"input_sizes", 0, "input_sizes"}})},
       {"DepthwiseConv2dNativeBackpropFilter", "conv2d", compile_conv2d,
@@ -322,7 +326,8 @@ const std::vector<OpEntry>& op_table() {
       {"ApplyAdam", "optimizer", compile_optimizer,
        unregistered("TF1 ref-variable op; the row names the kernel ResourceApplyAdam launches")},
       // Inference fusions made by the TF plugin's graph pass (ops/fused.cpp)
-      {"BatchNormInference", "fused", compile_fused, npu_t(K::kFusedInference, {DT::F32})},
+      {"BatchNormInference", "fused", compile_fused,
+       npu(K::kFusedInference, {{"T", {DT::F32}}, {"Tout", {DT::F32, DT::F16}}})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
       // (T = f16: x and dy in f16, statistics f32, as CANN's; allow_mix_precision's graph pass)

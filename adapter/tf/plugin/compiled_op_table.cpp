@@ -64,6 +64,7 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
        {{"T", K::kType},
         {"epsilon", K::kFloat},
         {"relu", K::kBool},
+        {"relu6", K::kBool},
         {"N", K::kInt},
         {"strides", K::kInts},
         {"padding", K::kString},

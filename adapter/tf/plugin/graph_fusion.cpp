@@ -776,15 +776,16 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     for (const std::string* p : {&c->scale, &c->offset, &c->mean, &c->variance})
       ok = ok && channel_vector(g, *p);
     if (!ok || rm.claimed(add_1.name())) continue;
-    // A Relu that is add_1's only consumer becomes the fused node.
+    // A Relu or Relu6 that is add_1's only consumer becomes the fused node.
     tfc::NodeDef* last = &add_1;
-    bool relu = false;
+    bool relu = false, relu6 = false;
     if (tfc::NodeDef* r = g.only_consumer(add_1.name());
-        r && r->op() == "Relu" && on_npu(*r) && float_node(*r) &&
+        r && (r->op() == "Relu" || r->op() == "Relu6") && on_npu(*r) && float_node(*r) &&
         GraphView::reads(*r, 0, add_1.name()) && rm.removable(add_1, 1) &&
         !rm.claimed(r->name())) {
       last = r;
-      relu = true;
+      relu = r->op() == "Relu";
+      relu6 = !relu;
     }
     // A BiasAdd (NHWC) whose only consumer is mul_1 is folded in.
     std::vector<std::string> inputs = {c->x, c->scale, c->offset, c->mean, c->variance};
@@ -800,7 +801,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
       }
     }
     for (tfc::NodeDef* n : c->inner) rm.remove(n->name());
-    if (relu) rm.remove(add_1.name());
+    if (last != &add_1) rm.remove(add_1.name());
     rm.claim(last->name());
     // The epsilon Const goes when the chain was its only consumer (wherever it was placed).
     const tfc::NodeDef& eps = *c->eps_const;
@@ -812,6 +813,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     w.attrs["N"].set_i(static_cast<int64_t>(inputs.size()) - 5);
     w.attrs["epsilon"].set_f(c->epsilon);
     w.attrs["relu"].set_b(relu);
+    if (relu6) w.attrs["relu6"].set_b(true);
     rewrites.push_back(std::move(w));
   }
   for (Rewrite& w : rewrites) rewrite_as(*w.last, "BatchNormInference", w.inputs, w.attrs);
@@ -843,7 +845,8 @@ int fuse_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
 }
 
 // Conv2D -> BatchNormInference (the batch norm's x, the convolution's only consumer) ->
-// Conv2DBatchNormInference in place of the batch norm.
+// Conv2DBatchNormInference in place of the batch norm; DepthwiseConv2dNative alike ->
+// DepthwiseConv2dBatchNormInference.
 int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                           std::set<std::string>* removed) {
   GraphView g(graph);
@@ -853,7 +856,10 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
     tfc::NodeDef& bn = *graph.mutable_node(i);
     if (bn.op() != "BatchNormInference" || !on_npu(bn) || bn.input_size() < 5) continue;
     tfc::NodeDef* conv = g.producer(bn, 0, "Conv2D");
-    if (!conv || !float_node(*conv) || conv->input_size() != 2 || !rm.removable(*conv, 1))
+    const bool depthwise = !conv;
+    if (!conv) conv = g.producer(bn, 0, "DepthwiseConv2dNative");
+    if (!conv || !float_node(*conv) || conv->input_size() != 2 || !rm.removable(*conv, 1) ||
+        type_attr(bn, "Tout").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT)
       continue;
     auto f = conv->attr().find("data_format");
     if (f != conv->attr().end() && f->second.s() != "NHWC") continue;
@@ -861,25 +867,67 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
     for (int k = 1; k < bn.input_size(); ++k)
       if (bn.input(k).empty() || bn.input(k)[0] != '^') inputs.push_back(bn.input(k));
     std::map<std::string, tfc::AttrValue> attrs;
-    for (const char* a : {"T", "N", "epsilon", "relu"})
+    for (const char* a : {"T", "N", "epsilon", "relu", "relu6"})
       if (auto it = bn.attr().find(a); it != bn.attr().end()) attrs[a] = it->second;
     for (const char* a : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
       if (auto it = conv->attr().find(a); it != conv->attr().end()) attrs[a] = it->second;
     rm.remove(conv->name());
-    rewrite_as(bn, "Conv2DBatchNormInference", inputs, attrs);
+    rewrite_as(bn, depthwise ? "DepthwiseConv2dBatchNormInference" : "Conv2DBatchNormInference",
+               inputs, attrs);
     ++fused;
   }
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
 }
 
-// ---- rewrite 3b: convolution and MatMul epilogues (Conv2DBiasAdd, MatMulBiasAdd) ----
+// ---- rewrite 1b: zero padding absorbed into the convolution ----
 
 // n's data_format is NHWC (or absent: TensorFlow's default).
 bool nhwc(const tfc::NodeDef& n) {
   auto f = n.attr().find("data_format");
   return f == n.attr().end() || f->second.s() == "NHWC";
 }
+
+// Pad / PadV2 (constant 0) of an NHWC tensor along H and W only, read only by a Conv2D or
+// DepthwiseConv2dNative (NHWC, padding VALID, same device and T) as its input: the convolution
+// reads the Pad's input with padding EXPLICIT and the Pad's amounts, and the Pad goes (the
+// window pads with zeros: the same products and sums, a copy of the activation less).
+int absorb_conv_pads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int absorbed = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& conv = *graph.mutable_node(i);
+    if ((conv.op() != "Conv2D" && conv.op() != "DepthwiseConv2dNative") || !on_npu(conv) ||
+        !nhwc(conv) || conv.input_size() < 2)
+      continue;
+    auto padding = conv.attr().find("padding");
+    if (padding == conv.attr().end() || padding->second.s() != "VALID") continue;
+    tfc::NodeDef* pad = g.producer(conv, 0, "Pad");
+    if (!pad) pad = g.producer(conv, 0, "PadV2");
+    if (!pad || pad->device() != conv.device() || type_attr(*pad) != type_attr(conv) ||
+        pad->input_size() != (pad->op() == "Pad" ? 2 : 3) || !rm.removable(*pad, 1))
+      continue;
+    if (pad->op() == "PadV2" && !scalar_const_is(input_node(g, *pad, 2), 0.0)) continue;
+    const tfc::NodeDef* amounts = input_node(g, *pad, 1);
+    std::optional<std::vector<int64_t>> p = amounts ? const_ints(*amounts) : std::nullopt;
+    if (!p || p->size() != 8 || (*p)[0] || (*p)[1] || (*p)[6] || (*p)[7] ||
+        *std::min_element(p->begin(), p->end()) < 0)
+      continue;
+    tfc::AttrValue explicit_paddings;
+    for (int64_t v : *p) explicit_paddings.mutable_list()->add_i(v);
+    *conv.mutable_input(0) = pad->input(0);
+    (*conv.mutable_attr())["padding"].set_s("EXPLICIT");
+    (*conv.mutable_attr())["explicit_paddings"] = explicit_paddings;
+    rm.remove(pad->name());
+    ++absorbed;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return absorbed;
+}
+
+// ---- rewrite 3b: convolution and MatMul epilogues (Conv2DBiasAdd, MatMulBiasAdd) ----
 
 // Conv2D (NHWC) or MatMul -> BiasAdd (NHWC: the channel last) [-> Relu], all float32 on the
 // NPU on one device, the product read only by the BiasAdd (and the BiasAdd only by the Relu
@@ -931,10 +979,11 @@ int fuse_bias_epilogues(tfc::GraphDef& graph, const std::unordered_set<std::stri
   return fused;
 }
 
-// A Conv2DBatchNormInference whose every data consumer is a Conv2DBatchNormInference reading it
-// as x (and nothing else of it) hands its output over in fp16: Tout = half there, Tx = half in
-// the consumers. The cube reads fp16 anyway (allow_fp32_to_fp16): FIXPIPE rounds the result
-// once instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
+// A Conv2DBatchNormInference or BatchNormInference whose every data consumer is a
+// Conv2DBatchNormInference reading it as x (and nothing else of it) hands its output over in
+// fp16: Tout = half there, Tx = half in the consumers. The cube reads fp16 anyway
+// (allow_fp32_to_fp16): FIXPIPE (or the batch norm's vector pass) rounds the result once
+// instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
 int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   GraphView g(graph);
   std::unordered_map<std::string, std::vector<tfc::NodeDef*>> readers;  // producer -> consumers
@@ -944,8 +993,12 @@ int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& p
       const InputRef r = parse_input(n.input(k));
       if (r.control) continue;
       tfc::NodeDef* p = g.node(r.node);
-      if (!p || p->op() != "Conv2DBatchNormInference") continue;
-      const bool x_of_conv = n.op() == "Conv2DBatchNormInference" && k == 0 && r.port == 0 &&
+      if (!p || (p->op() != "Conv2DBatchNormInference" && p->op() != "BatchNormInference" &&
+                 p->op() != "DepthwiseConv2dBatchNormInference"))
+        continue;
+      const bool x_of_conv = (n.op() == "Conv2DBatchNormInference" ||
+                              n.op() == "DepthwiseConv2dBatchNormInference") &&
+                             k == 0 && r.port == 0 &&
                              on_npu(n) && type_attr(n, "Tx").value_or(tfc::DT_FLOAT) ==
                                               tfc::DT_FLOAT;
       readers[p->name()].push_back(x_of_conv ? &n : nullptr);
@@ -3693,6 +3746,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     removed.clear();
   }
   counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  // Before 2, which copies the convolution's padding attributes.
+  counts.conv_pad = absorb_conv_pads(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);

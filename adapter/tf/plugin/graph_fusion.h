@@ -46,13 +46,24 @@
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
 //        add_1 = AddV2(mul_1, sub)
 //      (Mul and AddV2 operands in either order), T = float, with an optional BiasAdd (NHWC)
-//      producing x and an optional Relu consuming add_1.
+//      producing x and an optional Relu or Relu6 consuming add_1 (relu / relu6: the clamp in
+//      the batch norm's pass, as CANN fuses Conv2D + BatchNorm + Relu6).
+//   1b. Zero padding into the convolution: Pad (or PadV2 with a constant 0) of NHWC x along H
+//      and W only (constant, non-negative amounts), read only by a Conv2D or
+//      DepthwiseConv2dNative (NHWC, padding VALID, same device and T) as its input, not
+//      preserved, no control edges: the convolution reads x with padding EXPLICIT and
+//      explicit_paddings the Pad's amounts, and the Pad goes (Keras' ZeroPadding2D before
+//      MobileNetV2's strided depthwise convolutions: a copy of the activation less, the same
+//      values, as the window's padding is zeros). Run before 2, which copies the attributes.
 //   2. Conv2DBatchNormInference: a BatchNormInference (from 1) whose x is a Conv2D (NHWC, float)
 //      with no other consumer: the batch norm folded into the convolution (CANN's graph engine
 //      does this at inference); the convolution's attributes, the batch norm's inputs after x.
-//      Where all of one's data consumers are such convolutions reading it as x, its output goes
-//      to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
-//      would run moves into the producer's FIXPIPE, with the same rounding.
+//      A DepthwiseConv2dNative so -> DepthwiseConv2dBatchNormInference (the depthwise
+//      convolution, then the batch norm's vector pass).
+//      Where all of one's (or of a BatchNormInference's) data consumers are such convolutions
+//      (Conv2D or depthwise) reading it as x, its output
+//      goes to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
+//      would run moves into the producer's FIXPIPE or vector pass, with the same rounding.
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
 //   3b. Conv2DBiasAdd / MatMulBiasAdd, CANN's convolution and MatMul epilogues: Conv2D (NHWC)
@@ -257,6 +268,7 @@ struct FusionCounts {
   int training_batch_norm = 0;  // training batch norms fused (4 nodes each, rewrite 0)
   int bn_relu_grad = 0;         // ReluGrads folded into rewrite 0's gradients (rewrite 0b)
   int batch_norm = 0;           // BatchNormInference nodes created (before 2 folds some in)
+  int conv_pad = 0;             // Pads absorbed into convolutions' padding (rewrite 1b)
   int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
   int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;             // AddRelu nodes created
@@ -277,7 +289,7 @@ struct FusionCounts {
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int total() const {
-    return training_batch_norm + bn_relu_grad + batch_norm + conv_batch_norm + add_relu +
+    return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm + add_relu +
            bias_epilogue + elementwise + variable_update + multi_tensor_update + update_casts +
            deduplicated + rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu +
            layer_norm + weight_quant_matmul + matmul_transposes;

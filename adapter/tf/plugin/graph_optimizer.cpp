@@ -300,7 +300,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(stderr,
                      "npusim: fusion in %s: %d training batch norms (%d ReluGrads folded "
-                     "in), %d BatchNormInference "
+                     "in), %d BatchNormInference, %d Pads into convolutions "
                      "(%d of them into "
                      "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
                      "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
@@ -309,7 +309,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                      "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
                      "Transposes folded into MatMuls\n",
                      item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
-                     counts.batch_norm,
+                     counts.batch_norm, counts.conv_pad,
                      counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
                      counts.bias_epilogue, counts.elementwise, counts.variable_update,
                      counts.multi_tensor_update, counts.update_casts, counts.deduplicated,

@@ -3,16 +3,23 @@
 // libtensorflow_framework.so.2) and their NPU kernels (compiled by adapter/compiler/ops/
 // fused.cpp, which states the formulas):
 //
-//   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: T
-//     T in {float}; N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
-//     relu: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]).
+//   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: Tout
+//     T in {float}; Tout in {float, half} (default float; half where the graph fusion hands y
+//     to convolutions in fp16); N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
+//     relu, relu6: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]
+//     with relu; min(max(., 0), 6) with relu6: a Relu6 after the chain).
 //   Conv2DBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T, variance: T,
 //                            bias: N * T) -> y: Tout
 //     Conv2D's attributes (strides, padding, explicit_paddings, dilations, data_format) and
-//     BatchNormInference's (N, epsilon, relu): the batch norm folded into the convolution.
+//     BatchNormInference's (N, epsilon, relu, relu6): the batch norm folded into the
+//     convolution.
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
 //     reads (graph_fusion.h).
+//   DepthwiseConv2dBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T,
+//                                     variance: T, bias: N * T) -> y: Tout
+//     the same for DepthwiseConv2dNative -> BatchNormInference (MobileNetV2's depthwise
+//     convolutions): the depthwise convolution, then the batch norm's vector pass.
 //   Conv2DBiasAdd(x: T, filter: T, bias: Tbias) -> y: T     T in {float, half}, Tbias in
 //     {float} (default; half T: allow_mix_precision's graph pass, mixed_precision.h); Conv2D's
 //     attributes and relu: bool: Conv2D -> BiasAdd [-> Relu] as one convolution starting from
@@ -201,16 +208,27 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
   const OpDefSpec defs[] = {
       {"BatchNormInference",
        {"x: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
-       {"y: T"},
-       {"T: {float}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
+       {"y: Tout"},
+       {"T: {float}", "Tout: {float, half} = DT_FLOAT", "N: int >= 0 = 0",
+        "epsilon: float = 0.001", "relu: bool = false", "relu6: bool = false"},
        same_as_input0},
       {"Conv2DBatchNormInference",
        {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
        {"y: Tout"},
        {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
         "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
-        "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
+        "relu6: bool = false", "strides: list(int)", "padding: string",
+        "explicit_paddings: list(int) = []",
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
+       unknown_shape},
+      {"DepthwiseConv2dBatchNormInference",
+       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"y: Tout"},
+       {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
+        "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+        "relu6: bool = false", "strides: list(int)", "padding: string",
+        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
+        "data_format: string = 'NHWC'"},
        unknown_shape},
       {"Conv2DBiasAdd",
        {"x: T", "filter: T", "bias: Tbias"},

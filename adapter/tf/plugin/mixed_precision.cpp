@@ -48,8 +48,19 @@ const std::vector<const char*> kTrustList = {
 
 // graph_fusion.h's bias epilogues are on the list of their product (CANN: Conv2D / MatMulV2
 // with a bias input), so a user's list naming the product covers them.
-const std::map<std::string, std::string> kEpilogueProduct = {{"Conv2DBiasAdd", "Conv2D"},
-                                                             {"MatMulBiasAdd", "MatMul"}};
+const std::map<std::string, std::string> kEpilogueProduct = {
+    {"Conv2DBiasAdd", "Conv2D"},
+    {"MatMulBiasAdd", "MatMul"},
+    {"Conv2DBatchNormInference", "Conv2D"},
+    {"DepthwiseConv2dBatchNormInference", "DepthwiseConv2dNative"}};
+
+// The fused inference convolutions keep T (the filter and the batch norm's per-channel inputs)
+// float32 and run in float16 through their x and y types: Tx and Tout half (the cube reads
+// f16, the batch norm's pass rounds once to f16), as CANN's Conv2D + BNInference fusion keeps
+// its scale and offset in float32.
+bool half_through_io_types(const std::string& op) {
+  return op == "Conv2DBatchNormInference" || op == "DepthwiseConv2dBatchNormInference";
+}
 
 const std::vector<const char*> kBlockList = {
     // Exponentials and logarithms: exp overflows float16 above 11.1, log loses its small
@@ -341,7 +352,12 @@ MixedPrecisionCounts apply_mixed_precision(
   // the constraints of attributes the node leaves at their defaults, e.g. Conv2DBiasAdd's Tbias).
   const auto as_half = [](const tfc::NodeDef& node) {
     tfc::NodeDef h = node;
-    (*h.mutable_attr())["T"].set_type(tfc::DT_HALF);
+    if (half_through_io_types(node.op())) {
+      (*h.mutable_attr())["Tx"].set_type(tfc::DT_HALF);
+      (*h.mutable_attr())["Tout"].set_type(tfc::DT_HALF);
+    } else {
+      (*h.mutable_attr())["T"].set_type(tfc::DT_HALF);
+    }
     add_defaults(&h);
     return h;
   };

@@ -34,6 +34,9 @@
 //     on the producer's device when that is the NPU (else the consumer's). Variables stay
 //     float32: a ReadVariableOp is not flipped, its value is cast for float16 readers, and the
 //     optimizer's updates (blocklisted) read float32 gradients.
+//   - The fused inference convolutions (Conv2DBatchNormInference,
+//     DepthwiseConv2dBatchNormInference) are on their product's list and turn float16 through
+//     Tx and Tout (x and y), T (filter, batch norm) staying float32.
 //   - First, a Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b; on the list of its
 //     product, Conv2D / MatMul) that is trustlisted but has no float16 kernel (MatMulBiasAdd's
 //     is float32 only; Conv2DBiasAdd has one, its bias staying float32 as the bias table holds
