@@ -39,8 +39,10 @@
 //      inputs added (BNTrainingUpdateGrad(g, x, batch_mean, batch_variance, scale, offset),
 //      BNTrainingReduceGrad(..., batch_variance, offset)), and mask g by x * a + shift > 0,
 //      the ReLU's own pre-activation recomputed bit for bit (adapter/compiler/ops/
-//      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). Runs with
-//      rewrite 0 only; NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
+//      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). The four
+//      ops of one type, float or half. Runs with rewrite 0 only; under allow_mix_precision's
+//      graph pass after that pass (fold_bn_relu_grads below), on the half ops it leaves.
+//      NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -323,6 +325,12 @@ bool conv_bn_reduce_fusion_requested();
 // Conv2DBNTrainingReduce nodes created.
 int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
                          const std::unordered_set<std::string>& preserve);
+
+// Rewrite 0b (above) on `graph` while fusion_enabled() and rewrites 0 and 0b are requested,
+// after allow_mix_precision's pass (which fuse_npu_graph leaves it to); returns the ReluGrads
+// folded.
+int fold_bn_relu_grads(tensorflow::GraphDef& graph,
+                       const std::unordered_set<std::string>& preserve);
 
 // Rewrite 5c (above) on `graph` while fusion_enabled() and requested, for the Casts the mixed
 // precision pass (mixed_precision.h) puts before the updates after the other rewrites ran;
