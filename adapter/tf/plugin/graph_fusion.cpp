@@ -756,6 +756,53 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
 
 // ---- end of rewrite 0b ----
 
+// ---- Rewrite 16: a residual gradient sum and its ReluGrad as one pass (graph_fusion.h) ----
+
+// ReluGrad(AddN(a0, ..., a(n-1)), y) with the AddN read by nothing else -> the ReluGrad
+// rewritten in place as FusedElementwise(a0, ..., a(n-1), y) of steps "AddV2 i0 i1",
+// "AddV2 s0 i2", ..., "ReluGrad s(n-2) in" (AddN's own steps, then ReluGrad's); the AddN goes.
+int fuse_add_n_relu_grads_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                             std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& rg = *graph.mutable_node(i);
+    if (rg.op() != "ReluGrad" || !on_npu(rg) || rg.input_size() < 2) continue;
+    const std::optional<tfc::DataType> t = type_attr(rg);
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) continue;
+    tfc::NodeDef* sum = g.producer(rg, 0, "AddN");
+    if (!sum || type_attr(*sum) != t || sum->device() != rg.device() || !rm.removable(*sum, 1) ||
+        parse_input(rg.input(1)).control)
+      continue;
+    std::vector<std::string> inputs;
+    for (const std::string& in : sum->input())
+      if (in.empty() || in[0] != '^') inputs.push_back(in);
+    if (inputs.empty()) continue;
+    tfc::AttrValue steps;
+    std::string last = "i0";
+    for (size_t k = 1; k < inputs.size(); ++k) {
+      steps.mutable_list()->add_s("AddV2 " + last + " i" + std::to_string(k));
+      last = "s" + std::to_string(k - 1);
+    }
+    steps.mutable_list()->add_s("ReluGrad " + last + " i" + std::to_string(inputs.size()));
+    inputs.push_back(rg.input(1));
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
+    attrs["steps"] = steps;
+    // The node names the fused node stands for besides its own (reports keep both).
+    attrs["_npusim_fused"].mutable_list()->add_s(sum->name());
+    rm.remove(sum->name());
+    rewrite_as(rg, "FusedElementwise", inputs, attrs);
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// ---- end of rewrite 16 ----
+
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
   GraphView g(graph);
@@ -3638,6 +3685,20 @@ int fold_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
   const int folded = fuse_bn_relu_grads(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return folded;
+}
+
+bool add_n_relu_grad_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_ADDN_RELU_GRAD");
+  return on;
+}
+
+int fuse_add_n_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !add_n_relu_grad_fusion_requested() || !fused_elementwise_registered())
+    return 0;
+  std::set<std::string> removed;
+  const int fused = fuse_add_n_relu_grads_in(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return fused;
 }
 
 int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {

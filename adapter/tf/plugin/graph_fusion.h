@@ -228,6 +228,17 @@
 //      no HBM pass of its own. The convolution's other readers are fine; the BNTrainingReduce
 //      must have no control edges and not be preserved. NPUSIM_FUSION_CONV_BN_REDUCE=0 turns
 //      it alone off.
+//   16. A residual gradient sum and its ReLU's gradient as one pass, run by the optimizer after
+//      the mixed precision pass (fuse_add_n_relu_grads below; the two in the type they run
+//      in) and after 0b: ReluGrad(AddN(a0, ..., a(n-1)), y), T float, half or bfloat16, the
+//      AddN read by the ReluGrad alone (not preserved, no control edges, same device) -> the
+//      ReluGrad rewritten in place as FusedElementwise(a0, ..., a(n-1), y) of steps
+//      "AddV2 i0 i1", "AddV2 s0 i2", ..., "ReluGrad s(n-2) in" (the AddN kernel's own steps,
+//      left to right, each rounded to T, then ReluGrad's: the same bits), `_npusim_fused`
+//      naming the AddN, which goes. In a ResNet's backward pass the gradient arriving at a
+//      residual block's output is such a sum (the next block's input gradient and its
+//      shortcut's), taken back through the block's ReLU. NPUSIM_FUSION_ADDN_RELU_GRAD=0 turns
+//      it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -331,6 +342,11 @@ int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
 // folded.
 int fold_bn_relu_grads(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
+
+// Rewrite 16 (above) on `graph` while fusion_enabled(), requested and FusedElementwise is
+// registered; returns the ReluGrads rewritten.
+int fuse_add_n_relu_grads(tensorflow::GraphDef& graph,
+                          const std::unordered_set<std::string>& preserve);
 
 // Rewrite 5c (above) on `graph` while fusion_enabled() and requested, for the Casts the mixed
 // precision pass (mixed_precision.h) puts before the updates after the other rewrites ran;

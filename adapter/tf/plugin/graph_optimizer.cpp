@@ -356,6 +356,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                        item_id(item).c_str(), folded);
         changed |= folded > 0;
       }
+      // A residual gradient sum and its ReluGrad as one pass (rewrite 16), after 0b.
+      const int sums = fuse_add_n_relu_grads(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && sums > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d AddN + ReluGrad\n", item_id(item).c_str(),
+                     sums);
+      changed |= sums > 0;
       const int fused = fuse_conv_bn_reduces(graph, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG") && fused > 0)
         std::fprintf(stderr, "npusim: fusion in %s: %d Conv2DBNTrainingReduce\n",
