@@ -13,7 +13,9 @@
 //   dx = c1 ((dy - mdy) - (x - m) c2): the rounding of each step, 4 e per term and of c1, c2.
 // With relu (the ReLU's gradient folded in), dy is replaced by dy * (x a + shift > 0), the
 // forward pass's a = scale / sqrt(v + eps) and shift = offset - m a; x is drawn so that no
-// pre-activation lies within 1e-3 of 0 (the mask is then the same in f32 and in double).
+// pre-activation lies within 1e-3 of 0 (the mask is then the same in f32 and in double); the
+// mask's edges (f16: y rounded to f16 is 0 up to 2^-25) are checked bit for bit against the
+// unfused chain (check_relu_fold_bits).
 // With x (and dy) f16 (allow_mix_precision's graph pass: x / dy f16, statistics f32) the inputs
 // are exact f16 values, every sum and statistic is the same f32 computation, and y / dx are
 // rounded once more to f16: + 2^-11 |y| (round to nearest).
@@ -158,7 +160,8 @@ void check_grads(const GradCase& gc) {
                    shift = offset.values[j] - mean.values[j] * a;
       for (int64_t i = 0; i < r; ++i) {
         const size_t q = static_cast<size_t>(i * c + j);
-        if (std::fabs(x.values[q] * a + shift) < 1e-3) x.values[q] += 0.01;
+        if (std::fabs(x.values[q] * a + shift) < 1e-3)
+          x.values[q] = round_to(gc.dt, x.values[q] + 0.01);
         if (x.values[q] * a + shift <= 0) g.values[q] = 0;
       }
     }
@@ -205,6 +208,56 @@ void check_grads(const GradCase& gc) {
     }
   }
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
+}
+
+// The ReLU-masked gradients against the chain they replace, bit for bit: BNTrainingUpdate(relu)
+// -> y, ReluGrad(dy, y), then BNTrainingUpdateGrad / BNTrainingReduceGrad of that gradient,
+// each a kernel of its own. batch_mean is 0 (sum = 0 given), so shift = offset exactly and a
+// pixel with x = 0 has the pre-activation offset: channel j's offset puts such pixels right at
+// the edges of the mask (for f16, y rounded to f16 is +0 up to 2^-25, the tie to even
+// included); the other pixels are random. Small shapes, so that the masked and the plain sums
+// take the same tiles (on larger tensors the masked sums' extra UB buffers can make their tiles
+// smaller, which changes the order of the f32 additions, not the mask).
+void check_relu_fold_bits(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
+  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  INFO("ReLU fold " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+  const double eps = 0.001, t = std::ldexp(1.0, -25);
+  const std::vector<double> edges = {t,    std::nextafter(static_cast<float>(t), 1.0f),
+                                     -t,   std::nextafter(static_cast<float>(t), 0.0f),
+                                     0,    std::ldexp(1.0, -24),
+                                     1e-9, -0.0};
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
+  HostTensor dy = random_tensor(dt, shape, -1, 1, seed + 1);
+  HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 2);
+  HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 3);
+  for (int64_t j = 0; j < c; ++j) {
+    offset.values[j] = edges[j % edges.size()];
+    for (int64_t i = 0; i < r; i += 3) x.values[static_cast<size_t>(i * c + j)] = 0;
+  }
+  std::vector<double> sq(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < r; ++i) sq[j] += at(x, i, j, c) * at(x, i, j, c);
+  for (double& v : sq) v = round_to(DataType::F32, v);
+  const std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}, {"relu", true}},
+                                                   plain = {{"epsilon", eps}};
+  RunResult fwd =
+      run("BNTrainingUpdate", {x, vec(std::vector<double>(c)), vec(sq), scale, offset}, attrs, 3);
+  const HostTensor y{TensorDesc{dt, shape}, fwd.outputs[0].values};
+  const HostTensor mean = vec(fwd.outputs[1].values), var = vec(fwd.outputs[2].values);
+  const HostTensor g{TensorDesc{dt, shape}, run("ReluGrad", {dy, y}, {}, 1).outputs[0].values};
+  // Both sides of the mask occur.
+  size_t masked = 0;
+  for (double v : y.values) masked += v == 0;
+  CHECK(masked > 0);
+  CHECK(masked < y.values.size());
+  RunResult sums = run("BNTrainingUpdateGrad", {g, x, mean, var}, plain, 2);
+  RunResult fsums = run("BNTrainingUpdateGrad", {dy, x, mean, var, scale, offset}, attrs, 2);
+  CHECK(fsums.outputs[0].values == sums.outputs[0].values);
+  CHECK(fsums.outputs[1].values == sums.outputs[1].values);
+  const HostTensor ds = vec(sums.outputs[0].values), dof = vec(sums.outputs[1].values);
+  RunResult dx = run("BNTrainingReduceGrad", {g, x, ds, dof, scale, mean, var}, plain, 1);
+  RunResult fdx = run("BNTrainingReduceGrad", {dy, x, ds, dof, scale, mean, var, offset}, attrs, 1);
+  CHECK(fdx.outputs[0].values == dx.outputs[0].values);
 }
 
 // Conv2DBNTrainingReduce (ops/conv2d.cpp): y bit for bit as Conv2D / Conv2DBiasAdd compute it
@@ -277,7 +330,7 @@ TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad with relu: ReluGrad fol
   check_grads({{1, 4, 4, 7}, 31, true});  // channels padded to whole blocks
   check_grads({{3, 4, 4, 32}, 32, true});
   check_grads({{1, 4, 4, 200}, 33, true});
-  // relu needs the fold's inputs, and f32
+  // relu needs the fold's inputs
   const TensorDesc x{DataType::F32, {2, 4, 4, 8}}, v{DataType::F32, {8}};
   CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v}, {{"relu", true}}))
             .message.find("with relu = true takes 6 inputs, 4 given") != std::string::npos);
@@ -292,6 +345,19 @@ TEST_CASE("BNTraining ops with f16 x and dy: f32 statistics, f16 y and dx") {
   check_update({1, 4, 4, 200}, false, 33, DataType::F16);
   check_grads({{2, 3, 5, 16}, 34, false, DataType::F16});
   check_grads({{1, 4, 4, 7}, 35, false, DataType::F16});
+  check_grads({{2, 3, 5, 16}, 36, true, DataType::F16});
+  check_grads({{1, 4, 4, 7}, 37, true, DataType::F16});
+}
+
+TEST_CASE("BNTraining gradients with relu: ReluGrad's mask on the stored y, bit for bit") {
+  check_relu_fold_bits({2, 3, 5, 16}, DataType::F32, 60);
+  check_relu_fold_bits({2, 3, 5, 16}, DataType::F16, 61);
+  check_relu_fold_bits({1, 4, 4, 24}, DataType::F16, 62);
+  check_relu_fold_bits({1, 4, 4, 7}, DataType::F16, 63);  // channels padded to whole blocks
+  // bf16 has no BNTrainingUpdate to fold from
+  const TensorDesc x{DataType::BF16, {2, 4, 4, 8}}, v{DataType::F32, {8}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v, v, v}, {{"relu", true}}))
+            .message.find("relu = true needs T = f32 or f16") != std::string::npos);
 }
 
 TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile") {

@@ -324,6 +324,36 @@ TEST_CASE("fused chain of one input: unary steps, a step reading one result twic
                     "DivNoNan s5 s1"});
 }
 
+TEST_CASE("ReluGrad steps: a residual gradient sum back through its ReLU, bit-identical") {
+  // The graph pass's rewrite 16: ReluGrad(AddN(a, b, c), y) as AddN's AddV2 steps, then
+  // ReluGrad; y with zeros of both signs (masked), a with an infinity (inf * 0: NaN, as
+  // ReluGrad's product gives where the mask is 0).
+  const Steps steps = {"AddV2 i0 i1", "AddV2 s0 i2", "ReluGrad s1 i3"};
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<int64_t> shape = {4, 7, 7, 24};
+    std::vector<HostTensor> in = {
+        random_tensor(t, shape, -2, 2, 51), random_tensor(t, shape, -2, 2, 52),
+        random_tensor(t, shape, -2, 2, 53), random_tensor(t, shape, -1, 1, 54)};
+    for (size_t i = 0; i < in[3].values.size(); i += 5) in[3].values[i] = i % 2 ? -0.0 : 0.0;
+    in[0].values[10] = INFINITY;  // y[10] is 0: masked
+    const HostTensor fused = check_chain(in, steps);
+    // The sum is the AddN op's, bit for bit.
+    const std::vector<HostTensor> terms(in.begin(), in.begin() + 3);
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& x : terms) descs.push_back(x.desc);
+    RunResult sum = run_compiled(
+        test_sim(), compiler::compile(make_op("AddN", descs, {}), test_sim().config()), terms);
+    RunResult masked =
+        run_compiled(test_sim(),
+                     compiler::compile(make_op("ReluGrad", {sum.outputs[0].desc, in[3].desc}, {}),
+                                       test_sim().config()),
+                     {sum.outputs[0], in[3]});
+    check_bit_identical(fused, masked.outputs[0]);
+    CHECK(std::isnan(fused.values[10]));
+  }
+}
+
 TEST_CASE("fusible_elementwise: the float ops of binary.cpp and unary.cpp with a float result") {
   using compiler::ops::fusible_elementwise;
   for (const char* op : {"AddV2",    "Add",        "Sub",     "Mul",
@@ -336,6 +366,8 @@ TEST_CASE("fusible_elementwise: the float ops of binary.cpp and unary.cpp with a
   for (const char* op : {"Equal", "Less", "LogicalAnd", "LogicalOr", "IsFinite", "LogicalNot",
                          "Sigmoid", "Cast", "MatMul", "FusedElementwise", ""})
     CHECK_FALSE(fusible_elementwise(op));
+  // A step (rewrite 16 writes it), not one of rewrite 4's chain ops.
+  CHECK_FALSE(fusible_elementwise("ReluGrad"));
 }
 
 TEST_CASE("bad FusedElementwise ops: a CompileError naming the op, the step and the problem") {

@@ -85,11 +85,13 @@ if os.environ.get("OFF_TOO"):
 print("RESULT " + json.dumps(out))
 '''
 
-# (NPUSIM_FUSION_CONV_BN_REDUCE=0: the node types the pass gives, before rewrite 15 of
-# graph_fusion.h takes each BNTrainingReduce into its convolution; tests/tf/
-# test_fusion_conv_bn_reduce.py runs that under this mode.)
+# (NPUSIM_FUSION_CONV_BN_REDUCE=0 and NPUSIM_FUSION_BN_RELU_GRAD=0: the node types the pass
+# gives, before rewrite 15 of graph_fusion.h takes each BNTrainingReduce into its convolution
+# and rewrite 0b the ReluGrad into the batch norm's gradients; tests/tf/
+# test_fusion_conv_bn_reduce.py and test_fusion_bn_relu_grad.py run those under this mode.)
 ENV = {"NPUSIM_PRECISION_MODE": "allow_mix_precision", "NPUSIM_GRAPH": "0",
-       "TF_ENABLE_ONEDNN_OPTS": "0", "NPUSIM_FUSION_CONV_BN_REDUCE": "0"}
+       "TF_ENABLE_ONEDNN_OPTS": "0", "NPUSIM_FUSION_CONV_BN_REDUCE": "0",
+       "NPUSIM_FUSION_BN_RELU_GRAD": "0"}
 U = 2.0 ** -11
 
 

@@ -8,6 +8,13 @@ BNTrainingUpdateGrad and BNTrainingReduceGrad goes, and both mask g themselves.
   ReluGrad's bit for bit: the fused kernels recompute the ReLU's pre-activation with the
   forward pass's instructions) and, within the cube's fp16 operands, as TensorFlow on the CPU;
   without the ReluGrad launch (one launch fewer per step);
+- under allow_mix_precision the fold runs after the mixed precision pass, on the float16
+  ReluGrad and gradients it leaves: the same model's losses and weights as with
+  NPUSIM_FUSION_BN_RELU_GRAD=0 (f16 kernels: the masked sums' tiles may differ, so within a
+  few f16 roundings of the activations' gradients) and as TensorFlow on the CPU within the
+  mixed precision tolerance of tests/tf/test_allow_mix_precision.py, without the ReluGrad
+  launch; the kernels' bits against the unfolded chain are checked in
+  tests/compiler/test_compiler_bn_training.cpp;
 - patterns that must not fold keep their ReluGrad and still compute the CPU's results: the
   ReluGrad's output also read by another node, and fetched itself; the same hand-written
   pattern with neither folds and agrees with the CPU.
@@ -90,6 +97,26 @@ def test_keras_training_folded_matches_unfolded_and_cpu():
     # TensorFlow on the CPU: the convolution's operands reach the cube in fp16 on the NPU.
     assert_close_lists(folded["npu"]["losses"], folded["cpu"]["losses"], 1e-3, 1e-5)
     assert_close_lists(folded["npu"]["weights"], folded["cpu"]["weights"], 2e-2, 5e-3)
+
+
+MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
+U = 2.0 ** -11  # f16's unit roundoff
+
+
+def test_keras_training_mixed_precision_folded_in_float16():
+    folded = child_result(KERAS_CODE, extra_env=MIX)
+    unfolded = child_result(KERAS_CODE, extra_env=dict(MIX, NPUSIM_FUSION_BN_RELU_GRAD="0"))
+    assert "ReluGrad" not in folded["npu"]["types"]
+    assert ["ReluGrad", "ReluGrad_f16"] in unfolded["npu"]["ops"]
+    # the folded dx pass in float16 (f32 has its own kernel name)
+    assert ["BNTrainingReduceGrad", "BatchNormReluGrad_f16"] in folded["npu"]["ops"]
+    assert folded["npu"]["launches"] < unfolded["npu"]["launches"]
+    # The mask is ReluGrad's on the f16 y; the sums may add in other tiles (f32 rounding), which
+    # can move dx's f16 rounding by an ulp: a few U on the weights after three steps.
+    assert_close_lists(folded["npu"]["losses"], unfolded["npu"]["losses"], 4 * U, 1e-6)
+    assert_close_lists(folded["npu"]["weights"], unfolded["npu"]["weights"], 8 * U, 1e-4)
+    # TensorFlow on the CPU in float32: test_allow_mix_precision.py's bound on the losses.
+    assert_close_lists(folded["npu"]["losses"], folded["cpu"]["losses"], 3 * 16 * U, 1e-5)
 
 
 @pytest.fixture(scope="module")

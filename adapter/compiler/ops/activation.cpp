@@ -416,7 +416,66 @@ CompiledKernel compile_l2loss(const CompileContext& ctx) {
   return std::move(plan).finish();
 }
 
+// The tile work of `kind` on operands and a result of type dt (f32, f16, bf16, or s32 where the
+// op takes it): spec.temps, spec.prologue and spec.compute; reads TileOperands::in, writes out.
+void act_tile_work(const ActOp& kind, DataType dt, StreamSpec& spec) {
+  const Dtype type = device_dtype(dt);
+  const Dtype ct = dt == DataType::S32 ? Dtype::S32 : Dtype::F32;
+  const bool widen = type != ct;
+  const int n_in = kind.inputs;
+  // Temporaries: widened inputs and result (when widening), scratch, two bit rows, constants.
+  spec.temps.clear();
+  const int n_wide = widen ? n_in + 1 : 0;
+  for (int i = 0; i < n_wide; ++i) spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0});
+  for (int i = 0; i < kScratch; ++i)
+    spec.temps.push_back(TempSpec{fmt::format("scratch {}", i), 4, 0});
+  spec.temps.push_back(TempSpec{"compare bits", 1.0 / 8, 32});
+  spec.temps.push_back(TempSpec{"compare bits 2", 1.0 / 8, 32});
+  for (int i = 0; i < kNumConsts; ++i)
+    spec.temps.push_back(TempSpec{fmt::format("constant {}", i), 0, kSlotBytes});
+  const size_t first_const = spec.temps.size() - kNumConsts;
+  spec.prologue = [ct, first_const](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    const double values[kNumConsts] = {0, 1, 6};
+    for (int i = 0; i < kNumConsts; ++i)
+      vec_fill32(b, temp[first_const + static_cast<size_t>(i)], const_bits(ct, values[i]),
+                 kLanes32);
+  };
+  const ComputeFn compute = kind.compute;
+  spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
+    Lanes l{b, ct, *t.count, {}, 0, {}, 0, 0, {}};
+    size_t next = 0;
+    for (int i = 0; i < n_in; ++i) {
+      if (widen) {
+        const uint64_t w = t.temp[next++];
+        vec_convert(b, ct, type, w, t.in[static_cast<size_t>(i)], RoundMode::kRint, *t.count);
+        l.in.push_back(w);
+      } else {
+        l.in.push_back(t.in[static_cast<size_t>(i)]);
+      }
+    }
+    l.out = widen ? t.temp[next++] : t.out;
+    for (int i = 0; i < kScratch; ++i) l.tmp[i] = t.temp[next++];
+    l.bits = t.temp[next++];
+    l.bits2 = t.temp[next++];
+    for (int i = 0; i < kNumConsts; ++i) l.konst[i] = t.temp[next++];
+    compute(l, dt);
+    if (widen) vec_convert(b, type, ct, t.out, l.out, RoundMode::kRint, *t.count);
+  };
+}
+
 }  // namespace
+
+int activation_tile_work(const std::string& tf_op, Dtype type, StreamSpec& spec) {
+  // ReluGrad, the one taken as a step so far (elementwise.h), on float types.
+  if (tf_op != "ReluGrad" || (type != Dtype::F32 && type != Dtype::F16 && type != Dtype::BF16))
+    return 0;
+  for (const ActOp& k : kOps)
+    if (tf_op == k.tf_op) {
+      act_tile_work(k, from_device_dtype(type), spec);
+      return k.inputs;
+    }
+  return 0;
+}
 
 CompiledKernel compile_activation(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -450,53 +509,12 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16{})", data_type_name(dt),
                         kind->ints ? ", s32" : ""));
   const TensorDesc out = op.inputs[0];
-  const Dtype type = device_dtype(dt);
-  const Dtype ct = dt == DataType::S32 ? Dtype::S32 : Dtype::F32;
-  const bool widen = type != ct;
-  const int n_in = kind->inputs;
-
   StreamSpec spec;
   spec.kernel_name = fmt::format("{}_{}", op.type, data_type_name(dt));
   spec.inputs = stream_inputs(op.inputs, out.shape);
-  spec.out_type = type;
+  spec.out_type = device_dtype(dt);
   spec.out_shape = out.shape;
-  // Temporaries: widened inputs and result (when widening), scratch, two bit rows, constants.
-  const int n_wide = widen ? n_in + 1 : 0;
-  for (int i = 0; i < n_wide; ++i) spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0});
-  for (int i = 0; i < kScratch; ++i)
-    spec.temps.push_back(TempSpec{fmt::format("scratch {}", i), 4, 0});
-  spec.temps.push_back(TempSpec{"compare bits", 1.0 / 8, 32});
-  spec.temps.push_back(TempSpec{"compare bits 2", 1.0 / 8, 32});
-  for (int i = 0; i < kNumConsts; ++i)
-    spec.temps.push_back(TempSpec{fmt::format("constant {}", i), 0, kSlotBytes});
-  const size_t first_const = spec.temps.size() - kNumConsts;
-  spec.prologue = [ct, first_const](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-    const double values[kNumConsts] = {0, 1, 6};
-    for (int i = 0; i < kNumConsts; ++i)
-      vec_fill32(b, temp[first_const + static_cast<size_t>(i)], const_bits(ct, values[i]),
-                 kLanes32);
-  };
-  const ComputeFn compute = kind->compute;
-  spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
-    Lanes l{b, ct, *t.count, {}, 0, {}, 0, 0, {}};
-    size_t next = 0;
-    for (int i = 0; i < n_in; ++i) {
-      if (widen) {
-        const uint64_t w = t.temp[next++];
-        vec_convert(b, ct, type, w, t.in[static_cast<size_t>(i)], RoundMode::kRint, *t.count);
-        l.in.push_back(w);
-      } else {
-        l.in.push_back(t.in[static_cast<size_t>(i)]);
-      }
-    }
-    l.out = widen ? t.temp[next++] : t.out;
-    for (int i = 0; i < kScratch; ++i) l.tmp[i] = t.temp[next++];
-    l.bits = t.temp[next++];
-    l.bits2 = t.temp[next++];
-    for (int i = 0; i < kNumConsts; ++i) l.konst[i] = t.temp[next++];
-    compute(l, dt);
-    if (widen) vec_convert(b, type, ct, t.out, l.out, RoundMode::kRint, *t.count);
-  };
+  act_tile_work(*kind, dt, spec);
   return stream_kernel(ctx, out, spec);
 }
 

@@ -41,7 +41,10 @@
 //   ReLU on the fly: dy * (x * a + shift > 0 ? 1 : 0), as ReluGrad(dy, y). a and shift are
 //   recomputed from batch_mean, batch_variance, scale and offset with BNTrainingUpdate's
 //   instructions (bnt_fold), so x * a + shift is y's pre-activation bit for bit and the mask is
-//   ReluGrad's; y is not read (one pass over dy and x each, as without the ReLU).
+//   ReluGrad's; y is not read (one pass over dy and x each, as without the ReLU). T = f32 or
+//   f16 (allow_mix_precision): for f16, y is rounded to f16 after the ReLU, and ReluGrad reads
+//   that; the mask compares the f32 pre-activation with the largest f32 that rounds to f16 +0
+//   instead of 0 (channel.h relu_mask_threshold), which is the same test.
 //   The variance from the sum of squares (as CANN's BNTrainingReduce) loses precision where
 //   |mean| >> std (cancellation, relative error about 2^-24 * mean^2 / v), which a batch norm
 //   after a convolution does not see in practice; TF's graph subtracts the mean first.
@@ -355,27 +358,43 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
   return k;
 }
 
+// The ReLU-masked dx pass's temps besides its first: the mask bits, a repeat of 1.0f and one of
+// 0.0f, and one of the mask's threshold where it is not 0 (none without the mask).
+std::vector<TempSpec> relu_temps(bool relu, float threshold) {
+  if (!relu) return {};
+  std::vector<TempSpec> t = {{"mask bits", 1.0 / 8, 0},
+                             {"1.0f repeat", 0, vec::kRepeatBytes},
+                             {"0.0f repeat", 0, vec::kRepeatBytes}};
+  if (threshold != 0.0f) t.push_back({"ReLU mask threshold repeat", 0, vec::kRepeatBytes});
+  return t;
+}
+
 // The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
 // to output 0; `vectors` = {mdy, mean, c2, c1[, unused, shift]}, f32 [c]: their tiles as
 // `resident` leaves them, when given (it computes them from what the vectors are). With six
-// vectors (T = f32), dy is first masked as ReluGrad(dy, relu(x * c1 + shift)) (the file
-// comment's relu = true; BNTrainingUpdate's a is c1, the same instructions).
+// vectors, dy is first masked as ReluGrad(dy, relu(x * c1 + shift) stored as T) (the file
+// comment's relu = true; BNTrainingUpdate's a is c1, the same instructions; the comparison with
+// relu_mask_threshold(T) stands for the rounding to T).
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
                         DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
                         std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const bool relu = vectors.size() == 6;
+  const float threshold = relu ? relu_mask_threshold(device_dtype(dt)) : 0.0f;
   append_elementwise(
       k, op, fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt)), shape, dt,
       {input_ref(0), input_ref(1)}, vectors, output_ref(0), 1,
-      [dt, relu](KernelBuilder& b, const TileOperands& t, const std::vector<uint64_t>& f) {
+      [dt, relu, threshold](KernelBuilder& b, const TileOperands& t,
+                            const std::vector<uint64_t>& f) {
         const Reg& n = *t.count;
         const uint64_t u = t.temp[0];
         if (relu) {
-          // temps: u, the mask bits, then one repeat of 1.0f and one of 0.0f (the prologue's)
+          // temps: u, the mask bits, then one repeat of 1.0f and one of 0.0f (the prologue's),
+          // and for T = f16 one of the threshold
           const uint64_t bits = t.temp[1], one = t.temp[2], zero = t.temp[3];
+          const uint64_t above = threshold == 0.0f ? zero : t.temp[4];
           vec_binary(b, Opcode::op_vmul, Dtype::F32, u, f[1], t.in[3], n);  // as the apply
           vec_binary(b, Opcode::op_vadd, Dtype::F32, u, u, t.in[5], n);
-          vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, u, zero, n, true);
+          vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, u, above, n, true);
           vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
           vec_binary(b, Opcode::op_vmul, Dtype::F32, f[0], f[0], u, n);  // ReluGrad's product
         }
@@ -387,13 +406,13 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
         store_f32(b, t, u, dt);
       },
       cfg,
-      relu ? std::vector<TempSpec>{{"mask bits", 1.0 / 8, 0},
-                                   {"1.0f repeat", 0, vec::kRepeatBytes},
-                                   {"0.0f repeat", 0, vec::kRepeatBytes}}
-           : std::vector<TempSpec>{},
-      relu ? [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-        vec_fill_repeat(b, Dtype::F32, temp[2], 1.0);
-        vec_fill_repeat(b, Dtype::F32, temp[3], 0.0);
+      relu_temps(relu, threshold),
+      relu ? [threshold](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+        // (every temp of the kernel: the relu temps are the last ones)
+        const size_t x = temp.size() - relu_temps(true, threshold).size();
+        vec_fill_repeat(b, Dtype::F32, temp[x + 1], 1.0);
+        vec_fill_repeat(b, Dtype::F32, temp[x + 2], 0.0);
+        if (threshold != 0.0f) vec_fill_repeat(b, Dtype::F32, temp[x + 3], threshold);
       }
            : std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>{},
       std::move(resident));
@@ -582,10 +601,14 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   return k;
 }
 
-// The relu attribute of the ReLU-masked gradients (file comment): T must be f32 (the forward
-// BNTrainingUpdate's), and the op has `inputs` inputs with it, `inputs - extra` without.
+// The relu attribute of the ReLU-masked gradients (file comment): T must be f32 or f16 (the
+// forward BNTrainingUpdate's), and the op has `inputs` inputs with it, `inputs - extra` without.
 bool relu_attr(const OpDesc& op, size_t inputs, size_t extra) {
   const bool relu = op.attr_bool("relu", false);
+  if (relu && !op.inputs.empty() && op.inputs[0].dtype != DataType::F32 &&
+      op.inputs[0].dtype != DataType::F16)
+    op.fail(fmt::format("relu = true needs T = f32 or f16 (BNTrainingUpdate's), got {}",
+                        data_type_name(op.inputs[0].dtype)));
   if (relu && op.inputs.size() != inputs)
     op.fail(fmt::format("with relu = true takes {} inputs, {} given", inputs, op.inputs.size()));
   if (!relu && op.inputs.size() == inputs && extra)
@@ -601,9 +624,6 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   const bool relu = relu_attr(op, 6, 2);
   const TrainingShape t =
       relu ? training_shape(op, 6, {0, 1}, {2, 3, 4, 5}) : training_shape(op, 4, {0, 1}, {2, 3});
-  if (relu && t.dt != DataType::F32)
-    op.fail(fmt::format("relu = true needs T = f32 (BNTrainingUpdate's), got {}",
-                        data_type_name(t.dt)));
   const double eps = op.attr_float("epsilon", 0.001);
   CompiledKernel k;
   const TensorDesc vec{DataType::F32, {t.c}};
@@ -660,9 +680,6 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const bool relu = relu_attr(op, 8, 1);
   const TrainingShape t = relu ? training_shape(op, 8, {0, 1}, {2, 3, 4, 5, 6, 7})
                                : training_shape(op, 7, {0, 1}, {2, 3, 4, 5, 6});
-  if (relu && t.dt != DataType::F32)
-    op.fail(fmt::format("relu = true needs T = f32 (BNTrainingUpdate's), got {}",
-                        data_type_name(t.dt)));
   const double eps = op.attr_float("epsilon", 0.001);
   const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
   CompiledKernel k;

@@ -9,6 +9,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
 #include "adapter/compiler/ops/vector_rows.h"
+#include "common/convert.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -47,6 +48,20 @@ void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count) {
 void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count) {
   Reg s = b.reg_imm("fill (f32 bits)", vector_scalar_bits(Dtype::F32, v));
   vec_dup_bits(b, 4, d, s, count);
+}
+
+float relu_mask_threshold(Dtype t) {
+  if (t == Dtype::F32) return 0.0f;
+  if (t != Dtype::F16)
+    throw Error(fmt::format("a ReLU mask for outputs of type {} (f32, f16)", isa::dtype_name(t)));
+  // The largest positive f32 whose conversion is +0 (conversion is monotone in the bits of
+  // positive values): bisect on them, with the simulator's own conversion.
+  uint32_t lo = 0, hi = f32_to_bits(1.0f);  // rounds to 0, does not
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (convert_element<Dtype::F16, Dtype::F32>(mid, RoundMode::kRint) == 0 ? lo : hi) = mid;
+  }
+  return bits_to_f32(lo);
 }
 
 namespace {
@@ -104,6 +119,7 @@ class ChannelSumEmitter {
   uint64_t m_acc[2] = {0, 0}, m_acc2[2] = {0, 0};
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
+  uint64_t m_threshold = 0;  // relu_mask: a repeat of relu_mask_threshold (m_zero where 0)
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
@@ -134,9 +150,9 @@ void ChannelSumEmitter::plan_tile() {
   const bool has_b = m_has_b;
   if (s.plain_sum && s.kind == Kind::kSum)
     m_b.fail("a second plain sum needs kSumSquares or kSumProduct");
-  if (s.relu_mask && (!has_b || !s.centered || !s.mask_fold || s.a_type != Dtype::F32 ||
-                      s.b_type != Dtype::F32))
-    m_b.fail("a ReLU mask needs a centered kSumProduct of f32 tensors and its fold");
+  if (s.relu_mask && (!has_b || !s.centered || !s.mask_fold || s.a_type != s.b_type ||
+                      (s.a_type != Dtype::F32 && s.a_type != Dtype::F16)))
+    m_b.fail("a ReLU mask needs a centered kSumProduct of f32 or f16 tensors and its fold");
   if ((s.cp * sa) % 32 != 0 || (has_b && (s.cp * sb) % 32 != 0) || s.cp % 8 != 0)
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB) - m_ub_reserved;
@@ -264,6 +280,9 @@ void ChannelSumEmitter::allocate() {
                                fmt::format("mask vector {}", i)));
     m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
     m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
+    m_threshold = relu_mask_threshold(m_s.a_type) == 0.0f
+                      ? m_zero
+                      : b.alloc(Buf::UB, vec::kRepeatBytes, "ReLU mask threshold repeat");
   }
   m_acc[0] = alloc(tile * 4 + slack, "accumulators", 2);
   m_acc[1] = m_pingpong ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
@@ -523,6 +542,8 @@ void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& blo
   if (s.relu_mask) {
     vec_fill_repeat(b, Dtype::F32, m_one, 1.0);
     vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);
+    if (m_threshold != m_zero)
+      vec_fill_repeat(b, Dtype::F32, m_threshold, relu_mask_threshold(s.a_type));
   }
   b.set_flag(Pipe::MTE3, Pipe::V, m_acc_free);
   if (!m_vector_blocks) block(blk);
@@ -586,15 +607,16 @@ void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const 
          fmt::format("{}, channel group", arg));
 }
 
-// b32 *= (fa * a32 + fs > 0 ? 1 : 0) over the tile's n pixels (cnt elements): the pre-activation
-// with the instructions BNTrainingUpdate's apply uses (vmul, then vadd: the same bits), the
-// factor and product as ReluGrad's.
+// b32 *= (fa * a32 + fs > threshold ? 1 : 0) over the tile's n pixels (cnt elements): the
+// pre-activation with the instructions BNTrainingUpdate's apply uses (vmul, then vadd: the same
+// bits), compared with relu_mask_threshold of the type it is stored in (so the mask is
+// ReluGrad's on the stored output), the factor and product as ReluGrad's.
 void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
   KernelBuilder& b = m_b;
   PixelOps& px = *m_px;
   px.binary(Opcode::op_vmul, m_z, 1, a32, 1, m_fa, 0, n);
   px.binary(Opcode::op_vadd, m_z, 1, m_z, 1, m_fs, 0, n);
-  vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_zero, cnt, true);
+  vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_threshold, cnt, true);
   vec_select(b, Dtype::F32, m_z, m_one, m_zero, m_bits, cnt, true, true);
   vec_binary(b, Opcode::op_vmul, Dtype::F32, b32, b32, m_z, cnt);
 }

@@ -9,10 +9,12 @@
 //                             kSumSquares  sum a             (before centring)
 //                             kSumProduct  sum b
 //                           with relu_mask (kSumProduct, centered), b is first replaced by
-//                           b * (fa * a + fs > 0 ? 1 : 0): the gradient b of relu(fa * a + fs)
-//                           taken back through the ReLU, as ReluGrad does; fa and fs are
-//                           computed per channel group by mask_fold from m and mask_vectors
-//                           more f32 [cp] vectors
+//                           b * (round_A(fa * a + fs) > 0 ? 1 : 0), round_A the rounding to
+//                           a's type (RNE; none for f32): the gradient b of the ReLU's output
+//                           relu(fa * a + fs) as stored in a's type, taken back through the
+//                           ReLU as ReluGrad does on that output; fa and fs are computed per
+//                           channel group by mask_fold from m and mask_vectors more f32 [cp]
+//                           vectors
 //                           of tensors laid out [pixels][cp] with cp * element size a multiple
 //                           of 32 bytes (callers copy other channel counts to a padded layout).
 //                           Block k of the launch sums pixels [k * per, (k+1) * per) and writes
@@ -49,7 +51,8 @@ struct ChannelSumSpec {
   int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
   bool centered = false;  // subtract m (f32 [cp], argument "m") from a
   bool plain_sum = false;  // also sum a (kSumSquares) or b (kSumProduct) into "partials2"
-  bool relu_mask = false;  // kSumProduct, centered: mask b by fa * a + fs > 0
+  bool relu_mask = false;  // kSumProduct, centered, a and b f32 or f16: mask b by
+                           // round_A(fa * a + fs) > 0 (relu_mask_threshold)
   int mask_vectors = 0;    // relu_mask: vectors read besides m (arguments "mask0", ...)
   // relu_mask: writes fa and fs (f32, `count` lanes in the UB) from vectors = {m, mask0, ...};
   // tmp: a scratch of as many lanes.
@@ -57,6 +60,12 @@ struct ChannelSumSpec {
                      uint64_t fa, uint64_t fs, uint64_t tmp)>
       mask_fold;
 };
+
+// The ReLU masks' threshold for outputs stored as t (f32 or f16): the largest f32 that rounds
+// (RNE, the vector unit's f32 -> t conversion) to +0 in t, so that z > threshold exactly when
+// relu(z) stored as t is > 0, as ReluGrad reads it (f32: 0; f16: 2^-25, the tie between 0 and
+// the least subnormal going to even 0). Other types are an error.
+float relu_mask_threshold(isa::Dtype t);
 
 struct ChannelSumLaunch {
   Launch launch;   // arguments (rebind them): a, then b (kSumProduct), then m (centered), then

@@ -106,6 +106,10 @@ struct StreamSpec {
 // such a stream (a bool result, the s64 scalar unit, LogicalAnd / LogicalOr, LogicalNot).
 bool binary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
 bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+// The same for the activations of ops/activation.cpp taken as FusedElementwise steps: ReluGrad
+// (operands in[0] = the gradients, in[1] = the features; float types). Returns the op's number
+// of operands, 0 (spec untouched) for any other op or type.
+int activation_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
 
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
 // out1, out2, ... (kOutput 1, 2, ...).

@@ -42,7 +42,7 @@ struct Step {
 size_t tile_work(const std::string& tf_op, Dtype type, StreamSpec& work) {
   if (binary_tile_work(tf_op, type, work)) return 2;
   if (unary_tile_work(tf_op, type, work)) return 1;
-  return 0;
+  return static_cast<size_t>(activation_tile_work(tf_op, type, work));
 }
 
 // Parses step k, "<TfOp> <operand>[ <operand>]" (single spaces), over op.inputs; T = `dt`.
@@ -66,7 +66,7 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
   if (arity == 0)
     op.fail(
         fmt::format("step {} '{}': {} is not a fusible element-wise op (one of the float ops "
-                    "of the binary and unary families with a float result)",
+                    "of the binary and unary families with a float result, or ReluGrad)",
                     k, text, words[0]));
   if (words.size() - 1 != arity)
     invalid(fmt::format("{} takes {} operand{}, {} given", words[0], arity, arity > 1 ? "s" : "",
@@ -108,7 +108,7 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
 
 bool fusible_elementwise(const std::string& tf_op) {
   StreamSpec work;
-  return tile_work(tf_op, Dtype::F32, work) > 0;
+  return binary_tile_work(tf_op, Dtype::F32, work) || unary_tile_work(tf_op, Dtype::F32, work);
 }
 
 bool fusible_cast(DataType src, DataType dst) {

@@ -9,8 +9,10 @@
 //   attr T   the steps' type (default: input 0's); every step's result has type T;
 //   attr steps  list(string), in evaluation order; step k is "<TfOp> <operand>[ <operand>]",
 //            each operand "i<n>" (input n) or "s<j>" (the result of step j < k), e.g.
-//            {"Sub i0 i1", "Mul s0 i2"} computes (i0 - i1) * i2; "Cast i<n>" converts input n
-//            from its type to T as TF's Cast (Truncate false: round to nearest even) with the
+//            {"Sub i0 i1", "Mul s0 i2"} computes (i0 - i1) * i2; the ops: fusible_elementwise's
+//            below and ReluGrad (<gradients> <features>, which the graph pass puts after the sum
+//            of a residual branch's gradients: its AddN as AddV2 steps); "Cast i<n>" converts input
+//            n from its type to T as TF's Cast (Truncate false: round to nearest even) with the
 //            cast kernel's vconv, so a cast folded into the chain gives the Cast op's bits
 //            (pairs: fusible_cast below; the graph pass folds the casts feeding a chain or an
 //            optimizer update, as CANN folds casts into their consumers);

@@ -700,12 +700,15 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
     tfc::NodeDef& ug = *graph.mutable_node(i);
     if (ug.op() != "BNTrainingUpdateGrad" || ug.input_size() < 4 || !on_npu(ug)) continue;
     if (auto r = ug.attr().find("relu"); r != ug.attr().end() && r->second.b()) continue;
+    // float, or half after allow_mix_precision's pass (all four ops of one type)
+    const std::optional<tfc::DataType> t = type_attr(ug);
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF) continue;
     tfc::NodeDef* rg = g.producer(ug, 0, "ReluGrad");
-    if (!rg || !float_node(*rg) || rg->input_size() < 2 || !rm.removable(*rg, 2)) continue;
+    if (!rg || type_attr(*rg) != t || rg->input_size() < 2 || !rm.removable(*rg, 2)) continue;
     const InputRef y = parse_input(rg->input(1));
     tfc::NodeDef* update = y.control || y.port != 0 ? nullptr : g.node(y.node);
     if (!update || update->op() != "BNTrainingUpdate" || update->input_size() < 5 ||
-        !on_npu(*update))
+        !on_npu(*update) || type_attr(*update) != t)
       continue;
     if (auto r = update->attr().find("relu"); r == update->attr().end() || !r->second.b()) continue;
     // The same batch norm: x, and the statistics of that BNTrainingUpdate.
@@ -716,6 +719,7 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
     for (int k : g.consumer_indices(rg->name()))
       if (g.at(k) != &ug) rd = g.at(k);
     if (!rd || rd->op() != "BNTrainingReduceGrad" || rd->input_size() < 7 || !on_npu(*rd) ||
+        type_attr(*rd) != t ||
         !reads_output(*rd, 0, rg->name(), 0) || rd->input(1) != ug.input(1) ||
         !reads_output(*rd, 2, ug.name(), 0) || !reads_output(*rd, 3, ug.name(), 1) ||
         rd->input(4) != update->input(3) || !reads_output(*rd, 5, update->name(), 1) ||
@@ -730,7 +734,7 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
   }
   for (const Fold& f : found) {
     const std::string grad = f.relu_grad->input(0);
-    std::map<std::string, tfc::AttrValue> attrs = {{"T", type_value(tfc::DT_FLOAT)}};
+    std::map<std::string, tfc::AttrValue> attrs = {{"T", f.update_grad->attr().at("T")}};
     if (auto e = f.update_grad->attr().find("epsilon"); e != f.update_grad->attr().end())
       attrs["epsilon"] = e->second;
     attrs["relu"].set_b(true);
@@ -751,6 +755,53 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
 }
 
 // ---- end of rewrite 0b ----
+
+// ---- Rewrite 16: a residual gradient sum and its ReluGrad as one pass (graph_fusion.h) ----
+
+// ReluGrad(AddN(a0, ..., a(n-1)), y) with the AddN read by nothing else -> the ReluGrad
+// rewritten in place as FusedElementwise(a0, ..., a(n-1), y) of steps "AddV2 i0 i1",
+// "AddV2 s0 i2", ..., "ReluGrad s(n-2) in" (AddN's own steps, then ReluGrad's); the AddN goes.
+int fuse_add_n_relu_grads_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                             std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& rg = *graph.mutable_node(i);
+    if (rg.op() != "ReluGrad" || !on_npu(rg) || rg.input_size() < 2) continue;
+    const std::optional<tfc::DataType> t = type_attr(rg);
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) continue;
+    tfc::NodeDef* sum = g.producer(rg, 0, "AddN");
+    if (!sum || type_attr(*sum) != t || sum->device() != rg.device() || !rm.removable(*sum, 1) ||
+        parse_input(rg.input(1)).control)
+      continue;
+    std::vector<std::string> inputs;
+    for (const std::string& in : sum->input())
+      if (in.empty() || in[0] != '^') inputs.push_back(in);
+    if (inputs.empty()) continue;
+    tfc::AttrValue steps;
+    std::string last = "i0";
+    for (size_t k = 1; k < inputs.size(); ++k) {
+      steps.mutable_list()->add_s("AddV2 " + last + " i" + std::to_string(k));
+      last = "s" + std::to_string(k - 1);
+    }
+    steps.mutable_list()->add_s("ReluGrad " + last + " i" + std::to_string(inputs.size()));
+    inputs.push_back(rg.input(1));
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
+    attrs["steps"] = steps;
+    // The node names the fused node stands for besides its own (reports keep both).
+    attrs["_npusim_fused"].mutable_list()->add_s(sum->name());
+    rm.remove(sum->name());
+    rewrite_as(rg, "FusedElementwise", inputs, attrs);
+    ++fused;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// ---- end of rewrite 16 ----
 
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
@@ -3680,6 +3731,29 @@ int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string
   return folded;
 }
 
+int fold_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_relu_grad_fusion_requested())
+    return 0;
+  std::set<std::string> removed;
+  const int folded = fuse_bn_relu_grads(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return folded;
+}
+
+bool add_n_relu_grad_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_ADDN_RELU_GRAD");
+  return on;
+}
+
+int fuse_add_n_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !add_n_relu_grad_fusion_requested() || !fused_elementwise_registered())
+    return 0;
+  std::set<std::string> removed;
+  const int fused = fuse_add_n_relu_grads_in(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return fused;
+}
+
 int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   if (!fusion_enabled() || !conv_bn_reduce_fusion_requested()) return 0;
   std::set<std::string> removed;
@@ -3737,9 +3811,9 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
-    // Not under allow_mix_precision's graph pass: the folded gradients' kernels take f32 only
-    // (batchnorm.cpp), and the pass would have to cast their f16 dy and x up, a pass more than
-    // the f16 ReluGrad it saves.
+    // Under allow_mix_precision's graph pass after it instead (fold_bn_relu_grads), so that
+    // the pass types the ReluGrad and the gradients as it does unfolded and the fold takes
+    // them in the type they run in.
     if (bn_relu_grad_fusion_requested() && !mixed_precision_requested())
       counts.bn_relu_grad = fuse_bn_relu_grads(graph, preserve, &removed);
     erase_nodes(graph, removed);

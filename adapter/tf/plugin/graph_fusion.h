@@ -39,8 +39,10 @@
 //      inputs added (BNTrainingUpdateGrad(g, x, batch_mean, batch_variance, scale, offset),
 //      BNTrainingReduceGrad(..., batch_variance, offset)), and mask g by x * a + shift > 0,
 //      the ReLU's own pre-activation recomputed bit for bit (adapter/compiler/ops/
-//      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). Runs with
-//      rewrite 0 only; NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
+//      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). The four
+//      ops of one type, float or half. Runs with rewrite 0 only; under allow_mix_precision's
+//      graph pass after that pass (fold_bn_relu_grads below), on the half ops it leaves.
+//      NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -237,6 +239,17 @@
 //      no HBM pass of its own. The convolution's other readers are fine; the BNTrainingReduce
 //      must have no control edges and not be preserved. NPUSIM_FUSION_CONV_BN_REDUCE=0 turns
 //      it alone off.
+//   16. A residual gradient sum and its ReLU's gradient as one pass, run by the optimizer after
+//      the mixed precision pass (fuse_add_n_relu_grads below; the two in the type they run
+//      in) and after 0b: ReluGrad(AddN(a0, ..., a(n-1)), y), T float, half or bfloat16, the
+//      AddN read by the ReluGrad alone (not preserved, no control edges, same device) -> the
+//      ReluGrad rewritten in place as FusedElementwise(a0, ..., a(n-1), y) of steps
+//      "AddV2 i0 i1", "AddV2 s0 i2", ..., "ReluGrad s(n-2) in" (the AddN kernel's own steps,
+//      left to right, each rounded to T, then ReluGrad's: the same bits), `_npusim_fused`
+//      naming the AddN, which goes. In a ResNet's backward pass the gradient arriving at a
+//      residual block's output is such a sum (the next block's input gradient and its
+//      shortcut's), taken back through the block's ReLU. NPUSIM_FUSION_ADDN_RELU_GRAD=0 turns
+//      it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -335,6 +348,17 @@ bool conv_bn_reduce_fusion_requested();
 // Conv2DBNTrainingReduce nodes created.
 int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
                          const std::unordered_set<std::string>& preserve);
+
+// Rewrite 0b (above) on `graph` while fusion_enabled() and rewrites 0 and 0b are requested,
+// after allow_mix_precision's pass (which fuse_npu_graph leaves it to); returns the ReluGrads
+// folded.
+int fold_bn_relu_grads(tensorflow::GraphDef& graph,
+                       const std::unordered_set<std::string>& preserve);
+
+// Rewrite 16 (above) on `graph` while fusion_enabled(), requested and FusedElementwise is
+// registered; returns the ReluGrads rewritten.
+int fuse_add_n_relu_grads(tensorflow::GraphDef& graph,
+                          const std::unordered_set<std::string>& preserve);
 
 // Rewrite 5c (above) on `graph` while fusion_enabled() and requested, for the Casts the mixed
 // precision pass (mixed_precision.h) puts before the updates after the other rewrites ran;

@@ -348,6 +348,21 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
   if (parsed) {
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      // The ReLUs' gradients folded into the batch norms' (rewrite 0b), in the types the
+      // mixed precision pass gave them.
+      if (mixed_precision_requested()) {
+        const int folded = fold_bn_relu_grads(graph, cc_item->NodesToPreserve());
+        if (std::getenv("NPUSIM_FUSION_LOG") && folded > 0)
+          std::fprintf(stderr, "npusim: fusion in %s: %d ReluGrads folded into batch norms\n",
+                       item_id(item).c_str(), folded);
+        changed |= folded > 0;
+      }
+      // A residual gradient sum and its ReluGrad as one pass (rewrite 16), after 0b.
+      const int sums = fuse_add_n_relu_grads(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && sums > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d AddN + ReluGrad\n", item_id(item).c_str(),
+                     sums);
+      changed |= sums > 0;
       const int fused = fuse_conv_bn_reduces(graph, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG") && fused > 0)
         std::fprintf(stderr, "npusim: fusion in %s: %d Conv2DBNTrainingReduce\n",
