@@ -51,14 +51,7 @@ namespace {
 
 namespace tfc = ::tensorflow;
 
-bool on_npu(const tfc::NodeDef& n) { return n.device().find("/device:NPU:") != std::string::npos; }
-
-bool is_control_flow(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
-      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
-  return kOps.count(op) > 0;
-}
+bool on_npu(const tfc::NodeDef& n) { return on_npu_device(n.device()); }
 
 std::string tensor_name(const std::string& node, int port) {
   return port == 0 ? node : node + ":" + std::to_string(port);
@@ -222,7 +215,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
                                 const std::unordered_set<std::string>& preserve) {
   ClusterCounts counts;
   for (const tfc::NodeDef& n : graph.node())
-    if (is_control_flow(n.op())) return counts;
+    if (is_control_flow_op(n.op())) return counts;
   const Graph g(graph);
   const std::vector<int> order = topological_order(g);
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone

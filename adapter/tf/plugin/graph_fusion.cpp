@@ -33,6 +33,7 @@
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/tensor_names.h"
 #include "common/numeric.h"
 
 namespace npusim::tf {
@@ -126,9 +127,7 @@ class GraphView {
   std::unordered_set<std::string> m_control_targets;
 };
 
-bool on_npu(const tfc::NodeDef& n) {
-  return n.device().find("/device:NPU:") != std::string::npos;
-}
+bool on_npu(const tfc::NodeDef& n) { return on_npu_device(n.device()); }
 
 std::optional<tfc::DataType> type_attr(const tfc::NodeDef& n, const char* name = "T") {
   auto it = n.attr().find(name);

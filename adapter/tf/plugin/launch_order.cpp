@@ -20,14 +20,7 @@ namespace {
 
 namespace tfc = ::tensorflow;
 
-bool on_npu(const tfc::NodeDef& n) { return n.device().find("/device:NPU:") != std::string::npos; }
-
-bool is_control_flow(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
-      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
-  return kOps.count(op) > 0;
-}
+bool on_npu(const tfc::NodeDef& n) { return on_npu_device(n.device()); }
 
 // Ops that complete after their kernel returns: a replica's collective part waits for the other
 // replicas (kernels_collective.cpp). They stay out of the chain and count as the boundaries of
@@ -57,7 +50,7 @@ int order_npu_launches(tfc::GraphDef& graph) {
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) {
-    if (is_control_flow(graph.node(v).op())) return 0;
+    if (is_control_flow_op(graph.node(v).op())) return 0;
     index[graph.node(v).name()] = v;
   }
   // Edges (data and control) from producer to consumer; unknown inputs are outside the graph.

@@ -106,7 +106,7 @@ bool untouchable(const std::string& op) {
   return kOps.count(op) > 0;
 }
 
-bool on_npu(const std::string& device) { return device.find("/device:NPU:") != std::string::npos; }
+bool on_npu(const std::string& device) { return on_npu_device(device); }
 
 bool is_control(const std::string& in) { return !in.empty() && in[0] == '^'; }
 

@@ -1,6 +1,8 @@
-// TensorFlow's names of a node's inputs in a GraphDef, shared by the plugin's graph passes.
+// TensorFlow's names in a GraphDef (a node's inputs, its device, its op), shared by the plugin's
+// graph passes.
 #pragma once
 
+#include <set>
 #include <string>
 #include <utility>
 
@@ -12,6 +14,19 @@ inline std::pair<std::string, int> split_input(const std::string& in) {
   const size_t colon = in.rfind(':');
   if (colon == std::string::npos) return {in, 0};
   return {in.substr(0, colon), std::stoi(in.substr(colon + 1))};
+}
+
+// A node's requested or assigned device names one of the plugin's NPUs.
+inline bool on_npu_device(const std::string& device) {
+  return device.find("/device:NPU:") != std::string::npos;
+}
+
+// TensorFlow's v1 control-flow ops (frames and loops), which the graph passes leave alone.
+inline bool is_control_flow_op(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
+      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+  return kOps.count(op) > 0;
 }
 
 }  // namespace npusim::tf
