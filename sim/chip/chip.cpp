@@ -192,7 +192,7 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& progra
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                         int block_dim, bool functional, uint64_t max_insns_per_block,
                         bool record, uint64_t record_max_bytes, GmBlockLookup gm_blocks,
-                        bool record_lean) {
+                        bool record_lean, bool record_effect_order) {
   if (block_dim < 1)
     throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
                             block_dim));
@@ -207,6 +207,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   if (record)
     for (const auto& core : m_cores) {
       m_recordings.push_back(std::make_unique<CoreRecording>(*this, record_lean));
+      if (record_effect_order && !record_lean)
+        m_recordings.back()->order_across_cores(&m_effect_order,
+                                                static_cast<uint16_t>(core->chip_index()));
       core->attach_recorder(m_recordings.back().get());
     }
   m_memory->begin_launch(record && !record_lean, std::move(gm_blocks));
@@ -270,10 +273,12 @@ void Chip::recorded(uint64_t bytes) {
   m_launch.record = false;
   for (auto& c : m_cores) c->attach_recorder(nullptr);
   for (auto& r : m_recordings) r->drop();
+  std::vector<uint16_t>().swap(m_effect_order);
   m_memory->drop_recording();
 }
 
 void Chip::detach_recordings() {
+  m_effect_order.clear();
   if (m_recordings.empty()) return;
   for (auto& c : m_cores) c->attach_recorder(nullptr);
   m_recordings.clear();

@@ -45,10 +45,13 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // gm_blocks: the device's allocations, by which a cold L2 files the launch's lines
   // (MemorySystem::begin_launch). record_lean: the recordings are lean (CoreRecording), for a
   // timing-only replay by translation only, and the memory system records nothing.
+  // record_effect_order (not lean): also record the order of the effects across the cores
+  // (effect_order()), for a launch whose cores hand each other data.
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX,
-                    GmBlockLookup gm_blocks = {}, bool record_lean = false);
+                    GmBlockLookup gm_blocks = {}, bool record_lean = false,
+                    bool record_effect_order = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }
@@ -78,6 +81,11 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // The records of the launch in progress, by core chip index, while it is being recorded
   // (until end_launch); empty otherwise.
   const std::vector<std::unique_ptr<CoreRecording>>& recordings() const { return m_recordings; }
+  // While the launch is recorded with record_effect_order: the chip index of the core of every
+  // effect (each entry of the cores' CoreRecording::exec_order), in the order the effects took
+  // place across the cores (each pipe instruction's execute() and each scalar ld / st, done at
+  // one simulated instant, so this is the order the cores' data saw). Empty otherwise.
+  const std::vector<uint16_t>& effect_order() const { return m_effect_order; }
   // The launch in progress (or last begun) is a mix kernel: aic and aiv cores in groups.
   bool mix() const { return m_mix; }
 
@@ -126,6 +134,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   bool m_mix = false;
   std::vector<std::unique_ptr<CoreRecording>> m_recordings;  // see recordings()
   uint64_t m_recorded_bytes = 0;  // host memory held by the launch's recording (about)
+  std::vector<uint16_t> m_effect_order;  // see effect_order()
   // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
   std::map<std::pair<int, int>, int> m_cc_arrivals;
   uint64_t m_flow_ids = 0;

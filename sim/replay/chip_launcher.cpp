@@ -82,6 +82,7 @@ struct ChipLauncher::Pending {
   LaunchKey loose;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
   bool lean = false;                   // ... for replays by translation only (CoreRecording)
+  bool ordered = false;                // ... with the effects' order across the cores
   const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
   std::string replay_error;            // check mode: the replay's fault, if any
@@ -176,13 +177,16 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
                     replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,
                                &loads, &cross_core);
-  // A program with cross-core flags replays by translation in a timing-only simulator only:
-  // a replay that walks the program skips flags and runs the cores apart, which is exact only
-  // if no core reads what another writes, the very thing such flags order (a mix kernel's
-  // cube core storing tiles its vector cores then reduce). Translation runs nothing; its
-  // timing holds by the induction in sim/replay/address_flow.h.
+  // A program with cross-core flags replays by translation only: its timing holds by the
+  // induction in sim/replay/address_flow.h (every core reaches each flag when it did then). A
+  // timing-only replay runs nothing. A functional one carries out the effects in the order the
+  // recorded run took them across the cores (RecordedLaunch::effect_cores: the same timing,
+  // hence the same order), not the cores apart, since a core reads what another wrote, the
+  // very thing such flags order (a mix kernel's cube core storing tiles its vector cores then
+  // reduce). Not with ld: the walk that issues the effects would need each loaded value
+  // before the other cores' effects preceding it had run.
   const bool translation_only = cross_core;
-  if (cross_core && (opts.functional || !translate)) replayable = false;
+  if (cross_core && (!translate || (opts.functional && loads))) replayable = false;
   // The replay log's line (SimOptions::replay_log): why a launch is simulated, else how it was
   // replayed. Built only when the log is written.
   const bool logging = !opts.replay_log.empty();
@@ -192,8 +196,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     why = !alone                 ? "runs beside other launches"
           : !(walk || translate) ? "replay off (translation: timing-only, cold L2, blocks)"
           : launch.block_dim < 1 ? "no blocks"
-          : !replayable ? "the program has cc_set or cc_wait (replayed only by translation, "
-                          "timing-only)"
+          : !replayable && !translate
+              ? "the program has cc_set or cc_wait (replayed only by translation: cold L2, "
+                "allocation blocks)"
+          : !replayable ? "the program has cc_set or cc_wait and ld (not replayed functionally)"
                         : "";
   if (replayable && translate) {
     P->flow = &m_store.address_flow(P->key, *launch.program);
@@ -340,7 +346,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     } else {
       // The same launch replayed again (its own key, no ld): run the effects its last replay
       // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.
-      const bool same = recorded == found && !loads && opts.functional;
+      const bool same =
+          recorded == found && !loads && opts.functional && recorded->effect_cores.empty();
       const PreparedLaunch* prepared = same ? memo.prepared(P->key) : nullptr;
       std::unique_ptr<PreparedLaunch> keep;
       if (same && !prepared && prepared_bytes_estimate(*recorded) <= opts.replay_memo_bytes / 8)
@@ -382,11 +389,14 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // The counters at the start of the simulated launch (a replay above needs no snapshot).
   m_counters.snapshot(m_launch_base);
   P->record = replayable && !recorded && (!found || stale);
-  // Without replays that walk the program, the recording serves translation only.
-  P->lean = !walk || translation_only;
+  // Without replays that walk the program, the recording serves translation only; so it does
+  // for cross-core flags in a timing-only simulator. A functional one records them with the
+  // order of the effects across the cores.
+  P->lean = !walk || (translation_only && !opts.functional);
+  P->ordered = translation_only && !P->lean;
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, launch.gm_blocks, P->lean);
+                      opts.replay_record_max_bytes, launch.gm_blocks, P->lean, P->ordered);
   m_pending = std::move(P);
   return Begun{};
 }
@@ -414,9 +424,11 @@ KernelResult ChipLauncher::finish() {
   const uint64_t quiescent_ps = time_ps(sc_time_stamp() - P->start);
   RecordedLaunch rec;
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept. A mix
-  // kernel's blocks span several cores, which a replay that walks them does not model; a lean
-  // recording (translation only) walks nothing.
-  const bool keep = P->record && m_chip.launch().record && r.ok && (!m_chip.mix() || P->lean) &&
+  // kernel's blocks span several cores, which a replay that walks the cores apart does not
+  // model; a lean recording (translation only) walks nothing, and one with the effects' order
+  // across the cores replays in that order.
+  const bool keep = P->record && m_chip.launch().record && r.ok &&
+                    (!m_chip.mix() || P->lean || P->ordered) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
     record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, &rec);
@@ -470,10 +482,11 @@ KernelResult ChipLauncher::finish() {
     m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec),
                         relocatable ? &P->loose : nullptr);
   } else if (P->record && !m_store.opts.replay_log.empty()) {
-    P->note += !r.ok                      ? "; not recorded: failed"
-               : !m_chip.launch().record  ? "; not recorded: past replay_record_max_bytes"
-               : m_chip.mix() && !P->lean ? "; not recorded: a mix kernel"
-                                          : "; not recorded: a core touched bytes another wrote";
+    P->note += !r.ok                     ? "; not recorded: failed"
+               : !m_chip.launch().record ? "; not recorded: past replay_record_max_bytes"
+               : m_chip.mix() && !P->lean && !P->ordered
+                   ? "; not recorded: a mix kernel"
+                   : "; not recorded: a core touched bytes another wrote";
   }
   if (P->recorded && !P->note.empty()) P->note += ", checked by simulating";
   m_replay_note = std::move(P->note);

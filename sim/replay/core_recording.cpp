@@ -22,12 +22,16 @@ uint64_t CoreRecording::note(uint32_t pc, const GmAccess& access) {
   return sizeof(GmAccess) + sizeof(GmOp);
 }
 
+uint64_t CoreRecording::took_effect(isa::Pipe pipe) {
+  m_exec_order.push_back(static_cast<uint8_t>(pipe));
+  if (!m_effects) return 1;
+  m_effects->push_back(m_core);
+  return 1 + sizeof(uint16_t);
+}
+
 void CoreRecording::on_scalar_gm(uint32_t pc, const GmAccess& access) {
   uint64_t bytes = note(pc, access);
-  if (!m_lean) {
-    m_exec_order.push_back(static_cast<uint8_t>(isa::Pipe::S));
-    bytes += 1;
-  }
+  if (!m_lean) bytes += took_effect(isa::Pipe::S);
   m_env.recorded(bytes);  // last: it may drop this record
 }
 
@@ -38,7 +42,7 @@ void CoreRecording::on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost
     if (bytes) m_env.recorded(bytes);  // last: it may drop this record
     return;
   }
-  m_exec_order.push_back(static_cast<uint8_t>(pipe));
+  const uint64_t order_bytes = took_effect(pipe);
   if (!cost.gm.empty()) {
     m_gm_ops.push_back({pc, static_cast<uint32_t>(m_gm_accesses.size())});
     if (pc >= m_spans.size()) m_spans.resize(pc + 1);
@@ -52,7 +56,7 @@ void CoreRecording::on_pipe_op(isa::Pipe pipe, uint32_t pc, const ExecCost& cost
   m_fingerprint.add_cost(pc, cost);
   // The effect order, the GM ranges and the memory system's transfer order entry; last: it may
   // drop this record.
-  m_env.recorded(1 + cost.gm.size() * sizeof(GmAccess) +
+  m_env.recorded(order_bytes + cost.gm.size() * sizeof(GmAccess) +
                  (cost.gm.empty() ? 0 : sizeof(uint16_t) + sizeof(GmOp)));
 }
 

@@ -21,6 +21,13 @@ class CoreRecording final : public CoreRecorder {
   // order, fingerprint, transfer pipes or ranges read. A long launch then records a fraction
   // of the bytes (its reads are most of its ranges) and stays under the recording's bound.
   explicit CoreRecording(CoreEnv& env, bool lean = false) : m_env(env), m_lean(lean) {}
+  // Also append `core` (the core's chip index) to *effects for each entry of exec_order(): the
+  // chip's order of effects across all its cores, which a launch whose cores hand each other
+  // data (cross-core flags) replays in (RecordedLaunch::effect_cores). Not with lean.
+  void order_across_cores(std::vector<uint16_t>* effects, uint16_t core) {
+    m_effects = effects;
+    m_core = core;
+  }
 
   void on_scalar_pc(uint32_t pc) override {
     if (!m_lean) m_fingerprint.add_pc(pc);
@@ -61,8 +68,13 @@ class CoreRecording final : public CoreRecorder {
   // Notes `access` of the instruction at pc: its span, and (lean: if written) the range.
   // Returns the bytes recorded.
   uint64_t note(uint32_t pc, const GmAccess& access);
+  // An exec_order() entry (its pipe), and the core's place in the chip's order if kept.
+  // Returns the bytes recorded.
+  uint64_t took_effect(isa::Pipe pipe);
   CoreEnv& m_env;
   bool m_lean;
+  std::vector<uint16_t>* m_effects = nullptr;  // order_across_cores
+  uint16_t m_core = 0;
   std::vector<Span> m_spans;
   std::vector<uint8_t> m_exec_order;
   std::vector<GmAccess> m_gm_accesses;

@@ -38,6 +38,7 @@ FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind
       m_order(order),
       m_functional(functional),
       m_verify(mode == Mode::verify),
+      m_issue(mode == Mode::issue),
       m_queues(queues ? *queues : m_own_queues) {
   // A pipe's queue holds the instructions the scalar unit issued ahead of the recorded order:
   // rarely more than a few dozen; reserved so that they do not grow by reallocation.
@@ -50,6 +51,14 @@ FunctionalCore::FunctionalCore(const ChipConfig& cfg, const CoreKindConfig& kind
 
 void FunctionalCore::take_effect(const IssuedOp& op) {
   m_pc = op.pc;
+  if (m_issue) {
+    if (!m_issued) throw Error("FunctionalCore: issue mode without keep_issued");
+    if (op.op() == Opcode::op_ld)
+      throw KernelFault("replay: an ld cannot be replayed in the order of effects across cores");
+    m_issued->ops.push_back(op);
+    m_issued->where.push_back({m_run, op.pc});
+    return;
+  }
   if (op.op() == Opcode::op_ld) {  // at its recorded place among the effects
     m_keep_failed = true;
     const uint64_t addr = static_cast<uint64_t>(op[1]);
@@ -188,8 +197,10 @@ void FunctionalCore::run_block(const SectionRun& run, const BlockIdentity& id) {
       case Opcode::op_set_flag:
       case Opcode::op_wait_flag:
       case Opcode::op_pipe_barrier:
+      case Opcode::op_cc_set:  // the recorded order of effects across the cores holds them
+      case Opcode::op_cc_wait:
         break;  // order only time
-      default:  // cc_set, cc_wait: such programs are never recorded (replay_key)
+      default:
         throw KernelFault(fmt::format("replay: {} cannot be replayed",
                                       in.desc().mnemonic));
     }

@@ -8,7 +8,10 @@
 // barriers only order time, so they are skipped; nothing is timed or counted.
 //
 // One FunctionalCore touches only its own CoreMemory and the bytes of device memory its
-// instructions name, so the replay runs several cores at once on host threads.
+// instructions name, so the replay runs several cores at once on host threads. Cores that hand
+// each other data through device memory (cross-core flags) cannot run apart: their walks only
+// issue their effects (Mode::issue), which the caller carries out in the recorded order across
+// the cores (RecordedLaunch::effect_cores); cc_set and cc_wait are skipped as flags are.
 #pragma once
 
 #include <array>
@@ -58,8 +61,10 @@ class FunctionalCore {
   // are).
   // execute: carry out each instruction's effect. verify: change nothing, but compute each
   // instruction's cost (plan()) for the timing fingerprint and the GM accesses, to check that
-  // the recorded timing holds for this launch's arguments (launch_replay.h).
-  enum class Mode { execute, verify };
+  // the recorded timing holds for this launch's arguments (launch_replay.h). issue: change
+  // nothing, keep each effect issued in effect order (keep_issued) for the caller to carry out
+  // (a program without ld: one that loads needs each value when the walk reaches it).
+  enum class Mode { execute, verify, issue };
   // Instructions issued to one pipe (or, for S, scalar stores), not yet executed.
   struct Queue {
     std::vector<IssuedOp> ops;  // [head, size) pending
@@ -80,8 +85,8 @@ class FunctionalCore {
   // its effects depend on the data it reads; kept_all() is then false.
   void keep_effects(PreparedEffects* out) { m_keep = out; }
   bool kept_all() const { return m_keep && !m_keep_failed; }
-  // Verify mode of a functional run: also keep every effect the blocks issue, in effect order,
-  // in `out` (appended). The ld values the walk uses are the launch's own only if the check
+  // Verify mode of a functional run (and issue mode): also keep every effect the blocks issue,
+  // in effect order, in `out` (appended). The ld values the walk uses are the launch's own only if the check
   // passes (no core loads bytes the launch writes), and only then are they the replay's.
   void keep_issued(IssuedEffects* out) { m_issued = out; }
   // Runs one block of `run` to its `end`. Throws KernelFault if the block does not match the
@@ -117,6 +122,7 @@ class FunctionalCore {
   size_t m_next = 0;  // next step of m_order
   const bool m_functional;
   const bool m_verify;
+  const bool m_issue;
   CoreFingerprint m_fingerprint;
   std::vector<GmAccess> m_ranges, m_stores, m_loads;
   int64_t m_loaded = 0;  // the value the last ld read

@@ -179,7 +179,10 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
   // run's writes did in whatever order: two cores writing the same bytes (a race a functional
   // run would settle by their order) leave it exactly what simulating leaves.
   const bool lean = !recordings.empty() && recordings.front()->lean();
-  if (!lean && cores_share_written_bytes(accesses)) return false;
+  // With the effects' order across the cores, the replay carries them out in that order, so
+  // cores may share bytes as they did.
+  const std::vector<uint16_t>& order = chip.effect_order();
+  if (!lean && order.empty() && cores_share_written_bytes(accesses)) return false;
   rec->transfer_order = chip.memory().transfer_order();
   rec->l2_fingerprint = chip.memory().l2_fingerprint();
   std::map<const SectionRun*, int> run_index;
@@ -198,6 +201,17 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
       cb.blocks.push_back({it->second, a.block, a.subblock});
     }
     rec->cores.push_back(std::move(cb));
+  }
+  if (!lean && !order.empty()) {
+    std::vector<int> slot(chip.cores().size(), -1);  // chip index -> position in rec->cores
+    for (size_t i = 0; i < rec->cores.size(); ++i)
+      slot[static_cast<size_t>(rec->cores[i].core)] = static_cast<int>(i);
+    rec->effect_cores.reserve(order.size());
+    for (uint16_t core : order) {
+      // A core with effects ran blocks (it is in rec->cores).
+      if (core >= slot.size() || slot[core] < 0) return false;
+      rec->effect_cores.push_back(static_cast<uint16_t>(slot[core]));
+    }
   }
   return true;
 }
@@ -433,6 +447,91 @@ uint64_t PreparedLaunch::bytes() const {
   return n;
 }
 
+namespace {
+
+// replay_blocks of a launch with RecordedLaunch::effect_cores: each core's walk (on `pool`)
+// keeps the effects it issues, in its own effect order; then this thread carries out every
+// effect in the recorded order across the cores. Each pipe instruction's execute() and each
+// scalar st of the simulated run happened at one simulated instant, in this order, so a core
+// reads the bytes another core had written by then, as simulating it did.
+std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
+                            const std::vector<uint64_t>& args, int block_dim,
+                            const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
+                            const ChipConfig& cfg, bool functional, WorkerPool& pool) {
+  std::vector<IssuedEffects> issued(rec.cores.size());
+  std::vector<std::string> faults(rec.cores.size());
+  pool.run(rec.cores.size(), [&](size_t i) {
+    const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
+    AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    thread_local FunctionalCore::Queues queues;
+    FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
+                      FunctionalCore::Mode::issue, &queues);
+    issued[i].ops.reserve(cb.order.size());
+    issued[i].where.reserve(cb.order.size());
+    fc.keep_issued(&issued[i]);
+    for (const RecordedLaunch::Block& b : cb.blocks) {
+      const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
+      try {
+        fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock,
+                                        core.kind_index()});
+      } catch (...) {
+        faults[i] = replay_fault(program, core, run, fc.fault_pc(), current_error());
+        return;
+      }
+    }
+    if (!fc.finished())
+      faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
+                              core.core_name());
+  });
+  for (const std::string& f : faults)
+    if (!f.empty()) return f;
+  std::vector<ExecContext> ctx;
+  ctx.reserve(rec.cores.size());
+  for (const RecordedLaunch::CoreBlocks& cb : rec.cores) {
+    AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+    ctx.push_back(ExecContext{cfg, core.kind_config(), core.local(), gm});
+  }
+  std::vector<size_t> next(rec.cores.size(), 0);  // per core: its next effect
+  std::string fault;
+  for (uint16_t c : rec.effect_cores) {
+    const IssuedEffects& e = issued.at(c);
+    size_t& at = next[c];
+    if (at >= e.ops.size()) {
+      fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
+                          "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
+      break;
+    }
+    const IssuedOp& op = e.ops[at];
+    try {
+      if (!functional) {  // as FunctionalCore's timing-only execute mode
+        if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+        else invalidate_gm_writes(plan(op, ctx[c]), gm);
+      } else if (op.op() == Opcode::op_st) {
+        const int64_t v = op[0];
+        gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+      } else {
+        execute(op, ctx[c]);
+      }
+    } catch (...) {
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)),
+                           *e.where[at].run, e.where[at].pc, current_error());
+      break;
+    }
+    ++at;
+  }
+  for (size_t i = 0; i < rec.cores.size() && fault.empty(); ++i)
+    if (next[i] != issued[i].ops.size())
+      fault = fmt::format("core {}: replay: the core issued effects the recorded order lacks",
+                          cores.at(static_cast<size_t>(rec.cores[i].core))->core_name());
+  // As replay_blocks: execute() notes buffer high-water marks, which the recorded counters
+  // already hold.
+  for (const RecordedLaunch::CoreBlocks& cb : rec.cores)
+    cores.at(static_cast<size_t>(cb.core))->local().reset_high_water();
+  return fault;
+}
+
+}  // namespace
+
 std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const std::vector<uint64_t>& args, int block_dim,
                           const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
@@ -440,6 +539,13 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const PreparedLaunch* prepared, PreparedLaunch* keep) {
   for (size_t i = 0; i < rec.runs.size(); ++i)
     rec.runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
+  if (!rec.effect_cores.empty()) {
+    if (keep) {
+      keep->cores.clear();
+      keep->complete = false;
+    }
+    return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool);
+  }
   if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
     prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;
@@ -643,6 +749,7 @@ uint64_t RecordedLaunch::bytes() const {
                transfer_order.size() * sizeof(transfer_order[0]);
   for (const SectionRun& r : runs)
     n += r.decoded.size() * (sizeof(DecodedInsn) + sizeof(std::string));
+  n += effect_cores.size() * sizeof(effect_cores[0]);
   for (const CoreBlocks& c : cores)
     n += c.order.size() + c.transfer_pipes.size() + c.blocks.size() * sizeof(Block);
   if (translation)

@@ -4,7 +4,8 @@
 //   - timing depends only on operand values and the config, never on buffer contents
 //     (sim/exec/exec.h: plan()), and a program that can be replayed has no instruction that
 //     turns data into an operand value (ld) or waits on another core (cc_set / cc_wait; such
-//     programs replay only by translation, timing-only: Translation below);
+//     programs replay only by translation, Translation below, a functional replay carrying out
+//     their effects in the recorded order across the cores, RecordedLaunch::effect_cores);
 //   - every launch starts from the same state: L2 cold, cores reset, the chip otherwise idle
 //     (one launch at a time).
 // So the Simulator records the first run of such a launch (RecordedLaunch) and, when the same
@@ -60,9 +61,9 @@ struct LaunchKeyHash {
 // reach its control flow or operands: a recording then times a launch only after
 // verify_translation with the launch's data, even under the same key. `cross_core` (may be
 // null): whether the program has cc_set or cc_wait, whose timing depends on other cores'
-// progress; such a program replays only by translation in a timing-only simulator (the
-// functional replay skips flags and runs cores apart: docs/chip_model.md, "Cross-core flags").
-// With `cross_core` null such a program has no key (false).
+// progress; such a program replays only by translation, and a functional replay then carries
+// out its effects in the recorded order across the cores, not the cores apart
+// (RecordedLaunch::effect_cores). With `cross_core` null such a program has no key (false).
 bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, int block_dim,
                 LaunchKey* key, LaunchKey* similar, bool* loads = nullptr,
                 bool* cross_core = nullptr);
@@ -93,6 +94,13 @@ struct RecordedLaunch {
     std::vector<uint8_t> transfer_pipes;  // CoreRecording::transfer_pipes of the recorded run
   };
   std::vector<CoreBlocks> cores;
+  // A launch whose cores hand each other data through GM (cross-core flags: a mix kernel's cube
+  // core storing tiles its vector cores then reduce): the core of each effect (an index into
+  // `cores`), in the order the effects took place across the cores in the simulated run
+  // (Chip::effect_order). replay_blocks then carries the effects out one at a time in this
+  // order, not the cores apart, so every core reads what the others had written by then.
+  // Empty: no core touched bytes another wrote, and the cores replay apart.
+  std::vector<uint16_t> effect_cores;
   // MemorySystem::transfer_order and l2_fingerprint of the recorded run.
   std::vector<uint16_t> transfer_order;
   uint64_t l2_fingerprint = 0;
@@ -158,7 +166,9 @@ uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
 // about to end (call before Chip::end_launch), with the memory system's record. False if the
 // launch cannot be replayed core by core: one core wrote GM bytes another core read or wrote,
 // so the result depends on the order of the cores (in a simulated run, on their timing). A lean
-// recording (CoreRecording, translation only) is never refused so: its replay runs nothing.
+// recording (CoreRecording, translation only) is never refused so: its replay runs nothing; nor
+// is one made with the effects' order across the cores (Chip::effect_order), which its replay
+// follows (RecordedLaunch::effect_cores).
 bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch* rec);
 
 // Timing-only replay by translation. A launch of the same program with the same untyped
@@ -211,7 +221,10 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
                       const GmBlockLookup& blocks, uint64_t granule, std::vector<GmAccess>* writes,
                       std::string* why = nullptr);
 
-// Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`.
+// Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`; with
+// rec.effect_cores, the cores' walks spread over `pool` (each keeping the effects it issues),
+// then every effect on this thread, in the recorded order across the cores (`prepared` and
+// `keep` are then not used: keep->complete is false).
 // Returns "" or the first fault (lowest core index first) as
 // "core aic3 pc 12 (k.s:30): <instruction>: <what>".
 // prepared (may be null): this launch's effects kept by an earlier replay of it (same key): they

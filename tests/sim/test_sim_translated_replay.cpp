@@ -128,6 +128,65 @@ spin:
     end
 )";
 
+// A mix kernel whose vector cores exchange data through GM: per block, each vector core
+// scales its half of x's 2 KiB slice by 2 (the fp32 bits of 2.0) into y, signals the cube core from
+// MTE3 (after its store landed) and waits; the cube core, having loaded the slice into L1, waits
+// for both and lets them go; each then loads the other's half of y, scales it again and stores it
+// into z (y's block past its two slices). z is thus what the other core wrote: a replay that ran a
+// core's effects before the other's (the cores apart, in either order) would read y as filled.
+const char* kExchange = R"(
+.arg x, f16[2048]
+.arg s, f32[1]
+.arg y, f16[4096]
+.section aic
+    ldarg x1, x
+    get_block_id x2
+    mul x4, x2, 2048
+    add x1, x1, x4
+    movi x6, 0
+    copy_gm2l1 x6, x1, 1, 64, 0, 0
+    cc_wait s, 1
+    cc_wait s, 1
+    cc_set s, 2, 0
+    end
+.section aiv
+    ldarg x1, x
+    ldarg x3, y
+    get_block_id x2
+    get_subblock_id x5
+    mul x4, x2, 2048
+    mul x9, x5, 1024
+    add x10, x4, x9
+    add x1, x1, x10
+    add x11, x3, x10
+    movi x12, 1024
+    sub x12, x12, x9
+    add x12, x12, x4
+    add x12, x3, x12
+    add x13, x3, 4096
+    add x13, x13, x10
+    movi x6, 0
+    movi x7, 1024
+    movi x8, 1073741824
+    copy_gm2ub x6, x1, 1, 32, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x7, x6, x8, 4, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x11, x7, 1, 32, 0, 0
+    cc_set mte3, 2, 1
+    cc_wait s, 0
+    copy_gm2ub x6, x12, 1, 32, 0, 0
+    set_flag mte2, v, 1
+    wait_flag mte2, v, 1
+    vmuls.f16 x7, x6, x8, 4, 1, 1, 8, 8
+    set_flag v, mte3, 1
+    wait_flag v, mte3, 1
+    copy_ub2gm x13, x7, 1, 32, 0, 0
+    end
+)";
+
 enum class Mode { simulate, translate, relocate, check };
 
 // A timing-only tiny chip runs a sequence of launches whose tensors move between blocks (the
@@ -163,6 +222,7 @@ json workload(Mode mode, bool functional = false) {
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
   const isa::Program scale = isa::assemble(kScale, "scale.s");
   const isa::Program handoff = isa::assemble(kHandoff, "handoff.s");
+  const isa::Program exchange = isa::assemble(kExchange, "exchange.s");
   Blocks blocks;
   json out;
   auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
@@ -283,6 +343,14 @@ json workload(Mode mode, bool functional = false) {
     blocks = {{base, 4096}, {base + 0x10000, 512}, {base + 0x20000, 4096 + y_offset}};
     run(name, handoff, {base, base + 0x10000, base + 0x20000 + y_offset}, 2);
   }
+  // The vector cores exchanging halves of y, moved; then with y at another offset.
+  for (const auto& [name, base, y_offset] :
+       {std::tuple<std::string, uint64_t, uint64_t>{"exchange", 0xc000000, 0},
+        {"exchange_moved", 0xc340000, 0},
+        {"exchange_offset", 0xc800000, 1024}}) {
+    blocks = {{base, 4096}, {base + 0x10000, 512}, {base + 0x20000, 8192 + y_offset}};
+    run(name, exchange, {base, base + 0x10000, base + 0x20000 + y_offset}, 2);
+  }
   out["totals"] = sim.counters();
   out["now"] = sim.now_cycles();
   if (mode == Mode::relocate) std::filesystem::remove(replay_log);
@@ -325,7 +393,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
   for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved", "scale_moved", "handoff_moved"}) {
+                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(relocated[k]["replayed"] == true);
@@ -333,7 +401,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   }
   for (const char* k : {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_offset_256",
                         "vadd_in_place_near", "vadd_big", "vadd_big_offset", "gemm", "scale",
-                        "handoff", "handoff_offset"}) {
+                        "handoff", "handoff_offset", "exchange", "exchange_offset"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
   }
@@ -341,13 +409,14 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // in a block of another size, or sharing a block on lines of its own; not where it could
   // evict, an offset moved by part of a line, or arguments that share lines then or now.
   for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset",
-                        "handoff_offset"}) {
+                        "handoff_offset", "exchange_offset"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
-  for (const char* k : {"vadd", "vadd_in_place", "vadd_offset_256", "vadd_big", "vadd_big_offset",
-                        "vadd_packed", "vadd_packed_large_block", "gemm", "scale", "handoff"}) {
+  for (const char* k :
+       {"vadd", "vadd_in_place", "vadd_offset_256", "vadd_big", "vadd_big_offset", "vadd_packed",
+        "vadd_packed_large_block", "gemm", "scale", "handoff", "exchange"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == false);
   }
@@ -425,13 +494,47 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
   }
   CHECK(verdict("vadd_again") == "replayed\ttranslated, its own key");
   CHECK(verdict("vadd_offset") == "replayed\trelocated");
-  // A program with cross-core flags is simulated every time in a functional simulator.
-  for (const char* k : {"handoff", "handoff_moved", "handoff_offset"}) {
+  // Programs with cross-core flags replay too, their effects in the recorded order across the
+  // cores (RecordedLaunch::effect_cores).
+  for (const char* k : {"handoff_moved", "exchange_moved"}) {
+    INFO(k);
+    CHECK(verdict(k) == "replayed\ttranslated, other addresses in blocks laid out alike");
+    CHECK(check[k]["replayed"] == true);
+  }
+  for (const char* k : {"handoff_offset", "exchange_offset"}) {
+    INFO(k);
+    CHECK(verdict(k) == "replayed\trelocated");
+    CHECK(check[k]["replayed"] == true);
+  }
+  for (const char* k : {"handoff", "exchange"}) {
     INFO(k);
     CHECK(verdict(k) ==
-          "simulated\tthe program has cc_set or cc_wait (replayed only by translation, "
-          "timing-only)");
-    CHECK(check[k]["replayed"] == false);
+          "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+          "relocatable");
+    CHECK(relocated[k]["replayed"] == false);
+  }
+  // The exchange's z holds what the other vector core wrote into y: 4 x of the other half of
+  // the slice (the filled pattern, scaled twice; exact in fp16), simulated and replayed.
+  for (const auto& [k, x_base] : {std::pair<std::string, uint64_t>{"exchange", 0xc000000},
+                                  {"exchange_moved", 0xc340000},
+                                  {"exchange_offset", 0xc800000}}) {
+    INFO(k);
+    const auto x = [&](size_t i) {
+      return static_cast<float>((i * 7 + x_base / 512) % 61) * 0.125f - 3.0f;
+    };
+    std::vector<uint16_t> want(4096);
+    for (size_t b = 0; b < 2; ++b)
+      for (size_t half = 0; half < 2; ++half)
+        for (size_t j = 0; j < 512; ++j) {
+          want[b * 1024 + half * 512 + j] = f32_to_f16(2.0f * x(b * 1024 + half * 512 + j));
+          want[2048 + b * 1024 + half * 512 + j] =
+              f32_to_f16(4.0f * x(b * 1024 + (1 - half) * 512 + j));
+        }
+    for (const json* run : {&sim, &relocated, &check}) {
+      const std::vector<uint16_t> got = (*run)[k + "_out"].get<std::vector<uint16_t>>();
+      REQUIRE(got.size() >= want.size());
+      CHECK(std::vector<uint16_t>(got.begin(), got.begin() + 4096) == want);
+    }
   }
 }
 
