@@ -449,6 +449,23 @@ uint64_t PreparedLaunch::bytes() const {
 
 namespace {
 
+// Runs the blocks core `cb` ran in the recorded launch on `fc`, in their order. Returns "" or
+// the first fault, as replay_fault words it.
+std::string run_core_blocks(FunctionalCore& fc, const RecordedLaunch& rec,
+                            const RecordedLaunch::CoreBlocks& cb, const AiCore& core,
+                            const isa::Program& program, const std::vector<uint64_t>& args,
+                            int block_dim) {
+  for (const RecordedLaunch::Block& b : cb.blocks) {
+    const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
+    try {
+      fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock, core.kind_index()});
+    } catch (...) {
+      return replay_fault(program, core, run, fc.fault_pc(), current_error());
+    }
+  }
+  return {};
+}
+
 // replay_blocks of a launch with RecordedLaunch::effect_cores: each core's walk (on `pool`)
 // keeps the effects it issues, in its own effect order; then this thread carries out every
 // effect in the recorded order across the cores. Each pipe instruction's execute() and each
@@ -469,16 +486,8 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
     issued[i].ops.reserve(cb.order.size());
     issued[i].where.reserve(cb.order.size());
     fc.keep_issued(&issued[i]);
-    for (const RecordedLaunch::Block& b : cb.blocks) {
-      const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
-      try {
-        fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock,
-                                        core.kind_index()});
-      } catch (...) {
-        faults[i] = replay_fault(program, core, run, fc.fault_pc(), current_error());
-        return;
-      }
-    }
+    faults[i] = run_core_blocks(fc, rec, cb, core, program, args, block_dim);
+    if (!faults[i].empty()) return;
     if (!fc.finished())
       faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
                               core.core_name());
@@ -575,16 +584,8 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
     FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
                       FunctionalCore::Mode::execute, &queues);
     if (keep) fc.keep_effects(&keep->cores[i]);
-    for (const RecordedLaunch::Block& b : cb.blocks) {
-      const SectionRun& run = rec.runs[static_cast<size_t>(b.run)];
-      try {
-        fc.run_block(run, BlockIdentity{&args, b.block, block_dim, b.subblock,
-                                        core.kind_index()});
-      } catch (...) {
-        faults[i] = replay_fault(program, core, run, fc.fault_pc(), current_error());
-        return;
-      }
-    }
+    faults[i] = run_core_blocks(fc, rec, cb, core, program, args, block_dim);
+    if (!faults[i].empty()) return;
     // execute() notes buffer high-water marks as plan() does; the recorded counters already
     // hold this launch's, so none may carry over into the core's next simulated launch.
     core.local().reset_high_water();
