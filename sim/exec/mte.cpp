@@ -156,11 +156,9 @@ struct Nd2Nz {
       }
       for (uint64_t j = 0; j < full_blocks; ++j)
         std::memcpy(out + (j * dst_rows + r) * kBlockBytes, src + j * kBlockBytes, kBlockBytes);
-      if (tail) {
-        uint8_t* dst = out + (full_blocks * dst_rows + r) * kBlockBytes;
-        std::memcpy(dst, src + full_blocks * kBlockBytes, tail);
-        std::memset(dst + tail, 0, kBlockBytes - tail);
-      }
+      if (tail)
+        mte::copy_block_prefix(out + (full_blocks * dst_rows + r) * kBlockBytes,
+                               src + full_blocks * kBlockBytes, tail);
     }
   }
 };
@@ -364,8 +362,7 @@ struct Load3d {
               for (uint64_t i = 0; i < run; ++i)
                 std::memcpy(dst + i * kBlockBytes, src + i * kBlockBytes, kBlockBytes);
             } else {
-              std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
-              std::memset(dst + bytes, 0, kBlockBytes - bytes);
+              mte::copy_block_prefix(dst, plane + (ih * w + iw) * block, bytes);
             }
           } else {
             std::memset(dst, 0, kBlockBytes);
