@@ -550,7 +550,8 @@ struct Fixpipe {
 
   // Rows are converted one at a time into the destination (L0C is never a destination, so the
   // source cannot change while it is read). A local destination is written in place; a GM one
-  // through a staging buffer (ND: one row, NZ: the whole region, written with one GM write).
+  // too where an ND row lies in one device page, else through a staging buffer (ND: one row,
+  // NZ: the whole region, written with one GM write).
   void run(ExecContext& ctx) const {
     const uint64_t m16 = round_up(m, kFractalRows);
     const uint8_t* l0c = ctx.local.at(Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
@@ -574,11 +575,18 @@ struct Fixpipe {
         }
         return;
       }
+      // A row inside one device page is converted in place; one that crosses a page boundary
+      // goes through the staging row.
       staging.resize(row_bytes);
       for (uint64_t r = 0; r < m; ++r) {
         gather_row(r);
-        convert(row_in.data(), staging.data());
-        ctx.gm.write(xdst + r * dst_stride * dsize, staging.data(), row_bytes);
+        const uint64_t addr = xdst + r * dst_stride * dsize;
+        if (uint8_t* in_place = ctx.gm.span_for_write(addr, row_bytes)) {
+          convert(row_in.data(), in_place);
+        } else {
+          convert(row_in.data(), staging.data());
+          ctx.gm.write(addr, staging.data(), row_bytes);
+        }
       }
       return;
     }
