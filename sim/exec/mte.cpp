@@ -125,8 +125,10 @@ struct Nd2Nz {
     const uint64_t col_blocks = ceil_div(cols, c0), row_bytes = cols * size;
     // Zero what no row writes: rows rows..dst_rows-1 of every column block, and the padding
     // columns of a partial last block.
-    for (uint64_t j = 0; j < col_blocks; ++j)
-      std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0, (dst_rows - rows) * kBlockBytes);
+    if (dst_rows > rows)  // (most weight loads have none: a call per block saved)
+      for (uint64_t j = 0; j < col_blocks; ++j)
+        std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0,
+                    (dst_rows - rows) * kBlockBytes);
     thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
     // Rows are src_stride apart, many to a page: look each page up once.
     constexpr uint64_t kPage = DeviceMemory::kPageBytes;
