@@ -125,8 +125,10 @@ struct Nd2Nz {
     const uint64_t col_blocks = ceil_div(cols, c0), row_bytes = cols * size;
     // Zero what no row writes: rows rows..dst_rows-1 of every column block, and the padding
     // columns of a partial last block.
-    for (uint64_t j = 0; j < col_blocks; ++j)
-      std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0, (dst_rows - rows) * kBlockBytes);
+    if (dst_rows > rows)  // (most weight loads have none: a call per block saved)
+      for (uint64_t j = 0; j < col_blocks; ++j)
+        std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0,
+                    (dst_rows - rows) * kBlockBytes);
     thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
     // Rows are src_stride apart, many to a page: look each page up once.
     constexpr uint64_t kPage = DeviceMemory::kPageBytes;
@@ -156,11 +158,9 @@ struct Nd2Nz {
       }
       for (uint64_t j = 0; j < full_blocks; ++j)
         std::memcpy(out + (j * dst_rows + r) * kBlockBytes, src + j * kBlockBytes, kBlockBytes);
-      if (tail) {
-        uint8_t* dst = out + (full_blocks * dst_rows + r) * kBlockBytes;
-        std::memcpy(dst, src + full_blocks * kBlockBytes, tail);
-        std::memset(dst + tail, 0, kBlockBytes - tail);
-      }
+      if (tail)
+        mte::copy_block_prefix(out + (full_blocks * dst_rows + r) * kBlockBytes,
+                               src + full_blocks * kBlockBytes, tail);
     }
   }
 };
@@ -364,8 +364,7 @@ struct Load3d {
               for (uint64_t i = 0; i < run; ++i)
                 std::memcpy(dst + i * kBlockBytes, src + i * kBlockBytes, kBlockBytes);
             } else {
-              std::memcpy(dst, plane + (ih * w + iw) * block, bytes);
-              std::memset(dst + bytes, 0, kBlockBytes - bytes);
+              mte::copy_block_prefix(dst, plane + (ih * w + iw) * block, bytes);
             }
           } else {
             std::memset(dst, 0, kBlockBytes);
@@ -553,7 +552,8 @@ struct Fixpipe {
 
   // Rows are converted one at a time into the destination (L0C is never a destination, so the
   // source cannot change while it is read). A local destination is written in place; a GM one
-  // through a staging buffer (ND: one row, NZ: the whole region, written with one GM write).
+  // too where an ND row lies in one device page, else through a staging buffer (ND: one row,
+  // NZ: the whole region, written with one GM write).
   void run(ExecContext& ctx) const {
     const uint64_t m16 = round_up(m, kFractalRows);
     const uint8_t* l0c = ctx.local.at(Buf::L0C, xsrc, layout::l0c_extent(m, n) * 4);
@@ -577,11 +577,18 @@ struct Fixpipe {
         }
         return;
       }
+      // A row inside one device page is converted in place; one that crosses a page boundary
+      // goes through the staging row.
       staging.resize(row_bytes);
       for (uint64_t r = 0; r < m; ++r) {
         gather_row(r);
-        convert(row_in.data(), staging.data());
-        ctx.gm.write(xdst + r * dst_stride * dsize, staging.data(), row_bytes);
+        const uint64_t addr = xdst + r * dst_stride * dsize;
+        if (uint8_t* in_place = ctx.gm.span_for_write(addr, row_bytes)) {
+          convert(row_in.data(), in_place);
+        } else {
+          convert(row_in.data(), staging.data());
+          ctx.gm.write(addr, staging.data(), row_bytes);
+        }
       }
       return;
     }

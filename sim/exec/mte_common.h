@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,21 @@ void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool
 //     the memory system at up to gm_core_rate = path_rate bytes per cycle (the caller fills gm);
 //   a local path: cycles = path_latency + ceil(bytes / path_rate).
 ExecCost path_cost(const ChipConfig& cfg, isa::Buf src, isa::Buf dst, uint64_t bytes);
+
+// One 32-byte block (isa/layout.h kBlockBytes) at dst: the first `bytes` (< 32) bytes of src,
+// then zeros; src is read only there. The partial C0 block of a channel count that is not a
+// multiple of C0 (an image's 3 channels): a memcpy and a memset of variable size are two library
+// calls per 32 bytes, so the block is zeroed with one fixed-size store and the bytes copied in
+// pieces of fixed size (each a move) on top.
+inline void copy_block_prefix(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  std::memset(dst, 0, 32);
+  uint64_t at = 0;
+  if (bytes & 16) std::memcpy(dst + at, src + at, 16), at += 16;
+  if (bytes & 8) std::memcpy(dst + at, src + at, 8), at += 8;
+  if (bytes & 4) std::memcpy(dst + at, src + at, 4), at += 4;
+  if (bytes & 2) std::memcpy(dst + at, src + at, 2), at += 2;
+  if (bytes & 1) dst[at] = src[at];
+}
 
 // Copies n bytes between any two of GM / the core's local buffers.
 void copy_bytes(ExecContext& ctx, isa::Buf src, uint64_t src_addr, isa::Buf dst,

@@ -91,6 +91,15 @@ void DeviceMemory::write(uint64_t addr, const void* src, uint64_t n) {
   }
 }
 
+uint8_t* DeviceMemory::span_for_write(uint64_t addr, uint64_t n) {
+  check(addr, n);
+  const uint64_t page = addr / kPageBytes, off = addr % kPageBytes;
+  if (n == 0 || off + n > kPageBytes) return nullptr;
+  uint8_t* p = page_for_write(page, n == kPageBytes) + off;
+  stamp(page, off, n);
+  return p;
+}
+
 void DeviceMemory::fill(uint64_t addr, uint8_t value, uint64_t n) {
   check(addr, n);
   while (n > 0) {

@@ -42,6 +42,12 @@ class DeviceMemory {
   // boundary (read() it then). Valid until the page is written, discarded or cleared. Throws
   // like read() if the range is outside the device memory.
   const uint8_t* view(uint64_t addr, uint64_t n) const;
+  // The bytes [addr, addr+n) in place for writing, if they lie within one page (n <=
+  // kPageBytes): the page's memory, allocated (zero-filled) if it held no data, its blocks
+  // stamped as written now; the caller stores the n bytes before anything else reads them
+  // (what write() does, without a copy from the caller's buffer). nullptr if the range crosses
+  // a page boundary (write() it then). Valid like view(). Throws like write().
+  uint8_t* span_for_write(uint64_t addr, uint64_t n);
   void fill(uint64_t addr, uint8_t value, uint64_t n);
   // Returns [addr, addr+n) to the never-written state (reads as zero): pages wholly inside the
   // range are released, the covered parts of other pages are zeroed. Throws like write().

@@ -3,6 +3,7 @@
 // wrap).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -107,4 +108,38 @@ TEST_CASE("invalidate writes undefined bytes: zeros, no host memory, epochs as a
   const uint64_t g = invalidated.advance_write_epoch();
   invalidated.fill(3 * kPage, 0, 16);  // never-written again: a zero fill writes nothing
   CHECK(invalidated.last_write_epoch(3 * kPage, 16) <= g);
+}
+
+TEST_CASE("span_for_write gives a range inside one page in place, as write() would store it") {
+  constexpr uint64_t kPage = DeviceMemory::kPageBytes;
+  DeviceMemory spans(16 * kPage), writes(16 * kPage);
+  std::vector<uint8_t> bytes(300);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 7 + 1);
+  // Host data around the range in page 1; page 3 written undefined (a timing-only kernel);
+  // page 5 never written.
+  for (DeviceMemory* m : {&spans, &writes}) {
+    m->write(kPage, bytes.data(), bytes.size());
+    m->invalidate(3 * kPage, kPage);
+  }
+  const uint64_t e = spans.advance_write_epoch();
+  writes.advance_write_epoch();
+  for (uint64_t addr : {kPage + 100, 3 * kPage + 64, 5 * kPage + 1000}) {
+    INFO("at " << addr);
+    uint8_t* p = spans.span_for_write(addr, 100);
+    REQUIRE(p != nullptr);
+    std::copy(bytes.begin(), bytes.begin() + 100, p);
+    writes.write(addr, bytes.data(), 100);
+    CHECK(spans.last_write_epoch(addr, 100) > e);
+    CHECK(spans.last_write_epoch(addr + 100 + DeviceMemory::kEpochBlockBytes, 1) <= e);
+  }
+  // The same bytes everywhere (zeros around the ranges in the pages they allocated).
+  std::vector<uint8_t> a(8 * kPage), b(8 * kPage);
+  spans.read(0, a.data(), a.size());
+  writes.read(0, b.data(), b.size());
+  CHECK(a == b);
+  CHECK(spans.resident_bytes() == writes.resident_bytes());
+  // A range crossing a page boundary is not given (write() it); one past the end faults.
+  CHECK(spans.span_for_write(2 * kPage - 8, 16) == nullptr);
+  CHECK(spans.span_for_write(kPage, kPage) != nullptr);
+  CHECK_THROWS_AS(spans.span_for_write(16 * kPage - 8, 16), KernelFault);
 }

@@ -156,16 +156,23 @@ TEST_CASE("fixpipe nz2nd=1 writes rows of n elements at a pitch of dst_stride el
   Rand rnd(4);
   auto f32 = f32_words(size_t(m) * n, rnd);
   put_c(t, m, n, f32);
-  const uint64_t ub = 0x2000;
-  t.put_local(Buf::UB, ub, std::vector<uint16_t>(size_t(m) * stride, 0xABCD));
-  t.run(fixpipe(t, {Dtype::F32, Dtype::BF16, Buf::UB, ub, m, n, stride, 1, 0, 1.0f}));
-  std::vector<uint16_t> want(size_t(m) * stride, 0xABCD);
+  // To UB, and to GM with row 4 crossing a device page boundary (the other rows are converted
+  // in place in their page, that one through a staging row).
+  const Buf dst = GENERATE(Buf::UB, Buf::GM);
+  const uint64_t at = dst == Buf::UB ? 0x2000 : DeviceMemory::kPageBytes - 4 * stride * 2 - 32;
+  INFO(isa::buf_name(dst));
+  const std::vector<uint16_t> old(size_t(m) * stride, 0xABCD);
+  if (dst == Buf::UB) t.put_local(Buf::UB, at, old);
+  else t.put_gm(at, old);
+  t.run(fixpipe(t, {Dtype::F32, Dtype::BF16, dst, at, m, n, stride, 1, 0, 1.0f}));
+  std::vector<uint16_t> want(old);
   for (int r = 0; r < m; ++r)
     for (int c = 0; c < n; ++c) {
       float v = bits_float(f32[size_t(r) * n + c]);
       want[size_t(r) * stride + c] = std::isnan(v) ? 0 : ref_f32_to_bf16(v);
     }
-  auto got = t.get_local<uint16_t>(Buf::UB, ub, want.size());
+  auto got = dst == Buf::UB ? t.get_local<uint16_t>(Buf::UB, at, want.size())
+                            : t.get_gm<uint16_t>(at, want.size());
   for (int r = 0; r < m; ++r)
     for (int c = 0; c < n; ++c)
       if (std::isnan(bits_float(f32[size_t(r) * n + c]))) got[size_t(r) * stride + c] = 0;

@@ -78,7 +78,10 @@ TEST_CASE("nd2nz writes [ceil(cols/C0)][dst_rows][C0] with zero padding") {
     int rows, cols, src_stride, dst_rows;
   };
   for (Case c : {Case{Dtype::F16, 20, 37, 40, 32}, Case{Dtype::S8, 5, 70, 70, 16},
-                 Case{Dtype::F32, 17, 9, 11, 48}}) {
+                 Case{Dtype::F32, 17, 9, 11, 48},
+                 // partial blocks of 31 and 6 bytes (every piece size of copy_block_prefix;
+                 // an image's 3 channels), rows back to back as in NHWC
+                 Case{Dtype::S8, 3, 31, 31, 16}, Case{Dtype::F16, 40, 3, 3, 48}}) {
     const int size = isa::dtype_size(c.type), c0 = 32 / size;
     INFO(isa::dtype_name(c.type) << " rows " << c.rows << " cols " << c.cols);
     auto nd = pattern(size_t(c.rows) * c.src_stride * size, 1);
