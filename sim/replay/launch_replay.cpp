@@ -816,17 +816,17 @@ void LaunchMemo::prune(Index& index) {
   }
 }
 
-void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key) {
+void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit) {
   std::vector<LaunchKey>& keys = index[std::move(k)];
   keys.insert(keys.begin(), key);
-  if (keys.size() > kSimilar) keys.pop_back();
+  if (keys.size() > limit) keys.pop_back();
 }
 
 void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec,
                         const LaunchKey* loose) {
   if (m_capacity == 0) return;
-  index(m_similar, std::move(similar), key);
-  if (loose) index(m_loose, *loose, key);
+  index(m_similar, std::move(similar), key, kSimilar);
+  if (loose) index(m_loose, *loose, key, kLoose);
   add(std::move(key), std::make_shared<RecordedLaunch>(std::move(rec)));
 }
 

@@ -295,7 +295,11 @@ class LaunchMemo {
   static constexpr size_t kSimilar = 4;
   std::vector<std::shared_ptr<RecordedLaunch>> find_similar(const LaunchKey& similar);
   // The recordings inserted with this loose key (the similar key without the arguments'
-  // block extents: relocated_writes' candidates), latest first, at most kSimilar.
+  // block extents: relocated_writes' candidates), latest first, at most kLoose. More than
+  // kSimilar: a launch that may evict relocates only from a recording whose blocks' sizes
+  // move its arguments' L2 sets alike, which the latest few seldom are (# estimate: 16 costs
+  // a key lookup and a check of a few arguments per candidate, for a launch not replayed).
+  static constexpr size_t kLoose = 16;
   std::vector<std::shared_ptr<RecordedLaunch>> find_loose(const LaunchKey& loose);
   // A new recording: under `key`, one of those `similar` finds and, if `loose` is given, one
   // of those find_loose(*loose) finds.
@@ -326,7 +330,8 @@ class LaunchMemo {
   std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
   using Index = std::unordered_map<LaunchKey, std::vector<LaunchKey>, LaunchKeyHash>;
   std::vector<std::shared_ptr<RecordedLaunch>> kept(const Index& index, const LaunchKey& k) const;
-  static void index(Index& index, LaunchKey k, const LaunchKey& key);
+  // Adds `key` first to index[k], keeping at most `limit` keys there.
+  static void index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit);
   void prune(Index& index);
   // similar key -> exact keys, latest first; the same for loose keys
   Index m_similar, m_loose;
