@@ -65,6 +65,15 @@ class L2Placement {
   // contiguous L2 address (to the end of addr's block, or everything for an unplaced address).
   uint64_t l2_address(uint64_t addr, uint64_t* run);
 
+  // The L2 address this launch gave the block starting at device address `block_start`
+  // (*l2_base), or false if the launch has not touched that block (or files by address).
+  bool block_l2_base(uint64_t block_start, uint64_t* l2_base) const {
+    auto it = m_blocks.find(block_start);
+    if (it == m_blocks.end()) return false;
+    *l2_base = it->second.l2_base;
+    return true;
+  }
+
  private:
   struct Placed {
     uint64_t end;      // device address past the block

@@ -68,6 +68,8 @@ class MemorySystem : public sc_core::sc_module {
   // into device memory drops the lines it overwrites.
   const L2Tags& l2() const { return m_l2; }
   L2Tags& l2() { return m_l2; }
+  // Where the launch now running filed its blocks in the L2 (l2_placement.h).
+  const L2Placement& placement() const { return m_placement; }
   // Of the launch being recorded: the port (= core chip index) of every transfer in the order
   // the memory system timed them, and a hash of every range's L2 outcome in that order
   // (l2_fingerprint).

@@ -260,12 +260,13 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       if (!recorded && opts.replay_relocate)
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
+          bool sets_moved = false;
           if (in_time(*candidate) &&
               relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
-                               logging ? &refused : nullptr)) {
+                               logging ? &refused : nullptr, &sets_moved)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
-            how = "relocated";
+            how = sets_moved ? "relocated, its L2 sets moved alike" : "relocated";
             break;
           }
           // The latest recording's reason (the first refusal) stands for the others.
@@ -460,15 +461,17 @@ KernelResult ChipLauncher::finish() {
     rec.counters = m_counters.raw_delta_since(m_launch_base);
     rec.registry = &m_counters;
     rec.delta = m_counters.delta_of(rec.counters);
-    const bool relocatable =
-        P->flow && m_store.opts.replay_relocate && rec.translation && rec.translation->fits_l2;
+    const bool relocatable = P->flow && m_store.opts.replay_relocate && rec.translation &&
+                             rec.translation->relocatable();
     if (!m_store.opts.replay_log.empty()) {
       const RecordedLaunch::Translation* t = rec.translation.get();
-      P->note += !P->flow ? "; recorded"
-                 : !t     ? "; recorded, not translatable (a GM range outside its argument's block)"
-                 : t->fits_l2 ? "; recorded, relocatable"
-                              : fmt::format("; recorded, may evict ({} L2 ways of {})",
-                                            t->ways_needed, t->ways);
+      P->note +=
+          !P->flow ? "; recorded"
+          : !t     ? "; recorded, not translatable (a GM range outside its argument's block)"
+          : t->fits_l2
+              ? "; recorded, relocatable"
+              : fmt::format("; recorded, may evict ({} L2 ways of {}){}", t->ways_needed, t->ways,
+                            t->l2_placed ? ", relocatable where its sets move alike" : "");
       if (P->flow && m_store.opts.replay_relocate) {
         if (relocatable)
           m_store.unrelocatable.erase(P->loose);

@@ -85,6 +85,73 @@ uint64_t packed_lines(const std::map<uint64_t, uint64_t>& blocks, uint64_t line)
   return lines;
 }
 
+// Whether the cyclic runs of sets [a, a + na) and [b, b + nb) (modulo `sets`) have a set in
+// common.
+bool sets_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb, uint64_t sets) {
+  if (na == 0 || nb == 0) return false;
+  if (na >= sets || nb >= sets) return true;
+  return (b + sets - a) % sets < na || (a + sets - b) % sets < nb;
+}
+
+// Condition (1') of relocated_writes: whether the L2 sees the recorded launch's lookups with its
+// sets renamed when its touched arguments lie as `now` says (their blocks' bytes in
+// now_blocks); else false and *why.
+bool sets_move_alike(const RecordedLaunch::Translation& t,
+                     const std::vector<RecordedLaunch::Translation::Extent>& now,
+                     const std::map<uint64_t, uint64_t>& now_blocks, std::string* why) {
+  const std::vector<RecordedLaunch::Translation::Extent>& then = t.extents;
+  const uint64_t line = t.line_bytes, sets = t.sets;
+  const size_t n = now.size();
+  // The same arguments share a block, then and now: the blocks are then filed in the recorded
+  // order (the order of their recorded L2 addresses), each from a fresh line.
+  for (size_t j = 0; j < n; ++j)
+    for (size_t k = j + 1; k < n; ++k)
+      if (now[j].touched && now[k].touched &&
+          (then[j].block_start == then[k].block_start) !=
+              (now[j].block_start == now[k].block_start)) {
+        *why = fmt::format("arguments {} and {} share a block then or now only", j, k);
+        return false;
+      }
+  std::map<uint64_t, uint64_t> filing;  // recorded L2 address -> the block's start now
+  for (size_t k = 0; k < n; ++k)
+    if (now[k].touched) filing.emplace(then[k].l2_base, now[k].block_start);
+  std::map<uint64_t, uint64_t> now_base;  // block start now -> its L2 address now
+  uint64_t next = 0;
+  for (const auto& [recorded, start] : filing) {
+    now_base[start] = next;
+    next += (now_blocks.at(start) + line - 1) / line * line;
+  }
+  // Per argument: the sets its span's lines fall in, then and now (a cyclic run, from its
+  // first line's set), and the number of sets it moved by. Addresses are relative to
+  // L2Placement::kPackedBase, the same constant then and now, so runs compare and moves hold.
+  struct Sets {
+    uint64_t then_first = 0, now_first = 0, count = 0, moved = 0;
+  };
+  std::vector<Sets> runs(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (!now[k].touched) continue;
+    const uint64_t first = (then[k].l2_base + then[k].lo) / line;
+    const uint64_t moved_first = (now_base.at(now[k].block_start) + now[k].lo) / line;
+    Sets& r = runs[k];
+    r.then_first = first % sets;
+    r.now_first = moved_first % sets;
+    r.count = std::min(sets, (then[k].l2_base + then[k].hi + line - 1) / line - first);
+    r.moved = (r.now_first + sets - r.then_first) % sets;
+  }
+  for (size_t j = 0; j < n; ++j)
+    for (size_t k = j + 1; k < n; ++k) {
+      if (!now[j].touched || !now[k].touched || runs[j].moved == runs[k].moved) continue;
+      const Sets &a = runs[j], &b = runs[k];
+      if (sets_meet(a.then_first, a.count, b.then_first, b.count, sets) ||
+          sets_meet(a.now_first, a.count, b.now_first, b.count, sets)) {
+        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
+                           k, a.moved, b.moved);
+        return false;
+      }
+    }
+  return true;
+}
+
 struct Range {
   uint64_t begin, end;
   int core;
@@ -299,11 +366,18 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   const uint64_t line = l2.line_bytes(), sets = l2.sets();
   uint64_t per_set = 0;
   std::map<uint64_t, uint64_t> touched_blocks;  // block start -> bytes
+  const L2Placement& placement = chip.memory().placement();
+  bool placed = true;
   for (size_t k = 0; k < args.size(); ++k) {
     RecordedLaunch::Translation::Extent& e = extents[k];
     if (!e.touched) continue;
     e.block_start = blocks[k].start;
     e.offset = args[k] - blocks[k].start;
+    uint64_t l2_base = 0;
+    if (placement.block_l2_base(e.block_start, &l2_base) && l2_base >= L2Placement::kPackedBase)
+      e.l2_base = l2_base - L2Placement::kPackedBase;
+    else
+      placed = false;
     touched_blocks[blocks[k].start] = blocks[k].end - blocks[k].start;
     const uint64_t lines = (e.hi + line - 1) / line - e.lo / line;
     if (sets > 0) per_set += (lines + sets - 1) / sets;
@@ -314,6 +388,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   translation->fits_packed =
       sets > 0 && packed_lines(touched_blocks, line) <= translation->l2_lines;
   translation->fits_l2 = translation->fits_any_placement || translation->fits_packed;
+  translation->l2_placed = placed && sets > 0;
+  translation->sets = sets;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
   rec->translation = std::move(translation);
@@ -334,19 +410,20 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 
 bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
                       const GmBlockLookup& blocks, uint64_t granule, std::vector<GmAccess>* writes,
-                      std::string* why) {
+                      std::string* why, bool* sets_moved) {
   using Extent = RecordedLaunch::Translation::Extent;
   const auto refuse = [why](std::string what) {
     if (why) *why = std::move(what);
     return false;
   };
+  if (sets_moved) *sets_moved = false;
   const RecordedLaunch::Translation* t = rec.translation.get();
   if (!t || !blocks || t->args.size() != args.size() || t->extents.size() != args.size() ||
       t->line_bytes == 0)
     return refuse("the recording is not translatable");
-  if (!t->fits_l2)
-    return refuse(fmt::format("may evict: its spans need {} L2 ways of {} at some placement",
-                              t->ways_needed, t->ways));
+  const std::string spans_evict = fmt::format(
+      "may evict: its spans need {} L2 ways of {} at some placement", t->ways_needed, t->ways);
+  if (!t->relocatable()) return refuse(spans_evict);
   const uint64_t line = t->line_bytes;
   // (2) Each touched argument now: its block, offset and moved span (as offsets in the block).
   std::vector<Extent> now(args.size());
@@ -373,11 +450,12 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
     now_blocks[start] = bytes;
   }
   // (1) for a recording that fits only under the filing by block: so must this launch's blocks.
-  if (!t->fits_any_placement) {
+  // evicts: why (1) does not hold ("": it does).
+  std::string evicts = t->fits_l2 ? "" : spans_evict;
+  if (t->fits_l2 && !t->fits_any_placement) {
     const uint64_t lines = packed_lines(now_blocks, line);
     if (lines > t->l2_lines)
-      return refuse(fmt::format("may evict: its blocks take {} L2 lines of {}", lines,
-                                t->l2_lines));
+      evicts = fmt::format("may evict: its blocks take {} L2 lines of {}", lines, t->l2_lines);
   }
   // (3) Arguments sharing a line, then or now, keep their distance in one block.
   const auto share_line = [line](const Extent& a, const Extent& b) {
@@ -394,6 +472,13 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
           ek.offset - ej.offset != now[k].offset - now[j].offset)
         return refuse(fmt::format("arguments {} and {} share L2 lines differently", j, k));
     }
+  }
+  // (1') for a launch that may evict: its sets move alike.
+  if (!evicts.empty()) {
+    if (!t->l2_placed) return refuse(evicts);
+    std::string moved;
+    if (!sets_move_alike(*t, now, now_blocks, &moved)) return refuse(evicts + ", and " + moved);
+    if (sets_moved) *sets_moved = true;
   }
   if (!translated_writes(rec, args, granule, writes))
     return refuse(
@@ -839,17 +924,17 @@ void LaunchMemo::prune(Index& index) {
   }
 }
 
-void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key) {
+void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit) {
   std::vector<LaunchKey>& keys = index[std::move(k)];
   keys.insert(keys.begin(), key);
-  if (keys.size() > kSimilar) keys.pop_back();
+  if (keys.size() > limit) keys.pop_back();
 }
 
 void LaunchMemo::insert(LaunchKey key, LaunchKey similar, RecordedLaunch rec,
                         const LaunchKey* loose) {
   if (m_capacity == 0) return;
-  index(m_similar, std::move(similar), key);
-  if (loose) index(m_loose, *loose, key);
+  index(m_similar, std::move(similar), key, kSimilar);
+  if (loose) index(m_loose, *loose, key, kLoose);
   add(std::move(key), std::make_shared<RecordedLaunch>(std::move(rec)));
 }
 

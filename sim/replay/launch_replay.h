@@ -122,6 +122,9 @@ struct RecordedLaunch {
       uint64_t block_start = 0;  // its block's first device address
       uint64_t offset = 0;       // args[k] - block_start
       uint64_t lo = 0, hi = 0;   // the span [lo, hi) of its ranges, as offsets in its block
+      // The L2 address the L2's filing by block gave its block (sim/chip/l2_placement.h),
+      // relative to L2Placement::kPackedBase (valid when Translation::l2_placed).
+      uint64_t l2_base = 0;
     };
     std::vector<Extent> extents;  // [argument]
     // Whether no set of the L2 can receive more distinct lines than it has ways, wherever each
@@ -137,11 +140,18 @@ struct RecordedLaunch {
     // fits_any_placement or fits_packed: relocated_writes may time this launch elsewhere (a
     // relocation onto blocks of other sizes then checks fits_packed for those too).
     bool fits_l2 = false;
+    // Whether every touched argument's block was filed by block and its L2 address is in
+    // extents (l2_base): then relocated_writes may also time a launch that may evict, where
+    // every set's lines move to one other set together (see there).
+    bool l2_placed = false;
+    // fits_l2 or l2_placed: the recording may time a launch at another block layout.
+    bool relocatable() const { return fits_l2 || l2_placed; }
     // The sum of the first bound and the L2's ways (fits_any_placement: ways_needed <= ways),
     // for the replay log.
     uint32_t ways_needed = 0, ways = 0;
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
     uint64_t l2_lines = 0;    // the L2's sets x ways (fits_packed's limit)
+    uint64_t sets = 0;        // the L2's sets (set = L2 line % sets)
   };
   std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
@@ -214,12 +224,25 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 //       as then, and no core touches bytes another writes, as then.
 // Together with translated_writes' conditions (the program moves with its tensors, every
 // displacement a multiple of the GM alignment), every lookup then hits and misses as recorded,
-// so every transfer, and the launch, takes the recorded time. Fills *writes as
-// translated_writes does. why (may be null): on false, the condition that failed (the replay
-// log's reason, SimOptions::replay_log).
+// so every transfer, and the launch, takes the recorded time.
+// A launch that may evict (it fails (1)) is timed so too if, besides (2) and (3),
+//   (1') the L2 sees the recorded lookups with its sets renamed: each touched argument's block
+//       lies in one block with the same other arguments as then (so the blocks are filed in
+//       the recorded order, the order the lookups first reach them, Translation::l2_placed
+//       giving where they were filed), and any two touched arguments whose spans' lines fall
+//       in a common set, then or now, move by the same number of sets (modulo the sets).
+//       Each set's LRU state depends only on the sequence of lines looked up in it, and every
+//       line then lands in the set its recorded counterpart's set moved to, one set for all
+//       lines of a set, as a distinct line (by (3)), so every set sees the recorded sequence
+//       renamed, and hits, misses, fills and write-backs are the recorded ones. The order of
+//       the lookups is the recorded one by induction over the run (every transfer takes the
+//       recorded time while every earlier lookup did, sim/replay/address_flow.h).
+// Fills *writes as translated_writes does. why (may be null): on false, the condition that
+// failed (the replay log's reason, SimOptions::replay_log). sets_moved (may be null): set when
+// the launch was timed by (1') rather than (1).
 bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
                       const GmBlockLookup& blocks, uint64_t granule, std::vector<GmAccess>* writes,
-                      std::string* why = nullptr);
+                      std::string* why = nullptr, bool* sets_moved = nullptr);
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`; with
 // rec.effect_cores, the cores' walks spread over `pool` (each keeping the effects it issues),
@@ -285,7 +308,11 @@ class LaunchMemo {
   static constexpr size_t kSimilar = 4;
   std::vector<std::shared_ptr<RecordedLaunch>> find_similar(const LaunchKey& similar);
   // The recordings inserted with this loose key (the similar key without the arguments'
-  // block extents: relocated_writes' candidates), latest first, at most kSimilar.
+  // block extents: relocated_writes' candidates), latest first, at most kLoose. More than
+  // kSimilar: a launch that may evict relocates only from a recording whose blocks' sizes
+  // move its arguments' L2 sets alike, which the latest few seldom are (# estimate: 16 costs
+  // a key lookup and a check of a few arguments per candidate, for a launch not replayed).
+  static constexpr size_t kLoose = 16;
   std::vector<std::shared_ptr<RecordedLaunch>> find_loose(const LaunchKey& loose);
   // A new recording: under `key`, one of those `similar` finds and, if `loose` is given, one
   // of those find_loose(*loose) finds.
@@ -316,7 +343,8 @@ class LaunchMemo {
   std::unordered_map<LaunchKey, std::list<Entry>::iterator, LaunchKeyHash> m_map;
   using Index = std::unordered_map<LaunchKey, std::vector<LaunchKey>, LaunchKeyHash>;
   std::vector<std::shared_ptr<RecordedLaunch>> kept(const Index& index, const LaunchKey& k) const;
-  static void index(Index& index, LaunchKey k, const LaunchKey& key);
+  // Adds `key` first to index[k], keeping at most `limit` keys there.
+  static void index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit);
   void prune(Index& index);
   // similar key -> exact keys, latest first; the same for loose keys
   Index m_similar, m_loose;
