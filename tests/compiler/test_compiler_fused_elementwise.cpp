@@ -562,15 +562,15 @@ TEST_CASE("list(string) attributes: the cache key tells every two lists apart") 
 
 // The multi-tensor form (members > 1, graph_fusion.h rewrite 5b): Keras' Adam over variables of
 // many shapes in one op. The small variables' updates are segments of one launch (elements split
-// over the cores across variables), a large one keeps its own launch; every new value must be
+// over the cores across variables), the large ones' of another; every new value must be
 // bit-identical to the member's own FusedVariableUpdate (which the test above checks against the
 // unfused ops and the formula), in fewer cycles than those launches together.
 TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit-identical") {
   const ChipConfig& cfg = test_sim().config();
   const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
-  const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // above the segment limit
-  const std::vector<std::vector<int64_t>> shapes = {{37},  {5, 3},  {1}, {128},       {2, 65},
-                                                    {300}, {large}, {8}, {3, 3, 4, 2}};
+  const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // over 1024 per vector core
+  const std::vector<std::vector<int64_t>> shapes = {{37},  {5, 3},  {1}, {128},        {2, 65},
+                                                    {300}, {large}, {8}, {3, 3, 4, 2}, {3, large}};
   const std::pair<DataType, DataType> types[] = {{DataType::F32, DataType::F32},
                                                  {DataType::F16, DataType::F16},
                                                  {DataType::F32, DataType::F16}};
@@ -605,8 +605,9 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
                                {"updates", AttrValue(updates)}});
     const CompiledKernel k = compiler::compile(op, cfg);
     REQUIRE(k.outputs.size() == 3 * g_count);
-    REQUIRE(k.launches.size() == 2);  // the large variable's own, the others' together
-    CHECK(k.launches[1].summary.find("8 segments") != std::string::npos);
+    REQUIRE(k.launches.size() == 2);  // the small variables' segments, then the large ones'
+    CHECK(k.launches[0].summary.find("8 segments") != std::string::npos);
+    CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
     const RunResult multi = run_compiled(test_sim(), k, in);
     uint64_t own_cycles = 0;
     for (size_t g = 0; g < g_count; ++g) {
@@ -626,6 +627,35 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
                   << " cycles");
     CHECK(multi.cycles < own_cycles);
   }
+}
+
+// A multi-tensor launch streams at most the L2's bytes (unless one member alone is more), so the
+// L2 policy of its streams is each member's own launch's: large variables whose updates
+// together stream more than the L2 go to several launches.
+TEST_CASE("multi-tensor FusedVariableUpdate: a launch's streams fit the L2") {
+  const ChipConfig& cfg = test_sim().config();
+  // Adam in f32: 3 variables, the gradient and 3 new values stream 28 bytes per element; each
+  // member a third of the L2 and a little more, so two fit a launch and three do not.
+  const int64_t n = static_cast<int64_t>(cfg.l2_bytes / 28 / 3) + 1024;
+  const int64_t g_count = 5;
+  std::vector<TensorDesc> descs;
+  for (int64_t g = 0; g < g_count; ++g)
+    for (int j = 0; j < 3; ++j) descs.push_back({DataType::F32, {n + g}});
+  for (int64_t g = 0; g < g_count; ++g) {
+    descs.push_back({DataType::F32, {n + g}});
+    for (int j = 0; j < 4; ++j) descs.push_back({DataType::F32, {}});
+  }
+  const OpDesc op = make_op("FusedVariableUpdate", descs,
+                            {{"T", std::string(compiler::data_type_name(DataType::F32))},
+                             {"M", AttrValue(3 * g_count)},
+                             {"members", AttrValue(g_count)},
+                             {"steps", AttrValue(kKerasAdam)},
+                             {"updates", AttrValue(kKerasAdamUpdates)}});
+  const CompiledKernel k = compiler::compile(op, cfg);
+  REQUIRE(k.launches.size() == 3);  // members 0-1, 2-3, and 4 alone
+  CHECK(k.launches[0].summary.find("2 segments") != std::string::npos);
+  CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
+  CHECK(k.launches[2].summary.find("segments") == std::string::npos);
 }
 
 TEST_CASE("bad multi-tensor FusedVariableUpdate ops: an InvalidOpError naming the problem") {
