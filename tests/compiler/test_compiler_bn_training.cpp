@@ -374,6 +374,37 @@ TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile
   check_grads({{1, 32, 48, 16}, 47, false, DataType::F16});
 }
 
+TEST_CASE("BNTraining channel sums: several tiles loaded under one flag") {
+  // Where a block has room for two raw tiles of several tiles each, a raw tile takes as many as
+  // the UB holds (ops/channel.cpp: one flag, one memory latency, per raw tile); per block of the
+  // tiny chip's 4, with tiles of 128 pixels and raw tiles of 512: 1536 pixels (three full raw
+  // tiles), 1525 (two, then three full tiles and a partial one), 1300 (two, then two full tiles
+  // and a partial one), 1408 (two, then three full tiles: the pixels end before the raw tile's
+  // last tile). Those splits are the tiny chip's (compiled for it here; the 910b's 48 vector
+  // cores leave a block too few pixels for two raw tiles of two).
+  const ChipConfig tiny = load_chip_config("tiny");
+  const auto tiles_per_raw_tile = [&tiny](const std::vector<int64_t>& shape) {
+    auto k = compiler::compile(make_op("BNTrainingReduce", {TensorDesc{DataType::F32, shape}}, {}),
+                               tiny);
+    const std::string& s = k.launches.front().summary;
+    UNSCOPED_INFO(s);
+    const size_t t = s.find("tiles of "), l = s.find("loaded ");
+    REQUIRE((t != std::string::npos && l != std::string::npos));
+    return std::stoll(s.substr(l + 7)) / std::stoll(s.substr(t + 9));
+  };
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{1, 64, 96, 16}, {1, 61, 100, 16}, {1, 52, 100, 16}, {1, 44, 128, 16}})
+    CHECK(tiles_per_raw_tile(shape) >= 2);
+  check_reduce({1, 64, 96, 16}, 60);
+  check_reduce({1, 61, 100, 16}, 61);
+  check_reduce({1, 52, 100, 16}, 62, DataType::F16);
+  check_reduce({1, 44, 128, 16}, 63);
+  check_grads({{1, 61, 100, 16}, 64});
+  check_grads({{1, 52, 100, 16}, 65, true});
+  check_grads({{1, 44, 128, 16}, 66, false, DataType::F16});
+  check_grads({{1, 64, 96, 16}, 67, true});
+}
+
 TEST_CASE("BNTraining channel sums: whole pixels per tile where the inputs overflow the L2") {
   // Compiled for the test chip with a 64 KiB L2, a 6144-pixel x 256-channel sum (6 MiB of f32)
   // overflows it: its tiles take all 256 channels (ops/channel.cpp), where with the test chip's

@@ -4,11 +4,18 @@
 //                (NHWC: the bias is resident in the UB, one period of C; NCHW: gathered per
 //                piece of H*W elements). f32/f16/bf16 as AddV2 (one rounding, TF's result bit
 //                for bit), s32 wrapping.
-//   BiasAddGrad  the sum of out_backprop over every dim but the channel, by the reduction
-//                engine (ops/reduce.h): f16/bf16 accumulate in f32 (as TF's AccumulatorType),
-//                rounded once.
+//   BiasAddGrad  the sum of out_backprop over every dim but the channel, f16/bf16 accumulated
+//                in f32 (as TF's AccumulatorType), rounded once, by the reduction engine
+//                (ops/reduce.h). It splits the channels over the cores (C = 256: 16 channels a
+//                block, 16 blocks); where that leaves vector cores idle, the channel is last, T
+//                is f32 or f16 with whole 32-byte pixels and every vector core gets at least
+//                kMinPixelsPerCore pixels (a convolution's bias gradient), by the channel sums
+//                instead (ops/channel.h: the pixels split over every vector core, their
+//                partials added per channel, then rounded to T). Measured, docs/compiler.md.
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/reduce.h"
 #include "adapter/compiler/ops/registry.h"
@@ -16,6 +23,12 @@
 namespace npusim::compiler::ops {
 
 namespace {
+
+// The pixels per vector core from which BiasAddGrad takes the channel sums. # estimate: their
+// three launches (sums, partials, rounding) cost about 5,000 cycles more than the engine's one
+// on the 910 (f16 1x7x7x64: 7,669 against 2,477), which a core's share of 128 pixels or more
+// outweighs where the engine leaves half the cores idle (docs/compiler.md "BiasAddGrad").
+constexpr int64_t kMinPixelsPerCore = 128;
 
 // The channel dim of a value of `rank` under the op's data_format.
 size_t channel_dim(const OpDesc& op, size_t rank) {
@@ -76,7 +89,49 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
   req.out_type = g.dtype;
   LaunchPlan plan({TensorDesc{g.dtype, {g.shape[c]}}});
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
-  return std::move(plan).finish();
+  CompiledKernel reduce = std::move(plan).finish();
+  const CoreKindConfig* vector =
+      ctx.cfg.core_kind(ctx.cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const int64_t cores = vector ? vector->count : 0;
+  int64_t used = 0;
+  for (const Launch& l : reduce.launches) used = std::max<int64_t>(used, l.block_dim);
+  const int64_t channels = g.shape[c], size = data_type_bytes(g.dtype);
+  const int64_t pixels = channels ? g.num_elements() / channels : 0;
+  if (c + 1 == g.shape.size() && (g.dtype == DataType::F32 || g.dtype == DataType::F16) &&
+      used < cores && pixels >= cores * kMinPixelsPerCore && channels % 8 == 0 &&
+      (channels * size) % 32 == 0) {
+    CompiledKernel k;
+    k.outputs = {TensorDesc{g.dtype, {channels}}};
+    ChannelSumSpec s;
+    s.kind = ChannelSumSpec::Kind::kSum;
+    s.a_type = device_dtype(g.dtype);
+    s.pixels = pixels;
+    s.cp = channels;
+    ChannelSumLaunch sum = build_channel_sum(s, ctx.cfg, op.str());
+    const ArgRef partials = workspace_take(k, static_cast<uint64_t>(sum.blocks * channels) * 4);
+    k.launches.push_back(with_args(std::move(sum.launch), {input_ref(0), partials}));
+    ChannelEpilogueSpec e;
+    e.name = "BiasAddGradSums";
+    e.spread = true;
+    e.c = channels;
+    e.partial_cp = channels;
+    e.partial_blocks = {sum.blocks};
+    e.outputs = 1;
+    e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+      f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    };
+    if (g.dtype == DataType::F32) {
+      k.launches.push_back(
+          with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, output_ref(0)}));
+      return k;
+    }
+    const ArgRef sums = workspace_take(k, static_cast<uint64_t>(channels) * 4);
+    k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, sums}));
+    append_strided_copy(k, op, sums, output_ref(0), 1, channels, channels, DataType::F32, g.dtype,
+                        ctx.cfg);
+    return k;
+  }
+  return reduce;
 }
 
 }  // namespace

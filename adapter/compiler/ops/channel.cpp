@@ -68,8 +68,12 @@ namespace {
 
 // Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
 // per item and channel group: clear the sums, (centered) load m, accumulate the tiles, fold the
-// tp running sums and store them. The raw input tiles are double-buffered (ping and pong, the
-// tile loop unrolled twice): MTE2 loads tile t+1 while V accumulates tile t.
+// tp running sums and store them. The raw inputs are loaded rt tiles at a time into
+// double-buffered raw tiles (ping and pong, the loop unrolled twice, each raw tile's rt tiles
+// unrolled): MTE2 loads raw tile t+1 while V widens and accumulates the tiles of raw tile t.
+// A raw tile is handed over by one flag, and a flag from MTE2 waits until the pipe's transfers
+// have landed (a memory latency per raw tile), so the raw tile takes what UB the f32 work
+// leaves (plan_tile).
 class ChannelSumEmitter {
  public:
   using Kind = ChannelSumSpec::Kind;
@@ -89,8 +93,9 @@ class ChannelSumEmitter {
   void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
   void fold_into_first(const uint64_t (&acc)[2], int from);
-  void accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g,
-                       Label partial_exit);
+  void load_raw_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
+  void accumulate_raw_tile(int q, const Reg& t0, const Reg& p1, const Label (&exit)[2]);
+  void accumulate_tile(int q, int k, int j, const Reg& n);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
@@ -108,6 +113,7 @@ class ChannelSumEmitter {
   const bool m_has_b;
   const int64_t m_sa, m_sb;  // bytes per element of a and b
   int64_t m_tp = 1;          // pixels per tile (a power of two)
+  int64_t m_rt = 1;          // tiles per raw tile (a power of two): loaded under one flag
   int64_t m_ct = 0;          // channels per group (divides cp)
   int64_t m_per = 0;         // pixels per block
   int m_blocks = 0;
@@ -157,9 +163,10 @@ void ChannelSumEmitter::plan_tile() {
     m_b.fail(fmt::format("channel sums need whole 32-byte pixels, got {} channels", s.cp));
   const uint64_t ub = m_core.capacity(Buf::UB) - m_ub_reserved;
   const int64_t unit = std::max<int64_t>({8, 32 / sa, has_b ? 32 / sb : 8});
-  auto need = [&](int64_t t, int64_t ct, bool pingpong) {
+  // r tiles per raw tile: the raw ping and pong hold r tiles each.
+  auto need = [&](int64_t t, int64_t ct, bool pingpong, int64_t r = 1) {
     const int accs = pingpong ? 2 : 1;
-    const auto input = [](int64_t size) { return 2 * size + (size == 4 ? 0 : 4); };
+    const auto input = [r](int64_t size) { return 2 * r * size + (size == 4 ? 0 : 4); };
     // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
@@ -229,7 +236,15 @@ void ChannelSumEmitter::plan_tile() {
     tp = tp2;
     ct = ct2;
   }
+  // The raw tile: rt tiles under one flag (each raw tile waits a memory latency, the tiles'
+  // f32 work does not), as many as the UB left by the tile holds while a block keeps at least
+  // two raw tiles (with one, its load and its vector work cannot overlap). Measured
+  // (docs/compiler.md "The channel sums' pipeline"): halving the tile for a larger raw tile
+  // costs the vector unit more instructions than it saves MTE2 where the vector unit is busy.
+  int64_t rt = 1;
+  while (tp * rt * 2 * 2 <= m_per && need(tp, ct, m_pingpong, rt * 2) <= ub) rt *= 2;
   m_tp = tp;
+  m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
 }
@@ -260,9 +275,10 @@ void ChannelSumEmitter::allocate() {
   // f32 inputs are computed on in their raw buffer (m_a32 / m_b32 = 0: that tile's raw one).
   for (int q = 0; q < 2; ++q) {
     const char* name = q ? "a (raw, pong)" : "a (raw, ping)";
-    m_a_raw[q] = alloc(tile * static_cast<uint64_t>(m_sa) + slack, name, 0);
+    const uint64_t raw = tile * static_cast<uint64_t>(m_rt);
+    m_a_raw[q] = alloc(raw * static_cast<uint64_t>(m_sa) + slack, name, 0);
     if (m_has_b)
-      m_b_raw[q] = alloc(tile * static_cast<uint64_t>(m_sb) + slack,
+      m_b_raw[q] = alloc(raw * static_cast<uint64_t>(m_sb) + slack,
                          q ? "b (raw, pong)" : "b (raw, ping)", 1);
   }
   if (m_sa != 4) m_a32 = alloc(tile * 4 + slack, "a (f32)", 0);
@@ -332,8 +348,9 @@ ChannelSumLaunch ChannelSumEmitter::build() {
   out.blocks = m_blocks;
   out.launch.summary = fmt::format(
       "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-      "tiles of {} pixels x {} channels",
-      m_s.batch, m_s.pixels, m_s.cp, isa::dtype_name(m_s.a_type), m_blocks, m_per, m_tp, m_ct);
+      "tiles of {} pixels x {} channels, loaded {} pixels at a time",
+      m_s.batch, m_s.pixels, m_s.cp, isa::dtype_name(m_s.a_type), m_blocks, m_per, m_tp, m_ct,
+      m_tp * m_rt);
   return out;
 }
 
@@ -621,11 +638,12 @@ void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, cons
   vec_binary(b, Opcode::op_vmul, Dtype::F32, b32, b32, m_z, cnt);
 }
 
-// The block's tiles of pixels [p0, p1) in the group, alternately into the ping and the pong
-// buffers (the loop unrolled twice, as the streaming kernel's), then the group's vectors
-// released and the running sums folded into acc[0]: with ping-pong sums the loop leaves before
-// a ping tile with the sums in acc[0], before a pong tile (or after a partial one, in place)
-// with them in acc[1], so each exit folds from its own.
+// The block's tiles of pixels [p0, p1) in the group, raw tiles alternately into the ping and
+// the pong buffers (the loop unrolled twice, as the streaming kernel's), then the group's
+// vectors released and the running sums folded into acc[0]: with ping-pong sums the j-th tile
+// of the group reads acc[j % 2], so the loop leaves before an even tile with the sums in
+// acc[0], before an odd one (or after a partial one, in place) with them in acc[1], and each
+// exit folds from its own.
 void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
                                          const Reg& g) {
   KernelBuilder& b = m_b;
@@ -637,11 +655,23 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   Label exit[2] = {b.label("tiles_end_sums_in_ping"),
                    m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
   if (!m_pingpong) exit[1] = exit[0];
+  const int64_t raw = m_tp * m_rt;
+  b.branch(ge(t0, p1), exit[0]);
+  load_raw_tile(0, t0, p1, item, g);
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
-    b.branch(ge(t0, p1), exit[q]);
-    accumulate_tile(q, t0, p1, item, g, exit[q]);
-    b.add(t0, t0, m_tp);
+    {
+      // The next raw tile's loads are issued before this one's vector work (the scalar unit
+      // issues in order and waits while the vector queue is full).
+      Label none = b.label("no_next_raw_tile");
+      Reg next = b.reg("next raw tile");
+      b.add(next, t0, raw);
+      b.branch(ge(next, p1), none);
+      load_raw_tile(1 - q, next, p1, item, g);
+      b.bind(none);
+    }
+    accumulate_raw_tile(q, t0, p1, exit);
+    b.branch(ge(t0, p1), exit[((q + 1) * m_rt) % 2]);
   }
   b.jmp(loop);
   for (int q = 0; q < exits; ++q) {
@@ -654,25 +684,73 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   b.bind(end);
 }
 
-// The tile at pixel t0 in buffers q: load a (and b), widen to f32, (centered) subtract m,
-// square or multiply, add into the running sums: from acc[q] into acc[1 - q]; a partial tile
-// (fewer than tp pixels: the block's last) adds in place into acc[q], as acc[1 - q] would keep
-// stale sums past its pixels, and leaves to partial_exit (the sums in acc[q]).
-void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, const Reg& item,
-                                        const Reg& g, Label partial_exit) {
+// The raw tile at pixel t0 (< p1) into buffers q: up to rt tiles of a (and b) under one flag.
+void ChannelSumEmitter::load_raw_tile(int q, const Reg& t0, const Reg& p1, const Reg& item,
+                                      const Reg& g) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
-  PixelOps& px = *m_px;
-  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
-  Reg n = b.reg("tile pixels"), cnt = b.reg("tile elements");
+  KernelBuilder::Origin o(b, fmt::format("raw tile load ({})", q ? "pong" : "ping"));
+  Reg n = b.reg("raw tile pixels");
   b.sub(n, p1, t0);
-  b.min(n, n, m_tp);
-  b.mul(cnt, n, m_ct);
+  b.min(n, n, m_tp * m_rt);
   b.wait_flag(m_in_free, q);
   load_tile(m_a_arg, m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
   if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
   b.set_flag(m_in_ready, q);
+}
+
+// The raw tile at pixel t0 (< p1) in buffers q, loaded by load_raw_tile: accumulate its tiles
+// (t0 advancing by tp per tile), the raw buffers released before the loop's exits: where the
+// pixels end before the raw tile's last tile, and (ping-pong sums) after a partial tile, to
+// exit[j % 2], j the tile's index in the group.
+void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
+                                            const Label (&exit)[2]) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("raw tile ({})", q ? "pong" : "ping"));
   b.wait_flag(m_in_ready, q);
+  const auto leave = [&](Label to) {
+    b.set_flag(m_in_free, q);
+    b.jmp(to);
+  };
+  for (int k = 0; k < m_rt; ++k) {
+    const int j = static_cast<int>((q * m_rt + k) % 2);
+    if (k > 0) {
+      Label more = b.label("raw_tile_more_pixels");
+      b.branch(lt(t0, p1), more);
+      leave(exit[j]);
+      b.bind(more);
+    }
+    Reg n = b.reg("tile pixels");
+    b.sub(n, p1, t0);
+    b.min(n, n, m_tp);
+    accumulate_tile(q, k, j, n);
+    if (k + 1 == m_rt) b.set_flag(m_in_free, q);
+    if (m_pingpong) {
+      if (k + 1 == m_rt) {
+        b.branch(lt(n, m_tp), exit[j]);
+      } else {
+        Label full = b.label("full_tile");
+        b.branch(ge(n, m_tp), full);
+        leave(exit[j]);
+        b.bind(full);
+      }
+    }
+    b.add(t0, t0, m_tp);
+  }
+}
+
+// Tile k of raw tile q just loaded, n pixels (at most tp), the group's j-th tile (mod 2): widen
+// to f32, (centered) subtract m, square or multiply, add into the running sums: from acc[j]
+// into acc[1 - j]; a partial tile (fewer than tp pixels: the block's last) adds in place into
+// acc[j], as acc[1 - j] would keep stale sums past its pixels (the caller leaves the loop after
+// it, the sums in acc[j]).
+void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  PixelOps& px = *m_px;
+  KernelBuilder::Origin o(b, fmt::format("tile {} of the raw tile", k));
+  Reg cnt = b.reg("tile elements");
+  b.mul(cnt, n, m_ct);
   auto accumulate = [&](const uint64_t (&acc)[2], uint64_t src) {
     if (!m_pingpong) {
       vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[0], acc[0], src, cnt);
@@ -680,16 +758,19 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
     }
     Label full = b.label("full_tile"), next = b.label("accumulated");
     b.branch(ge(n, m_tp), full);
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[q], acc[q], src, cnt);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[j], acc[j], src, cnt);
     b.jmp(next);
     b.bind(full);
-    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[1 - q], acc[q], src, cnt);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[1 - j], acc[j], src, cnt);
     b.bind(next);
   };
-  const uint64_t a32 = m_sa == 4 ? m_a_raw[q] : m_a32;
-  const uint64_t b32 = m_has_b && m_sb == 4 ? m_b_raw[q] : m_b32;
-  px.widen(a32, m_a_raw[q], s.a_type, cnt);
-  if (m_has_b) px.widen(b32, m_b_raw[q], s.b_type, cnt);
+  const uint64_t at = m_tile * static_cast<uint64_t>(k);  // the tile's first element
+  const uint64_t a_raw = m_a_raw[q] + at * static_cast<uint64_t>(m_sa);
+  const uint64_t b_raw = m_has_b ? m_b_raw[q] + at * static_cast<uint64_t>(m_sb) : 0;
+  const uint64_t a32 = m_sa == 4 ? a_raw : m_a32;
+  const uint64_t b32 = m_has_b && m_sb == 4 ? b_raw : m_b32;
+  px.widen(a32, a_raw, s.a_type, cnt);
+  if (m_has_b) px.widen(b32, b_raw, s.b_type, cnt);
   if (s.relu_mask) relu_mask(a32, b32, n, cnt);
   if (s.plain_sum) accumulate(m_acc2, m_has_b ? b32 : a32);
   // No step in place where it can be helped (the bank model: a destination that is also a
@@ -703,8 +784,6 @@ void ChannelSumEmitter::accumulate_tile(int q, const Reg& t0, const Reg& p1, con
     vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, x, cnt);
   if (m_has_b) vec_binary(b, Opcode::op_vmul, Dtype::F32, term = product, x, b32, cnt);
   accumulate(m_acc, term);
-  b.set_flag(m_in_free, q);
-  if (m_pingpong) b.branch(lt(n, m_tp), partial_exit);
 }
 
 // n pixels of the group's channels from `arg` into dst.
