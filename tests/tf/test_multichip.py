@@ -496,7 +496,7 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
     reports: op_summary.csv row by row (task ids, start times, durations) and summary.txt, per
     device and at the top level, but for the allocator's peak. TensorFlow's executor threads
     issue a chip's independent ops in an order of their own; the plugin chains each NPU's nodes
-    in a canonical order (launch_order.h) and times its copies out of a device by their data
+    in a canonical order (launch_order.h) and times its copies into and out of a device by their data
     (docs/runtime.md, "Copies timed by data"), so the schedule does not depend on it. Before
     both, this failed in 2 of 2 runs (launch starts differed; docs/multichip.md, "Launch
     order")."""
