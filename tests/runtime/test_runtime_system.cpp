@@ -744,20 +744,18 @@ TEST_CASE(
   // by its data the copy starts when the host queued it, beside the compute, and only its reader
   // waits for it. (Each order is made certain by polling the first op's event before queueing
   // the second: a completion without a read-back does not move the host clock.)
-  rt::Device& dev = *chips()[5];
+  // open_rank: x and y on the chip, outputs buf[0] and buf[1], a compute stream s and a copy
+  // stream h.
   const uint64_t n = 8192, bytes = n * 2, in_n = 16 * n, in_bytes = in_n * 2;
-  const auto x = test::random_f16(n, 7), y = test::random_f16(n, 8);
+  Rank c = open_rank(5, n, 7);
+  rt::Device& dev = *c.dev;
   const auto input = test::random_f16(in_n, 9);
   const auto program = test::load_kernel("kernels/vadd_f16.s");
   const int blocks = dev.config().core_kind(isa::CoreKind::AIV)->count;
-  uint64_t bx = 0, by = 0, bin = 0, z1 = 0, z2 = 0;
+  uint64_t bin = 0;
   REQUIRE(dev.malloc(in_bytes, &bin).ok());
-  for (uint64_t* p : {&bx, &by, &z1, &z2}) REQUIRE(dev.malloc(bytes, p).ok());
-  REQUIRE(dev.memcpy_h2d(bx, x.data(), bytes).ok());
-  REQUIRE(dev.memcpy_h2d(by, y.data(), bytes).ok());
-  rt::Stream compute, copies;
-  REQUIRE(dev.create_stream(&compute).ok());
-  REQUIRE(dev.create_stream(&copies).ok());
+  const uint64_t bx = c.x_at, by = c.y_at, z1 = c.buf[0], z2 = c.buf[1];
+  const rt::Stream compute = c.s, copies = c.h;
   rt::Event copied, computed;
   REQUIRE(dev.create_event(&copied).ok());
   REQUIRE(dev.create_event(&computed).ok());
@@ -815,7 +813,7 @@ TEST_CASE(
   std::vector<uint16_t> z2_now(n);
   REQUIRE(dev.memcpy_d2h(z2_now.data(), z2, bytes).ok());
   CHECK(z2_now ==
-        test::reference_add_f16(std::vector<uint16_t>(input.begin(), input.begin() + n), y));
+        test::reference_add_f16(std::vector<uint16_t>(input.begin(), input.begin() + n), c.y));
 
   // By its stream: got first, the copy holds the timeline and the independent kernel follows
   // it; got after, the kernel starts at once.
@@ -838,7 +836,6 @@ TEST_CASE(
 
   CHECK(dev.destroy_event(copied).ok());
   CHECK(dev.destroy_event(computed).ok());
-  CHECK(dev.destroy_stream(compute).ok());
-  CHECK(dev.destroy_stream(copies).ok());
-  for (uint64_t p : {bin, bx, by, z1, z2}) CHECK(dev.free(p).ok());
+  CHECK(dev.free(bin).ok());
+  close_rank(c);
 }
