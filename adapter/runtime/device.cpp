@@ -376,8 +376,11 @@ DeviceOp memset_op(OpKind kind, uint64_t dst, uint32_t pattern, uint64_t bytes) 
 
 }  // namespace
 
-Status Device::memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes) {
-  return submit_transfer(&s, h2d_op(dst, src, bytes));
+Status Device::memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes,
+                                CopyTiming timing) {
+  DeviceOp op = h2d_op(dst, src, bytes);
+  op.timed_by_data = timing == CopyTiming::data && chips() > 1;
+  return submit_transfer(&s, std::move(op));
 }
 Status Device::memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes,
                                 CopyTiming timing) {

@@ -158,15 +158,18 @@ class Device {
   // ---- Copies and fills. Device ranges must lie inside one live allocation; host pointers of
   // async copies must stay valid until the copy has run. h2d/d2h move over the HDC link model;
   // d2d and memset are timed as in "Simulated time" above. Zero bytes is a no-op.
-  Status memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes);
-  // CopyTiming::data (d2h and peer copies on a system of chips; elsewhere as stream): the copy
-  // is a copy engine's (DMA) transfer that starts when the bytes it reads were written (their
-  // last writer's end: the driver's data readiness) and no earlier than the host clock when it
-  // was queued, not at its stream's ready time or its chip's compute timeline; it occupies no compute timeline
-  // and its stream's next record stamps its end. For a framework that orders a copy after the
+  // CopyTiming::data (h2d, d2h and peer copies on a system of chips; elsewhere as stream): the
+  // copy is a copy engine's (DMA) transfer that starts when the bytes it reads were written
+  // (their last writer's end: the driver's data readiness; a host source: when the host queued
+  // it) and no earlier than the host clock when it was queued, not at its stream's ready time
+  // or its chip's compute timeline; it occupies no compute timeline and its stream's next
+  // record stamps its end. Its destination bytes are ready at its end: a kernel with an
+  // argument inside an h2d copy's destination starts no earlier (driver.h, "Data readiness"). For a framework that orders a copy after the
   // whole stream that produced its source (TensorFlow's copy streams wait for the compute
   // stream), where the copy lands among the chip's kernels would otherwise depend on how far
   // the host had queued when it asked for the copy (docs/runtime.md, "Copies timed by data").
+  Status memcpy_h2d_async(Stream s, uint64_t dst, const void* src, uint64_t bytes,
+                          CopyTiming timing = CopyTiming::stream);
   Status memcpy_d2h_async(Stream s, void* dst, uint64_t src, uint64_t bytes,
                           CopyTiming timing = CopyTiming::stream);
   Status memcpy_d2d_async(Stream s, uint64_t dst, uint64_t src, uint64_t bytes);  // memmove

@@ -364,17 +364,27 @@ Driver::Placement Driver::place(const std::vector<int>& chips, uint64_t ready, u
 Driver::Placement Driver::place_by_data(const DeviceOp& op, const std::function<void()>& run,
                                         uint64_t* end) {
   Placement p;
-  p.start = std::max({op.host_cycle, input_ready(op.chip, op.src, op.bytes),
-                      comm_output_ready(op)});
+  // An h2d copy's source is the host's: ready when the host queued it (its host clock).
+  const bool h2d = op.kind == OpKind::memcpy_h2d;
+  p.start = h2d ? op.host_cycle
+                : std::max({op.host_cycle, input_ready(op.chip, op.src, op.bytes),
+                            comm_output_ready(op)});
   align_simulation();
   p.sim_start = sim_cycles();
+  // The chip whose memory the copy writes: a peer copy's destination chip, an h2d copy's own.
   const bool peer = op.kind == OpKind::memcpy_peer;
-  const uint64_t dst_epoch = peer ? begin_writes(op.dst_chip) : 0;
+  const int dst_chip = peer ? op.dst_chip : op.chip;
+  const uint64_t dst_epoch = peer || h2d ? begin_writes(dst_chip) : 0;
   auto finish = [&] {
     *end = p.at(sim_cycles());
     uint64_t& last = m_copy_end.at(static_cast<size_t>(op.chip));
     last = std::max(last, *end);
-    if (peer) end_writes(op.dst_chip, dst_epoch, *end);
+    if (peer || h2d) end_writes(dst_chip, dst_epoch, *end);
+    // Off the compute timeline, the bytes are pending for the chip's kernels until its end (as a
+    // collective's output: comm_output_ready).
+    if (h2d)
+      m_written.at(static_cast<size_t>(dst_chip))
+          .comm_outputs.push_back({op.dst, op.bytes, *end, dst_epoch, 0});
   };
   try {
     run();

@@ -225,6 +225,10 @@ class Driver {
   // how far the host had queued), nor at a timeline of its chip, which it leaves alone.
   // Copies of a chip do not queue behind each other (an engine per copy: optimistic where a
   // chip's copies overlap). A peer copy's destination bytes are ready at its end (write epochs).
+  // An h2d copy reads the host's bytes, ready when it was queued: it starts at its host clock,
+  // and its destination bytes are pending until its end for the chip's kernels too (kept with
+  // the collectives' outputs, comm_output_ready): the kernel reading an input TensorFlow copied
+  // in starts after the copy, not where the copy stream's wait put it among the kernels.
   // Returns where it ran; *end: its end, which also raises copy_cycles(op.chip).
   Placement place_by_data(const DeviceOp& op, const std::function<void()>& run, uint64_t* end);
   uint64_t sim_cycles() const;  // the simulation's clock
@@ -302,11 +306,13 @@ class Driver {
   struct WrittenBy {
     std::map<uint64_t, uint64_t> end_of;  // write epoch -> end of the op that stamped it
     uint64_t floor = 0;  // the latest end among the entries dropped (at most kWriteEntries kept)
+    // Also the destination of an h2d copy timed by its data (collective 0): it runs beside the
+    // chip's compute, so its readers wait for it as for a collective's output.
     struct CommOutput {
       uint64_t addr = 0, bytes = 0;
-      uint64_t ready = 0;  // the collective's end, AI-core cycles
+      uint64_t ready = 0;  // the collective's (copy's) end, AI-core cycles
       uint64_t epoch = 0;  // the write epoch of the collective (a later write supersedes it)
-      uint64_t collective = 0;  // its CollectiveRecord::id
+      uint64_t collective = 0;  // its CollectiveRecord::id; 0: an h2d copy's destination
     };
     std::vector<CommOutput> comm_outputs;
     // write epoch -> LaunchRecord::index of the launch whose writes stamped it (launches only;

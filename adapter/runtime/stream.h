@@ -260,11 +260,12 @@ struct DeviceOp {
   // start on the timeline is not raised to it: a collective stream's dependency on its inputs'
   // producers, whose time the driver takes from the inputs' readiness (driver.h).
   bool order_only = false;
-  // memcpy_d2h / memcpy_peer on a system of chips: a copy engine's transfer timed by its data
-  // (Device::memcpy_d2h_async, CopyTiming::data): it starts when the bytes it reads were
-  // written (and no earlier than the host clock when it was queued), not where its stream and
-  // chip stand, and occupies no compute timeline. record_event: set by the driver when its stream's latest op was such a
-  // copy (the record then stamps that copy's end, not the chip's compute timeline).
+  // memcpy_h2d / memcpy_d2h / memcpy_peer on a system of chips: a copy engine's transfer timed
+  // by its data (Device::memcpy_d2h_async, CopyTiming::data): it starts when the bytes it reads
+  // were written (a host source: when it was queued; no earlier than the host clock then), not
+  // where its stream and chip stand, and occupies no compute timeline. record_event: set by the
+  // driver when its stream's latest op was such a copy (the record then stamps that copy's end,
+  // not the chip's compute timeline).
   bool timed_by_data = false;
   HostCallback callback;
   int chip = 0;                     // the chip whose stream queues it (of the device's system)

@@ -733,3 +733,109 @@ TEST_CASE("a copy timed by its data starts when its source was written, beside t
   CHECK(dev.destroy_stream(copies).ok());
   for (uint64_t p : {bx, by, z1, z2}) CHECK(dev.free(p).ok());
 }
+
+TEST_CASE(
+    "an input copy timed by its data runs beside the compute: whether the host queued it before "
+    "or after an independent kernel does not move that kernel, and its reader waits for its end") {
+  // As TensorFlow copies a step's inputs in: its executor threads queue the copy before or after
+  // an independent kernel, in an order of their own, then the host polls the copy's event and
+  // queues the kernel that reads it. Timed by its stream the copy holds the chip's compute
+  // timeline, so the independent kernel starts later when the driver got the copy first; timed
+  // by its data the copy starts when the host queued it, beside the compute, and only its reader
+  // waits for it. (Each order is made certain by polling the first op's event before queueing
+  // the second: a completion without a read-back does not move the host clock.)
+  // open_rank: x and y on the chip, outputs buf[0] and buf[1], a compute stream s and a copy
+  // stream h.
+  const uint64_t n = 8192, bytes = n * 2, in_n = 16 * n, in_bytes = in_n * 2;
+  Rank c = open_rank(5, n, 7);
+  rt::Device& dev = *c.dev;
+  const auto input = test::random_f16(in_n, 9);
+  const auto program = test::load_kernel("kernels/vadd_f16.s");
+  const int blocks = dev.config().core_kind(isa::CoreKind::AIV)->count;
+  uint64_t bin = 0;
+  REQUIRE(dev.malloc(in_bytes, &bin).ok());
+  const uint64_t bx = c.x_at, by = c.y_at, z1 = c.buf[0], z2 = c.buf[1];
+  const rt::Stream compute = c.s, copies = c.h;
+  rt::Event copied, computed;
+  REQUIRE(dev.create_event(&copied).ok());
+  REQUIRE(dev.create_event(&computed).ok());
+  auto poll = [&](rt::Event e) {  // until complete, as TensorFlow's event manager polls
+    bool done = false;
+    rt::Status st;
+    do st = dev.query_event(e, &done);
+    while (st.ok() && !done);
+    REQUIRE(st.ok());
+  };
+  struct Run {
+    uint64_t host = 0;  // the host clock when the run began
+    uint64_t from = 0;  // where the chip could start then: the later of it and the timeline
+    rt::LaunchRecord independent, reader;
+    rt::CopyRecord copy;
+  };
+  auto run = [&](rt::CopyTiming timing, bool copy_first) {
+    REQUIRE(dev.synchronize_device().ok());
+    Run r;
+    REQUIRE(dev.host_time_cycles(&r.host).ok());
+    r.from = std::max(r.host, timeline(5));  // (earlier tests' reads moved the host clock)
+    dev.clear_launch_records();
+    auto copy_in = [&] {
+      REQUIRE(dev.memcpy_h2d_async(copies, bin, input.data(), in_bytes, timing).ok());
+      REQUIRE(dev.record_event(copied, copies).ok());
+      poll(copied);
+    };
+    auto independent = [&] {
+      REQUIRE(dev.launch_kernel(compute, program, {bx, by, z1, n}, blocks).ok());
+      REQUIRE(dev.record_event(computed, compute).ok());
+      poll(computed);
+    };
+    if (copy_first)
+      copy_in(), independent();
+    else
+      independent(), copy_in();
+    REQUIRE(dev.launch_kernel(compute, program, {bin, by, z2, n}, blocks).ok());
+    REQUIRE(dev.synchronize_stream(compute).ok());
+    const auto launches = dev.launch_records();
+    REQUIRE(launches.size() == 2);
+    r.independent = launches[0];
+    r.reader = launches[1];
+    r.copy = dev.copy_records().back();
+    REQUIRE(r.copy.kind == rt::OpKind::memcpy_h2d);
+    return r;
+  };
+  auto end = [](const auto& rec) { return rec.start_cycle + rec.cycles; };
+  auto offset = [](const Run& r, uint64_t cycle) { return int64_t(cycle) - int64_t(r.from); };
+  const Run stream_first = run(rt::CopyTiming::stream, true),
+            stream_after = run(rt::CopyTiming::stream, false);
+  const Run data_first = run(rt::CopyTiming::data, true),
+            data_after = run(rt::CopyTiming::data, false);
+
+  // The reader computed input + y from the copied bytes.
+  std::vector<uint16_t> z2_now(n);
+  REQUIRE(dev.memcpy_d2h(z2_now.data(), z2, bytes).ok());
+  CHECK(z2_now ==
+        test::reference_add_f16(std::vector<uint16_t>(input.begin(), input.begin() + n), c.y));
+
+  // By its stream: got first, the copy holds the timeline and the independent kernel follows
+  // it; got after, the kernel starts at once.
+  const int64_t at_once = offset(stream_after, stream_after.independent.start_cycle);
+  CHECK(at_once <= int64_t(1 + stream_after.independent.host_dispatch_cycles));
+  CHECK(offset(stream_first, stream_first.independent.start_cycle) >=
+        at_once + int64_t(stream_first.copy.cycles));
+  // By its data: the independent kernel starts at once in both orders; the copy when the host
+  // queued it; the reader at the copy's end, which outlasts the independent kernel.
+  for (const Run* r : {&data_first, &data_after}) {
+    CHECK(r->copy.cycles == stream_first.copy.cycles);
+    CHECK(offset(*r, r->independent.start_cycle) == at_once);
+    CHECK(r->copy.start_cycle - r->host <= 1);
+    REQUIRE(end(r->copy) > end(r->independent));
+    CHECK(r->reader.start_cycle >= end(r->copy));
+    CHECK(r->reader.start_cycle - end(r->copy) <= 1 + r->reader.host_dispatch_cycles);
+  }
+  CHECK(offset(data_first, data_first.reader.start_cycle) ==
+        offset(data_after, data_after.reader.start_cycle));
+
+  CHECK(dev.destroy_event(copied).ok());
+  CHECK(dev.destroy_event(computed).ok());
+  CHECK(dev.free(bin).ok());
+  close_rank(c);
+}

@@ -496,7 +496,7 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
     reports: op_summary.csv row by row (task ids, start times, durations) and summary.txt, per
     device and at the top level, but for the allocator's peak. TensorFlow's executor threads
     issue a chip's independent ops in an order of their own; the plugin chains each NPU's nodes
-    in a canonical order (launch_order.h) and times its copies out of a device by their data
+    in a canonical order (launch_order.h) and times its copies into and out of a device by their data
     (docs/runtime.md, "Copies timed by data"), so the schedule does not depend on it. Before
     both, this failed in 2 of 2 runs (launch starts differed; docs/multichip.md, "Launch
     order")."""
@@ -544,3 +544,38 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
 
     for d, text in first["summary"].items():
         assert "Device memory" in text and timed(text) == timed(second["summary"][d]), d
+
+
+def test_three_runs_of_a_step_with_gradient_segments_take_the_same_cycles():
+    """A MirroredStrategy SGD fit with gradient segments (grad_split="hccl", 2 steps on 2 tiny
+    NPUs; benchmarks/schedule_repeatability.py's workload) in three processes: every launch at
+    the same start with the same cycles, the same collectives, peer copies, timelines and host
+    clock. TensorFlow's executor threads copy a step's inputs (x and y of each replica) in an
+    order of their own; on the compute timeline each copy moved the kernels the driver served
+    after it (chip 0's iteration counter by one copy's time), which this caught in most runs;
+    copies into a device are now timed by their data (docs/runtime.md, "Copies timed by
+    data")."""
+    code = mlp_on_two_npus(64) + textwrap.dedent("""
+        npusim.configure(grad_split="hccl")
+        with tf.distribute.MirroredStrategy().scope():
+            model = build()
+            model.set_weights(init)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+        npusim.clear_launch_records()
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, steps_per_epoch=2)
+        info = npusim.system_info()
+        print("RESULT" + json.dumps({
+            "launches": [[(r["op_name"], r["kernel"], r["start_cycle"], r["cycles"])
+                          for r in npusim.launch_records(chip=c)] for c in (0, 1)],
+            "collectives": [(c["collective"], c["bytes"], c["start_cycle"], c["end_cycle"])
+                            for c in info["collectives"]],
+            "peer_copies": info["peer_copies"], "timeline": info["timeline_cycles"],
+            "host": info["host_cycles"]}))
+        """)
+    runs = [child_result(code, timeout=600, extra_env={"NPUSIM_LAUNCH_ORDER": "1"})
+            for _ in range(3)]
+    first = runs[0]
+    assert len(first["collectives"]) >= 2 and all(len(k) > 0 for k in first["launches"])
+    for other in runs[1:]:
+        for key in ("launches", "collectives", "peer_copies", "timeline", "host"):
+            assert other[key] == first[key], key

@@ -331,7 +331,11 @@ void destroy_timer_fns(const SP_Platform*, SP_TimerFns*) {}
 // queued so far on the compute stream (PluggableDeviceUtil); how much that is depends on how far
 // its executor threads had got. On a system of chips the copies are therefore timed by their data
 // (rt::CopyTiming::data): a copy starts when its source was written, whatever else was queued, so
-// a step's timelines repeat from run to run (docs/runtime.md, "Copies timed by data").
+// a step's timelines repeat from run to run (docs/runtime.md, "Copies timed by data"). Its copies
+// into a device too: its executor threads queue a step's inputs (a distributed dataset's
+// batches) in an order of their own, and on the compute timeline each copy moved the kernels
+// the driver served after it; timed by data, an input copy starts when the host queued it and
+// the kernels that read it wait for its end.
 void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
                  const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
   set_tf_status(dev(d).memcpy_d2h_async(stream->stream, host_dst, addr(src), size,
@@ -341,7 +345,9 @@ void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
 
 void memcpy_htod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
                  const void* host_src, uint64_t size, TF_Status* status) {
-  set_tf_status(dev(d).memcpy_h2d_async(stream->stream, addr(dst), host_src, size), status);
+  set_tf_status(dev(d).memcpy_h2d_async(stream->stream, addr(dst), host_src, size,
+                                        rt::CopyTiming::data),
+                status);
 }
 
 // The device owning a pointer's chip: this one, or (a copy between NPUs) another chip's.
