@@ -242,6 +242,12 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
         assert sum(_gm_write_bytes(r) for r in updates) == rows
         largest = max(_gm_write_bytes(r) for r in moved(records))
         assert largest < layer_cache, [(r["op_name"], _gm_write_bytes(r)) for r in records]
+        # The updates join the step's whole-graph run (one task list per step), one launch
+        # per contiguous run of the update (a batch entry's row).
+        assert len(updates) == layers * 2 * batch, [r["op_name"] for r in updates]
+        runs = {r["graph_run"] for r in records}
+        assert len(runs) == 1 and 0 not in runs, sorted((r["graph_run"], r["op_name"])
+                                                        for r in records)
     copied = sum(_gm_write_bytes(r) for r in moved(copying[-1]))
     assert copied >= 2 * layers * layer_cache
     print(f"\n{name} batch {batch}: {got.tolist()}; a step writes {rows} bytes of new rows, "

@@ -43,6 +43,17 @@ TileKernel::TileKernel(const std::string& op, Options options, const ChipConfig&
 
 Reg TileKernel::input_addr(int i) { return m_b.load_arg(fmt::format("in{}", i)); }
 
+void TileKernel::load_shift(const Reg& v, const AsmShift& s) {
+  KernelBuilder& b = m_b;
+  const TensorDesc& idx = m_opt.inputs.at(static_cast<size_t>(s.input));
+  Reg a = input_addr(s.input);
+  if (s.element > 0) b.add(a, a, s.element * data_type_bytes(idx.dtype));
+  load_index(v, a, idx.dtype);
+  b.max(v, v, 0, "clamp the start index as XLA does");
+  b.min(v, v, s.max);
+  if (s.scale != 1) b.mul(v, v, s.scale);
+}
+
 void TileKernel::load_element(const Reg& value, const Reg& addr) {
   m_b.emit(Opcode::op_ld, {value, addr}, "load one element (scalar unit)");
 }
@@ -355,7 +366,8 @@ void TileKernel::declare_args(Launch& launch) {
                     m_opt.inputs[i].shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
   }
-  m_b.declare_arg("out", device_dtype(m_opt.dtype), m_opt.out_shape);
+  m_b.declare_arg("out", device_dtype(m_opt.dtype),
+                  m_opt.out_arg_shape.empty() ? m_opt.out_shape : m_opt.out_arg_shape);
   launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
 }
 
@@ -418,7 +430,14 @@ void TileKernel::store_tile(int q) {
   KernelBuilder& b = m_b;
   Reg dst = b.load_arg("out");
   Reg blocks = b.reg("output tile blocks");
-  b.mul(blocks, *m_pos, m_esize);
+  if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
+    load_shift(blocks, m_opt.out_shift);
+    b.add(blocks, blocks, *m_pos);
+    b.mul(blocks, blocks, m_esize);
+  } else {
+    b.mul(blocks, *m_pos, m_esize);
+  }
+  if (m_opt.out_offset != 0) b.add(blocks, blocks, m_opt.out_offset * m_esize);
   b.add(dst, dst, blocks);
   b.mul(blocks, *m_cnt, m_esize);
   b.add(blocks, blocks, kBlockBytes - 1);
@@ -703,17 +722,7 @@ class Assembler {
     b.bind(skip);
   }
 
-  // v = the shift's start index read from its input, clamped to [0, max], times scale.
-  void load_shift(const Reg& v, const AsmShift& s) {
-    KernelBuilder& b = m_k.b();
-    const TensorDesc& idx = m_spec.inputs.at(static_cast<size_t>(s.input));
-    Reg a = m_k.input_addr(s.input);
-    if (s.element > 0) b.add(a, a, s.element * data_type_bytes(idx.dtype));
-    m_k.load_index(v, a, idx.dtype);
-    b.max(v, v, 0, "clamp the start index as XLA does");
-    b.min(v, v, s.max);
-    if (s.scale != 1) b.mul(v, v, s.scale);
-  }
+  void load_shift(const Reg& v, const AsmShift& s) { m_k.load_shift(v, s); }
 
   // The columns [cl, ch) of this row inside the tile for a region placed at run time:
   // [col_lo + s, col_hi + s) with s = the column shift; the column term of the source
@@ -815,6 +824,9 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   opt.dtype = spec.dtype;
   opt.inputs = spec.inputs;
   opt.out_shape = spec.out_shape;
+  opt.out_arg_shape = spec.out_arg_shape;
+  opt.out_offset = spec.out_offset;
+  opt.out_shift = spec.out_shift;
   opt.runs = spec_uses_runs(spec);
   TileKernel k(op, opt, cfg);
   AssembleSpec normalized = spec;

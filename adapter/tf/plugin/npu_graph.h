@@ -56,6 +56,7 @@ inline constexpr const char* kGraphInputPrefix = "_npu_graph_input:";
 inline constexpr const char* kGraphVariablePrefix = "_npu_graph_variable:";
 inline constexpr const char* kVariablesAttr = "V";
 inline constexpr const char* kVariableUpdateOp = "FusedVariableUpdate";
+inline constexpr const char* kCacheUpdateOp = "ResourceDynamicUpdateSlice";
 
 // The NpuGraph kernel's view of its subgraph (parse_npu_graph).
 struct NpuGraphSpec {
