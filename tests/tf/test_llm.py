@@ -203,7 +203,8 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     in-place updates write exactly layers x 2 x batch x kv_heads x head_dim elements per step
     (from the model's configuration) and no data-movement launch of the step writes as many
     bytes as one layer's key cache, while the copying decoder's (GreedyDecoder) write at least
-    the whole cache per step. (Compute launches are not bounded: products and attention write
+    the whole cache per step; the updates join the step's one whole-graph run, one launch per
+    batch entry's row (docs/llm.md, "The update inside the step's graph run"). (Compute launches are not bounded: products and attention write
     split-K partials to workspace; a float32 model's attention converts the cache to fp16
     under allow_fp32_to_fp16, in both decoders.)"""
     prompt_len, gen_len = 24, 4

@@ -12,6 +12,12 @@
 //    variables; a set never holds two updates of one handle (the second would read the
 //    variable's old value); TensorFlow may preserve it (a function's control output): it then
 //    stays as a NoOp of its name, after the NpuGraph node;
+//  - or it is an in-place KV-cache update (ResourceDynamicUpdateSlice, npu_graph.h) on the NPU,
+//    under the same switch and rules as an update, or a ReadVariableOp that tf.function ordered
+//    after such an update of its handle (a control edge from it: a "cache read"); that control
+//    edge joins sets as a data edge does, and a set holds a cache read only with the update it
+//    follows (or none of that handle). A cache read read outside the set, or preserved, stays
+//    outside too (a copy under its name, reading the variable after the NpuGraph node);
 //  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze) whose host input comes
 //    from a Const: it joins only the set of its input's producer (a set never starts with a
 //    view, so its place is always an earlier step's), and an outside reader of its output reads
