@@ -120,9 +120,12 @@ def main():
         print(f"  at the sustained HBM rate (memory.hbm.efficiency) the roofline is "
               f"{npu['decode_roofline_sustained_us'] / 1e3:.3f} ms: the step takes "
               f"{out['decode_vs_sustained_roofline']:.2f} x that")
-    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.3f} s wall per token, "
-          f"prefill {npu['wall_s_prefill']:.1f} s, warm-up {npu['warmup_wall_s']:.1f} s "
-          f"(process {npu_wall:.0f} s)")
+    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.3f} s wall per token "
+          f"({npu.get('decode_replayed_per_step', float('nan')):.0f} launches of a step replayed), "
+          f"prefill {npu['wall_s_prefill']:.1f} s ({npu.get('prefill_replayed', 0)} of "
+          f"{npu['prefill_kernels']} launches replayed; the first prefill "
+          f"{npu.get('warmup_wall_s_prefill', float('nan')):.1f} s), warm-up "
+          f"{npu['warmup_wall_s']:.1f} s (process {npu_wall:.0f} s)")
     if npu.get("cpu_fallback_ops"):
         print(f"  CPU fallbacks: {npu['cpu_fallback_ops']}")
     if not args.no_cpu:

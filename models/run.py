@@ -295,7 +295,12 @@ def run_generate(a, log, npusim, device, result):
       decode_roofline_sustained_us   the same at the sustained rate the chip model streams at
                           (memory.hbm.gbps x memory.hbm.efficiency)
       wall_s_per_token    host wall time per decode step (the emulator's cost; on the CPU:
-                          TensorFlow's), wall_s_prefill
+                          TensorFlow's), wall_s_prefill. On the NPU the measured generation
+                          repeats the warm-up's launches, which the emulator replays
+                          (prefill_replayed, decode_replayed_per_step: launches replayed, not
+                          simulated): in timing-only runs nearly all of the prefill's are, so
+                          wall_s_prefill is the replay's cost; warmup_wall_s_prefill is the
+                          first prefill's (simulated, and the tf.function's tracing)
       cpu_s_per_token     the process's CPU time (all threads) per decode step: the cost
                           without the waits for a CPU that a loaded host adds to the wall time
     and tokens (the generated ids; undefined with --timing-only)."""
@@ -338,6 +343,8 @@ def run_generate(a, log, npusim, device, result):
             f"{a.device}: warm-up (prefill and one decode step)")
         t0 = time.perf_counter()
         token, cache, _ = gen.prefill(tf.constant(prompt))
+        token.numpy()
+        result["warmup_wall_s_prefill"] = time.perf_counter() - t0
         gen.step(token, cache, tf.constant(a.prompt_len, tf.int32))[0].numpy()
         result["warmup_wall_s"] = time.perf_counter() - t0
 
@@ -379,6 +386,13 @@ def run_generate(a, log, npusim, device, result):
     us = [(s[1] - s[0]) / clock for s in spans]
     result["ttft_us"] = us[0]
     result["prefill_kernels"] = bounds[1]
+    # Launches the emulator replayed from the warm-up's (sim/replay: same kernel and arguments),
+    # which the wall times above then do not simulate.
+    replayed = [sum(1 for r in records[lo:hi] if r.get("replayed"))
+                for lo, hi in zip(bounds, bounds[1:])]
+    result["prefill_replayed"] = replayed[0]
+    if len(replayed) > 1:
+        result["decode_replayed_per_step"] = float(np.mean(replayed[1:]))
     if len(us) > 1:
         result["decode_step_us"] = us[1:]
         result["decode_kernel_us"] = [s[2] / clock for s in spans[1:]]

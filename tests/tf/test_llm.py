@@ -161,6 +161,11 @@ def test_runner_generate_figures(tmp_path):
     assert r["decode_tokens_per_s"] == pytest.approx(2 / (r["tpot_us"] / 1e6))
     assert r["tokens_per_s"] == pytest.approx(2 * 3 / ((r["ttft_us"] + 2 * r["tpot_us"]) / 1e6))
     assert r["prefill_kernels"] > 0 and r["decode_kernels_per_step"] > 0
+    # Launches replayed from the warm-up's (which the wall times then do not simulate): counts
+    # within the steps' launches; the first prefill's wall time is part of the warm-up's.
+    assert 0 <= r["prefill_replayed"] <= r["prefill_kernels"]
+    assert 0 <= r["decode_replayed_per_step"] <= r["decode_kernels_per_step"]
+    assert 0 < r["warmup_wall_s_prefill"] <= r["warmup_wall_s"]
     # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
     # model is built here: this process must not import TensorFlow before npusim).
     cfg = llm.CONFIGS["llama-tiny"][1]

@@ -623,6 +623,13 @@ class NpuGraphKernel : public OpKernel {
   // nothing launches, and its readers extend the liveness of the buffer it views. The
   // clustering never makes a view an output of the graph (graph_cluster.cpp keeps such a view
   // outside), so a view never needs bytes of its own.
+  // The status `code` with "NpuGraph '<name>': node '<node>' (<op>): <why>".
+  rt::Status node_status(size_t n, rt::StatusCode code, const std::string& why) const {
+    const NpuGraphSpec::Node& node = m_spec.nodes[n];
+    return rt::Status(
+        code, "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + "): " + why);
+  }
+
   // A cache read or update (npu_graph.h) as step n, variable k its resource input:
   // - ReadVariableOp: the variable's value where it is at this point (*current), no launch;
   // - ResourceDynamicUpdateSlice(variable, update, indices): the compiler's
@@ -641,10 +648,8 @@ class NpuGraphKernel : public OpKernel {
                            std::vector<graph::PlannedBuffer>* buffers,
                            std::map<std::pair<int, int>, int>* buffer_of) const {
     const NpuGraphSpec::Node& node = m_spec.nodes[n];
-    const std::string what =
-        "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + ")";
     const auto fail = [&](const std::string& why) {
-      return rt::Status(rt::StatusCode::internal, what + ": " + why);
+      return node_status(n, rt::StatusCode::internal, why);
     };
     const bool read = node.op == "ReadVariableOp";
     if (node.inputs.size() != (read ? 1u : 3u) || node.inputs[0].variable < 0 ||
@@ -702,7 +707,7 @@ class NpuGraphKernel : public OpKernel {
     } else {  // the whole value into a new buffer
       s.op.attrs.erase("in_place");
       st = compile_op(ctx, s.op, &device, &s.compiled);
-      if (!st.ok()) return rt::Status(st.code(), what + ": " + st.message());
+      if (!st.ok()) return node_status(n, st.code(), st.message());
       plan->new_value[k] = 1;
       (*current)[k] = {Place::Kind::new_value, static_cast<uint64_t>(k)};
     }
@@ -721,10 +726,8 @@ class NpuGraphKernel : public OpKernel {
                        std::vector<graph::PlannedBuffer>* buffers,
                        std::map<std::pair<int, int>, int>* buffer_of) const {
     const NpuGraphSpec::Node& node = m_spec.nodes[n];
-    const std::string what =
-        "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + ")";
     const auto fail = [&](const std::string& why) {
-      return rt::Status(rt::StatusCode::invalid_argument, what + ": " + why);
+      return node_status(n, rt::StatusCode::invalid_argument, why);
     };
     if (node.inputs.empty() || (node.inputs[0].input < 0 && node.inputs[0].node < 0))
       return fail("its tensor input is no input of the graph and no earlier node's output");
