@@ -150,3 +150,29 @@ def test_update_and_read_join_the_graph_run(npusim, tf, llm, batch):
             if hold:
                 assert _gm_write_bytes(copies[0]) == init.nbytes
 
+
+
+def test_update_of_partial_blocks_in_the_graph_run_writes_a_new_value(npusim, tf, llm):
+    """A row of 12 bytes (not whole 32-byte blocks) cannot be written in place: inside the graph
+    run the update writes the whole new value into a new buffer, published after the run (the
+    variable's bytes, not the row's); the read after it sees the row, values numpy's."""
+    init = np.arange(24, dtype=np.float32).reshape(1, 8, 1, 3)
+    want = init.copy()
+    with tf.device("/NPU:0"):
+        cache = tf.Variable(init)
+
+        @tf.function
+        def step(row, index):
+            llm.update_variable_slice(cache, row * 2.0, tf.stack([0, index, 0, 0]))
+            return cache.read_value() + 1.0
+
+        npusim.clear_launch_records()
+        got = step(tf.constant(np.full((1, 1, 1, 3), 5, np.float32)), tf.constant(2)).numpy()
+        records = npusim.launch_records(with_counters="flat")
+        want[0, 2] = 10
+        np.testing.assert_array_equal(got, want + 1)
+        np.testing.assert_array_equal(cache.numpy(), want)
+    runs = {r["graph_run"] for r in records}
+    assert len(runs) == 1 and 0 not in runs, [(r["op_name"], r["graph_run"]) for r in records]
+    update = [r for r in records if r["op_name"].startswith("ResourceDynamicUpdateSlice")]
+    assert len(update) == 1 and _gm_write_bytes(update[0]) >= init.nbytes
