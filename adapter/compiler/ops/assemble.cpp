@@ -345,8 +345,14 @@ void TileKernel::plan_tiles() {
         fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum, ub));
   const int64_t granule = std::max<int64_t>(1, kBlockBytes / m_esize);  // elements per block
   m_per = round_up(ceil_div(m_n, static_cast<int64_t>(m_core->count)), granule);
+  if (m_opt.out_run > 0) {  // whole runs per block, one run per tile
+    if (m_opt.out_run % granule != 0 || tile < m_opt.out_run)
+      m_b.fail(fmt::format("output runs of {} elements are not whole blocks or exceed a tile ({})",
+                           m_opt.out_run, tile));
+    m_per = round_up(m_per, m_opt.out_run);
+  }
   m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
-  m_tile = std::min(tile, m_per);
+  m_tile = m_opt.out_run > 0 ? m_opt.out_run : std::min(tile, m_per);
 }
 
 void TileKernel::allocate() {
@@ -430,13 +436,18 @@ void TileKernel::store_tile(int q) {
   KernelBuilder& b = m_b;
   Reg dst = b.load_arg("out");
   Reg blocks = b.reg("output tile blocks");
-  if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
-    load_shift(blocks, m_opt.out_shift);
-    b.add(blocks, blocks, *m_pos);
-    b.mul(blocks, blocks, m_esize);
+  if (m_opt.out_run > 0) {  // the tile is run pos / out_run
+    b.div(blocks, *m_pos, m_opt.out_run);
+    b.mul(blocks, blocks, m_opt.out_run_stride);
   } else {
-    b.mul(blocks, *m_pos, m_esize);
+    b.add(blocks, *m_pos, 0);
   }
+  if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
+    Reg shift = b.reg("output start read at run time");
+    load_shift(shift, m_opt.out_shift);
+    b.add(blocks, blocks, shift);
+  }
+  b.mul(blocks, blocks, m_esize);
   if (m_opt.out_offset != 0) b.add(blocks, blocks, m_opt.out_offset * m_esize);
   b.add(dst, dst, blocks);
   b.mul(blocks, *m_cnt, m_esize);
@@ -827,6 +838,8 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   opt.out_arg_shape = spec.out_arg_shape;
   opt.out_offset = spec.out_offset;
   opt.out_shift = spec.out_shift;
+  opt.out_run = spec.out_run;
+  opt.out_run_stride = spec.out_run_stride;
   opt.runs = spec_uses_runs(spec);
   TileKernel k(op, opt, cfg);
   AssembleSpec normalized = spec;

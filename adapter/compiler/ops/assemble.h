@@ -70,11 +70,14 @@ class TileKernel {
     // Extra UB buffers of tile * bytes_per_element (+ 32) bytes each, for the body's own use.
     std::vector<std::pair<std::string, int>> temps;
     // The output argument's shape when the tiles cover only part of it (empty: out_shape):
-    // out_shape's elements are written, contiguous, from element out_offset + out_shift of the
-    // argument (the shift read at run time); nothing else of the argument is written.
+    // out_shape's elements are written from element out_offset + out_shift of the argument
+    // (the shift read at run time), contiguous, or with out_run > 0 as runs of out_run
+    // elements, run j at out_run_stride * j further (one run per tile); nothing else of the
+    // argument is written.
     std::vector<int64_t> out_arg_shape;
     int64_t out_offset = 0;  // elements, fixed
     AsmShift out_shift;      // elements, added at run time
+    int64_t out_run = 0, out_run_stride = 0;
   };
   TileKernel(const std::string& op, Options options, const ChipConfig& cfg);
 
@@ -224,6 +227,7 @@ struct AssembleSpec {
   std::vector<int64_t> out_arg_shape;
   int64_t out_offset = 0;
   AsmShift out_shift;
+  int64_t out_run = 0, out_run_stride = 0;  // runs of out_run elements, out_run_stride apart
 };
 
 // A region covering every row with the given source strides (no restriction).

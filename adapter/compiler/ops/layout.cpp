@@ -618,7 +618,7 @@ CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
 // buffer (the caller passes one address for both: a KV cache held in a variable) and only the
 // update's box is written, at its start read at run time, as CANN's in-place KV-cache update
 // (ScatterUpdate) writes a new row: the bytes moved are the update's. The box must be runs of
-// whole 32-byte blocks at 32-byte offsets, one launch per run (the update covers
+// whole 32-byte blocks at 32-byte offsets, one tile per run (the update covers
 // every dim before the first dim it does not cover fully: a [B, 1, N, D] row of a
 // [B, L, N, D] cache is B runs), so no block outside it is written; otherwise the op is
 // unimplemented.
@@ -728,21 +728,24 @@ CompiledKernel compile_dynamic_update_slice_in_place(const CompileContext& ctx) 
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, shape}};
   if (run == 0) return k;
+  // One launch: the update's elements (contiguous) are its runs, run j (an index over the dims
+  // before c) at j * shape[c] * inner of the input, one run per tile.
   const int64_t runs = dims_product(upd) / run;
-  for (int64_t j = 0; j < runs; ++j) {
-    AssembleSpec spec;
-    spec.kernel_name = kname(op, dt) + "_in_place";
-    spec.dtype = dt;
-    spec.inputs = op.inputs;
-    spec.out_shape = {run};
-    spec.width = run;
-    spec.regions.push_back(full_region(spec, 1, j * run, {}, 1));
-    spec.out_arg_shape = shape;
-    spec.out_offset = j * shape[c] * inner;  // run j's index over the dims before c
-    if (upd[c] < shape[c])
-      spec.out_shift = AsmShift{2, static_cast<int64_t>(c), shape[c] - upd[c], inner};
-    k.launches.push_back(build_assemble_kernel(op.str(), spec, ctx.cfg));
+  AssembleSpec spec;
+  spec.kernel_name = kname(op, dt) + "_in_place";
+  spec.dtype = dt;
+  spec.inputs = op.inputs;
+  spec.out_shape = {runs * run};
+  spec.width = runs * run;
+  spec.regions.push_back(full_region(spec, 1, 0, {}, 1));
+  spec.out_arg_shape = shape;
+  if (runs > 1) {
+    spec.out_run = run;
+    spec.out_run_stride = shape[c] * inner;
   }
+  if (upd[c] < shape[c])
+    spec.out_shift = AsmShift{2, static_cast<int64_t>(c), shape[c] - upd[c], inner};
+  k.launches.push_back(build_assemble_kernel(op.str(), spec, ctx.cfg));
   return k;
 }
 
