@@ -217,6 +217,11 @@ class GreedyDecoder:
         return (tokens, np.stack(logits, axis=1)) if return_logits else tokens
 
 
+# The keras-hub families whose decoder layers ResidentCacheDecoder runs (models.run's default
+# decoder for them on the NPU).
+RESIDENT_CACHE_FAMILIES = ("Llama", "Llama3")
+
+
 class ResidentCacheDecoder(GreedyDecoder):
     """GreedyDecoder with the KV cache resident on the device, as Ascend's serving stacks hold
     it: a key and a value variable per layer, (batch, max_len, kv_heads, head_dim) each, created

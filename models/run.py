@@ -5,7 +5,7 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
-        [--dtype DTYPE] [--quantize int8] [--resident-cache] [the options above]
+        [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache] [the options above]
         (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
@@ -88,7 +88,12 @@ def parse_args(argv=None):
                     "(models.llm.quantize; the dtype must not be float16)")
     ap.add_argument("--resident-cache", action="store_true",
                     help="generate: the KV cache as a variable per layer written in place "
-                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU)")
+                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU); the "
+                    "default for those models unquantised (docs/llm.md)")
+    ap.add_argument("--copied-cache", action="store_true",
+                    help="generate: keras-hub's own decode step, the cache a tensor copied "
+                    "once per step (models.llm.GreedyDecoder); the default for the other "
+                    "models, quantised ones and on the CPU")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -334,9 +339,12 @@ def run_generate(a, log, npusim, device, result):
                           precision_mode=info["precision_mode"])
         result["weight_bytes"] = int(sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in lm.weights))
-        decoder = llm.ResidentCacheDecoder if a.resident_cache else llm.GreedyDecoder
+        resident = a.resident_cache or (not a.copied_cache and a.device == "NPU" and
+                                        not a.quantize and llm.CONFIGS[a.model][0] in
+                                        llm.RESIDENT_CACHE_FAMILIES)
+        decoder = llm.ResidentCacheDecoder if resident else llm.GreedyDecoder
         gen = decoder(lm, a.batch, a.prompt_len, a.gen_len)
-        result["resident_cache"] = a.resident_cache
+        result["resident_cache"] = resident
         result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(
             lm.compute_dtype).size
         log(f"{a.model} generate batch {a.batch} prompt {a.prompt_len} + {a.gen_len} on "

@@ -161,6 +161,8 @@ def test_runner_generate_figures(tmp_path):
     assert r["decode_tokens_per_s"] == pytest.approx(2 / (r["tpot_us"] / 1e6))
     assert r["tokens_per_s"] == pytest.approx(2 * 3 / ((r["ttft_us"] + 2 * r["tpot_us"]) / 1e6))
     assert r["prefill_kernels"] > 0 and r["decode_kernels_per_step"] > 0
+    # A Llama on the NPU: the resident cache, written in place, is the default decoder.
+    assert r["resident_cache"] is True
     # Launches replayed from the warm-up's (which the wall times then do not simulate): counts
     # within the steps' launches; the first prefill's wall time is part of the warm-up's.
     assert 0 <= r["prefill_replayed"] <= r["prefill_kernels"]
