@@ -436,19 +436,22 @@ void TileKernel::store_tile(int q) {
   KernelBuilder& b = m_b;
   Reg dst = b.load_arg("out");
   Reg blocks = b.reg("output tile blocks");
-  if (m_opt.out_run > 0) {  // the tile is run pos / out_run
-    b.div(blocks, *m_pos, m_opt.out_run);
-    b.mul(blocks, blocks, m_opt.out_run_stride);
+  if (m_opt.out_run > 0 || m_opt.out_shift.input >= 0) {  // written in place
+    if (m_opt.out_run > 0) {  // the tile is run pos / out_run
+      b.div(blocks, *m_pos, m_opt.out_run);
+      b.mul(blocks, blocks, m_opt.out_run_stride);
+    } else {
+      b.add(blocks, *m_pos, 0);
+    }
+    if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
+      Reg shift = b.reg("output start read at run time");
+      load_shift(shift, m_opt.out_shift);
+      b.add(blocks, blocks, shift);
+    }
+    b.mul(blocks, blocks, m_esize);
   } else {
-    b.add(blocks, *m_pos, 0);
+    b.mul(blocks, *m_pos, m_esize);
   }
-  if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
-    Reg shift = b.reg("output start read at run time");
-    load_shift(shift, m_opt.out_shift);
-    b.add(blocks, blocks, shift);
-  }
-  b.mul(blocks, blocks, m_esize);
-  if (m_opt.out_offset != 0) b.add(blocks, blocks, m_opt.out_offset * m_esize);
   b.add(dst, dst, blocks);
   b.mul(blocks, *m_cnt, m_esize);
   b.add(blocks, blocks, kBlockBytes - 1);
@@ -836,7 +839,6 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   opt.inputs = spec.inputs;
   opt.out_shape = spec.out_shape;
   opt.out_arg_shape = spec.out_arg_shape;
-  opt.out_offset = spec.out_offset;
   opt.out_shift = spec.out_shift;
   opt.out_run = spec.out_run;
   opt.out_run_stride = spec.out_run_stride;

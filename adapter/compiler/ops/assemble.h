@@ -70,13 +70,11 @@ class TileKernel {
     // Extra UB buffers of tile * bytes_per_element (+ 32) bytes each, for the body's own use.
     std::vector<std::pair<std::string, int>> temps;
     // The output argument's shape when the tiles cover only part of it (empty: out_shape):
-    // out_shape's elements are written from element out_offset + out_shift of the argument
-    // (the shift read at run time), contiguous, or with out_run > 0 as runs of out_run
-    // elements, run j at out_run_stride * j further (one run per tile); nothing else of the
-    // argument is written.
+    // out_shape's elements are written from element out_shift of the argument (read at run
+    // time), contiguous, or with out_run > 0 as runs of out_run elements, run j at
+    // out_run_stride * j further (one run per tile); nothing else of the argument is written.
     std::vector<int64_t> out_arg_shape;
-    int64_t out_offset = 0;  // elements, fixed
-    AsmShift out_shift;      // elements, added at run time
+    AsmShift out_shift;  // elements
     int64_t out_run = 0, out_run_stride = 0;
   };
   TileKernel(const std::string& op, Options options, const ChipConfig& cfg);
@@ -221,11 +219,9 @@ struct AssembleSpec {
   int64_t width = 1;                 // ... of `width` elements
   std::optional<AsmFill> background; // written first where regions may leave gaps
   std::vector<AsmRegion> regions;    // later regions overwrite earlier ones where they overlap
-  // Written in place (TileKernel::Options): out_shape is a contiguous box of an output argument
-  // of out_arg_shape, at element out_offset + out_shift (read at run time) of it; empty: the
-  // whole output.
+  // Written in place (TileKernel::Options): out_shape is the runs of a box of an output argument
+  // of out_arg_shape, at element out_shift (read at run time) of it; empty: the whole output.
   std::vector<int64_t> out_arg_shape;
-  int64_t out_offset = 0;
   AsmShift out_shift;
   int64_t out_run = 0, out_run_stride = 0;  // runs of out_run elements, out_run_stride apart
 };
