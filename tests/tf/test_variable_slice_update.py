@@ -104,6 +104,18 @@ def test_bad_updates_are_errors(npusim, tf, llm):
     np.testing.assert_array_equal(cache.numpy(), start)
 
 
+def _update_then_read(tf, llm, cache):
+    """A tf.function writing row * 2 into `cache` at position `index` of dim 1, then reading the
+    whole cache (+ 1): the decode step's cache update and read."""
+
+    @tf.function
+    def step(row, index):
+        llm.update_variable_slice(cache, row * 2.0, tf.stack([0, index, 0, 0]))
+        return cache.read_value() + 1.0
+
+    return step
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_update_and_read_join_the_graph_run(npusim, tf, llm, batch):
     """A KV cache held in a variable (ResidentCacheDecoder's step): npusim.llm.
@@ -121,11 +133,7 @@ def test_update_and_read_join_the_graph_run(npusim, tf, llm, batch):
     want = init.copy()
     with tf.device("/NPU:0"):
         cache = tf.Variable(init)
-
-        @tf.function
-        def step(row, index):
-            llm.update_variable_slice(cache, row * 2.0, tf.stack([0, index, 0, 0]))
-            return cache.read_value() + 1.0
+        step = _update_then_read(tf, llm, cache)
 
         for index, hold in ((3, True), (11, False)):  # 11: clamped to length - 1
             row = rng.standard_normal((batch, 1, heads, head_dim)).astype(np.float16)
@@ -160,11 +168,7 @@ def test_update_of_partial_blocks_in_the_graph_run_writes_a_new_value(npusim, tf
     want = init.copy()
     with tf.device("/NPU:0"):
         cache = tf.Variable(init)
-
-        @tf.function
-        def step(row, index):
-            llm.update_variable_slice(cache, row * 2.0, tf.stack([0, index, 0, 0]))
-            return cache.read_value() + 1.0
+        step = _update_then_read(tf, llm, cache)
 
         npusim.clear_launch_records()
         got = step(tf.constant(np.full((1, 1, 1, 3), 5, np.float32)), tf.constant(2)).numpy()
