@@ -23,7 +23,7 @@ allow_fp32_to_fp16 with the weights cast once and kept).
 
 Usage: .venv/bin/python benchmarks/bench_llm.py [--model llama-1b] [--prompt-len 128]
        [--gen-len 32] [--batch 1] [--dtype bfloat16] [--quantize int8] [--resident-cache]
-       [--chip 910b]
+       [--copied-cache] [--chip 910b]
        [--timing-only] [--no-cpu]
        [--report-dir DIR] [--json OUT]
 """
@@ -48,7 +48,11 @@ def parse_args():
                     help="weight-only int8 (models.run --quantize; docs/llm.md)")
     ap.add_argument("--resident-cache", action="store_true",
                     help="NPU: the KV cache as a variable per layer written in place "
-                    "(models.run --resident-cache; docs/llm.md)")
+                    "(models.run --resident-cache, its default for unquantised Llama-family "
+                    "models; docs/llm.md)")
+    ap.add_argument("--copied-cache", action="store_true",
+                    help="NPU: keras-hub's own decode step, the cache copied once per step "
+                    "(models.run --copied-cache)")
     ap.add_argument("--chip", default="910b")
     ap.add_argument("--timing-only", action="store_true",
                     help="NPU: simulate the times without computing the data (default: "
@@ -70,6 +74,8 @@ def run(args, device):
         cmd += ["--chip", args.chip]
         if args.resident_cache:
             cmd.append("--resident-cache")
+        if args.copied_cache:
+            cmd.append("--copied-cache")
         if args.timing_only:
             cmd.append("--timing-only")
         if args.report_dir:
@@ -95,13 +101,16 @@ def main():
            "resident_cache": args.resident_cache, "chip": args.chip,
            "npu_mode": "timing-only" if args.timing_only else "functional"}
     npu, npu_wall = run(args, "NPU")
+    out["resident_cache"] = npu.get("resident_cache")  # models.run's choice (its default)
     out["npu"] = npu
     out["npu_process_wall_s"] = npu_wall
     if not npu.get("ok"):
         print(json.dumps(out))
         return 1
     weights = f", {args.quantize} weights" if args.quantize else ""
-    print(f"{args.model} on {npu['chip']} ({out['npu_mode']}, {args.dtype}{weights}), batch "
+    cache = "resident" if npu.get("resident_cache") else "copied"
+    print(f"{args.model} on {npu['chip']} ({out['npu_mode']}, {args.dtype}{weights}, {cache} KV "
+          f"cache), batch "
           f"{args.batch},"
           f" prompt {args.prompt_len} + {args.gen_len} tokens:")
     print(f"  TTFT {npu['ttft_us'] / 1e3:.2f} ms ({npu['prefill_kernels']} kernels), "
@@ -120,9 +129,12 @@ def main():
         print(f"  at the sustained HBM rate (memory.hbm.efficiency) the roofline is "
               f"{npu['decode_roofline_sustained_us'] / 1e3:.3f} ms: the step takes "
               f"{out['decode_vs_sustained_roofline']:.2f} x that")
-    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.3f} s wall per token, "
-          f"prefill {npu['wall_s_prefill']:.1f} s, warm-up {npu['warmup_wall_s']:.1f} s "
-          f"(process {npu_wall:.0f} s)")
+    print(f"  emulator: {npu.get('wall_s_per_token', float('nan')):.3f} s wall per token "
+          f"({npu.get('decode_replayed_per_step', float('nan')):.0f} launches of a step replayed), "
+          f"prefill {npu['wall_s_prefill']:.1f} s ({npu.get('prefill_replayed', 0)} of "
+          f"{npu['prefill_kernels']} launches replayed; the first prefill "
+          f"{npu.get('warmup_wall_s_prefill', float('nan')):.1f} s), warm-up "
+          f"{npu['warmup_wall_s']:.1f} s (process {npu_wall:.0f} s)")
     if npu.get("cpu_fallback_ops"):
         print(f"  CPU fallbacks: {npu['cpu_fallback_ops']}")
     if not args.no_cpu:

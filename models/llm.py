@@ -217,6 +217,11 @@ class GreedyDecoder:
         return (tokens, np.stack(logits, axis=1)) if return_logits else tokens
 
 
+# The keras-hub families whose decoder layers ResidentCacheDecoder runs (models.run's default
+# decoder for them on the NPU).
+RESIDENT_CACHE_FAMILIES = ("Llama", "Llama3")
+
+
 class ResidentCacheDecoder(GreedyDecoder):
     """GreedyDecoder with the KV cache resident on the device, as Ascend's serving stacks hold
     it: a key and a value variable per layer, (batch, max_len, kv_heads, head_dim) each, created
@@ -225,7 +230,8 @@ class ResidentCacheDecoder(GreedyDecoder):
     itself (keras-hub's sublayers and attention, the same computation as call_with_cache) and
     writes the new token's key and value rows into the variables in place
     (npusim.llm.update_variable_slice: the plugin's ResourceDynamicUpdateSlice), then attends
-    over the variables' values: no copy of the cache per step. Needs the plugin (the op has no
+    over the variables' values: no copy of the cache per step. On the NPU the updates and the
+    reads join the step's whole-graph run (one task list per step, as GreedyDecoder's). Needs the plugin (the op has no
     CPU kernel, so the calls must be placed on the NPU) and a Llama-family backbone (Llama,
     Llama3: its decoder layer's structure is what _step computes). The cache argument and
     result of prefill / step are None."""

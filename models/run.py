@@ -5,7 +5,7 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
-        [--dtype DTYPE] [--quantize int8] [--resident-cache] [the options above]
+        [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache] [the options above]
         (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
@@ -88,7 +88,12 @@ def parse_args(argv=None):
                     "(models.llm.quantize; the dtype must not be float16)")
     ap.add_argument("--resident-cache", action="store_true",
                     help="generate: the KV cache as a variable per layer written in place "
-                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU)")
+                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU); the "
+                    "default for those models unquantised (docs/llm.md)")
+    ap.add_argument("--copied-cache", action="store_true",
+                    help="generate: keras-hub's own decode step, the cache a tensor copied "
+                    "once per step (models.llm.GreedyDecoder); the default for the other "
+                    "models, quantised ones and on the CPU")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -295,7 +300,12 @@ def run_generate(a, log, npusim, device, result):
       decode_roofline_sustained_us   the same at the sustained rate the chip model streams at
                           (memory.hbm.gbps x memory.hbm.efficiency)
       wall_s_per_token    host wall time per decode step (the emulator's cost; on the CPU:
-                          TensorFlow's), wall_s_prefill
+                          TensorFlow's), wall_s_prefill. On the NPU the measured generation
+                          repeats the warm-up's launches, which the emulator replays
+                          (prefill_replayed, decode_replayed_per_step: launches replayed, not
+                          simulated): in timing-only runs nearly all of the prefill's are, so
+                          wall_s_prefill is the replay's cost; warmup_wall_s_prefill is the
+                          first prefill's (simulated, and the tf.function's tracing)
       cpu_s_per_token     the process's CPU time (all threads) per decode step: the cost
                           without the waits for a CPU that a loaded host adds to the wall time
     and tokens (the generated ids; undefined with --timing-only)."""
@@ -329,15 +339,20 @@ def run_generate(a, log, npusim, device, result):
                           precision_mode=info["precision_mode"])
         result["weight_bytes"] = int(sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in lm.weights))
-        decoder = llm.ResidentCacheDecoder if a.resident_cache else llm.GreedyDecoder
+        resident = a.resident_cache or (not a.copied_cache and a.device == "NPU" and
+                                        not a.quantize and llm.CONFIGS[a.model][0] in
+                                        llm.RESIDENT_CACHE_FAMILIES)
+        decoder = llm.ResidentCacheDecoder if resident else llm.GreedyDecoder
         gen = decoder(lm, a.batch, a.prompt_len, a.gen_len)
-        result["resident_cache"] = a.resident_cache
+        result["resident_cache"] = resident
         result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(
             lm.compute_dtype).size
         log(f"{a.model} generate batch {a.batch} prompt {a.prompt_len} + {a.gen_len} on "
             f"{a.device}: warm-up (prefill and one decode step)")
         t0 = time.perf_counter()
         token, cache, _ = gen.prefill(tf.constant(prompt))
+        token.numpy()
+        result["warmup_wall_s_prefill"] = time.perf_counter() - t0
         gen.step(token, cache, tf.constant(a.prompt_len, tf.int32))[0].numpy()
         result["warmup_wall_s"] = time.perf_counter() - t0
 
@@ -379,6 +394,13 @@ def run_generate(a, log, npusim, device, result):
     us = [(s[1] - s[0]) / clock for s in spans]
     result["ttft_us"] = us[0]
     result["prefill_kernels"] = bounds[1]
+    # Launches the emulator replayed from the warm-up's (sim/replay: same kernel and arguments),
+    # which the wall times above then do not simulate.
+    replayed = [sum(1 for r in records[lo:hi] if r.get("replayed"))
+                for lo, hi in zip(bounds, bounds[1:])]
+    result["prefill_replayed"] = replayed[0]
+    if len(replayed) > 1:
+        result["decode_replayed_per_step"] = float(np.mean(replayed[1:]))
     if len(us) > 1:
         result["decode_step_us"] = us[1:]
         result["decode_kernel_us"] = [s[2] / clock for s in spans[1:]]

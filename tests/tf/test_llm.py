@@ -161,6 +161,13 @@ def test_runner_generate_figures(tmp_path):
     assert r["decode_tokens_per_s"] == pytest.approx(2 / (r["tpot_us"] / 1e6))
     assert r["tokens_per_s"] == pytest.approx(2 * 3 / ((r["ttft_us"] + 2 * r["tpot_us"]) / 1e6))
     assert r["prefill_kernels"] > 0 and r["decode_kernels_per_step"] > 0
+    # A Llama on the NPU: the resident cache, written in place, is the default decoder.
+    assert r["resident_cache"] is True
+    # Launches replayed from the warm-up's (which the wall times then do not simulate): counts
+    # within the steps' launches; the first prefill's wall time is part of the warm-up's.
+    assert 0 <= r["prefill_replayed"] <= r["prefill_kernels"]
+    assert 0 <= r["decode_replayed_per_step"] <= r["decode_kernels_per_step"]
+    assert 0 < r["warmup_wall_s_prefill"] <= r["warmup_wall_s"]
     # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
     # model is built here: this process must not import TensorFlow before npusim).
     cfg = llm.CONFIGS["llama-tiny"][1]
@@ -203,7 +210,8 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     in-place updates write exactly layers x 2 x batch x kv_heads x head_dim elements per step
     (from the model's configuration) and no data-movement launch of the step writes as many
     bytes as one layer's key cache, while the copying decoder's (GreedyDecoder) write at least
-    the whole cache per step. (Compute launches are not bounded: products and attention write
+    the whole cache per step; the updates join the step's one whole-graph run, one launch
+    each (docs/llm.md, "The update inside the step's graph run"). (Compute launches are not bounded: products and attention write
     split-K partials to workspace; a float32 model's attention converts the cache to fp16
     under allow_fp32_to_fp16, in both decoders.)"""
     prompt_len, gen_len = 24, 4
@@ -242,6 +250,12 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
         assert sum(_gm_write_bytes(r) for r in updates) == rows
         largest = max(_gm_write_bytes(r) for r in moved(records))
         assert largest < layer_cache, [(r["op_name"], _gm_write_bytes(r)) for r in records]
+        # The updates join the step's whole-graph run (one task list per step), one launch
+        # each (a tile per batch entry's row).
+        assert len(updates) == layers * 2, [r["op_name"] for r in updates]
+        runs = {r["graph_run"] for r in records}
+        assert len(runs) == 1 and 0 not in runs, sorted((r["graph_run"], r["op_name"])
+                                                        for r in records)
     copied = sum(_gm_write_bytes(r) for r in moved(copying[-1]))
     assert copied >= 2 * layers * layer_cache
     print(f"\n{name} batch {batch}: {got.tolist()}; a step writes {rows} bytes of new rows, "

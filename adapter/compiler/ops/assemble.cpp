@@ -43,6 +43,17 @@ TileKernel::TileKernel(const std::string& op, Options options, const ChipConfig&
 
 Reg TileKernel::input_addr(int i) { return m_b.load_arg(fmt::format("in{}", i)); }
 
+void TileKernel::load_shift(const Reg& v, const AsmShift& s) {
+  KernelBuilder& b = m_b;
+  const TensorDesc& idx = m_opt.inputs.at(static_cast<size_t>(s.input));
+  Reg a = input_addr(s.input);
+  if (s.element > 0) b.add(a, a, s.element * data_type_bytes(idx.dtype));
+  load_index(v, a, idx.dtype);
+  b.max(v, v, 0, "clamp the start index as XLA does");
+  b.min(v, v, s.max);
+  if (s.scale != 1) b.mul(v, v, s.scale);
+}
+
 void TileKernel::load_element(const Reg& value, const Reg& addr) {
   m_b.emit(Opcode::op_ld, {value, addr}, "load one element (scalar unit)");
 }
@@ -334,8 +345,14 @@ void TileKernel::plan_tiles() {
         fmt::format("not even {} elements per tile fit in the {} bytes of UB", kTileQuantum, ub));
   const int64_t granule = std::max<int64_t>(1, kBlockBytes / m_esize);  // elements per block
   m_per = round_up(ceil_div(m_n, static_cast<int64_t>(m_core->count)), granule);
+  if (m_opt.out_run > 0) {  // whole runs per block, one run per tile
+    if (m_opt.out_run % granule != 0 || tile < m_opt.out_run)
+      m_b.fail(fmt::format("output runs of {} elements are not whole blocks or exceed a tile ({})",
+                           m_opt.out_run, tile));
+    m_per = round_up(m_per, m_opt.out_run);
+  }
   m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
-  m_tile = std::min(tile, m_per);
+  m_tile = m_opt.out_run > 0 ? m_opt.out_run : std::min(tile, m_per);
 }
 
 void TileKernel::allocate() {
@@ -355,7 +372,8 @@ void TileKernel::declare_args(Launch& launch) {
                     m_opt.inputs[i].shape);
     launch.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(i), 0});
   }
-  m_b.declare_arg("out", device_dtype(m_opt.dtype), m_opt.out_shape);
+  m_b.declare_arg("out", device_dtype(m_opt.dtype),
+                  m_opt.out_arg_shape.empty() ? m_opt.out_shape : m_opt.out_arg_shape);
   launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, 0, 0});
 }
 
@@ -418,7 +436,22 @@ void TileKernel::store_tile(int q) {
   KernelBuilder& b = m_b;
   Reg dst = b.load_arg("out");
   Reg blocks = b.reg("output tile blocks");
-  b.mul(blocks, *m_pos, m_esize);
+  if (m_opt.out_run > 0 || m_opt.out_shift.input >= 0) {  // written in place
+    if (m_opt.out_run > 0) {  // the tile is run pos / out_run
+      b.div(blocks, *m_pos, m_opt.out_run);
+      b.mul(blocks, blocks, m_opt.out_run_stride);
+    } else {
+      b.add(blocks, *m_pos, 0);
+    }
+    if (m_opt.out_shift.input >= 0) {  // the box's place in the output argument, at run time
+      Reg shift = b.reg("output start read at run time");
+      load_shift(shift, m_opt.out_shift);
+      b.add(blocks, blocks, shift);
+    }
+    b.mul(blocks, blocks, m_esize);
+  } else {
+    b.mul(blocks, *m_pos, m_esize);
+  }
   b.add(dst, dst, blocks);
   b.mul(blocks, *m_cnt, m_esize);
   b.add(blocks, blocks, kBlockBytes - 1);
@@ -703,17 +736,7 @@ class Assembler {
     b.bind(skip);
   }
 
-  // v = the shift's start index read from its input, clamped to [0, max], times scale.
-  void load_shift(const Reg& v, const AsmShift& s) {
-    KernelBuilder& b = m_k.b();
-    const TensorDesc& idx = m_spec.inputs.at(static_cast<size_t>(s.input));
-    Reg a = m_k.input_addr(s.input);
-    if (s.element > 0) b.add(a, a, s.element * data_type_bytes(idx.dtype));
-    m_k.load_index(v, a, idx.dtype);
-    b.max(v, v, 0, "clamp the start index as XLA does");
-    b.min(v, v, s.max);
-    if (s.scale != 1) b.mul(v, v, s.scale);
-  }
+  void load_shift(const Reg& v, const AsmShift& s) { m_k.load_shift(v, s); }
 
   // The columns [cl, ch) of this row inside the tile for a region placed at run time:
   // [col_lo + s, col_hi + s) with s = the column shift; the column term of the source
@@ -815,6 +838,10 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   opt.dtype = spec.dtype;
   opt.inputs = spec.inputs;
   opt.out_shape = spec.out_shape;
+  opt.out_arg_shape = spec.out_arg_shape;
+  opt.out_shift = spec.out_shift;
+  opt.out_run = spec.out_run;
+  opt.out_run_stride = spec.out_run_stride;
   opt.runs = spec_uses_runs(spec);
   TileKernel k(op, opt, cfg);
   AssembleSpec normalized = spec;

@@ -46,6 +46,18 @@ namespace npusim::compiler::ops {
 
 // ---- the tile kernel: scaffolding plus exact piece writers ----
 
+// A placement read at run time (XlaDynamicUpdateSlice's start indices in device memory): element
+// `element` of index input `input` (s32 or s64), clamped to [0, max] as XLA clamps start indices,
+// times `scale`, is added to both bounds it belongs to (a row map's lo and hi, or a region's
+// col_lo and col_hi), and subtracted before the source term is computed. One kernel serves every
+// start value.
+struct AsmShift {
+  int input = -1;  // -1: no shift
+  int64_t element = 0;
+  int64_t max = 0;
+  int64_t scale = 1;
+};
+
 class TileKernel {
  public:
   struct Options {
@@ -57,6 +69,13 @@ class TileKernel {
     bool direct = true;                // copy_run may load whole blocks straight into the tile
     // Extra UB buffers of tile * bytes_per_element (+ 32) bytes each, for the body's own use.
     std::vector<std::pair<std::string, int>> temps;
+    // The output argument's shape when the tiles cover only part of it (empty: out_shape):
+    // out_shape's elements are written from element out_shift of the argument (read at run
+    // time), contiguous, or with out_run > 0 as runs of out_run elements, run j at
+    // out_run_stride * j further (one run per tile); nothing else of the argument is written.
+    std::vector<int64_t> out_arg_shape;
+    AsmShift out_shift;  // elements
+    int64_t out_run = 0, out_run_stride = 0;
   };
   TileKernel(const std::string& op, Options options, const ChipConfig& cfg);
 
@@ -94,6 +113,8 @@ class TileKernel {
   // value = the integer index at GM byte address addr, of type t (s32, s64, u8, s8),
   // sign-extended to 64 bits.
   void load_index(const Reg& value, const Reg& addr, DataType t);
+  // value = the shift's start index read from its input, clamped to [0, max], times scale.
+  void load_shift(const Reg& value, const AsmShift& s);
   // Orders the vector writes so far before the direct (MTE2) loads that follow: needed once,
   // after a background fill that copy_run pieces overwrite.
   void vector_before_direct();
@@ -162,18 +183,6 @@ struct AsmFill {
   uint64_t bits = 0;   // else: the element's bit pattern
 };
 
-// A placement read at run time (XlaDynamicUpdateSlice's start indices in device memory): element
-// `element` of index input `input` (s32 or s64), clamped to [0, max] as XLA clamps start indices,
-// times `scale`, is added to both bounds it belongs to (a row map's lo and hi, or a region's
-// col_lo and col_hi), and subtracted before the source term is computed. One kernel serves every
-// start value.
-struct AsmShift {
-  int input = -1;  // -1: no shift
-  int64_t element = 0;
-  int64_t max = 0;
-  int64_t scale = 1;
-};
-
 // How a region maps one row dimension of the output to the source.
 struct AsmRowMap {
   int64_t lo = 0, hi = 0;  // the region covers rows lo <= i < hi ...
@@ -210,6 +219,11 @@ struct AssembleSpec {
   int64_t width = 1;                 // ... of `width` elements
   std::optional<AsmFill> background; // written first where regions may leave gaps
   std::vector<AsmRegion> regions;    // later regions overwrite earlier ones where they overlap
+  // Written in place (TileKernel::Options): out_shape is the runs of a box of an output argument
+  // of out_arg_shape, at element out_shift (read at run time) of it; empty: the whole output.
+  std::vector<int64_t> out_arg_shape;
+  AsmShift out_shift;
+  int64_t out_run = 0, out_run_stride = 0;  // runs of out_run elements, out_run_stride apart
 };
 
 // A region covering every row with the given source strides (no restriction).

@@ -26,6 +26,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/transpose.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
@@ -613,7 +614,18 @@ CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
 //  - from the attribute "indices" with inputs (input, update): starts fixed at compile time.
 // Two regions: the whole input, then the update's box over it; the trailing dims the update
 // covers fully are merged into the columns, so a cache row of heads x head_dim is one run.
+// Attribute in_place (bool, default false; device starts only): the output IS the input's
+// buffer (the caller passes one address for both: a KV cache held in a variable) and only the
+// update's box is written, at its start read at run time, as CANN's in-place KV-cache update
+// (ScatterUpdate) writes a new row: the bytes moved are the update's. The box must be runs of
+// whole 32-byte blocks at 32-byte offsets, one tile per run (the update covers
+// every dim before the first dim it does not cover fully: a [B, 1, N, D] row of a
+// [B, L, N, D] cache is B runs), so no block outside it is written; otherwise the op is
+// unimplemented.
+CompiledKernel compile_dynamic_update_slice_in_place(const CompileContext& ctx);
+
 CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
+  if (ctx.op.attr_bool("in_place", false)) return compile_dynamic_update_slice_in_place(ctx);
   const OpDesc& op = ctx.op;
   const bool device_starts = op.inputs.size() == 3;
   if (!device_starts) require_inputs(op, 2);
@@ -674,6 +686,67 @@ CompiledKernel compile_dynamic_update_slice(const CompileContext& ctx) {
     spec.regions.push_back(r);
   }
   return single(ctx, TensorDesc{dt, shape}, spec);
+}
+
+CompiledKernel compile_dynamic_update_slice_in_place(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  require_inputs(op, 3);
+  const DataType dt = common_dtype(op, 0, 2);
+  const std::vector<int64_t>& shape = op.inputs[0].shape;
+  const std::vector<int64_t>& upd = op.inputs[1].shape;
+  const TensorDesc& idx = op.inputs[2];
+  const size_t rank = shape.size();
+  if (rank == 0 || upd.size() != rank)
+    op.invalid(fmt::format("update {} must have the rank of input {} (at least 1)",
+                           op.inputs[1].str(), op.inputs[0].str()));
+  if ((idx.dtype != DataType::S32 && idx.dtype != DataType::S64) || idx.shape.size() != 1 ||
+      idx.shape[0] != static_cast<int64_t>(rank))
+    op.invalid(fmt::format("indices {} must be int32 or int64 of shape [{}] (the rank of {})",
+                           idx.str(), rank, op.inputs[0].str()));
+  for (size_t d = 0; d < rank; ++d)
+    if (upd[d] > shape[d])
+      op.invalid(fmt::format("update {} is larger than input {} in dim {}", op.inputs[1].str(),
+                             op.inputs[0].str(), d));
+  // c: the first dim (from the end) the update does not cover fully; a run is upd[c] rows of
+  // the dims after c, at start[c] (read at run time), one run per index of the dims before c.
+  size_t c = rank - 1;
+  while (c > 0 && upd[c] == shape[c]) --c;
+  const int64_t inner = dims_product(shape, c + 1);
+  const int64_t run = upd[c] * inner;
+  const int64_t esize = data_type_bytes(dt);
+  constexpr int64_t kBlock = npusim::layout::kBlockBytes;
+  for (size_t d = 0; d < c; ++d)
+    if (upd[d] != shape[d])
+      throw CompileError(fmt::format(
+          "{}: in place, the update {} must cover input {} in dim {} (one run per index)", op.str(),
+          op.inputs[1].str(), op.inputs[0].str(), d));
+  if ((inner * esize) % kBlock != 0 || (run * esize) % kBlock != 0)
+    throw CompileError(fmt::format(
+        "{}: in place, the update's runs {} and the rows of input {} must be whole {}-byte "
+        "blocks",
+        op.str(), op.inputs[1].str(), op.inputs[0].str(), kBlock));
+  CompiledKernel k;
+  k.outputs = {TensorDesc{dt, shape}};
+  if (run == 0) return k;
+  // One launch: the update's elements (contiguous) are its runs, run j (an index over the dims
+  // before c) at j * shape[c] * inner of the input, one run per tile.
+  const int64_t runs = dims_product(upd) / run;
+  AssembleSpec spec;
+  spec.kernel_name = kname(op, dt) + "_in_place";
+  spec.dtype = dt;
+  spec.inputs = op.inputs;
+  spec.out_shape = {runs * run};
+  spec.width = runs * run;
+  spec.regions.push_back(full_region(spec, 1, 0, {}, 1));
+  spec.out_arg_shape = shape;
+  if (runs > 1) {
+    spec.out_run = run;
+    spec.out_run_stride = shape[c] * inner;
+  }
+  if (upd[c] < shape[c])
+    spec.out_shift = AsmShift{2, static_cast<int64_t>(c), shape[c] - upd[c], inner};
+  k.launches.push_back(build_assemble_kernel(op.str(), spec, ctx.cfg));
+  return k;
 }
 
 // paddings attribute: rank pairs (before, after), non-negative.

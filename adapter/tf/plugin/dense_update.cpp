@@ -65,6 +65,14 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
   return {tf_code(st.code()), st.message()};
 }
 
+DenseUpdateStatus copy_on_device(TF_OpKernelContext* ctx, TF_DataType dtype, int64_t elements,
+                                 uint64_t from, uint64_t to) {
+  UpdateAttrs attrs;
+  attrs.ints = {{"N", 1}, {"axis", 0}};
+  return run_compiled_update(ctx, "Pack", {}, {{dtype, {elements}, from}},
+                             {{dtype, {1, elements}, to}}, attrs);
+}
+
 DenseUpdateStatus run_dense_update(TF_OpKernelContext* ctx, const char* binary_op,
                                    TF_DataType dtype, const std::vector<int64_t>& shape,
                                    uint64_t lhs, uint64_t rhs, uint64_t out) {

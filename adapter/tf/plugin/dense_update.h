@@ -64,6 +64,12 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* ctx, const std::string
                                       const std::vector<UpdateTensor>& outputs,
                                       const UpdateAttrs& more = {});
 
+// `elements` elements of `dtype` copied from device address `from` to `to` (distinct buffers),
+// one launch of the compiler's Pack of one input (a [1, elements] output, a plain copy), on
+// ctx's stream, synchronised before returning. Same error and no-throw rules as above.
+DenseUpdateStatus copy_on_device(TF_OpKernelContext* ctx, TF_DataType dtype, int64_t elements,
+                                 uint64_t from, uint64_t to);
+
 // The variables an NpuGraph run updates (npu_graph.h): its resource inputs [first, first + n),
 // looked up and locked (exclusively, in address order, as LockedVariables and TensorFlow's
 // MaybeLockVariableInputMutexesInOrder: two kernels sharing variables cannot deadlock) from
@@ -85,6 +91,12 @@ class GraphVariables {
   // A new buffer of variable k's dtype and shape, at *address (called once per k at most).
   virtual DenseUpdateStatus allocate_new_value(TF_OpKernelContext* ctx, int k,
                                                uint64_t* address) = 0;
+  // Makes variable k's tensor the only holder of its buffer, so that a run may write into it in
+  // place (an in-place KV-cache update, npu_graph.h): when a tensor read from the variable
+  // before still shares the buffer, the value is first copied to a new buffer (copy_on_device),
+  // which becomes the variable's tensor at once (same value), as TensorFlow's in-place updates
+  // copy on write; value(k) then names it.
+  virtual DenseUpdateStatus own_buffer(TF_OpKernelContext* ctx, int k) = 0;
   virtual void publish() = 0;
 };
 

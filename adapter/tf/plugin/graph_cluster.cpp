@@ -12,6 +12,12 @@
 //    variables; a set never holds two updates of one handle (the second would read the
 //    variable's old value); TensorFlow may preserve it (a function's control output): it then
 //    stays as a NoOp of its name, after the NpuGraph node;
+//  - or it is an in-place KV-cache update (ResourceDynamicUpdateSlice, npu_graph.h) on the NPU,
+//    under the same switch and rules as an update, or a ReadVariableOp that tf.function ordered
+//    after such an update of its handle (a control edge from it: a "cache read"); that control
+//    edge joins sets as a data edge does, and a set holds a cache read only with the update it
+//    follows (or none of that handle). A cache read read outside the set, or preserved, stays
+//    outside too (a copy under its name, reading the variable after the NpuGraph node);
 //  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze) whose host input comes
 //    from a Const: it joins only the set of its input's producer (a set never starts with a
 //    view, so its place is always an earlier step's), and an outside reader of its output reads
@@ -86,7 +92,11 @@ std::vector<int> host_input_positions(const tfc::NodeDef& node, const std::vecto
   return pos;
 }
 
-bool is_update(const tfc::NodeDef& n) { return n.op() == kVariableUpdateOp; }
+// An update of variables the set may hold: FusedVariableUpdate, or an in-place KV-cache update
+// (ResourceDynamicUpdateSlice).
+bool is_update(const tfc::NodeDef& n) {
+  return n.op() == kVariableUpdateOp || n.op() == kCacheUpdateOp;
+}
 
 bool is_view(const tfc::NodeDef& n) {
   std::vector<int> host;
@@ -100,8 +110,10 @@ std::vector<int> member_host_inputs(const std::string& op) {
   return host;
 }
 
-// An update's resource inputs (its first M inputs, as written).
+// An update's resource inputs (its first M inputs, as written; a cache update's input 0).
 std::vector<std::string> update_handles(const tfc::NodeDef& n) {
+  if (n.op() == kCacheUpdateOp)
+    return n.input_size() > 0 ? std::vector<std::string>{n.input(0)} : std::vector<std::string>{};
   const auto m = n.attr().find("M");
   std::vector<std::string> handles;
   if (m == n.attr().end()) return handles;
@@ -109,8 +121,28 @@ std::vector<std::string> update_handles(const tfc::NodeDef& n) {
   return handles;
 }
 
+// The cache update a ReadVariableOp reads after: its control input from a cache update of
+// the same handle on the same device (tf.function orders a read after the last update of its
+// variable so); nullptr for any other node.
+const tfc::NodeDef* cache_read_after(const Graph& g, const tfc::NodeDef& n) {
+  if (n.op() != "ReadVariableOp" || n.input_size() < 1) return nullptr;
+  for (const std::string& in : n.input()) {
+    const auto [src, port] = split_input(in);
+    if (port >= 0) continue;
+    const auto it = g.index.find(src);
+    if (it == g.index.end()) continue;
+    const tfc::NodeDef& u = *g.nodes[it->second];
+    if (u.op() == kCacheUpdateOp && u.input_size() > 0 && u.input(0) == n.input(0) &&
+        u.device() == n.device())
+      return &u;
+  }
+  return nullptr;
+}
+
 bool clusterable(const Graph& g, const tfc::NodeDef& node,
                  const std::unordered_set<std::string>& preserve) {
+  if (cache_read_after(g, node))  // preserved: its copy outside keeps the name (below)
+    return on_npu(node) && graph_updates_enabled();
   if (is_update(node))
     return on_npu(node) && graph_updates_enabled() && !update_handles(node).empty();
   if (!on_npu(node) || preserve.count(node.name())) return false;
@@ -221,20 +253,32 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
 
   std::vector<char> ok(g.nodes.size(), 0);
-  std::unordered_map<int, std::vector<int>> members;       // set root -> members
-  std::unordered_map<int, std::set<std::string>> handles;  // set root -> its updates' handles
+  std::unordered_map<int, std::vector<int>> members;  // set root -> members
+  // Set root -> its updates' handles (each with the update's name), and its cache reads
+  // (handle, the update each reads after).
+  std::unordered_map<int, std::map<std::string, std::string>> handles;
+  std::unordered_map<int, std::set<std::pair<std::string, std::string>>> reads;
   for (size_t v = 0; v < g.nodes.size(); ++v)
     if (clusterable(g, *g.nodes[v], preserve)) {
+      const tfc::NodeDef& n = *g.nodes[v];
       ok[v] = 1;
       members[static_cast<int>(v)] = {static_cast<int>(v)};
-      if (is_update(*g.nodes[v]))
-        for (const std::string& h : update_handles(*g.nodes[v]))
-          handles[static_cast<int>(v)].insert(h);
+      if (is_update(n))
+        for (const std::string& h : update_handles(n)) handles[static_cast<int>(v)][h] = n.name();
+      if (const tfc::NodeDef* u = cache_read_after(g, n))
+        reads[static_cast<int>(v)].insert({n.input(0), u->name()});
     }
-  // Whether sets a and b update a variable handle both.
+  // Whether sets a and b may not merge for their variables: both update one handle (the second
+  // update would read the variable's old value), or one reads a handle after an update other
+  // than the one the other set holds (its readers in the task list could follow that update).
   auto share_handle = [&](int a, int b) {
-    for (const std::string& h : handles[b])
+    for (const auto& [h, u] : handles[b])
       if (handles[a].count(h)) return true;
+    for (const auto& [x, y] : {std::pair<int, int>{a, b}, std::pair<int, int>{b, a}})
+      for (const auto& [h, after] : reads[x]) {
+        const auto it = handles[y].find(h);
+        if (it != handles[y].end() && it->second != after) return true;
+      }
     return false;
   };
   Sets sets(g.nodes.size());
@@ -243,6 +287,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     sets.parent[b] = a;
     handles[a].insert(handles[b].begin(), handles[b].end());
     handles.erase(b);
+    reads[a].insert(reads[b].begin(), reads[b].end());
+    reads.erase(b);
     auto& ma = members[a];
     ma.insert(ma.end(), members[b].begin(), members[b].end());
     members.erase(b);
@@ -256,8 +302,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     }
     for (int v : g.succ[u]) {
       if (!ok[v]) continue;
-      // Only data edges join sets.
-      bool data = false;
+      // Only data edges join sets, and the control edge from a cache update to a read of it.
+      bool data = cache_read_after(g, *g.nodes[v]) == g.nodes[u];
       for (const std::string& in : g.nodes[v]->input())
         data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
       if (!data) continue;
@@ -317,8 +363,11 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       *copy = member;
       copy->clear_device();
       copy->clear_input();
-      const int resources = is_update(member) ? static_cast<int>(update_handles(member).size()) : 0;
-      updates = updates || resources > 0;
+      const bool read = cache_read_after(g, member) != nullptr;
+      const int resources = is_update(member) ? static_cast<int>(update_handles(member).size())
+                            : read            ? 1
+                                              : 0;
+      updates = updates || (resources > 0 && !read);
       for (int i = 0; i < member.input_size(); ++i) {
         const auto [src, port] = split_input(member.input(i));
         if (port < 0) {
@@ -360,19 +409,26 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     for (tfc::NodeDef& c : *sub.mutable_node())
       if (c.op() == "Const") c.clear_device();
     // View members read outside the set stay outside as well (a copy under their name), and
-    // so does a view member such a copy reads.
+    // so does a view member such a copy reads; so do cache reads (a ReadVariableOp after the
+    // set's update: outside, it reads the variable after the NpuGraph node).
     std::set<std::string> kept_views;
     for (size_t v = 0; v < g.nodes.size(); ++v) {
       if (names.count(g.nodes[v]->name())) continue;
       for (const std::string& in : g.nodes[v]->input()) {
         const auto [src, port] = split_input(in);
-        if (port >= 0 && names.count(src) && is_view(*g.nodes[g.index.at(src)]))
-          kept_views.insert(src);
+        if (port < 0 || !names.count(src)) continue;
+        const tfc::NodeDef& s = *g.nodes[g.index.at(src)];
+        if (is_view(s) || cache_read_after(g, s)) kept_views.insert(src);
       }
     }
+    for (int m : list)
+      if (preserve.count(g.nodes[m]->name()) && cache_read_after(g, *g.nodes[m]))
+        kept_views.insert(g.nodes[m]->name());
     for (std::vector<std::string> todo(kept_views.begin(), kept_views.end()); !todo.empty();) {
-      const std::string src = split_input(g.nodes[g.index.at(todo.back())]->input(0)).first;
+      const tfc::NodeDef& kept_view = *g.nodes[g.index.at(todo.back())];
       todo.pop_back();
+      if (!is_view(kept_view)) continue;  // a cache read: its input is the variable
+      const std::string src = split_input(kept_view.input(0)).first;
       if (names.count(src) && is_view(*g.nodes[g.index.at(src)]) && kept_views.insert(src).second)
         todo.push_back(src);
     }

@@ -298,6 +298,7 @@ class LockedGraphVariables : public GraphVariables {
     absl::Status st = m_vars.lock(ctx, first, n);
     if (!st.ok()) return st;
     m_new.resize(static_cast<size_t>(n));
+    m_has_new.assign(static_cast<size_t>(n), 0);
     for (int k = 0; k < n; ++k) {
       if (!m_vars[k]->is_initialized)
         return absl::FailedPreconditionError(absl::StrCat(
@@ -317,17 +318,35 @@ class LockedGraphVariables : public GraphVariables {
     tfc::Tensor& t = m_new[static_cast<size_t>(k)];
     const absl::Status st = allocate_like(ctx, *m_vars[k]->tensor(), &t);
     if (!st.ok()) return {static_cast<TF_Code>(st.code()), std::string(st.message())};
+    m_has_new[static_cast<size_t>(k)] = 1;
     *address = device_address(t);
     return {};
   }
+  DenseUpdateStatus own_buffer(TF_OpKernelContext* tf_ctx, int k) override {
+    tfc::Tensor* var = m_vars[k]->tensor();
+    if (var->RefCountIsOne()) return {};
+    // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
+    auto* ctx = reinterpret_cast<tfc::OpKernelContext*>(tf_ctx);
+    tfc::Tensor fresh;
+    const absl::Status st = allocate_like(ctx, *var, &fresh);
+    if (!st.ok()) return {static_cast<TF_Code>(st.code()), std::string(st.message())};
+    const DenseUpdateStatus copied =
+        copy_on_device(tf_ctx, static_cast<TF_DataType>(var->dtype()), var->NumElements(),
+                       device_address(*var), device_address(fresh));
+    if (copied.ok()) *var = fresh;
+    return copied;
+  }
   void publish() override {
     for (size_t k = 0; k < m_new.size(); ++k)
-      if (m_new[k].IsInitialized()) *m_vars[k]->tensor() = m_new[k];
+      if (m_has_new[k]) *m_vars[k]->tensor() = m_new[k];
   }
 
  private:
   LockedVariables m_vars;
-  std::vector<tfc::Tensor> m_new;  // uninitialized: not updated by this run
+  std::vector<tfc::Tensor> m_new;
+  // Whether variable k has a new buffer (m_new[k]); not: not updated by this run, or updated in
+  // place. (A default tensor counts as initialized: it has 0 elements.)
+  std::vector<char> m_has_new;
 };
 
 }  // namespace

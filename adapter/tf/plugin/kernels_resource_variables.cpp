@@ -130,15 +130,11 @@ class DynamicUpdateSliceVariableOp : public GuardedOpKernel {
     return v;
   }
 
-  // One launch: `elements` elements from device address `from` to `to` (the compiler's Pack of
-  // one input, a [1, elements] output).
+  // One launch: `elements` elements from device address `from` to `to` (copy_on_device).
   static absl::Status copy(tfc::OpKernelContext* ctx, TF_DataType dtype, int64_t elements,
                            uint64_t from, uint64_t to) {
-    UpdateAttrs attrs;
-    attrs.ints = {{"N", 1}, {"axis", 0}};
-    return to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx), "Pack", {},
-                                       {{dtype, {elements}, from}}, {{dtype, {1, elements}, to}},
-                                       attrs));
+    return to_absl(
+        copy_on_device(reinterpret_cast<TF_OpKernelContext*>(ctx), dtype, elements, from, to));
   }
 
   absl::Status compute(tfc::OpKernelContext* ctx) override {

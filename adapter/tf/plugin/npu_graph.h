@@ -21,6 +21,15 @@
 // control output) stays as a NoOp of its name after the NpuGraph node. NPUSIM_GRAPH_UPDATES=0
 // keeps updates out of sets (each runs on its own, as before).
 //
+// KV-cache updates: the set may hold ResourceDynamicUpdateSlice nodes (npusim.llm.
+// update_variable_slice) and the ReadVariableOps of their variables ordered after them; their
+// handles are variables too. An update runs as the compiler's XlaDynamicUpdateSlice with
+// in_place, writing only the update's rows into the variable's own buffer (the run first makes
+// the buffer the variable's alone: GraphVariables::own_buffer), and a read is that buffer, no
+// launch; an update the compiler cannot write in place writes a new buffer, as above. So a
+// decode step holding its cache in variables (models/llm.py, ResidentCacheDecoder) is one run
+// that moves only the new rows of the cache.
+//
 // The subgraph GraphDef holds the set's nodes in a topological order (device cleared, control
 // inputs dropped: the order is the task list's), their data inputs rewritten: an input from
 // outside the set is "_npu_graph_input:K" (the NpuGraph node's input K), an update's resource
@@ -56,6 +65,7 @@ inline constexpr const char* kGraphInputPrefix = "_npu_graph_input:";
 inline constexpr const char* kGraphVariablePrefix = "_npu_graph_variable:";
 inline constexpr const char* kVariablesAttr = "V";
 inline constexpr const char* kVariableUpdateOp = "FusedVariableUpdate";
+inline constexpr const char* kCacheUpdateOp = "ResourceDynamicUpdateSlice";
 
 // The NpuGraph kernel's view of its subgraph (parse_npu_graph).
 struct NpuGraphSpec {

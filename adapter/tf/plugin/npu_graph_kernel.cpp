@@ -86,6 +86,9 @@ struct Plan {
   uint64_t unplanned_bytes = 0;  // the same buffers without reuse
   // Per kept step (Step::kept): where its output goes when the cache gives it no buffer.
   std::vector<Place> kept_fallback;
+  // Per variable: whether a step writes its new value into a new buffer (published after the
+  // run), and whether a cache update writes into the variable's own buffer (in place).
+  std::vector<char> new_value, in_place;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -248,12 +251,18 @@ class NpuGraphKernel : public OpKernel {
     NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
     std::shared_ptr<const Plan> plan;
     NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, variable_descs, &plan));
-    // Every variable's new value: a buffer of its own, published after the run.
+    // Every updated variable's new value: a buffer of its own, published after the run; a
+    // variable updated in place: its own buffer, shared with no tensor read before.
     for (int k = 0; k < static_cast<int>(m_variables); ++k) {
       uint64_t addr = 0;
-      NPU_OP_REQUIRES_OK(
-          ctx, from_update_status(variables->allocate_new_value(ctx->tf_context(), k, &addr)));
+      if (plan->new_value.at(static_cast<size_t>(k)))
+        NPU_OP_REQUIRES_OK(
+            ctx, from_update_status(variables->allocate_new_value(ctx->tf_context(), k, &addr)));
       new_value_addrs.push_back(addr);
+      if (plan->in_place.at(static_cast<size_t>(k))) {
+        NPU_OP_REQUIRES_OK(ctx, from_update_status(variables->own_buffer(ctx->tf_context(), k)));
+        variable_addrs[static_cast<size_t>(k)] = variables->value(k).address;
+      }
     }
     if (static_cast<int>(plan->outputs.size()) != ctx->num_outputs()) {
       ctx->CtxFailure(
@@ -395,6 +404,13 @@ class NpuGraphKernel : public OpKernel {
     for (size_t k = 0; k < m_spec.outputs.size(); ++k)
       output_of[{m_spec.outputs[k].node, m_spec.outputs[k].port}] = static_cast<int>(k);
     plan->outputs.resize(m_spec.outputs.size());
+    plan->new_value.assign(variables.size(), 0);
+    plan->in_place.assign(variables.size(), 0);
+    // Where each variable's value is at this point of the task list: its own buffer, or the
+    // new buffer an update wrote (cache reads read it there).
+    std::vector<Place> current;
+    for (size_t k = 0; k < variables.size(); ++k)
+      current.push_back({Place::Kind::variable, static_cast<uint64_t>(k)});
 
     std::vector<graph::PlannedBuffer> buffers;
     std::map<std::pair<int, int>, int> buffer_of;  // (node, port) -> buffers index
@@ -405,6 +421,12 @@ class NpuGraphKernel : public OpKernel {
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
       if (std::vector<int> view_host; npu_graph_view_op(node.op, &view_host)) {
         rt::Status st = plan_view(n, in, output_of, plan, &buffers, &buffer_of);
+        if (!st.ok()) return st;
+        continue;
+      }
+      if (node.op == "ReadVariableOp" || node.op == kCacheUpdateOp) {
+        rt::Status st =
+            plan_cache_op(ctx, n, in, variables, output_of, &current, plan, &buffers, &buffer_of);
         if (!st.ok()) return st;
         continue;
       }
@@ -481,6 +503,7 @@ class NpuGraphKernel : public OpKernel {
                                                             " is no new value of variable input " +
                                                             std::to_string(p));
           s.outputs.push_back({Place::Kind::new_value, var.index});
+          plan->new_value.at(var.index) = 1;
         } else if (o != output_of.end()) {
           s.outputs.push_back({Place::Kind::output, static_cast<uint64_t>(o->second)});
           plan->outputs[static_cast<size_t>(o->second)] = k.outputs[p];
@@ -600,15 +623,111 @@ class NpuGraphKernel : public OpKernel {
   // nothing launches, and its readers extend the liveness of the buffer it views. The
   // clustering never makes a view an output of the graph (graph_cluster.cpp keeps such a view
   // outside), so a view never needs bytes of its own.
+  // The status `code` with "NpuGraph '<name>': node '<node>' (<op>): <why>".
+  rt::Status node_status(size_t n, rt::StatusCode code, const std::string& why) const {
+    const NpuGraphSpec::Node& node = m_spec.nodes[n];
+    return rt::Status(
+        code, "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + "): " + why);
+  }
+
+  // A cache read or update (npu_graph.h) as step n, variable k its resource input:
+  // - ReadVariableOp: the variable's value where it is at this point (*current), no launch;
+  // - ResourceDynamicUpdateSlice(variable, update, indices): the compiler's
+  //   XlaDynamicUpdateSlice with in_place, writing only the update's box into the variable's own
+  //   buffer (Plan::in_place: the run first makes the buffer the variable's alone); where the
+  //   compiler cannot write the box in place (a box of several runs: batch > 1), the whole new
+  //   value into a new buffer (Plan::new_value), published after the run, as a
+  //   FusedVariableUpdate. Either way later reads in the set read *current, the new value.
+  // The clustering (graph_cluster.cpp) keeps one update per variable in a set, and the reads
+  // in it after that update.
+  rt::Status plan_cache_op(const OpKernelContext& ctx, size_t n,
+                           const std::vector<compiler::TensorDesc>& in,
+                           const std::vector<compiler::TensorDesc>& variables,
+                           const std::map<std::pair<int, int>, int>& output_of,
+                           std::vector<Place>* current, Plan* plan,
+                           std::vector<graph::PlannedBuffer>* buffers,
+                           std::map<std::pair<int, int>, int>* buffer_of) const {
+    const NpuGraphSpec::Node& node = m_spec.nodes[n];
+    const auto fail = [&](const std::string& why) {
+      return node_status(n, rt::StatusCode::internal, why);
+    };
+    const bool read = node.op == "ReadVariableOp";
+    if (node.inputs.size() != (read ? 1u : 3u) || node.inputs[0].variable < 0 ||
+        static_cast<size_t>(node.inputs[0].variable) >= variables.size())
+      return fail("its inputs are not a variable" + std::string(read ? "" : ", update, indices"));
+    const size_t k = static_cast<size_t>(node.inputs[0].variable);
+    if (output_of.count({static_cast<int>(n), 0}))
+      return fail("is an output of the graph, which a cache read cannot be");
+    Step s;
+    s.op.type = read ? node.op : "XlaDynamicUpdateSlice";
+    s.op.inputs.push_back(variables[k]);
+    s.inputs.push_back((*current)[k]);
+    if (read) {
+      s.in_place = true;
+      auto compiled = std::make_shared<CompiledOp>();
+      compiled->kernel.outputs = {variables[k]};
+      s.outputs = {(*current)[k]};
+      s.label = launch_label(node.name, s.op, compiled->kernel);
+      s.compiled = std::move(compiled);
+      plan->steps.push_back(std::move(s));
+      return rt::ok_status();
+    }
+    if ((*current)[k].kind != Place::Kind::variable)
+      return fail("updates variable " + std::to_string(k) + " a second time");
+    for (size_t i = 1; i < 3; ++i) {
+      const NpuGraphSpec::Source& src = node.inputs[i];
+      if (src.input >= 0) {
+        s.op.inputs.push_back(in.at(static_cast<size_t>(src.input)));
+        s.inputs.push_back({Place::Kind::input, static_cast<uint64_t>(src.input)});
+      } else if (src.node >= 0) {
+        const Step& from = plan->steps.at(static_cast<size_t>(src.node));
+        if (src.port >= static_cast<int>(from.compiled->kernel.outputs.size()))
+          return fail("reads output " + std::to_string(src.port) + " of '" + from.label->op_name +
+                      "', which has fewer");
+        s.op.inputs.push_back(from.compiled->kernel.outputs[static_cast<size_t>(src.port)]);
+        s.inputs.push_back(from.outputs[static_cast<size_t>(src.port)]);
+        const auto b = buffer_of->find({src.node, src.port});
+        if (b != buffer_of->end()) (*buffers)[static_cast<size_t>(b->second)].last = int(n);
+      } else {
+        return fail("its input " + std::to_string(i) + " is no tensor of the graph");
+      }
+    }
+    const std::vector<HostAttrInput>* host = nullptr;
+    const std::vector<AttrSpec>* specs = compiled_op_attrs(s.op.type, &host);
+    if (!specs) return fail("XlaDynamicUpdateSlice is no compiled op");
+    for (const AttrSpec& a : *specs) {
+      const auto it = node.attrs.find(a.name);
+      if (it != node.attrs.end()) s.op.attrs[a.name] = it->second;
+    }
+    s.op.attrs["in_place"] = true;
+    std::shared_ptr<rt::Device> device;
+    rt::Status st = compile_op(ctx, s.op, &device, &s.compiled);
+    if (st.ok()) {
+      plan->in_place[k] = 1;
+    } else {  // the whole value into a new buffer
+      s.op.attrs.erase("in_place");
+      st = compile_op(ctx, s.op, &device, &s.compiled);
+      if (!st.ok()) return node_status(n, st.code(), st.message());
+      plan->new_value[k] = 1;
+      (*current)[k] = {Place::Kind::new_value, static_cast<uint64_t>(k)};
+    }
+    if (s.compiled->kernel.outputs.size() != 1 || !(s.compiled->kernel.outputs[0] == variables[k]))
+      return fail("its output is not the variable's new value");
+    s.outputs = {(*current)[k]};
+    s.label = launch_label(node.name, s.op, s.compiled->kernel, node.members);
+    s.derived_at.assign(s.compiled->kernel.derived.size(), Place{});  // computed as node by node
+    s.derived_from.assign(s.compiled->kernel.derived.size(), {-1, -1});
+    plan->steps.push_back(std::move(s));
+    return rt::ok_status();
+  }
+
   rt::Status plan_view(size_t n, const std::vector<compiler::TensorDesc>& in,
                        const std::map<std::pair<int, int>, int>& output_of, Plan* plan,
                        std::vector<graph::PlannedBuffer>* buffers,
                        std::map<std::pair<int, int>, int>* buffer_of) const {
     const NpuGraphSpec::Node& node = m_spec.nodes[n];
-    const std::string what =
-        "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + ")";
     const auto fail = [&](const std::string& why) {
-      return rt::Status(rt::StatusCode::invalid_argument, what + ": " + why);
+      return node_status(n, rt::StatusCode::invalid_argument, why);
     };
     if (node.inputs.empty() || (node.inputs[0].input < 0 && node.inputs[0].node < 0))
       return fail("its tensor input is no input of the graph and no earlier node's output");
