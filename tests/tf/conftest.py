@@ -25,7 +25,7 @@ PACKAGE_DIR = os.path.join(ROOT, "adapter", "tf", "python")
 # Settings the tests expect at their defaults, whatever the caller's environment holds.
 RESET_VARIABLES = ("NPUSIM_CHIP_OVERRIDES", "NPUSIM_REPORT_DIR", "NPUSIM_PRECISION_MODE",
                    "NPUSIM_RECORD_LAUNCHES", "NPUSIM_KEEP_DERIVED", "NPUSIM_MODIFY_MIXLIST",
-                   "NPUSIM_MIX_PRECISION_GRAPH")
+                   "NPUSIM_MIX_PRECISION_GRAPH", "NPUSIM_LAUNCH_ORDER")
 
 
 def _plugin_from_build():

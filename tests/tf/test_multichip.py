@@ -528,7 +528,7 @@ def test_two_runs_of_a_mirrored_step_take_the_same_cycles(tmp_path):
                             (r["Task ID"], r["Op Name"], r["OP Type"], r["task_start_cycles"],
                              r["task_duration_cycles"]) for r in csv.DictReader(f)]
             print("RESULT" + json.dumps(out))
-            """), timeout=600, extra_env={"NPUSIM_LAUNCH_ORDER": "1"})
+            """), timeout=600)
 
     first, second = run(1), run(2)
     assert len(first["collectives"]) >= 4 and all(len(k) > 0 for k in first["launches"])
@@ -572,8 +572,7 @@ def test_three_runs_of_a_step_with_gradient_segments_take_the_same_cycles():
             "peer_copies": info["peer_copies"], "timeline": info["timeline_cycles"],
             "host": info["host_cycles"]}))
         """)
-    runs = [child_result(code, timeout=600, extra_env={"NPUSIM_LAUNCH_ORDER": "1"})
-            for _ in range(3)]
+    runs = [child_result(code, timeout=600) for _ in range(3)]
     first = runs[0]
     assert len(first["collectives"]) >= 2 and all(len(k) > 0 for k in first["launches"])
     for other in runs[1:]:

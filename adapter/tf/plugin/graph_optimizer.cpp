@@ -292,6 +292,15 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     // Counting is best effort.
   }
   bool changed = false;
+  if (parsed) {
+    try {
+      // The chain of the optimizer's previous call on this graph comes off before the fusions
+      // and the clustering, and goes on again after them (launch_order.h).
+      changed |= unchain_npu_launches(graph) > 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "npusim: launch order kept: %s\n", e.what());
+    }
+  }
   if (parsed && fusion_enabled()) {
     tfc::GraphDef fused = graph;
     try {

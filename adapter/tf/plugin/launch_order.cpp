@@ -2,6 +2,7 @@
 #include "adapter/tf/plugin/launch_order.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <queue>
@@ -9,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -39,20 +41,87 @@ bool chained(const tfc::NodeDef& n) {
   return on_npu(n) && !is_async(n) && !kPlumbing.count(n.op());
 }
 
+// The input gate's name for an NPU device: "npusim_order_inputs" and the device's name.
+std::string gate_name(const std::string& device) {
+  std::string name = "npusim_order_inputs";
+  for (char ch : device) name += (std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_');
+  return name;
+}
+
+bool is_gate(const tfc::NodeDef& n) { return n.attr().count(kInputGateAttr) > 0; }
+
+// Adds, for each NPU device whose chained nodes read, in device memory, a function argument
+// that lies on another device, one IdentityN on that device reading all those arguments: its
+// inputs share the receives TensorFlow's partitioning gives the readers, so it runs once every
+// such argument was copied onto the device (launch_order.h, "Input gate"). Returns the gates'
+// indices in `graph`; a device that already has its gate (a chain kept) keeps it.
+std::vector<int> add_input_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  // device -> (the arguments' tensors in order of first reading, their types)
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
+  for (const tfc::NodeDef& node : graph.node()) {
+    if (!chained(node)) continue;
+    // MemoryTypesForNode wants every attribute, defaults included.
+    const tfc::OpDef* op_def = nullptr;
+    if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &op_def).ok()) continue;
+    tfc::NodeDef full = node;
+    tfc::AddDefaultsToNodeDef(*op_def, &full);
+    tfc::MemoryTypeVector in_mem, out_mem;
+    if (!tfc::MemoryTypesForNode(tfc::OpRegistry::Global(), tfc::DeviceType("NPU"), full, &in_mem,
+                                 &out_mem)
+             .ok())
+      continue;
+    for (int i = 0; i < node.input_size() && i < static_cast<int>(in_mem.size()); ++i) {
+      const auto [name, port] = split_input(node.input(i));
+      const auto it = index.find(name);
+      if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
+        continue;
+      const tfc::NodeDef& arg = graph.node(it->second);
+      const auto type = arg.attr().find("T");
+      if (arg.op() != "_Arg" || arg.device() == node.device() || type == arg.attr().end() ||
+          tfc::DataTypeAlwaysOnHost(type->second.type()))
+        continue;
+      auto& [tensors, types] = reads[node.device()];
+      if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
+      tensors.push_back(node.input(i));
+      types.push_back(type->second.type());
+    }
+  }
+  std::vector<int> gates;
+  for (const auto& [device, read] : reads) {
+    const std::string name = gate_name(device);
+    if (const auto it = index.find(name); it != index.end()) {
+      gates.push_back(it->second);
+      continue;
+    }
+    tfc::NodeDef& gate = *graph.add_node();
+    gate.set_name(name);
+    gate.set_op("IdentityN");
+    gate.set_device(device);
+    for (const std::string& t : read.first) gate.add_input(t);
+    auto& attrs = *gate.mutable_attr();
+    for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
+    attrs[kInputGateAttr].set_b(true);
+    gates.push_back(graph.node_size() - 1);
+  }
+  return gates;
+}
+
 }  // namespace
 
 bool launch_order_enabled() {
   const char* v = std::getenv("NPUSIM_LAUNCH_ORDER");
-  return v && std::string(v) == "1";
+  return !v || std::string(v) != "0";
 }
 
 int order_npu_launches(tfc::GraphDef& graph) {
+  for (const tfc::NodeDef& node : graph.node())
+    if (is_control_flow_op(node.op())) return 0;
+  const std::vector<int> gates = add_input_gates(graph);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
-  for (int v = 0; v < n; ++v) {
-    if (is_control_flow_op(graph.node(v).op())) return 0;
-    index[graph.node(v).name()] = v;
-  }
+  for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
   // Edges (data and control) from producer to consumer; unknown inputs are outside the graph.
   std::vector<std::vector<int>> succ(static_cast<size_t>(n));
   std::vector<int> indeg(static_cast<size_t>(n), 0);
@@ -71,21 +140,17 @@ int order_npu_launches(tfc::GraphDef& graph) {
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (int v = 0; v < n; ++v)
     if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, v});
-  std::map<std::string, int> last_on_device;  // device -> its latest chained node so far
+  // device -> its chained nodes in order, its input gate first: the gate reads only arguments,
+  // which have no inputs, so an edge from it goes forward in some topological order too.
+  std::map<std::string, std::vector<int>> chain;
+  for (int g : gates) chain[graph.node(g).device()].push_back(g);
   int added = 0, taken = 0;
-  std::vector<std::pair<int, int>> edges;  // (predecessor, node) to add
   while (!ready.empty()) {
     const int v = ready.top().second;
     ready.pop();
     ++taken;
     const tfc::NodeDef& node = graph.node(v);
-    if (chained(node)) {
-      const auto [it, first] = last_on_device.try_emplace(node.device(), v);
-      if (!first) {
-        edges.emplace_back(it->second, v);
-        it->second = v;
-      }
-    }
+    if (chained(node) && !is_gate(node)) chain[node.device()].push_back(v);
     const int level = upstream[static_cast<size_t>(v)] + (is_async(node) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
@@ -94,16 +159,64 @@ int order_npu_launches(tfc::GraphDef& graph) {
     }
   }
   if (taken != n) return 0;  // a cycle: not a graph TensorFlow would run; leave it alone
+  std::vector<std::pair<int, int>> edges;  // (predecessor, node) to add
+  for (const auto& [device, nodes] : chain)
+    for (size_t k = 1; k < nodes.size(); ++k) edges.emplace_back(nodes[k - 1], nodes[k]);
   for (const auto& [pred, v] : edges) {
     tfc::NodeDef& node = *graph.mutable_node(v);
     const std::string& pred_name = graph.node(pred).name();
     const std::string edge = "^" + pred_name;
     if (std::find(node.input().begin(), node.input().end(), edge) != node.input().end()) continue;
     node.add_input(edge);  // control inputs come after the data inputs
-    (*node.mutable_attr())[kOrderAfterAttr].set_s(pred_name);
     ++added;
+    // A node still chained from an earlier call (a chain kept: unchain_npu_launches) keeps
+    // its records; the new edge stays with the graph.
+    if (node.attr().count(kOrderAfterAttr)) continue;
+    tfc::AttrValue own;  // the node's control inputs without the chain
+    own.mutable_list();
+    for (const std::string& in : node.input())
+      if (!in.empty() && in[0] == '^' && in != edge) own.mutable_list()->add_s(in.substr(1));
+    (*node.mutable_attr())[kOrderAfterAttr].set_s(pred_name);
+    (*node.mutable_attr())[kOwnControlInputsAttr] = own;
   }
   return added;
+}
+
+int unchain_npu_launches(tfc::GraphDef& graph) {
+  std::unordered_set<std::string> names;
+  for (const tfc::NodeDef& node : graph.node()) names.insert(node.name());
+  // A recorded control input whose node is gone: a pass replaced it (e.g. TensorFlow's
+  // dependency optimizer bypassing a NoOp) and may have dropped the edges it handed on as
+  // redundant with the chain, which no record restores. Keep the chain then.
+  for (const tfc::NodeDef& node : graph.node()) {
+    const auto it = node.attr().find(kOwnControlInputsAttr);
+    if (it == node.attr().end()) continue;
+    for (const std::string& in : it->second.list().s())
+      if (!names.count(in)) return 0;
+  }
+  int unchained = 0;
+  auto& nodes = *graph.mutable_node();
+  const auto gates = std::remove_if(nodes.begin(), nodes.end(), is_gate);
+  unchained += static_cast<int>(nodes.end() - gates);
+  nodes.erase(gates, nodes.end());
+  for (tfc::NodeDef& node : *graph.mutable_node()) {
+    auto& attrs = *node.mutable_attr();
+    const auto after = attrs.find(kOrderAfterAttr);
+    if (after == attrs.end()) continue;
+    const std::string edge = "^" + after->second.s();
+    auto& inputs = *node.mutable_input();
+    const auto chain = std::find(inputs.begin(), inputs.end(), edge);
+    if (chain != inputs.end()) inputs.erase(chain);
+    const auto own = attrs.find(kOwnControlInputsAttr);
+    if (own != attrs.end())
+      for (const std::string& in : own->second.list().s())
+        if (std::find(inputs.begin(), inputs.end(), "^" + in) == inputs.end())
+          node.add_input("^" + in);
+    attrs.erase(kOrderAfterAttr);
+    attrs.erase(kOwnControlInputsAttr);
+    ++unchained;
+  }
+  return unchained;
 }
 
 }  // namespace npusim::tf

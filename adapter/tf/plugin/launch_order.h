@@ -32,13 +32,29 @@
 // edge from a node of a dead branch would make its successor dead, and edges between frames are
 // invalid.
 //
+// Input gate: a function argument that lies on another device (the host's int32 labels of a
+// Keras step) reaches an NPU through a receive that TensorFlow's partitioning adds after this
+// pass, and the receive copies it onto the device when an executor thread gets to it: on one
+// chip the copy sits on the compute timeline between whichever of the device's kernels the
+// driver had been given, and moved those after it by its time from run to run. So each NPU's
+// chain starts with an IdentityN on that device reading every such argument its chained nodes
+// read in device memory (it shares their receives and launches nothing): the device's first
+// chained node waits for it, and with it every copy of the step's arguments comes before the
+// step's kernels. Arguments have no inputs, so the gate's edge goes forward in the order too.
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
-// between: the chain stays, and each call adds only the edges it lacks (over the nodes the
-// fusions made since). The chain must not come off: TensorFlow's dependency optimizer drops
-// control edges that the chain makes redundant (the automatic control dependencies between a
-// variable's reads and updates among them), so a graph without the chain lost them (an earlier
-// version removed it at each call: an SGD fit read and updated variables out of order, and a
-// multi-tensor update was given one variable twice). Each added edge is named in the
+// between, and nothing tells a call that it is the last. Each call therefore takes the chain of
+// the call before off first (unchain_npu_launches), runs the fusions and the whole-graph
+// clustering on the graph without it, and chains the result again: a chain left on would keep
+// nodes out of the sets the clustering forms (a path from one member to another through a
+// chained node outside the set: the single-chip CNN of models/ launched more and ran 17 %
+// longer). Taking the chain off must not lose an ordering: TensorFlow's dependency optimizer
+// drops control edges that the chain makes redundant (the automatic control dependencies
+// between a variable's reads and updates among them; a version that only removed the chain had
+// an SGD fit read and update variables out of order). So each chained node records the control
+// inputs it had before its chain edge (kOwnControlInputsAttr), and unchaining gives them back.
+// Where a recorded input's node is gone (a pass bypassed it and may have handed its edges on
+// and dropped them again), the chain stays and the call adds only the edges it lacks, as the
+// graph then has no record of what the chain replaced. Each chain edge is named in the
 // attribute kOrderAfterAttr of the node it enters.
 #pragma once
 
@@ -53,14 +69,22 @@ namespace npusim::tf {
 // The name of the node a chained node's added control edge comes from (a string attribute;
 // TensorFlow ignores attributes whose name starts with '_').
 inline constexpr const char* kOrderAfterAttr = "_npusim_order_after";
+// Marks the input gate of an NPU device (a boolean; below).
+inline constexpr const char* kInputGateAttr = "_npusim_order_input_gate";
+// The names of a chained node's control inputs other than its chain edge, when it was chained (a
+// list of strings).
+inline constexpr const char* kOwnControlInputsAttr = "_npusim_order_own_control";
 
-// NPUSIM_LAUNCH_ORDER=1 in the environment (read at each graph optimization) turns the chain
-// on; by default graphs run in the order TensorFlow's executor issues them (opt-in until the
-// test suite has run with it on: docs/multichip.md, "Launch order").
+// On unless NPUSIM_LAUNCH_ORDER=0 in the environment (read at each graph optimization): then
+// graphs run in the order TensorFlow's executor issues them.
 bool launch_order_enabled();
 
 // Chains each NPU's nodes of `graph` in the canonical order above with control edges; returns
 // the edges added (0 for a graph with control flow or without two chained nodes on a device).
 int order_npu_launches(tensorflow::GraphDef& graph);
+
+// Takes the chain an earlier call added off `graph`, giving each chained node back its own
+// control inputs (above); returns the nodes unchained (0 where it keeps the chain).
+int unchain_npu_launches(tensorflow::GraphDef& graph);
 
 }  // namespace npusim::tf

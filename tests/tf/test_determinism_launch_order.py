@@ -1,0 +1,78 @@
+"""The canonical launch order (adapter/tf/plugin/launch_order.h; docs/multichip.md, "Launch
+order"), on by default: a single-chip training step of the models of models/ launches the same
+kernels in the same order, each at the same start cycle, in every process, and the order costs
+nothing against the order TensorFlow's executor chose (NPUSIM_LAUNCH_ORDER=0): the same kernels
+with the same cycles, the same span.
+
+Without the order the MLP's launches moved from run to run: TensorFlow copies its int32 labels
+onto the NPU when an executor thread gets to it, and on a single chip that copy sits on the
+compute timeline between whichever kernels the driver had been given (the dropout's seed
+arithmetic moved by one copy's time, 9,251 cycles on tiny, in 2 of 2 runs, 2026-12-04). The
+chain's input gate makes every kernel of the step wait for that copy.
+"""
+
+import collections
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+# Two training steps of a model of models/ (batch 2, Adam) on one tiny NPU; prints every launch.
+CHILD = r'''
+import json, sys
+sys.path.insert(0, {root!r})
+import npusim
+import keras
+import models
+x, y = models.synthetic_data({name!r}, batch=2, seed=1)
+model = models.build({name!r}, seed=3)
+model.compile(optimizer="adam", loss=models.loss({name!r}))
+for _ in range(2):
+    model.train_on_batch(x, y)
+print("LAUNCHES" + json.dumps([(r["op_name"], r["kernel"], r["start_cycle"], r["cycles"])
+                               for r in npusim.launch_records()]))
+'''
+
+
+def launches(name, order=None):
+    """[(op name, kernel, start cycle, cycles)] of CHILD's run of model `name` in a fresh
+    process, with NPUSIM_LAUNCH_ORDER=`order` (None: the default)."""
+    extra_env = {} if order is None else {"NPUSIM_LAUNCH_ORDER": order}
+    proc = run_child(CHILD.format(root=ROOT, name=name), timeout=600, extra_env=extra_env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("LAUNCHES")][-1]
+    return [tuple(r) for r in json.loads(line[len("LAUNCHES"):])]
+
+
+def span(records):
+    return max(s + c for _, _, s, c in records) - min(s for _, _, s, _ in records)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_a_training_step_launches_at_the_same_cycles_in_every_process(name):
+    runs = [launches(name) for _ in range(3)]
+    assert len(runs[0]) > 30
+    for k, other in enumerate(runs[1:], start=2):
+        first_diff = next((i for i, (a, b) in enumerate(zip(runs[0], other)) if a != b), None)
+        assert other == runs[0], (f"run {k}: {len(other)} launches vs {len(runs[0])}, first "
+                                  f"unlike run 1's: #{first_diff}")
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_the_launch_order_costs_no_launch_and_no_cycle(name):
+    """Against the executor's order: the same kernels with the same cycles (which node of a
+    shared input casts it may differ) and the same span from the first launch's start to the
+    last one's end."""
+    on, off = launches(name), launches(name, order="0")
+
+    def kernels(records):
+        return collections.Counter((kernel, cycles) for _, kernel, _, cycles in records)
+
+    assert kernels(on) == kernels(off)
+    assert span(on) == span(off)
