@@ -273,10 +273,11 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
   return changed;
 }
 
-// Records the CPU fallbacks, applies the inference fusions (graph_fusion.h) and the mixed
-// precision pass (mixed_precision.h), clusters the NPU
-// nodes into NpuGraph nodes (npu_graph.h), then marks the NPU nodes' stable inputs (the NpuGraph
-// nodes' too); the output is the input unless one of them changed the graph.
+// Records the CPU fallbacks, takes the launch order's chain of an earlier call off
+// (launch_order.h), applies the inference fusions (graph_fusion.h) and the mixed precision pass
+// (mixed_precision.h), clusters the NPU nodes into NpuGraph nodes (npu_graph.h), marks the NPU
+// nodes' stable inputs (the NpuGraph nodes' too), then chains each NPU's nodes in the canonical
+// launch order; the output is the input unless one of them changed the graph.
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
               TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
@@ -296,7 +297,11 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     try {
       // The chain of the optimizer's previous call on this graph comes off before the fusions
       // and the clustering, and goes on again after them (launch_order.h).
-      changed |= unchain_npu_launches(graph) > 0;
+      const int unchained = unchain_npu_launches(graph);
+      if (std::getenv("NPUSIM_FUSION_LOG") && unchained < 0)
+        std::fprintf(stderr, "npusim: launch order in %s: the chain of an earlier call kept\n",
+                     item_id(item).c_str());
+      changed |= unchained > 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "npusim: launch order kept: %s\n", e.what());
     }

@@ -192,7 +192,7 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
     const auto it = node.attr().find(kOwnControlInputsAttr);
     if (it == node.attr().end()) continue;
     for (const std::string& in : it->second.list().s())
-      if (!names.count(in)) return 0;
+      if (!names.count(in)) return -1;
   }
   int unchained = 0;
   auto& nodes = *graph.mutable_node();

@@ -84,7 +84,8 @@ bool launch_order_enabled();
 int order_npu_launches(tensorflow::GraphDef& graph);
 
 // Takes the chain an earlier call added off `graph`, giving each chained node back its own
-// control inputs (above); returns the nodes unchained (0 where it keeps the chain).
+// control inputs (above); returns the nodes unchained and gates removed, -1 where it keeps the
+// chain.
 int unchain_npu_launches(tensorflow::GraphDef& graph);
 
 }  // namespace npusim::tf
