@@ -55,13 +55,15 @@ def train(device):
 
 
 def step_graph(folder):
-    """The step function's graph as the plugin's optimizer returned it last: {name: (op, T)}."""
+    """The step function's graph as the plugin's optimizer returned it last: {name: (op, T)}
+    (T None where a node has none or a list of types, e.g. the launch order's input gate)."""
     path = sorted(glob.glob(os.path.join(folder, "*step*.after.pb")),
                   key=lambda p: int(p.split(".")[-3]))[-1]
     g = graph_pb2.GraphDef()
     with open(path, "rb") as f:
         g.ParseFromString(f.read())
-    return [(n.name, n.op, tf.dtypes.as_dtype(n.attr["T"].type).name if "T" in n.attr else None)
+    return [(n.name, n.op, tf.dtypes.as_dtype(n.attr["T"].type).name
+             if "T" in n.attr and n.attr["T"].WhichOneof("value") == "type" else None)
             for n in g.node]
 
 

@@ -108,6 +108,33 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
   return gates;
 }
 
+// The nodes a NoOp `name` waits for (its inputs, through NoOps among them); none for another
+// op. TensorFlow's dependency optimizer bypasses such NoOps, handing their inputs on to their
+// readers as control edges (GroupCrossDeviceControlEdges_* of a MirroredStrategy step).
+std::vector<std::string> noop_sources(const tfc::GraphDef& graph,
+                                      const std::unordered_map<std::string, int>& index,
+                                      const std::string& name) {
+  std::vector<std::string> sources, todo = {name};
+  std::set<std::string> seen = {name};
+  while (!todo.empty()) {
+    const std::string n = todo.back();
+    todo.pop_back();
+    const auto it = index.find(n);
+    if (it == index.end()) continue;
+    const tfc::NodeDef& node = graph.node(it->second);
+    if (node.op() != "NoOp") {
+      if (n != name) sources.push_back(n);
+      continue;
+    }
+    for (const std::string& in : node.input()) {
+      const std::string source = split_input(in).first;
+      if (seen.insert(source).second) todo.push_back(source);
+    }
+  }
+  std::sort(sources.begin(), sources.end());
+  return sources;
+}
+
 }  // namespace
 
 bool launch_order_enabled() {
@@ -172,34 +199,95 @@ int order_npu_launches(tfc::GraphDef& graph) {
     // A node still chained from an earlier call (a chain kept: unchain_npu_launches) keeps
     // its records; the new edge stays with the graph.
     if (node.attr().count(kOrderAfterAttr)) continue;
-    tfc::AttrValue own;  // the node's control inputs without the chain
+    tfc::AttrValue own, via;  // the node's control inputs without the chain; NoOps' inputs
     own.mutable_list();
+    via.mutable_list();
     for (const std::string& in : node.input())
-      if (!in.empty() && in[0] == '^' && in != edge) own.mutable_list()->add_s(in.substr(1));
+      if (!in.empty() && in[0] == '^' && in != edge) {
+        own.mutable_list()->add_s(in.substr(1));
+        for (const std::string& source : noop_sources(graph, index, in.substr(1)))
+          via.mutable_list()->add_s(in.substr(1) + ">" + source);
+      }
     (*node.mutable_attr())[kOrderAfterAttr].set_s(pred_name);
     (*node.mutable_attr())[kOwnControlInputsAttr] = own;
+    (*node.mutable_attr())[kOwnControlViaAttr] = via;
   }
   return added;
 }
 
-int unchain_npu_launches(tfc::GraphDef& graph) {
-  std::unordered_set<std::string> names;
-  for (const tfc::NodeDef& node : graph.node()) names.insert(node.name());
-  // A recorded control input whose node is gone: a pass replaced it (e.g. TensorFlow's
-  // dependency optimizer bypassing a NoOp) and may have dropped the edges it handed on as
-  // redundant with the chain, which no record restores. Keep the chain then.
-  for (const tfc::NodeDef& node : graph.node()) {
-    const auto it = node.attr().find(kOwnControlInputsAttr);
-    if (it == node.attr().end()) continue;
-    for (const std::string& in : it->second.list().s())
-      if (!names.count(in)) return -1;
+namespace {
+
+// A chained node's recorded control inputs as they can be given back in a graph of nodes
+// `names`: each recorded input, or, for a NoOp that is gone, the nodes it waited for. A name
+// that is gone and has nothing recorded in its place (or whose recorded sources are gone) is
+// left out; restorable() says whether there is none.
+std::vector<std::string> own_control_inputs(const tfc::NodeDef& node,
+                                            const std::unordered_set<std::string>& names,
+                                            bool* complete = nullptr) {
+  if (complete) *complete = true;
+  std::vector<std::string> inputs;
+  const auto own = node.attr().find(kOwnControlInputsAttr);
+  if (own == node.attr().end()) return inputs;
+  const auto via = node.attr().find(kOwnControlViaAttr);
+  for (const std::string& in : own->second.list().s()) {
+    if (names.count(in)) {
+      inputs.push_back(in);
+      continue;
+    }
+    bool replaced = false;
+    if (via != node.attr().end())
+      for (const std::string& pair : via->second.list().s()) {
+        const size_t sep = pair.find('>');
+        if (pair.compare(0, sep, in) != 0 || sep != in.size()) continue;
+        const std::string source = pair.substr(sep + 1);
+        replaced = true;
+        if (names.count(source))
+          inputs.push_back(source);
+        else if (complete)
+          *complete = false;
+      }
+    if (!replaced && complete) *complete = false;
   }
-  int unchained = 0;
+  return inputs;
+}
+
+bool restorable(const tfc::NodeDef& node, const std::unordered_set<std::string>& names) {
+  bool complete = true;
+  own_control_inputs(node, names, &complete);
+  return complete;
+}
+
+}  // namespace
+
+int unchain_npu_launches(tfc::GraphDef& graph) {
+  std::unordered_set<std::string> names, gates;
+  for (const tfc::NodeDef& node : graph.node()) {
+    names.insert(node.name());
+    if (is_gate(node)) gates.insert(node.name());
+  }
+  for (const tfc::NodeDef& node : graph.node()) {
+    // A recorded control input whose node is gone, not a NoOp whose inputs were recorded: a
+    // pass replaced it and may have dropped the edges it handed on as redundant with the chain,
+    // which no record restores. Keep the chain then.
+    if (!restorable(node, names)) return -1;
+    // A gate's output read as data (no pass of ours does): the gate stays, and the chain.
+    for (const std::string& in : node.input())
+      if (!in.empty() && in[0] != '^' && gates.count(split_input(in).first)) return -1;
+  }
+  // The gates go, with every control edge from them (a pass may have handed one on).
   auto& nodes = *graph.mutable_node();
-  const auto gates = std::remove_if(nodes.begin(), nodes.end(), is_gate);
-  unchained += static_cast<int>(nodes.end() - gates);
-  nodes.erase(gates, nodes.end());
-  for (tfc::NodeDef& node : *graph.mutable_node()) {
+  const auto removed = std::remove_if(nodes.begin(), nodes.end(), is_gate);
+  int unchained = static_cast<int>(nodes.end() - removed);
+  nodes.erase(removed, nodes.end());
+  for (tfc::NodeDef& node : nodes) {
+    auto& inputs = *node.mutable_input();
+    inputs.erase(std::remove_if(inputs.begin(), inputs.end(),
+                                [&](const std::string& in) {
+                                  return !in.empty() && in[0] == '^' && gates.count(in.substr(1));
+                                }),
+                 inputs.end());
+  }
+  for (tfc::NodeDef& node : nodes) {
     auto& attrs = *node.mutable_attr();
     const auto after = attrs.find(kOrderAfterAttr);
     if (after == attrs.end()) continue;
@@ -207,13 +295,12 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
     auto& inputs = *node.mutable_input();
     const auto chain = std::find(inputs.begin(), inputs.end(), edge);
     if (chain != inputs.end()) inputs.erase(chain);
-    const auto own = attrs.find(kOwnControlInputsAttr);
-    if (own != attrs.end())
-      for (const std::string& in : own->second.list().s())
-        if (std::find(inputs.begin(), inputs.end(), "^" + in) == inputs.end())
-          node.add_input("^" + in);
+    for (const std::string& in : own_control_inputs(node, names))
+      if (std::find(inputs.begin(), inputs.end(), "^" + in) == inputs.end())
+        node.add_input("^" + in);
     attrs.erase(kOrderAfterAttr);
     attrs.erase(kOwnControlInputsAttr);
+    attrs.erase(kOwnControlViaAttr);
     ++unchained;
   }
   return unchained;

@@ -41,6 +41,7 @@
 // read in device memory (it shares their receives and launches nothing): the device's first
 // chained node waits for it, and with it every copy of the step's arguments comes before the
 // step's kernels. Arguments have no inputs, so the gate's edge goes forward in the order too.
+//
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
 // between, and nothing tells a call that it is the last. Each call therefore takes the chain of
 // the call before off first (unchain_npu_launches), runs the fusions and the whole-graph
@@ -52,9 +53,11 @@
 // between a variable's reads and updates among them; a version that only removed the chain had
 // an SGD fit read and update variables out of order). So each chained node records the control
 // inputs it had before its chain edge (kOwnControlInputsAttr), and unchaining gives them back.
-// Where a recorded input's node is gone (a pass bypassed it and may have handed its edges on
-// and dropped them again), the chain stays and the call adds only the edges it lacks, as the
-// graph then has no record of what the chain replaced. Each chain edge is named in the
+// A recorded input that was a NoOp records the nodes it waited for too, and where TensorFlow's
+// dependency optimizer bypassed it (handing its inputs on, then dropping those the chain made
+// redundant) unchaining gives those nodes back instead. Where a recorded input's node is gone
+// otherwise, the chain stays and the call adds only the edges it lacks, as the graph then has no
+// record of what the chain replaced. Each chain edge is named in the
 // attribute kOrderAfterAttr of the node it enters.
 #pragma once
 
@@ -74,6 +77,9 @@ inline constexpr const char* kInputGateAttr = "_npusim_order_input_gate";
 // The names of a chained node's control inputs other than its chain edge, when it was chained (a
 // list of strings).
 inline constexpr const char* kOwnControlInputsAttr = "_npusim_order_own_control";
+// For each of those that is a NoOp, the nodes it waits for (through NoOps), as "noop>node" (a
+// list of strings): TensorFlow's dependency optimizer may bypass the NoOp meanwhile.
+inline constexpr const char* kOwnControlViaAttr = "_npusim_order_own_control_via";
 
 // On unless NPUSIM_LAUNCH_ORDER=0 in the environment (read at each graph optimization): then
 // graphs run in the order TensorFlow's executor issues them.
