@@ -73,7 +73,11 @@ def test_quantized_layer_matches_numpy(npusim, tf, kind):
     assert np.all(np.abs(got - want) <= bound)
 
 
-def test_quantized_decoder_tokens_match_cpu(npusim, tf):
+@pytest.mark.parametrize("decoder", ["GreedyDecoder", "ResidentCacheDecoder"])
+def test_quantized_decoder_tokens_match_cpu(npusim, tf, decoder):
+    """The int8 model's greedy tokens on the NPU against the CPU's (keras-hub's own step there),
+    with keras-hub's copied cache and with the resident one (models.run's default on the NPU);
+    every projection runs as WeightQuantBatchMatmulV2 in either."""
     name, batch, prompt_len, gen_len = "llama-tiny", 2, 8, 5
     keras.utils.set_random_seed(0)
     with tf.device("/CPU:0"):
@@ -89,8 +93,8 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf):
     npusim.clear_launch_records()
     npusim.clear_cpu_fallback_ops()
     with tf.device("/NPU:0"):
-        got, got_logits = llm.GreedyDecoder(npu, batch, prompt_len, gen_len).generate(
-            prompt, return_logits=True)
+        gen = getattr(llm, decoder)(npu, batch, prompt_len, gen_len)
+        got, got_logits = gen.generate(prompt, return_logits=True)
     records = npusim.launch_records()
     kinds = [r["op_type"] for r in records]
     # The precondition of tests/tf/test_llm.py per batch entry and step: a token whose CPU
@@ -102,11 +106,14 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf):
     margins = top2[..., 1] - top2[..., 0]  # (batch, gen_len)
     decided = margins > 2 * d
     compared = [int(np.argmin(row)) if not row.all() else gen_len for row in decided]
-    print(f"\n{name} int8: NPU {got.tolist()} CPU {want.tolist()}, largest logit difference "
-          f"{d:.2e}, margins {np.round(margins, 4).tolist()}, tokens compared {compared}, "
+    print(f"\n{name} int8 ({decoder}): NPU {got.tolist()} CPU {want.tolist()}, largest logit "
+          f"difference {d:.2e}, margins {np.round(margins, 4).tolist()}, tokens compared "
+          f"{compared}, "
           f"{len(records)} launches, {kinds.count('WeightQuantBatchMatmulV2')} "
           "WeightQuantBatchMatmulV2")
     assert all(r["ok"] for r in records)
+    if decoder == "ResidentCacheDecoder":  # the cache in the model's compute dtype, as served
+        assert {v.dtype for v in gen.keys + gen.values} == {tf.bfloat16}
     assert not npusim.cpu_fallback_ops(), npusim.cpu_fallback_ops()
     # Per call: 2 layers x 7 projections and the vocabulary projection; a prefill and 4 steps.
     assert kinds.count("WeightQuantBatchMatmulV2") == 15 * gen_len, kinds.count(
