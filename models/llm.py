@@ -243,6 +243,7 @@ class ResidentCacheDecoder(GreedyDecoder):
         self._layer_step = getattr(self, RESIDENT_CACHE_FAMILIES[family])
         self._family = family
         self.keys, self.values = [], []
+        self.vocab_kernel = None  # _make_cache: a tied int8 embedding's table, transposed
         # No autograph: the step has no data-dependent Python control flow, and autograph's
         # conversion of its calls was seen to resolve one to another converted function in a
         # 7B run ("_prefill() takes 2 positional arguments but 4 were given").
@@ -258,11 +259,18 @@ class ResidentCacheDecoder(GreedyDecoder):
         self.prefill = prefill
 
     def _make_cache(self):
-        """The per-layer variables (zeros), on the current device, once."""
+        """The per-layer variables (zeros), on the current device, once; and for a tied int8
+        embedding its table transposed once (_logits)."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         if self.keys:
             return
+        embedding = self.lm.backbone.token_embedding
+        if (getattr(embedding, "quantization_mode", None) == "int8" and embedding.tie_weights
+                and not embedding.inputs_quantizer and embedding.logit_soft_cap is None):
+            # pylint: disable=protected-access
+            self.vocab_kernel = tf.Variable(tf.transpose(embedding._embeddings), trainable=False,
+                                            name="vocab_projection_int8")
         batch, layers, _, max_len, kv_heads, head_dim = self.cache_shape
         shape = (batch, max_len, kv_heads, head_dim)
         for i in range(layers):
@@ -293,8 +301,25 @@ class ResidentCacheDecoder(GreedyDecoder):
                                                  self.values):
             write = functools.partial(_write_rows, key_cache, value_cache, start)
             x = self._layer_step(layer, x, write, index, mask)
-        logits = backbone.token_embedding(backbone.layer_norm(x), reverse=True)
-        return self._next_token(logits, None)
+        return self._next_token(self._logits(backbone.layer_norm(x)), None)
+
+    def _logits(self, x):
+        """The vocabulary projection of the step's hidden state, as keras-hub's
+        `token_embedding(x, reverse=True)`. A tied int8 embedding (quantize()) computes it from
+        its [vocabulary, hidden] int8 table transposed on every call (Keras'
+        ReversibleEmbedding), 128256 x 2048 bytes for llama-1b; here the table is transposed
+        once per decoder (self.vocab_kernel, made with the cache, its own device memory, as a
+        serving stack lays out its weights at load) and the product is Keras' untied int8
+        one: matmul(x, kernel) in the compute dtype divided by the per-row scales, which
+        rewrite 13 fuses as any int8 Dense."""
+        import keras  # pylint: disable=import-outside-toplevel
+
+        embedding = self.lm.backbone.token_embedding
+        if self.vocab_kernel is None:
+            return embedding(x, reverse=True)
+        logits = keras.ops.cast(keras.ops.matmul(x, self.vocab_kernel), embedding.compute_dtype)
+        return keras.ops.divide(logits, keras.ops.multiply(
+            keras.ops.ones((1,), dtype=embedding.compute_dtype), embedding.embeddings_scale))
 
     def _embed(self, tokens, index):
         """The backbone's input embedding of the step's tokens (batch, 1) at position index,

@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from models import llm  # noqa: E402  pylint: disable=wrong-import-position
 
+from test_llm import _gm_write_bytes  # noqa: E402  pylint: disable=wrong-import-position
+
 
 def _quantized(layer, x_shape):
     layer.build(x_shape)
@@ -122,3 +124,42 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf, decoder):
     assert min(compared) >= 3, "precondition: the CPU's two best logits are too close to compare"
     for b, n in enumerate(compared):
         np.testing.assert_array_equal(got[b, :n], want[b, :n])
+
+
+def test_resident_decoder_transposes_a_tied_int8_table_once(npusim, tf):
+    """A tied int8 embedding (gemma-tiny's): keras-hub's step transposes the [vocabulary,
+    hidden] int8 table for the vocabulary projection every call; ResidentCacheDecoder
+    transposes it once, with its cache, and its decode steps write no table-sized transpose.
+    The logits are the copying step's bit for bit (the same int8 product and scales)."""
+    name, batch, prompt_len, gen_len = "gemma-tiny", 2, 8, 3
+    keras.utils.set_random_seed(0)
+    with tf.device("/NPU:0"):
+        lm = llm.quantize(llm.build_causal_lm(name, dtype="bfloat16"), "int8")
+    embedding = lm.backbone.token_embedding
+    assert embedding.tie_weights and embedding.quantization_mode == "int8"
+    table = int(np.prod(embedding.embeddings.shape))  # int8: one byte each
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+
+    def generate(decoder):
+        steps = []
+
+        def on_token(i):
+            steps.append(npusim.launch_records(with_counters="flat"))
+            npusim.clear_launch_records()
+
+        npusim.clear_launch_records()
+        with tf.device("/NPU:0"):
+            _, logits = decoder.generate(prompt, on_token=on_token, return_logits=True)
+        assert all(r["ok"] for s in steps for r in s)
+        # per call: the Transpose launches writing at least the table's bytes
+        return logits, [sum(1 for r in s if r["op_type"] == "Transpose" and
+                            _gm_write_bytes(r) >= table) for s in steps]
+
+    want, copying = generate(llm.GreedyDecoder(lm, batch, prompt_len, gen_len))
+    resident = llm.ResidentCacheDecoder(lm, batch, prompt_len, gen_len)
+    got, transposes = generate(resident)
+    assert all(n >= 1 for n in copying), copying  # precondition: keras-hub's step transposes
+    assert transposes[1:] == [0] * (gen_len - 1), transposes
+    assert resident.vocab_kernel.dtype == tf.int8
+    assert tuple(resident.vocab_kernel.shape) == tuple(reversed(embedding.embeddings.shape))
+    np.testing.assert_array_equal(got, want)
