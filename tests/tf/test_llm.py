@@ -216,9 +216,10 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     (from the model's configuration) and no data-movement launch of the step writes as many
     bytes as one layer's key cache, while the copying decoder's (GreedyDecoder) write at least
     the whole cache per step; the updates join the step's one whole-graph run, one launch
-    each (docs/llm.md, "The update inside the step's graph run"). (Compute launches are not bounded: products and attention write
-    split-K partials to workspace; a float32 model's attention converts the cache to fp16
-    under allow_fp32_to_fp16, in both decoders.)"""
+    each (docs/llm.md, "The update inside the step's graph run"). Each family's own step:
+    GPT-2, Llama (GQA and MHA) and Gemma. (Compute launches are not bounded: products and
+    attention write split-K partials to workspace; a float32 model's attention converts the
+    cache to fp16 under allow_fp32_to_fp16, in both decoders.)"""
     gen_len = 4
     prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
     cpu, npu = build_pair(tf, name)
