@@ -48,8 +48,7 @@ def parse_args():
                     help="weight-only int8 (models.run --quantize; docs/llm.md)")
     ap.add_argument("--resident-cache", action="store_true",
                     help="NPU: the KV cache as a variable per layer written in place "
-                    "(models.run --resident-cache, its default for unquantised Llama-family "
-                    "models; docs/llm.md)")
+                    "(models.run --resident-cache, its default on the NPU; docs/llm.md)")
     ap.add_argument("--copied-cache", action="store_true",
                     help="NPU: keras-hub's own decode step, the cache copied once per step "
                     "(models.run --copied-cache)")

@@ -24,12 +24,13 @@ kv_heads, head_dim) in the model's compute dtype, max_len = prompt_len + gen_len
   token against the cache (attention over all max_len positions, masked beyond index, as
   keras-hub computes it), argmax: the next token.
 Both are tf.functions traced once (index is a tensor), so every decode step is the same graph.
-ResidentCacheDecoder (Llama-family models, on the NPU) holds the cache as a key and a value
-variable per layer and writes each step's new rows into them in place (docs/llm.md, "Resident
+ResidentCacheDecoder (GPT-2, Llama and Gemma models, on the NPU) holds the cache as a key and a
+value variable per layer and writes each step's new rows into them in place (docs/llm.md, "Resident
 KV cache").
 """
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -217,35 +218,32 @@ class GreedyDecoder:
         return (tokens, np.stack(logits, axis=1)) if return_logits else tokens
 
 
-# The keras-hub families whose decoder layers ResidentCacheDecoder runs (models.run's default
-# decoder for them on the NPU).
-RESIDENT_CACHE_FAMILIES = ("Llama", "Llama3")
-
-
 class ResidentCacheDecoder(GreedyDecoder):
     """GreedyDecoder with the KV cache resident on the device, as Ascend's serving stacks hold
-    it: a key and a value variable per layer, (batch, max_len, kv_heads, head_dim) each, created
-    on the device that is current at generate(). The prefill runs keras-hub's call_with_cache
-    and assigns each layer's cache to its variables (once); a decode step runs the layers
-    itself (keras-hub's sublayers and attention, the same computation as call_with_cache) and
-    writes the new token's key and value rows into the variables in place
-    (npusim.llm.update_variable_slice: the plugin's ResourceDynamicUpdateSlice), then attends
-    over the variables' values: no copy of the cache per step. On the NPU the updates and the
-    reads join the step's whole-graph run (one task list per step, as GreedyDecoder's). Needs the plugin (the op has no
-    CPU kernel, so the calls must be placed on the NPU) and a Llama-family backbone (Llama,
-    Llama3: its decoder layer's structure is what _step computes). The cache argument and
-    result of prefill / step are None."""
+    it: a key and a value variable per layer, (batch, max_len, kv_heads, head_dim) each in the
+    model's compute dtype, created on the device that is current at generate(). The prefill
+    runs keras-hub's call_with_cache and assigns each layer's cache to its variables (once); a
+    decode step runs the layers itself (keras-hub's sublayers and attention, the computation
+    call_with_cache does: _embed and the family's _*_layer method) and writes the new token's
+    key and value rows into the variables in place (npusim.llm.update_variable_slice: the
+    plugin's ResourceDynamicUpdateSlice), then attends over the variables' values: no copy of
+    the cache per step. On the NPU the updates and the reads join the step's whole-graph run
+    (one task list per step, as GreedyDecoder's). Needs the plugin (the op has no CPU kernel,
+    so the calls must be placed on the NPU) and a backbone of RESIDENT_CACHE_FAMILIES, float or
+    int8-quantised (quantize(): the quantised sublayers are called as keras-hub calls them).
+    The cache argument and result of prefill / step are None."""
 
     def __init__(self, lm, batch, prompt_len, gen_len):
         super().__init__(lm, batch, prompt_len, gen_len)
-        layer = lm.backbone.transformer_layers[0]
-        attention = getattr(layer, "_self_attention_layer", None)
-        if not all(hasattr(attention, a) for a in ("_key_dense", "rotary_embedding_layer",
-                                                    "_compute_attention")) or \
-                not hasattr(layer, "_feedforward_gate_dense"):
-            raise ValueError(f"ResidentCacheDecoder runs Llama-family decoder layers, not "
-                             f"{type(layer).__name__}")
+        family = type(lm.backbone).__name__.removesuffix("Backbone")
+        if family not in RESIDENT_CACHE_FAMILIES:
+            raise ValueError(f"ResidentCacheDecoder runs the decoder layers of "
+                             f"{', '.join(RESIDENT_CACHE_FAMILIES)} backbones, not "
+                             f"{type(lm.backbone).__name__}")
+        self._layer_step = getattr(self, RESIDENT_CACHE_FAMILIES[family])
+        self._family = family
         self.keys, self.values = [], []
+        self.vocab_kernel = None  # _make_cache: a tied int8 embedding's table, transposed
         # No autograph: the step has no data-dependent Python control flow, and autograph's
         # conversion of its calls was seen to resolve one to another converted function in a
         # 7B run ("_prefill() takes 2 positional arguments but 4 were given").
@@ -261,11 +259,18 @@ class ResidentCacheDecoder(GreedyDecoder):
         self.prefill = prefill
 
     def _make_cache(self):
-        """The per-layer variables (zeros), on the current device, once."""
+        """The per-layer variables (zeros), on the current device, once; and for a tied int8
+        embedding its table transposed once (_logits)."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         if self.keys:
             return
+        embedding = self.lm.backbone.token_embedding
+        if (getattr(embedding, "quantization_mode", None) == "int8" and embedding.tie_weights
+                and not embedding.inputs_quantizer and embedding.logit_soft_cap is None):
+            # pylint: disable=protected-access
+            self.vocab_kernel = tf.Variable(tf.transpose(embedding._embeddings), trainable=False,
+                                            name="vocab_projection_int8")
         batch, layers, _, max_len, kv_heads, head_dim = self.cache_shape
         shape = (batch, max_len, kv_heads, head_dim)
         for i in range(layers):
@@ -281,37 +286,141 @@ class ResidentCacheDecoder(GreedyDecoder):
         return token, None, last
 
     def _step(self, token, cache, index):
-        # pylint: disable=import-outside-toplevel,protected-access
-        import keras
+        # pylint: disable=import-outside-toplevel
         import tensorflow as tf
         from keras_hub.src.layers.modeling.transformer_layer_utils import compute_causal_mask
-        from npusim.llm import update_variable_slice
 
         del cache  # resident: self.keys, self.values
         backbone = self.lm.backbone
-        x = backbone.token_embedding(token[:, None])
+        x = self._embed(token[:, None], index)
+        # (batch, 1, max_len): the new token attends positions 0..index, as each family's
+        # decoder layer computes its mask for a one-token step over the whole cache.
         mask = compute_causal_mask(self.batch, self.max_len, 1, index)
         start = tf.stack([0, index, 0, 0])
         for layer, key_cache, value_cache in zip(backbone.transformer_layers, self.keys,
                                                  self.values):
-            attention = layer._self_attention_layer
-            h = layer._self_attention_layernorm(x)
-            query = attention.rotary_embedding_layer(attention._query_dense(h), start_index=index)
-            key = attention.rotary_embedding_layer(attention._key_dense(h), start_index=index)
-            update_variable_slice(key_cache, key, start)
-            update_variable_slice(value_cache, attention._value_dense(h), start)
-            groups = attention.num_key_value_groups
-            key = keras.ops.repeat(key_cache.read_value(), repeats=groups, axis=2)
-            value = keras.ops.repeat(value_cache.read_value(), repeats=groups, axis=2)
-            x = x + attention._output_dense(attention._compute_attention(query, key, value, mask))
-            # the feed-forward block as LlamaTransformerDecoder.call computes it
-            h = layer._feedforward_layernorm(x)
-            gate = keras.ops.cast(layer.activation(
-                keras.ops.cast(layer._feedforward_gate_dense(h), "float32")), layer.compute_dtype)
-            x = x + layer._feedforward_output_dense(
-                keras.ops.multiply(layer._feedforward_intermediate_dense(h), gate))
-        logits = backbone.token_embedding(backbone.layer_norm(x), reverse=True)
-        return self._next_token(logits, None)
+            write = functools.partial(_write_rows, key_cache, value_cache, start)
+            x = self._layer_step(layer, x, write, index, mask)
+        return self._next_token(self._logits(backbone.layer_norm(x)), None)
+
+    def _logits(self, x):
+        """The vocabulary projection of the step's hidden state, as keras-hub's
+        `token_embedding(x, reverse=True)`. A tied int8 embedding (quantize()) computes it from
+        its [vocabulary, hidden] int8 table transposed on every call (Keras'
+        ReversibleEmbedding), 128256 x 2048 bytes for llama-1b; here the table is transposed
+        once per decoder (self.vocab_kernel, made with the cache, its own device memory, as a
+        serving stack lays out its weights at load) and the product is Keras' untied int8
+        one: matmul(x, kernel) in the compute dtype divided by the per-row scales, which
+        rewrite 13 fuses as any int8 Dense."""
+        import keras  # pylint: disable=import-outside-toplevel
+
+        embedding = self.lm.backbone.token_embedding
+        if self.vocab_kernel is None:
+            return embedding(x, reverse=True)
+        logits = keras.ops.cast(keras.ops.matmul(x, self.vocab_kernel), embedding.compute_dtype)
+        return keras.ops.divide(logits, keras.ops.multiply(
+            keras.ops.ones((1,), dtype=embedding.compute_dtype), embedding.embeddings_scale))
+
+    def _embed(self, tokens, index):
+        """The backbone's input embedding of the step's tokens (batch, 1) at position index,
+        as the family's call_with_cache computes it."""
+        import keras  # pylint: disable=import-outside-toplevel
+
+        backbone = self.lm.backbone
+        x = backbone.token_embedding(tokens)
+        if self._family == "Gemma":  # scaled embeddings
+            return x * keras.ops.cast(keras.ops.sqrt(backbone.hidden_dim), x.dtype)
+        if self._family == "GPT2":  # learned positions
+            # The table's row `index` gathered (keras-hub's serving path, `positions`): the
+            # same values as call_with_cache's slice at start_index, whose begin TensorFlow
+            # reads on the host (a Slice outside the step's graph run).
+            positions = backbone.position_embedding(x, positions=keras.ops.reshape(index, (1,)))
+            return backbone.embeddings_dropout(backbone.embeddings_add((x, positions)))
+        return x
+
+    # One decoder layer of a one-token step per family, as the layer's call with a cache
+    # computes it, the cache update replaced by write(key_rows, value_rows) (_write_rows: the
+    # new rows into the layer's variables, returning their values). x: (batch, 1, hidden).
+
+    @staticmethod
+    def _llama_layer(layer, x, write, index, mask):
+        # pylint: disable=protected-access
+        import keras  # pylint: disable=import-outside-toplevel
+
+        attention = layer._self_attention_layer
+        h = layer._self_attention_layernorm(x)
+        query = attention.rotary_embedding_layer(attention._query_dense(h), start_index=index)
+        key, value = write(
+            attention.rotary_embedding_layer(attention._key_dense(h), start_index=index),
+            attention._value_dense(h))
+        groups = attention.num_key_value_groups
+        key = keras.ops.repeat(key, repeats=groups, axis=2)
+        value = keras.ops.repeat(value, repeats=groups, axis=2)
+        x = x + attention._output_dense(attention._compute_attention(query, key, value, mask))
+        h = layer._feedforward_layernorm(x)
+        gate = keras.ops.cast(layer.activation(
+            keras.ops.cast(layer._feedforward_gate_dense(h), "float32")), layer.compute_dtype)
+        return x + layer._feedforward_output_dense(
+            keras.ops.multiply(layer._feedforward_intermediate_dense(h), gate))
+
+    @staticmethod
+    def _gemma_layer(layer, x, write, index, mask):
+        # pylint: disable=protected-access
+        import keras  # pylint: disable=import-outside-toplevel
+
+        attention = layer.attention
+        h = layer.pre_attention_norm(x)
+        query = attention._apply_rope(attention.query_dense(h), index)
+        key, value = write(attention._apply_rope(attention.key_dense(h), index),
+                           attention.value_dense(h))
+        # CachedGemmaAttention.call then zeroes the rows of queries that attend no position;
+        # a decode step's query attends 0..index, so that is the identity and left out (its
+        # All and Select kernels with it).
+        a = attention.output_dense(attention._compute_attention(
+            query, key, value, mask, training=False, cache_update_index=index))
+        if layer.use_post_attention_norm:
+            a = layer.post_attention_norm(a)
+        x = x + a
+        h = layer.pre_ffw_norm(x)
+        f = layer.ffw_linear(keras.activations.gelu(layer.gating_ffw(h), approximate=True) *
+                             layer.gating_ffw_2(h))
+        if layer.use_post_ffw_norm:
+            f = layer.post_ffw_norm(f)
+        return x + f
+
+    @staticmethod
+    def _gpt2_layer(layer, x, write, index, mask):
+        # pylint: disable=protected-access
+        del index  # GPT-2's positions are in the embedding
+        if not layer.normalize_first:
+            raise ValueError("ResidentCacheDecoder runs GPT-2's pre-norm decoder layers")
+        attention = layer._self_attention_layer
+        h = layer._self_attention_layer_norm(x)
+        query = attention._query_dense(h)
+        key, value = write(attention._key_dense(h), attention._value_dense(h))
+        a, _ = attention._compute_attention(query=query, key=key, value=value,
+                                            attention_mask=mask, training=False)
+        x = x + attention._output_dense(a)
+        h = layer._feedforward_layer_norm(x)
+        return x + layer._feedforward_output_dense(layer._feedforward_intermediate_dense(h))
+
+
+def _write_rows(key_cache, value_cache, start, key_rows, value_rows):
+    """A decode step's cache write for one layer: the new rows (batch, 1, kv_heads, head_dim)
+    into the layer's (batch, max_len, kv_heads, head_dim) key and value variables in place at
+    start [0, index, 0, 0]; returns the variables' values (the whole cache of the layer)."""
+    from npusim.llm import update_variable_slice  # pylint: disable=import-outside-toplevel
+
+    update_variable_slice(key_cache, key_rows, start)
+    update_variable_slice(value_cache, value_rows, start)
+    return key_cache.read_value(), value_cache.read_value()
+
+
+# The keras-hub families (backbone class name less "Backbone") whose decoder layers
+# ResidentCacheDecoder runs: the method computing one layer's step (models.run's default
+# decoder for them on the NPU).
+RESIDENT_CACHE_FAMILIES = {"Llama": "_llama_layer", "Llama3": "_llama_layer",
+                           "Gemma": "_gemma_layer", "GPT2": "_gpt2_layer"}
 
 
 def prompt_tokens(name, batch, prompt_len, seed=0):

@@ -88,12 +88,11 @@ def parse_args(argv=None):
                     "(models.llm.quantize; the dtype must not be float16)")
     ap.add_argument("--resident-cache", action="store_true",
                     help="generate: the KV cache as a variable per layer written in place "
-                    "(models.llm.ResidentCacheDecoder; Llama-family models on the NPU); the "
-                    "default for those models unquantised (docs/llm.md)")
+                    "(models.llm.ResidentCacheDecoder; GPT-2, Llama and Gemma models on the "
+                    "NPU, float or int8); the default on the NPU (docs/llm.md)")
     ap.add_argument("--copied-cache", action="store_true",
                     help="generate: keras-hub's own decode step, the cache a tensor copied "
-                    "once per step (models.llm.GreedyDecoder); the default for the other "
-                    "models, quantised ones and on the CPU")
+                    "once per step (models.llm.GreedyDecoder); the default on the CPU")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -339,9 +338,9 @@ def run_generate(a, log, npusim, device, result):
                           precision_mode=info["precision_mode"])
         result["weight_bytes"] = int(sum(
             int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in lm.weights))
+        family = llm.CONFIGS[a.model][0]
         resident = a.resident_cache or (not a.copied_cache and a.device == "NPU" and
-                                        not a.quantize and llm.CONFIGS[a.model][0] in
-                                        llm.RESIDENT_CACHE_FAMILIES)
+                                        family in llm.RESIDENT_CACHE_FAMILIES)
         decoder = llm.ResidentCacheDecoder if resident else llm.GreedyDecoder
         gen = decoder(lm, a.batch, a.prompt_len, a.gen_len)
         result["resident_cache"] = resident

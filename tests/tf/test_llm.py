@@ -203,18 +203,24 @@ def test_unmaterialized_weights_are_zeros_from_the_chip(npusim, tf):
     assert np.any(dense.kernel.numpy())
 
 
-@pytest.mark.parametrize("name,batch", [("llama-tiny", 1), ("llama-tiny-mha", 2)])
-def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch):
+# Gemma's prompt is longer: a layer's cache (one KV head of 16) must outweigh what else a
+# step's data movement writes, the logits and its query projection's kernel transposed
+# (4 x 64 x 16 f32: 16 KB, per step, in either decoder).
+@pytest.mark.parametrize("name,batch,prompt_len", [
+    ("llama-tiny", 1, 24), ("llama-tiny-mha", 2, 24), ("gpt2-tiny", 1, 24),
+    ("gemma-tiny", 2, 136)])
+def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch, prompt_len):
     """ResidentCacheDecoder: the CPU's greedy tokens, and a decode step that writes the new
     token's key and value rows into the per-layer cache variables and copies no cache: its
     in-place updates write exactly layers x 2 x batch x kv_heads x head_dim elements per step
     (from the model's configuration) and no data-movement launch of the step writes as many
     bytes as one layer's key cache, while the copying decoder's (GreedyDecoder) write at least
     the whole cache per step; the updates join the step's one whole-graph run, one launch
-    each (docs/llm.md, "The update inside the step's graph run"). (Compute launches are not bounded: products and attention write
-    split-K partials to workspace; a float32 model's attention converts the cache to fp16
-    under allow_fp32_to_fp16, in both decoders.)"""
-    prompt_len, gen_len = 24, 4
+    each (docs/llm.md, "The update inside the step's graph run"). Each family's own step:
+    GPT-2, Llama (GQA and MHA) and Gemma. (Compute launches are not bounded: products and
+    attention write split-K partials to workspace; a float32 model's attention converts the
+    cache to fp16 under allow_fp32_to_fp16, in both decoders.)"""
+    gen_len = 4
     prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
     cpu, npu = build_pair(tf, name)
     with tf.device("/CPU:0"):
@@ -276,7 +282,13 @@ def _gm_write_bytes(record):
 
 
 def test_resident_cache_decoder_refuses_other_families(tf):
+    """A decoder whose layers it does not compute (OPT's) is refused by name, not run wrong."""
+    import keras_hub  # pylint: disable=import-outside-toplevel
+
     with tf.device("/CPU:0"):
-        lm = models.build("gpt2-tiny", seed=0)
-    with pytest.raises(ValueError, match="Llama-family"):
+        backbone = keras_hub.models.OPTBackbone(vocabulary_size=64, num_layers=1, num_heads=2,
+                                                hidden_dim=16, intermediate_dim=32,
+                                                max_sequence_length=16)
+        lm = keras_hub.models.OPTCausalLM(backbone=backbone, preprocessor=None)
+    with pytest.raises(ValueError, match="not OPTBackbone"):
         llm.ResidentCacheDecoder(lm, 1, 4, 2)

@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from models import llm  # noqa: E402  pylint: disable=wrong-import-position
 
+from test_llm import _gm_write_bytes  # noqa: E402  pylint: disable=wrong-import-position
+
 
 def _quantized(layer, x_shape):
     layer.build(x_shape)
@@ -73,7 +75,11 @@ def test_quantized_layer_matches_numpy(npusim, tf, kind):
     assert np.all(np.abs(got - want) <= bound)
 
 
-def test_quantized_decoder_tokens_match_cpu(npusim, tf):
+@pytest.mark.parametrize("decoder", ["GreedyDecoder", "ResidentCacheDecoder"])
+def test_quantized_decoder_tokens_match_cpu(npusim, tf, decoder):
+    """The int8 model's greedy tokens on the NPU against the CPU's (keras-hub's own step there),
+    with keras-hub's copied cache and with the resident one (models.run's default on the NPU);
+    every projection runs as WeightQuantBatchMatmulV2 in either."""
     name, batch, prompt_len, gen_len = "llama-tiny", 2, 8, 5
     keras.utils.set_random_seed(0)
     with tf.device("/CPU:0"):
@@ -89,8 +95,8 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf):
     npusim.clear_launch_records()
     npusim.clear_cpu_fallback_ops()
     with tf.device("/NPU:0"):
-        got, got_logits = llm.GreedyDecoder(npu, batch, prompt_len, gen_len).generate(
-            prompt, return_logits=True)
+        gen = getattr(llm, decoder)(npu, batch, prompt_len, gen_len)
+        got, got_logits = gen.generate(prompt, return_logits=True)
     records = npusim.launch_records()
     kinds = [r["op_type"] for r in records]
     # The precondition of tests/tf/test_llm.py per batch entry and step: a token whose CPU
@@ -102,11 +108,14 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf):
     margins = top2[..., 1] - top2[..., 0]  # (batch, gen_len)
     decided = margins > 2 * d
     compared = [int(np.argmin(row)) if not row.all() else gen_len for row in decided]
-    print(f"\n{name} int8: NPU {got.tolist()} CPU {want.tolist()}, largest logit difference "
-          f"{d:.2e}, margins {np.round(margins, 4).tolist()}, tokens compared {compared}, "
+    print(f"\n{name} int8 ({decoder}): NPU {got.tolist()} CPU {want.tolist()}, largest logit "
+          f"difference {d:.2e}, margins {np.round(margins, 4).tolist()}, tokens compared "
+          f"{compared}, "
           f"{len(records)} launches, {kinds.count('WeightQuantBatchMatmulV2')} "
           "WeightQuantBatchMatmulV2")
     assert all(r["ok"] for r in records)
+    if decoder == "ResidentCacheDecoder":  # the cache in the model's compute dtype, as served
+        assert {v.dtype for v in gen.keys + gen.values} == {tf.bfloat16}
     assert not npusim.cpu_fallback_ops(), npusim.cpu_fallback_ops()
     # Per call: 2 layers x 7 projections and the vocabulary projection; a prefill and 4 steps.
     assert kinds.count("WeightQuantBatchMatmulV2") == 15 * gen_len, kinds.count(
@@ -115,3 +124,42 @@ def test_quantized_decoder_tokens_match_cpu(npusim, tf):
     assert min(compared) >= 3, "precondition: the CPU's two best logits are too close to compare"
     for b, n in enumerate(compared):
         np.testing.assert_array_equal(got[b, :n], want[b, :n])
+
+
+def test_resident_decoder_transposes_a_tied_int8_table_once(npusim, tf):
+    """A tied int8 embedding (gemma-tiny's): keras-hub's step transposes the [vocabulary,
+    hidden] int8 table for the vocabulary projection every call; ResidentCacheDecoder
+    transposes it once, with its cache, and its decode steps write no table-sized transpose.
+    The logits are the copying step's bit for bit (the same int8 product and scales)."""
+    name, batch, prompt_len, gen_len = "gemma-tiny", 2, 8, 3
+    keras.utils.set_random_seed(0)
+    with tf.device("/NPU:0"):
+        lm = llm.quantize(llm.build_causal_lm(name, dtype="bfloat16"), "int8")
+    embedding = lm.backbone.token_embedding
+    assert embedding.tie_weights and embedding.quantization_mode == "int8"
+    table = int(np.prod(embedding.embeddings.shape))  # int8: one byte each
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+
+    def generate(decoder):
+        steps = []
+
+        def on_token(i):
+            steps.append(npusim.launch_records(with_counters="flat"))
+            npusim.clear_launch_records()
+
+        npusim.clear_launch_records()
+        with tf.device("/NPU:0"):
+            _, logits = decoder.generate(prompt, on_token=on_token, return_logits=True)
+        assert all(r["ok"] for s in steps for r in s)
+        # per call: the Transpose launches writing at least the table's bytes
+        return logits, [sum(1 for r in s if r["op_type"] == "Transpose" and
+                            _gm_write_bytes(r) >= table) for s in steps]
+
+    want, copying = generate(llm.GreedyDecoder(lm, batch, prompt_len, gen_len))
+    resident = llm.ResidentCacheDecoder(lm, batch, prompt_len, gen_len)
+    got, transposes = generate(resident)
+    assert all(n >= 1 for n in copying), copying  # precondition: keras-hub's step transposes
+    assert transposes[1:] == [0] * (gen_len - 1), transposes
+    assert resident.vocab_kernel.dtype == tf.int8
+    assert tuple(resident.vocab_kernel.shape) == tuple(reversed(embedding.embeddings.shape))
+    np.testing.assert_array_equal(got, want)
