@@ -284,6 +284,18 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // its effects below (replay_blocks at these arguments).
     have_writes = recorded != nullptr && !opts.functional;
   }
+  // A functional replay in the recorded order across the cores holds every effect its cores'
+  // walks issue until it carries them out: unless this key's effects are kept already, a launch
+  // whose effects would take more than the check's share of the memo (VerifiedEffects) is
+  // simulated, as one whose check could not keep its effects walks again.
+  const uint64_t effects_max_bytes = opts.replay_memo_bytes / kVerifiedEffectsShare;
+  if (recorded && opts.functional && issued_bytes_estimate(*recorded) > effects_max_bytes &&
+      !memo.prepared(P->key)) {
+    if (logging)
+      why = fmt::format("its effects in order would take {} MiB (more than {} MiB)",
+                        issued_bytes_estimate(*recorded) >> 20, effects_max_bytes >> 20);
+    recorded = nullptr;
+  }
   if (!recorded && walk && !translation_only) {
     // A replay moves time on by the recorded amount: past the limit, simulate (to fault there).
     recorded = detail || (found && !in_time(*found)) ? nullptr : found;
@@ -347,8 +359,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     } else {
       // The same launch replayed again (its own key, no ld): run the effects its last replay
       // kept, or keep them this time (PreparedLaunch) when they fit an eighth of the memo.
-      const bool same =
-          recorded == found && !loads && opts.functional && recorded->effect_cores.empty();
+      const bool same = recorded == found && !loads && opts.functional;
       const PreparedLaunch* prepared = same ? memo.prepared(P->key) : nullptr;
       std::unique_ptr<PreparedLaunch> keep;
       if (same && !prepared && prepared_bytes_estimate(*recorded) <= opts.replay_memo_bytes / 8)

@@ -101,15 +101,20 @@ void FunctionalCore::take_effect(const IssuedOp& op) {
     }
     return;
   }
+  keep_effect(op, m_ctx, {m_run, op.pc}, m_keep);
+}
+
+void keep_effect(const IssuedOp& op, ExecContext& ctx, PreparedEffects::Where where,
+                 PreparedEffects* out) {
   std::unique_ptr<PreparedOp> p;
   if (op.op() == Opcode::op_st)
     p = std::make_unique<PreparedStore>(static_cast<uint64_t>(op[1]), op[0]);
   else
-    p = prepare(op, m_ctx);
-  p->run(m_ctx);
-  m_keep->bytes += p->bytes() + sizeof(p) + sizeof(PreparedEffects::Where);
-  m_keep->ops.push_back(std::move(p));
-  m_keep->where.push_back({m_run, op.pc});
+    p = prepare(op, ctx);
+  p->run(ctx);
+  out->bytes += p->bytes() + sizeof(p) + sizeof(PreparedEffects::Where);
+  out->ops.push_back(std::move(p));
+  out->where.push_back(where);
 }
 
 void run_issued(const IssuedEffects& effects, ExecContext& ctx, size_t* at) {

@@ -52,6 +52,11 @@ struct IssuedEffects {
 // Carries out `effects` in their order on ctx (a scalar st writes its 8 bytes; anything else
 // is execute()d). *at: the index of the op running (of the one that threw, if one faults).
 void run_issued(const IssuedEffects& effects, ExecContext& ctx, size_t* at);
+// Carries out op (a pipe instruction or a scalar st, issued on ctx's core) as run_issued
+// would, decoding it once (prepare) and appending it to *out, to be run again by a replay of
+// the same launch.
+void keep_effect(const IssuedOp& op, ExecContext& ctx, PreparedEffects::Where where,
+                 PreparedEffects* out);
 
 class FunctionalCore {
  public:

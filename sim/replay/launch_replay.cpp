@@ -526,6 +526,10 @@ uint64_t prepared_bytes_estimate(const RecordedLaunch& rec) {
   return effects * kPreparedEffectBytes;
 }
 
+uint64_t issued_bytes_estimate(const RecordedLaunch& rec) {
+  return rec.effect_cores.size() * (sizeof(IssuedOp) + sizeof(PreparedEffects::Where));
+}
+
 uint64_t PreparedLaunch::bytes() const {
   uint64_t n = sizeof(*this);
   for (const PreparedEffects& e : cores) n += sizeof(e) + e.bytes;
@@ -556,29 +560,46 @@ std::string run_core_blocks(FunctionalCore& fc, const RecordedLaunch& rec,
 // effect in the recorded order across the cores. Each pipe instruction's execute() and each
 // scalar st of the simulated run happened at one simulated instant, in this order, so a core
 // reads the bytes another core had written by then, as simulating it did.
+// prepared (may be null): the effects an earlier replay of this key kept, decoded, per core in
+// its own effect order: no core walks its blocks, and they run in the recorded order. keep (may
+// be null, functional runs only): filled with this replay's effects, decoded as they run.
 std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
                             const std::vector<uint64_t>& args, int block_dim,
                             const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                            const ChipConfig& cfg, bool functional, WorkerPool& pool) {
-  std::vector<IssuedEffects> issued(rec.cores.size());
-  std::vector<std::string> faults(rec.cores.size());
-  pool.run(rec.cores.size(), [&](size_t i) {
-    const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
-    AiCore& core = *cores.at(static_cast<size_t>(cb.core));
-    thread_local FunctionalCore::Queues queues;
-    FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
-                      FunctionalCore::Mode::issue, &queues);
-    issued[i].ops.reserve(cb.order.size());
-    issued[i].where.reserve(cb.order.size());
-    fc.keep_issued(&issued[i]);
-    faults[i] = run_core_blocks(fc, rec, cb, core, program, args, block_dim);
-    if (!faults[i].empty()) return;
-    if (!fc.finished())
-      faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
-                              core.core_name());
-  });
-  for (const std::string& f : faults)
-    if (!f.empty()) return f;
+                            const ChipConfig& cfg, bool functional, WorkerPool& pool,
+                            const PreparedLaunch* prepared, PreparedLaunch* keep) {
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size())) prepared = nullptr;
+  if (keep && (!functional || prepared)) keep = nullptr;
+  if (keep) {
+    keep->cores.clear();
+    keep->cores.resize(rec.cores.size());
+    keep->complete = false;
+  }
+  std::vector<IssuedEffects> issued(prepared ? 0 : rec.cores.size());
+  if (!prepared) {
+    std::vector<std::string> faults(rec.cores.size());
+    pool.run(rec.cores.size(), [&](size_t i) {
+      const RecordedLaunch::CoreBlocks& cb = rec.cores[i];
+      AiCore& core = *cores.at(static_cast<size_t>(cb.core));
+      thread_local FunctionalCore::Queues queues;
+      FunctionalCore fc(cfg, core.kind_config(), core.local(), gm, cb.order, functional,
+                        FunctionalCore::Mode::issue, &queues);
+      issued[i].ops.reserve(cb.order.size());
+      issued[i].where.reserve(cb.order.size());
+      fc.keep_issued(&issued[i]);
+      faults[i] = run_core_blocks(fc, rec, cb, core, program, args, block_dim);
+      if (!faults[i].empty()) return;
+      if (!fc.finished())
+        faults[i] = fmt::format("core {}: replay: the blocks ended before the recorded order",
+                                core.core_name());
+    });
+    for (const std::string& f : faults)
+      if (!f.empty()) return f;
+  }
+  // Per core: the number of effects it has to carry out (issued, or kept before).
+  const auto effects_of = [&](size_t c) {
+    return prepared ? prepared->cores[c].ops.size() : issued[c].ops.size();
+  };
   std::vector<ExecContext> ctx;
   ctx.reserve(rec.cores.size());
   for (const RecordedLaunch::CoreBlocks& cb : rec.cores) {
@@ -588,35 +609,45 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
   std::vector<size_t> next(rec.cores.size(), 0);  // per core: its next effect
   std::string fault;
   for (uint16_t c : rec.effect_cores) {
-    const IssuedEffects& e = issued.at(c);
     size_t& at = next[c];
-    if (at >= e.ops.size()) {
+    if (at >= effects_of(c)) {
       fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
                           "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
       break;
     }
-    const IssuedOp& op = e.ops[at];
     try {
-      if (!functional) {  // as FunctionalCore's timing-only execute mode
-        if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
-        else invalidate_gm_writes(plan(op, ctx[c]), gm);
-      } else if (op.op() == Opcode::op_st) {
-        const int64_t v = op[0];
-        gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+      if (prepared) {
+        prepared->cores[c].ops[at]->run(ctx[c]);
       } else {
-        execute(op, ctx[c]);
+        const IssuedOp& op = issued[c].ops[at];
+        if (!functional) {  // as FunctionalCore's timing-only execute mode
+          if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+          else invalidate_gm_writes(plan(op, ctx[c]), gm);
+        } else if (keep) {
+          keep_effect(op, ctx[c], issued[c].where[at], &keep->cores[c]);
+        } else if (op.op() == Opcode::op_st) {
+          const int64_t v = op[0];
+          gm.write(static_cast<uint64_t>(op[1]), &v, 8);
+        } else {
+          execute(op, ctx[c]);
+        }
       }
     } catch (...) {
-      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)),
-                           *e.where[at].run, e.where[at].pc, current_error());
+      const PreparedEffects::Where& w = prepared ? prepared->cores[c].where[at] : issued[c].where[at];
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run,
+                           w.pc, current_error());
       break;
     }
     ++at;
   }
   for (size_t i = 0; i < rec.cores.size() && fault.empty(); ++i)
-    if (next[i] != issued[i].ops.size())
+    if (next[i] != effects_of(i))
       fault = fmt::format("core {}: replay: the core issued effects the recorded order lacks",
                           cores.at(static_cast<size_t>(rec.cores[i].core))->core_name());
+  if (keep) {
+    keep->complete = fault.empty();
+    if (!keep->complete) keep->cores.clear();
+  }
   // As replay_blocks: execute() notes buffer high-water marks, which the recorded counters
   // already hold.
   for (const RecordedLaunch::CoreBlocks& cb : rec.cores)
@@ -633,13 +664,9 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const PreparedLaunch* prepared, PreparedLaunch* keep) {
   for (size_t i = 0; i < rec.runs.size(); ++i)
     rec.runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
-  if (!rec.effect_cores.empty()) {
-    if (keep) {
-      keep->cores.clear();
-      keep->complete = false;
-    }
-    return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool);
-  }
+  if (!rec.effect_cores.empty())
+    return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool,
+                           prepared, keep);
   if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
     prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;

@@ -171,6 +171,10 @@ struct PreparedLaunch {
 };
 // The host memory a PreparedLaunch of `rec` would take, roughly (from the number of effects).
 uint64_t prepared_bytes_estimate(const RecordedLaunch& rec);
+// The host memory a functional replay of `rec` in the recorded order across the cores holds
+// while it runs (replay_blocks: every effect its cores' walks issue, until carried out); 0
+// without RecordedLaunch::effect_cores.
+uint64_t issued_bytes_estimate(const RecordedLaunch& rec);
 
 // The blocks each core of `chip` ran in the launch now ending, recorded (Chip::recordings) and
 // about to end (call before Chip::end_launch), with the memory system's record. False if the
@@ -246,8 +250,8 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
 
 // Runs the recorded blocks again on the cores' buffers and `gm`, cores spread over `pool`; with
 // rec.effect_cores, the cores' walks spread over `pool` (each keeping the effects it issues),
-// then every effect on this thread, in the recorded order across the cores (`prepared` and
-// `keep` are then not used: keep->complete is false).
+// then every effect on this thread, in the recorded order across the cores (with `prepared`,
+// no core walks: each runs its kept effects in that order).
 // Returns "" or the first fault (lowest core index first) as
 // "core aic3 pc 12 (k.s:30): <instruction>: <what>".
 // prepared (may be null): this launch's effects kept by an earlier replay of it (same key): they

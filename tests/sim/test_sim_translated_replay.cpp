@@ -232,7 +232,7 @@ enum class Mode { simulate, translate, relocate, check };
 // with relocation, then also simulate and throw on any difference (Replay::check).
 // functional: a functional simulator instead, replays walking the program (Replay::on), every
 // launch's inputs filled with data and its output's bytes kept (out[name + "_out"]).
-json workload(Mode mode, bool functional = false) {
+json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
   unsetenv("NPUSIM_REPLAY_RELOCATE");
@@ -244,6 +244,7 @@ json workload(Mode mode, bool functional = false) {
                                                        : SimOptions::Replay::off;
   opts.replay_translated = mode != Mode::simulate;
   opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
+  if (memo_bytes) opts.replay_memo_bytes = memo_bytes;
   // With relocation, each launch's line of the replay log (SimOptions::replay_log) too.
   const std::string replay_log = (std::filesystem::temp_directory_path() /
                                   ("npusim_replay_log_" + std::to_string(getpid()) + ".tsv"))
@@ -404,15 +405,24 @@ json workload(Mode mode, bool functional = false) {
     blocks = {{base, 4096}, {base + 0x10000, 512}, {base + 0x20000, 8192 + y_offset}};
     run(name, exchange, {base, base + 0x10000, base + 0x20000 + y_offset}, 2);
   }
+  // Both again at their first addresses, twice: a functional simulator's first replay under
+  // the launch's own key keeps its effects (PreparedLaunch), the second runs those in the
+  // recorded order across the cores without walking the program.
+  for (const char* again : {"_again", "_again2"}) {
+    blocks = {{0xb000000, 4096}, {0xb010000, 512}, {0xb020000, 4096}};
+    run(std::string("handoff") + again, handoff, {0xb000000, 0xb010000, 0xb020000}, 2);
+    blocks = {{0xc000000, 4096}, {0xc010000, 512}, {0xc020000, 8192}};
+    run(std::string("exchange") + again, exchange, {0xc000000, 0xc010000, 0xc020000}, 2);
+  }
   out["totals"] = sim.counters();
   out["now"] = sim.now_cycles();
   if (mode == Mode::relocate) std::filesystem::remove(replay_log);
   return out;
 }
 
-json run_in_child(Mode mode, bool functional = false) {
-  return json::parse(
-      test::run_in_child([mode, functional] { return workload(mode, functional).dump(); }));
+json run_in_child(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
+  return json::parse(test::run_in_child(
+      [mode, functional, memo_bytes] { return workload(mode, functional, memo_bytes).dump(); }));
 }
 
 // Every launch of `run` (results, cycles, counters, simulated time, outputs) as in `sim`, every
@@ -577,6 +587,11 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
     CHECK(verdict(k) == "replayed\trelocated");
     CHECK(check[k]["replayed"] == true);
   }
+  for (const char* k : {"handoff_again", "exchange_again", "handoff_again2", "exchange_again2"}) {
+    INFO(k);
+    CHECK(verdict(k) == "replayed\ttranslated, its own key");
+    CHECK(check[k]["replayed"] == true);
+  }
   for (const char* k : {"handoff", "exchange"}) {
     INFO(k);
     CHECK(verdict(k) ==
@@ -588,7 +603,8 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
   // the slice (the filled pattern, scaled twice; exact in fp16), simulated and replayed.
   for (const auto& [k, x_base] : {std::pair<std::string, uint64_t>{"exchange", 0xc000000},
                                   {"exchange_moved", 0xc340000},
-                                  {"exchange_offset", 0xc800000}}) {
+                                  {"exchange_offset", 0xc800000},
+                                  {"exchange_again2", 0xc000000}}) {
     INFO(k);
     const auto x = [&](size_t i) {
       return static_cast<float>((i * 7 + x_base / 512) % 61) * 0.125f - 3.0f;
@@ -607,6 +623,25 @@ TEST_CASE("a functional replay by translation gives exactly what simulating give
       CHECK(std::vector<uint16_t>(got.begin(), got.begin() + 4096) == want);
     }
   }
+}
+
+TEST_CASE("a functional replay in order across the cores holds its effects within a bound") {
+  // With a memo of 32 KiB a replay in the recorded order may hold 1 KiB of effects, 4 of them
+  // (~240 bytes each): the cross-core kernels (more effects) are simulated, with their output,
+  // cycles and counters; the others still replay.
+  const json sim = run_in_child(Mode::simulate, true);
+  const json small = run_in_child(Mode::relocate, true, 32 * 1024);
+  check_same_as_simulated(sim, small);
+  const json& log = small["replay_log"];
+  for (const char* k : {"handoff_moved", "exchange_moved", "handoff_again2"}) {
+    INFO(k);
+    const std::string line = log.value(k, "");
+    INFO(line);
+    CHECK(line.find("simulated\tits effects in order would take 0 MiB (more than 0 MiB)") !=
+          std::string::npos);
+    CHECK(small[k]["replayed"] == false);
+  }
+  CHECK(small["vadd_moved"]["replayed"] == true);
 }
 
 namespace {

@@ -223,12 +223,22 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
     emit_block_range(b, g, end, split.per, groups);
     // counter += g (128-bit): carry into the high word when the low word wraps, i.e. when the
     // new low word is below g as unsigned numbers (compared as signed after flipping the sign).
+    // Without a branch (the counter is loaded data: a branch on it would keep the launch's
+    // address flow from being followed, docs/chip_model.md "Launch replay"): x < y as signed
+    // numbers is the sign of x - y, flipped when the subtraction overflows (x and y of other
+    // signs, and x - y of y's sign): bit 63 of (x - y) ^ ((x ^ y) & ((x - y) ^ x)).
     b.add(lo, lo, g);
-    Reg x = b.reg("lo ^ sign"), y = b.reg("g ^ sign");
+    Reg x = b.reg("lo ^ sign"), y = b.reg("g ^ sign"), d = b.reg("x - y"), t = b.reg("carry");
     Reg sign = b.reg_imm("sign bit", std::numeric_limits<int64_t>::min());
     b.emit(Opcode::op_xor, {x, lo, sign});
     b.emit(Opcode::op_xor, {y, g, sign});
-    b.if_(lt(x, y), [&] { b.add(hi, hi, 1); });
+    b.sub(d, x, y);
+    b.emit(Opcode::op_xor, {t, x, y});
+    b.emit(Opcode::op_xor, {x, d, x});
+    b.and_(t, t, x);
+    b.emit(Opcode::op_xor, {t, t, d});
+    b.shr(t, t, 63);
+    b.add(hi, hi, t);
   }
   Reg c0 = b.reg("c0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
   Reg k0 = b.reg("round key 0"), k1 = b.reg("round key 1");
@@ -261,9 +271,15 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
       }
       b.emit(Opcode::op_st, {word, addr});
     }
-    // next group: counter + 1 (128-bit)
+    // next group: counter + 1 (128-bit), without a branch (as above): the carry is 1 when the
+    // low word wrapped to 0, i.e. when neither lo nor -lo has bit 63 set. m is free here.
     b.add(lo, lo, 1);
-    b.if_(eq(lo, 0), [&] { b.add(hi, hi, 1); });
+    b.movi(m, 0);
+    b.sub(m, m, lo);
+    b.emit(Opcode::op_or, {m, m, lo});
+    b.shr(m, m, 63);
+    b.emit(Opcode::op_xor, {m, m, 1});
+    b.add(hi, hi, m);
   });
   b.end();
   Launch l;
