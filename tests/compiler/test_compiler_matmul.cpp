@@ -14,6 +14,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/matmul.h"
 #include "isa/disassembler.h"
@@ -207,4 +209,91 @@ TEST_CASE("MatMul tiling follows the config's L1/L0 sizes") {
   CHECK(k_big.launches[0].block_dim == 2);
   // And this tiling runs correctly on the test chip.
   check_matmul(DataType::F16, {128, 1024, 128, false, false}, PrecisionMode::kKeepFp32, 300);
+}
+
+TEST_CASE("MatMul core split: each cube core computes its own region of C") {
+  // NPUSIM_MATMUL_CORE_SPLIT's tiling (apply_matmul_core_split) on C = 768 x 256, cut into two
+  // regions down M: block 0 computes the first rm tile rows, block 1 the rest (fewer). Values
+  // against the double reference; each core's cube busy cycles against the config: one mmad of
+  // k 64 per (full) tile, cube.latency_cycles + (tm / cube_m) (64 / cube_k) (tn / cube_n) cycles.
+  const ChipConfig& cfg = test_sim().config();
+  const int64_t m = 768, n = 256, k = 64;
+  compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+      m, n, k, false, false, isa::Dtype::F16, isa::Dtype::F16, cfg, "MatMul");
+  INFO(t.str());
+  REQUIRE(t.tk_l0 >= k);
+  REQUIRE(m % t.tm == 0);
+  REQUIRE(n % t.tn == 0);
+  const int64_t rm = t.tiles_m - t.tiles_m / 3;  // tile rows of the first region (6 -> 4)
+  compiler::ops::apply_matmul_core_split(t, fmt::format("{}x{}", rm * t.tm, n), cfg, "MatMul");
+  INFO(t.str());
+  CHECK(t.block_dim == 2);
+  CHECK(t.regions_m == 2);
+
+  HostTensor a = random_tensor(DataType::F16, {m, k}, -2, 2, 401);
+  HostTensor b = random_tensor(DataType::F16, {k, n}, -2, 2, 402);
+  compiler::CompiledKernel ck;
+  ck.outputs = {TensorDesc{DataType::F16, {m, n}}};
+  compiler::Launch l = compiler::ops::build_matmul_launch(t, cfg, "MatMul");
+  using compiler::ArgRef;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kInput, 1, 0},
+            ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  ck.launches.push_back(std::move(l));
+  RunResult r = run_compiled(test_sim(), ck, {a, b});
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, s_abs = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = a.values[static_cast<size_t>(i * k + kk)] *
+                         b.values[static_cast<size_t>(kk * n + j)];
+        sum += p;
+        s_abs += std::fabs(p);
+      }
+      const double tol = 2 * (static_cast<double>(k) * std::ldexp(1.0, -24) * s_abs +
+                              std::ldexp(1.0, -11) * std::fabs(sum));
+      const double got = r.outputs[0].values[static_cast<size_t>(i * n + j)];
+      if (!(std::fabs(got - sum) <= tol) && bad++ < 5)
+        UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << sum);
+    }
+  CHECK(bad == 0);
+
+  const uint64_t per_tile = static_cast<uint64_t>(cfg.cube_latency_cycles) +
+                            static_cast<uint64_t>(t.tm / cfg.cube_m) *
+                                static_cast<uint64_t>(k / cfg.cube_k) *
+                                static_cast<uint64_t>(t.tn / cfg.cube_n);
+  const nlohmann::json& chip = r.counters.at(0).at("chip");
+  INFO(chip.dump());
+  const uint64_t tiles0 = static_cast<uint64_t>(rm * t.tiles_n);
+  const uint64_t tiles1 = static_cast<uint64_t>((t.tiles_m - rm) * t.tiles_n);
+  CHECK(chip.at("aic0").at("m").at("busy_cycles").at("value").get<uint64_t>() ==
+        tiles0 * per_tile);
+  CHECK(chip.at("aic1").at("m").at("busy_cycles").at("value").get<uint64_t>() ==
+        tiles1 * per_tile);
+}
+
+TEST_CASE("MatMul core split: no split, batches, and bad values") {
+  const ChipConfig tiny = load_chip_config("tiny");  // 2 cube cores
+  auto plan = [&](int64_t batch) {
+    return compiler::ops::plan_matmul_tiling(768, 256, 64, false, false, isa::Dtype::F16,
+                                             isa::Dtype::F16, tiny, "MatMul", batch);
+  };
+  compiler::ops::MatmulTiling t = plan(1);
+  const compiler::ops::MatmulTiling before = t;
+  compiler::ops::apply_matmul_core_split(t, "", tiny, "MatMul");  // unset: round-robin
+  CHECK(t.region_tiles_m == 0);
+  CHECK(t.block_dim == before.block_dim);
+  compiler::ops::MatmulTiling batched = plan(3);
+  compiler::ops::apply_matmul_core_split(batched, "512x256", tiny, "MatMul");
+  CHECK(batched.region_tiles_m == 0);  // batched products keep the round-robin
+  using Catch::Matchers::Contains;
+  for (const char* bad : {"512", "512x", "x256", "512*256", "0x256", "512x256x1", "-128x256"})
+    CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, bad, tiny, "MatMul"),
+                      Contains("NPUSIM_MATMUL_CORE_SPLIT") && Contains("is not MxN"));
+  CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, "100x256", tiny, "MatMul"),
+                    Contains("not a multiple of the"));
+  // 768 / 128 = 6 regions down M, more than tiny's 2 cube cores.
+  CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, fmt::format("{}x256", t.tm), tiny,
+                                                           "MatMul"),
+                    Contains("more than the 2 cube cores"));
 }
