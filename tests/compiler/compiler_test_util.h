@@ -195,6 +195,7 @@ struct RunResult {
   std::vector<HostTensor> outputs;   // S64 outputs carry their exact values in HostTensor::s64
   uint64_t cycles = 0;
   int replayed = 0;  // launches the simulator replayed (KernelResult::replayed)
+  std::vector<nlohmann::json> counters;  // per launch, its counter tree (KernelResult::counters)
   // With own_derived: each derived tensor's bytes (CompiledKernel::derived) after the run.
   std::vector<std::vector<uint8_t>> derived;
 };
@@ -259,6 +260,7 @@ inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
     REQUIRE(kr.ok);
     r.cycles += kr.cycles;
     r.replayed += kr.replayed ? 1 : 0;
+    r.counters.push_back(std::move(kr.counters));
     for (size_t d = 0; d < derived_addr.size(); ++d)
       if (k.derived[d].launch == i) {
         r.derived[d].resize(k.derived[d].bytes);

@@ -13,6 +13,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
+
+#include <fmt/format.h>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/matmul.h"
@@ -40,24 +43,29 @@ struct MatmulCase {
   bool ta, tb;
 };
 
+// Builds the kernel of an op (default: compiler::compile for the test chip in the given mode).
+using KernelFor = std::function<compiler::CompiledKernel(const compiler::OpDesc&)>;
+
 // Runs MatMul(a, b) and checks every element against the double reference. bias: 0 MatMul;
 // 1 MatMulBiasAdd (an f32 bias [n] added to C, one more term of the sum); 2 the same with relu.
-void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed, int bias = 0) {
-  INFO(compiler::data_type_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n
-                                    << " ta=" << c.ta << " tb=" << c.tb << " mode "
-                                    << compiler::precision_mode_name(mode));
+// Returns the run (its counters).
+RunResult check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed, int bias = 0,
+                       const KernelFor& build = {}) {
+  INFO(compiler::data_type_name(dt)
+       << " m=" << c.m << " k=" << c.k << " n=" << c.n << " ta=" << c.ta << " tb=" << c.tb
+       << " mode " << compiler::precision_mode_name(mode));
   std::vector<int64_t> sa = c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k};
   std::vector<int64_t> sb = c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n};
   HostTensor a = random_tensor(dt, sa, -2, 2, seed), b = random_tensor(dt, sb, -2, 2, seed + 7);
   HostTensor bias_t = random_tensor(dt, {c.n}, -3, 3, seed + 9);
-  compiler::OpDesc op = make_op("MatMul", {a.desc, b.desc},
-                                {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
+  compiler::OpDesc op =
+      make_op("MatMul", {a.desc, b.desc}, {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
   if (bias) {
     op.type = "MatMulBiasAdd";
     op.inputs.push_back(bias_t.desc);
     op.attrs["relu"] = bias == 2;
   }
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
+  compiler::CompiledKernel k = build ? build(op) : compiler::compile(op, test_sim().config(), mode);
   for (const compiler::Launch& l : k.launches) INFO(l.summary);
   std::vector<HostTensor> inputs = {a, b};
   if (bias) inputs.push_back(bias_t);
@@ -97,18 +105,24 @@ void check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed, 
     }
   }
   CHECK(bad == 0);
+  return r;
 }
 
 }  // namespace
 
 TEST_CASE("MatMul f16: sizes that are and are not multiples of 16, all transposes") {
   const MatmulCase cases[] = {
-      {1, 1, 1, false, false},   {16, 16, 16, false, false}, {17, 33, 5, false, false},
-      {40, 70, 24, true, false}, {33, 20, 47, false, true},  {20, 45, 30, true, true},
+      {1, 1, 1, false, false},
+      {16, 16, 16, false, false},
+      {17, 33, 5, false, false},
+      {40, 70, 24, true, false},
+      {33, 20, 47, false, true},
+      {20, 45, 30, true, true},
       {64, 300, 48, false, false},
       // Several tiles per cube core with one L0C buffer (128x256 tiles), and several L1
       // chunks per tile with a partial last chunk (see the launch summaries).
-      {200, 100, 300, false, false}, {200, 100, 300, true, true},
+      {200, 100, 300, false, false},
+      {200, 100, 300, true, true},
       {96, 700, 80, false, true},
   };
   uint32_t seed = 100;
@@ -180,9 +194,9 @@ TEST_CASE("MatMul tiling follows the config's L1/L0 sizes") {
   // The same op for the tiny chip and for a variant with a quarter of its L0A/L0B and L1:
   // k per mmad and per L1 chunk shrink with the buffers, so the programs differ. Only the
   // tiny chip is run (one SystemC elaboration per process); its numbers are checked above.
-  ChipConfig small = load_chip_config(
-      "tiny", {"cores.aic.buffers.l0a=16 KiB", "cores.aic.buffers.l0b=16 KiB",
-               "cores.aic.buffers.l1=128 KiB"});
+  ChipConfig small =
+      load_chip_config("tiny", {"cores.aic.buffers.l0a=16 KiB", "cores.aic.buffers.l0b=16 KiB",
+                                "cores.aic.buffers.l1=128 KiB"});
   const ChipConfig tiny = load_chip_config("tiny");  // tiny's numbers, whatever chip runs
   auto t_big = compiler::ops::plan_matmul_tiling(128, 128, 1024, false, false, isa::Dtype::F16,
                                                  isa::Dtype::F16, tiny, "test");
@@ -207,4 +221,74 @@ TEST_CASE("MatMul tiling follows the config's L1/L0 sizes") {
   CHECK(k_big.launches[0].block_dim == 2);
   // And this tiling runs correctly on the test chip.
   check_matmul(DataType::F16, {128, 1024, 128, false, false}, PrecisionMode::kKeepFp32, 300);
+}
+
+TEST_CASE("MatMul core split: each cube core computes its own region of C") {
+  // NPUSIM_MATMUL_CORE_SPLIT's tiling (apply_matmul_core_split) on C = 768 x 256, cut into two
+  // regions down M: block 0 computes the first rm tile rows, block 1 the rest (fewer). Values
+  // against the double reference; each core's cube busy cycles against the config: one mmad of
+  // k 64 per (full) tile, cube.latency_cycles + (tm / cube_m) (64 / cube_k) (tn / cube_n) cycles.
+  const ChipConfig& cfg = test_sim().config();
+  const int64_t m = 768, n = 256, k = 64;
+  compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+      m, n, k, false, false, isa::Dtype::F16, isa::Dtype::F16, cfg, "MatMul");
+  INFO(t.str());
+  REQUIRE(t.tk_l0 >= k);
+  REQUIRE(m % t.tm == 0);
+  REQUIRE(n % t.tn == 0);
+  const int64_t rm = t.tiles_m - t.tiles_m / 3;  // tile rows of the first region (6 -> 4)
+  compiler::ops::apply_matmul_core_split(t, fmt::format("{}x{}", rm * t.tm, n), cfg, "MatMul");
+  INFO(t.str());
+  CHECK(t.block_dim == 2);
+  CHECK(t.regions_m == 2);
+
+  const RunResult r = check_matmul(
+      DataType::F16, {m, k, n, false, false}, PrecisionMode::kKeepFp32, 401, 0,
+      [&](const compiler::OpDesc&) {
+        compiler::CompiledKernel ck;
+        ck.outputs = {TensorDesc{DataType::F16, {m, n}}};
+        compiler::Launch l = compiler::ops::build_matmul_launch(t, cfg, "MatMul");
+        using compiler::ArgRef;
+        l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kInput, 1, 0},
+                  ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+        ck.launches.push_back(std::move(l));
+        return ck;
+      });
+
+  const uint64_t per_tile =
+      static_cast<uint64_t>(cfg.cube_latency_cycles) + static_cast<uint64_t>(t.tm / cfg.cube_m) *
+                                                           static_cast<uint64_t>(k / cfg.cube_k) *
+                                                           static_cast<uint64_t>(t.tn / cfg.cube_n);
+  const nlohmann::json& chip = r.counters.at(0).at("chip");
+  INFO(chip.dump());
+  const uint64_t tiles0 = static_cast<uint64_t>(rm * t.tiles_n);
+  const uint64_t tiles1 = static_cast<uint64_t>((t.tiles_m - rm) * t.tiles_n);
+  CHECK(chip.at("aic0").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles0 * per_tile);
+  CHECK(chip.at("aic1").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles1 * per_tile);
+}
+
+TEST_CASE("MatMul core split: no split, batches, and bad values") {
+  const ChipConfig tiny = load_chip_config("tiny");  // 2 cube cores
+  auto plan = [&](int64_t batch) {
+    return compiler::ops::plan_matmul_tiling(768, 256, 64, false, false, isa::Dtype::F16,
+                                             isa::Dtype::F16, tiny, "MatMul", batch);
+  };
+  compiler::ops::MatmulTiling t = plan(1);
+  const compiler::ops::MatmulTiling before = t;
+  compiler::ops::apply_matmul_core_split(t, "", tiny, "MatMul");  // unset: round-robin
+  CHECK(t.region_tiles_m == 0);
+  CHECK(t.block_dim == before.block_dim);
+  compiler::ops::MatmulTiling batched = plan(3);
+  compiler::ops::apply_matmul_core_split(batched, "512x256", tiny, "MatMul");
+  CHECK(batched.region_tiles_m == 0);  // batched products keep the round-robin
+  using Catch::Matchers::Contains;
+  for (const char* bad : {"512", "512x", "x256", "512*256", "0x256", "512x256x1", "-128x256"})
+    CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, bad, tiny, "MatMul"),
+                      Contains("NPUSIM_MATMUL_CORE_SPLIT") && Contains("is not MxN"));
+  CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, "100x256", tiny, "MatMul"),
+                    Contains("not a multiple of the"));
+  // 768 / 128 = 6 regions down M, more than tiny's 2 cube cores.
+  CHECK_THROWS_WITH(
+      compiler::ops::apply_matmul_core_split(t, fmt::format("{}x256", t.tm), tiny, "MatMul"),
+      Contains("more than the 2 cube cores"));
 }

@@ -7,7 +7,8 @@
 //     (must_keep_origin_dtype) where cube_fp32_rate_divisor > 0; with k = 1 under
 //     allow_fp32_to_fp16 an f32 broadcast Mul on the vector unit (outer_product_on_vector).
 //
-// The cube kernel (one block per cube core, blocks take output tiles round-robin):
+// The cube kernel (one block per cube core, blocks take output tiles round-robin, or under
+// NPUSIM_MATMUL_CORE_SPLIT each block the tiles of its own region of C: apply_matmul_core_split):
 //   for every (tile, k chunk) step of the block, software-pipelined by one step:
 //     MTE2   nd2nz A and B chunks from GM (ND, any M/N/K: rows and columns past the matrix are
 //            zero-filled) into L1 buffer step&1
@@ -41,6 +42,8 @@
 #include "adapter/compiler/ops/matmul.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
@@ -95,7 +98,11 @@ std::string MatmulTiling::str() const {
              isa::dtype_name(out_type), tm, tn, tiles_m, tiles_n, tiles_m * tiles_n, block_dim,
              tk_l0, tk_l1, l0c_buffers) +
          (batch > 1 ? fmt::format("; batch {} ({} tiles)", batch, batch * tiles_m * tiles_n)
-                    : std::string());
+                    : std::string()) +
+         (region_tiles_m > 0
+              ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
+                            region_tiles_n * tn, region_tiles_m, region_tiles_n)
+              : std::string());
 }
 
 namespace {
@@ -202,6 +209,42 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   return best;
 }
 
+const std::string& matmul_core_split_from_env() {
+  static const std::string value = [] {
+    const char* v = std::getenv("NPUSIM_MATMUL_CORE_SPLIT");
+    return std::string(v ? v : "");
+  }();
+  return value;
+}
+
+void apply_matmul_core_split(MatmulTiling& t, const std::string& value, const ChipConfig& cfg,
+                             const std::string& op) {
+  if (value.empty() || t.batch != 1) return;
+  long long sm = 0, sn = 0;
+  char x = 0, extra = 0;
+  if (std::sscanf(value.c_str(), "%lld%c%lld%c", &sm, &x, &sn, &extra) != 3 || x != 'x' ||
+      sm <= 0 || sn <= 0)
+    throw CompileError(
+        fmt::format("{}: NPUSIM_MATMUL_CORE_SPLIT='{}' is not MxN (elements of C per cube core, "
+                    "e.g. 2048x1536)",
+                    op, value));
+  if (sm % t.tm != 0 || sn % t.tn != 0)
+    throw CompileError(
+        fmt::format("{}: NPUSIM_MATMUL_CORE_SPLIT={}x{} is not a multiple of the {}x{} tile", op,
+                    sm, sn, t.tm, t.tn));
+  t.region_tiles_m = sm / t.tm;
+  t.region_tiles_n = sn / t.tn;
+  t.regions_m = ceil_div(t.tiles_m, t.region_tiles_m);
+  const int64_t regions = t.regions_m * ceil_div(t.tiles_n, t.region_tiles_n);
+  const int cores = cube_core(cfg, op).count;
+  if (regions > cores)
+    throw CompileError(fmt::format(
+        "{}: NPUSIM_MATMUL_CORE_SPLIT={}x{} cuts the {}x{} product into {} regions, more than the "
+        "{} cube cores",
+        op, sm, sn, t.m, t.n, regions, cores));
+  t.block_dim = static_cast<int>(regions);
+}
+
 namespace {
 
 // Emits the cube kernel of a tiling. Arguments: a, b, c.
@@ -234,7 +277,16 @@ class MatmulEmitter {
     }
     if (m_t.bias) b.declare_arg("bias", Dtype::F32, {m_t.n});
     Reg steps = b.reg("steps of this block: tiles x k chunks");
-    m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
+    if (m_t.region_tiles_m > 0) {
+      KernelBuilder::Origin o(b, "my tiles: the rows x columns of tiles of my region");
+      Reg r0 = b.reg("region: first tile row"), c0 = b.reg("region: first tile column"),
+          cols = b.reg("region: tile columns");
+      region_of_block(r0, c0, cols, &steps);
+      b.mul(steps, steps, cols);
+      b.mul(steps, steps, m_chunks);
+    } else {
+      m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
+    }
     m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
     m_pipe.run(
@@ -271,17 +323,29 @@ class MatmulEmitter {
     if (m_t.via_ub) m_pipe.store_via_ub(ub_c);
   }
 
-  // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks.
-  // Sets j (tile index within the block) and ch, and the sizes m_act, n_act, kc; returns m0,
-  // n0, k0 through the given registers, and for a batched tiling the product index (tiles of
-  // product b are b * tiles_m * tiles_n ...) through *bidx.
-  void coords(const Reg& s, const Reg& j, const Reg& ch, const Reg& m0, const Reg& n0,
-              const Reg& k0, const Reg& m_act, const Reg& n_act, const Reg& kc,
-              const Reg* bidx = nullptr) {
+  // The region of this block (core split, MatmulTiling::region_tiles_m): its first tile row r0
+  // and column c0, its tile columns cols and (rows) tile rows, both clipped at the matrix's edge.
+  void region_of_block(const Reg& r0, const Reg& c0, const Reg& cols, const Reg* rows) {
     KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, "step -> tile and k chunk");
-    b.div(j, s, m_chunks);
-    b.rem(ch, s, m_chunks);
+    b.emit(Opcode::op_get_block_id, {r0});
+    b.div(c0, r0, m_t.regions_m, "region column = block / regions down M");
+    b.rem(r0, r0, m_t.regions_m, "region row = block % regions down M");
+    b.mul(r0, r0, m_t.region_tiles_m);
+    b.mul(c0, c0, m_t.region_tiles_n);
+    b.movi(cols, m_t.tiles_n);
+    b.sub(cols, cols, c0);
+    b.min(cols, cols, m_t.region_tiles_n, "tile columns of the region");
+    if (rows) {
+      b.movi(*rows, m_t.tiles_m);
+      b.sub(*rows, *rows, r0);
+      b.min(*rows, *rows, m_t.region_tiles_m, "tile rows of the region");
+    }
+  }
+
+  // Tile j of the block when tiles go round-robin: tile = block + j * blocks, as tile row m0
+  // and column n0 (and the product *bidx of a batched tiling).
+  void round_robin_tile(const Reg& j, const Reg& m0, const Reg& n0, const Reg* bidx) {
+    KernelBuilder& b = m_b;
     b.emit(Opcode::op_get_block_num, {m0});
     b.mul(m0, m0, j);
     b.emit(Opcode::op_get_block_id, {n0});
@@ -292,6 +356,31 @@ class MatmulEmitter {
     }
     b.rem(n0, m0, m_t.tiles_n);
     b.div(m0, m0, m_t.tiles_n);
+  }
+
+  // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks
+  // (or, under a core split, tile j of the block's region).
+  // Sets j (tile index within the block) and ch, and the sizes m_act, n_act, kc; returns m0,
+  // n0, k0 through the given registers, and for a batched tiling the product index (tiles of
+  // product b are b * tiles_m * tiles_n ...) through *bidx.
+  void coords(const Reg& s, const Reg& j, const Reg& ch, const Reg& m0, const Reg& n0,
+              const Reg& k0, const Reg& m_act, const Reg& n_act, const Reg& kc,
+              const Reg* bidx = nullptr) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "step -> tile and k chunk");
+    b.div(j, s, m_chunks);
+    b.rem(ch, s, m_chunks);
+    if (m_t.region_tiles_m > 0) {
+      // Core split: tile j of the block is (r0 + j / cols, c0 + j % cols) of its region.
+      Reg cols = b.reg("region: tile columns"), t = b.reg("region: tile offset");
+      region_of_block(m0, n0, cols, nullptr);
+      b.div(t, j, cols);
+      b.add(m0, m0, t, "tile row");
+      b.rem(t, j, cols);
+      b.add(n0, n0, t, "tile column");
+    } else {
+      round_robin_tile(j, m0, n0, bidx);
+    }
     b.mul(m0, m0, m_t.tm, "first row");
     b.mul(n0, n0, m_t.tn, "first column");
     b.mul(k0, ch, m_t.tk_l1, "first k");
@@ -812,6 +901,7 @@ CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const Ma
   tiling.b_batch_strides = p.b_batch_strides;
   tiling.a_count = p.a_count;
   tiling.b_count = p.b_count;
+  apply_matmul_core_split(tiling, matmul_core_split_from_env(), cfg, op.str());
 
   // Workspace: the f16 copies of A and B, and the f16 result before widening.
   ArgRef a_arg{ArgRef::Kind::kInput, 0, 0}, b_arg{ArgRef::Kind::kInput, 1, 0};

@@ -38,6 +38,11 @@ struct MatmulTiling {
   // MatMulBiasAdd (not batched): C starts from bias[n] (argument "bias", f32 [n], copied
   // L1 -> BT per tile, mmad init 2) and FIXPIPE applies max(C, 0) with relu. Needs the BT.
   bool bias = false, relu = false;
+  // Core split (not batched; MatmulCoreSplit): 0 = the default, tiles round-robin over the
+  // blocks. Else C is cut into regions of region_tiles_m x region_tiles_n tiles (smaller at the
+  // matrix's last row / column of regions), regions_m of them down M; block b computes region
+  // (b % regions_m, b / regions_m), its tiles row by row, and block_dim is the region count.
+  int64_t region_tiles_m = 0, region_tiles_n = 0, regions_m = 0;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
 };
@@ -53,6 +58,19 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch = 1, bool any_side = false,
                                 bool bias = false);
+
+// A fixed per-core split of C, as hand-written Ascend C kernels give their blocks (singleCoreM x
+// singleCoreN elements of C per cube core; the last row / column of regions takes what is
+// left). `split` is "MxN" in elements (e.g. "2048x1536"); empty: no change, MatMul spreads its
+// tiles round-robin. MatMul takes it from NPUSIM_MATMUL_CORE_SPLIT in the environment (read
+// once per process, matmul_core_split_from_env), to time npusim's MatMul under a measured
+// kernel's work split (docs/validation.md); the compiler never chooses it. Applies to unbatched
+// products (batch 1; others unchanged); sets the region fields and block_dim of `t`. Errors
+// (CompileError naming the op): a malformed value, a split whose sides are not multiples of
+// the tile's, more regions than cube cores.
+void apply_matmul_core_split(MatmulTiling& t, const std::string& split, const ChipConfig& cfg,
+                             const std::string& op);
+const std::string& matmul_core_split_from_env();
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is
