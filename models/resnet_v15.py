@@ -3,7 +3,7 @@ Ascend 910 training throughputs in validation/cases.yaml), built from Keras laye
 weights, and MindSpore's Momentum optimizer.
 
 Architecture (mindspore-ai/models, benchmark/ascend/resnet/src/resnet.py: `resnet50`,
-`ResidualBlock`; the same file as official/cv/ResNet/src/resnet.py):
+`ResidualBlock`, `_conv*`, `_bn`, `_fc`):
 - stem: Conv 7x7/2 64 (pad_mode "same"), BatchNorm, ReLU, MaxPool 3x3/2 ("same");
 - four stages of bottleneck blocks, [3, 4, 6, 3] blocks, outputs [256, 512, 1024, 2048], strides
   [1, 2, 2, 2]; a block is Conv 1x1 (out/4), BN, ReLU, Conv 3x3 (out/4, the stage's stride: the
@@ -17,11 +17,12 @@ convolutions (the config's conv_init "XavierUniform"), a truncated normal of std
 classifier (dense_init "TruncatedNormal", MindSpore's TruncatedNormal default sigma); BN gamma 1,
 beta 0. Random weights, nothing downloaded.
 
-Training setup (official/cv/ResNet/config/resnet50_imagenet2012_config.yaml and train.py, the
-benchmark directory's train.py is the same): `Momentum(group_params, lr, momentum=0.9,
-loss_scale=1024)` with weight_decay 1e-4 on every parameter except BN's gamma / beta and biases
-(`init_group_params`), FixedLossScaleManager(1024, drop_overflow_update=False), fp16 mixed
-precision (amp_level "O2"; here the device's precision mode allow_mix_precision), class_num 1001.
+Training setup: benchmark/ascend/resnet/train.py (`Momentum(group_params, lr, momentum,
+loss_scale=loss_scale)`, the weight decay on every parameter except BN's gamma / beta and biases
+by `init_group_params`, `FixedLossScaleManager(loss_scale, drop_overflow_update=False)`, fp16
+mixed precision by amp_level "O2", here the device's precision mode allow_mix_precision) with
+the values of official/cv/ResNet/config/resnet50_imagenet2012_config.yaml (momentum 0.9,
+weight_decay 1e-4, loss_scale 1024, class_num 1001).
 `momentum_optimizer()` is that update (see its docstring). Left out: the loss's label smoothing
 (0.1; Keras' sparse cross-entropy has none, and it costs a one-hot of batch x classes elements,
 nothing next to the network) and the learning-rate schedule (a constant here: one step is timed).
@@ -82,20 +83,22 @@ _OPTIMIZER_CLASS = []
 def momentum_optimizer(learning_rate=LEARNING_RATE, momentum=MOMENTUM,
                        weight_decay=WEIGHT_DECAY, loss_scale=LOSS_SCALE):
     """MindSpore's Momentum with a fixed loss scale and L2 weight decay (nn.Momentum with
-    loss_scale and a weight_decay group; on Ascend one FusedWeightScaleApplyMomentum per
-    parameter), per variable w with accumulation a and gradient g of the scaled loss:
+    loss_scale and a weight_decay group; MindSpore's graph compiler fuses the decay, the
+    unscaling and the update into one FusedWeightScaleApplyMomentum per parameter), per
+    variable w with accumulation a and gradient g of the scaled loss:
 
         g' = g / loss_scale (+ weight_decay * w for convolution and Dense kernels)
         a  = momentum * a + g'
         w  = w - learning_rate * a
 
     The loss is multiplied by loss_scale before the gradients (scale_loss, which Keras' train
-    step calls) and the gradient divided back in the update, as MindSpore's fused kernel does.
+    step calls) and the gradient divided back inside the update, as that fused op does.
     (Keras' own loss_scale_factor divides the gradients before the update, a RealDiv per
     gradient; with it the plugin's training batch-norm fusion, adapter/tf/plugin/graph_fusion.h
-    rewrite 0, matched none of the batch norms: seen on 2026-12-04.) The decay is L2, added to the gradient as
-    MindSpore does, not Keras' decoupled weight_decay (a second assign of every variable). BN's
-    gamma / beta and the Dense bias are not decayed (train.py `init_group_params`)."""
+    rewrite 0, matched none of the batch norms: seen on 2026-12-04.) The decay is L2, added to
+    the gradient as MindSpore does, not Keras' decoupled weight_decay (a second assign of every
+    variable). BN's gamma / beta and the Dense bias are not decayed (train.py
+    `init_group_params`)."""
     import keras  # pylint: disable=import-outside-toplevel
     from keras import ops  # pylint: disable=import-outside-toplevel
 
