@@ -13,13 +13,13 @@ Building does not choose a device: build under `tf.device("/NPU:0")` to put the 
 
 import numpy as np
 
-from . import applications, cnn, llm, lstm_attention, mlp, transformer
+from . import applications, cnn, llm, lstm_attention, mlp, resnet_v15, transformer
 from ._common import ModelSpec
 
 
 REGISTRY = {spec.name: spec for spec in (mlp.SPEC, cnn.SPEC, applications.RESNET50_SPEC,
-                                         applications.MOBILENETV2_SPEC, lstm_attention.SPEC,
-                                         transformer.SPEC, *llm.SPECS)}
+                                         resnet_v15.SPEC, applications.MOBILENETV2_SPEC,
+                                         lstm_attention.SPEC, transformer.SPEC, *llm.SPECS)}
 
 
 def names():
@@ -69,6 +69,17 @@ def loss(name):
     return spec(name).make_loss()
 
 
+def optimizer(name):
+    """A new keras optimizer for training `name`: the model's own (resnet50_v15: MindSpore's
+    Momentum, models/resnet_v15.py), else Adam with learning rate 1e-3."""
+    make = spec(name).make_optimizer
+    if make is not None:
+        return make()
+    import keras  # pylint: disable=import-outside-toplevel
+
+    return keras.optimizers.Adam(1e-3)
+
+
 def calibrate_batchnorm(model, x):
     """Sets every BatchNormalization layer's moving mean and variance to the statistics of
     batch `x` (one eager forward pass in training mode with momentum 0), as a trained model would
@@ -93,4 +104,4 @@ def calibrate_batchnorm(model, x):
 
 
 __all__ = ["ModelSpec", "REGISTRY", "build", "calibrate_batchnorm", "input_shape", "loss",
-           "names", "spec", "synthetic_data"]
+           "names", "optimizer", "spec", "synthetic_data"]

@@ -13,7 +13,9 @@ class ModelSpec:
     build(input_size, classes, **kw) -> keras.Model (not compiled);
     data(rng, batch, input_size, classes) -> (x, y) numpy arrays;
     make_loss() -> a keras loss for the model's output (every classifier here ends in softmax,
-    the risk score in a sigmoid). default_classes is None for a model without classes."""
+    the risk score in a sigmoid). default_classes is None for a model without classes.
+    make_optimizer() -> the keras optimizer the model trains with; None: Adam, learning rate
+    1e-3 (optimizer() in models/__init__.py)."""
 
     name: str
     description: str
@@ -23,6 +25,7 @@ class ModelSpec:
     build: object
     data: object
     make_loss: object
+    make_optimizer: object = None
 
 
 def images(rng, batch, shape, classes):

@@ -66,6 +66,7 @@ FORWARD_CASES = {
     "lstm_attention": (20, 4, SHALLOW_RTOL),
     "transformer": (16, 4, SHALLOW_RTOL),
     "resnet50": (32, 2, DEEP_RTOL),  # keras.applications' smallest input
+    "resnet50_v15": (32, 2, DEEP_RTOL),
     "mobilenetv2": (32, 2, DEEP_RTOL),
 }
 
