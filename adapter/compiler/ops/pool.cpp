@@ -84,6 +84,34 @@ std::pair<int64_t, int64_t> tap_range(int64_t out, int64_t s, int64_t p, int64_t
   return {lo, hi};
 }
 
+// Copies pixels [row * width, +width) of image img, channel group g (ct of the cp channels of
+// the NHWC tensor `arg`), between GM and the UB at `ub` ([pixel][ct], pixels adjacent): one
+// burst for the row when the group is all channels, else a burst per pixel.
+void copy_row(KernelBuilder& b, const PoolSpec& s, int64_t ct, bool to_ub, const char* arg,
+              const Reg& img, const Reg& row, int64_t height, int64_t width, const Reg& g,
+              uint64_t ub) {
+  constexpr int64_t kMaxBurstBlocks = 65535;  // RU16 burst length
+  const int64_t size = isa::dtype_size(s.type);
+  Reg gm = b.reg("row in GM"), t = b.reg("temp");
+  b.mul(gm, img, height);
+  b.add(gm, gm, row);
+  b.mul(gm, gm, width * s.cp * size);
+  b.mul(t, g, ct * size);
+  b.add(gm, gm, t);
+  Reg base = b.load_arg(arg);
+  b.add(gm, gm, base);
+  Reg u = b.reg_imm("row in UB", static_cast<int64_t>(ub));
+  const bool whole = ct == s.cp && width * ct * size / 32 <= kMaxBurstBlocks;
+  const int64_t bursts = whole ? 1 : width, len = (whole ? width * ct : ct) * size / 32;
+  const int64_t gap = (s.cp - ct) * size / 32;
+  if (to_ub)
+    b.emit(Opcode::op_copy_gm2ub, {u, gm, bursts, len, whole ? 0 : gap, 0},
+           fmt::format("{} row, {} channels per pixel", arg, ct));
+  else
+    b.emit(Opcode::op_copy_ub2gm, {gm, u, bursts, len, 0, whole ? 0 : gap},
+           fmt::format("{} row", arg));
+}
+
 class PoolEmitter {
  public:
   PoolEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
@@ -121,10 +149,7 @@ class PoolEmitter {
         b.declare_arg("y", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         break;
       case PoolKind::kMaxGrad:
-        b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
-        b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
-        b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
-        break;
+        b.fail("MaxPoolGrad has its own emitter (MaxPoolGradEmitter)");
       case PoolKind::kAvgGrad:
         b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -136,7 +161,6 @@ class PoolEmitter {
     m_out_free = b.flag(Pipe::MTE3, Pipe::V, "output row stored");
     b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
     b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
-    if (m_s.kind == PoolKind::kMaxGrad) constants();
     Reg item = b.reg("item"), end = b.reg("end item");
     emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
@@ -179,41 +203,13 @@ class PoolEmitter {
         buffers = static_cast<int>(2 * kh + 2);
         break;
       case PoolKind::kMaxGrad:
-        bytes = kh * w * f + o * f + w * f +
-                static_cast<uint64_t>(ceil_div(ct, kLanes) * round_up(m_s.ow, 4) * 8) +
-                2 * static_cast<uint64_t>(ct) * f;
-        if (raw()) {  // the raw rows in the scratch, the dx row narrowed into row 0
-          bytes += grad_scratch_bytes(ct);
-          buffers = static_cast<int>(kh + 6);
-        } else {
-          bytes += 4 * o * f;
-          buffers = static_cast<int>(kh + 9);
-        }
-        break;
+        break;  // MaxPoolGradEmitter
       case PoolKind::kAvgGrad:
         bytes = o * (f + r) + o * f + w * (f + r);
         buffers = 6;
         break;
     }
     return bytes + static_cast<uint64_t>(buffers) * (kSlack + 32);
-  }
-
-  // MaxPoolGrad on f16/bf16: the raw (unwidened) x rows and dy row are dead once widened, and
-  // the window's f32 max, found, eq and first-max rows are written only after that, so both
-  // sets share one scratch region (grad_item widens every row of a window row before it
-  // writes the max: the V pipe runs in order, and MTE2 refills the raw rows only after V
-  // frees the window row's inputs). Each view keeps its own slack, as a buffer of its own would.
-  static uint64_t view_bytes(uint64_t bytes) { return round_up(bytes + kSlack, uint64_t{32}); }
-  uint64_t grad_raw_view(int64_t pixels, int64_t ct) const {
-    return view_bytes(static_cast<uint64_t>(pixels * ct * m_size));
-  }
-  uint64_t grad_f32_view(int64_t ct) const {
-    return view_bytes(static_cast<uint64_t>(m_s.ow * ct * 4));
-  }
-  uint64_t grad_scratch_bytes(int64_t ct) const {
-    const uint64_t raw_rows =
-        static_cast<uint64_t>(m_s.kh) * grad_raw_view(m_s.w, ct) + grad_raw_view(m_s.ow, ct);
-    return std::max(raw_rows, 4 * grad_f32_view(ct));
   }
 
   // The largest channel group (dividing cp, a multiple of the raw block) that fits the UB.
@@ -238,38 +234,12 @@ class PoolEmitter {
   void allocate() {
     const uint64_t w = static_cast<uint64_t>(m_s.w * m_ct), o = static_cast<uint64_t>(m_s.ow * m_ct);
     const uint64_t sz = static_cast<uint64_t>(m_size);
-    const bool scratch = m_s.kind == PoolKind::kMaxGrad && raw();
     if (m_s.kind != PoolKind::kAvgGrad)
       for (int64_t k = 0; k < m_s.kh; ++k) {
         m_rows.push_back(buf(w * 4, fmt::format("row {} (f32)", k)));
-        if (!scratch)
-          m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k))
-                                     : m_rows.back());
+        m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k))
+                                   : m_rows.back());
       }
-    if (scratch) {
-      // grad_scratch_bytes(): raw x rows and dy row, or the window's four f32 rows.
-      m_dy = buf(o * 4, "dy row (f32)");
-      const uint64_t base = m_b.alloc(Buf::UB, grad_scratch_bytes(m_ct),
-                                      "raw x and dy rows / window max, found, eq, first max");
-      uint64_t at = base;
-      for (int64_t k = 0; k < m_s.kh; ++k, at += grad_raw_view(m_s.w, m_ct))
-        m_raw_rows.push_back(at);
-      m_raw_dy = at;
-      const uint64_t v = grad_f32_view(m_ct);
-      m_max = base;
-      m_found = base + v;
-      m_eq = base + 2 * v;
-      m_tmp = base + 3 * v;
-      m_bits =
-          buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
-      m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
-      m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
-      m_out = buf(w * 4, "dx row (f32)");
-      // Row 0's f32 x is dead after the window rows; the next item widens into it only after
-      // MTE3 has stored dx (grad_item waits for m_out_free first).
-      m_raw_out = m_rows[0];
-      return;
-    }
     switch (m_s.kind) {
       case PoolKind::kMax:
       case PoolKind::kAvg:
@@ -277,19 +247,7 @@ class PoolEmitter {
         m_raw_out = raw() ? buf(o * sz, "output row (raw)") : m_out;
         break;
       case PoolKind::kMaxGrad:
-        m_dy = buf(o * 4, "dy row (f32)");
-        m_raw_dy = raw() ? buf(o * sz, "dy row (raw)") : m_dy;
-        m_max = buf(o * 4, "window max");
-        m_found = buf(o * 4, "max found");
-        m_eq = buf(o * 4, "x == max");
-        m_tmp = buf(o * 4, "first max");
-        m_bits =
-            buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
-        m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
-        m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
-        m_out = buf(w * 4, "dx row (f32)");
-        m_raw_out = raw() ? buf(w * sz, "dx row (raw)") : m_out;
-        break;
+        break;  // MaxPoolGradEmitter
       case PoolKind::kAvgGrad:
         m_raw_dy = buf(o * (raw() ? sz : 4), "dy row (raw)");
         m_dy = raw() ? buf(o * 4, "dy row (f32)") : m_raw_dy;
@@ -298,13 +256,6 @@ class PoolEmitter {
         m_raw_out = raw() ? buf(w * sz, "dx row (raw)") : m_out;
         break;
     }
-  }
-
-  void constants() {
-    KernelBuilder& b = m_b;
-    Reg v = b.reg_imm("1.0f", vector_scalar_bits(Dtype::F32, 1.0));
-    vec_dup_bits(b, 4, m_ones, v, m_ct);
-    vec_dup_bits(b, 4, m_zeros, 0, m_ct);
   }
 
   // ---- vector operations over pixels (ops/pixel_ops.h) ----
@@ -327,39 +278,13 @@ class PoolEmitter {
 
   // ---- MTE ----
 
-  // Loads pixels [row * width, +width) of channel group g of the tensor `arg` (NHWC with cp
-  // channels) into UB at dst: burst per pixel of ct channels.
   void load_row(const char* arg, const Reg& img, const Reg& row, int64_t height, int64_t width,
                 const Reg& g, uint64_t dst) {
-    KernelBuilder& b = m_b;
-    Reg src = b.reg("row source"), t = b.reg("temp");
-    b.mul(src, img, height);
-    b.add(src, src, row);
-    b.mul(src, src, width * m_s.cp * m_size);
-    b.mul(t, g, m_ct * m_size);
-    b.add(src, src, t);
-    Reg base = b.load_arg(arg);
-    b.add(src, src, base);
-    Reg d = b.reg_imm("row destination", static_cast<int64_t>(dst));
-    b.emit(Opcode::op_copy_gm2ub, {d, src, width, m_ct * m_size / 32, (m_s.cp - m_ct) * m_size / 32,
-                                   0},
-           fmt::format("{} row, {} channels per pixel", arg, m_ct));
+    copy_row(m_b, m_s, m_ct, true, arg, img, row, height, width, g, dst);
   }
   void store_row(const char* arg, const Reg& img, const Reg& row, int64_t height, int64_t width,
-                 const Reg& g, uint64_t src_buf) {
-    KernelBuilder& b = m_b;
-    Reg dst = b.reg("row destination"), t = b.reg("temp");
-    b.mul(dst, img, height);
-    b.add(dst, dst, row);
-    b.mul(dst, dst, width * m_s.cp * m_size);
-    b.mul(t, g, m_ct * m_size);
-    b.add(dst, dst, t);
-    Reg base = b.load_arg(arg);
-    b.add(dst, dst, base);
-    Reg s = b.reg_imm("row source", static_cast<int64_t>(src_buf));
-    b.emit(Opcode::op_copy_ub2gm, {dst, s, width, m_ct * m_size / 32, 0,
-                                   (m_s.cp - m_ct) * m_size / 32},
-           fmt::format("{} row", arg));
+                 const Reg& g, uint64_t src) {
+    copy_row(m_b, m_s, m_ct, false, arg, img, row, height, width, g, src);
   }
 
   // body() only when 0 <= v < bound at run time.
@@ -456,24 +381,10 @@ class PoolEmitter {
     b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
   }
 
-  // eq = (x tap (kh, kw) == max) over the tap's output pixels, as 1.0 / 0.0.
-  void tap_equal(uint64_t row, int64_t kw, int64_t lo, int64_t n) {
-    KernelBuilder& b = m_b;
-    const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-    m_px->per_pixel(n, [&](int64_t j, int64_t f, int64_t cnt) {
-      const int64_t bits = static_cast<int64_t>(m_bits) + (j * round_up(m_s.ow, 4) + f) * 8;
-      b.emit(Opcode::op_vcmp, {Dtype::F32, isa::Cmp::EQ, bits, at(row, px0 + f * m_s.sw, j),
-                               at(m_max, lo + f, j), cnt, 1, 1, m_s.sw * pitch(), pitch()});
-      b.emit(Opcode::op_vsel, {Dtype::F32, at(m_eq, lo + f, j), static_cast<int64_t>(m_ones),
-                               static_cast<int64_t>(m_zeros), bits, cnt, 1, 1, 1, pitch(), 0,
-                               0});
-    });
-  }
-
+  // AvgPoolGrad: one input row ih, from the window rows covering it.
   void grad_item(const Reg& img, const Reg& ih, const Reg& g) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "input row: the window rows covering it");
-    const bool is_max = m_s.kind == PoolKind::kMaxGrad;
     b.wait_flag(Pipe::MTE3, Pipe::V, m_out_free);
     fill(m_out, 0, m_s.w);
     // Window rows oh with oh*sh - pt <= ih <= oh*sh - pt + kh - 1.
@@ -487,79 +398,20 @@ class PoolEmitter {
     b.add(oh_end, oh_end, 1);
     b.min(oh_end, oh_end, m_s.oh, "end of the window rows covering ih");
     b.for_range(oh, oh, oh_end, 1, [&] {
-      Reg r = b.reg("window input row");
-      auto window_row = [&](int64_t kh) {
-        b.mul(r, oh, m_s.sh);
-        b.add(r, r, kh - m_s.pt);
-      };
       b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
       load_row("dy", img, oh, m_s.oh, m_s.ow, g, m_raw_dy);
-      if (is_max)
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] { load_row("x", img, r, m_s.h, m_s.w, g, m_raw_rows[kh]); });
-        }
       b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
       b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
       widen(m_dy, m_raw_dy, m_s.ow);
-      if (!is_max) {
-        // dy / count, added at every column tap.
-        Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
-        Reg cnt = b.reg_imm("elements", m_s.ow * m_ct);
-        vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_tmp, m_dy, rh, cnt);
-        scale_columns(m_tmp);
-        for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-          auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-          const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-          binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1, hi - lo);
-        }
-      } else {
-        // The window max, then the first max in scan order up to row ih. Raw rows are all
-        // widened first: they share the scratch with m_max, m_found, m_eq and m_tmp.
-        if (raw())
-          for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-            window_row(kh);
-            if_in(r, m_s.h, [&] { widen(m_rows[kh], m_raw_rows[kh], m_s.w); });
-          }
-        fill(m_max, 0xFF800000u, m_s.ow);
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] {
-            if (!raw()) widen(m_rows[kh], m_raw_rows[kh], m_s.w);  // f32: no conversion
-            for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-              auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-              binary(Opcode::op_vmax, m_max, lo, 1, m_max, lo, 1, m_rows[kh],
-                     lo * m_s.sw - m_s.pl + kw, m_s.sw, hi - lo);
-            }
-          });
-        }
-        fill(m_found, 0, m_s.ow);
-        Reg khi = b.reg("window row of ih");
-        b.mul(khi, oh, m_s.sh);
-        b.sub(khi, ih, khi);
-        b.add(khi, khi, m_s.pt);
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] {
-            b.if_(ge(khi, kh), [&] {
-              for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-                auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-                if (hi <= lo) continue;
-                tap_equal(m_rows[kh], kw, lo, hi - lo);
-                b.if_(eq(khi, kh), [&] {
-                  // first = eq * (1 - found); dx[iw] += first * dy
-                  binary(Opcode::op_vsub, m_tmp, lo, 1, m_ones, 0, 0, m_found, lo, 1, hi - lo);
-                  binary(Opcode::op_vmul, m_tmp, lo, 1, m_tmp, lo, 1, m_eq, lo, 1, hi - lo);
-                  binary(Opcode::op_vmul, m_tmp, lo, 1, m_tmp, lo, 1, m_dy, lo, 1, hi - lo);
-                  const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-                  binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1,
-                         hi - lo);
-                });
-                binary(Opcode::op_vmax, m_found, lo, 1, m_found, lo, 1, m_eq, lo, 1, hi - lo);
-              }
-            });
-          });
-        }
+      // dy / count, added at every column tap.
+      Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
+      Reg cnt = b.reg_imm("elements", m_s.ow * m_ct);
+      vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_tmp, m_dy, rh, cnt);
+      scale_columns(m_tmp);
+      for (int64_t kw = 0; kw < m_s.kw; ++kw) {
+        auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
+        const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
+        binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1, hi - lo);
       }
       b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
     });
@@ -576,9 +428,332 @@ class PoolEmitter {
   int64_t m_ct = 0;
   std::optional<PixelOps> m_px;
   std::vector<uint64_t> m_rows, m_raw_rows;
-  uint64_t m_out = 0, m_raw_out = 0, m_dy = 0, m_raw_dy = 0, m_max = 0, m_found = 0, m_eq = 0,
-           m_tmp = 0, m_bits = 0, m_ones = 0, m_zeros = 0;
+  uint64_t m_out = 0, m_raw_out = 0, m_dy = 0, m_raw_dy = 0, m_tmp = 0;
   int m_in_free = -1, m_in_ready = -1, m_out_ready = -1, m_out_free = -1;
+};
+
+// MaxPoolGrad as CANN does it on the vector unit: items are (image, channel group, band of
+// window rows); an item walks its window rows in order and, per window row, computes the window
+// max from the kh input rows, then routes dy tap by tap in TF's scan order (compare with the
+// max, select dy or 0, add into the dx rows in the UB, and zero the remaining dy where the tap
+// matched: later ties get nothing). The window row's dx rows overlap the next one's by
+// kh - sh rows: those partial sums are carried (copied) into the next window row's dx rows, the
+// first sh rows are complete and stored. A band starts E = (kh - 1) / sh window rows early to
+// rebuild the carried sums of its first rows (those window rows store nothing). Everything is
+// computed in the tensor's type: max, compare and select are exact; the sums of dy round to the
+// type per addition, as TF's CPU kernel does (it adds in T), in a different order (taps, then
+// window rows). Window rows are double-buffered: MTE2 loads the next window row's x and dy rows
+// and MTE3 stores the previous one's dx rows while V computes.
+class MaxPoolGradEmitter {
+ public:
+  MaxPoolGradEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
+      : m_s(s),
+        m_b(fmt::format("MaxPoolGrad_{}", isa::dtype_name(s.type)), op, cfg),
+        m_size(isa::dtype_size(s.type)),
+        m_lanes(vec::kRepeatBytes / m_size) {}
+
+  Launch emit() {
+    KernelBuilder& b = m_b;
+    const isa::CoreKind kind = b.vector_core_kind();
+    const CoreKindConfig& core = *b.config().core_kind(kind);
+    choose_ct(core.capacity(Buf::UB));
+    const int64_t groups = m_s.cp / m_ct;
+    // Bands: enough items for every core, whole images when the batch gives that already.
+    const int64_t per_image = std::min(m_s.oh, ceil_div(core.count, m_s.n * groups));
+    const int64_t band = ceil_div(m_s.oh, per_image), bands = ceil_div(m_s.oh, band);
+    const int64_t items = m_s.n * groups * bands;
+    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
+    const int block_dim = static_cast<int>(ceil_div(items, per));
+    b.begin_section(kind);
+    allocate();
+    b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
+    b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
+    b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
+    m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "x and dy rows loaded");
+    m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x and dy rows free");
+    m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "dx rows computed");
+    m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
+    for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
+    for (int d = 0; d < m_dx_sets; ++d) b.set_flag(m_out_free, d);
+    vec_dup_bits(b, m_size, m_zeros, 0, m_lanes);
+    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, m_s.w * m_ct);
+    Reg item = b.reg("item"), end = b.reg("end item");
+    emit_block_range(b, item, end, per, items);
+    b.for_range(item, item, end, 1, [&] {
+      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
+      Reg img = b.reg("image"), g = b.reg("channel group"), first = b.reg("first window row");
+      Reg stop = b.reg("window rows end"), own = b.reg("first dx row of the band");
+      Reg steps = b.reg("window rows of the item");
+      b.rem(first, item, bands);
+      b.div(img, item, bands);
+      b.rem(g, img, groups);
+      b.div(img, img, groups);
+      b.mul(first, first, band);
+      b.mul(own, first, m_s.sh);
+      b.sub(own, own, m_s.pt);
+      b.add(stop, first, band);
+      b.min(stop, stop, m_s.oh);
+      b.sub(first, first, (m_s.kh - 1) / m_s.sh, "rebuild the carried dx rows of the band");
+      b.max(first, first, 0);
+      b.sub(steps, stop, first);
+      b.pipelined_steps(
+          steps,
+          [&](const Reg& t) {
+            Reg oh = b.reg("window row"), parity = b.reg("parity");
+            b.add(oh, first, t);
+            b.and_(parity, t, 1);
+            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh); });
+          },
+          [&](const Reg& t) {
+            Reg oh = b.reg("window row"), parity = b.reg("parity");
+            b.add(oh, first, t);
+            b.and_(parity, t, 1);
+            b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, own); });
+          });
+    });
+    for (int p = 0; p < 2; ++p) b.wait_flag(m_in_free, p);
+    for (int d = 0; d < m_dx_sets; ++d) b.wait_flag(m_out_free, d);
+    b.end();
+    Launch l;
+    l.kernel = b.finish();
+    l.block_dim = block_dim;
+    l.summary = fmt::format(
+        "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
+        "band of {} window rows) over {} blocks of {}, {} dx set(s)",
+        isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
+        items, m_ct, band, block_dim, per, m_dx_sets);
+    return l;
+  }
+
+ private:
+  // dx rows a window row touches (its kh, at least its sh stored rows) and those it carries.
+  int64_t slots() const { return std::max(m_s.kh, m_s.sh); }
+  int64_t carried() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
+  int64_t pitch(int64_t ct) const { return ct * m_size / 32; }  // blocks per pixel
+  int64_t pitch() const { return pitch(m_ct); }
+  uint64_t row_bytes(int64_t pixels, int64_t ct) const {
+    return static_cast<uint64_t>(pixels * ct * m_size);
+  }
+  uint64_t row_bytes(int64_t pixels) const { return row_bytes(pixels, m_ct); }
+  // Compare bits of one instruction: a repeat per pixel, lanes / 8 bytes per repeat.
+  uint64_t bits_bytes() const {
+    return round_up(static_cast<uint64_t>(std::min(m_s.ow, PixelOps::kPixChunk) * m_lanes / 8),
+                    uint64_t{32});
+  }
+  // Rows below the last window row's dx rows (VALID remainders): stored as zeros.
+  int64_t first_zero_row() const { return (m_s.oh - 1) * m_s.sh - m_s.pt + slots(); }
+
+  // UB bytes for a channel group of ct: per parity kh x rows and a dy row, `slots` dx rows per
+  // dx set; the window max, the selected dy, the compare bits, a repeat of zeros and a zero dx
+  // row.
+  uint64_t ub_need(int64_t ct, int dx_sets) const {
+    const uint64_t each = kSlack + 32;  // masked repeats' reach past the end, alignment
+    uint64_t bytes = 2 * (static_cast<uint64_t>(m_s.kh) * row_bytes(m_s.w, ct) + each +
+                          row_bytes(m_s.ow, ct) + each) +
+                     static_cast<uint64_t>(dx_sets) *
+                         (static_cast<uint64_t>(slots()) * row_bytes(m_s.w, ct) + each);
+    bytes += 2 * (row_bytes(m_s.ow, ct) + each) + bits_bytes() + each + vec::kRepeatBytes + each;
+    if (first_zero_row() < m_s.h) bytes += row_bytes(m_s.w, ct) + each;
+    return bytes;
+  }
+
+  // The largest channel group (dividing cp, whole blocks) that fits the UB, with two dx sets
+  // (V fills one while MTE3 stores the other) where they fit, else one (V waits for the store of
+  // the previous window row's dx rows before it writes them again).
+  void choose_ct(uint64_t ub) {
+    const int64_t unit = 32 / m_size;
+    m_ct = 0;
+    for (int64_t ct = unit; ct <= m_s.cp; ct += unit) {
+      if (m_s.cp % ct != 0 || pitch(ct) * m_s.sw > kMaxStride) continue;
+      for (int sets = 2; sets >= 1; --sets)
+        if (ub_need(ct, sets) <= ub) {
+          m_ct = ct;
+          m_dx_sets = sets;
+          break;
+        }
+    }
+    if (m_ct == 0)
+      m_b.fail(fmt::format("MaxPoolGrad: a row of {} pixels x {} channels, {} window rows, does "
+                           "not fit the {} bytes of UB twice",
+                           m_s.w, unit, m_s.kh, ub));
+  }
+
+  uint64_t buf(uint64_t bytes, const std::string& what) {
+    return m_b.alloc(Buf::UB, bytes + kSlack, what);
+  }
+
+  void allocate() {
+    for (int p = 0; p < 2; ++p) {
+      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row_bytes(m_s.w), fmt::format("x rows ({})", p));
+      m_dy[p] = buf(row_bytes(m_s.ow), fmt::format("dy row, dy not yet routed ({})", p));
+      if (p < m_dx_sets)
+        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row_bytes(m_s.w),
+                      fmt::format("dx rows ({})", p));
+    }
+    if (m_dx_sets == 1) m_dx[1] = m_dx[0];
+    m_max = buf(row_bytes(m_s.ow), "window max");
+    m_sel = buf(row_bytes(m_s.ow), "dy routed to the tap");
+    m_bits = m_b.alloc(Buf::UB, bits_bytes(), "x == max bits");
+    m_zeros = m_b.alloc(Buf::UB, vec::kRepeatBytes, "zeros");
+    if (first_zero_row() < m_s.h) m_zero_row = buf(row_bytes(m_s.w), "zero dx row");
+  }
+
+  int64_t at(uint64_t base, int64_t p, int64_t j) const {
+    return static_cast<int64_t>(base) + (p * pitch() + j * 8) * 32;
+  }
+  uint64_t x_row(int p, int64_t a) const { return m_x[p] + static_cast<uint64_t>(a) * row_bytes(m_s.w); }
+  int dx_set(int p) const { return m_dx_sets == 2 ? p : 0; }
+  uint64_t dx_row(int p, int64_t a) const {
+    return m_dx[p] + static_cast<uint64_t>(a) * row_bytes(m_s.w);
+  }
+
+  // Calls one(part, first pixel, pixel count) per part of m_lanes channels (mask set for the
+  // part's channels) and chunk of pixels (at most 255 repeats).
+  void per_pixel(int64_t npix, const std::function<void(int64_t, int64_t, int64_t)>& one) {
+    for (int64_t j = 0; j * m_lanes < m_ct; ++j) {
+      const int64_t lanes = std::min(m_lanes, m_ct - j * m_lanes);
+      auto bits = [](int64_t n) {
+        return static_cast<int64_t>(n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1);
+      };
+      Reg lo = m_b.reg_imm("mask: channels of the part (low)", bits(std::min<int64_t>(lanes, 64)));
+      Reg hi = m_b.reg_imm("mask: channels of the part (high)",
+                           bits(std::max<int64_t>(lanes - 64, 0)));
+      m_b.emit(Opcode::op_set_mask, {hi, lo});
+      for (int64_t f = 0; f < npix; f += PixelOps::kPixChunk)
+        one(j, f, std::min(PixelOps::kPixChunk, npix - f));
+    }
+  }
+
+  void load_step(int p, const Reg& img, const Reg& g, const Reg& oh) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
+    b.wait_flag(m_in_free, p);
+    copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_dy[p]);
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      Reg r = b.reg("input row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      b.if_(ge(r, 0), [&] {
+        b.if_(lt(r, m_s.h),
+              [&] { copy_row(b, m_s, m_ct, true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+      });
+    }
+    b.set_flag(m_in_ready, p);
+  }
+
+  void compute_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t,
+                    const Reg& own) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("window row ({})", p));
+    b.wait_flag(m_in_ready, p);
+    // The window max over the taps inside the map.
+    vec_dup_bits(b, m_size, m_max, neg_inf_bits(), m_s.ow * m_ct);
+    for (int64_t a = 0; a < m_s.kh; ++a)
+      valid_row(oh, a, [&] {
+        for (int64_t kw = 0; kw < m_s.kw; ++kw) {
+          auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
+          const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
+          per_pixel(hi - lo, [&](int64_t j, int64_t f, int64_t n) {
+            b.emit(Opcode::op_vmax, {m_s.type, at(m_max, lo + f, j), at(m_max, lo + f, j),
+                                     at(x_row(p, a), px0 + f * m_s.sw, j), n, 1, 1, 1, pitch(),
+                                     pitch(), m_s.sw * pitch()});
+          });
+        }
+      });
+    // dx rows: the previous window row's last kh - sh rows carried (moved down in place with
+    // one dx set: a forward copy to lower addresses reads each repeat before it writes), the
+    // others zero.
+    b.wait_flag(m_out_free, dx_set(p));
+    const int64_t c = carried(), w = m_s.w * m_ct;
+    if (c > 0) {
+      b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, m_dx[p], 0, c * w); });
+      b.if_(ne(t, 0), [&] {
+        vec_copy_bits(b, m_size, m_dx[p], dx_row(1 - p, m_s.sh), c * w);
+      });
+    }
+    vec_dup_bits(b, m_size, dx_row(p, c), 0, (slots() - c) * w);
+    // Route dy in scan order: the first tap equal to the max takes it.
+    for (int64_t a = 0; a < m_s.kh; ++a)
+      valid_row(oh, a, [&] {
+        for (int64_t kw = 0; kw < m_s.kw; ++kw)
+          route_tap(p, a, kw, a == m_s.kh - 1 && kw == m_s.kw - 1);
+      });
+    b.set_flag(m_in_free, p);
+    b.set_flag(m_out_ready, dx_set(p));
+    store_rows(p, img, g, oh, own);
+  }
+
+  void valid_row(const Reg& oh, int64_t a, const std::function<void()>& body) {
+    Reg r = m_b.reg("input row");
+    m_b.mul(r, oh, m_s.sh);
+    m_b.add(r, r, a - m_s.pt);
+    m_b.if_(ge(r, 0), [&] { m_b.if_(lt(r, m_s.h), body); });
+  }
+
+  int64_t neg_inf_bits() const {
+    switch (m_s.type) {
+      case Dtype::F16: return 0xFC00;
+      case Dtype::BF16: return 0xFF80;
+      default: return 0xFF800000;
+    }
+  }
+
+  // Tap (a, kw): bits = x == max; sel = bits ? dy : 0; dx += sel at the tap's pixels; and,
+  // unless it is the last tap, dy = bits ? 0 : dy (a routed gradient is spent).
+  void route_tap(int p, int64_t a, int64_t kw, bool last) {
+    KernelBuilder& b = m_b;
+    auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
+    const int64_t px0 = lo * m_s.sw - m_s.pl + kw, xs = m_s.sw * pitch(), ps = pitch();
+    const int64_t bits = static_cast<int64_t>(m_bits), zeros = static_cast<int64_t>(m_zeros);
+    per_pixel(hi - lo, [&](int64_t j, int64_t f, int64_t n) {
+      const int64_t xp = px0 + f * m_s.sw, wp = lo + f;
+      b.emit(Opcode::op_vcmp, {m_s.type, isa::Cmp::EQ, bits, at(x_row(p, a), xp, j),
+                               at(m_max, wp, j), n, 1, 1, xs, ps});
+      b.emit(Opcode::op_vsel, {m_s.type, at(m_sel, wp, j), at(m_dy[p], wp, j), zeros, bits, n, 1,
+                               1, 1, ps, ps, 0});
+      b.emit(Opcode::op_vadd, {m_s.type, at(dx_row(p, a), xp, j), at(dx_row(p, a), xp, j),
+                               at(m_sel, wp, j), n, 1, 1, 1, xs, xs, ps});
+      if (!last)
+        b.emit(Opcode::op_vsel, {m_s.type, at(m_dy[p], wp, j), zeros, at(m_dy[p], wp, j), bits,
+                                 n, 1, 1, 1, ps, 0, ps});
+    });
+  }
+
+  // MTE3: the window row's first sh dx rows that the band owns (>= own) and lie in the map; the
+  // last window row also stores its carried rows and the zero rows below them.
+  void store_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& own) {
+    KernelBuilder& b = m_b;
+    b.wait_flag(m_out_ready, dx_set(p));
+    auto store = [&](int64_t a, uint64_t src) {
+      Reg r = b.reg("dx row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      b.if_(ge(r, own), [&] {
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_row(b, m_s, m_ct, false, "dx", img, r, m_s.h, m_s.w, g, src); });
+        });
+      });
+    };
+    for (int64_t a = 0; a < m_s.sh; ++a) store(a, dx_row(p, a));
+    b.if_(eq(oh, m_s.oh - 1), [&] {
+      for (int64_t a = m_s.sh; a < slots(); ++a) store(a, dx_row(p, a));
+      for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
+        Reg rr = b.reg_imm("zero dx row", r);
+        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_zero_row);
+      }
+    });
+    b.set_flag(m_out_free, dx_set(p));
+  }
+
+  const PoolSpec& m_s;
+  KernelBuilder m_b;
+  const int64_t m_size, m_lanes;
+  int64_t m_ct = 0;
+  int m_dx_sets = 2;
+  uint64_t m_x[2] = {}, m_dy[2] = {}, m_dx[2] = {};
+  uint64_t m_max = 0, m_sel = 0, m_bits = 0, m_zeros = 0, m_zero_row = 0;
+  FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
 DataType pool_dtype(const OpDesc& op, std::initializer_list<size_t> inputs) {
@@ -694,7 +869,9 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   ArgRef out = output_ref(0);
   if (s.cp != c) out = workspace_take(k, static_cast<uint64_t>(out_pixels * s.cp * size));
   args.push_back(out);
-  k.launches.push_back(with_args(PoolEmitter(s, ctx.cfg, op.str()).emit(), args));
+  Launch launch = s.kind == PoolKind::kMaxGrad ? MaxPoolGradEmitter(s, ctx.cfg, op.str()).emit()
+                                               : PoolEmitter(s, ctx.cfg, op.str()).emit();
+  k.launches.push_back(with_args(std::move(launch), args));
   if (s.cp != c)
     append_strided_copy(k, op, out, output_ref(0), out_pixels, c, s.cp, dt, dt, ctx.cfg);
   return k;
