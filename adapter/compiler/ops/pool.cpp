@@ -434,9 +434,17 @@ class PoolEmitter {
 
 // MaxPoolGrad as CANN does it on the vector unit: items are (image, channel group, band of
 // window rows); an item walks its window rows in order and, per window row, computes the window
-// max from the kh input rows, then routes dy tap by tap in TF's scan order (compare with the
-// max, select dy or 0, add into the dx rows in the UB, and zero the remaining dy where the tap
-// matched: later ties get nothing). The window row's dx rows overlap the next one's by
+// max from the kh input rows, then routes dy tap by tap in TF's scan order: compare with the
+// max (bits), keep the bits of windows not yet routed (and-not of a "not found" bit set),
+// select dy or 0 with them and add it into the dx rows in the UB. The UB rows carry the map's
+// padding columns (and padding rows are filled) with -inf, so every tap covers every window of
+// the row and the bit sets of all taps line up: padding never equals a window's max unless the
+// window holds only -inf (then its gradient goes to the padding and is dropped; TF's CPU kernel
+// routes it to the first -inf). Operations write a buffer other than their sources where a
+// ping-pong pair allows it (the window max, the bit sets): an in-place operation reads and
+// writes the same UB banks. A tap that is the first in scan order to reach its dx pixels
+// (columns kw < sw of rows not carried) writes the selected dy instead of adding it. The window
+// row's dx rows overlap the next one's by
 // kh - sh rows: those partial sums are carried (copied) into the next window row's dx rows, the
 // first sh rows are complete and stored. A band starts E = (kh - 1) / sh window rows early to
 // rebuild the carried sums of its first rows (those window rows store nothing). Everything is
@@ -476,7 +484,15 @@ class MaxPoolGradEmitter {
     for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
     for (int d = 0; d < m_dx_sets; ++d) b.set_flag(m_out_free, d);
     vec_dup_bits(b, m_size, m_zeros, 0, m_lanes);
-    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, m_s.w * m_ct);
+    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, wp() * m_ct);
+    // The padding columns of the x rows: -inf, kept (MTE2 writes the map's columns only).
+    for (int p = 0; p < 2; ++p)
+      for (int64_t a = 0; a < m_s.kh; ++a) {
+        if (m_s.pl > 0) vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), m_s.pl * m_ct);
+        if (pad_right() > 0)
+          vec_dup_bits(b, m_size, x_row(p, a) + row_bytes(m_s.pl + m_s.w), neg_inf_bits(),
+                       pad_right() * m_ct);
+      }
     Reg item = b.reg("item"), end = b.reg("end item");
     emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
@@ -529,31 +545,43 @@ class MaxPoolGradEmitter {
   // dx rows a window row touches (its kh, at least its sh stored rows) and those it carries.
   int64_t slots() const { return std::max(m_s.kh, m_s.sh); }
   int64_t carried() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
+  // UB rows are padded: pl columns before the map's, pr after (the last window's reach).
+  int64_t pad_right() const {
+    return std::max<int64_t>((m_s.ow - 1) * m_s.sw + m_s.kw - m_s.pl - m_s.w, 0);
+  }
+  int64_t wp() const { return m_s.pl + m_s.w + pad_right(); }
+  // Taps that write their dx pixels: columns kw < sw when every pixel of a row is reached that
+  // way (kw >= sw), in rows not carried from the previous window row.
+  bool writes(int64_t a, int64_t kw) const {
+    return m_s.kw >= m_s.sw && kw < m_s.sw && a >= carried();
+  }
   int64_t pitch(int64_t ct) const { return ct * m_size / 32; }  // blocks per pixel
   int64_t pitch() const { return pitch(m_ct); }
   uint64_t row_bytes(int64_t pixels, int64_t ct) const {
     return static_cast<uint64_t>(pixels * ct * m_size);
   }
   uint64_t row_bytes(int64_t pixels) const { return row_bytes(pixels, m_ct); }
-  // Compare bits of one instruction: a repeat per pixel, lanes / 8 bytes per repeat.
-  uint64_t bits_bytes() const {
-    return round_up(static_cast<uint64_t>(std::min(m_s.ow, PixelOps::kPixChunk) * m_lanes / 8),
-                    uint64_t{32});
+  // A bit set: per part of m_lanes channels, a repeat per window (lanes / 8 bytes each), parts
+  // 32-byte aligned.
+  int64_t bits_part_bytes() const { return round_up(m_s.ow * m_lanes / 8, int64_t{32}); }
+  uint64_t bits_bytes(int64_t ct) const {
+    return static_cast<uint64_t>(ceil_div(ct, m_lanes) * bits_part_bytes());
   }
   // Rows below the last window row's dx rows (VALID remainders): stored as zeros.
   int64_t first_zero_row() const { return (m_s.oh - 1) * m_s.sh - m_s.pt + slots(); }
 
   // UB bytes for a channel group of ct: per parity kh x rows and a dy row, `slots` dx rows per
-  // dx set; the window max, the selected dy, the compare bits, a repeat of zeros and a zero dx
-  // row.
+  // dx set; the window max (two), the selected dy, four bit sets (x == max, the routed bits and
+  // the not-found pair), a repeat of zeros and a zero dx row.
   uint64_t ub_need(int64_t ct, int dx_sets) const {
     const uint64_t each = kSlack + 32;  // masked repeats' reach past the end, alignment
-    uint64_t bytes = 2 * (static_cast<uint64_t>(m_s.kh) * row_bytes(m_s.w, ct) + each +
+    uint64_t bytes = 2 * (static_cast<uint64_t>(m_s.kh) * row_bytes(wp(), ct) + each +
                           row_bytes(m_s.ow, ct) + each) +
                      static_cast<uint64_t>(dx_sets) *
-                         (static_cast<uint64_t>(slots()) * row_bytes(m_s.w, ct) + each);
-    bytes += 2 * (row_bytes(m_s.ow, ct) + each) + bits_bytes() + each + vec::kRepeatBytes + each;
-    if (first_zero_row() < m_s.h) bytes += row_bytes(m_s.w, ct) + each;
+                         (static_cast<uint64_t>(slots()) * row_bytes(wp(), ct) + each);
+    bytes += 3 * (row_bytes(m_s.ow, ct) + each) + 4 * (bits_bytes(ct) + each) +
+             vec::kRepeatBytes + each;
+    if (first_zero_row() < m_s.h) bytes += row_bytes(wp(), ct) + each;
     return bytes;
   }
 
@@ -584,28 +612,34 @@ class MaxPoolGradEmitter {
 
   void allocate() {
     for (int p = 0; p < 2; ++p) {
-      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row_bytes(m_s.w), fmt::format("x rows ({})", p));
-      m_dy[p] = buf(row_bytes(m_s.ow), fmt::format("dy row, dy not yet routed ({})", p));
+      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row_bytes(wp()), fmt::format("x rows ({})", p));
+      m_dy[p] = buf(row_bytes(m_s.ow), fmt::format("dy row ({})", p));
       if (p < m_dx_sets)
-        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row_bytes(m_s.w),
+        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row_bytes(wp()),
                       fmt::format("dx rows ({})", p));
+      m_max[p] = buf(row_bytes(m_s.ow), fmt::format("window max ({})", p));
+      m_not_found[p] = buf(bits_bytes(m_ct), fmt::format("windows not routed yet ({})", p));
     }
     if (m_dx_sets == 1) m_dx[1] = m_dx[0];
-    m_max = buf(row_bytes(m_s.ow), "window max");
     m_sel = buf(row_bytes(m_s.ow), "dy routed to the tap");
-    m_bits = m_b.alloc(Buf::UB, bits_bytes(), "x == max bits");
+    m_equal = buf(bits_bytes(m_ct), "x == max");
+    m_routed = buf(bits_bytes(m_ct), "x == max, first in the window");
     m_zeros = m_b.alloc(Buf::UB, vec::kRepeatBytes, "zeros");
-    if (first_zero_row() < m_s.h) m_zero_row = buf(row_bytes(m_s.w), "zero dx row");
+    if (first_zero_row() < m_s.h) m_zero_row = buf(row_bytes(wp()), "zero dx row");
   }
 
   int64_t at(uint64_t base, int64_t p, int64_t j) const {
     return static_cast<int64_t>(base) + (p * pitch() + j * 8) * 32;
   }
-  uint64_t x_row(int p, int64_t a) const { return m_x[p] + static_cast<uint64_t>(a) * row_bytes(m_s.w); }
+  // Padded UB rows: x row a / dx row a of parity p; the map's first pixel at pl.
+  uint64_t x_row(int p, int64_t a) const {
+    return m_x[p] + static_cast<uint64_t>(a) * row_bytes(wp());
+  }
   int dx_set(int p) const { return m_dx_sets == 2 ? p : 0; }
   uint64_t dx_row(int p, int64_t a) const {
-    return m_dx[p] + static_cast<uint64_t>(a) * row_bytes(m_s.w);
+    return m_dx[p] + static_cast<uint64_t>(a) * row_bytes(wp());
   }
+  uint64_t map_px(uint64_t row) const { return row + row_bytes(m_s.pl); }
 
   // Calls one(part, first pixel, pixel count) per part of m_lanes channels (mask set for the
   // part's channels) and chunk of pixels (at most 255 repeats).
@@ -635,7 +669,7 @@ class MaxPoolGradEmitter {
       b.add(r, r, a - m_s.pt);
       b.if_(ge(r, 0), [&] {
         b.if_(lt(r, m_s.h),
-              [&] { copy_row(b, m_s, m_ct, true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+              [&] { copy_row(b, m_s, m_ct, true, "x", img, r, m_s.h, m_s.w, g, map_px(x_row(p, a))); });
       });
     }
     b.set_flag(m_in_ready, p);
@@ -646,48 +680,90 @@ class MaxPoolGradEmitter {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("window row ({})", p));
     b.wait_flag(m_in_ready, p);
-    // The window max over the taps inside the map.
-    vec_dup_bits(b, m_size, m_max, neg_inf_bits(), m_s.ow * m_ct);
+    // Rows outside the map: -inf.
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      Reg r = b.reg("input row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      auto pad = [&] { vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), wp() * m_ct); };
+      b.if_(lt(r, 0), pad);
+      b.if_(ge(r, m_s.h), pad);
+    }
+    // The window max, ping-pong over the taps in scan order.
+    std::vector<std::pair<int64_t, int64_t>> taps;
     for (int64_t a = 0; a < m_s.kh; ++a)
-      valid_row(oh, a, [&] {
-        for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-          auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-          const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-          per_pixel(hi - lo, [&](int64_t j, int64_t f, int64_t n) {
-            b.emit(Opcode::op_vmax, {m_s.type, at(m_max, lo + f, j), at(m_max, lo + f, j),
-                                     at(x_row(p, a), px0 + f * m_s.sw, j), n, 1, 1, 1, pitch(),
-                                     pitch(), m_s.sw * pitch()});
-          });
-        }
+      for (int64_t kw = 0; kw < m_s.kw; ++kw) taps.emplace_back(a, kw);
+    auto tap_px = [&](size_t t, int64_t w, int64_t j) {  // tap t of window w, part j
+      return at(x_row(p, taps[t].first), w * m_s.sw + taps[t].second, j);
+    };
+    const int64_t ps = pitch(), xs = m_s.sw * pitch();
+    int m = 0;  // the buffer holding the max so far
+    for (size_t t = std::min<size_t>(1, taps.size() - 1); t < taps.size(); ++t) {
+      const int d = t <= 1 ? 0 : 1 - m;
+      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
+        const int64_t src0 = t <= 1 ? tap_px(0, f, j) : at(m_max[m], f, j);
+        b.emit(Opcode::op_vmax, {m_s.type, at(m_max[d], f, j), src0, tap_px(t, f, j), n, 1, 1,
+                                 1, ps, t <= 1 ? xs : ps, xs});
       });
+      m = d;
+    }
     // dx rows: the previous window row's last kh - sh rows carried (moved down in place with
-    // one dx set: a forward copy to lower addresses reads each repeat before it writes), the
-    // others zero.
+    // one dx set: a forward copy to lower addresses reads each repeat before it writes); the
+    // others zero where no tap writes.
     b.wait_flag(m_out_free, dx_set(p));
-    const int64_t c = carried(), w = m_s.w * m_ct;
+    const int64_t c = carried(), w = wp() * m_ct;
     if (c > 0) {
       b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, m_dx[p], 0, c * w); });
       b.if_(ne(t, 0), [&] {
         vec_copy_bits(b, m_size, m_dx[p], dx_row(1 - p, m_s.sh), c * w);
       });
     }
-    vec_dup_bits(b, m_size, dx_row(p, c), 0, (slots() - c) * w);
+    for (int64_t a = c; a < slots(); ++a) {
+      const int64_t from = a < m_s.kh && writes(a, 0) ? m_s.ow * m_s.sw : 0;
+      if (from < wp())
+        vec_dup_bits(b, m_size, at(dx_row(p, a), from, 0), 0, (wp() - from) * m_ct);
+    }
     // Route dy in scan order: the first tap equal to the max takes it.
-    for (int64_t a = 0; a < m_s.kh; ++a)
-      valid_row(oh, a, [&] {
-        for (int64_t kw = 0; kw < m_s.kw; ++kw)
-          route_tap(p, a, kw, a == m_s.kh - 1 && kw == m_s.kw - 1);
+    const int64_t bit_words = static_cast<int64_t>(bits_bytes(m_ct)) / 2;
+    Reg words = b.reg_imm("bit set (u16 words)", bit_words);
+    int nf = 0;  // the not-found set in use
+    for (size_t t = 0; t < taps.size(); ++t) {
+      const auto [a, kw] = taps[t];
+      const bool last = t + 1 == taps.size();
+      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
+        b.emit(Opcode::op_vcmp, {m_s.type, isa::Cmp::EQ, bits_at(m_equal, j, f), tap_px(t, f, j),
+                                 at(m_max[m], f, j), n, 1, 1, xs, ps});
       });
+      uint64_t routed = m_equal;
+      if (t == 0) {
+        if (!last) vec_unary(b, Opcode::op_vnot, Dtype::U16, m_not_found[0], m_equal, words);
+      } else {
+        routed = m_routed;
+        vec_binary(b, Opcode::op_vand, Dtype::U16, m_routed, m_equal, m_not_found[nf], words);
+        if (!last) {
+          vec_binary(b, Opcode::op_vsub, Dtype::U16, m_not_found[1 - nf], m_not_found[nf],
+                     m_routed, words);
+          nf = 1 - nf;
+        }
+      }
+      const bool write = writes(a, kw);
+      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
+        const int64_t dx = at(dx_row(p, a), f * m_s.sw + kw, j);
+        const int64_t zeros = static_cast<int64_t>(m_zeros);
+        b.emit(Opcode::op_vsel, {m_s.type, write ? dx : at(m_sel, f, j), at(m_dy[p], f, j), zeros,
+                                 bits_at(routed, j, f), n, 1, 1, 1, write ? xs : ps, ps, 0});
+        if (!write)
+          b.emit(Opcode::op_vadd,
+                 {m_s.type, dx, dx, at(m_sel, f, j), n, 1, 1, 1, xs, xs, ps});
+      });
+    }
     b.set_flag(m_in_free, p);
     b.set_flag(m_out_ready, dx_set(p));
     store_rows(p, img, g, oh, own);
   }
 
-  void valid_row(const Reg& oh, int64_t a, const std::function<void()>& body) {
-    Reg r = m_b.reg("input row");
-    m_b.mul(r, oh, m_s.sh);
-    m_b.add(r, r, a - m_s.pt);
-    m_b.if_(ge(r, 0), [&] { m_b.if_(lt(r, m_s.h), body); });
+  int64_t bits_at(uint64_t set, int64_t part, int64_t window) const {
+    return static_cast<int64_t>(set) + part * bits_part_bytes() + window * m_lanes / 8;
   }
 
   int64_t neg_inf_bits() const {
@@ -696,27 +772,6 @@ class MaxPoolGradEmitter {
       case Dtype::BF16: return 0xFF80;
       default: return 0xFF800000;
     }
-  }
-
-  // Tap (a, kw): bits = x == max; sel = bits ? dy : 0; dx += sel at the tap's pixels; and,
-  // unless it is the last tap, dy = bits ? 0 : dy (a routed gradient is spent).
-  void route_tap(int p, int64_t a, int64_t kw, bool last) {
-    KernelBuilder& b = m_b;
-    auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-    const int64_t px0 = lo * m_s.sw - m_s.pl + kw, xs = m_s.sw * pitch(), ps = pitch();
-    const int64_t bits = static_cast<int64_t>(m_bits), zeros = static_cast<int64_t>(m_zeros);
-    per_pixel(hi - lo, [&](int64_t j, int64_t f, int64_t n) {
-      const int64_t xp = px0 + f * m_s.sw, wp = lo + f;
-      b.emit(Opcode::op_vcmp, {m_s.type, isa::Cmp::EQ, bits, at(x_row(p, a), xp, j),
-                               at(m_max, wp, j), n, 1, 1, xs, ps});
-      b.emit(Opcode::op_vsel, {m_s.type, at(m_sel, wp, j), at(m_dy[p], wp, j), zeros, bits, n, 1,
-                               1, 1, ps, ps, 0});
-      b.emit(Opcode::op_vadd, {m_s.type, at(dx_row(p, a), xp, j), at(dx_row(p, a), xp, j),
-                               at(m_sel, wp, j), n, 1, 1, 1, xs, xs, ps});
-      if (!last)
-        b.emit(Opcode::op_vsel, {m_s.type, at(m_dy[p], wp, j), zeros, at(m_dy[p], wp, j), bits,
-                                 n, 1, 1, 1, ps, 0, ps});
-    });
   }
 
   // MTE3: the window row's first sh dx rows that the band owns (>= own) and lie in the map; the
@@ -731,7 +786,7 @@ class MaxPoolGradEmitter {
       b.if_(ge(r, own), [&] {
         b.if_(ge(r, 0), [&] {
           b.if_(lt(r, m_s.h),
-                [&] { copy_row(b, m_s, m_ct, false, "dx", img, r, m_s.h, m_s.w, g, src); });
+                [&] { copy_row(b, m_s, m_ct, false, "dx", img, r, m_s.h, m_s.w, g, map_px(src)); });
         });
       });
     };
@@ -740,7 +795,7 @@ class MaxPoolGradEmitter {
       for (int64_t a = m_s.sh; a < slots(); ++a) store(a, dx_row(p, a));
       for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
         Reg rr = b.reg_imm("zero dx row", r);
-        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_zero_row);
+        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, map_px(m_zero_row));
       }
     });
     b.set_flag(m_out_free, dx_set(p));
@@ -752,7 +807,8 @@ class MaxPoolGradEmitter {
   int64_t m_ct = 0;
   int m_dx_sets = 2;
   uint64_t m_x[2] = {}, m_dy[2] = {}, m_dx[2] = {};
-  uint64_t m_max = 0, m_sel = 0, m_bits = 0, m_zeros = 0, m_zero_row = 0;
+  uint64_t m_max[2] = {}, m_not_found[2] = {};
+  uint64_t m_sel = 0, m_equal = 0, m_routed = 0, m_zeros = 0, m_zero_row = 0;
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
