@@ -84,26 +84,29 @@ std::pair<int64_t, int64_t> tap_range(int64_t out, int64_t s, int64_t p, int64_t
   return {lo, hi};
 }
 
-// Copies pixels [row * width, +width) of image img, channel group g (ct of the cp channels of
-// the NHWC tensor `arg`), between GM and the UB at `ub` ([pixel][ct], pixels adjacent): one
-// burst for the row when the group is all channels, else a burst per pixel.
+// Copies row `row` of image img, channel group g (ct of the cp channels of the NHWC tensor
+// `arg`, height x width pixels), between GM and the UB at `ub` ([pixel][ct], pixels adjacent):
+// its columns first, first + step, ... (< width). One burst when they are adjacent whole pixels,
+// else a burst per pixel.
 void copy_row(KernelBuilder& b, const PoolSpec& s, int64_t ct, bool to_ub, const char* arg,
               const Reg& img, const Reg& row, int64_t height, int64_t width, const Reg& g,
-              uint64_t ub) {
+              uint64_t ub, int64_t first = 0, int64_t step = 1) {
   constexpr int64_t kMaxBurstBlocks = 65535;  // RU16 burst length
   const int64_t size = isa::dtype_size(s.type);
   Reg gm = b.reg("row in GM"), t = b.reg("temp");
   b.mul(gm, img, height);
   b.add(gm, gm, row);
   b.mul(gm, gm, width * s.cp * size);
+  b.add(gm, gm, first * s.cp * size);
   b.mul(t, g, ct * size);
   b.add(gm, gm, t);
   Reg base = b.load_arg(arg);
   b.add(gm, gm, base);
   Reg u = b.reg_imm("row in UB", static_cast<int64_t>(ub));
-  const bool whole = ct == s.cp && width * ct * size / 32 <= kMaxBurstBlocks;
-  const int64_t bursts = whole ? 1 : width, len = (whole ? width * ct : ct) * size / 32;
-  const int64_t gap = (s.cp - ct) * size / 32;
+  const int64_t pixels = ceil_div(width - first, step);
+  const bool whole = ct == s.cp && step == 1 && pixels * ct * size / 32 <= kMaxBurstBlocks;
+  const int64_t bursts = whole ? 1 : pixels, len = (whole ? pixels * ct : ct) * size / 32;
+  const int64_t gap = (step * s.cp - ct) * size / 32;
   if (to_ub)
     b.emit(Opcode::op_copy_gm2ub, {u, gm, bursts, len, whole ? 0 : gap, 0},
            fmt::format("{} row, {} channels per pixel", arg, ct));
@@ -481,18 +484,13 @@ class MaxPoolGradEmitter {
     m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x and dy rows free");
     m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "dx rows computed");
     m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
+    // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
+    for (int p = 0; p < 2; ++p)
+      vec_dup_bits(b, m_size, m_x[p], neg_inf_bits(), m_s.kh * row_pixels() * m_ct);
+    vec_dup_bits(b, m_size, m_zeros, 0, m_lanes);
+    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, m_s.w * m_ct);
     for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
     for (int d = 0; d < m_dx_sets; ++d) b.set_flag(m_out_free, d);
-    vec_dup_bits(b, m_size, m_zeros, 0, m_lanes);
-    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, wp() * m_ct);
-    // The padding columns of the x rows: -inf, kept (MTE2 writes the map's columns only).
-    for (int p = 0; p < 2; ++p)
-      for (int64_t a = 0; a < m_s.kh; ++a) {
-        if (m_s.pl > 0) vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), m_s.pl * m_ct);
-        if (pad_right() > 0)
-          vec_dup_bits(b, m_size, x_row(p, a) + row_bytes(m_s.pl + m_s.w), neg_inf_bits(),
-                       pad_right() * m_ct);
-      }
     Reg item = b.reg("item"), end = b.reg("end item");
     emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
@@ -542,30 +540,35 @@ class MaxPoolGradEmitter {
   }
 
  private:
+  // ---- geometry ----
   // dx rows a window row touches (its kh, at least its sh stored rows) and those it carries.
   int64_t slots() const { return std::max(m_s.kh, m_s.sh); }
   int64_t carried() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
-  // UB rows are padded: pl columns before the map's, pr after (the last window's reach).
-  int64_t pad_right() const {
-    return std::max<int64_t>((m_s.ow - 1) * m_s.sw + m_s.kw - m_s.pl - m_s.w, 0);
+  // UB rows are padded: pl columns before the map's, up to the last window's reach after, and
+  // split into sw column planes (padded column P in plane P % sw at pixel P / sw), so that a
+  // tap over a window row is one contiguous run of ow pixels in one plane.
+  int64_t padded_width() const {
+    return std::max((m_s.ow - 1) * m_s.sw + m_s.kw, m_s.pl + m_s.w);
   }
-  int64_t wp() const { return m_s.pl + m_s.w + pad_right(); }
+  int64_t plane_pixels() const { return ceil_div(padded_width(), m_s.sw); }
+  int64_t row_pixels() const { return m_s.sw * plane_pixels(); }
+  int64_t pixel_bytes(int64_t ct) const { return ct * m_size; }
+  uint64_t bytes(int64_t pixels, int64_t ct) const {
+    return static_cast<uint64_t>(pixels * pixel_bytes(ct));
+  }
+  uint64_t bytes(int64_t pixels) const { return bytes(pixels, m_ct); }
+  // Address of padded column col of the UB row at `row`.
+  uint64_t column(uint64_t row, int64_t col) const {
+    return row + bytes((col % m_s.sw) * plane_pixels() + col / m_s.sw);
+  }
   // Taps that write their dx pixels: columns kw < sw when every pixel of a row is reached that
   // way (kw >= sw), in rows not carried from the previous window row.
   bool writes(int64_t a, int64_t kw) const {
     return m_s.kw >= m_s.sw && kw < m_s.sw && a >= carried();
   }
-  int64_t pitch(int64_t ct) const { return ct * m_size / 32; }  // blocks per pixel
-  int64_t pitch() const { return pitch(m_ct); }
-  uint64_t row_bytes(int64_t pixels, int64_t ct) const {
-    return static_cast<uint64_t>(pixels * ct * m_size);
-  }
-  uint64_t row_bytes(int64_t pixels) const { return row_bytes(pixels, m_ct); }
-  // A bit set: per part of m_lanes channels, a repeat per window (lanes / 8 bytes each), parts
-  // 32-byte aligned.
-  int64_t bits_part_bytes() const { return round_up(m_s.ow * m_lanes / 8, int64_t{32}); }
+  // A bit set over a window row (one bit per element), whole 32-byte blocks.
   uint64_t bits_bytes(int64_t ct) const {
-    return static_cast<uint64_t>(ceil_div(ct, m_lanes) * bits_part_bytes());
+    return round_up(static_cast<uint64_t>(ceil_div(m_s.ow * ct, int64_t{8})), uint64_t{32});
   }
   // Rows below the last window row's dx rows (VALID remainders): stored as zeros.
   int64_t first_zero_row() const { return (m_s.oh - 1) * m_s.sh - m_s.pt + slots(); }
@@ -574,15 +577,14 @@ class MaxPoolGradEmitter {
   // dx set; the window max (two), the selected dy, four bit sets (x == max, the routed bits and
   // the not-found pair), a repeat of zeros and a zero dx row.
   uint64_t ub_need(int64_t ct, int dx_sets) const {
-    const uint64_t each = kSlack + 32;  // masked repeats' reach past the end, alignment
-    uint64_t bytes = 2 * (static_cast<uint64_t>(m_s.kh) * row_bytes(wp(), ct) + each +
-                          row_bytes(m_s.ow, ct) + each) +
+    const uint64_t each = kSlack + 32;  // a repeat's reach past the end, alignment
+    const uint64_t row = bytes(row_pixels(), ct), dy = bytes(m_s.ow, ct);
+    uint64_t total = 2 * (static_cast<uint64_t>(m_s.kh) * row + each + dy + each) +
                      static_cast<uint64_t>(dx_sets) *
-                         (static_cast<uint64_t>(slots()) * row_bytes(wp(), ct) + each);
-    bytes += 3 * (row_bytes(m_s.ow, ct) + each) + 4 * (bits_bytes(ct) + each) +
-             vec::kRepeatBytes + each;
-    if (first_zero_row() < m_s.h) bytes += row_bytes(wp(), ct) + each;
-    return bytes;
+                         (static_cast<uint64_t>(slots()) * row + each);
+    total += 3 * (dy + each) + 4 * (bits_bytes(ct) + each) + vec::kRepeatBytes + each;
+    if (first_zero_row() < m_s.h) total += bytes(m_s.w, ct) + each;
+    return total;
   }
 
   // The largest channel group (dividing cp, whole blocks) that fits the UB, with two dx sets
@@ -592,7 +594,7 @@ class MaxPoolGradEmitter {
     const int64_t unit = 32 / m_size;
     m_ct = 0;
     for (int64_t ct = unit; ct <= m_s.cp; ct += unit) {
-      if (m_s.cp % ct != 0 || pitch(ct) * m_s.sw > kMaxStride) continue;
+      if (m_s.cp % ct != 0) continue;
       for (int sets = 2; sets >= 1; --sets)
         if (ub_need(ct, sets) <= ub) {
           m_ct = ct;
@@ -602,59 +604,59 @@ class MaxPoolGradEmitter {
     }
     if (m_ct == 0)
       m_b.fail(fmt::format("MaxPoolGrad: a row of {} pixels x {} channels, {} window rows, does "
-                           "not fit the {} bytes of UB twice",
+                           "not fit the {} bytes of UB",
                            m_s.w, unit, m_s.kh, ub));
   }
 
-  uint64_t buf(uint64_t bytes, const std::string& what) {
-    return m_b.alloc(Buf::UB, bytes + kSlack, what);
+  uint64_t buf(uint64_t size, const std::string& what) {
+    return m_b.alloc(Buf::UB, size + kSlack, what);
   }
 
   void allocate() {
+    const uint64_t row = bytes(row_pixels());
     for (int p = 0; p < 2; ++p) {
-      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row_bytes(wp()), fmt::format("x rows ({})", p));
-      m_dy[p] = buf(row_bytes(m_s.ow), fmt::format("dy row ({})", p));
+      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row, fmt::format("x rows ({})", p));
+      m_dy[p] = buf(bytes(m_s.ow), fmt::format("dy row ({})", p));
       if (p < m_dx_sets)
-        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row_bytes(wp()),
-                      fmt::format("dx rows ({})", p));
-      m_max[p] = buf(row_bytes(m_s.ow), fmt::format("window max ({})", p));
+        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row, fmt::format("dx rows ({})", p));
+      m_max[p] = buf(bytes(m_s.ow), fmt::format("window max ({})", p));
       m_not_found[p] = buf(bits_bytes(m_ct), fmt::format("windows not routed yet ({})", p));
     }
     if (m_dx_sets == 1) m_dx[1] = m_dx[0];
-    m_sel = buf(row_bytes(m_s.ow), "dy routed to the tap");
+    m_sel = buf(bytes(m_s.ow), "dy routed to the tap");
     m_equal = buf(bits_bytes(m_ct), "x == max");
     m_routed = buf(bits_bytes(m_ct), "x == max, first in the window");
     m_zeros = m_b.alloc(Buf::UB, vec::kRepeatBytes, "zeros");
-    if (first_zero_row() < m_s.h) m_zero_row = buf(row_bytes(wp()), "zero dx row");
+    if (first_zero_row() < m_s.h) m_zero_row = buf(bytes(m_s.w), "zero dx row");
   }
 
-  int64_t at(uint64_t base, int64_t p, int64_t j) const {
-    return static_cast<int64_t>(base) + (p * pitch() + j * 8) * 32;
-  }
-  // Padded UB rows: x row a / dx row a of parity p; the map's first pixel at pl.
   uint64_t x_row(int p, int64_t a) const {
-    return m_x[p] + static_cast<uint64_t>(a) * row_bytes(wp());
+    return m_x[p] + static_cast<uint64_t>(a) * bytes(row_pixels());
   }
   int dx_set(int p) const { return m_dx_sets == 2 ? p : 0; }
   uint64_t dx_row(int p, int64_t a) const {
-    return m_dx[p] + static_cast<uint64_t>(a) * row_bytes(wp());
+    return m_dx[p] + static_cast<uint64_t>(a) * bytes(row_pixels());
   }
-  uint64_t map_px(uint64_t row) const { return row + row_bytes(m_s.pl); }
 
-  // Calls one(part, first pixel, pixel count) per part of m_lanes channels (mask set for the
-  // part's channels) and chunk of pixels (at most 255 repeats).
-  void per_pixel(int64_t npix, const std::function<void(int64_t, int64_t, int64_t)>& one) {
-    for (int64_t j = 0; j * m_lanes < m_ct; ++j) {
-      const int64_t lanes = std::min(m_lanes, m_ct - j * m_lanes);
-      auto bits = [](int64_t n) {
-        return static_cast<int64_t>(n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1);
-      };
-      Reg lo = m_b.reg_imm("mask: channels of the part (low)", bits(std::min<int64_t>(lanes, 64)));
-      Reg hi = m_b.reg_imm("mask: channels of the part (high)",
-                           bits(std::max<int64_t>(lanes - 64, 0)));
-      m_b.emit(Opcode::op_set_mask, {hi, lo});
-      for (int64_t f = 0; f < npix; f += PixelOps::kPixChunk)
-        one(j, f, std::min(PixelOps::kPixChunk, npix - f));
+  int64_t neg_inf_bits() const {
+    switch (m_s.type) {
+      case Dtype::F16: return 0xFC00;
+      case Dtype::BF16: return 0xFF80;
+      default: return 0xFF800000;
+    }
+  }
+
+  // ---- MTE ----
+
+  // Row `row` of image img, channel group g, of tensor `arg` (height x width pixels) between GM
+  // and the padded, plane-split UB row at `ub` (its map's columns only).
+  void copy_map_row(bool to_ub, const char* arg, const Reg& img, const Reg& row, int64_t height,
+                    int64_t width, const Reg& g, uint64_t ub) {
+    for (int64_t q = 0; q < m_s.sw; ++q) {
+      const int64_t first = ((q - m_s.pl) % m_s.sw + m_s.sw) % m_s.sw;  // map column
+      if (first >= width) continue;
+      copy_row(m_b, m_s, m_ct, to_ub, arg, img, row, height, width, g,
+               column(ub, first + m_s.pl), first, m_s.sw);
     }
   }
 
@@ -668,12 +670,40 @@ class MaxPoolGradEmitter {
       b.mul(r, oh, m_s.sh);
       b.add(r, r, a - m_s.pt);
       b.if_(ge(r, 0), [&] {
-        b.if_(lt(r, m_s.h),
-              [&] { copy_row(b, m_s, m_ct, true, "x", img, r, m_s.h, m_s.w, g, map_px(x_row(p, a))); });
+        b.if_(lt(r, m_s.h), [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
       });
     }
     b.set_flag(m_in_ready, p);
   }
+
+  // MTE3: the window row's first sh dx rows that the band owns (>= own) and lie in the map; the
+  // last window row also stores its carried rows and the zero rows below them.
+  void store_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& own) {
+    KernelBuilder& b = m_b;
+    b.wait_flag(m_out_ready, dx_set(p));
+    auto store = [&](int64_t a) {
+      Reg r = b.reg("dx row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      b.if_(ge(r, own), [&] {
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(false, "dx", img, r, m_s.h, m_s.w, g, dx_row(p, a)); });
+        });
+      });
+    };
+    for (int64_t a = 0; a < m_s.sh; ++a) store(a);
+    b.if_(eq(oh, m_s.oh - 1), [&] {
+      for (int64_t a = m_s.sh; a < slots(); ++a) store(a);
+      for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
+        Reg rr = b.reg_imm("zero dx row", r);
+        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_zero_row);
+      }
+    });
+    b.set_flag(m_out_free, dx_set(p));
+  }
+
+  // ---- V ----
 
   void compute_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t,
                     const Reg& own) {
@@ -685,57 +715,52 @@ class MaxPoolGradEmitter {
       Reg r = b.reg("input row");
       b.mul(r, oh, m_s.sh);
       b.add(r, r, a - m_s.pt);
-      auto pad = [&] { vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), wp() * m_ct); };
+      auto pad = [&] {
+        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+      };
       b.if_(lt(r, 0), pad);
       b.if_(ge(r, m_s.h), pad);
     }
-    // The window max, ping-pong over the taps in scan order.
+    Reg n = b.reg_imm("elements of a window row", m_s.ow * m_ct);
+    // Tap (a, kw) of every window of the row: a run of ow pixels in one plane.
     std::vector<std::pair<int64_t, int64_t>> taps;
     for (int64_t a = 0; a < m_s.kh; ++a)
       for (int64_t kw = 0; kw < m_s.kw; ++kw) taps.emplace_back(a, kw);
-    auto tap_px = [&](size_t t, int64_t w, int64_t j) {  // tap t of window w, part j
-      return at(x_row(p, taps[t].first), w * m_s.sw + taps[t].second, j);
-    };
-    const int64_t ps = pitch(), xs = m_s.sw * pitch();
+    auto tap = [&](size_t i) { return column(x_row(p, taps[i].first), taps[i].second); };
+    // The window max, ping-pong over the taps in scan order.
     int m = 0;  // the buffer holding the max so far
-    for (size_t t = std::min<size_t>(1, taps.size() - 1); t < taps.size(); ++t) {
-      const int d = t <= 1 ? 0 : 1 - m;
-      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
-        const int64_t src0 = t <= 1 ? tap_px(0, f, j) : at(m_max[m], f, j);
-        b.emit(Opcode::op_vmax, {m_s.type, at(m_max[d], f, j), src0, tap_px(t, f, j), n, 1, 1,
-                                 1, ps, t <= 1 ? xs : ps, xs});
-      });
+    for (size_t i = std::min<size_t>(1, taps.size() - 1); i < taps.size(); ++i) {
+      const int d = i <= 1 ? 0 : 1 - m;
+      vec_binary(b, Opcode::op_vmax, m_s.type, m_max[d], i <= 1 ? tap(0) : m_max[m], tap(i), n);
       m = d;
     }
     // dx rows: the previous window row's last kh - sh rows carried (moved down in place with
     // one dx set: a forward copy to lower addresses reads each repeat before it writes); the
     // others zero where no tap writes.
     b.wait_flag(m_out_free, dx_set(p));
-    const int64_t c = carried(), w = wp() * m_ct;
+    const int64_t c = carried(), row = row_pixels() * m_ct;
     if (c > 0) {
-      b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, m_dx[p], 0, c * w); });
-      b.if_(ne(t, 0), [&] {
-        vec_copy_bits(b, m_size, m_dx[p], dx_row(1 - p, m_s.sh), c * w);
-      });
+      b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, m_dx[p], 0, c * row); });
+      b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, m_dx[p], dx_row(1 - p, m_s.sh), c * row); });
     }
     for (int64_t a = c; a < slots(); ++a) {
-      const int64_t from = a < m_s.kh && writes(a, 0) ? m_s.ow * m_s.sw : 0;
-      if (from < wp())
-        vec_dup_bits(b, m_size, at(dx_row(p, a), from, 0), 0, (wp() - from) * m_ct);
+      if (a >= m_s.kh || !writes(a, 0)) {
+        vec_dup_bits(b, m_size, dx_row(p, a), 0, row);
+      } else if (plane_pixels() > m_s.ow) {  // past the write taps' reach in each plane
+        for (int64_t q = 0; q < m_s.sw; ++q)
+          vec_dup_bits(b, m_size, dx_row(p, a) + bytes(q * plane_pixels() + m_s.ow), 0,
+                       (plane_pixels() - m_s.ow) * m_ct);
+      }
     }
     // Route dy in scan order: the first tap equal to the max takes it.
-    const int64_t bit_words = static_cast<int64_t>(bits_bytes(m_ct)) / 2;
-    Reg words = b.reg_imm("bit set (u16 words)", bit_words);
+    Reg words = b.reg_imm("bit set (u16 words)", static_cast<int64_t>(bits_bytes(m_ct)) / 2);
     int nf = 0;  // the not-found set in use
-    for (size_t t = 0; t < taps.size(); ++t) {
-      const auto [a, kw] = taps[t];
-      const bool last = t + 1 == taps.size();
-      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
-        b.emit(Opcode::op_vcmp, {m_s.type, isa::Cmp::EQ, bits_at(m_equal, j, f), tap_px(t, f, j),
-                                 at(m_max[m], f, j), n, 1, 1, xs, ps});
-      });
+    for (size_t i = 0; i < taps.size(); ++i) {
+      const auto [a, kw] = taps[i];
+      const bool last = i + 1 == taps.size();
+      vec_compare(b, m_s.type, isa::Cmp::EQ, m_equal, tap(i), m_max[m], n);
       uint64_t routed = m_equal;
-      if (t == 0) {
+      if (i == 0) {
         if (!last) vec_unary(b, Opcode::op_vnot, Dtype::U16, m_not_found[0], m_equal, words);
       } else {
         routed = m_routed;
@@ -746,59 +771,17 @@ class MaxPoolGradEmitter {
           nf = 1 - nf;
         }
       }
-      const bool write = writes(a, kw);
-      per_pixel(m_s.ow, [&](int64_t j, int64_t f, int64_t n) {
-        const int64_t dx = at(dx_row(p, a), f * m_s.sw + kw, j);
-        const int64_t zeros = static_cast<int64_t>(m_zeros);
-        b.emit(Opcode::op_vsel, {m_s.type, write ? dx : at(m_sel, f, j), at(m_dy[p], f, j), zeros,
-                                 bits_at(routed, j, f), n, 1, 1, 1, write ? xs : ps, ps, 0});
-        if (!write)
-          b.emit(Opcode::op_vadd,
-                 {m_s.type, dx, dx, at(m_sel, f, j), n, 1, 1, 1, xs, xs, ps});
-      });
+      const uint64_t dx = column(dx_row(p, a), kw);
+      if (writes(a, kw)) {
+        vec_select(b, m_s.type, dx, m_dy[p], m_zeros, routed, n, false, true);
+      } else {
+        vec_select(b, m_s.type, m_sel, m_dy[p], m_zeros, routed, n, false, true);
+        vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_sel, n);
+      }
     }
     b.set_flag(m_in_free, p);
     b.set_flag(m_out_ready, dx_set(p));
     store_rows(p, img, g, oh, own);
-  }
-
-  int64_t bits_at(uint64_t set, int64_t part, int64_t window) const {
-    return static_cast<int64_t>(set) + part * bits_part_bytes() + window * m_lanes / 8;
-  }
-
-  int64_t neg_inf_bits() const {
-    switch (m_s.type) {
-      case Dtype::F16: return 0xFC00;
-      case Dtype::BF16: return 0xFF80;
-      default: return 0xFF800000;
-    }
-  }
-
-  // MTE3: the window row's first sh dx rows that the band owns (>= own) and lie in the map; the
-  // last window row also stores its carried rows and the zero rows below them.
-  void store_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& own) {
-    KernelBuilder& b = m_b;
-    b.wait_flag(m_out_ready, dx_set(p));
-    auto store = [&](int64_t a, uint64_t src) {
-      Reg r = b.reg("dx row");
-      b.mul(r, oh, m_s.sh);
-      b.add(r, r, a - m_s.pt);
-      b.if_(ge(r, own), [&] {
-        b.if_(ge(r, 0), [&] {
-          b.if_(lt(r, m_s.h),
-                [&] { copy_row(b, m_s, m_ct, false, "dx", img, r, m_s.h, m_s.w, g, map_px(src)); });
-        });
-      });
-    };
-    for (int64_t a = 0; a < m_s.sh; ++a) store(a, dx_row(p, a));
-    b.if_(eq(oh, m_s.oh - 1), [&] {
-      for (int64_t a = m_s.sh; a < slots(); ++a) store(a, dx_row(p, a));
-      for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
-        Reg rr = b.reg_imm("zero dx row", r);
-        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, map_px(m_zero_row));
-      }
-    });
-    b.set_flag(m_out_free, dx_set(p));
   }
 
   const PoolSpec& m_s;
@@ -806,8 +789,7 @@ class MaxPoolGradEmitter {
   const int64_t m_size, m_lanes;
   int64_t m_ct = 0;
   int m_dx_sets = 2;
-  uint64_t m_x[2] = {}, m_dy[2] = {}, m_dx[2] = {};
-  uint64_t m_max[2] = {}, m_not_found[2] = {};
+  uint64_t m_x[2] = {}, m_dy[2] = {}, m_dx[2] = {}, m_max[2] = {}, m_not_found[2] = {};
   uint64_t m_sel = 0, m_equal = 0, m_routed = 0, m_zeros = 0, m_zero_row = 0;
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
