@@ -15,7 +15,8 @@ inputs of cube ops (convolutions) to fp16 and accumulates in fp32:
   fp32 summation order, below K * 2^-24 * sum|x w| (K terms); rtol/atol 1e-5 cover it for the
   K <= 100 here.
 Pooling and batch normalisation run on the vector unit in fp32 (MaxPoolGrad in the tensor's
-type, summing as TF's CPU kernel does in another order): MaxPool and MaxPoolGrad are exact; AvgPool multiplies by a reciprocal where TF divides (1 ulp); batch normalisation's
+type, summing as TF's CPU kernel does, in another order): MaxPool and MaxPoolGrad are exact;
+AvgPool multiplies by a reciprocal where TF divides (1 ulp); batch normalisation's
 per-channel statistics sum in another order and use the vector unit's rsqrt (rtol 1e-5 /
 1e-4 for the gradients, whose terms cancel)."""
 

@@ -4,8 +4,9 @@
 //   MaxPoolGrad(orig_input, orig_output, grad) -> dx, AvgPoolGrad(orig_input_shape, grad) -> dx
 //   (orig_input_shape as an attribute, the tensor itself optional: docs/compiler.md).
 //
-// One kernel ("window kernel") per op. Work items are (row, channel group): a row is an output
-// row (n, oh) for the forward ops and an input row (n, ih) for the gradients; a channel group
+// One kernel per op: MaxPoolGrad has its own (MaxPoolGradEmitter, below); the others share the
+// "window kernel". Work items are (row, channel group): a row is an output row (n, oh) for the
+// forward ops and an input row (n, ih) for AvgPoolGrad; a channel group
 // is ct channels of every pixel of the row (ct from the UB capacity). Blocks take contiguous
 // item ranges. Everything is computed on f32 lanes (f16/bf16 rows are widened exactly by
 // vconv on arrival and rounded to nearest even once on the way out). A row of pixels lives in
@@ -19,12 +20,6 @@
 //   AvgPoolGrad dx[ih][iw] = sum over the windows (oh, ow) holding (ih, iw) of
 //              dy[oh][ow] / count(oh, ow): per row ih, for each window row oh covering it, dy's
 //              row oh scaled, then added at iw = ow*sw - pl + kw for every kw.
-//   MaxPoolGrad TF's CPU kernel routes each window's gradient to the FIRST maximal input in the
-//              window's scan order (rows, then columns; max and argmax recomputed from
-//              orig_input, orig_output is not read). Per input row ih and window row oh
-//              covering it: the window's max m; found = 0; for each tap in scan order up to
-//              row ih: eq = (x == m) & !found, found |= eq, and the taps of row ih add
-//              eq * dy[oh][ow] at their input pixel.
 // Channels: the kernel needs a pixel to be whole 32-byte blocks. Tensors whose C * size is not
 // a multiple of 32 are copied to a channel-padded layout in the workspace first (a strided
 // stream copy, one piece per pixel) and the result copied back; the padding channels are
