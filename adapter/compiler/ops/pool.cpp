@@ -462,7 +462,7 @@ class MaxPoolGradEmitter {
     KernelBuilder& b = m_b;
     const isa::CoreKind kind = b.vector_core_kind();
     const CoreKindConfig& core = *b.config().core_kind(kind);
-    choose_ct(core.capacity(Buf::UB));
+    choose_layout(core.capacity(Buf::UB));
     const int64_t groups = m_s.cp / m_ct;
     // Bands: enough items for every core, whole images when the batch gives that already.
     const int64_t per_image = std::min(m_s.oh, ceil_div(core.count, m_s.n * groups));
@@ -481,11 +481,12 @@ class MaxPoolGradEmitter {
     m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
     // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
     for (int p = 0; p < 2; ++p)
-      vec_dup_bits(b, m_size, m_x[p], neg_inf_bits(), m_s.kh * row_pixels() * m_ct);
-    vec_dup_bits(b, m_size, m_zeros, 0, m_lanes);
-    if (m_zero_row) vec_dup_bits(b, m_size, m_zero_row, 0, m_s.w * m_ct);
+      for (int64_t a = 0; a < m_s.kh; ++a)
+        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+    vec_dup_bits(b, m_size, m_l.zeros, 0, m_s.ow * m_ct);
+    if (m_l.zero_row) vec_dup_bits(b, m_size, m_l.zero_row, 0, m_s.w * m_ct);
     for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
-    for (int d = 0; d < m_dx_sets; ++d) b.set_flag(m_out_free, d);
+    for (int d = 0; d < m_l.dx_sets; ++d) b.set_flag(m_out_free, d);
     Reg item = b.reg("item"), end = b.reg("end item");
     emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
@@ -521,16 +522,16 @@ class MaxPoolGradEmitter {
           });
     });
     for (int p = 0; p < 2; ++p) b.wait_flag(m_in_free, p);
-    for (int d = 0; d < m_dx_sets; ++d) b.wait_flag(m_out_free, d);
+    for (int d = 0; d < m_l.dx_sets; ++d) b.wait_flag(m_out_free, d);
     b.end();
     Launch l;
     l.kernel = b.finish();
     l.block_dim = block_dim;
     l.summary = fmt::format(
         "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
-        "band of {} window rows) over {} blocks of {}, {} dx set(s)",
+        "band of {} window rows) over {} blocks of {}, {} dx set(s){}",
         isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
-        items, m_ct, band, block_dim, per, m_dx_sets);
+        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "");
     return l;
   }
 
@@ -568,69 +569,126 @@ class MaxPoolGradEmitter {
   // Rows below the last window row's dx rows (VALID remainders): stored as zeros.
   int64_t first_zero_row() const { return (m_s.oh - 1) * m_s.sh - m_s.pt + slots(); }
 
-  // UB bytes for a channel group of ct: per parity kh x rows and a dy row, `slots` dx rows per
-  // dx set; the window max (two), the selected dy, four bit sets (x == max, the routed bits and
-  // the not-found pair), a repeat of zeros and a zero dx row.
-  uint64_t ub_need(int64_t ct, int dx_sets) const {
-    const uint64_t each = kSlack + 32;  // a repeat's reach past the end, alignment
-    const uint64_t row = bytes(row_pixels(), ct), dy = bytes(m_s.ow, ct);
-    uint64_t total = 2 * (static_cast<uint64_t>(m_s.kh) * row + each + dy + each) +
-                     static_cast<uint64_t>(dx_sets) *
-                         (static_cast<uint64_t>(slots()) * row + each);
-    total += 3 * (dy + each) + 4 * (bits_bytes(ct) + each) + vec::kRepeatBytes + each;
-    if (first_zero_row() < m_s.h) total += bytes(m_s.w, ct) + each;
-    return total;
-  }
+  // The UB buffers of one choice of channel group, dx sets and bank placement, from UB address
+  // 0: per parity kh x rows, a dy row and a window max, `slots` dx rows per dx set; the
+  // selected dy, zeros as long as a dy row, four bit sets (x == max, the routed windows, the
+  // not-found pair) and a zero dx row for VALID remainders.
+  // Placed: the UB rows start on a bank period (banks x bank width bytes), so every x and dx
+  // row has its taps on the same banks, and the window-row buffers sit where their 8 banks a
+  // repeat miss the taps' and each other's (every operand of these runs moves 256 bytes a
+  // repeat, so two of them meet in a bank on every repeat or never).
+  struct Layout {
+    int64_t ct = 0;
+    int dx_sets = 2;
+    bool placed = false;
+    uint64_t row_stride = 0;  // bytes from one x or dx row to the next
+    uint64_t x[2] = {}, dy[2] = {}, dx[2] = {}, max[2] = {}, not_found[2] = {};
+    uint64_t sel = 0, zeros = 0, equal = 0, routed = 0, zero_row = 0;
+    uint64_t end = 0;
+  };
 
-  // The largest channel group (dividing cp, whole blocks) that fits the UB, with two dx sets
-  // (V fills one while MTE3 stores the other) where they fit, else one (V waits for the store of
-  // the previous window row's dx rows before it writes them again).
-  void choose_ct(uint64_t ub) {
-    const int64_t unit = 32 / m_size;
-    m_ct = 0;
-    for (int64_t ct = unit; ct <= m_s.cp; ct += unit) {
-      if (m_s.cp % ct != 0) continue;
-      for (int sets = 2; sets >= 1; --sets)
-        if (ub_need(ct, sets) <= ub) {
-          m_ct = ct;
-          m_dx_sets = sets;
+  Layout layout(int64_t ct, int dx_sets, bool placed) const {
+    Layout l;
+    l.ct = ct;
+    l.dx_sets = dx_sets;
+    l.placed = placed;
+    const uint64_t period = static_cast<uint64_t>(m_b.config().ub_banks) *
+                            static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
+    placed = placed && period > 0;
+    const uint64_t row = bytes(row_pixels(), ct), run = bytes(m_s.ow, ct);
+    l.row_stride = placed ? round_up(row, period) : row;
+    uint64_t at = 0;
+    auto take = [&](uint64_t size) {  // 32-byte aligned, a repeat of slack past the end
+      const uint64_t a = round_up(at, uint64_t{32});
+      at = a + size + kSlack;
+      return a;
+    };
+    auto rows = [&](int64_t n) {
+      if (placed) at = round_up(at, period);
+      return take(static_cast<uint64_t>(n) * l.row_stride);
+    };
+    for (int p = 0; p < 2; ++p) l.x[p] = rows(m_s.kh);
+    for (int p = 0; p < dx_sets; ++p) l.dx[p] = rows(slots());
+    if (dx_sets == 1) l.dx[1] = l.dx[0];
+    // Bank offsets (bytes modulo the period) of the taps' runs, x and dx alike.
+    std::vector<uint64_t> taps;
+    for (int64_t a = 0; a < m_s.kh && placed; ++a)
+      for (int64_t kw = 0; kw < m_s.kw; ++kw)
+        taps.push_back((static_cast<uint64_t>(a) * l.row_stride +
+                        bytes((kw % m_s.sw) * plane_pixels() + kw / m_s.sw, ct)) %
+                       period);
+    auto apart = [&](uint64_t u, uint64_t v) {  // 8-bank windows at u and v do not meet
+      const uint64_t d = (u + period - v % period) % period;
+      return std::min(d, period - d) >= vec::kRepeatBytes;
+    };
+    // A run buffer at the first address clear of the taps and of `others` (if one is).
+    auto place = [&](const std::vector<uint64_t>& others) {
+      if (!placed) return take(run);
+      const uint64_t next = round_up(at, uint64_t{32});
+      for (uint64_t a = next; a < next + period; a += 32) {
+        bool ok = true;
+        for (uint64_t t : taps) ok = ok && apart(a % period, t);
+        for (uint64_t o : others) ok = ok && apart(a % period, o);
+        if (ok) {
+          at = a;
           break;
         }
+      }
+      return take(run);
+    };
+    l.max[0] = place({});
+    l.max[1] = place({l.max[0]});
+    l.dy[0] = place({});
+    l.zeros = place({l.dy[0]});
+    l.sel = place({l.dy[0], l.zeros});
+    l.dy[1] = place({l.zeros, l.sel});
+    const uint64_t bits = bits_bytes(ct);
+    for (int p = 0; p < 2; ++p) l.not_found[p] = take(bits);
+    l.equal = take(bits);
+    l.routed = take(bits);
+    if (first_zero_row() < m_s.h) l.zero_row = take(bytes(m_s.w, ct));
+    l.end = at;
+    return l;
+  }
+
+  // The largest channel group (dividing cp, whole blocks) that fits the UB: with two dx sets (V
+  // fills one while MTE3 stores the other) where they fit, else one (V waits for the store of
+  // the previous window row's dx rows before it writes them again); placed on the banks where
+  // that fits too.
+  void choose_layout(uint64_t ub) {
+    const int64_t unit = 32 / m_size;
+    m_l = Layout{};
+    for (int64_t ct = unit; ct <= m_s.cp; ct += unit) {
+      if (m_s.cp % ct != 0) continue;
+      bool found = false;
+      for (int sets = 2; sets >= 1 && !found; --sets)
+        for (bool placed : {true, false}) {
+          const Layout l = layout(ct, sets, placed);
+          if (l.end <= ub) {
+            m_l = l;
+            found = true;
+            break;
+          }
+        }
     }
-    if (m_ct == 0)
+    if (m_l.ct == 0)
       m_b.fail(fmt::format("MaxPoolGrad: a row of {} pixels x {} channels, {} window rows, does "
                            "not fit the {} bytes of UB",
                            m_s.w, unit, m_s.kh, ub));
-  }
-
-  uint64_t buf(uint64_t size, const std::string& what) {
-    return m_b.alloc(Buf::UB, size + kSlack, what);
+    m_ct = m_l.ct;
   }
 
   void allocate() {
-    const uint64_t row = bytes(row_pixels());
-    for (int p = 0; p < 2; ++p) {
-      m_x[p] = buf(static_cast<uint64_t>(m_s.kh) * row, fmt::format("x rows ({})", p));
-      m_dy[p] = buf(bytes(m_s.ow), fmt::format("dy row ({})", p));
-      if (p < m_dx_sets)
-        m_dx[p] = buf(static_cast<uint64_t>(slots()) * row, fmt::format("dx rows ({})", p));
-      m_max[p] = buf(bytes(m_s.ow), fmt::format("window max ({})", p));
-      m_not_found[p] = buf(bits_bytes(m_ct), fmt::format("windows not routed yet ({})", p));
-    }
-    if (m_dx_sets == 1) m_dx[1] = m_dx[0];
-    m_sel = buf(bytes(m_s.ow), "dy routed to the tap");
-    m_equal = buf(bits_bytes(m_ct), "x == max");
-    m_routed = buf(bits_bytes(m_ct), "x == max, first in the window");
-    m_zeros = m_b.alloc(Buf::UB, vec::kRepeatBytes, "zeros");
-    if (first_zero_row() < m_s.h) m_zero_row = buf(bytes(m_s.w), "zero dx row");
+    const uint64_t base = m_b.alloc(Buf::UB, m_l.end, "MaxPoolGrad rows, runs and bit sets");
+    if (base != 0) m_b.fail("MaxPoolGrad: its UB layout must start at UB address 0");
   }
 
   uint64_t x_row(int p, int64_t a) const {
-    return m_x[p] + static_cast<uint64_t>(a) * bytes(row_pixels());
+    return m_l.x[p] + static_cast<uint64_t>(a) * m_l.row_stride;
   }
-  int dx_set(int p) const { return m_dx_sets == 2 ? p : 0; }
+  int dx_set(int p) const { return m_l.dx_sets == 2 ? p : 0; }
   uint64_t dx_row(int p, int64_t a) const {
-    return m_dx[p] + static_cast<uint64_t>(a) * bytes(row_pixels());
+    return m_l.dx[p] + static_cast<uint64_t>(a) * m_l.row_stride;
   }
 
   int64_t neg_inf_bits() const {
@@ -659,7 +717,7 @@ class MaxPoolGradEmitter {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
     b.wait_flag(m_in_free, p);
-    copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_dy[p]);
+    copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_l.dy[p]);
     for (int64_t a = 0; a < m_s.kh; ++a) {
       Reg r = b.reg("input row");
       b.mul(r, oh, m_s.sh);
@@ -692,7 +750,7 @@ class MaxPoolGradEmitter {
       for (int64_t a = m_s.sh; a < slots(); ++a) store(a);
       for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
         Reg rr = b.reg_imm("zero dx row", r);
-        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_zero_row);
+        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_l.zero_row);
       }
     });
     b.set_flag(m_out_free, dx_set(p));
@@ -726,17 +784,21 @@ class MaxPoolGradEmitter {
     int m = 0;  // the buffer holding the max so far
     for (size_t i = std::min<size_t>(1, taps.size() - 1); i < taps.size(); ++i) {
       const int d = i <= 1 ? 0 : 1 - m;
-      vec_binary(b, Opcode::op_vmax, m_s.type, m_max[d], i <= 1 ? tap(0) : m_max[m], tap(i), n);
+      vec_binary(b, Opcode::op_vmax, m_s.type, m_l.max[d], i <= 1 ? tap(0) : m_l.max[m], tap(i),
+                 n);
       m = d;
     }
     // dx rows: the previous window row's last kh - sh rows carried (moved down in place with
-    // one dx set: a forward copy to lower addresses reads each repeat before it writes); the
-    // others zero where no tap writes.
+    // one dx set: row by row to lower addresses, a copy reads each repeat before it writes);
+    // the others zero where no tap writes.
     b.wait_flag(m_out_free, dx_set(p));
     const int64_t c = carried(), row = row_pixels() * m_ct;
     if (c > 0) {
-      b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, m_dx[p], 0, c * row); });
-      b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, m_dx[p], dx_row(1 - p, m_s.sh), c * row); });
+      for (int64_t a = 0; a < c; ++a) {
+        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dx_row(p, a), 0, row); });
+        b.if_(ne(t, 0),
+              [&] { vec_copy_bits(b, m_size, dx_row(p, a), dx_row(1 - p, m_s.sh + a), row); });
+      }
     }
     for (int64_t a = c; a < slots(); ++a) {
       if (a >= m_s.kh || !writes(a, 0)) {
@@ -753,25 +815,26 @@ class MaxPoolGradEmitter {
     for (size_t i = 0; i < taps.size(); ++i) {
       const auto [a, kw] = taps[i];
       const bool last = i + 1 == taps.size();
-      vec_compare(b, m_s.type, isa::Cmp::EQ, m_equal, tap(i), m_max[m], n);
-      uint64_t routed = m_equal;
+      vec_compare(b, m_s.type, isa::Cmp::EQ, m_l.equal, tap(i), m_l.max[m], n);
+      uint64_t routed = m_l.equal;
       if (i == 0) {
-        if (!last) vec_unary(b, Opcode::op_vnot, Dtype::U16, m_not_found[0], m_equal, words);
+        if (!last) vec_unary(b, Opcode::op_vnot, Dtype::U16, m_l.not_found[0], m_l.equal, words);
       } else {
-        routed = m_routed;
-        vec_binary(b, Opcode::op_vand, Dtype::U16, m_routed, m_equal, m_not_found[nf], words);
+        routed = m_l.routed;
+        vec_binary(b, Opcode::op_vand, Dtype::U16, m_l.routed, m_l.equal, m_l.not_found[nf],
+                   words);
         if (!last) {
-          vec_binary(b, Opcode::op_vsub, Dtype::U16, m_not_found[1 - nf], m_not_found[nf],
-                     m_routed, words);
+          vec_binary(b, Opcode::op_vsub, Dtype::U16, m_l.not_found[1 - nf], m_l.not_found[nf],
+                     m_l.routed, words);
           nf = 1 - nf;
         }
       }
       const uint64_t dx = column(dx_row(p, a), kw);
       if (writes(a, kw)) {
-        vec_select(b, m_s.type, dx, m_dy[p], m_zeros, routed, n, false, true);
+        vec_select(b, m_s.type, dx, m_l.dy[p], m_l.zeros, routed, n);
       } else {
-        vec_select(b, m_s.type, m_sel, m_dy[p], m_zeros, routed, n, false, true);
-        vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_sel, n);
+        vec_select(b, m_s.type, m_l.sel, m_l.dy[p], m_l.zeros, routed, n);
+        vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_l.sel, n);
       }
     }
     b.set_flag(m_in_free, p);
@@ -783,9 +846,7 @@ class MaxPoolGradEmitter {
   KernelBuilder m_b;
   const int64_t m_size, m_lanes;
   int64_t m_ct = 0;
-  int m_dx_sets = 2;
-  uint64_t m_x[2] = {}, m_dy[2] = {}, m_dx[2] = {}, m_max[2] = {}, m_not_found[2] = {};
-  uint64_t m_sel = 0, m_equal = 0, m_routed = 0, m_zeros = 0, m_zero_row = 0;
+  Layout m_l;
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
