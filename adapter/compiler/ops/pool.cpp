@@ -788,33 +788,50 @@ class MaxPoolGradEmitter {
                  n);
       m = d;
     }
-    // dx rows: the previous window row's last kh - sh rows carried (moved down in place with
-    // one dx set: row by row to lower addresses, a copy reads each repeat before it writes);
-    // the others zero where no tap writes.
+    // dx rows a < kh - sh continue the previous window row's rows a + sh (the same rows of
+    // the map): where the first taps reach (kw < sw, when kw >= sw) they add sel to the
+    // previous sums into the row (or write sel at an item's first window row); the rest of the
+    // row is copied (zeroed). One dx set: rows a + sh are read before the window row writes
+    // them (carried rows first, in scan order).
     b.wait_flag(m_out_free, dx_set(p));
     const int64_t c = carried(), row = row_pixels() * m_ct;
-    if (c > 0) {
-      for (int64_t a = 0; a < c; ++a) {
-        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dx_row(p, a), 0, row); });
-        b.if_(ne(t, 0),
-              [&] { vec_copy_bits(b, m_size, dx_row(p, a), dx_row(1 - p, m_s.sh + a), row); });
-      }
-    }
-    for (int64_t a = c; a < slots(); ++a) {
-      if (a >= m_s.kh || !writes(a, 0)) {
-        vec_dup_bits(b, m_size, dx_row(p, a), 0, row);
-      } else if (plane_pixels() > m_s.ow) {  // past the write taps' reach in each plane
+    const bool reached = m_s.kw >= m_s.sw;  // every pixel of a row by a tap kw < sw
+    const int64_t tail = plane_pixels() - m_s.ow;  // per plane, past those taps' reach
+    auto each_tail = [&](const std::function<void(int64_t)>& f) {  // f(offset in the row)
+      if (tail > 0)
         for (int64_t q = 0; q < m_s.sw; ++q)
-          vec_dup_bits(b, m_size, dx_row(p, a) + bytes(q * plane_pixels() + m_s.ow), 0,
-                       (plane_pixels() - m_s.ow) * m_ct);
+          f(static_cast<int64_t>(bytes(q * plane_pixels() + m_s.ow)));
+    };
+    for (int64_t a = 0; a < c; ++a) {
+      const uint64_t dst = dx_row(p, a), src = dx_row(1 - p, m_s.sh + a);
+      if (!reached) {
+        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dst, 0, row); });
+        b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, dst, src, row); });
+        continue;
       }
+      each_tail([&](int64_t off) {
+        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dst + off, 0, tail * m_ct); });
+        b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, dst + off, src + off, tail * m_ct); });
+      });
     }
+    // The other rows: zero where no tap writes (before the first of their taps).
+    auto zero_rest = [&] {
+      for (int64_t a = c; a < slots(); ++a) {
+        if (a >= m_s.kh || !writes(a, 0))
+          vec_dup_bits(b, m_size, dx_row(p, a), 0, row);
+        else
+          each_tail(
+              [&](int64_t off) { vec_dup_bits(b, m_size, dx_row(p, a) + off, 0, tail * m_ct); });
+      }
+    };
+    if (c == 0) zero_rest();
     // Route dy in scan order: the first tap equal to the max takes it.
     Reg words = b.reg_imm("bit set (u16 words)", static_cast<int64_t>(bits_bytes(m_ct)) / 2);
     int nf = 0;  // the not-found set in use
     for (size_t i = 0; i < taps.size(); ++i) {
       const auto [a, kw] = taps[i];
       const bool last = i + 1 == taps.size();
+      if (c > 0 && a == c && kw == 0) zero_rest();
       vec_compare(b, m_s.type, isa::Cmp::EQ, m_l.equal, tap(i), m_l.max[m], n);
       uint64_t routed = m_l.equal;
       if (i == 0) {
@@ -832,6 +849,13 @@ class MaxPoolGradEmitter {
       const uint64_t dx = column(dx_row(p, a), kw);
       if (writes(a, kw)) {
         vec_select(b, m_s.type, dx, m_l.dy[p], m_l.zeros, routed, n);
+      } else if (a < c && reached && kw < m_s.sw) {
+        const uint64_t prev = column(dx_row(1 - p, m_s.sh + a), kw);
+        b.if_(eq(t, 0), [&] { vec_select(b, m_s.type, dx, m_l.dy[p], m_l.zeros, routed, n); });
+        b.if_(ne(t, 0), [&] {
+          vec_select(b, m_s.type, m_l.sel, m_l.dy[p], m_l.zeros, routed, n);
+          vec_binary(b, Opcode::op_vadd, m_s.type, dx, prev, m_l.sel, n);
+        });
       } else {
         vec_select(b, m_s.type, m_l.sel, m_l.dy[p], m_l.zeros, routed, n);
         vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_l.sel, n);
