@@ -464,9 +464,19 @@ class MaxPoolGradEmitter {
     const CoreKindConfig& core = *b.config().core_kind(kind);
     choose_layout(core.capacity(Buf::UB));
     const int64_t groups = m_s.cp / m_ct;
-    // Bands: enough items for every core, whole images when the batch gives that already.
-    const int64_t per_image = std::min(m_s.oh, ceil_div(core.count, m_s.n * groups));
-    const int64_t band = ceil_div(m_s.oh, per_image), bands = ceil_div(m_s.oh, band);
+    // Bands of window rows: the split of each image's rows that gives the busiest core the
+    // fewest window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
+    int64_t band = m_s.oh, best = -1;
+    for (int64_t split = 1; split <= m_s.oh; ++split) {
+      const int64_t rows = ceil_div(m_s.oh, split);
+      const int64_t n = m_s.n * groups * ceil_div(m_s.oh, rows);
+      const int64_t load = ceil_div(n, int64_t{core.count}) * (rows + (m_s.kh - 1) / m_s.sh);
+      if (best < 0 || load < best) {
+        best = load;
+        band = rows;
+      }
+    }
+    const int64_t bands = ceil_div(m_s.oh, band);
     const int64_t items = m_s.n * groups * bands;
     const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
     const int block_dim = static_cast<int>(ceil_div(items, per));
