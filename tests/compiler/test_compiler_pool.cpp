@@ -143,7 +143,9 @@ void check_forward(bool is_max, DataType dt, const PoolCase& p, uint32_t seed) {
   check(r.outputs[0].values, ref, dt, 4, is_max, "y");
 }
 
-void check_max_grad(DataType dt, const PoolCase& p, uint32_t seed) {
+// cfg: the chip the kernel is compiled for (default: the test chip's), run on the test chip.
+void check_max_grad(DataType dt, const PoolCase& p, uint32_t seed,
+                    const ChipConfig* cfg = nullptr, const std::string& summary_has = "") {
   INFO("MaxPoolGrad " << compiler::data_type_name(dt) << " " << p.str());
   HostTensor x = random_tensor(dt, p.x_shape(), -2, 2, seed);
   for (double& v : x.values) v = std::round(v * 2) / 2;  // ties: the first maximum wins
@@ -156,8 +158,14 @@ void check_max_grad(DataType dt, const PoolCase& p, uint32_t seed) {
       m = std::max(m, x.values[static_cast<size_t>(xi * p.c + c)]);
     }
   });
-  auto k = compile_op(make_op("MaxPoolGrad", {x.desc, y.desc, dy.desc}, p.attrs()));
+  const compiler::OpDesc op = make_op("MaxPoolGrad", {x.desc, y.desc, dy.desc}, p.attrs());
+  auto k = cfg ? compiler::compile(op, *cfg) : compile_op(op);
   REQUIRE(k.outputs[0] == x.desc);
+  if (!summary_has.empty()) {
+    std::string summaries;  // the pooling launch's, among the channel-padding copies
+    for (const compiler::Launch& l : k.launches) summaries += l.summary + "\n";
+    CHECK_THAT(summaries, Catch::Contains(summary_has));
+  }
   RunResult r = run_compiled(test_sim(), k, {x, y, dy});
   Ref ref(x.values.size());
   std::vector<bool> done(dy.values.size(), false);
@@ -246,6 +254,15 @@ TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum") {
     check_max_grad(DataType::F16, p, seed++);
   }
   check_max_grad(DataType::BF16, banded[0], seed++);
+  // The same on a chip whose GM->UB path is slow: MTE2 bounds the window row, so V copies the
+  // x rows two window rows share instead of MTE2 loading them again (pool.cpp carry_x_rows).
+  ChipConfig slow = test_sim().config();
+  slow.path_bytes_per_cycle[{isa::Buf::GM, isa::Buf::UB}] = 1;
+  for (const PoolCase& p : banded) {
+    const bool shares = p.kh > p.sh;
+    check_max_grad(DataType::F32, p, seed++, &slow, shares ? "x rows carried" : "");
+    check_max_grad(DataType::F16, p, seed++, &slow, shares ? "x rows carried" : "");
+  }
 }
 
 TEST_CASE("MaxPoolGrad f16/bf16 hold twice the f32 kernel's channels at ResNet-50's pool") {

@@ -463,6 +463,7 @@ class MaxPoolGradEmitter {
     const isa::CoreKind kind = b.vector_core_kind();
     const CoreKindConfig& core = *b.config().core_kind(kind);
     choose_layout(core.capacity(Buf::UB));
+    m_carry_x = carry_x_rows(core.count);
     const int64_t groups = m_s.cp / m_ct;
     // Bands of window rows: the split of each image's rows that gives the busiest core the
     // fewest window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
@@ -522,7 +523,7 @@ class MaxPoolGradEmitter {
             Reg oh = b.reg("window row"), parity = b.reg("parity");
             b.add(oh, first, t);
             b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh); });
+            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh, t); });
           },
           [&](const Reg& t) {
             Reg oh = b.reg("window row"), parity = b.reg("parity");
@@ -530,6 +531,12 @@ class MaxPoolGradEmitter {
             b.and_(parity, t, 1);
             b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, own); });
           });
+      if (m_carry_x) {  // the last step's x rows, held for a next step that is not
+        Reg last = b.reg("parity of the last step");
+        b.sub(last, steps, 1);
+        b.and_(last, last, 1);
+        b.by_parity(last, [&](int p) { b.set_flag(m_in_free, p); });
+      }
     });
     for (int p = 0; p < 2; ++p) b.wait_flag(m_in_free, p);
     for (int d = 0; d < m_l.dx_sets; ++d) b.wait_flag(m_out_free, d);
@@ -539,9 +546,10 @@ class MaxPoolGradEmitter {
     l.block_dim = block_dim;
     l.summary = fmt::format(
         "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
-        "band of {} window rows) over {} blocks of {}, {} dx set(s){}",
+        "band of {} window rows) over {} blocks of {}, {} dx set(s){}{}",
         isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
-        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "");
+        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
+        m_carry_x ? ", x rows carried" : "");
     return l;
   }
 
@@ -688,6 +696,34 @@ class MaxPoolGradEmitter {
     m_ct = m_l.ct;
   }
 
+  // Whether V should copy the kh - sh x rows a window row shares with the next (a vector copy)
+  // instead of MTE2 loading them again: when that lowers the larger of the two pipes' times a
+  // window row, estimated from the config. MTE2 moves the x and dy rows at the GM->UB path rate
+  // or the core's share of the HBM rate, whichever is lower. V runs a run of ow * ct elements
+  // (latency + its repeats) per tap for vcmp, vsel and vadd, and one less for vmax, two bit-set
+  // operations per tap (latency + theirs), plus the copy when it carries.
+  bool carry_x_rows(int64_t cores) const {
+    if (carried() == 0) return false;
+    const ChipConfig& cfg = m_b.config();
+    auto path = cfg.path_bytes_per_cycle.find({Buf::GM, Buf::UB});
+    double rate = cfg.hbm_bytes_per_cycle() / static_cast<double>(cores);
+    if (path != cfg.path_bytes_per_cycle.end()) rate = std::min(rate, path->second);
+    if (rate <= 0) return false;
+    auto repeats = [&](uint64_t b) {
+      return static_cast<double>(
+          ceil_div(b, static_cast<uint64_t>(std::max(cfg.vector_bytes_per_cycle, 1))));
+    };
+    const double lat = cfg.vector_latency_cycles, taps = static_cast<double>(m_s.kh * m_s.kw);
+    const double vector = (4 * taps - 1) * (lat + repeats(bytes(m_s.ow))) +
+                          2 * taps * (lat + repeats(bits_bytes(m_ct)));
+    const double copy = static_cast<double>(carried()) * (lat + repeats(bytes(row_pixels())));
+    const double row = static_cast<double>(bytes(m_s.w)), dy = static_cast<double>(bytes(m_s.ow));
+    const double reload = std::max(vector, (static_cast<double>(m_s.kh) * row + dy) / rate);
+    const double carry =
+        std::max(vector + copy, (static_cast<double>(m_s.sh) * row + dy) / rate);
+    return carry < reload;
+  }
+
   void allocate() {
     const uint64_t base = m_b.alloc(Buf::UB, m_l.end, "MaxPoolGrad rows, runs and bit sets");
     if (base != 0) m_b.fail("MaxPoolGrad: its UB layout must start at UB address 0");
@@ -723,18 +759,26 @@ class MaxPoolGradEmitter {
     }
   }
 
-  void load_step(int p, const Reg& img, const Reg& g, const Reg& oh) {
+  // MTE2: the dy row and the x rows of window row oh (step t of the item): all kh, or with
+  // m_carry_x all kh at the item's first step and after that the last sh (V copies the first
+  // kh - sh from the previous window row's rows).
+  void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
     b.wait_flag(m_in_free, p);
     copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_l.dy[p]);
     for (int64_t a = 0; a < m_s.kh; ++a) {
-      Reg r = b.reg("input row");
-      b.mul(r, oh, m_s.sh);
-      b.add(r, r, a - m_s.pt);
-      b.if_(ge(r, 0), [&] {
-        b.if_(lt(r, m_s.h), [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
-      });
+      auto load = [&] {
+        Reg r = b.reg("input row");
+        b.mul(r, oh, m_s.sh);
+        b.add(r, r, a - m_s.pt);
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+        });
+      };
+      if (a < carried() && m_carry_x) b.if_(eq(t, 0), load);
+      else load();
     }
     b.set_flag(m_in_ready, p);
   }
@@ -773,6 +817,14 @@ class MaxPoolGradEmitter {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("window row ({})", p));
     b.wait_flag(m_in_ready, p);
+    // x rows a < kh - sh: the previous window row's rows a + sh (whole padded rows); that
+    // window row's x and dy buffers are free after this (its step released them no earlier).
+    if (m_carry_x)
+      b.if_(ne(t, 0), [&] {
+        for (int64_t a = 0; a < carried(); ++a)
+          vec_copy_bits(b, m_size, x_row(p, a), x_row(1 - p, m_s.sh + a), row_pixels() * m_ct);
+        b.set_flag(m_in_free, 1 - p);
+      });
     // Rows outside the map: -inf.
     for (int64_t a = 0; a < m_s.kh; ++a) {
       Reg r = b.reg("input row");
@@ -871,7 +923,7 @@ class MaxPoolGradEmitter {
         vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_l.sel, n);
       }
     }
-    b.set_flag(m_in_free, p);
+    if (!m_carry_x) b.set_flag(m_in_free, p);
     b.set_flag(m_out_ready, dx_set(p));
     store_rows(p, img, g, oh, own);
   }
@@ -881,6 +933,7 @@ class MaxPoolGradEmitter {
   const int64_t m_size, m_lanes;
   int64_t m_ct = 0;
   Layout m_l;
+  bool m_carry_x = false;  // carry_x_rows()
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
