@@ -455,8 +455,7 @@ class MaxPoolGradEmitter {
   MaxPoolGradEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
       : m_s(s),
         m_b(fmt::format("MaxPoolGrad_{}", isa::dtype_name(s.type)), op, cfg),
-        m_size(isa::dtype_size(s.type)),
-        m_lanes(vec::kRepeatBytes / m_size) {}
+        m_size(isa::dtype_size(s.type)) {}
 
   Launch emit() {
     KernelBuilder& b = m_b;
@@ -930,7 +929,7 @@ class MaxPoolGradEmitter {
 
   const PoolSpec& m_s;
   KernelBuilder m_b;
-  const int64_t m_size, m_lanes;
+  const int64_t m_size;
   int64_t m_ct = 0;
   Layout m_l;
   bool m_carry_x = false;  // carry_x_rows()
