@@ -14,8 +14,9 @@ inputs of cube ops (convolutions) to fp16 and accumulates in fp32:
 - "random" tests compare with the CPU run on inputs rounded to fp16 first: what remains is the
   fp32 summation order, below K * 2^-24 * sum|x w| (K terms); rtol/atol 1e-5 cover it for the
   K <= 100 here.
-Pooling and batch normalisation run on the vector unit in fp32: MaxPool and MaxPoolGrad are
-exact; AvgPool multiplies by a reciprocal where TF divides (1 ulp); batch normalisation's
+Pooling and batch normalisation run on the vector unit in fp32 (MaxPoolGrad in the tensor's
+type, summing as TF's CPU kernel does, in another order): MaxPool and MaxPoolGrad are exact;
+AvgPool multiplies by a reciprocal where TF divides (1 ulp); batch normalisation's
 per-channel statistics sum in another order and use the vector unit's rsqrt (rtol 1e-5 /
 1e-4 for the gradients, whose terms cancel)."""
 
@@ -175,6 +176,38 @@ def test_max_pool_and_gradient(npusim, tf, strict_placement, x_shape, ksize, str
     x = (np.random.default_rng(9).permutation(n).reshape(x_shape) / 8).astype(np.float32)
     pool = lambda a: tf.nn.max_pool2d(a, ksize, stride, padding)  # noqa: E731
     _compare(npusim, tf, pool, [x], ["MaxPool_", "MaxPoolGrad_"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("x_shape,ksize,stride,padding", [
+    ((2, 13, 11, 64), 3, 2, "SAME"),  # ResNet-50's pool geometry, sizes that divide nothing
+    ((3, 12, 10, 8), 3, 2, "VALID"),  # the last row and column in no window
+    ((1, 9, 7, 5), 3, 1, "SAME"),  # channels not whole blocks; each row in three window rows
+    ((2, 8, 9, 16), 2, 3, "VALID")], ids=str)  # stride > window: inputs in no window
+def test_max_pool_grad_ties(npusim, tf, strict_placement, dtype, x_shape, ksize, stride,
+                            padding):
+    """MaxPoolGrad as the raw op, x on a grid of four values (most windows hold ties: the first
+    maximum in the window's scan order takes the gradient, TF's CPU rule). dy is multiples of
+    1/4 in [-2, 2] and an input is in at most 9 windows, so every sum is exact in f16 as in
+    f32 and the NPU must equal the CPU bit for bit, whatever the order of the additions."""
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 4, size=x_shape).astype(dtype)
+    attrs = dict(ksize=[1, ksize, ksize, 1], strides=[1, stride, stride, 1], padding=padding)
+    with tf.device("/CPU:0"):
+        y = tf.nn.max_pool2d(tf.constant(x), ksize, stride, padding).numpy()
+    dy = _quarters(y.shape, 13).astype(dtype)
+    npusim.clear_launch_records()
+    results = []
+    for device in ("/NPU:0", "/CPU:0"):
+        with tf.device(device):
+            results.append(tf.raw_ops.MaxPoolGrad(orig_input=tf.constant(x),
+                                                  orig_output=tf.constant(y),
+                                                  grad=tf.constant(dy), **attrs))
+    got, want = results
+    assert got.device.endswith("device:NPU:0"), got.device
+    assert got.dtype == want.dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert any(r["kernel"].startswith("MaxPoolGrad_") for r in npusim.launch_records())
 
 
 @pytest.mark.parametrize("x_shape,ksize,stride,padding", [

@@ -4,8 +4,9 @@
 //   MaxPoolGrad(orig_input, orig_output, grad) -> dx, AvgPoolGrad(orig_input_shape, grad) -> dx
 //   (orig_input_shape as an attribute, the tensor itself optional: docs/compiler.md).
 //
-// One kernel ("window kernel") per op. Work items are (row, channel group): a row is an output
-// row (n, oh) for the forward ops and an input row (n, ih) for the gradients; a channel group
+// One kernel per op: MaxPoolGrad has its own (MaxPoolGradEmitter, below); the others share the
+// "window kernel". Work items are (row, channel group): a row is an output row (n, oh) for the
+// forward ops and an input row (n, ih) for AvgPoolGrad; a channel group
 // is ct channels of every pixel of the row (ct from the UB capacity). Blocks take contiguous
 // item ranges. Everything is computed on f32 lanes (f16/bf16 rows are widened exactly by
 // vconv on arrival and rounded to nearest even once on the way out). A row of pixels lives in
@@ -19,12 +20,6 @@
 //   AvgPoolGrad dx[ih][iw] = sum over the windows (oh, ow) holding (ih, iw) of
 //              dy[oh][ow] / count(oh, ow): per row ih, for each window row oh covering it, dy's
 //              row oh scaled, then added at iw = ow*sw - pl + kw for every kw.
-//   MaxPoolGrad TF's CPU kernel routes each window's gradient to the FIRST maximal input in the
-//              window's scan order (rows, then columns; max and argmax recomputed from
-//              orig_input, orig_output is not read). Per input row ih and window row oh
-//              covering it: the window's max m; found = 0; for each tap in scan order up to
-//              row ih: eq = (x == m) & !found, found |= eq, and the taps of row ih add
-//              eq * dy[oh][ow] at their input pixel.
 // Channels: the kernel needs a pixel to be whole 32-byte blocks. Tensors whose C * size is not
 // a multiple of 32 are copied to a channel-padded layout in the workspace first (a strided
 // stream copy, one piece per pixel) and the result copied back; the padding channels are
@@ -84,6 +79,37 @@ std::pair<int64_t, int64_t> tap_range(int64_t out, int64_t s, int64_t p, int64_t
   return {lo, hi};
 }
 
+// Copies row `row` of image img, channel group g (ct of the cp channels of the NHWC tensor
+// `arg`, height x width pixels), between GM and the UB at `ub` ([pixel][ct], pixels adjacent):
+// its columns first, first + step, ... (< width). One burst when they are adjacent whole pixels,
+// else a burst per pixel.
+void copy_row(KernelBuilder& b, const PoolSpec& s, int64_t ct, bool to_ub, const char* arg,
+              const Reg& img, const Reg& row, int64_t height, int64_t width, const Reg& g,
+              uint64_t ub, int64_t first = 0, int64_t step = 1) {
+  constexpr int64_t kMaxBurstBlocks = 65535;  // RU16 burst length
+  const int64_t size = isa::dtype_size(s.type);
+  Reg gm = b.reg("row in GM"), t = b.reg("temp");
+  b.mul(gm, img, height);
+  b.add(gm, gm, row);
+  b.mul(gm, gm, width * s.cp * size);
+  b.add(gm, gm, first * s.cp * size);
+  b.mul(t, g, ct * size);
+  b.add(gm, gm, t);
+  Reg base = b.load_arg(arg);
+  b.add(gm, gm, base);
+  Reg u = b.reg_imm("row in UB", static_cast<int64_t>(ub));
+  const int64_t pixels = ceil_div(width - first, step);
+  const bool whole = ct == s.cp && step == 1 && pixels * ct * size / 32 <= kMaxBurstBlocks;
+  const int64_t bursts = whole ? 1 : pixels, len = (whole ? pixels * ct : ct) * size / 32;
+  const int64_t gap = (step * s.cp - ct) * size / 32;
+  if (to_ub)
+    b.emit(Opcode::op_copy_gm2ub, {u, gm, bursts, len, whole ? 0 : gap, 0},
+           fmt::format("{} row, {} channels per pixel", arg, ct));
+  else
+    b.emit(Opcode::op_copy_ub2gm, {gm, u, bursts, len, 0, whole ? 0 : gap},
+           fmt::format("{} row", arg));
+}
+
 class PoolEmitter {
  public:
   PoolEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
@@ -121,10 +147,7 @@ class PoolEmitter {
         b.declare_arg("y", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         break;
       case PoolKind::kMaxGrad:
-        b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
-        b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
-        b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
-        break;
+        b.fail("MaxPoolGrad has its own emitter (MaxPoolGradEmitter)");
       case PoolKind::kAvgGrad:
         b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -136,7 +159,6 @@ class PoolEmitter {
     m_out_free = b.flag(Pipe::MTE3, Pipe::V, "output row stored");
     b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
     b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
-    if (m_s.kind == PoolKind::kMaxGrad) constants();
     Reg item = b.reg("item"), end = b.reg("end item");
     emit_block_range(b, item, end, per, items);
     b.for_range(item, item, end, 1, [&] {
@@ -179,41 +201,13 @@ class PoolEmitter {
         buffers = static_cast<int>(2 * kh + 2);
         break;
       case PoolKind::kMaxGrad:
-        bytes = kh * w * f + o * f + w * f +
-                static_cast<uint64_t>(ceil_div(ct, kLanes) * round_up(m_s.ow, 4) * 8) +
-                2 * static_cast<uint64_t>(ct) * f;
-        if (raw()) {  // the raw rows in the scratch, the dx row narrowed into row 0
-          bytes += grad_scratch_bytes(ct);
-          buffers = static_cast<int>(kh + 6);
-        } else {
-          bytes += 4 * o * f;
-          buffers = static_cast<int>(kh + 9);
-        }
-        break;
+        break;  // MaxPoolGradEmitter
       case PoolKind::kAvgGrad:
         bytes = o * (f + r) + o * f + w * (f + r);
         buffers = 6;
         break;
     }
     return bytes + static_cast<uint64_t>(buffers) * (kSlack + 32);
-  }
-
-  // MaxPoolGrad on f16/bf16: the raw (unwidened) x rows and dy row are dead once widened, and
-  // the window's f32 max, found, eq and first-max rows are written only after that, so both
-  // sets share one scratch region (grad_item widens every row of a window row before it
-  // writes the max: the V pipe runs in order, and MTE2 refills the raw rows only after V
-  // frees the window row's inputs). Each view keeps its own slack, as a buffer of its own would.
-  static uint64_t view_bytes(uint64_t bytes) { return round_up(bytes + kSlack, uint64_t{32}); }
-  uint64_t grad_raw_view(int64_t pixels, int64_t ct) const {
-    return view_bytes(static_cast<uint64_t>(pixels * ct * m_size));
-  }
-  uint64_t grad_f32_view(int64_t ct) const {
-    return view_bytes(static_cast<uint64_t>(m_s.ow * ct * 4));
-  }
-  uint64_t grad_scratch_bytes(int64_t ct) const {
-    const uint64_t raw_rows =
-        static_cast<uint64_t>(m_s.kh) * grad_raw_view(m_s.w, ct) + grad_raw_view(m_s.ow, ct);
-    return std::max(raw_rows, 4 * grad_f32_view(ct));
   }
 
   // The largest channel group (dividing cp, a multiple of the raw block) that fits the UB.
@@ -238,38 +232,12 @@ class PoolEmitter {
   void allocate() {
     const uint64_t w = static_cast<uint64_t>(m_s.w * m_ct), o = static_cast<uint64_t>(m_s.ow * m_ct);
     const uint64_t sz = static_cast<uint64_t>(m_size);
-    const bool scratch = m_s.kind == PoolKind::kMaxGrad && raw();
     if (m_s.kind != PoolKind::kAvgGrad)
       for (int64_t k = 0; k < m_s.kh; ++k) {
         m_rows.push_back(buf(w * 4, fmt::format("row {} (f32)", k)));
-        if (!scratch)
-          m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k))
-                                     : m_rows.back());
+        m_raw_rows.push_back(raw() ? buf(w * sz, fmt::format("row {} (raw)", k))
+                                   : m_rows.back());
       }
-    if (scratch) {
-      // grad_scratch_bytes(): raw x rows and dy row, or the window's four f32 rows.
-      m_dy = buf(o * 4, "dy row (f32)");
-      const uint64_t base = m_b.alloc(Buf::UB, grad_scratch_bytes(m_ct),
-                                      "raw x and dy rows / window max, found, eq, first max");
-      uint64_t at = base;
-      for (int64_t k = 0; k < m_s.kh; ++k, at += grad_raw_view(m_s.w, m_ct))
-        m_raw_rows.push_back(at);
-      m_raw_dy = at;
-      const uint64_t v = grad_f32_view(m_ct);
-      m_max = base;
-      m_found = base + v;
-      m_eq = base + 2 * v;
-      m_tmp = base + 3 * v;
-      m_bits =
-          buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
-      m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
-      m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
-      m_out = buf(w * 4, "dx row (f32)");
-      // Row 0's f32 x is dead after the window rows; the next item widens into it only after
-      // MTE3 has stored dx (grad_item waits for m_out_free first).
-      m_raw_out = m_rows[0];
-      return;
-    }
     switch (m_s.kind) {
       case PoolKind::kMax:
       case PoolKind::kAvg:
@@ -277,19 +245,7 @@ class PoolEmitter {
         m_raw_out = raw() ? buf(o * sz, "output row (raw)") : m_out;
         break;
       case PoolKind::kMaxGrad:
-        m_dy = buf(o * 4, "dy row (f32)");
-        m_raw_dy = raw() ? buf(o * sz, "dy row (raw)") : m_dy;
-        m_max = buf(o * 4, "window max");
-        m_found = buf(o * 4, "max found");
-        m_eq = buf(o * 4, "x == max");
-        m_tmp = buf(o * 4, "first max");
-        m_bits =
-            buf(static_cast<uint64_t>(ceil_div(m_ct, kLanes) * round_up(m_s.ow, 4) * 8), "bits");
-        m_ones = buf(static_cast<uint64_t>(m_ct) * 4, "ones");
-        m_zeros = buf(static_cast<uint64_t>(m_ct) * 4, "zeros");
-        m_out = buf(w * 4, "dx row (f32)");
-        m_raw_out = raw() ? buf(w * sz, "dx row (raw)") : m_out;
-        break;
+        break;  // MaxPoolGradEmitter
       case PoolKind::kAvgGrad:
         m_raw_dy = buf(o * (raw() ? sz : 4), "dy row (raw)");
         m_dy = raw() ? buf(o * 4, "dy row (f32)") : m_raw_dy;
@@ -298,13 +254,6 @@ class PoolEmitter {
         m_raw_out = raw() ? buf(w * sz, "dx row (raw)") : m_out;
         break;
     }
-  }
-
-  void constants() {
-    KernelBuilder& b = m_b;
-    Reg v = b.reg_imm("1.0f", vector_scalar_bits(Dtype::F32, 1.0));
-    vec_dup_bits(b, 4, m_ones, v, m_ct);
-    vec_dup_bits(b, 4, m_zeros, 0, m_ct);
   }
 
   // ---- vector operations over pixels (ops/pixel_ops.h) ----
@@ -327,39 +276,13 @@ class PoolEmitter {
 
   // ---- MTE ----
 
-  // Loads pixels [row * width, +width) of channel group g of the tensor `arg` (NHWC with cp
-  // channels) into UB at dst: burst per pixel of ct channels.
   void load_row(const char* arg, const Reg& img, const Reg& row, int64_t height, int64_t width,
                 const Reg& g, uint64_t dst) {
-    KernelBuilder& b = m_b;
-    Reg src = b.reg("row source"), t = b.reg("temp");
-    b.mul(src, img, height);
-    b.add(src, src, row);
-    b.mul(src, src, width * m_s.cp * m_size);
-    b.mul(t, g, m_ct * m_size);
-    b.add(src, src, t);
-    Reg base = b.load_arg(arg);
-    b.add(src, src, base);
-    Reg d = b.reg_imm("row destination", static_cast<int64_t>(dst));
-    b.emit(Opcode::op_copy_gm2ub, {d, src, width, m_ct * m_size / 32, (m_s.cp - m_ct) * m_size / 32,
-                                   0},
-           fmt::format("{} row, {} channels per pixel", arg, m_ct));
+    copy_row(m_b, m_s, m_ct, true, arg, img, row, height, width, g, dst);
   }
   void store_row(const char* arg, const Reg& img, const Reg& row, int64_t height, int64_t width,
-                 const Reg& g, uint64_t src_buf) {
-    KernelBuilder& b = m_b;
-    Reg dst = b.reg("row destination"), t = b.reg("temp");
-    b.mul(dst, img, height);
-    b.add(dst, dst, row);
-    b.mul(dst, dst, width * m_s.cp * m_size);
-    b.mul(t, g, m_ct * m_size);
-    b.add(dst, dst, t);
-    Reg base = b.load_arg(arg);
-    b.add(dst, dst, base);
-    Reg s = b.reg_imm("row source", static_cast<int64_t>(src_buf));
-    b.emit(Opcode::op_copy_ub2gm, {dst, s, width, m_ct * m_size / 32, 0,
-                                   (m_s.cp - m_ct) * m_size / 32},
-           fmt::format("{} row", arg));
+                 const Reg& g, uint64_t src) {
+    copy_row(m_b, m_s, m_ct, false, arg, img, row, height, width, g, src);
   }
 
   // body() only when 0 <= v < bound at run time.
@@ -456,24 +379,10 @@ class PoolEmitter {
     b.set_flag(Pipe::MTE3, Pipe::V, m_out_free);
   }
 
-  // eq = (x tap (kh, kw) == max) over the tap's output pixels, as 1.0 / 0.0.
-  void tap_equal(uint64_t row, int64_t kw, int64_t lo, int64_t n) {
-    KernelBuilder& b = m_b;
-    const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-    m_px->per_pixel(n, [&](int64_t j, int64_t f, int64_t cnt) {
-      const int64_t bits = static_cast<int64_t>(m_bits) + (j * round_up(m_s.ow, 4) + f) * 8;
-      b.emit(Opcode::op_vcmp, {Dtype::F32, isa::Cmp::EQ, bits, at(row, px0 + f * m_s.sw, j),
-                               at(m_max, lo + f, j), cnt, 1, 1, m_s.sw * pitch(), pitch()});
-      b.emit(Opcode::op_vsel, {Dtype::F32, at(m_eq, lo + f, j), static_cast<int64_t>(m_ones),
-                               static_cast<int64_t>(m_zeros), bits, cnt, 1, 1, 1, pitch(), 0,
-                               0});
-    });
-  }
-
+  // AvgPoolGrad: one input row ih, from the window rows covering it.
   void grad_item(const Reg& img, const Reg& ih, const Reg& g) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "input row: the window rows covering it");
-    const bool is_max = m_s.kind == PoolKind::kMaxGrad;
     b.wait_flag(Pipe::MTE3, Pipe::V, m_out_free);
     fill(m_out, 0, m_s.w);
     // Window rows oh with oh*sh - pt <= ih <= oh*sh - pt + kh - 1.
@@ -487,79 +396,20 @@ class PoolEmitter {
     b.add(oh_end, oh_end, 1);
     b.min(oh_end, oh_end, m_s.oh, "end of the window rows covering ih");
     b.for_range(oh, oh, oh_end, 1, [&] {
-      Reg r = b.reg("window input row");
-      auto window_row = [&](int64_t kh) {
-        b.mul(r, oh, m_s.sh);
-        b.add(r, r, kh - m_s.pt);
-      };
       b.wait_flag(Pipe::V, Pipe::MTE2, m_in_free);
       load_row("dy", img, oh, m_s.oh, m_s.ow, g, m_raw_dy);
-      if (is_max)
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] { load_row("x", img, r, m_s.h, m_s.w, g, m_raw_rows[kh]); });
-        }
       b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
       b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
       widen(m_dy, m_raw_dy, m_s.ow);
-      if (!is_max) {
-        // dy / count, added at every column tap.
-        Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
-        Reg cnt = b.reg_imm("elements", m_s.ow * m_ct);
-        vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_tmp, m_dy, rh, cnt);
-        scale_columns(m_tmp);
-        for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-          auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-          const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-          binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1, hi - lo);
-        }
-      } else {
-        // The window max, then the first max in scan order up to row ih. Raw rows are all
-        // widened first: they share the scratch with m_max, m_found, m_eq and m_tmp.
-        if (raw())
-          for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-            window_row(kh);
-            if_in(r, m_s.h, [&] { widen(m_rows[kh], m_raw_rows[kh], m_s.w); });
-          }
-        fill(m_max, 0xFF800000u, m_s.ow);
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] {
-            if (!raw()) widen(m_rows[kh], m_raw_rows[kh], m_s.w);  // f32: no conversion
-            for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-              auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-              binary(Opcode::op_vmax, m_max, lo, 1, m_max, lo, 1, m_rows[kh],
-                     lo * m_s.sw - m_s.pl + kw, m_s.sw, hi - lo);
-            }
-          });
-        }
-        fill(m_found, 0, m_s.ow);
-        Reg khi = b.reg("window row of ih");
-        b.mul(khi, oh, m_s.sh);
-        b.sub(khi, ih, khi);
-        b.add(khi, khi, m_s.pt);
-        for (int64_t kh = 0; kh < m_s.kh; ++kh) {
-          window_row(kh);
-          if_in(r, m_s.h, [&] {
-            b.if_(ge(khi, kh), [&] {
-              for (int64_t kw = 0; kw < m_s.kw; ++kw) {
-                auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-                if (hi <= lo) continue;
-                tap_equal(m_rows[kh], kw, lo, hi - lo);
-                b.if_(eq(khi, kh), [&] {
-                  // first = eq * (1 - found); dx[iw] += first * dy
-                  binary(Opcode::op_vsub, m_tmp, lo, 1, m_ones, 0, 0, m_found, lo, 1, hi - lo);
-                  binary(Opcode::op_vmul, m_tmp, lo, 1, m_tmp, lo, 1, m_eq, lo, 1, hi - lo);
-                  binary(Opcode::op_vmul, m_tmp, lo, 1, m_tmp, lo, 1, m_dy, lo, 1, hi - lo);
-                  const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
-                  binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1,
-                         hi - lo);
-                });
-                binary(Opcode::op_vmax, m_found, lo, 1, m_found, lo, 1, m_eq, lo, 1, hi - lo);
-              }
-            });
-          });
-        }
+      // dy / count, added at every column tap.
+      Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
+      Reg cnt = b.reg_imm("elements", m_s.ow * m_ct);
+      vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_tmp, m_dy, rh, cnt);
+      scale_columns(m_tmp);
+      for (int64_t kw = 0; kw < m_s.kw; ++kw) {
+        auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
+        const int64_t px0 = lo * m_s.sw - m_s.pl + kw;
+        binary(Opcode::op_vadd, m_out, px0, m_s.sw, m_out, px0, m_s.sw, m_tmp, lo, 1, hi - lo);
       }
       b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
     });
@@ -576,9 +426,514 @@ class PoolEmitter {
   int64_t m_ct = 0;
   std::optional<PixelOps> m_px;
   std::vector<uint64_t> m_rows, m_raw_rows;
-  uint64_t m_out = 0, m_raw_out = 0, m_dy = 0, m_raw_dy = 0, m_max = 0, m_found = 0, m_eq = 0,
-           m_tmp = 0, m_bits = 0, m_ones = 0, m_zeros = 0;
+  uint64_t m_out = 0, m_raw_out = 0, m_dy = 0, m_raw_dy = 0, m_tmp = 0;
   int m_in_free = -1, m_in_ready = -1, m_out_ready = -1, m_out_free = -1;
+};
+
+// MaxPoolGrad as CANN does it on the vector unit: items are (image, channel group, band of
+// window rows); an item walks its window rows in order and, per window row, computes the window
+// max from the kh input rows, then routes dy tap by tap in TF's scan order: compare with the
+// max (bits), keep the bits of windows not yet routed (and-not of a "not found" bit set),
+// select dy or 0 with them and add it into the dx rows in the UB. The UB rows carry the map's
+// padding columns (and padding rows are filled) with -inf, so every tap covers every window of
+// the row and the bit sets of all taps line up: padding never equals a window's max unless the
+// window holds only -inf (then its gradient goes to the padding and is dropped; TF's CPU kernel
+// routes it to the first -inf). Operations write a buffer other than their sources where a
+// ping-pong pair allows it (the window max, the bit sets): an in-place operation reads and
+// writes the same UB banks. A tap that is the first in scan order to reach its dx pixels
+// (columns kw < sw of rows not carried) writes the selected dy instead of adding it. The window
+// row's dx rows overlap the next one's by
+// kh - sh rows: those partial sums are carried (copied) into the next window row's dx rows, the
+// first sh rows are complete and stored. A band starts E = (kh - 1) / sh window rows early to
+// rebuild the carried sums of its first rows (those window rows store nothing). Everything is
+// computed in the tensor's type: max, compare and select are exact; the sums of dy round to the
+// type per addition, as TF's CPU kernel does (it adds in T), in a different order (taps, then
+// window rows). Window rows are double-buffered: MTE2 loads the next window row's x and dy rows
+// and MTE3 stores the previous one's dx rows while V computes.
+class MaxPoolGradEmitter {
+ public:
+  MaxPoolGradEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
+      : m_s(s),
+        m_b(fmt::format("MaxPoolGrad_{}", isa::dtype_name(s.type)), op, cfg),
+        m_size(isa::dtype_size(s.type)) {}
+
+  Launch emit() {
+    KernelBuilder& b = m_b;
+    const isa::CoreKind kind = b.vector_core_kind();
+    const CoreKindConfig& core = *b.config().core_kind(kind);
+    choose_layout(core.capacity(Buf::UB));
+    m_carry_x = carry_x_rows(core.count);
+    const int64_t groups = m_s.cp / m_ct;
+    // Bands of window rows: the split of each image's rows that gives the busiest core the
+    // fewest window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
+    int64_t band = m_s.oh, best = -1;
+    for (int64_t split = 1; split <= m_s.oh; ++split) {
+      const int64_t rows = ceil_div(m_s.oh, split);
+      const int64_t n = m_s.n * groups * ceil_div(m_s.oh, rows);
+      const int64_t load = ceil_div(n, int64_t{core.count}) * (rows + (m_s.kh - 1) / m_s.sh);
+      if (best < 0 || load < best) {
+        best = load;
+        band = rows;
+      }
+    }
+    const int64_t bands = ceil_div(m_s.oh, band);
+    const int64_t items = m_s.n * groups * bands;
+    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
+    const int block_dim = static_cast<int>(ceil_div(items, per));
+    b.begin_section(kind);
+    allocate();
+    b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
+    b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
+    b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
+    m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "x and dy rows loaded");
+    m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x and dy rows free");
+    m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "dx rows computed");
+    m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
+    // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
+    for (int p = 0; p < 2; ++p)
+      for (int64_t a = 0; a < m_s.kh; ++a)
+        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+    vec_dup_bits(b, m_size, m_l.zeros, 0, m_s.ow * m_ct);
+    if (m_l.zero_row) vec_dup_bits(b, m_size, m_l.zero_row, 0, m_s.w * m_ct);
+    for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
+    for (int d = 0; d < m_l.dx_sets; ++d) b.set_flag(m_out_free, d);
+    Reg item = b.reg("item"), end = b.reg("end item");
+    emit_block_range(b, item, end, per, items);
+    b.for_range(item, item, end, 1, [&] {
+      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
+      Reg img = b.reg("image"), g = b.reg("channel group"), first = b.reg("first window row");
+      Reg stop = b.reg("window rows end"), own = b.reg("first dx row of the band");
+      Reg steps = b.reg("window rows of the item");
+      b.rem(first, item, bands);
+      b.div(img, item, bands);
+      b.rem(g, img, groups);
+      b.div(img, img, groups);
+      b.mul(first, first, band);
+      b.mul(own, first, m_s.sh);
+      b.sub(own, own, m_s.pt);
+      b.add(stop, first, band);
+      b.min(stop, stop, m_s.oh);
+      b.sub(first, first, (m_s.kh - 1) / m_s.sh, "rebuild the carried dx rows of the band");
+      b.max(first, first, 0);
+      b.sub(steps, stop, first);
+      b.pipelined_steps(
+          steps,
+          [&](const Reg& t) {
+            Reg oh = b.reg("window row"), parity = b.reg("parity");
+            b.add(oh, first, t);
+            b.and_(parity, t, 1);
+            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh, t); });
+          },
+          [&](const Reg& t) {
+            Reg oh = b.reg("window row"), parity = b.reg("parity");
+            b.add(oh, first, t);
+            b.and_(parity, t, 1);
+            b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, own); });
+          });
+      if (m_carry_x) {  // the last step's x rows, held for a next step that is not
+        Reg last = b.reg("parity of the last step");
+        b.sub(last, steps, 1);
+        b.and_(last, last, 1);
+        b.by_parity(last, [&](int p) { b.set_flag(m_in_free, p); });
+      }
+    });
+    for (int p = 0; p < 2; ++p) b.wait_flag(m_in_free, p);
+    for (int d = 0; d < m_l.dx_sets; ++d) b.wait_flag(m_out_free, d);
+    b.end();
+    Launch l;
+    l.kernel = b.finish();
+    l.block_dim = block_dim;
+    l.summary = fmt::format(
+        "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
+        "band of {} window rows) over {} blocks of {}, {} dx set(s){}{}",
+        isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
+        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
+        m_carry_x ? ", x rows carried" : "");
+    return l;
+  }
+
+ private:
+  // ---- geometry ----
+  // dx rows a window row touches (its kh, at least its sh stored rows) and those it carries.
+  int64_t slots() const { return std::max(m_s.kh, m_s.sh); }
+  int64_t carried() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
+  // UB rows are padded: pl columns before the map's, up to the last window's reach after, and
+  // split into sw column planes (padded column P in plane P % sw at pixel P / sw), so that a
+  // tap over a window row is one contiguous run of ow pixels in one plane.
+  int64_t padded_width() const {
+    return std::max((m_s.ow - 1) * m_s.sw + m_s.kw, m_s.pl + m_s.w);
+  }
+  int64_t plane_pixels() const { return ceil_div(padded_width(), m_s.sw); }
+  int64_t row_pixels() const { return m_s.sw * plane_pixels(); }
+  int64_t pixel_bytes(int64_t ct) const { return ct * m_size; }
+  uint64_t bytes(int64_t pixels, int64_t ct) const {
+    return static_cast<uint64_t>(pixels * pixel_bytes(ct));
+  }
+  uint64_t bytes(int64_t pixels) const { return bytes(pixels, m_ct); }
+  // Address of padded column col of the UB row at `row`.
+  uint64_t column(uint64_t row, int64_t col) const {
+    return row + bytes((col % m_s.sw) * plane_pixels() + col / m_s.sw);
+  }
+  // Taps that write their dx pixels: columns kw < sw when every pixel of a row is reached that
+  // way (kw >= sw), in rows not carried from the previous window row.
+  bool writes(int64_t a, int64_t kw) const {
+    return m_s.kw >= m_s.sw && kw < m_s.sw && a >= carried();
+  }
+  // A bit set over a window row (one bit per element), whole 32-byte blocks.
+  uint64_t bits_bytes(int64_t ct) const {
+    return round_up(static_cast<uint64_t>(ceil_div(m_s.ow * ct, int64_t{8})), uint64_t{32});
+  }
+  // Rows below the last window row's dx rows (VALID remainders): stored as zeros.
+  int64_t first_zero_row() const { return (m_s.oh - 1) * m_s.sh - m_s.pt + slots(); }
+
+  // The UB buffers of one choice of channel group, dx sets and bank placement, from UB address
+  // 0: per parity kh x rows, a dy row and a window max, `slots` dx rows per dx set; the
+  // selected dy, zeros as long as a dy row, four bit sets (x == max, the routed windows, the
+  // not-found pair) and a zero dx row for VALID remainders.
+  // Placed: the UB rows start on a bank period (banks x bank width bytes), so every x and dx
+  // row has its taps on the same banks, and the window-row buffers sit where their 8 banks a
+  // repeat miss the taps' and each other's (every operand of these runs moves 256 bytes a
+  // repeat, so two of them meet in a bank on every repeat or never).
+  struct Layout {
+    int64_t ct = 0;
+    int dx_sets = 2;
+    bool placed = false;
+    uint64_t row_stride = 0;  // bytes from one x or dx row to the next
+    uint64_t x[2] = {}, dy[2] = {}, dx[2] = {}, max[2] = {}, not_found[2] = {};
+    uint64_t sel = 0, zeros = 0, equal = 0, routed = 0, zero_row = 0;
+    uint64_t end = 0;
+  };
+
+  Layout layout(int64_t ct, int dx_sets, bool placed) const {
+    Layout l;
+    l.ct = ct;
+    l.dx_sets = dx_sets;
+    l.placed = placed;
+    const uint64_t period = static_cast<uint64_t>(m_b.config().ub_banks) *
+                            static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
+    placed = placed && period > 0;
+    const uint64_t row = bytes(row_pixels(), ct), run = bytes(m_s.ow, ct);
+    l.row_stride = placed ? round_up(row, period) : row;
+    uint64_t at = 0;
+    auto take = [&](uint64_t size) {  // 32-byte aligned, a repeat of slack past the end
+      const uint64_t a = round_up(at, uint64_t{32});
+      at = a + size + kSlack;
+      return a;
+    };
+    auto rows = [&](int64_t n) {
+      if (placed) at = round_up(at, period);
+      return take(static_cast<uint64_t>(n) * l.row_stride);
+    };
+    for (int p = 0; p < 2; ++p) l.x[p] = rows(m_s.kh);
+    for (int p = 0; p < dx_sets; ++p) l.dx[p] = rows(slots());
+    if (dx_sets == 1) l.dx[1] = l.dx[0];
+    // Bank offsets (bytes modulo the period) of the taps' runs, x and dx alike.
+    std::vector<uint64_t> taps;
+    for (int64_t a = 0; a < m_s.kh && placed; ++a)
+      for (int64_t kw = 0; kw < m_s.kw; ++kw)
+        taps.push_back((static_cast<uint64_t>(a) * l.row_stride +
+                        bytes((kw % m_s.sw) * plane_pixels() + kw / m_s.sw, ct)) %
+                       period);
+    auto apart = [&](uint64_t u, uint64_t v) {  // 8-bank windows at u and v do not meet
+      const uint64_t d = (u + period - v % period) % period;
+      return std::min(d, period - d) >= vec::kRepeatBytes;
+    };
+    // A run buffer at the first address clear of the taps and of `others` (if one is).
+    auto place = [&](const std::vector<uint64_t>& others) {
+      if (!placed) return take(run);
+      const uint64_t next = round_up(at, uint64_t{32});
+      for (uint64_t a = next; a < next + period; a += 32) {
+        bool ok = true;
+        for (uint64_t t : taps) ok = ok && apart(a % period, t);
+        for (uint64_t o : others) ok = ok && apart(a % period, o);
+        if (ok) {
+          at = a;
+          break;
+        }
+      }
+      return take(run);
+    };
+    l.max[0] = place({});
+    l.max[1] = place({l.max[0]});
+    l.dy[0] = place({});
+    l.zeros = place({l.dy[0]});
+    l.sel = place({l.dy[0], l.zeros});
+    l.dy[1] = place({l.zeros, l.sel});
+    const uint64_t bits = bits_bytes(ct);
+    for (int p = 0; p < 2; ++p) l.not_found[p] = take(bits);
+    l.equal = take(bits);
+    l.routed = take(bits);
+    if (first_zero_row() < m_s.h) l.zero_row = take(bytes(m_s.w, ct));
+    l.end = at;
+    return l;
+  }
+
+  // The largest channel group (dividing cp, whole blocks) that fits the UB: with two dx sets (V
+  // fills one while MTE3 stores the other) where they fit, else one (V waits for the store of
+  // the previous window row's dx rows before it writes them again); placed on the banks where
+  // that fits too.
+  void choose_layout(uint64_t ub) {
+    const int64_t unit = 32 / m_size;
+    m_l = Layout{};
+    for (int64_t ct = unit; ct <= m_s.cp; ct += unit) {
+      if (m_s.cp % ct != 0) continue;
+      bool found = false;
+      for (int sets = 2; sets >= 1 && !found; --sets)
+        for (bool placed : {true, false}) {
+          const Layout l = layout(ct, sets, placed);
+          if (l.end <= ub) {
+            m_l = l;
+            found = true;
+            break;
+          }
+        }
+    }
+    if (m_l.ct == 0)
+      m_b.fail(fmt::format("MaxPoolGrad: a row of {} pixels x {} channels, {} window rows, does "
+                           "not fit the {} bytes of UB",
+                           m_s.w, unit, m_s.kh, ub));
+    m_ct = m_l.ct;
+  }
+
+  // Whether V should copy the kh - sh x rows a window row shares with the next (a vector copy)
+  // instead of MTE2 loading them again: when that lowers the larger of the two pipes' times a
+  // window row, estimated from the config. MTE2 moves the x and dy rows at the GM->UB path rate
+  // or the core's share of the HBM rate, whichever is lower. V runs a run of ow * ct elements
+  // (latency + its repeats) per tap for vcmp, vsel and vadd, and one less for vmax, two bit-set
+  // operations per tap (latency + theirs), plus the copy when it carries.
+  bool carry_x_rows(int64_t cores) const {
+    if (carried() == 0) return false;
+    const ChipConfig& cfg = m_b.config();
+    auto path = cfg.path_bytes_per_cycle.find({Buf::GM, Buf::UB});
+    double rate = cfg.hbm_bytes_per_cycle() / static_cast<double>(cores);
+    if (path != cfg.path_bytes_per_cycle.end()) rate = std::min(rate, path->second);
+    if (rate <= 0) return false;
+    auto repeats = [&](uint64_t b) {
+      return static_cast<double>(
+          ceil_div(b, static_cast<uint64_t>(std::max(cfg.vector_bytes_per_cycle, 1))));
+    };
+    const double lat = cfg.vector_latency_cycles, taps = static_cast<double>(m_s.kh * m_s.kw);
+    const double vector = (4 * taps - 1) * (lat + repeats(bytes(m_s.ow))) +
+                          2 * taps * (lat + repeats(bits_bytes(m_ct)));
+    const double copy = static_cast<double>(carried()) * (lat + repeats(bytes(row_pixels())));
+    const double row = static_cast<double>(bytes(m_s.w)), dy = static_cast<double>(bytes(m_s.ow));
+    const double reload = std::max(vector, (static_cast<double>(m_s.kh) * row + dy) / rate);
+    const double carry =
+        std::max(vector + copy, (static_cast<double>(m_s.sh) * row + dy) / rate);
+    return carry < reload;
+  }
+
+  void allocate() {
+    const uint64_t base = m_b.alloc(Buf::UB, m_l.end, "MaxPoolGrad rows, runs and bit sets");
+    if (base != 0) m_b.fail("MaxPoolGrad: its UB layout must start at UB address 0");
+  }
+
+  uint64_t x_row(int p, int64_t a) const {
+    return m_l.x[p] + static_cast<uint64_t>(a) * m_l.row_stride;
+  }
+  int dx_set(int p) const { return m_l.dx_sets == 2 ? p : 0; }
+  uint64_t dx_row(int p, int64_t a) const {
+    return m_l.dx[p] + static_cast<uint64_t>(a) * m_l.row_stride;
+  }
+
+  int64_t neg_inf_bits() const {
+    switch (m_s.type) {
+      case Dtype::F16: return 0xFC00;
+      case Dtype::BF16: return 0xFF80;
+      default: return 0xFF800000;
+    }
+  }
+
+  // ---- MTE ----
+
+  // Row `row` of image img, channel group g, of tensor `arg` (height x width pixels) between GM
+  // and the padded, plane-split UB row at `ub` (its map's columns only).
+  void copy_map_row(bool to_ub, const char* arg, const Reg& img, const Reg& row, int64_t height,
+                    int64_t width, const Reg& g, uint64_t ub) {
+    for (int64_t q = 0; q < m_s.sw; ++q) {
+      const int64_t first = ((q - m_s.pl) % m_s.sw + m_s.sw) % m_s.sw;  // map column
+      if (first >= width) continue;
+      copy_row(m_b, m_s, m_ct, to_ub, arg, img, row, height, width, g,
+               column(ub, first + m_s.pl), first, m_s.sw);
+    }
+  }
+
+  // MTE2: the dy row and the x rows of window row oh (step t of the item): all kh, or with
+  // m_carry_x all kh at the item's first step and after that the last sh (V copies the first
+  // kh - sh from the previous window row's rows).
+  void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
+    b.wait_flag(m_in_free, p);
+    copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_l.dy[p]);
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      auto load = [&] {
+        Reg r = b.reg("input row");
+        b.mul(r, oh, m_s.sh);
+        b.add(r, r, a - m_s.pt);
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+        });
+      };
+      if (a < carried() && m_carry_x) b.if_(eq(t, 0), load);
+      else load();
+    }
+    b.set_flag(m_in_ready, p);
+  }
+
+  // MTE3: the window row's first sh dx rows that the band owns (>= own) and lie in the map; the
+  // last window row also stores its carried rows and the zero rows below them.
+  void store_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& own) {
+    KernelBuilder& b = m_b;
+    b.wait_flag(m_out_ready, dx_set(p));
+    auto store = [&](int64_t a) {
+      Reg r = b.reg("dx row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      b.if_(ge(r, own), [&] {
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(false, "dx", img, r, m_s.h, m_s.w, g, dx_row(p, a)); });
+        });
+      });
+    };
+    for (int64_t a = 0; a < m_s.sh; ++a) store(a);
+    b.if_(eq(oh, m_s.oh - 1), [&] {
+      for (int64_t a = m_s.sh; a < slots(); ++a) store(a);
+      for (int64_t r = std::max<int64_t>(first_zero_row(), 0); r < m_s.h; ++r) {
+        Reg rr = b.reg_imm("zero dx row", r);
+        copy_row(b, m_s, m_ct, false, "dx", img, rr, m_s.h, m_s.w, g, m_l.zero_row);
+      }
+    });
+    b.set_flag(m_out_free, dx_set(p));
+  }
+
+  // ---- V ----
+
+  void compute_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t,
+                    const Reg& own) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("window row ({})", p));
+    b.wait_flag(m_in_ready, p);
+    // x rows a < kh - sh: the previous window row's rows a + sh (whole padded rows); that
+    // window row's x and dy buffers are free after this (its step released them no earlier).
+    if (m_carry_x)
+      b.if_(ne(t, 0), [&] {
+        for (int64_t a = 0; a < carried(); ++a)
+          vec_copy_bits(b, m_size, x_row(p, a), x_row(1 - p, m_s.sh + a), row_pixels() * m_ct);
+        b.set_flag(m_in_free, 1 - p);
+      });
+    // Rows outside the map: -inf.
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      Reg r = b.reg("input row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      auto pad = [&] {
+        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+      };
+      b.if_(lt(r, 0), pad);
+      b.if_(ge(r, m_s.h), pad);
+    }
+    Reg n = b.reg_imm("elements of a window row", m_s.ow * m_ct);
+    // Tap (a, kw) of every window of the row: a run of ow pixels in one plane.
+    std::vector<std::pair<int64_t, int64_t>> taps;
+    for (int64_t a = 0; a < m_s.kh; ++a)
+      for (int64_t kw = 0; kw < m_s.kw; ++kw) taps.emplace_back(a, kw);
+    auto tap = [&](size_t i) { return column(x_row(p, taps[i].first), taps[i].second); };
+    // The window max, ping-pong over the taps in scan order.
+    int m = 0;  // the buffer holding the max so far
+    for (size_t i = std::min<size_t>(1, taps.size() - 1); i < taps.size(); ++i) {
+      const int d = i <= 1 ? 0 : 1 - m;
+      vec_binary(b, Opcode::op_vmax, m_s.type, m_l.max[d], i <= 1 ? tap(0) : m_l.max[m], tap(i),
+                 n);
+      m = d;
+    }
+    // dx rows a < kh - sh continue the previous window row's rows a + sh (the same rows of
+    // the map): where the first taps reach (kw < sw, when kw >= sw) they add sel to the
+    // previous sums into the row (or write sel at an item's first window row); the rest of the
+    // row is copied (zeroed). One dx set: rows a + sh are read before the window row writes
+    // them (carried rows first, in scan order).
+    b.wait_flag(m_out_free, dx_set(p));
+    const int64_t c = carried(), row = row_pixels() * m_ct;
+    const bool reached = m_s.kw >= m_s.sw;  // every pixel of a row by a tap kw < sw
+    const int64_t tail = plane_pixels() - m_s.ow;  // per plane, past those taps' reach
+    auto each_tail = [&](const std::function<void(int64_t)>& f) {  // f(offset in the row)
+      if (tail > 0)
+        for (int64_t q = 0; q < m_s.sw; ++q)
+          f(static_cast<int64_t>(bytes(q * plane_pixels() + m_s.ow)));
+    };
+    for (int64_t a = 0; a < c; ++a) {
+      const uint64_t dst = dx_row(p, a), src = dx_row(1 - p, m_s.sh + a);
+      if (!reached) {
+        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dst, 0, row); });
+        b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, dst, src, row); });
+        continue;
+      }
+      each_tail([&](int64_t off) {
+        b.if_(eq(t, 0), [&] { vec_dup_bits(b, m_size, dst + off, 0, tail * m_ct); });
+        b.if_(ne(t, 0), [&] { vec_copy_bits(b, m_size, dst + off, src + off, tail * m_ct); });
+      });
+    }
+    // The other rows: zero where no tap writes (before the first of their taps).
+    auto zero_rest = [&] {
+      for (int64_t a = c; a < slots(); ++a) {
+        if (a >= m_s.kh || !writes(a, 0))
+          vec_dup_bits(b, m_size, dx_row(p, a), 0, row);
+        else
+          each_tail(
+              [&](int64_t off) { vec_dup_bits(b, m_size, dx_row(p, a) + off, 0, tail * m_ct); });
+      }
+    };
+    if (c == 0) zero_rest();
+    // Route dy in scan order: the first tap equal to the max takes it.
+    Reg words = b.reg_imm("bit set (u16 words)", static_cast<int64_t>(bits_bytes(m_ct)) / 2);
+    int nf = 0;  // the not-found set in use
+    for (size_t i = 0; i < taps.size(); ++i) {
+      const auto [a, kw] = taps[i];
+      const bool last = i + 1 == taps.size();
+      if (c > 0 && a == c && kw == 0) zero_rest();
+      vec_compare(b, m_s.type, isa::Cmp::EQ, m_l.equal, tap(i), m_l.max[m], n);
+      uint64_t routed = m_l.equal;
+      if (i == 0) {
+        if (!last) vec_unary(b, Opcode::op_vnot, Dtype::U16, m_l.not_found[0], m_l.equal, words);
+      } else {
+        routed = m_l.routed;
+        vec_binary(b, Opcode::op_vand, Dtype::U16, m_l.routed, m_l.equal, m_l.not_found[nf],
+                   words);
+        if (!last) {
+          vec_binary(b, Opcode::op_vsub, Dtype::U16, m_l.not_found[1 - nf], m_l.not_found[nf],
+                     m_l.routed, words);
+          nf = 1 - nf;
+        }
+      }
+      const uint64_t dx = column(dx_row(p, a), kw);
+      if (writes(a, kw)) {
+        vec_select(b, m_s.type, dx, m_l.dy[p], m_l.zeros, routed, n);
+      } else if (a < c && reached && kw < m_s.sw) {
+        const uint64_t prev = column(dx_row(1 - p, m_s.sh + a), kw);
+        b.if_(eq(t, 0), [&] { vec_select(b, m_s.type, dx, m_l.dy[p], m_l.zeros, routed, n); });
+        b.if_(ne(t, 0), [&] {
+          vec_select(b, m_s.type, m_l.sel, m_l.dy[p], m_l.zeros, routed, n);
+          vec_binary(b, Opcode::op_vadd, m_s.type, dx, prev, m_l.sel, n);
+        });
+      } else {
+        vec_select(b, m_s.type, m_l.sel, m_l.dy[p], m_l.zeros, routed, n);
+        vec_binary(b, Opcode::op_vadd, m_s.type, dx, dx, m_l.sel, n);
+      }
+    }
+    if (!m_carry_x) b.set_flag(m_in_free, p);
+    b.set_flag(m_out_ready, dx_set(p));
+    store_rows(p, img, g, oh, own);
+  }
+
+  const PoolSpec& m_s;
+  KernelBuilder m_b;
+  const int64_t m_size;
+  int64_t m_ct = 0;
+  Layout m_l;
+  bool m_carry_x = false;  // carry_x_rows()
+  FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
 DataType pool_dtype(const OpDesc& op, std::initializer_list<size_t> inputs) {
@@ -694,7 +1049,9 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   ArgRef out = output_ref(0);
   if (s.cp != c) out = workspace_take(k, static_cast<uint64_t>(out_pixels * s.cp * size));
   args.push_back(out);
-  k.launches.push_back(with_args(PoolEmitter(s, ctx.cfg, op.str()).emit(), args));
+  Launch launch = s.kind == PoolKind::kMaxGrad ? MaxPoolGradEmitter(s, ctx.cfg, op.str()).emit()
+                                               : PoolEmitter(s, ctx.cfg, op.str()).emit();
+  k.launches.push_back(with_args(std::move(launch), args));
   if (s.cp != c)
     append_strided_copy(k, op, out, output_ref(0), out_pixels, c, s.cp, dt, dt, ctx.cfg);
   return k;
