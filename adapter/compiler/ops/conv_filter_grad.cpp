@@ -39,6 +39,12 @@ namespace {
 // The largest chunk (positions of one image per L1 load). # estimate: beyond this the slab's
 // halo rows are a few per cent of its rows at ResNet-50's widths, and L1 decides anyway.
 constexpr int64_t kMaxChunk = 2048;
+// The most rows of a tile (img2col columns): within load3dt's k_ext and mmad's m (12-bit
+// fields); L0C, L0A and the UB decide below that. Tall tiles read a chunk's data once for more
+// rows: at large batches the chunks' slabs and dy rows no longer stay in L2 between the tiles
+// that read them again (ResNet-50's 3x3 64 -> 64 at batch 256: 576 rows in one tile read x and
+// dy once instead of three times).
+constexpr int64_t kMaxTileRows = 1024;
 
 // The kernel's buffers, one plan per buffer kind: the same lists decide whether a tiling fits
 // and allocate it.
@@ -429,7 +435,7 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
     double mean_c1;
   };
   std::vector<Rows> tks;
-  for (int64_t tk : balanced_sides(k3, kMaxTile)) {
+  for (int64_t tk : balanced_sides(k3, kMaxTileRows)) {
     Rows r{tk, 0, 0};
     const int64_t n = ceil_div(k3, tk);
     for (int64_t kt = 0; kt < n; ++kt) {
@@ -488,6 +494,13 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
         const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
         t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store);
+        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
+        // every read counted at HBM (L2 hits ignored; they matter little at large batches,
+        // whose chunks' data no longer stays in L2 between the tiles that read it).
+        const double bytes = static_cast<double>(t.tiles) *
+                             (static_cast<double>(chunks) * (slab + mean_tp * static_cast<double>(tn * isz)) +
+                              static_cast<double>(t.tk * t.tn * kL0cElemBytes));
+        t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
         if (!best.tk || t.cycles < best.cycles) best = t;
       }
     }
