@@ -729,17 +729,12 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
   if (!direct) append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
 }
 
-// img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
-// fold: the columns of a tap are its channels, contiguous (tap_stride = c, rep 1: the filter
-// gradient's HWIO rows), so the width fold may view x as [N, H, W-KW+1, KW*C] with a KH x 1
-// window: the same matrix, in fewer channel blocks (the first layer's 7x7 over 3 channels: 2 per
-// kernel row instead of 7).
-ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
-                      const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
-                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements,
-                      bool fold = false) {
-  Img2colSpec s;
-  s.in_type = s.out_type = device_dtype(cube);
+// The image and window fields of an img2col-reading spec (Img2colSpec, FilterGradSpec) from
+// x's NHWC shape xs and the window; with `fold` and where it pays (width_fold_pays), the
+// width-folded view of x: pixels c apart holding KW * c channels, a KH x 1 window (the same
+// img2col matrix, column for column).
+template <typename Spec>
+void set_image_window(Spec& s, const std::vector<int64_t>& xs, const ConvWindow& cw, bool fold) {
   s.images = xs[0];
   s.h = xs[1];
   s.w = xs[2];
@@ -754,18 +749,30 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   s.pb = cw.h.after;
   s.pl = cw.w.before;
   s.pr = cw.w.after;
+  if (!fold || !width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) return;
+  s.x_pixel = s.c;
+  s.x_row = s.w * s.c;
+  s.x_image = s.h * s.w * s.c;
+  s.w -= s.kw - 1;
+  s.c *= s.kw;
+  s.kw = 1;
+}
+
+// img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
+// fold: the columns of a tap are its channels, contiguous (tap_stride = c, rep 1: the filter
+// gradient's HWIO rows), so the width fold may view x as [N, H, W-KW+1, KW*C] with a KH x 1
+// window: the same matrix, in fewer channel blocks (the first layer's 7x7 over 3 channels: 2 per
+// kernel row instead of 7).
+ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                      const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
+                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements,
+                      bool fold = false) {
+  Img2colSpec s;
+  s.in_type = s.out_type = device_dtype(cube);
+  set_image_window(s, xs, cw, fold);
   s.rep = rep;
   s.row_stride = row_stride;
-  s.tap_stride = tap_stride;
-  if (fold && width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) {
-    s.x_pixel = s.c;
-    s.x_row = s.w * s.c;
-    s.x_image = s.h * s.w * s.c;
-    s.w -= s.kw - 1;
-    s.c *= s.kw;
-    s.kw = 1;
-    s.tap_stride = s.c;
-  }
+  s.tap_stride = s.x_pixel ? s.c : tap_stride;  // folded: a tap's columns are its KW * c channels
   Launch l = build_img2col(s, ctx.cfg, ctx.op.str());
   const ArgRef cols = workspace_take(k, static_cast<uint64_t>(elements) * data_type_bytes(cube));
   const ArgRef rep_ws = workspace_take(k, img2col_rep_bytes(rep, l.block_dim));
@@ -785,29 +792,8 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   const std::string op = ctx.op.str();
   FilterGradSpec s;
   s.in_type = device_dtype(ct.cube);
-  s.images = x[0];
-  s.h = x[1];
-  s.w = x[2];
-  s.c = x[3];
   s.cout = f[3];
-  s.kh = cw.h.k;
-  s.kw = cw.w.k;
-  s.sh = cw.h.s;
-  s.sw = cw.w.s;
-  s.dh = cw.h.d;
-  s.dw = cw.w.d;
-  s.pt = cw.h.before;
-  s.pb = cw.h.after;
-  s.pl = cw.w.before;
-  s.pr = cw.w.after;
-  if (width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) {
-    s.x_pixel = s.c;
-    s.x_row = s.w * s.c;
-    s.x_image = s.h * s.w * s.c;
-    s.w -= s.kw - 1;
-    s.c *= s.kw;
-    s.kw = 1;
-  }
+  set_image_window(s, x, cw, true);
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;

@@ -77,23 +77,6 @@ std::vector<int64_t> balanced_sides(int64_t total, int64_t limit) {
   return v;
 }
 
-SlabEmitter::Geometry slab_geometry(const FilterGradSpec& s, int64_t tp) {
-  SlabEmitter::Geometry g;
-  g.type = s.in_type;
-  g.images = s.images;
-  g.hs = s.h;
-  g.ws = s.w;
-  g.cs = s.c;
-  SlabEmitter::set_window(g, s);
-  g.oh = s.oh();
-  g.ow = s.ow();
-  g.tm = tp;
-  g.x_pixel = s.x_pixel;
-  g.x_row = s.x_row;
-  g.x_image = s.x_image;
-  return g;
-}
-
 class FilterGradEmitter {
  public:
   FilterGradEmitter(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
@@ -101,7 +84,7 @@ class FilterGradEmitter {
       : m_s(s),
         m_t(t),
         m_b(fmt::format("FilterGrad_{}", isa::dtype_name(s.in_type)), op, cfg),
-        m_slab(m_b, slab_geometry(s, t.tp)),
+        m_slab(m_b, SlabEmitter::image_geometry(s, t.tp)),
         m_isz(isa::dtype_size(s.in_type)),
         m_taps(s.kh * s.kw),
         m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
@@ -132,9 +115,8 @@ class FilterGradEmitter {
     Reg steps = b.reg("steps"), tbeg = b.reg("first tile");
     m_tbeg = &tbeg;
     m_pipe.block_steps_contiguous(steps, tbeg, m_t.tiles, m_t.per, m_t.chunks);
-    m_pipe.declare_flags(
-        {"slab and dy loaded", "slab and dy free", "L0 loaded", "L0 free", "C computed",
-         "C stored"});
+    m_pipe.declare_flags({"slab and dy loaded", "slab and dy free", "L0 loaded", "L0 free",
+                          "C computed", "C stored"});
     m_pipe.run(
         steps, [&](const Reg& st) { load_step(st); }, [&](const Reg& st) { compute_step(st); });
     m_pipe.release_registers();
@@ -486,28 +468,29 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
         const double slab = kr.mean_c1 * mean_rows * static_cast<double>(s.w) * kBlkBytes;
         const double mte2 = (slab + mean_tp * static_cast<double>(tn * isz)) / gm_rate;
         const double l0_steps = std::ceil(mean_tp / static_cast<double>(t.ks));
-        const double cube = static_cast<double>(t.ks * ceil_div(t.tk, cfg.cube_m) *
-                                                ceil_div(t.tn, cfg.cube_n)) /
-                            static_cast<double>(cfg.cube_k);
-        const double mte1 = static_cast<double>(t.ks * (t.tk + t.tn) * isz) /
-                            std::min(l0a_rate, l0b_rate);
+        const double cube =
+            static_cast<double>(t.ks * ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
+            static_cast<double>(cfg.cube_k);
+        const double mte1 =
+            static_cast<double>(t.ks * (t.tk + t.tn) * isz) / std::min(l0a_rate, l0b_rate);
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
         const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
         t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store);
         // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
         // every read counted at HBM (L2 hits ignored; they matter little at large batches,
         // whose chunks' data no longer stays in L2 between the tiles that read it).
-        const double bytes = static_cast<double>(t.tiles) *
-                             (static_cast<double>(chunks) * (slab + mean_tp * static_cast<double>(tn * isz)) +
-                              static_cast<double>(t.tk * t.tn * kL0cElemBytes));
+        const double bytes =
+            static_cast<double>(t.tiles) *
+            (static_cast<double>(chunks) * (slab + mean_tp * static_cast<double>(tn * isz)) +
+             static_cast<double>(t.tk * t.tn * kL0cElemBytes));
         t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
         if (!best.tk || t.cycles < best.cycles) best = t;
       }
     }
   }
   if (best.tk) return best;
-  throw CompileError(fmt::format(
-      "{}: no filter-gradient tile fits the cube core of chip {}", op, cfg.name));
+  throw CompileError(
+      fmt::format("{}: no filter-gradient tile fits the cube core of chip {}", op, cfg.name));
 }
 
 Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
