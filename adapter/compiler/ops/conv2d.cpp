@@ -782,8 +782,8 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
 
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` groups of images (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
-// workspace, or straight into an f32 output, then the Sum and the copy packing and casting them
-// (append_partial_sum). Few input channels without padding along W take the width-folded view
+// workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
+// writes dW itself where it can. Few input channels without padding along W take the width-folded view
 // of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
 // 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
 void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
@@ -811,10 +811,19 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
     best_cycles = cycles;
   }
   s.parts = best_parts;
-  const bool direct = s.parts == 1 && k.outputs[0].dtype == DataType::F32 && !ct.widen &&
-                      s.pitch == s.cout;
-  const ArgRef products =
-      direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
+  // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
+  // rows need no padding, f32 partial products otherwise.
+  const DataType dt = k.outputs[0].dtype;
+  const bool half = dt == DataType::F16 || dt == DataType::BF16;
+  if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
+      (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
+    s.out_type = device_dtype(dt);
+    s.pitch = s.cout;
+    k.launches.push_back(
+        with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, output_ref(0)}));
+    return;
+  }
+  const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
   k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
   append_partial_sum(k, ctx, products, s.parts, mn, ct.widen, rows, s.cout, s.pitch);
 }

@@ -86,6 +86,7 @@ class FilterGradEmitter {
         m_b(fmt::format("FilterGrad_{}", isa::dtype_name(s.in_type)), op, cfg),
         m_slab(m_b, SlabEmitter::image_geometry(s, t.tp)),
         m_isz(isa::dtype_size(s.in_type)),
+        m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw),
         m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
         m_pipe(m_b, t.l0c_buffers) {}
@@ -95,7 +96,7 @@ class FilterGradEmitter {
     b.begin_section(b.cube_core_kind());
     b.declare_arg("x", m_s.in_type, {});
     b.declare_arg("dy", m_s.in_type, {m_s.images, m_s.oh() * m_s.ow(), m_s.cout});
-    b.declare_arg("out", Dtype::F32, {m_s.parts, m_taps * m_s.c, m_s.pitch});
+    b.declare_arg("out", m_s.out_type, {m_s.parts, m_taps * m_s.c, m_s.pitch});
     const FilterGradBuffers plan(m_t, m_isz, m_t.l0c_buffers);
     const BufferPlan::Placed l1 = plan.l1.allocate(b, 0);
     m_slab_buf = l1.twin(plan.slab);
@@ -324,14 +325,14 @@ class FilterGradEmitter {
       b.mul(part, part, m_taps * m_s.c * m_s.pitch);
       b.mul(cdst, nt, m_t.tn);
       b.add(cdst, cdst, part);
-      b.mul(cdst, cdst, kL0cElemBytes);
+      b.mul(cdst, cdst, m_osz);
       Reg out = b.load_arg("out");
       b.add(cdst, cdst, out, "the tile's columns of its part's rows");
     }
     m_pipe.l0c_ready(pt, l0c, m_l0c);
     Reg nb = b.reg("column blocks"), first = b.reg("first row");
     if (m_pipe.via_ub()) {
-      m_pipe.to_ub({Dtype::F32, cdst, l0c, kext, n_act, m_s.pitch}, pt, nb);
+      m_pipe.to_ub({m_s.out_type, cdst, l0c, kext, n_act, m_s.pitch}, pt, nb);
     } else {
       b.add(nb, n_act, kBlk - 1);
       b.shr(nb, nb, 4);
@@ -348,11 +349,11 @@ class FilterGradEmitter {
       b.rem(g, g, m_taps, "tap");
       b.mul(g, g, m_s.c);
       b.add(g, g, t, "HWIO row");
-      b.mul(g, g, m_s.pitch * kL0cElemBytes);
+      b.mul(g, g, m_s.pitch * m_osz);
       b.add(dst, cdst, g);
       b.mul(first, i, kBlk);
       if (m_pipe.via_ub()) {
-        m_pipe.ub_to_gm(dst, &first, rows, nb, m_s.pitch * kL0cElemBytes / kBlkBytes);
+        m_pipe.ub_to_gm(dst, &first, rows, nb, m_s.pitch * m_osz / kBlkBytes);
         return;
       }
       // The block's rows of each 16-column block: L0C (j * M16 + i * 16) * 16 elements.
@@ -366,9 +367,9 @@ class FilterGradEmitter {
         b.add(cols, cols, n_act);
         b.min(cols, cols, kBlk, "channels of the block");
         b.emit(Opcode::op_fixpipe,
-               {Dtype::F32, Dtype::F32, Buf::GM, dst, src, rows, cols, m_s.pitch, 1, 0, 0},
+               {Dtype::F32, m_s.out_type, Buf::GM, dst, src, rows, cols, m_s.pitch, 1, 0, 0},
                "16 rows x 16 channels to their HWIO rows");
-        b.add(dst, dst, kBlk * kL0cElemBytes);
+        b.add(dst, dst, kBlk * m_osz);
         b.add(src, src, m16);
       });
     });
@@ -382,7 +383,7 @@ class FilterGradEmitter {
   const FilterGradTiling& m_t;
   KernelBuilder m_b;
   SlabEmitter m_slab;
-  const int64_t m_isz, m_taps, m_k3;
+  const int64_t m_isz, m_osz, m_taps, m_k3;
   CubePipeline m_pipe;
   Twin m_slab_buf, m_dy_buf, m_l0a, m_l0b, m_l0c;
   const Reg* m_tbeg = nullptr;
