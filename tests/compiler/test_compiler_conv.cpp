@@ -239,6 +239,9 @@ TEST_CASE("Conv2DBackpropFilter: the fused kernel's windows, channels and types"
     a.sh = a.sw = 1;
   }
   check_conv2d_backprop_filter(DataType::BF16, ConvCase{1, 8, 9, 17, 3, 3, 33}, 62);
+  // One image: the k split cuts its chunks (m tiles) into parts over the cube cores.
+  const ConvCase one{1, 64, 64, 16, 3, 3, 16};
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, one, 65), "Sum_f32"));
   // The first layer's 7x7 stride 2 over 3 channels: SAME (no fold: each tap's 3 channels in a
   // block of 16) and VALID (the width fold: 7 taps of 21 channels).
   ConvCase first{2, 19, 17, 3, 7, 7, 20};

@@ -208,8 +208,8 @@ inline uint64_t img2col_rep_bytes(int64_t rep, int block_dim) {
 // the positions. The tile's rows go out as out_type, each 16-row block (one channel block c1 of one
 // tap) to its HWIO rows:
 //   out + ((part * KH*KW*C + tap * C + c1 * 16 + c0) * pitch + n) * size  (c1 * 16 + c0 < C)
-// where part = image / (images / parts): `parts` groups of images, each its own partial
-// product (the k split), summed by the caller. x may be a strided view (x_pixel, x_row,
+// where the chunks (image, m tile), image-major, are cut into `parts` equal ranges, each its own
+// partial product (the k split), summed by the caller. x may be a strided view (x_pixel, x_row,
 // x_image as Img2colSpec: the width fold; HWIO rows tap * C + c are then the unfolded rows).
 // Arguments (bind them): x, dy ([images][OH*OW][cout], the same type), out.
 struct FilterGradSpec {
@@ -217,7 +217,7 @@ struct FilterGradSpec {
   int64_t images = 1, h = 1, w = 1, c = 1, cout = 1;
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t x_pixel = 0, x_row = 0, x_image = 0;
-  int64_t parts = 1;  // divides images
+  int64_t parts = 1;  // must divide the chunks (plan_filter_grad skips chunk sizes it does not)
   int64_t pitch = 0;  // elements per output row (>= cout; whole 32-byte blocks via the UB)
   isa::Dtype out_type = isa::Dtype::F32;  // or f16 / bf16 (FIXPIPE rounds to nearest even)
   int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }

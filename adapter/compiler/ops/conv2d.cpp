@@ -780,7 +780,7 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   return cols;
 }
 
-// dW by the fused kernel (FilterGradSpec): f32 products of `parts` groups of images (the k
+// dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
 // workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
 // writes dW itself where it can. Few input channels without padding along W take the width-folded view
@@ -801,9 +801,14 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   int64_t best_parts = 0;
   double best_cycles = 0;
   for (int64_t parts = 1; parts <= cube_core(ctx.cfg, op).count; ++parts) {
-    if (s.images % parts != 0) continue;
     s.parts = parts;
-    const FilterGradTiling t = plan_filter_grad(s, ctx.cfg, op);
+    FilterGradTiling t;
+    try {
+      t = plan_filter_grad(s, ctx.cfg, op);
+    } catch (const CompileError&) {
+      if (parts == 1) throw;  // nothing fits
+      continue;               // no chunk size that `parts` divides
+    }
     const double cycles = t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn) : 0);
     if (best_parts && cycles >= best_cycles) continue;
     best = t;

@@ -133,7 +133,6 @@ class FilterGradEmitter {
   };
   void decompose(const Reg& st, const StepRegs& r) {
     KernelBuilder& b = m_b;
-    const int64_t per_part = m_s.images / m_s.parts;
     b.rem(r.ch, st, m_t.chunks);
     b.div(r.kt, st, m_t.chunks);
     b.add(r.kt, r.kt, *m_tbeg, "tile");
@@ -141,10 +140,10 @@ class FilterGradEmitter {
     b.rem(r.kt, r.kt, m_t.k_tiles, "k tile");
     b.div(r.img, r.nt, m_t.n_tiles, "part");
     b.rem(r.nt, r.nt, m_t.n_tiles, "n tile");
-    b.mul(r.img, r.img, per_part, "the part's first image");
-    b.div(r.mt, r.ch, m_t.m_tiles);
-    b.add(r.img, r.img, r.mt, "image");
-    b.rem(r.mt, r.ch, m_t.m_tiles, "m tile");
+    b.mul(r.img, r.img, m_t.chunks, "the part's first chunk");
+    b.add(r.img, r.img, r.ch, "chunk of the op: image * m tiles + m tile");
+    b.rem(r.mt, r.img, m_t.m_tiles, "m tile");
+    b.div(r.img, r.img, m_t.m_tiles, "image");
   }
 
   // The tile's first channel block c1a (of the slab) and channel blocks ncb: those of its
@@ -398,11 +397,9 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
   check_geometry(op, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
   if (isa::dtype_size(s.in_type) != 2)
     throw CompileError(fmt::format("{}: the fused filter gradient takes 16-bit types", op));
-  if (s.parts < 1 || s.images % s.parts != 0)
-    throw CompileError(fmt::format("{}: {} parts do not divide {} images", op, s.parts, s.images));
+  if (s.parts < 1) throw CompileError(fmt::format("{}: {} parts", op, s.parts));
   const int64_t isz = 2, taps = s.kh * s.kw, per_c1 = taps * kBlk;
   const int64_t k3 = ceil_div(s.c, kBlk) * per_c1, positions = s.oh() * s.ow();
-  const int64_t per_part = s.images / s.parts;
   // Rates (bytes per cycle) and a step's fixed cost beyond its slowest pipe: the hand-overs'
   // start latencies (GM -> L1, L1 -> L0A and L0B, the cube's pipeline), as the convolution's
   // planner counts them (ops/conv_tiling.cpp).
@@ -438,7 +435,9 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
       rows = std::max(rows, g.h);
       mean_rows += static_cast<double>(g.h) / static_cast<double>(mts.size());
     }
-    const int64_t chunks = per_part * static_cast<int64_t>(mts.size());
+    const int64_t all_chunks = s.images * static_cast<int64_t>(mts.size());
+    if (all_chunks % s.parts != 0) continue;  // parts of equal chunks
+    const int64_t chunks = all_chunks / s.parts;
     const double mean_tp = static_cast<double>(positions) / static_cast<double>(mts.size());
     for (const Rows& kr : tks) {
       for (int64_t tn : tns) {
