@@ -252,19 +252,25 @@ struct Load2d {
 // load3d: img2col of an L1 feature map [C1][H][W][C0] into L0A (Zz)
 // Row m = oh*OW + ow (rows >= OH*OW read zero), column k = ((c1*KH + kh)*KW + kw)*C0 + c0.
 // Taps outside the (unpadded) image and channels >= `channels` read zero.
+// load3dt (transposed): the same window, written as its transpose (k_ext rows x m_ext columns,
+// Zz): each 16 x 16 fractal transposed and placed at (column block, row block); 16-bit types.
 struct Load3d {
   uint64_t size, c0, xsrc, xdst, channels, m_start, m_ext, k_start, k_ext;
   int64_t h, w, oh_count, ow_count;
   FMatrix fm;
   L3dGeom g;
+  bool transposed;
 
-  Load3d(const Operands& o, const ExecContext& ctx, const IssuedOp& op)
-      : fm(op.fmatrix), g(op.l3d) {
+  Load3d(const Operands& o, const ExecContext& ctx, const IssuedOp& op, bool transpose)
+      : fm(op.fmatrix), g(op.l3d), transposed(transpose) {
     Dtype t = o.dtype("type");
     if (t != Dtype::F16 && t != Dtype::BF16 && t != Dtype::F32 && t != Dtype::S8)
       o.fault(fmt::format("type = {} is not a cube input type (f16, bf16, f32, s8)",
                           isa::dtype_name(t)));
     size = static_cast<uint64_t>(isa::dtype_size(t));
+    if (transposed && size != 2)
+      o.fault(fmt::format("load3dt transposes 16 x 16 fractals: a 16-bit type, not {}",
+                          isa::dtype_name(t)));
     c0 = layout::c0_of(size);
     mte::require_path(o, ctx.cfg, Buf::L1, Buf::L0A);
     xsrc = o.addr("xsrc");
@@ -319,11 +325,28 @@ struct Load3d {
   }
 
   void run(ExecContext& ctx) const {
+    uint8_t* l0a = ctx.local.at(Buf::L0A, xdst, dst_bytes());
+    if (!transposed) {
+      img2col(ctx, l0a);
+      return;
+    }
+    // The window in the Zz layout (fractal (row block r, column block kb) at r * k_blocks + kb),
+    // then each fractal transposed to (kb, r): index kb * m_blocks + r.
+    std::vector<uint8_t> window(dst_bytes());
+    img2col(ctx, window.data());
+    const uint64_t k_blocks = k_ext / c0, m_blocks = m_ext / kFractalRows;
+    for (uint64_t r = 0; r < m_blocks; ++r)
+      for (uint64_t kb = 0; kb < k_blocks; ++kb)
+        transpose_fractal_16bit(window.data() + (r * k_blocks + kb) * kFractalBytes,
+                                l0a + (kb * m_blocks + r) * kFractalBytes);
+  }
+
+  // The img2col window in the Zz layout at out (dst_bytes()).
+  void img2col(ExecContext& ctx, uint8_t* out) const {
     const uint64_t block = c0 * size;  // one C0 run of one tap: 32 bytes
     const uint64_t k_blocks = k_ext / c0;
     const uint64_t kc1 = k_per_c1();
     const uint8_t* fmap = ctx.local.at(Buf::L1, xsrc, (last_c1() + 1) * h * w * block);
-    uint8_t* out = ctx.local.at(Buf::L0A, xdst, dst_bytes());
     // Every 32-byte block of the output is written once below: a tap's channels (zero-padded
     // past `channels`), or zeros for taps outside the image and for rows at or past rows_total
     // (not output positions).
@@ -644,7 +667,8 @@ auto with_descriptor(const IssuedOp& op, const ExecContext& ctx, F&& f) {
     case Opcode::op_copy_ub2l1: return f(BurstCopy(o, ctx, Buf::UB, Buf::L1));
     case Opcode::op_nd2nz: return f(Nd2Nz(o, ctx));
     case Opcode::op_load2d: return f(Load2d(o, ctx));
-    case Opcode::op_load3d: return f(Load3d(o, ctx, op));
+    case Opcode::op_load3d: return f(Load3d(o, ctx, op, false));
+    case Opcode::op_load3dt: return f(Load3d(o, ctx, op, true));
     case Opcode::op_fixpipe: return f(Fixpipe(o, ctx));
     default: o.fault("not an MTE or FIXPIPE instruction");
   }

@@ -42,7 +42,7 @@ std::optional<DataPath> data_path(const Instruction& in) {
     case Opcode::op_copy_gm2l1: case Opcode::op_nd2nz: return DataPath{Buf::GM, Buf::L1};
     case Opcode::op_copy_gm2ub: return DataPath{Buf::GM, Buf::UB};
     case Opcode::op_load2d: return DataPath{Buf::L1, dst_operand()};
-    case Opcode::op_load3d: return DataPath{Buf::L1, Buf::L0A};
+    case Opcode::op_load3d: case Opcode::op_load3dt: return DataPath{Buf::L1, Buf::L0A};
     case Opcode::op_copy_l12ub: return DataPath{Buf::L1, Buf::UB};
     case Opcode::op_copy_l12bt: return DataPath{Buf::L1, Buf::BT};
     case Opcode::op_fixpipe: return DataPath{Buf::L0C, dst_operand()};
@@ -206,6 +206,10 @@ class SectionCheck {
         return;
       }
       case Opcode::op_nd2nz: case Opcode::op_load3d: return fractal_type("type");
+      case Opcode::op_load3dt:
+        fractal_type("type");
+        if (dtype_size(type("type")) != 2) bad_type("type", "load3dt needs a 16-bit type");
+        return;
       case Opcode::op_load2d:
         fractal_type("type");
         if (operand(in, "transpose").value != 0 && dtype_size(type("type")) != 2)
@@ -402,7 +406,7 @@ class SectionCheck {
       if (!k.mask) return;
       op.mask = *k.mask;
     }
-    if (in.op == Opcode::op_load3d) {
+    if (in.op == Opcode::op_load3d || in.op == Opcode::op_load3dt) {
       if (!k.fmatrix || !k.l3d) return;
       op.fmatrix = *k.fmatrix;
       op.l3d = *k.l3d;

@@ -263,8 +263,11 @@ inline std::vector<std::string> check_conv2d_backprop_filter(
       dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt;
   check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "dW");
   std::vector<std::string> launches;
-  for (const compiler::Launch& l : k.launches)
+  for (const compiler::Launch& l : k.launches) {
     launches.push_back(l.kernel.program.name + ": " + l.summary);
+    // img2col(x) is made in L0A by the product's kernel (load3dt), never written to GM.
+    CHECK(l.kernel.program.name.rfind("Img2col", 0) != 0);
+  }
   return launches;
 }
 

@@ -227,11 +227,37 @@ TEST_CASE("Conv2DBackpropFilter: strides, dilation, paddings, f32") {
   check_conv2d_backprop_filter(DataType::F16, h, 43);
 }
 
+TEST_CASE("Conv2DBackpropFilter: the fused kernel's windows, channels and types") {
+  // img2col(x)^T by load3dt in L0A: 3x3 and 7x7, strides 1 and 2, SAME and VALID, channel
+  // counts that are not multiples of 16 (tiles of img2col columns crossing channel blocks:
+  // 40 channels x 9 taps = 3 blocks of 144 columns), f16, bf16 and f32.
+  ConvCase a{2, 9, 8, 40, 3, 3, 24};
+  for (DataType dt : {DataType::F16, DataType::F32}) {
+    CHECK(has_launch(check_conv2d_backprop_filter(dt, a, 60), "FilterGrad"));
+    a.sh = a.sw = 2;
+    check_conv2d_backprop_filter(dt, a.window(2, 2, 1, 1, "VALID"), 61);
+    a.sh = a.sw = 1;
+  }
+  check_conv2d_backprop_filter(DataType::BF16, ConvCase{1, 8, 9, 17, 3, 3, 33}, 62);
+  // One image: the k split cuts its chunks (m tiles) into parts over the cube cores.
+  const ConvCase one{1, 64, 64, 16, 3, 3, 16};
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, one, 65), "Sum_f32"));
+  // The first layer's 7x7 stride 2 over 3 channels: SAME (no fold: each tap's 3 channels in a
+  // block of 16) and VALID (the width fold: 7 taps of 21 channels).
+  ConvCase first{2, 19, 17, 3, 7, 7, 20};
+  for (DataType dt : {DataType::F16, DataType::F32}) {
+    CHECK(mentions(check_conv2d_backprop_filter(dt, first.window(2, 2, 1, 1, "SAME"), 63),
+                   "(7x7 window"));
+    CHECK(mentions(check_conv2d_backprop_filter(dt, first.window(2, 2, 1, 1, "VALID"), 64),
+                   "(7x1 window"));
+  }
+}
 
-TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split over the cores") {
-  // A 1x1 window of stride 1: x is the img2col matrix, no Img2col launch.
+
+TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over the cores") {
+  // A 1x1 window of stride 1: x is the img2col matrix, the MatMul x^T x dy.
   ConvCase p{2, 5, 7, 20, 1, 1, 24};
-  CHECK_FALSE(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50), "Img2col"));
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50), "MatMul"));
   // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
   // cores; the 910b config cuts them smaller).
   const ChipConfig& cfg = test_sim().config();
@@ -242,9 +268,9 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split o
   t.c = 40;
   const std::vector<std::string> t40 = check_conv2d_backprop_filter(DataType::F32, t, 58);
   if (tiny) CHECK(mentions(t40, "tiles 48x48"));
-  ConvCase ps = p;  // stride 2 subsamples x: img2col stays
+  ConvCase ps = p;  // stride 2 subsamples x: the fused kernel
   ps.sh = ps.sw = 2;
-  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "Img2col"));
+  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "FilterGrad"));
   // k = 8 * 32 * 32 positions and one output tile: the product is split into parts over the
   // tiny chip's two cube cores and the f32 partial products summed by the vector cores.
   ConvCase s{8, 32, 32, 16, 1, 1, 16};
@@ -253,45 +279,53 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 without img2col, width fold, long k split o
   CHECK(has_launch(
       check_conv2d_backprop_filter(DataType::F32, s, 53, PrecisionMode::kAllowMixPrecision),
       "Sum_f32"));
-  // Few channels, no padding along W: img2col of the width-folded view (a 5x1 window over
-  // 4 * 3 channels), the same matrix as the 5x4 window's.
+  // Few channels, no padding along W: the width-folded view (a 5x1 window over 4 * 3
+  // channels), the same img2col matrix as the 5x4 window's.
   ConvCase fold{2, 9, 11, 3, 5, 4, 8};
   fold.sh = 2;
   fold.padding = "VALID";
   CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, fold, 55), "(5x1 window"));
   fold.padding = "SAME";  // padding along W: no fold
   CHECK(mentions(check_conv2d_backprop_filter(DataType::F32, fold, 56), "(5x4 window"));
-  ConvCase w{8, 64, 64, 3, 3, 3, 5};  // strided 3x3 over 3 channels: img2col, then the split
+  ConvCase w{8, 64, 64, 3, 3, 3, 5};  // strided 3x3 over 3 channels: the fused kernel in parts
   w.sh = w.sw = 2;
   w.dh = 2;
   const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
-  CHECK(has_launch(names, "Img2col"));
+  CHECK(has_launch(names, "FilterGrad"));
   CHECK(has_launch(names, "Sum_f32"));
 }
 
-TEST_CASE("Img2col: the blocks touch disjoint GM bytes, so the launch replays") {
+TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
   // A launch is recorded for replay only if no block touches GM bytes another block writes
   // (sim/replay/launch_replay.h, record_blocks). Each block of the img2col kernel writes the
   // 0/1 repetition matrix to a copy of its own and reads only that, its output rows being its
   // tiles': run twice at the same addresses, the launch is replayed the second time.
-  ConvCase c{2, 5, 7, 20, 1, 1, 24};
-  c.sh = c.sw = 2;  // stride 2 subsamples x: img2col, one tile per image
-  HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 90);
-  HostTensor sizes{TensorDesc{DataType::S32, {4}},
-                   {double(c.kh), double(c.kw), double(c.c), double(c.cout)}};
-  HostTensor dy = random_tensor(DataType::F16, y_shape(c), -1, 1, 91);
-  auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
-  op.outputs = {TensorDesc{DataType::F16, filter_shape(c)}};
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
-  summarize(k);
-  auto img2col = std::find_if(k.launches.begin(), k.launches.end(), [](const auto& l) {
-    return l.kernel.program.name.rfind("Img2col", 0) == 0;
-  });
-  REQUIRE(img2col != k.launches.end());
-  REQUIRE(img2col->block_dim >= 2);
-  k.launches = {*img2col};
-  run_compiled(test_sim(), k, {x, sizes, dy});
-  CHECK(run_compiled(test_sim(), k, {x, sizes, dy}).replayed == 1);
+  // The depthwise filter gradient's img2col (multiplier 1: 20 output channels), and the filter
+  // gradient's fused kernel (each block writes the rows of its own tiles).
+  for (const std::string name : {"DepthwiseConv2dNativeBackpropFilter", "Conv2DBackpropFilter"}) {
+    const bool depthwise = name[0] == 'D';
+    ConvCase c{2, 5, 7, 20, 1, 1, depthwise ? 20 : 24};
+    c.sh = c.sw = 2;
+    INFO(name);
+    HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 90);
+    HostTensor sizes{TensorDesc{DataType::S32, {4}},
+                     {double(c.kh), double(c.kw), double(c.c), depthwise ? 1.0 : double(c.cout)}};
+    HostTensor dy = random_tensor(DataType::F16, y_shape(c), -1, 1, 91);
+    auto op = make_op(name, {x.desc, sizes.desc, dy.desc}, c.attrs());
+    op.outputs = {TensorDesc{DataType::F16,
+                             {c.kh, c.kw, c.c, depthwise ? 1 : c.cout}}};
+    compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+    summarize(k);
+    const std::string prefix = depthwise ? "Img2col" : "FilterGrad";
+    auto launch = std::find_if(k.launches.begin(), k.launches.end(), [&](const auto& l) {
+      return l.kernel.program.name.rfind(prefix, 0) == 0;
+    });
+    REQUIRE(launch != k.launches.end());
+    REQUIRE(launch->block_dim >= 2);
+    k.launches = {*launch};
+    run_compiled(test_sim(), k, {x, sizes, dy});
+    CHECK(run_compiled(test_sim(), k, {x, sizes, dy}).replayed == 1);
+  }
 }
 
 TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on the cube)") {

@@ -104,8 +104,8 @@ TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias
                         PrecisionMode::kAllowFp32ToFp16, DataType::F16);
 }
 
-TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col with padded taps, the long k split") {
-  // 3 input channels: each tap padded to 16; 9 output channels: the MatMul's rows padded
+TEST_CASE("coupled chip: Conv2DBackpropFilter, the fused kernel through the UB, the k split") {
+  // 3 input channels (a block of 16 per tap in img2col); 9 output channels: f32 rows padded
   check_conv2d_backprop_filter(DataType::F16,
                                ConvCase{2, 9, 9, 3, 3, 3, 32}.window(2, 2, 1, 1, "SAME"), 30);
   check_conv2d_backprop_filter(
@@ -123,23 +123,21 @@ TEST_CASE("coupled chip: Conv2DBackpropFilter, img2col with padded taps, the lon
   CHECK(has_launch(
       check_conv2d_backprop_filter(DataType::F32, s, 35, PrecisionMode::kAllowMixPrecision),
       "Sum_f32"));
-  const std::vector<std::string> img2col = check_conv2d_backprop_filter(
+  const std::vector<std::string> fused = check_conv2d_backprop_filter(
       DataType::F16, ConvCase{8, 64, 64, 16, 1, 1, 16}.window(2, 2, 1, 1, "VALID"), 36);
-  CHECK(has_launch(img2col, "Img2col"));
-  CHECK(has_launch(img2col, "Sum_f32"));
-  // Padded taps (3 channels, each tap's rows padded to 16): the summed partials' padded rows
-  // are dropped by the packing copy (f32, and f16 rounded then widened).
+  CHECK(has_launch(fused, "FilterGrad"));
+  CHECK(has_launch(fused, "Sum_f32"));
+  // 3 channels in parts: the sum's packing copy (f32, and f16 rounded then widened).
   for (auto [dt, mode] : {std::pair{DataType::F16, PrecisionMode::kAllowFp32ToFp16},
                           std::pair{DataType::F32, PrecisionMode::kAllowFp32ToFp16},
                           std::pair{DataType::F32, PrecisionMode::kAllowMixPrecision}})
     CHECK(has_launch(check_conv2d_backprop_filter(dt, ConvCase{8, 32, 32, 3, 3, 3, 16}, 37, mode),
                      "Sum_f32"));
-  // Both padded: not supported, said so.
-  auto op =
-      make_op("Conv2DBackpropFilter",
-              {TensorDesc{DataType::F16, {1, 5, 5, 3}}, TensorDesc{DataType::F16, {1, 5, 5, 9}}},
-              ConvCase{1, 5, 5, 3, 3, 3, 9}.attrs());
-  op.attrs["filter_sizes"] = std::vector<int64_t>{3, 3, 3, 9};
-  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
-                    Catch::Contains("both need padding"));
+  // 3 input and 9 output channels: the f32 rows padded to 16 channels, dropped by the packing
+  // copy; the first layer's 7x7 stride 2 (SAME: no fold) and a 3x3 stride 2 over 40 channels.
+  check_conv2d_backprop_filter(DataType::F16, ConvCase{1, 5, 5, 3, 3, 3, 9}, 38);
+  check_conv2d_backprop_filter(DataType::F32,
+                               ConvCase{2, 19, 17, 3, 7, 7, 20}.window(2, 2, 1, 1, "SAME"), 39);
+  check_conv2d_backprop_filter(DataType::F16,
+                               ConvCase{2, 9, 8, 40, 3, 3, 24}.window(2, 2, 1, 1, "VALID"), 40);
 }

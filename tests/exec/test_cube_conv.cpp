@@ -74,8 +74,8 @@ double img2col(const Conv& cv, const FeatureMap& f, int m, int k) {
 }
 
 IssuedOp& load3d(ExecBench& t, const Conv& cv, Dtype type, uint64_t xdst, int m_start, int m_ext,
-                 int k_start, int k_ext) {
-  IssuedOp& o = t.op(Opcode::op_load3d, {{"type", dt(type)}, {"xdst", xdst}, {"xsrc", 0},
+                 int k_start, int k_ext, Opcode code = Opcode::op_load3d) {
+  IssuedOp& o = t.op(code, {{"type", dt(type)}, {"xdst", xdst}, {"xsrc", 0},
                                          {"channels", cv.c}, {"m_start", m_start},
                                          {"m_ext", m_ext}, {"k_start", k_start},
                                          {"k_ext", k_ext}});
@@ -131,6 +131,36 @@ TEST_CASE("load3d writes the requested img2col window to L0A in the Zz layout") 
       CHECK(mismatches == 0);
     }
   }
+}
+
+TEST_CASE("load3dt writes the img2col window transposed to L0A in the Zz layout") {
+  // Rows 13..28 of a strided, padded map (21..28 past the output) and 4 column blocks: L0A holds
+  // A = window^T, k_ext rows x m_ext columns, fractal (row block, column block) row-major inside.
+  Conv cv;
+  {
+    const Dtype type = Dtype::F16;
+    ExecBench t;
+    Rand rnd(12);
+    FeatureMap f = make_fmap(cv, type, rnd);
+    t.put_local(Buf::L1, 0, f.bytes);
+    const int m_start = 13, m_ext = 32, k_start = 2 * 16, k_ext = 4 * 16;
+    t.put_local(Buf::L0A, 0, std::vector<uint8_t>(m_ext * k_ext * 2, 0x5A));
+    t.run(load3d(t, cv, type, 0, m_start, m_ext, k_start, k_ext, Opcode::op_load3dt));
+    auto l0a = t.get_local<uint16_t>(Buf::L0A, 0, m_ext * k_ext);
+    auto l0a_ref = [&](int kk, int mm) {  // element (kk, mm) of A in the Zz layout
+      return l0a[((kk / 16) * (m_ext / 16) + mm / 16) * 256 + (kk % 16) * 16 + mm % 16];
+    };
+    int mismatches = 0;
+    for (int kk = 0; kk < k_ext; ++kk)
+      for (int mm = 0; mm < m_ext; ++mm) {
+        if (ref_f16_to_f32(l0a_ref(kk, mm)) != img2col(cv, f, m_start + mm, k_start + kk))
+          ++mismatches;
+      }
+    CHECK(mismatches == 0);
+  }
+  ExecBench t;
+  CHECK_THROWS_WITH(plan(load3d(t, cv, Dtype::S8, 0, 0, 16, 0, 32, Opcode::op_load3dt), t.ctx),
+                    Contains("16-bit type"));
 }
 
 TEST_CASE("load3d + load2d + mmad + fixpipe computes a padded, strided, dilated convolution") {

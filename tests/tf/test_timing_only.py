@@ -79,10 +79,10 @@ def test_timing_only_takes_the_cycles_and_counts_of_a_functional_run():
             assert t[key] == f[key], key
         elif t[key] != f[key]:
             data_dependent.add(key[1])
-    # Among those compared exactly: the convolutions and their gradients (img2col + MatMul for
-    # the filter), the dense layer, pooling.
+    # Among those compared exactly: the convolutions and their gradients (FilterGrad for the
+    # filter), the dense layer (MatMul), pooling.
     exact = {kernel for _, kernel, loads in f if not loads}
-    for family in ("Conv2D_", "Conv2DBackpropInput", "Img2col", "MatMul", "MaxPoolGrad"):
+    for family in ("Conv2D_", "Conv2DBackpropInput", "FilterGrad", "MatMul", "MaxPoolGrad"):
         assert any(k.startswith(family) for k in exact), (family, sorted(exact))
     # Those that took other cycles here: the int64 casts (scalar unit); Philox's took other
     # cycles too while its counter carries branched on the loaded counter (docs/compiler.md).

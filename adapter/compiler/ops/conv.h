@@ -198,6 +198,45 @@ inline uint64_t img2col_rep_bytes(int64_t rep, int block_dim) {
   return img2col_rep_copy_bytes(rep) * static_cast<uint64_t>(block_dim);
 }
 
+// ---- the filter gradient's fused kernel ----
+
+// dW = img2col(x)^T x dy on the cube, img2col never in GM: per output tile (tk rows of
+// img2col's columns in load3d's order (c1, kh, kw, c0) x tn output channels) and per chunk of
+// tp output positions of one image, MTE2 loads the chunk's slab of x (the tile's channel
+// blocks) and its dy rows into L1, load3dt writes the slab's img2col window transposed into
+// L0A (A: tk x positions), load2d dy's fractals into L0B (B: positions x tn), and mmad sums over
+// the positions. The tile's rows go out as out_type, each 16-row block (one channel block c1 of one
+// tap) to its HWIO rows:
+//   out + ((part * KH*KW*C + tap * C + c1 * 16 + c0) * pitch + n) * size  (c1 * 16 + c0 < C)
+// where the chunks (image, m tile), image-major, are cut into `parts` equal ranges, each its own
+// partial product (the k split), summed by the caller. x may be a strided view (x_pixel, x_row,
+// x_image as Img2colSpec: the width fold; HWIO rows tap * C + c are then the unfolded rows).
+// Arguments (bind them): x, dy ([images][OH*OW][cout], the same type), out.
+struct FilterGradSpec {
+  isa::Dtype in_type = isa::Dtype::F16;  // 16-bit (load3dt)
+  int64_t images = 1, h = 1, w = 1, c = 1, cout = 1;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
+  int64_t x_pixel = 0, x_row = 0, x_image = 0;
+  int64_t parts = 1;  // must divide the chunks (plan_filter_grad skips chunk sizes it does not)
+  int64_t pitch = 0;  // elements per output row (>= cout; whole 32-byte blocks via the UB)
+  isa::Dtype out_type = isa::Dtype::F32;  // or f16 / bf16 (FIXPIPE rounds to nearest even)
+  int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
+  int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
+};
+// The kernel's tiling and its modelled cycles on the busiest cube core (plan_filter_grad).
+struct FilterGradTiling {
+  int64_t tk = 0, tn = 0, tp = 0, ks = 0;  // tile rows, tile channels, chunk positions, L0 k step
+  int64_t kc1 = 0, slab_rows = 0, slab_bytes = 0;  // slab planes and rows (largest), L1 bytes
+  int64_t k_tiles = 0, n_tiles = 0, m_tiles = 0, tiles = 0, chunks = 0, per = 0;
+  int block_dim = 0, l0c_buffers = 0;
+  double cycles = 0;
+};
+// The cheapest tiling; CompileError naming op if none fits the cube core.
+FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
+                                  const std::string& op);
+Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t,
+                         const ChipConfig& cfg, const std::string& op);
+
 // ---- launch helpers ----
 
 // Workspace offsets are rounded to this (keeps every workspace tensor 512-byte aligned).

@@ -10,13 +10,12 @@
 //     for W, dilation (dh, dw), and the filter flipped and transposed:
 //     B[(kh, kw, cout)][cin] = filter[KH-1-kh][KW-1-kw][cin][cout] (kRowsN, flipped).
 //   Conv2DBackpropFilter(x, filter_sizes, dy) -> dW [KH,KW,Cin,Cout]
-//     dW = img2col(x)^T * dy: the cube img2col kernel writes img2col(x) [N*OH*OW][KH*KW*Cin]
-//     (columns in HWIO row order) to the workspace, then the MatMul kernel with transpose_a.
-//     A 1x1 window of stride 1 without padding needs no img2col (x is that matrix); few input
-//     channels without padding along W take img2col of the width-folded view (fold_width).
-//     Few output tiles over a long k (N*OH*OW): the product is split along k into equal parts
-//     spread over the cube cores (a batched MatMul writing f32 partial products), summed by a
-//     vector reduction (plan_k_split, append_partial_sum).
+//     dW = img2col(x)^T * dy by the fused kernel (build_filter_grad): img2col(x) made in L0A
+//     by load3dt from slabs of x in L1, never in GM; few input channels without padding along
+//     W take the width-folded view of x. A 1x1 window of stride 1 without padding is the MatMul
+//     x^T * dy (transpose_a). Few output tiles over a long k (N*OH*OW): the product is split
+//     along k into equal parts spread over the cube cores (f32 partial products), summed by a
+//     vector reduction (plan_k_split / append_fused_filter_grad, append_partial_sum).
 //   DepthwiseConv2dNative(x [N,H,W,C], filter [KH,KW,C,M]) -> y [N,OH,OW,C*M]
 //     a grouped convolution: groups of 16 input channels, 16*M outputs each, with the
 //     block-diagonal filter Wbd[g][kh][kw][c0][c0'*M + q] = filter[kh][kw][16g + c0'][q] if
@@ -626,6 +625,21 @@ double matmul_estimate(const MatmulTiling& t, const ChipConfig& cfg) {
 // slower than the model said (more partial products, shorter chunk loads), longer ones faster.
 constexpr int64_t kMinPartPositions = 4096;
 
+// The cycles of the vector Sum over `parts` f32 partial products of mn elements: the task
+// overheads (dispatch, completion, a block's start) and its reads of the partials over the
+// vector cores' gm->ub paths (or HBM, the lower); the extra part of k (MTE2 latency, pipeline
+// fill) is ignored. # estimate: matmul_estimate's model for the reduction.
+double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_t parts,
+                            int64_t mn) {
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
+  const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
+  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                            cfg.task_block_start_cycles);
+  const double sum_rate =
+      std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
+  return launch + static_cast<double>(parts * mn * 4) / sum_rate;
+}
+
 KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
                     const std::string& op) {
   // The unsplit product may take tiles of any multiple of 16 (ResNet-50's 1x1 layers at 14x14
@@ -640,23 +654,13 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   best.tiling = plan_matmul_tiling(m, n, k, true, false, in, out, cfg, op, 1, !via_ub);
   double best_cycles = matmul_estimate(best.tiling, cfg);
   const int cores = cube_core(cfg, op).count;
-  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the same cores
-  const int vector_cores = vec ? vec->count : cores;
-  // The sum's launch: the task overheads (dispatch, completion, a block's start) and its reads
-  // of the partials over the vector cores' gm->ub paths (or HBM, the lower); the extra part of
-  // k (MTE2 latency, pipeline fill) is ignored. # estimate: the model above for the reduction.
-  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
-                                            cfg.task_block_start_cycles);
-  const double sum_rate =
-      std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
   for (int64_t parts = 2; parts <= cores; ++parts) {
     // Equal parts, each at least kMinPartPositions long.
     if (k % parts != 0 || k / parts < kMinPartPositions) continue;
     MatmulTiling t =
         plan_matmul_tiling(m, n, k / parts, true, false, in, Dtype::F32, cfg, op, parts);
     if (t.c_pitch != n) continue;  // through the UB: f32 rows of n not whole blocks
-    const double cycles =
-        matmul_estimate(t, cfg) + launch + static_cast<double>(parts * m * n * 4) / sum_rate;
+    const double cycles = matmul_estimate(t, cfg) + partial_sum_estimate(cfg, op, parts, m * n);
     if (cycles >= best_cycles) continue;
     best_cycles = cycles;
     t.batch_dims = {parts};
@@ -669,8 +673,26 @@ KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const 
   return best;
 }
 
+// Output 0 (dt) = the f32 matrix at `total` (`rows` x `cols` of a `pitch`) packed and cast to
+// dt; `round_f16` rounds it to f16 before widening it (allow_mix_precision).
+void append_packed_output(CompiledKernel& k, const CompileContext& ctx, const ArgRef& total,
+                          bool round_f16, int64_t rows, int64_t cols, int64_t pitch) {
+  const DataType dt = k.outputs[0].dtype;
+  if (!round_f16) {
+    append_strided_copy(k, ctx.op, total, output_ref(0), rows, cols, pitch, DataType::F32, dt,
+                        ctx.cfg);
+    return;
+  }
+  const int64_t out_n = rows * cols;
+  const ArgRef half = workspace_take(k, static_cast<uint64_t>(out_n) * 2);
+  append_strided_copy(k, ctx.op, total, half, rows, cols, pitch, DataType::F32, DataType::F16,
+                      ctx.cfg);
+  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt,
+                      ctx.cfg);
+}
+
 // Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
-// ([parts][mn]): a Sum over the first axis (the reduction engine, f32), then the copy that
+// ([parts][mn]; parts 1: the product itself, no Sum): a Sum over the first axis (the reduction engine, f32), then the copy that
 // packs its rows (`rows` x `cols` of a padded `pitch`: img2col's taps padded to a block through
 // the UB; rows 1: dense) and casts to dt when it is not f32; `round_f16` (allow_mix_precision)
 // rounds the sum to f16 before widening it, as the unsplit kernel's f16 FIXPIPE output.
@@ -679,14 +701,17 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
                         int64_t cols = 0, int64_t pitch = 0) {
   const DataType dt = k.outputs[0].dtype;
   if (rows == 1) cols = pitch = mn;
-  const int64_t out_n = rows * cols;
+  const bool direct = dt == DataType::F32 && !round_f16 && pitch == cols;
+  if (parts == 1) {  // the product itself (direct: written to the output already)
+    if (!direct) append_packed_output(k, ctx, partials, round_f16, rows, cols, pitch);
+    return;
+  }
   LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
   ReduceRequest req;
   req.input = TensorDesc{DataType::F32, {parts, mn}};
   req.reduced = {true, false};
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   const CompiledKernel sum = std::move(plan).finish();
-  const bool direct = dt == DataType::F32 && !round_f16 && pitch == cols;
   const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
   const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
   for (Launch l : sum.launches) {
@@ -701,30 +726,15 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
     l.summary = fmt::format("sum of {} partial products: {}", parts, l.summary);
     k.launches.push_back(std::move(l));
   }
-  if (direct) return;
-  if (!round_f16) {
-    append_strided_copy(k, ctx.op, total, output_ref(0), rows, cols, pitch, DataType::F32, dt,
-                        ctx.cfg);
-    return;
-  }
-  const ArgRef half = workspace_take(k, static_cast<uint64_t>(out_n) * 2);
-  append_strided_copy(k, ctx.op, total, half, rows, cols, pitch, DataType::F32, DataType::F16,
-                      ctx.cfg);
-  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt,
-                      ctx.cfg);
+  if (!direct) append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
 }
 
-// img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
-// fold: the columns of a tap are its channels, contiguous (tap_stride = c, rep 1: the filter
-// gradient's HWIO rows), so the width fold may view x as [N, H, W-KW+1, KW*C] with a KH x 1
-// window: the same matrix, in fewer channel blocks (the first layer's 7x7 over 3 channels: 2 per
-// kernel row instead of 7).
-ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
-                      const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
-                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements,
-                      bool fold = false) {
-  Img2colSpec s;
-  s.in_type = s.out_type = device_dtype(cube);
+// The image and window fields of an img2col-reading spec (Img2colSpec, FilterGradSpec) from
+// x's NHWC shape xs and the window; with `fold` and where it pays (width_fold_pays), the
+// width-folded view of x: pixels c apart holding KW * c channels, a KH x 1 window (the same
+// img2col matrix, column for column).
+template <typename Spec>
+void set_image_window(Spec& s, const std::vector<int64_t>& xs, const ConvWindow& cw, bool fold) {
   s.images = xs[0];
   s.h = xs[1];
   s.w = xs[2];
@@ -739,23 +749,88 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   s.pb = cw.h.after;
   s.pl = cw.w.before;
   s.pr = cw.w.after;
+  if (!fold || !width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) return;
+  s.x_pixel = s.c;
+  s.x_row = s.w * s.c;
+  s.x_image = s.h * s.w * s.c;
+  s.w -= s.kw - 1;
+  s.c *= s.kw;
+  s.kw = 1;
+}
+
+// img2col(x) for the window into a new workspace tensor (see Img2colSpec for the layout).
+// fold: the columns of a tap are its channels, contiguous (tap_stride = c, rep 1: the filter
+// gradient's HWIO rows), so the width fold may view x as [N, H, W-KW+1, KW*C] with a KH x 1
+// window: the same matrix, in fewer channel blocks (the first layer's 7x7 over 3 channels: 2 per
+// kernel row instead of 7).
+ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                      const std::vector<int64_t>& xs, DataType cube, const ConvWindow& cw,
+                      int64_t rep, int64_t row_stride, int64_t tap_stride, int64_t elements,
+                      bool fold = false) {
+  Img2colSpec s;
+  s.in_type = s.out_type = device_dtype(cube);
+  set_image_window(s, xs, cw, fold);
   s.rep = rep;
   s.row_stride = row_stride;
-  s.tap_stride = tap_stride;
-  if (fold && width_fold_pays(s.c, s.kw, s.pl, s.pr, s.dw)) {
-    s.x_pixel = s.c;
-    s.x_row = s.w * s.c;
-    s.x_image = s.h * s.w * s.c;
-    s.w -= s.kw - 1;
-    s.c *= s.kw;
-    s.kw = 1;
-    s.tap_stride = s.c;
-  }
+  s.tap_stride = s.x_pixel ? s.c : tap_stride;  // folded: a tap's columns are its KW * c channels
   Launch l = build_img2col(s, ctx.cfg, ctx.op.str());
   const ArgRef cols = workspace_take(k, static_cast<uint64_t>(elements) * data_type_bytes(cube));
   const ArgRef rep_ws = workspace_take(k, img2col_rep_bytes(rep, l.block_dim));
   k.launches.push_back(with_args(std::move(l), {x, cols, rep_ws}));
   return cols;
+}
+
+// dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
+// split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
+// workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
+// writes dW itself where it can. Few input channels without padding along W take the width-folded view
+// of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
+// 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
+void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                              const ArgRef& xr, const ArgRef& dyr, const std::vector<int64_t>& x,
+                              const std::vector<int64_t>& f, const ConvWindow& cw) {
+  const std::string op = ctx.op.str();
+  FilterGradSpec s;
+  s.in_type = device_dtype(ct.cube);
+  s.cout = f[3];
+  set_image_window(s, x, cw, true);
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
+  s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
+  const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
+  FilterGradTiling best;
+  int64_t best_parts = 0;
+  double best_cycles = 0;
+  for (int64_t parts = 1; parts <= cube_core(ctx.cfg, op).count; ++parts) {
+    s.parts = parts;
+    FilterGradTiling t;
+    try {
+      t = plan_filter_grad(s, ctx.cfg, op);
+    } catch (const CompileError&) {
+      if (parts == 1) throw;  // nothing fits
+      continue;               // no chunk size that `parts` divides
+    }
+    const double cycles = t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn) : 0);
+    if (best_parts && cycles >= best_cycles) continue;
+    best = t;
+    best_parts = parts;
+    best_cycles = cycles;
+  }
+  s.parts = best_parts;
+  // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
+  // rows need no padding, f32 partial products otherwise.
+  const DataType dt = k.outputs[0].dtype;
+  const bool half = dt == DataType::F16 || dt == DataType::BF16;
+  if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
+      (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
+    s.out_type = device_dtype(dt);
+    s.pitch = s.cout;
+    k.launches.push_back(
+        with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, output_ref(0)}));
+    return;
+  }
+  const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
+  k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
+  append_partial_sum(k, ctx, products, s.parts, mn, ct.widen, rows, s.cout, s.pitch);
 }
 
 // Data inputs: input, out_backprop (filter_sizes as an attribute).
@@ -786,56 +861,43 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     append_zero_output(k, op, k.outputs[0], ctx.cfg);
     return k;
   }
-  // Through the UB (no l0c->gm path) img2col's rows are written in whole 32-byte blocks: each
-  // tap's channels are padded to cp (a block) and the product's padded rows are dropped by the
-  // copy into dW (also the MatMul's padded columns, c_pitch).
+  // A 1x1 window of stride 1 without padding: img2col(x) is x itself ([N*H*W][Cin]), the
+  // MatMul's operand, where its rows are whole 32-byte blocks through the UB (no l0c->gm path).
+  // Every other window: the fused kernel (img2col by load3dt in L0A, append_fused_filter_grad).
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op.str()), op.str());
-  const int64_t taps = f[0] * f[1];
-  const int64_t cp = via_ub ? round_up(f[2], layout::kBlockBytes / data_type_bytes(ct.cube)) : f[2];
-  const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
-  // A 1x1 window of stride 1 without padding: img2col(x) is x itself ([N*H*W][Cin]) where its
-  // rows need no padding; the width fold where the taps' channels are contiguous.
-  const bool pointwise = cp == f[2] && f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
+  const bool blocks = !via_ub || f[2] % (layout::kBlockBytes / data_type_bytes(ct.cube)) == 0;
+  const bool pointwise = blocks && f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
                          cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
-  const ArgRef cols = pointwise ? xr
-                                : append_img2col(k, ctx, xr, x, ct.cube, cw, 1, taps * cp, cp,
-                                                 positions * taps * cp, cp == f[2]);
-  const KSplit split = plan_k_split(taps * cp, f[3], positions, device_dtype(ct.cube), ct.fix_out,
+  const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
+  if (!pointwise) {
+    append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
+    return k;
+  }
+  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a).
+  const int64_t cin = f[2];
+  const KSplit split = plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out,
                                     ctx.cfg, op.str());
   const MatmulTiling& t = split.tiling;
-  const bool padded = cp != f[2] || t.c_pitch != f[3];
-  if (cp != f[2] && t.c_pitch != f[3])
-    op.fail(fmt::format("chip {} writes MatMul results through the UB: {} input and {} output "
-                        "channels both need padding, not supported",
-                        ctx.cfg.name, f[2], f[3]));
-  if (split.parts > 1) {  // partials of taps * cp x f[3] (plan_k_split: c_pitch == f[3])
-    const int64_t mn = taps * cp * f[3];
+  if (split.parts > 1) {  // partials of cin x f[3] (plan_k_split: c_pitch == f[3])
+    const int64_t mn = cin * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
-    Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, partials});
-    mm.summary = fmt::format("img2col^T x dy, {} parts of {} positions: {}", split.parts,
+    Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {xr, dyr, partials});
+    mm.summary = fmt::format("x^T x dy, {} parts of {} positions: {}", split.parts,
                              positions / split.parts, mm.summary);
     k.launches.push_back(std::move(mm));
-    if (cp != f[2])  // per tap: cin x cout of cp x cout
-      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen, taps, f[2] * f[3],
-                         cp * f[3]);
-    else
-      append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
+    append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
     return k;
   }
   ArgRef out = output_ref(0);
-  if (ct.widen || padded)
-    out = workspace_take(k, static_cast<uint64_t>(taps * cp * t.c_pitch) *
+  if (ct.widen || t.c_pitch != f[3])
+    out = workspace_take(k, static_cast<uint64_t>(cin * t.c_pitch) *
                                 static_cast<uint64_t>(isa::dtype_size(ct.fix_out)));
-  Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {cols, dyr, out});
-  mm.summary = "img2col^T x dy: " + mm.summary;
+  Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {xr, dyr, out});
+  mm.summary = "x^T x dy: " + mm.summary;
   k.launches.push_back(std::move(mm));
   const DataType from = ct.widen ? DataType::F16 : dt;
-  if (cp != f[2])  // per tap: cin x cout of cp x cout
-    append_strided_copy(k, op, out, output_ref(0), taps, f[2] * f[3], cp * f[3], from, dt,
-                        ctx.cfg);
-  else if (t.c_pitch != f[3])  // per row: cout of c_pitch
-    append_strided_copy(k, op, out, output_ref(0), taps * f[2], f[3], t.c_pitch, from, dt,
-                        ctx.cfg);
+  if (t.c_pitch != f[3])  // per row: cout of c_pitch
+    append_strided_copy(k, op, out, output_ref(0), cin, f[3], t.c_pitch, from, dt, ctx.cfg);
   else if (ct.widen)
     append_strided_copy(k, op, out, output_ref(0), 1, k.outputs[0].num_elements(),
                         k.outputs[0].num_elements(), DataType::F16, dt, ctx.cfg);

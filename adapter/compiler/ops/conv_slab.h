@@ -96,6 +96,27 @@ class SlabEmitter {
     g.pr = s.pr;
   }
 
+  // The geometry of an unstacked map without zero insertion from a spec with in_type, images,
+  // h, w, c, the window fields, oh(), ow() and x's strides (Img2colSpec, FilterGradSpec), in
+  // tiles of tm positions.
+  template <typename Spec>
+  static Geometry image_geometry(const Spec& s, int64_t tm) {
+    Geometry g;
+    g.type = s.in_type;
+    g.images = s.images;
+    g.hs = s.h;
+    g.ws = s.w;
+    g.cs = s.c;
+    set_window(g, s);
+    g.oh = s.oh();
+    g.ow = s.ow();
+    g.tm = tm;
+    g.x_pixel = s.x_pixel;
+    g.x_row = s.x_row;
+    g.x_image = s.x_image;
+    return g;
+  }
+
   SlabEmitter(KernelBuilder& b, const Geometry& g);
 
   // Rows of one image's (virtual) map and of the map the tiles cover (tall when stacked).

@@ -135,7 +135,7 @@ class Img2colEmitter {
         m_t(t),
         m_b(fmt::format("Img2col_{}_{}", isa::dtype_name(s.in_type), isa::dtype_name(s.out_type)),
             op, cfg),
-        m_slab(m_b, geometry(s, t.tm)),
+        m_slab(m_b, SlabEmitter::image_geometry(s, t.tm)),
         m_isz(isa::dtype_size(s.in_type)),
         m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw),
@@ -210,23 +210,6 @@ class Img2colEmitter {
     b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, src, dst, m_s.rep, 1, 0});
     b.set_flag(Pipe::MTE1, Pipe::M, g);
     b.wait_flag(Pipe::MTE1, Pipe::M, g);
-  }
-
-  static SlabEmitter::Geometry geometry(const Img2colSpec& s, int64_t tm) {
-    SlabEmitter::Geometry g;
-    g.type = s.in_type;
-    g.images = s.images;
-    g.hs = s.h;
-    g.ws = s.w;
-    g.cs = s.c;
-    SlabEmitter::set_window(g, s);
-    g.oh = s.oh();
-    g.ow = s.ow();
-    g.tm = tm;
-    g.x_pixel = s.x_pixel;
-    g.x_row = s.x_row;
-    g.x_image = s.x_image;
-    return g;
   }
 
   // The 16 x 16*rep matrix B (B[k][n] = 1 iff n / rep == k) in the L0B (Zn) layout, written to

@@ -1,0 +1,510 @@
+// The filter gradient's fused cube kernel (ops/conv.h, build_filter_grad) on the cube skeleton
+// (ops/cube_pipeline.h): dW = img2col(x)^T x dy with img2col made in L0A by load3dt.
+//
+// Tiles: (part, n tile, k tile), tile = (part * n_tiles + nt) * k_tiles + kt; each cube core
+// takes a contiguous range. A tile's steps are its part's chunks: chunk = (image of the part,
+// m tile of tp positions). Per step, software-pipelined by one step:
+//   MTE2  the chunk's slab (ops/conv_slab.h: the input rows its positions need, the tile's
+//         channel blocks) into L1 buffer step & 1, and dy's rows [m0, m0 + m_act) x the tile's
+//         channels into the dy buffer of the same parity as NZ with tp rows (rows past m_act
+//         zero: positions that are not the chunk's add nothing);
+//   MTE1  per L0 step of ks positions: load3dt of the slab's img2col window (the tile's rows of
+//         img2col's columns x the step's positions) into L0A, one load2d (transposed) per 16
+//         positions of dy's fractals into L0B;
+//   M     mmad C[tk][tn] (+)= A x B into the tile's L0C buffer;
+//   FIX   after the tile's last chunk: each 16-row block (one channel block of one tap) to its
+//         HWIO rows of out as f32: per 16 channels a FIXPIPE (a column block of L0C is
+//         [M16][16], any first row works), or through the UB (coupled chips) the whole tile,
+//         then one copy per row block.
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/conv_slab.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
+#include "common/int_math.h"
+#include "isa/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Buf;
+using isa::Dtype;
+using isa::Opcode;
+using layout::kFractalBytes;
+
+namespace {
+
+// The largest chunk (positions of one image per L1 load). # estimate: beyond this the slab's
+// halo rows are a few per cent of its rows at ResNet-50's widths, and L1 decides anyway.
+constexpr int64_t kMaxChunk = 2048;
+// The most rows of a tile (img2col columns): within load3dt's k_ext and mmad's m (12-bit
+// fields); L0C, L0A and the UB decide below that. Tall tiles read a chunk's data once for more
+// rows: at large batches the chunks' slabs and dy rows no longer stay in L2 between the tiles
+// that read them again (ResNet-50's 3x3 64 -> 64 at batch 256: 576 rows in one tile read x and
+// dy once instead of three times).
+constexpr int64_t kMaxTileRows = 1024;
+
+// The kernel's buffers, one plan per buffer kind: the same lists decide whether a tiling fits
+// and allocate it.
+struct FilterGradBuffers {
+  BufferPlan l1{Buf::L1}, l0a{Buf::L0A}, l0b{Buf::L0B}, l0c{Buf::L0C};
+  BufferPlan::Id slab, dy, a, b, c;
+
+  FilterGradBuffers(const FilterGradTiling& t, int64_t isz, int l0c_buffers) {
+    slab = l1.add_fixed("slab", static_cast<uint64_t>(t.slab_bytes), 2);
+    dy = l1.add_fixed("dy rows (NZ)", static_cast<uint64_t>(t.tp * t.tn * isz), 2);
+    a = l0a.add_fixed("A = img2col^T", static_cast<uint64_t>(t.tk * t.ks * isz), 2);
+    b = l0b.add_fixed("B = dy", static_cast<uint64_t>(t.ks * t.tn * isz), 2);
+    c = l0c.add_fixed("C", static_cast<uint64_t>(t.tk * t.tn * kL0cElemBytes), l0c_buffers);
+  }
+  bool fit(const CoreKindConfig& core, const ChipConfig& cfg) const {
+    return plan_fits(l1, cfg, core) && plan_fits(l0a, cfg, core) && plan_fits(l0b, cfg, core) &&
+           plan_fits(l0c, cfg, core);
+  }
+};
+
+// Balanced sides: for every count of pieces of `total`, the piece rounded up to 16, at most
+// `limit`, each once (largest first).
+std::vector<int64_t> balanced_sides(int64_t total, int64_t limit) {
+  std::vector<int64_t> v;
+  for (int64_t n = 1;; ++n) {
+    const int64_t side = round_up(ceil_div(total, n), kBlk);
+    if (side <= limit && (v.empty() || side < v.back())) v.push_back(side);
+    if (side == kBlk) break;
+  }
+  return v;
+}
+
+class FilterGradEmitter {
+ public:
+  FilterGradEmitter(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
+                    const std::string& op)
+      : m_s(s),
+        m_t(t),
+        m_b(fmt::format("FilterGrad_{}", isa::dtype_name(s.in_type)), op, cfg),
+        m_slab(m_b, SlabEmitter::image_geometry(s, t.tp)),
+        m_isz(isa::dtype_size(s.in_type)),
+        m_osz(isa::dtype_size(s.out_type)),
+        m_taps(s.kh * s.kw),
+        m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
+        m_pipe(m_b, t.l0c_buffers) {}
+
+  BuiltKernel emit() {
+    KernelBuilder& b = m_b;
+    b.begin_section(b.cube_core_kind());
+    b.declare_arg("x", m_s.in_type, {});
+    b.declare_arg("dy", m_s.in_type, {m_s.images, m_s.oh() * m_s.ow(), m_s.cout});
+    b.declare_arg("out", m_s.out_type, {m_s.parts, m_taps * m_s.c, m_s.pitch});
+    const FilterGradBuffers plan(m_t, m_isz, m_t.l0c_buffers);
+    const BufferPlan::Placed l1 = plan.l1.allocate(b, 0);
+    m_slab_buf = l1.twin(plan.slab);
+    for (uint64_t& at : m_slab_buf.a) at += kBlkBytes;  // one block of room before (zeroing)
+    m_dy_buf = l1.twin(plan.dy);
+    m_l0a = plan.l0a.allocate(b, 0).twin(plan.a);
+    m_l0b = plan.l0b.allocate(b, 0).twin(plan.b);
+    m_l0c = plan.l0c.allocate(b, 0).twin(plan.c);
+    if (cube_store_via_ub(b.config(), cube_core(b.config(), b.op()), b.op())) {
+      BufferPlan ub(Buf::UB);
+      const auto cu =
+          ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tk * m_t.tn * kL0cElemBytes));
+      m_pipe.store_via_ub(ub.allocate(b, 0)[cu]);
+    }
+    b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
+           "window geometry (fixed)");
+    Reg steps = b.reg("steps"), tbeg = b.reg("first tile");
+    m_tbeg = &tbeg;
+    m_pipe.block_steps_contiguous(steps, tbeg, m_t.tiles, m_t.per, m_t.chunks);
+    m_pipe.declare_flags({"slab and dy loaded", "slab and dy free", "L0 loaded", "L0 free",
+                          "C computed", "C stored"});
+    m_pipe.run(
+        steps, [&](const Reg& st) { load_step(st); }, [&](const Reg& st) { compute_step(st); });
+    m_pipe.release_registers();
+    b.end();
+    return b.finish();
+  }
+
+ private:
+  // Step st: its chunk ch, the tile's k tile kt and n tile nt, the chunk's image img and m tile
+  // mt.
+  struct StepRegs {
+    const Reg &ch, &kt, &nt, &img, &mt;
+  };
+  void decompose(const Reg& st, const StepRegs& r) {
+    KernelBuilder& b = m_b;
+    b.rem(r.ch, st, m_t.chunks);
+    b.div(r.kt, st, m_t.chunks);
+    b.add(r.kt, r.kt, *m_tbeg, "tile");
+    b.div(r.nt, r.kt, m_t.k_tiles);
+    b.rem(r.kt, r.kt, m_t.k_tiles, "k tile");
+    b.div(r.img, r.nt, m_t.n_tiles, "part");
+    b.rem(r.nt, r.nt, m_t.n_tiles, "n tile");
+    b.mul(r.img, r.img, m_t.chunks, "the part's first chunk");
+    b.add(r.img, r.img, r.ch, "chunk of the op: image * m tiles + m tile");
+    b.rem(r.mt, r.img, m_t.m_tiles, "m tile");
+    b.div(r.img, r.img, m_t.m_tiles, "image");
+  }
+
+  // The tile's first channel block c1a (of the slab) and channel blocks ncb: those of its
+  // img2col columns [kt * tk, min(K3, kt * tk + tk)).
+  void tile_blocks(const Reg& kt, const Reg& c1a, const Reg& ncb) {
+    KernelBuilder& b = m_b;
+    const int64_t per_c1 = m_taps * kBlk;
+    b.mul(c1a, kt, m_t.tk);
+    b.add(ncb, c1a, m_t.tk);
+    b.min(ncb, ncb, m_k3);
+    b.sub(ncb, ncb, 1);
+    b.div(ncb, ncb, per_c1, "last channel block");
+    b.div(c1a, c1a, per_c1, "first channel block");
+    b.sub(ncb, ncb, c1a);
+    b.add(ncb, ncb, 1, "channel blocks of the tile");
+  }
+
+  // n_act = min(tn, cout - nt * tn): the tile's channels.
+  void tile_channels(const Reg& nt, const Reg& n_act) { remaining(n_act, nt, m_t.tn, m_s.cout); }
+
+  // d = min(per, total - i * per): what piece i of `total` in pieces of `per` holds.
+  void remaining(const Reg& d, const Reg& i, int64_t per, int64_t total) {
+    Reg t = m_b.reg("piece start");
+    m_b.mul(t, i, per);
+    m_b.movi(d, total);
+    m_b.sub(d, d, t);
+    m_b.min(d, d, per);
+  }
+
+  void load_step(const Reg& st) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "load: slab and dy rows");
+    Reg p = b.reg("parity"), img = b.reg("image"), m0 = b.reg("m0"), m_act = b.reg("positions"),
+        nt = b.reg("n tile"), c1a = b.reg("first block"), ncb = b.reg("blocks");
+    {
+      Reg ch = b.reg("chunk"), kt = b.reg("k tile"), mt = b.reg("m tile");
+      decompose(st, {ch, kt, nt, img, mt});
+      m_slab.tile_positions(mt, m0, m_act);
+      tile_blocks(kt, c1a, ncb);
+    }
+    m_pipe.l1_parity(p, st);
+    m_pipe.l1_wait_free(p);
+    {
+      Reg r0 = b.reg("first row"), h = b.reg("rows"), dst = b.reg("slab"), x = b.load_arg("x"),
+          cbase = b.reg_imm("channel base", 0), cvalid = b.reg_imm("channels", m_s.c);
+      m_slab.slab_rows(m0, m_act, r0, h);
+      select(b, dst, p, m_slab_buf);
+      m_slab.load_slab({dst, x, img, r0, h, cbase, c1a, ncb, cvalid});
+    }
+    // dy + ((img * OH*OW + m0) * cout + nt * tn) * size, rows m_act, the tile's channels.
+    Reg src = b.load_arg("dy"), t = b.reg("offset"), dst = b.reg("dy buffer");
+    b.mul(t, img, m_s.oh() * m_s.ow());
+    b.add(t, t, m0);
+    b.mul(t, t, m_s.cout);
+    b.mul(m0, nt, m_t.tn);
+    b.add(t, t, m0);
+    b.mul(t, t, m_isz);
+    b.add(src, src, t);
+    tile_channels(nt, ncb);
+    select(b, dst, p, m_dy_buf);
+    b.emit(Opcode::op_nd2nz, {m_s.in_type, dst, src, m_act, ncb, m_s.cout, m_t.tp},
+           "dy rows -> NZ (rows past the chunk zero)");
+    m_pipe.l1_loaded(p);
+  }
+
+  void compute_step(const Reg& st) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "compute: load3dt + load2d + mmad per L0 step");
+    Reg ch = b.reg("chunk"), kt = b.reg("k tile"), nt = b.reg("n tile"), m_act = b.reg("positions"),
+        msl = b.reg("first row in slab"), p = b.reg("parity"), pt = b.reg("C parity");
+    {
+      Reg img = b.reg("image"), mt = b.reg("m tile"), m0 = b.reg("m0");
+      decompose(st, {ch, kt, nt, img, mt});
+      m_slab.tile_positions(mt, m0, m_act);
+      Reg r0 = b.reg("first row"), h = b.reg("rows");
+      m_slab.slab_rows(m0, m_act, r0, h);
+      m_slab.set_fmatrix(m0, m_act, h);
+      m_slab.slab_first_row(msl, m0);
+    }
+    m_pipe.l1_parity(p, st);
+    if (m_t.l0c_buffers == 2) {
+      b.div(pt, st, m_t.chunks);
+      b.and_(pt, pt, 1, "L0C buffer: tile index in the block & 1");
+    } else {
+      b.movi(pt, 0);
+    }
+    m_pipe.l1_wait_loaded(p);
+    {
+      Reg kstart = b.reg("k start in the slab"), chan = b.reg("slab channels"),
+          kext = b.reg("tile rows"), n_act = b.reg("tile channels"), nb = b.reg("column blocks"),
+          m16 = b.reg("positions padded"), kk = b.reg("position step");
+      {
+        Reg c1a = b.reg("first block");
+        tile_blocks(kt, c1a, kext);
+        b.mul(kstart, kt, m_t.tk);
+        b.mul(chan, c1a, m_taps * kBlk);
+        b.sub(kstart, kstart, chan, "the tile's first column in the slab's img2col");
+        Reg t = b.reg("temp");
+        b.mul(t, c1a, kBlk);
+        b.movi(chan, m_s.c);
+        b.sub(chan, chan, t, "channels from the slab's first block");
+      }
+      tile_rows(kt, kext);
+      tile_channels(nt, n_act);
+      b.add(nb, n_act, kBlk - 1);
+      b.shr(nb, nb, 4, "column blocks of the tile");
+      round16(b, m16, m_act);
+      b.for_range(kk, 0, m16, m_t.ks, [&] {
+        l0_step(L0Regs{p, pt, ch, kk, m16, msl, kstart, chan, kext, n_act, nb});
+      });
+    }
+    m_pipe.l1_read(p);
+    b.if_(eq(ch, m_t.chunks - 1), [&] { store_tile(st, kt, nt, pt); });
+  }
+
+  // kext = min(tk, K3 - kt * tk): the tile's rows.
+  void tile_rows(const Reg& kt, const Reg& kext) { remaining(kext, kt, m_t.tk, m_k3); }
+
+  struct L0Regs {
+    const Reg &p, &pt, &ch, &kk, &m16, &msl, &kstart, &chan, &kext, &n_act, &nb;
+  };
+
+  // Positions [kk, kk + ks) of the chunk (at most m16): A = their img2col columns transposed,
+  // B = their dy rows, C (+)= A x B.
+  void l0_step(const L0Regs& r) {
+    KernelBuilder& b = m_b;
+    Reg q = b.reg("L0 parity"), a = b.reg("A"), bb = b.reg("B"), src = b.reg("source"),
+        k = b.reg("positions of the step"), t = b.reg("temp");
+    b.sub(k, r.m16, r.kk);
+    b.min(k, k, m_t.ks, "positions of the step");
+    m_pipe.l0_parity(q);
+    m_pipe.l0_wait_free(q);
+    select(b, a, q, m_l0a);
+    select(b, src, r.p, m_slab_buf);
+    b.add(t, r.msl, r.kk);
+    b.emit(Opcode::op_load3dt, {m_s.in_type, a, src, r.chan, t, k, r.kstart, r.kext},
+           "img2col^T: the tile's columns x the step's positions");
+    select(b, bb, q, m_l0b);
+    select(b, src, r.p, m_dy_buf);
+    b.mul(t, r.kk, kBlk * m_isz);
+    b.add(src, src, t, "the step's first dy row (NZ)");
+    {
+      Reg i = b.reg("k block"), d = b.reg("L0B fractal");
+      b.mov(d, bb);
+      b.mul(t, r.nb, kFractalBytes);
+      b.for_range(i, 0, k, kBlk, [&] {
+        b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, d, src, r.nb, m_t.tp / kBlk, 1},
+               "dy: 16 positions x the tile's channels (Zn)");
+        b.add(d, d, t);
+        b.add(src, src, kBlk * kBlk * m_isz);
+      });
+    }
+    m_pipe.l0_loaded(q);
+    Reg c = b.reg("C");
+    select(b, c, r.pt, m_l0c);
+    m_pipe.mmad({m_s.in_type, c, a, bb, r.kext, k, r.n_act}, r.pt, r.ch, r.kk);
+    m_pipe.l0_read(q);
+    m_pipe.next_l0_step();
+  }
+
+  // The tile's rows to out: row block i (img2col column block g = kt * tk / 16 + i: channel
+  // block c1 = g / taps, tap = g % taps) to rows part * taps*C + tap * C + c1 * 16, min(16,
+  // C - c1 * 16) of them.
+  void store_tile(const Reg& st, const Reg& kt, const Reg& nt, const Reg& pt) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "store: the tile's row blocks to their HWIO rows (f32)");
+    Reg kext = b.reg("tile rows"), n_act = b.reg("tile channels"), cdst = b.reg("tile columns"),
+        l0c = b.reg("C"), i = b.reg("row block"), g = b.reg("column block of img2col"),
+        dst = b.reg("destination"), rows = b.reg("rows"), t = b.reg("temp");
+    tile_rows(kt, kext);
+    tile_channels(nt, n_act);
+    {
+      // out + (part * taps*C * pitch + nt * tn) * 4
+      Reg part = b.reg("part");
+      b.div(part, st, m_t.chunks);
+      b.add(part, part, *m_tbeg);
+      b.div(part, part, m_t.k_tiles * m_t.n_tiles, "part");
+      b.mul(part, part, m_taps * m_s.c * m_s.pitch);
+      b.mul(cdst, nt, m_t.tn);
+      b.add(cdst, cdst, part);
+      b.mul(cdst, cdst, m_osz);
+      Reg out = b.load_arg("out");
+      b.add(cdst, cdst, out, "the tile's columns of its part's rows");
+    }
+    m_pipe.l0c_ready(pt, l0c, m_l0c);
+    Reg nb = b.reg("column blocks"), first = b.reg("first row");
+    if (m_pipe.via_ub()) {
+      m_pipe.to_ub({m_s.out_type, cdst, l0c, kext, n_act, m_s.pitch}, pt, nb);
+    } else {
+      b.add(nb, n_act, kBlk - 1);
+      b.shr(nb, nb, 4);
+    }
+    b.shr(kext, kext, 4, "row blocks");
+    b.for_range(i, 0, kext, 1, [&] {
+      b.mul(g, kt, m_t.tk / kBlk);
+      b.add(g, g, i);
+      b.div(t, g, m_taps, "channel block");
+      b.mul(t, t, kBlk, "its first channel");
+      b.movi(rows, m_s.c);
+      b.sub(rows, rows, t);
+      b.min(rows, rows, kBlk, "its channels");
+      b.rem(g, g, m_taps, "tap");
+      b.mul(g, g, m_s.c);
+      b.add(g, g, t, "HWIO row");
+      b.mul(g, g, m_s.pitch * m_osz);
+      b.add(dst, cdst, g);
+      b.mul(first, i, kBlk);
+      if (m_pipe.via_ub()) {
+        m_pipe.ub_to_gm(dst, &first, rows, nb, m_s.pitch * m_osz / kBlkBytes);
+        return;
+      }
+      // The block's rows of each 16-column block: L0C (j * M16 + i * 16) * 16 elements.
+      Reg j = b.reg("column block"), src = b.reg("L0C rows"), cols = b.reg("columns"),
+          m16 = b.reg("C column block bytes");
+      b.mul(src, first, kBlk * kL0cElemBytes);
+      b.add(src, src, l0c);
+      b.mul(m16, kext, kBlk * kBlk * kL0cElemBytes);
+      b.for_range(j, 0, nb, 1, [&] {
+        b.mul(cols, j, -kBlk);
+        b.add(cols, cols, n_act);
+        b.min(cols, cols, kBlk, "channels of the block");
+        b.emit(Opcode::op_fixpipe,
+               {Dtype::F32, m_s.out_type, Buf::GM, dst, src, rows, cols, m_s.pitch, 1, 0, 0},
+               "16 rows x 16 channels to their HWIO rows");
+        b.add(dst, dst, kBlk * m_osz);
+        b.add(src, src, m16);
+      });
+    });
+    if (m_pipe.via_ub())
+      m_pipe.ub_done();
+    else
+      m_pipe.l0c_stored(pt);
+  }
+
+  const FilterGradSpec& m_s;
+  const FilterGradTiling& m_t;
+  KernelBuilder m_b;
+  SlabEmitter m_slab;
+  const int64_t m_isz, m_osz, m_taps, m_k3;
+  CubePipeline m_pipe;
+  Twin m_slab_buf, m_dy_buf, m_l0a, m_l0b, m_l0c;
+  const Reg* m_tbeg = nullptr;
+};
+
+}  // namespace
+
+FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
+                                  const std::string& op) {
+  const CoreKindConfig& core = cube_core(cfg, op);
+  const bool via_ub = cube_store_via_ub(cfg, core, op);
+  check_geometry(op, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
+  if (isa::dtype_size(s.in_type) != 2)
+    throw CompileError(fmt::format("{}: the fused filter gradient takes 16-bit types", op));
+  if (s.parts < 1) throw CompileError(fmt::format("{}: {} parts", op, s.parts));
+  const int64_t isz = 2, taps = s.kh * s.kw, per_c1 = taps * kBlk;
+  const int64_t k3 = ceil_div(s.c, kBlk) * per_c1, positions = s.oh() * s.ow();
+  // Rates (bytes per cycle) and a step's fixed cost beyond its slowest pipe: the hand-overs'
+  // start latencies (GM -> L1, L1 -> L0A and L0B, the cube's pipeline), as the convolution's
+  // planner counts them (ops/conv_tiling.cpp).
+  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  const double l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A),
+               l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
+  const double l1_lat = cfg.path_latency(Buf::L1, Buf::L0A);
+  const double overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * l1_lat + cfg.cube_latency_cycles;
+  const double store_rate = cube_store_rate(cfg);
+  // Per k-tile height: the largest slab planes of a tile and their mean over the tiles.
+  struct Rows {
+    int64_t tk, kc1;
+    double mean_c1;
+  };
+  std::vector<Rows> tks;
+  for (int64_t tk : balanced_sides(k3, kMaxTileRows)) {
+    Rows r{tk, 0, 0};
+    const int64_t n = ceil_div(k3, tk);
+    for (int64_t kt = 0; kt < n; ++kt) {
+      const int64_t c = (std::min(k3, kt * tk + tk) - 1) / per_c1 - kt * tk / per_c1 + 1;
+      r.kc1 = std::max(r.kc1, c);
+      r.mean_c1 += static_cast<double>(c) / static_cast<double>(n);
+    }
+    tks.push_back(r);
+  }
+  const std::vector<int64_t> tns = balanced_sides(s.cout, kMaxTile);
+  FilterGradTiling best;
+  for (int64_t tp : balanced_sides(positions, kMaxChunk)) {
+    const std::vector<SlabGeom> mts = m_tiles(positions, tp, s.ow(), s.h, s.kh, s.sh, s.dh, s.pt);
+    int64_t rows = 0;
+    double mean_rows = 0;
+    for (const SlabGeom& g : mts) {
+      rows = std::max(rows, g.h);
+      mean_rows += static_cast<double>(g.h) / static_cast<double>(mts.size());
+    }
+    const int64_t all_chunks = s.images * static_cast<int64_t>(mts.size());
+    if (all_chunks % s.parts != 0) continue;  // parts of equal chunks
+    const int64_t chunks = all_chunks / s.parts;
+    const double mean_tp = static_cast<double>(positions) / static_cast<double>(mts.size());
+    for (const Rows& kr : tks) {
+      for (int64_t tn : tns) {
+        FilterGradTiling t;
+        t.tk = kr.tk;
+        t.tn = tn;
+        t.tp = tp;
+        t.ks = cube_k_step(core, cfg, t.tk, t.tn, isz, std::min(tp, kMaxTile));
+        if (t.ks == 0) continue;
+        t.kc1 = kr.kc1;
+        t.slab_rows = rows;
+        t.slab_bytes = slab_buffer_bytes(t.kc1, rows, s.w);
+        t.l0c_buffers = l0c_buffer_count(core, cfg, t.tk * t.tn * kL0cElemBytes);
+        if (t.l0c_buffers == 0) continue;
+        if (!FilterGradBuffers(t, isz, t.l0c_buffers).fit(core, cfg)) continue;
+        if (via_ub && t.tk * t.tn * kL0cElemBytes > static_cast<int64_t>(core.capacity(Buf::UB)))
+          continue;
+        t.k_tiles = ceil_div(k3, t.tk);
+        t.n_tiles = ceil_div(s.cout, t.tn);
+        t.m_tiles = static_cast<int64_t>(mts.size());
+        t.chunks = chunks;
+        t.tiles = s.parts * t.k_tiles * t.n_tiles;
+        const CubeSplit split = contiguous_split(t.tiles, core.count);
+        t.per = split.per;
+        t.block_dim = split.block_dim;
+        // A chunk: the slowest of its loads (slab planes x rows x width, dy rows) and its L0
+        // steps (each the slower of the cube and the L1 -> L0 copies), plus the hand-overs.
+        const double slab = kr.mean_c1 * mean_rows * static_cast<double>(s.w) * kBlkBytes;
+        const double mte2 = (slab + mean_tp * static_cast<double>(tn * isz)) / gm_rate;
+        const double l0_steps = std::ceil(mean_tp / static_cast<double>(t.ks));
+        const double cube =
+            static_cast<double>(t.ks * ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
+            static_cast<double>(cfg.cube_k);
+        const double mte1 =
+            static_cast<double>(t.ks * (t.tk + t.tn) * isz) / std::min(l0a_rate, l0b_rate);
+        const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
+        const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
+        t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store);
+        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
+        // every read counted at HBM (L2 hits ignored; they matter little at large batches,
+        // whose chunks' data no longer stays in L2 between the tiles that read it).
+        const double bytes =
+            static_cast<double>(t.tiles) *
+            (static_cast<double>(chunks) * (slab + mean_tp * static_cast<double>(tn * isz)) +
+             static_cast<double>(t.tk * t.tn * kL0cElemBytes));
+        t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
+        if (!best.tk || t.cycles < best.cycles) best = t;
+      }
+    }
+  }
+  if (best.tk) return best;
+  throw CompileError(
+      fmt::format("{}: no filter-gradient tile fits the cube core of chip {}", op, cfg.name));
+}
+
+Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
+                         const std::string& op) {
+  Launch l;
+  l.kernel = FilterGradEmitter(s, t, cfg, op).emit();
+  l.block_dim = t.block_dim;
+  l.summary = fmt::format(
+      "img2col(x)^T x dy by load3dt, x {}x{}x{}x{} ({}x{} window) x {} channels, {} parts: tiles "
+      "of {} rows x {} channels over chunks of {} positions (L0 steps of {}), {} tiles over {} "
+      "blocks",
+      s.images, s.h, s.w, s.c, s.kh, s.kw, s.cout, s.parts, t.tk, t.tn, t.tp, t.ks, t.tiles,
+      t.block_dim);
+  return l;
+}
+
+}  // namespace npusim::compiler::ops
