@@ -341,15 +341,16 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
 // cast16 term) and the fold's a and shift in f32 (a few 2^-24 relative, counted as terms of
 // |shift| in the sums); ReLU moves no value further from the reference.
 // x_type / y_type f16: the fp16 hand-off between two fused convolutions (Tx / Tout); the
-// output is then rounded once to f16 (its half ulp in the bound).
-inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t seed,
-                                    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                                    DataType x_type = DataType::F32,
-                                    DataType y_type = DataType::F32) {
+// output is then rounded once to f16 (its half ulp in the bound). relu6: min(max(y, 0), 6)
+// (MobileNet's; relu is then ignored, as the op does). Returns the launches' kernel names.
+inline std::vector<std::string> check_conv2d_batch_norm(
+    const ConvCase& c, bool relu, bool bias, uint32_t seed,
+    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, DataType x_type = DataType::F32,
+    DataType y_type = DataType::F32, bool relu6 = false) {
   INFO("Conv2DBatchNormInference x ["
        << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw
        << " -> " << c.cout << " stride " << c.sh << " groups " << c.groups << (relu ? " relu" : "")
-       << (bias ? " bias" : ""));
+       << (relu6 ? " relu6" : "") << (bias ? " bias" : ""));
   const int64_t co = c.cout;
   HostTensor x = random_tensor(x_type, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
@@ -365,6 +366,7 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
   auto attrs = c.attrs();
   attrs["epsilon"] = 0.001;
   attrs["relu"] = relu;
+  attrs["relu6"] = relu6;
   attrs["Tx"] = std::string(compiler::data_type_name(x_type));
   attrs["Tout"] = std::string(compiler::data_type_name(y_type));
   compiler::CompiledKernel k = compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs),
@@ -387,7 +389,8 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
     ref.value[i] += shift;
     ref.abs_sum[i] += 4 * (std::fabs(shift) + std::fabs(m * a[j]));
     ref.terms[i] += 4;
-    if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
+    if (relu || relu6) ref.value[i] = std::max(ref.value[i], 0.0);
+    if (relu6) ref.value[i] = std::min(ref.value[i], 6.0);
   }
   const DataType rounded = mode == PrecisionMode::kAllowMixPrecision || y_type == DataType::F16
                                ? DataType::F16
@@ -409,6 +412,9 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
     RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);
     CHECK(own.outputs[0].values == r.outputs[0].values);
   }
+  std::vector<std::string> names;
+  for (const compiler::Launch& l : k.launches) names.push_back(l.kernel.program.name);
+  return names;
 }
 
 // Conv2DBiasAdd (the graph fusion's Conv2D -> BiasAdd [-> Relu], f32) against the double

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
 #include "isa/layout.h"
@@ -88,6 +89,15 @@ struct CubeConvSpec {
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
   bool bias = false, relu = false;
+  // Batch norm at inference in the way out through the UB (coupled chips, where L0C -> UB
+  // passes the vector unit): FIXPIPE writes the tile to the UB as f32, the vector unit computes
+  // y = y * a[c] + shift[c] and the activation `act` on it and rounds it once to out_type, MTE3
+  // stores it. a and shift are f32 [cy] arguments "a" and "shift" (after y and bias, readable
+  // in whole 32-byte blocks: a workspace slice), loaded into the UB once per block. Needs
+  // the UB path (not with bias or bn_stats); groups' and tiles' first channels are multiples
+  // of 8 (whole f32 blocks).
+  bool bn_affine = false;
+  Activation act = Activation::kNone;
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,
   // read y back (from the L2 it was just written to) and sum its channels: per vector core f32
@@ -110,6 +120,10 @@ struct CubeConvSpec {
   int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
   int64_t pitch() const { return y_pitch ? y_pitch : cy; }
 };
+
+// bn_affine: bytes of one of the UB tables a and shift (f32 per channel, 64 lanes of slack:
+// the last column group's masked lanes); 0 without.
+int64_t conv_bn_table_bytes(const CubeConvSpec& s);
 
 // The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
 // of kc1 channel blocks (all taps); one L0C buffer per tile.

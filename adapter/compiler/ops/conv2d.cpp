@@ -264,7 +264,7 @@ struct BnStats {
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr,
-                      const ArgRef* y_f32 = nullptr) {
+                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr) {
   const TensorDesc& out = k.outputs[0];
   if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
     ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
@@ -282,6 +282,11 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
+  if (spec.bn_affine) {
+    if (!bn) ctx.op.fail("internal: the convolution's batch-norm epilogue needs its fold");
+    args.push_back(bn->a);
+    args.push_back(bn->shift);
+  }
   spec.bn_stats = stats && stats->wanted && ctx.cfg.split && !padded &&
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
                   (spec.cy * osz) % layout::kBlockBytes == 0;
@@ -316,6 +321,21 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
                                  const BatchNormFold& fold, DataType y_type) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
+  // Where tiles leave L0C through the UB (coupled cores: the L0C -> UB path passes the vector
+  // unit), the batch norm runs there, in the convolution's own kernel (CubeConvSpec::bn_affine),
+  // as CANN's fused Conv2D + BNInference (+ ReLU6) on these cores: no f32 y in GM, one launch.
+  // Its tables are read in whole f32 blocks per group, so a group's channels are whole blocks.
+  const CoreKindConfig& core = cube_core(ctx.cfg, ctx.op.str());
+  if (cube_store_via_ub(ctx.cfg, core, ctx.op.str()) && (s.groups == 1 || s.cg_out % 8 == 0)) {
+    CubeConvSpec e = s;
+    e.bn_affine = true;
+    e.act = act;
+    e.name = fmt::format("{}{}_{}", ctx.op.type, activation_name(act), data_type_name(y_type));
+    ct.fix_out = device_dtype(y_type);
+    ct.widen = false;
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold);
+    return;
+  }
   if (y_type != DataType::F16) {
     append_cube_conv(k, ctx, ct, s, x, w);
     append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),

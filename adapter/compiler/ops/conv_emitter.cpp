@@ -109,6 +109,10 @@ class ConvEmitter {
     b.declare_arg("w", m_s.in_type, {});
     b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
     if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
+    if (m_s.bn_affine) {
+      b.declare_arg("a", Dtype::F32, {m_s.cy});
+      b.declare_arg("shift", Dtype::F32, {m_s.cy});
+    }
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
     Reg steps = b.reg("steps of this block: tiles x chunks");
@@ -124,6 +128,7 @@ class ConvEmitter {
     Reg prev_key;
     CubePipeline::Hooks hooks;
     hooks.setup = [&] {
+      if (m_s.bn_affine) load_bn_tables();
       prev_key =
           b.reg_imm("resident weights: 2 * (group * n_tiles + n tile) + loading (-2: none)", -2);
       m_prev_key = &prev_key;
@@ -177,6 +182,24 @@ class ConvEmitter {
 
   bool resident() const { return m_t.resident; }
 
+  // bn_affine: the batch norm's a and shift (f32 [cy] each) into the UB tables, once per block,
+  // before any tile reaches the vector unit.
+  void load_bn_tables() {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "batch-norm a and shift into the UB");
+    const int64_t blocks = ceil_div(m_s.cy * kL0cElemBytes, kBlkBytes);
+    Reg dst = b.reg("tables: UB address");
+    for (const auto& [arg, at] : {std::pair<const char*, uint64_t>{"a", m_bn_a},
+                                  std::pair<const char*, uint64_t>{"shift", m_bn_shift}}) {
+      Reg src = b.load_arg(arg);
+      b.movi(dst, static_cast<int64_t>(at));
+      b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, fmt::format("{}[0, cy)", arg));
+    }
+    const int loaded = b.flag(Pipe::MTE2, Pipe::V, "batch-norm tables loaded");
+    b.set_flag(Pipe::MTE2, Pipe::V, loaded);
+    b.wait_flag(Pipe::MTE2, Pipe::V, loaded);
+  }
+
   // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
   // and, through the UB, the UB.
   void allocate() {
@@ -192,10 +215,26 @@ class ConvEmitter {
         bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(bias_bytes), 2, m_s.bias);
     const bool via_ub =
         cube_store_via_ub(m_b.config(), cube_core(m_b.config(), m_b.op()), m_b.op());
+    if (m_s.bn_affine && !via_ub)
+      m_b.fail("internal: the batch norm in the convolution's epilogue needs the UB path");
     BufferPlan ub(Buf::UB);
     const auto cu =
         ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), 1, via_ub);
-    if (via_ub) m_pipe.store_via_ub(ub.allocate(m_b, 0)[cu]);
+    const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
+                                  static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), 1,
+                                  m_s.bn_affine);
+    const uint64_t table = static_cast<uint64_t>(conv_bn_table_bytes(m_s));
+    const auto ta = ub.add_fixed("batch-norm a", table, 1, m_s.bn_affine);
+    const auto ts = ub.add_fixed("batch-norm shift", table, 1, m_s.bn_affine);
+    if (via_ub) {
+      const BufferPlan::Placed pu = ub.allocate(m_b, 0);
+      m_pipe.store_via_ub(pu[cu]);
+      if (m_s.bn_affine)
+        m_pipe.affine_via_ub(
+            {pu[c32], pu[ta], pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8});
+      m_bn_a = pu[ta];
+      m_bn_shift = pu[ts];
+    }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
     m_slab_buf = p1.twin(l1.slab);
@@ -380,12 +419,17 @@ class ConvEmitter {
         msl = b.reg("compute: first img2col row in the slab"), chan = b.reg("compute: channels"),
         kc = b.reg("compute: k in the chunk"), n_act = b.reg("compute: columns"),
         cdst = b.reg("compute: output address"), bbase = b.reg("compute: B of the chunk in L1");
+    Reg chan0 = b.reg("compute: the tile's first channel");
     {
       Reg key = b.reg("compute: weight key"), n0 = b.reg("compute: n0");
       TileRegs t{ch, m_act, msl, chan, kc, n_act, cdst, bbase, key, n0};
       tile_output(s, t);
       chunk_operands(s, t);
+      b.div(chan0, key, m_t.n_tiles);
+      b.mul(chan0, chan0, m_s.cg_out);
+      b.add(chan0, chan0, n0, "first channel: group * cg_out + n0");
     }
+    if (!m_s.bn_affine) chan0.release();
     Reg p = b.reg("compute: L1 parity"), pt = b.reg("compute: L0C parity");
     m_pipe.l1_parity(p, s);
     if (m_t.l0c_buffers == 2) {
@@ -406,7 +450,9 @@ class ConvEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      const CubePipeline::Store st{m_s.out_type, cdst, l0c, m_act, n_act, m_s.pitch(), m_s.relu};
+      const CubePipeline::Store st{m_s.out_type, cdst,           l0c,
+                                   m_act,        n_act,          m_s.pitch(),
+                                   m_s.relu,     m_s.bn_affine ? &chan0 : nullptr};
       if (stacked())
         store_stacked(s, st, pt);
       else
@@ -681,6 +727,7 @@ class ConvEmitter {
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
+  uint64_t m_bn_a = 0, m_bn_shift = 0;  // bn_affine: the UB tables
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;
 };

@@ -25,6 +25,10 @@ constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
 struct ConvRates {
   double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
+  // Vector cycles per output element of the batch norm in the epilogue (bn_affine): its
+  // passes over the f32 tile (multiply, add, the activation's, the rounding or packing copy
+  // into the output tile), 0 without.
+  double affine_per_elem = 0;
 };
 
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
@@ -47,6 +51,15 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
   // What a step adds beyond its slowest pipe: the hand-overs between pipes, each paying its
   // start latency once (GM -> L1, L1 -> L0A and L0B, the cube's pipeline).
   r.step_overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * r.l1_lat + r.cube_lat;
+  return r;
+}
+
+ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const CubeConvSpec& s) {
+  ConvRates r = conv_rates(cfg, core);
+  if (s.bn_affine) {
+    const int passes = 3 + (s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0);
+    r.affine_per_elem = static_cast<double>(passes * kL0cElemBytes) / cfg.vector_bytes_per_cycle;
+  }
   return r;
 }
 
@@ -133,7 +146,8 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
   const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
                       static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                           static_cast<double>(c.kchunk / cfg.cube_k);
-  const double fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate;
+  const double fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
+                     static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * r.affine_per_elem;
   double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
   if (!t.resident || first)
     load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
@@ -261,7 +275,14 @@ struct ConvPlanner {
     // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
     const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
     if (2 * bias_bytes > static_cast<int64_t>(core.capacity(Buf::BT))) return;
-    if (via_ub && c.t.tm * tn16 * c.osz > static_cast<int64_t>(core.capacity(Buf::UB))) return;
+    // Through the UB: the output tile (and with the batch norm, the f32 tile when narrower
+    // and the two tables; f32 rows of at most kMaxRepeat blocks: a vector repeat stride).
+    int64_t ub_bytes = c.t.tm * tn16 * c.osz;
+    if (s.bn_affine) {
+      if (tn16 / 8 > field_max(isa::FieldKind::RU8)) return;
+      ub_bytes += c.t.tm * tn16 * kL0cElemBytes + 2 * conv_bn_table_bytes(s);
+    }
+    if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;
     c.t.tn = tn;
     c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
     if (!c.t.l0c_buffers) return;
@@ -300,6 +321,10 @@ struct ConvPlanner {
 
 }  // namespace
 
+int64_t conv_bn_table_bytes(const CubeConvSpec& s) {
+  return s.bn_affine ? (round_up(s.cy, 64) + 64) * kL0cElemBytes : 0;
+}
+
 std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
@@ -333,7 +358,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
                     "(groups {}, chip {})",
                     op, s.groups, cfg.name));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core), stack, via_ub, {}};
+  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   const CubeConvTiling best = choose(planner.plans);
   if (best.tm == 0)

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -132,7 +134,11 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0_free = m_b.flag_pair(Pipe::M, Pipe::MTE1, n.l0_free);
   m_l0c_full = m_b.flag_pair(Pipe::M, Pipe::FIX, n.l0c_full);
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
-  if (m_via_ub) {
+  if (m_via_ub && m_affine) {
+    m_f32_full = m_b.flag(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
+    m_ub_full = m_b.flag(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
+    m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+  } else if (m_via_ub) {
     m_ub_full = m_b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
     m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
   }
@@ -218,6 +224,22 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.mul(row_blocks, row, 1, "blocks per row");
   b.mul(row, row, per_block, "UB row pitch");
   b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
+  if (m_affine) {
+    // f32 rows of the widest tile's blocks for the vector unit, then the epilogue into the
+    // output tile.
+    row.release();
+    b.emit(Opcode::op_fixpipe,
+           {Dtype::F32, Dtype::F32, Buf::UB, m_aff.tile32, s.l0c, s.rows, s.cols,
+            m_aff.row_blocks32 * kBlockLanes32, 1, 0, 0},
+           "C tile to UB (ND, f32)");
+    l0c_stored(pt);
+    b.set_flag(Pipe::FIX, Pipe::V, m_f32_full);
+    b.wait_flag(Pipe::FIX, Pipe::V, m_f32_full);
+    affine_in_ub(s, row_blocks);
+    b.set_flag(Pipe::V, Pipe::MTE3, m_ub_full);
+    b.wait_flag(Pipe::V, Pipe::MTE3, m_ub_full);
+    return;
+  }
   b.emit(Opcode::op_fixpipe,
          {Dtype::F32, s.out_type, Buf::UB, m_ub_tile, s.l0c, s.rows, s.cols, row, 1, s.relu ? 1 : 0,
           0},
@@ -225,6 +247,70 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   l0c_stored(pt);
   b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+}
+
+void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "batch norm on the tile in the UB: y * a + shift, activation");
+  if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
+  const bool narrow = s.out_type != Dtype::F32;
+  const int64_t pitch32 = m_aff.row_blocks32, osz = isa::dtype_size(s.out_type);
+  const int64_t to_shift =
+      static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);  // table to table
+  // Unrolled over the tile's largest extent: column groups of 64 f32 lanes (one repeat; the
+  // last group's lanes past cols masked off) and row chunks of kMaxRepeat rows (the repeats;
+  // the tables' repeat stride 0: every row reads the same 64 channels). Three registers: the
+  // mask (then the scalars and the output address), the rows and the table address.
+  Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
+      table = b.reg("affine: a (then shift) of the group");
+  for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
+    b.if_(ge(s.cols, col + 1), [&] {
+      b.sub(mask, s.cols, col, "the group's lanes");
+      b.movi(rep, -1, "all 64 lanes");
+      b.if_(lt(mask, kLanes32), [&] {
+        b.movi(rep, 1);
+        b.shl(rep, rep, mask);
+        b.sub(rep, rep, 1, "lanes [0, cols - col)");
+      });
+      b.emit(Opcode::op_set_mask, {0, rep});
+      for (int64_t r0 = 0; r0 < m_aff.max_rows; r0 += kMaxRepeat) {
+        b.if_(ge(s.rows, r0 + 1), [&] {
+          b.sub(rep, s.rows, r0);
+          b.min(rep, rep, kMaxRepeat, "rows of this instruction");
+          b.add(table, *s.channel0, col);
+          b.mul(table, table, kL0cElemBytes);
+          b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
+          const int64_t y = static_cast<int64_t>(m_aff.tile32) +
+                            r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
+          b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                 "y * a");
+          b.add(table, table, to_shift, "shift[channel]");
+          b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                 "+ shift");
+          if (m_aff.act == Activation::kRelu)
+            b.emit(Opcode::op_vrelu, {Dtype::F32, y, y, rep, 1, 1, pitch32, pitch32}, "ReLU");
+          if (m_aff.act == Activation::kRelu6) {
+            b.movi(mask, vector_scalar_bits(Dtype::F32, 0.0));
+            b.emit(Opcode::op_vmaxs, {Dtype::F32, y, y, mask, rep, 1, 1, pitch32, pitch32},
+                   "max 0");
+            b.movi(mask, vector_scalar_bits(Dtype::F32, 6.0));
+            b.emit(Opcode::op_vmins, {Dtype::F32, y, y, mask, rep, 1, 1, pitch32, pitch32},
+                   "min 6");
+          }
+          // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
+          b.mul(mask, blocks, r0 * layout::kBlockBytes);
+          b.add(mask, mask, static_cast<int64_t>(m_ub_tile) + col * osz, "output address");
+          if (narrow)
+            b.emit(Opcode::op_vconv, {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
+                                      static_cast<int64_t>(RoundMode::kRint)},
+                   "rounded once to the output type");
+          else
+            b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
+                   "rows packed to the output's pitch");
+        });
+      }
+    });
+  }
 }
 
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,
