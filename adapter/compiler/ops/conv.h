@@ -121,9 +121,17 @@ struct CubeConvSpec {
   int64_t pitch() const { return y_pitch ? y_pitch : cy; }
 };
 
-// bn_affine: bytes of one of the UB tables a and shift (f32 per channel, 64 lanes of slack:
-// the last column group's masked lanes); 0 without.
-int64_t conv_bn_table_bytes(const CubeConvSpec& s);
+// bn_affine's UB tables for tiles tn wide (each of a and shift): the plain table, f32 per
+// channel with 64 lanes of slack (the last column group's masked lanes); and for narrow tiles
+// (dense: every tile's f32 rows exactly `width` = 16 or 32 lanes, its output rows whole blocks
+// of that width) the replicated table, 256 bytes per `width` channels holding them 64 / width
+// times, so that one 64-lane repeat covers 64 / width rows of the tile.
+struct ConvBnTables {
+  bool dense = false;
+  int64_t width = 0;                      // dense: the tiles' row width in f32 lanes
+  int64_t plain_bytes = 0, rep_bytes = 0;  // each of a and shift
+};
+ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn);
 
 // The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
 // of kc1 channel blocks (all taps); one L0C buffer per tile.

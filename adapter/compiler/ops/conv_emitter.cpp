@@ -40,6 +40,7 @@
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 
 namespace npusim::compiler::ops {
@@ -198,6 +199,20 @@ class ConvEmitter {
     const int loaded = b.flag(Pipe::MTE2, Pipe::V, "batch-norm tables loaded");
     b.set_flag(Pipe::MTE2, Pipe::V, loaded);
     b.wait_flag(Pipe::MTE2, Pipe::V, loaded);
+    if (!m_bn.dense) return;
+    // Replicated: channel group i (width w) at i * 256 bytes, copy r at r * w lanes: one
+    // masked vector copy per copy r, a repeat per group (source repeat stride w / 8 blocks).
+    const int64_t w = m_bn.width, groups = ceil_div(m_s.cy, w);
+    set_mask_lanes(b, lane_range(0, w));
+    for (const auto& [from, to] : {std::pair<uint64_t, uint64_t>{m_bn_a, m_bn_rep_a},
+                                   std::pair<uint64_t, uint64_t>{m_bn_shift, m_bn_rep_shift}})
+      for (int64_t r = 0; r < kLanes32 / w; ++r)
+        for (int64_t g0 = 0; g0 < groups; g0 += kMaxRepeat)
+          b.emit(Opcode::op_vcopy,
+                 {Dtype::S32, static_cast<int64_t>(to) + (g0 * kLanes32 + r * w) * kL0cElemBytes,
+                  static_cast<int64_t>(from) + g0 * w * kL0cElemBytes,
+                  std::min(kMaxRepeat, groups - g0), 1, 1, 8, w / 8},
+                 "replicate the channel group");
   }
 
   // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
@@ -223,17 +238,26 @@ class ConvEmitter {
     const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
                                   static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), 1,
                                   m_s.bn_affine);
-    const uint64_t table = static_cast<uint64_t>(conv_bn_table_bytes(m_s));
-    const auto ta = ub.add_fixed("batch-norm a", table, 1, m_s.bn_affine);
-    const auto ts = ub.add_fixed("batch-norm shift", table, 1, m_s.bn_affine);
+    m_bn = conv_bn_tables(m_s, m_t.tn);
+    const auto ta = ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1,
+                                 m_s.bn_affine);
+    const auto ts = ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1,
+                                 m_s.bn_affine);
+    const auto ra = ub.add_fixed("batch-norm a (replicated)",
+                                 static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
+    const auto rs = ub.add_fixed("batch-norm shift (replicated)",
+                                 static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
     if (via_ub) {
       const BufferPlan::Placed pu = ub.allocate(m_b, 0);
       m_pipe.store_via_ub(pu[cu]);
-      if (m_s.bn_affine)
-        m_pipe.affine_via_ub(
-            {pu[c32], pu[ta], pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8});
       m_bn_a = pu[ta];
       m_bn_shift = pu[ts];
+      m_bn_rep_a = pu[ra];
+      m_bn_rep_shift = pu[rs];
+      if (m_s.bn_affine)
+        m_pipe.affine_via_ub({pu[c32], m_bn.dense ? pu[ra] : pu[ta],
+                              m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
+                              m_bn.dense});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
@@ -727,7 +751,8 @@ class ConvEmitter {
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
-  uint64_t m_bn_a = 0, m_bn_shift = 0;  // bn_affine: the UB tables
+  ConvBnTables m_bn;                    // bn_affine: its UB tables
+  uint64_t m_bn_a = 0, m_bn_shift = 0, m_bn_rep_a = 0, m_bn_rep_shift = 0;
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;
 };

@@ -280,7 +280,8 @@ struct ConvPlanner {
     int64_t ub_bytes = c.t.tm * tn16 * c.osz;
     if (s.bn_affine) {
       if (tn16 / 8 > field_max(isa::FieldKind::RU8)) return;
-      ub_bytes += c.t.tm * tn16 * kL0cElemBytes + 2 * conv_bn_table_bytes(s);
+      const ConvBnTables bt = conv_bn_tables(s, tn);
+      ub_bytes += c.t.tm * tn16 * kL0cElemBytes + 2 * (bt.plain_bytes + bt.rep_bytes);
     }
     if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;
     c.t.tn = tn;
@@ -321,8 +322,25 @@ struct ConvPlanner {
 
 }  // namespace
 
-int64_t conv_bn_table_bytes(const CubeConvSpec& s) {
-  return s.bn_affine ? (round_up(s.cy, 64) + 64) * kL0cElemBytes : 0;
+ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
+  ConvBnTables t;
+  if (!s.bn_affine) return t;
+  constexpr int64_t kLanes = 64;  // f32 lanes of one vector repeat
+  t.plain_bytes = (round_up(s.cy, kLanes) + kLanes) * kL0cElemBytes;
+  const int64_t w = round_up(std::min(tn, s.cg_out), kBlk);
+  if (w != 16 && w != 32) return t;
+  // Every tile's output row (n_act channels) must be whole blocks of exactly w lanes: the
+  // first and last group's first and last n tile cover the n_act values there are.
+  const int64_t per_block = kBlkBytes / isa::dtype_size(s.out_type), n_tiles = ceil_div(s.cg_out, tn);
+  for (int64_t g : {int64_t{0}, s.groups - 1})
+    for (int64_t nt : {int64_t{0}, n_tiles - 1}) {
+      const int64_t n_act = std::min(tn, std::min(s.cg_out, s.cy - g * s.cg_out) - nt * tn);
+      if (n_act <= 0 || round_up(n_act, per_block) != w) return t;
+    }
+  t.dense = true;
+  t.width = w;
+  t.rep_bytes = ceil_div(s.cy, w) * kLanes * kL0cElemBytes;
+  return t;
 }
 
 std::string CubeConvTiling::str() const {

@@ -235,7 +235,10 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
     l0c_stored(pt);
     b.set_flag(Pipe::FIX, Pipe::V, m_f32_full);
     b.wait_flag(Pipe::FIX, Pipe::V, m_f32_full);
-    affine_in_ub(s, row_blocks);
+    if (m_aff.dense)
+      affine_dense_in_ub(s);
+    else
+      affine_in_ub(s, row_blocks);
     b.set_flag(Pipe::V, Pipe::MTE3, m_ub_full);
     b.wait_flag(Pipe::V, Pipe::MTE3, m_ub_full);
     return;
@@ -287,16 +290,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           b.add(table, table, to_shift, "shift[channel]");
           b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                  "+ shift");
-          if (m_aff.act == Activation::kRelu)
-            b.emit(Opcode::op_vrelu, {Dtype::F32, y, y, rep, 1, 1, pitch32, pitch32}, "ReLU");
-          if (m_aff.act == Activation::kRelu6) {
-            b.movi(mask, vector_scalar_bits(Dtype::F32, 0.0));
-            b.emit(Opcode::op_vmaxs, {Dtype::F32, y, y, mask, rep, 1, 1, pitch32, pitch32},
-                   "max 0");
-            b.movi(mask, vector_scalar_bits(Dtype::F32, 6.0));
-            b.emit(Opcode::op_vmins, {Dtype::F32, y, y, mask, rep, 1, 1, pitch32, pitch32},
-                   "min 6");
-          }
+          affine_activation(y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
           b.mul(mask, blocks, r0 * layout::kBlockBytes);
           b.add(mask, mask, static_cast<int64_t>(m_ub_tile) + col * osz, "output address");
@@ -311,6 +305,45 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
       }
     });
   }
+}
+
+void CubePipeline::affine_activation(Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar) {
+  KernelBuilder& b = m_b;
+  if (m_aff.act == Activation::kRelu)
+    b.emit(Opcode::op_vrelu, {Dtype::F32, y, y, repeat, 1, 1, rep_stride, rep_stride}, "ReLU");
+  if (m_aff.act != Activation::kRelu6) return;
+  b.movi(scalar, vector_scalar_bits(Dtype::F32, 0.0));
+  b.emit(Opcode::op_vmaxs, {Dtype::F32, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride},
+         "max 0");
+  b.movi(scalar, vector_scalar_bits(Dtype::F32, 6.0));
+  b.emit(Opcode::op_vmins, {Dtype::F32, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride},
+         "min 6");
+}
+
+void CubePipeline::affine_dense_in_ub(const Store& s) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "batch norm on the tile in the UB (one run): y * a + shift");
+  if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
+  const int64_t w = m_aff.max_cols, osz = isa::dtype_size(s.out_type);
+  const int64_t y = static_cast<int64_t>(m_aff.tile32);
+  Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile");
+  b.mul(n, s.rows, w, "rows x width");
+  b.emit(Opcode::op_set_mask_count, {n});
+  b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
+  b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
+  b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+  b.add(table, table,
+        static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a), "shift (replicated)");
+  b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  affine_activation(y, 0, 8, n);
+  if (s.out_type != Dtype::F32)
+    b.emit(Opcode::op_vconv, {s.out_type, Dtype::F32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1,
+                              kLanes32 * osz / layout::kBlockBytes, 8,
+                              static_cast<int64_t>(RoundMode::kRint)},
+           "rounded once to the output type");
+  else
+    b.emit(Opcode::op_vcopy, {Dtype::S32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1, 8, 8},
+           "to the output tile");
 }
 
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,

@@ -114,11 +114,15 @@ class CubePipeline {
   // channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call after
   // store_via_ub, before declare_flags.
   // max_rows x max_cols: the largest tile; row_blocks32: the f32 tile's row pitch in blocks
-  // (>= max_cols / 8, at most a repeat stride's 255).
+  // (>= max_cols / 8, at most a repeat stride's 255). dense (ConvBnTables): every tile's rows
+  // are exactly max_cols (16 or 32) lanes in both the f32 tile and the output, so the tile is
+  // one contiguous run and a and shift are the replicated tables, 256 bytes per max_cols
+  // channels (the tile's at channel0 / max_cols * 256).
   struct ChannelAffine {
     uint64_t tile32 = 0, a = 0, shift = 0;
     Activation act = Activation::kNone;
     int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
+    bool dense = false;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
@@ -220,6 +224,10 @@ class CubePipeline {
   // The affine epilogue on the UB tile (after FIXPIPE, before MTE3): rows x cols f32 at
   // tile32 in rows of row_blocks32 blocks -> the output tile (rows of row_blocks blocks).
   void affine_in_ub(const Store& s, const Reg& row_blocks);
+  // dense: the tile as one run of rows * max_cols lanes (counter mode).
+  void affine_dense_in_ub(const Store& s);
+  // The activation in place on the f32 lanes at y (the current mask), `scalar` a scratch.
+  void affine_activation(Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
 
   bool m_via_ub = false;
   uint64_t m_ub_tile = 0;
