@@ -26,8 +26,8 @@ constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count
 struct ConvRates {
   double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
   // Vector cycles per output element of the batch norm in the epilogue (bn_affine): its
-  // passes over the f32 tile (multiply, add, the activation's, the rounding or packing copy
-  // into the output tile), 0 without.
+  // passes over the f32 tile (multiply, add, the rounding or packing copy into the output
+  // tile) and the activation's over the output tile, 0 without.
   double affine_per_elem = 0;
 };
 
@@ -57,8 +57,10 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const CubeConvSpec& s) {
   ConvRates r = conv_rates(cfg, core);
   if (s.bn_affine) {
-    const int passes = 3 + (s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0);
-    r.affine_per_elem = static_cast<double>(passes * kL0cElemBytes) / cfg.vector_bytes_per_cycle;
+    const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0;
+    r.affine_per_elem = static_cast<double>(3 * kL0cElemBytes +
+                                            act * isa::dtype_size(s.out_type)) /
+                        cfg.vector_bytes_per_cycle;
   }
   return r;
 }

@@ -239,6 +239,16 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       affine_dense_in_ub(s);
     else
       affine_in_ub(s, row_blocks);
+    if (s.out_type != Dtype::F32 && m_aff.act != Activation::kNone) {
+      // A narrower output takes its activation after the rounding, on the output tile as one
+      // run (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the
+      // same values (rounding is monotone, 0 and 6 are exact in f16).
+      Reg n = b.reg("affine: output lanes");
+      b.mul(n, s.rows, row_blocks);
+      b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+      b.emit(Opcode::op_set_mask_count, {n});
+      affine_activation(s.out_type, static_cast<int64_t>(m_ub_tile), 0, 8, n);
+    }
     b.set_flag(Pipe::V, Pipe::MTE3, m_ub_full);
     b.wait_flag(Pipe::V, Pipe::MTE3, m_ub_full);
     return;
@@ -290,7 +300,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           b.add(table, table, to_shift, "shift[channel]");
           b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                  "+ shift");
-          affine_activation(y, rep, pitch32, mask);
+          if (!narrow) affine_activation(Dtype::F32, y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
           b.mul(mask, blocks, r0 * layout::kBlockBytes);
           b.add(mask, mask, static_cast<int64_t>(m_ub_tile) + col * osz, "output address");
@@ -307,17 +317,16 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
   }
 }
 
-void CubePipeline::affine_activation(Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar) {
+void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_stride,
+                                     const Reg& scalar) {
   KernelBuilder& b = m_b;
   if (m_aff.act == Activation::kRelu)
-    b.emit(Opcode::op_vrelu, {Dtype::F32, y, y, repeat, 1, 1, rep_stride, rep_stride}, "ReLU");
+    b.emit(Opcode::op_vrelu, {t, y, y, repeat, 1, 1, rep_stride, rep_stride}, "ReLU");
   if (m_aff.act != Activation::kRelu6) return;
-  b.movi(scalar, vector_scalar_bits(Dtype::F32, 0.0));
-  b.emit(Opcode::op_vmaxs, {Dtype::F32, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride},
-         "max 0");
-  b.movi(scalar, vector_scalar_bits(Dtype::F32, 6.0));
-  b.emit(Opcode::op_vmins, {Dtype::F32, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride},
-         "min 6");
+  b.movi(scalar, vector_scalar_bits(t, 0.0));
+  b.emit(Opcode::op_vmaxs, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "max 0");
+  b.movi(scalar, vector_scalar_bits(t, 6.0));
+  b.emit(Opcode::op_vmins, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "min 6");
 }
 
 void CubePipeline::affine_dense_in_ub(const Store& s) {
@@ -335,7 +344,7 @@ void CubePipeline::affine_dense_in_ub(const Store& s) {
   b.add(table, table,
         static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a), "shift (replicated)");
   b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
-  affine_activation(y, 0, 8, n);
+  if (s.out_type == Dtype::F32) affine_activation(Dtype::F32, y, 0, 8, n);
   if (s.out_type != Dtype::F32)
     b.emit(Opcode::op_vconv, {s.out_type, Dtype::F32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1,
                               kLanes32 * osz / layout::kBlockBytes, 8,

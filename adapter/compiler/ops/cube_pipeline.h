@@ -107,9 +107,9 @@ class CubePipeline {
   // A per-channel affine epilogue on the way through the UB (the batch norm at inference on
   // coupled chips, CubeConvSpec::bn_affine): FIXPIPE writes the tile as f32 into the UB buffer
   // at tile32 (room for the largest tile in rows of row_blocks32 blocks), the vector unit
-  // computes y = y * a[c] + shift[c] then `act` in place and rounds it once (RNE) into
-  // store_via_ub's buffer as the output type (an f32 output: copied there, its rows packed to
-  // the output's pitch), MTE3 stores that. a and shift: UB addresses of f32 tables
+  // computes y = y * a[c] + shift[c] in place and rounds it once (RNE) into store_via_ub's
+  // buffer as the output type, then applies `act` there (an f32 output: `act` in place, then
+  // copied there, its rows packed to the output's pitch), MTE3 stores that. a and shift: UB addresses of f32 tables
   // indexed by channel (the Store's channel0 + column), readable 64 lanes past the last
   // channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call after
   // store_via_ub, before declare_flags.
@@ -226,8 +226,9 @@ class CubePipeline {
   void affine_in_ub(const Store& s, const Reg& row_blocks);
   // dense: the tile as one run of rows * max_cols lanes (counter mode).
   void affine_dense_in_ub(const Store& s);
-  // The activation in place on the f32 lanes at y (the current mask), `scalar` a scratch.
-  void affine_activation(Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+  // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
+  void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride,
+                         const Reg& scalar);
 
   bool m_via_ub = false;
   uint64_t m_ub_tile = 0;
