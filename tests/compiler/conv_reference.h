@@ -397,13 +397,16 @@ inline std::vector<std::string> check_conv2d_batch_norm(
                                : DataType::F32;
   check_against(r.outputs[0].values, ref, rounded, true, "y");
   // Derived tensors: the batch norm's factor and shift (of its inputs), then for groups == 1
-  // on a chip with a bias table (the batch norm folded into the convolution) an f32 x's cast
-  // (an f16 x is read as it is) and the folded filter (of the filter, scale and variance).
+  // on a chip with a bias table (the batch norm folded into the convolution) or whose tiles
+  // leave L0C through the UB (the shift added there) an f32 x's cast (an f16 x is read as it
+  // is) and the folded filter (of the filter, scale and variance).
   std::vector<int> bn_inputs = {2, 3, 4, 5};
   if (bias) bn_inputs.push_back(6);
   REQUIRE(!k.derived.empty());
   CHECK(k.derived[0].inputs == bn_inputs);
-  if (c.groups == 1 && test_sim().config().has_path(isa::Buf::L1, isa::Buf::BT)) {
+  const ChipConfig& cfg = test_sim().config();
+  if (c.groups == 1 &&
+      (cfg.has_path(isa::Buf::L1, isa::Buf::BT) || !cfg.has_path(isa::Buf::L0C, isa::Buf::GM))) {
     const bool cast_x = x_type == DataType::F32;
     REQUIRE(k.derived.size() == (cast_x ? 3u : 2u));
     if (cast_x) CHECK(k.derived[1].inputs == std::vector<int>{0});

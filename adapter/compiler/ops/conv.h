@@ -97,6 +97,7 @@ struct CubeConvSpec {
   // the UB path (not with bias or bn_stats); groups' and tiles' first channels are multiples
   // of 8 (whole f32 blocks).
   bool bn_affine = false;
+  bool bn_a_in_filter = false;  // bn_affine with a folded into w: y = y + shift[c] (a unread)
   Activation act = Activation::kNone;
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,

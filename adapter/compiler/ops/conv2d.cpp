@@ -316,19 +316,28 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
 // The convolution (x, w as the cube reads them), then the batch norm's vector pass `fold` with
 // the op's activation into output 0 (y_type): where the cube cannot add the shift itself. An
 // f16 y is rounded once, by the pass, from the cube's f32 result in the workspace.
+// Whether the batch norm of the convolution s runs in its kernel's way out through the UB
+// (CubeConvSpec::bn_affine): where tiles leave L0C through the UB (coupled cores: the L0C -> UB
+// path passes the vector unit), as CANN's fused Conv2D + BNInference (+ ReLU6) on these cores:
+// no f32 y in GM, one launch. Its tables are read in whole f32 blocks per group, so a group's
+// channels are whole blocks.
+bool batch_norm_in_epilogue(const CompileContext& ctx, const CubeConvSpec& s) {
+  const CoreKindConfig& core = cube_core(ctx.cfg, ctx.op.str());
+  return cube_store_via_ub(ctx.cfg, core, ctx.op.str()) && (s.groups == 1 || s.cg_out % 8 == 0);
+}
+
+// a_in_filter: w is the folded filter (append_folded_filter), the epilogue adds the shift only
+// (batch_norm_in_epilogue must hold).
 void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
                                  const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
-                                 const BatchNormFold& fold, DataType y_type) {
+                                 const BatchNormFold& fold, DataType y_type,
+                                 bool a_in_filter = false) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
-  // Where tiles leave L0C through the UB (coupled cores: the L0C -> UB path passes the vector
-  // unit), the batch norm runs there, in the convolution's own kernel (CubeConvSpec::bn_affine),
-  // as CANN's fused Conv2D + BNInference (+ ReLU6) on these cores: no f32 y in GM, one launch.
-  // Its tables are read in whole f32 blocks per group, so a group's channels are whole blocks.
-  const CoreKindConfig& core = cube_core(ctx.cfg, ctx.op.str());
-  if (cube_store_via_ub(ctx.cfg, core, ctx.op.str()) && (s.groups == 1 || s.cg_out % 8 == 0)) {
+  if (batch_norm_in_epilogue(ctx, s)) {
     CubeConvSpec e = s;
     e.bn_affine = true;
+    e.bn_a_in_filter = a_in_filter;
     e.act = act;
     e.name = fmt::format("{}{}_{}", ctx.op.type, activation_name(act), data_type_name(y_type));
     ct.fix_out = device_dtype(y_type);
@@ -336,6 +345,7 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
     append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold);
     return;
   }
+  if (a_in_filter) ctx.op.fail("internal: a folded filter needs the batch norm in the epilogue");
   if (y_type != DataType::F16) {
     append_cube_conv(k, ctx, ct, s, x, w);
     append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),
@@ -553,7 +563,13 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   // the activation, as its own launch.
   if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT) ||
       activation_attr(op) == Activation::kRelu6) {
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
+    // One group through the UB: a folded into the filter (a derived tensor, as with the bias
+    // table), the epilogue adds the shift.
+    if (groups == 1 && batch_norm_in_epilogue(ctx, s))
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a),
+                                  fold, y_type, true);
+    else
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);

@@ -257,7 +257,7 @@ class ConvEmitter {
       if (m_s.bn_affine)
         m_pipe.affine_via_ub({pu[c32], m_bn.dense ? pu[ra] : pu[ta],
                               m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
-                              m_bn.dense});
+                              m_bn.dense, m_s.bn_a_in_filter});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).

@@ -58,7 +58,7 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const Cu
   ConvRates r = conv_rates(cfg, core);
   if (s.bn_affine) {
     const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0;
-    r.affine_per_elem = static_cast<double>(3 * kL0cElemBytes +
+    r.affine_per_elem = static_cast<double>((s.bn_a_in_filter ? 2 : 3) * kL0cElemBytes +
                                             act * isa::dtype_size(s.out_type)) /
                         cfg.vector_bytes_per_cycle;
   }

@@ -295,8 +295,9 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
           const int64_t y = static_cast<int64_t>(m_aff.tile32) +
                             r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
-          b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                 "y * a");
+          if (!m_aff.a_in_filter)
+            b.emit(Opcode::op_vmul,
+                   {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
           b.add(table, table, to_shift, "shift[channel]");
           b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                  "+ shift");
@@ -340,7 +341,8 @@ void CubePipeline::affine_dense_in_ub(const Store& s) {
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
-  b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+  if (!m_aff.a_in_filter)
+    b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
   b.add(table, table,
         static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a), "shift (replicated)");
   b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");

@@ -123,6 +123,7 @@ class CubePipeline {
     Activation act = Activation::kNone;
     int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
     bool dense = false;
+    bool a_in_filter = false;  // the factor is in the cube's filter: y + shift[c] only
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
