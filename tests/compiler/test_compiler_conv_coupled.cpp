@@ -3,8 +3,8 @@
 // into the UB, MTE3 to GM in whole 32-byte blocks), output rows that are not whole blocks go
 // through a padded workspace and a packing copy (the filter gradient's img2col with each tap's
 // channels padded to a block), and there is no bias table (the batch norm of
-// Conv2DBatchNormInference runs on the tile in the UB, in the convolution's kernel). Same references and tolerances as
-// test_compiler_conv.cpp (tests/compiler/conv_reference.h).
+// Conv2DBatchNormInference runs on the tile in the UB, in the convolution's kernel). Same
+// references and tolerances as test_compiler_conv.cpp (tests/compiler/conv_reference.h).
 #include <catch2/catch.hpp>
 
 #include "adapter/compiler/compiler.h"
@@ -99,8 +99,10 @@ namespace {
 bool batch_norm_in_epilogue(const std::vector<std::string>& names, const std::string& kernel) {
   bool conv = false;
   for (const std::string& n : names) {
-    if (n == kernel) conv = true;
-    else if (n.rfind("BatchNormInference", 0) == 0 && n != "BatchNormInferenceFold") return false;
+    if (n == kernel)
+      conv = true;
+    else if (n.rfind("BatchNormInference", 0) == 0 && n != "BatchNormInferenceFold")
+      return false;
   }
   return conv;
 }
@@ -139,8 +141,8 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
   ConvCase g{2, 8, 8, 32, 3, 3, 32};
   g.groups = 2;
   CHECK(batch_norm_in_epilogue(
-      check_conv2d_batch_norm(g, false, false, 29, PrecisionMode::kAllowFp32ToFp16,
-                              DataType::F16, DataType::F16, true),
+      check_conv2d_batch_norm(g, false, false, 29, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
+                              DataType::F16, true),
       "Conv2DBatchNormInferenceRelu6_f16"));
 }
 

@@ -40,10 +40,14 @@
 //     filter starting from shift (the bias table, mmad init 2) with ReLU in FIXPIPE.
 //     Numerics: y = sum x16 * f16(W * a) + shift, where the unfused chain computes
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
-//     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
-//     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
-//     convolution (the bias needs one group and the table), and so does relu6: FIXPIPE's ReLU
-//     clamps at 0 only, the batch norm's vector launch clamps at 0 and 6.
+//     2^-11 relative rounding, on different values). Chips without a bias table whose tiles
+//     leave L0C through the UB (coupled 910 / 310P cores) run the batch norm on each tile in
+//     the UB, in the convolution's kernel (CubeConvSpec::bn_affine): y = conv + shift with
+//     the folded filter (one group; grouped: conv * a + shift with the plain filter), the
+//     activation (ReLU6 too) and one rounding to Tout. Elsewhere grouped convolutions keep
+//     the batch norm as its own launch after the convolution (the bias needs one group and
+//     the table), and so does relu6: FIXPIPE's ReLU clamps at 0 only, the batch norm's
+//     vector launch clamps at 0 and 6.
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
@@ -1019,7 +1023,8 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 // variance[, bias]; epsilon, relu, relu6, Tx, Tout: the graph fusion of DepthwiseConv2dNative ->
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
 // y = conv * a + shift, the activation, one rounding to Tout) as Conv2DBatchNormInference runs
-// it where the cube has no bias for it. x may be f16 (Tx: a fused producer's fp16 hand-off, what
+// it where the cube has no bias for it: in the convolution's way out through the UB on coupled
+// chips, else as a launch of its own. x may be f16 (Tx: a fused producer's fp16 hand-off, what
 // the cube reads), y f16 (Tout); filter and batch norm f32.
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;

@@ -235,16 +235,16 @@ class ConvEmitter {
     BufferPlan ub(Buf::UB);
     const auto cu =
         ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), 1, via_ub);
-    const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
-                                  static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), 1,
-                                  m_s.bn_affine);
+    const auto c32 =
+        ub.add_fixed("C tile (f32, before the batch norm)",
+                     static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), 1, m_s.bn_affine);
     m_bn = conv_bn_tables(m_s, m_t.tn);
-    const auto ta = ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1,
-                                 m_s.bn_affine);
-    const auto ts = ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1,
-                                 m_s.bn_affine);
-    const auto ra = ub.add_fixed("batch-norm a (replicated)",
-                                 static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
+    const auto ta =
+        ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+    const auto ts =
+        ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+    const auto ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
+                                 1, m_bn.dense);
     const auto rs = ub.add_fixed("batch-norm shift (replicated)",
                                  static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
     if (via_ub) {
@@ -255,9 +255,8 @@ class ConvEmitter {
       m_bn_rep_a = pu[ra];
       m_bn_rep_shift = pu[rs];
       if (m_s.bn_affine)
-        m_pipe.affine_via_ub({pu[c32], m_bn.dense ? pu[ra] : pu[ta],
-                              m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
-                              m_bn.dense, m_s.bn_a_in_filter});
+        m_pipe.affine_via_ub({pu[c32], m_bn.dense ? pu[ra] : pu[ta], m_bn.dense ? pu[rs] : pu[ts],
+                              m_s.act, m_t.tm, tn16, tn16 / 8, m_bn.dense, m_s.bn_a_in_filter});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
@@ -474,9 +473,9 @@ class ConvEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      const CubePipeline::Store st{m_s.out_type, cdst,           l0c,
-                                   m_act,        n_act,          m_s.pitch(),
-                                   m_s.relu,     m_s.bn_affine ? &chan0 : nullptr};
+      const CubePipeline::Store st{
+          m_s.out_type, cdst,        l0c,      m_act,
+          n_act,        m_s.pitch(), m_s.relu, m_s.bn_affine ? &chan0 : nullptr};
       if (stacked())
         store_stacked(s, st, pt);
       else
@@ -751,7 +750,7 @@ class ConvEmitter {
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
-  ConvBnTables m_bn;                    // bn_affine: its UB tables
+  ConvBnTables m_bn;  // bn_affine: its UB tables
   uint64_t m_bn_a = 0, m_bn_shift = 0, m_bn_rep_a = 0, m_bn_rep_shift = 0;
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;

@@ -148,8 +148,9 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
   const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
                       static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                           static_cast<double>(c.kchunk / cfg.cube_k);
-  const double fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
-                     static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * r.affine_per_elem;
+  const double fix =
+      static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
+      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * r.affine_per_elem;
   double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
   if (!t.resident || first)
     load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
@@ -333,7 +334,8 @@ ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
   if (w != 16 && w != 32) return t;
   // Every tile's output row (n_act channels) must be whole blocks of exactly w lanes: the
   // first and last group's first and last n tile cover the n_act values there are.
-  const int64_t per_block = kBlkBytes / isa::dtype_size(s.out_type), n_tiles = ceil_div(s.cg_out, tn);
+  const int64_t per_block = kBlkBytes / isa::dtype_size(s.out_type),
+                n_tiles = ceil_div(s.cg_out, tn);
   for (int64_t g : {int64_t{0}, s.groups - 1})
     for (int64_t nt : {int64_t{0}, n_tiles - 1}) {
       const int64_t n_act = std::min(tn, std::min(s.cg_out, s.cy - g * s.cg_out) - nt * tn);

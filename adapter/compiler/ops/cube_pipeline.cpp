@@ -296,8 +296,8 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           const int64_t y = static_cast<int64_t>(m_aff.tile32) +
                             r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
           if (!m_aff.a_in_filter)
-            b.emit(Opcode::op_vmul,
-                   {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+            b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                   "y * a");
           b.add(table, table, to_shift, "shift[channel]");
           b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                  "+ shift");
@@ -306,8 +306,9 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           b.mul(mask, blocks, r0 * layout::kBlockBytes);
           b.add(mask, mask, static_cast<int64_t>(m_ub_tile) + col * osz, "output address");
           if (narrow)
-            b.emit(Opcode::op_vconv, {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
-                                      static_cast<int64_t>(RoundMode::kRint)},
+            b.emit(Opcode::op_vconv,
+                   {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
+                    static_cast<int64_t>(RoundMode::kRint)},
                    "rounded once to the output type");
           else
             b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
@@ -343,14 +344,14 @@ void CubePipeline::affine_dense_in_ub(const Store& s) {
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
   if (!m_aff.a_in_filter)
     b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
-  b.add(table, table,
-        static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a), "shift (replicated)");
+  b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+        "shift (replicated)");
   b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
   if (s.out_type == Dtype::F32) affine_activation(Dtype::F32, y, 0, 8, n);
   if (s.out_type != Dtype::F32)
-    b.emit(Opcode::op_vconv, {s.out_type, Dtype::F32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1,
-                              kLanes32 * osz / layout::kBlockBytes, 8,
-                              static_cast<int64_t>(RoundMode::kRint)},
+    b.emit(Opcode::op_vconv,
+           {s.out_type, Dtype::F32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1,
+            kLanes32 * osz / layout::kBlockBytes, 8, static_cast<int64_t>(RoundMode::kRint)},
            "rounded once to the output type");
   else
     b.emit(Opcode::op_vcopy, {Dtype::S32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1, 8, 8},

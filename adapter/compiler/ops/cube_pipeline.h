@@ -109,11 +109,11 @@ class CubePipeline {
   // at tile32 (room for the largest tile in rows of row_blocks32 blocks), the vector unit
   // computes y = y * a[c] + shift[c] in place and rounds it once (RNE) into store_via_ub's
   // buffer as the output type, then applies `act` there (an f32 output: `act` in place, then
-  // copied there, its rows packed to the output's pitch), MTE3 stores that. a and shift: UB addresses of f32 tables
-  // indexed by channel (the Store's channel0 + column), readable 64 lanes past the last
-  // channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call after
-  // store_via_ub, before declare_flags.
-  // max_rows x max_cols: the largest tile; row_blocks32: the f32 tile's row pitch in blocks
+  // copied there, its rows packed to the output's pitch), MTE3 stores that. a and shift: UB
+  // addresses of f32 tables indexed by channel (the Store's channel0 + column), readable 64 lanes
+  // past the last channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call
+  // after store_via_ub, before declare_flags. max_rows x max_cols: the largest tile; row_blocks32:
+  // the f32 tile's row pitch in blocks
   // (>= max_cols / 8, at most a repeat stride's 255). dense (ConvBnTables): every tile's rows
   // are exactly max_cols (16 or 32) lanes in both the f32 tile and the output, so the tile is
   // one contiguous run and a and shift are the replicated tables, 256 bytes per max_cols
@@ -228,8 +228,7 @@ class CubePipeline {
   // dense: the tile as one run of rows * max_cols lanes (counter mode).
   void affine_dense_in_ub(const Store& s);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
-  void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride,
-                         const Reg& scalar);
+  void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
 
   bool m_via_ub = false;
   uint64_t m_ub_tile = 0;
