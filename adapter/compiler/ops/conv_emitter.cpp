@@ -233,11 +233,14 @@ class ConvEmitter {
     if (m_s.bn_affine && !via_ub)
       m_b.fail("internal: the batch norm in the convolution's epilogue needs the UB path");
     BufferPlan ub(Buf::UB);
-    const auto cu =
-        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), 1, via_ub);
-    const auto c32 =
-        ub.add_fixed("C tile (f32, before the batch norm)",
-                     static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), 1, m_s.bn_affine);
+    // With the batch norm: an f32 and an output tile per L0C buffer (CubePipeline::
+    // ChannelAffine::buffers).
+    const int tiles_in_ub = m_s.bn_affine ? m_t.l0c_buffers : 1;
+    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
+                                 tiles_in_ub, via_ub);
+    const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
+                                  static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), tiles_in_ub,
+                                  m_s.bn_affine);
     m_bn = conv_bn_tables(m_s, m_t.tn);
     const auto ta =
         ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
@@ -255,8 +258,9 @@ class ConvEmitter {
       m_bn_rep_a = pu[ra];
       m_bn_rep_shift = pu[rs];
       if (m_s.bn_affine)
-        m_pipe.affine_via_ub({pu[c32], m_bn.dense ? pu[ra] : pu[ta], m_bn.dense ? pu[rs] : pu[ts],
-                              m_s.act, m_t.tm, tn16, tn16 / 8, m_bn.dense, m_s.bn_a_in_filter});
+        m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
+                              m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
+                              m_bn.dense, m_s.bn_a_in_filter});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).

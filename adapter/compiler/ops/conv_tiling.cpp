@@ -278,18 +278,19 @@ struct ConvPlanner {
     // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
     const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
     if (2 * bias_bytes > static_cast<int64_t>(core.capacity(Buf::BT))) return;
-    // Through the UB: the output tile (and with the batch norm, the f32 tile when narrower
-    // and the two tables; f32 rows of at most kMaxRepeat blocks: a vector repeat stride).
+    c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
+    if (!c.t.l0c_buffers) return;
+    // Through the UB: the output tile (with the batch norm an f32 and an output tile per L0C
+    // buffer, and the tables; f32 rows of at most 255 blocks: a vector repeat stride).
     int64_t ub_bytes = c.t.tm * tn16 * c.osz;
     if (s.bn_affine) {
       if (tn16 / 8 > field_max(isa::FieldKind::RU8)) return;
       const ConvBnTables bt = conv_bn_tables(s, tn);
-      ub_bytes += c.t.tm * tn16 * kL0cElemBytes + 2 * (bt.plain_bytes + bt.rep_bytes);
+      ub_bytes = c.t.l0c_buffers * c.t.tm * tn16 * (c.osz + kL0cElemBytes) +
+                 2 * (bt.plain_bytes + bt.rep_bytes);
     }
     if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;
     c.t.tn = tn;
-    c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
-    if (!c.t.l0c_buffers) return;
     c.t.n_tiles = ceil_div(s.cg_out, tn);
     c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;
     const CubeSplit split = contiguous_split(c.t.tiles, core.count);

@@ -135,9 +135,9 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0c_full = m_b.flag_pair(Pipe::M, Pipe::FIX, n.l0c_full);
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
   if (m_via_ub && m_affine) {
-    m_f32_full = m_b.flag(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
-    m_ub_full = m_b.flag(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
-    m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
+    m_aff_full = m_b.flag_pair(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
+    m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
   } else if (m_via_ub) {
     m_ub_full = m_b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
     m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
@@ -158,7 +158,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "all buffers start free");
     each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
-    if (m_via_ub) b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    if (m_via_ub && m_affine)
+      for (int q = 0; q < m_aff.buffers; ++q) b.set_flag(m_aff_free, q);
+    else if (m_via_ub)
+      b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.start_free) hooks.start_free();
   }
   m_l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
@@ -167,7 +170,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "drain: consume the free flags");
     each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
-    if (m_via_ub) b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    if (m_via_ub && m_affine)
+      for (int q = 0; q < m_aff.buffers; ++q) b.wait_flag(m_aff_free, q);
+    else if (m_via_ub)
+      b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.drain) hooks.drain();
   }
 }
@@ -223,22 +229,24 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.div(row, row, per_block);
   b.mul(row_blocks, row, 1, "blocks per row");
   b.mul(row, row, per_block, "UB row pitch");
-  b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
   if (m_affine) {
     // f32 rows of the widest tile's blocks for the vector unit, then the epilogue into the
-    // output tile.
-    row.release();
+    // output tile; both buffers of the L0C buffer's parity (one pair with one L0C buffer).
+    m_aff_pt = &pt;
+    b.wait_flag(m_aff_free, pt, "C tiles (UB) free");
+    select(b, row, pt, m_aff.tile32);
     b.emit(Opcode::op_fixpipe,
-           {Dtype::F32, Dtype::F32, Buf::UB, m_aff.tile32, s.l0c, s.rows, s.cols,
+           {Dtype::F32, Dtype::F32, Buf::UB, row, s.l0c, s.rows, s.cols,
             m_aff.row_blocks32 * kBlockLanes32, 1, 0, 0},
            "C tile to UB (ND, f32)");
+    row.release();
     l0c_stored(pt);
-    b.set_flag(Pipe::FIX, Pipe::V, m_f32_full);
-    b.wait_flag(Pipe::FIX, Pipe::V, m_f32_full);
+    b.set_flag(m_aff_f32_full, pt);
+    b.wait_flag(m_aff_f32_full, pt);
     if (m_aff.dense)
-      affine_dense_in_ub(s);
+      affine_dense_in_ub(s, pt);
     else
-      affine_in_ub(s, row_blocks);
+      affine_in_ub(s, pt, row_blocks);
     if (s.out_type != Dtype::F32 && m_aff.act != Activation::kNone) {
       // A narrower output takes its activation after the rounding, on the output tile as one
       // run (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the
@@ -247,12 +255,15 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       b.mul(n, s.rows, row_blocks);
       b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
       b.emit(Opcode::op_set_mask_count, {n});
-      affine_activation(s.out_type, static_cast<int64_t>(m_ub_tile), 0, 8, n);
+      Reg out = b.reg("affine: output tile");
+      select(b, out, pt, m_aff.out);
+      affine_activation(s.out_type, out, 0, 8, n);
     }
-    b.set_flag(Pipe::V, Pipe::MTE3, m_ub_full);
-    b.wait_flag(Pipe::V, Pipe::MTE3, m_ub_full);
+    b.set_flag(m_aff_full, pt);
+    b.wait_flag(m_aff_full, pt);
     return;
   }
+  b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
   b.emit(Opcode::op_fixpipe,
          {Dtype::F32, s.out_type, Buf::UB, m_ub_tile, s.l0c, s.rows, s.cols, row, 1, s.relu ? 1 : 0,
           0},
@@ -262,7 +273,7 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
 }
 
-void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
+void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks) {
   KernelBuilder& b = m_b;
   KernelBuilder::Origin o(b, "batch norm on the tile in the UB: y * a + shift, activation");
   if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
@@ -275,7 +286,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
   // the tables' repeat stride 0: every row reads the same 64 channels). Three registers: the
   // mask (then the scalars and the output address), the rows and the table address.
   Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
-      table = b.reg("affine: a (then shift) of the group");
+      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows");
   for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
     b.if_(ge(s.cols, col + 1), [&] {
       b.sub(mask, s.cols, col, "the group's lanes");
@@ -293,8 +304,9 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
           b.add(table, *s.channel0, col);
           b.mul(table, table, kL0cElemBytes);
           b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
-          const int64_t y = static_cast<int64_t>(m_aff.tile32) +
-                            r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
+          select(b, y, pt, m_aff.tile32);
+          b.add(y, y, r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes,
+                "the rows' first element of the group");
           if (!m_aff.a_in_filter)
             b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                    "y * a");
@@ -303,8 +315,10 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& blocks) {
                  "+ shift");
           if (!narrow) affine_activation(Dtype::F32, y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
-          b.mul(mask, blocks, r0 * layout::kBlockBytes);
-          b.add(mask, mask, static_cast<int64_t>(m_ub_tile) + col * osz, "output address");
+          b.mul(table, blocks, r0 * layout::kBlockBytes);
+          select(b, mask, pt, m_aff.out);
+          b.add(mask, mask, table);
+          b.add(mask, mask, col * osz, "output address");
           if (narrow)
             b.emit(Opcode::op_vconv,
                    {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
@@ -331,13 +345,14 @@ void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_s
   b.emit(Opcode::op_vmins, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "min 6");
 }
 
-void CubePipeline::affine_dense_in_ub(const Store& s) {
+void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   KernelBuilder& b = m_b;
   KernelBuilder::Origin o(b, "batch norm on the tile in the UB (one run): y * a + shift");
   if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
   const int64_t w = m_aff.max_cols, osz = isa::dtype_size(s.out_type);
-  const int64_t y = static_cast<int64_t>(m_aff.tile32);
-  Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile");
+  Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile"),
+      y = b.reg("affine: f32 tile");
+  select(b, y, pt, m_aff.tile32);
   b.mul(n, s.rows, w, "rows x width");
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
@@ -348,14 +363,14 @@ void CubePipeline::affine_dense_in_ub(const Store& s) {
         "shift (replicated)");
   b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
   if (s.out_type == Dtype::F32) affine_activation(Dtype::F32, y, 0, 8, n);
+  select(b, table, pt, m_aff.out);
   if (s.out_type != Dtype::F32)
     b.emit(Opcode::op_vconv,
-           {s.out_type, Dtype::F32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1,
-            kLanes32 * osz / layout::kBlockBytes, 8, static_cast<int64_t>(RoundMode::kRint)},
+           {s.out_type, Dtype::F32, table, y, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
+            static_cast<int64_t>(RoundMode::kRint)},
            "rounded once to the output type");
   else
-    b.emit(Opcode::op_vcopy, {Dtype::S32, static_cast<int64_t>(m_ub_tile), y, 0, 1, 1, 8, 8},
-           "to the output tile");
+    b.emit(Opcode::op_vcopy, {Dtype::S32, table, y, 0, 1, 1, 8, 8}, "to the output tile");
 }
 
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,
@@ -364,17 +379,33 @@ void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,
   Reg gap = b.reg("store: GM gap between rows in blocks");
   b.movi(gap, pitch_blocks);
   b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
-  if (!first) {
+  if (!first && !m_affine) {
     b.emit(Opcode::op_copy_ub2gm, {dst, m_ub_tile, rows, row_blocks, 0, gap}, "C tile rows to GM");
     return;
   }
   Reg src = b.reg("store: UB address");
-  b.mul(src, *first, row_blocks);
-  b.mul(src, src, layout::kBlockBytes);
-  b.add(src, src, static_cast<int64_t>(m_ub_tile), "the first row's UB address");
+  if (first) {
+    b.mul(src, *first, row_blocks);
+    b.mul(src, src, layout::kBlockBytes);
+  } else {
+    b.movi(src, 0);
+  }
+  if (m_affine) {  // the output tile of the stored tile's parity
+    select(b, gap, *m_aff_pt, m_aff.out);
+    b.add(src, src, gap);
+    b.movi(gap, pitch_blocks);
+    b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
+  } else {
+    b.add(src, src, static_cast<int64_t>(m_ub_tile), "the first row's UB address");
+  }
   b.emit(Opcode::op_copy_ub2gm, {dst, src, rows, row_blocks, 0, gap}, "C rows to GM");
 }
 
-void CubePipeline::ub_done() { m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); }
+void CubePipeline::ub_done() {
+  if (m_affine)
+    m_b.set_flag(m_aff_free, *m_aff_pt);
+  else
+    m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+}
 
 }  // namespace npusim::compiler::ops

@@ -118,8 +118,13 @@ class CubePipeline {
   // are exactly max_cols (16 or 32) lanes in both the f32 tile and the output, so the tile is
   // one contiguous run and a and shift are the replicated tables, 256 bytes per max_cols
   // channels (the tile's at channel0 / max_cols * 256).
+  // buffers (1, or 2 with two L0C buffers): f32 and output tiles (tile32 and `out`, the
+  // latter replacing store_via_ub's) per L0C parity, so that one tile's vector pass overlaps
+  // the next tile's FIXPIPE and the previous tile's store.
   struct ChannelAffine {
-    uint64_t tile32 = 0, a = 0, shift = 0;
+    Twin tile32, out;
+    int buffers = 1;
+    uint64_t a = 0, shift = 0;
     Activation act = Activation::kNone;
     int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
     bool dense = false;
@@ -224,9 +229,9 @@ class CubePipeline {
   FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
   // The affine epilogue on the UB tile (after FIXPIPE, before MTE3): rows x cols f32 at
   // tile32 in rows of row_blocks32 blocks -> the output tile (rows of row_blocks blocks).
-  void affine_in_ub(const Store& s, const Reg& row_blocks);
+  void affine_in_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
   // dense: the tile as one run of rows * max_cols lanes (counter mode).
-  void affine_dense_in_ub(const Store& s);
+  void affine_dense_in_ub(const Store& s, const Reg& pt);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
 
@@ -235,7 +240,10 @@ class CubePipeline {
   int m_ub_full = -1, m_ub_free = -1;  // FIX -> MTE3 and MTE3 -> FIX (through the UB)
   bool m_affine = false;
   ChannelAffine m_aff;
-  int m_f32_full = -1;  // FIX -> V: the f32 tile in the UB (affine; m_ub_full is then V -> MTE3)
+  // affine: FIX -> V (the f32 tile in the UB), V -> MTE3 (the output tile), MTE3 -> FIX (both
+  // free), by L0C parity; m_aff_pt: the parity of the tile being stored (to_ub .. ub_done).
+  FlagPair m_aff_f32_full, m_aff_full, m_aff_free;
+  const Reg* m_aff_pt = nullptr;
 };
 
 }  // namespace npusim::compiler::ops
