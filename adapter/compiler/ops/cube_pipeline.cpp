@@ -283,8 +283,9 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
       static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);  // table to table
   // Unrolled over the tile's largest extent: column groups of 64 f32 lanes (one repeat; the
   // last group's lanes past cols masked off) and row chunks of kMaxRepeat rows (the repeats;
-  // the tables' repeat stride 0: every row reads the same 64 channels). Three registers: the
-  // mask (then the scalars and the output address), the rows and the table address.
+  // the tables' repeat stride 0: every row reads the same 64 channels). Four registers: the
+  // mask (then the scalars and the output address), the rows, the table address and the f32
+  // rows' address.
   Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
       table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows");
   for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
