@@ -344,15 +344,16 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
 // cast16 term) and the fold's a and shift in f32 (a few 2^-24 relative, counted as terms of
 // |shift| in the sums); ReLU moves no value further from the reference.
 // x_type / y_type f16: the fp16 hand-off between two fused convolutions (Tx / Tout); the
-// output is then rounded once to f16 (its half ulp in the bound).
-inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uint32_t seed,
-                                    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                                    DataType x_type = DataType::F32,
-                                    DataType y_type = DataType::F32) {
+// output is then rounded once to f16 (its half ulp in the bound). relu6: min(max(y, 0), 6)
+// (MobileNet's; relu is then ignored, as the op does). Returns the launches' kernel names.
+inline std::vector<std::string> check_conv2d_batch_norm(
+    const ConvCase& c, bool relu, bool bias, uint32_t seed,
+    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, DataType x_type = DataType::F32,
+    DataType y_type = DataType::F32, bool relu6 = false) {
   INFO("Conv2DBatchNormInference x ["
        << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw
        << " -> " << c.cout << " stride " << c.sh << " groups " << c.groups << (relu ? " relu" : "")
-       << (bias ? " bias" : ""));
+       << (relu6 ? " relu6" : "") << (bias ? " bias" : ""));
   const int64_t co = c.cout;
   HostTensor x = random_tensor(x_type, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
@@ -368,6 +369,7 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
   auto attrs = c.attrs();
   attrs["epsilon"] = 0.001;
   attrs["relu"] = relu;
+  attrs["relu6"] = relu6;
   attrs["Tx"] = std::string(compiler::data_type_name(x_type));
   attrs["Tout"] = std::string(compiler::data_type_name(y_type));
   compiler::CompiledKernel k = compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs),
@@ -390,20 +392,24 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
     ref.value[i] += shift;
     ref.abs_sum[i] += 4 * (std::fabs(shift) + std::fabs(m * a[j]));
     ref.terms[i] += 4;
-    if (relu) ref.value[i] = std::max(ref.value[i], 0.0);
+    if (relu || relu6) ref.value[i] = std::max(ref.value[i], 0.0);
+    if (relu6) ref.value[i] = std::min(ref.value[i], 6.0);
   }
   const DataType rounded = mode == PrecisionMode::kAllowMixPrecision || y_type == DataType::F16
                                ? DataType::F16
                                : DataType::F32;
   check_against(r.outputs[0].values, ref, rounded, true, "y");
   // Derived tensors: the batch norm's factor and shift (of its inputs), then for groups == 1
-  // on a chip with a bias table (the batch norm folded into the convolution) an f32 x's cast
-  // (an f16 x is read as it is) and the folded filter (of the filter, scale and variance).
+  // on a chip with a bias table (the batch norm folded into the convolution) or whose tiles
+  // leave L0C through the UB (the shift added there) an f32 x's cast (an f16 x is read as it
+  // is) and the folded filter (of the filter, scale and variance).
   std::vector<int> bn_inputs = {2, 3, 4, 5};
   if (bias) bn_inputs.push_back(6);
   REQUIRE(!k.derived.empty());
   CHECK(k.derived[0].inputs == bn_inputs);
-  if (c.groups == 1 && test_sim().config().has_path(isa::Buf::L1, isa::Buf::BT)) {
+  const ChipConfig& cfg = test_sim().config();
+  if (c.groups == 1 &&
+      (cfg.has_path(isa::Buf::L1, isa::Buf::BT) || !cfg.has_path(isa::Buf::L0C, isa::Buf::GM))) {
     const bool cast_x = x_type == DataType::F32;
     REQUIRE(k.derived.size() == (cast_x ? 3u : 2u));
     if (cast_x) CHECK(k.derived[1].inputs == std::vector<int>{0});
@@ -412,6 +418,9 @@ inline void check_conv2d_batch_norm(const ConvCase& c, bool relu, bool bias, uin
     RunResult own = run_compiled(test_sim(), k, inputs, /*own_derived=*/true);
     CHECK(own.outputs[0].values == r.outputs[0].values);
   }
+  std::vector<std::string> names;
+  for (const compiler::Launch& l : k.launches) names.push_back(l.kernel.program.name);
+  return names;
 }
 
 // Conv2DBiasAdd (the graph fusion's Conv2D -> BiasAdd [-> Relu], f32) against the double

@@ -3,8 +3,8 @@
 // into the UB, MTE3 to GM in whole 32-byte blocks), output rows that are not whole blocks go
 // through a padded workspace and a packing copy (the filter gradient's img2col with each tap's
 // channels padded to a block), and there is no bias table (the batch norm of
-// Conv2DBatchNormInference runs as its own launch). Same references and tolerances as
-// test_compiler_conv.cpp (tests/compiler/conv_reference.h).
+// Conv2DBatchNormInference runs on the tile in the UB, in the convolution's kernel). Same
+// references and tolerances as test_compiler_conv.cpp (tests/compiler/conv_reference.h).
 #include <catch2/catch.hpp>
 
 #include "adapter/compiler/compiler.h"
@@ -90,10 +90,60 @@ TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused b
   check_conv2d_backprop_input(DataType::F16,
                               ConvCase{1, 9, 8, 20, 3, 2, 9}.window(2, 1, 1, 2, "VALID"), 23);
   check_depthwise(1, DataType::F16, a, 2, 24);
-  // The batch norm as its own launch after the convolution (no bias table), with ReLU.
-  check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25);
-  check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, true,
-                          26, PrecisionMode::kAllowFp32ToFp16, DataType::F16, DataType::F16);
+}
+
+namespace {
+
+// Whether the launches hold the convolution with the batch norm in its epilogue (`kernel`) and
+// no batch-norm pass of their own (only the fold of a and shift, and casts).
+bool batch_norm_in_epilogue(const std::vector<std::string>& names, const std::string& kernel) {
+  bool conv = false;
+  for (const std::string& n : names) {
+    if (n == kernel)
+      conv = true;
+    else if (n.rfind("BatchNormInference", 0) == 0 && n != "BatchNormInferenceFold")
+      return false;
+  }
+  return conv;
+}
+
+}  // namespace
+
+TEST_CASE("coupled chip: the batch norm in the convolution's way out through the UB") {
+  // No bias table: the vector unit applies y * a + shift, the activation and the one rounding
+  // to Tout on each tile between FIXPIPE (f32 into the UB) and MTE3; no launch of its own.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25),
+      "Conv2DBatchNormInferenceRelu_f32"));
+  // f16 x and y (the fp16 hand-off), with a bias; 40 f16 channels: rows padded, then packed.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false,
+                              true, 26, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
+                              DataType::F16),
+      "Conv2DBatchNormInference_f16"));
+  // ReLU6 (clamped at 0 and 6: wide random weights reach both); 150 channels: column groups of
+  // 64 lanes with a masked last one, several n tiles; three 5x5 images stacked in one tile.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{3, 5, 5, 24, 1, 1, 150}, false, false, 27,
+                              PrecisionMode::kAllowFp32ToFp16, DataType::F16, DataType::F16, true),
+      "Conv2DBatchNormInferenceRelu6_f16"));
+  // A 256-position tile: more rows than one vector instruction repeats (255); f32 y.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{1, 16, 16, 16, 1, 1, 16}, false, false, 28,
+                              PrecisionMode::kAllowFp32ToFp16, DataType::F32, DataType::F32, true),
+      "Conv2DBatchNormInferenceRelu6_f32"));
+  // f32 y of 150 channels (tiles narrower than the widest: rows packed to the output's pitch).
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{2, 6, 6, 24, 1, 1, 150}, false, false, 24),
+      "Conv2DBatchNormInference_f32"));
+  // Groups of 16 output channels (the depthwise convolution's shape): each group's channels
+  // index the tables.
+  ConvCase g{2, 8, 8, 32, 3, 3, 32};
+  g.groups = 2;
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(g, false, false, 29, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
+                              DataType::F16, true),
+      "Conv2DBatchNormInferenceRelu6_f16"));
 }
 
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {

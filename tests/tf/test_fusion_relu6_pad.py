@@ -328,3 +328,40 @@ def test_allow_mix_precision_runs_the_fused_convolutions_in_float16():
     # out; the projection (no clamp, the tiny chip has a bias table): FIXPIPE writes f16
     assert passes == ["BatchNormInferenceRelu6_f32_f16"] * 2, kernels
     assert ("Conv2DBatchNormInference", "Conv2DBias_f16") in kernels, kernels
+
+
+COUPLED_CODE = MODEL_CODE + r'''
+import json
+import npusim
+import tensorflow as tf
+model, x = build_block()
+with tf.device("/CPU:0"):
+    want = np.asarray(model(tf.constant(x), training=False), np.float64)
+with tf.device("/NPU:0"):
+    f = tf.function(lambda t: model(t, training=False))
+    xt = tf.constant(x)
+    f(xt).numpy()
+    n0 = len(npusim.launch_records())
+    got = np.asarray(f(xt), np.float64)
+    recs = npusim.launch_records()[n0:]
+print("RESULT " + json.dumps({
+    "rel_error": float(np.linalg.norm(got - want) / np.linalg.norm(want)),
+    "kernels": sorted({r["kernel"] for r in recs})}))
+'''
+
+
+def test_coupled_chip_runs_the_batch_norms_in_the_convolutions_epilogue():
+    """On a coupled chip (tiny_coupled: the 310P's core, no bias table) the fused convolutions'
+    batch norm, ReLU6 and f16 hand-off run on each tile in the UB, in the convolution's own
+    kernel (docs/compiler.md): no batch-norm pass of their own, and the block still matches the
+    CPU."""
+    proc = run_child(COUPLED_CODE, timeout=300, extra_env={"NPUSIM_CHIP": "tiny_coupled"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    assert result["rel_error"] < RTOL, result
+    kernels = result["kernels"]
+    assert "Conv2DBatchNormInferenceRelu6_f16" in kernels, kernels  # the expansion
+    assert "DepthwiseConv2dBatchNormInferenceRelu6_f16" in kernels, kernels
+    assert not [k for k in kernels
+                if k.startswith("BatchNormInference") and k != "BatchNormInferenceFold"], kernels

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
 #include "isa/layout.h"
@@ -88,6 +89,16 @@ struct CubeConvSpec {
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
   bool bias = false, relu = false;
+  // Batch norm at inference in the way out through the UB (coupled chips, where L0C -> UB
+  // passes the vector unit): FIXPIPE writes the tile to the UB as f32, the vector unit computes
+  // y = y * a[c] + shift[c] and the activation `act` on it and rounds it once to out_type, MTE3
+  // stores it. a and shift are f32 [cy] arguments "a" and "shift" (after y and bias, readable
+  // in whole 32-byte blocks: a workspace slice), loaded into the UB once per block. Needs
+  // the UB path (not with bias or bn_stats); groups' and tiles' first channels are multiples
+  // of 8 (whole f32 blocks).
+  bool bn_affine = false;
+  bool bn_a_in_filter = false;  // bn_affine with a folded into w: y = y + shift[c] (a unread)
+  Activation act = Activation::kNone;
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,
   // read y back (from the L2 it was just written to) and sum its channels: per vector core f32
@@ -110,6 +121,18 @@ struct CubeConvSpec {
   int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
   int64_t pitch() const { return y_pitch ? y_pitch : cy; }
 };
+
+// bn_affine's UB tables for tiles tn wide (each of a and shift): the plain table, f32 per
+// channel with 64 lanes of slack (the last column group's masked lanes); and for narrow tiles
+// (dense: every tile's f32 rows exactly `width` = 16 or 32 lanes, its output rows whole blocks
+// of that width) the replicated table, 256 bytes per `width` channels holding them 64 / width
+// times, so that one 64-lane repeat covers 64 / width rows of the tile.
+struct ConvBnTables {
+  bool dense = false;
+  int64_t width = 0;                      // dense: the tiles' row width in f32 lanes
+  int64_t plain_bytes = 0, rep_bytes = 0;  // each of a and shift
+};
+ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn);
 
 // The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
 // of kc1 channel blocks (all taps); one L0C buffer per tile.

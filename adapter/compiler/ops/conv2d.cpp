@@ -39,10 +39,14 @@
 //     filter starting from shift (the bias table, mmad init 2) with ReLU in FIXPIPE.
 //     Numerics: y = sum x16 * f16(W * a) + shift, where the unfused chain computes
 //     (sum x16 * f16(W)) * a + shift: the filter is rounded to f16 after the scaling (the same
-//     2^-11 relative rounding, on different values). Grouped convolutions, and chips without
-//     a bias table (coupled 910 / 310P cores), keep the batch norm as its own launch after the
-//     convolution (the bias needs one group and the table), and so does relu6: FIXPIPE's ReLU
-//     clamps at 0 only, the batch norm's vector launch clamps at 0 and 6.
+//     2^-11 relative rounding, on different values). Chips without a bias table whose tiles
+//     leave L0C through the UB (coupled 910 / 310P cores) run the batch norm on each tile in
+//     the UB, in the convolution's kernel (CubeConvSpec::bn_affine): y = conv + shift with
+//     the folded filter (one group; grouped: conv * a + shift with the plain filter), the
+//     activation (ReLU6 too) and one rounding to Tout. Elsewhere grouped convolutions keep
+//     the batch norm as its own launch after the convolution (the bias needs one group and
+//     the table), and so does relu6: FIXPIPE's ReLU clamps at 0 only, the batch norm's
+//     vector launch clamps at 0 and 6.
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
@@ -263,7 +267,7 @@ struct BnStats {
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr,
-                      const ArgRef* y_f32 = nullptr) {
+                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr) {
   const TensorDesc& out = k.outputs[0];
   if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
     ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
@@ -281,6 +285,11 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
+  if (spec.bn_affine) {
+    if (!bn) ctx.op.fail("internal: the convolution's batch-norm epilogue needs its fold");
+    args.push_back(bn->a);
+    args.push_back(bn->shift);
+  }
   spec.bn_stats = stats && stats->wanted && ctx.cfg.split && !padded &&
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
                   (spec.cy * osz) % layout::kBlockBytes == 0;
@@ -310,11 +319,36 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
 // The convolution (x, w as the cube reads them), then the batch norm's vector pass `fold` with
 // the op's activation into output 0 (y_type): where the cube cannot add the shift itself. An
 // f16 y is rounded once, by the pass, from the cube's f32 result in the workspace.
+// Whether the batch norm of the convolution s runs in its kernel's way out through the UB
+// (CubeConvSpec::bn_affine): where tiles leave L0C through the UB (coupled cores: the L0C -> UB
+// path passes the vector unit), as CANN's fused Conv2D + BNInference (+ ReLU6) on these cores:
+// no f32 y in GM, one launch. Its tables are read in whole f32 blocks per group, so a group's
+// channels are whole blocks.
+bool batch_norm_in_epilogue(const CompileContext& ctx, const CubeConvSpec& s) {
+  const CoreKindConfig& core = cube_core(ctx.cfg, ctx.op.str());
+  return cube_store_via_ub(ctx.cfg, core, ctx.op.str()) && (s.groups == 1 || s.cg_out % 8 == 0);
+}
+
+// a_in_filter: w is the folded filter (append_folded_filter), the epilogue adds the shift only
+// (batch_norm_in_epilogue must hold).
 void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
                                  const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
-                                 const BatchNormFold& fold, DataType y_type) {
+                                 const BatchNormFold& fold, DataType y_type,
+                                 bool a_in_filter = false) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
+  if (batch_norm_in_epilogue(ctx, s)) {
+    CubeConvSpec e = s;
+    e.bn_affine = true;
+    e.bn_a_in_filter = a_in_filter;
+    e.act = act;
+    e.name = fmt::format("{}{}_{}", ctx.op.type, activation_name(act), data_type_name(y_type));
+    ct.fix_out = device_dtype(y_type);
+    ct.widen = false;
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold);
+    return;
+  }
+  if (a_in_filter) ctx.op.fail("internal: a folded filter needs the batch norm in the epilogue");
   if (y_type != DataType::F16) {
     append_cube_conv(k, ctx, ct, s, x, w);
     append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),
@@ -532,7 +566,13 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   // the activation, as its own launch.
   if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT) ||
       activation_attr(op) == Activation::kRelu6) {
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
+    // One group through the UB: a folded into the filter (a derived tensor, as with the bias
+    // table), the epilogue adds the shift.
+    if (groups == 1 && batch_norm_in_epilogue(ctx, s))
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a),
+                                  fold, y_type, true);
+    else
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
@@ -1045,7 +1085,8 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 // variance[, bias]; epsilon, relu, relu6, Tx, Tout: the graph fusion of DepthwiseConv2dNative ->
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
 // y = conv * a + shift, the activation, one rounding to Tout) as Conv2DBatchNormInference runs
-// it where the cube has no bias for it. x may be f16 (Tx: a fused producer's fp16 hand-off, what
+// it where the cube has no bias for it: in the convolution's way out through the UB on coupled
+// chips, else as a launch of its own. x may be f16 (Tx: a fused producer's fp16 hand-off, what
 // the cube reads), y f16 (Tout); filter and batch norm f32.
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;

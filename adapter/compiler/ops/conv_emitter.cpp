@@ -40,6 +40,7 @@
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 
 namespace npusim::compiler::ops {
@@ -109,6 +110,10 @@ class ConvEmitter {
     b.declare_arg("w", m_s.in_type, {});
     b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
     if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
+    if (m_s.bn_affine) {
+      b.declare_arg("a", Dtype::F32, {m_s.cy});
+      b.declare_arg("shift", Dtype::F32, {m_s.cy});
+    }
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
     Reg steps = b.reg("steps of this block: tiles x chunks");
@@ -124,6 +129,7 @@ class ConvEmitter {
     Reg prev_key;
     CubePipeline::Hooks hooks;
     hooks.setup = [&] {
+      if (m_s.bn_affine) load_bn_tables();
       prev_key =
           b.reg_imm("resident weights: 2 * (group * n_tiles + n tile) + loading (-2: none)", -2);
       m_prev_key = &prev_key;
@@ -177,6 +183,38 @@ class ConvEmitter {
 
   bool resident() const { return m_t.resident; }
 
+  // bn_affine: the batch norm's a and shift (f32 [cy] each) into the UB tables, once per block,
+  // before any tile reaches the vector unit.
+  void load_bn_tables() {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "batch-norm a and shift into the UB");
+    const int64_t blocks = ceil_div(m_s.cy * kL0cElemBytes, kBlkBytes);
+    Reg dst = b.reg("tables: UB address");
+    for (const auto& [arg, at] : {std::pair<const char*, uint64_t>{"a", m_bn_a},
+                                  std::pair<const char*, uint64_t>{"shift", m_bn_shift}}) {
+      Reg src = b.load_arg(arg);
+      b.movi(dst, static_cast<int64_t>(at));
+      b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, fmt::format("{}[0, cy)", arg));
+    }
+    const int loaded = b.flag(Pipe::MTE2, Pipe::V, "batch-norm tables loaded");
+    b.set_flag(Pipe::MTE2, Pipe::V, loaded);
+    b.wait_flag(Pipe::MTE2, Pipe::V, loaded);
+    if (!m_bn.dense) return;
+    // Replicated: channel group i (width w) at i * 256 bytes, copy r at r * w lanes: one
+    // masked vector copy per copy r, a repeat per group (source repeat stride w / 8 blocks).
+    const int64_t w = m_bn.width, groups = ceil_div(m_s.cy, w);
+    set_mask_lanes(b, lane_range(0, w));
+    for (const auto& [from, to] : {std::pair<uint64_t, uint64_t>{m_bn_a, m_bn_rep_a},
+                                   std::pair<uint64_t, uint64_t>{m_bn_shift, m_bn_rep_shift}})
+      for (int64_t r = 0; r < kLanes32 / w; ++r)
+        for (int64_t g0 = 0; g0 < groups; g0 += kMaxRepeat)
+          b.emit(Opcode::op_vcopy,
+                 {Dtype::S32, static_cast<int64_t>(to) + (g0 * kLanes32 + r * w) * kL0cElemBytes,
+                  static_cast<int64_t>(from) + g0 * w * kL0cElemBytes,
+                  std::min(kMaxRepeat, groups - g0), 1, 1, 8, w / 8},
+                 "replicate the channel group");
+  }
+
   // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
   // and, through the UB, the UB.
   void allocate() {
@@ -192,10 +230,38 @@ class ConvEmitter {
         bt.add_fixed("bias (L0 parity)", static_cast<uint64_t>(bias_bytes), 2, m_s.bias);
     const bool via_ub =
         cube_store_via_ub(m_b.config(), cube_core(m_b.config(), m_b.op()), m_b.op());
+    if (m_s.bn_affine && !via_ub)
+      m_b.fail("internal: the batch norm in the convolution's epilogue needs the UB path");
     BufferPlan ub(Buf::UB);
-    const auto cu =
-        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), 1, via_ub);
-    if (via_ub) m_pipe.store_via_ub(ub.allocate(m_b, 0)[cu]);
+    // With the batch norm: an f32 and an output tile per L0C buffer (CubePipeline::
+    // ChannelAffine::buffers).
+    const int tiles_in_ub = m_s.bn_affine ? m_t.l0c_buffers : 1;
+    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
+                                 tiles_in_ub, via_ub);
+    const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
+                                  static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), tiles_in_ub,
+                                  m_s.bn_affine);
+    m_bn = conv_bn_tables(m_s, m_t.tn);
+    const auto ta =
+        ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+    const auto ts =
+        ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+    const auto ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
+                                 1, m_bn.dense);
+    const auto rs = ub.add_fixed("batch-norm shift (replicated)",
+                                 static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
+    if (via_ub) {
+      const BufferPlan::Placed pu = ub.allocate(m_b, 0);
+      m_pipe.store_via_ub(pu[cu]);
+      m_bn_a = pu[ta];
+      m_bn_shift = pu[ts];
+      m_bn_rep_a = pu[ra];
+      m_bn_rep_shift = pu[rs];
+      if (m_s.bn_affine)
+        m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
+                              m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
+                              m_bn.dense, m_s.bn_a_in_filter});
+    }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
     m_slab_buf = p1.twin(l1.slab);
@@ -380,12 +446,17 @@ class ConvEmitter {
         msl = b.reg("compute: first img2col row in the slab"), chan = b.reg("compute: channels"),
         kc = b.reg("compute: k in the chunk"), n_act = b.reg("compute: columns"),
         cdst = b.reg("compute: output address"), bbase = b.reg("compute: B of the chunk in L1");
+    Reg chan0 = b.reg("compute: the tile's first channel");
     {
       Reg key = b.reg("compute: weight key"), n0 = b.reg("compute: n0");
       TileRegs t{ch, m_act, msl, chan, kc, n_act, cdst, bbase, key, n0};
       tile_output(s, t);
       chunk_operands(s, t);
+      b.div(chan0, key, m_t.n_tiles);
+      b.mul(chan0, chan0, m_s.cg_out);
+      b.add(chan0, chan0, n0, "first channel: group * cg_out + n0");
     }
+    if (!m_s.bn_affine) chan0.release();
     Reg p = b.reg("compute: L1 parity"), pt = b.reg("compute: L0C parity");
     m_pipe.l1_parity(p, s);
     if (m_t.l0c_buffers == 2) {
@@ -406,7 +477,9 @@ class ConvEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> y (ND rows of the tile's channels)");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      const CubePipeline::Store st{m_s.out_type, cdst, l0c, m_act, n_act, m_s.pitch(), m_s.relu};
+      const CubePipeline::Store st{
+          m_s.out_type, cdst,        l0c,      m_act,
+          n_act,        m_s.pitch(), m_s.relu, m_s.bn_affine ? &chan0 : nullptr};
       if (stacked())
         store_stacked(s, st, pt);
       else
@@ -681,6 +754,8 @@ class ConvEmitter {
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
+  ConvBnTables m_bn;  // bn_affine: its UB tables
+  uint64_t m_bn_a = 0, m_bn_shift = 0, m_bn_rep_a = 0, m_bn_rep_shift = 0;
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;
 };

@@ -25,6 +25,10 @@ constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
 struct ConvRates {
   double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
+  // Vector cycles per output element of the batch norm in the epilogue (bn_affine): its
+  // passes over the f32 tile (multiply, add, the rounding or packing copy into the output
+  // tile) and the activation's over the output tile, 0 without.
+  double affine_per_elem = 0;
 };
 
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
@@ -47,6 +51,17 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
   // What a step adds beyond its slowest pipe: the hand-overs between pipes, each paying its
   // start latency once (GM -> L1, L1 -> L0A and L0B, the cube's pipeline).
   r.step_overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * r.l1_lat + r.cube_lat;
+  return r;
+}
+
+ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const CubeConvSpec& s) {
+  ConvRates r = conv_rates(cfg, core);
+  if (s.bn_affine) {
+    const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0;
+    r.affine_per_elem = static_cast<double>((s.bn_a_in_filter ? 2 : 3) * kL0cElemBytes +
+                                            act * isa::dtype_size(s.out_type)) /
+                        cfg.vector_bytes_per_cycle;
+  }
   return r;
 }
 
@@ -133,7 +148,9 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
   const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
                       static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                           static_cast<double>(c.kchunk / cfg.cube_k);
-  const double fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate;
+  const double fix =
+      static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
+      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * r.affine_per_elem;
   double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
   if (!t.resident || first)
     load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
@@ -261,10 +278,19 @@ struct ConvPlanner {
     // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
     const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
     if (2 * bias_bytes > static_cast<int64_t>(core.capacity(Buf::BT))) return;
-    if (via_ub && c.t.tm * tn16 * c.osz > static_cast<int64_t>(core.capacity(Buf::UB))) return;
-    c.t.tn = tn;
     c.t.l0c_buffers = l0c_buffer_count(core, cfg, c.t.tm * tn16 * kL0cElemBytes);
     if (!c.t.l0c_buffers) return;
+    // Through the UB: the output tile (with the batch norm an f32 and an output tile per L0C
+    // buffer, and the tables; f32 rows of at most 255 blocks: a vector repeat stride).
+    int64_t ub_bytes = c.t.tm * tn16 * c.osz;
+    if (s.bn_affine) {
+      if (tn16 / 8 > field_max(isa::FieldKind::RU8)) return;
+      const ConvBnTables bt = conv_bn_tables(s, tn);
+      ub_bytes = c.t.l0c_buffers * c.t.tm * tn16 * (c.osz + kL0cElemBytes) +
+                 2 * (bt.plain_bytes + bt.rep_bytes);
+    }
+    if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;
+    c.t.tn = tn;
     c.t.n_tiles = ceil_div(s.cg_out, tn);
     c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;
     const CubeSplit split = contiguous_split(c.t.tiles, core.count);
@@ -300,6 +326,28 @@ struct ConvPlanner {
 
 }  // namespace
 
+ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
+  ConvBnTables t;
+  if (!s.bn_affine) return t;
+  constexpr int64_t kLanes = 64;  // f32 lanes of one vector repeat
+  t.plain_bytes = (round_up(s.cy, kLanes) + kLanes) * kL0cElemBytes;
+  const int64_t w = round_up(std::min(tn, s.cg_out), kBlk);
+  if (w != 16 && w != 32) return t;
+  // Every tile's output row (n_act channels) must be whole blocks of exactly w lanes: the
+  // first and last group's first and last n tile cover the n_act values there are.
+  const int64_t per_block = kBlkBytes / isa::dtype_size(s.out_type),
+                n_tiles = ceil_div(s.cg_out, tn);
+  for (int64_t g : {int64_t{0}, s.groups - 1})
+    for (int64_t nt : {int64_t{0}, n_tiles - 1}) {
+      const int64_t n_act = std::min(tn, std::min(s.cg_out, s.cy - g * s.cg_out) - nt * tn);
+      if (n_act <= 0 || round_up(n_act, per_block) != w) return t;
+    }
+  t.dense = true;
+  t.width = w;
+  t.rep_bytes = ceil_div(s.cy, w) * kLanes * kL0cElemBytes;
+  return t;
+}
+
 std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
@@ -333,7 +381,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
                     "(groups {}, chip {})",
                     op, s.groups, cfg.name));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core), stack, via_ub, {}};
+  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   const CubeConvTiling best = choose(planner.plans);
   if (best.tm == 0)

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -132,7 +134,11 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0_free = m_b.flag_pair(Pipe::M, Pipe::MTE1, n.l0_free);
   m_l0c_full = m_b.flag_pair(Pipe::M, Pipe::FIX, n.l0c_full);
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
-  if (m_via_ub) {
+  if (m_via_ub && m_affine) {
+    m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
+    m_aff_full = m_b.flag_pair(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
+    m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+  } else if (m_via_ub) {
     m_ub_full = m_b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
     m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
   }
@@ -152,7 +158,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "all buffers start free");
     each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
-    if (m_via_ub) b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    if (m_via_ub && m_affine)
+      for (int q = 0; q < m_aff.buffers; ++q) b.set_flag(m_aff_free, q);
+    else if (m_via_ub)
+      b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.start_free) hooks.start_free();
   }
   m_l0_steps = b.reg_imm("L0 steps so far (parity of the L0 buffers)", 0);
@@ -161,7 +170,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   {
     KernelBuilder::Origin o(b, "drain: consume the free flags");
     each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
-    if (m_via_ub) b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+    if (m_via_ub && m_affine)
+      for (int q = 0; q < m_aff.buffers; ++q) b.wait_flag(m_aff_free, q);
+    else if (m_via_ub)
+      b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.drain) hooks.drain();
   }
 }
@@ -217,6 +229,40 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.div(row, row, per_block);
   b.mul(row_blocks, row, 1, "blocks per row");
   b.mul(row, row, per_block, "UB row pitch");
+  if (m_affine) {
+    // f32 rows of the widest tile's blocks for the vector unit, then the epilogue into the
+    // output tile; both buffers of the L0C buffer's parity (one pair with one L0C buffer).
+    m_aff_pt = &pt;
+    b.wait_flag(m_aff_free, pt, "C tiles (UB) free");
+    select(b, row, pt, m_aff.tile32);
+    b.emit(Opcode::op_fixpipe,
+           {Dtype::F32, Dtype::F32, Buf::UB, row, s.l0c, s.rows, s.cols,
+            m_aff.row_blocks32 * kBlockLanes32, 1, 0, 0},
+           "C tile to UB (ND, f32)");
+    row.release();
+    l0c_stored(pt);
+    b.set_flag(m_aff_f32_full, pt);
+    b.wait_flag(m_aff_f32_full, pt);
+    if (m_aff.dense)
+      affine_dense_in_ub(s, pt);
+    else
+      affine_in_ub(s, pt, row_blocks);
+    if (s.out_type != Dtype::F32 && m_aff.act != Activation::kNone) {
+      // A narrower output takes its activation after the rounding, on the output tile as one
+      // run (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the
+      // same values (rounding is monotone, 0 and 6 are exact in f16).
+      Reg n = b.reg("affine: output lanes");
+      b.mul(n, s.rows, row_blocks);
+      b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+      b.emit(Opcode::op_set_mask_count, {n});
+      Reg out = b.reg("affine: output tile");
+      select(b, out, pt, m_aff.out);
+      affine_activation(s.out_type, out, 0, 8, n);
+    }
+    b.set_flag(m_aff_full, pt);
+    b.wait_flag(m_aff_full, pt);
+    return;
+  }
   b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free, "C tile (UB) free");
   b.emit(Opcode::op_fixpipe,
          {Dtype::F32, s.out_type, Buf::UB, m_ub_tile, s.l0c, s.rows, s.cols, row, 1, s.relu ? 1 : 0,
@@ -227,23 +273,140 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
 }
 
+void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "batch norm on the tile in the UB: y * a + shift, activation");
+  if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
+  const bool narrow = s.out_type != Dtype::F32;
+  const int64_t pitch32 = m_aff.row_blocks32, osz = isa::dtype_size(s.out_type);
+  const int64_t to_shift =
+      static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);  // table to table
+  // Unrolled over the tile's largest extent: column groups of 64 f32 lanes (one repeat; the
+  // last group's lanes past cols masked off) and row chunks of kMaxRepeat rows (the repeats;
+  // the tables' repeat stride 0: every row reads the same 64 channels). Four registers: the
+  // mask (then the scalars and the output address), the rows, the table address and the f32
+  // rows' address.
+  Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
+      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows");
+  for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
+    b.if_(ge(s.cols, col + 1), [&] {
+      b.sub(mask, s.cols, col, "the group's lanes");
+      b.movi(rep, -1, "all 64 lanes");
+      b.if_(lt(mask, kLanes32), [&] {
+        b.movi(rep, 1);
+        b.shl(rep, rep, mask);
+        b.sub(rep, rep, 1, "lanes [0, cols - col)");
+      });
+      b.emit(Opcode::op_set_mask, {0, rep});
+      for (int64_t r0 = 0; r0 < m_aff.max_rows; r0 += kMaxRepeat) {
+        b.if_(ge(s.rows, r0 + 1), [&] {
+          b.sub(rep, s.rows, r0);
+          b.min(rep, rep, kMaxRepeat, "rows of this instruction");
+          b.add(table, *s.channel0, col);
+          b.mul(table, table, kL0cElemBytes);
+          b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
+          select(b, y, pt, m_aff.tile32);
+          b.add(y, y, r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes,
+                "the rows' first element of the group");
+          if (!m_aff.a_in_filter)
+            b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                   "y * a");
+          b.add(table, table, to_shift, "shift[channel]");
+          b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                 "+ shift");
+          if (!narrow) affine_activation(Dtype::F32, y, rep, pitch32, mask);
+          // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
+          b.mul(table, blocks, r0 * layout::kBlockBytes);
+          select(b, mask, pt, m_aff.out);
+          b.add(mask, mask, table);
+          b.add(mask, mask, col * osz, "output address");
+          if (narrow)
+            b.emit(Opcode::op_vconv,
+                   {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
+                    static_cast<int64_t>(RoundMode::kRint)},
+                   "rounded once to the output type");
+          else
+            b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
+                   "rows packed to the output's pitch");
+        });
+      }
+    });
+  }
+}
+
+void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_stride,
+                                     const Reg& scalar) {
+  KernelBuilder& b = m_b;
+  if (m_aff.act == Activation::kRelu)
+    b.emit(Opcode::op_vrelu, {t, y, y, repeat, 1, 1, rep_stride, rep_stride}, "ReLU");
+  if (m_aff.act != Activation::kRelu6) return;
+  b.movi(scalar, vector_scalar_bits(t, 0.0));
+  b.emit(Opcode::op_vmaxs, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "max 0");
+  b.movi(scalar, vector_scalar_bits(t, 6.0));
+  b.emit(Opcode::op_vmins, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "min 6");
+}
+
+void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "batch norm on the tile in the UB (one run): y * a + shift");
+  if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
+  const int64_t w = m_aff.max_cols, osz = isa::dtype_size(s.out_type);
+  Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile"),
+      y = b.reg("affine: f32 tile");
+  select(b, y, pt, m_aff.tile32);
+  b.mul(n, s.rows, w, "rows x width");
+  b.emit(Opcode::op_set_mask_count, {n});
+  b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
+  b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
+  if (!m_aff.a_in_filter)
+    b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+  b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+        "shift (replicated)");
+  b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  if (s.out_type == Dtype::F32) affine_activation(Dtype::F32, y, 0, 8, n);
+  select(b, table, pt, m_aff.out);
+  if (s.out_type != Dtype::F32)
+    b.emit(Opcode::op_vconv,
+           {s.out_type, Dtype::F32, table, y, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
+            static_cast<int64_t>(RoundMode::kRint)},
+           "rounded once to the output type");
+  else
+    b.emit(Opcode::op_vcopy, {Dtype::S32, table, y, 0, 1, 1, 8, 8}, "to the output tile");
+}
+
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,
                             const Reg& row_blocks, int64_t pitch_blocks) {
   KernelBuilder& b = m_b;
   Reg gap = b.reg("store: GM gap between rows in blocks");
   b.movi(gap, pitch_blocks);
   b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
-  if (!first) {
+  if (!first && !m_affine) {
     b.emit(Opcode::op_copy_ub2gm, {dst, m_ub_tile, rows, row_blocks, 0, gap}, "C tile rows to GM");
     return;
   }
   Reg src = b.reg("store: UB address");
-  b.mul(src, *first, row_blocks);
-  b.mul(src, src, layout::kBlockBytes);
-  b.add(src, src, static_cast<int64_t>(m_ub_tile), "the first row's UB address");
+  if (first) {
+    b.mul(src, *first, row_blocks);
+    b.mul(src, src, layout::kBlockBytes);
+  } else {
+    b.movi(src, 0);
+  }
+  if (m_affine) {  // the output tile of the stored tile's parity
+    select(b, gap, *m_aff_pt, m_aff.out);
+    b.add(src, src, gap);
+    b.movi(gap, pitch_blocks);
+    b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
+  } else {
+    b.add(src, src, static_cast<int64_t>(m_ub_tile), "the first row's UB address");
+  }
   b.emit(Opcode::op_copy_ub2gm, {dst, src, rows, row_blocks, 0, gap}, "C rows to GM");
 }
 
-void CubePipeline::ub_done() { m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free); }
+void CubePipeline::ub_done() {
+  if (m_affine)
+    m_b.set_flag(m_aff_free, *m_aff_pt);
+  else
+    m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
+}
 
 }  // namespace npusim::compiler::ops

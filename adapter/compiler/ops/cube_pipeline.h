@@ -29,6 +29,7 @@
 
 #include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/fused.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 
@@ -103,6 +104,37 @@ class CubePipeline {
   }
   bool via_ub() const { return m_via_ub; }
 
+  // A per-channel affine epilogue on the way through the UB (the batch norm at inference on
+  // coupled chips, CubeConvSpec::bn_affine): FIXPIPE writes the tile as f32 into the UB buffer
+  // at tile32 (room for the largest tile in rows of row_blocks32 blocks), the vector unit
+  // computes y = y * a[c] + shift[c] in place and rounds it once (RNE) into store_via_ub's
+  // buffer as the output type, then applies `act` there (an f32 output: `act` in place, then
+  // copied there, its rows packed to the output's pitch), MTE3 stores that. a and shift: UB
+  // addresses of f32 tables indexed by channel (the Store's channel0 + column), readable 64 lanes
+  // past the last channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call
+  // after store_via_ub, before declare_flags. max_rows x max_cols: the largest tile; row_blocks32:
+  // the f32 tile's row pitch in blocks
+  // (>= max_cols / 8, at most a repeat stride's 255). dense (ConvBnTables): every tile's rows
+  // are exactly max_cols (16 or 32) lanes in both the f32 tile and the output, so the tile is
+  // one contiguous run and a and shift are the replicated tables, 256 bytes per max_cols
+  // channels (the tile's at channel0 / max_cols * 256).
+  // buffers (1, or 2 with two L0C buffers): f32 and output tiles (tile32 and `out`, the
+  // latter replacing store_via_ub's) per L0C parity, so that one tile's vector pass overlaps
+  // the next tile's FIXPIPE and the previous tile's store.
+  struct ChannelAffine {
+    Twin tile32, out;
+    int buffers = 1;
+    uint64_t a = 0, shift = 0;
+    Activation act = Activation::kNone;
+    int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
+    bool dense = false;
+    bool a_in_filter = false;  // the factor is in the cube's filter: y + shift[c] only
+  };
+  void affine_via_ub(const ChannelAffine& e) {
+    m_affine = true;
+    m_aff = e;
+  }
+
   // steps = (tiles of this block: tile = block + j * blocks, j = 0, 1, ...) * chunks.
   void block_steps_round_robin(const Reg& steps, int64_t tiles, int64_t chunks);
   // steps = (tiles in [first, min(tiles, first + per)), first = block * per) * chunks.
@@ -175,6 +207,7 @@ class CubePipeline {
     const Reg &dst, &l0c, &rows, &cols;
     int64_t pitch;
     bool relu = false;
+    const Reg* channel0 = nullptr;  // affine_via_ub: the tile's first channel (a multiple of 8)
   };
   void store(const Store& s, const Reg& pt);
   // Through the UB in parts (a tile whose rows go to several places in GM): to_ub writes the
@@ -194,9 +227,23 @@ class CubePipeline {
   int m_l0c_buffers;
   Reg m_l0_steps;
   FlagPair m_l1_full, m_l1_free, m_l0_full, m_l0_free, m_l0c_full, m_l0c_free;
+  // The affine epilogue on the UB tile (after FIXPIPE, before MTE3): rows x cols f32 at
+  // tile32 in rows of row_blocks32 blocks -> the output tile (rows of row_blocks blocks).
+  void affine_in_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
+  // dense: the tile as one run of rows * max_cols lanes (counter mode).
+  void affine_dense_in_ub(const Store& s, const Reg& pt);
+  // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
+  void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+
   bool m_via_ub = false;
   uint64_t m_ub_tile = 0;
   int m_ub_full = -1, m_ub_free = -1;  // FIX -> MTE3 and MTE3 -> FIX (through the UB)
+  bool m_affine = false;
+  ChannelAffine m_aff;
+  // affine: FIX -> V (the f32 tile in the UB), V -> MTE3 (the output tile), MTE3 -> FIX (both
+  // free), by L0C parity; m_aff_pt: the parity of the tile being stored (to_ub .. ub_done).
+  FlagPair m_aff_f32_full, m_aff_full, m_aff_free;
+  const Reg* m_aff_pt = nullptr;
 };
 
 }  // namespace npusim::compiler::ops
