@@ -60,7 +60,10 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
 
 On any error: exit code 1 and {"ok": false, "error": "<type>: <message>", plus the request's
 fields}. --report-dir DIR: npusim writes its report there at exit; its launch records are the
-measured steps' (the warm-up's are cleared).
+measured steps' (the warm-up's are cleared). --mode generate marks the report's phases
+(npusim.mark_phase): "prefill" and "decode_step" (each step an occurrence), so DIR/summary.txt
+has a "Phases" section and DIR/phases/prefill/ and DIR/phases/decode_step/ hold the reports of
+the prefill and of the last decode step (docs/reports.md, "Phases").
 """
 
 import argparse
@@ -367,8 +370,13 @@ def run_generate(a, log, npusim, device, result):
             last[0], last[1] = now, cpu
             if npusim is not None:
                 marks.append(len(npusim.launch_records()))
+                # The report's phases: the prefill, then each decode step (one token each).
+                npusim.mark_phase("decode_step" if i + 1 < a.gen_len else None,
+                                  items=a.batch, unit="tokens")
             log(f"  token {i + 1}/{a.gen_len}: {walls[-1]:.2f} s wall")
 
+        if npusim is not None:
+            npusim.mark_phase("prefill", items=a.batch, unit="tokens")
         tokens = gen.generate(prompt, on_token=on_token)
     result["tokens"] = tokens.tolist()
     result["wall_s_prefill"] = walls[0]
