@@ -231,10 +231,19 @@ class ResidentCacheDecoder(GreedyDecoder):
     (one task list per step, as GreedyDecoder's). Needs the plugin (the op has no CPU kernel,
     so the calls must be placed on the NPU) and a backbone of RESIDENT_CACHE_FAMILIES, float or
     int8-quantised (quantize(): the quantised sublayers are called as keras-hub calls them).
-    The cache argument and result of prefill / step are None."""
+    The cache argument and result of prefill / step are None.
 
-    def __init__(self, lm, batch, prompt_len, gen_len):
+    cache_dtype: the variables' dtype (default: the model's compute dtype). A float32 model on
+    the NPU whose precision mode runs its attention in fp16 (allow_fp32_to_fp16) can hold the
+    cache in float16, as serving stacks do: each new row is cast to it at the update and the
+    attention reads the variables widened to float32, which the plugin's fused attention takes
+    as the fp16 variables themselves (rewrite 9; the f16 -> f32 -> f16 round trip is exact), so
+    no step casts the whole cache and the attention sees the values it saw with a float32
+    cache (cast to fp16 there). models.run chooses it (--kv-cache-dtype auto)."""
+
+    def __init__(self, lm, batch, prompt_len, gen_len, cache_dtype=None):
         super().__init__(lm, batch, prompt_len, gen_len)
+        self.cache_dtype = cache_dtype or lm.compute_dtype
         family = type(lm.backbone).__name__.removesuffix("Backbone")
         if family not in RESIDENT_CACHE_FAMILIES:
             raise ValueError(f"ResidentCacheDecoder runs the decoder layers of "
@@ -275,14 +284,16 @@ class ResidentCacheDecoder(GreedyDecoder):
         shape = (batch, max_len, kv_heads, head_dim)
         for i in range(layers):
             for kind, out in (("key", self.keys), ("value", self.values)):
-                out.append(tf.Variable(tf.zeros(shape, self.lm.compute_dtype), trainable=False,
+                out.append(tf.Variable(tf.zeros(shape, self.cache_dtype), trainable=False,
                                        name=f"kv_cache_{kind}_{i}"))
 
     def _prefill(self, prompt):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         token, cache, last = GreedyDecoder._prefill(self, prompt)
         for i, (key, value) in enumerate(zip(self.keys, self.values)):
-            key.assign(cache[:, i, 0])
-            value.assign(cache[:, i, 1])
+            key.assign(tf.cast(cache[:, i, 0], self.cache_dtype))
+            value.assign(tf.cast(cache[:, i, 1], self.cache_dtype))
         return token, None, last
 
     def _step(self, token, cache, index):
@@ -408,12 +419,16 @@ class ResidentCacheDecoder(GreedyDecoder):
 def _write_rows(key_cache, value_cache, start, key_rows, value_rows):
     """A decode step's cache write for one layer: the new rows (batch, 1, kv_heads, head_dim)
     into the layer's (batch, max_len, kv_heads, head_dim) key and value variables in place at
-    start [0, index, 0, 0]; returns the variables' values (the whole cache of the layer)."""
+    start [0, index, 0, 0]; returns the variables' values (the whole cache of the layer). Rows
+    are cast to the variables' dtype and the values back to the rows' (ResidentCacheDecoder's
+    cache_dtype; tf.cast of a tensor already of the dtype adds no op)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from npusim.llm import update_variable_slice  # pylint: disable=import-outside-toplevel
 
-    update_variable_slice(key_cache, key_rows, start)
-    update_variable_slice(value_cache, value_rows, start)
-    return key_cache.read_value(), value_cache.read_value()
+    dtype = key_rows.dtype
+    update_variable_slice(key_cache, tf.cast(key_rows, key_cache.dtype), start)
+    update_variable_slice(value_cache, tf.cast(value_rows, value_cache.dtype), start)
+    return tf.cast(key_cache.read_value(), dtype), tf.cast(value_cache.read_value(), dtype)
 
 
 # The keras-hub families (backbone class name less "Backbone") whose decoder layers

@@ -168,12 +168,14 @@ def test_runner_generate_figures(tmp_path):
     assert 0 <= r["prefill_replayed"] <= r["prefill_kernels"]
     assert 0 <= r["decode_replayed_per_step"] <= r["decode_kernels_per_step"]
     assert 0 < r["warmup_wall_s_prefill"] <= r["warmup_wall_s"]
-    # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
-    # model is built here: this process must not import TensorFlow before npusim).
+    # (batch, layers, key and value, max_len, kv heads, head_dim), from the config (no model is
+    # built here: this process must not import TensorFlow before npusim), in fp16: a float32
+    # model's resident cache under allow_fp32_to_fp16 (--kv-cache-dtype auto).
     cfg = llm.CONFIGS["llama-tiny"][1]
     shape = (2, cfg["num_layers"], 2, 9, cfg["num_key_value_heads"],
              cfg["hidden_dim"] // cfg["num_query_heads"])
-    assert r["kv_cache_bytes"] == 4 * int(np.prod(shape))
+    assert r["precision_mode"] == "allow_fp32_to_fp16" and r["kv_cache_dtype"] == "float16"
+    assert r["kv_cache_bytes"] == 2 * int(np.prod(shape))
     # The roofline at the peak HBM rate and at the sustained one (memory.hbm.efficiency).
     import yaml  # pylint: disable=import-outside-toplevel
     hbm = {}
@@ -292,3 +294,61 @@ def test_resident_cache_decoder_refuses_other_families(tf):
         lm = keras_hub.models.OPTCausalLM(backbone=backbone, preprocessor=None)
     with pytest.raises(ValueError, match="not OPTBackbone"):
         llm.ResidentCacheDecoder(lm, 1, 4, 2)
+
+
+@pytest.mark.parametrize("name,batch", [("llama-tiny", 1), ("gpt2-tiny", 1), ("gemma-tiny", 2)])
+def test_float16_cache_of_a_float32_model(npusim, tf, name, batch):
+    """A float32 model's resident cache held in float16 (ResidentCacheDecoder cache_dtype,
+    models.run --kv-cache-dtype auto on the NPU under allow_fp32_to_fp16): the fused attention
+    reads the fp16 variables as they are, so a decode step no longer casts each layer's whole
+    key and value cache to fp16 (the `<attention>/npusim_{k,v}_fp16` Casts of rewrite 9, one
+    per layer and K / V with a float32 cache); the new rows are cast instead, so the step's
+    Cast launches write exactly 2 x layers x (a layer's fp16 cache - its new rows) bytes fewer
+    (from the model's configuration), and no launch more. The attention saw fp16 K / V
+    before too, so the logits of every step are the float32 cache's bit for bit, and the
+    greedy tokens the CPU's."""
+    prompt_len, gen_len = 24, 4
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+    cpu, npu = build_pair(tf, name)
+    with tf.device("/CPU:0"):
+        want = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(prompt)
+    _, layers, _, max_len, kv_heads, head_dim = llm.cache_shape(npu.backbone, batch,
+                                                                prompt_len + gen_len)
+    layer_cache16 = batch * max_len * kv_heads * head_dim * 2
+    rows16 = batch * kv_heads * head_dim * 2
+
+    def run(cache_dtype):
+        steps = []
+
+        def on_token(i):
+            if i:
+                steps.append(npusim.launch_records(with_counters="flat"))
+            npusim.clear_launch_records()
+
+        dec = llm.ResidentCacheDecoder(npu, batch, prompt_len, gen_len, cache_dtype=cache_dtype)
+        with tf.device("/NPU:0"):
+            tokens, logits = dec.generate(prompt, on_token=on_token, return_logits=True)
+        assert all(r["ok"] for s in steps for r in s)
+        assert {v.dtype.name for v in dec.keys + dec.values} == {cache_dtype}
+        return tokens, logits, steps
+
+    def cache_casts(records):
+        return [r for r in records if r["op_name"].endswith(("/npusim_k_fp16", "/npusim_v_fp16"))]
+
+    def cast_writes(records):
+        return sum(_gm_write_bytes(r) for r in records if r["op_type"] == "Cast")
+
+    # A first generation keeps the weights' fp16 copies (derived-tensor cache), which the
+    # first steps of a process would otherwise still make: the two runs compared are alike.
+    run("float16")
+    _, l32, s32 = run("float32")
+    t16, l16, s16 = run("float16")
+    np.testing.assert_array_equal(l16, l32)
+    np.testing.assert_array_equal(t16, want)
+    for a, b in zip(s32, s16):
+        assert len(cache_casts(a)) == 2 * layers and not cache_casts(b)
+        assert len(b) == len(a)
+        assert cast_writes(a) - cast_writes(b) == 2 * layers * (layer_cache16 - rows16)
+    print(f"\n{name}: a step's Cast launches write {cast_writes(s32[-1])} bytes with a float32 "
+          f"cache, {cast_writes(s16[-1])} with a float16 one")
+
