@@ -582,11 +582,22 @@ void StreamEmitter::compute_resident() {
   TileOperands t;
   for (const InputPlan& p : m_in) t.in.push_back(p.access == Access::kResident ? p.buf[0] : 0);
   t.temp = m_temp;
-  Reg whole = m_b.reg_imm("resident work: a whole tile", m_tile);
-  t.count = &whole;
+  const bool part = !m_spec->resident_results.empty();
+  const int64_t elems = part ? std::min(m_tile, kResidentPart) : m_tile;
+  Reg count = m_b.reg_imm(
+      part ? "resident work: the first elements" : "resident work: a whole tile", elems);
+  t.count = &count;
   t.tile_elems = m_tile;
   KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
   m_spec->resident_compute(m_b, t);
+  // Each result the tiles read, doubled over the whole tile (its value is the same everywhere).
+  for (const auto& [temp, size] : m_spec->resident_results)
+    for (int64_t have = elems; have < m_tile;) {
+      const int64_t more = std::min(have, m_tile - have);
+      vec_copy_bits(m_b, size, m_temp.at(temp) + static_cast<uint64_t>(have * size),
+                    m_temp.at(temp), more);
+      have += more;
+    }
 }
 
 void StreamEmitter::store_outputs(int q) {

@@ -96,7 +96,16 @@ struct StreamSpec {
   // compute() then reads. in[k] is resident input k's tile (0 for a streamed or gathered input);
   // out and outs are unset.
   std::function<void(KernelBuilder&, const TileOperands&)> resident_compute;
+  // Where resident_compute leaves what compute() reads of it, when that is one value at every
+  // position: temporaries (indices into temps) with their element bytes. Given, resident_compute
+  // runs over the first kResidentPart elements only (count = min(tile, kResidentPart)) and each
+  // such temporary is then copied over the whole tile: the same bits at every position, for
+  // one repeat's work in place of a whole tile's per instruction. Empty: over a whole tile.
+  std::vector<std::pair<size_t, int>> resident_results;
 };
+// The elements resident_compute runs over when StreamSpec::resident_results is given: one
+// repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.
+inline constexpr int64_t kResidentPart = 64;
 
 // One tile's work of the element-wise op `tf_op` of ops/binary.cpp (operands in[0], in[1]) or
 // ops/unary.cpp (in[0]) on operands and a result of the float device type `type` (F32, F16,
