@@ -1,7 +1,8 @@
 // A write-back L2 (memory.l2.write_back): a write miss is taken by a newly allocated dirty line
 // at L2 bandwidth, and a dirty line evicted by a later transfer is written to HBM by a flow of
-// its own, which shares HBM with the transfers but does not lengthen the evicting one; the
-// launch ends when its write-backs have drained. Expectations derived from the config: tiny
+// its own, which shares HBM with the transfers but does not lengthen the evicting one
+// (memory.l2.write_back_waits false; true: test_sim_l2_write_back_waits); the launch ends when
+// its write-backs have drained. Expectations derived from the config: tiny
 // preset at 1000 MHz (GB/s = bytes/cycle) with HBM at 48 B/cycle; the L2 starts cold at every
 // launch.
 #include <catch2/catch.hpp>
@@ -21,9 +22,10 @@ using npusim::test::task_overhead;
 namespace {
 
 Simulator& sim() {
-  static Simulator s(load_chip_config("tiny", {"clock_mhz=1000", "memory.hbm.gbps=48",
-                                               "memory.l2.write_back=true"}),
-                     SimOptions{});
+  static Simulator s(
+      load_chip_config("tiny", {"clock_mhz=1000", "memory.hbm.gbps=48", "memory.l2.write_back=true",
+                                "memory.l2.write_back_waits=false"}),
+      SimOptions{});
   return s;
 }
 const ChipConfig& cfg() { return sim().config(); }
