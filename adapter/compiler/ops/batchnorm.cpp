@@ -640,7 +640,7 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
   append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold,
                           op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone,
-                          device_dtype(t.dt), device_dtype(t.dt));
+                          device_dtype(t.dt), device_dtype(t.dt), true);
   return k;
 }
 

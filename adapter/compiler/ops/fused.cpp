@@ -138,7 +138,7 @@ void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& 
 
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             Activation act, Dtype x_type, Dtype y_type) {
+                             Activation act, Dtype x_type, Dtype y_type, bool placed) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name =
@@ -162,6 +162,46 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
     append_activation(b, act, y, n);
     if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
   };
+  if (placed) {
+    // Windows: x 0 (f16: its raw tile 1, widened into the temp at 0), a 2, shift 3, a scratch
+    // tile 1, the output 2. The steps after x * a alternate between windows 0 and 1, the last
+    // into the output where y is f32.
+    spec.inputs[0].window = x16 ? 1 : 0;
+    spec.inputs[1].window = 2;
+    spec.inputs[2].window = 3;
+    spec.out_window = 2;
+    spec.temps.clear();
+    if (x16) spec.temps.push_back(TempSpec{"x (f32)", 4, 0, 0});
+    spec.temps.push_back(TempSpec{"scratch (f32)", 4, 0, 1});
+    spec.compute = [act, x16, y16](KernelBuilder& b, const TileOperands& t) {
+      const Reg& n = *t.count;
+      const uint64_t x32 = x16 ? t.temp[0] : t.in[0], other = t.temp[x16 ? 1 : 0];
+      if (x16) vec_convert(b, Dtype::F32, Dtype::F16, x32, t.in[0], RoundMode::kRint, n);
+      vec_binary(b, Opcode::op_vmul, Dtype::F32, other, x32, t.in[1], n);
+      std::vector<std::function<void(uint64_t, uint64_t)>> steps = {
+          [&](uint64_t d, uint64_t s) {
+            vec_binary(b, Opcode::op_vadd, Dtype::F32, d, s, t.in[2], n);
+          }};
+      if (act == Activation::kRelu)
+        steps.push_back(
+            [&](uint64_t d, uint64_t s) { vec_unary(b, Opcode::op_vrelu, Dtype::F32, d, s, n); });
+      if (act == Activation::kRelu6) {
+        steps.push_back([&](uint64_t d, uint64_t s) {
+          f32_scalar(b, Opcode::op_vmaxs, d, s, 0.0, n);
+        });
+        steps.push_back([&](uint64_t d, uint64_t s) {
+          f32_scalar(b, Opcode::op_vmins, d, s, 6.0, n);
+        });
+      }
+      uint64_t y = other;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const uint64_t d = i + 1 == steps.size() && !y16 ? t.out : y == other ? x32 : other;
+        steps[i](d, y);
+        y = d;
+      }
+      if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
+    };
+  }
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {x, fold.a, fold.shift, output_ref(0)}));
 }
