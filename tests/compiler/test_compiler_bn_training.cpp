@@ -472,18 +472,20 @@ TEST_CASE("BNTrainingReduceGrad and BNTrainingUpdate: tiles in UB bank windows o
   // different bank windows, so the vector unit's repeats rarely meet in a bank (what remains:
   // the f16 conversions, whose f16 side advances half as fast, the ReLU mask's constant
   // repeats and the once-per-block resident work). Measured on the 910b at this shape, the
-  // share of the vector unit's busy cycles that are bank conflicts: the x gradient 12-13 %, the
-  // apply 0-5 %, against 33-50 % and 39-46 % with the tiles in place and wherever the layout
-  // put them. Values: check_grads and check_update.
+  // share of the vector unit's busy cycles that are bank conflicts: the x gradient 13-14 %, the
+  // apply 5 %, against 33-50 % and 39-40 % with the tiles in place and wherever the layout put
+  // them. The memory-bound f32 passes keep that layout (the x gradient without the mask, the
+  // apply). Values: check_grads and check_update.
   for (DataType dt : {DataType::F32, DataType::F16})
     for (bool relu : {false, true}) {
       const TensorDesc t{dt, {8, 32, 32, 64}}, v{DataType::F32, {64}};
       std::vector<TensorDesc> grad = {t, t, v, v, v, v, v};
       if (relu) grad.push_back(v);
-      for (const auto& [type, in, launch] :
-           {std::tuple<std::string, std::vector<TensorDesc>, size_t>{"BNTrainingReduceGrad", grad,
-                                                                     0},
-            {"BNTrainingUpdate", {t, v, v, v, v}, 1}}) {
+      std::vector<std::tuple<std::string, std::vector<TensorDesc>, size_t>> placed;
+      if (dt == DataType::F16 || relu) placed.emplace_back("BNTrainingReduceGrad", grad, 0);
+      if (dt == DataType::F16)
+        placed.emplace_back("BNTrainingUpdate", std::vector<TensorDesc>{t, v, v, v, v}, 1);
+      for (const auto& [type, in, launch] : placed) {
         const auto [conflicts, busy] = vector_bank_conflicts(type, in, {{"relu", relu}}, launch);
         INFO(type << " " << compiler::data_type_name(dt) << (relu ? " relu" : "") << ": "
                   << conflicts << " conflict cycles of " << busy << " busy");

@@ -126,17 +126,16 @@ void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc&
 // The element-wise pass: out = f(tensors, per-channel vectors), computed in f32. compute's
 // temps: `temps` f32 tiles, then `extra_temps` (whose constants `prologue` fills, given every
 // temp of the kernel: for f16 / bf16 the widened tensors' come first).
-void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& name,
-                        const std::vector<int64_t>& shape, DataType dt,
-                        const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
-                        const ArgRef& out, int temps,
-                        std::function<void(KernelBuilder&, const TileOperands&,
-                                           const std::vector<uint64_t>& f32_tensors)>
-                            compute,
-                        const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
-                        std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>
-                            prologue = {},
-                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
+void append_elementwise(
+    CompiledKernel& k, const OpDesc& op, const std::string& name, const std::vector<int64_t>& shape,
+    DataType dt, const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
+    const ArgRef& out, int temps,
+    std::function<void(KernelBuilder&, const TileOperands&,
+                       const std::vector<uint64_t>& f32_tensors)>
+        compute,
+    const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
+    std::function<void(KernelBuilder&, const std::vector<uint64_t>&)> prologue = {},
+    std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = name;
@@ -367,38 +366,45 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
 // stands for the rounding to T).
 //
 // One stream kernel, computed in f32: dy and x widened to F0 and F1 (f32: their input tiles),
-// two f32 scratch tiles U and V. No instruction writes a tile it reads, and the tiles sit in UB
-// bank windows (StreamSpec::out_window) such that each instruction's tiles are in different
-// ones: F0 0, F1 1, U 2, V 3, the output 2; the vectors mdy 1, mean 0, c2 5, c1 4, shift 5;
-// f16 / bf16 dy and x 1 and 0 (f32: they are F0 and F1). (Measured, docs/compiler.md "The batch
-// norm's x gradient": in place and unplaced, half the vector unit's time went to bank conflicts.)
+// an f32 scratch tile U (and V with the mask). No instruction writes a tile it reads, and the
+// tiles sit in UB bank windows (StreamSpec::out_window) such that each instruction's tiles are
+// in different ones: F0 0, F1 1, U 2, V 3, the output 2; the vectors mdy 1, mean 3, c2 5, c1 4,
+// shift 5; f16 / bf16 dy and x 1 and 0 (f32: they are F0 and F1). (Measured, docs/compiler.md "The
+// batch norm's passes in bank windows": in place and unplaced, half the vector unit's time went
+// to bank conflicts.) Not the f32 pass without the mask: memory-bound (12 bytes of HBM traffic
+// per element for 5 instructions), it keeps its former in-place steps and layout, which
+// measured faster there than the placed ones (the same document).
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
                         DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
                         std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const bool relu = vectors.size() == 6;
   const Dtype t_dev = device_dtype(dt);
   const bool widen = dt != DataType::F32;
+  const bool placed = widen || relu;
+  const auto window = [placed](int w) { return placed ? w : -1; };
   const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt));
   spec.out_type = t_dev;
   spec.out_shape = shape;
-  spec.out_window = 2;
-  spec.inputs.push_back(StreamInput{t_dev, broadcast_view(shape, shape), shape, widen ? 1 : 0});
-  spec.inputs.push_back(StreamInput{t_dev, broadcast_view(shape, shape), shape, widen ? 0 : 1});
-  const int vector_windows[6] = {1, 0, 5, 4, 3, 5};  // mdy, mean, c2, c1, unused, shift
+  spec.out_window = window(2);
+  spec.inputs.push_back(
+      StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 1 : 0)});
+  spec.inputs.push_back(
+      StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 0 : 1)});
+  const int vector_windows[6] = {1, 3, 5, 4, 0, 5};  // mdy, mean, c2, c1, unused, shift
   for (size_t i = 0; i < vectors.size(); ++i)
     spec.inputs.push_back(
-        StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}, vector_windows[i]});
+        StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}, window(vector_windows[i])});
   if (widen) {
     spec.temps.push_back(TempSpec{"dy (f32)", 4, 0, 0});
     spec.temps.push_back(TempSpec{"x (f32)", 4, 0, 1});
   }
-  const size_t scratch = spec.temps.size();  // U, V, then the ReLU's
-  spec.temps.push_back(TempSpec{"U", 4, 0, 2});
-  spec.temps.push_back(TempSpec{"V", 4, 0, 3});
+  const size_t scratch = spec.temps.size();  // U (, V, then the ReLU's)
+  spec.temps.push_back(TempSpec{"U", 4, 0, window(2)});
   if (relu) {
+    spec.temps.push_back(TempSpec{"V", 4, 0, 3});
     spec.temps.push_back(TempSpec{"mask bits", 1.0 / 8, 0});
     spec.temps.push_back(TempSpec{"1.0f repeat", 0, vec::kRepeatBytes});
     spec.temps.push_back(TempSpec{"0.0f repeat", 0, vec::kRepeatBytes});
@@ -413,7 +419,7 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
   spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     const uint64_t f0 = widen ? t.temp[0] : t.in[0], f1 = widen ? t.temp[1] : t.in[1];
-    const uint64_t u = t.temp[scratch], v = t.temp[scratch + 1];
+    const uint64_t u = t.temp[scratch];
     const uint64_t mdy = t.in[2], mean = t.in[3], c2 = t.in[4], c1 = t.in[5];
     auto op3 = [&](Opcode o, uint64_t d, uint64_t x, uint64_t y) {
       vec_binary(b, o, Dtype::F32, d, x, y, n);
@@ -423,29 +429,39 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
       vec_convert(b, Dtype::F32, t_dev, f1, t.in[1], RoundMode::kRint, n);
     }
     if (relu) {
-      const uint64_t bits = t.temp[scratch + 2], one = t.temp[scratch + 3],
+      const uint64_t v = t.temp[scratch + 1], bits = t.temp[scratch + 2], one = t.temp[scratch + 3],
                      zero = t.temp[scratch + 4];
       const uint64_t above = threshold == 0.0f ? zero : t.temp[scratch + 5];
       op3(Opcode::op_vmul, u, f1, c1);  // x * a + shift, as the apply
       op3(Opcode::op_vadd, v, u, t.in[7]);
       vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
       vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
-      op3(Opcode::op_vmul, v, f0, u);       // ReluGrad's product
-      op3(Opcode::op_vsub, f0, v, mdy);     // dy - mdy
-      op3(Opcode::op_vsub, u, f1, mean);    // x - mean
-      op3(Opcode::op_vmul, v, u, c2);       // (x - mean) * c2
+      op3(Opcode::op_vmul, v, f0, u);     // ReluGrad's product
+      op3(Opcode::op_vsub, f0, v, mdy);   // dy - mdy
+      op3(Opcode::op_vsub, u, f1, mean);  // x - mean
+      op3(Opcode::op_vmul, v, u, c2);     // (x - mean) * c2
       op3(Opcode::op_vsub, f1, f0, v);
-    } else {
+    } else if (!placed) {  // f32: dy and x's input tiles, U, in place
       op3(Opcode::op_vsub, u, f0, mdy);
-      op3(Opcode::op_vsub, v, f1, mean);
-      op3(Opcode::op_vmul, f0, v, c2);
-      op3(Opcode::op_vsub, f1, u, f0);
+      op3(Opcode::op_vsub, f1, f1, mean);
+      op3(Opcode::op_vmul, f1, f1, c2);
+      op3(Opcode::op_vsub, u, u, f1);
+      op3(Opcode::op_vmul, u, u, c1);
+      vec_copy_bits(b, 4, t.out, u, n);
+      return;
+    } else {  // the same steps, through F0 and F1 once they are read
+      op3(Opcode::op_vsub, u, f0, mdy);
+      op3(Opcode::op_vsub, f0, f1, mean);
+      op3(Opcode::op_vmul, f1, f0, c2);
+      op3(Opcode::op_vsub, f0, u, f1);
     }
+    // the difference (relu: in F1, else in F0) times c1, into the output (f32) or the other
+    const uint64_t diff = relu ? f1 : f0, other = relu ? f0 : f1;
     if (!widen) {
-      op3(Opcode::op_vmul, t.out, f1, c1);
+      op3(Opcode::op_vmul, t.out, diff, c1);
     } else {
-      op3(Opcode::op_vmul, f0, f1, c1);
-      vec_convert(b, t_dev, Dtype::F32, t.out, f0, RoundMode::kRint, n);
+      op3(Opcode::op_vmul, other, diff, c1);
+      vec_convert(b, t_dev, Dtype::F32, t.out, other, RoundMode::kRint, n);
     }
   };
   if (resident)
@@ -655,8 +671,8 @@ bool relu_attr(const OpDesc& op, size_t inputs, size_t extra) {
   if (relu && op.inputs.size() != inputs)
     op.fail(fmt::format("with relu = true takes {} inputs, {} given", inputs, op.inputs.size()));
   if (!relu && op.inputs.size() == inputs && extra)
-    op.fail(fmt::format("takes {} inputs without relu, {} given", inputs - extra,
-                        op.inputs.size()));
+    op.fail(
+        fmt::format("takes {} inputs without relu, {} given", inputs - extra, op.inputs.size()));
   return relu;
 }
 
@@ -687,8 +703,8 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
     // statistics, scale and offset (cp long: the sums read the padded channels too).
     s.relu_mask = true;
     s.mask_vectors = 3;  // batch_variance, scale, offset
-    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v,
-                        uint64_t a, uint64_t shift, uint64_t tmp) {
+    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v, uint64_t a,
+                        uint64_t shift, uint64_t tmp) {
       bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
     };
     for (int i : {3, 4, 5})
@@ -733,31 +749,29 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   std::vector<ArgRef> vectors = {input_ref(3), input_ref(5), input_ref(2), input_ref(4),
                                  input_ref(6)};
   if (relu) vectors.push_back(input_ref(7));
-  append_training_dx(
-      k, op, t.shape, t.dt, vectors, ctx.cfg,
-      [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
-        const Reg& n = *o.count;
-        const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1], ds_c2 = o.in[2],
-                       scale_c1 = o.in[3], var = o.in[4];
-        f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
-        f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-        f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);  // c1 = scale * r
-        f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
-        f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
-        f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
-        if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
-          f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
-          f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
-        }
-      });
+  append_training_dx(k, op, t.shape, t.dt, vectors, ctx.cfg,
+                     [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
+                       const Reg& n = *o.count;
+                       const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1],
+                                      ds_c2 = o.in[2], scale_c1 = o.in[3], var = o.in[4];
+                       f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
+                       f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+                       f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);   // c1 = scale * r
+                       f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
+                       f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
+                       f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
+                       if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+                         f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
+                         f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
+                       }
+                     });
   return k;
 }
 
 }  // namespace
 
-void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x,
-                               int64_t pixels, int64_t c, DataType dt, int out,
-                               const ChipConfig& cfg) {
+void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x, int64_t pixels,
+                               int64_t c, DataType dt, int out, const ChipConfig& cfg) {
   const Padded xp = padded(k, op, x, pixels, c, dt, cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumSquares;
