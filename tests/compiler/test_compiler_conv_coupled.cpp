@@ -177,6 +177,11 @@ TEST_CASE("coupled chip: Conv2DBackpropFilter, the fused kernel through the UB, 
       DataType::F16, ConvCase{8, 64, 64, 16, 1, 1, 16}.window(2, 2, 1, 1, "VALID"), 36);
   CHECK(has_launch(fused, "FilterGrad"));
   CHECK(has_launch(fused, "Sum_f32"));
+  // 1x1 stride 2 over 4 images of 8x6: x viewed as one tall map of the even rows and columns,
+  // loaded by columns; 9 output channels, f32 rows padded through the UB.
+  CHECK(mentions(check_conv2d_backprop_filter(
+                     DataType::F16, ConvCase{4, 8, 6, 32, 1, 1, 9}.window(2, 2, 1, 1, "SAME"), 41),
+                 "slab loaded by columns"));
   // 3 channels in parts: the sum's packing copy (f32, and f16 rounded then widened).
   for (auto [dt, mode] : {std::pair{DataType::F16, PrecisionMode::kAllowFp32ToFp16},
                           std::pair{DataType::F32, PrecisionMode::kAllowFp32ToFp16},

@@ -77,6 +77,7 @@
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused.h"
@@ -820,6 +821,43 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   return cols;
 }
 
+// The filter gradient's view of x for a window one tap tall (or wide) with a stride: such a
+// window reads only every sh-th row (sw-th column) of x, so x is viewed as the map of those rows
+// (columns) with stride 1: rows x_row * sh elements apart (pixels x_pixel * sw), the same
+// img2col matrix, column for column, without the slab loading the rows (pixels) no position
+// reads. Then a window one tap tall of stride 1 without padding along H never crosses a row, so
+// where the images follow each other row for row (x_image = h * x_row) the batch is one tall
+// map of images * h rows: chunks run across images instead of each image's positions rounded
+// up to 16 (ResNet-50's 1x1 stride-2 layers: 49 positions per image at 7x7, a chunk of 64).
+// Needs every row of x in the view, so not with padding along the strided side.
+void view_strided_rows(FilterGradSpec& s) {
+  if (s.x_row == 0) {  // dense NHWC
+    s.x_pixel = s.c;
+    s.x_row = s.w * s.c;
+    s.x_image = s.h * s.w * s.c;
+  }
+  if (s.kh == 1 && s.sh > 1 && s.pt == 0 && s.pb == 0) {
+    s.h = s.oh();
+    s.x_row *= s.sh;
+    s.sh = s.dh = 1;
+  }
+  if (s.kw == 1 && s.sw > 1 && s.pl == 0 && s.pr == 0) {
+    s.w = s.ow();
+    s.x_pixel *= s.sw;
+    s.sw = s.dw = 1;
+  }
+  const int64_t rows = s.images * s.h;
+  if (s.kh == 1 && s.sh == 1 && s.pt == 0 && s.pb == 0 && s.x_image == s.h * s.x_row &&
+      rows <= field_max(isa::FieldKind::RU16)) {
+    s.images = 1;
+    s.h = rows;
+    s.x_image = rows * s.x_row;
+  }
+  // A dense map still (images merged or nothing changed): one copy per channel plane.
+  if (s.x_pixel == s.c && s.x_row == s.w * s.c && s.x_image == s.h * s.x_row)
+    s.x_pixel = s.x_row = s.x_image = 0;
+}
+
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
 // workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
@@ -834,6 +872,7 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   s.in_type = device_dtype(ct.cube);
   s.cout = f[3];
   set_image_window(s, x, cw, true);
+  view_strided_rows(s);
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
