@@ -496,13 +496,15 @@ class WindowRowKernel {
 
   // Window rows per band: the split of each image's oh window rows (over `items_per_band`
   // items per band, e.g. images x channel groups) that gives the busiest core the fewest
-  // window rows, each band's `extra` rebuilt rows counted.
-  int64_t choose_band(int64_t items_per_band, int64_t extra, int64_t cores) const {
-    int64_t band = m_s.oh, best = -1;
+  // window rows, each band's `extra` window rows' worth of work at its start counted.
+  int64_t choose_band(int64_t items_per_band, double extra, int64_t cores) const {
+    int64_t band = m_s.oh;
+    double best = -1;
     for (int64_t split = 1; split <= m_s.oh; ++split) {
       const int64_t rows = ceil_div(m_s.oh, split);
       const int64_t n = items_per_band * ceil_div(m_s.oh, rows);
-      const int64_t load = ceil_div(n, cores) * (rows + extra);
+      const double load =
+          static_cast<double>(ceil_div(n, cores)) * (static_cast<double>(rows) + extra);
       if (best < 0 || load < best) {
         best = load;
         band = rows;
@@ -564,7 +566,8 @@ class MaxPoolGradEmitter : WindowRowKernel {
     m_carry_x = carry_x_rows(core.count);
     const int64_t groups = m_s.cp / m_ct;
     // Bands of window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
-    const int64_t band = choose_band(m_s.n * groups, (m_s.kh - 1) / m_s.sh, core.count);
+    const int64_t band =
+        choose_band(m_s.n * groups, static_cast<double>((m_s.kh - 1) / m_s.sh), core.count);
     const int64_t bands = ceil_div(m_s.oh, band);
     const int64_t items = m_s.n * groups * bands;
     const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
@@ -990,7 +993,11 @@ class MaxPoolEmitter : WindowRowKernel {
         static_cast<double>(m_s.kh * m_s.kw - 1) * run_cycles(bytes(m_s.ow));
     m_carry_x = carry_pays(vector, 0, core.count);
     const int64_t groups = m_s.cp / m_ct;
-    const int64_t band = choose_band(m_s.n * groups, 0, core.count);
+    // A band's first window row loads all kh x rows: with carried rows, kh - sh more than the
+    // others (in window rows of MTE2 work: (kh - sh) / sh).
+    const double extra =
+        m_carry_x ? static_cast<double>(carried_x()) / static_cast<double>(m_s.sh) : 0;
+    const int64_t band = choose_band(m_s.n * groups, extra, core.count);
     const int64_t bands = ceil_div(m_s.oh, band);
     const int64_t items = m_s.n * groups * bands;
     const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
