@@ -438,6 +438,7 @@ class WindowRowKernel {
       : m_s(s),
         m_b(fmt::format("{}_{}", name, isa::dtype_name(s.type)), op, cfg),
         m_size(isa::dtype_size(s.type)) {}
+  virtual ~WindowRowKernel() = default;
 
   // ---- geometry ----
   // x rows two consecutive window rows share.
@@ -513,7 +514,99 @@ class WindowRowKernel {
     return band;
   }
 
+  // ---- the items' loop ----
+
+  // The items: (image, channel group, band of `band` window rows), `per` consecutive items a
+  // block, over block_dim blocks.
+  struct Items {
+    int64_t band = 0, items = 0, per = 0;
+    int block_dim = 0;
+  };
+  Items plan_items(int64_t groups, double extra, int64_t cores) const {
+    Items r;
+    r.band = choose_band(m_s.n * groups, extra, cores);
+    r.items = m_s.n * groups * ceil_div(m_s.oh, r.band);
+    r.per = ceil_div(r.items, std::min<int64_t>(cores, r.items));
+    r.block_dim = static_cast<int>(ceil_div(r.items, r.per));
+    return r;
+  }
+
+  // The UB address of x row a (< kh) of parity p.
+  virtual uint64_t x_row(int p, int64_t a) const = 0;
+  // Every x row of both parities -inf: MTE2 writes the map's pixels only, the padding keeps it.
+  void fill_x_rows() {
+    for (int p = 0; p < 2; ++p)
+      for (int64_t a = 0; a < m_s.kh; ++a)
+        vec_dup_bits(m_b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+  }
+  // An item's registers: image, channel group, its band's first window row, the first window
+  // row it walks (`rebuild` earlier, at least 0) and how many.
+  struct Item {
+    const Reg &img, &g, &band_first, &first, &steps;
+  };
+  // The blocks' items of `plan`: item = (image * groups + channel group) * bands + band;
+  // body(item) per item.
+  void for_each_item(const Items& plan, int64_t groups, int64_t rebuild,
+                     const std::function<void(const Item&)>& body) {
+    KernelBuilder& b = m_b;
+    const int64_t band = plan.band, bands = ceil_div(m_s.oh, band);
+    Reg item = b.reg("item"), end = b.reg("end item");
+    emit_block_range(b, item, end, plan.per, plan.items);
+    b.for_range(item, item, end, 1, [&] {
+      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
+      Reg img = b.reg("image"), g = b.reg("channel group"), band_first = b.reg("band's first");
+      Reg first = b.reg("first window row"), steps = b.reg("window rows of the item");
+      b.rem(band_first, item, bands);
+      b.div(img, item, bands);
+      b.rem(g, img, groups);
+      b.div(img, img, groups);
+      b.mul(band_first, band_first, band);
+      b.add(steps, band_first, band);
+      b.min(steps, steps, m_s.oh, "window rows end");
+      b.sub(first, band_first, rebuild, "rebuilt window rows before the band");
+      b.max(first, first, 0);
+      b.sub(steps, steps, first);
+      body({img, g, band_first, first, steps});
+    });
+  }
+  // Window rows [first, first + steps) as a software pipeline (KernelBuilder::pipelined_steps):
+  // load(p, oh, t) and compute(p, oh, t) of step t, window row oh, parity p = t & 1.
+  using RowStep = std::function<void(int, const Reg&, const Reg&)>;
+  void pipelined_rows(const Reg& first, const Reg& steps, const RowStep& load,
+                      const RowStep& compute) {
+    KernelBuilder& b = m_b;
+    auto step = [&](const RowStep& f) {
+      return [&](const Reg& t) {
+        Reg oh = b.reg("window row"), parity = b.reg("parity");
+        b.add(oh, first, t);
+        b.and_(parity, t, 1);
+        b.by_parity(parity, [&](int p) { f(p, oh, t); });
+      };
+    };
+    b.pipelined_steps(steps, step(load), step(compute));
+  }
+
   // ---- MTE ----
+
+  // MTE2: the x rows of window row oh (step t of an item) that lie in the map, into the rows of
+  // parity p: all kh, or with m_carry_x all kh at the item's first step and after that the last
+  // sh (V copies the first kh - sh from the previous window row's rows).
+  void load_x_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
+    KernelBuilder& b = m_b;
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      auto load = [&] {
+        Reg r = b.reg("input row");
+        b.mul(r, oh, m_s.sh);
+        b.add(r, r, a - m_s.pt);
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+        });
+      };
+      if (a < carried_x() && m_carry_x) b.if_(eq(t, 0), load);
+      else load();
+    }
+  }
 
   // Row `row` of image img, channel group g, of tensor `arg` (height x width pixels) between GM
   // and the padded, plane-split UB row at `ub` (its map's columns only).
@@ -531,6 +624,7 @@ class WindowRowKernel {
   KernelBuilder m_b;
   const int64_t m_size;
   int64_t m_ct = 0;
+  bool m_carry_x = false;  // the shared x rows carried by V (carry_pays)
 };
 
 // MaxPoolGrad as CANN does it on the vector unit: items are (image, channel group, band of
@@ -566,12 +660,8 @@ class MaxPoolGradEmitter : WindowRowKernel {
     m_carry_x = carry_x_rows(core.count);
     const int64_t groups = m_s.cp / m_ct;
     // Bands of window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
-    const int64_t band =
-        choose_band(m_s.n * groups, static_cast<double>((m_s.kh - 1) / m_s.sh), core.count);
-    const int64_t bands = ceil_div(m_s.oh, band);
-    const int64_t items = m_s.n * groups * bands;
-    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
-    const int block_dim = static_cast<int>(ceil_div(items, per));
+    const Items plan =
+        plan_items(groups, static_cast<double>((m_s.kh - 1) / m_s.sh), core.count);
     b.begin_section(kind);
     allocate();
     b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -581,50 +671,25 @@ class MaxPoolGradEmitter : WindowRowKernel {
     m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x and dy rows free");
     m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "dx rows computed");
     m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
-    // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
-    for (int p = 0; p < 2; ++p)
-      for (int64_t a = 0; a < m_s.kh; ++a)
-        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+    fill_x_rows();
     vec_dup_bits(b, m_size, m_l.zeros, 0, m_s.ow * m_ct);
     if (m_l.zero_row) vec_dup_bits(b, m_size, m_l.zero_row, 0, m_s.w * m_ct);
     for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
     for (int d = 0; d < m_l.dx_sets; ++d) b.set_flag(m_out_free, d);
-    Reg item = b.reg("item"), end = b.reg("end item");
-    emit_block_range(b, item, end, per, items);
-    b.for_range(item, item, end, 1, [&] {
-      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
-      Reg img = b.reg("image"), g = b.reg("channel group"), first = b.reg("first window row");
-      Reg stop = b.reg("window rows end"), own = b.reg("first dx row of the band");
-      Reg steps = b.reg("window rows of the item");
-      b.rem(first, item, bands);
-      b.div(img, item, bands);
-      b.rem(g, img, groups);
-      b.div(img, img, groups);
-      b.mul(first, first, band);
-      b.mul(own, first, m_s.sh);
+    // A band starts (kh - 1) / sh window rows early to rebuild its first rows' carried sums.
+    for_each_item(plan, groups, (m_s.kh - 1) / m_s.sh, [&](const Item& it) {
+      Reg own = b.reg("first dx row of the band");
+      b.mul(own, it.band_first, m_s.sh);
       b.sub(own, own, m_s.pt);
-      b.add(stop, first, band);
-      b.min(stop, stop, m_s.oh);
-      b.sub(first, first, (m_s.kh - 1) / m_s.sh, "rebuild the carried dx rows of the band");
-      b.max(first, first, 0);
-      b.sub(steps, stop, first);
-      b.pipelined_steps(
-          steps,
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh, t); });
-          },
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, own); });
+      pipelined_rows(
+          it.first, it.steps,
+          [&](int p, const Reg& oh, const Reg& t) { load_step(p, it.img, it.g, oh, t); },
+          [&](int p, const Reg& oh, const Reg& t) {
+            compute_step(p, it.img, it.g, oh, t, own);
           });
       if (m_carry_x) {  // the last step's x rows, held for a next step that is not
         Reg last = b.reg("parity of the last step");
-        b.sub(last, steps, 1);
+        b.sub(last, it.steps, 1);
         b.and_(last, last, 1);
         b.by_parity(last, [&](int p) { b.set_flag(m_in_free, p); });
       }
@@ -634,12 +699,12 @@ class MaxPoolGradEmitter : WindowRowKernel {
     b.end();
     Launch l;
     l.kernel = b.finish();
-    l.block_dim = block_dim;
+    l.block_dim = plan.block_dim;
     l.summary = fmt::format(
         "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
         "band of {} window rows) over {} blocks of {}, {} dx set(s){}{}",
         isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
-        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
+        plan.items, m_ct, plan.band, plan.block_dim, plan.per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
         m_carry_x ? ", x rows carried" : "");
     return l;
   }
@@ -785,7 +850,7 @@ class MaxPoolGradEmitter : WindowRowKernel {
     if (base != 0) m_b.fail("MaxPoolGrad: its UB layout must start at UB address 0");
   }
 
-  uint64_t x_row(int p, int64_t a) const {
+  uint64_t x_row(int p, int64_t a) const override {
     return m_l.x[p] + static_cast<uint64_t>(a) * m_l.row_stride;
   }
   int dx_set(int p) const { return m_l.dx_sets == 2 ? p : 0; }
@@ -795,27 +860,13 @@ class MaxPoolGradEmitter : WindowRowKernel {
 
   // ---- MTE ----
 
-  // MTE2: the dy row and the x rows of window row oh (step t of the item): all kh, or with
-  // m_carry_x all kh at the item's first step and after that the last sh (V copies the first
-  // kh - sh from the previous window row's rows).
+  // MTE2: the dy row and the x rows of window row oh (step t of the item).
   void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
     b.wait_flag(m_in_free, p);
     copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_l.dy[p]);
-    for (int64_t a = 0; a < m_s.kh; ++a) {
-      auto load = [&] {
-        Reg r = b.reg("input row");
-        b.mul(r, oh, m_s.sh);
-        b.add(r, r, a - m_s.pt);
-        b.if_(ge(r, 0), [&] {
-          b.if_(lt(r, m_s.h),
-                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
-        });
-      };
-      if (a < carried() && m_carry_x) b.if_(eq(t, 0), load);
-      else load();
-    }
+    load_x_rows(p, img, g, oh, t);
     b.set_flag(m_in_ready, p);
   }
 
@@ -965,7 +1016,6 @@ class MaxPoolGradEmitter : WindowRowKernel {
   }
 
   Layout m_l;
-  bool m_carry_x = false;  // carry_x_rows()
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
@@ -997,11 +1047,7 @@ class MaxPoolEmitter : WindowRowKernel {
     // others (in window rows of MTE2 work: (kh - sh) / sh).
     const double extra =
         m_carry_x ? static_cast<double>(carried_x()) / static_cast<double>(m_s.sh) : 0;
-    const int64_t band = choose_band(m_s.n * groups, extra, core.count);
-    const int64_t bands = ceil_div(m_s.oh, band);
-    const int64_t items = m_s.n * groups * bands;
-    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
-    const int block_dim = static_cast<int>(ceil_div(items, per));
+    const Items plan = plan_items(groups, extra, core.count);
     b.begin_section(kind);
     allocate();
     b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -1010,41 +1056,17 @@ class MaxPoolEmitter : WindowRowKernel {
     m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x rows free");
     m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "y row computed");
     m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "y row stored");
-    // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
-    for (int p = 0; p < 2; ++p)
-      for (int64_t a = 0; a < m_s.kh; ++a)
-        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+    fill_x_rows();
     for (int p = 0; p < 2; ++p) {
       b.set_flag(m_in_free, p);
       b.set_flag(m_out_free, p);
     }
-    Reg item = b.reg("item"), end = b.reg("end item");
-    emit_block_range(b, item, end, per, items);
-    b.for_range(item, item, end, 1, [&] {
-      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
-      Reg img = b.reg("image"), g = b.reg("channel group"), first = b.reg("first window row");
-      Reg steps = b.reg("window rows of the item");
-      b.rem(first, item, bands);
-      b.div(img, item, bands);
-      b.rem(g, img, groups);
-      b.div(img, img, groups);
-      b.mul(first, first, band);
-      b.sub(steps, first, m_s.oh);
-      b.mul(steps, steps, -1);
-      b.min(steps, steps, band, "window rows of the band");
-      b.pipelined_steps(
-          steps,
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh, t); });
-          },
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, steps); });
+    for_each_item(plan, groups, 0, [&](const Item& it) {
+      pipelined_rows(
+          it.first, it.steps,
+          [&](int p, const Reg& oh, const Reg& t) { load_step(p, it.img, it.g, oh, t); },
+          [&](int p, const Reg& oh, const Reg& t) {
+            compute_step(p, it.img, it.g, oh, t, it.steps);
           });
     });
     for (int p = 0; p < 2; ++p) {
@@ -1054,12 +1076,12 @@ class MaxPoolEmitter : WindowRowKernel {
     b.end();
     Launch l;
     l.kernel = b.finish();
-    l.block_dim = block_dim;
+    l.block_dim = plan.block_dim;
     l.summary = fmt::format(
         "MaxPool {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x band "
         "of {} window rows) over {} blocks of {}{}",
         isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
-        items, m_ct, band, block_dim, per, m_carry_x ? ", x rows carried" : "");
+        plan.items, m_ct, plan.band, plan.block_dim, plan.per, m_carry_x ? ", x rows carried" : "");
     return l;
   }
 
@@ -1090,29 +1112,16 @@ class MaxPoolEmitter : WindowRowKernel {
     }
     m_tmp = m_b.alloc(Buf::UB, run + kSlack, "running max");
   }
-  uint64_t x_row(int p, int64_t a) const {
+  uint64_t x_row(int p, int64_t a) const override {
     return m_x[p] + static_cast<uint64_t>(a) * (bytes(row_pixels()) + kSlack);
   }
 
-  // MTE2: the x rows of window row oh (step t of the item) inside the map: all kh, or with
-  // m_carry_x all kh at the item's first step and after that the last sh.
+  // MTE2: the x rows of window row oh (step t of the item).
   void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
     b.wait_flag(m_in_free, p);
-    for (int64_t a = 0; a < m_s.kh; ++a) {
-      auto load = [&] {
-        Reg r = b.reg("input row");
-        b.mul(r, oh, m_s.sh);
-        b.add(r, r, a - m_s.pt);
-        b.if_(ge(r, 0), [&] {
-          b.if_(lt(r, m_s.h),
-                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
-        });
-      };
-      if (a < carried_x() && m_carry_x) b.if_(eq(t, 0), load);
-      else load();
-    }
+    load_x_rows(p, img, g, oh, t);
     b.set_flag(m_in_ready, p);
   }
 
@@ -1163,7 +1172,6 @@ class MaxPoolEmitter : WindowRowKernel {
     b.set_flag(m_out_free, p);
   }
 
-  bool m_carry_x = false;
   uint64_t m_x[2] = {}, m_y[2] = {}, m_tmp = 0;
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
