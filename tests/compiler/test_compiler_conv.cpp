@@ -44,6 +44,17 @@ TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch 
   check_conv2d(DataType::F16, g, 6);
   ConvCase h{2, 2, 3, 6, 5, 4, 9};  // SAME with the window larger than the image
   check_conv2d(DataType::F16, h, 7);
+  // 1x1 stride 2 over H and W multiples of 2: x viewed as its even rows and columns, the batch
+  // one tall map of 4 x 4 x 3 positions (32 channels: the slab loaded by columns); bf16 and
+  // with the bias too. (e above: 9 x 7, odd, viewed per image, loaded by rows.)
+  ConvCase v{4, 8, 6, 32, 1, 1, 24};
+  v.sh = v.sw = 2;
+  check_conv2d(DataType::F16, v, 8);
+  check_conv2d(DataType::BF16, v, 9);
+  check_conv2d_bias_add(v, true, 54);
+  const TensorDesc vx{DataType::F16, {4, 8, 6, 32}}, vf{DataType::F16, {1, 1, 32, 24}};
+  auto k = compiler::compile(make_op("Conv2D", {vx, vf}, v.attrs()), test_sim().config());
+  CHECK_THAT(k.launches.back().summary, Catch::Contains("1x16x3x32 f16 (1x1 window, stride 1x1"));
 }
 
 TEST_CASE("Conv2D width fold: few input channels, no padding along W (the first layer)") {

@@ -149,6 +149,8 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 30);
   check_conv2d_bias_add(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, 31);
+  // 1x1 stride 2, even sizes: x viewed as one tall map of its even rows and columns
+  check_conv2d_bias_add(ConvCase{4, 8, 6, 32, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), true, 33);
   // f16 x, filter and y with the f32 bias (allow_mix_precision): the f16 bias launch
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 32,
                         PrecisionMode::kAllowFp32ToFp16, DataType::F16);
