@@ -52,6 +52,10 @@ TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch 
   check_conv2d(DataType::F16, v, 8);
   check_conv2d(DataType::BF16, v, 9);
   check_conv2d_bias_add(v, true, 54);
+  // 256 channels (16 planes) over a tall map of 4 rows: the slab loaded per pixel, all planes.
+  ConvCase vp{2, 4, 6, 256, 1, 1, 16};
+  vp.sh = vp.sw = 2;
+  check_conv2d(DataType::F16, vp, 55);
   const TensorDesc vx{DataType::F16, {4, 8, 6, 32}}, vf{DataType::F16, {1, 1, 32, 24}};
   auto k = compiler::compile(make_op("Conv2D", {vx, vf}, v.attrs()), test_sim().config());
   CHECK_THAT(k.launches.back().summary, Catch::Contains("1x16x3x32 f16 (1x1 window, stride 1x1"));
@@ -310,6 +314,9 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
     CHECK(mentions(vn, "x 1x16x3x32"));
     CHECK(mentions(vn, "slab loaded by columns"));
   }
+  ConvCase vp{2, 4, 6, 256, 1, 1, 16};  // 16 planes over 4 rows: per pixel, all planes
+  vp.sh = vp.sw = 2;
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, vp, 70), "x 1x4x3x256"));
   ConvCase vr{3, 6, 8, 20, 1, 1, 17};  // by rows; f32 cast to f16 first
   vr.sh = vr.sw = 2;
   const std::vector<std::string> vrn = check_conv2d_backprop_filter(DataType::F32, vr, 67);

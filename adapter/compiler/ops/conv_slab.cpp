@@ -329,6 +329,27 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
   b.mov(r.d, a.dst);
   Reg col = b.reg("slab: column"), s = b.reg("slab: the column in x"),
       d = b.reg("slab: the column in the slab"), pb = b.reg("slab: plane bytes");
+  Label by_columns = b.label("slab_by_columns"), loaded = b.label("slab_loaded");
+  b.branch(ge(a.h, a.ncb), by_columns);
+  {
+    // Fewer rows than planes: per pixel, its ncb blocks (contiguous in x) to the planes.
+    Reg row = b.reg("slab: row");
+    b.sub(pb, r.plane, 1, "plane gap (blocks)");
+    b.for_range(row, 0, a.h, 1, [&] {
+      b.mov(s, r.src);
+      b.mov(d, r.d);
+      b.for_range(col, 0, m_g.ws, 1, [&] {
+        b.emit(Opcode::op_copy_gm2l1, {d, s, a.ncb, 1, 0, pb},
+               "one pixel, all planes (strided view of x)");
+        b.add(s, s, m_g.x_pixel * m_isz);
+        b.add(d, d, kBlkBytes);
+      });
+      b.add(r.src, r.src, m_g.x_row * m_isz);
+      b.add(r.d, r.d, wv() * kBlkBytes);
+    });
+    b.jmp(loaded);
+  }
+  b.bind(by_columns);
   b.mul(pb, r.plane, kBlkBytes);
   b.add(r.end, a.c1a, a.ncb);
   const int64_t src_gap = m_g.x_row * m_isz / kBlkBytes - 1, dst_gap = wv() - 1;
@@ -344,6 +365,7 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
     b.add(r.src, r.src, kBlk * m_isz);
     b.add(r.d, r.d, pb);
   });
+  b.bind(loaded);
 }
 
 // Per plane: nd2nz of the h * ws pixels (padding rows up to a multiple of 16 spill zeros into

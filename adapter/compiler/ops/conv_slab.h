@@ -162,7 +162,9 @@ class SlabEmitter {
   void load_stacked(const SlabArgs& a, Scratch& r);
   void load_dense(const SlabArgs& a, Scratch& r);
   void load_zero_inserted(const SlabArgs& a, Scratch& r, const Reg& uu);
-  // Per plane and column (strided_columns), one copy_gm2l1 of a block per row.
+  // Per plane and column (strided_columns), one copy_gm2l1 of a block per row; where the slab
+  // has fewer rows than planes (at run time), per pixel instead, one copy_gm2l1 of its ncb
+  // blocks (contiguous in x) to the planes.
   void load_strided_columns(const SlabArgs& a, Scratch& r);
   // Per plane, per slab row uu in [u, uend) by `step`: an nd2nz of the row's ws pixels,
   // `pixel` elements apart. source(c) sets r.src to x's address of row uu's block c; it runs
