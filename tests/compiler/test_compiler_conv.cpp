@@ -44,6 +44,21 @@ TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch 
   check_conv2d(DataType::F16, g, 6);
   ConvCase h{2, 2, 3, 6, 5, 4, 9};  // SAME with the window larger than the image
   check_conv2d(DataType::F16, h, 7);
+  // 1x1 stride 2 over H and W multiples of 2: x viewed as its even rows and columns, the batch
+  // one tall map of 4 x 4 x 3 positions (32 channels: the slab loaded by columns); bf16 and
+  // with the bias too. (e above: 9 x 7, odd, viewed per image, loaded by rows.)
+  ConvCase v{4, 8, 6, 32, 1, 1, 24};
+  v.sh = v.sw = 2;
+  check_conv2d(DataType::F16, v, 8);
+  check_conv2d(DataType::BF16, v, 9);
+  check_conv2d_bias_add(v, true, 54);
+  // 256 channels (16 planes) over a tall map of 4 rows: the slab loaded per pixel, all planes.
+  ConvCase vp{2, 4, 6, 256, 1, 1, 16};
+  vp.sh = vp.sw = 2;
+  check_conv2d(DataType::F16, vp, 55);
+  const TensorDesc vx{DataType::F16, {4, 8, 6, 32}}, vf{DataType::F16, {1, 1, 32, 24}};
+  auto k = compiler::compile(make_op("Conv2D", {vx, vf}, v.attrs()), test_sim().config());
+  CHECK_THAT(k.launches.back().summary, Catch::Contains("1x16x3x32 f16 (1x1 window, stride 1x1"));
 }
 
 TEST_CASE("Conv2D width fold: few input channels, no padding along W (the first layer)") {
@@ -287,6 +302,34 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, fold, 55), "(5x1 window"));
   fold.padding = "SAME";  // padding along W: no fold
   CHECK(mentions(check_conv2d_backprop_filter(DataType::F32, fold, 56), "(5x4 window"));
+  // A window one tap tall / wide with a stride reads every sh-th row / sw-th column: x viewed
+  // as those rows and columns with stride 1; where the images follow each other row for row
+  // (H a multiple of sh) the batch is one tall map (4 images of 4 x 3 positions: 1x16x3).
+  // Channels filling the planes, a narrow view: the slab is loaded by columns; 20 channels:
+  // by rows.
+  ConvCase v{4, 8, 6, 32, 1, 1, 24};
+  v.sh = v.sw = 2;
+  for (DataType dt : {DataType::F16, DataType::BF16}) {
+    const std::vector<std::string> vn = check_conv2d_backprop_filter(dt, v, 66);
+    CHECK(mentions(vn, "x 1x16x3x32"));
+    CHECK(mentions(vn, "slab loaded by columns"));
+  }
+  ConvCase vp{2, 4, 6, 256, 1, 1, 16};  // 16 planes over 4 rows: per pixel, all planes
+  vp.sh = vp.sw = 2;
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, vp, 70), "x 1x4x3x256"));
+  ConvCase vr{3, 6, 8, 20, 1, 1, 17};  // by rows; f32 cast to f16 first
+  vr.sh = vr.sw = 2;
+  const std::vector<std::string> vrn = check_conv2d_backprop_filter(DataType::F32, vr, 67);
+  CHECK(mentions(vrn, "x 1x9x4x20"));
+  CHECK(!mentions(vrn, "by columns"));
+  // H not a multiple of the stride (7 rows, stride 3 VALID: rows 0, 3, 6): viewed per image.
+  ConvCase odd = vr.window(3, 2, 1, 1, "VALID");
+  odd.h = 7;
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, odd, 68), "x 3x3x4x20"));
+  // 1x3 SAME, stride 2 along H only: rows subsampled and merged, padding along W kept.
+  ConvCase wide{2, 6, 7, 16, 1, 3, 8};
+  CHECK(mentions(check_conv2d_backprop_filter(DataType::F16, wide.window(2, 1, 1, 1, "SAME"), 69),
+                 "x 1x6x7x16 (1x3 window"));
   ConvCase w{8, 64, 64, 3, 3, 3, 5};  // strided 3x3 over 3 channels: the fused kernel in parts
   w.sh = w.sw = 2;
   w.dh = 2;

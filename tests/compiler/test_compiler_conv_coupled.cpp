@@ -149,6 +149,8 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 30);
   check_conv2d_bias_add(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, 31);
+  // 1x1 stride 2, even sizes: x viewed as one tall map of its even rows and columns
+  check_conv2d_bias_add(ConvCase{4, 8, 6, 32, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), true, 33);
   // f16 x, filter and y with the f32 bias (allow_mix_precision): the f16 bias launch
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 32,
                         PrecisionMode::kAllowFp32ToFp16, DataType::F16);
@@ -177,6 +179,11 @@ TEST_CASE("coupled chip: Conv2DBackpropFilter, the fused kernel through the UB, 
       DataType::F16, ConvCase{8, 64, 64, 16, 1, 1, 16}.window(2, 2, 1, 1, "VALID"), 36);
   CHECK(has_launch(fused, "FilterGrad"));
   CHECK(has_launch(fused, "Sum_f32"));
+  // 1x1 stride 2 over 4 images of 8x6: x viewed as one tall map of the even rows and columns,
+  // loaded by columns; 9 output channels, f32 rows padded through the UB.
+  CHECK(mentions(check_conv2d_backprop_filter(
+                     DataType::F16, ConvCase{4, 8, 6, 32, 1, 1, 9}.window(2, 2, 1, 1, "SAME"), 41),
+                 "slab loaded by columns"));
   // 3 channels in parts: the sum's packing copy (f32, and f16 rounded then widened).
   for (auto [dt, mode] : {std::pair{DataType::F16, PrecisionMode::kAllowFp32ToFp16},
                           std::pair{DataType::F32, PrecisionMode::kAllowFp32ToFp16},

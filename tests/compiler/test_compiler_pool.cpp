@@ -234,6 +234,25 @@ TEST_CASE("MaxPool and AvgPool: f32, f16, bf16, SAME/VALID, strides, odd sizes")
   check_forward(false, DataType::BF16, kCases[0], seed++);
 }
 
+TEST_CASE("MaxPool: window rows in the tensor's type, bands, carried x rows") {
+  // Every case in every type (the max is exact: y equals the reference bit for bit), and
+  // ResNet-50's stem pool shape at a small size: several bands of window rows per image, the
+  // kh - sh rows two window rows share carried by V where MTE2 bounds the window row (the tiny
+  // chip's config), the bottom padding row of SAME filled with -inf.
+  uint32_t seed = 300;
+  for (const PoolCase& p : kCases)
+    for (DataType dt : {DataType::F16, DataType::BF16}) check_forward(true, dt, p, seed++);
+  const PoolCase stem{2, 20, 18, 64, 3, 3, 2, 2, "SAME"};
+  for (DataType dt : {DataType::F16, DataType::F32}) check_forward(true, dt, stem, seed++);
+  HostTensor x = random_tensor(DataType::F16, stem.x_shape(), -1, 1, seed);
+  const auto k = compile_op(make_op("MaxPool", {x.desc}, stem.attrs()));
+  REQUIRE(k.launches.size() == 1);
+  CHECK_THAT(k.launches[0].summary, Catch::Contains("band of"));
+  if (test_sim().config().name == "tiny")
+    CHECK_THAT(k.launches[0].summary, Catch::Contains("band of 5 window rows") &&
+                                          Catch::Contains("x rows carried"));
+}
+
 TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum") {
   uint32_t seed = 100;
   for (const PoolCase& p : kCases) check_max_grad(DataType::F32, p, seed++);

@@ -119,12 +119,15 @@ def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_sha
 
 # The filter gradient's paths: a 1x1 window of stride 1 (x is the img2col matrix: the MatMul)
 # and the fused kernel (img2col made in L0A by load3dt), here over the width-folded view of few
-# channels without padding along W, and a 7x7 stride 2 over 3 channels with SAME padding. No
-# Img2col launch either way.
+# channels without padding along W, and a 7x7 stride 2 over 3 channels with SAME padding; 1x1
+# windows of stride 2 over x viewed as the rows and columns they read (one tall map of the
+# batch: loaded by columns with 32 channels, by rows with 20). No Img2col launch either way.
 @pytest.mark.parametrize("x_shape,w_shape,stride,padding,product", [
     ((2, 5, 6, 20), (1, 1, 20, 24), 1, "SAME", "MatMul_"),
     ((2, 9, 11, 3), (5, 4, 3, 8), 2, "VALID", "FilterGrad_"),
     ((1, 15, 13, 3), (7, 7, 3, 16), 2, "SAME", "FilterGrad_"),
+    ((4, 8, 6, 32), (1, 1, 32, 24), 2, "SAME", "FilterGrad_"),
+    ((3, 6, 8, 20), (1, 1, 20, 17), 2, "VALID", "FilterGrad_"),
 ], ids=str)
 def test_conv2d_filter_gradient_paths(npusim, tf, strict_placement, x_shape, w_shape, stride,
                                       padding, product):
@@ -171,8 +174,8 @@ def test_depthwise_conv2d_and_gradients(npusim, tf, strict_placement, x_shape, m
 
 
 @pytest.mark.parametrize("x_shape,ksize,stride,padding", [
-    ((2, 7, 9, 3), 2, 2, "VALID"), ((1, 6, 5, 20), 3, 2, "SAME"), ((1, 1, 4, 1), 1, 1, "SAME")],
-    ids=str)
+    ((2, 7, 9, 3), 2, 2, "VALID"), ((1, 6, 5, 20), 3, 2, "SAME"), ((1, 1, 4, 1), 1, 1, "SAME"),
+    ((2, 20, 18, 64), 3, 2, "SAME")], ids=str)
 def test_max_pool_and_gradient(npusim, tf, strict_placement, x_shape, ksize, stride, padding):
     # Distinct values: the gradient goes to the unique maximum of each window.
     n = int(np.prod(x_shape))

@@ -77,6 +77,7 @@
 #include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused.h"
@@ -102,6 +103,53 @@ constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 bool width_fold_pays(int64_t c, int64_t kw, int64_t pl, int64_t pr, int64_t dw) {
   return c < kFold16 && kw >= 2 && pl == 0 && pr == 0 && dw == 1 &&
          (kw * c + kFold16 - 1) / kFold16 < kw;
+}
+
+// The view of x for a window one tap tall (or wide) with a stride (the filter gradient's and
+// the convolution's): such a window reads only every sh-th row (sw-th column) of x, so x is
+// viewed as the map of those rows (columns) with stride 1: rows x_row * sh elements apart
+// (pixels x_pixel * sw), the same img2col matrix, column for column, without the slab loading
+// the rows (pixels) no position reads. Then a window one tap tall of stride 1 without padding
+// along H never crosses a row, so where the images follow each other row for row (x_image =
+// h * x_row) the batch is one tall map of images * h rows: m tiles and chunks run across images
+// instead of each image's positions rounded up to 16 (ResNet-50's 1x1 stride-2 layers: 49
+// positions per image at 7x7). Needs every row of x in the view, so not with padding along the
+// strided side. h, w, c: the spec's map fields (FilterGradSpec h, w, c; CubeConvSpec hs, ws,
+// cs); a map left dense keeps x_row 0 (one copy per channel plane).
+template <typename Spec>
+void view_strided_rows(Spec& s, int64_t& h, int64_t& w, int64_t c) {
+  if (s.x_row == 0) {  // dense NHWC
+    s.x_pixel = c;
+    s.x_row = w * c;
+    s.x_image = h * w * c;
+  }
+  if (s.kh == 1 && s.sh > 1 && s.pt == 0 && s.pb == 0) {
+    h = (h - 1) / s.sh + 1;
+    s.x_row *= s.sh;
+    s.sh = s.dh = 1;
+  }
+  if (s.kw == 1 && s.sw > 1 && s.pl == 0 && s.pr == 0) {
+    w = (w - 1) / s.sw + 1;
+    s.x_pixel *= s.sw;
+    s.sw = s.dw = 1;
+  }
+  const int64_t rows = s.images * h;
+  if (s.kh == 1 && s.sh == 1 && s.pt == 0 && s.pb == 0 && s.x_image == h * s.x_row &&
+      rows <= field_max(isa::FieldKind::RU16)) {
+    s.images = 1;
+    h = rows;
+    s.x_image = rows * s.x_row;
+  }
+  if (s.x_pixel == c && s.x_row == w * c && s.x_image == h * s.x_row)  // dense still
+    s.x_pixel = s.x_row = s.x_image = 0;
+}
+
+// The convolution's strided view (view_strided_rows) where a 1x1-wide or -tall side has a
+// stride: one group, x not viewed already (the width fold).
+void view_strided_conv(CubeConvSpec& s) {
+  const bool rows = s.kh == 1 && s.sh > 1 && s.pt == 0 && s.pb == 0;
+  const bool cols = s.kw == 1 && s.sw > 1 && s.pl == 0 && s.pr == 0;
+  if (s.groups == 1 && s.x_row == 0 && (rows || cols)) view_strided_rows(s, s.hs, s.ws, s.cs);
 }
 
 // The width fold for inputs of few channels (the first layer's 3): without padding or dilation
@@ -278,7 +326,18 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   const int64_t osz = isa::dtype_size(spec.out_type);
   if (cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()))
     spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
-  const CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
+  CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
+  {  // the strided view where the planner estimates it faster
+    CubeConvSpec viewed = spec;
+    view_strided_conv(viewed);
+    if (viewed.x_row != 0 && spec.x_row == 0) {
+      const CubeConvTiling tv = plan_cube_conv(viewed, ctx.cfg, ctx.op.str());
+      if (tv.est_cycles < t.est_cycles) {
+        spec = viewed;
+        t = tv;
+      }
+    }
+  }
   const int64_t rows = out.num_elements() / spec.cy;
   const bool padded = spec.pitch() != spec.cy;
   ArgRef y = final_y;
@@ -834,6 +893,7 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   s.in_type = device_dtype(ct.cube);
   s.cout = f[3];
   set_image_window(s, x, cw, true);
+  view_strided_rows(s, s.h, s.w, s.c);
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;

@@ -91,6 +91,9 @@ class FilterGradEmitter {
         m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
         m_pipe(m_b, t.l0c_buffers) {}
 
+  // Whether the slab is loaded per plane and column (SlabEmitter::strided_columns).
+  bool slab_by_columns() const { return m_s.x_row != 0 && m_slab.strided_columns(); }
+
   BuiltKernel emit() {
     KernelBuilder& b = m_b;
     b.begin_section(b.cube_core_kind());
@@ -496,7 +499,8 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
 Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
                          const std::string& op) {
   Launch l;
-  l.kernel = FilterGradEmitter(s, t, cfg, op).emit();
+  FilterGradEmitter e(s, t, cfg, op);
+  l.kernel = e.emit();
   l.block_dim = t.block_dim;
   l.summary = fmt::format(
       "img2col(x)^T x dy by load3dt, x {}x{}x{}x{} ({}x{} window) x {} channels, {} parts: tiles "
@@ -504,6 +508,9 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
       "blocks",
       s.images, s.h, s.w, s.c, s.kh, s.kw, s.cout, s.parts, t.tk, t.tn, t.tp, t.ks, t.tiles,
       t.block_dim);
+  if (s.x_row != 0)
+    l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,
+                             s.x_row, e.slab_by_columns() ? ", slab loaded by columns" : "");
   return l;
 }
 

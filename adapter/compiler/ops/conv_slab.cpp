@@ -189,13 +189,17 @@ void SlabEmitter::load_slab(const SlabArgs& a) {
     return;
   }
   Reg uu = b.reg("slab: row");
+  if (m_g.x_row != 0 && strided_columns()) {
+    load_strided_columns(a, r);
+    return;
+  }
   if (m_g.x_row != 0) {
     // x with its own strides (CubeConvSpec::x_pixel...): every slab row, pixels x_pixel
     // apart (the nd2nz rows may overlap in GM).
     Reg uend = b.reg("slab: end row");
     b.add(uend, a.r0, a.h);
     plane_rows(
-        a, r, uu, a.r0, uend, 1, m_g.x_pixel,
+        a, r, uu, a.r0, uend, 1, m_g.x_pixel, m_g.x_row * m_isz,
         [&](const Reg& cblock) {
           // src = x + (img * x_image + uu * x_row + cbase + cblock * 16) * size
           b.mul(r.src, a.img, m_g.x_image);
@@ -271,28 +275,97 @@ void SlabEmitter::load_stacked(const SlabArgs& a, Scratch& r) {
 }
 
 void SlabEmitter::plane_rows(const SlabArgs& a, Scratch& r, const Reg& uu, const Reg& u,
-                             const Reg& uend, int64_t step, int64_t pixel,
+                             const Reg& uend, int64_t step, int64_t pixel, int64_t row_bytes,
                              const std::function<void(const Reg&)>& source, const char* what) {
   KernelBuilder& b = m_b;
   const int64_t rows = round_up(m_g.ws, kBlk);
+  Reg sc = b.reg("slab: the plane's first row in x"), dc = b.reg("slab: the plane's first row"),
+      chans = b.reg("slab: channels from the plane's first"), pb = b.reg("slab: plane bytes");
+  b.mov(uu, u);
+  source(a.c1a);
+  b.mov(sc, r.src);
+  // dc = dst + (u - r0) * Wv * 32
+  b.sub(dc, u, a.r0);
+  b.mul(dc, dc, wv() * kBlkBytes);
+  b.add(dc, dc, a.dst);
+  b.mul(chans, a.c1a, kBlk);
+  b.sub(chans, a.cvalid, chans);
+  b.mul(pb, r.plane, kBlkBytes);
   b.add(r.end, a.c1a, a.ncb);
   b.for_range(r.c, a.c1a, r.end, 1, [&] {
+    b.min(r.t, chans, kBlk, "channels in the block");
+    b.mov(r.src, sc);
+    b.mov(r.d, dc);
     b.for_range(uu, u, uend, step, [&] {
-      source(r.c);
-      // d = dst + ((c - c1a) * plane + (uu - r0) * Wv) * 32
-      b.sub(r.d, r.c, a.c1a);
-      b.mul(r.d, r.d, r.plane);
-      b.sub(r.t, uu, a.r0);
-      b.mul(r.t, r.t, wv());
-      b.add(r.d, r.d, r.t);
-      b.mul(r.d, r.d, kBlkBytes);
-      b.add(r.d, r.d, a.dst);
-      b.mul(r.t, r.c, kBlk);
-      b.sub(r.t, a.cvalid, r.t);
-      b.min(r.t, r.t, kBlk, "channels in the block");
       b.emit(Opcode::op_nd2nz, {m_g.type, r.d, r.src, m_g.ws, r.t, pixel, rows}, what);
+      b.add(r.src, r.src, row_bytes);
+      b.add(r.d, r.d, step * wv() * kBlkBytes);
     });
+    b.add(sc, sc, kBlk * m_isz);
+    b.add(dc, dc, pb);
+    b.sub(chans, chans, kBlk);
   });
+}
+
+bool SlabEmitter::strided_columns() const {
+  const int64_t field = field_max(isa::FieldKind::RU16);
+  const int64_t row_blocks = m_g.x_row * m_isz / kBlkBytes;
+  return m_g.cs % kBlk == 0 && (m_g.x_pixel * m_isz) % kBlkBytes == 0 &&
+         (m_g.x_row * m_isz) % kBlkBytes == 0 && row_blocks - 1 <= field && wv() - 1 <= field &&
+         m_g.ws < ceil_div(m_g.tm, m_g.ow);
+}
+
+void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
+  KernelBuilder& b = m_b;
+  // src = x + (img * x_image + r0 * x_row + cbase + c1a * 16) * size: row r0, block c1a
+  b.mul(r.src, a.img, m_g.x_image);
+  b.mul(r.t, a.r0, m_g.x_row);
+  b.add(r.src, r.src, r.t);
+  b.add(r.src, r.src, a.cbase);
+  b.mul(r.t, a.c1a, kBlk);
+  b.add(r.src, r.src, r.t);
+  b.mul(r.src, r.src, m_isz);
+  b.add(r.src, r.src, a.x);
+  b.mov(r.d, a.dst);
+  Reg col = b.reg("slab: column"), s = b.reg("slab: the column in x"),
+      d = b.reg("slab: the column in the slab"), pb = b.reg("slab: plane bytes");
+  Label by_columns = b.label("slab_by_columns"), loaded = b.label("slab_loaded");
+  b.branch(ge(a.h, a.ncb), by_columns);
+  {
+    // Fewer rows than planes: per pixel, its ncb blocks (contiguous in x) to the planes.
+    Reg row = b.reg("slab: row");
+    b.sub(pb, r.plane, 1, "plane gap (blocks)");
+    b.for_range(row, 0, a.h, 1, [&] {
+      b.mov(s, r.src);
+      b.mov(d, r.d);
+      b.for_range(col, 0, m_g.ws, 1, [&] {
+        b.emit(Opcode::op_copy_gm2l1, {d, s, a.ncb, 1, 0, pb},
+               "one pixel, all planes (strided view of x)");
+        b.add(s, s, m_g.x_pixel * m_isz);
+        b.add(d, d, kBlkBytes);
+      });
+      b.add(r.src, r.src, m_g.x_row * m_isz);
+      b.add(r.d, r.d, wv() * kBlkBytes);
+    });
+    b.jmp(loaded);
+  }
+  b.bind(by_columns);
+  b.mul(pb, r.plane, kBlkBytes);
+  b.add(r.end, a.c1a, a.ncb);
+  const int64_t src_gap = m_g.x_row * m_isz / kBlkBytes - 1, dst_gap = wv() - 1;
+  b.for_range(r.c, a.c1a, r.end, 1, [&] {
+    b.mov(s, r.src);
+    b.mov(d, r.d);
+    b.for_range(col, 0, m_g.ws, 1, [&] {
+      b.emit(Opcode::op_copy_gm2l1, {d, s, a.h, 1, src_gap, dst_gap},
+             "one column of one plane: a block per row (strided view of x)");
+      b.add(s, s, m_g.x_pixel * m_isz);
+      b.add(d, d, kBlkBytes);
+    });
+    b.add(r.src, r.src, kBlk * m_isz);
+    b.add(r.d, r.d, pb);
+  });
+  b.bind(loaded);
 }
 
 // Per plane: nd2nz of the h * ws pixels (padding rows up to a multiple of 16 spill zeros into
@@ -349,7 +422,8 @@ void SlabEmitter::load_zero_inserted(const SlabArgs& a, Scratch& r, const Reg& u
     b.add(r.src, r.src, a.x);
   };
   if (m_g.up_w == 1) {
-    plane_rows(a, r, uu, u, uend, m_g.up_h, m_g.cs, row_source, "stored row");
+    plane_rows(a, r, uu, u, uend, m_g.up_h, m_g.cs, m_g.ws * m_g.cs * m_isz, row_source,
+               "stored row");
     return;
   }
   // Per stored pixel: copy_gm2l1 of its ncb channel blocks, one block per plane. The last

@@ -150,18 +150,29 @@ class SlabEmitter {
   // by up to 15 pixels of zeros, and with zero insertion or stacking the 32 bytes before dst
   // are written too (see plan_cube_conv's sizes).
   void load_slab(const SlabArgs& a);
+  // Whether a strided view of x (x_row set) is loaded per plane and column rather than per
+  // plane and row: its pixels and rows are whole 32-byte blocks apart, its channels fill every
+  // plane (nothing past the tensor is read) and it has fewer columns than a slab's usual rows
+  // (the filter gradient's 1x1 stride-2 view of 7 or 14 columns over a tall map): fewer
+  // instructions for the scalar unit and MTE2's queue.
+  bool strided_columns() const;
 
  private:
   struct Scratch;
   void load_stacked(const SlabArgs& a, Scratch& r);
   void load_dense(const SlabArgs& a, Scratch& r);
   void load_zero_inserted(const SlabArgs& a, Scratch& r, const Reg& uu);
+  // Per plane and column (strided_columns), one copy_gm2l1 of a block per row; where the slab
+  // has fewer rows than planes (at run time), per pixel instead, one copy_gm2l1 of its ncb
+  // blocks (contiguous in x) to the planes.
+  void load_strided_columns(const SlabArgs& a, Scratch& r);
   // Per plane, per slab row uu in [u, uend) by `step`: an nd2nz of the row's ws pixels,
-  // `pixel` elements apart, from the address source(c) sets (x's address of the row's block
-  // c; row uu).
+  // `pixel` elements apart. source(c) sets r.src to x's address of row uu's block c; it runs
+  // once (row u, block c1a), the rows after it are `row_bytes` apart in x, the planes 16
+  // channels, so each row costs the nd2nz and two additions of the scalar unit.
   void plane_rows(const SlabArgs& a, Scratch& r, const Reg& uu, const Reg& u, const Reg& uend,
-                  int64_t step, int64_t pixel, const std::function<void(const Reg&)>& source,
-                  const char* what);
+                  int64_t step, int64_t pixel, int64_t row_bytes,
+                  const std::function<void(const Reg&)>& source, const char* what);
   // Zeroes the slab's planes: an nd2nz of one element to the block before dst, whose
   // zero-filled padding rows cover [dst, dst + (ncb * plane + 15) * 32). t, d: scratch.
   void zero_slab(const Reg& dst, const Reg& x, const Reg& ncb, const Reg& plane, const Reg& t,

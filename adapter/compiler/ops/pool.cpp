@@ -4,9 +4,10 @@
 //   MaxPoolGrad(orig_input, orig_output, grad) -> dx, AvgPoolGrad(orig_input_shape, grad) -> dx
 //   (orig_input_shape as an attribute, the tensor itself optional: docs/compiler.md).
 //
-// One kernel per op: MaxPoolGrad has its own (MaxPoolGradEmitter, below); the others share the
-// "window kernel". Work items are (row, channel group): a row is an output row (n, oh) for the
-// forward ops and an input row (n, ih) for AvgPoolGrad; a channel group
+// One kernel per op: MaxPool and MaxPoolGrad have their own (MaxPoolEmitter, MaxPoolGradEmitter,
+// below: in the tensor's type over -inf-padded, plane-split rows); AvgPool and AvgPoolGrad share
+// the "window kernel". Work items are (row, channel group): a row is an output row (n, oh) for
+// AvgPool and an input row (n, ih) for AvgPoolGrad; a channel group
 // is ct channels of every pixel of the row (ct from the UB capacity). Blocks take contiguous
 // item ranges. Everything is computed on f32 lanes (f16/bf16 rows are widened exactly by
 // vconv on arrival and rounded to nearest even once on the way out). A row of pixels lives in
@@ -14,7 +15,6 @@
 // pixel (64 channels per repeat, masked for a partial group), the pixel pitches as repeat
 // strides: stride sw on the input side. Padding taps are never read: each tap runs over the
 // output pixels whose input pixel lies inside the row, and rows outside the map are skipped.
-//   MaxPool    y = max over the valid taps (starting from -inf).
 //   AvgPool    y = sum over the valid taps * 1/rows(oh) * 1/cols(ow), the counts of valid
 //              rows and columns of the window (TF divides by the number of valid elements).
 //   AvgPoolGrad dx[ih][iw] = sum over the windows (oh, ow) holding (ih, iw) of
@@ -141,13 +141,13 @@ class PoolEmitter {
     allocate();
     Launch l;
     switch (m_s.kind) {
-      case PoolKind::kMax:
       case PoolKind::kAvg:
         b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
         b.declare_arg("y", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         break;
+      case PoolKind::kMax:
       case PoolKind::kMaxGrad:
-        b.fail("MaxPoolGrad has its own emitter (MaxPoolGradEmitter)");
+        b.fail("MaxPool and MaxPoolGrad have their own emitters");
       case PoolKind::kAvgGrad:
         b.declare_arg("dy", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
         b.declare_arg("dx", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -195,13 +195,13 @@ class PoolEmitter {
     uint64_t bytes = 0;
     int buffers = 0;
     switch (m_s.kind) {
-      case PoolKind::kMax:
       case PoolKind::kAvg:
         bytes = kh * w * (f + r) + o * (f + r);
         buffers = static_cast<int>(2 * kh + 2);
         break;
+      case PoolKind::kMax:
       case PoolKind::kMaxGrad:
-        break;  // MaxPoolGradEmitter
+        break;  // their own emitters
       case PoolKind::kAvgGrad:
         bytes = o * (f + r) + o * f + w * (f + r);
         buffers = 6;
@@ -239,13 +239,13 @@ class PoolEmitter {
                                    : m_rows.back());
       }
     switch (m_s.kind) {
-      case PoolKind::kMax:
       case PoolKind::kAvg:
         m_out = buf(o * 4, "output row (f32)");
         m_raw_out = raw() ? buf(o * sz, "output row (raw)") : m_out;
         break;
+      case PoolKind::kMax:
       case PoolKind::kMaxGrad:
-        break;  // MaxPoolGradEmitter
+        break;  // their own emitters
       case PoolKind::kAvgGrad:
         m_raw_dy = buf(o * (raw() ? sz : 4), "dy row (raw)");
         m_dy = raw() ? buf(o * 4, "dy row (f32)") : m_raw_dy;
@@ -353,25 +353,22 @@ class PoolEmitter {
     b.set_flag(Pipe::MTE2, Pipe::V, m_in_ready);
     b.wait_flag(Pipe::MTE2, Pipe::V, m_in_ready);
     b.wait_flag(Pipe::MTE3, Pipe::V, m_out_free);
-    const bool is_max = m_s.kind == PoolKind::kMax;
-    fill(m_out, is_max ? 0xFF800000u : 0u, m_s.ow);
+    fill(m_out, 0u, m_s.ow);
     for (int64_t kh = 0; kh < m_s.kh; ++kh) {
       input_row(kh);
       if_in(ih, m_s.h, [&] {
         widen(m_rows[kh], m_raw_rows[kh], m_s.w);
         for (int64_t kw = 0; kw < m_s.kw; ++kw) {
           auto [lo, hi] = tap_range(m_s.ow, m_s.sw, m_s.pl, kw, m_s.w);
-          binary(is_max ? Opcode::op_vmax : Opcode::op_vadd, m_out, lo, 1, m_out, lo, 1,
+          binary(Opcode::op_vadd, m_out, lo, 1, m_out, lo, 1,
                  m_rows[kh], lo * m_s.sw - m_s.pl + kw, m_s.sw, hi - lo);
         }
       });
     }
     b.set_flag(Pipe::V, Pipe::MTE2, m_in_free);
-    if (!is_max) {
-      Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
-      scale(m_out, 0, m_s.ow, rh);
-      scale_columns(m_out);
-    }
+    Reg rh = reciprocal_count(oh, m_s.sh, m_s.pt, m_s.kh, m_s.h, m_s.oh);
+    scale(m_out, 0, m_s.ow, rh);
+    scale_columns(m_out);
     narrow(m_raw_out, m_out, m_s.ow);
     b.set_flag(Pipe::V, Pipe::MTE3, m_out_ready);
     b.wait_flag(Pipe::V, Pipe::MTE3, m_out_ready);
@@ -430,6 +427,206 @@ class PoolEmitter {
   int m_in_free = -1, m_in_ready = -1, m_out_ready = -1, m_out_free = -1;
 };
 
+// What the max-pooling kernels (MaxPoolEmitter, MaxPoolGradEmitter) share: x rows in the UB
+// padded with -inf to the windows' reach and split into sw column planes, the rows' copies to
+// and from GM, the choice between reloading and carrying the x rows two window rows share, and
+// the bands of window rows the items walk.
+class WindowRowKernel {
+ protected:
+  WindowRowKernel(const PoolSpec& s, const std::string& name, const ChipConfig& cfg,
+                  const std::string& op)
+      : m_s(s),
+        m_b(fmt::format("{}_{}", name, isa::dtype_name(s.type)), op, cfg),
+        m_size(isa::dtype_size(s.type)) {}
+  virtual ~WindowRowKernel() = default;
+
+  // ---- geometry ----
+  // x rows two consecutive window rows share.
+  int64_t carried_x() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
+  // UB rows are padded: pl columns before the map's, up to the last window's reach after, and
+  // split into sw column planes (padded column P in plane P % sw at pixel P / sw), so that a
+  // tap over a window row is one contiguous run of ow pixels in one plane.
+  int64_t padded_width() const {
+    return std::max((m_s.ow - 1) * m_s.sw + m_s.kw, m_s.pl + m_s.w);
+  }
+  int64_t plane_pixels() const { return ceil_div(padded_width(), m_s.sw); }
+  int64_t row_pixels() const { return m_s.sw * plane_pixels(); }
+  int64_t pixel_bytes(int64_t ct) const { return ct * m_size; }
+  uint64_t bytes(int64_t pixels, int64_t ct) const {
+    return static_cast<uint64_t>(pixels * pixel_bytes(ct));
+  }
+  uint64_t bytes(int64_t pixels) const { return bytes(pixels, m_ct); }
+  // Address of padded column col of the UB row at `row`.
+  uint64_t column(uint64_t row, int64_t col) const {
+    return row + bytes((col % m_s.sw) * plane_pixels() + col / m_s.sw);
+  }
+  int64_t neg_inf_bits() const {
+    switch (m_s.type) {
+      case Dtype::F16: return 0xFC00;
+      case Dtype::BF16: return 0xFF80;
+      default: return 0xFF800000;
+    }
+  }
+
+  // Whether V should copy the kh - sh x rows a window row shares with the next (a vector copy)
+  // instead of MTE2 loading them again: when that lowers the larger of the two pipes' times a
+  // window row, estimated from the config. MTE2 moves the x rows and `other_bytes` (other rows
+  // the window row loads) at the GM->UB path rate or the core's share of the HBM rate,
+  // whichever is lower; V spends `vector` cycles a window row, plus the copy when it carries.
+  bool carry_pays(double vector, uint64_t other_bytes, int64_t cores) const {
+    if (carried_x() == 0) return false;
+    const ChipConfig& cfg = m_b.config();
+    auto path = cfg.path_bytes_per_cycle.find({Buf::GM, Buf::UB});
+    double rate = cfg.hbm_bytes_per_cycle() / static_cast<double>(cores);
+    if (path != cfg.path_bytes_per_cycle.end()) rate = std::min(rate, path->second);
+    if (rate <= 0) return false;
+    const double copy = static_cast<double>(carried_x()) * run_cycles(bytes(row_pixels()));
+    const double row = static_cast<double>(bytes(m_s.w)), other = static_cast<double>(other_bytes);
+    const double reload = std::max(vector, (static_cast<double>(m_s.kh) * row + other) / rate);
+    const double carry = std::max(vector + copy, (static_cast<double>(m_s.sh) * row + other) / rate);
+    return carry < reload;
+  }
+  // Cycles of one vector instruction over `b` bytes: its latency and its repeats at the
+  // config's vector rate.
+  double run_cycles(uint64_t b) const {
+    const ChipConfig& cfg = m_b.config();
+    return cfg.vector_latency_cycles +
+           static_cast<double>(
+               ceil_div(b, static_cast<uint64_t>(std::max(cfg.vector_bytes_per_cycle, 1))));
+  }
+
+  // Window rows per band: the split of each image's oh window rows (over `items_per_band`
+  // items per band, e.g. images x channel groups) that gives the busiest core the fewest
+  // window rows, each band's `extra` window rows' worth of work at its start counted.
+  int64_t choose_band(int64_t items_per_band, double extra, int64_t cores) const {
+    int64_t band = m_s.oh;
+    double best = -1;
+    for (int64_t split = 1; split <= m_s.oh; ++split) {
+      const int64_t rows = ceil_div(m_s.oh, split);
+      const int64_t n = items_per_band * ceil_div(m_s.oh, rows);
+      const double load =
+          static_cast<double>(ceil_div(n, cores)) * (static_cast<double>(rows) + extra);
+      if (best < 0 || load < best) {
+        best = load;
+        band = rows;
+      }
+    }
+    return band;
+  }
+
+  // ---- the items' loop ----
+
+  // The items: (image, channel group, band of `band` window rows), `per` consecutive items a
+  // block, over block_dim blocks.
+  struct Items {
+    int64_t band = 0, items = 0, per = 0;
+    int block_dim = 0;
+  };
+  Items plan_items(int64_t groups, double extra, int64_t cores) const {
+    Items r;
+    r.band = choose_band(m_s.n * groups, extra, cores);
+    r.items = m_s.n * groups * ceil_div(m_s.oh, r.band);
+    r.per = ceil_div(r.items, std::min<int64_t>(cores, r.items));
+    r.block_dim = static_cast<int>(ceil_div(r.items, r.per));
+    return r;
+  }
+
+  // The UB address of x row a (< kh) of parity p.
+  virtual uint64_t x_row(int p, int64_t a) const = 0;
+  // Every x row of both parities -inf: MTE2 writes the map's pixels only, the padding keeps it.
+  void fill_x_rows() {
+    for (int p = 0; p < 2; ++p)
+      for (int64_t a = 0; a < m_s.kh; ++a)
+        vec_dup_bits(m_b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+  }
+  // An item's registers: image, channel group, its band's first window row, the first window
+  // row it walks (`rebuild` earlier, at least 0) and how many.
+  struct Item {
+    const Reg &img, &g, &band_first, &first, &steps;
+  };
+  // The blocks' items of `plan`: item = (image * groups + channel group) * bands + band;
+  // body(item) per item.
+  void for_each_item(const Items& plan, int64_t groups, int64_t rebuild,
+                     const std::function<void(const Item&)>& body) {
+    KernelBuilder& b = m_b;
+    const int64_t band = plan.band, bands = ceil_div(m_s.oh, band);
+    Reg item = b.reg("item"), end = b.reg("end item");
+    emit_block_range(b, item, end, plan.per, plan.items);
+    b.for_range(item, item, end, 1, [&] {
+      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
+      Reg img = b.reg("image"), g = b.reg("channel group"), band_first = b.reg("band's first");
+      Reg first = b.reg("first window row"), steps = b.reg("window rows of the item");
+      b.rem(band_first, item, bands);
+      b.div(img, item, bands);
+      b.rem(g, img, groups);
+      b.div(img, img, groups);
+      b.mul(band_first, band_first, band);
+      b.add(steps, band_first, band);
+      b.min(steps, steps, m_s.oh, "window rows end");
+      b.sub(first, band_first, rebuild, "rebuilt window rows before the band");
+      b.max(first, first, 0);
+      b.sub(steps, steps, first);
+      body({img, g, band_first, first, steps});
+    });
+  }
+  // Window rows [first, first + steps) as a software pipeline (KernelBuilder::pipelined_steps):
+  // load(p, oh, t) and compute(p, oh, t) of step t, window row oh, parity p = t & 1.
+  using RowStep = std::function<void(int, const Reg&, const Reg&)>;
+  void pipelined_rows(const Reg& first, const Reg& steps, const RowStep& load,
+                      const RowStep& compute) {
+    KernelBuilder& b = m_b;
+    auto step = [&](const RowStep& f) {
+      return [&](const Reg& t) {
+        Reg oh = b.reg("window row"), parity = b.reg("parity");
+        b.add(oh, first, t);
+        b.and_(parity, t, 1);
+        b.by_parity(parity, [&](int p) { f(p, oh, t); });
+      };
+    };
+    b.pipelined_steps(steps, step(load), step(compute));
+  }
+
+  // ---- MTE ----
+
+  // MTE2: the x rows of window row oh (step t of an item) that lie in the map, into the rows of
+  // parity p: all kh, or with m_carry_x all kh at the item's first step and after that the last
+  // sh (V copies the first kh - sh from the previous window row's rows).
+  void load_x_rows(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
+    KernelBuilder& b = m_b;
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      auto load = [&] {
+        Reg r = b.reg("input row");
+        b.mul(r, oh, m_s.sh);
+        b.add(r, r, a - m_s.pt);
+        b.if_(ge(r, 0), [&] {
+          b.if_(lt(r, m_s.h),
+                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
+        });
+      };
+      if (a < carried_x() && m_carry_x) b.if_(eq(t, 0), load);
+      else load();
+    }
+  }
+
+  // Row `row` of image img, channel group g, of tensor `arg` (height x width pixels) between GM
+  // and the padded, plane-split UB row at `ub` (its map's columns only).
+  void copy_map_row(bool to_ub, const char* arg, const Reg& img, const Reg& row, int64_t height,
+                    int64_t width, const Reg& g, uint64_t ub) {
+    for (int64_t q = 0; q < m_s.sw; ++q) {
+      const int64_t first = ((q - m_s.pl) % m_s.sw + m_s.sw) % m_s.sw;  // map column
+      if (first >= width) continue;
+      copy_row(m_b, m_s, m_ct, to_ub, arg, img, row, height, width, g,
+               column(ub, first + m_s.pl), first, m_s.sw);
+    }
+  }
+
+  const PoolSpec& m_s;
+  KernelBuilder m_b;
+  const int64_t m_size;
+  int64_t m_ct = 0;
+  bool m_carry_x = false;  // the shared x rows carried by V (carry_pays)
+};
+
 // MaxPoolGrad as CANN does it on the vector unit: items are (image, channel group, band of
 // window rows); an item walks its window rows in order and, per window row, computes the window
 // max from the kh input rows, then routes dy tap by tap in TF's scan order: compare with the
@@ -450,12 +647,10 @@ class PoolEmitter {
 // type per addition, as TF's CPU kernel does (it adds in T), in a different order (taps, then
 // window rows). Window rows are double-buffered: MTE2 loads the next window row's x and dy rows
 // and MTE3 stores the previous one's dx rows while V computes.
-class MaxPoolGradEmitter {
+class MaxPoolGradEmitter : WindowRowKernel {
  public:
   MaxPoolGradEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
-      : m_s(s),
-        m_b(fmt::format("MaxPoolGrad_{}", isa::dtype_name(s.type)), op, cfg),
-        m_size(isa::dtype_size(s.type)) {}
+      : WindowRowKernel(s, "MaxPoolGrad", cfg, op) {}
 
   Launch emit() {
     KernelBuilder& b = m_b;
@@ -464,22 +659,9 @@ class MaxPoolGradEmitter {
     choose_layout(core.capacity(Buf::UB));
     m_carry_x = carry_x_rows(core.count);
     const int64_t groups = m_s.cp / m_ct;
-    // Bands of window rows: the split of each image's rows that gives the busiest core the
-    // fewest window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
-    int64_t band = m_s.oh, best = -1;
-    for (int64_t split = 1; split <= m_s.oh; ++split) {
-      const int64_t rows = ceil_div(m_s.oh, split);
-      const int64_t n = m_s.n * groups * ceil_div(m_s.oh, rows);
-      const int64_t load = ceil_div(n, int64_t{core.count}) * (rows + (m_s.kh - 1) / m_s.sh);
-      if (best < 0 || load < best) {
-        best = load;
-        band = rows;
-      }
-    }
-    const int64_t bands = ceil_div(m_s.oh, band);
-    const int64_t items = m_s.n * groups * bands;
-    const int64_t per = ceil_div(items, std::min<int64_t>(core.count, items));
-    const int block_dim = static_cast<int>(ceil_div(items, per));
+    // Bands of window rows, each band's rebuilt rows ((kh - 1) / sh) counted.
+    const Items plan =
+        plan_items(groups, static_cast<double>((m_s.kh - 1) / m_s.sh), core.count);
     b.begin_section(kind);
     allocate();
     b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
@@ -489,50 +671,25 @@ class MaxPoolGradEmitter {
     m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x and dy rows free");
     m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "dx rows computed");
     m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "dx rows stored");
-    // Every x row -inf: MTE2 writes the map's pixels only, the padding keeps it.
-    for (int p = 0; p < 2; ++p)
-      for (int64_t a = 0; a < m_s.kh; ++a)
-        vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row_pixels() * m_ct);
+    fill_x_rows();
     vec_dup_bits(b, m_size, m_l.zeros, 0, m_s.ow * m_ct);
     if (m_l.zero_row) vec_dup_bits(b, m_size, m_l.zero_row, 0, m_s.w * m_ct);
     for (int p = 0; p < 2; ++p) b.set_flag(m_in_free, p);
     for (int d = 0; d < m_l.dx_sets; ++d) b.set_flag(m_out_free, d);
-    Reg item = b.reg("item"), end = b.reg("end item");
-    emit_block_range(b, item, end, per, items);
-    b.for_range(item, item, end, 1, [&] {
-      KernelBuilder::Origin o(b, "item: (image, channel group, band of window rows)");
-      Reg img = b.reg("image"), g = b.reg("channel group"), first = b.reg("first window row");
-      Reg stop = b.reg("window rows end"), own = b.reg("first dx row of the band");
-      Reg steps = b.reg("window rows of the item");
-      b.rem(first, item, bands);
-      b.div(img, item, bands);
-      b.rem(g, img, groups);
-      b.div(img, img, groups);
-      b.mul(first, first, band);
-      b.mul(own, first, m_s.sh);
+    // A band starts (kh - 1) / sh window rows early to rebuild its first rows' carried sums.
+    for_each_item(plan, groups, (m_s.kh - 1) / m_s.sh, [&](const Item& it) {
+      Reg own = b.reg("first dx row of the band");
+      b.mul(own, it.band_first, m_s.sh);
       b.sub(own, own, m_s.pt);
-      b.add(stop, first, band);
-      b.min(stop, stop, m_s.oh);
-      b.sub(first, first, (m_s.kh - 1) / m_s.sh, "rebuild the carried dx rows of the band");
-      b.max(first, first, 0);
-      b.sub(steps, stop, first);
-      b.pipelined_steps(
-          steps,
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { load_step(p, img, g, oh, t); });
-          },
-          [&](const Reg& t) {
-            Reg oh = b.reg("window row"), parity = b.reg("parity");
-            b.add(oh, first, t);
-            b.and_(parity, t, 1);
-            b.by_parity(parity, [&](int p) { compute_step(p, img, g, oh, t, own); });
+      pipelined_rows(
+          it.first, it.steps,
+          [&](int p, const Reg& oh, const Reg& t) { load_step(p, it.img, it.g, oh, t); },
+          [&](int p, const Reg& oh, const Reg& t) {
+            compute_step(p, it.img, it.g, oh, t, own);
           });
       if (m_carry_x) {  // the last step's x rows, held for a next step that is not
         Reg last = b.reg("parity of the last step");
-        b.sub(last, steps, 1);
+        b.sub(last, it.steps, 1);
         b.and_(last, last, 1);
         b.by_parity(last, [&](int p) { b.set_flag(m_in_free, p); });
       }
@@ -542,12 +699,12 @@ class MaxPoolGradEmitter {
     b.end();
     Launch l;
     l.kernel = b.finish();
-    l.block_dim = block_dim;
+    l.block_dim = plan.block_dim;
     l.summary = fmt::format(
         "MaxPoolGrad {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x "
         "band of {} window rows) over {} blocks of {}, {} dx set(s){}{}",
         isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
-        items, m_ct, band, block_dim, per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
+        plan.items, m_ct, plan.band, plan.block_dim, plan.per, m_l.dx_sets, m_l.placed ? ", placed on the banks" : "",
         m_carry_x ? ", x rows carried" : "");
     return l;
   }
@@ -556,24 +713,7 @@ class MaxPoolGradEmitter {
   // ---- geometry ----
   // dx rows a window row touches (its kh, at least its sh stored rows) and those it carries.
   int64_t slots() const { return std::max(m_s.kh, m_s.sh); }
-  int64_t carried() const { return std::max<int64_t>(m_s.kh - m_s.sh, 0); }
-  // UB rows are padded: pl columns before the map's, up to the last window's reach after, and
-  // split into sw column planes (padded column P in plane P % sw at pixel P / sw), so that a
-  // tap over a window row is one contiguous run of ow pixels in one plane.
-  int64_t padded_width() const {
-    return std::max((m_s.ow - 1) * m_s.sw + m_s.kw, m_s.pl + m_s.w);
-  }
-  int64_t plane_pixels() const { return ceil_div(padded_width(), m_s.sw); }
-  int64_t row_pixels() const { return m_s.sw * plane_pixels(); }
-  int64_t pixel_bytes(int64_t ct) const { return ct * m_size; }
-  uint64_t bytes(int64_t pixels, int64_t ct) const {
-    return static_cast<uint64_t>(pixels * pixel_bytes(ct));
-  }
-  uint64_t bytes(int64_t pixels) const { return bytes(pixels, m_ct); }
-  // Address of padded column col of the UB row at `row`.
-  uint64_t column(uint64_t row, int64_t col) const {
-    return row + bytes((col % m_s.sw) * plane_pixels() + col / m_s.sw);
-  }
+  int64_t carried() const { return carried_x(); }
   // Taps that write their dx pixels: columns kw < sw when every pixel of a row is reached that
   // way (kw >= sw), in rows not carried from the previous window row.
   bool writes(int64_t a, int64_t kw) const {
@@ -695,32 +835,14 @@ class MaxPoolGradEmitter {
     m_ct = m_l.ct;
   }
 
-  // Whether V should copy the kh - sh x rows a window row shares with the next (a vector copy)
-  // instead of MTE2 loading them again: when that lowers the larger of the two pipes' times a
-  // window row, estimated from the config. MTE2 moves the x and dy rows at the GM->UB path rate
-  // or the core's share of the HBM rate, whichever is lower. V runs a run of ow * ct elements
-  // (latency + its repeats) per tap for vcmp, vsel and vadd, and one less for vmax, two bit-set
-  // operations per tap (latency + theirs), plus the copy when it carries.
+  // carry_pays with V's work a window row: a run of ow * ct elements per tap for vcmp, vsel
+  // and vadd, and one less for vmax, two bit-set operations per tap; MTE2 loads the dy row
+  // besides the x rows.
   bool carry_x_rows(int64_t cores) const {
-    if (carried() == 0) return false;
-    const ChipConfig& cfg = m_b.config();
-    auto path = cfg.path_bytes_per_cycle.find({Buf::GM, Buf::UB});
-    double rate = cfg.hbm_bytes_per_cycle() / static_cast<double>(cores);
-    if (path != cfg.path_bytes_per_cycle.end()) rate = std::min(rate, path->second);
-    if (rate <= 0) return false;
-    auto repeats = [&](uint64_t b) {
-      return static_cast<double>(
-          ceil_div(b, static_cast<uint64_t>(std::max(cfg.vector_bytes_per_cycle, 1))));
-    };
-    const double lat = cfg.vector_latency_cycles, taps = static_cast<double>(m_s.kh * m_s.kw);
-    const double vector = (4 * taps - 1) * (lat + repeats(bytes(m_s.ow))) +
-                          2 * taps * (lat + repeats(bits_bytes(m_ct)));
-    const double copy = static_cast<double>(carried()) * (lat + repeats(bytes(row_pixels())));
-    const double row = static_cast<double>(bytes(m_s.w)), dy = static_cast<double>(bytes(m_s.ow));
-    const double reload = std::max(vector, (static_cast<double>(m_s.kh) * row + dy) / rate);
-    const double carry =
-        std::max(vector + copy, (static_cast<double>(m_s.sh) * row + dy) / rate);
-    return carry < reload;
+    const double taps = static_cast<double>(m_s.kh * m_s.kw);
+    const double vector =
+        (4 * taps - 1) * run_cycles(bytes(m_s.ow)) + 2 * taps * run_cycles(bits_bytes(m_ct));
+    return carry_pays(vector, bytes(m_s.ow), cores);
   }
 
   void allocate() {
@@ -728,7 +850,7 @@ class MaxPoolGradEmitter {
     if (base != 0) m_b.fail("MaxPoolGrad: its UB layout must start at UB address 0");
   }
 
-  uint64_t x_row(int p, int64_t a) const {
+  uint64_t x_row(int p, int64_t a) const override {
     return m_l.x[p] + static_cast<uint64_t>(a) * m_l.row_stride;
   }
   int dx_set(int p) const { return m_l.dx_sets == 2 ? p : 0; }
@@ -736,49 +858,15 @@ class MaxPoolGradEmitter {
     return m_l.dx[p] + static_cast<uint64_t>(a) * m_l.row_stride;
   }
 
-  int64_t neg_inf_bits() const {
-    switch (m_s.type) {
-      case Dtype::F16: return 0xFC00;
-      case Dtype::BF16: return 0xFF80;
-      default: return 0xFF800000;
-    }
-  }
-
   // ---- MTE ----
 
-  // Row `row` of image img, channel group g, of tensor `arg` (height x width pixels) between GM
-  // and the padded, plane-split UB row at `ub` (its map's columns only).
-  void copy_map_row(bool to_ub, const char* arg, const Reg& img, const Reg& row, int64_t height,
-                    int64_t width, const Reg& g, uint64_t ub) {
-    for (int64_t q = 0; q < m_s.sw; ++q) {
-      const int64_t first = ((q - m_s.pl) % m_s.sw + m_s.sw) % m_s.sw;  // map column
-      if (first >= width) continue;
-      copy_row(m_b, m_s, m_ct, to_ub, arg, img, row, height, width, g,
-               column(ub, first + m_s.pl), first, m_s.sw);
-    }
-  }
-
-  // MTE2: the dy row and the x rows of window row oh (step t of the item): all kh, or with
-  // m_carry_x all kh at the item's first step and after that the last sh (V copies the first
-  // kh - sh from the previous window row's rows).
+  // MTE2: the dy row and the x rows of window row oh (step t of the item).
   void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
     b.wait_flag(m_in_free, p);
     copy_row(b, m_s, m_ct, true, "dy", img, oh, m_s.oh, m_s.ow, g, m_l.dy[p]);
-    for (int64_t a = 0; a < m_s.kh; ++a) {
-      auto load = [&] {
-        Reg r = b.reg("input row");
-        b.mul(r, oh, m_s.sh);
-        b.add(r, r, a - m_s.pt);
-        b.if_(ge(r, 0), [&] {
-          b.if_(lt(r, m_s.h),
-                [&] { copy_map_row(true, "x", img, r, m_s.h, m_s.w, g, x_row(p, a)); });
-        });
-      };
-      if (a < carried() && m_carry_x) b.if_(eq(t, 0), load);
-      else load();
-    }
+    load_x_rows(p, img, g, oh, t);
     b.set_flag(m_in_ready, p);
   }
 
@@ -927,12 +1015,164 @@ class MaxPoolGradEmitter {
     store_rows(p, img, g, oh, own);
   }
 
-  const PoolSpec& m_s;
-  KernelBuilder m_b;
-  const int64_t m_size;
-  int64_t m_ct = 0;
   Layout m_l;
-  bool m_carry_x = false;  // carry_x_rows()
+  FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
+};
+
+// MaxPool on the vector unit, as MaxPoolGrad walks its windows: items are (image, channel
+// group, band of window rows); per window row MTE2 loads its kh x rows into padded, plane-split
+// UB rows (WindowRowKernel: -inf outside the map, so every tap covers every window of the row
+// as one contiguous run of ow pixels), V takes the max over the kh * kw taps in the tensor's
+// type (vmax is exact: the result is TF's bit for bit), ping-pong between a scratch run and the
+// y row, and MTE3 stores the y row. Window rows are double-buffered (x rows and y rows per
+// parity: MTE2 loads the next window row and MTE3 stores the previous y row while V computes).
+// The kh - sh x rows a window row shares with the next are loaded again (L2 hits), or, where
+// MTE2 bounds the window row (carry_pays), copied by V from the previous window row's rows.
+class MaxPoolEmitter : WindowRowKernel {
+ public:
+  MaxPoolEmitter(const PoolSpec& s, const ChipConfig& cfg, const std::string& op)
+      : WindowRowKernel(s, "MaxPool", cfg, op) {}
+
+  Launch emit() {
+    KernelBuilder& b = m_b;
+    const isa::CoreKind kind = b.vector_core_kind();
+    const CoreKindConfig& core = *b.config().core_kind(kind);
+    choose_ct(core.capacity(Buf::UB));
+    // V's work a window row: kh * kw - 1 vmax over a run of ow * ct elements.
+    const double vector =
+        static_cast<double>(m_s.kh * m_s.kw - 1) * run_cycles(bytes(m_s.ow));
+    m_carry_x = carry_pays(vector, 0, core.count);
+    const int64_t groups = m_s.cp / m_ct;
+    // A band's first window row loads all kh x rows: with carried rows, kh - sh more than the
+    // others (in window rows of MTE2 work: (kh - sh) / sh).
+    const double extra =
+        m_carry_x ? static_cast<double>(carried_x()) / static_cast<double>(m_s.sh) : 0;
+    const Items plan = plan_items(groups, extra, core.count);
+    b.begin_section(kind);
+    allocate();
+    b.declare_arg("x", m_s.type, {m_s.n, m_s.h, m_s.w, m_s.cp});
+    b.declare_arg("y", m_s.type, {m_s.n, m_s.oh, m_s.ow, m_s.cp});
+    m_in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "x rows loaded");
+    m_in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "x rows free");
+    m_out_ready = b.flag_pair(Pipe::V, Pipe::MTE3, "y row computed");
+    m_out_free = b.flag_pair(Pipe::MTE3, Pipe::V, "y row stored");
+    fill_x_rows();
+    for (int p = 0; p < 2; ++p) {
+      b.set_flag(m_in_free, p);
+      b.set_flag(m_out_free, p);
+    }
+    for_each_item(plan, groups, 0, [&](const Item& it) {
+      pipelined_rows(
+          it.first, it.steps,
+          [&](int p, const Reg& oh, const Reg& t) { load_step(p, it.img, it.g, oh, t); },
+          [&](int p, const Reg& oh, const Reg& t) {
+            compute_step(p, it.img, it.g, oh, t, it.steps);
+          });
+    });
+    for (int p = 0; p < 2; ++p) {
+      b.wait_flag(m_in_free, p);
+      b.wait_flag(m_out_free, p);
+    }
+    b.end();
+    Launch l;
+    l.kernel = b.finish();
+    l.block_dim = plan.block_dim;
+    l.summary = fmt::format(
+        "MaxPool {}: {}x{}x{}x{} window {}x{} stride {}x{}, {} items (image x {} channels x band "
+        "of {} window rows) over {} blocks of {}{}",
+        isa::dtype_name(m_s.type), m_s.n, m_s.h, m_s.w, m_s.cp, m_s.kh, m_s.kw, m_s.sh, m_s.sw,
+        plan.items, m_ct, plan.band, plan.block_dim, plan.per, m_carry_x ? ", x rows carried" : "");
+    return l;
+  }
+
+ private:
+  // UB bytes for channel group ct: per parity kh padded x rows and a y row, one scratch run
+  // (each 32-byte aligned with a repeat of slack).
+  uint64_t ub_need(int64_t ct) const {
+    const uint64_t row = round_up(bytes(row_pixels(), ct) + kSlack, uint64_t{32});
+    const uint64_t run = round_up(bytes(m_s.ow, ct) + kSlack, uint64_t{32});
+    return 2 * static_cast<uint64_t>(m_s.kh) * row + 3 * run;
+  }
+  // The largest channel group (dividing cp, whole blocks) that fits the UB.
+  void choose_ct(uint64_t ub) {
+    const int64_t unit = 32 / m_size;
+    for (int64_t ct = unit; ct <= m_s.cp; ct += unit)
+      if (m_s.cp % ct == 0 && ub_need(ct) <= ub) m_ct = ct;
+    if (m_ct == 0)
+      m_b.fail(fmt::format("MaxPool: a row of {} pixels x {} channels, {} window rows, does not "
+                           "fit the {} bytes of UB",
+                           m_s.w, unit, m_s.kh, ub));
+  }
+  void allocate() {
+    const uint64_t row = bytes(row_pixels()), run = bytes(m_s.ow);
+    for (int p = 0; p < 2; ++p) {
+      m_x[p] = m_b.alloc(Buf::UB, static_cast<uint64_t>(m_s.kh) * (row + kSlack),
+                         fmt::format("x rows ({})", p));
+      m_y[p] = m_b.alloc(Buf::UB, run + kSlack, fmt::format("y row ({})", p));
+    }
+    m_tmp = m_b.alloc(Buf::UB, run + kSlack, "running max");
+  }
+  uint64_t x_row(int p, int64_t a) const override {
+    return m_x[p] + static_cast<uint64_t>(a) * (bytes(row_pixels()) + kSlack);
+  }
+
+  // MTE2: the x rows of window row oh (step t of the item).
+  void load_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("load window row ({})", p));
+    b.wait_flag(m_in_free, p);
+    load_x_rows(p, img, g, oh, t);
+    b.set_flag(m_in_ready, p);
+  }
+
+  // V: the window max of every window of the row into y row p; MTE3 stores it. With m_carry_x
+  // V then copies the x rows a + sh the next window row shares (a < kh - sh) into its rows a of
+  // the other parity: MTE2 loads that window row's other rows meanwhile (disjoint rows), and
+  // V, in order, finishes the copy before it computes that window row.
+  void compute_step(int p, const Reg& img, const Reg& g, const Reg& oh, const Reg& t,
+                    const Reg& steps) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, fmt::format("window row ({})", p));
+    b.wait_flag(m_in_ready, p);
+    const int64_t row = row_pixels() * m_ct;
+    // Rows outside the map: -inf.
+    for (int64_t a = 0; a < m_s.kh; ++a) {
+      Reg r = b.reg("input row");
+      b.mul(r, oh, m_s.sh);
+      b.add(r, r, a - m_s.pt);
+      auto pad = [&] { vec_dup_bits(b, m_size, x_row(p, a), neg_inf_bits(), row); };
+      b.if_(lt(r, 0), pad);
+      b.if_(ge(r, m_s.h), pad);
+    }
+    b.wait_flag(m_out_free, p);
+    Reg n = b.reg_imm("elements of a window row", m_s.ow * m_ct);
+    std::vector<uint64_t> taps;  // scan order
+    for (int64_t a = 0; a < m_s.kh; ++a)
+      for (int64_t kw = 0; kw < m_s.kw; ++kw) taps.push_back(column(x_row(p, a), kw));
+    const size_t ops = taps.size() - 1;  // the last of them writes y row p
+    if (ops == 0) vec_copy_bits(b, m_size, m_y[p], taps[0], m_s.ow * m_ct);
+    uint64_t acc = taps[0];
+    for (size_t i = 1; i <= ops; ++i) {
+      const uint64_t dst = (ops - i) % 2 == 0 ? m_y[p] : m_tmp;
+      vec_binary(b, Opcode::op_vmax, m_s.type, dst, acc, taps[i], n);
+      acc = dst;
+    }
+    if (m_carry_x) {
+      Reg next = b.reg("next step");
+      b.add(next, t, 1);
+      b.if_(lt(next, steps), [&] {
+        for (int64_t a = 0; a < carried_x(); ++a)
+          vec_copy_bits(b, m_size, x_row(1 - p, a), x_row(p, m_s.sh + a), row);
+      });
+    }
+    b.set_flag(m_in_free, p);
+    b.set_flag(m_out_ready, p);
+    b.wait_flag(m_out_ready, p);
+    copy_row(b, m_s, m_ct, false, "y", img, oh, m_s.oh, m_s.ow, g, m_y[p]);
+    b.set_flag(m_out_free, p);
+  }
+
+  uint64_t m_x[2] = {}, m_y[2] = {}, m_tmp = 0;
   FlagPair m_in_ready, m_in_free, m_out_ready, m_out_free;
 };
 
@@ -1050,7 +1290,8 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   if (s.cp != c) out = workspace_take(k, static_cast<uint64_t>(out_pixels * s.cp * size));
   args.push_back(out);
   Launch launch = s.kind == PoolKind::kMaxGrad ? MaxPoolGradEmitter(s, ctx.cfg, op.str()).emit()
-                                               : PoolEmitter(s, ctx.cfg, op.str()).emit();
+                 : s.kind == PoolKind::kMax   ? MaxPoolEmitter(s, ctx.cfg, op.str()).emit()
+                                              : PoolEmitter(s, ctx.cfg, op.str()).emit();
   k.launches.push_back(with_args(std::move(launch), args));
   if (s.cp != c)
     append_strided_copy(k, op, out, output_ref(0), out_pixels, c, s.cp, dt, dt, ctx.cfg);
