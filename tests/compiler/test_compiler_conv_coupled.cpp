@@ -146,6 +146,30 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
       "Conv2DBatchNormInferenceRelu6_f16"));
 }
 
+TEST_CASE("coupled chip: a residual added on the tile in the UB (Conv2D + BNInference + Add)") {
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  // MobileNetV2's projection: f16 in and out, 32 channels (whole blocks), the residual's rows
+  // loaded by MTE2 per tile and added after the rounding; three images of 5x5 (one image per
+  // tile: a residual takes no stacking).
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{3, 5, 5, 24, 1, 1, 32}, false, false, 31, fp16,
+                              DataType::F16, DataType::F16, false, true),
+      "Conv2DBatchNormInferenceAdd_f16"));
+  // f32 y of 152 channels (column groups, a partial n tile) with ReLU6 after the add; 256-row
+  // tiles.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{1, 16, 16, 16, 1, 1, 152}, false, false, 32, fp16,
+                              DataType::F16, DataType::F32, true, true),
+      "Conv2DBatchNormInferenceAddRelu6_f32"));
+  // f16 y of 24 channels (48-byte rows, padded through the UB): the epilogue without the add,
+  // then a launch adding the residual.
+  const std::vector<std::string> names =
+      check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 24}, true, false, 33, fp16, DataType::F16,
+                              DataType::F16, false, true);
+  CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInference_f16"));
+  CHECK(std::find(names.begin(), names.end(), "AddResidualRelu_f16") != names.end());
+}
+
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 30);
   check_conv2d_bias_add(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false, 31);

@@ -143,6 +143,25 @@ DataType batch_norm_conv_y_type(const OpDesc& op, DataType dt) {
 // Conv2DBatchNormInference's batch-norm inputs (scale, offset, mean, variance, bias follow).
 constexpr int kBnScale = 2, kBnVariance = 5;
 
+// A convolution with a batch norm's residual (attribute R = 1: the graph fusion's Conv2D +
+// BNInference + Add, the input after the batch norm's): its input index, or -1 (R = 0). Checks
+// the input count (6 + bias + R) and the residual against y (same shape, y's type Tout).
+int batch_norm_conv_residual(const OpDesc& op, const TensorDesc& y) {
+  const int64_t r = op.attr_int("R", 0);
+  if (r != 0 && r != 1) op.invalid(fmt::format("attribute R = {}: 0 or 1 expected", r));
+  const size_t n = op.inputs.size();
+  if (n != 6 + static_cast<size_t>(r) && n != 7 + static_cast<size_t>(r))
+    op.fail(fmt::format("takes x, filter, scale, offset, mean, variance[, bias]{}: {} or {} "
+                        "inputs, {} given",
+                        r ? ", residual" : "", 6 + r, 7 + r, n));
+  if (!r) return -1;
+  const TensorDesc& res = op.inputs[n - 1];
+  if (res.shape != y.shape || res.dtype != y.dtype)
+    op.invalid(fmt::format("residual (input {}) is {}, expected y's {}", n - 1, res.str(),
+                           y.str()));
+  return static_cast<int>(n - 1);
+}
+
 // The cube types of an op of dtype dt under the precision mode.
 struct CubeTypes {
   DataType cube = DataType::F16;  // what the cube multiplies
@@ -267,7 +286,8 @@ struct BnStats {
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr,
-                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr) {
+                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr,
+                      const ArgRef* residual = nullptr) {
   const TensorDesc& out = k.outputs[0];
   if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
     ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
@@ -289,6 +309,12 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     if (!bn) ctx.op.fail("internal: the convolution's batch-norm epilogue needs its fold");
     args.push_back(bn->a);
     args.push_back(bn->shift);
+  }
+  if (spec.residual) {
+    if (!residual || padded || !spec.bn_affine)
+      ctx.op.fail("internal: the convolution's residual epilogue needs its input, a dense y and "
+                  "the batch norm in the epilogue");
+    args.push_back(*residual);
   }
   spec.bn_stats = stats && stats->wanted && ctx.cfg.split && !padded &&
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
@@ -330,36 +356,47 @@ bool batch_norm_in_epilogue(const CompileContext& ctx, const CubeConvSpec& s) {
 }
 
 // a_in_filter: w is the folded filter (append_folded_filter), the epilogue adds the shift only
-// (batch_norm_in_epilogue must hold).
+// (batch_norm_in_epilogue must hold). residual_input >= 0: that input is added to y (rounded to
+// y_type) before the activation, in the epilogue where y's rows are whole 32-byte blocks
+// (CubeConvSpec::residual), else by a launch of its own after the batch norm
+// (append_residual_add).
 void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
                                  const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
                                  const BatchNormFold& fold, DataType y_type,
-                                 bool a_in_filter = false) {
+                                 bool a_in_filter = false, int residual_input = -1) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
+  const bool residual = residual_input >= 0;
   if (batch_norm_in_epilogue(ctx, s)) {
     CubeConvSpec e = s;
     e.bn_affine = true;
     e.bn_a_in_filter = a_in_filter;
-    e.act = act;
-    e.name = fmt::format("{}{}_{}", ctx.op.type, activation_name(act), data_type_name(y_type));
+    // The residual in the kernel where y is written dense (the UB path pads other rows).
+    e.residual = residual && (s.cy * data_type_bytes(y_type)) % layout::kBlockBytes == 0;
+    e.act = residual && !e.residual ? Activation::kNone : act;
+    e.name = fmt::format("{}{}{}_{}", ctx.op.type, e.residual ? "Add" : "",
+                         activation_name(e.act), data_type_name(y_type));
     ct.fix_out = device_dtype(y_type);
     ct.widen = false;
-    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold);
+    const ArgRef r = residual ? input_ref(residual_input) : ArgRef{};
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r);
+    if (residual && !e.residual) append_residual_add(k, ctx, residual_input, act);
     return;
   }
   if (a_in_filter) ctx.op.fail("internal: a folded filter needs the batch norm in the epilogue");
+  const Activation bn_act = residual ? Activation::kNone : act;
   if (y_type != DataType::F16) {
     append_cube_conv(k, ctx, ct, s, x, w);
-    append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),
+    append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, bn_act, device_dtype(y_type),
                             device_dtype(y_type));
-    return;
+  } else {
+    ct.fix_out = Dtype::F32;
+    ct.widen = false;
+    const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
+    append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
+    append_batch_norm_apply(k, ctx, y32, shape, fold, bn_act, Dtype::F32, Dtype::F16);
   }
-  ct.fix_out = Dtype::F32;
-  ct.widen = false;
-  const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
-  append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
-  append_batch_norm_apply(k, ctx, y32, shape, fold, act, Dtype::F32, Dtype::F16);
+  if (residual) append_residual_add(k, ctx, residual_input, act);
 }
 
 // The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks
@@ -460,11 +497,10 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     op.fail(fmt::format("takes x, filter [, bias]: 2 or 3 inputs, {} given", op.inputs.size()));
   const bool bias_add = op.type == "Conv2DBiasAdd" || (stats.wanted && op.inputs.size() == 3);
   const size_t plain_inputs = bias_add ? 3 : 2;
-  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7
-                 : op.inputs.size() != plain_inputs)
-    op.fail(fmt::format("takes {} inputs, {} given",
-                        batch_norm ? std::string("6 or 7") : std::to_string(plain_inputs),
-                        op.inputs.size()));
+  if (!batch_norm && op.inputs.size() != plain_inputs)
+    op.fail(fmt::format("takes {} inputs, {} given", plain_inputs, op.inputs.size()));
+  if (batch_norm && op.inputs.size() < 6)
+    op.fail(fmt::format("takes at least 6 inputs, {} given", op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
   // Conv2DBatchNormInference: f32 filter and batch norm; x and y f32 or f16 (Tx / Tout: the
@@ -558,7 +594,9 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, &stats);
     return finish();
   }
-  const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  const int residual = batch_norm_conv_residual(op, k.outputs[0]);
+  const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape,
+                                                    residual >= 0 ? residual : -1);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
   // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores), and
@@ -570,16 +608,19 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     // table), the epilogue adds the shift.
     if (groups == 1 && batch_norm_in_epilogue(ctx, s))
       append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a),
-                                  fold, y_type, true);
+                                  fold, y_type, true, residual);
     else
-      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type,
+                                  false, residual);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
-  s.name = fmt::format("Conv2DBias{}_{}", relu ? "Relu" : "", data_type_name(y_type));
+  // A residual is added after FIXPIPE (the ReLU, if any, after it).
+  s.relu = relu && residual < 0;
+  s.name = fmt::format("Conv2DBias{}_{}", s.relu ? "Relu" : "", data_type_name(y_type));
   s.bias = true;
-  s.relu = relu;
   append_cube_conv(k, ctx, ct, s, xr, wr, &fold.shift);
+  if (residual >= 0) append_residual_add(k, ctx, residual, activation_attr(op));
   return k;
 }
 
@@ -1091,8 +1132,8 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "DepthwiseConv2dBatchNormInference";
-  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7 : op.inputs.size() != 2)
-    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "6 or 7" : "2",
+  if (batch_norm ? op.inputs.size() < 6 : op.inputs.size() != 2)
+    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "at least 6" : "2",
                         op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
@@ -1108,7 +1149,8 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
   BatchNormFold fold;
-  if (batch_norm) fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  const int residual = batch_norm ? batch_norm_conv_residual(op, k.outputs[0]) : -1;
+  if (batch_norm) fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape, residual);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr =
       op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
@@ -1129,7 +1171,7 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
   if (batch_norm)
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual);
   else
     append_cube_conv(k, ctx, ct, s, xr, wbd);
   return k;
