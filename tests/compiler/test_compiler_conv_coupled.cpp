@@ -48,6 +48,12 @@ TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and 
   ConvCase b{2, 7, 6, 5, 3, 3, 7};
   CHECK(conv2d_launches(b).size() == 2);
   check_conv2d(DataType::F16, b, 2);
+  // 24 channels (48-byte rows, 96 as f32): f32 rows written densely, then one dense cast.
+  ConvCase c{2, 7, 6, 5, 3, 3, 24};
+  const std::vector<std::string> names = conv2d_launches(c);
+  REQUIRE(names.size() == 2);
+  CHECK(names[1] == "Cast_f32_f16");
+  check_conv2d(DataType::F16, c, 8);
   // Stride, dilation, VALID, several n tiles with a partial last one (300 channels).
   check_conv2d(DataType::F16, ConvCase{1, 9, 8, 20, 3, 2, 300}.window(2, 1, 1, 2, "VALID"), 3);
   // EXPLICIT paddings; stacked small images (m tiles across images: each image's rows copied
@@ -115,7 +121,7 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
   CHECK(batch_norm_in_epilogue(
       check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25),
       "Conv2DBatchNormInferenceRelu_f32"));
-  // f16 x and y (the fp16 hand-off), with a bias; 40 f16 channels: rows padded, then packed.
+  // f16 x and y (the fp16 hand-off), with a bias; 40 f16 channels: f32 rows, then the cast.
   CHECK(batch_norm_in_epilogue(
       check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false,
                               true, 26, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
