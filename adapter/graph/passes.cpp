@@ -301,17 +301,23 @@ std::vector<FusionRecord> fold_depthwise_epilogues(Graph& g) {
     const int mi = add_const(g, name + "/mean", {ch}, zeros);
     const int vi = add_const(g, name + "/variance", {ch}, ones);
     g.nodes[i].inputs[1] = {wi, 0};  // (g.nodes may have moved: index, not the reference)
-    const std::string pattern =
-        chain_pattern(g, a.chain, "DepthwiseConv2dNative+BatchNormInference");
+    const std::string pattern = chain_pattern(g, a.chain, "DepthwiseConv2dBatchNormInference");
+    // One node, one launch where the batch norm runs in the convolution's way out (coupled
+    // chips: the shift and the clamp on each tile in the UB; elsewhere the compiler appends
+    // the batch norm's vector pass): the convolution's window and the batch norm's attributes.
     Node& out = g.nodes[a.chain.back()];
-    out.op = "BatchNormInference";
-    out.attrs = {{"T", std::string("f32")},
-                 {"epsilon", 0.0},  // rsqrt(1 + 0) * 1 = 1: the filter holds the scale
-                 {"relu", a.activation == "Relu"},
-                 {"relu6", a.activation == "Relu6"}};
-    out.inputs = {{i, 0}, {gi, 0}, {bi, 0}, {mi, 0}, {vi, 0}};
-    std::vector<int> absorbed(a.chain.begin() + 1, a.chain.end());
-    out.fused = absorb(g, absorbed);
+    const Node& dw = g.nodes[i];
+    std::map<std::string, compiler::AttrValue> attrs = {
+        {"T", std::string("f32")},
+        {"epsilon", 0.0},  // rsqrt(1 + 0) * 1 = 1: the filter holds the scale
+        {"relu", a.activation == "Relu"},
+        {"relu6", a.activation == "Relu6"}};
+    for (const char* w : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
+      if (auto it = dw.attrs.find(w); it != dw.attrs.end()) attrs[w] = it->second;
+    out.op = "DepthwiseConv2dBatchNormInference";
+    out.attrs = attrs;
+    out.inputs = {dw.inputs[0], {wi, 0}, {gi, 0}, {bi, 0}, {mi, 0}, {vi, 0}};
+    out.fused = absorb(g, a.chain);
     done.push_back({pattern, out.name, out.fused});
   }
   return done;
@@ -383,7 +389,11 @@ std::vector<FusionRecord> fuse_elementwise_chains(Graph& g) {
 std::vector<FusionRecord> half_handoffs(Graph& g) {
   std::vector<FusionRecord> done;
   const auto consumers = g.consumers();
-  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "BatchNormInference"})) {
+  const auto fused_conv = [](const Node& m) {
+    return m.op == "Conv2DBatchNormInference" || m.op == "DepthwiseConv2dBatchNormInference";
+  };
+  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "DepthwiseConv2dBatchNormInference",
+                            "BatchNormInference"})) {
     Node& n = g.nodes[i];
     if (g.is_output({i, 0})) continue;
     auto it = consumers.find({i, 0});
@@ -391,7 +401,7 @@ std::vector<FusionRecord> half_handoffs(Graph& g) {
     bool all_x = true;
     for (int c : it->second) {
       const Node& m = g.nodes[c];
-      all_x &= m.op == "Conv2DBatchNormInference" && m.inputs[0] == TensorRef{i, 0};
+      all_x &= fused_conv(m) && m.inputs[0] == TensorRef{i, 0};
       for (size_t k = 1; k < m.inputs.size(); ++k) all_x &= !(m.inputs[k] == TensorRef{i, 0});
     }
     if (!all_x) continue;
@@ -402,7 +412,7 @@ std::vector<FusionRecord> half_handoffs(Graph& g) {
       g.nodes[c].attrs["Tx"] = std::string("f16");
       readers.push_back(g.nodes[c].name);
     }
-    done.push_back({n.op + " -> Conv2DBatchNormInference in fp16", n.name, readers});
+    done.push_back({n.op + " -> fused convolutions in fp16", n.name, readers});
   }
   return done;
 }

@@ -249,11 +249,11 @@ TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vect
   CHECK(patterns == std::vector<std::string>{
                         "Pad+DepthwiseConv2dNative -> DepthwiseConv2dNative (padding EXPLICIT)",
                         "DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
-                        "DepthwiseConv2dNative+BatchNormInference"});
+                        "DepthwiseConv2dBatchNormInference"});
   std::vector<std::string> kept_patterns;
   for (const auto& f : kept_model.info["fusions"]) kept_patterns.push_back(f["pattern"]);
   CHECK(kept_patterns == std::vector<std::string>{"DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
-                                                  "DepthwiseConv2dNative+BatchNormInference"});
+                                                  "DepthwiseConv2dBatchNormInference"});
   // Per inference: the Pad's copy and the Mul and AddV2 launches go, the Relu6 is the batch
   // norm's pass (its fold and the folded filter's casts are init tasks).
   CHECK(fused_model.tasks.size() + 3 <= plain_model.tasks.size());
@@ -277,6 +277,12 @@ TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vect
   }
   CHECK(clamped_low > 0);
   CHECK(clamped_high > 0);
+  // On a coupled chip (the 310P's core) the batch norm and the clamp run on each tile in the
+  // UB, in the depthwise convolution's kernel: one task per inference for the chain.
+  const ChipConfig coupled = load_chip_config("tiny_coupled");
+  const OmModel coupled_model = compile_graph(dg.graph(false), coupled);
+  REQUIRE(coupled_model.tasks.size() == 2);  // x's cast and the convolution
+  CHECK(coupled_model.tasks[1].op_type == "DepthwiseConv2dBatchNormInference");
 }
 
 // DepthwiseGraph's output read by a 1x1 Conv2D (16 -> 8) + BiasAdd, MobileNetV2's projection;
@@ -304,8 +310,8 @@ TEST_CASE("fp16 hand-off from the depthwise batch norm to the projection: bit-id
   for (const auto& f : half.info["fusions"])
     if (f["pattern"].get<std::string>().find("in fp16") != std::string::npos)
       handoffs.push_back(f["pattern"]);
-  CHECK(handoffs ==
-        std::vector<std::string>{"BatchNormInference -> Conv2DBatchNormInference in fp16"});
+  CHECK(handoffs == std::vector<std::string>{
+                        "DepthwiseConv2dBatchNormInference -> fused convolutions in fp16"});
   CHECK(half.tasks.size() + 1 == kept.tasks.size());  // the projection's input cast
   const std::vector<NpyArray> in = {f32_array({1, 7, 7, 16}, DepthwiseGraph().x)};
   CHECK(run_model(half, in) == run_model(kept, in));
