@@ -28,7 +28,7 @@
 //     dF[kh][kw][c][q] = sum_p img2col(x)[p][(kh, kw, c)] * dy[p][c*M + q]: the img2col kernel
 //     writes img2col with each channel repeated M times, tap-major ([KH*KW][P][C*M]), then a
 //     vector channel reduction (ops/channel.h) sums the products over p for each tap.
-//   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias]) -> y
+//   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias][, residual]) -> y
 //     the TF plugin's graph fusion of Conv2D -> BatchNormInference (a convolution followed by
 //     a batch norm at inference, with the Relu after it when relu=true, the Relu6 when
 //     relu6=true), f32: CANN's graph
@@ -47,6 +47,11 @@
 //     the batch norm as its own launch after the convolution (the bias needs one group and
 //     the table), and so does relu6: FIXPIPE's ReLU clamps at 0 only, the batch norm's
 //     vector launch clamps at 0 and 6.
+//     With attribute R = 1 the last input is a residual (y's type and shape: the graph
+//     fusion's Conv2D + BNInference + Add [+ ReLU]): y = act(round_Tout(conv * a + shift) +
+//     residual), added in Tout. Through the UB where y's rows are whole blocks it is loaded
+//     per tile and added in the epilogue (CubeConvSpec::residual); elsewhere one vector launch
+//     adds it (and applies the activation, which the convolution then leaves out).
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
