@@ -30,24 +30,11 @@ pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import INFERENCE_HELPERS, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 RTOL = 1e-2
 
-MODEL_CODE = r'''
-import numpy as np
-import keras
-
-def set_batch_norms(model, seed):
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:  # non-trivial moving statistics and affine parameters
-        if isinstance(layer, keras.layers.BatchNormalization):
-            c = layer.gamma.shape[0]
-            layer.gamma.assign(rng.uniform(0.5, 1.5, c).astype(np.float32))
-            layer.beta.assign(rng.uniform(-0.5, 0.5, c).astype(np.float32))
-            layer.moving_mean.assign(rng.uniform(-0.3, 0.3, c).astype(np.float32))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
-
+MODEL_CODE = INFERENCE_HELPERS + r'''
 def conv_bn(h, filters, depthwise=False, act=None):
     if depthwise:
         h = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False)(h)
@@ -104,16 +91,10 @@ result = {}
 for kind in sys.argv[1:]:
     model, x = build(kind)
     with tf.device("/CPU:0"):
-        want = [np.asarray(w, np.float64) for w in model(tf.constant(x), training=False)] \
-            if len(model.outputs) > 1 else [np.asarray(model(tf.constant(x), training=False), np.float64)]
-    with tf.device("/NPU:0"):
-        f = tf.function(lambda t: model(t, training=False))
-        xt = tf.constant(x)
-        f(xt)
-        n0 = len(npusim.launch_records())
-        got = f(xt)
-        recs = npusim.launch_records()[n0:]
-    got = [np.asarray(g, np.float64) for g in (got if isinstance(got, (list, tuple)) else [got])]
+        want = model(tf.constant(x), training=False)
+    want = [np.asarray(w, np.float64) for w in (want if isinstance(want, (list, tuple)) else [want])]
+    got, recs = npu_second_run(npusim, tf, model, x)
+    got = [np.asarray(g, np.float64) for g in got]
     result[kind] = {
         "errors": [float(np.linalg.norm(g - w) / np.linalg.norm(w)) for g, w in zip(got, want)],
         "records": [[r["op_type"], r["kernel"]] for r in recs]}
