@@ -231,10 +231,19 @@ class ResidentCacheDecoder(GreedyDecoder):
     (one task list per step, as GreedyDecoder's). Needs the plugin (the op has no CPU kernel,
     so the calls must be placed on the NPU) and a backbone of RESIDENT_CACHE_FAMILIES, float or
     int8-quantised (quantize(): the quantised sublayers are called as keras-hub calls them).
-    The cache argument and result of prefill / step are None."""
+    The cache argument and result of prefill / step are None.
 
-    def __init__(self, lm, batch, prompt_len, gen_len):
+    cache_dtype: the variables' dtype (default: the model's compute dtype). A float32 model on
+    the NPU whose precision mode runs its attention in fp16 (allow_fp32_to_fp16) can hold the
+    cache in float16, as serving stacks do: each new row is cast to it at the update and the
+    attention reads the variables widened to float32, which the plugin's fused attention takes
+    as the fp16 variables themselves (rewrite 9; the f16 -> f32 -> f16 round trip is exact), so
+    no step casts the whole cache and the attention sees the values it saw with a float32
+    cache (cast to fp16 there). models.run chooses it (--kv-cache-dtype auto)."""
+
+    def __init__(self, lm, batch, prompt_len, gen_len, cache_dtype=None):
         super().__init__(lm, batch, prompt_len, gen_len)
+        self.cache_dtype = cache_dtype or lm.compute_dtype
         family = type(lm.backbone).__name__.removesuffix("Backbone")
         if family not in RESIDENT_CACHE_FAMILIES:
             raise ValueError(f"ResidentCacheDecoder runs the decoder layers of "
@@ -244,6 +253,9 @@ class ResidentCacheDecoder(GreedyDecoder):
         self._family = family
         self.keys, self.values = [], []
         self.vocab_kernel = None  # _make_cache: a tied int8 embedding's table, transposed
+        # _make_cache: Gemma's float query / key / value kernels laid out [d, n, h] (by the
+        # EinsumDense layer's id): _project's product reads them without a transpose.
+        self._kernels_dnh = {}
         # No autograph: the step has no data-dependent Python control flow, and autograph's
         # conversion of its calls was seen to resolve one to another converted function in a
         # 7B run ("_prefill() takes 2 positional arguments but 4 were given").
@@ -271,18 +283,38 @@ class ResidentCacheDecoder(GreedyDecoder):
             # pylint: disable=protected-access
             self.vocab_kernel = tf.Variable(tf.transpose(embedding._embeddings), trainable=False,
                                             name="vocab_projection_int8")
+        if self._family == "Gemma":
+            import keras  # pylint: disable=import-outside-toplevel
+
+            # keras-hub's EinsumDense "btd,ndh->btnh" multiplies by its [n, d, h] kernel
+            # transposed to [d, n, h], a Transpose launch per projection and step (and for a
+            # float32 model a cast of that new tensor, which the plugin cannot keep); held
+            # transposed once, as a serving stack lays its weights out at load.
+            for layer in self.lm.backbone.transformer_layers:
+                attention = layer.attention
+                for dense in (attention.query_dense, attention.key_dense,
+                              attention.value_dense):
+                    if (_dnh_equation(dense.equation) and dense.bias is None
+                            and dense.activation in (None, keras.activations.linear)
+                            and getattr(dense, "quantization_mode", None) is None
+                            and not getattr(dense, "lora_enabled", False)):
+                        self._kernels_dnh[id(dense)] = tf.Variable(
+                            tf.transpose(dense.kernel, [1, 0, 2]), trainable=False,
+                            name=f"{dense.name}_kernel_dnh")
         batch, layers, _, max_len, kv_heads, head_dim = self.cache_shape
         shape = (batch, max_len, kv_heads, head_dim)
         for i in range(layers):
             for kind, out in (("key", self.keys), ("value", self.values)):
-                out.append(tf.Variable(tf.zeros(shape, self.lm.compute_dtype), trainable=False,
+                out.append(tf.Variable(tf.zeros(shape, self.cache_dtype), trainable=False,
                                        name=f"kv_cache_{kind}_{i}"))
 
     def _prefill(self, prompt):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         token, cache, last = GreedyDecoder._prefill(self, prompt)
         for i, (key, value) in enumerate(zip(self.keys, self.values)):
-            key.assign(cache[:, i, 0])
-            value.assign(cache[:, i, 1])
+            key.assign(tf.cast(cache[:, i, 0], self.cache_dtype))
+            value.assign(tf.cast(cache[:, i, 1], self.cache_dtype))
         return token, None, last
 
     def _step(self, token, cache, index):
@@ -363,16 +395,26 @@ class ResidentCacheDecoder(GreedyDecoder):
         return x + layer._feedforward_output_dense(
             keras.ops.multiply(layer._feedforward_intermediate_dense(h), gate))
 
-    @staticmethod
-    def _gemma_layer(layer, x, write, index, mask):
+    def _project(self, dense, h):
+        """dense(h) for an EinsumDense layer; with its kernel held as [d, n, h]
+        (_kernels_dnh) the same product "btd,dnh->btnh" on that layout, no transpose."""
+        import keras  # pylint: disable=import-outside-toplevel
+
+        kernel = self._kernels_dnh.get(id(dense))
+        if kernel is None:
+            return dense(h)
+        return keras.ops.einsum(_dnh_equation(dense.equation), h,
+                                keras.ops.cast(kernel, h.dtype))
+
+    def _gemma_layer(self, layer, x, write, index, mask):
         # pylint: disable=protected-access
         import keras  # pylint: disable=import-outside-toplevel
 
         attention = layer.attention
         h = layer.pre_attention_norm(x)
-        query = attention._apply_rope(attention.query_dense(h), index)
-        key, value = write(attention._apply_rope(attention.key_dense(h), index),
-                           attention.value_dense(h))
+        query = attention._apply_rope(self._project(attention.query_dense, h), index)
+        key, value = write(attention._apply_rope(self._project(attention.key_dense, h), index),
+                           self._project(attention.value_dense, h))
         # CachedGemmaAttention.call then zeroes the rows of queries that attend no position;
         # a decode step's query attends 0..index, so that is the identity and left out (its
         # All and Select kernels with it).
@@ -405,15 +447,31 @@ class ResidentCacheDecoder(GreedyDecoder):
         return x + layer._feedforward_output_dense(layer._feedforward_intermediate_dense(h))
 
 
+def _dnh_equation(equation):
+    """For an EinsumDense equation of the form "btd,ndh->btnh" (any letters: Gemma's query
+    "btd,ndh->btnh", key and value "bsd,kdh->bskh"), the same product with the kernel laid out
+    [d, n, h] ("btd,dnh->btnh"); None for any other."""
+    lhs, _, out = equation.partition("->")
+    x, _, w = lhs.partition(",")
+    if (len(x) != 3 or len(w) != 3 or len(set(x + w)) != 5 or w[1] != x[2]
+            or out != x[0] + x[1] + w[0] + w[2]):
+        return None
+    return f"{x},{w[1]}{w[0]}{w[2]}->{out}"
+
+
 def _write_rows(key_cache, value_cache, start, key_rows, value_rows):
     """A decode step's cache write for one layer: the new rows (batch, 1, kv_heads, head_dim)
     into the layer's (batch, max_len, kv_heads, head_dim) key and value variables in place at
-    start [0, index, 0, 0]; returns the variables' values (the whole cache of the layer)."""
+    start [0, index, 0, 0]; returns the variables' values (the whole cache of the layer). Rows
+    are cast to the variables' dtype and the values back to the rows' (ResidentCacheDecoder's
+    cache_dtype; tf.cast of a tensor already of the dtype adds no op)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from npusim.llm import update_variable_slice  # pylint: disable=import-outside-toplevel
 
-    update_variable_slice(key_cache, key_rows, start)
-    update_variable_slice(value_cache, value_rows, start)
-    return key_cache.read_value(), value_cache.read_value()
+    dtype = key_rows.dtype
+    update_variable_slice(key_cache, tf.cast(key_rows, key_cache.dtype), start)
+    update_variable_slice(value_cache, tf.cast(value_rows, value_cache.dtype), start)
+    return tf.cast(key_cache.read_value(), dtype), tf.cast(value_cache.read_value(), dtype)
 
 
 # The keras-hub families (backbone class name less "Backbone") whose decoder layers

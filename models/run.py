@@ -5,7 +5,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
         [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
-        [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache] [the options above]
+        [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache]
+        [--kv-cache-dtype auto|DTYPE] [the options above]
         (language models: run_generate's docstring)
 
 (from the repository root). One process runs one chip config (SystemC elaborates one chip per
@@ -60,7 +61,10 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
 
 On any error: exit code 1 and {"ok": false, "error": "<type>: <message>", plus the request's
 fields}. --report-dir DIR: npusim writes its report there at exit; its launch records are the
-measured steps' (the warm-up's are cleared).
+measured steps' (the warm-up's are cleared). --mode generate marks the report's phases
+(npusim.mark_phase): "prefill" and "decode_step" (each step an occurrence), so DIR/summary.txt
+has a "Phases" section and DIR/phases/prefill/ and DIR/phases/decode_step/ hold the reports of
+the prefill and of the last decode step (docs/reports.md, "Phases").
 """
 
 import argparse
@@ -94,6 +98,11 @@ def parse_args(argv=None):
     ap.add_argument("--copied-cache", action="store_true",
                     help="generate: keras-hub's own decode step, the cache a tensor copied "
                     "once per step (models.llm.GreedyDecoder); the default on the CPU")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="generate, resident cache: the cache variables' dtype; auto (default): "
+                    "float16 for a float32 model on the NPU whose precision mode runs its "
+                    "attention in fp16 (allow_fp32_to_fp16, allow_mix_precision), else the "
+                    "model's compute dtype (docs/llm.md)")
     ap.add_argument("--dtype", default=None, help="generate: the model's dtype policy "
                     "(float32 default, bfloat16, float16, ...)")
     ap.add_argument("--input-size", type=int, default=None,
@@ -293,6 +302,7 @@ def run_generate(a, log, npusim, device, result):
       tokens_per_s        batch x gen_len / (ttft + (gen_len - 1) x tpot)
       decode_step_us      every decode step's timeline; decode_kernel_us: its launches' sum
       decode_kernels_per_step, prefill_kernels
+      kv_cache_dtype      the cache's dtype (--kv-cache-dtype; the model's with --copied-cache)
       weight_bytes, kv_cache_bytes, decode_roofline_us   (weight bytes + cache bytes) / HBM
                           bandwidth (memory.hbm.gbps): the time a batch-1 decode step needs at
                           least to read its weights and cache once
@@ -341,11 +351,21 @@ def run_generate(a, log, npusim, device, result):
         family = llm.CONFIGS[a.model][0]
         resident = a.resident_cache or (not a.copied_cache and a.device == "NPU" and
                                         family in llm.RESIDENT_CACHE_FAMILIES)
-        decoder = llm.ResidentCacheDecoder if resident else llm.GreedyDecoder
-        gen = decoder(lm, a.batch, a.prompt_len, a.gen_len)
+        cache_dtype = lm.compute_dtype
+        if resident:
+            cache_dtype = kv_cache_dtype(a.kv_cache_dtype, lm.compute_dtype,
+                                         a.device, result["precision_mode"])
+            gen = llm.ResidentCacheDecoder(lm, a.batch, a.prompt_len, a.gen_len,
+                                           cache_dtype=cache_dtype)
+        else:
+            if a.kv_cache_dtype not in ("auto", lm.compute_dtype):
+                raise ValueError(f"--kv-cache-dtype {a.kv_cache_dtype}: keras-hub's own step "
+                                 f"(--copied-cache) keeps the cache in the model's dtype, "
+                                 f"{lm.compute_dtype}")
+            gen = llm.GreedyDecoder(lm, a.batch, a.prompt_len, a.gen_len)
         result["resident_cache"] = resident
-        result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(
-            lm.compute_dtype).size
+        result["kv_cache_dtype"] = cache_dtype
+        result["kv_cache_bytes"] = int(np.prod(gen.cache_shape)) * tf.as_dtype(cache_dtype).size
         log(f"{a.model} generate batch {a.batch} prompt {a.prompt_len} + {a.gen_len} on "
             f"{a.device}: warm-up (prefill and one decode step)")
         t0 = time.perf_counter()
@@ -367,8 +387,13 @@ def run_generate(a, log, npusim, device, result):
             last[0], last[1] = now, cpu
             if npusim is not None:
                 marks.append(len(npusim.launch_records()))
+                # The report's phases: the prefill, then each decode step (one token each).
+                npusim.mark_phase("decode_step" if i + 1 < a.gen_len else None,
+                                  items=a.batch, unit="tokens")
             log(f"  token {i + 1}/{a.gen_len}: {walls[-1]:.2f} s wall")
 
+        if npusim is not None:
+            npusim.mark_phase("prefill", items=a.batch, unit="tokens")
         tokens = gen.generate(prompt, on_token=on_token)
     result["tokens"] = tokens.tolist()
     result["wall_s_prefill"] = walls[0]
@@ -414,6 +439,22 @@ def run_generate(a, log, npusim, device, result):
         result["decode_roofline_sustained_us"] = (
             result["decode_roofline_us"] / peaks["hbm_efficiency"])
     return device_extras(npusim, tf, result)
+
+
+# Precision modes in which the plugin runs a float32 model's fused attention in fp16.
+FP16_ATTENTION_MODES = ("allow_fp32_to_fp16", "allow_mix_precision")
+
+
+def kv_cache_dtype(choice, compute_dtype, device, precision_mode):
+    """The resident cache's dtype for --kv-cache-dtype `choice`: "auto" gives float16 for a
+    float32 model on the NPU in a precision mode whose attention reads fp16 K / V anyway (so
+    holding them in fp16 changes no value and saves the step's cast of the whole cache), else
+    the model's compute dtype; any other choice is taken as given."""
+    if choice != "auto":
+        return choice
+    if device == "NPU" and compute_dtype == "float32" and precision_mode in FP16_ATTENTION_MODES:
+        return "float16"
+    return compute_dtype
 
 
 def device_extras(npusim, tf, result):

@@ -31,6 +31,27 @@ BufferPlan::Id BufferPlan::add_sized(std::string name, SizeFn bytes, int copies,
   return push({std::move(name), std::move(bytes), copies, enabled});
 }
 
+void BufferPlan::place(Id id, uint64_t period, uint64_t offset) {
+  Decl& d = m_decls.at(static_cast<size_t>(id));
+  if (period == 0 || offset >= period)
+    throw Error("BufferPlan: buffer '" + d.name + "' placed at offset " + std::to_string(offset) +
+                " of a period of " + std::to_string(period));
+  d.period = period;
+  d.offset = offset;
+}
+
+bool BufferPlan::has_placed() const {
+  for (const Decl& d : m_decls)
+    if (d.enabled && d.period) return true;
+  return false;
+}
+
+uint64_t BufferPlan::padding(const Decl& d, uint64_t used, uint64_t alignment) {
+  if (!d.period) return 0;
+  const uint64_t at = (used + alignment - 1) / alignment * alignment;
+  return (d.offset + d.period - at % d.period) % d.period;
+}
+
 uint64_t BufferPlan::bytes(Id id, int64_t units) const {
   const Decl& d = m_decls.at(static_cast<size_t>(id));
   return d.enabled ? d.bytes(units) : 0;
@@ -41,8 +62,11 @@ uint64_t BufferPlan::extent(int64_t units, uint64_t alignment, uint64_t start) c
   for (size_t i = 0; i < m_decls.size(); ++i) {
     const uint64_t n = bytes(static_cast<Id>(i), units);
     if (!m_decls[i].enabled || n == 0) continue;  // KernelBuilder::alloc is not called
-    for (int c = 0; c < m_decls[i].copies; ++c)
+    for (int c = 0; c < m_decls[i].copies; ++c) {
+      const uint64_t pad = padding(m_decls[i], used, alignment);
+      if (pad) used = (used + alignment - 1) / alignment * alignment + pad;
       used = (used + alignment - 1) / alignment * alignment + n;
+    }
   }
   return used;
 }
@@ -50,7 +74,7 @@ uint64_t BufferPlan::extent(int64_t units, uint64_t alignment, uint64_t start) c
 int BufferPlan::allocations(int64_t units) const {
   int n = 0;
   for (size_t i = 0; i < m_decls.size(); ++i)
-    if (bytes(static_cast<Id>(i), units) > 0) n += m_decls[i].copies;
+    if (bytes(static_cast<Id>(i), units) > 0) n += m_decls[i].copies * (m_decls[i].period ? 2 : 1);
   return n;
 }
 
@@ -89,12 +113,19 @@ BufferPlan::Placed BufferPlan::allocate(KernelBuilder& b, int64_t units) const {
     const Decl& d = m_decls[i];
     const uint64_t n = bytes(static_cast<Id>(i), units);
     Twin t;
+    // Padding to the buffer's place, then the copy.
+    auto alloc = [&](const std::string& name) {
+      const uint64_t cap = b.core().capacity(m_buf);
+      const uint64_t pad = padding(d, cap - b.free_bytes(m_buf), b.alignment(m_buf));
+      if (pad) b.alloc(m_buf, pad, d.name + ": padding to its place");
+      return b.alloc(m_buf, n, name);
+    };
     if (d.enabled && n > 0) {
       if (d.copies == 1) {
-        t.a[0] = t.a[1] = b.alloc(m_buf, n, d.name);
+        t.a[0] = t.a[1] = alloc(d.name);
       } else {
-        t.a[0] = b.alloc(m_buf, n, d.name + " (ping)");
-        t.a[1] = b.alloc(m_buf, n, d.name + " (pong)");
+        t.a[0] = alloc(d.name + " (ping)");
+        t.a[1] = alloc(d.name + " (pong)");
       }
     }
     p.m_at.push_back(t);

@@ -11,6 +11,14 @@
 // The layout is exactly KernelBuilder::alloc's: buffers in declaration order, each starting at
 // the next multiple of the buffer's alignment (KernelBuilder::alignment) after the one before.
 // fit() therefore finds the largest tile whose allocation succeeds, no more and no less.
+//
+// A placed buffer (place()) starts at a given offset modulo a period: each copy is preceded by
+// a padding allocation up to the next such address (e.g. the UB's bank windows: operands of a
+// vector instruction that start in different windows of banks x width bytes do not meet in a
+// bank). The padding is part of the layout (extent, allocations, allocate), so a tile found by
+// fit() with placed buffers is one whose padded layout fits; as the padding depends on where
+// each buffer lands, extent is then not monotone in the units, and fit() returns a tile that
+// fits, not necessarily the largest.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +52,10 @@ class BufferPlan {
   // The same size whatever the tile.
   Id add_fixed(std::string name, uint64_t bytes, int copies = 1, bool enabled = true);
   Id add_sized(std::string name, SizeFn bytes, int copies = 1, bool enabled = true);
+  // Buffer `id` (each copy) starts at an address = offset (mod period); period a multiple of
+  // every alignment the plan is laid out with, offset < period.
+  void place(Id id, uint64_t period, uint64_t offset);
+  bool has_placed() const;
 
   isa::Buf buf() const { return m_buf; }
   // One copy of buffer `id` at `units`, in bytes (0 if disabled).
@@ -51,8 +63,9 @@ class BufferPlan {
   // The end of the layout at `units`: the first byte past the last buffer when the plan is
   // laid out from byte `start` (already allocated bytes of the same buffer) with `alignment`.
   uint64_t extent(int64_t units, uint64_t alignment, uint64_t start = 0) const;
-  // How many allocations allocate() makes at `units`: copies counted, disabled and empty
-  // buffers not (e.g. to budget one alignment unit per allocation, whatever the layout).
+  // How many allocations allocate() makes at `units`, at most: copies counted (a placed one
+  // twice, for its padding), disabled and empty buffers not (e.g. to budget one alignment unit
+  // per allocation, whatever the layout).
   int allocations(int64_t units) const;
   // The largest multiple of `granule` in [granule, max_units] whose layout from `start` ends
   // within `capacity` bytes; 0 if even `granule` units do not fit.
@@ -83,7 +96,10 @@ class BufferPlan {
     SizeFn bytes;
     int copies = 1;
     bool enabled = true;
+    uint64_t period = 0, offset = 0;  // place(); period 0: anywhere
   };
+  // Bytes of padding before a copy of d laid out from `used` (aligned to `alignment`).
+  static uint64_t padding(const Decl& d, uint64_t used, uint64_t alignment);
   Id push(Decl d);
   isa::Buf m_buf;
   std::vector<Decl> m_decls;

@@ -1,6 +1,7 @@
 #include "adapter/profiler/runtime_report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
 #include <sstream>
@@ -138,6 +139,137 @@ std::string device_memory_text(const json& extra) {
   return o.str();
 }
 
+// The ops (indices into `ops`) that started in a phase's window.
+std::vector<size_t> phase_ops(const std::vector<OpRecord>& ops, const ReportPhase& p) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].start_cycle >= p.origin_cycle &&
+        (p.end_cycle == 0 || ops[i].start_cycle < p.end_cycle))
+      out.push_back(i);
+  return out;
+}
+
+// summary.txt's "Where the time goes": the simulated time (the window's origin to the last
+// kernel's end) as rows that add up to it: each kind of work's kernel time without the task
+// overheads, the task overheads of every launch, and the waits between kernels split by what
+// filled them (wait_breakdown; host dispatch and copies capped at the waits they sit in).
+std::string time_split_text(const RuntimeReportInput& in, const std::vector<OpRecord>& ops,
+                            const std::vector<OpMetrics>& ms) {
+  const ChipConfig& cfg = *in.config;
+  struct Row {
+    uint64_t launches = 0, work_cycles = 0, kernel_cycles = 0, hbm_bytes = 0;
+    double bound_cycles = 0;
+  };
+  std::map<WorkKind, Row> rows;
+  uint64_t overhead = 0, last_end = in.origin_cycle, hbm_read = 0, hbm_write = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Row& r = rows[work_kind(ops[i].op_type, ms[i])];
+    const uint64_t oh = std::min(ms[i].task_overhead_cycles, ops[i].cycles);
+    ++r.launches;
+    r.work_cycles += ops[i].cycles - oh;
+    r.kernel_cycles += ops[i].cycles;
+    r.hbm_bytes += ms[i].hbm_read_bytes + ms[i].hbm_write_bytes;
+    r.bound_cycles += ms[i].roofline_bound_cycles;
+    overhead += oh;
+    hbm_read += ms[i].hbm_read_bytes;
+    hbm_write += ms[i].hbm_write_bytes;
+    last_end = std::max(last_end, ops[i].start_cycle + ops[i].cycles);
+  }
+  const double span = double(last_end - in.origin_cycle);
+  const WaitBreakdown w = wait_breakdown(ops, in.copies, in.origin_cycle);
+  const uint64_t dispatch = std::min(w.host_dispatch_cycles, w.wait_cycles);
+  const uint64_t copies =
+      std::min(w.h2d_cycles + w.d2h_cycles + w.device_cycles, w.wait_cycles - dispatch);
+  const uint64_t other = w.wait_cycles - dispatch - copies;
+
+  std::ostringstream o;
+  o << fmt::format(
+      "\nWhere the time goes (the simulated time, {:.3f} us, as rows that add up to it; the kind "
+      "of work from each launch's op type and counters, docs/reports.md):\n",
+      cfg.cycles_to_us(span));
+  o << fmt::format("  {:<34} {:>8} {:>12} {:>7} {:>12} {:>11} {:>11} {:>8}\n", "row", "launches",
+                   "time(us)", "share", "kernels(us)", "HBM bytes", "bound(us)", "x bound");
+  for (WorkKind k : {WorkKind::cube, WorkKind::attention, WorkKind::vector, WorkKind::slice_update,
+                     WorkKind::data_movement}) {
+    const Row& r = rows[k];
+    const std::string ratio =
+        r.bound_cycles > 0 ? fmt::format("{:.2f}", double(r.kernel_cycles) / r.bound_cycles) : "-";
+    o << fmt::format("  {:<34} {:>8} {:>12.3f} {:>7} {:>12.3f} {:>11} {:>11.3f} {:>8}\n",
+                     std::string(work_kind_name(k)) + " (w/o task overheads)", r.launches,
+                     cfg.cycles_to_us(double(r.work_cycles)), pct(double(r.work_cycles), span),
+                     cfg.cycles_to_us(double(r.kernel_cycles)), bytes_text(double(r.hbm_bytes)),
+                     cfg.cycles_to_us(r.bound_cycles), ratio);
+  }
+  const auto row = [&](const std::string& name, uint64_t cycles) {
+    o << fmt::format("  {:<34} {:>8} {:>12.3f} {:>7}\n", name, "", cfg.cycles_to_us(double(cycles)),
+                     pct(double(cycles), span));
+  };
+  row(fmt::format("task overheads ({} launches)", ops.size()), overhead);
+  row("waits: host dispatch", dispatch);
+  row("waits: copies and fills", copies);
+  row("waits: other", other);
+  const double hbm_us = cfg.cycles_to_us(double(hbm_read + hbm_write) /
+                                         std::max(chip_peaks(cfg).hbm_bytes_per_cycle, 1e-9));
+  o << fmt::format(
+      "  HBM: {} read, {} written by the kernels; at the chip's HBM rate that takes {:.3f} us "
+      "(the window's memory roofline): simulated time {} x it, kernel time {} x it\n",
+      bytes_text(double(hbm_read)), bytes_text(double(hbm_write)), hbm_us,
+      hbm_us > 0 ? fmt::format("{:.2f}", cfg.cycles_to_us(span) / hbm_us) : "-",
+      hbm_us > 0 ? fmt::format("{:.2f}", cfg.cycles_to_us(span - double(w.wait_cycles)) / hbm_us)
+                 : "-");
+  return o.str();
+}
+
+// summary.txt's "Phases": per phase name (first-marked first) its occurrences, launches and
+// times, and the rate of its items.
+std::string phases_text(const RuntimeReportInput& in, const std::vector<OpRecord>& ops) {
+  if (in.phases.empty()) return "";
+  const ChipConfig& cfg = *in.config;
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<const ReportPhase*>> by_name;
+  for (const ReportPhase& p : in.phases) {
+    if (!by_name.count(p.name)) names.push_back(p.name);
+    by_name[p.name].push_back(&p);
+  }
+  std::ostringstream o;
+  o << "\nPhases (npusim.mark_phase; the report of each name's last occurrence is in "
+       "phases/<name>/; time = the phase's start to its last kernel's end, kernels = its first "
+       "launch's start to its last launch's end):\n";
+  o << fmt::format("  {:<20} {:>6} {:>9} {:>12} {:>12} {:>12} {:>12}  {}\n", "phase", "times",
+                   "launches", "time(us)", "min(us)", "max(us)", "kernels(us)", "rate (mean time)");
+  for (const std::string& name : names) {
+    const std::vector<const ReportPhase*>& occ = by_name[name];
+    double sum = 0, lo = 0, hi = 0, kernels = 0, items = 0;
+    uint64_t launches = 0;
+    std::string unit;
+    for (size_t k = 0; k < occ.size(); ++k) {
+      const std::vector<size_t> idx = phase_ops(ops, *occ[k]);
+      double t = 0, kt = 0;
+      if (!idx.empty()) {
+        uint64_t end = 0;
+        for (size_t i : idx) end = std::max(end, ops[i].start_cycle + ops[i].cycles);
+        t = cfg.cycles_to_us(double(end - occ[k]->origin_cycle));
+        kt = cfg.cycles_to_us(double(end - ops[idx.front()].start_cycle));
+      }
+      sum += t;
+      kernels += kt;
+      lo = k == 0 ? t : std::min(lo, t);
+      hi = std::max(hi, t);
+      launches += idx.size();
+      items += occ[k]->items;
+      if (!occ[k]->unit.empty()) unit = occ[k]->unit;
+    }
+    const double n = double(occ.size()), mean = sum / n;
+    const std::string rate =
+        items > 0 && mean > 0
+            ? fmt::format("{:.1f} {}/s", items / n / (mean * 1e-6), unit.empty() ? "items" : unit)
+            : "-";
+    o << fmt::format("  {:<20} {:>6} {:>9.1f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f}  {}\n", name,
+                     occ.size(), double(launches) / n, mean, lo, hi, kernels / n, rate);
+  }
+  return o.str();
+}
+
 std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& ops,
                      const std::vector<OpMetrics>& ms) {
   const ChipConfig& cfg = *in.config;
@@ -156,6 +288,9 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
     o << fmt::format("  {:<28} {:>6} {:>6} {:>12.3f} {:>7} {:>8.2f} {:>9.2f}\n", t.op_type,
                      t.count, t.tasks, t.time_us, pct(t.time_us, all_us),
                      t.cube_utilization_pct, t.vector_utilization_pct);
+
+  o << time_split_text(in, ops, ms);
+  o << phases_text(in, ops);
 
   o << "\nUtilisation per unit by op type (busy / active cycles, summed over the ops' cores):\n";
   std::map<std::string, std::pair<SideSums, SideSums>> by_type;
@@ -252,6 +387,39 @@ std::string appendix(const RuntimeReportInput& in, const std::vector<OpRecord>& 
 }
 
 }  // namespace
+
+void check_phase_name(const std::string& name) {
+  const bool ok = !name.empty() && name != "." && name != ".." &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+                           c == '.';
+                  });
+  if (!ok)
+    throw Error(fmt::format("report phase '{}': a phase name is letters, digits, '_', '-' and "
+                            "'.' (it names the folder phases/<name>/)",
+                            name));
+}
+
+const char* work_kind_name(WorkKind k) {
+  switch (k) {
+    case WorkKind::attention: return "attention";
+    case WorkKind::slice_update: return "slice updates";
+    case WorkKind::cube: return "cube products";
+    case WorkKind::vector: return "vector ops";
+    case WorkKind::data_movement: return "data movement";
+  }
+  return "unknown";
+}
+
+WorkKind work_kind(const std::string& op_type, const OpMetrics& m) {
+  if (op_type.find("Attention") != std::string::npos) return WorkKind::attention;
+  if (op_type.find("DynamicUpdateSlice") != std::string::npos ||
+      op_type.find("Scatter") != std::string::npos)
+    return WorkKind::slice_update;
+  if (m.macs > 0) return WorkKind::cube;
+  if (m.vector_repeats > 0) return WorkKind::vector;
+  return WorkKind::data_movement;
+}
 
 std::vector<std::pair<uint64_t, uint64_t>> kernel_spans(
     const std::vector<rt::LaunchRecord>& launches) {
@@ -459,6 +627,7 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
 std::vector<std::string> write_runtime_report(const std::string& dir,
                                               const RuntimeReportInput& in) {
   if (!in.config) throw Error("report: no chip config given");
+  for (const ReportPhase& p : in.phases) check_phase_name(p.name);
   ReportInput r;
   r.title = in.title;
   r.config = in.config;
@@ -483,7 +652,36 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
   r.summary_appendix = appendix(in, r.ops, ms);
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;
-  return write_report(dir, r);
+  std::vector<std::string> files = write_report(dir, r);
+
+  // Each phase name's last occurrence: the same files of its launches, copies and collectives.
+  std::map<std::string, const ReportPhase*> last;
+  std::map<std::string, size_t> count;
+  for (const ReportPhase& p : in.phases) {
+    last[p.name] = &p;
+    ++count[p.name];
+  }
+  for (const auto& [name, p] : last) {
+    RuntimeReportInput sub;
+    sub.title = fmt::format("{}: phase {} (occurrence {} of {})", in.title, name, count[name],
+                            count[name]);
+    sub.config = in.config;
+    sub.origin_cycle = p->origin_cycle;
+    const auto inside = [&](uint64_t start) {
+      return start >= p->origin_cycle && (p->end_cycle == 0 || start < p->end_cycle);
+    };
+    for (size_t i = 0; i < in.launches.size(); ++i)
+      if (inside(r.ops[i].start_cycle)) sub.launches.push_back(in.launches[i]);
+    for (const rt::CopyRecord& c : in.copies)
+      if (inside(c.start_cycle)) sub.copies.push_back(c);
+    for (const CommRecord& c : in.comms)
+      if (inside(c.start_cycle)) sub.comms.push_back(c);
+    sub.extra = in.extra;
+    if (sub.extra.is_object()) sub.extra.erase("device_memory");  // the whole window's figures
+    for (std::string& f : write_runtime_report(dir + "/phases/" + name, sub))
+      files.push_back(std::move(f));
+  }
+  return files;
 }
 
 }  // namespace npusim::prof

@@ -86,6 +86,31 @@ struct WaitBreakdown {
 WaitBreakdown wait_breakdown(const std::vector<OpRecord>& ops,
                              const std::vector<rt::CopyRecord>& copies, uint64_t origin_cycle);
 
+// A named part of a report's window (npusim.mark_phase, docs/reports.md "Phases"): the launches
+// and copies that started in [origin_cycle, end_cycle) on the device timeline (end_cycle 0: to
+// the window's end). Several phases of one name are occurrences of one repeated phase (each
+// decode step of a generation, each training step).
+struct ReportPhase {
+  std::string name;      // [A-Za-z0-9_.-], not "." or "..": its folder's name under phases/
+  uint64_t origin_cycle = 0, end_cycle = 0;
+  double items = 0;      // the work one occurrence does (e.g. tokens generated); 0: not given
+  std::string unit;      // the items' unit ("tokens"); "" when items is 0
+};
+// Throws npusim::Error naming the phase whose name is not a folder name as above.
+void check_phase_name(const std::string& name);
+
+// What kind of work a launch does, for summary.txt's "Where the time goes": from its op type
+// and counters, the same rules for every model (docs/reports.md gives them in order).
+enum class WorkKind {
+  attention,        // op type containing "Attention" (the fused attention kernels)
+  slice_update,     // op type containing "DynamicUpdateSlice", or "Scatter" (cache writes)
+  cube,             // any other launch that did cube MACs (MatMul, BatchMatMul, convolutions)
+  vector,           // any other launch with vector repeats (norms, rotary, activations, casts)
+  data_movement,    // neither: only moved data (Pack, Slice, Transpose by DMA, Fill)
+};
+const char* work_kind_name(WorkKind k);
+WorkKind work_kind(const std::string& op_type, const OpMetrics& m);
+
 struct RuntimeReportInput {
   std::string title;
   const ChipConfig* config = nullptr;
@@ -103,6 +128,9 @@ struct RuntimeReportInput {
   // "allocator_in_use_bytes", "graph_plans", "arenas_held", "arena_bytes_held",
   // "max_arena_bytes", "max_unplanned_bytes"}, bytes.
   nlohmann::json extra;
+  // Named parts of the window (npusim.mark_phase): summary.txt gets a "Phases" section and each
+  // phase name a folder phases/<name>/ with the report of its last occurrence.
+  std::vector<ReportPhase> phases;
 };
 
 // The Chrome trace: a "host" process (lanes "TF ops": one slice per TF op run, spanning its
@@ -110,7 +138,9 @@ struct RuntimeReportInput {
 // launch) and the collector's cores with one lane per pipe.
 nlohmann::json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops);
 
-// Writes the folder (write_report's files, trace.json included) and returns the paths written.
+// Writes the folder (write_report's files, trace.json included) and returns the paths written;
+// with phases also phases/<name>/ per phase name (the same files of its last occurrence's
+// launches, no instruction detail).
 // Records give starts rounded down and durations rounded up to whole cycles; a task that so
 // seems to end up to one cycle after the next launch's start is cut to that start (the runtime
 // runs one operation at a time), so the durations add up to the simulated time minus the waits.

@@ -227,7 +227,12 @@ Chip::Outcome Chip::outcome() const {
 }
 
 sc_core::sc_time Chip::end_time() const {
-  return outcome() == Outcome::Deadlock ? sc_time_stamp() : m_end;
+  switch (outcome()) {
+    case Outcome::Deadlock: return sc_time_stamp();
+    case Outcome::Done: return std::max(m_end, m_memory->writebacks_end());
+    case Outcome::Fault: break;
+  }
+  return m_end;
 }
 
 std::string Chip::deadlock_report() const {

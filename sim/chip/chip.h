@@ -63,8 +63,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Faults the launch from outside the simulation because its next event lies past
   // kSimTimeLimitPs, then aborts it like abort().
   void stop_at_time_limit();
-  // Simulated time the launch ended: its last block's end, its fault, or (deadlock) the last
-  // activity.
+  // Simulated time the launch ended: its last block's end (with the task's completion
+  // overhead) or, if later, the end of the last write-back flow of its evicted L2 lines
+  // (MemorySystem::writebacks_end); its fault; or (deadlock) the last activity.
   sc_core::sc_time end_time() const;
   // Ends the launch: resets cores, scheduler and abort signal so the next launch starts clean;
   // accounts the launch's cycles.

@@ -31,11 +31,19 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
 
   // Memory-system state while the transfer is in flight (one per initiating pipe thread).
   // phase 0 moves the L2-missing bytes over HBM, phase 1 the hitting bytes over L2.
+  // A write-back flow (the memory system's own, MemorySystem::start_writeback) has only an HBM
+  // phase and no initiator waiting on it.
+  bool writeback_flow = false;
+  // Write-back flows under memory.l2.write_back_waits: the transfer whose allocations evicted
+  // the lines, which completes only after them (its `writeback_pending` is cleared and its
+  // `done` notified when this flow ends).
+  GmTransfer* evictor = nullptr;
+  bool writeback_pending = false;
   double remaining[2] = {0, 0};
   int phase = 0;
   double port[2] = {0, 0};  // the core's port rate in each phase (0: not limited by the core)
-  // Of the HBM phase's bytes, the share HBM writes: a write's own missing bytes and the dirty
-  // lines the transfer evicts (memory.hbm.turnaround_loss prices the read/write mix).
+  // Of the HBM phase's bytes, the share HBM writes: a write's own missing bytes; 1 for a
+  // write-back flow (memory.hbm.turnaround_loss prices the read/write mix).
   double hbm_write_share = 0;
   double rate = 0;          // current bytes per cycle
   sc_core::sc_event done;

@@ -71,12 +71,15 @@ void MemorySystem::begin_launch(bool record, GmBlockLookup blocks) {
   if (!m_cfg.l2_keep_across_launches) m_l2.invalidate_all();
   m_placement.begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup() : std::move(blocks));
   m_recording = record;
+  m_writebacks_end = sc_core::sc_time_stamp();
   m_transfer_order.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
 }
 
 void MemorySystem::abort_transfers() {
   m_active.clear();
+  m_idle_writeback_flows.clear();
+  for (const auto& f : m_writeback_flows) m_idle_writeback_flows.push_back(f.get());
   m_users[kHbm] = m_users[kL2] = 0;
   m_rate_change.cancel();
 }
@@ -90,12 +93,12 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
   // 1. L2 lookup, line by line. own_miss: the instruction's own bytes that go to HBM; the rest
   // of `miss` is the fill of the lines its reads allocate beyond the bytes asked for (HBM -> L2
-  // only) and dirty lines its allocations evict (HBM writes, `writeback`).
+  // only). `writeback`: dirty lines its allocations evict (HBM writes of a flow of their own).
   uint64_t hit = 0, miss = 0, own_miss = 0, writeback = 0;
   for (const GmAccess& r : *t->ranges) {
     const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;
-    miss += o.miss_bytes + o.fill_bytes + o.writeback_bytes;
+    miss += o.miss_bytes + o.fill_bytes;
     own_miss += o.miss_bytes;
     writeback += o.writeback_bytes;
     m_l2_hits.add(o.hit_lines);
@@ -126,18 +129,16 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   m_abort.check();
   // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
   // the core's L2 port rate for the direction (the path rate if the chip gives none). A read's
-  // line fill beyond the bytes asked for goes from HBM into the L2 only, and evicted dirty lines
-  // go from the L2 to HBM, neither through the core: they share the HBM phase but not the port,
-  // whose limit is scaled so that the core's own bytes move at the path rate (no limit when the
-  // phase has none of the core's own bytes).
+  // line fill beyond the bytes asked for goes from HBM into the L2 only, not through the core:
+  // it shares the HBM phase but not the port, whose limit is scaled so that the core's own
+  // bytes move at the path rate (no limit when the phase has none of the core's own bytes).
+  // Evicted dirty lines go from the L2 to HBM in a flow of their own, started with this one.
   const double l2_port = write ? m_cfg.l2_write_bytes_per_cycle : m_cfg.l2_read_bytes_per_cycle;
   t->port[kHbm] = own_miss == 0 || t->port_rate <= 0
                       ? 0
                       : t->port_rate * static_cast<double>(miss) / static_cast<double>(own_miss);
-  t->hbm_write_share =
-      miss == 0 ? 0
-                : static_cast<double>(write ? own_miss + writeback : writeback) /
-                      static_cast<double>(miss);
+  t->hbm_write_share = miss == 0 || !write ? 0 : static_cast<double>(own_miss) /
+                                                     static_cast<double>(miss);
   t->port[kL2] = t->l2_port_rate > 0 ? t->l2_port_rate : l2_port > 0 ? l2_port : t->port_rate;
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {
@@ -148,26 +149,49 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     t->alone_cycles += bytes / alone_rate;
   }
   const sc_time start = sc_core::sc_time_stamp();
-  if (hit + miss > 0) {
+  t->writeback_pending = false;
+  if (hit + miss + writeback > 0) {
     advance();
+    if (writeback > 0) {
+      t->writeback_pending = m_cfg.l2_write_back_waits;
+      start_writeback(writeback, t->writeback_pending ? t : nullptr);
+    }
     t->remaining[kHbm] = static_cast<double>(miss);
     t->remaining[kL2] = static_cast<double>(hit);
-    t->phase = miss > 0 ? kHbm : kL2;
+    t->phase = hit + miss == 0 ? 2 : miss > 0 ? kHbm : kL2;
     t->rate = 0;
-    m_active.push_back(t);
+    if (t->phase < 2) m_active.push_back(t);
     settle();
     if (t->done_or_abort.size() == 0) {  // the transfer's first use: wake it on an abort
       m_abort.wake_on_raise(t->abort);
       t->done_or_abort |= t->done;
       t->done_or_abort |= t->abort;
     }
-    while (t->phase < 2) {
+    while (t->phase < 2 || t->writeback_pending) {
       wait(t->done_or_abort);
       m_abort.check();
     }
   }
   t->transfer_time = sc_core::sc_time_stamp() - start;
   p.set_response_status(tlm::TLM_OK_RESPONSE);
+}
+
+void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor) {
+  if (m_idle_writeback_flows.empty()) {
+    m_writeback_flows.push_back(std::make_unique<GmTransfer>());
+    m_writeback_flows.back()->writeback_flow = true;
+    m_idle_writeback_flows.push_back(m_writeback_flows.back().get());
+  }
+  GmTransfer* f = m_idle_writeback_flows.back();
+  m_idle_writeback_flows.pop_back();
+  f->remaining[kHbm] = static_cast<double>(bytes);
+  f->remaining[kL2] = 0;
+  f->phase = kHbm;
+  f->port[kHbm] = f->port[kL2] = 0;  // from the L2 to HBM: no core's port
+  f->hbm_write_share = 1;
+  f->rate = 0;
+  f->evictor = evictor;
+  m_active.push_back(f);
 }
 
 void MemorySystem::on_rate_change() {
@@ -196,7 +220,16 @@ void MemorySystem::settle() {
       t->rate = 0;
     }
     if (t->phase == 2) {
-      t->done.notify(SC_ZERO_TIME);
+      if (t->writeback_flow) {
+        m_idle_writeback_flows.push_back(t);
+        m_writebacks_end = sc_core::sc_time_stamp();
+        if (t->evictor) {
+          t->evictor->writeback_pending = false;
+          t->evictor->done.notify(SC_ZERO_TIME);
+        }
+      } else {
+        t->done.notify(SC_ZERO_TIME);
+      }
       m_active.erase(m_active.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;

@@ -21,9 +21,12 @@
 //      core's L2 port rate for the direction (l2_read/write_bytes_per_cycle; the path rate if 0).
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
-// an allocating write miss is absorbed at L2 bandwidth too, and a dirty line evicted by a
-// transfer adds its bytes to that transfer's HBM phase; they go from the L2 to HBM, so the
-// phase's port limit is scaled to let the core's own bytes through at the port rate. HBM's
+// an allocating write miss is absorbed at L2 bandwidth too, and the dirty lines a transfer's
+// allocations evict go from the L2 to HBM as a write-back flow of their own: one more user of
+// HBM's bandwidth, with no port limit, which the evicting transfer does not wait for (unless
+// memory.l2.write_back_waits: then it completes only when its write-back flow has too). A
+// launch ends when its blocks are done and its write-back flows have drained (writebacks_end).
+// HBM's
 // bandwidth B is the sustained rate less memory.hbm.turnaround_loss x 2 min(f, 1 - f) of it,
 // f the write share of the bytes the HBM phases in flight move. Each range carries its
 // instruction's L2 policy (isa.h L2Hint): noalloc leaves missing lines unallocated, bypass
@@ -31,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <systemc>
@@ -80,6 +84,11 @@ class MemorySystem : public sc_core::sc_module {
     m_recording = false;
     std::vector<uint16_t>().swap(m_transfer_order);
   }
+  // When the last write-back flow that finished since begin_launch finished (the launch's start
+  // if none did); with none in flight, the launch's write-backs are all in HBM by then. The
+  // launch is not over before (Chip::end_time): a write that evicts returns at L2 speed, so
+  // without this a launch writing more than the L2 holds could end before HBM moved its lines.
+  sc_core::sc_time writebacks_end() const { return m_writebacks_end; }
   // Abort: drops the transfers in flight (their initiators unwind on the abort signal) and the
   // pending rate-change event, so simulated time stops at the fault.
   void abort_transfers();
@@ -90,6 +99,9 @@ class MemorySystem : public sc_core::sc_module {
   void on_rate_change();  // method: a transfer's current phase may have completed
   void advance();         // bring every active transfer's remaining bytes to now
   void settle();          // complete finished phases, recompute rates, schedule next change
+  // Adds a write-back flow of `bytes` (dirty lines evicted to HBM) to the active flows; call
+  // between advance() and settle(). evictor (may be null): the transfer that waits for it.
+  void start_writeback(uint64_t bytes, GmTransfer* evictor);
 
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
@@ -100,6 +112,10 @@ class MemorySystem : public sc_core::sc_module {
   uint64_t m_l2_fingerprint = kL2FingerprintSeed;
   double m_bandwidth[2];  // bytes per cycle of HBM and L2
   std::vector<GmTransfer*> m_active;
+  // Write-back flows: all ever made (reused), and those not in m_active.
+  std::vector<std::unique_ptr<GmTransfer>> m_writeback_flows;
+  std::vector<GmTransfer*> m_idle_writeback_flows;
+  sc_core::sc_time m_writebacks_end;
   int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;

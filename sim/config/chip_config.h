@@ -100,6 +100,10 @@ struct ChipConfig {
   // write-back, write-allocate: a write miss allocates a dirty line at L2 bandwidth and HBM sees
   // the line only when it is evicted (sim/chip/l2_tags.h).
   bool l2_write_back = false;
+  // Write-back L2 only. false: the dirty lines a transfer evicts go to HBM in a flow of their
+  // own that the transfer does not wait for; true: the transfer completes only once that flow
+  // has (the L2 holds the allocation until its victims are out).
+  bool l2_write_back_waits = false;
 
   // Task overheads (docs/chip_model.md, "Task overheads"): a launch's Task Duration is
   // task_dispatch + for the blocks of the worker that ends last (task_block_start + its busy

@@ -82,6 +82,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.ub_write_bytes_per_cycle",
     "memory.l2.keep_across_launches",
     "memory.l2.write_back",
+    "memory.l2.write_back_waits",
     "task.dispatch_us",
     "task.block_start_cycles",
     "task.done_us",
@@ -399,6 +400,8 @@ void parse_memory(const Reader& r, ChipConfig& c) {
   c.l2_keep_across_launches = r.has("memory.l2.keep_across_launches") &&
                               r.get_bool("memory.l2.keep_across_launches");
   c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
+  c.l2_write_back_waits =
+      r.has("memory.l2.write_back_waits") && r.get_bool("memory.l2.write_back_waits");
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -550,6 +553,7 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
     o << fmt::format("    ub_write_bytes_per_cycle: {}\n", c.l2_ub_write_bytes_per_cycle);
   if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
   if (c.l2_write_back) o << "    write_back: true\n";
+  if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",

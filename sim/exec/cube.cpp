@@ -230,37 +230,42 @@ void transpose_fractal_scalar(const float* src, float* dst, uint64_t dst_stride)
 }
 
 #ifdef NPUSIM_CUBE_X86_VARIANTS
-// The same as four 8 x 8 transposes in AVX registers (unpack, shuffle, permute2f128).
+// Eight rows of 8 floats (r[i]: row i) transposed into d: column j of them at
+// d + j * dst_stride (unpack, shuffle, permute2f128).
+__attribute__((target("avx"), always_inline)) inline void transpose_8x8_avx(const __m256 (&r)[8],
+                                                                           float* d,
+                                                                           uint64_t dst_stride) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(d + 0 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(d + 1 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(d + 2 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(d + 3 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(d + 4 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(d + 5 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(d + 6 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(d + 7 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+// The same as four 8 x 8 transposes in AVX registers.
 __attribute__((target("avx"))) void transpose_fractal_avx(const float* src, float* dst,
                                                          uint64_t dst_stride) {
   for (int bi = 0; bi < 2; ++bi)      // source rows (n) 8*bi..8*bi+7
     for (int bj = 0; bj < 2; ++bj) {  // source columns (k) 8*bj..8*bj+7
       const float* s = src + bi * 8 * 16 + bj * 8;
-      __m256 r0 = _mm256_loadu_ps(s + 0 * 16), r1 = _mm256_loadu_ps(s + 1 * 16);
-      __m256 r2 = _mm256_loadu_ps(s + 2 * 16), r3 = _mm256_loadu_ps(s + 3 * 16);
-      __m256 r4 = _mm256_loadu_ps(s + 4 * 16), r5 = _mm256_loadu_ps(s + 5 * 16);
-      __m256 r6 = _mm256_loadu_ps(s + 6 * 16), r7 = _mm256_loadu_ps(s + 7 * 16);
-      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-      const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-      const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-      const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-      const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-      const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-      const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-      const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-      const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-      float* d = dst + bj * 8 * dst_stride + bi * 8;  // row k of the output, columns n
-      _mm256_storeu_ps(d + 0 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x20));
-      _mm256_storeu_ps(d + 1 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x20));
-      _mm256_storeu_ps(d + 2 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x20));
-      _mm256_storeu_ps(d + 3 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x20));
-      _mm256_storeu_ps(d + 4 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x31));
-      _mm256_storeu_ps(d + 5 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x31));
-      _mm256_storeu_ps(d + 6 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x31));
-      _mm256_storeu_ps(d + 7 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x31));
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(s + i * 16);
+      transpose_8x8_avx(r, dst + bj * 8 * dst_stride + bi * 8, dst_stride);
     }
 }
 #endif
@@ -271,6 +276,46 @@ void transpose_fractal(const float* src, float* dst, uint64_t dst_stride) {
   if (avx) return transpose_fractal_avx(src, dst, dst_stride);
 #endif
   transpose_fractal_scalar(src, dst, dst_stride);
+}
+
+// transpose_fractal of a full fractal of fp16 B as stored in L0B (16 n rows of 16 k values,
+// 512 bytes at src, any alignment), widened on the way: dst[kk * dst_stride + nn] =
+// f16_to_f32(src element nn * 16 + kk). The same floats as widening the fractal (f16_to_f32_n)
+// and then transposing it, without the widened copy in between.
+void widen_transpose_fractal_f16_scalar(const uint8_t* src, float* dst, uint64_t dst_stride) {
+  float wide[kFractalRows * kFractalRows];
+  f16_to_f32_n(src, wide, kFractalRows * kFractalRows);
+  transpose_fractal(wide, dst, dst_stride);
+}
+
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+// The same with F16C: each source row of an 8 x 8 block widened by vcvtph2ps (exact) straight
+// into the transpose's registers. vcvtph2ps quiets a signalling NaN where f16_to_f32 keeps its
+// payload (sim/exec/f16_bulk.cpp), so a fractal holding any NaN is redone by the scalar path.
+__attribute__((target("avx,f16c"))) void widen_transpose_fractal_f16_f16c(const uint8_t* src,
+                                                                         float* dst,
+                                                                         uint64_t dst_stride) {
+  __m256 nan = _mm256_setzero_ps();
+  for (int bi = 0; bi < 2; ++bi)      // source rows (n) 8*bi..8*bi+7
+    for (int bj = 0; bj < 2; ++bj) {  // source columns (k) 8*bj..8*bj+7
+      const uint8_t* s = src + (bi * 8 * 16 + bj * 8) * 2;
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * 32)));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(r[i], r[i], _CMP_UNORD_Q));
+      }
+      transpose_8x8_avx(r, dst + bj * 8 * dst_stride + bi * 8, dst_stride);
+    }
+  if (_mm256_movemask_ps(nan)) widen_transpose_fractal_f16_scalar(src, dst, dst_stride);
+}
+#endif
+
+void widen_transpose_fractal_f16(const uint8_t* src, float* dst, uint64_t dst_stride) {
+#ifdef NPUSIM_CUBE_X86_VARIANTS
+  static const bool f16c = f16_bulk_uses_hardware();
+  if (f16c) return widen_transpose_fractal_f16_f16c(src, dst, dst_stride);
+#endif
+  widen_transpose_fractal_f16_scalar(src, dst, dst_stride);
 }
 
 template <typename T, uint64_t K0>
@@ -337,6 +382,18 @@ struct Input<Dtype::S8> {
       dst[i] = static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(src[i])));
   }
 };
+
+// A's widened Zz image and B's widened k x ld_b image of the thread's latest mmad (Mmad),
+// storage reused across calls.
+template <typename T>
+struct CubeScratch {
+  std::vector<T> a_wide, b_buf;
+};
+template <typename T>
+CubeScratch<T>& scratch() {
+  thread_local CubeScratch<T> s;
+  return s;
+}
 
 struct Mmad {
   Dtype type;
@@ -414,14 +471,29 @@ struct Mmad {
     // A widened into scratch in its Zz layout, as whole fractal rows: what lies past its extent is
     // zero (the kernels compute rows past m from it and drop them). B widened in its Zn layout,
     // then rearranged as k x ld_b row-major, zero past column n. Scratch reused across calls.
-    thread_local std::vector<T> a_wide, b_wide, b_buf;
+    std::vector<T>& a_wide = scratch<T>().a_wide;
+    std::vector<T>& b_buf = scratch<T>().b_buf;
+    thread_local std::vector<T> b_wide;
     const uint64_t a_elems = layout::zz_extent(m, k, k0), b_elems = layout::zn_extent(k, n, k0);
     a_wide.resize(m16 * k_blocks * K0);
     In::widen(ctx.local.at(Buf::L0A, xa, a_elems * size), a_wide.data(), a_elems);
     std::fill(a_wide.begin() + a_elems, a_wide.end(), T(0));
-    b_wide.resize(b_elems);
-    In::widen(ctx.local.at(Buf::L0B, xb, b_elems * size), b_wide.data(), b_elems);
+    const uint8_t* b_stored = ctx.local.at(Buf::L0B, xb, b_elems * size);
     b_buf.resize(k * ld_b);
+    if constexpr (kType == Dtype::F16) {
+      // Whole fractals only (k and n multiples of 16: convolutions and MatMuls of 16-channel
+      // multiples): each widened straight into its place, fractal (kb, nb) at zn_offset in L0B.
+      if (k % K0 == 0 && n % kFractalRows == 0) {
+        for (uint64_t kb = 0; kb < k_blocks; ++kb)
+          for (uint64_t nb = 0; nb < n_blocks; ++nb)
+            widen_transpose_fractal_f16(
+                b_stored + layout::zn_offset(kb * K0, nb * kFractalRows, n_blocks, K0) * size,
+                &b_buf[kb * K0 * ld_b + nb * kFractalRows], ld_b);
+        return run_tiles<kType>(ctx, k_blocks, m16, ld_b);
+      }
+    }
+    b_wide.resize(b_elems);
+    In::widen(b_stored, b_wide.data(), b_elems);
     if (ld_b != n)
       for (uint64_t kk = 0; kk < k; ++kk)
         std::fill(b_buf.begin() + kk * ld_b + n, b_buf.begin() + (kk + 1) * ld_b, T(0));
@@ -444,7 +516,15 @@ struct Mmad {
             for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * ld_b + nn] = frac[nn * K0 + kk];
         }
       }
+    run_tiles<kType>(ctx, k_blocks, m16, ld_b);
+  }
 
+  // The products into L0C, from A widened into scratch<T>().a_wide and B widened and
+  // rearranged into scratch<T>().b_buf (run_typed).
+  template <Dtype kType>
+  void run_tiles(ExecContext& ctx, uint64_t k_blocks, uint64_t m16, uint64_t ld_b) const {
+    using T = typename Input<kType>::Arith;
+    constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename Input<kType>::Storage);
     // C is read (init 1) and written in place in L0C, and the bias read in place in BT; where
     // the config's alignment leaves either unaligned for T, through an aligned copy.
     auto aligned = [](const uint8_t* p) {
@@ -470,7 +550,8 @@ struct Mmad {
         in.p = bias_bounce.data();
       }
     }
-    const CubeOperands<T> g{a_wide.data(), k_blocks, b_buf.data(), ld_b, m, k, n, in,
+    const CubeOperands<T> g{scratch<T>().a_wide.data(), k_blocks, scratch<T>().b_buf.data(),
+                            ld_b, m, k, n, in,
                             CView<T>{c, kFractalRows, kFractalRows * m16}};
     if constexpr (kType == Dtype::F16) run_all_tiles_f16(g);
     else run_all_tiles<T, K0>(g);

@@ -94,3 +94,35 @@ TEST_CASE("allocate lays the buffers out as extent says, copies apart, disabled 
   CHECK(plan.extent(units, a) == end);
   CHECK(b.free_bytes(isa::Buf::UB) == b.core().capacity(isa::Buf::UB) - (end + a - 1) / a * a);
 }
+
+TEST_CASE("placed buffers start at their offset modulo the period, as extent says") {
+  // f32 tiles that would all start at the same offset modulo 2048 (4 KiB each) placed in
+  // windows 0, 3 and 5 of 256 bytes, the middle one two copies; a fixed buffer between them
+  // moves the layout off its windows.
+  BufferPlan plan;
+  const uint64_t period = 2048, window = 256;
+  plan.add("f0", 4.0);
+  plan.add_fixed("odd", 100);
+  plan.add("f1", 4.0, 0, 2);
+  plan.add("f2", 4.0);
+  plan.place(0, period, 0);
+  plan.place(2, period, 3 * window);
+  plan.place(3, period, 5 * window);
+  CHECK(plan.has_placed());
+  KernelBuilder b("k", "PlanTest", tiny());
+  b.begin_section(b.vector_core_kind());
+  b.alloc(isa::Buf::UB, 40, "earlier");  // the plan starts off a window
+  const uint64_t a = b.alignment(isa::Buf::UB);
+  const int64_t units = 1024;
+  const BufferPlan::Placed at = plan.allocate(b, units);
+  CHECK(at[0] % period == 0);
+  CHECK(at.twin(2)[0] % period == 3 * window);
+  CHECK(at.twin(2)[1] % period == 3 * window);
+  CHECK(at[3] % period == 5 * window);
+  CHECK(at[1] >= at[0] + 4 * units);  // the unplaced buffer follows f0 as it comes
+  CHECK(at[1] < at[0] + 4 * units + a);
+  const uint64_t end = at[3] + plan.bytes(3, units);
+  CHECK(plan.extent(units, a, 40) == end);
+  CHECK(allocates(plan, plan.fit(tiny(), isa::CoreKind::AIV, 128, 1 << 20), 0));
+  CHECK_THROWS_AS(plan.place(1, period, period), Error);
+}

@@ -283,6 +283,11 @@ TEST_CASE("steps on broadcast scalars only run once, before the tile loop") {
     const CompiledKernel k = compiler::compile(fused_op(in, steps), test_sim().config());
     const std::string& listing = k.launches[0].kernel.listing;
     CHECK(listing.find("resident work") != std::string::npos);
+    // They run over the first kResidentPart elements only (StreamSpec::resident_results); the
+    // one result the tile loop reads (step 6, read by step 7) is then copied over the tile,
+    // which every output position check_chain compared above depends on.
+    CHECK(listing.find("resident work: the first elements") != std::string::npos);
+    CHECK(listing.find("resident work: a whole tile") == std::string::npos);
     // Every Pow step is emitted once: its origin comment appears before the tile loop only.
     const size_t loop = listing.find("tile_loop");
     REQUIRE(loop != std::string::npos);

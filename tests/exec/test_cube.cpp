@@ -200,6 +200,34 @@ TEST_CASE("fp16 mmad over the whole finite fp16 range rounds each step's sum as 
   CHECK(fetch_c(t, Dtype::F16, m, n) == want);
 }
 
+TEST_CASE("fp16 mmad of whole fractals with infinities and NaNs") {
+  // k and n multiples of 16: B's fractals are widened and transposed in one pass (cube.cpp,
+  // widen_transpose_fractal_f16), which redoes a fractal holding a NaN without the host's
+  // converter. Quiet and signalling NaNs with payloads and infinities of both signs in some
+  // fractals of B, infinities in rows of A (a NaN in A too would meet B's in some sums, where
+  // which payload wins is the host's choice of operand order).
+  const int m = 32, k = 48, n = 48;
+  Rand rnd(77);
+  Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
+  auto put = [](Matrix& mtx, int r, int c, uint16_t h) {
+    std::memcpy(&mtx.bytes[(size_t(r) * mtx.cols + c) * 2], &h, 2);
+    mtx.value[size_t(r) * mtx.cols + c] = ref_f16_to_f32(h);
+  };
+  put(b, 3, 5, 0x7d01);    // signalling NaN, payload 0x101
+  put(b, 20, 17, 0x7e42);  // quiet NaN
+  put(b, 47, 47, 0xfd55);  // signalling NaN, sign set
+  put(b, 33, 30, 0x7c00);  // +inf
+  put(b, 0, 40, 0xfc00);   // -inf
+  put(a, 9, 12, 0x7c00);
+  put(a, 30, 44, 0xfc00);
+  ExecBench t;
+  load_operands(t, Dtype::F16, a, b);
+  mmad(t, Dtype::F16, m, k, n, 0);
+  std::vector<uint32_t> want(size_t(m) * n, 0);
+  ref_accumulate(Dtype::F16, a, b, want);
+  CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+}
+
 TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
   struct Shape {
     int m, k, n;

@@ -342,3 +342,86 @@ TEST_CASE("runtime report: a system run's top level splits every chip's time, no
   CHECK(summary.find(row(1, 250, 180, 180)) != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("runtime report: kinds of work and phases, each phase name's last occurrence a folder") {
+  const ChipConfig cfg = load_chip_config("tiny");
+  prof::OpMetrics cube, vec, none;
+  cube.macs = 10;
+  vec.vector_repeats = 3;
+  CHECK(prof::work_kind("IncreFlashAttention", cube) == prof::WorkKind::attention);
+  CHECK(prof::work_kind("XlaDynamicUpdateSlice", vec) == prof::WorkKind::slice_update);
+  CHECK(prof::work_kind("ResourceScatterUpdate", none) == prof::WorkKind::slice_update);
+  CHECK(prof::work_kind("MatMul", cube) == prof::WorkKind::cube);
+  CHECK(prof::work_kind("MatMul", vec) == prof::WorkKind::vector);  // e.g. its input's cast
+  CHECK(prof::work_kind("Pack", none) == prof::WorkKind::data_movement);
+
+  prof::RuntimeReportInput in;
+  in.title = "test";
+  in.config = &cfg;
+  in.origin_cycle = 100;
+  in.launches = {
+      launch("gemm", 300, 100, {{"aic0", cube_core(100, 50, 50000)}}, label("mm", "MatMul", 1)),
+      launch("add", 600, 100, {{"aiv0", vector_core(100, 50, 20)}}, label("add", "AddV2", 2)),
+      launch("fa", 900, 200, {{"aic0", cube_core(200, 50, 9000)}},
+             label("fa", "FlashAttention", 3)),
+      launch("copy", 1150, 50, {{"aiv0", vector_core(50, 0, 0)}}, label("p", "Pack", 4))};
+  in.copies = {copy(rt::OpKind::memcpy_h2d, 820, 30, 64)};
+  // "a": [100, 500); "b" twice: [500, 800) and [800, end).
+  in.phases = {
+      {"a", 100, 500, 1, "tokens"}, {"b", 500, 800, 1, "tokens"}, {"b", 800, 0, 1, "tokens"}};
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "npusim_test_runtime_phases").string();
+  std::filesystem::remove_all(dir);
+  prof::write_runtime_report(dir, in);
+
+  const std::string top = read_file(dir + "/summary.txt");
+  // Whole window: 1100 cycles = 450 of kernels without overheads and 650 of waits (30 of them
+  // the h2d copy), by kind.
+  CHECK(top.find(fmt::format("the simulated time, {:.3f} us,", 1100 / cfg.clock_mhz)) !=
+        std::string::npos);
+  // Each row: launches, time without the task overheads (none in these records), share, ...
+  const auto row_us = [&](const std::string& name) {
+    const size_t at = top.find("  " + name);
+    REQUIRE(at != std::string::npos);
+    std::istringstream fields(top.substr(at + 2 + name.size(), top.find('\n', at) - at));
+    std::vector<std::string> f;
+    for (std::string w; fields >> w;) f.push_back(w);
+    return f;
+  };
+  const auto us = [&](uint64_t cycles) { return fmt::format("{:.3f}", cycles / cfg.clock_mhz); };
+  CHECK(row_us("cube products (w/o task overheads)")[0] == "1");
+  CHECK(row_us("cube products (w/o task overheads)")[1] == us(100));
+  CHECK(row_us("attention (w/o task overheads)")[1] == us(200));
+  CHECK(row_us("vector ops (w/o task overheads)")[1] == us(100));
+  CHECK(row_us("data movement (w/o task overheads)")[1] == us(50));
+  CHECK(row_us("waits: copies and fills")[0] == us(30));
+  CHECK(row_us("waits: other")[0] == us(620));
+  CHECK(row_us("waits: host dispatch")[0] == us(0));
+  // Phases: "b" twice, 1.5 launches each; its times 200 and 400 cycles (start to last end).
+  const double b_mean = 300 / cfg.clock_mhz;
+  const std::vector<std::string> b_row = row_us("b ");
+  REQUIRE(b_row.size() >= 5);
+  CHECK(b_row[0] == "2");
+  CHECK(b_row[1] == "1.5");
+  CHECK(b_row[2] == fmt::format("{:.3f}", b_mean));
+  CHECK(b_row[3] == us(200));
+  CHECK(b_row[4] == us(400));
+  CHECK(top.find(fmt::format("{:.1f} tokens/s", 1.0 / (b_mean * 1e-6))) != std::string::npos);
+
+  // phases/b/ is its last occurrence: the attention and the copy, from cycle 800.
+  const std::string b = read_file(dir + "/phases/b/summary.txt");
+  CHECK(b.find("test: phase b (occurrence 2 of 2)") == 0);
+  CHECK(b.find(fmt::format("2 ops: task time {} us, waits {} us, simulated time {} us", us(250),
+                           us(150), us(400))) !=
+        std::string::npos);
+  std::ifstream csv(dir + "/phases/a/op_summary.csv");
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  CHECK(rows == 2);  // the header and the GEMM
+
+  in.phases = {{"../x", 100, 0, 0, ""}};
+  CHECK_THROWS_WITH(prof::write_runtime_report(dir, in),
+                    Catch::Contains("report phase '../x'"));
+  std::filesystem::remove_all(dir);
+}

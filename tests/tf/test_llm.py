@@ -168,12 +168,14 @@ def test_runner_generate_figures(tmp_path):
     assert 0 <= r["prefill_replayed"] <= r["prefill_kernels"]
     assert 0 <= r["decode_replayed_per_step"] <= r["decode_kernels_per_step"]
     assert 0 < r["warmup_wall_s_prefill"] <= r["warmup_wall_s"]
-    # (batch, layers, key and value, max_len, kv heads, head_dim) in f32, from the config (no
-    # model is built here: this process must not import TensorFlow before npusim).
+    # (batch, layers, key and value, max_len, kv heads, head_dim), from the config (no model is
+    # built here: this process must not import TensorFlow before npusim), in fp16: a float32
+    # model's resident cache under allow_fp32_to_fp16 (--kv-cache-dtype auto).
     cfg = llm.CONFIGS["llama-tiny"][1]
     shape = (2, cfg["num_layers"], 2, 9, cfg["num_key_value_heads"],
              cfg["hidden_dim"] // cfg["num_query_heads"])
-    assert r["kv_cache_bytes"] == 4 * int(np.prod(shape))
+    assert r["precision_mode"] == "allow_fp32_to_fp16" and r["kv_cache_dtype"] == "float16"
+    assert r["kv_cache_bytes"] == 2 * int(np.prod(shape))
     # The roofline at the peak HBM rate and at the sustained one (memory.hbm.efficiency).
     import yaml  # pylint: disable=import-outside-toplevel
     hbm = {}
@@ -205,7 +207,7 @@ def test_unmaterialized_weights_are_zeros_from_the_chip(npusim, tf):
 
 # Gemma's prompt is longer: a layer's cache (one KV head of 16) must outweigh what else a
 # step's data movement writes, the logits and its query projection's kernel transposed
-# (4 x 64 x 16 f32: 16 KB, per step, in either decoder).
+# (4 x 64 x 16 f32: 16 KB per step in the copying decoder; the resident one holds it laid out).
 @pytest.mark.parametrize("name,batch,prompt_len", [
     ("llama-tiny", 1, 24), ("llama-tiny-mha", 2, 24), ("gpt2-tiny", 1, 24),
     ("gemma-tiny", 2, 136)])
@@ -221,12 +223,8 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     attention write split-K partials to workspace; a float32 model's attention converts the
     cache to fp16 under allow_fp32_to_fp16, in both decoders.)"""
     gen_len = 4
-    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
-    cpu, npu = build_pair(tf, name)
-    with tf.device("/CPU:0"):
-        want = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(prompt)
-    _, layers, _, max_len, kv_heads, head_dim = llm.cache_shape(npu.backbone, batch,
-                                                                prompt_len + gen_len)
+    prompt, npu, want, shape = cpu_generation(tf, name, batch, prompt_len, gen_len)
+    _, layers, _, max_len, kv_heads, head_dim = shape
     itemsize = np.dtype(npu.compute_dtype).itemsize
     layer_cache = batch * max_len * kv_heads * head_dim * itemsize
     logits = batch * llm.vocabulary_size(name) * 4
@@ -234,16 +232,7 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     rows = layers * 2 * batch * kv_heads * head_dim * itemsize
 
     def step_writes(decoder):
-        steps = []
-
-        def on_token(i):
-            if i:
-                steps.append(npusim.launch_records(with_counters="flat"))
-            npusim.clear_launch_records()
-
-        with tf.device("/NPU:0"):
-            tokens = decoder.generate(prompt, on_token=on_token)
-        assert all(r["ok"] for s in steps for r in s)
+        tokens, _, steps = generate_steps(npusim, tf, decoder, prompt)
         return tokens, steps
 
     def moved(records):
@@ -271,6 +260,34 @@ def test_resident_cache_decoder_writes_only_the_new_rows(npusim, tf, name, batch
     np.testing.assert_array_equal(got, want)
 
 
+def cpu_generation(tf, name, batch, prompt_len, gen_len):
+    """A random prompt (seed 1), the model on the NPU with the CPU copy's weights, the CPU's
+    greedy tokens (keras-hub's own step) and the cache's shape."""
+    prompt = llm.prompt_tokens(name, batch, prompt_len, seed=1)
+    cpu, npu = build_pair(tf, name)
+    with tf.device("/CPU:0"):
+        want = llm.GreedyDecoder(cpu, batch, prompt_len, gen_len).generate(prompt)
+    return prompt, npu, want, llm.cache_shape(npu.backbone, batch, prompt_len + gen_len)
+
+
+def generate_steps(npusim, tf, decoder, prompt, prepare=None):
+    """decoder.generate(prompt) on the NPU -> (tokens, logits, the launch records of each decode
+    step with flat counters); prepare(), if given, runs first on the NPU."""
+    steps = []
+
+    def on_token(i):
+        if i:
+            steps.append(npusim.launch_records(with_counters="flat"))
+        npusim.clear_launch_records()
+
+    with tf.device("/NPU:0"):
+        if prepare:
+            prepare()
+        tokens, logits = decoder.generate(prompt, on_token=on_token, return_logits=True)
+    assert all(r["ok"] for s in steps for r in s)
+    return tokens, logits, steps
+
+
 # Launches that move data (no arithmetic): a cache copy would be one of them.
 DATA_MOVEMENT = {"XlaDynamicUpdateSlice", "StridedSlice", "Slice", "Pack", "ConcatV2", "Unpack",
                  "Split", "SplitV", "Tile", "BroadcastTo", "Transpose", "Pad"}
@@ -292,3 +309,86 @@ def test_resident_cache_decoder_refuses_other_families(tf):
         lm = keras_hub.models.OPTCausalLM(backbone=backbone, preprocessor=None)
     with pytest.raises(ValueError, match="not OPTBackbone"):
         llm.ResidentCacheDecoder(lm, 1, 4, 2)
+
+
+@pytest.mark.parametrize("name,batch", [("llama-tiny", 1), ("gpt2-tiny", 1), ("gemma-tiny", 2)])
+def test_float16_cache_of_a_float32_model(npusim, tf, name, batch):
+    """A float32 model's resident cache held in float16 (ResidentCacheDecoder cache_dtype,
+    models.run --kv-cache-dtype auto on the NPU under allow_fp32_to_fp16): the fused attention
+    reads the fp16 variables as they are, so a decode step no longer casts each layer's whole
+    key and value cache to fp16 (the `<attention>/npusim_{k,v}_fp16` Casts of rewrite 9, one
+    per layer and K / V with a float32 cache); the new rows are cast instead, so the step's
+    Cast launches write exactly 2 x layers x (a layer's fp16 cache - its new rows) bytes fewer
+    (from the model's configuration), and no launch more. The attention saw fp16 K / V
+    before too, so the logits of every step are the float32 cache's bit for bit, and the
+    greedy tokens the CPU's."""
+    prompt_len, gen_len = 24, 4
+    prompt, npu, want, shape = cpu_generation(tf, name, batch, prompt_len, gen_len)
+    _, layers, _, max_len, kv_heads, head_dim = shape
+    layer_cache16 = batch * max_len * kv_heads * head_dim * 2
+    rows16 = batch * kv_heads * head_dim * 2
+
+    def run(cache_dtype):
+        dec = llm.ResidentCacheDecoder(npu, batch, prompt_len, gen_len, cache_dtype=cache_dtype)
+        out = generate_steps(npusim, tf, dec, prompt)
+        assert {v.dtype.name for v in dec.keys + dec.values} == {cache_dtype}
+        return out
+
+    def cache_casts(records):
+        return [r for r in records if r["op_name"].endswith(("/npusim_k_fp16", "/npusim_v_fp16"))]
+
+    def cast_writes(records):
+        return sum(_gm_write_bytes(r) for r in records if r["op_type"] == "Cast")
+
+    # A first generation keeps the weights' fp16 copies (derived-tensor cache), which the
+    # first steps of a process would otherwise still make: the two runs compared are alike.
+    run("float16")
+    _, l32, s32 = run("float32")
+    t16, l16, s16 = run("float16")
+    np.testing.assert_array_equal(l16, l32)
+    np.testing.assert_array_equal(t16, want)
+    for a, b in zip(s32, s16):
+        assert len(cache_casts(a)) == 2 * layers and not cache_casts(b)
+        assert len(b) == len(a)
+        assert cast_writes(a) - cast_writes(b) == 2 * layers * (layer_cache16 - rows16)
+    print(f"\n{name}: a step's Cast launches write {cast_writes(s32[-1])} bytes with a float32 "
+          f"cache, {cast_writes(s16[-1])} with a float16 one")
+
+
+def test_gemma_projections_read_their_kernels_laid_out_once(npusim, tf):
+    """Gemma's query / key / value EinsumDense ("btd,ndh->btnh", "bsd,kdh->bskh") multiply by
+    their [n, d, h] kernels transposed to [d, n, h]: with keras-hub's layers a Transpose launch
+    per projection and step. ResidentCacheDecoder holds the three kernels laid out [d, n, h]
+    once (_kernels_dnh): a decode step then has no Transpose, and from the second step on no
+    cast of those kernels either: 2 x 3 x layers launches fewer; logits bit for bit those of
+    the layers' own calls (the same product on the same values); greedy tokens the CPU's.
+    Batch 2, float32 under allow_fp32_to_fp16, tiny chip."""
+    name, batch, prompt_len, gen_len = "gemma-tiny", 2, 16, 4
+    prompt, npu, want, shape = cpu_generation(tf, name, batch, prompt_len, gen_len)
+    layers = shape[1]
+
+    def run(laid_out):
+        dec = llm.ResidentCacheDecoder(npu, batch, prompt_len, gen_len)
+
+        def prepare():  # the decoder's variables, then (the layers' own calls) no laid-out kernel
+            dec._make_cache()  # pylint: disable=protected-access
+            if not laid_out:
+                dec._kernels_dnh.clear()  # pylint: disable=protected-access
+
+        return generate_steps(npusim, tf, dec, prompt, prepare)
+
+    run(True)  # the weights' fp16 copies kept, as in tests above: the runs compared are alike
+    _, l_plain, s_plain = run(False)
+    tokens, l_laid, s_laid = run(True)
+    np.testing.assert_array_equal(l_laid, l_plain)
+    np.testing.assert_array_equal(tokens, want)
+    for i, (plain, laid) in enumerate(zip(s_plain, s_laid)):
+        transposes = [r for r in plain if r["op_type"] == "Transpose"]
+        assert len(transposes) == 3 * layers, [r["op_name"] for r in transposes]
+        assert not [r["op_name"] for r in laid if r["op_type"] == "Transpose"]
+        # The first step casts the laid-out kernels to fp16 once; later steps read the copies
+        # the plugin keeps (docs/tf_plugin.md "Weights kept in fp16"), where keras-hub's layers
+        # cast their new transposed tensors every step.
+        casts = [sum(r["kernel"].startswith("Cast") for r in s) for s in (plain, laid)]
+        assert casts[0] - casts[1] == (0 if i == 0 else 3 * layers), casts
+        assert len(plain) - len(laid) == 3 * layers + casts[0] - casts[1]

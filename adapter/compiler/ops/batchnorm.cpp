@@ -126,17 +126,16 @@ void append_fill(CompiledKernel& k, const OpDesc& op, int out, const TensorDesc&
 // The element-wise pass: out = f(tensors, per-channel vectors), computed in f32. compute's
 // temps: `temps` f32 tiles, then `extra_temps` (whose constants `prologue` fills, given every
 // temp of the kernel: for f16 / bf16 the widened tensors' come first).
-void append_elementwise(CompiledKernel& k, const OpDesc& op, const std::string& name,
-                        const std::vector<int64_t>& shape, DataType dt,
-                        const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
-                        const ArgRef& out, int temps,
-                        std::function<void(KernelBuilder&, const TileOperands&,
-                                           const std::vector<uint64_t>& f32_tensors)>
-                            compute,
-                        const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
-                        std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>
-                            prologue = {},
-                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
+void append_elementwise(
+    CompiledKernel& k, const OpDesc& op, const std::string& name, const std::vector<int64_t>& shape,
+    DataType dt, const std::vector<ArgRef>& tensors, const std::vector<ArgRef>& vectors,
+    const ArgRef& out, int temps,
+    std::function<void(KernelBuilder&, const TileOperands&,
+                       const std::vector<uint64_t>& f32_tensors)>
+        compute,
+    const ChipConfig& cfg, const std::vector<TempSpec>& extra_temps = {},
+    std::function<void(KernelBuilder&, const std::vector<uint64_t>&)> prologue = {},
+    std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name = name;
@@ -358,64 +357,124 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
   return k;
 }
 
-// The ReLU-masked dx pass's temps besides its first: the mask bits, a repeat of 1.0f and one of
-// 0.0f, and one of the mask's threshold where it is not 0 (none without the mask).
-std::vector<TempSpec> relu_temps(bool relu, float threshold) {
-  if (!relu) return {};
-  std::vector<TempSpec> t = {{"mask bits", 1.0 / 8, 0},
-                             {"1.0f repeat", 0, vec::kRepeatBytes},
-                             {"0.0f repeat", 0, vec::kRepeatBytes}};
-  if (threshold != 0.0f) t.push_back({"ReLU mask threshold repeat", 0, vec::kRepeatBytes});
-  return t;
-}
-
 // The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
 // to output 0; `vectors` = {mdy, mean, c2, c1[, unused, shift]}, f32 [c]: their tiles as
-// `resident` leaves them, when given (it computes them from what the vectors are). With six
-// vectors, dy is first masked as ReluGrad(dy, relu(x * c1 + shift) stored as T) (the file
-// comment's relu = true; BNTrainingUpdate's a is c1, the same instructions; the comparison with
-// relu_mask_threshold(T) stands for the rounding to T).
+// `resident` leaves them, when given (it computes them from what the vectors are, in place; its
+// TileOperands: in = the vectors' tiles, temp[0] a scratch tile). With six vectors, dy is first
+// masked as ReluGrad(dy, relu(x * c1 + shift) stored as T) (the file comment's relu = true;
+// BNTrainingUpdate's a is c1, the same instructions; the comparison with relu_mask_threshold(T)
+// stands for the rounding to T).
+//
+// One stream kernel, computed in f32: dy and x widened to F0 and F1 (f32: their input tiles),
+// an f32 scratch tile U (and V with the mask). No instruction writes a tile it reads, and the
+// tiles sit in UB bank windows (StreamSpec::out_window) such that each instruction's tiles are
+// in different ones: F0 0, F1 1, U 2, V 3, the output 2; the vectors mdy 1, mean 3, c2 5, c1 4,
+// shift 5; f16 / bf16 dy and x 1 and 0 (f32: they are F0 and F1). (Measured, docs/compiler.md "The
+// batch norm's passes in bank windows": in place and unplaced, half the vector unit's time went
+// to bank conflicts.) Not the f32 pass without the mask: memory-bound (12 bytes of HBM traffic
+// per element for 5 instructions), it keeps its former in-place steps and layout, which
+// measured faster there than the placed ones (the same document).
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
                         DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
                         std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
   const bool relu = vectors.size() == 6;
-  const float threshold = relu ? relu_mask_threshold(device_dtype(dt)) : 0.0f;
-  append_elementwise(
-      k, op, fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt)), shape, dt,
-      {input_ref(0), input_ref(1)}, vectors, output_ref(0), 1,
-      [dt, relu, threshold](KernelBuilder& b, const TileOperands& t,
-                            const std::vector<uint64_t>& f) {
-        const Reg& n = *t.count;
-        const uint64_t u = t.temp[0];
-        if (relu) {
-          // temps: u, the mask bits, then one repeat of 1.0f and one of 0.0f (the prologue's),
-          // and for T = f16 one of the threshold
-          const uint64_t bits = t.temp[1], one = t.temp[2], zero = t.temp[3];
-          const uint64_t above = threshold == 0.0f ? zero : t.temp[4];
-          vec_binary(b, Opcode::op_vmul, Dtype::F32, u, f[1], t.in[3], n);  // as the apply
-          vec_binary(b, Opcode::op_vadd, Dtype::F32, u, u, t.in[5], n);
-          vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, u, above, n, true);
-          vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
-          vec_binary(b, Opcode::op_vmul, Dtype::F32, f[0], f[0], u, n);  // ReluGrad's product
-        }
-        vec_binary(b, Opcode::op_vsub, Dtype::F32, u, f[0], t.in[0], n);
-        vec_binary(b, Opcode::op_vsub, Dtype::F32, f[1], f[1], t.in[1], n);
-        vec_binary(b, Opcode::op_vmul, Dtype::F32, f[1], f[1], t.in[2], n);
-        vec_binary(b, Opcode::op_vsub, Dtype::F32, u, u, f[1], n);
-        vec_binary(b, Opcode::op_vmul, Dtype::F32, u, u, t.in[3], n);
-        store_f32(b, t, u, dt);
-      },
-      cfg,
-      relu_temps(relu, threshold),
-      relu ? [threshold](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-        // (every temp of the kernel: the relu temps are the last ones)
-        const size_t x = temp.size() - relu_temps(true, threshold).size();
-        vec_fill_repeat(b, Dtype::F32, temp[x + 1], 1.0);
-        vec_fill_repeat(b, Dtype::F32, temp[x + 2], 0.0);
-        if (threshold != 0.0f) vec_fill_repeat(b, Dtype::F32, temp[x + 3], threshold);
-      }
-           : std::function<void(KernelBuilder&, const std::vector<uint64_t>&)>{},
-      std::move(resident));
+  const Dtype t_dev = device_dtype(dt);
+  const bool widen = dt != DataType::F32;
+  const bool placed = widen || relu;
+  const auto window = [placed](int w) { return placed ? w : -1; };
+  const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
+  const int64_t c = shape.back();
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt));
+  spec.out_type = t_dev;
+  spec.out_shape = shape;
+  spec.out_window = window(2);
+  spec.inputs.push_back(
+      StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 1 : 0)});
+  spec.inputs.push_back(
+      StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 0 : 1)});
+  const int vector_windows[6] = {1, 3, 5, 4, 0, 5};  // mdy, mean, c2, c1, unused, shift
+  for (size_t i = 0; i < vectors.size(); ++i)
+    spec.inputs.push_back(
+        StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}, window(vector_windows[i])});
+  if (widen) {
+    spec.temps.push_back(TempSpec{"dy (f32)", 4, 0, 0});
+    spec.temps.push_back(TempSpec{"x (f32)", 4, 0, 1});
+  }
+  const size_t scratch = spec.temps.size();  // U (, V, then the ReLU's)
+  spec.temps.push_back(TempSpec{"U", 4, 0, window(2)});
+  if (relu) {
+    spec.temps.push_back(TempSpec{"V", 4, 0, 3});
+    spec.temps.push_back(TempSpec{"mask bits", 1.0 / 8, 0});
+    spec.temps.push_back(TempSpec{"1.0f repeat", 0, vec::kRepeatBytes});
+    spec.temps.push_back(TempSpec{"0.0f repeat", 0, vec::kRepeatBytes});
+    if (threshold != 0.0f)
+      spec.temps.push_back(TempSpec{"ReLU mask threshold repeat", 0, vec::kRepeatBytes});
+    spec.prologue = [scratch, threshold](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+      vec_fill_repeat(b, Dtype::F32, temp[scratch + 3], 1.0);
+      vec_fill_repeat(b, Dtype::F32, temp[scratch + 4], 0.0);
+      if (threshold != 0.0f) vec_fill_repeat(b, Dtype::F32, temp[scratch + 5], threshold);
+    };
+  }
+  spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const uint64_t f0 = widen ? t.temp[0] : t.in[0], f1 = widen ? t.temp[1] : t.in[1];
+    const uint64_t u = t.temp[scratch];
+    const uint64_t mdy = t.in[2], mean = t.in[3], c2 = t.in[4], c1 = t.in[5];
+    auto op3 = [&](Opcode o, uint64_t d, uint64_t x, uint64_t y) {
+      vec_binary(b, o, Dtype::F32, d, x, y, n);
+    };
+    if (widen) {
+      vec_convert(b, Dtype::F32, t_dev, f0, t.in[0], RoundMode::kRint, n);
+      vec_convert(b, Dtype::F32, t_dev, f1, t.in[1], RoundMode::kRint, n);
+    }
+    if (relu) {
+      const uint64_t v = t.temp[scratch + 1], bits = t.temp[scratch + 2], one = t.temp[scratch + 3],
+                     zero = t.temp[scratch + 4];
+      const uint64_t above = threshold == 0.0f ? zero : t.temp[scratch + 5];
+      op3(Opcode::op_vmul, u, f1, c1);  // x * a + shift, as the apply
+      op3(Opcode::op_vadd, v, u, t.in[7]);
+      vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
+      vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
+      op3(Opcode::op_vmul, v, f0, u);     // ReluGrad's product
+      op3(Opcode::op_vsub, f0, v, mdy);   // dy - mdy
+      op3(Opcode::op_vsub, u, f1, mean);  // x - mean
+      op3(Opcode::op_vmul, v, u, c2);     // (x - mean) * c2
+      op3(Opcode::op_vsub, f1, f0, v);
+    } else if (!placed) {  // f32: dy and x's input tiles, U, in place
+      op3(Opcode::op_vsub, u, f0, mdy);
+      op3(Opcode::op_vsub, f1, f1, mean);
+      op3(Opcode::op_vmul, f1, f1, c2);
+      op3(Opcode::op_vsub, u, u, f1);
+      op3(Opcode::op_vmul, u, u, c1);
+      vec_copy_bits(b, 4, t.out, u, n);
+      return;
+    } else {  // the same steps, through F0 and F1 once they are read
+      op3(Opcode::op_vsub, u, f0, mdy);
+      op3(Opcode::op_vsub, f0, f1, mean);
+      op3(Opcode::op_vmul, f1, f0, c2);
+      op3(Opcode::op_vsub, f0, u, f1);
+    }
+    // the difference (relu: in F1, else in F0) times c1, into the output (f32) or the other
+    const uint64_t diff = relu ? f1 : f0, other = relu ? f0 : f1;
+    if (!widen) {
+      op3(Opcode::op_vmul, t.out, diff, c1);
+    } else {
+      op3(Opcode::op_vmul, other, diff, c1);
+      vec_convert(b, t_dev, Dtype::F32, t.out, other, RoundMode::kRint, n);
+    }
+  };
+  if (resident)
+    spec.resident_compute = [=](KernelBuilder& b, const TileOperands& t) {
+      TileOperands r = t;
+      r.in.assign(t.in.begin() + 2, t.in.end());
+      r.temp = {t.temp[scratch]};
+      resident(b, r);
+    };
+  std::vector<ArgRef> args = {input_ref(0), input_ref(1)};
+  args.insert(args.end(), vectors.begin(), vectors.end());
+  args.push_back(output_ref(0));
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, cfg), args));
 }
 
 CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
@@ -597,7 +656,7 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
   append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold,
                           op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone,
-                          device_dtype(t.dt), device_dtype(t.dt));
+                          device_dtype(t.dt), device_dtype(t.dt), true);
   return k;
 }
 
@@ -612,8 +671,8 @@ bool relu_attr(const OpDesc& op, size_t inputs, size_t extra) {
   if (relu && op.inputs.size() != inputs)
     op.fail(fmt::format("with relu = true takes {} inputs, {} given", inputs, op.inputs.size()));
   if (!relu && op.inputs.size() == inputs && extra)
-    op.fail(fmt::format("takes {} inputs without relu, {} given", inputs - extra,
-                        op.inputs.size()));
+    op.fail(
+        fmt::format("takes {} inputs without relu, {} given", inputs - extra, op.inputs.size()));
   return relu;
 }
 
@@ -644,8 +703,8 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
     // statistics, scale and offset (cp long: the sums read the padded channels too).
     s.relu_mask = true;
     s.mask_vectors = 3;  // batch_variance, scale, offset
-    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v,
-                        uint64_t a, uint64_t shift, uint64_t tmp) {
+    s.mask_fold = [eps](KernelBuilder& b, const Reg& n, const std::vector<uint64_t>& v, uint64_t a,
+                        uint64_t shift, uint64_t tmp) {
       bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
     };
     for (int i : {3, 4, 5})
@@ -690,31 +749,29 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   std::vector<ArgRef> vectors = {input_ref(3), input_ref(5), input_ref(2), input_ref(4),
                                  input_ref(6)};
   if (relu) vectors.push_back(input_ref(7));
-  append_training_dx(
-      k, op, t.shape, t.dt, vectors, ctx.cfg,
-      [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
-        const Reg& n = *o.count;
-        const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1], ds_c2 = o.in[2],
-                       scale_c1 = o.in[3], var = o.in[4];
-        f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
-        f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-        f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);  // c1 = scale * r
-        f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
-        f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
-        f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
-        if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
-          f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
-          f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
-        }
-      });
+  append_training_dx(k, op, t.shape, t.dt, vectors, ctx.cfg,
+                     [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
+                       const Reg& n = *o.count;
+                       const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1],
+                                      ds_c2 = o.in[2], scale_c1 = o.in[3], var = o.in[4];
+                       f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
+                       f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+                       f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);   // c1 = scale * r
+                       f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
+                       f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
+                       f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
+                       if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+                         f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
+                         f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
+                       }
+                     });
   return k;
 }
 
 }  // namespace
 
-void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x,
-                               int64_t pixels, int64_t c, DataType dt, int out,
-                               const ChipConfig& cfg) {
+void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x, int64_t pixels,
+                               int64_t c, DataType dt, int out, const ChipConfig& cfg) {
   const Padded xp = padded(k, op, x, pixels, c, dt, cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumSquares;

@@ -90,7 +90,7 @@ class ChannelSumEmitter {
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
-  void relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
+  uint64_t relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
   void fold_into_first(const uint64_t (&acc)[2], int from);
   void load_raw_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
@@ -624,18 +624,21 @@ void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const 
          fmt::format("{}, channel group", arg));
 }
 
-// b32 *= (fa * a32 + fs > threshold ? 1 : 0) over the tile's n pixels (cnt elements): the
-// pre-activation with the instructions BNTrainingUpdate's apply uses (vmul, then vadd: the same
-// bits), compared with relu_mask_threshold of the type it is stored in (so the mask is
-// ReluGrad's on the stored output), the factor and product as ReluGrad's.
-void ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
+// b32 * (fa * a32 + fs > threshold ? 1 : 0) over the tile's n pixels (cnt elements) into the
+// pre-activation's tile, which it returns: the pre-activation with the instructions
+// BNTrainingUpdate's apply uses (vmul, then vadd: the same bits), compared with
+// relu_mask_threshold of the type it is stored in (so the mask is ReluGrad's on the stored
+// output), the factor and product as ReluGrad's. No step in place (the bank model, below): the
+// product fa * a32 and the factor go through the scratch m_t, free until the centring.
+uint64_t ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
   KernelBuilder& b = m_b;
   PixelOps& px = *m_px;
-  px.binary(Opcode::op_vmul, m_z, 1, a32, 1, m_fa, 0, n);
-  px.binary(Opcode::op_vadd, m_z, 1, m_z, 1, m_fs, 0, n);
+  px.binary(Opcode::op_vmul, m_t, 1, a32, 1, m_fa, 0, n);
+  px.binary(Opcode::op_vadd, m_z, 1, m_t, 1, m_fs, 0, n);
   vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_threshold, cnt, true);
-  vec_select(b, Dtype::F32, m_z, m_one, m_zero, m_bits, cnt, true, true);
-  vec_binary(b, Opcode::op_vmul, Dtype::F32, b32, b32, m_z, cnt);
+  vec_select(b, Dtype::F32, m_t, m_one, m_zero, m_bits, cnt, true, true);
+  vec_binary(b, Opcode::op_vmul, Dtype::F32, m_z, b32, m_t, cnt);
+  return m_z;
 }
 
 // The block's tiles of pixels [p0, p1) in the group, raw tiles alternately into the ping and
@@ -768,10 +771,10 @@ void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n) {
   const uint64_t a_raw = m_a_raw[q] + at * static_cast<uint64_t>(m_sa);
   const uint64_t b_raw = m_has_b ? m_b_raw[q] + at * static_cast<uint64_t>(m_sb) : 0;
   const uint64_t a32 = m_sa == 4 ? a_raw : m_a32;
-  const uint64_t b32 = m_has_b && m_sb == 4 ? b_raw : m_b32;
+  uint64_t b32 = m_has_b && m_sb == 4 ? b_raw : m_b32;
   px.widen(a32, a_raw, s.a_type, cnt);
   if (m_has_b) px.widen(b32, b_raw, s.b_type, cnt);
-  if (s.relu_mask) relu_mask(a32, b32, n, cnt);
+  if (s.relu_mask) b32 = relu_mask(a32, b32, n, cnt);
   if (s.plain_sum) accumulate(m_acc2, m_has_b ? b32 : a32);
   // No step in place where it can be helped (the bank model: a destination that is also a
   // source takes a second access to its banks per repeat): a - m into the scratch, the square

@@ -363,20 +363,32 @@ void StreamEmitter::plan_segment_inputs() {
 
 StreamBuffers StreamEmitter::declare_buffers() const {
   StreamBuffers d;
+  // StreamSpec's bank windows: one repeat each, span / 256 of them (none: no placement).
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                        static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+  const uint64_t windows = span % kRepeatBytes == 0 ? span / kRepeatBytes : 0;
+  auto place = [&](BufferPlan::Id id, int w) {
+    if (w >= 0 && windows > 1)
+      d.plan.place(id, span, static_cast<uint64_t>(w) % windows * kRepeatBytes);
+    return id;
+  };
   int scratch_size = 0;
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
-    d.in.push_back(
-        d.plan.add(fmt::format("in{} tile", k), p.size, 0, p.access == Access::kResident ? 1 : 2));
+    d.in.push_back(place(
+        d.plan.add(fmt::format("in{} tile", k), p.size, 0, p.access == Access::kResident ? 1 : 2),
+        m_spec->inputs[k].window));
     if (p.access != Access::kFlat && needs_scratch(m_spec->inputs[k].view))
       scratch_size = std::max(scratch_size, p.size);
   }
   for (size_t j = 0; j < m_out_types.size(); ++j)
-    d.out.push_back(d.plan.add(j ? fmt::format("out{} tile", j) : "out tile",
-                               isa::dtype_size(m_out_types[j]), 0, 2));
+    d.out.push_back(place(d.plan.add(j ? fmt::format("out{} tile", j) : "out tile",
+                                     isa::dtype_size(m_out_types[j]), 0, 2),
+                          m_spec->out_window));
   d.scratch = d.plan.add("gather scratch", scratch_size, kBlockBytes, 1, scratch_size > 0);
   for (const TempSpec& t : m_spec->temps)
-    d.temp.push_back(d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes));
+    d.temp.push_back(place(d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes), t.window));
   return d;
 }
 
@@ -419,6 +431,13 @@ void StreamEmitter::plan_tiles() {
   m_per = round_up(ceil_div(m_n, m_core.count), m_period);
   m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
   m_tile = std::min(m_tile, m_per);
+  // Placed buffers (bank windows): the padding depends on where each buffer lands, so the
+  // tile's own layout is checked, a period less until it fits.
+  const BufferPlan plan = declare_buffers().plan;
+  if (plan.has_placed()) {
+    const uint64_t align = KernelBuilder::alignment(m_b.config(), isa::Buf::UB);
+    while (m_tile > m_period && plan.extent(m_tile, align) > ub) m_tile -= m_period;
+  }
   for (size_t k = 0; k < m_in.size(); ++k) {
     if (m_in[k].access == Access::kFlat)
       m_any_flat = true;
@@ -582,11 +601,22 @@ void StreamEmitter::compute_resident() {
   TileOperands t;
   for (const InputPlan& p : m_in) t.in.push_back(p.access == Access::kResident ? p.buf[0] : 0);
   t.temp = m_temp;
-  Reg whole = m_b.reg_imm("resident work: a whole tile", m_tile);
-  t.count = &whole;
+  const bool part = !m_spec->resident_results.empty();
+  const int64_t elems = part ? std::min(m_tile, kResidentPart) : m_tile;
+  Reg count = m_b.reg_imm(
+      part ? "resident work: the first elements" : "resident work: a whole tile", elems);
+  t.count = &count;
   t.tile_elems = m_tile;
   KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
   m_spec->resident_compute(m_b, t);
+  // Each result the tiles read, doubled over the whole tile (its value is the same everywhere).
+  for (const auto& [temp, size] : m_spec->resident_results)
+    for (int64_t have = elems; have < m_tile;) {
+      const int64_t more = std::min(have, m_tile - have);
+      vec_copy_bits(m_b, size, m_temp.at(temp) + static_cast<uint64_t>(have * size),
+                    m_temp.at(temp), more);
+      have += more;
+    }
 }
 
 void StreamEmitter::store_outputs(int q) {

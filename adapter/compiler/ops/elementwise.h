@@ -58,6 +58,7 @@ struct StreamInput {
   isa::Dtype type;             // device type of the input
   BroadcastView view;          // from broadcast_view(input shape, output shape)
   std::vector<int64_t> shape;  // for the kernel's typed argument; empty: any shape
+  int window = -1;             // its tile(s) start in this UB bank window (StreamSpec)
 };
 
 // A UB buffer of the compute step, declared in the kernel's BufferPlan after the input, output
@@ -67,6 +68,7 @@ struct TempSpec {
   std::string name;
   double bytes_per_element = 0;
   uint64_t fixed_bytes = 0;
+  int window = -1;  // starts in this UB bank window (StreamSpec)
 };
 
 // The UB operands of one tile, all contiguous (element i at addr + i * size).
@@ -87,6 +89,14 @@ struct StreamSpec {
   // Outputs 1, 2, ... (their types), stored like output 0 from TileOperands::outs.
   std::vector<isa::Dtype> more_out_types;
   std::vector<TempSpec> temps;
+  // UB bank windows (the vector unit's bank model, sim/exec/vector_insn.cpp: the operands of a
+  // repeat that meet in a bank take turns, a destination that is also a source always does):
+  // window w >= 0 of an input, the output(s) or a temp places its buffer(s) at w * 256 bytes
+  // (one repeat) modulo the UB's banks x bank width bytes (w taken modulo the windows there
+  // are), padding before it; -1 (the default everywhere): where the layout puts it. A compute
+  // whose instructions read and write tiles in pairwise different windows runs its repeats
+  // without bank conflicts (f32 operands: they advance one window per repeat together).
+  int out_window = -1;
   // Optional, emitted once before the tile loop (e.g. to fill constant temporaries).
   std::function<void(KernelBuilder&, const std::vector<uint64_t>& temp)> prologue;
   // Emits the vector instructions computing one tile.
@@ -96,7 +106,16 @@ struct StreamSpec {
   // compute() then reads. in[k] is resident input k's tile (0 for a streamed or gathered input);
   // out and outs are unset.
   std::function<void(KernelBuilder&, const TileOperands&)> resident_compute;
+  // Where resident_compute leaves what compute() reads of it, when that is one value at every
+  // position: temporaries (indices into temps) with their element bytes. Given, resident_compute
+  // runs over the first kResidentPart elements only (count = min(tile, kResidentPart)) and each
+  // such temporary is then copied over the whole tile: the same bits at every position, for
+  // one repeat's work in place of a whole tile's per instruction. Empty: over a whole tile.
+  std::vector<std::pair<size_t, int>> resident_results;
 };
+// The elements resident_compute runs over when StreamSpec::resident_results is given: one
+// repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.
+inline constexpr int64_t kResidentPart = 64;
 
 // One tile's work of the element-wise op `tf_op` of ops/binary.cpp (operands in[0], in[1]) or
 // ops/unary.cpp (in[0]) on operands and a result of the float device type `type` (F32, F16,

@@ -55,20 +55,21 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
   if (end < 0) end = static_cast<int>(op.inputs.size());
   const int vectors = end - first;
   if (vectors != 4 && vectors != 5)
-    op.fail(fmt::format("takes the batch norm's scale, offset, mean, variance (and bias) from "
-                        "input {}: {} inputs given",
-                        first, end));
+    op.fail(
+        fmt::format("takes the batch norm's scale, offset, mean, variance (and bias) from "
+                    "input {}: {} inputs given",
+                    first, end));
   const bool has_bias = vectors == 5;
   for (int i = first; i < end; ++i) {
     const TensorDesc& v = op.inputs[static_cast<size_t>(i)];
     bool channel_last = v.dtype == DataType::F32 && !v.shape.empty() && v.shape.back() == c &&
                         v.shape.size() <= y_shape.size();
-    for (size_t d = 0; channel_last && d + 1 < v.shape.size(); ++d)
-      channel_last = v.shape[d] == 1;
+    for (size_t d = 0; channel_last && d + 1 < v.shape.size(); ++d) channel_last = v.shape[d] == 1;
     if (!channel_last)
-      op.fail(fmt::format("{} (input {}) must be f32[{}] (the last dimension of {}; leading 1s "
-                          "allowed), got {}",
-                          kBatchNormVectors[i - first], i, c, shape_str(y_shape), v.str()));
+      op.fail(
+          fmt::format("{} (input {}) must be f32[{}] (the last dimension of {}; leading 1s "
+                      "allowed), got {}",
+                      kBatchNormVectors[i - first], i, c, shape_str(y_shape), v.str()));
   }
   const double eps = op.attr_float("epsilon", 0.001);
   // a and shift: one derived tensor of the batch norm's inputs ([a | shift], shift 32-byte
@@ -78,8 +79,8 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
   std::vector<int> sources;
   for (int i = first; i < end; ++i) sources.push_back(i);
   const int d = static_cast<int>(k.derived.size());
-  k.derived.push_back(DerivedTensor{sources, k.launches.size(), 2 * shift_at,
-                                    "batch-norm factor and shift"});
+  k.derived.push_back(
+      DerivedTensor{sources, k.launches.size(), 2 * shift_at, "batch-norm factor and shift"});
   BatchNormFold fold;
   fold.a = ArgRef{ArgRef::Kind::kDerived, d, ws.value, 0};
   fold.shift = ArgRef{ArgRef::Kind::kDerived, d, ws.value, shift_at};
@@ -92,8 +93,7 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
   e.compute = [eps, has_bias](KernelBuilder& b, const EpilogueOperands& o) {
     const Reg& n = *o.count;
     const uint64_t scale = o.vectors[0], offset = o.vectors[1], mean = o.vectors[2],
-                   variance = o.vectors[3], av = o.outputs[0], sv = o.outputs[1],
-                   t = o.temps[0];
+                   variance = o.vectors[3], av = o.outputs[0], sv = o.outputs[1], t = o.temps[0];
     f32_scalar(b, Opcode::op_vadds, av, variance, eps, n);
     f32_unary(b, Opcode::op_vrsqrt, av, av, n);
     f32_binary(b, Opcode::op_vmul, av, av, scale, n);
@@ -128,8 +128,7 @@ const char* activation_name(Activation act) {
   return "";
 }
 
-void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count,
-                       Dtype t) {
+void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count, Dtype t) {
   if (act == Activation::kRelu) vec_unary(b, Opcode::op_vrelu, t, y, y, count);
   if (act == Activation::kRelu6) {
     if (t == Dtype::F32) {
@@ -165,14 +164,14 @@ void append_residual_add(CompiledKernel& k, const CompileContext& ctx, int resid
 
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             Activation act, Dtype x_type, Dtype y_type) {
+                             Activation act, Dtype x_type, Dtype y_type, bool placed) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name =
       x_type == y_type
           ? fmt::format("BatchNormInference{}_{}", activation_name(act), isa::dtype_name(y_type))
-          : fmt::format("BatchNormInference{}_{}_{}", activation_name(act),
-                        isa::dtype_name(x_type), isa::dtype_name(y_type));
+          : fmt::format("BatchNormInference{}_{}_{}", activation_name(act), isa::dtype_name(x_type),
+                        isa::dtype_name(y_type));
   spec.out_type = y_type;
   spec.out_shape = shape;
   spec.inputs = {StreamInput{x_type, broadcast_view(shape, shape), shape},
@@ -189,12 +188,51 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
     append_activation(b, act, y, n);
     if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
   };
+  // Placed where x or y is f16 (the conversions make the pass vector-bound); an f32 pass is
+  // memory-bound and measured no faster placed (docs/compiler.md "The batch norm's passes in
+  // bank windows"), so it keeps the layout above.
+  if (placed && (x16 || y16)) {
+    // Windows: x 0 (f16: its raw tile 1, widened into the temp at 0), a 2, shift 3, a scratch
+    // tile 1, the output 2. The steps after x * a alternate between windows 0 and 1, the last
+    // into the output where y is f32.
+    spec.inputs[0].window = x16 ? 1 : 0;
+    spec.inputs[1].window = 2;
+    spec.inputs[2].window = 3;
+    spec.out_window = 2;
+    spec.temps.clear();
+    if (x16) spec.temps.push_back(TempSpec{"x (f32)", 4, 0, 0});
+    spec.temps.push_back(TempSpec{"scratch (f32)", 4, 0, 1});
+    spec.compute = [act, x16, y16](KernelBuilder& b, const TileOperands& t) {
+      const Reg& n = *t.count;
+      const uint64_t x32 = x16 ? t.temp[0] : t.in[0], other = t.temp[x16 ? 1 : 0];
+      if (x16) vec_convert(b, Dtype::F32, Dtype::F16, x32, t.in[0], RoundMode::kRint, n);
+      vec_binary(b, Opcode::op_vmul, Dtype::F32, other, x32, t.in[1], n);
+      std::vector<std::function<void(uint64_t, uint64_t)>> steps = {[&](uint64_t d, uint64_t s) {
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, d, s, t.in[2], n);
+      }};
+      if (act == Activation::kRelu)
+        steps.push_back(
+            [&](uint64_t d, uint64_t s) { vec_unary(b, Opcode::op_vrelu, Dtype::F32, d, s, n); });
+      if (act == Activation::kRelu6) {
+        steps.push_back(
+            [&](uint64_t d, uint64_t s) { f32_scalar(b, Opcode::op_vmaxs, d, s, 0.0, n); });
+        steps.push_back(
+            [&](uint64_t d, uint64_t s) { f32_scalar(b, Opcode::op_vmins, d, s, 6.0, n); });
+      }
+      uint64_t y = other;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const uint64_t d = i + 1 == steps.size() && !y16 ? t.out : y == other ? x32 : other;
+        steps[i](d, y);
+        y = d;
+      }
+      if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
+    };
+  }
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {x, fold.a, fold.shift, output_ref(0)}));
 }
 
-void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input,
-                          bool relu) {
+void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input, bool relu) {
   const std::vector<int64_t>& shape = k.outputs[0].shape;
   const int64_t c = shape.back();
   const Dtype io = device_dtype(k.outputs[0].dtype);
@@ -223,9 +261,10 @@ namespace {
 CompiledKernel compile_batch_norm_inference(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   if (op.inputs.size() != 5 && op.inputs.size() != 6)
-    op.fail(fmt::format("takes 5 inputs (x, scale, offset, mean, variance) or 6 (and bias), {} "
-                        "given",
-                        op.inputs.size()));
+    op.fail(
+        fmt::format("takes 5 inputs (x, scale, offset, mean, variance) or 6 (and bias), {} "
+                    "given",
+                    op.inputs.size()));
   const TensorDesc& x = op.inputs[0];
   if (x.dtype != DataType::F32)
     op.fail(fmt::format("x is {}, only f32 is supported", data_type_name(x.dtype)));

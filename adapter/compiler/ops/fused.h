@@ -46,10 +46,14 @@ void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& 
 // Appends y = x * a + shift (then the activation) over `shape` (channels last), from the tensor
 // x to output 0 (x may be output 0 itself when of y's type: each tile is read before it is
 // written). x is x_type, y y_type, each f32 or f16 (widened exactly, computed in f32, rounded
-// once).
+// once). With `placed` and x or y f16, no instruction writes a tile it reads and the tiles sit
+// in UB bank windows of their own (StreamSpec::out_window; the same values, fewer bank
+// conflicts; BNTrainingUpdate's apply, docs/compiler.md "The batch norm's passes in bank
+// windows").
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             Activation act, isa::Dtype x_type, isa::Dtype y_type);
+                             Activation act, isa::Dtype x_type, isa::Dtype y_type,
+                             bool placed = false);
 
 // Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, or f16: widened
 // exactly, computed in f32, rounded once; channels last), bias = input `bias_input` (f32 [c]):

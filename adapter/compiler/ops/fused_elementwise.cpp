@@ -235,10 +235,22 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
     }
   };
   spec.compute = [emit_steps](KernelBuilder& b, const TileOperands& t) { emit_steps(false, b, t); };
-  if (any_uniform)
+  if (any_uniform) {
     spec.resident_compute = [emit_steps](KernelBuilder& b, const TileOperands& t) {
       emit_steps(true, b, t);
     };
+    // Each uniform result holds one value: computed over kResidentPart elements, then copied
+    // over the tile where a per-tile step reads it (outputs are never uniform).
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (!uniform[k]) continue;
+      const bool read_per_tile = std::any_of(steps.begin(), steps.end(), [&](const Step& s) {
+        const size_t j = static_cast<size_t>(&s - steps.data());
+        return !uniform[j] && std::any_of(s.operands.begin(), s.operands.end(),
+                                          [&](const Operand& o) { return o.step && o.index == k; });
+      });
+      if (read_per_tile) spec.resident_results.emplace_back(result_temp[k], isa::dtype_size(type));
+    }
+  }
   return spec;
 }
 

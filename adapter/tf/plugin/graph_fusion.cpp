@@ -3117,7 +3117,8 @@ std::optional<AttentionMatch> match_grouped_attention(GraphView& g, const Remova
 // causal mask (or none), IncreFlashAttention(q, k, v, index + 1; scale) for a decode step's mask
 // over the first index + 1 positions. T = f32 only where fp32_attention_allowed(): q, k, v are
 // cast to fp16 and the result back (new nodes "<out>/npusim_{q,k,v}_fp16",
-// "<out>/npusim_attention"; out becomes the Cast back). Masked scores weigh 0 either way
+// "<out>/npusim_attention"; out becomes the Cast back); an operand that is Cast(x: f16 -> f32)
+// takes x instead (the same values, no cast). Masked scores weigh 0 either way
 // (exp(c - max) underflows to 0 in f32 for c <= -1e4 and scores above -1e4 + 104).
 int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                     std::set<std::string>* removed) {
@@ -3142,15 +3143,24 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
     std::string q_in = a->q, k_in = a->k, v_in = a->v;
     const std::string name = out.name(), device = out.device();
     if (*t == tfc::DT_FLOAT) {
-      q_in = add_node(graph, name + "/npusim_q_fp16", "Cast", device, {q_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))
-                 ->name();
-      k_in = add_node(graph, name + "/npusim_k_fp16", "Cast", device, {k_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))
-                 ->name();
-      v_in = add_node(graph, name + "/npusim_v_fp16", "Cast", device, {v_in},
-                      cast_attrs(tfc::DT_FLOAT, ft))
-                 ->name();
+      // An operand that is an fp16 tensor widened to f32 (an f32 model's KV cache held in
+      // fp16, models/llm.py ResidentCacheDecoder) goes in as the fp16 tensor: f16 -> f32 -> f16
+      // gives the same bits, so neither cast runs. The widening Cast goes too when the
+      // attention's removed nodes were its only readers.
+      const auto to_fp16 = [&](const std::string& in, const char* suffix) {
+        const InputRef r = parse_input(in);
+        tfc::NodeDef* c = r.control || r.port != 0 ? nullptr : g.node(r.node);
+        if (is_cast(c, tfc::DT_HALF, tfc::DT_FLOAT) && c->input_size() == 1 &&
+            !parse_input(c->input(0)).control) {
+          if (rm.removable(*c, 1)) rm.remove(c->name());
+          return c->input(0);
+        }
+        return add_node(graph, name + suffix, "Cast", device, {in}, cast_attrs(tfc::DT_FLOAT, ft))
+            ->name();
+      };
+      q_in = to_fp16(q_in, "/npusim_q_fp16");
+      k_in = to_fp16(k_in, "/npusim_k_fp16");
+      v_in = to_fp16(v_in, "/npusim_v_fp16");
     }
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(ft);

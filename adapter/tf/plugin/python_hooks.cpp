@@ -356,7 +356,9 @@ NPUSIM_TF_EXPORT char* npusim_tf_report_begin(const char* options_json) {
 // `dir`: op_summary.csv, op_statistic.csv, instructions.csv, counters.json, chip.yaml,
 // trace.json, summary.txt, and the plots when {"python", "plot_script"} are given; with several
 // NPUs also device_<k>/ per chip k with the same files (and plots) of that chip's launches since
-// {"origin_cycles"}[k] (default: origin_cycle). Other keys of
+// {"origin_cycles"}[k] (default: origin_cycle); {"phases"}: [{"name", "origin_cycle",
+// "end_cycle" (0: the window's end), "items", "unit"}] (prof::ReportPhase: summary.txt's
+// "Phases" and phases/<name>/ with the last occurrence's report; chip 0's). Other keys of
 // extra_json: "title", "cpu_fallback_ops" (shown in summary.txt; null: not available),
 // "device_memory" (default: the runtime allocator's figures, whose peak npusim_tf_report_begin
 // restarted, and the NpuGraph plans' arenas, npu_graph.h; RuntimeReportInput::extra). Returns
@@ -389,6 +391,19 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;
+    in.extra.erase("phases");
+    // Named parts of the window (npusim.mark_phase): phases/<name>/ and summary.txt's section.
+    for (const nlohmann::json& p : extra.value("phases", nlohmann::json::array())) {
+      if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
+        return rt::Status(rt::StatusCode::invalid_argument,
+                          "a report phase needs a name: " + p.dump());
+      prof::ReportPhase& ph = in.phases.emplace_back();
+      ph.name = p["name"].get<std::string>();
+      ph.origin_cycle = json_u64(p, "origin_cycle", 0);
+      ph.end_cycle = json_u64(p, "end_cycle", 0);
+      ph.items = p.contains("items") && p["items"].is_number() ? p["items"].get<double>() : 0.0;
+      ph.unit = p.contains("unit") && p["unit"].is_string() ? p["unit"].get<std::string>() : "";
+    }
     if (!in.extra.contains("device_memory")) {
       const rt::AllocatorStats m = dev->memory_stats();
       const tf::NpuGraphStats g = tf::npu_graph_stats();

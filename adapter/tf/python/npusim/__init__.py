@@ -30,7 +30,7 @@ import os
 from . import _keras, _memory, _offline, _plugin, _report, distribute
 from ._chakra import export_chakra
 from ._plugin import NpusimError
-from ._report import format_op_summary, op_summary, profile
+from ._report import format_op_summary, mark_phase, op_summary, profile
 
 __all__ = [
     "NpusimError",
@@ -46,6 +46,7 @@ __all__ = [
     "format_op_summary",
     "launch_records",
     "load_offline_model",
+    "mark_phase",
     "op_summary",
     "plugin_path",
     "profile",
@@ -268,7 +269,9 @@ def launch_records(with_counters=False, chip=0):
 
 
 def clear_launch_records():
+    """Forgets the launch records so far, and the report phases marked (mark_phase)."""
     _hooks.clear_launch_records()
+    _report.clear_phases()
 
 
 def compiled_ops():

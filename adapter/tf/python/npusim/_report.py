@@ -19,6 +19,7 @@ NPUSIM_REPORT_DIR (or configure(report_dir=...)) writes the whole run's report a
 import ctypes
 import json
 import os
+import re
 import sys
 
 from ._plugin import NpusimError
@@ -89,9 +90,57 @@ def _cpu_fallback_ops():
         return None
 
 
+# The phases marked so far (mark_phase), in order: [name or None, device cycle, items, unit]. A
+# phase ends where the next mark is; None marks an end without a new phase.
+_phase_marks = []
+_PHASE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _device_cycle():
+    """Chip 0's device timeline now (AI-core cycles); 0 before the device opens."""
+    info = sys.modules[__package__].system_info()
+    cycles = info.get("timeline_cycles") or [0]
+    return int(cycles[0])
+
+
+def mark_phase(name, items=None, unit=None):
+    """Starts phase `name` of the report at the device timeline's present time and ends the
+    phase before it; mark_phase(None) only ends it (docs/reports.md, "Phases"). Marking a name
+    again starts another occurrence of that phase (each decode step, each training step). The
+    report folder then has a "Phases" section in summary.txt (per name: occurrences, launches
+    and time per occurrence, the rate of `items`) and phases/<name>/ with the full report of
+    the name's last occurrence. items, unit: the work one occurrence does (items=8,
+    unit="tokens"). The marks are cleared with clear_launch_records()."""
+    if name is not None and (not isinstance(name, str) or not _PHASE_NAME.fullmatch(name)
+                             or name in (".", "..")):
+        raise NpusimError(f"mark_phase: phase name {name!r} must be letters, digits, '_', '-' "
+                          "and '.' (it names the folder phases/<name>/)")
+    if items is not None and not (isinstance(items, (int, float)) and items >= 0):
+        raise NpusimError(f"mark_phase({name!r}): items must be a number >= 0, not {items!r}")
+    _phase_marks.append([name, _device_cycle(), float(items or 0), str(unit or "")])
+
+
+def clear_phases():
+    """Forgets the phases marked so far."""
+    _phase_marks.clear()
+
+
+def phase_windows(origin_cycle=0):
+    """The phases marked since `origin_cycle`: [{"name", "origin_cycle", "end_cycle" (0: still
+    open), "items", "unit"}]."""
+    out = []
+    for i, (name, cycle, items, unit) in enumerate(_phase_marks):
+        if name is None or cycle < origin_cycle:
+            continue
+        end = _phase_marks[i + 1][1] if i + 1 < len(_phase_marks) else 0
+        out.append({"name": name, "origin_cycle": cycle, "end_cycle": end, "items": items,
+                    "unit": unit})
+    return out
+
+
 def _extra(title, origin_cycle, plots, origin_cycles=None):
     extra = {"title": title, "origin_cycle": int(origin_cycle),
-             "cpu_fallback_ops": _cpu_fallback_ops()}
+             "cpu_fallback_ops": _cpu_fallback_ops(), "phases": phase_windows(origin_cycle)}
     if origin_cycles:
         extra["origin_cycles"] = [int(c) for c in origin_cycles]
     if plots and os.path.isfile(PLOT_SCRIPT):
