@@ -128,7 +128,7 @@ def grappler_fold(tf, graph_def, graph, fetches):
     meta.collection_def["train_op"].CopyFrom(fetch)
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
-    rewrite.optimizers[:] = ["constfold", "arithmetic", "dependency", "constfold"]
+    rewrite.optimizers[:] = ["constfold", "dependency", "constfold"]
     return tf_optimizer.OptimizeGraph(config, meta)
 
 

@@ -301,17 +301,23 @@ std::vector<FusionRecord> fold_depthwise_epilogues(Graph& g) {
     const int mi = add_const(g, name + "/mean", {ch}, zeros);
     const int vi = add_const(g, name + "/variance", {ch}, ones);
     g.nodes[i].inputs[1] = {wi, 0};  // (g.nodes may have moved: index, not the reference)
-    const std::string pattern =
-        chain_pattern(g, a.chain, "DepthwiseConv2dNative+BatchNormInference");
+    const std::string pattern = chain_pattern(g, a.chain, "DepthwiseConv2dBatchNormInference");
+    // One node, one launch where the batch norm runs in the convolution's way out (coupled
+    // chips: the shift and the clamp on each tile in the UB; elsewhere the compiler appends
+    // the batch norm's vector pass): the convolution's window and the batch norm's attributes.
     Node& out = g.nodes[a.chain.back()];
-    out.op = "BatchNormInference";
-    out.attrs = {{"T", std::string("f32")},
-                 {"epsilon", 0.0},  // rsqrt(1 + 0) * 1 = 1: the filter holds the scale
-                 {"relu", a.activation == "Relu"},
-                 {"relu6", a.activation == "Relu6"}};
-    out.inputs = {{i, 0}, {gi, 0}, {bi, 0}, {mi, 0}, {vi, 0}};
-    std::vector<int> absorbed(a.chain.begin() + 1, a.chain.end());
-    out.fused = absorb(g, absorbed);
+    const Node& dw = g.nodes[i];
+    std::map<std::string, compiler::AttrValue> attrs = {
+        {"T", std::string("f32")},
+        {"epsilon", 0.0},  // rsqrt(1 + 0) * 1 = 1: the filter holds the scale
+        {"relu", a.activation == "Relu"},
+        {"relu6", a.activation == "Relu6"}};
+    for (const char* w : {"strides", "padding", "explicit_paddings", "dilations", "data_format"})
+      if (auto it = dw.attrs.find(w); it != dw.attrs.end()) attrs[w] = it->second;
+    out.op = "DepthwiseConv2dBatchNormInference";
+    out.attrs = attrs;
+    out.inputs = {dw.inputs[0], {wi, 0}, {gi, 0}, {bi, 0}, {mi, 0}, {vi, 0}};
+    out.fused = absorb(g, a.chain);
     done.push_back({pattern, out.name, out.fused});
   }
   return done;
@@ -331,6 +337,60 @@ std::vector<FusionRecord> fold_conv_epilogues(Graph& g) {
     const std::string pattern = chain_pattern(g, chain, "Conv2DBatchNormInference");
     rewrite_conv(g, int(i), chain.back(), scale, shift, activation, absorb(g, chain));
     done.push_back({pattern, g.nodes[chain.back()].name, g.nodes[chain.back()].fused});
+  }
+  return done;
+}
+
+// AddV2 / Add (c, r) [-> Relu / Relu6], c a fused convolution (float32 y, no activation, no
+// residual yet) read only by the add, r (either operand) a non-constant tensor of c's type and
+// shape: c with r as its residual (R = 1, the last input) and the activation, under the last
+// node's name (CANN's Conv2D + BNInference + Add [+ ReLU]; the compiler adds r after the
+// rounding to Tout, in Tout, then the activation).
+std::vector<FusionRecord> fuse_conv_residuals(Graph& g) {
+  std::vector<FusionRecord> done;
+  const auto consumers = g.consumers();
+  auto flag = [](const Node& n, const char* a) {
+    auto it = n.attrs.find(a);
+    if (it == n.attrs.end()) return false;
+    if (const bool* b = std::get_if<bool>(&it->second)) return *b;
+    if (const int64_t* v = std::get_if<int64_t>(&it->second)) return *v != 0;
+    return false;
+  };
+  for (int i : nodes_of(g, {"AddV2", "Add"})) {
+    Node& add = g.nodes[i];
+    if (add.dead || add.inputs.size() != 2) continue;
+    for (int k = 0; k < 2; ++k) {
+      const TensorRef ct = add.inputs[k], r = add.inputs[1 - k];
+      const Node& c = g.nodes[ct.node];
+      if ((c.op != "Conv2DBatchNormInference" && c.op != "DepthwiseConv2dBatchNormInference") ||
+          c.dead || flag(c, "relu") || flag(c, "relu6") || flag(c, "R") || g.is_const(r) ||
+          r.node == ct.node || !sole_consumer(g, consumers, ct) ||
+          g.desc(ct).dtype != DataType::F32 || !(g.desc(r) == g.desc(ct)) ||
+          !(add.outputs[0] == g.desc(ct)))
+        continue;
+      std::vector<int> chain = {ct.node, i};
+      std::string activation;
+      if (auto next = sole_consumer(g, consumers, {i, 0});
+          next && (g.nodes[*next].op == "Relu" || g.nodes[*next].op == "Relu6")) {
+        chain.push_back(*next);
+        activation = g.nodes[*next].op;
+      }
+      const std::string pattern = chain_pattern(g, chain, c.op + " with a residual");
+      Node& out = g.nodes[chain.back()];
+      std::map<std::string, compiler::AttrValue> attrs = c.attrs;
+      attrs["R"] = int64_t{1};
+      attrs["relu"] = activation == "Relu";
+      attrs["relu6"] = activation == "Relu6";
+      std::vector<TensorRef> inputs = c.inputs;
+      inputs.push_back(r);
+      const std::string op = c.op;
+      out.fused = absorb(g, chain);
+      out.op = op;
+      out.attrs = attrs;
+      out.inputs = inputs;
+      done.push_back({pattern, out.name, out.fused});
+      break;
+    }
   }
   return done;
 }
@@ -383,15 +443,21 @@ std::vector<FusionRecord> fuse_elementwise_chains(Graph& g) {
 std::vector<FusionRecord> half_handoffs(Graph& g) {
   std::vector<FusionRecord> done;
   const auto consumers = g.consumers();
-  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "BatchNormInference"})) {
+  const auto fused_conv = [](const Node& m) {
+    return m.op == "Conv2DBatchNormInference" || m.op == "DepthwiseConv2dBatchNormInference";
+  };
+  for (int i : nodes_of(g, {"Conv2DBatchNormInference", "DepthwiseConv2dBatchNormInference",
+                            "BatchNormInference"})) {
     Node& n = g.nodes[i];
-    if (g.is_output({i, 0})) continue;
+    // A residual has its reader's type: one with a residual keeps f32 (so does its residual,
+    // read other than as x).
+    if (g.is_output({i, 0}) || n.attrs.count("R")) continue;
     auto it = consumers.find({i, 0});
     if (it == consumers.end()) continue;
     bool all_x = true;
     for (int c : it->second) {
       const Node& m = g.nodes[c];
-      all_x &= m.op == "Conv2DBatchNormInference" && m.inputs[0] == TensorRef{i, 0};
+      all_x &= fused_conv(m) && m.inputs[0] == TensorRef{i, 0};
       for (size_t k = 1; k < m.inputs.size(); ++k) all_x &= !(m.inputs[k] == TensorRef{i, 0});
     }
     if (!all_x) continue;
@@ -402,14 +468,14 @@ std::vector<FusionRecord> half_handoffs(Graph& g) {
       g.nodes[c].attrs["Tx"] = std::string("f16");
       readers.push_back(g.nodes[c].name);
     }
-    done.push_back({n.op + " -> Conv2DBatchNormInference in fp16", n.name, readers});
+    done.push_back({n.op + " -> fused convolutions in fp16", n.name, readers});
   }
   return done;
 }
 
 std::vector<FusionRecord> run_fusion_passes(Graph& g, compiler::PrecisionMode precision) {
   std::vector<FusionRecord> all = absorb_conv_pads(g);
-  for (auto* pass : {fold_conv_epilogues, fold_depthwise_epilogues}) {
+  for (auto* pass : {fold_conv_epilogues, fold_depthwise_epilogues, fuse_conv_residuals}) {
     std::vector<FusionRecord> r = pass(g);
     all.insert(all.end(), r.begin(), r.end());
   }

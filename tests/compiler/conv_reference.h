@@ -345,15 +345,18 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
 // |shift| in the sums); ReLU moves no value further from the reference.
 // x_type / y_type f16: the fp16 hand-off between two fused convolutions (Tx / Tout); the
 // output is then rounded once to f16 (its half ulp in the bound). relu6: min(max(y, 0), 6)
-// (MobileNet's; relu is then ignored, as the op does). Returns the launches' kernel names.
+// (MobileNet's; relu is then ignored, as the op does). residual (attribute R = 1, the last
+// input, y's type and shape): y = act(round_y(bn) + residual), the add in y's type (the
+// pre-add rounding, at most a half ulp of |bn|, counted as a term of |bn| and |residual|).
+// Returns the launches' kernel names.
 inline std::vector<std::string> check_conv2d_batch_norm(
     const ConvCase& c, bool relu, bool bias, uint32_t seed,
     PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, DataType x_type = DataType::F32,
-    DataType y_type = DataType::F32, bool relu6 = false) {
+    DataType y_type = DataType::F32, bool relu6 = false, bool residual = false) {
   INFO("Conv2DBatchNormInference x ["
        << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw
        << " -> " << c.cout << " stride " << c.sh << " groups " << c.groups << (relu ? " relu" : "")
-       << (relu6 ? " relu6" : "") << (bias ? " bias" : ""));
+       << (relu6 ? " relu6" : "") << (bias ? " bias" : "") << (residual ? " residual" : ""));
   const int64_t co = c.cout;
   HostTensor x = random_tensor(x_type, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor f = random_tensor(DataType::F32, filter_shape(c), -1, 1, seed + 1);
@@ -364,10 +367,13 @@ inline std::vector<std::string> check_conv2d_batch_norm(
   HostTensor b = random_tensor(DataType::F32, {co}, -1, 1, seed + 6);
   std::vector<HostTensor> inputs = {x, f, scale, offset, mean, var};
   if (bias) inputs.push_back(b);
+  HostTensor res = random_tensor(y_type, y_shape(c), -4, 4, seed + 7);
+  if (residual) inputs.push_back(res);
   std::vector<TensorDesc> descs;
   for (const HostTensor& t : inputs) descs.push_back(t.desc);
   auto attrs = c.attrs();
   attrs["epsilon"] = 0.001;
+  if (residual) attrs["R"] = int64_t{1};
   attrs["relu"] = relu;
   attrs["relu6"] = relu6;
   attrs["Tx"] = std::string(compiler::data_type_name(x_type));
@@ -392,6 +398,11 @@ inline std::vector<std::string> check_conv2d_batch_norm(
     ref.value[i] += shift;
     ref.abs_sum[i] += 4 * (std::fabs(shift) + std::fabs(m * a[j]));
     ref.terms[i] += 4;
+    if (residual) {
+      ref.abs_sum[i] += std::fabs(ref.value[i]) + std::fabs(res.values[i]);
+      ref.value[i] += res.values[i];
+      ref.terms[i] += 1;
+    }
     if (relu || relu6) ref.value[i] = std::max(ref.value[i], 0.0);
     if (relu6) ref.value[i] = std::min(ref.value[i], 6.0);
   }

@@ -124,6 +124,23 @@ TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and t
   check_conv2d_batch_norm(g, true, false, 48, fp16, DataType::F16, DataType::F16);
 }
 
+TEST_CASE("Conv2DBatchNormInference with a residual: the add (and ReLU) after the convolution") {
+  // A chip with a bias table and l0c->gm: FIXPIPE writes conv + shift, one vector launch adds
+  // the residual in y's type and applies the activation after it (not FIXPIPE's ReLU).
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  auto has = [](const std::vector<std::string>& names, const std::string& kernel) {
+    return std::find(names.begin(), names.end(), kernel) != names.end();
+  };
+  CHECK(has(check_conv2d_batch_norm(ConvCase{2, 7, 7, 32, 1, 1, 48}, true, false, 49, fp16,
+                                    DataType::F16, DataType::F16, false, true),
+            "AddResidualRelu_f16"));
+  ConvCase g{2, 5, 4, 12, 3, 3, 10};  // grouped: the batch norm's own launch, then the add
+  g.groups = 2;
+  CHECK(has(check_conv2d_batch_norm(g, false, true, 39, fp16, DataType::F32, DataType::F32, true,
+                                    true),
+            "AddResidualRelu6_f32"));
+}
+
 TEST_CASE("Conv2DBiasAdd: the bias from the bias table, ReLU in FIXPIPE") {
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 50);
   ConvCase s2{2, 9, 9, 20, 1, 1, 300};  // n tiles with a partial last one

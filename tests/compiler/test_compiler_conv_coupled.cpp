@@ -48,6 +48,12 @@ TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and 
   ConvCase b{2, 7, 6, 5, 3, 3, 7};
   CHECK(conv2d_launches(b).size() == 2);
   check_conv2d(DataType::F16, b, 2);
+  // 24 channels (48-byte rows, 96 as f32): f32 rows written densely, then one dense cast.
+  ConvCase c{2, 7, 6, 5, 3, 3, 24};
+  const std::vector<std::string> names = conv2d_launches(c);
+  REQUIRE(names.size() == 2);
+  CHECK(names[1] == "Cast_f32_f16");
+  check_conv2d(DataType::F16, c, 8);
   // Stride, dilation, VALID, several n tiles with a partial last one (300 channels).
   check_conv2d(DataType::F16, ConvCase{1, 9, 8, 20, 3, 2, 300}.window(2, 1, 1, 2, "VALID"), 3);
   // EXPLICIT paddings; stacked small images (m tiles across images: each image's rows copied
@@ -115,7 +121,7 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
   CHECK(batch_norm_in_epilogue(
       check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 25),
       "Conv2DBatchNormInferenceRelu_f32"));
-  // f16 x and y (the fp16 hand-off), with a bias; 40 f16 channels: rows padded, then packed.
+  // f16 x and y (the fp16 hand-off), with a bias; 40 f16 channels: f32 rows, then the cast.
   CHECK(batch_norm_in_epilogue(
       check_conv2d_batch_norm(ConvCase{2, 9, 9, 20, 1, 1, 40}.window(2, 2, 1, 1, "SAME"), false,
                               true, 26, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
@@ -144,6 +150,30 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
       check_conv2d_batch_norm(g, false, false, 29, PrecisionMode::kAllowFp32ToFp16, DataType::F16,
                               DataType::F16, true),
       "Conv2DBatchNormInferenceRelu6_f16"));
+}
+
+TEST_CASE("coupled chip: a residual added on the tile in the UB (Conv2D + BNInference + Add)") {
+  const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
+  // MobileNetV2's projection: f16 in and out, 32 channels (whole blocks), the residual's rows
+  // loaded by MTE2 per tile and added after the rounding; three images of 5x5 (one image per
+  // tile: a residual takes no stacking).
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{3, 5, 5, 24, 1, 1, 32}, false, false, 31, fp16,
+                              DataType::F16, DataType::F16, false, true),
+      "Conv2DBatchNormInferenceAdd_f16"));
+  // f32 y of 152 channels (column groups, a partial n tile) with ReLU6 after the add; 256-row
+  // tiles.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{1, 16, 16, 16, 1, 1, 152}, false, false, 32, fp16,
+                              DataType::F16, DataType::F32, true, true),
+      "Conv2DBatchNormInferenceAddRelu6_f32"));
+  // f16 y of 24 channels (48-byte rows, padded through the UB): the epilogue without the add,
+  // then a launch adding the residual.
+  const std::vector<std::string> names =
+      check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 24}, true, false, 33, fp16, DataType::F16,
+                              DataType::F16, false, true);
+  CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInference_f16"));
+  CHECK(std::find(names.begin(), names.end(), "AddResidualRelu_f16") != names.end());
 }
 
 TEST_CASE("coupled chip: Conv2DBiasAdd adds the bias by a vector launch (no bias table)") {

@@ -183,6 +183,83 @@ TEST_CASE("fp16 hand-off between fused convolutions: one cast fewer, bit-identic
   CHECK(run_model(half, in) == run_model(kept, in));
 }
 
+// ResNet's block end on 16 channels: x[1,6,6,16] -> Conv2D 1x1 + BiasAdd -> Relu (h) ->
+// Conv2D 1x1 + BiasAdd -> AddV2(., h) -> Relu.
+struct ResidualGraph {
+  std::vector<float> x = random_floats(6 * 6 * 16, 61), w0 = random_floats(16 * 16, 62),
+                     w1 = random_floats(16 * 16, 63), b0 = random_floats(16, 64),
+                     b1 = random_floats(16, 65);
+  Graph graph() const {
+    Graph g;
+    const TensorDesc t{DataType::F32, {1, 6, 6, 16}};
+    const int in = add_node(g, "x", "Placeholder", {}, t);
+    auto conv_bias = [&](const std::string& n, TensorRef from, const std::vector<float>& w,
+                         const std::vector<float>& b) {
+      const int wc = add_const(g, n + "_w", {1, 1, 16, 16}, w);
+      const int conv = add_node(g, n, "Conv2D", {from, {wc, 0}}, t);
+      g.nodes[conv].attrs["strides"] = std::vector<int64_t>{1, 1, 1, 1};
+      g.nodes[conv].attrs["padding"] = std::string("VALID");
+      const int bc = add_const(g, n + "_b", {16}, b);
+      return add_node(g, n + "_bias", "BiasAdd", {{conv, 0}, {bc, 0}}, t);
+    };
+    const int h = add_node(g, "relu0", "Relu", {{conv_bias("conv0", {in, 0}, w0, b0), 0}}, t);
+    const int add =
+        add_node(g, "add", "AddV2", {{conv_bias("conv1", {h, 0}, w1, b1), 0}, {h, 0}}, t);
+    const int relu = add_node(g, "relu1", "Relu", {{add, 0}}, t);
+    g.inputs = {{"x", {in, 0}}};
+    g.outputs = {{"y", {relu, 0}}};
+    return g;
+  }
+  std::vector<double> reference() const {
+    std::vector<double> h(36 * 16), y(36 * 16);
+    for (int p = 0; p < 36; ++p)
+      for (int co = 0; co < 16; ++co) {
+        double acc = b0[co];
+        for (int ci = 0; ci < 16; ++ci) acc += double(x[p * 16 + ci]) * w0[ci * 16 + co];
+        h[p * 16 + co] = std::max(acc, 0.0);
+      }
+    for (int p = 0; p < 36; ++p)
+      for (int co = 0; co < 16; ++co) {
+        double acc = b1[co] + h[p * 16 + co];
+        for (int ci = 0; ci < 16; ++ci) acc += h[p * 16 + ci] * w1[ci * 16 + co];
+        y[p * 16 + co] = std::max(acc, 0.0);
+      }
+    return y;
+  }
+};
+
+TEST_CASE("residual add and its Relu into the second convolution (Conv2D + BN + Add + ReLU)") {
+  const ResidualGraph rg;
+  EngineOptions unfused;
+  unfused.fusion = false;
+  const OmModel fused_model = compile_graph(rg.graph(), tiny());
+  const OmModel plain_model = compile_graph(rg.graph(), tiny(), unfused);
+  std::vector<std::string> patterns;
+  for (const auto& f : fused_model.info["fusions"]) patterns.push_back(f["pattern"]);
+  CHECK(std::find(patterns.begin(), patterns.end(),
+                  "Conv2DBatchNormInference+AddV2+Relu -> Conv2DBatchNormInference with a "
+                  "residual") != patterns.end());
+  for (const Task& t : fused_model.tasks) {
+    CHECK(t.op_type != "AddV2");
+    CHECK(t.op_type != "AddRelu");
+  }
+  CHECK(fused_model.tasks.size() < plain_model.tasks.size());
+  const std::vector<NpyArray> in = {f32_array({1, 6, 6, 16}, rg.x)};
+  const std::vector<float> fused = run_model(fused_model, in), plain = run_model(plain_model, in);
+  const std::vector<double> ref = rg.reference();
+  REQUIRE(fused.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    // fp16 operands, two layers of 16 products each (h rounded to fp16 for the second)
+    CHECK(std::abs(fused[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+    CHECK(std::abs(plain[i] - ref[i]) <= 2e-2 * (1 + std::abs(ref[i])));
+  }
+  // On a coupled chip the add and the ReLU run in the convolution's UB epilogue: the tasks
+  // are the two convolutions and x's and h's casts (h is read as the residual: f32).
+  const OmModel coupled = compile_graph(rg.graph(), load_chip_config("tiny_coupled"));
+  for (const Task& t : coupled.tasks) CHECK(t.op_type == "Conv2DBatchNormInference");
+  CHECK(coupled.tasks.size() == 4);
+}
+
 // MobileNetV2's strided depthwise step: x[1,7,7,16] -> Pad [[0,0],[0,1],[0,1],[0,0]] ->
 // DepthwiseConv2dNative 3x3 stride 2 VALID (multiplier 1) -> Mul s -> AddV2 b -> Relu6; with
 // `pad_output` the Pad's result is a graph output too.
@@ -249,11 +326,11 @@ TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vect
   CHECK(patterns == std::vector<std::string>{
                         "Pad+DepthwiseConv2dNative -> DepthwiseConv2dNative (padding EXPLICIT)",
                         "DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
-                        "DepthwiseConv2dNative+BatchNormInference"});
+                        "DepthwiseConv2dBatchNormInference"});
   std::vector<std::string> kept_patterns;
   for (const auto& f : kept_model.info["fusions"]) kept_patterns.push_back(f["pattern"]);
   CHECK(kept_patterns == std::vector<std::string>{"DepthwiseConv2dNative+Mul+AddV2+Relu6 -> "
-                                                  "DepthwiseConv2dNative+BatchNormInference"});
+                                                  "DepthwiseConv2dBatchNormInference"});
   // Per inference: the Pad's copy and the Mul and AddV2 launches go, the Relu6 is the batch
   // norm's pass (its fold and the folded filter's casts are init tasks).
   CHECK(fused_model.tasks.size() + 3 <= plain_model.tasks.size());
@@ -277,6 +354,12 @@ TEST_CASE("depthwise: Pad into the padding, scale, shift and Relu6 into one vect
   }
   CHECK(clamped_low > 0);
   CHECK(clamped_high > 0);
+  // On a coupled chip (the 310P's core) the batch norm and the clamp run on each tile in the
+  // UB, in the depthwise convolution's kernel: one task per inference for the chain.
+  const ChipConfig coupled = load_chip_config("tiny_coupled");
+  const OmModel coupled_model = compile_graph(dg.graph(false), coupled);
+  REQUIRE(coupled_model.tasks.size() == 2);  // x's cast and the convolution
+  CHECK(coupled_model.tasks[1].op_type == "DepthwiseConv2dBatchNormInference");
 }
 
 // DepthwiseGraph's output read by a 1x1 Conv2D (16 -> 8) + BiasAdd, MobileNetV2's projection;
@@ -304,8 +387,8 @@ TEST_CASE("fp16 hand-off from the depthwise batch norm to the projection: bit-id
   for (const auto& f : half.info["fusions"])
     if (f["pattern"].get<std::string>().find("in fp16") != std::string::npos)
       handoffs.push_back(f["pattern"]);
-  CHECK(handoffs ==
-        std::vector<std::string>{"BatchNormInference -> Conv2DBatchNormInference in fp16"});
+  CHECK(handoffs == std::vector<std::string>{
+                        "DepthwiseConv2dBatchNormInference -> fused convolutions in fp16"});
   CHECK(half.tasks.size() + 1 == kept.tasks.size());  // the projection's input cast
   const std::vector<NpyArray> in = {f32_array({1, 7, 7, 16}, DepthwiseGraph().x)};
   CHECK(run_model(half, in) == run_model(kept, in));

@@ -54,6 +54,38 @@ def run_child(code, timeout=120, extra_env=None):
                           timeout=timeout, check=False)
 
 
+# Code for the inference-fusion tests' models (exec'd in the test process and prefixed to child
+# code): set_batch_norms(model, seed, gamma, beta) gives every BatchNormalization non-trivial
+# moving statistics and affine parameters (gamma and beta uniform in the given ranges);
+# npu_second_run(npusim, tf, model, x) runs the model with training=False in a tf.function on
+# the NPU twice and returns the second run's outputs (a list of arrays) and launch records.
+INFERENCE_HELPERS = r"""
+import numpy as np
+import keras
+
+def set_batch_norms(model, seed, gamma=(0.5, 1.5), beta=(-0.5, 0.5)):
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(*gamma, c).astype(np.float32))
+            layer.beta.assign(rng.uniform(*beta, c).astype(np.float32))
+            layer.moving_mean.assign(rng.uniform(-0.3, 0.3, c).astype(np.float32))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
+
+def npu_second_run(npusim, tf, model, x, training=False):
+    with tf.device("/NPU:0"):
+        f = tf.function(lambda t: model(t, training=training))
+        xt = tf.constant(x)
+        f(xt)
+        n0 = len(npusim.launch_records())
+        got = f(xt)
+        recs = npusim.launch_records()[n0:]
+    got = [np.asarray(g) for g in (got if isinstance(got, (list, tuple)) else [got])]
+    return got, recs
+"""
+
+
 # A child's workload (run_child): the small CNN on the NPU predicts twice, trains three steps with
 # Adam, predicts twice again (the same tf.function with new weights). Leaves `losses`, `preds`.
 CNN_PREDICT_TRAIN_PREDICT = """

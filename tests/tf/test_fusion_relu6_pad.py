@@ -35,25 +35,12 @@ pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import INFERENCE_HELPERS, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 RTOL = 1e-2
 
 # Builds the model and input (also run in the child, so both processes see the same graph).
-MODEL_CODE = r'''
-import numpy as np
-import keras
-
-def set_batch_norms(model, seed, gamma=(0.5, 1.5), beta=(-0.5, 0.5)):
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:  # non-trivial moving statistics and affine parameters
-        if isinstance(layer, keras.layers.BatchNormalization):
-            c = layer.gamma.shape[0]
-            layer.gamma.assign(rng.uniform(*gamma, c).astype(np.float32))
-            layer.beta.assign(rng.uniform(*beta, c).astype(np.float32))
-            layer.moving_mean.assign(rng.uniform(-0.3, 0.3, c).astype(np.float32))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
-
+MODEL_CODE = INFERENCE_HELPERS + r'''
 def build_block(outputs=("out",), wide=True):
     """MobileNetV2's stride-2 block (keras.applications' layer order); `outputs` names the
     model's outputs: out, expanded (the expansion's ReLU6), expanded_bn (its input), padded,
@@ -109,15 +96,7 @@ def rel_error(actual, expected):
 def run_npu(npusim, tf, model, x, training=False):
     """The model's outputs on the NPU (second run of its tf.function) and that run's launch
     records."""
-    with tf.device("/NPU:0"):
-        f = tf.function(lambda t: model(t, training=training))
-        xt = tf.constant(x)
-        f(xt)
-        n0 = len(npusim.launch_records())
-        got = f(xt)
-        recs = npusim.launch_records()[n0:]
-    got = [np.asarray(g) for g in (got if isinstance(got, (list, tuple)) else [got])]
-    return got, recs
+    return npu_second_run(npusim, tf, model, x, training)  # pylint: disable=undefined-variable
 
 
 def run_cpu(tf, model, x, training=False):

@@ -98,6 +98,11 @@ struct CubeConvSpec {
   // of 8 (whole f32 blocks).
   bool bn_affine = false;
   bool bn_a_in_filter = false;  // bn_affine with a folded into w: y = y + shift[c] (a unread)
+  // bn_affine with a residual (CANN's Conv2D + BNInference + Add, the projection of a residual
+  // block): argument "residual" (after a and shift), out_type with y's shape and pitch (y
+  // dense: pitch() == cy), added to each tile after the rounding to out_type, in out_type,
+  // before `act`. Not with stacked images (a tile's rows are one run of y's rows).
+  bool residual = false;
   Activation act = Activation::kNone;
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,

@@ -28,7 +28,7 @@
 //     dF[kh][kw][c][q] = sum_p img2col(x)[p][(kh, kw, c)] * dy[p][c*M + q]: the img2col kernel
 //     writes img2col with each channel repeated M times, tap-major ([KH*KW][P][C*M]), then a
 //     vector channel reduction (ops/channel.h) sums the products over p for each tap.
-//   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias]) -> y
+//   Conv2DBatchNormInference(x, filter, scale, offset, mean, variance[, bias][, residual]) -> y
 //     the TF plugin's graph fusion of Conv2D -> BatchNormInference (a convolution followed by
 //     a batch norm at inference, with the Relu after it when relu=true, the Relu6 when
 //     relu6=true), f32: CANN's graph
@@ -47,6 +47,11 @@
 //     the batch norm as its own launch after the convolution (the bias needs one group and
 //     the table), and so does relu6: FIXPIPE's ReLU clamps at 0 only, the batch norm's
 //     vector launch clamps at 0 and 6.
+//     With attribute R = 1 the last input is a residual (y's type and shape: the graph
+//     fusion's Conv2D + BNInference + Add [+ ReLU]): y = act(round_Tout(conv * a + shift) +
+//     residual), added in Tout. Through the UB where y's rows are whole blocks it is loaded
+//     per tile and added in the epilogue (CubeConvSpec::residual); elsewhere one vector launch
+//     adds it (and applies the activation, which the convolution then leaves out).
 //
 //   Conv2DBiasAdd(x, filter, bias [Cout]) -> y [N,OH,OW,Cout]
 //     the TF plugin's graph fusion of Conv2D -> BiasAdd [-> Relu] (relu=true), f32 (Conv2D's
@@ -191,6 +196,26 @@ DataType batch_norm_conv_y_type(const OpDesc& op, DataType dt) {
 // Conv2DBatchNormInference's batch-norm inputs (scale, offset, mean, variance, bias follow).
 constexpr int kBnScale = 2, kBnVariance = 5;
 
+// A convolution with a batch norm's residual (attribute R = 1: the graph fusion's Conv2D +
+// BNInference + Add, the input after the batch norm's): its input index, or -1 (R = 0). Checks
+// the input count (6 + bias + R) and the residual against y (same shape, y's type Tout).
+int batch_norm_conv_residual(const OpDesc& op, const TensorDesc& y) {
+  const int64_t r = op.attr_int("R", 0);
+  if (r != 0 && r != 1) op.invalid(fmt::format("attribute R = {}: 0 or 1 expected", r));
+  const size_t n = op.inputs.size();
+  if (n != 6 + static_cast<size_t>(r) && n != 7 + static_cast<size_t>(r))
+    op.fail(
+        fmt::format("takes x, filter, scale, offset, mean, variance[, bias]{}: {} or {} "
+                    "inputs, {} given",
+                    r ? ", residual" : "", 6 + r, 7 + r, n));
+  if (!r) return -1;
+  const TensorDesc& res = op.inputs[n - 1];
+  if (res.shape != y.shape || res.dtype != y.dtype)
+    op.invalid(
+        fmt::format("residual (input {}) is {}, expected y's {}", n - 1, res.str(), y.str()));
+  return static_cast<int>(n - 1);
+}
+
 // The cube types of an op of dtype dt under the precision mode.
 struct CubeTypes {
   DataType cube = DataType::F16;  // what the cube multiplies
@@ -203,7 +228,10 @@ CubeTypes cube_types(const CompileContext& ctx, DataType dt) {
   const OpDesc& op = ctx.op;
   CubeTypes t;
   switch (dt) {
-    case DataType::F16: t.cube = DataType::F16; t.fix_out = Dtype::F16; break;
+    case DataType::F16:
+      t.cube = DataType::F16;
+      t.fix_out = Dtype::F16;
+      break;
     case DataType::BF16:
       if (!ctx.cfg.cube_bf16)
         op.fail(fmt::format("bf16 is not supported by the cube of chip {}", ctx.cfg.name));
@@ -213,10 +241,11 @@ CubeTypes cube_types(const CompileContext& ctx, DataType dt) {
     case DataType::F32:
       switch (ctx.precision) {
         case PrecisionMode::kKeepFp32:
-          op.fail(fmt::format("precision mode {}: fp32 convolutions on the cube need fp32 L0B "
-                              "fractals in the transposed layout, which load2d cannot build; "
-                              "use allow_fp32_to_fp16",
-                              precision_mode_name(ctx.precision)));
+          op.fail(
+              fmt::format("precision mode {}: fp32 convolutions on the cube need fp32 L0B "
+                          "fractals in the transposed layout, which load2d cannot build; "
+                          "use allow_fp32_to_fp16",
+                          precision_mode_name(ctx.precision)));
         case PrecisionMode::kAllowFp32ToFp16:
           t.cube = DataType::F16;
           t.fix_out = Dtype::F32;
@@ -229,8 +258,7 @@ CubeTypes cube_types(const CompileContext& ctx, DataType dt) {
           break;
       }
       break;
-    default:
-      op.fail(fmt::format("dtype {} is not supported (f16, bf16, f32)", data_type_name(dt)));
+    default: op.fail(fmt::format("dtype {} is not supported (f16, bf16, f32)", data_type_name(dt)));
   }
   return t;
 }
@@ -259,9 +287,10 @@ std::vector<int64_t> shape_attr(const OpDesc& op, const char* name) {
   std::vector<int64_t> v = op.attr_ints(name);
   if (v.empty() && !op.outputs.empty()) v = op.outputs[0].shape;
   if (v.empty())
-    op.fail(fmt::format("the value of {} is needed at compile time: pass it as attribute {} "
-                        "(or the expected output in OpDesc::outputs)",
-                        name, name));
+    op.fail(
+        fmt::format("the value of {} is needed at compile time: pass it as attribute {} "
+                    "(or the expected output in OpDesc::outputs)",
+                    name, name));
   if (v.size() != 4) op.invalid(fmt::format("{} = {} must have 4 entries", name, shape_str(v)));
   for (int64_t d : v)
     if (d < 0) op.invalid(fmt::format("{} = {} has a negative entry", name, shape_str(v)));
@@ -315,7 +344,8 @@ struct BnStats {
 void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr,
-                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr) {
+                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr,
+                      const ArgRef* residual = nullptr) {
   const TensorDesc& out = k.outputs[0];
   if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
     ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
@@ -323,9 +353,17 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   const DataType final_type = y_f32 ? DataType::F32 : out.dtype;
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str());
+  // Through the UB, f16 rows that are not whole blocks (24 channels: 48 bytes) but are as f32
+  // (96 bytes): the kernel writes f32 y densely into the workspace and a dense cast rounds it
+  // to f16 (RNE, the one rounding the kernel would do), rather than padded f16 rows and the
+  // strided packing copy, whose rows of a block and a half cost a burst each.
+  const bool narrow_via_f32 = via_ub && !ct.widen && spec.out_type == Dtype::F16 &&
+                              (spec.cy * 2) % layout::kBlockBytes != 0 &&
+                              (spec.cy * 4) % layout::kBlockBytes == 0;
+  if (narrow_via_f32) spec.out_type = Dtype::F32;
   const int64_t osz = isa::dtype_size(spec.out_type);
-  if (cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()))
-    spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
+  if (via_ub) spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
   CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
   {  // the strided view where the planner estimates it faster
     CubeConvSpec viewed = spec;
@@ -341,13 +379,21 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   const int64_t rows = out.num_elements() / spec.cy;
   const bool padded = spec.pitch() != spec.cy;
   ArgRef y = final_y;
-  if (ct.widen || padded) y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
+  if (ct.widen || padded || narrow_via_f32)
+    y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
   std::vector<ArgRef> args = {x, w, y};
   if (spec.bias) args.push_back(*bias);
   if (spec.bn_affine) {
     if (!bn) ctx.op.fail("internal: the convolution's batch-norm epilogue needs its fold");
     args.push_back(bn->a);
     args.push_back(bn->shift);
+  }
+  if (spec.residual) {
+    if (!residual || padded || !spec.bn_affine)
+      ctx.op.fail(
+          "internal: the convolution's residual epilogue needs its input, a dense y and "
+          "the batch norm in the epilogue");
+    args.push_back(*residual);
   }
   spec.bn_stats = stats && stats->wanted && ctx.cfg.split && !padded &&
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
@@ -360,14 +406,17 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     const uint64_t bytes = static_cast<uint64_t>(blocks * spec.cy) * 4;
     sums = workspace_take(k, bytes);
     squares = workspace_take(k, bytes);
-    args.push_back(squares);  // "partials": the sums of squares (the channel sum's kind)
-    args.push_back(sums);     // "partials2": the plain sums
+    args.push_back(squares);        // "partials": the sums of squares (the channel sum's kind)
+    args.push_back(sums);           // "partials2": the plain sums
     args.push_back(output_ref(1));  // sum and square_sum, added by the kernel's epilogue
     args.push_back(output_ref(2));
     stats->done = true;
   }
   k.launches.push_back(with_args(std::move(conv), args));
-  if (padded)
+  if (narrow_via_f32)
+    append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
+                        DataType::F32, final_type, ctx.cfg);
+  else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
   else if (ct.widen)
@@ -389,47 +438,59 @@ bool batch_norm_in_epilogue(const CompileContext& ctx, const CubeConvSpec& s) {
 }
 
 // a_in_filter: w is the folded filter (append_folded_filter), the epilogue adds the shift only
-// (batch_norm_in_epilogue must hold).
+// (batch_norm_in_epilogue must hold). residual_input >= 0: that input is added to y (rounded to
+// y_type) before the activation, in the epilogue where y's rows are whole 32-byte blocks
+// (CubeConvSpec::residual), else by a launch of its own after the batch norm
+// (append_residual_add).
 void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
                                  const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
                                  const BatchNormFold& fold, DataType y_type,
-                                 bool a_in_filter = false) {
+                                 bool a_in_filter = false, int residual_input = -1) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
+  const bool residual = residual_input >= 0;
   if (batch_norm_in_epilogue(ctx, s)) {
     CubeConvSpec e = s;
     e.bn_affine = true;
     e.bn_a_in_filter = a_in_filter;
-    e.act = act;
-    e.name = fmt::format("{}{}_{}", ctx.op.type, activation_name(act), data_type_name(y_type));
+    // The residual in the kernel where y is written dense (the UB path pads other rows).
+    e.residual = residual && (s.cy * data_type_bytes(y_type)) % layout::kBlockBytes == 0;
+    e.act = residual && !e.residual ? Activation::kNone : act;
+    e.name = fmt::format("{}{}{}_{}", ctx.op.type, e.residual ? "Add" : "", activation_name(e.act),
+                         data_type_name(y_type));
     ct.fix_out = device_dtype(y_type);
     ct.widen = false;
-    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold);
+    const ArgRef r = residual ? input_ref(residual_input) : ArgRef{};
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r);
+    if (residual && !e.residual) append_residual_add(k, ctx, residual_input, act);
     return;
   }
   if (a_in_filter) ctx.op.fail("internal: a folded filter needs the batch norm in the epilogue");
+  const Activation bn_act = residual ? Activation::kNone : act;
   if (y_type != DataType::F16) {
     append_cube_conv(k, ctx, ct, s, x, w);
-    append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, act, device_dtype(y_type),
+    append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, bn_act, device_dtype(y_type),
                             device_dtype(y_type));
-    return;
+  } else {
+    ct.fix_out = Dtype::F32;
+    ct.widen = false;
+    const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
+    append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
+    append_batch_norm_apply(k, ctx, y32, shape, fold, bn_act, Dtype::F32, Dtype::F16);
   }
-  ct.fix_out = Dtype::F32;
-  ct.widen = false;
-  const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
-  append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
-  append_batch_norm_apply(k, ctx, y32, shape, fold, act, Dtype::F32, Dtype::F16);
+  if (residual) append_residual_add(k, ctx, residual_input, act);
 }
 
 // The window geometry of the forward op whose input is [N,H,W,*] and filter KH x KW; checks
 // the forward output size against [OH, OW] when given (the gradients' dy).
-ConvWindow forward_window(const OpDesc& op, const std::vector<int64_t>& in, int64_t kh,
-                          int64_t kw, const std::vector<int64_t>* dy) {
+ConvWindow forward_window(const OpDesc& op, const std::vector<int64_t>& in, int64_t kh, int64_t kw,
+                          const std::vector<int64_t>* dy) {
   ConvWindow cw = conv_window(op, in[1], in[2], kh, kw, false);
   if (dy && ((*dy)[1] != cw.h.out || (*dy)[2] != cw.w.out))
-    op.invalid(fmt::format("out_backprop {} does not match the forward output {}x{} of input {} "
-                           "with a {}x{} filter",
-                           shape_str(*dy), cw.h.out, cw.w.out, shape_str(in), kh, kw));
+    op.invalid(
+        fmt::format("out_backprop {} does not match the forward output {}x{} of input {} "
+                    "with a {}x{} filter",
+                    shape_str(*dy), cw.h.out, cw.w.out, shape_str(in), kh, kw));
   return cw;
 }
 
@@ -449,13 +510,13 @@ void set_window(CubeConvSpec& s, const ConvWindow& cw) {
 // The input-gradient convolution of a forward window: dy with zeros inserted (stride - 1),
 // padded so that the output has the forward input's size (see the file comment).
 void set_transposed_window(CubeConvSpec& s, const ConvWindow& cw, const OpDesc& op) {
-  auto dim = [&](const WindowDim& d, int64_t& up, int64_t& ext, int64_t& before,
-                 int64_t& after) {
+  auto dim = [&](const WindowDim& d, int64_t& up, int64_t& ext, int64_t& before, int64_t& after) {
     const int64_t ek = d.extent();
     if (d.before > ek - 1 || d.after > ek - 1)
-      op.fail(fmt::format("padding {}/{} larger than the dilated window {} is not supported for "
-                          "the input gradient",
-                          d.before, d.after, ek));
+      op.fail(
+          fmt::format("padding {}/{} larger than the dilated window {} is not supported for "
+                      "the input gradient",
+                      d.before, d.after, ek));
     const int64_t vin = (d.out - 1) * d.s + 1;
     up = d.s;
     before = ek - 1 - d.before;
@@ -483,9 +544,11 @@ ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const 
   const uint64_t bytes = static_cast<uint64_t>(f.num_elements()) * data_type_bytes(ct.cube);
   const ArgRef ws = workspace_take(k, bytes);
   const ArgRef derived{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
-  k.derived.push_back(DerivedTensor{{1, kBnScale, kBnVariance}, k.launches.size(), bytes,
-                                    fmt::format("{} filter x batch-norm scale",
-                                                data_type_name(ct.cube))});
+  k.derived.push_back(
+      DerivedTensor{{1, kBnScale, kBnVariance},
+                    k.launches.size(),
+                    bytes,
+                    fmt::format("{} filter x batch-norm scale", data_type_name(ct.cube))});
   StreamSpec spec;
   spec.kernel_name = fmt::format("FoldFilter_f32_{}", data_type_name(ct.cube));
   spec.inputs = {StreamInput{Dtype::F32, broadcast_view(shape, shape), shape},
@@ -519,24 +582,24 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     op.fail(fmt::format("takes x, filter [, bias]: 2 or 3 inputs, {} given", op.inputs.size()));
   const bool bias_add = op.type == "Conv2DBiasAdd" || (stats.wanted && op.inputs.size() == 3);
   const size_t plain_inputs = bias_add ? 3 : 2;
-  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7
-                 : op.inputs.size() != plain_inputs)
-    op.fail(fmt::format("takes {} inputs, {} given",
-                        batch_norm ? std::string("6 or 7") : std::to_string(plain_inputs),
-                        op.inputs.size()));
+  if (!batch_norm && op.inputs.size() != plain_inputs)
+    op.fail(fmt::format("takes {} inputs, {} given", plain_inputs, op.inputs.size()));
+  if (batch_norm && op.inputs.size() < 6)
+    op.fail(fmt::format("takes at least 6 inputs, {} given", op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
   // Conv2DBatchNormInference: f32 filter and batch norm; x and y f32 or f16 (Tx / Tout: the
   // graph fusion's fp16 hand-off between two of them).
-  const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
-                                                  : std::initializer_list<size_t>{0, 1});
+  const DataType dt = common_dtype(
+      op, batch_norm ? std::initializer_list<size_t>{1} : std::initializer_list<size_t>{0, 1});
   if (bias_add) {
     // x and filter f32, or f16 (allow_mix_precision's graph pass: y f16); the bias f32 either
     // way, as the bias table holds it.
     if (dt != DataType::F32 && dt != DataType::F16)
       op.fail(fmt::format("dtype {} is not supported (f32, f16)", data_type_name(dt)));
     if (op.inputs[2].dtype != DataType::F32)
-      op.fail(fmt::format("bias is {}: the bias table holds f32", data_type_name(op.inputs[2].dtype)));
+      op.fail(
+          fmt::format("bias is {}: the bias table holds f32", data_type_name(op.inputs[2].dtype)));
     if (op.inputs[2].shape.size() != 1 || op.inputs[2].shape[0] != op.inputs[1].shape[3])
       op.invalid(fmt::format("bias {} is not [{}], the filter's output channels",
                              shape_str(op.inputs[2].shape), op.inputs[1].shape[3]));
@@ -617,9 +680,12 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, &stats);
     return finish();
   }
-  const BatchNormFold fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  const int residual = batch_norm_conv_residual(op, k.outputs[0]);
+  const BatchNormFold fold =
+      append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape, residual >= 0 ? residual : -1);
   // x in f16 already (Tx = half) is what the cube reads.
-  const ArgRef xr = op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
+  const ArgRef xr =
+      op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
   // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores), and
   // FIXPIPE clamps at 0 only (the fixpipe instruction's relu bit): else the batch norm, with
   // the activation, as its own launch.
@@ -628,17 +694,20 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     // One group through the UB: a folded into the filter (a derived tensor, as with the bias
     // table), the epilogue adds the shift.
     if (groups == 1 && batch_norm_in_epilogue(ctx, s))
-      append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a),
-                                  fold, y_type, true);
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a), fold,
+                                  y_type, true, residual);
     else
-      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type);
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type,
+                                  false, residual);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
-  s.name = fmt::format("Conv2DBias{}_{}", relu ? "Relu" : "", data_type_name(y_type));
+  // A residual is added after FIXPIPE (the ReLU, if any, after it).
+  s.relu = relu && residual < 0;
+  s.name = fmt::format("Conv2DBias{}_{}", s.relu ? "Relu" : "", data_type_name(y_type));
   s.bias = true;
-  s.relu = relu;
   append_cube_conv(k, ctx, ct, s, xr, wr, &fold.shift);
+  if (residual >= 0) append_residual_add(k, ctx, residual, activation_attr(op));
   return k;
 }
 
@@ -654,9 +723,10 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   const std::vector<int64_t>& f = op.inputs[0].shape;
   const std::vector<int64_t>& dy = op.inputs[1].shape;
   if (x[3] != f[2])
-    op.fail(fmt::format("input channels {} differ from the filter's {} (grouped input gradients "
-                        "are not supported)",
-                        x[3], f[2]));
+    op.fail(
+        fmt::format("input channels {} differ from the filter's {} (grouped input gradients "
+                    "are not supported)",
+                    x[3], f[2]));
   if (dy[0] != x[0] || dy[3] != f[3])
     op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
                            shape_str(dy), x[0], f[3]));
@@ -786,15 +856,15 @@ void append_packed_output(CompiledKernel& k, const CompileContext& ctx, const Ar
   const ArgRef half = workspace_take(k, static_cast<uint64_t>(out_n) * 2);
   append_strided_copy(k, ctx.op, total, half, rows, cols, pitch, DataType::F32, DataType::F16,
                       ctx.cfg);
-  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt,
-                      ctx.cfg);
+  append_strided_copy(k, ctx.op, half, output_ref(0), 1, out_n, out_n, DataType::F16, dt, ctx.cfg);
 }
 
 // Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
-// ([parts][mn]; parts 1: the product itself, no Sum): a Sum over the first axis (the reduction engine, f32), then the copy that
-// packs its rows (`rows` x `cols` of a padded `pitch`: img2col's taps padded to a block through
-// the UB; rows 1: dense) and casts to dt when it is not f32; `round_f16` (allow_mix_precision)
-// rounds the sum to f16 before widening it, as the unsplit kernel's f16 FIXPIPE output.
+// ([parts][mn]; parts 1: the product itself, no Sum): a Sum over the first axis (the reduction
+// engine, f32), then the copy that packs its rows (`rows` x `cols` of a padded `pitch`: img2col's
+// taps padded to a block through the UB; rows 1: dense) and casts to dt when it is not f32;
+// `round_f16` (allow_mix_precision) rounds the sum to f16 before widening it, as the unsplit
+// kernel's f16 FIXPIPE output.
 void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
                         int64_t parts, int64_t mn, bool round_f16, int64_t rows = 1,
                         int64_t cols = 0, int64_t pitch = 0) {
@@ -882,8 +952,8 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
 // workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
-// writes dW itself where it can. Few input channels without padding along W take the width-folded view
-// of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
+// writes dW itself where it can. Few input channels without padding along W take the width-folded
+// view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
 // 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
 void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                               const ArgRef& xr, const ArgRef& dyr, const std::vector<int64_t>& x,
@@ -945,9 +1015,10 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const std::vector<int64_t> f = shape_attr(op, "filter_sizes");
   const std::vector<int64_t>& dy = op.inputs[1].shape;
   if (x[3] != f[2])
-    op.fail(fmt::format("input channels {} differ from the filter's {} (grouped filter "
-                        "gradients are not supported)",
-                        x[3], f[2]));
+    op.fail(
+        fmt::format("input channels {} differ from the filter's {} (grouped filter "
+                    "gradients are not supported)",
+                    x[3], f[2]));
   if (dy[0] != x[0] || dy[3] != f[3])
     op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
                            shape_str(dy), x[0], f[3]));
@@ -975,8 +1046,8 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   }
   // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a).
   const int64_t cin = f[2];
-  const KSplit split = plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out,
-                                    ctx.cfg, op.str());
+  const KSplit split =
+      plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
   const MatmulTiling& t = split.tiling;
   if (split.parts > 1) {  // partials of cin x f[3] (plan_k_split: c_pitch == f[3])
     const int64_t mn = cin * f[3];
@@ -1077,8 +1148,8 @@ Launch build_blockdiag(Dtype type, int64_t taps, int64_t c, int64_t m, const Chi
             return static_cast<int64_t>(top & ~((uint64_t{1} << a) - 1));
           };
           Reg mlo = b.reg_imm("mask lo", lo < 64 ? bits(lo, std::min<int64_t>(hi, 64)) : 0);
-          Reg mhi = b.reg_imm("mask hi", hi > 64 ? bits(std::max<int64_t>(lo, 64) - 64, hi - 64)
-                                                 : 0);
+          Reg mhi =
+              b.reg_imm("mask hi", hi > 64 ? bits(std::max<int64_t>(lo, 64) - 64, hi - 64) : 0);
           b.emit(Opcode::op_set_mask, {mhi, mlo});
           b.emit(Opcode::op_vcopy,
                  {Dtype::U16, static_cast<int64_t>(t) + c0 * 32 * m + r * 256,
@@ -1117,9 +1188,10 @@ DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f
   if (f[2] != c)
     op.invalid(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
   if (f[3] > 16)
-    op.fail(fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
-                        "group must fit one n tile)",
-                        f[3]));
+    op.fail(
+        fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
+                    "group must fit one n tile)",
+                    f[3]));
   return DepthwiseShapes{c, f[3], (c + 15) / 16};
 }
 
@@ -1133,11 +1205,10 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
   const uint64_t bytes = static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2;
   const ArgRef ws = workspace_take(k, bytes);
   const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
-  k.derived.push_back(DerivedTensor{{static_cast<int>(input)}, k.launches.size(), bytes,
-                                    "block-diagonal depthwise filter"});
+  k.derived.push_back(DerivedTensor{
+      {static_cast<int>(input)}, k.launches.size(), bytes, "block-diagonal depthwise filter"});
   k.launches.push_back(with_args(
-      build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()),
-      {w, wbd}));
+      build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()), {w, wbd}));
   return wbd;
 }
 
@@ -1151,13 +1222,13 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "DepthwiseConv2dBatchNormInference";
-  if (batch_norm ? op.inputs.size() != 6 && op.inputs.size() != 7 : op.inputs.size() != 2)
-    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "6 or 7" : "2",
+  if (batch_norm ? op.inputs.size() < 6 : op.inputs.size() != 2)
+    op.fail(fmt::format("takes {} inputs, {} given", batch_norm ? "at least 6" : "2",
                         op.inputs.size()));
   require_rank4(op, 0, "input");
   require_rank4(op, 1, "filter");
-  const DataType dt = common_dtype(op, batch_norm ? std::initializer_list<size_t>{1}
-                                                  : std::initializer_list<size_t>{0, 1});
+  const DataType dt = common_dtype(
+      op, batch_norm ? std::initializer_list<size_t>{1} : std::initializer_list<size_t>{0, 1});
   const DataType y_type = batch_norm ? batch_norm_conv_y_type(op, dt) : dt;
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
@@ -1168,7 +1239,8 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const CubeTypes ct = cube_types(ctx, dt);
   if (k.outputs[0].num_elements() == 0) return k;
   BatchNormFold fold;
-  if (batch_norm) fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape);
+  const int residual = batch_norm ? batch_norm_conv_residual(op, k.outputs[0]) : -1;
+  if (batch_norm) fold = append_batch_norm_fold(k, ctx, kBnScale, k.outputs[0].shape, residual);
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr =
       op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
@@ -1189,7 +1261,7 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
   if (batch_norm)
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual);
   else
     append_cube_conv(k, ctx, ct, s, xr, wbd);
   return k;
@@ -1287,8 +1359,7 @@ CompiledKernel compile_depthwise_backprop_filter(const CompileContext& ctx) {
   s.cp = cp;
   s.a_batch_stride = pixels * cp;
   ChannelSumLaunch sum = build_channel_sum(s, ctx.cfg, op.str());
-  const ArgRef partials =
-      workspace_take(k, static_cast<uint64_t>(taps * sum.blocks * cp) * 4);
+  const ArgRef partials = workspace_take(k, static_cast<uint64_t>(taps * sum.blocks * cp) * 4);
   k.launches.push_back(with_args(std::move(sum.launch), {cols, dyp, partials}));
   ChannelEpilogueSpec e;
   e.name = "DepthwiseFilterGrad";

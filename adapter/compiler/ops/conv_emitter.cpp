@@ -114,6 +114,15 @@ class ConvEmitter {
       b.declare_arg("a", Dtype::F32, {m_s.cy});
       b.declare_arg("shift", Dtype::F32, {m_s.cy});
     }
+    if (m_s.residual)
+      b.declare_arg("residual", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
+    if (m_s.residual) {
+      if (!m_s.bn_affine || stacked() || m_s.pitch() != m_s.cy)
+        b.fail(
+            "internal: a residual needs the batch norm in the epilogue, unstacked tiles and "
+            "a dense y");
+      m_pipe.residual_via_ub(m_res_tiles, "y", "residual");
+    }
     b.emit(Opcode::op_set_l3d_geom, {m_s.kh, m_s.kw, m_s.sh, m_s.sw, m_s.dh, m_s.dw},
            "window geometry (fixed)");
     Reg steps = b.reg("steps of this block: tiles x chunks");
@@ -246,6 +255,8 @@ class ConvEmitter {
         ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
     const auto ts =
         ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+    const auto rt = ub.add_fixed("residual tile", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
+                                 tiles_in_ub, m_s.residual);
     const auto ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
                                  1, m_bn.dense);
     const auto rs = ub.add_fixed("batch-norm shift (replicated)",
@@ -257,6 +268,7 @@ class ConvEmitter {
       m_bn_shift = pu[ts];
       m_bn_rep_a = pu[ra];
       m_bn_rep_shift = pu[rs];
+      m_res_tiles = pu.twin(rt);
       if (m_s.bn_affine)
         m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
                               m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
@@ -755,6 +767,7 @@ class ConvEmitter {
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
   ConvBnTables m_bn;  // bn_affine: its UB tables
+  Twin m_res_tiles;   // residual: its UB tiles
   uint64_t m_bn_a = 0, m_bn_shift = 0, m_bn_rep_a = 0, m_bn_rep_shift = 0;
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;

@@ -58,9 +58,10 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const Cu
   ConvRates r = conv_rates(cfg, core);
   if (s.bn_affine) {
     const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0;
-    r.affine_per_elem = static_cast<double>((s.bn_a_in_filter ? 2 : 3) * kL0cElemBytes +
-                                            act * isa::dtype_size(s.out_type)) /
-                        cfg.vector_bytes_per_cycle;
+    r.affine_per_elem =
+        static_cast<double>((s.bn_a_in_filter ? 2 : 3) * kL0cElemBytes +
+                            (act + (s.residual ? 1 : 0)) * isa::dtype_size(s.out_type)) /
+        cfg.vector_bytes_per_cycle;
   }
   return r;
 }
@@ -96,6 +97,8 @@ std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, 
   if (s.x_row != 0 && (zero_insertion || stack > 1))
     throw CompileError(
         fmt::format("{}: a strided view of x takes no zero insertion or stacking", op));
+  if (s.residual && stack > 1)  // the residual's rows are loaded as one run per tile
+    throw CompileError(fmt::format("{}: a residual epilogue takes no stacking", op));
   std::vector<int64_t> counts;
   if (stack > 0) {
     if (stack > 1 && (zero_insertion || stack > s.images))
@@ -105,7 +108,7 @@ std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, 
     return counts;
   }
   counts.push_back(1);
-  for (int64_t st = 2; !zero_insertion && s.x_row == 0 && st <= s.images; ++st) {
+  for (int64_t st = 2; !zero_insertion && s.x_row == 0 && !s.residual && st <= s.images; ++st) {
     if (stack_geom(s, st).tall_oh * s.ow() > kMaxTile) break;
     counts.push_back(st);
   }
@@ -286,7 +289,7 @@ struct ConvPlanner {
     if (s.bn_affine) {
       if (tn16 / 8 > field_max(isa::FieldKind::RU8)) return;
       const ConvBnTables bt = conv_bn_tables(s, tn);
-      ub_bytes = c.t.l0c_buffers * c.t.tm * tn16 * (c.osz + kL0cElemBytes) +
+      ub_bytes = c.t.l0c_buffers * c.t.tm * tn16 * (c.osz * (s.residual ? 2 : 1) + kL0cElemBytes) +
                  2 * (bt.plain_bytes + bt.rep_bytes);
     }
     if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;

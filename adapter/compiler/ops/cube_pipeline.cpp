@@ -138,6 +138,10 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
     m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
     m_aff_full = m_b.flag_pair(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
     m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    if (m_residual) {
+      m_res_full = m_b.flag_pair(Pipe::MTE2, Pipe::V, "residual tile in UB");
+      m_res_free = m_b.flag_pair(Pipe::V, Pipe::MTE2, "residual tile added");
+    }
   } else if (m_via_ub) {
     m_ub_full = m_b.flag(Pipe::FIX, Pipe::MTE3, "C tile in UB");
     m_ub_free = m_b.flag(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
@@ -159,7 +163,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     KernelBuilder::Origin o(b, "all buffers start free");
     each_free_flag([&](const FlagPair& f, int q) { b.set_flag(f, q); });
     if (m_via_ub && m_affine)
-      for (int q = 0; q < m_aff.buffers; ++q) b.set_flag(m_aff_free, q);
+      for (int q = 0; q < m_aff.buffers; ++q) {
+        b.set_flag(m_aff_free, q);
+        if (m_residual) b.set_flag(m_res_free, q);
+      }
     else if (m_via_ub)
       b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.start_free) hooks.start_free();
@@ -171,7 +178,10 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     KernelBuilder::Origin o(b, "drain: consume the free flags");
     each_free_flag([&](const FlagPair& f, int q) { b.wait_flag(f, q); });
     if (m_via_ub && m_affine)
-      for (int q = 0; q < m_aff.buffers; ++q) b.wait_flag(m_aff_free, q);
+      for (int q = 0; q < m_aff.buffers; ++q) {
+        b.wait_flag(m_aff_free, q);
+        if (m_residual) b.wait_flag(m_res_free, q);
+      }
     else if (m_via_ub)
       b.wait_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
     if (hooks.drain) hooks.drain();
@@ -233,6 +243,7 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
     // f32 rows of the widest tile's blocks for the vector unit, then the epilogue into the
     // output tile; both buffers of the L0C buffer's parity (one pair with one L0C buffer).
     m_aff_pt = &pt;
+    if (m_residual) load_residual(s, pt, row_blocks);
     b.wait_flag(m_aff_free, pt, "C tiles (UB) free");
     select(b, row, pt, m_aff.tile32);
     b.emit(Opcode::op_fixpipe,
@@ -247,10 +258,12 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       affine_dense_in_ub(s, pt);
     else
       affine_in_ub(s, pt, row_blocks);
-    if (s.out_type != Dtype::F32 && m_aff.act != Activation::kNone) {
+    if (m_residual) add_residual(s, pt, row_blocks);
+    if ((s.out_type != Dtype::F32 || m_residual) && m_aff.act != Activation::kNone) {
       // A narrower output takes its activation after the rounding, on the output tile as one
       // run (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the
-      // same values (rounding is monotone, 0 and 6 are exact in f16).
+      // same values (rounding is monotone, 0 and 6 are exact in f16). With a residual the
+      // activation follows the add, on the output tile whatever its type.
       Reg n = b.reg("affine: output lanes");
       b.mul(n, s.rows, row_blocks);
       b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
@@ -314,7 +327,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.add(table, table, to_shift, "shift[channel]");
           b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                  "+ shift");
-          if (!narrow) affine_activation(Dtype::F32, y, rep, pitch32, mask);
+          if (!narrow && !m_residual) affine_activation(Dtype::F32, y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
           b.mul(table, blocks, r0 * layout::kBlockBytes);
           select(b, mask, pt, m_aff.out);
@@ -332,6 +345,46 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
       }
     });
   }
+}
+
+void CubePipeline::load_residual(const Store& s, const Reg& pt, const Reg& row_blocks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "residual rows of the tile into the UB");
+  const int64_t pitch_bytes = s.pitch * isa::dtype_size(s.out_type);
+  if (pitch_bytes % layout::kBlockBytes != 0)
+    b.fail("internal: the residual's rows must be whole 32-byte blocks");
+  Reg src = b.reg("residual: GM address"), gap = b.reg("residual: GM gap between rows"),
+      dst = b.reg("residual: UB tile");
+  b.wait_flag(m_res_free, pt, "residual tile (UB) free");
+  {
+    Reg base = b.load_arg(m_res_args.second);
+    b.add(src, s.dst, base);
+  }
+  {
+    Reg base = b.load_arg(m_res_args.first);
+    b.sub(src, src, base, "the tile's rows in the residual");
+  }
+  b.movi(gap, pitch_bytes / layout::kBlockBytes);
+  b.sub(gap, gap, row_blocks, "GM gap between rows in blocks");
+  select(b, dst, pt, m_res_tiles);
+  b.emit(Opcode::op_copy_gm2ub, {dst, src, s.rows, row_blocks, gap, 0},
+         "residual rows (output tile layout)");
+  b.set_flag(m_res_full, pt);
+}
+
+void CubePipeline::add_residual(const Store& s, const Reg& pt, const Reg& row_blocks) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "y + residual on the output tile (output type)");
+  Reg n = b.reg("residual: lanes"), out = b.reg("residual: output tile"),
+      r = b.reg("residual: residual tile");
+  b.mul(n, s.rows, row_blocks);
+  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+  b.emit(Opcode::op_set_mask_count, {n});
+  select(b, out, pt, m_aff.out);
+  select(b, r, pt, m_res_tiles);
+  b.wait_flag(m_res_full, pt, "residual tile loaded");
+  b.emit(Opcode::op_vadd, {s.out_type, out, out, r, 0, 1, 1, 1, 8, 8, 8}, "+ residual");
+  b.set_flag(m_res_free, pt);
 }
 
 void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_stride,
@@ -363,7 +416,7 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
         "shift (replicated)");
   b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
-  if (s.out_type == Dtype::F32) affine_activation(Dtype::F32, y, 0, 8, n);
+  if (s.out_type == Dtype::F32 && !m_residual) affine_activation(Dtype::F32, y, 0, 8, n);
   select(b, table, pt, m_aff.out);
   if (s.out_type != Dtype::F32)
     b.emit(Opcode::op_vconv,

@@ -134,6 +134,18 @@ class CubePipeline {
     m_affine = true;
     m_aff = e;
   }
+  // A residual added on the way out (CANN's Conv2D + BNInference + Add): for each tile MTE2
+  // loads the residual's rows (GM at the tile's y address - y + residual: the residual has y's
+  // type and row pitch) into `tiles` (output tiles' size, one per L0C parity) while the cube
+  // and FIXPIPE work; after the rounding to the output type the vector unit adds them to the
+  // output tile (in the output type), then applies the activation. The kernel's arguments
+  // y_arg and residual_arg give the two base addresses. Call after affine_via_ub, before
+  // declare_flags.
+  void residual_via_ub(const Twin& tiles, std::string y_arg, std::string residual_arg) {
+    m_residual = true;
+    m_res_tiles = tiles;
+    m_res_args = {std::move(y_arg), std::move(residual_arg)};
+  }
 
   // steps = (tiles of this block: tile = block + j * blocks, j = 0, 1, ...) * chunks.
   void block_steps_round_robin(const Reg& steps, int64_t tiles, int64_t chunks);
@@ -234,6 +246,10 @@ class CubePipeline {
   void affine_dense_in_ub(const Store& s, const Reg& pt);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+  // residual_via_ub: MTE2 loads the tile's residual rows (rows of row_blocks blocks); the
+  // vector unit adds them to the output tile of parity pt.
+  void load_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
+  void add_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
 
   bool m_via_ub = false;
   uint64_t m_ub_tile = 0;
@@ -244,6 +260,11 @@ class CubePipeline {
   // free), by L0C parity; m_aff_pt: the parity of the tile being stored (to_ub .. ub_done).
   FlagPair m_aff_f32_full, m_aff_full, m_aff_free;
   const Reg* m_aff_pt = nullptr;
+  // residual_via_ub: MTE2 -> V (the residual tile loaded), V -> MTE2 (added: free), by parity.
+  bool m_residual = false;
+  Twin m_res_tiles;
+  std::pair<std::string, std::string> m_res_args;  // y, residual
+  FlagPair m_res_full, m_res_free;
 };
 
 }  // namespace npusim::compiler::ops

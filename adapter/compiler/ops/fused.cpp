@@ -49,17 +49,18 @@ constexpr const char* kBatchNormVectors[] = {"scale", "offset", "mean", "varianc
 }  // namespace
 
 BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
-                                     const std::vector<int64_t>& y_shape) {
+                                     const std::vector<int64_t>& y_shape, int end) {
   const OpDesc& op = ctx.op;
   const int64_t c = y_shape.back();
-  const int vectors = static_cast<int>(op.inputs.size()) - first;
+  if (end < 0) end = static_cast<int>(op.inputs.size());
+  const int vectors = end - first;
   if (vectors != 4 && vectors != 5)
     op.fail(
         fmt::format("takes the batch norm's scale, offset, mean, variance (and bias) from "
                     "input {}: {} inputs given",
-                    first, op.inputs.size()));
+                    first, end));
   const bool has_bias = vectors == 5;
-  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i) {
+  for (int i = first; i < end; ++i) {
     const TensorDesc& v = op.inputs[static_cast<size_t>(i)];
     bool channel_last = v.dtype == DataType::F32 && !v.shape.empty() && v.shape.back() == c &&
                         v.shape.size() <= y_shape.size();
@@ -76,7 +77,7 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
   const uint64_t shift_at = (static_cast<uint64_t>(c) * 4 + 31) / 32 * 32;
   const ArgRef ws = workspace_take(k, 2 * shift_at);
   std::vector<int> sources;
-  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i) sources.push_back(i);
+  for (int i = first; i < end; ++i) sources.push_back(i);
   const int d = static_cast<int>(k.derived.size());
   k.derived.push_back(
       DerivedTensor{sources, k.launches.size(), 2 * shift_at, "batch-norm factor and shift"});
@@ -106,8 +107,7 @@ BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ct
     }
   };
   std::vector<ArgRef> fold_args;
-  for (int i = first; i < static_cast<int>(op.inputs.size()); ++i)
-    fold_args.push_back(input_ref(i));
+  for (int i = first; i < end; ++i) fold_args.push_back(input_ref(i));
   fold_args.push_back(fold.a);
   fold_args.push_back(fold.shift);
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), fold_args));
@@ -128,12 +128,38 @@ const char* activation_name(Activation act) {
   return "";
 }
 
-void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count) {
-  if (act == Activation::kRelu) vec_unary(b, Opcode::op_vrelu, Dtype::F32, y, y, count);
+void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count, Dtype t) {
+  if (act == Activation::kRelu) vec_unary(b, Opcode::op_vrelu, t, y, y, count);
   if (act == Activation::kRelu6) {
-    f32_scalar(b, Opcode::op_vmaxs, y, y, 0.0, count);
-    f32_scalar(b, Opcode::op_vmins, y, y, 6.0, count);
+    if (t == Dtype::F32) {
+      f32_scalar(b, Opcode::op_vmaxs, y, y, 0.0, count);
+      f32_scalar(b, Opcode::op_vmins, y, y, 6.0, count);
+      return;
+    }
+    Reg bound = b.reg("ReLU6 bound");
+    b.movi(bound, vector_scalar_bits(t, 0.0));
+    vec_scalar(b, Opcode::op_vmaxs, t, y, y, bound, count);
+    b.movi(bound, vector_scalar_bits(t, 6.0));
+    vec_scalar(b, Opcode::op_vmins, t, y, y, bound, count);
   }
+}
+
+void append_residual_add(CompiledKernel& k, const CompileContext& ctx, int residual_input,
+                         Activation act) {
+  const std::vector<int64_t>& shape = k.outputs[0].shape;
+  const Dtype io = device_dtype(k.outputs[0].dtype);
+  StreamSpec spec;
+  spec.kernel_name = fmt::format("AddResidual{}_{}", activation_name(act), isa::dtype_name(io));
+  spec.out_type = io;
+  spec.out_shape = shape;
+  spec.inputs = {StreamInput{io, broadcast_view(shape, shape), shape},
+                 StreamInput{io, broadcast_view(shape, shape), shape}};
+  spec.compute = [act, io](KernelBuilder& b, const TileOperands& t) {
+    vec_binary(b, Opcode::op_vadd, io, t.out, t.in[0], t.in[1], *t.count);
+    append_activation(b, act, t.out, *t.count, io);
+  };
+  k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
+                                 {output_ref(0), input_ref(residual_input), output_ref(0)}));
 }
 
 void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,

@@ -21,11 +21,12 @@ struct BatchNormFold {
   ArgRef a, shift;
 };
 
-// Appends the fold launch (BatchNormInferenceFold). The op's inputs from `first` on are scale,
-// offset, mean, variance and optionally bias, each f32 [c] (leading 1s allowed) with c the last
-// dimension of y_shape; attribute epsilon (default 0.001). Fails naming a wrong input.
+// Appends the fold launch (BatchNormInferenceFold). The op's inputs from `first` up to `end`
+// (exclusive; -1: the last input) are scale, offset, mean, variance and optionally bias, each
+// f32 [c] (leading 1s allowed) with c the last dimension of y_shape; attribute epsilon
+// (default 0.001). Fails naming a wrong input.
 BatchNormFold append_batch_norm_fold(CompiledKernel& k, const CompileContext& ctx, int first,
-                                     const std::vector<int64_t>& y_shape);
+                                     const std::vector<int64_t>& y_shape, int end = -1);
 
 // The activation a fused inference op applies to its f32 result before the one rounding to
 // its output type: none, ReLU max(y, 0), or ReLU6 min(max(y, 0), 6) (MobileNet's; the same
@@ -38,8 +39,9 @@ Activation activation_attr(const OpDesc& op);
 // "", "Relu" or "Relu6": the kernel-name suffix of an activation.
 const char* activation_name(Activation act);
 
-// Emits `act` in place on `count` f32 elements at UB address y.
-void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count);
+// Emits `act` in place on `count` elements of type t (f32 or f16) at UB address y.
+void append_activation(KernelBuilder& b, Activation act, uint64_t y, const Reg& count,
+                       isa::Dtype t = isa::Dtype::F32);
 
 // Appends y = x * a + shift (then the activation) over `shape` (channels last), from the tensor
 // x to output 0 (x may be output 0 itself when of y's type: each tile is read before it is
@@ -57,5 +59,12 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
 // exactly, computed in f32, rounded once; channels last), bias = input `bias_input` (f32 [c]):
 // what BiasAdd (and Relu) compute, in one pass.
 void append_bias_epilogue(CompiledKernel& k, const CompileContext& ctx, int bias_input, bool relu);
+
+// Appends y = act(y + residual) in place on output 0 (f32 or f16), residual = input
+// `residual_input` of y's type and shape, added and clamped in y's type: a fused convolution's
+// residual (Conv2D + BNInference + Add) where its kernel cannot add it on the way out. The
+// same values as the epilogue's add (conv2d.cpp): y is rounded to its type first.
+void append_residual_add(CompiledKernel& k, const CompileContext& ctx, int residual_input,
+                         Activation act);
 
 }  // namespace npusim::compiler::ops

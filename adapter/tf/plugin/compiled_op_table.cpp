@@ -66,6 +66,7 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"relu", K::kBool},
         {"relu6", K::kBool},
         {"N", K::kInt},
+        {"R", K::kInt},
         {"strides", K::kInts},
         {"padding", K::kString},
         {"explicit_paddings", K::kInts},

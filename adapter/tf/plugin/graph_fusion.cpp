@@ -131,8 +131,7 @@ bool on_npu(const tfc::NodeDef& n) { return on_npu_device(n.device()); }
 
 std::optional<tfc::DataType> type_attr(const tfc::NodeDef& n, const char* name = "T") {
   auto it = n.attr().find(name);
-  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kType)
-    return std::nullopt;
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kType) return std::nullopt;
   return it->second.type();
 }
 
@@ -174,8 +173,7 @@ std::optional<std::vector<int64_t>> tensor_ints(const tfc::TensorProto& t, const
   }
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(Int));
   if (t.tensor_content().empty()) return std::vector<int64_t>(elements, 0);  // TF's zeros
-  if (static_cast<int64_t>(t.tensor_content().size()) != bytes)
-    return std::nullopt;
+  if (static_cast<int64_t>(t.tensor_content().size()) != bytes) return std::nullopt;
   for (int64_t i = 0; i < elements; ++i) {
     Int x;
     std::memcpy(&x, t.tensor_content().data() + i * sizeof(Int), sizeof(Int));
@@ -297,7 +295,7 @@ std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1
     for (int j = 0; j < 2; ++j) {
       tfc::NodeDef* mul = g.producer(*mul_1, j, "Mul");
       if (!mul) continue;
-      int k = GraphView::reads(*mul_2, 0, mul->name()) ? 0
+      int k = GraphView::reads(*mul_2, 0, mul->name())   ? 0
               : GraphView::reads(*mul_2, 1, mul->name()) ? 1
                                                          : -1;
       if (k < 0) continue;
@@ -718,12 +716,11 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
     for (int k : g.consumer_indices(rg->name()))
       if (g.at(k) != &ug) rd = g.at(k);
     if (!rd || rd->op() != "BNTrainingReduceGrad" || rd->input_size() < 7 || !on_npu(*rd) ||
-        type_attr(*rd) != t ||
-        !reads_output(*rd, 0, rg->name(), 0) || rd->input(1) != ug.input(1) ||
-        !reads_output(*rd, 2, ug.name(), 0) || !reads_output(*rd, 3, ug.name(), 1) ||
-        rd->input(4) != update->input(3) || !reads_output(*rd, 5, update->name(), 1) ||
-        !reads_output(*rd, 6, update->name(), 2) || rm.claimed(ug.name()) ||
-        rm.claimed(rd->name()))
+        type_attr(*rd) != t || !reads_output(*rd, 0, rg->name(), 0) ||
+        rd->input(1) != ug.input(1) || !reads_output(*rd, 2, ug.name(), 0) ||
+        !reads_output(*rd, 3, ug.name(), 1) || rd->input(4) != update->input(3) ||
+        !reads_output(*rd, 5, update->name(), 1) || !reads_output(*rd, 6, update->name(), 2) ||
+        rm.claimed(ug.name()) || rm.claimed(rd->name()))
       continue;
     if (auto r = rd->attr().find("relu"); r != rd->attr().end() && r->second.b()) continue;
     rm.remove(rg->name());
@@ -738,8 +735,7 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
       attrs["epsilon"] = e->second;
     attrs["relu"].set_b(true);
     attrs["N"].set_i(2);
-    std::vector<std::string> in(f.update_grad->input().begin(),
-                                f.update_grad->input().begin() + 4);
+    std::vector<std::string> in(f.update_grad->input().begin(), f.update_grad->input().begin() + 4);
     in[0] = grad;
     in.insert(in.end(), {f.update->input(3), f.update->input(4)});  // scale, offset
     rewrite_as(*f.update_grad, "BNTrainingUpdateGrad", in, attrs);
@@ -821,8 +817,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     // mul_2 -> sub.
     const size_t expected[] = {1, 1, 2, 1, 1, 1};
     bool ok = true;
-    for (size_t n = 0; n < c->inner.size(); ++n)
-      ok = ok && rm.removable(*c->inner[n], expected[n]);
+    for (size_t n = 0; n < c->inner.size(); ++n) ok = ok && rm.removable(*c->inner[n], expected[n]);
     for (const std::string* p : {&c->scale, &c->offset, &c->mean, &c->variance})
       ok = ok && channel_vector(g, *p);
     if (!ok || rm.claimed(add_1.name())) continue;
@@ -831,8 +826,7 @@ int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
     bool relu = false, relu6 = false;
     if (tfc::NodeDef* r = g.only_consumer(add_1.name());
         r && (r->op() == "Relu" || r->op() == "Relu6") && on_npu(*r) && float_node(*r) &&
-        GraphView::reads(*r, 0, add_1.name()) && rm.removable(add_1, 1) &&
-        !rm.claimed(r->name())) {
+        GraphView::reads(*r, 0, add_1.name()) && rm.removable(add_1, 1) && !rm.claimed(r->name())) {
       last = r;
       relu = r->op() == "Relu";
       relu6 = !relu;
@@ -930,6 +924,92 @@ int fuse_conv_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
+// ---- rewrite 2b: a residual add in the fused convolution's epilogue ----
+
+// Ops whose output is a convolutional network's activation of the block: what a residual
+// AddV2's other operand may come from for the add to join a fused convolution (rewrite 2b).
+bool residual_producer(const tfc::NodeDef& n) {
+  static const char* const kOps[] = {"Conv2DBatchNormInference",
+                                     "DepthwiseConv2dBatchNormInference",
+                                     "AddV2",
+                                     "AddRelu",
+                                     "Relu",
+                                     "Relu6",
+                                     "BatchNormInference"};
+  for (const char* op : kOps)
+    if (n.op() == op) return true;
+  return false;
+}
+
+// AddV2(c, r) [-> Relu / Relu6], c a Conv2DBatchNormInference or DepthwiseConv2dBatchNormInference
+// (float y, no activation, no residual yet) read only by the add, r (either operand) output 0
+// of a residual_producer other than c, all float32 on the NPU: the fused convolution with r as
+// its residual (attribute R = 1, the last input) and the activation, in place of the last node
+// (CANN's Conv2D + BNInference + Add [+ ReLU]: the projection of a residual block). The add is
+// taken to be of equal shapes (both are the block's activations); the compiler checks it.
+int fuse_conv_residual_adds(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& add = *graph.mutable_node(i);
+    if (add.op() != "AddV2" || !on_npu(add) || !float_node(add) || add.input_size() != 2 ||
+        rm.claimed(add.name()))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* conv = g.producer(add, k, "Conv2DBatchNormInference");
+      if (!conv) conv = g.producer(add, k, "DepthwiseConv2dBatchNormInference");
+      const InputRef other = parse_input(add.input(1 - k));
+      tfc::NodeDef* r = other.control || other.port != 0 ? nullptr : g.node(other.node);
+      if (!conv || !r || r == conv || !residual_producer(*r) || !on_npu(*r) ||
+          !rm.removable(*conv, 1) || conv->device() != add.device() ||
+          type_attr(*conv, "Tout").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT)
+        continue;
+      auto flag = [&](const char* a) {
+        auto it = conv->attr().find(a);
+        return it != conv->attr().end() && (it->second.b() || it->second.i());
+      };
+      if (flag("relu") || flag("relu6") || flag("R")) continue;
+      // The activation after the add, where the add's only reader is a Relu / Relu6.
+      tfc::NodeDef* last = &add;
+      const char* act = nullptr;
+      for (const char* op : {"Relu", "Relu6"}) {
+        tfc::NodeDef* a = consumer_of(g, add.name(), op);
+        if (a && rm.removable(add, 1) && float_node(*a) && a->device() == add.device() &&
+            !rm.claimed(a->name())) {
+          last = a;
+          act = op == std::string("Relu") ? "relu" : "relu6";
+        }
+      }
+      std::vector<std::string> inputs;
+      for (const std::string& in : conv->input())
+        if (in.empty() || in[0] != '^') inputs.push_back(in);
+      inputs.push_back(add.input(1 - k));
+      std::map<std::string, tfc::AttrValue> attrs;
+      for (const auto& [name, value] : conv->attr())
+        if (!name.empty() && name[0] != '_') attrs[name] = value;
+      tfc::AttrValue one;
+      one.set_i(1);
+      attrs["R"] = one;
+      if (act) {
+        tfc::AttrValue yes;
+        yes.set_b(true);
+        attrs[act] = yes;
+      }
+      const std::string op = conv->op();
+      rm.remove(conv->name());
+      if (last != &add) rm.remove(add.name());
+      rm.claim(last->name());
+      rewrite_as(*last, op.c_str(), inputs, attrs);
+      ++fused;
+      break;
+    }
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
 // ---- rewrite 1b: zero padding absorbed into the convolution ----
 
 // n's data_format is NHWC (or absent: TensorFlow's default).
@@ -998,8 +1078,8 @@ int fuse_bias_epilogues(tfc::GraphDef& graph, const std::unordered_set<std::stri
     const bool conv = product != nullptr;
     if (!product) product = g.producer(bias_add, 0, "MatMul");
     if (!product || removed->count(product->name()) || !float_node(*product) ||
-        (conv && !nhwc(*product)) || product->input_size() != 2 ||
-        !rm.removable(*product, 1) || product->device() != bias_add.device())
+        (conv && !nhwc(*product)) || product->input_size() != 2 || !rm.removable(*product, 1) ||
+        product->device() != bias_add.device())
       continue;
     tfc::NodeDef* last = &bias_add;
     if (tfc::NodeDef* r = g.only_consumer(bias_add.name());
@@ -1030,42 +1110,83 @@ int fuse_bias_epilogues(tfc::GraphDef& graph, const std::unordered_set<std::stri
 }
 
 // A Conv2DBatchNormInference or BatchNormInference whose every data consumer is a
-// Conv2DBatchNormInference reading it as x (and nothing else of it) hands its output over in
-// fp16: Tout = half there, Tx = half in the consumers. The cube reads fp16 anyway
-// (allow_fp32_to_fp16): FIXPIPE (or the batch norm's vector pass) rounds the result once
-// instead of a cast launch per consumer, with the same RNE rounding of the same f32 value.
+// Conv2DBatchNormInference reading it as x or as its residual (rewrite 2b) (and nothing else
+// of it) hands its output over in fp16: Tout = half there, Tx = half in the consumers reading
+// it as x. The cube reads fp16 anyway (allow_fp32_to_fp16): FIXPIPE (or the batch norm's
+// vector pass) rounds the result once instead of a cast launch per consumer, with the same RNE
+// rounding of the same f32 value. A residual has its reader's type (Tout): a reader reading it
+// as its residual hands its own output over in fp16 too, and a convolution with a residual
+// hands over in fp16 only with its residual's producer; both sets are taken to a fixed point.
 int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   GraphView g(graph);
-  std::unordered_map<std::string, std::vector<tfc::NodeDef*>> readers;  // producer -> consumers
+  auto fused_conv = [](const tfc::NodeDef& n) {
+    return n.op() == "Conv2DBatchNormInference" || n.op() == "DepthwiseConv2dBatchNormInference";
+  };
+  auto has_residual = [&](const tfc::NodeDef& n) {
+    auto it = n.attr().find("R");
+    return fused_conv(n) && it != n.attr().end() && it->second.i() == 1;
+  };
+  // The index of n's last data input (its residual with R = 1).
+  auto last_data_input = [](const tfc::NodeDef& n) {
+    int last = -1;
+    for (int k = 0; k < n.input_size(); ++k)
+      if (!parse_input(n.input(k)).control) last = k;
+    return last;
+  };
+  struct Reader {
+    tfc::NodeDef* node = nullptr;  // null: a reader that keeps float32
+    bool residual = false;
+  };
+  std::unordered_map<std::string, std::vector<Reader>> readers;  // producer -> consumers
+  std::unordered_map<std::string, std::string>
+      residual_of;  // fused conv -> its residual's producer
   for (int i = 0; i < graph.node_size(); ++i) {
     tfc::NodeDef& n = *graph.mutable_node(i);
+    const int res_input = has_residual(n) ? last_data_input(n) : -1;
+    if (res_input >= 0) residual_of[n.name()] = parse_input(n.input(res_input)).node;
     for (int k = 0; k < n.input_size(); ++k) {
       const InputRef r = parse_input(n.input(k));
       if (r.control) continue;
       tfc::NodeDef* p = g.node(r.node);
-      if (!p || (p->op() != "Conv2DBatchNormInference" && p->op() != "BatchNormInference" &&
-                 p->op() != "DepthwiseConv2dBatchNormInference"))
-        continue;
-      const bool x_of_conv = (n.op() == "Conv2DBatchNormInference" ||
-                              n.op() == "DepthwiseConv2dBatchNormInference") &&
-                             k == 0 && r.port == 0 &&
-                             on_npu(n) && type_attr(n, "Tx").value_or(tfc::DT_FLOAT) ==
-                                              tfc::DT_FLOAT;
-      readers[p->name()].push_back(x_of_conv ? &n : nullptr);
+      if (!p || (!fused_conv(*p) && p->op() != "BatchNormInference")) continue;
+      const bool x_of_conv = fused_conv(n) && k == 0 && on_npu(n) && r.port == 0 &&
+                             type_attr(n, "Tx").value_or(tfc::DT_FLOAT) == tfc::DT_FLOAT;
+      const bool residual = k == res_input && on_npu(n) && r.port == 0 &&
+                            type_attr(n, "Tout").value_or(tfc::DT_FLOAT) == tfc::DT_FLOAT;
+      readers[p->name()].push_back(x_of_conv || residual ? Reader{&n, residual} : Reader{});
     }
   }
-  int handed = 0;
+  std::set<std::string> half;
   for (auto& [name, consumers] : readers) {
     tfc::NodeDef* p = g.node(name);
-    if (!on_npu(*p) || preserve.count(name) ||
-        type_attr(*p, "Tout").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT ||
-        std::find(consumers.begin(), consumers.end(), nullptr) != consumers.end())
-      continue;
-    (*p->mutable_attr())["Tout"] = type_value(tfc::DT_HALF);
-    for (tfc::NodeDef* c : consumers) (*c->mutable_attr())["Tx"] = type_value(tfc::DT_HALF);
-    ++handed;
+    if (on_npu(*p) && !preserve.count(name) &&
+        type_attr(*p, "Tout").value_or(tfc::DT_FLOAT) == tfc::DT_FLOAT &&
+        std::none_of(consumers.begin(), consumers.end(),
+                     [](const Reader& c) { return c.node == nullptr; }))
+      half.insert(name);
   }
-  return handed;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto it = half.begin(); it != half.end();) {
+      bool keep = true;
+      auto res = residual_of.find(*it);
+      if (res != residual_of.end() && !half.count(res->second)) keep = false;
+      for (const Reader& c : readers[*it])
+        if (c.residual && !half.count(c.node->name())) keep = false;
+      if (keep) {
+        ++it;
+      } else {
+        it = half.erase(it);
+        changed = true;
+      }
+    }
+  }
+  for (const std::string& name : half) {
+    (*g.node(name)->mutable_attr())["Tout"] = type_value(tfc::DT_HALF);
+    for (const Reader& c : readers[name])
+      if (!c.residual) (*c.node->mutable_attr())["Tx"] = type_value(tfc::DT_HALF);
+  }
+  return static_cast<int>(half.size());
 }
 
 // Whether n may be a step of a FusedElementwise of its type: on the NPU, a fusible op
@@ -1782,10 +1903,10 @@ std::vector<std::string> steps_with_casts(const tfc::AttrValue& steps,
     words >> renamed;
     while (words >> word) {
       auto it = cast_step.find(word);
-      renamed += " " + (it != cast_step.end() ? it->second
-                        : word[0] == 's'
-                            ? "s" + std::to_string(std::stoul(word.substr(1)) + casts.size())
-                            : word);
+      renamed +=
+          " " + (it != cast_step.end() ? it->second
+                 : word[0] == 's' ? "s" + std::to_string(std::stoul(word.substr(1)) + casts.size())
+                                  : word);
     }
     out.push_back(renamed);
   }
@@ -1863,8 +1984,7 @@ int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string
       std::vector<std::string> casts, handles, others;
       for (size_t k = 0; k < per_n; ++k)
         if (sig[k] >= 0)
-          casts.push_back(std::string(compiler::ops::kCastStep) + " i" +
-                          std::to_string(per_m + k));
+          casts.push_back(std::string(compiler::ops::kCastStep) + " i" + std::to_string(per_m + k));
       tfc::NodeDef node;
       node.set_op(original.op());
       node.set_device(original.device());
@@ -2196,9 +2316,9 @@ int fuse_rms_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& 
           for (int k = 0; one_plus && k < 2; ++k) {
             tfc::NodeDef* s = input_node(g, *one_plus, 1 - k);
             if (scalar_value(input_node(g, *one_plus, k)) != 1.0 || !s) continue;
-            if (t == tfc::DT_FLOAT ? s->op() == "ReadVariableOp"
-                                   : is_cast(s, t, tfc::DT_FLOAT) &&
-                                         g.producer(*s, 0, "ReadVariableOp"))
+            if (t == tfc::DT_FLOAT
+                    ? s->op() == "ReadVariableOp"
+                    : is_cast(s, t, tfc::DT_FLOAT) && g.producer(*s, 0, "ReadVariableOp"))
               gamma = one_plus->name();
           }
           if (gamma.empty() && !widened_input(g, *y, 1 - o, t, &gcast, &gamma)) continue;
@@ -2408,8 +2528,8 @@ int fuse_weight_quant_matmuls(tfc::GraphDef& graph, const std::unordered_set<std
     rm.claim(out.name());
     ++fused;
     // Copies of what the rewrite reads: the graph's node storage moves as nodes are added.
-    const std::string name = out.name(), device = out.device(), a = mm->input(0),
-                      w = wc->input(0), scale = out.input(1);
+    const std::string name = out.name(), device = out.device(), a = mm->input(0), w = wc->input(0),
+                      scale = out.input(1);
     const std::string w_shape = wr ? wr->input(1) : std::string(),
                       z_shape = z ? z->input(1) : std::string();
     const tfc::DataType type = *t;
@@ -2428,9 +2548,9 @@ int fuse_weight_quant_matmuls(tfc::GraphDef& graph, const std::unordered_set<std
       // The reciprocal feeds the fused op directly (the kernel takes any shape of N elements):
       // a Reshape between them would split them into two clusters, the Reciprocal then
       // dispatched on its own at every step.
-      const std::string antiquant = add_node(graph, name + "/npusim_antiquant_scale",
-                                             "Reciprocal", device, {scale}, tattrs)
-                                        ->name();
+      const std::string antiquant =
+          add_node(graph, name + "/npusim_antiquant_scale", "Reciprocal", device, {scale}, tattrs)
+              ->name();
       std::map<std::string, tfc::AttrValue> qattrs = tattrs;
       qattrs["transpose_x"].set_b(false);
       qattrs["transpose_weight"].set_b(false);
@@ -2485,8 +2605,7 @@ int fold_matmul_transposes(tfc::GraphDef& graph, const std::unordered_set<std::s
       (*mm.mutable_attr())[attr].set_b(!was);
       // TensorFlow's recorded shape of the operand is now the untransposed one.
       auto shapes = mm.mutable_attr()->find("_input_shapes");
-      if (shapes != mm.mutable_attr()->end() &&
-          operand < shapes->second.list().shape_size()) {
+      if (shapes != mm.mutable_attr()->end() && operand < shapes->second.list().shape_size()) {
         tfc::TensorShapeProto* sh = shapes->second.mutable_list()->mutable_shape(operand);
         if (sh->dim_size() == 2) {
           const int64_t d0 = sh->dim(0).size();
@@ -2757,8 +2876,8 @@ std::optional<double> scaled_by(GraphView& g, const tfc::NodeDef* n, tfc::NodeDe
 // Softmax(SelectV2(mask, x, c)) (ops.dot_product_attention: GPT-2), c <= -1e4. `last` is the
 // chain's last node (the outer SelectV2 or the Softmax); returns the inner SelectV2, its nodes
 // appended to *gone.
-tfc::NodeDef* masked_softmax(GraphView& g, const Removal& rm, tfc::NodeDef* last,
-                             bool select_after, std::vector<tfc::NodeDef*>* gone) {
+tfc::NodeDef* masked_softmax(GraphView& g, const Removal& rm, tfc::NodeDef* last, bool select_after,
+                             std::vector<tfc::NodeDef*>* gone) {
   tfc::NodeDef* sm = last;
   if (select_after) {
     if (!last || last->op() != "SelectV2" || !rm.removable(*last, 1) ||
@@ -2815,8 +2934,7 @@ std::optional<AttentionMatch> match_llama_attention(GraphView& g, const Removal&
     a.scale = *scale;
     a.gone.push_back(sc);
   }
-  if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != t)
-    return std::nullopt;
+  if (!plain_batch_matmul(qk) || !rm.removable(*qk, 1) || type_attr(*qk) != t) return std::nullopt;
   tfc::NodeDef* qt = transpose_by(g, input_node(g, *qk, 0), {0, 2, 1, 3});
   tfc::NodeDef* kt = transpose_by(g, input_node(g, *qk, 1), {0, 2, 3, 1});
   if (!qt || !kt || !rm.removable(*qt, 1) || !rm.removable(*kt, 1)) return std::nullopt;
@@ -3067,9 +3185,9 @@ int fuse_attentions(tfc::GraphDef& graph, const std::unordered_set<std::string>&
           add_node(graph, name + "/npusim_one", "Const", device, {}, cattrs)->name();
       std::map<std::string, tfc::AttrValue> aattrs;
       aattrs["T"] = type_value(tfc::DT_INT32);
-      inputs.push_back(add_node(graph, name + "/npusim_kv_length", "AddV2", device,
-                                {a->mask.index, c1}, aattrs)
-                           ->name());
+      inputs.push_back(
+          add_node(graph, name + "/npusim_kv_length", "AddV2", device, {a->mask.index, c1}, aattrs)
+              ->name());
       attrs["Tlen"] = type_value(tfc::DT_INT32);
     }
     if (*t == tfc::DT_FLOAT) {
@@ -3234,8 +3352,8 @@ int fuse_ropes(tfc::GraphDef& graph, const std::unordered_set<std::string>& pres
 int dedup_rope_tables(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                       std::set<std::string>* removed, const std::vector<std::string>& tables) {
   static const std::set<std::string> kTableOps = {
-      "AddV2", "BroadcastTo", "Cast", "Const", "Cos", "Einsum", "ExpandDims", "Identity", "Mul",
-      "Pack", "Range", "RealDiv", "Reshape", "Sin", "Sub"};
+      "AddV2", "BroadcastTo", "Cast",  "Const",   "Cos",     "Einsum", "ExpandDims", "Identity",
+      "Mul",   "Pack",        "Range", "RealDiv", "Reshape", "Sin",    "Sub"};
   GraphView g(graph);
   std::unordered_set<std::string> nodes;
   std::vector<std::string> todo;
@@ -3276,8 +3394,7 @@ std::optional<std::string> operand_besides(GraphView& g, const tfc::NodeDef* n, 
 // text; the nodes before y (each read once, inside the chain) go to *nodes.
 std::optional<std::string> match_gelu_tanh(GraphView& g, const Removal& rm, const tfc::NodeDef& y,
                                            tfc::DataType t, std::vector<tfc::NodeDef*>* nodes) {
-  if (y.op() != "Mul" || !on_npu(y) || type_attr(y) != t || y.input_size() < 2)
-    return std::nullopt;
+  if (y.op() != "Mul" || !on_npu(y) || type_attr(y) != t || y.input_size() < 2) return std::nullopt;
   for (int k = 0; k < 2; ++k) {
     tfc::NodeDef* m0 = input_node(g, y, k);
     tfc::NodeDef* a1 = input_node(g, y, 1 - k);
@@ -3288,15 +3405,15 @@ std::optional<std::string> match_gelu_tanh(GraphView& g, const Removal& rm, cons
       continue;
     tfc::NodeDef* m2 = input_node(g, *th, 0);
     std::optional<std::string> ad_in = operand_besides(g, m2, "Mul", 0.7978845608028654, t);
-    tfc::NodeDef* ad = ad_in && !parse_input(*ad_in).port ? g.node(parse_input(*ad_in).node)
-                                                         : nullptr;
+    tfc::NodeDef* ad =
+        ad_in && !parse_input(*ad_in).port ? g.node(parse_input(*ad_in).node) : nullptr;
     if (!ad || ad->op() != "AddV2" || type_attr(*ad) != t || ad->input_size() < 2) continue;
     for (int j = 0; j < 2; ++j) {
       if (ad->input(j) != *x) continue;
       tfc::NodeDef* m1 = input_node(g, *ad, 1 - j);
       std::optional<std::string> pw_in = operand_besides(g, m1, "Mul", 0.044715, t);
-      tfc::NodeDef* pw = pw_in && !parse_input(*pw_in).port ? g.node(parse_input(*pw_in).node)
-                                                           : nullptr;
+      tfc::NodeDef* pw =
+          pw_in && !parse_input(*pw_in).port ? g.node(parse_input(*pw_in).node) : nullptr;
       if (!pw || pw->op() != "Pow" || type_attr(*pw) != t || pw->input_size() < 2 ||
           pw->input(0) != *x || scalar_value(input_node(g, *pw, 1)) != 3.0)
         continue;
@@ -3339,9 +3456,8 @@ bool same_shape_products(GraphView& g, const std::string& a, const std::string& 
   const InputRef ra = parse_input(a), rb = parse_input(b);
   const tfc::NodeDef* pa = ra.control || ra.port ? nullptr : g.node(ra.node);
   const tfc::NodeDef* pb = rb.control || rb.port ? nullptr : g.node(rb.node);
-  if (!pa || !pb || pa->op() != pb->op() ||
-      (pa->op() != "MatMul" && pa->op() != "BatchMatMulV2") || pa->input_size() < 2 ||
-      pb->input_size() < 2 || pa->input(0) != pb->input(0))
+  if (!pa || !pb || pa->op() != pb->op() || (pa->op() != "MatMul" && pa->op() != "BatchMatMulV2") ||
+      pa->input_size() < 2 || pb->input_size() < 2 || pa->input(0) != pb->input(0))
     return false;
   for (const char* attr : {"transpose_a", "transpose_b", "adj_x", "adj_y", "T"}) {
     auto ia = pa->attr().find(attr), ib = pb->attr().find(attr);
@@ -3371,8 +3487,7 @@ int fuse_geglus(tfc::GraphDef& graph, const std::unordered_set<std::string>& pre
       tfc::NodeDef* gelu = input_node(g, y, k);
       std::vector<tfc::NodeDef*> nodes;
       std::optional<std::string> gate =
-          gelu && rm.removable(*gelu, 1) ? match_gelu_tanh(g, rm, *gelu, *t, &nodes)
-                                         : std::nullopt;
+          gelu && rm.removable(*gelu, 1) ? match_gelu_tanh(g, rm, *gelu, *t, &nodes) : std::nullopt;
       const std::string up = y.input(1 - k);
       if (!gate || parse_input(up).control || !same_shape_products(g, *gate, up)) continue;
       nodes.push_back(gelu);
@@ -3516,8 +3631,8 @@ int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
           if (!c || c->op() != "Mul" || type_attr(*c) != *t || c->input_size() < 2) continue;
           for (int b2 = 0; b2 < 2 && !mul1; ++b2) {
             tfc::NodeDef* ng = input_node(g, *c, b2);
-            if (ng && ng->op() == "Neg" && type_attr(*ng) == *t &&
-                node_of(ng->input(0)) == mean && GraphView::reads(*c, 1 - b2, m->name())) {
+            if (ng && ng->op() == "Neg" && type_attr(*ng) == *t && node_of(ng->input(0)) == mean &&
+                GraphView::reads(*c, 1 - b2, m->name())) {
               mul1 = c;
               neg = ng;
               beta_in = add1->input(1 - a);
@@ -3532,8 +3647,8 @@ int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>
         // H: what the kernel supports (ops/norm.cpp: a multiple of 16)
         if (!gamma || !beta || h_gamma != h_beta || h_gamma % 16 != 0) continue;
         const std::pair<tfc::NodeDef*, size_t> chain[] = {
-            {mul2, 1}, {add1, 1}, {m, 2}, {rs, 1}, {eps_add, 1}, {var, 1},
-            {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
+            {mul2, 1}, {add1, 1}, {m, 2},    {rs, 1},   {eps_add, 1},
+            {var, 1},  {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
         bool ok = true;
         for (const auto& [n, uses] : chain) ok = ok && rm.removable(*n, uses);
         if (!ok) continue;
@@ -3577,9 +3692,8 @@ int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::
     tfc::NodeDef* conv = g.producer(reduce, 0, "Conv2D");
     if (!conv) conv = g.producer(reduce, 0, "Conv2DBiasAdd");
     const std::optional<tfc::DataType> t = type_attr(reduce);
-    if (!conv || rm.claimed(conv->name()) || !on_npu(*conv) ||
-        conv->device() != reduce.device() || !nhwc(*conv) || type_attr(*conv) != t ||
-        (t != tfc::DT_FLOAT && t != tfc::DT_HALF) ||
+    if (!conv || rm.claimed(conv->name()) || !on_npu(*conv) || conv->device() != reduce.device() ||
+        !nhwc(*conv) || type_attr(*conv) != t || (t != tfc::DT_FLOAT && t != tfc::DT_HALF) ||
         type_attr(*conv, "Tbias").value_or(tfc::DT_FLOAT) != tfc::DT_FLOAT)
       continue;
     const bool bias = conv->op() == "Conv2DBiasAdd";
@@ -3838,11 +3952,15 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
+  counts.conv_residual = fuse_conv_residual_adds(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
   counts.half_handoffs = half_handoffs(graph, preserve);
   counts.add_relu = fuse_add_relus(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
-  if (epilogue_fusion_requested()) counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
+  if (epilogue_fusion_requested())
+    counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   if (fused_elementwise_registered())

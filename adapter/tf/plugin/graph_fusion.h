@@ -62,10 +62,21 @@
 //      does this at inference); the convolution's attributes, the batch norm's inputs after x.
 //      A DepthwiseConv2dNative so -> DepthwiseConv2dBatchNormInference (the depthwise
 //      convolution, then the batch norm's vector pass).
+//  2b. The residual add in the fused convolution's epilogue (CANN's Conv2D + BNInference + Add
+//      [+ ReLU]): AddV2(c, r) with c from 2 (float y, no activation) read only by the add and
+//      r (either operand) an activation of the network (output 0 of a fused convolution, an
+//      AddV2, AddRelu, Relu, Relu6 or BatchNormInference), float32 on the NPU, and the Relu
+//      or Relu6 that is the add's only reader if there is one -> c with r as its last input
+//      (attribute R = 1, r of y's type Tout) and that activation after the add, in place of
+//      the last node. The operands are taken to be of one shape (the blocks' activations);
+//      the compiler rejects others. MobileNetV2's projections and ResNet's last convolution of
+//      a block.
 //      Where all of one's (or of a BatchNormInference's) data consumers are such convolutions
-//      (Conv2D or depthwise) reading it as x, its output
+//      (Conv2D or depthwise) reading it as x or as the residual, its output
 //      goes to them in fp16 (Tout / Tx = half; not for preserved nodes): the cast each consumer
-//      would run moves into the producer's FIXPIPE or vector pass, with the same rounding.
+//      would run moves into the producer's FIXPIPE or vector pass, with the same rounding. A
+//      residual has its reader's Tout: the producer and that reader go to fp16 together (a
+//      fixed point over both).
 //   3. AddRelu: Relu(AddV2(x, y)), T in {float, half, bfloat16} (run after 1, so a
 //      BatchNormInference feeding a residual add is seen as x or y).
 //   3b. Conv2DBiasAdd / MatMulBiasAdd, CANN's convolution and MatMul epilogues: Conv2D (NHWC)
@@ -283,6 +294,7 @@ struct FusionCounts {
   int batch_norm = 0;           // BatchNormInference nodes created (before 2 folds some in)
   int conv_pad = 0;             // Pads absorbed into convolutions' padding (rewrite 1b)
   int conv_batch_norm = 0;      // Conv2DBatchNormInference nodes created
+  int conv_residual = 0;        // of those, residual AddV2s (and ReLUs) taken in (rewrite 2b)
   int half_handoffs = 0;        // of those, outputs handed to the next ones in fp16 (no new node)
   int add_relu = 0;             // AddRelu nodes created
   int bias_epilogue = 0;        // Conv2DBiasAdd and MatMulBiasAdd nodes created (rewrite 3b)
@@ -302,10 +314,10 @@ struct FusionCounts {
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int total() const {
-    return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm + add_relu +
-           bias_epilogue + elementwise + variable_update + multi_tensor_update + update_casts +
-           deduplicated + rms_norm + swiglu + attention + rope + rope_tables + geglu + gelu +
-           layer_norm + weight_quant_matmul + matmul_transposes;
+    return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
+           conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
+           multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
+           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul + matmul_transposes;
   }
 };
 

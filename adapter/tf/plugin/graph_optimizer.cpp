@@ -16,11 +16,11 @@
 // grappler: they are not seen here (docs/tf_plugin.md, "CPU fallbacks").
 //
 // What counts as a fallback: a node assigned to the CPU, in a graph that also has NPU nodes other
-// than its arguments and results (a graph entirely on the CPU is host code, e.g. a tf.data function or code under
-// tf.device("/CPU:0")), for which TensorFlow's registry has no NPU kernel matching its attributes
-// (FindKernelDef: the NPU's own kernels and DEVICE_DEFAULT ones), and that is not host-side by
-// nature (is_host_side below). A node with an NPU kernel that still sits on the CPU was put there
-// by an explicit device request or colocation, not by a missing kernel.
+// than its arguments and results (a graph entirely on the CPU is host code, e.g. a tf.data function
+// or code under tf.device("/CPU:0")), for which TensorFlow's registry has no NPU kernel matching
+// its attributes (FindKernelDef: the NPU's own kernels and DEVICE_DEFAULT ones), and that is not
+// host-side by nature (is_host_side below). A node with an NPU kernel that still sits on the CPU
+// was put there by an explicit device request or colocation, not by a missing kernel.
 //
 // The meta-optimizer passes each graph several times (meta_optimizer_iterations, default 2) with
 // the same GrapplerItem; nodes are counted once per item id (GrapplerItem::id, the function's
@@ -45,14 +45,13 @@
 #include <utility>
 #include <vector>
 
-
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/launch_order.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
-#include "adapter/tf/plugin/tf_graph_headers.h"
 #include "adapter/tf/plugin/stable_inputs.h"
+#include "adapter/tf/plugin/tf_graph_headers.h"
 
 namespace npusim::tf {
 namespace {
@@ -83,12 +82,39 @@ bool is_arg_or_retval(const std::string& op) {
 //    convention, and shape arithmetic (Shape, Prod, StridedSlice on int32 ...) runs on the host
 //    for GPUs too (their int32 kernels are HostMemory CPU code).
 bool is_host_side(const tfc::NodeDef& node) {
-  static const std::set<std::string> kHostOps = {
-      "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "_Send", "_Recv", "_HostSend",
-      "_HostRecv", "NoOp", "Const", "HostConst", "Placeholder", "PlaceholderWithDefault",
-      "PartitionedCall", "StatefulPartitionedCall", "Switch", "RefSwitch", "Merge", "RefMerge",
-      "Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond",
-      "ControlTrigger", "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"};
+  static const std::set<std::string> kHostOps = {"_Arg",
+                                                 "_Retval",
+                                                 "_DeviceArg",
+                                                 "_DeviceRetval",
+                                                 "_Send",
+                                                 "_Recv",
+                                                 "_HostSend",
+                                                 "_HostRecv",
+                                                 "NoOp",
+                                                 "Const",
+                                                 "HostConst",
+                                                 "Placeholder",
+                                                 "PlaceholderWithDefault",
+                                                 "PartitionedCall",
+                                                 "StatefulPartitionedCall",
+                                                 "Switch",
+                                                 "RefSwitch",
+                                                 "Merge",
+                                                 "RefMerge",
+                                                 "Enter",
+                                                 "RefEnter",
+                                                 "Exit",
+                                                 "RefExit",
+                                                 "NextIteration",
+                                                 "RefNextIteration",
+                                                 "LoopCond",
+                                                 "ControlTrigger",
+                                                 "If",
+                                                 "StatelessIf",
+                                                 "While",
+                                                 "StatelessWhile",
+                                                 "Case",
+                                                 "StatelessCase"};
   const std::string& op = node.op();
   if (kHostOps.count(op)) return true;
   if (contains(op, "Dataset") || contains(op, "Iterator") || op.rfind("Optional", 0) == 0)
@@ -312,24 +338,24 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG"))
-        std::fprintf(stderr,
-                     "npusim: fusion in %s: %d training batch norms (%d ReluGrads folded "
-                     "in), %d BatchNormInference, %d Pads into convolutions "
-                     "(%d of them into "
-                     "Conv2DBatchNormInference, %d handing fp16 on), %d AddRelu, "
-                     "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
-                     "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
-                     "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
-                     "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
-                     "Transposes folded into MatMuls\n",
-                     item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
-                     counts.batch_norm, counts.conv_pad,
-                     counts.conv_batch_norm, counts.half_handoffs, counts.add_relu,
-                     counts.bias_epilogue, counts.elementwise, counts.variable_update,
-                     counts.multi_tensor_update, counts.update_casts, counts.deduplicated,
-                     counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
-                     counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
-                     counts.weight_quant_matmul, counts.matmul_transposes);
+        std::fprintf(
+            stderr,
+            "npusim: fusion in %s: %d training batch norms (%d ReluGrads folded "
+            "in), %d BatchNormInference, %d Pads into convolutions "
+            "(%d of them into "
+            "Conv2DBatchNormInference, %d with a residual add, %d handing fp16 on), %d AddRelu, "
+            "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
+            "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
+            "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
+            "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
+            "Transposes folded into MatMuls\n",
+            item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
+            counts.batch_norm, counts.conv_pad, counts.conv_batch_norm, counts.conv_residual,
+            counts.half_handoffs, counts.add_relu, counts.bias_epilogue, counts.elementwise,
+            counts.variable_update, counts.multi_tensor_update, counts.update_casts,
+            counts.deduplicated, counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
+            counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
+            counts.weight_quant_matmul, counts.matmul_transposes);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;
@@ -342,17 +368,16 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
   if (parsed && mixed_precision_requested()) {
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
-      const MixedPrecisionCounts counts = apply_mixed_precision(
-          graph, cc_item->NodesToPreserve(), mixed_precision_lists(),
-          [](const tfc::NodeDef& node) { return has_npu_kernel(node); });
+      const MixedPrecisionCounts counts =
+          apply_mixed_precision(graph, cc_item->NodesToPreserve(), mixed_precision_lists(),
+                                [](const tfc::NodeDef& node) { return has_npu_kernel(node); });
       if (std::getenv("NPUSIM_FUSION_LOG") && counts.total() > 0)
         std::fprintf(stderr,
                      "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d Consts "
                      "folded to float16, %d bias epilogues split, %d left float32 (no float16 "
                      "kernel)\n",
                      item_id(item).c_str(), counts.half_nodes, counts.casts, counts.folded_consts,
-                     counts.split,
-                     counts.no_half_kernel);
+                     counts.split, counts.no_half_kernel);
       changed |= counts.total() > 0;
     } catch (const std::exception& e) {
       // A graph the pass cannot handle keeps float32 (allow_mix_precision's cube rounding).

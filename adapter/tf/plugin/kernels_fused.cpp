@@ -5,19 +5,20 @@
 //
 //   BatchNormInference(x: T, scale: T, offset: T, mean: T, variance: T, bias: N * T) -> y: Tout
 //     T in {float}; Tout in {float, half} (default float; half where the graph fusion hands y
-//     to convolutions in fp16); N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon: float;
-//     relu, relu6: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]
+//     to convolutions in fp16); N in {0, 1} (1: x was BiasAdd(x, bias[0]) before fusion); epsilon:
+//     float; relu, relu6: bool. Two launches (per-channel fold, then y = x * a + shift [, max 0]
 //     with relu; min(max(., 0), 6) with relu6: a Relu6 after the chain).
 //   Conv2DBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T, variance: T,
-//                            bias: N * T) -> y: Tout
+//                            bias: N * T, residual: R * Tout) -> y: Tout
 //     Conv2D's attributes (strides, padding, explicit_paddings, dilations, data_format) and
 //     BatchNormInference's (N, epsilon, relu, relu6): the batch norm folded into the
 //     convolution.
 //     T in {float}; Tx, Tout in {float, half} (default float): half where the graph fusion
 //     hands the activation from one such convolution to the next in fp16, the form the cube
-//     reads (graph_fusion.h).
+//     reads (graph_fusion.h). R in {0, 1} (1: the graph fusion's residual AddV2 taken in,
+//     rewrite 2b): y = act(y + residual), the add in Tout after the rounding.
 //   DepthwiseConv2dBatchNormInference(x: Tx, filter: T, scale: T, offset: T, mean: T,
-//                                     variance: T, bias: N * T) -> y: Tout
+//                                     variance: T, bias: N * T, residual: R * Tout) -> y: Tout
 //     the same for DepthwiseConv2dNative -> BatchNormInference (MobileNetV2's depthwise
 //     convolutions): the depthwise convolution, then the batch norm's vector pass.
 //   Conv2DBiasAdd(x: T, filter: T, bias: Tbias) -> y: T     T in {float, half}, Tbias in
@@ -195,8 +196,8 @@ rt::Status register_op_def(const OpDefSpec& spec) {
   TF_RegisterOpDefinition(b, status);  // takes ownership of b
   rt::Status st;
   if (TF_GetCode(status) != TF_OK)
-    st = rt::Status(rt::StatusCode::internal, std::string("registering op ") + spec.name +
-                                                  ": " + TF_Message(status));
+    st = rt::Status(rt::StatusCode::internal,
+                    std::string("registering op ") + spec.name + ": " + TF_Message(status));
   TF_DeleteStatus(status);
   return st;
 }
@@ -209,23 +210,25 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
       {"BatchNormInference",
        {"x: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
        {"y: Tout"},
-       {"T: {float}", "Tout: {float, half} = DT_FLOAT", "N: int >= 0 = 0",
-        "epsilon: float = 0.001", "relu: bool = false", "relu6: bool = false"},
+       {"T: {float}", "Tout: {float, half} = DT_FLOAT", "N: int >= 0 = 0", "epsilon: float = 0.001",
+        "relu: bool = false", "relu6: bool = false"},
        same_as_input0},
       {"Conv2DBatchNormInference",
-       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T",
+        "residual: R * Tout"},
        {"y: Tout"},
        {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
-        "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+        "N: int >= 0 = 0", "R: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
         "relu6: bool = false", "strides: list(int)", "padding: string",
-        "explicit_paddings: list(int) = []",
-        "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
+        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
+        "data_format: string = 'NHWC'"},
        unknown_shape},
       {"DepthwiseConv2dBatchNormInference",
-       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T"},
+       {"x: Tx", "filter: T", "scale: T", "offset: T", "mean: T", "variance: T", "bias: N * T",
+        "residual: R * Tout"},
        {"y: Tout"},
        {"T: {float}", "Tx: {float, half} = DT_FLOAT", "Tout: {float, half} = DT_FLOAT",
-        "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
+        "N: int >= 0 = 0", "R: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false",
         "relu6: bool = false", "strides: list(int)", "padding: string",
         "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
         "data_format: string = 'NHWC'"},
@@ -233,18 +236,16 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
       {"Conv2DBiasAdd",
        {"x: T", "filter: T", "bias: Tbias"},
        {"y: T"},
-       {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "relu: bool = false",
-        "strides: list(int)", "padding: string",
-        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
-        "data_format: string = 'NHWC'"},
+       {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "relu: bool = false", "strides: list(int)",
+        "padding: string", "explicit_paddings: list(int) = []",
+        "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_output},
       {"Conv2DBNTrainingReduce",
        {"x: T", "filter: T", "bias: N * Tbias"},
        {"y: T", "sum: float", "square_sum: float"},
-       {"T: {float, half}", "N: int >= 0 = 0", "Tbias: {float} = DT_FLOAT",
-        "relu: bool = false", "strides: list(int)", "padding: string",
-        "explicit_paddings: list(int) = []", "dilations: list(int) = [1, 1, 1, 1]",
-        "data_format: string = 'NHWC'"},
+       {"T: {float, half}", "N: int >= 0 = 0", "Tbias: {float} = DT_FLOAT", "relu: bool = false",
+        "strides: list(int)", "padding: string", "explicit_paddings: list(int) = []",
+        "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_output},
       {"MatMulBiasAdd",
        {"a: T", "b: T", "bias: T"},
