@@ -245,7 +245,7 @@ def run(a, log):
     with tf.device(device):
         model = models.build(a.model, a.input_size, a.classes, seed=0)
         xt = tf.nest.map_structure(tf.constant, x)  # a dict for the language models
-        yt = tf.constant(y)
+        yt = tf.nest.map_structure(tf.constant, y)  # a tuple for the BERT models
         if a.mode == "train":
             model.compile(optimizer=models.optimizer(a.model), loss=models.loss(a.model),
                           jit_compile=False)
