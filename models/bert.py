@@ -93,9 +93,7 @@ def build(name, input_size, dropout=DROPOUT, output_activation=None):
     def layer_norm(label):
         return layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=label)
 
-    def gelu(x):
-        # MindSpore's "gelu" is Ascend's Gelu, the tanh approximation.
-        return keras.activations.gelu(x, approximate=True)
+    gelu = _gelu_with_gradient()
 
     input_ids = keras.Input((seq,), dtype="int32", name="input_ids")
     input_mask = keras.Input((seq,), dtype="int32", name="input_mask")
@@ -145,6 +143,34 @@ def build(name, input_size, dropout=DROPOUT, output_activation=None):
     return keras.Model({"input_ids": input_ids, "input_mask": input_mask,
                         "token_type_ids": token_type_ids, "masked_lm_positions": positions},
                        [mlm, nsp], name=name.replace("-", "_"))
+
+
+GELU_C = 0.7978845608028654  # sqrt(2 / pi), GELU's tanh form
+GELU_CUBIC = 0.044715
+
+
+def _gelu_with_gradient():
+    """MindSpore's Gelu and GeluGrad pair: gelu(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3))) (the
+    tanh form, Ascend's Gelu; keras' gelu(approximate=True) builds exactly the ops of the
+    plugin's Gelu rewrite, graph_fusion.h 11b), and its gradient g x d(x) computed from x alone,
+    d = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 x 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)),
+    as GeluGrad(dy, x, y) does. TensorFlow's autodiff of the composition instead reads the
+    forward pass's intermediate values, which keeps the rewrite from matching in a training
+    graph (seen: ten launches per GELU in the backward pass, the forward unfused)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import ops  # pylint: disable=import-outside-toplevel
+
+    @ops.custom_gradient
+    def gelu(x):
+        def grad(*args, upstream=None):
+            g = upstream if upstream is not None else args[0]
+            t = ops.tanh(GELU_C * (x + GELU_CUBIC * x * x * x))
+            slope = GELU_C * (1.0 + 3.0 * GELU_CUBIC * x * x)
+            return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope)
+
+        return keras.activations.gelu(x, approximate=True), grad
+
+    return gelu
 
 
 _LAYER_CLASSES = {}
