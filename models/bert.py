@@ -36,7 +36,7 @@ of weight 1; the attention mask is still computed and added as for a real batch)
 
 import numpy as np
 
-from ._common import ModelSpec
+from ._common import ModelSpec, loss_scaled_optimizer_base
 
 # name -> (layers, hidden, heads, intermediate, vocab, max positions, masked positions per
 # sequence, default sequence length)
@@ -308,15 +308,14 @@ def lamb_optimizer(learning_rate=LAMB_LEARNING_RATE, weight_decay=LAMB_WEIGHT_DE
     Differences from nn.Lamb, none of which changes what a step costs beyond one element-wise
     pass: its trust ratio's ||u|| is taken over m_hat * rsqrt(v_hat + eps) (+ decay), its
     ||g|| test over the clipped gradient (> 0 exactly where n > 0). Decayed: every variable of
-    rank > 1 outside the LayerNorms (config.py's decay filter: not 'layernorm', not 'bias').
+    rank > 1 (config.py's decay filter, not 'layernorm' and not 'bias': those are 1-D).
     The loss is multiplied by loss_scale before the gradients (scale_loss, which Keras' train
     step calls)."""
-    import keras  # pylint: disable=import-outside-toplevel
     from keras import ops  # pylint: disable=import-outside-toplevel
 
     if not _OPTIMIZER_CLASS:
 
-        class MindSporeLamb(keras.optimizers.Optimizer):
+        class MindSporeLamb(loss_scaled_optimizer_base()):
             def __init__(self, learning_rate, weight_decay, loss_scale, clip_norm, epsilon,
                          betas, name="lamb"):
                 super().__init__(learning_rate=learning_rate, name=name)
@@ -327,9 +326,6 @@ def lamb_optimizer(learning_rate=LAMB_LEARNING_RATE, weight_decay=LAMB_WEIGHT_DE
                 self.betas = tuple(betas)
                 self.moments = []
                 self.velocities = []
-
-            def scale_loss(self, loss):
-                return loss if self.loss_scale is None else loss * self.loss_scale
 
             def build(self, variables):
                 if self.built:

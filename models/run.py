@@ -19,7 +19,8 @@ not measured (it traces the tf.function and compiles the NPU kernels), then S me
 
 - infer: `model(x, training=False)` inside a tf.function;
 - train: `model.train_on_batch(x, y)`, compiled with the registry's optimizer (models.optimizer:
-  the model's own, resnet50_v15 MindSpore's Momentum; else Adam, lr 1e-3) and its loss
+  the model's own, resnet50_v15 MindSpore's Momentum, the BERT models MindSpore's Lamb; else
+  Adam, lr 1e-3) and its loss (y a tuple for the BERT models: masked LM ids, next-sentence labels)
   (jit_compile=False on both devices: XLA cannot compile for the NPU).
 
 Every step ends with the result copied to the host, so it has finished on the device.
