@@ -3,7 +3,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
 
     python -m models.run --model NAME --mode infer|train --batch B --steps S
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
-        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
+        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--no-counters]
+        [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
         [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache] [the options above]
         (language models: run_generate's docstring)
@@ -112,6 +113,11 @@ def parse_args(argv=None):
     ap.add_argument("--timing-only", action="store_true",
                     help="kernels take their simulated time but compute nothing (outputs and "
                     "the loss are undefined): npusim.configure(functional=False)")
+    ap.add_argument("--no-counters", action="store_true",
+                    help="fetch no counter trees for the last step (the JSON then has no "
+                    "hbm_bytes_per_step, l2_hit_rate or utilisations; --report-dir's "
+                    "op_summary.csv still has them): a step of many thousand launches "
+                    "(bert_large: ~14,000) fetches gigabytes of counter JSON otherwise")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.mode == "generate":
@@ -271,7 +277,8 @@ def run(a, log):
         result["warmup_wall_s"] = time.perf_counter() - t0
 
         walls, out, earlier, with_counters = time_steps(step, a.steps, npusim, log,
-                                                        keep_all=bool(a.report_dir))
+                                                        keep_all=bool(a.report_dir),
+                                                        counters=not a.no_counters)
 
     result["wall_s_per_step"] = float(np.mean(walls))
     if a.mode == "train" and not a.timing_only:
