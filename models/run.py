@@ -117,7 +117,7 @@ def parse_args(argv=None):
                     help="fetch no counter trees for the last step (the JSON then has no "
                     "hbm_bytes_per_step, l2_hit_rate or utilisations; --report-dir's "
                     "op_summary.csv still has them): a step of many thousand launches "
-                    "(bert_large: ~14,000) fetches gigabytes of counter JSON otherwise")
+                    "(bert_large: 11,941) fetches gigabytes of counter JSON otherwise")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.mode == "generate":
