@@ -13,13 +13,14 @@ Building does not choose a device: build under `tf.device("/NPU:0")` to put the 
 
 import numpy as np
 
-from . import applications, cnn, llm, lstm_attention, mlp, resnet_v15, transformer
+from . import applications, bert, cnn, llm, lstm_attention, mlp, resnet_v15, transformer
 from ._common import ModelSpec
 
 
 REGISTRY = {spec.name: spec for spec in (mlp.SPEC, cnn.SPEC, applications.RESNET50_SPEC,
                                          resnet_v15.SPEC, applications.MOBILENETV2_SPEC,
-                                         lstm_attention.SPEC, transformer.SPEC, *llm.SPECS)}
+                                         lstm_attention.SPEC, transformer.SPEC, *llm.SPECS,
+                                         *bert.SPECS)}
 
 
 def names():
@@ -71,7 +72,7 @@ def loss(name):
 
 def optimizer(name):
     """A new keras optimizer for training `name`: the model's own (resnet50_v15: MindSpore's
-    Momentum, models/resnet_v15.py), else Adam with learning rate 1e-3."""
+    Momentum, models/resnet_v15.py; the BERT models: MindSpore's Lamb, models/bert.py), else Adam with learning rate 1e-3."""
     make = spec(name).make_optimizer
     if make is not None:
         return make()

@@ -47,3 +47,25 @@ def binary_loss():
     import keras  # pylint: disable=import-outside-toplevel
 
     return keras.losses.BinaryCrossentropy()
+
+
+_LOSS_SCALED_BASE = []
+
+
+def loss_scaled_optimizer_base():
+    """A keras Optimizer base class for MindSpore's optimizers with a fixed loss scale: its
+    `loss_scale` attribute (None: unscaled) multiplies the loss in scale_loss, which Keras' train
+    step calls before taking the gradients; the subclass's update_step divides the gradient back
+    inside its update, as MindSpore's fused updates do (not Keras' loss_scale_factor, which
+    divides every gradient in a pass of its own first). Defined once keras is imported."""
+    if not _LOSS_SCALED_BASE:
+        import keras  # pylint: disable=import-outside-toplevel
+
+        class LossScaledOptimizer(keras.optimizers.Optimizer):
+            loss_scale = None
+
+            def scale_loss(self, loss):
+                return loss if self.loss_scale is None else loss * self.loss_scale
+
+        _LOSS_SCALED_BASE.append(LossScaledOptimizer)
+    return _LOSS_SCALED_BASE[0]

@@ -28,7 +28,7 @@ weight_decay 1e-4, loss_scale 1024, class_num 1001).
 nothing next to the network) and the learning-rate schedule (a constant here: one step is timed).
 """
 
-from ._common import ModelSpec, images, sparse_categorical_loss
+from ._common import ModelSpec, images, loss_scaled_optimizer_base, sparse_categorical_loss
 
 # (blocks, output channels, stride of the stage's first block), ResNet-50: resnet.py `resnet50`.
 STAGES = ((3, 256, 1), (4, 512, 2), (6, 1024, 2), (3, 2048, 2))
@@ -99,21 +99,17 @@ def momentum_optimizer(learning_rate=LEARNING_RATE, momentum=MOMENTUM,
     the gradient as MindSpore does, not Keras' decoupled weight_decay (a second assign of every
     variable). BN's gamma / beta and the Dense bias are not decayed (train.py
     `init_group_params`)."""
-    import keras  # pylint: disable=import-outside-toplevel
     from keras import ops  # pylint: disable=import-outside-toplevel
 
     if not _OPTIMIZER_CLASS:
 
-        class MindSporeMomentum(keras.optimizers.Optimizer):
+        class MindSporeMomentum(loss_scaled_optimizer_base()):
             def __init__(self, learning_rate, momentum, l2, loss_scale, name="momentum"):
                 super().__init__(learning_rate=learning_rate, name=name)
                 self.momentum = momentum
                 self.l2 = l2
                 self.loss_scale = loss_scale
                 self.accumulations = []
-
-            def scale_loss(self, loss):
-                return loss if self.loss_scale is None else loss * self.loss_scale
 
             def build(self, variables):
                 if self.built:

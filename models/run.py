@@ -3,7 +3,8 @@ writes its figures as JSON: the runner of the main job, the benchmarks and `npus
 
     python -m models.run --model NAME --mode infer|train --batch B --steps S
         [--input-size N] [--chip CHIP] [--set dotted.key=value ...] [--precision MODE]
-        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--quiet]
+        [--report-dir DIR] [--json OUT] [--device NPU|CPU] [--timing-only] [--no-counters]
+        [--quiet]
     python -m models.run --model LM --mode generate [--prompt-len P] [--gen-len G] [--batch B]
         [--dtype DTYPE] [--quantize int8] [--resident-cache | --copied-cache]
         [--kv-cache-dtype auto|DTYPE] [the options above]
@@ -20,7 +21,8 @@ not measured (it traces the tf.function and compiles the NPU kernels), then S me
 
 - infer: `model(x, training=False)` inside a tf.function;
 - train: `model.train_on_batch(x, y)`, compiled with the registry's optimizer (models.optimizer:
-  the model's own, resnet50_v15 MindSpore's Momentum; else Adam, lr 1e-3) and its loss
+  the model's own, resnet50_v15 MindSpore's Momentum, the BERT models MindSpore's Lamb; else
+  Adam, lr 1e-3) and its loss (y a tuple for the BERT models: masked LM ids, next-sentence labels)
   (jit_compile=False on both devices: XLA cannot compile for the NPU).
 
 Every step ends with the result copied to the host, so it has finished on the device.
@@ -120,6 +122,11 @@ def parse_args(argv=None):
     ap.add_argument("--timing-only", action="store_true",
                     help="kernels take their simulated time but compute nothing (outputs and "
                     "the loss are undefined): npusim.configure(functional=False)")
+    ap.add_argument("--no-counters", action="store_true",
+                    help="fetch no counter trees for the last step (the JSON then has no "
+                    "hbm_bytes_per_step, l2_hit_rate or utilisations; --report-dir's "
+                    "op_summary.csv still has them): a step of many thousand launches "
+                    "(bert_large: 11,941) fetches gigabytes of counter JSON otherwise")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.mode == "generate":
@@ -254,7 +261,7 @@ def run(a, log):
     with tf.device(device):
         model = models.build(a.model, a.input_size, a.classes, seed=0)
         xt = tf.nest.map_structure(tf.constant, x)  # a dict for the language models
-        yt = tf.constant(y)
+        yt = tf.nest.map_structure(tf.constant, y)  # a tuple for the BERT models
         if a.mode == "train":
             model.compile(optimizer=models.optimizer(a.model), loss=models.loss(a.model),
                           jit_compile=False)
@@ -279,7 +286,8 @@ def run(a, log):
         result["warmup_wall_s"] = time.perf_counter() - t0
 
         walls, out, earlier, with_counters = time_steps(step, a.steps, npusim, log,
-                                                        keep_all=bool(a.report_dir))
+                                                        keep_all=bool(a.report_dir),
+                                                        counters=not a.no_counters)
 
     result["wall_s_per_step"] = float(np.mean(walls))
     if a.mode == "train" and not a.timing_only:

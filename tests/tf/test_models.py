@@ -113,8 +113,10 @@ def build_pair(tf, name, input_size, calibration=None, **kw):
 
 @pytest.mark.parametrize("name", list(FORWARD_CASES))
 def test_forward_matches_cpu(npusim, tf, name):
-    # The language models (models/llm.py) take token dicts: tests/tf/test_llm.py covers them.
-    assert set(FORWARD_CASES) == set(models.names()) - set(models.llm.CONFIGS)
+    # The language models (models/llm.py) and BERT (models/bert.py) take token dicts:
+    # tests/tf/test_llm.py and tests/tf/test_bert.py cover them.
+    assert set(FORWARD_CASES) == (set(models.names()) - set(models.llm.CONFIGS)
+                                  - set(models.bert.CONFIGS))
     input_size, batch, rtol = FORWARD_CASES[name]
     start = time.perf_counter()
     x, _ = models.synthetic_data(name, batch, input_size, seed=3)
