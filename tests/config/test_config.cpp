@@ -1,5 +1,5 @@
 // Chip configurations: every preset loads and matches the reference figures
-// (/work/shared/reference/ascend-architecture.md), overrides and `extends` change exactly the
+// (../shared/reference/ascend-architecture.md), overrides and `extends` change exactly the
 // keys they name, every error names the file and the key, and the resolved dump reads back to an
 // equal config.
 #include <catch2/catch.hpp>

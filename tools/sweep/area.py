@@ -10,7 +10,7 @@ NoC, host interface, ...). Reasoning and caveats: docs/sweep.md, "Area proxy".
          + core_overhead_mm2 * (all cores)
 
 All coefficients are ours, for a 7 nm-class process; the reference
-(/work/shared/reference/ascend-architecture.md) publishes no area figures.
+(../shared/reference/ascend-architecture.md) publishes no area figures.
 """
 
 MIB = 1 << 20
