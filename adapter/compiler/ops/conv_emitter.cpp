@@ -197,17 +197,8 @@ class ConvEmitter {
   void load_bn_tables() {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "batch-norm a and shift into the UB");
-    const int64_t blocks = ceil_div(m_s.cy * kL0cElemBytes, kBlkBytes);
-    Reg dst = b.reg("tables: UB address");
-    for (const auto& [arg, at] : {std::pair<const char*, uint64_t>{"a", m_bn_a},
-                                  std::pair<const char*, uint64_t>{"shift", m_bn_shift}}) {
-      Reg src = b.load_arg(arg);
-      b.movi(dst, static_cast<int64_t>(at));
-      b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, fmt::format("{}[0, cy)", arg));
-    }
-    const int loaded = b.flag(Pipe::MTE2, Pipe::V, "batch-norm tables loaded");
-    b.set_flag(Pipe::MTE2, Pipe::V, loaded);
-    b.wait_flag(Pipe::MTE2, Pipe::V, loaded);
+    load_channel_tables(b, {{"a", m_bn_a}, {"shift", m_bn_shift}}, m_s.cy,
+                        "batch-norm tables loaded");
     if (!m_bn.dense) return;
     // Replicated: channel group i (width w) at i * 256 bytes, copy r at r * w lanes: one
     // masked vector copy per copy r, a repeat per group (source repeat stride w / 8 blocks).

@@ -333,7 +333,7 @@ ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
   ConvBnTables t;
   if (!s.bn_affine) return t;
   constexpr int64_t kLanes = 64;  // f32 lanes of one vector repeat
-  t.plain_bytes = (round_up(s.cy, kLanes) + kLanes) * kL0cElemBytes;
+  t.plain_bytes = channel_table_bytes(s.cy);
   const int64_t w = round_up(std::min(tn, s.cg_out), kBlk);
   if (w != 16 && w != 32) return t;
   // Every tile's output row (n_act channels) must be whole blocks of exactly w lanes: the

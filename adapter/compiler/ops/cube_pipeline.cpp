@@ -87,6 +87,25 @@ CubeSplit contiguous_split(int64_t tiles, int64_t cores) {
   return s;
 }
 
+int64_t channel_table_bytes(int64_t channels) {
+  return (round_up(channels, kLanes32) + kLanes32) * kL0cElemBytes;
+}
+
+void load_channel_tables(KernelBuilder& b, const std::vector<ChannelTable>& tables,
+                         int64_t channels, const char* what) {
+  const int64_t blocks = ceil_div(channels * kL0cElemBytes, layout::kBlockBytes);
+  Reg dst = b.reg("tables: UB address");
+  for (const ChannelTable& t : tables) {
+    Reg src = b.load_arg(t.arg);
+    b.movi(dst, static_cast<int64_t>(t.ub));
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0},
+           fmt::format("{}[0, {})", t.arg, channels));
+  }
+  const int loaded = b.flag(Pipe::MTE2, Pipe::V, what);
+  b.set_flag(Pipe::MTE2, Pipe::V, loaded);
+  b.wait_flag(Pipe::MTE2, Pipe::V, loaded);
+}
+
 void select(KernelBuilder& b, const Reg& d, const Reg& parity, const Twin& base) {
   b.mul(d, parity, static_cast<int64_t>(base[1] - base[0]));
   b.add(d, d, static_cast<int64_t>(base[0]));
@@ -321,7 +340,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           select(b, y, pt, m_aff.tile32);
           b.add(y, y, r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes,
                 "the rows' first element of the group");
-          if (!m_aff.a_in_filter)
+          if (!m_aff.shift_only)
             b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
                    "y * a");
           b.add(table, table, to_shift, "shift[channel]");
@@ -411,7 +430,7 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
-  if (!m_aff.a_in_filter)
+  if (!m_aff.shift_only)
     b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
   b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
         "shift (replicated)");

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/kernel_builder.h"
@@ -89,6 +90,22 @@ void select(KernelBuilder& b, const Reg& d, const Reg& parity, const Twin& base)
 // d = round_up(x, 16)
 void round16(KernelBuilder& b, const Reg& d, const Reg& x);
 
+// Bytes of a UB table of f32 entries, one per channel, for CubePipeline::ChannelAffine: the
+// channels rounded up to whole vector repeats (64 f32 lanes) plus one more repeat, so that a
+// column group's repeat starting at any channel stays inside the table (lanes past the last
+// channel are read and masked off).
+int64_t channel_table_bytes(int64_t channels);
+
+// MTE2 copies each f32 GM argument (name, `channels` entries) into its UB table (address), then
+// hands the tables to the vector unit (an MTE2 -> V flag named `what`, set and waited here).
+// Call once per block before any tile reaches the vector unit (CubePipeline::Hooks::setup).
+struct ChannelTable {
+  const char* arg;
+  uint64_t ub;
+};
+void load_channel_tables(KernelBuilder& b, const std::vector<ChannelTable>& tables,
+                         int64_t channels, const char* what);
+
 // One cube kernel's pipeline: flags, split and step loop. Call in this order: block_steps_*,
 // declare_flags, run (whose load and compute steps use the flag calls below).
 class CubePipeline {
@@ -105,15 +122,15 @@ class CubePipeline {
   bool via_ub() const { return m_via_ub; }
 
   // A per-channel affine epilogue on the way through the UB (the batch norm at inference on
-  // coupled chips, CubeConvSpec::bn_affine): FIXPIPE writes the tile as f32 into the UB buffer
-  // at tile32 (room for the largest tile in rows of row_blocks32 blocks), the vector unit
-  // computes y = y * a[c] + shift[c] in place and rounds it once (RNE) into store_via_ub's
-  // buffer as the output type, then applies `act` there (an f32 output: `act` in place, then
-  // copied there, its rows packed to the output's pitch), MTE3 stores that. a and shift: UB
-  // addresses of f32 tables indexed by channel (the Store's channel0 + column), readable 64 lanes
-  // past the last channel, loaded by the op before the steps (its own MTE2 -> V hand-over). Call
-  // after store_via_ub, before declare_flags. max_rows x max_cols: the largest tile; row_blocks32:
-  // the f32 tile's row pitch in blocks
+  // coupled chips, CubeConvSpec::bn_affine; MatMul's bias, MatmulTiling::bias_in_ub): FIXPIPE
+  // writes the tile as f32 into the UB buffer at tile32 (room for the largest tile in rows of
+  // row_blocks32 blocks), the vector unit computes y = y * a[c] + shift[c] in place and rounds it
+  // once (RNE) into store_via_ub's buffer as the output type, then applies `act` there (an f32
+  // output: `act` in place, then copied there, its rows packed to the output's pitch), MTE3 stores
+  // that. a and shift: UB addresses of f32 tables indexed by channel (the Store's channel0 +
+  // column), readable 64 lanes past the last channel, loaded by the op before the steps (its own
+  // MTE2 -> V hand-over). Call after store_via_ub, before declare_flags. max_rows x max_cols: the
+  // largest tile; row_blocks32: the f32 tile's row pitch in blocks
   // (>= max_cols / 8, at most a repeat stride's 255). dense (ConvBnTables): every tile's rows
   // are exactly max_cols (16 or 32) lanes in both the f32 tile and the output, so the tile is
   // one contiguous run and a and shift are the replicated tables, 256 bytes per max_cols
@@ -128,7 +145,9 @@ class CubePipeline {
     Activation act = Activation::kNone;
     int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
     bool dense = false;
-    bool a_in_filter = false;  // the factor is in the cube's filter: y + shift[c] only
+    // y + shift[c] only: the factor is in the cube's filter (the convolution's f16(W * a)) or
+    // there is none (MatMul's bias); `a` is then not read.
+    bool shift_only = false;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;

@@ -55,6 +55,7 @@
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -129,9 +130,14 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
 
 }  // namespace
 
+int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int buffers, int64_t osz, int64_t n) {
+  return buffers * tm * tn * (kL0cElemBytes + osz) + channel_table_bytes(n);
+}
+
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
-                                const std::string& op, int64_t batch, bool any_side, bool bias) {
+                                const std::string& op, int64_t batch, bool any_side, bool bias,
+                                bool bias_in_ub) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
@@ -161,6 +167,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (bias && static_cast<uint64_t>(2 * tn * kL0cElemBytes) > core.capacity(Buf::BT)) continue;
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
+      if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, l0c_buffers, osz, n) > ub) continue;
       int64_t tk0 = 0, tk1 = 0;
       if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
@@ -203,6 +210,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   best.via_ub = via_ub;
   best.batch = batch;
   best.bias = bias;
+  best.bias_in_ub = bias_in_ub;
   // Through the UB, C's rows must be whole 32-byte blocks in GM: pad them if they are not.
   const int64_t per_block = layout::kBlockBytes / osz;
   best.c_pitch = via_ub ? round_up(n, per_block) : n;
@@ -275,7 +283,7 @@ class MatmulEmitter {
       b.declare_arg("b", m_t.in_type, {bk, bn});
       b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
-    if (m_t.bias) b.declare_arg("bias", Dtype::F32, {m_t.n});
+    if (m_t.bias || m_t.bias_in_ub) b.declare_arg("bias", Dtype::F32, {m_t.n});
     Reg steps = b.reg("steps of this block: tiles x k chunks");
     if (m_t.region_tiles_m > 0) {
       KernelBuilder::Origin o(b, "my tiles: the rows x columns of tiles of my region");
@@ -289,15 +297,24 @@ class MatmulEmitter {
     }
     m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
+    CubePipeline::Hooks hooks;
+    if (m_t.bias_in_ub)
+      hooks.setup = [&] {
+        KernelBuilder::Origin o(b, "bias into the UB");
+        load_channel_tables(b, {{"bias", m_bias_ub}}, m_t.n, "bias table loaded");
+      };
     m_pipe.run(
-        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); });
+        steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
     b.end();
     return b.finish();
   }
 
  private:
-  // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB.
+  // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB (with
+  // bias_in_ub: an f32 and an output tile per L0C buffer and the bias table).
   void allocate() {
+    if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
+      m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
     const BufferPlan::Placed l1 =
         l1_chunks(m_t.tm, m_t.tn, m_isz, m_t.bias).allocate(m_b, m_t.tk_l1);
     m_l1a = Twin{{l1[0], l1[2]}};
@@ -314,13 +331,33 @@ class MatmulEmitter {
     const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
     const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
                                  m_t.l0c_buffers);
-    const auto cu =
-        ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz), 1, m_t.via_ub);
+    const int tiles_in_ub = m_t.bias_in_ub ? m_t.l0c_buffers : 1;
+    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz),
+                                 tiles_in_ub, m_t.via_ub);
+    const auto c32 = ub.add_fixed("C tile (f32, before the bias)",
+                                  static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+                                  tiles_in_ub, m_t.bias_in_ub);
+    const auto table = ub.add_fixed("bias table", static_cast<uint64_t>(channel_table_bytes(m_t.n)),
+                                    1, m_t.bias_in_ub);
     m_l0a = l0a.allocate(m_b, 0).twin(a);
     m_l0b = l0b.allocate(m_b, 0).twin(b);
     m_l0c = l0c.allocate(m_b, 0).twin(c);
-    const uint64_t ub_c = ub.allocate(m_b, 0)[cu];
-    if (m_t.via_ub) m_pipe.store_via_ub(ub_c);
+    const BufferPlan::Placed pu = ub.allocate(m_b, 0);
+    if (m_t.via_ub) m_pipe.store_via_ub(pu[cu]);
+    if (m_t.bias_in_ub) {
+      m_bias_ub = pu[table];
+      CubePipeline::ChannelAffine e;
+      e.tile32 = pu.twin(c32);
+      e.out = pu.twin(cu);
+      e.buffers = tiles_in_ub;
+      e.a = e.shift = m_bias_ub;
+      e.shift_only = true;
+      e.act = m_t.relu ? Activation::kRelu : Activation::kNone;
+      e.max_rows = m_t.tm;
+      e.max_cols = m_t.tn;
+      e.row_blocks32 = m_t.tn / kBlockLanes32;
+      m_pipe.affine_via_ub(e);
+    }
   }
 
   // The region of this block (core split, MatmulTiling::region_tiles_m): its first tile row r0
@@ -483,12 +520,15 @@ class MatmulEmitter {
     Reg ch = b.reg("compute: chunk"), m_act = b.reg("compute: rows"),
         n_act = b.reg("compute: columns"), kc = b.reg("compute: k"),
         cdst = b.reg("compute: C address"), pt = b.reg("compute: L0C parity");
+    Reg col0;  // bias_in_ub: the tile's first column (its bias table entry)
+    if (m_t.bias_in_ub) col0 = b.reg("compute: first column");
     {
       Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
           k0 = b.reg("compute: k0");
       Reg bi;
       if (m_t.batch > 1) bi = b.reg("compute: product");
       coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
+      if (m_t.bias_in_ub) b.mov(col0, n0);
       b.mul(cdst, m0, m_t.c_pitch);
       b.add(cdst, cdst, n0);
       if (m_t.batch > 1) {
@@ -514,7 +554,9 @@ class MatmulEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> C");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu}, pt);
+      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
+                    m_t.bias_in_ub ? &col0 : nullptr},
+                   pt);
     });
   }
 
@@ -672,6 +714,7 @@ class MatmulEmitter {
   CubePipeline m_pipe;
   Twin m_l1a, m_l1b, m_l0a, m_l0b, m_l0c;
   Twin m_bias_l1, m_bias_bt;  // with a bias (MatmulTiling::bias)
+  uint64_t m_bias_ub = 0;     // bias_in_ub: the bias table in the UB
 };
 
 }  // namespace
@@ -819,8 +862,17 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
 }
 
 namespace {
+
+// Where MatMulBiasAdd's bias (and ReLU) is applied (MatmulProblem::bias).
+enum class BiasAt {
+  kNone,    // no bias
+  kCube,    // the cube starts from it (bias table, MatmulTiling::bias); ReLU in FIXPIPE
+  kUb,      // the vector unit on the tiles in the UB (MatmulTiling::bias_in_ub)
+  kLaunch,  // a vector launch on C after the product (append_bias_epilogue)
+};
+
 CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
-                                const TensorDesc& c, bool cube_bias);
+                                const TensorDesc& c, BiasAt bias_at);
 
 // A batched product whose B is shared by every product (all of B's batch strides 0: one stored
 // matrix, e.g. keras' EinsumDense `btd,dnh->btnh` as BatchMatMulV2 of x [b, t, d] by the weight
@@ -853,23 +905,40 @@ MatmulProblem fold_shared_b_batch(const MatmulProblem& p) {
 CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& given,
                                const TensorDesc& c) {
   const MatmulProblem p = fold_shared_b_batch(given);
-  if (!p.bias) return product_launches(ctx, dt, p, c, false);
+  if (!p.bias) return product_launches(ctx, dt, p, c, BiasAt::kNone);
   if (!p.batch_dims.empty() || c.shape.size() != 2)
     ctx.op.fail("a bias is supported on single (unbatched) products only");
-  // The cube starts from the bias where it has a bias table and the product runs on it (not
-  // k <= 1, which needs no cube); else the bias (and ReLU) follow as a vector launch.
-  const bool cube_bias = ctx.cfg.has_path(Buf::L1, Buf::BT) && p.k > 1 && p.m > 0 && p.n > 0;
-  CompiledKernel out = product_launches(ctx, dt, p, c, cube_bias);
-  if (!cube_bias && c.num_elements() > 0) append_bias_epilogue(out, ctx, 2, p.relu);
+  // Where the product runs on the cube (not k <= 1, which needs no cube): the cube starts from
+  // the bias where it has a bias table; where C leaves L0C through the UB as the op's f32 (no
+  // f16 rounding of C before the bias: allow_mix_precision) and the UB holds the bias table
+  // beside the smallest tile, the vector unit adds it there. Else the bias (and ReLU) follow as
+  // a vector launch.
+  const ChipConfig& cfg = ctx.cfg;
+  BiasAt at = BiasAt::kLaunch;
+  if (p.k > 1 && p.m > 0 && p.n > 0) {
+    const std::string op = ctx.op.str();
+    const CoreKindConfig& core = cube_core(cfg, op);
+    const CubeTypes types = cube_types(ctx, dt, p);
+    const int64_t osz = isa::dtype_size(types.fix_out);
+    if (cfg.has_path(Buf::L1, Buf::BT))
+      at = BiasAt::kCube;
+    else if (cube_store_via_ub(cfg, core, op) && !types.cast_output &&
+             types.fix_out == Dtype::F32 &&
+             matmul_bias_ub_bytes(kFractalRows, kFractalRows, 2, osz, p.n) <=
+                 static_cast<int64_t>(core.capacity(Buf::UB)))
+      at = BiasAt::kUb;
+  }
+  CompiledKernel out = product_launches(ctx, dt, p, c, at);
+  if (at == BiasAt::kLaunch && c.num_elements() > 0) append_bias_epilogue(out, ctx, 2, p.relu);
   return out;
 }
 
 namespace {
 
-// The product's launches; with cube_bias, C starts from input 2 (f32 [n]) in the cube and
-// FIXPIPE applies p.relu.
+// The product's launches; with the bias at kCube or kUb, the cube kernel adds input 2 (f32
+// [n]) and applies p.relu (kLaunch: the caller appends them).
 CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,
-                                const TensorDesc& c, bool cube_bias) {
+                                const TensorDesc& c, BiasAt bias_at) {
   const OpDesc& op = ctx.op;
   const ChipConfig& cfg = ctx.cfg;
   const int64_t m = p.m, n = p.n, k = p.k;
@@ -893,9 +962,10 @@ CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const Ma
   const CubeTypes types = cube_types(ctx, dt, p);
   const Dtype cube_in = types.cube_in, fix_out = types.fix_out;
   const bool cast_inputs = types.cast_inputs, cast_output = types.cast_output;
-  MatmulTiling tiling =
-      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch, false, cube_bias);
-  tiling.relu = cube_bias && p.relu;
+  const bool kernel_bias = bias_at == BiasAt::kCube || bias_at == BiasAt::kUb;
+  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch,
+                                           false, bias_at == BiasAt::kCube, bias_at == BiasAt::kUb);
+  tiling.relu = kernel_bias && p.relu;
   tiling.batch_dims = p.batch_dims;
   tiling.a_batch_strides = p.a_batch_strides;
   tiling.b_batch_strides = p.b_batch_strides;
@@ -921,7 +991,7 @@ CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const Ma
   mm.kernel = MatmulEmitter(tiling, cfg, op.str()).emit();
   mm.block_dim = tiling.block_dim;
   mm.args = {a_arg, b_arg, c_arg};
-  if (cube_bias) mm.args.push_back(input_ref(2));
+  if (kernel_bias) mm.args.push_back(input_ref(2));
   mm.summary = "cube: " + tiling.str();
   out.launches.push_back(std::move(mm));
   if (c_in_workspace) {

@@ -38,6 +38,13 @@ struct MatmulTiling {
   // MatMulBiasAdd (not batched): C starts from bias[n] (argument "bias", f32 [n], copied
   // L1 -> BT per tile, mmad init 2) and FIXPIPE applies max(C, 0) with relu. Needs the BT.
   bool bias = false, relu = false;
+  // MatMulBiasAdd through the UB (coupled chips: via_ub, no BT; not batched; out_type f32):
+  // the argument "bias" (f32 [n]) is loaded once per block into a UB table and the vector unit
+  // adds it to each f32 tile in the UB, then applies max(C, 0) with relu (there, not in
+  // FIXPIPE), before MTE3 stores
+  // the tile (CubePipeline::affine_via_ub). The UB holds an f32 and an output tile per L0C
+  // buffer and the table (matmul_bias_ub_bytes).
+  bool bias_in_ub = false;
   // Core split (not batched; MatmulCoreSplit): 0 = the default, tiles round-robin over the
   // blocks. Else C is cut into regions of region_tiles_m x region_tiles_n tiles (smaller at the
   // matrix's last row / column of regions), regions_m of them down M; block b computes region
@@ -54,10 +61,16 @@ struct MatmulTiling {
 // any_side: tile sides may be any multiple of 16 up to 256, not only powers of two (so that a
 // few tiles can be cut into one per cube core; MatMul itself keeps the powers of two).
 // bias: L1 also holds two bias rows of the tile (MatmulTiling::bias).
+// bias_in_ub: the bias is added in the UB (MatmulTiling::bias_in_ub): tiles whose UB buffers
+// (matmul_bias_ub_bytes) do not fit are skipped.
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch = 1, bool any_side = false,
-                                bool bias = false);
+                                bool bias = false, bool bias_in_ub = false);
+
+// UB bytes of MatmulTiling::bias_in_ub for a tm x tn tile with `buffers` L0C buffers, output
+// elements of osz bytes and n columns: an f32 and an output tile per buffer and the bias table.
+int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int buffers, int64_t osz, int64_t n);
 
 // A fixed per-core split of C, as hand-written Ascend C kernels give their blocks (singleCoreM x
 // singleCoreN elements of C per cube core; the last row / column of regions takes what is
@@ -88,7 +101,8 @@ struct MatmulProblem {
   std::vector<int64_t> batch_dims, a_batch_strides, b_batch_strides;
   int64_t a_count = 1, b_count = 1;
   // MatMulBiasAdd: input 2 is an f32 bias [n] added to C (then max(C, 0) with relu): in the
-  // cube where it has a bias table (MatmulTiling::bias), else as a vector launch on C.
+  // cube where it has a bias table (MatmulTiling::bias), on the tiles in the UB where they
+  // leave L0C that way (MatmulTiling::bias_in_ub), else as a vector launch on C.
   bool bias = false, relu = false;
 };
 CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const MatmulProblem& p,

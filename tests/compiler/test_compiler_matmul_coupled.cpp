@@ -1,0 +1,134 @@
+// MatMulBiasAdd on a coupled chip (tiny_coupled: the 310p core, 2 AI cores; no l0c->gm path and
+// no bias table): the bias and the ReLU are applied by the vector unit on each f32 tile in the
+// UB, in the MatMul's own kernel (MatmulTiling::bias_in_ub), instead of a BiasAdd launch after
+// it. Reference: the unfused path's own arithmetic, the plain MatMul's f32 result run on the
+// same chip plus the bias in f32 (one RNE rounding, as the BiasAdd launch adds it), then
+// max(., 0): equal bit for bit. And the real product in double within the fp16-operand bound of
+// test_compiler_coupled.cpp.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/matmul.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using compiler::DataType;
+using compiler::TensorDesc;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny_coupled"), SimOptions{});
+  return s;
+}
+
+bool has_bias_launch(const compiler::CompiledKernel& k) {
+  for (const compiler::Launch& l : k.launches)
+    if (l.kernel.program.name.rfind("BiasAdd", 0) == 0) return true;
+  return false;
+}
+
+// C = A (m x k, or k x m with ta) x B (k x n, or n x k with tb) + bias [n], max(., 0) with relu.
+void check_bias_in_ub(int64_t m, int64_t k, int64_t n, bool ta, bool tb, bool relu, uint32_t seed) {
+  INFO("m=" << m << " k=" << k << " n=" << n << " ta=" << ta << " tb=" << tb << " relu=" << relu);
+  HostTensor a = random_tensor(
+      DataType::F32, ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}, -2, 2, seed);
+  HostTensor b = random_tensor(
+      DataType::F32, tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, -2, 2, seed + 1);
+  HostTensor bias = random_tensor(DataType::F32, {n}, -3, 3, seed + 2);
+  const std::map<std::string, compiler::AttrValue> attrs{{"transpose_a", ta}, {"transpose_b", tb}};
+  std::map<std::string, compiler::AttrValue> fused_attrs = attrs;
+  fused_attrs["relu"] = relu;
+  auto plain = compiler::compile(make_op("MatMul", {a.desc, b.desc}, attrs), sim().config());
+  auto fused = compiler::compile(make_op("MatMulBiasAdd", {a.desc, b.desc, bias.desc}, fused_attrs),
+                                 sim().config());
+  for (const compiler::Launch& l : fused.launches) INFO(l.summary);
+  // The bias rides in the MatMul's kernel: as many launches as the plain product.
+  CHECK(fused.launches.size() == plain.launches.size());
+  CHECK_FALSE(has_bias_launch(fused));
+  RunResult c = run_compiled(sim(), plain, {a, b});
+  RunResult r = run_compiled(sim(), fused, {a, b, bias});
+  std::vector<double> want(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t at = static_cast<size_t>(i * n + j);
+      const float y = static_cast<float>(c.outputs[0].values[at]) +
+                      static_cast<float>(bias.values[static_cast<size_t>(j)]);
+      want[at] = relu ? std::max(y, 0.0f) : y;
+    }
+  check_close(r.outputs[0].values, want, 0, 0, "MatMulBiasAdd vs MatMul + f32 bias");
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      // fp16 operands (allow_fp32_to_fp16): each product off by at most 2^-10 relative.
+      double sum = bias.values[static_cast<size_t>(j)], s_abs = std::fabs(sum);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = a.values[static_cast<size_t>(ta ? kk * m + i : i * k + kk)] *
+                         b.values[static_cast<size_t>(tb ? j * k + kk : kk * n + j)];
+        sum += p;
+        s_abs += std::fabs(p);
+      }
+      const double tol = 2 * ((k + 2) * std::ldexp(1.0, -24) + std::ldexp(1.0, -10)) * s_abs;
+      const double ref = relu ? std::max(sum, 0.0) : sum;
+      const double got = r.outputs[0].values[static_cast<size_t>(i * n + j)];
+      if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+        UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << ref);
+    }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("coupled MatMulBiasAdd: the bias and ReLU on the tiles in the UB, no extra launch") {
+  REQUIRE_FALSE(sim().config().has_path(isa::Buf::L1, isa::Buf::BT));
+  REQUIRE_FALSE(sim().config().has_path(isa::Buf::L0C, isa::Buf::GM));
+  // Rows whole blocks (C straight to the output), one tile per core.
+  check_bias_in_ub(32, 48, 64, false, false, true, 11);
+  // n = 20 f32: rows padded to 24 in the workspace, then packed by a copy launch.
+  check_bias_in_ub(24, 40, 20, false, false, true, 21);
+  // Several tiles in both directions, column groups past 64 lanes with a masked last one, the
+  // last tiles partial; without ReLU (negative values kept).
+  check_bias_in_ub(150, 72, 200, false, true, false, 31);
+  // Transposed A, Dense-like shapes (batch 8 x 128 features -> 96).
+  check_bias_in_ub(8, 128, 96, true, false, true, 41);
+}
+
+TEST_CASE("coupled MatMulBiasAdd: tall tiles take their rows in runs of at most 255") {
+  // m = 600 with k small: the planner's tiles are 256 rows tall where the UB allows it;
+  // whatever it picks, every row must carry its bias.
+  auto t =
+      compiler::ops::plan_matmul_tiling(600, 64, 32, false, false, isa::Dtype::F16, isa::Dtype::F32,
+                                        sim().config(), "test", 1, false, false, true);
+  INFO(t.str());
+  CHECK(t.bias_in_ub);
+  CHECK(compiler::ops::matmul_bias_ub_bytes(t.tm, t.tn, t.l0c_buffers, 4, 64) <=
+        static_cast<int64_t>(
+            sim().config().core_kind(isa::CoreKind::AICORE)->capacity(isa::Buf::UB)));
+  check_bias_in_ub(600, 32, 64, false, false, true, 51);
+}
+
+TEST_CASE("coupled MatMulBiasAdd: a vector launch where the UB cannot take the bias") {
+  const ChipConfig& cfg = sim().config();
+  const int64_t ub =
+      static_cast<int64_t>(cfg.core_kind(isa::CoreKind::AICORE)->capacity(isa::Buf::UB));
+  // A bias table (4 bytes per column) larger than the UB: compiled, not run.
+  const int64_t n = ub / 4 + 64;
+  TensorDesc a{DataType::F32, {16, 32}}, b{DataType::F32, {32, n}}, bias{DataType::F32, {n}};
+  auto plain = compiler::compile(make_op("MatMul", {a, b}), cfg);
+  auto fused = compiler::compile(make_op("MatMulBiasAdd", {a, b, bias}), cfg);
+  CHECK(fused.launches.size() == plain.launches.size() + 1);
+  CHECK(has_bias_launch(fused));
+  // allow_mix_precision rounds C to f16 before the bias (then widens it): the bias keeps its
+  // launch after the widening, as the unfused graph computes it.
+  TensorDesc a2{DataType::F32, {16, 32}}, b2{DataType::F32, {32, 64}}, bias2{DataType::F32, {64}};
+  auto mix = compiler::compile(make_op("MatMulBiasAdd", {a2, b2, bias2}), cfg,
+                               compiler::PrecisionMode::kAllowMixPrecision);
+  CHECK(has_bias_launch(mix));
+}
