@@ -1,0 +1,123 @@
+"""MatMul -> BiasAdd [-> Relu] on a coupled chip (tiny_coupled: the 310P's core, no bias table,
+C leaves L0C through the UB; adapter/tf/plugin/graph_fusion.h rewrite 3b, docs/compiler.md
+"MatMul"): the MatMulBiasAdd the graph fusion makes adds the bias (and applies the ReLU) on
+each f32 tile in the UB, in the MatMul's own kernel, rather than by a BiasAdd launch after it.
+
+Raw MatMul + BiasAdd (+ Relu) with every transpose the cube takes, and a Keras MLP of Dense
+layers (with and without ReLU, a width that is not whole 32-byte rows), in a tf.function on the
+NPU, in a child per setting (NPUSIM_FUSION_EPILOGUE is read once per process):
+
+- the outputs match TensorFlow on the CPU within tests/tf/test_fusion.py's 1e-2 of the norm
+  (allow_fp32_to_fp16: the cube's operands are rounded to fp16);
+- no BiasAdd kernel is launched: every Dense is its MatMul's launches only;
+- with the epilogue fusion off (NPUSIM_FUSION_EPILOGUE=0) the same graph takes one BiasAdd and,
+  with ReLU, one Relu launch more per Dense.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+RTOL = 1e-2
+
+CHILD_CODE = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+def second_run(fn, args):
+    with tf.device("/NPU:0"):
+        f = tf.function(fn)
+        ts = [tf.constant(a) for a in args]
+        f(*ts)
+        n0 = len(npusim.launch_records())
+        got = f(*ts)
+        recs = npusim.launch_records()[n0:]
+    return np.asarray(got, np.float64), [[r["op_type"], r["kernel"]] for r in recs]
+
+def err(got, want):
+    want = np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+result = {}
+rng = np.random.default_rng(6)
+for ta, tb, relu in [(False, False, True), (True, False, False), (False, True, True)]:
+    m, k, n = 20, 40, 24  # n = 24 f32: rows of 3 blocks
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+
+    def fn(a, b, bias):
+        y = tf.nn.bias_add(tf.matmul(a, b, transpose_a=ta, transpose_b=tb), bias)
+        return tf.nn.relu(y) if relu else y
+
+    with tf.device("/CPU:0"):
+        want = fn(tf.constant(a), tf.constant(b), tf.constant(bias)).numpy()
+    got, recs = second_run(fn, [a, b, bias])
+    result[f"raw ta={ta} tb={tb} relu={relu}"] = {"error": err(got, want), "records": recs,
+                                                  "dense": 1, "relu": int(relu)}
+
+keras.utils.set_random_seed(2)
+model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(96, activation="relu"),
+                          keras.layers.Dense(20, activation="relu"), keras.layers.Dense(10)])
+for layer in model.layers:
+    layer.bias.assign(rng.uniform(-0.5, 0.5, layer.bias.shape[0]).astype(np.float32))
+x = rng.standard_normal((8, 30)).astype(np.float32)
+with tf.device("/CPU:0"):
+    want = model(x).numpy()
+got, recs = second_run(lambda t: model(t, training=False), [x])
+result["mlp"] = {"error": err(got, want), "records": recs, "dense": 3, "relu": 2}
+print("RESULT " + json.dumps(result))
+'''
+
+
+def run_on_coupled(fusion):
+    env = {"NPUSIM_CHIP": "tiny_coupled"}
+    if not fusion:
+        env["NPUSIM_FUSION_EPILOGUE"] = "0"
+    proc = run_child(CHILD_CODE, timeout=600, extra_env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return run_on_coupled(True)
+
+
+@pytest.fixture(scope="module")
+def unfused():
+    return run_on_coupled(False)
+
+
+def test_outputs_match_the_cpu(fused, unfused):
+    for res in (fused, unfused):
+        for case, r in res.items():
+            assert r["error"] < RTOL, (case, r["error"])
+
+
+def test_the_bias_rides_in_the_matmul_kernel(fused):
+    for case, r in fused.items():
+        types = [t for t, _ in r["records"]]
+        assert types.count("MatMulBiasAdd") >= r["dense"], (case, r["records"])
+        assert "MatMul" not in types and "BiasAdd" not in types and "Relu" not in types, \
+            (case, r["records"])
+        assert not [k for _, k in r["records"] if k.startswith("BiasAdd")], (case, r["records"])
+
+
+def test_one_launch_less_per_dense_than_unfused(fused, unfused):
+    for case, r in fused.items():
+        n_unfused = len(unfused[case]["records"])
+        assert len(r["records"]) == n_unfused - r["dense"] - r["relu"], \
+            (case, r["records"], unfused[case]["records"])
