@@ -155,7 +155,8 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
   m_l0c_free = m_b.flag_pair(Pipe::FIX, Pipe::M, n.l0c_free);
   if (m_via_ub && m_affine) {
     m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
-    m_aff_full = m_b.flag_pair(Pipe::V, Pipe::MTE3, "C tile (batch norm applied) in UB");
+    m_aff_full =
+        m_b.flag_pair(Pipe::V, Pipe::MTE3, fmt::format("C tile ({} applied) in UB", m_aff.what));
     m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
     if (m_residual) {
       m_res_full = m_b.flag_pair(Pipe::MTE2, Pipe::V, "residual tile in UB");
@@ -307,7 +308,8 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
 
 void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks) {
   KernelBuilder& b = m_b;
-  KernelBuilder::Origin o(b, "batch norm on the tile in the UB: y * a + shift, activation");
+  KernelBuilder::Origin o(b, fmt::format("{} on the tile in the UB: {}, activation", m_aff.what,
+                                         m_aff.shift_only ? "y + shift" : "y * a + shift"));
   if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
   const bool narrow = s.out_type != Dtype::F32;
   const int64_t pitch32 = m_aff.row_blocks32, osz = isa::dtype_size(s.out_type);
@@ -420,7 +422,8 @@ void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_s
 
 void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   KernelBuilder& b = m_b;
-  KernelBuilder::Origin o(b, "batch norm on the tile in the UB (one run): y * a + shift");
+  KernelBuilder::Origin o(b, fmt::format("{} on the tile in the UB (one run): {}", m_aff.what,
+                                         m_aff.shift_only ? "y + shift" : "y * a + shift"));
   if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
   const int64_t w = m_aff.max_cols, osz = isa::dtype_size(s.out_type);
   Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile"),

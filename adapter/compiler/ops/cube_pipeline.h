@@ -148,6 +148,7 @@ class CubePipeline {
     // y + shift[c] only: the factor is in the cube's filter (the convolution's f16(W * a)) or
     // there is none (MatMul's bias); `a` is then not read.
     bool shift_only = false;
+    const char* what = "batch norm";  // the epilogue's name in the listing
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;

@@ -352,6 +352,7 @@ class MatmulEmitter {
       e.buffers = tiles_in_ub;
       e.a = e.shift = m_bias_ub;
       e.shift_only = true;
+      e.what = "bias";
       e.act = m_t.relu ? Activation::kRelu : Activation::kNone;
       e.max_rows = m_t.tm;
       e.max_cols = m_t.tn;
