@@ -51,21 +51,23 @@ def err(got, want):
 
 result = {}
 rng = np.random.default_rng(6)
-for ta, tb, relu in [(False, False, True), (True, False, False), (False, True, True)]:
-    m, k, n = 20, 40, 24  # n = 24 f32: rows of 3 blocks
-    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
+# (m, k, n, transpose_a, transpose_b, relu): n = 24 f32 rows of 3 blocks; n = 130 past two
+# 64-lane column groups, rows not whole blocks (a padded workspace and a packing copy).
+for m, k, n, ta, tb, relu in [(20, 40, 24, False, False, True), (33, 70, 130, True, False, False),
+                              (64, 48, 96, False, True, True)]:
+    x = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
 
-    def fn(a, b, bias):
-        y = tf.nn.bias_add(tf.matmul(a, b, transpose_a=ta, transpose_b=tb), bias)
+    def dense(x, w, c, ta=ta, tb=tb, relu=relu):
+        y = tf.nn.bias_add(tf.linalg.matmul(x, w, transpose_a=ta, transpose_b=tb), c)
         return tf.nn.relu(y) if relu else y
 
     with tf.device("/CPU:0"):
-        want = fn(tf.constant(a), tf.constant(b), tf.constant(bias)).numpy()
-    got, recs = second_run(fn, [a, b, bias])
-    result[f"raw ta={ta} tb={tb} relu={relu}"] = {"error": err(got, want), "records": recs,
-                                                  "dense": 1, "relu": int(relu)}
+        want = dense(tf.constant(x), tf.constant(w), tf.constant(c)).numpy()
+    got, recs = second_run(dense, [x, w, c])
+    result[f"raw {m}x{k}x{n} ta={ta} tb={tb} relu={relu}"] = {
+        "error": err(got, want), "records": recs, "dense": 1, "relu": int(relu)}
 
 keras.utils.set_random_seed(2)
 model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(96, activation="relu"),
