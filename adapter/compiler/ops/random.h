@@ -41,6 +41,27 @@
 namespace npusim::compiler::ops {
 
 inline constexpr int64_t kRandomMinGroupsPerBlock = 64;
+// From this many Philox groups on, StatelessRandomUniformV2 runs on the vector unit: the
+// crossover measured on 910b and tiny (one vector tile, ~14.7 k cycles, against the scalar
+// kernel's ~150 cycles per group up to kRandomMinGroupsPerBlock per block: 13.0 k cycles for 32
+// groups, 17.9 k for 48; `npusim op StatelessRandomUniformV2 ... --attr shape=[N]`, 2026-12-04).
+inline constexpr int64_t kRandomVectorMinGroups = 40;
+
+// Philox4x32 constants (philox_random.h): round multipliers and the key schedule's increments.
+inline constexpr int64_t kPhiloxM0 = 0xD2511F53;
+inline constexpr int64_t kPhiloxM1 = 0xCD9E8D57;
+inline constexpr int64_t kPhiloxW0 = 0x9E3779B9;
+inline constexpr int64_t kPhiloxW1 = 0xBB67AE85;
+inline constexpr int64_t kPhiloxGroup = 4;  // outputs per Philox call
+
+// (hi, lo) += g: the 128-bit counter as its 64-bit halves, g a register (0 <= g < 2^63), on the
+// scalar unit without a branch.
+void emit_counter_add(KernelBuilder& b, const Reg& lo, const Reg& hi, const Reg& g);
+
+// StatelessRandomUniformV2 of n elements of dtype (F32, F16, BF16) on the vector unit
+// (random_vector.cpp); op's inputs 1 and 2 are the key and counter, checked by the caller.
+Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
+                                   const ChipConfig& cfg);
 
 // Philox4x32-10 in place on the scalar unit: c[0..3] (u32 words, zero-extended in 64-bit
 // registers) become the generator's output for counter c and key (k0, k1) (u32 words); k0, k1
