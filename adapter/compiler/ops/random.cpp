@@ -1,5 +1,6 @@
-// StatelessRandomGetKeyCounter and StatelessRandomUniformV2 on the scalar unit (random.h says
-// what they compute and what it costs).
+// StatelessRandomGetKeyCounter and StatelessRandomUniformV2 on the scalar unit, the latter on
+// the vector unit from kRandomVectorMinGroups groups on (random_vector.cpp; random.h says what
+// they compute and what it costs).
 #include "adapter/compiler/ops/random.h"
 
 #include <algorithm>

@@ -20,16 +20,18 @@
 //   f32: (u & 0x7fffff) * 2^-23, f16: (u & 0x3ff) * 2^-10, bf16: (u & 0x7f) * 2^-7 (TF builds
 //   1.mantissa and subtracts 1, which is exact, so these are its values bit for bit).
 //
-// Both run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers; a 64-bit `mul` of two
-// zero-extended u32 words is the exact 32x32->64 product Philox needs; the vector unit has no
-// widening 32-bit multiply). Cost: ~14 scalar instructions per Philox round, ~140 per group of
-// four outputs, 36 per f32 output to build its float bits (no scalar float unit: a leading-zero
-// count by binary search, without branches so that the timing does not depend on the random
-// bits and a launch replays at the next step's key; 30 for f16, 24 for bf16), ~75 scalar
-// instructions per f32 output in all (measured: 4096 f32 in 79.8 k cycles on tiny's 4 vector
-// cores, 22.4 k on 910b; with the branching float construction before 2026-12-02 57.7 k and
-// 16.9 k for one key, varying with the key); groups are spread over the vector cores (at least
-// kRandomMinGroupsPerBlock per block). Large random tensors are slow.
+// StatelessRandomUniformV2 of kRandomVectorMinGroups groups or more runs on the vector unit
+// (random_vector.cpp: Philox over a tile of groups at once from 16-bit pieces, the words
+// interleaved into output order by vtranspose; ~5.8 cycles per f32 output on the 910, 13x fewer
+// than the scalar kernel, docs/compiler.md "Random numbers"). Smaller tensors and
+// StatelessRandomGetKeyCounter run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers;
+// a 64-bit `mul` of two zero-extended u32 words is the exact 32x32->64 product Philox needs).
+// Scalar cost: ~14 scalar instructions per Philox round, ~140 per group of four outputs, 36 per
+// f32 output to build its float bits (no scalar float unit: a leading-zero count by binary
+// search, without branches so that the timing does not depend on the random bits and a launch
+// replays at the next step's key; 30 for f16, 24 for bf16), ~75 scalar instructions per f32
+// output in all; groups are spread over the vector cores (at least kRandomMinGroupsPerBlock per
+// block).
 #pragma once
 
 #include <array>
