@@ -25,7 +25,7 @@ def _bits(a):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_stateless_uniform_matches_tf_cpu_bit_for_bit(npusim, tf, strict_placement, dtype):
-    # Up to 40 Philox groups (160 elements) on the scalar unit, from there on the vector unit
+    # Below 33 Philox groups (132 elements) on the scalar unit, from there on the vector unit
     # (several tiles and blocks, ragged tails: 5005 and 6147 are not whole groups).
     cases = [((1,), (0, 0)), ((7,), (1, 2)), ((3, 5), (-5, 123456789)),
              ((2, 3, 33), (2**31 - 1, -2**31)), ((0, 4), (3, 4)),

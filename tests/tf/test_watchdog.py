@@ -2,7 +2,7 @@
 with each launch's tensors, so a large valid launch runs where a fixed count would stop it.
 tf.random.stateless_uniform draws on the chip's vector unit (adapter/compiler/ops/random.h): a
 (1024, 256) f32 draw (1 MiB, 8 units of 128 KiB) is 16 tiles of 1024 Philox groups in each of
-the tiny chip's 4 blocks, 41-58 k instructions a block (2026-12-04: 64 tiles take 165-231 k):
+the tiny chip's 4 blocks, 33-41 k instructions a block (2026-12-04: 64 tiles take 132-165 k):
 more than a floor of 2 * 10^4, within a budget of 2 * 10^4 per 128 KiB (160 k), and past a
 tenth of that (16 k). It must give TensorFlow's CPU bits. (The same ratio, at the default
 10^6 per 128 KiB, let the scalar-unit Philox of before run the 8 M-element draw of a

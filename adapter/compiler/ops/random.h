@@ -22,7 +22,7 @@
 //
 // StatelessRandomUniformV2 of kRandomVectorMinGroups groups or more runs on the vector unit
 // (random_vector.cpp: Philox over a tile of groups at once from 16-bit pieces, the words
-// interleaved into output order by vtranspose; ~5.8 cycles per f32 output on the 910, 13x fewer
+// interleaved into output order by vtranspose; ~5.2 cycles per f32 output on the 910, 15x fewer
 // than the scalar kernel, docs/compiler.md "Random numbers"). Smaller tensors and
 // StatelessRandomGetKeyCounter run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers;
 // a 64-bit `mul` of two zero-extended u32 words is the exact 32x32->64 product Philox needs).
@@ -44,10 +44,10 @@ namespace npusim::compiler::ops {
 
 inline constexpr int64_t kRandomMinGroupsPerBlock = 64;
 // From this many Philox groups on, StatelessRandomUniformV2 runs on the vector unit: the
-// crossover measured on 910b and tiny (one vector tile, ~14.7 k cycles, against the scalar
-// kernel's ~150 cycles per group up to kRandomMinGroupsPerBlock per block: 13.0 k cycles for 32
-// groups, 17.9 k for 48; `npusim op StatelessRandomUniformV2 ... --attr shape=[N]`, 2026-12-04).
-inline constexpr int64_t kRandomVectorMinGroups = 40;
+// crossover measured on 910b (one vector tile, 13.3 k cycles, against the scalar kernel's ~300
+// cycles per group up to kRandomMinGroupsPerBlock per block: 13.0 k cycles for 32 groups,
+// 17.9 k for 48; `npusim op StatelessRandomUniformV2 ... --attr shape=[N]`, 2026-12-04).
+inline constexpr int64_t kRandomVectorMinGroups = 33;
 
 // Philox4x32 constants (philox_random.h): round multipliers and the key schedule's increments.
 inline constexpr int64_t kPhiloxM0 = 0xD2511F53;

@@ -20,9 +20,10 @@
 //   a = ML * xL, b = MH * xL, d = ML * xH, e = MH * xH (each |.| < 2^31),
 //   floor(M_s * x / 2^32) = e + asr16(b) + asr16(d) + asr16((b & 0xffff) + (d & 0xffff) +
 //   asr16(a)).
-// 30 vector instructions per product, 6 per three-way xor with the round key (a repeat of the
-// key, dup'd once per block), 72 per round over the tile; the uniform floats 3 (f32) or 4
-// (f16, bf16) per word.
+// 30 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 (M0's pieces
+// are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one asr16. 6
+// per three-way xor with the round key (a repeat of the key, dup'd once per block), 62 per
+// round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word.
 //
 // Output order: element 4g + j is word j of group g, but the words are in separate arrays, and
 // vector operands and MTE bursts move whole 32-byte blocks. The interleave goes through
@@ -187,7 +188,17 @@ class TileOps {
 // The scalar registers holding one multiplier's pieces.
 struct Multiplier {
   Reg m, lo, hi;
+  // |b| + |d| + |asr16(a)| < 2^31 for every x (b = hi * xL, d = lo * xH, a = lo * xL, pieces of
+  // x below 2^16): b + d + asr16(a) is then exact in s32 and one shift replaces three.
+  bool sum_fits_s32;
 };
+// Whether Multiplier::sum_fits_s32 holds for the signed halves of M.
+constexpr bool partial_sum_fits_s32(SignedHalves h) {
+  const int64_t mag_lo = h.lo < 0 ? -h.lo : h.lo, mag_hi = h.hi < 0 ? -h.hi : h.hi;
+  return (mag_hi + mag_lo) * 0xffff + mag_lo < (int64_t{1} << 31);
+}
+static_assert(partial_sum_fits_s32(signed_halves(kPhiloxM0)));   // M0: 20 instructions a product
+static_assert(!partial_sum_fits_s32(signed_halves(kPhiloxM1)));  // M1: 30
 
 // The tile's s32 arrays, handed out at compile time as each instruction's destination: a free
 // array in a bank window that none of the instruction's UB sources is in when there is one, so
@@ -273,6 +284,22 @@ class PhiloxOps {
     const uint64_t d = mul(x_hi, m.lo), e = mul(x_hi, m.hi);
     m_pool.give(x_lo);
     m_pool.give(x_hi);
+    if (m.sum_fits_s32) {
+      // b + d + asr16(a) is exact in s32: hi = e + asr16(b + d + asr16(a)) + x
+      const uint64_t bd = add(b, d), a_hi = asr16(a);
+      for (uint64_t t : {b, d, a}) m_pool.give(t);
+      const uint64_t sum = add(bd, a_hi);
+      m_pool.give(bd);
+      m_pool.give(a_hi);
+      const uint64_t sum_hi = asr16(sum);
+      m_pool.give(sum);
+      const uint64_t hi = add(e, sum_hi);
+      m_pool.give(e);
+      m_pool.give(sum_hi);
+      const uint64_t hi_x = add(hi, x);
+      m_pool.give(hi);
+      return {hi_x, lo};
+    }
     // mid = (b & 0xffff) + (d & 0xffff) + asr16(a)
     const uint64_t b_lo = low16(b), d_lo = low16(d), s = add(b_lo, d_lo);
     m_pool.give(b_lo);
@@ -456,10 +483,12 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
   }
   Multiplier m0{b.reg_imm("M0", kPhiloxM0),
                 b.reg_imm("M0 - 2^32, low half", signed_halves(kPhiloxM0).lo),
-                b.reg_imm("M0 - 2^32, high half", signed_halves(kPhiloxM0).hi)};
+                b.reg_imm("M0 - 2^32, high half", signed_halves(kPhiloxM0).hi),
+                partial_sum_fits_s32(signed_halves(kPhiloxM0))};
   Multiplier m1{b.reg_imm("M1", kPhiloxM1),
                 b.reg_imm("M1 - 2^32, low half", signed_halves(kPhiloxM1).lo),
-                b.reg_imm("M1 - 2^32, high half", signed_halves(kPhiloxM1).hi)};
+                b.reg_imm("M1 - 2^32, high half", signed_halves(kPhiloxM1).hi),
+                partial_sum_fits_s32(signed_halves(kPhiloxM1))};
   Reg two_pow_minus16 = b.reg_imm("2^-16", vector_scalar_bits(Dtype::F32, 1.0 / 65536));
   Reg tile_step = b.reg_imm("groups per tile", tg);
   b.set_flag(Pipe::MTE3, Pipe::V, 0, "the output tile is free");
