@@ -23,7 +23,9 @@
 // 30 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 (M0's pieces
 // are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one asr16. 6
 // per three-way xor with the round key (a repeat of the key, dup'd once per block), 62 per
-// round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word.
+// round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word. Every result goes
+// to a fresh UB array in a bank window none of its sources is in (ArrayPool): no instruction
+// writes an operand it reads, and few share banks.
 //
 // Output order: element 4g + j is word j of group g, but the words are in separate arrays, and
 // vector operands and MTE bursts move whole 32-byte blocks. The interleave goes through
@@ -37,7 +39,7 @@
 //   bytes of the output in order. Per chunk: 4 + 4 vtransposes and a share of 4 block copies.
 // - f16 / bf16 (chunks of 64 groups): lane l = 64c + 16s + p (s < 4, p < 16) holds group
 //   64c + s + 4p; rows 4s + j = block s of word j's chunk, transposed, are the chunk's 512 bytes.
-// The lane_group permutation's contribution of each bit of l is a weight (lane_bit_weights);
+// The lane_group permutation's contribution of each bit of l is a weight (lane_bit_weight);
 // the lanes' group offsets are built once per block by doubling.
 //
 // Counters: per tile the scalar unit computes the tile's first counter (128-bit add) and its
