@@ -134,6 +134,39 @@ TEST_CASE("StatelessRandomUniformV2: odd sizes, several blocks, counter carries,
   check_uniform(DataType::F32, {0, 3}, {1, 2, 3, 4}, {5, 6});
 }
 
+TEST_CASE("StatelessRandomUniformV2 on the vector unit: tiles, ragged tails, carries, keys") {
+  // Sizes past one tile and one block, none a whole number of groups or tiles; counters whose
+  // low word wraps inside a tile (carry into word 1 only, into the high 64 bits, and the whole
+  // 128-bit counter wrapping to zero); keys with all bits set and random ones.
+  const auto vector_launch = [](DataType t, std::vector<int64_t> shape) {
+    OpDesc op = make_op("StatelessRandomUniformV2",
+                        {TensorDesc{DataType::S32, {static_cast<int64_t>(shape.size())}},
+                         TensorDesc{DataType::S64, {1}}, TensorDesc{DataType::S64, {2}},
+                         TensorDesc{DataType::S32, {}}},
+                        {{"shape", shape}, {"dtype", std::string(compiler::data_type_name(t))}});
+    const CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    return k.launches[0].summary.rfind("vector unit", 0) == 0;
+  };
+  CHECK(vector_launch(DataType::F32, {3, 3001}));
+  CHECK(vector_launch(DataType::F16, {4099}));
+  check_uniform(DataType::F32, {3, 3001}, {0xfffff000, 0xffffffff, 0xffffffff, 0},
+                {0xffffffff, 0xffffffff});
+  check_uniform(DataType::F32, {70001}, {0xffffff00, 5, 0, 0}, {0x9e3779b9, 0x1234});
+  check_uniform(DataType::F16, {4099}, {0xfffffff0, 0xffffffff, 0xffffffff, 0xffffffff},
+                {7, 0xffffffff});
+  check_uniform(DataType::BF16, {2, 2053}, {1, 2, 3, 4}, {0xffffffff, 0});
+  std::mt19937 rng(20261204);
+  for (int i = 0; i < 3; ++i) {
+    const Words c{rng(), rng(), rng(), rng()};
+    const Key k{rng(), rng()};
+    INFO("counter " << c[0] << " " << c[1] << " " << c[2] << " " << c[3] << " key " << k[0]
+                    << " " << k[1]);
+    check_uniform(DataType::F32, {5003}, c, k);
+    check_uniform(DataType::F16, {1, 1029}, c, k);
+  }
+}
+
 TEST_CASE("StatelessRandomUniformV2: a zero sample, and timing that does not depend on the key") {
   // A counter whose first sample has a zero f16 mantissa (found with the reference): +0.0.
   Words zero{0, 0, 0, 0};

@@ -1,7 +1,7 @@
 """Stateless random numbers and Keras 3 Dropout on the NPU.
 
 tf.random.stateless_uniform (StatelessRandomGetKeyCounter + StatelessRandomUniformV2, Philox
-on the chip's scalar unit: adapter/compiler/ops/random.h) must give TensorFlow's CPU bits for
+on the chip's vector or scalar unit: adapter/compiler/ops/random.h) must give TensorFlow's CPU bits for
 the same seed, for f32, f16 and bf16, with soft placement off. Keras 3's Dropout draws its mask
 that way after reducing its int64 seed state with FloorMod; a Dense + Dropout MLP trains with
 soft placement off, matches the CPU fit (same seed: the same masks), and none of those ops
@@ -25,8 +25,11 @@ def _bits(a):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_stateless_uniform_matches_tf_cpu_bit_for_bit(npusim, tf, strict_placement, dtype):
+    # Below 33 Philox groups (132 elements) on the scalar unit, from there on the vector unit
+    # (several tiles and blocks, ragged tails: 5005 and 6147 are not whole groups).
     cases = [((1,), (0, 0)), ((7,), (1, 2)), ((3, 5), (-5, 123456789)),
-             ((2, 3, 33), (2**31 - 1, -2**31)), ((0, 4), (3, 4))]
+             ((2, 3, 33), (2**31 - 1, -2**31)), ((0, 4), (3, 4)),
+             ((5, 1001), (7, -9)), ((3, 2049), (-123, 2**31 - 5))]
     for shape, seed in cases:
         for seed_dtype in (tf.int32, tf.int64):
             with tf.device("/CPU:0"):

@@ -1,5 +1,6 @@
-// StatelessRandomGetKeyCounter and StatelessRandomUniformV2 on the scalar unit (random.h says
-// what they compute and what it costs).
+// StatelessRandomGetKeyCounter and StatelessRandomUniformV2 on the scalar unit, the latter on
+// the vector unit from kRandomVectorMinGroups groups on (random_vector.cpp; random.h says what
+// they compute and what it costs).
 #include "adapter/compiler/ops/random.h"
 
 #include <algorithm>
@@ -19,16 +20,11 @@ using isa::Opcode;
 namespace {
 
 constexpr int64_t kLow32 = 0xffffffff;
-// Philox4x32 constants (philox_random.h): round multipliers and the key schedule's increments.
-constexpr int64_t kPhiloxM0 = 0xD2511F53;
-constexpr int64_t kPhiloxM1 = 0xCD9E8D57;
-constexpr int64_t kPhiloxW0 = 0x9E3779B9;
-constexpr int64_t kPhiloxW1 = 0xBB67AE85;
 constexpr int kPhiloxRounds = 10;
 // TF's seed scrambling key (GenerateKey in stateless_random_ops.cc).
 constexpr int64_t kSeedKey0 = 0x3ec8f720;
 constexpr int64_t kSeedKey1 = 0x02461e29;
-constexpr int64_t kGroup = 4;  // outputs per Philox call
+constexpr int64_t kGroup = kPhiloxGroup;
 
 constexpr int kAlgPhilox = 1, kAlgThreeFry = 2, kAlgAutoSelect = 3;  // TF's rng_alg.h
 
@@ -197,8 +193,12 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
   const int64_t n = out.num_elements();
   if (n == 0) return k;
 
-  const UnitFloat f = unit_float(dtype);
   const int64_t groups = static_cast<int64_t>(ceil_div(n, kGroup));
+  if (groups >= kRandomVectorMinGroups) {
+    k.launches.push_back(build_uniform_vector_launch(op, dtype, n, ctx.cfg));
+    return k;
+  }
+  const UnitFloat f = unit_float(dtype);
   KernelBuilder b(fmt::format("RandomUniform_{}", data_type_name(dtype)), op.str(), ctx.cfg);
   const GroupSplit split = split_groups(groups, b);
   b.begin_section(b.vector_core_kind());
@@ -221,24 +221,7 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
     b.add(a, a, 8);
     b.emit(Opcode::op_ld, {hi, a});
     emit_block_range(b, g, end, split.per, groups);
-    // counter += g (128-bit): carry into the high word when the low word wraps, i.e. when the
-    // new low word is below g as unsigned numbers (compared as signed after flipping the sign).
-    // Without a branch (the counter is loaded data: a branch on it would keep the launch's
-    // address flow from being followed, docs/chip_model.md "Launch replay"): x < y as signed
-    // numbers is the sign of x - y, flipped when the subtraction overflows (x and y of other
-    // signs, and x - y of y's sign): bit 63 of (x - y) ^ ((x ^ y) & ((x - y) ^ x)).
-    b.add(lo, lo, g);
-    Reg x = b.reg("lo ^ sign"), y = b.reg("g ^ sign"), d = b.reg("x - y"), t = b.reg("carry");
-    Reg sign = b.reg_imm("sign bit", std::numeric_limits<int64_t>::min());
-    b.emit(Opcode::op_xor, {x, lo, sign});
-    b.emit(Opcode::op_xor, {y, g, sign});
-    b.sub(d, x, y);
-    b.emit(Opcode::op_xor, {t, x, y});
-    b.emit(Opcode::op_xor, {x, d, x});
-    b.and_(t, t, x);
-    b.emit(Opcode::op_xor, {t, t, d});
-    b.shr(t, t, 63);
-    b.add(hi, hi, t);
+    emit_counter_add(b, lo, hi, g);
   }
   Reg c0 = b.reg("c0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
   Reg k0 = b.reg("round key 0"), k1 = b.reg("round key 1");
@@ -294,6 +277,28 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
 }
 
 }  // namespace
+
+void emit_counter_add(KernelBuilder& b, const Reg& lo, const Reg& hi, const Reg& g) {
+  KernelBuilder::Origin o(b, "counter += g (128-bit)");
+  // counter += g (128-bit): carry into the high word when the low word wraps, i.e. when the
+  // new low word is below g as unsigned numbers (compared as signed after flipping the sign).
+  // Without a branch (the counter is loaded data: a branch on it would keep the launch's
+  // address flow from being followed, docs/chip_model.md "Launch replay"): x < y as signed
+  // numbers is the sign of x - y, flipped when the subtraction overflows (x and y of other
+  // signs, and x - y of y's sign): bit 63 of (x - y) ^ ((x ^ y) & ((x - y) ^ x)).
+  b.add(lo, lo, g);
+  Reg x = b.reg("lo ^ sign"), y = b.reg("g ^ sign"), d = b.reg("x - y"), t = b.reg("carry");
+  Reg sign = b.reg_imm("sign bit", std::numeric_limits<int64_t>::min());
+  b.emit(Opcode::op_xor, {x, lo, sign});
+  b.emit(Opcode::op_xor, {y, g, sign});
+  b.sub(d, x, y);
+  b.emit(Opcode::op_xor, {t, x, y});
+  b.emit(Opcode::op_xor, {x, d, x});
+  b.and_(t, t, x);
+  b.emit(Opcode::op_xor, {t, t, d});
+  b.shr(t, t, 63);
+  b.add(hi, hi, t);
+}
 
 void emit_philox4x32_10(KernelBuilder& b, const std::array<const Reg*, 4>& c, const Reg& k0,
                         const Reg& k1) {

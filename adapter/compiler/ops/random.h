@@ -20,16 +20,18 @@
 //   f32: (u & 0x7fffff) * 2^-23, f16: (u & 0x3ff) * 2^-10, bf16: (u & 0x7f) * 2^-7 (TF builds
 //   1.mantissa and subtracts 1, which is exact, so these are its values bit for bit).
 //
-// Both run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers; a 64-bit `mul` of two
-// zero-extended u32 words is the exact 32x32->64 product Philox needs; the vector unit has no
-// widening 32-bit multiply). Cost: ~14 scalar instructions per Philox round, ~140 per group of
-// four outputs, 36 per f32 output to build its float bits (no scalar float unit: a leading-zero
-// count by binary search, without branches so that the timing does not depend on the random
-// bits and a launch replays at the next step's key; 30 for f16, 24 for bf16), ~75 scalar
-// instructions per f32 output in all (measured: 4096 f32 in 79.8 k cycles on tiny's 4 vector
-// cores, 22.4 k on 910b; with the branching float construction before 2026-12-02 57.7 k and
-// 16.9 k for one key, varying with the key); groups are spread over the vector cores (at least
-// kRandomMinGroupsPerBlock per block). Large random tensors are slow.
+// StatelessRandomUniformV2 of kRandomVectorMinGroups groups or more runs on the vector unit
+// (random_vector.cpp: Philox over a tile of groups at once from 16-bit pieces, the words
+// interleaved into output order by vtranspose; ~5.2 cycles per f32 output on the 910, 15x fewer
+// than the scalar kernel, docs/compiler.md "Random numbers"). Smaller tensors and
+// StatelessRandomGetKeyCounter run on the scalar unit (sim/exec/scalar_alu.h: 64-bit registers;
+// a 64-bit `mul` of two zero-extended u32 words is the exact 32x32->64 product Philox needs).
+// Scalar cost: ~14 scalar instructions per Philox round, ~140 per group of four outputs, 36 per
+// f32 output to build its float bits (no scalar float unit: a leading-zero count by binary
+// search, without branches so that the timing does not depend on the random bits and a launch
+// replays at the next step's key; 30 for f16, 24 for bf16), ~75 scalar instructions per f32
+// output in all; groups are spread over the vector cores (at least kRandomMinGroupsPerBlock per
+// block).
 #pragma once
 
 #include <array>
@@ -41,6 +43,27 @@
 namespace npusim::compiler::ops {
 
 inline constexpr int64_t kRandomMinGroupsPerBlock = 64;
+// From this many Philox groups on, StatelessRandomUniformV2 runs on the vector unit: the
+// crossover measured on 910b (one vector tile, 13.3 k cycles, against the scalar kernel's ~300
+// cycles per group up to kRandomMinGroupsPerBlock per block: 13.0 k cycles for 32 groups,
+// 17.9 k for 48; `npusim op StatelessRandomUniformV2 ... --attr shape=[N]`, 2026-12-04).
+inline constexpr int64_t kRandomVectorMinGroups = 33;
+
+// Philox4x32 constants (philox_random.h): round multipliers and the key schedule's increments.
+inline constexpr int64_t kPhiloxM0 = 0xD2511F53;
+inline constexpr int64_t kPhiloxM1 = 0xCD9E8D57;
+inline constexpr int64_t kPhiloxW0 = 0x9E3779B9;
+inline constexpr int64_t kPhiloxW1 = 0xBB67AE85;
+inline constexpr int64_t kPhiloxGroup = 4;  // outputs per Philox call
+
+// (hi, lo) += g: the 128-bit counter as its 64-bit halves, g a register (0 <= g < 2^63), on the
+// scalar unit without a branch.
+void emit_counter_add(KernelBuilder& b, const Reg& lo, const Reg& hi, const Reg& g);
+
+// StatelessRandomUniformV2 of n elements of dtype (F32, F16, BF16) on the vector unit
+// (random_vector.cpp); op's inputs 1 and 2 are the key and counter, checked by the caller.
+Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
+                                   const ChipConfig& cfg);
 
 // Philox4x32-10 in place on the scalar unit: c[0..3] (u32 words, zero-extended in 64-bit
 // registers) become the generator's output for counter c and key (k0, k1) (u32 words); k0, k1

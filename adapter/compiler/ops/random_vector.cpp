@@ -1,0 +1,616 @@
+// StatelessRandomUniformV2 on the vector unit: Philox4x32-10 for a tile of groups at once, from
+// the vector instructions the ISA has (random.h says what is computed; this file how).
+//
+// Data: the four counter words of a tile of TG groups live in four s32 arrays of the UB, lane l
+// of array j holding word j of group tile_start + lane_group(l) (a bit permutation of l, below),
+// each word's u32 bits in an s32 lane. The operations Philox needs, composed:
+// - x * M mod 2^32 (the product's low word): vmuls.s32 (wrapping).
+// - the product's high word: 16-bit pieces (below), exact s32 products, and arithmetic shifts by
+//   16 as asr16(v) = vconv.s32.f32.floor(vmuls.f32(vconv.f32.s32.floor(v), 2^-16)): rounding v
+//   DOWN to fp32's 24 bits keeps it >= floor(v / 2^16) * 2^16 (representable), so the floor of
+//   the scaled value is floor(v / 2^16) exactly, for every s32 v.
+// - v & 0xffff and the other masks: vand on the u16 view (bitwise, so per 16-bit half) with one
+//   repeat of the mask read by every repeat (repeat stride 0).
+// - a ^ b = (a | b) - (a & b) (a & b is a subset of a | b's bits: no borrow), 3 instructions.
+//
+// High word of M * x (M a u32 constant with its top bit set, as both Philox multipliers have; x
+// a word): with M_s = M - 2^32 = MH * 2^16 + ML (ML the sign-extended low 16 bits, |MH|, |ML|
+// <= 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
+//   hi(M * x) = floor(M_s * x / 2^32) + x (mod 2^32), and with the exact s32 products
+//   a = ML * xL, b = MH * xL, d = ML * xH, e = MH * xH (each |.| < 2^31),
+//   floor(M_s * x / 2^32) = e + asr16(b) + asr16(d) + asr16((b & 0xffff) + (d & 0xffff) +
+//   asr16(a)).
+// 30 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 (M0's pieces
+// are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one asr16. 6
+// per three-way xor with the round key (a repeat of the key, dup'd once per block), 62 per
+// round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word. Every result goes
+// to a fresh UB array in a bank window none of its sources is in (ArrayPool): no instruction
+// writes an operand it reads, and few share banks.
+//
+// Output order: element 4g + j is word j of group g, but the words are in separate arrays, and
+// vector operands and MTE bursts move whole 32-byte blocks. The interleave goes through
+// vtranspose (16 x 16 2-byte elements), with the groups laid out over the lanes so that whole
+// blocks move between transposes:
+// - f32 (chunks of 128 groups, 512 lanes = 16 rows of 8 u32 per word): lane l = 128c + 8r + m
+//   holds group 128c + 32(m >> 1) + 2r + (m & 1). Transposing chunk c of word j puts u32 column
+//   m of its 16 rows as two rows (low and high halves): 16 words of groups 128c + 32q + 2k + t
+//   (k = 0..15, m = 2q + t). For each q, the 16 rows (low, high) of (t, j), i = 4t + j, stacked
+//   and transposed again give row k = words 0..3 of groups 128c + 32q + 2k and + 2k + 1: 512
+//   bytes of the output in order. Per chunk: 4 + 4 vtransposes and a share of 4 block copies.
+// - f16 / bf16 (chunks of 64 groups): lane l = 64c + 16s + p (s < 4, p < 16) holds group
+//   64c + s + 4p; rows 4s + j = block s of word j's chunk, transposed, are the chunk's 512 bytes.
+// The lane_group permutation's contribution of each bit of l is a weight (lane_bit_weight);
+// the lanes' group offsets are built once per block by doubling.
+//
+// Counters: per tile the scalar unit computes the tile's first counter (128-bit add) and its
+// words b0..b3, and (b1..b3) + 1 (the carry when the low word wraps inside the tile); lanes get
+// c0 = b0 + offset and c1..c3 selected by offset >= 2^32 - b0 (vcmp / vsel). No branch depends
+// on the key or counter (a launch replays at the next step's key).
+//
+// Tiles: TG groups, a power of two from the chunk up to kMaxTileGroups, as large as the work per
+// core calls for and the UB holds; tiles are split over the vector cores. The last tile
+// computes whole chunks and stores the output's bytes rounded up to 32 (the buffer contract,
+// op_desc.h). The store of tile t (MTE3) overlaps the rounds of tile t + 1.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "adapter/compiler/ops/elementwise.h"
+#include "adapter/compiler/ops/random.h"
+#include "adapter/compiler/ops/row_kernel.h"
+#include "adapter/compiler/ops/vector_rows.h"
+#include "common/convert.h"
+#include "common/int_math.h"
+#include "isa/layout.h"
+
+namespace npusim::compiler::ops {
+
+using isa::Dtype;
+using isa::Opcode;
+using isa::Pipe;
+
+namespace {
+
+constexpr int64_t kLow32 = 0xffffffff;
+constexpr int64_t kRepeat = vec::kRepeatBytes;  // 256 bytes: 64 s32 lanes
+constexpr int64_t kBlockB = vec::kBlockBytes;   // 32 bytes
+constexpr int64_t kTransposeBytes = 512;        // one vtranspose: 16 x 16 2-byte elements
+// Largest tile: the f32 block copy's source block stride, 16 * TG / 128 blocks, is an RU8.
+constexpr int64_t kMaxTileGroups = 1024;
+
+// A Philox multiplier M (top bit set) as M - 2^32 = hi * 2^16 + lo, |hi|, |lo| <= 2^15.
+struct SignedHalves {
+  int64_t lo, hi;
+};
+constexpr SignedHalves signed_halves(int64_t m) {
+  const int64_t ms = m - (int64_t{1} << 32);
+  const int64_t lo = ((ms & 0xffff) ^ 0x8000) - 0x8000;
+  return {lo, (ms - lo) / 65536};
+}
+static_assert(kPhiloxM0 >= (int64_t{1} << 31) && kPhiloxM1 >= (int64_t{1} << 31));
+static_assert(signed_halves(kPhiloxM0).hi >= -32768 && signed_halves(kPhiloxM1).hi >= -32768);
+
+// The weight of bit k of a lane index in its group offset (the layouts in the file comment).
+int64_t lane_bit_weight(int k, int elem_bytes) {
+  static constexpr int64_t kF32[] = {1, 32, 64, 2, 4, 8, 16};  // bits 0..6, then 2^k
+  static constexpr int64_t kF16[] = {4, 8, 16, 32, 1, 2};      // bits 0..5, then 2^k
+  if (elem_bytes == 4) return k < 7 ? kF32[k] : int64_t{1} << k;
+  return k < 6 ? kF16[k] : int64_t{1} << k;
+}
+
+// UB layout of one block's work (byte offsets; every region a whole number of repeats).
+struct Layout {
+  int64_t tile_groups = 0;
+  int64_t array = 0;  // bytes of one s32 array of the tile
+  uint64_t lane_offsets = 0, carry_bits = 0;
+  uint64_t mask16 = 0, mantissa = 0, one_bits = 0, keys = 0, tile_words = 0;
+  std::vector<uint64_t> pool;               // s32 arrays for the words and temporaries
+  uint64_t floats = 0, stage = 0, out = 0;  // float words, transposed stage, output (contiguous)
+  int64_t bytes = 0;
+};
+
+constexpr int kPoolArrays = 16;  // words, products and temporaries live at once (below)
+constexpr int kRounds = 10;
+
+// The UB's bank windows: (address / 256) modulo windows() is the window of an address; two
+// operands of a vector instruction in one window take turns in its banks on every repeat (they
+// advance together when their repeat strides are equal). 1 when the chip has no bank model.
+int64_t bank_windows(const ChipConfig& cfg) {
+  const int64_t span = int64_t{cfg.ub_banks} * cfg.ub_bank_width_bytes;
+  return span >= kRepeat ? span / kRepeat : 1;
+}
+
+Layout make_layout(int64_t tg, int elem_bytes, int64_t windows) {
+  Layout l;
+  l.tile_groups = tg;
+  l.array = 4 * tg;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const uint64_t a = static_cast<uint64_t>(at);
+    at += round_up(bytes, kRepeat);
+    return a;
+  };
+  l.mask16 = take(kRepeat);
+  l.mantissa = take(kRepeat);
+  l.one_bits = take(kRepeat);
+  l.keys = take(2 * kRounds * kRepeat);
+  l.tile_words = take(7 * kRepeat);  // b1, b2, b3, the same + carry, the carry threshold
+  l.carry_bits = take(tg / 8);
+  l.lane_offsets = take(l.array);
+  // Array i starts in window i (mod windows): the stride is 1 mod windows, in repeats.
+  int64_t stride = l.array / kRepeat;
+  while (stride % windows != 1 % windows) ++stride;
+  const int64_t pool = take(stride * kRepeat * kPoolArrays);
+  for (int i = 0; i < kPoolArrays; ++i)
+    l.pool.push_back(static_cast<uint64_t>(pool + i * stride * kRepeat));
+  const int64_t words_bytes = 4 * tg * elem_bytes;
+  // floats, stage and out are adjacent: the masked block copies read (never use) blocks past
+  // floats and stage, up to the size of the region that follows each.
+  l.floats = take(words_bytes);
+  l.stage = take(words_bytes);
+  l.out = take(words_bytes);
+  l.bytes = at;
+  return l;
+}
+
+// Emits the vector instructions over one tile's s32 arrays (normal mode, full mask).
+class TileOps {
+ public:
+  TileOps(KernelBuilder& b, const Layout& l) : m_b(b), m_l(l), m_reps(l.array / kRepeat) {}
+
+  // dst = src0 <op> src1 over the tile (type t, a view of the 4-byte lanes); src1_const: src1
+  // is one repeat read by every repeat.
+  void binary(Opcode op, Dtype t, uint64_t dst, uint64_t src0, uint64_t src1,
+              bool src1_const = false) {
+    vec_binary_strided(m_b, op, t, VOperand(dst), VOperand(src0),
+                       VOperand(src1, 1, src1_const ? 0 : 8), m_reps);
+  }
+  void scalar(Opcode op, Dtype t, uint64_t dst, uint64_t src, const Reg& s) {
+    vec_scalar_strided(m_b, op, t, VOperand(dst), VOperand(src), s, m_reps);
+  }
+  void convert(Dtype to, Dtype from, uint64_t dst, uint64_t src, RoundMode r) {
+    // 64 lanes per repeat; a 2-byte destination advances 128 bytes (4 blocks) per repeat.
+    m_b.emit(Opcode::op_vconv, {to, from, dst, src, m_reps, 1, 1, 8 * isa::dtype_size(to) / 4,
+                                8 * isa::dtype_size(from) / 4, static_cast<int64_t>(r)});
+  }
+  void mask_low16(uint64_t dst, uint64_t src) {
+    binary(Opcode::op_vand, Dtype::U16, dst, src, m_l.mask16, true);
+  }
+  int64_t repeats() const { return m_reps; }
+
+ private:
+  KernelBuilder& m_b;
+  const Layout& m_l;
+  int64_t m_reps;
+};
+
+// The scalar registers holding one multiplier's pieces.
+struct Multiplier {
+  Reg m, lo, hi;
+  // |b| + |d| + |asr16(a)| < 2^31 for every x (b = hi * xL, d = lo * xH, a = lo * xL, pieces of
+  // x below 2^16): b + d + asr16(a) is then exact in s32 and one shift replaces three.
+  bool sum_fits_s32;
+};
+// Whether Multiplier::sum_fits_s32 holds for the signed halves of M.
+constexpr bool partial_sum_fits_s32(SignedHalves h) {
+  const int64_t mag_lo = h.lo < 0 ? -h.lo : h.lo, mag_hi = h.hi < 0 ? -h.hi : h.hi;
+  return (mag_hi + mag_lo) * 0xffff + mag_lo < (int64_t{1} << 31);
+}
+static_assert(partial_sum_fits_s32(signed_halves(kPhiloxM0)));   // M0: 20 instructions a product
+static_assert(!partial_sum_fits_s32(signed_halves(kPhiloxM1)));  // M1: 30
+
+// The tile's s32 arrays, handed out at compile time as each instruction's destination: a free
+// array in a bank window that none of the instruction's UB sources is in when there is one, so
+// that no instruction writes an operand it reads and few share banks.
+class ArrayPool {
+ public:
+  ArrayPool(KernelBuilder& b, const std::vector<uint64_t>& arrays, int64_t windows)
+      : m_b(b), m_free(arrays.begin(), arrays.end()), m_windows(windows) {}
+  uint64_t take(std::initializer_list<uint64_t> sources) {
+    if (m_free.empty()) m_b.fail("internal: the random kernel's UB array pool is exhausted");
+    auto clash = [&](uint64_t a) {
+      for (uint64_t s : sources)
+        if (window(a) == window(s)) return true;
+      return false;
+    };
+    auto it = std::find_if(m_free.begin(), m_free.end(), [&](uint64_t a) { return !clash(a); });
+    if (it == m_free.end()) it = m_free.begin();
+    const uint64_t a = *it;
+    m_free.erase(it);
+    return a;
+  }
+  void give(uint64_t a) { m_free.push_back(a); }
+
+ private:
+  int64_t window(uint64_t a) const { return static_cast<int64_t>(a / kRepeat) % m_windows; }
+  KernelBuilder& m_b;
+  std::vector<uint64_t> m_free;
+  int64_t m_windows;
+};
+
+// The vector arithmetic of the rounds on pool arrays; every result is a new array, the
+// arguments stay the caller's.
+class PhiloxOps {
+ public:
+  PhiloxOps(TileOps& v, ArrayPool& pool, const Layout& l, const Reg& two_pow_minus16)
+      : m_v(v), m_pool(pool), m_l(l), m_scale(two_pow_minus16) {}
+
+  uint64_t low16(uint64_t x) {
+    const uint64_t d = m_pool.take({x, m_l.mask16});
+    m_v.mask_low16(d, x);
+    return d;
+  }
+  uint64_t add(uint64_t x, uint64_t y) {
+    const uint64_t d = m_pool.take({x, y});
+    m_v.binary(Opcode::op_vadd, Dtype::S32, d, x, y);
+    return d;
+  }
+  uint64_t mul(uint64_t x, const Reg& m) {
+    const uint64_t d = m_pool.take({x});
+    m_v.scalar(Opcode::op_vmuls, Dtype::S32, d, x, m);
+    return d;
+  }
+  // floor(x / 2^16) (the file comment says why this is exact).
+  uint64_t asr16(uint64_t x) {
+    const uint64_t f = m_pool.take({x});
+    m_v.convert(Dtype::F32, Dtype::S32, f, x, RoundMode::kFloor);
+    const uint64_t g = m_pool.take({f});
+    m_v.scalar(Opcode::op_vmuls, Dtype::F32, g, f, m_scale);
+    m_pool.give(f);
+    const uint64_t d = m_pool.take({g});
+    m_v.convert(Dtype::S32, Dtype::F32, d, g, RoundMode::kFloor);
+    m_pool.give(g);
+    return d;
+  }
+  // x ^ y = (x | y) - (x & y); y_const: y is one repeat (a round key).
+  uint64_t xor_(uint64_t x, uint64_t y, bool y_const) {
+    const uint64_t o = m_pool.take({x, y}), a = m_pool.take({x, y});
+    m_v.binary(Opcode::op_vor, Dtype::U16, o, x, y, y_const);
+    m_v.binary(Opcode::op_vand, Dtype::U16, a, x, y, y_const);
+    const uint64_t d = m_pool.take({o, a});
+    m_v.binary(Opcode::op_vsub, Dtype::S32, d, o, a);
+    m_pool.give(o);
+    m_pool.give(a);
+    return d;
+  }
+  // (high word, low word) of M * x, lane by lane (the file comment derives the steps).
+  std::pair<uint64_t, uint64_t> mul_hi_lo(uint64_t x, const Multiplier& m) {
+    const uint64_t lo = mul(x, m.m);
+    const uint64_t x_lo = low16(x);
+    const uint64_t x_hi_s = asr16(x), x_hi = low16(x_hi_s);
+    m_pool.give(x_hi_s);
+    const uint64_t a = mul(x_lo, m.lo), b = mul(x_lo, m.hi);
+    const uint64_t d = mul(x_hi, m.lo), e = mul(x_hi, m.hi);
+    m_pool.give(x_lo);
+    m_pool.give(x_hi);
+    if (m.sum_fits_s32) {
+      // b + d + asr16(a) is exact in s32: hi = e + asr16(b + d + asr16(a)) + x
+      const uint64_t bd = add(b, d), a_hi = asr16(a);
+      for (uint64_t t : {b, d, a}) m_pool.give(t);
+      const uint64_t sum = add(bd, a_hi);
+      m_pool.give(bd);
+      m_pool.give(a_hi);
+      const uint64_t sum_hi = asr16(sum);
+      m_pool.give(sum);
+      const uint64_t hi = add(e, sum_hi);
+      m_pool.give(e);
+      m_pool.give(sum_hi);
+      const uint64_t hi_x = add(hi, x);
+      m_pool.give(hi);
+      return {hi_x, lo};
+    }
+    // mid = (b & 0xffff) + (d & 0xffff) + asr16(a)
+    const uint64_t b_lo = low16(b), d_lo = low16(d), s = add(b_lo, d_lo);
+    m_pool.give(b_lo);
+    m_pool.give(d_lo);
+    const uint64_t a_hi = asr16(a);
+    m_pool.give(a);
+    const uint64_t mid = add(s, a_hi);
+    m_pool.give(s);
+    m_pool.give(a_hi);
+    // hi = e + asr16(b) + asr16(d) + asr16(mid) + x
+    uint64_t hi = e;
+    for (uint64_t part : {b, d, mid}) {
+      const uint64_t p = asr16(part);
+      m_pool.give(part);
+      const uint64_t sum = add(hi, p);
+      m_pool.give(hi);
+      m_pool.give(p);
+      hi = sum;
+    }
+    const uint64_t sum = add(hi, x);
+    m_pool.give(hi);
+    return {sum, lo};
+  }
+
+ private:
+  TileOps& m_v;
+  ArrayPool& m_pool;
+  const Layout& m_l;
+  const Reg& m_scale;
+};
+
+void set_mask128(KernelBuilder& b, uint64_t hi, uint64_t lo) {
+  b.emit(Opcode::op_set_mask, {static_cast<int64_t>(hi), static_cast<int64_t>(lo)});
+}
+constexpr uint64_t kAll = ~uint64_t{0};
+
+void dup32(KernelBuilder& b, uint64_t dst, const Reg& bits) {
+  b.emit(Opcode::op_vdup, {Dtype::S32, dst, bits, 1, 1, 8});
+}
+
+// lane_offsets[l] = lane_group(l) for l < TG: bits 0..2 by masked adds within the first block,
+// then each higher bit k doubles the filled lanes (lanes [2^k, 2^(k+1)) = lanes [0, 2^k) +
+// weight k). Leaves the full mask set.
+void emit_lane_offsets(KernelBuilder& b, const Layout& l, int elem_bytes) {
+  KernelBuilder::Origin o(b, "each lane's group in the tile");
+  Reg w = b.reg_imm("weight", 0);
+  set_mask128(b, 0, 0xff);
+  dup32(b, l.lane_offsets, w);
+  for (int k = 0; k < 3; ++k) {
+    uint64_t lanes = 0;
+    for (int i = 0; i < 8; ++i)
+      if (i >> k & 1) lanes |= uint64_t{1} << i;
+    set_mask128(b, 0, lanes);
+    b.movi(w, lane_bit_weight(k, elem_bytes));
+    vec_scalar_strided(b, Opcode::op_vadds, Dtype::S32, VOperand(l.lane_offsets),
+                       VOperand(l.lane_offsets), w, 1);
+  }
+  for (int k = 3; (int64_t{1} << k) < l.tile_groups; ++k) {
+    const int64_t n = int64_t{1} << k;
+    set_mask128(b, 0, n < kLanes32 ? (uint64_t{1} << n) - 1 : kAll);
+    b.movi(w, lane_bit_weight(k, elem_bytes));
+    vec_scalar_strided(b, Opcode::op_vadds, Dtype::S32,
+                       VOperand(l.lane_offsets + static_cast<uint64_t>(4 * n)),
+                       VOperand(l.lane_offsets), w, std::max<int64_t>(1, n / kLanes32));
+  }
+  set_mask128(b, kAll, kAll);
+}
+
+// The tile's counter words from its first counter (lo, hi: the 128-bit counter's 64-bit
+// halves): words[0] = b0 + lane offset; words[1..3] = b1..b3, or (b1..b3) + 1 in the lanes whose
+// low word wrapped (offset >= 2^32 - b0).
+void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg& lo, const Reg& hi,
+                        const std::array<uint64_t, 4>& words) {
+  KernelBuilder::Origin o(b, "the tile's counters");
+  Reg b0 = b.reg("b0"), t = b.reg("word"), z = b.reg("carry");
+  const uint64_t tw = l.tile_words;
+  // tile_words: repeats 0..2 = b1..b3, 3..5 = b1..b3 + 1 (carried), 6 = the wrap threshold.
+  b.and_(b0, lo, kLow32);
+  b.movi(t, int64_t{1} << 32);
+  b.sub(t, t, b0);
+  b.min(t, t, int64_t{1} << 30);  // any threshold above the tile's lane offsets is the same
+  dup32(b, tw + 6 * kRepeat, t);
+  b.shr(t, lo, 32);
+  dup32(b, tw, t);
+  b.add(t, t, 1);
+  b.shr(z, t, 32);
+  b.and_(t, t, kLow32);
+  dup32(b, tw + 3 * kRepeat, t);
+  b.and_(t, hi, kLow32);
+  dup32(b, tw + kRepeat, t);
+  b.add(t, t, z);
+  b.shr(z, t, 32);
+  b.and_(t, t, kLow32);
+  dup32(b, tw + 4 * kRepeat, t);
+  b.shr(t, hi, 32);
+  dup32(b, tw + 2 * kRepeat, t);
+  b.add(t, t, z);
+  b.and_(t, t, kLow32);
+  dup32(b, tw + 5 * kRepeat, t);
+  v.scalar(Opcode::op_vadds, Dtype::S32, words[0], l.lane_offsets, b0);
+  vec_compare_strided(b, Dtype::S32, isa::Cmp::GE, l.carry_bits, VOperand(l.lane_offsets),
+                      VOperand(tw + 6 * kRepeat, 1, 0), v.repeats());
+  for (int j = 1; j < 4; ++j)
+    vec_select_strided(b, Dtype::S32, VOperand(words[j]), VOperand(tw + (2 + j) * kRepeat, 1, 0),
+                       VOperand(tw + (j - 1) * kRepeat, 1, 0), l.carry_bits, v.repeats());
+}
+
+}  // namespace
+
+Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
+                                   const ChipConfig& cfg) {
+  const int elem_bytes = dtype == DataType::F32 ? 4 : 2;
+  const int mantissa_bits = dtype == DataType::F32 ? 23 : dtype == DataType::F16 ? 10 : 7;
+  const int64_t groups = ceil_div(n, kPhiloxGroup);
+  KernelBuilder b(fmt::format("RandomUniform_{}", data_type_name(dtype)), op.str(), cfg);
+  const int64_t cores = cfg.core_kind(b.vector_core_kind())->count;
+  const int64_t ub =
+      static_cast<int64_t>(cfg.core_kind(b.vector_core_kind())->capacity(isa::Buf::UB));
+
+  // Tile: from one transpose chunk, doubled while a core has that much work and the UB holds it.
+  const int64_t chunk = elem_bytes == 4 ? 128 : 64;
+  int64_t tg = chunk;
+  const int64_t windows = bank_windows(cfg);
+  if (make_layout(tg, elem_bytes, windows).bytes > ub)
+    op.fail(fmt::format("the vector-unit Philox needs {} bytes of UB, the chip has {}",
+                        make_layout(tg, elem_bytes, windows).bytes, ub));
+  while (2 * tg <= kMaxTileGroups && tg < ceil_div(groups, cores) &&
+         make_layout(2 * tg, elem_bytes, windows).bytes <= ub)
+    tg *= 2;
+  const Layout l = make_layout(tg, elem_bytes, windows);
+  const int64_t tiles = ceil_div(groups, tg);
+  const BlockSplit split = BlockSplit::make(tiles, cores);
+
+  b.begin_section(b.vector_core_kind());
+  b.declare_arg("key", Dtype::S64, op.inputs[1].shape);
+  b.declare_arg("counter", Dtype::S64, op.inputs[2].shape);
+  b.declare_arg("out", device_dtype(dtype),
+                op.outputs.empty() ? std::vector<int64_t>{n} : op.outputs[0].shape);
+  TileOps v(b, l);
+  Reg out_addr = b.load_arg("out");
+  Reg lo = b.reg("counter low 64 bits"), hi = b.reg("counter high 64 bits");
+  Reg tile = b.reg("tile"), end = b.reg("end of this block's tiles");
+  {
+    KernelBuilder::Origin o(b, "constants, round keys, lane offsets");
+    Reg w = b.reg_imm("constant", 0xffff);
+    set_mask128(b, kAll, kAll);
+    dup32(b, l.mask16, w);
+    b.movi(w, (int64_t{1} << mantissa_bits) - 1);
+    dup32(b, l.mantissa, w);
+    b.movi(w, 0x3f800000);  // 1.0f
+    dup32(b, l.one_bits, w);
+    Reg key = b.reg("key"), k1 = b.reg("key word 1");
+    {
+      Reg a = b.load_arg("key");
+      b.emit(Opcode::op_ld, {key, a});
+    }
+    b.shr(k1, key, 32);
+    b.and_(key, key, kLow32);
+    for (int r = 0; r < kRounds; ++r) {
+      if (r > 0) {
+        b.add(key, key, kPhiloxW0, "raise the key");
+        b.and_(key, key, kLow32);
+        b.add(k1, k1, kPhiloxW1);
+        b.and_(k1, k1, kLow32);
+      }
+      dup32(b, l.keys + static_cast<uint64_t>(2 * r) * kRepeat, key);
+      dup32(b, l.keys + static_cast<uint64_t>(2 * r + 1) * kRepeat, k1);
+    }
+    emit_lane_offsets(b, l, elem_bytes);
+  }
+  {
+    KernelBuilder::Origin o(b, "this block's tiles and the first tile's counter");
+    Reg a = b.load_arg("counter");
+    b.emit(Opcode::op_ld, {lo, a});
+    b.add(a, a, 8);
+    b.emit(Opcode::op_ld, {hi, a});
+    emit_block_range(b, tile, end, split.per, tiles);
+    Reg g = b.reg("first group");
+    b.mul(g, tile, tg);
+    emit_counter_add(b, lo, hi, g);
+  }
+  Multiplier m0{b.reg_imm("M0", kPhiloxM0),
+                b.reg_imm("M0 - 2^32, low half", signed_halves(kPhiloxM0).lo),
+                b.reg_imm("M0 - 2^32, high half", signed_halves(kPhiloxM0).hi),
+                partial_sum_fits_s32(signed_halves(kPhiloxM0))};
+  Multiplier m1{b.reg_imm("M1", kPhiloxM1),
+                b.reg_imm("M1 - 2^32, low half", signed_halves(kPhiloxM1).lo),
+                b.reg_imm("M1 - 2^32, high half", signed_halves(kPhiloxM1).hi),
+                partial_sum_fits_s32(signed_halves(kPhiloxM1))};
+  Reg two_pow_minus16 = b.reg_imm("2^-16", vector_scalar_bits(Dtype::F32, 1.0 / 65536));
+  Reg tile_step = b.reg_imm("groups per tile", tg);
+  b.set_flag(Pipe::MTE3, Pipe::V, 0, "the output tile is free");
+  b.for_range(tile, tile, end, 1, [&] {
+    ArrayPool pool(b, l.pool, windows);
+    PhiloxOps ops(v, pool, l, two_pow_minus16);
+    std::array<uint64_t, 4> w{};
+    for (uint64_t& a : w) a = pool.take({});
+    emit_tile_counters(b, v, l, lo, hi, w);
+    for (int r = 0; r < kRounds; ++r) {
+      KernelBuilder::Origin o(b, fmt::format("Philox round {}", r));
+      // c' = {hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)}
+      const auto [hi1, lo1] = ops.mul_hi_lo(w[2], m1);
+      pool.give(w[2]);
+      const auto [hi0, lo0] = ops.mul_hi_lo(w[0], m0);
+      pool.give(w[0]);
+      const uint64_t key0 = l.keys + static_cast<uint64_t>(2 * r) * kRepeat;
+      std::array<uint64_t, 2> mixed{};
+      for (int p = 0; p < 2; ++p) {
+        const uint64_t h = p == 0 ? hi1 : hi0, c = w[p == 0 ? 1 : 3];
+        const uint64_t hc = ops.xor_(h, c, false);
+        pool.give(h);
+        pool.give(c);
+        mixed[p] = ops.xor_(hc, key0 + p * kRepeat, true);
+        pool.give(hc);
+      }
+      w = {mixed[0], lo1, mixed[1], lo0};
+    }
+    {
+      KernelBuilder::Origin o(b, "uniform floats of the four words");
+      const uint64_t word_bytes = static_cast<uint64_t>(tg * elem_bytes);
+      if (elem_bytes == 4) {
+        // TF's 1.mantissa - 1: exact.
+        Reg minus_one = b.reg_imm("-1.0f", vector_scalar_bits(Dtype::F32, -1.0));
+        for (int j = 0; j < 4; ++j) {
+          const uint64_t m = pool.take({w[j], l.mantissa});
+          v.binary(Opcode::op_vand, Dtype::U16, m, w[j], l.mantissa, true);
+          const uint64_t one_m = pool.take({m, l.one_bits});
+          v.binary(Opcode::op_vor, Dtype::U16, one_m, m, l.one_bits, true);
+          v.scalar(Opcode::op_vadds, Dtype::F32, l.floats + j * word_bytes, one_m, minus_one);
+          pool.give(m);
+          pool.give(one_m);
+        }
+      } else {
+        // mantissa * 2^-W in f32, then to the 2-byte type: every step exact.
+        Reg scale =
+            b.reg_imm("2^-W", vector_scalar_bits(Dtype::F32, std::ldexp(1.0, -mantissa_bits)));
+        const Dtype out_t = device_dtype(dtype);
+        for (int j = 0; j < 4; ++j) {
+          const uint64_t m = pool.take({w[j], l.mantissa});
+          v.binary(Opcode::op_vand, Dtype::U16, m, w[j], l.mantissa, true);
+          const uint64_t f = pool.take({m});
+          v.convert(Dtype::F32, Dtype::S32, f, m, RoundMode::kRint);
+          const uint64_t scaled = pool.take({f});
+          v.scalar(Opcode::op_vmuls, Dtype::F32, scaled, f, scale);
+          v.convert(out_t, Dtype::F32, l.floats + j * word_bytes, scaled, RoundMode::kRint);
+          for (uint64_t a : {m, f, scaled}) pool.give(a);
+        }
+      }
+    }
+    {
+      KernelBuilder::Origin o(b, "interleave the words (two transposes) into output order");
+      const int64_t transposes = 4 * tg * elem_bytes / kTransposeBytes;
+      if (elem_bytes == 4) {
+        for (int64_t k = 0; k < transposes; ++k)
+          b.emit(Opcode::op_vtranspose, {static_cast<int64_t>(l.stage + k * kTransposeBytes),
+                                         static_cast<int64_t>(l.floats + k * kTransposeBytes)});
+        // rows (t, j, half) of each 32-group quarter: 4 copies of 4 blocks per repeat.
+        const int64_t chunks = tg / 128;
+        set_mask128(b, 0, lane_range(0, 32));
+        for (int t = 0; t < 2; ++t)
+          for (int h = 0; h < 2; ++h)
+            vec_unary_strided(
+                b, Opcode::op_vcopy, Dtype::S32, VOperand(l.floats + (8 * t + h) * kBlockB, 2, 16),
+                VOperand(l.stage + (2 * t + h) * kBlockB, 16 * chunks, 4), 4 * chunks);
+        set_mask128(b, kAll, kAll);
+        b.wait_flag(Pipe::MTE3, Pipe::V, 0, "the previous tile's output is stored");
+        for (int64_t k = 0; k < transposes; ++k)
+          b.emit(Opcode::op_vtranspose, {static_cast<int64_t>(l.out + k * kTransposeBytes),
+                                         static_cast<int64_t>(l.floats + k * kTransposeBytes)});
+      } else {
+        // rows 4s + j of each 64-group chunk: block s of word j.
+        set_mask128(b, 0, kAll);
+        vec_unary_strided(b, Opcode::op_vcopy, Dtype::U16, VOperand(l.stage, 1, 4),
+                          VOperand(l.floats, tg * 2 / kBlockB, 1), tg / 16);
+        set_mask128(b, kAll, kAll);
+        b.wait_flag(Pipe::MTE3, Pipe::V, 0, "the previous tile's output is stored");
+        for (int64_t k = 0; k < transposes; ++k)
+          b.emit(Opcode::op_vtranspose, {static_cast<int64_t>(l.out + k * kTransposeBytes),
+                                         static_cast<int64_t>(l.stage + k * kTransposeBytes)});
+      }
+    }
+    {
+      KernelBuilder::Origin o(b, "store the tile's outputs (whole 32-byte blocks)");
+      Reg first = b.reg("first output"), blocks = b.reg("blocks"), dst = b.reg("destination");
+      b.mul(first, tile, kPhiloxGroup * tg);
+      b.movi(blocks, n);
+      b.sub(blocks, blocks, first);
+      b.min(blocks, blocks, kPhiloxGroup * tg);
+      b.mul_add(blocks, blocks, elem_bytes, kBlockB - 1);
+      b.shr(blocks, blocks, 5);
+      b.mul_add(dst, first, elem_bytes, out_addr);
+      b.set_flag(Pipe::V, Pipe::MTE3, 0);
+      b.wait_flag(Pipe::V, Pipe::MTE3, 0);
+      b.emit(Opcode::op_copy_ub2gm, {dst, static_cast<int64_t>(l.out), 1, blocks, 0, 0});
+      b.set_flag(Pipe::MTE3, Pipe::V, 0, "the output tile is free");
+    }
+    emit_counter_add(b, lo, hi, tile_step);
+  });
+  b.wait_flag(Pipe::MTE3, Pipe::V, 0, "the last tile's output is stored");
+  b.end();
+  Launch launch;
+  launch.block_dim = split.block_dim;
+  launch.args = {ArgRef{ArgRef::Kind::kInput, 1, 0}, ArgRef{ArgRef::Kind::kInput, 2, 0},
+                 ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  launch.summary =
+      fmt::format("vector unit: {} Philox groups in tiles of {}, {} blocks of {} tiles", groups, tg,
+                  split.block_dim, split.per);
+  launch.kernel = b.finish();
+  return launch;
+}
+
+}  // namespace npusim::compiler::ops
