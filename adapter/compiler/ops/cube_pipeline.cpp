@@ -270,7 +270,10 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       b.emit(Opcode::op_set_mask_count, {n});
       Reg out = b.reg("affine: output tile");
       select(b, out, pt, m_aff.out);
-      affine_activation(s.out_type, out, 0, 8, n);
+      if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
+        affine_relu6_via_scratch(s.out_type, out, pt, n);
+      else
+        affine_activation(s.out_type, out, 0, 8, n);
     }
     b.set_flag(m_aff_full, pt);
     b.wait_flag(m_aff_full, pt);
@@ -397,6 +400,44 @@ void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_s
   b.emit(Opcode::op_vmaxs, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "max 0");
   b.movi(scalar, vector_scalar_bits(t, 6.0));
   b.emit(Opcode::op_vmins, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "min 6");
+}
+
+// The f32 tile of a parity is free once its rounding into the output tile is issued (the
+// vector unit runs in order), so ReLU6 on a narrower output goes out of place: max 0 into
+// the f32 tile's room, min 6 back into the output tile. In place each repeat reads and writes
+// the same UB banks (two accesses per bank: docs/chip_model.md's bank model); the scratch
+// starts half the bank span after the output tile modulo the span, so a repeat's source and
+// destination blocks fall in disjoint banks.
+uint64_t CubePipeline::clamp_scratch_offset(int q) const {
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
+                            ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
+                            : layout::kBlockBytes;
+  const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.tile32[q] % span;
+  return (want + span - at) % span;
+}
+
+bool CubePipeline::clamp_scratch_fits() const {
+  // The f32 tile holds rows x max_cols x 4 bytes, the output tile at most rows x max_cols x 2.
+  const uint64_t out_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.max_cols * 2),
+                 f32_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.row_blocks32) *
+                             layout::kBlockBytes;
+  for (int q = 0; q < m_aff.buffers; ++q)
+    if (clamp_scratch_offset(q) + out_bytes > f32_bytes) return false;
+  return true;
+}
+
+void CubePipeline::affine_relu6_via_scratch(Dtype t, const Reg& out, const Reg& pt,
+                                            const Reg& scalar) {
+  KernelBuilder& b = m_b;
+  Reg scratch = b.reg("affine: clamp scratch (the f32 tile's room)");
+  const Twin at{{m_aff.tile32[0] + clamp_scratch_offset(0),
+                 m_aff.tile32[m_aff.buffers - 1] + clamp_scratch_offset(m_aff.buffers - 1)}};
+  select(b, scratch, pt, at);
+  b.movi(scalar, vector_scalar_bits(t, 0.0));
+  b.emit(Opcode::op_vmaxs, {t, scratch, out, scalar, 0, 1, 1, 8, 8}, "max 0 (into the scratch)");
+  b.movi(scalar, vector_scalar_bits(t, 6.0));
+  b.emit(Opcode::op_vmins, {t, out, scratch, scalar, 0, 1, 1, 8, 8}, "min 6 (back)");
 }
 
 void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {

@@ -246,6 +246,12 @@ class CubePipeline {
   void affine_dense_in_ub(const Store& s, const Reg& pt);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+  // ReLU6 on the output tile (type t, `scalar` lanes in counter mode) through a scratch in
+  // the f32 tile's room of parity pt (free after the rounding), where it fits
+  // (clamp_scratch_fits); clamp_scratch_offset(q): the scratch's offset in f32 tile q.
+  bool clamp_scratch_fits() const;
+  uint64_t clamp_scratch_offset(int q) const;
+  void affine_relu6_via_scratch(isa::Dtype t, const Reg& out, const Reg& pt, const Reg& scalar);
   // residual_via_ub: MTE2 loads the tile's residual rows (rows of row_blocks blocks); the
   // vector unit adds them to the output tile of parity pt.
   void load_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
