@@ -303,7 +303,8 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
   // mask (then the scalars and the output address), the rows, the table address and the f32
   // rows' address.
   Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
-      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows");
+      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows"),
+      res = b.reg("affine: f32 result rows");
   for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
     b.if_(ge(s.cols, col + 1), [&] {
       b.sub(mask, s.cols, col, "the group's lanes");
@@ -321,15 +322,33 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.add(table, *s.channel0, col);
           b.mul(table, table, kL0cElemBytes);
           b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
+          const int64_t rows_off = r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
           select(b, y, pt, m_aff.tile32);
-          b.add(y, y, r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes,
-                "the rows' first element of the group");
-          if (!m_aff.a_in_filter)
-            b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                   "y * a");
-          b.add(table, table, to_shift, "shift[channel]");
-          b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                 "+ shift");
+          b.add(y, y, rows_off, "the rows' first element of the group");
+          if (m_aff.result32) {
+            // Out of place: y * a into the result tile and + shift back (a in the filter:
+            // y + shift into the result tile); y then names where the f32 result is.
+            b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
+            if (!m_aff.a_in_filter)
+              b.emit(Opcode::op_vmul,
+                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+            b.add(table, table, to_shift, "shift[channel]");
+            if (m_aff.a_in_filter) {
+              b.emit(Opcode::op_vadd,
+                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+              b.mov(y, res);
+            } else {
+              b.emit(Opcode::op_vadd,
+                     {Dtype::F32, y, res, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+            }
+          } else {
+            if (!m_aff.a_in_filter)
+              b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                     "y * a");
+            b.add(table, table, to_shift, "shift[channel]");
+            b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                   "+ shift");
+          }
           if (!narrow && !m_residual) affine_activation(Dtype::F32, y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
           b.mul(table, blocks, r0 * layout::kBlockBytes);
@@ -452,11 +471,27 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
-  if (!m_aff.a_in_filter)
-    b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
-  b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
-        "shift (replicated)");
-  b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  if (m_aff.result32) {
+    // Out of place (ChannelAffine::result32); y then names where the f32 result is.
+    Reg res = b.reg("affine: f32 result tile");
+    b.movi(res, static_cast<int64_t>(m_aff.result32_at));
+    if (!m_aff.a_in_filter)
+      b.emit(Opcode::op_vmul, {Dtype::F32, res, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+    b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+          "shift (replicated)");
+    if (m_aff.a_in_filter) {
+      b.emit(Opcode::op_vadd, {Dtype::F32, res, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+      b.mov(y, res);
+    } else {
+      b.emit(Opcode::op_vadd, {Dtype::F32, y, res, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+    }
+  } else {
+    if (!m_aff.a_in_filter)
+      b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+    b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+          "shift (replicated)");
+    b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  }
   if (s.out_type == Dtype::F32 && !m_residual) affine_activation(Dtype::F32, y, 0, 8, n);
   select(b, table, pt, m_aff.out);
   if (s.out_type != Dtype::F32)

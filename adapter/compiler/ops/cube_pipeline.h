@@ -129,6 +129,12 @@ class CubePipeline {
     int64_t max_rows = 0, max_cols = 0, row_blocks32 = 0;
     bool dense = false;
     bool a_in_filter = false;  // the factor is in the cube's filter: y + shift[c] only
+    // One more f32 tile at result32_at (one for both parities: the vector unit works on one
+    // tile at a time) in other UB banks than tile32's: y * a goes there and + shift back into
+    // tile32 (with a in the filter, y + shift goes there), so no f32 pass reads and writes the
+    // same banks in a repeat. Without it the passes run in place.
+    bool result32 = false;
+    uint64_t result32_at = 0;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
