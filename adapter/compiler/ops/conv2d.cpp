@@ -1224,8 +1224,9 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
 // y = conv * a + shift, the activation, one rounding to Tout) as Conv2DBatchNormInference runs
 // it where the cube has no bias for it: in the convolution's way out through the UB on coupled
-// chips, else as a launch of its own. x may be f16 (Tx: a fused producer's fp16 hand-off, what
-// the cube reads), y f16 (Tout); filter and batch norm f32.
+// chips (a folded into the filter before its block-diagonal form, as for one group:
+// y = sum x16 * f16(W * a) + shift), else as a launch of its own. x may be f16 (Tx: a fused
+// producer's fp16 hand-off, what the cube reads), y f16 (Tout); filter and batch norm f32.
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "DepthwiseConv2dBatchNormInference";
