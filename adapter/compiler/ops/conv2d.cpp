@@ -535,12 +535,13 @@ void set_transposed_window(CubeConvSpec& s, const ConvWindow& cw, const OpDesc& 
 
 // The filter with a batch norm's factor a (f32 [cout]) folded in, as the cube reads it:
 // cube_type(W[kh][kw][ci][co] * a[co]) (one f32 multiply, then the precision cast), a derived
-// tensor of the filter, scale and variance (a depends on those alone).
+// tensor of the filter, scale and variance (a depends on those alone). A depthwise filter
+// [kh][kw][c][m] passes its view [kh][kw][c * m] (output channel c * m + j), the layout kept.
 ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                            const ArgRef& a) {
+                            const ArgRef& a, std::vector<int64_t> view = {}) {
   const TensorDesc& f = ctx.op.inputs[1];
-  const std::vector<int64_t>& shape = f.shape;
-  const int64_t cout = shape[3];
+  const std::vector<int64_t> shape = view.empty() ? f.shape : std::move(view);
+  const int64_t cout = shape.back();
   const uint64_t bytes = static_cast<uint64_t>(f.num_elements()) * data_type_bytes(ct.cube);
   const ArgRef ws = workspace_take(k, bytes);
   const ArgRef derived{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
@@ -1195,21 +1196,27 @@ DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f
   return DepthwiseShapes{c, f[3], (c + 15) / 16};
 }
 
-// The block-diagonal filter from filter input `input` (cube type): a derived tensor of that
-// input (compiler.h), so a caller keeps it while the filter is unchanged (an inference's
-// weights: built once, not at every run).
+// The block-diagonal filter from w, the filter [kh][kw][c][m] as the cube reads it (cube
+// type): a derived tensor of the op's inputs `from` (compiler.h), so a caller keeps it while
+// they are unchanged (an inference's weights: built once, not at every run).
 ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                        size_t input, const std::vector<int64_t>& f) {
-  const ArgRef w = cube_operand(k, ctx, ct, input);
+                        const ArgRef& w, std::vector<int> from, const std::vector<int64_t>& f) {
   const int64_t taps = f[0] * f[1], groups = (f[2] + 15) / 16;
   const uint64_t bytes = static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2;
   const ArgRef ws = workspace_take(k, bytes);
   const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
-  k.derived.push_back(DerivedTensor{
-      {static_cast<int>(input)}, k.launches.size(), bytes, "block-diagonal depthwise filter"});
+  k.derived.push_back(
+      DerivedTensor{std::move(from), k.launches.size(), bytes, "block-diagonal depthwise filter"});
   k.launches.push_back(with_args(
       build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()), {w, wbd}));
   return wbd;
+}
+
+// The same from filter input `input` (cast to the cube type), derived from that input.
+ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                        size_t input, const std::vector<int64_t>& f) {
+  return append_blockdiag(k, ctx, ct, cube_operand(k, ctx, ct, input), {static_cast<int>(input)},
+                          f);
 }
 
 // DepthwiseConv2dNative, and DepthwiseConv2dBatchNormInference (x, filter, scale, offset, mean,
@@ -1217,8 +1224,9 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
 // y = conv * a + shift, the activation, one rounding to Tout) as Conv2DBatchNormInference runs
 // it where the cube has no bias for it: in the convolution's way out through the UB on coupled
-// chips, else as a launch of its own. x may be f16 (Tx: a fused producer's fp16 hand-off, what
-// the cube reads), y f16 (Tout); filter and batch norm f32.
+// chips (a folded into the filter before its block-diagonal form, as for one group:
+// y = sum x16 * f16(W * a) + shift), else as a launch of its own. x may be f16 (Tx: a fused
+// producer's fp16 hand-off, what the cube reads), y f16 (Tout); filter and batch norm f32.
 CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool batch_norm = op.type == "DepthwiseConv2dBatchNormInference";
@@ -1244,7 +1252,6 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   // x in f16 already (Tx = half) is what the cube reads.
   const ArgRef xr =
       op.inputs[0].dtype == DataType::F16 ? input_ref(0) : cube_operand(k, ctx, ct, 0);
-  const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
   CubeConvSpec s;
   s.name = fmt::format("DepthwiseConv2dNative_{}", data_type_name(dt));
   s.images = x[0];
@@ -1260,6 +1267,16 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_tap = 256 * d.m;
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
+  if (batch_norm && batch_norm_in_epilogue(ctx, s)) {
+    // Through the UB, a folded into the filter as for one group (f16(W * a), then its
+    // block-diagonal form, both derived from filter, scale and variance): the epilogue adds
+    // the shift only, one f32 pass fewer per tile.
+    const ArgRef wa = append_folded_filter(k, ctx, ct, fold.a, {f[0], f[1], f[2] * f[3]});
+    const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance}, f);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, true, residual);
+    return k;
+  }
+  const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
   if (batch_norm)
     append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual);
   else

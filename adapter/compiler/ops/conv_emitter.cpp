@@ -232,26 +232,59 @@ class ConvEmitter {
         cube_store_via_ub(m_b.config(), cube_core(m_b.config(), m_b.op()), m_b.op());
     if (m_s.bn_affine && !via_ub)
       m_b.fail("internal: the batch norm in the convolution's epilogue needs the UB path");
-    BufferPlan ub(Buf::UB);
     // With the batch norm: an f32 and an output tile per L0C buffer (CubePipeline::
     // ChannelAffine::buffers).
     const int tiles_in_ub = m_s.bn_affine ? m_t.l0c_buffers : 1;
-    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
-                                 tiles_in_ub, via_ub);
-    const auto c32 = ub.add_fixed("C tile (f32, before the batch norm)",
-                                  static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), tiles_in_ub,
-                                  m_s.bn_affine);
     m_bn = conv_bn_tables(m_s, m_t.tn);
-    const auto ta =
-        ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
-    const auto ts =
-        ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
-    const auto rt = ub.add_fixed("residual tile", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
-                                 tiles_in_ub, m_s.residual);
-    const auto ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
-                                 1, m_bn.dense);
-    const auto rs = ub.add_fixed("batch-norm shift (replicated)",
-                                 static_cast<uint64_t>(m_bn.rep_bytes), 1, m_bn.dense);
+    // With the batch norm, where the UB has room for it: one more f32 tile (the vector unit
+    // works on one tile at a time) for the epilogue's f32 passes to write out of place, the f32
+    // tiles and it placed half a UB bank span apart (CubePipeline::ChannelAffine::result32).
+    const uint64_t span = static_cast<uint64_t>(std::max(0, m_b.config().ub_banks)) *
+                          static_cast<uint64_t>(std::max(0, m_b.config().ub_bank_width_bytes));
+    const uint64_t ub_align = m_b.alignment(Buf::UB);
+    struct UbIds {
+      BufferPlan::Id cu, c32, ta, ts, rt, ra, rs, r32;
+    };
+    auto ub_plan = [&](bool result32, UbIds& id) {
+      BufferPlan ub(Buf::UB);
+      id.cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * tn16 * m_osz), tiles_in_ub,
+                           via_ub);
+      id.c32 = ub.add_fixed("C tile (f32, before the batch norm)",
+                            static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes), tiles_in_ub,
+                            m_s.bn_affine);
+      id.ta =
+          ub.add_fixed("batch-norm a", static_cast<uint64_t>(m_bn.plain_bytes), 1, m_s.bn_affine);
+      id.ts = ub.add_fixed("batch-norm shift", static_cast<uint64_t>(m_bn.plain_bytes), 1,
+                           m_s.bn_affine);
+      id.rt = ub.add_fixed("residual tile", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
+                           tiles_in_ub, m_s.residual);
+      id.ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes), 1,
+                           m_bn.dense);
+      id.rs = ub.add_fixed("batch-norm shift (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
+                           1, m_bn.dense);
+      // A last column group's masked repeat spans 64 lanes from its first column: up to one
+      // repeat (256 bytes) past the last row's end.
+      id.r32 = ub.add_fixed(
+          "C tile (f32, the batch norm's result)",
+          static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes) + vec::kRepeatBytes, 1, result32);
+      if (result32) {
+        ub.place(id.c32, span, 0);
+        ub.place(id.r32, span, span / 2);
+      }
+      return ub;
+    };
+    UbIds id{};
+    BufferPlan ub = ub_plan(false, id);
+    if (m_s.bn_affine && via_ub && span >= 2 * ub_align && span % (2 * ub_align) == 0) {
+      UbIds with{};
+      BufferPlan trial = ub_plan(true, with);
+      if (trial.extent(0, ub_align) <= cube_core(m_b.config(), m_b.op()).capacity(Buf::UB)) {
+        ub = trial;
+        id = with;
+        m_result32 = true;
+      }
+    }
+    const auto cu = id.cu, c32 = id.c32, ta = id.ta, ts = id.ts, rt = id.rt, ra = id.ra, rs = id.rs;
     if (via_ub) {
       const BufferPlan::Placed pu = ub.allocate(m_b, 0);
       m_pipe.store_via_ub(pu[cu]);
@@ -263,7 +296,8 @@ class ConvEmitter {
       if (m_s.bn_affine)
         m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
                               m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
-                              m_bn.dense, m_s.bn_a_in_filter});
+                              m_bn.dense, m_s.bn_a_in_filter, m_result32,
+                              m_result32 ? pu[id.r32] : 0});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).
@@ -757,8 +791,9 @@ class ConvEmitter {
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   const Reg* m_prev_key = nullptr;
-  ConvBnTables m_bn;  // bn_affine: its UB tables
-  Twin m_res_tiles;   // residual: its UB tiles
+  ConvBnTables m_bn;        // bn_affine: its UB tables
+  bool m_result32 = false;  // bn_affine: the f32 passes write out of place (allocate())
+  Twin m_res_tiles;         // residual: its UB tiles
   uint64_t m_bn_a = 0, m_bn_shift = 0, m_bn_rep_a = 0, m_bn_rep_shift = 0;
   const Reg* m_tbeg = nullptr;
   int m_stats_blocks = 0;

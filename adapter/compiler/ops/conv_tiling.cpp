@@ -20,15 +20,21 @@ using isa::Pipe;
 
 namespace {
 
-constexpr double kTieBand = 0.005;  // plans this close in modelled cycles count as equal
+constexpr double kTieBand = 0.005;     // plans this close in modelled cycles count as equal
+constexpr int64_t kRepeatBytes = 256;  // one vector repeat (a masked one reads all of it)
 
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
 struct ConvRates {
   double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
   // Vector cycles per output element of the batch norm in the epilogue (bn_affine): its
   // passes over the f32 tile (multiply, add, the rounding or packing copy into the output
-  // tile) and the activation's over the output tile, 0 without.
-  double affine_per_elem = 0;
+  // tile) and the activation's and the residual's over the output tile, 0 without. A pass
+  // that reads and writes the same UB banks (in place) takes two bank accesses per block:
+  // twice the cycles (docs/chip_model.md's bank model). affine_per_elem_result32: the same
+  // with the f32 result tile (CubePipeline::ChannelAffine::result32: the f32 passes out of
+  // place), where a tiling leaves the UB room for it.
+  double affine_per_elem = 0, affine_per_elem_result32 = 0;
+  uint64_t ub_bank_span = 0;  // UB banks x bank width (bytes), 0 without a bank model
 };
 
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
@@ -57,11 +63,26 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const CubeConvSpec& s) {
   ConvRates r = conv_rates(cfg, core);
   if (s.bn_affine) {
-    const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 1 : 0;
-    r.affine_per_elem =
-        static_cast<double>((s.bn_a_in_filter ? 2 : 3) * kL0cElemBytes +
-                            (act + (s.residual ? 1 : 0)) * isa::dtype_size(s.out_type)) /
-        cfg.vector_bytes_per_cycle;
+    const bool narrow = s.out_type != isa::Dtype::F32;
+    // Passes over the output tile, in bank accesses per element byte: ReLU6 on a narrower
+    // output goes out of place (two passes), ReLU in place (one pass, two accesses), the
+    // residual add in place.
+    const int act = s.act == Activation::kRelu6 ? 2 : s.act == Activation::kRelu ? 2 : 0;
+    const double out_passes = narrow ? act + (s.residual ? 2 : 0) : 0;
+    // f32 passes: the multiply (unless a is in the filter), the add, each in place or not,
+    // then the rounding (or packing copy) into the output tile; an f32 output's activation
+    // runs in place on the f32 result.
+    const int f32_passes = s.bn_a_in_filter ? 1 : 2;
+    const double f32_tail = 1 + (narrow ? 0 : act);
+    auto per_elem = [&](double f32_pass_accesses) {
+      return (static_cast<double>(f32_passes) * f32_pass_accesses + f32_tail) * kL0cElemBytes /
+                 cfg.vector_bytes_per_cycle +
+             out_passes * isa::dtype_size(s.out_type) / cfg.vector_bytes_per_cycle;
+    };
+    r.affine_per_elem = per_elem(2);
+    r.affine_per_elem_result32 = per_elem(1);
+    r.ub_bank_span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                     static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
   }
   return r;
 }
@@ -133,6 +154,7 @@ struct Candidate {
   CubeConvTiling t;
   std::vector<SlabGeom> mts;
   int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
+  double affine_per_elem = 0;  // the epilogue's vector cycles per element for this tiling
 };
 
 // Cost of one tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE with one L0C
@@ -143,6 +165,13 @@ struct Candidate {
 // instructions per mmad step and ~200 per step, one cycle each, ~14 per plane and image of a
 // stacked slab and ~15 per k-block of weights loaded); FIXPIPE once per tile, hidden behind the
 // next tile's steps with two L0C buffers.
+// A tile's way out (cycles): FIXPIPE and the store, and the epilogue's vector passes.
+double tile_store(const ConvRates& r, const Candidate& c, const SlabGeom& g, int64_t n_act) {
+  return static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
+         static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) *
+             c.affine_per_elem;
+}
+
 double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, const SlabGeom& g,
                  int64_t n_act, bool first) {
   const CubeConvTiling& t = c.t;
@@ -151,9 +180,7 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
   const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
                       static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                           static_cast<double>(c.kchunk / cfg.cube_k);
-  const double fix =
-      static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
-      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * r.affine_per_elem;
+  const double fix = tile_store(r, c, g, n_act);
   double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
   if (!t.resident || first)
     load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
@@ -193,6 +220,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
   auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
     return static_cast<double>(x / mt_count) * p.back() + p[static_cast<size_t>(x % mt_count)];
   };
+  auto hi_last = [&](int64_t b) { return std::min(t.tiles, (b + 1) * per); };
   double worst = 0;
   for (int64_t b = 0; b < t.block_dim; ++b) {
     double cost = 0;
@@ -206,6 +234,13 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       if (t.resident)  // the first chunk's weights are not overlapped
         cost += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate + r.gm_lat;
       i = end;
+    }
+    if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi_last(b) > b * per) {
+      // With the batch norm in the epilogue the block's last tile's way out (its vector
+      // passes and store) follows its last step: nothing overlaps it.
+      const int64_t last = hi_last(b) - 1;
+      const int64_t n_act = (last / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
+      cost += tile_store(r, c, c.mts[static_cast<size_t>(last % mt_count)], n_act);
     }
     if (!t.resident) {  // the block's first step waits for its slab and weights, cold
       const SlabGeom& g = c.mts[static_cast<size_t>((b * per) % mt_count)];
@@ -293,6 +328,16 @@ struct ConvPlanner {
                  2 * (bt.plain_bytes + bt.rep_bytes);
     }
     if (via_ub && ub_bytes > static_cast<int64_t>(core.capacity(Buf::UB))) return;
+    if (s.bn_affine) {
+      // The result tile where it fits (the emitter's layout pads the placed f32 tiles to
+      // their banks: up to a bank span each of three, counted here).
+      const int64_t with_result32 = ub_bytes + c.t.tm * tn16 * kL0cElemBytes + kRepeatBytes +
+                                    3 * static_cast<int64_t>(rates.ub_bank_span);
+      c.affine_per_elem =
+          rates.ub_bank_span > 0 && with_result32 <= static_cast<int64_t>(core.capacity(Buf::UB))
+              ? rates.affine_per_elem_result32
+              : rates.affine_per_elem;
+    }
     c.t.tn = tn;
     c.t.n_tiles = ceil_div(s.cg_out, tn);
     c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;

@@ -290,7 +290,10 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       b.emit(Opcode::op_set_mask_count, {n});
       Reg out = b.reg("affine: output tile");
       select(b, out, pt, m_aff.out);
-      affine_activation(s.out_type, out, 0, 8, n);
+      if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
+        affine_relu6_via_scratch(s.out_type, out, pt, n);
+      else
+        affine_activation(s.out_type, out, 0, 8, n);
     }
     b.set_flag(m_aff_full, pt);
     b.wait_flag(m_aff_full, pt);
@@ -321,7 +324,8 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
   // mask (then the scalars and the output address), the rows, the table address and the f32
   // rows' address.
   Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
-      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows");
+      table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows"),
+      res = b.reg("affine: f32 result rows");
   for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
     b.if_(ge(s.cols, col + 1), [&] {
       b.sub(mask, s.cols, col, "the group's lanes");
@@ -339,15 +343,33 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.add(table, *s.channel0, col);
           b.mul(table, table, kL0cElemBytes);
           b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
+          const int64_t rows_off = r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
           select(b, y, pt, m_aff.tile32);
-          b.add(y, y, r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes,
-                "the rows' first element of the group");
-          if (!m_aff.shift_only)
-            b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                   "y * a");
-          b.add(table, table, to_shift, "shift[channel]");
-          b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                 "+ shift");
+          b.add(y, y, rows_off, "the rows' first element of the group");
+          if (m_aff.result32) {
+            // Out of place: y * a into the result tile and + shift back (a in the filter:
+            // y + shift into the result tile); y then names where the f32 result is.
+            b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
+            if (!m_aff.shift_only)
+              b.emit(Opcode::op_vmul,
+                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+            b.add(table, table, to_shift, "shift[channel]");
+            if (m_aff.shift_only) {
+              b.emit(Opcode::op_vadd,
+                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+              b.mov(y, res);
+            } else {
+              b.emit(Opcode::op_vadd,
+                     {Dtype::F32, y, res, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+            }
+          } else {
+            if (!m_aff.shift_only)
+              b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                     "y * a");
+            b.add(table, table, to_shift, "shift[channel]");
+            b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                   "+ shift");
+          }
           if (!narrow && !m_residual) affine_activation(Dtype::F32, y, rep, pitch32, mask);
           // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
           b.mul(table, blocks, r0 * layout::kBlockBytes);
@@ -420,6 +442,44 @@ void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_s
   b.emit(Opcode::op_vmins, {t, y, y, scalar, repeat, 1, 1, rep_stride, rep_stride}, "min 6");
 }
 
+// The f32 tile of a parity is free once its rounding into the output tile is issued (the
+// vector unit runs in order), so ReLU6 on a narrower output goes out of place: max 0 into
+// the f32 tile's room, min 6 back into the output tile. In place each repeat reads and writes
+// the same UB banks (two accesses per bank: docs/chip_model.md's bank model); the scratch
+// starts half the bank span after the output tile modulo the span, so a repeat's source and
+// destination blocks fall in disjoint banks.
+uint64_t CubePipeline::clamp_scratch_offset(int q) const {
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
+                            ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
+                            : layout::kBlockBytes;
+  const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.tile32[q] % span;
+  return (want + span - at) % span;
+}
+
+bool CubePipeline::clamp_scratch_fits() const {
+  // The f32 tile holds rows x max_cols x 4 bytes, the output tile at most rows x max_cols x 2.
+  const uint64_t out_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.max_cols * 2),
+                 f32_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.row_blocks32) *
+                             layout::kBlockBytes;
+  for (int q = 0; q < m_aff.buffers; ++q)
+    if (clamp_scratch_offset(q) + out_bytes > f32_bytes) return false;
+  return true;
+}
+
+void CubePipeline::affine_relu6_via_scratch(Dtype t, const Reg& out, const Reg& pt,
+                                            const Reg& scalar) {
+  KernelBuilder& b = m_b;
+  Reg scratch = b.reg("affine: clamp scratch (the f32 tile's room)");
+  const Twin at{{m_aff.tile32[0] + clamp_scratch_offset(0),
+                 m_aff.tile32[m_aff.buffers - 1] + clamp_scratch_offset(m_aff.buffers - 1)}};
+  select(b, scratch, pt, at);
+  b.movi(scalar, vector_scalar_bits(t, 0.0));
+  b.emit(Opcode::op_vmaxs, {t, scratch, out, scalar, 0, 1, 1, 8, 8}, "max 0 (into the scratch)");
+  b.movi(scalar, vector_scalar_bits(t, 6.0));
+  b.emit(Opcode::op_vmins, {t, out, scratch, scalar, 0, 1, 1, 8, 8}, "min 6 (back)");
+}
+
 void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   KernelBuilder& b = m_b;
   KernelBuilder::Origin o(b, fmt::format("{} on the tile in the UB (one run): {}", m_aff.what,
@@ -433,11 +493,27 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
-  if (!m_aff.shift_only)
-    b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
-  b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
-        "shift (replicated)");
-  b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  if (m_aff.result32) {
+    // Out of place (ChannelAffine::result32); y then names where the f32 result is.
+    Reg res = b.reg("affine: f32 result tile");
+    b.movi(res, static_cast<int64_t>(m_aff.result32_at));
+    if (!m_aff.shift_only)
+      b.emit(Opcode::op_vmul, {Dtype::F32, res, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+    b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+          "shift (replicated)");
+    if (m_aff.shift_only) {
+      b.emit(Opcode::op_vadd, {Dtype::F32, res, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+      b.mov(y, res);
+    } else {
+      b.emit(Opcode::op_vadd, {Dtype::F32, y, res, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+    }
+  } else {
+    if (!m_aff.shift_only)
+      b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+    b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+          "shift (replicated)");
+    b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
+  }
   if (s.out_type == Dtype::F32 && !m_residual) affine_activation(Dtype::F32, y, 0, 8, n);
   select(b, table, pt, m_aff.out);
   if (s.out_type != Dtype::F32)

@@ -148,6 +148,12 @@ class CubePipeline {
     // y + shift[c] only: the factor is in the cube's filter (the convolution's f16(W * a)) or
     // there is none (MatMul's bias); `a` is then not read.
     bool shift_only = false;
+    // One more f32 tile at result32_at (one for both parities: the vector unit works on one
+    // tile at a time) in other UB banks than tile32's: y * a goes there and + shift back into
+    // tile32 (with a in the filter, y + shift goes there), so no f32 pass reads and writes the
+    // same banks in a repeat. Without it the passes run in place.
+    bool result32 = false;
+    uint64_t result32_at = 0;
     const char* what = "batch norm";  // the epilogue's name in the listing
   };
   void affine_via_ub(const ChannelAffine& e) {
@@ -266,6 +272,12 @@ class CubePipeline {
   void affine_dense_in_ub(const Store& s, const Reg& pt);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+  // ReLU6 on the output tile (type t, `scalar` lanes in counter mode) through a scratch in
+  // the f32 tile's room of parity pt (free after the rounding), where it fits
+  // (clamp_scratch_fits); clamp_scratch_offset(q): the scratch's offset in f32 tile q.
+  bool clamp_scratch_fits() const;
+  uint64_t clamp_scratch_offset(int q) const;
+  void affine_relu6_via_scratch(isa::Dtype t, const Reg& out, const Reg& pt, const Reg& scalar);
   // residual_via_ub: MTE2 loads the tile's residual rows (rows of row_blocks blocks); the
   // vector unit adds them to the output tile of parity pt.
   void load_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
