@@ -1,11 +1,14 @@
 #include "adapter/compiler/ops/channel.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
 #include "adapter/compiler/ops/vector_rows.h"
@@ -81,6 +84,8 @@ class ChannelSumEmitter {
   // (emit_section).
   ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s);
   ChannelSumLaunch build();
+  // build() with the epilogue e after the sums (build_channel_sum_with_epilogue).
+  ChannelSumLaunch build_with_epilogue(ChannelEpilogueSpec e);
   int emit_section(const ChannelSumSection& sec);
 
  private:
@@ -390,23 +395,32 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
 
 // The epilogue's tiles in the section begun in b (arguments declared by the caller: partial
 // set i in partial_args[i], "vector{i}", "output{i}"); core = this core's index among
-// p.blocks (unused when p.blocks is 1; cores past p.blocks take no tile).
+// p.blocks (unused when p.blocks is 1; cores past p.blocks take no tile). With over_ub, the
+// buffers are laid out from the UB's start over what the section allocated before (p planned
+// for the whole UB): the caller's flags keep every pipe off those buffers by then.
 void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const EpiloguePlan& p,
-                         const std::vector<std::string>& partial_args, const Reg* core) {
+                         const std::vector<std::string>& partial_args, const Reg* core,
+                         bool over_ub = false) {
   const int64_t ct = p.ct;
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
-  const uint64_t row = static_cast<uint64_t>(ct) * 4;
+  const uint64_t row = static_cast<uint64_t>(ct) * 4;  // whole 32-byte blocks (ct: kF32Tile's)
+  uint64_t next = 0;
+  auto alloc = [&](uint64_t bytes, const std::string& name) {
+    if (!over_ub) return b.alloc(Buf::UB, bytes, name);
+    const uint64_t at = next;
+    next += round_up(bytes, b.alignment(Buf::UB));
+    return at;
+  };
   EpilogueOperands ops;
-  const uint64_t partial = b.alloc(Buf::UB, row * static_cast<uint64_t>(max_blocks), "partials");
+  const uint64_t partial = alloc(row * static_cast<uint64_t>(max_blocks), "partials");
   for (size_t i = 0; i < s.partial_blocks.size(); ++i)
-    ops.sums.push_back(b.alloc(Buf::UB, row, fmt::format("sum {}", i)));
+    ops.sums.push_back(alloc(row, fmt::format("sum {}", i)));
   for (int i = 0; i < s.vectors; ++i)
-    ops.vectors.push_back(b.alloc(Buf::UB, row, fmt::format("vector {}", i)));
+    ops.vectors.push_back(alloc(row, fmt::format("vector {}", i)));
   for (int i = 0; i < s.outputs; ++i)
-    ops.outputs.push_back(b.alloc(Buf::UB, row, fmt::format("output {}", i)));
-  for (int i = 0; i < s.temps; ++i)
-    ops.temps.push_back(b.alloc(Buf::UB, row, fmt::format("temp {}", i)));
+    ops.outputs.push_back(alloc(row, fmt::format("output {}", i)));
+  for (int i = 0; i < s.temps; ++i) ops.temps.push_back(alloc(row, fmt::format("temp {}", i)));
   const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
   const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
@@ -515,6 +529,62 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   }
   b.end();
   return m_blocks;
+}
+
+ChannelSumLaunch ChannelSumEmitter::build_with_epilogue(ChannelEpilogueSpec e) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  if (!b.config().split)
+    b.fail("channel sums with their epilogue in the kernel need a split chip (cross-core flags)");
+  if (e.batch != s.batch || e.c > s.cp)
+    b.fail(fmt::format("a channel-sum epilogue of {} items and {} channels after sums of {} items "
+                       "and {} channels",
+                       e.batch, e.c, s.batch, s.cp));
+  // The sums' tiles are build()'s: the epilogue takes the UB again once they are stored.
+  plan_tile();
+  b.begin_section(m_kind);
+  allocate();
+  m_px.emplace(b, m_ct);
+  ChannelSumLaunch out;
+  declare_args(out);
+  const int first = static_cast<int>(out.launch.args.size());
+  for (int i = 0; i < e.vectors; ++i) {
+    b.declare_arg(fmt::format("vector{}", i), Dtype::F32, {e.c});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, first + i, 0});
+  }
+  for (int i = 0; i < e.outputs; ++i) {
+    b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, first + e.vectors + i, 0});
+  }
+  emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
+  std::vector<std::string> sets = {"partials"};
+  if (s.plain_sum) sets.push_back("partials2");
+  e.partial_cp = s.cp;
+  e.partial_blocks.assign(sets.size(), m_blocks);
+  // Every block has pixels (m_blocks splits them): all of them meet at the barrier.
+  emit_partials_barrier(0);
+  m_px.reset();
+  // The epilogue's buffers over the sums' (stored before the barrier; V's last use of them came
+  // before its flag to MTE3, whose stores came before the barrier that MTE2's loads wait for).
+  const EpiloguePlan p = plan_epilogue(b, e, m_core.capacity(Buf::UB), m_blocks);
+  Reg blk = b.reg("block");
+  b.emit(Opcode::op_get_block_id, {blk});
+  if (p.blocks > 1) {
+    emit_epilogue_tiles(b, e, p, sets, &blk, true);
+  } else {  // one channel tile: block 0's
+    b.if_(eq(blk, 0), [&] { emit_epilogue_tiles(b, e, p, sets, nullptr, true); });
+  }
+  b.end();
+  out.launch.kernel = b.finish();
+  out.launch.block_dim = m_blocks;
+  out.blocks = m_blocks;
+  out.launch.summary = fmt::format(
+      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, tiles of {} pixels x {} "
+      "channels, loaded {} pixels at a time; then {} in the kernel, tiles of {} channels on {} "
+      "blocks",
+      s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct,
+      m_tp * m_rt, e.name, p.ct, p.blocks);
+  return out;
 }
 
 // Every vector core of the launch, including those without pixels, signals once its partials
@@ -846,6 +916,46 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
                                    const std::string& op) {
   KernelBuilder b(fmt::format("ChannelSum_{}", isa::dtype_name(s.a_type)), op, cfg);
   return ChannelSumEmitter(b, s).build();
+}
+
+ChannelSumLaunch build_channel_sum_with_epilogue(const ChannelSumSpec& s,
+                                                 const ChannelEpilogueSpec& e,
+                                                 const ChipConfig& cfg, const std::string& op) {
+  KernelBuilder b(fmt::format("ChannelSum_{}_{}", isa::dtype_name(s.a_type), e.name), op, cfg);
+  return ChannelSumEmitter(b, s).build_with_epilogue(e);
+}
+
+bool channel_epilogue_in_kernel(const ChipConfig& cfg) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_CHANNEL_EPILOGUE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && cfg.split;
+}
+
+void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op,
+                                 const ChannelSumSpec& s, std::vector<ArgRef> args,
+                                 ChannelEpilogueSpec e, const std::vector<ArgRef>& tail,
+                                 const ChipConfig& cfg, bool in_kernel) {
+  if (static_cast<int>(tail.size()) != e.vectors + e.outputs)
+    throw Error(fmt::format("{}: {} arguments for an epilogue of {} vectors and {} outputs", op,
+                            tail.size(), e.vectors, e.outputs));
+  ChannelSumLaunch sum = in_kernel ? build_channel_sum_with_epilogue(s, e, cfg, op)
+                                   : build_channel_sum(s, cfg, op);
+  const uint64_t bytes = static_cast<uint64_t>(s.batch * sum.blocks * s.cp) * 4;
+  std::vector<ArgRef> partials = {workspace_take(k, bytes)};
+  if (s.plain_sum) partials.push_back(workspace_take(k, bytes));
+  args.insert(args.end(), partials.begin(), partials.end());
+  if (in_kernel) {
+    args.insert(args.end(), tail.begin(), tail.end());
+    k.launches.push_back(with_args(std::move(sum.launch), std::move(args)));
+    return;
+  }
+  k.launches.push_back(with_args(std::move(sum.launch), std::move(args)));
+  e.partial_cp = s.cp;
+  e.partial_blocks.assign(partials.size(), sum.blocks);
+  partials.insert(partials.end(), tail.begin(), tail.end());
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op), std::move(partials)));
 }
 
 int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
