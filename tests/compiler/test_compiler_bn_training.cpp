@@ -24,6 +24,8 @@
 #include <cmath>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/conv.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
 
@@ -284,15 +286,81 @@ void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t
     epilogue_launch |= l.kernel.program.name == "BNTrainingReduceSums";
   }
   CHECK(channel_sum_launch == (!test_sim().config().split || !whole_blocks));
-  // the mix kernel adds its vector cores' partials itself, after their barrier
-  CHECK(epilogue_launch == channel_sum_launch);
+  // the mix kernel adds its vector cores' partials itself, after their barrier; so does the
+  // channel-sum launch on a split chip (compiler::ops::build_channel_sum_with_epilogue)
+  CHECK(epilogue_launch == (channel_sum_launch && !test_sim().config().split));
   RunResult fused = run("Conv2DBNTrainingReduce", in, attrs, 3);
   RunResult conv = run(bias ? "Conv2DBiasAdd" : "Conv2D", in, attrs, 1);
   CHECK(fused.outputs[0].values == conv.outputs[0].values);
   check_channel_sums(fused.outputs[0], ws[3], fused, 1);
 }
 
+// compiler::ops::append_channel_sum_epilogue with the epilogue in the sums' kernel (one launch,
+// split chips) against the sums' launch and the epilogue's launch: the same outputs, bit for
+// bit. The sums are BNTrainingUpdateGrad's (a = x, b = dy, centred on m, with the plain sum of
+// dy), the epilogue reads a vector (v) and writes diff_scale = rsqrt(v) * sum dy (x - m) and
+// diff_offset = sum dy, each through its own instructions.
+void check_epilogue_in_kernel(int64_t pixels, int64_t c, DataType dt, uint32_t seed) {
+  INFO("channel sums and epilogue in one kernel: " << pixels << " x " << c << " "
+                                                   << compiler::data_type_name(dt));
+  using namespace compiler::ops;
+  HostTensor x = random_tensor(dt, {pixels, c}, -2, 3, seed);
+  HostTensor dy = random_tensor(dt, {pixels, c}, -1, 1, seed + 1);
+  HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, seed + 2);
+  HostTensor v = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 3);
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  s.plain_sum = true;
+  s.a_type = s.b_type = compiler::device_dtype(dt);
+  s.pixels = pixels;
+  s.cp = c;
+  ChannelEpilogueSpec e;
+  e.name = "TestSums";
+  e.spread = true;
+  e.c = c;
+  e.vectors = 1;
+  e.outputs = 2;
+  e.compute = [](compiler::KernelBuilder& b, const EpilogueOperands& o) {
+    f32_unary(b, isa::Opcode::op_vrsqrt, o.outputs[0], o.vectors[0], *o.count);
+    f32_binary(b, isa::Opcode::op_vmul, o.outputs[0], o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  const auto run_sums = [&](bool in_kernel) {
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F32, {c}}, TensorDesc{DataType::F32, {c}}};
+    append_channel_sum_epilogue(k, "test", s, {input_ref(0), input_ref(1), input_ref(2)}, e,
+                                {input_ref(3), output_ref(0), output_ref(1)}, test_sim().config(),
+                                in_kernel);
+    for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
+    CHECK(k.launches.size() == (in_kernel ? 1u : 2u));
+    return run_compiled(test_sim(), k, {x, dy, m, v});
+  };
+  REQUIRE(test_sim().config().split);
+  const RunResult one = run_sums(true), two = run_sums(false);
+  CHECK(one.outputs[1].values == two.outputs[1].values);
+  CHECK(one.outputs[0].values == two.outputs[0].values);
+  // and against the sums in double (the channel sums' bound, file comment)
+  const double k = static_cast<double>(pixels + 16);
+  std::vector<double> dof(c), tdof(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < pixels; ++i) {
+      dof[j] += at(dy, i, j, c);
+      tdof[j] += k * kE * std::fabs(at(dy, i, j, c));
+    }
+  check_within_bounds(one.outputs[1].values, dof, tdof, "sum dy");
+}
+
 }  // namespace
+
+TEST_CASE("Channel sums with their epilogue in the kernel: the two launches' values") {
+  // One channel tile (block 0 adds it) and several spread over the blocks; whole and partial
+  // last tiles of pixels; f16 inputs widened.
+  check_epilogue_in_kernel(8 * 6 * 6, 16, DataType::F32, 70);
+  check_epilogue_in_kernel(2 * 20 * 61, 64, DataType::F16, 71);
+  check_epilogue_in_kernel(4 * 7 * 7, 512, DataType::F32, 72);
+  check_epilogue_in_kernel(3 * 9 * 9, 2048, DataType::F16, 73);
+}
 
 TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's output") {
   check_conv_reduce({2, 6, 7, 16}, {3, 3, 16, 32}, true, DataType::F16, 50);

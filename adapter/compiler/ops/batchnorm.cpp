@@ -710,14 +710,11 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
     for (int i : {3, 4, 5})
       sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x.cp, ctx.cfg));
   }
-  ArgRef sdy;
-  auto [sdyx, blocks] = append_sum(k, op, s, sum_inputs, ctx.cfg, &sdy);
+  // The partial sets: sum dy * (x - m), then sum dy.
   ChannelEpilogueSpec e;
   e.name = "BNTrainingUpdateGradSums";
   e.spread = true;
   e.c = t.c;
-  e.partial_cp = x.cp;
-  e.partial_blocks = {blocks, blocks};
   e.vectors = 1;  // variance
   e.outputs = 2;  // diff_scale, diff_offset
   e.compute = [eps](KernelBuilder& b, const EpilogueOperands& o) {
@@ -727,8 +724,9 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
     f32_binary(b, Opcode::op_vmul, o.outputs[0], o.outputs[0], o.sums[0], n);
     f32_copy(b, o.outputs[1], o.sums[1], n);
   };
-  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
-                                 {sdyx, sdy, input_ref(3), output_ref(0), output_ref(1)}));
+  append_channel_sum_epilogue(k, op.str(), s, sum_inputs, e,
+                              {input_ref(3), output_ref(0), output_ref(1)}, ctx.cfg,
+                              channel_epilogue_in_kernel(ctx.cfg));
   return k;
 }
 
@@ -779,12 +777,15 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
   s.a_type = device_dtype(dt);
   s.pixels = pixels;
   s.cp = xp.cp;
-  ArgRef sums;
-  auto [squares, blocks] = append_sum(k, op, s, {xp.ref}, cfg, &sums);
-  append_bn_training_reduce_sums(k, op, sums, squares, blocks, c, xp.cp, out, cfg);
+  // (the sums' partial sets: the sums of squares, then the plain sums)
+  append_channel_sum_epilogue(k, op.str(), s, {xp.ref},
+                              bn_training_reduce_sums_epilogue(0, c, xp.cp, true),
+                              {output_ref(out), output_ref(out + 1)}, cfg,
+                              channel_epilogue_in_kernel(cfg));
 }
 
-ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp) {
+ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp,
+                                                     bool squares_first) {
   ChannelEpilogueSpec e;
   e.name = "BNTrainingReduceSums";
   e.spread = true;
@@ -792,19 +793,12 @@ ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int6
   e.partial_cp = cp;
   e.partial_blocks = {blocks, blocks};
   e.outputs = 2;
-  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
-    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  const int sums = squares_first ? 1 : 0;
+  e.compute = [sums](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[sums], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1 - sums], *o.count);
   };
   return e;
-}
-
-void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
-                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
-                                    int out, const ChipConfig& cfg) {
-  const ChannelEpilogueSpec e = bn_training_reduce_sums_epilogue(blocks, c, cp);
-  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()),
-                                 {sums, squares, output_ref(out), output_ref(out + 1)}));
 }
 
 CompiledKernel compile_batchnorm(const CompileContext& ctx) {

@@ -18,15 +18,10 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
                                int64_t pixels, int64_t c, DataType dt, int out,
                                const ChipConfig& cfg);
 
-// The epilogue alone: outputs `out` and `out + 1` = the sums over `blocks` partials of
-// [blocks][cp] f32 at sums (plain sums) and squares (sums of squares), c <= cp channels.
-// The epilogue's spec: partial sets (plain sums, sums of squares) of `blocks` blocks, c <= cp
-// channels; outputs 0 and 1 = their sums (sum, square_sum). Also a mix kernel's in-kernel
-// epilogue (ChannelSumSection::epilogue).
-ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp);
-
-void append_bn_training_reduce_sums(CompiledKernel& k, const OpDesc& op, const ArgRef& sums,
-                                    const ArgRef& squares, int blocks, int64_t c, int64_t cp,
-                                    int out, const ChipConfig& cfg);
+// The epilogue's spec: partial sets (plain sums, sums of squares; with squares_first the other
+// way round) of `blocks` blocks, c <= cp channels; outputs 0 and 1 = their sums (sum,
+// square_sum). Also a mix kernel's in-kernel epilogue (ChannelSumSection::epilogue).
+ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp,
+                                                     bool squares_first = false);
 
 }  // namespace npusim::compiler::ops

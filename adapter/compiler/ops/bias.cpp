@@ -107,26 +107,22 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
     s.a_type = device_dtype(g.dtype);
     s.pixels = pixels;
     s.cp = channels;
-    ChannelSumLaunch sum = build_channel_sum(s, ctx.cfg, op.str());
-    const ArgRef partials = workspace_take(k, static_cast<uint64_t>(sum.blocks * channels) * 4);
-    k.launches.push_back(with_args(std::move(sum.launch), {input_ref(0), partials}));
     ChannelEpilogueSpec e;
     e.name = "BiasAddGradSums";
     e.spread = true;
     e.c = channels;
-    e.partial_cp = channels;
-    e.partial_blocks = {sum.blocks};
     e.outputs = 1;
     e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
       f32_copy(b, o.outputs[0], o.sums[0], *o.count);
     };
+    const bool in_kernel = channel_epilogue_in_kernel(ctx.cfg);
     if (g.dtype == DataType::F32) {
-      k.launches.push_back(
-          with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, output_ref(0)}));
+      append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {output_ref(0)}, ctx.cfg,
+                                  in_kernel);
       return k;
     }
     const ArgRef sums = workspace_take(k, static_cast<uint64_t>(channels) * 4);
-    k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, sums}));
+    append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {sums}, ctx.cfg, in_kernel);
     append_strided_copy(k, op, sums, output_ref(0), 1, channels, channels, DataType::F32, g.dtype,
                         ctx.cfg);
     return k;

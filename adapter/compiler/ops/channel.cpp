@@ -1,11 +1,14 @@
 #include "adapter/compiler/ops/channel.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/pixel_ops.h"
 #include "adapter/compiler/ops/vector_rows.h"
@@ -30,15 +33,13 @@ constexpr int64_t kPingPongTiles = 4;
 
 }  // namespace
 
-void f32_binary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, uint64_t c,
-                const Reg& count) {
+void f32_binary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, uint64_t c, const Reg& count) {
   vec_binary(b, op, Dtype::F32, d, a, c, count);
 }
 void f32_unary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, const Reg& count) {
   vec_unary(b, op, Dtype::F32, d, a, count);
 }
-void f32_scalar(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, double v,
-                const Reg& count) {
+void f32_scalar(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, double v, const Reg& count) {
   Reg s = b.reg_imm("scalar (f32 bits)", vector_scalar_bits(Dtype::F32, v));
   vec_scalar(b, op, Dtype::F32, d, a, s, count);
 }
@@ -80,7 +81,9 @@ class ChannelSumEmitter {
   // Emits into b: a kernel of its own (build), or the vector section of a mix kernel
   // (emit_section).
   ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s);
-  ChannelSumLaunch build();
+  // A kernel of its own, with the epilogue e after the sums if given
+  // (build_channel_sum_with_epilogue).
+  ChannelSumLaunch build(std::optional<ChannelEpilogueSpec> e = std::nullopt);
   int emit_section(const ChannelSumSection& sec);
 
  private:
@@ -117,7 +120,7 @@ class ChannelSumEmitter {
   int64_t m_ct = 0;          // channels per group (divides cp)
   int64_t m_per = 0;         // pixels per block
   int m_blocks = 0;
-  uint64_t m_tile = 0;  // elements per tile
+  uint64_t m_tile = 0;                                // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
   // The running sums (and the plain ones) ping-pong where the tile stays as large: a tile's
   // sums go from acc[q] into acc[1 - q] (q its ping / pong), never in place (the bank model: a
@@ -125,13 +128,13 @@ class ChannelSumEmitter {
   uint64_t m_acc[2] = {0, 0}, m_acc2[2] = {0, 0};
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
-  uint64_t m_threshold = 0;  // relu_mask: a repeat of relu_mask_threshold (m_zero where 0)
+  uint64_t m_threshold = 0;      // relu_mask: a repeat of relu_mask_threshold (m_zero where 0)
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
-  bool m_vectors = false;  // per-group vectors (m, fa, fs) to load
-  bool m_pingpong = false;  // the sums ping-pong (else acc[1] == acc[0]: in place)
+  bool m_vectors = false;       // per-group vectors (m, fa, fs) to load
+  bool m_pingpong = false;      // the sums ping-pong (else acc[1] == acc[0]: in place)
   const char* m_a_arg = "a";    // the argument holding a
   int64_t m_vector_blocks = 0;  // a section's vector cores (0: a kernel of its own, the
                                 // chip's vector cores)
@@ -170,10 +173,10 @@ void ChannelSumEmitter::plan_tile() {
     // relu_mask: the pre-activation (f32) and the mask bits; fa, fs, the mask vectors and two
     // constant repeats.
     const int vectors = 1 + (s.relu_mask ? 2 + s.mask_vectors : 0);
-    const uint64_t per = static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + accs * 4 +
-                                               (s.kind != Kind::kSum || s.centered ? 4 : 0) +
-                                               (s.plain_sum ? accs * 4 : 0) +
-                                               (s.relu_mask ? 5 : 0));
+    const uint64_t per =
+        static_cast<uint64_t>(input(sa) + (has_b ? input(sb) : 0) + accs * 4 +
+                              (s.kind != Kind::kSum || s.centered ? 4 : 0) +
+                              (s.plain_sum ? accs * 4 : 0) + (s.relu_mask ? 5 : 0));
     // (each buffer may be padded to its bank window: at most a span, 1.5 KiB on the 910B)
     const uint64_t span = static_cast<uint64_t>(m_b.config().ub_banks) *
                           static_cast<uint64_t>(m_b.config().ub_bank_width_bytes);
@@ -333,27 +336,6 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
   }
 }
 
-ChannelSumLaunch ChannelSumEmitter::build() {
-  KernelBuilder& b = m_b;
-  plan_tile();
-  b.begin_section(m_kind);
-  allocate();
-  m_px.emplace(b, m_ct);
-  ChannelSumLaunch out;
-  declare_args(out);
-  emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
-  b.end();
-  out.launch.kernel = b.finish();
-  out.launch.block_dim = m_blocks;
-  out.blocks = m_blocks;
-  out.launch.summary = fmt::format(
-      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-      "tiles of {} pixels x {} channels, loaded {} pixels at a time",
-      m_s.batch, m_s.pixels, m_s.cp, isa::dtype_name(m_s.a_type), m_blocks, m_per, m_tp, m_ct,
-      m_tp * m_rt);
-  return out;
-}
-
 // Where an epilogue's tiles go: channel tiles of ct f32 spread over `blocks` cores (tile k on
 // core k mod blocks).
 struct EpiloguePlan {
@@ -364,8 +346,7 @@ struct EpiloguePlan {
 
 // The largest channel tile whose buffers fit `ub` bytes of UB (with spread, at most c / cores
 // channels in whole f32 repeats, so that every one of `cores` cores gets a tile).
-EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub,
-                           int cores) {
+EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub, int cores) {
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
   const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
@@ -375,9 +356,10 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
                (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
            static_cast<uint64_t>(nbuf + 1) * 64;
   };
-  const int64_t cap = s.spread ? static_cast<int64_t>(round_up(
-                                     static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
-                               : std::numeric_limits<int64_t>::max();
+  const int64_t cap =
+      s.spread
+          ? static_cast<int64_t>(round_up(static_cast<uint64_t>(ceil_div(s.c, cores)), kF32Tile))
+          : std::numeric_limits<int64_t>::max();
   EpiloguePlan p;
   while (p.ct * 2 <= static_cast<int64_t>(round_up(static_cast<uint64_t>(s.c), kF32Tile)) &&
          p.ct * 2 <= cap && need(p.ct * 2) <= ub)
@@ -390,23 +372,32 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
 
 // The epilogue's tiles in the section begun in b (arguments declared by the caller: partial
 // set i in partial_args[i], "vector{i}", "output{i}"); core = this core's index among
-// p.blocks (unused when p.blocks is 1; cores past p.blocks take no tile).
+// p.blocks (unused when p.blocks is 1; cores past p.blocks take no tile). With over_ub, the
+// buffers are laid out from the UB's start over what the section allocated before (p planned
+// for the whole UB): the caller's flags keep every pipe off those buffers by then.
 void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const EpiloguePlan& p,
-                         const std::vector<std::string>& partial_args, const Reg* core) {
+                         const std::vector<std::string>& partial_args, const Reg* core,
+                         bool over_ub = false) {
   const int64_t ct = p.ct;
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
-  const uint64_t row = static_cast<uint64_t>(ct) * 4;
+  const uint64_t row = static_cast<uint64_t>(ct) * 4;  // whole 32-byte blocks (ct: kF32Tile's)
+  uint64_t next = 0;
+  auto alloc = [&](uint64_t bytes, const std::string& name) {
+    if (!over_ub) return b.alloc(Buf::UB, bytes, name);
+    const uint64_t at = next;
+    next += round_up(bytes, b.alignment(Buf::UB));
+    return at;
+  };
   EpilogueOperands ops;
-  const uint64_t partial = b.alloc(Buf::UB, row * static_cast<uint64_t>(max_blocks), "partials");
+  const uint64_t partial = alloc(row * static_cast<uint64_t>(max_blocks), "partials");
   for (size_t i = 0; i < s.partial_blocks.size(); ++i)
-    ops.sums.push_back(b.alloc(Buf::UB, row, fmt::format("sum {}", i)));
+    ops.sums.push_back(alloc(row, fmt::format("sum {}", i)));
   for (int i = 0; i < s.vectors; ++i)
-    ops.vectors.push_back(b.alloc(Buf::UB, row, fmt::format("vector {}", i)));
+    ops.vectors.push_back(alloc(row, fmt::format("vector {}", i)));
   for (int i = 0; i < s.outputs; ++i)
-    ops.outputs.push_back(b.alloc(Buf::UB, row, fmt::format("output {}", i)));
-  for (int i = 0; i < s.temps; ++i)
-    ops.temps.push_back(b.alloc(Buf::UB, row, fmt::format("temp {}", i)));
+    ops.outputs.push_back(alloc(row, fmt::format("output {}", i)));
+  for (int i = 0; i < s.temps; ++i) ops.temps.push_back(alloc(row, fmt::format("temp {}", i)));
   const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
   const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
@@ -425,8 +416,8 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
           b.mul(t, item, nb * s.partial_cp * 4);
           b.add(src, src, t);
           b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks,
-                                         ct * 4 / 32 - blocks},
+          b.emit(Opcode::op_copy_gm2ub,
+                 {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks, ct * 4 / 32 - blocks},
                  "the blocks' partial sums");
           b.set_flag(Pipe::MTE2, Pipe::V, ready);
           b.wait_flag(Pipe::MTE2, Pipe::V, ready);
@@ -503,7 +494,7 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
     for (int i = 0; i < sec.epilogue->outputs; ++i)
       b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
   emit_body([&](const Reg& blk) { section_block(blk); },
-      sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
+            sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
   if (e) {
     e->partial_blocks.assign(sec.epilogue_sets.size(), m_blocks);
     emit_partials_barrier(sec.barrier_flag);
@@ -515,6 +506,68 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   }
   b.end();
   return m_blocks;
+}
+
+ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  if (e && !b.config().split)
+    b.fail("channel sums with their epilogue in the kernel need a split chip (cross-core flags)");
+  if (e && (e->batch != s.batch || e->c > s.cp))
+    b.fail(
+        fmt::format("a channel-sum epilogue of {} items and {} channels after sums of {} items "
+                    "and {} channels",
+                    e->batch, e->c, s.batch, s.cp));
+  // The sums' tiles are the same with an epilogue: it takes the UB again once they are stored.
+  plan_tile();
+  b.begin_section(m_kind);
+  allocate();
+  m_px.emplace(b, m_ct);
+  ChannelSumLaunch out;
+  declare_args(out);
+  const int first = static_cast<int>(out.launch.args.size());
+  for (int i = 0; e && i < e->vectors; ++i) {
+    b.declare_arg(fmt::format("vector{}", i), Dtype::F32, {e->c});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, first + i, 0});
+  }
+  for (int i = 0; e && i < e->outputs; ++i) {
+    b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, first + e->vectors + i, 0});
+  }
+  emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
+  std::string epilogue;
+  if (e) {
+    std::vector<std::string> sets = {"partials"};
+    if (s.plain_sum) sets.push_back("partials2");
+    e->partial_cp = s.cp;
+    e->partial_blocks.assign(sets.size(), m_blocks);
+    // Every block has pixels (m_blocks splits them): all of them meet at the barrier.
+    emit_partials_barrier(0);
+    m_px.reset();
+    // The epilogue's buffers over the sums' (stored before the barrier; V's last use of them
+    // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads
+    // wait for).
+    const EpiloguePlan p = plan_epilogue(b, *e, m_core.capacity(Buf::UB), m_blocks);
+    Reg blk = b.reg("block");
+    b.emit(Opcode::op_get_block_id, {blk});
+    if (p.blocks > 1) {
+      emit_epilogue_tiles(b, *e, p, sets, &blk, true);
+    } else {  // one channel tile: block 0's
+      b.if_(eq(blk, 0), [&] { emit_epilogue_tiles(b, *e, p, sets, nullptr, true); });
+    }
+    epilogue = fmt::format("; then {} in the kernel, tiles of {} channels on {} blocks", e->name,
+                           p.ct, p.blocks);
+  }
+  b.end();
+  out.launch.kernel = b.finish();
+  out.launch.block_dim = m_blocks;
+  out.blocks = m_blocks;
+  out.launch.summary = fmt::format(
+      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
+      "tiles of {} pixels x {} channels, loaded {} pixels at a time{}",
+      s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct, m_tp * m_rt,
+      epilogue);
+  return out;
 }
 
 // Every vector core of the launch, including those without pixels, signals once its partials
@@ -602,8 +655,7 @@ void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (m_s.centered) load_vector("m", m_m, g);
-  for (size_t i = 0; i < m_mask.size(); ++i)
-    load_vector(fmt::format("mask{}", i), m_mask[i], g);
+  for (size_t i = 0; i < m_mask.size(); ++i) load_vector(fmt::format("mask{}", i), m_mask[i], g);
   b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   if (m_s.relu_mask) {
@@ -754,7 +806,7 @@ void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n) {
   KernelBuilder::Origin o(b, fmt::format("tile {} of the raw tile", k));
   Reg cnt = b.reg("tile elements");
   b.mul(cnt, n, m_ct);
-  auto accumulate = [&](const uint64_t (&acc)[2], uint64_t src) {
+  auto accumulate = [&](const uint64_t(&acc)[2], uint64_t src) {
     if (!m_pingpong) {
       vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[0], acc[0], src, cnt);
       return;
@@ -848,6 +900,46 @@ ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cf
   return ChannelSumEmitter(b, s).build();
 }
 
+ChannelSumLaunch build_channel_sum_with_epilogue(const ChannelSumSpec& s,
+                                                 const ChannelEpilogueSpec& e,
+                                                 const ChipConfig& cfg, const std::string& op) {
+  KernelBuilder b(fmt::format("ChannelSum_{}_{}", isa::dtype_name(s.a_type), e.name), op, cfg);
+  return ChannelSumEmitter(b, s).build(e);
+}
+
+bool channel_epilogue_in_kernel(const ChipConfig& cfg) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NPUSIM_FUSION_CHANNEL_EPILOGUE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && cfg.split;
+}
+
+void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op, const ChannelSumSpec& s,
+                                 std::vector<ArgRef> args, ChannelEpilogueSpec e,
+                                 const std::vector<ArgRef>& tail, const ChipConfig& cfg,
+                                 bool in_kernel) {
+  if (static_cast<int>(tail.size()) != e.vectors + e.outputs)
+    throw Error(fmt::format("{}: {} arguments for an epilogue of {} vectors and {} outputs", op,
+                            tail.size(), e.vectors, e.outputs));
+  ChannelSumLaunch sum =
+      in_kernel ? build_channel_sum_with_epilogue(s, e, cfg, op) : build_channel_sum(s, cfg, op);
+  const uint64_t bytes = static_cast<uint64_t>(s.batch * sum.blocks * s.cp) * 4;
+  std::vector<ArgRef> partials = {workspace_take(k, bytes)};
+  if (s.plain_sum) partials.push_back(workspace_take(k, bytes));
+  args.insert(args.end(), partials.begin(), partials.end());
+  if (in_kernel) {
+    args.insert(args.end(), tail.begin(), tail.end());
+    k.launches.push_back(with_args(std::move(sum.launch), std::move(args)));
+    return;
+  }
+  k.launches.push_back(with_args(std::move(sum.launch), std::move(args)));
+  e.partial_cp = s.cp;
+  e.partial_blocks.assign(partials.size(), sum.blocks);
+  partials.insert(partials.end(), tail.begin(), tail.end());
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op), std::move(partials)));
+}
+
 int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
                              const ChannelSumSection& sec) {
   return ChannelSumEmitter(b, s).emit_section(sec);
@@ -869,7 +961,8 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
   }
   for (int i = 0; i < s.vectors; ++i) {
     b.declare_arg(fmt::format("vector{}", i), Dtype::F32, {s.c});
-    l.args.push_back(ArgRef{ArgRef::Kind::kInput, static_cast<int>(s.partial_blocks.size()) + i, 0});
+    l.args.push_back(
+        ArgRef{ArgRef::Kind::kInput, static_cast<int>(s.partial_blocks.size()) + i, 0});
   }
   for (int i = 0; i < s.outputs; ++i) {
     b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});

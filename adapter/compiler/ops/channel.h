@@ -102,6 +102,34 @@ struct ChannelEpilogueSpec {
 Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
                               const std::string& op);
 
+// build_channel_sum with build_channel_epilogue's work in the same kernel (a split chip's
+// vector cores; CANN's reduce kernels add their cores' partials themselves): once every block
+// has stored its partials (a barrier of the launch's blocks: cc_set mode 0 from MTE3, which
+// waits for the stores to land, cross-core flag 0), the epilogue's channel tiles go to the
+// blocks (tile k on block k mod its tiles), each adding the blocks' partials in block order
+// with build_channel_epilogue's code: the same values, bit for bit, and one launch and its
+// task overheads fewer. The sums' tiles are build_channel_sum's (the epilogue takes the UB
+// again after the barrier). e's partial sets are the sums' ("partials", then "partials2" with
+// plain_sum; partial_cp and partial_blocks are set here), e.batch must be s.batch. Arguments:
+// build_channel_sum's, then e's vectors, then e's outputs.
+ChannelSumLaunch build_channel_sum_with_epilogue(const ChannelSumSpec& s,
+                                                 const ChannelEpilogueSpec& e,
+                                                 const ChipConfig& cfg, const std::string& op);
+
+// Whether channel sums take their epilogue into their kernel (build_channel_sum_with_epilogue):
+// on split chips, unless NPUSIM_FUSION_CHANNEL_EPILOGUE=0 (read once per process, so a kernel
+// cache never mixes the two).
+bool channel_epilogue_in_kernel(const ChipConfig& cfg);
+
+// Appends the channel sums s and their epilogue e to k: `args` are the sums' arguments before
+// the partials (a, b, m, the mask vectors as s has them), `tail` e's vectors then its outputs;
+// the partials go to k's workspace. in_kernel (channel_epilogue_in_kernel): one launch
+// (build_channel_sum_with_epilogue), else the sums' launch and the epilogue's; the same values.
+void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op,
+                                 const ChannelSumSpec& s, std::vector<ArgRef> args,
+                                 ChannelEpilogueSpec e, const std::vector<ArgRef>& tail,
+                                 const ChipConfig& cfg, bool in_kernel);
+
 // The channel sums of a (kSum or kSumSquares [+ plain_sum], one item, not centred) as the
 // vector section of a mix kernel another emitter builds in b (split chips: `groups` blocks,
 // each a cube core and its aiv_per_aic vector cores; vector core v of group g sums block
