@@ -3724,6 +3724,128 @@ int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::
   return fused;
 }
 
+// ---- rewrite 17: Lamb's trust ratio as element-wise steps ----
+
+// The value of a float32 Const holding one element, where a Const of zeros holds no values
+// (TensorFlow's encoding of 0: keras' `x > 0` and clip's lower bound).
+std::optional<float> scalar_float_or_zero(const tfc::NodeDef& n) {
+  if (std::optional<float> v = scalar_float_const(n)) return v;
+  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
+  const tfc::TensorProto& t = n.attr().at("value").tensor();
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
+  if (elements == 1 && t.float_val_size() == 0 && t.tensor_content().empty()) return 0.0f;
+  return std::nullopt;
+}
+
+// Output 0 of a Sqrt of type t on the NPU: a norm, >= 0 or NaN (Sqrt(-0) = -0, whose Sign is
+// +0 as for +0).
+bool norm_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t) {
+  const tfc::NodeDef* s = g.producer(n, i, "Sqrt");
+  return s && on_npu(*s) && type_attr(*s) == t;
+}
+
+// Greater(a, 0) with a a norm (norm_input), of type t, removable: returns a's input text.
+std::optional<std::string> positive_norm(GraphView& g, const Removal& rm, tfc::NodeDef* greater,
+                                         tfc::DataType t) {
+  if (!greater || greater->op() != "Greater" || type_attr(*greater) != t ||
+      !rm.removable(*greater, 1) || !norm_input(g, *greater, 0, t))
+    return std::nullopt;
+  const tfc::NodeDef* zero = input_node(g, *greater, 1);
+  if (!zero || scalar_float_or_zero(*zero) != 0.0f) return std::nullopt;
+  return greater->input(0);
+}
+
+// The scalar float Const `value` is read as the other operand of `n` (Minimum / Maximum) than
+// `name`: its input text and value.
+std::optional<std::pair<std::string, float>> const_operand(GraphView& g, const tfc::NodeDef& n,
+                                                           const std::string& name) {
+  const std::optional<std::string> other = other_operand(n, name);
+  if (!other) return std::nullopt;
+  const InputRef r = parse_input(*other);
+  const tfc::NodeDef* c = r.control || r.port ? nullptr : g.node(r.node);
+  const std::optional<float> v = c ? scalar_float_or_zero(*c) : std::nullopt;
+  if (!v || !std::isfinite(*v)) return std::nullopt;
+  return std::make_pair(*other, *v);
+}
+
+// MindSpore's Lamb (models/bert.py) as TensorFlow traces it, per variable:
+//   ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one), hi), lo)
+// (keras.ops.where then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1 with
+// lo <= 1 <= hi finite Consts, all float32 on the NPU. The booleans have no
+// FusedElementwise step, so the select is written as element-wise steps, in place of the clip's
+// Maximum (name kept):
+//   c = Sign(a) * Sign(b)            1 where a > 0 and b > 0, else 0 (a, b >= 0)
+//   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
+// which is the same value: the clip moved into the branch it changes (clip(one) = one), c * x is
+// x or 0 for the finite clipped x, and x + 0 = x, 0 + 1 = 1. Only where a or b is NaN does it
+// differ (NaN instead of one); a NaN ||w|| or ||g|| makes the variable's new value NaN either
+// way (its update reads w and the moments of g). Rewrite 4 then takes these steps with the rest
+// of the update's chain, so rewrite 5 computes the trust ratio inside the variable's update
+// (uniform steps, once per launch): CANN's LambUpdateWithLR. Returns the ratios rewritten.
+int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::vector<tfc::NodeDef> added;
+  int lowered = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& clip_lo = *g.at(i);
+    if (clip_lo.op() != "Maximum" || !on_npu(clip_lo) || rm.claimed(clip_lo.name())) continue;
+    const std::optional<tfc::DataType> t = type_attr(clip_lo);
+    if (t != tfc::DT_FLOAT) continue;  // the Consts are float32
+    // Minimum(select, hi), either operand order, read by the Maximum alone.
+    tfc::NodeDef* clip_hi = nullptr;
+    for (int k = 0; k < 2 && !clip_hi; ++k) clip_hi = g.producer(clip_lo, k, "Minimum");
+    if (!clip_hi || type_attr(*clip_hi) != t || !rm.removable(*clip_hi, 1)) continue;
+    const auto lo = const_operand(g, clip_lo, clip_hi->name());
+    tfc::NodeDef* select = nullptr;
+    for (int k = 0; k < 2 && !select; ++k) select = g.producer(*clip_hi, k, "SelectV2");
+    if (!lo || !select || type_attr(*select) != t || !rm.removable(*select, 1)) continue;
+    const auto hi = const_operand(g, *clip_hi, select->name());
+    if (!hi || !(lo->second <= 1.0f && 1.0f <= hi->second)) continue;
+    const tfc::NodeDef* one = input_node(g, *select, 2);
+    tfc::NodeDef* both = g.producer(*select, 0, "LogicalAnd");
+    if (!one || scalar_float_const(*one) != 1.0f || !both || !rm.removable(*both, 1)) continue;
+    tfc::NodeDef* ga = g.producer(*both, 0, "Greater");
+    tfc::NodeDef* gb = g.producer(*both, 1, "Greater");
+    const std::optional<std::string> a = positive_norm(g, rm, ga, *t);
+    const std::optional<std::string> b = positive_norm(g, rm, gb, *t);
+    if (!a || !b || ga == gb || parse_input(select->input(1)).control) continue;
+    const std::string r = select->input(1), one_in = select->input(2);
+    for (tfc::NodeDef* n : {clip_hi, select, both, ga, gb}) rm.remove(n->name());
+    rm.claim(clip_lo.name());
+    const std::string base = clip_lo.name() + "/npusim_lamb_";
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    auto step = [&](const std::string& suffix, const char* op,
+                    const std::vector<std::string>& inputs) {
+      tfc::NodeDef n;
+      n.set_name(base + suffix);
+      n.set_op(op);
+      n.set_device(clip_lo.device());
+      for (const std::string& in : inputs) n.add_input(in);
+      for (const auto& [k, v] : attrs) (*n.mutable_attr())[k] = v;
+      added.push_back(std::move(n));
+      return base + suffix;
+    };
+    const std::string sa = step("sign_w", "Sign", {*a});
+    const std::string sb = step("sign_g", "Sign", {*b});
+    const std::string c = step("both_positive", "Mul", {sa, sb});
+    const std::string rh = step("clip_hi", "Minimum", {r, hi->first});
+    const std::string rc = step("clipped", "Maximum", {rh, lo->first});
+    const std::string kept = step("kept", "Mul", {c, rc});
+    const std::string rest = step("otherwise", "Sub", {one_in, c});
+    rewrite_as(clip_lo, "AddV2", {kept, rest}, attrs);
+    ++lowered;
+  }
+  for (tfc::NodeDef& n : added) *graph.add_node() = std::move(n);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return lowered;
+}
+
+// ---- end of rewrite 17 ----
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -3835,6 +3957,11 @@ bool weight_quant_fusion_requested() {
 
 bool transpose_fold_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_TRANSPOSE_FOLD");
+  return on;
+}
+
+bool lamb_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_LAMB");
   return on;
 }
 
@@ -3961,6 +4088,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   if (epilogue_fusion_requested())
     counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  // Before 4, which takes the steps it writes.
+  if (lamb_fusion_requested() && fused_elementwise_registered())
+    counts.lamb = lower_lamb_trust_ratios(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   if (fused_elementwise_registered())

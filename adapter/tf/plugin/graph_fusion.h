@@ -313,11 +313,13 @@ struct FusionCounts {
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
+  int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
-           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul + matmul_transposes;
+           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul + matmul_transposes +
+           lamb;
   }
 };
 
@@ -352,6 +354,8 @@ bool layer_norm_fusion_requested();
 bool weight_quant_fusion_requested();
 // False when NPUSIM_FUSION_TRANSPOSE_FOLD is "0" (read once): rewrite 14 alone off.
 bool transpose_fold_requested();
+// False when NPUSIM_FUSION_LAMB is "0" (read once): rewrite 17 alone off.
+bool lamb_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 // False when NPUSIM_FUSION_CONV_BN_REDUCE is "0" (read once): rewrite 15 alone off.
