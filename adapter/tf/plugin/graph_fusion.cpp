@@ -3769,6 +3769,35 @@ std::optional<std::pair<std::string, float>> const_operand(GraphView& g, const t
   return std::make_pair(*other, *v);
 }
 
+// A norm's Sqrt(Sum(Square(x), axes)) (Sum: float32, a Const axes input, not claimed; Square
+// read by the Sum alone, removable): the Sum rewritten in place as SquareSumV1(x; axis = the axes,
+// keep_dims), CANN's op, which squares in the reduction's pass; the Square goes. Returns whether
+// it did.
+bool fold_square_sum(GraphView& g, Removal& rm, const tfc::NodeDef& sqrt) {
+  tfc::NodeDef* sum = g.producer(sqrt, 0, "Sum");
+  if (!sum || !on_npu(*sum) || type_attr(*sum) != tfc::DT_FLOAT || rm.claimed(sum->name()) ||
+      sum->input_size() < 2 || parse_input(sum->input(1)).control)
+    return false;
+  tfc::NodeDef* square = g.producer(*sum, 0, "Square");
+  const tfc::NodeDef* axes = input_node(g, *sum, 1);
+  const std::optional<std::vector<int64_t>> values = axes ? const_ints(*axes) : std::nullopt;
+  if (!square || type_attr(*square) != tfc::DT_FLOAT || !rm.removable(*square, 1) || !values ||
+      parse_input(square->input(0)).control)
+    return false;
+  std::map<std::string, tfc::AttrValue> attrs;
+  attrs["T"] = type_value(tfc::DT_FLOAT);
+  for (int64_t a : *values) attrs["axis"].mutable_list()->add_i(a);
+  if (values->empty()) attrs["axis"].mutable_list();
+  auto keep = sum->attr().find("keep_dims");
+  attrs["keep_dims"].set_b(keep != sum->attr().end() && keep->second.b());
+  attrs["_npusim_fused"].mutable_list()->add_s(square->name());
+  const std::string x = square->input(0);
+  rm.remove(square->name());
+  rm.claim(sum->name());
+  rewrite_as(*sum, "SquareSumV1", {x}, attrs);
+  return true;
+}
+
 // MindSpore's Lamb (models/bert.py) as TensorFlow traces it, per variable:
 //   ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one), hi), lo)
 // (keras.ops.where then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1 with
@@ -3782,7 +3811,13 @@ std::optional<std::pair<std::string, float>> const_operand(GraphView& g, const t
 // differ (NaN instead of one); a NaN ||w|| or ||g|| makes the variable's new value NaN either
 // way (its update reads w and the moments of g). Rewrite 4 then takes these steps with the rest
 // of the update's chain, so rewrite 5 computes the trust ratio inside the variable's update
-// (uniform steps, once per launch): CANN's LambUpdateWithLR. Returns the ratios rewritten.
+// (uniform steps, once per launch): CANN's LambUpdateWithLR.
+// The norms a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(...), eps)), as Lamb has it) become
+// SquareSumV1 where they are Sqrt(Sum(Square(x))) (fold_square_sum). A norm's Sqrt read by
+// other nodes too (||g||: the gradient's clip) is computed again for the ratio
+// ("<name>/npusim_lamb_norm_w" / "_g": the same Sqrt of the same sum, a step of the ratio's
+// chain), so that each reader's chain takes its own Sqrt and none is a launch of its own.
+// Returns the ratios rewritten.
 int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                             std::set<std::string>* removed) {
   GraphView g(graph);
@@ -3829,8 +3864,21 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
       added.push_back(std::move(n));
       return base + suffix;
     };
-    const std::string sa = step("sign_w", "Sign", {*a});
-    const std::string sb = step("sign_g", "Sign", {*b});
+    // The norms: SquareSumV1 where Sqrt(Sum(Square(x))), a Sqrt of the ratio's own.
+    std::string norm[2] = {*a, *b};
+    const char* suffix[2] = {"norm_w", "norm_g"};
+    for (int k = 0; k < 2; ++k) {
+      const tfc::NodeDef* root = input_node(g, k == 0 ? *ga : *gb, 0);
+      fold_square_sum(g, rm, *root);
+      if (g.consumers(root->name()) > 1) norm[k] = step(suffix[k], "Sqrt", {root->input(0)});
+    }
+    if (const tfc::NodeDef* div = g.producer(*select, 1, "RealDiv");
+        div && GraphView::reads(*div, 0, input_node(g, *ga, 0)->name()))
+      for (int k = 0; k < 2; ++k)
+        if (const tfc::NodeDef* floor = g.producer(*div, 1, "Maximum"))
+          if (const tfc::NodeDef* u = g.producer(*floor, k, "Sqrt")) fold_square_sum(g, rm, *u);
+    const std::string sa = step("sign_w", "Sign", {norm[0]});
+    const std::string sb = step("sign_g", "Sign", {norm[1]});
     const std::string c = step("both_positive", "Mul", {sa, sb});
     const std::string rh = step("clip_hi", "Minimum", {r, hi->first});
     const std::string rc = step("clipped", "Maximum", {rh, lo->first});

@@ -318,8 +318,8 @@ struct FusionCounts {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
-           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul + matmul_transposes +
-           lamb;
+           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul +
+           matmul_transposes + lamb;
   }
 };
 
