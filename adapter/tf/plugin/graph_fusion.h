@@ -261,6 +261,26 @@
 //      residual block's output is such a sum (the next block's input gradient and its
 //      shortcut's), taken back through the block's ReLU. NPUSIM_FUSION_ADDN_RELU_GRAD=0 turns
 //      it alone off.
+//   17. Lamb's per-variable steps (MindSpore's Lamb as models/bert.py traces it), run before 4,
+//      which takes the steps it writes; all float32 on the NPU:
+//        ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one),
+//                hi), lo)
+//      (keras.ops.where, then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1,
+//      lo <= 1 <= hi finite Consts; the Minimum, SelectV2, LogicalAnd and Greaters read by
+//      the next alone -> in place of the clip's Maximum (name kept) the element-wise steps
+//        c = Sign(a) * Sign(b)   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
+//      (new nodes "<name>/npusim_lamb_*"): the same value for norms >= 0 (c is 1 exactly where
+//      both are > 0, the clip moved into the branch it changes, clip(one) = one); only a NaN
+//      norm gives NaN instead of one, where the variable's new value is NaN either way. Rewrite
+//      4 takes them into the variable update's chain and 5 into its FusedVariableUpdate (the
+//      ratio as uniform steps: CANN's LambUpdateWithLR, 5b grouping the small variables). The
+//      norms: a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(..), eps))) where they are
+//      Sqrt(Sum(Square(x), Const axes)) (Square read by the Sum alone) become SquareSumV1(x;
+//      axis, keep_dims) in place of the Sum (CANN's op; the squares in the reduction's f32
+//      pass: adapter/compiler/ops/reduce.cpp), the Square going; a norm's Sqrt with other
+//      readers (||g||: the gradient's clip) is computed again for the ratio
+//      ("<name>/npusim_lamb_norm_g" / "_norm_w"), so every Sqrt joins its reader's chain.
+//      NPUSIM_FUSION_LAMB=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
