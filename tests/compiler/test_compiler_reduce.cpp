@@ -1,5 +1,5 @@
-// Reductions (Sum, Mean, Max, Min, Prod, ArgMax, ArgMin, SquareSumV1) compiled for the tiny chip and run on
-// the chip model, against a reference computed here in double precision.
+// Reductions (Sum, Mean, Max, Min, Prod, ArgMax, ArgMin, SquareSumV1) compiled for the tiny
+// chip and run on the chip model, against a reference computed here in double precision.
 //
 // Tolerances. u = 2^-24 (f32 unit roundoff); u_t = the output type's (2^-24 f32, 2^-11 f16,
 // 2^-8 bf16); n = elements reduced into one output; S = sum of their |x|.
