@@ -70,6 +70,16 @@ std::vector<bool> flags(size_t rank, const std::vector<int64_t>& axes) {
   return r;
 }
 
+// The shape a reduction over the dims flagged in `red` gives (keep: those dims as 1).
+std::vector<int64_t> reduced_shape(const std::vector<int64_t>& shape, const std::vector<bool>& red,
+                                   bool keep) {
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (!red[d]) out.push_back(shape[d]);
+    else if (keep) out.push_back(1);
+  return out;
+}
+
 compiler::CompiledKernel compile_reduce(const std::string& op, const compiler::TensorDesc& x,
                                         const std::vector<int64_t>& axes, bool keep) {
   return compiler::compile(
@@ -91,11 +101,7 @@ void check_reduce(const std::string& op, DataType dt, const std::vector<int64_t>
   auto k = compile_reduce(op, x.desc, axes, keep);
   RunResult r = run_compiled(test_sim(), k, {x});
   const std::vector<bool> red = flags(shape.size(), axes);
-  std::vector<int64_t> out_shape;
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (!red[d]) out_shape.push_back(shape[d]);
-    else if (keep) out_shape.push_back(1);
-  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, out_shape}));
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, reduced_shape(shape, red, keep)}));
   const auto oi = output_index(shape, red);
   const size_t n_out = r.outputs[0].values.size();
   std::vector<double> acc(n_out), sabs(n_out, 0), cnt(n_out, 0);
@@ -334,11 +340,7 @@ void check_square_sum(DataType dt, const std::vector<int64_t>& shape,
                              test_sim().config());
   RunResult r = run_compiled(test_sim(), k, {x});
   const std::vector<bool> red = flags(shape.size(), axes);
-  std::vector<int64_t> out_shape;
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (!red[d]) out_shape.push_back(shape[d]);
-    else if (keep) out_shape.push_back(1);
-  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, out_shape}));
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, reduced_shape(shape, red, keep)}));
   const auto oi = output_index(shape, red);
   const size_t n_out = r.outputs[0].values.size();
   std::vector<double> acc(n_out, 0), cnt(n_out, 0);
