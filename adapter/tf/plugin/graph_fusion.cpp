@@ -3738,11 +3738,13 @@ std::optional<float> scalar_float_or_zero(const tfc::NodeDef& n) {
   return std::nullopt;
 }
 
-// Output 0 of a Sqrt of type t on the NPU: a norm, >= 0 or NaN (Sqrt(-0) = -0, whose Sign is
-// +0 as for +0).
+// Output 0 of a Sqrt of type t on the NPU of a sum of squares (Sum(Square(x)) or SquareSumV1): a
+// norm, >= 0 or NaN (the Sqrt of -0 is -0, whose Sign is +0 as for +0).
 bool norm_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t) {
   const tfc::NodeDef* s = g.producer(n, i, "Sqrt");
-  return s && on_npu(*s) && type_attr(*s) == t;
+  if (!s || !on_npu(*s) || type_attr(*s) != t) return false;
+  const tfc::NodeDef* sum = g.producer(*s, 0, "Sum");
+  return (sum && g.producer(*sum, 0, "Square")) || g.producer(*s, 0, "SquareSumV1");
 }
 
 // Greater(a, 0) with a a norm (norm_input), of type t, removable: returns a's input text.
@@ -3807,9 +3809,10 @@ bool fold_square_sum(GraphView& g, Removal& rm, const tfc::NodeDef& sqrt) {
 //   c = Sign(a) * Sign(b)            1 where a > 0 and b > 0, else 0 (a, b >= 0)
 //   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
 // which is the same value: the clip moved into the branch it changes (clip(one) = one), c * x is
-// x or 0 for the finite clipped x, and x + 0 = x, 0 + 1 = 1. Only where a or b is NaN does it
-// differ (NaN instead of one); a NaN ||w|| or ||g|| makes the variable's new value NaN either
-// way (its update reads w and the moments of g). Rewrite 4 then takes these steps with the rest
+// x or 0 for the finite clipped x, and x + 0 = x, 0 + 1 = 1. Only where a or b is NaN (a NaN in
+// w or g) does it differ: NaN instead of one. A NaN in g makes the whole update NaN either way
+// (the clipped g, the moments, u); a NaN in w leaves w's other elements finite unfused (ratio
+// one) and makes them NaN here. Rewrite 4 then takes these steps with the rest
 // of the update's chain, so rewrite 5 computes the trust ratio inside the variable's update
 // (uniform steps, once per launch): CANN's LambUpdateWithLR.
 // The norms a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(...), eps)), as Lamb has it) become

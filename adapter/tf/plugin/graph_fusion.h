@@ -265,13 +265,15 @@
 //      which takes the steps it writes; all float32 on the NPU:
 //        ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one),
 //                hi), lo)
-//      (keras.ops.where, then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1,
+//      (keras.ops.where, then clip), a and b Sqrt outputs of Sum(Square(..)) (||w||, ||g||),
+//      one the Const 1,
 //      lo <= 1 <= hi finite Consts; the Minimum, SelectV2, LogicalAnd and Greaters read by
 //      the next alone -> in place of the clip's Maximum (name kept) the element-wise steps
 //        c = Sign(a) * Sign(b)   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
 //      (new nodes "<name>/npusim_lamb_*"): the same value for norms >= 0 (c is 1 exactly where
 //      both are > 0, the clip moved into the branch it changes, clip(one) = one); only a NaN
-//      norm gives NaN instead of one, where the variable's new value is NaN either way. Rewrite
+//      norm gives NaN instead of one: a NaN in g makes the update NaN either way, a NaN in w
+//      makes w's other elements NaN here where the unfused ratio 1 keeps them. Rewrite
 //      4 takes them into the variable update's chain and 5 into its FusedVariableUpdate (the
 //      ratio as uniform steps: CANN's LambUpdateWithLR, 5b grouping the small variables). The
 //      norms: a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(..), eps))) where they are
