@@ -1,5 +1,5 @@
-// Reductions (Sum, Mean, Max, Min, Prod, ArgMax, ArgMin) compiled for the tiny chip and run on
-// the chip model, against a reference computed here in double precision.
+// Reductions (Sum, Mean, Max, Min, Prod, ArgMax, ArgMin, SquareSumV1) compiled for the tiny
+// chip and run on the chip model, against a reference computed here in double precision.
 //
 // Tolerances. u = 2^-24 (f32 unit roundoff); u_t = the output type's (2^-24 f32, 2^-11 f16,
 // 2^-8 bf16); n = elements reduced into one output; S = sum of their |x|.
@@ -70,6 +70,16 @@ std::vector<bool> flags(size_t rank, const std::vector<int64_t>& axes) {
   return r;
 }
 
+// The shape a reduction over the dims flagged in `red` gives (keep: those dims as 1).
+std::vector<int64_t> reduced_shape(const std::vector<int64_t>& shape, const std::vector<bool>& red,
+                                   bool keep) {
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (!red[d]) out.push_back(shape[d]);
+    else if (keep) out.push_back(1);
+  return out;
+}
+
 compiler::CompiledKernel compile_reduce(const std::string& op, const compiler::TensorDesc& x,
                                         const std::vector<int64_t>& axes, bool keep) {
   return compiler::compile(
@@ -91,11 +101,7 @@ void check_reduce(const std::string& op, DataType dt, const std::vector<int64_t>
   auto k = compile_reduce(op, x.desc, axes, keep);
   RunResult r = run_compiled(test_sim(), k, {x});
   const std::vector<bool> red = flags(shape.size(), axes);
-  std::vector<int64_t> out_shape;
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (!red[d]) out_shape.push_back(shape[d]);
-    else if (keep) out_shape.push_back(1);
-  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, out_shape}));
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, reduced_shape(shape, red, keep)}));
   const auto oi = output_index(shape, red);
   const size_t n_out = r.outputs[0].values.size();
   std::vector<double> acc(n_out), sabs(n_out, 0), cnt(n_out, 0);
@@ -317,6 +323,64 @@ TEST_CASE("empty reductions and zero-size outputs") {
   CHECK_THROWS_WITH(
       compiler::compile(make_op("ArgMax", {{DataType::F32, {4, 0}}}, {{"axis", int64_t{1}}}), cfg),
       Catch::Contains("axis 1 is empty"));
+}
+
+namespace {
+
+// SquareSumV1 (CANN's Sum of squares, made by the TF plugin of Lamb's norms) over `axes`
+// against the double sum of x * x: n squares and n - 1 additions in f32, e = (n + 1) u S with S
+// the exact sum, then the output rounding. f32: also the same bits as Square then Sum (the
+// graph it replaces), the engine squaring in its own pass with the same vmul.
+void check_square_sum(DataType dt, const std::vector<int64_t>& shape,
+                      const std::vector<int64_t>& axes, bool keep, uint32_t seed) {
+  INFO("SquareSumV1 " << compiler::data_type_name(dt) << compiler::shape_str(shape) << " axis "
+                      << compiler::shape_str(axes) << (keep ? " keep_dims" : ""));
+  HostTensor x = random_tensor(dt, shape, -2, 2, seed);
+  auto k = compiler::compile(make_op("SquareSumV1", {x.desc}, {{"axis", axes}, {"keep_dims", keep}}),
+                             test_sim().config());
+  RunResult r = run_compiled(test_sim(), k, {x});
+  const std::vector<bool> red = flags(shape.size(), axes);
+  REQUIRE(r.outputs[0].desc == (compiler::TensorDesc{dt, reduced_shape(shape, red, keep)}));
+  const auto oi = output_index(shape, red);
+  const size_t n_out = r.outputs[0].values.size();
+  std::vector<double> acc(n_out, 0), cnt(n_out, 0);
+  for (size_t i = 0; i < x.values.size(); ++i) {
+    acc[oi[i]] += x.values[i] * x.values[i];
+    cnt[oi[i]] += 1;
+  }
+  const double u = std::ldexp(1.0, -24), ut = unit(dt);
+  int bad = 0;
+  for (size_t i = 0; i < n_out; ++i) {
+    const double e = (cnt[i] + 1) * u * acc[i], tol = e + ut * (acc[i] + e);
+    const double got = r.outputs[0].values[i];
+    if (!(std::fabs(got - acc[i]) <= tol) && bad++ < 5)
+      UNSCOPED_INFO("output " << i << " got " << got << " want " << acc[i]);
+  }
+  CHECK(bad == 0);
+  if (dt != DataType::F32) return;
+  auto square = compiler::compile(make_op("Square", {x.desc}), test_sim().config());
+  RunResult sq = run_compiled(test_sim(), square, {x});
+  HostTensor squares{x.desc, sq.outputs[0].values};
+  RunResult sum = run_compiled(test_sim(), compile_reduce("Sum", x.desc, axes, keep), {squares});
+  CHECK(sum.outputs[0].values == r.outputs[0].values);
+}
+
+}  // namespace
+
+TEST_CASE("SquareSumV1: the sum of squares in the reduction's pass") {
+  uint32_t seed = 400;
+  check_square_sum(DataType::F32, {16, 4}, {0, 1}, false, seed++);     // a bias-sized norm
+  check_square_sum(DataType::F32, {1024, 96}, {0, 1}, false, seed++);  // parts over the cores
+  check_square_sum(DataType::F32, {7, 33, 5}, {0, 2}, true, seed++);
+  check_square_sum(DataType::F16, {3000}, {0}, false, seed++);
+  check_square_sum(DataType::BF16, {40, 20}, {1}, false, seed++);
+  const ChipConfig& cfg = test_sim().config();
+  CHECK_THROWS_WITH(compiler::compile(make_op("SquareSumV1", {{DataType::F32, {4}}}), cfg),
+                    Catch::Contains("'axis'"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("SquareSumV1", {{DataType::S32, {4}}},
+                                              {{"axis", std::vector<int64_t>{0}}}),
+                                      cfg),
+                    Catch::Contains("dtype s32 is not supported"));
 }
 
 TEST_CASE("ArgMax and ArgMin: first index, s32 and s64 outputs") {

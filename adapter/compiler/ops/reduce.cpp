@@ -1,12 +1,14 @@
 // Reductions: Sum, Mean, Max, Min, Prod, ArgMax, ArgMin over any set of axes (and All / Any of
-// bool tensors, through s32: compile_logical_reduce), and the reduction engine (append_reduce)
-// that BiasAddGrad and L2Loss use too.
+// bool tensors, through s32: compile_logical_reduce; SquareSumV1, the Sum of squares), and the
+// reduction engine (append_reduce) that BiasAddGrad and L2Loss use too.
 //
 // OpDesc contract (TF passes the axes as a const input tensor, whose VALUES the compiler cannot
 // see): the axes come as attributes, filled by the caller from the const tensor --
 //   Sum Mean Max Min Prod All Any: attr "axes" (list(int) or int; negative from the end, duplicates
 //     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
-//   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64).
+//   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64);
+//   SquareSumV1 (CANN's op: Sum(x * x), floats): attr "axis" (list(int), as Sum's "axes"),
+//     attr "keep_dims".
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
 // it is not read by any kernel.
 //
@@ -1231,6 +1233,15 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
     req.kind = op.type == "All" ? ReduceKind::kMin : ReduceKind::kSum;
     found = true;
   }
+  // SquareSumV1 (CANN's op type; the TF plugin's graph pass makes it of Sum(Square(x)):
+  // graph_fusion.h rewrite 17): the Sum of x * x over attribute "axis" (TF's axes), the squares
+  // taken in the reduction's own f32 pass instead of a Square launch writing them out.
+  const bool square_sum = op.type == "SquareSumV1";
+  if (square_sum) {
+    req.kind = ReduceKind::kSum;
+    req.square = true;
+    found = true;
+  }
   if (!found) op.fail("internal: not a reduction");
   const bool arg = req.kind == ReduceKind::kArgMax || req.kind == ReduceKind::kArgMin;
   if (op.inputs.empty() || op.inputs.size() > 2)
@@ -1245,6 +1256,8 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
   if (logical && req.input.dtype != DataType::BOOL)
     op.fail(fmt::format("input 0 ({}) must be bool", req.input.str()));
   const DataType dt = req.input.dtype;
+  if (square_sum && !data_type_is_float(dt))
+    op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dt)));
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
                         data_type_name(dt)));
@@ -1263,12 +1276,15 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
       else if (shape[i] == 0) op.invalid(fmt::format("reduction axis {} is empty", i));
     }
   } else {
-    auto it = op.attrs.find("axes");
+    const char* axes_attr = square_sum ? "axis" : "axes";
+    auto it = op.attrs.find(axes_attr);
     if (it == op.attrs.end())
-      op.fail("attribute 'axes' (the values of the reduction_indices input) is missing");
+      op.fail(square_sum
+                  ? "attribute 'axis' (the reduced axes) is missing"
+                  : "attribute 'axes' (the values of the reduction_indices input) is missing");
     std::vector<int64_t> axes;
     if (const int64_t* one = std::get_if<int64_t>(&it->second)) axes = {*one};
-    else axes = op.attr_ints("axes");
+    else axes = op.attr_ints(axes_attr);
     req.reduced = reduction_axes(op, axes, shape.size());
     req.out_type = dt;
     const bool keep = op.attr_bool("keep_dims", false);

@@ -329,6 +329,9 @@ const std::vector<OpEntry>& op_table() {
       {"BatchNormInference", "fused", compile_fused,
        npu(K::kFusedInference, {{"T", {DT::F32}}, {"Tout", {DT::F32, DT::F16}}})},
       {"AddRelu", "fused", compile_fused, npu_t(K::kFusedInference, kFloatTypes)},
+      // Lamb's norms made by the graph pass (graph_fusion.h rewrite 17), CANN's op type
+      // (ops/reduce.cpp)
+      {"SquareSumV1", "reduce", compile_reduce, npu_t(K::kFusedInference, kFloatTypes)},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
       // (T = f16: x and dy in f16, statistics f32, as CANN's; allow_mix_precision's graph pass)
       {"BNTrainingReduce", "batchnorm", compile_batchnorm,

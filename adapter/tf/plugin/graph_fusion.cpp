@@ -3724,6 +3724,179 @@ int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::
   return fused;
 }
 
+// ---- rewrite 17: Lamb's trust ratio as element-wise steps ----
+
+// The value of a float32 Const holding one element, where a Const of zeros holds no values
+// (TensorFlow's encoding of 0: keras' `x > 0` and clip's lower bound).
+std::optional<float> scalar_float_or_zero(const tfc::NodeDef& n) {
+  if (std::optional<float> v = scalar_float_const(n)) return v;
+  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
+  const tfc::TensorProto& t = n.attr().at("value").tensor();
+  int64_t elements = 1;
+  for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
+  if (elements == 1 && t.float_val_size() == 0 && t.tensor_content().empty()) return 0.0f;
+  return std::nullopt;
+}
+
+// Output 0 of a Sqrt of type t on the NPU of a sum of squares (Sum(Square(x)) or SquareSumV1): a
+// norm, >= 0 or NaN (the Sqrt of -0 is -0, whose Sign is +0 as for +0).
+bool norm_input(GraphView& g, const tfc::NodeDef& n, int i, tfc::DataType t) {
+  const tfc::NodeDef* s = g.producer(n, i, "Sqrt");
+  if (!s || !on_npu(*s) || type_attr(*s) != t) return false;
+  const tfc::NodeDef* sum = g.producer(*s, 0, "Sum");
+  return (sum && g.producer(*sum, 0, "Square")) || g.producer(*s, 0, "SquareSumV1");
+}
+
+// Greater(a, 0) with a a norm (norm_input), of type t, removable: returns a's input text.
+std::optional<std::string> positive_norm(GraphView& g, const Removal& rm, tfc::NodeDef* greater,
+                                         tfc::DataType t) {
+  if (!greater || greater->op() != "Greater" || type_attr(*greater) != t ||
+      !rm.removable(*greater, 1) || !norm_input(g, *greater, 0, t))
+    return std::nullopt;
+  const tfc::NodeDef* zero = input_node(g, *greater, 1);
+  if (!zero || scalar_float_or_zero(*zero) != 0.0f) return std::nullopt;
+  return greater->input(0);
+}
+
+// The scalar float Const `value` is read as the other operand of `n` (Minimum / Maximum) than
+// `name`: its input text and value.
+std::optional<std::pair<std::string, float>> const_operand(GraphView& g, const tfc::NodeDef& n,
+                                                           const std::string& name) {
+  const std::optional<std::string> other = other_operand(n, name);
+  if (!other) return std::nullopt;
+  const InputRef r = parse_input(*other);
+  const tfc::NodeDef* c = r.control || r.port ? nullptr : g.node(r.node);
+  const std::optional<float> v = c ? scalar_float_or_zero(*c) : std::nullopt;
+  if (!v || !std::isfinite(*v)) return std::nullopt;
+  return std::make_pair(*other, *v);
+}
+
+// A norm's Sqrt(Sum(Square(x), axes)) (Sum: float32, a Const axes input, not claimed; Square
+// read by the Sum alone, removable): the Sum rewritten in place as SquareSumV1(x; axis = the axes,
+// keep_dims), CANN's op, which squares in the reduction's pass; the Square goes. Returns whether
+// it did.
+bool fold_square_sum(GraphView& g, Removal& rm, const tfc::NodeDef& sqrt) {
+  tfc::NodeDef* sum = g.producer(sqrt, 0, "Sum");
+  if (!sum || !on_npu(*sum) || type_attr(*sum) != tfc::DT_FLOAT || rm.claimed(sum->name()) ||
+      sum->input_size() < 2 || parse_input(sum->input(1)).control)
+    return false;
+  tfc::NodeDef* square = g.producer(*sum, 0, "Square");
+  const tfc::NodeDef* axes = input_node(g, *sum, 1);
+  const std::optional<std::vector<int64_t>> values = axes ? const_ints(*axes) : std::nullopt;
+  if (!square || type_attr(*square) != tfc::DT_FLOAT || !rm.removable(*square, 1) || !values ||
+      parse_input(square->input(0)).control)
+    return false;
+  std::map<std::string, tfc::AttrValue> attrs;
+  attrs["T"] = type_value(tfc::DT_FLOAT);
+  for (int64_t a : *values) attrs["axis"].mutable_list()->add_i(a);
+  if (values->empty()) attrs["axis"].mutable_list();
+  auto keep = sum->attr().find("keep_dims");
+  attrs["keep_dims"].set_b(keep != sum->attr().end() && keep->second.b());
+  attrs["_npusim_fused"].mutable_list()->add_s(square->name());
+  const std::string x = square->input(0);
+  rm.remove(square->name());
+  rm.claim(sum->name());
+  rewrite_as(*sum, "SquareSumV1", {x}, attrs);
+  return true;
+}
+
+// MindSpore's Lamb (models/bert.py) as TensorFlow traces it, per variable:
+//   ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one), hi), lo)
+// (keras.ops.where then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1 with
+// lo <= 1 <= hi finite Consts, all float32 on the NPU. The booleans have no
+// FusedElementwise step, so the select is written as element-wise steps, in place of the clip's
+// Maximum (name kept):
+//   c = Sign(a) * Sign(b)            1 where a > 0 and b > 0, else 0 (a, b >= 0)
+//   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
+// which is the same value: the clip moved into the branch it changes (clip(one) = one), c * x is
+// x or 0 for the finite clipped x, and x + 0 = x, 0 + 1 = 1. Only where a or b is NaN (a NaN in
+// w or g) does it differ: NaN instead of one. A NaN in g makes the whole update NaN either way
+// (the clipped g, the moments, u); a NaN in w leaves w's other elements finite unfused (ratio
+// one) and makes them NaN here. Rewrite 4 then takes these steps with the rest
+// of the update's chain, so rewrite 5 computes the trust ratio inside the variable's update
+// (uniform steps, once per launch): CANN's LambUpdateWithLR.
+// The norms a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(...), eps)), as Lamb has it) become
+// SquareSumV1 where they are Sqrt(Sum(Square(x))) (fold_square_sum). A norm's Sqrt read by
+// other nodes too (||g||: the gradient's clip) is computed again for the ratio
+// ("<name>/npusim_lamb_norm_w" / "_g": the same Sqrt of the same sum, a step of the ratio's
+// chain), so that each reader's chain takes its own Sqrt and none is a launch of its own.
+// Returns the ratios rewritten.
+int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::vector<tfc::NodeDef> added;
+  int lowered = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& clip_lo = *g.at(i);
+    if (clip_lo.op() != "Maximum" || !on_npu(clip_lo) || rm.claimed(clip_lo.name())) continue;
+    const std::optional<tfc::DataType> t = type_attr(clip_lo);
+    if (t != tfc::DT_FLOAT) continue;  // the Consts are float32
+    // Minimum(select, hi), either operand order, read by the Maximum alone.
+    tfc::NodeDef* clip_hi = nullptr;
+    for (int k = 0; k < 2 && !clip_hi; ++k) clip_hi = g.producer(clip_lo, k, "Minimum");
+    if (!clip_hi || type_attr(*clip_hi) != t || !rm.removable(*clip_hi, 1)) continue;
+    const auto lo = const_operand(g, clip_lo, clip_hi->name());
+    tfc::NodeDef* select = nullptr;
+    for (int k = 0; k < 2 && !select; ++k) select = g.producer(*clip_hi, k, "SelectV2");
+    if (!lo || !select || type_attr(*select) != t || !rm.removable(*select, 1)) continue;
+    const auto hi = const_operand(g, *clip_hi, select->name());
+    if (!hi || !(lo->second <= 1.0f && 1.0f <= hi->second)) continue;
+    const tfc::NodeDef* one = input_node(g, *select, 2);
+    tfc::NodeDef* both = g.producer(*select, 0, "LogicalAnd");
+    if (!one || scalar_float_const(*one) != 1.0f || !both || !rm.removable(*both, 1)) continue;
+    tfc::NodeDef* ga = g.producer(*both, 0, "Greater");
+    tfc::NodeDef* gb = g.producer(*both, 1, "Greater");
+    const std::optional<std::string> a = positive_norm(g, rm, ga, *t);
+    const std::optional<std::string> b = positive_norm(g, rm, gb, *t);
+    if (!a || !b || ga == gb || parse_input(select->input(1)).control) continue;
+    const std::string r = select->input(1), one_in = select->input(2);
+    for (tfc::NodeDef* n : {clip_hi, select, both, ga, gb}) rm.remove(n->name());
+    rm.claim(clip_lo.name());
+    const std::string base = clip_lo.name() + "/npusim_lamb_";
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    auto step = [&](const std::string& suffix, const char* op,
+                    const std::vector<std::string>& inputs) {
+      tfc::NodeDef n;
+      n.set_name(base + suffix);
+      n.set_op(op);
+      n.set_device(clip_lo.device());
+      for (const std::string& in : inputs) n.add_input(in);
+      for (const auto& [k, v] : attrs) (*n.mutable_attr())[k] = v;
+      added.push_back(std::move(n));
+      return base + suffix;
+    };
+    // The norms: SquareSumV1 where Sqrt(Sum(Square(x))), a Sqrt of the ratio's own.
+    std::string norm[2] = {*a, *b};
+    const char* suffix[2] = {"norm_w", "norm_g"};
+    for (int k = 0; k < 2; ++k) {
+      const tfc::NodeDef* root = input_node(g, k == 0 ? *ga : *gb, 0);
+      fold_square_sum(g, rm, *root);
+      if (g.consumers(root->name()) > 1) norm[k] = step(suffix[k], "Sqrt", {root->input(0)});
+    }
+    if (const tfc::NodeDef* div = g.producer(*select, 1, "RealDiv");
+        div && GraphView::reads(*div, 0, input_node(g, *ga, 0)->name()))
+      for (int k = 0; k < 2; ++k)
+        if (const tfc::NodeDef* floor = g.producer(*div, 1, "Maximum"))
+          if (const tfc::NodeDef* u = g.producer(*floor, k, "Sqrt")) fold_square_sum(g, rm, *u);
+    const std::string sa = step("sign_w", "Sign", {norm[0]});
+    const std::string sb = step("sign_g", "Sign", {norm[1]});
+    const std::string c = step("both_positive", "Mul", {sa, sb});
+    const std::string rh = step("clip_hi", "Minimum", {r, hi->first});
+    const std::string rc = step("clipped", "Maximum", {rh, lo->first});
+    const std::string kept = step("kept", "Mul", {c, rc});
+    const std::string rest = step("otherwise", "Sub", {one_in, c});
+    rewrite_as(clip_lo, "AddV2", {kept, rest}, attrs);
+    ++lowered;
+  }
+  for (tfc::NodeDef& n : added) *graph.add_node() = std::move(n);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return lowered;
+}
+
+// ---- end of rewrite 17 ----
+
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
   auto* nodes = graph.mutable_node();
@@ -3835,6 +4008,11 @@ bool weight_quant_fusion_requested() {
 
 bool transpose_fold_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_TRANSPOSE_FOLD");
+  return on;
+}
+
+bool lamb_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_LAMB");
   return on;
 }
 
@@ -3961,6 +4139,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
   removed.clear();
   if (epilogue_fusion_requested())
     counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  removed.clear();
+  // Before 4, which takes the steps it writes.
+  if (lamb_fusion_requested() && fused_elementwise_registered())
+    counts.lamb = lower_lamb_trust_ratios(graph, preserve, &removed);
   erase_nodes(graph, removed);
   removed.clear();
   if (fused_elementwise_registered())

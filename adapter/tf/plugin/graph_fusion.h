@@ -261,6 +261,28 @@
 //      residual block's output is such a sum (the next block's input gradient and its
 //      shortcut's), taken back through the block's ReLU. NPUSIM_FUSION_ADDN_RELU_GRAD=0 turns
 //      it alone off.
+//   17. Lamb's per-variable steps (MindSpore's Lamb as models/bert.py traces it), run before 4,
+//      which takes the steps it writes; all float32 on the NPU:
+//        ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one),
+//                hi), lo)
+//      (keras.ops.where, then clip), a and b Sqrt outputs of Sum(Square(..)) (||w||, ||g||),
+//      one the Const 1,
+//      lo <= 1 <= hi finite Consts; the Minimum, SelectV2, LogicalAnd and Greaters read by
+//      the next alone -> in place of the clip's Maximum (name kept) the element-wise steps
+//        c = Sign(a) * Sign(b)   ratio = c * Maximum(Minimum(r, hi), lo) + (one - c)
+//      (new nodes "<name>/npusim_lamb_*"): the same value for norms >= 0 (c is 1 exactly where
+//      both are > 0, the clip moved into the branch it changes, clip(one) = one); only a NaN
+//      norm gives NaN instead of one: a NaN in g makes the update NaN either way, a NaN in w
+//      makes w's other elements NaN here where the unfused ratio 1 keeps them. Rewrite
+//      4 takes them into the variable update's chain and 5 into its FusedVariableUpdate (the
+//      ratio as uniform steps: CANN's LambUpdateWithLR, 5b grouping the small variables). The
+//      norms: a, b and r's ||u|| (r = RealDiv(a, Maximum(Sqrt(..), eps))) where they are
+//      Sqrt(Sum(Square(x), Const axes)) (Square read by the Sum alone) become SquareSumV1(x;
+//      axis, keep_dims) in place of the Sum (CANN's op; the squares in the reduction's f32
+//      pass: adapter/compiler/ops/reduce.cpp), the Square going; a norm's Sqrt with other
+//      readers (||g||: the gradient's clip) is computed again for the ratio
+//      ("<name>/npusim_lamb_norm_g" / "_norm_w"), so every Sqrt joins its reader's chain.
+//      NPUSIM_FUSION_LAMB=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -313,11 +335,13 @@ struct FusionCounts {
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
+  int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
-           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul + matmul_transposes;
+           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul +
+           matmul_transposes + lamb;
   }
 };
 
@@ -352,6 +376,8 @@ bool layer_norm_fusion_requested();
 bool weight_quant_fusion_requested();
 // False when NPUSIM_FUSION_TRANSPOSE_FOLD is "0" (read once): rewrite 14 alone off.
 bool transpose_fold_requested();
+// False when NPUSIM_FUSION_LAMB is "0" (read once): rewrite 17 alone off.
+bool lamb_fusion_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 // False when NPUSIM_FUSION_CONV_BN_REDUCE is "0" (read once): rewrite 15 alone off.

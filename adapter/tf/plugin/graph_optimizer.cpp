@@ -348,14 +348,14 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
             "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
             "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
-            "Transposes folded into MatMuls\n",
+            "Transposes folded into MatMuls, %d Lamb trust ratios\n",
             item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
             counts.batch_norm, counts.conv_pad, counts.conv_batch_norm, counts.conv_residual,
             counts.half_handoffs, counts.add_relu, counts.bias_epilogue, counts.elementwise,
             counts.variable_update, counts.multi_tensor_update, counts.update_casts,
             counts.deduplicated, counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
             counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
-            counts.weight_quant_matmul, counts.matmul_transposes);
+            counts.weight_quant_matmul, counts.matmul_transposes, counts.lamb);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

@@ -35,6 +35,9 @@
 //     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
 //     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
+//   SquareSumV1(x: T) -> y: T     T in {float, half, bfloat16}; axis: list(int); keep_dims:
+//     bool: CANN's op, Sum(Square(x), axis) as one reduction squaring in its f32 pass
+//     (adapter/compiler/ops/reduce.cpp; graph_fusion.h rewrite 17, Lamb's norms).
 //   FusedElementwise(inputs: N * T) -> z: T     T in {float, half, bfloat16}; N >= 1;
 //     steps: list(string): a chain of element-wise ops as one vector kernel
 //     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
@@ -254,6 +257,11 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "relu: bool = false"},
        unknown_output},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
+      {"SquareSumV1",
+       {"x: T"},
+       {"y: T"},
+       {"T: {float, half, bfloat16}", "axis: list(int)", "keep_dims: bool = false"},
+       unknown_output},
       {"BNTrainingReduce",
        {"x: T"},
        {"sum: float", "square_sum: float"},

@@ -71,7 +71,7 @@ const std::vector<const char*> kBlockList = {
     // a feature map needs float32's range and precision (CANN: ReduceSum, ReduceMean,
     // ReduceProd).
     "Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits",
-    "Sum", "Mean", "Prod", "L2Loss",
+    "Sum", "Mean", "Prod", "L2Loss", "SquareSumV1",
     // The optimizer's variable updates stay float32 (CANN: ApplyAdam, ApplyMomentum, ...; the
     // variables themselves are float32).
     "ResourceApplyGradientDescent", "ResourceApplyMomentum", "ResourceApplyKerasMomentum",
