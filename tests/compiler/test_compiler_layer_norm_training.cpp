@@ -33,16 +33,6 @@ constexpr double kE = 1.0 / (1 << 24);
 constexpr double kH = 1.0 / (1 << 11);  // f16's unit roundoff
 constexpr double kEps = 1e-7;           // BERT's LayerNormalization epsilon (models/bert.py)
 
-RunResult run(const std::string& type, const std::vector<HostTensor>& in,
-              std::map<std::string, compiler::AttrValue> attrs, size_t outputs) {
-  std::vector<TensorDesc> descs;
-  for (const HostTensor& t : in) descs.push_back(t.desc);
-  auto k = compiler::compile(make_op(type, descs, std::move(attrs)), test_sim().config());
-  for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
-  REQUIRE(k.outputs.size() == outputs);
-  return run_compiled(test_sim(), k, in);
-}
-
 // The rows' statistics in double.
 struct Stats {
   std::vector<double> mean, rstd, abs_mean, sq_bound;
@@ -82,7 +72,7 @@ void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed
   HostTensor gamma = random_tensor(dt, {h}, 0.5, 2, seed + 1);
   HostTensor beta = random_tensor(dt, {h}, -1, 1, seed + 2);
   const int64_t rows = static_cast<int64_t>(x.values.size()) / h;
-  RunResult res = run("LayerNormV3", {x, gamma, beta}, {{"epsilon", kEps}}, 3);
+  RunResult res = run_op("LayerNormV3", {x, gamma, beta}, {{"epsilon", kEps}}, 3);
   REQUIRE(res.outputs[1].desc.shape == stats_shape(shape));
   REQUIRE(res.outputs[2].desc.dtype == DataType::F32);
   const Stats s = row_stats(x, rows, h);
@@ -122,7 +112,7 @@ void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t see
   HostTensor rstd{TensorDesc{DataType::F32, stats_shape(shape)}, s.rstd};
   for (double& v : mean.values) v = round_to(DataType::F32, v);
   for (double& v : rstd.values) v = round_to(DataType::F32, v);
-  RunResult res = run("LayerNormXBackpropV2", {dy, x, rstd, mean, gamma}, {}, 2);
+  RunResult res = run_op("LayerNormXBackpropV2", {dy, x, rstd, mean, gamma}, {}, 2);
   REQUIRE(res.outputs[1].desc.dtype == DataType::F32);
   const double k = static_cast<double>(h + 16);
   std::vector<double> dx(x.values.size()), tdx(x.values.size()), xhat(x.values.size()),
@@ -158,7 +148,7 @@ void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t see
 
   // The parameters' gradients from the kernel's own res_for_gamma (f32, as the graph hands it).
   HostTensor res_for_gamma{TensorDesc{DataType::F32, shape}, res.outputs[1].values};
-  RunResult pd = run("LayerNormBetaGammaBackpropV2", {dy, res_for_gamma}, {}, 2);
+  RunResult pd = run_op("LayerNormBetaGammaBackpropV2", {dy, res_for_gamma}, {}, 2);
   REQUIRE(pd.outputs[0].desc.shape == std::vector<int64_t>{h});
   std::vector<double> dg(h), db(h), tdg(h), tdb(h);
   const double kr = static_cast<double>(rows + 16);

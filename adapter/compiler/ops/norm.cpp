@@ -81,6 +81,18 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats) {
   return n;
 }
 
+// Rows per resident group of a row kernel of `plan`'s buffers: whole 8-row blocks where they
+// fit; long rows (Llama's H = 2048 and up in f16 / bf16: 32 KiB of buffers per row) in groups of
+// fewer rows, down to one; a row of H that does not fit the UB is an error.
+int64_t group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
+                   const BlockSplit& split, KernelBuilder& b, int64_t H) {
+  int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
+                       std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+  if (G == 0) G = plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+  if (G == 0) b.fail(fmt::format("a row of {} does not fit the UB", H));
+  return G;
+}
+
 // gamma (beta) [H] of type t at GM `src` -> the resident f32 row `row` (through `raw` unless t
 // is f32), once, single-buffered: MTE2 then V.
 void load_param_row(KernelBuilder& b, Dtype t, int64_t H, const Reg& src, uint64_t raw,
@@ -140,12 +152,7 @@ class RmsNormEmitter {
     const VectorCores cores = VectorCores::of(cfg);
     const NormBuffers bufs = norm_buffers(m_h, m_t, m_center, m_stats);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    // Groups of whole 8-row blocks where they fit; long rows (Llama's H = 2048 and up in f16 /
-    // bf16: 32 KiB of buffers per row) in groups of fewer rows, down to one.
-    int64_t G = bufs.plan.fit(cfg, cores.kind, kBlockLanes32,
-                              std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
-    if (G == 0) G = bufs.plan.fit(cfg, cores.kind, 1, kBlockLanes32);
-    if (G == 0) m_b.fail(fmt::format("a row of {} does not fit the UB", m_h));
+    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     if (m_center) m_k.arg("beta", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -352,10 +359,7 @@ class LayerNormGradEmitter {
     const VectorCores cores = VectorCores::of(cfg);
     const GradBuffers bufs = grad_buffers(m_h, m_t);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    int64_t G = bufs.plan.fit(cfg, cores.kind, kBlockLanes32,
-                              std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
-    if (G == 0) G = bufs.plan.fit(cfg, cores.kind, 1, kBlockLanes32);
-    if (G == 0) m_b.fail(fmt::format("a row of {} does not fit the UB", m_h));
+    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});

@@ -612,6 +612,21 @@ bool training_removable(GraphView& g, const TrainingBatchNorm& t, const Removal&
   return g.consumers(t.variance->name()) == 1;
 }
 
+// Data inputs reading output 0 of a node in `rewire` (its keys) read the value instead, in every
+// node not in `removed`.
+void rewire_readers(tfc::GraphDef& graph, const std::set<std::string>& removed,
+                    const std::unordered_map<std::string, std::string>& rewire) {
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed.count(n.name())) continue;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const InputRef r = parse_input(n.input(k));
+      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
+      if (it != rewire.end()) n.set_input(k, it->second);
+    }
+  }
+}
+
 int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                               std::set<std::string>* removed) {
   GraphView g(graph);
@@ -639,15 +654,7 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     rewire[t.variance_c->name()] = output_name(t.last->name(), 2);
     rewire[t.doffset->name()] = output_name(t.dscale->name(), 1);
   }
-  for (int i = 0; i < graph.node_size(); ++i) {
-    tfc::NodeDef& n = *graph.mutable_node(i);
-    if (rm.removed().count(n.name())) continue;
-    for (int k = 0; k < n.input_size(); ++k) {
-      const InputRef r = parse_input(n.input(k));
-      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
-      if (it != rewire.end()) n.set_input(k, it->second);
-    }
-  }
+  rewire_readers(graph, rm.removed(), rewire);
   for (TrainingBatchNorm& t : found) {
     const BatchNormChain& c = t.chain;
     tfc::AttrValue eps, relu;
@@ -3977,15 +3984,7 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
   std::unordered_map<std::string, std::string> rewire;
   for (const LayerNormTraining& lt : found)
     rewire[lt.dbeta->name()] = output_name(lt.dgamma->name(), 1);
-  for (int i = 0; i < graph.node_size(); ++i) {
-    tfc::NodeDef& n = *graph.mutable_node(i);
-    if (rm.removed().count(n.name())) continue;
-    for (int k = 0; k < n.input_size(); ++k) {
-      const InputRef r = parse_input(n.input(k));
-      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
-      if (it != rewire.end()) n.set_input(k, it->second);
-    }
-  }
+  rewire_readers(graph, rm.removed(), rewire);
   // The nodes' rewrites in place first (add_node may move the graph's nodes), then the new
   // nodes: a LayerNormXBackpropV2 of its own where x has other gradients.
   struct NewNode {
