@@ -27,6 +27,20 @@
 // the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end. The variance
 // is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
 //
+// LayerNorm in training (CANN's op types; the TF plugin's rewrite 12b makes them):
+//
+//   LayerNormV3(x, gamma, beta; epsilon) -> y, mean, rstd: LayerNorm's kernel, which also copies
+//     each row's mean and rsqrt(variance + epsilon) (f32, of x's shape with the last dimension
+//     1) to output buffers and stores them with y (one launch).
+//   LayerNormXBackpropV2(dy, x, rstd, mean, gamma) -> pd_x, res_for_gamma: a row kernel of the
+//     same skeleton; per group of rows xhat = (x - mean) * rstd (stored as res_for_gamma, f32),
+//     g = dy * gamma, the rows' means of g and of g * xhat (lane accumulator), and
+//     pd_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), rounded once to T. CANN's V2 takes
+//     the variance; this one LayerNormV3's rstd, so the forward's rsqrt is not recomputed.
+//   LayerNormBetaGammaBackpropV2(dy, res_for_gamma) -> pd_gamma, pd_beta (f32 [H]): the
+//     column sums of dy * res_for_gamma and of dy, as ops/channel.h's per-channel sums (rows
+//     as pixels) and their epilogue (two launches; the order of the additions: channel.h).
+//
 // Supported: H a multiple of 16 (each row a whole number of 32-byte blocks in every dtype, so
 // a super-row is one row); otherwise a CompileError.
 #include <fmt/format.h>

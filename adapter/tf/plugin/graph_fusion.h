@@ -238,7 +238,7 @@
 //      dgamma's and dbeta's last nodes must be [H] (a Reshape to [H], or a Sum of a 2-D x).
 //      Every other matched node goes: each must have its consumers and control edges inside the
 //      match (the gradient's Sub and constant 2 depend on its mean gradient by control edges),
-//      not be preserved, and sit on the NPU. 6 launches per LayerNorm in place of about 30
+//      not be preserved, and sit on the NPU. 4 launches per LayerNorm in place of about 28
 //      (kernels: adapter/compiler/ops/norm.cpp). NPUSIM_FUSION_LAYER_NORM_TRAINING=0 turns it
 //      alone off.
 //   13. WeightQuantBatchMatmulV2 (Keras' weight-only int8 Dense / EinsumDense:
