@@ -378,4 +378,16 @@ inline OpDesc make_op(const std::string& type, std::vector<TensorDesc> inputs,
   return op;
 }
 
+// Op `type` on the host tensors `in` (attributes `attrs`) compiled for the test chip and run on
+// it; its launches' summaries go to the test's log, and it must have `outputs` outputs.
+inline RunResult run_op(const std::string& type, const std::vector<HostTensor>& in,
+                        std::map<std::string, compiler::AttrValue> attrs, size_t outputs) {
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : in) descs.push_back(t.desc);
+  auto k = compiler::compile(make_op(type, descs, std::move(attrs)), test_sim().config());
+  for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
+  REQUIRE(k.outputs.size() == outputs);
+  return run_compiled(test_sim(), k, in);
+}
+
 }  // namespace npusim::test

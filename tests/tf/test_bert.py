@@ -8,9 +8,9 @@
   TensorFlow on the CPU from the same weights and dropout seeds, and the launch records show
   what the graph engine fused: every Dense as one MatMulBiasAdd, the attention as its two
   BatchMatMulV2 and a Softmax, every GELU as one Gelu (its gradient from x alone), the
-  variable updates as FusedVariableUpdate; in inference also every LayerNorm. In training the
-  LayerNorm rewrite (graph_fusion.h 12) matches nothing: the backward pass reads its
-  intermediate values (strict xfail below, a known gap: docs/validation.md "BERT-Large").
+  variable updates as FusedVariableUpdate, every LayerNorm with its gradient as LayerNormV3,
+  LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 (graph_fusion.h 12b); in inference
+  every LayerNorm as one LayerNorm launch (12).
 """
 
 import os
@@ -183,11 +183,18 @@ def test_training_fuses_gelu(trained):
     assert "Pow" not in types, types["Pow"]
 
 
-@pytest.mark.xfail(strict=True, reason="the LayerNorm rewrite (graph_fusion.h 12) does not "
-                   "match a training graph: the backward pass reads its mean and rsqrt")
 def test_training_fuses_layer_norm(trained):
+    """Every LayerNormalization (2 per layer, the embeddings' and the masked LM's) runs as
+    LayerNormV3 forward and LayerNormXBackpropV2 + LayerNormBetaGammaBackpropV2 backward
+    (rewrite 12b), and none of its unfused steps is left: no Mean, SquaredDifference, Rsqrt or
+    RsqrtGrad launches."""
     _, _, records = trained
-    assert "LayerNorm" in _op_types(records)
+    types = _op_types(records)
+    norms = 2 * bert.dims(TINY)["layers"] + 2
+    for op in ("LayerNormV3", "LayerNormXBackpropV2", "LayerNormBetaGammaBackpropV2"):
+        assert len(types.get(op, ())) == norms, (op, sorted(types))
+    for op in ("Mean", "SquaredDifference", "Rsqrt", "RsqrtGrad"):
+        assert op not in types, (op, types[op])
 
 
 def test_inference_fuses_layer_norm_and_gelu(npusim, tf):

@@ -27,11 +27,27 @@
 // the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end. The variance
 // is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
 //
+// LayerNorm in training (CANN's op types; the TF plugin's rewrite 12b makes them):
+//
+//   LayerNormV3(x, gamma, beta; epsilon) -> y, mean, rstd: LayerNorm's kernel, which also copies
+//     each row's mean and rsqrt(variance + epsilon) (f32, of x's shape with the last dimension
+//     1) to output buffers and stores them with y (one launch).
+//   LayerNormXBackpropV2(dy, x, rstd, mean, gamma) -> pd_x, res_for_gamma: a row kernel of the
+//     same skeleton; per group of rows xhat = (x - mean) * rstd (stored as res_for_gamma, f32),
+//     g = dy * gamma, the rows' means of g and of g * xhat (lane accumulator), and
+//     pd_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), rounded once to T. CANN's V2 takes
+//     the variance; this one LayerNormV3's rstd, so the forward's rsqrt is not recomputed.
+//   LayerNormBetaGammaBackpropV2(dy, res_for_gamma) -> pd_gamma, pd_beta (f32 [H]): the
+//     column sums of dy * res_for_gamma and of dy, as ops/channel.h's per-channel sums (rows
+//     as pixels) and their epilogue (two launches; the order of the additions: channel.h).
+//
 // Supported: H a multiple of 16 (each row a whole number of 32-byte blocks in every dtype, so
 // a super-row is one row); otherwise a CompileError.
 #include <fmt/format.h>
 
 #include "adapter/compiler/buffer_plan.h"
+#include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 #include "adapter/compiler/ops/row_kernel.h"
@@ -48,11 +64,13 @@ constexpr int64_t kRowMultiple = 16;
 
 struct NormBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta;
+  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta,
+      mean, mean_out, rstd_out;
 };
 
-// Units: rows per group. center: LayerNorm's beta rows too.
-NormBuffers norm_buffers(int64_t H, Dtype t, bool center) {
+// Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
+// and rstd (a copy of the mean, and both outputs double-buffered).
+NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t);
@@ -70,17 +88,73 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center) {
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * sz)), 1, conv && center);
   n.beta = p.add_fixed("beta (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)), 1, center);
+  n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
+  n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
+  n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
   declare_repeat_overhang(p);
   return n;
 }
 
-// RmsNorm's kernel, or LayerNorm's where center (x centred first, + beta last).
+// Rows per resident group of a row kernel of `plan`'s buffers: whole 8-row blocks where they
+// fit; long rows (Llama's H = 2048 and up in f16 / bf16: 32 KiB of buffers per row) in groups of
+// fewer rows, down to one; a row of H that does not fit the UB is an error.
+int64_t group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
+                   const BlockSplit& split, KernelBuilder& b, int64_t H) {
+  int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
+                       std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+  if (G == 0) G = plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+  if (G == 0) b.fail(fmt::format("a row of {} does not fit the UB", H));
+  return G;
+}
+
+// gamma (beta) [H] of type t at GM `src` -> the resident f32 row `row` (through `raw` unless t
+// is f32), once, single-buffered: MTE2 then V.
+void load_param_row(KernelBuilder& b, Dtype t, int64_t H, const Reg& src, uint64_t raw,
+                    uint64_t row, const char* name) {
+  KernelBuilder::Origin o(b, fmt::format("{} (f32, resident)", name));
+  const int64_t sz = isa::dtype_size(t);
+  const uint64_t dst = t == Dtype::F32 ? row : raw;
+  b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, rnd(H * sz) / kBlock, 0, 0}, name);
+  const int id = b.flag(isa::Pipe::MTE2, isa::Pipe::V, fmt::format("{} loaded", name));
+  b.set_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
+  b.wait_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
+  if (t != Dtype::F32) {
+    Reg n = b.reg_imm("H", H);
+    vec_convert(b, Dtype::F32, t, row, raw, RoundMode::kRint, n);
+  }
+}
+
+// Stores `rows` (a register) 4-byte values per row from UB `src` to GM `base` + first * 4, in
+// whole 32-byte blocks (a block range's rows are whole blocks but for the tensor's last).
+void store_row_values(KernelBuilder& b, const Reg& base, const Reg& first, const Reg& rows,
+                      uint64_t src, const char* what) {
+  Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+  b.mul_add(dst, first, kLaneBytes, base);
+  count_blocks(b, blocks, rows, kLaneBytes);
+  b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, what);
+}
+
+// The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
+// (LayerNorm's, also storing each row's mean and rstd).
+enum class NormKind { kRms, kLayer, kLayerStats };
+
+const char* norm_op_name(NormKind kind) {
+  switch (kind) {
+    case NormKind::kRms: return "RmsNorm";
+    case NormKind::kLayer: return "LayerNorm";
+    case NormKind::kLayerStats: return "LayerNormV3";
+  }
+  return "";
+}
+
 class RmsNormEmitter {
  public:
   RmsNormEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t,
-                 double eps, bool center)
-      : m_k((center ? "LayerNorm_" : "RmsNorm_") + std::string(isa::dtype_name(t)), op.str(), cfg),
-        m_center(center),
+                 double eps, NormKind kind)
+      : m_k(norm_op_name(kind) + std::string("_") + isa::dtype_name(t), op.str(), cfg),
+        m_kind(kind),
+        m_center(kind != NormKind::kRms),
+        m_stats(kind == NormKind::kLayerStats),
         m_b(m_k.b()),
         m_rows(rows),
         m_h(H),
@@ -90,23 +164,30 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center);
+    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center, m_stats);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    // Groups of whole 8-row blocks where they fit; long rows (Llama's H = 2048 and up in f16 /
-    // bf16: 32 KiB of buffers per row) in groups of fewer rows, down to one.
-    int64_t G = bufs.plan.fit(cfg, cores.kind, kBlockLanes32,
-                              std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
-    if (G == 0) G = bufs.plan.fit(cfg, cores.kind, 1, kBlockLanes32);
-    if (G == 0) m_b.fail(fmt::format("a row of {} does not fit the UB", m_h));
+    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     if (m_center) m_k.arg("beta", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
     m_k.arg("y", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    if (m_stats) {
+      m_k.arg("mean", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
+      m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kOutput, 2, 0});
+    }
     std::vector<Reg> args = m_k.load_args();
     m_x = std::move(args[0]);
     m_y = std::move(args[m_center ? 3 : 2]);
+    if (m_stats) {
+      m_mean_gm = std::move(args[4]);
+      m_rstd_gm = std::move(args[5]);
+    }
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
+    if (m_stats) {
+      take_twins(at, {{&m_mean_out, bufs.mean_out}, {&m_rstd_out, bufs.rstd_out}});
+      m_mean = at[bufs.mean];
+    }
     take_buffers(at, {{&m_xw, bufs.xw},
                       {&m_sq, bufs.sq},
                       {&m_acc, bufs.acc},
@@ -115,10 +196,10 @@ class RmsNormEmitter {
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
-    load_row(args[1], at[bufs.gamma_raw], m_gamma, "gamma");
+    load_param_row(m_b, m_t, m_h, args[1], at[bufs.gamma_raw], m_gamma, "gamma");
     if (m_center) {
       m_beta = at[bufs.beta];
-      load_row(args[2], at[bufs.beta_raw], m_beta, "beta");
+      load_param_row(m_b, m_t, m_h, args[2], at[bufs.beta_raw], m_beta, "beta");
     }
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
@@ -127,27 +208,11 @@ class RmsNormEmitter {
         [this](const GroupRegs& g, int q) { compute(g, q); });
     return m_k.finish(split.block_dim,
                       fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, groups of {}",
-                                  m_center ? "LayerNorm" : "RmsNorm", m_rows, m_h,
-                                  isa::dtype_name(m_t), split.block_dim, split.per, G));
+                                  norm_op_name(m_kind), m_rows, m_h, isa::dtype_name(m_t),
+                                  split.block_dim, split.per, G));
   }
 
  private:
-  // gamma (beta) -> f32 row `row`, once (single-buffered: MTE2 then V).
-  void load_row(const Reg& src, uint64_t raw, uint64_t row, const char* name) {
-    KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, fmt::format("{} (f32, resident)", name));
-    const int64_t sz = isa::dtype_size(m_t);
-    const uint64_t dst = m_t == Dtype::F32 ? row : raw;
-    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, rnd(m_h * sz) / kBlock, 0, 0}, name);
-    const int id = b.flag(isa::Pipe::MTE2, isa::Pipe::V, fmt::format("{} loaded", name));
-    b.set_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
-    b.wait_flag(isa::Pipe::MTE2, isa::Pipe::V, id);
-    if (m_t != Dtype::F32) {
-      Reg n = b.reg_imm("H", m_h);
-      vec_convert(b, Dtype::F32, m_t, row, raw, RoundMode::kRint, n);
-    }
-  }
-
   void load(const GroupRegs& g, int q) {
     KernelBuilder& b = m_b;
     const int64_t sz = isa::dtype_size(m_t);
@@ -179,6 +244,7 @@ class RmsNormEmitter {
       lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
+      if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
       replicate_rows(b, m_r, g.rows, m_rep, m_scratch, m_alt);
       const RowGroup xc{&m_layout, x, &g.supers, &g.slots};
       rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, m_rep, false, x);
@@ -222,6 +288,10 @@ class RmsNormEmitter {
       vec_convert(b, m_t, Dtype::F32, m_out[q], m_sq, RoundMode::kRint, lanes);
     else
       vec_copy_bits(b, kLaneBytes, m_out[q], m_sq, lanes);
+    if (m_stats) {
+      vec_copy_bits(b, kLaneBytes, m_mean_out[q], m_mean, g.rows);
+      vec_copy_bits(b, kLaneBytes, m_rstd_out[q], m_r, g.rows);
+    }
     sync.out_ready(q);
     {
       const int64_t sz = isa::dtype_size(m_t);
@@ -230,49 +300,372 @@ class RmsNormEmitter {
       count_blocks(b, blocks, g.rows, m_h * sz);
       b.emit(Opcode::op_copy_ub2gm, {dst, m_out[q], 1, blocks, 0, 0}, "y rows");
     }
+    if (m_stats) {
+      store_row_values(b, m_mean_gm, g.r, g.rows, m_mean_out[q], "mean");
+      store_row_values(b, m_rstd_gm, g.r, g.rows, m_rstd_out[q], "rstd");
+    }
     sync.stored(q);
   }
 
   RowKernel m_k;
-  bool m_center;
+  NormKind m_kind;
+  bool m_center, m_stats;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t;
   double m_eps;
   SuperRowLayout m_layout;
-  Reg m_x, m_y;
-  Twin m_raw_x, m_out;
+  Reg m_x, m_y, m_mean_gm, m_rstd_gm;
+  Twin m_raw_x, m_out, m_mean_out, m_rstd_out;
   uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_scratch = 0, m_alt = 0, m_gamma = 0,
-           m_beta = 0;
+           m_beta = 0, m_mean = 0;
+};
+
+// LayerNormXBackpropV2's buffers; units: rows per group.
+struct GradBuffers {
+  BufferPlan plan;
+  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, s1, s2, rep, rep_rstd,
+      scratch, alt, gamma_raw, gamma, dx_out, res_out;
+};
+
+GradBuffers grad_buffers(int64_t H, Dtype t) {
+  GradBuffers n;
+  BufferPlan& p = n.plan;
+  const int64_t sz = isa::dtype_size(t);
+  const bool conv = t != Dtype::F32;
+  n.raw_x = p.add_sized("x rows", blocks_of(H * sz), 2);
+  n.raw_dy = p.add_sized("dy rows", blocks_of(H * sz), 2);
+  n.mean_in = p.add_sized("row means", blocks_of(kLaneBytes), 2);
+  n.rstd_in = p.add_sized("row rstd", blocks_of(kLaneBytes), 2);
+  n.xw = p.add_sized("x rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
+  n.dyw = p.add_sized("dy rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
+  n.g = p.add_sized("dy * gamma", blocks_of(H * kLaneBytes));
+  n.sq = p.add_sized("products", blocks_of(H * kLaneBytes));
+  n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  n.s1 = p.add_sized("row sums of dy * gamma", blocks_of(kLaneBytes));
+  n.s2 = p.add_sized("row sums of dy * gamma * xhat", blocks_of(kLaneBytes));
+  n.rep = p.add_sized("replicated", blocks_of(kBlock));
+  n.rep_rstd = p.add_sized("replicated rstd", blocks_of(kBlock));
+  n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
+  n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
+  n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
+  n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
+  n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
+  n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
+  declare_repeat_overhang(p);
+  return n;
+}
+
+// LayerNormXBackpropV2's kernel: per group of rows, xhat = (x - mean) * rstd (stored as
+// res_for_gamma), g = dy * gamma, the row means of g and of g * xhat, then
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+class LayerNormGradEmitter {
+ public:
+  LayerNormGradEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t)
+      : m_k("LayerNormXBackpropV2_" + std::string(isa::dtype_name(t)), op.str(), cfg),
+        m_b(m_k.b()),
+        m_rows(rows),
+        m_h(H),
+        m_t(t),
+        m_layout(SuperRowLayout::make(H, kBlock / isa::dtype_size(t))) {}
+
+  Launch build(const ChipConfig& cfg) {
+    const VectorCores cores = VectorCores::of(cfg);
+    const GradBuffers bufs = grad_buffers(m_h, m_t);
+    const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
+    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
+    m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+    m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});
+    m_k.arg("mean", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 3, 0});
+    m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 4, 0});
+    m_k.arg("dx", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
+    m_k.arg("res_for_gamma", Dtype::F32, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
+    std::vector<Reg> args = m_k.load_args();
+    m_dy = std::move(args[0]);
+    m_x = std::move(args[1]);
+    m_rstd_gm = std::move(args[2]);
+    m_mean_gm = std::move(args[3]);
+    m_dx = std::move(args[5]);
+    m_res = std::move(args[6]);
+    const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
+    take_twins(at, {{&m_raw_x, bufs.raw_x},
+                    {&m_raw_dy, bufs.raw_dy},
+                    {&m_mean_in, bufs.mean_in},
+                    {&m_rstd_in, bufs.rstd_in},
+                    {&m_dx_out, bufs.dx_out},
+                    {&m_res_out, bufs.res_out}});
+    take_buffers(at, {{&m_xw, bufs.xw},
+                      {&m_dyw, bufs.dyw},
+                      {&m_g, bufs.g},
+                      {&m_sq, bufs.sq},
+                      {&m_acc, bufs.acc},
+                      {&m_s1, bufs.s1},
+                      {&m_s2, bufs.s2},
+                      {&m_rep, bufs.rep},
+                      {&m_rep_rstd, bufs.rep_rstd},
+                      {&m_scratch, bufs.scratch},
+                      {&m_alt, bufs.alt},
+                      {&m_gamma, bufs.gamma}});
+    load_param_row(m_b, m_t, m_h, args[4], at[bufs.gamma_raw], m_gamma, "gamma");
+    fill_alt_pattern(m_b, m_alt, G);
+    m_k.start_pingpong();
+    m_k.resident_groups(
+        split, m_rows, G, m_layout, [this](const GroupRegs& g, int q) { load(g, q); },
+        [this](const GroupRegs& g, int q) { compute(g, q); });
+    return m_k.finish(
+        split.block_dim,
+        fmt::format("LayerNormXBackpropV2: {} rows of {} {}, {} blocks of {} rows, "
+                    "groups of {}",
+                    m_rows, m_h, isa::dtype_name(m_t), split.block_dim, split.per, G));
+  }
+
+ private:
+  void load_rows(const GroupRegs& g, const Reg& base, uint64_t dst, int64_t row_bytes,
+                 const char* what) {
+    KernelBuilder& b = m_b;
+    Reg src = b.reg("source"), blocks = b.reg("blocks");
+    count_blocks(b, blocks, g.rows, row_bytes);
+    b.mul_add(src, g.r, row_bytes, base);
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, what);
+  }
+
+  void load(const GroupRegs& g, int q) {
+    const int64_t sz = isa::dtype_size(m_t);
+    m_k.sync().wait_load_free(q);
+    load_rows(g, m_x, m_raw_x[q], m_h * sz, "x rows");
+    load_rows(g, m_dy, m_raw_dy[q], m_h * sz, "dy rows");
+    load_rows(g, m_mean_gm, m_mean_in[q], kLaneBytes, "row means");
+    load_rows(g, m_rstd_gm, m_rstd_in[q], kLaneBytes, "row rstd");
+    m_k.sync().load_done(q);
+  }
+
+  // Per-row sums of the f32 rows at m_sq (overwritten) -> dense, scaled by 1/H.
+  void row_means(const GroupRegs& g, uint64_t dense) {
+    KernelBuilder& b = m_b;
+    const RowGroup rg{&m_layout, m_sq, &g.supers, &g.slots};
+    rows_to_lanes(b, rg, Combine::kSum, Dtype::F32, m_acc);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, dense, m_sq);
+    Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
+    vec_scalar(b, Opcode::op_vmuls, Dtype::F32, dense, dense, inv_h, g.rows);
+  }
+
+  void compute(const GroupRegs& g, int q) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const bool conv = m_t != Dtype::F32;
+    const uint64_t x = conv ? m_xw : m_raw_x[q];
+    const uint64_t dy = conv ? m_dyw : m_raw_dy[q];
+    const uint64_t xhat = m_res_out[q];
+    Reg lanes = b.reg("lanes of the group");
+    b.mul(lanes, g.rows, m_h);
+    sync.wait_loaded(q);
+    if (conv) {
+      vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
+      vec_convert(b, Dtype::F32, m_t, dy, m_raw_dy[q], RoundMode::kRint, lanes);
+    }
+    // xhat = (x - mean) * rstd, straight into the res_for_gamma output copy.
+    sync.wait_out_free(q);
+    replicate_rows(b, m_mean_in[q], g.rows, m_rep, m_scratch, m_alt);
+    replicate_rows(b, m_rstd_in[q], g.rows, m_rep_rstd, m_scratch, m_alt);
+    const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
+    rows_bcast(b, xr, Opcode::op_vsub, Dtype::F32, m_rep, false, xhat);
+    const RowGroup xh{&m_layout, xhat, &g.supers, &g.slots};
+    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep_rstd);
+    // g = dy * gamma: per 64-lane span of the row, all rows at once (a row stride of at most
+    // 255 blocks), else row by row.
+    const RowGroup gs{&m_layout, m_g, &g.supers, &g.slots};
+    for_superrow_batches(b, gs, [&](const Reg& first, Opnd count, int64_t row_rep) {
+      Reg ga = b.reg("g span"), da = b.reg("dy span");
+      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
+        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
+        const int64_t off = c * kSlotBytes;
+        b.mul_add(ga, first, m_h * kLaneBytes, static_cast<int64_t>(m_g) + off);
+        b.mul_add(da, first, m_h * kLaneBytes, static_cast<int64_t>(dy) + off);
+        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, VOperand(ga, 1, row_rep),
+                           VOperand(da, 1, row_rep),
+                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
+      }
+    });
+    sync.release_load(q);
+    // s1 = mean(g), s2 = mean(g * xhat) per row.
+    vec_copy_bits(b, kLaneBytes, m_sq, m_g, lanes);
+    row_means(g, m_s1);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
+    row_means(g, m_s2);
+    // dx = (g - xhat * s2 - s1) * rstd.
+    replicate_rows(b, m_s2, g.rows, m_rep, m_scratch, m_alt);
+    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq);
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_g, m_g, m_sq, lanes);
+    replicate_rows(b, m_s1, g.rows, m_rep, m_scratch, m_alt);
+    rows_bcast(b, gs, Opcode::op_vsub, Dtype::F32, m_rep);
+    rows_bcast(b, gs, Opcode::op_vmul, Dtype::F32, m_rep_rstd);
+    if (conv)
+      vec_convert(b, m_t, Dtype::F32, m_dx_out[q], m_g, RoundMode::kRint, lanes);
+    else
+      vec_copy_bits(b, kLaneBytes, m_dx_out[q], m_g, lanes);
+    sync.out_ready(q);
+    store_rows(g, m_dx, m_dx_out[q], m_h * isa::dtype_size(m_t), "dx rows");
+    store_rows(g, m_res, xhat, m_h * kLaneBytes, "res_for_gamma rows");
+    sync.stored(q);
+  }
+
+  void store_rows(const GroupRegs& g, const Reg& base, uint64_t src, int64_t row_bytes,
+                  const char* what) {
+    KernelBuilder& b = m_b;
+    Reg dst = b.reg("destination"), blocks = b.reg("blocks");
+    b.mul_add(dst, g.r, row_bytes, base);
+    count_blocks(b, blocks, g.rows, row_bytes);
+    b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, what);
+  }
+
+  RowKernel m_k;
+  KernelBuilder& m_b;
+  int64_t m_rows, m_h;
+  Dtype m_t;
+  SuperRowLayout m_layout;
+  Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
+  Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
+  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_s1 = 0, m_s2 = 0, m_rep = 0,
+           m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
 };
 
 }  // namespace
 
-CompiledKernel compile_norm(const CompileContext& ctx) {
-  const OpDesc& op = ctx.op;
-  const bool center = op.type == "LayerNorm";
-  const size_t n_in = center ? 3 : 2;
-  if (op.inputs.size() != n_in)
-    op.invalid(fmt::format("takes x, gamma{}: {} inputs given", center ? " and beta" : "",
-                           op.inputs.size()));
-  const TensorDesc& x = op.inputs[0];
+namespace {
+
+// x's last dimension H and rows (the other dimensions' product); gamma (and beta) [H] of x's
+// dtype: inputs `params` of op (gamma first, then beta).
+int64_t norm_rows(const OpDesc& op, size_t x_in, std::initializer_list<size_t> params, int64_t* h) {
+  const TensorDesc& x = op.inputs[x_in];
   if (!data_type_is_float(x.dtype)) op.fail("x must be of a float dtype (f32, f16, bf16)");
   if (x.shape.empty()) op.invalid("x must have at least one dimension");
   const int64_t H = x.shape.back();
-  for (size_t i = 1; i < n_in; ++i) {
-    const char* name = i == 1 ? "gamma" : "beta";
+  for (size_t i : params) {
+    const char* name = i == *params.begin() ? "gamma" : "beta";
     if (op.inputs[i].dtype != x.dtype)
       op.fail(fmt::format("{} must have x's dtype {}", name, data_type_name(x.dtype)));
     if (op.inputs[i].shape != std::vector<int64_t>{H})
       op.invalid(fmt::format("{} must be [{}] (x's last dimension)", name, H));
   }
-  CompiledKernel out;
-  out.outputs = {x};
-  if (x.num_elements() == 0) return out;
+  *h = H;
+  return H == 0 ? 0 : x.num_elements() / H;
+}
+
+void check_row_multiple(const OpDesc& op, int64_t H) {
   if (H % kRowMultiple != 0)
     op.fail(fmt::format("last dimension {}: a multiple of {} is supported", H, kRowMultiple));
-  RmsNormEmitter e(op, ctx.cfg, x.num_elements() / H, H, device_dtype(x.dtype),
-                   op.attr_float("epsilon", center ? 1e-5 : 1e-6), center);
+}
+
+// The per-row statistics' shape: x's with the last dimension 1 (keep_dims), f32.
+TensorDesc row_stats_desc(const TensorDesc& x) {
+  std::vector<int64_t> shape = x.shape;
+  shape.back() = 1;
+  return TensorDesc{DataType::F32, shape};
+}
+
+// LayerNormXBackpropV2(dy, x, rstd, mean, gamma) -> dx, res_for_gamma.
+CompiledKernel compile_layer_norm_x_backprop(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 5)
+    op.invalid(fmt::format("takes dy, x, rstd, mean and gamma: {} inputs given", op.inputs.size()));
+  int64_t H = 0;
+  const int64_t rows = norm_rows(op, 1, {4}, &H);
+  const TensorDesc& x = op.inputs[1];
+  if (op.inputs[0].dtype != x.dtype || op.inputs[0].shape != x.shape)
+    op.invalid(fmt::format("dy must be x's {}, got {}", x.str(), op.inputs[0].str()));
+  const TensorDesc stats = row_stats_desc(x);
+  for (size_t i : {2, 3})
+    if (op.inputs[i].dtype != DataType::F32 || op.inputs[i].num_elements() != rows)
+      op.invalid(fmt::format("{} must be {} (one f32 per row), got {}", i == 2 ? "rstd" : "mean",
+                             stats.str(), op.inputs[i].str()));
+  CompiledKernel out;
+  out.outputs = {x, TensorDesc{DataType::F32, x.shape}};
+  if (rows == 0) return out;
+  check_row_multiple(op, H);
+  LayerNormGradEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype));
+  out.launches.push_back(e.build(ctx.cfg));
+  return out;
+}
+
+// LayerNormBetaGammaBackpropV2(dy, res_for_gamma) -> pd_gamma = sum over rows of dy *
+// res_for_gamma, pd_beta = sum over rows of dy (f32 [H]): the channel sums of ops/channel.h
+// (rows as pixels, H as channels; a multiple of 16, so whole blocks), then an epilogue adding
+// the blocks' partials.
+CompiledKernel compile_layer_norm_beta_gamma_backprop(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != 2)
+    op.invalid(fmt::format("takes dy and res_for_gamma: {} inputs given", op.inputs.size()));
+  const TensorDesc& dy = op.inputs[0];
+  const TensorDesc& res = op.inputs[1];
+  if (!data_type_is_float(dy.dtype) || dy.shape.empty())
+    op.fail("dy must be a float tensor of at least one dimension");
+  if (res.dtype != DataType::F32 || res.shape != dy.shape)
+    op.invalid(fmt::format("res_for_gamma must be f32 of dy's shape {}, got {}",
+                           shape_str(dy.shape), res.str()));
+  const int64_t H = dy.shape.back();
+  const int64_t rows = H == 0 ? 0 : dy.num_elements() / H;
+  CompiledKernel k;
+  const TensorDesc vec{DataType::F32, {H}};
+  k.outputs = {vec, vec};
+  if (H == 0) return k;
+  check_row_multiple(op, H);
+  if (rows == 0) op.fail("needs at least one row");
+  ChannelSumSpec s;
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.plain_sum = true;  // sum b = sum dy
+  s.a_type = Dtype::F32;
+  s.b_type = device_dtype(dy.dtype);
+  s.pixels = rows;
+  s.cp = H;
+  ChannelSumLaunch cs = build_channel_sum(s, ctx.cfg, op.str());
+  const uint64_t bytes = static_cast<uint64_t>(cs.blocks * H) * 4;
+  const ArgRef products = workspace_take(k, bytes), sums = workspace_take(k, bytes);
+  k.launches.push_back(
+      with_args(std::move(cs.launch), {input_ref(1), input_ref(0), products, sums}));
+  ChannelEpilogueSpec e;
+  e.name = "LayerNormBetaGammaBackpropSums";
+  e.spread = true;
+  e.c = H;
+  e.partial_cp = H;
+  e.partial_blocks = {cs.blocks, cs.blocks};
+  e.outputs = 2;
+  e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
+                                 {products, sums, output_ref(0), output_ref(1)}));
+  return k;
+}
+
+}  // namespace
+
+CompiledKernel compile_norm(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  if (op.type == "LayerNormXBackpropV2") return compile_layer_norm_x_backprop(ctx);
+  if (op.type == "LayerNormBetaGammaBackpropV2") return compile_layer_norm_beta_gamma_backprop(ctx);
+  const NormKind kind = op.type == "RmsNorm"       ? NormKind::kRms
+                        : op.type == "LayerNormV3" ? NormKind::kLayerStats
+                                                   : NormKind::kLayer;
+  const bool center = kind != NormKind::kRms;
+  const size_t n_in = center ? 3 : 2;
+  if (op.inputs.size() != n_in)
+    op.invalid(fmt::format("takes x, gamma{}: {} inputs given", center ? " and beta" : "",
+                           op.inputs.size()));
+  int64_t H = 0;
+  const int64_t rows = center ? norm_rows(op, 0, {1, 2}, &H) : norm_rows(op, 0, {1}, &H);
+  const TensorDesc& x = op.inputs[0];
+  CompiledKernel out;
+  out.outputs = {x};
+  if (kind == NormKind::kLayerStats) {
+    out.outputs.push_back(row_stats_desc(x));
+    out.outputs.push_back(row_stats_desc(x));
+  }
+  if (rows == 0) return out;
+  check_row_multiple(op, H);
+  RmsNormEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype),
+                   op.attr_float("epsilon", center ? 1e-5 : 1e-6), kind);
   out.launches.push_back(e.build(ctx.cfg));
   return out;
 }

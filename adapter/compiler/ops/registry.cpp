@@ -355,6 +355,11 @@ const std::vector<OpEntry>& op_table() {
        npu_t(K::kLlm, kHalfTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"LayerNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      // LayerNorm in training, CANN's op types (graph_fusion.h 12b): the forward with its row
+      // statistics, the input gradient, the parameters' gradients
+      {"LayerNormV3", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"LayerNormXBackpropV2", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"LayerNormBetaGammaBackpropV2", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
       // Variable updates made by the graph pass: the new values as outputs, like the optimizer
       // ops above (its op definition is the plugin's, kernels_fused.cpp)

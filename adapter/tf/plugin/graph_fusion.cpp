@@ -612,6 +612,21 @@ bool training_removable(GraphView& g, const TrainingBatchNorm& t, const Removal&
   return g.consumers(t.variance->name()) == 1;
 }
 
+// Data inputs reading output 0 of a node in `rewire` (its keys) read the value instead, in every
+// node not in `removed`.
+void rewire_readers(tfc::GraphDef& graph, const std::set<std::string>& removed,
+                    const std::unordered_map<std::string, std::string>& rewire) {
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed.count(n.name())) continue;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const InputRef r = parse_input(n.input(k));
+      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
+      if (it != rewire.end()) n.set_input(k, it->second);
+    }
+  }
+}
+
 int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                               std::set<std::string>* removed) {
   GraphView g(graph);
@@ -639,15 +654,7 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     rewire[t.variance_c->name()] = output_name(t.last->name(), 2);
     rewire[t.doffset->name()] = output_name(t.dscale->name(), 1);
   }
-  for (int i = 0; i < graph.node_size(); ++i) {
-    tfc::NodeDef& n = *graph.mutable_node(i);
-    if (rm.removed().count(n.name())) continue;
-    for (int k = 0; k < n.input_size(); ++k) {
-      const InputRef r = parse_input(n.input(k));
-      auto it = r.control || r.port ? rewire.end() : rewire.find(r.node);
-      if (it != rewire.end()) n.set_input(k, it->second);
-    }
-  }
+  rewire_readers(graph, rm.removed(), rewire);
   for (TrainingBatchNorm& t : found) {
     const BatchNormChain& c = t.chain;
     tfc::AttrValue eps, relu;
@@ -3563,110 +3570,461 @@ std::optional<std::string> norm_param(GraphView& g, const Removal& rm, const std
   return n->input(0);
 }
 
-// Rewrite 12, LayerNorm: keras' LayerNormalization over the last axis as TensorFlow builds it,
+// keras' LayerNormalization over the last axis as TensorFlow builds it (rewrites 12 and 12b),
 // every node of one type T (float, half, bfloat16):
 //   mean = Mean(x, [-1], keep_dims)   var = Mean(SquaredDifference(x, mean), [-1], keep_dims)
 //   m = Mul(Rsqrt(AddV2(var, eps)), gamma)
 //   y = AddV2(Mul(x, m), AddV2(Mul(Neg(mean), m), beta))
 // (operands of Mul / AddV2 in either order; gamma and beta [H] [through a Reshape to
-// [1, .., 1, H]], H a multiple of 16: the kernel's rows) -> LayerNorm(x, gamma, beta; epsilon).
-// NPUSIM_FUSION_LAYER_NORM=0 turns it off.
+// [1, .., 1, H]], H a multiple of 16: the kernel's rows).
+struct LayerNormMatch {
+  tfc::DataType t = tfc::DT_FLOAT;
+  std::string x, gamma, beta;  // the fused op's inputs
+  std::string gamma_in;        // gamma as m reads it (through its Reshape, if any)
+  double eps = 0;
+  int64_t h = 0;
+  tfc::NodeDef *y = nullptr, *mul2 = nullptr, *add1 = nullptr, *m = nullptr, *rs = nullptr,
+               *eps_add = nullptr, *var = nullptr, *sqd = nullptr, *mean = nullptr, *mul1 = nullptr,
+               *neg = nullptr;
+  std::vector<tfc::NodeDef*> params_gone;  // gamma's and beta's Reshapes read only here
+};
+
+// The forward subgraph ending at y, or nullopt (consumers not checked).
+std::optional<LayerNormMatch> match_layer_norm(GraphView& g, const Removal& rm, tfc::NodeDef& y) {
+  const std::optional<tfc::DataType> t = type_attr(y);
+  if (y.op() != "AddV2" || !on_npu(y) || !t || !float_type(*t) || y.input_size() < 2 ||
+      rm.claimed(y.name()))
+    return std::nullopt;
+  auto node_of = [&](const std::string& in) -> tfc::NodeDef* {
+    const InputRef r = parse_input(in);
+    return r.control || r.port ? nullptr : g.node(r.node);
+  };
+  for (int k = 0; k < 2; ++k) {
+    tfc::NodeDef* mul2 = input_node(g, y, k);
+    tfc::NodeDef* add1 = input_node(g, y, 1 - k);
+    if (!mul2 || mul2->op() != "Mul" || type_attr(*mul2) != *t || mul2->input_size() < 2 || !add1 ||
+        add1->op() != "AddV2" || type_attr(*add1) != *t || add1->input_size() < 2)
+      continue;
+    // mul2 = Mul(x, m) with m = Mul(Rsqrt(AddV2(var, eps)), gamma)
+    for (int j = 0; j < 2; ++j) {
+      LayerNormMatch r;
+      r.t = *t;
+      r.y = &y;
+      r.mul2 = mul2;
+      r.add1 = add1;
+      r.x = mul2->input(j);
+      tfc::NodeDef* m = input_node(g, *mul2, 1 - j);
+      if (!m || m->op() != "Mul" || type_attr(*m) != *t || m->input_size() < 2) continue;
+      r.m = m;
+      std::string beta_in;
+      for (int a = 0; a < 2 && !r.rs; ++a) {
+        tfc::NodeDef* c = input_node(g, *m, a);
+        if (c && c->op() == "Rsqrt" && type_attr(*c) == *t) {
+          r.rs = c;
+          r.gamma_in = m->input(1 - a);
+        }
+      }
+      r.eps_add = r.rs ? input_node(g, *r.rs, 0) : nullptr;
+      if (r.eps_add && r.eps_add->op() == "AddV2" && type_attr(*r.eps_add) == *t) {
+        for (int a = 0; a < 2 && !r.var; ++a) {
+          std::optional<double> e = scalar_value(input_node(g, *r.eps_add, 1 - a));
+          tfc::NodeDef* v = input_node(g, *r.eps_add, a);
+          if (e && *e >= 0 && mean_last_axis(g, v, *t)) {
+            r.var = v;
+            r.eps = *e;
+          }
+        }
+      }
+      r.sqd = r.var ? input_node(g, *r.var, 0) : nullptr;
+      if (!r.sqd || r.sqd->op() != "SquaredDifference" || type_attr(*r.sqd) != *t ||
+          r.sqd->input_size() < 2 || r.sqd->input(0) != r.x)
+        continue;
+      r.mean = input_node(g, *r.sqd, 1);
+      if (!mean_last_axis(g, r.mean, *t) || r.mean->input(0) != r.x) continue;
+      // add1 = AddV2(Mul(Neg(mean), m), beta)
+      for (int a = 0; a < 2 && !r.mul1; ++a) {
+        tfc::NodeDef* c = input_node(g, *add1, a);
+        if (!c || c->op() != "Mul" || type_attr(*c) != *t || c->input_size() < 2) continue;
+        for (int b2 = 0; b2 < 2 && !r.mul1; ++b2) {
+          tfc::NodeDef* ng = input_node(g, *c, b2);
+          if (ng && ng->op() == "Neg" && type_attr(*ng) == *t && node_of(ng->input(0)) == r.mean &&
+              GraphView::reads(*c, 1 - b2, m->name())) {
+            r.mul1 = c;
+            r.neg = ng;
+            beta_in = add1->input(1 - a);
+          }
+        }
+      }
+      if (!r.mul1) continue;
+      int64_t h_gamma = 0, h_beta = 0;
+      std::optional<std::string> gamma = norm_param(g, rm, r.gamma_in, &r.params_gone, &h_gamma);
+      std::optional<std::string> beta = norm_param(g, rm, beta_in, &r.params_gone, &h_beta);
+      // H: what the kernel supports (ops/norm.cpp: a multiple of 16)
+      if (!gamma || !beta || h_gamma != h_beta || h_gamma % 16 != 0) continue;
+      r.gamma = *gamma;
+      r.beta = *beta;
+      r.h = h_gamma;
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+std::map<std::string, tfc::AttrValue> layer_norm_attrs(const LayerNormMatch& r) {
+  std::map<std::string, tfc::AttrValue> attrs;
+  attrs["T"] = type_value(r.t);
+  attrs["epsilon"].set_f(static_cast<float>(r.eps));
+  return attrs;
+}
+
+// Rewrite 12, LayerNorm: match_layer_norm's subgraph, every node but y read only inside it ->
+// LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0 turns it off.
 int fuse_layer_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
   GraphView g(graph);
   Removal rm(g, preserve);
   int fused = 0;
-  auto node_of = [&](const std::string& in) -> tfc::NodeDef* {
-    const InputRef r = parse_input(in);
-    return r.control || r.port ? nullptr : g.node(r.node);
-  };
   for (int i = 0; i < g.size(); ++i) {
     tfc::NodeDef& y = *g.at(i);
-    const std::optional<tfc::DataType> t = type_attr(y);
-    if (y.op() != "AddV2" || !on_npu(y) || !t || !float_type(*t) || y.input_size() < 2 ||
-        rm.claimed(y.name()))
-      continue;
-    for (int k = 0; k < 2; ++k) {
-      tfc::NodeDef* mul2 = input_node(g, y, k);
-      tfc::NodeDef* add1 = input_node(g, y, 1 - k);
-      if (!mul2 || mul2->op() != "Mul" || type_attr(*mul2) != *t || mul2->input_size() < 2 ||
-          !add1 || add1->op() != "AddV2" || type_attr(*add1) != *t || add1->input_size() < 2)
-        continue;
-      // mul2 = Mul(x, m) with m = Mul(Rsqrt(AddV2(var, eps)), gamma)
-      for (int j = 0; j < 2; ++j) {
-        const std::string x = mul2->input(j);
-        tfc::NodeDef* m = input_node(g, *mul2, 1 - j);
-        if (!m || m->op() != "Mul" || type_attr(*m) != *t || m->input_size() < 2) continue;
-        tfc::NodeDef *rs = nullptr, *mean = nullptr, *mul1 = nullptr, *neg = nullptr;
-        std::string gamma_in, beta_in;
-        for (int a = 0; a < 2 && !rs; ++a) {
-          tfc::NodeDef* c = input_node(g, *m, a);
-          if (c && c->op() == "Rsqrt" && type_attr(*c) == *t) {
-            rs = c;
-            gamma_in = m->input(1 - a);
-          }
-        }
-        tfc::NodeDef* eps_add = rs ? input_node(g, *rs, 0) : nullptr;
-        tfc::NodeDef* var = nullptr;
-        double eps = 0;
-        if (eps_add && eps_add->op() == "AddV2" && type_attr(*eps_add) == *t) {
-          for (int a = 0; a < 2 && !var; ++a) {
-            std::optional<double> e = scalar_value(input_node(g, *eps_add, 1 - a));
-            tfc::NodeDef* v = input_node(g, *eps_add, a);
-            if (e && *e >= 0 && mean_last_axis(g, v, *t)) {
-              var = v;
-              eps = *e;
-            }
-          }
-        }
-        tfc::NodeDef* sqd = var ? input_node(g, *var, 0) : nullptr;
-        if (!sqd || sqd->op() != "SquaredDifference" || type_attr(*sqd) != *t ||
-            sqd->input_size() < 2 || sqd->input(0) != x)
-          continue;
-        mean = input_node(g, *sqd, 1);
-        if (!mean_last_axis(g, mean, *t) || mean->input(0) != x) continue;
-        // add1 = AddV2(Mul(Neg(mean), m), beta)
-        for (int a = 0; a < 2 && !mul1; ++a) {
-          tfc::NodeDef* c = input_node(g, *add1, a);
-          if (!c || c->op() != "Mul" || type_attr(*c) != *t || c->input_size() < 2) continue;
-          for (int b2 = 0; b2 < 2 && !mul1; ++b2) {
-            tfc::NodeDef* ng = input_node(g, *c, b2);
-            if (ng && ng->op() == "Neg" && type_attr(*ng) == *t && node_of(ng->input(0)) == mean &&
-                GraphView::reads(*c, 1 - b2, m->name())) {
-              mul1 = c;
-              neg = ng;
-              beta_in = add1->input(1 - a);
-            }
-          }
-        }
-        if (!mul1) continue;
-        std::vector<tfc::NodeDef*> gone;
-        int64_t h_gamma = 0, h_beta = 0;
-        std::optional<std::string> gamma = norm_param(g, rm, gamma_in, &gone, &h_gamma);
-        std::optional<std::string> beta = norm_param(g, rm, beta_in, &gone, &h_beta);
-        // H: what the kernel supports (ops/norm.cpp: a multiple of 16)
-        if (!gamma || !beta || h_gamma != h_beta || h_gamma % 16 != 0) continue;
-        const std::pair<tfc::NodeDef*, size_t> chain[] = {
-            {mul2, 1}, {add1, 1}, {m, 2},    {rs, 1},   {eps_add, 1},
-            {var, 1},  {sqd, 1},  {mean, 2}, {mul1, 1}, {neg, 1}};
-        bool ok = true;
-        for (const auto& [n, uses] : chain) ok = ok && rm.removable(*n, uses);
-        if (!ok) continue;
-        for (const auto& [n, uses] : chain) rm.remove(n->name());
-        for (tfc::NodeDef* n : gone) rm.remove(n->name());
-        std::map<std::string, tfc::AttrValue> attrs;
-        attrs["T"] = type_value(*t);
-        attrs["epsilon"].set_f(static_cast<float>(eps));
-        rewrite_as(y, "LayerNorm", {x, *gamma, *beta}, attrs);
-        rm.claim(y.name());
-        ++fused;
-        break;
-      }
-      if (rm.claimed(y.name())) break;
-    }
+    std::optional<LayerNormMatch> r = match_layer_norm(g, rm, y);
+    if (!r) continue;
+    const std::pair<tfc::NodeDef*, size_t> chain[] = {
+        {r->mul2, 1}, {r->add1, 1}, {r->m, 2},    {r->rs, 1},   {r->eps_add, 1},
+        {r->var, 1},  {r->sqd, 1},  {r->mean, 2}, {r->mul1, 1}, {r->neg, 1}};
+    bool ok = true;
+    for (const auto& [n, uses] : chain) ok = ok && rm.removable(*n, uses);
+    if (!ok) continue;
+    for (const auto& [n, uses] : chain) rm.remove(n->name());
+    for (tfc::NodeDef* n : r->params_gone) rm.remove(n->name());
+    rewrite_as(y, "LayerNorm", {r->x, r->gamma, r->beta}, layer_norm_attrs(*r));
+    rm.claim(y.name());
+    ++fused;
   }
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
+}
+
+// ---- rewrite 12b: LayerNorm in training, with TensorFlow's autodiff of it ----
+
+// A Sum of data input 0 over constant axes (keep_dims either way) of type t: over x's last axis
+// (rows: the axes [rank - 1] or [-1]) or over all the others (columns: [0, .., rank - 2]).
+bool sums_axes(GraphView& g, const tfc::NodeDef* n, tfc::DataType t, int64_t rank, bool rows) {
+  if (!n || n->op() != "Sum" || !on_npu(*n) || type_attr(*n) != t || n->input_size() < 2)
+    return false;
+  std::optional<std::vector<int64_t>> axes = input_ints(g, *n, 1);
+  if (!axes) return false;
+  if (rows) return *axes == std::vector<int64_t>{rank - 1} || *axes == std::vector<int64_t>{-1};
+  std::vector<int64_t> lead(static_cast<size_t>(rank - 1));
+  for (int64_t d = 0; d + 1 < rank; ++d) lead[static_cast<size_t>(d)] = d;
+  return *axes == lead;
+}
+
+// n and the Reshapes to constant shapes that alone read it, one after another (autodiff's
+// Reshape of a Sum to the operand's shape, Keras' to the variable's): the last of them; `nodes`
+// gets the Reshapes.
+tfc::NodeDef* over_reshapes(GraphView& g, tfc::NodeDef* n, std::vector<tfc::NodeDef*>* nodes) {
+  for (int depth = 0; depth < 4; ++depth) {
+    tfc::NodeDef* next = g.only_consumer(n->name());
+    if (!const_reshape(g, next) || !GraphView::reads(*next, 0, n->name())) break;
+    nodes->push_back(next);
+    n = next;
+  }
+  return n;
+}
+
+// The gradient of a Mean over the last axis of H elements taken back to x's shape, read from
+// v (the gradient of the Mean's [.., 1] output): [Reshapes to constant shapes] Tile(., [1, ..,
+// 1, H]) then Mul by 1/H or RealDiv by H. Returns that last node (null if v is read otherwise);
+// *rank gets the Tile's rank, `nodes` the chain.
+tfc::NodeDef* row_mean_grad(GraphView& g, tfc::NodeDef* v, int64_t h, tfc::DataType t,
+                            int64_t* rank, std::vector<tfc::NodeDef*>* nodes) {
+  tfc::NodeDef* n = over_reshapes(g, v, nodes);
+  tfc::NodeDef* tile = g.only_consumer(n->name());
+  if (!tile || tile->op() != "Tile" || !GraphView::reads(*tile, 0, n->name()) ||
+      type_attr(*tile) != t)
+    return nullptr;
+  std::optional<std::vector<int64_t>> mult = input_ints(g, *tile, 1);
+  if (!mult || mult->empty() || mult->back() != h) return nullptr;
+  for (size_t d = 0; d + 1 < mult->size(); ++d)
+    if ((*mult)[d] != 1) return nullptr;
+  tfc::NodeDef* div = g.only_consumer(tile->name());
+  if (!div || type_attr(*div) != t || div->input_size() < 2) return nullptr;
+  const double hd = static_cast<double>(h);
+  bool ok = false;
+  if (div->op() == "RealDiv" && GraphView::reads(*div, 0, tile->name())) {
+    std::optional<double> k = scalar_value(input_node(g, *div, 1));
+    ok = k && *k == hd;
+  } else if (div->op() == "Mul") {
+    std::optional<std::string> k = other_operand(*div, tile->name());
+    std::optional<double> kv = k ? scalar_value(g.node(parse_input(*k).node)) : std::nullopt;
+    ok = kv && static_cast<float>(*kv) == static_cast<float>(1.0 / hd);
+  }
+  if (!ok) return nullptr;
+  *rank = static_cast<int64_t>(mult->size());
+  nodes->insert(nodes->end(), {tile, div});
+  return div;
+}
+
+// The Mul consumers of `name` whose other operand is `operand`, other than `except`.
+std::vector<tfc::NodeDef*> muls_with(GraphView& g, const std::string& name,
+                                     const std::string& operand, tfc::DataType t,
+                                     const tfc::NodeDef* except = nullptr) {
+  std::vector<tfc::NodeDef*> found;
+  for (int i : g.consumer_indices(name)) {
+    tfc::NodeDef* c = g.at(i);
+    if (c == except || c->op() != "Mul" || type_attr(*c) != t || !on_npu(*c)) continue;
+    if (other_operand(*c, name) == operand &&
+        std::find(found.begin(), found.end(), c) == found.end())
+      found.push_back(c);
+  }
+  return found;
+}
+
+// The forward LayerNorm (match_layer_norm) and the gradient TensorFlow's autodiff builds for it
+// (graph_fusion.h 12b states the nodes).
+struct LayerNormTraining {
+  LayerNormMatch f;
+  std::string dy;
+  tfc::NodeDef* dx = nullptr;                        // the AddN summing x's gradients
+  tfc::NodeDef *dgamma = nullptr, *dbeta = nullptr;  // the parameters' gradients, last nodes
+  std::vector<std::string> dx_parts;  // dx's inputs the LayerNorm's gradient accounts for
+  std::vector<tfc::NodeDef*> region;  // every matched node that goes (the forward's too)
+};
+
+bool match_layer_norm_grad(GraphView& g, LayerNormTraining* lt) {
+  const LayerNormMatch& f = lt->f;
+  const tfc::DataType t = f.t;
+  const std::string x = f.x;
+  if (parse_input(x).port || parse_input(x).control) return false;
+  std::vector<tfc::NodeDef*> grad;
+  // dy: the gradient arriving at y, multiplied by m (for x's gradient, and for the Neg's).
+  std::string dy;
+  std::vector<tfc::NodeDef*> dy_m;
+  for (int i : g.consumer_indices(f.m->name())) {
+    tfc::NodeDef* c = g.at(i);
+    if (c == f.mul2 || c == f.mul1) continue;
+    std::optional<std::string> o = c->op() == "Mul" ? other_operand(*c, f.m->name()) : std::nullopt;
+    if (!o || (!dy.empty() && *o != dy) || type_attr(*c) != t) return false;
+    dy = *o;
+    if (std::find(dy_m.begin(), dy_m.end(), c) == dy_m.end()) dy_m.push_back(c);
+  }
+  if (dy.empty() || dy_m.size() > 2) return false;
+  // dx_scale = Mul(dy, m) read by x's AddN; the Neg's gradient -Sum_rows(Mul(dy, m)).
+  tfc::NodeDef *dx_scale = nullptr, *sum_dneg = nullptr;
+  for (tfc::NodeDef* c : dy_m)
+    for (int i : g.consumer_indices(c->name())) {
+      tfc::NodeDef* u = g.at(i);
+      if (u->op() == "AddN" && !dx_scale) {
+        dx_scale = c;
+        lt->dx = u;
+      } else if (u->op() == "Sum" && !sum_dneg) {
+        sum_dneg = u;
+      } else {
+        return false;
+      }
+    }
+  if (!dx_scale || !sum_dneg) return false;
+  grad.insert(grad.end(), dy_m.begin(), dy_m.end());
+  tfc::NodeDef* dneg = over_reshapes(g, sum_dneg, &grad);
+  tfc::NodeDef* dmean = g.only_consumer(dneg->name());
+  if (!dmean || dmean->op() != "Neg" || type_attr(*dmean) != t) return false;
+  int64_t rank = 0, rank2 = 0;
+  tfc::NodeDef* dx_mean = row_mean_grad(g, dmean, f.h, t, &rank, &grad);
+  if (!dx_mean || !sums_axes(g, sum_dneg, t, rank, true)) return false;
+  grad.insert(grad.end(), {sum_dneg, dmean});
+  // m's gradient: AddN(Mul(dy, x), Mul(Neg(mean), dy)).
+  std::vector<tfc::NodeDef*> mx = muls_with(g, parse_input(x).node, dy, t);
+  std::vector<tfc::NodeDef*> mn = muls_with(g, f.neg->name(), dy, t, f.mul1);
+  if (mx.size() != 1 || mn.size() != 1) return false;
+  tfc::NodeDef* dm = g.only_consumer(mx[0]->name());
+  if (!dm || dm->op() != "AddN" || dm->input_size() != 2 || g.only_consumer(mn[0]->name()) != dm ||
+      type_attr(*dm) != t)
+    return false;
+  grad.insert(grad.end(), {mx[0], mn[0], dm});
+  // gamma's gradient: Sum_columns(Mul(rs, dm)) [Reshapes]; rs's: Sum_rows(Mul(dm, gamma))
+  // [Reshapes] -> RsqrtGrad(rs, .).
+  std::vector<tfc::NodeDef*> mr = muls_with(g, dm->name(), f.rs->name(), t);
+  std::vector<tfc::NodeDef*> mg = muls_with(g, dm->name(), f.gamma_in, t);
+  if (mr.size() != 1 || mg.size() != 1 || g.consumers(dm->name()) != 2) return false;
+  tfc::NodeDef* sum_dgamma = g.only_consumer(mr[0]->name());
+  tfc::NodeDef* sum_drs = g.only_consumer(mg[0]->name());
+  if (!sums_axes(g, sum_dgamma, t, rank, false) || !sums_axes(g, sum_drs, t, rank, true))
+    return false;
+  // gamma's gradient ends at its chain's last node, which is kept (the fused op).
+  std::vector<tfc::NodeDef*> dgamma_chain = {sum_dgamma};
+  lt->dgamma = over_reshapes(g, sum_dgamma, &dgamma_chain);
+  grad.insert(grad.end(), {mr[0], mg[0], sum_drs});
+  grad.insert(grad.end(), dgamma_chain.begin(), dgamma_chain.end() - 1);
+  tfc::NodeDef* drs = over_reshapes(g, sum_drs, &grad);
+  tfc::NodeDef* rsqrt_grad = g.only_consumer(drs->name());
+  if (!rsqrt_grad || rsqrt_grad->op() != "RsqrtGrad" || type_attr(*rsqrt_grad) != t ||
+      !GraphView::reads(*rsqrt_grad, 0, f.rs->name()) ||
+      !GraphView::reads(*rsqrt_grad, 1, drs->name()))
+    return false;
+  grad.push_back(rsqrt_grad);
+  // The variance's gradient to x: Mul(Mul(2, mean grad of RsqrtGrad), Sub(x, mean)).
+  tfc::NodeDef* dsqd = row_mean_grad(g, rsqrt_grad, f.h, t, &rank2, &grad);
+  tfc::NodeDef* two_dsqd = dsqd ? g.only_consumer(dsqd->name()) : nullptr;
+  std::optional<std::string> two_s =
+      two_dsqd && two_dsqd->op() == "Mul" ? other_operand(*two_dsqd, dsqd->name()) : std::nullopt;
+  tfc::NodeDef* two = two_s ? g.node(parse_input(*two_s).node) : nullptr;
+  std::optional<double> two_v = scalar_value(two);
+  if (rank2 != rank || !two_v || *two_v != 2.0 || type_attr(*two_dsqd) != t) return false;
+  tfc::NodeDef* dx_var = g.only_consumer(two_dsqd->name());
+  std::optional<std::string> xm_s =
+      dx_var && dx_var->op() == "Mul" ? other_operand(*dx_var, two_dsqd->name()) : std::nullopt;
+  tfc::NodeDef* xm = xm_s ? g.node(*xm_s) : nullptr;
+  if (!xm || xm->op() != "Sub" || type_attr(*xm) != t || type_attr(*dx_var) != t ||
+      !GraphView::reads(*xm, 0, parse_input(x).node) || !GraphView::reads(*xm, 1, f.mean->name()))
+    return false;
+  grad.insert(grad.end(), {two_dsqd, dx_var, xm});
+  if (two->input_size() > 0 || g.consumers(two->name()) == 1) grad.push_back(two);
+  // beta's gradient: Sum_columns(dy) [Reshapes].
+  tfc::NodeDef* sum_dbeta = nullptr;
+  for (int i : g.consumer_indices(parse_input(dy).node)) {
+    tfc::NodeDef* c = g.at(i);
+    if (GraphView::reads(*c, 0, parse_input(dy).node) && parse_input(dy).port == 0 &&
+        sums_axes(g, c, t, rank, false)) {
+      if (sum_dbeta) return false;
+      sum_dbeta = c;
+    }
+  }
+  if (!sum_dbeta) return false;
+  // beta's gradient's chain goes, its last node's readers read the fused output.
+  std::vector<tfc::NodeDef*> dbeta_chain = {sum_dbeta};
+  lt->dbeta = over_reshapes(g, sum_dbeta, &dbeta_chain);
+  grad.insert(grad.end(), dbeta_chain.begin(), dbeta_chain.end() - 1);
+  // x's AddN: the three parts, with x's other gradients if any.
+  if (lt->dx->op() != "AddN" || type_attr(*lt->dx) != t || !on_npu(*lt->dx)) return false;
+  std::set<std::string> parts = {dx_scale->name(), dx_mean->name(), dx_var->name()};
+  int found = 0;
+  for (int i = 0; i < lt->dx->input_size(); ++i) found += parts.count(lt->dx->input(i)) ? 1 : 0;
+  if (found != 3 || parts.size() != 3) return false;
+  lt->dx_parts.assign(parts.begin(), parts.end());
+  // The fused parameter gradients are [H]: where the graph's last nodes were of another shape,
+  // only if nothing reads it as such.
+  for (tfc::NodeDef* n : {lt->dgamma, lt->dbeta}) {
+    auto keep = n->attr().find("keep_dims");
+    const bool h_only = n->op() == "Reshape"
+                            ? static_shape(g, n->name()) == std::vector<int64_t>{f.h}
+                            : rank == 2 && (keep == n->attr().end() || !keep->second.b());
+    if (!h_only) return false;
+  }
+  lt->dy = dy;
+  lt->region = {f.mul2, f.add1, f.m, f.rs, f.eps_add, f.var, f.sqd, f.mean, f.mul1, f.neg};
+  lt->region.insert(lt->region.end(), grad.begin(), grad.end());
+  lt->region.insert(lt->region.end(), f.params_gone.begin(), f.params_gone.end());
+  return true;
+}
+
+// Whether the matched nodes can go: on the NPU (or Consts), not preserved or claimed, every
+// data consumer among the matched or kept nodes (y, dx, dgamma; dbeta's consumers are
+// rewired), control inputs only from matched nodes, control edges out of them only into them,
+// and the kept nodes on the NPU, unclaimed and without control inputs from removed ones.
+bool layer_norm_training_removable(GraphView& g, const LayerNormTraining& lt, const Removal& rm,
+                                   const std::unordered_set<std::string>& preserve) {
+  std::set<std::string> region;
+  for (const tfc::NodeDef* n : lt.region) region.insert(n->name());
+  if (region.size() != lt.region.size()) return false;  // a node matched twice
+  const std::set<std::string> kept = {lt.f.y->name(), lt.dx->name(), lt.dgamma->name()};
+  if (kept.size() != 3) return false;
+  for (const std::string& k : kept)
+    if (region.count(k) || rm.claimed(k) || !on_npu(*g.node(k))) return false;
+  if (region.count(lt.dbeta->name()) || kept.count(lt.dbeta->name())) return false;
+  if (preserve.count(lt.dbeta->name()) || preserve.count(lt.dgamma->name())) return false;
+  std::set<std::string> inside = region;
+  inside.insert(kept.begin(), kept.end());
+  inside.insert(lt.dbeta->name());
+  std::vector<const tfc::NodeDef*> going(lt.region.begin(), lt.region.end());
+  going.push_back(lt.dbeta);
+  for (const tfc::NodeDef* n : going) {
+    if (!on_npu(*n) && n->op() != "Const") return false;
+    if (preserve.count(n->name()) || rm.claimed(n->name())) return false;
+    if (n != lt.dbeta)
+      for (int i : g.consumer_indices(n->name()))
+        if (!inside.count(g.at(i)->name())) return false;
+    for (const std::string& in : n->input()) {
+      const InputRef r = parse_input(in);
+      if (r.control && !region.count(r.node)) return false;
+    }
+  }
+  region.insert(lt.dbeta->name());
+  for (int i = 0; i < g.size(); ++i) {
+    const tfc::NodeDef& n = *g.at(i);
+    if (region.count(n.name())) continue;
+    for (const std::string& in : n.input()) {
+      const InputRef r = parse_input(in);
+      if (r.control && region.count(r.node)) return false;
+    }
+  }
+  return true;
+}
+
+// Rewrite 12b (graph_fusion.h): the forward as LayerNormV3 in place of y, the gradient as
+// LayerNormXBackpropV2 (in place of x's AddN, or one of its inputs where x has other gradients)
+// and LayerNormBetaGammaBackpropV2 (in place of gamma's gradient; beta's readers read its
+// output 1). NPUSIM_FUSION_LAYER_NORM_TRAINING=0 turns it off.
+int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                              std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::vector<LayerNormTraining> found;
+  for (int i = 0; i < g.size(); ++i) {
+    std::optional<LayerNormMatch> f = match_layer_norm(g, rm, *g.at(i));
+    if (!f) continue;
+    LayerNormTraining lt;
+    lt.f = *f;
+    if (!match_layer_norm_grad(g, &lt) || !layer_norm_training_removable(g, lt, rm, preserve))
+      continue;
+    for (tfc::NodeDef* n : lt.region) rm.remove(n->name());
+    rm.remove(lt.dbeta->name());
+    for (tfc::NodeDef* n : {lt.f.y, lt.dx, lt.dgamma}) rm.claim(n->name());
+    found.push_back(std::move(lt));
+  }
+  std::unordered_map<std::string, std::string> rewire;
+  for (const LayerNormTraining& lt : found)
+    rewire[lt.dbeta->name()] = output_name(lt.dgamma->name(), 1);
+  rewire_readers(graph, rm.removed(), rewire);
+  // The nodes' rewrites in place first (add_node may move the graph's nodes), then the new
+  // nodes: a LayerNormXBackpropV2 of its own where x has other gradients.
+  struct NewNode {
+    std::string name, device;
+    std::vector<std::string> inputs;
+    tfc::DataType t;
+  };
+  std::vector<NewNode> added;
+  for (LayerNormTraining& lt : found) {
+    const LayerNormMatch& f = lt.f;
+    const std::string y = f.y->name(), dx = lt.dx->name();
+    const std::map<std::string, tfc::AttrValue> t_attr = {{"T", type_value(f.t)}};
+    rewrite_as(*f.y, "LayerNormV3", {f.x, f.gamma, f.beta}, layer_norm_attrs(f));
+    // x's gradients: the fused one, then the others in their order.
+    std::vector<std::string> others;
+    for (const std::string& in : lt.dx->input())
+      if (!parse_input(in).control &&
+          std::find(lt.dx_parts.begin(), lt.dx_parts.end(), in) == lt.dx_parts.end())
+        others.push_back(in);
+    const std::vector<std::string> backprop_in = {lt.dy, f.x, output_name(y, 2), output_name(y, 1),
+                                                  f.gamma};
+    std::string x_backprop = dx;
+    if (others.empty()) {
+      rewrite_as(*lt.dx, "LayerNormXBackpropV2", backprop_in, t_attr);
+    } else {
+      x_backprop = dx + "/npusim_layer_norm_x_backprop";
+      added.push_back({x_backprop, lt.dx->device(), backprop_in, f.t});
+      std::vector<std::string> sum = {x_backprop};
+      sum.insert(sum.end(), others.begin(), others.end());
+      std::map<std::string, tfc::AttrValue> add_attrs = t_attr;
+      add_attrs["N"].set_i(static_cast<int64_t>(sum.size()));
+      rewrite_as(*lt.dx, "AddN", sum, add_attrs);
+    }
+    rewrite_as(*lt.dgamma, "LayerNormBetaGammaBackpropV2", {lt.dy, output_name(x_backprop, 1)},
+               t_attr);
+  }
+  for (const NewNode& n : added)
+    add_node(graph, n.name, "LayerNormXBackpropV2", n.device, n.inputs, {{"T", type_value(n.t)}});
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return static_cast<int>(found.size());
 }
 
 // ---- rewrite 15: the batch norm's statistics as a convolution epilogue ----
@@ -4001,6 +4359,11 @@ bool layer_norm_fusion_requested() {
   return on;
 }
 
+bool layer_norm_training_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_LAYER_NORM_TRAINING");
+  return on;
+}
+
 bool weight_quant_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_WEIGHT_QUANT");
   return on;
@@ -4096,6 +4459,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     erase_nodes(graph, removed);
     removed.clear();
     if (gelu_fusion_requested()) counts.gelu = fuse_gelus(graph, preserve, &removed);
+    erase_nodes(graph, removed);
+    removed.clear();
+    // 12b before 12: a training graph's LayerNorm (read by its gradient) with the gradient.
+    if (layer_norm_training_fusion_requested())
+      counts.layer_norm_training = fuse_layer_norm_trainings(graph, preserve, &removed);
     erase_nodes(graph, removed);
     removed.clear();
     if (layer_norm_fusion_requested())

@@ -218,6 +218,29 @@
 //      gamma and beta [H] [through Reshapes to [1, .., 1, H]], H a multiple of 16 (the
 //      kernel's) -> LayerNorm(x, gamma, beta; epsilon) in place of y. NPUSIM_FUSION_LAYER_NORM=0
 //      turns it alone off.
+//   12b. LayerNorm in training (BERT's pre-training), before 12: 12's forward (x of static
+//      rank r) together with the gradient TensorFlow's autodiff builds for it, of the same T
+//      (dy: the gradient arriving at y; row sums are Sums over x's last axis, column sums over
+//      the other axes; [R] a chain of Reshapes to constant shapes, each read only by the next):
+//        dx_scale = Mul(dy, m)   Neg(Sum_rows(Mul(dy, m)) [R]) -> Tile to H, Mul 1/H (or RealDiv
+//        by H): dx_mean   dm = AddN(Mul(dy, x), Mul(Neg(mean), dy))
+//        RsqrtGrad(rsqrt, Sum_rows(Mul(dm, gamma)) [R]) -> Tile, 1/H: dv -> Mul(Mul(2, dv),
+//        Sub(x, mean)): dx_var   dgamma = Sum_columns(Mul(rsqrt, dm)) [R]
+//        dbeta = Sum_columns(dy) [R]   x's gradient: an AddN of dx_scale, dx_mean, dx_var [and
+//        x's other gradients]
+//      (the two Mul(dy, m) may be one node) become
+//        LayerNormV3(x, gamma, beta; epsilon) in place of y: y, mean, rstd (f32, [.., 1])
+//        LayerNormXBackpropV2(dy, x, rstd, mean, gamma) in place of the AddN: pd_x,
+//          res_for_gamma (where x has other gradients, a new node "<AddN>/npusim_layer_norm_x_
+//          backprop" and the AddN sums its pd_x with them)
+//        LayerNormBetaGammaBackpropV2(dy, res_for_gamma) in place of dgamma's last node:
+//          pd_gamma, pd_beta; dbeta's last node goes, its readers read pd_beta.
+//      dgamma's and dbeta's last nodes must be [H] (a Reshape to [H], or a Sum of a 2-D x).
+//      Every other matched node goes: each must have its consumers and control edges inside the
+//      match (the gradient's Sub and constant 2 depend on its mean gradient by control edges),
+//      not be preserved, and sit on the NPU. 4 launches per LayerNorm in place of about 28
+//      (kernels: adapter/compiler/ops/norm.cpp). NPUSIM_FUSION_LAYER_NORM_TRAINING=0 turns it
+//      alone off.
 //   13. WeightQuantBatchMatmulV2 (Keras' weight-only int8 Dense / EinsumDense:
 //      model.quantize(config=Int8QuantizationConfig(activation_quantizer=None))), run first (its
 //      Reshape in place of the RealDiv is the Dense output rewrites 8-10 match), T half or
@@ -333,6 +356,7 @@ struct FusionCounts {
   int geglu = 0;                // GeGlu nodes created (rewrite 11a)
   int gelu = 0;                 // Gelu nodes created (rewrite 11b)
   int layer_norm = 0;           // LayerNorm nodes created (rewrite 12)
+  int layer_norm_training = 0;  // LayerNorms fused with their gradients (3 nodes each, 12b)
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
@@ -340,8 +364,8 @@ struct FusionCounts {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
-           rope + rope_tables + geglu + gelu + layer_norm + weight_quant_matmul +
-           matmul_transposes + lamb;
+           rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
+           weight_quant_matmul + matmul_transposes + lamb;
   }
 };
 
@@ -372,6 +396,8 @@ bool geglu_fusion_requested();
 bool gelu_fusion_requested();
 // False when NPUSIM_FUSION_LAYER_NORM is "0" (read once): rewrite 12 alone off.
 bool layer_norm_fusion_requested();
+// False when NPUSIM_FUSION_LAYER_NORM_TRAINING is "0" (read once): rewrite 12b alone off.
+bool layer_norm_training_fusion_requested();
 // False when NPUSIM_FUSION_WEIGHT_QUANT is "0" (read once): rewrite 13 alone off.
 bool weight_quant_fusion_requested();
 // False when NPUSIM_FUSION_TRANSPOSE_FOLD is "0" (read once): rewrite 14 alone off.

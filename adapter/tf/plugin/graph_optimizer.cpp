@@ -347,7 +347,8 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
             "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
             "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
-            "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d WeightQuantBatchMatmulV2, %d "
+            "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d LayerNorm in training (with "
+            "its gradient), %d WeightQuantBatchMatmulV2, %d "
             "Transposes folded into MatMuls, %d Lamb trust ratios\n",
             item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
             counts.batch_norm, counts.conv_pad, counts.conv_batch_norm, counts.conv_residual,
@@ -355,7 +356,8 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             counts.variable_update, counts.multi_tensor_update, counts.update_casts,
             counts.deduplicated, counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
             counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
-            counts.weight_quant_matmul, counts.matmul_transposes, counts.lamb);
+            counts.layer_norm_training, counts.weight_quant_matmul, counts.matmul_transposes,
+            counts.lamb);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

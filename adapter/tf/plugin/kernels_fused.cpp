@@ -147,20 +147,6 @@ void broadcast_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   for (TF_ShapeHandle* h : in) TF_DeleteShapeHandle(h);
 }
 
-// Of `outputs` outputs, those from `first` on are [C], C the last dimension of input `input`
-// (unknown where its rank is); those before `first` have that input's shape.
-void channel_outputs(TF_ShapeInferenceContext* ctx, int input, int first, int outputs,
-                     TF_Status* status) {
-  TF_ShapeHandle* in = TF_NewShapeHandle();
-  TF_ShapeHandle* c = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, input, in, status);
-  if (TF_GetCode(status) == TF_OK)
-    TF_ShapeInferenceContextSubshape(ctx, in, -1, std::numeric_limits<int64_t>::max(), c, status);
-  for (int o = 0; o < outputs && TF_GetCode(status) == TF_OK; ++o)
-    TF_ShapeInferenceContextSetOutput(ctx, o, o < first ? in : c, status);
-  TF_DeleteShapeHandle(c);
-  TF_DeleteShapeHandle(in);
-}
 void reduce_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs(ctx, 0, 0, 2, s); }
 void update_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs(ctx, 0, 1, 3, s); }
 void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
@@ -179,6 +165,19 @@ void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeHandle* in = TF_NewShapeHandle();
   TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
   if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
+  TF_DeleteShapeHandle(in);
+}
+
+void channel_outputs(TF_ShapeInferenceContext* ctx, int input, int first, int outputs,
+                     TF_Status* status) {
+  TF_ShapeHandle* in = TF_NewShapeHandle();
+  TF_ShapeHandle* c = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, input, in, status);
+  if (TF_GetCode(status) == TF_OK)
+    TF_ShapeInferenceContextSubshape(ctx, in, -1, std::numeric_limits<int64_t>::max(), c, status);
+  for (int o = 0; o < outputs && TF_GetCode(status) == TF_OK; ++o)
+    TF_ShapeInferenceContextSetOutput(ctx, o, o < first ? in : c, status);
+  TF_DeleteShapeHandle(c);
   TF_DeleteShapeHandle(in);
 }
 

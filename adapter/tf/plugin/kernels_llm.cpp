@@ -28,6 +28,17 @@
 //   LayerNorm(x: T, gamma: T, beta: T) -> y: T     T in {float, half, bfloat16}; epsilon: float =
 //     1e-5: (x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis, gamma and
 //     beta [H] (ops/norm.cpp; CANN's also returns mean and variance).
+//   LayerNormV3(x: T, gamma: T, beta: T) -> y: T, mean: float, rstd: float     T, epsilon as
+//     LayerNorm's: y as LayerNorm's, and each row's mean and rsqrt(variance + epsilon) in f32 of
+//     x's shape with the last dimension 1 (CANN's LayerNormV3; the graph rewrite 12b's forward
+//     in training, whose gradients read them).
+//   LayerNormXBackpropV2(dy: T, x: T, rstd: float, mean: float, gamma: T) -> pd_x: T,
+//     res_for_gamma: float     T in {float, half, bfloat16}: xhat = (x - mean) * rstd (output
+//     res_for_gamma, f32) and pd_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy *
+//     gamma, means over the last axis (CANN's LayerNormXBackpropV2, which takes the variance
+//     where this takes LayerNormV3's rstd).
+//   LayerNormBetaGammaBackpropV2(dy: T, res_for_gamma: float) -> pd_gamma: float,
+//     pd_beta: float     [H] sums over the rows of dy * res_for_gamma and of dy.
 //   RmsNorm(x: T, gamma: T) -> y: T     T in {float, half, bfloat16}; epsilon: float = 1e-6:
 //     x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma, gamma [H] (ops/norm.cpp).
 //   RotaryPositionEmbedding(x: T, cos: T, sin: T) -> y: T     T in {float, half, bfloat16};
@@ -77,6 +88,37 @@ void quant_matmul_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   }
   for (TF_ShapeHandle* h : {x, w, lead, n, out}) TF_DeleteShapeHandle(h);
 }
+
+// LayerNormV3: y of x's shape, mean and rstd of x's shape with the last dimension 1; unknown
+// where x's rank is.
+void layer_norm_v3_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* x = TF_NewShapeHandle();
+  TF_ShapeHandle* lead = TF_NewShapeHandle();
+  TF_ShapeHandle* stats = TF_NewShapeHandle();
+  TF_ShapeHandle* one = TF_ShapeInferenceContextVectorFromSize(ctx, 1);
+  TF_ShapeInferenceContextGetInput(ctx, 0, x, status);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, x, status);
+  if (TF_GetCode(status) == TF_OK && TF_ShapeInferenceContextRankKnown(ctx, x) &&
+      TF_ShapeInferenceContextRank(ctx, x) >= 1) {
+    TF_ShapeInferenceContextSubshape(ctx, x, 0, -1, lead, status);
+    if (TF_GetCode(status) == TF_OK)
+      TF_ShapeInferenceContextConcatenateShapes(ctx, lead, one, stats, status);
+    for (int o = 1; o < 3 && TF_GetCode(status) == TF_OK; ++o)
+      TF_ShapeInferenceContextSetOutput(ctx, o, stats, status);
+  } else if (TF_GetCode(status) == TF_OK) {
+    TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+  }
+  for (TF_ShapeHandle* h : {x, lead, stats, one}) TF_DeleteShapeHandle(h);
+}
+
+// LayerNormXBackpropV2: both outputs of dy's shape.
+void x_backprop_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
+  channel_outputs(ctx, 0, 2, 2, s);
+}
+// LayerNormBetaGammaBackpropV2: [H], H dy's last dimension.
+void beta_gamma_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
+  channel_outputs(ctx, 0, 0, 2, s);
+}
 }  // namespace
 
 rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops) {
@@ -119,6 +161,21 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        {"y: T"},
        {"T: {float, half, bfloat16}", "epsilon: float = 1e-5"},
        same_as_input0},
+      {"LayerNormV3",
+       {"x: T", "gamma: T", "beta: T"},
+       {"y: T", "mean: float", "rstd: float"},
+       {"T: {float, half, bfloat16}", "epsilon: float = 1e-5"},
+       layer_norm_v3_shape},
+      {"LayerNormXBackpropV2",
+       {"dy: T", "x: T", "rstd: float", "mean: float", "gamma: T"},
+       {"pd_x: T", "res_for_gamma: float"},
+       {"T: {float, half, bfloat16}"},
+       x_backprop_shape},
+      {"LayerNormBetaGammaBackpropV2",
+       {"dy: T", "res_for_gamma: float"},
+       {"pd_gamma: float", "pd_beta: float"},
+       {"T: {float, half, bfloat16}"},
+       beta_gamma_shape},
       {"RmsNorm",
        {"x: T", "gamma: T"},
        {"y: T"},

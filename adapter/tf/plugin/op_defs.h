@@ -24,4 +24,10 @@ rt::Status register_op_def(const OpDefSpec& spec);
 // Shape function: output 0 has the shape of input 0.
 void same_as_input0(TF_ShapeInferenceContext* ctx, TF_Status* status);
 
+// Shape function helper: of `outputs` outputs, those from `first` on are [C], C the last
+// dimension of input `input` (unknown where its rank is); those before `first` have that
+// input's shape.
+void channel_outputs(TF_ShapeInferenceContext* ctx, int input, int first, int outputs,
+                     TF_Status* status);
+
 }  // namespace npusim::tf
