@@ -103,6 +103,17 @@ struct HasBulkF32 : std::false_type {};
 template <class F>
 struct HasBulkF32<F, std::void_t<decltype(&F::bulk_f32)>> : std::true_type {};
 
+// Whether an element function computes f16 from f16 sources only (Elem<F16> policies: widen_f16
+// on load, narrow_f16_rne on store). Runs of at least kBulkF16MinRun lanes of such an op widen
+// each source and narrow the results in bulk on the host's converters (F16C), element for
+// element the same bits as widen_f16 / narrow_f16_rne (f16_bulk.h: f16_to_f32_n keeps NaN
+// payloads as widen_f16 does; f32_to_f16_canonical_n is narrow_f16_rne), around the same
+// element function on the same floats.
+template <class Dst, class... Src>
+constexpr bool kAllF16 = std::is_same_v<Dst, Elem<Dtype::F16>> && sizeof...(Src) > 0 &&
+                         (std::is_same_v<Src, Elem<Dtype::F16>> && ...);
+constexpr int kBulkF16MinRun = 64;
+
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
 // before its destination is written), which lets the compiler vectorise the element loop.
@@ -148,6 +159,14 @@ struct Elementwise {
           prev = bits;
         }
       }
+    } else if constexpr (kAllF16<Dst, Src...> && Run >= kBulkF16MinRun) {
+      static const bool hw = f16_bulk_uses_hardware();
+      if (hw) {
+        wide_f16<Run>(out, std::make_index_sequence<sizeof...(P)>{}, s...);
+      } else {
+        for (int i = 0; i < Run; ++i)
+          out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
+      }
     } else {
       for (int i = 0; i < Run; ++i)
         out[i] = Dst::from_compute(f(Src::load(s + i * sizeof(typename Src::storage))...));
@@ -158,6 +177,16 @@ struct Elementwise {
       for (int i = 0; i < Run; ++i)
         if (active.test(first + i)) std::memcpy(d + i * dsize, &out[i], dsize);
     }
+  }
+  // out[i] = narrow_f16_rne(f(widen_f16(source k lane i)...)) for i < Run (kAllF16 ops): the
+  // sources widened, f applied and the results narrowed, each in one pass over the run.
+  template <int Run, size_t... K, class... P>
+  void wide_f16(uint16_t* out, std::index_sequence<K...>, P... s) {
+    float wide[sizeof...(P)][Run];
+    ((f16_to_f32_n(s, wide[K], Run)), ...);
+    float result[Run];
+    for (int i = 0; i < Run; ++i) result[i] = f(wide[K][i]...);
+    f32_to_f16_canonical_n(result, out, Run);
   }
 };
 
