@@ -69,16 +69,19 @@ fi
 # would pull the full `tensorflow` wheel over tensorflow-cpu).
 REQS=("$ROOT/requirements.txt" "$ROOT/requirements-tf.txt" "$ROOT/requirements-tf-nodeps.txt")
 STAMP="$VENV/.requirements.sha"
+# The stamp is the files' contents' hash (not their paths: a clone elsewhere with the same
+# requirements has nothing to install).
+req_hash() { cat "${REQS[@]}" | sha1sum; }
 # pip's "Collecting ..." lines show which package it is on (TensorFlow is ~250 MB to download).
 pip_progress() {
   awk '/^(Collecting|Successfully installed)/ { print "setup:   " $0; fflush() }' >&2
 }
-if [ ! -f "$STAMP" ] || [ "$(sha1sum "${REQS[@]}")" != "$(cat "$STAMP")" ]; then
+if [ ! -f "$STAMP" ] || [ "$(req_hash)" != "$(cat "$STAMP")" ]; then
   step "[2/4] installing Python packages from requirements*.txt into .venv"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install --progress-bar off -r "${REQS[0]}" -r "${REQS[1]}" | pip_progress
   "$VENV/bin/python" -m pip install --progress-bar off --no-deps -r "${REQS[2]}" | pip_progress
-  sha1sum "${REQS[@]}" > "$STAMP"
+  req_hash > "$STAMP"
 else
   step "[2/4] Python packages: up to date"
 fi
