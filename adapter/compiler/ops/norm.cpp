@@ -97,7 +97,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats, const Chip
   n.sq = p.add_sized("squares / f32 result", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
-  n.rep = p.add_sized("replicated", blocks_of(kBlock));
+  n.rep = p.add_sized("replicated", replicated_bytes);
   n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
@@ -373,7 +373,7 @@ GradBuffers grad_buffers(int64_t H, Dtype t, const ChipConfig& cfg) {
   n.s2 = p.add_sized("row sums of dy * gamma * xhat", blocks_of(kLaneBytes));
   // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
   // repeat per row in rep / rep_rstd.
-  n.rep_block = p.add_sized("replicated", blocks_of(kBlock));
+  n.rep_block = p.add_sized("replicated", replicated_bytes);
   n.rep = p.add_sized("replicated (wide)", blocks_of(kSlotBytes));
   n.rep_rstd = p.add_sized("replicated rstd (wide)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);

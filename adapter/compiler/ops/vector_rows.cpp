@@ -284,6 +284,10 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val,
                      rows);
 }
 
+uint64_t replicated_bytes(int64_t max_rows) {
+  return static_cast<uint64_t>(groups_of(max_rows) * kReplicateGroupRows * kRowBlockBytes);
+}
+
 uint64_t replicate_scratch_bytes(int64_t max_rows) {
   return static_cast<uint64_t>(groups_of(max_rows) * kReplicateGroupBytes);
 }

@@ -167,6 +167,9 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, isa::Dtype t, uint64_t acc_
 // transposed (vtranspose: row 2k = the low halves of value k, row 2k+1 the high halves) and the
 // pairs of rows are interleaved by a vsel on an alternating pattern.
 // scratch: replicate_scratch_bytes(max rows); alt: the pattern (fill_alt_pattern).
+// rep's bytes for replicate_rows: a block per row of whole groups of 8 rows (it writes 8 rows'
+// blocks per group, the last group's too).
+uint64_t replicated_bytes(int64_t max_rows);
 uint64_t replicate_scratch_bytes(int64_t max_rows);
 uint64_t alt_pattern_bytes(int64_t max_rows);
 void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t rep,
