@@ -257,8 +257,7 @@ class RmsNormEmitter {
     }
     if (m_center) {
       // x -= sum(x) / H per row, in place (x is this group's f32 rows, read only here).
-      vec_copy_bits(b, kLaneBytes, m_sq, x, lanes);
-      const RowGroup xr{&m_layout, m_sq, &g.supers, &g.slots};
+      const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
       rows_to_lanes(b, xr, Combine::kSum, Dtype::F32, m_acc);
       lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
@@ -472,10 +471,10 @@ class LayerNormGradEmitter {
     m_k.sync().load_done(q);
   }
 
-  // Per-row sums of the f32 rows at m_sq (overwritten) -> dense, scaled by 1/H.
-  void row_means(const GroupRegs& g, uint64_t dense) {
+  // Per-row sums of the f32 rows at src (read only) -> dense, scaled by 1/H.
+  void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
-    const RowGroup rg{&m_layout, m_sq, &g.supers, &g.slots};
+    const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
     rows_to_lanes(b, rg, Combine::kSum, Dtype::F32, m_acc);
     lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, dense, m_sq);
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
@@ -521,10 +520,9 @@ class LayerNormGradEmitter {
     });
     sync.release_load(q);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
-    vec_copy_bits(b, kLaneBytes, m_sq, m_g, lanes);
-    row_means(g, m_s1);
+    row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
-    row_means(g, m_s2);
+    row_means(g, m_sq, m_s2);
     // dx = (g - xhat * s2 - s1) * rstd.
     replicate(g, m_s2, m_rep);
     rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq, wide());
