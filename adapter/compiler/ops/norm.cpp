@@ -65,12 +65,28 @@ constexpr int64_t kRowMultiple = 16;
 struct NormBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta,
-      mean, mean_out, rstd_out;
+      mean, mean_out, rstd_out, wide;
 };
+
+// The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
+// lanes per window): two operands of a vector instruction starting in the same window take
+// turns in its banks on every repeat (a row of H a multiple of 512 f32 lanes is a whole number
+// of windows, so every row of a buffer starts in the buffer's window). Buffer k of `ids` is
+// placed in window k modulo the window count, so the row operands one instruction reads and
+// writes together start in different windows; no placement without a bank model.
+void place_in_windows(BufferPlan& p, const ChipConfig& cfg,
+                      std::initializer_list<BufferPlan::Id> ids) {
+  const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                        static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+  const uint64_t windows = span % kSlotBytes == 0 ? span / kSlotBytes : 0;
+  if (windows < 2) return;
+  uint64_t w = 0;
+  for (BufferPlan::Id id : ids) p.place(id, span, w++ % windows * kSlotBytes);
+}
 
 // Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
 // and rstd (a copy of the mean, and both outputs double-buffered).
-NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats) {
+NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats, const ChipConfig& cfg) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t);
@@ -81,7 +97,8 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats) {
   n.sq = p.add_sized("squares / f32 result", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
-  n.rep = p.add_sized("replicated", blocks_of(kBlock));
+  n.rep = p.add_sized("replicated", replicated_bytes);
+  n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
@@ -91,6 +108,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats) {
   n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
   n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
   n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
+  place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta});
   declare_repeat_overhang(p);
   return n;
 }
@@ -164,7 +182,7 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center, m_stats);
+    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center, m_stats, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
@@ -193,6 +211,7 @@ class RmsNormEmitter {
                       {&m_acc, bufs.acc},
                       {&m_r, bufs.r},
                       {&m_rep, bufs.rep},
+                      {&m_wide, bufs.wide},
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
@@ -238,16 +257,14 @@ class RmsNormEmitter {
     }
     if (m_center) {
       // x -= sum(x) / H per row, in place (x is this group's f32 rows, read only here).
-      vec_copy_bits(b, kLaneBytes, m_sq, x, lanes);
-      const RowGroup xr{&m_layout, m_sq, &g.supers, &g.slots};
+      const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
       rows_to_lanes(b, xr, Combine::kSum, Dtype::F32, m_acc);
       lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
-      replicate_rows(b, m_r, g.rows, m_rep, m_scratch, m_alt);
       const RowGroup xc{&m_layout, x, &g.supers, &g.slots};
-      rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, m_rep, false, x);
+      rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, x, wide());
     }
     // r = rsqrt(sum(x^2) / H + eps) per row.
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, x, x, lanes);
@@ -261,10 +278,9 @@ class RmsNormEmitter {
       vec_scalar(b, Opcode::op_vadds, Dtype::F32, m_r, m_r, eps, g.rows);
       vec_unary(b, Opcode::op_vrsqrt, Dtype::F32, m_r, m_r, g.rows);
     }
-    replicate_rows(b, m_r, g.rows, m_rep, m_scratch, m_alt);
     // y = x * r * gamma, f32 in m_sq.
     const RowGroup xs{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xs, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq);
+    rows_bcast(b, xs, Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, m_sq, wide());
     if (!conv) sync.release_load(q);
     // * gamma: per 64-lane span of the row, all rows at once (a row stride of at most 255
     // blocks), else row by row.
@@ -307,6 +323,16 @@ class RmsNormEmitter {
     sync.stored(q);
   }
 
+  // Rows of more than one repeat read their row value from a repeat per row (widen_rows).
+  bool wide() const { return m_h > kLanes32; }
+  // The group's per-row values at `dense` replicated for rows_bcast: m_rep, or m_wide if wide().
+  uint64_t replicate(const GroupRegs& g, uint64_t dense) {
+    replicate_rows(m_b, dense, g.rows, m_rep, m_scratch, m_alt);
+    if (!wide()) return m_rep;
+    widen_rows(m_b, m_rep, g.rows, m_wide);
+    return m_wide;
+  }
+
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
@@ -317,18 +343,18 @@ class RmsNormEmitter {
   SuperRowLayout m_layout;
   Reg m_x, m_y, m_mean_gm, m_rstd_gm;
   Twin m_raw_x, m_out, m_mean_out, m_rstd_out;
-  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_scratch = 0, m_alt = 0, m_gamma = 0,
-           m_beta = 0, m_mean = 0;
+  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_wide = 0, m_scratch = 0, m_alt = 0,
+           m_gamma = 0, m_beta = 0, m_mean = 0;
 };
 
 // LayerNormXBackpropV2's buffers; units: rows per group.
 struct GradBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, s1, s2, rep, rep_rstd,
-      scratch, alt, gamma_raw, gamma, dx_out, res_out;
+  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, s1, s2, rep_block, rep,
+      rep_rstd, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
-GradBuffers grad_buffers(int64_t H, Dtype t) {
+GradBuffers grad_buffers(int64_t H, Dtype t, const ChipConfig& cfg) {
   GradBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t);
@@ -344,14 +370,18 @@ GradBuffers grad_buffers(int64_t H, Dtype t) {
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
   n.s1 = p.add_sized("row sums of dy * gamma", blocks_of(kLaneBytes));
   n.s2 = p.add_sized("row sums of dy * gamma * xhat", blocks_of(kLaneBytes));
-  n.rep = p.add_sized("replicated", blocks_of(kBlock));
-  n.rep_rstd = p.add_sized("replicated rstd", blocks_of(kBlock));
+  // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
+  // repeat per row in rep / rep_rstd.
+  n.rep_block = p.add_sized("replicated", replicated_bytes);
+  n.rep = p.add_sized("replicated (wide)", blocks_of(kSlotBytes));
+  n.rep_rstd = p.add_sized("replicated rstd (wide)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
   n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
+  place_in_windows(p, cfg, {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out});
   declare_repeat_overhang(p);
   return n;
 }
@@ -371,7 +401,7 @@ class LayerNormGradEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const GradBuffers bufs = grad_buffers(m_h, m_t);
+    const GradBuffers bufs = grad_buffers(m_h, m_t, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
@@ -402,6 +432,7 @@ class LayerNormGradEmitter {
                       {&m_acc, bufs.acc},
                       {&m_s1, bufs.s1},
                       {&m_s2, bufs.s2},
+                      {&m_rep_block, bufs.rep_block},
                       {&m_rep, bufs.rep},
                       {&m_rep_rstd, bufs.rep_rstd},
                       {&m_scratch, bufs.scratch},
@@ -440,10 +471,10 @@ class LayerNormGradEmitter {
     m_k.sync().load_done(q);
   }
 
-  // Per-row sums of the f32 rows at m_sq (overwritten) -> dense, scaled by 1/H.
-  void row_means(const GroupRegs& g, uint64_t dense) {
+  // Per-row sums of the f32 rows at src (read only) -> dense, scaled by 1/H.
+  void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
-    const RowGroup rg{&m_layout, m_sq, &g.supers, &g.slots};
+    const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
     rows_to_lanes(b, rg, Combine::kSum, Dtype::F32, m_acc);
     lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, dense, m_sq);
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
@@ -466,12 +497,12 @@ class LayerNormGradEmitter {
     }
     // xhat = (x - mean) * rstd, straight into the res_for_gamma output copy.
     sync.wait_out_free(q);
-    replicate_rows(b, m_mean_in[q], g.rows, m_rep, m_scratch, m_alt);
-    replicate_rows(b, m_rstd_in[q], g.rows, m_rep_rstd, m_scratch, m_alt);
+    replicate(g, m_mean_in[q], m_rep);
+    replicate(g, m_rstd_in[q], m_rep_rstd);
     const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xr, Opcode::op_vsub, Dtype::F32, m_rep, false, xhat);
+    rows_bcast(b, xr, Opcode::op_vsub, Dtype::F32, m_rep, false, xhat, wide());
     const RowGroup xh{&m_layout, xhat, &g.supers, &g.slots};
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep_rstd);
+    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
     // g = dy * gamma: per 64-lane span of the row, all rows at once (a row stride of at most
     // 255 blocks), else row by row.
     const RowGroup gs{&m_layout, m_g, &g.supers, &g.slots};
@@ -489,17 +520,16 @@ class LayerNormGradEmitter {
     });
     sync.release_load(q);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
-    vec_copy_bits(b, kLaneBytes, m_sq, m_g, lanes);
-    row_means(g, m_s1);
+    row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
-    row_means(g, m_s2);
+    row_means(g, m_sq, m_s2);
     // dx = (g - xhat * s2 - s1) * rstd.
-    replicate_rows(b, m_s2, g.rows, m_rep, m_scratch, m_alt);
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq);
+    replicate(g, m_s2, m_rep);
+    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq, wide());
     vec_binary(b, Opcode::op_vsub, Dtype::F32, m_g, m_g, m_sq, lanes);
-    replicate_rows(b, m_s1, g.rows, m_rep, m_scratch, m_alt);
-    rows_bcast(b, gs, Opcode::op_vsub, Dtype::F32, m_rep);
-    rows_bcast(b, gs, Opcode::op_vmul, Dtype::F32, m_rep_rstd);
+    replicate(g, m_s1, m_rep);
+    rows_bcast(b, gs, Opcode::op_vsub, Dtype::F32, m_rep, false, 0, wide());
+    rows_bcast(b, gs, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
     if (conv)
       vec_convert(b, m_t, Dtype::F32, m_dx_out[q], m_g, RoundMode::kRint, lanes);
     else
@@ -508,6 +538,19 @@ class LayerNormGradEmitter {
     store_rows(g, m_dx, m_dx_out[q], m_h * isa::dtype_size(m_t), "dx rows");
     store_rows(g, m_res, xhat, m_h * kLaneBytes, "res_for_gamma rows");
     sync.stored(q);
+  }
+
+  // Rows of more than one repeat read their row value from a repeat per row (widen_rows).
+  bool wide() const { return m_h > kLanes32; }
+  // The group's per-row values at `dense` replicated for rows_bcast into dst (a block, or if
+  // wide() a repeat, per row).
+  void replicate(const GroupRegs& g, uint64_t dense, uint64_t dst) {
+    if (!wide()) {
+      replicate_rows(m_b, dense, g.rows, dst, m_scratch, m_alt);
+      return;
+    }
+    replicate_rows(m_b, dense, g.rows, m_rep_block, m_scratch, m_alt);
+    widen_rows(m_b, m_rep_block, g.rows, dst);
   }
 
   void store_rows(const GroupRegs& g, const Reg& base, uint64_t src, int64_t row_bytes,
@@ -526,8 +569,8 @@ class LayerNormGradEmitter {
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
-  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_s1 = 0, m_s2 = 0, m_rep = 0,
-           m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
+  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_s1 = 0, m_s2 = 0, m_rep_block = 0,
+           m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
 };
 
 }  // namespace

@@ -284,6 +284,10 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val,
                      rows);
 }
 
+uint64_t replicated_bytes(int64_t max_rows) {
+  return static_cast<uint64_t>(groups_of(max_rows) * kReplicateGroupRows * kRowBlockBytes);
+}
+
 uint64_t replicate_scratch_bytes(int64_t max_rows) {
   return static_cast<uint64_t>(groups_of(max_rows) * kReplicateGroupBytes);
 }
@@ -324,8 +328,15 @@ void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t 
                      VOperand(xs + kTransposeBytes + kRowBlockBytes, 2, group_rep), alt, 0);
 }
 
+void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) {
+  KernelBuilder::Origin o(b, "widen one block per row to a repeat per row");
+  set_mask_lanes(b, kAllLanes);
+  vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
+                    VOperand(wide, 1, kSlotBytes / kRowBlockBytes), VOperand(rep, 0, 1), rows);
+}
+
 void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,
-                bool rep_first, uint64_t dst) {
+                bool rep_first, uint64_t dst, bool rep_wide) {
   KernelBuilder::Origin o(b, fmt::format("per-row value applied to every lane of the row ({})",
                                          isa::describe(op).mnemonic));
   const SuperRowLayout& L = *g.layout;
@@ -333,15 +344,17 @@ void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_
     Reg xa = b.reg("row span"), ra = b.reg("row value block"), da = b.reg("destination span");
     const uint64_t d = dst ? dst : g.x;
     for (int64_t j = 0; j < L.rows; ++j) {
-      offset_addr(b, ra, first, L.rows * kRowBlockBytes,
-                  static_cast<int64_t>(rep) + j * kRowBlockBytes);
+      const int64_t rep_bytes = rep_wide ? kSlotBytes : kRowBlockBytes;  // per row
+      offset_addr(b, ra, first, L.rows * rep_bytes, static_cast<int64_t>(rep) + j * rep_bytes);
       for (const RowSpan& sp : L.spans[static_cast<size_t>(j)]) {
         set_mask_lanes(b, sp.mask);
         offset_addr(b, xa, first, L.lanes * kLaneBytes,
                     static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
         offset_addr(b, da, first, L.lanes * kLaneBytes,
                     static_cast<int64_t>(d) + sp.offset * kLaneBytes);
-        const VOperand x(xa, 1, xrep), v(ra, 0, L.rows), y(da, 1, xrep);
+        const VOperand x(xa, 1, xrep), y(da, 1, xrep);
+        const VOperand v = rep_wide ? VOperand(ra, 1, L.rows * (kSlotBytes / kRowBlockBytes))
+                                    : VOperand(ra, 0, L.rows);
         vec_binary_strided(b, op, t, y, rep_first ? v : x, rep_first ? x : v, count);
       }
     }

@@ -167,15 +167,25 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, isa::Dtype t, uint64_t acc_
 // transposed (vtranspose: row 2k = the low halves of value k, row 2k+1 the high halves) and the
 // pairs of rows are interleaved by a vsel on an alternating pattern.
 // scratch: replicate_scratch_bytes(max rows); alt: the pattern (fill_alt_pattern).
+// rep's bytes for replicate_rows: a block per row of whole groups of 8 rows (it writes 8 rows'
+// blocks per group, the last group's too).
+uint64_t replicated_bytes(int64_t max_rows);
 uint64_t replicate_scratch_bytes(int64_t max_rows);
 uint64_t alt_pattern_bytes(int64_t max_rows);
 void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t rep,
                     uint64_t scratch, uint64_t alt);
 
+// wide[r] (a 256-byte repeat) = rep[r] (a 32-byte block, replicate_rows') 8 times, r < rows (a
+// register <= 255): one vcopy reading each row's block with a block stride of 0.
+void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
+
 // For every row of the group: dst lanes = op(lanes, rep[row]) (rep_first: op(rep[row], lanes)),
-// op a VBIN instruction of type t; dst has the group's layout (0: in place, g.x).
+// op a VBIN instruction of type t; dst has the group's layout (0: in place, g.x). rep holds a
+// 32-byte block per row (replicate_rows; read 8 times per repeat with a block stride of 0, 8
+// accesses to one UB bank) or, rep_wide, a 256-byte repeat per row (widen_rows; 8 blocks in 8
+// banks, one access each): the wide form when a row value is applied to many row spans.
 void rows_bcast(KernelBuilder& b, const RowGroup& g, isa::Opcode op, isa::Dtype t, uint64_t rep,
-                bool rep_first = false, uint64_t dst = 0);
+                bool rep_first = false, uint64_t dst = 0, bool rep_wide = false);
 
 // ---- constants ----
 void fill_iota64(KernelBuilder& b, uint64_t iota64);                  // s32 0..63
