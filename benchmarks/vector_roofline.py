@@ -22,7 +22,9 @@ import yaml
 
 VECTOR_TYPES = {"BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
                 "BNTrainingReduceGrad", "FusedVariableUpdate", "ReluGrad", "AddRelu", "AddN",
-                "AddV2", "BiasAddGrad", "FusedElementwise", "MaxPoolGrad", "MaxPool"}
+                "AddV2", "BiasAddGrad", "FusedElementwise", "MaxPoolGrad", "MaxPool",
+                # Lamb's FusedVariableUpdate launches as reports name them (docs/tf_plugin.md)
+                "LambUpdateWithLR", "LambNextMV"}
 DTYPE_BYTES = {"DT_FLOAT": 4, "DT_HALF": 2, "DT_BFLOAT16": 2, "DT_INT32": 4, "DT_INT64": 8,
                "DT_DOUBLE": 8, "DT_INT8": 1, "DT_UINT8": 1, "DT_BOOL": 1}
 

@@ -13,7 +13,10 @@ reduction's pass) and each norm's Sqrt taken into its readers' chains.
 - the trust ratio by hand (tf.where, tf.clip_by_value) on a zero w (the ratio's "else" branch),
   a ratio above the clip and one inside it: the CPU's values; and a variant clipped to [2, 10]
   (so that clip(1) is not 1: the rewrite would change the value) must stay unfused (its
-  SelectV2 launch stays) and give the CPU's values too.
+  SelectV2 launch stays) and give the CPU's values too;
+- reports name the fused updates as CANN does: the last step's launch records and
+  op_summary.csv show each variable's update as LambUpdateWithLR and its moments' as LambNextMV,
+  under the node names the rewrite-off run reports as FusedVariableUpdate.
 """
 
 import os
@@ -31,8 +34,10 @@ from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-po
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CODE = r'''
+import csv
 import json
 import sys
+import tempfile
 import numpy as np
 import npusim
 import tensorflow as tf
@@ -54,14 +59,31 @@ def train(device, steps=3):
         # clip_norm 0.05: the first steps' gradients are clipped, later ones partly not
         model.compile(optimizer=bert.lamb_optimizer(1e-2, loss_scale=8.0, clip_norm=0.05),
                       loss="mse", jit_compile=False)
-        counts = {}
-        for step in range(steps):
-            npusim.clear_launch_records()
+        counts, updates = {}, {"records": {}, "summary": {}}
+        for step in range(steps - 1):
             model.train_on_batch(x, y)
-            if step == steps - 1 and device != "/CPU:0":
-                for r in npusim.launch_records():
-                    counts[r["op_type"]] = counts.get(r["op_type"], 0) + 1
-        return [v.numpy().astype(np.float64).tolist() for v in model.trainable_variables], counts
+        if device == "/CPU:0":
+            model.train_on_batch(x, y)
+        else:
+            npusim.clear_launch_records()
+            report = tempfile.mkdtemp()
+            with npusim.profile(report, plots=False):
+                model.train_on_batch(x, y)
+            for r in npusim.launch_records():
+                counts[r["op_type"]] = counts.get(r["op_type"], 0) + 1
+            # the optimizer's variable updates: the original nodes each op type computes, in
+            # the launch records and in op_summary.csv (its `members` column, else its name)
+            for r in npusim.launch_records():
+                if r["op_name"].startswith("lamb/") or r.get("members"):
+                    names = r.get("members") or [r["op_name"]]
+                    updates["records"].setdefault(r["op_type"], []).extend(names)
+            with open(f"{report}/op_summary.csv", newline="") as f:
+                for row in csv.DictReader(f):
+                    if row.get("members") or "VariableOp" in row["Op Name"]:
+                        names = (row.get("members") or row["Op Name"]).split(";")
+                        updates["summary"].setdefault(row["OP Type"], []).extend(names)
+        return ([v.numpy().astype(np.float64).tolist() for v in model.trainable_variables],
+                counts, {k: {t: sorted(set(n)) for t, n in v.items()} for k, v in updates.items()})
 
 
 def trust_ratio(w, g, u, lo):
@@ -93,10 +115,11 @@ def by_hand(device, lo):
     return {"out": out, "counts": counts}
 
 
-weights, counts = train("/NPU:0")
-cpu_weights, _ = train("/CPU:0")
+weights, counts, updates = train("/NPU:0")
+cpu_weights, _, _ = train("/CPU:0")
 print("RESULT " + json.dumps({
     "npu": weights, "cpu": cpu_weights, "counts": counts, "variables": VARIABLES,
+    "updates": updates,
     "hand": {str(lo): {"npu": by_hand("/NPU:0", lo), "cpu": by_hand("/CPU:0", lo)}
              for lo in (0.0, 2.0)}}))
 '''.replace("ROOT", repr(ROOT))
@@ -148,3 +171,23 @@ def test_trust_ratio_by_hand(runs):
     assert "SelectV2" not in fusible and fusible.get("SquareSumV1") == 9, fusible
     # clip(1) = 2 there: the where stays as TensorFlow has it
     assert kept.get("SelectV2") == 3 and "SquareSumV1" not in kept, kept
+
+
+def test_lamb_updates_reported_under_cann_names(runs):
+    """Reports show the fused updates under CANN's op types (docs/tf_plugin.md "Lamb"): each
+    variable's trust-ratio update as LambUpdateWithLR, its moments' updates as LambNextMV, with
+    the names of the nodes the rewrite-off run reports as FusedVariableUpdate; in the launch
+    records and in op_summary.csv alike."""
+    on, off = runs
+    for source in ("records", "summary"):
+        fused, unfused = on["updates"][source], off["updates"][source]
+        assert "LambUpdateWithLR" not in unfused and "LambNextMV" not in unfused, unfused
+        plain = unfused["FusedVariableUpdate"]
+        # w -= lr * ratio * u: Keras' assign_sub of each variable
+        lr_updates = [n for n in plain if n.startswith("lamb/AssignSubVariableOp")]
+        moments = [n for n in plain if n.startswith("lamb/AssignVariableOp")]
+        assert len(lr_updates) == on["variables"] and len(moments) == 2 * on["variables"], plain
+        assert fused["LambUpdateWithLR"] == lr_updates, (source, fused)
+        assert fused["LambNextMV"] == moments, (source, fused)
+        # what is left under FusedVariableUpdate is not Lamb's (the step counter's update)
+        assert not [n for n in fused.get("FusedVariableUpdate", []) if n.startswith("lamb/")]

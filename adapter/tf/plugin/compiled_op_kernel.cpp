@@ -242,11 +242,12 @@ uint64_t next_dispatch_id() {
 
 std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
                                               const compiler::CompiledKernel& k,
-                                              const std::vector<std::string>& members) {
+                                              const std::vector<std::string>& members,
+                                              const std::string& report_type) {
   auto label = std::make_shared<rt::LaunchLabel>();
   label->op_name = node;
   label->members = members;
-  label->op_type = op.type;
+  label->op_type = report_type.empty() ? op.type : report_type;
   for (const compiler::TensorDesc& t : op.inputs) label->inputs.push_back(launch_tensor(t));
   for (const compiler::TensorDesc& t : k.outputs) label->outputs.push_back(launch_tensor(t));
   return label;
@@ -454,7 +455,8 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
                               const StableInputs& stable_inputs,
-                              const std::vector<std::string>& members) {
+                              const std::vector<std::string>& members,
+                              const std::string& report_type) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   if (k.launches.empty()) return rt::ok_status();  // every output is empty
@@ -471,7 +473,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
   rt::Stream stream;
   rt::Status st = ctx->npu_stream(&stream);
   if (!st.ok()) return st;
-  std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k, members);
+  std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k, members, report_type);
   label->dispatch = next_dispatch_id();
   std::vector<std::shared_ptr<const void>> hold;
   st = queue_compiled_op(device_ptr, stream, op, compiled, input_addrs, output_addrs,

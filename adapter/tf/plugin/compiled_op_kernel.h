@@ -86,12 +86,15 @@ rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
 // values or constants, and whether an unmarked input may be watched.
 // members: the names of the original nodes an op of several members stands for (a multi-tensor
 // update's `_npusim_members`), which name its launches (launch_label); empty for other ops.
+// report_type: the op type its launches are reported under instead of op.type (a node's
+// `_npusim_report_type`, launch_label); empty: op.type.
 rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device,
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
                               const StableInputs& stable_inputs = {},
-                              const std::vector<std::string>& members = {});
+                              const std::vector<std::string>& members = {},
+                              const std::string& report_type = {});
 
 // Where a caller that queues several ops puts their derived tensors (compiler::DerivedTensor),
 // to share one between ops of a run (the NpuGraph kernel: two MatMuls reading one f32 tensor
@@ -143,9 +146,13 @@ rt::Status queue_kept_output_op(const std::shared_ptr<rt::Device>& device, rt::S
 // several (a multi-tensor update, attribute members > 1), the members' names in order (its
 // `_npusim_members`): queue_compiled_op then gives each launch the names and tensors of the
 // members whose outputs it writes (rt::LaunchLabel::members), op_name the node's.
+// report_type: the op type reports show instead of op.type (the node's `_npusim_report_type`:
+// CANN's name for a fused pattern, e.g. LambUpdateWithLR for a Lamb variable's update,
+// graph_fusion.h rewrite 17); empty: op.type.
 std::shared_ptr<rt::LaunchLabel> launch_label(const std::string& node, const compiler::OpDesc& op,
                                               const compiler::CompiledKernel& k,
-                                              const std::vector<std::string>& members = {});
+                                              const std::vector<std::string>& members = {},
+                                              const std::string& report_type = {});
 // A new LaunchLabel::dispatch value (one per run of an op or of a graph), never 0.
 uint64_t next_dispatch_id();
 

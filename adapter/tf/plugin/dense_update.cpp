@@ -59,7 +59,7 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
       output_addrs.push_back(outputs[i].address);
     }
     return in_context(launch_compiled_op(&ctx, device, op, *compiled, input_addrs, output_addrs,
-                                         {}, more.members));
+                                         {}, more.members, more.report_type));
   });
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};

@@ -51,6 +51,9 @@ struct UpdateAttrs {
   // Not an attribute: the member names of a multi-tensor update (its `_npusim_members`), which
   // name its launches (launch_compiled_op).
   std::vector<std::string> members;
+  // Not an attribute: the op type its launches are reported under (`_npusim_report_type`);
+  // empty: the compiler op's.
+  std::string report_type;
 };
 
 // Runs the compiler's op `op_type` (e.g. "ResourceApplyAdam") with attribute T = inputs[0]'s

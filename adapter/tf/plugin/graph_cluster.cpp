@@ -585,6 +585,8 @@ bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& o
     node.op = n.op();
     if (const auto m = n.attr().find("_npusim_members"); m != n.attr().end())
       node.members.assign(m->second.list().s().begin(), m->second.list().s().end());
+    if (const auto t = n.attr().find("_npusim_report_type"); t != n.attr().end())
+      node.report_type = t->second.s();
     for (const auto& [name, value] : n.attr()) {
       if (!name.empty() && name[0] == '_') continue;
       switch (value.value_case()) {

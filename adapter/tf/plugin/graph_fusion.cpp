@@ -1747,6 +1747,9 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     }
     if (key.empty()) continue;
     key += "|collectives" + collectives_before(i);
+    // Members are reported under the node's op type: only those of one report type together.
+    if (const auto r = n.attr().find("_npusim_report_type"); r != n.attr().end())
+      key += "|report " + r->second.s();
     if (!by_key.count(key)) key_order.push_back(key);
     by_key[key].push_back(i);
   }
@@ -4158,6 +4161,47 @@ bool fold_square_sum(GraphView& g, Removal& rm, const tfc::NodeDef& sqrt) {
   return true;
 }
 
+// Reports: the op type the launches of the variable update that `n` feeds are shown under
+// (`_npusim_report_type`, kept by rewrites 5, 5b and 5c and read by the update's kernel, node by
+// node and in an NpuGraph): set on the AssignSubVariableOp reached from `n` through at most
+// `hops` nodes each read by the next alone (Lamb: ratio -> lr * ratio -> u * that -> the
+// assign), where there is one on the NPU.
+void report_update_as(GraphView& g, const tfc::NodeDef& n, int hops, const char* report_type) {
+  tfc::NodeDef* at = g.only_consumer(n.name());
+  for (int k = 1; at && at->op() != "AssignSubVariableOp" && k < hops; ++k)
+    at = g.only_consumer(at->name());
+  if (at && at->op() == "AssignSubVariableOp" && on_npu(*at))
+    (*at->mutable_attr())["_npusim_report_type"].set_s(report_type);
+}
+
+// Reports: the moments' updates whose new values Lamb's u = m_hat / (sqrt(v_hat) + eps) (+ decay
+// * w) reads, CANN's LambNextMV: from x, the input of u's sum of squares, through at most six
+// element-wise nodes (AddV2, Mul, RealDiv, Sqrt, Sub) to ReadVariableOps, the AssignVariableOps
+// on the NPU those reads wait for (the control edge that makes a read see the new value) get
+// `_npusim_report_type` LambNextMV.
+void report_moments_as_next_mv(GraphView& g, const std::string& x) {
+  static const std::set<std::string> kSteps = {"AddV2", "Mul", "RealDiv", "Sqrt", "Sub"};
+  std::vector<std::pair<std::string, int>> stack = {{x, 0}};
+  std::set<std::string> seen;
+  while (!stack.empty()) {
+    const auto [input, depth] = stack.back();
+    stack.pop_back();
+    const InputRef r = parse_input(input);
+    tfc::NodeDef* n = r.control ? nullptr : g.node(r.node);
+    if (!n || !seen.insert(n->name()).second) continue;
+    if (n->op() == "ReadVariableOp") {
+      for (const std::string& in : n->input())
+        if (const InputRef c = parse_input(in); c.control)
+          if (tfc::NodeDef* assign = g.node(c.node);
+              assign && assign->op() == "AssignVariableOp" && on_npu(*assign))
+            (*assign->mutable_attr())["_npusim_report_type"].set_s("LambNextMV");
+      continue;
+    }
+    if (!kSteps.count(n->op()) || depth >= 6) continue;
+    for (const std::string& in : n->input()) stack.emplace_back(in, depth + 1);
+  }
+}
+
 // MindSpore's Lamb (models/bert.py) as TensorFlow traces it, per variable:
 //   ratio = Maximum(Minimum(SelectV2(LogicalAnd(Greater(a, 0), Greater(b, 0)), r, one), hi), lo)
 // (keras.ops.where then clip), a and b Sqrt outputs (||w||, ||g||), one the Const 1 with
@@ -4237,7 +4281,11 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
         div && GraphView::reads(*div, 0, input_node(g, *ga, 0)->name()))
       for (int k = 0; k < 2; ++k)
         if (const tfc::NodeDef* floor = g.producer(*div, 1, "Maximum"))
-          if (const tfc::NodeDef* u = g.producer(*floor, k, "Sqrt")) fold_square_sum(g, rm, *u);
+          if (const tfc::NodeDef* u = g.producer(*floor, k, "Sqrt")) {
+            fold_square_sum(g, rm, *u);
+            if (const tfc::NodeDef* sum = g.producer(*u, 0, "SquareSumV1"))
+              report_moments_as_next_mv(g, sum->input(0));
+          }
     const std::string sa = step("sign_w", "Sign", {norm[0]});
     const std::string sb = step("sign_g", "Sign", {norm[1]});
     const std::string c = step("both_positive", "Mul", {sa, sb});
@@ -4246,6 +4294,7 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
     const std::string kept = step("kept", "Mul", {c, rc});
     const std::string rest = step("otherwise", "Sub", {one_in, c});
     rewrite_as(clip_lo, "AddV2", {kept, rest}, attrs);
+    report_update_as(g, clip_lo, 3, "LambUpdateWithLR");
     ++lowered;
   }
   for (tfc::NodeDef& n : added) *graph.add_node() = std::move(n);

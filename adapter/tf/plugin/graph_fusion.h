@@ -305,6 +305,9 @@
 //      pass: adapter/compiler/ops/reduce.cpp), the Square going; a norm's Sqrt with other
 //      readers (||g||: the gradient's clip) is computed again for the ratio
 //      ("<name>/npusim_lamb_norm_g" / "_norm_w"), so every Sqrt joins its reader's chain.
+//      Reports: the AssignSubVariableOp the ratio feeds gets `_npusim_report_type`
+//      LambUpdateWithLR, the moments' AssignVariableOps whose new values u reads LambNextMV
+//      (CANN's op types; kept by 5, 5b, 5c; the update kernels label their launches with it).
 //      NPUSIM_FUSION_LAMB=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must

@@ -219,6 +219,8 @@ class FusedVariableUpdateOp : public UpdateKernel {
     if (c->HasAttr("members")) OP_REQUIRES_OK(c, c->GetAttr("members", &m_members));
     if (c->HasAttr("_npusim_members"))
       OP_REQUIRES_OK(c, c->GetAttr("_npusim_members", &m_member_names));
+    if (c->HasAttr("_npusim_report_type"))
+      OP_REQUIRES_OK(c, c->GetAttr("_npusim_report_type", &m_report_type));
     OP_REQUIRES(c, m_members >= 1 && m_variables % m_members == 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     c->def().name(), ": members = ", m_members, " does not divide M = ",
@@ -265,6 +267,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
       attrs.int_lists = {{"updates", m_updates}};
       attrs.string_lists = {{"steps", m_steps}};
       attrs.members = m_member_names;
+      attrs.report_type = m_report_type;
       // TF_OpKernelContext is TensorFlow's OpKernelContext behind a C name (kernels.cc).
       st = to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx),
                                        "FusedVariableUpdate", {}, inputs, outputs, attrs));
@@ -286,6 +289,7 @@ class FusedVariableUpdateOp : public UpdateKernel {
   int64_t m_variables = 0;
   int64_t m_members = 1;
   std::vector<std::string> m_member_names;  // `_npusim_members`: the original nodes' names
+  std::string m_report_type;  // `_npusim_report_type`: reports' op type (empty: the op's)
   std::vector<std::string> m_steps;
   std::vector<int64_t> m_updates;
 };

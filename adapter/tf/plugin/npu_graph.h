@@ -94,6 +94,9 @@ struct NpuGraphSpec {
     // A multi-tensor update's `_npusim_members` (the original nodes' names, for its launches'
     // labels: launch_label); empty for other nodes.
     std::vector<std::string> members;
+    // The node's `_npusim_report_type` (the op type its launches are reported under:
+    // launch_label); empty: its op.
+    std::string report_type;
   };
   std::vector<Node> nodes;  // in task order
   std::vector<HostConst> consts;

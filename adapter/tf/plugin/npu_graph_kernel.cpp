@@ -523,7 +523,7 @@ class NpuGraphKernel : public OpKernel {
                            compiler::device_buffer_bytes(k.workspace_bytes), static_cast<int>(n),
                            static_cast<int>(n), 0});
       }
-      s.label = launch_label(node.name, s.op, k, node.members);
+      s.label = launch_label(node.name, s.op, k, node.members, node.report_type);
       plan->steps.push_back(std::move(s));
       share_derived(n, plan, &buffers, &derived_key);
     }
@@ -714,7 +714,7 @@ class NpuGraphKernel : public OpKernel {
     if (s.compiled->kernel.outputs.size() != 1 || !(s.compiled->kernel.outputs[0] == variables[k]))
       return fail("its output is not the variable's new value");
     s.outputs = {(*current)[k]};
-    s.label = launch_label(node.name, s.op, s.compiled->kernel, node.members);
+    s.label = launch_label(node.name, s.op, s.compiled->kernel, node.members, node.report_type);
     s.derived_at.assign(s.compiled->kernel.derived.size(), Place{});  // computed as node by node
     s.derived_from.assign(s.compiled->kernel.derived.size(), {-1, -1});
     plan->steps.push_back(std::move(s));
