@@ -403,6 +403,11 @@ TEST_CASE("BiasAdd and BiasAddGrad, NHWC and NCHW") {
   CHECK(first_launch(DataType::F16, {4, 16, 16, 32}).find("channel sums") != std::string::npos);
   CHECK(first_launch(DataType::F32, {1, 64, 64, 24}).find("channel sums") != std::string::npos);
   CHECK(first_launch(DataType::F32, {4, 16, 16, 32}).find("channel sums") == std::string::npos);
+  // Where the engine takes two launches (the 910b's f16 x 64 channels: partial column sums
+  // over all 48 vector cores, then their combination), the channel sums too.
+  const auto f16_64 = compiler::compile(
+      make_op("BiasAddGrad", {{DataType::F16, {8, 56, 56, 64}}}, {}), load_chip_config("910b"));
+  CHECK(f16_64.launches.front().summary.find("channel sums") != std::string::npos);
   // f16: the partials' epilogue (in the sums' kernel on the split tiny chip, unless
   // NPUSIM_FUSION_CHANNEL_EPILOGUE=0) rounds the sums as it stores them, no Cast launch after it.
   const auto f16_sums =

@@ -7,10 +7,11 @@
 //   BiasAddGrad  the sum of out_backprop over every dim but the channel, f16/bf16 accumulated
 //                in f32 (as TF's AccumulatorType), rounded once, by the reduction engine
 //                (ops/reduce.h). It splits the channels over the cores (C = 256: 16 channels a
-//                block, 16 blocks); where that leaves vector cores idle, the channel is last, T
-//                is f32 or f16 with whole 32-byte pixels and every vector core gets at least
-//                kMinPixelsPerCore pixels (a convolution's bias gradient), by the channel sums
-//                instead (ops/channel.h: the pixels split over every vector core, their
+//                block, 16 blocks); where that leaves vector cores idle or takes two launches
+//                (C = 64: partial sums over the pixels, then their combination), the channel is
+//                last, T is f32 or f16 with whole 32-byte pixels and every vector core gets at
+//                least kMinPixelsPerCore pixels (a convolution's bias gradient), by the channel
+//                sums instead (ops/channel.h: the pixels split over every vector core, their
 //                partials added per channel and rounded to T as they are stored). Measured,
 //                docs/compiler.md.
 #include <fmt/format.h>
@@ -29,7 +30,8 @@ namespace {
 // three launches of 2026-12-03 (sums, partials, rounding; now two, the rounding in the
 // partials' launch, and one on split chips) cost about 5,000 cycles more than the engine's one
 // on the 910 (f16 1x7x7x64: 7,669 against 2,477), which a core's share of 128 pixels or more
-// outweighs where the engine leaves half the cores idle (docs/compiler.md "BiasAddGrad").
+// outweighs where the engine leaves half the cores idle or takes two launches (docs/compiler.md
+// "BiasAddGrad").
 constexpr int64_t kMinPixelsPerCore = 128;
 
 // The channel dim of a value of `rank` under the op's data_format.
@@ -99,8 +101,9 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
   for (const Launch& l : reduce.launches) used = std::max<int64_t>(used, l.block_dim);
   const int64_t channels = g.shape[c], size = data_type_bytes(g.dtype);
   const int64_t pixels = channels ? g.num_elements() / channels : 0;
+  const bool engine_idle_or_two = used < cores || reduce.launches.size() > 1;
   if (c + 1 == g.shape.size() && (g.dtype == DataType::F32 || g.dtype == DataType::F16) &&
-      used < cores && pixels >= cores * kMinPixelsPerCore && channels % 8 == 0 &&
+      engine_idle_or_two && pixels >= cores * kMinPixelsPerCore && channels % 8 == 0 &&
       (channels * size) % 32 == 0) {
     CompiledKernel k;
     k.outputs = {TensorDesc{g.dtype, {channels}}};
