@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/channel.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
 
@@ -393,7 +394,7 @@ TEST_CASE("BiasAdd and BiasAddGrad, NHWC and NCHW") {
   // Where the reduction engine's plan leaves vector cores idle and every vector core gets 128
   // pixels, the channel sums instead (ops/bias.cpp), as compiled for the tiny chip (4 vector
   // cores): f16 x 32 channels and f32 x 24 take them, f32 x 32 (the engine's 4 blocks of 8) not;
-  // the results are checked on the test chip, whichever path it takes.
+  // the results are checked on the test chip, whichever path it takes (f16: rounded once).
   const auto first_launch = [](DataType dt, const std::vector<int64_t>& shape) {
     auto k = compiler::compile(make_op("BiasAddGrad", {{dt, shape}}, {}),
                                load_chip_config("tiny"));
@@ -402,10 +403,25 @@ TEST_CASE("BiasAdd and BiasAddGrad, NHWC and NCHW") {
   CHECK(first_launch(DataType::F16, {4, 16, 16, 32}).find("channel sums") != std::string::npos);
   CHECK(first_launch(DataType::F32, {1, 64, 64, 24}).find("channel sums") != std::string::npos);
   CHECK(first_launch(DataType::F32, {4, 16, 16, 32}).find("channel sums") == std::string::npos);
+  // Where the engine takes two launches (the 910b's f16 x 64 channels: partial column sums
+  // over all 48 vector cores, then their combination), the channel sums too.
+  const auto f16_64 = compiler::compile(
+      make_op("BiasAddGrad", {{DataType::F16, {8, 56, 56, 64}}}, {}), load_chip_config("910b"));
+  CHECK(f16_64.launches.front().summary.find("channel sums") != std::string::npos);
+  // f16: the partials' epilogue (in the sums' kernel on the split tiny chip, unless
+  // NPUSIM_FUSION_CHANNEL_EPILOGUE=0) rounds the sums as it stores them, no Cast launch after it.
+  const auto f16_sums =
+      compiler::compile(make_op("BiasAddGrad", {{DataType::F16, {4, 16, 16, 32}}}, {}),
+                        load_chip_config("tiny"));
+  const bool in_kernel = compiler::ops::channel_epilogue_in_kernel(load_chip_config("tiny"));
+  REQUIRE(f16_sums.launches.size() == (in_kernel ? 1u : 2u));
+  CHECK(f16_sums.launches.back().summary.find("BiasAddGradSums") != std::string::npos);
   check_bias_grad(DataType::F16, {4, 16, 16, 32}, false, seed += 2);
   check_bias_grad(DataType::F32, {1, 64, 64, 24}, false, seed += 2);
   check_bias_grad(DataType::F32, {8, 16, 16, 48}, false, seed += 2);
   check_bias_grad(DataType::F16, {3, 17, 19, 64}, false, seed += 2);
+  // 6,272 pixels: the channel sums on the 910b too (their epilogue in the sums' kernel there).
+  check_bias_grad(DataType::F16, {8, 28, 28, 32}, false, seed += 2);
   CHECK_THROWS_WITH(compiler::compile(make_op("BiasAdd", {{DataType::F32, {4, 3}},
                                                           {DataType::F32, {4}}}),
                                       test_sim().config()),

@@ -7,11 +7,13 @@
 //   BiasAddGrad  the sum of out_backprop over every dim but the channel, f16/bf16 accumulated
 //                in f32 (as TF's AccumulatorType), rounded once, by the reduction engine
 //                (ops/reduce.h). It splits the channels over the cores (C = 256: 16 channels a
-//                block, 16 blocks); where that leaves vector cores idle, the channel is last, T
-//                is f32 or f16 with whole 32-byte pixels and every vector core gets at least
-//                kMinPixelsPerCore pixels (a convolution's bias gradient), by the channel sums
-//                instead (ops/channel.h: the pixels split over every vector core, their
-//                partials added per channel, then rounded to T). Measured, docs/compiler.md.
+//                block, 16 blocks); where that leaves vector cores idle or takes two launches
+//                (C = 64: partial sums over the pixels, then their combination), the channel is
+//                last, T is f32 or f16 with whole 32-byte pixels and every vector core gets at
+//                least kMinPixelsPerCore pixels (a convolution's bias gradient), by the channel
+//                sums instead (ops/channel.h: the pixels split over every vector core, their
+//                partials added per channel and rounded to T as they are stored). Measured,
+//                docs/compiler.md.
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/channel.h"
@@ -25,9 +27,11 @@ namespace npusim::compiler::ops {
 namespace {
 
 // The pixels per vector core from which BiasAddGrad takes the channel sums. # estimate: their
-// three launches (sums, partials, rounding) cost about 5,000 cycles more than the engine's one
+// three launches of 2026-12-03 (sums, partials, rounding; now two, the rounding in the
+// partials' launch, and one on split chips) cost about 5,000 cycles more than the engine's one
 // on the 910 (f16 1x7x7x64: 7,669 against 2,477), which a core's share of 128 pixels or more
-// outweighs where the engine leaves half the cores idle (docs/compiler.md "BiasAddGrad").
+// outweighs where the engine leaves half the cores idle or takes two launches (docs/compiler.md
+// "BiasAddGrad").
 constexpr int64_t kMinPixelsPerCore = 128;
 
 // The channel dim of a value of `rank` under the op's data_format.
@@ -97,8 +101,9 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
   for (const Launch& l : reduce.launches) used = std::max<int64_t>(used, l.block_dim);
   const int64_t channels = g.shape[c], size = data_type_bytes(g.dtype);
   const int64_t pixels = channels ? g.num_elements() / channels : 0;
+  const bool engine_idle_or_two = used < cores || reduce.launches.size() > 1;
   if (c + 1 == g.shape.size() && (g.dtype == DataType::F32 || g.dtype == DataType::F16) &&
-      used < cores && pixels >= cores * kMinPixelsPerCore && channels % 8 == 0 &&
+      engine_idle_or_two && pixels >= cores * kMinPixelsPerCore && channels % 8 == 0 &&
       (channels * size) % 32 == 0) {
     CompiledKernel k;
     k.outputs = {TensorDesc{g.dtype, {channels}}};
@@ -107,24 +112,23 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
     s.a_type = device_dtype(g.dtype);
     s.pixels = pixels;
     s.cp = channels;
+    // The epilogue rounds the f32 sums to T as it stores them (f16: vconv, round to nearest
+    // even, as a Cast's).
     ChannelEpilogueSpec e;
     e.name = "BiasAddGradSums";
     e.spread = true;
     e.c = channels;
     e.outputs = 1;
-    e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-      f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    e.out_type = device_dtype(g.dtype);
+    e.compute = [t = e.out_type](KernelBuilder& b, const EpilogueOperands& o) {
+      if (t == isa::Dtype::F32) {
+        f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+      } else {
+        vec_convert(b, t, isa::Dtype::F32, o.outputs[0], o.sums[0], RoundMode::kRint, *o.count);
+      }
     };
-    const bool in_kernel = channel_epilogue_in_kernel(ctx.cfg);
-    if (g.dtype == DataType::F32) {
-      append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {output_ref(0)}, ctx.cfg,
-                                  in_kernel);
-      return k;
-    }
-    const ArgRef sums = workspace_take(k, static_cast<uint64_t>(channels) * 4);
-    append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {sums}, ctx.cfg, in_kernel);
-    append_strided_copy(k, op, sums, output_ref(0), 1, channels, channels, DataType::F32, g.dtype,
-                        ctx.cfg);
+    append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {output_ref(0)}, ctx.cfg,
+                                channel_epilogue_in_kernel(ctx.cfg));
     return k;
   }
   return reduce;

@@ -350,6 +350,10 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
   const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
+  if (s.out_type != Dtype::F32 &&
+      (s.out_type != Dtype::F16 || (s.c * isa::dtype_size(s.out_type)) % 32 != 0))
+    b.fail(fmt::format("channel epilogue outputs of {} x {} (f32, or f16 in whole 32-byte blocks)",
+                       s.c, isa::dtype_name(s.out_type)));
   // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
   auto need = [&](int64_t c) {
     return static_cast<uint64_t>(c) * 4 *
@@ -443,13 +447,15 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
         s.compute(b, ops);
         b.set_flag(Pipe::V, Pipe::MTE3, done);
         b.wait_flag(Pipe::V, Pipe::MTE3, done);
+        const int64_t out_size = isa::dtype_size(s.out_type);
         for (int i = 0; i < s.outputs; ++i) {
           Reg dst = b.load_arg(fmt::format("output{}", i)), t = b.reg("offset"),
               src = b.reg_imm("output", int64_t(ops.outputs[static_cast<size_t>(i)]));
-          b.mul(t, item, s.out_pitch * 4);
+          b.mul(t, item, s.out_pitch * out_size);
           b.add(dst, dst, t);
-          b.add(dst, dst, c0 * 4);
-          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, "output vector");
+          b.add(dst, dst, c0 * out_size);
+          b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, ceil_div(cn * out_size, 32), 0, 0},
+                 "output vector");
         }
         // The next tile's loads overwrite buffers the stores read.
         b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
@@ -492,7 +498,7 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   if (s.plain_sum) b.declare_arg("partials2", Dtype::F32, {s.batch, m_blocks, s.cp});
   if (sec.epilogue)
     for (int i = 0; i < sec.epilogue->outputs; ++i)
-      b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+      b.declare_arg(fmt::format("output{}", i), sec.epilogue->out_type, {});
   emit_body([&](const Reg& blk) { section_block(blk); },
             sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
   if (e) {
@@ -531,7 +537,7 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, first + i, 0});
   }
   for (int i = 0; e && i < e->outputs; ++i) {
-    b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    b.declare_arg(fmt::format("output{}", i), e->out_type, {});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, first + e->vectors + i, 0});
   }
   emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
@@ -965,7 +971,7 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
         ArgRef{ArgRef::Kind::kInput, static_cast<int>(s.partial_blocks.size()) + i, 0});
   }
   for (int i = 0; i < s.outputs; ++i) {
-    b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    b.declare_arg(fmt::format("output{}", i), s.out_type, {});
     l.args.push_back(ArgRef{ArgRef::Kind::kOutput, i, 0});
   }
   std::optional<Reg> blk;  // spread: which tiles are this block's

@@ -92,7 +92,10 @@ struct ChannelEpilogueSpec {
   int64_t partial_cp = 0;        // channel pitch of the partials
   std::vector<int> partial_blocks;  // per partial set: its block count
   int vectors = 0;               // input vectors, f32 [c] (the same for every item)
-  int outputs = 0;               // outputs, f32 [c] per item
+  int outputs = 0;               // outputs, [c] of out_type per item
+  // The outputs' type in memory: f32, or f16 (a c of whole 32-byte blocks), which compute
+  // leaves in the output buffers (e.g. converted from an f32 result, one rounding).
+  isa::Dtype out_type = isa::Dtype::F32;
   int64_t out_pitch = 0;         // elements between items' outputs (batch > 1)
   int temps = 0;
   bool spread = false;  // channel tiles spread over the vector cores (else one block does all)
