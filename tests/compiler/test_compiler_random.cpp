@@ -167,6 +167,19 @@ TEST_CASE("StatelessRandomUniformV2 on the vector unit: tiles, ragged tails, car
   }
 }
 
+TEST_CASE("StatelessRandomUniformV2 on the vector unit: products of edge words") {
+  // The first round multiplies counter words 0 and 2 (word 0 plus each lane's group offset):
+  // words at the edges of the 16-bit pieces and of the s32 range, where a piece's sign or a
+  // carry between the partial products of the high word would show.
+  const uint32_t edges[] = {0x00000000, 0x0000ffff, 0x00010000, 0x00007fff, 0x00008000,
+                            0x7fffffff, 0x80000000, 0x8000ffff, 0xffff0000, 0xffffffff};
+  for (uint32_t w : edges) {
+    INFO("edge word " << w);
+    check_uniform(DataType::F32, {600}, {w - 75, 0, w, 0}, {0, 0});
+    check_uniform(DataType::F32, {600}, {w, 0xffffffff, ~w, 0x80000000}, {0xffffffff, 0x12345});
+  }
+}
+
 TEST_CASE("StatelessRandomUniformV2: a zero sample, and timing that does not depend on the key") {
   // A counter whose first sample has a zero f16 mantissa (found with the reference): +0.0.
   Words zero{0, 0, 0, 0};

@@ -18,14 +18,16 @@
 // <= 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
 //   hi(M * x) = floor(M_s * x / 2^32) + x (mod 2^32), and with the exact s32 products
 //   a = ML * xL, b = MH * xL, d = ML * xH, e = MH * xH (each |.| < 2^31),
-//   floor(M_s * x / 2^32) = e + asr16(b) + asr16(d) + asr16((b & 0xffff) + (d & 0xffff) +
-//   asr16(a)).
-// 30 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 (M0's pieces
-// are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one asr16. 6
-// per three-way xor with the round key (a repeat of the key, dup'd once per block), 62 per
-// round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word. Every result goes
-// to a fresh UB array in a bank window none of its sources is in (ArrayPool): no instruction
-// writes an operand it reads, and few share banks.
+//   floor(M_s * x / 2^32) = e + floor((b + d + a / 2^16) / 2^16)
+//                         = e + asr16(b) + asr16((b & 0xffff) + t),  t = d + asr16(a)
+//   (floor((N + y) / 2^16) = floor((N + floor(y)) / 2^16) for an integer N), where t and
+//   (b & 0xffff) + t stay in s32 because |ML| < 2^15 (|t| <= |ML| * 2^16).
+// 25 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 either (M0's
+// pieces are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one
+// asr16 in place of two. 6 per three-way xor with the round key (a repeat of the key, dup'd
+// once per block), 57 per round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per
+// word. Every result goes to a fresh UB array in a bank window none of its sources is in
+// (ArrayPool): no instruction writes an operand it reads, and few share banks.
 //
 // Output order: element 4g + j is word j of group g, but the words are in separate arrays, and
 // vector operands and MTE bursts move whole 32-byte blocks. The interleave goes through
@@ -92,6 +94,8 @@ constexpr SignedHalves signed_halves(int64_t m) {
 }
 static_assert(kPhiloxM0 >= (int64_t{1} << 31) && kPhiloxM1 >= (int64_t{1} << 31));
 static_assert(signed_halves(kPhiloxM0).hi >= -32768 && signed_halves(kPhiloxM1).hi >= -32768);
+// |lo| < 2^15 (not == 2^15): d + asr16(a) and (b & 0xffff) + that sum stay in s32 (mul_hi_lo).
+static_assert(signed_halves(kPhiloxM0).lo > -32768 && signed_halves(kPhiloxM1).lo > -32768);
 
 // The weight of bit k of a lane index in its group offset (the layouts in the file comment).
 int64_t lane_bit_weight(int k, int elem_bytes) {
@@ -200,7 +204,7 @@ constexpr bool partial_sum_fits_s32(SignedHalves h) {
   return (mag_hi + mag_lo) * 0xffff + mag_lo < (int64_t{1} << 31);
 }
 static_assert(partial_sum_fits_s32(signed_halves(kPhiloxM0)));   // M0: 20 instructions a product
-static_assert(!partial_sum_fits_s32(signed_halves(kPhiloxM1)));  // M1: 30
+static_assert(!partial_sum_fits_s32(signed_halves(kPhiloxM1)));  // M1: 25
 
 // The tile's s32 arrays, handed out at compile time as each instruction's destination: a free
 // array in a bank window that none of the instruction's UB sources is in when there is one, so
@@ -302,18 +306,18 @@ class PhiloxOps {
       m_pool.give(hi);
       return {hi_x, lo};
     }
-    // mid = (b & 0xffff) + (d & 0xffff) + asr16(a)
-    const uint64_t b_lo = low16(b), d_lo = low16(d), s = add(b_lo, d_lo);
-    m_pool.give(b_lo);
-    m_pool.give(d_lo);
+    // t = d + asr16(a) and u = (b & 0xffff) + t are exact in s32 (|ML| < 2^15, asserted above):
+    // hi = e + asr16(b) + asr16(u) + x
     const uint64_t a_hi = asr16(a);
     m_pool.give(a);
-    const uint64_t mid = add(s, a_hi);
-    m_pool.give(s);
+    const uint64_t t = add(d, a_hi);
+    m_pool.give(d);
     m_pool.give(a_hi);
-    // hi = e + asr16(b) + asr16(d) + asr16(mid) + x
+    const uint64_t b_lo = low16(b), u = add(b_lo, t);
+    m_pool.give(b_lo);
+    m_pool.give(t);
     uint64_t hi = e;
-    for (uint64_t part : {b, d, mid}) {
+    for (uint64_t part : {b, u}) {
       const uint64_t p = asr16(part);
       m_pool.give(part);
       const uint64_t sum = add(hi, p);
