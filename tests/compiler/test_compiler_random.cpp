@@ -180,6 +180,25 @@ TEST_CASE("StatelessRandomUniformV2 on the vector unit: products of edge words")
   }
 }
 
+TEST_CASE("StatelessRandomUniformV2 on the vector unit: the largest tiles") {
+  // 65539 groups: more than 2048 per core on up to 32 vector cores, so that a chip whose UB
+  // holds them (the 910's 256 KiB, run as test_compiler_random_910) takes tiles of 2048 groups,
+  // the largest; a ragged last tile and a counter whose low word wraps inside the draw.
+  const std::vector<int64_t> shape{4, 65539};
+  if (test_chip_name() == "910") {
+    OpDesc op = make_op("StatelessRandomUniformV2",
+                        {TensorDesc{DataType::S32, {2}}, TensorDesc{DataType::S64, {1}},
+                         TensorDesc{DataType::S64, {2}}, TensorDesc{DataType::S32, {}}},
+                        {{"shape", shape},
+                         {"dtype", std::string(compiler::data_type_name(DataType::F32))}});
+    const CompiledKernel k = compiler::compile(op, test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    CHECK(k.launches[0].summary.find("in tiles of 2048,") != std::string::npos);
+  }
+  check_uniform(DataType::F32, shape, {0xffff0000, 0xffffffff, 3, 0}, {0x2468ace0, 0x13579bdf});
+  check_uniform(DataType::F16, shape, {7, 8, 9, 10}, {0xffffffff, 1});
+}
+
 TEST_CASE("StatelessRandomUniformV2: a zero sample, and timing that does not depend on the key") {
   // A counter whose first sample has a zero f16 mantissa (found with the reference): +0.0.
   Words zero{0, 0, 0, 0};

@@ -38,7 +38,7 @@
 //   m of its 16 rows as two rows (low and high halves): 16 words of groups 128c + 32q + 2k + t
 //   (k = 0..15, m = 2q + t). For each q, the 16 rows (low, high) of (t, j), i = 4t + j, stacked
 //   and transposed again give row k = words 0..3 of groups 128c + 32q + 2k and + 2k + 1: 512
-//   bytes of the output in order. Per chunk: 4 + 4 vtransposes and a share of 4 block copies.
+//   bytes of the output in order. Per chunk: 4 + 4 vtransposes and a share of 16 block copies.
 // - f16 / bf16 (chunks of 64 groups): lane l = 64c + 16s + p (s < 4, p < 16) holds group
 //   64c + s + 4p; rows 4s + j = block s of word j's chunk, transposed, are the chunk's 512 bytes.
 // The lane_group permutation's contribution of each bit of l is a weight (lane_bit_weight);
@@ -80,8 +80,9 @@ constexpr int64_t kLow32 = 0xffffffff;
 constexpr int64_t kRepeat = vec::kRepeatBytes;  // 256 bytes: 64 s32 lanes
 constexpr int64_t kBlockB = vec::kBlockBytes;   // 32 bytes
 constexpr int64_t kTransposeBytes = 512;        // one vtranspose: 16 x 16 2-byte elements
-// Largest tile: the f32 block copy's source block stride, 16 * TG / 128 blocks, is an RU8.
-constexpr int64_t kMaxTileGroups = 1024;
+// Largest tile: the f16 / bf16 block copy's source block stride, TG / 16 blocks, is an RU8 (and
+// no chip's UB holds the arrays of 4096 groups).
+constexpr int64_t kMaxTileGroups = 2048;
 
 // A Philox multiplier M (top bit set) as M - 2^32 = hi * 2^16 + lo, |hi|, |lo| <= 2^15.
 struct SignedHalves {
@@ -562,14 +563,20 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
         for (int64_t k = 0; k < transposes; ++k)
           b.emit(Opcode::op_vtranspose, {static_cast<int64_t>(l.stage + k * kTransposeBytes),
                                          static_cast<int64_t>(l.floats + k * kTransposeBytes)});
-        // rows (t, j, half) of each 32-group quarter: 4 copies of 4 blocks per repeat.
-        const int64_t chunks = tg / 128;
-        set_mask128(b, 0, lane_range(0, 32));
+        // Rows (t, j, half) of each 32-group quarter: one copy per (t, h, j) moves quarter q's
+        // (4 per chunk) block from stage + 32 (2t + h) + 128 q + j * (a word's bytes) to
+        // floats + 32 (8t + h) + 512 q + 64 j (bytes), 8 quarters per repeat (4 when the tile
+        // is one chunk): strides that do not grow with the tile.
+        const int64_t rows = 4 * (tg / 128), rows_per_repeat = std::min<int64_t>(8, rows);
+        set_mask128(b, 0, lane_range(0, 8 * rows_per_repeat));
         for (int t = 0; t < 2; ++t)
           for (int h = 0; h < 2; ++h)
-            vec_unary_strided(
-                b, Opcode::op_vcopy, Dtype::S32, VOperand(l.floats + (8 * t + h) * kBlockB, 2, 16),
-                VOperand(l.stage + (2 * t + h) * kBlockB, 16 * chunks, 4), 4 * chunks);
+            for (int j = 0; j < 4; ++j)
+              vec_unary_strided(
+                  b, Opcode::op_vcopy, Dtype::S32,
+                  VOperand(l.floats + (8 * t + h) * kBlockB + j * 2 * kBlockB, 16, 128),
+                  VOperand(l.stage + (2 * t + h) * kBlockB + j * l.array, 4, 32),
+                  rows / rows_per_repeat);
         set_mask128(b, kAll, kAll);
         b.wait_flag(Pipe::MTE3, Pipe::V, 0, "the previous tile's output is stored");
         for (int64_t k = 0; k < transposes; ++k)
