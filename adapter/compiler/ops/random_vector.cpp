@@ -14,20 +14,21 @@
 // - a ^ b = (a | b) - (a & b) (a & b is a subset of a | b's bits: no borrow), 3 instructions.
 //
 // High word of M * x (M a u32 constant with its top bit set, as both Philox multipliers have; x
-// a word): with M_s = M - 2^32 = MH * 2^16 + ML (ML the sign-extended low 16 bits, |MH|, |ML|
-// <= 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
-//   hi(M * x) = floor(M_s * x / 2^32) + x (mod 2^32), and with the exact s32 products
-//   a = ML * xL, b = MH * xL, d = ML * xH, e = MH * xH (each |.| < 2^31),
-//   floor(M_s * x / 2^32) = e + floor((b + d + a / 2^16) / 2^16)
-//                         = e + asr16(b) + asr16((b & 0xffff) + t),  t = d + asr16(a)
-//   (floor((N + y) / 2^16) = floor((N + floor(y)) / 2^16) for an integer N), where t and
-//   (b & 0xffff) + t stay in s32 because |ML| < 2^15 (|t| <= |ML| * 2^16).
-// 25 vector instructions per product; 20 where b + d + asr16(a) cannot leave s32 either (M0's
-// pieces are small enough, M1's are not: partial_sum_fits_s32), its floor by 2^16 then one
-// asr16 in place of two. 6 per three-way xor with the round key (a repeat of the key, dup'd
-// once per block), 57 per round over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per
-// word. Every result goes to a fresh UB array in a bank window none of its sources is in
-// (ArrayPool): no instruction writes an operand it reads, and few share banks.
+// a word): with M_s = M - 2^32 = MH * 2^16 + ML (ML the sign-extended low 16 bits, |MH|,
+// |ML| < 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
+//   hi(M * x) = floor(M_s * x / 2^32) + x (mod 2^32).
+// The high piece may be taken as xK = xH + K with K = 0 or -2^16 (x' = x + K * 2^16; for
+// K = -2^16, x' = x - 2^32 and floor(M_s * x / 2^32) = floor(M_s * x' / 2^32) + M_s): with the
+// exact s32 products a = ML * xL, b = MH * xL, d = ML * xK, e = MH * xK,
+//   floor(M_s * x' / 2^32) = e + floor((b + d + a / 2^16) / 2^16) = e + asr16(b + d + asr16(a))
+// (floor((N + y) / 2^16) = floor((N + floor(y)) / 2^16) for an integer N) when b + d + asr16(a)
+// stays in s32 for every x: K = 0 for M0; M1's b and d have one sign (both halves negative),
+// and K = -2^16 moves d to the other (mul_offset). xK is the pieces' vand with 0xffff, or their
+// vor with 0xffff0000 (xH - 2^16). 20 vector instructions per product (21 with the + M_s), 6
+// per three-way xor with the round key (a repeat of the key, dup'd once per block), 53 per round
+// over the tile; the uniform floats 3 (f32) or 4 (f16, bf16) per word. Every result goes to a
+// fresh UB array in a bank window none of its sources is in (ArrayPool): no instruction writes
+// an operand it reads, and few share banks.
 //
 // Output order: element 4g + j is word j of group g, but the words are in separate arrays, and
 // vector operands and MTE bursts move whole 32-byte blocks. The interleave goes through
@@ -95,8 +96,6 @@ constexpr SignedHalves signed_halves(int64_t m) {
 }
 static_assert(kPhiloxM0 >= (int64_t{1} << 31) && kPhiloxM1 >= (int64_t{1} << 31));
 static_assert(signed_halves(kPhiloxM0).hi >= -32768 && signed_halves(kPhiloxM1).hi >= -32768);
-// |lo| < 2^15 (not == 2^15): d + asr16(a) and (b & 0xffff) + that sum stay in s32 (mul_hi_lo).
-static_assert(signed_halves(kPhiloxM0).lo > -32768 && signed_halves(kPhiloxM1).lo > -32768);
 
 // The weight of bit k of a lane index in its group offset (the layouts in the file comment).
 int64_t lane_bit_weight(int k, int elem_bytes) {
@@ -111,7 +110,7 @@ struct Layout {
   int64_t tile_groups = 0;
   int64_t array = 0;  // bytes of one s32 array of the tile
   uint64_t lane_offsets = 0, carry_bits = 0;
-  uint64_t mask16 = 0, mantissa = 0, one_bits = 0, keys = 0, tile_words = 0;
+  uint64_t mask16 = 0, high16 = 0, mantissa = 0, one_bits = 0, keys = 0, tile_words = 0;
   std::vector<uint64_t> pool;               // s32 arrays for the words and temporaries
   uint64_t floats = 0, stage = 0, out = 0;  // float words, transposed stage, output (contiguous)
   int64_t bytes = 0;
@@ -139,6 +138,7 @@ Layout make_layout(int64_t tg, int elem_bytes, int64_t windows) {
     return a;
   };
   l.mask16 = take(kRepeat);
+  l.high16 = take(kRepeat);
   l.mantissa = take(kRepeat);
   l.one_bits = take(kRepeat);
   l.keys = take(2 * kRounds * kRepeat);
@@ -192,20 +192,34 @@ class TileOps {
   int64_t m_reps;
 };
 
+// The offset K (0 or -2^16) of x's high piece for which b + d + asr16(a) stays in s32 for every
+// x (file comment), from the ranges of the three terms; 1 when neither does.
+constexpr int64_t mul_offset(SignedHalves h) {
+  struct Range {
+    int64_t lo, hi;
+  };
+  auto times = [](int64_t c, Range r) {  // c * [r.lo, r.hi]
+    return c >= 0 ? Range{c * r.lo, c * r.hi} : Range{c * r.hi, c * r.lo};
+  };
+  auto floor16 = [](int64_t v) { return v >= 0 ? v / 65536 : -((-v + 65535) / 65536); };
+  const Range x_lo{0, 0xffff};
+  for (int64_t k : {int64_t{0}, int64_t{-65536}}) {
+    const Range b = times(h.hi, x_lo), d = times(h.lo, Range{k, k + 0xffff});
+    const Range a = times(h.lo, x_lo);
+    const int64_t lo = b.lo + d.lo + floor16(a.lo), hi = b.hi + d.hi + floor16(a.hi);
+    if (lo >= -(int64_t{1} << 31) && hi < (int64_t{1} << 31)) return k;
+  }
+  return 1;
+}
+static_assert(mul_offset(signed_halves(kPhiloxM0)) == 0);       // 20 instructions a product
+static_assert(mul_offset(signed_halves(kPhiloxM1)) == -65536);  // 21: + M_s
+
 // The scalar registers holding one multiplier's pieces.
 struct Multiplier {
   Reg m, lo, hi;
-  // |b| + |d| + |asr16(a)| < 2^31 for every x (b = hi * xL, d = lo * xH, a = lo * xL, pieces of
-  // x below 2^16): b + d + asr16(a) is then exact in s32 and one shift replaces three.
-  bool sum_fits_s32;
+  int64_t offset;  // K, mul_offset
+  Reg m_signed;    // M - 2^32, added when K = -2^16 (else no register)
 };
-// Whether Multiplier::sum_fits_s32 holds for the signed halves of M.
-constexpr bool partial_sum_fits_s32(SignedHalves h) {
-  const int64_t mag_lo = h.lo < 0 ? -h.lo : h.lo, mag_hi = h.hi < 0 ? -h.hi : h.hi;
-  return (mag_hi + mag_lo) * 0xffff + mag_lo < (int64_t{1} << 31);
-}
-static_assert(partial_sum_fits_s32(signed_halves(kPhiloxM0)));   // M0: 20 instructions a product
-static_assert(!partial_sum_fits_s32(signed_halves(kPhiloxM1)));  // M1: 25
 
 // The tile's s32 arrays, handed out at compile time as each instruction's destination: a free
 // array in a bank window that none of the instruction's UB sources is in when there is one, so
@@ -285,50 +299,37 @@ class PhiloxOps {
   std::pair<uint64_t, uint64_t> mul_hi_lo(uint64_t x, const Multiplier& m) {
     const uint64_t lo = mul(x, m.m);
     const uint64_t x_lo = low16(x);
-    const uint64_t x_hi_s = asr16(x), x_hi = low16(x_hi_s);
+    const uint64_t x_hi_s = asr16(x);
+    uint64_t x_hi = 0;  // xK = xH + K
+    if (m.offset == 0) {
+      x_hi = low16(x_hi_s);
+    } else {
+      x_hi = m_pool.take({x_hi_s, m_l.high16});
+      m_v.binary(Opcode::op_vor, Dtype::U16, x_hi, x_hi_s, m_l.high16, true);
+    }
     m_pool.give(x_hi_s);
     const uint64_t a = mul(x_lo, m.lo), b = mul(x_lo, m.hi);
     const uint64_t d = mul(x_hi, m.lo), e = mul(x_hi, m.hi);
     m_pool.give(x_lo);
     m_pool.give(x_hi);
-    if (m.sum_fits_s32) {
-      // b + d + asr16(a) is exact in s32: hi = e + asr16(b + d + asr16(a)) + x
-      const uint64_t bd = add(b, d), a_hi = asr16(a);
-      for (uint64_t t : {b, d, a}) m_pool.give(t);
-      const uint64_t sum = add(bd, a_hi);
-      m_pool.give(bd);
-      m_pool.give(a_hi);
-      const uint64_t sum_hi = asr16(sum);
-      m_pool.give(sum);
-      const uint64_t hi = add(e, sum_hi);
-      m_pool.give(e);
-      m_pool.give(sum_hi);
-      const uint64_t hi_x = add(hi, x);
-      m_pool.give(hi);
-      return {hi_x, lo};
-    }
-    // t = d + asr16(a) and u = (b & 0xffff) + t are exact in s32 (|ML| < 2^15, asserted above):
-    // hi = e + asr16(b) + asr16(u) + x
-    const uint64_t a_hi = asr16(a);
-    m_pool.give(a);
-    const uint64_t t = add(d, a_hi);
-    m_pool.give(d);
+    // hi = e + asr16(b + d + asr16(a)) + x (+ M_s when K = -2^16)
+    const uint64_t bd = add(b, d), a_hi = asr16(a);
+    for (uint64_t t : {b, d, a}) m_pool.give(t);
+    const uint64_t sum = add(bd, a_hi);
+    m_pool.give(bd);
     m_pool.give(a_hi);
-    const uint64_t b_lo = low16(b), u = add(b_lo, t);
-    m_pool.give(b_lo);
-    m_pool.give(t);
-    uint64_t hi = e;
-    for (uint64_t part : {b, u}) {
-      const uint64_t p = asr16(part);
-      m_pool.give(part);
-      const uint64_t sum = add(hi, p);
-      m_pool.give(hi);
-      m_pool.give(p);
-      hi = sum;
-    }
-    const uint64_t sum = add(hi, x);
+    const uint64_t sum_hi = asr16(sum);
+    m_pool.give(sum);
+    uint64_t hi = add(e, sum_hi);
+    m_pool.give(e);
+    m_pool.give(sum_hi);
+    const uint64_t hi_x = add(hi, x);
     m_pool.give(hi);
-    return {sum, lo};
+    if (m.offset == 0) return {hi_x, lo};
+    const uint64_t hi_m = m_pool.take({hi_x});
+    m_v.scalar(Opcode::op_vadds, Dtype::S32, hi_m, hi_x, m.m_signed);
+    m_pool.give(hi_x);
+    return {hi_m, lo};
   }
 
  private:
@@ -454,6 +455,8 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
     Reg w = b.reg_imm("constant", 0xffff);
     set_mask128(b, kAll, kAll);
     dup32(b, l.mask16, w);
+    b.movi(w, int64_t{0xffff0000});
+    dup32(b, l.high16, w);
     b.movi(w, (int64_t{1} << mantissa_bits) - 1);
     dup32(b, l.mantissa, w);
     b.movi(w, 0x3f800000);  // 1.0f
@@ -488,14 +491,15 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
     b.mul(g, tile, tg);
     emit_counter_add(b, lo, hi, g);
   }
-  Multiplier m0{b.reg_imm("M0", kPhiloxM0),
-                b.reg_imm("M0 - 2^32, low half", signed_halves(kPhiloxM0).lo),
-                b.reg_imm("M0 - 2^32, high half", signed_halves(kPhiloxM0).hi),
-                partial_sum_fits_s32(signed_halves(kPhiloxM0))};
-  Multiplier m1{b.reg_imm("M1", kPhiloxM1),
-                b.reg_imm("M1 - 2^32, low half", signed_halves(kPhiloxM1).lo),
-                b.reg_imm("M1 - 2^32, high half", signed_halves(kPhiloxM1).hi),
-                partial_sum_fits_s32(signed_halves(kPhiloxM1))};
+  auto multiplier = [&](int64_t m, const char* name) {
+    const SignedHalves h = signed_halves(m);
+    return Multiplier{b.reg_imm(name, m), b.reg_imm(fmt::format("{} - 2^32, low half", name), h.lo),
+                      b.reg_imm(fmt::format("{} - 2^32, high half", name), h.hi), mul_offset(h),
+                      mul_offset(h) == 0
+                          ? Reg()
+                          : b.reg_imm(fmt::format("{} - 2^32", name), m - (int64_t{1} << 32))};
+  };
+  const Multiplier m0 = multiplier(kPhiloxM0, "M0"), m1 = multiplier(kPhiloxM1, "M1");
   Reg two_pow_minus16 = b.reg_imm("2^-16", vector_scalar_bits(Dtype::F32, 1.0 / 65536));
   Reg tile_step = b.reg_imm("groups per tile", tg);
   b.set_flag(Pipe::MTE3, Pipe::V, 0, "the output tile is free");
