@@ -60,8 +60,8 @@ void emit_unit_float_bits(KernelBuilder& b, const Reg& dst, const Reg& sample, c
   b.movi(e, f.bias);
   for (int s = 16, log2_s = 4; s >= 1; s /= 2, --log2_s) {
     if (s > w) continue;  // the leading zeros are at most W: steps up to W suffice
-    b.shr(dst, m, w + 1 - s, fmt::format("step {}: shift by {} if the top {} bits are zero", s,
-                                         s, s));
+    b.shr(dst, m, w + 1 - s,
+          fmt::format("step {}: shift by {} if the top {} bits are zero", s, s, s));
     b.min(dst, dst, 1);
     b.emit(Opcode::op_xor, {dst, dst, 1});
     if (log2_s > 0) b.shl(dst, dst, log2_s);
@@ -182,9 +182,12 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
   if (dtype != DataType::F32 && dtype != DataType::F16 && dtype != DataType::BF16)
     op.fail(fmt::format("dtype {} is not supported (f32, f16, bf16)", data_type_name(dtype)));
   std::vector<int64_t> shape;
-  if (op.attrs.count("shape")) shape = op.attr_ints("shape");
-  else if (!op.outputs.empty()) shape = op.outputs[0].shape;
-  else op.fail("needs attribute 'shape' (the values of the shape input)");
+  if (op.attrs.count("shape"))
+    shape = op.attr_ints("shape");
+  else if (!op.outputs.empty())
+    shape = op.outputs[0].shape;
+  else
+    op.fail("needs attribute 'shape' (the values of the shape input)");
   for (int64_t d : shape)
     if (d < 0) op.invalid(fmt::format("negative dimension in shape {}", shape_str(shape)));
   const TensorDesc out{dtype, shape};
@@ -269,8 +272,8 @@ CompiledKernel compile_uniform(const CompileContext& ctx) {
   l.block_dim = split.block_dim;
   l.args = {ArgRef{ArgRef::Kind::kInput, 1, 0}, ArgRef{ArgRef::Kind::kInput, 2, 0},
             ArgRef{ArgRef::Kind::kOutput, 0, 0}};
-  l.summary = fmt::format("scalar unit: {} Philox groups, {} blocks of {}", groups,
-                          split.block_dim, split.per);
+  l.summary = fmt::format("scalar unit: {} Philox groups, {} blocks of {}", groups, split.block_dim,
+                          split.per);
   l.kernel = b.finish();
   k.launches.push_back(std::move(l));
   return k;
@@ -315,15 +318,17 @@ void emit_philox4x32_10(KernelBuilder& b, const std::array<const Reg*, 4>& c, co
     b.mul(p0, *c[0], kPhiloxM0);
     b.mul(p1, *c[2], kPhiloxM1);
     // c' = {hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0}
-    b.shr(*c[0], p1, 32);
-    b.emit(Opcode::op_xor, {*c[0], *c[0], *c[1]});
-    b.emit(Opcode::op_xor, {*c[0], *c[0], k0});
-    b.and_(*c[1], p1, kLow32);
-    b.shr(*c[2], p0, 32);
-    b.emit(Opcode::op_xor, {*c[2], *c[2], *c[3]});
-    b.emit(Opcode::op_xor, {*c[2], *c[2], k1});
-    b.and_(*c[3], p0, kLow32);
+    emit_philox_mix(b, *c[0], *c[1], p1, *c[1], k0);
+    emit_philox_mix(b, *c[2], *c[3], p0, *c[3], k1);
   }
+}
+
+void emit_philox_mix(KernelBuilder& b, const Reg& hi_out, const Reg& lo_out, const Reg& product,
+                     const Reg& c, const Reg& k) {
+  b.shr(hi_out, product, 32);
+  b.emit(Opcode::op_xor, {hi_out, hi_out, c});
+  b.emit(Opcode::op_xor, {hi_out, hi_out, k});
+  b.and_(lo_out, product, kLow32);
 }
 
 CompiledKernel compile_random(const CompileContext& ctx) {

@@ -65,6 +65,12 @@ void emit_counter_add(KernelBuilder& b, const Reg& lo, const Reg& hi, const Reg&
 Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
                                    const ChipConfig& cfg);
 
+// One half of a Philox round on the scalar unit: hi_out = (product >> 32) ^ c ^ k, lo_out =
+// product & (2^32 - 1), product the exact 64-bit product of a word and its multiplier; c is read
+// before lo_out is written (they may be one register).
+void emit_philox_mix(KernelBuilder& b, const Reg& hi_out, const Reg& lo_out, const Reg& product,
+                     const Reg& c, const Reg& k);
+
 // Philox4x32-10 in place on the scalar unit: c[0..3] (u32 words, zero-extended in 64-bit
 // registers) become the generator's output for counter c and key (k0, k1) (u32 words); k0, k1
 // are clobbered (raised nine times, kept to 32 bits).

@@ -15,7 +15,7 @@
 //
 // High word of M * x (M a u32 constant with its top bit set, as both Philox multipliers have; x
 // a word): with M_s = M - 2^32 = MH * 2^16 + ML (ML the sign-extended low 16 bits, |MH|,
-// |ML| < 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
+// |ML| <= 2^15) and x = xH * 2^16 + xL (unsigned 16-bit pieces), M * x = M_s * x + 2^32 * x, so
 //   hi(M * x) = floor(M_s * x / 2^32) + x (mod 2^32).
 // The high piece may be taken as xK = xH + K with K = 0 or -2^16 (x' = x + K * 2^16; for
 // K = -2^16, x' = x - 2^32 and floor(M_s * x / 2^32) = floor(M_s * x' / 2^32) + M_s): with the
@@ -295,6 +295,15 @@ class PhiloxOps {
     m_pool.give(a);
     return d;
   }
+  // h ^ c ^ key (key: one repeat, a round key word); h and c are given back.
+  uint64_t mix(uint64_t h, uint64_t c, uint64_t key) {
+    const uint64_t hc = xor_(h, c, false);
+    m_pool.give(h);
+    m_pool.give(c);
+    const uint64_t d = xor_(hc, key, true);
+    m_pool.give(hc);
+    return d;
+  }
   // (high word, low word) of M * x, lane by lane (the file comment derives the steps).
   std::pair<uint64_t, uint64_t> mul_hi_lo(uint64_t x, const Multiplier& m) {
     const uint64_t lo = mul(x, m.m);
@@ -377,42 +386,52 @@ void emit_lane_offsets(KernelBuilder& b, const Layout& l, int elem_bytes) {
 }
 
 // The tile's counter words from its first counter (lo, hi: the 128-bit counter's 64-bit
-// halves): words[0] = b0 + lane offset; words[1..3] = b1..b3, or (b1..b3) + 1 in the lanes whose
-// low word wrapped (offset >= 2^32 - b0).
+// halves) and round 0's half that does not depend on the lane. The counter: c0 = b0 + lane
+// offset; c1..c3 = b1..b3, or (b1..b3) + 1 in the lanes whose low word wrapped (offset >= 2^32 -
+// b0). Round 0's words 0 and 1, hi(M1 c2) ^ c1 ^ k0 and lo(M1 c2), take one of two values each
+// (no carry, carry), computed by the scalar unit (its exact 64-bit product) and selected like
+// c3. Writes words = {round 0's word 0, round 0's word 1, c0, c3}; k0: round 0's key word 0.
 void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg& lo, const Reg& hi,
-                        const std::array<uint64_t, 4>& words) {
-  KernelBuilder::Origin o(b, "the tile's counters");
-  Reg b0 = b.reg("b0"), t = b.reg("word"), z = b.reg("carry");
+                        const Reg& k0, const std::array<uint64_t, 4>& words) {
+  KernelBuilder::Origin o(b, "the tile's counters and round 0's words 0 and 1");
+  Reg b0 = b.reg("b0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
+  Reg z = b.reg("carry"), p = b.reg("M1 * c2");
   const uint64_t tw = l.tile_words;
-  // tile_words: repeats 0..2 = b1..b3, 3..5 = b1..b3 + 1 (carried), 6 = the wrap threshold.
+  // tile_words: repeats 0..2 = round 0's words 0, 1 and c3; 3..5 the same for the carried
+  // counter; 6 = the wrap threshold.
   b.and_(b0, lo, kLow32);
-  b.movi(t, int64_t{1} << 32);
-  b.sub(t, t, b0);
-  b.min(t, t, int64_t{1} << 30);  // any threshold above the tile's lane offsets is the same
-  dup32(b, tw + 6 * kRepeat, t);
-  b.shr(t, lo, 32);
-  dup32(b, tw, t);
-  b.add(t, t, 1);
-  b.shr(z, t, 32);
-  b.and_(t, t, kLow32);
-  dup32(b, tw + 3 * kRepeat, t);
-  b.and_(t, hi, kLow32);
-  dup32(b, tw + kRepeat, t);
-  b.add(t, t, z);
-  b.shr(z, t, 32);
-  b.and_(t, t, kLow32);
-  dup32(b, tw + 4 * kRepeat, t);
-  b.shr(t, hi, 32);
-  dup32(b, tw + 2 * kRepeat, t);
-  b.add(t, t, z);
-  b.and_(t, t, kLow32);
-  dup32(b, tw + 5 * kRepeat, t);
-  v.scalar(Opcode::op_vadds, Dtype::S32, words[0], l.lane_offsets, b0);
+  b.movi(z, int64_t{1} << 32);
+  b.sub(z, z, b0);
+  b.min(z, z, int64_t{1} << 30);  // any threshold above the tile's lane offsets is the same
+  dup32(b, tw + 6 * kRepeat, z);
+  b.shr(c1, lo, 32);
+  b.and_(c2, hi, kLow32);
+  b.shr(c3, hi, 32);
+  for (int carried = 0; carried < 2; ++carried) {
+    if (carried) {  // (c1, c2, c3) + 1 with the carries, each kept to 32 bits
+      b.add(c1, c1, 1);
+      b.shr(z, c1, 32);
+      b.and_(c1, c1, kLow32);
+      b.add(c2, c2, z);
+      b.shr(z, c2, 32);
+      b.and_(c2, c2, kLow32);
+      b.add(c3, c3, z);
+      b.and_(c3, c3, kLow32);
+    }
+    const uint64_t at = tw + static_cast<uint64_t>(3 * carried) * kRepeat;
+    b.mul(p, c2, kPhiloxM1);
+    emit_philox_mix(b, z, p, p, c1, k0);  // c1..c3 stay for the carried pass
+    dup32(b, at, z);
+    dup32(b, at + kRepeat, p);
+    dup32(b, at + 2 * kRepeat, c3);
+  }
+  v.scalar(Opcode::op_vadds, Dtype::S32, words[2], l.lane_offsets, b0);
   vec_compare_strided(b, Dtype::S32, isa::Cmp::GE, l.carry_bits, VOperand(l.lane_offsets),
                       VOperand(tw + 6 * kRepeat, 1, 0), v.repeats());
-  for (int j = 1; j < 4; ++j)
-    vec_select_strided(b, Dtype::S32, VOperand(words[j]), VOperand(tw + (2 + j) * kRepeat, 1, 0),
-                       VOperand(tw + (j - 1) * kRepeat, 1, 0), l.carry_bits, v.repeats());
+  const std::pair<int, uint64_t> selected[] = {{0, 0}, {1, 1}, {3, 2}};  // word, repeat
+  for (const auto& [j, r] : selected)
+    vec_select_strided(b, Dtype::S32, VOperand(words[j]), VOperand(tw + (3 + r) * kRepeat, 1, 0),
+                       VOperand(tw + r * kRepeat, 1, 0), l.carry_bits, v.repeats());
 }
 
 }  // namespace
@@ -450,6 +469,7 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
   Reg out_addr = b.load_arg("out");
   Reg lo = b.reg("counter low 64 bits"), hi = b.reg("counter high 64 bits");
   Reg tile = b.reg("tile"), end = b.reg("end of this block's tiles");
+  Reg round0_key = b.reg("key word 0 (round 0)");
   {
     KernelBuilder::Origin o(b, "constants, round keys, lane offsets");
     Reg w = b.reg_imm("constant", 0xffff);
@@ -468,6 +488,7 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
     }
     b.shr(k1, key, 32);
     b.and_(key, key, kLow32);
+    b.mov(round0_key, key);
     for (int r = 0; r < kRounds; ++r) {
       if (r > 0) {
         b.add(key, key, kPhiloxW0, "raise the key");
@@ -508,25 +529,24 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
     PhiloxOps ops(v, pool, l, two_pow_minus16);
     std::array<uint64_t, 4> w{};
     for (uint64_t& a : w) a = pool.take({});
-    emit_tile_counters(b, v, l, lo, hi, w);
+    // w: round 0's words 0 and 1 (its M1 half is the scalar unit's), c0, c3.
+    emit_tile_counters(b, v, l, lo, hi, round0_key, w);
     for (int r = 0; r < kRounds; ++r) {
       KernelBuilder::Origin o(b, fmt::format("Philox round {}", r));
-      // c' = {hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)}
-      const auto [hi1, lo1] = ops.mul_hi_lo(w[2], m1);
-      pool.give(w[2]);
-      const auto [hi0, lo0] = ops.mul_hi_lo(w[0], m0);
-      pool.give(w[0]);
       const uint64_t key0 = l.keys + static_cast<uint64_t>(2 * r) * kRepeat;
-      std::array<uint64_t, 2> mixed{};
-      for (int p = 0; p < 2; ++p) {
-        const uint64_t h = p == 0 ? hi1 : hi0, c = w[p == 0 ? 1 : 3];
-        const uint64_t hc = ops.xor_(h, c, false);
-        pool.give(h);
-        pool.give(c);
-        mixed[p] = ops.xor_(hc, key0 + p * kRepeat, true);
-        pool.give(hc);
+      // c' = {hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)}
+      uint64_t mixed1 = w[0], lo1 = w[1], c0 = w[2];
+      if (r > 0) {
+        const auto [hi1, lo] = ops.mul_hi_lo(w[2], m1);
+        pool.give(w[2]);
+        mixed1 = ops.mix(hi1, w[1], key0);
+        lo1 = lo;
+        c0 = w[0];
       }
-      w = {mixed[0], lo1, mixed[1], lo0};
+      const auto [hi0, lo0] = ops.mul_hi_lo(c0, m0);
+      pool.give(c0);
+      const uint64_t mixed0 = ops.mix(hi0, w[3], key0 + kRepeat);
+      w = {mixed1, lo1, mixed0, lo0};
     }
     {
       KernelBuilder::Origin o(b, "uniform floats of the four words");
