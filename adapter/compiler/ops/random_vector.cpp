@@ -142,7 +142,7 @@ Layout make_layout(int64_t tg, int elem_bytes, int64_t windows) {
   l.mantissa = take(kRepeat);
   l.one_bits = take(kRepeat);
   l.keys = take(2 * kRounds * kRepeat);
-  l.tile_words = take(7 * kRepeat);  // b1, b2, b3, the same + carry, the carry threshold
+  l.tile_words = take(11 * kRepeat);  // emit_tile_counters
   l.carry_bits = take(tg / 8);
   l.lane_offsets = take(l.array);
   // Array i starts in window i (mod windows): the stride is 1 mod windows, in repeats.
@@ -386,24 +386,29 @@ void emit_lane_offsets(KernelBuilder& b, const Layout& l, int elem_bytes) {
 }
 
 // The tile's counter words from its first counter (lo, hi: the 128-bit counter's 64-bit
-// halves) and round 0's half that does not depend on the lane. The counter: c0 = b0 + lane
-// offset; c1..c3 = b1..b3, or (b1..b3) + 1 in the lanes whose low word wrapped (offset >= 2^32 -
-// b0). Round 0's words 0 and 1, hi(M1 c2) ^ c1 ^ k0 and lo(M1 c2), take one of two values each
-// (no carry, carry), computed by the scalar unit (its exact 64-bit product) and selected like
-// c3. Writes words = {round 0's word 0, round 0's word 1, c0, c3}; k0: round 0's key word 0.
+// halves), and the Philox steps that depend on the lane only through the counter's carry. The
+// counter: c0 = b0 + lane offset; c1..c3 = b1..b3, or (b1..b3) + 1 in the lanes whose low word
+// wrapped (offset >= 2^32 - b0). So round 0's words 0 and 1, u0 = hi(M1 c2) ^ c1 ^ k0 and
+// u1 = lo(M1 c2), take one of two values, and so do round 1's products of u0: hi(M0 u0) ^ k1'
+// (k1' round 1's key word 1) and lo(M0 u0). The scalar unit computes them (its exact 64-bit
+// product) and vsel picks them per lane. Writes words = {c0, c3, u1, hi(M0 u0) ^ k1', lo(M0 u0)}.
+struct TileStart {
+  uint64_t c0, c3, u1, r1_hi, r1_lo;
+};
 void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg& lo, const Reg& hi,
-                        const Reg& k0, const std::array<uint64_t, 4>& words) {
-  KernelBuilder::Origin o(b, "the tile's counters and round 0's words 0 and 1");
+                        const Reg& round0_k0, const Reg& round1_k1, const TileStart& words) {
+  KernelBuilder::Origin o(b, "the tile's counters and the steps they fix (rounds 0, 1)");
   Reg b0 = b.reg("b0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
-  Reg z = b.reg("carry"), p = b.reg("M1 * c2");
+  Reg z = b.reg("carry"), p = b.reg("product"), u0 = b.reg("u0");
   const uint64_t tw = l.tile_words;
-  // tile_words: repeats 0..2 = round 0's words 0, 1 and c3; 3..5 the same for the carried
-  // counter; 6 = the wrap threshold.
+  // tile_words: repeats 0..4 = u1, c3, hi(M0 u0) ^ k1', lo(M0 u0), unused; 5..9 the same for the
+  // carried counter; 10 = the wrap threshold.
+  constexpr int kCarried = 5;
   b.and_(b0, lo, kLow32);
   b.movi(z, int64_t{1} << 32);
   b.sub(z, z, b0);
   b.min(z, z, int64_t{1} << 30);  // any threshold above the tile's lane offsets is the same
-  dup32(b, tw + 6 * kRepeat, z);
+  dup32(b, tw + 10 * kRepeat, z);
   b.shr(c1, lo, 32);
   b.and_(c2, hi, kLow32);
   b.shr(c3, hi, 32);
@@ -418,19 +423,25 @@ void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg
       b.add(c3, c3, z);
       b.and_(c3, c3, kLow32);
     }
-    const uint64_t at = tw + static_cast<uint64_t>(3 * carried) * kRepeat;
+    const uint64_t at = tw + static_cast<uint64_t>(kCarried * carried) * kRepeat;
     b.mul(p, c2, kPhiloxM1);
-    emit_philox_mix(b, z, p, p, c1, k0);  // c1..c3 stay for the carried pass
-    dup32(b, at, z);
-    dup32(b, at + kRepeat, p);
-    dup32(b, at + 2 * kRepeat, c3);
+    emit_philox_mix(b, u0, p, p, c1, round0_k0);  // c1..c3 stay for the carried pass
+    dup32(b, at, p);
+    dup32(b, at + kRepeat, c3);
+    b.mul(p, u0, kPhiloxM0);
+    b.shr(z, p, 32);
+    b.emit(Opcode::op_xor, {z, z, round1_k1});
+    b.and_(p, p, kLow32);
+    dup32(b, at + 2 * kRepeat, z);
+    dup32(b, at + 3 * kRepeat, p);
   }
-  v.scalar(Opcode::op_vadds, Dtype::S32, words[2], l.lane_offsets, b0);
+  v.scalar(Opcode::op_vadds, Dtype::S32, words.c0, l.lane_offsets, b0);
   vec_compare_strided(b, Dtype::S32, isa::Cmp::GE, l.carry_bits, VOperand(l.lane_offsets),
-                      VOperand(tw + 6 * kRepeat, 1, 0), v.repeats());
-  const std::pair<int, uint64_t> selected[] = {{0, 0}, {1, 1}, {3, 2}};  // word, repeat
-  for (const auto& [j, r] : selected)
-    vec_select_strided(b, Dtype::S32, VOperand(words[j]), VOperand(tw + (3 + r) * kRepeat, 1, 0),
+                      VOperand(tw + 10 * kRepeat, 1, 0), v.repeats());
+  const uint64_t selected[] = {words.u1, words.c3, words.r1_hi, words.r1_lo};  // by repeat
+  for (int r = 0; r < 4; ++r)
+    vec_select_strided(b, Dtype::S32, VOperand(selected[r]),
+                       VOperand(tw + (kCarried + r) * kRepeat, 1, 0),
                        VOperand(tw + r * kRepeat, 1, 0), l.carry_bits, v.repeats());
 }
 
@@ -469,7 +480,7 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
   Reg out_addr = b.load_arg("out");
   Reg lo = b.reg("counter low 64 bits"), hi = b.reg("counter high 64 bits");
   Reg tile = b.reg("tile"), end = b.reg("end of this block's tiles");
-  Reg round0_key = b.reg("key word 0 (round 0)");
+  Reg round0_k0 = b.reg("key word 0 (round 0)"), round1_k1 = b.reg("key word 1 (round 1)");
   {
     KernelBuilder::Origin o(b, "constants, round keys, lane offsets");
     Reg w = b.reg_imm("constant", 0xffff);
@@ -488,7 +499,9 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
     }
     b.shr(k1, key, 32);
     b.and_(key, key, kLow32);
-    b.mov(round0_key, key);
+    b.mov(round0_k0, key);
+    b.add(round1_k1, k1, kPhiloxW1);
+    b.and_(round1_k1, round1_k1, kLow32);
     for (int r = 0; r < kRounds; ++r) {
       if (r > 0) {
         b.add(key, key, kPhiloxW0, "raise the key");
@@ -527,25 +540,34 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
   b.for_range(tile, tile, end, 1, [&] {
     ArrayPool pool(b, l.pool, windows);
     PhiloxOps ops(v, pool, l, two_pow_minus16);
+    const TileStart start{pool.take({}), pool.take({}), pool.take({}), pool.take({}),
+                          pool.take({})};
+    emit_tile_counters(b, v, l, lo, hi, round0_k0, round1_k1, start);
+    // c' = {hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)}; the words of rounds
+    // 0 and 1 that the carry fixes come from emit_tile_counters.
+    auto key = [&](int r, int j) { return l.keys + static_cast<uint64_t>(2 * r + j) * kRepeat; };
     std::array<uint64_t, 4> w{};
-    for (uint64_t& a : w) a = pool.take({});
-    // w: round 0's words 0 and 1 (its M1 half is the scalar unit's), c0, c3.
-    emit_tile_counters(b, v, l, lo, hi, round0_key, w);
-    for (int r = 0; r < kRounds; ++r) {
+    {
+      KernelBuilder::Origin o(b, "Philox rounds 0 and 1");
+      const auto [hi0, lo0] = ops.mul_hi_lo(start.c0, m0);
+      pool.give(start.c0);
+      const uint64_t c2 = ops.mix(hi0, start.c3, key(0, 1));  // round 0's word 2
+      const auto [hi1, lo1] = ops.mul_hi_lo(c2, m1);
+      pool.give(c2);
+      const uint64_t c0 = ops.mix(hi1, start.u1, key(1, 0));
+      const uint64_t c2_next = ops.xor_(start.r1_hi, lo0, false);
+      pool.give(start.r1_hi);
+      pool.give(lo0);
+      w = {c0, lo1, c2_next, start.r1_lo};
+    }
+    for (int r = 2; r < kRounds; ++r) {
       KernelBuilder::Origin o(b, fmt::format("Philox round {}", r));
-      const uint64_t key0 = l.keys + static_cast<uint64_t>(2 * r) * kRepeat;
-      // c' = {hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)}
-      uint64_t mixed1 = w[0], lo1 = w[1], c0 = w[2];
-      if (r > 0) {
-        const auto [hi1, lo] = ops.mul_hi_lo(w[2], m1);
-        pool.give(w[2]);
-        mixed1 = ops.mix(hi1, w[1], key0);
-        lo1 = lo;
-        c0 = w[0];
-      }
-      const auto [hi0, lo0] = ops.mul_hi_lo(c0, m0);
-      pool.give(c0);
-      const uint64_t mixed0 = ops.mix(hi0, w[3], key0 + kRepeat);
+      const auto [hi1, lo1] = ops.mul_hi_lo(w[2], m1);
+      pool.give(w[2]);
+      const uint64_t mixed1 = ops.mix(hi1, w[1], key(r, 0));
+      const auto [hi0, lo0] = ops.mul_hi_lo(w[0], m0);
+      pool.give(w[0]);
+      const uint64_t mixed0 = ops.mix(hi0, w[3], key(r, 1));
       w = {mixed1, lo1, mixed0, lo0};
     }
     {
