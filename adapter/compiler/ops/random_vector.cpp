@@ -47,7 +47,10 @@
 //
 // Counters: per tile the scalar unit computes the tile's first counter (128-bit add) and its
 // words b0..b3, and (b1..b3) + 1 (the carry when the low word wraps inside the tile); lanes get
-// c0 = b0 + offset and c1..c3 selected by offset >= 2^32 - b0 (vcmp / vsel). No branch depends
+// c0 = b0 + offset and c3 selected by offset >= 2^32 - b0 (vcmp / vsel). c1 and c2 are the
+// same in every lane but for that carry, and so are round 0's M1 half and round 1's M0 product:
+// the scalar unit computes both values of each and the lanes select them too
+// (emit_tile_counters), so rounds 0 and 1 take 26 + 29 vector instructions. No branch depends
 // on the key or counter (a launch replays at the next step's key).
 //
 // Tiles: TG groups, a power of two from the chunk up to kMaxTileGroups, as large as the work per
