@@ -121,7 +121,7 @@ def _(d):
 
 @check("a large valid launch gets a budget scaled to its data (stateless random on tiny)")
 def _(d):
-    # 2^20 f32 of Philox on the vector unit: 4 blocks of 64 tiles, 132-165 k instructions per
+    # 2^20 f32 of Philox on the vector unit: 4 blocks of 64 tiles, 115-132 k instructions per
     # block (2026-12-04), above the floor of 2 * 10^4 but within 2 * 10^4 per 128 KiB of its
     # 4 MiB.
     np.save(f"{d}/shape.npy", np.array([1024, 1024], np.int32))
@@ -134,7 +134,7 @@ def _(d):
             "--timing-only", "--json", f"{d}/op.json"]
     run(*args, "--max-insns-per-block", "20000", timeout=300)
     figures = json.load(open(f"{d}/op.json"))
-    assert figures["cycles"] > 10**6, figures  # ~1.3 M
+    assert figures["cycles"] > 5 * 10**5, figures  # ~1.03 M (2026-12-04)
     # A tenth of the budget is too little for it: 2000 per 128 KiB of its tensors (the 4 MiB
     # output and 36 bytes of inputs), so a block ran more than 66 k instructions, above the floor.
     units = -(-(4 * 2**20 + 8 + 4 + 8 + 16) // (128 * 1024))

@@ -145,7 +145,7 @@ Layout make_layout(int64_t tg, int elem_bytes, int64_t windows) {
   l.mantissa = take(kRepeat);
   l.one_bits = take(kRepeat);
   l.keys = take(2 * kRounds * kRepeat);
-  l.tile_words = take(11 * kRepeat);  // emit_tile_counters
+  l.tile_words = take(9 * kRepeat);  // emit_tile_counters
   l.carry_bits = take(tg / 8);
   l.lane_offsets = take(l.array);
   // Array i starts in window i (mod windows): the stride is 1 mod windows, in repeats.
@@ -404,14 +404,14 @@ void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg
   Reg b0 = b.reg("b0"), c1 = b.reg("c1"), c2 = b.reg("c2"), c3 = b.reg("c3");
   Reg z = b.reg("carry"), p = b.reg("product"), u0 = b.reg("u0");
   const uint64_t tw = l.tile_words;
-  // tile_words: repeats 0..4 = u1, c3, hi(M0 u0) ^ k1', lo(M0 u0), unused; 5..9 the same for the
-  // carried counter; 10 = the wrap threshold.
-  constexpr int kCarried = 5;
+  // tile_words: repeats 0..3 = u1, c3, hi(M0 u0) ^ k1', lo(M0 u0); 4..7 the same for the
+  // carried counter; 8 = the wrap threshold.
+  constexpr int kCarried = 4;
   b.and_(b0, lo, kLow32);
   b.movi(z, int64_t{1} << 32);
   b.sub(z, z, b0);
   b.min(z, z, int64_t{1} << 30);  // any threshold above the tile's lane offsets is the same
-  dup32(b, tw + 10 * kRepeat, z);
+  dup32(b, tw + 8 * kRepeat, z);
   b.shr(c1, lo, 32);
   b.and_(c2, hi, kLow32);
   b.shr(c3, hi, 32);
@@ -440,7 +440,7 @@ void emit_tile_counters(KernelBuilder& b, TileOps& v, const Layout& l, const Reg
   }
   v.scalar(Opcode::op_vadds, Dtype::S32, words.c0, l.lane_offsets, b0);
   vec_compare_strided(b, Dtype::S32, isa::Cmp::GE, l.carry_bits, VOperand(l.lane_offsets),
-                      VOperand(tw + 10 * kRepeat, 1, 0), v.repeats());
+                      VOperand(tw + 8 * kRepeat, 1, 0), v.repeats());
   const uint64_t selected[] = {words.u1, words.c3, words.r1_hi, words.r1_lo};  // by repeat
   for (int r = 0; r < 4; ++r)
     vec_select_strided(b, Dtype::S32, VOperand(selected[r]),
@@ -554,14 +554,15 @@ Launch build_uniform_vector_launch(const OpDesc& op, DataType dtype, int64_t n,
       KernelBuilder::Origin o(b, "Philox rounds 0 and 1");
       const auto [hi0, lo0] = ops.mul_hi_lo(start.c0, m0);
       pool.give(start.c0);
-      const uint64_t c2 = ops.mix(hi0, start.c3, key(0, 1));  // round 0's word 2
-      const auto [hi1, lo1] = ops.mul_hi_lo(c2, m1);
-      pool.give(c2);
-      const uint64_t c0 = ops.mix(hi1, start.u1, key(1, 0));
-      const uint64_t c2_next = ops.xor_(start.r1_hi, lo0, false);
+      // Round 0's words: u0, u1 (the scalar unit's), r0_w2, lo0.
+      const uint64_t r0_w2 = ops.mix(hi0, start.c3, key(0, 1));
+      const auto [hi1, lo1] = ops.mul_hi_lo(r0_w2, m1);
+      pool.give(r0_w2);
+      const uint64_t r1_w0 = ops.mix(hi1, start.u1, key(1, 0));
+      const uint64_t r1_w2 = ops.xor_(start.r1_hi, lo0, false);
       pool.give(start.r1_hi);
       pool.give(lo0);
-      w = {c0, lo1, c2_next, start.r1_lo};
+      w = {r1_w0, lo1, r1_w2, start.r1_lo};
     }
     for (int r = 2; r < kRounds; ++r) {
       KernelBuilder::Origin o(b, fmt::format("Philox round {}", r));
