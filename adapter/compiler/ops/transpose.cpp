@@ -21,6 +21,7 @@
 #include "adapter/compiler/ops/transpose.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -448,6 +449,227 @@ void BlockTranspose::copy_columns(bool to_ub, const Reg& gm, const Reg& ub, cons
 
 }  // namespace
 
+// ---- rows of whole blocks: MTE copies only ----
+
+namespace {
+
+// Tiles per core the row copy aims at (so that one tile's load overlaps the previous one's
+// store), and the smallest tile it makes for that (smaller tiles spend the copies' fixed costs
+// on few bytes).
+constexpr int64_t kRowCopyTilesPerCore = 4;
+constexpr int64_t kRowCopyMinTileBytes = 8 * 1024;
+
+// Emits build_row_copy's kernel. The view is [outer..., M, R]: R contiguous elements per row
+// (whole 32-byte blocks), the M rows of one outer index (a group) stride_M elements apart.
+class RowCopy {
+ public:
+  RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+          const StridedView& v, const ChipConfig& cfg);
+  // False when a row does not fit half the UB (the caller takes another path).
+  bool plan_tiles();
+  Launch build();
+
+ private:
+  void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
+  void load_group(const Reg& in, const Reg& g, const Reg* first_row, const Opnd& rows,
+                  const Reg& dst);
+  void group_source(const Reg& addr, const Reg& in, const Reg& g);
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const std::vector<int64_t> m_in_shape;
+  const StridedView m_v;
+  const int64_t m_esize;
+  isa::CoreKind m_kind;
+  std::vector<int64_t> m_outer, m_outer_strides;  // the group dims (output order), elements
+  int64_t m_m = 0, m_stride_m = 0, m_r = 0;       // rows per group, their stride, row elements
+  int64_t m_row_blocks = 0, m_gap_blocks = 0;     // burst length and source gap (32-byte blocks)
+  int64_t m_groups = 0;
+  // Tiling: m_group_tiles whole groups per tile, or (m_group_tiles == 0, a group larger than a
+  // tile) chunks of m_chunk_rows rows, m_chunks per group.
+  int64_t m_group_tiles = 0, m_chunk_rows = 0, m_chunks = 1, m_tiles = 0;
+  uint64_t m_tile_bytes = 0;
+  int m_block_dim = 0;
+  uint64_t m_buf[2] = {0, 0};
+  FlagPair m_loaded, m_stored;
+};
+
+RowCopy::RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+                 const StridedView& v, const ChipConfig& cfg)
+    : m_b(fmt::format("Transpose_{}_rows", data_type_name(dt)), op, cfg),
+      m_dt(dt),
+      m_in_shape(in_shape),
+      m_v(v),
+      m_esize(data_type_bytes(dt)),
+      m_kind(m_b.vector_core_kind()) {
+  const size_t rank = v.dims.size();
+  m_r = v.dims[rank - 1];
+  m_m = v.dims[rank - 2];
+  m_stride_m = v.strides[rank - 2];
+  m_outer.assign(v.dims.begin(), v.dims.end() - 2);
+  m_outer_strides.assign(v.strides.begin(), v.strides.end() - 2);
+  m_groups = dims_product(m_outer);
+  m_row_blocks = m_r * m_esize / kBlock;
+  m_gap_blocks = (m_stride_m - m_r) * m_esize / kBlock;
+}
+
+bool RowCopy::plan_tiles() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  const int64_t cores = b.core().count;
+  const int64_t row_bytes = m_r * m_esize;
+  const int64_t max_field = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  // Two tiles in the UB, each within one copy's burst length.
+  const int64_t cap_rows =
+      std::min<int64_t>(static_cast<int64_t>(b.free_bytes(Buf::UB)) / 2, max_field * kBlock) /
+      row_bytes;
+  if (cap_rows < 1) return false;
+  const int64_t rows = m_groups * m_m;
+  const int64_t target = std::max(
+      (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore),
+      (kRowCopyMinTileBytes + row_bytes - 1) / row_bytes);
+  const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
+  if (m_m <= tile_rows) {
+    m_group_tiles = tile_rows / m_m;
+    m_tiles = (m_groups + m_group_tiles - 1) / m_group_tiles;
+    m_tile_bytes = static_cast<uint64_t>(m_group_tiles * m_m * row_bytes);
+  } else {
+    m_chunks = (m_m + tile_rows - 1) / tile_rows;
+    m_chunk_rows = (m_m + m_chunks - 1) / m_chunks;  // even chunks
+    m_tiles = m_groups * m_chunks;
+    m_tile_bytes = static_cast<uint64_t>(m_chunk_rows * row_bytes);
+  }
+  m_block_dim = static_cast<int>(std::min(cores, m_tiles));
+  return true;
+}
+
+Launch RowCopy::build() {
+  KernelBuilder& b = m_b;
+  for (int q = 0; q < 2; ++q) m_buf[q] = b.alloc(Buf::UB, m_tile_bytes, fmt::format("rows {}", q));
+  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
+  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  m_loaded = b.flag_pair(Pipe::MTE2, Pipe::MTE3, "rows loaded");
+  m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "rows stored");
+  for (int q = 0; q < 2; ++q) b.set_flag(m_stored, q, "both tiles start free");
+  Reg t = b.reg("tile"), step = b.reg("block count");
+  b.emit(Opcode::op_get_block_id, {t});
+  b.emit(Opcode::op_get_block_num, {step});
+  Label loop = b.label("tile_loop"), drain = b.label("drain");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) emit_tile(q, t, step, drain);
+  b.jmp(loop);
+  b.bind(drain);
+  for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
+  b.end();
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = m_block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  l.summary = fmt::format(
+      "{}: {} groups of {} rows of {} elements ({} apart), {} ({} tiles over {} blocks), "
+      "copy_gm2ub + copy_ub2gm",
+      l.kernel.program.name, m_groups, m_m, m_r, m_stride_m,
+      m_group_tiles > 0 ? fmt::format("{} groups per tile", m_group_tiles)
+                        : fmt::format("{} chunks of {} rows per group", m_chunks, m_chunk_rows),
+      m_tiles, m_block_dim);
+  return l;
+}
+
+// addr = in + the byte offset of group g's first row.
+void RowCopy::group_source(const Reg& addr, const Reg& in, const Reg& g) {
+  KernelBuilder& b = m_b;
+  Reg rest = b.reg("group index left"), idx = b.reg("index");
+  b.mov(rest, g);
+  b.movi(addr, m_v.offset);
+  for (size_t d = m_outer.size(); d-- > 0;) {
+    if (d > 0) {
+      b.rem(idx, rest, m_outer[d]);
+      b.div(rest, rest, m_outer[d]);
+      b.mul_add(addr, idx, m_outer_strides[d], addr);
+    } else {
+      b.mul_add(addr, rest, m_outer_strides[d], addr);
+    }
+  }
+  b.mul(addr, addr, m_esize);
+  b.add(addr, addr, in, "group source");
+}
+
+// MTE2: `rows` rows of group g from its row *first_row on (null: 0), into the UB at dst.
+void RowCopy::load_group(const Reg& in, const Reg& g, const Reg* first_row, const Opnd& rows,
+                         const Reg& dst) {
+  KernelBuilder& b = m_b;
+  Reg src = b.reg("source");
+  group_source(src, in, g);
+  if (first_row) b.mul_add(src, *first_row, m_stride_m * m_esize, src);
+  b.emit(Opcode::op_copy_gm2ub, {dst, src, rows, m_row_blocks, m_gap_blocks, 0});
+}
+
+// Tile t (of parity q): its rows loaded (one copy per group), then stored (one copy).
+void RowCopy::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  b.branch(ge(t, m_tiles), drain);
+  const int64_t row_bytes = m_r * m_esize;
+  Reg in = b.load_arg("in0"), out = b.load_arg("out");
+  Reg dst = b.reg_imm("tile rows", static_cast<int64_t>(m_buf[q]));
+  Reg first = b.reg("first row of the output"), rows = b.reg("rows");
+  b.wait_flag(m_stored, q);
+  if (m_group_tiles > 0) {
+    Reg g = b.reg("group"), end = b.reg("end group");
+    b.mul(first, t, m_group_tiles);
+    b.add(end, first, m_group_tiles);
+    b.min(end, end, m_groups);
+    b.sub(rows, end, first);
+    b.mul(rows, rows, m_m, "rows of the tile");
+    b.for_range(g, first, end, 1, [&] {
+      load_group(in, g, nullptr, m_m, dst);
+      b.add(dst, dst, m_m * row_bytes);
+    });
+    b.mul(first, first, m_m, "first row of the tile");
+  } else {
+    Reg g = b.reg("group"), c = b.reg("first row in the group");
+    b.div(g, t, m_chunks);
+    b.rem(c, t, m_chunks);
+    b.mul(c, c, m_chunk_rows);
+    b.movi(rows, m_m);
+    b.sub(rows, rows, c);
+    b.min(rows, rows, m_chunk_rows, "rows of the chunk");
+    load_group(in, g, &c, rows, dst);
+    b.mul_add(first, g, m_m, c);
+  }
+  b.set_flag(m_loaded, q);
+  b.wait_flag(m_loaded, q);
+  Reg at = b.reg("destination"), blocks = b.reg("blocks");
+  b.mul_add(at, first, row_bytes, out);
+  b.mul(blocks, rows, m_row_blocks);
+  Reg src = b.reg_imm("tile", static_cast<int64_t>(m_buf[q]));
+  b.emit(Opcode::op_copy_ub2gm, {at, src, 1, blocks, 0, 0});
+  b.set_flag(m_stored, q);
+  b.add(t, t, step);
+}
+
+}  // namespace
+
+// Rows of whole blocks (see RowCopy): the copy out = view(in), or nothing when the view's rows
+// are not whole blocks, its strides do not fit the copies' fields or a row does not fit the UB.
+std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
+                                     const std::vector<int64_t>& in_shape, const StridedView& v,
+                                     const ChipConfig& cfg) {
+  const int64_t esize = data_type_bytes(dt);
+  const size_t rank = v.dims.size();
+  if (rank < 2 || v.strides.back() != 1 || v.offset * esize % kBlock != 0) return std::nullopt;
+  const int64_t r = v.dims.back();
+  if (r * esize % kBlock != 0) return std::nullopt;
+  for (size_t d = 0; d + 1 < rank; ++d)
+    if (v.strides[d] % r != 0 || v.strides[d] < r) return std::nullopt;
+  const int64_t max_field = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  if (r * esize / kBlock > max_field || (v.strides[rank - 2] - r) * esize / kBlock > max_field)
+    return std::nullopt;
+  RowCopy k(op, dt, in_shape, v, cfg);
+  if (!k.plan_tiles()) return std::nullopt;
+  return k.build();
+}
+
 // Transposes [P, Q, R] -> [P, R, Q]; input rows are `ri` elements apart (ri = R, or more when
 // the input rows are padded), output rows `qo` elements apart (qo = Q, or Q padded to whole
 // blocks). Tiles of tq x tr (multiples of 16) go round-robin to the vector
@@ -465,6 +687,12 @@ Launch build_block_transpose(const std::string& op, DataType dt, int64_t np, int
 void append_view(LaunchPlan& plan, const std::string& op, const ChipConfig& cfg, DataType dtype,
                  const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
                  const StridedView& v, ArgRef in, ArgRef out, const std::string& what) {
+  StridedView simple = v;
+  simple.simplify();
+  if (std::optional<Launch> rows = build_row_copy(op, dtype, in_shape, simple, cfg)) {
+    plan.add(std::move(*rows), {in, out}, what);
+    return;
+  }
   const std::string name = fmt::format("Transpose_{}", data_type_name(dtype));
   AssembleSpec spec = view_spec(name, dtype, in_shape, out_shape, v);
   plan.add(build_assemble_kernel(op, spec, cfg), {in, out}, what);
