@@ -455,9 +455,11 @@ namespace {
 
 // Tiles per core the row copy aims at (so that one tile's load overlaps the previous one's
 // store), and the smallest tile it makes for that (smaller tiles spend the copies' fixed costs
-// on few bytes).
-constexpr int64_t kRowCopyTilesPerCore = 4;
-constexpr int64_t kRowCopyMinTileBytes = 8 * 1024;
+// on few bytes). A compiler tiling choice, not a chip figure: picked among 2/4/8 tiles and
+// 4/8/32 KiB by the simulated time of the attention heads' split and merge on the 910 preset
+// (docs/compiler.md, "Transpose").
+constexpr int64_t kRowCopyTilesPerCore = 8;
+constexpr int64_t kRowCopyMinTileBytes = 32 * 1024;
 
 // Emits build_row_copy's kernel. The view is [outer..., M, R]: R contiguous elements per row
 // (whole 32-byte blocks), the M rows of one outer index (a group) stride_M elements apart.
