@@ -138,12 +138,17 @@ TEST_CASE("Transpose: inner dim kept, rows of whole blocks by MTE copies alone")
   uint32_t seed = 60;
   const char* rows = "copy_gm2ub + copy_ub2gm";
   // Attention heads' split and merge ([B, S, N, D] <-> [B, N, S, D], D = 64): whole groups
-  // of rows per tile.
-  check_transpose(DataType::F16, {2, 128, 16, 64}, {0, 2, 1, 3}, seed++, rows);
-  check_transpose(DataType::F16, {2, 16, 128, 64}, {0, 2, 1, 3}, seed++, rows);
+  // of rows per tile; the split's rows strided in the input (one store per tile), the merge's
+  // in the output (one load per tile).
+  check_transpose(DataType::F16, {2, 128, 16, 64}, {0, 2, 1, 3}, seed++, "1024 apart in the input");
+  check_transpose(DataType::F16, {2, 16, 128, 64}, {0, 2, 1, 3}, seed++, "1024 in the output");
   check_transpose(DataType::F32, {3, 32, 4, 16}, {0, 2, 1, 3}, seed++, rows);
-  // Groups larger than half the UB (40 rows of 4 KiB): chunks of rows, the last one shorter.
+  // Rows strided on both sides' groups: one load and one store per group.
+  check_transpose(DataType::F16, {5, 3, 20, 16}, {2, 1, 0, 3}, seed++, rows);
+  // Groups larger than half the UB (40 rows of 4 KiB): chunks of rows, the last one shorter;
+  // rows strided in the input, then in the output.
   check_transpose(DataType::F32, {2, 40, 3, 1024}, {0, 2, 1, 3}, seed++, "chunks of");
+  check_transpose(DataType::F32, {2, 3, 40, 1024}, {0, 2, 1, 3}, seed++, "chunks of");
   // A last tile with fewer groups, several outer dims, 1- and 8-byte elements.
   check_transpose(DataType::F16, {3, 5, 7, 16}, {0, 2, 1, 3}, seed++, rows);
   check_transpose(DataType::F16, {5, 3, 2, 16}, {2, 1, 0, 3}, seed++, rows);

@@ -461,21 +461,42 @@ namespace {
 constexpr int64_t kRowCopyTilesPerCore = 8;
 constexpr int64_t kRowCopyMinTileBytes = 32 * 1024;
 
-// Emits build_row_copy's kernel. The view is [outer..., M, R]: R contiguous elements per row
-// (whole 32-byte blocks), the M rows of one outer index (a group) stride_M elements apart.
+// One dim of the row copy's view: its size and its strides in the input and in the output,
+// in elements.
+struct RowDim {
+  int64_t size = 1, in_stride = 0, out_stride = 0;
+};
+
+// Whether the group dims (output order) place consecutive groups `group` elements apart on the
+// side `stride` reads: then the rows of consecutive groups are one contiguous range there.
+bool groups_chain(const std::vector<RowDim>& dims, int64_t group,
+                  int64_t RowDim::*stride) {
+  int64_t next = group;
+  for (size_t d = dims.size(); d-- > 0;) {
+    if (dims[d].*stride != next) return false;
+    next *= dims[d].size;
+  }
+  return true;
+}
+
+// Emits build_row_copy's kernel. The view is [group dims..., M, R] up to the order of its dims:
+// rows of R contiguous elements (whole 32-byte blocks); the burst dim (M rows) is the one
+// copied by one MTE instruction, M bursts of R elements, the rows in_stride apart in the input
+// and out_stride apart in the output; the other dims index the groups.
 class RowCopy {
  public:
   RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
-          const StridedView& v, const ChipConfig& cfg);
+          const StridedView& v, const std::vector<RowDim>& groups, const RowDim& burst,
+          const ChipConfig& cfg);
   // False when a row does not fit half the UB (the caller takes another path).
   bool plan_tiles();
   Launch build();
 
  private:
   void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
-  void load_group(const Reg& in, const Reg& g, const Reg* first_row, const Opnd& rows,
-                  const Reg& dst);
-  void group_source(const Reg& addr, const Reg& in, const Reg& g);
+  void group_offset(const Reg& addr, const Reg& base, const Reg& g, int64_t RowDim::*stride,
+                    int64_t offset);
+  void copy(bool load, const Reg& gm, const Reg& ub, const Opnd& rows);
 
   KernelBuilder m_b;
   const DataType m_dt;
@@ -483,10 +504,14 @@ class RowCopy {
   const StridedView m_v;
   const int64_t m_esize;
   isa::CoreKind m_kind;
-  std::vector<int64_t> m_outer, m_outer_strides;  // the group dims (output order), elements
-  int64_t m_m = 0, m_stride_m = 0, m_r = 0;       // rows per group, their stride, row elements
-  int64_t m_row_blocks = 0, m_gap_blocks = 0;     // burst length and source gap (32-byte blocks)
+  const std::vector<RowDim> m_groups_dims;  // output order
+  const RowDim m_burst;                     // the M rows of a group
+  int64_t m_r = 0, m_row_blocks = 0;        // row elements, 32-byte blocks
+  int64_t m_in_gap = 0, m_out_gap = 0;      // between a group's rows (32-byte blocks)
   int64_t m_groups = 0;
+  // Consecutive groups are one contiguous range in the input / output: one load / store per
+  // tile instead of one per group.
+  bool m_loads_merge = false, m_stores_merge = false;
   // Tiling: m_group_tiles whole groups per tile, or (m_group_tiles == 0, a group larger than a
   // tile) chunks of m_chunk_rows rows, m_chunks per group.
   int64_t m_group_tiles = 0, m_chunk_rows = 0, m_chunks = 1, m_tiles = 0;
@@ -497,22 +522,24 @@ class RowCopy {
 };
 
 RowCopy::RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
-                 const StridedView& v, const ChipConfig& cfg)
+                 const StridedView& v, const std::vector<RowDim>& groups, const RowDim& burst,
+                 const ChipConfig& cfg)
     : m_b(fmt::format("Transpose_{}_rows", data_type_name(dt)), op, cfg),
       m_dt(dt),
       m_in_shape(in_shape),
       m_v(v),
       m_esize(data_type_bytes(dt)),
-      m_kind(m_b.vector_core_kind()) {
-  const size_t rank = v.dims.size();
-  m_r = v.dims[rank - 1];
-  m_m = v.dims[rank - 2];
-  m_stride_m = v.strides[rank - 2];
-  m_outer.assign(v.dims.begin(), v.dims.end() - 2);
-  m_outer_strides.assign(v.strides.begin(), v.strides.end() - 2);
-  m_groups = dims_product(m_outer);
+      m_kind(m_b.vector_core_kind()),
+      m_groups_dims(groups),
+      m_burst(burst) {
+  m_r = v.dims.back();
   m_row_blocks = m_r * m_esize / kBlock;
-  m_gap_blocks = (m_stride_m - m_r) * m_esize / kBlock;
+  m_in_gap = (burst.in_stride - m_r) * m_esize / kBlock;
+  m_out_gap = (burst.out_stride - m_r) * m_esize / kBlock;
+  m_groups = 1;
+  for (const RowDim& d : groups) m_groups *= d.size;
+  m_loads_merge = m_in_gap == 0 && groups_chain(groups, burst.size * m_r, &RowDim::in_stride);
+  m_stores_merge = m_out_gap == 0 && groups_chain(groups, burst.size * m_r, &RowDim::out_stride);
 }
 
 bool RowCopy::plan_tiles() {
@@ -526,18 +553,19 @@ bool RowCopy::plan_tiles() {
       std::min<int64_t>(static_cast<int64_t>(b.free_bytes(Buf::UB)) / 2, max_field * kBlock) /
       row_bytes;
   if (cap_rows < 1) return false;
-  const int64_t rows = m_groups * m_m;
+  const int64_t m = m_burst.size;
+  const int64_t rows = m_groups * m;
   const int64_t target = std::max(
       (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore),
       (kRowCopyMinTileBytes + row_bytes - 1) / row_bytes);
   const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
-  if (m_m <= tile_rows) {
-    m_group_tiles = tile_rows / m_m;
+  if (m <= tile_rows) {
+    m_group_tiles = tile_rows / m;
     m_tiles = (m_groups + m_group_tiles - 1) / m_group_tiles;
-    m_tile_bytes = static_cast<uint64_t>(m_group_tiles * m_m * row_bytes);
+    m_tile_bytes = static_cast<uint64_t>(m_group_tiles * m * row_bytes);
   } else {
-    m_chunks = (m_m + tile_rows - 1) / tile_rows;
-    m_chunk_rows = (m_m + m_chunks - 1) / m_chunks;  // even chunks
+    m_chunks = (m + tile_rows - 1) / tile_rows;
+    m_chunk_rows = (m + m_chunks - 1) / m_chunks;  // even chunks
     m_tiles = m_groups * m_chunks;
     m_tile_bytes = static_cast<uint64_t>(m_chunk_rows * row_bytes);
   }
@@ -568,84 +596,107 @@ Launch RowCopy::build() {
   l.block_dim = m_block_dim;
   l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
   l.summary = fmt::format(
-      "{}: {} groups of {} rows of {} elements ({} apart), {} ({} tiles over {} blocks), "
-      "copy_gm2ub + copy_ub2gm",
-      l.kernel.program.name, m_groups, m_m, m_r, m_stride_m,
+      "{}: {} groups of {} rows of {} elements ({} apart in the input, {} in the output), {} "
+      "({} tiles over {} blocks), copy_gm2ub + copy_ub2gm",
+      l.kernel.program.name, m_groups, m_burst.size, m_r, m_burst.in_stride, m_burst.out_stride,
       m_group_tiles > 0 ? fmt::format("{} groups per tile", m_group_tiles)
                         : fmt::format("{} chunks of {} rows per group", m_chunks, m_chunk_rows),
       m_tiles, m_block_dim);
   return l;
 }
 
-// addr = in + the byte offset of group g's first row.
-void RowCopy::group_source(const Reg& addr, const Reg& in, const Reg& g) {
+// addr = base + the byte offset of group g's first row (offset + its index . stride).
+void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g,
+                           int64_t RowDim::*stride, int64_t offset) {
   KernelBuilder& b = m_b;
   Reg rest = b.reg("group index left"), idx = b.reg("index");
   b.mov(rest, g);
-  b.movi(addr, m_v.offset);
-  for (size_t d = m_outer.size(); d-- > 0;) {
+  b.movi(addr, offset);
+  for (size_t d = m_groups_dims.size(); d-- > 0;) {
+    const RowDim& dim = m_groups_dims[d];
     if (d > 0) {
-      b.rem(idx, rest, m_outer[d]);
-      b.div(rest, rest, m_outer[d]);
-      b.mul_add(addr, idx, m_outer_strides[d], addr);
+      b.rem(idx, rest, dim.size);
+      b.div(rest, rest, dim.size);
+      b.mul_add(addr, idx, dim.*stride, addr);
     } else {
-      b.mul_add(addr, rest, m_outer_strides[d], addr);
+      b.mul_add(addr, rest, dim.*stride, addr);
     }
   }
   b.mul(addr, addr, m_esize);
-  b.add(addr, addr, in, "group source");
+  b.add(addr, addr, base, "group address");
 }
 
-// MTE2: `rows` rows of group g from its row *first_row on (null: 0), into the UB at dst.
-void RowCopy::load_group(const Reg& in, const Reg& g, const Reg* first_row, const Opnd& rows,
-                         const Reg& dst) {
-  KernelBuilder& b = m_b;
-  Reg src = b.reg("source");
-  group_source(src, in, g);
-  if (first_row) b.mul_add(src, *first_row, m_stride_m * m_esize, src);
-  b.emit(Opcode::op_copy_gm2ub, {dst, src, rows, m_row_blocks, m_gap_blocks, 0});
+// `rows` rows of one group between GM at gm and the UB at ub (load: GM -> UB).
+void RowCopy::copy(bool load, const Reg& gm, const Reg& ub, const Opnd& rows) {
+  if (load)
+    m_b.emit(Opcode::op_copy_gm2ub, {ub, gm, rows, m_row_blocks, m_in_gap, 0});
+  else
+    m_b.emit(Opcode::op_copy_ub2gm, {gm, ub, rows, m_row_blocks, 0, m_out_gap});
 }
 
-// Tile t (of parity q): its rows loaded (one copy per group), then stored (one copy).
+// Tile t (of parity q): its rows loaded, then stored (one copy per group, or one for the tile
+// where the groups are contiguous).
 void RowCopy::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain) {
   KernelBuilder& b = m_b;
   KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
   b.branch(ge(t, m_tiles), drain);
-  const int64_t row_bytes = m_r * m_esize;
+  const int64_t row_bytes = m_r * m_esize, m = m_burst.size;
   Reg in = b.load_arg("in0"), out = b.load_arg("out");
-  Reg dst = b.reg_imm("tile rows", static_cast<int64_t>(m_buf[q]));
-  Reg first = b.reg("first row of the output"), rows = b.reg("rows");
-  b.wait_flag(m_stored, q);
+  Reg ub = b.reg("tile rows"), gm = b.reg("group address");
   if (m_group_tiles > 0) {
-    Reg g = b.reg("group"), end = b.reg("end group");
+    Reg g = b.reg("group"), first = b.reg("first group"), end = b.reg("end group");
     b.mul(first, t, m_group_tiles);
     b.add(end, first, m_group_tiles);
     b.min(end, end, m_groups);
-    b.sub(rows, end, first);
-    b.mul(rows, rows, m_m, "rows of the tile");
-    b.for_range(g, first, end, 1, [&] {
-      load_group(in, g, nullptr, m_m, dst);
-      b.add(dst, dst, m_m * row_bytes);
-    });
-    b.mul(first, first, m_m, "first row of the tile");
+    // One side's copies: per group, or one of all the tile's rows when they are contiguous.
+    auto side = [&](bool load, bool merged) {
+      b.movi(ub, static_cast<int64_t>(m_buf[q]));
+      if (merged) {
+        Reg blocks = b.reg("blocks");
+        b.sub(blocks, end, first);
+        b.mul(blocks, blocks, m * m_row_blocks, "blocks of the tile");
+        if (load) {
+          b.mul_add(gm, first, m * row_bytes, in);
+          b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, blocks, 0, 0});
+        } else {
+          b.mul_add(gm, first, m * row_bytes, out);
+          b.emit(Opcode::op_copy_ub2gm, {gm, ub, 1, blocks, 0, 0});
+        }
+        return;
+      }
+      b.for_range(g, first, end, 1, [&] {
+        if (load)
+          group_offset(gm, in, g, &RowDim::in_stride, m_v.offset);
+        else
+          group_offset(gm, out, g, &RowDim::out_stride, 0);
+        copy(load, gm, ub, m);
+        b.add(ub, ub, m * row_bytes);
+      });
+    };
+    b.wait_flag(m_stored, q);
+    side(true, m_loads_merge);
+    b.set_flag(m_loaded, q);
+    b.wait_flag(m_loaded, q);
+    side(false, m_stores_merge);
   } else {
-    Reg g = b.reg("group"), c = b.reg("first row in the group");
+    Reg g = b.reg("group"), c = b.reg("first row in the group"), rows = b.reg("rows");
     b.div(g, t, m_chunks);
     b.rem(c, t, m_chunks);
     b.mul(c, c, m_chunk_rows);
-    b.movi(rows, m_m);
+    b.movi(rows, m);
     b.sub(rows, rows, c);
     b.min(rows, rows, m_chunk_rows, "rows of the chunk");
-    load_group(in, g, &c, rows, dst);
-    b.mul_add(first, g, m_m, c);
+    b.movi(ub, static_cast<int64_t>(m_buf[q]));
+    b.wait_flag(m_stored, q);
+    group_offset(gm, in, g, &RowDim::in_stride, m_v.offset);
+    b.mul_add(gm, c, m_burst.in_stride * m_esize, gm);
+    copy(true, gm, ub, rows);
+    b.set_flag(m_loaded, q);
+    b.wait_flag(m_loaded, q);
+    group_offset(gm, out, g, &RowDim::out_stride, 0);
+    b.mul_add(gm, c, m_burst.out_stride * m_esize, gm);
+    copy(false, gm, ub, rows);
   }
-  b.set_flag(m_loaded, q);
-  b.wait_flag(m_loaded, q);
-  Reg at = b.reg("destination"), blocks = b.reg("blocks");
-  b.mul_add(at, first, row_bytes, out);
-  b.mul(blocks, rows, m_row_blocks);
-  Reg src = b.reg_imm("tile", static_cast<int64_t>(m_buf[q]));
-  b.emit(Opcode::op_copy_ub2gm, {at, src, 1, blocks, 0, 0});
   b.set_flag(m_stored, q);
   b.add(t, t, step);
 }
@@ -653,7 +704,10 @@ void RowCopy::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain
 }  // namespace
 
 // Rows of whole blocks (see RowCopy): the copy out = view(in), or nothing when the view's rows
-// are not whole blocks, its strides do not fit the copies' fields or a row does not fit the UB.
+// are not whole blocks, its gaps do not fit the copies' fields or a row does not fit the UB.
+// The burst dim: the output's second-to-last (stores of contiguous rows), or the dim whose rows
+// are contiguous in the input when it is longer (or the other's gaps do not fit): fewer, longer
+// copies.
 std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
                                      const std::vector<int64_t>& in_shape, const StridedView& v,
                                      const ChipConfig& cfg) {
@@ -662,12 +716,28 @@ std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
   if (rank < 2 || v.strides.back() != 1 || v.offset * esize % kBlock != 0) return std::nullopt;
   const int64_t r = v.dims.back();
   if (r * esize % kBlock != 0) return std::nullopt;
-  for (size_t d = 0; d + 1 < rank; ++d)
+  const std::vector<int64_t> out_strides = contiguous_strides(v.dims);
+  std::vector<RowDim> dims;
+  for (size_t d = 0; d + 1 < rank; ++d) {
     if (v.strides[d] % r != 0 || v.strides[d] < r) return std::nullopt;
+    dims.push_back(RowDim{v.dims[d], v.strides[d], out_strides[d]});
+  }
   const int64_t max_field = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  if (r * esize / kBlock > max_field || (v.strides[rank - 2] - r) * esize / kBlock > max_field)
-    return std::nullopt;
-  RowCopy k(op, dt, in_shape, v, cfg);
+  if (r * esize / kBlock > max_field) return std::nullopt;
+  auto gaps_fit = [&](const RowDim& d) {
+    return (d.in_stride - r) * esize / kBlock <= max_field &&
+           (d.out_stride - r) * esize / kBlock <= max_field;
+  };
+  std::optional<size_t> burst;
+  if (gaps_fit(dims.back())) burst = dims.size() - 1;
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (dims[d].in_stride == r && gaps_fit(dims[d]) &&
+        (!burst || dims[d].size > dims[*burst].size))
+      burst = d;
+  if (!burst) return std::nullopt;
+  const RowDim m = dims[*burst];
+  dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(*burst));
+  RowCopy k(op, dt, in_shape, v, dims, m, cfg);
   if (!k.plan_tiles()) return std::nullopt;
   return k.build();
 }
