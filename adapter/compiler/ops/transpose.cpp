@@ -21,6 +21,7 @@
 #include "adapter/compiler/ops/transpose.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -88,6 +89,31 @@ using isa::Pipe;
 
 constexpr int64_t kSide = 16;  // vtranspose: 16 x 16 two-byte lanes
 constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
+
+// The tile loop of both kernels here: tiles t = block id, + block count, ... in ping/pong pairs;
+// tile(q, t, step, drain) emits one tile of parity q and branches to drain once t is past the
+// last tile. The caller emits the drain's waits after it.
+void emit_round_robin_tiles(
+    KernelBuilder& b,
+    const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
+  Reg t = b.reg("tile"), step = b.reg("block count");
+  b.emit(Opcode::op_get_block_id, {t});
+  b.emit(Opcode::op_get_block_num, {step});
+  Label loop = b.label("tile_loop"), drain = b.label("drain");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) tile(q, t, step, drain);
+  b.jmp(loop);
+  b.bind(drain);
+}
+
+// The launch of b's kernel (finished here) on block_dim blocks, arguments in0 and out.
+Launch in_out_launch(KernelBuilder& b, int block_dim) {
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  return l;
+}
 
 namespace {
 
@@ -210,23 +236,15 @@ Launch BlockTranspose::build() {
   m_rows_by_block = m_ri * m_esize % kBlock == 0 && m_ri * m_esize / kBlock <= max_gap;
   if (m_qo * m_esize / kBlock > max_gap + m_kb)
     b.fail(fmt::format("output rows of {} elements exceed the copy gap field", m_qo));
-  Reg t = b.reg("tile"), step = b.reg("block count");
-  b.emit(Opcode::op_get_block_id, {t});
-  b.emit(Opcode::op_get_block_num, {step});
-  Label loop = b.label("tile_loop"), drain = b.label("drain");
-  b.bind(loop);
-  for (int q = 0; q < 2; ++q) emit_tile(q, t, step, drain);
-  b.jmp(loop);
-  b.bind(drain);
+  emit_round_robin_tiles(b, [&](int q, const Reg& t, const Reg& step, const Label& drain) {
+    emit_tile(q, t, step, drain);
+  });
   for (int q = 0; q < 2; ++q) {
     b.wait_flag(m_s_free, q);
     b.wait_flag(m_o_free, q);
   }
   b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = m_block_dim;
-  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  Launch l = in_out_launch(b, m_block_dim);
   l.summary = fmt::format(
       "{}: [{}, {}, {}] -> [{}, {}, {}] (rows {} / {} apart), tiles {}x{} ({} "
       "over {} blocks), vtranspose",
@@ -455,9 +473,9 @@ namespace {
 
 // Tiles per core the row copy aims at (so that one tile's load overlaps the previous one's
 // store), and the smallest tile it makes for that (smaller tiles spend the copies' fixed costs
-// on few bytes). A compiler tiling choice, not a chip figure: picked among 2/4/8 tiles and
-// 4/8/32 KiB by the simulated time of the attention heads' split and merge on the 910 preset
-// (docs/compiler.md, "Transpose").
+// on few bytes). A compiler tiling choice, not a chip figure: of (2, 8 KiB), (4, 8 KiB),
+// (8, 4 KiB) and (8, 32 KiB), the fastest in simulated time for the attention heads' split on
+// the 910 preset at batch 8 and 96 (docs/compiler.md, "Transpose").
 constexpr int64_t kRowCopyTilesPerCore = 8;
 constexpr int64_t kRowCopyMinTileBytes = 32 * 1024;
 
@@ -581,20 +599,12 @@ Launch RowCopy::build() {
   m_loaded = b.flag_pair(Pipe::MTE2, Pipe::MTE3, "rows loaded");
   m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "rows stored");
   for (int q = 0; q < 2; ++q) b.set_flag(m_stored, q, "both tiles start free");
-  Reg t = b.reg("tile"), step = b.reg("block count");
-  b.emit(Opcode::op_get_block_id, {t});
-  b.emit(Opcode::op_get_block_num, {step});
-  Label loop = b.label("tile_loop"), drain = b.label("drain");
-  b.bind(loop);
-  for (int q = 0; q < 2; ++q) emit_tile(q, t, step, drain);
-  b.jmp(loop);
-  b.bind(drain);
+  emit_round_robin_tiles(b, [&](int q, const Reg& t, const Reg& step, const Label& drain) {
+    emit_tile(q, t, step, drain);
+  });
   for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
   b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = m_block_dim;
-  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  Launch l = in_out_launch(b, m_block_dim);
   l.summary = fmt::format(
       "{}: {} groups of {} rows of {} elements ({} apart in the input, {} in the output), {} "
       "({} tiles over {} blocks), copy_gm2ub + copy_ub2gm",
