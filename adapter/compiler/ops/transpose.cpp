@@ -573,9 +573,12 @@ bool RowCopy::plan_tiles() {
   if (cap_rows < 1) return false;
   const int64_t m = m_burst.size;
   const int64_t rows = m_groups * m;
+  // kRowCopyTilesPerCore tiles per core, but tiles of kRowCopyMinTileBytes at least, unless
+  // that would leave cores idle (a small tensor: its copies' latencies overlap across cores).
+  const int64_t min_rows = std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes,
+                                    (rows + cores - 1) / cores);
   const int64_t target = std::max(
-      (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore),
-      (kRowCopyMinTileBytes + row_bytes - 1) / row_bytes);
+      (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
   const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
   if (m <= tile_rows) {
     m_group_tiles = tile_rows / m;
