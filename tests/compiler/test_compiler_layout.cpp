@@ -174,6 +174,10 @@ TEST_CASE("Transpose: inner dim moved, vtranspose blocks (2- and 4-byte)") {
     check_transpose(dt, {3, 70, 150}, {0, 2, 1}, seed++, v);      // several and partial tiles
     check_transpose(dt, {2, 40, 3, 5}, {2, 0, 3, 1}, seed++, v);  // keep-inner copy first
     check_transpose(dt, {150, 2, 35}, {2, 1, 0}, seed++, v);
+    // Output rows of exactly one block (BERT-tiny's K^T gradient: 16 f16, 8 f32).
+    const int64_t one_block = 32 / static_cast<int64_t>(compiler::data_type_bytes(dt));
+    check_transpose(dt, {8, 4, one_block, 32}, {0, 1, 3, 2}, seed++, v);
+    check_transpose(dt, {one_block, 100}, {1, 0}, seed++, v);
   }
   // 1-byte types: widened to u16, transposed, narrowed.
   check_transpose(DataType::BOOL, {40, 70}, {1, 0}, seed++, "widen to u16");

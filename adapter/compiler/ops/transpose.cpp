@@ -3,7 +3,8 @@
 //   inner dim kept (the last output dim is the last input dim): one assembly launch whose rows
 //     are runs of the inner dim (assemble.h: whole blocks loaded straight into the output tile,
 //     partial blocks through a scratch buffer and an exact vcopy).
-//   inner dim moved, 2- and 4-byte elements, output rows of at least two 32-byte blocks: as
+//   inner dim moved, 2- and 4-byte elements, output rows of at least two 32-byte blocks or
+//     exactly one: as
 //     [P, Q, R] -> [P, R, Q] (a batched 2-d transpose; a keep-inner copy first when the input
 //     is not in that order) by the block transposer below: 16x16 element blocks transposed
 //     in the UB with vtranspose (2-byte: one per block; 4-byte: vtranspose works on 16-bit
@@ -873,9 +874,11 @@ bool block_transpose_applies(DataType dtype, int64_t nq) {
   const int esize = data_type_bytes(dtype);
   if (esize != 2 && esize != 4) return false;
   const int64_t epb = kBlock / esize;
-  // Output rows of at least two blocks, and not so long that the store's gap field overflows.
+  // Output rows of at least two blocks or exactly one (no padding pass; below two blocks a
+  // padded row costs a transposer launch plus a copy of partial blocks, slower than element by
+  // element), and not so long that the store's gap field overflows.
   const int64_t max_gap = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  return nq >= 2 * epb && (nq + epb - 1) / epb <= max_gap;
+  return (nq >= 2 * epb || nq == epb) && (nq + epb - 1) / epb <= max_gap;
 }
 
 void append_block_transpose(LaunchPlan& plan, const std::string& op, const ChipConfig& cfg,
