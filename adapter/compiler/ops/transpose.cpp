@@ -671,6 +671,7 @@ void RowCopy::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain
         b.mul(blocks, blocks, m * m_row_blocks, "blocks of the tile");
         if (load) {
           b.mul_add(gm, first, m * row_bytes, in);
+          if (m_v.offset != 0) b.add(gm, gm, m_v.offset * m_esize, "the view's offset");
           b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, blocks, 0, 0});
         } else {
           b.mul_add(gm, first, m * row_bytes, out);
