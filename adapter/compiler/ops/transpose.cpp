@@ -1,18 +1,18 @@
 // Transpose strategies, after dropping size-1 dims and merging input dims that stay adjacent
 // and in order (so [B,S,H,D] -> [B,H,S,D] is 4-d, [N,H,W,C] -> [N,C,H,W] is [N,HW,C] -> [N,C,HW]):
-//   inner dim kept (the last output dim is the last input dim): one assembly launch whose rows
-//     are runs of the inner dim (assemble.h: whole blocks loaded straight into the output tile,
-//     partial blocks through a scratch buffer and an exact vcopy).
+//   inner dim kept (the last output dim is the last input dim), rows of whole 32-byte blocks:
+//     MTE copies alone (RowCopy below: strided bursts in, strided bursts out, no vector pass).
+//   inner dim kept, other rows: one assembly launch whose rows are runs of the inner dim
+//     (assemble.h: whole blocks loaded straight into the output tile, partial blocks through a
+//     scratch buffer and an exact vcopy).
 //   inner dim moved, 2- and 4-byte elements, output rows of at least two 32-byte blocks or
-//     exactly one: as
-//     [P, Q, R] -> [P, R, Q] (a batched 2-d transpose; a keep-inner copy first when the input
-//     is not in that order) by the block transposer below: 16x16 element blocks transposed
-//     in the UB with vtranspose (2-byte: one per block; 4-byte: vtranspose works on 16-bit
-//     lanes, so a 16x16 f32 block, two 512-byte matrices, takes three vtranspose passes with
-//     a block permutation (vcopy with block strides) between them, see
+//     exactly one: as [P, Q, R] -> [P, R, Q] (a batched 2-d transpose; a keep-inner copy first
+//     when the input is not in that order) by the block transposer below: 16x16 element blocks
+//     transposed in the UB with vtranspose (2-byte: one per block; 4-byte: vtranspose works on
+//     16-bit lanes, so a 16x16 f32 block, two 512-byte matrices, takes three vtranspose passes
+//     with a block permutation (vcopy with block strides) between them, see
 //     build_block_transpose). When an output row (Q elements) is not whole 32-byte blocks, the
-//     transposer
-//     writes rows padded to whole blocks into the workspace and a copy kernel drops the
+//     transposer writes rows padded to whole blocks into the workspace and a copy kernel drops the
 //     padding (GM is byte addressed, the UB is not: only an MTE round trip shifts data by less
 //     than a block).
 //   1-byte elements, same shapes: widened to u16 by a vconv launch, transposed as 2-byte,

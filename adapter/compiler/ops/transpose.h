@@ -1,7 +1,7 @@
 // Transposition as a building block (Transpose, Cumsum along inner axes, Einsum): appends the
 // launches computing out = transpose(in, perm) to a LaunchPlan. See transpose.cpp for the
-// strategies (inner dim kept: runs; inner dim moved: 16x16 vtranspose blocks, or element by
-// element).
+// strategies (inner dim kept: MTE copies of whole-block rows, or runs; inner dim moved: 16x16
+// vtranspose blocks, or element by element).
 #pragma once
 
 #include <cstdint>
