@@ -134,6 +134,28 @@ TEST_CASE("Transpose: inner dim kept, every dtype") {
   check_transpose(DataType::F32, {4, 0, 5}, {1, 0, 2}, seed++);         // empty
 }
 
+TEST_CASE("Transpose: inner dim kept, rows of whole blocks by MTE copies alone") {
+  uint32_t seed = 60;
+  const char* rows = "copy_gm2ub + copy_ub2gm";
+  // Attention heads' split and merge ([B, S, N, D] <-> [B, N, S, D], D = 64): whole groups
+  // of rows per tile; the split's rows strided in the input (one store per tile), the merge's
+  // in the output (one load per tile).
+  check_transpose(DataType::F16, {2, 128, 16, 64}, {0, 2, 1, 3}, seed++, "1024 apart in the input");
+  check_transpose(DataType::F16, {2, 16, 128, 64}, {0, 2, 1, 3}, seed++, "1024 in the output");
+  check_transpose(DataType::F32, {3, 32, 4, 16}, {0, 2, 1, 3}, seed++, rows);
+  // Rows strided on both sides' groups: one load and one store per group.
+  check_transpose(DataType::F16, {5, 3, 20, 16}, {2, 1, 0, 3}, seed++, rows);
+  // Groups larger than half the UB (40 rows of 4 KiB): chunks of rows, the last one shorter;
+  // rows strided in the input, then in the output.
+  check_transpose(DataType::F32, {2, 40, 3, 1024}, {0, 2, 1, 3}, seed++, "chunks of");
+  check_transpose(DataType::F32, {2, 3, 40, 1024}, {0, 2, 1, 3}, seed++, "chunks of");
+  // A last tile with fewer groups, several outer dims, 1- and 8-byte elements.
+  check_transpose(DataType::F16, {3, 5, 7, 16}, {0, 2, 1, 3}, seed++, rows);
+  check_transpose(DataType::F16, {5, 3, 2, 16}, {2, 1, 0, 3}, seed++, rows);
+  check_transpose(DataType::U8, {3, 5, 64}, {1, 0, 2}, seed++, rows);
+  check_transpose(DataType::S64, {3, 5, 4}, {1, 0, 2}, seed++, rows);
+}
+
 TEST_CASE("Transpose: inner dim moved") {
   uint32_t seed = 20;
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BOOL, DataType::S64}) {
@@ -152,6 +174,10 @@ TEST_CASE("Transpose: inner dim moved, vtranspose blocks (2- and 4-byte)") {
     check_transpose(dt, {3, 70, 150}, {0, 2, 1}, seed++, v);      // several and partial tiles
     check_transpose(dt, {2, 40, 3, 5}, {2, 0, 3, 1}, seed++, v);  // keep-inner copy first
     check_transpose(dt, {150, 2, 35}, {2, 1, 0}, seed++, v);
+    // Output rows of exactly one block (BERT-tiny's K^T gradient: 16 f16, 8 f32).
+    const int64_t one_block = 32 / static_cast<int64_t>(compiler::data_type_bytes(dt));
+    check_transpose(dt, {8, 4, one_block, 32}, {0, 1, 3, 2}, seed++, v);
+    check_transpose(dt, {one_block, 100}, {1, 0}, seed++, v);
   }
   // 1-byte types: widened to u16, transposed, narrowed.
   check_transpose(DataType::BOOL, {40, 70}, {1, 0}, seed++, "widen to u16");
@@ -755,8 +781,9 @@ TEST_CASE("data movement kernels verify on every chip") {
 
 TEST_CASE("large shapes: several tiles per core, direct and scratch runs") {
   uint32_t seed = 300;
-  // Runs of 64 f32 (whole blocks, loaded straight into the tile), ~3 tiles per core.
-  check_transpose(DataType::F32, {8, 64, 4, 64}, {0, 2, 1, 3}, seed++);
+  // Runs of 60 f32 (7 whole blocks loaded straight into the tile, then a partial one through
+  // the scratch), ~3 tiles per core.
+  check_transpose(DataType::F32, {8, 64, 4, 60}, {0, 2, 1, 3}, seed++);
   // Runs of 47 bf16 at odd offsets: partial head / tail blocks through the scratch.
   check_transpose(DataType::BF16, {30, 41, 47}, {1, 0, 2}, seed++);
   // 1-byte runs widened to u16 lanes, several tiles.

@@ -77,6 +77,19 @@ def test_transpose(npusim, tf, strict_placement, dtype):
     _check(npusim, tf, lambda t: tf.transpose(t, [0, 1, 3, 2]), [x])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+def test_transpose_attention_heads(npusim, tf, strict_placement, dtype):
+    # BERT's heads: [B, S, N, D] -> [B, N, S, D] and back (rows of D = 64 elements, whole
+    # 32-byte blocks: MTE copies alone, the "_rows" kernel), and K's [B, N, S, D] -> [B, N, D, S].
+    x = _data((2, 128, 16, 64), dtype, 7)
+    _check(npusim, tf, lambda t: tf.transpose(t, [0, 2, 1, 3]), [x], "Transpose_f")
+    _, _, records = _both(npusim, tf, lambda t: tf.transpose(t, [0, 2, 1, 3]), [x])
+    assert [r["kernel"].endswith("_rows") for r in records] == [True], records
+    h = _data((2, 16, 128, 64), dtype, 8)
+    _check(npusim, tf, lambda t: tf.transpose(t, [0, 2, 1, 3]), [h])
+    _check(npusim, tf, lambda t: tf.transpose(t, [0, 1, 3, 2]), [h])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_],
                          ids=lambda t: np.dtype(t).name)
 def test_concat_pack_unpack(npusim, tf, strict_placement, dtype):

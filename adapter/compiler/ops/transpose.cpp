@@ -1,17 +1,18 @@
 // Transpose strategies, after dropping size-1 dims and merging input dims that stay adjacent
 // and in order (so [B,S,H,D] -> [B,H,S,D] is 4-d, [N,H,W,C] -> [N,C,H,W] is [N,HW,C] -> [N,C,HW]):
-//   inner dim kept (the last output dim is the last input dim): one assembly launch whose rows
-//     are runs of the inner dim (assemble.h: whole blocks loaded straight into the output tile,
-//     partial blocks through a scratch buffer and an exact vcopy).
-//   inner dim moved, 2- and 4-byte elements, output rows of at least two 32-byte blocks: as
-//     [P, Q, R] -> [P, R, Q] (a batched 2-d transpose; a keep-inner copy first when the input
-//     is not in that order) by the block transposer below: 16x16 element blocks transposed
-//     in the UB with vtranspose (2-byte: one per block; 4-byte: vtranspose works on 16-bit
-//     lanes, so a 16x16 f32 block, two 512-byte matrices, takes three vtranspose passes with
-//     a block permutation (vcopy with block strides) between them, see
+//   inner dim kept (the last output dim is the last input dim), rows of whole 32-byte blocks:
+//     MTE copies alone (RowCopy below: strided bursts in, strided bursts out, no vector pass).
+//   inner dim kept, other rows: one assembly launch whose rows are runs of the inner dim
+//     (assemble.h: whole blocks loaded straight into the output tile, partial blocks through a
+//     scratch buffer and an exact vcopy).
+//   inner dim moved, 2- and 4-byte elements, output rows of at least two 32-byte blocks or
+//     exactly one: as [P, Q, R] -> [P, R, Q] (a batched 2-d transpose; a keep-inner copy first
+//     when the input is not in that order) by the block transposer below: 16x16 element blocks
+//     transposed in the UB with vtranspose (2-byte: one per block; 4-byte: vtranspose works on
+//     16-bit lanes, so a 16x16 f32 block, two 512-byte matrices, takes three vtranspose passes
+//     with a block permutation (vcopy with block strides) between them, see
 //     build_block_transpose). When an output row (Q elements) is not whole 32-byte blocks, the
-//     transposer
-//     writes rows padded to whole blocks into the workspace and a copy kernel drops the
+//     transposer writes rows padded to whole blocks into the workspace and a copy kernel drops the
 //     padding (GM is byte addressed, the UB is not: only an MTE round trip shifts data by less
 //     than a block).
 //   1-byte elements, same shapes: widened to u16 by a vconv launch, transposed as 2-byte,
@@ -21,6 +22,8 @@
 #include "adapter/compiler/ops/transpose.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -87,6 +90,31 @@ using isa::Pipe;
 
 constexpr int64_t kSide = 16;  // vtranspose: 16 x 16 two-byte lanes
 constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
+
+// The tile loop of both kernels here: tiles t = block id, + block count, ... in ping/pong pairs;
+// tile(q, t, step, drain) emits one tile of parity q and branches to drain once t is past the
+// last tile. The caller emits the drain's waits after it.
+void emit_round_robin_tiles(
+    KernelBuilder& b,
+    const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
+  Reg t = b.reg("tile"), step = b.reg("block count");
+  b.emit(Opcode::op_get_block_id, {t});
+  b.emit(Opcode::op_get_block_num, {step});
+  Label loop = b.label("tile_loop"), drain = b.label("drain");
+  b.bind(loop);
+  for (int q = 0; q < 2; ++q) tile(q, t, step, drain);
+  b.jmp(loop);
+  b.bind(drain);
+}
+
+// The launch of b's kernel (finished here) on block_dim blocks, arguments in0 and out.
+Launch in_out_launch(KernelBuilder& b, int block_dim) {
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  return l;
+}
 
 namespace {
 
@@ -209,23 +237,15 @@ Launch BlockTranspose::build() {
   m_rows_by_block = m_ri * m_esize % kBlock == 0 && m_ri * m_esize / kBlock <= max_gap;
   if (m_qo * m_esize / kBlock > max_gap + m_kb)
     b.fail(fmt::format("output rows of {} elements exceed the copy gap field", m_qo));
-  Reg t = b.reg("tile"), step = b.reg("block count");
-  b.emit(Opcode::op_get_block_id, {t});
-  b.emit(Opcode::op_get_block_num, {step});
-  Label loop = b.label("tile_loop"), drain = b.label("drain");
-  b.bind(loop);
-  for (int q = 0; q < 2; ++q) emit_tile(q, t, step, drain);
-  b.jmp(loop);
-  b.bind(drain);
+  emit_round_robin_tiles(b, [&](int q, const Reg& t, const Reg& step, const Label& drain) {
+    emit_tile(q, t, step, drain);
+  });
   for (int q = 0; q < 2; ++q) {
     b.wait_flag(m_s_free, q);
     b.wait_flag(m_o_free, q);
   }
   b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = m_block_dim;
-  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  Launch l = in_out_launch(b, m_block_dim);
   l.summary = fmt::format(
       "{}: [{}, {}, {}] -> [{}, {}, {}] (rows {} / {} apart), tiles {}x{} ({} "
       "over {} blocks), vtranspose",
@@ -448,6 +468,295 @@ void BlockTranspose::copy_columns(bool to_ub, const Reg& gm, const Reg& ub, cons
 
 }  // namespace
 
+// ---- rows of whole blocks: MTE copies only ----
+
+namespace {
+
+// Tiles per core the row copy aims at (so that one tile's load overlaps the previous one's
+// store), and the smallest tile it makes for that (smaller tiles spend the copies' fixed costs
+// on few bytes). A compiler tiling choice, not a chip figure: of (2, 8 KiB), (4, 8 KiB),
+// (8, 4 KiB) and (8, 32 KiB), the fastest in simulated time for the attention heads' split on
+// the 910 preset at batch 8 and 96 (docs/compiler.md, "Transpose").
+constexpr int64_t kRowCopyTilesPerCore = 8;
+constexpr int64_t kRowCopyMinTileBytes = 32 * 1024;
+
+// One dim of the row copy's view: its size and its strides in the input and in the output,
+// in elements.
+struct RowDim {
+  int64_t size = 1, in_stride = 0, out_stride = 0;
+};
+
+// Whether the group dims (output order) place consecutive groups `group` elements apart on the
+// side `stride` reads: then the rows of consecutive groups are one contiguous range there.
+bool groups_chain(const std::vector<RowDim>& dims, int64_t group,
+                  int64_t RowDim::*stride) {
+  int64_t next = group;
+  for (size_t d = dims.size(); d-- > 0;) {
+    if (dims[d].*stride != next) return false;
+    next *= dims[d].size;
+  }
+  return true;
+}
+
+// Emits build_row_copy's kernel. The view is [group dims..., M, R] up to the order of its dims:
+// rows of R contiguous elements (whole 32-byte blocks); the burst dim (M rows) is the one
+// copied by one MTE instruction, M bursts of R elements, the rows in_stride apart in the input
+// and out_stride apart in the output; the other dims index the groups.
+class RowCopy {
+ public:
+  RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+          const StridedView& v, const std::vector<RowDim>& groups, const RowDim& burst,
+          const ChipConfig& cfg);
+  // False when a row does not fit half the UB (the caller takes another path).
+  bool plan_tiles();
+  Launch build();
+
+ private:
+  void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
+  void group_offset(const Reg& addr, const Reg& base, const Reg& g, int64_t RowDim::*stride,
+                    int64_t offset);
+  void copy(bool load, const Reg& gm, const Reg& ub, const Opnd& rows);
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const std::vector<int64_t> m_in_shape;
+  const StridedView m_v;
+  const int64_t m_esize;
+  isa::CoreKind m_kind;
+  const std::vector<RowDim> m_groups_dims;  // output order
+  const RowDim m_burst;                     // the M rows of a group
+  int64_t m_r = 0, m_row_blocks = 0;        // row elements, 32-byte blocks
+  int64_t m_in_gap = 0, m_out_gap = 0;      // between a group's rows (32-byte blocks)
+  int64_t m_groups = 0;
+  // Consecutive groups are one contiguous range in the input / output: one load / store per
+  // tile instead of one per group.
+  bool m_loads_merge = false, m_stores_merge = false;
+  // Tiling: m_group_tiles whole groups per tile, or (m_group_tiles == 0, a group larger than a
+  // tile) chunks of m_chunk_rows rows, m_chunks per group.
+  int64_t m_group_tiles = 0, m_chunk_rows = 0, m_chunks = 1, m_tiles = 0;
+  uint64_t m_tile_bytes = 0;
+  int m_block_dim = 0;
+  uint64_t m_buf[2] = {0, 0};
+  FlagPair m_loaded, m_stored;
+};
+
+RowCopy::RowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+                 const StridedView& v, const std::vector<RowDim>& groups, const RowDim& burst,
+                 const ChipConfig& cfg)
+    : m_b(fmt::format("Transpose_{}_rows", data_type_name(dt)), op, cfg),
+      m_dt(dt),
+      m_in_shape(in_shape),
+      m_v(v),
+      m_esize(data_type_bytes(dt)),
+      m_kind(m_b.vector_core_kind()),
+      m_groups_dims(groups),
+      m_burst(burst) {
+  m_r = v.dims.back();
+  m_row_blocks = m_r * m_esize / kBlock;
+  m_in_gap = (burst.in_stride - m_r) * m_esize / kBlock;
+  m_out_gap = (burst.out_stride - m_r) * m_esize / kBlock;
+  m_groups = 1;
+  for (const RowDim& d : groups) m_groups *= d.size;
+  m_loads_merge = m_in_gap == 0 && groups_chain(groups, burst.size * m_r, &RowDim::in_stride);
+  m_stores_merge = m_out_gap == 0 && groups_chain(groups, burst.size * m_r, &RowDim::out_stride);
+}
+
+bool RowCopy::plan_tiles() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  const int64_t cores = b.core().count;
+  const int64_t row_bytes = m_r * m_esize;
+  const int64_t max_field = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  // Two tiles in the UB, each within one copy's burst length.
+  const int64_t cap_rows =
+      std::min<int64_t>(static_cast<int64_t>(b.free_bytes(Buf::UB)) / 2, max_field * kBlock) /
+      row_bytes;
+  if (cap_rows < 1) return false;
+  const int64_t m = m_burst.size;
+  const int64_t rows = m_groups * m;
+  // kRowCopyTilesPerCore tiles per core, but tiles of kRowCopyMinTileBytes at least, unless
+  // that would leave cores idle (a small tensor: its copies' latencies overlap across cores).
+  const int64_t min_rows = std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes,
+                                    (rows + cores - 1) / cores);
+  const int64_t target = std::max(
+      (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
+  const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
+  if (m <= tile_rows) {
+    m_group_tiles = tile_rows / m;
+    m_tiles = (m_groups + m_group_tiles - 1) / m_group_tiles;
+    m_tile_bytes = static_cast<uint64_t>(m_group_tiles * m * row_bytes);
+  } else {
+    m_chunks = (m + tile_rows - 1) / tile_rows;
+    m_chunk_rows = (m + m_chunks - 1) / m_chunks;  // even chunks
+    m_tiles = m_groups * m_chunks;
+    m_tile_bytes = static_cast<uint64_t>(m_chunk_rows * row_bytes);
+  }
+  m_block_dim = static_cast<int>(std::min(cores, m_tiles));
+  return true;
+}
+
+Launch RowCopy::build() {
+  KernelBuilder& b = m_b;
+  for (int q = 0; q < 2; ++q) m_buf[q] = b.alloc(Buf::UB, m_tile_bytes, fmt::format("rows {}", q));
+  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
+  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  m_loaded = b.flag_pair(Pipe::MTE2, Pipe::MTE3, "rows loaded");
+  m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "rows stored");
+  for (int q = 0; q < 2; ++q) b.set_flag(m_stored, q, "both tiles start free");
+  emit_round_robin_tiles(b, [&](int q, const Reg& t, const Reg& step, const Label& drain) {
+    emit_tile(q, t, step, drain);
+  });
+  for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
+  b.end();
+  Launch l = in_out_launch(b, m_block_dim);
+  l.summary = fmt::format(
+      "{}: {} groups of {} rows of {} elements ({} apart in the input, {} in the output), {} "
+      "({} tiles over {} blocks), copy_gm2ub + copy_ub2gm",
+      l.kernel.program.name, m_groups, m_burst.size, m_r, m_burst.in_stride, m_burst.out_stride,
+      m_group_tiles > 0 ? fmt::format("{} groups per tile", m_group_tiles)
+                        : fmt::format("{} chunks of {} rows per group", m_chunks, m_chunk_rows),
+      m_tiles, m_block_dim);
+  return l;
+}
+
+// addr = base + the byte offset of group g's first row (offset + its index . stride).
+void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g,
+                           int64_t RowDim::*stride, int64_t offset) {
+  KernelBuilder& b = m_b;
+  Reg rest = b.reg("group index left"), idx = b.reg("index");
+  b.mov(rest, g);
+  b.movi(addr, offset);
+  for (size_t d = m_groups_dims.size(); d-- > 0;) {
+    const RowDim& dim = m_groups_dims[d];
+    if (d > 0) {
+      b.rem(idx, rest, dim.size);
+      b.div(rest, rest, dim.size);
+      b.mul_add(addr, idx, dim.*stride, addr);
+    } else {
+      b.mul_add(addr, rest, dim.*stride, addr);
+    }
+  }
+  b.mul(addr, addr, m_esize);
+  b.add(addr, addr, base, "group address");
+}
+
+// `rows` rows of one group between GM at gm and the UB at ub (load: GM -> UB).
+void RowCopy::copy(bool load, const Reg& gm, const Reg& ub, const Opnd& rows) {
+  if (load)
+    m_b.emit(Opcode::op_copy_gm2ub, {ub, gm, rows, m_row_blocks, m_in_gap, 0});
+  else
+    m_b.emit(Opcode::op_copy_ub2gm, {gm, ub, rows, m_row_blocks, 0, m_out_gap});
+}
+
+// Tile t (of parity q): its rows loaded, then stored (one copy per group, or one for the tile
+// where the groups are contiguous).
+void RowCopy::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  b.branch(ge(t, m_tiles), drain);
+  const int64_t row_bytes = m_r * m_esize, m = m_burst.size;
+  Reg in = b.load_arg("in0"), out = b.load_arg("out");
+  Reg ub = b.reg("tile rows"), gm = b.reg("group address");
+  if (m_group_tiles > 0) {
+    Reg g = b.reg("group"), first = b.reg("first group"), end = b.reg("end group");
+    b.mul(first, t, m_group_tiles);
+    b.add(end, first, m_group_tiles);
+    b.min(end, end, m_groups);
+    // One side's copies: per group, or one of all the tile's rows when they are contiguous.
+    auto side = [&](bool load, bool merged) {
+      b.movi(ub, static_cast<int64_t>(m_buf[q]));
+      if (merged) {
+        Reg blocks = b.reg("blocks");
+        b.sub(blocks, end, first);
+        b.mul(blocks, blocks, m * m_row_blocks, "blocks of the tile");
+        if (load) {
+          b.mul_add(gm, first, m * row_bytes, in);
+          if (m_v.offset != 0) b.add(gm, gm, m_v.offset * m_esize, "the view's offset");
+          b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, blocks, 0, 0});
+        } else {
+          b.mul_add(gm, first, m * row_bytes, out);
+          b.emit(Opcode::op_copy_ub2gm, {gm, ub, 1, blocks, 0, 0});
+        }
+        return;
+      }
+      b.for_range(g, first, end, 1, [&] {
+        if (load)
+          group_offset(gm, in, g, &RowDim::in_stride, m_v.offset);
+        else
+          group_offset(gm, out, g, &RowDim::out_stride, 0);
+        copy(load, gm, ub, m);
+        b.add(ub, ub, m * row_bytes);
+      });
+    };
+    b.wait_flag(m_stored, q);
+    side(true, m_loads_merge);
+    b.set_flag(m_loaded, q);
+    b.wait_flag(m_loaded, q);
+    side(false, m_stores_merge);
+  } else {
+    Reg g = b.reg("group"), c = b.reg("first row in the group"), rows = b.reg("rows");
+    b.div(g, t, m_chunks);
+    b.rem(c, t, m_chunks);
+    b.mul(c, c, m_chunk_rows);
+    b.movi(rows, m);
+    b.sub(rows, rows, c);
+    b.min(rows, rows, m_chunk_rows, "rows of the chunk");
+    b.movi(ub, static_cast<int64_t>(m_buf[q]));
+    b.wait_flag(m_stored, q);
+    group_offset(gm, in, g, &RowDim::in_stride, m_v.offset);
+    b.mul_add(gm, c, m_burst.in_stride * m_esize, gm);
+    copy(true, gm, ub, rows);
+    b.set_flag(m_loaded, q);
+    b.wait_flag(m_loaded, q);
+    group_offset(gm, out, g, &RowDim::out_stride, 0);
+    b.mul_add(gm, c, m_burst.out_stride * m_esize, gm);
+    copy(false, gm, ub, rows);
+  }
+  b.set_flag(m_stored, q);
+  b.add(t, t, step);
+}
+
+}  // namespace
+
+// Rows of whole blocks (see RowCopy): the copy out = view(in), or nothing when the view's rows
+// are not whole blocks, its gaps do not fit the copies' fields or a row does not fit the UB.
+// The burst dim: the output's second-to-last (stores of contiguous rows), or the dim whose rows
+// are contiguous in the input when it is longer (or the other's gaps do not fit): fewer, longer
+// copies.
+std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
+                                     const std::vector<int64_t>& in_shape, const StridedView& v,
+                                     const ChipConfig& cfg) {
+  const int64_t esize = data_type_bytes(dt);
+  const size_t rank = v.dims.size();
+  if (rank < 2 || v.strides.back() != 1 || v.offset * esize % kBlock != 0) return std::nullopt;
+  const int64_t r = v.dims.back();
+  if (r * esize % kBlock != 0) return std::nullopt;
+  const std::vector<int64_t> out_strides = contiguous_strides(v.dims);
+  std::vector<RowDim> dims;
+  for (size_t d = 0; d + 1 < rank; ++d) {
+    if (v.strides[d] % r != 0 || v.strides[d] < r) return std::nullopt;
+    dims.push_back(RowDim{v.dims[d], v.strides[d], out_strides[d]});
+  }
+  const int64_t max_field = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
+  if (r * esize / kBlock > max_field) return std::nullopt;
+  auto gaps_fit = [&](const RowDim& d) {
+    return (d.in_stride - r) * esize / kBlock <= max_field &&
+           (d.out_stride - r) * esize / kBlock <= max_field;
+  };
+  std::optional<size_t> burst;
+  if (gaps_fit(dims.back())) burst = dims.size() - 1;
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (dims[d].in_stride == r && gaps_fit(dims[d]) &&
+        (!burst || dims[d].size > dims[*burst].size))
+      burst = d;
+  if (!burst) return std::nullopt;
+  const RowDim m = dims[*burst];
+  dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(*burst));
+  RowCopy k(op, dt, in_shape, v, dims, m, cfg);
+  if (!k.plan_tiles()) return std::nullopt;
+  return k.build();
+}
+
 // Transposes [P, Q, R] -> [P, R, Q]; input rows are `ri` elements apart (ri = R, or more when
 // the input rows are padded), output rows `qo` elements apart (qo = Q, or Q padded to whole
 // blocks). Tiles of tq x tr (multiples of 16) go round-robin to the vector
@@ -465,6 +774,12 @@ Launch build_block_transpose(const std::string& op, DataType dt, int64_t np, int
 void append_view(LaunchPlan& plan, const std::string& op, const ChipConfig& cfg, DataType dtype,
                  const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
                  const StridedView& v, ArgRef in, ArgRef out, const std::string& what) {
+  StridedView simple = v;
+  simple.simplify();
+  if (std::optional<Launch> rows = build_row_copy(op, dtype, in_shape, simple, cfg)) {
+    plan.add(std::move(*rows), {in, out}, what);
+    return;
+  }
   const std::string name = fmt::format("Transpose_{}", data_type_name(dtype));
   AssembleSpec spec = view_spec(name, dtype, in_shape, out_shape, v);
   plan.add(build_assemble_kernel(op, spec, cfg), {in, out}, what);
@@ -560,9 +875,11 @@ bool block_transpose_applies(DataType dtype, int64_t nq) {
   const int esize = data_type_bytes(dtype);
   if (esize != 2 && esize != 4) return false;
   const int64_t epb = kBlock / esize;
-  // Output rows of at least two blocks, and not so long that the store's gap field overflows.
+  // Output rows of at least two blocks or exactly one (no padding pass; below two blocks a
+  // padded row costs a transposer launch plus a copy of partial blocks, slower than element by
+  // element), and not so long that the store's gap field overflows.
   const int64_t max_gap = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  return nq >= 2 * epb && (nq + epb - 1) / epb <= max_gap;
+  return (nq >= 2 * epb || nq == epb) && (nq + epb - 1) / epb <= max_gap;
 }
 
 void append_block_transpose(LaunchPlan& plan, const std::string& op, const ChipConfig& cfg,
