@@ -251,6 +251,32 @@ TEST_CASE("UnsortedSegmentSum by segment owners") {
   }
 }
 
+// Rows of whole 32-byte blocks and fewer segments than vector cores: the column-owner kernel
+// (each core owns a slice of column blocks of every segment, data rows streamed in batches).
+TEST_CASE("UnsortedSegmentSum by column owners") {
+  const auto& cfg = test_sim().config();
+  uint32_t seed = 300;
+  auto run = [&](const HostTensor& data, const HostTensor& ids, int64_t segs) {
+    compiler::OpDesc op = segment_sum_op(data, ids, segs);
+    compiler::CompiledKernel k = compiler::compile(op, cfg);
+    REQUIRE(k.launches.size() == 1);
+    CHECK_THAT(k.launches[0].summary, Catch::Contains("column owners"));
+    check(op, {data, ids}, segment_sum_reference(data, ids, segs));
+  };
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
+    // 1, 2, 3 and 5 column blocks per row: slices of one block, uneven last slices.
+    for (int64_t blocks : {1, 2, 3, 5}) {
+      const int64_t inner = blocks * 32 / compiler::data_type_bytes(dt);
+      HostTensor data = values(dt, {90, inner}, seed++);
+      run(data, index_tensor(DataType::S32, {90}, -1, 2, seed++), 2);  // -1 and 2 dropped
+      run(data, index_tensor(DataType::S64, {90}, 0, 2, seed++), 3);
+    }
+  }
+  // Many batches of rows (1 KiB rows).
+  HostTensor data = values(DataType::F32, {3000, 256}, seed++);
+  run(data, index_tensor(DataType::S32, {3000}, 0, 1, seed++), 2);
+}
+
 TEST_CASE("OneHot: axes, dtypes, out-of-range indices") {
   uint32_t seed = 60;
   for (DataType dt : {DataType::F32, DataType::F16, DataType::S32, DataType::BOOL,

@@ -12,15 +12,19 @@
 //     type), so f16/bf16/f32 results are bit-identical and s32 wraps as TF. Negative ids are
 //     dropped (as TF); ids >= num_segments are dropped too (TF fails the op). Types f32, f16,
 //     bf16, s32; s64 by the scalar unit (build_s64_segment_sum, ops/int64.h: wrapping, same
-//     id rules). Two kernels: segment owners (build_segment_owner_sum: each core owns output
+//     id rules). Three kernels: segment owners (build_segment_owner_sum: each core owns output
 //     rows and reads every segment id once) when rows are whole 32-byte blocks and every
-//     vector core owns a segment; else output tiles (build_segment_tile_sum: every tile reads
-//     every segment id, cost ~ tiles x rows).
+//     vector core owns a segment; column owners (build_segment_column_sum: each core owns a
+//     slice of columns of every segment, held in the UB) for such rows and fewer segments;
+//     else output tiles (build_segment_tile_sum: every tile reads every segment id, cost ~
+//     tiles x rows).
 //   OneHot (inputs indices, on_value, off_value; attrs depth, axis = -1): each tile is filled
 //     with off_value, then on_value is placed (one-lane vdup) for every index that lands in
 //     the tile; indices outside [0, depth) give a row of off_value (as TF). Any output dtype.
 // Index types: s32, s64 (OneHot also u8, s8).
 #include <fmt/format.h>
+
+#include <optional>
 
 #include "adapter/compiler/ops/assemble.h"
 #include "adapter/compiler/ops/compose.h"
@@ -401,6 +405,151 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
   return l;
 }
 
+// The column-owner kernel, for fewer segments than vector cores (BERT's 2-row token-type
+// table): block b owns a slice of 32-byte column blocks of every output row, keeps the slice of
+// every segment in the UB (zeroed by one vdup), and streams the data rows' slices in batches of
+// many rows (one strided MTE2 copy per batch, ping/pong); V adds each row's slice into its
+// segment's slice in row order (the id read by the scalar unit), so each element sees TF's
+// sequence of roundings. One strided store writes the block's slices at the end.
+// Needs rows of whole 32-byte blocks and every segment's slice in the UB (column_sum_fits).
+struct ColumnSumPlan {
+  int64_t row_blocks = 0;    // 32-byte blocks per row
+  int64_t slice_blocks = 0;  // per block (the last one may have fewer)
+  int block_dim = 0;
+  int64_t batch_rows = 0;    // data rows per batch
+};
+
+std::optional<ColumnSumPlan> plan_column_sum(const ChipConfig& cfg, DataType dt, int64_t rows,
+                                             int64_t inner, int64_t segments) {
+  const CoreKindConfig* core =
+      cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const int64_t row_bytes = inner * data_type_bytes(dt);
+  if (!core || row_bytes % 32 != 0 || rows == 0) return std::nullopt;
+  ColumnSumPlan p;
+  p.row_blocks = row_bytes / 32;
+  p.slice_blocks = ceil_div(p.row_blocks, std::min<int64_t>(core->count, p.row_blocks));
+  p.block_dim = static_cast<int>(ceil_div(p.row_blocks, p.slice_blocks));
+  const int64_t slice_bytes = p.slice_blocks * 32;
+  // UB: the segments' slices, two batches, a few blocks held back for alignment.
+  const int64_t ub = static_cast<int64_t>(core->capacity(isa::Buf::UB)) - 1024;
+  const int64_t acc_bytes = segments * slice_bytes;
+  p.batch_rows = std::min<int64_t>({rows, (ub - acc_bytes) / (2 * slice_bytes), 4095});
+  if (acc_bytes > ub / 2 || p.batch_rows < 1 || p.row_blocks > 65535) return std::nullopt;
+  return p;
+}
+
+Launch build_segment_column_sum(const std::string& op_name, DataType dt, DataType id_type,
+                                int64_t rows, int64_t inner, int64_t segments,
+                                const ColumnSumPlan& p, const ChipConfig& cfg) {
+  using isa::Opcode;
+  using isa::Pipe;
+  KernelBuilder b(fmt::format("UnsortedSegmentSum_columns_{}_{}", data_type_name(dt),
+                              data_type_name(id_type)),
+                  op_name, cfg);
+  const isa::Dtype t = device_dtype(dt);
+  const int esize = data_type_bytes(dt);
+  const int isize = data_type_bytes(id_type);
+  const int64_t slice_bytes = p.slice_blocks * 32;
+  b.begin_section(b.vector_core_kind());
+  b.declare_arg("in0", t, {rows, inner});
+  b.declare_arg("in1", device_dtype(id_type), {rows});
+  b.declare_arg("out", t, {segments, inner});
+  const uint64_t acc = b.alloc(isa::Buf::UB, static_cast<uint64_t>(segments * slice_bytes),
+                               "every segment's slice");
+  Twin batch;
+  for (int q = 0; q < 2; ++q)
+    batch.a[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(p.batch_rows * slice_bytes),
+                         fmt::format("data rows' slices {}", q));
+  const FlagPair loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "batch loaded");
+  const FlagPair freed = b.flag_pair(Pipe::V, Pipe::MTE2, "batch added");
+  const int summed = b.flag(Pipe::V, Pipe::MTE3, "slices summed");
+  Reg data = b.load_arg("in0"), ids = b.load_arg("in1"), out = b.load_arg("out");
+  Reg col = b.reg("first column block"), nb = b.reg("column blocks of this block");
+  Reg lanes = b.reg("elements of the slice"), gap = b.reg("blocks between two rows' slices");
+  Reg sgap = b.reg("blocks after the slice in the UB");
+  b.emit(Opcode::op_get_block_id, {col});
+  b.mul(col, col, p.slice_blocks);
+  b.sub(nb, col, p.row_blocks);
+  b.emit(Opcode::op_sub, {nb, Opnd::reg_number(0), nb}, "row blocks - first");
+  b.min(nb, nb, p.slice_blocks);
+  b.mul(lanes, nb, 32 / esize);
+  b.sub(gap, nb, p.row_blocks);
+  b.emit(Opcode::op_sub, {gap, Opnd::reg_number(0), gap}, "row blocks - slice blocks");
+  b.sub(sgap, nb, p.slice_blocks);
+  b.emit(Opcode::op_sub, {sgap, Opnd::reg_number(0), sgap}, "slice blocks - blocks");
+  b.shl(col, col, 5, "first column byte");
+  vec_fill32(b, acc, 0, segments * slice_bytes / 4);
+  b.set_flag(freed, 0);
+  b.set_flag(freed, 1);
+  Reg steps = b.reg_imm("batches", ceil_div(rows, p.batch_rows));
+  Reg a = b.reg("address"), n = b.reg("rows of the batch"), s = b.reg("segment id");
+  Reg j = b.reg("row of the batch"), idp = b.reg("segment id address");
+  auto batch_rows = [&](const Reg& step) {  // n = rows of batch `step`
+    b.mul(n, step, p.batch_rows);
+    b.sub(n, n, rows);
+    b.emit(Opcode::op_sub, {n, Opnd::reg_number(0), n}, "rows left");
+    b.min(n, n, p.batch_rows);
+  };
+  b.pipelined_steps(
+      steps,
+      [&](const Reg& step) {
+        KernelBuilder::Origin o(b, "load a batch of the rows' slices");
+        batch_rows(step);
+        b.mul(a, step, p.batch_rows * inner * esize);
+        b.add(a, a, data);
+        b.add(a, a, col);
+        Reg q = b.reg("parity");
+        b.and_(q, step, 1);
+        b.by_parity(q, [&](int r) {
+          b.wait_flag(freed, r);
+          b.emit(Opcode::op_copy_gm2ub, {batch[r], a, n, nb, gap, sgap});
+          b.set_flag(loaded, r);
+        });
+      },
+      [&](const Reg& step) {
+        KernelBuilder::Origin o(b, "add each row's slice into its segment's");
+        batch_rows(step);
+        b.mul_add(idp, step, p.batch_rows * isize, ids);
+        Reg q = b.reg("parity");
+        b.and_(q, step, 1);
+        b.by_parity(q, [&](int r) {
+          b.wait_flag(loaded, r);
+          b.emit(Opcode::op_set_mask_count, {lanes});
+          b.for_range(j, 0, n, 1, [&] {
+            Label skip = b.label("row_skip");
+            b.emit(Opcode::op_ld, {s, idp}, "segment id");
+            b.add(idp, idp, isize);
+            // Unsigned view of an s32 id: a negative id becomes >= 2^31, past every segment.
+            if (isize == 4) b.and_(s, s, 0xffffffffLL, "the s32 id, zero-extended");
+            if (isize == 8) b.branch(lt(s, 0), skip);
+            b.branch(ge(s, segments), skip);
+            b.mul_add(s, s, slice_bytes, static_cast<int64_t>(acc));
+            b.mul_add(a, j, slice_bytes, static_cast<int64_t>(batch[r]));
+            b.emit(Opcode::op_vadd, {t, s, s, a, 0, 1, 1, 1, 8, 8, 8});
+            b.bind(skip);
+          });
+          b.set_flag(freed, r);
+        });
+      });
+  b.set_flag(Pipe::V, Pipe::MTE3, summed);
+  b.wait_flag(Pipe::V, Pipe::MTE3, summed);
+  b.add(a, out, col);
+  b.emit(Opcode::op_copy_ub2gm, {a, acc, segments, nb, sgap, gap}, "store the slices");
+  b.wait_flag(freed, 0, "drain");
+  b.wait_flag(freed, 1, "drain");
+  b.end();
+  Launch l;
+  l.block_dim = p.block_dim;
+  l.args = {ArgRef{ArgRef::Kind::kInput, 0, 0}, ArgRef{ArgRef::Kind::kInput, 1, 0},
+            ArgRef{ArgRef::Kind::kOutput, 0, 0}};
+  l.summary = fmt::format(
+      "column owners: {} blocks of {} column blocks of {} segments of {} {}, {} data rows in "
+      "batches of {}",
+      p.block_dim, p.slice_blocks, segments, inner, data_type_name(dt), rows, p.batch_rows);
+  l.kernel = b.finish();
+  return l;
+}
+
 // The owner kernel when every vector core owns at least one segment and output rows are whole
 // 32-byte blocks; else the tile kernel (few segments: the owners would be few cores adding
 // every row while the tile kernel spreads the columns over all cores).
@@ -449,6 +598,9 @@ CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
   if (use_segment_owners(ctx.cfg, dt, inner, segments))
     k.launches.push_back(
         build_segment_owner_sum(op.str(), dt, ids.dtype, rows, inner, segments, ctx.cfg));
+  else if (auto p = plan_column_sum(ctx.cfg, dt, rows, inner, segments))
+    k.launches.push_back(
+        build_segment_column_sum(op.str(), dt, ids.dtype, rows, inner, segments, *p, ctx.cfg));
   else
     k.launches.push_back(build_segment_tile_sum(op.str(), op.inputs, out_shape, rows, inner,
                                                 ctx.cfg));
