@@ -243,10 +243,12 @@ TEST_CASE("UnsortedSegmentSum by segment owners") {
     for (int64_t r = 0; r < 90; ++r) runs.values.push_back(static_cast<double>((r / 4) % 3));
     run(data, runs, cores);
   }
-  // Rows longer than a row buffer (column chunks) and than the zero buffer (stored row by row).
+  // Rows longer than a row buffer (column chunks) and than the zero buffer (stored row by row);
+  // seven consecutive rows of one segment, more than a batch of such rows holds (2 here; 7
+  // chunks would run past the UB).
   for (int64_t inner : {int64_t{12288}, int64_t{40000}}) {
-    HostTensor data = values(DataType::F32, {7, inner}, seed++);
-    HostTensor ids{TensorDesc{DataType::S32, {7}}, {3, 0, 3, 3, 5, -1, 0}};
+    HostTensor data = values(DataType::F32, {11, inner}, seed++);
+    HostTensor ids{TensorDesc{DataType::S32, {11}}, {3, 0, 3, 3, 3, 3, 3, 3, 3, -1, 0}};
     run(data, ids, cores);
   }
 }

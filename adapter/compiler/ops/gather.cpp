@@ -228,7 +228,9 @@ Launch build_segment_tile_sum(const std::string& op_name, const std::vector<Tens
 // then reads every segment id (scalar ld) and adds each data row it owns, in row order, into
 // its output row in GM: a run of owned rows with one segment is added into one UB copy of the
 // output row (MTE2 loads it when the run starts, MTE3 stores it when the run ends), the data
-// rows streamed through ping/pong buffers (MTE2 -> V -> vadd). A segment's rows are therefore
+// rows streamed through ping/pong buffers (MTE2 -> V -> vadd), consecutive data rows of a run
+// in one copy of up to batch_rows rows (a set_flag waits for all of its pipe's transfers, so a
+// copy and a flag per row would keep one transfer in flight). A segment's rows are therefore
 // added in TF's order, one rounding each, into the zeroed row: bit-identical to TF's CPU
 // kernel. Rows longer than a row buffer go chunk by chunk of columns (the ids read once per
 // chunk).
@@ -257,21 +259,23 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
   b.declare_arg("in0", t, {rows, inner});
   b.declare_arg("in1", device_dtype(id_type), {rows});
   b.declare_arg("out", t, {segments, inner});
-  // UB: four row buffers (output and data rows, ping/pong) of up to an eighth of the UB each,
-  // the rest (at most one block's rows) the zero buffer.
+  // UB: two output row buffers (ping/pong) of up to an eighth of the UB each, two data buffers
+  // of batch_rows rows each (together at most half of the UB), the rest (at most one block's
+  // rows) the zero buffer.
   const int64_t row_blocks = row_bytes / 32;
   const int64_t ub = static_cast<int64_t>(b.free_bytes(isa::Buf::UB));
   const int64_t chunk_bytes = std::min(row_bytes, ub / 8 / 256 * 256);
   const int64_t chunk = chunk_bytes / esize;  // elements per chunk
-  const int64_t chunks = ceil_div(inner, chunk);
+  const int64_t batch_rows = std::max<int64_t>(1, ub / 2 / (2 * chunk_bytes));
   const int64_t zero_bytes =
-      std::min((ub - 4 * chunk_bytes - 256) / 256 * 256, round_up(per * row_bytes, 256));
+      std::min((ub - (2 + 2 * batch_rows) * chunk_bytes - 256) / 256 * 256,
+               round_up(per * row_bytes, 256));
   Twin acc, dat;
   for (int q = 0; q < 2; ++q) {
     acc.a[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(chunk_bytes),
                        fmt::format("output row {}", q));
-    dat.a[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(chunk_bytes),
-                       fmt::format("data row {}", q));
+    dat.a[q] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(batch_rows * chunk_bytes),
+                       fmt::format("data rows {}", q));
   }
   const uint64_t zeros = b.alloc(isa::Buf::UB, static_cast<uint64_t>(zero_bytes), "zeros");
   const FlagPair acc_free = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "output buffer stored");
@@ -341,16 +345,46 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
     });
     b.emit(Opcode::op_xor, {qa, qa, 1});
   };
+  // Adds the pending data rows (pend_n consecutive rows from pend_start, all of segment prev)
+  // into acc[qa]: one MTE2 copy of their chunks, one vadd per row.
+  Reg pend_start = b.reg("first pending data row"), pend_n = b.reg("pending data rows");
+  Reg j = b.reg("pending row"), row_step = b.reg("chunk bytes");
+  auto flush = [&] {
+    b.if_(ne(pend_n, 0), [&] {
+      b.mul_add(a, pend_start, inner, c);
+      b.mul_add(a, a, esize, data);
+      b.by_parity(qd, [&](int d) {
+        b.wait_flag(dat_free, d, "data buffer read");
+        Reg gap = b.reg("blocks between two rows' chunks");
+        b.sub(gap, n, row_blocks);
+        b.emit(Opcode::op_sub, {gap, Opnd::reg_number(0), gap}, "row blocks - chunk blocks");
+        b.emit(Opcode::op_copy_gm2ub, {dat[d], a, pend_n, n, gap, 0}, "load the data rows");
+        b.set_flag(dat_loaded, d);
+        b.wait_flag(dat_loaded, d);
+        b.emit(Opcode::op_set_mask_count, {len});
+        b.by_parity(qa, [&](int r) {
+          b.for_range(j, 0, pend_n, 1, [&] {
+            b.mul_add(a, j, row_step, static_cast<int64_t>(dat[d]));
+            b.emit(Opcode::op_vadd, {t, acc[r], acc[r], a, 0, 1, 1, 1, 8, 8, 8});
+          });
+        });
+        b.set_flag(dat_free, d);
+      });
+      b.emit(Opcode::op_xor, {qd, qd, 1});
+      b.movi(pend_n, 0);
+    });
+  };
   b.for_range(c, 0, inner, chunk, [&] {
     b.sub(len, c, inner);
     b.emit(Opcode::op_sub, {len, Opnd::reg_number(0), len}, "inner - column");
     b.min(len, len, chunk);
-    b.mul(n, len, esize);
-    b.shr(n, n, 5, "bytes to 32-byte blocks");
+    b.mul(row_step, len, esize);
+    b.shr(n, row_step, 5, "bytes to 32-byte blocks");
     b.movi(prev, -1);
+    b.movi(pend_n, 0);
     b.mov(p, ids);
     b.for_range(i, 0, rows, 1, [&] {
-      Label skip = b.label("row_skip");
+      Label skip = b.label("row_skip"), append = b.label("row_append");
       b.emit(Opcode::op_ld, {s, p}, "segment id");
       b.add(p, p, isize);
       // Unsigned view of an s32 id: a negative id becomes >= 2^31, past every segment.
@@ -360,32 +394,30 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
       b.rem(a, s, owners);
       b.branch(ne(a, bid), skip);
       b.if_(ne(s, prev), [&] {
+        flush();
         b.if_(ge(prev, 0), store_held);
         b.mov(prev, s);
         b.mul_add(a, s, inner, c);
         b.mul_add(a, a, esize, out);
         b.by_parity(qa, [&](int r) {
           b.wait_flag(acc_free, r, "output buffer stored");
-          // No flag of its own: the data row's MTE2 -> V flag below is set after both loads
-          // (a set_flag waits for all of its pipe's earlier work), so the latencies overlap.
+          // No flag of its own: the data rows' MTE2 -> V flag is set after both loads (a
+          // set_flag waits for all of its pipe's earlier work), so the latencies overlap.
           b.emit(Opcode::op_copy_gm2ub, {acc[r], a, 1, n, 0, 0}, "load the output row");
         });
       });
-      b.mul_add(a, i, inner, c);
-      b.mul_add(a, a, esize, data);
-      b.by_parity(qd, [&](int d) {
-        b.wait_flag(dat_free, d, "data buffer read");
-        b.emit(Opcode::op_copy_gm2ub, {dat[d], a, 1, n, 0, 0}, "load the data row");
-        b.set_flag(dat_loaded, d);
-        b.wait_flag(dat_loaded, d);
-        b.by_parity(qa, [&](int r) {
-          vec_binary(b, Opcode::op_vadd, t, acc[r], acc[r], dat[d], len);
-        });
-        b.set_flag(dat_free, d);
-      });
-      b.emit(Opcode::op_xor, {qd, qd, 1});
+      // The same segment: appended to the pending rows when it is the next data row and the
+      // batch has room, else they are added first.
+      b.branch(eq(pend_n, 0), append);
+      b.add(a, pend_start, pend_n);
+      b.if_(ne(a, i), flush);
+      b.if_(eq(pend_n, batch_rows), flush);
+      b.bind(append);
+      b.if_(eq(pend_n, 0), [&] { b.mov(pend_start, i); });
+      b.add(pend_n, pend_n, 1);
       b.bind(skip);
     });
+    flush();
     b.if_(ge(prev, 0), store_held);
   });
   for (int r = 0; r < 2; ++r) {
@@ -399,8 +431,8 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
             ArgRef{ArgRef::Kind::kOutput, 0, 0}};
   l.summary = fmt::format(
       "segment owners: {} blocks of <= {} segments of {} {} (every {}th), {} data rows, chunks "
-      "of {} elements",
-      owners, per, inner, data_type_name(dt), owners, rows, chunk);
+      "of {} elements, batches of <= {} consecutive rows",
+      owners, per, inner, data_type_name(dt), owners, rows, chunk, batch_rows);
   l.kernel = b.finish();
   return l;
 }
@@ -556,7 +588,9 @@ Launch build_segment_column_sum(const std::string& op_name, DataType dt, DataTyp
 bool use_segment_owners(const ChipConfig& cfg, DataType dt, int64_t inner, int64_t segments) {
   const CoreKindConfig* core =
       cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  return core && (inner * data_type_bytes(dt)) % 32 == 0 && segments >= core->count;
+  const int64_t row_bytes = inner * data_type_bytes(dt);
+  // (The batched data-row copy's source gap, row blocks less a chunk's, is a 16-bit field.)
+  return core && row_bytes % 32 == 0 && row_bytes / 32 <= 65535 && segments >= core->count;
 }
 
 CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
