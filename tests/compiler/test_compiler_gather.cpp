@@ -201,6 +201,17 @@ compiler::OpDesc segment_sum_op(const HostTensor& data, const HostTensor& ids, i
   return make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", segs}});
 }
 
+// Compiles UnsortedSegmentSum, checks that its one launch is the `kernel` kind (summary) and
+// runs it against the reference.
+void check_segment_sum(const HostTensor& data, const HostTensor& ids, int64_t segs,
+                       const char* kernel) {
+  compiler::OpDesc op = segment_sum_op(data, ids, segs);
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+  REQUIRE(k.launches.size() == 1);
+  CHECK_THAT(k.launches[0].summary, Catch::Contains(kernel));
+  check(op, {data, ids}, segment_sum_reference(data, ids, segs));
+}
+
 }  // namespace
 
 TEST_CASE("UnsortedSegmentSum adds rows in order") {
@@ -226,11 +237,7 @@ TEST_CASE("UnsortedSegmentSum by segment owners") {
   const int64_t cores = cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count;
   uint32_t seed = 200;
   auto run = [&](const HostTensor& data, const HostTensor& ids, int64_t segs) {
-    compiler::OpDesc op = segment_sum_op(data, ids, segs);
-    compiler::CompiledKernel k = compiler::compile(op, cfg);
-    REQUIRE(k.launches.size() == 1);
-    CHECK_THAT(k.launches[0].summary, Catch::Contains("segment owners"));
-    check(op, {data, ids}, segment_sum_reference(data, ids, segs));
+    check_segment_sum(data, ids, segs, "segment owners");
   };
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
     const int64_t inner = 64 / compiler::data_type_bytes(dt);  // two blocks per row
@@ -256,14 +263,9 @@ TEST_CASE("UnsortedSegmentSum by segment owners") {
 // Rows of whole 32-byte blocks and fewer segments than vector cores: the column-owner kernel
 // (each core owns a slice of column blocks of every segment, data rows streamed in batches).
 TEST_CASE("UnsortedSegmentSum by column owners") {
-  const auto& cfg = test_sim().config();
   uint32_t seed = 300;
   auto run = [&](const HostTensor& data, const HostTensor& ids, int64_t segs) {
-    compiler::OpDesc op = segment_sum_op(data, ids, segs);
-    compiler::CompiledKernel k = compiler::compile(op, cfg);
-    REQUIRE(k.launches.size() == 1);
-    CHECK_THAT(k.launches[0].summary, Catch::Contains("column owners"));
-    check(op, {data, ids}, segment_sum_reference(data, ids, segs));
+    check_segment_sum(data, ids, segs, "column owners");
   };
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
     // 1, 2, 3 and 5 column blocks per row: slices of one block, uneven last slices.
