@@ -250,6 +250,9 @@ TEST_CASE("UnsortedSegmentSum by segment owners") {
     for (int64_t r = 0; r < 90; ++r) runs.values.push_back(static_cast<double>((r / 4) % 3));
     run(data, runs, cores);
   }
+  // No data rows: zeros.
+  run(values(DataType::F32, {0, 16}, seed++), HostTensor{TensorDesc{DataType::S32, {0}}, {}},
+      cores);
   // Rows longer than a row buffer (column chunks) and than the zero buffer (stored row by row);
   // seven consecutive rows of one segment, more than a batch of such rows holds (2 here; 7
   // chunks would run past the UB).
