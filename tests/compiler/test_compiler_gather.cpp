@@ -171,6 +171,49 @@ TEST_CASE("GatherV2: axes, index types, element sizes") {
   check_gather(DataType::F32, {300, 129}, DataType::S64, {260}, 0, seed++);   // several tiles
 }
 
+namespace {
+
+// TF's UnsortedSegmentSum on the CPU: zeros, then out[ids[r]] += data[r] row by row in the
+// element type (s32 wrapping); ids outside [0, segs) dropped.
+HostTensor segment_sum_reference(const HostTensor& data, const HostTensor& ids, int64_t segs) {
+  const DataType dt = data.desc.dtype;
+  const int64_t rows = ids.desc.num_elements();
+  const int64_t inner = data.desc.num_elements() / std::max<int64_t>(rows, 1);
+  Shape os = {segs};
+  os.insert(os.end(), data.desc.shape.begin() + static_cast<int64_t>(ids.desc.shape.size()),
+            data.desc.shape.end());
+  HostTensor want{TensorDesc{dt, os}, std::vector<double>(static_cast<size_t>(numel(os)), 0)};
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t s = static_cast<int64_t>(ids.values[static_cast<size_t>(r)]);
+    if (s < 0 || s >= segs) continue;
+    for (int64_t j = 0; j < inner; ++j) {
+      double& w = want.values[static_cast<size_t>(s * inner + j)];
+      const double x = data.values[static_cast<size_t>(r * inner + j)];
+      w = dt == DataType::S32 ? static_cast<double>(static_cast<int32_t>(
+                                    static_cast<int64_t>(w) + static_cast<int64_t>(x)))
+                              : round_to(dt, w + x);
+    }
+  }
+  return want;
+}
+
+compiler::OpDesc segment_sum_op(const HostTensor& data, const HostTensor& ids, int64_t segs) {
+  return make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", segs}});
+}
+
+// Compiles UnsortedSegmentSum, checks that its one launch is the `kernel` kind (summary) and
+// runs it against the reference.
+void check_segment_sum(const HostTensor& data, const HostTensor& ids, int64_t segs,
+                       const char* kernel) {
+  compiler::OpDesc op = segment_sum_op(data, ids, segs);
+  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+  REQUIRE(k.launches.size() == 1);
+  CHECK_THAT(k.launches[0].summary, Catch::Contains(kernel));
+  check(op, {data, ids}, segment_sum_reference(data, ids, segs));
+}
+
+}  // namespace
+
 TEST_CASE("UnsortedSegmentSum adds rows in order") {
   uint32_t seed = 30;
   for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
@@ -178,36 +221,67 @@ TEST_CASE("UnsortedSegmentSum adds rows in order") {
              {{40, 19}, {40}, 7}, {{6, 5, 3}, {6, 5}, 4}, {{33}, {33}, 40}, {{0, 4}, {0}, 3}}) {
       HostTensor data = values(dt, ds, seed++);
       HostTensor ids = index_tensor(DataType::S32, ids_shape, -2, segs, seed++);  // some dropped
-      const int64_t rows = numel(ids_shape), inner = numel(ds) / std::max<int64_t>(rows, 1);
-      Shape os = {segs};
-      os.insert(os.end(), ds.begin() + static_cast<int64_t>(ids_shape.size()), ds.end());
-      HostTensor want{TensorDesc{dt, os}, std::vector<double>(static_cast<size_t>(numel(os)), 0)};
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t s = static_cast<int64_t>(ids.values[static_cast<size_t>(r)]);
-        if (s < 0 || s >= segs) continue;
-        for (int64_t j = 0; j < inner; ++j) {
-          double& w = want.values[static_cast<size_t>(s * inner + j)];
-          const double x = data.values[static_cast<size_t>(r * inner + j)];
-          w = dt == DataType::S32 ? static_cast<double>(static_cast<int32_t>(
-                                        static_cast<int64_t>(w) + static_cast<int64_t>(x)))
-                                  : round_to(dt, w + x);
-        }
-      }
-      check(make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", segs}}),
-            {data, ids}, want);
+      check(segment_sum_op(data, ids, segs), {data, ids}, segment_sum_reference(data, ids, segs));
     }
   }
   // s64 ids, several tiles of output.
   HostTensor data = values(DataType::F32, {500, 70}, 99);
   HostTensor ids = index_tensor(DataType::S64, {500}, 0, 299, 98);
-  HostTensor want{TensorDesc{DataType::F32, {300, 70}}, std::vector<double>(300 * 70, 0)};
-  for (int64_t r = 0; r < 500; ++r)
-    for (int64_t j = 0; j < 70; ++j) {
-      double& w = want.values[static_cast<size_t>(ids.values[static_cast<size_t>(r)] * 70 + j)];
-      w = round_to(DataType::F32, w + data.values[static_cast<size_t>(r * 70 + j)]);
+  check(segment_sum_op(data, ids, 300), {data, ids}, segment_sum_reference(data, ids, 300));
+}
+
+// Rows of whole 32-byte blocks and at least one segment per vector core: the segment-owner
+// kernel (each core owns every D-th output row and adds its rows in GM, in row order).
+TEST_CASE("UnsortedSegmentSum by segment owners") {
+  const auto& cfg = test_sim().config();
+  const int64_t cores = cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count;
+  uint32_t seed = 200;
+  auto run = [&](const HostTensor& data, const HostTensor& ids, int64_t segs) {
+    check_segment_sum(data, ids, segs, "segment owners");
+  };
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
+    const int64_t inner = 64 / compiler::data_type_bytes(dt);  // two blocks per row
+    // Random ids, some negative or >= segs (dropped), more segments than rows.
+    HostTensor data = values(dt, {90, inner}, seed++);
+    run(data, index_tensor(DataType::S32, {90}, -2, cores + 3, seed++), cores + 3);
+    run(data, index_tensor(DataType::S64, {90}, -3, 4 * cores + 2, seed++), 4 * cores);
+    // Runs of one segment (each row's load waits for the previous row's store), ids < D only.
+    HostTensor runs{TensorDesc{DataType::S32, {90}}, {}};
+    for (int64_t r = 0; r < 90; ++r) runs.values.push_back(static_cast<double>((r / 4) % 3));
+    run(data, runs, cores);
+  }
+  // No data rows: zeros.
+  run(values(DataType::F32, {0, 16}, seed++), HostTensor{TensorDesc{DataType::S32, {0}}, {}},
+      cores);
+  // Rows longer than a row buffer (column chunks) and than the zero buffer (stored row by row);
+  // seven consecutive rows of one segment, more than a batch of such rows holds (2 here; 7
+  // chunks would run past the UB).
+  for (int64_t inner : {int64_t{12288}, int64_t{40000}}) {
+    HostTensor data = values(DataType::F32, {11, inner}, seed++);
+    HostTensor ids{TensorDesc{DataType::S32, {11}}, {3, 0, 3, 3, 3, 3, 3, 3, 3, -1, 0}};
+    run(data, ids, cores);
+  }
+}
+
+// Rows of whole 32-byte blocks and fewer segments than vector cores: the column-owner kernel
+// (each core owns a slice of column blocks of every segment, data rows streamed in batches).
+TEST_CASE("UnsortedSegmentSum by column owners") {
+  uint32_t seed = 300;
+  auto run = [&](const HostTensor& data, const HostTensor& ids, int64_t segs) {
+    check_segment_sum(data, ids, segs, "column owners");
+  };
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16, DataType::S32}) {
+    // 1, 2, 3 and 5 column blocks per row: slices of one block, uneven last slices.
+    for (int64_t blocks : {1, 2, 3, 5}) {
+      const int64_t inner = blocks * 32 / compiler::data_type_bytes(dt);
+      HostTensor data = values(dt, {90, inner}, seed++);
+      run(data, index_tensor(DataType::S32, {90}, -1, 2, seed++), 2);  // -1 and 2 dropped
+      run(data, index_tensor(DataType::S64, {90}, 0, 2, seed++), 3);
     }
-  check(make_op("UnsortedSegmentSum", {data.desc, ids.desc}, {{"num_segments", int64_t{300}}}),
-        {data, ids}, want);
+  }
+  // Many batches of rows (1 KiB rows).
+  HostTensor data = values(DataType::F32, {3000, 256}, seed++);
+  run(data, index_tensor(DataType::S32, {3000}, 0, 1, seed++), 2);
 }
 
 TEST_CASE("OneHot: axes, dtypes, out-of-range indices") {

@@ -188,6 +188,13 @@ def test_gather_segment_sum_one_hot(npusim, tf, strict_placement, index_dtype):
     seg = _ints((7,), 18, 0, 4, index_dtype)
     _check(npusim, tf, lambda d, s: tf.math.unsorted_segment_sum(d, s, 4), [params, seg],
            "UnsortedSegmentSum")
+    # Rows of whole 32-byte blocks and at least one segment per vector core: the segment-owner
+    # kernel (docs/compiler.md, "UnsortedSegmentSum"); ids repeat, some run.
+    rows = _floats((40, 16), 20)
+    seg2 = np.repeat(_ints((20,), 21, 0, 9, index_dtype), 2)
+    _check(npusim, tf, lambda d, s: tf.math.unsorted_segment_sum(d, s, 9), [rows, seg2])
+    # Fewer segments than vector cores (a token-type table): the column-owner kernel.
+    _check(npusim, tf, lambda d, s: tf.math.unsorted_segment_sum(d, s, 2), [rows, seg2 % 2])
     labels = _ints((6,), 19, 0, 10, index_dtype)
     _check(npusim, tf, lambda i: tf.one_hot(i, 10), [labels], "OneHot")
     _check(npusim, tf, lambda i: tf.one_hot(i, 3, on_value=5, off_value=-1, axis=0), [labels])

@@ -241,7 +241,9 @@ LaneIds declare_lane_buffers(BufferPlan& plan, const KernelSpec& s,
   id.out_tmp = plan.add_sized("output values", per_row(isz(s.out_type)), 2);
   id.divvec = plan.add_sized("divisor", per_row(kLaneBytes), 1, s.divisor > 0);
   id.acc_idx = plan.add_sized("index slots", per_row(kSlotBytes), 1, s.arg);
-  id.rep = plan.add_sized("replicated row values", per_row(kBlock), 1, s.arg);
+  // replicate_rows writes whole groups of 8 row blocks (a stream group or a rows-kernel group of
+  // s64 results may hold fewer than 8, or not a multiple of 8, rows).
+  id.rep = plan.add_sized("replicated row values", scratch(replicated_bytes), 1, s.arg);
   id.replicate = plan.add_sized("replicate scratch", scratch(replicate_scratch_bytes), 1, s.arg);
   id.alt = plan.add_sized("alternating pattern", scratch(alt_pattern_bytes), 1, s.arg);
   id.iota64 = plan.add_fixed("iota 0..63", kSlotBytes, 1, s.arg);

@@ -188,12 +188,12 @@ RowsBuffers rows_buffers(const Spec& s) {
   r.d0 = p.add_sized("row values", blocks_of(kLaneBytes));
   r.d1 = p.add_sized("row values 2", blocks_of(kLaneBytes));
   r.d2 = p.add_sized("row values 3", blocks_of(kLaneBytes));
-  r.rep = p.add_sized("replicated", blocks_of(kBlock));
+  r.rep = p.add_sized("replicated", replicated_bytes);  // whole groups of 8 rows
   r.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   r.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   r.loss = p.add_sized("loss", blocks_of(s.size()), 2, s.xent());
   r.lbl = p.add_sized("labels", blocks_of(kLaneBytes), 2, sparse);
-  r.rep_lbl = p.add_sized("replicated labels", blocks_of(kBlock), 1, sparse);
+  r.rep_lbl = p.add_sized("replicated labels", replicated_bytes, 1, sparse);
   r.span = p.add_sized("span scratch", blocks_of(kSlotBytes), 1, sparse);
   r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
   r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
@@ -482,7 +482,8 @@ LongRowBuffers long_row_buffers(const Spec& s) {
   r.acc = p.add_fixed("lane slot", kSlotBytes);
   r.d = p.add_fixed("row value", kBlock);
   r.d2 = p.add_fixed("lanes_reduce scratch", kBlock);
-  r.rep = p.add_fixed("replicated row value", kBlock);
+  // replicate_rows writes a whole group of 8 row blocks even for one row.
+  r.rep = p.add_fixed("replicated row value", replicated_bytes(1));
   r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(1));
   r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(1));
   declare_repeat_overhang(p);
@@ -656,10 +657,12 @@ StreamBuffers stream_buffers(const Spec& s, int64_t G) {
   r.ds = p.add_sized("row sums", rows(kLaneBytes));
   r.dl = p.add_sized("log of the row sums", rows(kLaneBytes));
   r.d2 = p.add_sized("row values", rows(kLaneBytes));
-  r.rep_m = p.add_sized("maxima blocks", rows(kBlock));
-  r.rep_s = p.add_sized("sum blocks", rows(kBlock));
-  r.rep_l = p.add_sized("log-sum blocks", rows(kBlock));
-  r.rep_a = p.add_sized("label blocks", rows(kBlock));
+  // replicate_rows writes whole groups of 8 row blocks (G is a multiple of 8 here).
+  const BufferPlan::SizeFn rep = fixed_blocks(static_cast<int64_t>(replicated_bytes(G)));
+  r.rep_m = p.add_sized("maxima blocks", rep);
+  r.rep_s = p.add_sized("sum blocks", rep);
+  r.rep_l = p.add_sized("log-sum blocks", rep);
+  r.rep_a = p.add_sized("label blocks", rep);
   r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(G));
   r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(G));
   r.loss = p.add_sized("loss", rows(s.size()), 2);
@@ -668,7 +671,7 @@ StreamBuffers stream_buffers(const Spec& s, int64_t G) {
   r.bits_a = p.add_sized("compare bits", rows(8), 1, sparse);
   r.bits_b = p.add_sized("compare bits 2", rows(8), 1, sparse);
   r.addv = p.add_sized("NaN for invalid labels", rows(kLaneBytes), 1, sparse);
-  r.rep_v = p.add_sized("NaN blocks", rows(kBlock), 1, sparse);
+  r.rep_v = p.add_sized("NaN blocks", rep, 1, sparse);
   r.iota = p.add_sized("lane indices", blocks_of(kLaneBytes), 1, sparse);
   r.bits = p.add_sized("one-hot bits", [](int64_t lanes) { return rnd(lanes / 8); }, 1, sparse);
   r.consts = declare_sparse_consts(p, sparse);
