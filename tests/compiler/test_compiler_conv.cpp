@@ -406,6 +406,32 @@ TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on 
   check_depthwise(0, DataType::BF16, a, 2, 80);
 }
 
+TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel step") {
+  // Each group's channel blocks multiplied into their own column blocks of the tile.
+  // 40 channels in groups of 2 blocks: the second group one partial block (8 channels).
+  check_diagonal_groups(ConvCase{2, 7, 9, 40, 3, 3, 0}, 1, 2, 0, true, 100);
+  // Every block in one group (3 of 16, 96 outputs: multiplier 2), stride 2.
+  check_diagonal_groups(ConvCase{1, 9, 8, 48, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 2, 3, 0, true,
+                        102);
+  // Groups of 3 blocks over 33 channels (the last block 1 channel, the last group one block),
+  // dilation, a 16-pixel-wide map of one image per tile (every slab's planes whole fractals:
+  // one nd2nz for all).
+  check_diagonal_groups(ConvCase{2, 6, 16, 33, 3, 2, 0}.window(1, 1, 2, 1, "SAME"), 1, 3, 0, true,
+                        104, 1);
+  // One block per chunk (a tile's column blocks filled over two steps), weights resident and
+  // streamed.
+  for (bool resident : {true, false}) {
+    const std::string plan =
+        check_diagonal_groups(ConvCase{2, 5, 16, 64, 3, 3, 0}, 1, 2, 1, resident, 106, 1);
+    CHECK_THAT(plan, Catch::Contains("(2 chunk(s)"));
+  }
+  // Only groups of one 16-channel block merge.
+  compiler::ops::CubeConvSpec wide;
+  wide.cg_in = 32;
+  CHECK_THROWS_WITH(compiler::ops::merge_diagonal_groups(wide, 2, "dw"),
+                    Catch::Contains("one 16-channel block"));
+}
+
 TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   // Tilings forced to stack 2..4 images into one tall map (CubeConvTiling): image positions
   // not a multiple of 16, the batch not a multiple of the stack (the last stack is partial),
