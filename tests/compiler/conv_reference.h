@@ -337,20 +337,10 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
   check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, names[kind]);
 }
 
-// The cube convolution kernel with block-diagonal groups (CubeConvSpec::b_diagonal) run
-// directly: the depthwise convolution of x [n,h,w,c] by filter [kh,kw,c,m] (f16) as groups of
-// one 16-channel block, `per` of them merged into each group (merge_diagonal_groups), the
-// planner's tiling or (kc1 > 0) that tiling in chunks of kc1 channel blocks with resident or
-// streamed weights. B is the block-diagonal filter Wbd[g][tap][c0][c0 * m + q] =
-// filter[tap][16g + c0][q] (zeros elsewhere and past c) written here; y (c * m channels, rows
-// of c * m elements: whole 32-byte blocks on chips without an l0c->gm path) against the
-// direct depthwise product. stack > 0 forces that many images per tall map. Returns the
-// tiling's description.
-inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int64_t kc1,
-                                         bool resident, uint32_t seed, int64_t stack = 0) {
-  c.cout = c.c * m;
+// The cube convolution kernel's spec for c's map and window (x NHWC [n, h, w, c], f16):
+// images .. pr; the caller sets the groups and the weights' layout.
+inline compiler::ops::CubeConvSpec cube_conv_geometry(const ConvCase& c) {
   const Dim dh = c.dim_h(), dw = c.dim_w();
-  const int64_t blocks = (c.c + 15) / 16, taps = c.kh * c.kw;
   compiler::ops::CubeConvSpec s;
   s.images = c.n;
   s.hs = c.h;
@@ -366,6 +356,24 @@ inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int
   s.pb = dh.after;
   s.pl = dw.before;
   s.pr = dw.after;
+  return s;
+}
+
+// The cube convolution kernel with block-diagonal groups (CubeConvSpec::b_diagonal) run
+// directly: the depthwise convolution of x [n,h,w,c] by filter [kh,kw,c,m] (f16) as groups of
+// one 16-channel block, `per` of them merged into each group (merge_diagonal_groups), the
+// planner's tiling or (kc1 > 0) that tiling in chunks of kc1 channel blocks with resident or
+// streamed weights. B is the block-diagonal filter Wbd[g][tap][c0][c0 * m + q] =
+// filter[tap][16g + c0][q] (zeros elsewhere and past c) written here; y (c * m channels, rows
+// of c * m elements: whole 32-byte blocks on chips without an l0c->gm path) against the
+// direct depthwise product. stack > 0 forces that many images per tall map. Returns the
+// tiling's description.
+inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int64_t kc1,
+                                         bool resident, uint32_t seed, int64_t stack = 0) {
+  c.cout = c.c * m;
+  const Dim dh = c.dim_h(), dw = c.dim_w();
+  const int64_t blocks = (c.c + 15) / 16, taps = c.kh * c.kw;
+  compiler::ops::CubeConvSpec s = cube_conv_geometry(c);
   s.groups = blocks;
   s.cg_in = 16;
   s.cg_out = 16 * m;

@@ -466,21 +466,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   for (const Forced& fc : cases) {
     const ConvCase& c = fc.c;
     const Dim dh = c.dim_h(), dw = c.dim_w();
-    compiler::ops::CubeConvSpec s;
-    s.images = c.n;
-    s.hs = c.h;
-    s.ws = c.w;
-    s.cs = c.c;
-    s.kh = c.kh;
-    s.kw = c.kw;
-    s.sh = c.sh;
-    s.sw = c.sw;
-    s.dh = c.dh;
-    s.dw = c.dw;
-    s.pt = dh.before;
-    s.pb = dh.after;
-    s.pl = dw.before;
-    s.pr = dw.after;
+    compiler::ops::CubeConvSpec s = cube_conv_geometry(c);
     s.cg_in = c.c;
     s.cg_out = s.cy = c.cout;
     s.b_tap = c.c * c.cout;
