@@ -293,8 +293,10 @@ void for_each_depthwise_product(const ConvCase& c, int64_t m, F&& f) {
   });
 }
 
-// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter.
-inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32_t seed) {
+// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter. Returns the
+// launches' summaries.
+inline std::vector<std::string> check_depthwise(int kind, DataType dt, ConvCase c, int64_t m,
+                                                uint32_t seed) {
   c.cout = c.c * m;
   const char* names[] = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
                          "DepthwiseConv2dNativeBackpropFilter"};
@@ -335,6 +337,9 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
     if (kind == 2) accumulate(ref, fi, x.values[xq] * dy.values[yq]);
   });
   check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, names[kind]);
+  std::vector<std::string> summaries;
+  for (const compiler::Launch& l : k.launches) summaries.push_back(l.summary);
+  return summaries;
 }
 
 // The cube convolution kernel's spec for c's map and window (x NHWC [n, h, w, c], f16):

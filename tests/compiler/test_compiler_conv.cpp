@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
@@ -430,6 +431,33 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
   wide.cg_in = 32;
   CHECK_THROWS_WITH(compiler::ops::merge_diagonal_groups(wide, 2, "dw"),
                     Catch::Contains("one 16-channel block"));
+}
+
+TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per kernel step") {
+  // Sets the variable for the test's compiles, unset again on the way out.
+  struct Groups {
+    explicit Groups(const char* v) { setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v, 1); }
+    ~Groups() { unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP"); }
+  };
+  // 40 channels x multiplier 2 (3 groups, the last 8 channels): 2 per step (the second step's
+  // group one partial block), and more than there are (all 3 in one step).
+  const ConvCase c{2, 7, 9, 40, 3, 3, 0};
+  {
+    Groups two("2");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 110), "2 group(s) of 32 -> 64"));
+  }
+  {
+    Groups five("5");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 112), "1 group(s) of 48 -> 96"));
+  }
+  CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  Groups zero("0");
+  const compiler::OpDesc op =
+      make_op("DepthwiseConv2dNative",
+              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
+              c.attrs());
+  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                    Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
 }
 
 TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {

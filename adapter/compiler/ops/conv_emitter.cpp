@@ -700,7 +700,8 @@ class ConvEmitter {
   // Block-diagonal B: per channel block of the chunk (k [kb0, kb0 + taps * 16) of the chunk),
   // its mmad steps into its own column block of the tile (absolute block c1 = ch * kc1 +
   // kb0 / (taps * 16): L0C columns [c1 * bd, c1 * bd + bd), bd * M16 * 4 bytes per block,
-  // min(bd, n_act - c1 * bd) of them valid), the block's first step starting from zeros.
+  // min(bd, n_act - c1 * bd) of them valid; L0C holds tn16 = c1_in * bd columns), the block's
+  // first step starting from zeros.
   // r.l0c walks the column blocks.
   void diagonal_mmads(StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk,
                       const ChunkRegs& c) {
@@ -716,13 +717,10 @@ class ConvEmitter {
     b.mul(cols, cols, r.m16);
     b.add(r.l0c, r.l0c, cols, "the chunk's first column block in L0C");
     b.for_range(kb0, 0, c.kc, kblock, [&] {
-      // cols = min(bd, n_act - c1 * bd), c1 = ch * kc1 + kb0 / (taps * 16)
-      b.div(cols, kb0, kblock);
-      b.mul(kend, ch, m_t.kc1);
-      b.add(cols, cols, kend, "channel block of the group");
-      b.mul(cols, cols, bd);
-      b.sub(cols, c.n_act, cols);
-      b.min(cols, cols, bd, "columns of the block");
+      // Every block's mmads write all bd columns (L0B holds the block's bd / 16 fractal
+      // columns per k-block, so the mmad's n must be bd to read them; in a partial last block
+      // the columns past n_act, zero weights, are not stored).
+      b.movi(cols, bd, "columns of the block");
       b.add(kend, kb0, kblock);
       b.for_range(kk, kb0, kend, m_t.tk0, [&] {
         mmad_step(r, pt, ch, kk, kend, c.msl, c.chan, c.m_act, MmadOut{r.l0c, cols, &kb0});
