@@ -293,8 +293,10 @@ void for_each_depthwise_product(const ConvCase& c, int64_t m, F&& f) {
   });
 }
 
-// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter.
-inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32_t seed) {
+// kind 0: DepthwiseConv2dNative, 1: ...BackpropInput, 2: ...BackpropFilter. Returns the
+// launches' summaries.
+inline std::vector<std::string> check_depthwise(int kind, DataType dt, ConvCase c, int64_t m,
+                                                uint32_t seed) {
   c.cout = c.c * m;
   const char* names[] = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
                          "DepthwiseConv2dNativeBackpropFilter"};
@@ -335,6 +337,81 @@ inline void check_depthwise(int kind, DataType dt, ConvCase c, int64_t m, uint32
     if (kind == 2) accumulate(ref, fi, x.values[xq] * dy.values[yq]);
   });
   check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, names[kind]);
+  std::vector<std::string> summaries;
+  for (const compiler::Launch& l : k.launches) summaries.push_back(l.summary);
+  return summaries;
+}
+
+// The cube convolution kernel's spec for c's map and window (x NHWC [n, h, w, c], f16):
+// images .. pr; the caller sets the groups and the weights' layout.
+inline compiler::ops::CubeConvSpec cube_conv_geometry(const ConvCase& c) {
+  const Dim dh = c.dim_h(), dw = c.dim_w();
+  compiler::ops::CubeConvSpec s;
+  s.images = c.n;
+  s.hs = c.h;
+  s.ws = c.w;
+  s.cs = c.c;
+  s.kh = c.kh;
+  s.kw = c.kw;
+  s.sh = c.sh;
+  s.sw = c.sw;
+  s.dh = c.dh;
+  s.dw = c.dw;
+  s.pt = dh.before;
+  s.pb = dh.after;
+  s.pl = dw.before;
+  s.pr = dw.after;
+  return s;
+}
+
+// The cube convolution kernel with block-diagonal groups (CubeConvSpec::b_diagonal) run
+// directly: the depthwise convolution of x [n,h,w,c] by filter [kh,kw,c,m] (f16) as groups of
+// one 16-channel block, `per` of them merged into each group (merge_diagonal_groups), the
+// planner's tiling or (kc1 > 0) that tiling in chunks of kc1 channel blocks with resident or
+// streamed weights. B is the block-diagonal filter Wbd[g][tap][c0][c0 * m + q] =
+// filter[tap][16g + c0][q] (zeros elsewhere and past c) written here; y (c * m channels, rows
+// of c * m elements: whole 32-byte blocks on chips without an l0c->gm path) against the
+// direct depthwise product. stack > 0 forces that many images per tall map. Returns the
+// tiling's description.
+inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int64_t kc1,
+                                         bool resident, uint32_t seed, int64_t stack = 0) {
+  c.cout = c.c * m;
+  const Dim dh = c.dim_h(), dw = c.dim_w();
+  const int64_t blocks = (c.c + 15) / 16, taps = c.kh * c.kw;
+  compiler::ops::CubeConvSpec s = cube_conv_geometry(c);
+  s.groups = blocks;
+  s.cg_in = 16;
+  s.cg_out = 16 * m;
+  s.cy = c.c * m;
+  s.b_tap = 256 * m;
+  s.b_group = taps * s.b_tap;
+  s.b_row = 16 * m;
+  s = compiler::ops::merge_diagonal_groups(s, per, "test");
+  const ChipConfig& cfg = test_sim().config();
+  auto t = compiler::ops::plan_cube_conv(s, cfg, "test", stack);
+  if (kc1 > 0) t = compiler::ops::rechunk_cube_conv(s, t, kc1, resident, cfg, "test");
+  INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] x " << m << ", " << per
+             << " blocks per group: " << t.str());
+  HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  HostTensor f = random_tensor(DataType::F16, {c.kh, c.kw, c.c, m}, -1, 1, seed + 1);
+  HostTensor wbd{TensorDesc{DataType::F16, {blocks, taps, 16, 16 * m}},
+                 std::vector<double>(static_cast<size_t>(blocks * taps * 256 * m), 0.0)};
+  for (int64_t g = 0; g < blocks; ++g)
+    for (int64_t tap = 0; tap < taps; ++tap)
+      for (int64_t c0 = 0; c0 < 16 && 16 * g + c0 < c.c; ++c0)
+        for (int64_t q = 0; q < m; ++q)
+          wbd.values[static_cast<size_t>(((g * taps + tap) * 16 + c0) * 16 * m + c0 * m + q)] =
+              f.values[static_cast<size_t>((tap * c.c + 16 * g + c0) * m + q)];
+  Reference ref = new_reference(static_cast<size_t>(c.n * dh.out * dw.out * c.cout));
+  for_each_depthwise_product(c, m, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  compiler::CompiledKernel k;
+  k.outputs = {TensorDesc{DataType::F16, {c.n, dh.out, dw.out, c.cout}}};
+  k.launches = {compiler::ops::build_cube_conv(s, t, cfg, "test")};
+  RunResult r = run_compiled(test_sim(), k, {x, wbd});
+  check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+  return t.str();
 }
 
 // Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias]): the reference

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
@@ -406,6 +407,59 @@ TEST_CASE("Depthwise convolutions and their gradients (block-diagonal groups on 
   check_depthwise(0, DataType::BF16, a, 2, 80);
 }
 
+TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel step") {
+  // Each group's channel blocks multiplied into their own column blocks of the tile.
+  // 40 channels in groups of 2 blocks: the second group one partial block (8 channels).
+  check_diagonal_groups(ConvCase{2, 7, 9, 40, 3, 3, 0}, 1, 2, 0, true, 100);
+  // Every block in one group (3 of 16, 96 outputs: multiplier 2), stride 2.
+  check_diagonal_groups(ConvCase{1, 9, 8, 48, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 2, 3, 0, true,
+                        102);
+  // Groups of 3 blocks over 33 channels (the last block 1 channel, the last group one block),
+  // dilation, a 16-pixel-wide map of one image per tile (every slab's planes whole fractals:
+  // one nd2nz for all).
+  check_diagonal_groups(ConvCase{2, 6, 16, 33, 3, 2, 0}.window(1, 1, 2, 1, "SAME"), 1, 3, 0, true,
+                        104, 1);
+  // One block per chunk (a tile's column blocks filled over two steps), weights resident and
+  // streamed.
+  for (bool resident : {true, false}) {
+    const std::string plan =
+        check_diagonal_groups(ConvCase{2, 5, 16, 64, 3, 3, 0}, 1, 2, 1, resident, 106, 1);
+    CHECK_THAT(plan, Catch::Contains("(2 chunk(s)"));
+  }
+  // Only groups of one 16-channel block merge.
+  compiler::ops::CubeConvSpec wide;
+  wide.cg_in = 32;
+  CHECK_THROWS_WITH(compiler::ops::merge_diagonal_groups(wide, 2, "dw"),
+                    Catch::Contains("one 16-channel block"));
+}
+
+TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per kernel step") {
+  // Sets the variable for the test's compiles, unset again on the way out.
+  struct Groups {
+    explicit Groups(const char* v) { setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v, 1); }
+    ~Groups() { unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP"); }
+  };
+  // 40 channels x multiplier 2 (3 groups, the last 8 channels): 2 per step (the second step's
+  // group one partial block), and more than there are (all 3 in one step).
+  const ConvCase c{2, 7, 9, 40, 3, 3, 0};
+  {
+    Groups two("2");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 110), "2 group(s) of 32 -> 64"));
+  }
+  {
+    Groups five("5");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 112), "1 group(s) of 48 -> 96"));
+  }
+  CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  Groups zero("0");
+  const compiler::OpDesc op =
+      make_op("DepthwiseConv2dNative",
+              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
+              c.attrs());
+  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                    Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
+}
+
 TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   // Tilings forced to stack 2..4 images into one tall map (CubeConvTiling): image positions
   // not a multiple of 16, the batch not a multiple of the stack (the last stack is partial),
@@ -440,21 +494,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   for (const Forced& fc : cases) {
     const ConvCase& c = fc.c;
     const Dim dh = c.dim_h(), dw = c.dim_w();
-    compiler::ops::CubeConvSpec s;
-    s.images = c.n;
-    s.hs = c.h;
-    s.ws = c.w;
-    s.cs = c.c;
-    s.kh = c.kh;
-    s.kw = c.kw;
-    s.sh = c.sh;
-    s.sw = c.sw;
-    s.dh = c.dh;
-    s.dw = c.dw;
-    s.pt = dh.before;
-    s.pb = dh.after;
-    s.pl = dw.before;
-    s.pr = dw.after;
+    compiler::ops::CubeConvSpec s = cube_conv_geometry(c);
     s.cg_in = c.c;
     s.cg_out = s.cy = c.cout;
     s.b_tap = c.c * c.cout;

@@ -115,6 +115,16 @@ bool batch_norm_in_epilogue(const std::vector<std::string>& names, const std::st
 
 }  // namespace
 
+TEST_CASE("coupled chip: block-diagonal groups, tiles through the UB") {
+  // 48 channels in groups of 2 blocks (the second group one block); an 8-pixel-wide map
+  // of one image per tile (planes of an even row count whole fractals: one nd2nz for all,
+  // else one per plane).
+  check_diagonal_groups(ConvCase{2, 7, 8, 48, 3, 3, 0}, 1, 2, 0, true, 40, 1);
+  // Multiplier 2, stride 2, every block in one group.
+  check_diagonal_groups(ConvCase{1, 9, 9, 32, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 2, 2, 0, true,
+                        42);
+}
+
 TEST_CASE("coupled chip: the batch norm in the convolution's way out through the UB") {
   // No bias table: the vector unit applies y * a + shift, the activation and the one rounding
   // to Tout on each tile between FIXPIPE (f32 into the UB) and MTE3; no launch of its own.

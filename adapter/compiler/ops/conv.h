@@ -85,6 +85,14 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
+  // Block-diagonal groups (the depthwise convolutions' several 16-channel groups per step):
+  // B_g is zero but for its c1_in() diagonal blocks, block j being channel block j's rows
+  // (16 input channels, all taps) by columns [j * bd, (j + 1) * bd), bd = cg_out / c1_in()
+  // (a multiple of 16): B_g[k][j * bd + n] at w + (g * c1_in() + j) * b_group + tap * b_tap +
+  // c0 * b_row + n (kRowsK, no flip, no bias), so b_group is one block's stride. The kernel
+  // multiplies each channel block into its own column block of the tile (one n tile per
+  // group) and loads only the blocks, not the zeros.
+  bool b_diagonal = false;
   // Epilogue: bias adds an f32 [cy] argument "bias" (after y) to every output position, through
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
@@ -124,6 +132,8 @@ struct CubeConvSpec {
   int64_t oh() const { return (hv() + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (wv() + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
   int64_t c1_in() const { return (cg_in + 15) / 16; }  // channel blocks of a full group
+  // The columns one k-block of B reaches: a diagonal block's, or all of a group's.
+  int64_t b_cols(int64_t tn16) const { return b_diagonal ? cg_out / c1_in() : tn16; }
   int64_t pitch() const { return y_pitch ? y_pitch : cy; }
 };
 
@@ -170,6 +180,13 @@ struct CubeConvTiling {
   double est_cycles = 0;      // the planner's estimate for the busiest core
   std::string str() const;
 };
+
+// The spec s of groups of one 16-channel block with block-diagonal weights (the depthwise
+// convolutions' 16-channel groups: cg_in == 16, B_g the group's 16 x cg_out block at
+// w + g * b_group) with `per` of its groups in each group (CubeConvSpec::b_diagonal for per
+// > 1, the same b_group: one block's stride), so that one kernel step serves `per` of them;
+// CompileError (naming op) unless s has such groups.
+CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std::string& op);
 
 // Chooses the tiling for the cube cores of cfg; CompileError (naming op) if nothing fits or a
 // geometry field exceeds the ISA (kernel > 255, stride or dilation > 15, padding > 255).

@@ -76,6 +76,9 @@
 // movement ops (docs/compiler.md), the compiler takes their values as an attribute of the same
 // name (list(int)) or else from OpDesc::outputs[0]; `inputs` holds the data tensors, or TF's
 // full input list (the shape tensor is then checked and ignored).
+#include <algorithm>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/batchnorm.h"
@@ -1219,6 +1222,22 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
                           f);
 }
 
+// NPUSIM_DEPTHWISE_GROUPS_PER_STEP=N in the environment: the depthwise convolutions' kernel
+// serves N of its 16-channel groups per step (merge_diagonal_groups, at most the groups there
+// are); unset or empty: one. The planner does not choose N (docs/validation.md, MobileNetV2 on
+// the 310P: its estimate does not rank the counts), so this is a measuring switch, read at
+// every compile; CompileError unless N is a positive integer.
+int64_t depthwise_groups_per_step(const OpDesc& op, int64_t groups) {
+  const char* v = std::getenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP");
+  if (!v || !*v) return 1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 1)
+    op.fail(fmt::format(
+        "NPUSIM_DEPTHWISE_GROUPS_PER_STEP='{}' is not a positive count of 16-channel groups", v));
+  return std::min<int64_t>(n, groups);
+}
+
 // DepthwiseConv2dNative, and DepthwiseConv2dBatchNormInference (x, filter, scale, offset, mean,
 // variance[, bias]; epsilon, relu, relu6, Tx, Tout: the graph fusion of DepthwiseConv2dNative ->
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
@@ -1267,6 +1286,8 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_tap = 256 * d.m;
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
+  const int64_t per_step = depthwise_groups_per_step(op, s.groups);
+  if (per_step > 1) s = merge_diagonal_groups(s, per_step, op.str());
   if (batch_norm && batch_norm_in_epilogue(ctx, s)) {
     // Through the UB, a folded into the filter as for one group (f16(W * a), then its
     // block-diagonal form, both derived from filter, scale and variance): the epilogue adds

@@ -28,6 +28,11 @@
 //   block that needs it loads it chunk by chunk, each chunk in the compute step that first
 //   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
 //   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
+// Block-diagonal groups (CubeConvSpec::b_diagonal, several depthwise 16-channel groups per
+// step): L1 holds only B's diagonal blocks (one nd2nz per k-block of a block's columns), each
+// channel block's mmad steps write only its own column block of the L0C tile (the first from
+// zeros), and a dense slab whose planes are whole fractals is loaded by one nd2nz for all
+// its planes; one FIXPIPE, epilogue and store serve the step's groups.
 // load3d's set_fmatrix takes the paddings as immediates; a tile's slab starts at the first
 // input row it needs (top padding only for the first output rows, bottom only for the last),
 // so the kernel selects among the few (top, bottom) pairs the tiling produces.
@@ -72,6 +77,8 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling&
   g.x_pixel = s.x_pixel;
   g.x_row = s.x_row;
   g.x_image = s.x_image;
+  g.planes_at_once = s.b_diagonal && t.stack == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 &&
+                     s.ext_h == 0 && s.ext_w == 0;
   return g;
 }
 
@@ -223,7 +230,8 @@ class ConvEmitter {
     const ConvL1Buffers l1 = conv_l1_buffers(m_t, bias_bytes);
     BufferPlan l0a(Buf::L0A), l0b(Buf::L0B), l0c(Buf::L0C), bt(Buf::BT);
     const auto a = l0a.add_fixed("A step", static_cast<uint64_t>(m_t.tm * m_t.tk0 * m_isz), 2);
-    const auto bb = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk0 * tn16 * m_isz), 2);
+    const auto bb =
+        l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk0 * m_s.b_cols(tn16) * m_isz), 2);
     const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes),
                                  m_t.l0c_buffers);
     const auto bias_bt =
@@ -419,11 +427,14 @@ class ConvEmitter {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "weights: one nd2nz per (16 input channels, tap)");
     Reg base = b.reg("weights: group base"), d = b.reg("weights: destination");
-    // base = w + (g * b_group + (kRowsK ? n0 : n0 * b_row)) * size
+    // base = w + (g * b_group + (kRowsK ? n0 : n0 * b_row)) * size; block-diagonal: w +
+    // g * c1_in * b_group (one n tile: n0 = 0)
     b.div(base, key, m_t.n_tiles);
-    b.mul(base, base, m_s.b_group);
+    b.mul(base, base, m_s.b_diagonal ? m_s.c1_in() * m_s.b_group : m_s.b_group);
     Reg t = b.reg("weights: temp");
-    if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+    if (m_s.b_diagonal) {
+      // (the diagonal block's stride is added per channel block below)
+    } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
       b.add(base, base, n0);
     } else {
       b.mul(t, n0, m_s.b_row);
@@ -435,7 +446,10 @@ class ConvEmitter {
       b.add(base, base, w);
     }
     Reg nrows = b.reg("weights: n rows padded");
-    round16(b, nrows, n_act);
+    if (m_s.b_diagonal)
+      b.movi(nrows, diagonal_cols(), "a diagonal block's columns");
+    else
+      round16(b, nrows, n_act);
     b.mov(d, dst);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
     b.add(end, c1a, ncb);
@@ -454,7 +468,14 @@ class ConvEmitter {
           b.mov(src, tap);
         }
         b.mul(src, src, m_s.b_tap);
-        if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+        if (m_s.b_diagonal) {
+          b.mul(t, c, m_s.b_group);
+          b.add(src, src, t);
+          b.mul(src, src, m_isz);
+          b.add(src, src, base);
+          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
+                 "k-block: 16 input channels x their diagonal block's columns");
+        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
           b.mul(t, c, kBlk * m_s.b_row);
           b.add(src, src, t);
           b.mul(src, src, m_isz);
@@ -584,8 +605,12 @@ class ConvEmitter {
       select(b, t.bbase, p, m_bbuf);
       return;
     }
-    // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512.
-    round16(b, t.bbase, t.n_act);
+    // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512 (nb * 16: the
+    // columns of a k-block).
+    if (m_s.b_diagonal)
+      b.movi(t.bbase, diagonal_cols());
+    else
+      round16(b, t.bbase, t.n_act);
     b.mul(t.bbase, t.bbase, c1a);
     b.mul(t.bbase, t.bbase, m_taps * kBlk * m_isz);
     b.add(t.bbase, t.bbase, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
@@ -622,6 +647,20 @@ class ConvEmitter {
     });
   }
 
+  // Registers an mmad step reads, set once per chunk: the chunk's slab in L1 (buffer p), the
+  // tile's L0C buffer, round16(m_act), nb = round16(n_act) / 16, and B's L1 address for the
+  // next step (advanced by bstep = tk0 / 16 * nb fractals per step).
+  struct StepRegs {
+    Reg slab, l0c, m16, nb, bsrc, bstep, bias;  // bias: the tile's bias in L1 (with a bias)
+  };
+
+  // Where a step's mmad writes: its L0C address and columns, and (block-diagonal B) the k
+  // where its column block begins (CubePipeline::mmad's block_start).
+  struct MmadOut {
+    const Reg &l0c, &n;
+    const Reg* block_start;
+  };
+
   struct ChunkRegs {
     const Reg &m_act, &n_act, &msl, &chan, &kc, &bbase;
   };
@@ -641,13 +680,54 @@ class ConvEmitter {
     select(b, r.slab, p, m_slab_buf);
     select(b, r.l0c, pt, m_l0c);
     round16(b, r.m16, c.m_act);
+    Reg kk = b.reg("compute: k within the chunk");
+    if (m_s.b_diagonal) {
+      b.mov(r.bsrc, c.bbase);
+      diagonal_mmads(r, pt, ch, kk, c);
+      return;
+    }
     round16(b, r.nb, c.n_act);
     b.shr(r.nb, r.nb, 4, "nb");
     b.mov(r.bsrc, c.bbase);
     b.mul(r.bstep, r.nb, m_t.tk0 * 32, "tk0/16 * nb * 512");
-    Reg kk = b.reg("compute: k within the chunk");
-    b.for_range(kk, 0, c.kc, m_t.tk0,
-                [&] { mmad_step(r, pt, ch, kk, c.kc, c.msl, c.chan, c.m_act, c.n_act); });
+    b.for_range(kk, 0, c.kc, m_t.tk0, [&] {
+      mmad_step(r, pt, ch, kk, c.kc, c.msl, c.chan, c.m_act, MmadOut{r.l0c, c.n_act, nullptr});
+    });
+  }
+
+  int64_t diagonal_cols() const { return m_s.cg_out / m_s.c1_in(); }
+
+  // Block-diagonal B: per channel block of the chunk (k [kb0, kb0 + taps * 16) of the chunk),
+  // its mmad steps into its own column block of the tile (absolute block c1 = ch * kc1 +
+  // kb0 / (taps * 16): L0C columns [c1 * bd, c1 * bd + bd), bd * M16 * 4 bytes per block,
+  // min(bd, n_act - c1 * bd) of them valid; L0C holds tn16 = c1_in * bd columns), the block's
+  // first step starting from zeros.
+  // r.l0c walks the column blocks.
+  void diagonal_mmads(StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk,
+                      const ChunkRegs& c) {
+    KernelBuilder& b = m_b;
+    const int64_t bd = diagonal_cols(), kblock = m_taps * kBlk;
+    b.movi(r.nb, bd / kBlk, "nb: a diagonal block's fractal columns");
+    r.bstep.release();  // (steps advance B by their own k; no bias)
+    r.bias.release();
+    Reg kend = b.reg("compute: end of the block's k"),
+        cols = b.reg("compute: columns of the block"), kb0 = b.reg("compute: the block's first k");
+    // r.l0c += ch * kc1 * bd * M16 * 4: the chunk's first column block
+    b.mul(cols, ch, m_t.kc1 * bd * kL0cElemBytes);
+    b.mul(cols, cols, r.m16);
+    b.add(r.l0c, r.l0c, cols, "the chunk's first column block in L0C");
+    b.for_range(kb0, 0, c.kc, kblock, [&] {
+      // Every block's mmads write all bd columns (L0B holds the block's bd / 16 fractal
+      // columns per k-block, so the mmad's n must be bd to read them; in a partial last block
+      // the columns past n_act, zero weights, are not stored).
+      b.movi(cols, bd, "columns of the block");
+      b.add(kend, kb0, kblock);
+      b.for_range(kk, kb0, kend, m_t.tk0, [&] {
+        mmad_step(r, pt, ch, kk, kend, c.msl, c.chan, c.m_act, MmadOut{r.l0c, cols, &kb0});
+      });
+      b.mul(cols, r.m16, bd * kL0cElemBytes);
+      b.add(r.l0c, r.l0c, cols, "next column block");
+    });
   }
 
   // FIX of a stacked tile (step s; C m_act x n_act at l0c, NZ with M16 = round16(m_act)): per
@@ -725,27 +805,24 @@ class ConvEmitter {
       m_pipe.l0c_stored(pt);
   }
 
-  // Registers an mmad step reads, set once per chunk: the chunk's slab in L1 (buffer p), the
-  // tile's L0C buffer, round16(m_act), nb = round16(n_act) / 16, and B's L1 address for the
-  // next step (advanced by bstep = tk0 / 16 * nb fractals per step).
-  struct StepRegs {
-    Reg slab, l0c, m16, nb, bsrc, bstep, bias;  // bias: the tile's bias in L1 (with a bias)
-  };
-
-  // One mmad step: k [kk, kk + ks) of the chunk, into L0C buffer pt. The L0 parity (the step
+  // One mmad step: k [kk, kk + ks) of the chunk (ks = min(tk0, kend - kk)), into L0C buffer
+  // pt at out.l0c (its out.n columns). The L0 parity (the step
   // count's low bit) selects one of two copies of the step, so its flags and L0 addresses are
   // immediates. With a bias, a tile's first step copies its bias into the BT row of the L0
   // parity (free: the mmad that last read it, two steps back, freed the L0 buffers MTE1 waited
   // for) and its mmad starts from it (init 2).
-  void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kc,
-                 const Reg& msl, const Reg& chan, const Reg& m_act, const Reg& n_act) {
+  void mmad_step(const StepRegs& r, const Reg& pt, const Reg& ch, const Reg& kk, const Reg& kend,
+                 const Reg& msl, const Reg& chan, const Reg& m_act, const MmadOut& out) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "mmad step: load3d A, load2d B, mmad");
+    const Reg& n_act = out.n;
     Reg ks = b.reg("step: k"), q = b.reg("step: L0 parity");
-    b.sub(ks, kc, kk);
+    b.sub(ks, kend, kk);
     b.min(ks, ks, m_t.tk0, "k in this step");
     Reg a = b.reg("step: L0A address"), l0b = b.reg("step: L0B address"),
-        n = b.reg("step: fractals"), bt = b.reg("step: bias row in BT");
+        n = b.reg("step: fractals");
+    Reg bt;
+    if (m_s.bias) bt = b.reg("step: bias row in BT");
     // B: fractals [kk/16 * nb, (kk + ks)/16 * nb) of the L1 image, one load2d.
     b.shr(n, ks, 4);
     b.mul(n, n, r.nb, "fractals of the step");
@@ -772,13 +849,19 @@ class ConvEmitter {
       }
       m_pipe.l0_loaded(par, "L0 step loaded");
       if (m_s.bias)
-        m_pipe.mmad({m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk, 2, &bt,
+        m_pipe.mmad({m_s.in_type, out.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk, 2, &bt,
                     "C = bias + A * B");
       else
-        m_pipe.mmad({m_s.in_type, r.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk);
+        m_pipe.mmad({m_s.in_type, out.l0c, a, l0b, m_act, ks, n_act}, pt, ch, kk, 0, nullptr,
+                    "C = A * B", out.block_start);
       m_pipe.l0_read(par, "L0 buffers read");
     });
-    b.add(r.bsrc, r.bsrc, r.bstep);
+    if (out.block_start) {  // a block's last step may be short: advance by this step's fractals
+      b.shl(n, n, 9, "fractals x 512 bytes");
+      b.add(r.bsrc, r.bsrc, n);
+    } else {
+      b.add(r.bsrc, r.bsrc, r.bstep);
+    }
     m_pipe.next_l0_step();
   }
 

@@ -384,6 +384,22 @@ void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
   b.add(r.src, r.src, r.t);
   b.mul(r.src, r.src, m_isz);
   b.add(r.src, r.src, a.x, "source of the first block");
+  Label done;
+  if (m_g.planes_at_once) {
+    done = b.label("slab_loaded");
+    // Planes of whole fractals: nd2nz's column block j (at j * rows * 32 bytes) is plane j,
+    // so one nd2nz reads each pixel's min(cvalid - 16 * c1a, 16 * ncb) channels at once.
+    Label per_plane = b.label("slab_per_plane");
+    b.branch(ne(rows, r.plane), per_plane);
+    b.mul(r.t, a.c1a, kBlk);
+    b.sub(r.t, a.cvalid, r.t);
+    b.shl(r.end, a.ncb, 4);
+    b.min(r.t, r.t, r.end, "channels of the slab's planes");
+    b.emit(Opcode::op_nd2nz, {m_g.type, a.dst, r.src, r.plane, r.t, m_g.cs, rows},
+           "every plane at once");
+    b.jmp(done);
+    b.bind(per_plane);
+  }
   b.mov(r.d, a.dst);
   b.add(r.end, a.c1a, a.ncb);
   b.for_range(r.c, a.c1a, r.end, 1, [&] {
@@ -396,6 +412,7 @@ void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
     b.mul(r.t, r.plane, kBlkBytes);
     b.add(r.d, r.d, r.t);
   });
+  if (m_g.planes_at_once) b.bind(done);
 }
 
 // Zero insertion: the slab zeroed, then the stored rows (virtual rows u = srow * up_h in

@@ -79,6 +79,10 @@ class SlabEmitter {
     int64_t oh = 1, ow = 1, tm = 16;  // oh: output rows of the (tall) map
     int64_t stack = 1, period = 0;    // images per tall map, rows per image (CubeConvTiling)
     int64_t x_pixel = 0, x_row = 0, x_image = 0;  // CubeConvSpec's strided view of x
+    // A dense slab (no zero insertion, stacking or strided view) whose planes are whole
+    // fractals at run time (h * Wv a multiple of 16) is loaded by one nd2nz for all its
+    // planes, 32 * planes-byte rows, instead of one per plane (the block-diagonal groups).
+    bool planes_at_once = false;
   };
 
   // The window fields (kh .. pr) of a spec with those fields (CubeConvSpec, Img2colSpec).

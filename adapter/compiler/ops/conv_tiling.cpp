@@ -92,6 +92,15 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const Cu
 // steps).
 std::vector<int64_t> tile_widths(const CubeConvSpec& s, const std::string& op) {
   std::vector<int64_t> tns;
+  if (s.b_diagonal) {  // one n tile per group: every column block in the tile
+    if (round_up(s.cg_out, kBlk) > kMaxTile)
+      throw CompileError(
+          fmt::format("{}: {} output channels per block-diagonal group exceed one "
+                      "{}-wide tile",
+                      op, s.cg_out, kMaxTile));
+    tns.push_back(round_up(s.cg_out, kBlk));
+    return tns;
+  }
   for (int64_t tn : {16, 32, 64, 128, 256}) {
     if (s.cy < s.groups * s.cg_out) {  // a partial last group: one n tile per group
       if (tn >= s.cg_out && (tn == 16 || tn / 2 < s.cg_out)) tns.push_back(tn);
@@ -154,7 +163,14 @@ struct Candidate {
   CubeConvTiling t;
   std::vector<SlabGeom> mts;
   int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
+  int64_t b_block = 0;         // block-diagonal B: a diagonal block's columns (else 0)
   double affine_per_elem = 0;  // the epilogue's vector cycles per element for this tiling
+  // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
+  int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
+  // The mmad steps of a chunk: a block-diagonal chunk's channel blocks each in their own.
+  int64_t mmad_steps() const {
+    return b_block ? t.kc1 * ceil_div(taps * kBlk, t.tk0) : ceil_div(kchunk, t.tk0);
+  }
 };
 
 // Cost of one tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE with one L0C
@@ -175,17 +191,16 @@ double tile_store(const ConvRates& r, const Candidate& c, const SlabGeom& g, int
 double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, const SlabGeom& g,
                  int64_t n_act, bool first) {
   const CubeConvTiling& t = c.t;
-  const int64_t steps_mmad = ceil_div(c.kchunk, t.tk0), st = t.stack, kc1 = t.kc1;
-  const double n16 = static_cast<double>(ceil_div(n_act, cfg.cube_n));
+  const int64_t steps_mmad = c.mmad_steps(), st = t.stack, kc1 = t.kc1;
+  const double n16 = static_cast<double>(ceil_div(c.b_block ? c.b_block : n_act, cfg.cube_n));
   const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
                       static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                           static_cast<double>(c.kchunk / cfg.cube_k);
   const double fix = tile_store(r, c, g, n_act);
   double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
-  if (!t.resident || first)
-    load += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate;
+  if (!t.resident || first) load += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate;
   const double mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
-                      static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l0b_rate +
+                      static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
                       2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
   const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
                         (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
@@ -232,7 +247,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
       cost += tile_cost(cfg, r, c, g, n_act, true) - tile_cost(cfg, r, c, g, n_act, false);
       if (t.resident)  // the first chunk's weights are not overlapped
-        cost += static_cast<double>(c.kchunk * round_up(n_act, kBlk) * 2) / r.l2_rate + r.gm_lat;
+        cost += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate + r.gm_lat;
       i = end;
     }
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi_last(b) > b * per) {
@@ -244,10 +259,9 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
     }
     if (!t.resident) {  // the block's first step waits for its slab and weights, cold
       const SlabGeom& g = c.mts[static_cast<size_t>((b * per) % mt_count)];
-      cost +=
-          static_cast<double>(t.kc1 * g.h * c.wv * kBlkBytes + c.kchunk * round_up(tn, kBlk) * 2) /
-              r.gm_rate +
-          r.gm_lat;
+      cost += static_cast<double>(t.kc1 * g.h * c.wv * kBlkBytes + c.kchunk * c.b_cols(tn) * 2) /
+                  r.gm_rate +
+              r.gm_lat;
     }
     worst = std::max(worst, cost);
   }
@@ -306,6 +320,7 @@ struct ConvPlanner {
       c.wv = s.wv();
       c.taps = s.kh * s.kw;
       c.osz = isa::dtype_size(s.out_type);
+      c.b_block = s.b_diagonal ? s.b_cols(0) : 0;
       for (int64_t tn : tns) add_width(c, tn);
     }
   }
@@ -359,13 +374,15 @@ struct ConvPlanner {
     t.chunks = ceil_div(s.c1_in(), kc1);
     c.kchunk = kc1 * c.taps * kBlk;
     if (c.kchunk > ru16) return;  // load3d k_start
-    t.tk0 = cube_k_step(core, cfg, t.tm, tn16, 2, std::min(c.kchunk, ru12));
+    t.tk0 = cube_k_step(core, cfg, t.tm, s.b_cols(tn16), 2,
+                        std::min(s.b_diagonal ? c.taps * kBlk : c.kchunk, ru12));
     if (t.tk0 < kBlk) return;
     // A stacked slab is zeroed by one nd2nz (dst_rows: its pixels + 16).
     if (t.stack > 1 && kc1 * t.slab_rows * c.wv + kBlk > ru16) return;
     t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, c.wv);
     // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
-    t.b_bytes = weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, tn16);
+    t.b_bytes =
+        weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
     if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core)) return;
     t.est_cycles = busiest_block(cfg, rates, c, s.cg_out);
     plans.push_back(t);
@@ -373,6 +390,21 @@ struct ConvPlanner {
 };
 
 }  // namespace
+
+CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std::string& op) {
+  if (s.cg_in != kBlk || s.b_diagonal || s.b_mode != CubeConvSpec::BMode::kRowsK || s.b_flip ||
+      per < 1)
+    throw CompileError(fmt::format(
+        "{}: merging {} block-diagonal groups needs groups of one 16-channel block (kRowsK, no "
+        "flip; {} input channels per group)",
+        op, per, s.cg_in));
+  CubeConvSpec m = s;
+  m.groups = ceil_div(s.groups, per);
+  m.cg_in = s.cg_in * per;
+  m.cg_out = s.cg_out * per;
+  m.b_diagonal = per > 1;
+  return m;
+}
 
 ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
   ConvBnTables t;
@@ -428,6 +460,12 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         fmt::format("{}: a convolution bias needs groups == 1 and an l1->bt path "
                     "(groups {}, chip {})",
                     op, s.groups, cfg.name));
+  if (s.b_diagonal && (s.b_mode != CubeConvSpec::BMode::kRowsK || s.b_flip || s.bias ||
+                       s.cg_in % kBlk != 0 || s.cg_out % s.c1_in() != 0 || s.b_cols(0) % kBlk != 0))
+    throw CompileError(fmt::format(
+        "{}: a block-diagonal B needs kRowsK weights without flip or bias, whole 16-channel "
+        "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
+        op, s.cg_in, s.cg_out));
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
@@ -451,7 +489,7 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
   t.chunks = ceil_div(s.c1_in(), kc1);
   t.resident = resident;
   t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, s.wv());
-  t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, tn16);
+  t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, s.b_cols(tn16));
   t.tk0 = std::min(t.tk0, kc1 * taps * kBlk);
   if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core))
     throw CompileError(fmt::format("{}: tiling {} does not fit L1", op, t.str()));

@@ -209,7 +209,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
 }
 
 void CubePipeline::mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init,
-                        const Reg* bt, const char* first_comment) {
+                        const Reg* bt, const char* first_comment, const Reg* block_start) {
   KernelBuilder& b = m_b;
   Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
   b.branch(ne(ch, 0), acc);
@@ -223,6 +223,14 @@ void CubePipeline::mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg&
            first_comment);
   b.jmp(issued);
   b.bind(acc);
+  if (block_start) {
+    Label accumulate = b.label("accumulate_block");
+    b.branch(ne(kk, *block_start), accumulate);
+    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, 0, 0},
+           "C block = A * B (first step of a column block)");
+    b.jmp(issued);
+    b.bind(accumulate);
+  }
   b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, 1, 0}, "C += A * B");
   b.bind(issued);
 }

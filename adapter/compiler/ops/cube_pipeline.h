@@ -222,13 +222,16 @@ class CubePipeline {
 
   // The mmad of one step into L0C buffer pt: on the tile's first step (chunk ch == 0 and k
   // offset kk == 0) it waits for the L0C buffer and starts with init `first_init` (0: zeros,
-  // 2: the bias row bt in BT), after that it accumulates (init 1).
+  // 2: the bias row bt in BT), after that it accumulates (init 1). With block_start (the k
+  // offset where the step's column block of a block-diagonal B begins, CubeConvSpec::
+  // b_diagonal) a later step with kk == block_start starts its column block from zeros too.
   struct Mmad {
     isa::Dtype type;
     const Reg &l0c, &l0a, &l0b, &m, &k, &n;
   };
   void mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init = 0,
-            const Reg* bt = nullptr, const char* first_comment = "C = A * B");
+            const Reg* bt = nullptr, const char* first_comment = "C = A * B",
+            const Reg* block_start = nullptr);
 
   // M's tiles in L0C buffer pt (FIX side): l0c_ready signals and waits for the tile and sets
   // l0c to its L0C address; l0c_stored frees the buffer after the op's FIXPIPE.
