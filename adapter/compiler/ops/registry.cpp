@@ -146,8 +146,10 @@ const std::vector<OpEntry>& op_table() {
       // cube (ops/matmul.cpp)
       {"MatMul", "matmul", compile_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
       // MatMul -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
-      // FIXPIPE)
-      {"MatMulBiasAdd", "matmul", compile_matmul, npu(K::kFusedInference, {{"T", {DT::F32}}})},
+      // FIXPIPE; T = f16, bias f32: allow_mix_precision's graph pass, the bias added to the f32
+      // sum before C's one rounding to f16)
+      {"MatMulBiasAdd", "matmul", compile_matmul,
+       npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
       // data movement: strided copies assembled in the UB (ops/layout.cpp)
       {"Transpose", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"perm", 1, "perm"}})},
