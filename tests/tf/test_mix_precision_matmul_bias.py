@@ -22,7 +22,6 @@ tile in the UB), in a child per chip (the precision mode is read once per proces
   TensorFlow's float32 CPU result within 1e-2 of the norm (tests/tf/test_fusion.py's).
 """
 
-import json
 import os
 import sys
 
@@ -33,62 +32,33 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import DENSE_HELPERS, child_result  # noqa: E402  pylint: disable=wrong-import-position
 
-CHILD = r'''
-import json
-import numpy as np
-import npusim
-import tensorflow as tf
-import keras
-
-def second_run(fn, args):
-    with tf.device("/NPU:0"):
-        f = tf.function(fn)
-        ts = [tf.constant(a) for a in args]
-        f(*ts)
-        n0 = len(npusim.launch_records())
-        got = f(*ts)
-        recs = npusim.launch_records()[n0:]
-    return np.asarray(got, np.float64).tolist(), [[r["op_type"], r["kernel"]] for r in recs]
-
+CHILD = DENSE_HELPERS + r'''
 out = {"raw": [], "read_twice": None, "mlp": None}
 rng = np.random.default_rng(16)
-# (m, k, n, transpose_a, transpose_b, relu): n = 24 and 130 not whole 32-byte rows of f16.
-for m, k, n, ta, tb, relu in [(20, 40, 24, False, False, True), (33, 70, 130, True, False, False),
-                              (64, 48, 96, False, True, True)]:
-    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-    c = rng.standard_normal(n).astype(np.float32)
-
-    def dense(a, b, c, ta=ta, tb=tb, relu=relu):
-        y = tf.nn.bias_add(tf.linalg.matmul(a, b, transpose_a=ta, transpose_b=tb), c)
-        return tf.nn.relu(y) if relu else y
-
+for m, k, n, ta, tb, relu in DENSE_CASES:
+    a, b, c, dense = dense_case(rng, m, k, n, ta, tb, relu)
     got, recs = second_run(dense, [a, b, c])
     out["raw"].append({"a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "ta": ta, "tb": tb,
-                       "relu": relu, "got": got, "records": recs})
+                       "relu": relu, "got": got.tolist(), "records": recs})
 
 a, b = (rng.standard_normal((32, 32)).astype(np.float32) for _ in range(2))
 c = rng.standard_normal(32).astype(np.float32)
+
 def read_twice(a, b, c):
     p = tf.matmul(a, b)
     return tf.nn.bias_add(p, c) - p
 
 got, recs = second_run(read_twice, [a, b, c])
-out["read_twice"] = {"a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "got": got,
+out["read_twice"] = {"a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "got": got.tolist(),
                      "records": recs}
 
-keras.utils.set_random_seed(2)
-model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(96, activation="relu"),
-                          keras.layers.Dense(20, activation="relu"), keras.layers.Dense(10)])
-for layer in model.layers:
-    layer.bias.assign(rng.uniform(-0.5, 0.5, layer.bias.shape[0]).astype(np.float32))
-x = rng.standard_normal((8, 30)).astype(np.float32)
+model, x = dense_mlp(rng)
 with tf.device("/CPU:0"):
     want = model(x).numpy()
 got, recs = second_run(lambda t: model(t, training=False), [x])
-out["mlp"] = {"got": got, "want": want.tolist(), "records": recs}
+out["mlp"] = {"got": got.tolist(), "want": want.tolist(), "records": recs}
 print("RESULT " + json.dumps(out))
 '''
 
