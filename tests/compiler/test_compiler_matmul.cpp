@@ -157,6 +157,9 @@ TEST_CASE("MatMulBiasAdd: the bias from the bias table, ReLU in FIXPIPE, no extr
   check_matmul(DataType::F16, {19, 37, 21, false, false}, any, 305, 1);
   check_matmul(DataType::F16, {200, 100, 300, true, true}, any, 306, 2);
   check_matmul(DataType::F16, {8, 1, 12, false, false}, any, 307, 2);  // k = 1
+  // k = 1 on the cube (not the vector outer product, f32 under allow_fp32_to_fp16 only): the
+  // bias from the bias table too.
+  check_matmul(DataType::F32, {8, 1, 12, false, false}, PrecisionMode::kAllowMixPrecision, 308, 2);
   compiler::TensorDesc a{DataType::F32, {32, 48}}, b{DataType::F32, {48, 16}};
   const auto plain = compiler::compile(make_op("MatMul", {a, b}), test_sim().config());
   const auto fused =
@@ -176,9 +179,9 @@ TEST_CASE("MatMulBiasAdd: the bias from the bias table, ReLU in FIXPIPE, no extr
   CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {a16, b16, {DataType::F16, {16}}}),
                                       test_sim().config()),
                     Catch::Contains("not f32[16]"));
-  CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd",
-                                              {{DataType::BF16, {32, 48}}, {DataType::BF16, {48, 16}},
-                                               {DataType::F32, {16}}}),
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {{DataType::BF16, {32, 48}},
+                                                                {DataType::BF16, {48, 16}},
+                                                                {DataType::F32, {16}}}),
                                       test_sim().config()),
                     Catch::Contains("dtype bf16 is not supported"));
 }
