@@ -14,10 +14,12 @@
 // away from f32 sums of K terms, so |error| <= c K e (the sum of the terms' magnitudes) with a
 // small c: 4 for the statistics, 8 for y and dx (the statistics' errors carried through), each
 // doubled by check_within_bounds. f16 x / dy are exact f16 values, computed the same way in f32,
-// and y / dx are rounded once more to f16: + 2^-11 |value|.
+// and y / dx are rounded once more to f16: + 2^-11 |value| (bf16: 2^-8). f32 gamma and beta
+// beside an f16 / bf16 x are read exactly as f32.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 
 #include "adapter/compiler/compiler.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -31,6 +33,7 @@ namespace {
 
 constexpr double kE = 1.0 / (1 << 24);
 constexpr double kH = 1.0 / (1 << 11);  // f16's unit roundoff
+constexpr double kB = 1.0 / (1 << 8);   // bf16's
 constexpr double kEps = 1e-7;           // BERT's LayerNormalization epsilon (models/bert.py)
 
 // The rows' statistics in double.
@@ -65,12 +68,17 @@ std::vector<int64_t> stats_shape(std::vector<int64_t> shape) {
   return shape;
 }
 
-void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
+// pdt: gamma's and beta's dtype, dt's or f32 (an f16 x with f32 parameters: allow_mix_precision's
+// graph pass); the formulas take their exact values either way.
+void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed,
+                   std::optional<DataType> param_dt = std::nullopt) {
+  const DataType pdt = param_dt.value_or(dt);
   const int64_t h = shape.back();
-  INFO("LayerNormV3 " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+  INFO("LayerNormV3 " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt)
+                      << ", gamma and beta " << compiler::data_type_name(pdt));
   HostTensor x = random_tensor(dt, shape, -2, 3, seed);
-  HostTensor gamma = random_tensor(dt, {h}, 0.5, 2, seed + 1);
-  HostTensor beta = random_tensor(dt, {h}, -1, 1, seed + 2);
+  HostTensor gamma = random_tensor(pdt, {h}, 0.5, 2, seed + 1);
+  HostTensor beta = random_tensor(pdt, {h}, -1, 1, seed + 2);
   const int64_t rows = static_cast<int64_t>(x.values.size()) / h;
   RunResult res = run_op("LayerNormV3", {x, gamma, beta}, {{"epsilon", kEps}}, 3);
   REQUIRE(res.outputs[1].desc.shape == stats_shape(shape));
@@ -90,7 +98,7 @@ void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed
       y[n] = xc + beta.values[j];
       ty[n] = std::fabs(xc) * er + tm[i] * s.rstd[i] * std::fabs(gamma.values[j]) +
               8 * kE * (std::fabs(xc) + std::fabs(beta.values[j]));
-      if (dt != DataType::F32) ty[n] += kH * std::fabs(y[n]);
+      if (dt != DataType::F32) ty[n] += (dt == DataType::BF16 ? kB : kH) * std::fabs(y[n]);
     }
   }
   check_within_bounds(res.outputs[0].values, y, ty, "y");
@@ -98,13 +106,16 @@ void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed
   check_within_bounds(res.outputs[2].values, s.rstd, tr, "rstd");
 }
 
-void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
+void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed,
+                    std::optional<DataType> param_dt = std::nullopt) {
+  const DataType pdt = param_dt.value_or(dt);
   const int64_t h = shape.back();
   INFO("LayerNormXBackpropV2 / BetaGammaBackpropV2 " << compiler::shape_str(shape) << " "
-                                                     << compiler::data_type_name(dt));
+                                                     << compiler::data_type_name(dt) << ", gamma "
+                                                     << compiler::data_type_name(pdt));
   HostTensor x = random_tensor(dt, shape, -2, 3, seed);
   HostTensor dy = random_tensor(dt, shape, -1, 1, seed + 1);
-  HostTensor gamma = random_tensor(dt, {h}, 0.5, 2, seed + 2);
+  HostTensor gamma = random_tensor(pdt, {h}, 0.5, 2, seed + 2);
   const int64_t rows = static_cast<int64_t>(x.values.size()) / h;
   // The statistics as LayerNormV3 hands them over: f32.
   const Stats s = row_stats(x, rows, h);
@@ -175,6 +186,8 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   check_forward({40, 128}, DataType::F32, 2);
   check_forward({300, 48}, DataType::F32, 3);  // rows over every vector core
   check_forward({17, 32}, DataType::F16, 4);
+  check_forward({17, 32}, DataType::F16, 5, DataType::F32);  // f16 x, f32 gamma and beta
+  check_forward({40, 128}, DataType::BF16, 6, DataType::F32);
   auto k =
       compiler::compile(make_op("LayerNormV3",
                                 {TensorDesc{DataType::F32, {8, 64}},
@@ -189,6 +202,7 @@ TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the for
   check_backward({40, 128}, DataType::F32, 12);
   check_backward({300, 48}, DataType::F32, 13);
   check_backward({17, 32}, DataType::F16, 14);
+  check_backward({17, 32}, DataType::F16, 16, DataType::F32);  // f16 dy and x, f32 gamma
   // BERT-Large's rows: groups of fewer than 8 rows fit the UB (replicate_rows fills whole
   // groups of 8 row blocks), several groups per core.
   check_backward({256, 1024}, DataType::F32, 15);
@@ -200,6 +214,16 @@ TEST_CASE("LayerNorm training kernels: bad shapes are errors naming the input") 
   CHECK_THROWS_WITH(
       compiler::compile(make_op("LayerNormV3", {x, TensorDesc{DataType::F32, {32}}, h}, {}), cfg),
       Catch::Contains("gamma must be [64]"));
+  // gamma and beta: x's dtype or f32, one dtype.
+  const TensorDesc x16{DataType::F16, {8, 64}}, h16{DataType::F16, {64}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("LayerNormV3", {x16, h, h16}, {}), cfg),
+                    Catch::Contains("beta is f16, gamma f32"));
+  CHECK_THROWS_WITH(
+      compiler::compile(
+          make_op("LayerNormV3",
+                  {x16, TensorDesc{DataType::BF16, {64}}, TensorDesc{DataType::BF16, {64}}}, {}),
+          cfg),
+      Catch::Contains("gamma is bf16: x's dtype f16 or f32"));
   CHECK_THROWS_WITH(compiler::compile(make_op("LayerNormXBackpropV2",
                                               {x, x, TensorDesc{DataType::F32, {7, 1}},
                                                TensorDesc{DataType::F32, {8, 1}}, h},

@@ -47,7 +47,9 @@ struct MatmulCase {
 using KernelFor = std::function<compiler::CompiledKernel(const compiler::OpDesc&)>;
 
 // Runs MatMul(a, b) and checks every element against the double reference. bias: 0 MatMul;
-// 1 MatMulBiasAdd (an f32 bias [n] added to C, one more term of the sum); 2 the same with relu.
+// 1 MatMulBiasAdd (an f32 bias [n] added to C, one more term of the sum, whatever a and b's
+// type: f16 a and b with the f32 bias is allow_mix_precision's float16 Dense layer, C rounded
+// once to f16 after the bias); 2 the same with relu.
 // Returns the run (its counters).
 RunResult check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed, int bias = 0,
                        const KernelFor& build = {}) {
@@ -57,7 +59,7 @@ RunResult check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t s
   std::vector<int64_t> sa = c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k};
   std::vector<int64_t> sb = c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n};
   HostTensor a = random_tensor(dt, sa, -2, 2, seed), b = random_tensor(dt, sb, -2, 2, seed + 7);
-  HostTensor bias_t = random_tensor(dt, {c.n}, -3, 3, seed + 9);
+  HostTensor bias_t = random_tensor(DataType::F32, {c.n}, -3, 3, seed + 9);
   compiler::OpDesc op =
       make_op("MatMul", {a.desc, b.desc}, {{"transpose_a", c.ta}, {"transpose_b", c.tb}});
   if (bias) {
@@ -149,6 +151,15 @@ TEST_CASE("MatMulBiasAdd: the bias from the bias table, ReLU in FIXPIPE, no extr
   check_matmul(DataType::F32, {30, 50, 10, false, false}, PrecisionMode::kAllowMixPrecision, 303,
                2);
   check_matmul(DataType::F32, {8, 1, 12, false, false}, fp16, 304, 2);  // k = 1: vector epilogue
+  // f16 a and b, f32 bias (allow_mix_precision's graph pass): the cube starts from the f32
+  // bias, FIXPIPE rounds C once to f16 (within half an ulp of f16 of the exact sum).
+  const PrecisionMode any = PrecisionMode::kKeepFp32;  // no f32 operand: the mode changes nothing
+  check_matmul(DataType::F16, {19, 37, 21, false, false}, any, 305, 1);
+  check_matmul(DataType::F16, {200, 100, 300, true, true}, any, 306, 2);
+  check_matmul(DataType::F16, {8, 1, 12, false, false}, any, 307, 2);  // k = 1
+  // k = 1 on the cube (not the vector outer product, f32 under allow_fp32_to_fp16 only): the
+  // bias from the bias table too.
+  check_matmul(DataType::F32, {8, 1, 12, false, false}, PrecisionMode::kAllowMixPrecision, 308, 2);
   compiler::TensorDesc a{DataType::F32, {32, 48}}, b{DataType::F32, {48, 16}};
   const auto plain = compiler::compile(make_op("MatMul", {a, b}), test_sim().config());
   const auto fused =
@@ -158,6 +169,21 @@ TEST_CASE("MatMulBiasAdd: the bias from the bias table, ReLU in FIXPIPE, no extr
   CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {a, b, {DataType::F32, {17}}}),
                                       test_sim().config()),
                     Catch::Contains("bias"));
+  compiler::TensorDesc a16{DataType::F16, {32, 48}}, b16{DataType::F16, {48, 16}};
+  const auto plain16 = compiler::compile(make_op("MatMul", {a16, b16}), test_sim().config());
+  const auto fused16 = compiler::compile(
+      make_op("MatMulBiasAdd", {a16, b16, {DataType::F32, {16}}}, {{"relu", true}}),
+      test_sim().config());
+  CHECK(fused16.launches.size() == plain16.launches.size());
+  // The bias is f32 whatever a and b are (the sum it joins is f32).
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {a16, b16, {DataType::F16, {16}}}),
+                                      test_sim().config()),
+                    Catch::Contains("not f32[16]"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("MatMulBiasAdd", {{DataType::BF16, {32, 48}},
+                                                                {DataType::BF16, {48, 16}},
+                                                                {DataType::F32, {16}}}),
+                                      test_sim().config()),
+                    Catch::Contains("dtype bf16 is not supported"));
 }
 
 TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k = 0") {

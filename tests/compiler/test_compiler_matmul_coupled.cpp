@@ -84,7 +84,57 @@ void check_bias_in_ub(int64_t m, int64_t k, int64_t n, bool ta, bool tb, bool re
   CHECK(bad == 0);
 }
 
+// f16 a and b with an f32 bias (allow_mix_precision's float16 Dense layer, CANN's MatMulV2 with
+// a bias under mixed precision): the f32 tile in the UB gets the bias, then C is rounded once to
+// f16. Reference: the f32 MatMul of the same f16-valued operands on the same chip (the cube reads
+// them exactly and sums in f32: the same f32 tile) plus the bias in f32, rounded once to f16
+// (RNE), max(., 0) with relu: equal bit for bit. The unfused chain's result, MatMul(f16) rounded
+// to f16 then BiasAdd(f16) rounded again, differs from it somewhere: the comparison tells one
+// rounding from two.
+void check_f16_bias_in_ub(int64_t m, int64_t k, int64_t n, bool relu, uint32_t seed) {
+  INFO("f16 m=" << m << " k=" << k << " n=" << n << " relu=" << relu);
+  HostTensor a = random_tensor(DataType::F16, {m, k}, -2, 2, seed);
+  HostTensor b = random_tensor(DataType::F16, {k, n}, -2, 2, seed + 1);
+  HostTensor bias = random_tensor(DataType::F32, {n}, -3, 3, seed + 2);
+  HostTensor a32{TensorDesc{DataType::F32, a.desc.shape}, a.values};
+  HostTensor b32{TensorDesc{DataType::F32, b.desc.shape}, b.values};
+  auto plain16 = compiler::compile(make_op("MatMul", {a.desc, b.desc}), sim().config());
+  auto fused = compiler::compile(
+      make_op("MatMulBiasAdd", {a.desc, b.desc, bias.desc}, {{"relu", relu}}), sim().config());
+  for (const compiler::Launch& l : fused.launches) INFO(l.summary);
+  CHECK(fused.launches.size() == plain16.launches.size());
+  CHECK_FALSE(has_bias_launch(fused));
+  auto plain32 = compiler::compile(make_op("MatMul", {a32.desc, b32.desc}), sim().config(),
+                                   compiler::PrecisionMode::kAllowFp32ToFp16);
+  RunResult c = run_compiled(sim(), plain32, {a32, b32});
+  RunResult r = run_compiled(sim(), fused, {a, b, bias});
+  REQUIRE(r.outputs[0].desc.dtype == DataType::F16);
+  std::vector<double> once(static_cast<size_t>(m * n));
+  int twice_differs = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t at = static_cast<size_t>(i * n + j);
+      const float sum = static_cast<float>(c.outputs[0].values[at]);
+      const float bj = static_cast<float>(bias.values[static_cast<size_t>(j)]);
+      const double y = round_to(DataType::F16, static_cast<double>(sum + bj));
+      const double y2 =
+          round_to(DataType::F16,
+                   static_cast<double>(static_cast<float>(round_to(DataType::F16, sum)) + bj));
+      once[at] = relu ? std::max(y, 0.0) : y;
+      if ((relu ? std::max(y2, 0.0) : y2) != once[at]) ++twice_differs;
+    }
+  check_close(r.outputs[0].values, once, 0, 0, "f16 MatMulBiasAdd vs f16(f32 MatMul + f32 bias)");
+  CHECK(twice_differs > 0);
+}
+
 }  // namespace
+
+TEST_CASE("coupled MatMulBiasAdd f16 with an f32 bias: one rounding after the bias in the UB") {
+  check_f16_bias_in_ub(32, 48, 64, true, 61);
+  // Several tiles, partial last ones, n not a whole number of 32-byte blocks of f16 (padded
+  // rows in the workspace, then packed); without ReLU.
+  check_f16_bias_in_ub(150, 72, 200, false, 71);
+}
 
 TEST_CASE("coupled MatMulBiasAdd: the bias and ReLU on the tiles in the UB, no extra launch") {
   REQUIRE_FALSE(sim().config().has_path(isa::Buf::L1, isa::Buf::BT));

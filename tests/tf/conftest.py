@@ -167,6 +167,54 @@ def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4):
 """
 
 
+# Child code for the MatMul -> BiasAdd (MatMulBiasAdd) tests (prefixed to a child's code):
+# second_run(fn, args) runs fn in a tf.function on the NPU twice and returns the second run's
+# output (float64 array) and launch records ([op type, kernel]); DENSE_CASES, (m, k, n,
+# transpose_a, transpose_b, relu): n = 24 and 130 rows that are not whole 32-byte blocks in f16
+# (130 also in f32, past two 64-lane column groups); dense_case(rng, *case) the float32 operands
+# a, b, bias and fn(a, b, bias) = MatMul -> BiasAdd [-> Relu]; dense_mlp(rng) a Keras MLP of
+# three Dense layers (ReLU on the first two) with biases uniform in [-0.5, 0.5], and its input.
+DENSE_HELPERS = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+def second_run(fn, args):
+    with tf.device("/NPU:0"):
+        f = tf.function(fn)
+        ts = [tf.constant(a) for a in args]
+        f(*ts)
+        n0 = len(npusim.launch_records())
+        got = f(*ts)
+        recs = npusim.launch_records()[n0:]
+    return np.asarray(got, np.float64), [[r["op_type"], r["kernel"]] for r in recs]
+
+DENSE_CASES = [(20, 40, 24, False, False, True), (33, 70, 130, True, False, False),
+               (64, 48, 96, False, True, True)]
+
+def dense_case(rng, m, k, n, ta, tb, relu):
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+
+    def fn(a, b, c):
+        y = tf.nn.bias_add(tf.linalg.matmul(a, b, transpose_a=ta, transpose_b=tb), c)
+        return tf.nn.relu(y) if relu else y
+
+    return a, b, c, fn
+
+def dense_mlp(rng):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(96, activation="relu"),
+                              keras.layers.Dense(20, activation="relu"), keras.layers.Dense(10)])
+    for layer in model.layers:
+        layer.bias.assign(rng.uniform(-0.5, 0.5, layer.bias.shape[0]).astype(np.float32))
+    return model, rng.standard_normal((8, 30)).astype(np.float32)
+"""
+
+
 # Child code (run_child) defining small_cnn_training(device): a small CNN (Conv2D with bias,
 # BatchNormalization, ReLU, global average pooling, Dense), Adam(0.01), a batch of 4 8x8x3 images
 # with integer labels, built under the device scope after keras.utils.set_random_seed(0); returns

@@ -5,8 +5,8 @@ global average pooling, Dense) trained three Adam steps with a softmax cross-ent
 - the losses track TensorFlow on the CPU in float32 within the tolerance fp16 rounding allows
   (below), while the step's kernels run in fp16 (launch records);
 - the graph after the pass (NPUSIM_GRAPH_DUMP, NPUSIM_GRAPH=0 so the nodes stay visible) has
-  the trustlisted Conv2D, MatMul and convolution gradient in half, the graylisted BiasAdd and
-  training batch norm after them in half (x and dy; the statistics float), the blocklisted
+  the trustlisted Conv2D, MatMul (the Dense layer's with its bias: MatMulBiasAdd) and
+  convolution gradient in half, the graylisted training batch norm after them in half (x and dy; the statistics float), the blocklisted
   loss and the optimizer's variable updates in float, and the graylisted BiasAddGrad of the
   loss' gradient in float (it follows the blocklisted loss); variables stay float;
 - NPUSIM_MIX_PRECISION_GRAPH=0 leaves every node float (the cube-only rounding of before);
@@ -111,13 +111,13 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     assert npu["losses"][-1] < npu["losses"][0]
     assert npu["variables"] == ["float32"]
     nodes = npu["nodes"]
-    # trustlist: half (the convolution with its bias epilogue, the bias f32 in the bias table;
-    # the Dense layer's MatMulBiasAdd, whose kernel is f32 only, split into MatMul and BiasAdd)
-    for op in ("Conv2DBiasAdd", "MatMul", "Conv2DBackpropFilter"):
+    # trustlist: half (the convolution and the Dense layer with their bias epilogues, the bias
+    # f32; the Dense layer's gradient MatMuls)
+    for op in ("Conv2DBiasAdd", "MatMulBiasAdd", "MatMul", "Conv2DBackpropFilter"):
         assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
-    # graylist after them: half (the Dense layer's bias add, the training batch norm's four
-    # ops, ReLU's gradient)
-    for op in ("BiasAdd", "BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
+    assert "BiasAdd" not in {o for _, o, _ in nodes}, nodes
+    # graylist after them: half (the training batch norm's four ops, ReLU's gradient)
+    for op in ("BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
                "BNTrainingReduceGrad", "ReluGrad"):
         assert _types(nodes, op) == ["float16"], (op, _types(nodes, op))
     # blocklist: float; the optimizer's updates float
@@ -131,9 +131,12 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     # one Cast per tensor and type
     casts = [(name, op) for name, op, _ in nodes if op == "Cast" and "npusim_amp" in name]
     assert casts and len(casts) == len(set(casts))
-    # the kernels that ran: fp16 convolution and batch norm
+    # the kernels that ran: fp16 convolution, batch norm and the Dense layer's product with
+    # its bias (no BiasAdd launch)
     kernels = {k for _, k in npu["kernels"]}
-    assert {"Conv2DBias_f16", "BatchNormInferenceRelu_f16", "BiasAdd_f16"} <= kernels, kernels
+    assert {"Conv2DBias_f16", "BatchNormInferenceRelu_f16"} <= kernels, kernels
+    assert ["MatMulBiasAdd", "MatMul_f16_f16"] in npu["kernels"], npu["kernels"]
+    assert "BiasAdd" not in {t for t, _ in npu["kernels"]}, npu["kernels"]
     # NPUSIM_MIX_PRECISION_GRAPH=0: every node float, as before the pass
     assert "float16" not in {t for _, _, t in off["nodes"]}, off["nodes"]
     assert not any("f16" in k for _, k in off["kernels"] if not k.startswith(("Cast", "MatMul",
@@ -152,11 +155,11 @@ def test_modify_mixlist_moves_conv2d_to_blocklist(tmp_path):
     # is not reduced)
     assert _types(nodes, "Conv2D") == []
     assert _types(nodes, "Conv2DBiasAdd") == ["float32"]
-    # graylisted ops after the float convolution follow it; the Dense layer's bias add follows
-    # its half MatMul
+    # graylisted ops after the float convolution follow it; the Dense layer keeps its bias in
+    # its half MatMulBiasAdd
     for op in ("BNTrainingReduce", "BNTrainingUpdate"):
         assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
-    assert _types(nodes, "BiasAdd") == ["float16"]
+    assert _types(nodes, "MatMulBiasAdd") == ["float16"]
     # the Dense layer's MatMul stays trustlisted; the batch norm's gradient reads the float32
     # convolution's output (blocklisted: it follows it), and Conv2DBackpropFilter, moved to the
     # graylist, follows that float32 gradient

@@ -75,3 +75,73 @@ def test_layer_norm_training_fuses_with_its_gradient(npusim, tf, case):
         assert len({r["op_name"] for r in records if r["op_type"] == op}) == fused, (op, types)
     if fused:
         assert not {"Mean", "RsqrtGrad", "Tile"} & set(types), types
+
+
+# Under allow_mix_precision (adapter/tf/plugin/mixed_precision.h) the fused ops turn float16
+# through T (x, dy, y, pd_x) while gamma and beta stay float32 (Tgamma), as CANN's LayerNorm
+# takes them: no Cast of the parameters to float16. A Dense (float16 by the trustlist) then a
+# LayerNormalization, one step's gradients in a child (the precision mode is read once per
+# process) against TF on the CPU in float32. Tolerance: the NPU rounds the Dense output, y, the
+# incoming gradient and pd_x to float16 (u = 2^-11 each) where the CPU keeps float32, and the
+# Dense's operands for the cube; each gradient is a sum of such terms: 1e-2 of its largest
+# element (tests/tf/test_fusion.py's 1e-2 of the norm for fp16 operands) is allowed.
+MIXED_CHILD = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+keras.utils.set_random_seed(3)
+rng = np.random.default_rng(3)
+dense = keras.layers.Dense(64)
+ln = keras.layers.LayerNormalization(epsilon=1e-7, name="ln")
+with tf.device("/NPU:0"):  # the variables on the NPU, as a model trained there has them
+    dense.build((None, 48))
+    ln.build((None, 64))
+ln.gamma.assign(rng.uniform(0.5, 1.5, 64).astype(np.float32))
+ln.beta.assign(rng.uniform(-0.5, 0.5, 64).astype(np.float32))
+x = tf.constant(rng.standard_normal((32, 48)).astype(np.float32))
+w = tf.constant(rng.standard_normal((32, 64)).astype(np.float32))
+
+def grads(v):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * ln(dense(v)))
+    return [loss] + tape.gradient(loss, [ln.gamma, ln.beta, dense.kernel])
+
+with tf.device("/NPU:0"):
+    f = tf.function(grads)
+    f(x)
+    # New parameter values, as after an optimizer step: a float16 copy of a variable is derived
+    # once per value (docs/tf_plugin.md), so only a changed variable shows its Cast launch.
+    for v in (ln.gamma, ln.beta, dense.kernel):
+        v.assign(v * 1.25)
+    n0 = len(npusim.launch_records())
+    got = [t.numpy().tolist() for t in f(x)]
+    recs = [[r["op_type"], r["op_name"], r["kernel"]] for r in npusim.launch_records()[n0:]]
+with tf.device("/CPU:0"):
+    want = [t.numpy().tolist() for t in grads(x)]
+print("RESULT " + json.dumps({"got": got, "want": want, "records": recs}))
+'''
+
+
+def test_mixed_precision_keeps_gamma_and_beta_float32():
+    import os  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from conftest import child_result  # pylint: disable=import-outside-toplevel
+
+    res = child_result(MIXED_CHILD, extra_env={"NPUSIM_PRECISION_MODE": "allow_mix_precision",
+                                               "TF_ENABLE_ONEDNN_OPTS": "0"})
+    kernels = {(t, k) for t, _, k in res["records"]}
+    assert ("LayerNormV3", "LayerNormV3_f16") in kernels, res["records"]
+    assert ("LayerNormXBackpropV2", "LayerNormXBackpropV2_f16") in kernels, res["records"]
+    # no launch casts the layer norm's parameters (its variables' reads, in the scope "ln_1"),
+    # while the Dense's kernel, read by the float16 cube, is cast
+    casts = [n.split("/")[0] for t, n, _ in res["records"] if t == "Cast"]
+    assert not [n for n in casts if n.startswith("ln")], res["records"]
+    assert [n for n in casts if n.startswith("dense")], res["records"]
+    for got, want in zip(res["got"], res["want"]):
+        got, want = np.asarray(got), np.asarray(want)
+        assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), (got, want)

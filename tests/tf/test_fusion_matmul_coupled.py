@@ -24,57 +24,26 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import DENSE_HELPERS, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 RTOL = 1e-2
 
-CHILD_CODE = r'''
-import json
-import numpy as np
-import npusim
-import tensorflow as tf
-import keras
-
-def second_run(fn, args):
-    with tf.device("/NPU:0"):
-        f = tf.function(fn)
-        ts = [tf.constant(a) for a in args]
-        f(*ts)
-        n0 = len(npusim.launch_records())
-        got = f(*ts)
-        recs = npusim.launch_records()[n0:]
-    return np.asarray(got, np.float64), [[r["op_type"], r["kernel"]] for r in recs]
-
+CHILD_CODE = DENSE_HELPERS + r'''
 def err(got, want):
     want = np.asarray(want, np.float64)
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 result = {}
 rng = np.random.default_rng(6)
-# (m, k, n, transpose_a, transpose_b, relu): n = 24 f32 rows of 3 blocks; n = 130 past two
-# 64-lane column groups, rows not whole blocks (a padded workspace and a packing copy).
-for m, k, n, ta, tb, relu in [(20, 40, 24, False, False, True), (33, 70, 130, True, False, False),
-                              (64, 48, 96, False, True, True)]:
-    x = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-    w = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-    c = rng.standard_normal(n).astype(np.float32)
-
-    def dense(x, w, c, ta=ta, tb=tb, relu=relu):
-        y = tf.nn.bias_add(tf.linalg.matmul(x, w, transpose_a=ta, transpose_b=tb), c)
-        return tf.nn.relu(y) if relu else y
-
+for m, k, n, ta, tb, relu in DENSE_CASES:
+    x, w, c, dense = dense_case(rng, m, k, n, ta, tb, relu)
     with tf.device("/CPU:0"):
         want = dense(tf.constant(x), tf.constant(w), tf.constant(c)).numpy()
     got, recs = second_run(dense, [x, w, c])
     result[f"raw {m}x{k}x{n} ta={ta} tb={tb} relu={relu}"] = {
         "error": err(got, want), "records": recs, "dense": 1, "relu": int(relu)}
 
-keras.utils.set_random_seed(2)
-model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(96, activation="relu"),
-                          keras.layers.Dense(20, activation="relu"), keras.layers.Dense(10)])
-for layer in model.layers:
-    layer.bias.assign(rng.uniform(-0.5, 0.5, layer.bias.shape[0]).astype(np.float32))
-x = rng.standard_normal((8, 30)).astype(np.float32)
+model, x = dense_mlp(rng)
 with tf.device("/CPU:0"):
     want = model(x).numpy()
 got, recs = second_run(lambda t: model(t, training=False), [x])

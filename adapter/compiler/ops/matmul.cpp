@@ -29,12 +29,16 @@
 // Batched products (BatchMatMulV2, ops/batch_matmul.cpp) run the same kernel over the tiles of
 // every product (MatmulTiling's batch fields).
 //
-// MatMulBiasAdd(a, b, bias [n]; transpose_a, transpose_b, relu), f32: the TF plugin's graph
-// fusion of MatMul -> BiasAdd [-> Relu] (CANN's MatMul epilogue): the tile's bias goes GM -> L1
-// with its first k chunk and L1 -> BT before its first mmad, which starts from it (init 2);
-// FIXPIPE applies the ReLU. Numerics: C = bias + sum a16 * b16 in fp32 (the unfused chain rounds
-// the sum to f32 first). Chips without a bias table, and k <= 1 (no cube), add the bias (and
-// ReLU) by a vector launch on C.
+// MatMulBiasAdd(a, b, bias [n]; transpose_a, transpose_b, relu), a and b f32 or f16, the bias
+// f32: the TF plugin's graph fusion of MatMul -> BiasAdd [-> Relu] (CANN's MatMul epilogue; f16
+// a and b with the f32 bias: allow_mix_precision's graph pass, CANN's MatMulV2 with a bias under
+// mixed precision): the tile's bias goes GM -> L1 with its first k chunk and L1 -> BT before its
+// first mmad, which starts from it (init 2); FIXPIPE applies the ReLU. On coupled chips (C
+// leaves L0C through the UB) the vector unit adds the bias to the f32 tile in the UB. Numerics:
+// C = bias + sum a16 * b16 in fp32, rounded once to C's type (the unfused chain rounds the sum to
+// C's type first, then the sum with the bias: in f16 two roundings). Chips without a bias table
+// or room in the UB, and products off the cube (k = 0, and k = 1 in f32 under
+// allow_fp32_to_fp16: outer_product_on_vector), add the bias (and ReLU) by a vector launch on C.
 //
 // Not supported yet: f32 on the cube with transpose_a or without transpose_b (load2d
 // transposes only 16-bit fractals; the vector-side transposer of ops/transpose.h could
@@ -798,6 +802,11 @@ CubeTypes cube_types(const CompileContext& ctx, DataType dt, const MatmulProblem
 // With k = 1 the transposes move no data: each product reads m values of A and n of B, so A is
 // viewed as [a's batch dims, m, 1] and B as [b's batch dims, 1, n] (a batch dim is 1 in the
 // view where that operand broadcasts: batch stride 0).
+bool outer_product_on_vector_applies(const CompileContext& ctx, DataType dt,
+                                     const MatmulProblem& p) {
+  return p.k == 1 && dt == DataType::F32 && ctx.precision == PrecisionMode::kAllowFp32ToFp16;
+}
+
 CompiledKernel outer_product_on_vector(const CompileContext& ctx, const MatmulProblem& p,
                                        const TensorDesc& c) {
   auto view = [&](const std::vector<int64_t>& batch_strides, int64_t rows, int64_t cols) {
@@ -832,8 +841,8 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   if (b.dtype != dt)
     op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
                         data_type_name(b.dtype)));
-  if (bias_add && dt != DataType::F32)
-    op.fail(fmt::format("dtype {} is not supported: the bias table holds f32 (f32 only)",
+  if (bias_add && dt != DataType::F32 && dt != DataType::F16)
+    op.fail(fmt::format("dtype {} is not supported (f32, or f16 with an f32 bias)",
                         data_type_name(dt)));
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*t),
@@ -853,9 +862,13 @@ CompiledKernel compile_matmul(const CompileContext& ctx) {
   p.trans_b = tb;
   if (bias_add) {
     const TensorDesc& bias = op.inputs[2];
-    if (bias.dtype != dt || bias.shape != std::vector<int64_t>{n})
-      op.invalid(fmt::format("bias {} is not {}[{}], the product's columns", bias.str(),
-                             data_type_name(dt), n));
+    if (bias.dtype != DataType::F32 || bias.shape != std::vector<int64_t>{n})
+      op.invalid(fmt::format("bias {} is not f32[{}], the product's columns", bias.str(), n));
+    if (auto t = op.attr_type("Tbias"); t && *t != DataType::F32)
+      op.fail(
+          fmt::format("attribute Tbias = {} is not supported (f32: the bias is added to the "
+                      "f32 sum)",
+                      data_type_name(*t)));
     p.bias = true;
     p.relu = op.attr_bool("relu", false);
   }
@@ -909,14 +922,15 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
   if (!p.bias) return product_launches(ctx, dt, p, c, BiasAt::kNone);
   if (!p.batch_dims.empty() || c.shape.size() != 2)
     ctx.op.fail("a bias is supported on single (unbatched) products only");
-  // Where the product runs on the cube (not k <= 1, which needs no cube): the cube starts from
-  // the bias where it has a bias table; where C leaves L0C through the UB as the op's f32 (no
-  // f16 rounding of C before the bias: allow_mix_precision) and the UB holds the bias table
-  // beside the smallest tile, the vector unit adds it there. Else the bias (and ReLU) follow as
-  // a vector launch.
+  // Where the product runs on the cube (k >= 1, not outer_product_on_vector): the cube starts from
+  // the bias where it has a bias table; where C leaves L0C through the UB in the op's own type
+  // (f32, or f16 for an f16 op: the f32 tile gets the bias, then one rounding; not an f32 op
+  // whose C is rounded to f16 in FIXPIPE and widened after, allow_mix_precision's cube
+  // rounding) and the UB holds the bias table beside the smallest tile, the vector unit adds it
+  // there. Else the bias (and ReLU) follow as a vector launch (on an f16 C: a second rounding).
   const ChipConfig& cfg = ctx.cfg;
   BiasAt at = BiasAt::kLaunch;
-  if (p.k > 1 && p.m > 0 && p.n > 0) {
+  if (p.k >= 1 && p.m > 0 && p.n > 0 && !outer_product_on_vector_applies(ctx, dt, p)) {
     const std::string op = ctx.op.str();
     const CoreKindConfig& core = cube_core(cfg, op);
     const CubeTypes types = cube_types(ctx, dt, p);
@@ -924,7 +938,6 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
     if (cfg.has_path(Buf::L1, Buf::BT))
       at = BiasAt::kCube;
     else if (cube_store_via_ub(cfg, core, op) && !types.cast_output &&
-             types.fix_out == Dtype::F32 &&
              matmul_bias_ub_bytes(kFractalRows, kFractalRows, 2, osz, p.n) <=
                  static_cast<int64_t>(core.capacity(Buf::UB)))
       at = BiasAt::kUb;
@@ -957,8 +970,7 @@ CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const Ma
     return out;
   }
 
-  if (k == 1 && dt == DataType::F32 && ctx.precision == PrecisionMode::kAllowFp32ToFp16)
-    return outer_product_on_vector(ctx, p, c);
+  if (outer_product_on_vector_applies(ctx, dt, p)) return outer_product_on_vector(ctx, p, c);
 
   const CubeTypes types = cube_types(ctx, dt, p);
   const Dtype cube_in = types.cube_in, fix_out = types.fix_out;

@@ -38,7 +38,8 @@ struct MatmulTiling {
   // MatMulBiasAdd (not batched): C starts from bias[n] (argument "bias", f32 [n], copied
   // L1 -> BT per tile, mmad init 2) and FIXPIPE applies max(C, 0) with relu. Needs the BT.
   bool bias = false, relu = false;
-  // MatMulBiasAdd through the UB (coupled chips: via_ub, no BT; not batched; out_type f32):
+  // MatMulBiasAdd through the UB (coupled chips: via_ub, no BT; not batched; out_type f32 or
+  // f16, rounded once after the bias):
   // the argument "bias" (f32 [n]) is loaded once per block into a UB table and the vector unit
   // adds it to each f32 tile in the UB, then applies max(C, 0) with relu (there, not in
   // FIXPIPE), before MTE3 stores

@@ -2,7 +2,7 @@
 //
 //   y = x * rsqrt(mean(x^2 over the last axis) + epsilon) * gamma
 //
-// inputs x [..., H] (f32, f16 or bf16) and gamma [H] of x's dtype; attribute epsilon (float,
+// inputs x [..., H] (f32, f16 or bf16) and gamma [H] of x's dtype or f32; attribute epsilon (float,
 // default 1e-6); output y of x's shape and dtype. CANN's RmsNorm also returns rstd; this one
 // returns y only (what a decoder's forward pass consumes).
 //
@@ -20,12 +20,12 @@
 //
 //   y = (x - mean) * rsqrt(mean((x - mean)^2) + epsilon) * gamma + beta
 //
-// inputs x [..., H], gamma and beta [H] of x's dtype; attribute epsilon (default 1e-5); output y.
-// CANN's LayerNorm also returns mean and variance (and takes begin_norm_axis /
-// begin_params_axis): this one normalises over the last axis and returns y only. The same row
-// kernel as RmsNorm's with two more steps: per-row sums of x first, x - sum / H replicated onto
-// the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end. The variance
-// is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
+// inputs x [..., H], gamma and beta [H] of x's dtype or f32 (both one type); attribute epsilon
+// (default 1e-5); output y. CANN's LayerNorm also returns mean and variance (and takes
+// begin_norm_axis / begin_params_axis): this one normalises over the last axis and returns y only.
+// The same row kernel as RmsNorm's with two more steps: per-row sums of x first, x - sum / H
+// replicated onto the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end.
+// The variance is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
 //
 // LayerNorm in training (CANN's op types; the TF plugin's rewrite 12b makes them):
 //
@@ -86,11 +86,12 @@ void place_in_windows(BufferPlan& p, const ChipConfig& cfg,
 
 // Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
 // and rstd (a copy of the mean, and both outputs double-buffered).
-NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats, const ChipConfig& cfg) {
+NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
+                         const ChipConfig& cfg) {
   NormBuffers n;
   BufferPlan& p = n.plan;
-  const int64_t sz = isa::dtype_size(t);
-  const bool conv = t != Dtype::F32;
+  const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
+  const bool conv = t != Dtype::F32, pconv = pt != Dtype::F32;
   n.raw_x = p.add_sized("x rows", blocks_of(H * sz), 2);
   n.xw = p.add_sized("x rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
   n.out = p.add_sized("y rows", blocks_of(H * sz), 2);
@@ -101,9 +102,9 @@ NormBuffers norm_buffers(int64_t H, Dtype t, bool center, bool stats, const Chip
   n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
-  n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
+  n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pconv);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
-  n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * sz)), 1, conv && center);
+  n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * psz)), 1, pconv && center);
   n.beta = p.add_fixed("beta (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)), 1, center);
   n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
   n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
@@ -167,8 +168,9 @@ const char* norm_op_name(NormKind kind) {
 
 class RmsNormEmitter {
  public:
+  // pt: gamma's (and beta's) type, t's or f32 (converted to a resident f32 row either way).
   RmsNormEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t,
-                 double eps, NormKind kind)
+                 Dtype pt, double eps, NormKind kind)
       : m_k(norm_op_name(kind) + std::string("_") + isa::dtype_name(t), op.str(), cfg),
         m_kind(kind),
         m_center(kind != NormKind::kRms),
@@ -177,17 +179,18 @@ class RmsNormEmitter {
         m_rows(rows),
         m_h(H),
         m_t(t),
+        m_pt(pt),
         m_eps(eps),
         m_layout(SuperRowLayout::make(H, kBlock / isa::dtype_size(t))) {}
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t, m_center, m_stats, cfg);
+    const NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
-    m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
-    if (m_center) m_k.arg("beta", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
+    m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
+    if (m_center) m_k.arg("beta", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
     m_k.arg("y", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
     if (m_stats) {
       m_k.arg("mean", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
@@ -215,10 +218,10 @@ class RmsNormEmitter {
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
-    load_param_row(m_b, m_t, m_h, args[1], at[bufs.gamma_raw], m_gamma, "gamma");
+    load_param_row(m_b, m_pt, m_h, args[1], at[bufs.gamma_raw], m_gamma, "gamma");
     if (m_center) {
       m_beta = at[bufs.beta];
-      load_param_row(m_b, m_t, m_h, args[2], at[bufs.beta_raw], m_beta, "beta");
+      load_param_row(m_b, m_pt, m_h, args[2], at[bufs.beta_raw], m_beta, "beta");
     }
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
@@ -338,7 +341,7 @@ class RmsNormEmitter {
   bool m_center, m_stats;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
-  Dtype m_t;
+  Dtype m_t, m_pt;
   double m_eps;
   SuperRowLayout m_layout;
   Reg m_x, m_y, m_mean_gm, m_rstd_gm;
@@ -354,10 +357,10 @@ struct GradBuffers {
       rep_rstd, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
-GradBuffers grad_buffers(int64_t H, Dtype t, const ChipConfig& cfg) {
+GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   GradBuffers n;
   BufferPlan& p = n.plan;
-  const int64_t sz = isa::dtype_size(t);
+  const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
   const bool conv = t != Dtype::F32;
   n.raw_x = p.add_sized("x rows", blocks_of(H * sz), 2);
   n.raw_dy = p.add_sized("dy rows", blocks_of(H * sz), 2);
@@ -377,7 +380,7 @@ GradBuffers grad_buffers(int64_t H, Dtype t, const ChipConfig& cfg) {
   n.rep_rstd = p.add_sized("replicated rstd (wide)", blocks_of(kSlotBytes));
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
-  n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * sz)), 1, conv);
+  n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pt != Dtype::F32);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
   n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
@@ -391,24 +394,27 @@ GradBuffers grad_buffers(int64_t H, Dtype t, const ChipConfig& cfg) {
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 class LayerNormGradEmitter {
  public:
-  LayerNormGradEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t)
+  // pt: gamma's type, t's or f32.
+  LayerNormGradEmitter(const OpDesc& op, const ChipConfig& cfg, int64_t rows, int64_t H, Dtype t,
+                       Dtype pt)
       : m_k("LayerNormXBackpropV2_" + std::string(isa::dtype_name(t)), op.str(), cfg),
         m_b(m_k.b()),
         m_rows(rows),
         m_h(H),
         m_t(t),
+        m_pt(pt),
         m_layout(SuperRowLayout::make(H, kBlock / isa::dtype_size(t))) {}
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const GradBuffers bufs = grad_buffers(m_h, m_t, cfg);
+    const GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});
     m_k.arg("mean", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 3, 0});
-    m_k.arg("gamma", m_t, {m_h}, ArgRef{ArgRef::Kind::kInput, 4, 0});
+    m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 4, 0});
     m_k.arg("dx", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 0, 0});
     m_k.arg("res_for_gamma", Dtype::F32, {m_rows, m_h}, ArgRef{ArgRef::Kind::kOutput, 1, 0});
     std::vector<Reg> args = m_k.load_args();
@@ -438,7 +444,7 @@ class LayerNormGradEmitter {
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
-    load_param_row(m_b, m_t, m_h, args[4], at[bufs.gamma_raw], m_gamma, "gamma");
+    load_param_row(m_b, m_pt, m_h, args[4], at[bufs.gamma_raw], m_gamma, "gamma");
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
     m_k.resident_groups(
@@ -565,7 +571,7 @@ class LayerNormGradEmitter {
   RowKernel m_k;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
-  Dtype m_t;
+  Dtype m_t, m_pt;
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
@@ -577,21 +583,30 @@ class LayerNormGradEmitter {
 
 namespace {
 
-// x's last dimension H and rows (the other dimensions' product); gamma (and beta) [H] of x's
-// dtype: inputs `params` of op (gamma first, then beta).
-int64_t norm_rows(const OpDesc& op, size_t x_in, std::initializer_list<size_t> params, int64_t* h) {
+// x's last dimension H and rows (the other dimensions' product); gamma (and beta) [H]: inputs
+// `params` of op (gamma first, then beta), of one type, x's or f32 (an f16 / bf16 x with f32
+// gamma and beta: allow_mix_precision's graph pass, as CANN's LayerNorm takes them; the kernels
+// compute in f32 either way). *param_type: that type.
+int64_t norm_rows(const OpDesc& op, size_t x_in, std::initializer_list<size_t> params, int64_t* h,
+                  DataType* param_type) {
   const TensorDesc& x = op.inputs[x_in];
   if (!data_type_is_float(x.dtype)) op.fail("x must be of a float dtype (f32, f16, bf16)");
   if (x.shape.empty()) op.invalid("x must have at least one dimension");
   const int64_t H = x.shape.back();
+  const DataType pt = op.inputs[*params.begin()].dtype;
   for (size_t i : params) {
     const char* name = i == *params.begin() ? "gamma" : "beta";
-    if (op.inputs[i].dtype != x.dtype)
-      op.fail(fmt::format("{} must have x's dtype {}", name, data_type_name(x.dtype)));
+    if (op.inputs[i].dtype != x.dtype && op.inputs[i].dtype != DataType::F32)
+      op.fail(fmt::format("{} is {}: x's dtype {} or f32 is supported", name,
+                          data_type_name(op.inputs[i].dtype), data_type_name(x.dtype)));
+    if (op.inputs[i].dtype != pt)
+      op.fail(fmt::format("beta is {}, gamma {}: they must have one dtype",
+                          data_type_name(op.inputs[i].dtype), data_type_name(pt)));
     if (op.inputs[i].shape != std::vector<int64_t>{H})
       op.invalid(fmt::format("{} must be [{}] (x's last dimension)", name, H));
   }
   *h = H;
+  *param_type = pt;
   return H == 0 ? 0 : x.num_elements() / H;
 }
 
@@ -613,7 +628,8 @@ CompiledKernel compile_layer_norm_x_backprop(const CompileContext& ctx) {
   if (op.inputs.size() != 5)
     op.invalid(fmt::format("takes dy, x, rstd, mean and gamma: {} inputs given", op.inputs.size()));
   int64_t H = 0;
-  const int64_t rows = norm_rows(op, 1, {4}, &H);
+  DataType pt = DataType::F32;
+  const int64_t rows = norm_rows(op, 1, {4}, &H, &pt);
   const TensorDesc& x = op.inputs[1];
   if (op.inputs[0].dtype != x.dtype || op.inputs[0].shape != x.shape)
     op.invalid(fmt::format("dy must be x's {}, got {}", x.str(), op.inputs[0].str()));
@@ -626,7 +642,7 @@ CompiledKernel compile_layer_norm_x_backprop(const CompileContext& ctx) {
   out.outputs = {x, TensorDesc{DataType::F32, x.shape}};
   if (rows == 0) return out;
   check_row_multiple(op, H);
-  LayerNormGradEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype));
+  LayerNormGradEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype), device_dtype(pt));
   out.launches.push_back(e.build(ctx.cfg));
   return out;
 }
@@ -697,7 +713,8 @@ CompiledKernel compile_norm(const CompileContext& ctx) {
     op.invalid(fmt::format("takes x, gamma{}: {} inputs given", center ? " and beta" : "",
                            op.inputs.size()));
   int64_t H = 0;
-  const int64_t rows = center ? norm_rows(op, 0, {1, 2}, &H) : norm_rows(op, 0, {1}, &H);
+  DataType pt = DataType::F32;
+  const int64_t rows = center ? norm_rows(op, 0, {1, 2}, &H, &pt) : norm_rows(op, 0, {1}, &H, &pt);
   const TensorDesc& x = op.inputs[0];
   CompiledKernel out;
   out.outputs = {x};
@@ -707,7 +724,7 @@ CompiledKernel compile_norm(const CompileContext& ctx) {
   }
   if (rows == 0) return out;
   check_row_multiple(op, H);
-  RmsNormEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype),
+  RmsNormEmitter e(op, ctx.cfg, rows, H, device_dtype(x.dtype), device_dtype(pt),
                    op.attr_float("epsilon", center ? 1e-5 : 1e-6), kind);
   out.launches.push_back(e.build(ctx.cfg));
   return out;

@@ -146,8 +146,10 @@ const std::vector<OpEntry>& op_table() {
       // cube (ops/matmul.cpp)
       {"MatMul", "matmul", compile_matmul, npu_t(K::kCubeProduct, kFloatTypes)},
       // MatMul -> BiasAdd [-> Relu] fused by the TF plugin's graph pass (the bias table, ReLU in
-      // FIXPIPE)
-      {"MatMulBiasAdd", "matmul", compile_matmul, npu(K::kFusedInference, {{"T", {DT::F32}}})},
+      // FIXPIPE; T = f16, bias f32: allow_mix_precision's graph pass, the bias added to the f32
+      // sum before C's one rounding to f16)
+      {"MatMulBiasAdd", "matmul", compile_matmul,
+       npu(K::kFusedInference, {{"T", {DT::F32, DT::F16}}, {"Tbias", {DT::F32}}})},
       // data movement: strided copies assembled in the UB (ops/layout.cpp)
       {"Transpose", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"perm", 1, "perm"}})},
@@ -354,11 +356,16 @@ const std::vector<OpEntry>& op_table() {
       {"WeightQuantBatchMatmulV2", "quant_matmul", compile_weight_quant_matmul,
        npu_t(K::kLlm, kHalfTypes)},
       {"RmsNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
-      {"LayerNorm", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      // (Tgamma: gamma's and beta's type, T's or f32: allow_mix_precision's graph pass keeps them
+      // f32 beside an f16 x, as CANN's LayerNorm takes them; ops/norm.cpp)
+      {"LayerNorm", "norm", compile_norm,
+       npu(K::kLlm, {{"T", kFloatTypes}, {"Tgamma", kFloatTypes}})},
       // LayerNorm in training, CANN's op types (graph_fusion.h 12b): the forward with its row
       // statistics, the input gradient, the parameters' gradients
-      {"LayerNormV3", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
-      {"LayerNormXBackpropV2", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
+      {"LayerNormV3", "norm", compile_norm,
+       npu(K::kLlm, {{"T", kFloatTypes}, {"Tgamma", kFloatTypes}})},
+      {"LayerNormXBackpropV2", "norm", compile_norm,
+       npu(K::kLlm, {{"T", kFloatTypes}, {"Tgamma", kFloatTypes}})},
       {"LayerNormBetaGammaBackpropV2", "norm", compile_norm, npu_t(K::kLlm, kFloatTypes)},
       {"RotaryPositionEmbedding", "rope", compile_rope, npu_t(K::kLlm, kFloatTypes)},
       // Variable updates made by the graph pass: the new values as outputs, like the optimizer

@@ -3676,6 +3676,7 @@ std::optional<LayerNormMatch> match_layer_norm(GraphView& g, const Removal& rm, 
 std::map<std::string, tfc::AttrValue> layer_norm_attrs(const LayerNormMatch& r) {
   std::map<std::string, tfc::AttrValue> attrs;
   attrs["T"] = type_value(r.t);
+  attrs["Tgamma"] = type_value(r.t);
   attrs["epsilon"].set_f(static_cast<float>(r.eps));
   return attrs;
 }
@@ -4000,6 +4001,8 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
     const LayerNormMatch& f = lt.f;
     const std::string y = f.y->name(), dx = lt.dx->name();
     const std::map<std::string, tfc::AttrValue> t_attr = {{"T", type_value(f.t)}};
+    const std::map<std::string, tfc::AttrValue> x_backprop_attrs = {{"T", type_value(f.t)},
+                                                                    {"Tgamma", type_value(f.t)}};
     rewrite_as(*f.y, "LayerNormV3", {f.x, f.gamma, f.beta}, layer_norm_attrs(f));
     // x's gradients: the fused one, then the others in their order.
     std::vector<std::string> others;
@@ -4011,7 +4014,7 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
                                                   f.gamma};
     std::string x_backprop = dx;
     if (others.empty()) {
-      rewrite_as(*lt.dx, "LayerNormXBackpropV2", backprop_in, t_attr);
+      rewrite_as(*lt.dx, "LayerNormXBackpropV2", backprop_in, x_backprop_attrs);
     } else {
       x_backprop = dx + "/npusim_layer_norm_x_backprop";
       added.push_back({x_backprop, lt.dx->device(), backprop_in, f.t});
@@ -4025,7 +4028,8 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
                t_attr);
   }
   for (const NewNode& n : added)
-    add_node(graph, n.name, "LayerNormXBackpropV2", n.device, n.inputs, {{"T", type_value(n.t)}});
+    add_node(graph, n.name, "LayerNormXBackpropV2", n.device, n.inputs,
+             {{"T", type_value(n.t)}, {"Tgamma", type_value(n.t)}});
   removed->insert(rm.removed().begin(), rm.removed().end());
   return static_cast<int>(found.size());
 }

@@ -31,9 +31,11 @@
 //     {float}; Conv2D's attributes and relu: Conv2D / Conv2DBiasAdd (N = 1) with the
 //     BNTrainingReduce of its output (graph_fusion.h rewrite 15): the per-channel sum and sum
 //     of squares of y computed by the convolution's kernel (adapter/compiler/ops/conv2d.cpp).
-//   MatMulBiasAdd(a: T, b: T, bias: T) -> product: T     T in {float}; transpose_a,
-//     transpose_b, relu: bool: MatMul -> BiasAdd [-> Relu] as one cube kernel starting from
-//     the bias, ReLU in FIXPIPE (adapter/compiler/ops/matmul.cpp).
+//   MatMulBiasAdd(a: T, b: T, bias: Tbias) -> product: T     T in {float, half}, Tbias in
+//     {float} (default; half T: allow_mix_precision's graph pass, mixed_precision.h: CANN's
+//     MatMulV2 with an f32 bias); transpose_a, transpose_b, relu: bool: MatMul -> BiasAdd
+//     [-> Relu] as one cube kernel adding the bias to the f32 sum, ReLU in FIXPIPE or the UB
+//     (adapter/compiler/ops/matmul.cpp).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
 //   SquareSumV1(x: T) -> y: T     T in {float, half, bfloat16}; axis: list(int); keep_dims:
 //     bool: CANN's op, Sum(Square(x), axis) as one reduction squaring in its f32 pass
@@ -250,10 +252,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
         "dilations: list(int) = [1, 1, 1, 1]", "data_format: string = 'NHWC'"},
        unknown_output},
       {"MatMulBiasAdd",
-       {"a: T", "b: T", "bias: T"},
+       {"a: T", "b: T", "bias: Tbias"},
        {"product: T"},
-       {"T: {float}", "transpose_a: bool = false", "transpose_b: bool = false",
-        "relu: bool = false"},
+       {"T: {float, half}", "Tbias: {float} = DT_FLOAT", "transpose_a: bool = false",
+        "transpose_b: bool = false", "relu: bool = false"},
        unknown_output},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
       {"SquareSumV1",

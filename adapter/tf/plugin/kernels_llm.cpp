@@ -25,15 +25,18 @@
 //   Gelu(x: T) -> y: T     T in {float, half, bfloat16}: CANN's Gelu, the tanh form
 //     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (tf.nn.gelu(approximate=True));
 //     approximate: int = 1 as GeGlu's (0: the erf form, tf.nn.gelu's default).
-//   LayerNorm(x: T, gamma: T, beta: T) -> y: T     T in {float, half, bfloat16}; epsilon: float =
-//     1e-5: (x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis, gamma and
-//     beta [H] (ops/norm.cpp; CANN's also returns mean and variance).
-//   LayerNormV3(x: T, gamma: T, beta: T) -> y: T, mean: float, rstd: float     T, epsilon as
+//   LayerNorm(x: T, gamma: Tgamma, beta: Tgamma) -> y: T     T in {float, half, bfloat16};
+//     Tgamma T or float (the graph fusion sets T; allow_mix_precision's graph pass turns T to
+//     half and keeps Tgamma float, as CANN's LayerNorm takes f32 gamma and beta); epsilon: float
+//     = 1e-5: (x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis, gamma
+//     and beta [H] (ops/norm.cpp, in f32; CANN's also returns mean and variance).
+//   LayerNormV3(x: T, gamma: Tgamma, beta: Tgamma) -> y: T, mean: float, rstd: float     T,
+//     Tgamma, epsilon as
 //     LayerNorm's: y as LayerNorm's, and each row's mean and rsqrt(variance + epsilon) in f32 of
 //     x's shape with the last dimension 1 (CANN's LayerNormV3; the graph rewrite 12b's forward
 //     in training, whose gradients read them).
-//   LayerNormXBackpropV2(dy: T, x: T, rstd: float, mean: float, gamma: T) -> pd_x: T,
-//     res_for_gamma: float     T in {float, half, bfloat16}: xhat = (x - mean) * rstd (output
+//   LayerNormXBackpropV2(dy: T, x: T, rstd: float, mean: float, gamma: Tgamma) -> pd_x: T,
+//     res_for_gamma: float     T, Tgamma as LayerNorm's: xhat = (x - mean) * rstd (output
 //     res_for_gamma, f32) and pd_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy *
 //     gamma, means over the last axis (CANN's LayerNormXBackpropV2, which takes the variance
 //     where this takes LayerNormV3's rstd).
@@ -157,19 +160,19 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
        {"T: {float, half, bfloat16}", "approximate: int = 1"},
        same_as_input0},
       {"LayerNorm",
-       {"x: T", "gamma: T", "beta: T"},
+       {"x: T", "gamma: Tgamma", "beta: Tgamma"},
        {"y: T"},
-       {"T: {float, half, bfloat16}", "epsilon: float = 1e-5"},
+       {"T: {float, half, bfloat16}", "Tgamma: {float, half, bfloat16}", "epsilon: float = 1e-5"},
        same_as_input0},
       {"LayerNormV3",
-       {"x: T", "gamma: T", "beta: T"},
+       {"x: T", "gamma: Tgamma", "beta: Tgamma"},
        {"y: T", "mean: float", "rstd: float"},
-       {"T: {float, half, bfloat16}", "epsilon: float = 1e-5"},
+       {"T: {float, half, bfloat16}", "Tgamma: {float, half, bfloat16}", "epsilon: float = 1e-5"},
        layer_norm_v3_shape},
       {"LayerNormXBackpropV2",
-       {"dy: T", "x: T", "rstd: float", "mean: float", "gamma: T"},
+       {"dy: T", "x: T", "rstd: float", "mean: float", "gamma: Tgamma"},
        {"pd_x: T", "res_for_gamma: float"},
-       {"T: {float, half, bfloat16}"},
+       {"T: {float, half, bfloat16}", "Tgamma: {float, half, bfloat16}"},
        x_backprop_shape},
       {"LayerNormBetaGammaBackpropV2",
        {"dy: T", "res_for_gamma: float"},

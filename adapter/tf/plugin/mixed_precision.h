@@ -37,11 +37,13 @@
 //   - The fused inference convolutions (Conv2DBatchNormInference,
 //     DepthwiseConv2dBatchNormInference) are on their product's list and turn float16 through
 //     Tx and Tout (x and y), T (filter, batch norm) staying float32.
-//   - First, a Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b; on the list of its
-//     product, Conv2D / MatMul) that is trustlisted but has no float16 kernel (MatMulBiasAdd's
-//     is float32 only; Conv2DBiasAdd has one, its bias staying float32 as the bias table holds
-//     it) is split back into that product, a BiasAdd and a Relu, which have float16 kernels
-//     (the walk below then turns them to float16); otherwise it stays fused.
+//   - A Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b; on the list of its product,
+//     Conv2D / MatMul) turns float16 whole through T, its bias staying float32 (Tbias: the
+//     bias is added to the f32 sum before C's one rounding, as CANN's Conv2D and MatMulV2 with
+//     a bias do under mixed precision). First, one that is trustlisted but has no float16
+//     kernel (both have one in the compiler's op table; a guard for a table without it) is
+//     split back into that product, a BiasAdd and a Relu (the walk below then turns them to
+//     float16); otherwise it stays fused.
 // Graphs with a cycle (while loops) are left as they are.
 //
 // NPUSIM_MIX_PRECISION_GRAPH=0 turns the pass off: allow_mix_precision then only changes how

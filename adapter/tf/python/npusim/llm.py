@@ -31,13 +31,17 @@ __all__ = ["flash_attention", "prompt_flash_attention", "incre_flash_attention",
 _ATTENTION_ATTRS = {"input_layout": "BSND", "num_heads": 0, "num_key_value_heads": 0}
 
 
-def _run(op, inputs, attrs):
+def _run(op, inputs, attrs, type_attrs=None):
     """One output of plugin op `op` on `inputs` (dict name -> tensor, in the op's order) with
-    attributes `attrs` (dict; "T" is taken from the first input)."""
+    attributes `attrs` (dict; "T" is taken from the first input; type_attrs: dict of further
+    type attributes -> the input name whose dtype they are, which graph mode infers itself)."""
     tensors = [tf.convert_to_tensor(t) for t in inputs.values()]
     dtype = tensors[0].dtype
     if context.executing_eagerly():
         flat = ["T", dtype.as_datatype_enum]
+        by_name = dict(zip(inputs.keys(), tensors))
+        for name, source in (type_attrs or {}).items():
+            flat += [name, by_name[source].dtype.as_datatype_enum]
         for name, value in attrs.items():
             flat += [name, value]
         return execute.execute(op, 1, inputs=tensors, attrs=tuple(flat),
@@ -90,8 +94,9 @@ def swiglu(gate, up):
 
 def layer_norm(x, gamma, beta, epsilon=1e-5):
     """(x - mean) * rsqrt(variance + epsilon) * gamma + beta over the last axis (CANN's
-    LayerNorm; y only)."""
-    return _run("LayerNorm", {"x": x, "gamma": gamma, "beta": beta}, {"epsilon": float(epsilon)})
+    LayerNorm; y only). gamma and beta [H] of one dtype, x's or float32 (computed in f32)."""
+    return _run("LayerNorm", {"x": x, "gamma": gamma, "beta": beta}, {"epsilon": float(epsilon)},
+                type_attrs={"Tgamma": "gamma"})
 
 
 def geglu(gate, up, approximate=1):
