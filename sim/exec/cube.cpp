@@ -69,9 +69,11 @@ struct CView {
 template <uint64_t MR, uint64_t NB>
 // (The views by reference: passed by value, the caller's stores of their fields and the call's
 // wider loads of them missed store forwarding, a stall per tile.)
-__attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
-    const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
-    const CView<const float>& in, const CView<float>& out) {
+__attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(const float* __restrict a,
+                                                                    const float* __restrict b,
+                                                                    uint64_t ld_b, uint64_t k,
+                                                                    const CView<const float>& in,
+                                                                    const CView<float>& out) {
   constexpr uint64_t K0 = 16;
   __m512 acc[MR][NB];
   for (uint64_t i = 0; i < MR; ++i)
@@ -99,8 +101,8 @@ __attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
 // place and without the rows past m that an 8-row tile would compute and drop.
 template <uint64_t NB>
 __attribute__((target("avx512f,fma"))) void tile_rows_fma_avx512(
-    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b,
-    uint64_t k, CView<const float> in, CView<float> out) {
+    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
+    CView<const float> in, CView<float> out) {
   switch (rows) {
     case 1: return tile_product_fma_avx512<1, NB>(a, b, ld_b, k, in, out);
     case 2: return tile_product_fma_avx512<2, NB>(a, b, ld_b, k, in, out);

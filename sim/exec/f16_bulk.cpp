@@ -71,7 +71,7 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const void* src, float*
 // The same sixteen values at a time (AVX-512's vcvtph2ps, the same conversion); the last
 // fewer than sixteen through the F16C variant.
 __attribute__((target("avx512f,avx,f16c"))) void f16_to_f32_avx512(const void* src, float* dst,
-                                                                  size_t n) {
+                                                                   size_t n) {
   const auto* s = static_cast<const uint8_t*>(src);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -143,9 +143,7 @@ bool host_has_f16c() {
 
 void f16_to_f32_n(const void* src, float* dst, size_t n, bool allow_hw) {
 #ifdef NPUSIM_NUMERIC_F16C
-  static const int level = !host_has_f16c()                   ? 0
-                           : __builtin_cpu_supports("avx512f") ? 2
-                                                               : 1;
+  static const int level = !host_has_f16c() ? 0 : __builtin_cpu_supports("avx512f") ? 2 : 1;
   if (level == 2 && allow_hw) return f16_to_f32_avx512(src, dst, n);
   if (level == 1 && allow_hw) return f16_to_f32_f16c(src, dst, n);
 #endif

@@ -240,8 +240,8 @@ TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
     const int pick = rnd.integer(0, 9);
     const uint16_t sign = rnd.integer(0, 1) ? 0x8000 : 0;
     if (pick < 2) return static_cast<uint16_t>(sign | rnd.integer(1, 0x3ff));  // subnormal
-    if (pick == 2) return sign;                                                 // +-0
-    if (pick == 3 && special == 1) return sign | 0x7c00;                        // +-inf
+    if (pick == 2) return sign;                                                // +-0
+    if (pick == 3 && special == 1) return sign | 0x7c00;                       // +-inf
     return ref_f32_to_f16(rnd.uniform(-4, 4));
   };
   for (int special : {1, 2})
@@ -263,8 +263,8 @@ TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
         Matrix a = matrix(m, k, special == 1 ? 1 : 0), b = matrix(k, n, 0);
         if (special == 2)
           for (int c = 0; c < n; c += 3) {  // one NaN in every third column
-            const uint16_t h = static_cast<uint16_t>((c % 2 ? 0x7e00 : 0xfc00) |
-                                                     rnd.integer(1, 0x1ff));
+            const uint16_t h =
+                static_cast<uint16_t>((c % 2 ? 0x7e00 : 0xfc00) | rnd.integer(1, 0x1ff));
             const int kk = rnd.integer(0, k - 1);
             std::memcpy(&b.bytes[(size_t(kk) * n + c) * 2], &h, 2);
             b.value[size_t(kk) * n + c] = ref_f16_to_f32(h);
