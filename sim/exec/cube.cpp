@@ -61,16 +61,20 @@ struct CView {
 };
 
 #if defined(__GNUC__) && defined(__x86_64__)
-// tile_product<float, 16, 8, 16 * NB, true> (below) in AVX-512 registers, NB = 1 or 2 blocks of
-// 16 columns: the same fused multiply-adds on every element in the same k order (so the same
-// bits), written with intrinsics so that each A value is broadcast straight from memory (a load)
-// rather than loaded as a vector and shuffled on the FMA ports: the generic loop compiled so ran
-// at ~2/3 of the rate its FMAs allow.
-template <uint64_t NB>
-__attribute__((target("avx512f,fma"))) void tile_product_8xnb_fma_avx512(
-    const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
-    CView<const float> in, CView<float> out) {
-  constexpr uint64_t K0 = 16, MR = 8;
+// tile_product<float, 16, MR, 16 * NB, true> (below) in AVX-512 registers, MR <= 8 rows, NB = 1
+// or 2 blocks of 16 columns: the same fused multiply-adds on every element in the same k order
+// (so the same bits), written with intrinsics so that each A value is broadcast straight from
+// memory (a load) rather than loaded as a vector and shuffled on the FMA ports: the generic loop
+// compiled so ran at ~2/3 of the rate its FMAs allow.
+template <uint64_t MR, uint64_t NB>
+// (The views by reference: passed by value, the caller's stores of their fields and the call's
+// wider loads of them missed store forwarding, a stall per tile.)
+__attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(const float* __restrict a,
+                                                                    const float* __restrict b,
+                                                                    uint64_t ld_b, uint64_t k,
+                                                                    const CView<const float>& in,
+                                                                    const CView<float>& out) {
+  constexpr uint64_t K0 = 16;
   __m512 acc[MR][NB];
   for (uint64_t i = 0; i < MR; ++i)
     for (uint64_t h = 0; h < NB; ++h)
@@ -92,6 +96,24 @@ __attribute__((target("avx512f,fma"))) void tile_product_8xnb_fma_avx512(
   for (uint64_t i = 0; i < MR; ++i)
     for (uint64_t h = 0; h < NB; ++h) _mm512_storeu_ps(&out.at(i, h * kFractalRows), acc[i][h]);
 }
+
+// The last rows < 8 rows of C's rows (m not a multiple of 8, e.g. a 7 x 7 map's 49 pixels), in
+// place and without the rows past m that an 8-row tile would compute and drop.
+template <uint64_t NB>
+__attribute__((target("avx512f,fma"))) void tile_rows_fma_avx512(
+    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
+    CView<const float> in, CView<float> out) {
+  switch (rows) {
+    case 1: return tile_product_fma_avx512<1, NB>(a, b, ld_b, k, in, out);
+    case 2: return tile_product_fma_avx512<2, NB>(a, b, ld_b, k, in, out);
+    case 3: return tile_product_fma_avx512<3, NB>(a, b, ld_b, k, in, out);
+    case 4: return tile_product_fma_avx512<4, NB>(a, b, ld_b, k, in, out);
+    case 5: return tile_product_fma_avx512<5, NB>(a, b, ld_b, k, in, out);
+    case 6: return tile_product_fma_avx512<6, NB>(a, b, ld_b, k, in, out);
+    case 7: return tile_product_fma_avx512<7, NB>(a, b, ld_b, k, in, out);
+    default: throw KernelFault(fmt::format("mmad: a tail tile of {} rows", rows));
+  }
+}
 #endif
 
 // One register tile: out(i, jj) = in(i, jj) (zero when in.p is null) + sum over kk < k in order
@@ -111,7 +133,7 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
 #if defined(__GNUC__) && defined(__x86_64__)
   // MR = 8 with kFused: only the AVX-512 variant (all_tiles_fused_avx512) instantiates it.
   if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {
-    tile_product_8xnb_fma_avx512<NR / kFractalRows>(a, b, ld_b, k, in, out);
+    tile_product_fma_avx512<8, NR / kFractalRows>(a, b, ld_b, k, in, out);
     return;
   }
 #endif
@@ -143,10 +165,16 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
 }
 
 
-// The operands of one mmad, widened, and where C starts and ends.
+// The operands of one mmad, widened, and where C starts and ends. A is widened one fractal row
+// at a time (16 rows of C: k_blocks fractals, contiguous in Zz) into a_row, just before that
+// row's tiles run, so that the widened row is still in the host's L1 cache when the tiles read
+// it (widen_a_row).
 template <typename T>
 struct CubeOperands {
-  const T* a;      // A in its Zz layout, whole fractal rows (m16 / 16 of them)
+  T* a_row;                 // one fractal row of A widened, Zz: 16 * k_blocks * K0 elements
+  const uint8_t* a_stored;  // A as stored in L0A (Zz), a_elems elements of a_size bytes
+  uint64_t a_elems, a_size;
+  void (*widen_a)(const uint8_t* src, T* dst, uint64_t n);  // exact widening of n elements
   uint64_t k_blocks;
   const T* b;      // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
   uint64_t ld_b;
@@ -162,22 +190,41 @@ inline __attribute__((always_inline)) V at_tile(V view, uint64_t r, uint64_t j) 
   return view;
 }
 
-// The tiles of the NR columns of C from column j, in place in L0C; tiles that reach past row m
-// or column n go through a staging tile so that only C[r < m][c < n] is written. (Everything
-// here is inlined into the target-specific variants below: a call would leave the host-ISA
-// code generation.)
+// Fractal row fr of A (rows 16 * fr .. 16 * fr + 15) widened into g.a_row; what lies past A's
+// extent in L0A is zero (the kernels compute rows past m from it and drop them).
+template <typename T, uint64_t K0>
+void widen_a_row(const CubeOperands<T>& g, uint64_t fr) {
+  const uint64_t row_elems = g.k_blocks * kFractalRows * K0, first = fr * row_elems;
+  const uint64_t count = std::min(row_elems, g.a_elems - first);
+  g.widen_a(g.a_stored + first * g.a_size, g.a_row, count);
+  std::fill(g.a_row + count, g.a_row + row_elems, T(0));
+}
+
+// The tiles of fractal row r16 / 16 of C (A widened in g.a_row) and of its NR columns from
+// column j, in place in L0C; tiles that reach past row m or column n go through a staging tile
+// so that only C[r < m][c < n] is written. (Everything here is inlined into the
+// target-specific variants below: a call would leave the host-ISA code generation.)
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
-inline __attribute__((always_inline)) void column_tiles(const CubeOperands<T>& g, uint64_t j) {
+inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, uint64_t r16,
+                                                     uint64_t j) {
   static_assert(kFractalRows % MR == 0 && NR % kFractalRows == 0, "tiles inside fractals");
-  for (uint64_t r = 0; r < g.m; r += MR) {
-    const T* a =
-        g.a + (r / kFractalRows) * g.k_blocks * kFractalRows * K0 + (r % kFractalRows) * K0;
+  for (uint64_t r = r16; r < std::min(g.m, r16 + kFractalRows); r += MR) {
+    const T* a = g.a_row + (r % kFractalRows) * K0;
     const T* b = g.b + j;
     if (r + MR <= g.m && j + NR <= g.n) {
       tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, at_tile(g.in, r, j),
                                           at_tile(g.out, r, j));
       continue;
     }
+#if defined(__GNUC__) && defined(__x86_64__)
+    if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {  // AVX-512 only (see above)
+      if (j + NR <= g.n) {  // whole columns: only the rows left are computed, in place
+        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, g.k, at_tile(g.in, r, j),
+                                                at_tile(g.out, r, j));
+        continue;
+      }
+    }
+#endif
     // Edge tile: rows past m / columns past n are computed in the staging tile (from zero and
     // whatever A holds there) and dropped.
     T stage[MR * NR];
@@ -195,12 +242,17 @@ inline __attribute__((always_inline)) void column_tiles(const CubeOperands<T>& g
   }
 }
 
-// Every tile of C: column tiles of NR, then one of 16 where the column blocks are left over.
+// Every tile of C, fractal row by fractal row of A (each widened first): in each, column tiles
+// of NR, then one of 16 where the column blocks are left over. Each element of C is computed by
+// one tile, so the order of the tiles does not change any result.
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void all_tiles(const CubeOperands<T>& g) {
-  uint64_t j = 0;
-  for (; j + NR <= g.ld_b; j += NR) column_tiles<T, K0, MR, NR, kFused>(g, j);
-  for (; j < g.ld_b; j += kFractalRows) column_tiles<T, K0, MR, kFractalRows, kFused>(g, j);
+  for (uint64_t r16 = 0; r16 < g.m; r16 += kFractalRows) {
+    widen_a_row<T, K0>(g, r16 / kFractalRows);
+    uint64_t j = 0;
+    for (; j + NR <= g.ld_b; j += NR) row_tiles<T, K0, MR, NR, kFused>(g, r16, j);
+    for (; j < g.ld_b; j += kFractalRows) row_tiles<T, K0, MR, kFractalRows, kFused>(g, r16, j);
+  }
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -383,11 +435,11 @@ struct Input<Dtype::S8> {
   }
 };
 
-// A's widened Zz image and B's widened k x ld_b image of the thread's latest mmad (Mmad),
-// storage reused across calls.
+// One fractal row of A widened (all_tiles) and B's widened k x ld_b image of the thread's
+// latest mmad (Mmad), storage reused across calls.
 template <typename T>
 struct CubeScratch {
-  std::vector<T> a_wide, b_buf;
+  std::vector<T> a_row, b_buf;
 };
 template <typename T>
 CubeScratch<T>& scratch() {
@@ -468,16 +520,12 @@ struct Mmad {
     const uint64_t k_blocks = ceil_div(k, K0), n_blocks = ceil_div(n, kFractalRows);
     const uint64_t m16 = round_up(m, kFractalRows), ld_b = n_blocks * kFractalRows;
 
-    // A widened into scratch in its Zz layout, as whole fractal rows: what lies past its extent is
-    // zero (the kernels compute rows past m from it and drop them). B widened in its Zn layout,
-    // then rearranged as k x ld_b row-major, zero past column n. Scratch reused across calls.
-    std::vector<T>& a_wide = scratch<T>().a_wide;
+    // A is widened by the kernels, a fractal row at a time (all_tiles). B widened in its Zn
+    // layout, then rearranged as k x ld_b row-major, zero past column n. Scratch reused across
+    // calls.
     std::vector<T>& b_buf = scratch<T>().b_buf;
     thread_local std::vector<T> b_wide;
-    const uint64_t a_elems = layout::zz_extent(m, k, k0), b_elems = layout::zn_extent(k, n, k0);
-    a_wide.resize(m16 * k_blocks * K0);
-    In::widen(ctx.local.at(Buf::L0A, xa, a_elems * size), a_wide.data(), a_elems);
-    std::fill(a_wide.begin() + a_elems, a_wide.end(), T(0));
+    const uint64_t b_elems = layout::zn_extent(k, n, k0);
     const uint8_t* b_stored = ctx.local.at(Buf::L0B, xb, b_elems * size);
     b_buf.resize(k * ld_b);
     if constexpr (kType == Dtype::F16) {
@@ -519,11 +567,12 @@ struct Mmad {
     run_tiles<kType>(ctx, k_blocks, m16, ld_b);
   }
 
-  // The products into L0C, from A widened into scratch<T>().a_wide and B widened and
+  // The products into L0C, from A in L0A (widened a fractal row at a time) and B widened and
   // rearranged into scratch<T>().b_buf (run_typed).
   template <Dtype kType>
   void run_tiles(ExecContext& ctx, uint64_t k_blocks, uint64_t m16, uint64_t ld_b) const {
-    using T = typename Input<kType>::Arith;
+    using In = Input<kType>;
+    using T = typename In::Arith;
     constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename Input<kType>::Storage);
     // C is read (init 1) and written in place in L0C, and the bias read in place in BT; where
     // the config's alignment leaves either unaligned for T, through an aligned copy.
@@ -550,8 +599,21 @@ struct Mmad {
         in.p = bias_bounce.data();
       }
     }
-    const CubeOperands<T> g{scratch<T>().a_wide.data(), k_blocks, scratch<T>().b_buf.data(),
-                            ld_b, m, k, n, in,
+    std::vector<T>& a_row = scratch<T>().a_row;
+    a_row.resize(kFractalRows * k_blocks * K0);
+    const uint64_t a_elems = layout::zz_extent(m, k, k0);
+    const CubeOperands<T> g{a_row.data(),
+                            ctx.local.at(Buf::L0A, xa, a_elems * size),
+                            a_elems,
+                            size,
+                            &In::widen,
+                            k_blocks,
+                            scratch<T>().b_buf.data(),
+                            ld_b,
+                            m,
+                            k,
+                            n,
+                            in,
                             CView<T>{c, kFractalRows, kFractalRows * m16}};
     if constexpr (kType == Dtype::F16) run_all_tiles_f16(g);
     else run_all_tiles<T, K0>(g);

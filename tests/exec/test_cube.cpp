@@ -228,6 +228,59 @@ TEST_CASE("fp16 mmad of whole fractals with infinities and NaNs") {
   CHECK(fetch_c(t, Dtype::F16, m, n) == want);
 }
 
+TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
+  // m from 1 to 24 and 49 (a 7 x 7 map): the last rows of a fractal row that fill no whole
+  // register tile are computed by tiles of just those rows (cube.cpp, tile_rows_fma_avx512, on
+  // AVX-512 hosts) when their columns are whole, by the staging tile otherwise (n = 40); one or
+  // two column blocks per tile. Operands mix normal values with subnormals and signed zeros;
+  // one case has infinities of both signs in A (their sums may give the host's default NaN),
+  // the other signalling and quiet NaNs in B, at most one per column (a NaN that meets another
+  // NaN keeps a payload the host's operand order picks). Two mmads: init 0, then init 1.
+  auto value = [](Rand& rnd, int special) -> uint16_t {
+    const int pick = rnd.integer(0, 9);
+    const uint16_t sign = rnd.integer(0, 1) ? 0x8000 : 0;
+    if (pick < 2) return static_cast<uint16_t>(sign | rnd.integer(1, 0x3ff));  // subnormal
+    if (pick == 2) return sign;                                                // +-0
+    if (pick == 3 && special == 1) return sign | 0x7c00;                       // +-inf
+    return ref_f32_to_f16(rnd.uniform(-4, 4));
+  };
+  for (int special : {1, 2})
+    for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 23, 24, 49})
+      for (int n : {16, 32, 40, 48}) {
+        const int k = 48;
+        INFO("m=" << m << " k=" << k << " n=" << n << (special == 1 ? " inf in A" : " NaN in B"));
+        Rand rnd(uint32_t(special * 100000 + m * 100 + n));
+        auto matrix = [&](int rows, int cols, int kind) {
+          Matrix mtx{rows, cols, std::vector<uint8_t>(size_t(rows) * cols * 2),
+                     std::vector<double>(size_t(rows) * cols)};
+          for (size_t i = 0; i < mtx.value.size(); ++i) {
+            const uint16_t h = value(rnd, kind);
+            std::memcpy(&mtx.bytes[i * 2], &h, 2);
+            mtx.value[i] = ref_f16_to_f32(h);
+          }
+          return mtx;
+        };
+        Matrix a = matrix(m, k, special == 1 ? 1 : 0), b = matrix(k, n, 0);
+        if (special == 2)
+          for (int c = 0; c < n; c += 3) {  // one NaN in every third column
+            const uint16_t h =
+                static_cast<uint16_t>((c % 2 ? 0x7e00 : 0xfc00) | rnd.integer(1, 0x1ff));
+            const int kk = rnd.integer(0, k - 1);
+            std::memcpy(&b.bytes[(size_t(kk) * n + c) * 2], &h, 2);
+            b.value[size_t(kk) * n + c] = ref_f16_to_f32(h);
+          }
+        ExecBench t;
+        load_operands(t, Dtype::F16, a, b);
+        std::vector<uint32_t> want(size_t(m) * n, 0);
+        mmad(t, Dtype::F16, m, k, n, 0);
+        ref_accumulate(Dtype::F16, a, b, want);
+        CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+        mmad(t, Dtype::F16, m, k, n, 1);
+        ref_accumulate(Dtype::F16, a, b, want);
+        CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+      }
+}
+
 TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
   struct Shape {
     int m, k, n;

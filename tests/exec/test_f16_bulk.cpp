@@ -1,7 +1,8 @@
 // Bulk f16 <-> f32 conversions (sim/exec/f16_bulk.h): bit-identical to the scalar functions of
 // common/numeric.h for every f16 pattern and for a sweep plus a large random set of f32 patterns,
-// on the hardware (F16C) path where the host has one and on the portable path; non-NaN results
-// are also checked against GCC's _Float16 (IEEE round to nearest even).
+// on the hardware path where the host has one (F16C; AVX-512 for f16_to_f32_n) and on the
+// portable path; non-NaN results are also checked against GCC's _Float16 (IEEE round to nearest
+// even).
 #include <catch2/catch.hpp>
 
 #include <cmath>
