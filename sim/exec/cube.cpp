@@ -26,6 +26,7 @@
 #include "isa/layout.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/f16_bulk.h"
+#include "sim/exec/host_simd.h"
 #include "sim/exec/mte_common.h"
 
 namespace npusim {
@@ -324,7 +325,7 @@ __attribute__((target("avx"))) void transpose_fractal_avx(const float* src, floa
 
 void transpose_fractal(const float* src, float* dst, uint64_t dst_stride) {
 #ifdef NPUSIM_CUBE_X86_VARIANTS
-  static const bool avx = __builtin_cpu_supports("avx");
+  static const bool avx = host_simd_at_least(HostSimd::kAvx2);
   if (avx) return transpose_fractal_avx(src, dst, dst_stride);
 #endif
   transpose_fractal_scalar(src, dst, dst_stride);
@@ -373,9 +374,7 @@ void widen_transpose_fractal_f16(const uint8_t* src, float* dst, uint64_t dst_st
 template <typename T, uint64_t K0>
 void run_all_tiles(const CubeOperands<T>& g) {
 #ifdef NPUSIM_CUBE_X86_VARIANTS
-  static const int isa_level = __builtin_cpu_supports("avx512f") ? 2
-                               : __builtin_cpu_supports("avx2")  ? 1
-                                                                 : 0;
+  static const int isa_level = static_cast<int>(host_simd());
   if (isa_level == 2) return all_tiles_avx512<T, K0>(g);
   if (isa_level == 1) return all_tiles_avx2<T, K0>(g);
 #endif
@@ -385,10 +384,7 @@ void run_all_tiles(const CubeOperands<T>& g) {
 // The same for fp16 operands widened to fp32 (see kFused): with FMA where the host has it.
 void run_all_tiles_f16(const CubeOperands<float>& g) {
 #ifdef NPUSIM_CUBE_X86_VARIANTS
-  static const int isa_level =
-      !__builtin_cpu_supports("fma") ? 0 : __builtin_cpu_supports("avx512f") ? 2
-                                         : __builtin_cpu_supports("avx2")    ? 1
-                                                                             : 0;
+  static const int isa_level = static_cast<int>(host_simd());  // kAvx2 includes FMA
   if (isa_level == 2) return all_tiles_fused_avx512(g);
   if (isa_level == 1) return all_tiles_fused_avx2(g);
 #endif

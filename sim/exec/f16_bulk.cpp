@@ -13,9 +13,9 @@
 
 #include "common/convert.h"
 #include "common/numeric.h"
+#include "sim/exec/host_simd.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define NPUSIM_NUMERIC_F16C 1
 #endif
@@ -131,19 +131,15 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_canonical_f16c(const void* s
   f16_to_f32_canonical_scalar(s + 2 * i, d + 4 * i, n - i);
 }
 
-// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
-bool host_has_f16c() {
-  unsigned eax, ebx, ecx, edx;
-  return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
-         (ecx & bit_F16C) != 0;
-}
+// The hardware converters need F16C (and AVX), part of host_simd()'s AVX2 level.
+bool host_has_f16c() { return host_simd_at_least(HostSimd::kAvx2); }
 #endif
 
 }  // namespace
 
 void f16_to_f32_n(const void* src, float* dst, size_t n, bool allow_hw) {
 #ifdef NPUSIM_NUMERIC_F16C
-  static const int level = !host_has_f16c() ? 0 : __builtin_cpu_supports("avx512f") ? 2 : 1;
+  static const int level = static_cast<int>(host_simd());
   if (level == 2 && allow_hw) return f16_to_f32_avx512(src, dst, n);
   if (level == 1 && allow_hw) return f16_to_f32_f16c(src, dst, n);
 #endif

@@ -35,6 +35,7 @@
 #include "common/error.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/f16_bulk.h"
+#include "sim/exec/host_simd.h"
 #include "sim/exec/vector_insn.h"
 #include "sim/exec/vector_ops.h"
 
@@ -432,9 +433,7 @@ struct WideBinaryF32 {
   float operator()(float a, float b) const { return Fn::apply(a, b); }
   static void bulk_f32(const uint8_t* a, const uint8_t* b, uint32_t* out, int n) {
 #ifdef NPUSIM_VECTOR_X86_VARIANTS
-    static const int isa_level = __builtin_cpu_supports("avx512f") ? 2
-                                 : __builtin_cpu_supports("avx")   ? 1
-                                                                   : 0;
+    static const int isa_level = static_cast<int>(host_simd());
     if (isa_level == 2) return binary_f32_avx512<kOp>(a, b, out, n);
     if (isa_level == 1) return binary_f32_avx<kOp>(a, b, out, n);
 #endif
