@@ -54,7 +54,7 @@ compiler::TensorDesc parse_input(const std::string& spec, int index,
   return t;
 }
 
-// NAME=VALUE with VALUE an int, a float, true/false, an int list "[1,2]" or a string.
+// NAME=VALUE with VALUE an int, a float, true/false, an int list "[1,2]", a string list "[a b,c]" or a string.
 std::pair<std::string, compiler::AttrValue> parse_attr(const std::string& s) {
   auto eq = s.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -62,19 +62,25 @@ std::pair<std::string, compiler::AttrValue> parse_attr(const std::string& s) {
   std::string name = s.substr(0, eq), v = s.substr(eq + 1);
   if (v == "true" || v == "false") return {name, v == "true"};
   if (!v.empty() && v.front() == '[' && v.back() == ']') {
-    std::vector<int64_t> list;
-    std::string body = v.substr(1, v.size() - 2);
-    size_t pos = 0;
-    while (pos < body.size()) {
-      size_t comma = body.find(',', pos);
-      std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      try {
-        list.push_back(std::stoll(item));
-      } catch (const std::exception&) {
-        throw Error(fmt::format("--attr {}: '{}' in the list is not an integer", name, item));
-      }
+    // Items separated by commas: an int list if every item is an integer, else a string list
+    // (e.g. FusedElementwise's steps=[Mul i0 i1,AddV2 s0 i2]).
+    std::vector<std::string> items;
+    const std::string body = v.substr(1, v.size() - 2);
+    for (size_t pos = 0; pos < body.size();) {
+      const size_t comma = body.find(',', pos);
+      items.push_back(body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
       if (comma == std::string::npos) break;
       pos = comma + 1;
+    }
+    std::vector<int64_t> list;
+    for (const std::string& item : items) {
+      size_t used = 0;
+      try {
+        list.push_back(std::stoll(item, &used));
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size()) return {name, items};
     }
     return {name, list};
   }

@@ -483,6 +483,24 @@ def _(d):
 
 
 
+@check("op --attr takes a string list: a FusedElementwise chain matches numpy bit for bit")
+def _(d):
+    # Items that are not all integers make a list(string) attribute (the chain's steps); each
+    # f32 step rounds as numpy's f32 operation does.
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, 96)).astype(np.float32)
+    y = rng.normal(size=(4, 96)).astype(np.float32)
+    np.save(f"{d}/x.npy", x)
+    np.save(f"{d}/y.npy", y)
+    run("op", "FusedElementwise", "--input", f"{d}/x.npy", "--input", f"{d}/y.npy",
+        "--attr", "steps=[Mul i0 i1,AddV2 s0 i1,Sub s1 i0]", "--chip", "tiny",
+        "--output", f"{d}/o.npy")
+    assert np.array_equal(np.load(f"{d}/o.npy"), (x * y + y) - x)
+    p = run("op", "FusedElementwise", "--input", f"{d}/x.npy", "--attr", "steps=[Mul i0 i3]",
+            "--chip", "tiny", expect_rc=1)
+    assert "step 0 'Mul i0 i3'" in p.stderr, p.stderr
+
+
 @check("op --host-loop: an eager host running ahead of the device, host- or device-bound")
 def _(d):
     # The loop's time from the op's own Task Durations (every call of a cold-L2 op is alike) and

@@ -145,6 +145,16 @@ TEST_CASE("large shapes: several tiles per core, resident and gathered operands"
   check_binary("Maximum", DataType::F16, {1000, 3}, {3}, 44);        // short period
 }
 
+TEST_CASE("gathered rows repeated along the dim above them: copied within the tile") {
+  // An attention mask [B, 1, 1, S] over scores [B, N, S, S]: the gather copies a row whose
+  // source is the next row's from the tile (whole-block rows); tiles and block ranges cross the
+  // batch entries, and rows of 48 bytes (not whole blocks) are loaded one by one as before.
+  check_binary("AddV2", DataType::F16, {6, 4, 40, 64}, {6, 1, 1, 64}, 45);
+  check_binary("Mul", DataType::F32, {5, 1, 1, 16}, {5, 3, 24, 16}, 46);
+  check_binary("Sub", DataType::F16, {4, 3, 10, 24}, {4, 1, 1, 24}, 47);
+  check_binary("AddV2", DataType::F32, {3, 2, 50, 8}, {3, 1, 50, 8}, 48);
+}
+
 TEST_CASE("zero-size outputs compile to no launch") {
   const ChipConfig& cfg = test_sim().config();
   for (auto [sa, sb] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{

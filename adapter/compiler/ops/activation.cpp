@@ -122,27 +122,28 @@ struct ActOp {
   ComputeFn compute;
 };
 
-// expm1(y) for y <= 0 (Kahan), into d; uses tmp[2], tmp[3], bits.
-void expm1_nonpositive(Lanes& l, uint64_t d, uint64_t y) {
-  l.un(Opcode::op_vexp, l.tmp[2], y);                     // u
-  l.adds(l.tmp[3], l.tmp[2], -1);                         // u - 1
-  l.bin(Opcode::op_vmul, l.tmp[3], l.tmp[3], y);          // (u - 1) y
-  l.un(Opcode::op_vln, d, l.tmp[2]);                      // ln u
-  l.bin(Opcode::op_vdiv, d, l.tmp[3], d);
-  l.cmp(isa::Cmp::EQ, l.bits, l.tmp[2], kOne);            // u == 1: expm1(y) = y
-  l.sel(d, l.bits, VOperand(y), VOperand(d));
-}
-
+// tanh(x) into d (d != x; uses tmp[0..3], bits), m = expm1(-2|x|) by Kahan's formula (the
+// file's head). Every
+// instruction writing a buffer none of its sources is (an operand that is both takes two bank
+// accesses per block: docs/chip_model.md's bank model), so with the buffers in bank windows of
+// their own (act_tile_work) no repeat meets a conflict; the same instructions on the same
+// values as the in-place form.
 void tanh_lanes(Lanes& l, uint64_t d, uint64_t x) {
   l.un(Opcode::op_vabs, l.tmp[0], x);
-  l.sc(Opcode::op_vmins, l.tmp[0], l.tmp[0], kTanhClamp);
-  l.muls(l.tmp[0], l.tmp[0], -2);                         // y = -2|x|
-  expm1_nonpositive(l, l.tmp[1], l.tmp[0]);               // m
+  l.sc(Opcode::op_vmins, l.tmp[1], l.tmp[0], kTanhClamp);
+  l.muls(l.tmp[0], l.tmp[1], -2);                         // y = -2|x|
+  l.un(Opcode::op_vexp, l.tmp[2], l.tmp[0]);              // u
+  l.adds(l.tmp[3], l.tmp[2], -1);                         // u - 1
+  l.bin(Opcode::op_vmul, l.tmp[1], l.tmp[3], l.tmp[0]);   // (u - 1) y
+  l.un(Opcode::op_vln, l.tmp[3], l.tmp[2]);               // ln u
+  l.bin(Opcode::op_vdiv, d, l.tmp[1], l.tmp[3]);
+  l.cmp(isa::Cmp::EQ, l.bits, l.tmp[2], kOne);            // u == 1: expm1(y) = y
+  l.sel(l.tmp[1], l.bits, VOperand(l.tmp[0]), VOperand(d));  // m = expm1(y)
   l.adds(l.tmp[0], l.tmp[1], 2);
-  l.bin(Opcode::op_vdiv, l.tmp[1], l.tmp[1], l.tmp[0]);   // m / (m + 2) = -tanh|x|
-  l.muls(l.tmp[0], l.tmp[1], -1);                         // tanh|x|
+  l.bin(Opcode::op_vdiv, l.tmp[2], l.tmp[1], l.tmp[0]);   // m / (m + 2) = -tanh|x|
+  l.muls(l.tmp[3], l.tmp[2], -1);                         // tanh|x|
   l.cmp(isa::Cmp::LT, l.bits, x, kZero);
-  l.sel(d, l.bits, VOperand(l.tmp[1]), VOperand(l.tmp[0]));
+  l.sel(d, l.bits, VOperand(l.tmp[2]), VOperand(l.tmp[3]));
 }
 
 // The threshold of TF's Softplus for type dt: ln(eps) + 2, each step rounded to dt.
@@ -304,14 +305,16 @@ void gelu_exact(Lanes& l, DataType) {
 }
 
 void gelu_tanh(Lanes& l, DataType) {
+  // Alternating between tmp[0] and tmp[1]: no instruction writes a buffer it reads (as
+  // tanh_lanes).
   const uint64_t x = l.in[0];
   l.bin(Opcode::op_vmul, l.tmp[0], x, x);
-  l.bin(Opcode::op_vmul, l.tmp[0], l.tmp[0], x);
-  l.muls(l.tmp[0], l.tmp[0], kGeluTanhCubic);
-  l.bin(Opcode::op_vadd, l.tmp[0], l.tmp[0], x);
-  l.muls(l.tmp[0], l.tmp[0], -2 * kGeluTanhC);              // -2 y
-  l.un(Opcode::op_vexp, l.tmp[0], l.tmp[0]);
-  l.adds(l.tmp[0], l.tmp[0], 1);
+  l.bin(Opcode::op_vmul, l.tmp[1], l.tmp[0], x);
+  l.muls(l.tmp[0], l.tmp[1], kGeluTanhCubic);
+  l.bin(Opcode::op_vadd, l.tmp[1], l.tmp[0], x);
+  l.muls(l.tmp[0], l.tmp[1], -2 * kGeluTanhC);              // -2 y
+  l.un(Opcode::op_vexp, l.tmp[1], l.tmp[0]);
+  l.adds(l.tmp[0], l.tmp[1], 1);
   l.bin(Opcode::op_vdiv, l.out, x, l.tmp[0]);
 }
 
@@ -424,11 +427,21 @@ void act_tile_work(const ActOp& kind, DataType dt, StreamSpec& spec) {
   const bool widen = type != ct;
   const int n_in = kind.inputs;
   // Temporaries: widened inputs and result (when widening), scratch, two bit rows, constants.
+  // UB bank windows (StreamSpec): the compute's operands of its type ct, inputs, result and
+  // scratch, start in windows 0, 1, ... in that order (taken modulo the windows the chip has),
+  // so that an instruction combining distinct ones meets no bank conflict; when widening, the
+  // stream's own tiles (read and written by the conversions only) come after them.
   spec.temps.clear();
   const int n_wide = widen ? n_in + 1 : 0;
-  for (int i = 0; i < n_wide; ++i) spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0});
+  for (int i = 0; i < n_wide; ++i)
+    spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0, i});
   for (int i = 0; i < kScratch; ++i)
-    spec.temps.push_back(TempSpec{fmt::format("scratch {}", i), 4, 0});
+    spec.temps.push_back(TempSpec{fmt::format("scratch {}", i), 4, 0, n_in + 1 + i});
+  // The stream's tiles: spec.inputs as the caller set them (none for a fused step's work).
+  const int first_stream = widen ? n_in + 1 + kScratch : 0;
+  for (size_t i = 0; i < spec.inputs.size(); ++i)
+    spec.inputs[i].window = first_stream + static_cast<int>(i);
+  spec.out_window = first_stream + n_in;
   spec.temps.push_back(TempSpec{"compare bits", 1.0 / 8, 32});
   spec.temps.push_back(TempSpec{"compare bits 2", 1.0 / 8, 32});
   for (int i = 0; i < kNumConsts; ++i)

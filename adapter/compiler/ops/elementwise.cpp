@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -199,6 +200,9 @@ struct GatherRegs {
         t(b.reg("gather: temporary")),
         rest(b.reg("gather: row index / destination")) {}
   Reg f, row, a, src, t, rest;
+  // The last piece loaded in this tile (StreamEmitter::emit_gather's row reuse): its source
+  // address, its destination in the tile and its elements (0: none yet). Absent without reuse.
+  std::optional<Reg> last_src, last_dst, last_len;
 };
 
 // Builds one streaming kernel (elementwise.h): the planning steps choose the inputs' accesses,
@@ -230,7 +234,7 @@ class StreamEmitter {
   void compute(int q);
   void store_outputs(int q);
   void emit_drain();
-  void emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt);
+  void emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt, bool reuse_rows);
   void add_outer_offsets(const BroadcastView& v, int size, GatherRegs& g);
   void fill_piece(int k, int size, bool contiguous, const Reg& pos, uint64_t buf, GatherRegs& g);
   std::string summary() const;
@@ -536,7 +540,7 @@ void StreamEmitter::build_resident_inputs() {
     const int64_t built = m_spec->inputs[k].view.splat() ? m_tile : m_period;
     Reg zero = m_b.reg_imm("resident: position 0", 0);
     Reg len = m_b.reg_imm("resident: elements", built);
-    emit_gather(static_cast<int>(k), p.buf[0], zero, len);
+    emit_gather(static_cast<int>(k), p.buf[0], zero, len, false);
     for (int64_t have = built; have < m_tile;) {
       const int64_t more = std::min(have, m_tile - have);
       vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
@@ -554,7 +558,7 @@ void StreamEmitter::emit_tile(int q, const Label& drain) {
   if (m_any_flat) load_flat_inputs(q);
   for (size_t k = 0; k < m_in.size(); ++k)
     if (m_in[k].access == Access::kGather)
-      emit_gather(static_cast<int>(k), m_in[k].buf[q], m_pos, m_cnt);
+      emit_gather(static_cast<int>(k), m_in[k].buf[q], m_pos, m_cnt, true);
   if (m_any_flat) m_b.wait_flag(m_in_ready, q);
   m_b.wait_flag(m_out_free, q);
   compute(q);
@@ -645,8 +649,10 @@ void StreamEmitter::emit_drain() {
 
 // Fills UB [buf, buf + cnt*size) with input k's values for output positions [pos, pos + cnt),
 // pieces from last to first (see elementwise.h). buf must hold output position pos at a 32-byte
-// boundary (tiles start at multiples of the output granule).
-void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt) {
+// boundary (tiles start at multiples of the output granule). reuse_rows: a tile's gather may
+// copy repeated rows within the tile (below); false for a resident input's one build.
+void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt,
+                                bool reuse_rows) {
   const BroadcastView& v = m_spec->inputs[static_cast<size_t>(k)].view;
   const int size = m_in[static_cast<size_t>(k)].size;
   const int64_t inner = v.dims.back();
@@ -654,6 +660,23 @@ void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& 
   KernelBuilder::Origin origin(m_b, fmt::format("gather in{}: dims {} strides {}", k,
                                                 shape_str(v.dims), shape_str(v.strides)));
   GatherRegs g(m_b);
+  // Row reuse: when the dim above the contiguous rows is broadcast (an attention mask
+  // [B, 1, 1, S] over [B, N, S, S]: each row read S times over in a row), a piece whose
+  // source is the previous piece's (pieces go from the tile's end to its start) and no longer
+  // is copied from that piece's place in the tile by the vector unit instead of loaded again
+  // (the load's round trip through MTE2 and the scratch's flags per row). Only where every
+  // piece starts on a 32-byte block (whole-block rows, tiles starting on whole input blocks),
+  // so a piece's copy is its source's bytes from the start. Per tile only (reuse_rows): a
+  // resident input's one period is built once.
+  const size_t rank = v.dims.size();
+  const bool reuse = reuse_rows && contiguous && rank >= 2 && v.strides[rank - 2] == 0 &&
+                     (inner * size) % kBlockBytes == 0 && (m_granule * size) % kBlockBytes == 0;
+  if (reuse) {
+    g.last_src.emplace(m_b.reg("gather: source of the last loaded piece"));
+    g.last_dst.emplace(m_b.reg("gather: its place in the tile"));
+    g.last_len.emplace(m_b.reg("gather: its elements"));
+    m_b.movi(*g.last_len, 0, "no piece loaded yet in this tile");
+  }
   m_b.add(g.f, pos, cnt, "gather: pieces from the end of the tile");
   Label top = m_b.label("gather_in" + std::to_string(k));
   m_b.bind(top);
@@ -717,6 +740,17 @@ void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos,
     vec_dup_bits(m_b, size, g.rest, g.t, g.f);
     return;
   }
+  std::optional<Label> done;
+  if (g.last_len) {
+    // The last loaded piece's source and at least this piece's elements: copy it from there.
+    const Label load = m_b.label("gather_load");
+    done = m_b.label("gather_piece_done");
+    m_b.branch(ne(g.src, *g.last_src), load);
+    m_b.branch(lt(*g.last_len, g.f), load);
+    vec_copy_bits(m_b, size, g.rest, *g.last_dst, g.f);
+    m_b.jmp(*done);
+    m_b.bind(load);
+  }
   m_b.mul(g.t, g.f, size);
   m_b.add(g.t, g.t, kBlockBytes - 1);
   m_b.shr(g.t, g.t, kLog2Block, "blocks to load");
@@ -727,6 +761,12 @@ void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos,
   m_b.wait_flag(Pipe::MTE2, Pipe::V, m_scratch_ready);
   vec_copy_bits(m_b, size, g.rest, m_scratch, g.f);
   m_b.set_flag(Pipe::V, Pipe::MTE2, m_scratch_free);
+  if (g.last_len) {
+    m_b.mov(*g.last_src, g.src);
+    m_b.mov(*g.last_dst, g.rest);
+    m_b.mov(*g.last_len, g.f);
+    m_b.bind(*done);
+  }
 }
 
 std::string StreamEmitter::summary() const {
