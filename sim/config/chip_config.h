@@ -126,6 +126,11 @@ struct ChipConfig {
   int flag_ids = 8;                 // event ids per pipe pair
   int cross_core_flag_ids = 11;     // cross-core flag ids (split chips)
   int cross_core_max_pending = 15;
+  // Whether a set_flag executed by a pipe holds that pipe until the GM transfers it issued
+  // before have landed (true), or lets the pipe go on at once and only delays the flag's
+  // effect to the landing (false; CANN's CCE intrinsics reference: set_flag "does not block
+  // the next instruction of the same pipe"). docs/chip_model.md, "Pipes".
+  bool set_flag_holds_pipe = true;
 
   // derived helpers
   double hbm_bytes_per_cycle() const { return hbm_gbps * 1e3 / clock_mhz; }  // peak

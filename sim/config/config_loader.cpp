@@ -93,6 +93,7 @@ const char* const kSchemaKeys[] = {
     "sync.flag_ids",
     "sync.cross_core_flag_ids",
     "sync.cross_core_max_pending",
+    "sync.set_flag_holds_pipe",
 };
 
 constexpr CoreKind kCoreKinds[] = {CoreKind::AIC, CoreKind::AIV, CoreKind::AICORE};
@@ -476,6 +477,8 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   c.cross_core_flag_ids = r.get_int("sync.cross_core_flag_ids", cross_min, max_ids);
   c.cross_core_max_pending =
       r.get_int("sync.cross_core_max_pending", cross_min, kMaxCrossCorePending);
+  c.set_flag_holds_pipe =
+      !r.has("sync.set_flag_holds_pipe") || r.get_bool("sync.set_flag_holds_pipe");
   return c;
 }
 
@@ -562,6 +565,7 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   o << fmt::format(
       "sync:\n  flag_ids: {}\n  cross_core_flag_ids: {}\n  cross_core_max_pending: {}\n",
       c.flag_ids, c.cross_core_flag_ids, c.cross_core_max_pending);
+  if (!c.set_flag_holds_pipe) o << "  set_flag_holds_pipe: false\n";  // optional, as above
   return o.str();
 }
 

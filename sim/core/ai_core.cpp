@@ -401,7 +401,7 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
       const int id = static_cast<int>(in.ops[2].value);
       check_flag_operands(src, dst_pipe, id);
       sync_local();
-      set_flag(Lane::SCALAR, src, dst_pipe, id);
+      set_flag(Lane::SCALAR, src, dst_pipe, id, sc_time_stamp());
       break;
     }
     case Opcode::op_wait_flag: {  // dst is the scalar unit: block it
@@ -487,13 +487,14 @@ void AiCore::clear_flags() {
   m_flags_set = 0;
 }
 
-void AiCore::set_flag(Lane lane, int src, int dst, int id) {
+void AiCore::set_flag(Lane lane, int src, int dst, int id, sc_time effective_at) {
   Flag& f = m_flags[src][dst][id];
   if (f.set)
     throw KernelFault(fmt::format("flag {}->{} id {} is already set (set twice without a "
                                   "wait_flag in between)", isa::pipe_name(Pipe(src)),
                                   isa::pipe_name(Pipe(dst)), id));
   f.set = true;
+  f.effective_at = std::max(effective_at, sc_time_stamp());
   ++m_flags_set;
   f.flow = m_env.new_flow_id();
   m_flag_event.notify(SC_ZERO_TIME);
@@ -507,6 +508,13 @@ void AiCore::wait_flag(Lane lane, Waiter& w, int src, int dst, int id, Blocked& 
     const sc_time t0 = sc_time_stamp();
     blocked = {&in, pc};
     while (!f.set) wait_abortable(w.flag_or_abort);
+    blocked = {};
+    stall.add(time_ps(sc_time_stamp() - t0));
+  }
+  if (f.effective_at > sc_time_stamp()) {  // set, but the setter's transfers have not landed
+    const sc_time t0 = sc_time_stamp();
+    blocked = {&in, pc};
+    wait_abortable(f.effective_at - t0, w);
     blocked = {};
     stall.add(time_ps(sc_time_stamp() - t0));
   }
@@ -580,8 +588,12 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
   const sc_time start = sc_time_stamp();
   switch (in.op) {
     case Opcode::op_set_flag:
-      wait_transfers_complete(u);
-      set_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]));
+      // The set takes effect once this pipe's earlier GM transfers have landed. With
+      // sync.set_flag_holds_pipe the pipe waits for that; without, its next instructions go on
+      // at once (docs/chip_model.md, "Pipes").
+      if (m_cfg.set_flag_holds_pipe) wait_transfers_complete(u);
+      set_flag(u.lane, static_cast<int>(op[0]), static_cast<int>(op[1]), static_cast<int>(op[2]),
+               u.complete_at);
       break;
     case Opcode::op_wait_flag:
       wait_flag(u.lane, u.waiter, static_cast<int>(op[0]), static_cast<int>(op[1]),

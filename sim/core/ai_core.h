@@ -95,6 +95,9 @@ class AiCore : public sc_core::sc_module {
   struct PipeUnit;
   struct Flag {
     bool set = false;
+    // When the set takes effect: the setting pipe's GM transfers issued before the set_flag have
+    // landed by then. A wait_flag that finds the flag set waits until this time.
+    sc_core::sc_time effective_at = sc_core::SC_ZERO_TIME;
     uint64_t flow = 0;
   };
   struct CrossCoreFlag {
@@ -111,9 +114,10 @@ class AiCore : public sc_core::sc_module {
   void run_pipe_op(PipeUnit& u, const IssuedOp& op);
   void run_gm_transfer(PipeUnit& u, const ExecCost& cost);
 
-  // Flags. set_flag faults if the flag is already set; wait_flag blocks until set, then clears.
+  // Flags. set_flag faults if the flag is already set; the set takes effect at `effective_at`
+  // (not before now). wait_flag blocks until the flag is set and in effect, then clears it.
   void check_flag_operands(int src, int dst, int id) const;
-  void set_flag(Lane lane, int src, int dst, int id);
+  void set_flag(Lane lane, int src, int dst, int id, sc_core::sc_time effective_at);
   void wait_flag(Lane lane, Waiter& w, int src, int dst, int id, Blocked& blocked, uint32_t pc,
                  const isa::Instruction& in, Counter& stall);
   void wait_cross_core(Lane lane, Waiter& w, int id, Blocked& blocked, uint32_t pc,

@@ -124,6 +124,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.flag_ids == b.flag_ids);
   CHECK(a.cross_core_flag_ids == b.cross_core_flag_ids);
   CHECK(a.cross_core_max_pending == b.cross_core_max_pending);
+  CHECK(a.set_flag_holds_pipe == b.set_flag_holds_pipe);
 }
 
 // Writes the dump to a file and loads it back.
