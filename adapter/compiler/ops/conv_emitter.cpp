@@ -3,7 +3,10 @@
 //
 // One block per cube core; block b takes a contiguous range of tiles, tile
 // index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
-// share their weights. A stack is one image, or with stacking (CubeConvTiling::stack > 1)
+// share their weights, or spatial-major (CubeConvTiling::spatial_major) ((stack * m_tiles + mt)
+// * keys + g * n_tiles + nt), so that a block walks its positions and at each every weight key
+// (with resident weights L1 then holds every key's B, each loaded by the block's first tile of
+// that key). A stack is one image, or with stacking (CubeConvTiling::stack > 1)
 // several images placed one above the other with zero rows between them (one tall map whose
 // m tiles run across images: small images are not each rounded up to 16 positions). For
 // every (tile, k chunk) step, software-pipelined by one step:
@@ -139,7 +142,7 @@ class ConvEmitter {
     m_pipe.declare_flags({"L1 slab loaded", "L1 slab free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
     if (resident()) {
-      m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
+      if (!m_t.spatial_major) m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
     }
     Reg prev_key;
@@ -329,10 +332,17 @@ class ConvEmitter {
     b.rem(ch, s, m_t.chunks);
     b.div(key, s, m_t.chunks);
     b.add(key, key, *m_tbeg, "tile");
-    b.rem(mt, key, m_t.m_tiles);
-    b.div(key, key, m_t.m_tiles);
-    b.rem(img, key, m_t.stacks);
-    b.div(key, key, m_t.stacks);
+    if (m_t.spatial_major) {
+      b.div(img, key, m_t.keys);
+      b.rem(key, key, m_t.keys, "weight key");
+      b.rem(mt, img, m_t.m_tiles);
+      b.div(img, img, m_t.m_tiles);
+    } else {
+      b.rem(mt, key, m_t.m_tiles);
+      b.div(key, key, m_t.m_tiles);
+      b.rem(img, key, m_t.stacks);
+      b.div(key, key, m_t.stacks);
+    }
     if (stacked()) b.mul(img, img, m_t.stack, "first image of the stack");
   }
 
@@ -614,6 +624,21 @@ class ConvEmitter {
     b.mul(t.bbase, t.bbase, c1a);
     b.mul(t.bbase, t.bbase, m_taps * kBlk * m_isz);
     b.add(t.bbase, t.bbase, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
+    if (m_t.spatial_major) {
+      // Every key's B in its own part of the buffer, loaded by the block's first `keys` tiles
+      // (the block's first keys * chunks steps): nothing to drain.
+      Reg off = b.reg("compute: key's B");
+      b.mul(off, t.key, m_t.b_bytes / m_t.keys);
+      b.add(t.bbase, t.bbase, off, "the key's B");
+      off.release();
+      b.if_(lt(s, m_t.keys * m_t.chunks), [&] {
+        KernelBuilder::Origin r(b, "resident weights of the key: this chunk's k-blocks");
+        load_weights(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+        b.set_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+        b.wait_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+      });
+      return;
+    }
     Reg loading = b.reg("compute: loading");
     resident_key(t.ch, t.key, loading);
     b.and_(loading, *m_prev_key, 1);
