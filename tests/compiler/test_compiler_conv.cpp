@@ -460,6 +460,39 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
                     Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
 }
 
+TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
+  struct Order {
+    explicit Order(const char* v) { setenv("NPUSIM_DEPTHWISE_TILE_ORDER", v, 1); }
+    ~Order() { unsetenv("NPUSIM_DEPTHWISE_TILE_ORDER"); }
+  };
+  const ConvCase c{2, 7, 9, 40, 3, 3, 0};
+  {
+    Order spatial("spatial");
+    // 3 groups (the last 8 channels) x multiplier 2; several m tiles per image; small images
+    // (a block's tiles cycling through 4 groups across images); a block-diagonal step of 2
+    // groups with the order; each against the direct product.
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 120), "position-major"));
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{2, 20, 21, 48, 3, 3, 0}, 1, 122),
+                   "position-major"));
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{8, 4, 5, 64, 3, 3, 0}, 1, 124),
+                   "position-major"));
+    check_depthwise(0, DataType::F32, ConvCase{3, 6, 5, 24, 2, 3, 0}.window(2, 1, 1, 2, "SAME"),
+                    1, 126);
+    setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", "2", 1);
+    const auto merged = check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 128);
+    unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP");
+    CHECK(mentions(merged, "position-major"));
+  }
+  CHECK_FALSE(mentions(check_depthwise(0, DataType::F16, c, 2, 130), "position-major"));
+  Order bad("rows");
+  const compiler::OpDesc op =
+      make_op("DepthwiseConv2dNative",
+              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
+              c.attrs());
+  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                    Catch::Contains("NPUSIM_DEPTHWISE_TILE_ORDER='rows' is neither"));
+}
+
 TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
   // Tilings forced to stack 2..4 images into one tall map (CubeConvTiling): image positions
   // not a multiple of 16, the batch not a multiple of the stack (the last stack is partial),

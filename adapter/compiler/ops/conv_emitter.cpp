@@ -142,7 +142,8 @@ class ConvEmitter {
     m_pipe.declare_flags({"L1 slab loaded", "L1 slab free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
     if (resident()) {
-      if (!m_t.spatial_major) m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
+      if (!m_t.spatial_major)
+        m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
     }
     Reg prev_key;

@@ -254,7 +254,6 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
   return worst;
 }
 
-
 double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
                      int64_t cg_out) {
   const CubeConvTiling& t = c.t;
@@ -472,13 +471,14 @@ ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
 std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
-      "k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
+      "{}k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
       "({} B), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
       tm, tn, m_tiles, n_tiles,
       stack == 1 ? std::string("image")
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
-      tiles, block_dim, tiles_per_block, tk0, kc1, chunks, resident ? ", weights resident" : "",
-      slab_rows, slab_bytes, b_bytes, l0c_buffers, est_cycles);
+      tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
+      resident ? ", weights resident" : "", slab_rows, slab_bytes, b_bytes, l0c_buffers,
+      est_cycles);
 }
 
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
