@@ -179,14 +179,13 @@ struct CubeConvTiling {
   int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * stacks * m_tiles
   // Tile index order: key-major ((key * stacks + stack) * m_tiles + m tile, key = group *
   // n_tiles + n tile) or, spatial_major, ((stack * m_tiles + m tile) * keys + key), keys =
-  // groups * n_tiles (CubeConvSpec::tiles_spatial_major with more than one key).
+  // groups * n_tiles (CubeConvSpec::tiles_spatial_major with more than one key; weights then
+  // streamed, never resident).
   bool spatial_major = false;
   int64_t keys = 1;           // groups * n_tiles
   int64_t slab_rows = 0;      // the most input rows one tile's feature-map slab spans
   int64_t slab_bytes = 0;     // one slab buffer in L1 (two are allocated)
-  int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two);
-                              // resident and spatial_major: every key's B, b_bytes / keys
-                              // apart (each loaded by the block's first tile of its key)
+  int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;
   int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))

@@ -3,13 +3,12 @@
 //
 // One block per cube core; block b takes a contiguous range of tiles, tile
 // index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
-// share their weights, or spatial-major (CubeConvTiling::spatial_major) ((stack * m_tiles + mt)
+// share their weights, or position-major (CubeConvTiling::spatial_major) ((stack * m_tiles + mt)
 // * keys + g * n_tiles + nt), so that a block walks its positions and at each every weight key
-// (with resident weights L1 then holds every key's B, each loaded by the block's first tile of
-// that key). A stack is one image, or with stacking (CubeConvTiling::stack > 1)
-// several images placed one above the other with zero rows between them (one tall map whose
-// m tiles run across images: small images are not each rounded up to 16 positions). For
-// every (tile, k chunk) step, software-pipelined by one step:
+// (weights then streamed: a block's consecutive tiles change key). A stack is one image, or with
+// stacking (CubeConvTiling::stack > 1) several images placed one above the other with zero rows
+// between them (one tall map whose m tiles run across images: small images are not each rounded up
+// to 16 positions). For every (tile, k chunk) step, software-pipelined by one step:
 //   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
 //         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
 //         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
@@ -115,6 +114,8 @@ class ConvEmitter {
   void cube_section() {
     KernelBuilder& b = m_b;
     b.begin_section(b.cube_core_kind());
+    if (m_t.spatial_major && resident())
+      b.fail("internal: position-major tiles stream their weights");
     allocate();
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
     b.declare_arg("w", m_s.in_type, {});
@@ -142,8 +143,7 @@ class ConvEmitter {
     m_pipe.declare_flags({"L1 slab loaded", "L1 slab free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
     if (resident()) {
-      if (!m_t.spatial_major)
-        m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
+      m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
     }
     Reg prev_key;
@@ -625,21 +625,6 @@ class ConvEmitter {
     b.mul(t.bbase, t.bbase, c1a);
     b.mul(t.bbase, t.bbase, m_taps * kBlk * m_isz);
     b.add(t.bbase, t.bbase, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
-    if (m_t.spatial_major) {
-      // Every key's B in its own part of the buffer, loaded by the block's first `keys` tiles
-      // (the block's first keys * chunks steps): nothing to drain.
-      Reg off = b.reg("compute: key's B");
-      b.mul(off, t.key, m_t.b_bytes / m_t.keys);
-      b.add(t.bbase, t.bbase, off, "the key's B");
-      off.release();
-      b.if_(lt(s, m_t.keys * m_t.chunks), [&] {
-        KernelBuilder::Origin r(b, "resident weights of the key: this chunk's k-blocks");
-        load_weights(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
-        b.set_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
-        b.wait_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
-      });
-      return;
-    }
     Reg loading = b.reg("compute: loading");
     resident_key(t.ch, t.key, loading);
     b.and_(loading, *m_prev_key, 1);

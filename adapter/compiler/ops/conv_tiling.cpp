@@ -219,9 +219,8 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
 // The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
 // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and the first
 // tile of each key in a block also loads the weights.
-// busiest_block for the spatial-major order: tile t has weight key t % keys and m tile
-// (t / keys) % MT; a block's first `keys` tiles are each the first of their key (resident:
-// they load its weights). Tile by tile (at most a few thousand).
+// busiest_block for the position-major order (weights streamed): tile t has weight key
+// t % keys and m tile (t / keys) % MT. Tile by tile (at most a few thousand).
 double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
                              int64_t cg_out) {
   const CubeConvTiling& t = c.t;
@@ -236,15 +235,10 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
   for (int64_t b = 0; b < t.block_dim; ++b) {
     const int64_t lo = b * per, hi = std::min(t.tiles, (b + 1) * per);
     double cost = 0;
-    for (int64_t i = lo; i < hi; ++i) {
-      const bool first = i - lo < t.keys;
-      cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), first);
-      if (first && t.resident)  // the first chunk's weights are not overlapped
-        cost += static_cast<double>(c.kchunk * c.b_cols(n_act_of(i)) * 2) / r.l2_rate + r.gm_lat;
-    }
+    for (int64_t i = lo; i < hi; ++i) cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), false);
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
       cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
-    if (!t.resident && hi > lo)  // the block's first step waits for its slab and weights, cold
+    if (hi > lo)  // the block's first step waits for its slab and weights, cold
       cost += static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
                                   c.kchunk * c.b_cols(tn) * 2) /
                   r.gm_rate +
@@ -407,6 +401,10 @@ struct ConvPlanner {
   void add_chunking(Candidate c, int64_t tn16, int64_t kc1, bool resident) {
     const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
     CubeConvTiling& t = c.t;
+    // Position-major: a block's consecutive tiles change weight key, so each step streams its
+    // chunk of B with the slab (every key's B resident in L1, each loaded by the block's first
+    // tile of its key, measured slower on MobileNetV2's depthwise layers: docs/validation.md).
+    if (resident && t.spatial_major) return;
     t.kc1 = kc1;
     t.resident = resident;
     t.chunks = ceil_div(s.c1_in(), kc1);
@@ -421,8 +419,6 @@ struct ConvPlanner {
     // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
-    // Spatial-major resident: every key's B (a block's tiles cycle through the keys).
-    if (resident && t.spatial_major) t.b_bytes *= t.keys;
     if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core)) return;
     t.est_cycles = busiest_block(cfg, rates, c, s.cg_out);
     plans.push_back(t);
@@ -531,7 +527,8 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
   t.resident = resident;
   t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, s.wv());
   t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, s.b_cols(tn16));
-  if (resident && t.spatial_major) t.b_bytes *= t.keys;
+  if (resident && t.spatial_major)
+    throw CompileError(fmt::format("{}: position-major tiles stream their weights", op));
   t.tk0 = std::min(t.tk0, kc1 * taps * kBlk);
   if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core))
     throw CompileError(fmt::format("{}: tiling {} does not fit L1", op, t.str()));
