@@ -433,12 +433,23 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
                     Catch::Contains("one 16-channel block"));
 }
 
+namespace {
+// Sets an environment variable (a compiler's measuring switch) for a test's compiles, unset
+// again on the way out.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  const char* name;
+};
+struct Groups : ScopedEnv {
+  explicit Groups(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v) {}
+};
+struct TileOrder : ScopedEnv {
+  explicit TileOrder(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_TILE_ORDER", v) {}
+};
+}  // namespace
+
 TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per kernel step") {
-  // Sets the variable for the test's compiles, unset again on the way out.
-  struct Groups {
-    explicit Groups(const char* v) { setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v, 1); }
-    ~Groups() { unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP"); }
-  };
   // 40 channels x multiplier 2 (3 groups, the last 8 channels): 2 per step (the second step's
   // group one partial block), and more than there are (all 3 in one step).
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
@@ -461,13 +472,9 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
 }
 
 TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
-  struct Order {
-    explicit Order(const char* v) { setenv("NPUSIM_DEPTHWISE_TILE_ORDER", v, 1); }
-    ~Order() { unsetenv("NPUSIM_DEPTHWISE_TILE_ORDER"); }
-  };
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
   {
-    Order spatial("spatial");
+    TileOrder spatial("spatial");
     // 3 groups (the last 8 channels) x multiplier 2; several m tiles per image; small images
     // (a block's tiles cycling through 4 groups across images); a block-diagonal step of 2
     // groups with the order; each against the direct product.
@@ -478,13 +485,12 @@ TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major")
                    "position-major"));
     check_depthwise(0, DataType::F32, ConvCase{3, 6, 5, 24, 2, 3, 0}.window(2, 1, 1, 2, "SAME"),
                     1, 126);
-    setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", "2", 1);
-    const auto merged = check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 128);
-    unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP");
-    CHECK(mentions(merged, "position-major"));
+    Groups two("2");
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 128),
+                   "position-major"));
   }
   CHECK_FALSE(mentions(check_depthwise(0, DataType::F16, c, 2, 130), "position-major"));
-  Order bad("rows");
+  TileOrder bad("rows");
   const compiler::OpDesc op =
       make_op("DepthwiseConv2dNative",
               {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
