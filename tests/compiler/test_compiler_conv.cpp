@@ -447,6 +447,13 @@ struct Groups : ScopedEnv {
 struct TileOrder : ScopedEnv {
   explicit TileOrder(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_TILE_ORDER", v) {}
 };
+// DepthwiseConv2dNative of case c (f16) with multiplier m, for compile checks.
+compiler::OpDesc depthwise_op(const ConvCase& c, int64_t m) {
+  return make_op("DepthwiseConv2dNative",
+                 {TensorDesc{DataType::F16, {c.n, c.h, c.w, c.c}},
+                  TensorDesc{DataType::F16, {c.kh, c.kw, c.c, m}}},
+                 c.attrs());
+}
 }  // namespace
 
 TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per kernel step") {
@@ -463,11 +470,7 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
   }
   CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
   Groups zero("0");
-  const compiler::OpDesc op =
-      make_op("DepthwiseConv2dNative",
-              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
-              c.attrs());
-  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
                     Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
 }
 
@@ -491,11 +494,7 @@ TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major")
   }
   CHECK_FALSE(mentions(check_depthwise(0, DataType::F16, c, 2, 130), "position-major"));
   TileOrder bad("rows");
-  const compiler::OpDesc op =
-      make_op("DepthwiseConv2dNative",
-              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
-              c.attrs());
-  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
                     Catch::Contains("NPUSIM_DEPTHWISE_TILE_ORDER='rows' is neither"));
 }
 
