@@ -433,12 +433,30 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
                     Catch::Contains("one 16-channel block"));
 }
 
+namespace {
+// Sets an environment variable (a compiler's measuring switch) for a test's compiles, unset
+// again on the way out.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  const char* name;
+};
+struct Groups : ScopedEnv {
+  explicit Groups(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v) {}
+};
+struct TileOrder : ScopedEnv {
+  explicit TileOrder(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_TILE_ORDER", v) {}
+};
+// DepthwiseConv2dNative of case c (f16) with multiplier m, for compile checks.
+compiler::OpDesc depthwise_op(const ConvCase& c, int64_t m) {
+  return make_op("DepthwiseConv2dNative",
+                 {TensorDesc{DataType::F16, {c.n, c.h, c.w, c.c}},
+                  TensorDesc{DataType::F16, {c.kh, c.kw, c.c, m}}},
+                 c.attrs());
+}
+}  // namespace
+
 TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per kernel step") {
-  // Sets the variable for the test's compiles, unset again on the way out.
-  struct Groups {
-    explicit Groups(const char* v) { setenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v, 1); }
-    ~Groups() { unsetenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP"); }
-  };
   // 40 channels x multiplier 2 (3 groups, the last 8 channels): 2 per step (the second step's
   // group one partial block), and more than there are (all 3 in one step).
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
@@ -452,12 +470,32 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
   }
   CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
   Groups zero("0");
-  const compiler::OpDesc op =
-      make_op("DepthwiseConv2dNative",
-              {TensorDesc{DataType::F16, {2, 7, 9, 40}}, TensorDesc{DataType::F16, {3, 3, 40, 2}}},
-              c.attrs());
-  CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+  CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
                     Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
+}
+
+TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
+  const ConvCase c{2, 7, 9, 40, 3, 3, 0};
+  {
+    TileOrder spatial("spatial");
+    // 3 groups (the last 8 channels) x multiplier 2; several m tiles per image; small images
+    // (a block's tiles cycling through 4 groups across images); a block-diagonal step of 2
+    // groups with the order; each against the direct product.
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 120), "position-major"));
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{2, 20, 21, 48, 3, 3, 0}, 1, 122),
+                   "position-major"));
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{8, 4, 5, 64, 3, 3, 0}, 1, 124),
+                   "position-major"));
+    check_depthwise(0, DataType::F32, ConvCase{3, 6, 5, 24, 2, 3, 0}.window(2, 1, 1, 2, "SAME"),
+                    1, 126);
+    Groups two("2");
+    CHECK(mentions(check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 128),
+                   "position-major"));
+  }
+  CHECK_FALSE(mentions(check_depthwise(0, DataType::F16, c, 2, 130), "position-major"));
+  TileOrder bad("rows");
+  CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
+                    Catch::Contains("NPUSIM_DEPTHWISE_TILE_ORDER='rows' is neither"));
 }
 
 TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {

@@ -93,6 +93,12 @@ struct CubeConvSpec {
   // multiplies each channel block into its own column block of the tile (one n tile per
   // group) and loads only the blocks, not the zeros.
   bool b_diagonal = false;
+  // Tile order across the cube cores (CubeConvTiling::spatial_major): false, weight-key-major
+  // (each core walks a (group, n tile) over the positions: few weight loads); true,
+  // position-major (each core walks its positions and, at each, every (group, n tile)), so
+  // that the first reads of x, which fill whole L2 lines holding every group's channels, are
+  // spread over the launch rather than all at its start. Used where there are several keys.
+  bool tiles_spatial_major = false;
   // Epilogue: bias adds an f32 [cy] argument "bias" (after y) to every output position, through
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.
@@ -171,6 +177,12 @@ struct CubeConvTiling {
                               // chunk during the first tile that needs it); else each step
                               // streams its chunk of B with the slab
   int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * stacks * m_tiles
+  // Tile index order: key-major ((key * stacks + stack) * m_tiles + m tile, key = group *
+  // n_tiles + n tile) or, spatial_major, ((stack * m_tiles + m tile) * keys + key), keys =
+  // groups * n_tiles (CubeConvSpec::tiles_spatial_major with more than one key; weights then
+  // streamed, never resident).
+  bool spatial_major = false;
+  int64_t keys = 1;           // groups * n_tiles
   int64_t slab_rows = 0;      // the most input rows one tile's feature-map slab spans
   int64_t slab_bytes = 0;     // one slab buffer in L1 (two are allocated)
   int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two)

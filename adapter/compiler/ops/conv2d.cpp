@@ -78,6 +78,7 @@
 // full input list (the shape tensor is then checked and ignored).
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -1238,6 +1239,19 @@ int64_t depthwise_groups_per_step(const OpDesc& op, int64_t groups) {
   return std::min<int64_t>(n, groups);
 }
 
+// NPUSIM_DEPTHWISE_TILE_ORDER in the environment: `spatial`, the depthwise convolutions' tiles
+// go to the cube cores position-major (CubeConvSpec::tiles_spatial_major); unset, empty or
+// `group`, weight-key-major as every cube convolution. A measuring switch like the one above
+// (docs/validation.md, MobileNetV2 on the 310P: the order helps some layers and not others,
+// and the planner does not model the L2 line fills that decide it), read at every compile;
+// CompileError for any other value.
+bool depthwise_tiles_spatial_major(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_DEPTHWISE_TILE_ORDER");
+  if (!v || !*v || std::string_view(v) == "group") return false;
+  if (std::string_view(v) == "spatial") return true;
+  op.fail(fmt::format("NPUSIM_DEPTHWISE_TILE_ORDER='{}' is neither 'group' nor 'spatial'", v));
+}
+
 // DepthwiseConv2dNative, and DepthwiseConv2dBatchNormInference (x, filter, scale, offset, mean,
 // variance[, bias]; epsilon, relu, relu6, Tx, Tout: the graph fusion of DepthwiseConv2dNative ->
 // BatchNormInference): the depthwise convolution, then the batch norm's vector pass (fold,
@@ -1286,6 +1300,7 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_tap = 256 * d.m;
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
+  s.tiles_spatial_major = depthwise_tiles_spatial_major(op);
   const int64_t per_step = depthwise_groups_per_step(op, s.groups);
   if (per_step > 1) s = merge_diagonal_groups(s, per_step, op.str());
   if (batch_norm && batch_norm_in_epilogue(ctx, s)) {

@@ -3,10 +3,12 @@
 //
 // One block per cube core; block b takes a contiguous range of tiles, tile
 // index = ((g * n_tiles + nt) * stacks + stack) * m_tiles + mt, so consecutive tiles of a block
-// share their weights. A stack is one image, or with stacking (CubeConvTiling::stack > 1)
-// several images placed one above the other with zero rows between them (one tall map whose
-// m tiles run across images: small images are not each rounded up to 16 positions). For
-// every (tile, k chunk) step, software-pipelined by one step:
+// share their weights, or position-major (CubeConvTiling::spatial_major) ((stack * m_tiles + mt)
+// * keys + g * n_tiles + nt), so that a block walks its positions and at each every weight key
+// (weights then streamed: a block's consecutive tiles change key). A stack is one image, or with
+// stacking (CubeConvTiling::stack > 1) several images placed one above the other with zero rows
+// between them (one tall map whose m tiles run across images: small images are not each rounded up
+// to 16 positions). For every (tile, k chunk) step, software-pipelined by one step:
 //   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
 //         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
 //         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
@@ -112,6 +114,8 @@ class ConvEmitter {
   void cube_section() {
     KernelBuilder& b = m_b;
     b.begin_section(b.cube_core_kind());
+    if (m_t.spatial_major && resident())
+      b.fail("internal: position-major tiles stream their weights");
     allocate();
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
     b.declare_arg("w", m_s.in_type, {});
@@ -329,10 +333,17 @@ class ConvEmitter {
     b.rem(ch, s, m_t.chunks);
     b.div(key, s, m_t.chunks);
     b.add(key, key, *m_tbeg, "tile");
-    b.rem(mt, key, m_t.m_tiles);
-    b.div(key, key, m_t.m_tiles);
-    b.rem(img, key, m_t.stacks);
-    b.div(key, key, m_t.stacks);
+    if (m_t.spatial_major) {
+      b.div(img, key, m_t.keys);
+      b.rem(key, key, m_t.keys, "weight key");
+      b.rem(mt, img, m_t.m_tiles);
+      b.div(img, img, m_t.m_tiles);
+    } else {
+      b.rem(mt, key, m_t.m_tiles);
+      b.div(key, key, m_t.m_tiles);
+      b.rem(img, key, m_t.stacks);
+      b.div(key, key, m_t.stacks);
+    }
     if (stacked()) b.mul(img, img, m_t.stack, "first image of the stack");
   }
 

@@ -219,9 +219,39 @@ double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, 
 // The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
 // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and the first
 // tile of each key in a block also loads the weights.
+// busiest_block for the position-major order (weights streamed): tile t has weight key
+// t % keys and m tile (t / keys) % MT. Tile by tile (at most a few thousand).
+double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
+                             int64_t cg_out) {
+  const CubeConvTiling& t = c.t;
+  const int64_t tn = t.tn, n_last = cg_out - (t.n_tiles - 1) * tn, per = t.tiles_per_block;
+  auto n_act_of = [&](int64_t i) {
+    return (i % t.keys) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
+  };
+  auto geom_of = [&](int64_t i) -> const SlabGeom& {
+    return c.mts[static_cast<size_t>((i / t.keys) % t.m_tiles)];
+  };
+  double worst = 0;
+  for (int64_t b = 0; b < t.block_dim; ++b) {
+    const int64_t lo = b * per, hi = std::min(t.tiles, (b + 1) * per);
+    double cost = 0;
+    for (int64_t i = lo; i < hi; ++i) cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), false);
+    if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
+      cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
+    if (hi > lo)  // the block's first step waits for its slab and weights, cold
+      cost += static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
+                                  c.kchunk * c.b_cols(tn) * 2) /
+                  r.gm_rate +
+              r.gm_lat;
+    worst = std::max(worst, cost);
+  }
+  return worst;
+}
+
 double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
                      int64_t cg_out) {
   const CubeConvTiling& t = c.t;
+  if (t.spatial_major) return busiest_block_spatial(cfg, r, c, cg_out);
   const int64_t mt_count = t.m_tiles, per_key = mt_count * t.stacks, tn = t.tn;
   const int64_t n_last = cg_out - (t.n_tiles - 1) * tn, per = t.tiles_per_block;
   std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
@@ -356,6 +386,8 @@ struct ConvPlanner {
     c.t.tn = tn;
     c.t.n_tiles = ceil_div(s.cg_out, tn);
     c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;
+    c.t.keys = s.groups * c.t.n_tiles;
+    c.t.spatial_major = s.tiles_spatial_major && c.t.keys > 1;
     const CubeSplit split = contiguous_split(c.t.tiles, core.count);
     c.t.tiles_per_block = split.per;
     c.t.block_dim = split.block_dim;
@@ -369,6 +401,10 @@ struct ConvPlanner {
   void add_chunking(Candidate c, int64_t tn16, int64_t kc1, bool resident) {
     const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
     CubeConvTiling& t = c.t;
+    // Position-major: a block's consecutive tiles change weight key, so each step streams its
+    // chunk of B with the slab (every key's B resident in L1, each loaded by the block's first
+    // tile of its key, measured slower on MobileNetV2's depthwise layers: docs/validation.md).
+    if (resident && t.spatial_major) return;
     t.kc1 = kc1;
     t.resident = resident;
     t.chunks = ceil_div(s.c1_in(), kc1);
@@ -431,13 +467,14 @@ ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
 std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
-      "k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
+      "{}k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
       "({} B), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
       tm, tn, m_tiles, n_tiles,
       stack == 1 ? std::string("image")
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
-      tiles, block_dim, tiles_per_block, tk0, kc1, chunks, resident ? ", weights resident" : "",
-      slab_rows, slab_bytes, b_bytes, l0c_buffers, est_cycles);
+      tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
+      resident ? ", weights resident" : "", slab_rows, slab_bytes, b_bytes, l0c_buffers,
+      est_cycles);
 }
 
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
@@ -490,6 +527,8 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
   t.resident = resident;
   t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, s.wv());
   t.b_bytes = weight_buffer_bytes((resident ? s.c1_in() : kc1) * taps * kBlk, s.b_cols(tn16));
+  if (resident && t.spatial_major)
+    throw CompileError(fmt::format("{}: position-major tiles stream their weights", op));
   t.tk0 = std::min(t.tk0, kc1 * taps * kBlk);
   if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core))
     throw CompileError(fmt::format("{}: tiling {} does not fit L1", op, t.str()));
