@@ -246,34 +246,40 @@ class RmsNormEmitter {
     m_k.sync().load_done(q);
   }
 
+  // Every step writes the other of two f32 row buffers than it reads (a = x's f32 rows, b =
+  // m_sq), never in place: an in-place step is two accesses per bank and repeat in the UB bank
+  // model, and a and b start in different bank windows (norm_buffers). With an f32 x, a is the
+  // load buffer itself, released only when y has left it.
   void compute(const GroupRegs& g, int q) {
     KernelBuilder& b = m_b;
     PingPong& sync = m_k.sync();
     const bool conv = m_t != Dtype::F32;
-    const uint64_t x = conv ? m_xw : m_raw_x[q];
+    uint64_t cur = conv ? m_xw : m_raw_x[q], other = m_sq;
+    const auto rows_of = [&](uint64_t buf) {
+      return RowGroup{&m_layout, buf, &g.supers, &g.slots};
+    };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
     sync.wait_loaded(q);
     if (conv) {
-      vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
+      vec_convert(b, Dtype::F32, m_t, cur, m_raw_x[q], RoundMode::kRint, lanes);
       sync.release_load(q);
     }
     if (m_center) {
-      // x -= sum(x) / H per row, in place (x is this group's f32 rows, read only here).
-      const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
-      rows_to_lanes(b, xr, Combine::kSum, Dtype::F32, m_acc);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
+      // x - sum(x) / H per row (the centred rows, into the other buffer).
+      rows_to_lanes(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, other);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
-      const RowGroup xc{&m_layout, x, &g.supers, &g.slots};
-      rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, x, wide());
+      rows_bcast_into(b, rows_of(cur), Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, other,
+                      wide());
+      std::swap(cur, other);
     }
-    // r = rsqrt(sum(x^2) / H + eps) per row.
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, x, x, lanes);
-    const RowGroup sq{&m_layout, m_sq, &g.supers, &g.slots};
-    rows_to_lanes(b, sq, Combine::kSum, Dtype::F32, m_acc);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
+    // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, other, cur, cur, lanes);
+    rows_to_lanes(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, other);
     {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       Reg eps = b.reg_imm("epsilon", vector_scalar_bits(Dtype::F32, m_eps));
@@ -281,32 +287,35 @@ class RmsNormEmitter {
       vec_scalar(b, Opcode::op_vadds, Dtype::F32, m_r, m_r, eps, g.rows);
       vec_unary(b, Opcode::op_vrsqrt, Dtype::F32, m_r, m_r, g.rows);
     }
-    // y = x * r * gamma, f32 in m_sq.
-    const RowGroup xs{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xs, Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, m_sq, wide());
-    if (!conv) sync.release_load(q);
-    // * gamma: per 64-lane span of the row, all rows at once (a row stride of at most 255
-    // blocks), else row by row.
-    const RowGroup ys{&m_layout, m_sq, &g.supers, &g.slots};
-    for_superrow_batches(b, ys, [&](const Reg& first, Opnd count, int64_t row_rep) {
-      Reg ya = b.reg("y span");
-      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-        const int64_t off = c * kSlotBytes;
-        b.mul_add(ya, first, m_h * kLaneBytes, static_cast<int64_t>(m_sq) + off);
-        const VOperand y(ya, 1, row_rep);
-        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, y, y,
-                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
-        if (m_center)
-          vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, y, y,
-                             VOperand(static_cast<int64_t>(m_beta) + off, 1, 0), count);
-      }
-    });
+    // y = x * r * gamma (+ beta), f32, each product into the other buffer.
+    rows_bcast_into(b, rows_of(cur), Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, other,
+                    wide());
+    std::swap(cur, other);
+    // * gamma (+ beta): per 64-lane span of the row, all rows at once (a row stride of at most
+    // 255 blocks), else row by row.
+    const auto apply_param_row = [&](Opcode op, uint64_t param) {
+      for_superrow_batches(b, rows_of(cur), [&](const Reg& first, Opnd count, int64_t row_rep) {
+        Reg src = b.reg("y span"), dst = b.reg("result span");
+        for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
+          set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
+          const int64_t off = c * kSlotBytes;
+          b.mul_add(src, first, m_h * kLaneBytes, static_cast<int64_t>(cur) + off);
+          b.mul_add(dst, first, m_h * kLaneBytes, static_cast<int64_t>(other) + off);
+          vec_binary_strided(b, op, Dtype::F32, VOperand(dst, 1, row_rep),
+                             VOperand(src, 1, row_rep),
+                             VOperand(static_cast<int64_t>(param) + off, 1, 0), count);
+        }
+      });
+      std::swap(cur, other);
+    };
+    apply_param_row(Opcode::op_vmul, m_gamma);
+    if (m_center) apply_param_row(Opcode::op_vadd, m_beta);
     sync.wait_out_free(q);
     if (conv)
-      vec_convert(b, m_t, Dtype::F32, m_out[q], m_sq, RoundMode::kRint, lanes);
+      vec_convert(b, m_t, Dtype::F32, m_out[q], cur, RoundMode::kRint, lanes);
     else
-      vec_copy_bits(b, kLaneBytes, m_out[q], m_sq, lanes);
+      vec_copy_bits(b, kLaneBytes, m_out[q], cur, lanes);
+    if (!conv) sync.release_load(q);
     if (m_stats) {
       vec_copy_bits(b, kLaneBytes, m_mean_out[q], m_mean, g.rows);
       vec_copy_bits(b, kLaneBytes, m_rstd_out[q], m_r, g.rows);
