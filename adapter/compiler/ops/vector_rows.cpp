@@ -19,11 +19,11 @@ namespace {
 constexpr int64_t kLaneBytes = 4;
 constexpr int64_t kRowBlockBytes = vec::kBlockBytes;       // one replicated row value (8 lanes)
 constexpr int64_t kTransposeBytes = vec::kTransposeBytes;  // one vtranspose: 16 x 16 u16
-constexpr int64_t kReplicateGroupRows = 8;                 // 4-byte values per 16 x 16 u16 matrix
+constexpr int64_t kReplicateGroupRows = 8;    // 4-byte values per 16 x 16 u16 matrix
 constexpr int64_t kReplicateGroupBytes = 2 * kTransposeBytes;  // the matrix and its transpose
-constexpr int64_t kU16Lanes = 128;                             // u16 lanes of one repeat
-constexpr int64_t kAltBytesPerGroup = 16;                      // vsel bits of one u16 repeat
-constexpr int64_t kAltPattern = 0x5555;                        // even u16 lanes from src0
+constexpr int64_t kU16Lanes = 128;            // u16 lanes of one repeat
+constexpr int64_t kAltBytesPerGroup = 16;     // vsel bits of one u16 repeat
+constexpr int64_t kAltPattern = 0x5555;       // even u16 lanes from src0
 
 int64_t groups_of(int64_t rows) { return (rows + kReplicateGroupRows - 1) / kReplicateGroupRows; }
 
@@ -51,8 +51,8 @@ void vec_scalar_strided(KernelBuilder& b, Opcode op, Dtype t, VOperand dst, VOpe
 
 void vec_compare_strided(KernelBuilder& b, Dtype t, isa::Cmp cmp, Opnd bits, VOperand src0,
                          VOperand src1, Opnd repeat) {
-  b.emit(Opcode::op_vcmp,
-         {t, cmp, bits, src0.addr, src1.addr, repeat, src0.blk, src1.blk, src0.rep, src1.rep});
+  b.emit(Opcode::op_vcmp, {t, cmp, bits, src0.addr, src1.addr, repeat, src0.blk, src1.blk,
+                           src0.rep, src1.rep});
 }
 
 void vec_select_strided(KernelBuilder& b, Dtype t, VOperand dst, VOperand src0, VOperand src1,
@@ -61,7 +61,8 @@ void vec_select_strided(KernelBuilder& b, Dtype t, VOperand dst, VOperand src0, 
                            src1.blk, dst.rep, src0.rep, src1.rep});
 }
 
-void vec_reduce_strided(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, VOperand src, Opnd repeat) {
+void vec_reduce_strided(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, VOperand src,
+                        Opnd repeat) {
   b.emit(op, {t, dst, src.addr, repeat, src.blk, src.rep});
 }
 
@@ -73,8 +74,8 @@ void count_blocks(KernelBuilder& b, const Reg& blocks, const Reg& count, int64_t
 
 void vec_fill32(KernelBuilder& b, Opnd dst, int64_t bits, Opnd count) {
   b.emit(Opcode::op_set_mask_count, {count});
-  b.emit(Opcode::op_vdup,
-         {Dtype::S32, dst, static_cast<int64_t>(static_cast<int32_t>(bits)), 0, 1, 8});
+  b.emit(Opcode::op_vdup, {Dtype::S32, dst, static_cast<int64_t>(static_cast<int32_t>(bits)),
+                           0, 1, 8});
 }
 
 Opcode combine_opcode(Combine c) {
@@ -185,7 +186,8 @@ void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg&
   for (int64_t half = kLanes32 / 2; half >= kBlockLanes32; half /= 2) {
     set_mask_lanes(b, lane_range(0, half));
     vec_binary_strided(b, Opcode::op_vmul, t, slots, slots,
-                       VOperand(static_cast<int64_t>(acc) + half * kLaneBytes, 1, slots.rep), rows);
+                       VOperand(static_cast<int64_t>(acc) + half * kLaneBytes, 1, slots.rep),
+                       rows);
   }
   for (int64_t e = 0; e < kBlockLanes32; ++e) {
     set_mask_lanes(b, uint64_t{1} << e);
@@ -194,7 +196,8 @@ void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg&
   }
 }
 
-void fold_into_slot(KernelBuilder& b, Combine c, Dtype t, uint64_t buf, const Reg& n, Opnd slot) {
+void fold_into_slot(KernelBuilder& b, Combine c, Dtype t, uint64_t buf, const Reg& n,
+                    Opnd slot) {
   KernelBuilder::Origin o(b, "fold a chunk into a lane slot");
   Reg m = b.reg("lanes left"), h = b.reg("half"), cnt = b.reg("folded lanes");
   Reg hi = b.reg("upper part");
@@ -222,11 +225,13 @@ void lanes_arg_step(KernelBuilder& b, bool is_max, Dtype t, Opnd src, const Reg&
   vec_compare_strided(b, t, is_max ? isa::Cmp::GT : isa::Cmp::LT, bits, VOperand(src),
                       VOperand(acc_val), 0);
   vec_select_strided(b, t, VOperand(acc_val), VOperand(src), VOperand(acc_val), bits, 0);
-  vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(t64), VOperand(acc_idx), bits, 0);
+  vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(t64), VOperand(acc_idx), bits,
+                     0);
 }
 
-void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t, uint64_t acc_val,
-                       uint64_t acc_idx, uint64_t iota64, uint64_t t64, uint64_t bits) {
+void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t,
+                       uint64_t acc_val, uint64_t acc_idx, uint64_t iota64, uint64_t t64,
+                       uint64_t bits) {
   KernelBuilder::Origin o(b, fmt::format("arg{}: rows -> lane slots", is_max ? "max" : "min"));
   const SuperRowLayout& L = *g.layout;
   {
@@ -260,11 +265,11 @@ void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t
   });
 }
 
-void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val, uint64_t acc_idx,
-                      const Reg& rows, uint64_t dense_val, uint64_t dense_idx,
+void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val,
+                      uint64_t acc_idx, const Reg& rows, uint64_t dense_val, uint64_t dense_idx,
                       const ArgScratch& s) {
-  KernelBuilder::Origin o(
-      b, fmt::format("arg{}: lane slots -> first index of the best value", is_max ? "max" : "min"));
+  KernelBuilder::Origin o(b, fmt::format("arg{}: lane slots -> first index of the best value",
+                                         is_max ? "max" : "min"));
   const int64_t slot_rep = kSlotBytes / kRowBlockBytes;
   set_mask_lanes(b, kAllLanes);
   vec_reduce_strided(b, is_max ? Opcode::op_vcmax : Opcode::op_vcmin, t, dense_val,
@@ -273,8 +278,8 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val, 
   set_mask_lanes(b, kAllLanes);
   vec_compare_strided(b, t, isa::Cmp::EQ, s.bits, VOperand(acc_val, 1, slot_rep),
                       VOperand(s.rep, 0, 1), rows);
-  vec_select_strided(b, Dtype::S32, VOperand(acc_idx, 1, slot_rep), VOperand(acc_idx, 1, slot_rep),
-                     VOperand(s.big64, 1, 0), s.bits, rows);
+  vec_select_strided(b, Dtype::S32, VOperand(acc_idx, 1, slot_rep),
+                     VOperand(acc_idx, 1, slot_rep), VOperand(s.big64, 1, 0), s.bits, rows);
   vec_reduce_strided(b, Opcode::op_vcmin, Dtype::S32, dense_idx, VOperand(acc_idx, 1, slot_rep),
                      rows);
 }
@@ -326,8 +331,8 @@ void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t 
 void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) {
   KernelBuilder::Origin o(b, "widen one block per row to a repeat per row");
   set_mask_lanes(b, kAllLanes);
-  vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32, VOperand(wide, 1, kSlotBytes / kRowBlockBytes),
-                    VOperand(rep, 0, 1), rows);
+  vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
+                    VOperand(wide, 1, kSlotBytes / kRowBlockBytes), VOperand(rep, 0, 1), rows);
 }
 
 void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,
