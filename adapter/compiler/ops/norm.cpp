@@ -500,9 +500,15 @@ class LayerNormGradEmitter {
     KernelBuilder& b = m_b;
     PingPong& sync = m_k.sync();
     const bool conv = m_t != Dtype::F32;
+    // x's and dy's f32 rows; once read, the two serve as work rows for the steps after (every
+    // step writes another buffer than it reads: no in-place bank double access). With an f32 x
+    // they are the load buffers themselves, released only when dx has left them.
     const uint64_t x = conv ? m_xw : m_raw_x[q];
     const uint64_t dy = conv ? m_dyw : m_raw_dy[q];
     const uint64_t xhat = m_res_out[q];
+    const auto rows_of = [&](uint64_t buf) {
+      return RowGroup{&m_layout, buf, &g.supers, &g.slots};
+    };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
     sync.wait_loaded(q);
@@ -510,18 +516,17 @@ class LayerNormGradEmitter {
       vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
       vec_convert(b, Dtype::F32, m_t, dy, m_raw_dy[q], RoundMode::kRint, lanes);
     }
-    // xhat = (x - mean) * rstd, straight into the res_for_gamma output copy.
+    // xhat = (x - mean) * rstd (x - mean in the products' buffer), into the res_for_gamma
+    // output copy.
     sync.wait_out_free(q);
     replicate(g, m_mean_in[q], m_rep);
     replicate(g, m_rstd_in[q], m_rep_rstd);
-    const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xr, Opcode::op_vsub, Dtype::F32, m_rep, false, xhat, wide());
-    const RowGroup xh{&m_layout, xhat, &g.supers, &g.slots};
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
+    if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
+    rows_bcast_into(b, rows_of(x), Opcode::op_vsub, Dtype::F32, m_rep, false, m_sq, wide());
+    rows_bcast_into(b, rows_of(m_sq), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, xhat, wide());
     // g = dy * gamma: per 64-lane span of the row, all rows at once (a row stride of at most
     // 255 blocks), else row by row.
-    const RowGroup gs{&m_layout, m_g, &g.supers, &g.slots};
-    for_superrow_batches(b, gs, [&](const Reg& first, Opnd count, int64_t row_rep) {
+    for_superrow_batches(b, rows_of(m_g), [&](const Reg& first, Opnd count, int64_t row_rep) {
       Reg ga = b.reg("g span"), da = b.reg("dy span");
       for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
         set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
@@ -533,22 +538,22 @@ class LayerNormGradEmitter {
                            VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
       }
     });
-    sync.release_load(q);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
     row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
     row_means(g, m_sq, m_s2);
-    // dx = (g - xhat * s2 - s1) * rstd.
+    // dx = (g - xhat * s2 - s1) * rstd, alternating between x's and dy's rows.
     replicate(g, m_s2, m_rep);
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq, wide());
-    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_g, m_g, m_sq, lanes);
+    rows_bcast_into(b, rows_of(xhat), Opcode::op_vmul, Dtype::F32, m_rep, false, x, wide());
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, dy, m_g, x, lanes);
     replicate(g, m_s1, m_rep);
-    rows_bcast(b, gs, Opcode::op_vsub, Dtype::F32, m_rep, false, 0, wide());
-    rows_bcast(b, gs, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
+    rows_bcast_into(b, rows_of(dy), Opcode::op_vsub, Dtype::F32, m_rep, false, x, wide());
+    rows_bcast_into(b, rows_of(x), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, dy, wide());
     if (conv)
-      vec_convert(b, m_t, Dtype::F32, m_dx_out[q], m_g, RoundMode::kRint, lanes);
+      vec_convert(b, m_t, Dtype::F32, m_dx_out[q], dy, RoundMode::kRint, lanes);
     else
-      vec_copy_bits(b, kLaneBytes, m_dx_out[q], m_g, lanes);
+      vec_copy_bits(b, kLaneBytes, m_dx_out[q], dy, lanes);
+    if (!conv) sync.release_load(q);
     sync.out_ready(q);
     store_rows(g, m_dx, m_dx_out[q], m_h * isa::dtype_size(m_t), "dx rows");
     store_rows(g, m_res, xhat, m_h * kLaneBytes, "res_for_gamma rows");
