@@ -153,6 +153,24 @@ void store_row_values(KernelBuilder& b, const Reg& base, const Reg& first, const
   b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, what);
 }
 
+// The group's rows at dst.x (f32, H lanes each) = op(the rows at src, the resident f32 row
+// param [H], read with a repeat stride of 0): per 64-lane span of the row, all rows at once (a
+// row stride of at most 255 blocks), else row by row.
+void apply_param_row(KernelBuilder& b, const RowGroup& dst, int64_t H, Opcode op, uint64_t src,
+                     uint64_t param) {
+  for_superrow_batches(b, dst, [&](const Reg& first, Opnd count, int64_t row_rep) {
+    Reg da = b.reg("result span"), sa = b.reg("row span");
+    for (int64_t c = 0; c * kLanes32 < H; ++c) {
+      set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, H - c * kLanes32)));
+      const int64_t off = c * kSlotBytes;
+      b.mul_add(da, first, H * kLaneBytes, static_cast<int64_t>(dst.x) + off);
+      b.mul_add(sa, first, H * kLaneBytes, static_cast<int64_t>(src) + off);
+      vec_binary_strided(b, op, Dtype::F32, VOperand(da, 1, row_rep), VOperand(sa, 1, row_rep),
+                         VOperand(static_cast<int64_t>(param) + off, 1, 0), count);
+    }
+  });
+}
+
 // The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
 // (LayerNorm's, also storing each row's mean and rstd).
 enum class NormKind { kRms, kLayer, kLayerStats };
@@ -291,25 +309,13 @@ class RmsNormEmitter {
     rows_bcast_into(b, rows_of(cur), Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, other,
                     wide());
     std::swap(cur, other);
-    // * gamma (+ beta): per 64-lane span of the row, all rows at once (a row stride of at most
-    // 255 blocks), else row by row.
-    const auto apply_param_row = [&](Opcode op, uint64_t param) {
-      for_superrow_batches(b, rows_of(cur), [&](const Reg& first, Opnd count, int64_t row_rep) {
-        Reg src = b.reg("y span"), dst = b.reg("result span");
-        for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-          set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-          const int64_t off = c * kSlotBytes;
-          b.mul_add(src, first, m_h * kLaneBytes, static_cast<int64_t>(cur) + off);
-          b.mul_add(dst, first, m_h * kLaneBytes, static_cast<int64_t>(other) + off);
-          vec_binary_strided(b, op, Dtype::F32, VOperand(dst, 1, row_rep),
-                             VOperand(src, 1, row_rep),
-                             VOperand(static_cast<int64_t>(param) + off, 1, 0), count);
-        }
-      });
+    // * gamma (+ beta), into the other buffer.
+    const auto apply_param = [&](Opcode op, uint64_t param) {
+      apply_param_row(b, rows_of(other), m_h, op, cur, param);
       std::swap(cur, other);
     };
-    apply_param_row(Opcode::op_vmul, m_gamma);
-    if (m_center) apply_param_row(Opcode::op_vadd, m_beta);
+    apply_param(Opcode::op_vmul, m_gamma);
+    if (m_center) apply_param(Opcode::op_vadd, m_beta);
     sync.wait_out_free(q);
     if (conv)
       vec_convert(b, m_t, Dtype::F32, m_out[q], cur, RoundMode::kRint, lanes);
@@ -524,20 +530,8 @@ class LayerNormGradEmitter {
     if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
     rows_bcast_into(b, rows_of(x), Opcode::op_vsub, Dtype::F32, m_rep, false, m_sq, wide());
     rows_bcast_into(b, rows_of(m_sq), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, xhat, wide());
-    // g = dy * gamma: per 64-lane span of the row, all rows at once (a row stride of at most
-    // 255 blocks), else row by row.
-    for_superrow_batches(b, rows_of(m_g), [&](const Reg& first, Opnd count, int64_t row_rep) {
-      Reg ga = b.reg("g span"), da = b.reg("dy span");
-      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-        const int64_t off = c * kSlotBytes;
-        b.mul_add(ga, first, m_h * kLaneBytes, static_cast<int64_t>(m_g) + off);
-        b.mul_add(da, first, m_h * kLaneBytes, static_cast<int64_t>(dy) + off);
-        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, VOperand(ga, 1, row_rep),
-                           VOperand(da, 1, row_rep),
-                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
-      }
-    });
+    // g = dy * gamma.
+    apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
     row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
