@@ -64,8 +64,8 @@ constexpr int64_t kRowMultiple = 16;
 
 struct NormBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta,
-      mean, mean_out, rstd_out, wide;
+  BufferPlan::Id raw_x, xw, out, sq, acc, acc2, r, rep, scratch, alt, gamma_raw, gamma, beta_raw,
+      beta, mean, mean_out, rstd_out, wide;
 };
 
 // The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
@@ -97,6 +97,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.out = p.add_sized("y rows", blocks_of(H * sz), 2);
   n.sq = p.add_sized("squares / f32 result", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
   n.rep = p.add_sized("replicated", replicated_bytes);
   n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
@@ -109,7 +110,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
   n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
   n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
-  place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta});
+  place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta, n.acc, n.acc2});
   declare_repeat_overhang(p);
   return n;
 }
@@ -230,6 +231,7 @@ class RmsNormEmitter {
     take_buffers(at, {{&m_xw, bufs.xw},
                       {&m_sq, bufs.sq},
                       {&m_acc, bufs.acc},
+                      {&m_acc2, bufs.acc2},
                       {&m_r, bufs.r},
                       {&m_rep, bufs.rep},
                       {&m_wide, bufs.wide},
@@ -285,8 +287,9 @@ class RmsNormEmitter {
     }
     if (m_center) {
       // x - sum(x) / H per row (the centred rows, into the other buffer).
-      rows_to_lanes(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, other);
+      const uint64_t sums =
+          rows_to_lanes_alternating(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc, m_acc2);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
@@ -296,8 +299,9 @@ class RmsNormEmitter {
     }
     // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
     vec_binary(b, Opcode::op_vmul, Dtype::F32, other, cur, cur, lanes);
-    rows_to_lanes(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, other);
+    const uint64_t sums =
+        rows_to_lanes_alternating(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
     {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       Reg eps = b.reg_imm("epsilon", vector_scalar_bits(Dtype::F32, m_eps));
@@ -361,14 +365,14 @@ class RmsNormEmitter {
   SuperRowLayout m_layout;
   Reg m_x, m_y, m_mean_gm, m_rstd_gm;
   Twin m_raw_x, m_out, m_mean_out, m_rstd_out;
-  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_wide = 0, m_scratch = 0, m_alt = 0,
-           m_gamma = 0, m_beta = 0, m_mean = 0;
+  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_acc2 = 0, m_r = 0, m_rep = 0, m_wide = 0, m_scratch = 0,
+           m_alt = 0, m_gamma = 0, m_beta = 0, m_mean = 0;
 };
 
 // LayerNormXBackpropV2's buffers; units: rows per group.
 struct GradBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, s1, s2, rep_block, rep,
+  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, acc2, s1, s2, rep_block, rep,
       rep_rstd, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
@@ -386,6 +390,7 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   n.g = p.add_sized("dy * gamma", blocks_of(H * kLaneBytes));
   n.sq = p.add_sized("products", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.s1 = p.add_sized("row sums of dy * gamma", blocks_of(kLaneBytes));
   n.s2 = p.add_sized("row sums of dy * gamma * xhat", blocks_of(kLaneBytes));
   // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
@@ -399,7 +404,8 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
   n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
-  place_in_windows(p, cfg, {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out});
+  place_in_windows(p, cfg,
+                   {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out, n.acc, n.acc2});
   declare_repeat_overhang(p);
   return n;
 }
@@ -451,6 +457,7 @@ class LayerNormGradEmitter {
                       {&m_g, bufs.g},
                       {&m_sq, bufs.sq},
                       {&m_acc, bufs.acc},
+                      {&m_acc2, bufs.acc2},
                       {&m_s1, bufs.s1},
                       {&m_s2, bufs.s2},
                       {&m_rep_block, bufs.rep_block},
@@ -496,8 +503,9 @@ class LayerNormGradEmitter {
   void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
     const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
-    rows_to_lanes(b, rg, Combine::kSum, Dtype::F32, m_acc);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, dense, m_sq);
+    const uint64_t sums =
+        rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
     vec_scalar(b, Opcode::op_vmuls, Dtype::F32, dense, dense, inv_h, g.rows);
   }
@@ -583,8 +591,8 @@ class LayerNormGradEmitter {
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
-  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_s1 = 0, m_s2 = 0, m_rep_block = 0,
-           m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
+  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_acc2 = 0, m_s1 = 0, m_s2 = 0,
+           m_rep_block = 0, m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
 };
 
 }  // namespace

@@ -172,6 +172,45 @@ void rows_to_lanes(KernelBuilder& b, const RowGroup& g, Combine c, Dtype t, uint
   });
 }
 
+uint64_t rows_to_lanes_alternating(KernelBuilder& b, const RowGroup& g, Combine c, Dtype t,
+                                   uint64_t acc, uint64_t acc2) {
+  const SuperRowLayout& L = *g.layout;
+  if (L.rows != 1 || L.spans.size() != 1) {
+    rows_to_lanes(b, g, c, t, acc);
+    return acc;
+  }
+  for (const RowSpan& sp : L.spans[0])
+    if (sp.mask != kAllLanes) {
+      rows_to_lanes(b, g, c, t, acc);
+      return acc;
+    }
+  KernelBuilder::Origin o(b, "row reduction: rows -> lane slots (alternating)");
+  {
+    Reg n = b.reg("slot lanes");
+    b.mul(n, *g.rows, kLanes32);
+    vec_fill32(b, acc, combine_identity_bits(c, t), n);
+  }
+  const Opcode op = combine_opcode(c);
+  const int64_t slot_rep = kSlotBytes / kRowBlockBytes;  // one super-row (row) per slot
+  uint64_t from = acc, to = acc2;
+  for_superrow_batches(b, g, [&](const Reg& first, Opnd count, int64_t xrep) {
+    Reg xa = b.reg("row span"), fa = b.reg("lane slot"), ta = b.reg("next lane slot");
+    for (const RowSpan& sp : L.spans[0]) {
+      set_mask_lanes(b, sp.mask);
+      offset_addr(b, fa, first, kSlotBytes, static_cast<int64_t>(from));
+      offset_addr(b, ta, first, kSlotBytes, static_cast<int64_t>(to));
+      offset_addr(b, xa, first, L.lanes * kLaneBytes,
+                  static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
+      vec_binary_strided(b, op, t, VOperand(ta, 1, slot_rep), VOperand(fa, 1, slot_rep),
+                         VOperand(xa, 1, xrep), count);
+      std::swap(from, to);
+    }
+    from = acc;  // the next batch's rows start from their identity slots again
+    to = acc2;
+  });
+  return L.spans[0].size() % 2 == 0 ? acc : acc2;
+}
+
 void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg& rows,
                   uint64_t dense, uint64_t tmp) {
   KernelBuilder::Origin o(b, "row reduction: lane slots -> one value per row");
