@@ -24,7 +24,8 @@
 // (default 1e-5); output y. CANN's LayerNorm also returns mean and variance (and takes
 // begin_norm_axis / begin_params_axis): this one normalises over the last axis and returns y only.
 // The same row kernel as RmsNorm's with two more steps: per-row sums of x first, x - sum / H
-// replicated onto the row's lanes (into a second buffer), and + beta (a resident f32 row as gamma) at the end.
+// replicated onto the row's lanes (into a second buffer), and + beta (a resident f32 row as
+// gamma) at the end.
 // The variance is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
 //
 // LayerNorm in training (CANN's op types; the TF plugin's rewrite 12b makes them):
