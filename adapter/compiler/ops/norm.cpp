@@ -24,7 +24,8 @@
 // (default 1e-5); output y. CANN's LayerNorm also returns mean and variance (and takes
 // begin_norm_axis / begin_params_axis): this one normalises over the last axis and returns y only.
 // The same row kernel as RmsNorm's with two more steps: per-row sums of x first, x - sum / H
-// replicated onto the row's lanes (in place), and + beta (a resident f32 row as gamma) at the end.
+// replicated onto the row's lanes (into a second buffer), and + beta (a resident f32 row as
+// gamma) at the end.
 // The variance is that of the centred values, as TensorFlow's SquaredDifference(x, mean) gives it.
 //
 // LayerNorm in training (CANN's op types; the TF plugin's rewrite 12b makes them):
@@ -64,8 +65,8 @@ constexpr int64_t kRowMultiple = 16;
 
 struct NormBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, xw, out, sq, acc, r, rep, scratch, alt, gamma_raw, gamma, beta_raw, beta,
-      mean, mean_out, rstd_out, wide;
+  BufferPlan::Id raw_x, xw, out, sq, acc, acc2, r, rep, scratch, alt, gamma_raw, gamma, beta_raw,
+      beta, mean, mean_out, rstd_out, wide;
 };
 
 // The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
@@ -97,6 +98,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.out = p.add_sized("y rows", blocks_of(H * sz), 2);
   n.sq = p.add_sized("squares / f32 result", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
   n.rep = p.add_sized("replicated", replicated_bytes);
   n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
@@ -109,7 +111,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
   n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
   n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
-  place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta});
+  place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta, n.acc, n.acc2});
   declare_repeat_overhang(p);
   return n;
 }
@@ -151,6 +153,24 @@ void store_row_values(KernelBuilder& b, const Reg& base, const Reg& first, const
   b.mul_add(dst, first, kLaneBytes, base);
   count_blocks(b, blocks, rows, kLaneBytes);
   b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, blocks, 0, 0}, what);
+}
+
+// The group's rows at dst.x (f32, H lanes each) = op(the rows at src, the resident f32 row
+// param [H], read with a repeat stride of 0): per 64-lane span of the row, all rows at once (a
+// row stride of at most 255 blocks), else row by row.
+void apply_param_row(KernelBuilder& b, const RowGroup& dst, int64_t H, Opcode op, uint64_t src,
+                     uint64_t param) {
+  for_superrow_batches(b, dst, [&](const Reg& first, Opnd count, int64_t row_rep) {
+    Reg da = b.reg("result span"), sa = b.reg("row span");
+    for (int64_t c = 0; c * kLanes32 < H; ++c) {
+      set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, H - c * kLanes32)));
+      const int64_t off = c * kSlotBytes;
+      b.mul_add(da, first, H * kLaneBytes, static_cast<int64_t>(dst.x) + off);
+      b.mul_add(sa, first, H * kLaneBytes, static_cast<int64_t>(src) + off);
+      vec_binary_strided(b, op, Dtype::F32, VOperand(da, 1, row_rep), VOperand(sa, 1, row_rep),
+                         VOperand(static_cast<int64_t>(param) + off, 1, 0), count);
+    }
+  });
 }
 
 // The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
@@ -212,6 +232,7 @@ class RmsNormEmitter {
     take_buffers(at, {{&m_xw, bufs.xw},
                       {&m_sq, bufs.sq},
                       {&m_acc, bufs.acc},
+                      {&m_acc2, bufs.acc2},
                       {&m_r, bufs.r},
                       {&m_rep, bufs.rep},
                       {&m_wide, bufs.wide},
@@ -246,34 +267,42 @@ class RmsNormEmitter {
     m_k.sync().load_done(q);
   }
 
+  // Every step writes the other of two f32 row buffers than it reads (a = x's f32 rows, b =
+  // m_sq), never in place: an in-place step is two accesses per bank and repeat in the UB bank
+  // model, and a and b start in different bank windows (norm_buffers). With an f32 x, a is the
+  // load buffer itself, released only when y has left it.
   void compute(const GroupRegs& g, int q) {
     KernelBuilder& b = m_b;
     PingPong& sync = m_k.sync();
     const bool conv = m_t != Dtype::F32;
-    const uint64_t x = conv ? m_xw : m_raw_x[q];
+    uint64_t cur = conv ? m_xw : m_raw_x[q], other = m_sq;
+    const auto rows_of = [&](uint64_t buf) {
+      return RowGroup{&m_layout, buf, &g.supers, &g.slots};
+    };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
     sync.wait_loaded(q);
     if (conv) {
-      vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
+      vec_convert(b, Dtype::F32, m_t, cur, m_raw_x[q], RoundMode::kRint, lanes);
       sync.release_load(q);
     }
     if (m_center) {
-      // x -= sum(x) / H per row, in place (x is this group's f32 rows, read only here).
-      const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
-      rows_to_lanes(b, xr, Combine::kSum, Dtype::F32, m_acc);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
+      // x - sum(x) / H per row (the centred rows, into the other buffer).
+      const uint64_t sums =
+          rows_to_lanes_alternating(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc, m_acc2);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
-      const RowGroup xc{&m_layout, x, &g.supers, &g.slots};
-      rows_bcast(b, xc, Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, x, wide());
+      rows_bcast_into(b, rows_of(cur), Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, other,
+                      wide());
+      std::swap(cur, other);
     }
-    // r = rsqrt(sum(x^2) / H + eps) per row.
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, x, x, lanes);
-    const RowGroup sq{&m_layout, m_sq, &g.supers, &g.slots};
-    rows_to_lanes(b, sq, Combine::kSum, Dtype::F32, m_acc);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, m_r, m_sq);
+    // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, other, cur, cur, lanes);
+    const uint64_t sums =
+        rows_to_lanes_alternating(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
     {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       Reg eps = b.reg_imm("epsilon", vector_scalar_bits(Dtype::F32, m_eps));
@@ -281,32 +310,23 @@ class RmsNormEmitter {
       vec_scalar(b, Opcode::op_vadds, Dtype::F32, m_r, m_r, eps, g.rows);
       vec_unary(b, Opcode::op_vrsqrt, Dtype::F32, m_r, m_r, g.rows);
     }
-    // y = x * r * gamma, f32 in m_sq.
-    const RowGroup xs{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xs, Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, m_sq, wide());
-    if (!conv) sync.release_load(q);
-    // * gamma: per 64-lane span of the row, all rows at once (a row stride of at most 255
-    // blocks), else row by row.
-    const RowGroup ys{&m_layout, m_sq, &g.supers, &g.slots};
-    for_superrow_batches(b, ys, [&](const Reg& first, Opnd count, int64_t row_rep) {
-      Reg ya = b.reg("y span");
-      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-        const int64_t off = c * kSlotBytes;
-        b.mul_add(ya, first, m_h * kLaneBytes, static_cast<int64_t>(m_sq) + off);
-        const VOperand y(ya, 1, row_rep);
-        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, y, y,
-                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
-        if (m_center)
-          vec_binary_strided(b, Opcode::op_vadd, Dtype::F32, y, y,
-                             VOperand(static_cast<int64_t>(m_beta) + off, 1, 0), count);
-      }
-    });
+    // y = x * r * gamma (+ beta), f32, each product into the other buffer.
+    rows_bcast_into(b, rows_of(cur), Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, other,
+                    wide());
+    std::swap(cur, other);
+    // * gamma (+ beta), into the other buffer.
+    const auto apply_param = [&](Opcode op, uint64_t param) {
+      apply_param_row(b, rows_of(other), m_h, op, cur, param);
+      std::swap(cur, other);
+    };
+    apply_param(Opcode::op_vmul, m_gamma);
+    if (m_center) apply_param(Opcode::op_vadd, m_beta);
     sync.wait_out_free(q);
     if (conv)
-      vec_convert(b, m_t, Dtype::F32, m_out[q], m_sq, RoundMode::kRint, lanes);
+      vec_convert(b, m_t, Dtype::F32, m_out[q], cur, RoundMode::kRint, lanes);
     else
-      vec_copy_bits(b, kLaneBytes, m_out[q], m_sq, lanes);
+      vec_copy_bits(b, kLaneBytes, m_out[q], cur, lanes);
+    if (!conv) sync.release_load(q);
     if (m_stats) {
       vec_copy_bits(b, kLaneBytes, m_mean_out[q], m_mean, g.rows);
       vec_copy_bits(b, kLaneBytes, m_rstd_out[q], m_r, g.rows);
@@ -346,14 +366,14 @@ class RmsNormEmitter {
   SuperRowLayout m_layout;
   Reg m_x, m_y, m_mean_gm, m_rstd_gm;
   Twin m_raw_x, m_out, m_mean_out, m_rstd_out;
-  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_r = 0, m_rep = 0, m_wide = 0, m_scratch = 0, m_alt = 0,
-           m_gamma = 0, m_beta = 0, m_mean = 0;
+  uint64_t m_xw = 0, m_sq = 0, m_acc = 0, m_acc2 = 0, m_r = 0, m_rep = 0, m_wide = 0, m_scratch = 0,
+           m_alt = 0, m_gamma = 0, m_beta = 0, m_mean = 0;
 };
 
 // LayerNormXBackpropV2's buffers; units: rows per group.
 struct GradBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, s1, s2, rep_block, rep,
+  BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, acc2, s1, s2, rep_block, rep,
       rep_rstd, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
@@ -371,6 +391,7 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   n.g = p.add_sized("dy * gamma", blocks_of(H * kLaneBytes));
   n.sq = p.add_sized("products", blocks_of(H * kLaneBytes));
   n.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
+  n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.s1 = p.add_sized("row sums of dy * gamma", blocks_of(kLaneBytes));
   n.s2 = p.add_sized("row sums of dy * gamma * xhat", blocks_of(kLaneBytes));
   // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
@@ -384,7 +405,8 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
   n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
-  place_in_windows(p, cfg, {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out});
+  place_in_windows(p, cfg,
+                   {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out, n.acc, n.acc2});
   declare_repeat_overhang(p);
   return n;
 }
@@ -436,6 +458,7 @@ class LayerNormGradEmitter {
                       {&m_g, bufs.g},
                       {&m_sq, bufs.sq},
                       {&m_acc, bufs.acc},
+                      {&m_acc2, bufs.acc2},
                       {&m_s1, bufs.s1},
                       {&m_s2, bufs.s2},
                       {&m_rep_block, bufs.rep_block},
@@ -481,8 +504,9 @@ class LayerNormGradEmitter {
   void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
     const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
-    rows_to_lanes(b, rg, Combine::kSum, Dtype::F32, m_acc);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, m_acc, g.rows, dense, m_sq);
+    const uint64_t sums =
+        rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
     vec_scalar(b, Opcode::op_vmuls, Dtype::F32, dense, dense, inv_h, g.rows);
   }
@@ -491,9 +515,15 @@ class LayerNormGradEmitter {
     KernelBuilder& b = m_b;
     PingPong& sync = m_k.sync();
     const bool conv = m_t != Dtype::F32;
+    // x's and dy's f32 rows; once read, the two serve as work rows for the steps after (every
+    // step writes another buffer than it reads: no in-place bank double access). With an f32 x
+    // they are the load buffers themselves, released only when dx has left them.
     const uint64_t x = conv ? m_xw : m_raw_x[q];
     const uint64_t dy = conv ? m_dyw : m_raw_dy[q];
     const uint64_t xhat = m_res_out[q];
+    const auto rows_of = [&](uint64_t buf) {
+      return RowGroup{&m_layout, buf, &g.supers, &g.slots};
+    };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
     sync.wait_loaded(q);
@@ -501,45 +531,32 @@ class LayerNormGradEmitter {
       vec_convert(b, Dtype::F32, m_t, x, m_raw_x[q], RoundMode::kRint, lanes);
       vec_convert(b, Dtype::F32, m_t, dy, m_raw_dy[q], RoundMode::kRint, lanes);
     }
-    // xhat = (x - mean) * rstd, straight into the res_for_gamma output copy.
+    // xhat = (x - mean) * rstd (x - mean in the products' buffer), into the res_for_gamma
+    // output copy.
     sync.wait_out_free(q);
     replicate(g, m_mean_in[q], m_rep);
     replicate(g, m_rstd_in[q], m_rep_rstd);
-    const RowGroup xr{&m_layout, x, &g.supers, &g.slots};
-    rows_bcast(b, xr, Opcode::op_vsub, Dtype::F32, m_rep, false, xhat, wide());
-    const RowGroup xh{&m_layout, xhat, &g.supers, &g.slots};
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
-    // g = dy * gamma: per 64-lane span of the row, all rows at once (a row stride of at most
-    // 255 blocks), else row by row.
-    const RowGroup gs{&m_layout, m_g, &g.supers, &g.slots};
-    for_superrow_batches(b, gs, [&](const Reg& first, Opnd count, int64_t row_rep) {
-      Reg ga = b.reg("g span"), da = b.reg("dy span");
-      for (int64_t c = 0; c * kLanes32 < m_h; ++c) {
-        set_mask_lanes(b, lane_range(0, std::min<int64_t>(kLanes32, m_h - c * kLanes32)));
-        const int64_t off = c * kSlotBytes;
-        b.mul_add(ga, first, m_h * kLaneBytes, static_cast<int64_t>(m_g) + off);
-        b.mul_add(da, first, m_h * kLaneBytes, static_cast<int64_t>(dy) + off);
-        vec_binary_strided(b, Opcode::op_vmul, Dtype::F32, VOperand(ga, 1, row_rep),
-                           VOperand(da, 1, row_rep),
-                           VOperand(static_cast<int64_t>(m_gamma) + off, 1, 0), count);
-      }
-    });
-    sync.release_load(q);
+    if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
+    rows_bcast_into(b, rows_of(x), Opcode::op_vsub, Dtype::F32, m_rep, false, m_sq, wide());
+    rows_bcast_into(b, rows_of(m_sq), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, xhat, wide());
+    // g = dy * gamma.
+    apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
     row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
     row_means(g, m_sq, m_s2);
-    // dx = (g - xhat * s2 - s1) * rstd.
+    // dx = (g - xhat * s2 - s1) * rstd, alternating between x's and dy's rows.
     replicate(g, m_s2, m_rep);
-    rows_bcast(b, xh, Opcode::op_vmul, Dtype::F32, m_rep, false, m_sq, wide());
-    vec_binary(b, Opcode::op_vsub, Dtype::F32, m_g, m_g, m_sq, lanes);
+    rows_bcast_into(b, rows_of(xhat), Opcode::op_vmul, Dtype::F32, m_rep, false, x, wide());
+    vec_binary(b, Opcode::op_vsub, Dtype::F32, dy, m_g, x, lanes);
     replicate(g, m_s1, m_rep);
-    rows_bcast(b, gs, Opcode::op_vsub, Dtype::F32, m_rep, false, 0, wide());
-    rows_bcast(b, gs, Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, 0, wide());
+    rows_bcast_into(b, rows_of(dy), Opcode::op_vsub, Dtype::F32, m_rep, false, x, wide());
+    rows_bcast_into(b, rows_of(x), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, dy, wide());
     if (conv)
-      vec_convert(b, m_t, Dtype::F32, m_dx_out[q], m_g, RoundMode::kRint, lanes);
+      vec_convert(b, m_t, Dtype::F32, m_dx_out[q], dy, RoundMode::kRint, lanes);
     else
-      vec_copy_bits(b, kLaneBytes, m_dx_out[q], m_g, lanes);
+      vec_copy_bits(b, kLaneBytes, m_dx_out[q], dy, lanes);
+    if (!conv) sync.release_load(q);
     sync.out_ready(q);
     store_rows(g, m_dx, m_dx_out[q], m_h * isa::dtype_size(m_t), "dx rows");
     store_rows(g, m_res, xhat, m_h * kLaneBytes, "res_for_gamma rows");
@@ -575,8 +592,8 @@ class LayerNormGradEmitter {
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
-  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_s1 = 0, m_s2 = 0, m_rep_block = 0,
-           m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
+  uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_acc2 = 0, m_s1 = 0, m_s2 = 0,
+           m_rep_block = 0, m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
 };
 
 }  // namespace

@@ -172,6 +172,45 @@ void rows_to_lanes(KernelBuilder& b, const RowGroup& g, Combine c, Dtype t, uint
   });
 }
 
+uint64_t rows_to_lanes_alternating(KernelBuilder& b, const RowGroup& g, Combine c, Dtype t,
+                                   uint64_t acc, uint64_t acc2) {
+  const SuperRowLayout& L = *g.layout;
+  if (L.rows != 1 || L.spans.size() != 1) {
+    rows_to_lanes(b, g, c, t, acc);
+    return acc;
+  }
+  for (const RowSpan& sp : L.spans[0])
+    if (sp.mask != kAllLanes) {
+      rows_to_lanes(b, g, c, t, acc);
+      return acc;
+    }
+  KernelBuilder::Origin o(b, "row reduction: rows -> lane slots (alternating)");
+  {
+    Reg n = b.reg("slot lanes");
+    b.mul(n, *g.rows, kLanes32);
+    vec_fill32(b, acc, combine_identity_bits(c, t), n);
+  }
+  const Opcode op = combine_opcode(c);
+  const int64_t slot_rep = kSlotBytes / kRowBlockBytes;  // one super-row (row) per slot
+  uint64_t from = acc, to = acc2;
+  for_superrow_batches(b, g, [&](const Reg& first, Opnd count, int64_t xrep) {
+    Reg xa = b.reg("row span"), fa = b.reg("lane slot"), ta = b.reg("next lane slot");
+    for (const RowSpan& sp : L.spans[0]) {
+      set_mask_lanes(b, sp.mask);
+      offset_addr(b, fa, first, kSlotBytes, static_cast<int64_t>(from));
+      offset_addr(b, ta, first, kSlotBytes, static_cast<int64_t>(to));
+      offset_addr(b, xa, first, L.lanes * kLaneBytes,
+                  static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
+      vec_binary_strided(b, op, t, VOperand(ta, 1, slot_rep), VOperand(fa, 1, slot_rep),
+                         VOperand(xa, 1, xrep), count);
+      std::swap(from, to);
+    }
+    from = acc;  // the next batch's rows start from their identity slots again
+    to = acc2;
+  });
+  return L.spans[0].size() % 2 == 0 ? acc : acc2;
+}
+
 void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg& rows,
                   uint64_t dense, uint64_t tmp) {
   KernelBuilder::Origin o(b, "row reduction: lane slots -> one value per row");
@@ -337,12 +376,16 @@ void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) 
 
 void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,
                 bool rep_first, uint64_t dst, bool rep_wide) {
+  rows_bcast_into(b, g, op, t, rep, rep_first, dst ? dst : g.x, rep_wide);
+}
+
+void rows_bcast_into(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,
+                     bool rep_first, uint64_t dst, bool rep_wide) {
   KernelBuilder::Origin o(b, fmt::format("per-row value applied to every lane of the row ({})",
                                          isa::describe(op).mnemonic));
   const SuperRowLayout& L = *g.layout;
   for_superrow_batches(b, g, [&](const Reg& first, Opnd count, int64_t xrep) {
     Reg xa = b.reg("row span"), ra = b.reg("row value block"), da = b.reg("destination span");
-    const uint64_t d = dst ? dst : g.x;
     for (int64_t j = 0; j < L.rows; ++j) {
       const int64_t rep_bytes = rep_wide ? kSlotBytes : kRowBlockBytes;  // per row
       offset_addr(b, ra, first, L.rows * rep_bytes, static_cast<int64_t>(rep) + j * rep_bytes);
@@ -351,7 +394,7 @@ void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_
         offset_addr(b, xa, first, L.lanes * kLaneBytes,
                     static_cast<int64_t>(g.x) + sp.offset * kLaneBytes);
         offset_addr(b, da, first, L.lanes * kLaneBytes,
-                    static_cast<int64_t>(d) + sp.offset * kLaneBytes);
+                    static_cast<int64_t>(dst) + sp.offset * kLaneBytes);
         const VOperand x(xa, 1, xrep), y(da, 1, xrep);
         const VOperand v = rep_wide ? VOperand(ra, 1, L.rows * (kSlotBytes / kRowBlockBytes))
                                     : VOperand(ra, 0, L.rows);

@@ -128,6 +128,13 @@ void for_superrow_batches(KernelBuilder& b, const RowGroup& g,
 // Lane accumulator: slot r (256 bytes at acc + r*256) = identity, then the lanes of row r of
 // the group combined into it (rows in order: super-row s, row j -> slot s*g + j).
 void rows_to_lanes(KernelBuilder& b, const RowGroup& g, Combine c, isa::Dtype t, uint64_t acc);
+// rows_to_lanes' sums in the same order (identity, then span by span), each add writing the
+// other of two slot buffers acc and acc2 (rows of the group's size each) instead of its own
+// (an in-place add is two UB bank accesses per block): for rows of whole 64-lane spans, one row
+// per super-row; other layouts take rows_to_lanes into acc. Returns acc or acc2: where the
+// sums are.
+uint64_t rows_to_lanes_alternating(KernelBuilder& b, const RowGroup& g, Combine c, isa::Dtype t,
+                                   uint64_t acc, uint64_t acc2);
 // dense[r] = the combination of the 64 lanes of slot r, r < rows (a register <= 255). kProd
 // folds the slots to 8 lanes and multiplies the 8 lanes extracted one by one (vcmax of one
 // active lane), using tmp (rows * 4 bytes).
@@ -186,6 +193,9 @@ void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
 // banks, one access each): the wide form when a row value is applied to many row spans.
 void rows_bcast(KernelBuilder& b, const RowGroup& g, isa::Opcode op, isa::Dtype t, uint64_t rep,
                 bool rep_first = false, uint64_t dst = 0, bool rep_wide = false);
+// rows_bcast into the rows at dst, any UB address (0 included: a buffer at the UB's start).
+void rows_bcast_into(KernelBuilder& b, const RowGroup& g, isa::Opcode op, isa::Dtype t,
+                     uint64_t rep, bool rep_first, uint64_t dst, bool rep_wide);
 
 // ---- constants ----
 void fill_iota64(KernelBuilder& b, uint64_t iota64);                  // s32 0..63
