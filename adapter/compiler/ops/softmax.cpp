@@ -303,21 +303,18 @@ class RowsEmitter {
                   RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
     // shifted = x - max; e = exp(shifted); sum = d0.
     row_reduce(g, g.gx, Combine::kMax, m_d0);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep);
+    apply_row_value(g, g.gx, Opcode::op_vsub, m_d0);
     vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
     row_reduce(g, g.ge, Combine::kSum, m_d0);
     sync.wait_out_free(q);
     const uint64_t result = m_conv ? x : m_out[q];  // where the f32 output rows are computed
     switch (m_s.kind) {
       case Kind::kSoftmax:
-        replicate(g, m_d0, m_rep);
-        rows_bcast(b, g.gx, Opcode::op_vdiv, Dtype::F32, m_rep, false, result);
+        apply_row_value(g, g.gx, Opcode::op_vdiv, m_d0, false, result);
         break;
       case Kind::kLogSoftmax:
         vec_unary(b, Opcode::op_vln, Dtype::F32, m_d0, m_d0, grp.slots);
-        replicate(g, m_d0, m_rep);
-        rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, false, result);
+        apply_row_value(g, g.gx, Opcode::op_vsub, m_d0, false, result);
         break;
       case Kind::kXent: xent(g); break;
       case Kind::kSparseXent: sparse_xent(g); break;
@@ -331,20 +328,28 @@ class RowsEmitter {
     rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
     lanes_reduce(m_b, c, Dtype::F32, m_acc, g.regs.slots, d, m_d2);
   }
-  void replicate(const Group& g, uint64_t d, uint64_t to) {
-    replicate_rows(m_b, d, g.regs.slots, to, m_scratch, m_alt);
+  // For every row of the group: row lanes = op(row lanes, d[row]) (rep_first: op(d[row], lanes)),
+  // into dst (0: in place), d dense per-row f32 values. d is replicated to a block per row
+  // (m_rep); rows of more than one 64-lane repeat then read it widened to a repeat per row,
+  // written into the lane slots (free between reductions): one block read 8 times per repeat is
+  // 8 accesses to one UB bank, a widened repeat 8 banks once each, and the widening's 8 accesses
+  // per row are paid once instead of once per repeat of the row.
+  void apply_row_value(const Group& g, const RowGroup& rows, Opcode op, uint64_t d,
+                       bool rep_first = false, uint64_t dst = 0) {
+    replicate_rows(m_b, d, g.regs.slots, m_rep, m_scratch, m_alt);
+    const bool wide = m_s.C > kLanes32;
+    if (wide) widen_rows(m_b, m_rep, g.regs.slots, m_acc);
+    rows_bcast(m_b, rows, op, Dtype::F32, wide ? m_acc : m_rep, rep_first, dst, wide);
   }
 
   // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
   void xent(const Group& g) {
     KernelBuilder& b = m_b;
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, g.regs.slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0);
     vec_binary(b, Opcode::op_vsub, Dtype::F32, m_e, m_e, g.y, g.lanes);
     // loss = sum(labels * (log(sum) - shifted)), in x.
-    replicate(g, m_d1, m_rep);
-    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, true);
+    apply_row_value(g, g.gx, Opcode::op_vsub, m_d1, true);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, g.x, g.x, g.y, g.lanes);
     row_reduce(g, g.gx, Combine::kSum, m_d1);
   }
@@ -355,8 +360,7 @@ class RowsEmitter {
     KernelBuilder& b = m_b;
     const Reg& slots = g.regs.slots;
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0);
     // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
     replicate_rows(b, m_lbl[g.q], slots, m_rep_lbl, m_scratch, m_alt);
     one_hot(g);
@@ -364,8 +368,7 @@ class RowsEmitter {
     vec_binary(b, Opcode::op_vsub, Dtype::F32, m_d1, m_d1, m_d0, slots);  // loss
     label_validity(b, m_consts, m_lbl[g.q], slots, m_bits, m_bits2, m_d0);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, m_d1, m_d1, m_d0, slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vadd, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vadd, m_d0);
   }
 
   // On each row's label lane: backprop - 1 (in e), and shifted combined into the row's slot.
