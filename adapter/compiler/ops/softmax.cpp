@@ -330,15 +330,15 @@ class RowsEmitter {
   }
   // For every row of the group: row lanes = op(row lanes, d[row]) (rep_first: op(d[row], lanes)),
   // into dst (0: in place), d dense per-row f32 values. d is replicated to a block per row
-  // (m_rep); rows of more than one 64-lane repeat then read it widened to a repeat per row,
-  // written into the lane slots (free between reductions): one block read 8 times per repeat is
-  // 8 accesses to one UB bank, a widened repeat 8 banks once each, and the widening's 8 accesses
-  // per row are paid once instead of once per repeat of the row.
+  // (m_rep); rows of more than one 64-lane repeat then read it widened to a repeat per row
+  // (widen_row_groups), written into the lane slots (free between reductions; a group is whole
+  // blocks of 8 rows, so they hold the rows rounded up to 8): one block read 8 times per repeat
+  // is 8 accesses to one UB bank, a widened repeat 8 banks once each.
   void apply_row_value(const Group& g, const RowGroup& rows, Opcode op, uint64_t d,
                        bool rep_first = false, uint64_t dst = 0) {
     replicate_rows(m_b, d, g.regs.slots, m_rep, m_scratch, m_alt);
     const bool wide = m_s.C > kLanes32;
-    if (wide) widen_rows(m_b, m_rep, g.regs.slots, m_acc);
+    if (wide) widen_row_groups(m_b, m_rep, g.regs.slots, m_acc);
     rows_bcast(m_b, rows, op, Dtype::F32, wide ? m_acc : m_rep, rep_first, dst, wide);
   }
 
