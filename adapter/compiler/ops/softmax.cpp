@@ -173,7 +173,7 @@ struct RowsBuffers {
   SparseConstIds consts;
 };
 
-RowsBuffers rows_buffers(const Spec& s) {
+RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   RowsBuffers r;
   BufferPlan& p = r.plan;
   const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
@@ -181,7 +181,8 @@ RowsBuffers rows_buffers(const Spec& s) {
   r.raw_x = p.add_sized("features", blocks_of(s.C * s.size()), 2);
   r.xw = p.add_sized("widened features", blocks_of(s.C * kLaneBytes), 1, conv);
   r.out = p.add_sized("output rows", blocks_of(s.C * s.size()), 2);
-  r.e = p.add_sized("exponentials", blocks_of(s.C * kLaneBytes), 1, s.kind != Kind::kSoftmax);
+  // Softmax / LogSoftmax: the shifted rows; the Xent ops: the exponentials.
+  r.e = p.add_sized("shifted rows / exponentials", blocks_of(s.C * kLaneBytes));
   r.raw_y = p.add_sized("labels", blocks_of(s.C * s.size()), 2, xent);
   r.yw = p.add_sized("widened labels", blocks_of(s.C * kLaneBytes), 1, xent && conv);
   r.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
@@ -198,6 +199,15 @@ RowsBuffers rows_buffers(const Spec& s) {
   r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
   r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
   r.consts = declare_sparse_consts(p, sparse);
+  // The f32 rows (x: the widened copy, or the loaded one) and e start half a bank window apart,
+  // so the dense instructions from one to the other (vexp, and the row value applied) read and
+  // write each repeat in different UB banks.
+  const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                        static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+  if (span > 0) {
+    p.place(conv ? r.xw : r.raw_x, span, 0);
+    p.place(r.e, span, span / 2);
+  }
   declare_repeat_overhang(p);
   return r;
 }
@@ -213,7 +223,7 @@ std::optional<RowsPlan> plan_rows(const Spec& s, const ChipConfig& cfg) {
   // rows_bcast): such rows are faster streamed (a few counter-mode instructions per chunk).
   const int64_t q = std::max<int64_t>(p.layout.rows, granule);
   p.split = BlockSplit::make(s.rows, cores.count, q);
-  p.group = rows_buffers(s).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
+  p.group = rows_buffers(s, cfg).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
                                                                    p.split.per));
   if (p.group == 0) return std::nullopt;
   return p;
@@ -229,7 +239,7 @@ class RowsEmitter {
   Launch build() {
     const int64_t G = m_p.group;
     m_args = declare_args(m_k, m_s);
-    const RowsBuffers bufs = rows_buffers(m_s);
+    const RowsBuffers bufs = rows_buffers(m_s, m_k.b().config());
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}, {&m_raw_y, bufs.raw_y},
                     {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
@@ -298,23 +308,32 @@ class RowsEmitter {
     // The load copy is free once widened (sparse labels are read to the end).
     const bool early_release = m_conv && m_s.kind != Kind::kSparseXent;
     if (early_release) sync.release_load(q);
-    const uint64_t ex = m_s.kind == Kind::kSoftmax ? x : m_e;
+    // Every full-width instruction out of place (in place, each block is read and written in
+    // the same UB bank). Softmax / LogSoftmax: shifted into e, the exponentials back into x; the
+    // Xent ops keep shifted in x (their loss reads it) and the exponentials in e.
+    const bool xent_op = m_s.xent();
+    const uint64_t shifted = xent_op ? x : m_e, ex = xent_op ? m_e : x;
     const Group g{grp, q, x, y, ex, lanes, RowGroup{&m_p.layout, x, &grp.supers, &grp.slots},
                   RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
-    // shifted = x - max; e = exp(shifted); sum = d0.
+    const RowGroup gs{&m_p.layout, shifted, &grp.supers, &grp.slots};
+    // shifted = x - max; exponentials = exp(shifted); sum = d0.
     row_reduce(g, g.gx, Combine::kMax, m_d0);
-    apply_row_value(g, g.gx, Opcode::op_vsub, m_d0);
-    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
+    apply_row_value(g, g.gx, Opcode::op_vsub, m_d0, false, xent_op ? 0 : shifted);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, shifted, lanes);
     row_reduce(g, g.ge, Combine::kSum, m_d0);
     sync.wait_out_free(q);
-    const uint64_t result = m_conv ? x : m_out[q];  // where the f32 output rows are computed
+    // Where the f32 output rows are computed: the output copy itself for f32, else a free f32
+    // buffer (Softmax: shifted's, LogSoftmax: the exponentials').
+    uint64_t result = m_out[q];
     switch (m_s.kind) {
       case Kind::kSoftmax:
-        apply_row_value(g, g.gx, Opcode::op_vdiv, m_d0, false, result);
+        if (m_conv) result = shifted;
+        apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0, false, result);
         break;
       case Kind::kLogSoftmax:
+        if (m_conv) result = ex;
         vec_unary(b, Opcode::op_vln, Dtype::F32, m_d0, m_d0, grp.slots);
-        apply_row_value(g, g.gx, Opcode::op_vsub, m_d0, false, result);
+        apply_row_value(g, gs, Opcode::op_vsub, m_d0, false, result);
         break;
       case Kind::kXent: xent(g); break;
       case Kind::kSparseXent: sparse_xent(g); break;
