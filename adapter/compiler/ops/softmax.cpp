@@ -199,14 +199,15 @@ RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
   r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
   r.consts = declare_sparse_consts(p, sparse);
-  // The f32 rows (x: the widened copy, or the loaded one) and e start half a bank window apart,
-  // so the dense instructions from one to the other (vexp, and the row value applied) read and
-  // write each repeat in different UB banks.
+  // The f32 rows (x: the widened copy, or the loaded one), e and (f32) the output rows start a
+  // quarter or half of a bank window apart, so the dense instructions between them (vexp, the
+  // row value applied) read and write each repeat in different UB banks.
   const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
                         static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
   if (span > 0) {
     p.place(conv ? r.xw : r.raw_x, span, 0);
     p.place(r.e, span, span / 2);
+    if (!conv) p.place(r.out, span, span / 4);
   }
   declare_repeat_overhang(p);
   return r;
