@@ -318,10 +318,10 @@ class RowsEmitter {
                   RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
     const RowGroup gs{&m_p.layout, shifted, &grp.supers, &grp.slots};
     // shifted = x - max; exponentials = exp(shifted); sum = d0.
-    row_reduce(g, g.gx, Combine::kMax, m_d0);
+    row_reduce(g, g.gx, Combine::kMax, m_d0, true);
     apply_row_value(g, g.gx, Opcode::op_vsub, m_d0, false, xent_op ? 0 : shifted);
     vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, shifted, lanes);
-    row_reduce(g, g.ge, Combine::kSum, m_d0);
+    row_reduce(g, g.ge, Combine::kSum, m_d0, true);
     sync.wait_out_free(q);
     // Where the f32 output rows are computed: the output copy itself for f32, else a free f32
     // buffer (Softmax: shifted's, LogSoftmax: the exponentials').
@@ -343,10 +343,49 @@ class RowsEmitter {
     store(g, m_s.xent() ? m_e : result);
   }
 
-  // Row sums / maxima of the group into dense d: rows_to_lanes + lanes_reduce.
-  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d) {
-    rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
+  // Row sums / maxima of the group into dense d: rows_to_lanes (or slots_from_span_pairs) +
+  // lanes_reduce. from_pairs: op(identity, x) is x bit for bit for every lane (max; a sum of
+  // values never -0, such as exponentials), so rows of whole 64-lane spans may skip the identity.
+  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d,
+                  bool from_pairs = false) {
+    if (from_pairs && whole_span_rows()) slots_from_span_pairs(rows, c);
+    else rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
     lanes_reduce(m_b, c, Dtype::F32, m_acc, g.regs.slots, d, m_d2);
+  }
+  // One row per super-row, of two or more 64-lane spans with every lane the row's.
+  bool whole_span_rows() const {
+    const SuperRowLayout& L = m_p.layout;
+    if (L.rows != 1 || L.spans[0].size() < 2) return false;
+    return std::all_of(L.spans[0].begin(), L.spans[0].end(),
+                       [](const RowSpan& sp) { return sp.mask == kAllLanes; });
+  }
+  // rows_to_lanes' slots for whole_span_rows(): slot r = op(span 0, span 1) of row r, out of
+  // place, then the further spans combined in, instead of the identity and one in-place
+  // instruction per span (in place, each block is read and written in the same UB bank).
+  void slots_from_span_pairs(const RowGroup& rows, Combine c) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "row reduction: whole 64-lane spans -> lane slots");
+    const SuperRowLayout& L = m_p.layout;
+    const Opcode op = combine_opcode(c);
+    const int64_t slot_rep = kSlotBytes / kBlock;  // one slot per row (super-row)
+    set_mask_lanes(b, kAllLanes);
+    for_superrow_batches(b, rows, [&](const Reg& first, Opnd count, int64_t xrep) {
+      Reg slot = b.reg("lane slot"), span = b.reg("row span"), span2 = b.reg("row span 2");
+      auto span_at = [&](const Reg& r, const RowSpan& sp) {
+        b.mul_add(r, first, L.lanes * kLaneBytes,
+                  static_cast<int64_t>(rows.x) + sp.offset * kLaneBytes);
+      };
+      b.mul_add(slot, first, kSlotBytes, static_cast<int64_t>(m_acc));
+      const VOperand slots(slot, 1, slot_rep);
+      span_at(span, L.spans[0][0]);
+      span_at(span2, L.spans[0][1]);
+      vec_binary_strided(b, op, Dtype::F32, slots, VOperand(span, 1, xrep),
+                         VOperand(span2, 1, xrep), count);
+      for (size_t i = 2; i < L.spans[0].size(); ++i) {
+        span_at(span, L.spans[0][i]);
+        vec_binary_strided(b, op, Dtype::F32, slots, slots, VOperand(span, 1, xrep), count);
+      }
+    });
   }
   // For every row of the group: row lanes = op(row lanes, d[row]) (rep_first: op(d[row], lanes)),
   // into dst (0: in place), d dense per-row f32 values. d is replicated to a block per row
