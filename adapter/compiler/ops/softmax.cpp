@@ -173,7 +173,7 @@ struct RowsBuffers {
   SparseConstIds consts;
 };
 
-RowsBuffers rows_buffers(const Spec& s) {
+RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   RowsBuffers r;
   BufferPlan& p = r.plan;
   const bool conv = s.t != Dtype::F32, sparse = s.kind == Kind::kSparseXent;
@@ -181,7 +181,8 @@ RowsBuffers rows_buffers(const Spec& s) {
   r.raw_x = p.add_sized("features", blocks_of(s.C * s.size()), 2);
   r.xw = p.add_sized("widened features", blocks_of(s.C * kLaneBytes), 1, conv);
   r.out = p.add_sized("output rows", blocks_of(s.C * s.size()), 2);
-  r.e = p.add_sized("exponentials", blocks_of(s.C * kLaneBytes), 1, s.kind != Kind::kSoftmax);
+  // Softmax / LogSoftmax: the shifted rows; the Xent ops: the exponentials.
+  r.e = p.add_sized("shifted rows / exponentials", blocks_of(s.C * kLaneBytes));
   r.raw_y = p.add_sized("labels", blocks_of(s.C * s.size()), 2, xent);
   r.yw = p.add_sized("widened labels", blocks_of(s.C * kLaneBytes), 1, xent && conv);
   r.acc = p.add_sized("lane slots", blocks_of(kSlotBytes));
@@ -198,6 +199,16 @@ RowsBuffers rows_buffers(const Spec& s) {
   r.bits = p.add_sized("compare bits", blocks_of(8), 1, sparse);
   r.bits2 = p.add_sized("compare bits 2", blocks_of(8), 1, sparse);
   r.consts = declare_sparse_consts(p, sparse);
+  // The f32 rows (x: the widened copy, or the loaded one), e and (f32) the output rows start a
+  // quarter or half of a bank window apart, so the dense instructions between them (vexp, the
+  // row value applied) read and write each repeat in different UB banks.
+  const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                        static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+  if (span > 0) {
+    p.place(conv ? r.xw : r.raw_x, span, 0);
+    p.place(r.e, span, span / 2);
+    if (!conv) p.place(r.out, span, span / 4);
+  }
   declare_repeat_overhang(p);
   return r;
 }
@@ -213,7 +224,7 @@ std::optional<RowsPlan> plan_rows(const Spec& s, const ChipConfig& cfg) {
   // rows_bcast): such rows are faster streamed (a few counter-mode instructions per chunk).
   const int64_t q = std::max<int64_t>(p.layout.rows, granule);
   p.split = BlockSplit::make(s.rows, cores.count, q);
-  p.group = rows_buffers(s).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
+  p.group = rows_buffers(s, cfg).plan.fit(cfg, cores.kind, q, std::min(kMaxGroupRows / q * q,
                                                                    p.split.per));
   if (p.group == 0) return std::nullopt;
   return p;
@@ -229,7 +240,7 @@ class RowsEmitter {
   Launch build() {
     const int64_t G = m_p.group;
     m_args = declare_args(m_k, m_s);
-    const RowsBuffers bufs = rows_buffers(m_s);
+    const RowsBuffers bufs = rows_buffers(m_s, m_k.b().config());
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, G);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}, {&m_raw_y, bufs.raw_y},
                     {&m_loss, bufs.loss}, {&m_lbl, bufs.lbl}});
@@ -298,26 +309,32 @@ class RowsEmitter {
     // The load copy is free once widened (sparse labels are read to the end).
     const bool early_release = m_conv && m_s.kind != Kind::kSparseXent;
     if (early_release) sync.release_load(q);
-    const uint64_t ex = m_s.kind == Kind::kSoftmax ? x : m_e;
+    // Every full-width instruction out of place (in place, each block is read and written in
+    // the same UB bank). Softmax / LogSoftmax: shifted into e, the exponentials back into x; the
+    // Xent ops keep shifted in x (their loss reads it) and the exponentials in e.
+    const bool xent_op = m_s.xent();
+    const uint64_t shifted = xent_op ? x : m_e, ex = xent_op ? m_e : x;
     const Group g{grp, q, x, y, ex, lanes, RowGroup{&m_p.layout, x, &grp.supers, &grp.slots},
                   RowGroup{&m_p.layout, ex, &grp.supers, &grp.slots}};
-    // shifted = x - max; e = exp(shifted); sum = d0.
-    row_reduce(g, g.gx, Combine::kMax, m_d0);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep);
-    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, x, lanes);
-    row_reduce(g, g.ge, Combine::kSum, m_d0);
+    const RowGroup gs{&m_p.layout, shifted, &grp.supers, &grp.slots};
+    // shifted = x - max; exponentials = exp(shifted); sum = d0.
+    row_reduce(g, g.gx, Combine::kMax, m_d0, true);
+    apply_row_value(g, g.gx, Opcode::op_vsub, m_d0, false, xent_op ? 0 : shifted);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, ex, shifted, lanes);
+    row_reduce(g, g.ge, Combine::kSum, m_d0, true);
     sync.wait_out_free(q);
-    const uint64_t result = m_conv ? x : m_out[q];  // where the f32 output rows are computed
+    // Where the f32 output rows are computed: the output copy itself for f32, else a free f32
+    // buffer (Softmax: shifted's, LogSoftmax: the exponentials').
+    uint64_t result = m_out[q];
     switch (m_s.kind) {
       case Kind::kSoftmax:
-        replicate(g, m_d0, m_rep);
-        rows_bcast(b, g.gx, Opcode::op_vdiv, Dtype::F32, m_rep, false, result);
+        if (m_conv) result = shifted;
+        apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0, false, result);
         break;
       case Kind::kLogSoftmax:
+        if (m_conv) result = ex;
         vec_unary(b, Opcode::op_vln, Dtype::F32, m_d0, m_d0, grp.slots);
-        replicate(g, m_d0, m_rep);
-        rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, false, result);
+        apply_row_value(g, gs, Opcode::op_vsub, m_d0, false, result);
         break;
       case Kind::kXent: xent(g); break;
       case Kind::kSparseXent: sparse_xent(g); break;
@@ -326,25 +343,72 @@ class RowsEmitter {
     store(g, m_s.xent() ? m_e : result);
   }
 
-  // Row sums / maxima of the group into dense d: rows_to_lanes + lanes_reduce.
-  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d) {
-    rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
+  // Row sums / maxima of the group into dense d: rows_to_lanes (or slots_from_span_pairs) +
+  // lanes_reduce. from_pairs: op(identity, x) is x bit for bit for every lane (max; a sum of
+  // values never -0, such as exponentials), so rows of whole 64-lane spans may skip the identity.
+  void row_reduce(const Group& g, const RowGroup& rows, Combine c, uint64_t d,
+                  bool from_pairs = false) {
+    if (from_pairs && whole_span_rows()) slots_from_span_pairs(rows, c);
+    else rows_to_lanes(m_b, rows, c, Dtype::F32, m_acc);
     lanes_reduce(m_b, c, Dtype::F32, m_acc, g.regs.slots, d, m_d2);
   }
-  void replicate(const Group& g, uint64_t d, uint64_t to) {
-    replicate_rows(m_b, d, g.regs.slots, to, m_scratch, m_alt);
+  // One row per super-row, of two or more 64-lane spans with every lane the row's.
+  bool whole_span_rows() const {
+    const SuperRowLayout& L = m_p.layout;
+    if (L.rows != 1 || L.spans[0].size() < 2) return false;
+    return std::all_of(L.spans[0].begin(), L.spans[0].end(),
+                       [](const RowSpan& sp) { return sp.mask == kAllLanes; });
+  }
+  // rows_to_lanes' slots for whole_span_rows(): slot r = op(span 0, span 1) of row r, out of
+  // place, then the further spans combined in, instead of the identity and one in-place
+  // instruction per span (in place, each block is read and written in the same UB bank).
+  void slots_from_span_pairs(const RowGroup& rows, Combine c) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "row reduction: whole 64-lane spans -> lane slots");
+    const SuperRowLayout& L = m_p.layout;
+    const Opcode op = combine_opcode(c);
+    const int64_t slot_rep = kSlotBytes / kBlock;  // one slot per row (super-row)
+    set_mask_lanes(b, kAllLanes);
+    for_superrow_batches(b, rows, [&](const Reg& first, Opnd count, int64_t xrep) {
+      Reg slot = b.reg("lane slot"), span = b.reg("row span"), span2 = b.reg("row span 2");
+      auto span_at = [&](const Reg& r, const RowSpan& sp) {
+        b.mul_add(r, first, L.lanes * kLaneBytes,
+                  static_cast<int64_t>(rows.x) + sp.offset * kLaneBytes);
+      };
+      b.mul_add(slot, first, kSlotBytes, static_cast<int64_t>(m_acc));
+      const VOperand slots(slot, 1, slot_rep);
+      span_at(span, L.spans[0][0]);
+      span_at(span2, L.spans[0][1]);
+      vec_binary_strided(b, op, Dtype::F32, slots, VOperand(span, 1, xrep),
+                         VOperand(span2, 1, xrep), count);
+      for (size_t i = 2; i < L.spans[0].size(); ++i) {
+        span_at(span, L.spans[0][i]);
+        vec_binary_strided(b, op, Dtype::F32, slots, slots, VOperand(span, 1, xrep), count);
+      }
+    });
+  }
+  // For every row of the group: row lanes = op(row lanes, d[row]) (rep_first: op(d[row], lanes)),
+  // into dst (0: in place), d dense per-row f32 values. d is replicated to a block per row
+  // (m_rep); rows of more than one 64-lane repeat then read it widened to a repeat per row
+  // (widen_row_groups), written into the lane slots (free between reductions; a group is whole
+  // blocks of 8 rows, so they hold the rows rounded up to 8): one block read 8 times per repeat
+  // is 8 accesses to one UB bank, a widened repeat 8 banks once each.
+  void apply_row_value(const Group& g, const RowGroup& rows, Opcode op, uint64_t d,
+                       bool rep_first = false, uint64_t dst = 0) {
+    replicate_rows(m_b, d, g.regs.slots, m_rep, m_scratch, m_alt);
+    const bool wide = m_s.C > kLanes32;
+    if (wide) widen_row_groups(m_b, m_rep, g.regs.slots, m_acc);
+    rows_bcast(m_b, rows, op, Dtype::F32, wide ? m_acc : m_rep, rep_first, dst, wide);
   }
 
   // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
   void xent(const Group& g) {
     KernelBuilder& b = m_b;
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, g.regs.slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0);
     vec_binary(b, Opcode::op_vsub, Dtype::F32, m_e, m_e, g.y, g.lanes);
     // loss = sum(labels * (log(sum) - shifted)), in x.
-    replicate(g, m_d1, m_rep);
-    rows_bcast(b, g.gx, Opcode::op_vsub, Dtype::F32, m_rep, true);
+    apply_row_value(g, g.gx, Opcode::op_vsub, m_d1, true);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, g.x, g.x, g.y, g.lanes);
     row_reduce(g, g.gx, Combine::kSum, m_d1);
   }
@@ -355,8 +419,7 @@ class RowsEmitter {
     KernelBuilder& b = m_b;
     const Reg& slots = g.regs.slots;
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d1, m_d0, slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vdiv, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vdiv, m_d0);
     // Per row span: lanes whose column is the label: backprop - 1, and shifted summed.
     replicate_rows(b, m_lbl[g.q], slots, m_rep_lbl, m_scratch, m_alt);
     one_hot(g);
@@ -364,8 +427,7 @@ class RowsEmitter {
     vec_binary(b, Opcode::op_vsub, Dtype::F32, m_d1, m_d1, m_d0, slots);  // loss
     label_validity(b, m_consts, m_lbl[g.q], slots, m_bits, m_bits2, m_d0);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, m_d1, m_d1, m_d0, slots);
-    replicate(g, m_d0, m_rep);
-    rows_bcast(b, g.ge, Opcode::op_vadd, Dtype::F32, m_rep);
+    apply_row_value(g, g.ge, Opcode::op_vadd, m_d0);
   }
 
   // On each row's label lane: backprop - 1 (in e), and shifted combined into the row's slot.

@@ -374,6 +374,23 @@ void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) 
                     VOperand(wide, 1, kSlotBytes / kRowBlockBytes), VOperand(rep, 0, 1), rows);
 }
 
+void widen_row_groups(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) {
+  KernelBuilder::Origin o(b, "widen one block per row to a repeat per row, 8 rows per repeat");
+  constexpr int64_t kBlocksPerRepeat = kSlotBytes / kRowBlockBytes;  // 8
+  static_assert(kBlocksPerRepeat == kReplicateGroupRows);
+  set_mask_lanes(b, kAllLanes);
+  Reg groups = b.reg("groups of 8 rows");
+  b.add(groups, rows, kReplicateGroupRows - 1);
+  b.div(groups, groups, kReplicateGroupRows);
+  // Instruction k: repeat i writes block k of rows 8i..8i+7 (block stride: a row's repeat; repeat
+  // stride: 8 rows) from those rows' blocks in rep (consecutive).
+  for (int64_t k = 0; k < kBlocksPerRepeat; ++k)
+    vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
+                      VOperand(static_cast<int64_t>(wide) + k * kRowBlockBytes, kBlocksPerRepeat,
+                               kReplicateGroupRows * kBlocksPerRepeat),
+                      VOperand(rep, 1, kBlocksPerRepeat), groups);
+}
+
 void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,
                 bool rep_first, uint64_t dst, bool rep_wide) {
   rows_bcast_into(b, g, op, t, rep, rep_first, dst ? dst : g.x, rep_wide);

@@ -186,6 +186,13 @@ void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t 
 // register <= 255): one vcopy reading each row's block with a block stride of 0.
 void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
 
+// As widen_rows, for rows rounded up to whole groups of 8 (wide: that many 256-byte repeats):
+// eight vcopy instructions of ceil(rows / 8) repeats, repeat i of the k-th writing block k of
+// rows 8i..8i+7 from their 8 consecutive blocks of rep, so every repeat touches 8 banks once per
+// operand instead of one bank 8 times (UB bank model: about 2 cycles per 8 rows instead of 8 per
+// row).
+void widen_row_groups(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
+
 // For every row of the group: dst lanes = op(lanes, rep[row]) (rep_first: op(rep[row], lanes)),
 // op a VBIN instruction of type t; dst has the group's layout (0: in place, g.x). rep holds a
 // 32-byte block per row (replicate_rows; read 8 times per repeat with a block stride of 0, 8
