@@ -156,6 +156,19 @@ CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
 // per, end = min(pos + per, n).
 void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t per, int64_t n);
 
+// SelectV2 as a tile work of three operands: in[0] the bool condition (one byte per element,
+// streamed at the output's shape: a 1-byte input cannot be gathered), in[1] t and in[2] e of
+// the float type `type` (f32, f16, bf16; false for other types). The same instructions as the
+// SelectV2 op's own kernel (ops/select.cpp): condition widened to f16, vcmp != 0, vsel.
+bool select_tile_work(isa::Dtype type, StreamSpec& spec);
+
+class LaunchPlan;  // ops/compose.h
+// Appends to `plan` a copy kernel broadcasting `in` (read at `src`) to `shape` into a new
+// workspace slice; returns that slice. For 1-byte operands, which a streaming kernel cannot
+// gather (ops/select.cpp, FusedElementwise's Select conditions).
+ArgRef append_broadcast_copy(LaunchPlan& plan, const CompileContext& ctx, const TensorDesc& in,
+                             const std::vector<int64_t>& shape, ArgRef src);
+
 // The StreamInputs of an op's inputs broadcast to out_shape.
 std::vector<StreamInput> stream_inputs(const std::vector<TensorDesc>& inputs,
                                        const std::vector<int64_t>& out_shape);

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 
@@ -35,11 +36,13 @@ struct Step {
   StreamSpec work;        // temps, prologue, compute of the step's op
   size_t first_temp = 0;  // its temps' position in the fused kernel's temps
   bool cast = false;      // a Cast step (fused_elementwise.h)
+  bool select = false;    // a SelectV2 step: operand 0 is a bool input (fused_elementwise.h)
 };
 
 // The step's tile work at `type` and its number of operands; 0 if not fusible. (Cast is
 // parsed by parse_step: its work depends on its operand's type.)
 size_t tile_work(const std::string& tf_op, Dtype type, StreamSpec& work) {
+  if (tf_op == kSelectStep) return select_tile_work(type, work) ? 3 : 0;
   if (binary_tile_work(tf_op, type, work)) return 2;
   if (unary_tile_work(tf_op, type, work)) return 1;
   return static_cast<size_t>(activation_tile_work(tf_op, type, work));
@@ -62,11 +65,13 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
     if (w.empty()) invalid("empty word (words are separated by one space)");
   Step s;
   s.cast = words[0] == kCastStep;
+  s.select = words[0] == kSelectStep;
   const size_t arity = s.cast ? 1 : tile_work(words[0], type, s.work);
   if (arity == 0)
     op.fail(
         fmt::format("step {} '{}': {} is not a fusible element-wise op (one of the float ops "
-                    "of the binary and unary families with a float result, or ReluGrad)",
+                    "of the binary and unary families with a float result, ReluGrad or "
+                    "SelectV2)",
                     k, text, words[0]));
   if (words.size() - 1 != arity)
     invalid(fmt::format("{} takes {} operand{}, {} given", words[0], arity, arity > 1 ? "s" : "",
@@ -88,6 +93,8 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
                           n_inputs == 1 ? "" : "s"));
     s.operands.push_back(o);
   }
+  if (s.select && (s.operands[0].step || op.inputs[s.operands[0].index].dtype != DataType::BOOL))
+    invalid("SelectV2's condition (its first operand) is a bool input i<n>");
   if (s.cast) {
     // Cast i<n>: input n, of a float type other than T, converted to T with TF's Cast
     // rounding (round to nearest even), the cast kernel's own vconv (ops/cast.cpp).
@@ -148,16 +155,26 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
   const Dtype type = device_dtype(dt);
   std::vector<Step> steps;
   for (size_t k = 0; k < texts.size(); ++k) steps.push_back(parse_step(op, k, texts[k], dt));
-  // The inputs have type T, but for those read by Cast steps only (their own float type).
+  // The inputs have type T, but for those read by Cast steps only (their own float type) and
+  // the bool conditions of SelectV2 steps (read as such only).
   for (size_t n = 0; n < op.inputs.size(); ++n) {
     if (op.inputs[n].dtype == dt) continue;
+    const bool condition = op.inputs[n].dtype == DataType::BOOL;
     for (size_t k = 0; k < steps.size(); ++k)
-      for (const Operand& o : steps[k].operands)
-        if (!o.step && o.index == n && !steps[k].cast)
-          op.invalid(
-              fmt::format("input {} is {}, T {}: step {} '{}' reads it (an input of "
-                          "another type than T is read by Cast steps only)",
-                          n, data_type_name(op.inputs[n].dtype), data_type_name(dt), k, texts[k]));
+      for (size_t j = 0; j < steps[k].operands.size(); ++j) {
+        const Operand& o = steps[k].operands[j];
+        if (o.step || o.index != n) continue;
+        if (condition ? !(steps[k].select && j == 0) : !steps[k].cast)
+          op.invalid(fmt::format(
+              "input {} is {}, T {}: step {} '{}' reads it (an input of another type than T is "
+              "read by Cast steps only, a bool input as SelectV2's condition only)",
+              n, data_type_name(op.inputs[n].dtype), data_type_name(dt), k, texts[k]));
+      }
+    if (condition && op.inputs[n].shape != shape)
+      op.fail(
+          fmt::format("input {} (a SelectV2 condition) is {}, not the output's shape {}: a "
+                      "1-byte input is streamed, never broadcast",
+                      n, op.inputs[n].str(), shape_str(shape)));
   }
   // Where each step's result lives: output j (>= 0) or an intermediate temporary (-1).
   std::vector<int> output_of(steps.size(), -1);
@@ -254,13 +271,50 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
   return spec;
 }
 
+// The broadcast shape of op's inputs, or the first incompatible input's error.
+std::vector<int64_t> inputs_shape(const OpDesc& op) {
+  std::vector<int64_t> shape = op.inputs.empty() ? std::vector<int64_t>{} : op.inputs[0].shape;
+  for (size_t n = 1; n < op.inputs.size(); ++n) {
+    auto b = broadcast_shapes(shape, op.inputs[n].shape);
+    if (!b)
+      op.invalid(fmt::format("input {} of shape {} does not broadcast to {}", n,
+                             shape_str(op.inputs[n].shape), shape_str(shape)));
+    shape = *b;
+  }
+  return shape;
+}
+
 CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<std::string>& texts,
                                   const std::vector<size_t>& output_steps) {
-  const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps);
+  // Bool inputs (SelectV2 conditions) of another shape than the output's are first expanded to
+  // it by a copy kernel, as the SelectV2 op's own kernel expands them (ops/select.cpp).
+  const std::vector<int64_t> shape = inputs_shape(ctx.op);
+  std::vector<size_t> expanded;
+  for (size_t n = 0; n < ctx.op.inputs.size(); ++n)
+    if (ctx.op.inputs[n].dtype == DataType::BOOL && ctx.op.inputs[n].shape != shape)
+      expanded.push_back(n);
+  if (expanded.empty()) {
+    const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps);
+    const TensorDesc out{steps_type(ctx.op), spec.out_shape};
+    CompiledKernel k = stream_kernel(ctx, out, spec);
+    k.outputs.assign(output_steps.size(), out);
+    return k;
+  }
+  OpDesc streamed = ctx.op;
+  for (size_t n : expanded) streamed.inputs[n].shape = shape;
+  const StreamSpec spec = fused_steps_spec(streamed, texts, output_steps);
   const TensorDesc out{steps_type(ctx.op), spec.out_shape};
-  CompiledKernel k = stream_kernel(ctx, out, spec);
-  k.outputs.assign(output_steps.size(), out);
-  return k;
+  LaunchPlan plan(std::vector<TensorDesc>(output_steps.size(), out));
+  if (out.num_elements() == 0) return std::move(plan).finish();
+  std::vector<ArgRef> args;
+  for (size_t n = 0; n < ctx.op.inputs.size(); ++n)
+    args.push_back(LaunchPlan::input(static_cast<int>(n)));
+  for (size_t n : expanded)
+    args[n] = append_broadcast_copy(plan, ctx, ctx.op.inputs[n], shape, args[n]);
+  for (size_t j = 0; j < output_steps.size(); ++j)
+    args.push_back(LaunchPlan::output(static_cast<int>(j)));
+  plan.add(build_stream_kernel(ctx.op.str(), spec, ctx.cfg), args);
+  return std::move(plan).finish();
 }
 
 }  // namespace

@@ -15,7 +15,11 @@
 //            n from its type to T as TF's Cast (Truncate false: round to nearest even) with the
 //            cast kernel's vconv, so a cast folded into the chain gives the Cast op's bits
 //            (pairs: fusible_cast below; the graph pass folds the casts feeding a chain or an
-//            optimizer update, as CANN folds casts into their consumers);
+//            optimizer update, as CANN folds casts into their consumers); "SelectV2 i<c> <t> <e>"
+//            picks t where bool input c is true, else e, with the SelectV2 kernel's instructions
+//            (an input of type bool is read as such a condition only; one of another shape than
+//            the output's is first expanded by a copy launch, as SelectV2's own kernel does:
+//            Keras' dropout and its gradient, where(mask, x * scale, 0));
 //   output   one tensor: the last step's result, of the inputs' broadcast shape.
 // Every step is evaluated at every output position (a step on broadcast operands repeats its
 // value), with the same vector instructions, temporaries and roundings as the op's own kernel,
@@ -62,6 +66,8 @@ bool fusible_elementwise(const std::string& tf_op);
 
 // The step that casts an input to T ("Cast i<n>").
 inline constexpr const char* kCastStep = "Cast";
+// The step that selects by a bool input ("SelectV2 i<c> <t> <e>").
+inline constexpr const char* kSelectStep = "SelectV2";
 
 // Whether a Cast step may convert an input of type `src` to T = `dst`: float32 to or from
 // float16 / bfloat16 (one vconv each way). Other pairs (float16 <-> bfloat16, integers, the

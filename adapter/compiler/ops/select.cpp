@@ -35,26 +35,42 @@ TensorDesc lanes_view(const TensorDesc& t) {
   return v;
 }
 
-// Appends a copy kernel broadcasting `in` (at `src`) to `shape` into a new workspace slice.
-ArgRef expand(LaunchPlan& plan, const CompileContext& ctx, const TensorDesc& in,
-              const std::vector<int64_t>& shape, ArgRef src) {
-  const std::vector<int64_t> strides = contiguous_strides(in.shape);
-  StridedView v;
-  const size_t lead = shape.size() - in.shape.size();
-  for (size_t d = 0; d < shape.size(); ++d) {
-    v.dims.push_back(shape[d]);
-    v.strides.push_back(d < lead || in.shape[d - lead] == 1 ? 0 : strides[d - lead]);
-  }
-  const TensorDesc out{in.dtype, shape};
-  AssembleSpec spec = view_spec(fmt::format("Broadcast_{}", data_type_name(in.dtype)), in.dtype,
-                                in.shape, shape, v);
-  ArgRef ws = plan.workspace(out.bytes());
-  plan.add(build_assemble_kernel(ctx.op.str(), spec, ctx.cfg), {src, ws},
-           fmt::format("expand {} to {}", in.str(), shape_str(shape)));
-  return ws;
-}
-
 enum SelectTemp { kBits, kHalf, kZero, kT16, kE16 };
+
+// SelectV2's tile work for elements of `esize` bytes (1, 2, 4 or 8 as s32 pairs): operands
+// in[0] the bool condition (one byte per element, not broadcast), in[1] t, in[2] e.
+void select_work(int esize, StreamSpec& spec) {
+  spec.temps = {TempSpec{"condition bits", 1.0 / 8, 32}, TempSpec{"condition f16", 2, 0},
+                TempSpec{"f16 zeros", 0, kRepeatBytes}};
+  if (esize == 1)
+    spec.temps.insert(spec.temps.end(), {TempSpec{"t as f16", 2, 0}, TempSpec{"e as f16", 2, 0}});
+  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    Reg count = b.reg_imm("constant lanes", kRepeatBytes / 2);
+    b.emit(Opcode::op_set_mask_count, {count});
+    b.emit(Opcode::op_vdup, {Dtype::F16, temp[kZero], Opnd::reg_number(0), 0, 1, 8}, "f16 zeros");
+  };
+  const Dtype lane = esize == 4 || esize == 8 ? Dtype::S32 : Dtype::U16;
+  spec.compute = [esize, lane](KernelBuilder& b, const TileOperands& o) {
+    const Reg& n = *o.count;
+    vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kHalf], o.in[0], RoundMode::kRint, n);
+    b.emit(Opcode::op_set_mask_count, {n});
+    b.emit(Opcode::op_vcmp,
+           {Dtype::F16, isa::Cmp::NE, o.temp[kBits], o.temp[kHalf], o.temp[kZero], 0, 1, 1, 8, 0},
+           "condition != 0");
+    if (esize == 1) {
+      vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kT16], o.in[1], RoundMode::kRint, n);
+      vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kE16], o.in[2], RoundMode::kRint, n);
+      b.emit(Opcode::op_set_mask_count, {n});
+      b.emit(Opcode::op_vsel, {Dtype::F16, o.temp[kHalf], o.temp[kT16], o.temp[kE16], o.temp[kBits],
+                               0, 1, 1, 1, 8, 8, 8});
+      vec_convert(b, Dtype::U8, Dtype::F16, o.out, o.temp[kHalf], RoundMode::kRint, n);
+      return;
+    }
+    b.emit(Opcode::op_set_mask_count, {n});
+    b.emit(Opcode::op_vsel, {lane, o.out, o.in[1], o.in[2], o.temp[kBits], 0, 1, 1, 1, 8, 8, 8},
+           "condition ? t : e");
+  };
+}
 
 CompiledKernel compile_select_op(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -65,8 +81,7 @@ CompiledKernel compile_select_op(const CompileContext& ctx) {
   const TensorDesc& e = op.inputs[2];
   if (cond.dtype != DataType::BOOL) op.fail(fmt::format("condition {} must be bool", cond.str()));
   const DataType dt = t.dtype;
-  if (e.dtype != dt)
-    op.fail(fmt::format("t {} and e {} differ in dtype", t.str(), e.str()));
+  if (e.dtype != dt) op.fail(fmt::format("t {} and e {} differ in dtype", t.str(), e.str()));
   if (auto a = op.attr_type("T"); a && *a != dt)
     op.fail(fmt::format("attribute T = {} does not match the inputs' {}", data_type_name(*a),
                         data_type_name(dt)));
@@ -78,9 +93,10 @@ CompiledKernel compile_select_op(const CompileContext& ctx) {
     if (cond.shape.size() == 1 && shape.size() > 1 && cond.shape[0] == shape[0]) {
       cond.shape.resize(shape.size(), 1);  // a vector selects whole rows
     } else if (!cond.shape.empty() && cond.shape != shape) {
-      op.invalid(fmt::format("condition {} must be a scalar, have t's shape {}, or be a vector of "
-                             "t's first dim",
-                             cond.str(), shape_str(shape)));
+      op.invalid(
+          fmt::format("condition {} must be a scalar, have t's shape {}, or be a vector of "
+                      "t's first dim",
+                      cond.str(), shape_str(shape)));
     }
   } else {
     auto te = broadcast_shapes(t.shape, e.shape);
@@ -104,7 +120,7 @@ CompiledKernel compile_select_op(const CompileContext& ctx) {
   for (size_t i = 0; i < 3; ++i) {
     const bool one_byte = data_type_bytes(ins[i].dtype) == 1;
     if (!one_byte || broadcast_view(ins[i].shape, out_l.shape).identity()) continue;
-    args[i] = expand(plan, ctx, ins[i], out_l.shape, args[i]);
+    args[i] = append_broadcast_copy(plan, ctx, ins[i], out_l.shape, args[i]);
     ins[i].shape = out_l.shape;
   }
   StreamSpec spec;
@@ -112,36 +128,7 @@ CompiledKernel compile_select_op(const CompileContext& ctx) {
   spec.inputs = stream_inputs(ins, out_l.shape);
   spec.out_type = device_dtype(out_l.dtype);
   spec.out_shape = out_l.shape;
-  spec.temps = {TempSpec{"condition bits", 1.0 / 8, 32}, TempSpec{"condition f16", 2, 0},
-                TempSpec{"f16 zeros", 0, kRepeatBytes}};
-  if (esize == 1)
-    spec.temps.insert(spec.temps.end(), {TempSpec{"t as f16", 2, 0}, TempSpec{"e as f16", 2, 0}});
-  spec.prologue = [](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-    Reg count = b.reg_imm("constant lanes", kRepeatBytes / 2);
-    b.emit(Opcode::op_set_mask_count, {count});
-    b.emit(Opcode::op_vdup, {Dtype::F16, temp[kZero], Opnd::reg_number(0), 0, 1, 8}, "f16 zeros");
-  };
-  const Dtype lane = esize == 4 || esize == 8 ? Dtype::S32 : Dtype::U16;
-  spec.compute = [esize, lane](KernelBuilder& b, const TileOperands& o) {
-    const Reg& n = *o.count;
-    vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kHalf], o.in[0], RoundMode::kRint, n);
-    b.emit(Opcode::op_set_mask_count, {n});
-    b.emit(Opcode::op_vcmp, {Dtype::F16, isa::Cmp::NE, o.temp[kBits], o.temp[kHalf],
-                             o.temp[kZero], 0, 1, 1, 8, 0},
-           "condition != 0");
-    if (esize == 1) {
-      vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kT16], o.in[1], RoundMode::kRint, n);
-      vec_convert(b, Dtype::F16, Dtype::U8, o.temp[kE16], o.in[2], RoundMode::kRint, n);
-      b.emit(Opcode::op_set_mask_count, {n});
-      b.emit(Opcode::op_vsel, {Dtype::F16, o.temp[kHalf], o.temp[kT16], o.temp[kE16],
-                               o.temp[kBits], 0, 1, 1, 1, 8, 8, 8});
-      vec_convert(b, Dtype::U8, Dtype::F16, o.out, o.temp[kHalf], RoundMode::kRint, n);
-      return;
-    }
-    b.emit(Opcode::op_set_mask_count, {n});
-    b.emit(Opcode::op_vsel, {lane, o.out, o.in[1], o.in[2], o.temp[kBits], 0, 1, 1, 1, 8, 8, 8},
-           "condition ? t : e");
-  };
+  select_work(esize, spec);
   Launch l = build_stream_kernel(op.str(), spec, ctx.cfg);
   plan.add(std::move(l), {args[0], args[1], args[2], LaunchPlan::output(0)});
   return std::move(plan).finish();
@@ -185,6 +172,31 @@ CompiledKernel compile_clip(const CompileContext& ctx) {
 }
 
 }  // namespace
+
+ArgRef append_broadcast_copy(LaunchPlan& plan, const CompileContext& ctx, const TensorDesc& in,
+                             const std::vector<int64_t>& shape, ArgRef src) {
+  const std::vector<int64_t> strides = contiguous_strides(in.shape);
+  StridedView v;
+  const size_t lead = shape.size() - in.shape.size();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    v.dims.push_back(shape[d]);
+    v.strides.push_back(d < lead || in.shape[d - lead] == 1 ? 0 : strides[d - lead]);
+  }
+  const TensorDesc out{in.dtype, shape};
+  AssembleSpec spec = view_spec(fmt::format("Broadcast_{}", data_type_name(in.dtype)), in.dtype,
+                                in.shape, shape, v);
+  ArgRef ws = plan.workspace(out.bytes());
+  plan.add(build_assemble_kernel(ctx.op.str(), spec, ctx.cfg), {src, ws},
+           fmt::format("expand {} to {}", in.str(), shape_str(shape)));
+  return ws;
+}
+
+bool select_tile_work(Dtype type, StreamSpec& spec) {
+  const int esize = static_cast<int>(isa::dtype_size(type));
+  if (!isa::dtype_is_float(type) || (esize != 2 && esize != 4)) return false;
+  select_work(esize, spec);
+  return true;
+}
 
 CompiledKernel compile_select(const CompileContext& ctx) {
   const std::string& t = ctx.op.type;

@@ -1208,10 +1208,30 @@ bool fusible_step(const tfc::NodeDef& n) {
   return n.input_size() > 0 && !parse_input(n.input(0)).control;
 }
 
-// Maximal connected sets of fusible steps (fusible_step) of one type, each with one sink: every
-// other node of a set is removable (Removal) and has all its data consumers in the set. Taken in
-// reverse topological order, a node joins the set of its consumers when it may and they all lie
-// in one set; otherwise it is the sink of a new set. Sets of at least 2 nodes become one
+// Whether n may be a SelectV2 step of a chain of its type T (fused_elementwise.h's
+// "SelectV2 i<c> <t> <e>"): on the NPU, T float, no attribute but T (and "_" ones), three data
+// inputs before its control inputs. Its bool condition is always an input of the chain (no step
+// has a bool result): Keras' dropout where(mask, x * scale, 0) and its gradient
+// where(mask, dy * scale, 0) become one launch each. NPUSIM_FUSION_SELECT=0: never a step.
+bool select_step(const tfc::NodeDef& n) {
+  if (!select_fusion_requested() || !on_npu(n) || n.op() != compiler::ops::kSelectStep)
+    return false;
+  const std::optional<tfc::DataType> t = type_attr(n);
+  if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) return false;
+  for (const auto& [name, value] : n.attr())
+    if (name != "T" && (name.empty() || name[0] != '_')) return false;
+  int data_inputs = 0;
+  for (const std::string& in : n.input()) {
+    if (parse_input(in).control) break;
+    ++data_inputs;
+  }
+  return data_inputs == 3;
+}
+
+// Maximal connected sets of fusible steps (fusible_step, select_step) of one type, each with one
+// sink: every other node of a set is removable (Removal) and has all its data consumers in the set.
+// Taken in reverse topological order, a node joins the set of its consumers when it may and they
+// all lie in one set; otherwise it is the sink of a new set. Sets of at least 2 nodes become one
 // FusedElementwise node in place of the sink (graph_fusion.h, fused_elementwise.h).
 int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                             std::set<std::string>* removed) {
@@ -1219,7 +1239,8 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
   Removal rm(g, preserve);
   const int n_nodes = graph.node_size();
   std::vector<bool> step(n_nodes);
-  for (int i = 0; i < n_nodes; ++i) step[i] = fusible_step(graph.node(i));
+  for (int i = 0; i < n_nodes; ++i)
+    step[i] = fusible_step(graph.node(i)) || select_step(graph.node(i));
   // Data producers of each step among the steps (graph indices; -1: outside), per data input.
   std::unordered_map<std::string, int> index;
   for (int i = 0; i < n_nodes; ++i)
@@ -4364,6 +4385,11 @@ bool switch_on(const char* variable) {
 
 bool cast_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CAST");
+  return on;
+}
+
+bool select_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_SELECT");
   return on;
 }
 

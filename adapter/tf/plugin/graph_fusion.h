@@ -380,6 +380,8 @@ bool training_fusion_requested();
 bool bn_relu_grad_fusion_requested();
 // False when NPUSIM_FUSION_VARIABLE_UPDATE is "0" (read once): rewrite 5 alone off.
 bool variable_update_fusion_requested();
+// False when NPUSIM_FUSION_SELECT is "0" (read once): rewrite 4 takes no SelectV2 steps.
+bool select_fusion_requested();
 // False when NPUSIM_FUSION_RMS_NORM / _SWIGLU / _ATTENTION is "0" (each read once): rewrite 7,
 // 8 or 9 alone off.
 bool rms_norm_fusion_requested();

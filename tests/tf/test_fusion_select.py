@@ -1,0 +1,128 @@
+"""SelectV2 steps of the element-wise chain fusion (adapter/tf/plugin/graph_fusion.h, rewrite 4;
+the step in adapter/compiler/ops/fused_elementwise.h): Keras' dropout where(mask, x * scale, 0)
+and its gradient where(mask, dy * scale, 0) become one FusedElementwise launch each, the bool
+mask an input of both.
+
+- f32 and f16 dropout-like chains (a zeros_like and a scalar 0 as e, a mask of the output's
+  shape read by two chains, a mask broadcast along rows that the fused op first expands) give
+  results BIT-IDENTICAL to the same function run with NPUSIM_FUSION_SELECT=0 in a child process
+  (SelectV2 launches of their own), equal to numpy's where over TF-on-CPU products, in fewer
+  launches, with no SelectV2 launch left (the broadcast mask's expansion is a launch of the
+  fused op, as of SelectV2's own);
+- a select read outside its chain stays the sink of its own set.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+
+CODE = r'''
+import numpy as np
+
+RATE = 0.25
+
+
+def dropouts(x, dy, h, u, ur):
+    """x, dy: f32 [64, 40]; h: f16 [64, 40]; u: f32 random [64, 40]; ur: f32 random [1, 40]."""
+    import tensorflow as tf
+    scale = 1.0 / (1.0 - RATE)
+    mask = tf.math.greater_equal(u, RATE, name="mask")
+    fwd = tf.where(mask, x * scale, tf.zeros_like(x), name="fwd")           # Keras' dropout
+    grad = tf.where(mask, dy * scale, 0.0, name="grad")                     # its gradient
+    hout = tf.where(mask, h * tf.constant(scale, tf.float16), tf.constant(0.0, tf.float16),
+                    name="hout")                                            # f16
+    rows = tf.math.less(ur, 0.5, name="rows")                               # broadcast mask
+    bout = tf.where(rows, tf.math.abs(x) + 1.0, x, name="bout")
+    sel = tf.where(mask, x, dy, name="sel")              # also read outside a chain: a sink
+    out = tf.math.multiply(sel, 2.0, name="out")
+    return fwd, grad, hout, bout, sel, out
+
+
+def dropout_inputs():
+    rng = np.random.default_rng(5)
+    return (rng.standard_normal((64, 40)).astype(np.float32),
+            rng.standard_normal((64, 40)).astype(np.float32),
+            rng.standard_normal((64, 40)).astype(np.float16),
+            rng.uniform(0.0, 1.0, (64, 40)).astype(np.float32),
+            rng.uniform(0.0, 1.0, (1, 40)).astype(np.float32))
+
+
+def run_dropouts():
+    import npusim
+    import tensorflow as tf
+    args = [tf.constant(a) for a in dropout_inputs()]
+    with tf.device("/NPU:0"):
+        f = tf.function(dropouts)
+        f(*args)  # trace, optimize, compile
+        n0 = len(npusim.launch_records())
+        outs = [t.numpy() for t in f(*args)]
+        recs = npusim.launch_records()[n0:]
+    return outs, recs
+
+
+def hexed(arrays):
+    return [[str(a.dtype), list(a.shape), a.tobytes().hex()] for a in arrays]
+'''
+
+CHILD = CODE + r'''
+outs, recs = run_dropouts()
+print("RESULT " + json.dumps({"outs": hexed(outs), "launches": len(recs),
+                              "selects": sorted({r["op_name"].rsplit("/", 1)[-1] for r in recs
+                                                 if r["op_type"] == "SelectV2"})}))
+'''
+
+exec(CODE)  # pylint: disable=exec-used
+
+
+def unhexed(items):
+    return [np.frombuffer(bytes.fromhex(h), dtype=d).reshape(s) for d, s, h in items]
+
+
+@pytest.fixture(scope="module")
+def fused(npusim, tf):  # pylint: disable=unused-argument
+    return run_dropouts()  # pylint: disable=undefined-variable
+
+
+def test_dropouts_match_numpy_where(tf, fused):
+    outs, _ = fused
+    x, dy, h, u, ur = dropout_inputs()  # pylint: disable=undefined-variable
+    with tf.device("/CPU:0"):  # the products, one rounding each, as TF on the CPU rounds them
+        scale = 1.0 / (1.0 - RATE)  # pylint: disable=undefined-variable
+        xs, dys = (tf.constant(x) * scale).numpy(), (tf.constant(dy) * scale).numpy()
+        hs = (tf.constant(h) * tf.constant(scale, tf.float16)).numpy()
+        ax = (tf.math.abs(tf.constant(x)) + 1.0).numpy()
+    mask = u >= RATE  # pylint: disable=undefined-variable
+    want = [np.where(mask, xs, np.float32(0)), np.where(mask, dys, np.float32(0)),
+            np.where(mask, hs, np.float16(0)), np.where(ur < 0.5, ax, x), np.where(mask, x, dy),
+            np.where(mask, x, dy) * np.float32(2)]
+    for got, w in zip(outs, want):
+        assert got.dtype == w.dtype and got.shape == w.shape
+        np.testing.assert_array_equal(got, w)
+
+
+def test_selects_fuse_bit_identical_to_unfused(fused):
+    outs, recs = fused
+    proc = run_child("import json, os\nos.environ['NPUSIM_FUSION_SELECT'] = '0'\n" + CHILD,
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    off = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    for got, want in zip(outs, unhexed(off["outs"])):
+        assert got.tobytes() == want.tobytes()
+    types = [r["op_type"] for r in recs]
+    fused_names = {r["op_name"].rsplit("/", 1)[-1] for r in recs
+                   if r["op_type"] == "FusedElementwise"}
+    # fwd, grad, hout, bout: multiply (add) and select in one launch each; sel is read by out
+    # and is a function output: the sink of its own set (a single step: its SelectV2 launch).
+    assert {"fwd", "grad", "hout", "bout"} <= fused_names, sorted(fused_names)
+    assert types.count("SelectV2") == 1, types
+    assert off["selects"] == ["bout", "fwd", "grad", "hout", "sel"], off["selects"]
+    print(f"\ndropouts: {len(recs)} launches fused, {off['launches']} unfused")
+    assert len(recs) < off["launches"]
