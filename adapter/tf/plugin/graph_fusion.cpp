@@ -1196,15 +1196,21 @@ int half_handoffs(tfc::GraphDef& graph, const std::unordered_set<std::string>& p
   return static_cast<int>(half.size());
 }
 
-// Whether n may be a step of a FusedElementwise of its type: on the NPU, a fusible op
-// (compiler::ops::fusible_elementwise) of a float type T with no attribute but T (and TF's
-// internal "_" ones: a step carries no attributes), data inputs only before its control inputs.
-bool fusible_step(const tfc::NodeDef& n) {
-  if (!on_npu(n) || !compiler::ops::fusible_elementwise(n.op())) return false;
+// Whether n, on the NPU, has a float type T and no attribute but T (and TF's internal "_" ones).
+bool float_step_node(const tfc::NodeDef& n) {
+  if (!on_npu(n)) return false;
   const std::optional<tfc::DataType> t = type_attr(n);
   if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) return false;
   for (const auto& [name, value] : n.attr())
     if (name != "T" && (name.empty() || name[0] != '_')) return false;
+  return true;
+}
+
+// Whether n may be a step of a FusedElementwise of its type: on the NPU, a fusible op
+// (compiler::ops::fusible_elementwise) of a float type T with no attribute but T (and TF's
+// internal "_" ones: a step carries no attributes), data inputs only before its control inputs.
+bool fusible_step(const tfc::NodeDef& n) {
+  if (!compiler::ops::fusible_elementwise(n.op()) || !float_step_node(n)) return false;
   return n.input_size() > 0 && !parse_input(n.input(0)).control;
 }
 
@@ -1214,12 +1220,8 @@ bool fusible_step(const tfc::NodeDef& n) {
 // has a bool result): Keras' dropout where(mask, x * scale, 0) and its gradient
 // where(mask, dy * scale, 0) become one launch each. NPUSIM_FUSION_SELECT=0: never a step.
 bool select_step(const tfc::NodeDef& n) {
-  if (!select_fusion_requested() || !on_npu(n) || n.op() != compiler::ops::kSelectStep)
+  if (!select_fusion_requested() || n.op() != compiler::ops::kSelectStep || !float_step_node(n))
     return false;
-  const std::optional<tfc::DataType> t = type_attr(n);
-  if (t != tfc::DT_FLOAT && t != tfc::DT_HALF && t != tfc::DT_BFLOAT16) return false;
-  for (const auto& [name, value] : n.attr())
-    if (name != "T" && (name.empty() || name[0] != '_')) return false;
   int data_inputs = 0;
   for (const std::string& in : n.input()) {
     if (parse_input(in).control) break;
