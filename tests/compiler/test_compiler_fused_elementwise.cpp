@@ -227,6 +227,69 @@ TEST_CASE("Cast steps that are refused: the pair, the operand, other readers of 
   CHECK_FALSE(compiler::ops::fusible_cast(DataType::S32, DataType::F32));
 }
 
+// A bool mask of `shape`: element i true where a uniform draw is at least `rate` (dropout's).
+HostTensor bool_mask(const std::vector<int64_t>& shape, double rate, uint64_t seed) {
+  HostTensor m = random_tensor(DataType::F32, shape, 0, 1, seed);
+  m.desc.dtype = DataType::BOOL;
+  for (double& v : m.values) v = v >= rate ? 1.0 : 0.0;
+  return m;
+}
+
+TEST_CASE("SelectV2 steps: dropout and its gradient, bit-identical to the unfused ops") {
+  for (DataType t : {DataType::F32, DataType::F16, DataType::BF16}) {
+    const std::vector<int64_t> shape = {37, 129};
+    // where(mask, x * scale, 0) with a scalar zero; then the select first, scaled after.
+    const std::vector<HostTensor> in = {
+        random_tensor(t, shape, -4, 4, 81), bool_mask(shape, 0.25, 82),
+        HostTensor{TensorDesc{t, {}}, {1.0 / 0.75}}, HostTensor{TensorDesc{t, {}}, {0.0}}};
+    const HostTensor out = check_chain(in, {"Mul i0 i2", "SelectV2 i1 s0 i3"});
+    check_chain(in, {"SelectV2 i1 i0 i3", "Mul s0 i2"});
+    size_t kept = 0;
+    for (size_t i = 0; i < out.values.size(); ++i) {
+      if (in[1].values[i] == 0.0) CHECK(out.values[i] == 0.0);
+      kept += in[1].values[i] != 0.0;
+    }
+    CHECK(kept > 0);
+    CHECK(kept < out.values.size());
+  }
+}
+
+TEST_CASE("a SelectV2 step's broadcast condition is expanded by a launch of its own first") {
+  const std::vector<int64_t> shape = {16, 40};
+  const std::vector<HostTensor> in = {random_tensor(DataType::F32, shape, -2, 2, 91),
+                                      bool_mask({1, 40}, 0.5, 92),
+                                      random_tensor(DataType::F32, {16, 1}, -2, 2, 93)};
+  const Steps steps = {"Abs i0", "SelectV2 i1 s0 i2"};
+  const OpDesc op = fused_op(in, steps);
+  INFO(op.str());
+  const CompiledKernel k = compiler::compile(op, test_sim().config());
+  REQUIRE(k.outputs.size() == 1);
+  CHECK(k.outputs[0].shape == shape);
+  REQUIRE(k.launches.size() == 2);  // the condition's copy, then the chain
+  const RunResult fused = run_compiled(test_sim(), k, in);
+  check_bit_identical(fused.outputs[0], run_unfused(in, steps, shape).result);
+}
+
+TEST_CASE("SelectV2 steps that are refused: the condition's operand and type, other readers") {
+  const TensorDesc f32{DataType::F32, {4, 8}}, mask{DataType::BOOL, {4, 8}};
+  auto refused = [](const std::vector<TensorDesc>& inputs, const Steps& steps,
+                    const std::vector<std::string>& words) {
+    const OpDesc op = make_op("FusedElementwise", inputs,
+                              {{"T", std::string("f32")}, {"steps", AttrValue(steps)}});
+    INFO(op.str());
+    const CompileRefusal r = compile_refusal(op);
+    INFO(r.message);
+    CHECK(r.invalid);
+    for (const std::string& w : words) CHECK(r.message.find(w) != std::string::npos);
+  };
+  refused({f32, mask}, {"Abs i0", "SelectV2 s0 i0 i0"}, {"step 1", "bool input"});
+  refused({f32, f32}, {"SelectV2 i1 i0 i0"}, {"step 0", "bool input"});
+  refused({f32, mask}, {"SelectV2 i1 i0 i0", "Mul s0 i1"},
+          {"input 1", "bool", "step 1", "condition only"});
+  refused({f32, mask}, {"SelectV2 i1 i0"}, {"step 0", "SelectV2 takes 3 operands"});
+  CHECK_FALSE(compiler::ops::fusible_elementwise("SelectV2"));  // a step, not rewrite 4's op list
+}
+
 TEST_CASE("fused Adam-like chain: bit-identical to the unfused ops, one launch, fewer cycles") {
   const std::vector<int64_t> shape =
       test_chip_is_tiny() ? std::vector<int64_t>{37, 129} : std::vector<int64_t>{3, 101, 517};
