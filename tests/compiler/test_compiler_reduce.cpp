@@ -383,6 +383,38 @@ TEST_CASE("SquareSumV1: the sum of squares in the reduction's pass") {
                     Catch::Contains("dtype s32 is not supported"));
 }
 
+// Lamb's per-variable norms are many small full reductions. A launch of k such norms can reduce
+// them as the rows of a [k, R] tensor, with each norm's bits unchanged, only if a row's result
+// does not depend on how many rows the launch has nor where it sits. That holds for rows that
+// start on a 32-byte block (R f32 a multiple of 8: 296, 1000, 1024, 4096 here) reduced in one
+// stage (rows and streamed-rows plans). It does not hold for unaligned rows (R = 300: row 7,
+// at byte 8400, sums 1 ulp apart from the same 300 values alone, on tiny and on the 910) nor for
+// a reduction split into parts over the cores (the part count follows the number of outputs,
+// and with it the order of the additions), which these cases leave out.
+TEST_CASE("SquareSumV1: a row's sum of squares has the same bits in a launch of many rows") {
+  const ChipConfig& cfg = test_sim().config();
+  uint32_t seed = 450;
+  for (int64_t r : {int64_t{296}, int64_t{1000}, int64_t{1024}, int64_t{4096}}) {
+    INFO("rows of " << r);
+    const int64_t k = 19;
+    HostTensor rows = random_tensor(DataType::F32, {k, r}, -3, 3, seed++);
+    auto many = compiler::compile(
+        make_op("SquareSumV1", {rows.desc}, {{"axis", std::vector<int64_t>{1}}}), cfg);
+    REQUIRE(many.launches.size() == 1);
+    const RunResult all = run_compiled(test_sim(), many, {rows});
+    for (int64_t i : {int64_t{0}, int64_t{7}, k - 1}) {
+      const auto first = rows.values.begin() + i * r;
+      HostTensor one{compiler::TensorDesc{DataType::F32, {r}},
+                     std::vector<double>(first, first + r)};
+      auto single = compiler::compile(
+          make_op("SquareSumV1", {one.desc}, {{"axis", std::vector<int64_t>{0}}}), cfg);
+      const RunResult alone = run_compiled(test_sim(), single, {one});
+      INFO("row " << i);
+      CHECK(alone.outputs[0].values[0] == all.outputs[0].values[static_cast<size_t>(i)]);
+    }
+  }
+}
+
 TEST_CASE("ArgMax and ArgMin: first index, s32 and s64 outputs") {
   uint32_t seed = 300;
   check_arg("ArgMax", DataType::F32, {37, 10}, 1, DataType::S32, seed++);
