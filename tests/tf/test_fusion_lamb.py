@@ -124,12 +124,16 @@ print("RESULT " + json.dumps({
              for lo in (0.0, 2.0)}}))
 '''.replace("ROOT", repr(ROOT))
 
-OFF = {"NPUSIM_FUSION_LAMB": "0"}
+# Rewrite 17's choices are counted with the element-wise chains' SelectV2 steps off
+# (NPUSIM_FUSION_SELECT=0): the counts look for the SelectV2 launches TensorFlow's where leaves.
+# The unfused Lamb with those steps on is checked on its own (test_unfused_lamb_with_select_steps).
+SELECT_OFF = {"NPUSIM_FUSION_SELECT": "0"}
+OFF = {"NPUSIM_FUSION_LAMB": "0", **SELECT_OFF}
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return child_result(CODE), child_result(CODE, extra_env=OFF)
+    return child_result(CODE, extra_env=SELECT_OFF), child_result(CODE, extra_env=OFF)
 
 
 def test_lamb_fused_matches_unfused_and_cpu(runs):
@@ -139,6 +143,19 @@ def test_lamb_fused_matches_unfused_and_cpu(runs):
         np.testing.assert_allclose(np.asarray(fused), np.asarray(unfused), rtol=1e-6, atol=1e-7)
         # CPU: the cube's fp16 operands (allow_fp32_to_fp16) in the forward and backward passes
         np.testing.assert_allclose(np.asarray(fused), np.asarray(cpu), rtol=2e-3, atol=2e-4)
+
+
+def test_unfused_lamb_with_select_steps(runs):
+    """Lamb unfused (NPUSIM_FUSION_LAMB=0) with the SelectV2 steps of the element-wise chains on:
+    the trust ratio's where, a scalar condition per variable, goes into that variable's update,
+    which stays a one-variable launch (a multi-tensor update never broadcasts a bool input); the
+    weights are the unfused run's without the steps."""
+    _, off = runs
+    with_select = child_result(CODE, extra_env={"NPUSIM_FUSION_LAMB": "0"})
+    for got, want in zip(with_select["npu"], off["npu"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+    assert with_select["counts"].get("SelectV2", 0) < off["counts"]["SelectV2"], (
+        with_select["counts"], off["counts"])
 
 
 def test_lamb_runs_as_few_launches(runs):

@@ -1759,6 +1759,15 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     if (n.op() != "FusedVariableUpdate" || !on_npu(n)) continue;
     const auto members = n.attr().find("members");
     if (members != n.attr().end() && members->second.i() != 1) continue;
+    // A SelectV2 step's condition may need broadcasting (Keras' Lamb: a scalar bool per
+    // variable), which only the one-variable update's kernel does (a copy launch first); the
+    // multi-tensor kernel streams a bool input and never broadcasts it. Such updates stay alone.
+    if (const auto steps = n.attr().find("steps"); steps != n.attr().end()) {
+      const auto& texts = steps->second.list().s();
+      if (std::any_of(texts.begin(), texts.end(),
+                      [](const std::string& t) { return t.rfind("SelectV2 ", 0) == 0; }))
+        continue;
+    }
     std::string key = n.device();
     for (const char* a : {"T", "M", "Tin", "steps", "updates"}) {
       const auto it = n.attr().find(a);
