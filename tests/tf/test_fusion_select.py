@@ -86,9 +86,23 @@ def unhexed(items):
     return [np.frombuffer(bytes.fromhex(h), dtype=d).reshape(s) for d, s, h in items]
 
 
+FUSED_CHILD = CODE + r'''
+outs, recs = run_dropouts()
+print("RESULT " + json.dumps({"outs": hexed(outs),
+                              "recs": [{"op_type": r["op_type"], "op_name": r["op_name"]}
+                                       for r in recs]}))
+'''
+
+
 @pytest.fixture(scope="module")
 def fused(npusim, tf):  # pylint: disable=unused-argument
-    return run_dropouts()  # pylint: disable=undefined-variable
+    """The dropouts with the select steps on (NPUSIM_FUSION_SELECT=1; they are off by default),
+    in a child process: outputs and launch records."""
+    proc = run_child("import json, os\nos.environ['NPUSIM_FUSION_SELECT'] = '1'\n" + FUSED_CHILD,
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    return unhexed(res["outs"]), res["recs"]
 
 
 def test_dropouts_match_numpy_where(tf, fused):
