@@ -102,10 +102,9 @@ print("RESULT " + json.dumps({"outs": hexed(outs),
 
 @pytest.fixture(scope="module")
 def fused(npusim, tf):  # pylint: disable=unused-argument
-    """The dropouts with the select steps on (NPUSIM_FUSION_SELECT=1; they are off by default),
-    in a child process: outputs and launch records."""
-    proc = run_child("import json, os\nos.environ['NPUSIM_FUSION_SELECT'] = '1'\n" + FUSED_CHILD,
-                     timeout=300)
+    """The dropouts with the select steps on (their default), in a child process: outputs and
+    launch records."""
+    proc = run_child("import json\n" + FUSED_CHILD, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
     return unhexed(res["outs"]), res["recs"]
@@ -182,9 +181,10 @@ print("RESULT " + json.dumps({"y": y.tobytes().hex(), "v": v.numpy().tobytes().h
 
 def _node_by_node(select):
     # TensorFlow's warnings shown: a refused optimized graph is one.
-    proc = run_child(NODE_BY_NODE_CHILD, timeout=300,
-                     extra_env={"NPUSIM_GRAPH": "0", "NPUSIM_FUSION_SELECT": select,
-                                "TF_CPP_MIN_LOG_LEVEL": "1"})
+    env = {"NPUSIM_GRAPH": "0", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    if select is not None:
+        env["NPUSIM_FUSION_SELECT"] = select
+    proc = run_child(NODE_BY_NODE_CHILD, timeout=300, extra_env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
     res["y"] = np.frombuffer(bytes.fromhex(res["y"]), np.float32).reshape(16, 24)
@@ -193,7 +193,7 @@ def _node_by_node(select):
 
 
 def test_select_steps_run_node_by_node_beside_the_other_rewrites(tf):  # pylint: disable=unused-argument
-    on, stderr = _node_by_node("1")
+    on, stderr = _node_by_node(None)  # the select steps on: their default
     # TensorFlow refused no optimized graph (it used to fall back to the unoptimized one, every
     # rewrite lost, for one FusedElementwise whose bool input its definition typed as T).
     assert "optimization failure" not in stderr, stderr[-3000:]

@@ -1235,7 +1235,7 @@ bool fusible_step(const tfc::NodeDef& n) {
 // "SelectV2 i<c> <t> <e>"): on the NPU, T float, no attribute but T (and "_" ones), three data
 // inputs before its control inputs. Its bool condition is always an input of the chain (no step
 // has a bool result): Keras' dropout where(mask, x * scale, 0) and its gradient
-// where(mask, dy * scale, 0) become one launch each. Only with NPUSIM_FUSION_SELECT=1.
+// where(mask, dy * scale, 0) become one launch each. Not with NPUSIM_FUSION_SELECT=0.
 bool select_step(const tfc::NodeDef& n) {
   if (!select_fusion_requested() || n.op() != compiler::ops::kSelectStep || !float_step_node(n))
     return false;
@@ -4435,12 +4435,8 @@ bool cast_fusion_requested() {
   return on;
 }
 
-// Off unless NPUSIM_FUSION_SELECT=1.
 bool select_fusion_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("NPUSIM_FUSION_SELECT");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = switch_on("NPUSIM_FUSION_SELECT");
   return on;
 }
 

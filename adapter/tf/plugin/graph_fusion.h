@@ -95,8 +95,8 @@
 //      node computing the steps in a topological order, its inputs the set's external inputs
 //      (deduplicated; a Const or ReadVariableOp feeding the set stays outside). A node whose
 //      result is also used outside is the sink of its own set. A SelectV2 of T is a step too
-//      (its bool condition an input: the node's Tin lists each input's type) with
-//      NPUSIM_FUSION_SELECT=1. Only while the compiler's op table has a FusedElementwise
+//      (its bool condition an input: the node's Tin lists each input's type) unless
+//      NPUSIM_FUSION_SELECT=0. Only while the compiler's op table has a FusedElementwise
 //      kernel (fused_elementwise_registered()).
 //   5. FusedVariableUpdate (fused_elementwise.h), after 4: an optimizer's variable updates as
 //      one launch, like CANN's ApplyAdam. An update is an AssignAddVariableOp /
