@@ -15,7 +15,8 @@ mask an input of both.
   bool condition (FusedElementwise's Tin lists it as bool) and a variable update whose chain
   has one (FusedVariableUpdate's Tin too) run fused beside the graph's other rewrites (a
   MatMulBiasAdd), TensorFlow keeps the optimized graph, and the results are bit-identical to
-  the same step with the select steps off.
+  the same step with the select steps off; under allow_mix_precision too (the chain in
+  float16, its condition still bool).
 """
 
 import json
@@ -173,17 +174,20 @@ with tf.device("/NPU:0"):
     step(*args)  # trace, optimize, compile
     n0 = len(npusim.launch_records())
     y = step(*args).numpy()
-    types = sorted({r["op_type"] for r in npusim.launch_records()[n0:]})
+    recs = npusim.launch_records()[n0:]
 print("RESULT " + json.dumps({"y": y.tobytes().hex(), "v": v.numpy().tobytes().hex(),
-                              "types": types}))
+                              "types": sorted({r["op_type"] for r in recs}),
+                              "kernels": sorted({r["kernel"] for r in recs})}))
 """
 
 
-def _node_by_node(select):
+def _node_by_node(select, precision):
     # TensorFlow's warnings shown: a refused optimized graph is one.
     env = {"NPUSIM_GRAPH": "0", "TF_CPP_MIN_LOG_LEVEL": "1"}
     if select is not None:
         env["NPUSIM_FUSION_SELECT"] = select
+    if precision is not None:
+        env["NPUSIM_PRECISION_MODE"] = precision
     proc = run_child(NODE_BY_NODE_CHILD, timeout=300, extra_env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
@@ -192,15 +196,20 @@ def _node_by_node(select):
     return res, proc.stderr
 
 
-def test_select_steps_run_node_by_node_beside_the_other_rewrites(tf):  # pylint: disable=unused-argument
-    on, stderr = _node_by_node(None)  # the select steps on: their default
+# allow_mix_precision: the graph pass runs the dropout chain in float16 (its Tin's T-typed
+# inputs turned half with T, the condition kept bool), the update in float32.
+@pytest.mark.parametrize("precision", [None, "allow_mix_precision"])
+def test_select_steps_run_node_by_node_beside_the_other_rewrites(tf, precision):  # pylint: disable=unused-argument
+    on, stderr = _node_by_node(None, precision)  # the select steps on: their default
     # TensorFlow refused no optimized graph (it used to fall back to the unoptimized one, every
     # rewrite lost, for one FusedElementwise whose bool input its definition typed as T).
     assert "optimization failure" not in stderr, stderr[-3000:]
     types = on["types"]
     assert {"FusedElementwise", "FusedVariableUpdate", "MatMulBiasAdd"} <= set(types), types
     assert "SelectV2" not in types and "MatMul" not in types, types
-    off, _ = _node_by_node("0")
+    if precision == "allow_mix_precision":
+        assert "FusedElementwise_f16" in on["kernels"], on["kernels"]
+    off, _ = _node_by_node("0", precision)
     assert "SelectV2" in off["types"], off["types"]
     assert on["y"].tobytes() == off["y"].tobytes()
     assert on["v"].tobytes() == off["v"].tobytes()
@@ -213,7 +222,7 @@ def test_select_steps_run_node_by_node_beside_the_other_rewrites(tf):  # pylint:
     step = np.where(mask, g * np.float32(0.5), np.float32(0))
     np.testing.assert_array_equal(on["v"], np.float32(1) - step - step)
     # The dropout: zero where the mask is false; elsewhere (x @ w + b) / 0.75 (the cube's fp16
-    # operands: a tolerance).
+    # operands, and under allow_mix_precision the fp16 product and scale: a tolerance).
     np.testing.assert_array_equal(on["y"][~mask], 0)
     np.testing.assert_allclose(on["y"][mask], ((x @ w + b) / np.float32(0.75))[mask], rtol=2e-3,
                                atol=2e-2)
