@@ -434,6 +434,27 @@ std::vector<std::pair<uint64_t, uint64_t>> kernel_spans(
   return spans;
 }
 
+std::vector<AiCpuTaskRow> ai_cpu_rows(const std::vector<rt::AiCpuRecord>& tasks,
+                                      uint64_t origin_cycle) {
+  std::vector<AiCpuTaskRow> rows;
+  uint64_t last_end = origin_cycle;
+  for (const rt::AiCpuRecord& t : tasks) {
+    AiCpuTaskRow& a = rows.emplace_back();
+    a.op_name = t.label ? t.label->op_name : t.kernel;
+    a.op_type = t.label ? t.label->op_type : t.kernel;
+    if (t.label) {
+      a.inputs = tensor_descs(t.label->inputs);
+      a.outputs = tensor_descs(t.label->outputs);
+    }
+    a.stream = t.stream;
+    a.start_cycle = t.start_cycle;
+    a.cycles = t.cycles;
+    a.wait_cycles = t.start_cycle - std::min(last_end, t.start_cycle);
+    last_end = std::max(last_end, t.start_cycle + t.cycles);
+  }
+  return rows;
+}
+
 std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
                                  const ChipConfig& cfg) {
   const std::vector<std::pair<uint64_t, uint64_t>> spans = kernel_spans(launches);
@@ -648,6 +669,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
     }
   }
   r.comms = in.comms;
+  r.ai_cpu = ai_cpu_rows(in.ai_cpu, in.origin_cycle);
   r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
   const json trace = runtime_trace(in, r.ops);
@@ -676,6 +698,8 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
       if (inside(c.start_cycle)) sub.copies.push_back(c);
     for (const CommRecord& c : in.comms)
       if (inside(c.start_cycle)) sub.comms.push_back(c);
+    for (const rt::AiCpuRecord& t : in.ai_cpu)
+      if (inside(t.start_cycle)) sub.ai_cpu.push_back(t);
     sub.extra = in.extra;
     if (sub.extra.is_object()) sub.extra.erase("device_memory");  // the whole window's figures
     for (std::string& f : write_runtime_report(dir + "/phases/" + name, sub))
