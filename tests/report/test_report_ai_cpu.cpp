@@ -5,26 +5,18 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "adapter/profiler/report_writer.h"
 #include "adapter/profiler/runtime_report.h"
 #include "sim/config/chip_config.h"
+#include "tests/report/report_test_util.h"
 
 using namespace npusim;
 using nlohmann::json;
 
 namespace {
-
-std::string read(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 rt::AiCpuRecord task(uint64_t start, uint64_t cycles, bool labelled) {
   rt::AiCpuRecord t;
@@ -79,11 +71,8 @@ TEST_CASE("report: AI_CPU rows in op_summary.csv and op_statistic.csv") {
   std::filesystem::remove_all(dir);
   prof::write_report(dir.string(), in);
 
-  std::ifstream csv(dir / "op_summary.csv");
-  std::string header, line;
-  std::getline(csv, header);
-  std::vector<std::string> rows;
-  while (std::getline(csv, line)) rows.push_back(line);
+  std::string header;
+  const std::vector<std::string> rows = test::csv_lines(dir / "op_summary.csv", &header);
   REQUIRE(rows.size() == 3);
   // Task IDs follow the kernel's; stream, names, Task Type, start / duration / wait in us at the
   // chip's clock, Block Dim 0, the label's tensors.
@@ -95,7 +84,7 @@ TEST_CASE("report: AI_CPU rows in op_summary.csv and op_statistic.csv") {
   CHECK(rows[2].find(fmt::format(",AI_CPU,{},{},{},", us(1500), us(500), us(0))) !=
         std::string::npos);
   CHECK(rows[1].find(",500,1000,500,") != std::string::npos);  // the cycle columns
-  const std::string stat = read(dir / "op_statistic.csv");
+  const std::string stat = test::read_text(dir / "op_statistic.csv");
   INFO(stat);
   CHECK(stat.find(fmt::format("DropOutGenMask,AI_CPU,2,{},", us(1500))) != std::string::npos);
 }
