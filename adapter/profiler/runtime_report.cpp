@@ -24,6 +24,7 @@ using nlohmann::json;
 // (trace_events::kCorePidBase, sim/counters/trace.h).
 constexpr uint32_t kHostPid = 1, kChipPid = 2;
 constexpr uint32_t kTfOpsTid = 1, kH2dTid = 2, kD2hTid = 3, kDeviceCopyTid = 4, kKernelTid = 1;
+constexpr uint32_t kAiCpuTid = 2;  // the chip's AI CPU tasks (docs/runtime.md)
 
 using trace_events::meta;
 
@@ -600,6 +601,12 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
   ev.push_back(meta("process_name", kChipPid, -1, "name", "chip"));
   ev.push_back(meta("process_sort_index", kChipPid, -1, "sort_index", 1));
   ev.push_back(meta("thread_name", kChipPid, kKernelTid, "name", "kernels"));
+  if (!in.ai_cpu.empty()) ev.push_back(meta("thread_name", kChipPid, kAiCpuTid, "name", "AI CPU"));
+  for (const rt::AiCpuRecord& t : in.ai_cpu)
+    ev.push_back({{"ph", "X"}, {"pid", kChipPid}, {"tid", kAiCpuTid}, {"ts", us(t.start_cycle)},
+                  {"dur", us(t.cycles)}, {"name", t.kernel}, {"cat", "ai_cpu"},
+                  {"args", {{"op_name", t.label ? t.label->op_name : t.kernel},
+                            {"stream", t.stream}}}});
 
   for (const TfOpSpan& s : tf_op_spans(in.launches, ops)) {
     const OpRecord& op = ops[s.first_task];

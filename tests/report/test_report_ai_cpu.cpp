@@ -88,3 +88,28 @@ TEST_CASE("report: AI_CPU rows in op_summary.csv and op_statistic.csv") {
   INFO(stat);
   CHECK(stat.find(fmt::format("DropOutGenMask,AI_CPU,2,{},", us(1500))) != std::string::npos);
 }
+
+TEST_CASE("a runtime report has the AI_CPU rows and an AI CPU lane in its trace") {
+  const ChipConfig cfg = load_chip_config("tiny");
+  prof::RuntimeReportInput in;
+  in.title = "AI CPU runtime report";
+  in.config = &cfg;
+  in.ai_cpu = {task(200, 800, true), task(1000, 300, false)};
+  const auto dir = std::filesystem::temp_directory_path() / "npusim_report_ai_cpu_runtime";
+  std::filesystem::remove_all(dir);
+  prof::write_runtime_report(dir.string(), in);
+  std::string header;
+  const std::vector<std::string> rows = test::csv_lines(dir / "op_summary.csv", &header);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].rfind("0,3,dropout/DropOutGenMask,DropOutGenMask,AI_CPU,", 0) == 0);
+  CHECK(rows[1].rfind("1,3,DropOutGenMask,DropOutGenMask,AI_CPU,", 0) == 0);
+  const json trace = json::parse(test::read_text(dir / "trace.json"));
+  int lanes = 0;
+  std::vector<double> starts;
+  for (const json& e : trace["traceEvents"]) {
+    if (e.value("name", "") == "thread_name" && e["args"]["name"] == "AI CPU") ++lanes;
+    if (e.value("cat", "") == "ai_cpu") starts.push_back(e["ts"].get<double>());
+  }
+  CHECK(lanes == 1);
+  CHECK(starts == std::vector<double>{cfg.cycles_to_us(200.0), cfg.cycles_to_us(1000.0)});
+}
