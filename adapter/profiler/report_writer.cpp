@@ -224,10 +224,41 @@ void write_op_summary(const std::string& path, const ReportInput& in,
     }
     f.row(row);
   }
-  // The HCCL rows: one per collective and rank, after the ops; columns by name, N/A where a
-  // kernel's figure does not apply.
+  // The AI CPU and HCCL rows, after the ops: columns by name, N/A where a kernel's figure does
+  // not apply.
+  auto named_row = [&](const std::map<std::string, std::string>& cells) {
+    std::vector<std::string> row;
+    for (const std::string& h : head) {
+      auto it = cells.find(h);
+      row.push_back(it == cells.end() ? kNa : it->second);
+    }
+    f.row(row);
+  };
   const double mhz = in.config->clock_mhz;
   size_t task = in.ops.size();
+  for (const AiCpuTaskRow& a : in.ai_cpu)
+    named_row({{"Task ID", std::to_string(task++)},
+               {"Stream ID", std::to_string(a.stream)},
+               {"Op Name", a.op_name},
+               {"OP Type", a.op_type},
+               {"Task Type", "AI_CPU"},
+               {"Task Start Time(us)", us_text(in.config->cycles_to_us(double(a.start_cycle)))},
+               {"Task Duration(us)", us_text(in.config->cycles_to_us(double(a.cycles)))},
+               {"Task Wait Time(us)", us_text(in.config->cycles_to_us(double(a.wait_cycles)))},
+               {"Block Dim", "0"},
+               {"Mix Block Dim", "0"},
+               {"Input Shapes", shapes_text(a.inputs)},
+               {"Input Data Types", dtypes_text(a.inputs)},
+               {"Input Formats", formats_text(a.inputs)},
+               {"Output Shapes", shapes_text(a.outputs)},
+               {"Output Data Types", dtypes_text(a.outputs)},
+               {"Output Formats", formats_text(a.outputs)},
+               {"task_start_cycles", std::to_string(a.start_cycle)},
+               {"task_duration_cycles", std::to_string(a.cycles)},
+               {"task_wait_cycles", std::to_string(a.wait_cycles)},
+               {"host_dispatch_cycles", "0"},
+               {"cube_macs", "0"},
+               {"vector_repeats", "0"}});
   for (const CommTask& t : comm_tasks(in)) {
     const CommRecord& c = in.comms[t.comm];
     const CommRankMetrics m = comm_rank_metrics(c, t.rank, mhz);
@@ -267,12 +298,7 @@ void write_op_summary(const std::string& path, const ReportInput& in,
         {"link_bytes", std::to_string(m.link_bytes)},
         {"link_bandwidth(GB/s)", fmt::format("{:g}", m.link_gbps)},
         {"link_utilization(%)", fmt::format("{:.3f}", 100.0 * m.link_utilization)}};
-    std::vector<std::string> row;
-    for (const std::string& h : head) {
-      auto it = cells.find(h);
-      row.push_back(it == cells.end() ? kNa : it->second);
-    }
-    f.row(row);
+    named_row(cells);
   }
   f.close();
 }
@@ -301,6 +327,8 @@ std::vector<TypeStats> op_type_stats(const ReportInput& in, const std::vector<Op
   };
   for (size_t i = 0; i < in.ops.size(); ++i)
     add(in.ops[i].op_type, in.ops[i].task_type, ms[i].duration_us);
+  for (const AiCpuTaskRow& a : in.ai_cpu)
+    add(a.op_type, "AI_CPU", in.config->cycles_to_us(double(a.cycles)));
   for (const CommRecord& c : in.comms)
     for (size_t r = 0; r < c.chips.size(); ++r)
       add(c.op_type, "HCCL", comm_time_us(c, in.config->clock_mhz));

@@ -27,6 +27,18 @@
 
 namespace npusim::prof {
 
+// A task of the chip's AI CPU (rt::AiCpuRecord: an AI CPU kernel beside the AI cores, e.g.
+// DropOutGenMask; docs/runtime.md "The AI CPU timeline"): an op_summary.csv row with Task Type
+// AI_CPU, and op_statistic.csv's AI_CPU lines.
+struct AiCpuTaskRow {
+  std::string op_name, op_type;  // the TF node and its type, or the kernel for both
+  uint64_t stream = 0;
+  uint64_t start_cycle = 0;  // on the chip's AI CPU timeline, AI-core cycles
+  uint64_t cycles = 0;
+  uint64_t wait_cycles = 0;  // since the previous AI CPU task ended (the first: the origin)
+  std::vector<TensorDesc> inputs, outputs;
+};
+
 struct ReportInput {
   std::string title;               // summary.txt's heading, e.g. "npusim run kernels/vadd_f16.s"
   const ChipConfig* config = nullptr;
@@ -35,6 +47,9 @@ struct ReportInput {
   // the ops' (and its communication columns), their trace lanes and summary.txt's split of each
   // chip's time into compute, communication and overlap.
   std::vector<CommRecord> comms;
+  // AI CPU tasks, in the order they ran: op_summary.csv rows after the ops' (before the HCCL
+  // rows), Block Dim 0 and N/A where a kernel's figure does not apply.
+  std::vector<AiCpuTaskRow> ai_cpu;
   // Kernels of chips whose ops are not in `ops`, as [start, end) spans in cycles on their
   // timelines, keyed by chip: a system run's top-level report lists chip 0's ops but splits the
   // time of every chip its collectives ran on (summary.txt "Time per chip"), whose compute is

@@ -24,6 +24,7 @@ using nlohmann::json;
 // (trace_events::kCorePidBase, sim/counters/trace.h).
 constexpr uint32_t kHostPid = 1, kChipPid = 2;
 constexpr uint32_t kTfOpsTid = 1, kH2dTid = 2, kD2hTid = 3, kDeviceCopyTid = 4, kKernelTid = 1;
+constexpr uint32_t kAiCpuTid = 2;  // the chip's AI CPU tasks (docs/runtime.md)
 
 using trace_events::meta;
 
@@ -434,6 +435,27 @@ std::vector<std::pair<uint64_t, uint64_t>> kernel_spans(
   return spans;
 }
 
+std::vector<AiCpuTaskRow> ai_cpu_rows(const std::vector<rt::AiCpuRecord>& tasks,
+                                      uint64_t origin_cycle) {
+  std::vector<AiCpuTaskRow> rows;
+  uint64_t last_end = origin_cycle;
+  for (const rt::AiCpuRecord& t : tasks) {
+    AiCpuTaskRow& a = rows.emplace_back();
+    a.op_name = t.label ? t.label->op_name : t.kernel;
+    a.op_type = t.label ? t.label->op_type : t.kernel;
+    if (t.label) {
+      a.inputs = tensor_descs(t.label->inputs);
+      a.outputs = tensor_descs(t.label->outputs);
+    }
+    a.stream = t.stream;
+    a.start_cycle = t.start_cycle;
+    a.cycles = t.cycles;
+    a.wait_cycles = t.start_cycle - std::min(last_end, t.start_cycle);
+    last_end = std::max(last_end, t.start_cycle + t.cycles);
+  }
+  return rows;
+}
+
 std::vector<OpRecord> op_records(const std::vector<rt::LaunchRecord>& launches,
                                  const ChipConfig& cfg) {
   const std::vector<std::pair<uint64_t, uint64_t>> spans = kernel_spans(launches);
@@ -579,6 +601,12 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
   ev.push_back(meta("process_name", kChipPid, -1, "name", "chip"));
   ev.push_back(meta("process_sort_index", kChipPid, -1, "sort_index", 1));
   ev.push_back(meta("thread_name", kChipPid, kKernelTid, "name", "kernels"));
+  if (!in.ai_cpu.empty()) ev.push_back(meta("thread_name", kChipPid, kAiCpuTid, "name", "AI CPU"));
+  for (const rt::AiCpuRecord& t : in.ai_cpu)
+    ev.push_back({{"ph", "X"}, {"pid", kChipPid}, {"tid", kAiCpuTid}, {"ts", us(t.start_cycle)},
+                  {"dur", us(t.cycles)}, {"name", t.kernel}, {"cat", "ai_cpu"},
+                  {"args", {{"op_name", t.label ? t.label->op_name : t.kernel},
+                            {"stream", t.stream}}}});
 
   for (const TfOpSpan& s : tf_op_spans(in.launches, ops)) {
     const OpRecord& op = ops[s.first_task];
@@ -648,6 +676,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
     }
   }
   r.comms = in.comms;
+  r.ai_cpu = ai_cpu_rows(in.ai_cpu, in.origin_cycle);
   r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
   const json trace = runtime_trace(in, r.ops);
@@ -676,6 +705,8 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
       if (inside(c.start_cycle)) sub.copies.push_back(c);
     for (const CommRecord& c : in.comms)
       if (inside(c.start_cycle)) sub.comms.push_back(c);
+    for (const rt::AiCpuRecord& t : in.ai_cpu)
+      if (inside(t.start_cycle)) sub.ai_cpu.push_back(t);
     sub.extra = in.extra;
     if (sub.extra.is_object()) sub.extra.erase("device_memory");  // the whole window's figures
     for (std::string& f : write_runtime_report(dir + "/phases/" + name, sub))

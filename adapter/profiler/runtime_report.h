@@ -18,6 +18,7 @@
 #include "adapter/profiler/comm_record.h"
 #include "adapter/profiler/op_metrics.h"
 #include "adapter/profiler/pipe_trace.h"
+#include "adapter/profiler/report_writer.h"
 #include "adapter/runtime/stream.h"
 #include "sim/config/chip_config.h"
 
@@ -27,6 +28,12 @@ namespace npusim::prof {
 // kernel name for both), task type from its program (without one: from the cores that ran),
 // start and duration on the device timeline, counters. wait_cycles is left 0 (set_wait_cycles).
 OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg);
+
+// AI CPU tasks as report rows (ReportInput::ai_cpu), in the order they ran: op name, type and
+// tensors from the label (without one: the kernel for both), each wait since the previous task
+// ended on the AI CPU timeline (the first: since `origin_cycle`).
+std::vector<AiCpuTaskRow> ai_cpu_rows(const std::vector<rt::AiCpuRecord>& tasks,
+                                      uint64_t origin_cycle);
 
 // The launches as report rows, in launch order (op_record each). The runtime runs one operation
 // at a time, but a record gives the start rounded down and the duration rounded up to whole
@@ -120,6 +127,8 @@ struct RuntimeReportInput {
   const PipeTraceCollector* pipe_trace = nullptr;  // instruction detail; null: none
   // The window's collectives (several chips; comm_record.h): HCCL rows and lanes per chip.
   std::vector<CommRecord> comms;
+  // The window's AI CPU tasks (rt::Device::ai_cpu_records): AI_CPU rows (ai_cpu_rows).
+  std::vector<rt::AiCpuRecord> ai_cpu;
   // The window's kernels of the system's other chips (ReportInput::other_chip_kernels: the
   // per-chip split of summary.txt counts them; kernel_spans of each chip's launches).
   std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> other_chip_kernels;

@@ -598,12 +598,31 @@ Status Device::launch_callback(Stream s, HostCallback callback) {
   return enqueue(s, std::move(op));
 }
 
+Status Device::ai_cpu_task_async(Stream s, AiCpuTask task) {
+  return guard("ai_cpu_task_async", [&]() -> Status {
+    const std::string what = "ai_cpu_task_async '" + task.kernel + "'";
+    if (!task.compute)
+      return Status(StatusCode::invalid_argument, what + ": no compute function given");
+    for (const DerivedRange& r : task.inputs)
+      if (Status st = check_range(what.c_str(), "input", r.addr, r.bytes); !st.ok()) return st;
+    for (const DerivedRange& r : task.outputs)
+      if (Status st = check_range(what.c_str(), "output", r.addr, r.bytes); !st.ok()) return st;
+    DeviceOp op;
+    op.kind = OpKind::ai_cpu_task;
+    op.ai_cpu = std::make_shared<const AiCpuTask>(std::move(task));
+    return enqueue(s, std::move(op));
+  });
+}
+
 std::vector<LaunchRecord> Device::launch_records() const {
   return m_driver->launch_records(m_chip);
 }
 std::vector<CopyRecord> Device::copy_records() const { return m_driver->copy_records(m_chip); }
 std::vector<CollectiveRecord> Device::collective_records() const {
   return m_driver->collective_records();
+}
+std::vector<AiCpuRecord> Device::ai_cpu_records() const {
+  return m_driver->ai_cpu_records(m_chip);
 }
 void Device::clear_launch_records() { m_driver->clear_launch_records(); }
 
@@ -635,7 +654,7 @@ Status Device::device_time_cycles(uint64_t* cycles) {
   return guard("device_time_cycles", [&] {
     return m_driver->run_task([&] {
       *cycles = std::max({m_driver->device_cycles(m_chip), m_driver->comm_cycles(m_chip),
-                          m_driver->copy_cycles(m_chip)});
+                          m_driver->copy_cycles(m_chip), m_driver->ai_cpu_cycles(m_chip)});
       return Status();
     });
   });

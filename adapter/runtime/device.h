@@ -229,14 +229,23 @@ class Device {
   // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
   Status launch_callback(Stream s, HostCallback callback);
 
+  // ---- AI CPU (an AI CPU kernel beside the AI cores; stream.h, AiCpuTask)
+  // Queues `task` on s: it runs on the chip's AI CPU timeline, its outputs pending for their
+  // readers until its end (docs/runtime.md, "The AI CPU timeline"). invalid_argument now if it
+  // has no compute function or a range is not inside one live allocation; failed_precondition
+  // at the stream's next synchronize if the chip's config models no AI CPU (ai_cpu.cores).
+  Status ai_cpu_task_async(Stream s, AiCpuTask task);
+
   // ---- Profiling
   std::vector<LaunchRecord> launch_records() const;
   // Copies and fills run since open or the last clear_launch_records() (with record_launches).
   std::vector<CopyRecord> copy_records() const;
   // The collectives run on the system since open or the last clear (every chip's).
   std::vector<CollectiveRecord> collective_records() const;
-  // Clears the launch records, the copy records and the collective records (of every chip of
-  // the system).
+  // This chip's AI CPU tasks run since open or the last clear (with record_launches).
+  std::vector<AiCpuRecord> ai_cpu_records() const;
+  // Clears the launch records, the copy records, the collective and the AI CPU records (of every
+  // chip of the system).
   void clear_launch_records();
   // Attaches / detaches a ChipObserver (Simulator::add_observer; a chip of a system:
   // SystemSimulator::add_observer on this device's chip) between operations, on the driver
@@ -245,7 +254,8 @@ class Device {
   // until removed or the device is destroyed.
   Status add_observer(ChipObserver* observer);
   Status remove_observer(ChipObserver* observer);
-  // The device timeline now: the later of the chip's compute and communication timelines.
+  // The device timeline now: the latest of the chip's compute, communication and AI CPU
+  // timelines (and its copies timed by data).
   Status device_time_cycles(uint64_t* cycles);
   // The host clock of the device's system (Driver, "The host clock"): the latest device time the
   // host has observed, which every op queued from now on starts no earlier than; 0 on a single

@@ -92,6 +92,9 @@ void Driver::start(std::function<void()> build, const std::string& what) {
   m_launch_count.assign(static_cast<size_t>(m_chips), 0);
   m_timeline.assign(static_cast<size_t>(m_chips), 0);
   m_comm_timeline.assign(static_cast<size_t>(m_chips), 0);
+  m_ai_cpu_timeline.assign(static_cast<size_t>(m_chips), 0);
+  m_ai_cpu_count.assign(static_cast<size_t>(m_chips), 0);
+  m_ai_cpu_outputs.assign(static_cast<size_t>(m_chips), {});
   m_copy_end.assign(static_cast<size_t>(m_chips), 0);
   m_written.assign(static_cast<size_t>(m_chips), WrittenBy{});
   m_streams[0];  // the internal stream of synchronous operations
@@ -227,6 +230,10 @@ uint64_t Driver::comm_cycles(int chip) const {
 
 uint64_t Driver::copy_cycles(int chip) const { return m_copy_end.at(static_cast<size_t>(chip)); }
 
+uint64_t Driver::ai_cpu_cycles(int chip) const {
+  return m_ai_cpu_timeline.at(static_cast<size_t>(chip));
+}
+
 uint64_t Driver::host_cycles() const {
   std::lock_guard<std::mutex> lock(m_mutex);
   return m_host_cycle;
@@ -272,8 +279,59 @@ int64_t Driver::input_launch(int chip, uint64_t addr, uint64_t bytes) const {
   return it == w.launch_of.begin() ? -1 : static_cast<int64_t>(std::prev(it)->second);
 }
 
+namespace {
+
+// Calls reads(addr, bytes) for each device range `op` reads (whose pending writers it waits
+// for): a copy's source; a kernel's arguments (each as one byte: the runtime cannot tell
+// addresses from scalars) and derived sources; an AI CPU task's inputs and the outputs it
+// overwrites.
+void for_each_read(const DeviceOp& op, const std::function<void(uint64_t, uint64_t)>& reads) {
+  switch (op.kind) {
+    case OpKind::memcpy_d2h:
+    case OpKind::memcpy_d2d:
+    case OpKind::memcpy_peer: reads(op.src, op.bytes); break;
+    case OpKind::launch:
+      for (uint64_t a : op.args) reads(a, 1);
+      if (op.derived.state) {
+        reads(op.derived.addr, op.derived.bytes);
+        for (const DerivedRange& r : op.derived.more) reads(r.addr, r.bytes);
+      }
+      break;
+    case OpKind::ai_cpu_task:
+      for (const DerivedRange& r : op.ai_cpu->inputs) reads(r.addr, r.bytes);
+      for (const DerivedRange& r : op.ai_cpu->outputs) reads(r.addr, r.bytes);
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+uint64_t Driver::ai_cpu_output_ready(int chip, uint64_t addr, uint64_t bytes) {
+  auto& outs = m_ai_cpu_outputs.at(static_cast<size_t>(chip));
+  if (outs.empty() || bytes == 0) return 0;
+  const uint64_t now = m_timeline.at(static_cast<size_t>(chip));
+  outs.erase(std::remove_if(outs.begin(), outs.end(),
+                            [&](const AiCpuOutput& o) { return o.ready <= now; }),
+             outs.end());
+  uint64_t ready = 0;
+  for (const AiCpuOutput& o : outs)
+    if (addr < o.addr + o.bytes && o.addr < addr + bytes) ready = std::max(ready, o.ready);
+  return ready;
+}
+
 uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
   if (collective) *collective = 0;
+  // The AI CPU's pending outputs that op reads (single chips and systems).
+  uint64_t ai_cpu = 0;
+  if (!m_ai_cpu_outputs.at(static_cast<size_t>(op.chip)).empty())
+    for_each_read(op, [&](uint64_t addr, uint64_t bytes) {
+      ai_cpu = std::max(ai_cpu, ai_cpu_output_ready(op.chip, addr, bytes));
+    });
+  return std::max(ai_cpu, comm_ready(op, collective));
+}
+
+uint64_t Driver::comm_ready(const DeviceOp& op, uint64_t* collective) {
   if (!m_sys) return 0;
   WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));
   DeviceMemory& gm = m_sys->gm(op.chip);
@@ -306,19 +364,7 @@ uint64_t Driver::comm_output_ready(const DeviceOp& op, uint64_t* collective) {
       }
     }
   };
-  switch (op.kind) {
-    case OpKind::memcpy_d2h:
-    case OpKind::memcpy_d2d:
-    case OpKind::memcpy_peer: reads(op.src, op.bytes); break;
-    case OpKind::launch:
-      for (uint64_t a : op.args) reads(a, 1);
-      if (op.derived.state) {
-        reads(op.derived.addr, op.derived.bytes);
-        for (const DerivedRange& r : op.derived.more) reads(r.addr, r.bytes);
-      }
-      break;
-    default: break;
-  }
+  for_each_read(op, reads);
   if (collective) *collective = latest;
   return ready;
 }
@@ -629,6 +675,8 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
         return run_peer_copy(stream, op, ready);
       case OpKind::collective:
         return run_collective_part(stream, op, ready);
+      case OpKind::ai_cpu_task:
+        return run_ai_cpu_task(stream, op, *ready);
       case OpKind::memcpy_d2d:
         if (op.bytes && op.dst != op.src) {
           if (m_functional) move_within_gm(gm, op.dst, op.src, op.bytes);
@@ -674,6 +722,49 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
     }
     return Status(StatusCode::internal, where + ": unknown operation");
   });
+}
+
+Status Driver::run_ai_cpu_task(uint64_t stream, const DeviceOp& op, uint64_t ready) {
+  const AiCpuTask& task = *op.ai_cpu;
+  const size_t chip = static_cast<size_t>(op.chip);
+  if (m_cfg->ai_cpu_cores <= 0)
+    return Status(StatusCode::failed_precondition,
+                  fmt::format("AI CPU task '{}': chip '{}' models no AI CPU (its config has no "
+                              "ai_cpu section)",
+                              task.kernel, m_cfg->name));
+  // Its start: its stream and the AI CPU are ready, the host has queued it, and what it reads
+  // (and the outputs it overwrites) was written: on a system the write epochs tell; everywhere
+  // pending collective and AI CPU outputs.
+  uint64_t start =
+      std::max({ready, m_ai_cpu_timeline[chip], op.host_cycle, comm_output_ready(op)});
+  for (const DerivedRange& r : task.inputs)
+    start = std::max(start, input_ready(op.chip, r.addr, r.bytes));
+  const uint64_t epoch = begin_writes(op.chip);
+  Status st;
+  if (m_functional && task.compute) st = task.compute(gm(op.chip));
+  const uint64_t end = start + task.cycles;
+  m_ai_cpu_timeline[chip] = end;
+  end_writes(op.chip, epoch, end);
+  for (const DerivedRange& r : task.outputs)
+    if (r.bytes) m_ai_cpu_outputs[chip].push_back({r.addr, r.bytes, end});
+  const uint64_t index = m_ai_cpu_count[chip]++;
+  if (m_record_launches) {
+    AiCpuRecord rec;
+    rec.index = index;
+    rec.chip = op.chip;
+    rec.kernel = task.kernel;
+    rec.stream = stream;
+    rec.start_cycle = start;
+    rec.cycles = task.cycles;
+    rec.time_us = static_cast<double>(task.cycles) / m_cfg->clock_mhz;
+    rec.label = task.label;
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_ai_cpu_records.push_back(std::move(rec));
+  }
+  if (st.ok()) return st;
+  return Status(st.code(), fmt::format("AI CPU task '{}'{}: {}", task.kernel,
+                                       task.label ? " of node '" + task.label->op_name + "'" : "",
+                                       st.message()));
 }
 
 void Driver::record_copy(uint64_t stream, const DeviceOp& op, uint64_t start_cycle,
@@ -1151,11 +1242,17 @@ std::vector<CollectiveRecord> Driver::collective_records() const {
   return m_collective_records;
 }
 
+std::vector<AiCpuRecord> Driver::ai_cpu_records(int chip) const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return records_of_chip(m_ai_cpu_records, m_chips, chip);
+}
+
 void Driver::clear_launch_records() {
   std::lock_guard<std::mutex> lock(m_mutex);
   m_records.clear();
   m_copy_records.clear();
   m_collective_records.clear();
+  m_ai_cpu_records.clear();
 }
 
 }  // namespace npusim::rt

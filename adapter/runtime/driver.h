@@ -26,7 +26,10 @@
 // communication timeline, stream and the readiness of the input it sends (when the operation
 // that last wrote those bytes ended, from the device memory's write epochs), and moves only the
 // communication timelines; an operation reading its output waits for its end (see "Data
-// readiness" at m_written). The chips share nothing but
+// readiness" at m_written). An AI CPU task (stream.h, AiCpuTask) runs likewise on its chip's AI
+// CPU timeline: it starts at the latest of that timeline, its stream's ready time, the host clock
+// and what it reads, moves only the AI CPU timeline, and its outputs are pending for their
+// readers until its end (m_ai_cpu_outputs; on a single chip too). The chips share nothing but
 // the links, so placing each operation, simulated alone, on its chip's timeline is exact for
 // kernels and host copies. With one chip the timeline is the simulator's clock plus the time the
 // runtime models itself, as before timelines existed.
@@ -126,7 +129,9 @@ class Driver {
   std::vector<LaunchRecord> launch_records(int chip = 0) const;
   std::vector<CopyRecord> copy_records(int chip = 0) const;
   std::vector<CollectiveRecord> collective_records() const;
-  void clear_launch_records();  // of every chip, and the copy and collective records
+  std::vector<AiCpuRecord> ai_cpu_records(int chip = 0) const;
+  // Of every chip, and the copy, collective and AI CPU records.
+  void clear_launch_records();
 
   // Driver thread only: chip `chip`'s device (compute) timeline now, AI-core cycles.
   uint64_t device_cycles(int chip = 0) const;
@@ -136,6 +141,9 @@ class Driver {
   // Driver thread only: the end of chip `chip`'s latest copy timed by its data (below; 0 if
   // none), AI-core cycles.
   uint64_t copy_cycles(int chip = 0) const;
+  // Driver thread only: chip `chip`'s AI CPU timeline (the end of its latest AI CPU task; 0 if it
+  // ran none), AI-core cycles.
+  uint64_t ai_cpu_cycles(int chip = 0) const;
   // The host clock (above) now, AI-core cycles; 0 on a single chip.
   uint64_t host_cycles() const;
 
@@ -247,6 +255,8 @@ class Driver {
   HdcResult hdc_copy(const DeviceOp& op);
   Status run_peer_copy(uint64_t stream, const DeviceOp& op, uint64_t* ready);
   Status run_collective_part(uint64_t stream, const DeviceOp& op, uint64_t* ready);
+  // An AI CPU task (OpKind::ai_cpu_task), its stream ready at `ready`, which it leaves alone.
+  Status run_ai_cpu_task(uint64_t stream, const DeviceOp& op, uint64_t ready);
   // The host dispatch `op` pays before it runs (LaunchLabel::host_dispatch), cycles: once per
   // dispatch value (among the latest kRecentDispatches); marks its dispatch value as paid.
   uint64_t take_host_dispatch(const DeviceOp& op);
@@ -338,6 +348,22 @@ class Driver {
   // *collective (if given): the latest CollectiveRecord::id among the outputs it reads that were
   // not overwritten since, pending or not (0: none).
   uint64_t comm_output_ready(const DeviceOp& op, uint64_t* collective = nullptr);
+  uint64_t comm_ready(const DeviceOp& op, uint64_t* collective);  // the collectives' part of it
+  // AI CPU outputs pending for their readers (single chips and systems): the ranges an AI CPU
+  // task wrote and its end. An operation that reads one (comm_output_ready's ranges) starts no
+  // earlier while it is pending (chip `chip`'s compute timeline has not passed its end); passed
+  // ones are dropped. A later writer of the range waits too (the runtime cannot tell what a
+  // kernel writes): the order of the writes is kept.
+  struct AiCpuOutput {
+    uint64_t addr = 0, bytes = 0;
+    uint64_t ready = 0;  // the task's end, AI-core cycles
+  };
+  std::vector<std::vector<AiCpuOutput>> m_ai_cpu_outputs;  // per chip
+  // When the pending AI CPU outputs that [addr, addr + bytes) of chip `chip` overlaps are ready
+  // (0: none).
+  uint64_t ai_cpu_output_ready(int chip, uint64_t addr, uint64_t bytes);
+  // Driver thread only: every chip's AI CPU timeline and AI CPU task count.
+  std::vector<uint64_t> m_ai_cpu_timeline, m_ai_cpu_count;
   uint64_t m_collective_count = 0;  // driver thread only: collectives placed (ids)
   // Driver thread only: the latest LaunchLabel::dispatch values that paid their host dispatch
   // (launches of ops on several streams may interleave).
@@ -354,6 +380,7 @@ class Driver {
   std::vector<LaunchRecord> m_records;
   std::vector<CopyRecord> m_copy_records;
   std::vector<CollectiveRecord> m_collective_records;
+  std::vector<AiCpuRecord> m_ai_cpu_records;
   uint64_t m_next_stream = 1, m_next_event = 1, m_next_seq = 1;
   uint64_t m_host_cycle = 0;  // the host clock (above), AI-core cycles; stays 0 on one chip
   uint64_t m_last_served = 0;

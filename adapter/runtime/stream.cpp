@@ -17,6 +17,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::host_callback: return "host_callback";
     case OpKind::memcpy_peer: return "memcpy_peer";
     case OpKind::collective: return "collective";
+    case OpKind::ai_cpu_task: return "ai_cpu_task";
   }
   return "unknown";
 }
@@ -53,6 +54,9 @@ std::string DeviceOp::describe() const {
       return fmt::format("{} rank {} on chip {}{}",
                          group ? collective_name(group->call.kind) : "collective", rank, chip,
                          group && !group->label.empty() ? " (" + group->label + ")" : "");
+    case OpKind::ai_cpu_task:
+      return fmt::format("AI CPU task '{}'{}", ai_cpu ? ai_cpu->kernel : "",
+                         ai_cpu && ai_cpu->label ? " (" + ai_cpu->label->op_name + ")" : "");
   }
   return "unknown op";
 }

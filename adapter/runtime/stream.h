@@ -18,6 +18,10 @@
 #include "sim/collective/collective.h"
 #include "sim/counters/counters.h"
 
+namespace npusim {
+class DeviceMemory;
+}
+
 namespace npusim::rt {
 
 // An in-order queue of device operations. Ids start at 1 and are never reused in a process.
@@ -141,6 +145,7 @@ enum class OpKind {
   host_callback,
   memcpy_peer,  // a copy to another chip of the system, over the links (SystemSimulator)
   collective,   // one rank's part of a collective over several chips (CollectiveGroup)
+  ai_cpu_task,  // a task of the chip's AI CPU (AiCpuTask), on the chip's AI CPU timeline
 };
 const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 
@@ -196,6 +201,39 @@ struct CollectiveRecord {
     uint64_t bytes = 0;
   };
   std::vector<Link> links;
+};
+
+// A task of the chip's AI CPU (an AI CPU kernel, as CANN runs DropOutGenMask on the 910): the
+// runtime computes its outputs on the host and times it itself (docs/runtime.md, "The AI CPU
+// timeline"). It runs on the chip's AI CPU timeline, beside the AI cores: it starts at the latest
+// of its stream's ready time, the AI CPU timeline, the host clock and the readiness of what it
+// reads; it moves only the AI CPU timeline, not the chip's compute timeline nor its stream's
+// ready time (the stream's next kernel does not wait for it); its outputs are pending until its
+// end, and an operation reading them (a kernel argument inside one, a copy from one) starts no
+// earlier.
+struct AiCpuTask {
+  std::string kernel;  // what the record calls it, e.g. "DropOutGenMask"
+  // Device memory it reads (their readiness bounds its start) and writes (pending until its
+  // end); each range inside one live allocation.
+  std::vector<DerivedRange> inputs, outputs;
+  uint64_t cycles = 0;  // its duration on the AI CPU, in AI-core cycles (the chip's clock)
+  // Computes the outputs from the inputs in the chip's memory, on the driver thread; not called
+  // in timing-only runs (no memory contents). A non-ok status becomes the stream's error.
+  std::function<Status(DeviceMemory&)> compute;
+  std::shared_ptr<const LaunchLabel> label;  // optional, into its AiCpuRecord
+};
+
+// One AI CPU task as the chip ran it, recorded with the launches (RuntimeOptions::
+// record_launches): the profiler's AI_CPU rows.
+struct AiCpuRecord {
+  uint64_t index = 0;        // 0-based position among this chip's AI CPU tasks
+  int chip = 0;
+  std::string kernel;        // AiCpuTask::kernel
+  uint64_t stream = 0;       // Stream::id it was queued on
+  uint64_t start_cycle = 0;  // on the chip's AI CPU timeline, AI-core cycles
+  uint64_t cycles = 0;       // duration, AI-core cycles
+  double time_us = 0;        // duration at the chip's clock_mhz
+  std::shared_ptr<const LaunchLabel> label;
 };
 
 // One collective over several chips' streams, as HCCL runs an op on a communicator: every rank
@@ -275,6 +313,7 @@ struct DeviceOp {
   uint64_t count = 0;                      // count its element count (CollectiveCall)
   // collective: this rank's buffers in pieces (CollectiveCall::send_pieces); empty: src / dst.
   std::vector<CollectivePiece> send_pieces, recv_pieces;
+  std::shared_ptr<const AiCpuTask> ai_cpu;  // ai_cpu_task: the task
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

@@ -118,6 +118,15 @@ struct ChipConfig {
   double host_op_dispatch_us = 0;
   double host_graph_dispatch_us = 0;
 
+  // The AI CPU (docs/runtime.md, "The AI CPU timeline"): the SoC's ARM cores that run AI CPU
+  // kernels beside the AI cores, on a timeline of their own. 0 cores (no `ai_cpu:` section): the
+  // chip models none, and an AI CPU task is refused.
+  int ai_cpu_cores = 0;
+  double ai_cpu_clock_mhz = 0;
+  double ai_cpu_task_us = 0;  // per task: the AI CPU scheduler starts it and reports its end
+  // DropOutGenMask on one AI CPU core: AI CPU cycles per 128 mask bits (one bit per element).
+  double ai_cpu_gen_mask_cycles_per_128_bits = 0;
+
   // host-device link (HDC over PCIe)
   double hdc_gbps = 0;              // GB/s per direction
   double hdc_latency_us = 0;        // per transfer

@@ -88,6 +88,10 @@ const char* const kSchemaKeys[] = {
     "task.done_us",
     "host.op_dispatch_us",
     "host.graph_dispatch_us",
+    "ai_cpu.cores",
+    "ai_cpu.clock_mhz",
+    "ai_cpu.task_us",
+    "ai_cpu.gen_mask_cycles_per_128_bits",
     "hdc.gbps",
     "hdc.latency_us",
     "sync.flag_ids",
@@ -431,6 +435,19 @@ void parse_overheads(const Reader& r, ChipConfig& c) {
   c.host_graph_dispatch_us = r.get_number("host.graph_dispatch_us", 0, false, max_us);
 }
 
+// The AI CPU (optional section; all four keys together): cores, their clock, a task's overhead
+// (at most kMaxOverheadCycles of the AI cores' clock) and DropOutGenMask's rate on one core.
+void parse_ai_cpu(const Reader& r, ChipConfig& c) {
+  if (!r.has("ai_cpu.cores") && !r.has("ai_cpu.clock_mhz") && !r.has("ai_cpu.task_us") &&
+      !r.has("ai_cpu.gen_mask_cycles_per_128_bits"))
+    return;  // a partial section fails below, naming the key it lacks
+  c.ai_cpu_cores = r.get_int("ai_cpu.cores", 1, kMaxTotalCores);
+  c.ai_cpu_clock_mhz = r.get_number("ai_cpu.clock_mhz", 0, true, kMaxClockMhz);
+  c.ai_cpu_task_us = r.get_number("ai_cpu.task_us", 0, false, kMaxOverheadCycles / c.clock_mhz);
+  c.ai_cpu_gen_mask_cycles_per_128_bits =
+      r.get_number("ai_cpu.gen_mask_cycles_per_128_bits", 0, true, kMaxLatencyCycles);
+}
+
 ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::string& default_name) {
   check_known_keys(tree, chip_schema());
   Reader r(tree, file);
@@ -466,6 +483,7 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   parse_memory(r, c);
 
   parse_overheads(r, c);
+  parse_ai_cpu(r, c);
   c.hdc_gbps = r.get_gbps("hdc.gbps", c.clock_mhz, kMinHdcBytesPerCycle, kMaxBytesPerCycle);
   // At most kMaxLatencyCycles at this clock.
   c.hdc_latency_us = r.get_number("hdc.latency_us", 0, false, kMaxLatencyCycles / c.clock_mhz);
@@ -561,6 +579,12 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",
                    c.host_op_dispatch_us, c.host_graph_dispatch_us);
+  if (c.ai_cpu_cores > 0)  // optional, as above
+    o << fmt::format(
+        "ai_cpu:\n  cores: {}\n  clock_mhz: {}\n  task_us: {}\n"
+        "  gen_mask_cycles_per_128_bits: {}\n",
+        c.ai_cpu_cores, c.ai_cpu_clock_mhz, c.ai_cpu_task_us,
+        c.ai_cpu_gen_mask_cycles_per_128_bits);
   o << fmt::format("hdc:\n  gbps: {}\n  latency_us: {}\n", c.hdc_gbps, c.hdc_latency_us);
   o << fmt::format(
       "sync:\n  flag_ids: {}\n  cross_core_flag_ids: {}\n  cross_core_max_pending: {}\n",

@@ -121,6 +121,10 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.task_done_us == b.task_done_us);
   CHECK(a.host_op_dispatch_us == b.host_op_dispatch_us);
   CHECK(a.host_graph_dispatch_us == b.host_graph_dispatch_us);
+  CHECK(a.ai_cpu_cores == b.ai_cpu_cores);
+  CHECK(a.ai_cpu_clock_mhz == b.ai_cpu_clock_mhz);
+  CHECK(a.ai_cpu_task_us == b.ai_cpu_task_us);
+  CHECK(a.ai_cpu_gen_mask_cycles_per_128_bits == b.ai_cpu_gen_mask_cycles_per_128_bits);
   CHECK(a.flag_ids == b.flag_ids);
   CHECK(a.cross_core_flag_ids == b.cross_core_flag_ids);
   CHECK(a.cross_core_max_pending == b.cross_core_max_pending);

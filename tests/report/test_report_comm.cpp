@@ -5,26 +5,18 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "adapter/profiler/comm_record.h"
 #include "adapter/profiler/report_writer.h"
 #include "sim/config/chip_config.h"
+#include "tests/report/report_test_util.h"
 
 using namespace npusim;
 using nlohmann::json;
 
 namespace {
-
-std::string read(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 prof::OpRecord kernel(int chip, uint64_t start, uint64_t cycles) {
   prof::OpRecord op;
@@ -72,7 +64,7 @@ TEST_CASE("report: compute, communication and overlap per chip; HCCL rows") {
 
   // summary.txt, chip 0: compute = 1000 + 1000 cycles; communication 1200; overlap = [800, 1000)
   // + [1500, 2000) = 700; exposed 500; busy = [0, 2500) = 2500. chip 1: compute 500, overlap 0.
-  const std::string summary = read(dir / "summary.txt");
+  const std::string summary = test::read_text(dir / "summary.txt");
   auto us = [&](double cycles) { return fmt::format("{:.3f}", cycles / cfg.clock_mhz); };
   INFO(summary);
   CHECK(summary.find(fmt::format("      0 {:>14} {:>14} {:>14} {:>14} {:>14}", us(2000), us(1200),
@@ -83,11 +75,8 @@ TEST_CASE("report: compute, communication and overlap per chip; HCCL rows") {
   // op_summary.csv: three kernel rows, then an HCCL row per rank with its chip's wait (chip 0's
   // kernel ended at 1000 > 800: none ended before the collective, so the wait runs from 0;
   // chip 1's ended at 500) and the link figures.
-  std::ifstream csv(dir / "op_summary.csv");
-  std::string header, line;
-  std::getline(csv, header);
-  std::vector<std::string> rows;
-  while (std::getline(csv, line)) rows.push_back(line);
+  std::string header;
+  const std::vector<std::string> rows = test::csv_lines(dir / "op_summary.csv", &header);
   REQUIRE(rows.size() == 5);
   CHECK(header.find(",chip,rank,ranks,collective,algorithm,reduce_op,comm_bytes,") !=
         std::string::npos);
@@ -102,8 +91,9 @@ TEST_CASE("report: compute, communication and overlap per chip; HCCL rows") {
   CHECK(rows[4].find(fmt::format(",16384,56,{:.3f}", util / 2)) != std::string::npos);
 
   // op_statistic.csv counts one HCCL task per rank; trace.json has a lane per chip.
-  CHECK(read(dir / "op_statistic.csv").find("HcomAllReduce,HCCL,2,") != std::string::npos);
-  const json trace = json::parse(read(dir / "trace.json"));
+  CHECK(test::read_text(dir / "op_statistic.csv").find("HcomAllReduce,HCCL,2,") !=
+        std::string::npos);
+  const json trace = json::parse(test::read_text(dir / "trace.json"));
   int lanes = 0;
   for (const json& e : trace["traceEvents"])
     if (e.value("name", "") == "process_name" &&

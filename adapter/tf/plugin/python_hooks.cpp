@@ -388,6 +388,9 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
     for (const rt::CollectiveRecord& c : dev->collective_records())
       if (c.start_cycle >= in.origin_cycle)
         in.comms.push_back(prof::comm_record(c, in.comms.size()));
+    // The window's AI CPU tasks (chip 0's): AI_CPU rows.
+    for (const rt::AiCpuRecord& t : dev->ai_cpu_records())
+      if (t.start_cycle >= in.origin_cycle) in.ai_cpu.push_back(t);
     j["window"] = {{"origin_cycle", in.origin_cycle}, {"end_cycle", now}};
     in.pipe_trace = tf::ReportProfiler::instance().collector();
     in.extra = extra;
