@@ -717,16 +717,19 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
   }
 }
 
-TEST_CASE("the address flow cancels one tensor's address in a difference") {
-  // Two pointers into x, compared by their difference (a fixed offset): followed, and so is the
-  // same comparison in a loop that keeps the last pointer, set to x before it (the element-wise
-  // gather's row reuse, adapter/compiler/ops/elementwise.cpp).
+TEST_CASE("the address flow follows comparisons of one tensor's addresses") {
+  // Two pointers into x compared by their difference (a fixed offset) or directly (both move
+  // by x's displacement: the outcome stays), a pointer against x's end: followed. So is a loop
+  // that keeps its last pointer, set to x before it (the element-wise gather's row reuse,
+  // adapter/compiler/ops/elementwise.cpp).
   const std::vector<std::string> good = {
       "  ldarg x1, x\n  mov x2, x1\n  add x1, x1, 64\n  sub x3, x1, x2\n  bne x3, 0, l\nl:\n"
       "  end\n",
-      "  ldarg x1, x\n  ldarg x4, n\n  mov x2, x1\nl:\n  sub x3, x1, x2\n  bne x3, 0, s\n"
-      "  movi x5, 0\n  copy_gm2ub x5, x1, 1, 1, 0, 0\n  mov x2, x1\ns:\n  add x1, x1, 32\n"
-      "  sub x4, x4, 1\n  bne x4, 0, l\n  end\n",
+      "  ldarg x1, x\n  mov x2, x1\n  add x2, x2, 128\nl:\n  movi x5, 0\n"
+      "  copy_gm2ub x5, x1, 1, 1, 0, 0\n  add x1, x1, 32\n  blt x1, x2, l\n  end\n",
+      "  ldarg x1, x\n  ldarg x4, n\n  mov x2, x1\nl:\n  bne x1, x2, s\n  movi x5, 0\n"
+      "  copy_gm2ub x5, x1, 1, 1, 0, 0\n  mov x2, x1\ns:\n  add x1, x1, 32\n  sub x4, x4, 1\n"
+      "  bne x4, 0, l\n  end\n",
   };
   for (const std::string& code : good) {
     INFO(code);
@@ -734,18 +737,20 @@ TEST_CASE("the address flow cancels one tensor's address in a difference") {
     INFO(f.why);
     CHECK(f.ok);
   }
-  // Not followed: the difference of two tensors' addresses, the sum of one's with itself, and
+  // Not followed: two tensors' addresses compared or subtracted, one's added to itself, and
   // the loop above without the last pointer set first (a register starts at 0 in every launch:
   // the first comparison would be of x's address with 0).
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"  ldarg x1, x\n  ldarg x2, y\n  sub x3, x1, x2\n  bne x3, 0, l\nl:\n  end\n",
        "bne reads a value mixed from tensor addresses in xa"},
+      {"  ldarg x1, x\n  ldarg x2, y\n  beq x1, x2, l\nl:\n  end\n",
+       "beq reads tensor argument 0 in xa"},
       {"  ldarg x1, x\n  add x3, x1, x1\n  bne x3, 0, l\nl:\n  end\n",
        "bne reads a value mixed from tensor addresses in xa"},
-      {"  ldarg x1, x\n  ldarg x4, n\nl:\n  sub x3, x1, x2\n  bne x3, 0, s\n"
-       "  movi x5, 0\n  copy_gm2ub x5, x1, 1, 1, 0, 0\n  mov x2, x1\ns:\n  add x1, x1, 32\n"
-       "  sub x4, x4, 1\n  bne x4, 0, l\n  end\n",
-       "bne reads a value mixed from tensor addresses in xa"},
+      {"  ldarg x1, x\n  ldarg x4, n\nl:\n  bne x1, x2, s\n  movi x5, 0\n"
+       "  copy_gm2ub x5, x1, 1, 1, 0, 0\n  mov x2, x1\ns:\n  add x1, x1, 32\n  sub x4, x4, 1\n"
+       "  bne x4, 0, l\n  end\n",
+       "bne reads tensor argument 0 in xa"},
   };
   for (const auto& [code, why] : bad) {
     INFO(code);

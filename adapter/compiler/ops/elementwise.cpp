@@ -676,10 +676,11 @@ void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& 
     g.last_dst.emplace(m_b.reg("gather: its place in the tile"));
     g.last_len.emplace(m_b.reg("gather: its elements"));
     m_b.movi(*g.last_len, 0, "no piece loaded yet in this tile");
-    // Never compared while last_len is 0; set so that it always holds the input's address plus
-    // an offset: the timing-only replay's address flow (sim/replay/address_flow.h) then follows
-    // the comparison below as a difference of two such addresses, which is the same for the
-    // input at any address.
+    // Its comparison's outcome does not matter while last_len is 0 (the piece is loaded), but
+    // it is set so that it always holds the input's address plus an offset: the timing-only
+    // replay's address flow (sim/replay/address_flow.h) then follows fill_piece's comparison
+    // of two addresses of one input, whose outcome is the same for the input at any address
+    // (a register left at its reset value would mix 0 in).
     m_b.mov(*g.last_src, m_in_addr[static_cast<size_t>(k)], "no piece loaded yet: the input");
   }
   m_b.add(g.f, pos, cnt, "gather: pieces from the end of the tile");
@@ -750,9 +751,7 @@ void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos,
     // The last loaded piece's source and at least this piece's elements: copy it from there.
     const Label load = m_b.label("gather_load");
     done = m_b.label("gather_piece_done");
-    // As a difference, not two addresses compared (see the reuse's set-up in emit_gather).
-    m_b.sub(g.t, g.src, *g.last_src, "piece source - last loaded piece's source");
-    m_b.branch(ne(g.t, 0), load);
+    m_b.branch(ne(g.src, *g.last_src), load);
     m_b.branch(lt(*g.last_len, g.f), load);
     vec_copy_bits(m_b, size, g.rest, *g.last_dst, g.f);
     m_b.jmp(*done);
