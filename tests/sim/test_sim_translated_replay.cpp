@@ -651,6 +651,16 @@ AddressFlow flow_of(const std::string& body,
   return analyze_address_flow(isa::assemble(args + ".section aiv\n" + body, "flow.s"));
 }
 
+// Each (program body, reason): the analysis refuses the program and names the reason.
+void check_not_followed(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [code, why] : cases) {
+    INFO(code);
+    const AddressFlow f = flow_of(code);
+    CHECK_FALSE(f.ok);
+    CHECK_THAT(f.why, Catch::Matchers::Contains(why));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the address flow follows tensor addresses to the GM operands") {
@@ -709,12 +719,7 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
       {"  ldarg x1, x\n  ld x2, x1\n  add x1, x1, x2\n  ld x3, x1\n  end\n",
        "the GM operand xaddr holds a value mixed from tensor addresses"},
   };
-  for (const auto& [code, why] : bad) {
-    INFO(code);
-    const AddressFlow f = flow_of(code);
-    CHECK_FALSE(f.ok);
-    CHECK_THAT(f.why, Catch::Matchers::Contains(why));
-  }
+  check_not_followed(bad);
 }
 
 TEST_CASE("the address flow follows comparisons of one tensor's addresses") {
@@ -752,10 +757,5 @@ TEST_CASE("the address flow follows comparisons of one tensor's addresses") {
        "  bne x4, 0, l\n  end\n",
        "bne reads tensor argument 0 in xa"},
   };
-  for (const auto& [code, why] : bad) {
-    INFO(code);
-    const AddressFlow f = flow_of(code);
-    CHECK_FALSE(f.ok);
-    CHECK_THAT(f.why, Catch::Matchers::Contains(why));
-  }
+  check_not_followed(bad);
 }
