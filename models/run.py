@@ -47,7 +47,8 @@ The JSON (printed as the last line of stdout, and written to --json OUT if given
   samples_per_s                     batch / (simulated_us_per_step / 1e6)
   kernels_per_step                  launches / S
   from the launch counters of the LAST measured step (steps are identical; fetching every
-  step's counter trees costs ~350 KB of JSON per launch on the 910b), see launch_counters():
+  step's counters costs host memory: the flat counters of bert_large's batch-8 step, 5,995
+  launches, took 0.9 GB, its counter trees 7.7 GB), see launch_counters():
   cube_utilization_pct              100 x cube MACs / (cube m*k*n x cube cores x span cycles)
   vector_utilization_pct            100 x vector repeats x 256 B / (vector bytes_per_cycle x
                                     vector cores x span cycles)
@@ -123,10 +124,10 @@ def parse_args(argv=None):
                     help="kernels take their simulated time but compute nothing (outputs and "
                     "the loss are undefined): npusim.configure(functional=False)")
     ap.add_argument("--no-counters", action="store_true",
-                    help="fetch no counter trees for the last step (the JSON then has no "
+                    help="fetch no counters for the last step (the JSON then has no "
                     "hbm_bytes_per_step, l2_hit_rate or utilisations; --report-dir's "
                     "op_summary.csv still has them): a step of many thousand launches "
-                    "(bert_large: 11,941) fetches gigabytes of counter JSON otherwise")
+                    "(bert_large: 5,995) takes about a gigabyte of host memory otherwise")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.mode == "generate":
@@ -175,18 +176,15 @@ def chip_peaks(npusim):
     }
 
 
-def _sum_leaves(tree, totals, path=()):
-    """Adds every counter leaf ({"value", "unit", ...}) of a launch's counter tree to `totals`,
-    keyed by its path with the core name (aic0, aiv3, aicore7, ...) replaced by '*'."""
-    if isinstance(tree, dict) and "value" in tree and "unit" in tree:
-        key = ".".join(path)
-        totals[key] = totals.get(key, 0) + tree["value"]
-        return
-    if isinstance(tree, dict):
-        for name, sub in tree.items():
-            if name.startswith(("aic", "aiv")) and name[-1].isdigit():
-                name = "*"
-            _sum_leaves(sub, totals, path + (name,))
+def _sum_flat(counters, totals):
+    """Adds a launch's flat counters ({"aic0.m.macs": value, "l2.hits": value, ...}, the dotted
+    names below "chip": launch_records(with_counters="flat")) to `totals`, keyed by "chip." and
+    the name with the core names (aic0, aiv3, aicore7, ...) replaced by '*'."""
+    for name, value in counters.items():
+        parts = ["*" if p.startswith(("aic", "aiv")) and p[-1].isdigit() else p
+                 for p in name.split(".")]
+        key = "chip." + ".".join(parts)
+        totals[key] = totals.get(key, 0) + value
 
 
 def timeline(records):
@@ -199,13 +197,13 @@ def timeline(records):
 
 
 def launch_counters(records, peaks):
-    """Figures of one step from its launch records with counters: cube_macs (fp16-MAC
+    """Figures of one step from its launch records with flat counters: cube_macs (fp16-MAC
     equivalents), vector_repeats, hbm_bytes (read + write), and cube_utilization_pct /
     vector_utilization_pct over the step's device timeline against the whole chip's peak
-    (chip_peaks; left out when peaks is None). The one place that reads the counter trees."""
+    (chip_peaks; left out when peaks is None). The one place that reads the counters."""
     totals = {}
     for r in records:
-        _sum_leaves(r.get("counters", {}), totals)
+        _sum_flat(r.get("counters", {}), totals)
     span = timeline(records)
     out = {
         "cube_macs": totals.get("chip.*.m.macs", 0),
@@ -482,8 +480,8 @@ def time_steps(step, steps, npusim=None, log=None, keep_all=False, counters=True
     per step, the last step's result, the launch records of steps 1..S-1 without counters, the
     last step's records with counters). With npusim the records are cleared first; keep_all:
     they are not cleared before the last step either (a report then holds every measured step)
-    and the records returned split at the last step. counters=False fetches no counter trees
-    (the last list is then without counters too)."""
+    and the records returned split at the last step. counters=False fetches no counters (the
+    last list is then without them too; else they are flat: launch_counters())."""
     if npusim is not None:
         npusim.clear_launch_records()
     earlier, walls, out = [], [], None
@@ -499,7 +497,9 @@ def time_steps(step, steps, npusim=None, log=None, keep_all=False, counters=True
             log(f"  step {i + 1}/{steps}: {walls[-1]:.2f} s wall")
     last = []
     if npusim is not None:
-        last = npusim.launch_records(with_counters=counters)
+        # Flat counters: the counter trees (units and descriptions with every value) of
+        # bert_large's batch-8 step, 5,995 launches, took 7.7 GB of host memory, 2.5 min.
+        last = npusim.launch_records(with_counters="flat" if counters else False)
         if keep_all:
             last = last[len(earlier):]
     return walls, out, earlier, last

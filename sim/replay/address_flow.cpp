@@ -85,6 +85,11 @@ bool writes_xd(Opcode op) {
   }
 }
 
+bool is_conditional_branch(Opcode op) {
+  return op == Opcode::op_beq || op == Opcode::op_bne || op == Opcode::op_blt ||
+         op == Opcode::op_bge;
+}
+
 // The field holding the instruction's GM address, or -1 (no GM operand).
 int gm_field(const isa::Instruction& in) {
   switch (in.op) {
@@ -231,6 +236,15 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
       // The other operands of instructions that write xd are followed through the lattice
       // above; ld's address is a GM operand.
       if (writes_xd(ins.op) && ins.op != Opcode::op_ld) continue;
+      // A branch comparing two registers derived from one argument (Arg(k) both): a launch at
+      // other addresses moves both by the argument's displacement, which leaves their
+      // difference, and so the comparison's outcome, as it was (an order's too: GM addresses lie
+      // far below 2^63, so neither side wraps).
+      // (xa is a register field; b a register or an immediate.)
+      if (is_conditional_branch(ins.op) && ins.ops[1].is_reg) {
+        const Val a = in[pc][reg(ins.ops[0])];
+        if (a >= 0 && a == in[pc][reg(ins.ops[1])]) continue;
+      }
       const auto& fields = ins.desc().fields;
       const int gmf = gm_field(ins);
       for (size_t f = ins.op == Opcode::op_ld ? 1 : 0; f < fields.size(); ++f) {

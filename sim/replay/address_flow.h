@@ -20,7 +20,10 @@
 // Registers start Fixed at every block (AiCore::run_block resets them). Data may reach only
 // data operands (the vector unit's xscalar, the value st stores), whose values plan() does not
 // read; so a kernel that broadcasts a loaded scalar (an optimizer's learning rate) moves with
-// its tensors too. ld and st take their address, a GM operand, like a transfer (the scalar
+// its tensors too. A branch may also compare two registers that hold Arg(k) of one argument k
+// (a pointer against the last one, against its tensor's end): both move by the argument's
+// displacement, so their difference, and the outcome, stay; likewise a sub of two Arg(k) is
+// Fixed. ld and st take their address, a GM operand, like a transfer (the scalar
 // unit's accesses do not go through the L2: docs/chip_model.md).
 //
 // Cross-core flags (cc_set / cc_wait) are followed too: their operands are immediates, and a

@@ -252,17 +252,12 @@ class _FakeNpusim:
             return CHIP_YAML
 
 
-def _counter(value, unit="x"):
-    return {"value": value, "unit": unit, "desc": ""}
-
-
 def _record(index, start, cycles, macs=0, repeats=0, hbm=(0, 0)):
+    """A launch record with flat counters (launch_records(with_counters="flat"))."""
     return {"index": index, "kernel": f"K{index}", "ok": True, "error": "", "start_cycle": start,
-            "cycles": cycles, "time_us": cycles / 1000.0, "counters": {"chip": {
-                "aic0": {"m": {"macs": _counter(macs // 2)}},
-                "aic1": {"m": {"macs": _counter(macs - macs // 2)}},
-                "aiv3": {"v": {"repeats": _counter(repeats)}},
-                "hbm": {"read_bytes": _counter(hbm[0]), "write_bytes": _counter(hbm[1])}}}}
+            "cycles": cycles, "time_us": cycles / 1000.0, "counters": {
+                "aic0.m.macs": macs // 2, "aic1.m.macs": macs - macs // 2,
+                "aiv3.v.repeats": repeats, "hbm.read_bytes": hbm[0], "hbm.write_bytes": hbm[1]}}
 
 
 def test_runner_figures_from_launch_records():

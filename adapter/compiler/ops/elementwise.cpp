@@ -676,6 +676,12 @@ void StreamEmitter::emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& 
     g.last_dst.emplace(m_b.reg("gather: its place in the tile"));
     g.last_len.emplace(m_b.reg("gather: its elements"));
     m_b.movi(*g.last_len, 0, "no piece loaded yet in this tile");
+    // Its comparison's outcome does not matter while last_len is 0 (the piece is loaded), but
+    // it is set so that it always holds the input's address plus an offset: the timing-only
+    // replay's address flow (sim/replay/address_flow.h) then follows fill_piece's comparison
+    // of two addresses of one input, whose outcome is the same for the input at any address
+    // (a register left at its reset value would mix 0 in).
+    m_b.mov(*g.last_src, m_in_addr[static_cast<size_t>(k)], "no piece loaded yet: the input");
   }
   m_b.add(g.f, pos, cnt, "gather: pieces from the end of the tile");
   Label top = m_b.label("gather_in" + std::to_string(k));
