@@ -173,6 +173,46 @@ void apply_param_row(KernelBuilder& b, const RowGroup& dst, int64_t H, Opcode op
   });
 }
 
+// A per-row operand of rows_apply: the row's value as a 256-byte repeat (widen_rows' wide
+// buffer: row_bytes 256, read with a repeat stride of 0 on every repeat of the row) or a
+// resident f32 row of H lanes (gamma, beta: row_bytes 0, a repeat stride of one repeat).
+struct RowOperand {
+  uint64_t addr = 0;
+  int64_t row_bytes = 0;   // bytes from one row's operand to the next
+  int64_t rep_blocks = 0;  // repeat stride in 32-byte blocks
+};
+RowOperand row_value_repeats(uint64_t wide) { return {wide, kSlotBytes, 0}; }
+RowOperand param_row(uint64_t row) { return {row, 0, kSlotBytes / kBlock}; }
+
+// dst row r = op(src row r, operand of row r), f32, for the group's rows (rows of H lanes, H * 4
+// bytes apart; dst and src any UB addresses): one instruction per row over its H lanes (counter
+// mode: ceil(H / 64) repeats), rows in a run-time loop. The same lanes, operands and operation
+// as the per-span form (rows_bcast_into, apply_param_row: one instruction per 64-lane span with a
+// repeat per row), so the same results; the instructions are fewer and longer where a group has
+// fewer rows than a row has spans (rows_apply_by_row): each instruction pays the vector latency
+// once, so per-row costs rows x (latency + spans) cycles against spans x (latency + rows).
+void rows_apply(KernelBuilder& b, const Reg& rows, int64_t H, Opcode op, uint64_t dst, uint64_t src,
+                const RowOperand& v) {
+  KernelBuilder::Origin o(b, fmt::format("per-row operand applied to each row, one instruction "
+                                         "per row ({})",
+                                         isa::describe(op).mnemonic));
+  const int64_t row_bytes = H * kLaneBytes;
+  constexpr int64_t kRepBlocks = kSlotBytes / kBlock;
+  b.emit(Opcode::op_set_mask_count, {H});
+  Reg r = b.reg("row"), da = b.reg("destination row"), sa = b.reg("source row"),
+      va = b.reg_imm("operand row", static_cast<int64_t>(v.addr));
+  b.for_range(r, 0, rows, 1, [&] {
+    b.mul_add(da, r, row_bytes, static_cast<int64_t>(dst));
+    b.mul_add(sa, r, row_bytes, static_cast<int64_t>(src));
+    if (v.row_bytes != 0) b.mul_add(va, r, v.row_bytes, static_cast<int64_t>(v.addr));
+    b.emit(op, {Dtype::F32, da, sa, va, 0, 1, 1, 1, kRepBlocks, kRepBlocks, v.rep_blocks});
+  });
+}
+
+// Whether rows_apply beats the per-span form for groups of up to G rows of H lanes: fewer rows
+// than 64-lane spans (the cost comparison above, whatever the latency).
+bool rows_apply_by_row(int64_t G, int64_t H) { return G < ceil_div(H, kLanes32); }
+
 // The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
 // (LayerNorm's, also storing each row's mean and rstd).
 enum class NormKind { kRms, kLayer, kLayerStats };
@@ -208,6 +248,7 @@ class RmsNormEmitter {
     const NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_by_row = rows_apply_by_row(G, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     if (m_center) m_k.arg("beta", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -294,8 +335,7 @@ class RmsNormEmitter {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
-      rows_bcast_into(b, rows_of(cur), Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, other,
-                      wide());
+      apply_row_values(g, Opcode::op_vsub, cur, m_r, other);
       std::swap(cur, other);
     }
     // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
@@ -311,12 +351,14 @@ class RmsNormEmitter {
       vec_unary(b, Opcode::op_vrsqrt, Dtype::F32, m_r, m_r, g.rows);
     }
     // y = x * r * gamma (+ beta), f32, each product into the other buffer.
-    rows_bcast_into(b, rows_of(cur), Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, other,
-                    wide());
+    apply_row_values(g, Opcode::op_vmul, cur, m_r, other);
     std::swap(cur, other);
     // * gamma (+ beta), into the other buffer.
     const auto apply_param = [&](Opcode op, uint64_t param) {
-      apply_param_row(b, rows_of(other), m_h, op, cur, param);
+      if (m_by_row)
+        rows_apply(b, g.rows, m_h, op, other, cur, param_row(param));
+      else
+        apply_param_row(b, rows_of(other), m_h, op, cur, param);
       std::swap(cur, other);
     };
     apply_param(Opcode::op_vmul, m_gamma);
@@ -355,10 +397,21 @@ class RmsNormEmitter {
     widen_rows(m_b, m_rep, g.rows, m_wide);
     return m_wide;
   }
+  // dst rows = op(src rows, the row's value at dense[row]), f32: one instruction per row
+  // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
+  void apply_row_values(const GroupRegs& g, Opcode op, uint64_t src, uint64_t dense, uint64_t dst) {
+    const uint64_t rep = replicate(g, dense);
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    if (m_by_row)
+      rows_apply(m_b, g.rows, m_h, op, dst, src, row_value_repeats(rep));
+    else
+      rows_bcast_into(m_b, rows, op, Dtype::F32, rep, false, dst, wide());
+  }
 
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
+  bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
@@ -432,6 +485,7 @@ class LayerNormGradEmitter {
     const GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_by_row = rows_apply_by_row(G, m_h);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -537,21 +591,24 @@ class LayerNormGradEmitter {
     replicate(g, m_mean_in[q], m_rep);
     replicate(g, m_rstd_in[q], m_rep_rstd);
     if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
-    rows_bcast_into(b, rows_of(x), Opcode::op_vsub, Dtype::F32, m_rep, false, m_sq, wide());
-    rows_bcast_into(b, rows_of(m_sq), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, xhat, wide());
+    apply_row_values(g, Opcode::op_vsub, x, m_rep, m_sq);
+    apply_row_values(g, Opcode::op_vmul, m_sq, m_rep_rstd, xhat);
     // g = dy * gamma.
-    apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
+    if (m_by_row)
+      rows_apply(b, g.rows, m_h, Opcode::op_vmul, m_g, dy, param_row(m_gamma));
+    else
+      apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
     row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
     row_means(g, m_sq, m_s2);
     // dx = (g - xhat * s2 - s1) * rstd, alternating between x's and dy's rows.
     replicate(g, m_s2, m_rep);
-    rows_bcast_into(b, rows_of(xhat), Opcode::op_vmul, Dtype::F32, m_rep, false, x, wide());
+    apply_row_values(g, Opcode::op_vmul, xhat, m_rep, x);
     vec_binary(b, Opcode::op_vsub, Dtype::F32, dy, m_g, x, lanes);
     replicate(g, m_s1, m_rep);
-    rows_bcast_into(b, rows_of(dy), Opcode::op_vsub, Dtype::F32, m_rep, false, x, wide());
-    rows_bcast_into(b, rows_of(x), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, dy, wide());
+    apply_row_values(g, Opcode::op_vsub, dy, m_rep, x);
+    apply_row_values(g, Opcode::op_vmul, x, m_rep_rstd, dy);
     if (conv)
       vec_convert(b, m_t, Dtype::F32, m_dx_out[q], dy, RoundMode::kRint, lanes);
     else
@@ -575,6 +632,15 @@ class LayerNormGradEmitter {
     replicate_rows(m_b, dense, g.rows, m_rep_block, m_scratch, m_alt);
     widen_rows(m_b, m_rep_block, g.rows, dst);
   }
+  // dst rows = op(src rows, the row's value replicated at rep), f32: one instruction per row
+  // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
+  void apply_row_values(const GroupRegs& g, Opcode op, uint64_t src, uint64_t rep, uint64_t dst) {
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    if (m_by_row)
+      rows_apply(m_b, g.rows, m_h, op, dst, src, row_value_repeats(rep));
+    else
+      rows_bcast_into(m_b, rows, op, Dtype::F32, rep, false, dst, wide());
+  }
 
   void store_rows(const GroupRegs& g, const Reg& base, uint64_t src, int64_t row_bytes,
                   const char* what) {
@@ -589,6 +655,7 @@ class LayerNormGradEmitter {
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
+  bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
