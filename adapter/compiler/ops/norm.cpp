@@ -101,7 +101,7 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
   n.rep = p.add_sized("replicated", replicated_bytes);
-  n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
+  n.wide = p.add_sized("replicated (a repeat per row)", widened_bytes);
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pconv);
@@ -248,6 +248,7 @@ class RmsNormEmitter {
     const NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
@@ -394,7 +395,7 @@ class RmsNormEmitter {
   uint64_t replicate(const GroupRegs& g, uint64_t dense) {
     replicate_rows(m_b, dense, g.rows, m_rep, m_scratch, m_alt);
     if (!wide()) return m_rep;
-    widen_rows(m_b, m_rep, g.rows, m_wide);
+    widen_rows_grouped(m_b, m_rep, g.rows, m_wide, m_group);
     return m_wide;
   }
   // dst rows = op(src rows, the row's value at dense[row]), f32: one instruction per row
@@ -411,6 +412,7 @@ class RmsNormEmitter {
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
+  int64_t m_group = 0;    // rows per group (G)
   bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
@@ -450,8 +452,8 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
   // repeat per row in rep / rep_rstd.
   n.rep_block = p.add_sized("replicated", replicated_bytes);
-  n.rep = p.add_sized("replicated (wide)", blocks_of(kSlotBytes));
-  n.rep_rstd = p.add_sized("replicated rstd (wide)", blocks_of(kSlotBytes));
+  n.rep = p.add_sized("replicated (wide)", widened_bytes);
+  n.rep_rstd = p.add_sized("replicated rstd (wide)", widened_bytes);
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pt != Dtype::F32);
@@ -485,6 +487,7 @@ class LayerNormGradEmitter {
     const GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
@@ -630,7 +633,7 @@ class LayerNormGradEmitter {
       return;
     }
     replicate_rows(m_b, dense, g.rows, m_rep_block, m_scratch, m_alt);
-    widen_rows(m_b, m_rep_block, g.rows, dst);
+    widen_rows_grouped(m_b, m_rep_block, g.rows, dst, m_group);
   }
   // dst rows = op(src rows, the row's value replicated at rep), f32: one instruction per row
   // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
@@ -655,6 +658,7 @@ class LayerNormGradEmitter {
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
+  int64_t m_group = 0;    // rows per group (G)
   bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
