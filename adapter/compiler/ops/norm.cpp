@@ -7,14 +7,14 @@
 // returns y only (what a decoder's forward pass consumes).
 //
 // One row kernel (ops/row_kernel.h): rows of H resident in the UB in groups, double-buffered;
-// per group: widen to f32, squares, per-row sums (lane accumulator), r = rsqrt(sum / H + eps)
-// per row, x * r (one value per row replicated onto its lanes), * gamma (an f32 row built once,
-// read with a repeat stride of 0 for every row), rounded once to the output type.
+// per group: widen to f32, squares, per-row sums (lane accumulator or span sums: row_sums_by_span),
+// r = rsqrt(sum / H + eps) per row, x * r (one value per row replicated onto its lanes), * gamma
+// (an f32 row built once, read with a repeat stride of 0 for every row), rounded once to the
+// output type. Per-row operands go one instruction per span or per row (rows_apply_by_row).
 //
 // Numerics against keras-hub (which casts to f32, computes the same formula and casts back): the
-// sum of squares is accumulated lane-wise then folded (a different order than a sequential sum:
-// relative difference ~ log2(H) f32 ulps), vrsqrt is the f32 reciprocal square root; the result
-// is rounded once.
+// sum of squares is two nested sequential f32 sums (64 lanes and H / 64 spans, in either nesting:
+// row_sums_by_span), vrsqrt is the f32 reciprocal square root; the result is rounded once.
 //
 // LayerNorm (CANN's op type; GPT-2's keras LayerNormalization over the last axis):
 //
@@ -213,6 +213,46 @@ void rows_apply(KernelBuilder& b, const Reg& rows, int64_t H, Opcode op, uint64_
 // than 64-lane spans (the cost comparison above, whatever the latency).
 bool rows_apply_by_row(int64_t G, int64_t H) { return G < ceil_div(H, kLanes32); }
 
+// Per-row sums of f32 rows of H lanes, two ways:
+//   lane slots (rows_to_lanes_alternating, then lanes_reduce): each row's 64-lane spans added
+//     lane-wise in span order into its slot (an instruction per span, a repeat per row), then
+//     each slot's 64 lanes in lane order (vcadd);
+//   span sums (row_sums_by_span): each span's 64 lanes in lane order (one vcadd over the group,
+//     a repeat per span), then each row's S = H / 64 span sums in span order (vcadd, a repeat
+//     per row).
+// Both sum each row in f32 as two nested sequential sums of 64 and S terms (in the other
+// nesting), so the same error bound (about (64 + S) ulps of the sum of magnitudes); the results
+// differ in the last bits. The span sums need rows of whole spans whose S sums are whole 32-byte
+// blocks (H a multiple of 512, at most 4096: one repeat of sums per row).
+bool span_sums_fit(int64_t H) {
+  return H % (kLanes32 * kBlockLanes32) == 0 && H <= kLanes32 * kLanes32;
+}
+
+// Whether the span sums issue fewer vector cycles than the lane slots for groups of G rows of H
+// lanes, at the chip's vector latency L and reduction factor f (cycles per repeat of vcadd):
+// lane slots (L + G) (fill) + S (L + G) + (L + f G); span sums (L + f G S) + (L + f G).
+bool row_sums_by_span(int64_t G, int64_t H, const ChipConfig& cfg) {
+  if (!span_sums_fit(H)) return false;
+  const int64_t S = H / kLanes32, L = std::max(0, cfg.vector_latency_cycles),
+                f = std::max(1, cfg.vector_reduce_factor);
+  return L + f * G * S < (S + 1) * (L + G);
+}
+
+// dense[r] = the sum of row r's H lanes at src (f32, rows H * 4 bytes apart), r < rows, by the
+// span sums; partials: rows * H / 16 bytes (the S sums of each row).
+void row_sums_of_spans(KernelBuilder& b, const Reg& rows, int64_t H, uint64_t src,
+                       uint64_t partials, uint64_t dense) {
+  KernelBuilder::Origin o(b, "row sums: 64-lane spans -> span sums -> one value per row");
+  const int64_t S = H / kLanes32;
+  Reg lanes = b.reg("lanes of the group");
+  b.mul(lanes, rows, H);
+  b.emit(Opcode::op_set_mask_count, {lanes});
+  vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, partials, VOperand(src), 0);
+  set_mask_lanes(b, lane_range(0, S));
+  vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, dense,
+                     VOperand(partials, 1, S * kLaneBytes / kBlock), rows);
+}
+
 // The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
 // (LayerNorm's, also storing each row's mean and rstd).
 enum class NormKind { kRms, kLayer, kLayerStats };
@@ -250,6 +290,7 @@ class RmsNormEmitter {
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
+    m_span_sums = row_sums_by_span(G, m_h, cfg);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     if (m_center) m_k.arg("beta", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -330,9 +371,7 @@ class RmsNormEmitter {
     }
     if (m_center) {
       // x - sum(x) / H per row (the centred rows, into the other buffer).
-      const uint64_t sums =
-          rows_to_lanes_alternating(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc, m_acc2);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
+      row_sums(g, cur, m_r);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
       if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
@@ -341,9 +380,7 @@ class RmsNormEmitter {
     }
     // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
     vec_binary(b, Opcode::op_vmul, Dtype::F32, other, cur, cur, lanes);
-    const uint64_t sums =
-        rows_to_lanes_alternating(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc, m_acc2);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
+    row_sums(g, other, m_r);
     {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       Reg eps = b.reg_imm("epsilon", vector_scalar_bits(Dtype::F32, m_eps));
@@ -389,6 +426,18 @@ class RmsNormEmitter {
     sync.stored(q);
   }
 
+  // dense[r] = the sum of row r of the group's f32 rows at src (read only): span sums or lane
+  // slots (row_sums_by_span); the slots' buffers hold the span sums.
+  void row_sums(const GroupRegs& g, uint64_t src, uint64_t dense) {
+    if (m_span_sums) {
+      row_sums_of_spans(m_b, g.rows, m_h, src, m_acc, dense);
+      return;
+    }
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    const uint64_t sums =
+        rows_to_lanes_alternating(m_b, rows, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(m_b, Combine::kSum, Dtype::F32, sums, g.rows, dense, 0);
+  }
   // Rows of more than one repeat read their row value from a repeat per row (widen_rows).
   bool wide() const { return m_h > kLanes32; }
   // The group's per-row values at `dense` replicated for rows_bcast: m_rep, or m_wide if wide().
@@ -412,8 +461,9 @@ class RmsNormEmitter {
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
-  int64_t m_group = 0;    // rows per group (G)
-  bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
+  int64_t m_group = 0;       // rows per group (G)
+  bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
@@ -489,6 +539,7 @@ class LayerNormGradEmitter {
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
     m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
+    m_span_sums = row_sums_by_span(G, m_h, cfg);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -560,10 +611,14 @@ class LayerNormGradEmitter {
   // Per-row sums of the f32 rows at src (read only) -> dense, scaled by 1/H.
   void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
-    const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
-    const uint64_t sums =
-        rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
+    if (m_span_sums) {
+      row_sums_of_spans(b, g.rows, m_h, src, m_acc, dense);
+    } else {
+      const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
+      const uint64_t sums =
+          rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
+    }
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
     vec_scalar(b, Opcode::op_vmuls, Dtype::F32, dense, dense, inv_h, g.rows);
   }
@@ -658,8 +713,9 @@ class LayerNormGradEmitter {
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
-  int64_t m_group = 0;    // rows per group (G)
-  bool m_by_row = false;  // rows_apply_by_row at this kernel's group size
+  int64_t m_group = 0;       // rows per group (G)
+  bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
