@@ -188,6 +188,11 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   check_forward({17, 32}, DataType::F16, 4);
   check_forward({17, 32}, DataType::F16, 5, DataType::F32);  // f16 x, f32 gamma and beta
   check_forward({40, 128}, DataType::BF16, 6, DataType::F32);
+  // BERT's rows (f16, f32 parameters): fewer rows per group than 64-lane spans per row (the
+  // per-row instructions), span sums, the row values widened one instruction per 8 rows.
+  check_forward({64, 1024}, DataType::F16, 7, DataType::F32);
+  // Short rows, many per group: the lane slots, widen_row_groups.
+  check_forward({2048, 128}, DataType::F32, 8);
   auto k =
       compiler::compile(make_op("LayerNormV3",
                                 {TensorDesc{DataType::F32, {8, 64}},
@@ -206,6 +211,8 @@ TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the for
   // BERT-Large's rows: groups of fewer than 8 rows fit the UB (replicate_rows fills whole
   // groups of 8 row blocks), several groups per core.
   check_backward({256, 1024}, DataType::F32, 15);
+  check_backward({64, 1024}, DataType::F16, 17, DataType::F32);
+  check_backward({2048, 128}, DataType::F32, 18);
 }
 
 TEST_CASE("LayerNorm training kernels: bad shapes are errors naming the input") {
