@@ -66,7 +66,7 @@ constexpr int64_t kRowMultiple = 16;
 struct NormBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, xw, out, sq, acc, acc2, r, rep, scratch, alt, gamma_raw, gamma, beta_raw,
-      beta, mean, mean_out, rstd_out, wide;
+      beta, mean, mean_out, rstd_out, wide, gamma_rows, beta_rows;
 };
 
 // The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
@@ -76,19 +76,20 @@ struct NormBuffers {
 // placed in window k modulo the window count, so the row operands one instruction reads and
 // writes together start in different windows; no placement without a bank model.
 void place_in_windows(BufferPlan& p, const ChipConfig& cfg,
-                      std::initializer_list<BufferPlan::Id> ids) {
+                      std::initializer_list<BufferPlan::Id> ids, uint64_t first_window = 0) {
   const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
                         static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
   const uint64_t windows = span % kSlotBytes == 0 ? span / kSlotBytes : 0;
   if (windows < 2) return;
-  uint64_t w = 0;
+  uint64_t w = first_window;
   for (BufferPlan::Id id : ids) p.place(id, span, w++ % windows * kSlotBytes);
 }
 
 // Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
-// and rstd (a copy of the mean, and both outputs double-buffered).
+// and rstd (a copy of the mean, and both outputs double-buffered); param_rows: gamma (and beta)
+// copied to every row of a group, so that * gamma and + beta are one instruction each.
 NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
-                         const ChipConfig& cfg) {
+                         const ChipConfig& cfg, bool param_rows) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
@@ -111,7 +112,13 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
   n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
   n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
+  n.gamma_rows = p.add_sized("gamma (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows);
+  n.beta_rows =
+      p.add_sized("beta (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows && center);
   place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta, n.acc, n.acc2});
+  // Away from the row buffers' windows and from their own sources' (gamma's 4, beta's 5): in
+  // beta's and gamma's.
+  place_in_windows(p, cfg, {n.gamma_rows, n.beta_rows}, 5);
   declare_repeat_overhang(p);
   return n;
 }
@@ -119,11 +126,15 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
 // Rows per resident group of a row kernel of `plan`'s buffers: whole 8-row blocks where they
 // fit; long rows (Llama's H = 2048 and up in f16 / bf16: 32 KiB of buffers per row) in groups of
 // fewer rows, down to one; a row of H that does not fit the UB is an error.
+int64_t fit_group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
+                       const BlockSplit& split) {
+  const int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
+                             std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+  return G != 0 ? G : plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+}
 int64_t group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
                    const BlockSplit& split, KernelBuilder& b, int64_t H) {
-  int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
-                       std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
-  if (G == 0) G = plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+  const int64_t G = fit_group_rows(plan, cfg, cores, split);
   if (G == 0) b.fail(fmt::format("a row of {} does not fit the UB", H));
   return G;
 }
@@ -253,6 +264,29 @@ void row_sums_of_spans(KernelBuilder& b, const Reg& rows, int64_t H, uint64_t sr
                      VOperand(partials, 1, S * kLaneBytes / kBlock), rows);
 }
 
+// Whether gamma (beta) on every row of a group pays, at the chip's vector latency L (bank
+// conflicts left out): per group, one instruction of G x H lanes (L + G S cycles) instead of G
+// (L + S) or S (L + G) (rows_apply_by_row), over a block's `groups` groups, against the G copies
+// of the row (G (L + S)) made once.
+bool param_rows_pay(int64_t G, int64_t H, int64_t groups, const ChipConfig& cfg) {
+  const int64_t S = ceil_div(H, kLanes32), L = std::max(0, cfg.vector_latency_cycles);
+  const int64_t apart = rows_apply_by_row(G, H) ? G * (L + S) : S * (L + G);
+  return groups * (apart - (L + G * S)) > G * (L + S);
+}
+
+// The resident f32 row `row` [H] copied to `rows` rows at dst (H * 4 bytes apart), once: one
+// vcopy per row in a run-time loop.
+void copy_to_rows(KernelBuilder& b, int64_t rows, int64_t H, uint64_t row, uint64_t dst,
+                  const char* name) {
+  KernelBuilder::Origin o(b, fmt::format("{} (f32) on every row of a group", name));
+  b.emit(Opcode::op_set_mask_count, {H});
+  Reg r = b.reg("row"), da = b.reg("destination row");
+  b.for_range(r, 0, rows, 1, [&] {
+    b.mul_add(da, r, H * kLaneBytes, static_cast<int64_t>(dst));
+    b.emit(Opcode::op_vcopy, {Dtype::S32, da, static_cast<int64_t>(row), 0, 1, 1, 8, 8});
+  });
+}
+
 // The forward kernels: RmsNorm's, LayerNorm's (x centred first, + beta last) and LayerNormV3's
 // (LayerNorm's, also storing each row's mean and rstd).
 enum class NormKind { kRms, kLayer, kLayerStats };
@@ -285,9 +319,15 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg);
+    NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    // gamma and beta on every row of a group where that leaves the group size as it is and saves
+    // more vector cycles over a block's groups than the copies cost (param_rows_pay).
+    NormBuffers with_rows = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, true);
+    m_param_rows = fit_group_rows(with_rows.plan, cfg, cores, split) == G &&
+                   param_rows_pay(G, m_h, ceil_div(split.per, G), cfg);
+    if (m_param_rows) bufs = std::move(with_rows);
     m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
     m_span_sums = row_sums_by_span(G, m_h, cfg);
@@ -326,6 +366,14 @@ class RmsNormEmitter {
     if (m_center) {
       m_beta = at[bufs.beta];
       load_param_row(m_b, m_pt, m_h, args[2], at[bufs.beta_raw], m_beta, "beta");
+    }
+    if (m_param_rows) {
+      m_gamma_rows = at[bufs.gamma_rows];
+      copy_to_rows(m_b, G, m_h, m_gamma, m_gamma_rows, "gamma");
+      if (m_center) {
+        m_beta_rows = at[bufs.beta_rows];
+        copy_to_rows(m_b, G, m_h, m_beta, m_beta_rows, "beta");
+      }
     }
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
@@ -393,7 +441,10 @@ class RmsNormEmitter {
     std::swap(cur, other);
     // * gamma (+ beta), into the other buffer.
     const auto apply_param = [&](Opcode op, uint64_t param) {
-      if (m_by_row)
+      if (m_param_rows)
+        vec_binary(b, op, Dtype::F32, other, cur, param == m_gamma ? m_gamma_rows : m_beta_rows,
+                   lanes);
+      else if (m_by_row)
         rows_apply(b, g.rows, m_h, op, other, cur, param_row(param));
       else
         apply_param_row(b, rows_of(other), m_h, op, cur, param);
@@ -461,9 +512,11 @@ class RmsNormEmitter {
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
-  int64_t m_group = 0;       // rows per group (G)
-  bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
-  bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
+  int64_t m_group = 0;        // rows per group (G)
+  bool m_by_row = false;      // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;   // row_sums_by_span at this kernel's group size
+  bool m_param_rows = false;  // gamma (beta) copied to every row of a group
+  uint64_t m_gamma_rows = 0, m_beta_rows = 0;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
