@@ -202,6 +202,30 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   CHECK(k.launches.size() == 1);
 }
 
+// Rows too long for 8 in the UB: groups of fewer rows than a 32-byte block of mean / rstd
+// holds (8), so the statistics are gathered across groups into whole blocks before they are
+// stored; rows that do not divide the blocks (the last block range, and the tensor, end inside
+// a block). run_compiled's guards check nothing is written past the outputs' buffers; every row's
+// mean and rstd is checked (a block stored from a group's first row used to leave rows of the
+// next block range, another core's, and of the tensor's end wrong).
+TEST_CASE("LayerNormV3: mean and rstd where a group holds fewer than 8 rows") {
+  const auto group_rows = [](const std::vector<int64_t>& shape, DataType dt) {
+    const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}};
+    auto k = compiler::compile(make_op("LayerNormV3", {x, p, p}, {}), test_sim().config());
+    const std::string& s = k.launches.at(0).summary;
+    return std::stoll(s.substr(s.rfind("groups of ") + 10));
+  };
+  uint32_t seed = 30;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
+    for (DataType dt : {DataType::F32, DataType::F16}) {
+      INFO(compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+      CHECK(group_rows(shape, dt) % 8 != 0);
+      check_forward(shape, dt, seed++, DataType::F32);
+    }
+  }
+}
+
 TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the formulas") {
   check_backward({3, 5, 64}, DataType::F32, 11);
   check_backward({40, 128}, DataType::F32, 12);

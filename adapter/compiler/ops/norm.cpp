@@ -66,7 +66,7 @@ constexpr int64_t kRowMultiple = 16;
 struct NormBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, xw, out, sq, acc, acc2, r, rep, scratch, alt, gamma_raw, gamma, beta_raw,
-      beta, mean, mean_out, rstd_out, wide, gamma_rows, beta_rows;
+      beta, mean, mean_out, rstd_out, wide, gamma_rows, beta_rows, mean_staged, rstd_staged;
 };
 
 // The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
@@ -85,11 +85,23 @@ void place_in_windows(BufferPlan& p, const ChipConfig& cfg,
   for (BufferPlan::Id id : ids) p.place(id, span, w++ % windows * kSlotBytes);
 }
 
+// Staged statistics' sizes at groups of G rows: the values of up to G + 7 rows in whole blocks,
+// and a block per row of them with the 7 blocks a repeat of 64 lanes reads past the last.
+uint64_t staged_values_bytes(int64_t G) {
+  return static_cast<uint64_t>(rnd((G + kBlockLanes32 - 1) * kLaneBytes));
+}
+uint64_t staged_bytes(int64_t G) {
+  return static_cast<uint64_t>((G + 2 * (kBlockLanes32 - 1)) * kBlock);
+}
+
 // Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
 // and rstd (a copy of the mean, and both outputs double-buffered); param_rows: gamma (and beta)
-// copied to every row of a group, so that * gamma and + beta are one instruction each.
+// copied to every row of a group, so that * gamma and + beta are one instruction each; staged:
+// the statistics gathered into whole 8-row blocks across groups (RmsNormEmitter::stage_rows): a
+// block per row for up to G + 7 rows (and 7 blocks a 64-lane repeat reads past them), and output
+// copies of the whole blocks those rows cover.
 NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
-                         const ChipConfig& cfg, bool param_rows) {
+                         const ChipConfig& cfg, bool param_rows, bool staged) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
@@ -109,9 +121,12 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * psz)), 1, pconv && center);
   n.beta = p.add_fixed("beta (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)), 1, center);
-  n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
-  n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
-  n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
+  n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats && !staged);
+  const BufferPlan::SizeFn out_bytes = staged ? staged_values_bytes : blocks_of(kLaneBytes);
+  n.mean_out = p.add_sized("mean out", out_bytes, 2, stats);
+  n.rstd_out = p.add_sized("rstd out", out_bytes, 2, stats);
+  n.mean_staged = p.add_sized("means (a block per row, staged)", staged_bytes, 1, stats && staged);
+  n.rstd_staged = p.add_sized("rstd (a block per row, staged)", staged_bytes, 1, stats && staged);
   n.gamma_rows = p.add_sized("gamma (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows);
   n.beta_rows =
       p.add_sized("beta (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows && center);
@@ -157,7 +172,8 @@ void load_param_row(KernelBuilder& b, Dtype t, int64_t H, const Reg& src, uint64
 }
 
 // Stores `rows` (a register) 4-byte values per row from UB `src` to GM `base` + first * 4, in
-// whole 32-byte blocks (a block range's rows are whole blocks but for the tensor's last).
+// whole 32-byte blocks: `first` a multiple of 8 (a block's first row), and the rows past the
+// last whole block this core's to write (or past the tensor's end, inside its last block).
 void store_row_values(KernelBuilder& b, const Reg& base, const Reg& first, const Reg& rows,
                       uint64_t src, const char* what) {
   Reg dst = b.reg("destination"), blocks = b.reg("blocks");
@@ -319,12 +335,20 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false);
+    NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false, false);
+    // Blocks of whole 8-row blocks: a block's rows start on a 32-byte block of mean and rstd.
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    // Groups of fewer rows than a block of mean / rstd: the statistics staged (the buffers for
+    // it, and the group size refitted with them).
+    m_staged = m_stats && G % kBlockLanes32 != 0;
+    if (m_staged) {
+      bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false, true);
+      G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    }
     // gamma and beta on every row of a group where that leaves the group size as it is and saves
     // more vector cycles over a block's groups than the copies cost (param_rows_pay).
-    NormBuffers with_rows = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, true);
+    NormBuffers with_rows = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, true, m_staged);
     m_param_rows = fit_group_rows(with_rows.plan, cfg, cores, split) == G &&
                    param_rows_pay(G, m_h, ceil_div(split.per, G), cfg);
     if (m_param_rows) bufs = std::move(with_rows);
@@ -351,6 +375,10 @@ class RmsNormEmitter {
     if (m_stats) {
       take_twins(at, {{&m_mean_out, bufs.mean_out}, {&m_rstd_out, bufs.rstd_out}});
       m_mean = at[bufs.mean];
+      if (m_staged) {
+        m_mean_staged = at[bufs.mean_staged];
+        m_rstd_staged = at[bufs.rstd_staged];
+      }
     }
     take_buffers(at, {{&m_xw, bufs.xw},
                       {&m_sq, bufs.sq},
@@ -412,6 +440,12 @@ class RmsNormEmitter {
     };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
+    // Staged statistics: the rows of the group's 8-row block staged before it, and with it.
+    Reg lead = b.reg("staged rows before the group"), staged = b.reg("staged rows");
+    if (m_staged) {
+      b.and_(lead, g.r, kBlockLanes32 - 1);
+      b.add(staged, lead, g.rows);
+    }
     sync.wait_loaded(q);
     if (conv) {
       vec_convert(b, Dtype::F32, m_t, cur, m_raw_x[q], RoundMode::kRint, lanes);
@@ -422,8 +456,9 @@ class RmsNormEmitter {
       row_sums(g, cur, m_r);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
-      if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
+      if (m_stats && !m_staged) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
       apply_row_values(g, Opcode::op_vsub, cur, m_r, other);
+      if (m_staged) stage_rows(g, lead, m_mean_staged);
       std::swap(cur, other);
     }
     // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
@@ -438,6 +473,7 @@ class RmsNormEmitter {
     }
     // y = x * r * gamma (+ beta), f32, each product into the other buffer.
     apply_row_values(g, Opcode::op_vmul, cur, m_r, other);
+    if (m_staged) stage_rows(g, lead, m_rstd_staged);
     std::swap(cur, other);
     // * gamma (+ beta), into the other buffer.
     const auto apply_param = [&](Opcode op, uint64_t param) {
@@ -458,7 +494,10 @@ class RmsNormEmitter {
     else
       vec_copy_bits(b, kLaneBytes, m_out[q], cur, lanes);
     if (!conv) sync.release_load(q);
-    if (m_stats) {
+    if (m_staged) {
+      gather_staged(staged, m_mean_staged, m_mean_out[q]);
+      gather_staged(staged, m_rstd_staged, m_rstd_out[q]);
+    } else if (m_stats) {
       vec_copy_bits(b, kLaneBytes, m_mean_out[q], m_mean, g.rows);
       vec_copy_bits(b, kLaneBytes, m_rstd_out[q], m_r, g.rows);
     }
@@ -470,11 +509,55 @@ class RmsNormEmitter {
       count_blocks(b, blocks, g.rows, m_h * sz);
       b.emit(Opcode::op_copy_ub2gm, {dst, m_out[q], 1, blocks, 0, 0}, "y rows");
     }
-    if (m_stats) {
+    if (m_staged) {
+      Reg first = b.reg("first staged row");
+      b.sub(first, g.r, lead);
+      store_row_values(b, m_mean_gm, first, staged, m_mean_out[q], "mean");
+      store_row_values(b, m_rstd_gm, first, staged, m_rstd_out[q], "rstd");
+    } else if (m_stats) {
       store_row_values(b, m_mean_gm, g.r, g.rows, m_mean_out[q], "mean");
       store_row_values(b, m_rstd_gm, g.r, g.rows, m_rstd_out[q], "rstd");
     }
     sync.stored(q);
+  }
+
+  // Groups of fewer rows than a 32-byte block of statistics (G % 8 != 0): each group's mean and
+  // rstd join the rows staged before it in its 8-row block, a block per row at `stage` (from row
+  // `lead` = r mod 8: a block range starts on a whole block, so the staged rows are the block's
+  // rows before r, none at a range's start). stage_rows copies the group's rows there from
+  // replicate()'s blocks (m_rep, right after the value was replicated for its row step);
+  // gather_staged makes out (dense, one f32 per row) of the `staged` = lead + rows staged rows,
+  // each block's first lane taken by a vcadd of one active lane (0 + x: the value, but -0.0
+  // reads +0.0), and moves the rows of the last, partial block (staged mod 8) to the stage's
+  // start. The store (whole blocks from the block's first row) then holds the group's rows and,
+  // before them, rows already stored with the same values, and ends at the group's end rounded up
+  // to a block: inside the block range (a multiple of 8 rows) but at the tensor's end, whose last
+  // block is written whole (the output buffer's 32-byte granule).
+  void stage_rows(const GroupRegs& g, const Reg& lead, uint64_t stage) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "per-row statistic staged (a block per row)");
+    Reg at = b.reg("staged row"), lanes = b.reg("lanes");
+    b.mul_add(at, lead, kBlock, static_cast<int64_t>(stage));
+    b.mul(lanes, g.rows, kBlockLanes32);
+    vec_copy_bits(b, kLaneBytes, at, m_rep, lanes);
+  }
+  void gather_staged(const Reg& staged, uint64_t stage, uint64_t out) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "staged statistic: whole blocks of rows, the partial one kept");
+    set_mask_lanes(b, lane_range(0, 1));
+    vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, out,
+                       VOperand(static_cast<int64_t>(stage), 1, 1), staged);
+    Reg keep = b.reg("rows of the partial block"), from = b.reg("first row of it");
+    b.and_(keep, staged, kBlockLanes32 - 1);
+    b.sub(from, staged, keep);
+    b.if_(ne(from, 0), [&] {
+      b.if_(ne(keep, 0), [&] {
+        Reg at = b.reg("partial block's row"), lanes = b.reg("lanes");
+        b.mul_add(at, from, kBlock, static_cast<int64_t>(stage));
+        b.mul(lanes, keep, kBlockLanes32);
+        vec_copy_bits(b, kLaneBytes, static_cast<int64_t>(stage), at, lanes);
+      });
+    });
   }
 
   // dense[r] = the sum of row r of the group's f32 rows at src (read only): span sums or lane
@@ -516,7 +599,8 @@ class RmsNormEmitter {
   bool m_by_row = false;      // rows_apply_by_row at this kernel's group size
   bool m_span_sums = false;   // row_sums_by_span at this kernel's group size
   bool m_param_rows = false;  // gamma (beta) copied to every row of a group
-  uint64_t m_gamma_rows = 0, m_beta_rows = 0;
+  bool m_staged = false;      // mean and rstd staged into whole blocks (stage_row_values)
+  uint64_t m_gamma_rows = 0, m_beta_rows = 0, m_mean_staged = 0, m_rstd_staged = 0;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
