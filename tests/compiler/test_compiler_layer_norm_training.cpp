@@ -188,6 +188,11 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   check_forward({17, 32}, DataType::F16, 4);
   check_forward({17, 32}, DataType::F16, 5, DataType::F32);  // f16 x, f32 gamma and beta
   check_forward({40, 128}, DataType::BF16, 6, DataType::F32);
+  // BERT's rows (f16, f32 parameters): fewer rows per group than 64-lane spans per row (the
+  // per-row instructions), span sums, the row values widened one instruction per 8 rows.
+  check_forward({64, 1024}, DataType::F16, 7, DataType::F32);
+  // Short rows, many per group: the lane slots, widen_row_groups.
+  check_forward({2048, 128}, DataType::F32, 8);
   auto k =
       compiler::compile(make_op("LayerNormV3",
                                 {TensorDesc{DataType::F32, {8, 64}},
@@ -195,6 +200,30 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
                                 {}),
                         test_sim().config());
   CHECK(k.launches.size() == 1);
+}
+
+// Rows too long for 8 in the UB: groups of fewer rows than a 32-byte block of mean / rstd
+// holds (8), so the statistics are gathered across groups into whole blocks before they are
+// stored; rows that do not divide the blocks (the last block range, and the tensor, end inside
+// a block). run_compiled's guards check nothing is written past the outputs' buffers; every row's
+// mean and rstd is checked (a block stored from a group's first row used to leave rows of the
+// next block range, another core's, and of the tensor's end wrong).
+TEST_CASE("LayerNormV3: mean and rstd where a group holds fewer than 8 rows") {
+  const auto group_rows = [](const std::vector<int64_t>& shape, DataType dt) {
+    const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}};
+    auto k = compiler::compile(make_op("LayerNormV3", {x, p, p}, {}), test_sim().config());
+    const std::string& s = k.launches.at(0).summary;
+    return std::stoll(s.substr(s.rfind("groups of ") + 10));
+  };
+  uint32_t seed = 30;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
+    for (DataType dt : {DataType::F32, DataType::F16}) {
+      INFO(compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+      CHECK(group_rows(shape, dt) % 8 != 0);
+      check_forward(shape, dt, seed++, DataType::F32);
+    }
+  }
 }
 
 TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the formulas") {
@@ -206,6 +235,8 @@ TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the for
   // BERT-Large's rows: groups of fewer than 8 rows fit the UB (replicate_rows fills whole
   // groups of 8 row blocks), several groups per core.
   check_backward({256, 1024}, DataType::F32, 15);
+  check_backward({64, 1024}, DataType::F16, 17, DataType::F32);
+  check_backward({2048, 128}, DataType::F32, 18);
 }
 
 TEST_CASE("LayerNorm training kernels: bad shapes are errors naming the input") {

@@ -7,14 +7,14 @@
 // returns y only (what a decoder's forward pass consumes).
 //
 // One row kernel (ops/row_kernel.h): rows of H resident in the UB in groups, double-buffered;
-// per group: widen to f32, squares, per-row sums (lane accumulator), r = rsqrt(sum / H + eps)
-// per row, x * r (one value per row replicated onto its lanes), * gamma (an f32 row built once,
-// read with a repeat stride of 0 for every row), rounded once to the output type.
+// per group: widen to f32, squares, per-row sums (lane accumulator or span sums: row_sums_by_span),
+// r = rsqrt(sum / H + eps) per row, x * r (one value per row replicated onto its lanes), * gamma
+// (an f32 row built once, read with a repeat stride of 0 for every row), rounded once to the
+// output type. Per-row operands go one instruction per span or per row (rows_apply_by_row).
 //
 // Numerics against keras-hub (which casts to f32, computes the same formula and casts back): the
-// sum of squares is accumulated lane-wise then folded (a different order than a sequential sum:
-// relative difference ~ log2(H) f32 ulps), vrsqrt is the f32 reciprocal square root; the result
-// is rounded once.
+// sum of squares is two nested sequential f32 sums (64 lanes and H / 64 spans, in either nesting:
+// row_sums_by_span), vrsqrt is the f32 reciprocal square root; the result is rounded once.
 //
 // LayerNorm (CANN's op type; GPT-2's keras LayerNormalization over the last axis):
 //
@@ -66,7 +66,7 @@ constexpr int64_t kRowMultiple = 16;
 struct NormBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, xw, out, sq, acc, acc2, r, rep, scratch, alt, gamma_raw, gamma, beta_raw,
-      beta, mean, mean_out, rstd_out, wide;
+      beta, mean, mean_out, rstd_out, wide, gamma_rows, beta_rows, mean_staged, rstd_staged;
 };
 
 // The UB's bank windows (ub_banks x ub_bank_width_bytes bytes, one 256-byte repeat of 4-byte
@@ -76,19 +76,32 @@ struct NormBuffers {
 // placed in window k modulo the window count, so the row operands one instruction reads and
 // writes together start in different windows; no placement without a bank model.
 void place_in_windows(BufferPlan& p, const ChipConfig& cfg,
-                      std::initializer_list<BufferPlan::Id> ids) {
+                      std::initializer_list<BufferPlan::Id> ids, uint64_t first_window = 0) {
   const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
                         static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
   const uint64_t windows = span % kSlotBytes == 0 ? span / kSlotBytes : 0;
   if (windows < 2) return;
-  uint64_t w = 0;
+  uint64_t w = first_window;
   for (BufferPlan::Id id : ids) p.place(id, span, w++ % windows * kSlotBytes);
 }
 
+// Staged statistics' sizes at groups of G rows: the values of up to G + 7 rows in whole blocks,
+// and a block per row of them with the 7 blocks a repeat of 64 lanes reads past the last.
+uint64_t staged_values_bytes(int64_t G) {
+  return static_cast<uint64_t>(rnd((G + kBlockLanes32 - 1) * kLaneBytes));
+}
+uint64_t staged_bytes(int64_t G) {
+  return static_cast<uint64_t>((G + 2 * (kBlockLanes32 - 1)) * kBlock);
+}
+
 // Units: rows per group. center: LayerNorm's beta rows too; stats: LayerNormV3's per-row mean
-// and rstd (a copy of the mean, and both outputs double-buffered).
+// and rstd (a copy of the mean, and both outputs double-buffered); param_rows: gamma (and beta)
+// copied to every row of a group, so that * gamma and + beta are one instruction each; staged:
+// the statistics gathered into whole 8-row blocks across groups (RmsNormEmitter::stage_rows): a
+// block per row for up to G + 7 rows (and 7 blocks a 64-lane repeat reads past them), and output
+// copies of the whole blocks those rows cover.
 NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
-                         const ChipConfig& cfg) {
+                         const ChipConfig& cfg, bool param_rows, bool staged) {
   NormBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
@@ -101,17 +114,26 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
   n.acc2 = p.add_sized("lane slots (alternate)", blocks_of(kSlotBytes));
   n.r = p.add_sized("row factor", blocks_of(kLaneBytes));
   n.rep = p.add_sized("replicated", replicated_bytes);
-  n.wide = p.add_sized("replicated (a repeat per row)", blocks_of(kSlotBytes));
+  n.wide = p.add_sized("replicated (a repeat per row)", widened_bytes);
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pconv);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.beta_raw = p.add_fixed("beta", static_cast<uint64_t>(rnd(H * psz)), 1, pconv && center);
   n.beta = p.add_fixed("beta (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)), 1, center);
-  n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats);
-  n.mean_out = p.add_sized("mean out", blocks_of(kLaneBytes), 2, stats);
-  n.rstd_out = p.add_sized("rstd out", blocks_of(kLaneBytes), 2, stats);
+  n.mean = p.add_sized("row means", blocks_of(kLaneBytes), 1, stats && !staged);
+  const BufferPlan::SizeFn out_bytes = staged ? staged_values_bytes : blocks_of(kLaneBytes);
+  n.mean_out = p.add_sized("mean out", out_bytes, 2, stats);
+  n.rstd_out = p.add_sized("rstd out", out_bytes, 2, stats);
+  n.mean_staged = p.add_sized("means (a block per row, staged)", staged_bytes, 1, stats && staged);
+  n.rstd_staged = p.add_sized("rstd (a block per row, staged)", staged_bytes, 1, stats && staged);
+  n.gamma_rows = p.add_sized("gamma (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows);
+  n.beta_rows =
+      p.add_sized("beta (f32, every row)", blocks_of(H * kLaneBytes), 1, param_rows && center);
   place_in_windows(p, cfg, {n.raw_x, n.xw, n.sq, n.out, n.gamma, n.beta, n.acc, n.acc2});
+  // Away from the row buffers' windows and from their own sources' (gamma's 4, beta's 5): in
+  // beta's and gamma's.
+  place_in_windows(p, cfg, {n.gamma_rows, n.beta_rows}, 5);
   declare_repeat_overhang(p);
   return n;
 }
@@ -119,11 +141,15 @@ NormBuffers norm_buffers(int64_t H, Dtype t, Dtype pt, bool center, bool stats,
 // Rows per resident group of a row kernel of `plan`'s buffers: whole 8-row blocks where they
 // fit; long rows (Llama's H = 2048 and up in f16 / bf16: 32 KiB of buffers per row) in groups of
 // fewer rows, down to one; a row of H that does not fit the UB is an error.
+int64_t fit_group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
+                       const BlockSplit& split) {
+  const int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
+                             std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
+  return G != 0 ? G : plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+}
 int64_t group_rows(const BufferPlan& plan, const ChipConfig& cfg, const VectorCores& cores,
                    const BlockSplit& split, KernelBuilder& b, int64_t H) {
-  int64_t G = plan.fit(cfg, cores.kind, kBlockLanes32,
-                       std::min(kMaxGroupRows / kBlockLanes32 * kBlockLanes32, split.per));
-  if (G == 0) G = plan.fit(cfg, cores.kind, 1, kBlockLanes32);
+  const int64_t G = fit_group_rows(plan, cfg, cores, split);
   if (G == 0) b.fail(fmt::format("a row of {} does not fit the UB", H));
   return G;
 }
@@ -146,7 +172,8 @@ void load_param_row(KernelBuilder& b, Dtype t, int64_t H, const Reg& src, uint64
 }
 
 // Stores `rows` (a register) 4-byte values per row from UB `src` to GM `base` + first * 4, in
-// whole 32-byte blocks (a block range's rows are whole blocks but for the tensor's last).
+// whole 32-byte blocks: `first` a multiple of 8 (a block's first row), and the rows past the
+// last whole block this core's to write (or past the tensor's end, inside its last block).
 void store_row_values(KernelBuilder& b, const Reg& base, const Reg& first, const Reg& rows,
                       uint64_t src, const char* what) {
   Reg dst = b.reg("destination"), blocks = b.reg("blocks");
@@ -170,6 +197,109 @@ void apply_param_row(KernelBuilder& b, const RowGroup& dst, int64_t H, Opcode op
       vec_binary_strided(b, op, Dtype::F32, VOperand(da, 1, row_rep), VOperand(sa, 1, row_rep),
                          VOperand(static_cast<int64_t>(param) + off, 1, 0), count);
     }
+  });
+}
+
+// A per-row operand of rows_apply: the row's value as a 256-byte repeat (widen_rows' wide
+// buffer: row_bytes 256, read with a repeat stride of 0 on every repeat of the row) or a
+// resident f32 row of H lanes (gamma, beta: row_bytes 0, a repeat stride of one repeat).
+struct RowOperand {
+  uint64_t addr = 0;
+  int64_t row_bytes = 0;   // bytes from one row's operand to the next
+  int64_t rep_blocks = 0;  // repeat stride in 32-byte blocks
+};
+RowOperand row_value_repeats(uint64_t wide) { return {wide, kSlotBytes, 0}; }
+RowOperand param_row(uint64_t row) { return {row, 0, kSlotBytes / kBlock}; }
+
+// dst row r = op(src row r, operand of row r), f32, for the group's rows (rows of H lanes, H * 4
+// bytes apart; dst and src any UB addresses): one instruction per row over its H lanes (counter
+// mode: ceil(H / 64) repeats), rows in a run-time loop. The same lanes, operands and operation
+// as the per-span form (rows_bcast_into, apply_param_row: one instruction per 64-lane span with a
+// repeat per row), so the same results; the instructions are fewer and longer where a group has
+// fewer rows than a row has spans (rows_apply_by_row): each instruction pays the vector latency
+// once, so per-row costs rows x (latency + spans) cycles against spans x (latency + rows).
+void rows_apply(KernelBuilder& b, const Reg& rows, int64_t H, Opcode op, uint64_t dst, uint64_t src,
+                const RowOperand& v) {
+  KernelBuilder::Origin o(b, fmt::format("per-row operand applied to each row, one instruction "
+                                         "per row ({})",
+                                         isa::describe(op).mnemonic));
+  const int64_t row_bytes = H * kLaneBytes;
+  constexpr int64_t kRepBlocks = kSlotBytes / kBlock;
+  b.emit(Opcode::op_set_mask_count, {H});
+  Reg r = b.reg("row"), da = b.reg("destination row"), sa = b.reg("source row"),
+      va = b.reg_imm("operand row", static_cast<int64_t>(v.addr));
+  b.for_range(r, 0, rows, 1, [&] {
+    b.mul_add(da, r, row_bytes, static_cast<int64_t>(dst));
+    b.mul_add(sa, r, row_bytes, static_cast<int64_t>(src));
+    if (v.row_bytes != 0) b.mul_add(va, r, v.row_bytes, static_cast<int64_t>(v.addr));
+    b.emit(op, {Dtype::F32, da, sa, va, 0, 1, 1, 1, kRepBlocks, kRepBlocks, v.rep_blocks});
+  });
+}
+
+// Whether rows_apply beats the per-span form for groups of up to G rows of H lanes: fewer rows
+// than 64-lane spans (the cost comparison above, whatever the latency).
+bool rows_apply_by_row(int64_t G, int64_t H) { return G < ceil_div(H, kLanes32); }
+
+// Per-row sums of f32 rows of H lanes, two ways:
+//   lane slots (rows_to_lanes_alternating, then lanes_reduce): each row's 64-lane spans added
+//     lane-wise in span order into its slot (an instruction per span, a repeat per row), then
+//     each slot's 64 lanes in lane order (vcadd);
+//   span sums (row_sums_by_span): each span's 64 lanes in lane order (one vcadd over the group,
+//     a repeat per span), then each row's S = H / 64 span sums in span order (vcadd, a repeat
+//     per row).
+// Both sum each row in f32 as two nested sequential sums of 64 and S terms (in the other
+// nesting), so the same error bound (about (64 + S) ulps of the sum of magnitudes); the results
+// differ in the last bits. The span sums need rows of whole spans whose S sums are whole 32-byte
+// blocks (H a multiple of 512, at most 4096: one repeat of sums per row).
+bool span_sums_fit(int64_t H) {
+  return H % (kLanes32 * kBlockLanes32) == 0 && H <= kLanes32 * kLanes32;
+}
+
+// Whether the span sums issue fewer vector cycles than the lane slots for groups of G rows of H
+// lanes, at the chip's vector latency L and reduction factor f (cycles per repeat of vcadd):
+// lane slots (L + G) (fill) + S (L + G) + (L + f G); span sums (L + f G S) + (L + f G).
+bool row_sums_by_span(int64_t G, int64_t H, const ChipConfig& cfg) {
+  if (!span_sums_fit(H)) return false;
+  const int64_t S = H / kLanes32, L = std::max(0, cfg.vector_latency_cycles),
+                f = std::max(1, cfg.vector_reduce_factor);
+  return L + f * G * S < (S + 1) * (L + G);
+}
+
+// dense[r] = the sum of row r's H lanes at src (f32, rows H * 4 bytes apart), r < rows, by the
+// span sums; partials: rows * H / 16 bytes (the S sums of each row).
+void row_sums_of_spans(KernelBuilder& b, const Reg& rows, int64_t H, uint64_t src,
+                       uint64_t partials, uint64_t dense) {
+  KernelBuilder::Origin o(b, "row sums: 64-lane spans -> span sums -> one value per row");
+  const int64_t S = H / kLanes32;
+  Reg lanes = b.reg("lanes of the group");
+  b.mul(lanes, rows, H);
+  b.emit(Opcode::op_set_mask_count, {lanes});
+  vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, partials, VOperand(src), 0);
+  set_mask_lanes(b, lane_range(0, S));
+  vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, dense,
+                     VOperand(partials, 1, S * kLaneBytes / kBlock), rows);
+}
+
+// Whether gamma (beta) on every row of a group pays, at the chip's vector latency L (bank
+// conflicts left out): per group, one instruction of G x H lanes (L + G S cycles) instead of G
+// (L + S) or S (L + G) (rows_apply_by_row), over a block's `groups` groups, against the G copies
+// of the row (G (L + S)) made once.
+bool param_rows_pay(int64_t G, int64_t H, int64_t groups, const ChipConfig& cfg) {
+  const int64_t S = ceil_div(H, kLanes32), L = std::max(0, cfg.vector_latency_cycles);
+  const int64_t apart = rows_apply_by_row(G, H) ? G * (L + S) : S * (L + G);
+  return groups * (apart - (L + G * S)) > G * (L + S);
+}
+
+// The resident f32 row `row` [H] copied to `rows` rows at dst (H * 4 bytes apart), once: one
+// vcopy per row in a run-time loop.
+void copy_to_rows(KernelBuilder& b, int64_t rows, int64_t H, uint64_t row, uint64_t dst,
+                  const char* name) {
+  KernelBuilder::Origin o(b, fmt::format("{} (f32) on every row of a group", name));
+  b.emit(Opcode::op_set_mask_count, {H});
+  Reg r = b.reg("row"), da = b.reg("destination row");
+  b.for_range(r, 0, rows, 1, [&] {
+    b.mul_add(da, r, H * kLaneBytes, static_cast<int64_t>(dst));
+    b.emit(Opcode::op_vcopy, {Dtype::S32, da, static_cast<int64_t>(row), 0, 1, 1, 8, 8});
   });
 }
 
@@ -205,9 +335,26 @@ class RmsNormEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg);
+    NormBuffers bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false, false);
+    // Blocks of whole 8-row blocks: a block's rows start on a 32-byte block of mean and rstd.
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    // Groups of fewer rows than a block of mean / rstd: the statistics staged (the buffers for
+    // it, and the group size refitted with them).
+    m_staged = m_stats && G % kBlockLanes32 != 0;
+    if (m_staged) {
+      bufs = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, false, true);
+      G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    }
+    // gamma and beta on every row of a group where that leaves the group size as it is and saves
+    // more vector cycles over a block's groups than the copies cost (param_rows_pay).
+    NormBuffers with_rows = norm_buffers(m_h, m_t, m_pt, m_center, m_stats, cfg, true, m_staged);
+    m_param_rows = fit_group_rows(with_rows.plan, cfg, cores, split) == G &&
+                   param_rows_pay(G, m_h, ceil_div(split.per, G), cfg);
+    if (m_param_rows) bufs = std::move(with_rows);
+    m_group = G;
+    m_by_row = rows_apply_by_row(G, m_h);
+    m_span_sums = row_sums_by_span(G, m_h, cfg);
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("gamma", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     if (m_center) m_k.arg("beta", m_pt, {m_h}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -228,6 +375,10 @@ class RmsNormEmitter {
     if (m_stats) {
       take_twins(at, {{&m_mean_out, bufs.mean_out}, {&m_rstd_out, bufs.rstd_out}});
       m_mean = at[bufs.mean];
+      if (m_staged) {
+        m_mean_staged = at[bufs.mean_staged];
+        m_rstd_staged = at[bufs.rstd_staged];
+      }
     }
     take_buffers(at, {{&m_xw, bufs.xw},
                       {&m_sq, bufs.sq},
@@ -243,6 +394,14 @@ class RmsNormEmitter {
     if (m_center) {
       m_beta = at[bufs.beta];
       load_param_row(m_b, m_pt, m_h, args[2], at[bufs.beta_raw], m_beta, "beta");
+    }
+    if (m_param_rows) {
+      m_gamma_rows = at[bufs.gamma_rows];
+      copy_to_rows(m_b, G, m_h, m_gamma, m_gamma_rows, "gamma");
+      if (m_center) {
+        m_beta_rows = at[bufs.beta_rows];
+        copy_to_rows(m_b, G, m_h, m_beta, m_beta_rows, "beta");
+      }
     }
     fill_alt_pattern(m_b, m_alt, G);
     m_k.start_pingpong();
@@ -281,6 +440,12 @@ class RmsNormEmitter {
     };
     Reg lanes = b.reg("lanes of the group");
     b.mul(lanes, g.rows, m_h);
+    // Staged statistics: the rows of the group's 8-row block staged before it, and with it.
+    Reg lead = b.reg("staged rows before the group"), staged = b.reg("staged rows");
+    if (m_staged) {
+      b.and_(lead, g.r, kBlockLanes32 - 1);
+      b.add(staged, lead, g.rows);
+    }
     sync.wait_loaded(q);
     if (conv) {
       vec_convert(b, Dtype::F32, m_t, cur, m_raw_x[q], RoundMode::kRint, lanes);
@@ -288,21 +453,17 @@ class RmsNormEmitter {
     }
     if (m_center) {
       // x - sum(x) / H per row (the centred rows, into the other buffer).
-      const uint64_t sums =
-          rows_to_lanes_alternating(b, rows_of(cur), Combine::kSum, Dtype::F32, m_acc, m_acc2);
-      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
+      row_sums(g, cur, m_r);
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       vec_scalar(b, Opcode::op_vmuls, Dtype::F32, m_r, m_r, inv_h, g.rows);
-      if (m_stats) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
-      rows_bcast_into(b, rows_of(cur), Opcode::op_vsub, Dtype::F32, replicate(g, m_r), false, other,
-                      wide());
+      if (m_stats && !m_staged) vec_copy_bits(b, kLaneBytes, m_mean, m_r, g.rows);
+      apply_row_values(g, Opcode::op_vsub, cur, m_r, other);
+      if (m_staged) stage_rows(g, lead, m_mean_staged);
       std::swap(cur, other);
     }
     // r = rsqrt(sum(x^2) / H + eps) per row (the squares in the other buffer).
     vec_binary(b, Opcode::op_vmul, Dtype::F32, other, cur, cur, lanes);
-    const uint64_t sums =
-        rows_to_lanes_alternating(b, rows_of(other), Combine::kSum, Dtype::F32, m_acc, m_acc2);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, m_r, other);
+    row_sums(g, other, m_r);
     {
       Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
       Reg eps = b.reg_imm("epsilon", vector_scalar_bits(Dtype::F32, m_eps));
@@ -311,12 +472,18 @@ class RmsNormEmitter {
       vec_unary(b, Opcode::op_vrsqrt, Dtype::F32, m_r, m_r, g.rows);
     }
     // y = x * r * gamma (+ beta), f32, each product into the other buffer.
-    rows_bcast_into(b, rows_of(cur), Opcode::op_vmul, Dtype::F32, replicate(g, m_r), false, other,
-                    wide());
+    apply_row_values(g, Opcode::op_vmul, cur, m_r, other);
+    if (m_staged) stage_rows(g, lead, m_rstd_staged);
     std::swap(cur, other);
     // * gamma (+ beta), into the other buffer.
     const auto apply_param = [&](Opcode op, uint64_t param) {
-      apply_param_row(b, rows_of(other), m_h, op, cur, param);
+      if (m_param_rows)
+        vec_binary(b, op, Dtype::F32, other, cur, param == m_gamma ? m_gamma_rows : m_beta_rows,
+                   lanes);
+      else if (m_by_row)
+        rows_apply(b, g.rows, m_h, op, other, cur, param_row(param));
+      else
+        apply_param_row(b, rows_of(other), m_h, op, cur, param);
       std::swap(cur, other);
     };
     apply_param(Opcode::op_vmul, m_gamma);
@@ -327,7 +494,10 @@ class RmsNormEmitter {
     else
       vec_copy_bits(b, kLaneBytes, m_out[q], cur, lanes);
     if (!conv) sync.release_load(q);
-    if (m_stats) {
+    if (m_staged) {
+      gather_staged(staged, m_mean_staged, m_mean_out[q]);
+      gather_staged(staged, m_rstd_staged, m_rstd_out[q]);
+    } else if (m_stats) {
       vec_copy_bits(b, kLaneBytes, m_mean_out[q], m_mean, g.rows);
       vec_copy_bits(b, kLaneBytes, m_rstd_out[q], m_r, g.rows);
     }
@@ -339,26 +509,98 @@ class RmsNormEmitter {
       count_blocks(b, blocks, g.rows, m_h * sz);
       b.emit(Opcode::op_copy_ub2gm, {dst, m_out[q], 1, blocks, 0, 0}, "y rows");
     }
-    if (m_stats) {
+    if (m_staged) {
+      Reg first = b.reg("first staged row");
+      b.sub(first, g.r, lead);
+      store_row_values(b, m_mean_gm, first, staged, m_mean_out[q], "mean");
+      store_row_values(b, m_rstd_gm, first, staged, m_rstd_out[q], "rstd");
+    } else if (m_stats) {
       store_row_values(b, m_mean_gm, g.r, g.rows, m_mean_out[q], "mean");
       store_row_values(b, m_rstd_gm, g.r, g.rows, m_rstd_out[q], "rstd");
     }
     sync.stored(q);
   }
 
+  // Groups of fewer rows than a 32-byte block of statistics (G % 8 != 0): each group's mean and
+  // rstd join the rows staged before it in its 8-row block, a block per row at `stage` (from row
+  // `lead` = r mod 8: a block range starts on a whole block, so the staged rows are the block's
+  // rows before r, none at a range's start). stage_rows copies the group's rows there from
+  // replicate()'s blocks (m_rep, right after the value was replicated for its row step);
+  // gather_staged makes out (dense, one f32 per row) of the `staged` = lead + rows staged rows,
+  // each block's first lane taken by a vcadd of one active lane (0 + x: the value, but -0.0
+  // reads +0.0), and moves the rows of the last, partial block (staged mod 8) to the stage's
+  // start. The store (whole blocks from the block's first row) then holds the group's rows and,
+  // before them, rows already stored with the same values, and ends at the group's end rounded up
+  // to a block: inside the block range (a multiple of 8 rows) but at the tensor's end, whose last
+  // block is written whole (the output buffer's 32-byte granule).
+  void stage_rows(const GroupRegs& g, const Reg& lead, uint64_t stage) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "per-row statistic staged (a block per row)");
+    Reg at = b.reg("staged row"), lanes = b.reg("lanes");
+    b.mul_add(at, lead, kBlock, static_cast<int64_t>(stage));
+    b.mul(lanes, g.rows, kBlockLanes32);
+    vec_copy_bits(b, kLaneBytes, at, m_rep, lanes);
+  }
+  void gather_staged(const Reg& staged, uint64_t stage, uint64_t out) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "staged statistic: whole blocks of rows, the partial one kept");
+    set_mask_lanes(b, lane_range(0, 1));
+    vec_reduce_strided(b, Opcode::op_vcadd, Dtype::F32, out,
+                       VOperand(static_cast<int64_t>(stage), 1, 1), staged);
+    Reg keep = b.reg("rows of the partial block"), from = b.reg("first row of it");
+    b.and_(keep, staged, kBlockLanes32 - 1);
+    b.sub(from, staged, keep);
+    b.if_(ne(from, 0), [&] {
+      b.if_(ne(keep, 0), [&] {
+        Reg at = b.reg("partial block's row"), lanes = b.reg("lanes");
+        b.mul_add(at, from, kBlock, static_cast<int64_t>(stage));
+        b.mul(lanes, keep, kBlockLanes32);
+        vec_copy_bits(b, kLaneBytes, static_cast<int64_t>(stage), at, lanes);
+      });
+    });
+  }
+
+  // dense[r] = the sum of row r of the group's f32 rows at src (read only): span sums or lane
+  // slots (row_sums_by_span); the slots' buffers hold the span sums.
+  void row_sums(const GroupRegs& g, uint64_t src, uint64_t dense) {
+    if (m_span_sums) {
+      row_sums_of_spans(m_b, g.rows, m_h, src, m_acc, dense);
+      return;
+    }
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    const uint64_t sums =
+        rows_to_lanes_alternating(m_b, rows, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+    lanes_reduce(m_b, Combine::kSum, Dtype::F32, sums, g.rows, dense, 0);
+  }
   // Rows of more than one repeat read their row value from a repeat per row (widen_rows).
   bool wide() const { return m_h > kLanes32; }
   // The group's per-row values at `dense` replicated for rows_bcast: m_rep, or m_wide if wide().
   uint64_t replicate(const GroupRegs& g, uint64_t dense) {
     replicate_rows(m_b, dense, g.rows, m_rep, m_scratch, m_alt);
     if (!wide()) return m_rep;
-    widen_rows(m_b, m_rep, g.rows, m_wide);
+    widen_rows_grouped(m_b, m_rep, g.rows, m_wide, m_group);
     return m_wide;
+  }
+  // dst rows = op(src rows, the row's value at dense[row]), f32: one instruction per row
+  // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
+  void apply_row_values(const GroupRegs& g, Opcode op, uint64_t src, uint64_t dense, uint64_t dst) {
+    const uint64_t rep = replicate(g, dense);
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    if (m_by_row)
+      rows_apply(m_b, g.rows, m_h, op, dst, src, row_value_repeats(rep));
+    else
+      rows_bcast_into(m_b, rows, op, Dtype::F32, rep, false, dst, wide());
   }
 
   RowKernel m_k;
   NormKind m_kind;
   bool m_center, m_stats;
+  int64_t m_group = 0;        // rows per group (G)
+  bool m_by_row = false;      // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;   // row_sums_by_span at this kernel's group size
+  bool m_param_rows = false;  // gamma (beta) copied to every row of a group
+  bool m_staged = false;      // mean and rstd staged into whole blocks (stage_row_values)
+  uint64_t m_gamma_rows = 0, m_beta_rows = 0, m_mean_staged = 0, m_rstd_staged = 0;
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
@@ -397,8 +639,8 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   // Row values replicated to a block per row, then (rows of more than one repeat) widened to a
   // repeat per row in rep / rep_rstd.
   n.rep_block = p.add_sized("replicated", replicated_bytes);
-  n.rep = p.add_sized("replicated (wide)", blocks_of(kSlotBytes));
-  n.rep_rstd = p.add_sized("replicated rstd (wide)", blocks_of(kSlotBytes));
+  n.rep = p.add_sized("replicated (wide)", widened_bytes);
+  n.rep_rstd = p.add_sized("replicated rstd (wide)", widened_bytes);
   n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pt != Dtype::F32);
@@ -432,6 +674,9 @@ class LayerNormGradEmitter {
     const GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg);
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    m_group = G;
+    m_by_row = rows_apply_by_row(G, m_h);
+    m_span_sums = row_sums_by_span(G, m_h, cfg);
     m_k.arg("dy", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 0, 0});
     m_k.arg("x", m_t, {m_rows, m_h}, ArgRef{ArgRef::Kind::kInput, 1, 0});
     m_k.arg("rstd", Dtype::F32, {m_rows}, ArgRef{ArgRef::Kind::kInput, 2, 0});
@@ -503,10 +748,14 @@ class LayerNormGradEmitter {
   // Per-row sums of the f32 rows at src (read only) -> dense, scaled by 1/H.
   void row_means(const GroupRegs& g, uint64_t src, uint64_t dense) {
     KernelBuilder& b = m_b;
-    const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
-    const uint64_t sums =
-        rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
-    lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
+    if (m_span_sums) {
+      row_sums_of_spans(b, g.rows, m_h, src, m_acc, dense);
+    } else {
+      const RowGroup rg{&m_layout, src, &g.supers, &g.slots};
+      const uint64_t sums =
+          rows_to_lanes_alternating(b, rg, Combine::kSum, Dtype::F32, m_acc, m_acc2);
+      lanes_reduce(b, Combine::kSum, Dtype::F32, sums, g.rows, dense, m_sq);
+    }
     Reg inv_h = b.reg_imm("1/H", vector_scalar_bits(Dtype::F32, 1.0 / static_cast<double>(m_h)));
     vec_scalar(b, Opcode::op_vmuls, Dtype::F32, dense, dense, inv_h, g.rows);
   }
@@ -537,21 +786,24 @@ class LayerNormGradEmitter {
     replicate(g, m_mean_in[q], m_rep);
     replicate(g, m_rstd_in[q], m_rep_rstd);
     if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
-    rows_bcast_into(b, rows_of(x), Opcode::op_vsub, Dtype::F32, m_rep, false, m_sq, wide());
-    rows_bcast_into(b, rows_of(m_sq), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, xhat, wide());
+    apply_row_values(g, Opcode::op_vsub, x, m_rep, m_sq);
+    apply_row_values(g, Opcode::op_vmul, m_sq, m_rep_rstd, xhat);
     // g = dy * gamma.
-    apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
+    if (m_by_row)
+      rows_apply(b, g.rows, m_h, Opcode::op_vmul, m_g, dy, param_row(m_gamma));
+    else
+      apply_param_row(b, rows_of(m_g), m_h, Opcode::op_vmul, dy, m_gamma);
     // s1 = mean(g), s2 = mean(g * xhat) per row.
     row_means(g, m_g, m_s1);
     vec_binary(b, Opcode::op_vmul, Dtype::F32, m_sq, m_g, xhat, lanes);
     row_means(g, m_sq, m_s2);
     // dx = (g - xhat * s2 - s1) * rstd, alternating between x's and dy's rows.
     replicate(g, m_s2, m_rep);
-    rows_bcast_into(b, rows_of(xhat), Opcode::op_vmul, Dtype::F32, m_rep, false, x, wide());
+    apply_row_values(g, Opcode::op_vmul, xhat, m_rep, x);
     vec_binary(b, Opcode::op_vsub, Dtype::F32, dy, m_g, x, lanes);
     replicate(g, m_s1, m_rep);
-    rows_bcast_into(b, rows_of(dy), Opcode::op_vsub, Dtype::F32, m_rep, false, x, wide());
-    rows_bcast_into(b, rows_of(x), Opcode::op_vmul, Dtype::F32, m_rep_rstd, false, dy, wide());
+    apply_row_values(g, Opcode::op_vsub, dy, m_rep, x);
+    apply_row_values(g, Opcode::op_vmul, x, m_rep_rstd, dy);
     if (conv)
       vec_convert(b, m_t, Dtype::F32, m_dx_out[q], dy, RoundMode::kRint, lanes);
     else
@@ -573,7 +825,16 @@ class LayerNormGradEmitter {
       return;
     }
     replicate_rows(m_b, dense, g.rows, m_rep_block, m_scratch, m_alt);
-    widen_rows(m_b, m_rep_block, g.rows, dst);
+    widen_rows_grouped(m_b, m_rep_block, g.rows, dst, m_group);
+  }
+  // dst rows = op(src rows, the row's value replicated at rep), f32: one instruction per row
+  // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
+  void apply_row_values(const GroupRegs& g, Opcode op, uint64_t src, uint64_t rep, uint64_t dst) {
+    const RowGroup rows{&m_layout, src, &g.supers, &g.slots};
+    if (m_by_row)
+      rows_apply(m_b, g.rows, m_h, op, dst, src, row_value_repeats(rep));
+    else
+      rows_bcast_into(m_b, rows, op, Dtype::F32, rep, false, dst, wide());
   }
 
   void store_rows(const GroupRegs& g, const Reg& base, uint64_t src, int64_t row_bytes,
@@ -589,6 +850,9 @@ class LayerNormGradEmitter {
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
+  int64_t m_group = 0;       // rows per group (G)
+  bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;

@@ -19,11 +19,11 @@ namespace {
 constexpr int64_t kLaneBytes = 4;
 constexpr int64_t kRowBlockBytes = vec::kBlockBytes;       // one replicated row value (8 lanes)
 constexpr int64_t kTransposeBytes = vec::kTransposeBytes;  // one vtranspose: 16 x 16 u16
-constexpr int64_t kReplicateGroupRows = 8;    // 4-byte values per 16 x 16 u16 matrix
+constexpr int64_t kReplicateGroupRows = 8;                 // 4-byte values per 16 x 16 u16 matrix
 constexpr int64_t kReplicateGroupBytes = 2 * kTransposeBytes;  // the matrix and its transpose
-constexpr int64_t kU16Lanes = 128;            // u16 lanes of one repeat
-constexpr int64_t kAltBytesPerGroup = 16;     // vsel bits of one u16 repeat
-constexpr int64_t kAltPattern = 0x5555;       // even u16 lanes from src0
+constexpr int64_t kU16Lanes = 128;                             // u16 lanes of one repeat
+constexpr int64_t kAltBytesPerGroup = 16;                      // vsel bits of one u16 repeat
+constexpr int64_t kAltPattern = 0x5555;                        // even u16 lanes from src0
 
 int64_t groups_of(int64_t rows) { return (rows + kReplicateGroupRows - 1) / kReplicateGroupRows; }
 
@@ -51,8 +51,8 @@ void vec_scalar_strided(KernelBuilder& b, Opcode op, Dtype t, VOperand dst, VOpe
 
 void vec_compare_strided(KernelBuilder& b, Dtype t, isa::Cmp cmp, Opnd bits, VOperand src0,
                          VOperand src1, Opnd repeat) {
-  b.emit(Opcode::op_vcmp, {t, cmp, bits, src0.addr, src1.addr, repeat, src0.blk, src1.blk,
-                           src0.rep, src1.rep});
+  b.emit(Opcode::op_vcmp,
+         {t, cmp, bits, src0.addr, src1.addr, repeat, src0.blk, src1.blk, src0.rep, src1.rep});
 }
 
 void vec_select_strided(KernelBuilder& b, Dtype t, VOperand dst, VOperand src0, VOperand src1,
@@ -61,8 +61,7 @@ void vec_select_strided(KernelBuilder& b, Dtype t, VOperand dst, VOperand src0, 
                            src1.blk, dst.rep, src0.rep, src1.rep});
 }
 
-void vec_reduce_strided(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, VOperand src,
-                        Opnd repeat) {
+void vec_reduce_strided(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, VOperand src, Opnd repeat) {
   b.emit(op, {t, dst, src.addr, repeat, src.blk, src.rep});
 }
 
@@ -74,8 +73,8 @@ void count_blocks(KernelBuilder& b, const Reg& blocks, const Reg& count, int64_t
 
 void vec_fill32(KernelBuilder& b, Opnd dst, int64_t bits, Opnd count) {
   b.emit(Opcode::op_set_mask_count, {count});
-  b.emit(Opcode::op_vdup, {Dtype::S32, dst, static_cast<int64_t>(static_cast<int32_t>(bits)),
-                           0, 1, 8});
+  b.emit(Opcode::op_vdup,
+         {Dtype::S32, dst, static_cast<int64_t>(static_cast<int32_t>(bits)), 0, 1, 8});
 }
 
 Opcode combine_opcode(Combine c) {
@@ -225,8 +224,7 @@ void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg&
   for (int64_t half = kLanes32 / 2; half >= kBlockLanes32; half /= 2) {
     set_mask_lanes(b, lane_range(0, half));
     vec_binary_strided(b, Opcode::op_vmul, t, slots, slots,
-                       VOperand(static_cast<int64_t>(acc) + half * kLaneBytes, 1, slots.rep),
-                       rows);
+                       VOperand(static_cast<int64_t>(acc) + half * kLaneBytes, 1, slots.rep), rows);
   }
   for (int64_t e = 0; e < kBlockLanes32; ++e) {
     set_mask_lanes(b, uint64_t{1} << e);
@@ -235,8 +233,7 @@ void lanes_reduce(KernelBuilder& b, Combine c, Dtype t, uint64_t acc, const Reg&
   }
 }
 
-void fold_into_slot(KernelBuilder& b, Combine c, Dtype t, uint64_t buf, const Reg& n,
-                    Opnd slot) {
+void fold_into_slot(KernelBuilder& b, Combine c, Dtype t, uint64_t buf, const Reg& n, Opnd slot) {
   KernelBuilder::Origin o(b, "fold a chunk into a lane slot");
   Reg m = b.reg("lanes left"), h = b.reg("half"), cnt = b.reg("folded lanes");
   Reg hi = b.reg("upper part");
@@ -264,13 +261,11 @@ void lanes_arg_step(KernelBuilder& b, bool is_max, Dtype t, Opnd src, const Reg&
   vec_compare_strided(b, t, is_max ? isa::Cmp::GT : isa::Cmp::LT, bits, VOperand(src),
                       VOperand(acc_val), 0);
   vec_select_strided(b, t, VOperand(acc_val), VOperand(src), VOperand(acc_val), bits, 0);
-  vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(t64), VOperand(acc_idx), bits,
-                     0);
+  vec_select_strided(b, Dtype::S32, VOperand(acc_idx), VOperand(t64), VOperand(acc_idx), bits, 0);
 }
 
-void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t,
-                       uint64_t acc_val, uint64_t acc_idx, uint64_t iota64, uint64_t t64,
-                       uint64_t bits) {
+void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t, uint64_t acc_val,
+                       uint64_t acc_idx, uint64_t iota64, uint64_t t64, uint64_t bits) {
   KernelBuilder::Origin o(b, fmt::format("arg{}: rows -> lane slots", is_max ? "max" : "min"));
   const SuperRowLayout& L = *g.layout;
   {
@@ -304,11 +299,11 @@ void rows_to_lanes_arg(KernelBuilder& b, const RowGroup& g, bool is_max, Dtype t
   });
 }
 
-void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val,
-                      uint64_t acc_idx, const Reg& rows, uint64_t dense_val, uint64_t dense_idx,
+void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val, uint64_t acc_idx,
+                      const Reg& rows, uint64_t dense_val, uint64_t dense_idx,
                       const ArgScratch& s) {
-  KernelBuilder::Origin o(b, fmt::format("arg{}: lane slots -> first index of the best value",
-                                         is_max ? "max" : "min"));
+  KernelBuilder::Origin o(
+      b, fmt::format("arg{}: lane slots -> first index of the best value", is_max ? "max" : "min"));
   const int64_t slot_rep = kSlotBytes / kRowBlockBytes;
   set_mask_lanes(b, kAllLanes);
   vec_reduce_strided(b, is_max ? Opcode::op_vcmax : Opcode::op_vcmin, t, dense_val,
@@ -317,8 +312,8 @@ void lanes_reduce_arg(KernelBuilder& b, bool is_max, Dtype t, uint64_t acc_val,
   set_mask_lanes(b, kAllLanes);
   vec_compare_strided(b, t, isa::Cmp::EQ, s.bits, VOperand(acc_val, 1, slot_rep),
                       VOperand(s.rep, 0, 1), rows);
-  vec_select_strided(b, Dtype::S32, VOperand(acc_idx, 1, slot_rep),
-                     VOperand(acc_idx, 1, slot_rep), VOperand(s.big64, 1, 0), s.bits, rows);
+  vec_select_strided(b, Dtype::S32, VOperand(acc_idx, 1, slot_rep), VOperand(acc_idx, 1, slot_rep),
+                     VOperand(s.big64, 1, 0), s.bits, rows);
   vec_reduce_strided(b, Opcode::op_vcmin, Dtype::S32, dense_idx, VOperand(acc_idx, 1, slot_rep),
                      rows);
 }
@@ -370,8 +365,8 @@ void replicate_rows(KernelBuilder& b, uint64_t dense, const Reg& rows, uint64_t 
 void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) {
   KernelBuilder::Origin o(b, "widen one block per row to a repeat per row");
   set_mask_lanes(b, kAllLanes);
-  vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
-                    VOperand(wide, 1, kSlotBytes / kRowBlockBytes), VOperand(rep, 0, 1), rows);
+  vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32, VOperand(wide, 1, kSlotBytes / kRowBlockBytes),
+                    VOperand(rep, 0, 1), rows);
 }
 
 void widen_row_groups(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide) {
@@ -389,6 +384,36 @@ void widen_row_groups(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t 
                       VOperand(static_cast<int64_t>(wide) + k * kRowBlockBytes, kBlocksPerRepeat,
                                kReplicateGroupRows * kBlocksPerRepeat),
                       VOperand(rep, 1, kBlocksPerRepeat), groups);
+}
+
+void widen_rows_grouped(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide,
+                        int64_t max_rows) {
+  constexpr int64_t kBlocksPerRepeat = kSlotBytes / kRowBlockBytes;  // 8
+  // Cycles at the vector latency L: 8 (L + groups) against groups (L + 8): the loop wins while
+  // groups < 8 whatever L.
+  if (groups_of(max_rows) >= kBlocksPerRepeat) {
+    widen_row_groups(b, rep, rows, wide);
+    return;
+  }
+  KernelBuilder::Origin o(
+      b, "widen one block per row to a repeat per row, one instruction per 8 rows");
+  set_mask_lanes(b, kAllLanes);
+  Reg groups = b.reg("groups of 8 rows"), i = b.reg("group"), src = b.reg("group's blocks"),
+      dst = b.reg("group's repeats");
+  b.add(groups, rows, kReplicateGroupRows - 1);
+  b.div(groups, groups, kReplicateGroupRows);
+  b.for_range(i, 0, groups, 1, [&] {
+    b.mul_add(src, i, kReplicateGroupRows * kRowBlockBytes, static_cast<int64_t>(rep));
+    b.mul_add(dst, i, kReplicateGroupRows * kSlotBytes, static_cast<int64_t>(wide));
+    // Repeat k: block k of each of the 8 rows' repeats (block stride: a repeat; repeat stride: a
+    // block) from the rows' blocks (block stride 1, repeat stride 0).
+    vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32, VOperand(dst, kBlocksPerRepeat, 1),
+                      VOperand(src, 1, 0), kBlocksPerRepeat);
+  });
+}
+
+uint64_t widened_bytes(int64_t max_rows) {
+  return static_cast<uint64_t>(groups_of(max_rows) * kReplicateGroupRows * kSlotBytes);
 }
 
 void rows_bcast(KernelBuilder& b, const RowGroup& g, Opcode op, Dtype t, uint64_t rep,

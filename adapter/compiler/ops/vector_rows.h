@@ -37,10 +37,10 @@
 
 namespace npusim::compiler::ops {
 
-inline constexpr int64_t kLanes32 = 64;        // 4-byte lanes of one 256-byte repeat
-inline constexpr int64_t kBlockLanes32 = 8;    // 4-byte lanes of one 32-byte block
+inline constexpr int64_t kLanes32 = 64;                   // 4-byte lanes of one 256-byte repeat
+inline constexpr int64_t kBlockLanes32 = 8;               // 4-byte lanes of one 32-byte block
 inline constexpr int64_t kSlotBytes = vec::kRepeatBytes;  // one lane-accumulator slot (a repeat)
-inline constexpr int64_t kMaxRepeat = 255;     // the RU8 repeat and stride fields
+inline constexpr int64_t kMaxRepeat = 255;                // the RU8 repeat and stride fields
 inline constexpr int64_t kMaxGroupRows = 240;  // rows per group: <= kMaxRepeat, a multiple of 16
 
 // A strided vector operand: UB address (register or immediate), block and repeat strides in
@@ -61,18 +61,18 @@ inline constexpr uint64_t lane_range(int64_t lo, int64_t hi) {  // lanes [lo, hi
 }
 
 // Strided vector instructions under the current mask, `repeat` repeats.
-void vec_binary_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst,
-                        VOperand src0, VOperand src1, Opnd repeat);
-void vec_unary_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst,
-                       VOperand src, Opnd repeat);
-void vec_scalar_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst,
-                        VOperand src, const Reg& scalar, Opnd repeat);
+void vec_binary_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst, VOperand src0,
+                        VOperand src1, Opnd repeat);
+void vec_unary_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst, VOperand src,
+                       Opnd repeat);
+void vec_scalar_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, VOperand dst, VOperand src,
+                        const Reg& scalar, Opnd repeat);
 // bits (dense, 8 bytes per 64-lane repeat) = src0 <cmp> src1.
 void vec_compare_strided(KernelBuilder& b, isa::Dtype t, isa::Cmp cmp, Opnd bits, VOperand src0,
                          VOperand src1, Opnd repeat);
 // dst = bit ? src0 : src1.
-void vec_select_strided(KernelBuilder& b, isa::Dtype t, VOperand dst, VOperand src0,
-                        VOperand src1, Opnd bits, Opnd repeat);
+void vec_select_strided(KernelBuilder& b, isa::Dtype t, VOperand dst, VOperand src0, VOperand src1,
+                        Opnd bits, Opnd repeat);
 // vcadd / vcmax / vcmin: one value per repeat, dense at dst.
 void vec_reduce_strided(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, VOperand src,
                         Opnd repeat);
@@ -84,8 +84,8 @@ void vec_fill32(KernelBuilder& b, Opnd dst, int64_t bits, Opnd count);
 
 // The combining reductions and their vector instructions.
 enum class Combine { kSum, kMax, kMin, kProd };
-isa::Opcode combine_opcode(Combine c);                  // vadd vmax vmin vmul
-isa::Opcode combine_reduce_opcode(Combine c);           // vcadd vcmax vcmin (not kProd)
+isa::Opcode combine_opcode(Combine c);         // vadd vmax vmin vmul
+isa::Opcode combine_reduce_opcode(Combine c);  // vcadd vcmax vcmin (not kProd)
 // The identity as the 32 bits of a lane of type t (f32 or s32): 0, -inf / INT_MIN,
 // +inf / INT_MAX, 1.
 int64_t combine_identity_bits(Combine c, isa::Dtype t);
@@ -100,9 +100,9 @@ struct RowSpan {
 };
 
 struct SuperRowLayout {
-  int64_t row = 0;     // R: elements per row (>= 1)
-  int64_t rows = 1;    // g: rows per super-row (a power of two dividing the granule)
-  int64_t lanes = 0;   // S = g * R
+  int64_t row = 0;    // R: elements per row (>= 1)
+  int64_t rows = 1;   // g: rows per super-row (a power of two dividing the granule)
+  int64_t lanes = 0;  // S = g * R
   std::vector<std::vector<RowSpan>> spans;  // per row j of the super-row
   // granule: elements per 32-byte block of the narrowest tensor loaded or stored whole (8 or
   // 16); S is then a whole number of blocks of every such tensor and of the 4-byte lanes.
@@ -113,7 +113,7 @@ struct SuperRowLayout {
 // A group of super-rows in the UB, as 4-byte lanes [supers][S].
 struct RowGroup {
   const SuperRowLayout* layout = nullptr;
-  uint64_t x = 0;             // UB address of lane 0 of super-row 0
+  uint64_t x = 0;               // UB address of lane 0 of super-row 0
   const Reg* supers = nullptr;  // super-rows in the group (1 .. kMaxRepeat), a register
   const Reg* rows = nullptr;    // supers * g, a register
 };
@@ -121,9 +121,9 @@ struct RowGroup {
 // Calls body(first, count, x_rep) once with all super-rows (first = 0, count = supers, x_rep =
 // the super-row in blocks) when the super-row is at most 255 blocks, else once per super-row in
 // a run-time loop (count 1, x_rep 0). `first` holds the batch's first super-row.
-void for_superrow_batches(KernelBuilder& b, const RowGroup& g,
-                          const std::function<void(const Reg& first, Opnd count,
-                                                   int64_t x_rep)>& body);
+void for_superrow_batches(
+    KernelBuilder& b, const RowGroup& g,
+    const std::function<void(const Reg& first, Opnd count, int64_t x_rep)>& body);
 
 // Lane accumulator: slot r (256 bytes at acc + r*256) = identity, then the lanes of row r of
 // the group combined into it (rows in order: super-row s, row j -> slot s*g + j).
@@ -193,6 +193,15 @@ void widen_rows(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
 // row).
 void widen_row_groups(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide);
 
+// The same result for groups of up to max_rows rows, in whichever form issues fewer vector
+// cycles: widen_row_groups (8 instructions of ceil(rows / 8) repeats) or, for few groups of 8
+// rows (max_rows <= 56), one vcopy per 8 rows in a run-time loop, its repeat k writing block k of
+// the 8 rows' repeats from their 8 consecutive blocks (8 banks per operand and repeat; 8 repeats).
+// wide: widened_bytes(max_rows); rep: replicated_bytes(max_rows).
+void widen_rows_grouped(KernelBuilder& b, uint64_t rep, const Reg& rows, uint64_t wide,
+                        int64_t max_rows);
+uint64_t widened_bytes(int64_t max_rows);
+
 // For every row of the group: dst lanes = op(lanes, rep[row]) (rep_first: op(rep[row], lanes)),
 // op a VBIN instruction of type t; dst has the group's layout (0: in place, g.x). rep holds a
 // 32-byte block per row (replicate_rows; read 8 times per repeat with a block stride of 0, 8
@@ -205,7 +214,7 @@ void rows_bcast_into(KernelBuilder& b, const RowGroup& g, isa::Opcode op, isa::D
                      uint64_t rep, bool rep_first, uint64_t dst, bool rep_wide);
 
 // ---- constants ----
-void fill_iota64(KernelBuilder& b, uint64_t iota64);                  // s32 0..63
+void fill_iota64(KernelBuilder& b, uint64_t iota64);                      // s32 0..63
 void fill_alt_pattern(KernelBuilder& b, uint64_t alt, int64_t max_rows);  // 0x55 bytes
 
 // ---- double buffering: loads (MTE2) -> vector (V) -> stores (MTE3) overlapped ----
