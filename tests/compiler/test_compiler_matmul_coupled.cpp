@@ -136,6 +136,25 @@ TEST_CASE("coupled MatMulBiasAdd f16 with an f32 bias: one rounding after the bi
   check_f16_bias_in_ub(150, 72, 200, false, 71);
 }
 
+TEST_CASE("coupled MatMulBiasAdd f16: wide tiles leave L0C in column bands of 64") {
+  // The UB holds two bands of 64 columns (f32 and f16) and the table, not whole tiles, so the
+  // planner may take tiles wider than one band with the bias in the UB: here several bands per
+  // tile, the last tile column 44 wide (a partial band, 11 blocks of f16 per row).
+  const int64_t ub =
+      static_cast<int64_t>(sim().config().core_kind(isa::CoreKind::AICORE)->capacity(isa::Buf::UB));
+  auto t = compiler::ops::plan_matmul_tiling(520, 300, 64, false, false, isa::Dtype::F16,
+                                             isa::Dtype::F16, sim().config(), "test", 1, false,
+                                             false, true);
+  INFO(t.str());
+  CHECK(t.bias_in_ub);
+  CHECK(t.tn > 64);
+  CHECK(compiler::ops::matmul_bias_ub_bytes(t.tm, t.tn, 2, 300) <= ub);
+  // Two whole tiles' f32 and f16 buffers would not fit.
+  CHECK(2 * t.tm * t.tn * (4 + 2) > ub);
+  // Partial last tiles in both directions, with ReLU.
+  check_f16_bias_in_ub(520, 64, 300, true, 81);
+}
+
 TEST_CASE("coupled MatMulBiasAdd: the bias and ReLU on the tiles in the UB, no extra launch") {
   REQUIRE_FALSE(sim().config().has_path(isa::Buf::L1, isa::Buf::BT));
   REQUIRE_FALSE(sim().config().has_path(isa::Buf::L0C, isa::Buf::GM));
@@ -158,7 +177,7 @@ TEST_CASE("coupled MatMulBiasAdd: tall tiles take their rows in runs of at most 
                                         sim().config(), "test", 1, false, false, true);
   INFO(t.str());
   CHECK(t.bias_in_ub);
-  CHECK(compiler::ops::matmul_bias_ub_bytes(t.tm, t.tn, t.l0c_buffers, 4, 64) <=
+  CHECK(compiler::ops::matmul_bias_ub_bytes(t.tm, t.tn, 4, 64) <=
         static_cast<int64_t>(
             sim().config().core_kind(isa::CoreKind::AICORE)->capacity(isa::Buf::UB)));
   check_bias_in_ub(600, 32, 64, false, false, true, 51);

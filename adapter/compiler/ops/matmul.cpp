@@ -134,8 +134,10 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
 
 }  // namespace
 
-int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int buffers, int64_t osz, int64_t n) {
-  return buffers * tm * tn * (kL0cElemBytes + osz) + channel_table_bytes(n);
+int64_t matmul_bias_band_cols(int64_t tn) { return std::min<int64_t>(tn, kLanes32); }
+
+int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int64_t osz, int64_t n) {
+  return 2 * tm * matmul_bias_band_cols(tn) * (kL0cElemBytes + osz) + channel_table_bytes(n);
 }
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
@@ -171,7 +173,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (bias && static_cast<uint64_t>(2 * tn * kL0cElemBytes) > core.capacity(Buf::BT)) continue;
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
-      if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, l0c_buffers, osz, n) > ub) continue;
+      if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, osz, n) > ub) continue;
       int64_t tk0 = 0, tk1 = 0;
       if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
@@ -315,7 +317,7 @@ class MatmulEmitter {
 
  private:
   // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB (with
-  // bias_in_ub: an f32 and an output tile per L0C buffer and the bias table).
+  // bias_in_ub: two column bands as f32 and as the output type, and the bias table).
   void allocate() {
     if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
       m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
@@ -335,11 +337,13 @@ class MatmulEmitter {
     const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
     const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
                                  m_t.l0c_buffers);
-    const int tiles_in_ub = m_t.bias_in_ub ? m_t.l0c_buffers : 1;
-    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz),
+    // bias_in_ub: the output and f32 buffers hold one column band each, two of each.
+    const int64_t ub_cols = m_t.bias_in_ub ? matmul_bias_band_cols(m_t.tn) : m_t.tn;
+    const int tiles_in_ub = m_t.bias_in_ub ? 2 : 1;
+    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * ub_cols * m_osz),
                                  tiles_in_ub, m_t.via_ub);
-    const auto c32 = ub.add_fixed("C tile (f32, before the bias)",
-                                  static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+    const auto c32 = ub.add_fixed("C band (f32, before the bias)",
+                                  static_cast<uint64_t>(m_t.tm * ub_cols * kL0cElemBytes),
                                   tiles_in_ub, m_t.bias_in_ub);
     const auto table = ub.add_fixed("bias table", static_cast<uint64_t>(channel_table_bytes(m_t.n)),
                                     1, m_t.bias_in_ub);
@@ -359,8 +363,9 @@ class MatmulEmitter {
       e.what = "bias";
       e.act = m_t.relu ? Activation::kRelu : Activation::kNone;
       e.max_rows = m_t.tm;
-      e.max_cols = m_t.tn;
-      e.row_blocks32 = m_t.tn / kBlockLanes32;
+      e.max_cols = ub_cols;
+      e.row_blocks32 = ub_cols / kBlockLanes32;
+      e.band_tile_cols = m_t.tn;
       m_pipe.affine_via_ub(e);
     }
   }
@@ -938,7 +943,7 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
     if (cfg.has_path(Buf::L1, Buf::BT))
       at = BiasAt::kCube;
     else if (cube_store_via_ub(cfg, core, op) && !types.cast_output &&
-             matmul_bias_ub_bytes(kFractalRows, kFractalRows, 2, osz, p.n) <=
+             matmul_bias_ub_bytes(kFractalRows, kFractalRows, osz, p.n) <=
                  static_cast<int64_t>(core.capacity(Buf::UB)))
       at = BiasAt::kUb;
   }
