@@ -157,7 +157,14 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
     m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
     m_aff_full =
         m_b.flag_pair(Pipe::V, Pipe::MTE3, fmt::format("C tile ({} applied) in UB", m_aff.what));
-    m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    if (m_aff.band_tile_cols > 0) {
+      // Bands: the f32 band is free once the vector unit has read it (V -> FIX), the output
+      // band once MTE3 has stored it (MTE3 -> V).
+      m_aff_f32_free = m_b.flag_pair(Pipe::V, Pipe::FIX, "C band (f32) read");
+      m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::V, "C band (UB) stored");
+    } else {
+      m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    }
     if (m_residual) {
       m_res_full = m_b.flag_pair(Pipe::MTE2, Pipe::V, "residual tile in UB");
       m_res_free = m_b.flag_pair(Pipe::V, Pipe::MTE2, "residual tile added");
@@ -185,6 +192,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     if (m_via_ub && m_affine)
       for (int q = 0; q < m_aff.buffers; ++q) {
         b.set_flag(m_aff_free, q);
+        if (m_aff.band_tile_cols > 0) b.set_flag(m_aff_f32_free, q);
         if (m_residual) b.set_flag(m_res_free, q);
       }
     else if (m_via_ub)
@@ -200,6 +208,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     if (m_via_ub && m_affine)
       for (int q = 0; q < m_aff.buffers; ++q) {
         b.wait_flag(m_aff_free, q);
+        if (m_aff.band_tile_cols > 0) b.wait_flag(m_aff_f32_free, q);
         if (m_residual) b.wait_flag(m_res_free, q);
       }
     else if (m_via_ub)
@@ -349,7 +358,7 @@ void CubePipeline::store_in_bands(const Store& s, const Reg& pt) {
       b.sub(cols, s.cols, c0);
       b.min(cols, cols, m_aff.max_cols, "columns of the band");
       b.movi(q, i & 1, "the bands take the two buffer pairs in turn");
-      b.wait_flag(m_aff_free, q, "band buffers (UB) free");
+      b.wait_flag(m_aff_f32_free, q, "f32 band (UB) free");
       b.mul(src, col_bytes, c0);
       b.add(src, src, s.l0c, "the band's first column in L0C");
       select(b, ch, q, m_aff.tile32);
@@ -363,8 +372,10 @@ void CubePipeline::store_in_bands(const Store& s, const Reg& pt) {
       b.add(blocks, cols, per_block - 1);
       b.div(blocks, blocks, per_block, "output blocks per row");
       const Store band{s.out_type, s.dst, src, s.rows, cols, s.pitch, s.relu, &ch};
+      b.wait_flag(m_aff_free, q, "output band (UB) free");
       affine_in_ub(band, q, blocks);
       affine_output_activation(band, q, blocks);
+      b.set_flag(m_aff_f32_free, q);
       b.set_flag(m_aff_full, q);
       b.wait_flag(m_aff_full, q);
       b.add(src, s.dst, c0 * osz, "the band's first column in GM");

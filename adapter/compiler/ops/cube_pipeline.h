@@ -306,7 +306,9 @@ class CubePipeline {
   ChannelAffine m_aff;
   // affine: FIX -> V (the f32 tile in the UB), V -> MTE3 (the output tile), MTE3 -> FIX (both
   // free), by L0C parity; m_aff_pt: the parity of the tile being stored (to_ub .. ub_done).
-  FlagPair m_aff_f32_full, m_aff_full, m_aff_free;
+  // With bands (ChannelAffine::band_tile_cols) m_aff_free is MTE3 -> V (the output band
+  // stored) and m_aff_f32_free V -> FIX (the f32 band read).
+  FlagPair m_aff_f32_full, m_aff_full, m_aff_free, m_aff_f32_free;
   const Reg* m_aff_pt = nullptr;
   // residual_via_ub: MTE2 -> V (the residual tile loaded), V -> MTE2 (added: free), by parity.
   bool m_residual = false;
