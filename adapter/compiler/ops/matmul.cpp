@@ -132,6 +132,90 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
   return true;
 }
 
+// What plan_matmul_tiling's cost model needs of one candidate tiling.
+struct TileCandidate {
+  int64_t m, n, k, batch;    // the product(s)
+  int64_t tm, tn, tk0, tk1;  // tile sides, k per mmad and per L1 chunk
+  int64_t isz, osz;          // bytes per input and output element
+  int64_t tiles, blocks;     // tiles of all products, cores that run them
+  int l0c_buffers;
+  bool via_ub, trans_b;
+  double cube_div;  // the cube's rate divisor for the input type
+};
+
+// Cycles the busiest core takes for its tiles, from the chip config alone:
+// - Loads: a tile reads (tm + tn) * k input elements over gm->l1. Every operand byte comes from
+//   HBM once and the other reads hit the L2 (the tiles running together share A's row blocks
+//   and B's column blocks; taken to hold even where the operands exceed the L2). Misses move at
+//   the core's gm->l1 rate, hits at the core's L2 read port, each capped by its share (over the
+//   cores that run) of the sustained HBM or the L2 bandwidth; a chip without an L2 misses all.
+// - The cube: per mmad of ks, its latency plus ceil(tm/cube_m) * ceil(tn/cube_n) *
+//   ceil(ks/cube_k) cycles; under it (two L0A and two L0B buffers) MTE1 fills the next mmad's L0A
+//   and L0B: one load2d per 16-row block of A and one per k block of B (MatmulEmitter::load_l0a,
+//   load_l0b), each its path's latency plus its bytes at the path's rate. A chunk's mmads cost
+//   the slower of the two.
+// - The pipeline: two L1 chunk buffers, so chunk i+1's load runs under chunk i's mmads (the next
+//   tile's first chunk after a tile's last); a tile costs the sum over its chunks of the slower
+//   of the two; the core's first load runs alone and its last chunk's mmads have none under them.
+// - The epilogue (L0C -> GM, through the UB on coupled chips): with one L0C buffer it holds the
+//   next tile's mmads; with two only the last tile's is exposed.
+double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
+  const int64_t waves = ceil_div(c.tiles, c.blocks);
+  const double cores = static_cast<double>(c.blocks);
+  const double miss_rate =
+      std::min(cfg.path_rate(Buf::GM, Buf::L1), cfg.hbm_sustained_bytes_per_cycle() / cores);
+  const double l2_port = cfg.l2_read_bytes_per_cycle > 0 ? cfg.l2_read_bytes_per_cycle
+                                                         : cfg.path_rate(Buf::GM, Buf::L1);
+  const double hit_rate = std::min(l2_port, cfg.l2_bytes_per_cycle() / cores);
+  const double loaded =
+      static_cast<double>(c.tiles) * static_cast<double>((c.tm + c.tn) * c.k * c.isz);
+  const double unique = static_cast<double>(c.batch * (c.m * c.k + c.k * c.n) * c.isz);
+  const double hit_share = cfg.l2_bytes > 0 ? std::max(0.0, 1 - unique / loaded) : 0.0;
+  const double cycles_per_byte =
+      (hit_share > 0 ? hit_share / hit_rate : 0.0) + (1 - hit_share) / miss_rate;
+
+  const double tile_elems = static_cast<double>(c.tm * c.tn);
+  const double epilogue =
+      c.via_ub ? tile_elems * kL0cElemBytes / cfg.path_rate(Buf::L0C, Buf::UB) +
+                     tile_elems * static_cast<double>(c.osz) / cfg.path_rate(Buf::UB, Buf::GM)
+               : tile_elems * static_cast<double>(c.osz) / cfg.path_rate(Buf::L0C, Buf::GM);
+
+  std::vector<int64_t> chunks(static_cast<size_t>(c.k / c.tk1), c.tk1);
+  if (c.k % c.tk1) chunks.push_back(c.k % c.tk1);
+  const auto load = [&](int64_t kc) {
+    return static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
+  };
+  const double fractals =
+      static_cast<double>(ceil_div(c.tm, cfg.cube_m) * ceil_div(c.tn, cfg.cube_n));
+  // k per B load2d: a fractal of 16 rows, or of one 32-byte block of k when B is transposed.
+  const int64_t b_k_block = c.trans_b ? layout::kBlockBytes / c.isz : kFractalRows;
+  const auto mmads = [&](int64_t kc) {
+    double cube = 0, mte1 = 0;
+    for (int64_t kk = 0; kk < kc; kk += c.tk0) {
+      const int64_t ks = std::min(c.tk0, kc - kk);
+      cube += cfg.cube_latency_cycles +
+              fractals * static_cast<double>(ceil_div(ks, cfg.cube_k)) * c.cube_div;
+      mte1 +=
+          static_cast<double>(ceil_div(c.tm, kFractalRows)) * cfg.path_latency(Buf::L1, Buf::L0A) +
+          static_cast<double>(round_up(c.tm, kFractalRows) * ks * c.isz) /
+              cfg.path_rate(Buf::L1, Buf::L0A) +
+          static_cast<double>(ceil_div(ks, b_k_block)) * cfg.path_latency(Buf::L1, Buf::L0B) +
+          static_cast<double>(round_up(c.tn, kFractalRows) * ks * c.isz) /
+              cfg.path_rate(Buf::L1, Buf::L0B);
+    }
+    return std::max(cube, mte1);
+  };
+  double tile = 0, last = 0;  // last: the mmads (and epilogue) of a tile's last chunk
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    last = mmads(chunks[i]) + (i + 1 == chunks.size() && c.l0c_buffers == 1 ? epilogue : 0.0);
+    tile += std::max(load(chunks[(i + 1) % chunks.size()]), last);
+  }
+  // The core's first load runs alone; its last chunk has no next load under it.
+  const double first = load(chunks[0]);
+  return first + static_cast<double>(waves) * tile - std::max(first, last) + last +
+         (c.l0c_buffers == 1 ? 0.0 : epilogue);
+}
+
 }  // namespace
 
 int64_t matmul_bias_band_cols(int64_t tn) { return std::min<int64_t>(tn, kLanes32); }
@@ -149,11 +233,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const bool via_ub = cube_store_via_ub(cfg, core, op);
   const int64_t ub = static_cast<int64_t>(core.capacity(Buf::UB));
   const int64_t osz = isa::dtype_size(out_type);
-  // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
-  // moves (tm + tn) * isz bytes per k over gm->l1 and keeps the cube busy
-  // ceil(tm/cube_m) * ceil(tn/cube_n) / cube_k cycles per k (times the fp32 rate divisor);
-  // with double buffering the slower of the two dominates.
-  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  // The cost of a candidate: the busiest core's cycles (tile_cost_cycles).
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -178,11 +258,9 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       const int64_t blocks = std::min<int64_t>(core.count, tiles);
-      const double waves = static_cast<double>(ceil_div(tiles, blocks));
-      const double load = static_cast<double>((tm + tn) * isz) / gm_rate;
-      const double cube = static_cast<double>(ceil_div(tm, cfg.cube_m) * ceil_div(tn, cfg.cube_n)) /
-                          cfg.cube_k * cube_div;
-      const double cost = waves * std::max(load, cube);
+      const double cost = tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles,
+                                            blocks, l0c_buffers, via_ub, trans_b, cube_div},
+                                           cfg);
       // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
       const bool tie = cost <= best_cost * (1 + 1e-9);
       const bool better = cost < best_cost * (1 - 1e-9) ||
