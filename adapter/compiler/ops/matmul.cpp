@@ -149,6 +149,7 @@ struct TileCandidate {
 //   and B's column blocks; taken to hold even where the operands exceed the L2). Misses move at
 //   the core's gm->l1 rate, hits at the core's L2 read port, each capped by its share (over the
 //   cores that run) of the sustained HBM or the L2 bandwidth; a chip without an L2 misses all.
+//   Each chunk's load also waits its path's and the memory's access latency.
 // - The cube: per mmad of ks, its latency plus ceil(tm/cube_m) * ceil(tn/cube_n) *
 //   ceil(ks/cube_k) cycles; under it (two L0A and two L0B buffers) MTE1 fills the next mmad's L0A
 //   and L0B: one load2d per 16-row block of A and one per k block of B (MatmulEmitter::load_l0a,
@@ -182,8 +183,13 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
 
   std::vector<int64_t> chunks(static_cast<size_t>(c.k / c.tk1), c.tk1);
   if (c.k % c.tk1) chunks.push_back(c.k % c.tk1);
+  // A chunk's A and B transfers start together: one access latency per chunk (the L2's for the
+  // hitting share, HBM's for the rest) on top of the gm->l1 path's.
+  const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) +
+                              (cfg.l2_bytes > 0 ? hit_share * cfg.l2_latency_cycles : 0.0) +
+                              (1 - hit_share) * cfg.hbm_latency_cycles;
   const auto load = [&](int64_t kc) {
-    return static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
+    return load_latency + static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
   };
   const double fractals =
       static_cast<double>(ceil_div(c.tm, cfg.cube_m) * ceil_div(c.tn, cfg.cube_n));
