@@ -182,7 +182,7 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
                : tile_elems * static_cast<double>(c.osz) / cfg.path_rate(Buf::L0C, Buf::GM);
 
   std::vector<int64_t> chunks(static_cast<size_t>(c.k / c.tk1), c.tk1);
-  if (c.k % c.tk1) chunks.push_back(c.k % c.tk1);
+  if (c.k % c.tk1 || chunks.empty()) chunks.push_back(c.k % c.tk1);  // k = 0: one empty chunk
   // A chunk's A and B transfers start together: one access latency per chunk (the L2's for the
   // hitting share, HBM's for the rest) on top of the gm->l1 path's.
   const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) +
