@@ -157,7 +157,14 @@ void CubePipeline::declare_flags(const CubeFlagNames& n) {
     m_aff_f32_full = m_b.flag_pair(Pipe::FIX, Pipe::V, "C tile (f32) in UB");
     m_aff_full =
         m_b.flag_pair(Pipe::V, Pipe::MTE3, fmt::format("C tile ({} applied) in UB", m_aff.what));
-    m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    if (m_aff.band_tile_cols > 0) {
+      // Bands: the f32 band is free once the vector unit has read it (V -> FIX), the output
+      // band once MTE3 has stored it (MTE3 -> V).
+      m_aff_f32_free = m_b.flag_pair(Pipe::V, Pipe::FIX, "C band (f32) read");
+      m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::V, "C band (UB) stored");
+    } else {
+      m_aff_free = m_b.flag_pair(Pipe::MTE3, Pipe::FIX, "C tile (UB) stored");
+    }
     if (m_residual) {
       m_res_full = m_b.flag_pair(Pipe::MTE2, Pipe::V, "residual tile in UB");
       m_res_free = m_b.flag_pair(Pipe::V, Pipe::MTE2, "residual tile added");
@@ -185,6 +192,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     if (m_via_ub && m_affine)
       for (int q = 0; q < m_aff.buffers; ++q) {
         b.set_flag(m_aff_free, q);
+        if (m_aff.band_tile_cols > 0) b.set_flag(m_aff_f32_free, q);
         if (m_residual) b.set_flag(m_res_free, q);
       }
     else if (m_via_ub)
@@ -200,6 +208,7 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
     if (m_via_ub && m_affine)
       for (int q = 0; q < m_aff.buffers; ++q) {
         b.wait_flag(m_aff_free, q);
+        if (m_aff.band_tile_cols > 0) b.wait_flag(m_aff_f32_free, q);
         if (m_residual) b.wait_flag(m_res_free, q);
       }
     else if (m_via_ub)
@@ -251,6 +260,10 @@ void CubePipeline::store(const Store& s, const Reg& pt) {
     l0c_stored(pt);
     return;
   }
+  if (m_affine && m_aff.band_tile_cols > 0) {
+    store_in_bands(s, pt);
+    return;
+  }
   Reg blocks = b.reg("store: blocks per row");
   to_ub(s, pt, blocks);
   ub_to_gm(s.dst, nullptr, s.rows, blocks,
@@ -287,22 +300,7 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
     else
       affine_in_ub(s, pt, row_blocks);
     if (m_residual) add_residual(s, pt, row_blocks);
-    if ((s.out_type != Dtype::F32 || m_residual) && m_aff.act != Activation::kNone) {
-      // A narrower output takes its activation after the rounding, on the output tile as one
-      // run (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the
-      // same values (rounding is monotone, 0 and 6 are exact in f16). With a residual the
-      // activation follows the add, on the output tile whatever its type.
-      Reg n = b.reg("affine: output lanes");
-      b.mul(n, s.rows, row_blocks);
-      b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-      b.emit(Opcode::op_set_mask_count, {n});
-      Reg out = b.reg("affine: output tile");
-      select(b, out, pt, m_aff.out);
-      if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
-        affine_relu6_via_scratch(s.out_type, out, pt, n);
-      else
-        affine_activation(s.out_type, out, 0, 8, n);
-    }
+    affine_output_activation(s, pt, row_blocks);
     b.set_flag(m_aff_full, pt);
     b.wait_flag(m_aff_full, pt);
     return;
@@ -315,6 +313,79 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   l0c_stored(pt);
   b.set_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
+}
+
+void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const Reg& row_blocks) {
+  if ((s.out_type == Dtype::F32 && !m_residual) || m_aff.act == Activation::kNone) return;
+  // A narrower output takes its activation after the rounding, on the output tile as one run
+  // (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the same
+  // values (rounding is monotone, 0 and 6 are exact in f16). With a residual the activation
+  // follows the add, on the output tile whatever its type.
+  KernelBuilder& b = m_b;
+  Reg n = b.reg("affine: output lanes");
+  b.mul(n, s.rows, row_blocks);
+  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+  b.emit(Opcode::op_set_mask_count, {n});
+  Reg out = b.reg("affine: output tile");
+  select(b, out, pt, m_aff.out);
+  if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
+    affine_relu6_via_scratch(s.out_type, out, pt, n);
+  else
+    affine_activation(s.out_type, out, 0, 8, n);
+}
+
+void CubePipeline::store_in_bands(const Store& s, const Reg& pt) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("C tile to GM in bands of {} columns ({} in the UB)",
+                                         m_aff.max_cols, m_aff.what));
+  if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
+  if (m_aff.dense || m_aff.result32 || m_residual || m_aff.buffers != 2 ||
+      m_aff.max_cols % static_cast<int64_t>(layout::kFractalRows) != 0)
+    b.fail(
+        "internal: column bands need two buffer pairs, whole L0C column blocks, no dense, "
+        "out-of-place or residual pass");
+  const int64_t osz = isa::dtype_size(s.out_type), per_block = layout::kBlockBytes / osz;
+  Reg col_bytes = b.reg("band: L0C bytes per column"), src = b.reg("band: L0C address"),
+      cols = b.reg("band: columns"), q = b.reg("band: UB buffer pair"),
+      ch = b.reg("band: first channel"), blocks = b.reg("band: output blocks per row");
+  // L0C holds the tile as [column blocks of 16][round_up(rows, 16)][16] f32: column c starts
+  // c * round_up(rows, 16) * 4 bytes in (c a multiple of 16).
+  round16(b, col_bytes, s.rows);
+  b.mul(col_bytes, col_bytes, kL0cElemBytes, "L0C bytes per column");
+  m_aff_pt = &q;
+  for (int64_t c0 = 0, i = 0; c0 < m_aff.band_tile_cols; c0 += m_aff.max_cols, ++i) {
+    b.if_(ge(s.cols, c0 + 1), [&] {
+      b.sub(cols, s.cols, c0);
+      b.min(cols, cols, m_aff.max_cols, "columns of the band");
+      b.movi(q, i & 1, "the bands take the two buffer pairs in turn");
+      b.wait_flag(m_aff_f32_free, q, "f32 band (UB) free");
+      b.mul(src, col_bytes, c0);
+      b.add(src, src, s.l0c, "the band's first column in L0C");
+      select(b, ch, q, m_aff.tile32);
+      b.emit(Opcode::op_fixpipe,
+             {Dtype::F32, Dtype::F32, Buf::UB, ch, src, s.rows, cols,
+              m_aff.row_blocks32 * kBlockLanes32, 1, 0, 0},
+             "C band to UB (ND, f32)");
+      b.set_flag(m_aff_f32_full, q);
+      b.wait_flag(m_aff_f32_full, q);
+      b.add(ch, *s.channel0, c0);
+      b.add(blocks, cols, per_block - 1);
+      b.div(blocks, blocks, per_block, "output blocks per row");
+      const Store band{s.out_type, s.dst, src, s.rows, cols, s.pitch, s.relu, &ch};
+      b.wait_flag(m_aff_free, q, "output band (UB) free");
+      affine_in_ub(band, q, blocks);
+      affine_output_activation(band, q, blocks);
+      b.set_flag(m_aff_f32_free, q);
+      b.set_flag(m_aff_full, q);
+      b.wait_flag(m_aff_full, q);
+      b.add(src, s.dst, c0 * osz, "the band's first column in GM");
+      ub_to_gm(src, nullptr, s.rows, blocks, s.pitch * osz / layout::kBlockBytes);
+      ub_done();
+    });
+  }
+  // FIXPIPE runs in order: L0C is free after the last band's FIXPIPE.
+  l0c_stored(pt);
+  m_aff_pt = nullptr;
 }
 
 void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks) {

@@ -155,6 +155,13 @@ class CubePipeline {
     bool result32 = false;
     uint64_t result32_at = 0;
     const char* what = "batch norm";  // the epilogue's name in the listing
+    // > 0 (MatMul's bias): tiles up to band_tile_cols columns leave L0C in column bands of
+    // max_cols columns (L0C's NZ column blocks are contiguous), each band FIXPIPE'd into the
+    // f32 buffer, shifted, rounded and stored on its own, the bands taking the two buffer pairs
+    // in turn (buffers = 2, whatever the L0C buffers): the UB holds two bands, not whole tiles,
+    // and one band's vector pass and store overlap the next band's FIXPIPE. Not with dense,
+    // result32 or a residual.
+    int64_t band_tile_cols = 0;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
@@ -256,6 +263,9 @@ class CubePipeline {
   // and frees L0C buffer pt; ub_to_gm copies `rows` UB rows from row *first (nullptr: row 0) to
   // dst, pitch_blocks blocks apart in GM; ub_done frees the UB buffer.
   void to_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
+  // ChannelAffine::band_tile_cols: the tile's column bands through the UB to GM, then frees
+  // L0C buffer pt.
+  void store_in_bands(const Store& s, const Reg& pt);
   void ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows, const Reg& row_blocks,
                 int64_t pitch_blocks);
   void ub_done();
@@ -275,6 +285,9 @@ class CubePipeline {
   void affine_dense_in_ub(const Store& s, const Reg& pt);
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
+  // The activation after the rounding to a narrower output (or after the residual) on the
+  // output tile of parity pt, rows of row_blocks blocks, as one run.
+  void affine_output_activation(const Store& s, const Reg& pt, const Reg& row_blocks);
   // ReLU6 on the output tile (type t, `scalar` lanes in counter mode) through a scratch in
   // the f32 tile's room of parity pt (free after the rounding), where it fits
   // (clamp_scratch_fits); clamp_scratch_offset(q): the scratch's offset in f32 tile q.
@@ -293,7 +306,9 @@ class CubePipeline {
   ChannelAffine m_aff;
   // affine: FIX -> V (the f32 tile in the UB), V -> MTE3 (the output tile), MTE3 -> FIX (both
   // free), by L0C parity; m_aff_pt: the parity of the tile being stored (to_ub .. ub_done).
-  FlagPair m_aff_f32_full, m_aff_full, m_aff_free;
+  // With bands (ChannelAffine::band_tile_cols) m_aff_free is MTE3 -> V (the output band
+  // stored) and m_aff_f32_free V -> FIX (the f32 band read).
+  FlagPair m_aff_f32_full, m_aff_full, m_aff_free, m_aff_f32_free;
   const Reg* m_aff_pt = nullptr;
   // residual_via_ub: MTE2 -> V (the residual tile loaded), V -> MTE2 (added: free), by parity.
   bool m_residual = false;

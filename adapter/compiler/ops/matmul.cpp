@@ -132,10 +132,102 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
   return true;
 }
 
+// What plan_matmul_tiling's cost model needs of one candidate tiling.
+struct TileCandidate {
+  int64_t m, n, k, batch;    // the product(s)
+  int64_t tm, tn, tk0, tk1;  // tile sides, k per mmad and per L1 chunk
+  int64_t isz, osz;          // bytes per input and output element
+  int64_t tiles, blocks;     // tiles of all products, cores that run them
+  int l0c_buffers;
+  bool via_ub, trans_b;
+  double cube_div;  // the cube's rate divisor for the input type
+};
+
+// Cycles the busiest core takes for its tiles, from the chip config alone:
+// - Loads: a tile reads (tm + tn) * k input elements over gm->l1. Every operand byte comes from
+//   HBM once and the other reads hit the L2 (the tiles running together share A's row blocks
+//   and B's column blocks; taken to hold even where the operands exceed the L2). Misses move at
+//   the core's gm->l1 rate, hits at the core's L2 read port, each capped by its share (over the
+//   cores that run) of the sustained HBM or the L2 bandwidth; a chip without an L2 misses all.
+//   Each chunk's load also waits its path's and the memory's access latency.
+// - The cube: per mmad of ks, its latency plus ceil(tm/cube_m) * ceil(tn/cube_n) *
+//   ceil(ks/cube_k) cycles; under it (two L0A and two L0B buffers) MTE1 fills the next mmad's L0A
+//   and L0B: one load2d per 16-row block of A and one per k block of B (MatmulEmitter::load_l0a,
+//   load_l0b), each its path's latency plus its bytes at the path's rate. A chunk's mmads cost
+//   the slower of the two.
+// - The pipeline: two L1 chunk buffers, so chunk i+1's load runs under chunk i's mmads (the next
+//   tile's first chunk after a tile's last); a tile costs the sum over its chunks of the slower
+//   of the two; the core's first load runs alone and its last chunk's mmads have none under them.
+// - The epilogue (L0C -> GM, through the UB on coupled chips): with one L0C buffer it holds the
+//   next tile's mmads; with two only the last tile's is exposed.
+double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
+  const int64_t waves = ceil_div(c.tiles, c.blocks);
+  const double cores = static_cast<double>(c.blocks);
+  const double miss_rate =
+      std::min(cfg.path_rate(Buf::GM, Buf::L1), cfg.hbm_sustained_bytes_per_cycle() / cores);
+  const double l2_port = cfg.l2_read_bytes_per_cycle > 0 ? cfg.l2_read_bytes_per_cycle
+                                                         : cfg.path_rate(Buf::GM, Buf::L1);
+  const double hit_rate = std::min(l2_port, cfg.l2_bytes_per_cycle() / cores);
+  const double loaded =
+      static_cast<double>(c.tiles) * static_cast<double>((c.tm + c.tn) * c.k * c.isz);
+  const double unique = static_cast<double>(c.batch * (c.m * c.k + c.k * c.n) * c.isz);
+  const double hit_share = cfg.l2_bytes > 0 ? std::max(0.0, 1 - unique / loaded) : 0.0;
+  const double cycles_per_byte =
+      (hit_share > 0 ? hit_share / hit_rate : 0.0) + (1 - hit_share) / miss_rate;
+
+  const double tile_elems = static_cast<double>(c.tm * c.tn);
+  const double epilogue =
+      c.via_ub ? tile_elems * kL0cElemBytes / cfg.path_rate(Buf::L0C, Buf::UB) +
+                     tile_elems * static_cast<double>(c.osz) / cfg.path_rate(Buf::UB, Buf::GM)
+               : tile_elems * static_cast<double>(c.osz) / cfg.path_rate(Buf::L0C, Buf::GM);
+
+  std::vector<int64_t> chunks(static_cast<size_t>(c.k / c.tk1), c.tk1);
+  if (c.k % c.tk1 || chunks.empty()) chunks.push_back(c.k % c.tk1);  // k = 0: one empty chunk
+  // A chunk's A and B transfers start together: one access latency per chunk (the L2's for the
+  // hitting share, HBM's for the rest) on top of the gm->l1 path's.
+  const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) +
+                              (cfg.l2_bytes > 0 ? hit_share * cfg.l2_latency_cycles : 0.0) +
+                              (1 - hit_share) * cfg.hbm_latency_cycles;
+  const auto load = [&](int64_t kc) {
+    return load_latency + static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
+  };
+  const double fractals =
+      static_cast<double>(ceil_div(c.tm, cfg.cube_m) * ceil_div(c.tn, cfg.cube_n));
+  // k per B load2d: a fractal of 16 rows, or of one 32-byte block of k when B is transposed.
+  const int64_t b_k_block = c.trans_b ? layout::kBlockBytes / c.isz : kFractalRows;
+  const auto mmads = [&](int64_t kc) {
+    double cube = 0, mte1 = 0;
+    for (int64_t kk = 0; kk < kc; kk += c.tk0) {
+      const int64_t ks = std::min(c.tk0, kc - kk);
+      cube += cfg.cube_latency_cycles +
+              fractals * static_cast<double>(ceil_div(ks, cfg.cube_k)) * c.cube_div;
+      mte1 +=
+          static_cast<double>(ceil_div(c.tm, kFractalRows)) * cfg.path_latency(Buf::L1, Buf::L0A) +
+          static_cast<double>(round_up(c.tm, kFractalRows) * ks * c.isz) /
+              cfg.path_rate(Buf::L1, Buf::L0A) +
+          static_cast<double>(ceil_div(ks, b_k_block)) * cfg.path_latency(Buf::L1, Buf::L0B) +
+          static_cast<double>(round_up(c.tn, kFractalRows) * ks * c.isz) /
+              cfg.path_rate(Buf::L1, Buf::L0B);
+    }
+    return std::max(cube, mte1);
+  };
+  double tile = 0, last = 0;  // last: the mmads (and epilogue) of a tile's last chunk
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    last = mmads(chunks[i]) + (i + 1 == chunks.size() && c.l0c_buffers == 1 ? epilogue : 0.0);
+    tile += std::max(load(chunks[(i + 1) % chunks.size()]), last);
+  }
+  // The core's first load runs alone; its last chunk has no next load under it.
+  const double first = load(chunks[0]);
+  return first + static_cast<double>(waves) * tile - std::max(first, last) + last +
+         (c.l0c_buffers == 1 ? 0.0 : epilogue);
+}
+
 }  // namespace
 
-int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int buffers, int64_t osz, int64_t n) {
-  return buffers * tm * tn * (kL0cElemBytes + osz) + channel_table_bytes(n);
+int64_t matmul_bias_band_cols(int64_t tn) { return std::min<int64_t>(tn, kLanes32); }
+
+int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int64_t osz, int64_t n) {
+  return 2 * tm * matmul_bias_band_cols(tn) * (kL0cElemBytes + osz) + channel_table_bytes(n);
 }
 
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
@@ -147,11 +239,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const bool via_ub = cube_store_via_ub(cfg, core, op);
   const int64_t ub = static_cast<int64_t>(core.capacity(Buf::UB));
   const int64_t osz = isa::dtype_size(out_type);
-  // Cost model per unit of k for one core: its tiles run one after another ("waves"); a tile
-  // moves (tm + tn) * isz bytes per k over gm->l1 and keeps the cube busy
-  // ceil(tm/cube_m) * ceil(tn/cube_n) / cube_k cycles per k (times the fp32 rate divisor);
-  // with double buffering the slower of the two dominates.
-  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  // The cost of a candidate: the busiest core's cycles (tile_cost_cycles).
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -171,16 +259,14 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (bias && static_cast<uint64_t>(2 * tn * kL0cElemBytes) > core.capacity(Buf::BT)) continue;
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
-      if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, l0c_buffers, osz, n) > ub) continue;
+      if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, osz, n) > ub) continue;
       int64_t tk0 = 0, tk1 = 0;
       if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
       const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       const int64_t blocks = std::min<int64_t>(core.count, tiles);
-      const double waves = static_cast<double>(ceil_div(tiles, blocks));
-      const double load = static_cast<double>((tm + tn) * isz) / gm_rate;
-      const double cube = static_cast<double>(ceil_div(tm, cfg.cube_m) * ceil_div(tn, cfg.cube_n)) /
-                          cfg.cube_k * cube_div;
-      const double cost = waves * std::max(load, cube);
+      const double cost = tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles,
+                                            blocks, l0c_buffers, via_ub, trans_b, cube_div},
+                                           cfg);
       // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
       const bool tie = cost <= best_cost * (1 + 1e-9);
       const bool better = cost < best_cost * (1 - 1e-9) ||
@@ -315,7 +401,7 @@ class MatmulEmitter {
 
  private:
   // One plan per buffer kind: L1 (l1_chunks), L0A, L0B, L0C and, via the UB, the UB (with
-  // bias_in_ub: an f32 and an output tile per L0C buffer and the bias table).
+  // bias_in_ub: two column bands as f32 and as the output type, and the bias table).
   void allocate() {
     if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
       m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
@@ -335,11 +421,13 @@ class MatmulEmitter {
     const auto b = l0b.add_fixed("B step", static_cast<uint64_t>(m_t.tk_l0 * m_t.tn * m_isz), 2);
     const auto c = l0c.add_fixed("C tile", static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
                                  m_t.l0c_buffers);
-    const int tiles_in_ub = m_t.bias_in_ub ? m_t.l0c_buffers : 1;
-    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * m_t.tn * m_osz),
+    // bias_in_ub: the output and f32 buffers hold one column band each, two of each.
+    const int64_t ub_cols = m_t.bias_in_ub ? matmul_bias_band_cols(m_t.tn) : m_t.tn;
+    const int tiles_in_ub = m_t.bias_in_ub ? 2 : 1;
+    const auto cu = ub.add_fixed("C tile (UB)", static_cast<uint64_t>(m_t.tm * ub_cols * m_osz),
                                  tiles_in_ub, m_t.via_ub);
-    const auto c32 = ub.add_fixed("C tile (f32, before the bias)",
-                                  static_cast<uint64_t>(m_t.tm * m_t.tn * kL0cElemBytes),
+    const auto c32 = ub.add_fixed("C band (f32, before the bias)",
+                                  static_cast<uint64_t>(m_t.tm * ub_cols * kL0cElemBytes),
                                   tiles_in_ub, m_t.bias_in_ub);
     const auto table = ub.add_fixed("bias table", static_cast<uint64_t>(channel_table_bytes(m_t.n)),
                                     1, m_t.bias_in_ub);
@@ -359,8 +447,9 @@ class MatmulEmitter {
       e.what = "bias";
       e.act = m_t.relu ? Activation::kRelu : Activation::kNone;
       e.max_rows = m_t.tm;
-      e.max_cols = m_t.tn;
-      e.row_blocks32 = m_t.tn / kBlockLanes32;
+      e.max_cols = ub_cols;
+      e.row_blocks32 = ub_cols / kBlockLanes32;
+      e.band_tile_cols = m_t.tn;
       m_pipe.affine_via_ub(e);
     }
   }
@@ -938,7 +1027,7 @@ CompiledKernel matmul_launches(const CompileContext& ctx, DataType dt, const Mat
     if (cfg.has_path(Buf::L1, Buf::BT))
       at = BiasAt::kCube;
     else if (cube_store_via_ub(cfg, core, op) && !types.cast_output &&
-             matmul_bias_ub_bytes(kFractalRows, kFractalRows, 2, osz, p.n) <=
+             matmul_bias_ub_bytes(kFractalRows, kFractalRows, osz, p.n) <=
                  static_cast<int64_t>(core.capacity(Buf::UB)))
       at = BiasAt::kUb;
   }

@@ -43,8 +43,10 @@ struct MatmulTiling {
   // the argument "bias" (f32 [n]) is loaded once per block into a UB table and the vector unit
   // adds it to each f32 tile in the UB, then applies max(C, 0) with relu (there, not in
   // FIXPIPE), before MTE3 stores
-  // the tile (CubePipeline::affine_via_ub). The UB holds an f32 and an output tile per L0C
-  // buffer and the table (matmul_bias_ub_bytes).
+  // the tile (CubePipeline::affine_via_ub). A tile leaves L0C in column bands of at most 64
+  // (one f32 repeat's lanes), two band buffers (f32 and output) in turn
+  // (ChannelAffine::band_tile_cols), so the UB holds two bands and the table
+  // (matmul_bias_ub_bytes) whatever the tile's width.
   bool bias_in_ub = false;
   // Core split (not batched; MatmulCoreSplit): 0 = the default, tiles round-robin over the
   // blocks. Else C is cut into regions of region_tiles_m x region_tiles_n tiles (smaller at the
@@ -69,9 +71,12 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
                                 const std::string& op, int64_t batch = 1, bool any_side = false,
                                 bool bias = false, bool bias_in_ub = false);
 
-// UB bytes of MatmulTiling::bias_in_ub for a tm x tn tile with `buffers` L0C buffers, output
-// elements of osz bytes and n columns: an f32 and an output tile per buffer and the bias table.
-int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int buffers, int64_t osz, int64_t n);
+// UB bytes of MatmulTiling::bias_in_ub for a tm x tn tile, output elements of osz bytes and n
+// columns: two column bands (matmul_bias_band_cols) as f32 and as the output type, and the
+// bias table.
+int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int64_t osz, int64_t n);
+// Columns per band of MatmulTiling::bias_in_ub: min(tn, 64), one f32 repeat's lanes.
+int64_t matmul_bias_band_cols(int64_t tn);
 
 // A fixed per-core split of C, as hand-written Ascend C kernels give their blocks (singleCoreM x
 // singleCoreN elements of C per cube core; the last row / column of regions takes what is
