@@ -8,7 +8,8 @@
 //     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
 //   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64);
 //   SquareSumV1 (CANN's op: Sum(x * x), floats): attr "axis" (list(int), as Sum's "axes"),
-//     attr "keep_dims".
+//     attr "keep_dims"; attr "N" (int, default 1): N > 1 f32 inputs, each reduced whole into
+//     its own output (compile_square_sums, Lamb's per-variable norms in one op).
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
 // it is not read by any kernel.
 //
@@ -1094,6 +1095,10 @@ std::vector<bool> reduction_axes(const OpDesc& op, const std::vector<int64_t>& a
   return reduced;
 }
 
+bool square_sums_share_rows(int64_t elements) {
+  return elements > 0 && elements % kBlockLanes32 == 0 && elements < 2 * kSplitMinElems;
+}
+
 void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequest& req,
                    ArgRef in, ArgRef out) {
   const OpDesc& op = ctx.op;
@@ -1211,6 +1216,120 @@ CompiledKernel compile_logical_reduce(const CompileContext& ctx, ReduceRequest r
   return std::move(plan).finish();
 }
 
+// ---- SquareSumV1 over N > 1 tensors (Lamb's per-variable norms, graph_fusion.h rewrite 17b) ----
+
+// Arguments an ldarg index reaches (8 bits): a multi-tensor copy launch of one input and one
+// output per segment takes at most half as many segments.
+constexpr size_t kMaxLaunchArgs = 256;
+
+// A segment of a multi-tensor copy: `n` f32 elements from input to output, bit for bit.
+StreamSpec copy_segment(const std::string& name, int64_t n) {
+  StreamSpec s;
+  s.kernel_name = name;
+  s.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({n}, {n}), {n}});
+  s.out_type = Dtype::F32;
+  s.out_shape = {n};
+  s.compute = [](KernelBuilder& b, const TileOperands& t) {
+    vec_copy_bits(b, 4, t.out, t.in[0], *t.count);
+  };
+  return s;
+}
+
+// Appends the launches copying `count` segments of `n` f32 elements each, segment g from
+// in(g) to out(g): multi-tensor streams (build_multi_stream_kernel) of at most kMaxLaunchArgs / 2
+// segments each.
+void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& op,
+                   const std::string& name, int64_t count, int64_t n,
+                   const std::function<ArgRef(int64_t)>& in,
+                   const std::function<ArgRef(int64_t)>& out) {
+  const int64_t per_launch = static_cast<int64_t>(kMaxLaunchArgs / 2);
+  for (int64_t first = 0; first < count; first += per_launch) {
+    const int64_t c = std::min(per_launch, count - first);
+    std::vector<StreamSpec> segments(static_cast<size_t>(c), copy_segment(name, n));
+    Launch l = c == 1 ? build_stream_kernel(op, segments[0], cfg)
+                      : build_multi_stream_kernel(op, segments, cfg);
+    // Segment s's input is kInput s, its output kOutput s (a single stream's: 0 and 0).
+    std::vector<ArgRef> args;
+    for (const ArgRef& a : l.args) {
+      if (a.kind == ArgRef::Kind::kInput)
+        args.push_back(in(first + a.index));
+      else if (a.kind == ArgRef::Kind::kOutput)
+        args.push_back(out(first + a.index));
+      else
+        throw std::logic_error("append_copies: a copy stream with an argument of its own");
+    }
+    plan.add(std::move(l), args);
+  }
+}
+
+// SquareSumV1 with attribute N = n > 1 (as CANN's multi-tensor kernels walk a list of tensors in
+// one launch): input i's sum of squares over all its axes (attribute axis must name them all;
+// keep_dims as for one input) as output i. The inputs are f32 of one element count R
+// (square_sums_share_rows(R)), of any shapes. Launches: the inputs copied as the rows of an
+// [n, R] workspace tensor (multi-tensor streams), that tensor's rows reduced by the reduction
+// engine in one launch, the n sums copied to the outputs (multi-tensor streams). Each output has
+// the bits of input i's own SquareSumV1 launch: a row starting on a 32-byte block and reduced in
+// one stage sums in the order the same values alone do (tests/compiler/test_compiler_reduce.cpp,
+// "a row's sum of squares has the same bits in a launch of many rows"), and the copies move bits.
+CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != static_cast<size_t>(n))
+    op.invalid(fmt::format("attribute N = {} but {} inputs", n, op.inputs.size()));
+  const int64_t r = op.inputs[0].num_elements();
+  const bool keep = op.attr_bool("keep_dims", false);
+  if (!op.attrs.count("axis")) op.fail("attribute 'axis' (the reduced axes) is missing");
+  const std::vector<int64_t> axes = op.attr_ints("axis");
+  std::vector<TensorDesc> outs;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    const TensorDesc& x = op.inputs[i];
+    if (x.dtype != DataType::F32)
+      op.fail(fmt::format("input {} ({}): the inputs of a multi-tensor SquareSumV1 are f32", i,
+                          x.str()));
+    if (x.num_elements() != r)
+      op.invalid(
+          fmt::format("input {} ({}) has {} elements, input 0 ({}) {}: the inputs are the "
+                      "rows of one reduction",
+                      i, x.str(), x.num_elements(), op.inputs[0].str(), r));
+    const std::vector<bool> red = reduction_axes(op, axes, x.shape.size());
+    if (std::find(red.begin(), red.end(), false) != red.end())
+      op.invalid(
+          fmt::format("axis {} does not name every axis of input {} ({}): a multi-tensor "
+                      "SquareSumV1 reduces each input whole",
+                      shape_str(axes), i, x.str()));
+    outs.push_back(
+        TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})});
+  }
+  if (auto t = op.attr_type("T"); t && *t != DataType::F32)
+    op.fail(fmt::format("attribute T = {}: a multi-tensor SquareSumV1 is f32", data_type_name(*t)));
+  if (!square_sums_share_rows(r))
+    op.invalid(
+        fmt::format("inputs of {} elements: a multi-tensor SquareSumV1 takes inputs of a "
+                    "whole number of 32-byte blocks and fewer than {} elements",
+                    r, 2 * kSplitMinElems));
+  LaunchPlan plan(outs);
+  const ArgRef rows = plan.workspace(static_cast<uint64_t>(n * r) * kLaneBytes);
+  const ArgRef sums = plan.workspace(static_cast<uint64_t>(n) * kLaneBytes);
+  auto at = [](const ArgRef& base, int64_t bytes) {
+    return ArgRef{ArgRef::Kind::kWorkspace, 0, base.value + static_cast<uint64_t>(bytes)};
+  };
+  append_copies(
+      plan, ctx.cfg, op.str(), "square_sum_rows", n, r,
+      [](int64_t g) { return LaunchPlan::input(static_cast<int>(g)); },
+      [&](int64_t g) { return at(rows, g * r * kLaneBytes); });
+  ReduceRequest req;
+  req.kind = ReduceKind::kSum;
+  req.square = true;
+  req.input = TensorDesc{DataType::F32, {n, r}};
+  req.reduced = {false, true};
+  req.out_type = DataType::F32;
+  append_reduce(plan, ctx, req, rows, sums);
+  append_copies(
+      plan, ctx.cfg, op.str(), "square_sum_outputs", n, 1,
+      [&](int64_t g) { return at(sums, g * kLaneBytes); },
+      [](int64_t g) { return LaunchPlan::output(static_cast<int>(g)); });
+  return std::move(plan).finish();
+}
+
 }  // namespace
 
 CompiledKernel compile_reduce(const CompileContext& ctx) {
@@ -1240,6 +1359,10 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
   // taken in the reduction's own f32 pass instead of a Square launch writing them out.
   const bool square_sum = op.type == "SquareSumV1";
   if (square_sum) {
+    // Attribute N > 1: the sums of squares of N tensors in one op (compile_square_sums).
+    const int64_t n = op.attr_int("N", 1);
+    if (n < 1) op.invalid(fmt::format("attribute N = {} (at least 1)", n));
+    if (n > 1) return compile_square_sums(ctx, n);
     req.kind = ReduceKind::kSum;
     req.square = true;
     found = true;
