@@ -416,66 +416,74 @@ TEST_CASE("SquareSumV1: a row's sum of squares has the same bits in a launch of 
   }
 }
 
-// SquareSumV1 with attribute N > 1 (graph_fusion.h rewrite 17b): each input's sum of squares
-// has the bits of its own SquareSumV1 launch, inputs of one element count in any shapes; more
-// than 128 inputs take a second copy launch on each side of the one reduction.
+// SquareSumV1 with attribute N > 1 (graph_fusion.h rewrite 17b): output i is input i's own
+// SquareSumV1, bit for bit, whatever the inputs: f32 inputs of one aligned element count below
+// the split, reduced whole, four or more of them, as the rows of one reduction (more than 128
+// take a second copy launch on each side of it); every other input in its own launches.
 TEST_CASE("SquareSumV1 of N tensors: each output has the bits of its own launch") {
   const ChipConfig& cfg = test_sim().config();
-  uint32_t seed = 470;
-  struct Case {
-    int64_t r, n;
-    bool keep;
+  using V = std::vector<int64_t>;
+  struct Input {
+    DataType dt;
+    V shape;
   };
-  for (const Case& c :
-       {Case{1024, 130, false}, Case{296, 5, true}, Case{4096, 3, false}, Case{8184, 2, false}}) {
-    INFO("N = " << c.n << " inputs of " << c.r << " elements");
-    std::vector<HostTensor> xs;
-    std::vector<compiler::TensorDesc> descs;
-    for (int64_t i = 0; i < c.n; ++i) {
-      // Every third input of rank 2: the same elements, each reduced whole.
-      const std::vector<int64_t> shape =
-          i % 3 == 1 ? std::vector<int64_t>{8, c.r / 8} : std::vector<int64_t>{c.r};
-      xs.push_back(random_tensor(DataType::F32, shape, -3, 3, seed++));
-      descs.push_back(xs.back().desc);
-    }
-    const std::vector<int64_t> axes = {0, -1};  // every axis of both ranks
-    auto multi = compiler::compile(
-        make_op("SquareSumV1", descs, {{"axis", axes}, {"keep_dims", c.keep}, {"N", c.n}}), cfg);
-    const size_t copies = static_cast<size_t>((c.n + 127) / 128);
-    CHECK(multi.launches.size() == 2 * copies + 1);
-    const RunResult all = run_compiled(test_sim(), multi, xs);
-    REQUIRE(all.outputs.size() == static_cast<size_t>(c.n));
-    for (int64_t i = 0; i < c.n; ++i) {
-      const HostTensor& x = xs[static_cast<size_t>(i)];
-      std::vector<int64_t> own_axes(x.desc.shape.size());
-      std::iota(own_axes.begin(), own_axes.end(), 0);
-      auto single = compiler::compile(
-          make_op("SquareSumV1", {x.desc}, {{"axis", own_axes}, {"keep_dims", c.keep}}), cfg);
-      const RunResult alone = run_compiled(test_sim(), single, {x});
-      INFO("input " << i);
-      CHECK(all.outputs[static_cast<size_t>(i)].desc == alone.outputs[0].desc);
-      CHECK(all.outputs[static_cast<size_t>(i)].values == alone.outputs[0].values);
+  struct Case {
+    V axes;
+    std::vector<Input> inputs;
+    size_t row_launches;  // launches of the inputs reduced as rows
+  };
+  std::vector<Input> mixed;
+  for (int i = 0; i < 130; ++i)  // every third of rank 2: the same elements, reduced whole
+    mixed.push_back({DataType::F32, i % 3 == 1 ? V{8, 128} : V{1024}});
+  for (const Input& x : std::vector<Input>{{DataType::F32, {64, 64}},  // three: alone
+                                           {DataType::F32, {4096}},
+                                           {DataType::F32, {4096}},
+                                           {DataType::F32, {300}},   // unaligned
+                                           {DataType::F32, {8192}},  // split into parts
+                                           {DataType::F16, {1024}}})
+    mixed.push_back(x);
+  std::vector<Input> four(4, Input{DataType::F32, {8184}});
+  std::vector<Input> columns(5, Input{DataType::F32, {8, 128}});  // axis 1: not whole
+  uint32_t seed = 470;
+  for (const Case& c : {Case{{0, -1}, mixed, 5}, Case{{0}, four, 3}, Case{{1}, columns, 0}}) {
+    const int64_t n = static_cast<int64_t>(c.inputs.size());
+    for (bool keep : {false, true}) {
+      INFO("N = " << n << " axis " << compiler::shape_str(c.axes) << (keep ? " keep_dims" : ""));
+      std::vector<HostTensor> xs;
+      std::vector<compiler::TensorDesc> descs;
+      for (const Input& in : c.inputs) {
+        xs.push_back(random_tensor(in.dt, in.shape, -3, 3, seed++));
+        descs.push_back(xs.back().desc);
+      }
+      auto multi = compiler::compile(
+          make_op("SquareSumV1", descs, {{"axis", c.axes}, {"keep_dims", keep}, {"N", n}}), cfg);
+      const RunResult all = run_compiled(test_sim(), multi, xs);
+      REQUIRE(all.outputs.size() == static_cast<size_t>(n));
+      size_t own_launches = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const HostTensor& x = xs[static_cast<size_t>(i)];
+        auto single = compiler::compile(
+            make_op("SquareSumV1", {x.desc}, {{"axis", c.axes}, {"keep_dims", keep}}), cfg);
+        const RunResult alone = run_compiled(test_sim(), single, {x});
+        const bool rows = c.row_launches > 0 && x.desc.dtype == DataType::F32 &&
+                          (x.desc.num_elements() == 1024 || x.desc.num_elements() == 8184);
+        if (!rows) own_launches += single.launches.size();
+        INFO("input " << i << " " << x.desc.str());
+        CHECK(all.outputs[static_cast<size_t>(i)].desc == alone.outputs[0].desc);
+        CHECK(all.outputs[static_cast<size_t>(i)].values == alone.outputs[0].values);
+      }
+      CHECK(multi.launches.size() == c.row_launches + own_launches);
     }
   }
-  using V = std::vector<int64_t>;
-  auto multi_of = [&](std::vector<compiler::TensorDesc> in, V axes) {
-    const int64_t n = static_cast<int64_t>(in.size());
-    return compiler::compile(make_op("SquareSumV1", in, {{"axis", axes}, {"N", n}}), cfg);
-  };
-  CHECK_THROWS_WITH(multi_of({{DataType::F32, {1024}}, {DataType::F32, {512}}}, {0}),
-                    Catch::Contains("input 1 (f32[512]) has 512 elements"));
-  CHECK_THROWS_WITH(multi_of({{DataType::F32, {300}}, {DataType::F32, {300}}}, {0}),
-                    Catch::Contains("inputs of 300 elements"));
-  CHECK_THROWS_WITH(multi_of({{DataType::F32, {8192}}, {DataType::F32, {8192}}}, {0}),
-                    Catch::Contains("fewer than 8192 elements"));
-  CHECK_THROWS_WITH(multi_of({{DataType::F32, {8, 128}}, {DataType::F32, {8, 128}}}, {1}),
-                    Catch::Contains("reduces each input whole"));
-  CHECK_THROWS_WITH(multi_of({{DataType::F16, {1024}}, {DataType::F16, {1024}}}, {0}),
-                    Catch::Contains("are f32"));
   CHECK_THROWS_WITH(compiler::compile(make_op("SquareSumV1", {{DataType::F32, {1024}}},
                                               {{"axis", V{0}}, {"N", int64_t{2}}}),
                                       cfg),
                     Catch::Contains("attribute N = 2 but 1 inputs"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("SquareSumV1", {{DataType::F32, {16}}, {DataType::S32, {16}}},
+                                {{"axis", V{0}}, {"N", int64_t{2}}}),
+                        cfg),
+      Catch::Contains("input 1: ") && Catch::Contains("dtype s32 is not supported"));
 }
 
 TEST_CASE("ArgMax and ArgMin: first index, s32 and s64 outputs") {

@@ -8,8 +8,8 @@
 //     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
 //   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64);
 //   SquareSumV1 (CANN's op: Sum(x * x), floats): attr "axis" (list(int), as Sum's "axes"),
-//     attr "keep_dims"; attr "N" (int, default 1): N > 1 f32 inputs, each reduced whole into
-//     its own output (compile_square_sums, Lamb's per-variable norms in one op).
+//     attr "keep_dims"; attr "N" (int, default 1): N > 1 inputs, output i SquareSumV1 of input
+//     i (compile_square_sums: Lamb's per-variable norms in one op).
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
 // it is not read by any kernel.
 //
@@ -61,6 +61,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -1263,70 +1264,88 @@ void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& o
 }
 
 // SquareSumV1 with attribute N = n > 1 (as CANN's multi-tensor kernels walk a list of tensors in
-// one launch): input i's sum of squares over all its axes (attribute axis must name them all;
-// keep_dims as for one input) as output i. The inputs are f32 of one element count R
-// (square_sums_share_rows(R)), of any shapes. Launches: the inputs copied as the rows of an
-// [n, R] workspace tensor (multi-tensor streams), that tensor's rows reduced by the reduction
-// engine in one launch, the n sums copied to the outputs (multi-tensor streams). Each output has
-// the bits of input i's own SquareSumV1 launch: a row starting on a 32-byte block and reduced in
-// one stage sums in the order the same values alone do (tests/compiler/test_compiler_reduce.cpp,
-// "a row's sum of squares has the same bits in a launch of many rows"), and the copies move bits.
+// one op): output i is SquareSumV1(input i; axis, keep_dims), the inputs of any shapes and float
+// types. Inputs that are f32, reduced whole by `axis` and of one element count R with
+// square_sums_share_rows(R), at least kMinRowInputs of them, are reduced together: copied as the
+// rows of an [count, R] workspace tensor (multi-tensor streams), that tensor's rows reduced by
+// the reduction engine in one launch, the sums copied to their outputs (multi-tensor streams).
+// Each such output has the bits of its input's own SquareSumV1 launch: a row starting on a
+// 32-byte block and reduced in one stage sums in the order the same values alone do
+// (tests/compiler/test_compiler_reduce.cpp, "a row's sum of squares has the same bits in a
+// launch of many rows"), and the copies move bits. Every other input gets its own launches, as
+// its own SquareSumV1 would.
 CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
+  // Three launches replace this many inputs' own: fewer launches from four inputs on.
+  constexpr int64_t kMinRowInputs = 4;
   const OpDesc& op = ctx.op;
   if (op.inputs.size() != static_cast<size_t>(n))
     op.invalid(fmt::format("attribute N = {} but {} inputs", n, op.inputs.size()));
-  const int64_t r = op.inputs[0].num_elements();
-  const bool keep = op.attr_bool("keep_dims", false);
   if (!op.attrs.count("axis")) op.fail("attribute 'axis' (the reduced axes) is missing");
   const std::vector<int64_t> axes = op.attr_ints("axis");
-  std::vector<TensorDesc> outs;
-  for (size_t i = 0; i < op.inputs.size(); ++i) {
-    const TensorDesc& x = op.inputs[i];
-    if (x.dtype != DataType::F32)
-      op.fail(fmt::format("input {} ({}): the inputs of a multi-tensor SquareSumV1 are f32", i,
-                          x.str()));
-    if (x.num_elements() != r)
-      op.invalid(
-          fmt::format("input {} ({}) has {} elements, input 0 ({}) {}: the inputs are the "
-                      "rows of one reduction",
-                      i, x.str(), x.num_elements(), op.inputs[0].str(), r));
+  const bool keep = op.attr_bool("keep_dims", false);
+  std::vector<TensorDesc> outs(static_cast<size_t>(n));
+  std::map<int64_t, std::vector<int>> rows_of;  // R -> the inputs reduced as rows of R
+  std::vector<int> alone;
+  for (int i = 0; i < static_cast<int>(n); ++i) {
+    const TensorDesc& x = op.inputs[static_cast<size_t>(i)];
     const std::vector<bool> red = reduction_axes(op, axes, x.shape.size());
-    if (std::find(red.begin(), red.end(), false) != red.end())
-      op.invalid(
-          fmt::format("axis {} does not name every axis of input {} ({}): a multi-tensor "
-                      "SquareSumV1 reduces each input whole",
-                      shape_str(axes), i, x.str()));
-    outs.push_back(
-        TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})});
+    const bool whole = std::find(red.begin(), red.end(), false) == red.end();
+    if (x.dtype == DataType::F32 && whole && square_sums_share_rows(x.num_elements())) {
+      rows_of[x.num_elements()].push_back(i);
+      outs[static_cast<size_t>(i)] =
+          TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})};
+    } else {
+      alone.push_back(i);
+    }
   }
-  if (auto t = op.attr_type("T"); t && *t != DataType::F32)
-    op.fail(fmt::format("attribute T = {}: a multi-tensor SquareSumV1 is f32", data_type_name(*t)));
-  if (!square_sums_share_rows(r))
-    op.invalid(
-        fmt::format("inputs of {} elements: a multi-tensor SquareSumV1 takes inputs of a "
-                    "whole number of 32-byte blocks and fewer than {} elements",
-                    r, 2 * kSplitMinElems));
+  for (auto& [r, inputs] : rows_of)
+    if (static_cast<int64_t>(inputs.size()) < kMinRowInputs) {
+      alone.insert(alone.end(), inputs.begin(), inputs.end());
+      inputs.clear();
+    }
+  // Their own launches: input i's SquareSumV1, its errors named as input i's.
+  std::vector<std::pair<int, CompiledKernel>> own;
+  std::sort(alone.begin(), alone.end());
+  for (int i : alone) {
+    OpDesc sub = op;
+    sub.inputs = {op.inputs[static_cast<size_t>(i)]};
+    sub.attrs.erase("N");
+    try {
+      own.emplace_back(i, compile_reduce(CompileContext{sub, ctx.cfg, ctx.precision}));
+    } catch (const InvalidOpError& e) {
+      op.invalid(fmt::format("input {}: {}", i, e.what()));
+    } catch (const CompileError& e) {
+      op.fail(fmt::format("input {}: {}", i, e.what()));
+    }
+    outs[static_cast<size_t>(i)] = own.back().second.outputs.at(0);
+  }
   LaunchPlan plan(outs);
-  const ArgRef rows = plan.workspace(static_cast<uint64_t>(n * r) * kLaneBytes);
-  const ArgRef sums = plan.workspace(static_cast<uint64_t>(n) * kLaneBytes);
+  for (const auto& [i, k] : own) plan.add(k, {LaunchPlan::input(i)}, {LaunchPlan::output(i)});
   auto at = [](const ArgRef& base, int64_t bytes) {
     return ArgRef{ArgRef::Kind::kWorkspace, 0, base.value + static_cast<uint64_t>(bytes)};
   };
-  append_copies(
-      plan, ctx.cfg, op.str(), "square_sum_rows", n, r,
-      [](int64_t g) { return LaunchPlan::input(static_cast<int>(g)); },
-      [&](int64_t g) { return at(rows, g * r * kLaneBytes); });
-  ReduceRequest req;
-  req.kind = ReduceKind::kSum;
-  req.square = true;
-  req.input = TensorDesc{DataType::F32, {n, r}};
-  req.reduced = {false, true};
-  req.out_type = DataType::F32;
-  append_reduce(plan, ctx, req, rows, sums);
-  append_copies(
-      plan, ctx.cfg, op.str(), "square_sum_outputs", n, 1,
-      [&](int64_t g) { return at(sums, g * kLaneBytes); },
-      [](int64_t g) { return LaunchPlan::output(static_cast<int>(g)); });
+  for (const auto& [r, inputs] : rows_of) {
+    if (inputs.empty()) continue;
+    const int64_t count = static_cast<int64_t>(inputs.size());
+    auto input = [&inputs](int64_t g) { return inputs[static_cast<size_t>(g)]; };
+    const ArgRef rows = plan.workspace(static_cast<uint64_t>(count * r) * kLaneBytes);
+    const ArgRef sums = plan.workspace(static_cast<uint64_t>(count) * kLaneBytes);
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_rows", count, r,
+        [&](int64_t g) { return LaunchPlan::input(input(g)); },
+        [&](int64_t g) { return at(rows, g * r * kLaneBytes); });
+    ReduceRequest req;
+    req.kind = ReduceKind::kSum;
+    req.square = true;
+    req.input = TensorDesc{DataType::F32, {count, r}};
+    req.reduced = {false, true};
+    req.out_type = DataType::F32;
+    append_reduce(plan, ctx, req, rows, sums);
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_outputs", count, 1,
+        [&](int64_t g) { return at(sums, g * kLaneBytes); },
+        [&](int64_t g) { return LaunchPlan::output(input(g)); });
+  }
   return std::move(plan).finish();
 }
 
