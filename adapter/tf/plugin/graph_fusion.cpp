@@ -1746,14 +1746,30 @@ std::string collectives_before(const tfc::GraphDef& graph,
   return names;
 }
 
-// Groups of candidates (graph indices) that may each become one node: per key (in key_order),
+// Graph indices by node name.
+std::unordered_map<std::string, int> node_index(const tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < graph.node_size(); ++i) index[graph.node(i).name()] = i;
+  return index;
+}
+
+// The candidates of a grouping rewrite (graph indices) by key, the keys in the order first seen.
+struct KeyedCandidates {
+  std::map<std::string, std::vector<int>> by_key;
+  std::vector<std::string> key_order;
+  void add(const std::string& key, int node) {
+    if (!by_key.count(key)) key_order.push_back(key);
+    by_key[key].push_back(node);
+  }
+};
+
+// Groups of candidates (graph indices) that may each become one node: per key (in key order),
 // greedily, candidates no one of which depends on another (no path either way, so the merged
 // node sits on no cycle by itself), groups of at least two; each group kept only if the graph
 // with every kept group contracted stays acyclic.
-std::vector<std::vector<int>> independent_groups(
-    const tfc::GraphDef& graph, const std::unordered_map<std::string, int>& index,
-    const std::map<std::string, std::vector<int>>& by_key,
-    const std::vector<std::string>& key_order) {
+std::vector<std::vector<int>> independent_groups(const tfc::GraphDef& graph,
+                                                 const std::unordered_map<std::string, int>& index,
+                                                 const KeyedCandidates& candidates) {
   const int n_nodes = graph.node_size();
   // Out-edges (data and control) by graph index.
   std::vector<std::vector<int>> out(static_cast<size_t>(n_nodes));
@@ -1778,8 +1794,8 @@ std::vector<std::vector<int>> independent_groups(
     return seen;
   };
   std::vector<std::vector<int>> groups;
-  for (const std::string& key : key_order) {
-    const std::vector<int>& cands = by_key.at(key);
+  for (const std::string& key : candidates.key_order) {
+    const std::vector<int>& cands = candidates.by_key.at(key);
     if (cands.size() < 2) continue;
     std::vector<std::vector<char>> reach;
     for (int c : cands) reach.push_back(reachable(c));
@@ -1813,13 +1829,11 @@ std::vector<std::vector<int>> independent_groups(
 int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                            std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
-  std::unordered_map<std::string, int> index;
-  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
+  const std::unordered_map<std::string, int> index = node_index(graph);
   // Candidates by key: device, T, M, Tin, steps, updates (one optimizer's updates of one type,
   // the same inputs' types: a gradient cast in or not, rewrite 5c) and the collectives they wait
   // for.
-  std::map<std::string, std::vector<int>> by_key;
-  std::vector<std::string> key_order;
+  KeyedCandidates candidates;
   for (int i = 0; i < n_nodes; ++i) {
     const tfc::NodeDef& n = graph.node(i);
     if (n.op() != "FusedVariableUpdate" || !on_npu(n)) continue;
@@ -1848,10 +1862,9 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     // Members are reported under the node's op type: only those of one report type together.
     if (const auto r = n.attr().find("_npusim_report_type"); r != n.attr().end())
       key += "|report " + r->second.s();
-    if (!by_key.count(key)) key_order.push_back(key);
-    by_key[key].push_back(i);
+    candidates.add(key, i);
   }
-  const std::vector<std::vector<int>> groups = independent_groups(graph, index, by_key, key_order);
+  const std::vector<std::vector<int>> groups = independent_groups(graph, index, candidates);
 
   std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
   int made = 0;
@@ -4368,10 +4381,8 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
 int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                       std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
-  std::unordered_map<std::string, int> index;
-  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
-  std::map<std::string, std::vector<int>> by_key;
-  std::vector<std::string> key_order;
+  const std::unordered_map<std::string, int> index = node_index(graph);
+  KeyedCandidates candidates;
   for (int i = 0; i < n_nodes; ++i) {
     const tfc::NodeDef& n = graph.node(i);
     if (n.op() != "SquareSumV1" || !on_npu(n) || type_attr(n) != tfc::DT_FLOAT ||
@@ -4391,10 +4402,9 @@ int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string
     std::string key = n.device() + "|" + axis->second.SerializeAsString() +
                       (keep != n.attr().end() && keep->second.b() ? "|keep_dims" : "|") +
                       "|collectives" + collectives_before(graph, index, i);
-    if (!by_key.count(key)) key_order.push_back(key);
-    by_key[key].push_back(i);
+    candidates.add(key, i);
   }
-  const std::vector<std::vector<int>> groups = independent_groups(graph, index, by_key, key_order);
+  const std::vector<std::vector<int>> groups = independent_groups(graph, index, candidates);
 
   std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
   std::unordered_map<std::string, std::string> output_of;         // removed member -> its output
