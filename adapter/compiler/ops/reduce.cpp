@@ -1035,6 +1035,34 @@ int64_t split_parts(const KernelSpec& s, int64_t cores) {
   return std::max<int64_t>(1, std::min({want, s.R * s.inner / kSplitMinElems, s.R}));
 }
 
+// A stage split into `parts` over R (append_stage), first pass: the partial results of every
+// (outer, part, inner) in the compute type.
+KernelSpec split_first_pass(const KernelSpec& s, int64_t parts) {
+  KernelSpec first = s;
+  first.split_len = ceil_div(s.R, parts);
+  first.split = ceil_div(s.R, first.split_len);
+  first.name = s.name + "_parts";
+  first.divisor = 0;
+  first.scale = 1;
+  if (s.arg)
+    first.partial_idx = true;
+  else
+    first.out_type = s.ct;
+  return first;
+}
+
+// Its second pass: the columns kernel reducing the parts (in order, so Arg keeps the first
+// index).
+KernelSpec split_combine(const KernelSpec& s, const KernelSpec& first) {
+  KernelSpec second = s;
+  second.name = s.name + "_combine";
+  second.in_type = s.ct;
+  second.square = false;
+  second.idx_input = s.arg;
+  second.R = first.split;
+  return second;
+}
+
 // Appends the launch(es) of one stage: spec s (outer, R, inner, types, final settings) from
 // `in` to `out`.
 void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec& s, ArgRef in,
@@ -1053,15 +1081,7 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
     else plan.add(build_columns(s, plan_columns(s, cfg), cfg), {in, out});
     return;
   }
-  // First pass: partial results of every (outer, part, inner) in the compute type.
-  KernelSpec first = s;
-  first.split_len = ceil_div(s.R, parts);
-  first.split = ceil_div(s.R, first.split_len);
-  first.name = s.name + "_parts";
-  first.divisor = 0;
-  first.scale = 1;
-  if (s.arg) first.partial_idx = true;
-  else first.out_type = s.ct;
+  const KernelSpec first = split_first_pass(s, parts);
   const uint64_t partial_bytes = static_cast<uint64_t>(out_elems(first) * kLaneBytes);
   const ArgRef vals = plan.workspace(partial_bytes);
   const ArgRef idx = s.arg ? plan.workspace(partial_bytes) : ArgRef{};
@@ -1069,13 +1089,7 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
   if (s.arg) first_args.push_back(idx);
   if (s.inner == 1) plan.add(build_stream(first, plan_stream(first, cfg), cfg), first_args);
   else plan.add(build_columns(first, plan_columns(first, cfg), cfg), first_args);
-  // Second pass: reduce the parts (in order, so Arg keeps the first index).
-  KernelSpec second = s;
-  second.name = s.name + "_combine";
-  second.in_type = s.ct;
-  second.square = false;
-  second.idx_input = s.arg;
-  second.R = first.split;
+  const KernelSpec second = split_combine(s, first);
   std::vector<ArgRef> second_args{vals};
   if (s.arg) second_args.push_back(idx);
   second_args.push_back(out);
@@ -1263,6 +1277,21 @@ void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& o
   }
 }
 
+// The one stage of an f32 tensor of r elements reduced whole with squares, as append_reduce
+// makes it for SquareSumV1.
+KernelSpec whole_square_sum(const OpDesc& op, int64_t r) {
+  KernelSpec s;
+  s.op = op.str();
+  s.name = fmt::format("{}_{}_rows", kind_name(ReduceKind::kSum), data_type_name(DataType::F32));
+  s.combine = Combine::kSum;
+  s.in_type = Dtype::F32;
+  s.ct = Dtype::F32;
+  s.out_type = Dtype::F32;
+  s.R = r;
+  s.square = true;
+  return s;
+}
+
 // SquareSumV1 with attribute N = n > 1 (as CANN's multi-tensor kernels walk a list of tensors in
 // one op): output i is SquareSumV1(input i; axis, keep_dims), the inputs of any shapes and float
 // types. Inputs that are f32, reduced whole by `axis` and of one element count R with
@@ -1277,6 +1306,8 @@ void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& o
 CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
   // Three launches replace this many inputs' own: fewer launches from four inputs on.
   constexpr int64_t kMinRowInputs = 4;
+  // Split inputs: their first passes, one combine and one copy replace two launches each.
+  constexpr int64_t kMinPartsInputs = 3;
   const OpDesc& op = ctx.op;
   if (op.inputs.size() != static_cast<size_t>(n))
     op.invalid(fmt::format("attribute N = {} but {} inputs", n, op.inputs.size()));
@@ -1284,22 +1315,33 @@ CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
   const std::vector<int64_t> axes = op.attr_ints("axis");
   const bool keep = op.attr_bool("keep_dims", false);
   std::vector<TensorDesc> outs(static_cast<size_t>(n));
-  std::map<int64_t, std::vector<int>> rows_of;  // R -> the inputs reduced as rows of R
+  std::map<int64_t, std::vector<int>> rows_of;   // R -> the inputs reduced as rows of R
+  std::map<int64_t, std::vector<int>> parts_of;  // R -> the inputs split into parts, one combine
   std::vector<int> alone;
+  const int64_t cores = VectorCores::of(ctx.cfg).count;
   for (int i = 0; i < static_cast<int>(n); ++i) {
     const TensorDesc& x = op.inputs[static_cast<size_t>(i)];
     const std::vector<bool> red = reduction_axes(op, axes, x.shape.size());
     const bool whole = std::find(red.begin(), red.end(), false) == red.end();
-    if (x.dtype == DataType::F32 && whole && square_sums_share_rows(x.num_elements())) {
-      rows_of[x.num_elements()].push_back(i);
-      outs[static_cast<size_t>(i)] =
-          TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})};
-    } else {
+    const int64_t r = x.num_elements();
+    outs[static_cast<size_t>(i)] =
+        TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})};
+    if (x.dtype != DataType::F32 || !whole || r == 0)
       alone.push_back(i);
-    }
+    else if (square_sums_share_rows(r))
+      rows_of[r].push_back(i);
+    else if (split_parts(whole_square_sum(op, r), cores) > 1)
+      parts_of[r].push_back(i);
+    else
+      alone.push_back(i);
   }
   for (auto& [r, inputs] : rows_of)
     if (static_cast<int64_t>(inputs.size()) < kMinRowInputs) {
+      alone.insert(alone.end(), inputs.begin(), inputs.end());
+      inputs.clear();
+    }
+  for (auto& [r, inputs] : parts_of)
+    if (static_cast<int64_t>(inputs.size()) < kMinPartsInputs) {
       alone.insert(alone.end(), inputs.begin(), inputs.end());
       inputs.clear();
     }
@@ -1345,6 +1387,29 @@ CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
         plan, ctx.cfg, op.str(), "square_sum_outputs", count, 1,
         [&](int64_t g) { return at(sums, g * kLaneBytes); },
         [&](int64_t g) { return LaunchPlan::output(input(g)); });
+  }
+  // Split inputs of one size: each one's first pass as its own launch has it, the partial results
+  // side by side in the workspace; one combine over them all (the columns kernel of the parts,
+  // outer = the inputs); the sums copied to their outputs.
+  for (const auto& [r, inputs] : parts_of) {
+    if (inputs.empty()) continue;
+    const int64_t count = static_cast<int64_t>(inputs.size());
+    const KernelSpec one = whole_square_sum(op, r);
+    const KernelSpec first = split_first_pass(one, split_parts(one, cores));
+    const int64_t part_bytes = first.split * kLaneBytes;
+    const ArgRef partials = plan.workspace(static_cast<uint64_t>(count * part_bytes));
+    const Launch pass = build_stream(first, plan_stream(first, ctx.cfg), ctx.cfg);
+    for (int64_t g = 0; g < count; ++g)
+      plan.add(pass,
+               {LaunchPlan::input(inputs[static_cast<size_t>(g)]), at(partials, g * part_bytes)});
+    KernelSpec combine = split_combine(one, first);
+    combine.outer = count;
+    const ArgRef sums = plan.workspace(static_cast<uint64_t>(count) * kLaneBytes);
+    plan.add(build_columns(combine, plan_columns(combine, ctx.cfg), ctx.cfg), {partials, sums});
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_outputs", count, 1,
+        [&](int64_t g) { return at(sums, g * kLaneBytes); },
+        [&](int64_t g) { return LaunchPlan::output(inputs[static_cast<size_t>(g)]); });
   }
   return std::move(plan).finish();
 }
