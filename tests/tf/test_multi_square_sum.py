@@ -11,6 +11,7 @@ reduced as the rows of one reduction.
 - must not merge: Lamb's trust ratio by hand twice in a row, the second on the first's result
   (its ||w|| reads the first's norms through the ratio): that norm shares no node with the
   norms it depends on, and the values are the rewrite-off run's bit for bit.
+Both in the NpuGraph task lists and node by node (NPUSIM_GRAPH=0).
 """
 
 import os
@@ -89,11 +90,15 @@ print("RESULT " + json.dumps({"train": train(), "chained": chained(),
 '''.replace("ROOT", repr(ROOT))
 
 OFF = {"NPUSIM_FUSION_MULTI_SQUARE_SUM": "0"}
+# In the NpuGraph task lists (the default) and node by node (NPUSIM_GRAPH=0: each node's own
+# TF kernel, the group node's launches named by its `_npusim_members` there too).
+MODES = {"graph": {}, "node_by_node": {"NPUSIM_GRAPH": "0"}}
 
 
-@pytest.fixture(scope="module")
-def runs():
-    return child_result(CODE), child_result(CODE, extra_env=OFF)
+@pytest.fixture(scope="module", params=sorted(MODES))
+def runs(request):
+    env = MODES[request.param]
+    return child_result(CODE, extra_env=env), child_result(CODE, extra_env={**env, **OFF})
 
 
 def test_lamb_norms_grouped_bit_identical(runs):
