@@ -195,7 +195,8 @@ def test_op_definition_infers_the_broadcast_shape(tf):
             op = g._create_op_internal(  # pylint: disable=protected-access
                 "FusedElementwise", ins, [tf.float32],
                 attrs={"T": tf.compat.v1.AttrValue(type=tf.float32.as_datatype_enum),
-                       "N": tf.compat.v1.AttrValue(i=len(ins)),
+                       "Tin": tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(
+                           type=[tf.float32.as_datatype_enum] * len(ins))),
                        "steps": tf.compat.v1.AttrValue(
                            list=tf.compat.v1.AttrValue.ListValue(s=[b"Neg i0"]))})
             return op.outputs[0].shape.as_list() if op.outputs[0].shape.rank is not None \

@@ -124,10 +124,10 @@ print("RESULT " + json.dumps({
              for lo in (0.0, 2.0)}}))
 '''.replace("ROOT", repr(ROOT))
 
-# Rewrite 17's choices are counted with the element-wise chains' SelectV2 steps off (their
-# default; NPUSIM_FUSION_SELECT=0 says so): the counts look for the SelectV2 launches TensorFlow's
-# where leaves.
-# The unfused Lamb with those steps on is checked on its own (test_unfused_lamb_with_select_steps).
+# Rewrite 17's choices are counted with the element-wise chains' SelectV2 steps off
+# (NPUSIM_FUSION_SELECT=0; they are on by default): the counts look for the SelectV2 launches
+# TensorFlow's where leaves. The unfused Lamb with those steps on, the default, is checked on its
+# own (test_unfused_lamb_with_select_steps).
 SELECT_OFF = {"NPUSIM_FUSION_SELECT": "0"}
 OFF = {"NPUSIM_FUSION_LAMB": "0", **SELECT_OFF}
 
@@ -148,13 +148,12 @@ def test_lamb_fused_matches_unfused_and_cpu(runs):
 
 def test_unfused_lamb_with_select_steps(runs):
     """Lamb unfused (NPUSIM_FUSION_LAMB=0) with the SelectV2 steps of the element-wise chains on
-    (NPUSIM_FUSION_SELECT=1):
+    (their default):
     the trust ratio's where, a scalar condition per variable, goes into that variable's update,
     which stays a one-variable launch (a multi-tensor update never broadcasts a bool input); the
     weights are the unfused run's without the steps."""
     _, off = runs
-    with_select = child_result(CODE, extra_env={"NPUSIM_FUSION_LAMB": "0",
-                                                "NPUSIM_FUSION_SELECT": "1"})
+    with_select = child_result(CODE, extra_env={"NPUSIM_FUSION_LAMB": "0"})
     for got, want in zip(with_select["npu"], off["npu"]):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
     assert with_select["counts"].get("SelectV2", 0) < off["counts"]["SelectV2"], (

@@ -9,7 +9,14 @@ mask an input of both.
   (SelectV2 launches of their own), equal to numpy's where over TF-on-CPU products, in fewer
   launches, with no SelectV2 launch left (the broadcast mask's expansion is a launch of the
   fused op, as of SelectV2's own);
-- a select read outside its chain stays the sink of its own set.
+- a select read outside its chain stays the sink of its own set;
+- run node by node (NPUSIM_GRAPH=0, where TensorFlow rebuilds the function's graph from the
+  optimizer's output and checks every edge's type against the op definitions): a chain with a
+  bool condition (FusedElementwise's Tin lists it as bool) and a variable update whose chain
+  has one (FusedVariableUpdate's Tin too) run fused beside the graph's other rewrites (a
+  MatMulBiasAdd), TensorFlow keeps the optimized graph, and the results are bit-identical to
+  the same step with the select steps off; under allow_mix_precision too (the chain in
+  float16, its condition still bool).
 """
 
 import json
@@ -96,10 +103,9 @@ print("RESULT " + json.dumps({"outs": hexed(outs),
 
 @pytest.fixture(scope="module")
 def fused(npusim, tf):  # pylint: disable=unused-argument
-    """The dropouts with the select steps on (NPUSIM_FUSION_SELECT=1; they are off by default),
-    in a child process: outputs and launch records."""
-    proc = run_child("import json, os\nos.environ['NPUSIM_FUSION_SELECT'] = '1'\n" + FUSED_CHILD,
-                     timeout=300)
+    """The dropouts with the select steps on (their default), in a child process: outputs and
+    launch records."""
+    proc = run_child("import json\n" + FUSED_CHILD, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
     return unhexed(res["outs"]), res["recs"]
@@ -140,3 +146,83 @@ def test_selects_fuse_bit_identical_to_unfused(fused):
     assert off["selects"] == ["bout", "fwd", "grad", "hout", "sel"], off["selects"]
     print(f"\ndropouts: {len(recs)} launches fused, {off['launches']} unfused")
     assert len(recs) < off["launches"]
+
+
+NODE_BY_NODE_CHILD = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+rng = np.random.default_rng(7)
+x = rng.standard_normal((16, 32)).astype(np.float32)
+w = rng.standard_normal((32, 24)).astype(np.float32)
+b = rng.standard_normal(24).astype(np.float32)
+u = rng.uniform(0.0, 1.0, (16, 24)).astype(np.float32)
+g = rng.standard_normal((16, 24)).astype(np.float32)
+with tf.device("/NPU:0"):
+    v = tf.Variable(np.ones((16, 24), np.float32))
+
+    @tf.function
+    def step(x, w, b, u, g):
+        h = tf.nn.bias_add(tf.matmul(x, w), b, name="dense")
+        mask = tf.math.greater_equal(u, 0.25, name="mask")
+        v.assign_sub(tf.where(mask, g * 0.5, 0.0, name="masked_step"))
+        return tf.where(mask, h * (1.0 / 0.75), tf.zeros_like(h), name="dropout")
+
+    args = [tf.constant(a) for a in (x, w, b, u, g)]
+    step(*args)  # trace, optimize, compile
+    n0 = len(npusim.launch_records())
+    y = step(*args).numpy()
+    recs = npusim.launch_records()[n0:]
+print("RESULT " + json.dumps({"y": y.tobytes().hex(), "v": v.numpy().tobytes().hex(),
+                              "types": sorted({r["op_type"] for r in recs}),
+                              "kernels": sorted({r["kernel"] for r in recs})}))
+"""
+
+
+def _node_by_node(select, precision):
+    # TensorFlow's warnings shown: a refused optimized graph is one.
+    env = {"NPUSIM_GRAPH": "0", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    if select is not None:
+        env["NPUSIM_FUSION_SELECT"] = select
+    if precision is not None:
+        env["NPUSIM_PRECISION_MODE"] = precision
+    proc = run_child(NODE_BY_NODE_CHILD, timeout=300, extra_env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    res["y"] = np.frombuffer(bytes.fromhex(res["y"]), np.float32).reshape(16, 24)
+    res["v"] = np.frombuffer(bytes.fromhex(res["v"]), np.float32).reshape(16, 24)
+    return res, proc.stderr
+
+
+# allow_mix_precision: the graph pass runs the dropout chain in float16 (its Tin's T-typed
+# inputs turned half with T, the condition kept bool), the update in float32.
+@pytest.mark.parametrize("precision", [None, "allow_mix_precision"])
+def test_select_steps_run_node_by_node_beside_the_other_rewrites(tf, precision):  # pylint: disable=unused-argument
+    on, stderr = _node_by_node(None, precision)  # the select steps on: their default
+    # TensorFlow refused no optimized graph (it used to fall back to the unoptimized one, every
+    # rewrite lost, for one FusedElementwise whose bool input its definition typed as T).
+    assert "optimization failure" not in stderr, stderr[-3000:]
+    types = on["types"]
+    assert {"FusedElementwise", "FusedVariableUpdate", "MatMulBiasAdd"} <= set(types), types
+    assert "SelectV2" not in types and "MatMul" not in types, types
+    if precision == "allow_mix_precision":
+        assert "FusedElementwise_f16" in on["kernels"], on["kernels"]
+    off, _ = _node_by_node("0", precision)
+    assert "SelectV2" in off["types"], off["types"]
+    assert on["y"].tobytes() == off["y"].tobytes()
+    assert on["v"].tobytes() == off["v"].tobytes()
+    rng = np.random.default_rng(7)  # the child's inputs
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, 32), (32, 24), 24))
+    u = rng.uniform(0.0, 1.0, (16, 24)).astype(np.float32)
+    g = rng.standard_normal((16, 24)).astype(np.float32)
+    mask = u >= 0.25
+    # The variable: two steps of v -= where(mask, g * 0.5, 0), exact in float32.
+    step = np.where(mask, g * np.float32(0.5), np.float32(0))
+    np.testing.assert_array_equal(on["v"], np.float32(1) - step - step)
+    # The dropout: zero where the mask is false; elsewhere (x @ w + b) / 0.75 (the cube's fp16
+    # operands, and under allow_mix_precision the fp16 product and scale: a tolerance).
+    np.testing.assert_array_equal(on["y"][~mask], 0)
+    np.testing.assert_allclose(on["y"][mask], ((x @ w + b) / np.float32(0.75))[mask], rtol=2e-3,
+                               atol=2e-2)

@@ -273,6 +273,25 @@ tfc::AttrValue type_value(tfc::DataType t) {
   return v;
 }
 
+// A list(type) attribute of `types`, in order.
+tfc::AttrValue type_list_value(const std::vector<tfc::DataType>& types) {
+  tfc::AttrValue v;
+  v.mutable_list();  // an empty list is a list too
+  for (tfc::DataType t : types) v.mutable_list()->add_type(t);
+  return v;
+}
+
+// FusedElementwise's attributes (kernels_fused.cpp): the steps' type t, each input's type (Tin:
+// t, or bool for a SelectV2 step's condition) and the steps.
+std::map<std::string, tfc::AttrValue> fused_elementwise_attrs(
+    tfc::DataType t, const std::vector<tfc::DataType>& input_types, const tfc::AttrValue& steps) {
+  std::map<std::string, tfc::AttrValue> attrs;
+  attrs["T"] = type_value(t);
+  attrs["Tin"] = type_list_value(input_types);
+  attrs["steps"] = steps;
+  return attrs;
+}
+
 bool float_node(const tfc::NodeDef& n) { return type_attr(n) == tfc::DT_FLOAT; }
 
 // A matched batch-norm chain, ending at add_1 (and relu, if fused).
@@ -789,10 +808,8 @@ int fuse_add_n_relu_grads_in(tfc::GraphDef& graph, const std::unordered_set<std:
     }
     steps.mutable_list()->add_s("ReluGrad " + last + " i" + std::to_string(inputs.size()));
     inputs.push_back(rg.input(1));
-    std::map<std::string, tfc::AttrValue> attrs;
-    attrs["T"] = type_value(*t);
-    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
-    attrs["steps"] = steps;
+    std::map<std::string, tfc::AttrValue> attrs =
+        fused_elementwise_attrs(*t, std::vector<tfc::DataType>(inputs.size(), *t), steps);
     // The node names the fused node stands for besides its own (reports keep both).
     attrs["_npusim_fused"].mutable_list()->add_s(sum->name());
     rm.remove(sum->name());
@@ -1218,7 +1235,7 @@ bool fusible_step(const tfc::NodeDef& n) {
 // "SelectV2 i<c> <t> <e>"): on the NPU, T float, no attribute but T (and "_" ones), three data
 // inputs before its control inputs. Its bool condition is always an input of the chain (no step
 // has a bool result): Keras' dropout where(mask, x * scale, 0) and its gradient
-// where(mask, dy * scale, 0) become one launch each. Only with NPUSIM_FUSION_SELECT=1.
+// where(mask, dy * scale, 0) become one launch each. Not with NPUSIM_FUSION_SELECT=0.
 bool select_step(const tfc::NodeDef& n) {
   if (!select_fusion_requested() || n.op() != compiler::ops::kSelectStep || !float_step_node(n))
     return false;
@@ -1286,15 +1303,19 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
     if (members.size() < 2) continue;
     std::map<int, int> step_of;                           // graph index -> step number
     std::map<std::pair<std::string, int>, int> input_of;  // (node, port) -> input number
+    const tfc::DataType t = *type_attr(graph.node(last));
     std::vector<std::string> inputs;
+    std::vector<tfc::DataType> input_types;  // t, or bool: a SelectV2 step's condition
     tfc::AttrValue steps;
     for (int m : members) {
       const tfc::NodeDef& n = graph.node(m);
+      const bool select = n.op() == compiler::ops::kSelectStep;
       std::string text = n.op();
       int k = 0;
       for (const std::string& in : n.input()) {
         const InputRef r = parse_input(in);
         if (r.control) continue;
+        const bool condition = select && k == 0;
         const int p = producers[m][k++];
         if (p >= 0 && sink[p] == last) {
           text += " s" + std::to_string(step_of.at(p));
@@ -1302,7 +1323,10 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
         }
         auto [it, added] =
             input_of.emplace(std::make_pair(r.node, r.port), static_cast<int>(inputs.size()));
-        if (added) inputs.push_back(in);
+        if (added) {
+          inputs.push_back(in);
+          input_types.push_back(condition ? tfc::DT_BOOL : t);
+        }
         text += " i" + std::to_string(it->second);
       }
       step_of[m] = steps.list().s_size();
@@ -1310,11 +1334,8 @@ int fuse_elementwise_chains(tfc::GraphDef& graph, const std::unordered_set<std::
       if (m != last) rm.remove(n.name());
     }
     tfc::NodeDef& sink_node = *graph.mutable_node(last);
-    std::map<std::string, tfc::AttrValue> attrs;
-    attrs["T"] = type_value(*type_attr(sink_node));
-    attrs["N"].set_i(static_cast<int64_t>(inputs.size()));
-    attrs["steps"] = steps;
-    rewrite_as(sink_node, "FusedElementwise", inputs, attrs);
+    rewrite_as(sink_node, "FusedElementwise", inputs,
+               fused_elementwise_attrs(t, input_types, steps));
     ++fused;
   }
   removed->insert(rm.removed().begin(), rm.removed().end());
@@ -1370,6 +1391,7 @@ struct VariableUpdate {
   const char* combine = nullptr;   // "AddV2" (AssignAdd), "Sub" (AssignSub), null (Assign)
   tfc::NodeDef* chain = nullptr;   // FusedElementwise or a fusible step; null: value read as is
   std::vector<std::string> reads;  // the chain's data inputs (or the value), as written
+  std::vector<tfc::DataType> read_types;  // their types: the variable's, or a chain's Tin
 };
 
 bool is_variable_assign(const tfc::NodeDef& n) {
@@ -1421,8 +1443,18 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
       u.chain = p;
       for (const std::string& in : p->input())
         if (!parse_input(in).control) u.reads.push_back(in);
+      // A FusedElementwise's inputs are of the types its Tin lists (a SelectV2 step's
+      // condition: bool); a fusible step's are of its type.
+      u.read_types.assign(u.reads.size(), *t);
+      if (const auto tin = p->attr().find("Tin"); tin != p->attr().end()) {
+        const auto& types = tin->second.list().type();
+        if (types.size() != static_cast<int>(u.reads.size())) continue;
+        for (size_t r = 0; r < u.reads.size(); ++r)
+          u.read_types[r] = static_cast<tfc::DataType>(types[static_cast<int>(r)]);
+      }
     } else if (u.combine) {
       u.reads = {a.input(1)};  // var <op>= value: one step of the update itself
+      u.read_types = {*t};
     } else {
       continue;  // an Assign of a value computed elsewhere: nothing to fuse
     }
@@ -1548,14 +1580,19 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
 
     // Steps: each update's chain, then its combine step; operands renamed.
     std::vector<std::string> steps, inputs;
+    std::vector<tfc::DataType> input_types;  // Tin
     std::map<std::string, int> input_of;
     std::vector<int64_t> update_step(m, -1);
-    auto operand_text = [&](const std::string& in, const UpdateOperand& o) -> std::string {
+    auto operand_text = [&](const std::string& in, tfc::DataType type,
+                            const UpdateOperand& o) -> std::string {
       if (o.kind == UpdateOperand::kBefore) return "i" + std::to_string(var_of.at(o.update));
       if (o.kind == UpdateOperand::kAfter)
         return "s" + std::to_string(update_step[var_of.at(o.update)]);
       auto [it, added] = input_of.emplace(in, m + static_cast<int>(inputs.size()));
-      if (added) inputs.push_back(in);
+      if (added) {
+        inputs.push_back(in);
+        input_types.push_back(type);
+      }
       return "i" + std::to_string(it->second);
     };
     for (int k : order) {
@@ -1563,7 +1600,7 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
       const int j = var_of.at(k);
       std::vector<std::string> mapped;  // the chain's inputs (or the value) as operands
       for (size_t r = 0; r < u.reads.size(); ++r)
-        mapped.push_back(operand_text(u.reads[r], operands[k][r].first));
+        mapped.push_back(operand_text(u.reads[r], u.read_types[r], operands[k][r].first));
       std::string value;
       if (u.chain) {
         const size_t base = steps.size();
@@ -1637,8 +1674,7 @@ int fuse_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::st
     std::map<std::string, tfc::AttrValue> attrs;
     attrs["T"] = type_value(*t);
     attrs["M"].set_i(m);
-    attrs["Tin"].mutable_list();
-    for (size_t k = 0; k < inputs.size(); ++k) attrs["Tin"].mutable_list()->add_type(*t);
+    attrs["Tin"] = type_list_value(input_types);
     for (const std::string& s : steps) attrs["steps"].mutable_list()->add_s(s);
     attrs["updates"].mutable_list();
     for (int64_t s : update_step) attrs["updates"].mutable_list()->add_i(s);
@@ -4529,14 +4565,8 @@ bool multi_square_sum_requested() {
   return on;
 }
 
-// Off unless NPUSIM_FUSION_SELECT=1: with the steps on, a training step run node by node
-// (NPUSIM_GRAPH=0) loses every rewrite of its graph (tests/tf/test_graph_mode.py), not yet
-// understood.
 bool select_fusion_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("NPUSIM_FUSION_SELECT");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = switch_on("NPUSIM_FUSION_SELECT");
   return on;
 }
 
@@ -4652,122 +4682,114 @@ int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::str
   return fused;
 }
 
-FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                            const TypeCheck& type_error) {
   FusionCounts counts;
-  std::set<std::string> removed;
+  // Where the graph given passes `type_error`, each rewrite after which it does not (an edge
+  // TensorFlow would refuse, and with it the whole optimized graph) is taken back on its own,
+  // logged; the rewrites before and after it stay.
+  const bool checked = type_error && type_error(graph).empty();
+  // Runs `rewrite` (its nodes to erase into `removed`; returns the nodes it made) unless `on` is
+  // false; its count into *count.
+  auto apply = [&](const char* what, bool on, int* count,
+                   const std::function<int(std::set<std::string>*)>& rewrite) {
+    if (!on) return;
+    tfc::GraphDef before;
+    if (checked) before = graph;
+    std::set<std::string> removed;
+    int made = rewrite(&removed);
+    erase_nodes(graph, removed);
+    if (checked && made > 0) {
+      const std::string error = type_error(graph);
+      if (!error.empty()) {
+        std::fprintf(stderr, "npusim: graph fusion: the %s rewrite left out: %s\n", what,
+                     error.c_str());
+        graph.Swap(&before);
+        made = 0;
+      }
+    }
+    *count = made;
+  };
   // Decoder-model rewrites first: rewrite 4 would otherwise take their element-wise steps.
   if (llm_ops_registered()) {
     // Rewrite 11 first: its Reshape in place of the RealDiv is what rewrites 8-10 expect of a
     // Dense / EinsumDense output.
-    if (weight_quant_fusion_requested())
-      counts.weight_quant_matmul = fuse_weight_quant_matmuls(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (rms_norm_fusion_requested()) counts.rms_norm = fuse_rms_norms(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (swiglu_fusion_requested()) counts.swiglu = fuse_swiglus(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (attention_fusion_requested()) counts.attention = fuse_attentions(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (rope_fusion_requested()) {
-      std::vector<std::string> tables;
-      counts.rope = fuse_ropes(graph, preserve, &removed, &tables);
-      erase_nodes(graph, removed);
-      removed.clear();
-      counts.rope_tables = dedup_rope_tables(graph, preserve, &removed, tables);
-      erase_nodes(graph, removed);
-      removed.clear();
-    }
-    if (geglu_fusion_requested()) counts.geglu = fuse_geglus(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (gelu_fusion_requested()) counts.gelu = fuse_gelus(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
+    apply("WeightQuantBatchMatmulV2", weight_quant_fusion_requested(), &counts.weight_quant_matmul,
+          [&](auto* removed) { return fuse_weight_quant_matmuls(graph, preserve, removed); });
+    apply("RmsNorm", rms_norm_fusion_requested(), &counts.rms_norm,
+          [&](auto* removed) { return fuse_rms_norms(graph, preserve, removed); });
+    apply("SwiGlu", swiglu_fusion_requested(), &counts.swiglu,
+          [&](auto* removed) { return fuse_swiglus(graph, preserve, removed); });
+    apply("attention", attention_fusion_requested(), &counts.attention,
+          [&](auto* removed) { return fuse_attentions(graph, preserve, removed); });
+    std::vector<std::string> tables;
+    apply("RotaryPositionEmbedding", rope_fusion_requested(), &counts.rope,
+          [&](auto* removed) { return fuse_ropes(graph, preserve, removed, &tables); });
+    apply("rotary table", rope_fusion_requested() && counts.rope > 0, &counts.rope_tables,
+          [&](auto* removed) { return dedup_rope_tables(graph, preserve, removed, tables); });
+    apply("GeGlu", geglu_fusion_requested(), &counts.geglu,
+          [&](auto* removed) { return fuse_geglus(graph, preserve, removed); });
+    apply("Gelu", gelu_fusion_requested(), &counts.gelu,
+          [&](auto* removed) { return fuse_gelus(graph, preserve, removed); });
     // 12b before 12: a training graph's LayerNorm (read by its gradient) with the gradient.
-    if (layer_norm_training_fusion_requested())
-      counts.layer_norm_training = fuse_layer_norm_trainings(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    if (layer_norm_fusion_requested())
-      counts.layer_norm = fuse_layer_norms(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
+    apply("LayerNorm in training", layer_norm_training_fusion_requested(),
+          &counts.layer_norm_training,
+          [&](auto* removed) { return fuse_layer_norm_trainings(graph, preserve, removed); });
+    apply("LayerNorm", layer_norm_fusion_requested(), &counts.layer_norm,
+          [&](auto* removed) { return fuse_layer_norms(graph, preserve, removed); });
   }
   // After rewrite 13, which takes MatMuls without transposes only.
-  if (transpose_fold_requested())
-    counts.matmul_transposes = fold_matmul_transposes(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  if (training_fusion_requested()) {
-    counts.training_batch_norm = fuse_training_batch_norms(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-    // Under allow_mix_precision's graph pass after it instead (fold_bn_relu_grads), so that
-    // the pass types the ReluGrad and the gradients as it does unfolded and the fold takes
-    // them in the type they run in.
-    if (bn_relu_grad_fusion_requested() && !mixed_precision_requested())
-      counts.bn_relu_grad = fuse_bn_relu_grads(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-    removed.clear();
-  }
-  counts.batch_norm = fuse_batch_norms(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
+  apply("MatMul transpose", transpose_fold_requested(), &counts.matmul_transposes,
+        [&](auto* removed) { return fold_matmul_transposes(graph, preserve, removed); });
+  apply("training batch norm", training_fusion_requested(), &counts.training_batch_norm,
+        [&](auto* removed) { return fuse_training_batch_norms(graph, preserve, removed); });
+  // Under allow_mix_precision's graph pass after it instead (fold_bn_relu_grads), so that the
+  // pass types the ReluGrad and the gradients as it does unfolded and the fold takes them in the
+  // type they run in.
+  apply("ReluGrad into batch norm",
+        training_fusion_requested() && bn_relu_grad_fusion_requested() &&
+            !mixed_precision_requested(),
+        &counts.bn_relu_grad,
+        [&](auto* removed) { return fuse_bn_relu_grads(graph, preserve, removed); });
+  apply("BatchNormInference", true, &counts.batch_norm,
+        [&](auto* removed) { return fuse_batch_norms(graph, preserve, removed); });
   // Before 2, which copies the convolution's padding attributes.
-  counts.conv_pad = absorb_conv_pads(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  counts.conv_batch_norm = fuse_conv_batch_norms(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  counts.conv_residual = fuse_conv_residual_adds(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  counts.half_handoffs = half_handoffs(graph, preserve);
-  counts.add_relu = fuse_add_relus(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  if (epilogue_fusion_requested())
-    counts.bias_epilogue = fuse_bias_epilogues(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
+  apply("Pad into convolution", true, &counts.conv_pad,
+        [&](auto* removed) { return absorb_conv_pads(graph, preserve, removed); });
+  apply("Conv2DBatchNormInference", true, &counts.conv_batch_norm,
+        [&](auto* removed) { return fuse_conv_batch_norms(graph, preserve, removed); });
+  apply("residual add", true, &counts.conv_residual,
+        [&](auto* removed) { return fuse_conv_residual_adds(graph, preserve, removed); });
+  apply("fp16 hand-off", true, &counts.half_handoffs,
+        [&](auto*) { return half_handoffs(graph, preserve); });
+  apply("AddRelu", true, &counts.add_relu,
+        [&](auto* removed) { return fuse_add_relus(graph, preserve, removed); });
+  apply("bias epilogue", epilogue_fusion_requested(), &counts.bias_epilogue,
+        [&](auto* removed) { return fuse_bias_epilogues(graph, preserve, removed); });
   // Before 4, which takes the steps it writes.
-  if (lamb_fusion_requested() && fused_elementwise_registered())
-    counts.lamb = lower_lamb_trust_ratios(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  if (fused_elementwise_registered())
-    counts.elementwise = fuse_elementwise_chains(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  if (variable_update_fusion_requested() && fused_variable_update_registered()) {
-    counts.variable_update = fuse_variable_updates(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-  }
-  removed.clear();
-  counts.deduplicated = dedup_pure_nodes(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
+  apply("Lamb trust ratio", lamb_fusion_requested() && fused_elementwise_registered(), &counts.lamb,
+        [&](auto* removed) { return lower_lamb_trust_ratios(graph, preserve, removed); });
+  apply("FusedElementwise", fused_elementwise_registered(), &counts.elementwise,
+        [&](auto* removed) { return fuse_elementwise_chains(graph, preserve, removed); });
+  apply("FusedVariableUpdate",
+        variable_update_fusion_requested() && fused_variable_update_registered(),
+        &counts.variable_update,
+        [&](auto* removed) { return fuse_variable_updates(graph, preserve, removed); });
+  apply("duplicate node", true, &counts.deduplicated,
+        [&](auto* removed) { return dedup_pure_nodes(graph, preserve, removed); });
   // After 6, which leaves one Cast per gradient (and one reader where the update is its only
   // one); before 5b, which groups updates of the same steps and input types.
-  if (cast_fusion_requested() && fused_variable_update_registered())
-    counts.update_casts = fold_update_casts(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  removed.clear();
-  if (multi_tensor_update_requested() && fused_variable_update_registered()) {
-    counts.multi_tensor_update = group_variable_updates(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-  }
-  removed.clear();
+  apply("update Cast", cast_fusion_requested() && fused_variable_update_registered(),
+        &counts.update_casts,
+        [&](auto* removed) { return fold_update_casts(graph, preserve, removed); });
+  apply("multi-tensor update",
+        multi_tensor_update_requested() && fused_variable_update_registered(),
+        &counts.multi_tensor_update,
+        [&](auto* removed) { return group_variable_updates(graph, preserve, removed); });
   // Last: the norms' readers are in their final nodes.
-  if (multi_square_sum_requested() && fused_ops_registered()) {
-    counts.multi_square_sum = group_square_sums(graph, preserve, &removed);
-    erase_nodes(graph, removed);
-  }
+  apply("multi-tensor SquareSumV1", multi_square_sum_requested() && fused_ops_registered(),
+        &counts.multi_square_sum,
+        [&](auto* removed) { return group_square_sums(graph, preserve, removed); });
   return counts;
 }
 

@@ -94,8 +94,10 @@
 //      sink has all of its data consumers inside the set; sets of at least 2 nodes become one
 //      node computing the steps in a topological order, its inputs the set's external inputs
 //      (deduplicated; a Const or ReadVariableOp feeding the set stays outside). A node whose
-//      result is also used outside is the sink of its own set. Only while the compiler's op
-//      table has a FusedElementwise kernel (fused_elementwise_registered()).
+//      result is also used outside is the sink of its own set. A SelectV2 of T is a step too
+//      (its bool condition an input: the node's Tin lists each input's type) unless
+//      NPUSIM_FUSION_SELECT=0. Only while the compiler's op table has a FusedElementwise
+//      kernel (fused_elementwise_registered()).
 //   5. FusedVariableUpdate (fused_elementwise.h), after 4: an optimizer's variable updates as
 //      one launch, like CANN's ApplyAdam. An update is an AssignAddVariableOp /
 //      AssignSubVariableOp / AssignVariableOp (dtype float, half, bfloat16) whose value is a
@@ -332,6 +334,7 @@
 // configs to every graph of the process, CPU ones included).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <unordered_set>
 
@@ -447,9 +450,18 @@ int fuse_add_n_relu_grads(tensorflow::GraphDef& graph,
 // returns the Casts folded.
 int fold_update_casts(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
 
+// The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
+// optimizer's output (a producer's output type that its consumer's op definition does not take
+// there), described; empty if none (graph_optimizer.cpp's is first_type_error, mixed_precision.h).
+using TypeCheck = std::function<std::string(const tensorflow::GraphDef&)>;
+
 // Applies the rewrites to `graph`; returns how many fused nodes were created (0: unchanged).
+// With `type_error`, on a graph that passes it: a rewrite after which the graph does not is
+// taken back on its own (logged "npusim: graph fusion: the <rewrite> rewrite left out: ..."), so
+// TensorFlow never drops the optimized graph, and every other rewrite, for one bad node.
 FusionCounts fuse_npu_graph(tensorflow::GraphDef& graph,
-                            const std::unordered_set<std::string>& preserve);
+                            const std::unordered_set<std::string>& preserve,
+                            const TypeCheck& type_error = {});
 
 // Whether kernels_fused.cpp registered the fused ops' definitions and NPU kernels
 // (register_fused_kernels, kernel_families.h).

@@ -336,7 +336,8 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     tfc::GraphDef fused = graph;
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
-      const FusionCounts counts = fuse_npu_graph(fused, cc_item->NodesToPreserve());
+      const FusionCounts counts =
+          fuse_npu_graph(fused, cc_item->NodesToPreserve(), first_type_error);
       if (std::getenv("NPUSIM_FUSION_LOG"))
         std::fprintf(
             stderr,

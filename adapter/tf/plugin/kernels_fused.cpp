@@ -41,14 +41,18 @@
 //     keep_dims: bool; N: int >= 1 = 1: CANN's op, y[i] = Sum(Square(x[i]), axis) as one
 //     reduction squaring in its f32 pass (adapter/compiler/ops/reduce.cpp; graph_fusion.h
 //     rewrite 17, Lamb's norms); N > 1: rewrite 17b's multi-tensor norms.
-//   FusedElementwise(inputs: N * T) -> z: T     T in {float, half, bfloat16}; N >= 1;
-//     steps: list(string): a chain of element-wise ops as one vector kernel
-//     (adapter/compiler/ops/fused_elementwise.h states the steps' form); z has the inputs'
-//     broadcast shape.
+//   FusedElementwise(inputs: Tin) -> z: T     T in {float, half, bfloat16}; Tin: list of
+//     {float, half, bfloat16, bool}, at least 1: T for an operand of the steps, bool for the
+//     condition of a SelectV2 step (graph_fusion.h rewrite 4); steps: list(string): a chain of
+//     element-wise ops as one vector kernel (adapter/compiler/ops/fused_elementwise.h states
+//     the steps' form); z has the inputs' broadcast shape. Every input's type is in Tin, so
+//     TensorFlow's own graph checks (a function's graph is rebuilt from the optimizer's output
+//     before it runs node by node) accept a node with a bool condition.
 //
 //   FusedVariableUpdate(resources: M * resource, inputs: Tin)     T in {float, half,
-//     bfloat16}; M >= 1; Tin: list of float types (T, or another float type for an input the
-//     steps cast to T: graph_fusion.h rewrite 5c); steps: list(string); updates: list(int): the
+//     bfloat16}; M >= 1; Tin: list of {float, half, bfloat16, bool} (T, another float type for
+//     an input the steps cast to T: graph_fusion.h rewrite 5c, or bool for a SelectV2 step's
+//     condition: a chain's, rewrite 4); steps: list(string); updates: list(int): the
 //     new values of M variables of one shape from one chain of element-wise steps
 //     (fused_elementwise.h), one launch; stateful, no outputs. members: int >= 1 = 1: that many
 //     such updates of the same steps in one op (graph_fusion.h, rewrite 5b), member g's
@@ -289,15 +293,17 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"T: {float, half}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        same_as_input0},
       {"FusedElementwise",
-       {"inputs: N * T"},
+       {"inputs: Tin"},
        {"z: T"},
-       {"T: {float, half, bfloat16}", "N: int >= 1", "steps: list(string)"},
+       {"T: {float, half, bfloat16}", "Tin: list({float, half, bfloat16, bool}) >= 1",
+        "steps: list(string)"},
        broadcast_shape},
       {"FusedVariableUpdate",
        {"resources: M * resource", "inputs: Tin"},
        {},
-       {"T: {float, half, bfloat16}", "M: int >= 1", "Tin: list({float, half, bfloat16}) >= 0",
-        "steps: list(string)", "updates: list(int)", "members: int >= 1 = 1"},
+       {"T: {float, half, bfloat16}", "M: int >= 1",
+        "Tin: list({float, half, bfloat16, bool}) >= 0", "steps: list(string)",
+        "updates: list(int)", "members: int >= 1 = 1"},
        no_outputs,
        true},
   };

@@ -200,7 +200,7 @@ class ResourceApplyOp : public UpdateKernel {
   bool m_nesterov = false;
 };
 
-// FusedVariableUpdate(resources: M * resource, inputs: N * T; steps, updates, members): the
+// FusedVariableUpdate(resources: M * resource, inputs: Tin; steps, updates, members): the
 // graph fusion's form of an optimizer's AssignAdd / AssignSub / Assign VariableOps with the
 // chains feeding them (graph_fusion.h, rewrites 5 and 5b; the compiler's contract in
 // adapter/compiler/ops/fused_elementwise.h). Compute as ResourceApplyOp's: the variables locked,

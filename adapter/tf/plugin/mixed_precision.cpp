@@ -329,6 +329,34 @@ bool current_settings(PluginSettings* s) {
 
 }  // namespace
 
+std::string first_type_error(const tfc::GraphDef& graph) {
+  const int n = graph.node_size();
+  std::vector<tfc::DataTypeVector> in_types(n), out_types(n);
+  std::map<std::string, int> typed;  // node name -> index, for the nodes the registry types
+  for (int i = 0; i < n; ++i)
+    if (node_types(graph.node(i), &in_types[i], &out_types[i])) typed[graph.node(i).name()] = i;
+  for (int i = 0; i < n; ++i) {
+    const tfc::NodeDef& node = graph.node(i);
+    if (!typed.count(node.name())) continue;
+    int k = 0;
+    for (const std::string& in : node.input()) {
+      if (is_control(in)) continue;
+      const int at = k++;
+      const auto [name, port] = split_input(in);
+      const auto p = typed.find(name);
+      if (p == typed.end() || at >= static_cast<int>(in_types[i].size()) ||
+          port >= static_cast<int>(out_types[p->second].size()))
+        continue;
+      const tfc::DataType have = out_types[p->second][port], want = in_types[i][at];
+      if (!tfc::TypesCompatible(want, have))
+        return "node '" + node.name() + "' (" + node.op() + ") input " + std::to_string(at) + ": " +
+               tfc::DataTypeString(have) + " from '" + in + "', " + tfc::DataTypeString(want) +
+               " expected";
+    }
+  }
+  return "";
+}
+
 bool mixed_precision_requested() {
   const char* env = std::getenv("NPUSIM_MIX_PRECISION_GRAPH");
   if (env && std::string(env) == "0") return false;
@@ -357,6 +385,13 @@ MixedPrecisionCounts apply_mixed_precision(
       (*h.mutable_attr())["Tout"].set_type(tfc::DT_HALF);
     } else {
       (*h.mutable_attr())["T"].set_type(tfc::DT_HALF);
+      // FusedElementwise's inputs of type T follow it (its Tin); the others (a SelectV2 step's
+      // bool condition) keep theirs.
+      if (const auto tin = h.mutable_attr()->find("Tin");
+          node.op() == "FusedElementwise" && tin != h.mutable_attr()->end())
+        for (int k = 0; k < tin->second.list().type_size(); ++k)
+          if (tin->second.list().type(k) == tfc::DT_FLOAT)
+            tin->second.mutable_list()->set_type(k, tfc::DT_HALF);
     }
     add_defaults(&h);
     return h;

@@ -103,4 +103,11 @@ MixedPrecisionCounts apply_mixed_precision(
     tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve,
     const MixLists& lists, const std::function<bool(const tensorflow::NodeDef&)>& has_half_kernel);
 
+// The first data edge of `graph` whose producer's output type (from the op registry) is not the
+// type its consumer's op definition reads there, as "node 'c' (Op) input k: bool from 'p',
+// float expected"; empty if none. TensorFlow checks every edge so when it rebuilds a function's
+// graph from the optimizer's output, and runs the unoptimized graph if one fails. Nodes of ops
+// the registry does not know (function calls) are not checked, nor the edges from them.
+std::string first_type_error(const tensorflow::GraphDef& graph);
+
 }  // namespace npusim::tf
