@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <string>
 #include <vector>
@@ -413,6 +414,98 @@ TEST_CASE("SquareSumV1: a row's sum of squares has the same bits in a launch of 
       CHECK(alone.outputs[0].values[0] == all.outputs[0].values[static_cast<size_t>(i)]);
     }
   }
+}
+
+// SquareSumV1 with attribute N > 1 (graph_fusion.h rewrite 17b): output i is input i's own
+// SquareSumV1, bit for bit, whatever the inputs: f32 inputs of one aligned element count below
+// the split, reduced whole, four or more of them, as the rows of one reduction (more than 128
+// take a second copy launch on each side of it); f32 inputs of one element count whose own
+// reduction is split into parts, three or more, with their own first passes and one combine
+// (then a copy launch); every other input in its own launches.
+TEST_CASE("SquareSumV1 of N tensors: each output has the bits of its own launch") {
+  const ChipConfig& cfg = test_sim().config();
+  using V = std::vector<int64_t>;
+  struct Input {
+    DataType dt;
+    V shape;
+  };
+  struct Case {
+    V axes;
+    std::vector<Input> inputs;
+  };
+  std::vector<Input> mixed;
+  for (int i = 0; i < 130; ++i)  // every third of rank 2: the same elements, reduced whole
+    mixed.push_back({DataType::F32, i % 3 == 1 ? V{8, 128} : V{1024}});
+  for (const Input& x : std::vector<Input>{{DataType::F32, {64, 64}},  // three: alone
+                                           {DataType::F32, {4096}},
+                                           {DataType::F32, {4096}},
+                                           {DataType::F32, {300}},   // unaligned
+                                           {DataType::F32, {8192}},  // split into parts
+                                           {DataType::F16, {1024}}})
+    mixed.push_back(x);
+  std::vector<Input> four(4, Input{DataType::F32, {8184}});
+  std::vector<Input> columns(5, Input{DataType::F32, {8, 128}});  // axis 1: not whole
+  // Split on the 910b (one output, 48 vector cores): three of 16384, two of 12288 (alone).
+  std::vector<Input> split(3, Input{DataType::F32, {128, 128}});
+  split.push_back({DataType::F32, {96, 128}});
+  split.push_back({DataType::F32, {96, 128}});
+  uint32_t seed = 470;
+  for (const Case& c :
+       {Case{{0, -1}, mixed}, Case{{0}, four}, Case{{1}, columns}, Case{{0, 1}, split}}) {
+    const int64_t n = static_cast<int64_t>(c.inputs.size());
+    for (bool keep : {false, true}) {
+      INFO("N = " << n << " axis " << compiler::shape_str(c.axes) << (keep ? " keep_dims" : ""));
+      std::vector<HostTensor> xs;
+      std::vector<compiler::TensorDesc> descs;
+      for (const Input& in : c.inputs) {
+        xs.push_back(random_tensor(in.dt, in.shape, -3, 3, seed++));
+        descs.push_back(xs.back().desc);
+      }
+      auto multi = compiler::compile(
+          make_op("SquareSumV1", descs, {{"axis", c.axes}, {"keep_dims", keep}, {"N", n}}), cfg);
+      const RunResult all = run_compiled(test_sim(), multi, xs);
+      REQUIRE(all.outputs.size() == static_cast<size_t>(n));
+      // The launches expected: per element count the inputs that share rows, those split into
+      // parts (f32, reduced whole), each with their own launch count.
+      std::map<int64_t, std::vector<size_t>> rows, parts;
+      size_t want_launches = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const HostTensor& x = xs[static_cast<size_t>(i)];
+        auto single = compiler::compile(
+            make_op("SquareSumV1", {x.desc}, {{"axis", c.axes}, {"keep_dims", keep}}), cfg);
+        const RunResult alone = run_compiled(test_sim(), single, {x});
+        const int64_t r = x.desc.num_elements();
+        const bool whole = c.axes != V{1};
+        if (x.desc.dtype == DataType::F32 && whole && r % 8 == 0 && r < 8192)
+          rows[r].push_back(single.launches.size());
+        else if (x.desc.dtype == DataType::F32 && whole && single.launches.size() == 2)
+          parts[r].push_back(single.launches.size());
+        else
+          want_launches += single.launches.size();
+        INFO("input " << i << " " << x.desc.str());
+        CHECK(all.outputs[static_cast<size_t>(i)].desc == alone.outputs[0].desc);
+        CHECK(all.outputs[static_cast<size_t>(i)].values == alone.outputs[0].values);
+      }
+      for (const auto& [r, own] : rows) {
+        const size_t k = own.size(), copies = (k + 127) / 128;
+        want_launches += k >= 4 ? 2 * copies + 1 : k * own[0];
+      }
+      for (const auto& [r, own] : parts) {
+        const size_t k = own.size(), copies = (k + 127) / 128;
+        want_launches += k >= 3 ? k + 1 + copies : 2 * k;
+      }
+      CHECK(multi.launches.size() == want_launches);
+    }
+  }
+  CHECK_THROWS_WITH(compiler::compile(make_op("SquareSumV1", {{DataType::F32, {1024}}},
+                                              {{"axis", V{0}}, {"N", int64_t{2}}}),
+                                      cfg),
+                    Catch::Contains("attribute N = 2 but 1 inputs"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("SquareSumV1", {{DataType::F32, {16}}, {DataType::S32, {16}}},
+                                {{"axis", V{0}}, {"N", int64_t{2}}}),
+                        cfg),
+      Catch::Contains("input 1: ") && Catch::Contains("dtype s32 is not supported"));
 }
 
 TEST_CASE("ArgMax and ArgMin: first index, s32 and s64 outputs") {

@@ -8,7 +8,8 @@
 //     allowed, empty = no reduction), attr "keep_dims" (bool, default false);
 //   ArgMax ArgMin: attr "axis" (int), attr "output_type" ("s32" or "s64", TF's default s64);
 //   SquareSumV1 (CANN's op: Sum(x * x), floats): attr "axis" (list(int), as Sum's "axes"),
-//     attr "keep_dims".
+//     attr "keep_dims"; attr "N" (int, default 1): N > 1 inputs, output i SquareSumV1 of input
+//     i (compile_square_sums: Lamb's per-variable norms in one op).
 // The op may have the axes tensor as a second input (s32/s64, rank <= 1, as TF's node has it);
 // it is not read by any kernel.
 //
@@ -60,6 +61,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -1033,6 +1035,34 @@ int64_t split_parts(const KernelSpec& s, int64_t cores) {
   return std::max<int64_t>(1, std::min({want, s.R * s.inner / kSplitMinElems, s.R}));
 }
 
+// A stage split into `parts` over R (append_stage), first pass: the partial results of every
+// (outer, part, inner) in the compute type.
+KernelSpec split_first_pass(const KernelSpec& s, int64_t parts) {
+  KernelSpec first = s;
+  first.split_len = ceil_div(s.R, parts);
+  first.split = ceil_div(s.R, first.split_len);
+  first.name = s.name + "_parts";
+  first.divisor = 0;
+  first.scale = 1;
+  if (s.arg)
+    first.partial_idx = true;
+  else
+    first.out_type = s.ct;
+  return first;
+}
+
+// Its second pass: the columns kernel reducing the parts (in order, so Arg keeps the first
+// index).
+KernelSpec split_combine(const KernelSpec& s, const KernelSpec& first) {
+  KernelSpec second = s;
+  second.name = s.name + "_combine";
+  second.in_type = s.ct;
+  second.square = false;
+  second.idx_input = s.arg;
+  second.R = first.split;
+  return second;
+}
+
 // Appends the launch(es) of one stage: spec s (outer, R, inner, types, final settings) from
 // `in` to `out`.
 void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec& s, ArgRef in,
@@ -1051,15 +1081,7 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
     else plan.add(build_columns(s, plan_columns(s, cfg), cfg), {in, out});
     return;
   }
-  // First pass: partial results of every (outer, part, inner) in the compute type.
-  KernelSpec first = s;
-  first.split_len = ceil_div(s.R, parts);
-  first.split = ceil_div(s.R, first.split_len);
-  first.name = s.name + "_parts";
-  first.divisor = 0;
-  first.scale = 1;
-  if (s.arg) first.partial_idx = true;
-  else first.out_type = s.ct;
+  const KernelSpec first = split_first_pass(s, parts);
   const uint64_t partial_bytes = static_cast<uint64_t>(out_elems(first) * kLaneBytes);
   const ArgRef vals = plan.workspace(partial_bytes);
   const ArgRef idx = s.arg ? plan.workspace(partial_bytes) : ArgRef{};
@@ -1067,13 +1089,7 @@ void append_stage(LaunchPlan& plan, const CompileContext& ctx, const KernelSpec&
   if (s.arg) first_args.push_back(idx);
   if (s.inner == 1) plan.add(build_stream(first, plan_stream(first, cfg), cfg), first_args);
   else plan.add(build_columns(first, plan_columns(first, cfg), cfg), first_args);
-  // Second pass: reduce the parts (in order, so Arg keeps the first index).
-  KernelSpec second = s;
-  second.name = s.name + "_combine";
-  second.in_type = s.ct;
-  second.square = false;
-  second.idx_input = s.arg;
-  second.R = first.split;
+  const KernelSpec second = split_combine(s, first);
   std::vector<ArgRef> second_args{vals};
   if (s.arg) second_args.push_back(idx);
   second_args.push_back(out);
@@ -1092,6 +1108,10 @@ std::vector<bool> reduction_axes(const OpDesc& op, const std::vector<int64_t>& a
     reduced[static_cast<size_t>(a < 0 ? a + r : a)] = true;
   }
   return reduced;
+}
+
+bool square_sums_share_rows(int64_t elements) {
+  return elements > 0 && elements % kBlockLanes32 == 0 && elements < 2 * kSplitMinElems;
 }
 
 void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequest& req,
@@ -1211,6 +1231,189 @@ CompiledKernel compile_logical_reduce(const CompileContext& ctx, ReduceRequest r
   return std::move(plan).finish();
 }
 
+// ---- SquareSumV1 over N > 1 tensors (Lamb's per-variable norms, graph_fusion.h rewrite 17b) ----
+
+// Arguments an ldarg index reaches (8 bits): a multi-tensor copy launch of one input and one
+// output per segment takes at most half as many segments.
+constexpr size_t kMaxLaunchArgs = 256;
+
+// A segment of a multi-tensor copy: `n` f32 elements from input to output, bit for bit.
+StreamSpec copy_segment(const std::string& name, int64_t n) {
+  StreamSpec s;
+  s.kernel_name = name;
+  s.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({n}, {n}), {n}});
+  s.out_type = Dtype::F32;
+  s.out_shape = {n};
+  s.compute = [](KernelBuilder& b, const TileOperands& t) {
+    vec_copy_bits(b, 4, t.out, t.in[0], *t.count);
+  };
+  return s;
+}
+
+// Appends the launches copying `count` segments of `n` f32 elements each, segment g from
+// in(g) to out(g): multi-tensor streams (build_multi_stream_kernel) of at most kMaxLaunchArgs / 2
+// segments each.
+void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& op,
+                   const std::string& name, int64_t count, int64_t n,
+                   const std::function<ArgRef(int64_t)>& in,
+                   const std::function<ArgRef(int64_t)>& out) {
+  const int64_t per_launch = static_cast<int64_t>(kMaxLaunchArgs / 2);
+  for (int64_t first = 0; first < count; first += per_launch) {
+    const int64_t c = std::min(per_launch, count - first);
+    std::vector<StreamSpec> segments(static_cast<size_t>(c), copy_segment(name, n));
+    Launch l = c == 1 ? build_stream_kernel(op, segments[0], cfg)
+                      : build_multi_stream_kernel(op, segments, cfg);
+    // Segment s's input is kInput s, its output kOutput s (a single stream's: 0 and 0).
+    std::vector<ArgRef> args;
+    for (const ArgRef& a : l.args) {
+      if (a.kind == ArgRef::Kind::kInput)
+        args.push_back(in(first + a.index));
+      else if (a.kind == ArgRef::Kind::kOutput)
+        args.push_back(out(first + a.index));
+      else
+        throw std::logic_error("append_copies: a copy stream with an argument of its own");
+    }
+    plan.add(std::move(l), args);
+  }
+}
+
+// The one stage of an f32 tensor of r elements reduced whole with squares, as append_reduce
+// makes it for SquareSumV1.
+KernelSpec whole_square_sum(const OpDesc& op, int64_t r) {
+  KernelSpec s;
+  s.op = op.str();
+  s.name = fmt::format("{}_{}_rows", kind_name(ReduceKind::kSum), data_type_name(DataType::F32));
+  s.combine = Combine::kSum;
+  s.in_type = Dtype::F32;
+  s.ct = Dtype::F32;
+  s.out_type = Dtype::F32;
+  s.R = r;
+  s.square = true;
+  return s;
+}
+
+// SquareSumV1 with attribute N = n > 1 (as CANN's multi-tensor kernels walk a list of tensors in
+// one op): output i is SquareSumV1(input i; axis, keep_dims), the inputs of any shapes and float
+// types. Inputs that are f32, reduced whole by `axis` and of one element count R with
+// square_sums_share_rows(R), at least kMinRowInputs of them, are reduced together: copied as the
+// rows of an [count, R] workspace tensor (multi-tensor streams), that tensor's rows reduced by
+// the reduction engine in one launch, the sums copied to their outputs (multi-tensor streams).
+// Each such output has the bits of its input's own SquareSumV1 launch: a row starting on a
+// 32-byte block and reduced in one stage sums in the order the same values alone do
+// (tests/compiler/test_compiler_reduce.cpp, "a row's sum of squares has the same bits in a
+// launch of many rows"), and the copies move bits. Every other input gets its own launches, as
+// its own SquareSumV1 would.
+CompiledKernel compile_square_sums(const CompileContext& ctx, int64_t n) {
+  // Three launches replace this many inputs' own: fewer launches from four inputs on.
+  constexpr int64_t kMinRowInputs = 4;
+  // Split inputs: their first passes, one combine and one copy replace two launches each.
+  constexpr int64_t kMinPartsInputs = 3;
+  const OpDesc& op = ctx.op;
+  if (op.inputs.size() != static_cast<size_t>(n))
+    op.invalid(fmt::format("attribute N = {} but {} inputs", n, op.inputs.size()));
+  if (!op.attrs.count("axis")) op.fail("attribute 'axis' (the reduced axes) is missing");
+  const std::vector<int64_t> axes = op.attr_ints("axis");
+  const bool keep = op.attr_bool("keep_dims", false);
+  std::vector<TensorDesc> outs(static_cast<size_t>(n));
+  std::map<int64_t, std::vector<int>> rows_of;   // R -> the inputs reduced as rows of R
+  std::map<int64_t, std::vector<int>> parts_of;  // R -> the inputs split into parts, one combine
+  std::vector<int> alone;
+  const int64_t cores = VectorCores::of(ctx.cfg).count;
+  for (int i = 0; i < static_cast<int>(n); ++i) {
+    const TensorDesc& x = op.inputs[static_cast<size_t>(i)];
+    const std::vector<bool> red = reduction_axes(op, axes, x.shape.size());
+    const bool whole = std::find(red.begin(), red.end(), false) == red.end();
+    const int64_t r = x.num_elements();
+    outs[static_cast<size_t>(i)] =
+        TensorDesc{DataType::F32, std::vector<int64_t>(keep ? x.shape.size() : 0, int64_t{1})};
+    if (x.dtype != DataType::F32 || !whole || r == 0)
+      alone.push_back(i);
+    else if (square_sums_share_rows(r))
+      rows_of[r].push_back(i);
+    else if (split_parts(whole_square_sum(op, r), cores) > 1)
+      parts_of[r].push_back(i);
+    else
+      alone.push_back(i);
+  }
+  for (auto& [r, inputs] : rows_of)
+    if (static_cast<int64_t>(inputs.size()) < kMinRowInputs) {
+      alone.insert(alone.end(), inputs.begin(), inputs.end());
+      inputs.clear();
+    }
+  for (auto& [r, inputs] : parts_of)
+    if (static_cast<int64_t>(inputs.size()) < kMinPartsInputs) {
+      alone.insert(alone.end(), inputs.begin(), inputs.end());
+      inputs.clear();
+    }
+  // Their own launches: input i's SquareSumV1, its errors named as input i's.
+  std::vector<std::pair<int, CompiledKernel>> own;
+  std::sort(alone.begin(), alone.end());
+  for (int i : alone) {
+    OpDesc sub = op;
+    sub.inputs = {op.inputs[static_cast<size_t>(i)]};
+    sub.attrs.erase("N");
+    try {
+      own.emplace_back(i, compile_reduce(CompileContext{sub, ctx.cfg, ctx.precision}));
+    } catch (const InvalidOpError& e) {
+      op.invalid(fmt::format("input {}: {}", i, e.what()));
+    } catch (const CompileError& e) {
+      op.fail(fmt::format("input {}: {}", i, e.what()));
+    }
+    outs[static_cast<size_t>(i)] = own.back().second.outputs.at(0);
+  }
+  LaunchPlan plan(outs);
+  for (const auto& [i, k] : own) plan.add(k, {LaunchPlan::input(i)}, {LaunchPlan::output(i)});
+  auto at = [](const ArgRef& base, int64_t bytes) {
+    return ArgRef{ArgRef::Kind::kWorkspace, 0, base.value + static_cast<uint64_t>(bytes)};
+  };
+  for (const auto& [r, inputs] : rows_of) {
+    if (inputs.empty()) continue;
+    const int64_t count = static_cast<int64_t>(inputs.size());
+    auto input = [&inputs](int64_t g) { return inputs[static_cast<size_t>(g)]; };
+    const ArgRef rows = plan.workspace(static_cast<uint64_t>(count * r) * kLaneBytes);
+    const ArgRef sums = plan.workspace(static_cast<uint64_t>(count) * kLaneBytes);
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_rows", count, r,
+        [&](int64_t g) { return LaunchPlan::input(input(g)); },
+        [&](int64_t g) { return at(rows, g * r * kLaneBytes); });
+    ReduceRequest req;
+    req.kind = ReduceKind::kSum;
+    req.square = true;
+    req.input = TensorDesc{DataType::F32, {count, r}};
+    req.reduced = {false, true};
+    req.out_type = DataType::F32;
+    append_reduce(plan, ctx, req, rows, sums);
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_outputs", count, 1,
+        [&](int64_t g) { return at(sums, g * kLaneBytes); },
+        [&](int64_t g) { return LaunchPlan::output(input(g)); });
+  }
+  // Split inputs of one size: each one's first pass as its own launch has it, the partial results
+  // side by side in the workspace; one combine over them all (the columns kernel of the parts,
+  // outer = the inputs); the sums copied to their outputs.
+  for (const auto& [r, inputs] : parts_of) {
+    if (inputs.empty()) continue;
+    const int64_t count = static_cast<int64_t>(inputs.size());
+    const KernelSpec one = whole_square_sum(op, r);
+    const KernelSpec first = split_first_pass(one, split_parts(one, cores));
+    const int64_t part_bytes = first.split * kLaneBytes;
+    const ArgRef partials = plan.workspace(static_cast<uint64_t>(count * part_bytes));
+    const Launch pass = build_stream(first, plan_stream(first, ctx.cfg), ctx.cfg);
+    for (int64_t g = 0; g < count; ++g)
+      plan.add(pass,
+               {LaunchPlan::input(inputs[static_cast<size_t>(g)]), at(partials, g * part_bytes)});
+    KernelSpec combine = split_combine(one, first);
+    combine.outer = count;
+    const ArgRef sums = plan.workspace(static_cast<uint64_t>(count) * kLaneBytes);
+    plan.add(build_columns(combine, plan_columns(combine, ctx.cfg), ctx.cfg), {partials, sums});
+    append_copies(
+        plan, ctx.cfg, op.str(), "square_sum_outputs", count, 1,
+        [&](int64_t g) { return at(sums, g * kLaneBytes); },
+        [&](int64_t g) { return LaunchPlan::output(inputs[static_cast<size_t>(g)]); });
+  }
+  return std::move(plan).finish();
+}
+
 }  // namespace
 
 CompiledKernel compile_reduce(const CompileContext& ctx) {
@@ -1240,6 +1443,10 @@ CompiledKernel compile_reduce(const CompileContext& ctx) {
   // taken in the reduction's own f32 pass instead of a Square launch writing them out.
   const bool square_sum = op.type == "SquareSumV1";
   if (square_sum) {
+    // Attribute N > 1: the sums of squares of N tensors in one op (compile_square_sums).
+    const int64_t n = op.attr_int("N", 1);
+    if (n < 1) op.invalid(fmt::format("attribute N = {} (at least 1)", n));
+    if (n > 1) return compile_square_sums(ctx, n);
     req.kind = ReduceKind::kSum;
     req.square = true;
     found = true;

@@ -29,6 +29,13 @@ struct ReduceRequest {
 void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequest& req,
                    ArgRef in, ArgRef out);
 
+// Whether full sums of squares of f32 tensors of `elements` elements each may share a launch
+// of SquareSumV1 with attribute N > 1 (compile_reduce) with the bits of each one's own launch:
+// a whole number of 32-byte blocks (each tensor a row starting on a block of the launch's
+// [N, elements] rows) and too few elements for the reduction to be split into parts over the
+// cores (the parts' count follows the number of outputs, and with it the order of additions).
+bool square_sums_share_rows(int64_t elements);
+
 // Axes given as TF does (negative from the end, duplicates allowed) -> the per-dim flags.
 // Fails naming the op for an axis outside [-rank, rank).
 std::vector<bool> reduction_axes(const OpDesc& op, const std::vector<int64_t>& axes, size_t rank);

@@ -86,6 +86,8 @@ std::vector<std::string> CompiledOpCache::keys() const {
 CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<AttrSpec>& attrs,
                                    std::vector<HostAttrInput> host_attrs)
     : m_type(ctx->type_string()), m_host_attrs(std::move(host_attrs)) {
+  if (ctx->HasAttr("_npusim_members") && !ctx->GetAttr("_npusim_members", &m_members).ok())
+    m_members.clear();  // only names for reports
   m_stable_inputs.marked = ctx->HasAttr(kStableInputsAttr);
   if (m_stable_inputs.marked && !ctx->GetAttr(kStableInputsAttr, &m_stable_inputs.positions).ok())
     m_stable_inputs = {};  // only a hint
@@ -537,8 +539,8 @@ void CompiledOpKernel::Compute(OpKernelContext* ctx) {
                                                  &outputs[i]));
     output_addrs.push_back(outputs[i].device_address());
   }
-  NPU_OP_REQUIRES_OK(ctx, launch_compiled_op(ctx, device, op, *compiled, input_addrs,
-                                             output_addrs, m_stable_inputs));
+  NPU_OP_REQUIRES_OK(ctx, launch_compiled_op(ctx, device, op, *compiled, input_addrs, output_addrs,
+                                             m_stable_inputs, m_members));
 }
 
 }  // namespace npusim::tf

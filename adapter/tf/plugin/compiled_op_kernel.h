@@ -221,6 +221,9 @@ class CompiledOpKernel : public OpKernel {
   std::map<std::string, compiler::AttrValue> m_attrs;
   std::vector<HostAttrInput> m_host_attrs;
   StableInputs m_stable_inputs;  // kStableInputsAttr, if the graph optimizer set it
+  // `_npusim_members`, if the graph optimizer set it (a node of several original nodes: a
+  // multi-tensor SquareSumV1): its launches' LaunchLabel::members.
+  std::vector<std::string> m_members;
 };
 
 }  // namespace npusim::tf

@@ -1750,77 +1750,63 @@ bool acyclic_contracted(const tfc::GraphDef& graph,
   return done == nodes;
 }
 
-int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
-                           std::set<std::string>* removed) {
+// The NpuCollective nodes node `node` depends on (data or control, through any path), as text
+// for a grouping key ("|name" each, sorted); empty in a graph without collectives. In a
+// data-parallel step the optimizer's nodes wait for their gradient segment's all-reduce (an
+// NpuCollective node; docs/multichip.md, "Gradient segments and overlap"): the members of a
+// group must wait for the same collectives, or the group's launch would wait for a later segment
+// where its members' own launches start as soon as their segment has arrived.
+std::string collectives_before(const tfc::GraphDef& graph,
+                               const std::unordered_map<std::string, int>& index, int node) {
   const int n_nodes = graph.node_size();
-  std::unordered_map<std::string, int> index;
-  for (int i = 0; i < n_nodes; ++i) index[graph.node(i).name()] = i;
-  // In a data-parallel step the updates wait for their gradient segment's all-reduce (an
-  // NpuCollective node; docs/multichip.md, "Gradient segments and overlap"): members must wait
-  // for the same collectives, or the group's launch would wait for a later segment where its
-  // members' own launches start as soon as their segment has arrived. So the key of a
-  // candidate includes the NpuCollective nodes it depends on (data or control, through any
-  // path); in a graph without collectives that part is empty.
-  std::vector<int> collectives;
-  for (int i = 0; i < n_nodes; ++i)
-    if (graph.node(i).op() == "NpuCollective") collectives.push_back(i);
-  auto collectives_before = [&](int node) {
-    std::string names;
-    if (collectives.empty()) return names;
-    std::vector<char> seen(static_cast<size_t>(n_nodes), 0);
-    std::vector<int> stack = {node};
-    std::vector<std::string> found;
-    while (!stack.empty()) {
-      const int i = stack.back();
-      stack.pop_back();
-      for (const std::string& in : graph.node(i).input()) {
-        auto it = index.find(parse_input(in).node);
-        if (it == index.end() || seen[static_cast<size_t>(it->second)]) continue;
-        seen[static_cast<size_t>(it->second)] = 1;
-        if (graph.node(it->second).op() == "NpuCollective") found.push_back(it->first);
-        stack.push_back(it->second);
-      }
-    }
-    std::sort(found.begin(), found.end());
-    for (const std::string& f : found) names += "|" + f;
+  std::string names;
+  if (std::none_of(graph.node().begin(), graph.node().end(),
+                   [](const tfc::NodeDef& n) { return n.op() == "NpuCollective"; }))
     return names;
-  };
-  // Candidates by key: device, T, M, Tin, steps, updates (one optimizer's updates of one type,
-  // the same inputs' types: a gradient cast in or not, rewrite 5c) and the collectives they wait
-  // for.
+  std::vector<char> seen(static_cast<size_t>(n_nodes), 0);
+  std::vector<int> stack = {node};
+  std::vector<std::string> found;
+  while (!stack.empty()) {
+    const int i = stack.back();
+    stack.pop_back();
+    for (const std::string& in : graph.node(i).input()) {
+      auto it = index.find(parse_input(in).node);
+      if (it == index.end() || seen[static_cast<size_t>(it->second)]) continue;
+      seen[static_cast<size_t>(it->second)] = 1;
+      if (graph.node(it->second).op() == "NpuCollective") found.push_back(it->first);
+      stack.push_back(it->second);
+    }
+  }
+  std::sort(found.begin(), found.end());
+  for (const std::string& f : found) names += "|" + f;
+  return names;
+}
+
+// Graph indices by node name.
+std::unordered_map<std::string, int> node_index(const tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < graph.node_size(); ++i) index[graph.node(i).name()] = i;
+  return index;
+}
+
+// The candidates of a grouping rewrite (graph indices) by key, the keys in the order first seen.
+struct KeyedCandidates {
   std::map<std::string, std::vector<int>> by_key;
   std::vector<std::string> key_order;
-  for (int i = 0; i < n_nodes; ++i) {
-    const tfc::NodeDef& n = graph.node(i);
-    if (n.op() != "FusedVariableUpdate" || !on_npu(n)) continue;
-    const auto members = n.attr().find("members");
-    if (members != n.attr().end() && members->second.i() != 1) continue;
-    // A SelectV2 step's condition may need broadcasting (Keras' Lamb: a scalar bool per
-    // variable), which only the one-variable update's kernel does (a copy launch first); the
-    // multi-tensor kernel streams a bool input and never broadcasts it. Such updates stay alone.
-    if (const auto steps = n.attr().find("steps"); steps != n.attr().end()) {
-      const auto& texts = steps->second.list().s();
-      if (std::any_of(texts.begin(), texts.end(),
-                      [](const std::string& t) { return t.rfind("SelectV2 ", 0) == 0; }))
-        continue;
-    }
-    std::string key = n.device();
-    for (const char* a : {"T", "M", "Tin", "steps", "updates"}) {
-      const auto it = n.attr().find(a);
-      if (it == n.attr().end()) {
-        key.clear();
-        break;
-      }
-      key += "|" + it->second.SerializeAsString();
-    }
-    if (key.empty()) continue;
-    key += "|collectives" + collectives_before(i);
-    // Members are reported under the node's op type: only those of one report type together.
-    if (const auto r = n.attr().find("_npusim_report_type"); r != n.attr().end())
-      key += "|report " + r->second.s();
+  void add(const std::string& key, int node) {
     if (!by_key.count(key)) key_order.push_back(key);
-    by_key[key].push_back(i);
+    by_key[key].push_back(node);
   }
+};
+
+// Groups of candidates (graph indices) that may each become one node: per key (in key order),
+// greedily, candidates no one of which depends on another (no path either way, so the merged
+// node sits on no cycle by itself), groups of at least two; each group kept only if the graph
+// with every kept group contracted stays acyclic.
+std::vector<std::vector<int>> independent_groups(const tfc::GraphDef& graph,
+                                                 const std::unordered_map<std::string, int>& index,
+                                                 const KeyedCandidates& candidates) {
+  const int n_nodes = graph.node_size();
   // Out-edges (data and control) by graph index.
   std::vector<std::vector<int>> out(static_cast<size_t>(n_nodes));
   for (int i = 0; i < n_nodes; ++i)
@@ -1843,12 +1829,9 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
     }
     return seen;
   };
-  // Groups: per key, greedily, updates no one of which depends on another (no path either
-  // way, so the merged node sits on no cycle by itself); each group kept only if the graph with
-  // every kept group contracted stays acyclic.
   std::vector<std::vector<int>> groups;
-  for (const std::string& key : key_order) {
-    const std::vector<int>& cands = by_key[key];
+  for (const std::string& key : candidates.key_order) {
+    const std::vector<int>& cands = candidates.by_key.at(key);
     if (cands.size() < 2) continue;
     std::vector<std::vector<char>> reach;
     for (int c : cands) reach.push_back(reachable(c));
@@ -1876,6 +1859,48 @@ int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::s
       if (!acyclic_contracted(graph, index, groups)) groups.pop_back();
     }
   }
+  return groups;
+}
+
+int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                           std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  const std::unordered_map<std::string, int> index = node_index(graph);
+  // Candidates by key: device, T, M, Tin, steps, updates (one optimizer's updates of one type,
+  // the same inputs' types: a gradient cast in or not, rewrite 5c) and the collectives they wait
+  // for.
+  KeyedCandidates candidates;
+  for (int i = 0; i < n_nodes; ++i) {
+    const tfc::NodeDef& n = graph.node(i);
+    if (n.op() != "FusedVariableUpdate" || !on_npu(n)) continue;
+    const auto members = n.attr().find("members");
+    if (members != n.attr().end() && members->second.i() != 1) continue;
+    // A SelectV2 step's condition may need broadcasting (Keras' Lamb: a scalar bool per
+    // variable), which only the one-variable update's kernel does (a copy launch first); the
+    // multi-tensor kernel streams a bool input and never broadcasts it. Such updates stay alone.
+    if (const auto steps = n.attr().find("steps"); steps != n.attr().end()) {
+      const auto& texts = steps->second.list().s();
+      if (std::any_of(texts.begin(), texts.end(),
+                      [](const std::string& t) { return t.rfind("SelectV2 ", 0) == 0; }))
+        continue;
+    }
+    std::string key = n.device();
+    for (const char* a : {"T", "M", "Tin", "steps", "updates"}) {
+      const auto it = n.attr().find(a);
+      if (it == n.attr().end()) {
+        key.clear();
+        break;
+      }
+      key += "|" + it->second.SerializeAsString();
+    }
+    if (key.empty()) continue;
+    key += "|collectives" + collectives_before(graph, index, i);
+    // Members are reported under the node's op type: only those of one report type together.
+    if (const auto r = n.attr().find("_npusim_report_type"); r != n.attr().end())
+      key += "|report " + r->second.s();
+    candidates.add(key, i);
+  }
+  const std::vector<std::vector<int>> groups = independent_groups(graph, index, candidates);
 
   std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
   int made = 0;
@@ -4225,6 +4250,7 @@ bool fold_square_sum(GraphView& g, Removal& rm, const tfc::NodeDef& sqrt) {
   if (values->empty()) attrs["axis"].mutable_list();
   auto keep = sum->attr().find("keep_dims");
   attrs["keep_dims"].set_b(keep != sum->attr().end() && keep->second.b());
+  attrs["N"].set_i(1);  // one input (rewrite 17b groups such nodes)
   attrs["_npusim_fused"].mutable_list()->add_s(square->name());
   const std::string x = square->input(0);
   rm.remove(square->name());
@@ -4374,6 +4400,105 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
   return lowered;
 }
 
+// ---- rewrite 17b: Lamb's norms as multi-tensor SquareSumV1 ----
+
+// SquareSumV1 nodes of one input (attribute N absent or 1), float32 on the NPU, not preserved,
+// whose axis is [0, 1, ..., k-1] (the whole of an input of rank k: the graph has no shapes, so
+// an input of another rank, or one too large to share a reduction, is only found when the op
+// compiles, and gets its own launches there), grouped by device, axis, keep_dims and the
+// collectives they wait for (collectives_before): groups of independent ones
+// (independent_groups) become one SquareSumV1 node "npusim_multi_square_sum_<k>" with N = the
+// members: input i and output i member i's, control inputs the members' together,
+// `_npusim_members` their names and `_npusim_fused` the nodes they had fused. Its kernel
+// (adapter/compiler/ops/reduce.cpp, compile_square_sums) reduces the members of one small
+// aligned size as the rows of one reduction, each output the bits of its member's own launch.
+// Readers of member i's output read output i; control edges from a member come from the
+// group's node. Returns the nodes made.
+int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                      std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  const std::unordered_map<std::string, int> index = node_index(graph);
+  KeyedCandidates candidates;
+  for (int i = 0; i < n_nodes; ++i) {
+    const tfc::NodeDef& n = graph.node(i);
+    if (n.op() != "SquareSumV1" || !on_npu(n) || type_attr(n) != tfc::DT_FLOAT ||
+        preserve.count(n.name()))
+      continue;
+    if (const auto m = n.attr().find("N"); m != n.attr().end() && m->second.i() != 1) continue;
+    const auto axis = n.attr().find("axis");
+    if (axis == n.attr().end() || axis->second.list().i_size() == 0) continue;
+    bool whole = true;
+    for (int k = 0; k < axis->second.list().i_size(); ++k)
+      whole = whole && axis->second.list().i(k) == k;
+    const int data = static_cast<int>(
+        std::count_if(n.input().begin(), n.input().end(),
+                      [](const std::string& in) { return !parse_input(in).control; }));
+    if (!whole || data != 1) continue;
+    const auto keep = n.attr().find("keep_dims");
+    std::string key = n.device() + "|" + axis->second.SerializeAsString() +
+                      (keep != n.attr().end() && keep->second.b() ? "|keep_dims" : "|") +
+                      "|collectives" + collectives_before(graph, index, i);
+    candidates.add(key, i);
+  }
+  const std::vector<std::vector<int>> groups = independent_groups(graph, index, candidates);
+
+  std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
+  std::unordered_map<std::string, std::string> output_of;         // removed member -> its output
+  std::vector<tfc::NodeDef> made;
+  for (const std::vector<int>& members : groups) {
+    std::string name;
+    for (size_t k = made.size();; ++k) {
+      name = "npusim_multi_square_sum_" + std::to_string(k);
+      if (!index.count(name)) break;
+    }
+    const tfc::NodeDef& first = graph.node(members[0]);
+    tfc::NodeDef node;
+    node.set_name(name);
+    node.set_op("SquareSumV1");
+    node.set_device(first.device());
+    std::set<std::string> member_names, control_set;
+    for (int i : members) member_names.insert(graph.node(i).name());
+    std::vector<std::string> controls;
+    for (int i : members)
+      for (const std::string& in : graph.node(i).input()) {
+        const InputRef r = parse_input(in);
+        if (!r.control)
+          node.add_input(in);
+        else if (!member_names.count(r.node) && control_set.insert(r.node).second)
+          controls.push_back("^" + r.node);
+      }
+    for (const std::string& c : controls) node.add_input(c);
+    auto& attrs = *node.mutable_attr();
+    for (const char* a : {"T", "axis", "keep_dims"})
+      if (const auto it = first.attr().find(a); it != first.attr().end()) attrs[a] = it->second;
+    attrs["N"].set_i(static_cast<int64_t>(members.size()));
+    for (size_t k = 0; k < members.size(); ++k) {
+      const tfc::NodeDef& m = graph.node(members[k]);
+      attrs["_npusim_members"].mutable_list()->add_s(m.name());
+      if (const auto f = m.attr().find("_npusim_fused"); f != m.attr().end())
+        for (const std::string& fused : f->second.list().s())
+          attrs["_npusim_fused"].mutable_list()->add_s(fused);
+      output_of[m.name()] = k == 0 ? name : name + ":" + std::to_string(k);
+      control_redirect[m.name()] = name;
+      removed->insert(m.name());
+    }
+    made.push_back(std::move(node));
+  }
+  // Readers of a member's output read the group's output of it.
+  for (int i = 0; i < n_nodes && !output_of.empty(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed->count(n.name())) continue;
+    for (int j = 0; j < n.input_size(); ++j) {
+      const InputRef r = parse_input(n.input(j));
+      const auto it = r.control || r.port != 0 ? output_of.end() : output_of.find(r.node);
+      if (it != output_of.end()) n.set_input(j, it->second);
+    }
+  }
+  redirect_controls(graph, *removed, control_redirect);
+  for (tfc::NodeDef& n : made) *graph.add_node() = std::move(n);
+  return static_cast<int>(made.size());
+}
+
 // ---- end of rewrite 17 ----
 
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
@@ -4432,6 +4557,11 @@ bool switch_on(const char* variable) {
 
 bool cast_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CAST");
+  return on;
+}
+
+bool multi_square_sum_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_MULTI_SQUARE_SUM");
   return on;
 }
 
@@ -4656,6 +4786,10 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
         multi_tensor_update_requested() && fused_variable_update_registered(),
         &counts.multi_tensor_update,
         [&](auto* removed) { return group_variable_updates(graph, preserve, removed); });
+  // Last: the norms' readers are in their final nodes.
+  apply("multi-tensor SquareSumV1", multi_square_sum_requested() && fused_ops_registered(),
+        &counts.multi_square_sum,
+        [&](auto* removed) { return group_square_sums(graph, preserve, removed); });
   return counts;
 }
 

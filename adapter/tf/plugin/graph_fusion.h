@@ -311,6 +311,16 @@
 //      LambUpdateWithLR, the moments' AssignVariableOps whose new values u reads LambNextMV
 //      (CANN's op types; kept by 5, 5b, 5c; the update kernels label their launches with it).
 //      NPUSIM_FUSION_LAMB=0 turns it alone off.
+//   17b. Multi-tensor norms, last: SquareSumV1 nodes (one input, float32 on the NPU, not
+//      preserved, axis [0, 1, ..., k-1]) of one device, axis and keep_dims, waiting for the same
+//      collectives, no one of which depends on another, become one SquareSumV1 node
+//      "npusim_multi_square_sum_<k>" with N = their count (input i and output i member i's;
+//      `_npusim_members` their names), as 5b groups the updates (kept only where contracting
+//      it closes no cycle). Its kernel reduces the members of one aligned size below the split
+//      (four or more) as the rows of one reduction, each output the bits of its member's own
+//      launch, and every other member in its own launches (adapter/compiler/ops/reduce.cpp).
+//      Lamb: the norms of w in one node, those of the updates in another.
+//      NPUSIM_FUSION_MULTI_SQUARE_SUM=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -366,12 +376,13 @@ struct FusionCounts {
   int weight_quant_matmul = 0;  // WeightQuantBatchMatmulV2 nodes created (rewrite 13)
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
+  int multi_square_sum = 0;     // multi-tensor SquareSumV1 nodes created (rewrite 17b)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
            rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
-           weight_quant_matmul + matmul_transposes + lamb;
+           weight_quant_matmul + matmul_transposes + lamb + multi_square_sum;
   }
 };
 
@@ -412,6 +423,8 @@ bool weight_quant_fusion_requested();
 bool transpose_fold_requested();
 // False when NPUSIM_FUSION_LAMB is "0" (read once): rewrite 17 alone off.
 bool lamb_fusion_requested();
+// False when NPUSIM_FUSION_MULTI_SQUARE_SUM is "0" (read once): rewrite 17b alone off.
+bool multi_square_sum_requested();
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 // False when NPUSIM_FUSION_CONV_BN_REDUCE is "0" (read once): rewrite 15 alone off.

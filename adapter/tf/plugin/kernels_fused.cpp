@@ -37,9 +37,10 @@
 //     [-> Relu] as one cube kernel adding the bias to the f32 sum, ReLU in FIXPIPE or the UB
 //     (adapter/compiler/ops/matmul.cpp).
 //   AddRelu(x: T, y: T) -> z: T     T in {float, half, bfloat16}: max(x + y, 0), one launch.
-//   SquareSumV1(x: T) -> y: T     T in {float, half, bfloat16}; axis: list(int); keep_dims:
-//     bool: CANN's op, Sum(Square(x), axis) as one reduction squaring in its f32 pass
-//     (adapter/compiler/ops/reduce.cpp; graph_fusion.h rewrite 17, Lamb's norms).
+//   SquareSumV1(x: N * T) -> y: N * T     T in {float, half, bfloat16}; axis: list(int);
+//     keep_dims: bool; N: int >= 1 = 1: CANN's op, y[i] = Sum(Square(x[i]), axis) as one
+//     reduction squaring in its f32 pass (adapter/compiler/ops/reduce.cpp; graph_fusion.h
+//     rewrite 17, Lamb's norms); N > 1: rewrite 17b's multi-tensor norms.
 //   FusedElementwise(inputs: Tin) -> z: T     T in {float, half, bfloat16}; Tin: list of
 //     {float, half, bfloat16, bool}, at least 1: T for an operand of the steps, bool for the
 //     condition of a SelectV2 step (graph_fusion.h rewrite 4); steps: list(string): a chain of
@@ -263,9 +264,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        unknown_output},
       {"AddRelu", {"x: T", "y: T"}, {"z: T"}, {"T: {float, half, bfloat16}"}, broadcast_shape},
       {"SquareSumV1",
-       {"x: T"},
-       {"y: T"},
-       {"T: {float, half, bfloat16}", "axis: list(int)", "keep_dims: bool = false"},
+       {"x: N * T"},
+       {"y: N * T"},
+       {"T: {float, half, bfloat16}", "axis: list(int)", "keep_dims: bool = false",
+        "N: int >= 1 = 1"},
        unknown_output},
       {"BNTrainingReduce",
        {"x: T"},
