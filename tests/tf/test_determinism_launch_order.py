@@ -76,3 +76,36 @@ def test_the_launch_order_costs_no_launch_and_no_cycle(name):
 
     assert kernels(on) == kernels(off)
     assert span(on) == span(off)
+
+
+# A tf.function on the NPU with or without a lowered cond; NPUSIM_FUSION_LOG names a graph the
+# launch order leaves as the executor issues it.
+COND_CHILD = r'''
+import npusim
+import tensorflow as tf
+
+@tf.function
+def step(x, p):
+    with tf.device("/NPU:0"):
+        y = x * 2.0
+        if {with_cond}:
+            y = tf.cond(p, lambda: y + 1.0, lambda: y - 1.0)
+        return tf.exp(y) * 3.0
+
+with tf.device("/NPU:0"):
+    x = tf.ones([4, 4])
+print("VALUE", float(step(x, tf.constant(True))[0, 0]))
+'''
+
+
+@pytest.mark.parametrize("with_cond", [True, False])
+def test_a_graph_left_unordered_is_named_in_the_fusion_log(with_cond):
+    proc = run_child(COND_CHILD.format(with_cond=with_cond), timeout=300,
+                     extra_env={"NPUSIM_FUSION_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    skipped = [l for l in proc.stderr.splitlines() if "launch order not applied" in l]
+    assert "VALUE" in proc.stdout
+    if with_cond:
+        assert skipped and "control flow" in skipped[0], proc.stderr[-2000:]
+    else:
+        assert not skipped, proc.stderr[-2000:]

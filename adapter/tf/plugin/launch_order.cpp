@@ -144,7 +144,7 @@ bool launch_order_enabled() {
 
 int order_npu_launches(tfc::GraphDef& graph) {
   for (const tfc::NodeDef& node : graph.node())
-    if (is_control_flow_op(node.op())) return 0;
+    if (is_control_flow_op(node.op())) return -1;
   const std::vector<int> gates = add_input_gates(graph);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;

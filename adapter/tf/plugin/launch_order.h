@@ -86,7 +86,9 @@ inline constexpr const char* kOwnControlViaAttr = "_npusim_order_own_control_via
 bool launch_order_enabled();
 
 // Chains each NPU's nodes of `graph` in the canonical order above with control edges; returns
-// the edges added (0 for a graph with control flow or without two chained nodes on a device).
+// the edges added (0 for a graph without two chained nodes on a device), or -1 for a graph with
+// control flow, which is left in the order TensorFlow's executor issues it (that order, and with
+// it the chip's timeline, may then vary from run to run).
 int order_npu_launches(tensorflow::GraphDef& graph);
 
 // Takes the chain an earlier call added off `graph`, giving each chained node back its own
