@@ -131,3 +131,54 @@ def test_keras_dropout_training_same_with_the_rewrite_on_and_off():
     print(f"\nlaunches {off['launches']} -> {on['launches']}; step {off['span_us']:.1f} -> "
           f"{on['span_us']:.1f} us ({saved_us:.1f} us of AI-core kernels and dispatch saved); "
           f"AI CPU {on['ai_cpu_us']:.1f} us, {on['overlap_us']:.1f} us beside AI-core tasks")
+
+
+RAW_OP = r"""
+import numpy as np
+import tensorflow as tf
+
+def gen_mask(shape, key, counter, alg, rate, dtype=tf.float32):
+    # DropOutGenMask itself (the rewrite's op), built into the function's graph.
+    g = tf.compat.v1.get_default_graph()
+    op = g._create_op_internal(  # pylint: disable=protected-access
+        "DropOutGenMask", [tf.constant(shape, tf.int32), key, counter, tf.constant(alg, tf.int32)],
+        [tf.bool], attrs={"dtype": tf.compat.v1.AttrValue(type=dtype.as_datatype_enum),
+                          "Tshape": tf.compat.v1.AttrValue(type=tf.int32.as_datatype_enum),
+                          "rate": tf.compat.v1.AttrValue(f=rate)})
+    return op.outputs[0]
+"""
+
+
+def test_raw_op_with_explicit_key_counter():
+    """The op on its own: a counter whose low word wraps inside the mask (the carry into the high
+    word), alg 1 and 3, against TF's uniform from the same key and counter on the CPU."""
+    code = RAW_OP + r"""
+import json
+import npusim  # pylint: disable=unused-import  (the plugin of this test run)
+key = tf.constant([0x0123456789ABCDEF], tf.uint64)
+counter = tf.constant([2**64 - 3, 17], tf.uint64)
+out = []
+for alg in (1, 3):
+    for dtype, rate in ((tf.float32, 0.3), (tf.float16, 0.7), (tf.bfloat16, 0.5)):
+        with tf.device("/CPU:0"):
+            want = tf.raw_ops.StatelessRandomUniformV2(
+                shape=[5, 9], key=key, counter=counter, alg=alg, dtype=dtype) >= tf.constant(rate, dtype)
+        with tf.device("/NPU:0"):
+            got = tf.function(lambda: gen_mask([5, 9], key, counter, alg, rate, dtype))()
+        out.append(bool(np.array_equal(got.numpy(), want.numpy())))
+print("RESULT" + json.dumps(out))
+"""
+    assert child_result(code, extra_env=CHIP_910) == [True] * 6
+
+
+def test_a_chip_without_ai_cpu_refuses_the_op(npusim, tf):
+    """The tests' chip (tiny) has no `ai_cpu:` section: the rewrite leaves dropout alone there,
+    and the op given directly fails with an error naming the node and the chip."""
+    scope = {"tf": tf}
+    exec(RAW_OP, scope)  # pylint: disable=exec-used
+    key = tf.constant([1], tf.uint64)
+    counter = tf.constant([2, 3], tf.uint64)
+    with tf.device("/NPU:0"):
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match="DropOutGenMask .*chip 'tiny' models no AI CPU"):
+            tf.function(lambda: scope["gen_mask"]([4, 5], key, counter, 1, 0.5))().numpy()
