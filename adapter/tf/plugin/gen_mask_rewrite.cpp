@@ -55,10 +55,7 @@ int passthrough_operand(GraphView& g, const tfc::NodeDef& n, tfc::DataType t) {
 }  // namespace
 
 bool gen_mask_fusion_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("NPUSIM_FUSION_GENMASK");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = switch_on("NPUSIM_FUSION_GENMASK");
   return on;
 }
 

@@ -4347,14 +4347,6 @@ bool variable_update_fusion_requested() {
   return on;
 }
 
-namespace {
-// False when the environment variable is "0".
-bool switch_on(const char* variable) {
-  const char* v = std::getenv(variable);
-  return !(v && std::string(v) == "0");
-}
-}  // namespace
-
 bool cast_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CAST");
   return on;

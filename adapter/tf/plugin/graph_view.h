@@ -233,4 +233,10 @@ inline std::optional<double> scalar_value(const tfc::NodeDef* n) {
   return *t == tfc::DT_HALF ? f16_to_f32(bits) : bf16_to_f32(bits);
 }
 
+// False when the environment variable is "0" (a rewrite's switch, graph_fusion.h).
+inline bool switch_on(const char* variable) {
+  const char* v = std::getenv(variable);
+  return !(v && std::string(v) == "0");
+}
+
 }  // namespace npusim::tf::graph_edit

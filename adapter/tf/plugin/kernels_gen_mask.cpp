@@ -40,23 +40,6 @@ rt::Status invalid(const std::string& what) {
   return rt::Status(rt::StatusCode::invalid_argument, std::string(kGenMask) + ": " + what);
 }
 
-// The values of the host-memory int32 / int64 input `index`.
-rt::Status host_ints(const Tensor& t, int index, std::vector<int64_t>* out) {
-  const int64_t n = t.NumElements();
-  out->clear();
-  if (t.dtype() == TF_INT32) {
-    const auto* v = static_cast<const int32_t*>(t.host_data());
-    out->assign(v, v + n);
-  } else if (t.dtype() == TF_INT64) {
-    const auto* v = static_cast<const int64_t*>(t.host_data());
-    out->assign(v, v + n);
-  } else {
-    return invalid("input " + std::to_string(index) + " is " + tf_dtype_name(t.dtype()) +
-                   ", expected int32 or int64");
-  }
-  return rt::ok_status();
-}
-
 class GenMaskKernel : public OpKernel {
  public:
   explicit GenMaskKernel(OpKernelConstruction* ctx) {
@@ -84,8 +67,8 @@ class GenMaskKernel : public OpKernel {
     NPU_OP_REQUIRES_OK(ctx, ctx->input(2, &counter_t));
     NPU_OP_REQUIRES_OK(ctx, ctx->input(3, &alg_t));
     std::vector<int64_t> shape, alg;
-    NPU_OP_REQUIRES_OK(ctx, host_ints(shape_t, 0, &shape));
-    NPU_OP_REQUIRES_OK(ctx, host_ints(alg_t, 3, &alg));
+    NPU_OP_REQUIRES_OK(ctx, host_ints(kGenMask, shape_t, 0, &shape));
+    NPU_OP_REQUIRES_OK(ctx, host_ints(kGenMask, alg_t, 3, &alg));
     if (alg.size() != 1) return ctx->CtxFailure(invalid("alg must be a scalar"));
     if (alg[0] != kAlgPhilox && alg[0] != kAlgAutoSelect)
       return ctx->CtxFailure(invalid("unsupported algorithm id " + std::to_string(alg[0]) +
