@@ -321,6 +321,12 @@
 //      launch, and every other member in its own launches (adapter/compiler/ops/reduce.cpp).
 //      Lamb: the norms of w in one node, those of the updates in another.
 //      NPUSIM_FUSION_MULTI_SQUARE_SUM=0 turns it alone off.
+//   18. Dropout masks on the AI CPU, first (before 4 takes the comparison into a chain):
+//      GreaterEqual(StatelessRandomUniformV2(shape, key, counter, alg) [* 1] [+ 0], rate Const)
+//      -> DropOutGenMask(shape, key, counter, alg; dtype, rate) in place of the GreaterEqual,
+//      the uniform (and the neutral scaling) going: the same mask bits, made by one task of the
+//      chip's AI CPU beside the AI cores (gen_mask_rewrite.cpp says the conditions;
+//      kernels_gen_mask.cpp the op). NPUSIM_FUSION_GENMASK=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -335,6 +341,7 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -377,12 +384,13 @@ struct FusionCounts {
   int matmul_transposes = 0;    // Transposes folded into MatMuls (rewrite 14)
   int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
   int multi_square_sum = 0;     // multi-tensor SquareSumV1 nodes created (rewrite 17b)
+  int gen_mask = 0;             // DropOutGenMask nodes created (rewrite 18)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
            rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
-           weight_quant_matmul + matmul_transposes + lamb + multi_square_sum;
+           weight_quant_matmul + matmul_transposes + lamb + multi_square_sum + gen_mask;
   }
 };
 
@@ -425,6 +433,13 @@ bool transpose_fold_requested();
 bool lamb_fusion_requested();
 // False when NPUSIM_FUSION_MULTI_SQUARE_SUM is "0" (read once): rewrite 17b alone off.
 bool multi_square_sum_requested();
+// False when NPUSIM_FUSION_GENMASK is "0" (read once): rewrite 18 alone off.
+bool gen_mask_fusion_requested();
+// Rewrite 18 (above, gen_mask_rewrite.cpp) on `graph` where DropOutGenMask is registered: the
+// nodes it removes into *removed; returns the DropOutGenMask nodes created.
+int fuse_dropout_gen_masks(tensorflow::GraphDef& graph,
+                           const std::unordered_set<std::string>& preserve,
+                           std::set<std::string>* removed);
 // fusion_requested() and the fused ops are registered.
 bool fusion_enabled();
 // False when NPUSIM_FUSION_CONV_BN_REDUCE is "0" (read once): rewrite 15 alone off.

@@ -328,4 +328,22 @@ rt::Status KernelDefBuilder::register_with(void* (*create)(TF_OpKernelConstructi
   }
 }
 
+rt::Status host_ints(const std::string& op, const Tensor& t, int index,
+                     std::vector<int64_t>* out) {
+  const int64_t n = t.NumElements();
+  out->clear();
+  if (t.dtype() == TF_INT32) {
+    const auto* v = static_cast<const int32_t*>(t.host_data());
+    out->assign(v, v + n);
+  } else if (t.dtype() == TF_INT64) {
+    const auto* v = static_cast<const int64_t*>(t.host_data());
+    out->assign(v, v + n);
+  } else {
+    return rt::Status(rt::StatusCode::invalid_argument,
+                      op + ": input " + std::to_string(index) + " is " +
+                          tf_dtype_name(t.dtype()) + ", expected int32 or int64");
+  }
+  return rt::ok_status();
+}
+
 }  // namespace npusim::tf

@@ -84,6 +84,10 @@ class OpKernelConstruction {
   bool m_ok = true;
 };
 
+// The values of host-memory input `index` of op `op` (int32 or int64: a shape, an algorithm id);
+// invalid_argument naming the op and the input for another type.
+rt::Status host_ints(const std::string& op, const Tensor& t, int index, std::vector<int64_t>* out);
+
 class OpKernelContext {
  public:
   explicit OpKernelContext(TF_OpKernelContext* ctx) : m_ctx(ctx) {}

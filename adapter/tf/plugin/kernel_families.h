@@ -54,6 +54,11 @@ rt::Status register_resource_variable_kernels();
 // collective engine (TensorFlow's C++ kernel API for an asynchronous kernel,
 // kernels_collective.cpp)
 rt::Status register_collective_kernels();
+// DropOutGenMask: a dropout's keep mask as one task of the chip's AI CPU (kernels_gen_mask.cpp);
+// gen_mask_registered() says whether its definition and kernel exist (the graph rewrite's
+// condition, gen_mask_rewrite.cpp).
+rt::Status register_gen_mask_kernel();
+bool gen_mask_registered();
 // Bitcast: the output aliases the input's buffer (kernels_bitcast.cpp, kernel C API directly)
 rt::Status register_bitcast_kernels();
 // the tf.data Optional ops, TensorFlow's CPU kernels on host-memory arguments

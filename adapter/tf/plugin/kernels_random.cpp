@@ -26,24 +26,6 @@ constexpr char kUniformV2[] = "StatelessRandomUniformV2";
 // StatelessRandomUniformV2's inputs (TF's op definition).
 constexpr int kShapeInput = 0, kAlgInput = 3;
 
-// The values of a HostMemory int32 / int64 input.
-rt::Status host_ints(const std::string& op, const Tensor& t, int index,
-                     std::vector<int64_t>* out) {
-  const int64_t n = t.NumElements();
-  out->clear();
-  if (t.dtype() == TF_INT32) {
-    const auto* v = static_cast<const int32_t*>(t.host_data());
-    out->assign(v, v + n);
-  } else if (t.dtype() == TF_INT64) {
-    const auto* v = static_cast<const int64_t*>(t.host_data());
-    out->assign(v, v + n);
-  } else {
-    return rt::Status(rt::StatusCode::invalid_argument,
-                      op + ": input " + std::to_string(index) + " is " +
-                          tf_dtype_name(t.dtype()) + ", expected int32 or int64");
-  }
-  return rt::ok_status();
-}
 
 // A tensor as the compiler sees it: uint64 as s64 (same bits), other types as Tensor::desc.
 rt::Status random_desc(const Tensor& t, compiler::TensorDesc* out) {

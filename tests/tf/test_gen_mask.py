@@ -1,0 +1,184 @@
+"""DropOutGenMask: a dropout's keep mask on the chip's AI CPU (graph_fusion.h rewrite 18,
+adapter/tf/plugin/gen_mask_rewrite.cpp and kernels_gen_mask.cpp).
+
+GreaterEqual(StatelessRandomUniformV2(...), rate) becomes one DropOutGenMask node, run as a task
+on the AI CPU timeline beside the AI cores. Only a chip with an `ai_cpu:` section gets the
+rewrite: these tests run the 910 in child processes (the test process holds the tiny chip).
+The mask must be TensorFlow's on the CPU bit for bit (f32, f16, bf16; shapes that are not whole
+Philox groups; node-by-node and whole-graph runs), and a Keras Dropout training step must give
+exactly the losses and weights it gives with the rewrite off (NPUSIM_FUSION_GENMASK=0), with
+fewer AI-core launches and the masks in op_summary.csv as AI_CPU rows."""
+
+import pytest
+
+from conftest import child_result
+
+pytest.importorskip("tensorflow")
+
+CHIP_910 = {"NPUSIM_CHIP": "910"}
+
+MASK_CODE = r"""
+import csv, json, os, tempfile
+import numpy as np
+import tensorflow as tf
+import npusim
+tf.config.set_soft_device_placement(False)
+cases = [((1,), (0, 0), 0.5), ((7,), (1, 2), 0.1), ((3, 37), (7, -9), 0.3),
+         ((2, 3, 33), (2**31 - 1, -2**31), 0.9), ((5, 1001), (-123, 5), 0.25)]
+out = []
+for dtype in ("float32", "float16", "bfloat16"):
+    for shape, seed, rate in cases:
+        @tf.function
+        def mask(seed):
+            u = tf.random.stateless_uniform(shape, seed=seed, dtype=dtype)
+            return u >= tf.constant(rate, dtype)
+        seed_t = tf.constant(seed, tf.int64)
+        with tf.device("/CPU:0"):
+            want = mask(seed_t).numpy()
+        before = len(npusim.launch_records())
+        with tf.device("/NPU:0"):
+            got = mask(seed_t)
+        assert got.device.endswith("NPU:0"), got.device
+        kernels = sorted({r["kernel"] for r in npusim.launch_records()[before:]})
+        out.append(dict(case=f"{dtype} {shape} {seed} {rate}",
+                        equal=bool(np.array_equal(got.numpy(), want)),
+                        kernels=kernels))
+rep = tempfile.mkdtemp()
+npusim.write_report(rep)
+with open(os.path.join(rep, "op_summary.csv")) as f:
+    rows = list(csv.DictReader(f))
+ai_cpu = [r["OP Type"] for r in rows if r["Task Type"] == "AI_CPU"]
+print("RESULT" + json.dumps(dict(cases=out, ai_cpu=ai_cpu)))
+"""
+
+
+@pytest.mark.parametrize("graph", ["1", "0"])
+def test_mask_matches_tf_cpu_bit_for_bit(graph):
+    """Every mask equals the CPU's; no Philox kernel runs on the AI cores (only the key and
+    counter's); one AI_CPU DropOutGenMask row per mask. NPUSIM_GRAPH=0: node by node."""
+    r = child_result(MASK_CODE, extra_env={**CHIP_910, "NPUSIM_GRAPH": graph})
+    for c in r["cases"]:
+        assert c["equal"], c
+        assert not any(k.startswith("RandomUniform") for k in c["kernels"]), c
+    assert r["ai_cpu"] == ["DropOutGenMask"] * len(r["cases"]), r["ai_cpu"]
+
+
+TRAIN_CODE = r"""
+import csv, json, os, tempfile
+import numpy as np
+import keras
+import tensorflow as tf
+import npusim
+tf.config.set_soft_device_placement(False)
+rng = np.random.default_rng(2)
+x = rng.standard_normal((32, 12)).astype(np.float32)
+y = rng.integers(0, 3, 32).astype(np.int64)
+keras.utils.set_random_seed(5)
+model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dropout(0.4, seed=11), keras.layers.Dense(16),
+                          keras.layers.Dropout(0.2, seed=12), keras.layers.Dense(3)])
+model.compile(optimizer=keras.optimizers.SGD(0.1),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+rep = tempfile.mkdtemp()
+npusim.write_report(rep)
+with open(os.path.join(rep, "op_summary.csv")) as f:
+    rows = list(csv.DictReader(f))
+def span(r):
+    start = float(r["Task Start Time(us)"])
+    return start, start + float(r["Task Duration(us)"])
+ai_core = [span(r) for r in rows if r["Task Type"] != "AI_CPU"]
+ai_cpu = [span(r) for r in rows if r["Task Type"] == "AI_CPU"]
+# AI CPU time during which some AI-core task ran too (the timelines overlapping).
+overlap = sum(max(0.0, min(e, ce) - max(s, cs)) for s, e in ai_cpu for cs, ce in ai_core)
+recs = npusim.launch_records()
+us_per_cycle = next(r["time_us"] / r["cycles"] for r in recs if r["cycles"] > 0)  # the chip's clock
+all_spans = ai_core + ai_cpu
+print("RESULT" + json.dumps(dict(
+    span_us=max(e for _, e in all_spans) - min(s for s, _ in all_spans),
+    kernel_us=sum(r["cycles"] for r in recs) * us_per_cycle,
+    dispatch_us=sum(r["host_dispatch_cycles"] for r in recs) * us_per_cycle,
+    loss=[float(v) for v in hist.history["loss"]],
+    weights=[w.numpy().tobytes().hex() for w in model.weights],
+    launches=len(npusim.launch_records()),
+    uniforms=sum(r["OP Type"] == "StatelessRandomUniformV2" for r in rows),
+    ai_cpu_types=sorted({r["OP Type"] for r in rows if r["Task Type"] == "AI_CPU"}),
+    ai_cpu_count=len(ai_cpu), overlap_us=overlap,
+    ai_cpu_us=sum(e - s for s, e in ai_cpu))))
+"""
+
+
+def test_keras_dropout_training_same_with_the_rewrite_on_and_off():
+    on = child_result(TRAIN_CODE, extra_env=CHIP_910)
+    off = child_result(TRAIN_CODE, extra_env={**CHIP_910, "NPUSIM_FUSION_GENMASK": "0"})
+    # The masks have TF's bits either way: the same losses and weights, bit for bit.
+    assert on["loss"] == off["loss"]
+    assert on["weights"] == off["weights"]
+    # Two Dropouts a step, 2 epochs of 2 steps: 8 masks on the AI CPU, 8 uniforms fewer on the
+    # AI cores (the weights' initializers draw theirs either way), and the comparisons gone
+    # from the AI cores' launches (or from the chains that took them in).
+    assert on["ai_cpu_types"] == ["DropOutGenMask"] and on["ai_cpu_count"] == 8, on
+    assert off["ai_cpu_count"] == 0, off
+    assert on["uniforms"] == off["uniforms"] - 8, (on["uniforms"], off["uniforms"])
+    assert on["launches"] <= off["launches"] - 8, (on["launches"], off["launches"])
+    # The device time, derived: the AI cores lose the uniforms' and comparisons' kernel cycles
+    # and the host dispatch of the uniforms' kernel calls; the masks' AI CPU time is added at
+    # most (a mask on the critical path, its reader waiting for all of it), less where it runs
+    # beside the AI cores.
+    saved_us = off["kernel_us"] - on["kernel_us"] + off["dispatch_us"] - on["dispatch_us"]
+    assert saved_us > 0, (on, off)
+    assert on["span_us"] <= off["span_us"] - saved_us + on["ai_cpu_us"] + 1e-3, (on, off)
+    print(f"\nlaunches {off['launches']} -> {on['launches']}; step {off['span_us']:.1f} -> "
+          f"{on['span_us']:.1f} us ({saved_us:.1f} us of AI-core kernels and dispatch saved); "
+          f"AI CPU {on['ai_cpu_us']:.1f} us, {on['overlap_us']:.1f} us beside AI-core tasks")
+
+
+RAW_OP = r"""
+import numpy as np
+import tensorflow as tf
+
+def gen_mask(shape, key, counter, alg, rate, dtype=tf.float32):
+    # DropOutGenMask itself (the rewrite's op), built into the function's graph.
+    g = tf.compat.v1.get_default_graph()
+    op = g._create_op_internal(  # pylint: disable=protected-access
+        "DropOutGenMask", [tf.constant(shape, tf.int32), key, counter, tf.constant(alg, tf.int32)],
+        [tf.bool], attrs={"dtype": tf.compat.v1.AttrValue(type=dtype.as_datatype_enum),
+                          "Tshape": tf.compat.v1.AttrValue(type=tf.int32.as_datatype_enum),
+                          "rate": tf.compat.v1.AttrValue(f=rate)})
+    return op.outputs[0]
+"""
+
+
+def test_raw_op_with_explicit_key_counter():
+    """The op on its own: a counter whose low word wraps inside the mask (the carry into the high
+    word), alg 1 and 3, against TF's uniform from the same key and counter on the CPU."""
+    code = RAW_OP + r"""
+import json
+import npusim  # pylint: disable=unused-import  (the plugin of this test run)
+key = tf.constant([0x0123456789ABCDEF], tf.uint64)
+counter = tf.constant([2**64 - 3, 17], tf.uint64)
+out = []
+for alg in (1, 3):
+    for dtype, rate in ((tf.float32, 0.3), (tf.float16, 0.7), (tf.bfloat16, 0.5)):
+        with tf.device("/CPU:0"):
+            want = tf.raw_ops.StatelessRandomUniformV2(
+                shape=[5, 9], key=key, counter=counter, alg=alg, dtype=dtype) >= tf.constant(rate, dtype)
+        with tf.device("/NPU:0"):
+            got = tf.function(lambda: gen_mask([5, 9], key, counter, alg, rate, dtype))()
+        out.append(bool(np.array_equal(got.numpy(), want.numpy())))
+print("RESULT" + json.dumps(out))
+"""
+    assert child_result(code, extra_env=CHIP_910) == [True] * 6
+
+
+def test_a_chip_without_ai_cpu_refuses_the_op(npusim, tf):
+    """The tests' chip (tiny) has no `ai_cpu:` section: the rewrite leaves dropout alone there,
+    and the op given directly fails with an error naming the node and the chip."""
+    scope = {"tf": tf}
+    exec(RAW_OP, scope)  # pylint: disable=exec-used
+    key = tf.constant([1], tf.uint64)
+    counter = tf.constant([2, 3], tf.uint64)
+    with tf.device("/NPU:0"):
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match="DropOutGenMask .*chip 'tiny' models no AI CPU"):
+            tf.function(lambda: scope["gen_mask"]([4, 5], key, counter, 1, 0.5))().numpy()
