@@ -3,8 +3,6 @@
 // tiny chip.
 #include <catch2/catch.hpp>
 
-#include <vector>
-
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "isa/disassembler.h"
@@ -12,6 +10,7 @@
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 #include "sim/simulator.h"
+#include "tests/compiler/compiler_test_util.h"
 
 using namespace npusim;
 using namespace npusim::compiler;
@@ -23,22 +22,6 @@ namespace {
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), SimOptions{});
   return s;
-}
-
-// Runs k as one block on the tiny chip with argument 0 = a GM scratch address; reads back n
-// 8-byte words from there.
-std::vector<int64_t> run_words(const BuiltKernel& k, size_t n) {
-  const uint64_t addr = 0x200000;
-  KernelLaunch l;
-  l.program = &k.program;
-  l.args = {addr};
-  l.block_dim = 1;
-  KernelResult r = sim().run(l);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  std::vector<int64_t> v(n);
-  sim().gm().read(addr, v.data(), n * sizeof(int64_t));
-  return v;
 }
 
 }  // namespace
@@ -176,7 +159,7 @@ TEST_CASE("loops, branches and parity arms run on the chip; the listing re-assem
     CHECK(isa::encode(again.sections[0].code[n]) == isa::encode(k.program.sections[0].code[n]));
     CHECK(again.sections[0].code[n].src_line == k.program.sections[0].code[n].src_line);
   }
-  const std::vector<int64_t> v = run_words(k, 2);
+  const std::vector<int64_t> v = npusim::test::run_scalar_words(sim(), k.program, 2);
   CHECK(v[0] == (0 + 2 + 4 + 6 + 8) + 100 * 5);
   CHECK(v[1] == 22);
 }
@@ -221,7 +204,7 @@ TEST_CASE("scalar identities fold to a move, a movi or nothing; the values are t
   CHECK(code[before + 5].op == Opcode::op_movi);
   CHECK(code[before + 9].op == Opcode::op_mul);
   CHECK(code[before + 10].op == Opcode::op_rem);
-  const std::vector<int64_t> v = run_words(k, 4);
+  const std::vector<int64_t> v = npusim::test::run_scalar_words(sim(), k.program, 4);
   CHECK(v[0] == 37);
   CHECK(v[1] == 0);
   CHECK(v[2] == 5);
