@@ -290,6 +290,19 @@ void KernelBuilder::emit(Opcode op, std::initializer_list<Opnd> operands,
   s.comments.push_back(text);
 }
 
+bool KernelBuilder::fold_scalar(const Reg& d, const Reg& a, const Opnd& b, int64_t identity,
+                                int64_t zeroing, const std::string& c) {
+  // Empty registers go to emit(), which names them in its error.
+  if (b.kind() != Opnd::Kind::kImm || !d.valid() || !a.valid()) return false;
+  if (b.value() == zeroing) {
+    movi(d, 0, c);
+    return true;
+  }
+  if (b.value() != identity) return false;
+  if (d.id() != a.id()) mov(d, a, c);
+  return true;
+}
+
 void KernelBuilder::movi(const Reg& d, int64_t v, const std::string& c) {
   emit(Opcode::op_movi, {d, v}, c);
 }
@@ -297,28 +310,28 @@ void KernelBuilder::mov(const Reg& d, const Reg& s, const std::string& c) {
   emit(Opcode::op_mov, {d, s}, c);
 }
 void KernelBuilder::add(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_add, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 0, kNoFold, c)) emit(Opcode::op_add, {d, a, b}, c);
 }
 void KernelBuilder::sub(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_sub, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 0, kNoFold, c)) emit(Opcode::op_sub, {d, a, b}, c);
 }
 void KernelBuilder::mul(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_mul, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 1, 0, c)) emit(Opcode::op_mul, {d, a, b}, c);
 }
 void KernelBuilder::div(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_div, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 1, kNoFold, c)) emit(Opcode::op_div, {d, a, b}, c);
 }
 void KernelBuilder::rem(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_rem, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, kNoFold, 1, c)) emit(Opcode::op_rem, {d, a, b}, c);
 }
 void KernelBuilder::and_(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
   emit(Opcode::op_and, {d, a, b}, c);
 }
 void KernelBuilder::shl(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_shl, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 0, kNoFold, c)) emit(Opcode::op_shl, {d, a, b}, c);
 }
 void KernelBuilder::shr(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
-  emit(Opcode::op_shr, {d, a, b}, c);
+  if (!fold_scalar(d, a, b, 0, kNoFold, c)) emit(Opcode::op_shr, {d, a, b}, c);
 }
 void KernelBuilder::min(const Reg& d, const Reg& a, Opnd b, const std::string& c) {
   emit(Opcode::op_min, {d, a, b}, c);

@@ -158,7 +158,11 @@ class KernelBuilder {
   // Origin scope).
   void emit(isa::Opcode op, std::initializer_list<Opnd> operands, const std::string& comment = {});
 
-  // Scalar shorthands (d = a OP b).
+  // Scalar shorthands (d = a OP b). An immediate b that makes the operation an identity or a
+  // constant (a + 0, a - 0, a * 1, a / 1, a << 0, a >> 0; a * 0, a % 1) emits a move, a movi or,
+  // when d is a, nothing: the scalar unit pays scalar.cycles_per_insn for every instruction,
+  // and a compiler folds these (kernels' index arithmetic is written for the general case, e.g.
+  // `* cg_in / 16` with one channel block per group).
   void movi(const Reg& d, int64_t v, const std::string& c = {});
   void mov(const Reg& d, const Reg& s, const std::string& c = {});
   void add(const Reg& d, const Reg& a, Opnd b, const std::string& c = {});
@@ -246,6 +250,12 @@ class KernelBuilder {
   SectionState& section();
   isa::Section& code();
   void release_reg(int id, int section);
+  // For the shorthands: d = a or d = 0 instead of d = a `op` b where the immediate b is
+  // `identity` or `zeroing` (a value b never takes: kNoFold); true if folded (nothing emitted
+  // for op).
+  static constexpr int64_t kNoFold = INT64_MIN;
+  bool fold_scalar(const Reg& d, const Reg& a, const Opnd& b, int64_t identity, int64_t zeroing,
+                   const std::string& c);
   int take_reg(const std::string& purpose);
   std::string current_comment(const std::string& explicit_comment) const;
 

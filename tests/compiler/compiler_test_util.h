@@ -41,6 +41,23 @@ inline Simulator& test_sim() {
   return s;
 }
 
+// Runs `program` as one block on `sim` with argument 0 = a GM scratch address and reads back
+// n 8-byte words from there: for scalar-unit kernels that `st` their results.
+inline std::vector<int64_t> run_scalar_words(Simulator& sim, const isa::Program& program,
+                                             size_t n) {
+  const uint64_t addr = 0x200000;
+  KernelLaunch l;
+  l.program = &program;
+  l.args = {addr};
+  l.block_dim = 1;
+  KernelResult r = sim.run(l);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  std::vector<int64_t> v(n);
+  sim.gm().read(addr, v.data(), n * sizeof(int64_t));
+  return v;
+}
+
 using compiler::CompiledKernel;
 using compiler::DataType;
 using compiler::OpDesc;

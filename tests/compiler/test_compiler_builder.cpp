@@ -10,6 +10,7 @@
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 #include "sim/simulator.h"
+#include "tests/compiler/compiler_test_util.h"
 
 using namespace npusim;
 using namespace npusim::compiler;
@@ -158,18 +159,56 @@ TEST_CASE("loops, branches and parity arms run on the chip; the listing re-assem
     CHECK(isa::encode(again.sections[0].code[n]) == isa::encode(k.program.sections[0].code[n]));
     CHECK(again.sections[0].code[n].src_line == k.program.sections[0].code[n].src_line);
   }
-  const uint64_t addr = 0x200000;
-  KernelLaunch l;
-  l.program = &k.program;
-  l.args = {addr};
-  l.block_dim = 1;
-  KernelResult r = sim().run(l);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  int64_t v[2];
-  sim().gm().read(addr, v, sizeof v);
+  const std::vector<int64_t> v = npusim::test::run_scalar_words(sim(), k.program, 2);
   CHECK(v[0] == (0 + 2 + 4 + 6 + 8) + 100 * 5);
   CHECK(v[1] == 22);
+}
+
+TEST_CASE("scalar identities fold to a move, a movi or nothing; the values are the same") {
+  // a = 37: a + 0, a - 0, a * 1, a / 1, a << 0, a >> 0 into a itself emit nothing; into
+  // another register a mov; a * 0 and a % 1 a movi 0; a * 3, a % 5 stay as they are.
+  const ChipConfig& cfg = sim().config();
+  KernelBuilder b("fold", "FoldOp", cfg);
+  b.declare_arg("out");
+  b.begin_section(isa::CoreKind::AIV);
+  Reg out = b.load_arg("out");  // ldarg
+  Reg a = b.reg_imm("a", 37);   // movi
+  Reg d = b.reg("d");
+  const size_t before = 2;
+  b.add(a, a, 0);
+  b.sub(a, a, 0);
+  b.mul(a, a, 1);
+  b.div(a, a, 1);
+  b.shl(a, a, 0);
+  b.shr(a, a, 0);
+  b.div(d, a, 1);                   // mov d, a
+  b.emit(Opcode::op_st, {d, out});  // 37
+  b.mul(d, a, 0);                   // movi d, 0
+  b.add(out, out, 8);
+  b.emit(Opcode::op_st, {d, out});  // 0
+  b.rem(d, a, 1);                   // movi d, 0
+  b.add(d, d, 5);
+  b.add(out, out, 8);
+  b.emit(Opcode::op_st, {d, out});  // 5
+  b.mul(d, a, 3);                   // 111
+  b.rem(d, d, 5);                   // 1
+  b.add(out, out, 8);
+  b.emit(Opcode::op_st, {d, out});
+  b.end();
+  BuiltKernel k = b.finish();
+  const auto& code = k.program.sections[0].code;
+  // mov, st, movi, add, st, movi, add, add, st, mul, rem, add, st, end
+  REQUIRE(code.size() == before + 14);
+  CHECK(code[before].op == Opcode::op_mov);
+  CHECK(code[before + 2].op == Opcode::op_movi);
+  CHECK(code[before + 5].op == Opcode::op_movi);
+  CHECK(code[before + 9].op == Opcode::op_mul);
+  CHECK(code[before + 10].op == Opcode::op_rem);
+  const std::vector<int64_t> v = npusim::test::run_scalar_words(sim(), k.program, 4);
+  CHECK(v[0] == 37);
+  CHECK(v[1] == 0);
+  CHECK(v[2] == 5);
+  CHECK(v[3] == 1);
 }
 
 TEST_CASE("a compiled kernel's listing re-assembles to the same program, typed arguments included") {

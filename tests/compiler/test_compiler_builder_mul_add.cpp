@@ -51,16 +51,7 @@ TEST_CASE("mul_add is a * m + b when the destination is also an operand") {
   store(d);
   kb.end();
   BuiltKernel k = kb.finish();
-  const uint64_t addr = 0x200000;
-  KernelLaunch l;
-  l.program = &k.program;
-  l.args = {addr};
-  l.block_dim = 1;
-  KernelResult r = sim().run(l);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  int64_t v[5];
-  sim().gm().read(addr, v, sizeof v);
+  const std::vector<int64_t> v = npusim::test::run_scalar_words(sim(), k.program, 5);
   CHECK(v[0] == mv * av + bv);
   CHECK(v[1] == av * mv + bv);
   CHECK(v[2] == mv * mv + bv);
