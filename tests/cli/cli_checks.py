@@ -554,6 +554,21 @@ def _(d):
     assert "--host-loop -1" in p.stderr, p.stderr
 
 
+
+@check("benchmarks/kernels/nd2nz_load.s loads what its arguments say")
+def _(d):
+    # GM -> L1 bytes = the matrix (M x N fp16) x REPEAT, x the blocks when every block loads all.
+    kernel = os.path.join(ROOT, "benchmarks", "kernels", "nd2nz_load.s")
+    M, N = 96, 200  # 200 columns: slices of 100 in tiles of 64 and 36 (a short last tile)
+    for every, stagger, slices, repeat in [(0, 0, 1, 1), (0, 0, 2, 3), (1, 0, 1, 1), (1, 1, 2, 1)]:
+        run("run", kernel, "--chip", "tiny", "--timing-only", "--out", f"x={d}/x.npy:f16:{M}x{N}",
+            "--arg", f"M={M}", "--arg", f"N={N}", "--arg", "TR=16", "--arg", "TC=64",
+            "--arg", f"EVERY={every}", "--arg", f"STAGGER={stagger}", "--arg", f"SLICES={slices}",
+            "--arg", f"REPEAT={repeat}", "--json", f"{d}/r.json", "--quiet")
+        r = json.load(open(f"{d}/r.json"))
+        want = M * N * 2 * repeat * (r["block_dim"] if every else 1)
+        assert r["activity"]["bytes.gm_to_l1"] == want, (every, stagger, slices, repeat, r)
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
