@@ -148,6 +148,13 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
       check_conv2d_batch_norm(ConvCase{1, 16, 16, 16, 1, 1, 16}, false, false, 28,
                               PrecisionMode::kAllowFp32ToFp16, DataType::F32, DataType::F32, true),
       "Conv2DBatchNormInferenceRelu6_f32"));
+  // f16 y of 96 channels in tiles of 48 (two images stacked): every tile's columns fill its
+  // f16 and f32 rows, so the rounding is one counter-mode run over the tile rather than one
+  // instruction per 64-lane column group.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{2, 7, 7, 16, 1, 1, 96}, false, false, 34,
+                              PrecisionMode::kAllowFp32ToFp16, DataType::F16, DataType::F16, true),
+      "Conv2DBatchNormInferenceRelu6_f16"));
   // f32 y of 150 channels (tiles narrower than the widest: rows packed to the output's pitch).
   CHECK(batch_norm_in_epilogue(
       check_conv2d_batch_norm(ConvCase{2, 6, 6, 24, 1, 1, 150}, false, false, 24),
@@ -177,6 +184,12 @@ TEST_CASE("coupled chip: a residual added on the tile in the UB (Conv2D + BNInfe
       check_conv2d_batch_norm(ConvCase{1, 16, 16, 16, 1, 1, 152}, false, false, 32, fp16,
                               DataType::F16, DataType::F32, true, true),
       "Conv2DBatchNormInferenceAddRelu6_f32"));
+  // f16 y of 80 channels (one tile wide: 80 f32 lanes, two 64-lane column groups, rounded as
+  // one run over the tile), the residual added after the rounding.
+  CHECK(batch_norm_in_epilogue(
+      check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 80}, false, false, 35, fp16,
+                              DataType::F16, DataType::F16, false, true),
+      "Conv2DBatchNormInferenceAdd_f16"));
   // f16 y of 24 channels (48-byte rows, padded through the UB): the epilogue without the add,
   // then a launch adding the residual.
   const std::vector<std::string> names =

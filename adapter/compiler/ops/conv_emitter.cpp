@@ -427,6 +427,22 @@ class ConvEmitter {
       select(b, dst, p, m_bbuf);
       n_range(key, n0, n_act);
       load_weights(dst, key, n0, n_act, c1a, ncb, cvalid);
+    } else {
+      // Resident weights of the block's first step: loaded here, after its slab and ahead of
+      // the next step's (the pipeline issues load(1) before compute(0), which loads the
+      // weights of the block's later keys and chunks), so its mmads do not wait for that slab.
+      b.if_(eq(s, 0), [&] {
+        KernelBuilder::Origin r(b, "resident weights of the block's first step");
+        {
+          Reg t = b.reg("load: scratch");
+          resident_key(ch, key, t);
+        }
+        Reg dst = b.reg("load: weights address"), n0 = b.reg("load: n0"),
+            n_act = b.reg("load: columns");
+        n_range(key, n0, n_act);
+        resident_chunk_address(dst, n_act, c1a);
+        load_resident_chunk(dst, key, n0, n_act, c1a, ncb, cvalid);
+      });
     }
     m_pipe.l1_loaded(p, "L1 buffers loaded");
   }
@@ -616,25 +632,39 @@ class ConvEmitter {
       select(b, t.bbase, p, m_bbuf);
       return;
     }
-    // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512 (nb * 16: the
-    // columns of a k-block).
-    if (m_s.b_diagonal)
-      b.movi(t.bbase, diagonal_cols());
-    else
-      round16(b, t.bbase, t.n_act);
-    b.mul(t.bbase, t.bbase, c1a);
-    b.mul(t.bbase, t.bbase, m_taps * kBlk * m_isz);
-    b.add(t.bbase, t.bbase, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
-    Reg loading = b.reg("compute: loading");
-    resident_key(t.ch, t.key, loading);
-    b.and_(loading, *m_prev_key, 1);
-    b.if_(ne(loading, 0), [&] {
-      KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
-      loading.release();
-      load_weights(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
-      b.set_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
-      b.wait_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+    resident_chunk_address(t.bbase, t.n_act, c1a);
+    // The block's first step: load_step has loaded its weights.
+    b.if_(ne(s, 0), [&] {
+      Reg loading = b.reg("compute: loading");
+      resident_key(t.ch, t.key, loading);
+      b.and_(loading, *m_prev_key, 1);
+      b.if_(ne(loading, 0), [&] {
+        KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
+        loading.release();
+        load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+      });
     });
+  }
+
+  // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512 (nb * 16: the
+  // columns of a k-block).
+  void resident_chunk_address(const Reg& d, const Reg& n_act, const Reg& c1a) {
+    KernelBuilder& b = m_b;
+    if (m_s.b_diagonal)
+      b.movi(d, diagonal_cols());
+    else
+      round16(b, d, n_act);
+    b.mul(d, d, c1a);
+    b.mul(d, d, m_taps * kBlk * m_isz);
+    b.add(d, d, static_cast<int64_t>(m_bbuf[0]), "B of the chunk in L1");
+  }
+
+  // MTE2 loads a chunk of resident weights at dst (resident_chunk_address) and hands it to MTE1.
+  void load_resident_chunk(const Reg& dst, const Reg& key, const Reg& n0, const Reg& n_act,
+                           const Reg& c1a, const Reg& ncb, const Reg& cvalid) {
+    load_weights(dst, key, n0, n_act, c1a, ncb, cvalid);
+    m_b.set_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
+    m_b.wait_flag(Pipe::MTE2, Pipe::MTE1, m_b_loaded);
   }
 
   // Resident weights: the first tile of a (group, n tile) loads them chunk by chunk; on its

@@ -405,6 +405,15 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
   Reg mask = b.reg("affine: lane mask"), rep = b.reg("affine: rows"),
       table = b.reg("affine: a (then shift) of the group"), y = b.reg("affine: f32 rows"),
       res = b.reg("affine: f32 result rows");
+  // A narrower output tile whose columns fill both its rows and the f32 tile's exactly (cols ==
+  // pitch32 * 8, a whole number of output blocks: no padding lanes in either) is rounded as one
+  // counter-mode run over the whole tile after the column groups' passes: ceil(rows * cols / 64)
+  // repeats in one instruction rather than rows repeats per column group, the last group's
+  // masked lanes included. The same conversion of the same elements. whole_cols: that column
+  // count (0: never).
+  const int64_t row_lanes32 = pitch32 * kBlockLanes32;
+  const int64_t whole_cols =
+      narrow && row_lanes32 % (layout::kBlockBytes / osz) == 0 ? row_lanes32 : 0;
   for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
     b.if_(ge(s.cols, col + 1), [&] {
       b.sub(mask, s.cols, col, "the group's lanes");
@@ -456,10 +465,12 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.add(mask, mask, table);
           b.add(mask, mask, col * osz, "output address");
           if (narrow)
-            b.emit(Opcode::op_vconv,
-                   {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
-                    static_cast<int64_t>(RoundMode::kRint)},
-                   "rounded once to the output type");
+            b.if_(ne(s.cols, whole_cols), [&] {
+              b.emit(Opcode::op_vconv,
+                     {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
+                      static_cast<int64_t>(RoundMode::kRint)},
+                     "rounded once to the output type (this column group)");
+            });
           else
             b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
                    "rows packed to the output's pitch");
@@ -467,6 +478,21 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
       }
     });
   }
+  if (whole_cols == 0) return;
+  b.if_(eq(s.cols, whole_cols), [&] {
+    // y: where the f32 result is (the result tile, out of place with a in the filter).
+    if (m_aff.result32 && m_aff.shift_only)
+      b.movi(y, static_cast<int64_t>(m_aff.result32_at));
+    else
+      select(b, y, pt, m_aff.tile32);
+    b.mul(rep, s.rows, whole_cols, "rows x row lanes");
+    b.emit(Opcode::op_set_mask_count, {rep});
+    select(b, mask, pt, m_aff.out);
+    b.emit(Opcode::op_vconv,
+           {s.out_type, Dtype::F32, mask, y, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
+            static_cast<int64_t>(RoundMode::kRint)},
+           "rounded once to the output type (the whole tile, one run)");
+  });
 }
 
 void CubePipeline::load_residual(const Store& s, const Reg& pt, const Reg& row_blocks) {
