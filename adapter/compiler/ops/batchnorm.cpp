@@ -26,8 +26,9 @@
 //   BNTrainingReduce(x) -> sum = sum(x), square_sum = sum(x^2): one pass over x.
 //   BNTrainingUpdate(x, sum, square_sum, scale, offset; epsilon, relu)
 //     -> y, batch_mean, batch_variance:  m = sum / R, v = max(square_sum / R - m^2, 0) (biased),
-//     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one per-channel
-//     launch, one pass over x.
+//     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one launch, one
+//     pass over x (the statistics and the fold per block on the resident vectors; C not a
+//     multiple of 8: a per-channel launch first).
 //   BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance; epsilon) -> diff_scale, diff_offset:
 //     diff_offset = sum(dy), diff_scale = sum(dy * (x - m)) * rsqrt(v + eps): one pass over
 //     dy and x.
