@@ -552,7 +552,7 @@ TEST_CASE("BNTrainingReduceGrad and BNTrainingUpdate: tiles in UB bank windows o
       std::vector<std::tuple<std::string, std::vector<TensorDesc>, size_t>> placed;
       if (dt == DataType::F16 || relu) placed.emplace_back("BNTrainingReduceGrad", grad, 0);
       if (dt == DataType::F16)
-        placed.emplace_back("BNTrainingUpdate", std::vector<TensorDesc>{t, v, v, v, v}, 1);
+        placed.emplace_back("BNTrainingUpdate", std::vector<TensorDesc>{t, v, v, v, v}, 0);
       for (const auto& [type, in, launch] : placed) {
         const auto [conflicts, busy] = vector_bank_conflicts(type, in, {{"relu", relu}}, launch);
         INFO(type << " " << compiler::data_type_name(dt) << (relu ? " relu" : "") << ": "

@@ -134,7 +134,7 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     # the kernels that ran: fp16 convolution, batch norm and the Dense layer's product with
     # its bias (no BiasAdd launch)
     kernels = {k for _, k in npu["kernels"]}
-    assert {"Conv2DBias_f16", "BatchNormInferenceRelu_f16"} <= kernels, kernels
+    assert {"Conv2DBias_f16", "BNTrainingUpdateRelu_f16"} <= kernels, kernels
     assert ["MatMulBiasAdd", "MatMul_f16_f16"] in npu["kernels"], npu["kernels"]
     assert "BiasAdd" not in {t for t, _ in npu["kernels"]}, npu["kernels"]
     # NPUSIM_MIX_PRECISION_GRAPH=0: every node float, as before the pass

@@ -26,8 +26,9 @@
 //   BNTrainingReduce(x) -> sum = sum(x), square_sum = sum(x^2): one pass over x.
 //   BNTrainingUpdate(x, sum, square_sum, scale, offset; epsilon, relu)
 //     -> y, batch_mean, batch_variance:  m = sum / R, v = max(square_sum / R - m^2, 0) (biased),
-//     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one per-channel
-//     launch, one pass over x.
+//     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one launch, one
+//     pass over x (the statistics and the fold per block on the resident vectors; C not a
+//     multiple of 8: a per-channel launch first).
 //   BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance; epsilon) -> diff_scale, diff_offset:
 //     diff_offset = sum(dy), diff_scale = sum(dy * (x - m)) * rsqrt(v + eps): one pass over
 //     dy and x.
@@ -55,6 +56,8 @@
 // are formed in a different order than Eigen's (see channel.h), so results agree within f32
 // rounding, not bit for bit. Channels whose C * sizeof(T) is not a multiple of 32 are summed
 // from a channel-padded copy of the tensors in the workspace.
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/batchnorm.h"
@@ -606,15 +609,31 @@ CompiledKernel compile_bn_training_reduce(const CompileContext& ctx) {
 }
 
 // BNTrainingUpdate's fold from the batch statistics (f32 [count] in the UB): a = rsqrt(v + eps)
-// * scale, shift = offset - m * a (tmp: scratch). The ReLU-masked gradients recompute a and
-// shift with it, so they get the same bits as the forward pass's apply used.
+// * scale, shift = offset - m * a, with r = rsqrt(v + eps) formed in `r` (the default: in a).
+// tmp and r are scratch; a may be scale, shift may be offset and tmp may be r (each is read
+// before it is written), m and v are left as they are. The ReLU-masked gradients recompute a
+// and shift with it, so they get the same bits as the forward pass's apply used.
 void bnt_fold(KernelBuilder& b, const Reg& n, uint64_t m, uint64_t v, uint64_t scale,
-              uint64_t offset, uint64_t a, uint64_t shift, uint64_t tmp, double eps) {
-  f32_scalar(b, Opcode::op_vadds, a, v, eps, n);
-  f32_unary(b, Opcode::op_vrsqrt, a, a, n);
-  f32_binary(b, Opcode::op_vmul, a, a, scale, n);  // a = rsqrt(v + eps) * scale
+              uint64_t offset, uint64_t a, uint64_t shift, uint64_t tmp, double eps,
+              std::optional<uint64_t> r = std::nullopt) {
+  const uint64_t rv = r.value_or(a);
+  f32_scalar(b, Opcode::op_vadds, rv, v, eps, n);
+  f32_unary(b, Opcode::op_vrsqrt, rv, rv, n);
+  f32_binary(b, Opcode::op_vmul, a, rv, scale, n);  // a = rsqrt(v + eps) * scale
   f32_binary(b, Opcode::op_vmul, tmp, m, a, n);
   f32_binary(b, Opcode::op_vsub, shift, offset, tmp, n);  // shift = offset - m * a
+}
+
+// BNTrainingUpdate's statistics from the sums (f32 [count] in the UB): m = sum * inv (inv = 1/R
+// in f32), v = max(square_sum * inv - m^2, 0) (biased); m may be sum and v square_sum (tmp:
+// scratch, neither of them).
+void bnt_statistics(KernelBuilder& b, const Reg& n, uint64_t sum, uint64_t square_sum, uint64_t m,
+                    uint64_t v, uint64_t tmp, double inv) {
+  f32_scalar(b, Opcode::op_vmuls, m, sum, inv, n);  // m = sum * (1/R)
+  f32_scalar(b, Opcode::op_vmuls, v, square_sum, inv, n);
+  f32_binary(b, Opcode::op_vmul, tmp, m, m, n);
+  f32_binary(b, Opcode::op_vsub, v, v, tmp, n);
+  f32_unary(b, Opcode::op_vrelu, v, v, n);  // v = max(square_sum / R - m^2, 0)
 }
 
 // BNTrainingUpdate(x, sum, square_sum, scale, offset) -> y, batch_mean, batch_variance.
@@ -630,6 +649,41 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   CompiledKernel k;
   const TensorDesc vec{DataType::F32, {t.c}};
   k.outputs = {TensorDesc{t.dt, t.shape}, vec, vec};
+  const Activation act = op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone;
+  // One launch where it can (CANN's BNTrainingUpdate is one kernel too): the apply's blocks
+  // each compute the statistics and the fold on their resident per-channel tiles, once per
+  // period, with the fold launch's instructions lane by lane (the same bits); block 0 stores
+  // batch_mean and batch_variance from them. The apply reads a and shift where it read them
+  // before (inputs 1 and 2: scale and offset's tiles, folded in place); sum and square_sum are
+  // inputs 3 and 4 (m and v in place; they and the fold's scratch take one period of the UB,
+  // not a tile). Needs the statistics' stores whole 32-byte blocks (c a multiple of 8) and the
+  // four vectors resident; else the fold is a launch of its own.
+  StreamSpec apply = batch_norm_apply_spec(t.shape, act, device_dtype(t.dt), device_dtype(t.dt),
+                                           true);
+  apply.kernel_name = fmt::format("BNTrainingUpdate{}_{}", activation_name(act),
+                                  data_type_name(t.dt));
+  for (int i = 0; i < 2; ++i) {
+    apply.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({t.c}, t.shape), {t.c}});
+    apply.inputs.back().period_only = true;
+  }
+  const size_t scratch = apply.temps.size();
+  apply.temps.push_back(TempSpec{"statistics scratch (f32)", 4, 0});
+  apply.temps.back().period_only = true;
+  apply.resident_per_period = true;
+  apply.resident_compute = [eps, inv, scratch](KernelBuilder& b, const TileOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t a = o.in[1], shift = o.in[2], m = o.in[3], v = o.in[4], tmp = o.temp[scratch];
+    bnt_statistics(b, n, m, v, m, v, tmp, inv);
+    bnt_fold(b, n, m, v, a, shift, a, shift, tmp, eps, tmp);  // scale -> a, offset -> shift
+  };
+  apply.resident_stores = {{3, t.c}, {4, t.c}};  // batch_mean, batch_variance
+  if (t.c % 8 == 0 && stream_keeps_resident(apply, ctx.cfg)) {
+    k.launches.push_back(with_args(
+        build_stream_kernel(op.str(), apply, ctx.cfg),
+        {input_ref(0), input_ref(3), input_ref(4), input_ref(1), input_ref(2), output_ref(0),
+         output_ref(1), output_ref(2)}));
+    return k;
+  }
   BatchNormFold fold;
   fold.a = workspace_take(k, static_cast<uint64_t>(t.c) * 4);
   fold.shift = workspace_take(k, static_cast<uint64_t>(t.c) * 4);
@@ -644,19 +698,14 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
     const Reg& n = *o.count;
     const uint64_t m = o.outputs[0], v = o.outputs[1], a = o.outputs[2], shift = o.outputs[3],
                    tmp = o.temps[0];
-    f32_scalar(b, Opcode::op_vmuls, m, o.vectors[0], inv, n);  // m = sum * (1/R)
-    f32_scalar(b, Opcode::op_vmuls, v, o.vectors[1], inv, n);
-    f32_binary(b, Opcode::op_vmul, tmp, m, m, n);
-    f32_binary(b, Opcode::op_vsub, v, v, tmp, n);
-    f32_unary(b, Opcode::op_vrelu, v, v, n);  // v = max(square_sum / R - m^2, 0)
+    bnt_statistics(b, n, o.vectors[0], o.vectors[1], m, v, tmp, inv);
     bnt_fold(b, n, m, v, o.vectors[2], o.vectors[3], a, shift, tmp, eps);
   };
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
                                  {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
-  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold,
-                          op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone,
-                          device_dtype(t.dt), device_dtype(t.dt), true);
+  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, act, device_dtype(t.dt),
+                          device_dtype(t.dt), true);
   return k;
 }
 

@@ -214,6 +214,8 @@ class StreamEmitter {
   StreamEmitter(const std::string& op, const std::vector<StreamSpec>& segments,
                 const ChipConfig& cfg);
   Launch build();
+  // Plans the inputs' accesses and the tile only; true if every broadcast input stays resident.
+  bool keeps_resident();
 
  private:
   void plan_inputs();
@@ -227,8 +229,14 @@ class StreamEmitter {
   void allocate();
   void load_args(Launch& launch);
   void init_flags();
-  void build_resident_inputs();
-  void compute_resident();  // StreamSpec::resident_compute, once before the tile loop
+  // Builds the resident tiles: one period gathered, then (doubled) repeated over the tile.
+  void build_resident_inputs(bool doubled = true);
+  void double_resident_input(size_t k);
+  void compute_resident();      // StreamSpec::resident_compute, once before the tile loop
+  void check_resident() const;  // what resident_per_period and resident_stores need
+  // The period of the resident inputs as planned so far: the lcm of theirs and the granule.
+  int64_t resident_period() const;
+  void store_resident_results();  // StreamSpec::resident_stores
   void emit_tile(int q, const Label& drain);
   void load_flat_inputs(int q);
   void compute(int q);
@@ -265,7 +273,7 @@ class StreamEmitter {
   FlagPair m_in_free, m_in_ready, m_out_ready, m_out_free;
   int m_scratch_free = -1;   // flag v -> mte2: scratch may be overwritten
   int m_scratch_ready = -1;  // flag mte2 -> v: scratch loaded
-  std::vector<Reg> m_in_addr, m_out_addr;
+  std::vector<Reg> m_in_addr, m_out_addr, m_rout_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
   // The L2 policies of the flat inputs and of the outputs: plan_l2().
   isa::L2Hint m_in_l2 = isa::L2Hint::NORMAL, m_out_l2 = isa::L2Hint::NORMAL;
@@ -292,6 +300,14 @@ StreamEmitter::StreamEmitter(const std::string& op, const std::vector<StreamSpec
   m_n = 0;
   for (size_t g = 0; g < segments.size(); ++g) {
     const StreamSpec& s = segments[g];
+    bool period_only = false;
+    for (const StreamInput& in : s.inputs) period_only |= in.period_only;
+    for (const TempSpec& t : s.temps) period_only |= t.period_only;
+    if (s.resident_per_period || !s.resident_stores.empty() || period_only)
+      m_b.fail(fmt::format(
+          "internal: multi-tensor segment {} asks for resident_per_period, resident_stores or "
+          "period-only buffers, which only build_stream_kernel supports",
+          g));
     if (s.inputs.size() != first.inputs.size() || s.out_type != first.out_type ||
         s.more_out_types != first.more_out_types || s.temps.size() != first.temps.size())
       m_b.fail(
@@ -378,11 +394,16 @@ StreamBuffers StreamEmitter::declare_buffers() const {
     return id;
   };
   int scratch_size = 0;
+  // Period-only buffers (StreamInput / TempSpec::period_only): fixed bytes for one period.
+  const uint64_t period = static_cast<uint64_t>(resident_period());
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
-    d.in.push_back(place(
-        d.plan.add(fmt::format("in{} tile", k), p.size, 0, p.access == Access::kResident ? 1 : 2),
-        m_spec->inputs[k].window));
+    const bool period_only = m_spec->inputs[k].period_only && p.access == Access::kResident;
+    d.in.push_back(place(period_only ? d.plan.add(fmt::format("in{} period", k), 0,
+                                                  period * static_cast<uint64_t>(p.size))
+                                     : d.plan.add(fmt::format("in{} tile", k), p.size, 0,
+                                                  p.access == Access::kResident ? 1 : 2),
+                         m_spec->inputs[k].window));
     if (p.access != Access::kFlat && needs_scratch(m_spec->inputs[k].view))
       scratch_size = std::max(scratch_size, p.size);
   }
@@ -392,7 +413,12 @@ StreamBuffers StreamEmitter::declare_buffers() const {
                           m_spec->out_window));
   d.scratch = d.plan.add("gather scratch", scratch_size, kBlockBytes, 1, scratch_size > 0);
   for (const TempSpec& t : m_spec->temps)
-    d.temp.push_back(place(d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes), t.window));
+    d.temp.push_back(place(t.period_only
+                               ? d.plan.add(t.name, 0,
+                                            static_cast<uint64_t>(std::ceil(
+                                                static_cast<double>(period) * t.bytes_per_element)))
+                               : d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes),
+                           t.window));
   return d;
 }
 
@@ -412,15 +438,21 @@ int64_t StreamEmitter::fit_tile() const {
 // the longest is demoted to a gather until the period (their lcm with the granule) fits. Then
 // the split: each block takes `per` elements (whole periods and 32-byte output blocks) and the
 // tile is at most `per`.
+int64_t StreamEmitter::resident_period() const {
+  int64_t period = m_granule;
+  for (const InputPlan& p : m_in)
+    if (p.access == Access::kResident) period = std::lcm(period, p.period);
+  return period;
+}
+
 void StreamEmitter::plan_tiles() {
   const uint64_t ub = m_core.capacity(isa::Buf::UB);
   for (;;) {
     const int64_t fit = fit_tile();
-    m_period = m_granule;
+    m_period = resident_period();
     InputPlan* longest = nullptr;
     for (InputPlan& p : m_in) {
       if (p.access != Access::kResident) continue;
-      m_period = std::lcm(m_period, p.period);
       if (!longest || p.period > longest->period) longest = &p;
     }
     if (fit == 0)
@@ -502,8 +534,16 @@ void StreamEmitter::load_args(Launch& launch) {
   }
   for (size_t k = 0; k < m_spec->inputs.size(); ++k)
     m_in_addr.push_back(m_b.load_arg(fmt::format("in{}", k)));
+  for (size_t i = 0; i < m_spec->resident_stores.size(); ++i) {
+    const StreamSpec::ResidentStore& r = m_spec->resident_stores[i];
+    m_b.declare_arg(fmt::format("rout{}", i), m_spec->inputs.at(r.input).type, {r.elements});
+    launch.args.push_back(
+        ArgRef{ArgRef::Kind::kOutput, static_cast<int>(m_out_types.size() + i), 0});
+  }
   for (size_t j = 0; j < m_out_types.size(); ++j)
     m_out_addr.push_back(m_b.load_arg(j ? fmt::format("out{}", j) : "out"));
+  for (size_t i = 0; i < m_spec->resident_stores.size(); ++i)
+    m_rout_addr.push_back(m_b.load_arg(fmt::format("rout{}", i)));
   m_pos = m_b.reg("tile start");
   m_end = m_b.reg("end of this block's range");
   m_cnt = m_b.reg("tile elements");
@@ -531,22 +571,81 @@ void StreamEmitter::init_flags() {
   if (m_scratch_size) m_b.set_flag(Pipe::V, Pipe::MTE2, m_scratch_free);
 }
 
-// Resident inputs: one period (or, for a splat, the whole tile) gathered, then doubled.
-void StreamEmitter::build_resident_inputs() {
+// Resident inputs: one period (or, for a splat, the whole tile, unless resident_compute runs
+// per period) gathered, then doubled.
+void StreamEmitter::build_resident_inputs(bool doubled) {
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
     KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
-    const int64_t built = m_spec->inputs[k].view.splat() ? m_tile : m_period;
+    const int64_t built =
+        m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_tile : m_period;
     Reg zero = m_b.reg_imm("resident: position 0", 0);
     Reg len = m_b.reg_imm("resident: elements", built);
     emit_gather(static_cast<int>(k), p.buf[0], zero, len, false);
-    for (int64_t have = built; have < m_tile;) {
-      const int64_t more = std::min(have, m_tile - have);
-      vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
-      have += more;
-    }
+    if (doubled) double_resident_input(k);
   }
+}
+
+// Repeats resident input k's first period (m_period elements) over its tile.
+void StreamEmitter::double_resident_input(size_t k) {
+  const InputPlan& p = m_in[k];
+  const int64_t built =
+      m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_tile : m_period;
+  for (int64_t have = built; have < m_tile;) {
+    const int64_t more = std::min(have, m_tile - have);
+    vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
+    have += more;
+  }
+}
+
+void StreamEmitter::check_resident() const {
+  const StreamSpec& s = *m_spec;
+  bool period_only = false;
+  for (const StreamInput& in : s.inputs) period_only |= in.period_only;
+  for (const TempSpec& t : s.temps) period_only |= t.period_only;
+  if (period_only && !s.resident_per_period)
+    m_b.fail("internal: period-only inputs or temporaries need resident_per_period");
+  if (!s.resident_per_period && s.resident_stores.empty()) return;
+  if (s.resident_per_period && (!s.resident_compute || !s.resident_results.empty()))
+    m_b.fail("internal: resident_per_period needs resident_compute and no resident_results");
+  for (size_t k = 0; k < m_in.size(); ++k)
+    if (m_in[k].access == Access::kGather)
+      m_b.fail(fmt::format(
+          "internal: input {} is gathered per tile (not periodic, or its period does not fit a "
+          "tile), and resident_per_period / resident_stores need every broadcast input "
+          "resident (check stream_keeps_resident first)",
+          k));
+  for (const StreamSpec::ResidentStore& r : s.resident_stores) {
+    const InputPlan* p = r.input < m_in.size() ? &m_in[r.input] : nullptr;
+    if (!p || p->access != Access::kResident || r.elements <= 0 || r.elements > m_period ||
+        (r.elements * p->size) % kBlockBytes != 0)
+      m_b.fail(fmt::format(
+          "internal: resident store of input {}, {} elements: not a resident input's whole "
+          "32-byte blocks within its first {} elements",
+          r.input, r.elements, m_period));
+  }
+}
+
+// Block 0 stores the resident results once resident_compute has written them (V -> MTE3); the
+// tiles' compute only reads the resident tiles after that, so the store overlaps the loop.
+void StreamEmitter::store_resident_results() {
+  KernelBuilder::Origin o(m_b, "resident results: stored by block 0");
+  const int computed = m_b.flag(Pipe::V, Pipe::MTE3, "resident results computed");
+  m_b.set_flag(Pipe::V, Pipe::MTE3, computed);
+  m_b.wait_flag(Pipe::V, Pipe::MTE3, computed);
+  Reg block = m_b.reg("block id");
+  m_b.emit(Opcode::op_get_block_id, {block});
+  m_b.if_(eq(block, 0), [&] {
+    for (size_t i = 0; i < m_spec->resident_stores.size(); ++i) {
+      const StreamSpec::ResidentStore& r = m_spec->resident_stores[i];
+      const InputPlan& p = m_in[r.input];
+      m_b.emit(Opcode::op_copy_ub2gm,
+               {m_rout_addr[i], p.buf[0], 1, r.elements * p.size / kBlockBytes, 0, 0,
+                isa::L2Hint::NORMAL},
+               fmt::format("store resident result rout{} (in{})", i, r.input));
+    }
+  });
 }
 
 // One tile of the loop (q: 0 ping, 1 pong buffers).
@@ -606,9 +705,13 @@ void StreamEmitter::compute_resident() {
   for (const InputPlan& p : m_in) t.in.push_back(p.access == Access::kResident ? p.buf[0] : 0);
   t.temp = m_temp;
   const bool part = !m_spec->resident_results.empty();
-  const int64_t elems = part ? std::min(m_tile, kResidentPart) : m_tile;
-  Reg count = m_b.reg_imm(
-      part ? "resident work: the first elements" : "resident work: a whole tile", elems);
+  const int64_t elems = m_spec->resident_per_period ? m_period
+                        : part                      ? std::min(m_tile, kResidentPart)
+                                                    : m_tile;
+  Reg count = m_b.reg_imm(m_spec->resident_per_period ? "resident work: one period"
+                          : part                      ? "resident work: the first elements"
+                                                      : "resident work: a whole tile",
+                          elems);
   t.count = &count;
   t.tile_elems = m_tile;
   KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
@@ -870,18 +973,27 @@ Launch StreamEmitter::build() {
   }
   plan_inputs();
   plan_tiles();
+  check_resident();
   plan_l2();
   m_b.begin_section(m_kind);
   allocate();
   Launch launch;
   load_args(launch);
   init_flags();
-  build_resident_inputs();
+  const bool per_period = m_spec->resident_per_period;
+  build_resident_inputs(!per_period);
   if (m_spec->prologue) {
     KernelBuilder::Origin o(m_b, "prologue");
     m_spec->prologue(m_b, m_temp);
   }
   if (m_spec->resident_compute) compute_resident();
+  if (per_period)
+    for (size_t k = 0; k < m_in.size(); ++k)
+      if (m_in[k].access == Access::kResident && !m_spec->inputs[k].period_only) {
+        KernelBuilder::Origin o(m_b, fmt::format("resident in{}: doubled", k));
+        double_resident_input(k);
+      }
+  if (!m_spec->resident_stores.empty()) store_resident_results();
   // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
   Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
   m_b.bind(loop);
@@ -900,6 +1012,18 @@ Launch StreamEmitter::build() {
 
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg) {
   return StreamEmitter(op, spec, cfg).build();
+}
+
+bool StreamEmitter::keeps_resident() {
+  plan_inputs();
+  plan_tiles();
+  for (const InputPlan& p : m_in)
+    if (p.access == Access::kGather) return false;
+  return true;
+}
+
+bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg) {
+  return StreamEmitter("stream_keeps_resident", spec, cfg).keeps_resident();
 }
 
 Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,

@@ -59,6 +59,9 @@ struct StreamInput {
   BroadcastView view;          // from broadcast_view(input shape, output shape)
   std::vector<int64_t> shape;  // for the kernel's typed argument; empty: any shape
   int window = -1;             // its tile(s) start in this UB bank window (StreamSpec)
+  // Read by StreamSpec::resident_compute only (with resident_per_period; it must stay
+  // resident): its UB buffer holds one period, not a tile, and is not doubled over the tile.
+  bool period_only = false;
 };
 
 // A UB buffer of the compute step, declared in the kernel's BufferPlan after the input, output
@@ -69,6 +72,9 @@ struct TempSpec {
   double bytes_per_element = 0;
   uint64_t fixed_bytes = 0;
   int window = -1;  // starts in this UB bank window (StreamSpec)
+  // bytes_per_element per element of one period of the resident inputs, not of a tile (scratch
+  // of a resident_compute with resident_per_period only; fixed_bytes must be 0).
+  bool period_only = false;
 };
 
 // The UB operands of one tile, all contiguous (element i at addr + i * size).
@@ -112,6 +118,23 @@ struct StreamSpec {
   // such temporary is then copied over the whole tile: the same bits at every position, for
   // one repeat's work in place of a whole tile's per instruction. Empty: over a whole tile.
   std::vector<std::pair<size_t, int>> resident_results;
+  // With resident_compute (and no resident_results): it runs over one period of the resident
+  // inputs (count = the period; tiles start at whole periods, so that is each position's value
+  // once), before they are doubled over the tile, instead of over a whole tile after: the
+  // doubling then copies its results. For per-position work on broadcast vectors (a batch
+  // norm's per-channel factors), a period's instructions in place of a tile's. Every input
+  // with a broadcast period must stay resident (build_stream_kernel fails otherwise;
+  // stream_keeps_resident says so beforehand).
+  bool resident_per_period = false;
+  // Resident results stored once: after resident_compute, block 0 stores the first `elements`
+  // values of resident input `input`'s tile (its type) to argument rout<i> (the arguments after
+  // the outputs; ArgRef kOutput (outputs + i) until the caller's with_args). elements times the
+  // input's size must be whole 32-byte blocks. Needs the inputs resident, as above.
+  struct ResidentStore {
+    size_t input = 0;
+    int64_t elements = 0;
+  };
+  std::vector<ResidentStore> resident_stores;
 };
 // The elements resident_compute runs over when StreamSpec::resident_results is given: one
 // repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.
@@ -131,8 +154,12 @@ bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec
 int activation_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
 
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
-// out1, out2, ... (kOutput 1, 2, ...).
+// out1, out2, ... (kOutput 1, 2, ...), then rout0, rout1, ... (StreamSpec::resident_stores).
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
+
+// Whether build_stream_kernel(spec) gathers no input per tile: every broadcast input is a
+// splat or periodic, and no period is too long for a tile (demoted to a gather).
+bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 
 // A multi-tensor stream (as CANN's foreach kernels and torch_npu's / apex's multi-tensor apply
 // walk a list of tensors in one launch): segment g is a stream of its own spec (its inputs

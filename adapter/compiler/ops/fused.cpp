@@ -162,9 +162,8 @@ void append_residual_add(CompiledKernel& k, const CompileContext& ctx, int resid
                                  {output_ref(0), input_ref(residual_input), output_ref(0)}));
 }
 
-void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
-                             const std::vector<int64_t>& shape, const BatchNormFold& fold,
-                             Activation act, Dtype x_type, Dtype y_type, bool placed) {
+StreamSpec batch_norm_apply_spec(const std::vector<int64_t>& shape, Activation act, Dtype x_type,
+                                 Dtype y_type, bool placed) {
   const int64_t c = shape.back();
   StreamSpec spec;
   spec.kernel_name =
@@ -228,6 +227,13 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
       if (y16) vec_convert(b, Dtype::F16, Dtype::F32, t.out, y, RoundMode::kRint, n);
     };
   }
+  return spec;
+}
+
+void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const ArgRef& x,
+                             const std::vector<int64_t>& shape, const BatchNormFold& fold,
+                             Activation act, Dtype x_type, Dtype y_type, bool placed) {
+  const StreamSpec spec = batch_norm_apply_spec(shape, act, x_type, y_type, placed);
   k.launches.push_back(with_args(build_stream_kernel(ctx.op.str(), spec, ctx.cfg),
                                  {x, fold.a, fold.shift, output_ref(0)}));
 }

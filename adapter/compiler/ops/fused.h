@@ -8,6 +8,7 @@
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler::ops {
@@ -54,6 +55,11 @@ void append_batch_norm_apply(CompiledKernel& k, const CompileContext& ctx, const
                              const std::vector<int64_t>& shape, const BatchNormFold& fold,
                              Activation act, isa::Dtype x_type, isa::Dtype y_type,
                              bool placed = false);
+
+// The stream kernel of append_batch_norm_apply: inputs x, a, shift (in[0..2]; a and shift
+// broadcast f32 [c]), output y; its compute reads a and shift from their tiles only.
+StreamSpec batch_norm_apply_spec(const std::vector<int64_t>& shape, Activation act,
+                                 isa::Dtype x_type, isa::Dtype y_type, bool placed = false);
 
 // Appends y = y + bias[c] (then max(y, 0) with relu) in place on output 0 (f32, or f16: widened
 // exactly, computed in f32, rounded once; channels last), bias = input `bias_input` (f32 [c]):
