@@ -204,6 +204,28 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   CHECK(k.launches.size() == 1);
 }
 
+// Rows too long for 8 in the UB (f32 and f16 x, f32 parameters): f(shape, dtype) for each,
+// after checking that the launch of `op` (x, then f32 [H] or row statistics) groups fewer rows
+// than a 32-byte block of mean / rstd holds (8).
+template <typename F>
+void for_each_long_row_case(const std::string& op, F&& f) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
+    for (DataType dt : {DataType::F32, DataType::F16}) {
+      INFO(op << " " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+      const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}},
+          stats{DataType::F32, stats_shape(shape)};
+      const std::vector<TensorDesc> in = op == "LayerNormV3"
+                                             ? std::vector<TensorDesc>{x, p, p}
+                                             : std::vector<TensorDesc>{x, x, stats, stats, p};
+      auto k = compiler::compile(make_op(op, in, {}), test_sim().config());
+      const std::string& s = k.launches.at(0).summary;
+      CHECK(std::stoll(s.substr(s.rfind("groups of ") + 10)) % 8 != 0);
+      f(shape, dt);
+    }
+  }
+}
+
 // Rows too long for 8 in the UB: groups of fewer rows than a 32-byte block of mean / rstd
 // holds (8), so the statistics are gathered across groups into whole blocks before they are
 // stored; rows that do not divide the blocks (the last block range, and the tensor, end inside
@@ -211,21 +233,10 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
 // mean and rstd is checked (a block stored from a group's first row used to leave rows of the
 // next block range, another core's, and of the tensor's end wrong).
 TEST_CASE("LayerNormV3: mean and rstd where a group holds fewer than 8 rows") {
-  const auto group_rows = [](const std::vector<int64_t>& shape, DataType dt) {
-    const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}};
-    auto k = compiler::compile(make_op("LayerNormV3", {x, p, p}, {}), test_sim().config());
-    const std::string& s = k.launches.at(0).summary;
-    return std::stoll(s.substr(s.rfind("groups of ") + 10));
-  };
   uint32_t seed = 30;
-  for (const std::vector<int64_t>& shape :
-       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
-    for (DataType dt : {DataType::F32, DataType::F16}) {
-      INFO(compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
-      CHECK(group_rows(shape, dt) % 8 != 0);
-      check_forward(shape, dt, seed++, DataType::F32);
-    }
-  }
+  for_each_long_row_case("LayerNormV3", [&](const std::vector<int64_t>& shape, DataType dt) {
+    check_forward(shape, dt, seed++, DataType::F32);
+  });
 }
 
 TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the formulas") {
@@ -247,23 +258,12 @@ TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the for
 // (input 3) placed where the device memory ends, so that such a read faults (read from the
 // group's first row, the blocks passed the tensor's end by up to 28 bytes).
 TEST_CASE("LayerNormXBackpropV2: groups under 8 rows read nothing past mean and rstd") {
-  const auto group_rows = [](const std::vector<int64_t>& shape, DataType dt) {
-    const TensorDesc x{dt, shape}, stats{DataType::F32, stats_shape(shape)},
-        gamma{DataType::F32, {shape.back()}};
-    auto k = compiler::compile(make_op("LayerNormXBackpropV2", {x, x, stats, stats, gamma}, {}),
-                               test_sim().config());
-    const std::string& s = k.launches.at(0).summary;
-    return std::stoll(s.substr(s.rfind("groups of ") + 10));
-  };
   uint32_t seed = 50;
-  for (const std::vector<int64_t>& shape :
-       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
-    for (DataType dt : {DataType::F32, DataType::F16}) {
-      INFO(compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
-      CHECK(group_rows(shape, dt) % 8 != 0);
-      for (int at_end : {2, 3}) check_backward(shape, dt, seed++, DataType::F32, at_end);
-    }
-  }
+  for_each_long_row_case("LayerNormXBackpropV2",
+                         [&](const std::vector<int64_t>& shape, DataType dt) {
+                           for (int at_end : {2, 3})
+                             check_backward(shape, dt, seed++, DataType::F32, at_end);
+                         });
 }
 
 TEST_CASE("LayerNorm training kernels: bad shapes are errors naming the input") {
