@@ -158,18 +158,6 @@ void check_bf16_case(F&& check) {
     CHECK_THROWS_WITH(check(), Catch::Contains("bf16 is not supported by the cube"));
 }
 
-// Runs `check` (a convolution of c.groups groups) where the test chip can store its groups'
-// outputs; through the UB it cannot unless each group's channels are whole 32-byte blocks, and
-// the compile must refuse with a clear error. (The cases here take groups of 16k channels,
-// whole blocks in any type, or of channels that are whole blocks in none.)
-template <typename F>
-void check_grouped_case(const ConvCase& c, F&& check) {
-  if (c.groups == 1 || !cube_out_via_ub() || (c.cout / c.groups) % 16 == 0)
-    check();
-  else
-    CHECK_THROWS_WITH(check(), Catch::Contains("the channels per group"));
-}
-
 // For the cube convolution kernel run directly (build_cube_conv): through the UB y's rows
 // must be whole 32-byte blocks, so the spec's row pitch is padded as the compiler pads it
 // (CubeConvSpec::y_pitch); elsewhere y stays dense.

@@ -102,7 +102,7 @@ TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {
   check_bf16_case([&] { check_conv2d(DataType::BF16, b, 12); });
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups of 6 -> 5
   g.groups = 2;
-  check_grouped_case(g, [&] { check_conv2d(DataType::F16, g, 13); });
+  check_conv2d(DataType::F16, g, 13);
   HostTensor x = random_tensor(DataType::F32, {1, 4, 4, 3}, -1, 1, 14);
   HostTensor f = random_tensor(DataType::F32, {3, 3, 3, 4}, -1, 1, 15);
   CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x.desc, f.desc}, a.attrs()),
@@ -122,7 +122,7 @@ TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and t
   check_conv2d_batch_norm(first, true, true, 43, PrecisionMode::kAllowMixPrecision);
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the batch norm as its own launch
   g.groups = 2;
-  check_grouped_case(g, [&] { check_conv2d_batch_norm(g, true, true, 44); });
+  check_conv2d_batch_norm(g, true, true, 44);
   // fp16 hand-offs: f16 in, f16 out, both; grouped with an f16 output
   const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
   check_conv2d_batch_norm(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, false, 45, fp16, DataType::F16,
@@ -130,8 +130,7 @@ TEST_CASE("Conv2DBatchNormInference: the batch norm folded into the filter and t
   check_conv2d_batch_norm(s2, true, true, 46, fp16, DataType::F32, DataType::F16);
   check_conv2d_batch_norm(ConvCase{3, 28, 28, 16, 1, 1, 40}, false, true, 47, fp16, DataType::F16,
                           DataType::F16);
-  check_grouped_case(
-      g, [&] { check_conv2d_batch_norm(g, true, false, 48, fp16, DataType::F16, DataType::F16); });
+  check_conv2d_batch_norm(g, true, false, 48, fp16, DataType::F16, DataType::F16);
 }
 
 TEST_CASE("Conv2DBatchNormInference with a residual: the add (and ReLU) after the convolution") {
@@ -148,12 +147,9 @@ TEST_CASE("Conv2DBatchNormInference with a residual: the add (and ReLU) after th
   if (!cube_out_via_ub()) CHECK(has(dense, "AddResidualRelu_f16"));
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // grouped: the batch norm's own launch, then the add
   g.groups = 2;
-  std::vector<std::string> grouped;
-  check_grouped_case(g, [&] {
-    grouped =
-        check_conv2d_batch_norm(g, false, true, 39, fp16, DataType::F32, DataType::F32, true, true);
-  });
-  if (!grouped.empty()) CHECK(has(grouped, "AddResidualRelu6_f32"));
+  CHECK(has(check_conv2d_batch_norm(g, false, true, 39, fp16, DataType::F32, DataType::F32, true,
+                                    true),
+            "AddResidualRelu6_f32"));
 }
 
 TEST_CASE("Conv2DBiasAdd: the bias from the bias table, ReLU in FIXPIPE") {
@@ -167,13 +163,13 @@ TEST_CASE("Conv2DBiasAdd: the bias from the bias table, ReLU in FIXPIPE") {
   check_conv2d_bias_add(first, true, 52, PrecisionMode::kAllowMixPrecision);
   ConvCase g{2, 5, 4, 12, 3, 3, 10};  // 2 groups: the bias as its own launch
   g.groups = 2;
-  check_grouped_case(g, [&] { check_conv2d_bias_add(g, true, 53); });
+  check_conv2d_bias_add(g, true, 53);
   // f16 x and filter, f32 bias, f16 y (allow_mix_precision's graph pass): from the bias table,
   // and grouped with the bias as an f16 vector launch
   const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
   check_conv2d_bias_add(ConvCase{1, 14, 14, 32, 3, 3, 64}, true, 54, fp16, DataType::F16);
   check_conv2d_bias_add(s2, false, 55, fp16, DataType::F16);
-  check_grouped_case(g, [&] { check_conv2d_bias_add(g, true, 56, fp16, DataType::F16); });
+  check_conv2d_bias_add(g, true, 56, fp16, DataType::F16);
 }
 
 TEST_CASE("Conv2D tiles: the planner follows L1; every weight mode computes the same") {
