@@ -229,8 +229,13 @@ inline std::vector<int64_t> decode_s64(const std::vector<uint8_t>& bytes) {
 // (rounded-up) buffers and the workspace changes. own_derived: the derived tensors get buffers
 // of their own, as a runtime keeping them does (compiler.h), and a derived tensor must be
 // written by its own launch only (its bytes right after that launch are its bytes at the end).
+// input_at_memory_end >= 0: that input's buffer (device_buffer_bytes: its last 32-byte granule)
+// ends where the device memory does, so a read past it faults. Stricter than the buffer
+// contract (op_desc.h lets kernels read kDeviceBufferAlign bytes past an input), for kernels
+// that read nothing past their inputs' granules.
 inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
-                              const std::vector<HostTensor>& inputs, bool own_derived = false) {
+                              const std::vector<HostTensor>& inputs, bool own_derived = false,
+                              int input_at_memory_end = -1) {
   constexpr uint8_t kPoison = 0xA5;
   GmArena arena;
   DeviceMemory& gm = sim.gm();
@@ -247,7 +252,13 @@ inline RunResult run_compiled(Simulator& sim, const CompiledKernel& k,
   };
   for (const HostTensor& t : inputs) {
     std::vector<uint8_t> bytes = encode(t);
-    uint64_t a = place(bytes.size());
+    const bool at_end = static_cast<int>(in_addr.size()) == input_at_memory_end;
+    uint64_t a = at_end ? gm.capacity() - compiler::device_buffer_bytes(bytes.size())
+                        : place(bytes.size());
+    if (at_end) {
+      gm.fill(a - GmArena::kGuard, kPoison, GmArena::kGuard);
+      guards.emplace_back(a - GmArena::kGuard, GmArena::kGuard);
+    }
     if (!bytes.empty()) gm.write(a, bytes.data(), bytes.size());
     in_addr.push_back(a);
   }
@@ -397,14 +408,16 @@ inline OpDesc make_op(const std::string& type, std::vector<TensorDesc> inputs,
 
 // Op `type` on the host tensors `in` (attributes `attrs`) compiled for the test chip and run on
 // it; its launches' summaries go to the test's log, and it must have `outputs` outputs.
+// input_at_memory_end: run_compiled's.
 inline RunResult run_op(const std::string& type, const std::vector<HostTensor>& in,
-                        std::map<std::string, compiler::AttrValue> attrs, size_t outputs) {
+                        std::map<std::string, compiler::AttrValue> attrs, size_t outputs,
+                        int input_at_memory_end = -1) {
   std::vector<TensorDesc> descs;
   for (const HostTensor& t : in) descs.push_back(t.desc);
   auto k = compiler::compile(make_op(type, descs, std::move(attrs)), test_sim().config());
   for (const auto& l : k.launches) UNSCOPED_INFO(l.summary);
   REQUIRE(k.outputs.size() == outputs);
-  return run_compiled(test_sim(), k, in);
+  return run_compiled(test_sim(), k, in, false, input_at_memory_end);
 }
 
 }  // namespace npusim::test

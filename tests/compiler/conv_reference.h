@@ -20,6 +20,8 @@
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
+#include "isa/isa.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
 
@@ -130,6 +132,50 @@ void for_each_product(const ConvCase& c, F&& f) {
         f(xp * c.c + g * cin + ci, (tap * cin + ci) * c.cout + co, yp * c.cout + co);
     }
   });
+}
+
+// ---- what the test chip's cube can do (test_compiler_conv.cpp runs on any test chip) ----
+
+// Whether the cube's tiles leave L0C through the UB (a coupled chip: no l0c->gm path), where
+// y's rows and, with groups, each group's channels go in whole 32-byte blocks.
+inline bool cube_out_via_ub() { return !test_sim().config().has_path(isa::Buf::L0C, isa::Buf::GM); }
+
+// A chip override key of the test chip's cube core kind: "cores.<kind>.<rest>" (aic on split
+// chips, aicore on coupled ones).
+inline std::string cube_core_key(const std::string& rest) {
+  const ChipConfig& cfg = test_sim().config();
+  return "cores." + std::string(isa::core_kind_name(compiler::ops::cube_core(cfg, "test").kind)) +
+         "." + rest;
+}
+
+// Runs `check` (a case of bf16 tensors) where the test chip's cube multiplies bf16; on other
+// chips (the 310P's cube: f16 and int8) the compile must refuse it with a clear error.
+template <typename F>
+void check_bf16_case(F&& check) {
+  if (test_sim().config().cube_bf16)
+    check();
+  else
+    CHECK_THROWS_WITH(check(), Catch::Contains("bf16 is not supported by the cube"));
+}
+
+// For the cube convolution kernel run directly (build_cube_conv): through the UB y's rows
+// must be whole 32-byte blocks, so the spec's row pitch is padded as the compiler pads it
+// (CubeConvSpec::y_pitch); elsewhere y stays dense.
+inline void pad_rows_for_test_chip(compiler::ops::CubeConvSpec& s) {
+  if (!cube_out_via_ub()) return;
+  const int64_t per_block = 32 / isa::dtype_size(s.out_type);
+  s.y_pitch = (s.cy + per_block - 1) / per_block * per_block;
+}
+// y of rows of s.pitch() elements without the padding: the first s.cy of each row.
+inline std::vector<double> unpadded_rows(const std::vector<double>& y,
+                                         const compiler::ops::CubeConvSpec& s) {
+  const size_t pitch = static_cast<size_t>(s.pitch()), cy = static_cast<size_t>(s.cy);
+  std::vector<double> dense;
+  dense.reserve(y.size() / pitch * cy);
+  for (size_t row = 0; row + pitch <= y.size(); row += pitch)
+    dense.insert(dense.end(), y.begin() + static_cast<std::ptrdiff_t>(row),
+                 y.begin() + static_cast<std::ptrdiff_t>(row + cy));
+  return dense;
 }
 
 struct Reference {
@@ -370,7 +416,7 @@ inline compiler::ops::CubeConvSpec cube_conv_geometry(const ConvCase& c) {
 // planner's tiling or (kc1 > 0) that tiling in chunks of kc1 channel blocks with resident or
 // streamed weights. B is the block-diagonal filter Wbd[g][tap][c0][c0 * m + q] =
 // filter[tap][16g + c0][q] (zeros elsewhere and past c) written here; y (c * m channels, rows
-// of c * m elements: whole 32-byte blocks on chips without an l0c->gm path) against the
+// of c * m elements, padded to whole 32-byte blocks on chips without an l0c->gm path) against the
 // direct depthwise product. stack > 0 forces that many images per tall map. Returns the
 // tiling's description.
 inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int64_t kc1,
@@ -387,6 +433,7 @@ inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int
   s.b_group = taps * s.b_tap;
   s.b_row = 16 * m;
   s = compiler::ops::merge_diagonal_groups(s, per, "test");
+  pad_rows_for_test_chip(s);
   const ChipConfig& cfg = test_sim().config();
   auto t = compiler::ops::plan_cube_conv(s, cfg, "test", stack);
   if (kc1 > 0) t = compiler::ops::rechunk_cube_conv(s, t, kc1, resident, cfg, "test");
@@ -407,10 +454,10 @@ inline std::string check_diagonal_groups(ConvCase c, int64_t m, int64_t per, int
     accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
   });
   compiler::CompiledKernel k;
-  k.outputs = {TensorDesc{DataType::F16, {c.n, dh.out, dw.out, c.cout}}};
+  k.outputs = {TensorDesc{DataType::F16, {c.n, dh.out, dw.out, s.pitch()}}};
   k.launches = {compiler::ops::build_cube_conv(s, t, cfg, "test")};
   RunResult r = run_compiled(test_sim(), k, {x, wbd});
-  check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+  check_against(unpadded_rows(r.outputs[0].values, s), ref, DataType::F16, false, "y");
   return t.str();
 }
 

@@ -2,9 +2,9 @@
 // sets NPUSIM_TEST_CHIP): no l0c->gm path, so every tile leaves L0C through the UB (FIXPIPE
 // into the UB, MTE3 to GM in whole 32-byte blocks), output rows that are not whole blocks go
 // through a padded workspace and a packing copy (the filter gradient's img2col with each tap's
-// channels padded to a block), and there is no bias table (the batch norm of
-// Conv2DBatchNormInference runs on the tile in the UB, in the convolution's kernel). Same
-// references and tolerances as test_compiler_conv.cpp (tests/compiler/conv_reference.h).
+// channels padded to a block; with groups, each group's channels), and there is no bias table (the
+// batch norm of Conv2DBatchNormInference runs on the tile in the UB, in the convolution's kernel).
+// Same references and tolerances as test_compiler_conv.cpp (tests/compiler/conv_reference.h).
 #include <catch2/catch.hpp>
 
 #include "adapter/compiler/compiler.h"
@@ -68,21 +68,28 @@ TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and 
   check_conv2d(DataType::F16, g, 7);
 }
 
+TEST_CASE("coupled chip: groups whose channels are not whole blocks") {
+  // 2 groups of 6 -> 5 (10 bytes of f16, 20 of f32 per group): each group's channels padded to
+  // a block in the workspace's rows, then packed (rows x groups runs of 5, a block apart).
+  // 8 groups of 8 -> 8 (16 bytes of f16, a block as f32): f32 rows, then one dense cast.
+  ConvCase g{2, 5, 4, 12, 3, 3, 10}, e{1, 8, 8, 64, 3, 3, 64};
+  g.groups = 2;
+  e.groups = 8;
+  for (auto [c, after] : {std::pair{g, "Cast_f16_f16"}, std::pair{e, "Cast_f32_f16"}})
+    CHECK(conv2d_launches(c) == std::vector<std::string>{"Conv2D_f16", after});
+  check_conv2d(DataType::F16, g, 20);
+  check_conv2d(DataType::F32, g, 21);
+  check_conv2d(DataType::F16, e, 22);
+  // The bias and the batch norm after them (launches of their own with groups).
+  check_conv2d_bias_add(g, true, 23);
+  check_conv2d_batch_norm(g, true, true, 24);
+}
+
 TEST_CASE("coupled chip: f32 convolutions under the precision modes") {
   ConvCase a{2, 6, 5, 9, 3, 3, 12};  // 12 f32 = 48 bytes per row: padded to 16 channels
   check_conv2d(DataType::F32, a, 10, PrecisionMode::kAllowFp32ToFp16);
   check_conv2d(DataType::F32, a, 11, PrecisionMode::kAllowMixPrecision);  // f16, widened
   check_conv2d(DataType::F32, ConvCase{1, 6, 6, 8, 1, 1, 24}, 12);        // 96-byte rows: direct
-  // A grouped convolution whose groups are not whole blocks cannot leave through the UB.
-  ConvCase g{1, 5, 4, 12, 3, 3, 10};
-  g.groups = 2;
-  auto op = make_op(
-      "Conv2D",
-      {TensorDesc{DataType::F16, {1, 5, 4, 12}}, TensorDesc{DataType::F16, filter_shape(g)}},
-      g.attrs());
-  CHECK_THROWS_WITH(
-      compiler::compile(op, test_sim().config()),
-      Catch::Contains("no l0c->gm path") && Catch::Contains("channels per group (5)"));
 }
 
 TEST_CASE("coupled chip: depthwise convolutions, the input gradient, the fused batch norm") {

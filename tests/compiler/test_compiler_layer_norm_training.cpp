@@ -106,8 +106,9 @@ void check_forward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed
   check_within_bounds(res.outputs[2].values, s.rstd, tr, "rstd");
 }
 
+// input_at_memory_end: run_compiled's (2: rstd, 3: mean).
 void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t seed,
-                    std::optional<DataType> param_dt = std::nullopt) {
+                    std::optional<DataType> param_dt = std::nullopt, int input_at_memory_end = -1) {
   const DataType pdt = param_dt.value_or(dt);
   const int64_t h = shape.back();
   INFO("LayerNormXBackpropV2 / BetaGammaBackpropV2 " << compiler::shape_str(shape) << " "
@@ -123,7 +124,8 @@ void check_backward(const std::vector<int64_t>& shape, DataType dt, uint32_t see
   HostTensor rstd{TensorDesc{DataType::F32, stats_shape(shape)}, s.rstd};
   for (double& v : mean.values) v = round_to(DataType::F32, v);
   for (double& v : rstd.values) v = round_to(DataType::F32, v);
-  RunResult res = run_op("LayerNormXBackpropV2", {dy, x, rstd, mean, gamma}, {}, 2);
+  RunResult res =
+      run_op("LayerNormXBackpropV2", {dy, x, rstd, mean, gamma}, {}, 2, input_at_memory_end);
   REQUIRE(res.outputs[1].desc.dtype == DataType::F32);
   const double k = static_cast<double>(h + 16);
   std::vector<double> dx(x.values.size()), tdx(x.values.size()), xhat(x.values.size()),
@@ -202,6 +204,28 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
   CHECK(k.launches.size() == 1);
 }
 
+// Rows too long for 8 in the UB (f32 and f16 x, f32 parameters): f(shape, dtype) for each,
+// after checking that the launch of `op` (x, then f32 [H] or row statistics) groups fewer rows
+// than a 32-byte block of mean / rstd holds (8).
+template <typename F>
+void for_each_long_row_case(const std::string& op, F&& f) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
+    for (DataType dt : {DataType::F32, DataType::F16}) {
+      INFO(op << " " << compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
+      const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}},
+          stats{DataType::F32, stats_shape(shape)};
+      const std::vector<TensorDesc> in = op == "LayerNormV3"
+                                             ? std::vector<TensorDesc>{x, p, p}
+                                             : std::vector<TensorDesc>{x, x, stats, stats, p};
+      auto k = compiler::compile(make_op(op, in, {}), test_sim().config());
+      const std::string& s = k.launches.at(0).summary;
+      CHECK(std::stoll(s.substr(s.rfind("groups of ") + 10)) % 8 != 0);
+      f(shape, dt);
+    }
+  }
+}
+
 // Rows too long for 8 in the UB: groups of fewer rows than a 32-byte block of mean / rstd
 // holds (8), so the statistics are gathered across groups into whole blocks before they are
 // stored; rows that do not divide the blocks (the last block range, and the tensor, end inside
@@ -209,21 +233,10 @@ TEST_CASE("LayerNormV3: y, the rows' mean and rstd in one launch") {
 // mean and rstd is checked (a block stored from a group's first row used to leave rows of the
 // next block range, another core's, and of the tensor's end wrong).
 TEST_CASE("LayerNormV3: mean and rstd where a group holds fewer than 8 rows") {
-  const auto group_rows = [](const std::vector<int64_t>& shape, DataType dt) {
-    const TensorDesc x{dt, shape}, p{DataType::F32, {shape.back()}};
-    auto k = compiler::compile(make_op("LayerNormV3", {x, p, p}, {}), test_sim().config());
-    const std::string& s = k.launches.at(0).summary;
-    return std::stoll(s.substr(s.rfind("groups of ") + 10));
-  };
   uint32_t seed = 30;
-  for (const std::vector<int64_t>& shape :
-       {std::vector<int64_t>{24, 2048}, {37, 2048}, {13, 4096}, {9, 2048}}) {
-    for (DataType dt : {DataType::F32, DataType::F16}) {
-      INFO(compiler::shape_str(shape) << " " << compiler::data_type_name(dt));
-      CHECK(group_rows(shape, dt) % 8 != 0);
-      check_forward(shape, dt, seed++, DataType::F32);
-    }
-  }
+  for_each_long_row_case("LayerNormV3", [&](const std::vector<int64_t>& shape, DataType dt) {
+    check_forward(shape, dt, seed++, DataType::F32);
+  });
 }
 
 TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the formulas") {
@@ -237,6 +250,20 @@ TEST_CASE("LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 against the for
   check_backward({256, 1024}, DataType::F32, 15);
   check_backward({64, 1024}, DataType::F16, 17, DataType::F32);
   check_backward({2048, 128}, DataType::F32, 18);
+}
+
+// Rows too long for 8 in the UB: groups of fewer rows than a 32-byte block of mean / rstd
+// holds (8). Each group reads its rows' statistics in whole blocks from its 8-row block's first
+// row, so nothing past the tensor's last 32-byte granule is read: rstd (input 2), then mean
+// (input 3) placed where the device memory ends, so that such a read faults (read from the
+// group's first row, the blocks passed the tensor's end by up to 28 bytes).
+TEST_CASE("LayerNormXBackpropV2: groups under 8 rows read nothing past mean and rstd") {
+  uint32_t seed = 50;
+  for_each_long_row_case("LayerNormXBackpropV2",
+                         [&](const std::vector<int64_t>& shape, DataType dt) {
+                           for (int at_end : {2, 3})
+                             check_backward(shape, dt, seed++, DataType::F32, at_end);
+                         });
 }
 
 TEST_CASE("LayerNorm training kernels: bad shapes are errors naming the input") {

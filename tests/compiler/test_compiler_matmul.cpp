@@ -14,10 +14,12 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/matmul.h"
 #include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
@@ -291,6 +293,59 @@ TEST_CASE("MatMul core split: each cube core computes its own region of C") {
   const uint64_t tiles1 = static_cast<uint64_t>((t.tiles_m - rm) * t.tiles_n);
   CHECK(chip.at("aic0").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles0 * per_tile);
   CHECK(chip.at("aic1").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles1 * per_tile);
+}
+
+TEST_CASE("MatMul core split: tiles planned for the cores the split uses") {
+  // A split of one region is one cube core computing all of C: the plan is the unforced plan
+  // of the chip with one cube core (the same candidates, costs and choice; C's sides multiples
+  // of 256, so that every candidate tile divides the split). On the 910b config
+  // the unforced 24-core plan takes small tiles (64x64 for 256^3) that one core would run one
+  // by one (21,633 cycles against 15,812 for the one-core plan's 128x128).
+  for (const std::string& chip : {std::string("910b"), test_chip_name()}) {
+    const ChipConfig cfg = load_chip_config(chip);
+    const std::string cube = isa::core_kind_name(compiler::ops::cube_core(cfg, "MatMul").kind);
+    std::vector<std::string> one = {fmt::format("cores.{}.count=1", cube)};
+    if (cfg.split) one.push_back(fmt::format("cores.aiv.count={}", cfg.aiv_per_aic));
+    const ChipConfig one_core = load_chip_config(chip, one);
+    for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 256},
+                           {128, 1024, 128},
+                           {512, 64, 768}}) {
+      INFO(chip << " " << m << "x" << k << "x" << n);
+      const compiler::ops::MatmulCoreSplit whole{m, n};
+      auto plan = [&](const ChipConfig& c, const compiler::ops::MatmulCoreSplit* split) {
+        return compiler::ops::plan_matmul_tiling(m, n, k, false, false, isa::Dtype::F16,
+                                                 isa::Dtype::F16, c, "MatMul", 1, false, false,
+                                                 false, split);
+      };
+      compiler::ops::MatmulTiling t = plan(cfg, &whole);
+      const compiler::ops::MatmulTiling want = plan(one_core, nullptr);
+      INFO(t.str() << "\n" << want.str());
+      CHECK(t.tm == want.tm);
+      CHECK(t.tn == want.tn);
+      CHECK(t.tk_l0 == want.tk_l0);
+      CHECK(t.tk_l1 == want.tk_l1);
+      compiler::ops::apply_matmul_core_split(t, fmt::format("{}x{}", m, n), cfg, "MatMul");
+      CHECK(t.block_dim == 1);
+    }
+  }
+  // Two regions down M: every tile side divides the region's, one block per region.
+  const ChipConfig b = load_chip_config("910b");
+  const compiler::ops::MatmulCoreSplit half{256, 512};
+  compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+      512, 512, 256, false, false, isa::Dtype::F16, isa::Dtype::F16, b, "MatMul", 1, false, false,
+      false, &half);
+  INFO(t.str());
+  CHECK(256 % t.tm == 0);
+  CHECK(512 % t.tn == 0);
+  compiler::ops::apply_matmul_core_split(t, "256x512", b, "MatMul");
+  CHECK(t.block_dim == 2);
+  // A split no tile divides (sides not multiples of 16): the plan without it, and the split's
+  // error names the mismatch.
+  const compiler::ops::MatmulCoreSplit odd{100, 512};
+  t = compiler::ops::plan_matmul_tiling(512, 512, 256, false, false, isa::Dtype::F16,
+                                        isa::Dtype::F16, b, "MatMul", 1, false, false, false, &odd);
+  CHECK_THROWS_WITH(compiler::ops::apply_matmul_core_split(t, "100x512", b, "MatMul"),
+                    Catch::Contains("not a multiple of the"));
 }
 
 TEST_CASE("MatMul core split: no split, batches, and bad values") {

@@ -74,7 +74,9 @@ struct CubeConvSpec {
   int64_t cg_out = 1;  // output channels per group
   int64_t cy = 1;      // output channels in total; the last group may be partial
   int64_t y_pitch = 0;  // y's row pitch in elements, >= cy (0: cy); through the UB (coupled
-                        // chips) pitch and cg_out must be whole 32-byte blocks
+                        // chips) pitch and group_pitch() must be whole 32-byte blocks
+  int64_t y_group_pitch = 0;  // elements from one group's first channel in a row of y to the
+                              // next group's, >= cg_out (0: cg_out)
   // Weights B_g[k][n] for k-block (c1, kh, kw), element c0 of the block, column n: the weight
   // element at w + g * b_group + tap * b_tap + ... (elements), tap = kh * KW + kw, or the
   // flipped tap (KH-1-kh) * KW + (KW-1-kw) when b_flip. Either
@@ -141,6 +143,7 @@ struct CubeConvSpec {
   // The columns one k-block of B reaches: a diagonal block's, or all of a group's.
   int64_t b_cols(int64_t tn16) const { return b_diagonal ? cg_out / c1_in() : tn16; }
   int64_t pitch() const { return y_pitch ? y_pitch : cy; }
+  int64_t group_pitch() const { return y_group_pitch ? y_group_pitch : cg_out; }
 };
 
 // bn_affine's UB tables for tiles tn wide (each of a and shift): the plain table, f32 per

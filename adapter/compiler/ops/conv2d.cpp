@@ -362,12 +362,24 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   // (96 bytes): the kernel writes f32 y densely into the workspace and a dense cast rounds it
   // to f16 (RNE, the one rounding the kernel would do), rather than padded f16 rows and the
   // strided packing copy, whose rows of a block and a half cost a burst each.
+  // Likewise groups of channels that are whole blocks as f32 only (8 channels: 16 bytes).
+  const auto whole_blocks = [&](int64_t bytes_per_channel) {
+    return (spec.cy * bytes_per_channel) % layout::kBlockBytes == 0 &&
+           (spec.groups == 1 || (spec.cg_out * bytes_per_channel) % layout::kBlockBytes == 0);
+  };
   const bool narrow_via_f32 = via_ub && !ct.widen && spec.out_type == Dtype::F16 &&
-                              (spec.cy * 2) % layout::kBlockBytes != 0 &&
-                              (spec.cy * 4) % layout::kBlockBytes == 0;
+                              !whole_blocks(2) && whole_blocks(4);
   if (narrow_via_f32) spec.out_type = Dtype::F32;
   const int64_t osz = isa::dtype_size(spec.out_type);
   if (via_ub) spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
+  // Through the UB, groups whose channels are not whole blocks: each group's channels padded to
+  // whole blocks in the rows (the packing copy below drops the padding).
+  const bool group_padded = via_ub && spec.groups > 1 && spec.cy == spec.groups * spec.cg_out &&
+                            (spec.cg_out * osz) % layout::kBlockBytes != 0;
+  if (group_padded) {
+    spec.y_group_pitch = round_up(spec.cg_out, layout::kBlockBytes / osz);
+    spec.y_pitch = spec.groups * spec.y_group_pitch;
+  }
   CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
   {  // the strided view where the planner estimates it faster
     CubeConvSpec viewed = spec;
@@ -420,6 +432,10 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   if (narrow_via_f32)
     append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
                         DataType::F32, final_type, ctx.cfg);
+  else if (group_padded)  // each row's groups: rows x groups runs of cg_out, group pitch apart
+    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out,
+                        spec.group_pitch(), ct.widen ? DataType::F16 : final_type, final_type,
+                        ctx.cfg);
   else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);

@@ -596,7 +596,7 @@ class ConvEmitter {
     }
     m_slab.slab_first_row(t.msl, m0);
     n_range(t.key, t.n0, t.n_act);
-    // y + ((img * OH*OW + m0) * cy + g * cg_out + n0) * size (stacked: without the
+    // y + ((img * OH*OW + m0) * pitch + g * group pitch + n0) * size (stacked: without the
     // position, added per image when storing)
     if (stacked()) {
       b.movi(t.cdst, 0);
@@ -606,7 +606,7 @@ class ConvEmitter {
       b.mul(t.cdst, t.cdst, m_s.pitch());
     }
     b.div(m0, t.key, m_t.n_tiles);
-    b.mul(m0, m0, m_s.cg_out);
+    b.mul(m0, m0, m_s.group_pitch());
     b.add(t.cdst, t.cdst, m0);
     b.add(t.cdst, t.cdst, t.n0);
     b.mul(t.cdst, t.cdst, m_osz);

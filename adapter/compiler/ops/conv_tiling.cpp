@@ -482,13 +482,13 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
   const CoreKindConfig& core = cube_core(cfg, op);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
   const int64_t osz = isa::dtype_size(s.out_type);
-  if (via_ub &&
-      (s.pitch() * osz % kBlkBytes != 0 || (s.groups > 1 && s.cg_out * osz % kBlkBytes != 0)))
+  if (via_ub && (s.pitch() * osz % kBlkBytes != 0 ||
+                 (s.groups > 1 && s.group_pitch() * osz % kBlkBytes != 0)))
     throw CompileError(fmt::format(
         "{}: chip {} has no l0c->gm path: the output leaves through the UB in whole 32-byte "
         "blocks, so its row pitch ({} x {} bytes) and, with groups, the channels per group ({}) "
-        "must be whole blocks (pad the rows: CubeConvSpec::y_pitch)",
-        op, cfg.name, s.pitch(), osz, s.cg_out));
+        "must be whole blocks (pad them: CubeConvSpec::y_pitch, y_group_pitch)",
+        op, cfg.name, s.pitch(), osz, s.group_pitch()));
   const int64_t hv = s.hv(), wv = s.wv(), oh = s.oh(), ow = s.ow();
   check_geometry(op, hv, wv, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
   if (oh < 1 || ow < 1) throw CompileError(fmt::format("{}: empty output", op));

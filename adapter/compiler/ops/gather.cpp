@@ -220,6 +220,29 @@ Launch build_segment_tile_sum(const std::string& op_name, const std::vector<Tens
   return l;
 }
 
+// The two owner kernels' common parts (build_segment_owner_sum, build_segment_column_sum).
+// Begins kernel `b`'s vector section and declares its arguments: in0 the data [rows, inner] of
+// dt, in1 the segment ids [rows] of id_type, out [segments, inner].
+void declare_segment_sum_args(KernelBuilder& b, DataType dt, DataType id_type, int64_t rows,
+                              int64_t inner, int64_t segments) {
+  const isa::Dtype t = device_dtype(dt);
+  b.begin_section(b.vector_core_kind());
+  b.declare_arg("in0", t, {rows, inner});
+  b.declare_arg("in1", device_dtype(id_type), {rows});
+  b.declare_arg("out", t, {segments, inner});
+}
+// s = the segment id at GM `p` (isize bytes: 4 or 8), p advanced past it; branches to `skip`
+// where the id is outside [0, segments) (such rows are dropped).
+void load_segment_id(KernelBuilder& b, const Reg& s, const Reg& p, int isize, int64_t segments,
+                     const Label& skip) {
+  b.emit(isa::Opcode::op_ld, {s, p}, "segment id");
+  b.add(p, p, isize);
+  // Unsigned view of an s32 id: a negative id becomes >= 2^31, past every segment.
+  if (isize == 4) b.and_(s, s, 0xffffffffLL, "the s32 id, zero-extended");
+  if (isize == 8) b.branch(lt(s, 0), skip);
+  b.branch(ge(s, segments), skip);
+}
+
 // The segment-owner kernel: with D = min(vector cores, segments) blocks, block b owns the
 // segments s with s % D == b (whole output rows, so no 32-byte block of the output is written
 // by two cores and no atomics are needed; cyclic rather than contiguous ranges so that ids
@@ -255,10 +278,7 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
   const int64_t cores = cfg.core_kind(b.vector_core_kind())->count;
   const int64_t owners = std::min(cores, segments);  // D
   const int64_t per = ceil_div(segments, owners);     // segments per block, at most
-  b.begin_section(b.vector_core_kind());
-  b.declare_arg("in0", t, {rows, inner});
-  b.declare_arg("in1", device_dtype(id_type), {rows});
-  b.declare_arg("out", t, {segments, inner});
+  declare_segment_sum_args(b, dt, id_type, rows, inner, segments);
   // UB: two output row buffers (ping/pong) of up to an eighth of the UB each, two data buffers
   // of batch_rows rows each (together at most half of the UB), the rest (at most one block's
   // rows) the zero buffer.
@@ -385,12 +405,7 @@ Launch build_segment_owner_sum(const std::string& op_name, DataType dt, DataType
     b.mov(p, ids);
     b.for_range(i, 0, rows, 1, [&] {
       Label skip = b.label("row_skip"), append = b.label("row_append");
-      b.emit(Opcode::op_ld, {s, p}, "segment id");
-      b.add(p, p, isize);
-      // Unsigned view of an s32 id: a negative id becomes >= 2^31, past every segment.
-      if (isize == 4) b.and_(s, s, 0xffffffffLL, "the s32 id, zero-extended");
-      if (isize == 8) b.branch(lt(s, 0), skip);
-      b.branch(ge(s, segments), skip);
+      load_segment_id(b, s, p, isize, segments, skip);
       b.rem(a, s, owners);
       b.branch(ne(a, bid), skip);
       b.if_(ne(s, prev), [&] {
@@ -482,10 +497,7 @@ Launch build_segment_column_sum(const std::string& op_name, DataType dt, DataTyp
   const int esize = data_type_bytes(dt);
   const int isize = data_type_bytes(id_type);
   const int64_t slice_bytes = p.slice_blocks * 32;
-  b.begin_section(b.vector_core_kind());
-  b.declare_arg("in0", t, {rows, inner});
-  b.declare_arg("in1", device_dtype(id_type), {rows});
-  b.declare_arg("out", t, {segments, inner});
+  declare_segment_sum_args(b, dt, id_type, rows, inner, segments);
   const uint64_t acc = b.alloc(isa::Buf::UB, static_cast<uint64_t>(segments * slice_bytes),
                                "every segment's slice");
   Twin batch;
@@ -549,12 +561,7 @@ Launch build_segment_column_sum(const std::string& op_name, DataType dt, DataTyp
           b.emit(Opcode::op_set_mask_count, {lanes});
           b.for_range(j, 0, n, 1, [&] {
             Label skip = b.label("row_skip");
-            b.emit(Opcode::op_ld, {s, idp}, "segment id");
-            b.add(idp, idp, isize);
-            // Unsigned view of an s32 id: a negative id becomes >= 2^31, past every segment.
-            if (isize == 4) b.and_(s, s, 0xffffffffLL, "the s32 id, zero-extended");
-            if (isize == 8) b.branch(lt(s, 0), skip);
-            b.branch(ge(s, segments), skip);
+            load_segment_id(b, s, idp, isize, segments, skip);
             b.mul_add(s, s, slice_bytes, static_cast<int64_t>(acc));
             b.mul_add(a, j, slice_bytes, static_cast<int64_t>(batch[r]));
             b.emit(Opcode::op_vadd, {t, s, s, a, 0, 1, 1, 1, 8, 8, 8});

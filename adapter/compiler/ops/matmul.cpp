@@ -233,7 +233,8 @@ int64_t matmul_bias_ub_bytes(int64_t tm, int64_t tn, int64_t osz, int64_t n) {
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 Dtype in_type, Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch, bool any_side, bool bias,
-                                bool bias_in_ub) {
+                                bool bias_in_ub, const MatmulCoreSplit* split) {
+  if (split && (split->empty() || batch != 1)) split = nullptr;
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t isz = isa::dtype_size(in_type);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
@@ -260,10 +261,15 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       const int l0c_buffers = l0c_buffer_count(core, cfg, tm * tn * kL0cElemBytes);
       if (!l0c_buffers) continue;
       if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, osz, n) > ub) continue;
+      if (split && (split->m % tm != 0 || split->n % tn != 0)) continue;
       int64_t tk0 = 0, tk1 = 0;
       if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
-      const int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
-      const int64_t blocks = std::min<int64_t>(core.count, tiles);
+      int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
+      int64_t blocks = std::min<int64_t>(core.count, tiles);
+      if (split) {  // one block per region; the busiest computes a whole region's tiles
+        blocks = ceil_div(m, split->m) * ceil_div(n, split->n);
+        tiles = blocks * ceil_div(std::min(m, split->m), tm) * ceil_div(std::min(n, split->n), tn);
+      }
       const double cost = tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles,
                                             blocks, l0c_buffers, via_ub, trans_b, cube_div},
                                            cfg);
@@ -284,6 +290,9 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       best.block_dim = static_cast<int>(blocks);
     }
   }
+  if (best.tm == 0 && split)  // no tile divides the split
+    return plan_matmul_tiling(m, n, k, trans_a, trans_b, in_type, out_type, cfg, op, batch,
+                              any_side, bias, bias_in_ub);
   if (best.tm == 0)
     throw CompileError(fmt::format(
         "{}: no MatMul tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, L0C {} B; "
@@ -315,9 +324,8 @@ const std::string& matmul_core_split_from_env() {
   return value;
 }
 
-void apply_matmul_core_split(MatmulTiling& t, const std::string& value, const ChipConfig& cfg,
-                             const std::string& op) {
-  if (value.empty() || t.batch != 1) return;
+MatmulCoreSplit parse_matmul_core_split(const std::string& value, const std::string& op) {
+  if (value.empty()) return {};
   long long sm = 0, sn = 0;
   char x = 0, extra = 0;
   if (std::sscanf(value.c_str(), "%lld%c%lld%c", &sm, &x, &sn, &extra) != 3 || x != 'x' ||
@@ -326,6 +334,14 @@ void apply_matmul_core_split(MatmulTiling& t, const std::string& value, const Ch
         fmt::format("{}: NPUSIM_MATMUL_CORE_SPLIT='{}' is not MxN (elements of C per cube core, "
                     "e.g. 2048x1536)",
                     op, value));
+  return {static_cast<int64_t>(sm), static_cast<int64_t>(sn)};
+}
+
+void apply_matmul_core_split(MatmulTiling& t, const std::string& value, const ChipConfig& cfg,
+                             const std::string& op) {
+  if (value.empty() || t.batch != 1) return;
+  const MatmulCoreSplit split = parse_matmul_core_split(value, op);
+  const int64_t sm = split.m, sn = split.n;
   if (sm % t.tm != 0 || sn % t.tn != 0)
     throw CompileError(
         fmt::format("{}: NPUSIM_MATMUL_CORE_SPLIT={}x{} is not a multiple of the {}x{} tile", op,
@@ -1065,8 +1081,11 @@ CompiledKernel product_launches(const CompileContext& ctx, DataType dt, const Ma
   const Dtype cube_in = types.cube_in, fix_out = types.fix_out;
   const bool cast_inputs = types.cast_inputs, cast_output = types.cast_output;
   const bool kernel_bias = bias_at == BiasAt::kCube || bias_at == BiasAt::kUb;
-  MatmulTiling tiling = plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch,
-                                           false, bias_at == BiasAt::kCube, bias_at == BiasAt::kUb);
+  // Under NPUSIM_MATMUL_CORE_SPLIT the tiles are planned for the split's cores and regions.
+  const MatmulCoreSplit split = parse_matmul_core_split(matmul_core_split_from_env(), op.str());
+  MatmulTiling tiling =
+      plan_matmul_tiling(m, n, k, ta, tb, cube_in, fix_out, cfg, op.str(), batch, false,
+                         bias_at == BiasAt::kCube, bias_at == BiasAt::kUb, &split);
   tiling.relu = kernel_bias && p.relu;
   tiling.batch_dims = p.batch_dims;
   tiling.a_batch_strides = p.a_batch_strides;

@@ -66,10 +66,16 @@ struct MatmulTiling {
 // bias: L1 also holds two bias rows of the tile (MatmulTiling::bias).
 // bias_in_ub: the bias is added in the UB (MatmulTiling::bias_in_ub): tiles whose UB buffers
 // (matmul_bias_ub_bytes) do not fit are skipped.
+// split (batch 1): the fixed per-core split apply_matmul_core_split then applies: only tiles
+// whose sides divide the split's, costed as the busiest core computing one whole region with
+// the regions' cores sharing the memory; where no tile divides the split, the plan without it
+// (apply_matmul_core_split then names the mismatch).
+struct MatmulCoreSplit;
 MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                                 isa::Dtype in_type, isa::Dtype out_type, const ChipConfig& cfg,
                                 const std::string& op, int64_t batch = 1, bool any_side = false,
-                                bool bias = false, bool bias_in_ub = false);
+                                bool bias = false, bool bias_in_ub = false,
+                                const MatmulCoreSplit* split = nullptr);
 
 // UB bytes of MatmulTiling::bias_in_ub for a tm x tn tile, output elements of osz bytes and n
 // columns: two column bands (matmul_bias_band_cols) as f32 and as the output type, and the
@@ -90,6 +96,13 @@ int64_t matmul_bias_band_cols(int64_t tn);
 void apply_matmul_core_split(MatmulTiling& t, const std::string& split, const ChipConfig& cfg,
                              const std::string& op);
 const std::string& matmul_core_split_from_env();
+// A split "MxN" parsed: elements of C per cube core (0 x 0: the value is empty, no split).
+// A malformed value is a CompileError naming op.
+struct MatmulCoreSplit {
+  int64_t m = 0, n = 0;
+  bool empty() const { return m == 0; }
+};
+MatmulCoreSplit parse_matmul_core_split(const std::string& split, const std::string& op);
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is

@@ -612,22 +612,29 @@ class RmsNormEmitter {
            m_alt = 0, m_gamma = 0, m_beta = 0, m_mean = 0;
 };
 
-// LayerNormXBackpropV2's buffers; units: rows per group.
+// LayerNormXBackpropV2's buffers; units: rows per group. staged: groups of fewer rows than a
+// block of mean / rstd holds (8): each group's statistics loaded from its 8-row block's first
+// row (the rows of that block before the group, up to 7, loaded and replicated too).
 struct GradBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, acc2, s1, s2, rep_block, rep,
-      rep_rstd, scratch, alt, gamma_raw, gamma, dx_out, res_out;
+      rep_rstd, rep_staged, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
-GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
+GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg, bool staged) {
   GradBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
   const bool conv = t != Dtype::F32;
+  // A size of G rows' buffer, or with staged of the G + 7 rows from the group's block's first.
+  const auto with_lead = [staged](BufferPlan::SizeFn f) -> BufferPlan::SizeFn {
+    if (!staged) return f;
+    return [f](int64_t G) { return f(G + kBlockLanes32 - 1); };
+  };
   n.raw_x = p.add_sized("x rows", blocks_of(H * sz), 2);
   n.raw_dy = p.add_sized("dy rows", blocks_of(H * sz), 2);
-  n.mean_in = p.add_sized("row means", blocks_of(kLaneBytes), 2);
-  n.rstd_in = p.add_sized("row rstd", blocks_of(kLaneBytes), 2);
+  n.mean_in = p.add_sized("row means", with_lead(blocks_of(kLaneBytes)), 2);
+  n.rstd_in = p.add_sized("row rstd", with_lead(blocks_of(kLaneBytes)), 2);
   n.xw = p.add_sized("x rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
   n.dyw = p.add_sized("dy rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
   n.g = p.add_sized("dy * gamma", blocks_of(H * kLaneBytes));
@@ -641,8 +648,10 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg) {
   n.rep_block = p.add_sized("replicated", replicated_bytes);
   n.rep = p.add_sized("replicated (wide)", widened_bytes);
   n.rep_rstd = p.add_sized("replicated rstd (wide)", widened_bytes);
-  n.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
-  n.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
+  n.rep_staged = p.add_sized("replicated (from the block's first row)", with_lead(replicated_bytes),
+                             1, staged);
+  n.scratch = p.add_sized("replicate scratch", with_lead(replicate_scratch_bytes));
+  n.alt = p.add_sized("alternating pattern", with_lead(alt_pattern_bytes));
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pt != Dtype::F32);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
@@ -671,9 +680,17 @@ class LayerNormGradEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    const GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg);
+    GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg, false);
+    // Blocks of whole 8-row blocks: a block's rows start on a 32-byte block of mean and rstd.
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
-    const int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    // Groups of fewer rows than a block of mean / rstd: the statistics staged (the buffers for
+    // it, and the group size refitted with them).
+    m_staged = G % kBlockLanes32 != 0;
+    if (m_staged) {
+      bufs = grad_buffers(m_h, m_t, m_pt, cfg, true);
+      G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+    }
     m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
     m_span_sums = row_sums_by_span(G, m_h, cfg);
@@ -709,11 +726,12 @@ class LayerNormGradEmitter {
                       {&m_rep_block, bufs.rep_block},
                       {&m_rep, bufs.rep},
                       {&m_rep_rstd, bufs.rep_rstd},
+                      {&m_rep_staged, bufs.rep_staged},
                       {&m_scratch, bufs.scratch},
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
     load_param_row(m_b, m_pt, m_h, args[4], at[bufs.gamma_raw], m_gamma, "gamma");
-    fill_alt_pattern(m_b, m_alt, G);
+    fill_alt_pattern(m_b, m_alt, m_staged ? G + kBlockLanes32 - 1 : G);
     m_k.start_pingpong();
     m_k.resident_groups(
         split, m_rows, G, m_layout, [this](const GroupRegs& g, int q) { load(g, q); },
@@ -735,13 +753,33 @@ class LayerNormGradEmitter {
     b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, what);
   }
 
+  // The group's statistics (4 bytes a row) from GM `base` to `dst` in whole 32-byte blocks: from
+  // the group's first row, or staged from its 8-row block's first row (`lead` rows before the
+  // group's), so that no block reaches past the tensor's last 32-byte granule.
+  void load_row_values(const GroupRegs& g, const Reg& base, uint64_t dst, const char* what) {
+    if (!m_staged) {
+      load_rows(g, base, dst, kLaneBytes, what);
+      return;
+    }
+    KernelBuilder& b = m_b;
+    Reg lead = b.reg("rows of the block before the group"), first = b.reg("block's first row"),
+        rows = b.reg("rows from the block's first"), src = b.reg("source"),
+        blocks = b.reg("blocks");
+    b.and_(lead, g.r, kBlockLanes32 - 1);
+    b.sub(first, g.r, lead);
+    b.add(rows, lead, g.rows);
+    count_blocks(b, blocks, rows, kLaneBytes);
+    b.mul_add(src, first, kLaneBytes, base);
+    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, what);
+  }
+
   void load(const GroupRegs& g, int q) {
     const int64_t sz = isa::dtype_size(m_t);
     m_k.sync().wait_load_free(q);
     load_rows(g, m_x, m_raw_x[q], m_h * sz, "x rows");
     load_rows(g, m_dy, m_raw_dy[q], m_h * sz, "dy rows");
-    load_rows(g, m_mean_gm, m_mean_in[q], kLaneBytes, "row means");
-    load_rows(g, m_rstd_gm, m_rstd_in[q], kLaneBytes, "row rstd");
+    load_row_values(g, m_mean_gm, m_mean_in[q], "row means");
+    load_row_values(g, m_rstd_gm, m_rstd_in[q], "row rstd");
     m_k.sync().load_done(q);
   }
 
@@ -783,8 +821,8 @@ class LayerNormGradEmitter {
     // xhat = (x - mean) * rstd (x - mean in the products' buffer), into the res_for_gamma
     // output copy.
     sync.wait_out_free(q);
-    replicate(g, m_mean_in[q], m_rep);
-    replicate(g, m_rstd_in[q], m_rep_rstd);
+    replicate_loaded(g, m_mean_in[q], m_rep);
+    replicate_loaded(g, m_rstd_in[q], m_rep_rstd);
     if (conv) sync.release_load(q);  // the rows' f32 copies and statistics are taken
     apply_row_values(g, Opcode::op_vsub, x, m_rep, m_sq);
     apply_row_values(g, Opcode::op_vmul, m_sq, m_rep_rstd, xhat);
@@ -827,6 +865,27 @@ class LayerNormGradEmitter {
     replicate_rows(m_b, dense, g.rows, m_rep_block, m_scratch, m_alt);
     widen_rows_grouped(m_b, m_rep_block, g.rows, dst, m_group);
   }
+  // The group's statistic as load_row_values left it at `loaded` replicated into dst as
+  // replicate() does: staged, the rows from the block's first replicated, then the group's
+  // blocks (from the lead-th) copied to the front.
+  void replicate_loaded(const GroupRegs& g, uint64_t loaded, uint64_t dst) {
+    if (!m_staged) {
+      replicate(g, loaded, dst);
+      return;
+    }
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "statistic from the block's first row: the group's rows");
+    Reg lead = b.reg("rows of the block before the group"), rows = b.reg("rows replicated"),
+        at = b.reg("group's first block"), lanes = b.reg("lanes");
+    b.and_(lead, g.r, kBlockLanes32 - 1);
+    b.add(rows, lead, g.rows);
+    replicate_rows(b, loaded, rows, m_rep_staged, m_scratch, m_alt);
+    b.mul_add(at, lead, kBlock, static_cast<int64_t>(m_rep_staged));
+    b.mul(lanes, g.rows, kBlockLanes32);
+    const uint64_t blocks = wide() ? m_rep_block : dst;
+    vec_copy_bits(b, kLaneBytes, static_cast<int64_t>(blocks), at, lanes);
+    if (wide()) widen_rows_grouped(b, m_rep_block, g.rows, dst, m_group);
+  }
   // dst rows = op(src rows, the row's value replicated at rep), f32: one instruction per row
   // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
   void apply_row_values(const GroupRegs& g, Opcode op, uint64_t src, uint64_t rep, uint64_t dst) {
@@ -853,11 +912,13 @@ class LayerNormGradEmitter {
   int64_t m_group = 0;       // rows per group (G)
   bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
   bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
+  bool m_staged = false;     // statistics loaded from the groups' 8-row blocks (GradBuffers)
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
   uint64_t m_xw = 0, m_dyw = 0, m_g = 0, m_sq = 0, m_acc = 0, m_acc2 = 0, m_s1 = 0, m_s2 = 0,
-           m_rep_block = 0, m_rep = 0, m_rep_rstd = 0, m_scratch = 0, m_alt = 0, m_gamma = 0;
+           m_rep_block = 0, m_rep = 0, m_rep_rstd = 0, m_rep_staged = 0, m_scratch = 0, m_alt = 0,
+           m_gamma = 0;
 };
 
 }  // namespace

@@ -378,10 +378,9 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       if (std::getenv("NPUSIM_FUSION_LOG") && counts.total() > 0)
         std::fprintf(stderr,
                      "npusim: mixed precision in %s: %d nodes in float16, %d Casts, %d Consts "
-                     "folded to float16, %d bias epilogues split, %d left float32 (no float16 "
-                     "kernel)\n",
+                     "folded to float16, %d left float32 (no float16 kernel)\n",
                      item_id(item).c_str(), counts.half_nodes, counts.casts, counts.folded_consts,
-                     counts.split, counts.no_half_kernel);
+                     counts.no_half_kernel);
       changed |= counts.total() > 0;
     } catch (const std::exception& e) {
       // A graph the pass cannot handle keeps float32 (allow_mix_precision's cube rounding).

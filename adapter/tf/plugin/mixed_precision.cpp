@@ -134,41 +134,6 @@ void add_defaults(tfc::NodeDef* node) {
     tfc::AddDefaultsToNodeDef(*op_def, node);
 }
 
-// Splits `fused` (Conv2DBiasAdd or MatMulBiasAdd: x or a, filter or b, bias; relu) into the
-// product, a BiasAdd and optionally a Relu, the last keeping the fused node's name, device and
-// consumers; the product takes its control inputs. Returns the new nodes in order.
-std::vector<tfc::NodeDef> split_bias_epilogue(const tfc::NodeDef& fused) {
-  const bool conv = fused.op() == "Conv2DBiasAdd";
-  const auto& attrs = fused.attr();
-  const bool relu = attrs.count("relu") && attrs.at("relu").b();
-  tfc::NodeDef product = new_node(fused.name() + (conv ? "/npusim_conv" : "/npusim_matmul"),
-                                  conv ? "Conv2D" : "MatMul", fused.device());
-  tfc::NodeDef bias =
-      new_node(relu ? fused.name() + "/npusim_bias" : fused.name(), "BiasAdd", fused.device());
-  std::vector<std::string> data, control;
-  for (const std::string& in : fused.input()) (is_control(in) ? control : data).push_back(in);
-  product.add_input(data.at(0));
-  product.add_input(data.at(1));
-  for (const std::string& c : control) product.add_input(c);
-  for (const auto& [key, value] : attrs)
-    if (key != "relu") (*product.mutable_attr())[key] = value;
-  bias.add_input(product.name());
-  bias.add_input(data.at(2));
-  (*bias.mutable_attr())["T"] = attrs.at("T");
-  if (conv && attrs.count("data_format"))
-    (*bias.mutable_attr())["data_format"] = attrs.at("data_format");
-  add_defaults(&product);
-  add_defaults(&bias);
-  std::vector<tfc::NodeDef> out = {product, bias};
-  if (relu) {
-    tfc::NodeDef r = new_node(fused.name(), "Relu", fused.device());
-    r.add_input(bias.name());
-    (*r.mutable_attr())["T"] = attrs.at("T");
-    out.push_back(r);
-  }
-  return out;
-}
-
 // Node indices in a topological order over data and control inputs; empty if the graph has a
 // cycle or an input names no node.
 std::vector<int> topological_order(const tfc::GraphDef& graph) {
@@ -402,33 +367,7 @@ MixedPrecisionCounts apply_mixed_precision(
            t->type() == tfc::DT_FLOAT;
   };
 
-  // 1. Bias epilogues whose product would run in float16 but whose fused kernel is float32
-  //    only: split back into product, BiasAdd and Relu.
-  if (topological_order(graph).empty()) return counts;
-  {
-    tfc::GraphDef rebuilt;
-    bool any = false;
-    for (const tfc::NodeDef& node : graph.node()) {
-      if ((node.op() == "Conv2DBiasAdd" || node.op() == "MatMulBiasAdd") && candidate(node) &&
-          category(lists, node.op()) == Category::kTrust && !has_half_kernel(as_half(node))) {
-        std::vector<tfc::NodeDef> parts = split_bias_epilogue(node);
-        if (has_half_kernel(as_half(parts[0]))) {
-          for (tfc::NodeDef& p : parts) *rebuilt.add_node() = std::move(p);
-          ++counts.split;
-          any = true;
-          continue;
-        }
-      }
-      *rebuilt.add_node() = node;
-    }
-    if (any) {
-      *rebuilt.mutable_versions() = graph.versions();
-      *rebuilt.mutable_library() = graph.library();
-      graph.mutable_node()->Swap(rebuilt.mutable_node());
-    }
-  }
-
-  // 2. Decide each node's precision in topological order.
+  // 1. Decide each node's precision in topological order.
   const std::vector<int> order = topological_order(graph);
   if (order.empty()) return counts;
   const int n = graph.node_size();
@@ -481,7 +420,7 @@ MixedPrecisionCounts apply_mixed_precision(
   }
   if (counts.half_nodes == 0) return counts;
 
-  // 3. Casts where a producer's output type differs from what its consumer reads; one per
+  // 2. Casts where a producer's output type differs from what its consumer reads; one per
   //    (tensor, type). A float32 Const read in float16 becomes a float16 Const (half_const).
   std::map<std::pair<std::string, tfc::DataType>, std::string> casts;
   std::vector<tfc::NodeDef> added;

@@ -40,10 +40,8 @@
 //   - A Conv2DBiasAdd / MatMulBiasAdd (graph_fusion.h rewrite 3b; on the list of its product,
 //     Conv2D / MatMul) turns float16 whole through T, its bias staying float32 (Tbias: the
 //     bias is added to the f32 sum before C's one rounding, as CANN's Conv2D and MatMulV2 with
-//     a bias do under mixed precision). First, one that is trustlisted but has no float16
-//     kernel (both have one in the compiler's op table; a guard for a table without it) is
-//     split back into that product, a BiasAdd and a Relu (the walk below then turns them to
-//     float16); otherwise it stays fused.
+//     a bias do under mixed precision); both have a float16 kernel in the compiler's op table
+//     (without one the node would stay float32, as any other).
 // Graphs with a cycle (while loops) are left as they are.
 //
 // NPUSIM_MIX_PRECISION_GRAPH=0 turns the pass off: allow_mix_precision then only changes how
@@ -85,9 +83,8 @@ struct MixedPrecisionCounts {
   int half_nodes = 0;      // nodes turned to float16
   int casts = 0;           // Cast nodes inserted
   int folded_consts = 0;   // float32 Consts read in float16: a float16 Const instead of a Cast
-  int split = 0;           // Conv2DBiasAdd / MatMulBiasAdd nodes split back to run in float16
   int no_half_kernel = 0;  // trust- or graylisted nodes left float32: no float16 NPU kernel
-  int total() const { return half_nodes + casts + folded_consts + split; }
+  int total() const { return half_nodes + casts + folded_consts; }
 };
 
 // Whether the pass applies: the device's precision mode (opened, else the environment's) is
