@@ -188,32 +188,62 @@ double tile_store(const ConvRates& r, const Candidate& c, const SlabGeom& g, int
              c.affine_per_elem;
 }
 
-double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, const SlabGeom& g,
-                 int64_t n_act, bool first) {
+// One step's stages (cycles): MTE2's load (slab and weights, with the GM latency), MTE1's
+// moves into L0A / L0B, the cube's mmads and the scalar unit's issue; `period`, what a step
+// costs in the double-buffered pipeline: the slowest of them, the hand-overs and the wait
+// for MTE2's issue queue.
+struct StepStages {
+  double load = 0, mte1 = 0, cube = 0, scalar = 0, period = 0;
+};
+
+StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
+                       const SlabGeom& g, int64_t n_act, bool first) {
   const CubeConvTiling& t = c.t;
   const int64_t steps_mmad = c.mmad_steps(), st = t.stack, kc1 = t.kc1;
   const double n16 = static_cast<double>(ceil_div(c.b_block ? c.b_block : n_act, cfg.cube_n));
-  const double cube = static_cast<double>(steps_mmad) * r.cube_lat +
-                      static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
-                          static_cast<double>(c.kchunk / cfg.cube_k);
-  const double fix = tile_store(r, c, g, n_act);
-  double load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
-  if (!t.resident || first) load += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate;
-  const double mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
-                      static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
-                      2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
-  const double scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
-                        (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
-                        (!t.resident ? 15.0 * static_cast<double>(kc1 * c.taps) : 0.0);
+  StepStages s;
+  s.cube = static_cast<double>(steps_mmad) * r.cube_lat +
+           static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
+               static_cast<double>(c.kchunk / cfg.cube_k);
+  s.load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
+  if (!t.resident || first)
+    s.load += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate;
+  s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
+           static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
+           2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
+  s.scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
+             (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
+             (!t.resident ? 15.0 * static_cast<double>(kc1 * c.taps) : 0.0);
   // MTE2 instructions of the step: an nd2nz per plane (per plane and image when stacked, and
   // the zeroing), one per k-block of weights loaded. Past the issue queue's depth the scalar
   // unit waits for MTE2 to drain them, holding back the step's other instructions.
   const double mte2_insns =
       static_cast<double>(kc1 * st + (st > 1 ? 1 : 0) + (!t.resident ? kc1 * c.taps : 0));
-  const double queue_wait = std::max(0.0, mte2_insns - cfg.issue_queue_depth) * load / mte2_insns;
-  const double step = std::max({cube, load, mte1, scalar}) + r.step_overhead + queue_wait;
+  const double queue_wait = std::max(0.0, mte2_insns - cfg.issue_queue_depth) * s.load / mte2_insns;
+  s.period = std::max({s.cube, s.load, s.mte1, s.scalar}) + r.step_overhead + queue_wait;
+  return s;
+}
+
+double tile_cost(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, const SlabGeom& g,
+                 int64_t n_act, bool first) {
+  const double step = step_stages(cfg, r, c, g, n_act, first).period;
+  const double fix = tile_store(r, c, g, n_act);
+  const CubeConvTiling& t = c.t;
   return static_cast<double>(t.chunks) * step + (t.l0c_buffers == 1 ? fix : 0) +
          std::max(0.0, fix - static_cast<double>(t.chunks) * step);
+}
+
+// The pipeline's fill at a block's start (cycles): its first step's mmads (MTE1's moves and
+// the cube, which overlap each other) wait for the step's whole slab, so the first step costs
+// load + compute where the steps after it cost the slower of the two (busiest_block counts the
+// slower once per step): the lesser of the two is added. A block of one step (one tile of one
+// chunk) thus runs its stages one after the other; splitting k or n shortens the fill to one
+// smaller step's. Resident weights' first chunk is counted apart (busiest_block), so the load
+// here is the slab's (with a streamed chunk of weights).
+double pipeline_fill(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
+                     const SlabGeom& g, int64_t n_act) {
+  const StepStages s = step_stages(cfg, r, c, g, n_act, false);
+  return std::min(s.load, std::max(s.mte1, s.cube));
 }
 
 // The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
@@ -238,6 +268,7 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
     for (int64_t i = lo; i < hi; ++i) cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), false);
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
       cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
+    if (hi > lo) cost += pipeline_fill(cfg, r, c, geom_of(lo), n_act_of(lo));
     if (hi > lo)  // the block's first step waits for its slab and weights, cold
       cost += static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
                                   c.kchunk * c.b_cols(tn) * 2) /
@@ -286,6 +317,11 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const int64_t last = hi_last(b) - 1;
       const int64_t n_act = (last / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
       cost += tile_store(r, c, c.mts[static_cast<size_t>(last % mt_count)], n_act);
+    }
+    if (hi_last(b) > b * per) {
+      const int64_t first = b * per;
+      const int64_t n_act = (first / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
+      cost += pipeline_fill(cfg, r, c, c.mts[static_cast<size_t>(first % mt_count)], n_act);
     }
     if (!t.resident) {  // the block's first step waits for its slab and weights, cold
       const SlabGeom& g = c.mts[static_cast<size_t>((b * per) % mt_count)];
