@@ -13,6 +13,7 @@
 //      with its node's name and op type and a dispatch id per node (reports show the nodes as
 //      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
+//      (an AI CPU step whose inputs are the graph's queued first: Plan::queue_order);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
@@ -88,6 +89,9 @@ struct Step {
   // (shape, key, counter, alg: the key's and counter's places) and output (the mask) as a
   // compiled step's. Attributes and element count here; the addresses are set per run.
   std::optional<GenMaskTask> gen_mask;
+  // Queued ahead of every other step of the run (Plan::queue_order): an AI CPU step whose key and
+  // counter are inputs of the graph, so nothing of the run comes before it.
+  bool ahead = false;
 };
 
 struct Plan {
@@ -100,6 +104,13 @@ struct Plan {
   // Per variable: whether a step writes its new value into a new buffer (published after the
   // run), and whether a cache update writes into the variable's own buffer (in place).
   std::vector<char> new_value, in_place;
+  // The order a run queues the steps in: the steps `ahead` first (in task order), then the
+  // others in task order. Queued after the stream's earlier launches, an AI CPU task could not
+  // start before they end (a task starts no earlier than its stream's ready time), and its
+  // readers would wait for all of it; ahead of them it runs on the AI CPU beside the AI cores
+  // from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all constants on
+  // a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
+  std::vector<size_t> queue_order;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -335,7 +346,7 @@ class NpuGraphKernel : public OpKernel {
     // Where each step's derived tensors live in this run (DerivedPlacement::placed).
     std::vector<std::vector<uint64_t>> derived(plan->steps.size());
     rt::Status st = rt::ok_status();
-    for (size_t n = 0; n < plan->steps.size(); ++n) {
+    for (const size_t n : plan->queue_order) {
       const Step& s = plan->steps[n];
       if (s.gen_mask) {  // an AI CPU step; it pays no host dispatch (as node by node)
         if (s.gen_mask->elements == 0) continue;
@@ -614,6 +625,9 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
+    for (const bool ahead : {true, false})
+      for (size_t n = 0; n < plan->steps.size(); ++n)
+        if (plan->steps[n].ahead == ahead) plan->queue_order.push_back(n);
     for (size_t k = 0; k < m_spec.outputs.size(); ++k) {
       const NpuGraphSpec::Source& o = m_spec.outputs[k];
       if (o.port >= static_cast<int>(
@@ -856,6 +870,8 @@ class NpuGraphKernel : public OpKernel {
     if (!st.ok()) return node_status(n, st.code(), st.message());
     task.rate = static_cast<float>(*rate_value);
     s.gen_mask = task;
+    s.ahead = s.inputs[kGenMaskKeyInput].kind == Place::Kind::input &&
+              s.inputs[kGenMaskCounterInput].kind == Place::Kind::input;
     auto compiled = std::make_shared<CompiledOp>();
     const compiler::TensorDesc mask{compiler::DataType::BOOL, shape};
     compiled->kernel.outputs = {mask};
@@ -865,8 +881,10 @@ class NpuGraphKernel : public OpKernel {
     } else if (mask.bytes() > 0) {
       (*buffer_of)[{static_cast<int>(n), 0}] = static_cast<int>(buffers->size());
       s.outputs.push_back({Place::Kind::arena, buffers->size()});  // index until placed
-      buffers->push_back({node.name + ":0", compiler::device_buffer_bytes(mask.bytes()),
-                          static_cast<int>(n), static_cast<int>(n), 0});
+      // Written ahead of every step (Step::ahead): live from the run's start.
+      const int first = s.ahead ? 0 : static_cast<int>(n);
+      buffers->push_back({node.name + ":0", compiler::device_buffer_bytes(mask.bytes()), first,
+                          static_cast<int>(n), 0});
     } else {
       s.outputs.push_back({});
     }
