@@ -104,12 +104,12 @@ struct Plan {
   // Per variable: whether a step writes its new value into a new buffer (published after the
   // run), and whether a cache update writes into the variable's own buffer (in place).
   std::vector<char> new_value, in_place;
-  // The order a run queues the steps in: the steps `ahead` first (in task order), then the
-  // others in task order. Queued after the stream's earlier launches, an AI CPU task could not
-  // start before they end (a task starts no earlier than its stream's ready time), and its
-  // readers would wait for all of it; ahead of them it runs on the AI CPU beside the AI cores
-  // from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all constants on
-  // a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
+  // The order a run queues the steps in: the steps `ahead` first (in the order their outputs
+  // are first read), then the others in task order. Queued after the stream's earlier launches, an
+  // AI CPU task could not start before they end (a task starts no earlier than its stream's ready
+  // time), and its readers would wait for all of it; ahead of them it runs on the AI CPU beside the
+  // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
+  // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
   std::vector<size_t> queue_order;
 };
 
@@ -625,9 +625,20 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
-    for (const bool ahead : {true, false})
-      for (size_t n = 0; n < plan->steps.size(); ++n)
-        if (plan->steps[n].ahead == ahead) plan->queue_order.push_back(n);
+    // The steps ahead in the order their outputs are first read (the AI CPU runs its tasks one
+    // after another: the first needed first), then the others in task order.
+    std::vector<size_t> first_read(plan->steps.size(), plan->steps.size());
+    for (size_t n = 0; n < m_spec.nodes.size(); ++n)
+      for (const NpuGraphSpec::Source& src : m_spec.nodes[n].inputs)
+        if (src.node >= 0)
+          first_read[static_cast<size_t>(src.node)] =
+              std::min(first_read[static_cast<size_t>(src.node)], n);
+    for (size_t n = 0; n < plan->steps.size(); ++n)
+      if (plan->steps[n].ahead) plan->queue_order.push_back(n);
+    std::stable_sort(plan->queue_order.begin(), plan->queue_order.end(),
+                     [&](size_t a, size_t b) { return first_read[a] < first_read[b]; });
+    for (size_t n = 0; n < plan->steps.size(); ++n)
+      if (!plan->steps[n].ahead) plan->queue_order.push_back(n);
     for (size_t k = 0; k < m_spec.outputs.size(); ++k) {
       const NpuGraphSpec::Source& o = m_spec.outputs[k];
       if (o.port >= static_cast<int>(
