@@ -133,6 +133,31 @@ def test_keras_dropout_training_same_with_the_rewrite_on_and_off():
           f"AI CPU {on['ai_cpu_us']:.1f} us, {on['overlap_us']:.1f} us beside AI-core tasks")
 
 
+def test_keras_dropout_training_whole_graph_as_node_by_node(tmp_path):
+    """Whole graph, each mask is an AI CPU step of the training step's one NpuGraph task list
+    (with the forward readers, the backward pass and the updates): the losses and weights equal
+    node by node's bit for bit, with the same 8 AI_CPU DropOutGenMask rows; node by node every
+    mask is a kernel call of its own."""
+    code = MASKS_PLACED + TRAIN_CODE + r"""
+per_graph = []
+placed = masks_placed(os.environ["NPUSIM_GRAPH_DUMP"], per_graph) if "NPUSIM_GRAPH_DUMP" in os.environ else None
+runs = sorted({r["graph_run"] for r in recs})
+print("RESULT" + json.dumps(dict(
+    loss=[float(v) for v in hist.history["loss"]],
+    weights=[w.numpy().tobytes().hex() for w in model.weights],
+    ai_cpu=sorted(r["Op Name"] for r in rows if r["Task Type"] == "AI_CPU"),
+    placed=placed, per_graph=per_graph, graph_runs=len([r for r in runs if r]))))
+"""
+    graph = child_result(code, extra_env={**CHIP_910, "NPUSIM_GRAPH_DUMP": str(tmp_path)})
+    nodes = child_result(code, extra_env={**CHIP_910, "NPUSIM_GRAPH": "0"})
+    assert graph["loss"] == nodes["loss"]
+    assert graph["weights"] == nodes["weights"]
+    assert graph["ai_cpu"] == nodes["ai_cpu"] and len(graph["ai_cpu"]) == 8, graph["ai_cpu"]
+    # The traced step's two masks, both in one NpuGraph node; none left outside.
+    assert graph["placed"] == [2, 0] and graph["per_graph"] == [2], graph
+    assert nodes["graph_runs"] == 0 and graph["graph_runs"] > 0, (graph, nodes)
+
+
 RAW_OP = r"""
 import numpy as np
 import tensorflow as tf
@@ -149,26 +174,71 @@ def gen_mask(shape, key, counter, alg, rate, dtype=tf.float32):
 """
 
 
-def test_raw_op_with_explicit_key_counter():
-    """The op on its own: a counter whose low word wraps inside the mask (the carry into the high
-    word), alg 1 and 3, against TF's uniform from the same key and counter on the CPU."""
-    code = RAW_OP + r"""
-import json
-import npusim  # pylint: disable=unused-import  (the plugin of this test run)
+# For a child run with NPUSIM_GRAPH_DUMP=<dump> (graph_optimizer.cpp): the DropOutGenMask nodes
+# of the optimized graphs (each graph's last optimizer pass), as (inside an NpuGraph node's task
+# list, left outside) counts; per_graph: the masks of each NpuGraph node holding any.
+MASKS_PLACED = r"""
+import glob
+from tensorflow.core.framework import graph_pb2
+def masks_placed(dump, per_graph=None):
+    last = {}
+    for path in glob.glob(os.path.join(dump, "*.after.pb")):
+        item, npass = path[:-len(".after.pb")].rsplit(".", 1)
+        if int(npass) >= last.get(item, (-1, ""))[0]:
+            last[item] = (int(npass), path)
+    inside = outside = 0
+    for _, path in last.values():
+        g = graph_pb2.GraphDef()
+        with open(path, "rb") as f:
+            g.ParseFromString(f.read())
+        for n in g.node:
+            outside += n.op == "DropOutGenMask"
+            if n.op == "NpuGraph":
+                sub = graph_pb2.GraphDef()
+                sub.ParseFromString(n.attr["graph"].s)
+                masks = sum(m.op == "DropOutGenMask" for m in sub.node)
+                inside += masks
+                if masks and per_graph is not None:
+                    per_graph.append(masks)
+    return inside, outside
+"""
+
+# The mask alone (a set of one node stays a kernel call of its own), or read by a Cast and a Mul
+# on the NPU: then the three are one NpuGraph whose task list holds the mask as an AI CPU step
+# (npu_graph_kernel.cpp), its key and counter TensorFlow's uint64 inputs of the graph.
+USES = {"alone": "lambda m: m", "in a graph": "lambda m: tf.cast(m, tf.float32) * 2.0"}
+
+
+@pytest.mark.parametrize("use", list(USES))
+def test_raw_op_with_explicit_key_counter(use, tmp_path):
+    """The op: a counter whose low word wraps inside the mask (the carry into the high word),
+    alg 1 and 3, against TF's uniform from the same key and counter on the CPU."""
+    code = RAW_OP + MASKS_PLACED + r"""
+import json, os
+import npusim
+use = """ + USES[use] + r"""
 key = tf.constant([0x0123456789ABCDEF], tf.uint64)
 counter = tf.constant([2**64 - 3, 17], tf.uint64)
 out = []
 for alg in (1, 3):
     for dtype, rate in ((tf.float32, 0.3), (tf.float16, 0.7), (tf.bfloat16, 0.5)):
         with tf.device("/CPU:0"):
-            want = tf.raw_ops.StatelessRandomUniformV2(
-                shape=[5, 9], key=key, counter=counter, alg=alg, dtype=dtype) >= tf.constant(rate, dtype)
+            want = use(tf.raw_ops.StatelessRandomUniformV2(
+                shape=[5, 9], key=key, counter=counter, alg=alg, dtype=dtype) >= tf.constant(rate, dtype))
+        npusim.clear_launch_records()
         with tf.device("/NPU:0"):
-            got = tf.function(lambda: gen_mask([5, 9], key, counter, alg, rate, dtype))()
-        out.append(bool(np.array_equal(got.numpy(), want.numpy())))
-print("RESULT" + json.dumps(out))
+            got = tf.function(lambda: use(gen_mask([5, 9], key, counter, alg, rate, dtype)))()
+        runs = {r["graph_run"] for r in npusim.launch_records()}
+        out.append([bool(np.array_equal(got.numpy(), want.numpy())), len(runs), 0 in runs])
+print("RESULT" + json.dumps(dict(cases=out, placed=masks_placed(os.environ["NPUSIM_GRAPH_DUMP"]))))
 """
-    assert child_result(code, extra_env=CHIP_910) == [True] * 6
+    r = child_result(code, extra_env={**CHIP_910, "NPUSIM_GRAPH_DUMP": str(tmp_path)})
+    assert [c[0] for c in r["cases"]] == [True] * 6, r
+    if use == "in a graph":  # the mask a step of the graph; its launches one graph run
+        assert r["placed"] == [6, 0], r
+        assert all(c[1] == 1 and not c[2] for c in r["cases"]), r
+    else:
+        assert r["placed"] == [0, 6], r
 
 
 def test_a_chip_without_ai_cpu_refuses_the_op(npusim, tf):
@@ -178,7 +248,9 @@ def test_a_chip_without_ai_cpu_refuses_the_op(npusim, tf):
     exec(RAW_OP, scope)  # pylint: disable=exec-used
     key = tf.constant([1], tf.uint64)
     counter = tf.constant([2, 3], tf.uint64)
-    with tf.device("/NPU:0"):
-        with pytest.raises(tf.errors.FailedPreconditionError,
-                           match="DropOutGenMask .*chip 'tiny' models no AI CPU"):
-            tf.function(lambda: scope["gen_mask"]([4, 5], key, counter, 1, 0.5))().numpy()
+    for use in USES.values():  # node by node, and as a step of an NpuGraph's task list
+        use = eval(use, scope)  # pylint: disable=eval-used
+        with tf.device("/NPU:0"):
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match="DropOutGenMask .*chip 'tiny' models no AI CPU"):
+                tf.function(lambda: use(scope["gen_mask"]([4, 5], key, counter, 1, 0.5)))().numpy()

@@ -13,6 +13,7 @@
 //      with its node's name and op type and a dispatch id per node (reports show the nodes as
 //      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
+//      (an AI CPU step whose inputs are the graph's queued first: Plan::queue_order);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
@@ -21,12 +22,18 @@
 // the variables' tensors; the locks are released when Compute returns.
 // A compile error is the op's error naming the node (as node by node: TF_UNIMPLEMENTED for an
 // unsupported shape or attribute).
+// A DropOutGenMask node (gen_mask_task.h) is an AI CPU step of the task list: queued in order
+// with the launches (Device::ai_cpu_task_async), reading key and counter where the run holds
+// them when the task runs, its mask pending until the task ends (its readers' launches wait for
+// it, the other launches do not). TensorFlow's uint64 key and counter enter the set as the
+// compiler's s64 (same 8 bytes), allowed for inputs only DropOutGenMask steps read.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -38,6 +45,7 @@
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/dense_update.h"
+#include "adapter/tf/plugin/gen_mask_task.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/op_defs.h"
@@ -77,6 +85,13 @@ struct Step {
   // reader, mixed_precision.h), its output kept across runs (queue_kept_output_op): the index
   // of Plan::kept_fallback, and of the Place::Kind::kept places reading that output.
   int kept = -1;
+  // An AI CPU step (a DropOutGenMask node): no launches; queued with queue_gen_mask, its inputs
+  // (shape, key, counter, alg: the key's and counter's places) and output (the mask) as a
+  // compiled step's. Attributes and element count here; the addresses are set per run.
+  std::optional<GenMaskTask> gen_mask;
+  // Queued ahead of every other step of the run (Plan::queue_order): an AI CPU step whose key and
+  // counter are inputs of the graph, so nothing of the run comes before it.
+  bool ahead = false;
 };
 
 struct Plan {
@@ -89,6 +104,13 @@ struct Plan {
   // Per variable: whether a step writes its new value into a new buffer (published after the
   // run), and whether a cache update writes into the variable's own buffer (in place).
   std::vector<char> new_value, in_place;
+  // The order a run queues the steps in: the steps `ahead` first (in the order their outputs
+  // are first read), then the others in task order. Queued after the stream's earlier launches, an
+  // AI CPU task could not start before they end (a task starts no earlier than its stream's ready
+  // time), and its readers would wait for all of it; ahead of them it runs on the AI CPU beside the
+  // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
+  // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
+  std::vector<size_t> queue_order;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -196,6 +218,16 @@ class NpuGraphKernel : public OpKernel {
           rt::Status(rt::StatusCode::invalid_argument, "NpuGraph '" + m_name + "': " + error));
       return;
     }
+    // The graph inputs only DropOutGenMask steps read as key or counter (TF's uint64).
+    std::vector<char> key_use(static_cast<size_t>(m_spec.num_inputs), 0),
+        other_use(static_cast<size_t>(m_spec.num_inputs), 0);
+    for (const NpuGraphSpec::Node& node : m_spec.nodes)
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (const int k = node.inputs[i].input; k >= 0)
+          (node.op == kGenMaskOp && (i == kGenMaskKeyInput || i == kGenMaskCounterInput)
+               ? key_use
+               : other_use)[static_cast<size_t>(k)] = 1;
+    for (size_t k = 0; k < key_use.size(); ++k) m_u64_inputs.push_back(key_use[k] && !other_use[k]);
     m_marked = ctx->HasAttr(kStableInputsAttr);
     if (m_marked && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok()) {
       m_marked = false;  // only a hint
@@ -220,7 +252,7 @@ class NpuGraphKernel : public OpKernel {
     std::string signature;
     for (size_t i = 0; i < inputs.size(); ++i) {
       NPU_OP_REQUIRES_OK(ctx, ctx->input(static_cast<int>(i), &inputs[i]));
-      NPU_OP_REQUIRES_OK(ctx, inputs[i].desc(&descs[i]));
+      NPU_OP_REQUIRES_OK(ctx, input_desc(i, inputs[i], &descs[i]));
       input_addrs.push_back(inputs[i].device_address());
       signature += descs[i].str() + ";";
     }
@@ -314,8 +346,22 @@ class NpuGraphKernel : public OpKernel {
     // Where each step's derived tensors live in this run (DerivedPlacement::placed).
     std::vector<std::vector<uint64_t>> derived(plan->steps.size());
     rt::Status st = rt::ok_status();
-    for (size_t n = 0; n < plan->steps.size(); ++n) {
+    for (const size_t n : plan->queue_order) {
       const Step& s = plan->steps[n];
+      if (s.gen_mask) {  // an AI CPU step; it pays no host dispatch (as node by node)
+        if (s.gen_mask->elements == 0) continue;
+        GenMaskTask task = *s.gen_mask;
+        task.key_addr = address(s.inputs.at(kGenMaskKeyInput));
+        task.counter_addr = address(s.inputs.at(kGenMaskCounterInput));
+        task.mask_addr = address(s.outputs.at(0));
+        auto label = std::make_shared<rt::LaunchLabel>(*s.label);
+        label->dispatch = next_dispatch_id();
+        label->graph_run = run;
+        label->host_dispatch = rt::LaunchLabel::HostDispatch::none;
+        st = queue_gen_mask(*device, stream, task, std::move(label));
+        if (!st.ok()) break;  // the status names the node
+        continue;
+      }
       if (s.in_place || s.compiled->kernel.launches.empty()) continue;  // nothing to run
       std::vector<uint64_t> in, out;
       for (const Place& p : s.inputs) in.push_back(address(p));
@@ -421,6 +467,11 @@ class NpuGraphKernel : public OpKernel {
       const auto what = [&] { return "node '" + node.name + "' (" + node.op + ")"; };
       if (std::vector<int> view_host; npu_graph_view_op(node.op, &view_host)) {
         rt::Status st = plan_view(n, in, output_of, plan, &buffers, &buffer_of);
+        if (!st.ok()) return st;
+        continue;
+      }
+      if (node.op == kGenMaskOp) {
+        rt::Status st = plan_gen_mask(n, in, output_of, plan, &buffers, &buffer_of);
         if (!st.ok()) return st;
         continue;
       }
@@ -574,6 +625,20 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
+    // The steps ahead in the order their outputs are first read (the AI CPU runs its tasks one
+    // after another: the first needed first), then the others in task order.
+    std::vector<size_t> first_read(plan->steps.size(), plan->steps.size());
+    for (size_t n = 0; n < m_spec.nodes.size(); ++n)
+      for (const NpuGraphSpec::Source& src : m_spec.nodes[n].inputs)
+        if (src.node >= 0)
+          first_read[static_cast<size_t>(src.node)] =
+              std::min(first_read[static_cast<size_t>(src.node)], n);
+    for (size_t n = 0; n < plan->steps.size(); ++n)
+      if (plan->steps[n].ahead) plan->queue_order.push_back(n);
+    std::stable_sort(plan->queue_order.begin(), plan->queue_order.end(),
+                     [&](size_t a, size_t b) { return first_read[a] < first_read[b]; });
+    for (size_t n = 0; n < plan->steps.size(); ++n)
+      if (!plan->steps[n].ahead) plan->queue_order.push_back(n);
     for (size_t k = 0; k < m_spec.outputs.size(); ++k) {
       const NpuGraphSpec::Source& o = m_spec.outputs[k];
       if (o.port >= static_cast<int>(
@@ -675,22 +740,13 @@ class NpuGraphKernel : public OpKernel {
     if ((*current)[k].kind != Place::Kind::variable)
       return fail("updates variable " + std::to_string(k) + " a second time");
     for (size_t i = 1; i < 3; ++i) {
-      const NpuGraphSpec::Source& src = node.inputs[i];
-      if (src.input >= 0) {
-        s.op.inputs.push_back(in.at(static_cast<size_t>(src.input)));
-        s.inputs.push_back({Place::Kind::input, static_cast<uint64_t>(src.input)});
-      } else if (src.node >= 0) {
-        const Step& from = plan->steps.at(static_cast<size_t>(src.node));
-        if (src.port >= static_cast<int>(from.compiled->kernel.outputs.size()))
-          return fail("reads output " + std::to_string(src.port) + " of '" + from.label->op_name +
-                      "', which has fewer");
-        s.op.inputs.push_back(from.compiled->kernel.outputs[static_cast<size_t>(src.port)]);
-        s.inputs.push_back(from.outputs[static_cast<size_t>(src.port)]);
-        const auto b = buffer_of->find({src.node, src.port});
-        if (b != buffer_of->end()) (*buffers)[static_cast<size_t>(b->second)].last = int(n);
-      } else {
-        return fail("its input " + std::to_string(i) + " is no tensor of the graph");
-      }
+      compiler::TensorDesc d;
+      Place p;
+      std::string why;
+      if (!tensor_source(n, node.inputs[i], in, *plan, buffers, *buffer_of, &d, &p, &why))
+        return fail("its input " + std::to_string(i) + " " + why);
+      s.op.inputs.push_back(std::move(d));
+      s.inputs.push_back(p);
     }
     const std::vector<HostAttrInput>* host = nullptr;
     const std::vector<AttrSpec>* specs = compiled_op_attrs(s.op.type, &host);
@@ -717,6 +773,134 @@ class NpuGraphKernel : public OpKernel {
     s.label = launch_label(node.name, s.op, s.compiled->kernel, node.members, node.report_type);
     s.derived_at.assign(s.compiled->kernel.derived.size(), Place{});  // computed as node by node
     s.derived_from.assign(s.compiled->kernel.derived.size(), {-1, -1});
+    plan->steps.push_back(std::move(s));
+    return rt::ok_status();
+  }
+
+  // Graph input i's description: TensorFlow's uint64 as the compiler's s64 (same 8 bytes) where
+  // only DropOutGenMask steps read it (their key and counter), an error elsewhere; other types
+  // as Tensor::desc.
+  rt::Status input_desc(size_t i, const Tensor& t, compiler::TensorDesc* out) const {
+    if (t.dtype() != TF_UINT64) return t.desc(out);
+    if (i >= m_u64_inputs.size() || !m_u64_inputs[i])
+      return rt::Status(rt::StatusCode::invalid_argument,
+                        "NpuGraph '" + m_name + "': input " + std::to_string(i) +
+                            " is uint64, which only DropOutGenMask's key and counter may be");
+    *out = compiler::TensorDesc{compiler::DataType::S64, t.shape()};
+    return rt::ok_status();
+  }
+
+  // The description and place of `src`, a tensor input of step n: an input of the graph or an
+  // earlier step's output (whose buffer then lives until step n); false if it is neither or
+  // names a port the step lacks (*why says which).
+  bool tensor_source(size_t n, const NpuGraphSpec::Source& src,
+                     const std::vector<compiler::TensorDesc>& in, const Plan& plan,
+                     std::vector<graph::PlannedBuffer>* buffers,
+                     const std::map<std::pair<int, int>, int>& buffer_of, compiler::TensorDesc* d,
+                     Place* p, std::string* why) const {
+    if (src.input >= 0) {
+      *d = in.at(static_cast<size_t>(src.input));
+      *p = {Place::Kind::input, static_cast<uint64_t>(src.input)};
+      return true;
+    }
+    if (src.node < 0) {
+      *why = "is no tensor of the graph";
+      return false;
+    }
+    const Step& from = plan.steps.at(static_cast<size_t>(src.node));
+    if (src.port >= static_cast<int>(from.compiled->kernel.outputs.size())) {
+      *why = "reads output " + std::to_string(src.port) + " of '" + from.label->op_name +
+             "', which has fewer";
+      return false;
+    }
+    *d = from.compiled->kernel.outputs[static_cast<size_t>(src.port)];
+    *p = from.outputs[static_cast<size_t>(src.port)];
+    const auto b = buffer_of.find({src.node, src.port});
+    if (b != buffer_of.end()) (*buffers)[static_cast<size_t>(b->second)].last = int(n);
+    return true;
+  }
+
+  // Step n, a DropOutGenMask (Step::gen_mask): shape and alg from the set's Consts (the
+  // clustering admits the node only so), key and counter TensorFlow's uint64 (s64 here: an
+  // input of the graph or an earlier step's output), checked as node by node
+  // (check_gen_mask_inputs); the mask (bool, the shape) an output of the graph or an arena
+  // buffer live until its last reader, as a compiled step's output.
+  rt::Status plan_gen_mask(size_t n, const std::vector<compiler::TensorDesc>& in,
+                           const std::map<std::pair<int, int>, int>& output_of, Plan* plan,
+                           std::vector<graph::PlannedBuffer>* buffers,
+                           std::map<std::pair<int, int>, int>* buffer_of) const {
+    const NpuGraphSpec::Node& node = m_spec.nodes[n];
+    const auto fail = [&](const std::string& why) {
+      return node_status(n, rt::StatusCode::invalid_argument, why);
+    };
+    if (node.inputs.size() != 4)
+      return fail("it has " + std::to_string(node.inputs.size()) +
+                  " inputs, not 4 (shape, key, counter, alg)");
+    Step s;
+    s.op.type = node.op;
+    std::vector<int64_t> shape, alg;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      compiler::TensorDesc d;
+      Place p;
+      const bool host = i == kGenMaskShapeInput || i == kGenMaskAlgInput;
+      if (host) {
+        const int c = node.inputs[i].host_const;
+        if (c < 0) return fail("its input " + std::to_string(i) + " is not a constant");
+        const Tensor t = host_tensor(m_spec.consts.at(static_cast<size_t>(c)));
+        rt::Status st =
+            t.valid() ? t.desc(&d) : rt::Status(rt::StatusCode::internal, "a host constant");
+        if (st.ok())
+          st = host_ints(kGenMaskOp, t, static_cast<int>(i),
+                         i == kGenMaskShapeInput ? &shape : &alg);
+        if (!st.ok()) return node_status(n, st.code(), st.message());
+      } else {
+        std::string why;
+        if (!tensor_source(n, node.inputs[i], in, *plan, buffers, *buffer_of, &d, &p, &why))
+          return fail("its input " + std::to_string(i) + " " + why);
+        if (d.dtype != compiler::DataType::S64)
+          return fail("its input " + std::to_string(i) + " is " + d.str() +
+                      ", not TensorFlow's uint64 key or counter");
+      }
+      s.op.inputs.push_back(std::move(d));
+      s.inputs.push_back(p);
+    }
+    GenMaskTask task;
+    const auto dtype = node.attrs.find("dtype");
+    const auto rate = node.attrs.find("rate");
+    const std::string* type_name =
+        dtype == node.attrs.end() ? nullptr : std::get_if<std::string>(&dtype->second);
+    const std::optional<compiler::DataType> type =
+        type_name ? compiler::data_type_from_name(*type_name) : std::nullopt;
+    const double* rate_value =
+        rate == node.attrs.end() ? nullptr : std::get_if<double>(&rate->second);
+    if (!type || !rate_value) return fail("its dtype or rate attribute is missing");
+    rt::Status st = gen_mask_uniform_type(to_tf_dtype(*type), &task.type);
+    if (st.ok())
+      st = check_gen_mask_inputs(shape, alg, s.op.inputs[kGenMaskKeyInput].num_elements(),
+                                 s.op.inputs[kGenMaskCounterInput].num_elements(), &task.elements);
+    if (!st.ok()) return node_status(n, st.code(), st.message());
+    task.rate = static_cast<float>(*rate_value);
+    s.gen_mask = task;
+    s.ahead = s.inputs[kGenMaskKeyInput].kind == Place::Kind::input &&
+              s.inputs[kGenMaskCounterInput].kind == Place::Kind::input;
+    auto compiled = std::make_shared<CompiledOp>();
+    const compiler::TensorDesc mask{compiler::DataType::BOOL, shape};
+    compiled->kernel.outputs = {mask};
+    if (const auto o = output_of.find({static_cast<int>(n), 0}); o != output_of.end()) {
+      s.outputs.push_back({Place::Kind::output, static_cast<uint64_t>(o->second)});
+      plan->outputs[static_cast<size_t>(o->second)] = mask;
+    } else if (mask.bytes() > 0) {
+      (*buffer_of)[{static_cast<int>(n), 0}] = static_cast<int>(buffers->size());
+      s.outputs.push_back({Place::Kind::arena, buffers->size()});  // index until placed
+      // Written ahead of every step (Step::ahead): live from the run's start.
+      const int first = s.ahead ? 0 : static_cast<int>(n);
+      buffers->push_back({node.name + ":0", compiler::device_buffer_bytes(mask.bytes()), first,
+                          static_cast<int>(n), 0});
+    } else {
+      s.outputs.push_back({});
+    }
+    s.label = gen_mask_label(node.name, shape);
+    s.compiled = std::move(compiled);
     plan->steps.push_back(std::move(s));
     return rt::ok_status();
   }
@@ -982,6 +1166,7 @@ class NpuGraphKernel : public OpKernel {
   std::string m_name;
   NpuGraphSpec m_spec;
   std::vector<int64_t> m_stable;
+  std::vector<char> m_u64_inputs;  // per graph input: only DropOutGenMask's key or counter
   bool m_marked = false;    // the graph optimizer gave the node kStableInputsAttr (StableInputs)
   int64_t m_variables = 0;  // V
   std::mutex m_mutex;
@@ -996,6 +1181,10 @@ void unknown_shapes(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 }  // namespace
 
 bool npu_graph_clusterable_op(const std::string& op, std::vector<int>* host_inputs) {
+  if (op == kGenMaskOp && gen_mask_registered()) {  // an AI CPU step (plan_gen_mask)
+    *host_inputs = {kGenMaskShapeInput, kGenMaskAlgInput};
+    return true;
+  }
   const std::vector<HostAttrInput>* host = nullptr;
   if (!compiled_op_attrs(op, &host)) return false;
   host_inputs->clear();
