@@ -612,29 +612,30 @@ class RmsNormEmitter {
            m_alt = 0, m_gamma = 0, m_beta = 0, m_mean = 0;
 };
 
-// LayerNormXBackpropV2's buffers; units: rows per group. staged: groups of fewer rows than a
-// block of mean / rstd holds (8): each group's statistics loaded from its 8-row block's first
-// row (the rows of that block before the group, up to 7, loaded and replicated too).
+// LayerNormXBackpropV2's buffers; units: rows per group. staged_rows > 0: groups starting inside
+// the statistics' last 32-byte granule load it whole (the rows of it before the group loaded and
+// replicated too): staged_rows, the rows of that granule (1 to 8).
 struct GradBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, raw_dy, mean_in, rstd_in, xw, dyw, g, sq, acc, acc2, s1, s2, rep_block, rep,
       rep_rstd, rep_staged, scratch, alt, gamma_raw, gamma, dx_out, res_out;
 };
 
-GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg, bool staged) {
+GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg, int64_t staged_rows) {
   GradBuffers n;
   BufferPlan& p = n.plan;
   const int64_t sz = isa::dtype_size(t), psz = isa::dtype_size(pt);
   const bool conv = t != Dtype::F32;
-  // A size of G rows' buffer, or with staged of the G + 7 rows from the group's block's first.
-  const auto with_lead = [staged](BufferPlan::SizeFn f) -> BufferPlan::SizeFn {
-    if (!staged) return f;
-    return [f](int64_t G) { return f(G + kBlockLanes32 - 1); };
+  // A size of G rows' buffer, and of the staged rows where there are more (the same bytes for
+  // groups of up to 8 rows).
+  const auto with_staged = [staged_rows](BufferPlan::SizeFn f) -> BufferPlan::SizeFn {
+    if (staged_rows == 0) return f;
+    return [f, staged_rows](int64_t G) { return std::max(f(G), f(staged_rows)); };
   };
   n.raw_x = p.add_sized("x rows", blocks_of(H * sz), 2);
   n.raw_dy = p.add_sized("dy rows", blocks_of(H * sz), 2);
-  n.mean_in = p.add_sized("row means", with_lead(blocks_of(kLaneBytes)), 2);
-  n.rstd_in = p.add_sized("row rstd", with_lead(blocks_of(kLaneBytes)), 2);
+  n.mean_in = p.add_sized("row means", with_staged(blocks_of(kLaneBytes)), 2);
+  n.rstd_in = p.add_sized("row rstd", with_staged(blocks_of(kLaneBytes)), 2);
   n.xw = p.add_sized("x rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
   n.dyw = p.add_sized("dy rows (f32)", blocks_of(H * kLaneBytes), 1, conv);
   n.g = p.add_sized("dy * gamma", blocks_of(H * kLaneBytes));
@@ -648,14 +649,15 @@ GradBuffers grad_buffers(int64_t H, Dtype t, Dtype pt, const ChipConfig& cfg, bo
   n.rep_block = p.add_sized("replicated", replicated_bytes);
   n.rep = p.add_sized("replicated (wide)", widened_bytes);
   n.rep_rstd = p.add_sized("replicated rstd (wide)", widened_bytes);
-  n.rep_staged = p.add_sized("replicated (from the block's first row)", with_lead(replicated_bytes),
-                             1, staged);
-  n.scratch = p.add_sized("replicate scratch", with_lead(replicate_scratch_bytes));
-  n.alt = p.add_sized("alternating pattern", with_lead(alt_pattern_bytes));
+  n.scratch = p.add_sized("replicate scratch", with_staged(replicate_scratch_bytes));
+  n.alt = p.add_sized("alternating pattern", with_staged(alt_pattern_bytes));
   n.gamma_raw = p.add_fixed("gamma", static_cast<uint64_t>(rnd(H * psz)), 1, pt != Dtype::F32);
   n.gamma = p.add_fixed("gamma (f32)", static_cast<uint64_t>(rnd(H * kLaneBytes)));
   n.dx_out = p.add_sized("dx rows", blocks_of(H * sz), 2);
   n.res_out = p.add_sized("xhat rows (f32)", blocks_of(H * kLaneBytes), 2);
+  // Last, so that the other buffers stay where they are without it.
+  n.rep_staged = p.add_fixed("replicated (the statistics' last granule)",
+                             replicated_bytes(staged_rows), 1, staged_rows > 0);
   place_in_windows(p, cfg,
                    {n.raw_x, n.raw_dy, n.xw, n.dyw, n.g, n.sq, n.gamma, n.res_out, n.acc, n.acc2});
   declare_repeat_overhang(p);
@@ -680,16 +682,18 @@ class LayerNormGradEmitter {
 
   Launch build(const ChipConfig& cfg) {
     const VectorCores cores = VectorCores::of(cfg);
-    GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg, false);
+    GradBuffers bufs = grad_buffers(m_h, m_t, m_pt, cfg, 0);
     // Blocks of whole 8-row blocks: a block's rows start on a 32-byte block of mean and rstd.
     const BlockSplit split = BlockSplit::make(m_rows, cores.count, kBlockLanes32);
     int64_t G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
-    // Groups of fewer rows than a block of mean / rstd: the statistics staged (the buffers for
-    // it, and the group size refitted with them).
-    m_staged = G % kBlockLanes32 != 0;
-    if (m_staged) {
-      bufs = grad_buffers(m_h, m_t, m_pt, cfg, true);
+    // Groups starting inside the statistics' last 32-byte granule (groups of fewer than 8 rows)
+    // would read past it: those load it whole, staged (the buffers for it, and the group size
+    // refitted with them).
+    if (starts_in_last_granule(split, G)) {
+      const int64_t staged_rows = m_rows - last_granule_row();
+      bufs = grad_buffers(m_h, m_t, m_pt, cfg, staged_rows);
       G = group_rows(bufs.plan, cfg, cores, split, m_b, m_h);
+      if (starts_in_last_granule(split, G)) m_staged_rows = staged_rows;
     }
     m_group = G;
     m_by_row = rows_apply_by_row(G, m_h);
@@ -731,7 +735,7 @@ class LayerNormGradEmitter {
                       {&m_alt, bufs.alt},
                       {&m_gamma, bufs.gamma}});
     load_param_row(m_b, m_pt, m_h, args[4], at[bufs.gamma_raw], m_gamma, "gamma");
-    fill_alt_pattern(m_b, m_alt, m_staged ? G + kBlockLanes32 - 1 : G);
+    fill_alt_pattern(m_b, m_alt, std::max(G, m_staged_rows));
     m_k.start_pingpong();
     m_k.resident_groups(
         split, m_rows, G, m_layout, [this](const GroupRegs& g, int q) { load(g, q); },
@@ -753,24 +757,48 @@ class LayerNormGradEmitter {
     b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, what);
   }
 
-  // The group's statistics (4 bytes a row) from GM `base` to `dst` in whole 32-byte blocks: from
-  // the group's first row, or staged from its 8-row block's first row (`lead` rows before the
-  // group's), so that no block reaches past the tensor's last 32-byte granule.
-  void load_row_values(const GroupRegs& g, const Reg& base, uint64_t dst, const char* what) {
-    if (!m_staged) {
-      load_rows(g, base, dst, kLaneBytes, what);
+  // First row of the statistics' last 32-byte granule (8 rows of 4 bytes).
+  int64_t last_granule_row() const { return (m_rows - 1) / kBlockLanes32 * kBlockLanes32; }
+  // Whether a group of G rows starts inside the statistics' last granule, past its first row: its
+  // statistics, read in whole 32-byte blocks from its first row, would pass the tensor's end.
+  // The granule lies in the last block's range (ranges are whole 8-row blocks).
+  bool starts_in_last_granule(const BlockSplit& split, int64_t G) const {
+    const int64_t r0 = (split.block_dim - 1) * split.per, K = last_granule_row();
+    // The block's first group starting past K (r0 <= K: both whole 8-row blocks).
+    return r0 + ceil_div(K + 1 - r0, G) * G < m_rows;
+  }
+
+  // Emits direct() for the groups, or where staged, staged() for the groups starting inside the
+  // statistics' last granule past its first row and direct() for the others (a branch on the
+  // group's first row).
+  void by_last_granule(const GroupRegs& g, const std::function<void()>& direct,
+                       const std::function<void()>& staged) {
+    if (m_staged_rows == 0) {
+      direct();
       return;
     }
     KernelBuilder& b = m_b;
-    Reg lead = b.reg("rows of the block before the group"), first = b.reg("block's first row"),
-        rows = b.reg("rows from the block's first"), src = b.reg("source"),
-        blocks = b.reg("blocks");
-    b.and_(lead, g.r, kBlockLanes32 - 1);
-    b.sub(first, g.r, lead);
-    b.add(rows, lead, g.rows);
-    count_blocks(b, blocks, rows, kLaneBytes);
-    b.mul_add(src, first, kLaneBytes, base);
-    b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, blocks, 0, 0}, what);
+    Label other = b.label("not inside the last granule"), done = b.label("last granule done");
+    b.branch(lt(g.r, last_granule_row() + 1), other);
+    staged();
+    b.jmp(done);
+    b.bind(other);
+    direct();
+    b.bind(done);
+  }
+
+  // The group's statistics (4 bytes a row) from GM `base` to `dst` in whole 32-byte blocks: from
+  // the group's first row, or staged the statistics' last granule whole, so that no block reaches
+  // past the tensor's last 32-byte granule.
+  void load_row_values(const GroupRegs& g, const Reg& base, uint64_t dst, const char* what) {
+    by_last_granule(
+        g, [&] { load_rows(g, base, dst, kLaneBytes, what); },
+        [&] {
+          KernelBuilder& b = m_b;
+          Reg src = b.reg("source");
+          b.add(src, base, last_granule_row() * kLaneBytes);
+          b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, 1, 0, 0}, what);
+        });
   }
 
   void load(const GroupRegs& g, int q) {
@@ -866,25 +894,25 @@ class LayerNormGradEmitter {
     widen_rows_grouped(m_b, m_rep_block, g.rows, dst, m_group);
   }
   // The group's statistic as load_row_values left it at `loaded` replicated into dst as
-  // replicate() does: staged, the rows from the block's first replicated, then the group's
-  // blocks (from the lead-th) copied to the front.
+  // replicate() does: staged, the granule's rows replicated, then the group's blocks (from the
+  // granule's row r) copied to the front.
   void replicate_loaded(const GroupRegs& g, uint64_t loaded, uint64_t dst) {
-    if (!m_staged) {
-      replicate(g, loaded, dst);
-      return;
-    }
-    KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, "statistic from the block's first row: the group's rows");
-    Reg lead = b.reg("rows of the block before the group"), rows = b.reg("rows replicated"),
-        at = b.reg("group's first block"), lanes = b.reg("lanes");
-    b.and_(lead, g.r, kBlockLanes32 - 1);
-    b.add(rows, lead, g.rows);
-    replicate_rows(b, loaded, rows, m_rep_staged, m_scratch, m_alt);
-    b.mul_add(at, lead, kBlock, static_cast<int64_t>(m_rep_staged));
-    b.mul(lanes, g.rows, kBlockLanes32);
-    const uint64_t blocks = wide() ? m_rep_block : dst;
-    vec_copy_bits(b, kLaneBytes, static_cast<int64_t>(blocks), at, lanes);
-    if (wide()) widen_rows_grouped(b, m_rep_block, g.rows, dst, m_group);
+    by_last_granule(
+        g, [&] { replicate(g, loaded, dst); },
+        [&] {
+          KernelBuilder& b = m_b;
+          KernelBuilder::Origin o(b, "statistic from the last granule: the group's rows");
+          Reg rows = b.reg_imm("granule's rows", m_staged_rows), at = b.reg("group's first block"),
+              lanes = b.reg("lanes");
+          replicate_rows(b, loaded, rows, m_rep_staged, m_scratch, m_alt);
+          // at = rep_staged + (r - K) blocks
+          b.mul_add(at, g.r, kBlock,
+                    static_cast<int64_t>(m_rep_staged) - last_granule_row() * kBlock);
+          b.mul(lanes, g.rows, kBlockLanes32);
+          const uint64_t blocks = wide() ? m_rep_block : dst;
+          vec_copy_bits(b, kLaneBytes, static_cast<int64_t>(blocks), at, lanes);
+          if (wide()) widen_rows_grouped(b, m_rep_block, g.rows, dst, m_group);
+        });
   }
   // dst rows = op(src rows, the row's value replicated at rep), f32: one instruction per row
   // (rows_apply) or per span (rows_bcast_into), whichever issues fewer cycles at this group size.
@@ -909,10 +937,10 @@ class LayerNormGradEmitter {
   KernelBuilder& m_b;
   int64_t m_rows, m_h;
   Dtype m_t, m_pt;
-  int64_t m_group = 0;       // rows per group (G)
-  bool m_by_row = false;     // rows_apply_by_row at this kernel's group size
-  bool m_span_sums = false;  // row_sums_by_span at this kernel's group size
-  bool m_staged = false;     // statistics loaded from the groups' 8-row blocks (GradBuffers)
+  int64_t m_group = 0;        // rows per group (G)
+  bool m_by_row = false;      // rows_apply_by_row at this kernel's group size
+  bool m_span_sums = false;   // row_sums_by_span at this kernel's group size
+  int64_t m_staged_rows = 0;  // the statistics' last granule's rows where staged, else 0
   SuperRowLayout m_layout;
   Reg m_dy, m_x, m_rstd_gm, m_mean_gm, m_dx, m_res;
   Twin m_raw_x, m_raw_dy, m_mean_in, m_rstd_in, m_dx_out, m_res_out;
