@@ -1,5 +1,6 @@
 #include "sim/replay/address_flow.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <string_view>
@@ -151,7 +152,11 @@ std::string describe(Val v, const Lattice& l) {
 
 }  // namespace
 
-AddressFlow analyze_address_flow(const isa::Program& program) {
+namespace {
+
+// The analysis above; with loads_fixed, a loaded value is Fixed (the same in every launch of the
+// key), as it is among launches that load the same bytes (AddressFlow::steered).
+AddressFlow analyze(const isa::Program& program, bool loads_fixed) {
   AddressFlow flow;
   Lattice lat;
   const size_t nargs = program.arg_names.size();
@@ -194,7 +199,7 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
         const auto b = [&] { return ins.ops[2].is_reg ? r[reg(ins.ops[2])] : kFixed; };
         switch (ins.op) {
           case Opcode::op_mov: d = r[reg(ins.ops[1])]; break;
-          case Opcode::op_ld: d = kData; break;
+          case Opcode::op_ld: d = loads_fixed ? kFixed : kData; break;
           case Opcode::op_ldarg:
             d = ins.ops[1].value >= 0 && static_cast<size_t>(ins.ops[1].value) < nargs
                     ? static_cast<Val>(ins.ops[1].value)
@@ -270,6 +275,24 @@ AddressFlow analyze_address_flow(const isa::Program& program) {
     flow.gm_arg.push_back(std::move(gm));
   }
   flow.ok = true;
+  return flow;
+}
+
+}  // namespace
+
+AddressFlow analyze_address_flow(const isa::Program& program) {
+  AddressFlow flow = analyze(program, false);
+  if (flow.ok) return flow;
+  const bool loads =
+      std::any_of(program.sections.begin(), program.sections.end(), [](const auto& s) {
+        return std::any_of(s.code.begin(), s.code.end(),
+                           [](const isa::Instruction& in) { return in.op == Opcode::op_ld; });
+      });
+  if (!loads) return flow;
+  AddressFlow fixed = analyze(program, true);
+  if (!fixed.ok) return flow;
+  flow.steered = true;
+  flow.gm_arg = std::move(fixed.gm_arg);
   return flow;
 }
 

@@ -53,9 +53,19 @@ struct AddressFlow {
   std::vector<std::vector<int16_t>> gm_arg;
   // Whether the program has cc_set or cc_wait (analysed whether ok or not, up to `why`).
   bool cross_core = false;
+  // Not ok (`why` says where a loaded value goes), but the program moves with its tensors among
+  // launches whose every ld reads the bytes it read in the recorded launch: the analysis with a
+  // loaded value taken as Fixed is ok. By induction over each core's run, the launches then
+  // load the same values, take the same branches and issue the same operands, each GM operand
+  // moved by its argument's displacement (the loads' addresses too, which is where the next
+  // launch's bytes are compared: record_translation, loads_as_recorded). A gather's row
+  // address (params + index * row), a segment sum's branch on its segment id, an int64
+  // kernel's loop on a value's words. gm_arg is filled as for ok.
+  bool steered = false;
 };
 
-// Analyses `program` (every section). A program with a loaded value or tensor address anywhere but
+// Analyses `program` (every section; again with loaded values taken as Fixed if not ok and it has
+// ld: AddressFlow::steered). A program with a loaded value or tensor address anywhere but
 // where allowed above (a divisor included: one launch's may be zero), or a GM operand not derived
 // from exactly one argument is not ok.
 AddressFlow analyze_address_flow(const isa::Program& program);

@@ -203,8 +203,12 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
                         : "";
   if (replayable && translate) {
     P->flow = &m_store.address_flow(P->key, *launch.program);
-    if (logging && !P->flow->ok) why = "address flow not followed: " + P->flow->why;
-    if (!P->flow->ok)
+    // A program whose loaded values steer it replays in a timing-only simulator only, where
+    // nothing a replay does depends on them but the check of its loads' bytes
+    // (loads_as_recorded); a functional replay would walk it with this launch's values.
+    const bool followed = P->flow->ok || (P->flow->steered && !opts.functional);
+    if (logging && !followed) why = "address flow not followed: " + P->flow->why;
+    if (!followed)
       P->flow = nullptr;
     else if (opts.replay_relocate)
       P->loose = P->similar;  // before the extents below
@@ -240,14 +244,24 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       auto it = m_cfg.align_bytes.find(isa::Buf::GM);
       return it == m_cfg.align_bytes.end() || it->second == 0 ? uint64_t{1} : uint64_t{it->second};
     }();
-    if (found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes)) {
+    // Whether `r` (which times the launch by its addresses) loads what it loaded then.
+    std::string other_loads;
+    const auto loads_alike = [&](const RecordedLaunch& r) {
+      return loads_as_recorded(r, launch.args, m_gm, logging ? &other_loads : nullptr);
+    };
+    const bool own =
+        found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes);
+    if (own && loads_alike(*found)) {
       recorded = found;
       how = "translated, its own key";
     } else {
+      // Its own recording loaded other bytes: simulated, the launch is recorded afresh.
+      stale = own;
       size_t candidates = 0;
       for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar)) {
         ++candidates;
-        if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes)) {
+        if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes) &&
+            loads_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
           how = "translated, other addresses in blocks laid out alike";
@@ -263,7 +277,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           bool sets_moved = false;
           if (in_time(*candidate) &&
               relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
-                               logging ? &refused : nullptr, &sets_moved)) {
+                               logging ? &refused : nullptr, &sets_moved) &&
+              loads_alike(*candidate)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
             how = sets_moved ? "relocated, its L2 sets moved alike" : "relocated";
@@ -273,7 +288,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           if (logging && candidates++ == 0)
             why = "other block layout: " + (refused.empty() ? "past the time limit" : refused);
         }
-      if (logging && !recorded && candidates == 0) {
+      if (logging && !recorded && !other_loads.empty())
+        why = "its recordings loaded other bytes: " + other_loads;
+      else if (logging && !recorded && candidates == 0) {
         auto it = m_store.unrelocatable.find(P->loose);
         why = opts.replay_relocate && it != m_store.unrelocatable.end()
                   ? "other block layout: " + it->second
@@ -283,6 +300,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // A timing-only run carries it out by the translated ranges alone; a functional one runs
     // its effects below (replay_blocks at these arguments).
     have_writes = recorded != nullptr && !opts.functional;
+    if (logging && recorded && P->flow->steered) how += ", its loads read as recorded";
   }
   // A functional replay in the recorded order across the cores holds every effect its cores'
   // walks issue until it carries them out: unless this key's effects are kept already, a launch
@@ -312,6 +330,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     // replay's walk reads each ld where the recorded order places it (replay_blocks).
     const bool data_only_loads = loads && recorded && recorded == found && !keep_l2 &&
                                  m_store.address_flow(P->key, *launch.program).ok;
+    // (A steered flow is not ok: its loaded values reach more than data operands.)
     const bool checked = recorded && ((loads && !data_only_loads) || keep_l2);
     stale = checked && !verify(*recorded, launch, verified_writes, verified_effects);
     have_writes = checked && !stale && verified_writes;
@@ -443,7 +462,8 @@ KernelResult ChipLauncher::finish() {
                     (!m_chip.mix() || P->lean || P->ordered) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
-    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, &rec);
+    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm,
+                       &rec);
     // A lean recording serves translation only: its walk (sections, effect order, transfer
     // order) is never read and need not take memo space.
     if (P->lean) {

@@ -31,6 +31,16 @@ uint64_t CoreRecording::took_effect(isa::Pipe pipe) {
 
 void CoreRecording::on_scalar_gm(uint32_t pc, const GmAccess& access) {
   uint64_t bytes = note(pc, access);
+  if (!access.write) {
+    Load* last = m_loads.empty() ? nullptr : &m_loads.back();
+    if (last && last->pc == pc && access.addr >= last->addr &&
+        access.addr <= last->addr + last->bytes) {
+      last->bytes = std::max(last->bytes, access.addr + access.bytes - last->addr);
+    } else {
+      m_loads.push_back({pc, access.addr, access.bytes});
+      bytes += sizeof(Load);
+    }
+  }
   if (!m_lean) bytes += took_effect(isa::Pipe::S);
   m_env.recorded(bytes);  // last: it may drop this record
 }
@@ -70,6 +80,7 @@ void CoreRecording::drop() {
   std::vector<uint8_t>().swap(m_exec_order);
   std::vector<GmAccess>().swap(m_gm_accesses);
   std::vector<GmOp>().swap(m_gm_ops);
+  std::vector<Load>().swap(m_loads);
   std::vector<uint8_t>().swap(m_transfer_pipes);
   std::vector<Span>().swap(m_spans);
 }

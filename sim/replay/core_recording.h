@@ -58,6 +58,15 @@ class CoreRecording final : public CoreRecorder {
     uint64_t begin = UINT64_MAX, end = 0;
   };
   const std::vector<Span>& spans() const { return m_spans; }
+  // The ranges the core's ld instructions read (8 bytes each), in order, a load of the same pc
+  // that continues or repeats the previous one joined to it (a core reading a run of indices
+  // keeps one range). A program whose loaded values steer it (AddressFlow::steered) replays
+  // only where the same bytes lie there again (record_translation keeps them).
+  struct Load {
+    uint32_t pc;
+    uint64_t addr, bytes;
+  };
+  const std::vector<Load>& loads() const { return m_loads; }
   // The pipe of each GM transfer, in the order the transfers reached the memory system (its
   // L2 lookups, MemorySystem::transfer_order), not the order they took effect in.
   const std::vector<uint8_t>& transfer_pipes() const { return m_transfer_pipes; }
@@ -79,6 +88,7 @@ class CoreRecording final : public CoreRecorder {
   std::vector<uint8_t> m_exec_order;
   std::vector<GmAccess> m_gm_accesses;
   std::vector<GmOp> m_gm_ops;
+  std::vector<Load> m_loads;
   std::vector<uint8_t> m_transfer_pipes;
   CoreFingerprint m_fingerprint;
 };

@@ -285,9 +285,10 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
 
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
                         const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
-                        RecordedLaunch* rec) {
+                        const DeviceMemory& gm, RecordedLaunch* rec) {
   rec->translation.reset();
-  if (!flow.ok || !gm_blocks || flow.gm_arg.size() != program.sections.size()) return;
+  if (!(flow.ok || flow.steered) || !gm_blocks || flow.gm_arg.size() != program.sections.size())
+    return;
   // The block of each argument a GM operand derives from, looked up once.
   struct Block {
     bool looked = false, found = false;
@@ -313,6 +314,7 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   std::vector<RecordedLaunch::Translation::Extent>& extents = translation->extents;
   extents.resize(args.size());
   std::vector<Range> writes;  // Range::core holds the argument
+  std::vector<Range> loads;   // as offsets in the argument's block (steered programs)
   const auto& recordings = chip.recordings();
   for (const auto& core : chip.cores()) {
     const auto& assigned = core->assigned_blocks();
@@ -348,6 +350,42 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
         const GmAccess& a = accesses[i];
         if (a.addr < b->start || a.addr + a.bytes > b->end || a.addr + a.bytes < a.addr) return;
         if (a.write) writes.push_back({a.addr - b->start, a.addr - b->start + a.bytes, k});
+      }
+    }
+    if (flow.steered)
+      for (const CoreRecording::Load& l : r.loads()) {
+        const Block* b = block_at(gm_arg, l.pc);
+        if (!b || l.addr < b->start || l.addr + l.bytes > b->end) return;
+        loads.push_back({l.addr - b->start, l.addr - b->start + l.bytes, gm_arg[l.pc]});
+      }
+  }
+  // What the loads read, kept to compare with a later launch's bytes (loads_as_recorded). Each
+  // ld read its bytes as they were when the launch began only if no instruction of the launch
+  // wrote them: a later launch is compared at its start. So a steered program that loads bytes
+  // it writes is not translatable (# conservative: the order of the two is not looked at).
+  if (flow.steered) {
+    std::map<int, std::vector<Range>> loads_by_arg, writes_by_arg;
+    for (const Range& l : loads) loads_by_arg[l.core].push_back(l);
+    for (const Range& w : writes) writes_by_arg[w.core].push_back(w);
+    std::vector<Range> written;  // device addresses
+    for (auto& [k, list] : writes_by_arg)
+      for (const Range& m : merged(std::move(list)))
+        written.push_back({blocks[static_cast<size_t>(k)].start + m.begin,
+                           blocks[static_cast<size_t>(k)].start + m.end, k});
+    written = merged(std::move(written));
+    for (auto& [k, list] : loads_by_arg) {
+      const uint64_t start = blocks[static_cast<size_t>(k)].start;
+      const uint64_t arg_offset = args[static_cast<size_t>(k)] - start;
+      for (const Range& m : merged(std::move(list))) {
+        const uint64_t lo = start + m.begin, hi = start + m.end;
+        auto it = std::upper_bound(written.begin(), written.end(), lo,
+                                   [](uint64_t addr, const Range& w) { return addr < w.begin; });
+        if (it != written.begin() && std::prev(it)->end > lo) return;
+        if (it != written.end() && it->begin < hi) return;
+        translation->loads.push_back({static_cast<uint32_t>(k), m.begin - arg_offset,
+                                      m.end - m.begin, translation->loaded.size()});
+        translation->loaded.resize(translation->loaded.size() + (hi - lo));
+        gm.read(lo, translation->loaded.data() + translation->loads.back().first, hi - lo);
       }
     }
   }
@@ -405,6 +443,28 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
   writes->reserve(t->writes.size());
   for (const RecordedLaunch::Translation::Write& w : t->writes)
     writes->push_back({args[w.arg] + w.offset, w.bytes, true, isa::L2Hint::NORMAL});
+  return true;
+}
+
+bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                       const DeviceMemory& gm, std::string* why) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || t->loads.empty()) return true;
+  if (t->args.size() != args.size()) return false;
+  std::vector<uint8_t> now;
+  for (const RecordedLaunch::Translation::Load& l : t->loads) {
+    const uint64_t addr = args[l.arg] + l.offset;
+    now.resize(l.bytes);
+    if (gm.in_bounds(addr, l.bytes)) gm.read(addr, now.data(), l.bytes);
+    if (!gm.in_bounds(addr, l.bytes) ||
+        !std::equal(now.begin(), now.end(), t->loaded.begin() + static_cast<ptrdiff_t>(l.first))) {
+      if (why)
+        *why = fmt::format("argument {} holds other bytes where the recorded launch loaded ({} at "
+                           "offset {})",
+                           l.arg, l.bytes, static_cast<int64_t>(l.offset));
+      return false;
+    }
+  }
   return true;
 }
 
@@ -868,7 +928,8 @@ uint64_t RecordedLaunch::bytes() const {
   if (translation)
     n += sizeof(*translation) + translation->args.size() * sizeof(uint64_t) +
          translation->writes.size() * sizeof(Translation::Write) +
-         translation->extents.size() * sizeof(Translation::Extent);
+         translation->extents.size() * sizeof(Translation::Extent) +
+         translation->loads.size() * sizeof(Translation::Load) + translation->loaded.size();
   return n;
 }
 

@@ -115,6 +115,17 @@ struct RecordedLaunch {
       uint64_t offset, bytes;
     };
     std::vector<Write> writes;  // every range the launch wrote, merged (their union)
+    // A program whose loaded values steer it (AddressFlow::steered): every range its loads
+    // read, merged, relative to its argument as `writes`, and the bytes read there (at `first`
+    // in `loaded`). A launch replays from this recording only if the same bytes lie there
+    // again (loads_as_recorded). Empty for a program whose loads reach data operands only.
+    struct Load {
+      uint32_t arg;
+      uint64_t offset, bytes;
+      size_t first;
+    };
+    std::vector<Load> loads;
+    std::vector<uint8_t> loaded;
     // For a replay at other offsets in the arguments' blocks (relocated_writes): per argument,
     // where it lay and the span of the GM ranges that derive from it.
     struct Extent {
@@ -203,9 +214,23 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
 // Nothing of the launch is walked: its check is a key lookup and one subtraction per argument.
 // Fills rec->translation when `flow` is ok and (2) holds for the launch `chip` just recorded
 // (call before Chip::end_launch); gm_blocks is the launch's (KernelLaunch::gm_blocks).
+// A program whose loaded values steer it (AddressFlow::steered; timing-only simulators only, the
+// caller's part) is translatable too when no range its loads read is written by the launch:
+// the bytes its loads read, which are then those in `gm` at the launch's end, are kept
+// (Translation::loads), and (1) holds for a launch that loads the same bytes
+// (loads_as_recorded).
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
                         const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
-                        RecordedLaunch* rec);
+                        const DeviceMemory& gm, RecordedLaunch* rec);
+// Whether a launch of `rec`'s program at `args` loads what the recorded one loaded: for a
+// program whose loaded values steer it, the bytes at each recorded load range, moved with its
+// argument, are the recorded ones in `gm` as the launch begins (no range is written by the
+// launch: record_translation). Then, by induction over each core's run, every ld reads the
+// recorded value, and the launch is the recorded one moved with its tensors (address_flow.h).
+// True for a recording without loads kept. why (may be null): on false, where the bytes
+// differ (the replay log's reason).
+bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                       const DeviceMemory& gm, std::string* why = nullptr);
 // The ranges a launch with arguments `args` writes when `rec` times it by translation (in
 // *writes), or false if a displacement is not a multiple of `granule` bytes (the GM alignment).
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,

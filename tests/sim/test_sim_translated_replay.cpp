@@ -67,6 +67,39 @@ const char* kScale = R"(
     end
 )";
 
+// A gather steered by loaded values (the pattern of GatherV2 and UnsortedSegmentSum): the scalar
+// unit loads a row count n and a first row r from idx (each taken mod 8; n + 1 rows) and copies
+// rows r to r + n of x (512 bytes each) into the UB, then stores the last into y. Its loop count
+// and GM addresses follow the loaded values, so its timing follows the data
+// (AddressFlow::steered).
+const char* kPick = R"(
+.arg x, f16[4096]
+.arg idx, s64[2]
+.arg y, f16[256]
+.section aiv
+    ldarg x1, x
+    ldarg x2, idx
+    ldarg x3, y
+    ld x5, x2
+    and x5, x5, 7
+    add x5, x5, 1
+    add x2, x2, 8
+    ld x8, x2
+    and x8, x8, 7
+    shl x8, x8, 9
+    add x1, x1, x8
+    movi x6, 0
+rows:
+    copy_gm2ub x6, x1, 1, 16, 0, 0
+    add x1, x1, 512
+    sub x5, x5, 1
+    bne x5, 0, rows
+    set_flag mte2, mte3, 0
+    wait_flag mte2, mte3, 0
+    copy_ub2gm x3, x6, 1, 16, 0, 0
+    end
+)";
+
 // A mix kernel whose cores meet at cross-core flags (the pattern of a fused convolution with
 // its batch-norm reduction): per block, the cube core loads its 2 KiB slice of x into L1, spins
 // for a time that grows with its block id, then lets its two vector cores go (cc_set mode 2);
@@ -261,6 +294,7 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
   const isa::Program handoff = isa::assemble(kHandoff, "handoff.s");
   const isa::Program exchange = isa::assemble(kExchange, "exchange.s");
   const isa::Program reread = isa::assemble(kReread, "reread.s");
+  const isa::Program pick = isa::assemble(kPick, "pick.s");
   Blocks blocks;
   json out;
   auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
@@ -388,6 +422,20 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
     blocks = {{base, 512}, {base + 0x1000, 512}, {base + 0x2000, 512}};
     run(name, scale, {base, base + 0x1000, base + 0x2000}, 1);
   }
+  // The gather steered by its loads: moved with the same idx bytes (replayed by translation in a
+  // timing-only simulator), moved with other ones (simulated: it copies other rows, and more),
+  // again with those (its own key), then at the first addresses with them (its own recording
+  // loaded other bytes; pick_other's times it). A functional run fills idx with its pattern.
+  for (const auto& [name, base, count] :
+       {std::tuple<std::string, uint64_t, int64_t>{"pick", 0xd000000, 2},
+        {"pick_moved", 0xd340000, 2},
+        {"pick_other", 0xd800000, 5},
+        {"pick_other_again", 0xd800000, 5},
+        {"pick_back", 0xd000000, 5}}) {
+    blocks = {{base, 8192}, {base + 0x10000, 512}, {base + 0x20000, 512}};
+    test::write_gm(sim, base + 0x10000, std::vector<int64_t>{count, 3});
+    run(name, pick, {base, base + 0x10000, base + 0x20000}, 1);
+  }
   // The mix kernel with cross-core flags, moved; then with y at another offset in its block
   // (relocated).
   for (const auto& [name, base, y_offset] :
@@ -457,19 +505,44 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
   for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved"}) {
+                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved",
+                        "pick_moved", "pick_other_again", "pick_back"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
   }
-  for (const char* k : {"vadd", "vadd_z_block", "vadd_in_place", "vadd_offset", "vadd_offset_256",
-                        "vadd_in_place_near", "vadd_big", "vadd_big_offset", "vadd_big_way",
-                        "reread", "reread_sets_moved", "reread_skewed", "gemm", "scale", "handoff",
-                        "handoff_offset", "exchange", "exchange_offset"}) {
+  for (const char* k : {"vadd",
+                        "vadd_z_block",
+                        "vadd_in_place",
+                        "vadd_offset",
+                        "vadd_offset_256",
+                        "vadd_in_place_near",
+                        "vadd_big",
+                        "vadd_big_offset",
+                        "vadd_big_way",
+                        "reread",
+                        "reread_sets_moved",
+                        "reread_skewed",
+                        "gemm",
+                        "scale",
+                        "handoff",
+                        "handoff_offset",
+                        "exchange",
+                        "exchange_offset",
+                        "pick",
+                        "pick_other"}) {
     INFO(k);
     CHECK(translated[k]["replayed"] == false);
   }
+  for (const json* run : {&relocated, &check}) {
+    CHECK((*run)["pick"]["replayed"] == false);
+    CHECK((*run)["pick_other"]["replayed"] == false);
+  }
+  // The gather's timing follows its loads: with other idx bytes it copies 6 rows, not 3.
+  CHECK(sim["pick_other"]["cycles"] > sim["pick"]["cycles"]);
+  CHECK(sim["pick_moved"]["counters"] == sim["pick"]["counters"]);
+  CHECK(sim["pick_back"]["counters"] == sim["pick_other"]["counters"]);
   // Relocation also replays a launch at another offset in its block (a multiple of the line),
   // in a block of another size, or sharing a block on lines of its own, and one that may evict
   // whose tensors' lines all move by the same number of sets; not where it could evict with
@@ -550,6 +623,20 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   CHECK(verdict("handoff_moved") ==
         "replayed\ttranslated, other addresses in blocks laid out alike");
   CHECK(verdict("handoff_offset") == "replayed\trelocated");
+  CHECK(verdict("pick") ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "relocatable");
+  CHECK(verdict("pick_moved") ==
+        "replayed\ttranslated, other addresses in blocks laid out alike, its loads read as "
+        "recorded");
+  CHECK(verdict("pick_other") ==
+        "simulated\tits recordings loaded other bytes: argument 1 holds other bytes where the "
+        "recorded launch loaded (16 at offset 0); recorded, relocatable");
+  CHECK(verdict("pick_other_again") ==
+        "replayed\ttranslated, its own key, its loads read as recorded");
+  CHECK(verdict("pick_back") ==
+        "replayed\ttranslated, other addresses in blocks laid out alike, its loads read as "
+        "recorded");
 }
 
 // In a functional simulator, translation stands in for the check of a launch at other
@@ -720,6 +807,24 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
        "the GM operand xaddr holds a value mixed from tensor addresses"},
   };
   check_not_followed(bad);
+  // Steered: the last three, whose loaded values steer them, move with their tensors among
+  // launches that load the same bytes (a loaded value taken as Fixed); the others do not (no
+  // ld), and neither does a loaded value mixed with a tensor address in a branch. The gather
+  // of the workload above loads, branches and addresses x with them.
+  for (size_t i = 0; i < bad.size(); ++i) {
+    INFO(bad[i].first);
+    CHECK(flow_of(bad[i].first).steered == (i + 3 >= bad.size()));
+  }
+  const AddressFlow mixed = flow_of(
+      "  ldarg x1, x\n  ld x2, x1\n  add x2, x2, x1\n"
+      "  bne x2, 0, l\nl:\n  end\n");
+  CHECK_FALSE(mixed.ok);
+  CHECK_FALSE(mixed.steered);
+  const AddressFlow pick = analyze_address_flow(isa::assemble(kPick, "pick.s"));
+  INFO(pick.why);
+  CHECK_FALSE(pick.ok);
+  CHECK(pick.steered);
+  CHECK_THAT(pick.why, Catch::Matchers::Contains("the GM operand xsrc holds a value mixed"));
 }
 
 TEST_CASE("the address flow follows comparisons of one tensor's addresses") {
