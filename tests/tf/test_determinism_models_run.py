@@ -37,12 +37,6 @@ def run_once(tmp_path, k):
                       r["host_dispatch_cycles"]) for r in launches]
 
 
-# Known drift (docs/runtime.md, "The same timeline in every run"): a step's first launch started
-# 18,502 cycles later in some runs (6 of about 14 on 2026-12-04): two more 4-byte HDC copies
-# (2 x 5.0005 us at the 910b clock) in the gap between steps.
-# Which copies, and why only sometimes, is not found yet; the test stays to show the fix.
-@pytest.mark.xfail(reason="known run-to-run drift at the step boundary: two 4-byte copies land "
-                          "in the gap between steps in some runs (docs/runtime.md)", strict=False)
 def test_a_models_run_training_step_is_the_same_in_every_process(tmp_path):
     (fig1, launches1), (fig2, launches2) = run_once(tmp_path, 1), run_once(tmp_path, 2)
     assert fig1["ok"] and fig2["ok"]

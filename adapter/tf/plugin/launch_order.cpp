@@ -50,42 +50,61 @@ std::string gate_name(const std::string& device) {
 
 bool is_gate(const tfc::NodeDef& n) { return n.attr().count(kInputGateAttr) > 0; }
 
-// Adds, for each NPU device whose chained nodes read, in device memory, a function argument
-// that lies on another device, one IdentityN on that device reading all those arguments: its
-// inputs share the receives TensorFlow's partitioning gives the readers, so it runs once every
-// such argument was copied onto the device (launch_order.h, "Input gate"). Returns the gates'
-// indices in `graph`; a device that already has its gate (a chain kept) keeps it.
+// The memory types of a node's inputs and outputs on an NPU (false: unknown op or no kernel).
+bool npu_memory_types(const tfc::NodeDef& node, tfc::MemoryTypeVector* in_mem,
+                      tfc::MemoryTypeVector* out_mem) {
+  // MemoryTypesForNode wants every attribute, defaults included.
+  const tfc::OpDef* op_def = nullptr;
+  if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &op_def).ok()) return false;
+  tfc::NodeDef full = node;
+  tfc::AddDefaultsToNodeDef(*op_def, &full);
+  return tfc::MemoryTypesForNode(tfc::OpRegistry::Global(), tfc::DeviceType("NPU"), full, in_mem,
+                                 out_mem)
+      .ok();
+}
+
+// Whether `producer`'s output `port`, read in device memory by `reader` (a chained node), reaches
+// the reader through a host-to-device copy that TensorFlow adds after this pass and that no
+// chained node orders (launch_order.h, "Input gate"): a function argument on another device, or
+// the host-memory output of a node without inputs on the reader's device (an int32 Const there
+// is a HostConst; its receive copies it onto the device every step).
+bool copied_in_unordered(const tfc::NodeDef& producer, int port, const tfc::NodeDef& reader) {
+  const auto type = producer.attr().find(producer.op() == "_Arg" ? "T" : "dtype");
+  if (type == producer.attr().end() || tfc::DataTypeAlwaysOnHost(type->second.type())) return false;
+  if (producer.op() == "_Arg") return producer.device() != reader.device();
+  if (producer.op() != "Const" || producer.input_size() > 0 || producer.device() != reader.device())
+    return false;
+  tfc::MemoryTypeVector in_mem, out_mem;
+  return npu_memory_types(producer, &in_mem, &out_mem) && port < static_cast<int>(out_mem.size()) &&
+         out_mem[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
+}
+
+// Adds, for each NPU device whose chained nodes read, in device memory, a tensor that is copied
+// onto the device with nothing ordering the copy (copied_in_unordered: a function argument on
+// another device, a HostConst of the device), one IdentityN on that device reading all those
+// tensors: its inputs share the receives TensorFlow's partitioning gives the readers, so it runs
+// once every such tensor was copied onto the device (launch_order.h, "Input gate"). Returns the
+// gates' indices in `graph`; a device that already has its gate (a chain kept) keeps it.
 std::vector<int> add_input_gates(tfc::GraphDef& graph) {
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
-  // device -> (the arguments' tensors in order of first reading, their types)
+  // device -> (the tensors in order of first reading, their types)
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
   for (const tfc::NodeDef& node : graph.node()) {
     if (!chained(node)) continue;
-    // MemoryTypesForNode wants every attribute, defaults included.
-    const tfc::OpDef* op_def = nullptr;
-    if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &op_def).ok()) continue;
-    tfc::NodeDef full = node;
-    tfc::AddDefaultsToNodeDef(*op_def, &full);
     tfc::MemoryTypeVector in_mem, out_mem;
-    if (!tfc::MemoryTypesForNode(tfc::OpRegistry::Global(), tfc::DeviceType("NPU"), full, &in_mem,
-                                 &out_mem)
-             .ok())
-      continue;
+    if (!npu_memory_types(node, &in_mem, &out_mem)) continue;
     for (int i = 0; i < node.input_size() && i < static_cast<int>(in_mem.size()); ++i) {
       const auto [name, port] = split_input(node.input(i));
       const auto it = index.find(name);
       if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
         continue;
-      const tfc::NodeDef& arg = graph.node(it->second);
-      const auto type = arg.attr().find("T");
-      if (arg.op() != "_Arg" || arg.device() == node.device() || type == arg.attr().end() ||
-          tfc::DataTypeAlwaysOnHost(type->second.type()))
-        continue;
+      const tfc::NodeDef& producer = graph.node(it->second);
+      if (!copied_in_unordered(producer, port, node)) continue;
       auto& [tensors, types] = reads[node.device()];
       if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
       tensors.push_back(node.input(i));
-      types.push_back(type->second.type());
+      types.push_back(producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
     }
   }
   std::vector<int> gates;

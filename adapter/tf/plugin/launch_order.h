@@ -36,11 +36,15 @@
 // Keras step) reaches an NPU through a receive that TensorFlow's partitioning adds after this
 // pass, and the receive copies it onto the device when an executor thread gets to it: on one
 // chip the copy sits on the compute timeline between whichever of the device's kernels the
-// driver had been given, and moved those after it by its time from run to run. So each NPU's
-// chain starts with an IdentityN on that device reading every such argument its chained nodes
-// read in device memory (it shares their receives and launches nothing): the device's first
-// chained node waits for it, and with it every copy of the step's arguments comes before the
-// step's kernels. Arguments have no inputs, so the gate's edge goes forward in the order too.
+// driver had been given, and moved those after it by its time from run to run. An int32 Const
+// on the NPU is a HostConst (its output in host memory), so a reader that takes it in device
+// memory (an NpuGraph's int32 operand: a gather axis, a slice index) gets it through such a
+// receive too, every step, and the Const has no inputs to hold it back. So each NPU's chain
+// starts with an IdentityN on that device reading every such argument and HostConst output its
+// chained nodes read in device memory (it shares their receives and launches nothing): the
+// device's first chained node waits for it, and with it every copy into the device comes
+// before the step's kernels. Arguments and Consts without inputs have no predecessors, so the
+// gate's edge goes forward in the order too.
 //
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
 // between, and nothing tells a call that it is the last. Each call therefore takes the chain of

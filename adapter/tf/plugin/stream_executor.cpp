@@ -13,8 +13,14 @@
 // synchronise their own launches and report failures through their TF_Status (kernel.h). Errors
 // found when an operation is queued (a bad range, an unknown handle) are returned, as TensorFlow
 // expects from the copy and event callbacks.
+#include <cxxabi.h>
+#include <execinfo.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -336,8 +342,62 @@ void destroy_timer_fns(const SP_Platform*, SP_TimerFns*) {}
 // batches) in an order of their own, and on the compute timeline each copy moved the kernels
 // the driver served after it; timed by data, an input copy starts when the host queued it and
 // the kernels that read it wait for its end.
+// NPUSIM_COPY_LOG=1: one stderr line per copy TensorFlow asks for, "npusim: copy <kind> <bytes>
+// bytes (<stream or sync>) for <caller>", where the caller is the first function on the calling
+// thread's stack that is not copy machinery: tensorflow::RecvOp::ComputeAsync (a receive that
+// partitioning added: a function argument from the host, a HostConst read in device memory),
+// tensorflow::ConstantOp::ConstantOp (a device Const uploaded when its kernel is built),
+// tensorflow::TensorHandle::Resolve (the host reading an eager tensor). It finds the copies that
+// land on a timeline in a different place from run to run (docs/runtime.md, "The same timeline
+// in every run"); read once, when the first copy is queued.
+bool copy_log_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_COPY_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+// The caller of a copy, as above ("?" when the stack has no symbol names).
+std::string copy_caller() {
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  char** symbols = backtrace_symbols(frames, n);
+  std::string caller = "?";
+  for (int i = 0; symbols && i < n; ++i) {
+    // "object(mangled+offset) [address]"
+    const std::string line = symbols[i];
+    const size_t open = line.find('('), plus = line.find('+', open);
+    if (open == std::string::npos || plus == std::string::npos || plus == open + 1) continue;
+    const std::string mangled = line.substr(open + 1, plus - open - 1);
+    int st = 0;
+    char* demangled = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &st);
+    std::string name = st == 0 && demangled ? demangled : mangled;
+    std::free(demangled);
+    name = name.substr(0, name.find('('));
+    static const char* const kMachinery[] = {"npusim::", "stream_executor::", "Memcpy",
+                                             "Copy",     "Rendezvous",        "PluggableDevice"};
+    if (std::any_of(std::begin(kMachinery), std::end(kMachinery),
+                    [&name](const char* m) { return name.find(m) != std::string::npos; }))
+      continue;
+    caller = name;
+    break;
+  }
+  std::free(symbols);
+  return caller;
+}
+
+void log_copy(const char* kind, uint64_t bytes, const SP_Stream stream) {
+  if (!copy_log_enabled()) return;
+  std::string where = "sync";
+  if (stream) where = "stream " + std::to_string(stream->stream.id);
+  std::fprintf(stderr, "npusim: copy %s %llu bytes (%s) for %s\n", kind,
+               static_cast<unsigned long long>(bytes), where.c_str(), copy_caller().c_str());
+}
+
 void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
                  const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  log_copy("d2h", size, stream);
   set_tf_status(dev(d).memcpy_d2h_async(stream->stream, host_dst, addr(src), size,
                                         rt::CopyTiming::data),
                 status);
@@ -345,6 +405,7 @@ void memcpy_dtoh(const SP_Device* d, SP_Stream stream, void* host_dst,
 
 void memcpy_htod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
                  const void* host_src, uint64_t size, TF_Status* status) {
+  log_copy("h2d", size, stream);
   set_tf_status(dev(d).memcpy_h2d_async(stream->stream, addr(dst), host_src, size,
                                         rt::CopyTiming::data),
                 status);
@@ -365,6 +426,7 @@ rt::Status device_of(const SP_Device* d, const SP_DeviceMemoryBase* m,
 // source is always this device's: TensorFlow queues a copy on the sender's stream.)
 void memcpy_dtod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
                  const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  log_copy("d2d", size, stream);
   std::shared_ptr<rt::Device> to;
   rt::Status st = device_of(d, dst, &to);
   if (st.ok())
@@ -377,16 +439,19 @@ void memcpy_dtod(const SP_Device* d, SP_Stream stream, SP_DeviceMemoryBase* dst,
 
 void sync_memcpy_dtoh(const SP_Device* d, void* host_dst, const SP_DeviceMemoryBase* src,
                       uint64_t size, TF_Status* status) {
+  log_copy("d2h", size, nullptr);
   set_tf_status(dev(d).memcpy_d2h(host_dst, addr(src), size), status);
 }
 
 void sync_memcpy_htod(const SP_Device* d, SP_DeviceMemoryBase* dst, const void* host_src,
                       uint64_t size, TF_Status* status) {
+  log_copy("h2d", size, nullptr);
   set_tf_status(dev(d).memcpy_h2d(addr(dst), host_src, size), status);
 }
 
 void sync_memcpy_dtod(const SP_Device* d, SP_DeviceMemoryBase* dst,
                       const SP_DeviceMemoryBase* src, uint64_t size, TF_Status* status) {
+  log_copy("d2d", size, nullptr);
   std::shared_ptr<rt::Device> to;
   rt::Status st = device_of(d, dst, &to);
   if (st.ok())
