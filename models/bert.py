@@ -25,9 +25,10 @@ Sources (mindspore-ai/mindspore, model_zoo/bert/src of the r0.5 era, and the ben
   ||w|| / ||update|| clipped to [0, 10], weight decay added to the update of every parameter but
   LayerNorm's and the biases).
 
-Left out (models/README.md says why): NEZHA's functional relative position encoding ('nezha'
-has use_relative_positions True; the benchmark page calls the network BERT-Large and does not
-say; this model has BERT's learned absolute positions), the dynamic loss scale's update (a
+'nezha' has use_relative_positions True: the nezha_* models build it (build's
+relative_positions; bert_large keeps BERT's learned absolute positions).
+
+Left out (models/README.md says why): the dynamic loss scale's update (a
 fixed scale: MindSpore reads the overflow flag from the NPU's float status, no pass over the
 gradients), the learning-rate schedule (constant: one step is timed), and real masking (the
 synthetic batch fills every sequence, input_mask all 1, with MAX_PREDICTIONS masked positions
