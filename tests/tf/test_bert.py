@@ -10,7 +10,9 @@
   BatchMatMulV2 and a Softmax, every GELU as one Gelu (its gradient from x alone), the
   variable updates as FusedVariableUpdate, every LayerNorm with its gradient as LayerNormV3,
   LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 (graph_fusion.h 12b); in inference
-  every LayerNorm as one LayerNorm launch (12).
+  every LayerNorm as one LayerNorm launch (12);
+- nezha-tiny (NEZHA's relative positions): the first attention layer's context against numpy's
+  formula on the CPU and the NPU, and two training steps on the NPU tracking the CPU.
 """
 
 import os
