@@ -25,9 +25,10 @@ Sources (mindspore-ai/mindspore, model_zoo/bert/src of the r0.5 era, and the ben
   ||w|| / ||update|| clipped to [0, 10], weight decay added to the update of every parameter but
   LayerNorm's and the biases).
 
-Left out (models/README.md says why): NEZHA's functional relative position encoding ('nezha'
-has use_relative_positions True; the benchmark page calls the network BERT-Large and does not
-say; this model has BERT's learned absolute positions), the dynamic loss scale's update (a
+'nezha' has use_relative_positions True: the nezha_* models build it (build's
+relative_positions; bert_large keeps BERT's learned absolute positions).
+
+Left out (models/README.md says why): the dynamic loss scale's update (a
 fixed scale: MindSpore reads the overflow flag from the NPU's float status, no pass over the
 gradients), the learning-rate schedule (constant: one step is timed), and real masking (the
 synthetic batch fills every sequence, input_mask all 1, with MAX_PREDICTIONS masked positions
@@ -48,6 +49,13 @@ CONFIGS = {
     # A small configuration of the same network for tests: dimensions multiples of 16.
     "bert-tiny": (2, 64, 4, 256, 512, 64, 4, 32),
 }
+# config.py 'nezha' with its use_relative_positions True: the same shapes, relative positions in
+# every attention layer and no absolute position table (build's relative_positions).
+NEZHA = {"nezha_large": "bert_large", "nezha-tiny": "bert-tiny"}
+CONFIGS.update({nezha: CONFIGS[bert] for nezha, bert in NEZHA.items()})
+# bert_model.py BertAttention: RelaPosEmbeddingsGenerator(max_relative_position=16), distances
+# j - i clipped to [-16, 16], a learned [2 x 16 + 1, head_dim] table per attention layer.
+MAX_RELATIVE_POSITION = 16
 TYPE_VOCAB = 2  # config.py type_vocab_size
 INIT_RANGE = 0.02  # config.py initializer_range: TruncatedNormal's sigma
 DROPOUT = 0.1  # hidden_dropout_prob and attention_probs_dropout_prob
@@ -69,13 +77,28 @@ def dims(name):
     return dict(zip(keys, CONFIGS[name]))
 
 
-def build(name, input_size, dropout=DROPOUT, output_activation=None):
+def build(name, input_size, dropout=DROPOUT, output_activation=None, relative_positions=None):
     """The pre-training network of `name` over sequences of input_size tokens: inputs
     {input_ids, input_mask, token_type_ids: [B, S] int32, masked_lm_positions: [B, P] int32},
     outputs [masked LM logits [B, P, vocab], next sentence logits [B, 2]] (logits: the loss
     takes them, as MindSpore's log-softmax and one-hot cross-entropy do). output_activation is
-    accepted for the registry's interface; the heads always give logits."""
+    accepted for the registry's interface; the heads always give logits.
+
+    relative_positions (default: on for the NEZHA names, off for BERT's): NEZHA's relative
+    positions as MindSpore's bert_model.py computes them with use_relative_positions (its
+    BertAttention, RelaPosEmbeddingsGenerator, EmbeddingPostprocessor): no absolute position
+    table; each attention layer gathers a [S, S, head_dim] tensor R[i, j] = table[clip(j - i,
+    -16, 16) + 16] from its own learned table and adds q_i . R[i, j] to the scores q_i . k_j
+    before their 1 / sqrt(head_dim) scale, and sum_j p_ij R[i, j] to the context sum_j p_ij
+    v_j (p: the probabilities after dropout). Both products are batch matmuls over the query
+    position i (q and p transposed to [S, B x heads, ...]). The NEZHA paper (Wei et al. 2019,
+    "NEZHA: Neural Contextualized Representation for Chinese Language Understanding", 3.2)
+    defines R by fixed sinusoids; MindSpore's model, the one the benchmark ran, learns it
+    (TruncatedNormal(0.02) initial values): the same launches apart from the table's gather
+    gradient and update."""
     del output_activation
+    if relative_positions is None:
+        relative_positions = name in NEZHA
     import keras  # pylint: disable=import-outside-toplevel
     from keras import layers, ops  # pylint: disable=import-outside-toplevel
 
@@ -105,7 +128,8 @@ def build(name, input_size, dropout=DROPOUT, output_activation=None):
     x = word(input_ids)
     x = x + layers.Embedding(TYPE_VOCAB, hidden, embeddings_initializer=init,
                              name="token_type_embeddings")(token_type_ids)
-    x = _PositionEmbedding(d["max_positions"], init, name="position_embeddings")(x)
+    if not relative_positions:
+        x = _PositionEmbedding(d["max_positions"], init, name="position_embeddings")(x)
     x = layers.Dropout(dropout)(layer_norm("embeddings_layer_norm")(x))
     # The encoder works on [B x S, H], as BertTransformer reshapes it: every Dense is a 2-D
     # MatMul with its bias (the plugin fuses the two: MatMulBiasAdd).
@@ -119,15 +143,30 @@ def build(name, input_size, dropout=DROPOUT, output_activation=None):
     def split_heads(t):  # [B x S, H] -> [B, heads, S, head_dim]
         return ops.transpose(ops.reshape(t, (-1, seq, heads, head_dim)), (0, 2, 1, 3))
 
+    # The relative positions' matmuls batch over the query position (BertAttention's
+    # trans_shape_relative and trans_shape_position).
+    def query_major(t):  # [B, heads, S, W] -> [S, B x heads, W]
+        return ops.reshape(ops.transpose(t, (2, 0, 1, 3)), (seq, -1, t.shape[-1]))
+
+    def head_major(t):  # [S, B x heads, W] -> [B, heads, S, W]
+        return ops.transpose(ops.reshape(t, (seq, -1, heads, t.shape[-1])), (1, 2, 0, 3))
+
     for i in range(d["layers"]):
         p = f"layer_{i}_"
         q = split_heads(dense(hidden, p + "query")(x))
         k = split_heads(dense(hidden, p + "key")(x))
         v = split_heads(dense(hidden, p + "value")(x))
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / float(np.sqrt(head_dim)))
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        if relative_positions:
+            rel = _RelativePositions(seq, head_dim, init, name=p + "relative_positions")(q)
+            scores = scores + head_major(ops.matmul(query_major(q),
+                                                    ops.transpose(rel, (0, 2, 1))))
+        scores = scores * (1.0 / float(np.sqrt(head_dim)))
         probs = layers.Dropout(dropout)(ops.softmax(scores + adder, axis=-1))
-        context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)),
-                              (-1, hidden))
+        context = ops.matmul(probs, v)
+        if relative_positions:
+            context = context + head_major(ops.matmul(query_major(probs), rel))
+        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, hidden))
         attn = layers.Dropout(dropout)(dense(hidden, p + "attention_output")(context))
         x = layer_norm(p + "attention_layer_norm")(x + attn)
         f = dense(d["intermediate"], p + "intermediate", activation=gelu)(x)
@@ -199,6 +238,30 @@ def _layer_classes():
         def call(self, x):
             return x + self.table[None, :ops.shape(x)[1], :]
 
+    class RelativePositions(keras.layers.Layer):
+        """[S, S, depth]: row clip(j - i, -M, M) + M of a learned [2 M + 1, depth] table at
+        [i, j], M = MAX_RELATIVE_POSITION (RelaPosMatrixGenerator's clipped distances and
+        RelaPosEmbeddingsGenerator's gather). Called on any tensor of the layer's graph (its
+        value unused) so that Keras places it there."""
+
+        def __init__(self, seq, depth, initializer, **kw):
+            super().__init__(**kw)
+            self.seq, self.depth, self.initializer = seq, depth, initializer
+            distance = np.arange(seq)[None, :] - np.arange(seq)[:, None]  # j - i at [i, j]
+            self.rows = (np.clip(distance, -MAX_RELATIVE_POSITION, MAX_RELATIVE_POSITION)
+                         + MAX_RELATIVE_POSITION).astype(np.int32)
+
+        def build(self, input_shape):
+            self.table = self.add_weight(shape=(2 * MAX_RELATIVE_POSITION + 1, self.depth),
+                                         initializer=self.initializer, name="table")
+
+        def call(self, anchor):
+            del anchor
+            return ops.take(self.table, ops.convert_to_tensor(self.rows), axis=0)
+
+        def compute_output_shape(self, input_shape):
+            return (self.seq, self.seq, self.depth)
+
     class MaskedPositions(keras.layers.Layer):
         """(x [B x S, H], positions [B, P] int32) -> the rows of sequence b's tokens
         positions[b, p], [B x P, H]: one GatherV2 at positions + b x S (GetMaskedLMOutput's
@@ -236,7 +299,7 @@ def _layer_classes():
             return (None, self.predictions, self.embedding.input_dim)
 
     _LAYER_CLASSES.update(position=PositionEmbedding, tied=TiedOutput,
-                          positions=MaskedPositions)
+                          positions=MaskedPositions, relative=RelativePositions)
     return _LAYER_CLASSES
 
 
@@ -250,6 +313,10 @@ def _TiedOutput(*args, **kw):  # pylint: disable=invalid-name
 
 def _MaskedPositions(*args, **kw):  # pylint: disable=invalid-name
     return _layer_classes()["positions"](*args, **kw)
+
+
+def _RelativePositions(*args, **kw):  # pylint: disable=invalid-name
+    return _layer_classes()["relative"](*args, **kw)
 
 
 def synthetic_data(name, rng, batch, seq):
@@ -390,4 +457,7 @@ SPECS = [
           "trains it: 24 layers, hidden 1024, 16 heads, FFN 4096, vocabulary 21128, Lamb"),
     _spec("bert-tiny", "the BERT pre-training network at 2 layers, hidden 64, 4 heads, FFN 256, "
           "vocabulary 512 (tests)"),
+    _spec("nezha_large", "bert_large as config.py's 'nezha' network: NEZHA's relative "
+          "positions (max distance 16, a learned table per layer) in place of the absolute"),
+    _spec("nezha-tiny", "bert-tiny with nezha_large's relative positions (tests)"),
 ]

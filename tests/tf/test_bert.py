@@ -10,7 +10,9 @@
   BatchMatMulV2 and a Softmax, every GELU as one Gelu (its gradient from x alone), the
   variable updates as FusedVariableUpdate, every LayerNorm with its gradient as LayerNormV3,
   LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 (graph_fusion.h 12b); in inference
-  every LayerNorm as one LayerNorm launch (12).
+  every LayerNorm as one LayerNorm launch (12);
+- nezha-tiny (NEZHA's relative positions): the first attention layer's context against numpy's
+  formula on the CPU and the NPU, and two training steps on the NPU tracking the CPU.
 """
 
 import os
@@ -36,14 +38,18 @@ def derived_parameters(name, seq_positions=None):
     """Trainable parameters of the pre-training network from its published shapes."""
     d = bert.dims(name)
     h, f, v = d["hidden"], d["intermediate"], d["vocab"]
-    embeddings = v * h + bert.TYPE_VOCAB * h + (seq_positions or d["max_positions"]) * h + 2 * h
+    relative = name in bert.NEZHA  # a [33, head_dim] table per layer, no absolute positions
+    positions = 0 if relative else (seq_positions or d["max_positions"]) * h
+    embeddings = v * h + bert.TYPE_VOCAB * h + positions + 2 * h
     layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    if relative:
+        layer += (2 * bert.MAX_RELATIVE_POSITION + 1) * (h // d["heads"])
     masked_lm = (h * h + h) + 2 * h + v  # transform Dense, LayerNorm, output bias (tied)
     pooler_nsp = (h * h + h) + (h * 2 + 2)
     return embeddings + d["layers"] * layer + masked_lm + pooler_nsp
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "bert_large"])
+@pytest.mark.parametrize("name", ["bert-tiny", "bert_large", "nezha-tiny"])
 def test_parameter_count_matches_published_shapes(tf, name):
     with tf.device("/CPU:0"):
         model = models.build(name, seed=0)
@@ -217,3 +223,91 @@ def test_inference_fuses_layer_norm_and_gelu(npusim, tf):
     assert len(types.get("Gelu", ())) == layers + 1  # + masked LM transform
     for a, e in zip(out, expected):
         assert np.linalg.norm(a.numpy() - e) / np.linalg.norm(e) < 1e-2
+
+
+NEZHA_TINY = "nezha-tiny"
+
+
+def numpy_relative_attention(x, weights, heads, max_distance):
+    """The context [B x S, H] of one attention layer with NEZHA's relative positions, float64:
+    R[i, j] = table[clip(j - i, -M, M) + M], scores (q_i . k_j + q_i . R[i, j]) / sqrt(d),
+    softmax over j (the mask all ones: nothing added), context_i = sum_j p_ij (v_j + R[i, j])."""
+    wq, bq, wk, bk, wv, bv, table = (w.astype(np.float64) for w in weights)
+    b, s, h = x.shape
+    d = h // heads
+
+    def split(t):  # [B, S, H] -> [B, heads, S, d]
+        return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
+
+    q, k, v = split(x @ wq + bq), split(x @ wk + bk), split(x @ wv + bv)
+    distance = np.arange(s)[None, :] - np.arange(s)[:, None]
+    r = table[np.clip(distance, -max_distance, max_distance) + max_distance]  # [S, S, d]
+    scores = (np.einsum("bnid,bnjd->bnij", q, k) + np.einsum("bnid,ijd->bnij", q, r))
+    scores /= np.sqrt(d)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    context = np.einsum("bnij,bnjd->bnid", p, v) + np.einsum("bnij,ijd->bnid", p, r)
+    return context.transpose(0, 2, 1, 3).reshape(b * s, h)
+
+
+@pytest.mark.parametrize("device", ["/CPU:0", "/NPU:0"])
+def test_relative_attention_matches_numpy(npusim, tf, device):
+    """nezha-tiny's first attention layer (dropout off, inference) on `device`: its context,
+    the input of layer_0_attention_output, against numpy's formula from the layer's input (the
+    embeddings' LayerNorm output, read from the model) and its weights. The sequence, 32, is
+    longer than the clip distance 16, so clipped rows are read. The NPU rounds the cube's
+    operands to fp16 (the tiny chip's default precision): 1e-2 relative. The table is set to
+    N(0, 0.5) values (its initial 0.02 moves the context by ~6 %) so that the relative terms
+    weigh well above the tolerance."""
+    del npusim
+    x, _ = models.synthetic_data(NEZHA_TINY, 2, seed=5)
+    rng = np.random.default_rng(6)
+    with tf.device(device):
+        model = bert.build(NEZHA_TINY, bert.dims(NEZHA_TINY)["seq"], dropout=0.0)
+        table = model.get_layer("layer_0_relative_positions").table
+        table.assign(rng.normal(0.0, 0.5, table.shape).astype(np.float32))
+        probe = keras.Model(model.inputs, [
+            model.get_layer("embeddings_layer_norm").output,
+            model.get_layer("layer_0_attention_output").input])
+        embedded, context = (t.numpy() for t in probe(x, training=False))
+    weights = [w.numpy() for label in ("query", "key", "value")
+               for w in model.get_layer("layer_0_" + label).weights]
+    weights.append(table.numpy())
+    expected = numpy_relative_attention(embedded, weights, bert.dims(NEZHA_TINY)["heads"],
+                                        bert.MAX_RELATIVE_POSITION)
+    plain = numpy_relative_attention(embedded, weights[:-1] + [0 * weights[-1]],  # R = 0
+                                     bert.dims(NEZHA_TINY)["heads"], bert.MAX_RELATIVE_POSITION)
+    error = np.linalg.norm(context - expected) / np.linalg.norm(expected)
+    print(f"\n{device}: relative error {error:.2e}, the relative terms' weight "
+          f"{np.linalg.norm(expected - plain) / np.linalg.norm(expected):.2f}")
+    tol = 1e-5 if device == "/CPU:0" else 1e-2
+    assert error < tol, error
+    # ... and well inside the relative positions' own contribution.
+    assert np.linalg.norm(expected - plain) / np.linalg.norm(expected) > 10 * tol
+
+
+def test_nezha_tiny_trains_on_npu_tracking_cpu(npusim, tf):
+    """Two training steps of nezha-tiny (dropout on) on the NPU against TensorFlow on the CPU
+    from the same weights and dropout seeds, as test_trains_on_npu_tracking_cpu; the step's
+    launches all succeed and the relative positions' gathers and batch matmuls are among
+    them."""
+    x, y = models.synthetic_data(NEZHA_TINY, 4, seed=1)
+    losses = {}
+    for device in ("/CPU:0", "/NPU:0"):
+        with tf.device(device):
+            model = models.build(NEZHA_TINY, seed=0)
+            model.compile(optimizer=bert.lamb_optimizer(1e-3, loss_scale=8.0),
+                          loss=models.loss(NEZHA_TINY), jit_compile=False)
+            npusim.clear_launch_records()
+            losses[device] = [float(model.train_on_batch(x, y, return_dict=True)["loss"])
+                              for _ in range(2)]
+    records = npusim.launch_records()
+    print(f"\nnezha-tiny: loss NPU {losses['/NPU:0']}\n            loss CPU {losses['/CPU:0']}")
+    assert records and all(r["ok"] for r in records)
+    np.testing.assert_allclose(losses["/NPU:0"], losses["/CPU:0"], rtol=1e-3)
+    assert losses["/NPU:0"][1] < losses["/NPU:0"][0]
+    names = " ".join(r["op_name"] for r in records)
+    assert "relative_positions" in names
+    # Per layer: 2 forward products for q.R and p.R beside the plain 2, and their gradients.
+    layers = bert.dims(NEZHA_TINY)["layers"]
+    assert len(_op_types(records)["BatchMatMulV2"]) == 12 * layers
