@@ -1014,6 +1014,8 @@ void LaunchMemo::prune(Index& index) {
 
 void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit) {
   std::vector<LaunchKey>& keys = index[std::move(k)];
+  // A key recorded again (its recording replaced) moves to the front, once.
+  keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
   keys.insert(keys.begin(), key);
   if (keys.size() > limit) keys.pop_back();
 }
