@@ -102,14 +102,18 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
   const std::vector<RecordedLaunch::Translation::Extent>& then = t.extents;
   const uint64_t line = t.line_bytes, sets = t.sets;
   const size_t n = now.size();
-  // The same arguments share a block, then and now: the blocks are then filed in the recorded
-  // order (the order of their recorded L2 addresses), each from a fresh line.
+  // Arguments that shared a block then share one now (a block now is a union of recorded
+  // blocks): a block is filed when the launch first touches it, which is when it first touches
+  // any of its arguments, so a block now is filed when the earliest filed of its recorded
+  // blocks was (the lookups come in the recorded order), and the blocks now are filed in the
+  // order of their earliest recorded L2 addresses, each from a fresh line. Arguments that
+  // shared a block then and not now would be filed in the order the launch first touched each
+  // of them, which the recording does not keep.
   for (size_t j = 0; j < n; ++j)
     for (size_t k = j + 1; k < n; ++k)
-      if (now[j].touched && now[k].touched &&
-          (then[j].block_start == then[k].block_start) !=
-              (now[j].block_start == now[k].block_start)) {
-        *why = fmt::format("arguments {} and {} share a block then or now only", j, k);
+      if (now[j].touched && now[k].touched && then[j].block_start == then[k].block_start &&
+          now[j].block_start != now[k].block_start) {
+        *why = fmt::format("arguments {} and {} shared a block then, not now", j, k);
         return false;
       }
   std::map<uint64_t, uint64_t> filing;  // recorded L2 address -> the block's start now
@@ -118,6 +122,7 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
   std::map<uint64_t, uint64_t> now_base;  // block start now -> its L2 address now
   uint64_t next = 0;
   for (const auto& [recorded, start] : filing) {
+    if (now_base.count(start)) continue;  // filed with an earlier recorded block
     now_base[start] = next;
     next += (now_blocks.at(start) + line - 1) / line * line;
   }
@@ -1014,6 +1019,8 @@ void LaunchMemo::prune(Index& index) {
 
 void LaunchMemo::index(Index& index, LaunchKey k, const LaunchKey& key, size_t limit) {
   std::vector<LaunchKey>& keys = index[std::move(k)];
+  // A key recorded again (its recording replaced) moves to the front, once.
+  keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
   keys.insert(keys.begin(), key);
   if (keys.size() > limit) keys.pop_back();
 }

@@ -255,11 +255,12 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 // displacement a multiple of the GM alignment), every lookup then hits and misses as recorded,
 // so every transfer, and the launch, takes the recorded time.
 // A launch that may evict (it fails (1)) is timed so too if, besides (2) and (3),
-//   (1') the L2 sees the recorded lookups with its sets renamed: each touched argument's block
-//       lies in one block with the same other arguments as then (so the blocks are filed in
-//       the recorded order, the order the lookups first reach them, Translation::l2_placed
-//       giving where they were filed), and any two touched arguments whose spans' lines fall
-//       in a common set, then or now, move by the same number of sets (modulo the sets).
+//   (1') the L2 sees the recorded lookups with its sets renamed: touched arguments that shared
+//       a block then share one now (each block now a union of recorded blocks, so the blocks
+//       are filed in the order of the earliest filed recorded block each holds, the order the
+//       lookups first reach them, Translation::l2_placed giving where the recorded ones were
+//       filed), and any two touched arguments whose spans' lines fall in a common set, then
+//       or now, move by the same number of sets (modulo the sets).
 //       Each set's LRU state depends only on the sequence of lines looked up in it, and every
 //       line then lands in the set its recorded counterpart's set moved to, one set for all
 //       lines of a set, as a distinct line (by (3)), so every set sees the recorded sequence

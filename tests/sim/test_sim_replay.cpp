@@ -19,6 +19,7 @@
 #include "isa/assembler.h"
 #include "sim/config/chip_config.h"
 #include "sim/counters/observer.h"
+#include "sim/replay/launch_replay.h"
 #include "tests/common/child_process.h"
 #include "tests/sim/sim_test_util.h"
 
@@ -444,4 +445,37 @@ TEST_CASE("the replay memo keeps the most recently used launches within its limi
   CHECK(run(2, uint64_t(1) << 30) == json({false, false, false, false, true}));
   // One byte: only the latest recording is kept (never the one just added).
   CHECK(run(8, 1) == json({false, false, false, false, false}));
+}
+
+TEST_CASE("the replay memo lists a key recorded again once and with its latest recording") {
+  LaunchMemo memo(16, uint64_t(1) << 30);
+  const auto key = [](uint64_t tensor) {
+    LaunchKey k;
+    k.program_hash[0] = 7;
+    k.args = {tensor, 1024};
+    k.block_dim = 2;
+    return k;
+  };
+  LaunchKey similar = key(0);
+  // Recordings told apart by their duration.
+  const auto recording = [](uint64_t ps) {
+    RecordedLaunch rec;
+    rec.duration_ps = ps;
+    return rec;
+  };
+  memo.insert(key(0x1000), similar, recording(1), &similar);
+  memo.insert(key(0x1000), similar, recording(2), &similar);  // recorded again: replaces it
+  memo.insert(key(0x2000), similar, recording(3), &similar);
+  CHECK(memo.size() == 2);
+  for (const auto& found : {memo.find_similar(similar), memo.find_loose(similar)}) {
+    REQUIRE(found.size() == 2);
+    CHECK(found[0]->duration_ps == 3);  // latest first
+    CHECK(found[1]->duration_ps == 2);
+  }
+  // Recorded again once more: first again, and the others keep their place within kSimilar.
+  memo.insert(key(0x1000), similar, recording(4), &similar);
+  const auto found = memo.find_similar(similar);
+  REQUIRE(found.size() == 2);
+  CHECK(found[0]->duration_ps == 4);
+  CHECK(found[1]->duration_ps == 3);
 }

@@ -387,6 +387,14 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
   run("vadd_big_offset", vadd, {0x30000200, 0x31000000, 0x33000000, big}, 3);
   blocks = {{0x38000000, bbytes}, {0x39000000, bbytes + 0x80000}, {0x3b000000, bbytes}};
   run("vadd_big_way", vadd, {0x38000000, 0x39000000, 0x3b000000, big}, 3);
+  // x and y in one block, back to back as vadd_big's blocks were filed, at offset 512 of a
+  // block one line larger: the block is filed where x's was, so x, y and z (filed after it) all
+  // move by one set (relocated from a recording whose blocks lay apart). Then at offset 0 of a
+  // block of the two tensors' size: every line where vadd_big's lay (relocated).
+  blocks = {{0x26000000, 2 * bbytes + 512}, {0x27000000, bbytes}};
+  run("vadd_big_shared_offset", vadd, {0x26000200, 0x26000200 + bbytes, 0x27000000, big}, 3);
+  blocks = {{0x24000000, 2 * bbytes}, {0x25000000, bbytes}};
+  run("vadd_big_shared", vadd, {0x24000000, 0x24000000 + bbytes, 0x25000000, big}, 3);
   // x of 3.5 ways (3,584 lines: 4 in sets 0-511, 3 in the others) in a block of 4 ways, y of
   // 12.5 ways filed after it (13 lines in sets 0-511): those sets receive 17 lines and the
   // second pass over x misses there. x at offset 512 of a block one line larger moves both by
@@ -521,6 +529,8 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
                         "vadd_big",
                         "vadd_big_offset",
                         "vadd_big_way",
+                        "vadd_big_shared_offset",
+                        "vadd_big_shared",
                         "reread",
                         "reread_sets_moved",
                         "reread_skewed",
@@ -548,9 +558,10 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // whose tensors' lines all move by the same number of sets; not where it could evict with
   // lines moved to other sets unlike, an offset moved by part of a line, or arguments that
   // share lines then or now.
-  for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset",
-                        "vadd_big_offset", "vadd_big_way", "reread_sets_moved", "handoff_offset",
-                        "exchange_offset"}) {
+  for (const char* k :
+       {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_packed_offset",
+        "vadd_big_offset", "vadd_big_way", "vadd_big_shared", "vadd_big_shared_offset",
+        "reread_sets_moved", "handoff_offset", "exchange_offset"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == true);
     CHECK(check[k]["replayed"] == true);
@@ -569,6 +580,8 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
         test::counter(sim["reread"]["counters"], "chip.l2.misses"));
   CHECK(sim["reread_sets_moved"]["counters"] == sim["reread"]["counters"]);
   CHECK(sim["vadd_big_way"]["counters"] == sim["vadd_big"]["counters"]);
+  CHECK(sim["vadd_big_shared"]["counters"] == sim["vadd_big"]["counters"]);
+  CHECK(sim["vadd_big_shared_offset"]["counters"] == sim["vadd_big"]["counters"]);
   // The mix kernel's vector cores really wait on the cube core (the flags move its timing).
   CHECK(test::counter(sim["handoff"]["counters"], "chip.aiv0.s.stall.cross_core_wait") > 0);
 
@@ -603,6 +616,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
         "may evict (24 L2 ways of 16), relocatable where its sets move alike");
   CHECK(verdict("vadd_big_offset") == "replayed\trelocated, its L2 sets moved alike");
   CHECK(verdict("vadd_big_way") == "replayed\trelocated, its L2 sets moved alike");
+  CHECK(verdict("vadd_big_shared_offset") == "replayed\trelocated, its L2 sets moved alike");
   CHECK(verdict("reread_sets_moved") == "replayed\trelocated, its L2 sets moved alike");
   CHECK(verdict("reread_skewed") ==
         "simulated\tother block layout: may evict: its spans need 17 L2 ways of 16 at some "
