@@ -80,9 +80,19 @@ CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode pr
   if (!entry)
     op.fail(fmt::format("op {} is not supported by the kernel compiler (supported: {})", op.type,
                         fmt::join(supported_ops(), ", ")));
-  for (const TensorDesc& t : op.inputs)
+  for (const TensorDesc& t : op.inputs) {
     for (int64_t d : t.shape)
       if (d < 0) op.invalid(fmt::format("input {} has a negative dimension", t.str()));
+    // The bytes of every input, and of any product of its dimensions the kernels form (pixels,
+    // rows, offsets), fit int64_t: a shape whose non-zero dimensions multiply past it is refused
+    // as TF's TensorShape refuses it (zero dimensions left out, so that no partial product
+    // wraps either).
+    int64_t bytes = data_type_bytes(t.dtype);
+    for (int64_t d : t.shape)
+      if (d != 0 && __builtin_mul_overflow(bytes, d, &bytes))
+        op.invalid(
+            fmt::format("input {} is too large: its dimensions multiply past 2^63 bytes", t.str()));
+  }
   CompiledKernel k = entry->compile(ops::CompileContext{op, cfg, precision});
   k.key = op.key() + "|" + precision_mode_name(precision);
   k.precision = precision;

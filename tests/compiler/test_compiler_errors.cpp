@@ -54,6 +54,13 @@ TEST_CASE("invalid ops are InvalidOpError") {
                         {{"axis", AttrValue(int64_t{2})}}),
                 k);
   check_refusal(make_op("Neg", {f32({2, -1})}), k);  // a negative dimension
+  // Dimensions whose product passes 2^63 bytes (before the check: BNTrainingReduce's pixel
+  // count wrapped negative and its channel-sum planner divided by zero, SIGFPE).
+  const TensorDesc huge{DataType::F16, {3037000500, 3037000500, 1, 16}};
+  check_refusal(make_op("BNTrainingReduce", {huge}), k);
+  check_refusal(make_op("BiasAddGrad", {huge}), k);
+  check_refusal(make_op("Cast", {huge}, {{"DstT", AttrValue(std::string("f32"))}}), k);
+  check_refusal(make_op("Neg", {f32({0, int64_t{1} << 62, 4})}), k);
 }
 
 TEST_CASE("ops the compiler cannot do are plain CompileErrors") {
