@@ -262,6 +262,8 @@ def _layer_classes():
                                          initializer=self.initializer, name="table")
 
         def call(self, anchor):
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
             del anchor
             rows = ops.convert_to_tensor(self.rows)
 
@@ -275,8 +277,6 @@ def _layer_classes():
                                            num_segments=ops.shape(table)[0])
 
                 return ops.take(table, rows, axis=0), table_gradient
-
-            import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
             # The variable's value as a tensor: a custom gradient of the variable itself
             # would have to return the variable's gradient separately.
