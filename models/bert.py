@@ -242,7 +242,13 @@ def _layer_classes():
         """[S, S, depth]: row clip(j - i, -M, M) + M of a learned [2 M + 1, depth] table at
         [i, j], M = MAX_RELATIVE_POSITION (RelaPosMatrixGenerator's clipped distances and
         RelaPosEmbeddingsGenerator's gather). Called on any tensor of the layer's graph (its
-        value unused) so that Keras places it there."""
+        value unused) so that Keras places it there.
+
+        The table's gradient is dense: the output's gradient [S x S, depth] summed into the
+        2 M + 1 rows by one UnsortedSegmentSum, as MindSpore differentiates its Gather.
+        TensorFlow's own gather gradient is an IndexedSlices of S x S rows, which the
+        optimizer densifies (one UnsortedSegmentSum each) once per consumer: three per layer
+        (docs/validation.md, "NEZHA's relative positions")."""
 
         def __init__(self, seq, depth, initializer, **kw):
             super().__init__(**kw)
@@ -256,8 +262,25 @@ def _layer_classes():
                                          initializer=self.initializer, name="table")
 
         def call(self, anchor):
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
             del anchor
-            return ops.take(self.table, ops.convert_to_tensor(self.rows), axis=0)
+            rows = ops.convert_to_tensor(self.rows)
+
+            @ops.custom_gradient
+            def gather_rows(table):
+                def table_gradient(*args, upstream=None):
+                    if upstream is None:
+                        (upstream,) = args
+                    return ops.segment_sum(ops.reshape(upstream, (-1, self.depth)),
+                                           ops.reshape(rows, (-1,)),
+                                           num_segments=ops.shape(table)[0])
+
+                return ops.take(table, rows, axis=0), table_gradient
+
+            # The variable's value as a tensor: a custom gradient of the variable itself
+            # would have to return the variable's gradient separately.
+            return gather_rows(tf.convert_to_tensor(self.table))
 
         def compute_output_shape(self, input_shape):
             return (self.seq, self.seq, self.depth)

@@ -12,7 +12,8 @@
   LayerNormXBackpropV2 and LayerNormBetaGammaBackpropV2 (graph_fusion.h 12b); in inference
   every LayerNorm as one LayerNorm launch (12);
 - nezha-tiny (NEZHA's relative positions): the first attention layer's context against numpy's
-  formula on the CPU and the NPU, and two training steps on the NPU tracking the CPU.
+  formula on the CPU and the NPU, the relative table's rows and its dense gradient against
+  numpy, and two training steps on the NPU tracking the CPU.
 """
 
 import os
@@ -311,3 +312,31 @@ def test_nezha_tiny_trains_on_npu_tracking_cpu(npusim, tf):
     # Per layer: 2 forward products for q.R and p.R beside the plain 2, and their gradients.
     layers = bert.dims(NEZHA_TINY)["layers"]
     assert len(_op_types(records)["BatchMatMulV2"]) == 12 * layers
+
+
+def test_relative_positions_table_gradient_is_dense(tf):
+    """The relative positions' rows and their table's gradient on the CPU against numpy: the
+    output is table[clip(j - i, -M, M) + M] at [i, j] and the gradient of sum(output * c) is
+    c's [i, j] vectors added into their table rows (np.add.at, what a gather's gradient
+    sums); the gradient is a dense tensor, not IndexedSlices (the optimizer would densify
+    those once per consumer, docs/validation.md "NEZHA's relative positions")."""
+    seq, depth, m = 12, 8, bert.MAX_RELATIVE_POSITION  # seq < M: some rows never used
+    layer = bert._RelativePositions(seq, depth, "glorot_uniform")  # pylint: disable=protected-access
+    with tf.device("/CPU:0"):
+        anchor = tf.zeros((1, seq))
+        layer.build(anchor.shape)
+        rng = np.random.default_rng(3)
+        table = rng.standard_normal((2 * m + 1, depth)).astype(np.float32)
+        layer.table.assign(table)
+        c = rng.standard_normal((seq, seq, depth)).astype(np.float32)
+        with tf.GradientTape() as tape:
+            out = layer(anchor)
+            loss = tf.reduce_sum(out * c)
+        grad = tape.gradient(loss, layer.table.value)
+    distance = np.arange(seq)[None, :] - np.arange(seq)[:, None]
+    rows = np.clip(distance, -m, m) + m
+    np.testing.assert_allclose(out.numpy(), table[rows], rtol=1e-6)
+    expected = np.zeros_like(table)
+    np.add.at(expected, rows.reshape(-1), c.reshape(-1, depth))
+    assert isinstance(grad, tf.Tensor) and not isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-5, atol=1e-5)
