@@ -31,6 +31,8 @@ const std::vector<OpReason>& plugin_only_ops() {
       {"ResourceScatterUpdate", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
       {"NpuGraph", "a set of the compiler's ops run as one task list (npu_graph.h)"},
       {"NpuCollective", "HCCL's collective between NPUs on the chips' collective engine"},
+      {"DropOutGenMask",
+       "an AI CPU task computed on the host (kernels_gen_mask.cpp), no AI-core kernel"},
   };
   return ops;
 }
