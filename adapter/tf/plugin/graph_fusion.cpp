@@ -2525,11 +2525,9 @@ int fold_matmul_transposes(tfc::GraphDef& graph, const std::unordered_set<std::s
 
 // The bool values of a DT_BOOL Const.
 std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<int64_t>* shape) {
-  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_BOOL) return std::nullopt;
-  auto it = n.attr().find("value");
-  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
-    return std::nullopt;
-  const tfc::TensorProto& t = it->second.tensor();
+  const tfc::TensorProto* tensor = const_tensor(n, tfc::DT_BOOL);
+  if (!tensor) return std::nullopt;
+  const tfc::TensorProto& t = *tensor;
   int64_t elements = 1;
   shape->clear();
   for (const auto& d : t.tensor_shape().dim()) {
@@ -2549,11 +2547,9 @@ std::optional<std::vector<bool>> const_bools(const tfc::NodeDef& n, std::vector<
 
 // The values of a float Const holding a vector.
 std::optional<std::vector<float>> const_floats(const tfc::NodeDef* n) {
-  if (!n || n->op() != "Const" || type_attr(*n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
-  auto it = n->attr().find("value");
-  if (it == n->attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
-    return std::nullopt;
-  const tfc::TensorProto& t = it->second.tensor();
+  const tfc::TensorProto* tensor = n ? const_tensor(*n, tfc::DT_FLOAT) : nullptr;
+  if (!tensor) return std::nullopt;
+  const tfc::TensorProto& t = *tensor;
   int64_t elements = 1;
   for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
   std::vector<float> v;

@@ -132,13 +132,19 @@ inline bool has_control_inputs(const tfc::NodeDef& n) {
   return false;
 }
 
+// The tensor of a Const of the given dtype; nullptr for any other node or a Const without one.
+inline const tfc::TensorProto* const_tensor(const tfc::NodeDef& n, tfc::DataType dtype) {
+  if (n.op() != "Const" || type_attr(n, "dtype") != dtype) return nullptr;
+  auto it = n.attr().find("value");
+  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor) return nullptr;
+  return &it->second.tensor();
+}
+
 // The value of a float32 Const holding one element.
 inline std::optional<float> scalar_float_const(const tfc::NodeDef& n) {
-  if (n.op() != "Const" || type_attr(n, "dtype") != tfc::DT_FLOAT) return std::nullopt;
-  auto it = n.attr().find("value");
-  if (it == n.attr().end() || it->second.value_case() != tfc::AttrValue::kTensor)
-    return std::nullopt;
-  const tfc::TensorProto& t = it->second.tensor();
+  const tfc::TensorProto* tensor = const_tensor(n, tfc::DT_FLOAT);
+  if (!tensor) return std::nullopt;
+  const tfc::TensorProto& t = *tensor;
   int64_t elements = 1;
   for (const auto& d : t.tensor_shape().dim()) elements *= d.size();
   if (elements != 1) return std::nullopt;
