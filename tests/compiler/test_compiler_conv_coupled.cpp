@@ -197,11 +197,33 @@ TEST_CASE("coupled chip: a residual added on the tile in the UB (Conv2D + BNInfe
       check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 80}, false, false, 35, fp16,
                               DataType::F16, DataType::F16, false, true),
       "Conv2DBatchNormInferenceAdd_f16"));
-  // f16 y of 24 channels (48-byte rows, padded through the UB): the epilogue without the add,
-  // then a launch adding the residual.
-  const std::vector<std::string> names =
+  // f16 y of 24 channels (48-byte rows) on 6x6 images: every tile's rows are whole blocks
+  // (16 * j rows of 48 bytes, 36 per image), so the epilogue packs the rows and stores each
+  // tile as one run, the residual loaded and added the same way, ReLU after it.
+  const auto no_residual_launch = [](const std::vector<std::string>& names) {
+    return std::none_of(names.begin(), names.end(), [](const std::string& n) {
+      return n.rfind("AddResidual", 0) == 0 || n.rfind("Cast", 0) == 0;
+    });
+  };
+  std::vector<std::string> names =
       check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 24}, true, false, 33, fp16, DataType::F16,
                               DataType::F16, false, true);
+  CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInferenceAddRelu_f16"));
+  CHECK(no_residual_launch(names));
+  // Packed, 256-row tiles (two vector instructions per packing pass), ReLU6 after the add.
+  names = check_conv2d_batch_norm(ConvCase{1, 16, 16, 32, 1, 1, 24}, false, false, 36, fp16,
+                                  DataType::F16, DataType::F16, true, true);
+  CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInferenceAddRelu6_f16"));
+  CHECK(no_residual_launch(names));
+  // Packed, 8 channels (16-byte rows), no residual.
+  names = check_conv2d_batch_norm(ConvCase{2, 6, 6, 16, 1, 1, 8}, false, false, 37, fp16,
+                                  DataType::F16, DataType::F16, true);
+  CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInferenceRelu6_f16"));
+  CHECK(no_residual_launch(names));
+  // 5x5 images: 25 rows of 48 bytes are not whole blocks, so no packing: the kernel writes f32
+  // rows (whole blocks), a cast rounds them, a launch adds the residual.
+  names = check_conv2d_batch_norm(ConvCase{2, 5, 5, 16, 1, 1, 24}, true, false, 38, fp16,
+                                  DataType::F16, DataType::F16, false, true);
   CHECK(batch_norm_in_epilogue(names, "Conv2DBatchNormInference_f16"));
   CHECK(std::find(names.begin(), names.end(), "AddResidualRelu_f16") != names.end());
 }

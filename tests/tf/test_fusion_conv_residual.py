@@ -14,7 +14,8 @@ convolution's kernel):
 - no AddV2, AddRelu or Relu launch is left, and on the coupled chip no launch but the
   convolutions' (and their batch-norm folds, filters and x's cast): the residual and the
   ReLU after it are in the kernel (Conv2DBatchNormInferenceAdd[Relu]_f16);
-- the block outputs between the convolutions go in f16 (the only cast is x's);
+- the block outputs between the convolutions go in f16 (the only cast is x's), also with 24
+  channels (48-byte rows: packed per tile on the coupled chip);
 - what must not fuse stays an AddV2 and still matches the CPU: a projection also read as a
   model output, an add of a per-channel constant (broadcast), an add after a ReLU6 expansion.
 """
@@ -49,6 +50,7 @@ def conv_bn(h, filters, depthwise=False, act=None):
 
 def build(kind):
     """kind: mobilenet (two residual blocks of 16 channels between a stem and a head),
+    mobilenet24 (the same with 24 channels: 48-byte f16 rows, packed on the coupled chip),
     mobilenet_fetch (the first projection also a model output), resnet (conv + BN + ReLU, conv
     + BN, Add, ReLU), bias (a projection plus a per-channel constant), relu6_add (an add after
     a ReLU6 expansion)."""
@@ -56,11 +58,12 @@ def build(kind):
     inp = keras.Input((8, 8, 8))
     outputs = []
     if kind.startswith("mobilenet"):
-        h = conv_bn(inp, 16, act="relu6")  # the stem
+        width = 24 if kind == "mobilenet24" else 16
+        h = conv_bn(inp, width, act="relu6")  # the stem
         for b in range(2):
             e = conv_bn(h, 64, act="relu6")
             e = conv_bn(e, 64, depthwise=True, act="relu6")
-            p = conv_bn(e, 16)
+            p = conv_bn(e, width)
             if b == 0 and kind == "mobilenet_fetch":
                 outputs.append(p)
             h = keras.layers.Add()([h, p])
@@ -101,7 +104,7 @@ for kind in sys.argv[1:]:
 print("RESULT " + json.dumps(result))
 '''
 
-KINDS = ["mobilenet", "mobilenet_fetch", "resnet", "bias", "relu6_add"]
+KINDS = ["mobilenet", "mobilenet24", "mobilenet_fetch", "resnet", "bias", "relu6_add"]
 
 
 def run_kinds(chip):
@@ -133,28 +136,29 @@ def test_outputs_match_the_cpu(chip_results):
 
 def test_the_residual_adds_leave_no_launch_of_their_own(chip_results):
     chip, results = chip_results
-    for kind in ("mobilenet", "resnet"):
+    for kind in ("mobilenet", "mobilenet24", "resnet"):
         res = results[kind]
         types = op_types(res)
         for gone in ("AddV2", "AddRelu", "Relu", "Relu6", "FusedElementwise"):
             assert gone not in types, (kind, gone, sorted(types))
         ks = kernels(res)
         if chip == "tiny_coupled":  # in the convolution's kernel, the ReLU after the add
-            want = ("Conv2DBatchNormInferenceAdd_f16" if kind == "mobilenet"
+            want = ("Conv2DBatchNormInferenceAdd_f16" if kind.startswith("mobilenet")
                     else "Conv2DBatchNormInferenceAddRelu_f32")
-            assert ks.count(want) == (2 if kind == "mobilenet" else 1), (kind, ks)
+            assert ks.count(want) == (2 if kind.startswith("mobilenet") else 1), (kind, ks)
             assert not [k for k in ks if k.startswith("AddResidual")], (kind, ks)
         else:  # a bias table: FIXPIPE adds the shift, one vector launch the residual
-            want = "AddResidual_f16" if kind == "mobilenet" else "AddResidualRelu_f32"
-            assert ks.count(want) == (2 if kind == "mobilenet" else 1), (kind, ks)
+            want = "AddResidual_f16" if kind.startswith("mobilenet") else "AddResidualRelu_f32"
+            assert ks.count(want) == (2 if kind.startswith("mobilenet") else 1), (kind, ks)
 
 
 def test_block_outputs_go_in_fp16(chip_results):
     """The stem's and the first block's outputs are read by convolutions as x and as the
     residual: f16 (so the second block's residual is f16 too); the only cast is x's."""
     _, results = chip_results
-    ks = kernels(results["mobilenet"])
-    assert [k for k in ks if k.startswith("Cast")] == ["Cast_f32_f16"], ks
+    for kind in ("mobilenet", "mobilenet24"):  # 24 channels: packed rows, no f32 and cast
+        ks = kernels(results[kind])
+        assert [k for k in ks if k.startswith("Cast")] == ["Cast_f32_f16"], (kind, ks)
 
 
 def test_what_must_not_fuse_stays_an_add(chip_results):

@@ -119,6 +119,14 @@ struct CubeConvSpec {
   // dense: pitch() == cy), added to each tile after the rounding to out_type, in out_type,
   // before `act`. Not with stacked images (a tile's rows are one run of y's rows).
   bool residual = false;
+  // bn_affine through the UB with y's rows cy channels unpadded though cy * size is not whole
+  // 32-byte blocks (24 f16 channels: 48 bytes), where the whole tile is: one group, cy <= 32
+  // (the replicated tables: ConvBnTables::dense), one n tile of every channel, one image per
+  // tile, every tile's rows * cy * size whole blocks (oh * ow * cy * size and 16 * cy * size
+  // are). The epilogue packs the tile's f32 rows to cy lanes, rounds them as one run and MTE3
+  // stores the tile as one contiguous run of y (CubePipeline::ChannelAffine::packed); a
+  // residual is loaded the same way.
+  bool y_packed = false;
   Activation act = Activation::kNone;
   // Batch-norm statistics (CANN's Conv2D + BNTrainingReduce fusion; split chips only): the
   // kernel becomes a mix kernel whose vector cores, once every cube core has stored its tiles,
@@ -157,6 +165,12 @@ struct ConvBnTables {
   int64_t plain_bytes = 0, rep_bytes = 0;  // each of a and shift
 };
 ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn);
+
+// Whether s (its out_type the output's) can be written with CubeConvSpec::y_packed: the
+// batch norm in the epilogue, one group, y unpadded with rows that are not whole 32-byte
+// blocks, at most 32 channels (the dense tables) whose f32 rows are whole blocks, and every
+// tile of 16 * j rows of one image whole blocks. The UB path is the caller's to check.
+bool conv_y_packable(const CubeConvSpec& s);
 
 // The tiling: tiles of tm output positions x tn output channels (within one group); k in chunks
 // of kc1 channel blocks (all taps); one L0C buffer per tile.

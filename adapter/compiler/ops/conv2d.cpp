@@ -367,11 +367,14 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     return (spec.cy * bytes_per_channel) % layout::kBlockBytes == 0 &&
            (spec.groups == 1 || (spec.cg_out * bytes_per_channel) % layout::kBlockBytes == 0);
   };
-  const bool narrow_via_f32 = via_ub && !ct.widen && spec.out_type == Dtype::F16 &&
-                              !whole_blocks(2) && whole_blocks(4);
+  // With the batch norm in the epilogue such rows go packed where every tile is whole blocks
+  // (CubeConvSpec::y_packed): the epilogue packs and stores each tile as one run, no cast.
+  spec.y_packed = via_ub && !ct.widen && conv_y_packable(spec);
+  const bool narrow_via_f32 = via_ub && !ct.widen && !spec.y_packed &&
+                              spec.out_type == Dtype::F16 && !whole_blocks(2) && whole_blocks(4);
   if (narrow_via_f32) spec.out_type = Dtype::F32;
   const int64_t osz = isa::dtype_size(spec.out_type);
-  if (via_ub) spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
+  if (via_ub && !spec.y_packed) spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
   // Through the UB, groups whose channels are not whole blocks: each group's channels padded to
   // whole blocks in the rows (the packing copy below drops the padding).
   const bool group_padded = via_ub && spec.groups > 1 && spec.cy == spec.groups * spec.cg_out &&
@@ -384,7 +387,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   {  // the strided view where the planner estimates it faster
     CubeConvSpec viewed = spec;
     view_strided_conv(viewed);
-    if (viewed.x_row != 0 && spec.x_row == 0) {
+    if (viewed.x_row != 0 && spec.x_row == 0 && (!spec.y_packed || conv_y_packable(viewed))) {
       const CubeConvTiling tv = plan_cube_conv(viewed, ctx.cfg, ctx.op.str());
       if (tv.est_cycles < t.est_cycles) {
         spec = viewed;
@@ -473,8 +476,12 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
     CubeConvSpec e = s;
     e.bn_affine = true;
     e.bn_a_in_filter = a_in_filter;
-    // The residual in the kernel where y is written dense (the UB path pads other rows).
-    e.residual = residual && (s.cy * data_type_bytes(y_type)) % layout::kBlockBytes == 0;
+    // The residual in the kernel where y is written dense (the UB path pads other rows) or
+    // packed (append_cube_conv).
+    CubeConvSpec packed = e;
+    packed.out_type = device_dtype(y_type);
+    e.residual = residual && ((s.cy * data_type_bytes(y_type)) % layout::kBlockBytes == 0 ||
+                              conv_y_packable(packed));
     e.act = residual && !e.residual ? Activation::kNone : act;
     e.name = fmt::format("{}{}{}_{}", ctx.op.type, e.residual ? "Add" : "", activation_name(e.act),
                          data_type_name(y_type));

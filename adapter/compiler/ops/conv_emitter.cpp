@@ -128,7 +128,8 @@ class ConvEmitter {
     if (m_s.residual)
       b.declare_arg("residual", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
     if (m_s.residual) {
-      if (!m_s.bn_affine || stacked() || m_s.pitch() != m_s.cy)
+      if (!m_s.bn_affine || stacked() || m_s.pitch() != m_s.cy ||
+          (!m_s.y_packed && (m_s.cy * m_osz) % 32 != 0))
         b.fail(
             "internal: a residual needs the batch norm in the epilogue, unstacked tiles and "
             "a dense y");
@@ -254,6 +255,7 @@ class ConvEmitter {
     const uint64_t span = static_cast<uint64_t>(std::max(0, m_b.config().ub_banks)) *
                           static_cast<uint64_t>(std::max(0, m_b.config().ub_bank_width_bytes));
     const uint64_t ub_align = m_b.alignment(Buf::UB);
+    const bool placeable = span >= 2 * ub_align && span % (2 * ub_align) == 0;
     struct UbIds {
       BufferPlan::Id cu, c32, ta, ts, rt, ra, rs, r32;
     };
@@ -279,7 +281,7 @@ class ConvEmitter {
       id.r32 = ub.add_fixed(
           "C tile (f32, the batch norm's result)",
           static_cast<uint64_t>(m_t.tm * tn16 * kL0cElemBytes) + vec::kRepeatBytes, 1, result32);
-      if (result32) {
+      if (result32 && placeable) {
         ub.place(id.c32, span, 0);
         ub.place(id.r32, span, span / 2);
       }
@@ -287,7 +289,8 @@ class ConvEmitter {
     };
     UbIds id{};
     BufferPlan ub = ub_plan(false, id);
-    if (m_s.bn_affine && via_ub && span >= 2 * ub_align && span % (2 * ub_align) == 0) {
+    // Packed rows take the result tile wherever it can go (the planner counted its room).
+    if (m_s.bn_affine && via_ub && (placeable || m_s.y_packed)) {
       UbIds with{};
       BufferPlan trial = ub_plan(true, with);
       if (trial.extent(0, ub_align) <= cube_core(m_b.config(), m_b.op()).capacity(Buf::UB)) {
@@ -296,6 +299,8 @@ class ConvEmitter {
         m_result32 = true;
       }
     }
+    if (m_s.y_packed && (!m_result32 || !m_bn.dense))
+      m_b.fail("internal: packed output rows need the f32 result tile and the dense tables");
     const auto cu = id.cu, c32 = id.c32, ta = id.ta, ts = id.ts, rt = id.rt, ra = id.ra, rs = id.rs;
     if (via_ub) {
       const BufferPlan::Placed pu = ub.allocate(m_b, 0);
@@ -309,7 +314,7 @@ class ConvEmitter {
         m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
                               m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
                               m_bn.dense, m_s.bn_a_in_filter, m_result32,
-                              m_result32 ? pu[id.r32] : 0});
+                              m_result32 ? pu[id.r32] : 0, "batch norm", 0, m_s.y_packed});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).

@@ -364,6 +364,7 @@ struct ConvPlanner {
 
   // Every tiling of stack count st that fits, into plans.
   void add_stacking(int64_t st, const std::vector<int64_t>& tns) {
+    if (s.y_packed && st > 1) return;  // a packed tile is one run of one image's rows
     const StackGeom sg = stack_geom(s, st);
     const int64_t positions = sg.tall_oh * s.ow();
     const int64_t ru16 = field_max(isa::FieldKind::RU16);
@@ -393,6 +394,7 @@ struct ConvPlanner {
 
   // Every chunking of the candidate with output tiles tn wide that fits, into plans.
   void add_width(Candidate c, int64_t tn) {
+    if (s.y_packed && tn < s.cg_out) return;  // a packed tile holds every channel
     const int64_t tn16 = round_up(std::min(tn, s.cg_out), kBlk);
     // The bias of a tile: one f32 row per L0 parity in BT, one per L1 parity in L1.
     const int64_t bias_bytes = s.bias ? tn16 * kL0cElemBytes : 0;
@@ -418,6 +420,8 @@ struct ConvPlanner {
           rates.ub_bank_span > 0 && with_result32 <= static_cast<int64_t>(core.capacity(Buf::UB))
               ? rates.affine_per_elem_result32
               : rates.affine_per_elem;
+      // Packed rows need the result tile (the packing pass writes the other f32 tile).
+      if (s.y_packed && with_result32 > static_cast<int64_t>(core.capacity(Buf::UB))) return;
     }
     c.t.tn = tn;
     c.t.n_tiles = ceil_div(s.cg_out, tn);
@@ -513,13 +517,27 @@ std::string CubeConvTiling::str() const {
       est_cycles);
 }
 
+bool conv_y_packable(const CubeConvSpec& s) {
+  const int64_t osz = isa::dtype_size(s.out_type);
+  return s.bn_affine && s.groups == 1 && s.pitch() == s.cy && s.cy % 8 == 0 &&
+         round_up(s.cy, kBlk) <= 32 && (s.cy * osz) % kBlkBytes != 0 &&
+         (kBlk * s.cy * osz) % kBlkBytes == 0 && (s.oh() * s.ow() * s.cy * osz) % kBlkBytes == 0;
+}
+
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
                               int64_t stack) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
   const int64_t osz = isa::dtype_size(s.out_type);
-  if (via_ub && (s.pitch() * osz % kBlkBytes != 0 ||
-                 (s.groups > 1 && s.group_pitch() * osz % kBlkBytes != 0)))
+  if (s.y_packed && (!via_ub || !conv_y_packable(s)))
+    throw CompileError(fmt::format(
+        "{}: packed output rows need the UB path, the batch norm in the epilogue, one group, "
+        "at most 32 channels in whole f32 blocks and every tile's rows whole 32-byte blocks "
+        "({} channels of {} bytes, {}x{} outputs per image, chip {})",
+        op, s.cy, osz, s.oh(), s.ow(), cfg.name));
+  if (via_ub && !s.y_packed &&
+      (s.pitch() * osz % kBlkBytes != 0 ||
+       (s.groups > 1 && s.group_pitch() * osz % kBlkBytes != 0)))
     throw CompileError(fmt::format(
         "{}: chip {} has no l0c->gm path: the output leaves through the UB in whole 32-byte "
         "blocks, so its row pitch ({} x {} bytes) and, with groups, the channels per group ({}) "

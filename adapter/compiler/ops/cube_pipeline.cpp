@@ -266,9 +266,18 @@ void CubePipeline::store(const Store& s, const Reg& pt) {
   }
   Reg blocks = b.reg("store: blocks per row");
   to_ub(s, pt, blocks);
-  ub_to_gm(s.dst, nullptr, s.rows, blocks,
-           s.pitch * isa::dtype_size(s.out_type) / layout::kBlockBytes);
+  if (m_affine && m_aff.packed) {  // one run of the tile's blocks
+    Reg one = b.reg_imm("store: one run (packed rows)", 1);
+    ub_to_gm(s.dst, nullptr, one, blocks, packed_run_blocks(s));
+  } else {
+    ub_to_gm(s.dst, nullptr, s.rows, blocks,
+             s.pitch * isa::dtype_size(s.out_type) / layout::kBlockBytes);
+  }
   ub_done();
+}
+
+int64_t CubePipeline::packed_run_blocks(const Store& s) const {
+  return m_aff.max_rows * s.pitch * isa::dtype_size(s.out_type) / layout::kBlockBytes;
 }
 
 void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
@@ -284,7 +293,23 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
     // f32 rows of the widest tile's blocks for the vector unit, then the epilogue into the
     // output tile; both buffers of the L0C buffer's parity (one pair with one L0C buffer).
     m_aff_pt = &pt;
-    if (m_residual) load_residual(s, pt, row_blocks);
+    // Packed rows: the output tile (and the residual) as one row of the tile's blocks, a
+    // "pitch" of the largest tile's.
+    Reg one;
+    if (m_aff.packed) {
+      if (!m_aff.dense || !m_aff.result32 || m_aff.band_tile_cols > 0)
+        b.fail("internal: packed output rows need the dense tables and the f32 result tile");
+      b.mul(row_blocks, s.rows, s.pitch * isa::dtype_size(s.out_type));
+      b.div(row_blocks, row_blocks, layout::kBlockBytes, "blocks of the packed tile");
+      one = b.reg_imm("store: one run (packed rows)", 1);
+    }
+    const int64_t run_pitch = m_aff.packed ? packed_run_blocks(s) *
+                                                 static_cast<int64_t>(layout::kBlockBytes) /
+                                                 isa::dtype_size(s.out_type)
+                                           : s.pitch;
+    const Store run{s.out_type, s.dst,     s.l0c,  m_aff.packed ? one : s.rows,
+                    s.cols,     run_pitch, s.relu, s.channel0};
+    if (m_residual) load_residual(run, pt, row_blocks);
     b.wait_flag(m_aff_free, pt, "C tiles (UB) free");
     select(b, row, pt, m_aff.tile32);
     b.emit(Opcode::op_fixpipe,
@@ -299,8 +324,8 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
       affine_dense_in_ub(s, pt);
     else
       affine_in_ub(s, pt, row_blocks);
-    if (m_residual) add_residual(s, pt, row_blocks);
-    affine_output_activation(s, pt, row_blocks);
+    if (m_residual) add_residual(run, pt, row_blocks);
+    affine_output_activation(run, pt, row_blocks);
     b.set_flag(m_aff_full, pt);
     b.wait_flag(m_aff_full, pt);
     return;
@@ -620,6 +645,10 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
     b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "+ shift");
   }
   if (s.out_type == Dtype::F32 && !m_residual) affine_activation(Dtype::F32, y, 0, 8, n);
+  if (m_aff.packed) {
+    affine_pack_rows(s, pt, y, table, n);
+    return;
+  }
   select(b, table, pt, m_aff.out);
   if (s.out_type != Dtype::F32)
     b.emit(Opcode::op_vconv,
@@ -628,6 +657,44 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
            "rounded once to the output type");
   else
     b.emit(Opcode::op_vcopy, {Dtype::S32, table, y, 0, 1, 1, 8, 8}, "to the output tile");
+}
+
+void CubePipeline::affine_pack_rows(const Store& s, const Reg& pt, const Reg& y, const Reg& at,
+                                    const Reg& n) {
+  KernelBuilder& b = m_b;
+  const int64_t w = m_aff.max_cols, cols = s.pitch, osz = isa::dtype_size(s.out_type);
+  if (cols > kLanes32 || cols % kBlockLanes32 != 0 || w % kBlockLanes32 != 0)
+    b.fail("internal: packed rows need at most 64 channels in whole f32 blocks");
+  // The f32 tile the affine pass left free: tile32 when the result went to the result tile
+  // (a in the filter), else the result tile.
+  if (m_aff.shift_only)
+    select(b, at, pt, m_aff.tile32);
+  else
+    b.movi(at, static_cast<int64_t>(m_aff.result32_at));
+  // One repeat per row: its first `cols` lanes, w lanes apart in y, cols lanes apart packed.
+  set_mask_lanes(b, lane_range(0, cols));
+  Reg src = b.reg("pack: f32 rows"), dst = b.reg("pack: packed rows");
+  for (int64_t r0 = 0; r0 < m_aff.max_rows; r0 += kMaxRepeat) {
+    b.if_(ge(s.rows, r0 + 1), [&] {
+      b.sub(n, s.rows, r0);
+      b.min(n, n, kMaxRepeat, "rows of this instruction");
+      b.add(src, y, r0 * w * kL0cElemBytes);
+      b.add(dst, at, r0 * cols * kL0cElemBytes);
+      b.emit(Opcode::op_vcopy,
+             {Dtype::S32, dst, src, n, 1, 1, cols / kBlockLanes32, w / kBlockLanes32},
+             "the row's channels, packed");
+    });
+  }
+  b.mul(n, s.rows, cols, "rows x channels");
+  b.emit(Opcode::op_set_mask_count, {n});
+  select(b, src, pt, m_aff.out);
+  if (s.out_type != Dtype::F32)
+    b.emit(Opcode::op_vconv,
+           {s.out_type, Dtype::F32, src, at, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
+            static_cast<int64_t>(RoundMode::kRint)},
+           "rounded once to the output type (packed rows, one run)");
+  else
+    b.emit(Opcode::op_vcopy, {Dtype::S32, src, at, 0, 1, 1, 8, 8}, "to the output tile");
 }
 
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,

@@ -162,6 +162,13 @@ class CubePipeline {
     // and one band's vector pass and store overlap the next band's FIXPIPE. Not with dense,
     // result32 or a residual.
     int64_t band_tile_cols = 0;
+    // y's rows unpadded though not whole blocks (CubeConvSpec::y_packed; needs dense and
+    // result32): every tile holds all Store::pitch channels of its rows, which are
+    // consecutive rows of y, and rows * pitch elements are whole 32-byte blocks. After the
+    // affine pass the vector unit packs the f32 rows to pitch lanes into the f32 tile the
+    // pass left free, rounds them as one run into the output tile and MTE3 stores the tile as
+    // one run of rows * pitch elements (a residual loaded and added the same way).
+    bool packed = false;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
@@ -283,6 +290,12 @@ class CubePipeline {
   void affine_in_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
   // dense: the tile as one run of rows * max_cols lanes (counter mode).
   void affine_dense_in_ub(const Store& s, const Reg& pt);
+  // ChannelAffine::packed, after the affine pass (its f32 result at y): the rows packed to
+  // s.pitch lanes into the free f32 tile (at: set here), then rounded (or copied) into the
+  // output tile of parity pt as one run; n a scratch.
+  void affine_pack_rows(const Store& s, const Reg& pt, const Reg& y, const Reg& at, const Reg& n);
+  // The blocks of the largest packed tile (max_rows x s.pitch elements).
+  int64_t packed_run_blocks(const Store& s) const;
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
   void affine_activation(isa::Dtype t, Opnd y, Opnd repeat, int64_t rep_stride, const Reg& scalar);
   // The activation after the rounding to a narrower output (or after the residual) on the
