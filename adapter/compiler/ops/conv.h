@@ -70,11 +70,11 @@ struct CubeConvSpec {
   int64_t ext_h = 0, ext_w = 0;  // zero rows / columns appended to the virtual map
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t groups = 1;
-  int64_t cg_in = 1;   // input channels per group (group g: [g * cg_in, min(cs, ...)))
-  int64_t cg_out = 1;  // output channels per group
-  int64_t cy = 1;      // output channels in total; the last group may be partial
-  int64_t y_pitch = 0;  // y's row pitch in elements, >= cy (0: cy); through the UB (coupled
-                        // chips) pitch and group_pitch() must be whole 32-byte blocks
+  int64_t cg_in = 1;          // input channels per group (group g: [g * cg_in, min(cs, ...)))
+  int64_t cg_out = 1;         // output channels per group
+  int64_t cy = 1;             // output channels in total; the last group may be partial
+  int64_t y_pitch = 0;        // y's row pitch in elements, >= cy (0: cy); through the UB (coupled
+                              // chips) pitch and group_pitch() must be whole 32-byte blocks
   int64_t y_group_pitch = 0;  // elements from one group's first channel in a row of y to the
                               // next group's, >= cg_out (0: cg_out)
   // Weights B_g[k][n] for k-block (c1, kh, kw), element c0 of the block, column n: the weight
@@ -159,9 +159,17 @@ struct CubeConvSpec {
 // (dense: every tile's f32 rows exactly `width` = 16 or 32 lanes, its output rows whole blocks
 // of that width) the replicated table, 256 bytes per `width` channels holding them 64 / width
 // times, so that one 64-lane repeat covers 64 / width rows of the tile.
+// Else, for tiles whose f32 rows (width = tn16 lanes, not a multiple of 64) are rounded into
+// a narrower output (one group: tile t holds channels [t * width, (t + 1) * width)), the
+// periodic table: per n tile `period` = lcm(width, 64) lanes holding its channels period /
+// width times, so that the tile's f32 lanes, taken as runs of every (period / 64)-th repeat,
+// meet the same 64 table lanes in every repeat of a run (CubePipeline::ChannelAffine::period:
+// a pass costs rows * width / 64 repeats, not rows * ceil(width / 64)); the plain table then
+// has room for every n tile's width channels.
 struct ConvBnTables {
   bool dense = false;
-  int64_t width = 0;                      // dense: the tiles' row width in f32 lanes
+  int64_t width = 0;                       // dense or period: the tiles' row width in f32 lanes
+  int64_t period = 0;                      // the periodic table's lanes per n tile (0: none)
   int64_t plain_bytes = 0, rep_bytes = 0;  // each of a and shift
 };
 ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn);
@@ -182,31 +190,31 @@ bool conv_y_packable(const CubeConvSpec& s);
 // row oh of image j; the rows between images are computed and dropped. The last stack may hold
 // fewer images (missing images read zeros, their rows are dropped).
 struct CubeConvTiling {
-  int64_t stack = 1;          // images per tall map
-  int64_t period = 0;         // tall map rows per image (Hv when stack == 1)
-  int64_t stacks = 0;         // ceil(images / stack)
-  int64_t tall_oh = 0;        // output rows of one tall map
-  int64_t tm = 0, tn = 0;     // output tile (multiples of 16)
-  int64_t tk0 = 0;            // k per mmad (multiple of 16); two L0A and two L0B buffers
-  int64_t kc1 = 0;            // channel blocks per k chunk
-  int64_t chunks = 0;         // k chunks per tile
-  bool resident = false;      // the whole B of a (group, n tile) stays in L1 (loaded chunk by
-                              // chunk during the first tile that needs it); else each step
-                              // streams its chunk of B with the slab
+  int64_t stack = 1;       // images per tall map
+  int64_t period = 0;      // tall map rows per image (Hv when stack == 1)
+  int64_t stacks = 0;      // ceil(images / stack)
+  int64_t tall_oh = 0;     // output rows of one tall map
+  int64_t tm = 0, tn = 0;  // output tile (multiples of 16)
+  int64_t tk0 = 0;         // k per mmad (multiple of 16); two L0A and two L0B buffers
+  int64_t kc1 = 0;         // channel blocks per k chunk
+  int64_t chunks = 0;      // k chunks per tile
+  bool resident = false;   // the whole B of a (group, n tile) stays in L1 (loaded chunk by
+                           // chunk during the first tile that needs it); else each step
+                           // streams its chunk of B with the slab
   int64_t m_tiles = 0, n_tiles = 0, tiles = 0;  // tiles = groups * n_tiles * stacks * m_tiles
   // Tile index order: key-major ((key * stacks + stack) * m_tiles + m tile, key = group *
   // n_tiles + n tile) or, spatial_major, ((stack * m_tiles + m tile) * keys + key), keys =
   // groups * n_tiles (CubeConvSpec::tiles_spatial_major with more than one key; weights then
   // streamed, never resident).
   bool spatial_major = false;
-  int64_t keys = 1;           // groups * n_tiles
-  int64_t slab_rows = 0;      // the most input rows one tile's feature-map slab spans
-  int64_t slab_bytes = 0;     // one slab buffer in L1 (two are allocated)
-  int64_t b_bytes = 0;        // one weight buffer in L1 (resident: one; chunked: two)
+  int64_t keys = 1;        // groups * n_tiles
+  int64_t slab_rows = 0;   // the most input rows one tile's feature-map slab spans
+  int64_t slab_bytes = 0;  // one slab buffer in L1 (two are allocated)
+  int64_t b_bytes = 0;     // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;
   int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))
-  double est_cycles = 0;      // the planner's estimate for the busiest core
+  double est_cycles = 0;        // the planner's estimate for the busiest core
   std::string str() const;
 };
 
@@ -221,8 +229,8 @@ CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std
 // geometry field exceeds the ISA (kernel > 255, stride or dilation > 15, padding > 255).
 // stack > 0 restricts the choice to tilings stacking that many images (for tests and tools;
 // CompileError if that stacking is impossible: zero insertion, or more than the images).
-CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg,
-                              const std::string& op, int64_t stack = 0);
+CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
+                              int64_t stack = 0);
 
 // The tiling t with kc1 channel blocks per k chunk and resident or streamed weights (sizes
 // and k per mmad recomputed); CompileError if it does not fit. For tests and tools that
@@ -308,8 +316,8 @@ struct FilterGradTiling {
 // The cheapest tiling; CompileError naming op if none fits the cube core.
 FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
                                   const std::string& op);
-Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t,
-                         const ChipConfig& cfg, const std::string& op);
+Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,
+                         const std::string& op);
 
 // ---- launch helpers ----
 
@@ -321,17 +329,16 @@ ArgRef workspace_take(CompiledKernel& k, uint64_t bytes);
 
 // Appends a launch copying a rows x cols matrix stored at src with a row pitch of `pitch`
 // elements (type from) densely to dst (type to, converted with RNE when it differs).
-void append_strided_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
-                         const ArgRef& dst, int64_t rows, int64_t cols, int64_t pitch,
-                         DataType from, DataType to, const ChipConfig& cfg);
+void append_strided_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& src, const ArgRef& dst,
+                         int64_t rows, int64_t cols, int64_t pitch, DataType from, DataType to,
+                         const ChipConfig& cfg);
 
 // Appends a launch copying a [pixels, c] tensor at src to [pixels, cp] at dst (cp >= c, type
 // dt). The extra channels of a pixel hold the next pixel's first values (the last pixel's up
 // to 30 bytes past the tensor, which kernels may read): layouts where every pixel is whole
 // 32-byte blocks, for kernels that keep channels apart and drop the extra ones.
-void append_channel_pad(CompiledKernel& k, const OpDesc& op, const ArgRef& src,
-                        const ArgRef& dst, int64_t pixels, int64_t c, int64_t cp, DataType dt,
-                        const ChipConfig& cfg);
+void append_channel_pad(CompiledKernel& k, const OpDesc& op, const ArgRef& src, const ArgRef& dst,
+                        int64_t pixels, int64_t c, int64_t cp, DataType dt, const ChipConfig& cfg);
 
 // Rebinds a launch's arguments (in declaration order).
 Launch with_args(Launch l, std::vector<ArgRef> args);

@@ -211,6 +211,10 @@ class ConvEmitter {
     KernelBuilder::Origin o(b, "batch-norm a and shift into the UB");
     load_channel_tables(b, {{"a", m_bn_a}, {"shift", m_bn_shift}}, m_s.cy,
                         "batch-norm tables loaded");
+    if (m_bn.period > 0) {
+      load_periodic_tables();
+      return;
+    }
     if (!m_bn.dense) return;
     // Replicated: channel group i (width w) at i * 256 bytes, copy r at r * w lanes: one
     // masked vector copy per copy r, a repeat per group (source repeat stride w / 8 blocks).
@@ -225,6 +229,27 @@ class ConvEmitter {
                   static_cast<int64_t>(from) + g0 * w * kL0cElemBytes,
                   std::min(kMaxRepeat, groups - g0), 1, 1, 8, w / 8},
                  "replicate the channel group");
+  }
+
+  // ConvBnTables::period: n tile t's table at t * period lanes, copy r of its width channels at
+  // r * width lanes: per copy and 64-channel part one masked vector copy, a repeat per n tile
+  // (destination repeat stride period / 8 blocks, source width / 8).
+  void load_periodic_tables() {
+    KernelBuilder& b = m_b;
+    const int64_t w = m_bn.width, period = m_bn.period, tiles = m_t.n_tiles;
+    for (const auto& [from, to] : {std::pair<uint64_t, uint64_t>{m_bn_a, m_bn_rep_a},
+                                   std::pair<uint64_t, uint64_t>{m_bn_shift, m_bn_rep_shift}})
+      for (int64_t r = 0; r < period / w; ++r)
+        for (int64_t c = 0; c < w; c += kLanes32) {
+          set_mask_lanes(b, lane_range(0, std::min(kLanes32, w - c)));
+          for (int64_t t0 = 0; t0 < tiles; t0 += kMaxRepeat)
+            b.emit(
+                Opcode::op_vcopy,
+                {Dtype::S32, static_cast<int64_t>(to) + (t0 * period + r * w + c) * kL0cElemBytes,
+                 static_cast<int64_t>(from) + (t0 * w + c) * kL0cElemBytes,
+                 std::min(kMaxRepeat, tiles - t0), 1, 1, period / 8, w / 8},
+                "the n tile's channels, repeated over the period");
+        }
   }
 
   // One plan per buffer kind: L1 (conv_l1_buffers, as the tiling checked it), L0A, L0B, L0C, BT
@@ -272,10 +297,11 @@ class ConvEmitter {
                            m_s.bn_affine);
       id.rt = ub.add_fixed("residual tile", static_cast<uint64_t>(m_t.tm * tn16 * m_osz),
                            tiles_in_ub, m_s.residual);
+      const bool replicated = m_bn.dense || m_bn.period > 0;
       id.ra = ub.add_fixed("batch-norm a (replicated)", static_cast<uint64_t>(m_bn.rep_bytes), 1,
-                           m_bn.dense);
+                           replicated);
       id.rs = ub.add_fixed("batch-norm shift (replicated)", static_cast<uint64_t>(m_bn.rep_bytes),
-                           1, m_bn.dense);
+                           1, replicated);
       // A last column group's masked repeat spans 64 lanes from its first column: up to one
       // repeat (256 bytes) past the last row's end.
       id.r32 = ub.add_fixed(
@@ -301,6 +327,7 @@ class ConvEmitter {
     }
     if (m_s.y_packed && (!m_result32 || !m_bn.dense))
       m_b.fail("internal: packed output rows need the f32 result tile and the dense tables");
+    const bool replicated = m_bn.dense || m_bn.period > 0;
     const auto cu = id.cu, c32 = id.c32, ta = id.ta, ts = id.ts, rt = id.rt, ra = id.ra, rs = id.rs;
     if (via_ub) {
       const BufferPlan::Placed pu = ub.allocate(m_b, 0);
@@ -311,10 +338,11 @@ class ConvEmitter {
       m_bn_rep_shift = pu[rs];
       m_res_tiles = pu.twin(rt);
       if (m_s.bn_affine)
-        m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, m_bn.dense ? pu[ra] : pu[ta],
-                              m_bn.dense ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
+        m_pipe.affine_via_ub({pu.twin(c32), pu.twin(cu), tiles_in_ub, replicated ? pu[ra] : pu[ta],
+                              replicated ? pu[rs] : pu[ts], m_s.act, m_t.tm, tn16, tn16 / 8,
                               m_bn.dense, m_s.bn_a_in_filter, m_result32,
-                              m_result32 ? pu[id.r32] : 0, "batch norm", 0, m_s.y_packed});
+                              m_result32 ? pu[id.r32] : 0, "batch norm", 0, m_s.y_packed,
+                              m_bn.period});
     }
     const BufferPlan::Placed p1 = l1.plan.allocate(m_b, 0);
     // A slab buffer: one block of room before (zeroing) and 16 pixels after (spill).

@@ -2,6 +2,7 @@
 // core, each with a modelled cost for the busiest core, and the choice among them.
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -488,7 +489,15 @@ ConvBnTables conv_bn_tables(const CubeConvSpec& s, int64_t tn) {
   constexpr int64_t kLanes = 64;  // f32 lanes of one vector repeat
   t.plain_bytes = channel_table_bytes(s.cy);
   const int64_t w = round_up(std::min(tn, s.cg_out), kBlk);
-  if (w != 16 && w != 32) return t;
+  if (w != 16 && w != 32) {
+    if (s.groups != 1 || w % kLanes == 0 || isa::dtype_size(s.out_type) >= kL0cElemBytes) return t;
+    t.width = w;
+    t.period = std::lcm(w, kLanes);
+    const int64_t n_tiles = ceil_div(s.cg_out, tn);
+    t.plain_bytes = channel_table_bytes(n_tiles * w);
+    t.rep_bytes = n_tiles * t.period * kL0cElemBytes;
+    return t;
+  }
   // Every tile's output row (n_act channels) must be whole blocks of exactly w lanes: the
   // first and last group's first and last n tile cover the n_act values there are.
   const int64_t per_block = kBlkBytes / isa::dtype_size(s.out_type),

@@ -439,70 +439,89 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
   const int64_t row_lanes32 = pitch32 * kBlockLanes32;
   const int64_t whole_cols =
       narrow && row_lanes32 % (layout::kBlockBytes / osz) == 0 ? row_lanes32 : 0;
-  for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
-    b.if_(ge(s.cols, col + 1), [&] {
-      b.sub(mask, s.cols, col, "the group's lanes");
-      b.movi(rep, -1, "all 64 lanes");
-      b.if_(lt(mask, kLanes32), [&] {
-        b.movi(rep, 1);
-        b.shl(rep, rep, mask);
-        b.sub(rep, rep, 1, "lanes [0, cols - col)");
-      });
-      b.emit(Opcode::op_set_mask, {0, rep});
-      for (int64_t r0 = 0; r0 < m_aff.max_rows; r0 += kMaxRepeat) {
-        b.if_(ge(s.rows, r0 + 1), [&] {
-          b.sub(rep, s.rows, r0);
-          b.min(rep, rep, kMaxRepeat, "rows of this instruction");
-          b.add(table, *s.channel0, col);
-          b.mul(table, table, kL0cElemBytes);
-          b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
-          const int64_t rows_off = r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
-          select(b, y, pt, m_aff.tile32);
-          b.add(y, y, rows_off, "the rows' first element of the group");
-          if (m_aff.result32) {
-            // Out of place: y * a into the result tile and + shift back (a in the filter:
-            // y + shift into the result tile); y then names where the f32 result is.
-            b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
-            if (!m_aff.shift_only)
-              b.emit(Opcode::op_vmul,
-                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
-            b.add(table, table, to_shift, "shift[channel]");
-            if (m_aff.shift_only) {
-              b.emit(Opcode::op_vadd,
-                     {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
-              b.mov(y, res);
-            } else {
-              b.emit(Opcode::op_vadd,
-                     {Dtype::F32, y, res, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
-            }
-          } else {
-            if (!m_aff.shift_only)
-              b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                     "y * a");
-            b.add(table, table, to_shift, "shift[channel]");
-            b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
-                   "+ shift");
-          }
-          if (!narrow && !m_residual) affine_activation(Dtype::F32, y, rep, pitch32, mask);
-          // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
-          b.mul(table, blocks, r0 * layout::kBlockBytes);
-          select(b, mask, pt, m_aff.out);
-          b.add(mask, mask, table);
-          b.add(mask, mask, col * osz, "output address");
-          if (narrow)
-            b.if_(ne(s.cols, whole_cols), [&] {
-              b.emit(Opcode::op_vconv,
-                     {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
-                      static_cast<int64_t>(RoundMode::kRint)},
-                     "rounded once to the output type (this column group)");
-            });
-          else
-            b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
-                   "rows packed to the output's pitch");
-        });
-      }
-    });
+  const bool periodic = m_aff.period > 0;
+  if (periodic) {
+    if (!narrow || whole_cols != m_aff.max_cols)
+      b.fail("internal: the periodic tables need a narrower output and rows of max_cols lanes");
+    affine_periodic(s, pt, mask, rep, table, y, res);
   }
+  // Per column group: the affine passes and (a narrower output) the rounding, or with the
+  // periodic tables the rounding of a tile narrower than max_cols only.
+  const auto column_groups = [&](const std::function<void()>& each) {
+    if (periodic)
+      b.if_(ne(s.cols, whole_cols), each);
+    else
+      each();
+  };
+  column_groups([&] {
+    for (int64_t col = 0; col < m_aff.max_cols; col += kLanes32) {
+      b.if_(ge(s.cols, col + 1), [&] {
+        b.sub(mask, s.cols, col, "the group's lanes");
+        b.movi(rep, -1, "all 64 lanes");
+        b.if_(lt(mask, kLanes32), [&] {
+          b.movi(rep, 1);
+          b.shl(rep, rep, mask);
+          b.sub(rep, rep, 1, "lanes [0, cols - col)");
+        });
+        b.emit(Opcode::op_set_mask, {0, rep});
+        for (int64_t r0 = 0; r0 < m_aff.max_rows; r0 += kMaxRepeat) {
+          b.if_(ge(s.rows, r0 + 1), [&] {
+            b.sub(rep, s.rows, r0);
+            b.min(rep, rep, kMaxRepeat, "rows of this instruction");
+            b.add(table, *s.channel0, col);
+            b.mul(table, table, kL0cElemBytes);
+            b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
+            const int64_t rows_off = r0 * pitch32 * layout::kBlockBytes + col * kL0cElemBytes;
+            select(b, y, pt, m_aff.tile32);
+            b.add(y, y, rows_off, "the rows' first element of the group");
+            if (periodic) {  // the passes are done: y names where the f32 result is
+              if (m_aff.result32 && m_aff.shift_only)
+                b.movi(y, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
+            } else if (m_aff.result32) {
+              // Out of place: y * a into the result tile and + shift back (a in the filter:
+              // y + shift into the result tile); y then names where the f32 result is.
+              b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
+              if (!m_aff.shift_only)
+                b.emit(Opcode::op_vmul,
+                       {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+              b.add(table, table, to_shift, "shift[channel]");
+              if (m_aff.shift_only) {
+                b.emit(Opcode::op_vadd,
+                       {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+                b.mov(y, res);
+              } else {
+                b.emit(Opcode::op_vadd,
+                       {Dtype::F32, y, res, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "+ shift");
+              }
+            } else {
+              if (!m_aff.shift_only)
+                b.emit(Opcode::op_vmul,
+                       {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+              b.add(table, table, to_shift, "shift[channel]");
+              b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0},
+                     "+ shift");
+            }
+            if (!narrow && !m_residual) affine_activation(Dtype::F32, y, rep, pitch32, mask);
+            // The output tile: rows of `blocks` blocks, the group at col * osz bytes.
+            b.mul(table, blocks, r0 * layout::kBlockBytes);
+            select(b, mask, pt, m_aff.out);
+            b.add(mask, mask, table);
+            b.add(mask, mask, col * osz, "output address");
+            if (narrow)
+              b.if_(ne(s.cols, whole_cols), [&] {
+                b.emit(Opcode::op_vconv,
+                       {s.out_type, Dtype::F32, mask, y, rep, 1, 1, blocks, pitch32,
+                        static_cast<int64_t>(RoundMode::kRint)},
+                       "rounded once to the output type (this column group)");
+              });
+            else
+              b.emit(Opcode::op_vcopy, {Dtype::S32, mask, y, rep, 1, 1, blocks, pitch32},
+                     "rows packed to the output's pitch");
+          });
+        }
+      });
+    }
+  });
   if (whole_cols == 0) return;
   b.if_(eq(s.cols, whole_cols), [&] {
     // y: where the f32 result is (the result tile, out of place with a in the filter).
@@ -518,6 +537,54 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
             static_cast<int64_t>(RoundMode::kRint)},
            "rounded once to the output type (the whole tile, one run)");
   });
+}
+
+void CubePipeline::affine_periodic(const Store& s, const Reg& pt, const Reg& mask, const Reg& rep,
+                                   const Reg& table, const Reg& y, const Reg& res) {
+  KernelBuilder& b = m_b;
+  const int64_t w = m_aff.max_cols, runs = m_aff.period / kLanes32, per = m_aff.period / w;
+  if (m_aff.dense || m_aff.period % w != 0 || m_aff.period % kLanes32 != 0 ||
+      m_aff.max_rows % per != 0 || ceil_div(m_aff.max_rows, per) > kMaxRepeat ||
+      runs * 8 > kMaxRepeat || m_aff.row_blocks32 * kBlockLanes32 != w)
+    b.fail("internal: periodic tables need whole periods of rows within one instruction");
+  const int64_t to_shift = static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);
+  const int64_t stride = runs * 8;  // blocks from one repeat of a run to its next
+  b.add(rep, s.rows, per - 1);
+  b.div(rep, rep, per, "periods of the tile's rows (rounded up: inside the tile's room)");
+  b.movi(mask, -1, "all 64 lanes");
+  b.emit(Opcode::op_set_mask, {0, mask});
+  // channel0 / w periods of period lanes into the tables.
+  b.mul(table, *s.channel0, m_aff.period * kL0cElemBytes / w);
+  b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's n tile, periodic");
+  for (int64_t j = 0; j < runs; ++j) {
+    const int64_t off = j * static_cast<int64_t>(vec::kRepeatBytes);
+    select(b, y, pt, m_aff.tile32);
+    b.add(y, y, off, "the run's first repeat");
+    if (j > 0) b.add(table, table, static_cast<int64_t>(vec::kRepeatBytes), "the run's lanes");
+    if (m_aff.result32) {
+      // Out of place as affine_in_ub's column groups: y * a into the result tile and + shift
+      // back (a in the filter: y + shift into the result tile).
+      b.movi(res, static_cast<int64_t>(m_aff.result32_at) + off, "the run's result");
+      if (!m_aff.shift_only)
+        b.emit(Opcode::op_vmul, {Dtype::F32, res, y, table, rep, 1, 1, 1, stride, stride, 0},
+               "y * a");
+      b.add(table, table, to_shift, "shift, periodic");
+      if (m_aff.shift_only)
+        b.emit(Opcode::op_vadd, {Dtype::F32, res, y, table, rep, 1, 1, 1, stride, stride, 0},
+               "+ shift");
+      else
+        b.emit(Opcode::op_vadd, {Dtype::F32, y, res, table, rep, 1, 1, 1, stride, stride, 0},
+               "+ shift");
+    } else {
+      if (!m_aff.shift_only)
+        b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, rep, 1, 1, 1, stride, stride, 0},
+               "y * a");
+      b.add(table, table, to_shift, "shift, periodic");
+      b.emit(Opcode::op_vadd, {Dtype::F32, y, y, table, rep, 1, 1, 1, stride, stride, 0},
+             "+ shift");
+    }
+    b.sub(table, table, to_shift, "a, periodic");
+  }
 }
 
 void CubePipeline::load_residual(const Store& s, const Reg& pt, const Reg& row_blocks) {

@@ -169,6 +169,14 @@ class CubePipeline {
     // pass left free, rounds them as one run into the output tile and MTE3 stores the tile as
     // one run of rows * pitch elements (a residual loaded and added the same way).
     bool packed = false;
+    // > 0 (not with dense; a narrower output): the tiles' f32 rows are max_cols lanes, not a
+    // multiple of 64, and a and shift are periodic tables (ConvBnTables::period): per n tile
+    // (the Store's channel0 / max_cols) `period` lanes, its max_cols channels repeated. The
+    // affine passes run over the tile's lanes as period / 64 runs, run j taking every
+    // (period / 64)-th repeat from repeat j and table lanes [64 j, 64 j + 64): rows rounded
+    // up to whole periods (max_rows must be a multiple of period / max_cols), every lane of
+    // every repeat used, where column groups of 64 lanes leave the last one partly masked.
+    int64_t period = 0;
   };
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
@@ -288,6 +296,10 @@ class CubePipeline {
   // The affine epilogue on the UB tile (after FIXPIPE, before MTE3): rows x cols f32 at
   // tile32 in rows of row_blocks32 blocks -> the output tile (rows of row_blocks blocks).
   void affine_in_ub(const Store& s, const Reg& pt, const Reg& row_blocks);
+  // ChannelAffine::period: the affine passes over the f32 tile of parity pt as runs (registers
+  // the caller's scratch: mask, rep, table, y, res).
+  void affine_periodic(const Store& s, const Reg& pt, const Reg& mask, const Reg& rep,
+                       const Reg& table, const Reg& y, const Reg& res);
   // dense: the tile as one run of rows * max_cols lanes (counter mode).
   void affine_dense_in_ub(const Store& s, const Reg& pt);
   // ChannelAffine::packed, after the affine pass (its f32 result at y): the rows packed to
