@@ -682,7 +682,7 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   KernelBuilder::Origin o(b, fmt::format("{} on the tile in the UB (one run): {}", m_aff.what,
                                          m_aff.shift_only ? "y + shift" : "y * a + shift"));
   if (!s.channel0) b.fail("internal: the affine epilogue needs the tile's first channel");
-  const int64_t w = m_aff.max_cols, osz = isa::dtype_size(s.out_type);
+  const int64_t w = m_aff.max_cols;
   Reg n = b.reg("affine: lanes of the tile"), table = b.reg("affine: a (then shift) of the tile"),
       y = b.reg("affine: f32 tile");
   select(b, y, pt, m_aff.tile32);
@@ -716,20 +716,27 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
     affine_pack_rows(s, pt, y, table, n);
     return;
   }
-  select(b, table, pt, m_aff.out);
+  affine_round_run(s, pt, table, y, "rounded once to the output type");
+}
+
+void CubePipeline::affine_round_run(const Store& s, const Reg& pt, const Reg& out, const Reg& f32,
+                                    const char* what) {
+  KernelBuilder& b = m_b;
+  select(b, out, pt, m_aff.out);
   if (s.out_type != Dtype::F32)
     b.emit(Opcode::op_vconv,
-           {s.out_type, Dtype::F32, table, y, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
+           {s.out_type, Dtype::F32, out, f32, 0, 1, 1,
+            kLanes32 * isa::dtype_size(s.out_type) / layout::kBlockBytes, 8,
             static_cast<int64_t>(RoundMode::kRint)},
-           "rounded once to the output type");
+           what);
   else
-    b.emit(Opcode::op_vcopy, {Dtype::S32, table, y, 0, 1, 1, 8, 8}, "to the output tile");
+    b.emit(Opcode::op_vcopy, {Dtype::S32, out, f32, 0, 1, 1, 8, 8}, "to the output tile");
 }
 
 void CubePipeline::affine_pack_rows(const Store& s, const Reg& pt, const Reg& y, const Reg& at,
                                     const Reg& n) {
   KernelBuilder& b = m_b;
-  const int64_t w = m_aff.max_cols, cols = s.pitch, osz = isa::dtype_size(s.out_type);
+  const int64_t w = m_aff.max_cols, cols = s.pitch;
   if (cols > kLanes32 || cols % kBlockLanes32 != 0 || w % kBlockLanes32 != 0)
     b.fail("internal: packed rows need at most 64 channels in whole f32 blocks");
   // The f32 tile the affine pass left free: tile32 when the result went to the result tile
@@ -754,14 +761,7 @@ void CubePipeline::affine_pack_rows(const Store& s, const Reg& pt, const Reg& y,
   }
   b.mul(n, s.rows, cols, "rows x channels");
   b.emit(Opcode::op_set_mask_count, {n});
-  select(b, src, pt, m_aff.out);
-  if (s.out_type != Dtype::F32)
-    b.emit(Opcode::op_vconv,
-           {s.out_type, Dtype::F32, src, at, 0, 1, 1, kLanes32 * osz / layout::kBlockBytes, 8,
-            static_cast<int64_t>(RoundMode::kRint)},
-           "rounded once to the output type (packed rows, one run)");
-  else
-    b.emit(Opcode::op_vcopy, {Dtype::S32, src, at, 0, 1, 1, 8, 8}, "to the output tile");
+  affine_round_run(s, pt, src, at, "rounded once to the output type (packed rows, one run)");
 }
 
 void CubePipeline::ub_to_gm(const Reg& dst, const Reg* first, const Reg& rows,

@@ -306,6 +306,10 @@ class CubePipeline {
   // s.pitch lanes into the free f32 tile (at: set here), then rounded (or copied) into the
   // output tile of parity pt as one run; n a scratch.
   void affine_pack_rows(const Store& s, const Reg& pt, const Reg& y, const Reg& at, const Reg& n);
+  // The f32 run at f32 (the current mask count's lanes) rounded once (an f32 output: copied)
+  // into the output tile of parity pt (out: set to its address); `what` comments the rounding.
+  void affine_round_run(const Store& s, const Reg& pt, const Reg& out, const Reg& f32,
+                        const char* what);
   // The blocks of the largest packed tile (max_rows x s.pitch elements).
   int64_t packed_run_blocks(const Store& s) const;
   // The activation in place on the lanes of type t at y (the current mask), `scalar` a scratch.
