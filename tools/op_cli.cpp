@@ -118,18 +118,22 @@ std::vector<uint8_t> random_bytes(const compiler::TensorDesc& t, std::mt19937& r
 }
 
 // A compiled op's device buffers: its inputs (holding input_bytes(i)), outputs and workspace,
-// named "<label>input 0", ... in the arena.
+// named "<label>input 0", ... in the arena. Each input's device buffer is allocated before its
+// host bytes are made, so a tensor larger than the device is refused by the arena, naming it,
+// rather than by the host's allocator.
 struct OpBuffers {
   std::vector<uint64_t> in, out;
   uint64_t workspace = 0;
 
   template <class InputBytes>
-  OpBuffers(Simulator& sim, DeviceArena& arena, const compiler::CompiledKernel& k, size_t inputs,
-            InputBytes input_bytes, const std::string& label) {
-    for (size_t i = 0; i < inputs; ++i) {
+  OpBuffers(Simulator& sim, DeviceArena& arena, const compiler::CompiledKernel& k,
+            const std::vector<compiler::TensorDesc>& inputs, InputBytes input_bytes,
+            const std::string& label) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const uint64_t size = compiler::device_buffer_bytes(inputs[i].bytes());
+      in.push_back(arena.allocate(size, fmt::format("{}input {}", label, i)));
       std::vector<uint8_t> bytes = input_bytes(i);
-      bytes.resize(compiler::device_buffer_bytes(bytes.size()));
-      in.push_back(arena.allocate(bytes.size(), fmt::format("{}input {}", label, i)));
+      bytes.resize(size);
       if (!bytes.empty()) sim.copy_host_to_device(in.back(), bytes.data(), bytes.size());
     }
     for (size_t i = 0; i < k.outputs.size(); ++i)
@@ -174,8 +178,8 @@ bool run_before_op(const std::string& spec, Simulator& sim, DeviceArena& arena,
     throw Error(fmt::format("{}: {}", where, e.what()));
   }
   const OpBuffers buffers(
-      sim, arena, k, desc.inputs.size(),
-      [&](size_t i) { return random_bytes(desc.inputs[i], rng); }, where + " ");
+      sim, arena, k, desc.inputs, [&](size_t i) { return random_bytes(desc.inputs[i], rng); },
+      where + " ");
   uint64_t cycles = 0;
   for (size_t i = 0; i < k.launches.size(); ++i) {
     const compiler::Launch& l = k.launches[i];
@@ -245,11 +249,11 @@ int run_op(const OpOptions& o, std::ostream& out) {
   DeviceArena arena(sim);
   std::mt19937 rng(7);
   const OpBuffers buffers(
-      sim, arena, k, desc.inputs.size(),
+      sim, arena, k, desc.inputs,
       [&](size_t i) {
         return given[i].dtype.empty() ? random_bytes(desc.inputs[i], rng) : given[i].data;
       },
-      "");
+      desc.str() + " ");
   for (const std::string& b : o.before)
     if (!run_before_op(b, sim, arena, cfg, *precision, rng, out)) return 3;
   if (o.host_loop < 0 || o.host_warmup < 0)

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <new>
+#include <stdexcept>
+
 #include "adapter/compiler/ops/registry.h"
 
 namespace npusim::compiler {
@@ -80,20 +83,20 @@ CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode pr
   if (!entry)
     op.fail(fmt::format("op {} is not supported by the kernel compiler (supported: {})", op.type,
                         fmt::join(supported_ops(), ", ")));
-  for (const TensorDesc& t : op.inputs) {
-    for (int64_t d : t.shape)
-      if (d < 0) op.invalid(fmt::format("input {} has a negative dimension", t.str()));
-    // The bytes of every input, and of any product of its dimensions the kernels form (pixels,
-    // rows, offsets), fit int64_t: a shape whose non-zero dimensions multiply past it is refused
-    // as TF's TensorShape refuses it (zero dimensions left out, so that no partial product
-    // wraps either).
-    int64_t bytes = data_type_bytes(t.dtype);
-    for (int64_t d : t.shape)
-      if (d != 0 && __builtin_mul_overflow(bytes, d, &bytes))
-        op.invalid(
-            fmt::format("input {} is too large: its dimensions multiply past 2^63 bytes", t.str()));
+  for (const TensorDesc& t : op.inputs) op.check_size(t, "input");
+  CompiledKernel k;
+  try {
+    k = entry->compile(ops::CompileContext{op, cfg, precision});
+  } catch (const std::bad_alloc&) {
+    throw CompileMemoryError(op.str() + ": the host ran out of memory compiling it");
+  } catch (const std::length_error& e) {
+    throw CompileMemoryError(
+        fmt::format("{}: the host ran out of memory compiling it ({})", op.str(), e.what()));
   }
-  CompiledKernel k = entry->compile(ops::CompileContext{op, cfg, precision});
+  // Outputs whose shapes come from attributes or host inputs (BroadcastTo's shape, Fill's dims,
+  // Pad's paddings...) keep the inputs' rule; the families check them first where they build
+  // the shape by arithmetic that could itself wrap (Tile's multiples).
+  for (const TensorDesc& t : k.outputs) op.check_size(t, "output");
   k.key = op.key() + "|" + precision_mode_name(precision);
   k.precision = precision;
   if (!op.outputs.empty() && op.outputs != k.outputs) {

@@ -118,6 +118,16 @@ void OpDesc::fail(const std::string& what) const { throw CompileError(str() + ":
 
 void OpDesc::invalid(const std::string& what) const { throw InvalidOpError(str() + ": " + what); }
 
+void OpDesc::check_size(const TensorDesc& t, const std::string& what) const {
+  for (int64_t d : t.shape)
+    if (d < 0) invalid(fmt::format("{} {} has a negative dimension", what, t.str()));
+  int64_t bytes = data_type_bytes(t.dtype);
+  for (int64_t d : t.shape)
+    if (d != 0 && __builtin_mul_overflow(bytes, d, &bytes))
+      invalid(fmt::format("{} {} is too large: its dimensions multiply past 2^63 bytes", what,
+                          t.str()));
+}
+
 namespace {
 
 template <typename T>

@@ -79,6 +79,13 @@ struct InvalidOpError : CompileError {
   using CompileError::CompileError;
 };
 
+// The host ran out of memory compiling the op (std::bad_alloc or std::length_error inside a
+// family's compile): "<op str>: ...", so the caller learns which op and shapes did it. A
+// CompileError; the TF plugin maps it to ResourceExhaustedError.
+struct CompileMemoryError : CompileError {
+  using CompileError::CompileError;
+};
+
 struct OpDesc {
   std::string type;                        // TF op name: "AddV2", "MatMul", "Cast", ...
   std::map<std::string, AttrValue> attrs;  // by TF attribute name
@@ -110,6 +117,13 @@ struct OpDesc {
   [[noreturn]] void fail(const std::string& what) const;
   // Throws InvalidOpError "<op str>: <what>": the op's inputs or attributes are invalid.
   [[noreturn]] void invalid(const std::string& what) const;
+  // The size rule every tensor of a kernel keeps (inputs, outputs, and shapes an op builds from
+  // attributes or host inputs before it compiles them): its non-zero dimensions times its
+  // element size fit int64_t, so that no byte count, pixel or row count or offset a kernel forms
+  // wraps (zero dimensions left out, so that no partial product wraps either). Otherwise throws
+  // InvalidOpError "<op str>: <what> <tensor> is too large: ...", as TF's TensorShape refuses
+  // such a shape. A negative dimension is refused too.
+  void check_size(const TensorDesc& t, const std::string& what) const;
 };
 
 // numpy/TensorFlow broadcasting of two shapes (aligned at the last dimension; each pair of dims

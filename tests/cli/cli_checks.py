@@ -228,6 +228,22 @@ def _(d):
     assert "'n'" in p.stderr, p.stderr  # the missing argument is named
 
 
+@check("npusim op refuses tensors too large for the device or for int64, naming op and shape")
+def _(d):
+    # 2^62 bytes of input: refused by the device memory before any host buffer is made (before:
+    # "std::bad_alloc", no op named).
+    p = run("op", "Neg", "--input", "f32:1073741824x1073741824", "--chip", "tiny",
+            "--timing-only", expect_rc=1, bounded=True)
+    assert "Neg(f32[1073741824,1073741824]) input 0:" in p.stderr, p.stderr
+    assert "do not fit in the device memory" in p.stderr, p.stderr
+    # A shape attribute whose bytes pass 2^63 (before: compiled, the output's byte count
+    # wrapped to 0 and the launch faulted outside device memory).
+    p = run("op", "BroadcastTo", "--input", "f32:1", "--attr", "shape=[2147483648,2147483648]",
+            "--chip", "tiny", "--timing-only", expect_rc=1, bounded=True)
+    assert "BroadcastTo(f32[1]): shape f32[2147483648,2147483648] is too large" in p.stderr, \
+        p.stderr
+
+
 @check("vadd with --out typed by the kernel (no :DTYPE:SHAPE) matches numpy")
 def _(d):
     rng = np.random.default_rng(5)

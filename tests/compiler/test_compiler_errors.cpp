@@ -61,6 +61,28 @@ TEST_CASE("invalid ops are InvalidOpError") {
   check_refusal(make_op("BiasAddGrad", {huge}), k);
   check_refusal(make_op("Cast", {huge}, {{"DstT", AttrValue(std::string("f32"))}}), k);
   check_refusal(make_op("Neg", {f32({0, int64_t{1} << 62, 4})}), k);
+  // Shapes from attributes (TF's host Const inputs) keep the same rule, before the family
+  // builds anything on them: before the check BroadcastTo to f32[2^31,2^31] (2^64 bytes)
+  // compiled, its output's byte count wrapped to 0 and the launch faulted outside device memory.
+  const V two31 = {int64_t{1} << 31, int64_t{1} << 31};
+  check_refusal(make_op("BroadcastTo", {f32({1})}, {{"shape", AttrValue(two31)}}), k);
+  check_refusal(make_op("Fill", {f32({})}, {{"dims", AttrValue(two31)}}), k);
+  // Tile's multiples times the dims wrap int64 (2^40 x 2^40) or pass 2^63 bytes (2^31 x 2^31).
+  check_refusal(make_op("Tile", {f32({int64_t{1} << 40})},
+                        {{"multiples", AttrValue(V{int64_t{1} << 40})}}),
+                k);
+  check_refusal(make_op("Tile", {f32({1, 1})}, {{"multiples", AttrValue(two31)}}), k);
+  // Paddings whose sum with the dim wraps int64.
+  check_refusal(make_op("Pad", {f32({2})},
+                        {{"paddings", AttrValue(V{int64_t{1} << 62, int64_t{1} << 62})}}),
+                k);
+  // Just under the limit the same ops compile (the shapes are valid; allocating them is the
+  // caller's business, and fails there naming the op: tests/tf/test_errors.py).
+  const V two30 = {int64_t{1} << 30, int64_t{1} << 30};  // f32: 2^62 bytes
+  CHECK_NOTHROW(compiler::compile(make_op("BroadcastTo", {f32({1})}, {{"shape", AttrValue(two30)}}),
+                                  test_sim().config()));
+  CHECK_NOTHROW(compiler::compile(make_op("Fill", {f32({})}, {{"dims", AttrValue(two30)}}),
+                                  test_sim().config()));
 }
 
 TEST_CASE("ops the compiler cannot do are plain CompileErrors") {

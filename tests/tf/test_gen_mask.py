@@ -133,11 +133,15 @@ def test_keras_dropout_training_same_with_the_rewrite_on_and_off():
           f"AI CPU {on['ai_cpu_us']:.1f} us, {on['overlap_us']:.1f} us beside AI-core tasks")
 
 
-def test_keras_dropout_training_whole_graph_as_node_by_node(tmp_path):
+@pytest.mark.parametrize("chip", ["910", "tiny"])
+def test_keras_dropout_training_whole_graph_as_node_by_node(tmp_path, chip):
     """Whole graph, each mask is an AI CPU step of the training step's one NpuGraph task list
-    (with the forward readers, the backward pass and the updates): the losses and weights equal
-    node by node's bit for bit, with the same 8 AI_CPU DropOutGenMask rows; node by node every
-    mask is a kernel call of its own."""
+    (with the forward readers, the backward pass and the updates), and so are its key and
+    counter (StatelessRandomGetKeyCounter) and the seed's FloorMod and Cast before them: the
+    losses and weights equal node by node's bit for bit, with the same 8 AI_CPU DropOutGenMask
+    rows; node by node every mask is a kernel call of its own. On a chip without an AI CPU
+    (tiny) the uniforms (StatelessRandomUniformV2 launches) are steps of that task list
+    instead."""
     code = MASKS_PLACED + TRAIN_CODE + r"""
 per_graph = []
 placed = masks_placed(os.environ["NPUSIM_GRAPH_DUMP"], per_graph) if "NPUSIM_GRAPH_DUMP" in os.environ else None
@@ -146,16 +150,33 @@ print("RESULT" + json.dumps(dict(
     loss=[float(v) for v in hist.history["loss"]],
     weights=[w.numpy().tobytes().hex() for w in model.weights],
     ai_cpu=sorted(r["Op Name"] for r in rows if r["Task Type"] == "AI_CPU"),
-    placed=placed, per_graph=per_graph, graph_runs=len([r for r in runs if r]))))
+    placed=placed, per_graph=per_graph, graph_runs=len([r for r in runs if r]),
+    key_counters_outside=sum(r["op_type"] == "StatelessRandomGetKeyCounter" and not r["graph_run"]
+                             for r in recs),
+    uniforms_inside=sum(r["op_type"] == "StatelessRandomUniformV2" and bool(r["graph_run"])
+                        for r in recs))))
 """
-    graph = child_result(code, extra_env={**CHIP_910, "NPUSIM_GRAPH_DUMP": str(tmp_path)})
-    nodes = child_result(code, extra_env={**CHIP_910, "NPUSIM_GRAPH": "0"})
+    env = {"NPUSIM_CHIP": chip}
+    graph = child_result(code, extra_env={**env, "NPUSIM_GRAPH_DUMP": str(tmp_path)})
+    nodes = child_result(code, extra_env={**env, "NPUSIM_GRAPH": "0"})
     assert graph["loss"] == nodes["loss"]
     assert graph["weights"] == nodes["weights"]
-    assert graph["ai_cpu"] == nodes["ai_cpu"] and len(graph["ai_cpu"]) == 8, graph["ai_cpu"]
-    # The traced step's two masks, both in one NpuGraph node; none left outside.
-    assert graph["placed"] == [2, 0] and graph["per_graph"] == [2], graph
-    assert nodes["graph_runs"] == 0 and graph["graph_runs"] > 0, (graph, nodes)
+    if chip == "910":
+        assert graph["ai_cpu"] == nodes["ai_cpu"] and len(graph["ai_cpu"]) == 8, graph["ai_cpu"]
+        # The traced step's two masks, both in one NpuGraph node; none left outside.
+        assert graph["placed"] == [2, 0] and graph["per_graph"] == [2], graph
+        assert graph["uniforms_inside"] == 0, graph
+    else:  # no masks: the uniforms are AI-core steps of the task list
+        assert graph["ai_cpu"] == nodes["ai_cpu"] == [], graph["ai_cpu"]
+        assert graph["placed"] == [0, 0], graph
+        assert graph["uniforms_inside"] == 8 and nodes["uniforms_inside"] == 0, (graph, nodes)
+    # 2 epochs of 2 steps: one task list a step (before the key and counter joined it, three:
+    # each Dropout's seed FloorMod and Cast were a small NpuGraph of their own, cut from the
+    # step's by the key and counter's kernel call between them).
+    assert nodes["graph_runs"] == 0 and graph["graph_runs"] == 4, (graph, nodes)
+    # The step's 8 keys and counters (2 a step) inside its task list; outside, in both runs,
+    # only the eager ones of the Dense layers' initializers.
+    assert nodes["key_counters_outside"] - graph["key_counters_outside"] == 8, (graph, nodes)
 
 
 RAW_OP = r"""

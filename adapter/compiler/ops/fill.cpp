@@ -238,6 +238,7 @@ CompiledKernel compile_fill(const CompileContext& ctx) {
     const std::vector<int64_t> dims = op.attr_ints("dims");
     for (int64_t d : dims)
       if (d < 0) op.invalid(fmt::format("dims {} has a negative dim", shape_str(dims)));
+    op.check_size(TensorDesc{x.dtype, dims}, "dims");
     return fill_kernel(ctx, TensorDesc{x.dtype, dims}, AsmFill{0, 0});
   }
   if (op.type == "ZerosLike") return fill_kernel(ctx, x, AsmFill{-1, 0});

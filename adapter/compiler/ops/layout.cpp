@@ -775,10 +775,15 @@ CompiledKernel compile_pad(const CompileContext& ctx) {
   std::vector<int64_t> out_shape;
   std::vector<BoxDim> box;
   for (size_t d = 0; d < shape.size(); ++d) {
-    out_shape.push_back(pads[d].first + shape[d] + pads[d].second);
+    int64_t dim = 0;
+    if (__builtin_add_overflow(pads[d].first, shape[d], &dim) ||
+        __builtin_add_overflow(dim, pads[d].second, &dim))
+      op.invalid(fmt::format("paddings of dim {} make it pass 2^63", d));
+    out_shape.push_back(dim);
     box.push_back(BoxDim{out_shape.back(), pads[d].first, shape[d], 1, strides[d]});
   }
   const TensorDesc out{dt, out_shape};
+  op.check_size(out, "output");
   return single(ctx, out,
                 box_spec(kname(op, dt), dt, op.inputs, out_shape, box, 0, 0,
                          v2 ? AsmFill{1, 0} : AsmFill{-1, 0}));
@@ -882,10 +887,14 @@ CompiledKernel compile_tile(const CompileContext& ctx) {
   StridedView v;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (mult[d] < 0) op.invalid(fmt::format("multiples {} must be non-negative", shape_str(mult)));
-    out_shape.push_back(mult[d] * shape[d]);
+    int64_t dim = 0;
+    if (__builtin_mul_overflow(mult[d], shape[d], &dim))
+      op.invalid(fmt::format("multiples {} make dimension {} pass 2^63", shape_str(mult), d));
+    out_shape.push_back(dim);
     v.dims.insert(v.dims.end(), {mult[d], shape[d]});
     v.strides.insert(v.strides.end(), {0, strides[d]});
   }
+  op.check_size(TensorDesc{dt, out_shape}, "output");
   return views(ctx, dt, {TensorDesc{dt, out_shape}}, {v});
 }
 
@@ -896,6 +905,7 @@ CompiledKernel compile_broadcast_to(const CompileContext& ctx) {
   const DataType dt = common_dtype(op, 0, 1);
   if (!op.attrs.count("shape")) op.fail("attribute shape is missing");
   const std::vector<int64_t> out_shape = op.attr_ints("shape");
+  op.check_size(TensorDesc{dt, out_shape}, "shape");
   const std::vector<int64_t>& shape = op.inputs[0].shape;
   auto b = broadcast_shapes(shape, out_shape);
   if (!b || *b != out_shape)

@@ -44,6 +44,8 @@ rt::Status CompiledOpCache::get_or_compile(const compiler::OpDesc& op, const Chi
       compiled->kernel = compiler::compile(op, cfg, precision);
     } catch (const compiler::InvalidOpError& e) {
       return rt::Status(rt::StatusCode::invalid_argument, e.what());  // as TF on any device
+    } catch (const compiler::CompileMemoryError& e) {
+      return rt::Status(rt::StatusCode::out_of_memory, e.what());
     } catch (const compiler::CompileError& e) {
       return rt::Status(rt::StatusCode::unsupported, e.what());
     }

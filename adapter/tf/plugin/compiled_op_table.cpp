@@ -148,6 +148,18 @@ const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
   return &kernel_attrs(row->tf.kernel);
 }
 
+const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
+                                                const std::vector<HostAttrInput>** host_inputs) {
+  if (const std::vector<AttrSpec>* attrs = compiled_op_attrs(op, host_inputs)) return attrs;
+  const compiler::ops::OpEntry* row = nullptr;
+  for (const OpEntry& e : compiler::ops::op_table())
+    if (op == e.tf_op) row = &e;
+  if (!row || row->tf.kernel != TfKernel::kRandom) return nullptr;
+  static const std::vector<AttrSpec> random_attrs = {{"dtype", AttrSpec::Kind::kType}};
+  *host_inputs = &row->tf.host_inputs;
+  return &random_attrs;
+}
+
 std::vector<TF_DataType> tf_types(const std::vector<compiler::DataType>& types) {
   std::vector<TF_DataType> v;
   for (compiler::DataType t : types) v.push_back(to_tf_dtype(t));

@@ -29,4 +29,10 @@ rt::Status register_compiled_op_kernel(const TableKernelDef& def);
 const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
                                                const std::vector<HostAttrInput>** host_inputs);
 
+// For an op an NpuGraph task list may run as a compiled step: a CompiledOpKernel's op
+// (compiled_op_attrs) or a stateless random op (kernels_random.cpp: the attribute its kernel
+// passes to the compiler, dtype, and the row's host inputs, shape and alg). Null for any other.
+const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
+                                                const std::vector<HostAttrInput>** host_inputs);
+
 }  // namespace npusim::tf

@@ -2,8 +2,10 @@
 //
 // A node may join a cluster when:
 //  - it is assigned to the NPU and its op runs as a CompiledOpKernel of the compiler's op table
-//    (npu_graph_clusterable_op: no resource or variable op, no random op, no plugin-only op but
-//    DropOutGenMask, an AI CPU step of the task list: npu_graph_kernel.cpp);
+//    or is a stateless random op (StatelessRandomGetKeyCounter, StatelessRandomUniformV2: their
+//    uint64 key and counter are the compiler's s64 in the task list) (npu_graph_clusterable_op:
+//    no resource or variable op, no stateful random op, no plugin-only op but DropOutGenMask,
+//    an AI CPU step of the task list: npu_graph_kernel.cpp);
 //  - each input the op reads on the host (reduction axes, ...) comes straight from a Const node
 //    (its value is copied into the cluster; anything computed stays node by node);
 //  - TensorFlow does not ask to preserve it (fetches, keep ops: GrapplerItem::NodesToPreserve),

@@ -7,7 +7,9 @@
 // describe them to the compiler as s64 (the same 8 bytes; the kernels only move and split the
 // words) and allocate them as uint64. Shape and alg are HostMemory (as TF's GPU kernels): their
 // values become the compiler's "shape" and "alg" attributes. Key and counter stay in device
-// memory, so GetKeyCounter -> UniformV2 never leaves the chip.
+// memory, so GetKeyCounter -> UniformV2 never leaves the chip. In whole-graph runs the two
+// stateless ops are steps of an NpuGraph task list instead (npu_graph_kernel.cpp describes the
+// key and counter the same way; task_list_op_attrs names the attribute these kernels pass).
 #include <functional>
 #include <map>
 #include <mutex>

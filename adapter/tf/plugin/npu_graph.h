@@ -148,9 +148,9 @@ inline bool npu_graph_view_op(const std::string& op, std::vector<int>* host_inpu
 }
 
 // ---- Implemented by the C API side (npu_graph_kernel.cpp), for graph_cluster.cpp:
-// Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table (the ops a
-// cluster may hold); `host_inputs` receives the positions of its inputs read on the host as
-// attributes (< 0 counts from the end).
+// Whether `op` runs on the NPU as a CompiledOpKernel of the compiler's op table, a stateless
+// random op or DropOutGenMask (the ops a cluster may hold); `host_inputs` receives the
+// positions of its inputs read on the host as attributes (< 0 counts from the end).
 bool npu_graph_clusterable_op(const std::string& op, std::vector<int>* host_inputs);
 // The compiler's name of a TensorFlow dtype (a TF_DataType / DataType value); empty if the chip
 // has none.

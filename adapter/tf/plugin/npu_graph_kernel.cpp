@@ -201,6 +201,14 @@ Tensor host_tensor(const NpuGraphSpec::HostConst& c) {
   return Tensor(t);
 }
 
+// Whether input i of a step of `op` is a Philox key or counter: TensorFlow's uint64, which the
+// step reads as the compiler's s64 (DropOutGenMask, and StatelessRandomUniformV2 whose key and
+// counter are TF's inputs 1 and 2, as kernels_random.cpp describes them).
+bool reads_key_or_counter(const std::string& op, size_t i) {
+  if (op == kGenMaskOp) return i == kGenMaskKeyInput || i == kGenMaskCounterInput;
+  return op == "StatelessRandomUniformV2" && (i == 1 || i == 2);
+}
+
 class NpuGraphKernel : public OpKernel {
  public:
   explicit NpuGraphKernel(OpKernelConstruction* ctx) : m_name(ctx->name()) {
@@ -218,15 +226,14 @@ class NpuGraphKernel : public OpKernel {
           rt::Status(rt::StatusCode::invalid_argument, "NpuGraph '" + m_name + "': " + error));
       return;
     }
-    // The graph inputs only DropOutGenMask steps read as key or counter (TF's uint64).
+    // The graph inputs only read as a Philox key or counter (TF's uint64) by DropOutGenMask or
+    // StatelessRandomUniformV2 steps.
     std::vector<char> key_use(static_cast<size_t>(m_spec.num_inputs), 0),
         other_use(static_cast<size_t>(m_spec.num_inputs), 0);
     for (const NpuGraphSpec::Node& node : m_spec.nodes)
       for (size_t i = 0; i < node.inputs.size(); ++i)
         if (const int k = node.inputs[i].input; k >= 0)
-          (node.op == kGenMaskOp && (i == kGenMaskKeyInput || i == kGenMaskCounterInput)
-               ? key_use
-               : other_use)[static_cast<size_t>(k)] = 1;
+          (reads_key_or_counter(node.op, i) ? key_use : other_use)[static_cast<size_t>(k)] = 1;
     for (size_t k = 0; k < key_use.size(); ++k) m_u64_inputs.push_back(key_use[k] && !other_use[k]);
     m_marked = ctx->HasAttr(kStableInputsAttr);
     if (m_marked && !ctx->GetAttr(kStableInputsAttr, &m_stable).ok()) {
@@ -307,7 +314,11 @@ class NpuGraphKernel : public OpKernel {
     std::vector<Tensor> outputs(plan->outputs.size());
     std::vector<uint64_t> output_addrs;
     for (size_t i = 0; i < outputs.size(); ++i) {
-      const TF_DataType t = to_tf_dtype(plan->outputs[i].dtype);
+      TF_DataType t = to_tf_dtype(plan->outputs[i].dtype);
+      // A Philox key or counter (StatelessRandomGetKeyCounter's outputs): TensorFlow's uint64,
+      // the compiler's s64 (the same 8 bytes).
+      if (t == TF_INT64 && ctx->expected_output_dtype(static_cast<int>(i)) == TF_UINT64)
+        t = TF_UINT64;
       if (t != ctx->expected_output_dtype(static_cast<int>(i))) {
         ctx->CtxFailure(
             rt::Status(rt::StatusCode::internal,
@@ -484,7 +495,7 @@ class NpuGraphKernel : public OpKernel {
       const std::vector<HostAttrInput>* host = nullptr;
       const bool update = node.op == kVariableUpdateOp;
       const std::vector<AttrSpec>* specs =
-          update ? &variable_update_attrs(&host) : compiled_op_attrs(node.op, &host);
+          update ? &variable_update_attrs(&host) : task_list_op_attrs(node.op, &host);
       if (!specs)
         return rt::Status(rt::StatusCode::internal,
                           "NpuGraph '" + m_name + "': " + what() + " is no compiled op");
@@ -778,14 +789,14 @@ class NpuGraphKernel : public OpKernel {
   }
 
   // Graph input i's description: TensorFlow's uint64 as the compiler's s64 (same 8 bytes) where
-  // only DropOutGenMask steps read it (their key and counter), an error elsewhere; other types
-  // as Tensor::desc.
+  // only DropOutGenMask and StatelessRandomUniformV2 steps read it (their key and counter), an
+  // error elsewhere; other types as Tensor::desc.
   rt::Status input_desc(size_t i, const Tensor& t, compiler::TensorDesc* out) const {
     if (t.dtype() != TF_UINT64) return t.desc(out);
     if (i >= m_u64_inputs.size() || !m_u64_inputs[i])
       return rt::Status(rt::StatusCode::invalid_argument,
                         "NpuGraph '" + m_name + "': input " + std::to_string(i) +
-                            " is uint64, which only DropOutGenMask's key and counter may be");
+                            " is uint64, which only a random step's key and counter may be");
     *out = compiler::TensorDesc{compiler::DataType::S64, t.shape()};
     return rt::ok_status();
   }
@@ -1166,7 +1177,7 @@ class NpuGraphKernel : public OpKernel {
   std::string m_name;
   NpuGraphSpec m_spec;
   std::vector<int64_t> m_stable;
-  std::vector<char> m_u64_inputs;  // per graph input: only DropOutGenMask's key or counter
+  std::vector<char> m_u64_inputs;  // per graph input: only a random step's key or counter
   bool m_marked = false;    // the graph optimizer gave the node kStableInputsAttr (StableInputs)
   int64_t m_variables = 0;  // V
   std::mutex m_mutex;
@@ -1186,7 +1197,7 @@ bool npu_graph_clusterable_op(const std::string& op, std::vector<int>* host_inpu
     return true;
   }
   const std::vector<HostAttrInput>* host = nullptr;
-  if (!compiled_op_attrs(op, &host)) return false;
+  if (!task_list_op_attrs(op, &host)) return false;
   host_inputs->clear();
   for (const HostAttrInput& h : *host) host_inputs->push_back(h.input);
   return true;
