@@ -776,9 +776,9 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 //
 // The tile's steps, in f32: dy and x widened to F0 and F1 (f32: their input tiles), scratch U
 // (and V with the mask); relu: U = F1 c1, V = U + shift (y's pre-activation, bit for bit the
-// apply's), mask bits = V > relu_mask_threshold(T), U = mask ? F0 : 0 (g: ReluGrad's dy * 1 or
-// dy * 0 but for the sign of a zero and a non-finite dy), then V = U c1, U = F1 kc, F0 = V - U,
-// dx = F0 + k3; without: U = F0 c1, F0 = F1 kc, F1 = U - F0, dx = F1 + k3. No instruction writes
+// apply's), mask bits = V > relu_mask_threshold(T), U = mask ? c1 : 0, V = F0 U (g c1 with
+// ReluGrad's product: dy * 0 where masked, NaN for an infinite dy, as dy * mask * c1 but for
+// the sign of a zero), then U = F1 kc, F0 = V - U, dx = F0 + k3; without: U = F0 c1, F0 = F1 kc, F1 = U - F0, dx = F1 + k3. No instruction writes
 // a tile it reads (the f32 output is the last step's destination), and with f16 / bf16 or the
 // mask the tiles sit in UB bank windows (append_training_dx): F0 0, F1 1, U 2, V 3, the output
 // 2, c1 and k3 4, kc and shift 5.
@@ -860,8 +860,8 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
       op3(Opcode::op_vmul, u, f1, c1);  // x * a + shift, as the apply
       op3(Opcode::op_vadd, v, u, o.in[5]);
       vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
-      vec_select(b, Dtype::F32, u, f0, zero, bits, n, false, true);  // g
-      op3(Opcode::op_vmul, v, u, c1);
+      vec_select(b, Dtype::F32, u, c1, zero, bits, n, false, true);  // c1 * mask
+      op3(Opcode::op_vmul, v, f0, u);                                 // g * c1
       op3(Opcode::op_vmul, u, f1, kc);
       op3(Opcode::op_vsub, f0, v, u);
       diff = f0;
