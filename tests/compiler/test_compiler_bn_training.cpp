@@ -411,6 +411,41 @@ TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad with relu: ReluGrad fol
             .message.find("takes 7 inputs without relu, 8 given") != std::string::npos);
 }
 
+TEST_CASE("BNTrainingReduceGrad with relu: a masked infinite dy gives NaN, as ReluGrad's") {
+  // ReluGrad multiplies dy by the mask, so an infinite dy where y = 0 gives NaN (inf * 0), and
+  // a loss-scaled step sees the overflow; the folded mask keeps that product.
+  for (DataType dt : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(dt));
+    const std::vector<int64_t> shape = {1, 2, 4, 8};
+    const int64_t c = 8, r = 8;
+    const double eps = 0.001;
+    HostTensor dy = random_tensor(dt, shape, -1, 1, 40);
+    HostTensor x = random_tensor(dt, shape, -2, 3, 41);
+    const HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, 42),
+                     mean = random_tensor(DataType::F32, {c}, 0, 1, 43),
+                     var = random_tensor(DataType::F32, {c}, 0.5, 2, 44),
+                     offset = random_tensor(DataType::F32, {c}, -1, 1, 45),
+                     ds = random_tensor(DataType::F32, {c}, -1, 1, 46),
+                     dof = random_tensor(DataType::F32, {c}, -1, 1, 47);
+    // In each channel, pixel 0 gets the pre-activation -1 (masked) and an infinite dy.
+    for (int64_t j = 0; j < c; ++j) {
+      const double a = scale.values[j] / std::sqrt(var.values[j] + eps),
+                   shift = offset.values[j] - mean.values[j] * a;
+      x.values[static_cast<size_t>(j)] = round_to(dt, (-1 - shift) / a);
+      dy.values[static_cast<size_t>(j)] = j % 2 ? INFINITY : -INFINITY;
+    }
+    RunResult dx = run("BNTrainingReduceGrad", {dy, x, ds, dof, scale, mean, var, offset},
+                       {{"epsilon", eps}, {"relu", true}}, 1);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const double v = dx.outputs[0].values[static_cast<size_t>(i * c + j)];
+        INFO("pixel " << i << " channel " << j << ": " << v);
+        const bool ok = i == 0 ? std::isnan(v) : std::isfinite(v);
+        CHECK(ok);
+      }
+  }
+}
+
 TEST_CASE("BNTraining ops with f16 x and dy: f32 statistics, f16 y and dx") {
   check_reduce({2, 3, 5, 16}, 30, DataType::F16);
   check_reduce({1, 4, 4, 7}, 31, DataType::F16);  // channels padded to whole blocks
