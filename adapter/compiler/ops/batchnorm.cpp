@@ -778,10 +778,11 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 // (and V with the mask); relu: U = F1 c1, V = U + shift (y's pre-activation, bit for bit the
 // apply's), mask bits = V > relu_mask_threshold(T), U = mask ? c1 : 0, V = F0 U (g c1 with
 // ReluGrad's product: dy * 0 where masked, NaN for an infinite dy, as dy * mask * c1 but for
-// the sign of a zero), then U = F1 kc, F0 = V - U, dx = F0 + k3; without: U = F0 c1, F0 = F1 kc, F1 = U - F0, dx = F1 + k3. No instruction writes
-// a tile it reads (the f32 output is the last step's destination), and with f16 / bf16 or the
-// mask the tiles sit in UB bank windows (append_training_dx): F0 0, F1 1, U 2, V 3, the output
-// 2, c1 and k3 4, kc and shift 5.
+// the sign of a zero), then U = F1 kc, F0 = V - U, dx = F0 + k3; without: U = F0 c1,
+// F0 = F1 kc, F1 = U - F0, dx = F1 + k3. No instruction writes a tile it reads (the f32 output
+// is the last step's destination), and with f16 / bf16 or the mask the tiles sit in UB bank
+// windows (append_training_dx): F0 0, F1 1, U 2, V 3, the output 2, c1 and k3 4, kc and shift 5
+// (the f32 pass without the mask unplaced, as append_training_dx's).
 CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool relu = relu_attr(op, 8, 1);
