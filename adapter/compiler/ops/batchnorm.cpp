@@ -360,35 +360,20 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
   return k;
 }
 
-// The training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) - (x - mean) * c2)
-// to output 0; `vectors` = {mdy, mean, c2, c1[, unused, shift]}, f32 [c]: their tiles as
-// `resident` leaves them, when given (it computes them from what the vectors are, in place; its
-// TileOperands: in = the vectors' tiles, temp[0] a scratch tile). With six vectors, dy is first
-// masked as ReluGrad(dy, relu(x * c1 + shift) stored as T) (the file comment's relu = true;
-// BNTrainingUpdate's a is c1, the same instructions; the comparison with relu_mask_threshold(T)
-// stands for the rounding to T).
-//
-// One stream kernel, computed in f32: dy and x widened to F0 and F1 (f32: their input tiles),
-// an f32 scratch tile U (and V with the mask). No instruction writes a tile it reads, and the
-// tiles sit in UB bank windows (StreamSpec::out_window) such that each instruction's tiles are
-// in different ones: F0 0, F1 1, U 2, V 3, the output 2; the vectors mdy 1, mean 3, c2 5, c1 4,
-// shift 5; f16 / bf16 dy and x 1 and 0 (f32: they are F0 and F1). (Measured, docs/compiler.md "The
-// batch norm's passes in bank windows": in place and unplaced, half the vector unit's time went
-// to bank conflicts.) Not the f32 pass without the mask: memory-bound (12 bytes of HBM traffic
-// per element for 5 instructions), it keeps its former in-place steps and layout, which
-// measured faster there than the placed ones (the same document).
-void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
-                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg,
-                        std::function<void(KernelBuilder&, const TileOperands&)> resident = {}) {
-  const bool relu = vectors.size() == 6;
+// The skeleton of a training x gradient's stream kernel: dy (input 0) and x (input 1) of dt
+// streamed, then the f32 [c] `vectors` broadcast over them (window `windows[i]`, period_only
+// `period_only[i]`), output 0 of dt; with dt != f32 the f32 tiles "dy (f32)" and "x (f32)"
+// (temps 0 and 1, windows 0 and 1, the tensors' own tiles in 1 and 0). placed = false: no
+// windows at all.
+StreamSpec training_dx_spec(const std::string& name, const std::vector<int64_t>& shape, DataType dt,
+                            bool placed, const std::vector<int>& windows,
+                            const std::vector<bool>& period_only = {}) {
   const Dtype t_dev = device_dtype(dt);
   const bool widen = dt != DataType::F32;
-  const bool placed = widen || relu;
   const auto window = [placed](int w) { return placed ? w : -1; };
-  const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
   const int64_t c = shape.back();
   StreamSpec spec;
-  spec.kernel_name = fmt::format("BatchNorm{}Grad_{}", relu ? "Relu" : "", data_type_name(dt));
+  spec.kernel_name = name;
   spec.out_type = t_dev;
   spec.out_shape = shape;
   spec.out_window = window(2);
@@ -396,55 +381,62 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
       StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 1 : 0)});
   spec.inputs.push_back(
       StreamInput{t_dev, broadcast_view(shape, shape), shape, window(widen ? 0 : 1)});
-  const int vector_windows[6] = {1, 3, 5, 4, 0, 5};  // mdy, mean, c2, c1, unused, shift
-  for (size_t i = 0; i < vectors.size(); ++i)
+  for (size_t i = 0; i < windows.size(); ++i) {
     spec.inputs.push_back(
-        StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}, window(vector_windows[i])});
+        StreamInput{Dtype::F32, broadcast_view({c}, shape), {c}, window(windows[i])});
+    spec.inputs.back().period_only = i < period_only.size() && period_only[i];
+  }
   if (widen) {
     spec.temps.push_back(TempSpec{"dy (f32)", 4, 0, 0});
     spec.temps.push_back(TempSpec{"x (f32)", 4, 0, 1});
   }
-  const size_t scratch = spec.temps.size();  // U (, V, then the ReLU's)
-  spec.temps.push_back(TempSpec{"U", 4, 0, window(2)});
-  if (relu) {
-    spec.temps.push_back(TempSpec{"V", 4, 0, 3});
-    spec.temps.push_back(TempSpec{"mask bits", 1.0 / 8, 0});
-    spec.temps.push_back(TempSpec{"1.0f repeat", 0, vec::kRepeatBytes});
-    spec.temps.push_back(TempSpec{"0.0f repeat", 0, vec::kRepeatBytes});
-    if (threshold != 0.0f)
-      spec.temps.push_back(TempSpec{"ReLU mask threshold repeat", 0, vec::kRepeatBytes});
-    spec.prologue = [scratch, threshold](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-      vec_fill_repeat(b, Dtype::F32, temp[scratch + 3], 1.0);
-      vec_fill_repeat(b, Dtype::F32, temp[scratch + 4], 0.0);
-      if (threshold != 0.0f) vec_fill_repeat(b, Dtype::F32, temp[scratch + 5], threshold);
-    };
-  }
+  return spec;
+}
+
+// dy and x of a training_dx_spec tile in f32: widened into temps 0 and 1, or their input tiles.
+std::pair<uint64_t, uint64_t> training_dx_f32(KernelBuilder& b, const TileOperands& t,
+                                              DataType dt) {
+  if (dt == DataType::F32) return {t.in[0], t.in[1]};
+  const Dtype t_dev = device_dtype(dt);
+  vec_convert(b, Dtype::F32, t_dev, t.temp[0], t.in[0], RoundMode::kRint, *t.count);
+  vec_convert(b, Dtype::F32, t_dev, t.temp[1], t.in[1], RoundMode::kRint, *t.count);
+  return {t.temp[0], t.temp[1]};
+}
+
+// f32 result `r` of a training_dx_spec tile to the output in dt (f32: `r` is the output tile
+// already; else rounded once into it).
+void training_dx_store(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt) {
+  if (dt != DataType::F32)
+    vec_convert(b, device_dtype(dt), Dtype::F32, t.out, r, RoundMode::kRint, *t.count);
+}
+
+// FusedBatchNormGradV3's training x gradient, inputs dy (0) and x (1): dx = c1 * ((dy - mdy) -
+// (x - mean) * c2) to output 0; `vectors` = {mdy, mean, c2, c1}, f32 [c] (its coefficient
+// launch's).
+//
+// One stream kernel, computed in f32: dy and x widened to F0 and F1 (f32: their input tiles)
+// and an f32 scratch tile U. f16 / bf16: no instruction writes a tile it reads, and the tiles
+// sit in UB bank windows (StreamSpec::out_window) such that each instruction's tiles are in
+// different ones: F0 0, F1 1, U 2, the output 2; the vectors mdy 1, mean 3, c2 5, c1 4; dy and x
+// 1 and 0. (Measured, docs/compiler.md "The batch norm's passes in bank windows": in place and
+// unplaced, half the vector unit's time went to bank conflicts.) Not the f32 pass: memory-bound
+// (12 bytes of HBM traffic per element for 5 instructions), it keeps its former in-place steps
+// and layout, which measured faster there than the placed ones (the same document).
+void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
+                        DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg) {
+  const bool widen = dt != DataType::F32;
+  StreamSpec spec = training_dx_spec(fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape,
+                                     dt, widen, {1, 3, 5, 4});
+  spec.temps.push_back(TempSpec{"U", 4, 0, widen ? 2 : -1});
   spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
-    const uint64_t f0 = widen ? t.temp[0] : t.in[0], f1 = widen ? t.temp[1] : t.in[1];
-    const uint64_t u = t.temp[scratch];
+    const auto [f0, f1] = training_dx_f32(b, t, dt);
+    const uint64_t u = t.temp[widen ? 2 : 0];
     const uint64_t mdy = t.in[2], mean = t.in[3], c2 = t.in[4], c1 = t.in[5];
     auto op3 = [&](Opcode o, uint64_t d, uint64_t x, uint64_t y) {
       vec_binary(b, o, Dtype::F32, d, x, y, n);
     };
-    if (widen) {
-      vec_convert(b, Dtype::F32, t_dev, f0, t.in[0], RoundMode::kRint, n);
-      vec_convert(b, Dtype::F32, t_dev, f1, t.in[1], RoundMode::kRint, n);
-    }
-    if (relu) {
-      const uint64_t v = t.temp[scratch + 1], bits = t.temp[scratch + 2], one = t.temp[scratch + 3],
-                     zero = t.temp[scratch + 4];
-      const uint64_t above = threshold == 0.0f ? zero : t.temp[scratch + 5];
-      op3(Opcode::op_vmul, u, f1, c1);  // x * a + shift, as the apply
-      op3(Opcode::op_vadd, v, u, t.in[7]);
-      vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
-      vec_select(b, Dtype::F32, u, one, zero, bits, n, true, true);
-      op3(Opcode::op_vmul, v, f0, u);     // ReluGrad's product
-      op3(Opcode::op_vsub, f0, v, mdy);   // dy - mdy
-      op3(Opcode::op_vsub, u, f1, mean);  // x - mean
-      op3(Opcode::op_vmul, v, u, c2);     // (x - mean) * c2
-      op3(Opcode::op_vsub, f1, f0, v);
-    } else if (!placed) {  // f32: dy and x's input tiles, U, in place
+    if (!widen) {  // f32: dy and x's input tiles, U, in place
       op3(Opcode::op_vsub, u, f0, mdy);
       op3(Opcode::op_vsub, f1, f1, mean);
       op3(Opcode::op_vmul, f1, f1, c2);
@@ -452,28 +444,15 @@ void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<i
       op3(Opcode::op_vmul, u, u, c1);
       vec_copy_bits(b, 4, t.out, u, n);
       return;
-    } else {  // the same steps, through F0 and F1 once they are read
-      op3(Opcode::op_vsub, u, f0, mdy);
-      op3(Opcode::op_vsub, f0, f1, mean);
-      op3(Opcode::op_vmul, f1, f0, c2);
-      op3(Opcode::op_vsub, f0, u, f1);
     }
-    // the difference (relu: in F1, else in F0) times c1, into the output (f32) or the other
-    const uint64_t diff = relu ? f1 : f0, other = relu ? f0 : f1;
-    if (!widen) {
-      op3(Opcode::op_vmul, t.out, diff, c1);
-    } else {
-      op3(Opcode::op_vmul, other, diff, c1);
-      vec_convert(b, t_dev, Dtype::F32, t.out, other, RoundMode::kRint, n);
-    }
+    // the same steps, through F0 and F1 once they are read
+    op3(Opcode::op_vsub, u, f0, mdy);
+    op3(Opcode::op_vsub, f0, f1, mean);
+    op3(Opcode::op_vmul, f1, f0, c2);
+    op3(Opcode::op_vsub, f0, u, f1);
+    op3(Opcode::op_vmul, f1, f0, c1);
+    training_dx_store(b, t, f1, dt);
   };
-  if (resident)
-    spec.resident_compute = [=](KernelBuilder& b, const TileOperands& t) {
-      TileOperands r = t;
-      r.in.assign(t.in.begin() + 2, t.in.end());
-      r.temp = {t.temp[scratch]};
-      resident(b, r);
-    };
   std::vector<ArgRef> args = {input_ref(0), input_ref(1)};
   args.insert(args.end(), vectors.begin(), vectors.end());
   args.push_back(output_ref(0));
@@ -781,6 +760,29 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 
 // BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance[,
 // offset]) -> dx (relu: dy masked first).
+//
+// One stream kernel. dx = c1 * ((g - mdy) - (x - m) * c2) (the file comment; g = dy, or with
+// relu dy masked) is computed as the affine form dx = (g * c1 - x * kc) + k3, kc = c1 * c2,
+// k3 = c1 * (c2 * m - mdy): per element two products, a difference and a sum, where the centred
+// form takes five steps, and three per-channel vectors read per element instead of four. Like
+// BNTrainingUpdate's y = x * a + shift it does not centre x before scaling it: where |m| >> the
+// channel's spread, x * kc and k3 cancel, an absolute error of a few e |kc| (|x| + |m|) (the
+// tests' bound). Each block computes c1, kc, k3 (and shift) once, over one period of the
+// per-channel vectors' resident tiles and in place, before they are repeated over the tile
+// (StreamSpec::resident_per_period): scale -> c1 (= BNTrainingUpdate's a, bnt_fold's
+// instructions), diff_scale -> kc, diff_offset -> k3, offset -> shift; batch_mean and
+// batch_variance stay one period long (only that work reads them; the variance's buffer is its
+// scratch after r = rsqrt(v + eps)).
+//
+// The tile's steps, in f32: dy and x widened to F0 and F1 (f32: their input tiles), scratch U
+// (and V with the mask); relu: U = F1 c1, V = U + shift (y's pre-activation, bit for bit the
+// apply's), mask bits = V > relu_mask_threshold(T), U = mask ? c1 : 0, V = F0 U (g c1 with
+// ReluGrad's product: dy * 0 where masked, NaN for an infinite dy, as dy * mask * c1 but for
+// the sign of a zero), then U = F1 kc, F0 = V - U, dx = F0 + k3; without: U = F0 c1,
+// F0 = F1 kc, F1 = U - F0, dx = F1 + k3. No instruction writes a tile it reads (the f32 output
+// is the last step's destination), and with f16 / bf16 or the mask the tiles sit in UB bank
+// windows (append_training_dx): F0 0, F1 1, U 2, V 3, the output 2, c1 and k3 4, kc and shift 5
+// (the f32 pass without the mask unplaced, as append_training_dx's).
 CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const bool relu = relu_attr(op, 8, 1);
@@ -788,30 +790,99 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
                                : training_shape(op, 7, {0, 1}, {2, 3, 4, 5, 6});
   const double eps = op.attr_float("epsilon", 0.001);
   const double inv = static_cast<float>(1.0f / static_cast<float>(t.pixels));
+  const DataType dt = t.dt;
+  const bool widen = dt != DataType::F32, placed = widen || relu;
+  const Dtype t_dev = device_dtype(dt);
+  const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
   CompiledKernel k;
-  k.outputs = {TensorDesc{t.dt, t.shape}};
-  // One launch: each block computes the coefficients once on the per-channel vectors' resident
-  // tiles, in place (lane by lane, the instructions of a per-channel epilogue: the same bits):
-  // diff_offset -> mdy, diff_scale -> c2, scale -> c1 (= BNTrainingUpdate's a), offset -> shift.
-  std::vector<ArgRef> vectors = {input_ref(3), input_ref(5), input_ref(2), input_ref(4),
-                                 input_ref(6)};
-  if (relu) vectors.push_back(input_ref(7));
-  append_training_dx(k, op, t.shape, t.dt, vectors, ctx.cfg,
-                     [eps, inv, relu](KernelBuilder& b, const TileOperands& o) {
-                       const Reg& n = *o.count;
-                       const uint64_t r = o.temp[0], dof_mdy = o.in[0], mean = o.in[1],
-                                      ds_c2 = o.in[2], scale_c1 = o.in[3], var = o.in[4];
-                       f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
-                       f32_unary(b, Opcode::op_vrsqrt, r, r, n);
-                       f32_binary(b, Opcode::op_vmul, scale_c1, scale_c1, r, n);   // c1 = scale * r
-                       f32_scalar(b, Opcode::op_vmuls, dof_mdy, dof_mdy, inv, n);  // mdy
-                       f32_binary(b, Opcode::op_vmul, ds_c2, r, ds_c2, n);
-                       f32_scalar(b, Opcode::op_vmuls, ds_c2, ds_c2, inv, n);  // c2
-                       if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
-                         f32_binary(b, Opcode::op_vmul, r, mean, scale_c1, n);
-                         f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
-                       }
-                     });
+  k.outputs = {TensorDesc{dt, t.shape}};
+  // The per-channel inputs: c1, kc, k3[, shift] read per element, then mean and variance.
+  std::vector<ArgRef> vectors = {input_ref(4), input_ref(2), input_ref(3)};
+  std::vector<int> windows = {4, 5, 4};
+  if (relu) {
+    vectors.push_back(input_ref(7));
+    windows.push_back(5);
+  }
+  const size_t per_element = vectors.size();
+  vectors.push_back(input_ref(5));
+  vectors.push_back(input_ref(6));
+  windows.insert(windows.end(), {-1, -1});
+  std::vector<bool> period_only(per_element, false);
+  period_only.insert(period_only.end(), {true, true});
+  StreamSpec spec = training_dx_spec(
+      fmt::format("BNTrainingReduceGrad{}_{}", relu ? "Relu" : "", data_type_name(dt)), t.shape,
+      dt, placed, windows, period_only);
+  const size_t scratch = spec.temps.size();  // U (, V, then the mask's)
+  spec.temps.push_back(TempSpec{"U", 4, 0, placed ? 2 : -1});
+  if (relu) {
+    spec.temps.push_back(TempSpec{"V", 4, 0, 3});
+    spec.temps.push_back(TempSpec{"mask bits", 1.0 / 8, 0});
+    spec.temps.push_back(TempSpec{"0.0f repeat", 0, vec::kRepeatBytes});
+    if (threshold != 0.0f)
+      spec.temps.push_back(TempSpec{"ReLU mask threshold repeat", 0, vec::kRepeatBytes});
+    spec.prologue = [scratch, threshold](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+      vec_fill_repeat(b, Dtype::F32, temp[scratch + 3], 0.0);
+      if (threshold != 0.0f) vec_fill_repeat(b, Dtype::F32, temp[scratch + 4], threshold);
+    };
+  }
+  spec.resident_per_period = true;
+  spec.resident_compute = [=](KernelBuilder& b, const TileOperands& o) {
+    const Reg& n = *o.count;
+    const uint64_t c1 = o.in[2], kc = o.in[3], k3 = o.in[4], mean = o.in[2 + per_element],
+                   var = o.in[3 + per_element], r = o.temp[scratch];
+    f32_scalar(b, Opcode::op_vadds, r, var, eps, n);
+    f32_unary(b, Opcode::op_vrsqrt, r, r, n);
+    f32_binary(b, Opcode::op_vmul, c1, c1, r, n);  // c1 = scale * r
+    f32_binary(b, Opcode::op_vmul, kc, kc, r, n);
+    f32_scalar(b, Opcode::op_vmuls, kc, kc, inv, n);  // c2 = r * diff_scale / R
+    f32_scalar(b, Opcode::op_vmuls, k3, k3, inv, n);  // mdy = diff_offset / R
+    f32_binary(b, Opcode::op_vmul, var, kc, mean, n);
+    f32_binary(b, Opcode::op_vsub, var, var, k3, n);
+    f32_binary(b, Opcode::op_vmul, k3, c1, var, n);  // k3 = c1 * (c2 * m - mdy)
+    f32_binary(b, Opcode::op_vmul, kc, c1, kc, n);   // kc = c1 * c2
+    if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+      f32_binary(b, Opcode::op_vmul, r, mean, c1, n);
+      f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
+    }
+  };
+  spec.compute = [=](KernelBuilder& b, const TileOperands& o) {
+    const Reg& n = *o.count;
+    const auto [f0, f1] = training_dx_f32(b, o, dt);
+    const uint64_t u = o.temp[scratch], c1 = o.in[2], kc = o.in[3], k3 = o.in[4];
+    auto op3 = [&](Opcode op_code, uint64_t d, uint64_t a, uint64_t c) {
+      vec_binary(b, op_code, Dtype::F32, d, a, c, n);
+    };
+    // (the difference's tile, and the tile the result goes to before the output's type)
+    uint64_t diff = f1, result = f0;
+    if (relu) {
+      const uint64_t v = o.temp[scratch + 1], bits = o.temp[scratch + 2],
+                     zero = o.temp[scratch + 3];
+      const uint64_t above = threshold == 0.0f ? zero : o.temp[scratch + 4];
+      op3(Opcode::op_vmul, u, f1, c1);  // x * a + shift, as the apply
+      op3(Opcode::op_vadd, v, u, o.in[5]);
+      vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
+      vec_select(b, Dtype::F32, u, c1, zero, bits, n, false, true);  // c1 * mask
+      op3(Opcode::op_vmul, v, f0, u);                                 // g * c1
+      op3(Opcode::op_vmul, u, f1, kc);
+      op3(Opcode::op_vsub, f0, v, u);
+      diff = f0;
+      result = f1;
+    } else {
+      op3(Opcode::op_vmul, u, f0, c1);
+      op3(Opcode::op_vmul, f0, f1, kc);
+      op3(Opcode::op_vsub, f1, u, f0);
+    }
+    op3(Opcode::op_vadd, widen ? result : o.out, diff, k3);
+    training_dx_store(b, o, result, dt);
+  };
+  if (!stream_keeps_resident(spec, ctx.cfg))
+    op.fail(fmt::format("C = {} channels: the per-channel vectors do not fit the UB beside a "
+                        "tile of whole periods",
+                        t.c));
+  std::vector<ArgRef> args = {input_ref(0), input_ref(1)};
+  args.insert(args.end(), vectors.begin(), vectors.end());
+  args.push_back(output_ref(0));
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, ctx.cfg), args));
   return k;
 }
 

@@ -271,8 +271,9 @@ class StreamEmitter {
   uint64_t m_scratch = 0;
   std::vector<uint64_t> m_temp;
   FlagPair m_in_free, m_in_ready, m_out_ready, m_out_free;
-  int m_scratch_free = -1;   // flag v -> mte2: scratch may be overwritten
-  int m_scratch_ready = -1;  // flag mte2 -> v: scratch loaded
+  int m_scratch_free = -1;    // flag v -> mte2: scratch may be overwritten
+  int m_scratch_ready = -1;   // flag mte2 -> v: scratch loaded
+  int m_resident_ready = -1;  // flag mte2 -> v: resident inputs loaded straight into their tiles
   std::vector<Reg> m_in_addr, m_out_addr, m_rout_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
   // The L2 policies of the flat inputs and of the outputs: plan_l2().
@@ -572,11 +573,34 @@ void StreamEmitter::init_flags() {
 }
 
 // Resident inputs: one period (or, for a splat, the whole tile, unless resident_compute runs
-// per period) gathered, then doubled.
+// per period) gathered, then doubled. An input whose period is that built part and whole 32-byte
+// blocks (a per-channel vector of C * size a multiple of 32 bytes, the period C) is one
+// contiguous run from its start: those are loaded straight into their tiles, one load each,
+// all issued before the one wait for them (no gather scratch, its round trip and its vector
+// copy per input).
 void StreamEmitter::build_resident_inputs(bool doubled) {
+  std::vector<size_t> direct, gathered;
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
+    const BroadcastView& v = m_spec->inputs[k].view;
+    const int64_t built = v.splat() && !m_spec->resident_per_period ? m_tile : m_period;
+    const bool whole_run = !v.splat() && v.period() == built && (built * p.size) % kBlockBytes == 0;
+    (whole_run ? direct : gathered).push_back(k);
+  }
+  if (!direct.empty()) {
+    if (m_resident_ready < 0)
+      m_resident_ready = m_b.flag(Pipe::MTE2, Pipe::V, "resident inputs loaded");
+    for (size_t k : direct) {
+      KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}, loaded", k, m_period));
+      m_b.emit(Opcode::op_copy_gm2ub,
+               {m_in[k].buf[0], m_in_addr[k], 1, m_period * m_in[k].size / kBlockBytes, 0, 0},
+               fmt::format("load in{}'s period", k));
+    }
+    m_b.set_flag(Pipe::MTE2, Pipe::V, m_resident_ready);
+  }
+  for (size_t k : gathered) {
+    const InputPlan& p = m_in[k];
     KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
     const int64_t built =
         m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_tile : m_period;
@@ -585,6 +609,10 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     emit_gather(static_cast<int>(k), p.buf[0], zero, len, false);
     if (doubled) double_resident_input(k);
   }
+  if (direct.empty()) return;
+  m_b.wait_flag(Pipe::MTE2, Pipe::V, m_resident_ready, "resident inputs loaded");
+  if (doubled)
+    for (size_t k : direct) double_resident_input(k);
 }
 
 // Repeats resident input k's first period (m_period elements) over its tile.
