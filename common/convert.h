@@ -136,6 +136,34 @@ inline uint16_t round_to_bf16(double x, RoundMode m) {
   return narrow_bf16_rne(static_cast<float>(round_to_float_format(x, 7, 127, m)));
 }
 
+// v rounded with mode m to an integer with at most `bits` significant bits, as a double (exact:
+// at most 53 significant bits). For an integer past a float format's exact range, this is the
+// contract's single rounding done in integer arithmetic: the same value as
+// round_to_float_format, without its ilogb/ldexp calls and independent of the host's rounding
+// mode. The caller handles the format's overflow (none for f32 and bf16 from 32-bit integers).
+// 1 <= bits <= 53.
+inline double round_integer_to_bits(int64_t v, int bits, RoundMode m) {
+  const bool negative = v < 0;
+  const uint64_t a = negative ? uint64_t{0} - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  const int shift = a == 0 ? 0 : 64 - __builtin_clzll(a) - bits;  // dropped low bits
+  if (shift <= 0) return static_cast<double>(v);
+  const uint64_t dropped = a & ((uint64_t{1} << shift) - 1), half = uint64_t{1} << (shift - 1);
+  uint64_t kept = a >> shift;
+  bool up = false;  // away from zero
+  switch (m) {
+    case RoundMode::kRint: up = dropped > half || (dropped == half && (kept & 1) != 0); break;
+    case RoundMode::kAway: up = dropped >= half; break;
+    case RoundMode::kFloor: up = negative && dropped != 0; break;
+    case RoundMode::kCeil: up = !negative && dropped != 0; break;
+    case RoundMode::kTrunc: break;
+  }
+  kept += up ? 1 : 0;
+  // kept * 2^shift <= 2^(significant bits of a) fits: 64 significant bits means a = 2^63, which
+  // drops only zeros and never rounds up. At most `bits` + 1 significant bits: exact in a double.
+  const double r = static_cast<double>(kept << shift);
+  return negative ? -r : r;
+}
+
 // x rounded to an integer with mode m, saturated to Int's range; NaN -> 0.
 template <class Int>
 Int saturate_float_to_int(double x, RoundMode m) {
@@ -179,7 +207,8 @@ inline void store_bits(uint8_t* p, Storage s) {
 template <>
 struct Elem<isa::Dtype::F32> {
   // Integers of magnitude up to this (24 significand bits) are exactly representable.
-  static constexpr int64_t kExactInt = int64_t{1} << 24;
+  static constexpr int kSignificandBits = 24;
+  static constexpr int64_t kExactInt = int64_t{1} << kSignificandBits;
   using storage = uint32_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -192,7 +221,8 @@ struct Elem<isa::Dtype::F32> {
 template <>
 struct Elem<isa::Dtype::F16> {
   // Integers of magnitude up to this (11 significand bits) are exactly representable.
-  static constexpr int64_t kExactInt = int64_t{1} << 11;
+  static constexpr int kSignificandBits = 11;
+  static constexpr int64_t kExactInt = int64_t{1} << kSignificandBits;
   using storage = uint16_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -205,7 +235,8 @@ struct Elem<isa::Dtype::F16> {
 template <>
 struct Elem<isa::Dtype::BF16> {
   // Integers of magnitude up to this (8 significand bits) are exactly representable.
-  static constexpr int64_t kExactInt = int64_t{1} << 8;
+  static constexpr int kSignificandBits = 8;
+  static constexpr int64_t kExactInt = int64_t{1} << kSignificandBits;
   using storage = uint16_t;
   using compute = float;
   static constexpr bool is_float = true;
@@ -256,6 +287,10 @@ inline typename Elem<D>::storage convert_element(typename Elem<S>::storage s, Ro
     // labels: nearly every one), through float exactly; only larger ones need rounding.
     const int64_t v = static_cast<int64_t>(s);
     if (v >= -DE::kExactInt && v <= DE::kExactInt) return DE::from_compute(static_cast<float>(v));
+    // Past it (random 32-bit words, hashes): rounded in integer arithmetic where no integer
+    // source overflows the destination (f32, bf16); f16's overflow rule needs the general path.
+    if constexpr (D != isa::Dtype::F16)
+      return DE::from_compute(static_cast<float>(round_integer_to_bits(v, DE::kSignificandBits, m)));
     return DE::round_from(static_cast<double>(s), m);
   } else {
     return saturate_int<typename DE::storage>(static_cast<int64_t>(s));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "common/convert.h"
@@ -257,6 +258,48 @@ TEST_CASE("int -> float at the edge of exact integers, in any host rounding mode
     for (int mode = 0; mode < kNumRoundModes; ++mode)
       CHECK(round_to_integral(x, static_cast<RoundMode>(mode)) ==
             static_cast<double>(ref_round_integer(x, static_cast<RefRound>(mode))));
+}
+
+TEST_CASE("int -> float past the exact integers: ties and near-ties, in any host rounding mode") {
+  // f32 and bf16 round such integers in integer arithmetic (round_integer_to_bits), f16 by the
+  // general routine: every mode against the reference at each rounding boundary -- the kept bits
+  // even and odd, the dropped bits just below, at and above half -- for 1..8 and 20 dropped bits.
+  std::vector<int32_t> values;
+  for (int kept_bits : {8, 11, 24})
+    for (int drop : {1, 2, 3, 8, 20}) {
+      if (kept_bits + drop > 31) continue;
+      const int64_t unit = int64_t{1} << drop, half = unit / 2;
+      for (int64_t kept : {(int64_t{1} << (kept_bits - 1)) + 1, (int64_t{1} << kept_bits) - 2,
+                           (int64_t{1} << kept_bits) - 1, int64_t{1} << (kept_bits - 1)})
+        for (int64_t dropped : {int64_t{0}, int64_t{1}, half - 1, half, half + 1, unit - 1})
+          for (int64_t sign : {1, -1})
+            values.push_back(static_cast<int32_t>(sign * (kept * unit + dropped)));
+    }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000; ++i) values.push_back(static_cast<int32_t>(rng()));
+  for (int host : {FE_TONEAREST, FE_UPWARD, FE_TOWARDZERO}) {
+    for (Dtype dst : {Dtype::F32, Dtype::F16, Dtype::BF16})
+      for (int mode = 0; mode < kNumRoundModes; ++mode)
+        for (int32_t v : values) {
+          std::fesetround(host);
+          uint32_t got = 0;
+          convert_element(dst, &got, Dtype::S32, &v, static_cast<RoundMode>(mode));
+          std::fesetround(FE_TONEAREST);
+          const uint32_t want =
+              ref_convert(dst, Dtype::S32, static_cast<uint32_t>(v), static_cast<RefRound>(mode));
+          INFO(isa::dtype_name(dst) << " mode " << mode << " value " << v << " host " << host);
+          REQUIRE(got == want);
+        }
+  }
+  // 64-bit magnitudes: the largest rounds up to 2^63 without overflow, the smallest is exact.
+  const int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  for (int mode = 0; mode < kNumRoundModes; ++mode) {
+    const auto m = static_cast<RoundMode>(mode);
+    CHECK(round_integer_to_bits(lo, 24, m) == -std::ldexp(1.0, 63));
+    const bool up = m == RoundMode::kRint || m == RoundMode::kAway || m == RoundMode::kCeil;
+    CHECK(round_integer_to_bits(hi, 24, m) ==
+          (up ? std::ldexp(1.0, 63) : std::ldexp(1.0, 63) - std::ldexp(1.0, 39)));
+  }
 }
 
 TEST_CASE("round mode field decoding") {
