@@ -14,6 +14,12 @@
 // wrap and s64 -> bool is x != 0 (as TF); s64 <-> f32 by integer arithmetic (round to nearest
 // even / toward zero, saturating as above); s64 <-> f16 / bf16
 // through f32, as TF (Eigen converts int64 to half through float).
+//
+// MultiTensorCast (the TF plugin's op, graph_fusion.h rewrite 18: the float16 copies of the
+// weights that allow_mix_precision's Casts make at a step's start): N tensors of one float type
+// SrcT to float type DstT (Truncate as Cast's), output i the cast of input i, each element
+// converted by Cast's own tile work (cast_spec), so bit for bit the Casts' outputs; the tensors
+// are the segments of multi-tensor streams (multi_tensor_launches), a few launches for all.
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
@@ -120,6 +126,39 @@ CompiledKernel compile_cast(const CompileContext& ctx) {
                         data_type_name(src), data_type_name(dst)));
   const TensorDesc out{dst, op.inputs[0].shape};
   return stream_kernel(ctx, out, cast_spec(src, dst, op.attr_bool("Truncate", false), out.shape));
+}
+
+CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const int64_t n = op.attr_int("N", static_cast<int64_t>(op.inputs.size()));
+  if (op.inputs.empty() || n != static_cast<int64_t>(op.inputs.size()))
+    op.invalid(fmt::format("attribute N = {} must count the {} inputs (at least 1)", n,
+                           op.inputs.size()));
+  const auto src_attr = op.attr_type("SrcT");
+  const auto dst_attr = op.attr_type("DstT");
+  if (!src_attr || !dst_attr) op.invalid("attributes SrcT and DstT are required");
+  const DataType src = *src_attr, dst = *dst_attr;
+  if (!data_type_is_float(src) || !data_type_is_float(dst))
+    op.fail(fmt::format("cast {} -> {}: only between float types", data_type_name(src),
+                        data_type_name(dst)));
+  const bool truncate = op.attr_bool("Truncate", false);
+  CompiledKernel k;
+  std::vector<MultiTensorSegment> segments;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    const TensorDesc& in = op.inputs[i];
+    if (in.dtype != src)
+      op.invalid(fmt::format("input {} is {}, attribute SrcT {}", i, data_type_name(in.dtype),
+                             data_type_name(src)));
+    const TensorDesc out{dst, in.shape};
+    k.outputs.push_back(out);
+    if (out.num_elements() == 0) continue;
+    segments.push_back(
+        MultiTensorSegment{cast_spec(src, dst, truncate, in.shape), i, in.bytes() + out.bytes()});
+  }
+  k.launches = multi_tensor_launches(
+      op.str(), segments, 1, 1, [](size_t i, size_t) { return static_cast<int>(i); },
+      [](size_t i, size_t) { return static_cast<int>(i); }, ctx.cfg);
+  return k;
 }
 
 }  // namespace npusim::compiler::ops

@@ -1060,6 +1060,50 @@ Launch build_multi_stream_kernel(const std::string& op, const std::vector<Stream
   return StreamEmitter(op, segments, cfg).build();
 }
 
+std::vector<Launch> multi_tensor_launches(
+    const std::string& op, const std::vector<MultiTensorSegment>& segments, size_t n_inputs,
+    size_t n_outputs, const std::function<int(size_t member, size_t k)>& input_index,
+    const std::function<int(size_t member, size_t j)>& output_index, const ChipConfig& cfg) {
+  if (n_outputs == 0) throw std::logic_error("multi_tensor_launches: segments without outputs");
+  const CoreKindConfig* vector =
+      cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const int64_t limit = int64_t{1024} * (vector ? vector->count : 1);
+  std::vector<const MultiTensorSegment*> by_kind[2];  // [0] small, [1] large
+  for (const MultiTensorSegment& s : segments) {
+    const int64_t elements = std::accumulate(s.spec.out_shape.begin(), s.spec.out_shape.end(),
+                                             int64_t{1}, std::multiplies<>());
+    by_kind[elements > limit ? 1 : 0].push_back(&s);
+  }
+  const size_t per_launch = std::max<size_t>(1, 256 / (n_inputs + n_outputs));
+  std::vector<Launch> launches;
+  for (const std::vector<const MultiTensorSegment*>& kind : by_kind) {
+    for (size_t first = 0, n = 0; first < kind.size(); first += n) {
+      uint64_t bytes = kind[first]->bytes;
+      for (n = 1; n < per_launch && first + n < kind.size() &&
+                  bytes + kind[first + n]->bytes <= cfg.l2_bytes;
+           ++n)
+        bytes += kind[first + n]->bytes;
+      std::vector<StreamSpec> part;
+      for (size_t s = first; s < first + n; ++s) part.push_back(kind[s]->spec);
+      Launch l =
+          n == 1 ? build_stream_kernel(op, part[0], cfg) : build_multi_stream_kernel(op, part, cfg);
+      for (ArgRef& a : l.args) {
+        // build_multi_stream_kernel numbers segment s's input k as s * n_inputs + k, its output
+        // j as s * n_outputs + j; a single segment's stream as k and j.
+        if (a.kind == ArgRef::Kind::kInput) {
+          const size_t k = static_cast<size_t>(a.index);
+          a.index = input_index(kind[first + k / n_inputs]->member, k % n_inputs);
+        } else if (a.kind == ArgRef::Kind::kOutput) {
+          const size_t j = static_cast<size_t>(a.index);
+          a.index = output_index(kind[first + j / n_outputs]->member, j % n_outputs);
+        }
+      }
+      launches.push_back(std::move(l));
+    }
+  }
+  return launches;
+}
+
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,
                              const StreamSpec& spec) {
   CompiledKernel k;

@@ -174,6 +174,37 @@ bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
                                  const ChipConfig& cfg);
 
+// A member of a multi-tensor op streamed as a segment (multi_tensor_launches): its stream (flat
+// inputs of its output's shape or single elements, as build_multi_stream_kernel takes them), the
+// member's index in the op and the bytes its flat streams move (inputs and outputs).
+struct MultiTensorSegment {
+  StreamSpec spec;
+  size_t member = 0;
+  uint64_t bytes = 0;
+};
+
+// The launches of a multi-tensor op's segments, every segment of the same input types and
+// outputs (n_inputs and n_outputs each), in order. Small and large segments go to launches of
+// their own kind. A multi-tensor launch splits its segments' elements over the blocks as one
+// range, and each segment a block meets costs that block a setup (its addresses, its resident
+// scalars, a pipeline fill): among large segments the small ones would all fall in one block's
+// range and lengthen it; among small ones (at most 1024 elements per vector core, # estimate:
+// the size below which a launch of its own spends more in task overheads, ~6,000 cycles on the
+// 910b preset, than in streaming its elements) every block meets a few. Large segments hold
+// more than 1024 elements per vector core each, so a block's range (their elements over the
+// vector cores) meets about segments / vector cores + 1 of them: 2 at most for 23 segments on
+// the 910b's 48. A launch takes as many segments as its arguments allow (ldarg's index is 8
+// bits: at most 256 arguments) and as long as its streams together fit the L2, so that the L2
+// policy of the stream kernels (plan_l2: streams above the L2 move with noalloc) treats each
+// segment as its own launch would: a launch streaming more than the L2 would bypass it for all
+// of its segments. A segment above the L2 by itself is alone; a launch of one segment is
+// build_stream_kernel's. The arguments: segment s's input k is ArgRef kInput
+// input_index(member, k), its output j kOutput output_index(member, j).
+std::vector<Launch> multi_tensor_launches(
+    const std::string& op, const std::vector<MultiTensorSegment>& segments, size_t n_inputs,
+    size_t n_outputs, const std::function<int(size_t member, size_t k)>& input_index,
+    const std::function<int(size_t member, size_t j)>& output_index, const ChipConfig& cfg);
+
 // The CompiledKernel of a one-launch element-wise op with output `out`: no launch when `out`
 // has no elements (nothing to compute), else build_stream_kernel(spec).
 CompiledKernel stream_kernel(const CompileContext& ctx, const TensorDesc& out,

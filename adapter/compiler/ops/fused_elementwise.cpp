@@ -429,22 +429,8 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
     member_ops.push_back(std::move(sub));
     member_inputs.push_back(std::move(index));
   }
-  // Small and large segments go to launches of their own kind. A multi-tensor launch splits its
-  // segments' elements over the blocks as one range, and each segment a block meets costs that
-  // block a setup (its addresses, its resident scalars, a pipeline fill): among large segments
-  // the small ones would all fall in one block's range and lengthen it; among small ones
-  // (at most 1024 elements per vector core, # estimate: the size below which a launch of its
-  // own spends more in task overheads, ~6,000 cycles on the 910b preset, than in streaming its
-  // elements) every block meets a few. Large segments hold more than 1024 elements per vector
-  // core each, so a block's range (their elements over the vector cores) meets about
-  // segments / vector cores + 1 of them: 2 at most for 23 segments on the 910b's 48.
-  const CoreKindConfig* vector =
-      ctx.cfg.core_kind(ctx.cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  const int64_t limit = int64_t{1024} * (vector ? vector->count : 1);
   CompiledKernel k;
-  std::vector<StreamSpec> segments[2];     // [0] small, [1] large
-  std::vector<int64_t> segment_member[2];  // the member of each
-  std::vector<uint64_t> segment_bytes[2];  // its streams: flat inputs and outputs, bytes
+  std::vector<MultiTensorSegment> segments;
   for (int64_t g = 0; g < members; ++g) {
     const OpDesc& sub = member_ops[static_cast<size_t>(g)];
     const std::string where = fmt::format("member {}: ", g);
@@ -464,13 +450,10 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
     for (int64_t j = 0; j < per_m; ++j) k.outputs.push_back(out);
     if (out.num_elements() == 0) continue;
     if (multi_tensor_segment(sub)) {
-      const int large = out.num_elements() > limit ? 1 : 0;
       uint64_t bytes = static_cast<uint64_t>(per_m) * out.bytes();
       for (const TensorDesc& t : sub.inputs)
         if (t.shape == out.shape) bytes += t.bytes();
-      segments[large].push_back(spec);
-      segment_member[large].push_back(g);
-      segment_bytes[large].push_back(bytes);
+      segments.push_back(MultiTensorSegment{std::move(spec), static_cast<size_t>(g), bytes});
       continue;
     }
     Launch own = build_stream_kernel(op.str(), spec, ctx.cfg);
@@ -482,43 +465,12 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
     }
     k.launches.push_back(std::move(own));
   }
-  // A launch takes as many segments as its arguments allow (ldarg's index is 8 bits: at most 256
-  // arguments) and as long as its streams together fit the L2, so that the L2 policy of the
-  // stream kernels (elementwise.cpp, plan_l2: streams above the L2 move with noalloc) treats
-  // each member as its own launch would: a launch of several large variables' updates streaming
-  // more than the L2 would bypass it for all of them, and their new values would go to HBM
-  // where their own launches leave them in the L2. A segment above the L2 by itself is alone.
-  const size_t args_per = member_ops[0].inputs.size() + static_cast<size_t>(per_m);
-  const size_t per_launch = std::max<size_t>(1, 256 / args_per);
-  for (int kind = 0; kind < 2; ++kind) {
-    const std::vector<StreamSpec>& kind_segments = segments[kind];
-    for (size_t first = 0, n = 0; first < kind_segments.size(); first += n) {
-      uint64_t bytes = segment_bytes[kind][first];
-      for (n = 1; n < per_launch && first + n < kind_segments.size() &&
-                  bytes + segment_bytes[kind][first + n] <= ctx.cfg.l2_bytes;
-           ++n)
-        bytes += segment_bytes[kind][first + n];
-      std::vector<StreamSpec> part(kind_segments.begin() + static_cast<std::ptrdiff_t>(first),
-                                   kind_segments.begin() + static_cast<std::ptrdiff_t>(first + n));
-      Launch multi = n == 1 ? build_stream_kernel(op.str(), part[0], ctx.cfg)
-                            : build_multi_stream_kernel(op.str(), part, ctx.cfg);
-      const size_t n_in = member_ops[0].inputs.size();
-      for (ArgRef& a : multi.args) {
-        // build_multi_stream_kernel numbers segment s's input k as s * n_in + k, its output j as
-        // s * per_m + j; a single segment's stream as k and j.
-        const size_t s = a.kind == ArgRef::Kind::kInput ? static_cast<size_t>(a.index) / n_in
-                         : a.kind == ArgRef::Kind::kOutput
-                             ? static_cast<size_t>(a.index) / static_cast<size_t>(per_m)
-                             : 0;
-        const int64_t g = segment_member[kind][first + s];
-        if (a.kind == ArgRef::Kind::kInput)
-          a.index = member_inputs[static_cast<size_t>(g)][static_cast<size_t>(a.index) % n_in];
-        else if (a.kind == ArgRef::Kind::kOutput)
-          a.index = static_cast<int>(g * per_m) + a.index % static_cast<int>(per_m);
-      }
-      k.launches.push_back(std::move(multi));
-    }
-  }
+  for (Launch& l : multi_tensor_launches(
+           op.str(), segments, member_ops[0].inputs.size(), static_cast<size_t>(per_m),
+           [&](size_t g, size_t i) { return member_inputs[g][i]; },
+           [&](size_t g, size_t j) { return static_cast<int>(g * static_cast<size_t>(per_m) + j); },
+           ctx.cfg))
+    k.launches.push_back(std::move(l));
   return k;
 }
 

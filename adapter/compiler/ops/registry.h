@@ -98,10 +98,11 @@ inline const std::vector<DataType> kMoveTypes = {
 const std::vector<OpEntry>& op_table();
 
 // Family entry points.
-CompiledKernel compile_binary(const CompileContext& ctx);  // ops/binary.cpp
-CompiledKernel compile_unary(const CompileContext& ctx);   // ops/unary.cpp
-CompiledKernel compile_cast(const CompileContext& ctx);    // ops/cast.cpp
-CompiledKernel compile_matmul(const CompileContext& ctx);  // ops/matmul.cpp
+CompiledKernel compile_binary(const CompileContext& ctx);             // ops/binary.cpp
+CompiledKernel compile_unary(const CompileContext& ctx);              // ops/unary.cpp
+CompiledKernel compile_cast(const CompileContext& ctx);               // ops/cast.cpp
+CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx);  // ops/cast.cpp
+CompiledKernel compile_matmul(const CompileContext& ctx);             // ops/matmul.cpp
 // Data movement, gathers, generators, selection, scans, batched products (docs/compiler.md
 // "Data movement ops"):
 CompiledKernel compile_layout(const CompileContext& ctx);        // ops/layout.cpp

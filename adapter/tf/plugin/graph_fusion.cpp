@@ -1692,6 +1692,75 @@ std::vector<std::vector<int>> independent_groups(const tfc::GraphDef& graph,
   return groups;
 }
 
+// Each group (graph indices; members of one data input and output 0 each, none preserved) as
+// one node of op `op` named "<prefix><k>" with N = the members: input i and output i member
+// i's, control inputs the members' together, the attributes `kept` of the first member,
+// `_npusim_members` their names and `_npusim_fused` the nodes they had fused. Readers of member
+// i's output read output i; control edges from a member come from the group's node. The members
+// go into *removed; returns the nodes made.
+int merge_multi_tensor_groups(tfc::GraphDef& graph,
+                              const std::unordered_map<std::string, int>& index,
+                              const std::vector<std::vector<int>>& groups, const char* op,
+                              const std::string& prefix, const std::vector<const char*>& kept,
+                              std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
+  std::unordered_map<std::string, std::string> output_of;         // removed member -> its output
+  std::vector<tfc::NodeDef> made;
+  for (const std::vector<int>& members : groups) {
+    std::string name;
+    for (size_t k = made.size();; ++k) {
+      name = prefix + std::to_string(k);
+      if (!index.count(name)) break;
+    }
+    const tfc::NodeDef& first = graph.node(members[0]);
+    tfc::NodeDef node;
+    node.set_name(name);
+    node.set_op(op);
+    node.set_device(first.device());
+    std::set<std::string> member_names, control_set;
+    for (int i : members) member_names.insert(graph.node(i).name());
+    std::vector<std::string> controls;
+    for (int i : members)
+      for (const std::string& in : graph.node(i).input()) {
+        const InputRef r = parse_input(in);
+        if (!r.control)
+          node.add_input(in);
+        else if (!member_names.count(r.node) && control_set.insert(r.node).second)
+          controls.push_back("^" + r.node);
+      }
+    for (const std::string& c : controls) node.add_input(c);
+    auto& attrs = *node.mutable_attr();
+    for (const char* a : kept)
+      if (const auto it = first.attr().find(a); it != first.attr().end()) attrs[a] = it->second;
+    attrs["N"].set_i(static_cast<int64_t>(members.size()));
+    for (size_t k = 0; k < members.size(); ++k) {
+      const tfc::NodeDef& m = graph.node(members[k]);
+      attrs["_npusim_members"].mutable_list()->add_s(m.name());
+      if (const auto f = m.attr().find("_npusim_fused"); f != m.attr().end())
+        for (const std::string& fused : f->second.list().s())
+          attrs["_npusim_fused"].mutable_list()->add_s(fused);
+      output_of[m.name()] = k == 0 ? name : name + ":" + std::to_string(k);
+      control_redirect[m.name()] = name;
+      removed->insert(m.name());
+    }
+    made.push_back(std::move(node));
+  }
+  // Readers of a member's output read the group's output of it.
+  for (int i = 0; i < n_nodes && !output_of.empty(); ++i) {
+    tfc::NodeDef& n = *graph.mutable_node(i);
+    if (removed->count(n.name())) continue;
+    for (int j = 0; j < n.input_size(); ++j) {
+      const InputRef r = parse_input(n.input(j));
+      const auto it = r.control || r.port != 0 ? output_of.end() : output_of.find(r.node);
+      if (it != output_of.end()) n.set_input(j, it->second);
+    }
+  }
+  redirect_controls(graph, *removed, control_redirect);
+  for (tfc::NodeDef& n : made) *graph.add_node() = std::move(n);
+  return static_cast<int>(made.size());
+}
+
 int group_variable_updates(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                            std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
@@ -4203,13 +4272,11 @@ int lower_lamb_trust_ratios(tfc::GraphDef& graph, const std::unordered_set<std::
 // an input of another rank, or one too large to share a reduction, is only found when the op
 // compiles, and gets its own launches there), grouped by device, axis, keep_dims and the
 // collectives they wait for (collectives_before): groups of independent ones
-// (independent_groups) become one SquareSumV1 node "npusim_multi_square_sum_<k>" with N = the
-// members: input i and output i member i's, control inputs the members' together,
-// `_npusim_members` their names and `_npusim_fused` the nodes they had fused. Its kernel
+// (independent_groups) become one SquareSumV1 node "npusim_multi_square_sum_<k>"
+// (merge_multi_tensor_groups). Its kernel
 // (adapter/compiler/ops/reduce.cpp, compile_square_sums) reduces the members of one small
 // aligned size as the rows of one reduction, each output the bits of its member's own launch.
-// Readers of member i's output read output i; control edges from a member come from the
-// group's node. Returns the nodes made.
+// Returns the nodes made.
 int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                       std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
@@ -4236,66 +4303,70 @@ int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string
                       "|collectives" + collectives_before(graph, index, i);
     candidates.add(key, i);
   }
-  const std::vector<std::vector<int>> groups = independent_groups(graph, index, candidates);
-
-  std::unordered_map<std::string, std::string> control_redirect;  // removed member -> group node
-  std::unordered_map<std::string, std::string> output_of;         // removed member -> its output
-  std::vector<tfc::NodeDef> made;
-  for (const std::vector<int>& members : groups) {
-    std::string name;
-    for (size_t k = made.size();; ++k) {
-      name = "npusim_multi_square_sum_" + std::to_string(k);
-      if (!index.count(name)) break;
-    }
-    const tfc::NodeDef& first = graph.node(members[0]);
-    tfc::NodeDef node;
-    node.set_name(name);
-    node.set_op("SquareSumV1");
-    node.set_device(first.device());
-    std::set<std::string> member_names, control_set;
-    for (int i : members) member_names.insert(graph.node(i).name());
-    std::vector<std::string> controls;
-    for (int i : members)
-      for (const std::string& in : graph.node(i).input()) {
-        const InputRef r = parse_input(in);
-        if (!r.control)
-          node.add_input(in);
-        else if (!member_names.count(r.node) && control_set.insert(r.node).second)
-          controls.push_back("^" + r.node);
-      }
-    for (const std::string& c : controls) node.add_input(c);
-    auto& attrs = *node.mutable_attr();
-    for (const char* a : {"T", "axis", "keep_dims"})
-      if (const auto it = first.attr().find(a); it != first.attr().end()) attrs[a] = it->second;
-    attrs["N"].set_i(static_cast<int64_t>(members.size()));
-    for (size_t k = 0; k < members.size(); ++k) {
-      const tfc::NodeDef& m = graph.node(members[k]);
-      attrs["_npusim_members"].mutable_list()->add_s(m.name());
-      if (const auto f = m.attr().find("_npusim_fused"); f != m.attr().end())
-        for (const std::string& fused : f->second.list().s())
-          attrs["_npusim_fused"].mutable_list()->add_s(fused);
-      output_of[m.name()] = k == 0 ? name : name + ":" + std::to_string(k);
-      control_redirect[m.name()] = name;
-      removed->insert(m.name());
-    }
-    made.push_back(std::move(node));
-  }
-  // Readers of a member's output read the group's output of it.
-  for (int i = 0; i < n_nodes && !output_of.empty(); ++i) {
-    tfc::NodeDef& n = *graph.mutable_node(i);
-    if (removed->count(n.name())) continue;
-    for (int j = 0; j < n.input_size(); ++j) {
-      const InputRef r = parse_input(n.input(j));
-      const auto it = r.control || r.port != 0 ? output_of.end() : output_of.find(r.node);
-      if (it != output_of.end()) n.set_input(j, it->second);
-    }
-  }
-  redirect_controls(graph, *removed, control_redirect);
-  for (tfc::NodeDef& n : made) *graph.add_node() = std::move(n);
-  return static_cast<int>(made.size());
+  return merge_multi_tensor_groups(graph, index, independent_groups(graph, index, candidates),
+                                   "SquareSumV1", "npusim_multi_square_sum_",
+                                   {"T", "axis", "keep_dims"}, removed);
 }
 
 // ---- end of rewrite 17 ----
+
+// ---- rewrite 19: the weights' casts of a training step in multi-tensor launches ----
+
+// Whether `op` writes the variables whose handles it takes (the updates of a training step).
+bool writes_variables(const std::string& op) {
+  return op == "FusedVariableUpdate" || op == "AssignVariableOp" || op == "AssignAddVariableOp" ||
+         op == "AssignSubVariableOp" || op.rfind("ResourceApply", 0) == 0 ||
+         op.rfind("ResourceSparseApply", 0) == 0 || op.rfind("ResourceScatter", 0) == 0;
+}
+
+// Casts between float types on the NPU, not preserved, whose input is a ReadVariableOp's value
+// of a variable that this graph also writes (the float16 copies of the weights that
+// allow_mix_precision's pass casts at a training step's start), grouped by device, SrcT, DstT,
+// Truncate and the collectives they wait for: groups of independent ones become one
+// MultiTensorCast node "npusim_multi_cast_<k>" (merge_multi_tensor_groups). A variable only read
+// here (inference, evaluation) keeps its Cast, whose launch the derived-tensor cache leaves out
+// while the variable is unchanged (derived_tensor_cache.h). Returns the nodes made.
+int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                       std::set<std::string>* removed) {
+  const int n_nodes = graph.node_size();
+  const std::unordered_map<std::string, int> index = node_index(graph);
+  std::unordered_set<std::string> written;  // the handles' nodes of written variables
+  for (const tfc::NodeDef& n : graph.node())
+    if (writes_variables(n.op()))
+      for (const std::string& in : n.input())
+        if (const InputRef r = parse_input(in); !r.control) written.insert(r.node);
+  auto is_float = [](std::optional<tfc::DataType> t) {
+    return t == tfc::DT_FLOAT || t == tfc::DT_HALF || t == tfc::DT_BFLOAT16;
+  };
+  KeyedCandidates candidates;
+  for (int i = 0; i < n_nodes; ++i) {
+    const tfc::NodeDef& n = graph.node(i);
+    if (n.op() != "Cast" || !on_npu(n) || preserve.count(n.name()) ||
+        !is_float(type_attr(n, "SrcT")) || !is_float(type_attr(n, "DstT")))
+      continue;
+    std::vector<InputRef> data;
+    for (const std::string& in : n.input())
+      if (const InputRef r = parse_input(in); !r.control) data.push_back(r);
+    if (data.size() != 1 || data[0].port != 0) continue;
+    const auto read = index.find(data[0].node);
+    if (read == index.end()) continue;
+    const tfc::NodeDef& r = graph.node(read->second);
+    if (r.op() != "ReadVariableOp" || r.input_size() < 1 ||
+        !written.count(parse_input(r.input(0)).node))
+      continue;
+    const auto truncate = n.attr().find("Truncate");
+    const bool truncated = truncate != n.attr().end() && truncate->second.b();
+    candidates.add(n.device() + "|" + std::to_string(*type_attr(n, "SrcT")) + "|" +
+                       std::to_string(*type_attr(n, "DstT")) + (truncated ? "|truncate" : "|") +
+                       "|collectives" + collectives_before(graph, index, i),
+                   i);
+  }
+  return merge_multi_tensor_groups(graph, index, independent_groups(graph, index, candidates),
+                                   "MultiTensorCast", "npusim_multi_cast_",
+                                   {"SrcT", "DstT", "Truncate"}, removed);
+}
+
+// ---- end of rewrite 19 ----
 
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
   if (names.empty()) return;
@@ -4345,6 +4416,11 @@ bool variable_update_fusion_requested() {
 
 bool cast_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CAST");
+  return on;
+}
+
+bool multi_cast_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_MULTI_CAST");
   return on;
 }
 
@@ -4437,6 +4513,14 @@ int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string
   const int folded = fold_update_casts(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return folded;
+}
+
+int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !multi_cast_requested()) return 0;
+  std::set<std::string> removed;
+  const int made = group_weight_casts(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return made;
 }
 
 int fold_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {

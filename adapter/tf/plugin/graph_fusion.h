@@ -327,6 +327,19 @@
 //      the uniform (and the neutral scaling) going: the same mask bits, made by one task of the
 //      chip's AI CPU beside the AI cores (gen_mask_rewrite.cpp says the conditions;
 //      kernels_gen_mask.cpp the op). NPUSIM_FUSION_GENMASK=0 turns it alone off.
+//   19. The weights' casts of a training step, after the mixed precision pass (which inserts
+//      them; group_weight_casts below): Casts between float types on the NPU, not preserved,
+//      each reading a ReadVariableOp of a variable the graph also writes (an update, an Assign*
+//      or ResourceApply* of its handle), of one device, SrcT, DstT and Truncate, waiting for the
+//      same collectives, no one of which depends on another, become one MultiTensorCast node
+//      "npusim_multi_cast_<k>" with N = their count (input i and output i member i's;
+//      `_npusim_members` their names), as 17b groups the norms (kept only where contracting it
+//      closes no cycle). Its kernel casts every member as Cast's own kernel does (the same
+//      bits), the members as segments of a few multi-tensor launches
+//      (adapter/compiler/ops/cast.cpp). A variable the graph only reads keeps its Cast, which
+//      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
+//      engine keeps the float16 copy with the variable instead (the update writing it: "Not
+//      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -435,6 +448,8 @@ bool lamb_fusion_requested();
 bool multi_square_sum_requested();
 // False when NPUSIM_FUSION_GENMASK is "0" (read once): rewrite 18 alone off.
 bool gen_mask_fusion_requested();
+// False when NPUSIM_FUSION_MULTI_CAST is "0" (read once): rewrite 19 alone off.
+bool multi_cast_requested();
 // Rewrite 18 (above, gen_mask_rewrite.cpp) on `graph` where DropOutGenMask is registered: the
 // nodes it removes into *removed; returns the DropOutGenMask nodes created.
 int fuse_dropout_gen_masks(tensorflow::GraphDef& graph,
@@ -464,6 +479,11 @@ int fuse_add_n_relu_grads(tensorflow::GraphDef& graph,
 // precision pass (mixed_precision.h) puts before the updates after the other rewrites ran;
 // returns the Casts folded.
 int fold_update_casts(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
+
+// Rewrite 19 (above) on `graph` while fusion_enabled() and requested, after the mixed
+// precision pass has inserted the weights' Casts; returns the MultiTensorCast nodes created.
+int group_weight_casts(tensorflow::GraphDef& graph,
+                       const std::unordered_set<std::string>& preserve);
 
 // The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
 // optimizer's output (a producer's output type that its consumer's op definition does not take

@@ -416,6 +416,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d Casts folded into variable updates\n",
                      item_id(item).c_str(), casts);
       changed |= casts > 0;
+      // The weights' Casts the mixed precision pass put at the step's start (rewrite 19).
+      const int multi_casts = group_weight_casts(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && multi_casts > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d MultiTensorCast\n",
+                     item_id(item).c_str(), multi_casts);
+      changed |= multi_casts > 0;
     } catch (const std::exception& e) {
       log_fusion_error(e.what());
     }

@@ -41,6 +41,10 @@
 //     keep_dims: bool; N: int >= 1 = 1: CANN's op, y[i] = Sum(Square(x[i]), axis) as one
 //     reduction squaring in its f32 pass (adapter/compiler/ops/reduce.cpp; graph_fusion.h
 //     rewrite 17, Lamb's norms); N > 1: rewrite 17b's multi-tensor norms.
+//   MultiTensorCast(x: N * SrcT) -> y: N * DstT     SrcT, DstT in {float, half, bfloat16};
+//     Truncate: bool; N: int >= 1: y[i] = Cast(x[i]) (Cast's rounding, the same bits), all in a
+//     few multi-tensor launches (adapter/compiler/ops/cast.cpp; graph_fusion.h rewrite 18,
+//     allow_mix_precision's weight casts).
 //   FusedElementwise(inputs: Tin) -> z: T     T in {float, half, bfloat16}; Tin: list of
 //     {float, half, bfloat16, bool}, at least 1: T for an operand of the steps, bool for the
 //     condition of a SelectV2 step (graph_fusion.h rewrite 4); steps: list(string): a chain of
@@ -160,6 +164,17 @@ void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
   channel_outputs(ctx, 1, 0, 2, s);
 }
 
+// Output i the shape of input i (MultiTensorCast).
+void each_input_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  const int n = TF_ShapeInferenceContextNumInputs(ctx);
+  TF_ShapeHandle* in = TF_NewShapeHandle();
+  for (int i = 0; i < n && TF_GetCode(status) == TF_OK; ++i) {
+    TF_ShapeInferenceContextGetInput(ctx, i, in, status);
+    if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, i, in, status);
+  }
+  TF_DeleteShapeHandle(in);
+}
+
 // An op without outputs (FusedVariableUpdate) has no shapes to infer.
 void no_outputs(TF_ShapeInferenceContext*, TF_Status*) {}
 
@@ -269,6 +284,12 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"T: {float, half, bfloat16}", "axis: list(int)", "keep_dims: bool = false",
         "N: int >= 1 = 1"},
        unknown_output},
+      {"MultiTensorCast",
+       {"x: N * SrcT"},
+       {"y: N * DstT"},
+       {"SrcT: {float, half, bfloat16}", "DstT: {float, half, bfloat16}",
+        "Truncate: bool = false", "N: int >= 1"},
+       each_input_shape},
       {"BNTrainingReduce",
        {"x: T"},
        {"sum: float", "square_sum: float"},

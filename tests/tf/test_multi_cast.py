@@ -1,0 +1,175 @@
+"""The weights' casts of a training step as one MultiTensorCast (adapter/tf/plugin/graph_fusion.h,
+rewrite 19; adapter/compiler/ops/cast.cpp): Casts between float types reading a variable's value
+that the same graph writes become one node, whose kernel casts each as Cast's own kernel does.
+
+- A tf.function (default precision mode) updates float32 variables `a` and `b` and returns the
+  float16 casts of their values read before the update, the float16 cast of a variable `c` it
+  only reads (an inference-like read: it stays a Cast, which the derived-tensor cache may leave
+  out while `c` is unchanged) and of a float32 input (no variable: it stays). The casts are
+  numpy's (astype: round to nearest even), bit for bit, and those of NPUSIM_FUSION_MULTI_CAST=0
+  in a child process; on, one MultiTensorCast launch and the two other Casts ran, off four Casts.
+- The small CNN trained three Adam steps under allow_mix_precision (its convolution's and dense
+  layer's weights cast to float16 at every step's start): the same losses and weights bit for
+  bit as with NPUSIM_FUSION_MULTI_CAST=0, fewer launches per step: the weights' Cast launches
+  are gone and one MultiTensorCast launch ran, nothing else differs; the step graph has a
+  MultiTensorCast node of those casts.
+Both with the NpuGraph task lists and node by node (NPUSIM_GRAPH=0).
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import SMALL_CNN_TRAINING, child_result  # noqa: E402  pylint: disable=wrong-import-position
+
+CODE = SMALL_CNN_TRAINING + r'''
+import glob, json, os
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+from tensorflow.core.framework import graph_pb2
+
+
+def launches(recs):
+    return sorted([r["op_type"], r["op_name"]] for r in recs)
+
+
+def variables_run():
+    rng = np.random.default_rng(7)
+    # Values that round to float16 in every way: ties, subnormals, overflow to inf.
+    init = rng.uniform(-70000.0, 70000.0, (3, 5, 41)).astype(np.float32)
+    init[0, 0, :4] = [2049.0, 2051.0, 1e-7, -3e-8]
+    x = rng.uniform(-1.0, 1.0, (5, 41)).astype(np.float32)
+    with tf.device("/NPU:0"):
+        a, b, c = (tf.Variable(init[k]) for k in range(3))
+
+        @tf.function
+        def step(x):
+            a16 = tf.cast(a, tf.float16)
+            b16 = tf.cast(b, tf.float16)
+            c16 = tf.cast(c, tf.float16)   # c is only read: stays a Cast
+            x16 = tf.cast(x, tf.float16)   # no variable: stays a Cast
+            with tf.control_dependencies([a16, b16]):
+                a.assign_add(x * 0.5)
+                b.assign_sub(x * 0.25)
+            return a16, b16, c16, x16
+
+        npusim.clear_launch_records()
+        outs = step(tf.constant(x))
+    recs = npusim.launch_records()
+    want = [init[0].astype(np.float16), init[1].astype(np.float16), init[2].astype(np.float16),
+            x.astype(np.float16)]
+    return {"outs": [o.numpy().view(np.uint16).tolist() for o in outs],
+            "want": [w.view(np.uint16).tolist() for w in want],
+            "values": [v.numpy().tolist() for v in (a, b)],
+            "launches": launches(recs)}
+
+
+def step_graph_nodes(folder):
+    path = sorted(glob.glob(os.path.join(folder, "*step*.after.pb")),
+                  key=lambda p: int(p.split(".")[-3]))[-1]
+    g = graph_pb2.GraphDef()
+    with open(path, "rb") as f:
+        g.ParseFromString(f.read())
+    nodes = list(g.node)
+    for n in g.node:  # the nodes inside NpuGraph nodes (their subgraph, npu_graph.h)
+        if n.op == "NpuGraph":
+            sub = graph_pb2.GraphDef()
+            sub.ParseFromString(n.attr["graph"].s)
+            nodes += list(sub.node)
+    return nodes
+
+
+def cnn_run(folder):
+    os.makedirs(folder, exist_ok=True)
+    os.environ["NPUSIM_GRAPH_DUMP"] = folder
+    model, step, x, y = small_cnn_training("/NPU:0")
+    losses = []
+    with tf.device("/NPU:0"):
+        for _ in range(3):
+            npusim.clear_launch_records()
+            losses.append(float(step(x, y)[0].numpy()))
+    recs = npusim.launch_records()
+    os.environ.pop("NPUSIM_GRAPH_DUMP")
+    multi = [{"N": n.attr["N"].i, "members": [m.decode() for m in n.attr["_npusim_members"].list.s]}
+             for n in step_graph_nodes(folder) if n.op == "MultiTensorCast"]
+    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
+            "launches": launches(recs), "multi": multi}
+
+
+if os.environ["WHAT"] == "variables":
+    print("RESULT " + json.dumps(variables_run()))
+else:
+    print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"])))
+'''
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multi_cast")
+    cnn = {"WHAT": "cnn", "NPUSIM_PRECISION_MODE": "allow_mix_precision",
+           "TF_ENABLE_ONEDNN_OPTS": "0"}
+    variables = {"WHAT": "variables"}
+    return {
+        "variables": {
+            "on": child_result(CODE, extra_env=variables),
+            "off": child_result(CODE, extra_env=dict(variables, NPUSIM_FUSION_MULTI_CAST="0")),
+            "on_alone": child_result(CODE, extra_env=dict(variables, NPUSIM_GRAPH="0")),
+        },
+        "cnn": {
+            "on": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "on"))),
+            "off": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "off"),
+                                                     NPUSIM_FUSION_MULTI_CAST="0")),
+            "on_alone": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "on_alone"),
+                                                          NPUSIM_GRAPH="0")),
+        },
+    }
+
+
+def ops(launch_list):
+    return [op for op, _ in launch_list]
+
+
+def test_written_variables_casts_grouped_only(runs):
+    on, off, alone = (runs["variables"][k] for k in ("on", "off", "on_alone"))
+    for run in (on, off, alone):
+        assert run["outs"] == run["want"]
+    assert on["values"] == off["values"] == alone["values"]
+    # Off: four Casts; on: a's and b's in one MultiTensorCast launch, c's (only read) and x's
+    # (no variable) stay Casts.
+    assert ops(off["launches"]).count("Cast") == 4, off["launches"]
+    assert "MultiTensorCast" not in ops(off["launches"])
+    for run in (on, alone):
+        assert ops(run["launches"]).count("Cast") == 2, run["launches"]
+        assert ops(run["launches"]).count("MultiTensorCast") == 1, run["launches"]
+
+
+def test_mixed_precision_weight_casts_in_one_launch(runs):
+    on, off, alone = (runs["cnn"][k] for k in ("on", "off", "on_alone"))
+    assert on["losses"] == off["losses"] == alone["losses"]
+    assert on["weights"] == off["weights"] == alone["weights"]
+    assert on["losses"][-1] < on["losses"][0]
+    # Launch by launch (op type, node name): Casts are gone and MultiTensorCast launches came;
+    # nothing else differs.
+    missing, extra = list(off["launches"]), []
+    for launch in on["launches"]:
+        if launch in missing:
+            missing.remove(launch)
+        else:
+            extra.append(launch)
+    assert missing and set(ops(missing)) == {"Cast"}, missing
+    assert extra and set(ops(extra)) == {"MultiTensorCast"}, extra
+    assert len(on["launches"]) < len(off["launches"])
+    # The step graph's MultiTensorCast takes as many Casts as left the launches (the kernel of
+    # the convolution and of the dense layer at least).
+    assert not off["multi"]
+    assert len(on["multi"]) == 1 and on["multi"][0]["N"] >= 2, on["multi"]
+    assert on["multi"][0]["N"] == len(missing), (on["multi"], missing)
+    assert alone["losses"] == on["losses"]
