@@ -91,7 +91,13 @@ def _train(tf, device, x, y, steps):
 def test_trains_on_npu_tracking_cpu_without_bias_work(npusim, tf):
     """Three steps, batch 16: the NPU's first two losses (the forward pass alone, and after one
     update) within 5e-2 relative of the CPU's (the deep-model forward bound of
-    tests/tf/test_models.py is 5e-2), all three falling on both devices. Batch 16, not 4: at
+    tests/tf/test_models.py is 5e-2), all three falling on the CPU, the third below the first
+    on the NPU. Not each step on the NPU: the CPU's first update takes its loss down by 0.6 %
+    (2.403 -> 2.389, seen), and the NPU's losses move by more than that when its inputs move
+    by about one f32 ulp, through its fp16 cube operands (seen, x scaled by 1 + 1e-7 / 1 - 1e-7:
+    first loss 2.382 -> 2.389 / 2.378, second 2.300 -> 2.215 / 2.191; the CPU's first loss moved
+    by 4e-6); the channel sums' summation order is such a change (docs/compiler.md, "Channels
+    first for every launch"). Over the two updates the CPU's loss falls by 18 %. Batch 16, not 4: at
     32x32 the last stage's maps are 1x1, so its training batch norms normalise over `batch`
     values per channel; over 4 (statistics of 4 values) the losses after an update differed by
     up to 28 % (seen) while the first, the forward pass, agreed within 3.2e-2.
@@ -110,8 +116,8 @@ def test_trains_on_npu_tracking_cpu_without_bias_work(npusim, tf):
     assert all(r["ok"] for r in records)
     assert all(np.isfinite(loss_npu))
     np.testing.assert_allclose(loss_npu[:2], loss_cpu[:2], rtol=5e-2)
-    for losses in (loss_cpu, loss_npu):
-        assert losses[0] > losses[1] > losses[2], losses
+    assert loss_cpu[0] > loss_cpu[1] > loss_cpu[2], loss_cpu
+    assert loss_npu[0] > loss_npu[2], loss_npu
     types = {}
     for r in records:
         types.setdefault(r["op_type"], set()).add(r["op_name"])

@@ -189,17 +189,19 @@ void ChannelSumEmitter::plan_tile() {
   const int64_t cores = m_vector_blocks ? m_vector_blocks : m_core.count;
   m_per = ceil_div(s.pixels, std::min<int64_t>(cores, s.pixels));
   m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
-  // The largest tile (pixels first, then channels) for in-place sums; ping-pong sums where
+  // The largest tile (channels first, then pixels) for in-place sums; ping-pong sums where
   // the same tile fits them, or where their own largest tile still leaves a block at least
   // kPingPongTiles tiles per channel group (measured, docs/compiler.md "The channel sums'
   // pipeline": with fewer, the smaller tile's extra groups, each cleared, folded and stored,
   // cost more than the in-place accumulation; with more, the accumulation dominates).
-  // Where the launch's inputs overflow the L2, channels first: a channel group reads a piece of
-  // every pixel's lines, and with the groups outside the pixel loop each group fetches the
-  // block's lines from HBM again once the L2 cannot hold them in between (ResNet-50's batch
-  // norm sums at batch 16 and more, docs/validation.md "The model cases").
-  const int64_t in_bytes = s.batch * s.pixels * s.cp * (sa + (has_b ? sb : 0));
-  const bool channels_first = static_cast<uint64_t>(in_bytes) > m_b.config().l2_bytes;
+  // Channels first: a pixel's ct channels are one MTE2 burst (32 f16 channels: 64 bytes, a
+  // GM transfer each), and the per-channel vectors' broadcasts repeat once per pixel at ct f32
+  // wide, half the vector's 256 bytes below 64 channels; a group also reads a piece of every
+  // pixel's lines, so with the groups outside the pixel loop each group fetches the block's
+  // lines again once the L2 cannot hold them in between. Measured against pixels first
+  // (docs/compiler.md "The channel sums' pipeline", 2026-12-04): faster for every ResNet-50
+  // shape of BNTrainingReduce and BNTrainingUpdateGrad, f16 and f32, with and without the ReLU
+  // mask.
   // A tile's pixels are the repeats of its instructions: a pixel's widest row (ct f32 values)
   // is the repeat stride, at most kMaxRepeat blocks (the RU8 stride fields).
   auto channels_fit = [&](int64_t c) {
@@ -208,25 +210,12 @@ void ChannelSumEmitter::plan_tile() {
   auto largest = [&](bool pingpong) {
     int64_t tp = 1;
     while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
-    int64_t ct = 0;
-    if (channels_first) {
-      for (int64_t c = s.cp; c >= unit && !ct; c -= unit) {
-        if (!channels_fit(c)) continue;
-        for (int64_t t = tp; t >= 1 && !ct; t /= 2)
-          if (need(t, c, pingpong) <= ub) {
-            tp = t;
-            ct = c;
-          }
-      }
-      return std::pair<int64_t, int64_t>{tp, ct};
+    for (int64_t c = s.cp / unit * unit; c >= unit; c -= unit) {
+      if (!channels_fit(c)) continue;
+      for (int64_t t = tp; t >= 1; t /= 2)
+        if (need(t, c, pingpong) <= ub) return std::pair<int64_t, int64_t>{t, c};
     }
-    for (;;) {
-      for (int64_t c = unit; c <= s.cp; c += unit)
-        if (channels_fit(c) && need(tp, c, pingpong) <= ub) ct = c;
-      if (ct || tp == 1) break;
-      tp /= 2;
-    }
-    return std::pair<int64_t, int64_t>{tp, ct};
+    return std::pair<int64_t, int64_t>{tp, int64_t{0}};
   };
   auto [tp, ct] = largest(false);
   if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
