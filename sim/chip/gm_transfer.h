@@ -24,6 +24,9 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   // Bytes per cycle the path moves into or out of L2 lines; 0 = the chip's L2 port rate for
   // the direction (memory.l2.core_read/write_bytes_per_cycle).
   double l2_port_rate = 0;
+  // Bytes per cycle the instruction's request issue allows in either phase (ExecCost::
+  // gm_request_rate); 0: no such limit.
+  double request_rate = 0;
   // Result.
   sc_core::sc_time transfer_time;  // time in the bandwidth-shared phase (after latency)
   double alone_cycles = 0;         // what that phase takes with no other transfer active
@@ -64,6 +67,7 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
     ranges = o.ranges;
     port_rate = o.port_rate;
     l2_port_rate = o.l2_port_rate;
+    request_rate = o.request_rate;
   }
 };
 

@@ -133,13 +133,21 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // it shares the HBM phase but not the port, whose limit is scaled so that the core's own
   // bytes move at the path rate (no limit when the phase has none of the core's own bytes).
   // Evicted dirty lines go from the L2 to HBM in a flow of their own, started with this one.
+  // The instruction's request issue (GmTransfer::request_rate) caps the core's own bytes in
+  // both phases, as the port does.
   const double l2_port = write ? m_cfg.l2_write_bytes_per_cycle : m_cfg.l2_read_bytes_per_cycle;
-  t->port[kHbm] = own_miss == 0 || t->port_rate <= 0
+  const auto capped = [&](double port_rate) {  // 0 = unlimited, on either side
+    if (t->request_rate <= 0) return port_rate;
+    return port_rate > 0 ? std::min(port_rate, t->request_rate) : t->request_rate;
+  };
+  const double hbm_port = capped(t->port_rate);
+  t->port[kHbm] = own_miss == 0 || hbm_port <= 0
                       ? 0
-                      : t->port_rate * static_cast<double>(miss) / static_cast<double>(own_miss);
+                      : hbm_port * static_cast<double>(miss) / static_cast<double>(own_miss);
   t->hbm_write_share = miss == 0 || !write ? 0 : static_cast<double>(own_miss) /
                                                      static_cast<double>(miss);
-  t->port[kL2] = t->l2_port_rate > 0 ? t->l2_port_rate : l2_port > 0 ? l2_port : t->port_rate;
+  t->port[kL2] =
+      capped(t->l2_port_rate > 0 ? t->l2_port_rate : l2_port > 0 ? l2_port : t->port_rate);
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {
     const double bytes = static_cast<double>(r == kHbm ? miss : hit);

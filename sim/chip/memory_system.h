@@ -18,7 +18,9 @@
 //      event per change, never per byte or burst). port is the core's GM path rate
 //      (ExecCost::gm_core_rate) for the HBM phase and, for the L2 phase, the path's L2 rate
 //      (GmTransfer::l2_port_rate: a UB -> GM write's l2_ub_write_bytes_per_cycle) or else the
-//      core's L2 port rate for the direction (l2_read/write_bytes_per_cycle; the path rate if 0).
+//      core's L2 port rate for the direction (l2_read/write_bytes_per_cycle; the path rate if 0),
+//      each capped by the instruction's request issue rate (GmTransfer::request_rate: an
+//      nd2nz: its row bytes per mte.nd2nz_row_cycles) where it has one.
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
 // an allocating write miss is absorbed at L2 bandwidth too, and the dirty lines a transfer's

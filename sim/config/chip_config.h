@@ -105,6 +105,11 @@ struct ChipConfig {
   // has (the L2 holds the allocation until its victims are out).
   bool l2_write_back_waits = false;
 
+  // MTE2's ND -> NZ loads (nd2nz): the engine issues one GM request per ND row and at most one
+  // row every nd2nz_row_cycles cycles, so a row takes max(its bytes at the path's rate,
+  // nd2nz_row_cycles); 0: no per-row cost (docs/chip_model.md "Memory system").
+  double nd2nz_row_cycles = 0;
+
   // Task overheads (docs/chip_model.md, "Task overheads"): a launch's Task Duration is
   // task_dispatch + for the blocks of the worker that ends last (task_block_start + its busy
   // time) + task_done, as msprof's Task Duration includes them.

@@ -83,6 +83,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.keep_across_launches",
     "memory.l2.write_back",
     "memory.l2.write_back_waits",
+    "mte.nd2nz_row_cycles",
     "task.dispatch_us",
     "task.block_start_cycles",
     "task.done_us",
@@ -431,6 +432,8 @@ void parse_overheads(const Reader& r, ChipConfig& c) {
   c.task_dispatch_us = r.get_number("task.dispatch_us", 0, false, max_us);
   c.task_block_start_cycles = r.get_int("task.block_start_cycles", 0, kMaxLatencyCycles);
   c.task_done_us = r.get_number("task.done_us", 0, false, max_us);
+  if (r.has("mte.nd2nz_row_cycles"))  // optional: 0 (no per-row cost) without it
+    c.nd2nz_row_cycles = r.get_number("mte.nd2nz_row_cycles", 0, false, kMaxLatencyCycles);
   c.host_op_dispatch_us = r.get_number("host.op_dispatch_us", 0, false, max_us);
   c.host_graph_dispatch_us = r.get_number("host.graph_dispatch_us", 0, false, max_us);
 }
@@ -575,6 +578,8 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
   if (c.l2_write_back) o << "    write_back: true\n";
   if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
+  if (c.nd2nz_row_cycles != 0)  // optional, as above
+    o << fmt::format("mte:\n  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",

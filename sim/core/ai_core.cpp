@@ -648,6 +648,7 @@ void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
   GmTransfer& t = *u.transfer;
   t.ranges = &cost.gm;
   t.port_rate = cost.gm_core_rate;
+  t.request_rate = cost.gm_request_rate;
   t.l2_port_rate = cost.path_src == isa::Buf::UB && cost.path_dst == isa::Buf::GM
                        ? m_cfg.l2_ub_write_bytes_per_cycle
                        : 0;

@@ -115,6 +115,9 @@ struct ExecCost {
   // gm_core_rate bytes per cycle (the core's own port rate for this path).
   std::vector<GmAccess> gm;
   double gm_core_rate = 0;
+  // Bytes per cycle the instruction's GM request issue allows, from L2 or HBM alike (nd2nz: one
+  // row per ChipConfig::nd2nz_row_cycles); 0: no such limit.
+  double gm_request_rate = 0;
   // Cube work: multiply-accumulates performed (for utilisation), in units of the chip's peak
   // fp16 MAC/cycle-equivalents (an int8 MAC counts 1/2, an fp32 MAC counts divisor).
   uint64_t macs = 0;

@@ -112,8 +112,12 @@ struct Nd2Nz {
   uint64_t dst_bytes() const { return ceil_div(cols, c0) * dst_rows * c0 * size; }
 
   // bytes = the GM bytes read (rows * cols elements); one GM range per row unless contiguous.
+  // The rows are issued one per cfg.nd2nz_row_cycles at most (contiguous rows too: the
+  // conversion still requests row by row), which caps the transfer at a row's bytes per that.
   ExecCost cost(const ChipConfig& cfg) const {
     ExecCost c = mte::path_cost(cfg, Buf::GM, Buf::L1, rows * cols * size);
+    if (cfg.nd2nz_row_cycles > 0)
+      c.gm_request_rate = static_cast<double>(cols * size) / cfg.nd2nz_row_cycles;
     for (uint64_t r = 0; r < rows; ++r)
       mte::add_gm_range(c.gm, xsrc + r * src_stride * size, cols * size, false, l2);
     return c;

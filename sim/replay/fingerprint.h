@@ -25,8 +25,9 @@ struct CoreFingerprint {
   }
   void add_pc(uint32_t pc) { flow = mix(flow, pc); }
   void add_cost(uint32_t pc, const ExecCost& c) {
-    uint64_t rate;
+    uint64_t rate, request_rate;
     std::memcpy(&rate, &c.gm_core_rate, sizeof rate);
+    std::memcpy(&request_rate, &c.gm_request_rate, sizeof request_rate);
     cost = mix(cost, pc);
     cost = mix(cost, c.cycles);
     cost = mix(cost, c.bank_conflict_cycles);
@@ -35,6 +36,7 @@ struct CoreFingerprint {
     cost = mix(cost, c.macs);
     cost = mix(cost, c.vector_repeats);
     cost = mix(cost, rate);
+    cost = mix(cost, request_rate);
     cost = mix(cost, c.gm.size());
     for (const GmAccess& a : c.gm)
       cost = mix(cost, a.bytes * 8 + static_cast<uint64_t>(a.l2) * 2 + (a.write ? 1 : 0));

@@ -178,6 +178,12 @@ TEST_CASE("GM paths cost the start latency and list the GM ranges; local paths a
     ExecCost dense = nd2nz(24);
     REQUIRE(dense.gm.size() == 1);
     CHECK(dense.gm[0].bytes == 5 * 48);
+    // The row issue (mte.nd2nz_row_cycles): none on the test chip; with 4 cycles a row, a cap
+    // of a 48-byte row per 4 cycles, contiguous rows too.
+    CHECK(strided.gm_request_rate == 0);
+    t.cfg.nd2nz_row_cycles = 4;
+    CHECK(nd2nz(32).gm_request_rate == Approx(48.0 / 4));
+    CHECK(nd2nz(24).gm_request_rate == Approx(48.0 / 4));
   }
   SECTION("local paths") {
     // copy_l12ub: 2 x 5 blocks = 320 B; path_latency(l1, ub) = 4, rate 128 B/cycle:
