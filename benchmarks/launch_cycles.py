@@ -16,6 +16,8 @@ Usage: [NPUSIM_GRAPH=0] [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
 import collections, hashlib, json, os, sys, time
+
+import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import npusim
@@ -28,13 +30,22 @@ train = os.environ.get("MODE", "infer") == "train"
 x, labels = models.synthetic_data(name, int(os.environ.get("BATCH", "2")) if train else 1, seed=0)
 with tf.device("/NPU:0"):
     model = models.build(name, seed=0)
-    xt = tf.constant(x)
+    # A model of several inputs (the BERT models: ids, segments, mask) takes a dict of arrays.
+    xt = tf.nest.map_structure(tf.constant, x)
     if train:
-        opt, loss_fn, yt = tf.keras.optimizers.Adam(1e-3), models.loss(name), tf.constant(labels)
+        opt, loss_fn = tf.keras.optimizers.Adam(1e-3), models.loss(name)
+        yt = tf.nest.map_structure(tf.constant, labels)
+        # A model of several outputs (the BERT models: masked LM and next sentence) has a list of
+        # losses, one per output in order, and a tuple of targets: the loss is their sum (as
+        # Keras' compile adds them).
+        losses = loss_fn if isinstance(loss_fn, (list, tuple)) else [loss_fn]
+        targets = yt if isinstance(yt, (list, tuple)) else [yt]
 
         def train_step(t):
             with tf.GradientTape() as tape:
-                loss = loss_fn(yt, model(t, training=True))
+                outputs = model(t, training=True)
+                outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+                loss = tf.add_n([f(y, o) for f, y, o in zip(losses, targets, outputs)])
             opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                     model.trainable_variables))
             return loss
@@ -42,13 +53,15 @@ with tf.device("/NPU:0"):
         f = tf.function(train_step)
     else:
         f = tf.function(lambda t: model(t, training=False))
-    f(xt).numpy()
+    tf.nest.map_structure(lambda t: t.numpy(), f(xt))
     for _ in range(steps):
         # Only the last step's records are kept: reading them every step would make Python's
         # garbage collector walk them during the next (timed) step.
         npusim.clear_launch_records()
         t0, c0 = time.perf_counter(), time.process_time()
-        y = f(xt).numpy()
+        # The loss, or the model's output (a dict of tensors for a model of several outputs),
+        # as one array of its values.
+        y = np.concatenate([np.ravel(t.numpy()) for t in tf.nest.flatten(f(xt))])
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         # CPU seconds (all threads) vary less than wall time on a shared host.
         print(f"s/step {dt:.3f}  cpu-s/step {dc:.3f}", flush=True)

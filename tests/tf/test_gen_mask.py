@@ -137,7 +137,8 @@ def test_keras_dropout_training_same_with_the_rewrite_on_and_off():
 def test_keras_dropout_training_whole_graph_as_node_by_node(tmp_path, chip):
     """Whole graph, each mask is an AI CPU step of the training step's one NpuGraph task list
     (with the forward readers, the backward pass and the updates), and so are its key and
-    counter (StatelessRandomGetKeyCounter) and the seed's FloorMod and Cast before them: the
+    counter (StatelessRandomGetKeyCounter), the seed's FloorMod and Cast before them and the
+    seed's update (its int64 AddV2): the
     losses and weights equal node by node's bit for bit, with the same 8 AI_CPU DropOutGenMask
     rows; node by node every mask is a kernel call of its own. On a chip without an AI CPU
     (tiny) the uniforms (StatelessRandomUniformV2 launches) are steps of that task list
@@ -154,7 +155,9 @@ print("RESULT" + json.dumps(dict(
     key_counters_outside=sum(r["op_type"] == "StatelessRandomGetKeyCounter" and not r["graph_run"]
                              for r in recs),
     uniforms_inside=sum(r["op_type"] == "StatelessRandomUniformV2" and bool(r["graph_run"])
-                        for r in recs))))
+                        for r in recs),
+    seed_adds_outside=sum(r["op_type"] == "AddV2" and "/dropout" in r["op_name"]
+                          and not r["graph_run"] for r in recs))))
 """
     env = {"NPUSIM_CHIP": chip}
     graph = child_result(code, extra_env={**env, "NPUSIM_GRAPH_DUMP": str(tmp_path)})
@@ -177,6 +180,10 @@ print("RESULT" + json.dumps(dict(
     # The step's 8 keys and counters (2 a step) inside its task list; outside, in both runs,
     # only the eager ones of the Dense layers' initializers.
     assert nodes["key_counters_outside"] - graph["key_counters_outside"] == 8, (graph, nodes)
+    # Each Dropout's seed update (Keras 3's SeedGenerator: the int64 state plus [0, 1], written
+    # back by an AssignVariableOp) is a step of that task list too (graph_cluster.cpp: a lone
+    # step of a variable's state); node by node, 8 kernel calls of their own.
+    assert graph["seed_adds_outside"] == 0 and nodes["seed_adds_outside"] == 8, (graph, nodes)
 
 
 RAW_OP = r"""

@@ -32,7 +32,10 @@
 // merge only if no path leads from one to the other through a node outside both (control edges
 // included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
 // inputs and before all its consumers. An update left alone (no data edge to a member) then
-// joins the largest set it can under the same rule. Sets of one node stay as they were.
+// joins the largest set it can under the same rule, and so does a compiled op left alone whose
+// data inputs are all variable reads and Consts (a variable's next state: Keras 3's seed
+// `state + [0, 1]`, its readers the AssignVariableOp that writes it back, after the NpuGraph
+// node). Other sets of one node stay as they were.
 //
 // The rewrite: the NpuGraph node takes the cluster's external data inputs (deduplicated) and the
 // members' control inputs from outside; each member output read outside (data) becomes one
@@ -161,6 +164,23 @@ bool clusterable(const Graph& g, const tfc::NodeDef& node,
     if (it == g.index.end() || g.nodes[it->second]->op() != "Const") return false;
   }
   return true;
+}
+
+// Whether every data input of `node` is a ReadVariableOp's or a Const's output outside every set
+// (`ok`: the nodes that may join one), at least one a ReadVariableOp's: a value computed from
+// variables only.
+bool state_step_inputs(const Graph& g, const tfc::NodeDef& node, const std::vector<char>& ok) {
+  int reads = 0;
+  for (const std::string& in : node.input()) {
+    const auto [src, port] = split_input(in);
+    if (port < 0) continue;
+    const auto it = g.index.find(src);
+    if (it == g.index.end() || ok[it->second]) return false;
+    const std::string& op = g.nodes[it->second]->op();
+    if (op != "ReadVariableOp" && op != "Const") return false;
+    reads += op == "ReadVariableOp";
+  }
+  return reads > 0;
 }
 
 // Union-find over node indices.
@@ -319,8 +339,10 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   // A lone update (no data edge to another member: its value from Consts and variable reads
   // only, e.g. a metric's `count += batch size`) joins the largest set of its device it can
   // join: no path between them through outside nodes either way, no variable updated twice.
-  for (int u : order) {
-    if (!ok[u] || !is_update(*g.nodes[u]) || members[sets.find(u)].size() != 1) continue;
+  // The largest set (of two members or more; the first root of equal size) that the set of one
+  // node `u` may join: the same device, no path between them through outside nodes either way,
+  // no variable updated twice; -1 if none.
+  auto largest_joinable_set = [&](int u) {
     int best = -1;
     for (const auto& [root, list] : members)
       if (list.size() >= 2 && g.nodes[root]->device() == g.nodes[u]->device() &&
@@ -329,6 +351,23 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
         if (!share_handle(root, u) && !path_through_outside(g, sets, members, root, u) &&
             !path_through_outside(g, sets, members, u, root))
           best = root;
+    return best;
+  };
+  for (int u : order) {
+    if (!ok[u] || !is_update(*g.nodes[u]) || members[sets.find(u)].size() != 1) continue;
+    const int best = largest_joinable_set(u);
+    if (best >= 0) merge(best, u);
+  }
+  // A lone step of a variable's state (a compiled op, no view, no update, whose data inputs are
+  // all variable reads and Consts outside every set: Keras 3's seed update `state + [0, 1]`, an
+  // optimizer's step counter, each written back by an AssignVariableOp) joins the largest set
+  // of its device under the same rule; its readers then follow that set's NpuGraph node.
+  for (int u : order) {
+    const tfc::NodeDef& n = *g.nodes[u];
+    if (!ok[u] || is_update(n) || is_view(n) || cache_read_after(g, n) ||
+        members[sets.find(u)].size() != 1 || !state_step_inputs(g, n, ok))
+      continue;
+    const int best = largest_joinable_set(u);
     if (best >= 0) merge(best, u);
   }
 
