@@ -42,6 +42,10 @@ namespace {
 
 constexpr double kE = 1.0 / (1 << 24);
 constexpr double kH = 1.0 / (1 << 11);  // f16's unit roundoff
+// Half the spacing of f16's subnormals (2^-24 apart): rounding v to f16 errs by at most
+// kH |v| where v is normal and by at most kHalfSubnormal where it is not, so by at most
+// kH |v| + kHalfSubnormal everywhere.
+constexpr double kHalfSubnormal = 1.0 / (1 << 25);
 
 // Element (pixel i, channel j) of an [R, C] tensor.
 double at(const HostTensor& t, int64_t i, int64_t j, int64_t c) {
@@ -130,7 +134,7 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
       y[q] = relu ? std::max(raw, 0.0) : raw;
       ty[q] = std::fabs(xa) * ea + std::fabs(m[j] * a) * (ea + 2 * kE) +
               4 * kE * (std::fabs(xa) + std::fabs(shift));
-      if (dt == DataType::F16) ty[q] = ty[q] * (1 + kH) + kH * std::fabs(y[q]);
+      if (dt == DataType::F16) ty[q] = ty[q] * (1 + kH) + kH * std::fabs(y[q]) + kHalfSubnormal;
     }
   }
   check_within_bounds(res.outputs[0].values, y, ty, "y");
@@ -143,6 +147,7 @@ struct GradCase {
   uint32_t seed;
   bool relu = false;
   DataType dt = DataType::F32;  // of dy, x and dx
+  double scale_unit = 1;        // scale is drawn from [0.5, 2] * scale_unit
 };
 
 void check_grads(const GradCase& gc) {
@@ -153,7 +158,8 @@ void check_grads(const GradCase& gc) {
                                                       << compiler::data_type_name(gc.dt));
   HostTensor dy = random_tensor(gc.dt, shape, -1, 1, gc.seed);
   HostTensor x = random_tensor(gc.dt, shape, -2, 3, gc.seed + 1);
-  HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 2);
+  HostTensor scale =
+      random_tensor(DataType::F32, {c}, 0.5 * gc.scale_unit, 2 * gc.scale_unit, gc.seed + 2);
   HostTensor mean = random_tensor(DataType::F32, {c}, 0, 1, gc.seed + 3);
   HostTensor var = random_tensor(DataType::F32, {c}, 0.5, 2, gc.seed + 4);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, gc.seed + 5);
@@ -211,7 +217,8 @@ void check_grads(const GradCase& gc) {
                    (std::fabs(g.values[q]) + std::fabs(x.values[q] * c2) +
                     std::fabs(mean.values[j] * c2) + std::fabs(mdy)) +
                2 * kE * std::fabs(want[q]);
-      if (gc.dt == DataType::F16) tol[q] = tol[q] * (1 + kH) + kH * std::fabs(want[q]);
+      if (gc.dt == DataType::F16)
+        tol[q] = tol[q] * (1 + kH) + kH * std::fabs(want[q]) + kHalfSubnormal;
     }
   }
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
@@ -472,6 +479,10 @@ TEST_CASE("BNTraining ops with f16 x and dy: f32 statistics, f16 y and dx") {
   check_grads({{1, 4, 4, 7}, 35, false, DataType::F16});
   check_grads({{2, 3, 5, 16}, 36, true, DataType::F16});
   check_grads({{1, 4, 4, 7}, 37, true, DataType::F16});
+  // A small scale makes every dx an f16 subnormal (scale <= 2^-19, r < 1.42, |inner| < 15:
+  // |dx| < 2^-14): the rounding to f16 errs by up to 2^-25 there, above its relative bound.
+  check_grads({{2, 3, 5, 16}, 38, false, DataType::F16, 1.0 / (1 << 20)});
+  check_grads({{2, 3, 5, 16}, 39, true, DataType::F16, 1.0 / (1 << 20)});
 }
 
 TEST_CASE("BNTraining gradients with relu: ReluGrad's mask on the stored y, bit for bit") {
