@@ -129,23 +129,12 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
           random_tensor(c.dt, {c.batch, c.seq_kv, c.kv_heads, c.dim}, -2, 2, seed + 2)};
 }
 
-// Whether the test chip runs fused attention (a mix kernel: a split chip's cube and vector
-// cores); on a coupled chip, checks that op is refused, naming why.
-bool runs_fused_attention(const OpDesc& op) {
-  const ChipConfig& cfg = test_sim().config();
-  if (cfg.split) return true;
-  CHECK_THROWS_WITH(compiler::compile(op, cfg), Catch::Contains(op.type) &&
-                                                    Catch::Contains("is a mix kernel") &&
-                                                    Catch::Contains("this chip is coupled"));
-  return false;
-}
-
 // Compiles and runs c; checks O against the reference. A coupled chip: the refusal, and no
 // launches.
 compiler::CompiledKernel check_case(const Case& c, uint32_t seed) {
   const OpDesc op = attention_op(c);
   INFO(op.str());
-  if (!runs_fused_attention(op)) return {};
+  if (!runs_mix_kernel(op)) return {};
   compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   REQUIRE(k.launches.size() == 1);
   INFO(k.launches[0].summary);
@@ -212,7 +201,7 @@ TEST_CASE("IncreFlashAttention reads its lengths from device memory: one kernel,
     c.lens = {1, 1};
     const OpDesc op = attention_op(c);
     INFO(op.str());
-    if (!runs_fused_attention(op)) continue;
+    if (!runs_mix_kernel(op)) continue;
     const compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
     REQUIRE(k.launches.size() == 1);
     const Inputs in = make_inputs(c, 61 + static_cast<uint32_t>(lt));
@@ -236,7 +225,7 @@ TEST_CASE("fused attention keeps the score matrix out of HBM") {
   // the number of tiles, and below S.
   const Case c{"FlashAttentionScore", DataType::F16, 1, 1024, 1024, 2, 2, 64, 3};
   const OpDesc op = attention_op(c);
-  if (!runs_fused_attention(op)) return;
+  if (!runs_mix_kernel(op)) return;
   compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   const Inputs in = make_inputs(c, 51);
   const nlohmann::json before = test_sim().counters();
@@ -281,7 +270,7 @@ TEST_CASE("fused attention: the cube waits for each vector core's P rows on that
                         Case{"IncreFlashAttention", DataType::F16, 2, 1, 300, 8, 2, 64, 0, 201}}) {
     const OpDesc op = attention_op(c);
     INFO(op.str());
-    if (!runs_fused_attention(op)) continue;
+    if (!runs_mix_kernel(op)) continue;
     REQUIRE(cfg.aiv_per_aic >= 2);
     const compiler::CompiledKernel k = compiler::compile(op, cfg);
     REQUIRE(k.launches.size() == 1);
