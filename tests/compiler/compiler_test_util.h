@@ -397,6 +397,16 @@ inline CompileRefusal compile_refusal(const OpDesc& op) {
   return r;
 }
 
+// Whether the test chip runs op, a mix kernel (the cube and vector cores of a split chip, in
+// one launch); on a coupled chip, checks that op is refused, saying why, and returns false.
+inline bool runs_mix_kernel(const OpDesc& op) {
+  if (test_sim().config().split) return true;
+  const std::string message = compile_refusal(op).message;
+  CHECK(message.find("is a mix kernel") != std::string::npos);
+  CHECK(message.find("this chip is coupled") != std::string::npos);
+  return false;
+}
+
 inline OpDesc make_op(const std::string& type, std::vector<TensorDesc> inputs,
                       std::map<std::string, compiler::AttrValue> attrs = {}) {
   OpDesc op;

@@ -115,7 +115,10 @@ TEST_CASE("s64 element-wise arithmetic and comparisons, with broadcasting") {
 
 TEST_CASE("s64 AddV2 over several blocks") {
   // More elements than kScalarMapMinPerBlock per core: every core takes a range.
-  const int64_t n = 300 * test_sim().config().core_kind(isa::CoreKind::AIV) ->count + 5;
+  // the element-wise cores: the vector cores of a split chip, the AI cores of a coupled one
+  const ChipConfig& cfg = test_sim().config();
+  const int64_t n =
+      300 * cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count + 5;
   check_s64_binary(kBin[0], {n}, {n}, 100);
   check_s64_binary(kBin[6], {n}, {1}, 101);  // Equal: bool words across block boundaries
 }

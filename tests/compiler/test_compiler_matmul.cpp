@@ -291,8 +291,13 @@ TEST_CASE("MatMul core split: each cube core computes its own region of C") {
   INFO(chip.dump());
   const uint64_t tiles0 = static_cast<uint64_t>(rm * t.tiles_n);
   const uint64_t tiles1 = static_cast<uint64_t>((t.tiles_m - rm) * t.tiles_n);
-  CHECK(chip.at("aic0").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles0 * per_tile);
-  CHECK(chip.at("aic1").at("m").at("busy_cycles").at("value").get<uint64_t>() == tiles1 * per_tile);
+  // the cube cores: a split chip's AIC cores, a coupled chip's AI cores
+  const std::string cube =
+      isa::core_kind_name(cfg.split ? isa::CoreKind::AIC : isa::CoreKind::AICORE);
+  CHECK(chip.at(cube + "0").at("m").at("busy_cycles").at("value").get<uint64_t>() ==
+        tiles0 * per_tile);
+  CHECK(chip.at(cube + "1").at("m").at("busy_cycles").at("value").get<uint64_t>() ==
+        tiles1 * per_tile);
 }
 
 TEST_CASE("MatMul core split: tiles planned for the cores the split uses") {
