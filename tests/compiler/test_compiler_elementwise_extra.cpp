@@ -1,8 +1,7 @@
-// Floor, Ceil, Round, Sign, Log1p, LogicalNot (unary family) and DivNoNan, Pow, LogicalAnd,
-// LogicalOr, BitwiseAnd, BitwiseOr (binary family) compiled for the tiny chip and run on the
-// chip model, against a
-// reference computed in double from the exactly representable inputs and rounded once to the
-// output type.
+// Floor, Ceil, Round, Sign, Log1p, LogicalNot, Invert (unary family) and DivNoNan, Pow,
+// LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr (binary family) compiled for the tiny chip and run
+// on the chip model, against a reference computed in double from the exactly representable
+// inputs and rounded once to the output type.
 //
 // Tolerances (relative to the reference, in ulps of the output type: 2^-23 f32, 2^-10 f16,
 // 2^-7 bf16):
@@ -248,7 +247,7 @@ TEST_CASE("extra element-wise ops reject unsupported dtypes naming the op") {
                     Catch::Contains("dtype f16 is not supported (bool)"));
 }
 
-TEST_CASE("BitwiseAnd / BitwiseOr on int32, int16, uint16: every bit, broadcasting, errors") {
+TEST_CASE("BitwiseAnd / BitwiseOr / Invert on int32, int16, uint16: every bit, broadcasting, errors") {
   // The reference: the op on the two's-complement bits of the type (as numpy's & and |).
   auto bits = [](DataType t, double v) -> int64_t {
     return t == DataType::U16 ? static_cast<int64_t>(v) & 0xffff : static_cast<int64_t>(v);
@@ -280,6 +279,10 @@ TEST_CASE("BitwiseAnd / BitwiseOr on int32, int16, uint16: every bit, broadcasti
           "BitwiseOr", a, b,
           [&, dt = dt](double p, double q) { return back(dt, bits(dt, p) | bits(dt, q)); }, 0);
     }
+  for (const auto& [dt, lo, hi] : types) {
+    HostTensor x = random_tensor(dt, {3, 45}, lo, hi, seed++);
+    check_unary("Invert", x, [&, dt = dt](double p) { return back(dt, ~bits(dt, p)); }, 0);
+  }
   // The metric's sign-bit test: x & INT32_MIN on the bits of floats, -0.0 included.
   HostTensor x{{DataType::S32, {6}}, {0.0, -2147483648.0, 1065353216.0, -1082130432.0, -1.0, 1.0}};
   HostTensor sign{{DataType::S32, {}}, {-2147483648.0}};

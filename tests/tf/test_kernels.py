@@ -123,6 +123,10 @@ def test_bitwise_op_runs_on_npu_as_on_the_cpu(npusim, tf, strict_placement, op, 
         np.testing.assert_array_equal(got, (np.bitwise_and if op == "BitwiseAnd"
                                             else np.bitwise_or)(a, b))
         _assert_ran_on_chip(records, op)
+    if op == "BitwiseAnd":  # once per dtype
+        got, records = _on_npu(npusim, tf, lambda x: tf.raw_ops.Invert(x=x), a)
+        np.testing.assert_array_equal(got, np.invert(a))
+        _assert_ran_on_chip(records, "Invert")
 
 
 # op -> (reference, largest error in units of the last place of fp32, input range). Exact ops

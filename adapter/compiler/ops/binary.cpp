@@ -219,16 +219,10 @@ void logical_spec(StreamSpec& spec, Opcode vop) {
   };
 }
 
-// BitwiseAnd / BitwiseOr of `type` (s32, s16, u16): the op on the tile's u16 lanes, two per s32.
+// BitwiseAnd / BitwiseOr of `type` (s32, s16, u16): vec_bitwise.
 void bitwise_spec(StreamSpec& spec, Dtype type, Opcode vop) {
   spec.compute = [type, vop](KernelBuilder& b, const TileOperands& t) {
-    if (isa::dtype_size(type) == 2) {
-      vec_binary(b, vop, Dtype::U16, t.out, t.in[0], t.in[1], *t.count);
-      return;
-    }
-    Reg lanes = b.reg("u16 lanes");
-    b.shl(lanes, *t.count, 1);
-    vec_binary(b, vop, Dtype::U16, t.out, t.in[0], t.in[1], lanes);
+    vec_bitwise(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
   };
 }
 

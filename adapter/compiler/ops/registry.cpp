@@ -48,7 +48,7 @@ const std::vector<DataType> kFloatS64Types = with(kFloatTypes, DT::S64);
 // ConcatV2, Unpack, Slice, Fill, ZerosLike, OnesLike), int32 is left to it, so shape tensors
 // stay on the host as TensorFlow's other devices keep them.
 const std::vector<DataType> kMoveNoS32Types = without(kMoveTypes, DT::S32);
-// The bitwise ops: vand / vor act on 16-bit lanes, an int32 element being two.
+// The bitwise ops: vand / vor / vnot act on 16-bit lanes, an int32 element being two.
 const std::vector<DataType> kBitwiseTypes = {DT::S32, DT::S16, DT::U16};
 
 // Every Cast registration: TensorFlow refuses a node that two registrations of one op match, so
@@ -143,6 +143,7 @@ const std::vector<OpEntry>& op_table() {
       {"Log1p", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"IsFinite", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalNot", "unary", compile_unary, npu(K::kElementwise)},
+      {"Invert", "unary", compile_unary, npu_t(K::kElementwise, kBitwiseTypes)},
       {"Sin", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"Cos", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       // dtype conversion (ops/cast.cpp)
