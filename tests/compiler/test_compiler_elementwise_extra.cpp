@@ -1,11 +1,11 @@
-// Floor, Ceil, Round, Sign, Log1p, LogicalNot (unary family) and DivNoNan, Pow, LogicalAnd,
-// LogicalOr (binary family) compiled for the tiny chip and run on the chip model, against a
-// reference computed in double from the exactly representable inputs and rounded once to the
-// output type.
+// Floor, Ceil, Round, Sign, Log1p, LogicalNot, Invert (unary family) and DivNoNan, Pow,
+// LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr (binary family) compiled for the tiny chip and run
+// on the chip model, against a reference computed in double from the exactly representable
+// inputs and rounded once to the output type.
 //
 // Tolerances (relative to the reference, in ulps of the output type: 2^-23 f32, 2^-10 f16,
 // 2^-7 bf16):
-//   Floor, Ceil, Round, Sign, DivNoNan, logical ops: exact (0).
+//   Floor, Ceil, Round, Sign, DivNoNan, logical and bitwise ops: exact (0).
 //   Log1p: 4 ulp (ln, a division and a product in fp32; f16/bf16 computed in fp32 and rounded
 //     once, so 1 ulp).
 //   Pow: f32 10 ulp for |y * ln x| <= 4 ln 4 (about (2 + |y ln x|) ulp, see ops/binary.cpp);
@@ -245,4 +245,55 @@ TEST_CASE("extra element-wise ops reject unsupported dtypes naming the op") {
                     Catch::Contains("Floor") && Catch::Contains("dtype s32"));
   CHECK_THROWS_WITH(compiler::compile(make_op("LogicalNot", {{DataType::F16, {4}}}), cfg),
                     Catch::Contains("dtype f16 is not supported (bool)"));
+}
+
+TEST_CASE("BitwiseAnd / BitwiseOr / Invert on int32, int16, uint16: every bit, broadcasting, errors") {
+  // The reference: the op on the two's-complement bits of the type (as numpy's & and |).
+  auto bits = [](DataType t, double v) -> int64_t {
+    return t == DataType::U16 ? static_cast<int64_t>(v) & 0xffff : static_cast<int64_t>(v);
+  };
+  auto back = [](DataType t, int64_t v) -> double {
+    switch (t) {
+      case DataType::S32: return static_cast<int32_t>(static_cast<uint32_t>(v));
+      case DataType::S16: return static_cast<int16_t>(static_cast<uint16_t>(v));
+      default: return static_cast<uint16_t>(v);
+    }
+  };
+  using S = std::vector<int64_t>;
+  const std::pair<S, S> shapes[] = {
+      {{3, 37}, {3, 37}}, {{129}, {}}, {{4, 1}, {1, 17}}, {{2, 70}, {70}}, {{0, 3}, {3}}};
+  const std::tuple<DataType, double, double> types[] = {
+      {DataType::S32, -2147483648.0, 2147483647.0},
+      {DataType::S16, -32768.0, 32767.0},
+      {DataType::U16, 0.0, 65535.0}};
+  uint32_t seed = 700;
+  for (const auto& [dt, lo, hi] : types)
+    for (const auto& [sa, sb] : shapes) {
+      HostTensor a = random_tensor(dt, sa, lo, hi, seed),
+                 b = random_tensor(dt, sb, lo, hi, seed + 1);
+      seed += 2;
+      check_binary(
+          "BitwiseAnd", a, b,
+          [&, dt = dt](double p, double q) { return back(dt, bits(dt, p) & bits(dt, q)); }, 0);
+      check_binary(
+          "BitwiseOr", a, b,
+          [&, dt = dt](double p, double q) { return back(dt, bits(dt, p) | bits(dt, q)); }, 0);
+    }
+  for (const auto& [dt, lo, hi] : types) {
+    HostTensor x = random_tensor(dt, {3, 45}, lo, hi, seed++);
+    check_unary("Invert", x, [&, dt = dt](double p) { return back(dt, ~bits(dt, p)); }, 0);
+  }
+  // The metric's sign-bit test: x & INT32_MIN on the bits of floats, -0.0 included.
+  HostTensor x{{DataType::S32, {6}}, {0.0, -2147483648.0, 1065353216.0, -1082130432.0, -1.0, 1.0}};
+  HostTensor sign{{DataType::S32, {}}, {-2147483648.0}};
+  check_binary(
+      "BitwiseAnd", x, sign,
+      [&](double p, double q) {
+        return back(DataType::S32, bits(DataType::S32, p) & bits(DataType::S32, q));
+      },
+      0);
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("BitwiseAnd", {{DataType::F32, {4}}, {DataType::F32, {4}}}),
+                        test_sim().config()),
+      Catch::Contains("dtype f32 is not supported (s32, s16, u16)"));
 }

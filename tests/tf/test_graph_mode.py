@@ -12,6 +12,10 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   shows the allocator's peak and the plans' arenas;
   the optimizer's variable updates (FusedVariableUpdate) run inside the graphs' task lists,
   none as a task list of its own (node by node each is one);
+- the MLP trained with Keras' accuracy metric: its argmax's sign-bit test (Bitcast to int32,
+  BitwiseAnd) runs inside the step's one NpuGraph run, the losses, accuracies and weights bit
+  for bit those of node by node; same-size Bitcasts are views inside a graph, a Bitcast that
+  changes the element size stays outside;
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
 - variable updates inside graphs: a kernel fault in a graph that updates variables (the
   watchdog at one instruction faults its first launch; the updates were queued after it) is
@@ -151,6 +155,103 @@ def test_training_tracks_node_by_node_in_fewer_dispatches(name, tmp_path):
     assert "whole-graph static memory plans: none" in nodes["summary"], nodes["summary"]
 
 
+
+# The MLP trained with Keras' accuracy metric: its argmax tests each probability's sign bit
+# (Bitcast to int32, BitwiseAnd with INT32_MIN, Less than 0) to order -0.0 below +0.0.
+ACCURACY = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+import models
+
+keras.utils.set_random_seed(0)
+x, y = models.synthetic_data("mlp", batch=8, seed=1)
+model = models.build("mlp", seed=3)
+model.compile(optimizer="adam", loss=models.loss("mlp"), metrics=["accuracy"])
+out = {"results": [], "graph_runs": [], "bitwise": [], "alone": []}
+for step in range(3):
+    npusim.clear_launch_records()
+    out["results"].append([float(v) for v in model.train_on_batch(x, y)])
+    recs = npusim.launch_records()
+    out["graph_runs"].append(len({r["graph_run"] for r in recs if r["graph_run"]}))
+    out["bitwise"].append(sorted({bool(r["graph_run"]) for r in recs
+                                  if r["op_type"] == "BitwiseAnd"}))
+    out["alone"].append(sorted(r["op_type"] for r in recs if not r["graph_run"]))
+out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
+out["fallbacks"] = npusim.cpu_fallback_ops()
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_mlp_with_accuracy_metric_is_one_graph_run_per_step():
+    graph = _result(run_child(ACCURACY, timeout=600))
+    nodes = _result(run_child(ACCURACY, timeout=600, extra_env={"NPUSIM_GRAPH": "0"}))
+    # The same losses, accuracies and weights, bit for bit, as node by node.
+    assert graph["results"] == nodes["results"], (graph["results"], nodes["results"])
+    assert graph["weights"] == nodes["weights"]
+    assert "BitwiseAnd" not in graph["fallbacks"], graph["fallbacks"]
+    # Node by node the BitwiseAnd runs on the chip as a kernel call of its own; whole graph it
+    # and the Bitcast before it are inside the step's one NpuGraph run, which no longer splits
+    # at them. Left outside: the metrics' `total / count` DivNoNans (they read the variables the
+    # AssignAddVariableOps update after the NpuGraph node).
+    assert all(b == [False] for b in nodes["bitwise"]), nodes["bitwise"]
+    assert all(b == [True] for b in graph["bitwise"]), graph["bitwise"]
+    assert all(n == 1 for n in graph["graph_runs"]), graph["graph_runs"]
+    assert graph["alone"][-1] == ["DivNoNan", "DivNoNan"], graph["alone"]
+
+
+# A child script's tail: runs tf.function(body) on x twice (the second measured) into `got`,
+# the launches' op names per graph run into `groups`, and body on the CPU into `want`.
+RUN_AND_GROUP = r"""
+f = tf.function(body)
+f(x)
+npusim.clear_launch_records()
+got = f(x)
+recs = npusim.launch_records()
+groups = {}
+for r in recs:
+    if r["graph_run"]:
+        groups.setdefault(r["graph_run"], set()).add(r["op_name"])
+with tf.device("/CPU:0"):
+    want = tf.function(body)(x)
+"""
+
+BITCAST = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+def body(x):
+    y = tf.multiply(x, 3.0, name="scaled")
+    bits = tf.bitcast(y, tf.int32, name="as_bits")
+    magnitude = tf.bitcast(tf.bitwise.bitwise_and(bits, 0x7fffffff, name="clear_sign"),
+                           tf.float32, name="as_float")
+    halves = tf.bitcast(tf.add(y, 1.0, name="shifted"), tf.float16, name="as_halves")
+    return tf.add(magnitude, 1.0, name="after"), tf.multiply(halves, 2.0, name="halves_2")
+
+x = tf.constant(np.array([[-0.0, 0.5, -1.5, 2.0], [3.0, -4.0, 0.0, -2.5]], np.float32))
+""" + RUN_AND_GROUP + r"""
+(a, h), (want_a, want_h) = got, want
+print("NPUSIM_RESULT " + json.dumps({
+    "a": a.numpy().tobytes().hex(), "want_a": want_a.numpy().tobytes().hex(),
+    "h": h.numpy().tobytes().hex(), "want_h": want_h.numpy().tobytes().hex(),
+    "groups": sorted(sorted(g) for g in groups.values())}))
+"""
+
+
+def test_same_size_bitcasts_are_views_inside_a_graph():
+    # f32 -> int32 -> f32 around a BitwiseAnd: views, so the chain is one graph run; the
+    # f32 -> f16 Bitcast (another element size) stays outside, splitting its graph.
+    result = _result(run_child(BITCAST))
+    assert result["a"] == result["want_a"]
+    assert result["h"] == result["want_h"]
+    groups = result["groups"]
+    assert ["after", "clear_sign", "scaled", "shifted"] in groups, groups
+    assert not any("halves_2" in g and "shifted" in g for g in groups), groups
+
 CONFIGURE_OFF = r"""
 import json
 import numpy as np
@@ -232,18 +333,9 @@ def body(x):
                     name="post_sub")
     return b, a
 
-f = tf.function(body)
 x = tf.constant(np.array([[0.5, 1.0, 2.0, 3.0]], np.float32))
-f(x)
-npusim.clear_launch_records()
-b, a = f(x)
-recs = npusim.launch_records()
-groups = {}
-for r in recs:
-    if r["graph_run"]:
-        groups.setdefault(r["graph_run"], set()).add(r["op_name"])
-with tf.device("/CPU:0"):
-    want_b, want_a = tf.function(body)(x)
+""" + RUN_AND_GROUP + r"""
+(b, a), (want_b, want_a) = got, want
 print("NPUSIM_RESULT " + json.dumps({
     "b": b.numpy().tolist(), "a": a.numpy().tolist(),
     "want_b": want_b.numpy().tolist(), "want_a": want_a.numpy().tolist(),

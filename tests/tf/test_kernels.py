@@ -103,6 +103,32 @@ def test_div_no_nan_gives_zero_where_the_divisor_is_zero(npusim, tf, strict_plac
     _assert_ran_on_chip(records, "DivNoNan")
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int16, np.uint16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr"])
+def test_bitwise_op_runs_on_npu_as_on_the_cpu(npusim, tf, strict_placement, op, dtype):
+    # Every bit pattern of the type, with a broadcast row and a broadcast scalar (Keras'
+    # argmax tests a float's sign bit as Bitcast(x, int32) & INT32_MIN).
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(21)
+    a = rng.integers(info.min, info.max, size=(5, 37), endpoint=True).astype(dtype)
+    for b in (rng.integers(info.min, info.max, size=(5, 37), endpoint=True).astype(dtype),
+              rng.integers(info.min, info.max, size=(37,), endpoint=True).astype(dtype),
+              np.array(info.min if info.min else info.max, dtype)):
+        fn = lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y)  # noqa: E731
+        got, records = _on_npu(npusim, tf, fn, a, b)
+        with tf.device("/CPU:0"):
+            want = fn(tf.constant(a), tf.constant(b)).numpy()
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, (np.bitwise_and if op == "BitwiseAnd"
+                                            else np.bitwise_or)(a, b))
+        _assert_ran_on_chip(records, op)
+    if op == "BitwiseAnd":  # once per dtype
+        got, records = _on_npu(npusim, tf, lambda x: tf.raw_ops.Invert(x=x), a)
+        np.testing.assert_array_equal(got, np.invert(a))
+        _assert_ran_on_chip(records, "Invert")
+
+
 # op -> (reference, largest error in units of the last place of fp32, input range). Exact ops
 # are computed in fp32 (one IEEE rounding, as on the chip). Exp, Log and Rsqrt are compared with
 # the correctly rounded value (computed in fp64, rounded once): the chip's expf/logf are

@@ -1,7 +1,7 @@
 // Element-wise binary ops with numpy/TF broadcasting: AddV2, Add, Sub, Mul, RealDiv, Maximum,
 // Minimum, SquaredDifference, DivNoNan, Pow, ReciprocalGrad, SqrtGrad, LogicalAnd, LogicalOr
-// (bool), and the comparisons Equal, NotEqual, Less, LessEqual, Greater, GreaterEqual (bool
-// output). Streamed by ops/elementwise (tiling, broadcasting, double buffering, core split);
+// (bool), BitwiseAnd, BitwiseOr (int32, int16, uint16), and the comparisons Equal, NotEqual,
+// Less, LessEqual, Greater, GreaterEqual (bool output). Streamed by ops/elementwise (tiling, broadcasting, double buffering, core split);
 // this file only says which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): f16/bf16 are computed in fp32 and rounded once per instruction, as
@@ -26,6 +26,8 @@
 // LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; broadcast
 // inputs are first expanded by a BroadcastTo launch (the streaming kernel does not broadcast
 // 1-byte inputs).
+// BitwiseAnd / BitwiseOr: vand / vor, which take only 16-bit lanes; an int32 element is two u16
+// lanes (the op acts on each bit alone, so the halves' order does not matter); exact.
 #include <limits>
 
 #include <fmt/format.h>
@@ -42,13 +44,13 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical, kGrad };
-enum class Types { kFloat, kFloatS32, kBool };
+enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical, kBitwise, kGrad };
+enum class Types { kFloat, kFloatS32, kBool, kInt };
 
 struct BinaryOp {
   const char* tf_op;
   Kind kind;
-  Opcode vop;     // kArith, kLogical: the vector instruction
+  Opcode vop;     // kArith, kLogical, kBitwise: the vector instruction
   isa::Cmp cmp;   // kCompare
   Types types;
 };
@@ -73,6 +75,8 @@ const BinaryOp kOps[] = {
     {"Pow", Kind::kPow, Opcode::op_vexp, isa::Cmp::EQ, Types::kFloat},
     {"LogicalAnd", Kind::kLogical, Opcode::op_vand, isa::Cmp::EQ, Types::kBool},
     {"LogicalOr", Kind::kLogical, Opcode::op_vor, isa::Cmp::EQ, Types::kBool},
+    {"BitwiseAnd", Kind::kBitwise, Opcode::op_vand, isa::Cmp::EQ, Types::kInt},
+    {"BitwiseOr", Kind::kBitwise, Opcode::op_vor, isa::Cmp::EQ, Types::kInt},
     {"ReciprocalGrad", Kind::kGrad, Opcode::op_vmul, isa::Cmp::EQ, Types::kFloat},
     {"SqrtGrad", Kind::kGrad, Opcode::op_vrec, isa::Cmp::EQ, Types::kFloat},
 };
@@ -215,6 +219,13 @@ void logical_spec(StreamSpec& spec, Opcode vop) {
   };
 }
 
+// BitwiseAnd / BitwiseOr of `type` (s32, s16, u16): vec_bitwise.
+void bitwise_spec(StreamSpec& spec, Dtype type, Opcode vop) {
+  spec.compute = [type, vop](KernelBuilder& b, const TileOperands& t) {
+    vec_bitwise(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
+  };
+}
+
 // LogicalAnd / LogicalOr of broadcast bool inputs: the streaming kernel does not broadcast
 // 1-byte inputs, so each input of another shape is first expanded to the output's shape by a
 // BroadcastTo (ops/layout.cpp, bytes assembled as u16 lanes) into a workspace slice, then the
@@ -273,6 +284,7 @@ void tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
     case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
     case Kind::kPow: pow_spec(spec, type); break;
     case Kind::kLogical: logical_spec(spec, kind.vop); break;
+    case Kind::kBitwise: bitwise_spec(spec, type, kind.vop); break;
     case Kind::kGrad: unary_grad_spec(spec, type, kind.vop); break;
   }
 }
@@ -310,13 +322,15 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   if (dt == DataType::S64 && kind->types == Types::kFloatS32) return compile_s64_binary(ctx);
   if (dt == DataType::BOOL && (op.type == "Equal" || op.type == "NotEqual"))
     return compile_s64_binary(ctx);  // the scalar unit compares the 0 / 1 bytes
-  const bool ok = kind->types == Types::kBool
-                      ? dt == DataType::BOOL
-                      : data_type_is_float(dt) || (kind->types == Types::kFloatS32 &&
-                                                   dt == DataType::S32);
+  const bool ok =
+      kind->types == Types::kBool ? dt == DataType::BOOL
+      : kind->types == Types::kInt
+          ? dt == DataType::S32 || dt == DataType::S16 || dt == DataType::U16
+          : data_type_is_float(dt) || (kind->types == Types::kFloatS32 && dt == DataType::S32);
   if (!ok)
     op.fail(fmt::format("dtype {} is not supported ({})", data_type_name(dt),
                         kind->types == Types::kBool      ? "bool"
+                        : kind->types == Types::kInt      ? "s32, s16, u16"
                         : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
                                                           : "f32, f16, bf16"));
   auto shape = broadcast_shapes(op.inputs[0].shape, op.inputs[1].shape);

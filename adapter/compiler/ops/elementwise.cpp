@@ -87,6 +87,20 @@ void vec_unary(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, Opnd src, const R
   b.emit(op, {t, dst, src, 0, 1, 1, 8, 8});
 }
 
+void vec_bitwise(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, Opnd src0, Opnd src1,
+                 const Reg& count) {
+  const auto on_lanes = [&](const Reg& lanes) {
+    if (op == Opcode::op_vnot)
+      vec_unary(b, op, Dtype::U16, dst, src0, lanes);
+    else
+      vec_binary(b, op, Dtype::U16, dst, src0, src1, lanes);
+  };
+  if (isa::dtype_size(t) == 2) return on_lanes(count);
+  Reg lanes = b.reg("u16 lanes");
+  b.shl(lanes, count, 1);
+  on_lanes(lanes);
+}
+
 void vec_scalar(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, Opnd src, const Reg& scalar,
                 const Reg& count) {
   b.emit(Opcode::op_set_mask_count, {count});

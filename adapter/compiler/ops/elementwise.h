@@ -236,6 +236,11 @@ void vec_binary(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd s
                 const Reg& count);
 void vec_unary(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src,
                const Reg& count);
+// A bitwise op (vand, vor: binary; vnot: unary, src1 unused) on `count` elements of a 16- or
+// 32-bit type t as u16 lanes (the only type they take; a bit's result depends on that bit alone,
+// so an s32 element is two lanes in either order).
+void vec_bitwise(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src0, Opnd src1,
+                 const Reg& count);
 // VSCL family (vadds, vmuls, ...): scalar is a register holding vector_scalar_bits().
 void vec_scalar(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src,
                 const Reg& scalar, const Reg& count);

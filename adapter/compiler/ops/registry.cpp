@@ -48,6 +48,8 @@ const std::vector<DataType> kFloatS64Types = with(kFloatTypes, DT::S64);
 // ConcatV2, Unpack, Slice, Fill, ZerosLike, OnesLike), int32 is left to it, so shape tensors
 // stay on the host as TensorFlow's other devices keep them.
 const std::vector<DataType> kMoveNoS32Types = without(kMoveTypes, DT::S32);
+// The bitwise ops: vand / vor / vnot act on 16-bit lanes, an int32 element being two.
+const std::vector<DataType> kBitwiseTypes = {DT::S32, DT::S16, DT::U16};
 
 // Every Cast registration: TensorFlow refuses a node that two registrations of one op match, so
 // the (SrcT, DstT) sets must not overlap. One list per DstT, naming the SrcT the compiler
@@ -122,6 +124,8 @@ const std::vector<OpEntry>& op_table() {
       {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
+      {"BitwiseAnd", "binary", compile_binary, npu_t(K::kElementwise, kBitwiseTypes)},
+      {"BitwiseOr", "binary", compile_binary, npu_t(K::kElementwise, kBitwiseTypes)},
       // element-wise unary (ops/unary.cpp)
       {"Neg", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"Abs", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
@@ -139,6 +143,7 @@ const std::vector<OpEntry>& op_table() {
       {"Log1p", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"IsFinite", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalNot", "unary", compile_unary, npu(K::kElementwise)},
+      {"Invert", "unary", compile_unary, npu_t(K::kElementwise, kBitwiseTypes)},
       {"Sin", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       {"Cos", "unary", compile_unary, npu_t(K::kElementwise, kFloatTypes)},
       // dtype conversion (ops/cast.cpp)

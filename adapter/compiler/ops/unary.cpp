@@ -1,6 +1,6 @@
 // Element-wise unary ops: Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Reciprocal, Relu, Floor,
-// Ceil, Round, Sign, Log1p, IsFinite, LogicalNot, Sin, Cos. Streamed by ops/elementwise; this
-// file only says which vector instructions compute a tile.
+// Ceil, Round, Sign, Log1p, IsFinite, LogicalNot, Invert, Sin, Cos. Streamed by ops/elementwise;
+// this file only says which vector instructions compute a tile.
 //
 // Numerics (vector_ops.h): each instruction computes in fp32 and rounds once to the type.
 // Neg is x * -1 (exact, keeps -0 for +0 as TF). Exp/Log use the host libm's expf/logf
@@ -18,6 +18,7 @@
 // IsFinite (f32/f16/bf16 -> bool): x - x == 0, computed in the input's type; false exactly for
 // NaN and +-Inf (Inf - Inf and NaN - NaN are NaN), true for denormals and the largest values.
 // LogicalNot (bool): ~x & 0x0101 on byte pairs (bool bytes are 0 / 1).
+// Invert (int32, int16, uint16): vnot on u16 lanes (vec_bitwise); exact.
 // Sin, Cos (the vector unit has no transcendental but exp and ln): in f32 (f16/bf16 widened,
 // rounded once), Cody-Waite reduction r = x - k pi/2 with k = rint(x 2/pi) and pi/2 split in
 // three (8 + 11 + 24 significant bits: k pi/2's first two parts are exact for |k| < 2^13, so
@@ -48,10 +49,11 @@ enum class Kind {
   kLog1p,
   kIsFinite,
   kLogicalNot,
+  kInvert,
   kSin,
   kCos
 };
-enum class Types { kFloat, kFloatS32, kBool };
+enum class Types { kFloat, kFloatS32, kBool, kInt };
 
 struct UnaryOp {
   const char* tf_op;
@@ -78,6 +80,7 @@ const UnaryOp kOps[] = {
     {"Log1p", Kind::kLog1p, Opcode::op_vln, Types::kFloat},
     {"IsFinite", Kind::kIsFinite, Opcode::op_vsub, Types::kFloat},
     {"LogicalNot", Kind::kLogicalNot, Opcode::op_vnot, Types::kBool},
+    {"Invert", Kind::kInvert, Opcode::op_vnot, Types::kInt},
     {"Sin", Kind::kSin, Opcode::op_vmul, Types::kFloat},
     {"Cos", Kind::kCos, Opcode::op_vmul, Types::kFloat},
 };
@@ -317,6 +320,11 @@ void tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
     case Kind::kLog1p: log1p_spec(spec, type); break;
     case Kind::kIsFinite: is_finite_spec(spec, type); break;
     case Kind::kLogicalNot: logical_not_spec(spec); break;
+    case Kind::kInvert:
+      spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
+        vec_bitwise(b, Opcode::op_vnot, type, t.out, t.in[0], t.in[0], *t.count);
+      };
+      break;
     case Kind::kSin: sin_cos_spec(spec, type, 0); break;
     case Kind::kCos: sin_cos_spec(spec, type, 1); break;
   }
@@ -348,13 +356,15 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
   if (auto t = op.attr_type("T"); t && *t != dt)
     op.fail(fmt::format("attribute T = {} does not match the input's {}", data_type_name(*t),
                         data_type_name(dt)));
-  const bool ok = kind->types == Types::kBool
-                      ? dt == DataType::BOOL
-                      : data_type_is_float(dt) || (kind->types == Types::kFloatS32 &&
-                                                   dt == DataType::S32);
+  const bool ok =
+      kind->types == Types::kBool ? dt == DataType::BOOL
+      : kind->types == Types::kInt
+          ? dt == DataType::S32 || dt == DataType::S16 || dt == DataType::U16
+          : data_type_is_float(dt) || (kind->types == Types::kFloatS32 && dt == DataType::S32);
   if (!ok)
     op.fail(fmt::format("dtype {} is not supported ({})", data_type_name(dt),
                         kind->types == Types::kBool      ? "bool"
+                        : kind->types == Types::kInt      ? "s32, s16, u16"
                         : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
                                                           : "f32, f16, bf16"));
   TensorDesc out = op.inputs[0];

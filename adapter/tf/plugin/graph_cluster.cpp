@@ -21,10 +21,10 @@
 //    edge joins sets as a data edge does, and a set holds a cache read only with the update it
 //    follows (or none of that handle). A cache read read outside the set, or preserved, stays
 //    outside too (a copy under its name, reading the variable after the NpuGraph node);
-//  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze) whose host input comes
-//    from a Const: it joins only the set of its input's producer (a set never starts with a
-//    view, so its place is always an earlier step's), and an outside reader of its output reads
-//    a copy of it left outside the set (below);
+//  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze, Bitcast between two
+//    types of the chip of one size) whose host input comes from a Const: it joins only the set of
+//    its input's producer (a set never starts with a view, so its place is always an earlier
+//    step's), and an outside reader of its output reads a copy of it left outside the set (below);
 //  - its graph has no control flow (Switch, Merge, Enter, Exit, NextIteration: the tensors of a
 //    lowered cond or loop may be dead, which a task list cannot express), in which case nothing
 //    of that graph is clustered.
@@ -145,6 +145,18 @@ const tfc::NodeDef* cache_read_after(const Graph& g, const tfc::NodeDef& n) {
   return nullptr;
 }
 
+// A Bitcast the plan can place as a view: from and to types the compiler has (so the set's spec
+// names them), of the same size (the shape unchanged).
+bool same_size_bitcast(const tfc::NodeDef& n) {
+  const auto from = n.attr().find("T"), to = n.attr().find("type");
+  if (from == n.attr().end() || to == n.attr().end()) return false;
+  const auto a =
+      compiler::data_type_from_name(compiler_type_name(static_cast<int>(from->second.type())));
+  const auto b =
+      compiler::data_type_from_name(compiler_type_name(static_cast<int>(to->second.type())));
+  return a && b && compiler::data_type_bytes(*a) == compiler::data_type_bytes(*b);
+}
+
 bool clusterable(const Graph& g, const tfc::NodeDef& node,
                  const std::unordered_set<std::string>& preserve) {
   if (cache_read_after(g, node))  // preserved: its copy outside keeps the name (below)
@@ -157,6 +169,7 @@ bool clusterable(const Graph& g, const tfc::NodeDef& node,
     return false;
   if (is_view(node) && (node.input_size() == 0 || split_input(node.input(0)).second < 0))
     return false;
+  if (node.op() == "Bitcast" && !same_size_bitcast(node)) return false;
   const std::vector<int> pos = host_input_positions(node, host);
   for (int p : pos) {
     if (p < 0 || p >= node.input_size()) return false;

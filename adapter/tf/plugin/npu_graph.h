@@ -130,17 +130,18 @@ bool graph_updates_enabled();
 bool in_place_enabled();
 
 // The shape ops a set holds as placements, not launches (CANN's graph engine likewise emits no
-// task for them): Reshape (its shape a host input from a Const), ExpandDims (its axis likewise)
-// and Squeeze. A view's output is its input's bytes under another shape: the plan gives it its
-// input's place. Node by node TensorFlow runs them on the host (no launch) but each one ends an
-// NpuGraph set, which cut keras' Dense over 3-D inputs (Tensordot: Reshape, MatMul, Reshape) out
-// of the sets around it. `host_inputs` receives the positions read on the host (Const values).
+// task for them): Reshape (its shape a host input from a Const), ExpandDims (its axis likewise),
+// Squeeze, and Bitcast between types of one size (the clustering checks the sizes). A view's
+// output is its input's bytes under another shape or type: the plan gives it its input's place.
+// Node by node TensorFlow runs them on the host (no launch) but each one ends an NpuGraph set,
+// which cut keras' Dense over 3-D inputs (Tensordot: Reshape, MatMul, Reshape) out of the sets
+// around it. `host_inputs` receives the positions read on the host (Const values).
 inline bool npu_graph_view_op(const std::string& op, std::vector<int>* host_inputs) {
   if (op == "Reshape" || op == "ExpandDims") {
     *host_inputs = {1};
     return true;
   }
-  if (op == "Squeeze") {
+  if (op == "Squeeze" || op == "Bitcast") {
     host_inputs->clear();
     return true;
   }

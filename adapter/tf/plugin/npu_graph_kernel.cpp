@@ -952,7 +952,7 @@ class NpuGraphKernel : public OpKernel {
     }
     // The Const input (Reshape's shape, ExpandDims' axis) as integers.
     std::vector<int64_t> values;
-    if (node.op != "Squeeze") {
+    if (node.op != "Squeeze" && node.op != "Bitcast") {
       if (node.inputs.size() != 2 || node.inputs[1].host_const < 0)
         return fail("its input 1 is not a constant");
       const NpuGraphSpec::HostConst& c =
@@ -1005,6 +1005,15 @@ class NpuGraphKernel : public OpKernel {
         return fail("axis " + std::to_string(values[0]) + " is out of range for " + d.str());
       out.shape = d.shape;
       out.shape.insert(out.shape.begin() + axis, 1);
+    } else if (node.op == "Bitcast") {  // the clustering takes only same-size types
+      const auto it = node.attrs.find("type");
+      const auto* name = it == node.attrs.end() ? nullptr : std::get_if<std::string>(&it->second);
+      const auto type = name ? compiler::data_type_from_name(*name) : std::nullopt;
+      if (!type || compiler::data_type_bytes(*type) != compiler::data_type_bytes(d.dtype))
+        return fail("cannot bitcast " + d.str() + " to " +
+                    (name ? *name : "a type the chip lacks") +
+                    ": a view needs a type of the same size");
+      out = {*type, d.shape};
     } else {  // Squeeze
       std::vector<int64_t> dims;
       const auto it = node.attrs.find("squeeze_dims");
