@@ -270,6 +270,18 @@ def child_result(code, timeout=600, extra_env=None):
     return json.loads(line[len("RESULT"):])
 
 
+def launch_multiset_diff(off, on):
+    """The launches (any comparable records, e.g. [op type, node name]) of `off` not matched one
+    for one in `on` (missing), and those of `on` not matched in `off` (extra), as multisets."""
+    missing, extra = list(off), []
+    for launch in on:
+        if launch in missing:
+            missing.remove(launch)
+        else:
+            extra.append(launch)
+    return missing, extra
+
+
 def mlp_on_two_npus(samples):
     """A child's prelude (run_child): 2 tiny NPUs, an MLP builder `build`, its initial weights
     `init`, `samples` inputs `x` and labels `y`, and its `loss`; json, np, npusim, tf and keras

@@ -27,7 +27,7 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import SMALL_CNN_TRAINING, child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import SMALL_CNN_TRAINING, child_result, launch_multiset_diff  # noqa: E402  pylint: disable=wrong-import-position
 
 CODE = SMALL_CNN_TRAINING + r'''
 import glob, json, os
@@ -155,12 +155,7 @@ def test_mixed_precision_gradient_casts_folded_into_adam(runs):
     # Launch by launch (op type, node name): the gradients' Casts are gone; the update launches
     # may be regrouped (a multi-tensor node's members with a float16 gradient go to a node of
     # their own: the steps are common to a node's members); nothing else differs.
-    missing, extra = list(off["launches"]), []
-    for launch in on["launches"]:
-        if launch in missing:
-            missing.remove(launch)
-        else:
-            extra.append(launch)
+    missing, extra = launch_multiset_diff(off["launches"], on["launches"])
     casts = [name for op, name in missing if op == "Cast"]
     assert casts and all(op in ("Cast", "FusedVariableUpdate") for op, _ in missing), missing
     assert all(op == "FusedVariableUpdate" for op, _ in extra), extra

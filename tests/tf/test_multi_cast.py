@@ -26,7 +26,7 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import SMALL_CNN_TRAINING, child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import SMALL_CNN_TRAINING, child_result, launch_multiset_diff  # noqa: E402  pylint: disable=wrong-import-position
 
 CODE = SMALL_CNN_TRAINING + r'''
 import glob, json, os
@@ -158,12 +158,7 @@ def test_mixed_precision_weight_casts_in_one_launch(runs):
     assert on["losses"][-1] < on["losses"][0]
     # Launch by launch (op type, node name): Casts are gone and MultiTensorCast launches came;
     # nothing else differs.
-    missing, extra = list(off["launches"]), []
-    for launch in on["launches"]:
-        if launch in missing:
-            missing.remove(launch)
-        else:
-            extra.append(launch)
+    missing, extra = launch_multiset_diff(off["launches"], on["launches"])
     assert missing and set(ops(missing)) == {"Cast"}, missing
     assert extra and set(ops(extra)) == {"MultiTensorCast"}, extra
     assert len(on["launches"]) < len(off["launches"])
