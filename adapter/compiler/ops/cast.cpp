@@ -15,7 +15,7 @@
 // even / toward zero, saturating as above); s64 <-> f16 / bf16
 // through f32, as TF (Eigen converts int64 to half through float).
 //
-// MultiTensorCast (the TF plugin's op, graph_fusion.h rewrite 18: the float16 copies of the
+// MultiTensorCast (the TF plugin's op, graph_fusion.h rewrite 19: the float16 copies of the
 // weights that allow_mix_precision's Casts make at a step's start): N tensors of one float type
 // SrcT to float type DstT (Truncate as Cast's), output i the cast of input i, each element
 // converted by Cast's own tile work (cast_spec), so bit for bit the Casts' outputs; the tensors

@@ -340,7 +340,7 @@ const std::vector<OpEntry>& op_table() {
       // (ops/reduce.cpp)
       {"SquareSumV1", "reduce", compile_reduce, npu_t(K::kFusedInference, kFloatTypes)},
       // allow_mix_precision's weight casts as one op, made by the graph pass (graph_fusion.h
-      // rewrite 18; ops/cast.cpp)
+      // rewrite 19; ops/cast.cpp)
       {"MultiTensorCast", "cast", compile_multi_tensor_cast,
        npu(K::kFusedInference, {{"SrcT", kFloatTypes}, {"DstT", kFloatTypes}})},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)

@@ -43,7 +43,7 @@
 //     rewrite 17, Lamb's norms); N > 1: rewrite 17b's multi-tensor norms.
 //   MultiTensorCast(x: N * SrcT) -> y: N * DstT     SrcT, DstT in {float, half, bfloat16};
 //     Truncate: bool; N: int >= 1: y[i] = Cast(x[i]) (Cast's rounding, the same bits), all in a
-//     few multi-tensor launches (adapter/compiler/ops/cast.cpp; graph_fusion.h rewrite 18,
+//     few multi-tensor launches (adapter/compiler/ops/cast.cpp; graph_fusion.h rewrite 19,
 //     allow_mix_precision's weight casts).
 //   FusedElementwise(inputs: Tin) -> z: T     T in {float, half, bfloat16}; Tin: list of
 //     {float, half, bfloat16, bool}, at least 1: T for an operand of the steps, bool for the
