@@ -13,9 +13,14 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   the optimizer's variable updates (FusedVariableUpdate) run inside the graphs' task lists,
   none as a task list of its own (node by node each is one);
 - the MLP trained with Keras' accuracy metric: its argmax's sign-bit test (Bitcast to int32,
-  BitwiseAnd) runs inside the step's one NpuGraph run, the losses, accuracies and weights bit
-  for bit those of node by node; same-size Bitcasts are views inside a graph, a Bitcast that
-  changes the element size stays outside;
+  BitwiseAnd) and the metrics' `total / count` DivNoNans (reads after the metric updates) run
+  inside the step's one NpuGraph run, the step's one task list, the losses, accuracies, weights
+  and metric variables bit for bit those of node by node; same-size Bitcasts are views inside a
+  graph, a Bitcast that changes the element size stays outside;
+- reads after an update: variables read after their updates read the update steps' new values
+  in the same NpuGraph run (numpy's values and node by node's bits over three steps), a read
+  before an update its old value, and a read that also waits for a CPU node reading the run's
+  result stays after the run;
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
 - variable updates inside graphs: a kernel fault in a graph that updates variables (the
   watchdog at one instruction faults its first launch; the updates were queued after it) is
@@ -170,7 +175,7 @@ keras.utils.set_random_seed(0)
 x, y = models.synthetic_data("mlp", batch=8, seed=1)
 model = models.build("mlp", seed=3)
 model.compile(optimizer="adam", loss=models.loss("mlp"), metrics=["accuracy"])
-out = {"results": [], "graph_runs": [], "bitwise": [], "alone": []}
+out = {"results": [], "graph_runs": [], "bitwise": [], "div_no_nan": [], "alone": []}
 for step in range(3):
     npusim.clear_launch_records()
     out["results"].append([float(v) for v in model.train_on_batch(x, y)])
@@ -178,8 +183,11 @@ for step in range(3):
     out["graph_runs"].append(len({r["graph_run"] for r in recs if r["graph_run"]}))
     out["bitwise"].append(sorted({bool(r["graph_run"]) for r in recs
                                   if r["op_type"] == "BitwiseAnd"}))
+    out["div_no_nan"].append(sorted(bool(r["graph_run"]) for r in recs
+                                    if r["op_type"] == "DivNoNan"))
     out["alone"].append(sorted(r["op_type"] for r in recs if not r["graph_run"]))
 out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
+out["metric_variables"] = [v.numpy().tobytes().hex() for v in model.metrics_variables]
 out["fallbacks"] = npusim.cpu_fallback_ops()
 print("NPUSIM_RESULT " + json.dumps(out))
 """
@@ -191,15 +199,92 @@ def test_mlp_with_accuracy_metric_is_one_graph_run_per_step():
     # The same losses, accuracies and weights, bit for bit, as node by node.
     assert graph["results"] == nodes["results"], (graph["results"], nodes["results"])
     assert graph["weights"] == nodes["weights"]
+    assert graph["metric_variables"] == nodes["metric_variables"]
     assert "BitwiseAnd" not in graph["fallbacks"], graph["fallbacks"]
     # Node by node the BitwiseAnd runs on the chip as a kernel call of its own; whole graph it
     # and the Bitcast before it are inside the step's one NpuGraph run, which no longer splits
-    # at them. Left outside: the metrics' `total / count` DivNoNans (they read the variables the
-    # AssignAddVariableOps update after the NpuGraph node).
+    # at them. So are the metrics' `total / count` DivNoNans: they read the metric variables
+    # after the metric updates (FusedVariableUpdates of the set), the update steps' new values.
     assert all(b == [False] for b in nodes["bitwise"]), nodes["bitwise"]
     assert all(b == [True] for b in graph["bitwise"]), graph["bitwise"]
+    assert all(d == [False, False] for d in nodes["div_no_nan"]), nodes["div_no_nan"]
+    assert all(d == [True, True] for d in graph["div_no_nan"]), graph["div_no_nan"]
     assert all(n == 1 for n in graph["graph_runs"]), graph["graph_runs"]
-    assert graph["alone"][-1] == ["DivNoNan", "DivNoNan"], graph["alone"]
+    # One task list a step: nothing launches outside the NpuGraph run after the first step.
+    assert graph["alone"][1:] == [[], []], graph["alone"]
+
+
+# Reads after an update inside one task list: `total` and `count` updated (FusedVariableUpdates),
+# then read (a metric's `total / count`); a read of `total` before its update; a read after the
+# update that also waits for a CPU node reading the set's result (it must stay after the
+# NpuGraph node); `count` read after its update and returned (a read read outside the set).
+READ_AFTER_UPDATE = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+with tf.device("/NPU:0"):
+    total = tf.Variable(np.linspace(-1.0, 1.0, 12).astype(np.float32).reshape(3, 4))
+    count = tf.Variable(np.full((3, 4), 2.0, np.float32))
+with tf.device("/CPU:0"):
+    seen = tf.Variable(0.0)
+
+@tf.function
+def step(x):
+    before = tf.multiply(total.read_value(), 2.0, name="before")
+    total.assign_add(tf.multiply(x, 3.0, name="scaled"))
+    count.assign_add(tf.abs(x, name="weight"))
+    mean = tf.math.divide_no_nan(total.read_value(), count.read_value(), name="mean")
+    with tf.device("/CPU:0"):
+        noted = seen.assign(tf.reduce_sum(mean))
+    with tf.control_dependencies([noted]):
+        late = tf.add(total.read_value(), 1.0, name="late")
+    return before, mean, late, count.read_value()
+
+rng = np.random.default_rng(5)
+out = {"steps": [], "div_no_nan_runs": [], "update_runs": [], "task_lists": []}
+for i in range(3):
+    x = tf.constant(rng.uniform(-2.0, 2.0, (3, 4)).astype(np.float32))
+    npusim.clear_launch_records()
+    got = step(x)
+    recs = npusim.launch_records()
+    out["steps"].append([x.numpy().tolist()] + [t.numpy().tobytes().hex() for t in got])
+    out["div_no_nan_runs"].append([r["graph_run"] for r in recs if r["op_type"] == "DivNoNan"])
+    out["update_runs"].append([r["graph_run"] for r in recs
+                               if r["op_type"] == "FusedVariableUpdate"])
+    out["task_lists"].append(len({("graph", r["graph_run"]) if r["graph_run"] else
+                                  ("op", r["dispatch"]) for r in recs}))
+out["seen"] = float(seen.numpy())
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_reads_after_an_update_are_inside_its_task_list():
+    graph = _result(run_child(READ_AFTER_UPDATE, timeout=300))
+    nodes = _result(run_child(READ_AFTER_UPDATE, timeout=300, extra_env={"NPUSIM_GRAPH": "0"}))
+    # Bit for bit node by node's, every step.
+    assert graph["steps"] == nodes["steps"]
+    assert graph["seen"] == nodes["seen"]
+    # And numpy's: the read before sees the old value, the reads after the new ones.
+    total = np.linspace(-1.0, 1.0, 12).astype(np.float32).reshape(3, 4)
+    count = np.full((3, 4), 2.0, np.float32)
+    for x, *outs in graph["steps"]:
+        x = np.array(x, np.float32)
+        before, mean, late, count_read = (np.frombuffer(bytes.fromhex(h), np.float32).reshape(3, 4)
+                                          for h in outs)
+        np.testing.assert_array_equal(before, total * np.float32(2.0))
+        total = total + x * np.float32(3.0)
+        count = count + np.abs(x)
+        np.testing.assert_allclose(mean, total / count, rtol=1e-6)
+        np.testing.assert_array_equal(late, total + np.float32(1.0))
+        np.testing.assert_array_equal(count_read, count)
+    # The updates and the DivNoNan reading their new values are steps of one NpuGraph run.
+    for div, upd in zip(graph["div_no_nan_runs"], graph["update_runs"]):
+        assert len(div) == 1 and div[0] and len(set(upd)) == 1 and upd[0] == div[0], (div, upd)
+    assert all(d == [0] for d in nodes["div_no_nan_runs"]), nodes["div_no_nan_runs"]
+    # Per step: that run and `late`'s AddV2 (it waits for the CPU node, after the run).
+    assert graph["task_lists"] == [2, 2, 2], graph["task_lists"]
 
 
 # A child script's tail: runs tf.function(body) on x twice (the second measured) into `got`,

@@ -17,10 +17,13 @@
 //    stays as a NoOp of its name, after the NpuGraph node;
 //  - or it is an in-place KV-cache update (ResourceDynamicUpdateSlice, npu_graph.h) on the NPU,
 //    under the same switch and rules as an update, or a ReadVariableOp that tf.function ordered
-//    after such an update of its handle (a control edge from it: a "cache read"); that control
-//    edge joins sets as a data edge does, and a set holds a cache read only with the update it
-//    follows (or none of that handle). A cache read read outside the set, or preserved, stays
-//    outside too (a copy under its name, reading the variable after the NpuGraph node);
+//    after an update of its handle, a KV-cache update or a FusedVariableUpdate (a control edge
+//    from it, or from a NoOp after it: a multi-tensor update's member left as a NoOp of its
+//    name; `read_after_noop_as_after_update`): a "read after an update". That control edge joins
+//    sets as a data edge does, and a set holds such a read only with the update it follows (or
+//    none of that handle): inside the set it reads the update step's new value (npu_graph.h).
+//    Such a read read outside the set, or preserved, stays outside too (a copy under its name,
+//    reading the variable after the NpuGraph node);
 //  - or it is a view (npu_graph_view_op: Reshape, ExpandDims, Squeeze, Bitcast between two
 //    types of the chip of one size) whose host input comes from a Const: it joins only the set of
 //    its input's producer (a set never starts with a view, so its place is always an earlier
@@ -127,10 +130,11 @@ std::vector<std::string> update_handles(const tfc::NodeDef& n) {
   return handles;
 }
 
-// The cache update a ReadVariableOp reads after: its control input from a cache update of
-// the same handle on the same device (tf.function orders a read after the last update of its
-// variable so); nullptr for any other node.
-const tfc::NodeDef* cache_read_after(const Graph& g, const tfc::NodeDef& n) {
+// The update a ReadVariableOp reads after: its control input from an update of the same handle
+// (a KV-cache update, or a FusedVariableUpdate holding the handle among its variables) on the
+// same device (tf.function orders a read after the last update of its variable so); nullptr for
+// any other node.
+const tfc::NodeDef* read_after_update(const Graph& g, const tfc::NodeDef& n) {
   if (n.op() != "ReadVariableOp" || n.input_size() < 1) return nullptr;
   for (const std::string& in : n.input()) {
     const auto [src, port] = split_input(in);
@@ -138,11 +142,65 @@ const tfc::NodeDef* cache_read_after(const Graph& g, const tfc::NodeDef& n) {
     const auto it = g.index.find(src);
     if (it == g.index.end()) continue;
     const tfc::NodeDef& u = *g.nodes[it->second];
-    if (u.op() == kCacheUpdateOp && u.input_size() > 0 && u.input(0) == n.input(0) &&
-        u.device() == n.device())
-      return &u;
+    if (!is_update(u) || u.device() != n.device()) continue;
+    const std::vector<std::string> h = update_handles(u);
+    if (std::find(h.begin(), h.end(), n.input(0)) != h.end()) return &u;
   }
   return nullptr;
+}
+
+// A read ordered after an update through a NoOp (a multi-tensor update's member left as a NoOp
+// of its name, graph_fusion.h rewrite 5: `^AssignVariableOp_1` whose only input is
+// `^npusim_multi_tensor_update_0`) is ordered after the update itself: each ReadVariableOp's
+// control input from a NoOp that has control inputs only, one of them an update of the read's
+// handle on its device, becomes those control inputs. The order is the same (the NoOp does
+// nothing), and the read is then one `read_after_update` sees. Returns the reads rewired.
+int read_after_noop_as_after_update(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, const tfc::NodeDef*> by_name;
+  for (const tfc::NodeDef& n : graph.node()) by_name[n.name()] = &n;
+  // The NoOp's control inputs, when it has no other inputs and one is an update of `handle`
+  // on `device`; empty otherwise.
+  auto noop_after_update = [&](const std::string& name, const std::string& handle,
+                               const std::string& device) {
+    const auto it = by_name.find(name);
+    std::vector<std::string> controls;
+    if (it == by_name.end() || it->second->op() != "NoOp") return controls;
+    bool update = false;
+    for (const std::string& in : it->second->input()) {
+      const auto [src, port] = split_input(in);
+      if (port >= 0) return std::vector<std::string>{};
+      controls.push_back(in);
+      const auto u = by_name.find(src);
+      if (u == by_name.end() || !is_update(*u->second) || u->second->device() != device) continue;
+      const std::vector<std::string> h = update_handles(*u->second);
+      update = update || std::find(h.begin(), h.end(), handle) != h.end();
+    }
+    return update ? controls : std::vector<std::string>{};
+  };
+  int rewired = 0;
+  for (tfc::NodeDef& n : *graph.mutable_node()) {
+    if (n.op() != "ReadVariableOp" || n.input_size() < 1) continue;
+    std::vector<std::string> inputs;
+    bool changed = false;
+    for (const std::string& in : n.input()) {
+      const std::vector<std::string> controls =
+          split_input(in).second < 0
+              ? noop_after_update(split_input(in).first, n.input(0), n.device())
+              : std::vector<std::string>{};
+      if (controls.empty()) {
+        inputs.push_back(in);
+        continue;
+      }
+      changed = true;
+      for (const std::string& c : controls)
+        if (std::find(inputs.begin(), inputs.end(), c) == inputs.end()) inputs.push_back(c);
+    }
+    if (!changed) continue;
+    n.clear_input();
+    for (const std::string& in : inputs) n.add_input(in);
+    ++rewired;
+  }
+  return rewired;
 }
 
 // A Bitcast the plan can place as a view: from and to types the compiler has (so the set's spec
@@ -159,7 +217,7 @@ bool same_size_bitcast(const tfc::NodeDef& n) {
 
 bool clusterable(const Graph& g, const tfc::NodeDef& node,
                  const std::unordered_set<std::string>& preserve) {
-  if (cache_read_after(g, node))  // preserved: its copy outside keeps the name (below)
+  if (read_after_update(g, node))  // preserved: its copy outside keeps the name (below)
     return on_npu(node) && graph_updates_enabled();
   if (is_update(node))
     return on_npu(node) && graph_updates_enabled() && !update_handles(node).empty();
@@ -284,14 +342,17 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   ClusterCounts counts;
   for (const tfc::NodeDef& n : graph.node())
     if (is_control_flow_op(n.op())) return counts;
-  const Graph g(graph);
+  // The clustering reads (and rewrites) a copy: `graph` changes only if a set is made.
+  tfc::GraphDef work = graph;
+  read_after_noop_as_after_update(work);
+  const Graph g(work);
   const std::vector<int> order = topological_order(g);
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
 
   std::vector<char> ok(g.nodes.size(), 0);
   std::unordered_map<int, std::vector<int>> members;  // set root -> members
-  // Set root -> its updates' handles (each with the update's name), and its cache reads
-  // (handle, the update each reads after).
+  // Set root -> its updates' handles (each with the update's name), and its reads after an
+  // update (handle, the update each reads after).
   std::unordered_map<int, std::map<std::string, std::string>> handles;
   std::unordered_map<int, std::set<std::pair<std::string, std::string>>> reads;
   for (size_t v = 0; v < g.nodes.size(); ++v)
@@ -301,7 +362,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       members[static_cast<int>(v)] = {static_cast<int>(v)};
       if (is_update(n))
         for (const std::string& h : update_handles(n)) handles[static_cast<int>(v)][h] = n.name();
-      if (const tfc::NodeDef* u = cache_read_after(g, n))
+      if (const tfc::NodeDef* u = read_after_update(g, n))
         reads[static_cast<int>(v)].insert({n.input(0), u->name()});
     }
   // Whether sets a and b may not merge for their variables: both update one handle (the second
@@ -338,8 +399,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     }
     for (int v : g.succ[u]) {
       if (!ok[v]) continue;
-      // Only data edges join sets, and the control edge from a cache update to a read of it.
-      bool data = cache_read_after(g, *g.nodes[v]) == g.nodes[u];
+      // Only data edges join sets, and the control edge from an update to a read after it.
+      bool data = read_after_update(g, *g.nodes[v]) == g.nodes[u];
       for (const std::string& in : g.nodes[v]->input())
         data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
       if (!data) continue;
@@ -377,7 +438,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   // of its device under the same rule; its readers then follow that set's NpuGraph node.
   for (int u : order) {
     const tfc::NodeDef& n = *g.nodes[u];
-    if (!ok[u] || is_update(n) || is_view(n) || cache_read_after(g, n) ||
+    if (!ok[u] || is_update(n) || is_view(n) || read_after_update(g, n) ||
         members[sets.find(u)].size() != 1 || !state_step_inputs(g, n, ok))
       continue;
     const int best = largest_joinable_set(u);
@@ -418,7 +479,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
       *copy = member;
       copy->clear_device();
       copy->clear_input();
-      const bool read = cache_read_after(g, member) != nullptr;
+      const bool read = read_after_update(g, member) != nullptr;
       const int resources = is_update(member) ? static_cast<int>(update_handles(member).size())
                             : read            ? 1
                                               : 0;
@@ -464,8 +525,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     for (tfc::NodeDef& c : *sub.mutable_node())
       if (c.op() == "Const") c.clear_device();
     // View members read outside the set stay outside as well (a copy under their name), and
-    // so does a view member such a copy reads; so do cache reads (a ReadVariableOp after the
-    // set's update: outside, it reads the variable after the NpuGraph node).
+    // so does a view member such a copy reads; so do reads after an update (a ReadVariableOp
+    // after the set's update: outside, it reads the variable after the NpuGraph node).
     std::set<std::string> kept_views;
     for (size_t v = 0; v < g.nodes.size(); ++v) {
       if (names.count(g.nodes[v]->name())) continue;
@@ -473,16 +534,16 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
         const auto [src, port] = split_input(in);
         if (port < 0 || !names.count(src)) continue;
         const tfc::NodeDef& s = *g.nodes[g.index.at(src)];
-        if (is_view(s) || cache_read_after(g, s)) kept_views.insert(src);
+        if (is_view(s) || read_after_update(g, s)) kept_views.insert(src);
       }
     }
     for (int m : list)
-      if (preserve.count(g.nodes[m]->name()) && cache_read_after(g, *g.nodes[m]))
+      if (preserve.count(g.nodes[m]->name()) && read_after_update(g, *g.nodes[m]))
         kept_views.insert(g.nodes[m]->name());
     for (std::vector<std::string> todo(kept_views.begin(), kept_views.end()); !todo.empty();) {
       const tfc::NodeDef& kept_view = *g.nodes[g.index.at(todo.back())];
       todo.pop_back();
-      if (!is_view(kept_view)) continue;  // a cache read: its input is the variable
+      if (!is_view(kept_view)) continue;  // a read after an update: its input is the variable
       const std::string src = split_input(kept_view.input(0)).first;
       if (names.count(src) && is_view(*g.nodes[g.index.at(src)]) && kept_views.insert(src).second)
         todo.push_back(src);
@@ -571,8 +632,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     }
   }
   tfc::GraphDef out;
-  *out.mutable_versions() = graph.versions();
-  *out.mutable_library() = graph.library();
+  *out.mutable_versions() = work.versions();
+  *out.mutable_library() = work.library();
   // The graph's nodes but the members, and the kept views' copies: inputs from members renamed.
   std::vector<const tfc::NodeDef*> kept;
   for (size_t v = 0; v < g.nodes.size(); ++v)

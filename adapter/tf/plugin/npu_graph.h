@@ -30,6 +30,11 @@
 // decode step holding its cache in variables (models/llm.py, ResidentCacheDecoder) is one run
 // that moves only the new rows of the cache.
 //
+// Reads after an update: a ReadVariableOp tf.function ordered after an update of its variable
+// (a FusedVariableUpdate's or a cache update's, graph_cluster.cpp) joins the update's set and
+// reads the update step's new value there, no launch: a metric's `total / count` after the
+// metric's update, Lamb's trust ratio after the moments' updates, in the same task list.
+//
 // The subgraph GraphDef holds the set's nodes in a topological order (device cleared, control
 // inputs dropped: the order is the task list's), their data inputs rewritten: an input from
 // outside the set is "_npu_graph_input:K" (the NpuGraph node's input K), an update's resource

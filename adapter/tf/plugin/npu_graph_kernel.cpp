@@ -464,7 +464,7 @@ class NpuGraphKernel : public OpKernel {
     plan->new_value.assign(variables.size(), 0);
     plan->in_place.assign(variables.size(), 0);
     // Where each variable's value is at this point of the task list: its own buffer, or the
-    // new buffer an update wrote (cache reads read it there).
+    // new buffer an update wrote (reads after the update read it there).
     std::vector<Place> current;
     for (size_t k = 0; k < variables.size(); ++k)
       current.push_back({Place::Kind::variable, static_cast<uint64_t>(k)});
@@ -566,6 +566,7 @@ class NpuGraphKernel : public OpKernel {
                                                             std::to_string(p));
           s.outputs.push_back({Place::Kind::new_value, var.index});
           plan->new_value.at(var.index) = 1;
+          current.at(var.index) = s.outputs.back();  // reads after the update read it there
         } else if (o != output_of.end()) {
           s.outputs.push_back({Place::Kind::output, static_cast<uint64_t>(o->second)});
           plan->outputs[static_cast<size_t>(o->second)] = k.outputs[p];
@@ -706,8 +707,10 @@ class NpuGraphKernel : public OpKernel {
         code, "NpuGraph '" + m_name + "': node '" + node.name + "' (" + node.op + "): " + why);
   }
 
-  // A cache read or update (npu_graph.h) as step n, variable k its resource input:
-  // - ReadVariableOp: the variable's value where it is at this point (*current), no launch;
+  // A variable read or a cache update (npu_graph.h) as step n, variable k its resource input:
+  // - ReadVariableOp: the variable's value where it is at this point (*current: its own buffer,
+  //   or the new buffer an earlier update step of the set wrote, a FusedVariableUpdate's or a
+  //   cache update's), no launch;
   // - ResourceDynamicUpdateSlice(variable, update, indices): the compiler's
   //   XlaDynamicUpdateSlice with in_place, writing only the update's box into the variable's own
   //   buffer (Plan::in_place: the run first makes the buffer the variable's alone); where the
@@ -733,7 +736,7 @@ class NpuGraphKernel : public OpKernel {
       return fail("its inputs are not a variable" + std::string(read ? "" : ", update, indices"));
     const size_t k = static_cast<size_t>(node.inputs[0].variable);
     if (output_of.count({static_cast<int>(n), 0}))
-      return fail("is an output of the graph, which a cache read cannot be");
+      return fail("is an output of the graph, which a variable read cannot be");
     Step s;
     s.op.type = read ? node.op : "XlaDynamicUpdateSlice";
     s.op.inputs.push_back(variables[k]);
