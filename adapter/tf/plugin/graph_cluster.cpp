@@ -130,6 +130,13 @@ std::vector<std::string> update_handles(const tfc::NodeDef& n) {
   return handles;
 }
 
+// Whether `u` is an update of `handle` on `device`.
+bool updates_handle(const tfc::NodeDef& u, const std::string& handle, const std::string& device) {
+  if (!is_update(u) || u.device() != device) return false;
+  const std::vector<std::string> h = update_handles(u);
+  return std::find(h.begin(), h.end(), handle) != h.end();
+}
+
 // The update a ReadVariableOp reads after: its control input from an update of the same handle
 // (a KV-cache update, or a FusedVariableUpdate holding the handle among its variables) on the
 // same device (tf.function orders a read after the last update of its variable so); nullptr for
@@ -141,10 +148,7 @@ const tfc::NodeDef* read_after_update(const Graph& g, const tfc::NodeDef& n) {
     if (port >= 0) continue;
     const auto it = g.index.find(src);
     if (it == g.index.end()) continue;
-    const tfc::NodeDef& u = *g.nodes[it->second];
-    if (!is_update(u) || u.device() != n.device()) continue;
-    const std::vector<std::string> h = update_handles(u);
-    if (std::find(h.begin(), h.end(), n.input(0)) != h.end()) return &u;
+    if (updates_handle(*g.nodes[it->second], n.input(0), n.device())) return g.nodes[it->second];
   }
   return nullptr;
 }
@@ -154,8 +158,8 @@ const tfc::NodeDef* read_after_update(const Graph& g, const tfc::NodeDef& n) {
 // `^npusim_multi_tensor_update_0`) is ordered after the update itself: each ReadVariableOp's
 // control input from a NoOp that has control inputs only, one of them an update of the read's
 // handle on its device, becomes those control inputs. The order is the same (the NoOp does
-// nothing), and the read is then one `read_after_update` sees. Returns the reads rewired.
-int read_after_noop_as_after_update(tfc::GraphDef& graph) {
+// nothing), and the read is then one `read_after_update` sees.
+void read_after_noop_as_after_update(tfc::GraphDef& graph) {
   std::unordered_map<std::string, const tfc::NodeDef*> by_name;
   for (const tfc::NodeDef& n : graph.node()) by_name[n.name()] = &n;
   // The NoOp's control inputs, when it has no other inputs and one is an update of `handle`
@@ -171,13 +175,10 @@ int read_after_noop_as_after_update(tfc::GraphDef& graph) {
       if (port >= 0) return std::vector<std::string>{};
       controls.push_back(in);
       const auto u = by_name.find(src);
-      if (u == by_name.end() || !is_update(*u->second) || u->second->device() != device) continue;
-      const std::vector<std::string> h = update_handles(*u->second);
-      update = update || std::find(h.begin(), h.end(), handle) != h.end();
+      update = update || (u != by_name.end() && updates_handle(*u->second, handle, device));
     }
     return update ? controls : std::vector<std::string>{};
   };
-  int rewired = 0;
   for (tfc::NodeDef& n : *graph.mutable_node()) {
     if (n.op() != "ReadVariableOp" || n.input_size() < 1) continue;
     std::vector<std::string> inputs;
@@ -198,9 +199,7 @@ int read_after_noop_as_after_update(tfc::GraphDef& graph) {
     if (!changed) continue;
     n.clear_input();
     for (const std::string& in : inputs) n.add_input(in);
-    ++rewired;
   }
-  return rewired;
 }
 
 // A Bitcast the plan can place as a view: from and to types the compiler has (so the set's spec
