@@ -67,31 +67,43 @@ struct CView {
 // (so the same bits), written with intrinsics so that each A value is broadcast straight from
 // memory (a load) rather than loaded as a vector and shuffled on the FMA ports: the generic loop
 // compiled so ran at ~2/3 of the rate its FMAs allow.
+// One step of the sum: acc[i][h] += A[i][kk] * B[kk][16 h ..], acol = &A[0][kk] (rows K0
+// apart), brow = &B[kk][0].
+template <uint64_t MR, uint64_t NB>
+__attribute__((target("avx512f,fma"), always_inline)) inline void fma_step_avx512(
+    __m512 (&acc)[MR][NB], const float* acol, const float* brow) {
+  constexpr uint64_t K0 = 16;
+  __m512 bv[NB];
+  for (uint64_t h = 0; h < NB; ++h) bv[h] = _mm512_loadu_ps(brow + h * kFractalRows);
+#pragma GCC unroll 8
+  for (uint64_t i = 0; i < MR; ++i) {
+    const __m512 av = _mm512_set1_ps(acol[i * K0]);
+    for (uint64_t h = 0; h < NB; ++h) acc[i][h] = _mm512_fmadd_ps(av, bv[h], acc[i][h]);
+  }
+}
+
 template <uint64_t MR, uint64_t NB>
 // (The views by reference: passed by value, the caller's stores of their fields and the call's
 // wider loads of them missed store forwarding, a stall per tile.)
-__attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(const float* __restrict a,
-                                                                    const float* __restrict b,
-                                                                    uint64_t ld_b, uint64_t k,
-                                                                    const CView<const float>& in,
-                                                                    const CView<float>& out) {
+__attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
+    const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
+    const uint32_t* k_index, const CView<const float>& in, const CView<float>& out) {
   constexpr uint64_t K0 = 16;
   __m512 acc[MR][NB];
   for (uint64_t i = 0; i < MR; ++i)
     for (uint64_t h = 0; h < NB; ++h)
       acc[i][h] = in.p ? _mm512_loadu_ps(&in.at(i, h * kFractalRows)) : _mm512_setzero_ps();
-  for (uint64_t k0 = 0; k0 < k; k0 += K0) {
-    const float* ablk = a + (k0 / K0) * kFractalRows * K0;
-    const uint64_t k_cnt = std::min(K0, k - k0);
-    for (uint64_t kk = 0; kk < k_cnt; ++kk) {
-      const float* brow = b + (k0 + kk) * ld_b;
-      __m512 bv[NB];
-      for (uint64_t h = 0; h < NB; ++h) bv[h] = _mm512_loadu_ps(brow + h * kFractalRows);
-#pragma GCC unroll 8
-      for (uint64_t i = 0; i < MR; ++i) {
-        const __m512 av = _mm512_set1_ps(ablk[i * K0 + kk]);
-        for (uint64_t h = 0; h < NB; ++h) acc[i][h] = _mm512_fmadd_ps(av, bv[h], acc[i][h]);
-      }
+  if (k_index) {
+    for (uint64_t j = 0; j < k; ++j) {
+      const uint64_t kk = k_index[j];
+      fma_step_avx512<MR, NB>(acc, a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * ld_b);
+    }
+  } else {
+    for (uint64_t k0 = 0; k0 < k; k0 += K0) {
+      const float* ablk = a + (k0 / K0) * kFractalRows * K0;
+      const uint64_t k_cnt = std::min(K0, k - k0);
+      for (uint64_t kk = 0; kk < k_cnt; ++kk)
+        fma_step_avx512<MR, NB>(acc, ablk + kk, b + (k0 + kk) * ld_b);
     }
   }
   for (uint64_t i = 0; i < MR; ++i)
@@ -103,22 +115,23 @@ __attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(const float*
 template <uint64_t NB>
 __attribute__((target("avx512f,fma"))) void tile_rows_fma_avx512(
     uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
-    CView<const float> in, CView<float> out) {
+    const uint32_t* k_index, CView<const float> in, CView<float> out) {
   switch (rows) {
-    case 1: return tile_product_fma_avx512<1, NB>(a, b, ld_b, k, in, out);
-    case 2: return tile_product_fma_avx512<2, NB>(a, b, ld_b, k, in, out);
-    case 3: return tile_product_fma_avx512<3, NB>(a, b, ld_b, k, in, out);
-    case 4: return tile_product_fma_avx512<4, NB>(a, b, ld_b, k, in, out);
-    case 5: return tile_product_fma_avx512<5, NB>(a, b, ld_b, k, in, out);
-    case 6: return tile_product_fma_avx512<6, NB>(a, b, ld_b, k, in, out);
-    case 7: return tile_product_fma_avx512<7, NB>(a, b, ld_b, k, in, out);
+    case 1: return tile_product_fma_avx512<1, NB>(a, b, ld_b, k, k_index, in, out);
+    case 2: return tile_product_fma_avx512<2, NB>(a, b, ld_b, k, k_index, in, out);
+    case 3: return tile_product_fma_avx512<3, NB>(a, b, ld_b, k, k_index, in, out);
+    case 4: return tile_product_fma_avx512<4, NB>(a, b, ld_b, k, k_index, in, out);
+    case 5: return tile_product_fma_avx512<5, NB>(a, b, ld_b, k, k_index, in, out);
+    case 6: return tile_product_fma_avx512<6, NB>(a, b, ld_b, k, k_index, in, out);
+    case 7: return tile_product_fma_avx512<7, NB>(a, b, ld_b, k, k_index, in, out);
     default: throw KernelFault(fmt::format("mmad: a tail tile of {} rows", rows));
   }
 }
 #endif
 
 // One register tile: out(i, jj) = in(i, jj) (zero when in.p is null) + sum over kk < k in order
-// of A[i][kk] * B[kk][jj], for i < MR, jj < NR.
+// of A[i][kk] * B[kk][jj], for i < MR, jj < NR; with k_index, over kk = k_index[j] for j < k
+// instead.
 //   a: A row 0 of the tile inside its Zz fractal row, widened: element (i, kk) at
 //      a[(kk / K0) * 16 * K0 + i * K0 + kk % K0] (the tile's rows lie in one fractal row);
 //   b: B (widened, k x ld_b row-major) at the tile's first column.
@@ -129,12 +142,12 @@ __attribute__((target("avx512f,fma"))) void tile_rows_fma_avx512(
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
                                                         const T* __restrict b, uint64_t ld_b,
-                                                        uint64_t k, CView<const T> in,
-                                                        CView<T> out) {
+                                                        uint64_t k, const uint32_t* k_index,
+                                                        CView<const T> in, CView<T> out) {
 #if defined(__GNUC__) && defined(__x86_64__)
   // MR = 8 with kFused: only the AVX-512 variant (all_tiles_fused_avx512) instantiates it.
   if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {
-    tile_product_fma_avx512<8, NR / kFractalRows>(a, b, ld_b, k, in, out);
+    tile_product_fma_avx512<8, NR / kFractalRows>(a, b, ld_b, k, k_index, in, out);
     return;
   }
 #endif
@@ -143,20 +156,31 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
   for (uint64_t i = 0; i < MR; ++i)
 #pragma GCC unroll 32
     for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] = in.p ? in.at(i, jj) : T(0);
-  for (uint64_t k0 = 0; k0 < k; k0 += K0) {
-    const T* ablk = a + (k0 / K0) * kFractalRows * K0;
-    const uint64_t k_cnt = std::min(K0, k - k0);
-    for (uint64_t kk = 0; kk < k_cnt; ++kk) {
-      const T* brow = b + (k0 + kk) * ld_b;
+  // acc[i][jj] += A[i][kk] * B[kk][jj], acol = &A[0][kk] (rows K0 apart), brow = &B[kk][0].
+  auto step = [&acc](const T* acol, const T* brow) __attribute__((always_inline)) {
 #pragma GCC unroll 8
-      for (uint64_t i = 0; i < MR; ++i) {
-        const T av = ablk[i * K0 + kk];
+    for (uint64_t i = 0; i < MR; ++i) {
+      const T av = acol[i * K0];
 #pragma GCC unroll 32
-        for (uint64_t jj = 0; jj < NR; ++jj) {
-          if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
-          else acc[i][jj] += av * brow[jj];
-        }
+      for (uint64_t jj = 0; jj < NR; ++jj) {
+        if constexpr (kFused)
+          acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
+
+        else
+          acc[i][jj] += av * brow[jj];
       }
+    }
+  };
+  if (k_index) {
+    for (uint64_t j = 0; j < k; ++j) {
+      const uint64_t kk = k_index[j];
+      step(a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * ld_b);
+    }
+  } else {
+    for (uint64_t k0 = 0; k0 < k; k0 += K0) {
+      const T* ablk = a + (k0 / K0) * kFractalRows * K0;
+      const uint64_t k_cnt = std::min(K0, k - k0);
+      for (uint64_t kk = 0; kk < k_cnt; ++kk) step(ablk + kk, b + (k0 + kk) * ld_b);
     }
   }
 #pragma GCC unroll 8
@@ -165,11 +189,12 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
     for (uint64_t jj = 0; jj < NR; ++jj) out.at(i, jj) = acc[i][jj];
 }
 
-
 // The operands of one mmad, widened, and where C starts and ends. A is widened one fractal row
 // at a time (16 rows of C: k_blocks fractals, contiguous in Zz) into a_row, just before that
 // row's tiles run, so that the widened row is still in the host's L1 cache when the tiles read
 // it (widen_a_row).
+// With k_index set, the kernels sum over only some of A's columns (columns_to_keep_f16 below):
+// k is their count and k_index[j] < k_blocks * K0 the j-th of them, in ascending order.
 template <typename T>
 struct CubeOperands {
   T* a_row;                 // one fractal row of A widened, Zz: 16 * k_blocks * K0 elements
@@ -177,7 +202,8 @@ struct CubeOperands {
   uint64_t a_elems, a_size;
   void (*widen_a)(const uint8_t* src, T* dst, uint64_t n);  // exact widening of n elements
   uint64_t k_blocks;
-  const T* b;      // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
+  const uint32_t* k_index;  // null: every column kk < k
+  const T* b;  // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
   uint64_t ld_b;
   uint64_t m, k, n;
   CView<const T> in;  // C's initial values at column 0 (in.p null: zero)
@@ -213,15 +239,15 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
     const T* a = g.a_row + (r % kFractalRows) * K0;
     const T* b = g.b + j;
     if (r + MR <= g.m && j + NR <= g.n) {
-      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, at_tile(g.in, r, j),
+      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index, at_tile(g.in, r, j),
                                           at_tile(g.out, r, j));
       continue;
     }
 #if defined(__GNUC__) && defined(__x86_64__)
     if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {  // AVX-512 only (see above)
       if (j + NR <= g.n) {  // whole columns: only the rows left are computed, in place
-        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, g.k, at_tile(g.in, r, j),
-                                                at_tile(g.out, r, j));
+        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, g.k, g.k_index,
+                                                at_tile(g.in, r, j), at_tile(g.out, r, j));
         continue;
       }
     }
@@ -235,7 +261,7 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
     for (uint64_t i = 0; i < MR; ++i)
       for (uint64_t jj = 0; jj < NR; ++jj)
         st.at(i, jj) = in.p && i < rows && jj < cols ? in.at(i, jj) : T(0);
-    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k,
+    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index,
                                         CView<const T>{stage, st.row_stride, st.block_stride}, st);
     const CView<T> out = at_tile(g.out, r, j);
     for (uint64_t i = 0; i < rows; ++i)
@@ -443,6 +469,132 @@ CubeScratch<T>& scratch() {
   return s;
 }
 
+// Columns of an fp16 A that are zero in every row (the first convolution of an image: 3
+// channels padded to C0 = 16, 13 of every 16 columns zero; after a ReLU, channels that are zero
+// at every pixel of the tile) are left out of the sums where that gives the same bits. A column
+// kk of A that is +-0 in every row, with B's row kk finite, adds products that are all +-0, and
+// acc + (+-0) == acc except that -0 + +0 == +0. So the sum without those terms (the kept terms
+// in the same order) has the same bits as the full one, except that it may end at -0 where the
+// full sum ends at +0: from the first term where the two differ (full +0, shortened -0) they
+// agree again at the next kept term that is not -0 (x + 0 == x for x != 0, and both zeros plus
+// +0 give +0), or stay so to the end. A NaN can only come from the initial value or a kept
+// product (zero times a finite value is no NaN); a signalling NaN initial value would be
+// quieted at different terms, so NaN results count as possibly different too. An mmad whose
+// shortened result holds a -0 or a NaN is redone with every column. Worth its scan only when
+// many columns go: at least k / kMinSkippedShare of them.
+constexpr uint64_t kMinSkippedShare = 4;
+
+// How many of bits[0 .. n) are +-0 (fp16 bits).
+uint64_t zero_magnitudes(const uint16_t* bits16, uint64_t n) {
+  uint64_t zero = 0, i = 0;
+#if defined(__SSE2__)
+  const __m128i magnitude = _mm_set1_epi16(0x7fff);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits16 + i));
+    const __m128i is_zero = _mm_cmpeq_epi16(_mm_and_si128(v, magnitude), _mm_setzero_si128());
+    zero += static_cast<uint64_t>(__builtin_popcount(_mm_movemask_epi8(is_zero))) / 2;
+  }
+#endif
+  for (; i < n; ++i) zero += (bits16[i] & 0x7fff) == 0;
+  return zero;
+}
+
+// The columns of A to keep (ascending) in kept, and true, when at least k / kMinSkippedShare
+// columns kk < k of an fp16 A can be left out: +-0 in every row r < m of A (stored in Zz:
+// k_blocks column blocks of 16) and finite in B's row kk (b: k x ld_b widened, n columns
+// used). A is scanned fractal row by fractal row, stopping once too few zero columns are left.
+bool columns_to_keep_f16(const uint8_t* a, uint64_t m, uint64_t k, uint64_t k_blocks,
+                         const float* b, uint64_t ld_b, uint64_t n,
+                         std::vector<uint16_t>& magnitude_bits, std::vector<uint32_t>& kept) {
+  const uint64_t min_zero = std::max<uint64_t>(1, k / kMinSkippedShare);
+  // Per column: the OR over its rows of the stored bits, the sign masked off below.
+  magnitude_bits.assign(k_blocks * 16, 0);
+  for (uint64_t r16 = 0; r16 < m; r16 += kFractalRows) {
+    const uint64_t rows = std::min(kFractalRows, m - r16);
+    for (uint64_t kb = 0; kb < k_blocks; ++kb) {
+      const uint8_t* frac = a + ((r16 / kFractalRows) * k_blocks + kb) * kFractalRows * 16 * 2;
+      uint16_t* acc = &magnitude_bits[kb * 16];
+      if (kb * 16 + 16 <= k) {  // a whole block: its 32-byte rows ORed as four 64-bit words
+        uint64_t w[4] = {0, 0, 0, 0};
+        for (uint64_t i = 0; i < rows; ++i)
+          for (uint64_t q = 0; q < 4; ++q) w[q] |= bits<uint64_t>(frac + i * 32 + q * 8);
+        uint64_t old[4];
+        std::memcpy(old, acc, sizeof(old));
+        for (uint64_t q = 0; q < 4; ++q) old[q] |= w[q];
+        std::memcpy(acc, old, sizeof(old));
+        continue;
+      }
+      for (uint64_t i = 0; i < rows; ++i)  // the last columns < k only (the rest may lie past A)
+        for (uint64_t c = 0; c < k - kb * 16; ++c)
+          acc[c] |= bits<uint16_t>(frac + (i * 16 + c) * 2);
+    }
+    if (zero_magnitudes(magnitude_bits.data(), k) < min_zero) return false;
+  }
+  auto finite_row = [&](uint64_t kk) {
+    const float* row = b + kk * ld_b;
+    uint64_t c = 0;
+    uint32_t non_finite = 0;
+#if defined(__SSE2__)
+    const __m128i exponent = _mm_set1_epi32(0x7f800000);
+    __m128i any = _mm_setzero_si128();
+    for (; c + 4 <= n; c += 4) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+      any = _mm_or_si128(any, _mm_cmpeq_epi32(_mm_and_si128(v, exponent), exponent));
+    }
+    non_finite = static_cast<uint32_t>(_mm_movemask_epi8(any));
+#endif
+    for (; c < n; ++c)
+      non_finite |= static_cast<uint32_t>(
+          (bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + c)) & 0x7f800000u) == 0x7f800000u);
+    return non_finite == 0;
+  };
+  kept.clear();
+  for (uint64_t kk = 0; kk < k; ++kk)
+    if ((magnitude_bits[kk] & 0x7fff) != 0 || !finite_row(kk))
+      kept.push_back(static_cast<uint32_t>(kk));
+  if (kept.empty()) kept.push_back(0);  // the kernels want one column at least
+  return k - kept.size() >= min_zero;
+}
+
+// Whether any element r < m, c < n of C (L0C's NZ layout, m16 rows per column block) is -0 or
+// a NaN.
+bool any_negative_zero_or_nan(const float* c, uint64_t m, uint64_t n, uint64_t m16) {
+  uint32_t found = 0;
+  auto check = [&found](uint32_t u) {
+    found |= static_cast<uint32_t>(u == 0x80000000u) |
+             static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  };
+  for (uint64_t nb = 0; nb * kFractalRows < n; ++nb) {
+    const uint64_t cols = std::min(kFractalRows, n - nb * kFractalRows);
+    const float* block = c + nb * kFractalRows * m16;
+    if (cols == kFractalRows) {  // rows r < m of a whole column block lie back to back
+      uint64_t e = 0;
+#if defined(__SSE2__)
+      const __m128i negative_zero = _mm_set1_epi32(static_cast<int32_t>(0x80000000u));
+      const __m128i magnitude = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
+      __m128i any = _mm_setzero_si128();
+      for (; e + 4 <= m * kFractalRows; e += 4) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + e));
+        any = _mm_or_si128(any, _mm_cmpeq_epi32(v, negative_zero));
+        // NaN: |u| > inf's bits, both below 2^31 so the signed compare orders them
+        any = _mm_or_si128(any, _mm_cmpgt_epi32(_mm_and_si128(v, magnitude), infinity));
+      }
+      found |= static_cast<uint32_t>(_mm_movemask_epi8(any));
+#endif
+      for (; e < m * kFractalRows; ++e)
+        check(bits<uint32_t>(reinterpret_cast<const uint8_t*>(block + e)));
+      continue;
+    }
+    for (uint64_t r = 0; r < m; ++r) {
+      const float* row = c + nb * kFractalRows * m16 + r * kFractalRows;
+      for (uint64_t j = 0; j < cols; ++j) {
+        check(bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + j)));
+      }
+    }
+  }
+  return found != 0;
+}
+
 struct Mmad {
   Dtype type;
   uint64_t size, k0, xa, xb, xc, xbias, m, k, n, init;
@@ -563,6 +715,31 @@ struct Mmad {
     run_tiles<kType>(ctx, k_blocks, m16, ld_b);
   }
 
+  // The products of g (fp16 operands) without A's zero columns where that gives the same
+  // bits (columns_to_keep_f16), into C at c; false, with C as before, where the caller has to
+  // compute them with every column.
+  bool run_kept_columns_f16(const CubeOperands<float>& g, float* c) const {
+    struct Kept {
+      std::vector<uint16_t> magnitude_bits;
+      std::vector<uint32_t> cols;
+      std::vector<float> c_before;
+    };
+    thread_local Kept s;
+    if (!columns_to_keep_f16(g.a_stored, m, k, g.k_blocks, g.b, g.ld_b, n, s.magnitude_bits,
+                             s.cols))
+      return false;
+    const uint64_t m16 = round_up(m, kFractalRows);
+    const uint64_t c_elems = layout::l0c_extent(m, n);
+    if (init == 1) s.c_before.assign(c, c + c_elems);  // C is also the initial value
+    CubeOperands<float> kept = g;
+    kept.k = s.cols.size();
+    kept.k_index = s.cols.data();
+    run_all_tiles_f16(kept);
+    if (!any_negative_zero_or_nan(c, m, n, m16)) return true;
+    if (init == 1) std::copy(s.c_before.begin(), s.c_before.end(), c);
+    return false;
+  }
+
   // The products into L0C, from A in L0A (widened a fractal row at a time) and B widened and
   // rearranged into scratch<T>().b_buf (run_typed).
   template <Dtype kType>
@@ -604,6 +781,7 @@ struct Mmad {
                             size,
                             &In::widen,
                             k_blocks,
+                            nullptr,
                             scratch<T>().b_buf.data(),
                             ld_b,
                             m,
@@ -611,8 +789,11 @@ struct Mmad {
                             n,
                             in,
                             CView<T>{c, kFractalRows, kFractalRows * m16}};
-    if constexpr (kType == Dtype::F16) run_all_tiles_f16(g);
-    else run_all_tiles<T, K0>(g);
+    if constexpr (kType == Dtype::F16) {
+      if (!run_kept_columns_f16(g, c)) run_all_tiles_f16(g);
+    } else {
+      run_all_tiles<T, K0>(g);
+    }
     if (c != reinterpret_cast<T*>(l0c)) std::memcpy(l0c, c, c_bytes);
   }
 };

@@ -281,6 +281,67 @@ TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
       }
 }
 
+TEST_CASE("fp16 mmad with zero columns of A: the same bits as the sum over every column") {
+  // An image's 3 channels padded to C0 = 16: columns kk % 16 >= 3 of A are zero in every row.
+  // cube.cpp leaves such columns out where that cannot change a bit (columns_to_keep_f16);
+  // the cases where it could are here: a B row with an infinity under a zero column (0 * inf
+  // is NaN), and sums that end at -0 without the zero columns' products but at +0 with them
+  // (a -0 bias or accumulator, the kept products -0, the left-out ones +0).
+  const uint16_t kNegZero = 0x8000;
+  for (int m : {20, 49, 64})
+    for (int n : {32, 40}) {
+      const int k = 112;  // 7 taps x 16 channels
+      INFO("m=" << m << " k=" << k << " n=" << n);
+      Rand rnd(uint32_t(m * 100 + n));
+      Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
+      auto put = [](Matrix& mtx, int r, int c, uint16_t h) {
+        std::memcpy(&mtx.bytes[(size_t(r) * mtx.cols + c) * 2], &h, 2);
+        mtx.value[size_t(r) * mtx.cols + c] = ref_f16_to_f32(h);
+      };
+      for (int r = 0; r < m; ++r)
+        for (int kk = 0; kk < k; ++kk) {
+          if (kk % 16 >= 3)
+            put(a, r, kk, kNegZero);  // -0 times a negative B: +0
+          else if (r == 5)
+            put(a, r, kk, 0);  // +0 times a negative B: -0
+        }
+      for (int kk = 0; kk < k; ++kk) put(b, kk, 0, ref_f32_to_f16(-rnd.uniform(0.5, 4)));
+      ExecBench t;
+      load_operands(t, Dtype::F16, a, b);
+      // Bias: -0 in every column (init 2).
+      std::vector<uint32_t> bias(n, 0x80000000u);
+      t.put_local(Buf::L1, 0x60000, bias);
+      t.run(Opcode::op_copy_l12bt, {{"xdst", 128}, {"xsrc", 0x60000}, {"len", n * 4 / 32}});
+      std::vector<uint32_t> want(size_t(m) * n, 0x80000000u);
+      mmad(t, Dtype::F16, m, k, n, 2, 128);
+      ref_accumulate(Dtype::F16, a, b, want);
+      CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+      CHECK(want[5 * n] == 0);  // +0: the sum over every column, not the shortened one's -0
+
+      // Accumulating onto an L0C of -0 (init 1): the same, redone from the old C.
+      const int m16 = round16(m);
+      t.put_local(Buf::L0C, kL0C,
+                  std::vector<uint32_t>(size_t(ceil_div(n, 16)) * m16 * 16, 0x80000000u));
+      std::fill(want.begin(), want.end(), 0x80000000u);
+      mmad(t, Dtype::F16, m, k, n, 1);
+      ref_accumulate(Dtype::F16, a, b, want);
+      CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+
+      // No -0 anywhere (init 0) and then an infinity in B under a zero column of A.
+      mmad(t, Dtype::F16, m, k, n, 0);
+      std::fill(want.begin(), want.end(), 0);
+      ref_accumulate(Dtype::F16, a, b, want);
+      CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+      put(b, 37, 7, 0x7c00);  // +inf at kk = 37 (37 % 16 = 5: a zero column)
+      load_operands(t, Dtype::F16, a, b);
+      mmad(t, Dtype::F16, m, k, n, 0);
+      std::fill(want.begin(), want.end(), 0);
+      ref_accumulate(Dtype::F16, a, b, want);
+      CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+      CHECK((want[7] & 0x7fffffffu) > 0x7f800000u);  // NaN: 0 * inf
+    }
+}
+
 TEST_CASE("mmad init 1 accumulates onto L0C and init 2 starts from the bias row in BT") {
   struct Shape {
     int m, k, n;
