@@ -889,10 +889,12 @@ void append_packed_output(CompiledKernel& k, const CompileContext& ctx, const Ar
 
 // Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
 // ([parts][mn]; parts 1: the product itself, no Sum): a Sum over the first axis (the reduction
-// engine, f32), then the copy that packs its rows (`rows` x `cols` of a padded `pitch`: img2col's
-// taps padded to a block through the UB; rows 1: dense) and casts to dt when it is not f32;
-// `round_f16` (allow_mix_precision) rounds the sum to f16 before widening it, as the unsplit
-// kernel's f16 FIXPIPE output.
+// engine, in f32), then the copy that packs its rows (`rows` x `cols` of a padded `pitch`:
+// img2col's taps padded to a block through the UB; rows 1: dense) and casts to dt when it is not
+// f32; `round_f16` (allow_mix_precision) rounds the sum to f16 before widening it, as the
+// unsplit kernel's f16 FIXPIPE output. Rows without padding need no packing: the Sum rounds its
+// f32 sums to dt (or to f16 under round_f16) itself, one launch where the Sum and the cast
+// were two (the same bits: both round the f32 sum to nearest even).
 void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
                         int64_t parts, int64_t mn, bool round_f16, int64_t rows = 1,
                         int64_t cols = 0, int64_t pitch = 0) {
@@ -903,13 +905,21 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
     if (!direct) append_packed_output(k, ctx, partials, round_f16, rows, cols, pitch);
     return;
   }
-  LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
+  // The Sum's result: dt where it is the output (dense rows), else f16 before the widening
+  // (round_f16, dense rows) or f32 for the packing copy.
+  const bool dense = pitch == cols;
+  const DataType sum_type = !dense ? DataType::F32 : round_f16 ? DataType::F16 : dt;
+  LaunchPlan plan({TensorDesc{sum_type, {mn}}});
   ReduceRequest req;
   req.input = TensorDesc{DataType::F32, {parts, mn}};
   req.reduced = {true, false};
+  req.out_type = sum_type;
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   const CompiledKernel sum = std::move(plan).finish();
-  const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
+  const bool to_output = dense && !round_f16;
+  const ArgRef total =
+      to_output ? output_ref(0)
+                : workspace_take(k, static_cast<uint64_t>(mn) * data_type_bytes(sum_type));
   const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
   for (Launch l : sum.launches) {
     for (ArgRef& a : l.args) {
@@ -923,7 +933,11 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
     l.summary = fmt::format("sum of {} partial products: {}", parts, l.summary);
     k.launches.push_back(std::move(l));
   }
-  if (!direct) append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
+  if (to_output) return;
+  if (dense)  // round_f16: the f16 sums widened to dt
+    append_strided_copy(k, ctx.op, total, output_ref(0), 1, mn, mn, DataType::F16, dt, ctx.cfg);
+  else
+    append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
 }
 
 // The image and window fields of an img2col-reading spec (Img2colSpec, FilterGradSpec) from
