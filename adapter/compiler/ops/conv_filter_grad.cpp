@@ -478,7 +478,12 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
             static_cast<double>(t.ks * (t.tk + t.tn) * isz) / std::min(l0a_rate, l0b_rate);
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
         const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
-        t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store);
+        // The pipeline's fill: a core's first chunk loads before any L0 step, with every core
+        // loading its own at once (L2 cold): the slower of its gm->l1 path and its share of HBM.
+        const double first_chunk = std::max(
+            mte2, static_cast<double>(t.block_dim) * mte2 * gm_rate / cfg.hbm_bytes_per_cycle());
+        t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store) +
+                   first_chunk;
         // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
         // every read counted at HBM (L2 hits ignored; they matter little at large batches,
         // whose chunks' data no longer stays in L2 between the tiles that read it).
