@@ -436,9 +436,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
                         DataType::F32, final_type, ctx.cfg);
   else if (group_padded)  // each row's groups: rows x groups runs of cg_out, group pitch apart
-    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out,
-                        spec.group_pitch(), ct.widen ? DataType::F16 : final_type, final_type,
-                        ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out, spec.group_pitch(),
+                        ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
   else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
@@ -826,12 +825,16 @@ constexpr int64_t kMinPartPositions = 4096;
 // overheads (dispatch, completion, a block's start) and its reads of the partials over the
 // vector cores' gm->ub paths (or HBM, the lower); the extra part of k (MTE2 latency, pipeline
 // fill) is ignored. # estimate: matmul_estimate's model for the reduction.
-double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_t parts,
-                            int64_t mn) {
+// in_kernel: the parts added by the product's own vector cores (FilterGradSpec::add_parts), no
+// launch of their own.
+double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_t parts, int64_t mn,
+                            bool in_kernel = false) {
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
   const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
-  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
-                                            cfg.task_block_start_cycles);
+  const double launch =
+      in_kernel ? 0.0
+                : static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                      cfg.task_block_start_cycles);
   const double sum_rate =
       std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
   return launch + static_cast<double>(parts * mn * 4) / sum_rate;
@@ -993,10 +996,12 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
 
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
-// workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
-// writes dW itself where it can. Few input channels without padding along W take the width-folded
-// view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
-// 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
+// workspace, then the Sum and the copy packing and casting them (append_partial_sum), or on
+// split chips, where dW is f32 or f16 in whole 32-byte blocks, the kernel's own vector cores
+// adding them (FilterGradSpec::add_parts; channel_epilogue_in_kernel, the channel sums' switch);
+// one part writes dW itself where it can. Few input channels without padding along W take the
+// width-folded view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the
+// UB are whole 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
 void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                               const ArgRef& xr, const ArgRef& dyr, const std::vector<int64_t>& x,
                               const std::vector<int64_t>& f, const ConvWindow& cw) {
@@ -1009,6 +1014,12 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
+  const DataType dt = k.outputs[0].dtype;
+  // The parts added in the kernel: the products' rows and dW whole 32-byte blocks.
+  const bool add_parts = channel_epilogue_in_kernel(ctx.cfg) && !via_ub && !ct.widen &&
+                         (dt == DataType::F32 || dt == DataType::F16) &&
+                         mn * data_type_bytes(DataType::F32) % layout::kBlockBytes == 0 &&
+                         mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
   FilterGradTiling best;
   int64_t best_parts = 0;
   double best_cycles = 0;
@@ -1021,7 +1032,8 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
       if (parts == 1) throw;  // nothing fits
       continue;               // no chunk size that `parts` divides
     }
-    const double cycles = t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn) : 0);
+    const double cycles =
+        t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn, add_parts) : 0);
     if (best_parts && cycles >= best_cycles) continue;
     best = t;
     best_parts = parts;
@@ -1030,7 +1042,6 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   s.parts = best_parts;
   // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
   // rows need no padding, f32 partial products otherwise.
-  const DataType dt = k.outputs[0].dtype;
   const bool half = dt == DataType::F16 || dt == DataType::BF16;
   if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
       (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
@@ -1041,6 +1052,13 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
     return;
   }
   const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
+  if (s.parts > 1 && add_parts) {
+    s.add_parts = true;
+    s.dw_type = device_dtype(dt);
+    k.launches.push_back(
+        with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products, output_ref(0)}));
+    return;
+  }
   k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
   append_partial_sum(k, ctx, products, s.parts, mn, ct.widen, rows, s.cout, s.pitch);
 }
