@@ -994,6 +994,20 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   return cols;
 }
 
+// Whether the fused filter gradient adds its parts in its own kernel (FilterGradSpec::add_parts)
+// for dW of type dt with mn f32 products per part: split chips (cross-core flags, FIXPIPE
+// writing dense rows) unless channel_epilogue_in_kernel is off, dW f32 or f16 (not the widening
+// mixed precision), the products' rows and dW whole 32-byte blocks.
+bool filter_grad_parts_in_kernel(const CompileContext& ctx, const CubeTypes& ct, DataType dt,
+                                 int64_t mn) {
+  const std::string op = ctx.op.str();
+  return channel_epilogue_in_kernel(ctx.cfg) &&
+         !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op) && !ct.widen &&
+         (dt == DataType::F32 || dt == DataType::F16) &&
+         mn * data_type_bytes(DataType::F32) % layout::kBlockBytes == 0 &&
+         mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
+}
+
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
 // workspace, then the Sum and the copy packing and casting them (append_partial_sum), or on
@@ -1015,11 +1029,7 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
   const DataType dt = k.outputs[0].dtype;
-  // The parts added in the kernel: the products' rows and dW whole 32-byte blocks.
-  const bool add_parts = channel_epilogue_in_kernel(ctx.cfg) && !via_ub && !ct.widen &&
-                         (dt == DataType::F32 || dt == DataType::F16) &&
-                         mn * data_type_bytes(DataType::F32) % layout::kBlockBytes == 0 &&
-                         mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
+  const bool add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, mn);
   FilterGradTiling best;
   int64_t best_parts = 0;
   double best_cycles = 0;
@@ -1104,10 +1114,16 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
     return k;
   }
-  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a).
+  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where it
+  // would be split into parts (a Sum launch after it) and the fused kernel adds its parts in
+  // its own kernel, the fused kernel: one launch (ResNet-50's 1x1 layers at 56x56, 910b).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
+  if (split.parts > 1 && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
+    append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
+    return k;
+  }
   const MatmulTiling& t = split.tiling;
   if (split.parts > 1) {  // partials of cin x f[3] (plan_k_split: c_pitch == f[3])
     const int64_t mn = cin * f[3];
