@@ -49,7 +49,7 @@ struct ChannelSumSpec {
   int64_t batch = 1;
   int64_t pixels = 0, cp = 0;
   int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
-  bool centered = false;                           // subtract m (f32 [cp], argument "m") from a
+  bool centered = false;  // subtract m (f32 [cp], argument "m") from a
   bool plain_sum = false;  // also sum a (kSumSquares) or b (kSumProduct) into "partials2"
   bool relu_mask = false;  // kSumProduct, centered, a and b f32 or f16: mask b by
                            // round_A(fa * a + fs) > 0 (relu_mask_threshold)
@@ -87,16 +87,16 @@ struct EpilogueOperands {
 
 struct ChannelEpilogueSpec {
   std::string name;
-  int64_t c = 0;                    // channels computed and written
-  int64_t batch = 1;                // items: partial sets advance blocks * cp, outputs out_pitch
-  int64_t partial_cp = 0;           // channel pitch of the partials
+  int64_t c = 0;                 // channels computed and written
+  int64_t batch = 1;             // items: partial sets advance blocks * cp, outputs out_pitch
+  int64_t partial_cp = 0;        // channel pitch of the partials
   std::vector<int> partial_blocks;  // per partial set: its block count
-  int vectors = 0;                  // input vectors, f32 [c] (the same for every item)
-  int outputs = 0;                  // outputs, [c] of out_type per item
+  int vectors = 0;               // input vectors, f32 [c] (the same for every item)
+  int outputs = 0;               // outputs, [c] of out_type per item
   // The outputs' type in memory: f32, or f16 (a c of whole 32-byte blocks), which compute
   // leaves in the output buffers (e.g. converted from an f32 result, one rounding).
   isa::Dtype out_type = isa::Dtype::F32;
-  int64_t out_pitch = 0;  // elements between items' outputs (batch > 1)
+  int64_t out_pitch = 0;         // elements between items' outputs (batch > 1)
   int temps = 0;
   bool spread = false;  // channel tiles spread over the vector cores (else one block does all)
   std::function<void(KernelBuilder&, const EpilogueOperands&)> compute;
@@ -128,10 +128,10 @@ bool channel_epilogue_in_kernel(const ChipConfig& cfg);
 // the partials (a, b, m, the mask vectors as s has them), `tail` e's vectors then its outputs;
 // the partials go to k's workspace. in_kernel (channel_epilogue_in_kernel): one launch
 // (build_channel_sum_with_epilogue), else the sums' launch and the epilogue's; the same values.
-void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op, const ChannelSumSpec& s,
-                                 std::vector<ArgRef> args, ChannelEpilogueSpec e,
-                                 const std::vector<ArgRef>& tail, const ChipConfig& cfg,
-                                 bool in_kernel);
+void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op,
+                                 const ChannelSumSpec& s, std::vector<ArgRef> args,
+                                 ChannelEpilogueSpec e, const std::vector<ArgRef>& tail,
+                                 const ChipConfig& cfg, bool in_kernel);
 
 // The channel sums of a (kSum or kSumSquares [+ plain_sum], one item, not centred) as the
 // vector section of a mix kernel another emitter builds in b (split chips: `groups` blocks,

@@ -436,8 +436,9 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
                         DataType::F32, final_type, ctx.cfg);
   else if (group_padded)  // each row's groups: rows x groups runs of cg_out, group pitch apart
-    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out, spec.group_pitch(),
-                        ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out,
+                        spec.group_pitch(), ct.widen ? DataType::F16 : final_type, final_type,
+                        ctx.cfg);
   else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
