@@ -940,6 +940,25 @@ int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
   return ChannelSumEmitter(b, s).emit_section(sec);
 }
 
+void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
+                           const std::vector<std::string>& partial_args, int groups,
+                           const std::function<void(KernelBuilder&)>& wait) {
+  if (e.vectors != 0 || partial_args.size() != e.partial_blocks.size() || groups < 1)
+    b.fail("an epilogue section reads its partial sets (one argument each) and no vectors");
+  const isa::CoreKind kind = b.vector_core_kind();
+  const int cores = groups * b.config().aiv_per_aic;
+  b.begin_section(kind);
+  const EpiloguePlan p = plan_epilogue(b, e, b.free_bytes(Buf::UB), cores);
+  for (int i = 0; i < e.outputs; ++i) b.declare_arg(fmt::format("output{}", i), e.out_type, {});
+  wait(b);
+  Reg core = b.reg("vector core of the launch"), sub = b.reg("vector core in the group");
+  b.emit(Opcode::op_get_block_id, {core});
+  b.emit(Opcode::op_get_subblock_id, {sub});
+  b.mul_add(core, core, static_cast<int64_t>(b.config().aiv_per_aic), sub);
+  emit_epilogue_tiles(b, e, p, partial_args, &core);
+  b.end();
+}
+
 Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cfg,
                               const std::string& op) {
   KernelBuilder b(s.name.empty() ? "ChannelEpilogue" : s.name, op, cfg);

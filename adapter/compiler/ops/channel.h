@@ -161,6 +161,17 @@ struct ChannelSumSection {
 int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
                              const ChannelSumSection& sec);
 
+// The epilogue e alone as the vector section of a mix kernel another emitter builds in b (split
+// chips: `groups` blocks, each a cube core and its aiv_per_aic vector cores): every vector core
+// issues `wait` (the cube cores' hand-over of the partials), then e's channel tiles are spread
+// over the launch's vector cores (tile k on vector core k mod its blocks), each summing the
+// partial sets in block order as build_channel_epilogue does (the same sums, bit for bit). The
+// partial sets are the kernel arguments named in partial_args (declared before, [batch][blocks]
+// [partial_cp] f32); e has no input vectors; the section declares e's outputs "output0", ...
+void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
+                           const std::vector<std::string>& partial_args, int groups,
+                           const std::function<void(KernelBuilder&)>& wait);
+
 // Counter-mode helpers over `count` f32 lanes for epilogue code.
 void f32_binary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, uint64_t c,
                 const Reg& count);

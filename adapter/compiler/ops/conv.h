@@ -302,6 +302,11 @@ struct FilterGradSpec {
   int64_t parts = 1;  // must divide the chunks (plan_filter_grad skips chunk sizes it does not)
   int64_t pitch = 0;  // elements per output row (>= cout; whole 32-byte blocks via the UB)
   isa::Dtype out_type = isa::Dtype::F32;  // or f16 / bf16 (FIXPIPE rounds to nearest even)
+  // Split chips, parts > 1, out f32 without padding (pitch = cout): the launch's vector cores
+  // add the parts' products after a barrier of its cube cores (a mix kernel, fifth argument dw
+  // of dw_type, f32 or f16, the sums rounded to nearest even) instead of a Sum launch.
+  bool add_parts = false;
+  isa::Dtype dw_type = isa::Dtype::F32;
   int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
 };

@@ -826,12 +826,16 @@ constexpr int64_t kMinPartPositions = 4096;
 // overheads (dispatch, completion, a block's start) and its reads of the partials over the
 // vector cores' gm->ub paths (or HBM, the lower); the extra part of k (MTE2 latency, pipeline
 // fill) is ignored. # estimate: matmul_estimate's model for the reduction.
-double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_t parts,
-                            int64_t mn) {
+// in_kernel: the parts added by the product's own vector cores (FilterGradSpec::add_parts), no
+// launch of their own.
+double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_t parts, int64_t mn,
+                            bool in_kernel = false) {
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
   const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
-  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
-                                            cfg.task_block_start_cycles);
+  const double launch =
+      in_kernel ? 0.0
+                : static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                      cfg.task_block_start_cycles);
   const double sum_rate =
       std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
   return launch + static_cast<double>(parts * mn * 4) / sum_rate;
@@ -889,10 +893,12 @@ void append_packed_output(CompiledKernel& k, const CompileContext& ctx, const Ar
 
 // Output 0 (dt) = the sum over `parts` of the f32 partial products at `partials`
 // ([parts][mn]; parts 1: the product itself, no Sum): a Sum over the first axis (the reduction
-// engine, f32), then the copy that packs its rows (`rows` x `cols` of a padded `pitch`: img2col's
-// taps padded to a block through the UB; rows 1: dense) and casts to dt when it is not f32;
-// `round_f16` (allow_mix_precision) rounds the sum to f16 before widening it, as the unsplit
-// kernel's f16 FIXPIPE output.
+// engine, in f32), then the copy that packs its rows (`rows` x `cols` of a padded `pitch`:
+// img2col's taps padded to a block through the UB; rows 1: dense) and casts to dt when it is not
+// f32; `round_f16` (allow_mix_precision) rounds the sum to f16 before widening it, as the
+// unsplit kernel's f16 FIXPIPE output. Rows without padding need no packing: the Sum rounds its
+// f32 sums to dt (or to f16 under round_f16) itself, one launch where the Sum and the cast
+// were two (the same bits: both round the f32 sum to nearest even).
 void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgRef& partials,
                         int64_t parts, int64_t mn, bool round_f16, int64_t rows = 1,
                         int64_t cols = 0, int64_t pitch = 0) {
@@ -903,13 +909,21 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
     if (!direct) append_packed_output(k, ctx, partials, round_f16, rows, cols, pitch);
     return;
   }
-  LaunchPlan plan({TensorDesc{DataType::F32, {mn}}});
+  // The Sum's result: dt where it is the output (dense rows), else f16 before the widening
+  // (round_f16, dense rows) or f32 for the packing copy.
+  const bool dense = pitch == cols;
+  const DataType sum_type = !dense ? DataType::F32 : round_f16 ? DataType::F16 : dt;
+  LaunchPlan plan({TensorDesc{sum_type, {mn}}});
   ReduceRequest req;
   req.input = TensorDesc{DataType::F32, {parts, mn}};
   req.reduced = {true, false};
+  req.out_type = sum_type;
   append_reduce(plan, ctx, req, LaunchPlan::input(0), LaunchPlan::output(0));
   const CompiledKernel sum = std::move(plan).finish();
-  const ArgRef total = direct ? output_ref(0) : workspace_take(k, static_cast<uint64_t>(mn) * 4);
+  const bool to_output = dense && !round_f16;
+  const ArgRef total =
+      to_output ? output_ref(0)
+                : workspace_take(k, static_cast<uint64_t>(mn) * data_type_bytes(sum_type));
   const ArgRef sum_ws = sum.workspace_bytes ? workspace_take(k, sum.workspace_bytes) : ArgRef{};
   for (Launch l : sum.launches) {
     for (ArgRef& a : l.args) {
@@ -923,7 +937,11 @@ void append_partial_sum(CompiledKernel& k, const CompileContext& ctx, const ArgR
     l.summary = fmt::format("sum of {} partial products: {}", parts, l.summary);
     k.launches.push_back(std::move(l));
   }
-  if (!direct) append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
+  if (to_output) return;
+  if (dense)  // round_f16: the f16 sums widened to dt
+    append_strided_copy(k, ctx.op, total, output_ref(0), 1, mn, mn, DataType::F16, dt, ctx.cfg);
+  else
+    append_packed_output(k, ctx, total, round_f16, rows, cols, pitch);
 }
 
 // The image and window fields of an img2col-reading spec (Img2colSpec, FilterGradSpec) from
@@ -977,12 +995,28 @@ ArgRef append_img2col(CompiledKernel& k, const CompileContext& ctx, const ArgRef
   return cols;
 }
 
+// Whether the fused filter gradient adds its parts in its own kernel (FilterGradSpec::add_parts)
+// for dW of type dt with mn f32 products per part: split chips (cross-core flags, FIXPIPE
+// writing dense rows) unless channel_epilogue_in_kernel is off, dW f32 or f16 (not the widening
+// mixed precision), the products' rows and dW whole 32-byte blocks.
+bool filter_grad_parts_in_kernel(const CompileContext& ctx, const CubeTypes& ct, DataType dt,
+                                 int64_t mn) {
+  const std::string op = ctx.op.str();
+  return channel_epilogue_in_kernel(ctx.cfg) &&
+         !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op) && !ct.widen &&
+         (dt == DataType::F32 || dt == DataType::F16) &&
+         mn * data_type_bytes(DataType::F32) % layout::kBlockBytes == 0 &&
+         mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
+}
+
 // dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
 // split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
-// workspace, then the Sum and the copy packing and casting them (append_partial_sum); one part
-// writes dW itself where it can. Few input channels without padding along W take the width-folded
-// view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the UB are whole
-// 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
+// workspace, then the Sum and the copy packing and casting them (append_partial_sum), or on
+// split chips, where dW is f32 or f16 in whole 32-byte blocks, the kernel's own vector cores
+// adding them (FilterGradSpec::add_parts; channel_epilogue_in_kernel, the channel sums' switch);
+// one part writes dW itself where it can. Few input channels without padding along W take the
+// width-folded view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the
+// UB are whole 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
 void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                               const ArgRef& xr, const ArgRef& dyr, const std::vector<int64_t>& x,
                               const std::vector<int64_t>& f, const ConvWindow& cw) {
@@ -995,6 +1029,8 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
+  const DataType dt = k.outputs[0].dtype;
+  const bool add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, mn);
   FilterGradTiling best;
   int64_t best_parts = 0;
   double best_cycles = 0;
@@ -1007,7 +1043,8 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
       if (parts == 1) throw;  // nothing fits
       continue;               // no chunk size that `parts` divides
     }
-    const double cycles = t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn) : 0);
+    const double cycles =
+        t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn, add_parts) : 0);
     if (best_parts && cycles >= best_cycles) continue;
     best = t;
     best_parts = parts;
@@ -1016,7 +1053,6 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   s.parts = best_parts;
   // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
   // rows need no padding, f32 partial products otherwise.
-  const DataType dt = k.outputs[0].dtype;
   const bool half = dt == DataType::F16 || dt == DataType::BF16;
   if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
       (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
@@ -1027,6 +1063,13 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
     return;
   }
   const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
+  if (s.parts > 1 && add_parts) {
+    s.add_parts = true;
+    s.dw_type = device_dtype(dt);
+    k.launches.push_back(
+        with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products, output_ref(0)}));
+    return;
+  }
   k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
   append_partial_sum(k, ctx, products, s.parts, mn, ct.widen, rows, s.cout, s.pitch);
 }
@@ -1072,10 +1115,16 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
     return k;
   }
-  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a).
+  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where it
+  // would be split into parts (a Sum launch after it) and the fused kernel adds its parts in
+  // its own kernel, the fused kernel: one launch (ResNet-50's 1x1 layers at 56x56, 910b).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
+  if (split.parts > 1 && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
+    append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
+    return k;
+  }
   const MatmulTiling& t = split.tiling;
   if (split.parts > 1) {  // partials of cin x f[3] (plan_k_split: c_pitch == f[3])
     const int64_t mn = cin * f[3];

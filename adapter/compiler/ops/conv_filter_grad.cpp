@@ -16,14 +16,19 @@
 //         HWIO rows of out as f32: per 16 channels a FIXPIPE (a column block of L0C is
 //         [M16][16], any first row works), or through the UB (coupled chips) the whole tile,
 //         then one copy per row block.
+// With add_parts (split chips), the vector section: after a barrier of the cube cores (every
+// part's products in GM), each vector core adds the parts of its tiles of dW's elements in part
+// order and rounds them to dw_type (channel.h's epilogue section, as a Sum launch would).
 #include <algorithm>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "adapter/compiler/ops/channel.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -32,6 +37,7 @@ namespace npusim::compiler::ops {
 using isa::Buf;
 using isa::Dtype;
 using isa::Opcode;
+using isa::Pipe;
 using layout::kFractalBytes;
 
 namespace {
@@ -95,6 +101,14 @@ class FilterGradEmitter {
   bool slab_by_columns() const { return m_s.x_row != 0 && m_slab.strided_columns(); }
 
   BuiltKernel emit() {
+    cube_section();
+    if (m_s.add_parts) emit_parts_sum();
+    return m_b.finish();
+  }
+
+ private:
+  // The cube section (its registers released before a vector section begins).
+  void cube_section() {
     KernelBuilder& b = m_b;
     b.begin_section(b.cube_core_kind());
     b.declare_arg("x", m_s.in_type, {});
@@ -123,9 +137,48 @@ class FilterGradEmitter {
                           "C computed", "C stored"});
     m_pipe.run(
         steps, [&](const Reg& st) { load_step(st); }, [&](const Reg& st) { compute_step(st); });
+    if (m_s.add_parts) {
+      // FIX is in order: after its last FIXPIPE this core's products are in GM. A barrier of
+      // the launch's cube cores, then each tells its own vector cores.
+      KernelBuilder::Origin o(b, "products stored: hand them to the vector cores");
+      b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcAllCube, kTilesStored}, "this core's tiles stored");
+      b.emit(Opcode::op_cc_wait, {Pipe::FIX, kTilesStored}, "wait: every cube core's tiles");
+      b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcGroup, kProductsStored},
+             "products stored: to the vector cores");
+    }
     m_pipe.release_registers();
     b.end();
-    return b.finish();
+  }
+
+  // Cross-core flags of add_parts (cc_set modes: 0 all cores of the setter's kind in the
+  // launch, 2 a cube core with its vector cores).
+  static constexpr int kCcAllCube = 0, kCcGroup = 2;
+  static constexpr int kTilesStored = 0, kProductsStored = 1;
+
+  // add_parts: dw = the sum over the parts of out ([parts][taps * C * cout] f32), in part order,
+  // rounded to dw_type: the vector cores' section.
+  void emit_parts_sum() {
+    if (m_pipe.via_ub() || m_s.pitch != m_s.cout)
+      m_b.fail("internal: the filter gradient's parts are added where FIXPIPE writes dense rows");
+    ChannelEpilogueSpec e;
+    e.name = "FilterGradParts";
+    e.c = m_taps * m_s.c * m_s.cout;
+    e.partial_cp = e.c;
+    e.partial_blocks = {static_cast<int>(m_s.parts)};
+    e.outputs = 1;
+    e.out_type = m_s.dw_type;
+    e.spread = true;
+    const Dtype dw = m_s.dw_type;
+    e.compute = [dw](KernelBuilder& b, const EpilogueOperands& o) {
+      if (dw == Dtype::F32)
+        f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+      else
+        vec_convert(b, dw, Dtype::F32, o.outputs[0], o.sums[0], RoundMode::kRint, *o.count);
+    };
+    emit_epilogue_section(m_b, e, {"out"}, m_t.block_dim, [](KernelBuilder& b) {
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kProductsStored},
+             "wait: the products stored by every cube core");
+    });
   }
 
  private:
@@ -478,7 +531,12 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
             static_cast<double>(t.ks * (t.tk + t.tn) * isz) / std::min(l0a_rate, l0b_rate);
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
         const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
-        t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store);
+        // The pipeline's fill: a core's first chunk loads before any L0 step, with every core
+        // loading its own at once (L2 cold): the slower of its gm->l1 path and its share of HBM.
+        const double first_chunk = std::max(
+            mte2, static_cast<double>(t.block_dim) * mte2 * gm_rate / cfg.hbm_bytes_per_cycle());
+        t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store) +
+                   first_chunk;
         // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
         // every read counted at HBM (L2 hits ignored; they matter little at large batches,
         // whose chunks' data no longer stays in L2 between the tiles that read it).
@@ -508,6 +566,7 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
       "blocks",
       s.images, s.h, s.w, s.c, s.kh, s.kw, s.cout, s.parts, t.tk, t.tn, t.tp, t.ks, t.tiles,
       t.block_dim);
+  if (s.add_parts) l.summary += "; the parts added by the vector cores";
   if (s.x_row != 0)
     l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,
                              s.x_row, e.slab_by_columns() ? ", slab loaded by columns" : "");

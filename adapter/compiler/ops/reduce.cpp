@@ -1001,11 +1001,13 @@ Launch fill_launch(const std::string& op, int64_t n, int size, uint64_t bits,
   return build_stream_kernel(op, spec, cfg);
 }
 
-// No dim left to reduce (they were all of size 1): element-wise y = x (x * x * scale for L2Loss).
-Launch elementwise_result(const std::string& op, const ReduceRequest& req, const ChipConfig& cfg) {
+// No dim left to reduce (they were all of size 1): element-wise y = x as rt (x * x * scale for
+// L2Loss, rt the input's type).
+Launch elementwise_result(const std::string& op, const ReduceRequest& req, DataType rt,
+                          const ChipConfig& cfg) {
   const DataType dt = req.input.dtype;
   const std::vector<int64_t> shape{req.input.num_elements()};
-  if (!req.square && req.scale == 1) return build_stream_kernel(op, cast_spec(dt, dt, false, shape), cfg);
+  if (!req.square && req.scale == 1) return build_stream_kernel(op, cast_spec(dt, rt, false, shape), cfg);
   StreamSpec spec;
   spec.kernel_name = fmt::format("Square_{}", data_type_name(dt));
   spec.inputs = {StreamInput{device_dtype(dt), broadcast_view(shape, shape), shape}};
@@ -1133,10 +1135,12 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
   int64_t n_out = 1, n_red = 1;
   for (size_t i = 0; i < shape.size(); ++i) (req.reduced[i] ? n_red : n_out) *= shape[i];
   if (n_out == 0) return;  // nothing to write
+  // The values' type: a float input's result may be another float type (ReduceRequest).
+  const DataType rt = data_type_is_float(dt) && data_type_is_float(req.out_type) ? req.out_type : dt;
   const std::string name = fmt::format("{}_{}", kind_name(req.kind), data_type_name(dt));
   if (n_red == 0) {
     if (arg) op.invalid("the reduction axis is empty (TF fails too)");
-    plan.add(fill_launch(op.str(), n_out, data_type_bytes(dt), empty_result_bits(req.kind, dt),
+    plan.add(fill_launch(op.str(), n_out, data_type_bytes(rt), empty_result_bits(req.kind, rt),
                          ctx.cfg),
              {out}, "empty reduction");
     return;
@@ -1155,7 +1159,9 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
       const int64_t words = req.out_type == DataType::S64 ? 2 * n_out : n_out;
       plan.add(fill_launch(op.str(), words, 4, 0, ctx.cfg), {out}, "reduced dims of size 1");
     } else {
-      plan.add(elementwise_result(op.str(), req, ctx.cfg), {in, out}, "reduced dims of size 1");
+      if (rt != dt && (req.square || req.scale != 1))
+        op.fail("internal: a squared or scaled reduction of no dims to another type");
+      plan.add(elementwise_result(op.str(), req, rt, ctx.cfg), {in, out}, "reduced dims of size 1");
     }
     return;
   }
@@ -1188,7 +1194,7 @@ void append_reduce(LaunchPlan& plan, const CompileContext& ctx, const ReduceRequ
     }
     const bool last = std::none_of(dims.begin(), dims.end(), [](const auto& d) { return d.second; });
     if (last) {
-      s.out_type = arg ? Dtype::S32 : device_dtype(dt);
+      s.out_type = arg ? Dtype::S32 : device_dtype(rt);
       s.divisor = req.kind == ReduceKind::kMean ? static_cast<double>(n_red) : 0;
       s.scale = req.scale;
       append_stage(plan, ctx, s, cur, widen_idx ? idx32 : out);

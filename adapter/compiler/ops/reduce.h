@@ -17,7 +17,10 @@ struct ReduceRequest {
   ReduceKind kind = ReduceKind::kSum;
   TensorDesc input;              // f32, f16, bf16 or s32 (kMean: floats only)
   std::vector<bool> reduced;     // per input dim: reduce it (kArgMax / kArgMin: exactly one)
-  DataType out_type = DataType::F32;  // the input's type; Arg: S32 or S64
+  // The result's type: Arg: S32 or S64; float inputs: any float type (computed in f32, rounded
+  // to it at the end: the filter gradient's f32 partial products summed straight to f16);
+  // s32: s32.
+  DataType out_type = DataType::F32;
   bool square = false;           // reduce x * x instead of x (L2Loss)
   double scale = 1.0;            // multiply the result (L2Loss: 0.5); floats only
 };
