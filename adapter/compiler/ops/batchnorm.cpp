@@ -826,6 +826,11 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     };
   }
   spec.resident_per_period = true;
+  // The f32 work in pieces where a block has many tiles (measured, docs/compiler.md "The x
+  // gradient in pieces": larger tiles wait fewer round trips; with under 8 tiles a block, the
+  // pieces' instructions cost more than that saves, most with the mask's 11 steps).
+  spec.work_piece = 2048;
+  spec.work_piece_min_tiles = 8;
   spec.resident_compute = [=](KernelBuilder& b, const TileOperands& o) {
     const Reg& n = *o.count;
     const uint64_t c1 = o.in[2], kc = o.in[3], k3 = o.in[4], mean = o.in[2 + per_element],
