@@ -520,6 +520,21 @@ TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile
   check_grads({{1, 32, 48, 16}, 47, false, DataType::F16});
 }
 
+TEST_CASE("BNTrainingReduceGrad in pieces: many tiles per block, the f32 work per piece") {
+  // StreamSpec::work_piece (ops/elementwise.h): where a block holds 8 or more tiles, the x
+  // gradient's f32 work runs in pieces of about 2048 elements and its tiles grow. On the tiny
+  // chip's 4 vector blocks these take pieces (on the 910b's 48 the blocks' ranges are too
+  // short for it): 100352 elements a block in tiles of a few pieces, the last piece of each
+  // tile partial and the block's last tile shorter than one piece; C = 100 (a period of 400)
+  // takes pieces of 2400 that are not whole UB bank spans. BNTrainingUpdateGrad's plain sums
+  // take their raw tile first (ChannelSumSpec::raw_tile_first) here: 32 pixels x 64 channels
+  // loaded 256 pixels at a time (f16), 32 x 104 loaded 64 (f32).
+  check_grads({{2, 56, 56, 64}, 48, false, DataType::F16});
+  check_grads({{2, 56, 56, 64}, 49, true, DataType::F16});
+  check_grads({{8, 28, 28, 100}, 50, false, DataType::F32});
+  check_grads({{8, 28, 28, 100}, 51, true, DataType::F32});
+}
+
 TEST_CASE("BNTraining channel sums: several tiles loaded under one flag") {
   // Where a block has room for two raw tiles of several tiles each, a raw tile takes as many as
   // the UB holds (ops/channel.cpp: one flag, one memory latency, per raw tile); per block of the

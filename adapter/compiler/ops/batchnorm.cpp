@@ -722,6 +722,10 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
   s.plain_sum = true;
+  // The most pixels per raw tile (ops/channel.cpp), on split chips only; not for the ReLU-masked
+  // sums, whose vector work per element is larger (measured slower at 28x28x128 on the 910b;
+  // on the 910's coupled cores slower at every layer it moved: docs/compiler.md).
+  s.raw_tile_first = !relu && ctx.cfg.split;
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   s.cp = x.cp;
@@ -826,6 +830,12 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     };
   }
   spec.resident_per_period = true;
+  // The f32 work in pieces where a block has many tiles, on split chips (measured,
+  // docs/compiler.md "The x gradient in pieces": larger tiles wait fewer round trips; with
+  // under 8 tiles a block, the pieces' instructions cost more than that saves, most with the
+  // mask's 11 steps; on the 910's coupled cores, nearer their HBM roofline, slower throughout).
+  spec.work_piece = ctx.cfg.split ? 2048 : 0;
+  spec.work_piece_min_tiles = 8;
   spec.resident_compute = [=](KernelBuilder& b, const TileOperands& o) {
     const Reg& n = *o.count;
     const uint64_t c1 = o.in[2], kc = o.in[3], k3 = o.in[4], mean = o.in[2 + per_element],

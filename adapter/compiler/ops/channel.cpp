@@ -30,6 +30,11 @@ constexpr int64_t kF32Tile = 64;         // epilogue channel tiles: whole f32 re
 // Tiles per block and channel group from which the channel sums ping-pong in a smaller tile
 // (measured at ResNet-50's shapes, docs/compiler.md: 5 and 17 gain, 2 lose).
 constexpr int64_t kPingPongTiles = 4;
+// The smallest tile (pixels x channels) ChannelSumSpec::raw_tile_first takes for a larger raw
+// tile: 32 f32 repeats. Measured on BNTrainingUpdateGrad (910b, docs/compiler.md "The channel
+// sums' raw tile first"): at 1024 the 14x14x1024 and 28x28x512 layers took tiles of 1 and 2
+// pixels and lost 23 % and 2 % to the instructions' fixed costs; at 4096 the same as 2048.
+constexpr int64_t kRawFirstMinTile = 2048;
 
 }  // namespace
 
@@ -233,8 +238,29 @@ void ChannelSumEmitter::plan_tile() {
   // two raw tiles (with one, its load and its vector work cannot overlap). Measured
   // (docs/compiler.md "The channel sums' pipeline"): halving the tile for a larger raw tile
   // costs the vector unit more instructions than it saves MTE2 where the vector unit is busy.
-  int64_t rt = 1;
-  while (tp * rt * 2 * 2 <= m_per && need(tp, ct, m_pingpong, rt * 2) <= ub) rt *= 2;
+  const auto raw_tiles = [&](int64_t t, bool pingpong) {
+    int64_t r = 1;
+    while (t * r * 2 * 2 <= m_per && need(t, ct, pingpong, r * 2) <= ub) r *= 2;
+    return r;
+  };
+  int64_t rt = raw_tiles(tp, m_pingpong);
+  if (s.raw_tile_first) {
+    // ChannelSumSpec::raw_tile_first: of the tiles of ct channels from the largest down to
+    // kRawFirstMinTile elements (each with in-place or ping-pong sums), the one whose raw tile
+    // holds the most pixels (the fewest round trips); on a tie the larger tile, then ping-pong.
+    const int64_t top = largest(false).first;
+    int64_t best = 0;
+    for (int64_t t = top; t >= 1 && (t == top || t * ct >= kRawFirstMinTile); t /= 2)
+      for (bool pingpong : {true, false}) {
+        if ((pingpong && s.relu_mask) || need(t, ct, pingpong) > ub) continue;
+        const int64_t r = raw_tiles(t, pingpong);
+        if (t * r <= best) continue;
+        best = t * r;
+        tp = t;
+        rt = r;
+        m_pingpong = pingpong;
+      }
+  }
   m_tp = tp;
   m_rt = rt;
   m_ct = ct;

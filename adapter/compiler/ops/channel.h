@@ -54,6 +54,9 @@ struct ChannelSumSpec {
   bool relu_mask = false;  // kSumProduct, centered, a and b f32 or f16: mask b by
                            // round_A(fa * a + fs) > 0 (relu_mask_threshold)
   int mask_vectors = 0;    // relu_mask: vectors read besides m (arguments "mask0", ...)
+  // The tile chosen for the most pixels per raw tile (ops/channel.cpp, plan_tile) rather than
+  // the largest tile; measured for BNTrainingUpdateGrad's sums (docs/compiler.md).
+  bool raw_tile_first = false;
   // relu_mask: writes fa and fs (f32, `count` lanes in the UB) from vectors = {m, mask0, ...};
   // tmp: a scratch of as many lanes.
   std::function<void(KernelBuilder& b, const Reg& count, const std::vector<uint64_t>& vectors,

@@ -238,6 +238,7 @@ class StreamEmitter {
   StreamBuffers declare_buffers() const;
   int64_t fit_tile() const;
   void plan_tiles();
+  void plan_tile_once();  // plan_tiles() with or without pieces (m_pieces)
   void plan_l2();
 
   void allocate();
@@ -250,6 +251,8 @@ class StreamEmitter {
   void check_resident() const;  // what resident_per_period and resident_stores need
   // The period of the resident inputs as planned so far: the lcm of theirs and the granule.
   int64_t resident_period() const;
+  // StreamSpec::work_piece's elements for the inputs as planned so far; 0 without pieces.
+  int64_t work_piece() const;
   void store_resident_results();  // StreamSpec::resident_stores
   void emit_tile(int q, const Label& drain);
   void load_flat_inputs(int q);
@@ -278,7 +281,10 @@ class StreamEmitter {
   bool m_any_flat = false;
   int64_t m_period = 0;  // tiles and block ranges are whole multiples of it
   int64_t m_tile = 0;    // elements per tile
-  int64_t m_per = 0;     // elements per block
+  // Elements of the resident tiles and temporaries: m_tile, or a piece of it (work_piece()).
+  int64_t m_piece = 0;
+  bool m_pieces = false;  // StreamSpec::work_piece taken (plan_tiles)
+  int64_t m_per = 0;      // elements per block
   int m_block_dim = 0;
 
   std::vector<Twin> m_out_buf;
@@ -318,10 +324,10 @@ StreamEmitter::StreamEmitter(const std::string& op, const std::vector<StreamSpec
     bool period_only = false;
     for (const StreamInput& in : s.inputs) period_only |= in.period_only;
     for (const TempSpec& t : s.temps) period_only |= t.period_only;
-    if (s.resident_per_period || !s.resident_stores.empty() || period_only)
+    if (s.resident_per_period || !s.resident_stores.empty() || period_only || s.work_piece)
       m_b.fail(fmt::format(
-          "internal: multi-tensor segment {} asks for resident_per_period, resident_stores or "
-          "period-only buffers, which only build_stream_kernel supports",
+          "internal: multi-tensor segment {} asks for resident_per_period, resident_stores, "
+          "period-only buffers or work pieces, which only build_stream_kernel supports",
           g));
     if (s.inputs.size() != first.inputs.size() || s.out_type != first.out_type ||
         s.more_out_types != first.more_out_types || s.temps.size() != first.temps.size())
@@ -409,15 +415,19 @@ StreamBuffers StreamEmitter::declare_buffers() const {
     return id;
   };
   int scratch_size = 0;
-  // Period-only buffers (StreamInput / TempSpec::period_only): fixed bytes for one period.
+  // Period-only buffers (StreamInput / TempSpec::period_only): fixed bytes for one period;
+  // with pieces, the resident tiles and the temporaries: fixed bytes for one piece.
   const uint64_t period = static_cast<uint64_t>(resident_period());
+  const uint64_t piece = static_cast<uint64_t>(work_piece());
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
     const bool period_only = m_spec->inputs[k].period_only && p.access == Access::kResident;
-    d.in.push_back(place(period_only ? d.plan.add(fmt::format("in{} period", k), 0,
-                                                  period * static_cast<uint64_t>(p.size))
-                                     : d.plan.add(fmt::format("in{} tile", k), p.size, 0,
-                                                  p.access == Access::kResident ? 1 : 2),
+    const std::string name = fmt::format("in{} tile", k);
+    const uint64_t size = static_cast<uint64_t>(p.size);
+    d.in.push_back(place(period_only ? d.plan.add(fmt::format("in{} period", k), 0, period * size)
+                         : p.access != Access::kResident ? d.plan.add(name, p.size, 0, 2)
+                         : piece                         ? d.plan.add(name, 0, piece * size)
+                                                         : d.plan.add(name, p.size, 0),
                          m_spec->inputs[k].window));
     if (p.access != Access::kFlat && needs_scratch(m_spec->inputs[k].view))
       scratch_size = std::max(scratch_size, p.size);
@@ -427,13 +437,15 @@ StreamBuffers StreamEmitter::declare_buffers() const {
                                      isa::dtype_size(m_out_types[j]), 0, 2),
                           m_spec->out_window));
   d.scratch = d.plan.add("gather scratch", scratch_size, kBlockBytes, 1, scratch_size > 0);
+  const auto fixed = [](uint64_t elements, double bytes_per_element) {
+    return static_cast<uint64_t>(std::ceil(static_cast<double>(elements) * bytes_per_element));
+  };
   for (const TempSpec& t : m_spec->temps)
-    d.temp.push_back(place(t.period_only
-                               ? d.plan.add(t.name, 0,
-                                            static_cast<uint64_t>(std::ceil(
-                                                static_cast<double>(period) * t.bytes_per_element)))
-                               : d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes),
-                           t.window));
+    d.temp.push_back(
+        place(t.period_only ? d.plan.add(t.name, 0, fixed(period, t.bytes_per_element))
+              : piece ? d.plan.add(t.name, 0, fixed(piece, t.bytes_per_element) + t.fixed_bytes)
+                      : d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes),
+              t.window));
   return d;
 }
 
@@ -460,7 +472,39 @@ int64_t StreamEmitter::resident_period() const {
   return period;
 }
 
+// StreamSpec::work_piece rounded up to whole periods, and to whole bank spans of each flat
+// input and output tile (a piece's offset into them) where that stays within twice the asked
+// elements.
+int64_t StreamEmitter::work_piece() const {
+  const int64_t asked = m_spec->work_piece;
+  if (!m_pieces || asked <= 0) return 0;
+  const int64_t period = resident_period();
+  const ChipConfig& cfg = m_b.config();
+  const int64_t span = static_cast<int64_t>(std::max(0, cfg.ub_banks)) *
+                       static_cast<int64_t>(std::max(0, cfg.ub_bank_width_bytes));
+  int64_t unit = period;
+  if (span > 0) {
+    std::vector<int> sizes;
+    for (const InputPlan& p : m_in)
+      if (p.access == Access::kFlat) sizes.push_back(p.size);
+    for (isa::Dtype t : m_out_types) sizes.push_back(isa::dtype_size(t));
+    for (int size : sizes) unit = std::lcm(unit, span / std::gcd(span, int64_t{size}));
+  }
+  const int64_t spans = round_up(asked, unit);
+  return spans <= 2 * asked ? spans : round_up(asked, period);
+}
+
 void StreamEmitter::plan_tiles() {
+  m_pieces = false;
+  plan_tile_once();
+  const StreamSpec& s = *m_spec;
+  if (s.work_piece > 0 && ceil_div(m_per, m_tile) >= s.work_piece_min_tiles) {
+    m_pieces = true;
+    plan_tile_once();
+  }
+}
+
+void StreamEmitter::plan_tile_once() {
   const uint64_t ub = m_core.capacity(isa::Buf::UB);
   for (;;) {
     const int64_t fit = fit_tile();
@@ -489,6 +533,7 @@ void StreamEmitter::plan_tiles() {
     const uint64_t align = KernelBuilder::alignment(m_b.config(), isa::Buf::UB);
     while (m_tile > m_period && plan.extent(m_tile, align) > ub) m_tile -= m_period;
   }
+  m_piece = work_piece() ? std::min(work_piece(), m_tile) : m_tile;
   for (size_t k = 0; k < m_in.size(); ++k) {
     if (m_in[k].access == Access::kFlat)
       m_any_flat = true;
@@ -598,7 +643,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
     const BroadcastView& v = m_spec->inputs[k].view;
-    const int64_t built = v.splat() && !m_spec->resident_per_period ? m_tile : m_period;
+    const int64_t built = v.splat() && !m_spec->resident_per_period ? m_piece : m_period;
     const bool whole_run = !v.splat() && v.period() == built && (built * p.size) % kBlockBytes == 0;
     (whole_run ? direct : gathered).push_back(k);
   }
@@ -617,7 +662,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     const InputPlan& p = m_in[k];
     KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
     const int64_t built =
-        m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_tile : m_period;
+        m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
     Reg zero = m_b.reg_imm("resident: position 0", 0);
     Reg len = m_b.reg_imm("resident: elements", built);
     emit_gather(static_cast<int>(k), p.buf[0], zero, len, false);
@@ -629,13 +674,13 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     for (size_t k : direct) double_resident_input(k);
 }
 
-// Repeats resident input k's first period (m_period elements) over its tile.
+// Repeats resident input k's first period (m_period elements) over its tile (or piece).
 void StreamEmitter::double_resident_input(size_t k) {
   const InputPlan& p = m_in[k];
   const int64_t built =
-      m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_tile : m_period;
-  for (int64_t have = built; have < m_tile;) {
-    const int64_t more = std::min(have, m_tile - have);
+      m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
+  for (int64_t have = built; have < m_piece;) {
+    const int64_t more = std::min(have, m_piece - have);
     vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
     have += more;
   }
@@ -730,16 +775,41 @@ void StreamEmitter::load_flat_inputs(int q) {
 }
 
 void StreamEmitter::compute(int q) {
-  TileOperands t;
-  for (const InputPlan& p : m_in)
-    t.in.push_back(p.access == Access::kResident ? p.buf[0] : p.buf[q]);
-  for (const Twin& o : m_out_buf) t.outs.push_back(o[q]);
-  t.out = t.outs[0];
-  t.temp = m_temp;
-  t.count = &m_cnt;
-  t.tile_elems = m_tile;
-  KernelBuilder::Origin c(m_b, "compute");
-  m_spec->compute(m_b, t);
+  const auto operands = [&](int64_t at) {  // the tile's operands from element `at` on
+    TileOperands t;
+    for (size_t k = 0; k < m_in.size(); ++k) {
+      const InputPlan& p = m_in[k];
+      t.in.push_back(p.access == Access::kResident ? p.buf[0]
+                                                   : p.buf[q] + static_cast<uint64_t>(at * p.size));
+    }
+    for (size_t j = 0; j < m_out_buf.size(); ++j)
+      t.outs.push_back(m_out_buf[j][q] +
+                       static_cast<uint64_t>(at * isa::dtype_size(m_out_types[j])));
+    t.out = t.outs[0];
+    t.temp = m_temp;
+    t.tile_elems = m_piece;
+    return t;
+  };
+  if (m_piece == m_tile) {
+    KernelBuilder::Origin c(m_b, "compute");
+    TileOperands t = operands(0);
+    t.count = &m_cnt;
+    m_spec->compute(m_b, t);
+    return;
+  }
+  // The pieces, unrolled (immediate UB addresses); a short tile leaves after its last piece.
+  Label done = m_b.label(fmt::format("tile_computed_{}", q));
+  Reg count = m_b.reg("piece elements");
+  for (int64_t at = 0; at < m_tile; at += m_piece) {
+    KernelBuilder::Origin c(m_b, fmt::format("compute: piece at {}", at));
+    if (at) m_b.branch(lt(m_cnt, at + 1), done);
+    m_b.sub(count, m_cnt, at);
+    m_b.min(count, count, m_piece, "elements in this piece");
+    TileOperands t = operands(at);
+    t.count = &count;
+    m_spec->compute(m_b, t);
+  }
+  m_b.bind(done);
 }
 
 void StreamEmitter::compute_resident() {
@@ -748,20 +818,20 @@ void StreamEmitter::compute_resident() {
   t.temp = m_temp;
   const bool part = !m_spec->resident_results.empty();
   const int64_t elems = m_spec->resident_per_period ? m_period
-                        : part                      ? std::min(m_tile, kResidentPart)
-                                                    : m_tile;
+                        : part                      ? std::min(m_piece, kResidentPart)
+                                                    : m_piece;
   Reg count = m_b.reg_imm(m_spec->resident_per_period ? "resident work: one period"
                           : part                      ? "resident work: the first elements"
                                                       : "resident work: a whole tile",
                           elems);
   t.count = &count;
-  t.tile_elems = m_tile;
+  t.tile_elems = m_piece;
   KernelBuilder::Origin c(m_b, "resident work (the same for every tile)");
   m_spec->resident_compute(m_b, t);
   // Each result the tiles read, doubled over the whole tile (its value is the same everywhere).
   for (const auto& [temp, size] : m_spec->resident_results)
-    for (int64_t have = elems; have < m_tile;) {
-      const int64_t more = std::min(have, m_tile - have);
+    for (int64_t have = elems; have < m_piece;) {
+      const int64_t more = std::min(have, m_piece - have);
       vec_copy_bits(m_b, size, m_temp.at(temp) + static_cast<uint64_t>(have * size),
                     m_temp.at(temp), more);
       have += more;
@@ -927,9 +997,11 @@ std::string StreamEmitter::summary() const {
   std::string outs;
   for (size_t j = 1; j < m_out_types.size(); ++j)
     outs += fmt::format(" + {}", isa::dtype_name(m_out_types[j]));
-  return fmt::format("{}: {} elements of {}{}, {} blocks of {}, tile {} elements{}{}",
+  const std::string pieces =
+      m_piece < m_tile ? fmt::format(" in pieces of {}", m_piece) : std::string();
+  return fmt::format("{}: {} elements of {}{}, {} blocks of {}, tile {} elements{}{}{}",
                      m_spec->kernel_name, m_n, isa::dtype_name(m_out_types[0]), outs, m_block_dim,
-                     m_per, m_tile, accesses.empty() ? "" : "; ", accesses);
+                     m_per, m_tile, pieces, accesses.empty() ? "" : "; ", accesses);
 }
 
 // Multi-tensor mode: this block's range of the concatenated segments, then per segment (code

@@ -135,6 +135,19 @@ struct StreamSpec {
     int64_t elements = 0;
   };
   std::vector<ResidentStore> resident_stores;
+  // > 0: a tile's vector work in pieces of about this many elements (build_stream_kernel
+  // only). The resident inputs (not period_only) and the temporaries then hold one piece, not a
+  // tile, so the flat input and output tiles take the UB they leave: fewer, larger tiles, for a
+  // stream whose tiles each wait a memory round trip (a load's set_flag holds MTE2 until the
+  // tile has landed, sync.set_flag_holds_pipe) at more instructions per element. compute()
+  // runs once per piece of a tile, its flat operands and outputs offset to the piece and count
+  // the piece's elements (tile_elems the piece's length). A piece is whole periods of the
+  // resident inputs, and where that stays within twice this many elements also whole UB bank
+  // spans of every flat tile (so each piece's tiles keep their bank windows). Taken only where
+  // a block's range holds at least work_piece_min_tiles tiles without pieces (with fewer, the
+  // pieces' instructions cost more than the round trips they save; the caller's measurement).
+  int64_t work_piece = 0;
+  int64_t work_piece_min_tiles = 1;
 };
 // The elements resident_compute runs over when StreamSpec::resident_results is given: one
 // repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.
