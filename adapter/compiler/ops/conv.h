@@ -214,7 +214,7 @@ struct CubeConvTiling {
   int l0c_buffers = 1;
   int block_dim = 0;
   int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))
-  double est_cycles = 0;        // the planner's estimate for the busiest core
+  double est_cycles = 0;  // the planner's estimate: the busiest core's, plus the launch's HBM time
   std::string str() const;
 };
 

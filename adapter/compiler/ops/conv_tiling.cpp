@@ -335,6 +335,50 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
   return worst;
 }
 
+// The launch's time in the device memory (cycles): the bytes it moves over HBM (LPDDR on the
+// 310P) at HBM's rate, all cores together. The busiest core's estimate (busiest_block) takes
+// its reads at its own path's rate and its stores at the L2's, as if it had the HBM to itself;
+// the cores' contention for HBM is added to it, not overlapped (the launches that move much
+// HBM traffic wait on it: MobileNetV2's 56x56 24 -> 144 expansion on the 310P in 48x144 tiles,
+// 27,858 cycles as a launch alone, LPDDR busy 23,426 of them). The bytes, as the memory model
+// moves them (sim/chip/l2_tags.cpp, docs/chip_model.md "Memory system"): x and the weights
+// read once (the L2 cold at every launch unless the chip keeps it; read again, they hit), and
+// y's writes. A write-back L2 takes y's writes (evicted later, not counted here); with
+// write-through timing a write that misses goes to HBM and allocates its line, and the writes
+// that follow into a line present are absorbed by the L2. Where a tile covers every channel of
+// its rows (one run of y per tile) every line of y goes to HBM. With several n tiles (or
+// groups) per row a tile writes a run of `run` bytes per output position, the other tiles'
+// runs beside it: a line holds on average 1 + line / run pieces of runs and the piece of the
+// first to write it misses, so about run / (run + line) of y goes to HBM (the same launch in
+// 224x48 tiles, runs of 96 bytes: 0.60 of y's 3.61 MB to LPDDR, this estimate 0.57; in
+// 48x144 tiles, whole rows, all of it). Whether the 310P's L2 absorbs write hits so is not
+// sourced (docs/validation.md): this estimates what the model does, not silicon.
+double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTiling& t) {
+  if (cfg.hbm_sustained_bytes_per_cycle() <= 0) return 0;
+  const int64_t in_size = isa::dtype_size(s.in_type), osz = isa::dtype_size(s.out_type);
+  const int64_t taps = s.kh * s.kw;
+  double read = 0;
+  if (!cfg.l2_keep_across_launches) {
+    const int64_t x_elems = s.images * (s.x_image ? s.x_image : s.hs * s.ws * s.cs);
+    const int64_t w_elems =
+        s.b_diagonal ? s.groups * s.cg_out * kBlk * taps : s.groups * s.cg_in * taps * s.cg_out;
+    read = static_cast<double>((x_elems + w_elems) * in_size);
+  }
+  double write = 0;
+  if (!cfg.l2_write_back) {
+    const double y_bytes = static_cast<double>(s.images * s.oh() * s.ow() * s.cy * osz);
+    const int64_t run = round_up(std::min(t.tn, s.cg_out), kBlk) * osz;
+    const bool whole_rows =
+        s.y_packed || (s.groups == 1 && t.n_tiles == 1 && run >= s.pitch() * osz);
+    const double line = static_cast<double>(std::max<uint32_t>(cfg.l2_line_bytes, 1));
+    write = cfg.l2_bytes == 0 || whole_rows
+                ? y_bytes
+                : y_bytes * static_cast<double>(run) / (static_cast<double>(run) + line);
+  }
+  if (read + write <= 0) return 0;
+  return (read + write) / cfg.hbm_mixed_bytes_per_cycle(write / (read + write));
+}
+
 // Among the plans within kTieBand of the lowest modelled cost (the model cannot tell them
 // apart: it is tens of per cent off either way, docs/compiler.md): the largest tile (tm * tn:
 // the least data read again per output), then the largest chunk, then resident weights, then
@@ -461,7 +505,7 @@ struct ConvPlanner {
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
     if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core)) return;
-    t.est_cycles = busiest_block(cfg, rates, c, s.cg_out);
+    t.est_cycles = busiest_block(cfg, rates, c, s.cg_out) + hbm_time(cfg, s, t);
     plans.push_back(t);
   }
 };
