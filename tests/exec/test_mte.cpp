@@ -81,7 +81,11 @@ TEST_CASE("nd2nz writes [ceil(cols/C0)][dst_rows][C0] with zero padding") {
                  Case{Dtype::F32, 17, 9, 11, 48},
                  // partial blocks of 31 and 6 bytes (every piece size of copy_block_prefix;
                  // an image's 3 channels), rows back to back as in NHWC
-                 Case{Dtype::S8, 3, 31, 31, 16}, Case{Dtype::F16, 40, 3, 3, 48}}) {
+                 Case{Dtype::S8, 3, 31, 31, 16}, Case{Dtype::F16, 40, 3, 3, 48},
+                 // rows over two 64 KiB device pages from 0x3000, row 87 across the boundary:
+                 // one, two (+ a partial) and three whole C0 blocks a row
+                 Case{Dtype::F16, 194, 16, 306, 208}, Case{Dtype::F16, 194, 32, 306, 208},
+                 Case{Dtype::F16, 194, 40, 306, 208}, Case{Dtype::F16, 194, 48, 306, 208}}) {
     const int size = isa::dtype_size(c.type), c0 = 32 / size;
     INFO(isa::dtype_name(c.type) << " rows " << c.rows << " cols " << c.cols);
     auto nd = pattern(size_t(c.rows) * c.src_stride * size, 1);
