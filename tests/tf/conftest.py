@@ -32,9 +32,37 @@ RESET_VARIABLES = ("NPUSIM_CHIP_OVERRIDES", "NPUSIM_REPORT_DIR", "NPUSIM_PRECISI
                    "NPUSIM_MIX_PRECISION_GRAPH", "NPUSIM_LAUNCH_ORDER")
 
 
+def _build_dir():
+    return os.environ.get("NPUSIM_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
 def _plugin_from_build():
-    build = os.environ.get("NPUSIM_BUILD_DIR", os.path.join(ROOT, "build"))
-    return os.path.join(build, "libnpusim_tf_plugin.so")
+    return os.path.join(_build_dir(), "libnpusim_tf_plugin.so")
+
+
+_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def config_bytes(value):
+    """A size of a resolved chip config ("1 GiB", "256 KiB" or a plain number) in bytes."""
+    number, _, unit = str(value).partition(" ")
+    return int(float(number) * _SIZE_UNITS[unit or "B"])
+
+
+_TEST_CHIP_CONFIG = []
+
+
+def chip_config():
+    """The resolved config of TEST_CHIP (`npusim config --chip TEST_CHIP`, YAML, `extends`
+    applied), parsed: for expectations that depend on the chip (its cube's types, its paths,
+    its HBM size)."""
+    if not _TEST_CHIP_CONFIG:
+        import yaml  # pylint: disable=import-outside-toplevel
+
+        text = subprocess.run([os.path.join(_build_dir(), "npusim"), "config", "--chip",
+                               TEST_CHIP], capture_output=True, text=True, check=True).stdout
+        _TEST_CHIP_CONFIG.append(yaml.safe_load(text))
+    return _TEST_CHIP_CONFIG[0]
 
 
 def child_env():
