@@ -37,8 +37,9 @@ def _bn_conv_kernels(relu, residual, y_type):
     """The launches a Conv2DBatchNormInference names after what it writes (ops/conv2d.cpp),
     its casts aside: with a bias table (an l1->bt path: tiny, 910b) the cube starts from the
     batch norm's shift, FIXPIPE applies the ReLU (Conv2DBias[Relu]) unless a residual follows
-    (AddResidual[Relu], a vector launch); without one (the 910, 310P) the epilogue in the UB adds
-    the shift, the residual and the ReLU (Conv2DBatchNormInference[Add][Relu])."""
+    (AddResidual[Relu], a vector launch); without one, where C leaves L0C through the UB (the
+    910, 310P: no l0c->gm path either), the epilogue in the UB adds the shift, the residual and
+    the ReLU (Conv2DBatchNormInference[Add][Relu])."""
     act = "Relu" if relu else ""
     if "l1->bt" not in chip_config()["paths"]:
         return [f"Conv2DBatchNormInference{'Add' if residual else ''}{act}_{y_type}"]
