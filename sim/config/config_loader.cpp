@@ -295,6 +295,9 @@ void parse_cores(const Reader& r, ChipConfig& c) {
   }
   if (c.total_cores() > kMaxTotalCores)
     r.fail("cores", fmt::format("{} cores in all; at most {}", c.total_cores(), kMaxTotalCores));
+  // Coupled chips have no mix groups: aiv_per_aic 0 (its readers, mix kernels and Mix Block
+  // Dim, are split-only).
+  c.aiv_per_aic = 0;
   if (c.split) {
     c.aiv_per_aic = r.get_int("cores.aiv.per_aic", 1, kMaxTotalCores);
     const auto& aic = c.core_kinds[0];

@@ -16,6 +16,7 @@ inline ChipConfig coupled_test_chip() {
   c.source_file = "tests/common/test_chip.h";
   c.clock_mhz = 1850;
   c.split = false;
+  c.aiv_per_aic = 0;  // coupled: no mix groups
   CoreKindConfig k;
   k.kind = isa::CoreKind::AICORE;
   k.count = 2;

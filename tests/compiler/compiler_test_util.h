@@ -34,6 +34,21 @@ inline std::string test_chip_name() {
 // runs a representative subset.
 inline bool test_chip_is_tiny() { return test_chip_name() == "tiny"; }
 
+// What the MatMul family (MatMul, BatchMatMulV2, Einsum) says when the chip's cube cannot
+// multiply dt operands as they are: bf16 where cube.bf16 is false, f32 under
+// must_keep_origin_dtype where cube.fp32_rate_divisor is 0 (the 910 and 310P presets: fp16-only
+// cubes); "" where it can, or where the precision mode casts f32 to f16 first. Tests of bf16 and
+// f32 products run where this is empty and expect this refusal elsewhere.
+inline std::string cube_type_refusal(const ChipConfig& cfg, compiler::DataType dt,
+                                     compiler::PrecisionMode mode) {
+  if (dt == compiler::DataType::BF16 && !cfg.cube_bf16)
+    return "bf16 is not supported by the cube of chip " + cfg.name;
+  if (dt == compiler::DataType::F32 && mode == compiler::PrecisionMode::kKeepFp32 &&
+      cfg.cube_fp32_rate_divisor <= 0)
+    return "the cube of chip " + cfg.name + " has no fp32";
+  return "";
+}
+
 // The executable's simulator of the test chip, functional (one per process: SystemC elaborates
 // one chip per process).
 inline Simulator& test_sim() {

@@ -1,5 +1,6 @@
-// MatMul compiled for the tiny chip (2 cube cores, 910B cube buffers) and run on the chip
-// model, against a reference in plain C++: C = A x B summed in double from the exact inputs.
+// MatMul compiled for the test chip (tiny by default: 2 cube cores, 910B cube buffers; 910b, 910
+// or 310p with NPUSIM_TEST_CHIP) and run on the chip model, against a reference in plain C++:
+// C = A x B summed in double from the exact inputs.
 //
 // Tolerance per element, with S = sum_k |a_ik * b_kj| and K the inner dimension:
 //   accumulation: the cube adds in fp32, sequentially in k: at most K * 2^-24 * S (one fp32
@@ -112,6 +113,24 @@ RunResult check_matmul(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t s
   return r;
 }
 
+// check_matmul where the test chip's cube multiplies dt operands in this mode; elsewhere the
+// compiler's refusal (cube_type_refusal: the 910 and 310P cubes have neither bf16 nor fp32).
+void check_matmul_where_supported(DataType dt, MatmulCase c, PrecisionMode mode, uint32_t seed) {
+  const std::string refusal = cube_type_refusal(test_sim().config(), dt, mode);
+  if (refusal.empty()) {
+    check_matmul(dt, c, mode, seed);
+    return;
+  }
+  compiler::TensorDesc a{dt,
+                         c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k}};
+  compiler::TensorDesc b{dt,
+                         c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n}};
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("MatMul", {a, b}, {{"transpose_a", c.ta}, {"transpose_b", c.tb}}),
+                        test_sim().config(), mode),
+      Catch::Contains(refusal));
+}
+
 }  // namespace
 
 TEST_CASE("MatMul f16: sizes that are and are not multiples of 16, all transposes") {
@@ -135,9 +154,11 @@ TEST_CASE("MatMul f16: sizes that are and are not multiples of 16, all transpose
 }
 
 TEST_CASE("MatMul bf16 and f32 under the precision modes") {
-  check_matmul(DataType::BF16, {24, 40, 18, false, true}, PrecisionMode::kKeepFp32, 200);
-  // fp32 on the cube (the tiny chip's cube has fp32 at 1/4 rate): A x B^T only.
-  check_matmul(DataType::F32, {19, 37, 21, false, true}, PrecisionMode::kKeepFp32, 201);
+  check_matmul_where_supported(DataType::BF16, {24, 40, 18, false, true}, PrecisionMode::kKeepFp32,
+                               200);
+  // fp32 on the cube (tiny's and 910b's cubes have fp32 at 1/4 rate): A x B^T only.
+  check_matmul_where_supported(DataType::F32, {19, 37, 21, false, true}, PrecisionMode::kKeepFp32,
+                               201);
   // fp32 cast to fp16 by a vector launch, fp32 accumulation and output.
   check_matmul(DataType::F32, {19, 37, 21, false, false}, PrecisionMode::kAllowFp32ToFp16, 202);
   check_matmul(DataType::F32, {21, 16, 35, true, true}, PrecisionMode::kAllowFp32ToFp16, 203);
@@ -197,8 +218,10 @@ TEST_CASE("MatMul launches: casts for fp32, none for empty outputs, zeros for k 
   CHECK(k16.workspace_bytes > 0);
   auto mix = compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kAllowMixPrecision);
   CHECK(mix.launches.size() == 4);  // + the f16 -> f32 widening of the result
+  // f32 on the cube needs B transposed, on chips whose cube has fp32 at all.
+  const std::string no_fp32 = cube_type_refusal(cfg, DataType::F32, PrecisionMode::kKeepFp32);
   CHECK_THROWS_WITH(compiler::compile(make_op("MatMul", {a, b}), cfg, PrecisionMode::kKeepFp32),
-                    Catch::Contains("transpose_b = true"));
+                    Catch::Contains(no_fp32.empty() ? "transpose_b = true" : no_fp32));
 
   // M = 0: an empty output and nothing to run.
   compiler::TensorDesc e{DataType::F16, {0, 5}}, f{DataType::F16, {5, 3}};

@@ -171,6 +171,12 @@ TEST_CASE("every preset loads and is self-consistent") {
     }
     CHECK(c.l2_bytes <= c.hbm_bytes);
     CHECK(c.issue_queue_depth >= 1);
+    // Mix groups: on split chips each cube core with aiv_per_aic vector cores; none on coupled.
+    if (c.split)
+      CHECK(c.aiv_per_aic * c.core_kind(CoreKind::AIC)->count ==
+            c.core_kind(CoreKind::AIV)->count);
+    else
+      CHECK(c.aiv_per_aic == 0);
   }
 }
 

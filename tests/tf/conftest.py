@@ -4,7 +4,9 @@ Every test here needs tensorflow; without it the whole folder is skipped. The pl
 from NPUSIM_TF_PLUGIN, else $NPUSIM_BUILD_DIR/libnpusim_tf_plugin.so (default build/); the
 npusim package from the repository (adapter/tf/python). All tests of one pytest process share
 one TensorFlow and one emulated chip: the tiny preset (NPUSIM_CHIP=tiny), which keeps kernels
-fast, whichever test opens the NPU first (the environment is set when this file loads). Tests
+fast, or the preset NPUSIM_TEST_CHIP names (910b, 910, 310p: as for the compiler tests,
+docs/compiler.md "Tests on the chip presets"), whichever test opens the NPU first (the
+environment is set when this file loads). Tests
 that need a fresh process (import order, configure before the device exists) run
 a child Python (run_child).
 """
@@ -20,6 +22,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE_DIR = os.path.join(ROOT, "adapter", "tf", "python")
+# The chip the tests run on: $NPUSIM_TEST_CHIP, default tiny.
+TEST_CHIP = os.environ.get("NPUSIM_TEST_CHIP") or "tiny"
 
 
 # Settings the tests expect at their defaults, whatever the caller's environment holds.
@@ -28,17 +32,45 @@ RESET_VARIABLES = ("NPUSIM_CHIP_OVERRIDES", "NPUSIM_REPORT_DIR", "NPUSIM_PRECISI
                    "NPUSIM_MIX_PRECISION_GRAPH", "NPUSIM_LAUNCH_ORDER")
 
 
+def _build_dir():
+    return os.environ.get("NPUSIM_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
 def _plugin_from_build():
-    build = os.environ.get("NPUSIM_BUILD_DIR", os.path.join(ROOT, "build"))
-    return os.path.join(build, "libnpusim_tf_plugin.so")
+    return os.path.join(_build_dir(), "libnpusim_tf_plugin.so")
+
+
+_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def config_bytes(value):
+    """A size of a resolved chip config ("1 GiB", "256 KiB" or a plain number) in bytes."""
+    number, _, unit = str(value).partition(" ")
+    return int(float(number) * _SIZE_UNITS[unit or "B"])
+
+
+_TEST_CHIP_CONFIG = []
+
+
+def chip_config():
+    """The resolved config of TEST_CHIP (`npusim config --chip TEST_CHIP`, YAML, `extends`
+    applied), parsed: for expectations that depend on the chip (its cube's types, its paths,
+    its HBM size)."""
+    if not _TEST_CHIP_CONFIG:
+        import yaml  # pylint: disable=import-outside-toplevel
+
+        text = subprocess.run([os.path.join(_build_dir(), "npusim"), "config", "--chip",
+                               TEST_CHIP], capture_output=True, text=True, check=True).stdout
+        _TEST_CHIP_CONFIG.append(yaml.safe_load(text))
+    return _TEST_CHIP_CONFIG[0]
 
 
 def child_env():
-    """Environment of a child process: the plugin and package of this test run, chip tiny."""
+    """Environment of a child process: the plugin and package of this test run, its chip."""
     env = dict(os.environ)
     env.setdefault("NPUSIM_TF_PLUGIN", _plugin_from_build())
     env["PYTHONPATH"] = PACKAGE_DIR + os.pathsep + env.get("PYTHONPATH", "")
-    env["NPUSIM_CHIP"] = "tiny"
+    env["NPUSIM_CHIP"] = TEST_CHIP
     for name in RESET_VARIABLES:
         env.pop(name, None)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -308,7 +340,7 @@ def mlp_on_two_npus(samples):
 
 
 def _use_the_test_chip():
-    """Sets this process up for the tests' chip (tiny) before any test module runs. The chip
+    """Sets this process up for the tests' chip (TEST_CHIP) before any test module runs. The chip
     config is fixed when the process's first NPU op opens the device (one per process), so it
     must not depend on which test comes first: a test that imports npusim without the `npusim`
     fixture, run before the others, would otherwise open the default 910b, and every later
@@ -330,7 +362,7 @@ _use_the_test_chip()
 def npusim():
     import npusim as module  # pylint: disable=import-outside-toplevel
 
-    module.configure(chip="tiny")
+    module.configure(chip=TEST_CHIP)
     return module
 
 

@@ -10,7 +10,7 @@ import yaml
 
 pytest.importorskip("tensorflow")
 
-from conftest import run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import TEST_CHIP, chip_config, config_bytes, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def test_npu_is_listed_once(tf):
@@ -25,10 +25,10 @@ def test_device_runs_the_configured_chip(npusim, tf):
         tf.identity(tf.zeros([4]))  # make sure the device exists
     info = npusim.device_info()
     assert info["open"]
-    assert info["settings"]["chip"] == "tiny"
-    assert info["chip_identity"].startswith("tiny:")
-    # configs/chips/tiny.yaml: memory.hbm.bytes = 1 GiB
-    assert info["hbm_bytes"] == 1 << 30
+    assert info["settings"]["chip"] == TEST_CHIP
+    assert info["chip_identity"].startswith(TEST_CHIP + ":")
+    # The config's memory.hbm.bytes (tiny: 1 GiB).
+    assert info["hbm_bytes"] == config_bytes(chip_config()["memory"]["hbm"]["bytes"])
 
 
 def test_memory_info_counts_a_tensor_on_the_npu(tf):
@@ -73,14 +73,14 @@ def test_tensor_round_trip_through_npu_memory(tf, dtype):
 def test_a_test_without_the_fixture_opens_the_test_chip():
     """This test asks for no fixture: were it the first of its process to run an NPU op, it
     would open the NPU with the process's settings, and the tests after it (which ask for the
-    tiny chip) would fail if that were another chip. conftest.py sets the tiny chip when it
-    loads, so the test files run in any order in one process."""
+    test chip) would fail if that were another chip. conftest.py sets the test chip (tiny, or
+    $NPUSIM_TEST_CHIP) when it loads, so the test files run in any order in one process."""
     import npusim  # pylint: disable=import-outside-toplevel,redefined-outer-name
     import tensorflow as tf  # pylint: disable=import-outside-toplevel,redefined-outer-name
 
     with tf.device("/NPU:0"):
         tf.identity(tf.zeros([1])).numpy()
-    assert npusim.device_info()["settings"]["chip"] == "tiny"
+    assert npusim.device_info()["settings"]["chip"] == TEST_CHIP
 
 
 def test_large_tensor_round_trip(tf):
@@ -93,15 +93,16 @@ def test_large_tensor_round_trip(tf):
 def test_configure_cannot_change_an_open_device(npusim, tf):
     with tf.device("/NPU:0"):
         tf.identity(tf.zeros([1]))
-    npusim.configure(chip="tiny")  # the same config: fine
+    npusim.configure(chip=TEST_CHIP)  # the same config: fine
     # The error names the setting that would change, both values, and the rule.
-    with pytest.raises(npusim.NpusimError,
-                       match=r"already in use.*chip 'tiny' -> '910b'.*one chip config per process"):
-        npusim.configure(chip="910b")
+    other = "910b" if TEST_CHIP != "910b" else "tiny"
+    with pytest.raises(npusim.NpusimError, match=rf"already in use.*chip '{TEST_CHIP}' -> "
+                                                 rf"'{other}'.*one chip config per process"):
+        npusim.configure(chip=other)
     with pytest.raises(npusim.NpusimError, match=r"already in use.*overrides \[\] -> "
                                                  r"\['memory.hbm.gbps=900'\]"):
         npusim.configure(overrides={"memory.hbm.gbps": 900})
-    assert npusim.device_info()["settings"]["chip"] == "tiny"
+    assert npusim.device_info()["settings"]["chip"] == TEST_CHIP
 
 
 @pytest.mark.parametrize("imports", ["import tensorflow as tf\nimport npusim",
@@ -146,7 +147,7 @@ def test_write_report(npusim, tf, tmp_path):
     with tf.device("/NPU:0"):
         (tf.constant(np.ones(64, np.float32)) * 2.0).numpy()
     assert npusim.write_report(tmp_path) == tmp_path
-    assert yaml.safe_load((tmp_path / "chip.yaml").read_text())["name"] == "tiny"
+    assert yaml.safe_load((tmp_path / "chip.yaml").read_text())["name"] == TEST_CHIP
     launches = json.loads((tmp_path / "launches.json").read_text())
     assert launches and all("counters" in r for r in launches)
     # launches.json holds each launch's counters flat: the tree's leaves by dotted name.

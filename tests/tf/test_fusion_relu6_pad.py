@@ -35,7 +35,7 @@ pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import INFERENCE_HELPERS, run_child  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import INFERENCE_HELPERS, chip_config, run_child  # noqa: E402  pylint: disable=wrong-import-position
 
 RTOL = 1e-2
 
@@ -118,6 +118,14 @@ def test_block_matches_cpu(block):
     assert rel_error(block["got"], block["want"]) < RTOL
 
 
+def _clamp_in_conv_epilogue():
+    """Where C leaves L0C through the UB (no l0c->gm path: the 910, 310P), the batch norm, its
+    ReLU6 and the f16 hand-off run in the convolution's own kernel (ops/conv2d.cpp
+    batch_norm_in_epilogue; test_coupled_chip_runs_the_batch_norms_in_the_convolutions_epilogue),
+    not in a batch-norm pass of their own."""
+    return "l0c->gm" not in chip_config()["paths"]
+
+
 def test_relu6_and_pad_leave_no_launches_of_their_own(block):
     recs = block["records"]
     types = {r["op_type"] for r in recs}
@@ -126,6 +134,11 @@ def test_relu6_and_pad_leave_no_launches_of_their_own(block):
     assert types == {"Conv2DBatchNormInference", "DepthwiseConv2dBatchNormInference"}, types
     clamps = {r["op_type"]: r["kernel"] for r in recs
               if r["kernel"].startswith("BatchNormInferenceRelu6")}
+    if _clamp_in_conv_epilogue():
+        assert not clamps, clamps
+        assert {"Conv2DBatchNormInferenceRelu6_f16",
+                "DepthwiseConv2dBatchNormInferenceRelu6_f16"} <= {r["kernel"] for r in recs}, recs
+        return
     # the expansion's and the depthwise convolution's, each handing its result to the next
     # convolution in fp16 (the cube's f32 result in, f16 out)
     assert clamps == {"Conv2DBatchNormInference": "BatchNormInferenceRelu6_f32_f16",
@@ -303,6 +316,10 @@ def test_allow_mix_precision_runs_the_fused_convolutions_in_float16():
     casts = sorted(k for t, k in kernels if k.startswith("Cast"))
     assert casts == ["Cast_f16_f32", "Cast_f32_f16"], kernels
     passes = sorted(k for t, k in kernels if k.startswith("BatchNormInference"))
+    if _clamp_in_conv_epilogue():
+        assert not passes, kernels
+        assert ("Conv2DBatchNormInference", "Conv2DBatchNormInference_f16") in kernels, kernels
+        return
     # expansion and depthwise: ReLU6 in the batch norm's pass, the cube's f32 result in, f16
     # out; the projection (no clamp, the tiny chip has a bias table): FIXPIPE writes f16
     assert passes == ["BatchNormInferenceRelu6_f32_f16"] * 2, kernels

@@ -31,6 +31,7 @@ ChipConfig split_chip() {
   aic.buffer_bytes.erase(Buf::UB);
   aiv.kind = CoreKind::AIV;
   aiv.count = 4;
+  c.aiv_per_aic = 2;
   aiv.pipes = {Pipe::S, Pipe::MTE2, Pipe::MTE3, Pipe::V};
   aiv.buffer_bytes = {{Buf::UB, 192 * 1024}};
   c.core_kinds = {aic, aiv};
