@@ -161,6 +161,50 @@ def test_training_tracks_node_by_node_in_fewer_dispatches(name, tmp_path):
 
 
 
+# The CNN of models/ trained three steps (Adam): per step the task lists (graph runs, and ops
+# dispatched on their own) and the launches outside any graph run; the losses and weights bits.
+CNN_STEP = r"""
+import json
+import npusim
+import keras
+import models
+
+keras.utils.set_random_seed(0)
+x, y = models.synthetic_data("cnn", batch=8, seed=1)
+model = models.build("cnn", seed=3)
+model.compile(optimizer="adam", loss=models.loss("cnn"))
+out = {"losses": [], "task_lists": [], "alone": [], "backprops_in_runs": []}
+for step in range(3):
+    npusim.clear_launch_records()
+    out["losses"].append(float(model.train_on_batch(x, y)))
+    recs = npusim.launch_records()
+    out["task_lists"].append(len({("graph", r["graph_run"]) if r["graph_run"] else
+                                  ("op", r["dispatch"]) for r in recs}))
+    out["alone"].append(sorted(r["op_type"] for r in recs if not r["graph_run"]))
+    out["backprops_in_runs"].append(sorted({r["graph_run"] for r in recs
+                                            if r["op_type"].startswith("Conv2DBackprop")}))
+out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_cnn_training_step_is_one_task_list():
+    graph = _result(run_child(CNN_STEP, timeout=600))
+    nodes = _result(run_child(CNN_STEP, timeout=600, extra_env={"NPUSIM_GRAPH": "0"}))
+    # The same losses and weights, bit for bit, as node by node.
+    assert graph["losses"] == nodes["losses"], (graph["losses"], nodes["losses"])
+    assert graph["weights"] == nodes["weights"]
+    # Grappler's constant-folded ShapeN Consts (the convolution backprops' sizes, host inputs
+    # copied into the set) keep a control input from the forward's MaxPool; that path through
+    # them no longer splits the step: the forward, the backprops and the updates are one
+    # NpuGraph run, the step's one task list (the plugin before ran two) from the second step
+    # on (the first also initializes the optimizer's variables).
+    assert nodes["task_lists"][-1] > 1, nodes["task_lists"]
+    assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
+    assert graph["alone"][1:] == [[], []], graph["alone"]
+    assert all(len(runs) == 1 and runs[0] for runs in graph["backprops_in_runs"]), graph
+
+
 # The MLP trained with Keras' accuracy metric: its argmax tests each probability's sign bit
 # (Bitcast to int32, BitwiseAnd with INT32_MIN, Less than 0) to order -0.0 below +0.0.
 ACCURACY = r"""
