@@ -21,6 +21,10 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   in the same NpuGraph run (numpy's values and node by node's bits over three steps), a read
   before an update its old value, and a read that also waits for a CPU node reading the run's
   result stays after the run;
+- the CNN's training step: one task list a step (grappler's constant-folded ShapeN Consts,
+  ordered after the forward's MaxPool, no longer split it), losses and weights bit for bit
+  those of node by node; a Const ordered after a member and read by a later node only as a
+  host input does not keep that node out of the set, one read as a data input does;
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
 - variable updates inside graphs: a kernel fault in a graph that updates variables (the
   watchdog at one instruction faults its first launch; the updates were queued after it) is
@@ -380,6 +384,44 @@ def test_same_size_bitcasts_are_views_inside_a_graph():
     groups = result["groups"]
     assert ["after", "clear_sign", "scaled", "shifted"] in groups, groups
     assert not any("halves_2" in g and "shifted" in g for g in groups), groups
+
+
+# A Const ordered after a member of a set (a control input, as grappler's constant-folded ShapeN
+# Consts keep), read by a later node as a host input (a reduction's axes) and, cast (folded into
+# another such Const by grappler), as an ordinary data input.
+CONST_AFTER_MEMBER = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+def body(x):
+    h = tf.nn.relu(tf.add(tf.multiply(x, 3.0, name="scaled"), 1.0, name="shifted"), name="h")
+    with tf.control_dependencies([h]):
+        axes = tf.constant([1], name="axes")
+    rows = tf.reduce_sum(tf.multiply(h, 2.0, name="twice"), axis=axes, name="rows")
+    return rows, tf.add(rows, tf.cast(axes, tf.float32, name="axes_f"), name="plus_axes")
+
+x = tf.constant(np.linspace(-2.0, 2.0, 24, dtype=np.float32).reshape(4, 6))
+""" + RUN_AND_GROUP + r"""
+print("NPUSIM_RESULT " + json.dumps({
+    "got": [t.numpy().tolist() for t in got], "want": [t.numpy().tolist() for t in want],
+    "groups": sorted(sorted(g) for g in groups.values())}))
+"""
+
+
+def test_a_const_read_as_a_host_input_keeps_no_path_between_sets():
+    # The Sum reads the Const only as its axes, which its set copies: the path h -> Const ->
+    # Sum does not keep the Sum out of h's set (the plugin before ran it alone). The folded
+    # cast of the Const is a data input of the last add: that path still counts (merging would
+    # make a cycle through the Const, which runs after the NpuGraph node), so the add stays out.
+    result = _result(run_child(CONST_AFTER_MEMBER))
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    groups = result["groups"]
+    assert any("h" in g and "rows" in g for g in groups), groups
+    assert not any("plus_axes" in g for g in groups), groups
+
 
 CONFIGURE_OFF = r"""
 import json
