@@ -21,6 +21,10 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   in the same NpuGraph run (numpy's values and node by node's bits over three steps), a read
   before an update its old value, and a read that also waits for a CPU node reading the run's
   result stays after the run;
+- the CNN's training step: one task list a step (grappler's constant-folded ShapeN Consts,
+  ordered after the forward's MaxPool, no longer split it), losses and weights bit for bit
+  those of node by node; a Const ordered after a member and read by a later node only as a
+  host input does not keep that node out of the set, one read as a data input does;
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
 - variable updates inside graphs: a kernel fault in a graph that updates variables (the
   watchdog at one instruction faults its first launch; the updates were queued after it) is
@@ -159,6 +163,50 @@ def test_training_tracks_node_by_node_in_fewer_dispatches(name, tmp_path):
     assert f"{plans['plans']} plans, {plans['arenas_held']} arenas held now" in memory, memory
     assert "whole-graph static memory plans: none" in nodes["summary"], nodes["summary"]
 
+
+
+# The CNN of models/ trained three steps (Adam): per step the task lists (graph runs, and ops
+# dispatched on their own) and the launches outside any graph run; the losses and weights bits.
+CNN_STEP = r"""
+import json
+import npusim
+import keras
+import models
+
+keras.utils.set_random_seed(0)
+x, y = models.synthetic_data("cnn", batch=8, seed=1)
+model = models.build("cnn", seed=3)
+model.compile(optimizer="adam", loss=models.loss("cnn"))
+out = {"losses": [], "task_lists": [], "alone": [], "backprops_in_runs": []}
+for step in range(3):
+    npusim.clear_launch_records()
+    out["losses"].append(float(model.train_on_batch(x, y)))
+    recs = npusim.launch_records()
+    out["task_lists"].append(len({("graph", r["graph_run"]) if r["graph_run"] else
+                                  ("op", r["dispatch"]) for r in recs}))
+    out["alone"].append(sorted(r["op_type"] for r in recs if not r["graph_run"]))
+    out["backprops_in_runs"].append(sorted({r["graph_run"] for r in recs
+                                            if r["op_type"].startswith("Conv2DBackprop")}))
+out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_cnn_training_step_is_one_task_list():
+    graph = _result(run_child(CNN_STEP, timeout=600))
+    nodes = _result(run_child(CNN_STEP, timeout=600, extra_env={"NPUSIM_GRAPH": "0"}))
+    # The same losses and weights, bit for bit, as node by node.
+    assert graph["losses"] == nodes["losses"], (graph["losses"], nodes["losses"])
+    assert graph["weights"] == nodes["weights"]
+    # Grappler's constant-folded ShapeN Consts (the convolution backprops' sizes, host inputs
+    # copied into the set) keep a control input from the forward's MaxPool; that path through
+    # them no longer splits the step: the forward, the backprops and the updates are one
+    # NpuGraph run, the step's one task list (the plugin before ran two) from the second step
+    # on (the first also initializes the optimizer's variables).
+    assert nodes["task_lists"][-1] > 1, nodes["task_lists"]
+    assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
+    assert graph["alone"][1:] == [[], []], graph["alone"]
+    assert all(len(runs) == 1 and runs[0] for runs in graph["backprops_in_runs"]), graph
 
 
 # The MLP trained with Keras' accuracy metric: its argmax tests each probability's sign bit
@@ -336,6 +384,44 @@ def test_same_size_bitcasts_are_views_inside_a_graph():
     groups = result["groups"]
     assert ["after", "clear_sign", "scaled", "shifted"] in groups, groups
     assert not any("halves_2" in g and "shifted" in g for g in groups), groups
+
+
+# A Const ordered after a member of a set (a control input, as grappler's constant-folded ShapeN
+# Consts keep), read by a later node as a host input (a reduction's axes) and, cast (folded into
+# another such Const by grappler), as an ordinary data input.
+CONST_AFTER_MEMBER = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+def body(x):
+    h = tf.nn.relu(tf.add(tf.multiply(x, 3.0, name="scaled"), 1.0, name="shifted"), name="h")
+    with tf.control_dependencies([h]):
+        axes = tf.constant([1], name="axes")
+    rows = tf.reduce_sum(tf.multiply(h, 2.0, name="twice"), axis=axes, name="rows")
+    return rows, tf.add(rows, tf.cast(axes, tf.float32, name="axes_f"), name="plus_axes")
+
+x = tf.constant(np.linspace(-2.0, 2.0, 24, dtype=np.float32).reshape(4, 6))
+""" + RUN_AND_GROUP + r"""
+print("NPUSIM_RESULT " + json.dumps({
+    "got": [t.numpy().tolist() for t in got], "want": [t.numpy().tolist() for t in want],
+    "groups": sorted(sorted(g) for g in groups.values())}))
+"""
+
+
+def test_a_const_read_as_a_host_input_keeps_no_path_between_sets():
+    # The Sum reads the Const only as its axes, which its set copies: the path h -> Const ->
+    # Sum does not keep the Sum out of h's set (the plugin before ran it alone). The folded
+    # cast of the Const is a data input of the last add: that path still counts (merging would
+    # make a cycle through the Const, which runs after the NpuGraph node), so the add stays out.
+    result = _result(run_child(CONST_AFTER_MEMBER))
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    groups = result["groups"]
+    assert any("h" in g and "rows" in g for g in groups), groups
+    assert not any("plus_axes" in g for g in groups), groups
+
 
 CONFIGURE_OFF = r"""
 import json

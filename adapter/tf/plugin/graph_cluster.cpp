@@ -34,11 +34,13 @@
 // Clusters grow along data edges between such nodes (union of connected sets), and two sets
 // merge only if no path leads from one to the other through a node outside both (control edges
 // included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
-// inputs and before all its consumers. An update left alone (no data edge to a member) then
-// joins the largest set it can under the same rule, and so does a compiled op left alone whose
-// data inputs are all variable reads and Consts (a variable's next state: Keras 3's seed
-// `state + [0, 1]`, its readers the AssignVariableOp that writes it back, after the NpuGraph
-// node). Other sets of one node stay as they were.
+// inputs and before all its consumers. A Const's edge into the other set that its member reads
+// only as host inputs is not such a path's edge: the merged set copies the value and takes no
+// input from the Const (grappler's constant-folded ShapeN Consts keep control inputs). An update
+// left alone (no data edge to a member) then joins the largest set it can under the same rule, and
+// so does a compiled op left alone whose data inputs are all variable reads and Consts (a
+// variable's next state: Keras 3's seed `state + [0, 1]`, its readers the AssignVariableOp that
+// writes it back, after the NpuGraph node). Other sets of one node stay as they were.
 //
 // The rewrite: the NpuGraph node takes the cluster's external data inputs (deduplicated) and the
 // members' control inputs from outside; each member output read outside (data) becomes one
@@ -265,8 +267,30 @@ struct Sets {
   }
 };
 
+// Whether `member` reads Const `c` only as host inputs of its op (at least once): the set copies
+// the value into its spec and the NpuGraph node takes no input from `c`, so the edge is gone
+// once `member`'s set is rewritten.
+bool reads_const_on_host_only(const Graph& g, int c, int member) {
+  const tfc::NodeDef& m = *g.nodes[member];
+  if (g.nodes[c]->op() != "Const") return false;
+  const std::vector<int> host = host_input_positions(m, member_host_inputs(m.op()));
+  bool read = false;
+  for (int i = 0; i < m.input_size(); ++i) {
+    if (split_input(m.input(i)).first != g.nodes[c]->name()) continue;
+    if (std::find(host.begin(), host.end(), i) == host.end()) return false;  // data or control
+    read = true;
+  }
+  return read;
+}
+
 // Whether a path leads from set `a` to set `b` through at least one node outside both (sets of
-// the contracted graph: entering a set reaches all its members).
+// the contracted graph: entering a set reaches all its members). An edge into `b` from a Const
+// `b`'s member reads only as host inputs (`reads_const_on_host_only`) is no edge of that graph:
+// should a and b merge, the rewritten set takes the value, not the Const, and its steps keep
+// the order of the Const's control inputs among its members (grappler's constant-folded
+// `ShapeN` of a convolution's backprop keeps a control input from the forward's MaxPool: the
+// Const runs after the NpuGraph node, read by nothing). An edge into a third set still counts:
+// that set may yet be left alone.
 bool path_through_outside(const Graph& g, Sets& sets,
                           const std::unordered_map<int, std::vector<int>>& members, int a, int b) {
   std::vector<char> seen(g.nodes.size(), 0);
@@ -298,7 +322,10 @@ bool path_through_outside(const Graph& g, Sets& sets,
     stack.pop_back();
     for (int s : g.succ[v]) {
       const int root = sets.find(s);
-      if (root == b) return true;
+      if (root == b) {
+        if (reads_const_on_host_only(g, v, s)) continue;
+        return true;
+      }
       if (root == a) continue;  // cannot happen in an acyclic contracted graph
       push_set(s);
     }
