@@ -907,6 +907,10 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
   s.a_type = device_dtype(dt);
   s.pixels = pixels;
   s.cp = xp.cp;
+  // The most pixels per raw tile (ops/channel.cpp) on split chips, for f32 x only: f16 x adds
+  // a widening per tile, and the smaller tile's extra instructions then cost more than the round
+  // trips save (measured: f16 lost 3-10 % at 8x112x112x64 to 8x28x28x512, f32 gained 4-7 %).
+  s.raw_tile_first = cfg.split && dt == DataType::F32;
   // (the sums' partial sets: the sums of squares, then the plain sums)
   append_channel_sum_epilogue(k, op.str(), s, {xp.ref},
                               bn_training_reduce_sums_epilogue(0, c, xp.cp, true),

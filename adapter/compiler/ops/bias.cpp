@@ -112,6 +112,9 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
     s.a_type = device_dtype(g.dtype);
     s.pixels = pixels;
     s.cp = channels;
+    // The most pixels per raw tile (ops/channel.cpp) on split chips: a plain sum's vector work
+    // per element is the least of the channel sums' (measured, docs/compiler.md).
+    s.raw_tile_first = ctx.cfg.split;
     // The epilogue rounds the f32 sums to T as it stores them (f16: vconv, round to nearest
     // even, as a Cast's).
     ChannelEpilogueSpec e;

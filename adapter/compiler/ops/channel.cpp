@@ -248,8 +248,11 @@ void ChannelSumEmitter::plan_tile() {
     // ChannelSumSpec::raw_tile_first: of the tiles of ct channels from the largest down to
     // kRawFirstMinTile elements (each with in-place or ping-pong sums), the one whose raw tile
     // holds the most pixels (the fewest round trips); on a tie the larger tile, then ping-pong.
+    // Only a raw tile of more pixels than the tile chosen above replaces it: with as many round
+    // trips there is nothing to win (measured: BNTrainingReduce's 8x28x28x128 and 8x14x14x512
+    // lost 4-6 % to the larger tile of a tie, docs/compiler.md).
     const int64_t top = largest(false).first;
-    int64_t best = 0;
+    int64_t best = tp * rt;
     for (int64_t t = top; t >= 1 && (t == top || t * ct >= kRawFirstMinTile); t /= 2)
       for (bool pingpong : {true, false}) {
         if ((pingpong && s.relu_mask) || need(t, ct, pingpong) > ub) continue;

@@ -55,7 +55,8 @@ struct ChannelSumSpec {
                            // round_A(fa * a + fs) > 0 (relu_mask_threshold)
   int mask_vectors = 0;    // relu_mask: vectors read besides m (arguments "mask0", ...)
   // The tile chosen for the most pixels per raw tile (ops/channel.cpp, plan_tile) rather than
-  // the largest tile; measured for BNTrainingUpdateGrad's sums (docs/compiler.md).
+  // the largest tile, where that raw tile holds more pixels; measured for BNTrainingUpdateGrad's
+  // unmasked sums, BiasAddGrad's and f32 BNTrainingReduce's (docs/compiler.md).
   bool raw_tile_first = false;
   // relu_mask: writes fa and fs (f32, `count` lanes in the UB) from vectors = {m, mask0, ...};
   // tmp: a scratch of as many lanes.
