@@ -626,3 +626,35 @@ TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 9
   CHECK(t.stack > 1);
   CHECK(t.period == 8);
 }
+
+namespace {
+// The output tile height of the cube convolution launch among `launches` ("tiles 448x16 ...").
+int64_t conv_tile_height(const std::vector<std::string>& launches) {
+  for (const std::string& l : launches) {
+    const size_t at = l.find("cube conv");
+    const size_t tiles = l.find("tiles ", at == std::string::npos ? l.size() : at);
+    if (tiles != std::string::npos) return std::stoll(l.substr(tiles + 6));
+  }
+  FAIL("no cube convolution launch");
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("Depthwise tiles taller than MatMul's 256 positions (CubeConvSpec::max_tile_height)") {
+  // Maps of 1,600 and 576 output positions (stride 1, and stride 2 with two groups, the second
+  // partial), each against the direct product: on the few-core test chips the planner takes
+  // tiles taller than 256 for both.
+  const ConvCase plain{1, 40, 40, 16, 3, 3, 0};
+  check_depthwise(0, DataType::F16, plain, 1, 130);
+  check_depthwise(0, DataType::F16, ConvCase{2, 48, 48, 24, 3, 3, 0}.window(2, 2, 1, 1, "SAME"), 1,
+                  132);
+  // On one cube core the planner takes the taller tile (it may: up to 512 positions) for the
+  // 1,600 positions, and never one past the limit.
+  const ChipConfig one_core = load_chip_config("tiny", {"cores.aic.count=1", "cores.aiv.count=2"});
+  compiler::CompiledKernel k = compiler::compile(depthwise_op(plain, 1), one_core);
+  std::vector<std::string> summaries;
+  for (const compiler::Launch& l : k.launches) summaries.push_back(l.summary);
+  INFO(summaries.back());
+  CHECK(conv_tile_height(summaries) > 256);
+  CHECK(conv_tile_height(summaries) <= 512);
+}

@@ -101,6 +101,13 @@ struct CubeConvSpec {
   // that the first reads of x, which fill whole L2 lines holding every group's channels, are
   // spread over the launch rather than all at its start. Used where there are several keys.
   bool tiles_spatial_major = false;
+  // The tallest output tile the planner may choose (output positions; 0: kMaxTile, 256, as
+  // MatMul's). The depthwise convolutions allow taller ones: their k is one group's taps (144
+  // for 3x3), so a tile's cube work is small beside its per-tile costs (a slab load whose
+  // landing holds MTE2, the flag hand-overs), and a taller tile pays those once for more
+  // positions and reloads fewer halo rows; L0C, the UB, L1 and the instruction fields still
+  // bound it (plan_cube_conv).
+  int64_t max_tile_height = 0;
   // Epilogue: bias adds an f32 [cy] argument "bias" (after y) to every output position, through
   // the bias table (mmad init 2 on a tile's first step; groups == 1 only, and the argument must
   // be readable in whole 32-byte blocks: a workspace slice); relu applies max(y, 0) in FIXPIPE.

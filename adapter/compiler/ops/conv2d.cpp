@@ -1295,6 +1295,11 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
                           f);
 }
 
+// The tallest output tile of the depthwise convolutions (CubeConvSpec::max_tile_height): twice
+// MatMul's 256, so that a 56x56 map's 3,136 positions go in 7 tiles of 448 (2 slab loads of
+// 8 rows become one of 10).
+constexpr int64_t kDepthwiseMaxTileHeight = 2 * kMaxTile;
+
 // NPUSIM_DEPTHWISE_GROUPS_PER_STEP=N in the environment: the depthwise convolutions' kernel
 // serves N of its 16-channel groups per step (merge_diagonal_groups, at most the groups there
 // are); unset or empty: one. The planner does not choose N (docs/validation.md, MobileNetV2 on
@@ -1373,6 +1378,7 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.b_group = f[0] * f[1] * s.b_tap;
   s.b_row = 16 * d.m;
   s.tiles_spatial_major = depthwise_tiles_spatial_major(op);
+  s.max_tile_height = kDepthwiseMaxTileHeight;
   const int64_t per_step = depthwise_groups_per_step(op, s.groups);
   if (per_step > 1) s = merge_diagonal_groups(s, per_step, op.str());
   if (batch_norm && batch_norm_in_epilogue(ctx, s)) {

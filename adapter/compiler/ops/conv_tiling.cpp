@@ -146,12 +146,12 @@ std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, 
   return counts;
 }
 
-// Output tile heights for `positions` per (tall) map: every multiple of 16 up to 256, and the
+// Output tile heights for `positions` per (tall) map: every multiple of 16 up to max_tm, and the
 // balanced height for each count of tiles per map (784 positions -> 7 tiles of 112 rather than 6
 // of 128 and one of 16).
-std::set<int64_t> tile_heights(int64_t positions) {
+std::set<int64_t> tile_heights(int64_t positions, int64_t max_tm) {
   std::set<int64_t> tms;
-  for (int64_t tm = kBlk; tm <= kMaxTile; tm += kBlk) {
+  for (int64_t tm = kBlk; tm <= max_tm; tm += kBlk) {
     tms.insert(std::min(tm, round_up(positions, kBlk)));
     tms.insert(round_up(ceil_div(positions, ceil_div(positions, tm)), kBlk));
   }
@@ -414,7 +414,8 @@ struct ConvPlanner {
     const int64_t positions = sg.tall_oh * s.ow();
     const int64_t ru16 = field_max(isa::FieldKind::RU16);
     // The blocks' tiles: a tile's cost depends on its m tile (rows, slab) and its n tile.
-    for (int64_t tm : tile_heights(positions)) {
+    for (int64_t tm :
+         tile_heights(positions, s.max_tile_height > 0 ? s.max_tile_height : kMaxTile)) {
       Candidate c;
       c.mts = m_tiles(positions, tm, s.ow(), sg.ht, s.kh, s.sh, s.dh, s.pt);
       // The planner makes a stack one m tile (stacking serves images smaller than a tile;
