@@ -209,6 +209,55 @@ def test_cnn_training_step_is_one_task_list():
     assert all(len(runs) == 1 and runs[0] for runs in graph["backprops_in_runs"]), graph
 
 
+# A residual block as ResNet-50's (convolutions with BatchNormalization, the shortcut's add and
+# ReLU, no MaxPool) trained with Adam under the mixed precision mode of the ResNet-50 figures.
+RESIDUAL_STEP = r"""
+import json
+import numpy as np
+import npusim
+import keras
+
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(1)
+x = rng.standard_normal((8, 12, 12, 3)).astype(np.float32)
+y = rng.integers(0, 4, size=(8,)).astype(np.int32)
+inputs = keras.Input((12, 12, 3))
+h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+r = keras.layers.Conv2D(8, 3, padding="same")(h)
+r = keras.layers.BatchNormalization()(r)
+h = keras.layers.ReLU()(keras.layers.Add()([h, r]))
+h = keras.layers.GlobalAveragePooling2D()(h)
+model = keras.Model(inputs, keras.layers.Dense(4)(h))
+model.compile(optimizer="adam",
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+out = {"losses": [], "task_lists": [], "alone": []}
+for step in range(3):
+    npusim.clear_launch_records()
+    out["losses"].append(float(model.train_on_batch(x, y)))
+    recs = npusim.launch_records()
+    out["task_lists"].append(len({("graph", r["graph_run"]) if r["graph_run"] else
+                                  ("op", r["dispatch"]) for r in recs}))
+    out["alone"].append(sorted(r["op_type"] for r in recs if not r["graph_run"]))
+out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def test_residual_training_step_is_one_task_list():
+    env = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
+    graph = _result(run_child(RESIDUAL_STEP, timeout=600, extra_env=env))
+    nodes = _result(run_child(RESIDUAL_STEP, timeout=600, extra_env={**env, "NPUSIM_GRAPH": "0"}))
+    assert graph["losses"] == nodes["losses"], (graph["losses"], nodes["losses"])
+    assert graph["weights"] == nodes["weights"]
+    # The backprops' constant-folded ShapeN Consts keep control inputs from the forward's batch
+    # norm updates and residual AddRelu (ResNet-50's split, no MaxPool): no path between the
+    # forward and the backward either, so from the second step on the step is one task list,
+    # the int64 iteration counter's add inside it (the plugin before ran two).
+    assert nodes["task_lists"][-1] > 1, nodes["task_lists"]
+    assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
+    assert graph["alone"][1:] == [[], []], graph["alone"]
+
 # The MLP trained with Keras' accuracy metric: its argmax tests each probability's sign bit
 # (Bitcast to int32, BitwiseAnd with INT32_MIN, Less than 0) to order -0.0 below +0.0.
 ACCURACY = r"""
