@@ -251,9 +251,10 @@ def test_residual_training_step_is_one_task_list():
     assert graph["losses"] == nodes["losses"], (graph["losses"], nodes["losses"])
     assert graph["weights"] == nodes["weights"]
     # The backprops' constant-folded ShapeN Consts keep control inputs from the forward's batch
-    # norm updates and residual AddRelu (ResNet-50's split, no MaxPool): no path between the
-    # forward and the backward either, so from the second step on the step is one task list,
-    # the int64 iteration counter's add inside it (the plugin before ran two).
+    # norms and ReLUs (ResNet-50's structure, no MaxPool); read as host inputs only they keep no
+    # path between the forward and the backward, so from the second step on the step is one
+    # task list, the int64 iteration counter's add inside it (the plugin before the Consts were
+    # copied into the sets ran two).
     assert nodes["task_lists"][-1] > 1, nodes["task_lists"]
     assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
     assert graph["alone"][1:] == [[], []], graph["alone"]

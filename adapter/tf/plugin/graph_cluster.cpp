@@ -416,33 +416,24 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     ma.insert(ma.end(), members[b].begin(), members[b].end());
     members.erase(b);
   };
-  // Passes in topological order until one merges nothing: a merge refused for a path through a
-  // node still outside every set (a bias gradient's Reshape views, which join their producer's
-  // set only when the pass reaches them) is tried again once that node has joined. Every merge
-  // passes the same checks, so the contracted graph stays acyclic whatever the order.
-  for (bool merged = true; merged;) {
-    merged = false;
-    for (int u : order) {
-      if (!ok[u]) continue;
-      // A view joins its input's set only: edges out of it count once it is there.
-      if (is_view(*g.nodes[u])) {
-        const auto in = g.index.find(split_input(g.nodes[u]->input(0)).first);
-        if (in == g.index.end() || sets.find(in->second) != sets.find(u)) continue;
-      }
-      for (int v : g.succ[u]) {
-        if (!ok[v]) continue;
-        // Only data edges join sets, and the control edge from an update to a read after it.
-        bool data = read_after_update(g, *g.nodes[v]) == g.nodes[u];
-        for (const std::string& in : g.nodes[v]->input())
-          data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
-        if (!data) continue;
-        const int a = sets.find(u), b = sets.find(v);
-        if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device())
-          continue;
-        if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
-        merge(a, b);
-        merged = true;
-      }
+  for (int u : order) {
+    if (!ok[u]) continue;
+    // A view joins its input's set only: edges out of it count once it is there.
+    if (is_view(*g.nodes[u])) {
+      const auto in = g.index.find(split_input(g.nodes[u]->input(0)).first);
+      if (in == g.index.end() || sets.find(in->second) != sets.find(u)) continue;
+    }
+    for (int v : g.succ[u]) {
+      if (!ok[v]) continue;
+      // Only data edges join sets, and the control edge from an update to a read after it.
+      bool data = read_after_update(g, *g.nodes[v]) == g.nodes[u];
+      for (const std::string& in : g.nodes[v]->input())
+        data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
+      if (!data) continue;
+      const int a = sets.find(u), b = sets.find(v);
+      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device()) continue;
+      if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
+      merge(a, b);
     }
   }
   // A lone update (no data edge to another member: its value from Consts and variable reads
