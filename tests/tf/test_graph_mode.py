@@ -177,6 +177,12 @@ keras.utils.set_random_seed(0)
 x, y = models.synthetic_data("cnn", batch=8, seed=1)
 model = models.build("cnn", seed=3)
 model.compile(optimizer="adam", loss=models.loss("cnn"))
+"""
+
+# Three training steps of the compiled `model` on (x, y), each step's losses, task lists (NpuGraph
+# runs and kernel calls of their own), op types launched outside a run and the runs holding the
+# convolution backprops; then the weights.
+TRAIN_3_STEPS_RECORDED = r"""
 out = {"losses": [], "task_lists": [], "alone": [], "backprops_in_runs": []}
 for step in range(3):
     npusim.clear_launch_records()
@@ -190,6 +196,7 @@ for step in range(3):
 out["weights"] = [w.numpy().tobytes().hex() for w in model.weights]
 print("NPUSIM_RESULT " + json.dumps(out))
 """
+CNN_STEP += TRAIN_3_STEPS_RECORDED
 
 
 def test_cnn_training_step_is_one_task_list():
@@ -207,6 +214,49 @@ def test_cnn_training_step_is_one_task_list():
     assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
     assert graph["alone"][1:] == [[], []], graph["alone"]
     assert all(len(runs) == 1 and runs[0] for runs in graph["backprops_in_runs"]), graph
+
+
+# A residual block as ResNet-50's (convolutions with BatchNormalization, the shortcut's add and
+# ReLU, no MaxPool) trained with Adam under the mixed precision mode of the ResNet-50 figures.
+RESIDUAL_STEP = r"""
+import json
+import numpy as np
+import npusim
+import keras
+
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(1)
+x = rng.standard_normal((8, 12, 12, 3)).astype(np.float32)
+y = rng.integers(0, 4, size=(8,)).astype(np.int32)
+inputs = keras.Input((12, 12, 3))
+h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+r = keras.layers.Conv2D(8, 3, padding="same")(h)
+r = keras.layers.BatchNormalization()(r)
+h = keras.layers.ReLU()(keras.layers.Add()([h, r]))
+h = keras.layers.GlobalAveragePooling2D()(h)
+model = keras.Model(inputs, keras.layers.Dense(4)(h))
+model.compile(optimizer="adam",
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+"""
+RESIDUAL_STEP += TRAIN_3_STEPS_RECORDED
+
+
+def test_residual_training_step_is_one_task_list():
+    env = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
+    graph = _result(run_child(RESIDUAL_STEP, timeout=600, extra_env=env))
+    nodes = _result(run_child(RESIDUAL_STEP, timeout=600, extra_env={**env, "NPUSIM_GRAPH": "0"}))
+    assert graph["losses"] == nodes["losses"], (graph["losses"], nodes["losses"])
+    assert graph["weights"] == nodes["weights"]
+    # The backprops' constant-folded ShapeN Consts keep control inputs from the forward's batch
+    # norms and ReLUs (ResNet-50's structure, no MaxPool); read as host inputs only they keep no
+    # path between the forward and the backward, so from the second step on the step is one
+    # task list, the int64 iteration counter's add inside it (the plugin before the Consts were
+    # copied into the sets ran two).
+    assert nodes["task_lists"][-1] > 1, nodes["task_lists"]
+    assert graph["task_lists"][1:] == [1, 1], graph["task_lists"]
+    assert graph["alone"][1:] == [[], []], graph["alone"]
+    assert all(len(runs) == 1 and runs[0] for runs in graph["backprops_in_runs"][1:]), graph
 
 
 # The MLP trained with Keras' accuracy metric: its argmax tests each probability's sign bit
