@@ -72,6 +72,15 @@ float relu_mask_threshold(Dtype t) {
 
 namespace {
 
+// core = this vector core's index in a mix launch's vector section: vector core v of group g
+// is g * aiv_per_aic + v.
+void section_vector_core(KernelBuilder& b, const Reg& core) {
+  Reg sub = b.reg("vector core in the group");
+  b.emit(Opcode::op_get_block_id, {core});
+  b.emit(Opcode::op_get_subblock_id, {sub});
+  b.mul_add(core, core, static_cast<int64_t>(b.config().aiv_per_aic), sub);
+}
+
 // Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
 // per item and channel group: clear the sums, (centered) load m, accumulate the tiles, fold the
 // tp running sums and store them. The raw inputs are loaded rt tiles at a time into
@@ -107,7 +116,6 @@ class ChannelSumEmitter {
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
-  void section_block(const Reg& blk);
   void emit_partials_barrier(int id);
   // The section's body from its first instruction to its end; blk = this core's block among
   // m_blocks (computed by `block`), `wait` issued before any input is read.
@@ -517,7 +525,7 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   if (sec.epilogue)
     for (int i = 0; i < sec.epilogue->outputs; ++i)
       b.declare_arg(fmt::format("output{}", i), sec.epilogue->out_type, {});
-  emit_body([&](const Reg& blk) { section_block(blk); },
+  emit_body([&](const Reg& blk) { section_vector_core(m_b, blk); },
             sec.wait ? [&] { sec.wait(b); } : std::function<void()>());
   if (e) {
     e->partial_blocks.assign(sec.epilogue_sets.size(), m_blocks);
@@ -525,7 +533,7 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
     m_px.reset();
     const EpiloguePlan p = plan_epilogue(b, *e, b.free_bytes(Buf::UB), cores);
     Reg core = b.reg("vector core of the launch");
-    section_block(core);
+    section_vector_core(m_b, core);
     emit_epilogue_tiles(b, *e, p, sec.epilogue_sets, &core);
   }
   b.end();
@@ -601,15 +609,6 @@ void ChannelSumEmitter::emit_partials_barrier(int id) {
   KernelBuilder::Origin o(m_b, "barrier: every vector core's partials stored");
   m_b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, id}, "this core's partials stored");
   m_b.emit(Opcode::op_cc_wait, {Pipe::MTE2, id}, "wait: every vector core's partials");
-}
-
-// blk = this vector core's index in a section: vector core v of group g is g * aiv_per_aic + v.
-void ChannelSumEmitter::section_block(const Reg& blk) {
-  KernelBuilder& b = m_b;
-  Reg sub = b.reg("vector core in the group");
-  b.emit(Opcode::op_get_block_id, {blk});
-  b.emit(Opcode::op_get_subblock_id, {sub});
-  b.mul_add(blk, blk, static_cast<int64_t>(b.config().aiv_per_aic), sub);
 }
 
 void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& block,
@@ -980,10 +979,8 @@ void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
   const EpiloguePlan p = plan_epilogue(b, e, b.free_bytes(Buf::UB), cores);
   for (int i = 0; i < e.outputs; ++i) b.declare_arg(fmt::format("output{}", i), e.out_type, {});
   wait(b);
-  Reg core = b.reg("vector core of the launch"), sub = b.reg("vector core in the group");
-  b.emit(Opcode::op_get_block_id, {core});
-  b.emit(Opcode::op_get_subblock_id, {sub});
-  b.mul_add(core, core, static_cast<int64_t>(b.config().aiv_per_aic), sub);
+  Reg core = b.reg("vector core of the launch");
+  section_vector_core(b, core);
   emit_epilogue_tiles(b, e, p, partial_args, &core);
   b.end();
 }
