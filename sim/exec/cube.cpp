@@ -163,11 +163,8 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
       const T av = acol[i * K0];
 #pragma GCC unroll 32
       for (uint64_t jj = 0; jj < NR; ++jj) {
-        if constexpr (kFused)
-          acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
-
-        else
-          acc[i][jj] += av * brow[jj];
+        if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
+        else acc[i][jj] += av * brow[jj];
       }
     }
   };
