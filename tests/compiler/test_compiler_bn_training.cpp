@@ -97,13 +97,17 @@ void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt 
   check_channel_sums(x, shape[3], run("BNTrainingReduce", {x}, {}, 2), 0);
 }
 
+// With `residual` (attribute R = 1): input 5 a residual res of x's type drawn from [-2, 2], and
+// output 0 relu(y + res) (relu: after the add), y and y + res each rounded to T: the bound
+// of y in T, widened by the add's rounding u |y + res| (u = e, or 2^-11 and half a subnormal).
 void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
-                  DataType dt = DataType::F32) {
+                  DataType dt = DataType::F32, bool residual = false) {
   const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
   const double eps = 0.001;
   INFO("BNTrainingUpdate " << compiler::shape_str(shape) << (relu ? " relu " : " ")
-                           << compiler::data_type_name(dt));
+                           << compiler::data_type_name(dt) << (residual ? " residual" : ""));
   HostTensor x = random_tensor(dt, shape, -2, 3, seed);
+  HostTensor res = random_tensor(dt, shape, -2, 2, seed + 3);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 1);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 2);
   // The sums of x, rounded to f32 as BNTrainingReduce hands them over.
@@ -117,8 +121,13 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
     s[j] = round_to(DataType::F32, s[j]);
     sq[j] = round_to(DataType::F32, sq[j]);
   }
-  RunResult res = run("BNTrainingUpdate", {x, vec(s), vec(sq), scale, offset},
-                      {{"epsilon", eps}, {"relu", relu}}, 3);
+  std::vector<HostTensor> in = {x, vec(s), vec(sq), scale, offset};
+  std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}, {"relu", relu}};
+  if (residual) {
+    in.push_back(res);
+    attrs["R"] = int64_t{1};
+  }
+  RunResult out = run("BNTrainingUpdate", in, attrs, 3);
   std::vector<double> m(c), v(c), tm(c), tv(c), y(x.values.size()), ty(x.values.size());
   for (int64_t j = 0; j < c; ++j) {
     m[j] = s[j] / static_cast<double>(r);
@@ -131,15 +140,59 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
     for (int64_t i = 0; i < r; ++i) {
       const size_t q = static_cast<size_t>(i * c + j);
       const double xa = x.values[q] * a, raw = xa + shift;
-      y[q] = relu ? std::max(raw, 0.0) : raw;
+      y[q] = relu && !residual ? std::max(raw, 0.0) : raw;
       ty[q] = std::fabs(xa) * ea + std::fabs(m[j] * a) * (ea + 2 * kE) +
               4 * kE * (std::fabs(xa) + std::fabs(shift));
       if (dt == DataType::F16) ty[q] = ty[q] * (1 + kH) + kH * std::fabs(y[q]) + kHalfSubnormal;
+      if (residual) {
+        const double u = dt == DataType::F16 ? kH : kE, sum = y[q] + res.values[q];
+        ty[q] = ty[q] * (1 + u) + u * std::fabs(sum) + (dt == DataType::F16 ? kHalfSubnormal : 0);
+        y[q] = relu ? std::max(sum, 0.0) : sum;
+      }
     }
   }
-  check_within_bounds(res.outputs[0].values, y, ty, "y");
-  check_within_bounds(res.outputs[1].values, m, tm, "batch_mean");
-  check_within_bounds(res.outputs[2].values, v, tv, "batch_variance");
+  check_within_bounds(out.outputs[0].values, y, ty, "y");
+  check_within_bounds(out.outputs[1].values, m, tm, "batch_mean");
+  check_within_bounds(out.outputs[2].values, v, tv, "batch_variance");
+}
+
+// BNTrainingUpdate with a residual (R = 1, relu) against the unfused graph it replaces,
+// BNTrainingUpdate then AddRelu(y, res): the same bits in all three outputs (the add and the
+// ReLU are the AddRelu kernel's instructions on y rounded to T).
+void check_residual_bits(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
+  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  INFO("BNTrainingUpdate residual bits " << compiler::shape_str(shape) << " "
+                                         << compiler::data_type_name(dt));
+  HostTensor x = random_tensor(dt, shape, -2, 3, seed);
+  HostTensor res = random_tensor(dt, shape, -2, 2, seed + 1);
+  HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 2);
+  HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 3);
+  std::vector<double> s(c), sq(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < r; ++i) {
+      s[j] += at(x, i, j, c);
+      sq[j] += at(x, i, j, c) * at(x, i, j, c);
+    }
+  for (int64_t j = 0; j < c; ++j) {
+    s[j] = round_to(DataType::F32, s[j]);
+    sq[j] = round_to(DataType::F32, sq[j]);
+  }
+  const std::vector<HostTensor> in = {x, vec(s), vec(sq), scale, offset};
+  RunResult plain = run("BNTrainingUpdate", in, {{"epsilon", 0.001}}, 3);
+  const HostTensor y{TensorDesc{dt, shape}, plain.outputs[0].values};
+  RunResult add_relu = run("AddRelu", {y, res}, {}, 1);
+  std::vector<HostTensor> fused_in = in;
+  fused_in.push_back(res);
+  RunResult fused =
+      run("BNTrainingUpdate", fused_in, {{"epsilon", 0.001}, {"relu", true}, {"R", int64_t{1}}}, 3);
+  // Both sides of the ReLU occur.
+  size_t zeros = 0;
+  for (double v : fused.outputs[0].values) zeros += v == 0;
+  CHECK(zeros > 0);
+  CHECK(zeros < fused.outputs[0].values.size());
+  CHECK(fused.outputs[0].values == add_relu.outputs[0].values);
+  CHECK(fused.outputs[1].values == plain.outputs[1].values);
+  CHECK(fused.outputs[2].values == plain.outputs[2].values);
 }
 
 struct GradCase {
@@ -425,6 +478,20 @@ TEST_CASE("BNTrainingUpdate: statistics, normalisation, scale, shift (and ReLU)"
   check_update({1, 4, 4, 200}, false, 13);
 }
 
+TEST_CASE("BNTrainingUpdate with a residual: relu(y + r), the add in T after y's rounding") {
+  check_update({2, 3, 5, 16}, true, 14, DataType::F32, true);
+  check_update({2, 3, 5, 16}, false, 15, DataType::F32, true);
+  check_update({1, 4, 4, 7}, true, 16, DataType::F32, true);  // the fold in a launch of its own
+  check_update({2, 3, 5, 16}, true, 17, DataType::F16, true);
+  check_update({1, 4, 4, 200}, true, 18, DataType::F16, true);
+  check_update({1, 4, 4, 7}, true, 19, DataType::F16, true);
+  for (DataType dt : {DataType::F32, DataType::F16}) {
+    check_residual_bits({2, 3, 5, 16}, dt, 40);
+    check_residual_bits({1, 4, 4, 7}, dt, 41);
+    check_residual_bits({4, 8, 8, 64}, dt, 42);  // several tiles per block
+  }
+}
+
 TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad: the training gradient") {
   check_grads({{2, 3, 5, 16}, 20});
   check_grads({{1, 4, 4, 7}, 21});
@@ -603,6 +670,14 @@ TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {
             .message.find("input 3 must be f32[8]") != std::string::npos);
   CHECK(compile_refusal(make_op("BNTrainingReduce", {TensorDesc{DataType::F32, {0, 4, 4, 8}}}))
             .message.find("non-empty batch") != std::string::npos);
+  // the residual: of x's type and shape, R 0 or 1
+  const TensorDesc x16{DataType::F16, {2, 4, 4, 8}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v, v, x16}, {{"R", int64_t{1}}}))
+            .message.find("input 5 is f16[2,4,4,8], expected f32[2,4,4,8]") != std::string::npos);
+  CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"R", int64_t{1}}}))
+            .message.find("takes 6 inputs, 5 given") != std::string::npos);
+  CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v, v, x}, {{"R", int64_t{2}}}))
+            .message.find("attribute R = 2: 0 or 1 expected") != std::string::npos);
 }
 
 // Conflict cycles and busy cycles of the vector units (summed over the cores) in launch
@@ -643,10 +718,18 @@ TEST_CASE("BNTrainingReduceGrad and BNTrainingUpdate: tiles in UB bank windows o
       if (relu) grad.push_back(v);
       std::vector<std::tuple<std::string, std::vector<TensorDesc>, size_t>> placed;
       if (dt == DataType::F16 || relu) placed.emplace_back("BNTrainingReduceGrad", grad, 0);
-      if (dt == DataType::F16)
+      std::vector<std::map<std::string, compiler::AttrValue>> attrs(placed.size(),
+                                                                    {{"relu", relu}});
+      if (dt == DataType::F16) {
         placed.emplace_back("BNTrainingUpdate", std::vector<TensorDesc>{t, v, v, v, v}, 0);
-      for (const auto& [type, in, launch] : placed) {
-        const auto [conflicts, busy] = vector_bank_conflicts(type, in, {{"relu", relu}}, launch);
+        attrs.push_back({{"relu", relu}});
+        // with the residual: y + r into x's widened tile, the ReLU from there into the output
+        placed.emplace_back("BNTrainingUpdate", std::vector<TensorDesc>{t, v, v, v, v, t}, 0);
+        attrs.push_back({{"relu", relu}, {"R", int64_t{1}}});
+      }
+      for (size_t p = 0; p < placed.size(); ++p) {
+        const auto& [type, in, launch] = placed[p];
+        const auto [conflicts, busy] = vector_bank_conflicts(type, in, attrs[p], launch);
         INFO(type << " " << compiler::data_type_name(dt) << (relu ? " relu" : "") << ": "
                   << conflicts << " conflict cycles of " << busy << " busy");
         REQUIRE(busy > 0);

@@ -28,7 +28,11 @@
 //     -> y, batch_mean, batch_variance:  m = sum / R, v = max(square_sum / R - m^2, 0) (biased),
 //     a = rsqrt(v + eps) * scale, y = x * a + (offset - m * a) [then max(y, 0)]: one launch, one
 //     pass over x (the statistics and the fold per block on the resident vectors; C not a
-//     multiple of 8: a per-channel launch first).
+//     multiple of 8: a per-channel launch first). With attribute R = 1 (the graph pass's
+//     residual add and ReLU folded in, CANN's BNTrainingUpdate + Add + ReLU fusion) input 5 is
+//     a residual r of x's type and shape, loaded beside x: y = act(round_T(x * a + shift) + r),
+//     the add and the ReLU in T as the unfused AddRelu computes them (bit for bit), relu then
+//     applying after the add only.
 //   BNTrainingUpdateGrad(dy, x, batch_mean, batch_variance; epsilon) -> diff_scale, diff_offset:
 //     diff_offset = sum(dy), diff_scale = sum(dy * (x - m)) * rsqrt(v + eps): one pass over
 //     dy and x.
@@ -615,10 +619,41 @@ void bnt_statistics(KernelBuilder& b, const Reg& n, uint64_t sum, uint64_t squar
   f32_unary(b, Opcode::op_vrelu, v, v, n);  // v = max(square_sum / R - m^2, 0)
 }
 
-// BNTrainingUpdate(x, sum, square_sum, scale, offset) -> y, batch_mean, batch_variance.
+// The residual of BNTrainingUpdate (attribute R = 1) added in the apply `spec` (built with no
+// activation; its compute leaves y rounded to T in the output tile): a stream input of y's type
+// and shape (next after the spec's), then out = act(y + r) in T with the unfused graph's
+// AddRelu kernel's instructions (ops/fused.cpp: vadd, then vrelu, of type T), so y + r and the
+// ReLU round as the AddV2 and Relu after a BNTrainingUpdate do, bit for bit. Where the spec is
+// placed in UB bank windows (T = f16: x's widened tile in window 0, free once y is rounded; the
+// output in 2), the sum goes to that tile and the ReLU writes the output from it, r in window 3:
+// no instruction writes a tile it reads. Else (f32, memory-bound) both in place on the output.
+void add_residual(StreamSpec& spec, Activation act) {
+  const size_t r = spec.inputs.size();
+  const isa::Dtype type = spec.out_type;
+  const bool placed = spec.out_window >= 0;
+  spec.inputs.push_back(
+      StreamInput{type, broadcast_view(spec.out_shape, spec.out_shape), spec.out_shape});
+  if (placed) spec.inputs.back().window = 3;
+  spec.compute = [y = std::move(spec.compute), r, act, type, placed](KernelBuilder& b,
+                                                                     const TileOperands& t) {
+    const Reg& n = *t.count;
+    y(b, t);
+    const uint64_t sum = placed && act == Activation::kRelu ? t.temp[0] : t.out;
+    vec_binary(b, Opcode::op_vadd, type, sum, t.out, t.in[r], n);
+    if (act == Activation::kRelu) vec_unary(b, Opcode::op_vrelu, type, t.out, sum, n);
+  };
+}
+
+// BNTrainingUpdate(x, sum, square_sum, scale, offset[, residual]) -> y, batch_mean,
+// batch_variance; with R = 1, y = act(round_T(x * a + shift) + residual) (add_residual).
 CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
-  const TrainingShape t = training_shape(op, 5, {0}, {1, 2, 3, 4});
+  const int64_t residual = op.attr_int("R", 0);
+  if (residual != 0 && residual != 1)
+    op.invalid(fmt::format("attribute R = {}: 0 or 1 expected", residual));
+  // (the residual is checked as x: of its type and shape)
+  const TrainingShape t = residual ? training_shape(op, 6, {0, 5}, {1, 2, 3, 4})
+                                   : training_shape(op, 5, {0}, {1, 2, 3, 4});
   // x and y f32, or f16 (allow_mix_precision's graph pass): widened, computed in f32, rounded
   // once (append_batch_norm_apply).
   if (t.dt != DataType::F32 && t.dt != DataType::F16)
@@ -629,6 +664,8 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   const TensorDesc vec{DataType::F32, {t.c}};
   k.outputs = {TensorDesc{t.dt, t.shape}, vec, vec};
   const Activation act = op.attr_bool("relu", false) ? Activation::kRelu : Activation::kNone;
+  // The activation of y itself: none where it follows the residual's add.
+  const Activation y_act = residual ? Activation::kNone : act;
   // One launch where it can (CANN's BNTrainingUpdate is one kernel too): the apply's blocks
   // each compute the statistics and the fold on their resident per-channel tiles, once per
   // period, with the fold launch's instructions lane by lane (the same bits); block 0 stores
@@ -637,14 +674,17 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   // inputs 3 and 4 (m and v in place; they and the fold's scratch take one period of the UB,
   // not a tile). Needs the statistics' stores whole 32-byte blocks (c a multiple of 8) and the
   // four vectors resident; else the fold is a launch of its own.
-  StreamSpec apply = batch_norm_apply_spec(t.shape, act, device_dtype(t.dt), device_dtype(t.dt),
+  // With a residual, input 5 (r) follows them; the kernel is named BNTrainingUpdateAdd[Relu]_T.
+  const std::string name = fmt::format("BNTrainingUpdate{}{}_{}", residual ? "Add" : "",
+                                       activation_name(act), data_type_name(t.dt));
+  StreamSpec apply = batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt), device_dtype(t.dt),
                                            true);
-  apply.kernel_name = fmt::format("BNTrainingUpdate{}_{}", activation_name(act),
-                                  data_type_name(t.dt));
+  apply.kernel_name = name;
   for (int i = 0; i < 2; ++i) {
     apply.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({t.c}, t.shape), {t.c}});
     apply.inputs.back().period_only = true;
   }
+  if (residual) add_residual(apply, act);
   const size_t scratch = apply.temps.size();
   apply.temps.push_back(TempSpec{"statistics scratch (f32)", 4, 0});
   apply.temps.back().period_only = true;
@@ -657,10 +697,11 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   };
   apply.resident_stores = {{3, t.c}, {4, t.c}};  // batch_mean, batch_variance
   if (t.c % 8 == 0 && stream_keeps_resident(apply, ctx.cfg)) {
-    k.launches.push_back(with_args(
-        build_stream_kernel(op.str(), apply, ctx.cfg),
-        {input_ref(0), input_ref(3), input_ref(4), input_ref(1), input_ref(2), output_ref(0),
-         output_ref(1), output_ref(2)}));
+    std::vector<ArgRef> args = {input_ref(0), input_ref(3), input_ref(4), input_ref(1),
+                                input_ref(2)};
+    if (residual) args.push_back(input_ref(5));
+    args.insert(args.end(), {output_ref(0), output_ref(1), output_ref(2)});
+    k.launches.push_back(with_args(build_stream_kernel(op.str(), apply, ctx.cfg), args));
     return k;
   }
   BatchNormFold fold;
@@ -683,8 +724,17 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   k.launches.push_back(with_args(build_channel_epilogue(e, ctx.cfg, op.str()),
                                  {input_ref(1), input_ref(2), input_ref(3), input_ref(4),
                                   output_ref(1), output_ref(2), fold.a, fold.shift}));
-  append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, act, device_dtype(t.dt),
-                          device_dtype(t.dt), true);
+  if (!residual) {
+    append_batch_norm_apply(k, ctx, input_ref(0), t.shape, fold, act, device_dtype(t.dt),
+                            device_dtype(t.dt), true);
+    return k;
+  }
+  StreamSpec fold_apply = batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt),
+                                                device_dtype(t.dt), true);
+  fold_apply.kernel_name = name;
+  add_residual(fold_apply, act);
+  k.launches.push_back(with_args(build_stream_kernel(op.str(), fold_apply, ctx.cfg),
+                                 {input_ref(0), fold.a, fold.shift, input_ref(5), output_ref(0)}));
   return k;
 }
 
