@@ -537,6 +537,13 @@ bool reads_output(const tfc::NodeDef& n, int i, const std::string& name, int por
   return !r.control && r.node == name && r.port == port;
 }
 
+// BNTrainingUpdate's residual attribute R (0 when absent): 1 where rewrite 0c added
+// the residual, whose ReLU then follows the add (y is not x * a + shift).
+bool has_residual(const tfc::NodeDef& update) {
+  auto it = update.attr().find("R");
+  return it != update.attr().end() && it->second.i() != 0;
+}
+
 // ReluGrad(g, y) with y = output 0 of a BNTrainingUpdate(relu = true) whose gradients (rewrite
 // 0's BNTrainingUpdateGrad and BNTrainingReduceGrad of the same x and statistics) are the
 // ReluGrad's only two consumers: both read g and take it back through the ReLU themselves
@@ -563,7 +570,9 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
     if (!update || update->op() != "BNTrainingUpdate" || update->input_size() < 5 ||
         !on_npu(*update) || type_attr(*update) != t)
       continue;
-    if (auto r = update->attr().find("relu"); r == update->attr().end() || !r->second.b()) continue;
+    if (auto r = update->attr().find("relu");
+        r == update->attr().end() || !r->second.b() || has_residual(*update))
+      continue;
     // The same batch norm: x, and the statistics of that BNTrainingUpdate.
     if (ug.input(1) != update->input(0) || !reads_output(ug, 2, update->name(), 1) ||
         !reads_output(ug, 3, update->name(), 2))
@@ -651,6 +660,109 @@ int fuse_add_n_relu_grads_in(tfc::GraphDef& graph, const std::unordered_set<std:
 }
 
 // ---- end of rewrite 16 ----
+
+// ---- Rewrite 0c: a residual add and its ReLU in BNTrainingUpdate (graph_fusion.h) ----
+
+// Ops whose output 0 is an activation of a training graph's block: what the other operand of
+// the residual add may come from (a bias, a constant or a broadcast operand may not).
+bool training_activation(const tfc::NodeDef& n) {
+  static const char* const kOps[] = {"BNTrainingUpdate", "AddRelu", "Relu", "AddV2"};
+  for (const char* op : kOps)
+    if (n.op() == op) return true;
+  return false;
+}
+
+// Whether `target` is `from` or one of its ancestors (data or control inputs).
+bool depends_on(GraphView& g, const std::string& from, const std::string& target) {
+  std::vector<std::string> stack = {from};
+  std::unordered_set<std::string> seen = {from};
+  while (!stack.empty()) {
+    const tfc::NodeDef* n = g.node(stack.back());
+    stack.pop_back();
+    if (!n) continue;
+    if (n->name() == target) return true;
+    for (const std::string& in : n->input()) {
+      const InputRef r = parse_input(in);
+      if (seen.insert(r.node).second) stack.push_back(r.node);
+    }
+  }
+  return false;
+}
+
+// AddRelu(y, r) (either operand order) with y output 0 of a BNTrainingUpdate (no ReLU, no
+// residual yet) that nothing else reads, and r output 0 of a training_activation of the same
+// type T -> the BNTrainingUpdate with r as input 5 (R = 1) and relu = true, its name kept,
+// `_npusim_fused` naming the AddRelu, whose readers read the batch norm's output 0 (control
+// edges from it come from the batch norm) and which goes. The AddRelu must be on the NPU, not
+// preserved, without control inputs; the BNTrainingUpdate not preserved (its y changes); r must
+// not depend on it.
+int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                         std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::map<std::string, std::string> renamed;  // the AddRelus -> the batch norms' output 0
+  int fused = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& add = *graph.mutable_node(i);
+    // (control consumers are fine: grappler's constant folding leaves the shapes of a
+    // convolution's input, for its gradient, as Consts with a control edge from that input)
+    if (add.op() != "AddRelu" || add.input_size() != 2 || !on_npu(add) ||
+        preserve.count(add.name()) || has_control_inputs(add) || rm.claimed(add.name()))
+      continue;
+    const std::optional<tfc::DataType> t = type_attr(add);
+    if (t != tfc::DT_FLOAT && t != tfc::DT_HALF) continue;
+    for (int k = 0; k < 2; ++k) {
+      tfc::NodeDef* update = g.producer(add, k, "BNTrainingUpdate");
+      const InputRef other = parse_input(add.input(1 - k));
+      tfc::NodeDef* r = other.control || other.port != 0 ? nullptr : g.node(other.node);
+      if (!update || !r || r == update || !training_activation(*r) || !on_npu(*r) ||
+          !on_npu(*update) || update->device() != add.device() || type_attr(*update) != t ||
+          type_attr(*r) != t || update->input_size() < 5 || has_residual(*update) ||
+          preserve.count(update->name()) || rm.claimed(update->name()))
+        continue;
+      if (auto relu = update->attr().find("relu");
+          relu != update->attr().end() && relu->second.b())
+        continue;
+      // y (output 0) read by the add alone; batch_mean and batch_variance may have readers.
+      int y_readers = 0;
+      for (int c : g.consumer_indices(update->name()))
+        for (int j = 0; j < g.at(c)->input_size(); ++j)
+          y_readers += reads_output(*g.at(c), j, update->name(), 0);
+      if (y_readers != 1 || depends_on(g, r->name(), update->name())) continue;
+      std::vector<std::string> inputs;
+      for (const std::string& in : update->input())
+        if (in.empty() || in[0] != '^') inputs.push_back(in);
+      if (inputs.size() != 5) continue;
+      inputs.push_back(add.input(1 - k));
+      std::map<std::string, tfc::AttrValue> attrs;
+      for (const auto& [name, value] : update->attr())
+        if (!name.empty() && name[0] != '_') attrs[name] = value;
+      attrs["R"].set_i(1);
+      attrs["relu"].set_b(true);
+      // The node names the fused node stands for besides its own (reports keep both).
+      tfc::AttrValue fused_names;
+      if (auto f = update->attr().find("_npusim_fused"); f != update->attr().end())
+        fused_names = f->second;
+      fused_names.mutable_list()->add_s(add.name());
+      attrs["_npusim_fused"] = fused_names;
+      renamed[add.name()] = update->name();
+      renamed[add.name() + ":0"] = update->name();
+      renamed["^" + add.name()] = "^" + update->name();
+      rm.claim(update->name());
+      rm.remove(add.name());
+      rewrite_as(*update, "BNTrainingUpdate", inputs, attrs);
+      ++fused;
+      break;
+    }
+  }
+  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
+    for (std::string& in : *graph.mutable_node(i)->mutable_input())
+      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// ---- end of rewrite 0c ----
 
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
@@ -4542,6 +4654,20 @@ int fuse_add_n_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::st
     return 0;
   std::set<std::string> removed;
   const int fused = fuse_add_n_relu_grads_in(graph, preserve, &removed);
+  erase_nodes(graph, removed);
+  return fused;
+}
+
+bool bn_add_relu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_BN_ADD_RELU");
+  return on;
+}
+
+int fuse_bn_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_add_relu_fusion_requested())
+    return 0;
+  std::set<std::string> removed;
+  const int fused = fuse_bn_add_relus_in(graph, preserve, &removed);
   erase_nodes(graph, removed);
   return fused;
 }

@@ -43,6 +43,22 @@
 //      ops of one type, float or half. Runs with rewrite 0 only; under allow_mix_precision's
 //      graph pass after that pass (fold_bn_relu_grads below), on the half ops it leaves.
 //      NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
+//   0c. The residual add and its ReLU in BNTrainingUpdate (CANN's BNTrainingUpdate + Add +
+//      ReLU fusion), run by the optimizer after the mixed precision pass and 0b
+//      (fuse_bn_add_relus below; the ops in the types they run in): AddRelu(y, r) (either
+//      operand order; rewrite 3's) where y is output 0 of a BNTrainingUpdate without ReLU or
+//      residual that nothing else reads (its batch_mean and batch_variance may have readers;
+//      not preserved), r output 0 of a BNTrainingUpdate, AddRelu, Relu or AddV2 (an activation
+//      of the network, not a bias or constant) that does not depend on the batch norm, all of
+//      one T (float or half) on one device, the AddRelu not preserved and without control
+//      inputs (control edges from it come from the batch norm) -> the BNTrainingUpdate with r as
+//      input 5 (attribute R = 1) and relu = true, its name kept, `_npusim_fused` naming the
+//      AddRelu, whose readers (the next block, the ReLU's gradient) read the batch norm's output 0
+//      and which goes. The kernel adds r after y's rounding to T, in T, then the ReLU: the unfused
+//      AddRelu's values bit for bit, without its launch and y's round trip through HBM
+//      (adapter/compiler/ops/batchnorm.cpp). A ResNet's residual blocks end so in training. 0b
+//      takes no BNTrainingUpdate with R = 1 (its ReLU follows the add). NPUSIM_FUSION_BN_ADD_RELU=0
+//      turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -469,6 +485,12 @@ int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
 // folded.
 int fold_bn_relu_grads(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
+
+// False when NPUSIM_FUSION_BN_ADD_RELU is "0" (read once): rewrite 0c alone off.
+bool bn_add_relu_fusion_requested();
+// Rewrite 0c (above) on `graph` while fusion_enabled() and rewrites 0 and 0c are requested,
+// after allow_mix_precision's pass; returns the AddRelus taken into batch norms.
+int fuse_bn_add_relus(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
 
 // Rewrite 16 (above) on `graph` while fusion_enabled(), requested and FusedElementwise is
 // registered; returns the ReluGrads rewritten.

@@ -399,6 +399,13 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
                        item_id(item).c_str(), folded);
         changed |= folded > 0;
       }
+      // The residual add and its ReLU in the batch norm (rewrite 0c), after 0b (which must not
+      // take the ReLU it adds), in the types the mixed precision pass gave them.
+      const int adds = fuse_bn_add_relus(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && adds > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d AddRelus into BNTrainingUpdate\n",
+                     item_id(item).c_str(), adds);
+      changed |= adds > 0;
       // A residual gradient sum and its ReluGrad as one pass (rewrite 16), after 0b.
       const int sums = fuse_add_n_relu_grads(graph, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG") && sums > 0)

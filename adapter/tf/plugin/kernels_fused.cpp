@@ -66,8 +66,10 @@
 //     variables, on TensorFlow's C++ kernel API); registered here is only its definition.
 //
 //   BNTrainingReduce(x: T) -> sum: float, square_sum: float
-//   BNTrainingUpdate(x: T, sum: float, square_sum: float, scale: float, offset: float)
-//     -> y: T, batch_mean: float, batch_variance: float     epsilon: float; relu: bool
+//   BNTrainingUpdate(x: T, sum: float, square_sum: float, scale: float, offset: float,
+//                    residual: R * T)
+//     -> y: T, batch_mean: float, batch_variance: float     epsilon: float; relu: bool;
+//     R: int in {0, 1} = 0 (1: y = relu(y + residual), graph_fusion.h rewrite 0c)
 //   BNTrainingUpdateGrad(grads: T, x: T, batch_mean: float, batch_variance: float)
 //     -> diff_scale: float, diff_offset: float              epsilon: float
 //   BNTrainingReduceGrad(grads: T, x: T, diff_scale: float, diff_offset: float, scale: float,
@@ -295,10 +297,13 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"sum: float", "square_sum: float"},
        {"T: {float, half}"},
        reduce_shape},
+      // R = 1: residual is added to y (in T, after y's rounding) before the ReLU (graph_fusion.h
+      // rewrite 0c).
       {"BNTrainingUpdate",
-       {"x: T", "sum: float", "square_sum: float", "scale: float", "offset: float"},
+       {"x: T", "sum: float", "square_sum: float", "scale: float", "offset: float",
+        "residual: R * T"},
        {"y: T", "batch_mean: float", "batch_variance: float"},
-       {"T: {float, half}", "epsilon: float = 0.001", "relu: bool = false"},
+       {"T: {float, half}", "R: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
        update_shape},
       // relu = true: grads is the gradient of BNTrainingUpdate(relu = true)'s y, taken back
       // through the ReLU in the kernel; fold = scale, offset (N = 2) / offset (N = 1).

@@ -1,0 +1,167 @@
+"""The residual add and its ReLU in the training batch norm (adapter/tf/plugin/graph_fusion.h,
+rewrite 0c; the kernel in adapter/compiler/ops/batchnorm.cpp, BNTrainingUpdate with R = 1):
+AddRelu(y, r) where y is a BNTrainingUpdate's output read by the add alone and r an activation
+becomes that BNTrainingUpdate with r as its residual and the ReLU after the add; the AddRelu's
+launch and y's pass through HBM go.
+
+- a Keras residual CNN (a stem, two identity blocks, the second's shortcut the first's fused
+  output, and a projection block whose shortcut is a batch norm's y) trained three SGD steps,
+  in float32 and under allow_mix_precision (the batch norms and adds in float16): the same
+  losses and weights bit for bit as with NPUSIM_FUSION_BN_ADD_RELU=0 in a child process (the
+  kernel adds and clamps with the AddRelu kernel's instructions on y rounded to T, and the
+  backward reads the same values), no AddRelu launch where the unfused step has three, and
+  TensorFlow's on the CPU within the cube's fp16 operands (and float16 activations);
+- hand-written patterns (Keras 3's batch norm, which rewrite 0 fuses): relu(y + relu(x2))
+  folds; y also read elsewhere, and an add of a broadcast [C] bias, keep their AddRelu; all
+  agree with the CPU.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
+    FIT_STEPS, assert_close_lists, child_result)
+
+KERAS_CODE = FIT_STEPS + r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+
+def conv_bn(h, filters, kernel):
+    h = keras.layers.Conv2D(filters, kernel, padding="same", use_bias=False)(h)
+    return keras.layers.BatchNormalization()(h)
+
+
+def train(device):
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        a = keras.layers.ReLU()(conv_bn(inp, 16, 3))
+        for _ in range(2):  # identity blocks: the shortcut a block's input
+            a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 16, 3), a]))
+        # a projection block: the shortcut a batch norm's y
+        a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 24, 3), conv_bn(a, 24, 1)]))
+        h = keras.layers.GlobalAveragePooling2D()(a)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
+        losses = fit_steps(model, keras.optimizers.SGD(0.1), x, y, device)
+    recs = npusim.launch_records() if device != "/CPU:0" else []
+    counts = {}
+    for r in recs:
+        counts[r["op_type"]] = counts.get(r["op_type"], 0) + 1
+    return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
+            "launches": len(recs), "counts": counts,
+            "kernels": sorted({r["kernel"] for r in recs})}
+
+
+print("RESULT " + json.dumps({"npu": train("/NPU:0"), "cpu": train("/CPU:0")}))
+'''
+
+MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
+OFF = {"NPUSIM_FUSION_BN_ADD_RELU": "0"}
+U = 2.0 ** -11  # f16's unit roundoff
+
+
+@pytest.fixture(scope="module", params=["float32", "mixed"])
+def keras_runs(request):
+    env = MIX if request.param == "mixed" else {}
+    return request.param, child_result(KERAS_CODE, extra_env=env), child_result(
+        KERAS_CODE, extra_env=dict(env, **OFF))
+
+
+def test_keras_residual_blocks_fused_bit_for_bit(keras_runs):
+    mode, on, off = keras_runs
+    fused, unfused = on["npu"], off["npu"]
+    assert unfused["counts"].get("AddRelu") == 3, unfused["counts"]
+    assert "AddRelu" not in fused["counts"], fused["counts"]
+    assert fused["launches"] == unfused["launches"] - 3
+    assert fused["counts"]["BNTrainingUpdate"] == unfused["counts"]["BNTrainingUpdate"]
+    t = "f16" if mode == "mixed" else "f32"
+    assert f"BNTrainingUpdateAddRelu_{t}" in fused["kernels"], fused["kernels"]
+    assert f"AddRelu_{t}" in unfused["kernels"], unfused["kernels"]
+    assert fused["losses"] == unfused["losses"]
+    assert fused["weights"] == unfused["weights"]
+
+
+def test_keras_residual_blocks_against_cpu(keras_runs):
+    mode, on, _ = keras_runs
+    npu, cpu = on["npu"], on["cpu"]
+    if mode == "mixed":  # test_allow_mix_precision.py's bound on the losses
+        assert_close_lists(npu["losses"], cpu["losses"], 3 * 16 * U, 1e-5)
+        assert_close_lists(npu["weights"], cpu["weights"], 5e-2, 1e-2)
+    else:  # the convolutions' operands reach the cube in fp16
+        assert_close_lists(npu["losses"], cpu["losses"], 1e-3, 1e-5)
+        assert_close_lists(npu["weights"], cpu["weights"], 2e-2, 5e-3)
+
+
+# The training batch norm as Keras 3 writes it (rewrite 0 fuses it), then the residual add and
+# ReLU: fusible, or with y read elsewhere, or an add of a broadcast bias.
+PATTERN_CODE = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+
+def pattern(x, x2, gamma, beta, bias, variant):
+    with tf.GradientTape() as tape:
+        tape.watch([x, x2, gamma, beta, bias])
+        mean = tf.reduce_mean(x, [0, 1, 2], keepdims=True)
+        var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), [0, 1, 2],
+                             keepdims=True)
+        mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
+        inv = tf.math.rsqrt(var + 1e-3) * gamma
+        z = x * inv + (beta - mean * inv)
+        r = bias if variant == "bias" else tf.nn.relu(x2)
+        out = tf.nn.relu(z + r)
+        loss = tf.reduce_sum(out * tf.cast(tf.range(8), out.dtype))
+        if variant == "second_reader":
+            loss += tf.reduce_sum(z * z)
+    return [out] + tape.gradient(loss, [x, x2, gamma, beta, bias],
+                                 unconnected_gradients="zero")
+
+
+def run(variant, device):
+    rng = np.random.default_rng(1)
+    args = [tf.constant(rng.standard_normal((2, 4, 4, 8)).astype(np.float32)),
+            tf.constant(rng.standard_normal((2, 4, 4, 8)).astype(np.float32)),
+            tf.constant(rng.uniform(0.5, 2, 8).astype(np.float32)),
+            tf.constant(rng.uniform(-1, 1, 8).astype(np.float32)),
+            tf.constant(rng.uniform(-1, 1, 8).astype(np.float32))]
+    with tf.device(device):
+        npusim.clear_launch_records()
+        outs = tf.function(lambda *a: pattern(*a, variant))(*args)
+        outs = [o.numpy().astype(np.float64).tolist() for o in outs]
+    return {"outs": outs, "types": sorted({r["op_type"] for r in npusim.launch_records()})}
+
+
+print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
+                              for v in ("fusible", "second_reader", "bias")}))
+'''
+
+
+@pytest.fixture(scope="module")
+def pattern_runs():
+    return child_result(PATTERN_CODE)
+
+
+@pytest.mark.parametrize("variant", ["fusible", "second_reader", "bias"])
+def test_pattern_variants(pattern_runs, variant):
+    run = pattern_runs[variant]
+    types = set(run["npu"]["types"])
+    assert "BNTrainingUpdate" in types, types  # rewrite 0 took the batch norm in every variant
+    assert ("AddRelu" in types) == (variant != "fusible"), types
+    for got, want in zip(run["npu"]["outs"], run["cpu"]["outs"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
