@@ -97,6 +97,23 @@ void check_reduce(const std::vector<int64_t>& shape, uint32_t seed, DataType dt 
   check_channel_sums(x, shape[3], run("BNTrainingReduce", {x}, {}, 2), 0);
 }
 
+// The per-channel sum and sum of squares of x ([R, c]) in double, rounded to f32 as
+// BNTrainingReduce hands them over.
+std::pair<std::vector<double>, std::vector<double>> rounded_sums(const HostTensor& x, int64_t c) {
+  const int64_t r = static_cast<int64_t>(x.values.size()) / c;
+  std::vector<double> s(c), sq(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < r; ++i) {
+      s[j] += at(x, i, j, c);
+      sq[j] += at(x, i, j, c) * at(x, i, j, c);
+    }
+  for (int64_t j = 0; j < c; ++j) {
+    s[j] = round_to(DataType::F32, s[j]);
+    sq[j] = round_to(DataType::F32, sq[j]);
+  }
+  return {s, sq};
+}
+
 // With `residual` (attribute R = 1): input 5 a residual res of x's type drawn from [-2, 2], and
 // output 0 relu(y + res) (relu: after the add), y and y + res each rounded to T: the bound
 // of y in T, widened by the add's rounding u |y + res| (u = e, or 2^-11 and half a subnormal).
@@ -110,17 +127,7 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
   HostTensor res = random_tensor(dt, shape, -2, 2, seed + 3);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 1);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 2);
-  // The sums of x, rounded to f32 as BNTrainingReduce hands them over.
-  std::vector<double> s(c), sq(c);
-  for (int64_t j = 0; j < c; ++j)
-    for (int64_t i = 0; i < r; ++i) {
-      s[j] += at(x, i, j, c);
-      sq[j] += at(x, i, j, c) * at(x, i, j, c);
-    }
-  for (int64_t j = 0; j < c; ++j) {
-    s[j] = round_to(DataType::F32, s[j]);
-    sq[j] = round_to(DataType::F32, sq[j]);
-  }
+  const auto [s, sq] = rounded_sums(x, c);
   std::vector<HostTensor> in = {x, vec(s), vec(sq), scale, offset};
   std::map<std::string, compiler::AttrValue> attrs = {{"epsilon", eps}, {"relu", relu}};
   if (residual) {
@@ -160,23 +167,14 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
 // BNTrainingUpdate then AddRelu(y, res): the same bits in all three outputs (the add and the
 // ReLU are the AddRelu kernel's instructions on y rounded to T).
 void check_residual_bits(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
-  const int64_t c = shape[3], r = shape[0] * shape[1] * shape[2];
+  const int64_t c = shape[3];
   INFO("BNTrainingUpdate residual bits " << compiler::shape_str(shape) << " "
                                          << compiler::data_type_name(dt));
   HostTensor x = random_tensor(dt, shape, -2, 3, seed);
   HostTensor res = random_tensor(dt, shape, -2, 2, seed + 1);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 2);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 3);
-  std::vector<double> s(c), sq(c);
-  for (int64_t j = 0; j < c; ++j)
-    for (int64_t i = 0; i < r; ++i) {
-      s[j] += at(x, i, j, c);
-      sq[j] += at(x, i, j, c) * at(x, i, j, c);
-    }
-  for (int64_t j = 0; j < c; ++j) {
-    s[j] = round_to(DataType::F32, s[j]);
-    sq[j] = round_to(DataType::F32, sq[j]);
-  }
+  const auto [s, sq] = rounded_sums(x, c);
   const std::vector<HostTensor> in = {x, vec(s), vec(sq), scale, offset};
   RunResult plain = run("BNTrainingUpdate", in, {{"epsilon", 0.001}}, 3);
   const HostTensor y{TensorDesc{dt, shape}, plain.outputs[0].values};

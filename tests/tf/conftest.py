@@ -161,6 +161,40 @@ def fit_steps(model, opt, x, y, device, steps=3):
 """
 
 
+# Child code (run_child) defining keras3_batch_norm(x, gamma, beta): the training batch norm
+# over axes [0, 1, 2] of a 4-D x as Keras 3 writes it (tf.nn.moments, then the affine chain; the
+# graph pass's rewrite 0 fuses it with its gradient), and run_pattern_variants(pattern, args,
+# variants): each variant's outputs of tf.function(pattern(*args, variant)) on the NPU and on the
+# CPU, with the NPU's launched op types, printed as the child's RESULT line.
+KERAS3_BN_PATTERN = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+
+def keras3_batch_norm(x, gamma, beta):
+    mean = tf.reduce_mean(x, [0, 1, 2], keepdims=True)
+    var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), [0, 1, 2],
+                         keepdims=True)
+    mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
+    inv = tf.math.rsqrt(var + 1e-3) * gamma
+    return x * inv + (beta - mean * inv)
+
+
+def run_pattern_variants(pattern, args, variants):
+    def run(variant, device):
+        with tf.device(device):
+            npusim.clear_launch_records()
+            outs = tf.function(lambda *a: pattern(*a, variant))(*[tf.constant(a) for a in args])
+            outs = [o.numpy().astype(np.float64).tolist() for o in outs]
+        return {"outs": outs, "types": sorted({r["op_type"] for r in npusim.launch_records()})}
+
+    print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
+                                  for v in variants}))
+"""
+
+
 # Child code (run_child) defining train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1,
 # batch=4): Keras Input (8, 8, 3) -> `blocks` x (Conv2D -> BatchNormalization(axis) -> ReLU; the
 # first convolution 16 filters 3x3 "same", the second 32 filters 1x1) -> GlobalAveragePooling2D

@@ -31,7 +31,7 @@ pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
-    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
+    CONV_BN_RELU_TRAIN, KERAS3_BN_PATTERN, assert_close_lists, child_result)
 
 KERAS_CODE = CONV_BN_RELU_TRAIN + r'''
 import json
@@ -41,22 +41,11 @@ print("RESULT " + json.dumps({"npu": train_conv_bn_relu("/NPU:0"),
 
 # The training batch norm as Keras 3 writes it (rewrite 0 fuses it), with a ReLU whose
 # gradient is also read elsewhere in the variants that must not fold.
-PATTERN_CODE = r'''
-import json
-import numpy as np
-import npusim
-import tensorflow as tf
-
-
+PATTERN_CODE = KERAS3_BN_PATTERN + r'''
 def pattern(x, gamma, beta, variant):
     with tf.GradientTape() as tape:
         tape.watch([x, gamma, beta])
-        mean = tf.reduce_mean(x, [0, 1, 2], keepdims=True)
-        var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), [0, 1, 2],
-                             keepdims=True)
-        mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
-        inv = tf.math.rsqrt(var + 1e-3) * gamma
-        z = x * inv + (beta - mean * inv)
+        z = keras3_batch_norm(x, gamma, beta)
         y = tf.nn.relu(z)
         loss = tf.reduce_sum(y * tf.cast(tf.range(8), y.dtype))
     if variant == "fusible":
@@ -66,20 +55,11 @@ def pattern(x, gamma, beta, variant):
     return [y] + grads[:3] + extra
 
 
-def run(variant, device):
-    rng = np.random.default_rng(1)
-    args = [tf.constant(rng.standard_normal((2, 4, 4, 8)).astype(np.float32)),
-            tf.constant(rng.uniform(0.5, 2, 8).astype(np.float32)),
-            tf.constant(rng.uniform(-1, 1, 8).astype(np.float32))]
-    with tf.device(device):
-        npusim.clear_launch_records()
-        outs = tf.function(lambda *a: pattern(*a, variant))(*args)
-        outs = [o.numpy().astype(np.float64).tolist() for o in outs]
-    return {"outs": outs, "types": sorted({r["op_type"] for r in npusim.launch_records()})}
-
-
-print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
-                              for v in ("fusible", "second_consumer", "fetched")}))
+rng = np.random.default_rng(1)
+run_pattern_variants(pattern, [rng.standard_normal((2, 4, 4, 8)).astype(np.float32),
+                               rng.uniform(0.5, 2, 8).astype(np.float32),
+                               rng.uniform(-1, 1, 8).astype(np.float32)],
+                     ("fusible", "second_consumer", "fetched"))
 '''
 
 
