@@ -481,6 +481,7 @@ TEST_CASE("BNTrainingUpdate with a residual: relu(y + r), the add in T after y's
   check_update({2, 3, 5, 16}, false, 15, DataType::F32, true);
   check_update({1, 4, 4, 7}, true, 16, DataType::F32, true);  // the fold in a launch of its own
   check_update({2, 3, 5, 16}, true, 17, DataType::F16, true);
+  check_update({2, 3, 5, 16}, false, 20, DataType::F16, true);
   check_update({1, 4, 4, 200}, true, 18, DataType::F16, true);
   check_update({1, 4, 4, 7}, true, 19, DataType::F16, true);
   for (DataType dt : {DataType::F32, DataType::F16}) {

@@ -429,8 +429,8 @@ void training_dx_store(KernelBuilder& b, const TileOperands& t, uint64_t r, Data
 void append_training_dx(CompiledKernel& k, const OpDesc& op, const std::vector<int64_t>& shape,
                         DataType dt, const std::vector<ArgRef>& vectors, const ChipConfig& cfg) {
   const bool widen = dt != DataType::F32;
-  StreamSpec spec = training_dx_spec(fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape,
-                                     dt, widen, {1, 3, 5, 4});
+  StreamSpec spec = training_dx_spec(fmt::format("BatchNormGrad_{}", data_type_name(dt)), shape, dt,
+                                     widen, {1, 3, 5, 4});
   spec.temps.push_back(TempSpec{"U", 4, 0, widen ? 2 : -1});
   spec.compute = [=](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
@@ -631,6 +631,9 @@ void add_residual(StreamSpec& spec, Activation act) {
   const size_t r = spec.inputs.size();
   const isa::Dtype type = spec.out_type;
   const bool placed = spec.out_window >= 0;
+  if (placed &&
+      (spec.temps.empty() || spec.temps[0].window != 0 || spec.temps[0].bytes_per_element < 2))
+    throw CompileError("internal: a placed apply's residual needs x's widened tile in window 0");
   spec.inputs.push_back(
       StreamInput{type, broadcast_view(spec.out_shape, spec.out_shape), spec.out_shape});
   if (placed) spec.inputs.back().window = 3;
@@ -677,8 +680,8 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   // With a residual, input 5 (r) follows them; the kernel is named BNTrainingUpdateAdd[Relu]_T.
   const std::string name = fmt::format("BNTrainingUpdate{}{}_{}", residual ? "Add" : "",
                                        activation_name(act), data_type_name(t.dt));
-  StreamSpec apply = batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt), device_dtype(t.dt),
-                                           true);
+  StreamSpec apply =
+      batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt), device_dtype(t.dt), true);
   apply.kernel_name = name;
   for (int i = 0; i < 2; ++i) {
     apply.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({t.c}, t.shape), {t.c}});
@@ -729,8 +732,8 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
                             device_dtype(t.dt), true);
     return k;
   }
-  StreamSpec fold_apply = batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt),
-                                                device_dtype(t.dt), true);
+  StreamSpec fold_apply =
+      batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt), device_dtype(t.dt), true);
   fold_apply.kernel_name = name;
   add_residual(fold_apply, act);
   k.launches.push_back(with_args(build_stream_kernel(op.str(), fold_apply, ctx.cfg),
@@ -864,8 +867,8 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   std::vector<bool> period_only(per_element, false);
   period_only.insert(period_only.end(), {true, true});
   StreamSpec spec = training_dx_spec(
-      fmt::format("BNTrainingReduceGrad{}_{}", relu ? "Relu" : "", data_type_name(dt)), t.shape,
-      dt, placed, windows, period_only);
+      fmt::format("BNTrainingReduceGrad{}_{}", relu ? "Relu" : "", data_type_name(dt)), t.shape, dt,
+      placed, windows, period_only);
   const size_t scratch = spec.temps.size();  // U (, V, then the mask's)
   spec.temps.push_back(TempSpec{"U", 4, 0, placed ? 2 : -1});
   if (relu) {
@@ -900,7 +903,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     f32_binary(b, Opcode::op_vsub, var, var, k3, n);
     f32_binary(b, Opcode::op_vmul, k3, c1, var, n);  // k3 = c1 * (c2 * m - mdy)
     f32_binary(b, Opcode::op_vmul, kc, c1, kc, n);   // kc = c1 * c2
-    if (relu) {  // shift = offset - m * a, as bnt_fold (a = c1)
+    if (relu) {                                      // shift = offset - m * a, as bnt_fold (a = c1)
       f32_binary(b, Opcode::op_vmul, r, mean, c1, n);
       f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
     }
@@ -922,7 +925,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
       op3(Opcode::op_vadd, v, u, o.in[5]);
       vec_compare(b, Dtype::F32, isa::Cmp::GT, bits, v, above, n, true);
       vec_select(b, Dtype::F32, u, c1, zero, bits, n, false, true);  // c1 * mask
-      op3(Opcode::op_vmul, v, f0, u);                                 // g * c1
+      op3(Opcode::op_vmul, v, f0, u);                                // g * c1
       op3(Opcode::op_vmul, u, f1, kc);
       op3(Opcode::op_vsub, f0, v, u);
       diff = f0;
@@ -936,9 +939,10 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     training_dx_store(b, o, result, dt);
   };
   if (!stream_keeps_resident(spec, ctx.cfg))
-    op.fail(fmt::format("C = {} channels: the per-channel vectors do not fit the UB beside a "
-                        "tile of whole periods",
-                        t.c));
+    op.fail(
+        fmt::format("C = {} channels: the per-channel vectors do not fit the UB beside a "
+                    "tile of whole periods",
+                    t.c));
   std::vector<ArgRef> args = {input_ref(0), input_ref(1)};
   args.insert(args.end(), vectors.begin(), vectors.end());
   args.push_back(output_ref(0));
@@ -962,10 +966,9 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
   // trips save (measured: f16 lost 3-10 % at 8x112x112x64 to 8x28x28x512, f32 gained 4-7 %).
   s.raw_tile_first = cfg.split && dt == DataType::F32;
   // (the sums' partial sets: the sums of squares, then the plain sums)
-  append_channel_sum_epilogue(k, op.str(), s, {xp.ref},
-                              bn_training_reduce_sums_epilogue(0, c, xp.cp, true),
-                              {output_ref(out), output_ref(out + 1)}, cfg,
-                              channel_epilogue_in_kernel(cfg));
+  append_channel_sum_epilogue(
+      k, op.str(), s, {xp.ref}, bn_training_reduce_sums_epilogue(0, c, xp.cp, true),
+      {output_ref(out), output_ref(out + 1)}, cfg, channel_epilogue_in_kernel(cfg));
 }
 
 ChannelEpilogueSpec bn_training_reduce_sums_epilogue(int blocks, int64_t c, int64_t cp,
