@@ -658,3 +658,37 @@ TEST_CASE("Depthwise tiles taller than MatMul's 256 positions (CubeConvSpec::max
   CHECK(conv_tile_height(summaries) > 256);
   CHECK(conv_tile_height(summaries) <= 512);
 }
+
+TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage by stage") {
+  // MobileNetV2's 14x14 64 -> 384 expansion on the 310P (batch 4, f16, the batch norm and ReLU6
+  // in the way out through the UB). Every tile's store lands before its UB buffers take the
+  // tile two after it (the store's set_flag), so the landing's latency is paid once per tile
+  // of a buffer where the way out bounds the block: raising the L2's latency (the landing of
+  // stores into lines present) by d must raise the estimate by at least d per tile of the
+  // busier buffer beyond its first (whose store misses: HBM's latency), for every plan and so
+  // for the chosen one (t_slow, costed at both latencies); and a much slower landing makes
+  // the planner take fewer, larger tiles per core.
+  compiler::ops::CubeConvSpec s;
+  s.images = 4;
+  s.hs = s.ws = 14;
+  s.cs = s.cg_in = 64;
+  s.cg_out = s.cy = 384;
+  s.b_tap = 64 * 384;
+  s.b_row = 384;
+  s.bn_affine = true;
+  s.bn_a_in_filter = true;
+  s.act = compiler::ops::Activation::kRelu6;
+  const ChipConfig base = load_chip_config("310p");
+  auto with_l2_latency = [&](int d) {
+    return load_chip_config(
+        "310p", {"memory.l2.latency_cycles=" + std::to_string(base.l2_latency_cycles + d)});
+  };
+  const int d = 200;
+  const auto t = compiler::ops::plan_cube_conv(s, base, "pw");
+  const auto t_slow = compiler::ops::plan_cube_conv(s, with_l2_latency(d), "pw");
+  const auto t_slower = compiler::ops::plan_cube_conv(s, with_l2_latency(10 * d), "pw");
+  INFO(t.str() << "\n" << t_slow.str() << "\n" << t_slower.str());
+  CHECK(t_slow.tiles_per_block >= 4);
+  CHECK(t_slow.est_cycles - t.est_cycles >= d * ((t_slow.tiles_per_block + 1) / 2 - 1));
+  CHECK(t_slower.tiles_per_block < t.tiles_per_block);
+}
