@@ -29,6 +29,22 @@ std::string conv_summary(const compiler::CompiledKernel& k) {
     if (l.summary.find("cube conv") != std::string::npos) return l.summary;
   return "(no cube conv launch)";
 }
+
+// The spec of a one-group convolution of square maps (images x hw x hw x cin) to cout channels
+// with a k x k window and SAME padding (k odd), weights kRowsN.
+compiler::ops::CubeConvSpec square_conv_spec(int64_t images, int64_t hw, int64_t cin, int64_t cout,
+                                             int64_t k) {
+  compiler::ops::CubeConvSpec s;
+  s.images = images;
+  s.hs = s.ws = hw;
+  s.cs = s.cg_in = cin;
+  s.kh = s.kw = k;
+  s.pt = s.pb = s.pl = s.pr = k / 2;
+  s.cg_out = s.cy = cout;
+  s.b_tap = cin * cout;
+  s.b_row = cout;
+  return s;
+}
 }  // namespace
 
 TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch > 1") {
@@ -612,15 +628,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
 TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 910b)") {
   // 7x7 images: one image per map rounds its 49 positions to 64 rows of the cube (77 %); two
   // stacked with one zero row between them take 105 positions, 112 rows (87.5 %).
-  compiler::ops::CubeConvSpec s;
-  s.images = 32;
-  s.hs = s.ws = 7;
-  s.cs = s.cg_in = 512;
-  s.kh = s.kw = 3;
-  s.pt = s.pb = s.pl = s.pr = 1;
-  s.cg_out = s.cy = 512;
-  s.b_tap = 512 * 512;
-  s.b_row = 512;
+  const compiler::ops::CubeConvSpec s = square_conv_spec(32, 7, 512, 512, 3);
   const auto t = compiler::ops::plan_cube_conv(s, load_chip_config("910b"), "res5");
   INFO(t.str());
   CHECK(t.stack > 1);
@@ -668,13 +676,7 @@ TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage b
   // busier buffer beyond its first (whose store misses: HBM's latency), for every plan and so
   // for the chosen one (t_slow, costed at both latencies); and a much slower landing makes
   // the planner take fewer, larger tiles per core.
-  compiler::ops::CubeConvSpec s;
-  s.images = 4;
-  s.hs = s.ws = 14;
-  s.cs = s.cg_in = 64;
-  s.cg_out = s.cy = 384;
-  s.b_tap = 64 * 384;
-  s.b_row = 384;
+  compiler::ops::CubeConvSpec s = square_conv_spec(4, 14, 64, 384, 1);
   s.bn_affine = true;
   s.bn_a_in_filter = true;
   s.act = compiler::ops::Activation::kRelu6;
