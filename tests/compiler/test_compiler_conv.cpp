@@ -524,16 +524,65 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
     Groups five("5");
     CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 112), "1 group(s) of 48 -> 96"));
   }
-  CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  {
+    Groups one("1");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  }
   Groups zero("0");
   CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
                     Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
+}
+
+namespace {
+// The planner's estimate (cycles) and the groups of k's cube convolution launch, from its
+// summary ("N group(s) of ...", "~E cycles").
+std::pair<double, int64_t> conv_estimate_and_groups(const compiler::CompiledKernel& k) {
+  const std::string s = conv_summary(k);
+  const size_t e = s.rfind('~'), g = s.find(" group(s) of ");
+  REQUIRE(e != std::string::npos);
+  REQUIRE(g != std::string::npos);
+  const size_t g0 = s.rfind(' ', g - 1) + 1;
+  return {std::stod(s.substr(e + 1)), std::stoll(s.substr(g0, g - g0))};
+}
+}  // namespace
+
+TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") {
+  // Unforced, the depthwise compile takes the count of 16-channel groups per kernel step whose
+  // plan the planner estimates fastest (ties to the fewer): its estimate is the lowest of the
+  // counts forced through NPUSIM_DEPTHWISE_GROUPS_PER_STEP, and no forced count with a
+  // strictly lower estimate is skipped. MobileNetV2's 28x28x192 and 14x14x384 layers on the
+  // 310P (batch 4, compile only), where merging estimates faster (more than one group per
+  // step: fails while the compile took one group unforced), and this test chip's cases run
+  // against the direct product with the chosen count.
+  const ChipConfig p310 = load_chip_config("310p");
+  for (const ConvCase& c : {ConvCase{4, 28, 28, 192, 3, 3, 0}, ConvCase{4, 14, 14, 384, 3, 3, 0}}) {
+    const auto [est, groups] =
+        conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310));
+    double lowest = 1e300;
+    int64_t lowest_groups = 0;
+    for (int per = 1; per <= 16; ++per) {
+      Groups forced(std::to_string(per).c_str());
+      const auto [e, g] = conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310));
+      INFO(per << " per step: ~" << e << " cycles, " << g << " groups");
+      if (e < lowest) {
+        lowest = e;
+        lowest_groups = g;
+      }
+    }
+    INFO("unforced: ~" << est << " cycles, " << groups << " groups");
+    CHECK(est == lowest);
+    CHECK(groups == lowest_groups);
+    CHECK(groups < c.c / 16);
+  }
+  check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 132);
+  check_depthwise(0, DataType::F16, ConvCase{2, 7, 9, 40, 3, 3, 0}, 2, 134);
 }
 
 TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
   {
     TileOrder spatial("spatial");
+    Groups one("1");  // the groups apart (merged, a single group has one key: no order)
     // 3 groups (the last 8 channels) x multiplier 2; several m tiles per image; small images
     // (a block's tiles cycling through 4 groups across images); a block-diagonal step of 2
     // groups with the order; each against the direct product.
