@@ -547,10 +547,9 @@ std::pair<double, int64_t> conv_estimate_and_groups(const compiler::CompiledKern
 }  // namespace
 
 TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") {
-  // Unforced, the depthwise compile takes the count of 16-channel groups per kernel step whose
-  // plan the planner estimates fastest (ties to the fewer): its estimate is the lowest of the
-  // counts forced through NPUSIM_DEPTHWISE_GROUPS_PER_STEP, and no forced count with a
-  // strictly lower estimate is skipped. MobileNetV2's 28x28x192 and 14x14x384 layers on the
+  // Unforced, the depthwise compile takes the fewest 16-channel groups per kernel step whose
+  // plan the planner estimates within kPlanTieBand of the fastest, among the counts forced
+  // through NPUSIM_DEPTHWISE_GROUPS_PER_STEP. MobileNetV2's 28x28x192 and 14x14x384 layers on the
   // 310P (batch 4, compile only), where merging estimates faster (more than one group per
   // step: fails while the compile took one group unforced), and this test chip's cases run
   // against the direct product with the chosen count.
@@ -558,20 +557,23 @@ TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") 
   for (const ConvCase& c : {ConvCase{4, 28, 28, 192, 3, 3, 0}, ConvCase{4, 14, 14, 384, 3, 3, 0}}) {
     const auto [est, groups] =
         conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310));
-    double lowest = 1e300;
-    int64_t lowest_groups = 0;
+    std::vector<std::pair<double, int64_t>> forced_plans;
+    std::string seen;
     for (int per = 1; per <= 16; ++per) {
       Groups forced(std::to_string(per).c_str());
-      const auto [e, g] = conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310));
-      INFO(per << " per step: ~" << e << " cycles, " << g << " groups");
-      if (e < lowest) {
-        lowest = e;
-        lowest_groups = g;
-      }
+      forced_plans.push_back(
+          conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310)));
+      seen += std::to_string(per) + " per step: ~" + std::to_string(forced_plans.back().first) +
+              " cycles, " + std::to_string(forced_plans.back().second) + " groups\n";
     }
-    INFO("unforced: ~" << est << " cycles, " << groups << " groups");
-    CHECK(est == lowest);
-    CHECK(groups == lowest_groups);
+    double lowest = forced_plans.front().first;
+    for (const auto& p : forced_plans) lowest = std::min(lowest, p.first);
+    const auto expected = *std::find_if(forced_plans.begin(), forced_plans.end(), [&](auto& p) {
+      return p.first <= lowest * (1 + compiler::ops::kPlanTieBand);
+    });
+    INFO(seen << "unforced: ~" << est << " cycles, " << groups << " groups");
+    CHECK(est == expected.first);
+    CHECK(groups == expected.second);
     CHECK(groups < c.c / 16);
   }
   check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 132);

@@ -401,17 +401,25 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   const CubeConvSpec one_group_per_step = spec;
   CubeConvTiling t = plan_or_view(spec);
   // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
-  // to a kernel step (merge_diagonal_groups) for per = 2 .. diagonal_merge_max, where the
-  // planner estimates that faster (group pitches unchanged: each group's rows whole blocks).
-  if (!group_padded)
+  // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest per
+  // step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged: each
+  // group's rows whole blocks).
+  if (!group_padded && diagonal_merge_max > 1) {
+    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step{{spec, t}};
     for (int64_t per = 2; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
       CubeConvSpec merged = merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
       const CubeConvTiling tm = plan_or_view(merged);
-      if (tm.est_cycles < t.est_cycles) {
-        spec = merged;
-        t = tm;
-      }
+      per_step.emplace_back(merged, tm);
     }
+    double lowest = t.est_cycles;
+    for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
+    for (const auto& [sp, tp] : per_step)
+      if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) {
+        spec = sp;
+        t = tp;
+        break;
+      }
+  }
   const int64_t rows = out.num_elements() / spec.cy;
   const bool padded = spec.pitch() != spec.cy;
   ArgRef y = final_y;

@@ -21,7 +21,6 @@ using isa::Pipe;
 
 namespace {
 
-constexpr double kTieBand = 0.005;     // plans this close in modelled cycles count as equal
 constexpr int64_t kRepeatBytes = 256;  // one vector repeat (a masked one reads all of it)
 
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
@@ -508,7 +507,7 @@ double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTili
   return (read + write) / cfg.hbm_mixed_bytes_per_cycle(write / (read + write));
 }
 
-// Among the plans within kTieBand of the lowest modelled cost (the model cannot tell them
+// Among the plans within kPlanTieBand of the lowest modelled cost (the model cannot tell them
 // apart: it is tens of per cent off either way, docs/compiler.md): the largest tile (tm * tn:
 // the least data read again per output), then the largest chunk, then resident weights, then
 // the lowest cost. tm == 0 if there are none.
@@ -517,7 +516,7 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   for (const CubeConvTiling& p : plans) lowest = std::min(lowest, p.est_cycles);
   CubeConvTiling best;
   for (const CubeConvTiling& p : plans) {
-    if (p.est_cycles > lowest * (1 + kTieBand)) continue;
+    if (p.est_cycles > lowest * (1 + kPlanTieBand)) continue;
     if (best.tm == 0 ||
         std::make_tuple(p.tm * p.tn, p.kc1, p.resident, -p.est_cycles) >
             std::make_tuple(best.tm * best.tn, best.kc1, best.resident, -best.est_cycles))
