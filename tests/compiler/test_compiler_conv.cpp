@@ -29,6 +29,22 @@ std::string conv_summary(const compiler::CompiledKernel& k) {
     if (l.summary.find("cube conv") != std::string::npos) return l.summary;
   return "(no cube conv launch)";
 }
+
+// The spec of a one-group convolution of square maps (images x hw x hw x cin) to cout channels
+// with a k x k window and SAME padding (k odd), weights kRowsN.
+compiler::ops::CubeConvSpec square_conv_spec(int64_t images, int64_t hw, int64_t cin, int64_t cout,
+                                             int64_t k) {
+  compiler::ops::CubeConvSpec s;
+  s.images = images;
+  s.hs = s.ws = hw;
+  s.cs = s.cg_in = cin;
+  s.kh = s.kw = k;
+  s.pt = s.pb = s.pl = s.pr = k / 2;
+  s.cg_out = s.cy = cout;
+  s.b_tap = cin * cout;
+  s.b_row = cout;
+  return s;
+}
 }  // namespace
 
 TEST_CASE("Conv2D f16: odd sizes, strides, dilation, SAME/VALID/EXPLICIT, batch > 1") {
@@ -508,16 +524,67 @@ TEST_CASE("NPUSIM_DEPTHWISE_GROUPS_PER_STEP: the depthwise compile's groups per 
     Groups five("5");
     CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 112), "1 group(s) of 48 -> 96"));
   }
-  CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  {
+    Groups one("1");
+    CHECK(mentions(check_depthwise(0, DataType::F16, c, 2, 114), "3 group(s) of 16 -> 32"));
+  }
   Groups zero("0");
   CHECK_THROWS_WITH(compiler::compile(depthwise_op(c, 2), test_sim().config()),
                     Catch::Contains("NPUSIM_DEPTHWISE_GROUPS_PER_STEP='0' is not a positive"));
+}
+
+namespace {
+// The planner's estimate (cycles) and the groups of k's cube convolution launch, from its
+// summary ("N group(s) of ...", "~E cycles").
+std::pair<double, int64_t> conv_estimate_and_groups(const compiler::CompiledKernel& k) {
+  const std::string s = conv_summary(k);
+  const size_t e = s.rfind('~'), g = s.find(" group(s) of ");
+  REQUIRE(e != std::string::npos);
+  REQUIRE(g != std::string::npos);
+  const size_t g0 = s.rfind(' ', g - 1) + 1;
+  return {std::stod(s.substr(e + 1)), std::stoll(s.substr(g0, g - g0))};
+}
+}  // namespace
+
+TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") {
+  // Unforced, the depthwise compile takes the fewest 16-channel groups per kernel step whose
+  // plan the planner estimates within kPlanTieBand of the fastest, among the counts forced
+  // through NPUSIM_DEPTHWISE_GROUPS_PER_STEP. MobileNetV2's 28x28x192 and 14x14x384 layers on the
+  // 310P (batch 4, compile only), where merging estimates faster (more than one group per
+  // step: fails while the compile took one group unforced), and this test chip's cases run
+  // against the direct product with the chosen count.
+  const ChipConfig p310 = load_chip_config("310p");
+  for (const ConvCase& c : {ConvCase{4, 28, 28, 192, 3, 3, 0}, ConvCase{4, 14, 14, 384, 3, 3, 0}}) {
+    const auto [est, groups] =
+        conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310));
+    std::vector<std::pair<double, int64_t>> forced_plans;
+    std::string seen;
+    for (int per = 1; per <= 16; ++per) {
+      Groups forced(std::to_string(per).c_str());
+      forced_plans.push_back(
+          conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310)));
+      seen += std::to_string(per) + " per step: ~" + std::to_string(forced_plans.back().first) +
+              " cycles, " + std::to_string(forced_plans.back().second) + " groups\n";
+    }
+    double lowest = forced_plans.front().first;
+    for (const auto& p : forced_plans) lowest = std::min(lowest, p.first);
+    const auto expected = *std::find_if(forced_plans.begin(), forced_plans.end(), [&](auto& p) {
+      return p.first <= lowest * (1 + compiler::ops::kPlanTieBand);
+    });
+    INFO(seen << "unforced: ~" << est << " cycles, " << groups << " groups");
+    CHECK(est == expected.first);
+    CHECK(groups == expected.second);
+    CHECK(groups < c.c / 16);
+  }
+  check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 132);
+  check_depthwise(0, DataType::F16, ConvCase{2, 7, 9, 40, 3, 3, 0}, 2, 134);
 }
 
 TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
   {
     TileOrder spatial("spatial");
+    Groups one("1");  // the groups apart (merged, a single group has one key: no order)
     // 3 groups (the last 8 channels) x multiplier 2; several m tiles per image; small images
     // (a block's tiles cycling through 4 groups across images); a block-diagonal step of 2
     // groups with the order; each against the direct product.
@@ -612,15 +679,7 @@ TEST_CASE("Conv2D stacked images: m tiles across images, any image count") {
 TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 910b)") {
   // 7x7 images: one image per map rounds its 49 positions to 64 rows of the cube (77 %); two
   // stacked with one zero row between them take 105 positions, 112 rows (87.5 %).
-  compiler::ops::CubeConvSpec s;
-  s.images = 32;
-  s.hs = s.ws = 7;
-  s.cs = s.cg_in = 512;
-  s.kh = s.kw = 3;
-  s.pt = s.pb = s.pl = s.pr = 1;
-  s.cg_out = s.cy = 512;
-  s.b_tap = 512 * 512;
-  s.b_row = 512;
+  const compiler::ops::CubeConvSpec s = square_conv_spec(32, 7, 512, 512, 3);
   const auto t = compiler::ops::plan_cube_conv(s, load_chip_config("910b"), "res5");
   INFO(t.str());
   CHECK(t.stack > 1);
@@ -657,4 +716,32 @@ TEST_CASE("Depthwise tiles taller than MatMul's 256 positions (CubeConvSpec::max
   INFO(summaries.back());
   CHECK(conv_tile_height(summaries) > 256);
   CHECK(conv_tile_height(summaries) <= 512);
+}
+
+TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage by stage") {
+  // MobileNetV2's 14x14 64 -> 384 expansion on the 310P (batch 4, f16, the batch norm and ReLU6
+  // in the way out through the UB). Every tile's store lands before its UB buffers take the
+  // tile two after it (the store's set_flag), so the landing's latency is paid once per tile
+  // of a buffer where the way out bounds the block: raising the L2's latency (the landing of
+  // stores into lines present) by d must raise the estimate by at least d per tile of the
+  // busier buffer beyond its first (whose store misses: HBM's latency), for every plan and so
+  // for the chosen one (t_slow, costed at both latencies); and a much slower landing makes
+  // the planner take fewer, larger tiles per core.
+  compiler::ops::CubeConvSpec s = square_conv_spec(4, 14, 64, 384, 1);
+  s.bn_affine = true;
+  s.bn_a_in_filter = true;
+  s.act = compiler::ops::Activation::kRelu6;
+  const ChipConfig base = load_chip_config("310p");
+  auto with_l2_latency = [&](int d) {
+    return load_chip_config(
+        "310p", {"memory.l2.latency_cycles=" + std::to_string(base.l2_latency_cycles + d)});
+  };
+  const int d = 200;
+  const auto t = compiler::ops::plan_cube_conv(s, base, "pw");
+  const auto t_slow = compiler::ops::plan_cube_conv(s, with_l2_latency(d), "pw");
+  const auto t_slower = compiler::ops::plan_cube_conv(s, with_l2_latency(10 * d), "pw");
+  INFO(t.str() << "\n" << t_slow.str() << "\n" << t_slower.str());
+  CHECK(t_slow.tiles_per_block >= 4);
+  CHECK(t_slow.est_cycles - t.est_cycles >= d * ((t_slow.tiles_per_block + 1) / 2 - 1));
+  CHECK(t_slower.tiles_per_block < t.tiles_per_block);
 }

@@ -232,6 +232,10 @@ struct CubeConvTiling {
 // CompileError (naming op) unless s has such groups.
 CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std::string& op);
 
+// Plans whose estimates (CubeConvTiling::est_cycles) are within this fraction of the lowest
+// count as equal: the planner's model cannot tell them apart (docs/compiler.md).
+constexpr double kPlanTieBand = 0.005;
+
 // Chooses the tiling for the cube cores of cfg; CompileError (naming op) if nothing fits or a
 // geometry field exceeds the ISA (kernel > 255, stride or dilation > 15, padding > 255).
 // stack > 0 restricts the choice to tilings stacking that many images (for tests and tools;

@@ -349,7 +349,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
                       CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
                       const ArgRef* bias = nullptr, BnStats* stats = nullptr,
                       const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr,
-                      const ArgRef* residual = nullptr) {
+                      const ArgRef* residual = nullptr, int64_t diagonal_merge_max = 1) {
   const TensorDesc& out = k.outputs[0];
   if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
     ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
@@ -383,17 +383,42 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     spec.y_group_pitch = round_up(spec.cg_out, layout::kBlockBytes / osz);
     spec.y_pitch = spec.groups * spec.y_group_pitch;
   }
-  CubeConvTiling t = plan_cube_conv(spec, ctx.cfg, ctx.op.str());
-  {  // the strided view where the planner estimates it faster
-    CubeConvSpec viewed = spec;
+  // The tiling of sp, or of its strided view where the planner estimates that faster (sp then
+  // the view).
+  const auto plan_or_view = [&](CubeConvSpec& sp) {
+    CubeConvTiling best = plan_cube_conv(sp, ctx.cfg, ctx.op.str());
+    CubeConvSpec viewed = sp;
     view_strided_conv(viewed);
-    if (viewed.x_row != 0 && spec.x_row == 0 && (!spec.y_packed || conv_y_packable(viewed))) {
+    if (viewed.x_row != 0 && sp.x_row == 0 && (!sp.y_packed || conv_y_packable(viewed))) {
       const CubeConvTiling tv = plan_cube_conv(viewed, ctx.cfg, ctx.op.str());
-      if (tv.est_cycles < t.est_cycles) {
-        spec = viewed;
-        t = tv;
+      if (tv.est_cycles < best.est_cycles) {
+        sp = viewed;
+        best = tv;
       }
     }
+    return best;
+  };
+  const CubeConvSpec one_group_per_step = spec;
+  CubeConvTiling t = plan_or_view(spec);
+  // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
+  // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest per
+  // step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged: each
+  // group's rows whole blocks).
+  if (!group_padded && diagonal_merge_max > 1) {
+    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step{{spec, t}};
+    for (int64_t per = 2; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
+      CubeConvSpec merged = merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
+      const CubeConvTiling tm = plan_or_view(merged);
+      per_step.emplace_back(merged, tm);
+    }
+    double lowest = t.est_cycles;
+    for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
+    for (const auto& [sp, tp] : per_step)
+      if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) {
+        spec = sp;
+        t = tp;
+        break;
+      }
   }
   const int64_t rows = out.num_elements() / spec.cy;
   const bool padded = spec.pitch() != spec.cy;
@@ -468,7 +493,8 @@ bool batch_norm_in_epilogue(const CompileContext& ctx, const CubeConvSpec& s) {
 void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, CubeTypes ct,
                                  const CubeConvSpec& s, const ArgRef& x, const ArgRef& w,
                                  const BatchNormFold& fold, DataType y_type,
-                                 bool a_in_filter = false, int residual_input = -1) {
+                                 bool a_in_filter = false, int residual_input = -1,
+                                 int64_t diagonal_merge_max = 1) {
   const Activation act = activation_attr(ctx.op);
   const std::vector<int64_t>& shape = k.outputs[0].shape;
   const bool residual = residual_input >= 0;
@@ -488,21 +514,24 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
     ct.fix_out = device_dtype(y_type);
     ct.widen = false;
     const ArgRef r = residual ? input_ref(residual_input) : ArgRef{};
-    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r);
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r,
+                     diagonal_merge_max);
     if (residual && !e.residual) append_residual_add(k, ctx, residual_input, act);
     return;
   }
   if (a_in_filter) ctx.op.fail("internal: a folded filter needs the batch norm in the epilogue");
   const Activation bn_act = residual ? Activation::kNone : act;
   if (y_type != DataType::F16) {
-    append_cube_conv(k, ctx, ct, s, x, w);
+    append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, nullptr, nullptr, nullptr,
+                     diagonal_merge_max);
     append_batch_norm_apply(k, ctx, output_ref(0), shape, fold, bn_act, device_dtype(y_type),
                             device_dtype(y_type));
   } else {
     ct.fix_out = Dtype::F32;
     ct.widen = false;
     const ArgRef y32 = workspace_take(k, static_cast<uint64_t>(k.outputs[0].num_elements()) * 4);
-    append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32);
+    append_cube_conv(k, ctx, ct, s, x, w, nullptr, nullptr, &y32, nullptr, nullptr,
+                     diagonal_merge_max);
     append_batch_norm_apply(k, ctx, y32, shape, fold, bn_act, Dtype::F32, Dtype::F16);
   }
   if (residual) append_residual_add(k, ctx, residual_input, act);
@@ -1302,12 +1331,12 @@ constexpr int64_t kDepthwiseMaxTileHeight = 2 * kMaxTile;
 
 // NPUSIM_DEPTHWISE_GROUPS_PER_STEP=N in the environment: the depthwise convolutions' kernel
 // serves N of its 16-channel groups per step (merge_diagonal_groups, at most the groups there
-// are); unset or empty: one. The planner does not choose N (docs/validation.md, MobileNetV2 on
-// the 310P: its estimate does not rank the counts), so this is a measuring switch, read at
-// every compile; CompileError unless N is a positive integer.
+// are); unset or empty: 0, the planner chooses the count (append_cube_conv's
+// diagonal_merge_max: the lowest estimate). A measuring switch, read at every compile;
+// CompileError unless N is a positive integer.
 int64_t depthwise_groups_per_step(const OpDesc& op, int64_t groups) {
   const char* v = std::getenv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP");
-  if (!v || !*v) return 1;
+  if (!v || !*v) return 0;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
   if (*end != '\0' || n < 1)
@@ -1381,20 +1410,25 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
   s.max_tile_height = kDepthwiseMaxTileHeight;
   const int64_t per_step = depthwise_groups_per_step(op, s.groups);
   if (per_step > 1) s = merge_diagonal_groups(s, per_step, op.str());
+  // Unforced, the planner may merge as many groups as one n tile holds (tile_widths: a merged
+  // group's columns are one tile of at most kMaxTile).
+  const int64_t merge_max = per_step == 0 ? std::max<int64_t>(1, kMaxTile / s.cg_out) : 1;
   if (batch_norm && batch_norm_in_epilogue(ctx, s)) {
     // Through the UB, a folded into the filter as for one group (f16(W * a), then its
     // block-diagonal form, both derived from filter, scale and variance): the epilogue adds
     // the shift only, one f32 pass fewer per tile.
     const ArgRef wa = append_folded_filter(k, ctx, ct, fold.a, {f[0], f[1], f[2] * f[3]});
     const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance}, f);
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, true, residual);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, true, residual, merge_max);
     return k;
   }
   const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
   if (batch_norm)
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual,
+                                merge_max);
   else
-    append_cube_conv(k, ctx, ct, s, xr, wbd);
+    append_cube_conv(k, ctx, ct, s, xr, wbd, nullptr, nullptr, nullptr, nullptr, nullptr,
+                     merge_max);
   return k;
 }
 

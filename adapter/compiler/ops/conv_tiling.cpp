@@ -21,7 +21,6 @@ using isa::Pipe;
 
 namespace {
 
-constexpr double kTieBand = 0.005;     // plans this close in modelled cycles count as equal
 constexpr int64_t kRepeatBytes = 256;  // one vector repeat (a masked one reads all of it)
 
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
@@ -36,6 +35,16 @@ struct ConvRates {
   // place), where a tiling leaves the UB room for it.
   double affine_per_elem = 0, affine_per_elem_result32 = 0;
   uint64_t ub_bank_span = 0;  // UB banks x bank width (bytes), 0 without a bank model
+  // The batch norm's way out through the UB as stages (chips without an l0c->gm path,
+  // CubePipeline::to_ub): FIXPIPE's f32 tile into the UB (l0c_ub_rate), the vector passes,
+  // MTE3's store (ub_gm_rate) and the store's landing (the path's latency and the write's
+  // memory latency, which the store's set_flag waits for before the tile's UB buffers are free
+  // again; MTE3 itself waits for it where the set_flag holds the pipe, store_holds): a store
+  // with a byte that misses the L2 lands at HBM's latency (store_miss_latency), one whose lines
+  // are all present at the L2's (store_hit_latency; sim/chip/memory_system.cpp: one latency
+  // per transfer). Off (false) on chips with FIXPIPE to GM.
+  bool way_stages = false, store_holds = false;
+  double l0c_ub_rate = 0, ub_gm_rate = 0, store_miss_latency = 0, store_hit_latency = 0;
 };
 
 ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
@@ -84,6 +93,18 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core, const Cu
     r.affine_per_elem_result32 = per_elem(1);
     r.ub_bank_span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
                      static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+    if (!cfg.has_path(Buf::L0C, Buf::GM) && cfg.has_path(Buf::L0C, Buf::UB) &&
+        cfg.has_path(Buf::UB, Buf::GM)) {
+      r.way_stages = true;
+      r.store_holds = cfg.set_flag_holds_pipe;
+      r.l0c_ub_rate = cfg.path_rate(Buf::L0C, Buf::UB);
+      r.ub_gm_rate = cfg.path_rate(Buf::UB, Buf::GM);
+      // A write-through L2 sends a store's missing lines to HBM; a write-back one takes them.
+      r.store_hit_latency = cfg.path_latency(Buf::UB, Buf::GM) + cfg.l2_latency_cycles;
+      r.store_miss_latency = cfg.l2_write_back
+                                 ? r.store_hit_latency
+                                 : cfg.path_latency(Buf::UB, Buf::GM) + cfg.hbm_latency_cycles;
+    }
   }
   return r;
 }
@@ -164,7 +185,11 @@ struct Candidate {
   CubeConvTiling t;
   std::vector<SlabGeom> mts;
   int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
-  int64_t b_block = 0;         // block-diagonal B: a diagonal block's columns (else 0)
+  int64_t b_block = 0;  // block-diagonal B: a diagonal block's columns (else 0)
+  // Every tile's store writes lines no other tile writes (y_whole_rows, hbm_time): each store
+  // misses the L2. Else a block's first store misses (the cores start on lines nobody wrote)
+  // and the later ones land in lines the other tiles of their rows have allocated.
+  bool y_whole_rows = true;
   double affine_per_elem = 0;  // the epilogue's vector cycles per element for this tiling
   // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
   int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
@@ -181,12 +206,38 @@ struct Candidate {
 // must land within the previous step, the buffers being double), MTE1 and the scalar unit (~60
 // instructions per mmad step and ~200 per step, one cycle each, ~14 per plane and image of a
 // stacked slab and ~15 per k-block of weights loaded); FIXPIPE once per tile, hidden behind the
-// next tile's steps with two L0C buffers.
-// A tile's way out (cycles): FIXPIPE and the store, and the epilogue's vector passes.
+// next tile's steps with two L0C buffers (a staged way out with two: staged_block).
+// A tile's way out (cycles), by stage: FIXPIPE (with a store through the UB, as one rate, where
+// the way out is not staged: ConvRates::way_stages), the epilogue's vector passes, MTE3's store
+// and its landing.
+struct WayOut {
+  double fix = 0, vec = 0, store = 0, latency = 0;
+  double chain() const { return fix + vec + store + latency; }  // one tile alone, in sequence
+};
+
+WayOut tile_way_out(const ConvRates& r, const Candidate& c, const SlabGeom& g, int64_t n_act,
+                    bool store_misses = true) {
+  WayOut w;
+  w.vec =
+      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) * c.affine_per_elem;
+  if (!r.way_stages) {
+    w.fix = static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate;
+    return w;
+  }
+  // FIXPIPE moves the f32 tile in rows of whole blocks; MTE3 the output rows in whole blocks.
+  w.fix =
+      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes) * kL0cElemBytes) /
+      r.l0c_ub_rate;
+  w.store =
+      static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / c.osz) * c.osz) / r.ub_gm_rate;
+  w.latency = store_misses ? r.store_miss_latency : r.store_hit_latency;
+  return w;
+}
+
+// A tile's way out in sequence (cycles): what the block's last tile adds after its last step,
+// and what each tile adds with one L0C buffer.
 double tile_store(const ConvRates& r, const Candidate& c, const SlabGeom& g, int64_t n_act) {
-  return static_cast<double>(g.m_act * n_act * c.osz) / r.fix_rate +
-         static_cast<double>(g.m_act * round_up(n_act, kBlkBytes / kL0cElemBytes)) *
-             c.affine_per_elem;
+  return tile_way_out(r, c, g, n_act).chain();
 }
 
 // One step's stages (cycles): MTE2's load (slab and weights, with the GM latency), MTE1's
@@ -247,6 +298,37 @@ double pipeline_fill(const ChipConfig& cfg, const ConvRates& r, const Candidate&
   return std::min(s.load, std::max(s.mte1, s.cube));
 }
 
+// A block's cycles with a staged way out and two L0C (and UB tile) buffers
+// (ConvRates::way_stages), tile by tile as the kernel's flags order them (ConvEmitter,
+// CubePipeline::to_ub): tile j of the block uses buffers j & 1; its steps start when the cube
+// is done with the previous tile and its L0C buffer is free (FIXPIPE done with tile j - 2),
+// taking `steps(j)`; FIXPIPE moves it into the UB when the steps are done, FIXPIPE is done with
+// tile j - 1 and the UB buffers are free (tile j - 2 stored and landed); then the vector passes
+// (in order), then MTE3's store (in order, after the previous store, or its landing where the
+// set_flag holds MTE3). The block ends when its last store has landed. start: the block's
+// cycles before its first step; tile(j): (m tile geometry, active columns); steps(j): the
+// tile's steps' cycles (tile_cost's, without its way out).
+template <typename TileOf, typename StepsOf>
+double staged_block(const ConvRates& r, const Candidate& c, int64_t lo, int64_t hi, double start,
+                    const TileOf& tile, const StepsOf& steps) {
+  double cube_end = start, fix_end = start, vec_end = start, mte3_free = start, land = start;
+  double fix_done[2] = {start, start}, landed[2] = {start, start};
+  for (int64_t j = lo; j < hi; ++j) {
+    const int q = static_cast<int>((j - lo) & 1);
+    const auto [g, n_act] = tile(j);
+    const WayOut w = tile_way_out(r, c, *g, n_act, j == lo || c.y_whole_rows);
+    cube_end = std::max(cube_end, fix_done[q]) + steps(j);
+    fix_end = std::max({cube_end, fix_end, landed[q]}) + w.fix;
+    fix_done[q] = fix_end;
+    vec_end = std::max(fix_end, vec_end) + w.vec;
+    const double store_end = std::max(vec_end, mte3_free) + w.store;
+    land = store_end + w.latency;
+    landed[q] = land;
+    mte3_free = r.store_holds ? land : store_end;
+  }
+  return std::max(cube_end, land);
+}
+
 // The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
 // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and the first
 // tile of each key in a block also loads the weights.
@@ -269,12 +351,25 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
     for (int64_t i = lo; i < hi; ++i) cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), false);
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
       cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
-    if (hi > lo) cost += pipeline_fill(cfg, r, c, geom_of(lo), n_act_of(lo));
-    if (hi > lo)  // the block's first step waits for its slab and weights, cold
-      cost += static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
-                                  c.kchunk * c.b_cols(tn) * 2) /
-                  r.gm_rate +
-              r.gm_lat;
+    // The block's start, before its first step: the pipeline's fill and the cold first step.
+    const double fill = hi > lo ? pipeline_fill(cfg, r, c, geom_of(lo), n_act_of(lo)) : 0.0;
+    const double cold = hi > lo ? static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
+                                                      c.kchunk * c.b_cols(tn) * 2) /
+                                          r.gm_rate +
+                                      r.gm_lat
+                                : 0.0;
+    cost += fill;
+    cost += cold;
+    if (r.way_stages && t.l0c_buffers == 2)
+      cost = staged_block(
+          r, c, lo, hi, fill + cold,
+          [&](int64_t i) {
+            return std::pair{&geom_of(i), n_act_of(i)};
+          },
+          [&](int64_t i) {
+            return static_cast<double>(t.chunks) *
+                   step_stages(cfg, r, c, geom_of(i), n_act_of(i), false).period;
+          });
     worst = std::max(worst, cost);
   }
   return worst;
@@ -319,20 +414,54 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const int64_t n_act = (last / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
       cost += tile_store(r, c, c.mts[static_cast<size_t>(last % mt_count)], n_act);
     }
+    // The block's start, before its first step: the pipeline's fill and, with streamed
+    // weights, the cold first step.
+    double fill = 0, cold = 0;
     if (hi_last(b) > b * per) {
       const int64_t first = b * per;
       const int64_t n_act = (first / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
-      cost += pipeline_fill(cfg, r, c, c.mts[static_cast<size_t>(first % mt_count)], n_act);
+      fill = pipeline_fill(cfg, r, c, c.mts[static_cast<size_t>(first % mt_count)], n_act);
+      cost += fill;
     }
     if (!t.resident) {  // the block's first step waits for its slab and weights, cold
       const SlabGeom& g = c.mts[static_cast<size_t>((b * per) % mt_count)];
-      cost += static_cast<double>(t.kc1 * g.h * c.wv * kBlkBytes + c.kchunk * c.b_cols(tn) * 2) /
-                  r.gm_rate +
-              r.gm_lat;
+      cold = static_cast<double>(t.kc1 * g.h * c.wv * kBlkBytes + c.kchunk * c.b_cols(tn) * 2) /
+                 r.gm_rate +
+             r.gm_lat;
+      cost += cold;
+    }
+    if (r.way_stages && t.l0c_buffers == 2) {
+      // Tile by tile: a key's first tile in the block loads its weights (as above).
+      auto n_act_of = [&](int64_t i) {
+        return (i / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
+      };
+      cost = staged_block(
+          r, c, b * per, hi_last(b), fill + cold,
+          [&](int64_t i) {
+            return std::pair{&c.mts[static_cast<size_t>(i % mt_count)], n_act_of(i)};
+          },
+          [&](int64_t i) {
+            const bool first = i == b * per || i % per_key == 0;
+            const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
+            return static_cast<double>(t.chunks) *
+                       step_stages(cfg, r, c, g, n_act_of(i), first).period +
+                   (first && t.resident
+                        ? static_cast<double>(c.kchunk * c.b_cols(n_act_of(i)) * 2) / r.l2_rate +
+                              r.gm_lat
+                        : 0.0);
+          });
     }
     worst = std::max(worst, cost);
   }
   return worst;
+}
+
+// Whether each tile writes whole rows of y (every channel of its positions: one run per tile),
+// so that no other tile writes into its lines.
+bool y_whole_rows(const CubeConvSpec& s, const CubeConvTiling& t) {
+  const int64_t osz = isa::dtype_size(s.out_type);
+  const int64_t run = round_up(std::min(t.tn, s.cg_out), kBlk) * osz;
+  return s.y_packed || (s.groups == 1 && t.n_tiles == 1 && run >= s.pitch() * osz);
 }
 
 // The launch's time in the device memory (cycles): the bytes it moves over HBM (LPDDR on the
@@ -368,8 +497,7 @@ double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTili
   if (!cfg.l2_write_back) {
     const double y_bytes = static_cast<double>(s.images * s.oh() * s.ow() * s.cy * osz);
     const int64_t run = round_up(std::min(t.tn, s.cg_out), kBlk) * osz;
-    const bool whole_rows =
-        s.y_packed || (s.groups == 1 && t.n_tiles == 1 && run >= s.pitch() * osz);
+    const bool whole_rows = y_whole_rows(s, t);
     const double line = static_cast<double>(std::max<uint32_t>(cfg.l2_line_bytes, 1));
     write = cfg.l2_bytes == 0 || whole_rows
                 ? y_bytes
@@ -379,7 +507,7 @@ double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTili
   return (read + write) / cfg.hbm_mixed_bytes_per_cycle(write / (read + write));
 }
 
-// Among the plans within kTieBand of the lowest modelled cost (the model cannot tell them
+// Among the plans within kPlanTieBand of the lowest modelled cost (the model cannot tell them
 // apart: it is tens of per cent off either way, docs/compiler.md): the largest tile (tm * tn:
 // the least data read again per output), then the largest chunk, then resident weights, then
 // the lowest cost. tm == 0 if there are none.
@@ -388,7 +516,7 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   for (const CubeConvTiling& p : plans) lowest = std::min(lowest, p.est_cycles);
   CubeConvTiling best;
   for (const CubeConvTiling& p : plans) {
-    if (p.est_cycles > lowest * (1 + kTieBand)) continue;
+    if (p.est_cycles > lowest * (1 + kPlanTieBand)) continue;
     if (best.tm == 0 ||
         std::make_tuple(p.tm * p.tn, p.kc1, p.resident, -p.est_cycles) >
             std::make_tuple(best.tm * best.tn, best.kc1, best.resident, -best.est_cycles))
@@ -473,6 +601,7 @@ struct ConvPlanner {
     c.t.n_tiles = ceil_div(s.cg_out, tn);
     c.t.tiles = s.groups * c.t.n_tiles * c.t.stacks * c.t.m_tiles;
     c.t.keys = s.groups * c.t.n_tiles;
+    c.y_whole_rows = y_whole_rows(s, c.t);
     c.t.spatial_major = s.tiles_spatial_major && c.t.keys > 1;
     const CubeSplit split = contiguous_split(c.t.tiles, core.count);
     c.t.tiles_per_block = split.per;
