@@ -758,9 +758,17 @@ void StreamEmitter::store_resident_results() {
 }
 
 // StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) times tile /
-// block_dim in whole periods (at least one period), at most a tile.
+// block_dim in whole periods (at least one period), at most a tile. Only where it can pay: the
+// blocks' GM -> UB ports together outrun HBM's sustained rate (else HBM is not what the round
+// trips leave idle), a load's set_flag holds MTE2 until the landing (else there is no round
+// trip per tile), and a block's range holds at least two tiles (else its one tile would only be
+// cut in two, a round trip more).
 void StreamEmitter::init_stagger() {
-  if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period) return;
+  if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period || m_per < 2 * m_tile)
+    return;
+  const ChipConfig& cfg = m_b.config();
+  const double ports = m_block_dim * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  if (!cfg.set_flag_holds_pipe || ports <= cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency) return;
   KernelBuilder::Origin o(m_b, fmt::format("staggered first tile: {} phases", m_block_dim));
   m_tile_limit.emplace(m_b.reg("elements the next tile may hold"));
   const Reg& limit = *m_tile_limit;

@@ -155,8 +155,10 @@ struct StreamSpec {
   // later tiles whole tiles: the blocks' tiles start out of phase, spread evenly over a tile,
   // so their loads and the round trips after them (a load's set_flag holds MTE2 until the tile
   // has landed, sync.set_flag_holds_pipe) fall at different times in different blocks, not all
-  // at once with HBM idle meanwhile. Values are unchanged (tile boundaries only). Honoured by
-  // build_stream_kernel and build_multi_stream_kernel (segment 0's value).
+  // at once with HBM idle meanwhile. Values are unchanged (tile boundaries only). Taken where
+  // that can pay (the blocks' GM -> UB ports together faster than HBM's sustained rate,
+  // sync.set_flag_holds_pipe, at least two tiles per block); honoured by build_stream_kernel and
+  // build_multi_stream_kernel (segment 0's value).
   bool stagger_first_tiles = false;
 };
 // The elements resident_compute runs over when StreamSpec::resident_results is given: one
