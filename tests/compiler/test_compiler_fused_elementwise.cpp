@@ -628,6 +628,71 @@ TEST_CASE("list(string) attributes: the cache key tells every two lists apart") 
   CHECK(key({""}) != key({}));
 }
 
+// Keras 3's Adam as the ResNet-50 step's graph pass makes it (the gradient's Cast folded):
+// i0 = m, i1 = v, i2 = var, i3 = g (f16), i4 = 1 - beta_1, i5 = 1 - beta_2, i6 = beta_1,
+// i7 = the step, i8 = beta_2, i9 = i10 = 1, i11 = epsilon, i12 = lr. The step size
+// lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) (steps 8, 9, 11, 12, 14, 15, 16) is uniform.
+const Steps kKeras3Adam = {"Cast i3",         "Sub s0 i0",     "Mul s1 i4",       "AddV2 i0 s2",
+                           "Square s0",       "Sub s4 i1",     "Mul s5 i5",       "AddV2 i1 s6",
+                           "Pow i6 i7",       "Pow i8 i7",     "Sqrt s7",         "Sub i9 s8",
+                           "Sub i10 s9",      "AddV2 s10 i11", "Sqrt s11",        "Mul i12 s14",
+                           "RealDiv s15 s12", "Mul s3 s16",    "RealDiv s17 s13", "Sub i2 s18"};
+const std::vector<int64_t> kKeras3AdamUpdates = {3, 7, 19};
+
+// FusedVariableUpdate's schedule (docs/compiler.md "Fused element-wise chains"): the per-tile
+// results share UB tiles, the uniform work's buffers (its results and scalars read by no
+// per-tile step) hold its first elements only, and the blocks' first tiles are staggered. The
+// new values are the unfused ops' bit for bit, and the tile is larger than a layout with a
+// tile per step's result and per scalar could hold.
+TEST_CASE("FusedVariableUpdate: Keras 3's Adam, its step size once, tiles the UB allows") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t n = int64_t{8192} * cfg.core_kind(vk)->count + 37;  // several tiles a block
+  const std::vector<int64_t> shape = {n};
+  const double scalars[] = {0.1, 1e-3, 0.9, 3, 0.999, 1, 1, 1e-7, 1e-3};  // i4 .. i12
+  std::vector<HostTensor> in = {random_tensor(DataType::F32, shape, -1, 1, 61),
+                                random_tensor(DataType::F32, shape, 0, 2, 62),
+                                random_tensor(DataType::F32, shape, -1, 1, 63),
+                                random_tensor(DataType::F16, shape, -3, 3, 64)};
+  for (double v : scalars) in.push_back(HostTensor{TensorDesc{DataType::F32, {}}, {v}});
+  std::vector<TensorDesc> descs;
+  for (const HostTensor& t : in) descs.push_back(t.desc);
+  const OpDesc op = make_op("FusedVariableUpdate", descs,
+                            {{"T", std::string("f32")},
+                             {"M", AttrValue(int64_t{3})},
+                             {"steps", AttrValue(kKeras3Adam)},
+                             {"updates", AttrValue(kKeras3AdamUpdates)}});
+  const CompiledKernel k = compiler::compile(op, cfg);
+  REQUIRE(k.launches.size() == 1);
+  const std::string& summary = k.launches[0].summary;
+  INFO(summary);
+  const RunResult fused = run_compiled(test_sim(), k, in);
+  const ChainRun unfused = run_unfused(in, kKeras3Adam, shape, DataType::F32);
+  for (size_t j = 0; j < 3; ++j) {
+    INFO("variable " << j);
+    check_bit_identical(fused.outputs[j],
+                        unfused.steps[static_cast<size_t>(kKeras3AdamUpdates[j])]);
+  }
+  // A tile per step result that is no output (17 of 20) and per scalar (9), two per flat input
+  // (3 f32, 1 f16) and output (3 f32): at least this many UB bytes per element.
+  const uint64_t one_each = 17 * 4 + 9 * 4 + 2 * (3 * 4 + 2) + 2 * 3 * 4;
+  const size_t at = summary.find("tile ");
+  REQUIRE(at != std::string::npos);
+  const int64_t tile = std::stoll(summary.substr(at + 5));
+  CHECK(static_cast<uint64_t>(tile) * one_each > cfg.core_kind(vk)->capacity(isa::Buf::UB));
+  // The staggered first tiles (each block's first limit computed from its block id) where the
+  // blocks' GM -> UB ports together outrun HBM's sustained rate (the 910b's 48 x 32 B/cycle;
+  // not the tiny chip's 4): test_compiler_stream.cpp shows what that buys.
+  const int cores = cfg.core_kind(vk)->count;
+  const bool stagger =
+      cfg.set_flag_holds_pipe && cores * cfg.path_rate(isa::Buf::GM, isa::Buf::UB) >
+                                     cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  size_t block_ids = 0;
+  for (const isa::Section& s : k.launches[0].kernel.program.sections)
+    for (const isa::Instruction& i : s.code) block_ids += i.op == isa::Opcode::op_get_block_id;
+  CHECK(block_ids == (stagger ? 2u : 1u));  // its range, its first tile
+}
+
 // The multi-tensor form (members > 1, graph_fusion.h rewrite 5b): Keras' Adam over variables of
 // many shapes in one op. The small variables' updates are segments of one launch (elements split
 // over the cores across variables), the large ones' of another; every new value must be

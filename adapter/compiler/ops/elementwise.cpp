@@ -189,6 +189,8 @@ struct InputPlan {
   int size = 0;        // bytes per element
   int64_t period = 0;  // kResident: the broadcast period (1 for a splat)
   Twin buf;            // UB tiles (kResident: one)
+  // StreamInput::part_only taken: a resident splat of kResidentPart elements.
+  bool part_only = false;
 };
 
 bool needs_scratch(const BroadcastView& v) {
@@ -247,6 +249,7 @@ class StreamEmitter {
   // Builds the resident tiles: one period gathered, then (doubled) repeated over the tile.
   void build_resident_inputs(bool doubled = true);
   void double_resident_input(size_t k);
+  int64_t resident_built(size_t k) const;
   void compute_resident();      // StreamSpec::resident_compute, once before the tile loop
   void check_resident() const;  // what resident_per_period and resident_stores need
   // The period of the resident inputs as planned so far: the lcm of theirs and the granule.
@@ -296,6 +299,10 @@ class StreamEmitter {
   int m_resident_ready = -1;  // flag mte2 -> v: resident inputs loaded straight into their tiles
   std::vector<Reg> m_in_addr, m_out_addr, m_rout_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
+  // StreamSpec::stagger_first_tiles: the elements the next tile may hold at most (this block's
+  // first tile: its staggered share, then m_tile). Absent without staggering.
+  std::optional<Reg> m_tile_limit;
+  void init_stagger();
   // The L2 policies of the flat inputs and of the outputs: plan_l2().
   isa::L2Hint m_in_l2 = isa::L2Hint::NORMAL, m_out_l2 = isa::L2Hint::NORMAL;
 };
@@ -363,6 +370,7 @@ void StreamEmitter::plan_inputs() {
     }
     if (p.access != Access::kFlat && p.size == 1)
       m_b.fail("broadcasting a 1-byte input is not supported yet");
+    p.part_only = in.part_only && in.view.splat() && !m_spec->resident_results.empty();
     m_in.push_back(p);
   }
 }
@@ -398,6 +406,10 @@ void StreamEmitter::plan_segment_inputs() {
       if (a[k] == Access::kFlat) p.access = Access::kFlat;
     if (p.access != Access::kFlat && p.size == 1)
       m_b.fail("broadcasting a 1-byte input is not supported yet");
+    p.part_only = p.access == Access::kResident &&
+                  std::all_of(m_segments.begin(), m_segments.end(), [&](const StreamSpec* s) {
+                    return s->inputs[k].part_only && !s->resident_results.empty();
+                  });
     m_in.push_back(p);
   }
 }
@@ -424,7 +436,10 @@ StreamBuffers StreamEmitter::declare_buffers() const {
     const bool period_only = m_spec->inputs[k].period_only && p.access == Access::kResident;
     const std::string name = fmt::format("in{} tile", k);
     const uint64_t size = static_cast<uint64_t>(p.size);
+    const bool part_only = p.part_only && p.access == Access::kResident;
     d.in.push_back(place(period_only ? d.plan.add(fmt::format("in{} period", k), 0, period * size)
+                         : part_only ? d.plan.add(fmt::format("in{} first elements", k), 0,
+                                                  static_cast<uint64_t>(kResidentPart) * size)
                          : p.access != Access::kResident ? d.plan.add(name, p.size, 0, 2)
                          : piece                         ? d.plan.add(name, 0, piece * size)
                                                          : d.plan.add(name, p.size, 0),
@@ -643,7 +658,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
     const BroadcastView& v = m_spec->inputs[k].view;
-    const int64_t built = v.splat() && !m_spec->resident_per_period ? m_piece : m_period;
+    const int64_t built = resident_built(k);
     const bool whole_run = !v.splat() && v.period() == built && (built * p.size) % kBlockBytes == 0;
     (whole_run ? direct : gathered).push_back(k);
   }
@@ -661,8 +676,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
   for (size_t k : gathered) {
     const InputPlan& p = m_in[k];
     KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}", k, p.period));
-    const int64_t built =
-        m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
+    const int64_t built = resident_built(k);
     Reg zero = m_b.reg_imm("resident: position 0", 0);
     Reg len = m_b.reg_imm("resident: elements", built);
     emit_gather(static_cast<int>(k), p.buf[0], zero, len, false);
@@ -674,13 +688,21 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
     for (size_t k : direct) double_resident_input(k);
 }
 
-// Repeats resident input k's first period (m_period elements) over its tile (or piece).
+// The elements of resident input k built before doubling: a splat's whole tile (or piece; its
+// first kResidentPart elements if part_only), else one period.
+int64_t StreamEmitter::resident_built(size_t k) const {
+  if (m_in[k].part_only) return std::min(m_piece, kResidentPart);
+  return m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
+}
+
+// Repeats resident input k's first period (m_period elements) over its tile (or piece); a
+// part_only input keeps its first elements only.
 void StreamEmitter::double_resident_input(size_t k) {
   const InputPlan& p = m_in[k];
-  const int64_t built =
-      m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
-  for (int64_t have = built; have < m_piece;) {
-    const int64_t more = std::min(have, m_piece - have);
+  const int64_t built = resident_built(k);
+  const int64_t extent = p.part_only ? built : m_piece;
+  for (int64_t have = built; have < extent;) {
+    const int64_t more = std::min(have, extent - have);
     vec_copy_bits(m_b, p.size, p.buf[0] + static_cast<uint64_t>(have * p.size), p.buf[0], more);
     have += more;
   }
@@ -735,12 +757,39 @@ void StreamEmitter::store_resident_results() {
   });
 }
 
+// StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) times tile /
+// block_dim in whole periods (at least one period), at most a tile. Only where it can pay: the
+// blocks' GM -> UB ports together outrun HBM's sustained rate (else HBM is not what the round
+// trips leave idle), a load's set_flag holds MTE2 until the landing (else there is no round
+// trip per tile), and a block's range holds at least two tiles (else its one tile would only be
+// cut in two, a round trip more).
+void StreamEmitter::init_stagger() {
+  if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period || m_per < 2 * m_tile)
+    return;
+  const ChipConfig& cfg = m_b.config();
+  const double ports = m_block_dim * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  if (!cfg.set_flag_holds_pipe || ports <= cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency) return;
+  KernelBuilder::Origin o(m_b, fmt::format("staggered first tile: {} phases", m_block_dim));
+  m_tile_limit.emplace(m_b.reg("elements the next tile may hold"));
+  const Reg& limit = *m_tile_limit;
+  const int64_t share = std::max<int64_t>(1, m_tile / m_period / m_block_dim) * m_period;
+  m_b.emit(Opcode::op_get_block_id, {limit});
+  m_b.add(limit, limit, 1);
+  m_b.mul(limit, limit, share);
+  m_b.min(limit, limit, m_tile, "this block's first tile");
+}
+
 // One tile of the loop (q: 0 ping, 1 pong buffers).
 void StreamEmitter::emit_tile(int q, const Label& drain) {
   KernelBuilder::Origin o(m_b, fmt::format("tile ({})", q ? "pong" : "ping"));
   m_b.branch(ge(m_pos, m_end), drain);
   m_b.sub(m_cnt, m_end, m_pos);
-  m_b.min(m_cnt, m_cnt, m_tile, "elements in this tile");
+  if (m_tile_limit) {
+    m_b.min(m_cnt, m_cnt, *m_tile_limit, "elements in this tile");
+    m_b.movi(*m_tile_limit, m_tile, "the later tiles: whole tiles");
+  } else {
+    m_b.min(m_cnt, m_cnt, m_tile, "elements in this tile");
+  }
   if (m_any_flat) load_flat_inputs(q);
   for (size_t k = 0; k < m_in.size(); ++k)
     if (m_in[k].access == Access::kGather)
@@ -1032,6 +1081,7 @@ void StreamEmitter::emit_segments(Launch& launch) {
   m_end = m_b.reg("end of this block's range in the segment");
   m_cnt = m_b.reg("tile elements");
   init_flags();
+  init_stagger();
   if (m_segments[0]->prologue) {
     KernelBuilder::Origin o(m_b, "prologue");
     m_segments[0]->prologue(m_b, m_temp);
@@ -1094,6 +1144,7 @@ Launch StreamEmitter::build() {
   Launch launch;
   load_args(launch);
   init_flags();
+  init_stagger();
   const bool per_period = m_spec->resident_per_period;
   build_resident_inputs(!per_period);
   if (m_spec->prologue) {

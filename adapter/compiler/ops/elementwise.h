@@ -62,6 +62,9 @@ struct StreamInput {
   // Read by StreamSpec::resident_compute only (with resident_per_period; it must stay
   // resident): its UB buffer holds one period, not a tile, and is not doubled over the tile.
   bool period_only = false;
+  // A splat read by StreamSpec::resident_compute only, with resident_results (which runs it over
+  // the first kResidentPart elements): its UB buffer holds those elements, not a tile.
+  bool part_only = false;
 };
 
 // A UB buffer of the compute step, declared in the kernel's BufferPlan after the input, output
@@ -148,6 +151,15 @@ struct StreamSpec {
   // pieces' instructions cost more than the round trips they save; the caller's measurement).
   int64_t work_piece = 0;
   int64_t work_piece_min_tiles = 1;
+  // Block b of B's first tile holds (b + 1) / B of a tile (whole periods, at least one), its
+  // later tiles whole tiles: the blocks' tiles start out of phase, spread evenly over a tile,
+  // so their loads and the round trips after them (a load's set_flag holds MTE2 until the tile
+  // has landed, sync.set_flag_holds_pipe) fall at different times in different blocks, not all
+  // at once with HBM idle meanwhile. Values are unchanged (tile boundaries only). Taken where
+  // that can pay (the blocks' GM -> UB ports together faster than HBM's sustained rate,
+  // sync.set_flag_holds_pipe, at least two tiles per block); honoured by build_stream_kernel and
+  // build_multi_stream_kernel (segment 0's value).
+  bool stagger_first_tiles = false;
 };
 // The elements resident_compute runs over when StreamSpec::resident_results is given: one
 // repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <optional>
 #include <sstream>
 
@@ -132,11 +133,27 @@ DataType steps_type(const OpDesc& op) {
   return t ? *t : op.inputs[0].dtype;
 }
 
+// How a stream of steps uses the UB and splits its work (the defaults: FusedElementwise's).
+struct StepsSchedule {
+  // Per-tile intermediate results share UB tiles: a result's tile is free again after the last
+  // step reading it, and a step never writes a tile one of its operands is in (each result its
+  // own tile otherwise). Fewer result tiles, larger tiles.
+  bool share_result_tiles = false;
+  // StreamSpec::stagger_first_tiles.
+  bool stagger_first_tiles = false;
+};
+
+// FusedVariableUpdate's schedule (docs/compiler.md "Fused element-wise chains"): an optimizer's
+// update streams every variable and its gradient once, HBM-bound, so the tiles are as large as
+// the UB allows and the blocks' loads are staggered.
+constexpr StepsSchedule kUpdateSchedule{true, true};
+
 // The stream of `texts` (fused_elementwise.h's steps) over op.inputs: output j is the result of
 // step output_steps[j] (distinct steps, each of the inputs' broadcast shape). Steps that are
 // outputs write their output tile, the others a UB temporary; a later step reads either.
 StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& texts,
-                            const std::vector<size_t>& output_steps) {
+                            const std::vector<size_t>& output_steps,
+                            const StepsSchedule& schedule = {}) {
   if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
   const DataType dt = steps_type(op);
   if (!data_type_is_float(dt))
@@ -193,27 +210,7 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
   spec.out_type = type;
   spec.more_out_types.assign(output_steps.size() - 1, type);
   spec.out_shape = shape;
-  std::vector<size_t> result_temp(steps.size(), 0);  // of the steps that are no output
-  for (size_t k = 0; k < steps.size(); ++k) {
-    if (output_of[k] >= 0) continue;
-    result_temp[k] = spec.temps.size();
-    spec.temps.push_back(TempSpec{fmt::format("s{} result", k), double(isa::dtype_size(type))});
-  }
-  for (size_t k = 0; k < steps.size(); ++k) {
-    steps[k].first_temp = spec.temps.size();
-    for (const TempSpec& t : steps[k].work.temps)
-      spec.temps.push_back(
-          TempSpec{fmt::format("s{} {}", k, t.name), t.bytes_per_element, t.fixed_bytes});
-  }
-  // A step's slice of the fused kernel's temps.
-  auto own_temps = [](const Step& s, const std::vector<uint64_t>& temp) {
-    auto first = temp.begin() + static_cast<std::ptrdiff_t>(s.first_temp);
-    return std::vector<uint64_t>(first, first + static_cast<std::ptrdiff_t>(s.work.temps.size()));
-  };
-  spec.prologue = [steps, own_temps](KernelBuilder& b, const std::vector<uint64_t>& temp) {
-    for (const Step& s : steps)
-      if (s.work.prologue) s.work.prologue(b, own_temps(s, temp));
-  };
+  spec.stagger_first_tiles = schedule.stagger_first_tiles;
   // Uniform steps: intermediate results whose operands are all broadcast scalars (splat inputs)
   // or uniform steps hold one value at every position, so they are computed once, over a whole
   // tile, before the tile loop (StreamSpec::resident_compute) instead of in every tile: Keras'
@@ -231,6 +228,86 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
         });
     any_uniform = any_uniform || uniform[k];
   }
+  // The intermediate results' tiles. Uniform results are read by every tile and keep their own;
+  // with share_result_tiles a per-tile result takes a free shared tile (or a new one) and gives
+  // it back after its last reader, each step's own tile taken before its operands' are given
+  // back.
+  std::vector<size_t> last_reader(steps.size());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    last_reader[k] = k;
+    for (const Operand& o : steps[k].operands)
+      if (o.step) last_reader[o.index] = k;
+  }
+  // The uniform results a per-tile step reads (StreamSpec::resident_results: copied over the
+  // tile); the others, and the uniform steps' own temporaries, are only used by the resident work
+  // over its first kResidentPart elements when there is such a copy.
+  std::vector<bool> read_per_tile(steps.size(), false);
+  for (size_t k = 0; k < steps.size(); ++k)
+    for (const Operand& o : steps[k].operands)
+      if (o.step && uniform[o.index] && !uniform[k]) read_per_tile[o.index] = true;
+  const bool part_only =
+      schedule.share_result_tiles &&
+      std::find(read_per_tile.begin(), read_per_tile.end(), true) != read_per_tile.end();
+  // The splat inputs only uniform steps read: their buffers hold the first elements too.
+  if (part_only)
+    for (size_t n = 0; n < spec.inputs.size(); ++n) {
+      bool by_uniform = false, per_tile = false;
+      for (size_t k = 0; k < steps.size(); ++k)
+        for (const Operand& o : steps[k].operands)
+          if (!o.step && o.index == n) (uniform[k] ? by_uniform : per_tile) = true;
+      spec.inputs[n].part_only = by_uniform && !per_tile;
+    }
+  // A temporary of `bytes_per_element` (plus fixed bytes) used by the resident work only.
+  const auto part_temp = [&](std::string name, double bytes_per_element, uint64_t fixed) {
+    const double part = static_cast<double>(kResidentPart) * bytes_per_element;
+    return TempSpec{std::move(name), 0, static_cast<uint64_t>(std::ceil(part)) + fixed};
+  };
+  std::vector<size_t> result_temp(steps.size(), 0);  // of the steps that are no output
+  std::vector<size_t> free_tiles;                    // shared result tiles free at this step
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (output_of[k] >= 0) continue;
+    const bool shared = schedule.share_result_tiles && !uniform[k];
+    if (part_only && uniform[k] && !read_per_tile[k]) {
+      result_temp[k] = spec.temps.size();
+      spec.temps.push_back(
+          part_temp(fmt::format("s{} result (first elements)", k), isa::dtype_size(type), 0));
+    } else if (shared && !free_tiles.empty()) {
+      result_temp[k] = free_tiles.back();
+      free_tiles.pop_back();
+    } else {
+      result_temp[k] = spec.temps.size();
+      spec.temps.push_back(TempSpec{
+          shared ? fmt::format("result tile {}", spec.temps.size()) : fmt::format("s{} result", k),
+          double(isa::dtype_size(type))});
+    }
+    if (!shared) continue;
+    // Given back: the shared tiles of the results step k reads last (k's own if nothing reads it).
+    for (size_t r = 0; r <= k; ++r) {
+      if (output_of[r] >= 0 || uniform[r] || last_reader[r] != k) continue;
+      const bool read =
+          r == k || std::any_of(steps[k].operands.begin(), steps[k].operands.end(),
+                                [&](const Operand& o) { return o.step && o.index == r; });
+      if (read) free_tiles.push_back(result_temp[r]);
+    }
+  }
+  for (size_t k = 0; k < steps.size(); ++k) {
+    steps[k].first_temp = spec.temps.size();
+    for (const TempSpec& t : steps[k].work.temps)
+      spec.temps.push_back(
+          part_only && uniform[k]
+              ? part_temp(fmt::format("s{} {} (first elements)", k, t.name), t.bytes_per_element,
+                          t.fixed_bytes)
+              : TempSpec{fmt::format("s{} {}", k, t.name), t.bytes_per_element, t.fixed_bytes});
+  }
+  // A step's slice of the fused kernel's temps.
+  auto own_temps = [](const Step& s, const std::vector<uint64_t>& temp) {
+    auto first = temp.begin() + static_cast<std::ptrdiff_t>(s.first_temp);
+    return std::vector<uint64_t>(first, first + static_cast<std::ptrdiff_t>(s.work.temps.size()));
+  };
+  spec.prologue = [steps, own_temps](KernelBuilder& b, const std::vector<uint64_t>& temp) {
+    for (const Step& s : steps)
+      if (s.work.prologue) s.work.prologue(b, own_temps(s, temp));
+  };
   // Emits the steps with uniform[k] == `once` over the tile operands t.
   auto emit_steps = [steps, own_temps, texts, uniform, output_of, result_temp](
                         bool once, KernelBuilder& b, const TileOperands& t) {
@@ -258,15 +335,9 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
     };
     // Each uniform result holds one value: computed over kResidentPart elements, then copied
     // over the tile where a per-tile step reads it (outputs are never uniform).
-    for (size_t k = 0; k < steps.size(); ++k) {
-      if (!uniform[k]) continue;
-      const bool read_per_tile = std::any_of(steps.begin(), steps.end(), [&](const Step& s) {
-        const size_t j = static_cast<size_t>(&s - steps.data());
-        return !uniform[j] && std::any_of(s.operands.begin(), s.operands.end(),
-                                          [&](const Operand& o) { return o.step && o.index == k; });
-      });
-      if (read_per_tile) spec.resident_results.emplace_back(result_temp[k], isa::dtype_size(type));
-    }
+    for (size_t k = 0; k < steps.size(); ++k)
+      if (uniform[k] && read_per_tile[k])
+        spec.resident_results.emplace_back(result_temp[k], isa::dtype_size(type));
   }
   return spec;
 }
@@ -285,7 +356,8 @@ std::vector<int64_t> inputs_shape(const OpDesc& op) {
 }
 
 CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<std::string>& texts,
-                                  const std::vector<size_t>& output_steps) {
+                                  const std::vector<size_t>& output_steps,
+                                  const StepsSchedule& schedule = {}) {
   // Bool inputs (SelectV2 conditions) of another shape than the output's are first expanded to
   // it by a copy kernel, as the SelectV2 op's own kernel expands them (ops/select.cpp).
   const std::vector<int64_t> shape = inputs_shape(ctx.op);
@@ -294,7 +366,7 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
     if (ctx.op.inputs[n].dtype == DataType::BOOL && ctx.op.inputs[n].shape != shape)
       expanded.push_back(n);
   if (expanded.empty()) {
-    const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps);
+    const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps, schedule);
     const TensorDesc out{steps_type(ctx.op), spec.out_shape};
     CompiledKernel k = stream_kernel(ctx, out, spec);
     k.outputs.assign(output_steps.size(), out);
@@ -302,7 +374,7 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
   }
   OpDesc streamed = ctx.op;
   for (size_t n : expanded) streamed.inputs[n].shape = shape;
-  const StreamSpec spec = fused_steps_spec(streamed, texts, output_steps);
+  const StreamSpec spec = fused_steps_spec(streamed, texts, output_steps, schedule);
   const TensorDesc out{steps_type(ctx.op), spec.out_shape};
   LaunchPlan plan(std::vector<TensorDesc>(output_steps.size(), out));
   if (out.num_elements() == 0) return std::move(plan).finish();
@@ -405,7 +477,7 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
   if (members == 1) {
     const std::vector<size_t> output_steps = update_output_steps(op, m, updates, "");
     const std::vector<int64_t>& var = op.inputs[0].shape;
-    CompiledKernel k = fused_steps_kernel(ctx, steps, output_steps);
+    CompiledKernel k = fused_steps_kernel(ctx, steps, output_steps, kUpdateSchedule);
     if (!k.outputs.empty() && k.outputs[0].shape != var)
       op.invalid(fmt::format("the steps' result {} is not the variables' shape {}",
                              shape_str(k.outputs[0].shape), shape_str(var)));
@@ -437,7 +509,7 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
     StreamSpec spec;
     try {  // the member's own errors, named as the member's
       const std::vector<size_t> output_steps = update_output_steps(sub, per_m, updates, "");
-      spec = fused_steps_spec(sub, steps, output_steps);
+      spec = fused_steps_spec(sub, steps, output_steps, kUpdateSchedule);
     } catch (const InvalidOpError& e) {
       op.invalid(where + e.what());
     } catch (const CompileError& e) {
