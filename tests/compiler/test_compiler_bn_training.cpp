@@ -222,8 +222,8 @@ void check_grads(const GradCase& gc) {
     }
   }
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
-  // bias_grads = 1 (the graph pass's BiasAddGrad folded in): dx the same, bit for bit, and output 1 the
-  // per-channel sum of dx in T (C a multiple of 8: summed from the f32 dx in the pass, else by
+  // bias_grads = 1 (the graph pass's BiasAddGrad folded in): dx the same, bit for bit, and output 1
+  // the per-channel sum of dx in T (C a multiple of 8: summed from the f32 dx in the pass, else by
   // BiasAddGrad's kernel after it), against the sum in double of the dx returned: the f32
   // additions' K e sum|dx|, for f16 each dx's rounding (the pass sums dx before it) and the
   // sum's own.
@@ -622,7 +622,8 @@ TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {
             .message.find("input 3 must be f32[8]") != std::string::npos);
   CHECK(compile_refusal(make_op("BNTrainingReduce", {TensorDesc{DataType::F32, {0, 4, 4, 8}}}))
             .message.find("non-empty batch") != std::string::npos);
-  CHECK(compile_refusal(make_op("BNTrainingReduceGrad", {x, x, v, v, v, v, v}, {{"bias_grads", int64_t{2}}}))
+  CHECK(compile_refusal(
+            make_op("BNTrainingReduceGrad", {x, x, v, v, v, v, v}, {{"bias_grads", int64_t{2}}}))
             .message.find("bias_grads = 2: 0 or 1") != std::string::npos);
 }
 

@@ -29,7 +29,7 @@ pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
-    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
+    CONV_BN_RELU_TRAIN, assert_close_lists, child_result, second_call, training_batch_norm_relu)
 
 OFF = {"NPUSIM_FUSION_BN_BIAS_GRAD": "0"}
 MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
@@ -69,8 +69,17 @@ def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, mode):
         (bias_grads(fused), bias_grads(unfused))
     assert len(bias_grads(fused)) == 1, bias_grads(fused)
     assert "BNTrainingReduceGrad" in fused["types"]
-    # One launch per convolution and step fewer (fit_steps keeps the last step's launches).
-    assert fused["launches"] == unfused["launches"] - 2, (fused["launches"], unfused["launches"])
+    # One launch per convolution and step fewer (fit_steps keeps the last step's launches);
+    # with the partials added by an epilogue launch (a coupled chip's way), that launch takes
+    # the place of the BiasAddGrad's (these small ones' one reduction-engine launch).
+    epilogues = [k for t, k in fused["ops"] if k == "BNTrainingReduceGradBiasSums"]
+    if mode == "fp32_two_launches":
+        assert epilogues, fused["ops"]
+        assert fused["launches"] == unfused["launches"], (fused["launches"], unfused["launches"])
+    else:
+        assert not epilogues, fused["ops"]
+        assert fused["launches"] == unfused["launches"] - 2, \
+            (fused["launches"], unfused["launches"])
     # f32 rounding of three steps (the sums in another order); in float16 the fused sum adds
     # the f32 dx before its rounding to float16 (2^-11 relative each), carried on through the
     # next steps' f16 forward passes.
@@ -78,12 +87,15 @@ def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, mode):
     assert_close_lists(fused["losses"], unfused["losses"], rtol, atol)
     assert_close_lists(fused["weights"], unfused["weights"], 10 * rtol, 10 * atol)
     # TensorFlow on the CPU: the cube's fp16 operands (and float16 activations under
-    # allow_mix_precision) over three steps.
+    # allow_mix_precision) over three steps. A convolution's bias before a training batch norm
+    # has a zero gradient in exact arithmetic (dx sums to 0 per channel), so the biases hold
+    # what rounding left of it: a few 1e-4 under allow_mix_precision, on either device.
     cpu = fused_run["cpu"]
+    noise = 1e-4 if mode != "mix" else 1e-3
     assert_close_lists(fused["losses"], cpu["losses"], 2e-2, 2e-3)
     for got, want in zip(fused["weights"], cpu["weights"]):
         got, want = np.asarray(got), np.asarray(want)
-        assert np.linalg.norm(got - want) <= 2e-2 * np.linalg.norm(want) + 1e-4
+        assert np.linalg.norm(got - want) <= 2e-2 * np.linalg.norm(want) + noise
 
 
 # A training batch norm written as Keras 3 writes it (rewrite 0's pattern) over a convolution
@@ -101,13 +113,7 @@ def _conv_bias_bn(tf, fmt):
         with tf.GradientTape() as tape:
             tape.watch([x, w, gamma, beta])
             c = tf.nn.conv2d(x, w, 1, "SAME")
-            h = tf.nn.bias_add(c, b)
-            mean = tf.reduce_mean(h, [0, 1, 2], keepdims=True)
-            var = tf.reduce_mean(tf.math.squared_difference(h, tf.stop_gradient(mean)),
-                                 [0, 1, 2], keepdims=True)
-            mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
-            inv = tf.math.rsqrt(var + 1e-3) * gamma
-            y = tf.nn.relu(h * inv + (beta - mean * inv))
+            _, _, y = training_batch_norm_relu(tf, tf.nn.bias_add(c, b), gamma, beta)
             loss = tf.reduce_sum(y * tf.cast(tf.range(16), y.dtype))
         dx, dw, dgamma, dbeta = tape.gradient(loss, [c, w, gamma, beta])
         db = tf.raw_ops.BiasAddGrad(out_backprop=dx, data_format=fmt)
@@ -117,34 +123,37 @@ def _conv_bias_bn(tf, fmt):
 
 
 def _run(npusim, tf, fmt, device):
-    f, args = _conv_bias_bn(tf, fmt)
-    with tf.device(device):
-        fn = tf.function(f)
-        fn(*args)
-        npusim.clear_launch_records()
-        outs = [o.numpy().astype(np.float64) for o in fn(*args)]
-    return outs, [(r["op_type"], r["op_name"]) for r in npusim.launch_records()]
+    outs, records = second_call(npusim, tf, *_conv_bias_bn(tf, fmt), device)
+    return outs, [(r["op_type"], r["op_name"]) for r in records]
+
+
+def _check_sum_and_cpu(npusim, tf, fmt, outs, axes):
+    """outs[1] (the bias gradient) is numpy's sum of outs[0] (dx) over `axes`, per channel:
+    f32 sums of 98 f32 values err by at most ~100 * 2^-24 of the sum of |dx| (the sum itself is
+    near 0: a bias before a training batch norm has a zero gradient in exact arithmetic, so only
+    the sum of |dx| scales it); and the outputs are TensorFlow's on the CPU within the cube's
+    fp16 operands (the bias gradient, a sum of such dx that nearly cancels, within 1e-2 of the
+    sum of |dx|)."""
+    dx, db = outs[0], outs[1]
+    scale = np.abs(dx).sum(axis=axes)
+    err = np.abs(db - dx.sum(axis=axes))
+    assert np.all(err <= 1e-5 * scale), (err, scale)
+    cpu, _ = _run(npusim, tf, fmt, "/CPU:0")
+    assert np.all(np.abs(db - cpu[1]) <= 1e-2 * scale), (db, cpu[1], scale)
+    for k, (got, want) in enumerate(zip(outs, cpu)):
+        if k != 1:
+            assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want), k
 
 
 def test_bias_grad_is_the_channel_sum_of_dx(npusim, tf):
     outs, launches = _run(npusim, tf, "NHWC", "/NPU:0")
     types = {t for t, _ in launches}
     assert "BNTrainingReduceGrad" in types and "BiasAddGrad" not in types, launches
-    dx, db = outs[0], outs[1]
-    # numpy's sum of the dx the NPU wrote (f32 sums of 98 f32 values: well within 1e-5).
-    want = dx.sum(axis=(0, 1, 2))
-    np.testing.assert_allclose(db, want, rtol=1e-5, atol=1e-5 * np.abs(dx).sum(axis=(0, 1, 2)))
-    # The whole function against TensorFlow on the CPU (the cube's fp16 operands).
-    cpu, _ = _run(npusim, tf, "NHWC", "/CPU:0")
-    for got, want in zip(outs, cpu):
-        assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want)
+    _check_sum_and_cpu(npusim, tf, "NHWC", outs, (0, 1, 2))
 
 
 def test_bias_grad_along_another_axis_stays_unfused(npusim, tf):
     outs, launches = _run(npusim, tf, "NCHW", "/NPU:0")
     types = {t for t, _ in launches}
     assert "BNTrainingReduceGrad" in types and "BiasAddGrad" in types, launches
-    np.testing.assert_allclose(outs[1], outs[0].sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
-    cpu, _ = _run(npusim, tf, "NCHW", "/CPU:0")
-    for got, want in zip(outs, cpu):
-        assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want)
+    _check_sum_and_cpu(npusim, tf, "NCHW", outs, (0, 2, 3))

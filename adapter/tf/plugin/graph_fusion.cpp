@@ -3992,6 +3992,14 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
   return static_cast<int>(found.size());
 }
 
+// Every node's data inputs named in `renamed` (node or node:port) read its value instead.
+void rename_inputs(tfc::GraphDef& graph, const std::map<std::string, std::string>& renamed) {
+  if (renamed.empty()) return;
+  for (tfc::NodeDef& n : *graph.mutable_node())
+    for (std::string& in : *n.mutable_input())
+      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+}
+
 // ---- Rewrite 0c: a convolution's bias gradient in BNTrainingReduceGrad (graph_fusion.h) ----
 
 // BiasAddGrad(dx) (NHWC) with dx output 0 of a BNTrainingReduceGrad without a bias gradient
@@ -4003,11 +4011,9 @@ int fuse_bn_bias_grads_in(tfc::GraphDef& graph, const std::unordered_set<std::st
                           std::set<std::string>* removed) {
   GraphView g(graph);
   Removal rm(g, preserve);
-  // The BiasAddGrads' outputs -> the BNTrainingReduceGrads' outputs 1.
-  std::map<std::string, std::string> renamed;
+  std::map<std::string, std::string> renamed;  // BiasAddGrad outputs -> output 1 of its producer
   int fused = 0;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    tfc::NodeDef& bias_grad = *graph.mutable_node(i);
+  for (tfc::NodeDef& bias_grad : *graph.mutable_node()) {
     if (bias_grad.op() != "BiasAddGrad" || bias_grad.input_size() != 1 || !nhwc(bias_grad) ||
         !rm.removable(bias_grad, g.consumers(bias_grad.name())))
       continue;
@@ -4028,9 +4034,7 @@ int fuse_bn_bias_grads_in(tfc::GraphDef& graph, const std::unordered_set<std::st
     rm.remove(bias_grad.name());
     ++fused;
   }
-  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
-    for (std::string& in : *graph.mutable_node(i)->mutable_input())
-      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  rename_inputs(graph, renamed);
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
 }
@@ -4085,9 +4089,7 @@ int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::
     rewrite_as(*conv, "Conv2DBNTrainingReduce", inputs, attrs);
     ++fused;
   }
-  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
-    for (std::string& in : *graph.mutable_node(i)->mutable_input())
-      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  rename_inputs(graph, renamed);
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
 }
@@ -4596,13 +4598,22 @@ bool bn_bias_grad_fusion_requested() {
   return on;
 }
 
+// Runs `rewrite` (its nodes to erase into the set it is given) and erases them from graph;
+// returns the rewrite's count.
+static int rewrite_and_erase(tfc::GraphDef& graph,
+                             const std::function<int(std::set<std::string>*)>& rewrite) {
+  std::set<std::string> removed;
+  const int made = rewrite(&removed);
+  erase_nodes(graph, removed);
+  return made;
+}
+
 int fuse_bn_bias_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   if (!fusion_enabled() || !training_fusion_requested() || !bn_bias_grad_fusion_requested())
     return 0;
-  std::set<std::string> removed;
-  const int fused = fuse_bn_bias_grads_in(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  return fused;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fuse_bn_bias_grads_in(graph, preserve, removed);
+  });
 }
 
 int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {

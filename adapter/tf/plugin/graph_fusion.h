@@ -47,8 +47,8 @@
 //      the mixed precision pass (fuse_bn_bias_grads below; the two in the type they run in):
 //      BiasAddGrad(dx) (NHWC, T float or half) whose dx is output 0 of a BNTrainingReduceGrad
 //      (rewrite 0's, with or without 0b's fold; bias_grads = 0) of the same T on the same device ->
-//      that BNTrainingReduceGrad with bias_grads = 1: output 1 the per-channel sum of dx in T, summed
-//      from the f32 dx tiles in its pass before their rounding to T (adapter/compiler/ops/
+//      that BNTrainingReduceGrad with bias_grads = 1: output 1 the per-channel sum of dx in T,
+//      summed from the f32 dx tiles in its pass before their rounding to T (adapter/compiler/ops/
 //      batchnorm.cpp), `_npusim_fused` naming the BiasAddGrad, whose readers read output 1 and
 //      which goes (a launch and an HBM pass over dx fewer: Keras' convolutions with a bias
 //      followed by a batch norm in training). dx's other readers are fine; the BiasAddGrad must
