@@ -877,8 +877,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
       rounded_sums_epilogue("BNTrainingReduceGradBiasSums", t.c, t_dev);
   std::optional<size_t> bias_sums;
   if (bias_in_pass)
-    bias_sums = add_stream_channel_sums(spec, t.c, bias_epilogue, epilogue_in_kernel,
-                                        placed ? std::pair{4, 5} : std::pair{-1, -1});
+    bias_sums = add_stream_channel_sums(spec, t.c, bias_epilogue, epilogue_in_kernel);
   spec.compute = [=](KernelBuilder& b, const TileOperands& o) {
     const Reg& n = *o.count;
     const auto [f0, f1] = training_dx_f32(b, o, dt);
@@ -909,7 +908,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     op3(Opcode::op_vadd, widen ? result : o.out, diff, k3);
     training_dx_store(b, o, result, dt);
     if (bias_sums)  // dx in f32, before its rounding to T
-      op3(Opcode::op_vadd, o.temp[*bias_sums], o.temp[*bias_sums + 1], widen ? result : o.out);
+      op3(Opcode::op_vadd, o.temp[*bias_sums], o.temp[*bias_sums], widen ? result : o.out);
   };
   if (!stream_keeps_resident(spec, ctx.cfg))
     op.fail(fmt::format("C = {} channels: the per-channel vectors do not fit the UB beside a "

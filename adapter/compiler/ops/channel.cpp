@@ -997,16 +997,15 @@ ChannelEpilogueSpec rounded_sums_epilogue(const std::string& name, int64_t c, Dt
 }
 
 size_t add_stream_channel_sums(StreamSpec& spec, int64_t c, const ChannelEpilogueSpec& e,
-                               bool in_kernel, std::pair<int, int> windows) {
+                               bool in_kernel) {
   if (c <= 0 || c % 8 != 0)
     throw Error(
         fmt::format("{}: per-channel sums of a stream need whole 32-byte blocks of f32 "
                     "channels, got {} channels",
                     spec.kernel_name, c));
   const size_t acc = spec.temps.size();
-  spec.temps.push_back(TempSpec{"channel sums (ping)", 4, 0, windows.first});
-  spec.temps.push_back(TempSpec{"channel sums (pong)", 4, 0, windows.second});
-  spec.accumulators.push_back({acc, acc + 1});
+  spec.temps.push_back(TempSpec{"channel sums", 4, 0});
+  spec.accumulators.push_back(acc);
   spec.tail_args = in_kernel ? 1 + e.outputs : 1;
   spec.block_finish = [acc, c, e, in_kernel](KernelBuilder& b, const TileOperands& t, int blocks) {
     b.declare_arg("partials", Dtype::F32, {blocks, c});

@@ -193,19 +193,17 @@ void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
 // The per-channel sums of an f32 result that the stream kernel `spec` (elementwise.h) computes
 // per tile, as a second product of its pass (BNTrainingReduceGrad's bias gradient): its tiles
 // and pieces are whole periods of the c channels (a resident per-channel input), so lane i of a
-// tile is channel i mod c. Adds to spec two temporaries "channel sums" (ping and pong, f32, one
-// tile or piece each, in UB bank windows `windows` (TempSpec::window, -1: unplaced); a
-// StreamSpec::accumulators pair) and a block_finish that folds the first's rows into c sums
+// tile is channel i mod c. Adds to spec a temporary "channel sums" (f32, one tile or piece;
+// StreamSpec::accumulators) that spec's compute adds its f32 result into, lane by lane (the
+// returned temporary index), and a block_finish that folds that tile's rows into c sums
 // (halving: the top rows added into the bottom ones), stores them as the block's partials
 // (argument "partials", [blocks][c] f32) and, with in_kernel (channel_epilogue_in_kernel), runs
 // e over them after a barrier of the launch's blocks (emit_partials_epilogue; e's outputs the
 // arguments "output0", ... after "partials"). Without in_kernel, build_channel_epilogue(e) over
 // the partials (partial_blocks: the launch's block_dim) is the caller's next launch. c must be
-// a multiple of 8 (whole 32-byte blocks of f32). Returns the index i of the first temporary:
-// spec's compute adds its f32 result r lane by lane as temp[i] = temp[i + 1] + r (one vadd; the
-// stream emitter swaps the two every other call).
+// a multiple of 8 (whole 32-byte blocks of f32).
 size_t add_stream_channel_sums(StreamSpec& spec, int64_t c, const ChannelEpilogueSpec& e,
-                               bool in_kernel, std::pair<int, int> windows);
+                               bool in_kernel);
 
 // The epilogue of plain channel sums (one partial set) stored as output 0 in out_type: f32 as
 // summed, or f16 rounded once (vconv, round to nearest even, as a Cast's); its tiles spread

@@ -296,7 +296,6 @@ class StreamEmitter {
   int m_resident_ready = -1;  // flag mte2 -> v: resident inputs loaded straight into their tiles
   std::vector<Reg> m_in_addr, m_out_addr, m_rout_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
-  Reg m_acc_parity;         // StreamSpec::accumulators: the last compute call's parity (0, 1)
   // The L2 policies of the flat inputs and of the outputs: plan_l2().
   isa::L2Hint m_in_l2 = isa::L2Hint::NORMAL, m_out_l2 = isa::L2Hint::NORMAL;
 };
@@ -795,38 +794,11 @@ void StreamEmitter::compute(int q) {
     t.tile_elems = m_piece;
     return t;
   };
-  // A compute call of parity `parity` over `count` elements (StreamSpec::accumulators): odd calls
-  // add into the second of each pair from the first; a call over fewer elements than the
-  // accumulators hold carries their other lanes over (copied), so that every lane of the tile
-  // written holds the sum; the call's parity kept for the block's finish.
-  const auto compute_call = [&](TileOperands& t, const Reg& count, int64_t parity) {
-    t.count = &count;
-    if (m_spec->accumulators.empty()) {
-      m_spec->compute(m_b, t);
-      return;
-    }
-    for (const auto& [first, second] : m_spec->accumulators)
-      if (parity) std::swap(t.temp.at(first), t.temp.at(second));
-    m_spec->compute(m_b, t);
-    m_b.movi(m_acc_parity, parity, "the accumulators' last parity");
-    Label whole = m_b.label("accumulators_whole");
-    m_b.branch(ge(count, m_piece), whole);
-    Reg rest = m_b.reg_imm("accumulator lanes not added", m_piece), dst = m_b.reg("to"),
-        src = m_b.reg("from");
-    m_b.sub(rest, rest, count);
-    for (const auto& [first, second] : m_spec->accumulators) {
-      m_b.movi(dst, static_cast<int64_t>(t.temp.at(first)));
-      m_b.mul_add(dst, count, 4, dst);
-      m_b.movi(src, static_cast<int64_t>(t.temp.at(second)));
-      m_b.mul_add(src, count, 4, src);
-      vec_copy_bits(m_b, 4, dst, src, rest);
-    }
-    m_b.bind(whole);
-  };
   if (m_piece == m_tile) {
     KernelBuilder::Origin c(m_b, "compute");
     TileOperands t = operands(0);
-    compute_call(t, m_cnt, q);
+    t.count = &m_cnt;
+    m_spec->compute(m_b, t);
     return;
   }
   // The pieces, unrolled (immediate UB addresses); a short tile leaves after its last piece.
@@ -838,7 +810,8 @@ void StreamEmitter::compute(int q) {
     m_b.sub(count, m_cnt, at);
     m_b.min(count, count, m_piece, "elements in this piece");
     TileOperands t = operands(at);
-    compute_call(t, count, (q * ((m_tile + m_piece - 1) / m_piece) + at / m_piece) % 2);
+    t.count = &count;
+    m_spec->compute(m_b, t);
   }
   m_b.bind(done);
 }
@@ -1142,9 +1115,7 @@ Launch StreamEmitter::build() {
   if (!m_spec->accumulators.empty()) {
     KernelBuilder::Origin o(m_b, "accumulators: cleared");
     Reg zero = m_b.reg_imm("0.0f bits", 0);
-    for (const auto& [first, second] : m_spec->accumulators)
-      for (size_t t : {first, second}) vec_dup_bits(m_b, 4, m_temp.at(t), zero, m_piece);
-    m_acc_parity = m_b.reg_imm("the accumulators' last parity", 0);
+    for (size_t t : m_spec->accumulators) vec_dup_bits(m_b, 4, m_temp.at(t), zero, m_piece);
   }
   // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
   Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
@@ -1153,15 +1124,6 @@ Launch StreamEmitter::build() {
   m_b.jmp(loop);
   m_b.bind(drain);
   emit_drain();
-  if (!m_spec->accumulators.empty()) {
-    KernelBuilder::Origin o(m_b, "accumulators: the sums to the first of each pair");
-    Label in_first = m_b.label("accumulators_in_first");
-    m_b.branch(eq(m_acc_parity, 0), in_first);
-    for (const auto& [first, second] : m_spec->accumulators)
-      vec_copy_bits(m_b, 4, m_temp.at(first), m_temp.at(second), m_piece);
-    m_b.bind(in_first);
-    m_acc_parity.release();
-  }
   if (m_spec->block_finish) {
     KernelBuilder::Origin o(m_b, "after the tiles: the block's finish");
     TileOperands t;

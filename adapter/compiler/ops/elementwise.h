@@ -148,15 +148,10 @@ struct StreamSpec {
   // pieces' instructions cost more than the round trips they save; the caller's measurement).
   int64_t work_piece = 0;
   int64_t work_piece_min_tiles = 1;
-  // Pairs of temporaries (indices into temps, f32, a piece or tile long each) that compute()
-  // accumulates in over the tiles of a block (e.g. per-position partial sums of a result), ping
-  // and pong so that no add writes the tile it reads (in place, each repeat would touch its
-  // banks twice): both set to 0 once before the tile loop; compute() adds into temp[first]
-  // from temp[second], the emitter swapping the two addresses in every other compute call (the
-  // tiles' and pieces' static order), so each call reads what the previous one wrote. Before
-  // block_finish the sum is copied to the first's tile where the last call left it in the
-  // second's (build_stream_kernel only).
-  std::vector<std::pair<size_t, size_t>> accumulators;
+  // Temporaries (indices into temps, f32) that compute() adds into over the tiles of a block
+  // (e.g. per-position partial sums of a result): set to 0 over a whole tile (or piece) once,
+  // before the tile loop (build_stream_kernel only).
+  std::vector<size_t> accumulators;
   // Optional, emitted once per block after its tile loop has drained (every tile computed and
   // stored): work on what the tiles left in the temporaries (the accumulators), given temp and
   // tile_elems (in, out and count unset) and the launch's block count. It may declare
