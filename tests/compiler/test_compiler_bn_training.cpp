@@ -273,6 +273,25 @@ void check_grads(const GradCase& gc) {
     }
   }
   check_within_bounds(dx.outputs[0].values, want, tol, "dx");
+  // bias_grads = 1 (the graph pass's BiasAddGrad folded in): dx the same, bit for bit, and output 1
+  // the per-channel sum of dx in T (C a multiple of 8: summed from the f32 dx in the pass, else by
+  // BiasAddGrad's kernel after it), against the sum in double of the dx returned: the f32
+  // additions' K e sum|dx|, for f16 each dx's rounding (the pass sums dx before it) and the
+  // sum's own.
+  std::map<std::string, compiler::AttrValue> bias_attrs = attrs;
+  bias_attrs["bias_grads"] = int64_t{1};
+  RunResult with_bias = run("BNTrainingReduceGrad", in, bias_attrs, 2);
+  CHECK(with_bias.outputs[0].values == dx.outputs[0].values);
+  std::vector<double> bias(c), tbias(c);
+  for (int64_t j = 0; j < c; ++j) {
+    for (int64_t i = 0; i < r; ++i) {
+      const double d = std::fabs(at(dx.outputs[0], i, j, c));
+      bias[j] += at(dx.outputs[0], i, j, c);
+      tbias[j] += k * kE * d + (gc.dt == DataType::F16 ? kH * d + kHalfSubnormal : 0);
+    }
+    if (gc.dt == DataType::F16) tbias[j] += kH * std::fabs(bias[j]) + kHalfSubnormal;
+  }
+  check_within_bounds(with_bias.outputs[1].values, bias, tbias, "bias_grad");
 }
 
 // The ReLU-masked gradients against the chain they replace, bit for bit: BNTrainingUpdate(relu)
@@ -677,6 +696,10 @@ TEST_CASE("BNTraining ops refuse wrong inputs, naming them") {
             .message.find("takes 6 inputs, 5 given") != std::string::npos);
   CHECK(compile_refusal(make_op("BNTrainingUpdate", {x, v, v, v, v, x}, {{"R", int64_t{2}}}))
             .message.find("attribute R = 2: 0 or 1 expected") != std::string::npos);
+
+  CHECK(compile_refusal(
+            make_op("BNTrainingReduceGrad", {x, x, v, v, v, v, v}, {{"bias_grads", int64_t{2}}}))
+            .message.find("bias_grads = 2: 0 or 1") != std::string::npos);
 }
 
 // Conflict cycles and busy cycles of the vector units (summed over the cores) in launch

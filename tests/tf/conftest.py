@@ -327,6 +327,29 @@ def assert_close_lists(got, want, rtol, atol):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
 
 
+def training_batch_norm_relu(tf, h, gamma, beta, epsilon=1e-3):
+    """Keras 3's BatchNormalization in training as it writes it (tf.nn.moments' Mean,
+    SquaredDifference, Mean, Squeeze, then the inference chain on the batch statistics: the
+    graph pass's rewrite 0 pattern) over NHWC h, then a ReLU; returns (mean, var, y)."""
+    mean = tf.reduce_mean(h, [0, 1, 2], keepdims=True)
+    var = tf.reduce_mean(tf.math.squared_difference(h, tf.stop_gradient(mean)), [0, 1, 2],
+                         keepdims=True)
+    mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
+    inv = tf.math.rsqrt(var + epsilon) * gamma
+    return mean, var, tf.nn.relu(h * inv + (beta - mean * inv))
+
+
+def second_call(npusim, tf, f, args, device):
+    """f as a tf.function on `device`, called twice on args; the second call's outputs (float64
+    numpy arrays) and its launch records (none on the CPU)."""
+    with tf.device(device):
+        fn = tf.function(f)
+        fn(*args)
+        npusim.clear_launch_records()
+        outs = [o.numpy().astype(np.float64) for o in fn(*args)]
+    return outs, (npusim.launch_records() if device != "/CPU:0" else [])
+
+
 def child_result(code, timeout=600, extra_env=None):
     """Runs `code` (run_child), which must succeed and print a line "RESULT<json>"; returns the
     last such JSON."""

@@ -123,11 +123,12 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
     # blocklist: float; the optimizer's updates float
     for op in ("SparseSoftmaxCrossEntropyWithLogits", "Mean", "FusedVariableUpdate"):
         assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
-    # graylist after the blocklisted loss: the Dense bias gradient follows it (float), the
-    # convolution's bias gradient follows the half batch-norm gradient
+    # graylist after the blocklisted loss: the Dense bias gradient follows it (float); the
+    # convolution's bias gradient follows the half batch-norm gradient, and is then that
+    # BNTrainingReduceGrad's output 1 (graph_fusion.h rewrite 0c; half, above)
     bias_grads = {name: t for name, op, t in nodes if op == "BiasAddGrad"}
-    assert sorted(bias_grads.values()) == ["float16", "float32"], bias_grads
-    assert [t for name, t in bias_grads.items() if "dense" in name] == ["float32"], bias_grads
+    assert list(bias_grads.values()) == ["float32"], bias_grads
+    assert all("dense" in name for name in bias_grads), bias_grads
     # one Cast per tensor and type
     casts = [(name, op) for name, op, _ in nodes if op == "Cast" and "npusim_amp" in name]
     assert casts and len(casts) == len(set(casts))

@@ -34,7 +34,7 @@ pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
-    CONV_BN_RELU_TRAIN, assert_close_lists, child_result)
+    CONV_BN_RELU_TRAIN, assert_close_lists, child_result, second_call, training_batch_norm_relu)
 
 OFF = {"NPUSIM_FUSION_CONV_BN_REDUCE": "0"}
 MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
@@ -102,12 +102,7 @@ def _conv_bn(tf, variant):
             tape.watch([x, w, gamma, beta])
             c = tf.nn.conv2d(x, w, 1, "SAME")
             h = c * 2.0 if variant == "scaled" else c
-            mean = tf.reduce_mean(h, [0, 1, 2], keepdims=True)
-            var = tf.reduce_mean(tf.math.squared_difference(h, tf.stop_gradient(mean)),
-                                 [0, 1, 2], keepdims=True)
-            mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
-            inv = tf.math.rsqrt(var + 1e-3) * gamma
-            y = tf.nn.relu(h * inv + (beta - mean * inv))
+            mean, var, y = training_batch_norm_relu(tf, h, gamma, beta)
             loss = tf.reduce_sum(y * tf.cast(tf.range(16), y.dtype))
         return [c, mean, var, y] + tape.gradient(loss, [x, w, gamma, beta])
 
@@ -115,13 +110,8 @@ def _conv_bn(tf, variant):
 
 
 def _run(npusim, tf, variant, device):
-    f, args = _conv_bn(tf, variant)
-    with tf.device(device):
-        fn = tf.function(f)
-        fn(*args)
-        npusim.clear_launch_records()
-        outs = [o.numpy().astype(np.float64) for o in fn(*args)]
-    return outs, {r["op_type"] for r in npusim.launch_records()}
+    outs, records = second_call(npusim, tf, *_conv_bn(tf, variant), device)
+    return outs, {r["op_type"] for r in records}
 
 
 def test_statistics_match_numpy_of_the_conv_output(npusim, tf):

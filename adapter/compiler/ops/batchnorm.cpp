@@ -38,7 +38,8 @@
 //     dy and x.
 //   BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance;
 //     epsilon) -> dx = c1 * ((dy - diff_offset / R) - (x - m) * c2), c1 = scale * r,
-//     c2 = r * diff_scale / R, r = rsqrt(v + eps): one pass over dy and x.
+//     c2 = r * diff_scale / R, r = rsqrt(v + eps): one pass over dy and x. With bias_grads = 1 also
+//     bias_grad = sum(dx) per channel (the convolution's bias gradient), from that pass.
 //   With relu = true (the graph pass's ReluGrad folded in, CANN's fusion of the ReLU's gradient
 //   into the batch norm's): BNTrainingUpdateGrad takes scale and offset as inputs 4 and 5,
 //   BNTrainingReduceGrad offset as input 7, and both read dy as the gradient of the ReLU's
@@ -66,6 +67,7 @@
 
 #include "adapter/compiler/ops/batchnorm.h"
 #include "adapter/compiler/ops/channel.h"
+#include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused.h"
@@ -816,7 +818,10 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 }
 
 // BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance[,
-// offset]) -> dx (relu: dy masked first).
+// offset]) -> dx (relu: dy masked first) [, bias_grad: with bias_grads = 1, T [C], the per-channel sum of
+// dx: the f32 dx of each tile added lane by lane into a tile-long accumulator, folded per block
+// and the blocks' partials added in block order (ops/channel.h add_stream_channel_sums), rounded
+// once to T; where C is not whole 32-byte blocks of f32 and T, BiasAddGrad's kernel on dx].
 //
 // One stream kernel. dx = c1 * ((g - mdy) - (x - m) * c2) (the file comment; g = dy, or with
 // relu dy masked) is computed as the affine form dx = (g * c1 - x * kc) + k3, kc = c1 * c2,
@@ -851,8 +856,17 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const bool widen = dt != DataType::F32, placed = widen || relu;
   const Dtype t_dev = device_dtype(dt);
   const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
+  // bias_grads = 1: output 1 is the per-channel sum of dx, the bias gradient of the convolution whose
+  // output x is (the graph pass's BiasAddGrad folded in), in T.
+  const int64_t bias_grads = op.attr_int("bias_grads", 0);
+  if (bias_grads != 0 && bias_grads != 1)
+    op.invalid(fmt::format("bias_grads = {}: 0 or 1", bias_grads));
   CompiledKernel k;
   k.outputs = {TensorDesc{dt, t.shape}};
+  if (bias_grads) k.outputs.push_back(TensorDesc{dt, {t.c}});
+  // The sum in the pass where the channels are whole 32-byte blocks in f32 and in T (the
+  // partials' and the output's stores); else BiasAddGrad's own kernel on dx after it.
+  const bool bias_in_pass = bias_grads && t.c % 8 == 0 && (t.c * data_type_bytes(dt)) % 32 == 0;
   // The per-channel inputs: c1, kc, k3[, shift] read per element, then mean and variance.
   std::vector<ArgRef> vectors = {input_ref(4), input_ref(2), input_ref(3)};
   std::vector<int> windows = {4, 5, 4};
@@ -908,6 +922,15 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
       f32_binary(b, Opcode::op_vsub, o.in[5], o.in[5], r, n);
     }
   };
+  // The bias gradient's per-channel sums of the f32 dx, tile by tile (ops/channel.h), then the
+  // blocks' partials added and rounded to T: in this kernel after a barrier (split chips), else
+  // by an epilogue launch after it.
+  const bool epilogue_in_kernel = channel_epilogue_in_kernel(ctx.cfg);
+  const ChannelEpilogueSpec bias_epilogue =
+      rounded_sums_epilogue("BNTrainingReduceGradBiasSums", t.c, t_dev);
+  std::optional<size_t> bias_sums;
+  if (bias_in_pass)
+    bias_sums = add_stream_channel_sums(spec, t.c, bias_epilogue, epilogue_in_kernel);
   spec.compute = [=](KernelBuilder& b, const TileOperands& o) {
     const Reg& n = *o.count;
     const auto [f0, f1] = training_dx_f32(b, o, dt);
@@ -937,6 +960,8 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
     }
     op3(Opcode::op_vadd, widen ? result : o.out, diff, k3);
     training_dx_store(b, o, result, dt);
+    if (bias_sums)  // dx in f32, before its rounding to T
+      op3(Opcode::op_vadd, o.temp[*bias_sums], o.temp[*bias_sums], widen ? result : o.out);
   };
   if (!stream_keeps_resident(spec, ctx.cfg))
     op.fail(
@@ -946,8 +971,35 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   std::vector<ArgRef> args = {input_ref(0), input_ref(1)};
   args.insert(args.end(), vectors.begin(), vectors.end());
   args.push_back(output_ref(0));
-  k.launches.push_back(with_args(build_stream_kernel(op.str(), spec, ctx.cfg), args));
-  return k;
+  Launch pass = build_stream_kernel(op.str(), spec, ctx.cfg);
+  if (bias_in_pass) {
+    const int blocks = pass.block_dim;
+    const ArgRef partials = workspace_take(k, static_cast<uint64_t>(blocks * t.c) * 4);
+    args.push_back(partials);
+    if (epilogue_in_kernel) args.push_back(output_ref(1));
+    k.launches.push_back(with_args(std::move(pass), args));
+    if (!epilogue_in_kernel) {
+      ChannelEpilogueSpec e = bias_epilogue;
+      e.partial_cp = t.c;
+      e.partial_blocks = {blocks};
+      k.launches.push_back(
+          with_args(build_channel_epilogue(e, ctx.cfg, op.str()), {partials, output_ref(1)}));
+    }
+    return k;
+  }
+  if (!bias_grads) {
+    k.launches.push_back(with_args(std::move(pass), args));
+    return k;
+  }
+  // BiasAddGrad's kernel on the dx just written (the same values as the unfused op's).
+  OpDesc sum_op;
+  sum_op.type = "BiasAddGrad";
+  sum_op.inputs = {TensorDesc{dt, t.shape}};
+  LaunchPlan plan(k.outputs);
+  plan.add(std::move(pass), args);
+  plan.add(compile_bias(CompileContext{sum_op, ctx.cfg, ctx.precision}), {LaunchPlan::output(0)},
+           {LaunchPlan::output(1)}, "the bias gradient: ");
+  return std::move(plan).finish();
 }
 
 }  // namespace

@@ -117,19 +117,8 @@ CompiledKernel compile_bias_add_grad(const CompileContext& ctx) {
     s.raw_tile_first = ctx.cfg.split;
     // The epilogue rounds the f32 sums to T as it stores them (f16: vconv, round to nearest
     // even, as a Cast's).
-    ChannelEpilogueSpec e;
-    e.name = "BiasAddGradSums";
-    e.spread = true;
-    e.c = channels;
-    e.outputs = 1;
-    e.out_type = device_dtype(g.dtype);
-    e.compute = [t = e.out_type](KernelBuilder& b, const EpilogueOperands& o) {
-      if (t == isa::Dtype::F32) {
-        f32_copy(b, o.outputs[0], o.sums[0], *o.count);
-      } else {
-        vec_convert(b, t, isa::Dtype::F32, o.outputs[0], o.sums[0], RoundMode::kRint, *o.count);
-      }
-    };
+    const ChannelEpilogueSpec e =
+        rounded_sums_epilogue("BiasAddGradSums", channels, device_dtype(g.dtype));
     append_channel_sum_epilogue(k, op.str(), s, {input_ref(0)}, e, {output_ref(0)}, ctx.cfg,
                                 channel_epilogue_in_kernel(ctx.cfg));
     return k;

@@ -36,6 +36,15 @@ constexpr int64_t kPingPongTiles = 4;
 // pixels and lost 23 % and 2 % to the instructions' fixed costs; at 4096 the same as 2048.
 constexpr int64_t kRawFirstMinTile = 2048;
 
+// Every vector core of the launch signals once its partials are in GM (cc_set from MTE3, which
+// issues after the stores and waits for them to land) and waits for all (MTE2: the first to
+// read another core's partials).
+void partials_barrier(KernelBuilder& b, int id) {
+  KernelBuilder::Origin o(b, "barrier: every vector core's partials stored");
+  b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, id}, "this core's partials stored");
+  b.emit(Opcode::op_cc_wait, {Pipe::MTE2, id}, "wait: every vector core's partials");
+}
+
 }  // namespace
 
 void f32_binary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, uint64_t c, const Reg& count) {
@@ -572,21 +581,11 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
     std::vector<std::string> sets = {"partials"};
     if (s.plain_sum) sets.push_back("partials2");
     e->partial_cp = s.cp;
-    e->partial_blocks.assign(sets.size(), m_blocks);
     // Every block has pixels (m_blocks splits them): all of them meet at the barrier.
-    emit_partials_barrier(0);
     m_px.reset();
-    // The epilogue's buffers over the sums' (stored before the barrier; V's last use of them
-    // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads
-    // wait for).
+    emit_partials_epilogue(b, *e, sets, static_cast<int>(m_blocks), 0);
+    e->partial_blocks.assign(sets.size(), m_blocks);
     const EpiloguePlan p = plan_epilogue(b, *e, m_core.capacity(Buf::UB), m_blocks);
-    Reg blk = b.reg("block");
-    b.emit(Opcode::op_get_block_id, {blk});
-    if (p.blocks > 1) {
-      emit_epilogue_tiles(b, *e, p, sets, &blk, true);
-    } else {  // one channel tile: block 0's
-      b.if_(eq(blk, 0), [&] { emit_epilogue_tiles(b, *e, p, sets, nullptr, true); });
-    }
     epilogue = fmt::format("; then {} in the kernel, tiles of {} channels on {} blocks", e->name,
                            p.ct, p.blocks);
   }
@@ -605,11 +604,7 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
 // Every vector core of the launch, including those without pixels, signals once its partials
 // are in GM (cc_set from MTE3, which issues after the stores and waits for them to land) and
 // waits for all (MTE2: the first to read another core's partials).
-void ChannelSumEmitter::emit_partials_barrier(int id) {
-  KernelBuilder::Origin o(m_b, "barrier: every vector core's partials stored");
-  m_b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, id}, "this core's partials stored");
-  m_b.emit(Opcode::op_cc_wait, {Pipe::MTE2, id}, "wait: every vector core's partials");
-}
+void ChannelSumEmitter::emit_partials_barrier(int id) { partials_barrier(m_b, id); }
 
 void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& block,
                                   const std::function<void()>& wait) {
@@ -961,6 +956,88 @@ void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op, const
   e.partial_blocks.assign(partials.size(), sum.blocks);
   partials.insert(partials.end(), tail.begin(), tail.end());
   k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op), std::move(partials)));
+}
+
+void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
+                            const std::vector<std::string>& partial_args, int blocks,
+                            int barrier_flag) {
+  if (!b.config().split)
+    b.fail("a channel epilogue in the kernel needs a split chip (cross-core flags)");
+  e.partial_blocks.assign(partial_args.size(), blocks);
+  partials_barrier(b, barrier_flag);
+  // The epilogue's buffers over the kernel's (stored before the barrier; V's last use of them
+  // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads wait
+  // for).
+  const EpiloguePlan p =
+      plan_epilogue(b, e, b.config().core_kind(b.vector_core_kind())->capacity(Buf::UB), blocks);
+  Reg blk = b.reg("block");
+  b.emit(Opcode::op_get_block_id, {blk});
+  if (p.blocks > 1) {
+    emit_epilogue_tiles(b, e, p, partial_args, &blk, true);
+  } else {  // one channel tile: block 0's
+    b.if_(eq(blk, 0), [&] { emit_epilogue_tiles(b, e, p, partial_args, nullptr, true); });
+  }
+}
+
+ChannelEpilogueSpec rounded_sums_epilogue(const std::string& name, int64_t c, Dtype out_type) {
+  ChannelEpilogueSpec e;
+  e.name = name;
+  e.spread = true;
+  e.c = c;
+  e.outputs = 1;
+  e.out_type = out_type;
+  e.compute = [out_type](KernelBuilder& b, const EpilogueOperands& o) {
+    if (out_type == Dtype::F32) {
+      f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    } else {
+      vec_convert(b, out_type, Dtype::F32, o.outputs[0], o.sums[0], RoundMode::kRint, *o.count);
+    }
+  };
+  return e;
+}
+
+size_t add_stream_channel_sums(StreamSpec& spec, int64_t c, const ChannelEpilogueSpec& e,
+                               bool in_kernel) {
+  if (c <= 0 || c % 8 != 0)
+    throw Error(
+        fmt::format("{}: per-channel sums of a stream need whole 32-byte blocks of f32 "
+                    "channels, got {} channels",
+                    spec.kernel_name, c));
+  const size_t acc = spec.temps.size();
+  spec.temps.push_back(TempSpec{"channel sums", 4, 0});
+  spec.accumulators.push_back(acc);
+  spec.tail_args = in_kernel ? 1 + e.outputs : 1;
+  spec.block_finish = [acc, c, e, in_kernel](KernelBuilder& b, const TileOperands& t, int blocks) {
+    b.declare_arg("partials", Dtype::F32, {blocks, c});
+    for (int i = 0; in_kernel && i < e.outputs; ++i)
+      b.declare_arg(fmt::format("output{}", i), e.out_type, {});
+    const uint64_t sums = t.temp.at(acc);
+    {
+      KernelBuilder::Origin o(b, "channel sums: the tile's rows folded");
+      // rows of c lanes: the top half (rounded down) added into the bottom rows until one
+      // is left
+      for (int64_t rows = t.tile_elems / c; rows > 1;) {
+        const int64_t half = rows / 2;
+        Reg n = b.reg_imm("elements", half * c);
+        f32_binary(b, Opcode::op_vadd, sums, sums,
+                   sums + static_cast<uint64_t>((rows - half) * c) * 4, n);
+        rows -= half;
+      }
+    }
+    const int folded = b.flag(Pipe::V, Pipe::MTE3, "channel sums folded");
+    b.set_flag(Pipe::V, Pipe::MTE3, folded);
+    b.wait_flag(Pipe::V, Pipe::MTE3, folded);
+    Reg dst = b.load_arg("partials"), blk = b.reg("block"), src = b.reg_imm("sums", int64_t(sums));
+    b.emit(Opcode::op_get_block_id, {blk});
+    b.mul_add(dst, blk, c * 4, dst);
+    b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, c * 4 / 32, 0, 0}, "the block's partial sums");
+    if (in_kernel) {
+      ChannelEpilogueSpec ek = e;
+      ek.partial_cp = c;
+      emit_partials_epilogue(b, ek, {"partials"}, blocks, 0);
+    }
+  };
+  return acc;
 }
 
 int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,

@@ -37,6 +37,7 @@
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
 
@@ -175,6 +176,39 @@ int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
 void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
                            const std::vector<std::string>& partial_args, int groups,
                            const std::function<void(KernelBuilder&)>& wait);
+
+// The end of a vector kernel whose `blocks` blocks have each stored their partial sets (the
+// arguments named in partial_args, [e.batch][blocks][e.partial_cp] f32, stored by MTE3) in the
+// section begun in b: a barrier of the launch's blocks (cross-core flag barrier_flag: cc_set
+// from MTE3, which waits for the stores to land), then e's channel tiles spread over the blocks
+// (tile k on block k mod its tiles), each adding the blocks' partials in block order as
+// build_channel_epilogue does (the same sums, bit for bit), its buffers laid out over the whole
+// UB (every pipe is done with the kernel's own by the barrier). e's partial_blocks are set here;
+// its vectors and outputs are arguments "vector<i>", "output<i>" the caller declared. Split
+// chips only (cross-core flags).
+void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
+                            const std::vector<std::string>& partial_args, int blocks,
+                            int barrier_flag);
+
+// The per-channel sums of an f32 result that the stream kernel `spec` (elementwise.h) computes
+// per tile, as a second product of its pass (BNTrainingReduceGrad's bias gradient): its tiles
+// and pieces are whole periods of the c channels (a resident per-channel input), so lane i of a
+// tile is channel i mod c. Adds to spec a temporary "channel sums" (f32, one tile or piece;
+// StreamSpec::accumulators) that spec's compute adds its f32 result into, lane by lane (the
+// returned temporary index), and a block_finish that folds that tile's rows into c sums
+// (halving: the top rows added into the bottom ones), stores them as the block's partials
+// (argument "partials", [blocks][c] f32) and, with in_kernel (channel_epilogue_in_kernel), runs
+// e over them after a barrier of the launch's blocks (emit_partials_epilogue; e's outputs the
+// arguments "output0", ... after "partials"). Without in_kernel, build_channel_epilogue(e) over
+// the partials (partial_blocks: the launch's block_dim) is the caller's next launch. c must be
+// a multiple of 8 (whole 32-byte blocks of f32).
+size_t add_stream_channel_sums(StreamSpec& spec, int64_t c, const ChannelEpilogueSpec& e,
+                               bool in_kernel);
+
+// The epilogue of plain channel sums (one partial set) stored as output 0 in out_type: f32 as
+// summed, or f16 rounded once (vconv, round to nearest even, as a Cast's); its tiles spread
+// over the vector cores. A bias gradient's (BiasAddGrad, BNTrainingReduceGrad's output 1).
+ChannelEpilogueSpec rounded_sums_epilogue(const std::string& name, int64_t c, isa::Dtype out_type);
 
 // Counter-mode helpers over `count` f32 lanes for epilogue code.
 void f32_binary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, uint64_t c,

@@ -615,6 +615,10 @@ void StreamEmitter::load_args(Launch& launch) {
     launch.args.push_back(
         ArgRef{ArgRef::Kind::kOutput, static_cast<int>(m_out_types.size() + i), 0});
   }
+  for (int i = 0; i < m_spec->tail_args; ++i)
+    launch.args.push_back(
+        ArgRef{ArgRef::Kind::kOutput,
+               static_cast<int>(m_out_types.size() + m_spec->resident_stores.size()) + i, 0});
   for (size_t j = 0; j < m_out_types.size(); ++j)
     m_out_addr.push_back(m_b.load_arg(j ? fmt::format("out{}", j) : "out"));
   for (size_t i = 0; i < m_spec->resident_stores.size(); ++i)
@@ -1159,6 +1163,11 @@ Launch StreamEmitter::build() {
         double_resident_input(k);
       }
   if (!m_spec->resident_stores.empty()) store_resident_results();
+  if (!m_spec->accumulators.empty()) {
+    KernelBuilder::Origin o(m_b, "accumulators: cleared");
+    Reg zero = m_b.reg_imm("0.0f bits", 0);
+    for (size_t t : m_spec->accumulators) vec_dup_bits(m_b, 4, m_temp.at(t), zero, m_piece);
+  }
   // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
   Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
   m_b.bind(loop);
@@ -1166,6 +1175,13 @@ Launch StreamEmitter::build() {
   m_b.jmp(loop);
   m_b.bind(drain);
   emit_drain();
+  if (m_spec->block_finish) {
+    KernelBuilder::Origin o(m_b, "after the tiles: the block's finish");
+    TileOperands t;
+    t.temp = m_temp;
+    t.tile_elems = m_piece;
+    m_spec->block_finish(m_b, t, m_block_dim);
+  }
   m_b.end();
   launch.summary = summary();
   launch.block_dim = m_block_dim;

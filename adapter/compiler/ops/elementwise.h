@@ -160,6 +160,18 @@ struct StreamSpec {
   // sync.set_flag_holds_pipe, at least two tiles per block); honoured by build_stream_kernel and
   // build_multi_stream_kernel (segment 0's value).
   bool stagger_first_tiles = false;
+
+  // Temporaries (indices into temps, f32) that compute() adds into over the tiles of a block
+  // (e.g. per-position partial sums of a result): set to 0 over a whole tile (or piece) once,
+  // before the tile loop (build_stream_kernel only).
+  std::vector<size_t> accumulators;
+  // Optional, emitted once per block after its tile loop has drained (every tile computed and
+  // stored): work on what the tiles left in the temporaries (the accumulators), given temp and
+  // tile_elems (in, out and count unset) and the launch's block count. It may declare
+  // `tail_args` kernel arguments of its own, after the outputs and the resident stores' (ArgRef
+  // kOutput outputs + resident stores + i until the caller's with_args).
+  std::function<void(KernelBuilder&, const TileOperands&, int blocks)> block_finish;
+  int tail_args = 0;
 };
 // The elements resident_compute runs over when StreamSpec::resident_results is given: one
 // repeat of f32 (256 bytes), a whole number of 32-byte blocks of any element type.

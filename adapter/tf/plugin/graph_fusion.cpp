@@ -4104,6 +4104,55 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
   return static_cast<int>(found.size());
 }
 
+// Every node's data inputs named in `renamed` (node or node:port) read its value instead.
+void rename_inputs(tfc::GraphDef& graph, const std::map<std::string, std::string>& renamed) {
+  if (renamed.empty()) return;
+  for (tfc::NodeDef& n : *graph.mutable_node())
+    for (std::string& in : *n.mutable_input())
+      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+}
+
+// ---- Rewrite 0d: a convolution's bias gradient in BNTrainingReduceGrad (graph_fusion.h) ----
+
+// BiasAddGrad(dx) (NHWC) with dx output 0 of a BNTrainingReduceGrad without a bias gradient
+// (bias_grads = 0) of the same T on the same device: the BNTrainingReduceGrad gets bias_grads =
+// 1 (output 1 the per-channel sum of dx), `_npusim_fused` naming the BiasAddGrad, whose readers
+// read that output and which goes. The BiasAddGrad must be removable (not preserved, no control
+// edges); dx's other readers are fine.
+int fuse_bn_bias_grads_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                          std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::map<std::string, std::string> renamed;  // BiasAddGrad outputs -> output 1 of its producer
+  int fused = 0;
+  for (tfc::NodeDef& bias_grad : *graph.mutable_node()) {
+    if (bias_grad.op() != "BiasAddGrad" || bias_grad.input_size() != 1 || !nhwc(bias_grad) ||
+        !rm.removable(bias_grad, g.consumers(bias_grad.name())))
+      continue;
+    tfc::NodeDef* reduce_grad = g.producer(bias_grad, 0, "BNTrainingReduceGrad");
+    const std::optional<tfc::DataType> t = type_attr(bias_grad);
+    if (!reduce_grad || rm.claimed(reduce_grad->name()) || !on_npu(*reduce_grad) ||
+        reduce_grad->device() != bias_grad.device() || type_attr(*reduce_grad) != t ||
+        (t != tfc::DT_FLOAT && t != tfc::DT_HALF))
+      continue;
+    auto& attrs = *reduce_grad->mutable_attr();
+    if (auto m = attrs.find("bias_grads"); m != attrs.end() && m->second.i() != 0) continue;
+    attrs["bias_grads"].set_i(1);
+    // The node names the fused node stands for besides its own (reports keep both).
+    attrs["_npusim_fused"].mutable_list()->add_s(bias_grad.name());
+    renamed[bias_grad.name()] = reduce_grad->name() + ":1";
+    renamed[bias_grad.name() + ":0"] = reduce_grad->name() + ":1";
+    rm.claim(reduce_grad->name());
+    rm.remove(bias_grad.name());
+    ++fused;
+  }
+  rename_inputs(graph, renamed);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return fused;
+}
+
+// ---- end of rewrite 0d ----
+
 // ---- rewrite 15: the batch norm's statistics as a convolution epilogue ----
 
 // BNTrainingReduce(x) with x output 0 of a Conv2D or Conv2DBiasAdd (NHWC) of the same T
@@ -4152,9 +4201,7 @@ int fuse_conv_bn_reduces_in(tfc::GraphDef& graph, const std::unordered_set<std::
     rewrite_as(*conv, "Conv2DBNTrainingReduce", inputs, attrs);
     ++fused;
   }
-  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
-    for (std::string& in : *graph.mutable_node(i)->mutable_input())
-      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  rename_inputs(graph, renamed);
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
 }
@@ -4658,6 +4705,29 @@ int fuse_add_n_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::st
   return fused;
 }
 
+bool bn_bias_grad_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_BN_BIAS_GRAD");
+  return on;
+}
+
+// Runs `rewrite` (its nodes to erase into the set it is given) and erases them from graph;
+// returns the rewrite's count.
+static int rewrite_and_erase(tfc::GraphDef& graph,
+                             const std::function<int(std::set<std::string>*)>& rewrite) {
+  std::set<std::string> removed;
+  const int made = rewrite(&removed);
+  erase_nodes(graph, removed);
+  return made;
+}
+
+int fuse_bn_bias_grads(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_bias_grad_fusion_requested())
+    return 0;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fuse_bn_bias_grads_in(graph, preserve, removed);
+  });
+}
+
 bool bn_add_relu_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_BN_ADD_RELU");
   return on;
@@ -4666,10 +4736,9 @@ bool bn_add_relu_fusion_requested() {
 int fuse_bn_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
   if (!fusion_enabled() || !training_fusion_requested() || !bn_add_relu_fusion_requested())
     return 0;
-  std::set<std::string> removed;
-  const int fused = fuse_bn_add_relus_in(graph, preserve, &removed);
-  erase_nodes(graph, removed);
-  return fused;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fuse_bn_add_relus_in(graph, preserve, removed);
+  });
 }
 
 int fuse_conv_bn_reduces(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {

@@ -59,6 +59,17 @@
 //      (adapter/compiler/ops/batchnorm.cpp). A ResNet's residual blocks end so in training. 0b
 //      takes no BNTrainingUpdate with R = 1 (its ReLU follows the add). NPUSIM_FUSION_BN_ADD_RELU=0
 //      turns it alone off.
+//   0d. A convolution's bias gradient in the batch norm's x gradient, run by the optimizer after
+//      the mixed precision pass (fuse_bn_bias_grads below; the two in the type they run in):
+//      BiasAddGrad(dx) (NHWC, T float or half) whose dx is output 0 of a BNTrainingReduceGrad
+//      (rewrite 0's, with or without 0b's fold; bias_grads = 0) of the same T on the same device ->
+//      that BNTrainingReduceGrad with bias_grads = 1: output 1 the per-channel sum of dx in T,
+//      summed from the f32 dx tiles in its pass before their rounding to T (adapter/compiler/ops/
+//      batchnorm.cpp), `_npusim_fused` naming the BiasAddGrad, whose readers read output 1 and
+//      which goes (a launch and an HBM pass over dx fewer: Keras' convolutions with a bias
+//      followed by a batch norm in training). dx's other readers are fine; the BiasAddGrad must
+//      have no control edges and not be preserved. NPUSIM_FUSION_BN_BIAS_GRAD=0 turns it alone
+//      off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -479,6 +490,13 @@ bool conv_bn_reduce_fusion_requested();
 // Conv2DBNTrainingReduce nodes created.
 int fuse_conv_bn_reduces(tensorflow::GraphDef& graph,
                          const std::unordered_set<std::string>& preserve);
+
+// False when NPUSIM_FUSION_BN_BIAS_GRAD is "0" (read once): rewrite 0d alone off.
+bool bn_bias_grad_fusion_requested();
+// Rewrite 0d (above) on `graph` while fusion_enabled() and rewrites 0 and 0d are requested;
+// returns the BiasAddGrads folded.
+int fuse_bn_bias_grads(tensorflow::GraphDef& graph,
+                       const std::unordered_set<std::string>& preserve);
 
 // Rewrite 0b (above) on `graph` while fusion_enabled() and rewrites 0 and 0b are requested,
 // after allow_mix_precision's pass (which fuse_npu_graph leaves it to); returns the ReluGrads

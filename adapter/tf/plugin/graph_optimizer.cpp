@@ -417,6 +417,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d Conv2DBNTrainingReduce\n",
                      item_id(item).c_str(), fused);
       changed |= fused > 0;
+      // The convolutions' bias gradients in the batch norms' x gradients (rewrite 0d).
+      const int bias_grads = fuse_bn_bias_grads(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && bias_grads > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d BiasAddGrads in BNTrainingReduceGrad\n",
+                     item_id(item).c_str(), bias_grads);
+      changed |= bias_grads > 0;
       // The Casts the mixed precision pass put before the variable updates (rewrite 5c).
       const int casts = fold_update_casts(graph, cc_item->NodesToPreserve());
       if (std::getenv("NPUSIM_FUSION_LOG") && casts > 0)

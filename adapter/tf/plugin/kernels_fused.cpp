@@ -74,6 +74,7 @@
 //     -> diff_scale: float, diff_offset: float              epsilon: float
 //   BNTrainingReduceGrad(grads: T, x: T, diff_scale: float, diff_offset: float, scale: float,
 //                        batch_mean: float, batch_variance: float) -> y: T     epsilon: float
+//     [bias_grads = 1: -> y, bias_grad: T [C], the per-channel sum of y (rewrite 0d's BiasAddGrad)]
 //     T in {float, half}: batch norm in training as CANN splits it (adapter/compiler/ops/
 //     batchnorm.cpp states the formulas), x NHWC, the per-channel tensors [C].
 //
@@ -164,6 +165,14 @@ void reduce_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs
 void update_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) { channel_outputs(ctx, 0, 1, 3, s); }
 void update_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
   channel_outputs(ctx, 1, 0, 2, s);
+}
+// BNTrainingReduceGrad: y as grads; with bias_grads = 1 bias_grad [C] (the C shape API does not say how
+// many outputs a node has: an out-of-range output 1, bias_grads = 0, is no error).
+void reduce_grad_shape(TF_ShapeInferenceContext* ctx, TF_Status* s) {
+  channel_outputs(ctx, 0, 1, 1, s);
+  if (TF_GetCode(s) != TF_OK) return;
+  channel_outputs(ctx, 0, 1, 2, s);
+  if (TF_GetCode(s) != TF_OK) TF_SetStatus(s, TF_OK, "");
 }
 
 // Output i the shape of input i (MultiTensorCast).
@@ -315,9 +324,10 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
       {"BNTrainingReduceGrad",
        {"grads: T", "x: T", "diff_scale: float", "diff_offset: float", "scale: float",
         "batch_mean: float", "batch_variance: float", "fold: N * float"},
-       {"y: T"},
-       {"T: {float, half}", "N: int >= 0 = 0", "epsilon: float = 0.001", "relu: bool = false"},
-       same_as_input0},
+       {"y: T", "bias_grad: bias_grads * T"},
+       {"T: {float, half}", "N: int >= 0 = 0", "bias_grads: int >= 0 = 0", "epsilon: float = 0.001",
+        "relu: bool = false"},
+       reduce_grad_shape},
       {"FusedElementwise",
        {"inputs: Tin"},
        {"z: T"},
