@@ -283,7 +283,7 @@ class ConvEmitter {
         }
         sum_tile_rows(i, st, r);
       });
-      b.if_(ge(key_n0, 0), [&] { flush_tile_sums(st, r); });
+      b.if_(ge(key_n0, 0), [&] { flush_tile_sums(st, r, true); });
       for (int q = 0; q < 2; ++q) b.wait_flag(st.in_free, q);
       b.set_flag(Pipe::V, Pipe::MTE3, sums_ready);
       b.wait_flag(Pipe::V, Pipe::MTE3, sums_ready);
@@ -455,7 +455,7 @@ class ConvEmitter {
       n_range(key, n0, n_act);  // (one group: n0 is the channel)
       // A new key: the running sums so far belong to the previous one's channels.
       b.if_(ne(n0, r.key_n0), [&] {
-        b.if_(ge(r.key_n0, 0), [&] { flush_tile_sums(st, r); });
+        b.if_(ge(r.key_n0, 0), [&] { flush_tile_sums(st, r, false); });
         b.mov(r.key_n0, n0);
         b.mov(r.key_n, n_act);
       });
@@ -535,8 +535,9 @@ class ConvEmitter {
   }
 
   // V: the T-row running sums of buffer r.parity folded to one row (in place, halving), added
-  // into the per-channel sums at channel r.key_n0 (its r.key_n channels), and cleared.
-  void flush_tile_sums(const TileStats& st, const TileStatsRegs& r) {
+  // into the per-channel sums at channel r.key_n0 (its r.key_n channels), and cleared for the
+  // next key's (unless `last`).
+  void flush_tile_sums(const TileStats& st, const TileStatsRegs& r, bool last) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "statistics: the key's running sums into the channels' sums");
     Reg base = b.reg("stats: sums"), n = b.reg("stats: elements"), t = b.reg("stats: address"),
@@ -560,6 +561,7 @@ class ConvEmitter {
       b.add(t, t, static_cast<int64_t>(dst), "the key's channels");
       b.add(u, base, off);
       vec_binary(b, Opcode::op_vadd, Dtype::F32, t, t, u, r.key_n);
+      if (last) continue;
       b.movi(n, st.rows * st.pitch);
       vec_dup_bits(b, 4, u, 0, n);
     }
