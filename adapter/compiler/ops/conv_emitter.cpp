@@ -151,6 +151,7 @@ class ConvEmitter {
     if (resident()) {
       m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
+      m_b_ahead = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "weights loaded by load_step");
     }
     Reg prev_key;
     CubePipeline::Hooks hooks;
@@ -824,13 +825,13 @@ class ConvEmitter {
       m_slab.tile_positions(mt, m0, m_act);
       m_slab.slab_rows(m0, m_act, r0, h);
     }
-    Reg p = b.reg("load: L1 parity");
-    m_pipe.l1_parity(p, s);
-    m_pipe.l1_wait_free(p, "L1 buffers free");
     Reg cbase = b.reg("load: group channel base"), cvalid = b.reg("load: group channels");
     group_channels(key, cbase, cvalid);
     Reg c1a = b.reg("load: first block"), ncb = b.reg("load: blocks");
     chunk_blocks(ch, cvalid, c1a, ncb);
+    Reg p = b.reg("load: L1 parity");
+    m_pipe.l1_parity(p, s);
+    m_pipe.l1_wait_free(p, "L1 buffers free");
     {
       Reg dst = b.reg("load: slab address"), x = b.load_arg("x");
       select(b, dst, p, m_slab_buf);
@@ -872,6 +873,25 @@ class ConvEmitter {
         n_range(key, n0, n_act);
         resident_chunk_address(dst, n_act, c1a);
         load_resident_chunk(dst, key, n0, n_act, c1a, ncb, cvalid);
+      });
+    }
+    if (resident()) {
+      // A later chunk of the weights being loaded comes right after this step's slab: in
+      // compute(s), issued after load(s + 1), it would queue behind the next slab, whose
+      // buffer frees only when MTE1 has finished step s - 1, and MTE1 would wait for the chunk
+      // at every step of the key's first tile. Its flag by the step's parity: the set of step
+      // s + 2 follows the L1 hand-over of step s, after MTE1's wait of step s.
+      Reg ahead = b.reg("load: weights ahead");
+      weights_ahead(s, ch, ahead);
+      b.if_(ne(ahead, 0), [&] {
+        KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks, after its slab");
+        ahead.release();
+        Reg dst = b.reg("load: weights address"), n0 = b.reg("load: n0"),
+            n_act = b.reg("load: columns");
+        n_range(key, n0, n_act);
+        resident_chunk_address(dst, n_act, c1a);
+        load_weights(dst, key, n0, n_act, c1a, ncb, cvalid);
+        b.set_flag(m_b_ahead, p);
       });
     }
     m_pipe.l1_loaded(p, "L1 buffers loaded");
@@ -1067,14 +1087,39 @@ class ConvEmitter {
     // The block's first step: load_step has loaded its weights.
     b.if_(ne(s, 0), [&] {
       Reg loading = b.reg("compute: loading");
-      resident_key(t.ch, t.key, loading);
-      b.and_(loading, *m_prev_key, 1);
+      weights_ahead(s, t.ch, loading);
+      // Loaded by load_step after the slab: MTE1 waits for them.
       b.if_(ne(loading, 0), [&] {
-        KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
-        loading.release();
-        load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+        Reg p = b.reg("compute: L1 parity");
+        m_pipe.l1_parity(p, s);
+        b.wait_flag(m_b_ahead, p);
+      });
+      b.if_(eq(loading, 0), [&] {
+        resident_key(t.ch, t.key, loading);
+        b.and_(loading, *m_prev_key, 1);
+        b.if_(ne(loading, 0), [&] {
+          KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
+          loading.release();
+          load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+        });
       });
     });
+  }
+
+  // Resident weights: ahead = 1 where load_step(s) (chunk ch) loads a chunk of the weights being
+  // loaded (prev_key's low bit) rather than compute_step(s), else 0. Only where the
+  // step's weight key is settled when the scalar unit issues load(s) (after compute(s - 2)):
+  // chunks from the third on, whose tile's first chunk compute_step has passed (its
+  // resident_key: the MTE1 -> MTE2 hand-over of a new key's buffer comes first), and the
+  // block's second step, whose key load_step(0) has taken. The same answer in compute(s).
+  void weights_ahead(const Reg& s, const Reg& ch, const Reg& ahead) {
+    KernelBuilder& b = m_b;
+    b.min(ahead, ch, 2);
+    b.shr(ahead, ahead, 1, "chunk 2 and later");
+    b.if_(eq(s, 1), [&] { b.mov(ahead, ch, "the block's second step: its chunk 1"); });
+    Reg loading = b.reg("weights ahead: loading");
+    b.and_(loading, *m_prev_key, 1);
+    b.and_(ahead, ahead, loading);
   }
 
   // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512 (nb * 16: the
@@ -1345,6 +1390,7 @@ class ConvEmitter {
   CubePipeline m_pipe;
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
+  FlagPair m_b_ahead{};  // resident weights loaded by load_step (weights_ahead), by L1 parity
   const Reg* m_prev_key = nullptr;
   ConvBnTables m_bn;        // bn_affine: its UB tables
   bool m_result32 = false;  // bn_affine: the f32 passes write out of place (allocate())
