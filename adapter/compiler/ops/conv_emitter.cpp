@@ -151,7 +151,8 @@ class ConvEmitter {
     if (resident()) {
       m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
-      m_b_ahead = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "weights loaded by load_step");
+      if (chunks_ahead())
+        m_b_ahead = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "weights loaded by load_step");
     }
     Reg prev_key;
     CubePipeline::Hooks hooks;
@@ -875,7 +876,7 @@ class ConvEmitter {
         load_resident_chunk(dst, key, n0, n_act, c1a, ncb, cvalid);
       });
     }
-    if (resident()) {
+    if (chunks_ahead()) {
       // A later chunk of the weights being loaded comes right after this step's slab: in
       // compute(s), issued after load(s + 1), it would queue behind the next slab, whose
       // buffer frees only when MTE1 has finished step s - 1, and MTE1 would wait for the chunk
@@ -1087,14 +1088,7 @@ class ConvEmitter {
     // The block's first step: load_step has loaded its weights.
     b.if_(ne(s, 0), [&] {
       Reg loading = b.reg("compute: loading");
-      weights_ahead(s, t.ch, loading);
-      // Loaded by load_step after the slab: MTE1 waits for them.
-      b.if_(ne(loading, 0), [&] {
-        Reg p = b.reg("compute: L1 parity");
-        m_pipe.l1_parity(p, s);
-        b.wait_flag(m_b_ahead, p);
-      });
-      b.if_(eq(loading, 0), [&] {
+      auto load_here = [&] {
         resident_key(t.ch, t.key, loading);
         b.and_(loading, *m_prev_key, 1);
         b.if_(ne(loading, 0), [&] {
@@ -1102,9 +1096,23 @@ class ConvEmitter {
           loading.release();
           load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
         });
+      };
+      if (!chunks_ahead()) return load_here();
+      weights_ahead(s, t.ch, loading);
+      // Loaded by load_step after the slab: MTE1 waits for them.
+      b.if_(ne(loading, 0), [&] {
+        Reg p = b.reg("compute: L1 parity");
+        m_pipe.l1_parity(p, s);
+        b.wait_flag(m_b_ahead, p);
       });
+      b.if_(eq(loading, 0), load_here);
     });
   }
+
+  // Resident weights' later chunks loaded by load_step (weights_ahead). Split chips only: the
+  // coupled chips' kernels (tiles out through the UB) keep every chunk in compute_step, their
+  // launches not measured with it.
+  bool chunks_ahead() const { return resident() && !m_pipe.via_ub(); }
 
   // Resident weights: ahead = 1 where load_step(s) (chunk ch) loads a chunk of the weights being
   // loaded (prev_key's low bit) rather than compute_step(s), else 0. Only where the
