@@ -10,6 +10,7 @@
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -251,6 +252,10 @@ TEST_CASE("Conv2D resident weights arriving in chunks keep pace with streamed on
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
   });
+  // Split chips only: a coupled chip's kernel (tiles out through the UB) loads every chunk in
+  // its compute stage (conv_emitter.cpp, chunks_ahead).
+  const bool split = !compiler::ops::cube_store_via_ub(
+      cfg, compiler::ops::cube_core(cfg, "test"), "test");
   uint64_t cycles[2] = {0, 0};
   for (bool resident : {false, true}) {
     auto t = compiler::ops::rechunk_cube_conv(s, base, 4, resident, cfg, "t");
@@ -268,7 +273,7 @@ TEST_CASE("Conv2D resident weights arriving in chunks keep pace with streamed on
   // per step). Measured 2026-12-05: 13,105 streamed, 13,182 resident on the test chip (7,203
   // and 7,248 on the 910b); with the chunks behind the next slab 15,302 (8,014).
   INFO("streamed " << cycles[0] << ", resident " << cycles[1]);
-  CHECK(cycles[1] * 100 <= cycles[0] * 101);
+  if (split) CHECK(cycles[1] * 100 <= cycles[0] * 101);
 }
 
 TEST_CASE("Conv2DBackpropInput: strides (zero insertion), dilation, paddings") {
