@@ -29,7 +29,9 @@
 //   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
 //   block that needs it loads it chunk by chunk, each chunk in the compute step that first
 //   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
-//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
+//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous. On
+//   split chips the later chunks whose key is settled load in their step's load stage, right
+//   after its slab (weights_ahead), not behind the next step's slab.
 // Block-diagonal groups (CubeConvSpec::b_diagonal, several depthwise 16-channel groups per
 // step): L1 holds only B's diagonal blocks (one nd2nz per k-block of a block's columns), each
 // channel block's mmad steps write only its own column block of the L0C tile (the first from
