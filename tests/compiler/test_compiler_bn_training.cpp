@@ -378,6 +378,74 @@ void check_conv_reduce(const std::vector<int64_t>& xs, const std::vector<int64_t
   check_channel_sums(fused.outputs[0], ws[3], fused, 1);
 }
 
+// Sets an environment variable (a compiler's measuring switch) for a test's compiles, unset
+// again on the way out.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  const char* name;
+};
+
+// Conv2DBNTrainingReduce (split chips) with its statistics summed tile by tile as each cube core
+// stores its tiles (CubeConvSpec::bn_stats_per_tile, the default) against the same op with
+// NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0 (the sums after a barrier of the cube cores): y bit for
+// bit the convolution's in both, the sums within BNTrainingReduce's bounds in both, and the
+// per-tile kernel's cycles beyond the convolution alone fewer than the barrier kernel's: where
+// a cube core has more than 2 tiles by at least the fraction `overlap` of them (the sums of the
+// earlier tiles run while the cube computes the later ones), else at least not more (one or
+// two tiles a cube core, as these shapes get on the 910b's 24: little to overlap, the last
+// tile's sums follow it either way). A cube core with more tiles than cross_core_max_pending /
+// aiv_per_aic (the launch summary's "blocks of N") waits for its vector cores to take the
+// earlier ones before it hands over more (the flag counters' bound); with fewer it never does.
+void check_conv_reduce_per_tile(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
+                                DataType dt, uint32_t seed, double overlap) {
+  INFO("Conv2DBNTrainingReduce per tile: x " << compiler::shape_str(xs) << " filter "
+                                             << compiler::shape_str(ws) << " "
+                                             << compiler::data_type_name(dt));
+  const ChipConfig& cfg = test_sim().config();
+  REQUIRE(cfg.split);
+  std::vector<HostTensor> in = {random_tensor(dt, xs, 0, 1, seed),
+                                random_tensor(dt, ws, -0.5, 0.5, seed + 1)};
+  const std::map<std::string, compiler::AttrValue> attrs = {
+      {"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}};
+  // The convolution's launch (f32 x and w: after their casts).
+  const auto conv_launch = [&] {
+    const auto k =
+        compiler::compile(make_op("Conv2DBNTrainingReduce", {in[0].desc, in[1].desc}, attrs), cfg);
+    for (const auto& l : k.launches)
+      if (l.kernel.program.name.find("_BNTrainingReduce") != std::string::npos) return l;
+    FAIL("no convolution with the statistics among the launches");
+    return k.launches[0];
+  };
+  const auto l = conv_launch();
+  INFO(l.summary);
+  const std::string& listing = l.kernel.listing;
+  CHECK(listing.find("tile stored: to the vector cores") != std::string::npos);
+  const size_t of = l.summary.find(" blocks of ");
+  REQUIRE(of != std::string::npos);
+  const int64_t per_block = std::stoll(l.summary.substr(of + 11));
+  CHECK((listing.find("wait: a vector core took an earlier tile") != std::string::npos) ==
+        (per_block > cfg.cross_core_max_pending / cfg.aiv_per_aic));
+  const RunResult per_tile = run("Conv2DBNTrainingReduce", in, attrs, 3);
+  RunResult barrier;
+  {
+    ScopedEnv off("NPUSIM_FUSION_CONV_BN_REDUCE_TILES", "0");
+    CHECK(conv_launch().kernel.listing.find("tile stored: to the vector cores") ==
+          std::string::npos);
+    barrier = run("Conv2DBNTrainingReduce", in, attrs, 3);
+  }
+  const RunResult conv = run("Conv2D", in, attrs, 1);
+  CHECK(per_tile.outputs[0].values == conv.outputs[0].values);
+  CHECK(barrier.outputs[0].values == conv.outputs[0].values);
+  check_channel_sums(per_tile.outputs[0], ws[3], per_tile, 1);
+  check_channel_sums(barrier.outputs[0], ws[3], barrier, 1);
+  INFO("cycles: conv " << conv.cycles << ", per tile " << per_tile.cycles << ", after a barrier "
+                       << barrier.cycles);
+  REQUIRE(barrier.cycles > conv.cycles);
+  CHECK(static_cast<double>(per_tile.cycles - conv.cycles) <=
+        (1 - (per_block > 2 ? overlap : 0)) * static_cast<double>(barrier.cycles - conv.cycles));
+}
+
 // compiler::ops::append_channel_sum_epilogue with the epilogue in the sums' kernel (one launch,
 // split chips) against the sums' launch and the epilogue's launch: the same outputs, bit for
 // bit. The sums are BNTrainingUpdateGrad's (a = x, b = dy, centred on m, with the plain sum of
@@ -463,6 +531,16 @@ TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's ou
   check_conv_reduce({1, 1, 1, 32}, {1, 1, 32, 64}, false, DataType::F16, 54);
   // 7 f16 channels are not whole 32-byte pixels: BNTrainingReduce's launches on y instead
   check_conv_reduce({1, 4, 4, 16}, {1, 1, 16, 7}, true, DataType::F16, 53, false);
+}
+
+TEST_CASE("Conv2DBNTrainingReduce: the sums per tile as the cube cores store them") {
+  // On the test chip (2 cube cores): 1x1 64 -> 256 at 16x16 (16 tiles per cube core, more than
+  // the hand-over window) and 3x3 32 -> 64 at 28x28 (8); 3x3 32 -> 512 at 14x14 (several n
+  // tiles: running sums of each key's channels); f32 y (2 tiles per cube core: not slower).
+  check_conv_reduce_per_tile({8, 16, 16, 64}, {1, 1, 64, 256}, DataType::F16, 80, 0.5);
+  check_conv_reduce_per_tile({4, 28, 28, 32}, {3, 3, 32, 64}, DataType::F16, 82, 0.4);
+  check_conv_reduce_per_tile({2, 14, 14, 32}, {3, 3, 32, 512}, DataType::F16, 84, 0.25);
+  check_conv_reduce_per_tile({2, 16, 16, 32}, {3, 3, 32, 64}, DataType::F32, 86, 0);
 }
 
 TEST_CASE("Conv2DBNTrainingReduce: the sums in channels-first tiles at ResNet-50's small maps") {

@@ -200,6 +200,18 @@ def test_cnn_whole_graph_fused_tracks_node_by_node_unfused():
     # Two batch norms: their channel-sum and epilogue launches go (node by node also casts
     # again what a graph shares: docs/graph_engine.md "Casts shared inside a graph").
     assert graph["launches"] <= nodes["launches"] - 4, (graph["launches"], nodes["launches"])
-    # f32 rounding (the statistics summed in another order), carried through three Adam steps.
-    assert_close_lists(graph["losses"], nodes["losses"], 1e-5, 1e-6)
-    assert_close_lists(graph["weights"], nodes["weights"], 1e-3, 1e-5)
+    # f32 rounding (the statistics summed in another order: per tile, per weight key, the
+    # partials in a pairwise fold), carried through three Adam steps. The one-pass variance's
+    # cancellation leaves both orders within about 5e-6 of the exact variance at these layers
+    # (against float64: 1e-6 to 5e-6 either way); the three steps turn the difference into
+    # 1.2e-4 of the third loss (0.706218 against 0.706130, 2026-12-05). Adam moves a weight by
+    # up to its learning rate (1e-3) a step whatever its gradient's size, so a weight whose
+    # gradient is near 0 may differ by a good part of a step (one of the second convolution's
+    # 4,608 by 4.4e-4): the weights are compared per tensor, the difference's norm against the
+    # tensor's (measured: at most 8.0e-4, the first batch norm's beta, whose gradient is a sum
+    # near 0; the convolutions' kernels 5.3e-5 and 1.1e-4).
+    assert_close_lists(graph["losses"], nodes["losses"], 5e-4, 1e-6)
+    assert len(graph["weights"]) == len(nodes["weights"])
+    for g, w in zip(graph["weights"], nodes["weights"]):
+        g, w = np.asarray(g), np.asarray(w)
+        assert np.linalg.norm(g - w) <= 2e-3 * np.linalg.norm(w), g.shape

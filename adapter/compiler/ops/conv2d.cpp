@@ -107,6 +107,13 @@ namespace {
 
 constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 
+// CubeConvSpec::bn_stats_per_tile unless NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0: a measuring
+// switch (the statistics after a barrier of the cube cores instead), read at every compile.
+bool conv_stats_per_tile() {
+  const char* v = std::getenv("NPUSIM_FUSION_CONV_BN_REDUCE_TILES");
+  return !(v && std::string_view(v) == "0");
+}
+
 // Whether the width fold applies to a window of kw columns (padding pl / pr, dilation dw) over
 // c channels and saves channel blocks.
 bool width_fold_pays(int64_t c, int64_t kw, int64_t pl, int64_t pr, int64_t dw) {
@@ -443,6 +450,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
                   (spec.cy * osz) % layout::kBlockBytes == 0;
   ArgRef sums, squares;
+  spec.bn_stats_per_tile = conv_stats_per_tile();
   if (spec.bn_stats) spec.name += "_BNTrainingReduce";
   int blocks = 0;
   Launch conv = build_cube_conv(spec, t, ctx.cfg, ctx.op.str(), &blocks);

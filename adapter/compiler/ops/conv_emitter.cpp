@@ -29,7 +29,9 @@
 //   Resident weights: the whole B of a (group, n tile) in one L1 buffer. The first tile of a
 //   block that needs it loads it chunk by chunk, each chunk in the compute step that first
 //   reads it (MTE2 -> MTE1 flag), the first chunk after MTE1 has drained the previous weights
-//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous.
+//   (MTE1 -> MTE2 flag); blocks change weights rarely since their tiles are contiguous. On
+//   split chips the later chunks whose key is settled load in their step's load stage, right
+//   after its slab (weights_ahead), not behind the next step's slab.
 // Block-diagonal groups (CubeConvSpec::b_diagonal, several depthwise 16-channel groups per
 // step): L1 holds only B's diagonal blocks (one nd2nz per k-block of a block's columns), each
 // channel block's mmad steps write only its own column block of the L0C tile (the first from
@@ -39,6 +41,7 @@
 // input row it needs (top padding only for the first output rows, bottom only for the last),
 // so the kernel selects among the few (top, bottom) pairs the tiling produces.
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -47,6 +50,7 @@
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/conv_slab.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/vector_rows.h"
 #include "common/int_math.h"
 
@@ -103,7 +107,10 @@ class ConvEmitter {
 
   BuiltKernel emit() {
     cube_section();
-    if (m_s.bn_stats) emit_stats();
+    if (stats_per_tile())
+      emit_tile_stats();
+    else if (m_s.bn_stats)
+      emit_stats();
     return m_b.finish();
   }
 
@@ -146,6 +153,8 @@ class ConvEmitter {
     if (resident()) {
       m_b_drained = b.flag(Pipe::MTE1, Pipe::MTE2, "weights no longer read");
       m_b_loaded = b.flag(Pipe::MTE2, Pipe::MTE1, "weights loaded");
+      if (chunks_ahead())
+        m_b_ahead = b.flag_pair(Pipe::MTE2, Pipe::MTE1, "weights loaded by load_step");
     }
     Reg prev_key;
     CubePipeline::Hooks hooks;
@@ -157,7 +166,9 @@ class ConvEmitter {
     };
     m_pipe.run(
         steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
-    if (m_s.bn_stats) {
+    if (stats_per_tile()) {
+      m_pipe.release_registers();  // (each tile was handed over after its FIXPIPE)
+    } else if (m_s.bn_stats) {
       // FIX is in order: after its last tile's FIXPIPE this block's part of y is in GM. A
       // barrier of the launch's cube cores, then each tells its own vector cores.
       KernelBuilder::Origin o(b, "y complete: hand it to the vector cores");
@@ -173,16 +184,406 @@ class ConvEmitter {
   // launch, 2 a cube core with its vector cores).
   static constexpr int kCcAllCube = 0, kCcGroup = 2;
   static constexpr int kTilesStored = 0, kYStored = 1, kPartialsStored = 2;
+  // bn_stats_per_tile: a tile stored (cube -> its vector cores), a tile taken (each vector core
+  // -> its cube core).
+  static constexpr int kTileStored = 3, kTileTaken = 4;
+  // Channels per tile of add_partials: one f32 repeat.
+  static constexpr int64_t kStatsEpilogueChannels = 64;
 
-  // bn_stats: the vector section, sum and sum of squares of y per channel, then (after a
-  // barrier of the vector cores) their epilogue adding the vector cores' partials in block
-  // order into the outputs sum and square_sum.
-  void emit_stats() {
+  // Tiles a cube core may hand over before its vector cores have taken the first of them: the
+  // flag counters hold cross_core_max_pending sets, and a cube core's kTileTaken counts one
+  // per vector core and tile.
+  int64_t tile_window() const {
+    const ChipConfig& cfg = m_b.config();
+    return cfg.cross_core_max_pending / std::max(1, cfg.aiv_per_aic);
+  }
+
+  // CubeConvSpec::bn_stats_per_tile, where it applies.
+  bool stats_per_tile() const {
+    return m_s.bn_stats && m_s.bn_stats_per_tile && !stacked() && m_s.groups == 1 &&
+           tile_window() >= 1;
+  }
+
+  // bn_stats_per_tile, cube side, after the FIXPIPE of the block's tile s / chunks (FIX, in
+  // order: its cc_set waits for the tile to land in GM): hands the tile to this core's vector
+  // cores; from the block's tile tile_window() on, first waits until each vector core has
+  // taken the tile tile_window() before it (so that no counter exceeds its bound).
+  void hand_over_tile(const Reg& s) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "tile stored: hand it to the vector cores");
+    // (A block of at most tile_window() tiles never waits.)
+    if (m_t.tiles_per_block > tile_window()) {
+      Reg i = b.reg("store: tile of the block");
+      b.div(i, s, m_t.chunks);
+      b.if_(ge(i, tile_window()), [&] {
+        for (int v = 0; v < b.config().aiv_per_aic; ++v)
+          b.emit(Opcode::op_cc_wait, {Pipe::FIX, kTileTaken},
+                 "wait: a vector core took an earlier tile");
+      });
+    }
+    b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcGroup, kTileStored},
+           "tile stored: to the vector cores");
+  }
+
+  // bn_stats_per_tile, the vector section: vector core v of group g takes the tiles of cube
+  // core g in its order, each as the cube core hands it over, and sums rows [v * h, (v + 1) * h)
+  // of it (h = ceil(rows / aiv_per_aic)) in chunks of up to T rows (TileStats): MTE2 loads a
+  // chunk's rows of the tile's channels from y (the L2 it was just written to; ping / pong
+  // buffers) as rows tn16 channels apart in the UB, V widens it to f32 and squares it, and adds
+  // both into T-row running sums (a whole chunk from one sums buffer into the other, a last
+  // partial chunk in place). The running sums carry over the tiles of one weight key (the same
+  // channels; a block's tiles are key-major); when the key changes, and after the last tile,
+  // they are folded to one row and added into the per-channel sums of all cy channels at the
+  // key's first channel (TileStats::flush). Then MTE3 stores those as this core's partials
+  // (squares in "partials", plain sums in "partials2") and BNTrainingReduce's epilogue adds the
+  // launch's partials in vector-core order (emit_epilogue_after_partials).
+  void emit_tile_stats() {
+    check_stats_layout();
+    KernelBuilder& b = m_b;
+    const ChipConfig& cfg = b.config();
+    const int aiv = cfg.aiv_per_aic;
+    const int cores = m_t.block_dim * aiv;
+    const int64_t cy = m_s.cy;
+    b.begin_section(b.vector_core_kind());
+    TileStats st = plan_tile_stats();
+    b.declare_arg("partials", Dtype::F32, {1, cores, cy});
+    b.declare_arg("partials2", Dtype::F32, {1, cores, cy});
+    for (int i = 0; i < 2; ++i) b.declare_arg(fmt::format("output{}", i), Dtype::F32, {});
+    st.in_free = b.flag_pair(Pipe::V, Pipe::MTE2, "rows free");
+    st.in_ready = b.flag_pair(Pipe::MTE2, Pipe::V, "rows loaded");
+    const int sums_ready = b.flag(Pipe::V, Pipe::MTE3, "per-channel sums complete");
+    {
+      Reg core = b.reg("vector core of the launch"), tbeg = b.reg("first tile of the group"),
+          count = b.reg("tiles of the group"), sub = b.reg("vector core in the group");
+      b.emit(Opcode::op_get_block_id, {tbeg});
+      b.emit(Opcode::op_get_subblock_id, {sub});
+      b.mul_add(core, tbeg, static_cast<int64_t>(aiv), sub);
+      b.mul(tbeg, tbeg, m_t.tiles_per_block);
+      b.movi(count, m_t.tiles);
+      b.sub(count, count, tbeg);
+      b.min(count, count, m_t.tiles_per_block, "tiles of the group");
+      {
+        Reg n = b.reg_imm("channels", cy);
+        vec_dup_bits(b, 4, st.sum, 0, n);
+        vec_dup_bits(b, 4, st.squares, 0, n);
+        b.movi(n, st.rows * st.pitch);
+        for (uint64_t acc : {st.acc_sum[0], st.acc_sq[0]}) vec_dup_bits(b, 4, acc, 0, n);
+      }
+      for (int q = 0; q < 2; ++q) b.set_flag(st.in_free, q);
+      Reg chunks = b.reg_imm("chunks loaded", 0), i = b.reg("tile of the group");
+      Reg key_n0 = b.reg_imm("the running sums' first channel (-1: none yet)", -1),
+          key_n = b.reg("the running sums' channels"),
+          parity = b.reg_imm("the running sums' buffer", 0);
+      TileStatsRegs r{chunks, key_n0, key_n, parity, sub};
+      m_tbeg = &tbeg;
+      b.for_range(i, 0, count, 1, [&] {
+        b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kTileStored}, "wait: the tile stored");
+        if (m_t.tiles_per_block > tile_window()) {  // (hand_over_tile waits for these)
+          Reg t = b.reg("tiles after it");
+          b.sub(t, count, i);
+          b.if_(ge(t, tile_window() + 1), [&] {
+            b.emit(Opcode::op_cc_set, {Pipe::MTE2, kCcGroup, kTileTaken}, "tile taken");
+          });
+        }
+        sum_tile_rows(i, st, r);
+      });
+      b.if_(ge(key_n0, 0), [&] { flush_tile_sums(st, r, true); });
+      for (int q = 0; q < 2; ++q) b.wait_flag(st.in_free, q);
+      b.set_flag(Pipe::V, Pipe::MTE3, sums_ready);
+      b.wait_flag(Pipe::V, Pipe::MTE3, sums_ready);
+      KernelBuilder::Origin o(b, "this vector core's partials");
+      for (const auto& [arg, acc] : {std::pair<const char*, uint64_t>{"partials", st.squares},
+                                     std::pair<const char*, uint64_t>{"partials2", st.sum}}) {
+        Reg dst = b.load_arg(arg), off = b.reg("offset"), src = b.reg_imm("sums", int64_t(acc));
+        b.mul(off, core, cy * 4);
+        b.add(dst, dst, off);
+        b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, cy * 4 / kBlkBytes, 0, 0}, "partial sums");
+      }
+    }
+    add_partials(cores);
+    b.end();
+    m_stats_blocks = cores;
+  }
+
+  // The vector section's last phase after emit_tile_stats' partials: once every vector core
+  // has stored its own (a barrier of the launch's vector cores: cc_set mode 0 from MTE3, which
+  // waits for the stores to land), channel tile k (64 channels) goes to vector core k mod
+  // cores, which loads the tile's row of every core's partials of both sets, folds each set's
+  // rows pairwise in place (the upper half added onto the lower, an odd middle row kept: a
+  // fixed order) and stores row 0 as output0 (sum, from "partials2") and output1 (square_sum,
+  // from "partials"). Its buffers lie over the section's earlier ones (every pipe is past them
+  // by the barrier).
+  void add_partials(int cores) {
+    KernelBuilder& b = m_b;
+    const int64_t cy = m_s.cy, ct = kStatsEpilogueChannels, tiles = ceil_div(cy, ct);
+    const uint64_t set_bytes = static_cast<uint64_t>(cores * ct) * 4;
+    {
+      KernelBuilder::Origin o(b, "barrier: every vector core's partials stored");
+      b.emit(Opcode::op_cc_set, {Pipe::MTE3, kCcAllCube, kPartialsStored},
+             "this core's partials stored");
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kPartialsStored}, "wait: every vector core's");
+    }
+    if (2 * set_bytes > b.core().capacity(Buf::UB))
+      b.fail(fmt::format("the partials of {} vector cores do not fit the UB", cores));
+    const uint64_t sets[2] = {0, round_up(set_bytes, kBlkBytes)};  // (over the section's UB)
+    const int ready = b.flag(Pipe::MTE2, Pipe::V, "partials loaded");
+    const int done = b.flag(Pipe::V, Pipe::MTE3, "channel tile added");
+    const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "channel tile stored");
+    Reg k = b.reg("channel tile"), c0 = b.reg("first channel"), cn = b.reg("channels"),
+        t = b.reg("temp"), u = b.reg("temp");
+    b.emit(Opcode::op_get_block_id, {k});
+    b.emit(Opcode::op_get_subblock_id, {t});
+    b.mul_add(k, k, static_cast<int64_t>(b.config().aiv_per_aic), t);
+    KernelBuilder::Origin o(b, "the partials added, a channel tile");
+    b.for_range(k, k, tiles, cores, [&] {
+      b.mul(c0, k, ct);
+      b.movi(cn, cy);
+      b.sub(cn, cn, c0);
+      b.min(cn, cn, ct, "channels of the tile");
+      Reg len = b.reg("blocks of a row"), gap = b.reg("source gap"), dgap = b.reg("UB gap");
+      b.shr(len, cn, 3, "32-byte blocks of the tile's f32");
+      b.movi(gap, cy / 8);
+      b.sub(gap, gap, len);
+      b.movi(dgap, ct / 8);
+      b.sub(dgap, dgap, len);
+      for (int i = 0; i < 2; ++i) {
+        Reg src = b.load_arg(i ? "partials" : "partials2"),
+            d = b.reg_imm("partials", int64_t(sets[i]));
+        b.shl(t, c0, 2);
+        b.add(src, src, t);
+        b.emit(Opcode::op_copy_gm2ub, {d, src, cores, len, gap, dgap}, "every core's partials");
+      }
+      b.set_flag(Pipe::MTE2, Pipe::V, ready);
+      b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+      for (int64_t left = cores; left > 1; left -= left / 2) {
+        const int64_t h = left / 2;
+        b.movi(t, h * ct);
+        for (uint64_t set : sets)
+          vec_binary(b, Opcode::op_vadd, Dtype::F32, set, set,
+                     set + static_cast<uint64_t>((left - h) * ct * 4), t);
+      }
+      b.set_flag(Pipe::V, Pipe::MTE3, done);
+      b.wait_flag(Pipe::V, Pipe::MTE3, done);
+      for (int i = 0; i < 2; ++i) {
+        Reg dst = b.load_arg(fmt::format("output{}", i)), s = b.reg_imm("sums", int64_t(sets[i]));
+        b.shl(u, c0, 2);
+        b.add(dst, dst, u);
+        b.emit(Opcode::op_copy_ub2gm, {dst, s, 1, len, 0, 0}, i ? "square_sum" : "sum");
+      }
+      b.set_flag(Pipe::MTE3, Pipe::MTE2, stored);
+      b.wait_flag(Pipe::MTE3, Pipe::MTE2, stored);
+    });
+  }
+
+  // The vector section's UB (emit_tile_stats): chunks of `rows` rows `pitch` (tn16) f32 apart.
+  struct TileStats {
+    int64_t rows = 0, pitch = 0;
+    uint64_t raw[2] = {0, 0}, a32 = 0, sq = 0;         // a32: raw[q] itself for f32 y
+    uint64_t acc_sum[2] = {0, 0}, acc_sq[2] = {0, 0};  // T-row running sums, ping / pong
+    uint64_t sum = 0, squares = 0;                     // per channel, all cy
+    FlagPair in_free, in_ready;
+  };
+  struct TileStatsRegs {
+    const Reg &chunks, &key_n0, &key_n, &parity, &sub;
+  };
+
+  // The chunk rows T: as many as the tile's rows per vector core, at most what the UB holds,
+  // a multiple of the rows whose f32 bytes fill whole bank spans (so that the widened chunk,
+  // its squares and the running sums each start in a bank window of their own: a32 0, squares
+  // 1, sums 2 and 4, sums of squares 3 and 5, in 256-byte windows of the span).
+  TileStats plan_tile_stats() {
+    KernelBuilder& b = m_b;
+    const ChipConfig& cfg = b.config();
+    const int64_t cy = m_s.cy, pitch = round_up(std::min(m_t.tn, m_s.cg_out), kBlk);
+    const uint64_t span = static_cast<uint64_t>(std::max(0, cfg.ub_banks)) *
+                          static_cast<uint64_t>(std::max(0, cfg.ub_bank_width_bytes));
+    const bool windows = span >= 6 * vec::kRepeatBytes && span % vec::kRepeatBytes == 0;
+    const int64_t row_bytes = pitch * 4;
+    const int64_t unit =
+        windows ? static_cast<int64_t>(span) / std::gcd(static_cast<int64_t>(span), row_bytes) : 1;
+    const uint64_t acc_bytes = round_up(static_cast<uint64_t>(cy) * 4, kBlkBytes);
+    // Per chunk row: the raw ping and pong, the f32 copy (f16 y), squares, 4 running sums.
+    const int64_t per_row = pitch * (2 * m_osz + (m_osz == 4 ? 0 : 4) + 4 + 16);
+    const int64_t room = static_cast<int64_t>(b.free_bytes(Buf::UB)) -
+                         static_cast<int64_t>(2 * acc_bytes + 8 * span + 8 * b.alignment(Buf::UB));
+    const int64_t most = std::min(room / per_row, ceil_div(m_t.tm, b.config().aiv_per_aic));
+    TileStats st;
+    st.pitch = pitch;
+    st.rows = most >= unit ? most / unit * unit : most;
+    if (st.rows < 1)
+      b.fail(fmt::format("the statistics of tiles {} channels wide do not fit the UB", pitch));
+    const uint64_t chunk = static_cast<uint64_t>(st.rows * pitch);
+    auto alloc = [&](uint64_t bytes, const char* name, uint64_t w) {
+      if (windows) {
+        const uint64_t used = b.core().capacity(Buf::UB) - b.free_bytes(Buf::UB);
+        const uint64_t pad = (w * vec::kRepeatBytes + span - used % span) % span;
+        if (pad) b.alloc(Buf::UB, pad, "bank window padding");
+      }
+      return b.alloc(Buf::UB, bytes, name);
+    };
+    st.a32 = alloc(chunk * 4, "y rows (f32)", 0);
+    st.sq = alloc(chunk * 4, "squares", 1);
+    st.acc_sum[0] = alloc(chunk * 4, "running sums (ping)", 2);
+    st.acc_sq[0] = alloc(chunk * 4, "running sums of squares (ping)", 3);
+    st.acc_sum[1] = alloc(chunk * 4, "running sums (pong)", 4);
+    st.acc_sq[1] = alloc(chunk * 4, "running sums of squares (pong)", 5);
+    for (int q = 0; q < 2; ++q)
+      st.raw[q] =
+          m_osz == 4 ? 0 : b.alloc(Buf::UB, chunk * m_osz, q ? "y rows (pong)" : "y rows (ping)");
+    if (m_osz == 4) {  // f32 y: loaded into the f32 chunk and a second one
+      st.raw[0] = st.a32;
+      st.raw[1] = alloc(chunk * 4, "y rows (pong)", 0);
+    }
+    st.sum = b.alloc(Buf::UB, acc_bytes, "per-channel sums");
+    st.squares = b.alloc(Buf::UB, acc_bytes, "per-channel sums of squares");
+    return st;
+  }
+
+  // The rows of the group's tile i that vector core r.sub sums (emit_tile_stats), chunk by
+  // chunk (r.chunks: the chunks loaded so far, whose parity picks the raw buffer).
+  void sum_tile_rows(const Reg& i, const TileStats& st, const TileStatsRegs& r) {
+    KernelBuilder& b = m_b;
+    const int aiv = b.config().aiv_per_aic;
+    Reg src = b.reg("stats: the rows in y"), r1 = b.reg("stats: end row"),
+        n_act = b.reg("stats: channels"), row = b.reg("stats: first row");
+    {
+      Reg ch = b.reg("stats: chunk"), mt = b.reg("stats: m tile"), img = b.reg("stats: image"),
+          key = b.reg("stats: weight key"), n0 = b.reg("stats: n0");
+      {
+        Reg step = b.reg("stats: the tile's first step");
+        b.mul(step, i, m_t.chunks);
+        decompose(step, ch, mt, img, key);
+      }
+      Reg m0 = b.reg("stats: m0"), m_act = b.reg("stats: positions");
+      m_slab.tile_positions(mt, m0, m_act);
+      n_range(key, n0, n_act);  // (one group: n0 is the channel)
+      // A new key: the running sums so far belong to the previous one's channels.
+      b.if_(ne(n0, r.key_n0), [&] {
+        b.if_(ge(r.key_n0, 0), [&] { flush_tile_sums(st, r, false); });
+        b.mov(r.key_n0, n0);
+        b.mov(r.key_n, n_act);
+      });
+      // rows [sub * h, min(m_act, (sub + 1) * h)), h = ceil(m_act / aiv)
+      b.add(key, m_act, aiv - 1);
+      b.div(key, key, aiv, "h");
+      b.mul(row, r.sub, key);
+      b.add(r1, row, key);
+      b.min(r1, r1, m_act, "end row");
+      // y + ((img * OH*OW + m0 + row) * cy + n0) * size: the core's first row
+      b.mul(src, img, m_s.oh() * m_s.ow());
+      b.add(src, src, m0);
+      b.add(src, src, row);
+      b.mul(src, src, m_s.cy);
+      b.add(src, src, n0);
+      b.mul(src, src, m_osz);
+      Reg y = b.load_arg("y");
+      b.add(src, src, y);
+    }
+    Reg cnt = b.reg("stats: rows of the chunk"), q = b.reg("stats: parity"),
+        len = b.reg("stats: blocks of a row"), gap = b.reg("stats: gap between rows");
+    b.mul(len, n_act, m_osz);
+    b.shr(len, len, 5, "32-byte blocks of the tile's channels");
+    b.movi(gap, m_s.cy * m_osz / kBlkBytes);
+    b.sub(gap, gap, len, "source gap");
+    Reg dgap = b.reg("stats: UB gap between rows");
+    b.movi(dgap, st.pitch * m_osz / kBlkBytes);
+    b.sub(dgap, dgap, len, "destination gap");
+    b.for_range(row, row, r1, st.rows, [&] {
+      b.sub(cnt, r1, row);
+      b.min(cnt, cnt, st.rows, "rows of the chunk");
+      b.and_(q, r.chunks, 1);
+      b.by_parity(q, [&](int par) {
+        KernelBuilder::Origin o(b, "statistics: a chunk of the tile's rows");
+        b.wait_flag(st.in_free, par);
+        {
+          Reg d = b.reg_imm("stats: rows buffer", int64_t(st.raw[par]));
+          b.emit(Opcode::op_copy_gm2ub, {d, src, cnt, len, gap, dgap},
+                 "the chunk's rows, the tile's channels");
+        }
+        b.set_flag(st.in_ready, par);
+        b.wait_flag(st.in_ready, par);
+        accumulate_chunk(st, r, st.raw[par], cnt);
+        b.set_flag(st.in_free, par);
+      });
+      b.add(r.chunks, r.chunks, 1);
+      b.mul(q, cnt, m_s.cy * m_osz);
+      b.add(src, src, q, "the next chunk's rows");
+    });
+  }
+
+  // V: the chunk of cnt rows (pitch apart) at raw into the T-row running sums: a whole chunk
+  // from the sums buffer r.parity into the other, a partial one in place.
+  void accumulate_chunk(const TileStats& st, const TileStatsRegs& r, uint64_t raw, const Reg& cnt) {
+    KernelBuilder& b = m_b;
+    const uint64_t a = m_osz == 4 ? raw : st.a32;
+    Reg n = b.reg("stats: elements");
+    b.mul(n, cnt, st.pitch);
+    if (m_osz != 4) vec_convert(b, Dtype::F32, m_s.out_type, a, raw, RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, Dtype::F32, st.sq, a, a, n);
+    Reg from = b.reg("stats: sums"), to = b.reg("stats: sums out");
+    const int64_t step = static_cast<int64_t>(st.acc_sum[1]) - static_cast<int64_t>(st.acc_sum[0]);
+    const int64_t sq_off = static_cast<int64_t>(st.acc_sq[0]) - static_cast<int64_t>(st.acc_sum[0]);
+    b.mul(from, r.parity, step);
+    b.add(from, from, static_cast<int64_t>(st.acc_sum[0]), "this buffer's sums");
+    b.mov(to, from);
+    b.if_(eq(cnt, st.rows), [&] {
+      b.movi(to, static_cast<int64_t>(st.acc_sum[0] + st.acc_sum[1]));
+      b.sub(to, to, from, "the other buffer's");
+      b.sub(r.parity, r.parity, 1);
+      b.and_(r.parity, r.parity, 1, "a whole chunk: the sums change buffers");
+    });
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, to, from, a, n);
+    b.add(to, to, sq_off);
+    b.add(from, from, sq_off);
+    vec_binary(b, Opcode::op_vadd, Dtype::F32, to, from, st.sq, n);
+  }
+
+  // V: the T-row running sums of buffer r.parity folded to one row (in place, halving), added
+  // into the per-channel sums at channel r.key_n0 (its r.key_n channels), and cleared for the
+  // next key's (unless `last`).
+  void flush_tile_sums(const TileStats& st, const TileStatsRegs& r, bool last) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "statistics: the key's running sums into the channels' sums");
+    Reg base = b.reg("stats: sums"), n = b.reg("stats: elements"), t = b.reg("stats: address"),
+        u = b.reg("stats: address");
+    const int64_t step = static_cast<int64_t>(st.acc_sum[1]) - static_cast<int64_t>(st.acc_sum[0]);
+    const int64_t sq_off = static_cast<int64_t>(st.acc_sq[0]) - static_cast<int64_t>(st.acc_sum[0]);
+    b.mul(base, r.parity, step);
+    b.add(base, base, static_cast<int64_t>(st.acc_sum[0]));
+    for (int64_t left = st.rows; left > 1; left -= left / 2) {
+      const int64_t h = left / 2;
+      b.movi(n, h * st.pitch);
+      for (int64_t off : {int64_t{0}, sq_off}) {
+        b.add(t, base, off);
+        b.add(u, t, (left - h) * st.pitch * 4);
+        vec_binary(b, Opcode::op_vadd, Dtype::F32, t, t, u, n);
+      }
+    }
+    for (const auto& [off, dst] : {std::pair<int64_t, uint64_t>{0, st.sum},
+                                   std::pair<int64_t, uint64_t>{sq_off, st.squares}}) {
+      b.mul(t, r.key_n0, 4);
+      b.add(t, t, static_cast<int64_t>(dst), "the key's channels");
+      b.add(u, base, off);
+      vec_binary(b, Opcode::op_vadd, Dtype::F32, t, t, u, r.key_n);
+      if (last) continue;
+      b.movi(n, st.rows * st.pitch);
+      vec_dup_bits(b, 4, u, 0, n);
+    }
+  }
+
+  void check_stats_layout() const {
     if (m_s.pitch() != m_s.cy || (m_s.cy * m_osz) % 32 != 0)
       m_b.fail(
           fmt::format("batch-norm statistics need y dense with whole 32-byte pixels ({} "
                       "channels of {} bytes, pitch {})",
                       m_s.cy, m_osz, m_s.pitch()));
+  }
+
+  // bn_stats: the vector section, sum and sum of squares of y per channel, then (after a
+  // barrier of the vector cores) their epilogue adding the vector cores' partials in block
+  // order into the outputs sum and square_sum.
+  void emit_stats() {
+    check_stats_layout();
     ChannelSumSpec cs;
     cs.kind = ChannelSumSpec::Kind::kSumSquares;
     cs.plain_sum = true;
@@ -427,13 +828,13 @@ class ConvEmitter {
       m_slab.tile_positions(mt, m0, m_act);
       m_slab.slab_rows(m0, m_act, r0, h);
     }
-    Reg p = b.reg("load: L1 parity");
-    m_pipe.l1_parity(p, s);
-    m_pipe.l1_wait_free(p, "L1 buffers free");
     Reg cbase = b.reg("load: group channel base"), cvalid = b.reg("load: group channels");
     group_channels(key, cbase, cvalid);
     Reg c1a = b.reg("load: first block"), ncb = b.reg("load: blocks");
     chunk_blocks(ch, cvalid, c1a, ncb);
+    Reg p = b.reg("load: L1 parity");
+    m_pipe.l1_parity(p, s);
+    m_pipe.l1_wait_free(p, "L1 buffers free");
     {
       Reg dst = b.reg("load: slab address"), x = b.load_arg("x");
       select(b, dst, p, m_slab_buf);
@@ -475,6 +876,25 @@ class ConvEmitter {
         n_range(key, n0, n_act);
         resident_chunk_address(dst, n_act, c1a);
         load_resident_chunk(dst, key, n0, n_act, c1a, ncb, cvalid);
+      });
+    }
+    if (chunks_ahead()) {
+      // A later chunk of the weights being loaded comes right after this step's slab: in
+      // compute(s), issued after load(s + 1), it would queue behind the next slab, whose
+      // buffer frees only when MTE1 has finished step s - 1, and MTE1 would wait for the chunk
+      // at every step of the key's first tile. Its flag by the step's parity: the set of step
+      // s + 2 follows the L1 hand-over of step s, after MTE1's wait of step s.
+      Reg ahead = b.reg("load: weights ahead");
+      weights_ahead(s, ch, ahead);
+      b.if_(ne(ahead, 0), [&] {
+        KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks, after its slab");
+        ahead.release();
+        Reg dst = b.reg("load: weights address"), n0 = b.reg("load: n0"),
+            n_act = b.reg("load: columns");
+        n_range(key, n0, n_act);
+        resident_chunk_address(dst, n_act, c1a);
+        load_weights(dst, key, n0, n_act, c1a, ncb, cvalid);
+        b.set_flag(m_b_ahead, p);
       });
     }
     m_pipe.l1_loaded(p, "L1 buffers loaded");
@@ -602,6 +1022,7 @@ class ConvEmitter {
         store_stacked(s, st, pt);
       else
         m_pipe.store(st, pt);
+      if (stats_per_tile()) hand_over_tile(s);
     });
   }
 
@@ -669,14 +1090,46 @@ class ConvEmitter {
     // The block's first step: load_step has loaded its weights.
     b.if_(ne(s, 0), [&] {
       Reg loading = b.reg("compute: loading");
-      resident_key(t.ch, t.key, loading);
-      b.and_(loading, *m_prev_key, 1);
+      auto load_here = [&] {
+        resident_key(t.ch, t.key, loading);
+        b.and_(loading, *m_prev_key, 1);
+        b.if_(ne(loading, 0), [&] {
+          KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
+          loading.release();
+          load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+        });
+      };
+      if (!chunks_ahead()) return load_here();
+      weights_ahead(s, t.ch, loading);
+      // Loaded by load_step after the slab: MTE1 waits for them.
       b.if_(ne(loading, 0), [&] {
-        KernelBuilder::Origin r(b, "resident weights: this chunk's k-blocks");
-        loading.release();
-        load_resident_chunk(t.bbase, t.key, t.n0, t.n_act, c1a, ncb, cvalid);
+        Reg p = b.reg("compute: L1 parity");
+        m_pipe.l1_parity(p, s);
+        b.wait_flag(m_b_ahead, p);
       });
+      b.if_(eq(loading, 0), load_here);
     });
+  }
+
+  // Resident weights' later chunks loaded by load_step (weights_ahead). Split chips only: the
+  // coupled chips' kernels (tiles out through the UB) keep every chunk in compute_step, their
+  // launches not measured with it.
+  bool chunks_ahead() const { return resident() && !m_pipe.via_ub(); }
+
+  // Resident weights: ahead = 1 where load_step(s) (chunk ch) loads a chunk of the weights being
+  // loaded (prev_key's low bit) rather than compute_step(s), else 0. Only where the
+  // step's weight key is settled when the scalar unit issues load(s) (after compute(s - 2)):
+  // chunks from the third on, whose tile's first chunk compute_step has passed (its
+  // resident_key: the MTE1 -> MTE2 hand-over of a new key's buffer comes first), and the
+  // block's second step, whose key load_step(0) has taken. The same answer in compute(s).
+  void weights_ahead(const Reg& s, const Reg& ch, const Reg& ahead) {
+    KernelBuilder& b = m_b;
+    b.min(ahead, ch, 2);
+    b.shr(ahead, ahead, 1, "chunk 2 and later");
+    b.if_(eq(s, 1), [&] { b.mov(ahead, ch, "the block's second step: its chunk 1"); });
+    Reg loading = b.reg("weights ahead: loading");
+    b.and_(loading, *m_prev_key, 1);
+    b.and_(ahead, ahead, loading);
   }
 
   // The chunk's k-blocks in the resident buffer: B + c1a * taps * nb * 512 (nb * 16: the
@@ -947,6 +1400,7 @@ class ConvEmitter {
   CubePipeline m_pipe;
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
+  FlagPair m_b_ahead{};  // resident weights loaded by load_step (weights_ahead), by L1 parity
   const Reg* m_prev_key = nullptr;
   ConvBnTables m_bn;        // bn_affine: its UB tables
   bool m_result32 = false;  // bn_affine: the f32 passes write out of place (allocate())
