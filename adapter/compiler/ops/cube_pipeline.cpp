@@ -53,6 +53,7 @@ CubeLoadRate cube_load_rate(const ChipConfig& cfg, double cores, double unique, 
                                                          : cfg.path_rate(Buf::GM, Buf::L1);
   const double hit_rate = std::min(l2_port, cfg.l2_bytes_per_cycle() / cores);
   CubeLoadRate r;
+  r.miss_rate = miss_rate;
   r.hit_share = cfg.l2_bytes > 0 && loaded > 0 ? std::max(0.0, 1 - unique / loaded) : 0.0;
   r.cycles_per_byte =
       (r.hit_share > 0 ? r.hit_share / hit_rate : 0.0) + (1 - r.hit_share) / miss_rate;

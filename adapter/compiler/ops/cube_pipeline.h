@@ -63,8 +63,9 @@ double cube_store_rate(const ChipConfig& cfg);
 // without an L2 misses all. cycles_per_byte: the mean over the bytes; hit_share: the share that
 // hits; access_latency: a load's wait for the memory (cycles), the L2's latency for the hitting
 // share and HBM's for the rest (the gm->l1 path's own start latency not included).
+// miss_rate: the bytes per cycle of a miss (a cold load).
 struct CubeLoadRate {
-  double cycles_per_byte = 0, hit_share = 0, access_latency = 0;
+  double cycles_per_byte = 0, hit_share = 0, access_latency = 0, miss_rate = 0;
 };
 CubeLoadRate cube_load_rate(const ChipConfig& cfg, double cores, double unique, double loaded);
 

@@ -208,8 +208,11 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
     last = mmads(chunks[i]) + (i + 1 == chunks.size() && c.l0c_buffers == 1 ? epilogue : 0.0);
     tile += std::max(load(chunks[(i + 1) % chunks.size()]), last);
   }
-  // The core's first load runs alone; its last chunk has no next load under it.
-  const double first = load(chunks[0]);
+  // The core's first load runs alone and cold (every core loads its first chunk at once, before
+  // any other has brought its lines into the L2): HBM's latency and the miss rate; its last
+  // chunk has no next load under it.
+  const double first = cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles +
+                       static_cast<double>((c.tm + c.tn) * chunks[0] * c.isz) / rate.miss_rate;
   return first + static_cast<double>(waves) * tile - std::max(first, last) + last +
          (c.l0c_buffers == 1 ? 0.0 : epilogue);
 }
