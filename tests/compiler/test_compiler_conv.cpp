@@ -10,6 +10,7 @@
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -448,6 +449,29 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
   CHECK(has_launch(names, "FilterGrad"));
   CHECK(has_launch(names, "Sum_f32"));
+}
+
+TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes") {
+  // One part writing f16 dW stores half the bytes of f32 partial products: the estimate of a
+  // tiling drops by the tiles of the busiest core x tk x tn x 2 bytes at the store path's rate
+  // (cube_store_rate, from the config); the planner's best is at most that.
+  const ChipConfig& cfg = test_sim().config();
+  using compiler::ops::FilterGradSpec;
+  FilterGradSpec s;
+  s.images = 2;
+  s.h = 14;
+  s.w = 7;
+  s.c = 64;
+  s.cout = 128;
+  s.pitch = s.cout;
+  const std::string op = "Conv2DBackpropFilter";
+  const compiler::ops::FilterGradTiling f32 = compiler::ops::plan_filter_grad(s, cfg, op);
+  s.out_type = isa::Dtype::F16;
+  const compiler::ops::FilterGradTiling f16 = compiler::ops::plan_filter_grad(s, cfg, op);
+  const double saved = static_cast<double>(f32.per * f32.tk * f32.tn * 2) /
+                       compiler::ops::cube_store_rate(cfg);
+  CHECK(f16.cycles < f32.cycles);
+  CHECK(f16.cycles <= f32.cycles - saved + 1e-6);
 }
 
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {

@@ -436,9 +436,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
                         DataType::F32, final_type, ctx.cfg);
   else if (group_padded)  // each row's groups: rows x groups runs of cg_out, group pitch apart
-    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out,
-                        spec.group_pitch(), ct.widen ? DataType::F16 : final_type, final_type,
-                        ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out, spec.group_pitch(),
+                        ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
   else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
@@ -1009,6 +1008,18 @@ bool filter_grad_parts_in_kernel(const CompileContext& ctx, const CubeTypes& ct,
          mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
 }
 
+// Whether the fused kernel of one part writes dW (type dt, cout channels) itself: FIXPIPE
+// rounds to f16 / bf16 (as the packing copy would) or writes f32, not under the widening mixed
+// precision, and through the UB only rows of whole 32-byte blocks; else it writes f32 partial
+// products.
+bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt, int64_t cout) {
+  const std::string op = ctx.op.str();
+  const bool half = dt == DataType::F16 || dt == DataType::BF16;
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
+  return !ct.widen && (half || dt == DataType::F32) &&
+         (!via_ub || cout * data_type_bytes(dt) % layout::kBlockBytes == 0);
+}
+
 // The fused kernel's plan for dW (FilterGradSpec): its spec, tiling and part count (the k
 // split: the part count of the lowest estimate, the kernel's model plus the Sum's), whether
 // its own vector cores add the parts, and the estimate (cycles of the busiest cube core, the
@@ -1037,8 +1048,10 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   p.mn = p.rows * s.pitch;
   p.add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, p.mn);
   int64_t best_parts = 0;
+  const bool one_part_writes_dw = fused_writes_dw(ctx, ct, dt, s.cout);
   for (int64_t parts = 1; parts <= cube_core(ctx.cfg, op).count; ++parts) {
     s.parts = parts;
+    s.out_type = parts == 1 && one_part_writes_dw ? device_dtype(dt) : Dtype::F32;
     FilterGradTiling t;
     try {
       t = plan_filter_grad(s, ctx.cfg, op);
@@ -1054,6 +1067,7 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
     p.cycles = cycles;
   }
   s.parts = best_parts;
+  s.out_type = Dtype::F32;  // append_fused_filter_grad sets dW's type where one part writes it
   return p;
 }
 
@@ -1069,13 +1083,8 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   const std::string op = ctx.op.str();
   FilterGradSpec& s = p.spec;
   const FilterGradTiling& best = p.tiling;
-  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   const DataType dt = k.outputs[0].dtype;
-  // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
-  // rows need no padding, f32 partial products otherwise.
-  const bool half = dt == DataType::F16 || dt == DataType::BF16;
-  if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
-      (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
+  if (s.parts == 1 && fused_writes_dw(ctx, ct, dt, s.cout)) {
     s.out_type = device_dtype(dt);
     s.pitch = s.cout;
     k.launches.push_back(
@@ -1107,8 +1116,8 @@ PointwiseKernel pointwise_filter_grad_kernel(const OpDesc& op) {
   if (value.empty() || value == "auto") return PointwiseKernel::kAuto;
   if (value == "matmul") return PointwiseKernel::kMatmul;
   if (value == "fused") return PointwiseKernel::kFused;
-  op.fail(fmt::format("NPUSIM_FILTER_GRAD_POINTWISE='{}' is none of 'auto', 'matmul', 'fused'",
-                      value));
+  op.fail(
+      fmt::format("NPUSIM_FILTER_GRAD_POINTWISE='{}' is none of 'auto', 'matmul', 'fused'", value));
 }
 
 // Data inputs: input, out_backprop (filter_sizes as an attribute).

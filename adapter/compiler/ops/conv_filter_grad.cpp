@@ -466,6 +466,7 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
                l0b_lat = cfg.path_latency(Buf::L1, Buf::L0B);
   const double overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * l1_lat + cfg.cube_latency_cycles;
   const double store_rate = cube_store_rate(cfg);
+  const int64_t osz = isa::dtype_size(s.out_type);  // bytes per stored element
   // Per k-tile height: the largest slab planes of a tile and their mean over the tiles.
   struct Rows {
     int64_t tk, kc1;
@@ -539,16 +540,23 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
         const double l0_steps = std::ceil(mean_tp / static_cast<double>(t.ks));
         // An L0 step: one mmad (its latency and fractals), and on MTE1 one load3dt of the
         // tile's rows into L0A and a load2d per 16 positions of dy into L0B, each its path's
-        // latency plus its bytes (as MatMul's tile_cost_cycles counts them).
+        // latency plus its bytes (as MatMul's tile_cost_cycles counts them). A step takes the
+        // chunk's positions (rounded up to 16, as the kernel's m16) over its steps, at most ks:
+        // the last step of a chunk holds only what the others left.
+        const double step_k =
+            static_cast<double>(round_up(static_cast<int64_t>(std::ceil(mean_tp)), kBlk)) /
+            l0_steps;
         const double cube =
             cfg.cube_latency_cycles +
-            static_cast<double>(t.ks * ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
+            step_k * static_cast<double>(ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
                 static_cast<double>(cfg.cube_k);
-        const double mte1 = l1_lat + static_cast<double>(t.ks * t.tk * isz) / l0a_rate +
-                            static_cast<double>(ceil_div(t.ks, kBlk)) * l0b_lat +
-                            static_cast<double>(t.ks * t.tn * isz) / l0b_rate;
+        const double mte1 = l1_lat + step_k * static_cast<double>(t.tk * isz) / l0a_rate +
+                            std::ceil(step_k / kBlk) * l0b_lat +
+                            step_k * static_cast<double>(t.tn * isz) / l0b_rate;
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
-        const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
+        // A tile's store: its elements of out_type (f32 partial products, or dW itself where
+        // one part writes it) at the path's rate (cube_store_rate), as MatMul's epilogue.
+        const double store = static_cast<double>(t.tk * t.tn * osz) / store_rate;
         // The pipeline's fill: a core's first chunk loads before any L0 step, with every core
         // loading its own at once (L2 cold): the slower of its gm->l1 path and its share of HBM.
         const double first_chunk =
@@ -556,10 +564,14 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
                                                         cfg.hbm_bytes_per_cycle());
         t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store) +
                    first_chunk;
-        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
-        // every read counted at HBM (L2 hits ignored; they matter little at large batches,
-        // whose chunks' data no longer stays in L2 between the tiles that read it).
-        const double bytes = loaded + static_cast<double>(t.tiles * t.tk * t.tn * kL0cElemBytes);
+        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. Where x's
+        // and dy's bytes fit in the L2 they come from HBM once (the tiles of a part read the
+        // same positions, as cube_load_rate counts); else every read is counted at HBM (the
+        // chunks' data no longer stays in the L2 between the tiles that read it).
+        const bool operands_stay =
+            cfg.l2_bytes > 0 && operand_bytes <= static_cast<double>(cfg.l2_bytes);
+        const double bytes = (operands_stay ? operand_bytes : loaded) +
+                             static_cast<double>(t.tiles * t.tk * t.tn * osz);
         t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
         if (!best.tk || t.cycles < best.cycles) best = t;
       }
