@@ -374,22 +374,79 @@ TEST_CASE("Conv2DBackpropFilter: the fused kernel's windows, channels and types"
   }
 }
 
+namespace {
+// Sets an environment variable (a compiler's measuring switch) for a test's compiles, unset
+// again on the way out.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  const char* name;
+};
+struct PointwiseKernel : ScopedEnv {
+  explicit PointwiseKernel(const char* v) : ScopedEnv("NPUSIM_FILTER_GRAD_POINTWISE", v) {}
+};
+// The "modelled ~N cycles" a launch summary of the filter gradient states (-1 if none).
+double modelled_cycles(const std::vector<std::string>& launches) {
+  for (const std::string& l : launches) {
+    const size_t at = l.find("modelled ~");
+    if (at != std::string::npos) return std::stod(l.substr(at + 10));
+  }
+  return -1;
+}
+}  // namespace
+
 TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over the cores") {
   // A 1x1 window of stride 1: x is the img2col matrix, the MatMul x^T x dy; through the UB
   // only where x's rows (20 channels) are whole blocks, else the fused kernel.
-  ConvCase p{2, 5, 7, 20, 1, 1, 24};
-  CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, p, 50),
-                   cube_out_via_ub() ? "FilterGrad" : "MatMul"));
-  // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
-  // cores; the 910b config cuts them smaller).
+  // Where the fused kernel adds its parts in its own kernel (split chips) it computes the
+  // product too: the kernel of the lower modelled cycles runs, or the one
+  // NPUSIM_FILTER_GRAD_POINTWISE names; both give dW.
   const ChipConfig& cfg = test_sim().config();
+  ConvCase p{2, 5, 7, 20, 1, 1, 24};
+  for (const ConvCase& pc : {p, ConvCase{2, 6, 7, 64, 1, 1, 256}, ConvCase{1, 7, 7, 512, 1, 1, 64}}) {
+    std::vector<std::string> mm, fused, chosen;
+    {
+      PointwiseKernel force("matmul");
+      mm = check_conv2d_backprop_filter(DataType::F16, pc, 50);
+      CHECK(has_launch(mm, cube_out_via_ub() && pc.c == 20 ? "FilterGrad" : "MatMul"));
+    }
+    if (!cfg.split || cube_out_via_ub()) continue;
+    {
+      PointwiseKernel force("fused");
+      fused = check_conv2d_backprop_filter(DataType::F16, pc, 50);
+      CHECK(has_launch(fused, "FilterGrad"));
+    }
+    chosen = check_conv2d_backprop_filter(DataType::F16, pc, 50);
+    // MatMul's estimate counts a Sum launch after split parts: only compare unsplit ones.
+    if (has_launch(mm, "Sum_")) continue;
+    REQUIRE(modelled_cycles(mm) > 0);
+    REQUIRE(modelled_cycles(fused) > 0);
+    CHECK(has_launch(chosen, modelled_cycles(fused) < modelled_cycles(mm) ? "FilterGrad" : "MatMul"));
+  }
+  {
+    PointwiseKernel bad("img2col");
+    HostTensor x = random_tensor(DataType::F16, {p.n, p.h, p.w, p.c}, -2, 2, 50);
+    HostTensor sizes{TensorDesc{DataType::S32, {4}},
+                     {double(p.kh), double(p.kw), double(p.c), double(p.cout)}};
+    HostTensor dy = random_tensor(DataType::F16, y_shape(p), -1, 1, 51);
+    auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, p.attrs());
+    op.outputs = {TensorDesc{DataType::F16, filter_shape(p)}};
+    if (!cube_out_via_ub())
+      CHECK_THROWS_WITH(compiler::compile(op, cfg),
+                        Catch::Contains("NPUSIM_FILTER_GRAD_POINTWISE='img2col'"));
+  }
+  // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
+  // cores; the 910b config cuts them smaller), on the MatMul.
   const bool tiny = cfg.name == "tiny";
-  ConvCase t{2, 6, 7, 80, 1, 1, 80};
-  const std::vector<std::string> t80 = check_conv2d_backprop_filter(DataType::F16, t, 57);
-  if (tiny) CHECK(mentions(t80, "tiles 48x80"));
-  t.c = 40;
-  const std::vector<std::string> t40 = check_conv2d_backprop_filter(DataType::F32, t, 58);
-  if (tiny) CHECK(mentions(t40, "tiles 48x48"));
+  {
+    PointwiseKernel on_matmul("matmul");
+    ConvCase t{2, 6, 7, 80, 1, 1, 80};
+    const std::vector<std::string> t80 = check_conv2d_backprop_filter(DataType::F16, t, 57);
+    if (tiny) CHECK(mentions(t80, "tiles 48x80"));
+    t.c = 40;
+    const std::vector<std::string> t40 = check_conv2d_backprop_filter(DataType::F32, t, 58);
+    if (tiny) CHECK(mentions(t40, "tiles 48x48"));
+  }
   ConvCase ps = p;  // stride 2 subsamples x: the fused kernel
   ps.sh = ps.sw = 2;
   CHECK(has_launch(check_conv2d_backprop_filter(DataType::F16, ps, 51), "FilterGrad"));
@@ -458,6 +515,29 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
   CHECK(has_launch(names, "FilterGrad"));
   CHECK(has_launch(names, "Sum_f32"));
+}
+
+TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes") {
+  // One part writing f16 dW stores half the bytes of f32 partial products: the estimate of a
+  // tiling drops by the tiles of the busiest core x tk x tn x 2 bytes at the store path's rate
+  // (cube_store_rate, from the config); the planner's best is at most that.
+  const ChipConfig& cfg = test_sim().config();
+  using compiler::ops::FilterGradSpec;
+  FilterGradSpec s;
+  s.images = 2;
+  s.h = 14;
+  s.w = 7;
+  s.c = 64;
+  s.cout = 128;
+  s.pitch = s.cout;
+  const std::string op = "Conv2DBackpropFilter";
+  const compiler::ops::FilterGradTiling f32 = compiler::ops::plan_filter_grad(s, cfg, op);
+  s.out_type = isa::Dtype::F16;
+  const compiler::ops::FilterGradTiling f16 = compiler::ops::plan_filter_grad(s, cfg, op);
+  const double saved = static_cast<double>(f32.per * f32.tk * f32.tn * 2) /
+                       compiler::ops::cube_store_rate(cfg);
+  CHECK(f16.cycles < f32.cycles);
+  CHECK(f16.cycles <= f32.cycles - saved + 1e-6);
 }
 
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
@@ -541,13 +621,6 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
 }
 
 namespace {
-// Sets an environment variable (a compiler's measuring switch) for a test's compiles, unset
-// again on the way out.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-  const char* name;
-};
 struct Groups : ScopedEnv {
   explicit Groups(const char* v) : ScopedEnv("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", v) {}
 };

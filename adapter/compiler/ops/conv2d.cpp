@@ -469,9 +469,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     append_strided_copy(k, ctx.op, y, final_y, 1, out.num_elements(), out.num_elements(),
                         DataType::F32, final_type, ctx.cfg);
   else if (group_padded)  // each row's groups: rows x groups runs of cg_out, group pitch apart
-    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out,
-                        spec.group_pitch(), ct.widen ? DataType::F16 : final_type, final_type,
-                        ctx.cfg);
+    append_strided_copy(k, ctx.op, y, final_y, rows * spec.groups, spec.cg_out, spec.group_pitch(),
+                        ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
   else if (padded)
     append_strided_copy(k, ctx.op, y, final_y, rows, spec.cy, spec.pitch(),
                         ct.widen ? DataType::F16 : final_type, final_type, ctx.cfg);
@@ -1046,33 +1045,50 @@ bool filter_grad_parts_in_kernel(const CompileContext& ctx, const CubeTypes& ct,
          mn * data_type_bytes(dt) % layout::kBlockBytes == 0;
 }
 
-// dW by the fused kernel (FilterGradSpec): f32 products of `parts` ranges of chunks (the k
-// split, the part count of the lowest estimate: the kernel's model plus the Sum's) into the
-// workspace, then the Sum and the copy packing and casting them (append_partial_sum), or on
-// split chips, where dW is f32 or f16 in whole 32-byte blocks, the kernel's own vector cores
-// adding them (FilterGradSpec::add_parts; channel_epilogue_in_kernel, the channel sums' switch);
-// one part writes dW itself where it can. Few input channels without padding along W take the
-// width-folded view of x (as Conv2D: the same matrix in fewer channel blocks). Rows through the
-// UB are whole 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
-void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                              const ArgRef& xr, const ArgRef& dyr, const std::vector<int64_t>& x,
-                              const std::vector<int64_t>& f, const ConvWindow& cw) {
+// Whether the fused kernel of one part writes dW (type dt, cout channels) itself: FIXPIPE
+// rounds to f16 / bf16 (as the packing copy would) or writes f32, not under the widening mixed
+// precision, and through the UB only rows of whole 32-byte blocks; else it writes f32 partial
+// products.
+bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt, int64_t cout) {
   const std::string op = ctx.op.str();
-  FilterGradSpec s;
+  const bool half = dt == DataType::F16 || dt == DataType::BF16;
+  const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
+  return !ct.widen && (half || dt == DataType::F32) &&
+         (!via_ub || cout * data_type_bytes(dt) % layout::kBlockBytes == 0);
+}
+
+// The fused kernel's plan for dW (FilterGradSpec): its spec, tiling and part count (the k
+// split: the part count of the lowest estimate, the kernel's model plus the Sum's), whether
+// its own vector cores add the parts, and the estimate (cycles of the busiest cube core, the
+// parts' sum included; no task overheads).
+struct FusedFilterGradPlan {
+  FilterGradSpec spec;
+  FilterGradTiling tiling;
+  bool add_parts = false;
+  int64_t rows = 0, mn = 0;  // dW's HWIO rows, f32 products per part (rows x pitch)
+  double cycles = 0;
+};
+
+FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
+                                           DataType dt, const std::vector<int64_t>& x,
+                                           const std::vector<int64_t>& f, const ConvWindow& cw) {
+  const std::string op = ctx.op.str();
+  FusedFilterGradPlan p;
+  FilterGradSpec& s = p.spec;
   s.in_type = device_dtype(ct.cube);
   s.cout = f[3];
   set_image_window(s, x, cw, true);
   view_strided_rows(s, s.h, s.w, s.c);
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
-  const int64_t rows = s.kh * s.kw * s.c, mn = rows * s.pitch;
-  const DataType dt = k.outputs[0].dtype;
-  const bool add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, mn);
-  FilterGradTiling best;
+  p.rows = s.kh * s.kw * s.c;
+  p.mn = p.rows * s.pitch;
+  p.add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, p.mn);
   int64_t best_parts = 0;
-  double best_cycles = 0;
+  const bool one_part_writes_dw = fused_writes_dw(ctx, ct, dt, s.cout);
   for (int64_t parts = 1; parts <= cube_core(ctx.cfg, op).count; ++parts) {
     s.parts = parts;
+    s.out_type = parts == 1 && one_part_writes_dw ? device_dtype(dt) : Dtype::F32;
     FilterGradTiling t;
     try {
       t = plan_filter_grad(s, ctx.cfg, op);
@@ -1081,26 +1097,39 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
       continue;               // no chunk size that `parts` divides
     }
     const double cycles =
-        t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, mn, add_parts) : 0);
-    if (best_parts && cycles >= best_cycles) continue;
-    best = t;
+        t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0);
+    if (best_parts && cycles >= p.cycles) continue;
+    p.tiling = t;
     best_parts = parts;
-    best_cycles = cycles;
+    p.cycles = cycles;
   }
   s.parts = best_parts;
-  // One part: FIXPIPE writes dW itself (f16 / bf16 rounded as the packing copy would) where its
-  // rows need no padding, f32 partial products otherwise.
-  const bool half = dt == DataType::F16 || dt == DataType::BF16;
-  if (s.parts == 1 && !ct.widen && (half || dt == DataType::F32) &&
-      (!via_ub || s.cout * data_type_bytes(dt) % layout::kBlockBytes == 0)) {
+  s.out_type = Dtype::F32;  // append_fused_filter_grad sets dW's type where one part writes it
+  return p;
+}
+
+// dW by the fused kernel as planned (plan_fused_filter_grad): f32 products of the parts into
+// the workspace, then the Sum and the copy packing and casting them (append_partial_sum), or
+// on split chips, where dW is f32 or f16 in whole 32-byte blocks, the kernel's own vector cores
+// adding them (FilterGradSpec::add_parts; channel_epilogue_in_kernel, the channel sums'
+// switch); one part writes dW itself where it can. Few input channels without padding along W
+// take the width-folded view of x (as Conv2D: the same matrix in fewer channel blocks). Rows
+// through the UB are whole 32-byte blocks: the f32 rows' pitch is cout rounded up to 8.
+void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                              const ArgRef& xr, const ArgRef& dyr, FusedFilterGradPlan p) {
+  const std::string op = ctx.op.str();
+  FilterGradSpec& s = p.spec;
+  const FilterGradTiling& best = p.tiling;
+  const DataType dt = k.outputs[0].dtype;
+  if (s.parts == 1 && fused_writes_dw(ctx, ct, dt, s.cout)) {
     s.out_type = device_dtype(dt);
     s.pitch = s.cout;
     k.launches.push_back(
         with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, output_ref(0)}));
     return;
   }
-  const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * mn) * 4);
-  if (s.parts > 1 && add_parts) {
+  const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * p.mn) * 4);
+  if (s.parts > 1 && p.add_parts) {
     s.add_parts = true;
     s.dw_type = device_dtype(dt);
     k.launches.push_back(
@@ -1108,7 +1137,24 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
     return;
   }
   k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
-  append_partial_sum(k, ctx, products, s.parts, mn, ct.widen, rows, s.cout, s.pitch);
+  append_partial_sum(k, ctx, products, s.parts, p.mn, ct.widen, p.rows, s.cout, s.pitch);
+}
+
+// NPUSIM_FILTER_GRAD_POINTWISE in the environment: the kernel of a 1x1 stride-1 filter
+// gradient, `matmul` or `fused` (the fused kernel only where it adds its parts itself:
+// filter_grad_parts_in_kernel); unset, empty or `auto`: the one of the lower modelled cycles.
+// Anything else is a CompileError naming the op. Read at every compile: a measuring switch,
+// to time both kernels of a layer against the planners' choice.
+enum class PointwiseKernel { kAuto, kMatmul, kFused };
+
+PointwiseKernel pointwise_filter_grad_kernel(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_POINTWISE");
+  const std::string value = v ? v : "";
+  if (value.empty() || value == "auto") return PointwiseKernel::kAuto;
+  if (value == "matmul") return PointwiseKernel::kMatmul;
+  if (value == "fused") return PointwiseKernel::kFused;
+  op.fail(
+      fmt::format("NPUSIM_FILTER_GRAD_POINTWISE='{}' is none of 'auto', 'matmul', 'fused'", value));
 }
 
 // Data inputs: input, out_backprop (filter_sizes as an attribute).
@@ -1149,26 +1195,35 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
                          cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
   if (!pointwise) {
-    append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
+    append_fused_filter_grad(k, ctx, ct, xr, dyr, plan_fused_filter_grad(ctx, ct, dt, x, f, cw));
     return k;
   }
-  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where it
-  // would be split into parts (a Sum launch after it) and the fused kernel adds its parts in
-  // its own kernel, the fused kernel: one launch (ResNet-50's 1x1 layers at 56x56, 910b).
+  // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where the
+  // fused kernel adds its parts in its own kernel (split chips), it computes the product too:
+  // the one of the lower modelled cycles runs (the MatMul's tiling estimate, with the Sum
+  // launch's where it is split, against the fused kernel's; pointwise_filter_grad_kernel may
+  // name one).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
-  if (split.parts > 1 && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
-    append_fused_filter_grad(k, ctx, ct, xr, dyr, x, f, cw);
-    return k;
+  const double matmul_cycles =
+      split.tiling.est_cycles +
+      (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
+  const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
+  if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
+    const FusedFilterGradPlan fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
+    if (forced == PointwiseKernel::kFused || fused.cycles < matmul_cycles) {
+      append_fused_filter_grad(k, ctx, ct, xr, dyr, fused);
+      return k;
+    }
   }
   const MatmulTiling& t = split.tiling;
   if (split.parts > 1) {  // partials of cin x f[3] (plan_k_split: c_pitch == f[3])
     const int64_t mn = cin * f[3];
     const ArgRef partials = workspace_take(k, static_cast<uint64_t>(split.parts * mn) * 4);
     Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {xr, dyr, partials});
-    mm.summary = fmt::format("x^T x dy, {} parts of {} positions: {}", split.parts,
-                             positions / split.parts, mm.summary);
+    mm.summary = fmt::format("x^T x dy, {} parts of {} positions (modelled ~{:.0f} cycles): {}",
+                             split.parts, positions / split.parts, matmul_cycles, mm.summary);
     k.launches.push_back(std::move(mm));
     append_partial_sum(k, ctx, partials, split.parts, mn, ct.widen);
     return k;
@@ -1178,7 +1233,7 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
     out = workspace_take(k, static_cast<uint64_t>(cin * t.c_pitch) *
                                 static_cast<uint64_t>(isa::dtype_size(ct.fix_out)));
   Launch mm = with_args(build_matmul_launch(t, ctx.cfg, op.str()), {xr, dyr, out});
-  mm.summary = "x^T x dy: " + mm.summary;
+  mm.summary = fmt::format("x^T x dy (modelled ~{:.0f} cycles): {}", matmul_cycles, mm.summary);
   k.launches.push_back(std::move(mm));
   const DataType from = ct.widen ? DataType::F16 : dt;
   if (t.c_pitch != f[3])  // per row: cout of c_pitch

@@ -462,9 +462,11 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
   const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
   const double l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A),
                l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
-  const double l1_lat = cfg.path_latency(Buf::L1, Buf::L0A);
+  const double l1_lat = cfg.path_latency(Buf::L1, Buf::L0A),
+               l0b_lat = cfg.path_latency(Buf::L1, Buf::L0B);
   const double overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * l1_lat + cfg.cube_latency_cycles;
   const double store_rate = cube_store_rate(cfg);
+  const int64_t osz = isa::dtype_size(s.out_type);  // bytes per stored element
   // Per k-tile height: the largest slab planes of a tile and their mean over the tiles.
   struct Rows {
     int64_t tk, kc1;
@@ -482,6 +484,10 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
     tks.push_back(r);
   }
   const std::vector<int64_t> tns = balanced_sides(s.cout, kMaxTile);
+  // x's rows the view reads and dy, each once (bytes).
+  const double operand_bytes =
+      static_cast<double>(s.images * s.h * s.w * round_up(s.c, kBlk) * isz) +
+      static_cast<double>(s.images * positions * s.cout * isz);
   FilterGradTiling best;
   for (int64_t tp : balanced_sides(positions, kMaxChunk)) {
     const std::vector<SlabGeom> mts = m_tiles(positions, tp, s.ow(), s.h, s.kh, s.sh, s.dh, s.pt);
@@ -521,29 +527,51 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
         t.block_dim = split.block_dim;
         // A chunk: the slowest of its loads (slab planes x rows x width, dy rows) and its L0
         // steps (each the slower of the cube and the L1 -> L0 copies), plus the hand-overs.
+        // The loads of later chunks mostly hit the L2 (every tile of a part reads the same
+        // positions' x and dy): the distinct bytes come from HBM once, the rest at the L2's
+        // rate (cube_load_rate); a core's first chunk is cold (first_chunk below).
         const double slab = kr.mean_c1 * mean_rows * static_cast<double>(s.w) * kBlkBytes;
-        const double mte2 = (slab + mean_tp * static_cast<double>(tn * isz)) / gm_rate;
+        const double chunk_bytes = slab + mean_tp * static_cast<double>(tn * isz);
+        const double loaded = static_cast<double>(t.tiles * chunks) * chunk_bytes;
+        const CubeLoadRate rate =
+            cube_load_rate(cfg, static_cast<double>(t.block_dim), operand_bytes, loaded);
+        const double mte2 = rate.access_latency + chunk_bytes * rate.cycles_per_byte;
+        const double cold = cfg.hbm_latency_cycles + chunk_bytes / gm_rate;
         const double l0_steps = std::ceil(mean_tp / static_cast<double>(t.ks));
+        // An L0 step: one mmad (its latency and fractals), and on MTE1 one load3dt of the
+        // tile's rows into L0A and a load2d per 16 positions of dy into L0B, each its path's
+        // latency plus its bytes (as MatMul's tile_cost_cycles counts them). A step takes the
+        // chunk's positions (rounded up to 16, as the kernel's m16) over its steps, at most ks:
+        // the last step of a chunk holds only what the others left.
+        const double step_k =
+            static_cast<double>(round_up(static_cast<int64_t>(std::ceil(mean_tp)), kBlk)) /
+            l0_steps;
         const double cube =
-            static_cast<double>(t.ks * ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
-            static_cast<double>(cfg.cube_k);
-        const double mte1 =
-            static_cast<double>(t.ks * (t.tk + t.tn) * isz) / std::min(l0a_rate, l0b_rate);
+            cfg.cube_latency_cycles +
+            step_k * static_cast<double>(ceil_div(t.tk, cfg.cube_m) * ceil_div(t.tn, cfg.cube_n)) /
+                static_cast<double>(cfg.cube_k);
+        const double mte1 = l1_lat + step_k * static_cast<double>(t.tk * isz) / l0a_rate +
+                            std::ceil(step_k / kBlk) * l0b_lat +
+                            step_k * static_cast<double>(t.tn * isz) / l0b_rate;
         const double chunk = std::max(mte2, l0_steps * std::max(cube, mte1)) + overhead;
-        const double store = static_cast<double>(t.tk * t.tn * kL0cElemBytes) / store_rate;
+        // A tile's store: its elements of out_type (f32 partial products, or dW itself where
+        // one part writes it) at the path's rate (cube_store_rate), as MatMul's epilogue.
+        const double store = static_cast<double>(t.tk * t.tn * osz) / store_rate;
         // The pipeline's fill: a core's first chunk loads before any L0 step, with every core
         // loading its own at once (L2 cold): the slower of its gm->l1 path and its share of HBM.
-        const double first_chunk = std::max(
-            mte2, static_cast<double>(t.block_dim) * mte2 * gm_rate / cfg.hbm_bytes_per_cycle());
+        const double first_chunk =
+            std::max(cold, cfg.hbm_latency_cycles + static_cast<double>(t.block_dim) * chunk_bytes /
+                                                        cfg.hbm_bytes_per_cycle());
         t.cycles = static_cast<double>(t.per) * (static_cast<double>(chunks) * chunk + store) +
                    first_chunk;
-        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. # estimate:
-        // every read counted at HBM (L2 hits ignored; they matter little at large batches,
-        // whose chunks' data no longer stays in L2 between the tiles that read it).
-        const double bytes =
-            static_cast<double>(t.tiles) *
-            (static_cast<double>(chunks) * (slab + mean_tp * static_cast<double>(tn * isz)) +
-             static_cast<double>(t.tk * t.tn * kL0cElemBytes));
+        // Every tile reads its chunks' slabs and dy rows: all cores' loads share HBM. Where x's
+        // and dy's bytes fit in the L2 they come from HBM once (the tiles of a part read the
+        // same positions, as cube_load_rate counts); else every read is counted at HBM (the
+        // chunks' data no longer stays in the L2 between the tiles that read it).
+        const bool operands_stay =
+            cfg.l2_bytes > 0 && operand_bytes <= static_cast<double>(cfg.l2_bytes);
+        const double bytes = (operands_stay ? operand_bytes : loaded) +
+                             static_cast<double>(t.tiles * t.tk * t.tn * osz);
         t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
         if (!best.tk || t.cycles < best.cycles) best = t;
       }
@@ -563,9 +591,9 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
   l.summary = fmt::format(
       "img2col(x)^T x dy by load3dt, x {}x{}x{}x{} ({}x{} window) x {} channels, {} parts: tiles "
       "of {} rows x {} channels over chunks of {} positions (L0 steps of {}), {} tiles over {} "
-      "blocks",
+      "blocks, modelled ~{:.0f} cycles",
       s.images, s.h, s.w, s.c, s.kh, s.kw, s.cout, s.parts, t.tk, t.tn, t.tp, t.ks, t.tiles,
-      t.block_dim);
+      t.block_dim, t.cycles);
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
   if (s.x_row != 0)
     l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,

@@ -46,6 +46,22 @@ double cube_store_rate(const ChipConfig& cfg) {
   return 1.0 / (1.0 / cfg.path_rate(Buf::L0C, Buf::UB) + 1.0 / cfg.path_rate(Buf::UB, Buf::GM));
 }
 
+CubeLoadRate cube_load_rate(const ChipConfig& cfg, double cores, double unique, double loaded) {
+  const double miss_rate =
+      std::min(cfg.path_rate(Buf::GM, Buf::L1), cfg.hbm_sustained_bytes_per_cycle() / cores);
+  const double l2_port = cfg.l2_read_bytes_per_cycle > 0 ? cfg.l2_read_bytes_per_cycle
+                                                         : cfg.path_rate(Buf::GM, Buf::L1);
+  const double hit_rate = std::min(l2_port, cfg.l2_bytes_per_cycle() / cores);
+  CubeLoadRate r;
+  r.miss_rate = miss_rate;
+  r.hit_share = cfg.l2_bytes > 0 && loaded > 0 ? std::max(0.0, 1 - unique / loaded) : 0.0;
+  r.cycles_per_byte =
+      (r.hit_share > 0 ? r.hit_share / hit_rate : 0.0) + (1 - r.hit_share) / miss_rate;
+  r.access_latency = (cfg.l2_bytes > 0 ? r.hit_share * cfg.l2_latency_cycles : 0.0) +
+                     (1 - r.hit_share) * cfg.hbm_latency_cycles;
+  return r;
+}
+
 namespace {
 
 // The largest multiple of 16 units (k) whose two buffers of bytes_per_k * k fit `buf` of core.

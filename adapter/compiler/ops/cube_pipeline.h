@@ -55,6 +55,20 @@ bool cube_store_via_ub(const ChipConfig& cfg, const CoreKindConfig& core, const 
 // MTE3).
 double cube_store_rate(const ChipConfig& cfg);
 
+// How a cube kernel's GM -> L1 loads move when its `cores` cores read `loaded` bytes in all,
+// `unique` of them distinct: each distinct byte comes from HBM once, at the slower of the
+// core's gm->l1 path and its share of the sustained HBM bandwidth; the other reads hit the L2
+// (the tiles running together share their operands' rows), at the core's L2 read port
+// (memory.l2.core_read_bytes_per_cycle) or its share of the L2's bandwidth, the lower. A chip
+// without an L2 misses all. cycles_per_byte: the mean over the bytes; hit_share: the share that
+// hits; access_latency: a load's wait for the memory (cycles), the L2's latency for the hitting
+// share and HBM's for the rest (the gm->l1 path's own start latency not included).
+// miss_rate: the bytes per cycle of a miss (a cold load).
+struct CubeLoadRate {
+  double cycles_per_byte = 0, hit_share = 0, access_latency = 0, miss_rate = 0;
+};
+CubeLoadRate cube_load_rate(const ChipConfig& cfg, double cores, double unique, double loaded);
+
 // The largest k per mmad step (a multiple of 16, at most max_k) for an output tile of tm x tn
 // with inputs of isz bytes: two L0A buffers of tm x k and two L0B buffers of k x tn on core
 // (BufferPlan). 0 if not even 16 fits.

@@ -163,17 +163,11 @@ struct TileCandidate {
 double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   const int64_t waves = ceil_div(c.tiles, c.blocks);
   const double cores = static_cast<double>(c.blocks);
-  const double miss_rate =
-      std::min(cfg.path_rate(Buf::GM, Buf::L1), cfg.hbm_sustained_bytes_per_cycle() / cores);
-  const double l2_port = cfg.l2_read_bytes_per_cycle > 0 ? cfg.l2_read_bytes_per_cycle
-                                                         : cfg.path_rate(Buf::GM, Buf::L1);
-  const double hit_rate = std::min(l2_port, cfg.l2_bytes_per_cycle() / cores);
   const double loaded =
       static_cast<double>(c.tiles) * static_cast<double>((c.tm + c.tn) * c.k * c.isz);
   const double unique = static_cast<double>(c.batch * (c.m * c.k + c.k * c.n) * c.isz);
-  const double hit_share = cfg.l2_bytes > 0 ? std::max(0.0, 1 - unique / loaded) : 0.0;
-  const double cycles_per_byte =
-      (hit_share > 0 ? hit_share / hit_rate : 0.0) + (1 - hit_share) / miss_rate;
+  const CubeLoadRate rate = cube_load_rate(cfg, cores, unique, loaded);
+  const double cycles_per_byte = rate.cycles_per_byte;
 
   const double tile_elems = static_cast<double>(c.tm * c.tn);
   const double epilogue =
@@ -185,9 +179,7 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   if (c.k % c.tk1 || chunks.empty()) chunks.push_back(c.k % c.tk1);  // k = 0: one empty chunk
   // A chunk's A and B transfers start together: one access latency per chunk (the L2's for the
   // hitting share, HBM's for the rest) on top of the gm->l1 path's.
-  const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) +
-                              (cfg.l2_bytes > 0 ? hit_share * cfg.l2_latency_cycles : 0.0) +
-                              (1 - hit_share) * cfg.hbm_latency_cycles;
+  const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) + rate.access_latency;
   const auto load = [&](int64_t kc) {
     return load_latency + static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
   };
@@ -216,8 +208,11 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
     last = mmads(chunks[i]) + (i + 1 == chunks.size() && c.l0c_buffers == 1 ? epilogue : 0.0);
     tile += std::max(load(chunks[(i + 1) % chunks.size()]), last);
   }
-  // The core's first load runs alone; its last chunk has no next load under it.
-  const double first = load(chunks[0]);
+  // The core's first load runs alone and cold (every core loads its first chunk at once, before
+  // any other has brought its lines into the L2): HBM's latency and the miss rate; its last
+  // chunk has no next load under it.
+  const double first = cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles +
+                       static_cast<double>((c.tm + c.tn) * chunks[0] * c.isz) / rate.miss_rate;
   return first + static_cast<double>(waves) * tile - std::max(first, last) + last +
          (c.l0c_buffers == 1 ? 0.0 : epilogue);
 }
@@ -280,6 +275,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
                                    (tm * tn == best.tm * best.tn && tk1 > best.tk_l1)));
       if (!better) continue;
       best_cost = std::min(best_cost, cost);
+      best.est_cycles = cost;
       best.tm = tm;
       best.tn = tn;
       best.tk_l0 = tk0;

@@ -53,6 +53,10 @@ struct MatmulTiling {
   // matrix's last row / column of regions), regions_m of them down M; block b computes region
   // (b % regions_m, b / regions_m), its tiles row by row, and block_dim is the region count.
   int64_t region_tiles_m = 0, region_tiles_n = 0, regions_m = 0;
+  // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
+  // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
+  // against other kernels' estimates.
+  double est_cycles = 0;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
 };
