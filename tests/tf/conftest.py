@@ -359,6 +359,15 @@ def child_result(code, timeout=600, extra_env=None):
     return json.loads(line[len("RESULT"):])
 
 
+def runs_with_and_without(mode, code, off_env):
+    """(mode, the child_result of `code`, the same with `off_env` added to the environment): a
+    fusion's run and its switch-off run, both under allow_mix_precision where mode is "mixed"
+    (else the default precision)."""
+    env = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"} if mode == "mixed" else {}
+    return mode, child_result(code, extra_env=env), child_result(
+        code, extra_env=dict(env, **off_env))
+
+
 def launch_multiset_diff(off, on):
     """The launches (any comparable records, e.g. [op type, node name]) of `off` not matched one
     for one in `on` (missing), and those of `on` not matched in `off` (extra), as multisets."""

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import runs_with_and_without  # noqa: E402  pylint: disable=wrong-import-position
 
 CODE = r'''
 import json
@@ -62,15 +62,12 @@ print("RESULT " + json.dumps({v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0
                               for v in ("fusible", "fetched")}))
 '''
 
-MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
 OFF = {"NPUSIM_FUSION_ADDN_RELU_GRAD": "0"}
 
 
 @pytest.fixture(scope="module", params=["float32", "mixed"])
 def runs(request):
-    env = MIX if request.param == "mixed" else {}
-    return request.param, child_result(CODE, extra_env=env), child_result(
-        CODE, extra_env=dict(env, **OFF))
+    return runs_with_and_without(request.param, CODE, OFF)
 
 
 def test_fused_matches_unfused_bit_for_bit_and_cpu(runs):

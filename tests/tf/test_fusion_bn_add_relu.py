@@ -27,7 +27,7 @@ pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
-    FIT_STEPS, KERAS3_BN_PATTERN, assert_close_lists, child_result)
+    FIT_STEPS, KERAS3_BN_PATTERN, assert_close_lists, child_result, runs_with_and_without)
 
 KERAS_CODE = FIT_STEPS + r'''
 import json
@@ -69,16 +69,13 @@ def train(device):
 print("RESULT " + json.dumps({"npu": train("/NPU:0"), "cpu": train("/CPU:0")}))
 '''
 
-MIX = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
 OFF = {"NPUSIM_FUSION_BN_ADD_RELU": "0"}
 U = 2.0 ** -11  # f16's unit roundoff
 
 
 @pytest.fixture(scope="module", params=["float32", "mixed"])
 def keras_runs(request):
-    env = MIX if request.param == "mixed" else {}
-    return request.param, child_result(KERAS_CODE, extra_env=env), child_result(
-        KERAS_CODE, extra_env=dict(env, **OFF))
+    return runs_with_and_without(request.param, KERAS_CODE, OFF)
 
 
 def test_keras_residual_blocks_fused_bit_for_bit(keras_runs):
