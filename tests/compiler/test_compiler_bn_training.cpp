@@ -698,6 +698,33 @@ TEST_CASE("BNTrainingReduceGrad in pieces: many tiles per block, the f32 work pe
   check_grads({{8, 28, 28, 100}, 51, true, DataType::F32});
 }
 
+TEST_CASE("BNTrainingReduceGrad: the bias gradient's accumulator takes no tile UB") {
+  // The stream kernel reserves a gather scratch for its per-channel inputs; they are loaded
+  // whole (C * 4 bytes, whole 32-byte blocks), so it is dead UB and the bias gradient's
+  // accumulator lives there (ops/elementwise.cpp declare_buffers): bias_grads = 1 takes the
+  // tiles (and pieces) of bias_grads = 0, with and without the ReLU mask, in pieces and not.
+  // (dx bit for bit and the sums' bounds: check_grads.)
+  const auto tiles = [](const std::vector<int64_t>& shape, bool relu, int64_t bias_grads) {
+    const TensorDesc x{DataType::F16, shape}, v{DataType::F32, {shape[3]}};
+    std::vector<TensorDesc> in = {x, x, v, v, v, v, v};
+    if (relu) in.push_back(v);
+    auto k = compiler::compile(
+        make_op("BNTrainingReduceGrad", in, {{"relu", relu}, {"bias_grads", bias_grads}}),
+        test_sim().config());
+    const std::string& s = k.launches.at(0).summary;
+    UNSCOPED_INFO(s);
+    const size_t at = s.find(", tile ");
+    REQUIRE(at != std::string::npos);
+    return s.substr(at, s.find(';', at) - at);
+  };
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{2, 56, 56, 64}, {8, 28, 28, 256}, {8, 14, 14, 512}, {2, 7, 7, 2048}})
+    for (bool relu : {false, true}) {
+      INFO(compiler::shape_str(shape) << (relu ? " relu" : ""));
+      CHECK(tiles(shape, relu, 1) == tiles(shape, relu, 0));
+    }
+}
+
 TEST_CASE("BNTraining channel sums: several tiles loaded under one flag") {
   // Where a block has room for two raw tiles of several tiles each, a raw tile takes as many as
   // the UB holds (ops/channel.cpp: one flag, one memory latency, per raw tile); per block of the

@@ -199,11 +199,20 @@ bool needs_scratch(const BroadcastView& v) {
 
 // The kernel's UB buffers for the inputs' current accesses, in tile elements, in allocation
 // order: the input tiles (two per streamed input, one per resident input), two tiles per output,
-// the gather scratch (a piece's phase adds up to one block), the spec's temporaries.
+// the gather scratch (a piece's phase adds up to one block), the spec's temporaries. The gather
+// scratch is reserved wherever an input could be gathered in contiguous runs (a tile's, or a
+// resident one), as the tile plan has always counted it; where every such input is resident and
+// loaded whole (gather_scratch_size() 0) it is dead UB, and the first accumulator
+// (StreamSpec::accumulators) that fits in it lives there: its UB does not shrink the tile.
+// (Dropping the dead reservation instead makes the tiles larger, and measured slower for
+// BNTrainingReduceGrad on the 910b: docs/graph_engine.md, the bias gradients' accumulator.)
 struct StreamBuffers {
   BufferPlan plan;
   std::vector<BufferPlan::Id> in, out, temp;
   BufferPlan::Id scratch = -1;
+  // The temporary (index into StreamSpec::temps) that lives in the gather scratch instead of a
+  // buffer of its own; -1: none (StreamEmitter::declare_buffers).
+  int temp_in_scratch = -1;
 };
 
 // The registers of one gather loop, allocated in declaration order.
@@ -250,6 +259,13 @@ class StreamEmitter {
   void build_resident_inputs(bool doubled = true);
   void double_resident_input(size_t k);
   int64_t resident_built(size_t k) const;
+  // Whether input k is resident and loaded straight into its tile, one contiguous run (no
+  // gather scratch): a per-channel vector whose period is the resident period, in whole 32-byte
+  // blocks (build_resident_inputs).
+  bool resident_loaded_whole(size_t k) const;
+  // Bytes per element of the gather scratch the inputs' accesses need: the largest element of
+  // an input gathered in contiguous runs (a tile's, or a resident one not loaded whole); 0: none.
+  int gather_scratch_size() const;
   void compute_resident();      // StreamSpec::resident_compute, once before the tile loop
   void check_resident() const;  // what resident_per_period and resident_stores need
   // The period of the resident inputs as planned so far: the lcm of theirs and the granule.
@@ -455,12 +471,25 @@ StreamBuffers StreamEmitter::declare_buffers() const {
   const auto fixed = [](uint64_t elements, double bytes_per_element) {
     return static_cast<uint64_t>(std::ceil(static_cast<double>(elements) * bytes_per_element));
   };
-  for (const TempSpec& t : m_spec->temps)
-    d.temp.push_back(
-        place(t.period_only ? d.plan.add(t.name, 0, fixed(period, t.bytes_per_element))
-              : piece ? d.plan.add(t.name, 0, fixed(piece, t.bytes_per_element) + t.fixed_bytes)
-                      : d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes),
-              t.window));
+  // An accumulator of at most scratch_size bytes per element and kBlockBytes more holds a tile
+  // or a piece (piece <= tile) within the scratch's tile * scratch_size + kBlockBytes bytes.
+  if (scratch_size > 0 && gather_scratch_size() == 0)
+    for (size_t i : m_spec->accumulators) {
+      const TempSpec& t = m_spec->temps.at(i);
+      if (!t.period_only && t.bytes_per_element <= scratch_size && t.fixed_bytes <= kBlockBytes) {
+        d.temp_in_scratch = static_cast<int>(i);
+        break;
+      }
+    }
+  for (size_t i = 0; i < m_spec->temps.size(); ++i) {
+    const TempSpec& t = m_spec->temps[i];
+    const bool own = static_cast<int>(i) != d.temp_in_scratch;
+    d.temp.push_back(place(
+        t.period_only ? d.plan.add(t.name, 0, fixed(period, t.bytes_per_element), 1, own)
+        : piece ? d.plan.add(t.name, 0, fixed(piece, t.bytes_per_element) + t.fixed_bytes, 1, own)
+                : d.plan.add(t.name, t.bytes_per_element, t.fixed_bytes, 1, own),
+        t.window));
+  }
   return d;
 }
 
@@ -557,6 +586,15 @@ void StreamEmitter::plan_tile_once() {
   }
 }
 
+int StreamEmitter::gather_scratch_size() const {
+  int size = 0;
+  for (size_t k = 0; k < m_in.size(); ++k)
+    if (m_in[k].access != Access::kFlat && needs_scratch(m_spec->inputs[k].view) &&
+        !resident_loaded_whole(k))
+      size = std::max(size, m_in[k].size);
+  return size;
+}
+
 // Flat inputs are read once and outputs written once. Streams larger than the L2 cannot still
 // be there when the next kernel reads them (under LRU each evicts its own start), so
 // allocating their lines would only evict lines that can be read again: this kernel's resident
@@ -594,7 +632,8 @@ void StreamEmitter::allocate() {
   for (size_t k = 0; k < m_in.size(); ++k) m_in[k].buf = at.twin(d.in[k]);
   for (BufferPlan::Id id : d.out) m_out_buf.push_back(at.twin(id));
   m_scratch = at[d.scratch];
-  for (BufferPlan::Id id : d.temp) m_temp.push_back(at[id]);
+  for (size_t i = 0; i < d.temp.size(); ++i)
+    m_temp.push_back(static_cast<int>(i) == d.temp_in_scratch ? m_scratch : at[d.temp[i]]);
 }
 
 // Arguments in0..in<n-1>, out, out1.., their addresses, and this block's range [pos, end).
@@ -661,10 +700,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
     if (p.access != Access::kResident) continue;
-    const BroadcastView& v = m_spec->inputs[k].view;
-    const int64_t built = resident_built(k);
-    const bool whole_run = !v.splat() && v.period() == built && (built * p.size) % kBlockBytes == 0;
-    (whole_run ? direct : gathered).push_back(k);
+    (resident_loaded_whole(k) ? direct : gathered).push_back(k);
   }
   if (!direct.empty()) {
     if (m_resident_ready < 0)
@@ -697,6 +733,15 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
 int64_t StreamEmitter::resident_built(size_t k) const {
   if (m_in[k].part_only) return std::min(m_piece, kResidentPart);
   return m_spec->inputs[k].view.splat() && !m_spec->resident_per_period ? m_piece : m_period;
+}
+
+bool StreamEmitter::resident_loaded_whole(size_t k) const {
+  const InputPlan& p = m_in[k];
+  const BroadcastView& v = m_spec->inputs[k].view;
+  // (resident_built's elements: one period, for a resident input that is not a splat)
+  const int64_t period = resident_period();
+  return p.access == Access::kResident && !p.part_only && !v.splat() && v.period() == period &&
+         (period * p.size) % kBlockBytes == 0;
 }
 
 // Repeats resident input k's first period (m_period elements) over its tile (or piece); a
