@@ -165,13 +165,16 @@ void check_update(const std::vector<int64_t>& shape, bool relu, uint32_t seed,
 
 // BNTrainingUpdate with a residual (R = 1, relu) against the unfused graph it replaces,
 // BNTrainingUpdate then AddRelu(y, res): the same bits in all three outputs (the add and the
-// ReLU are the AddRelu kernel's instructions on y rounded to T).
-void check_residual_bits(const std::vector<int64_t>& shape, DataType dt, uint32_t seed) {
+// ReLU are the AddRelu kernel's instructions on y rounded to T). The residual has x's shape, or
+// `res_shape` where given (one that broadcasts into x's: the update then an AddRelu launch).
+void check_residual_bits(const std::vector<int64_t>& shape, DataType dt, uint32_t seed,
+                         const std::vector<int64_t>& res_shape = {}) {
   const int64_t c = shape[3];
-  INFO("BNTrainingUpdate residual bits " << compiler::shape_str(shape) << " "
+  INFO("BNTrainingUpdate residual bits " << compiler::shape_str(shape) << " + "
+                                         << compiler::shape_str(res_shape) << " "
                                          << compiler::data_type_name(dt));
   HostTensor x = random_tensor(dt, shape, -2, 3, seed);
-  HostTensor res = random_tensor(dt, shape, -2, 2, seed + 1);
+  HostTensor res = random_tensor(dt, res_shape.empty() ? shape : res_shape, -2, 2, seed + 1);
   HostTensor scale = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 2);
   HostTensor offset = random_tensor(DataType::F32, {c}, -1, 1, seed + 3);
   const auto [s, sq] = rounded_sums(x, c);
@@ -587,7 +590,17 @@ TEST_CASE("BNTrainingUpdate with a residual: relu(y + r), the add in T after y's
     check_residual_bits({2, 3, 5, 16}, dt, 40);
     check_residual_bits({1, 4, 4, 7}, dt, 41);
     check_residual_bits({4, 8, 8, 64}, dt, 42);  // several tiles per block
+    // a residual that broadcasts into x's shape (per channel, per pixel row)
+    check_residual_bits({2, 3, 5, 16}, dt, 43, {16});
+    check_residual_bits({2, 3, 5, 16}, dt, 44, {2, 1, 5, 16});
   }
+  // one that does not broadcast into x's shape
+  const TensorDesc x{DataType::F32, {2, 3, 5, 16}}, v{DataType::F32, {16}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdate",
+                                {x, v, v, v, v, TensorDesc{DataType::F32, {4, 3, 5, 16}}},
+                                {{"R", int64_t{1}}, {"relu", true}}))
+            .message.find("input 5 (the residual) is f32[4,3,5,16], expected f32[2,3,5,16] or a "
+                          "shape that broadcasts into it") != std::string::npos);
 }
 
 TEST_CASE("BNTrainingUpdateGrad and BNTrainingReduceGrad: the training gradient") {

@@ -125,7 +125,7 @@ def test_mixed_precision_trains_like_cpu_with_fp16_graph(tmp_path):
         assert _types(nodes, op) == ["float32"], (op, _types(nodes, op))
     # graylist after the blocklisted loss: the Dense bias gradient follows it (float); the
     # convolution's bias gradient follows the half batch-norm gradient, and is then that
-    # BNTrainingReduceGrad's output 1 (graph_fusion.h rewrite 0c; half, above)
+    # BNTrainingReduceGrad's output 1 (graph_fusion.h rewrite 0d; half, above)
     bias_grads = {name: t for name, op, t in nodes if op == "BiasAddGrad"}
     assert list(bias_grads.values()) == ["float32"], bias_grads
     assert all("dense" in name for name in bias_grads), bias_grads

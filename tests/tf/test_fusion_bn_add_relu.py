@@ -104,13 +104,14 @@ def test_keras_residual_blocks_against_cpu(keras_runs):
 
 
 # The training batch norm as Keras 3 writes it (rewrite 0 fuses it), then the residual add and
-# ReLU: fusible, or with y read elsewhere, or an add of a broadcast bias.
+# ReLU: fusible, or with y read elsewhere, or an add of a broadcast bias; or of a ReLU of that
+# bias (an activation the pass takes, of another shape: the update then an AddRelu launch).
 PATTERN_CODE = KERAS3_BN_PATTERN + r'''
 def pattern(x, x2, gamma, beta, bias, variant):
     with tf.GradientTape() as tape:
         tape.watch([x, x2, gamma, beta, bias])
         z = keras3_batch_norm(x, gamma, beta)
-        r = bias if variant == "bias" else tf.nn.relu(x2)
+        r = {"bias": bias, "relu_bias": tf.nn.relu(bias)}.get(variant, tf.nn.relu(x2))
         out = tf.nn.relu(z + r)
         loss = tf.reduce_sum(out * tf.cast(tf.range(8), out.dtype))
         if variant == "second_reader":
@@ -125,7 +126,7 @@ run_pattern_variants(pattern, [rng.standard_normal((2, 4, 4, 8)).astype(np.float
                                rng.uniform(0.5, 2, 8).astype(np.float32),
                                rng.uniform(-1, 1, 8).astype(np.float32),
                                rng.uniform(-1, 1, 8).astype(np.float32)],
-                     ("fusible", "second_reader", "bias"))
+                     ("fusible", "second_reader", "bias", "relu_bias"))
 '''
 
 
@@ -134,11 +135,11 @@ def pattern_runs():
     return child_result(PATTERN_CODE)
 
 
-@pytest.mark.parametrize("variant", ["fusible", "second_reader", "bias"])
+@pytest.mark.parametrize("variant", ["fusible", "second_reader", "bias", "relu_bias"])
 def test_pattern_variants(pattern_runs, variant):
     run = pattern_runs[variant]
     types = set(run["npu"]["types"])
     assert "BNTrainingUpdate" in types, types  # rewrite 0 took the batch norm in every variant
-    assert ("AddRelu" in types) == (variant != "fusible"), types
+    assert ("AddRelu" in types) == (variant not in ("fusible", "relu_bias")), types
     for got, want in zip(run["npu"]["outs"], run["cpu"]["outs"]):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)

@@ -651,11 +651,50 @@ void add_residual(StreamSpec& spec, Activation act) {
 
 // BNTrainingUpdate(x, sum, square_sum, scale, offset[, residual]) -> y, batch_mean,
 // batch_variance; with R = 1, y = act(round_T(x * a + shift) + residual) (add_residual).
+CompiledKernel compile_bn_training_update(const CompileContext& ctx);
+
+// BNTrainingUpdate with R = 1 whose residual (input 5) is of x's type but another shape that
+// broadcasts into x's (the graph pass's residual add takes the other operand of an AddRelu
+// whose shapes it cannot always see): the update without the residual, its y into the
+// workspace, then AddRelu(y, r) (AddV2 without relu) into output 0: the unfused graph's two
+// launches and values. A residual that does not broadcast into x's shape is an error naming it.
+CompiledKernel compile_bn_training_update_broadcast_residual(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  const TensorDesc& x = op.inputs[0];
+  const TensorDesc& r = op.inputs[5];
+  const std::optional<std::vector<int64_t>> out = broadcast_shapes(x.shape, r.shape);
+  if (r.dtype != x.dtype || !out || *out != x.shape)
+    op.invalid(
+        fmt::format("input 5 (the residual) is {}, expected {} or a shape that "
+                    "broadcasts into it",
+                    r.str(), x.str()));
+  OpDesc update = op;
+  update.inputs.pop_back();
+  update.attrs.erase("R");
+  update.attrs["relu"] = false;
+  const CompiledKernel plain =
+      compile_bn_training_update(CompileContext{update, ctx.cfg, ctx.precision});
+  OpDesc add;
+  add.type = op.attr_bool("relu", false) ? "AddRelu" : "AddV2";
+  add.inputs = {x, r};
+  LaunchPlan plan(plain.outputs);
+  const ArgRef y = plan.workspace(x.bytes());
+  plan.add(plain,
+           {LaunchPlan::input(0), LaunchPlan::input(1), LaunchPlan::input(2), LaunchPlan::input(3),
+            LaunchPlan::input(4)},
+           {y, LaunchPlan::output(1), LaunchPlan::output(2)});
+  plan.add(compile(add, ctx.cfg, ctx.precision), {y, LaunchPlan::input(5)}, {LaunchPlan::output(0)},
+           "the residual add: ");
+  return std::move(plan).finish();
+}
+
 CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const int64_t residual = op.attr_int("R", 0);
   if (residual != 0 && residual != 1)
     op.invalid(fmt::format("attribute R = {}: 0 or 1 expected", residual));
+  if (residual && op.inputs.size() == 6 && op.inputs[5].shape != op.inputs[0].shape)
+    return compile_bn_training_update_broadcast_residual(ctx);
   // (the residual is checked as x: of its type and shape)
   const TrainingShape t = residual ? training_shape(op, 6, {0, 5}, {1, 2, 3, 4})
                                    : training_shape(op, 5, {0}, {1, 2, 3, 4});
@@ -818,10 +857,10 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 }
 
 // BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance[,
-// offset]) -> dx (relu: dy masked first) [, bias_grad: with bias_grads = 1, T [C], the per-channel sum of
-// dx: the f32 dx of each tile added lane by lane into a tile-long accumulator, folded per block
-// and the blocks' partials added in block order (ops/channel.h add_stream_channel_sums), rounded
-// once to T; where C is not whole 32-byte blocks of f32 and T, BiasAddGrad's kernel on dx].
+// offset]) -> dx (relu: dy masked first) [, bias_grad: with bias_grads = 1, T [C], the per-channel
+// sum of dx: the f32 dx of each tile added lane by lane into a tile-long accumulator, folded per
+// block and the blocks' partials added in block order (ops/channel.h add_stream_channel_sums),
+// rounded once to T; where C is not whole 32-byte blocks of f32 and T, BiasAddGrad's kernel on dx].
 //
 // One stream kernel. dx = c1 * ((g - mdy) - (x - m) * c2) (the file comment; g = dy, or with
 // relu dy masked) is computed as the affine form dx = (g * c1 - x * kc) + k3, kc = c1 * c2,
@@ -856,8 +895,8 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   const bool widen = dt != DataType::F32, placed = widen || relu;
   const Dtype t_dev = device_dtype(dt);
   const float threshold = relu ? relu_mask_threshold(t_dev) : 0.0f;
-  // bias_grads = 1: output 1 is the per-channel sum of dx, the bias gradient of the convolution whose
-  // output x is (the graph pass's BiasAddGrad folded in), in T.
+  // bias_grads = 1: output 1 is the per-channel sum of dx, the bias gradient of the convolution
+  // whose output x is (the graph pass's BiasAddGrad folded in), in T.
   const int64_t bias_grads = op.attr_int("bias_grads", 0);
   if (bias_grads != 0 && bias_grads != 1)
     op.invalid(fmt::format("bias_grads = {}: 0 or 1", bias_grads));

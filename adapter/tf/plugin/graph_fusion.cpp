@@ -605,6 +605,10 @@ int fuse_bn_relu_grads(tfc::GraphDef& graph, const std::unordered_set<std::strin
     in.insert(in.end(), {f.update->input(3), f.update->input(4)});  // scale, offset
     rewrite_as(*f.update_grad, "BNTrainingUpdateGrad", in, attrs);
     attrs["N"].set_i(1);
+    // (a reduce gradient that rewrite 0d gave the bias gradient in an earlier run of the pass
+    // keeps it: its output 1 has readers)
+    if (auto b = f.reduce_grad->attr().find("bias_grads"); b != f.reduce_grad->attr().end())
+      attrs["bias_grads"] = b->second;
     in.assign(f.reduce_grad->input().begin(), f.reduce_grad->input().begin() + 7);
     in[0] = grad;
     in.push_back(f.update->input(4));  // offset
@@ -720,8 +724,7 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
           type_attr(*r) != t || update->input_size() < 5 || has_residual(*update) ||
           preserve.count(update->name()) || rm.claimed(update->name()))
         continue;
-      if (auto relu = update->attr().find("relu");
-          relu != update->attr().end() && relu->second.b())
+      if (auto relu = update->attr().find("relu"); relu != update->attr().end() && relu->second.b())
         continue;
       // y (output 0) read by the add alone; batch_mean and batch_variance may have readers.
       int y_readers = 0;

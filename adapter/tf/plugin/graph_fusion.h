@@ -50,15 +50,19 @@
 //      residual that nothing else reads (its batch_mean and batch_variance may have readers;
 //      not preserved), r output 0 of a BNTrainingUpdate, AddRelu, Relu or AddV2 (an activation
 //      of the network, not a bias or constant) that does not depend on the batch norm, all of
-//      one T (float or half) on one device, the AddRelu not preserved and without control
+//      one T (float or half) on the NPU, the batch norm on the add's device (r may be on another
+//      NPU device: TensorFlow copies it), the AddRelu not preserved and without control
 //      inputs (control edges from it come from the batch norm) -> the BNTrainingUpdate with r as
 //      input 5 (attribute R = 1) and relu = true, its name kept, `_npusim_fused` naming the
 //      AddRelu, whose readers (the next block, the ReLU's gradient) read the batch norm's output 0
 //      and which goes. The kernel adds r after y's rounding to T, in T, then the ReLU: the unfused
 //      AddRelu's values bit for bit, without its launch and y's round trip through HBM
-//      (adapter/compiler/ops/batchnorm.cpp). A ResNet's residual blocks end so in training. 0b
-//      takes no BNTrainingUpdate with R = 1 (its ReLU follows the add). NPUSIM_FUSION_BN_ADD_RELU=0
-//      turns it alone off.
+//      (adapter/compiler/ops/batchnorm.cpp). The pass does not see the operands' shapes: an r
+//      of another shape that broadcasts into y's (an AddRelu's broadcast) compiles as the update
+//      and an AddRelu launch, the unfused graph's (an r larger than y, which y would broadcast
+//      into, is a compile error naming the residual: a limit). A ResNet's blocks end so in
+//      training. 0b takes no BNTrainingUpdate with R = 1 (its ReLU follows the add).
+//      NPUSIM_FUSION_BN_ADD_RELU=0 turns it alone off.
 //   0d. A convolution's bias gradient in the batch norm's x gradient, run by the optimizer after
 //      the mixed precision pass (fuse_bn_bias_grads below; the two in the type they run in):
 //      BiasAddGrad(dx) (NHWC, T float or half) whose dx is output 0 of a BNTrainingReduceGrad
