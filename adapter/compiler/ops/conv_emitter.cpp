@@ -106,6 +106,13 @@ class ConvEmitter {
         m_pipe(m_b, t.l0c_buffers) {}
 
   BuiltKernel emit() {
+    // bn_stats needs cross-core flag ids 0 to kPartialsStored (after a barrier) and up to
+    // kTileTaken per tile (stats_per_tile() falls back to the barrier where those do not fit).
+    if (m_s.bn_stats && kPartialsStored >= m_b.config().cross_core_flag_ids)
+      m_b.fail(fmt::format(
+          "the convolution with batch-norm statistics needs {} cross-core flag ids; the chip "
+          "has {} (sync.cross_core_flag_ids)",
+          kPartialsStored + 1, m_b.config().cross_core_flag_ids));
     cube_section();
     if (stats_per_tile())
       emit_tile_stats();
@@ -198,10 +205,10 @@ class ConvEmitter {
     return cfg.cross_core_max_pending / std::max(1, cfg.aiv_per_aic);
   }
 
-  // CubeConvSpec::bn_stats_per_tile, where it applies.
+  // CubeConvSpec::bn_stats_per_tile, where it applies (its flag ids among the chip's).
   bool stats_per_tile() const {
     return m_s.bn_stats && m_s.bn_stats_per_tile && !stacked() && m_s.groups == 1 &&
-           tile_window() >= 1;
+           tile_window() >= 1 && kTileTaken < m_b.config().cross_core_flag_ids;
   }
 
   // bn_stats_per_tile, cube side, after the FIXPIPE of the block's tile s / chunks (FIX, in
