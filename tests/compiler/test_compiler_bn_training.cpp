@@ -575,6 +575,11 @@ TEST_CASE("Conv2DBNTrainingReduce: the sums within the chip's cross-core flag id
   const RunResult conv = run("Conv2D", in, attrs, 1);
   CHECK(res.outputs[0].values == conv.outputs[0].values);
   check_channel_sums(res.outputs[0], ws[3], res, 1);
+  {  // the switch takes unset, "0" or "1" only
+    ScopedEnv bad("NPUSIM_FUSION_CONV_BN_REDUCE_TILES", "yes");
+    CHECK(compile_refusal(op).message.find("NPUSIM_FUSION_CONV_BN_REDUCE_TILES='yes'") !=
+          std::string::npos);
+  }
   few.cross_core_flag_ids = 2;
   const CompileRefusal r = compile_refusal(op, few);
   CHECK(r.message.find("sync.cross_core_flag_ids") != std::string::npos);

@@ -109,9 +109,12 @@ constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 
 // CubeConvSpec::bn_stats_per_tile unless NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0: a measuring
 // switch (the statistics after a barrier of the cube cores instead), read at every compile.
-bool conv_stats_per_tile() {
+// Unset, "0" or "1"; anything else is a CompileError naming op.
+bool conv_stats_per_tile(const OpDesc& op) {
   const char* v = std::getenv("NPUSIM_FUSION_CONV_BN_REDUCE_TILES");
-  return !(v && std::string_view(v) == "0");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  op.fail(fmt::format("NPUSIM_FUSION_CONV_BN_REDUCE_TILES='{}' is neither '0' nor '1'", v));
 }
 
 // Whether the width fold applies to a window of kw columns (padding pl / pr, dilation dw) over
@@ -450,7 +453,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
                   (spec.cy * osz) % layout::kBlockBytes == 0;
   ArgRef sums, squares;
-  spec.bn_stats_per_tile = conv_stats_per_tile();
+  if (spec.bn_stats) spec.bn_stats_per_tile = conv_stats_per_tile(ctx.op);
   if (spec.bn_stats) spec.name += "_BNTrainingReduce";
   int blocks = 0;
   Launch conv = build_cube_conv(spec, t, ctx.cfg, ctx.op.str(), &blocks);
