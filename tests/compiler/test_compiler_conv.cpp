@@ -435,6 +435,23 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
       CHECK_THROWS_WITH(compiler::compile(op, cfg),
                         Catch::Contains("NPUSIM_FILTER_GRAD_POINTWISE='img2col'"));
   }
+  {
+    // A row of 65,552 pixels exceeds set_fmatrix's 16-bit width: the fused kernel does not plan
+    // (CompileError where it is forced) and the planners' choice takes the MatMul.
+    const ConvCase wide{1, 1, 65552, 16, 1, 1, 16};
+    const std::vector<std::string> chosen = check_conv2d_backprop_filter(DataType::F16, wide, 59);
+    CHECK(has_launch(chosen, "MatMul"));
+    if (cfg.split && !cube_out_via_ub()) {
+      PointwiseKernel force("fused");
+      HostTensor sizes{TensorDesc{DataType::S32, {4}}, {1, 1, 16, 16}};
+      auto op = make_op("Conv2DBackpropFilter",
+                        {TensorDesc{DataType::F16, {1, 1, 65552, 16}}, sizes.desc,
+                         TensorDesc{DataType::F16, y_shape(wide)}},
+                        wide.attrs());
+      op.outputs = {TensorDesc{DataType::F16, filter_shape(wide)}};
+      CHECK_THROWS_WITH(compiler::compile(op, cfg), Catch::Contains("set_fmatrix"));
+    }
+  }
   // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
   // cores; the 910b config cuts them smaller), on the MatMul.
   const bool tiny = cfg.name == "tiny";

@@ -78,6 +78,8 @@
 // full input list (the shape tensor is then checked and ignored).
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -1214,9 +1216,16 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
       (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
   const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
   if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
-    const FusedFilterGradPlan fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
-    if (forced == PointwiseKernel::kFused || fused.cycles < matmul_cycles) {
-      append_fused_filter_grad(k, ctx, ct, xr, dyr, fused);
+    // Unless forced, a fused kernel that does not plan (its one-part plan does not fit) leaves
+    // the MatMul.
+    std::optional<FusedFilterGradPlan> fused;
+    try {
+      fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
+    } catch (const CompileError&) {
+      if (forced == PointwiseKernel::kFused) throw;
+    }
+    if (fused && (forced == PointwiseKernel::kFused || fused->cycles < matmul_cycles)) {
+      append_fused_filter_grad(k, ctx, ct, xr, dyr, *fused);
       return k;
     }
   }
