@@ -840,6 +840,25 @@ int64_t conv_tile_height(const std::vector<std::string>& launches) {
 }
 }  // namespace
 
+TEST_CASE("Depthwise groups per step: a count that does not plan is left out") {
+  // A 31x31 window over 128 channels on the tiny chip: one 16-channel group per step plans,
+  // two do not (no tile fits); unforced, the planner's search over the counts leaves two out
+  // and takes one. Compiled for the tiny chip (the 910b's larger buffers fit two); run where
+  // the test chip is the tiny one, against the reference.
+  const ChipConfig tiny = load_chip_config("tiny");
+  const TensorDesc x{DataType::F16, {1, 16, 16, 128}}, f{DataType::F16, {31, 31, 128, 1}};
+  const std::map<std::string, compiler::AttrValue> attrs = {
+      {"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}};
+  const OpDesc op = make_op("DepthwiseConv2dNative", {x, f}, attrs);
+  {
+    ScopedEnv two("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", "2");
+    CHECK_THROWS_WITH(compiler::compile(op, tiny), Catch::Contains("no convolution tile fits"));
+  }
+  CHECK_NOTHROW(compiler::compile(op, tiny));
+  if (test_sim().config().name == "tiny")
+    check_depthwise(0, DataType::F16, ConvCase{1, 16, 16, 128, 31, 31, 128}, 1, 92);
+}
+
 TEST_CASE("Depthwise tiles taller than MatMul's 256 positions (CubeConvSpec::max_tile_height)") {
   // Maps of 1,600 and 576 output positions (stride 1, and stride 2 with two groups, the second
   // partial), each against the direct product: on the few-core test chips the planner takes

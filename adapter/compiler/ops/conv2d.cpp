@@ -411,19 +411,29 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     return best;
   };
   const CubeConvSpec one_group_per_step = spec;
-  CubeConvTiling t = plan_or_view(spec);
-  // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
-  // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest per
-  // step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged: each
-  // group's rows whole blocks).
-  if (!group_padded && diagonal_merge_max > 1) {
-    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step{{spec, t}};
-    for (int64_t per = 2; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
-      CubeConvSpec merged = merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
-      const CubeConvTiling tm = plan_or_view(merged);
-      per_step.emplace_back(merged, tm);
+  CubeConvTiling t;
+  if (group_padded || diagonal_merge_max <= 1) {
+    t = plan_or_view(spec);
+  } else {
+    // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
+    // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest
+    // per step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged:
+    // each group's rows whole blocks). A count that does not plan (CompileError) is left out;
+    // where none plans, the first count's error stands.
+    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step;
+    std::exception_ptr first_error;
+    for (int64_t per = 1; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
+      try {
+        CubeConvSpec sp = per == 1 ? one_group_per_step
+                                   : merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
+        const CubeConvTiling tp = plan_or_view(sp);
+        per_step.emplace_back(sp, tp);
+      } catch (const CompileError&) {
+        if (!first_error) first_error = std::current_exception();
+      }
     }
-    double lowest = t.est_cycles;
+    if (per_step.empty()) std::rethrow_exception(first_error);
+    double lowest = per_step.front().second.est_cycles;
     for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
     for (const auto& [sp, tp] : per_step)
       if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) {
